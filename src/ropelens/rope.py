@@ -1,0 +1,323 @@
+"""RoPE specifications: frequencies, wavelengths and plane pairing of a running model.
+
+Index 0 of every frequency axis is the *highest* frequency (θ₀ = 1 for default RoPE, wavelength 2π),
+as in Barbero et al. A *plane* is the 2-D subspace of a head that one frequency rotates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+Pairing = Literal["half", "adjacent"]
+LayerKind = Literal["full", "sliding"]
+
+__all__ = ["LayerRope", "RopeSpec", "plane_dims", "split_planes", "merge_planes"]
+
+
+def plane_dims(rotary_dim: int, pairing: Pairing) -> Int[Tensor, "n_planes 2"]:
+    """Indices (x, y) into the head dimension of each rotated plane, highest frequency first.
+
+    "half" (Llama, Gemma, NeoX: ``rotate_half``) pairs dims (i, i + rotary_dim/2);
+    "adjacent" (GPT-J) pairs dims (2i, 2i + 1).
+    """
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    n = rotary_dim // 2
+    i = torch.arange(n)
+    if pairing == "half":
+        return torch.stack([i, i + n], dim=1)
+    if pairing == "adjacent":
+        return torch.stack([2 * i, 2 * i + 1], dim=1)
+    raise ValueError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+
+
+def split_planes(
+    x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairing
+) -> Float[Tensor, "... n_planes 2"]:
+    """View the rotary part of ``x`` as planes: ``out[..., i, :]`` is plane i's 2-D coordinate."""
+    if x.shape[-1] < rotary_dim:
+        raise ValueError(
+            f"last dimension {x.shape[-1]} is smaller than rotary_dim {rotary_dim}: "
+            "pass the head vectors, not a slice of them"
+        )
+    n = rotary_dim // 2
+    if pairing == "half":
+        return torch.stack([x[..., :n], x[..., n:rotary_dim]], dim=-1)
+    if pairing == "adjacent":
+        return x[..., :rotary_dim].unflatten(-1, (n, 2))
+    raise ValueError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+
+
+def merge_planes(planes: Float[Tensor, "... n_planes 2"], pairing: Pairing) -> Float[Tensor, "... rotary_dim"]:
+    """Inverse of :func:`split_planes` on the rotary part."""
+    if pairing == "half":
+        return torch.cat([planes[..., 0], planes[..., 1]], dim=-1)
+    if pairing == "adjacent":
+        return planes.flatten(-2)
+    raise ValueError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+
+
+@dataclass(frozen=True)
+class LayerRope:
+    """What one attention layer rotates, read from the running model."""
+
+    layer: int
+    inv_freq: Float[Tensor, "n_planes"]  # radians per token, highest first
+    head_dim: int
+    rotary_dim: int
+    pairing: Pairing
+    n_heads: int
+    n_kv_heads: int
+    score_scale: float  # multiplies q·k before softmax (1/√d, or Gemma's query_pre_attn_scalar^-½)
+    rope_type: str = "default"
+    base: float | None = None
+    rope_parameters: dict[str, Any] = field(default_factory=dict)
+    attention_scaling: float = 1.0  # multiplies cos and sin (YaRN/LongRoPE mscale)
+    kind: LayerKind = "full"
+    window: int | None = None  # sliding-window size for kind == "sliding"
+    n_ctx: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.inv_freq.ndim != 1:
+            raise ValueError(f"inv_freq must be 1-D, got shape {tuple(self.inv_freq.shape)}")
+        if 2 * self.inv_freq.numel() != self.rotary_dim:
+            raise ValueError(
+                f"inv_freq has {self.inv_freq.numel()} planes but rotary_dim is {self.rotary_dim}"
+            )
+        if self.rotary_dim > self.head_dim:
+            raise ValueError(f"rotary_dim {self.rotary_dim} exceeds head_dim {self.head_dim}")
+        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
+            )
+
+    @property
+    def n_planes(self) -> int:
+        return self.rotary_dim // 2
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (grouped-query attention); query head h reads KV head h // group."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def wavelength(self) -> Float[Tensor, "n_planes"]:
+        """Tokens per full turn of each plane, 2π/θ_i (inf for unrotated planes)."""
+        return (2 * math.pi) / self.inv_freq.double()
+
+    def planes_beyond(self, n_ctx: int | None = None) -> Int[Tensor, "n"]:
+        """Planes that never complete a turn within ``n_ctx`` tokens (wavelength > n_ctx)."""
+        n_ctx = self._ctx(n_ctx)
+        return torch.nonzero(self.wavelength > n_ctx).flatten()
+
+    def _ctx(self, n_ctx: int | None) -> int:
+        n_ctx = self.n_ctx if n_ctx is None else n_ctx
+        if n_ctx is None or n_ctx <= 0:
+            raise ValueError("pass n_ctx: this spec records no context length")
+        return int(n_ctx)
+
+    @property
+    def plane_dims(self) -> Int[Tensor, "n_planes 2"]:
+        return plane_dims(self.rotary_dim, self.pairing)
+
+    def split(self, x: Float[Tensor, "... head_dim"]) -> Float[Tensor, "... n_planes 2"]:
+        """Split head vectors into this layer's planes (respecting pairing and partial rotary)."""
+        return split_planes(x, self.rotary_dim, self.pairing)
+
+    def angles(self, positions: Tensor) -> Float[Tensor, "... n_planes"]:
+        """Rotation angle of each plane at each position, m·θ_i."""
+        return positions.to(torch.float64)[..., None] * self.inv_freq.double()
+
+    def rotate(self, x: Float[Tensor, "... pos head_dim"], positions: Tensor) -> Float[Tensor, "... pos head_dim"]:
+        """Apply this layer's rotation (and attention scaling) to head vectors at ``positions``.
+
+        ``positions`` broadcasts against the position axis (the second-to-last axis of ``x``).
+        Dimensions past ``rotary_dim`` pass through unchanged, as in partial-rotary models.
+        """
+        ang = self.angles(positions).to(x.dtype)
+        cos, sin = ang.cos() * self.attention_scaling, ang.sin() * self.attention_scaling
+        p = self.split(x)
+        a, b = p[..., 0], p[..., 1]
+        rot = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)
+        out = merge_planes(rot, self.pairing)
+        if self.rotary_dim < self.head_dim:
+            out = torch.cat([out, x[..., self.rotary_dim :]], dim=-1)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["inv_freq"] = self.inv_freq.tolist()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LayerRope:
+        d = dict(d)
+        d["inv_freq"] = torch.tensor(d["inv_freq"], dtype=torch.float32)
+        return cls(**d)
+
+    def same_rotation(self, other: LayerRope) -> bool:
+        """True if both layers rotate identically (used to group layers by kind)."""
+        return (
+            self.rotary_dim == other.rotary_dim
+            and self.pairing == other.pairing
+            and self.attention_scaling == other.attention_scaling
+            and torch.equal(self.inv_freq, other.inv_freq)
+        )
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """The RoPE of every attention layer of a model, as the running model applies it."""
+
+    model_name: str
+    architecture: str
+    layers: tuple[LayerRope, ...]
+    n_ctx: int
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError("a RopeSpec needs at least one layer")
+        for i, layer in enumerate(self.layers):
+            if layer.layer != i:
+                raise ValueError(f"layers must be in order: position {i} holds layer {layer.layer}")
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, layer: int) -> LayerRope:
+        return self.layers[layer]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def kinds(self) -> dict[str, list[int]]:
+        """Layer indices of each layer kind, e.g. {"sliding": [0..4, 6..], "full": [5, 11, 17]}."""
+        out: dict[str, list[int]] = {}
+        for layer in self.layers:
+            out.setdefault(layer.kind, []).append(layer.layer)
+        return out
+
+    def layer_indices(self, layers: Sequence[int] | None = None, kind: str | None = None) -> list[int]:
+        """Validate a layer selection (None = all), optionally restricted to one layer kind."""
+        if kind is not None and kind not in self.kinds:
+            raise ValueError(f"layer kind {kind!r} not in this model; it has {sorted(self.kinds)}")
+        if layers is None:
+            chosen = list(range(self.n_layers))
+        else:
+            chosen = []
+            for idx in layers:
+                if not isinstance(idx, int) or isinstance(idx, bool):
+                    raise TypeError(f"layer indices must be ints, got {idx!r}")
+                if not -self.n_layers <= idx < self.n_layers:
+                    raise ValueError(
+                        f"layer {idx} out of range: the model has {self.n_layers} layers (0..{self.n_layers - 1})"
+                    )
+                chosen.append(idx % self.n_layers)
+        if kind is not None:
+            chosen = [i for i in chosen if self.layers[i].kind == kind]
+        return chosen
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (layer, plane): frequency, wavelength and whether it turns within n_ctx."""
+        rows = []
+        for lr in self.layers:
+            wl = lr.wavelength.tolist()
+            for i, (f, w) in enumerate(zip(lr.inv_freq.tolist(), wl)):
+                rows.append(
+                    {
+                        "layer": lr.layer,
+                        "kind": lr.kind,
+                        "plane": i,
+                        "inv_freq": f,
+                        "wavelength": w,
+                        "turns_within_ctx": w <= self.n_ctx,
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per layer kind: base, rotary dim, pairing, wavelengths, planes beyond n_ctx."""
+        rows = []
+        for kind, idx in self.kinds.items():
+            lr = self.layers[idx[0]]
+            wl = lr.wavelength
+            finite = wl[torch.isfinite(wl)]
+            rows.append(
+                {
+                    "kind": kind,
+                    "layers": _ranges(idx),
+                    "n_layers": len(idx),
+                    "rope_type": lr.rope_type,
+                    "base": lr.base,
+                    "head_dim": lr.head_dim,
+                    "rotary_dim": lr.rotary_dim,
+                    "n_planes": lr.n_planes,
+                    "pairing": lr.pairing,
+                    "heads": lr.n_heads,
+                    "kv_heads": lr.n_kv_heads,
+                    "score_scale": lr.score_scale,
+                    "attention_scaling": lr.attention_scaling,
+                    "window": lr.window,
+                    "shortest_wavelength": float(finite.min()) if finite.numel() else math.inf,
+                    "longest_wavelength": float(wl.max()),
+                    "planes_beyond_ctx": int((wl > self.n_ctx).sum()),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "architecture": self.architecture,
+            "n_ctx": self.n_ctx,
+            "layers": [lr.to_dict() for lr in self.layers],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=_json_default)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RopeSpec:
+        return cls(
+            model_name=d["model_name"],
+            architecture=d["architecture"],
+            n_ctx=int(d["n_ctx"]),
+            layers=tuple(LayerRope.from_dict(x) for x in d["layers"]),
+        )
+
+    def _repr_html_(self) -> str:
+        head = f"<b>{self.model_name}</b> ({self.architecture}), {self.n_layers} layers, n_ctx {self.n_ctx}"
+        return head + self.summary().to_html(index=False)
+
+
+def _ranges(idx: Sequence[int]) -> str:
+    """Compact '0-4,6-10' form of a sorted index list."""
+    parts: list[str] = []
+    start = prev = idx[0]
+    for i in list(idx[1:]) + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Tensor):
+        return o.tolist()
+    if isinstance(o, float) and math.isinf(o):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
