@@ -1,0 +1,211 @@
+"""Bands: named groups of RoPE planes (frequencies), resolved against a layer's spec.
+
+A :class:`Bands` is a recipe (e.g. "four quantiles", "planes that turn within the context"); the
+same recipe resolves to concrete plane indices for each layer, whose frequencies may differ
+(Gemma's local and global layers). Planes no band claims, and the non-rotary dimensions of a
+partial-rotary head, fall in an automatic ``rest`` band so that band terms always sum to the
+full logit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ropelens.rope import LayerRope
+
+__all__ = ["Bands", "ResolvedBands"]
+
+REST = "rest"
+
+
+@dataclass(frozen=True)
+class ResolvedBands:
+    """Concrete bands of one layer: plane indices per band and head-dim indices per band."""
+
+    names: tuple[str, ...]
+    planes: tuple[tuple[int, ...], ...]
+    dims: tuple[Tensor, ...]  # head-dim indices of each band (rest includes non-rotary dims)
+    n_planes: int
+
+    @property
+    def n_bands(self) -> int:
+        return len(self.names)
+
+    def membership(self) -> Tensor:
+        """``[n_planes, n_bands]`` 0/1 matrix: plane i belongs to band b."""
+        m = torch.zeros(self.n_planes, self.n_bands)
+        for b, planes in enumerate(self.planes):
+            m[list(planes), b] = 1.0
+        return m
+
+
+@dataclass(frozen=True)
+class Bands:
+    """A recipe for grouping planes into bands; build with the classmethods."""
+
+    kind: str
+    params: tuple[tuple[str, Any], ...] = ()
+    require_cover: bool = False
+
+    # ---------------------------------------------------------------- constructors
+    @classmethod
+    def planes(cls) -> Bands:
+        """Every plane its own band (the default): ``plane 0`` is the highest frequency."""
+        return cls("planes")
+
+    @classmethod
+    def all(cls) -> Bands:
+        """One band holding every plane."""
+        return cls("all")
+
+    @classmethod
+    def quantiles(cls, n: int) -> Bands:
+        """``n`` contiguous bands of (nearly) equal plane count, highest frequencies first."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"quantiles needs a positive integer number of bands, got {n!r}")
+        return cls("quantiles", (("n", n),))
+
+    @classmethod
+    def by_wavelength(cls, edges: Sequence[float]) -> Bands:
+        """Bands cut at wavelength ``edges`` (tokens): [0, e0), [e0, e1), ..., [e_last, inf]."""
+        edges = tuple(float(e) for e in edges)
+        if not edges or any(e <= 0 or math.isnan(e) for e in edges):
+            raise ValueError(f"wavelength edges must be positive numbers of tokens, got {edges}")
+        if any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"wavelength edges must increase strictly, got {edges}")
+        return cls("wavelength", (("edges", edges),))
+
+    @classmethod
+    def by_context(cls, n_ctx: int | None = None, factor: float = 1.0) -> Bands:
+        """Two bands: planes completing a turn within ``factor·n_ctx`` tokens, and those that don't.
+
+        ``n_ctx`` defaults to the layer's trained context length.
+        """
+        if n_ctx is not None and n_ctx <= 0:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        if factor <= 0:
+            raise ValueError(f"factor must be positive, got {factor}")
+        return cls("context", (("n_ctx", n_ctx), ("factor", float(factor))))
+
+    @classmethod
+    def explicit(cls, groups: Mapping[str, Sequence[int]], *, require_cover: bool = False) -> Bands:
+        """Named bands from explicit plane indices; ``require_cover`` forbids unclaimed planes."""
+        if not groups:
+            raise ValueError("explicit bands need at least one group, e.g. {'high': [0, 1]}")
+        items = []
+        for name, idx in groups.items():
+            if name == REST:
+                raise ValueError(f"{REST!r} is reserved for unclaimed planes: rename that band")
+            idx = tuple(int(i) for i in idx)
+            if not idx:
+                raise ValueError(f"band {name!r} is empty: give it at least one plane index")
+            items.append((str(name), idx))
+        return cls("explicit", (("groups", tuple(items)),), require_cover)
+
+    @classmethod
+    def parse(cls, text: str) -> Bands:
+        """Parse a CLI band spec: ``planes``, ``all``, ``quantiles:4``, ``wavelength:10,100,1000``, ``context``."""
+        head, _, arg = text.partition(":")
+        try:
+            if head == "planes":
+                return cls.planes()
+            if head == "all":
+                return cls.all()
+            if head == "quantiles":
+                return cls.quantiles(int(arg or 4))
+            if head == "wavelength":
+                return cls.by_wavelength([float(x) for x in arg.split(",") if x])
+            if head == "context":
+                return cls.by_context(factor=float(arg) if arg else 1.0)
+        except ValueError as e:
+            raise ValueError(f"bad band spec {text!r}: {e}") from e
+        raise ValueError(
+            f"unknown band spec {text!r}: use planes, all, quantiles:N, wavelength:E1,E2,... or context[:FACTOR]"
+        )
+
+    # ---------------------------------------------------------------- resolution
+    def describe(self) -> str:
+        p = dict(self.params)
+        if self.kind == "quantiles":
+            return f"quantiles:{p['n']}"
+        if self.kind == "wavelength":
+            return "wavelength:" + ",".join(f"{e:g}" for e in p["edges"])
+        if self.kind == "context":
+            return f"context:{p['factor']:g}" + (f"@{p['n_ctx']}" if p["n_ctx"] else "")
+        if self.kind == "explicit":
+            return "explicit:" + ";".join(f"{n}={list(i)}" for n, i in p["groups"])
+        return self.kind
+
+    def resolve(self, layer: LayerRope) -> ResolvedBands:
+        """Concrete bands for ``layer``, with a ``rest`` band for unclaimed and non-rotary dims."""
+        n = layer.n_planes
+        names, groups = self._groups(layer)
+        claimed = [i for g in groups for i in g]
+        bad = [i for i in claimed if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"plane indices {sorted(set(bad))} out of range: layer {layer.layer} has planes 0..{n - 1}")
+        if len(claimed) != len(set(claimed)):
+            dup = sorted({i for i in claimed if claimed.count(i) > 1})
+            raise ValueError(f"bands overlap on planes {dup}: each plane may belong to one band")
+        rest = tuple(i for i in range(n) if i not in set(claimed))
+        if rest and self.require_cover:
+            raise ValueError(f"bands leave planes {list(rest)} uncovered; add them to a band or drop require_cover")
+        pd_ = layer.plane_dims
+        dims = [pd_[list(g)].flatten() if g else torch.zeros(0, dtype=torch.long) for g in groups]
+        extra = torch.arange(layer.rotary_dim, layer.head_dim)
+        if rest or extra.numel():
+            names = names + (REST,)
+            groups = groups + (rest,)
+            rest_dims = pd_[list(rest)].flatten() if rest else torch.zeros(0, dtype=torch.long)
+            dims.append(torch.cat([rest_dims, extra]))
+        return ResolvedBands(names=names, planes=groups, dims=tuple(d.sort().values for d in dims), n_planes=n)
+
+    def _groups(self, layer: LayerRope) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+        n = layer.n_planes
+        p = dict(self.params)
+        if self.kind == "planes":
+            return tuple(f"plane {i}" for i in range(n)), tuple((i,) for i in range(n))
+        if self.kind == "all":
+            return ("all",), (tuple(range(n)),)
+        if self.kind == "quantiles":
+            k = p["n"]
+            if k > n:
+                raise ValueError(f"quantiles({k}) needs at least {k} planes; layer {layer.layer} has {n}")
+            cuts = [round(j * n / k) for j in range(k + 1)]
+            names = tuple(f"Q{j + 1}" + (" (highest)" if j == 0 else " (lowest)" if j == k - 1 else "") for j in range(k))
+            return names, tuple(tuple(range(cuts[j], cuts[j + 1])) for j in range(k))
+        if self.kind == "wavelength":
+            edges = (0.0, *p["edges"], math.inf)
+            wl = layer.wavelength.tolist()
+            groups = tuple(tuple(i for i, w in enumerate(wl) if lo <= w < hi or (hi == math.inf and w == hi))
+                           for lo, hi in zip(edges, edges[1:]))
+            names = tuple(f"λ∈[{lo:g},{hi:g})" for lo, hi in zip(edges, edges[1:]))
+            return names, groups
+        if self.kind == "context":
+            ctx = (p["n_ctx"] or layer._ctx(None)) * p["factor"]
+            wl = layer.wavelength.tolist()
+            within = tuple(i for i, w in enumerate(wl) if w <= ctx)
+            beyond = tuple(i for i, w in enumerate(wl) if w > ctx)
+            return (f"turns within {ctx:g}", f"never turns within {ctx:g}"), (within, beyond)
+        if self.kind == "explicit":
+            return tuple(nm for nm, _ in p["groups"]), tuple(g for _, g in p["groups"])
+        raise ValueError(f"unknown band kind {self.kind!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "spec": self.describe(), "require_cover": self.require_cover,
+                "params": [[k, v] for k, v in self.params]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Bands:
+        return cls(d["kind"], tuple((k, _tupled(v)) for k, v in d["params"]), bool(d["require_cover"]))
+
+
+def _tupled(v: Any) -> Any:
+    """JSON lists back to the tuples a frozen Bands holds."""
+    return tuple(_tupled(x) for x in v) if isinstance(v, list) else v

@@ -1,0 +1,274 @@
+"""Streaming per-head query/key capture.
+
+One forward pass per batch; hooks hand each layer's tensors to *reducers*, which fold them into
+running sums and drop them, so memory does not grow with the corpus. Reducers are mergeable:
+partial results from separate runs add up exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ropelens.hooks import AttnHooks, attn_hooks, to_bphd
+from ropelens.rope import LayerRope, RopeSpec
+
+__all__ = ["LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "causal_mask"]
+
+NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post", "pattern"})
+
+
+@dataclass
+class LayerActs:
+    """One layer's tensors for one batch, all ``[batch, pos, head, d_head]`` (keys: KV heads)."""
+
+    layer: int
+    rope: LayerRope
+    valid: Bool[Tensor, "batch pos"]  # False on right padding
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Tensor:
+        return self.tensors[key]
+
+
+class Reducer(Protocol):
+    """Folds per-layer activations into running statistics."""
+
+    needs: frozenset[str]
+
+    def update(self, acts: LayerActs) -> None: ...
+
+
+@dataclass
+class Moments:
+    """Mergeable running count, sum and sum of squares of a tensor-valued statistic."""
+
+    count: Tensor
+    total: Tensor
+    total_sq: Tensor
+
+    @classmethod
+    def zeros(cls, shape: Sequence[int]) -> Moments:
+        z = lambda: torch.zeros(tuple(shape), dtype=torch.float64)  # noqa: E731
+        return cls(z(), z(), z())
+
+    def add(self, x: Tensor, weight: Tensor | float = 1.0, dim: int | Sequence[int] = 0) -> None:
+        """Add samples ``x`` (weighted 0/1 to mask) summed over ``dim``."""
+        x = x.double()
+        w = torch.as_tensor(weight, dtype=torch.float64, device=x.device).expand_as(x)
+        self.count += w.sum(dim).cpu()
+        self.total += (x * w).sum(dim).cpu()
+        self.total_sq += (x * x * w).sum(dim).cpu()
+
+    def merge(self, other: Moments) -> Moments:
+        return Moments(self.count + other.count, self.total + other.total, self.total_sq + other.total_sq)
+
+    @property
+    def mean(self) -> Tensor:
+        return self.total / self.count.clamp_min(1)
+
+    @property
+    def std(self) -> Tensor:
+        """Sample standard deviation (n − 1 denominator)."""
+        n = self.count
+        var = (self.total_sq - self.total**2 / n.clamp_min(1)) / (n - 1).clamp_min(1)
+        return var.clamp_min(0).sqrt()
+
+    def sem(self) -> Tensor:
+        """Standard error of the mean."""
+        return self.std / self.count.clamp_min(1).sqrt()
+
+    def to_dict(self) -> dict[str, list]:
+        return {"count": self.count.tolist(), "total": self.total.tolist(), "total_sq": self.total_sq.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, list]) -> Moments:
+        t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+        return cls(t(d["count"]), t(d["total"]), t(d["total_sq"]))
+
+
+def causal_mask(rope: LayerRope, n_pos: int, device: torch.device | None = None) -> Bool[Tensor, "q k"]:
+    """Keys each query may attend to: causal, and within the sliding window for local layers."""
+    q = torch.arange(n_pos, device=device)[:, None]
+    k = torch.arange(n_pos, device=device)[None, :]
+    ok = k <= q
+    if rope.kind == "sliding" and rope.window:
+        ok &= (q - k) < rope.window
+    return ok
+
+
+def batches(
+    tokens: Int[Tensor, "n pos"], batch_size: int
+) -> Iterator[Int[Tensor, "b pos"]]:
+    """Split a window tensor into batches."""
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [n_windows, n_ctx], got shape {tuple(tokens.shape)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+    for i in range(0, tokens.shape[0], batch_size):
+        yield tokens[i : i + batch_size]
+
+
+def _hook_plan(hooks: AttnHooks, needs: frozenset[str]) -> dict[str, str]:
+    """Map each needed tensor to the hook that provides it (post-RoPE falls back to pre + rotate)."""
+    plan: dict[str, str] = {}
+    for which in ("q", "k"):
+        if f"{which}_pre" in needs:
+            plan[f"{which}_pre"] = hooks.pre(which)
+        if f"{which}_post" in needs:
+            post = hooks.post(which)
+            plan[f"{which}_post"] = post if post is not None else hooks.pre(which)
+    if "pattern" in needs:
+        plan["pattern"] = hooks.pattern
+    return plan
+
+
+class _Collector:
+    """Gathers a layer's tensors from its hooks and hands them to the reducers once complete."""
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer], model) -> None:
+        self.spec, self.reducers = spec, reducers
+        self.needs = frozenset().union(*(r.needs for r in reducers))
+        unknown = self.needs - NEEDS
+        if unknown:
+            raise ValueError(f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}")
+        self.plans = {L: _hook_plan(attn_hooks(model, L), self.needs) for L in layers}
+        self.hooks = {L: attn_hooks(model, L) for L in layers}
+        self.pending: dict[int, dict[str, Tensor]] = {}
+        self.valid: Tensor | None = None
+
+    def fwd_hooks(self) -> list[tuple[str, object]]:
+        out = []
+        for L, plan in self.plans.items():
+            by_hook: dict[str, list[str]] = {}
+            for key, name in plan.items():
+                by_hook.setdefault(name, []).append(key)
+            for name, keys in by_hook.items():
+                out.append((name, self._hook_fn(L, tuple(keys))))
+        return out
+
+    def _hook_fn(self, layer: int, keys: tuple[str, ...]):
+        def fn(x: Tensor, hook) -> Tensor:  # noqa: ARG001
+            self._receive(layer, keys, x.detach())
+            return x
+
+        return fn
+
+    def _receive(self, layer: int, keys: tuple[str, ...], x: Tensor) -> None:
+        h = self.hooks[layer]
+        rope = self.spec.layers[layer]
+        got = self.pending.setdefault(layer, {})
+        for key in keys:
+            if key == "pattern":
+                got[key] = x
+                continue
+            which, stage = key.split("_")
+            name = self.plans[layer][key]
+            t = to_bphd(x, h.pre_heads_first and name == h.pre(which))
+            if stage == "post" and h.post(which) is None:  # no post-RoPE hook: rotate ourselves
+                pos = torch.arange(t.shape[1], device=t.device)
+                t = rope.rotate(t.transpose(1, 2), pos).transpose(1, 2)
+            got[key] = t
+        if len(got) == len(self.plans[layer]):
+            self._dispatch(layer)
+
+    def _dispatch(self, layer: int) -> None:
+        acts = LayerActs(layer=layer, rope=self.spec.layers[layer], valid=self.valid, tensors=self.pending.pop(layer))
+        for r in self.reducers:
+            r.update(acts)
+
+    def finish(self) -> None:
+        """Complete layers whose pattern hook did not fire (GPT-J's bridge fires it only with
+        output_attentions): the pattern is the softmax of the exact scores from q and k."""
+        for layer in sorted(self.pending):
+            got = self.pending[layer]
+            if set(self.plans[layer]) - set(got) == {"pattern"} and {"q_post", "k_post"} <= set(got):
+                rope = self.spec.layers[layer]
+                k = got["k_post"].repeat_interleave(rope.group_size, dim=2)
+                scores = torch.einsum("bqhd,bkhd->bhqk", got["q_post"], k) * rope.score_scale
+                ok = causal_mask(rope, scores.shape[-1], scores.device)[None] & self.valid[:, None, :]
+                got["pattern"] = torch.softmax(scores.masked_fill(~ok[:, None], float("-inf")), dim=-1).nan_to_num(0.0)
+                self._dispatch(layer)
+
+
+def stream(
+    model,
+    data: Iterable[Tensor | tuple[Tensor, Tensor]],
+    reducers: Sequence[Reducer],
+    *,
+    layers: Sequence[int] | None = None,
+    spec: RopeSpec | None = None,
+    progress: bool = True,
+    desc: str = "ropelens",
+    total: int | None = None,
+) -> int:
+    """Run the model over ``data`` (token batches, or ``(tokens, valid)`` pairs for right padding).
+
+    Calls every reducer once per layer per batch; returns the number of valid tokens seen. The
+    forward stops after the last requested layer.
+    """
+    from ropelens.models import rope_spec
+
+    spec = spec if spec is not None else rope_spec(model)
+    chosen = spec.layer_indices(layers)
+    if not chosen:
+        raise ValueError("no layers selected: pass layer indices the model has")
+    col = _Collector(spec, chosen, reducers, model)
+    stop = max(chosen) + 1
+    n_tok = 0
+    device = next(model.parameters()).device
+    with torch.no_grad(), model.hooks(fwd_hooks=col.fwd_hooks()):
+        for item in tqdm(data, desc=desc, total=total, disable=not progress, unit="batch"):
+            toks, valid = item if isinstance(item, tuple) else (item, None)
+            toks = toks.to(device)
+            valid = torch.ones_like(toks, dtype=torch.bool) if valid is None else valid.to(device).bool()
+            if valid.shape != toks.shape:
+                raise ValueError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
+            col.valid = valid
+            model(toks, return_type=None, stop_at_layer=stop if stop < spec.n_layers else None)
+            col.finish()
+            if col.pending:
+                raise RuntimeError(f"hooks for layers {sorted(col.pending)} fired incompletely")
+            n_tok += int(valid.sum())
+    return n_tok
+
+
+@dataclass
+class _Keep:
+    """Reducer that keeps the tensors (for small inputs: decomposition of given tokens)."""
+
+    needs: frozenset[str]
+    kept: dict[int, LayerActs] = field(default_factory=dict)
+
+    def update(self, acts: LayerActs) -> None:
+        prev = self.kept.get(acts.layer)
+        if prev is None:
+            self.kept[acts.layer] = acts
+            return
+        for k, v in acts.tensors.items():
+            prev.tensors[k] = torch.cat([prev.tensors[k], v])
+        prev.valid = torch.cat([prev.valid, acts.valid])
+
+
+def capture_qk(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    *,
+    layers: Sequence[int] | None = None,
+    which: Iterable[str] = ("q_pre", "k_pre", "q_post", "k_post"),
+    batch_size: int = 8,
+    progress: bool = False,
+) -> dict[int, LayerActs]:
+    """Capture per-head tensors for ``tokens`` and keep them: ``{layer: LayerActs}``.
+
+    Keys are KV heads (query head h reads KV head ``h // rope.group_size``).
+    """
+    keep = _Keep(needs=frozenset(which))
+    stream(model, batches(tokens, batch_size), [keep], layers=layers, progress=progress)
+    return keep.kept

@@ -1,0 +1,446 @@
+"""Corpora that need no download, and the fixed-length token windows analyses run on.
+
+Two corpora ship with every CPython: ``english()`` is the language reference as plain English
+text (``pydoc_data.topics``) and ``python_code()`` is the standard library's own source. Both depend
+on the Python version, so every ``Corpus`` carries a ``sha256`` fingerprint for provenance.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import numbers
+import os
+import platform
+import re
+import sysconfig
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+__all__ = [
+    "CORPORA",
+    "DEFAULT_CORPUS",
+    "Corpus",
+    "english",
+    "load_corpus",
+    "python_code",
+    "text_files",
+    "token_stream",
+    "windows",
+]
+
+Bos = Literal["prepend", "none"]
+PathLike = str | os.PathLike[str]
+
+DEFAULT_CORPUS = "english"
+DEFAULT_CODE_BYTES = 2_000_000
+TEXT_SUFFIXES = (".txt", ".md")
+
+# Directories of the stdlib that are not the library's own code: tests (and lib2to3/idlelib test
+# data, which lives under them), third-party packages, and pydoc_data (the English corpus itself).
+_SKIP_DIRS = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "pydoc_data"}
+)
+# Sphinx's text builder underlines headings with a row of one repeated character.
+_UNDERLINE = re.compile(r"^[ \t]*([*=\-~^#])\1{2,}[ \t]*$", re.MULTILINE)
+_BLANK_RUN = re.compile(r"\n{3,}")
+_TOKENIZE_BATCH = 64  # documents per batch call: keeps the Rust tokenizer's threads busy
+
+
+def _is_int(x: object) -> bool:
+    # numbers.Integral admits numpy ints; bool is an int to Python but never a count.
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+# --------------------------------------------------------------------------------------------
+# the corpus
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Corpus:
+    """An ordered collection of text documents with a name and where it came from."""
+
+    name: str
+    documents: tuple[str, ...] = field(repr=False)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.documents, str) or not isinstance(self.documents, Sequence):
+            raise TypeError(
+                f"documents must be a tuple of strings, got {type(self.documents).__name__}: "
+                "wrap a single text as (text,)"
+            )
+        docs = tuple(self.documents)
+        bad = [i for i, d in enumerate(docs) if not isinstance(d, str)]
+        if bad:
+            raise TypeError(
+                f"document {bad[0]} of corpus {self.name!r} is a {type(docs[bad[0]]).__name__}, "
+                "not a str: decode bytes before building a Corpus"
+            )
+        if not docs:
+            raise ValueError(f"corpus {self.name!r} has no documents: give it at least one text")
+        object.__setattr__(self, "documents", docs)
+
+    def __repr__(self) -> str:
+        return (
+            f"Corpus(name={self.name!r}, n_documents={self.n_documents}, n_chars={self.n_chars}, "
+            f"sha256={self.sha256[:12]!r}…, source={self.source!r})"
+        )
+
+    @property
+    def n_documents(self) -> int:
+        """Number of documents."""
+        return len(self.documents)
+
+    @functools.cached_property
+    def n_chars(self) -> int:
+        """Total characters over all documents (separators not counted)."""
+        return sum(len(d) for d in self.documents)
+
+    @functools.cached_property
+    def text(self) -> str:
+        """All documents joined by a blank line."""
+        return "\n\n".join(self.documents)
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """Fingerprint of the documents and their boundaries: sha256 over ``len\\n utf-8`` of each."""
+        h = hashlib.sha256()
+        for doc in self.documents:
+            # Length-prefixed, so ("ab",) and ("a", "b") differ: boundaries change the token stream.
+            b = doc.encode("utf-8")
+            h.update(f"{len(b)}\n".encode())
+            h.update(b)
+        return h.hexdigest()
+
+    def split(self, val_fraction: float = 0.1, seed: int = 0) -> tuple[Corpus, Corpus]:
+        """Split into (train, val) by document, deterministically from ``seed`` on any machine."""
+        if not (_is_number(val_fraction) and 0 < val_fraction < 1):
+            raise ValueError(
+                f"val_fraction must be a number strictly between 0 and 1, got {val_fraction!r}"
+            )
+        if not _is_int(seed):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        n = self.n_documents
+        if n < 2:
+            raise ValueError(
+                f"corpus {self.name!r} has {n} document, so it cannot be split into train and val: "
+                "add documents, or hold out windows instead of documents"
+            )
+        n_val = min(max(1, round(val_fraction * n)), n - 1)
+        # Rank by a hash of (seed, document): no RNG whose algorithm could differ between versions,
+        # and a document keeps its side when unrelated documents are added. Index breaks ties.
+        prefix = f"ropelens-split:{seed}:".encode()
+        keys = [hashlib.sha256(prefix + d.encode("utf-8")).digest() for d in self.documents]
+        order = sorted(range(n), key=lambda i: (keys[i], i))
+        val_idx = set(order[:n_val])
+        tag = f"split val_fraction={val_fraction} seed={seed}"
+        train = Corpus(
+            f"{self.name}[train]",
+            tuple(d for i, d in enumerate(self.documents) if i not in val_idx),
+            f"{self.source}; {tag} (train)",
+        )
+        val = Corpus(
+            f"{self.name}[val]",
+            tuple(d for i, d in enumerate(self.documents) if i in val_idx),
+            f"{self.source}; {tag} (val)",
+        )
+        return train, val
+
+
+# --------------------------------------------------------------------------------------------
+# built-in corpora
+# --------------------------------------------------------------------------------------------
+def _clean_reference_text(text: str) -> str:
+    """Drop heading underlines and blank-line runs; the rest is already plain text."""
+    text = _UNDERLINE.sub("", text)
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    return _BLANK_RUN.sub("\n\n", text).strip()
+
+
+@functools.lru_cache(maxsize=1)
+def english() -> Corpus:
+    """The CPython language reference as English text: one document per topic, sorted by key."""
+    from pydoc_data.topics import topics
+
+    docs = tuple(
+        cleaned for key in sorted(topics) if (cleaned := _clean_reference_text(topics[key]))
+    )
+    version = platform.python_version()
+    return Corpus(
+        name="english",
+        documents=docs,
+        source=f"CPython {version} language reference (pydoc_data.topics, {len(docs)} topics)",
+    )
+
+
+def _stdlib_sources(root: Path) -> list[Path]:
+    """Every library .py file under ``root``, skipping tests and third-party code, sorted."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        # Prune in place so os.walk never descends into site-packages (most of the tree on some installs).
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(".")]
+        found.extend(Path(dirpath, f) for f in filenames if f.endswith(".py"))
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _is_generated(text: str) -> bool:
+    # encodings/cp*.py etc. are charmap tables written by gencodec.py: data, not code.
+    return "gencodec.py" in text[:400]
+
+
+@functools.lru_cache(maxsize=4)
+def python_code(max_bytes: int | None = DEFAULT_CODE_BYTES) -> Corpus:
+    """The standard library's own source, one document per file in sorted path order.
+
+    Test directories, site-packages, pydoc_data and generated codec tables are skipped. Files are
+    taken whole until ``max_bytes`` (UTF-8) would be passed; the next file is cut at a line end to
+    fill the cap and the corpus stops there. ``max_bytes=None`` takes every file.
+    """
+    if max_bytes is not None and not (_is_int(max_bytes) and max_bytes > 0):
+        raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs: list[str] = []
+    used = 0
+    for path in _stdlib_sources(root):
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # unreadable or legacy-encoded files are not worth failing the corpus over
+        if not text.strip() or _is_generated(text):
+            continue
+        size = len(text.encode("utf-8"))
+        if max_bytes is not None and used + size > max_bytes:
+            head = text.encode("utf-8")[: max_bytes - used]
+            head = head[: head.rfind(b"\n") + 1]
+            if head.strip():
+                docs.append(head.decode("utf-8"))
+            break
+        docs.append(text)
+        used += size
+    if not docs:
+        raise ValueError(
+            f"found no Python source under {root} (sysconfig's stdlib path): "
+            "this Python install ships without its standard library sources; use english() or text_files()"
+        )
+    cap = "all files" if max_bytes is None else f"first {max_bytes:,} bytes"
+    version = platform.python_version()
+    return Corpus(
+        name="python",
+        documents=tuple(docs),
+        source=f"CPython {version} standard library source at {root} ({len(docs)} files, {cap})",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# user files
+# --------------------------------------------------------------------------------------------
+def _read_text_file(path: Path) -> str:
+    """Read one UTF-8 text file, refusing binary, undecodable and empty ones with the fix."""
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise ValueError(
+            f"{path} looks binary (it contains NUL bytes): pass plain UTF-8 text files (.txt or .md)"
+        )
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
+            "re-save it as UTF-8, e.g. `iconv -f latin1 -t utf-8 in.txt > out.txt`"
+        ) from e
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not text.strip():
+        raise ValueError(f"{path} is empty (no text besides whitespace): add text or leave the file out")
+    return text
+
+
+def _expand(paths: PathLike | Iterable[PathLike]) -> Iterator[Path]:
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not items:
+        raise ValueError("no paths given: pass a text file, a directory of .txt/.md files, or a list of them")
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"expected a path (str or Path), got {type(item).__name__}: {item!r}")
+        p = Path(item).expanduser()
+        if p.is_dir():
+            found = sorted(
+                (f for f in p.rglob("*") if f.suffix.lower() in TEXT_SUFFIXES and f.is_file()),
+                key=lambda f: f.relative_to(p).as_posix(),
+            )
+            if not found:
+                raise ValueError(
+                    f"directory {p} has no {'/'.join(TEXT_SUFFIXES)} files: "
+                    "put text files there or pass the files themselves"
+                )
+            yield from found
+        elif p.exists():
+            yield p
+        else:
+            raise FileNotFoundError(f"text file {p} does not exist: check the path")
+
+
+def text_files(paths: PathLike | Iterable[PathLike], *, name: str | None = None) -> Corpus:
+    """A corpus of UTF-8 text files, one document per file; a directory adds its .txt/.md files.
+
+    Directories are searched recursively and their files taken in sorted order.
+    """
+    files = list(dict.fromkeys(_expand(paths)))  # a file named twice counts once
+    docs = tuple(_read_text_file(f) for f in files)
+    shown = ", ".join(str(f) for f in files[:5])
+    if len(files) > 5:
+        shown += f", … ({len(files)} files)"
+    if name is None:
+        name = files[0].name if len(files) == 1 else "text-files"
+    return Corpus(name=name, documents=docs, source=f"text files: {shown}")
+
+
+# --------------------------------------------------------------------------------------------
+# resolving a corpus by name (CLI)
+# --------------------------------------------------------------------------------------------
+CORPORA: dict[str, str] = {
+    "english": "CPython language reference, English prose (~465 kB, ships with Python)",
+    "python": f"Python standard library source (first {DEFAULT_CODE_BYTES:,} bytes)",
+}
+_BUILDERS = {"english": english, "python": python_code}
+
+
+def load_corpus(spec: str | os.PathLike[str] | None = DEFAULT_CORPUS) -> Corpus:
+    """Resolve ``"english"`` (default), ``"python"``, or a path to a text file or directory."""
+    if spec is None:
+        spec = DEFAULT_CORPUS
+    key = os.fspath(spec)
+    builder = _BUILDERS.get(key.strip().lower())
+    if builder is not None:
+        return builder()
+    path = Path(key).expanduser()
+    if path.exists():
+        return text_files(path)
+    choices = ", ".join(repr(c) for c in CORPORA)
+    looks_like_path = path.suffix.lower() in TEXT_SUFFIXES or os.sep in key or "/" in key
+    if looks_like_path or key.startswith((".", "~")):
+        raise FileNotFoundError(
+            f"corpus path {key!r} does not exist: check the path, or use a built-in corpus ({choices})"
+        )
+    raise ValueError(
+        f"unknown corpus {key!r}: choose from {choices}, or pass a path to a .txt/.md file or a directory"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# tokens and windows
+# --------------------------------------------------------------------------------------------
+def _tokenizer_of(tokenizer_or_model: Any) -> Any:
+    """The HF tokenizer itself, or the ``.tokenizer`` of a model such as a TransformerLens bridge."""
+    from transformers import PreTrainedTokenizerBase
+
+    if isinstance(tokenizer_or_model, PreTrainedTokenizerBase):
+        return tokenizer_or_model
+    tok = getattr(tokenizer_or_model, "tokenizer", None)
+    if isinstance(tok, PreTrainedTokenizerBase):
+        return tok
+    if hasattr(tokenizer_or_model, "tokenizer"):
+        raise ValueError(
+            f"{type(tokenizer_or_model).__name__} has no tokenizer (its .tokenizer is {tok!r}): "
+            "pass an HF tokenizer explicitly"
+        )
+    raise TypeError(
+        f"expected an HF tokenizer or a model with a .tokenizer, got {type(tokenizer_or_model).__name__}"
+    )
+
+
+def token_stream(
+    corpus: Corpus, tokenizer: Any, *, max_tokens: int | None = None
+) -> Int[Tensor, " n_tokens"]:
+    """The corpus as one token sequence: documents without special tokens, joined by EOS if any.
+
+    With ``max_tokens`` tokenizing stops once at least that many tokens exist (the stream may be
+    longer; it is never cut, so callers slice). ``tokenizer`` may be a model with ``.tokenizer``.
+    """
+    tok = _tokenizer_of(tokenizer)
+    sep = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    ids: list[int] = []
+    docs = corpus.documents
+    for start in range(0, len(docs), _TOKENIZE_BATCH):
+        batch = list(docs[start : start + _TOKENIZE_BATCH])
+        # verbose=False: documents are longer than model_max_length on purpose; windows cut them.
+        encoded = tok(batch, add_special_tokens=False, return_attention_mask=False, verbose=False)
+        for j, doc_ids in enumerate(encoded["input_ids"]):
+            if start + j > 0:
+                ids.extend(sep)
+            ids.extend(doc_ids)
+        if max_tokens is not None and len(ids) >= max_tokens:
+            break
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _check_count(name: str, value: int | None, minimum: int) -> None:
+    if value is None:
+        return
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum} or None, got {value!r}")
+
+
+def windows(
+    corpus: Corpus,
+    tokenizer: Any,
+    n_ctx: int,
+    *,
+    n_windows: int | None = None,
+    max_tokens: int | None = None,
+    bos: Bos = "prepend",
+    stride: int | None = None,
+) -> Int[Tensor, "n_windows n_ctx"]:
+    """Cut the corpus's token stream (see ``token_stream``) into windows of ``n_ctx`` tokens.
+
+    ``bos="prepend"``: each window is the tokenizer's BOS then ``n_ctx - 1`` text tokens;
+    ``bos="none"``: ``n_ctx`` text tokens. Window i starts at text token ``i * stride`` (default:
+    the text length, so windows tile the stream without overlap; any tail shorter than a window
+    is dropped). Windows cross document boundaries. ``max_tokens`` caps the total tokens returned
+    (``max_tokens // n_ctx`` windows) and ``n_windows`` caps the count; the smaller cap wins.
+    """
+    if not _is_int(n_ctx) or n_ctx < 2:
+        raise ValueError(f"n_ctx must be an int >= 2 (a window needs two positions), got {n_ctx!r}")
+    if bos not in ("prepend", "none"):
+        raise ValueError(f"bos must be 'prepend' or 'none', got {bos!r}")
+    _check_count("n_windows", n_windows, 1)
+    _check_count("stride", stride, 1)
+    _check_count("max_tokens", max_tokens, 1)
+    if max_tokens is not None and max_tokens < n_ctx:
+        raise ValueError(
+            f"max_tokens={max_tokens} is less than one window of n_ctx={n_ctx}: raise max_tokens or lower n_ctx"
+        )
+    tok = _tokenizer_of(tokenizer)
+    if bos == "prepend" and tok.bos_token_id is None:
+        raise ValueError(
+            f"bos='prepend' but the tokenizer ({type(tok).__name__}) has no BOS token: use bos='none'"
+        )
+    n_ctx = int(n_ctx)
+    n_text = n_ctx - 1 if bos == "prepend" else n_ctx
+    step = n_text if stride is None else int(stride)
+    by_tokens = None if max_tokens is None else int(max_tokens) // n_ctx
+    caps = [int(c) for c in (n_windows, by_tokens) if c is not None]
+    cap = min(caps) if caps else None
+    needed = None if cap is None else (cap - 1) * step + n_text
+    stream = token_stream(corpus, tok, max_tokens=needed)
+    if stream.numel() < n_text:
+        raise ValueError(
+            f"corpus {corpus.name!r} has {stream.numel()} tokens but one window of n_ctx={n_ctx} "
+            f"(bos={bos!r}) needs {n_text}: lower n_ctx or use a larger corpus"
+        )
+    out = stream.unfold(0, n_text, step)
+    if cap is not None:
+        out = out[:cap]
+    if bos == "prepend":
+        bos_column = torch.full((out.shape[0], 1), tok.bos_token_id, dtype=torch.long)
+        out = torch.cat([bos_column, out], dim=1)
+    return out.contiguous()

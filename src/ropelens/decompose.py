@@ -1,0 +1,470 @@
+"""Exact per-plane and per-band decomposition of attention logits.
+
+RoPE rotates each plane independently, so q_mᵀR((n−m)θ)k_n = Σ_i (q_m^(i))ᵀR((n−m)θ_i)k_n^(i):
+with post-RoPE q and k, plane i's term is simply the 2-D dot product of their plane-i coordinates.
+Band terms (sums of plane terms, plus non-rotary dims in ``rest``) times the model's score scale
+add up to the model's own pre-softmax scores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Bool, Float, Int
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from ropelens.bands import Bands, ResolvedBands
+from ropelens.capture import LayerActs, batches, capture_qk, causal_mask, stream
+from ropelens.provenance import Provenance, dump_json
+from ropelens.rope import LayerRope, RopeSpec
+
+__all__ = [
+    "AttentionDecomposition",
+    "BandStatistics",
+    "BandStatsReducer",
+    "band_terms",
+    "band_statistics",
+    "decompose_attention",
+    "js_divergence",
+]
+
+
+def _expand_kv(k: Tensor, rope: LayerRope) -> Tensor:
+    """KV heads → query heads (query head h reads KV head h // group)."""
+    return k.repeat_interleave(rope.group_size, dim=2) if rope.group_size > 1 else k
+
+
+def band_terms(
+    q: Float[Tensor, "batch pos head d_head"],
+    k: Float[Tensor, "batch pos kv_head d_head"],
+    rope: LayerRope,
+    bands: ResolvedBands,
+) -> Float[Tensor, "batch head band q_pos k_pos"]:
+    """Each band's share of every logit (post-RoPE q and k, times the model's score scale)."""
+    k = _expand_kv(k, rope)
+    out = torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., d], k[..., d]) for d in bands.dims], dim=2)
+    return out * rope.score_scale
+
+
+def attention_mask(rope: LayerRope, valid: Bool[Tensor, "batch pos"]) -> Bool[Tensor, "batch q k"]:
+    """Causal (and sliding-window) mask restricted to real (unpadded) tokens."""
+    m = causal_mask(rope, valid.shape[1], valid.device)
+    return m[None] & valid[:, None, :] & valid[:, :, None]
+
+
+def js_divergence(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:
+    """Jensen–Shannon divergence (nats, in [0, ln 2]) between distributions along ``dim``."""
+    m = 0.5 * (p + q)
+    kl = lambda a: torch.where(a > 0, a * (a.clamp_min(1e-30).log() - m.clamp_min(1e-30).log()), 0.0)  # noqa: E731
+    return 0.5 * (kl(p).sum(dim) + kl(q).sum(dim))
+
+
+# ============================================================================ one input
+@dataclass(frozen=True)
+class AttentionDecomposition:
+    """Per-band attention logits for given tokens (kept in memory; for corpora use band_statistics)."""
+
+    tokens: Int[Tensor, "batch pos"]
+    spec: RopeSpec
+    bands: Bands
+    acts: dict[int, LayerActs]
+    provenance: Provenance
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.acts)
+
+    def _acts(self, layer: int) -> LayerActs:
+        if layer not in self.acts:
+            raise ValueError(f"layer {layer} was not decomposed; decomposed layers: {self.layers}")
+        return self.acts[layer]
+
+    def resolved(self, layer: int) -> ResolvedBands:
+        return self.bands.resolve(self.spec.layers[layer])
+
+    def band_names(self, layer: int) -> list[str]:
+        return list(self.resolved(layer).names)
+
+    def mask(self, layer: int) -> Bool[Tensor, "batch q k"]:
+        a = self._acts(layer)
+        return attention_mask(a.rope, a.valid)
+
+    def band_logits(self, layer: int, *, masked: bool = True) -> Float[Tensor, "batch head band q k"]:
+        """Band terms of every logit; masked entries are −inf (so they sum like the model's scores)."""
+        a = self._acts(layer)
+        x = band_terms(a["q_post"], a["k_post"], a.rope, self.resolved(layer))
+        if masked:
+            x = x.masked_fill(~self.mask(layer)[:, None, None], float("-inf"))
+        return x
+
+    def logits(self, layer: int) -> Float[Tensor, "batch head q k"]:
+        """Sum over bands: the model's pre-softmax scores (masked entries −inf)."""
+        x = self.band_logits(layer, masked=False).sum(2)
+        return x.masked_fill(~self.mask(layer)[:, None], float("-inf"))
+
+    def pattern(self, layer: int) -> Float[Tensor, "batch head q k"]:
+        """The model's own attention pattern (captured from the forward pass)."""
+        return self._acts(layer)["pattern"]
+
+    def band_patterns(self, layer: int) -> Float[Tensor, "batch head band q k"]:
+        """Softmax of each band's logits alone (causal mask and sliding window applied)."""
+        return torch.softmax(self.band_logits(layer), dim=-1)
+
+    def plane_logits(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
+        """Per-plane terms (the single-plane decomposition), unmasked."""
+        a = self._acts(layer)
+        return band_terms(a["q_post"], a["k_post"], a.rope, Bands.planes().resolve(a.rope))[:, :, : a.rope.n_planes]
+
+    def cauchy_schwarz(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
+        """Per-plane bound ‖q^(i)‖‖k^(i)‖ (times score scale) on |plane term|."""
+        a = self._acts(layer)
+        qn = a.rope.split(a["q_post"]).norm(dim=-1)  # [b,q,h,P]
+        kn = a.rope.split(_expand_kv(a["k_post"], a.rope)).norm(dim=-1)
+        return torch.einsum("bqhp,bkhp->bhpqk", qn, kn) * a.rope.score_scale
+
+    def agreement(self, layer: int) -> pd.DataFrame:
+        """Per head × band: mean JS divergence of the band-only pattern from the model's, and top-1 agreement."""
+        pat = self.pattern(layer)[:, :, None]  # [b,h,1,q,k]
+        bp = self.band_patterns(layer)
+        jsd = js_divergence(bp, pat)  # [b,h,B,q]
+        top1 = (bp.argmax(-1) == pat.argmax(-1)).double()
+        rows = []
+        names = self.band_names(layer)
+        for h in range(jsd.shape[1]):
+            for b, name in enumerate(names):
+                rows.append({"layer": layer, "head": h, "band": name,
+                             "jsd": float(jsd[:, h, b].mean()), "top1": float(top1[:, h, b].mean())})
+        return pd.DataFrame(rows)
+
+    def to_frame(self, layer: int, head: int, batch: int = 0) -> pd.DataFrame:
+        """Tidy per-band logits of one head: one row per (band, query, key) allowed by the mask."""
+        x = self.band_logits(layer, masked=False)[batch, head]  # [B,q,k]
+        m = self.mask(layer)[batch]
+        qi, ki = torch.nonzero(m, as_tuple=True)
+        frames = [pd.DataFrame({"band": name, "q_pos": qi.numpy(), "k_pos": ki.numpy(), "logit": x[b][qi, ki].numpy()})
+                  for b, name in enumerate(self.band_names(layer))]
+        return pd.concat(frames, ignore_index=True).assign(layer=layer, head=head)
+
+    def figure(self, layer: int, head: int, batch: int = 0) -> go.Figure:
+        """One head: each band's logits as a heatmap, and the model's pattern."""
+        x = self.band_logits(layer)[batch, head]
+        names = self.band_names(layer)
+        fig = make_subplots(rows=1, cols=len(names) + 1, subplot_titles=[*names, "pattern"], horizontal_spacing=0.02)
+        lim = float(x[torch.isfinite(x)].abs().max()) if torch.isfinite(x).any() else 1.0
+        for b in range(len(names)):
+            z = x[b].masked_fill(~torch.isfinite(x[b]), float("nan")).numpy()
+            fig.add_trace(go.Heatmap(z=z, coloraxis="coloraxis",
+                                     hovertemplate="q %{y} k %{x}<br>logit %{z:.3f}<extra></extra>"), row=1, col=b + 1)
+        fig.add_trace(go.Heatmap(z=self.pattern(layer)[batch, head].numpy(), colorscale="Greys", showscale=False,
+                                 hovertemplate="q %{y} k %{x}<br>p %{z:.3f}<extra></extra>"), row=1, col=len(names) + 1)
+        fig.update_yaxes(autorange="reversed")
+        fig.update_layout(coloraxis={"colorscale": "RdBu", "cmin": -lim, "cmax": lim, "cmid": 0},
+                          title=f"Layer {layer} head {head}: logit by band", height=330)
+        return fig
+
+    def save(self, path: str | Path) -> None:
+        """Save tokens, captured q/k and metadata (safetensors, atomic)."""
+        from safetensors.torch import save
+
+        from ropelens.provenance import atomic_write
+
+        tensors = {"tokens": self.tokens.contiguous()}
+        for L, a in self.acts.items():
+            for k, v in a.tensors.items():
+                tensors[f"{L}/{k}"] = v.clone().contiguous()
+            tensors[f"{L}/valid"] = a.valid.clone().contiguous()
+        meta = {"spec": json.dumps(self.spec.to_dict()), "bands": json.dumps(self.bands.to_dict()),
+                "provenance": json.dumps(self.provenance.to_dict())}
+        with atomic_write(path, "wb") as f:
+            f.write(save(tensors, metadata=meta))
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionDecomposition:
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+            t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        spec = RopeSpec.from_dict(json.loads(meta["spec"]))
+        acts: dict[int, LayerActs] = {}
+        for key, v in t.items():
+            if "/" not in key:
+                continue
+            L, name = key.split("/")
+            a = acts.setdefault(int(L), LayerActs(layer=int(L), rope=spec.layers[int(L)], valid=None))  # type: ignore[arg-type]
+            if name == "valid":
+                a.valid = v
+            else:
+                a.tensors[name] = v
+        return cls(tokens=t["tokens"], spec=spec, bands=Bands.from_dict(json.loads(meta["bands"])), acts=acts,
+                   provenance=Provenance.from_dict(json.loads(meta["provenance"])))
+
+    def _repr_html_(self) -> str:
+        L = self.layers[0]
+        return self.agreement(L).pivot(index="head", columns="band", values="top1").to_html()
+
+
+def decompose_attention(
+    model,
+    tokens: Int[Tensor, "batch pos"] | str | Sequence[str],
+    *,
+    bands: Bands | None = None,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 8,
+) -> AttentionDecomposition:
+    """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands."""
+    from ropelens.models import model_label, rope_spec
+
+    if isinstance(tokens, str | list | tuple):
+        tokens = model.to_tokens(tokens)
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2:
+        raise ValueError("tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))")
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers)
+    t0 = time.perf_counter()
+    acts = capture_qk(model, tokens, layers=chosen, which=("q_post", "k_post", "pattern"), batch_size=batch_size)
+    acts = {L: LayerActs(a.layer, a.rope, a.valid.cpu(), {k: v.cpu() for k, v in a.tensors.items()}) for L, a in acts.items()}
+    bands = bands or Bands.planes()
+    prov = Provenance(model=model_label(model), n_tokens=int(tokens.numel()), n_windows=int(tokens.shape[0]),
+                      n_ctx=int(tokens.shape[1]), config={"bands": bands.describe(), "layers": chosen},
+                      seconds=time.perf_counter() - t0)
+    return AttentionDecomposition(tokens=tokens.cpu(), spec=spec, bands=bands, acts=acts, provenance=prov)
+
+
+# ============================================================================ corpus statistics
+_SUMS_LHB = ("abs_sum", "cov", "margin", "jsd", "top1")
+
+
+class BandStatsReducer:
+    """Streams, per layer × head × band: mean |logit|, within-query covariance with the full
+    logit, contribution to the attended key's margin, band-only pattern agreement; and per plane
+    the Cauchy–Schwarz bound at the attended key.
+    """
+
+    needs = frozenset({"q_post", "k_post", "pattern"})
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, agreement: bool = True) -> None:
+        self.spec, self.layers, self.bands, self.agreement = spec, list(layers), bands, agreement
+        self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}
+        names = {self.resolved[L].names for L in self.layers}
+        if len(names) != 1:
+            raise ValueError(f"bands {bands.describe()} resolve to different band names across layers: {names}")
+        self.names = next(iter(names))
+        lr = spec.layers[self.layers[0]]
+        L, H, B, P = len(self.layers), lr.n_heads, len(self.names), lr.n_planes
+        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
+        self.sums = {k: z(L, H, B) for k in _SUMS_LHB}
+        self.sums.update(var=z(L, H), n_entries=z(L), n_rows=z(L), cs_term=z(L, H, P), cs_bound=z(L, H, P))
+        self.pos = {l_: i for i, l_ in enumerate(self.layers)}
+
+    def update(self, acts: LayerActs) -> None:
+        for b in range(acts["q_post"].shape[0]):  # one sequence at a time bounds memory
+            one = LayerActs(acts.layer, acts.rope, acts.valid[b : b + 1],
+                            {k: v[b : b + 1] for k, v in acts.tensors.items()})
+            self._update_one(one)
+
+    @torch.no_grad()
+    def _update_one(self, a: LayerActs) -> None:
+        i, rope = self.pos[a.layer], a.rope
+        x = band_terms(a["q_post"].float(), a["k_post"].float(), rope, self.resolved[a.layer])[0]  # [h,B,q,k]
+        m = attention_mask(rope, a.valid)[0]  # [q,k]
+        mf = m.to(x.dtype)
+        rows = m.sum(-1).to(x.dtype)  # [q]
+        ok = rows >= 2  # a margin needs the attended key and at least one other
+        s = self.sums
+        s["n_entries"][i] += float(mf.sum())
+        s["n_rows"][i] += float(ok.sum())
+        xm = x * mf
+        s["abs_sum"][i] += xm.abs().sum((-1, -2)).double().cpu()
+        tot = xm.sum(1)  # [h,q,k] (zero where masked)
+        row_b = xm.sum(-1)  # [h,B,q]
+        row_t = row_b.sum(1)  # [h,q]
+        cross = torch.einsum("hbqk,hqk->hbq", xm, tot)
+        cov = cross - row_b * (row_t / rows.clamp_min(1))[:, None]
+        var = (tot * tot).sum(-1) - row_t**2 / rows.clamp_min(1)
+        s["cov"][i] += (cov * ok).sum(-1).double().cpu()
+        s["var"][i] += (var * ok).sum(-1).double().cpu()
+        att = a["pattern"][0].argmax(-1)  # [h,q] attended key
+        xa = x.gather(-1, att[:, None, :, None].expand(-1, x.shape[1], -1, 1))[..., 0]  # [h,B,q]
+        margin = xa - (row_b - xa) / (rows - 1).clamp_min(1)
+        s["margin"][i] += (margin * ok).sum(-1).double().cpu()
+        self._cauchy_schwarz(i, a, att, ok)
+        if self.agreement:
+            self._agreement(i, x, m, a["pattern"][0], att)
+
+    def _cauchy_schwarz(self, i: int, a: LayerActs, att: Tensor, ok: Tensor) -> None:
+        rope = a.rope
+        q = rope.split(a["q_post"][0].float())  # [q,h,P,2]
+        k = rope.split(_expand_kv(a["k_post"], rope)[0].float())  # [k,h,P,2]
+        ka = k[att.T, torch.arange(att.shape[0])[None, :]]  # [q,h,P,2] key each query attends to
+        term = (q * ka).sum(-1) * rope.score_scale
+        bound = q.norm(dim=-1) * ka.norm(dim=-1) * rope.score_scale
+        w = ok[:, None, None].to(term.dtype)
+        self.sums["cs_term"][i] += (term * w).sum(0).double().cpu()
+        self.sums["cs_bound"][i] += (bound * w).sum(0).double().cpu()
+
+    def _agreement(self, i: int, x: Tensor, m: Tensor, pattern: Tensor, att: Tensor) -> None:
+        logp = torch.log_softmax(x.masked_fill(~m, float("-inf")), dim=-1)  # [h,B,q,k]
+        top = logp.argmax(-1)  # [h,B,q]
+        self.sums["top1"][i] += (top == att[:, None]).sum(-1).double().cpu()
+        p = logp.exp()
+        jsd = js_divergence(p, pattern[:, None])  # [h,B,q]
+        self.sums["jsd"][i] += jsd.sum(-1).double().cpu()
+
+
+@dataclass(frozen=True)
+class BandStatistics:
+    """Corpus statistics of the band decomposition, per layer × head × band."""
+
+    layers: tuple[int, ...]
+    band_names: tuple[str, ...]
+    bands: Bands
+    spec: RopeSpec
+    sums: dict[str, Tensor]
+    provenance: Provenance
+
+    def __post_init__(self) -> None:
+        L, B = len(self.layers), len(self.band_names)
+        shape = tuple(self.sums["abs_sum"].shape)
+        if shape[0] != L or shape[2] != B:
+            raise ValueError(f"abs_sum has shape {shape}, expected ({L}, heads, {B})")
+
+    @property
+    def n_query_rows(self) -> Tensor:
+        """Queries per layer (all heads) over the corpus."""
+        return self.sums["n_entries"].new_tensor(self.sums["n_rows"])
+
+    def abs_share(self) -> Float[Tensor, "layer head band"]:
+        """Each band's share of the mean |logit| (sums to 1 over bands)."""
+        a = self.sums["abs_sum"]
+        return (a / a.sum(-1, keepdim=True).clamp_min(1e-30)).float()
+
+    def mean_abs(self) -> Float[Tensor, "layer head band"]:
+        """Mean |band logit| over allowed (query, key) pairs."""
+        return (self.sums["abs_sum"] / self.sums["n_entries"][:, None, None].clamp_min(1)).float()
+
+    def var_share(self) -> Float[Tensor, "layer head band"]:
+        """Share of within-query logit variance: Cov(band, logit)/Var(logit); sums to 1 (may be <0)."""
+        return (self.sums["cov"] / self.sums["var"][..., None].clamp_min(1e-30)).float()
+
+    def margin(self) -> Float[Tensor, "layer head band"]:
+        """Mean contribution to the margin: logit at the attended key minus the mean over other keys."""
+        return (self.sums["margin"] / self.sums["n_rows"][:, None, None].clamp_min(1)).float()
+
+    def margin_share(self) -> Float[Tensor, "layer head band"]:
+        """Each band's fraction of the total attended-key margin (sums to 1; may be <0)."""
+        m = self.sums["margin"]
+        return (m / m.sum(-1, keepdim=True)).float()
+
+    def top1(self) -> Float[Tensor, "layer head band"]:
+        """Fraction of queries whose band-only argmax is the key the model attends to most."""
+        return (self.sums["top1"] / self.sums["n_entries"].new_tensor(self._rows_all())[:, None, None]).float()
+
+    def jsd(self) -> Float[Tensor, "layer head band"]:
+        """Mean JS divergence (nats) of the band-only pattern from the model's pattern."""
+        return (self.sums["jsd"] / self.sums["n_entries"].new_tensor(self._rows_all())[:, None, None]).float()
+
+    def _rows_all(self) -> list[float]:
+        return self.provenance.config.get("query_rows", [1.0] * len(self.layers))
+
+    def tightness(self) -> Float[Tensor, "layer head plane"]:
+        """Per plane at the attended key: Σ term / Σ ‖q‖‖k‖ (1 = q and k perfectly aligned)."""
+        return (self.sums["cs_term"] / self.sums["cs_bound"].clamp_min(1e-30)).float()
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy: one row per (layer, head, band)."""
+        metrics = {"abs_share": self.abs_share(), "mean_abs": self.mean_abs(), "var_share": self.var_share(),
+                   "margin": self.margin(), "margin_share": self.margin_share(), "top1": self.top1(), "jsd": self.jsd()}
+        L, H, B = metrics["abs_share"].shape
+        idx = pd.MultiIndex.from_product([self.layers, range(H), self.band_names], names=["layer", "head", "band"])
+        return pd.DataFrame({k: v.reshape(-1).numpy() for k, v in metrics.items()}, index=idx).reset_index()
+
+    def merge(self, other: BandStatistics) -> BandStatistics:
+        if (self.layers, self.band_names) != (other.layers, other.band_names) or self.spec.to_dict() != other.spec.to_dict():
+            raise ValueError("can only merge statistics over the same model, layers and bands")
+        prov = self.provenance.merged(other.provenance)
+        rows = [a + b for a, b in zip(self._rows_all(), other._rows_all())]
+        prov = Provenance(**{**prov.to_dict(), "config": {**prov.config, "query_rows": rows}})
+        return BandStatistics(self.layers, self.band_names, self.bands, self.spec,
+                              {k: v + other.sums[k] for k, v in self.sums.items()}, prov)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "BandStatistics", "layers": list(self.layers), "band_names": list(self.band_names),
+                "bands": self.bands.to_dict(), "spec": self.spec.to_dict(),
+                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+
+    def save(self, path: str | Path) -> None:
+        dump_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> BandStatistics:
+        d = json.loads(Path(path).read_text())
+        if d.get("type") != "BandStatistics":
+            raise ValueError(f"{path} does not hold BandStatistics (type {d.get('type')!r})")
+        return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]),
+                   RopeSpec.from_dict(d["spec"]), {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+                   Provenance.from_dict(d["provenance"]))
+
+    def heatmap(self, metric: str = "margin_share", layer: int | None = None, coloraxis: str | None = None) -> go.Heatmap:
+        """Layer × band (head-averaged) or, for one layer, head × band."""
+        z = getattr(self, metric)()
+        if layer is None:
+            z2, y = z.mean(1), list(self.layers)
+        else:
+            z2, y = z[self.layers.index(layer)], list(range(z.shape[1]))
+        return go.Heatmap(z=z2.numpy(), x=list(self.band_names), y=y, coloraxis=coloraxis,
+                          hovertemplate=f"%{{y}} · %{{x}}<br>{metric} %{{z:.3f}}<extra></extra>")
+
+    def figure(self, layer: int | None = None) -> go.Figure:
+        titles = ["share of mean |logit|", "share of within-query variance", "share of attended-key margin"]
+        fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
+        for c, metric in enumerate(("abs_share", "var_share", "margin_share"), start=1):
+            fig.add_trace(self.heatmap(metric, layer, coloraxis="coloraxis"), row=1, col=c)
+        fig.update_yaxes(autorange="reversed", title_text="layer" if layer is None else "head", col=1)
+        fig.update_layout(coloraxis={"colorscale": "RdBu", "cmid": 0}, height=460,
+                          title=f"Band decomposition — {self.provenance.model} ({self.bands.describe()})")
+        return fig
+
+    def _repr_html_(self) -> str:
+        return self.figure().to_html(include_plotlyjs="cdn", full_html=False)
+
+
+def band_statistics(
+    model,
+    corpus=None,
+    *,
+    bands: Bands | None = None,
+    n_ctx: int = 512,
+    max_tokens: int | None = 32_768,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 4,
+    agreement: bool = True,
+    progress: bool = True,
+) -> BandStatistics:
+    """Stream the band decomposition over a corpus (see :class:`BandStatsReducer`)."""
+    from ropelens.models import model_label, rope_spec
+    from ropelens.usage import _windows
+
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers)
+    bands = bands or Bands.quantiles(4)
+    tokens, cname, csha = _windows(model, corpus, n_ctx, max_tokens)
+    red = BandStatsReducer(spec, chosen, bands, agreement=agreement)
+    t0 = time.perf_counter()
+    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
+                   desc="band statistics", total=-(-tokens.shape[0] // batch_size))
+    rows = [float(attention_mask(spec.layers[L], torch.ones(tokens.shape, dtype=torch.bool)).any(-1).sum()) for L in chosen]
+    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
+                      n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
+                      config={"bands": bands.describe(), "layers": chosen, "agreement": agreement, "query_rows": rows},
+                      seconds=time.perf_counter() - t0)
+    return BandStatistics(tuple(chosen), red.names, bands, spec, red.sums, prov)

@@ -1,0 +1,131 @@
+"""Provenance of results (model, data, versions, commit) and atomic file writes."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import functools
+import importlib.metadata as md
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["Provenance", "atomic_write", "atomic_write_text", "git_commit", "versions"]
+
+_PACKAGES = ("ropelens", "torch", "transformers", "transformer-lens", "numpy", "pandas", "plotly")
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """Installed versions of the packages a result depends on, and Python's."""
+    out = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """The commit of the ropelens checkout in use (with '+dirty' for local changes), if any."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here, capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "") if sha else None
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a result came from: enough to reproduce it."""
+
+    model: str
+    corpus: str | None = None
+    corpus_sha256: str | None = None
+    n_tokens: int | None = None
+    n_windows: int | None = None
+    n_ctx: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=versions)
+    commit: str | None = field(default_factory=git_commit)
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Provenance:
+        return cls(**d)
+
+    def merged(self, other: Provenance) -> Provenance:
+        """Provenance of the merge of two partial results over the same model and config."""
+        add = lambda a, b: None if a is None or b is None else a + b  # noqa: E731
+        return Provenance(
+            model=self.model,
+            corpus=self.corpus if self.corpus == other.corpus else f"{self.corpus}+{other.corpus}",
+            corpus_sha256=self.corpus_sha256 if self.corpus_sha256 == other.corpus_sha256 else None,
+            n_tokens=add(self.n_tokens, other.n_tokens),
+            n_windows=add(self.n_windows, other.n_windows),
+            n_ctx=self.n_ctx,
+            config=self.config,
+            versions=self.versions,
+            commit=self.commit,
+            seconds=add(self.seconds, other.seconds),
+        )
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temp file beside ``path``; rename it over ``path`` only if the block succeeds."""
+    path = Path(path)
+    if path.exists() and path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory: pass a file path")
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PermissionError(f"cannot create output directory {parent}: {e.strerror}; choose a writable path") from e
+    if not os.access(parent, os.W_OK):
+        raise PermissionError(f"output directory {parent} is not writable: choose a writable path")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_write(path, "w") as f:
+        f.write(text)
+
+
+def dump_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write JSON atomically (tensors and numpy arrays become lists)."""
+    atomic_write_text(path, json.dumps(obj, indent=1, default=_default))
+
+
+def _default(o: Any) -> Any:
+    tolist = getattr(o, "tolist", None)
+    if tolist is not None:
+        return tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,0 +1,282 @@
+"""Frequency usage: mean 2-norm of every RoPE plane of queries and keys (Barbero et al., Fig. 3-4)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Float
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from ropelens.bands import Bands
+from ropelens.capture import LayerActs, Moments, batches, stream
+from ropelens.provenance import Provenance, dump_json
+from ropelens.rope import RopeSpec
+
+__all__ = ["FrequencyUsage", "UsageReducer", "frequency_usage"]
+
+Which = Literal["q", "k"]
+Scope = Literal["all", "no_sink"]
+
+
+class UsageReducer:
+    """Streams per-plane norms of q and k: over tokens, and over per-window means (for CIs)."""
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, source: str = "pre", n_sink: int = 1) -> None:
+        if source not in ("pre", "post"):
+            raise ValueError(f"source must be 'pre' or 'post' (RoPE), got {source!r}")
+        if n_sink < 0:
+            raise ValueError(f"n_sink must be ≥ 0, got {n_sink}")
+        self.spec, self.layers, self.source, self.n_sink = spec, list(layers), source, n_sink
+        self.needs = frozenset({f"q_{source}", f"k_{source}"})
+        lr = spec.layers[self.layers[0]]
+        P = lr.n_planes
+        if any(spec.layers[L].n_planes != P for L in self.layers):
+            raise ValueError("selected layers have different plane counts; analyse them separately")
+        self.pos = {L: i for i, L in enumerate(self.layers)}
+        shape = {"q": (len(self.layers), lr.n_heads, P), "k": (len(self.layers), lr.n_kv_heads, P)}
+        self.tok = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
+        self.win = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
+
+    def update(self, acts: LayerActs) -> None:
+        i = self.pos[acts.layer]
+        rope = acts.rope
+        valid = acts.valid.to(torch.float64)  # [b, pos]
+        no_sink = valid.clone()
+        no_sink[:, : self.n_sink] = 0
+        for w in "qk":
+            norms = rope.split(acts[f"{w}_{self.source}"].float()).norm(dim=-1).double()  # [b,pos,h,P]
+            if self.source == "post" and rope.attention_scaling != 1.0:
+                norms = norms / rope.attention_scaling  # cos/sin carry the scaling; undo it
+            for scope, mask in (("all", valid), ("no_sink", no_sink)):
+                m = mask[:, :, None, None]
+                self._add_tok(w, scope, i, norms, m)
+                self._add_win(w, scope, i, norms, m)
+
+    def _add_tok(self, w: str, scope: str, i: int, norms: Tensor, m: Tensor) -> None:
+        mom = self.tok[(w, scope)]
+        mom.count[i] += m.sum((0, 1)).expand_as(mom.count[i]).cpu()
+        mom.total[i] += (norms * m).sum((0, 1)).cpu()
+        mom.total_sq[i] += (norms * norms * m).sum((0, 1)).cpu()
+
+    def _add_win(self, w: str, scope: str, i: int, norms: Tensor, m: Tensor) -> None:
+        n = m.sum(1)  # [b, 1, 1]
+        keep = (n[:, 0, 0] > 0)
+        means = ((norms * m).sum(1) / n.clamp_min(1))[keep]  # [b', h, P]
+        mom = self.win[(w, scope)]
+        mom.count[i] += keep.sum().cpu()
+        mom.total[i] += means.sum(0).cpu()
+        mom.total_sq[i] += (means * means).sum(0).cpu()
+
+
+@dataclass(frozen=True)
+class FrequencyUsage:
+    """Per-plane norms of queries and keys, highest frequency first.
+
+    ``token`` moments are over tokens; ``window`` moments over per-window means (their spread
+    gives the confidence interval). Each for scope ``"all"`` positions and ``"no_sink"`` (the
+    first ``n_sink`` positions of every window, where attention sinks sit, excluded).
+    """
+
+    layers: tuple[int, ...]
+    spec: RopeSpec
+    token: dict[tuple[str, str], Moments]
+    window: dict[tuple[str, str], Moments]
+    n_sink: int
+    source: str
+    provenance: Provenance
+
+    def __post_init__(self) -> None:
+        L = len(self.layers)
+        lr = self.spec.layers[self.layers[0]]
+        for (w, s), mom in {**self.token, **self.window}.items():
+            heads = lr.n_heads if w == "q" else lr.n_kv_heads
+            if tuple(mom.total.shape) != (L, heads, lr.n_planes):
+                raise ValueError(f"{w}/{s} moments have shape {tuple(mom.total.shape)}, expected {(L, heads, lr.n_planes)}")
+
+    # ---------------------------------------------------------------- numbers
+    def norm(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
+        """Mean ‖q^(i)‖ (or ‖k^(i)‖) over tokens: ``[layer, head, plane]``."""
+        return self.token[(which, scope)].mean.float()
+
+    @property
+    def q_norm(self) -> Float[Tensor, "layer head plane"]:
+        return self.norm("q")
+
+    @property
+    def k_norm(self) -> Float[Tensor, "layer kv_head plane"]:
+        return self.norm("k")
+
+    def std(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
+        """Standard deviation of the plane norm over tokens."""
+        return self.token[(which, scope)].std.float()
+
+    def ci(self, which: Which = "q", scope: Scope = "all", z: float = 1.96) -> Float[Tensor, "layer head plane"]:
+        """Half-width of the normal CI of the mean norm, from the spread of per-window means."""
+        return (self.window[(which, scope)].sem() * z).float()
+
+    def band_share(self, bands: Bands, which: Which = "q", scope: Scope = "all") -> tuple[list[str], Tensor]:
+        """Share of squared norm (energy) per band, ``[layer, head, band]``; sums to 1 over bands.
+
+        Exact from the streamed sums: E‖x_band‖² = Σ_{i∈band} E‖x^(i)‖².
+        """
+        rb = bands.resolve(self.spec.layers[self.layers[0]])
+        mom = self.token[(which, scope)]
+        energy = mom.total_sq / mom.count.clamp_min(1)  # [L, H, P]
+        per_band = torch.stack([energy[..., list(p)].sum(-1) for p in rb.planes], dim=-1)
+        return list(rb.names), (per_band / per_band.sum(-1, keepdim=True).clamp_min(1e-30)).float()
+
+    def merge(self, other: FrequencyUsage) -> FrequencyUsage:
+        """Exact merge of two partial results (same model, layers and settings)."""
+        if (self.layers, self.n_sink, self.source) != (other.layers, other.n_sink, other.source):
+            raise ValueError("can only merge usage over the same layers, n_sink and source")
+        if self.spec.to_dict() != other.spec.to_dict():
+            raise ValueError("can only merge usage of the same model (RoPE specs differ)")
+        return replace(
+            self,
+            token={k: v.merge(other.token[k]) for k, v in self.token.items()},
+            window={k: v.merge(other.window[k]) for k, v in self.window.items()},
+            provenance=self.provenance.merged(other.provenance),
+        )
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table: one row per (which, scope, layer, head, plane)."""
+        rows = []
+        for (w, s), mom in self.token.items():
+            mean, std, ci = mom.mean, mom.std, self.ci(w, s).double()  # type: ignore[arg-type]
+            L, H, P = mean.shape
+            for li in range(L):
+                wl = self.spec.layers[self.layers[li]].wavelength
+                for h in range(H):
+                    for p in range(P):
+                        rows.append((w, s, self.layers[li], h, p, float(wl[p]), float(mean[li, h, p]),
+                                     float(std[li, h, p]), float(ci[li, h, p])))
+        return pd.DataFrame(rows, columns=["which", "scope", "layer", "head", "plane", "wavelength",
+                                           "mean_norm", "std", "ci95"])
+
+    # ---------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        key = lambda k: f"{k[0]}/{k[1]}"  # noqa: E731
+        return {
+            "type": "FrequencyUsage",
+            "layers": list(self.layers),
+            "n_sink": self.n_sink,
+            "source": self.source,
+            "spec": self.spec.to_dict(),
+            "token": {key(k): v.to_dict() for k, v in self.token.items()},
+            "window": {key(k): v.to_dict() for k, v in self.window.items()},
+            "provenance": self.provenance.to_dict(),
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write JSON atomically (a temp file renamed into place)."""
+        dump_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> FrequencyUsage:
+        d = json.loads(Path(path).read_text())
+        if d.get("type") != "FrequencyUsage":
+            raise ValueError(f"{path} does not hold a FrequencyUsage (type {d.get('type')!r})")
+        unkey = lambda s: tuple(s.split("/"))  # noqa: E731
+        return cls(
+            layers=tuple(d["layers"]),
+            spec=RopeSpec.from_dict(d["spec"]),
+            token={unkey(k): Moments.from_dict(v) for k, v in d["token"].items()},
+            window={unkey(k): Moments.from_dict(v) for k, v in d["window"].items()},
+            n_sink=d["n_sink"],
+            source=d["source"],
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
+
+    # ---------------------------------------------------------------- figures
+    def heatmap(self, which: Which = "q", scope: Scope = "all", *, layer: int | None = None,
+                coloraxis: str | None = None) -> go.Heatmap:
+        """Layer × plane heatmap (head-averaged), or head × plane for one ``layer``."""
+        z = self.norm(which, scope)
+        if layer is None:
+            z2, ylab, y = z.mean(1), "layer", list(self.layers)
+        else:
+            if layer not in self.layers:
+                raise ValueError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
+            z2, ylab, y = z[self.layers.index(layer)], "head" if which == "q" else "kv head", list(range(z.shape[1]))
+        wl = self.spec.layers[self.layers[0] if layer is None else layer].wavelength.tolist()
+        return go.Heatmap(
+            z=z2.numpy(), x=list(range(z.shape[-1])), y=y, coloraxis=coloraxis,
+            customdata=[[f"{w:.1f}" for w in wl]] * len(y),
+            hovertemplate=f"{ylab} %{{y}}<br>plane %{{x}} (λ=%{{customdata}} tokens)<br>mean norm %{{z:.3f}}<extra>{which}</extra>",
+            colorbar={"title": "mean ‖·‖"} if coloraxis is None else None,
+        )
+
+    def figure(self, scope: Scope = "all", layer: int | None = None) -> go.Figure:
+        """q and k heatmaps side by side: layer × plane, or head × plane for ``layer``."""
+        what = "layer" if layer is None else f"head (layer {layer})"
+        fig = make_subplots(rows=1, cols=2, subplot_titles=[f"queries: {what} × plane", f"keys: {what} × plane"],
+                            horizontal_spacing=0.08)
+        for col, w in ((1, "q"), (2, "k")):
+            fig.add_trace(self.heatmap(w, scope, layer=layer, coloraxis="coloraxis"), row=1, col=col)  # type: ignore[arg-type]
+            fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=col)
+        fig.update_yaxes(title_text="layer" if layer is None else "head", autorange="reversed")
+        fig.update_layout(coloraxis={"colorscale": "Viridis", "colorbar": {"title": "mean ‖·‖"}},
+                          title=f"Frequency usage — {self.provenance.model} ({'all tokens' if scope == 'all' else 'sink positions excluded'})",
+                          height=420 if layer is None else 320, margin={"t": 70, "l": 60, "r": 20, "b": 50})
+        return fig
+
+    def _repr_html_(self) -> str:
+        return self.figure().to_html(include_plotlyjs="cdn", full_html=False)
+
+
+def frequency_usage(
+    model,
+    corpus=None,
+    *,
+    n_ctx: int = 512,
+    max_tokens: int | None = 32_768,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 4,
+    n_sink: int = 1,
+    source: str = "pre",
+    progress: bool = True,
+) -> FrequencyUsage:
+    """Mean per-plane norms of q and k over a corpus (streamed; memory independent of its size).
+
+    ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name ("english", "python", a path),
+    or a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS.
+    """
+    from ropelens.models import model_label, rope_spec
+
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers)
+    tokens, corpus_name, corpus_sha = _windows(model, corpus, n_ctx, max_tokens)
+    red = UsageReducer(spec, chosen, source=source, n_sink=n_sink)
+    t0 = time.perf_counter()
+    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
+                   desc="frequency usage", total=-(-tokens.shape[0] // batch_size))
+    prov = Provenance(
+        model=model_label(model), corpus=corpus_name, corpus_sha256=corpus_sha, n_tokens=n_tok,
+        n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
+        config={"n_sink": n_sink, "source": source, "layers": chosen, "batch_size": batch_size},
+        seconds=time.perf_counter() - t0,
+    )
+    return FrequencyUsage(layers=tuple(chosen), spec=spec, token=red.tok, window=red.win, n_sink=n_sink,
+                          source=source, provenance=prov)
+
+
+def _windows(model, corpus, n_ctx: int, max_tokens: int | None) -> tuple[Tensor, str, str | None]:
+    """Token windows from a corpus, a corpus name, or a token tensor (name and fingerprint too)."""
+    if isinstance(corpus, Tensor):
+        if corpus.ndim != 2 or corpus.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"token input must be an integer [n_windows, n_ctx] tensor, got {corpus.dtype} {tuple(corpus.shape)}")
+        return corpus.long(), "tokens", None
+    from ropelens import data
+
+    c = data.load_corpus(corpus or "english") if not isinstance(corpus, data.Corpus) else corpus
+    toks = data.windows(c, model.tokenizer, n_ctx, max_tokens=max_tokens)
+    return toks, c.name, c.sha256
