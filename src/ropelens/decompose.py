@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -246,14 +246,21 @@ _SUMS_LHB = ("abs_sum", "cov", "margin", "jsd", "top1")
 
 class BandStatsReducer:
     """Streams, per layer × head × band: mean |logit|, within-query covariance with the full
-    logit, contribution to the attended key's margin, band-only pattern agreement; and per plane
-    the Cauchy–Schwarz bound at the attended key.
+    logit, contribution to the attended key's margin, band-only top-1 agreement (and, with
+    ``jsd=True``, the JS divergence of the band-only pattern); per plane, the Cauchy–Schwarz
+    bound at the attended key.
+
+    Only |logit| and the band-only argmax need every band's logit for every (query, key) pair;
+    they are computed in query chunks over the causal triangle only. The covariance and margin
+    come from matmuls with the keys (Σ_k x_b·x = s·q_b·(x K_b), Σ_k x_b = s·q_b·Σ_k k_b), so
+    they cost about one extra attention-score product.
     """
 
     needs = frozenset({"q_post", "k_post", "pattern"})
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, agreement: bool = True) -> None:
-        self.spec, self.layers, self.bands, self.agreement = spec, list(layers), bands, agreement
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, jsd: bool = False,
+                 chunk: int = 128) -> None:
+        self.spec, self.layers, self.bands, self.jsd, self.chunk = spec, list(layers), bands, jsd, chunk
         self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}
         names = {self.resolved[L].names for L in self.layers}
         if len(names) != 1:
@@ -263,62 +270,87 @@ class BandStatsReducer:
         L, H, B, P = len(self.layers), lr.n_heads, len(self.names), lr.n_planes
         z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
         self.sums = {k: z(L, H, B) for k in _SUMS_LHB}
-        self.sums.update(var=z(L, H), n_entries=z(L), n_rows=z(L), cs_term=z(L, H, P), cs_bound=z(L, H, P))
+        self.sums.update(var=z(L, H), n_entries=z(L), n_rows=z(L), n_queries=z(L), cs_term=z(L, H, P), cs_bound=z(L, H, P))
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
 
-    def update(self, acts: LayerActs) -> None:
-        for b in range(acts["q_post"].shape[0]):  # one sequence at a time bounds memory
-            one = LayerActs(acts.layer, acts.rope, acts.valid[b : b + 1],
-                            {k: v[b : b + 1] for k, v in acts.tensors.items()})
-            self._update_one(one)
-
     @torch.no_grad()
-    def _update_one(self, a: LayerActs) -> None:
-        i, rope = self.pos[a.layer], a.rope
-        x = band_terms(a["q_post"].float(), a["k_post"].float(), rope, self.resolved[a.layer])[0]  # [h,B,q,k]
-        m = attention_mask(rope, a.valid)[0]  # [q,k]
-        mf = m.to(x.dtype)
-        rows = m.sum(-1).to(x.dtype)  # [q]
-        ok = rows >= 2  # a margin needs the attended key and at least one other
+    def update(self, acts: LayerActs) -> None:
+        i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
+        valid = acts.valid
+        vf = valid.float()
+        q = acts["q_post"].float().transpose(1, 2) * vf[:, None, :, None]  # [b,h,q,d], padding zeroed
+        k = _expand_kv(acts["k_post"].float(), rope).transpose(1, 2) * vf[:, None, :, None]
+        m = attention_mask(rope, valid)  # [b,q,k]
+        mf = m.float()
+        rows = mf.sum(-1)  # [b,q] allowed keys per query
+        ok = (rows >= 2).float()  # a margin needs the attended key and at least one other
         s = self.sums
         s["n_entries"][i] += float(mf.sum())
         s["n_rows"][i] += float(ok.sum())
-        xm = x * mf
-        s["abs_sum"][i] += xm.abs().sum((-1, -2)).double().cpu()
-        tot = xm.sum(1)  # [h,q,k] (zero where masked)
-        row_b = xm.sum(-1)  # [h,B,q]
-        row_t = row_b.sum(1)  # [h,q]
-        cross = torch.einsum("hbqk,hqk->hbq", xm, tot)
-        cov = cross - row_b * (row_t / rows.clamp_min(1))[:, None]
-        var = (tot * tot).sum(-1) - row_t**2 / rows.clamp_min(1)
-        s["cov"][i] += (cov * ok).sum(-1).double().cpu()
-        s["var"][i] += (var * ok).sum(-1).double().cpu()
-        att = a["pattern"][0].argmax(-1)  # [h,q] attended key
-        xa = x.gather(-1, att[:, None, :, None].expand(-1, x.shape[1], -1, 1))[..., 0]  # [h,B,q]
-        margin = xa - (row_b - xa) / (rows - 1).clamp_min(1)
-        s["margin"][i] += (margin * ok).sum(-1).double().cpu()
-        self._cauchy_schwarz(i, a, att, ok)
-        if self.agreement:
-            self._agreement(i, x, m, a["pattern"][0], att)
+        s["n_queries"][i] += float((rows >= 1).sum())
+        y = torch.matmul(q, k.transpose(-1, -2)).mul_(rope.score_scale).mul_(mf[:, None])  # full logits, 0 if masked
+        ysum = y.sum(-1)  # [b,h,q]
+        s["var"][i] += ((y.pow(2).sum(-1) - ysum**2 / rows.clamp_min(1)[:, None]) * ok[:, None]).sum((0, 2)).double().cpu()
+        yk = torch.matmul(y, k)  # [b,h,q,d]: Σ_k x(q,k)·k
+        ksum = torch.matmul(mf[:, None], k)  # [b,h,q,d]: Σ_{allowed k} k
+        att = acts["pattern"].argmax(-1)  # [b,h,q]
+        ka = k.gather(2, att[..., None].expand(-1, -1, -1, k.shape[-1]))  # key each query attends to
+        for b, dims in enumerate(rb.dims):
+            qb = q[..., dims]
+            cross = (qb * yk[..., dims]).sum(-1) * rope.score_scale  # Σ_k x_b·x
+            row_b = (qb * ksum[..., dims]).sum(-1) * rope.score_scale  # Σ_k x_b
+            xa = (qb * ka[..., dims]).sum(-1) * rope.score_scale
+            cov = cross - row_b * ysum / rows.clamp_min(1)[:, None]
+            margin = xa - (row_b - xa) / (rows - 1).clamp_min(1)[:, None]
+            s["cov"][i][:, b] += (cov * ok[:, None]).sum((0, 2)).double().cpu()
+            s["margin"][i][:, b] += (margin * ok[:, None]).sum((0, 2)).double().cpu()
+        self._cauchy_schwarz(i, rope, q, ka, ok)
+        for bi in range(q.shape[0]):
+            self._dense(i, rope, rb, q[bi], k[bi], m[bi], att[bi], acts["pattern"][bi])
 
-    def _cauchy_schwarz(self, i: int, a: LayerActs, att: Tensor, ok: Tensor) -> None:
-        rope = a.rope
-        q = rope.split(a["q_post"][0].float())  # [q,h,P,2]
-        k = rope.split(_expand_kv(a["k_post"], rope)[0].float())  # [k,h,P,2]
-        ka = k[att.T, torch.arange(att.shape[0])[None, :]]  # [q,h,P,2] key each query attends to
-        term = (q * ka).sum(-1) * rope.score_scale
-        bound = q.norm(dim=-1) * ka.norm(dim=-1) * rope.score_scale
-        w = ok[:, None, None].to(term.dtype)
-        self.sums["cs_term"][i] += (term * w).sum(0).double().cpu()
-        self.sums["cs_bound"][i] += (bound * w).sum(0).double().cpu()
+    def result(self, provenance: Provenance) -> BandStatistics:
+        """The streamed sums as :class:`BandStatistics`."""
+        return BandStatistics(tuple(self.layers), self.names, self.bands, self.spec, self.sums, provenance)
 
-    def _agreement(self, i: int, x: Tensor, m: Tensor, pattern: Tensor, att: Tensor) -> None:
-        logp = torch.log_softmax(x.masked_fill(~m, float("-inf")), dim=-1)  # [h,B,q,k]
-        top = logp.argmax(-1)  # [h,B,q]
-        self.sums["top1"][i] += (top == att[:, None]).sum(-1).double().cpu()
-        p = logp.exp()
-        jsd = js_divergence(p, pattern[:, None])  # [h,B,q]
-        self.sums["jsd"][i] += jsd.sum(-1).double().cpu()
+    def _cauchy_schwarz(self, i: int, rope: LayerRope, q: Tensor, ka: Tensor, ok: Tensor) -> None:
+        qp, kp = rope.split(q), rope.split(ka)  # [b,h,q,P,2]
+        w = ok[:, None, :, None]
+        term = (qp * kp).sum(-1) * rope.score_scale
+        bound = qp.norm(dim=-1) * kp.norm(dim=-1) * rope.score_scale
+        self.sums["cs_term"][i] += (term * w).sum((0, 2)).double().cpu()
+        self.sums["cs_bound"][i] += (bound * w).sum((0, 2)).double().cpu()
+
+    def _dense(self, i: int, rope: LayerRope, rb: ResolvedBands, q: Tensor, k: Tensor, m: Tensor, att: Tensor,
+               pattern: Tensor) -> None:
+        """|band logit| sums and band-only argmax, in query chunks over allowed keys only."""
+        n = q.shape[1]
+        sizes = [len(d) for d in rb.dims]
+        qb = torch.stack([q[..., d] for d in rb.dims], 1) if len(set(sizes)) == 1 else None
+        kb = torch.stack([k[..., d] for d in rb.dims], 1) if qb is not None else None
+        abs_sum = torch.zeros(q.shape[0], len(sizes))
+        top1 = torch.zeros(q.shape[0], len(sizes))
+        jsd = torch.zeros(q.shape[0], len(sizes))
+        for c0 in range(0, n, self.chunk):
+            c1 = min(n, c0 + self.chunk)
+            k0 = max(0, c0 - rope.window + 1) if rope.kind == "sliding" and rope.window else 0
+            mc = m[c0:c1, k0:c1]
+            if not mc.any():
+                continue
+            if qb is not None:  # equal-size bands: one batched matmul
+                x = torch.matmul(qb[:, :, c0:c1], kb[:, :, k0:c1].transpose(-1, -2))  # [h,B,c,kk]
+            else:
+                x = torch.stack([torch.matmul(q[:, c0:c1, d], k[:, k0:c1, d].transpose(-1, -2)) for d in rb.dims], 1)
+            x.mul_(rope.score_scale).masked_fill_(~mc, 0.0)
+            abs_sum += torch.linalg.vector_norm(x, 1, dim=-1).sum(-1)
+            x.masked_fill_(~mc, float("-inf"))
+            rows_ok = mc.any(-1)
+            top1 += ((x.argmax(-1) + k0 == att[:, None, c0:c1]) & rows_ok).sum(-1)
+            if self.jsd:
+                p = torch.softmax(x, -1).nan_to_num_(0.0)
+                jsd += (js_divergence(p, pattern[:, None, c0:c1, k0:c1]) * rows_ok).sum(-1)
+        self.sums["abs_sum"][i] += abs_sum.double()
+        self.sums["top1"][i] += top1.double()
+        self.sums["jsd"][i] += jsd.double()
 
 
 @dataclass(frozen=True)
@@ -337,11 +369,6 @@ class BandStatistics:
         shape = tuple(self.sums["abs_sum"].shape)
         if shape[0] != L or shape[2] != B:
             raise ValueError(f"abs_sum has shape {shape}, expected ({L}, heads, {B})")
-
-    @property
-    def n_query_rows(self) -> Tensor:
-        """Queries per layer (all heads) over the corpus."""
-        return self.sums["n_entries"].new_tensor(self.sums["n_rows"])
 
     def abs_share(self) -> Float[Tensor, "layer head band"]:
         """Each band's share of the mean |logit| (sums to 1 over bands)."""
@@ -367,14 +394,13 @@ class BandStatistics:
 
     def top1(self) -> Float[Tensor, "layer head band"]:
         """Fraction of queries whose band-only argmax is the key the model attends to most."""
-        return (self.sums["top1"] / self.sums["n_entries"].new_tensor(self._rows_all())[:, None, None]).float()
+        return (self.sums["top1"] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
 
     def jsd(self) -> Float[Tensor, "layer head band"]:
-        """Mean JS divergence (nats) of the band-only pattern from the model's pattern."""
-        return (self.sums["jsd"] / self.sums["n_entries"].new_tensor(self._rows_all())[:, None, None]).float()
-
-    def _rows_all(self) -> list[float]:
-        return self.provenance.config.get("query_rows", [1.0] * len(self.layers))
+        """Mean JS divergence (nats) of the band-only pattern from the model's (needs jsd=True)."""
+        if not self.provenance.config.get("jsd", False):
+            raise ValueError("JS divergence was not streamed: run band_statistics(..., jsd=True)")
+        return (self.sums["jsd"] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
 
     def tightness(self) -> Float[Tensor, "layer head plane"]:
         """Per plane at the attended key: Σ term / Σ ‖q‖‖k‖ (1 = q and k perfectly aligned)."""
@@ -383,7 +409,9 @@ class BandStatistics:
     def to_frame(self) -> pd.DataFrame:
         """Tidy: one row per (layer, head, band)."""
         metrics = {"abs_share": self.abs_share(), "mean_abs": self.mean_abs(), "var_share": self.var_share(),
-                   "margin": self.margin(), "margin_share": self.margin_share(), "top1": self.top1(), "jsd": self.jsd()}
+                   "margin": self.margin(), "margin_share": self.margin_share(), "top1": self.top1()}
+        if self.provenance.config.get("jsd", False):
+            metrics["jsd"] = self.jsd()
         L, H, B = metrics["abs_share"].shape
         idx = pd.MultiIndex.from_product([self.layers, range(H), self.band_names], names=["layer", "head", "band"])
         return pd.DataFrame({k: v.reshape(-1).numpy() for k, v in metrics.items()}, index=idx).reset_index()
@@ -392,8 +420,6 @@ class BandStatistics:
         if (self.layers, self.band_names) != (other.layers, other.band_names) or self.spec.to_dict() != other.spec.to_dict():
             raise ValueError("can only merge statistics over the same model, layers and bands")
         prov = self.provenance.merged(other.provenance)
-        rows = [a + b for a, b in zip(self._rows_all(), other._rows_all())]
-        prov = Provenance(**{**prov.to_dict(), "config": {**prov.config, "query_rows": rows}})
         return BandStatistics(self.layers, self.band_names, self.bands, self.spec,
                               {k: v + other.sums[k] for k, v in self.sums.items()}, prov)
 
@@ -447,7 +473,7 @@ def band_statistics(
     max_tokens: int | None = 32_768,
     layers: Sequence[int] | None = None,
     batch_size: int = 4,
-    agreement: bool = True,
+    jsd: bool = False,
     progress: bool = True,
 ) -> BandStatistics:
     """Stream the band decomposition over a corpus (see :class:`BandStatsReducer`)."""
@@ -458,13 +484,12 @@ def band_statistics(
     chosen = spec.layer_indices(layers)
     bands = bands or Bands.quantiles(4)
     tokens, cname, csha = _windows(model, corpus, n_ctx, max_tokens)
-    red = BandStatsReducer(spec, chosen, bands, agreement=agreement)
+    red = BandStatsReducer(spec, chosen, bands, jsd=jsd)
     t0 = time.perf_counter()
     n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
                    desc="band statistics", total=-(-tokens.shape[0] // batch_size))
-    rows = [float(attention_mask(spec.layers[L], torch.ones(tokens.shape, dtype=torch.bool)).any(-1).sum()) for L in chosen]
     prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
                       n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
-                      config={"bands": bands.describe(), "layers": chosen, "agreement": agreement, "query_rows": rows},
+                      config={"bands": bands.describe(), "layers": chosen, "jsd": jsd},
                       seconds=time.perf_counter() - t0)
-    return BandStatistics(tuple(chosen), red.names, bands, spec, red.sums, prov)
+    return red.result(prov)

@@ -1,0 +1,101 @@
+"""Cost of frequency usage and full band statistics relative to a bare forward pass.
+
+Runs the three side by side on the same windows of the embedded English corpus, interleaved,
+and prints the median time of each and its ratio to the bare forward. With ``--rss`` it instead
+measures the peak RSS of usage + band statistics at 1x and 4x the corpus, each in a fresh process.
+
+    python benchmarks/core_bench.py [--model smollm2-135m] [--windows 16] [--n-ctx 512] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import ropelens
+from ropelens import data
+from ropelens.bands import Bands
+from ropelens.capture import batches, stream
+from ropelens.decompose import BandStatsReducer
+from ropelens.usage import UsageReducer
+
+
+def run(model, spec, toks, what: str, batch_size: int) -> float:
+    layers = list(range(spec.n_layers))
+    t0 = time.perf_counter()
+    if what == "forward":
+        with torch.no_grad():
+            for b in batches(toks, batch_size):
+                model(b, return_type=None)
+    else:
+        reducers = [UsageReducer(spec, layers)]
+        if what == "band_stats":
+            reducers.append(BandStatsReducer(spec, layers, Bands.quantiles(4)))
+        stream(model, batches(toks, batch_size), reducers, spec=spec, progress=False)
+    return time.perf_counter() - t0
+
+
+def timing(args) -> None:
+    model = ropelens.load_model(args.model)
+    spec = ropelens.rope_spec(model)
+    toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
+    run(model, spec, toks[: args.batch_size], "band_stats", args.batch_size)  # warm-up
+    times: dict[str, list[float]] = {"forward": [], "usage": [], "band_stats": []}
+    for _ in range(args.repeats):
+        for what in times:
+            times[what].append(run(model, spec, toks, what, args.batch_size))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"{args.model}: {toks.shape[0]} windows x {toks.shape[1]} tokens, batch {args.batch_size}, "
+          f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats")
+    for k, v in times.items():
+        print(f"  {k:<11} median {med[k]:7.2f} s  ratio {med[k] / med['forward']:.3f}x   runs {[round(x, 2) for x in v]}")
+
+
+def rss_child(args) -> None:
+    model = ropelens.load_model(args.model)
+    spec = ropelens.rope_spec(model)
+    toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    run(model, spec, toks, "band_stats", args.batch_size)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"windows": args.windows, "rss_before_mb": before / 1024, "peak_rss_mb": after / 1024}))
+
+
+def rss(args) -> None:
+    out = []
+    for mult in (1, 4):
+        cmd = [sys.executable, __file__, "--rss-child", "--model", args.model, "--n-ctx", str(args.n_ctx),
+               "--windows", str(args.windows * mult), "--batch-size", str(args.batch_size)]
+        res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+        out.append(res)
+        print(f"  {res['windows']:>3} windows: peak RSS {res['peak_rss_mb']:.0f} MB (after load {res['rss_before_mb']:.0f} MB)")
+    print(f"  4x corpus / 1x corpus peak RSS: {out[1]['peak_rss_mb'] / out[0]['peak_rss_mb']:.3f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--windows", type=int, default=16)
+    p.add_argument("--n-ctx", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rss", action="store_true", help="measure peak RSS at 1x and 4x the corpus")
+    p.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rss_child:
+        rss_child(args)
+    elif args.rss:
+        rss(args)
+    else:
+        timing(args)
+
+
+if __name__ == "__main__":
+    main()
