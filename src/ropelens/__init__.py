@@ -1,24 +1,52 @@
 """ropelens: which RoPE frequencies a model uses, and for what."""
 
-from ropelens.models import (
-    DEFAULT_MODEL,
-    EMBEDDED_MODELS,
-    NotRotaryError,
-    cache_dir,
-    load_model,
-    rope_spec,
+from ropelens import data, variants
+from ropelens.bands import Bands
+from ropelens.capture import capture_qk
+from ropelens.decompose import AttentionDecomposition, BandStatistics, band_statistics, decompose_attention
+from ropelens.geometry import (
+    learned_pe,
+    pe_similarity,
+    rope_decay_by_distance,
+    rope_decay_constant,
+    rope_gaussian_expectation,
+    sinusoidal_pe,
 )
+from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, NotRotaryError, cache_dir, load_model, rope_spec
+from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope, RopeSpec
+from ropelens.usage import FrequencyUsage, frequency_usage
+from ropelens.variants import ablate_planes, apply_rope_variant, with_rope_variant
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
+    "AttentionDecomposition",
+    "BandStatistics",
+    "Bands",
+    "FrequencyUsage",
     "LayerRope",
     "NotRotaryError",
+    "Provenance",
     "RopeSpec",
+    "ablate_planes",
+    "apply_rope_variant",
+    "band_statistics",
     "cache_dir",
+    "capture_qk",
+    "data",
+    "decompose_attention",
+    "frequency_usage",
+    "learned_pe",
     "load_model",
+    "pe_similarity",
+    "rope_decay_by_distance",
+    "rope_decay_constant",
+    "rope_gaussian_expectation",
     "rope_spec",
+    "sinusoidal_pe",
+    "variants",
+    "with_rope_variant",
 ]

@@ -1,0 +1,747 @@
+"""RoPE variants (p-RoPE, NoPE, context extension, band ablation) and running a model under them.
+
+A variant is a small frozen value object that says what one layer rotates: ``inv_freq(layer)`` (radians
+per token per plane, highest frequency first, as many planes as the layer), ``attention_scaling(layer)``
+(the multiplier of cos and sin) and, for everything the frequencies cannot express (LongRoPE's
+uninterpolated first positions, length-dependent scaling), ``angles(layer, positions)``.
+
+Where HF transformers implements a method (``ROPE_INIT_FUNCTIONS``: linear, dynamic, yarn, longrope,
+llama3, proportional) the variant calls it on a minimal config built from the layer's spec, so the
+frequencies are HF's to the bit; the rest are closed forms written on top of HF's default formula.
+
+``apply_rope_variant`` runs a model with a variant in chosen layers; ``ablate_planes`` zeroes planes of
+the rotated queries and keys, which removes their logit contribution (unlike NoPE/PlaneMask, which
+keep the planes but stop rotating them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import math
+import numbers
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ropelens.models import rope_spec
+from ropelens.rope import LayerRope, RopeSpec
+
+__all__ = [
+    "RopeVariant",
+    "Default",
+    "PRoPE",
+    "PRoPEReversed",
+    "PRoPEPartial",
+    "NoPE",
+    "BaseChange",
+    "PlaneMask",
+    "Linear",
+    "NTK",
+    "DynamicNTK",
+    "YaRN",
+    "Llama3",
+    "LongRoPE",
+    "kept_planes",
+    "variant_from_dict",
+    "spec_with_variant",
+    "apply_rope_variant",
+    "with_rope_variant",
+    "ablate_planes",
+]
+
+# TODO(hooks.py): the one module that spells hook names should own these.
+_ROT_Q = "hook_rot_q"
+_ROT_K = "hook_rot_k"
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------------
+_OPS = {">": operator.gt, ">=": operator.ge, "<=": operator.le}
+
+
+def _num(
+    x: Any,
+    what: str,
+    *,
+    above: float | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
+    integer: bool = False,
+    hint: str = "",
+) -> Any:
+    """``x`` as a float (or int), or a ValueError naming ``what``, the bounds and ``hint``."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(x, bool) or not isinstance(x, kind) or not math.isfinite(x):
+        raise ValueError(
+            f"{what} must be a finite {'integer' if integer else 'number'}, got {x!r}{hint}"
+        )
+    bounds = [
+        (op, b) for op, b in ((">", above), (">=", at_least), ("<=", at_most)) if b is not None
+    ]
+    if not all(_OPS[op](x, b) for op, b in bounds):
+        wanted = " and ".join(f"{op} {b:g}" for op, b in bounds)
+        raise ValueError(f"{what} must be {wanted}, got {x!r}{hint}")
+    return int(x) if integer else float(x)
+
+
+def _flag(x: Any, what: str) -> bool:
+    if not isinstance(x, bool):
+        raise ValueError(f"{what} must be True or False, got {x!r}")
+    return x
+
+
+def _factors(xs: Any, what: str) -> tuple[float, ...]:
+    return tuple(
+        _num(x, f"each {what} entry", above=0, hint=" (a per-plane rescale factor)") for x in xs
+    )
+
+
+def _indices(values: Any, what: str, n: int | None = None, owner: str = "") -> tuple[int, ...]:
+    """Sorted unique non-negative ints (plane or head indices), optionally checked against ``n``."""
+    if isinstance(values, Tensor):
+        values = values.flatten().tolist()
+    if isinstance(values, numbers.Integral) and not isinstance(values, bool):
+        values = [values]
+    for i in values:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
+            raise ValueError(f"{what} indices must be non-negative ints, got {i!r}")
+    out = tuple(sorted({int(i) for i in values}))
+    bad = [i for i in out if n is not None and i >= n]
+    if bad:
+        raise ValueError(f"{what} indices {bad} out of range: {owner} has {n} {what}s (0..{n - 1})")
+    return out
+
+
+def _base(layer: LayerRope) -> float:
+    if layer.base is None:
+        raise ValueError(
+            f"layer {layer.layer} records no RoPE base (LayerRope.base is None), so its frequencies "
+            "cannot be recomputed: build the LayerRope with base=<the model's rope_theta>"
+        )
+    return float(layer.base)
+
+
+# How each parameter is checked and normalised; any other parameter is a positive number.
+_COERCE: dict[str, Callable[[Any, str], Any]] = {
+    "p": functools.partial(
+        _num, at_least=0, at_most=1, hint=" (p is the share of planes that rotate)"
+    ),
+    "base": functools.partial(_num, above=1, hint=" (θ_i = base^(−2i/d) must fall with i)"),
+    "factor": functools.partial(_num, above=0, hint=" (the context-extension ratio, e.g. 4)"),
+    "original_max_position": functools.partial(
+        _num, at_least=1, integer=True, hint=" (a length in tokens)"
+    ),
+    "n_hat": functools.partial(
+        _num, at_least=0, integer=True, hint=" (positions left uninterpolated)"
+    ),
+    "planes": lambda v, what: _indices(v, what[:-1]),
+    "truncate": _flag,
+    "short_factor": _factors,
+    "long_factor": _factors,
+}
+_POSITIVE = functools.partial(_num, above=0)
+
+
+# --------------------------------------------------------------------------------------------
+# frequencies: HF's functions on a minimal config, and HF's default formula
+# --------------------------------------------------------------------------------------------
+class _RopeConfig:
+    """The config fields HF's ``ROPE_INIT_FUNCTIONS`` read, describing one layer's rotary part."""
+
+    def __init__(self, layer: LayerRope, rope_parameters: dict[str, Any], max_position: int | None):
+        # head_dim = rotary_dim: frequencies span the rotary part, as HF's partial_rotary_factor does.
+        self.head_dim = layer.rotary_dim
+        self.hidden_size = layer.rotary_dim  # some functions evaluate hidden_size // heads eagerly
+        self.num_attention_heads = 1
+        self.max_position_embeddings = max_position
+        self.rope_parameters = {"rope_theta": _base(layer), **rope_parameters}
+
+    def standardize_rope_params(self) -> None:
+        """Nothing to standardise: the parameters are complete and flat."""
+
+
+def _default_inv_freq(base: float, rotary_dim: int) -> Float[Tensor, " n_planes"]:
+    """θ_i = base^(−2i/d), written exactly as HF's ``compute_default_rope_parameters`` (bit-identical)."""
+    return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+
+
+def kept_planes(p: float, n_planes: int) -> int:
+    """Planes a p-RoPE keeps: ``int(p · 2n // 2)``, HF ``proportional``'s rounding.
+
+    In exact arithmetic this is ⌊p·n⌋ (0.7 of 8 planes keeps 5). HF evaluates p·d in floating point
+    first, so where p·d lands just below an even integer it keeps one plane fewer: 0.58 of 50 planes
+    keeps 28, not 29 (0.58·100 = 57.99999999999999). ropelens follows HF so that PRoPE(p) is HF's.
+    """
+    return int(_COERCE["p"](p, "p") * (2 * n_planes) // 2)
+
+
+# --------------------------------------------------------------------------------------------
+# variants
+# --------------------------------------------------------------------------------------------
+_REGISTRY: dict[str, type[RopeVariant]] = {}
+
+
+@dataclass(frozen=True)
+class RopeVariant:
+    """What a RoPE variant rotates in one layer: frequencies, cos/sin multiplier, angles."""
+
+    rope_type: ClassVar[str] = "default"  # HF's name where HF implements the method
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.__name__] = cls
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None or f.default is not None:
+                object.__setattr__(self, f.name, _COERCE.get(f.name, _POSITIVE)(value, f.name))
+        self._check()
+
+    def _check(self) -> None:
+        """Checks across parameters (none by default)."""
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """Radians per token of each plane of ``layer``, highest frequency first (float32)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define inv_freq")
+
+    def attention_scaling(self, layer: LayerRope) -> float:  # noqa: ARG002 - most variants have none
+        """Multiplier of cos and sin (YaRN/LongRoPE attention factor); 1.0 where the method has none."""
+        return 1.0
+
+    def angles(
+        self, layer: LayerRope, positions: Int[Tensor, "*batch pos"]
+    ) -> Float[Tensor, "*batch pos n_planes"]:
+        """Rotation angle of each plane at each position, in float32 as HF's rotary modules compute it."""
+        return positions[..., None].float() * self.inv_freq(layer).to(positions.device)
+
+    @property
+    def name(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "variant")
+        return f"{type(self).__name__}({args})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready provenance: ``{"variant": class name, **parameters}``."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {
+            "variant": type(self).__name__,
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()},
+        }
+
+
+def variant_from_dict(d: dict[str, Any]) -> RopeVariant:
+    """Rebuild a variant from :meth:`RopeVariant.to_dict`."""
+    d = dict(d)
+    name = d.pop("variant", None)
+    if name not in _REGISTRY or name.startswith("_"):
+        raise ValueError(
+            f"unknown variant {name!r}: expected one of {sorted(k for k in _REGISTRY if k[0] != '_')}"
+        )
+    return _REGISTRY[name](**d)
+
+
+class _HF(RopeVariant):
+    """A variant HF implements: frequencies and attention factor from ``ROPE_INIT_FUNCTIONS``."""
+
+    _HF_NAMES: ClassVar[dict[str, str]] = {
+        "p": "partial_rotary_factor",
+        "original_max_position": "original_max_position_embeddings",
+    }
+
+    def _hf(self, layer: LayerRope, seq_len: int | Tensor | None = None) -> tuple[Tensor, float]:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        params = {self._HF_NAMES.get(k, k): v for k, v in self.to_dict().items() if v is not None}
+        params = {k: v for k, v in params.items() if k not in ("variant", "n_hat")}
+        cfg = _RopeConfig(layer, {**params, "rope_type": self.rope_type}, self._max_position(layer))
+        inv, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](cfg, None, seq_len=seq_len)
+        return inv.float(), float(scaling)
+
+    def _max_position(self, layer: LayerRope) -> int | None:
+        """HF's ``max_position_embeddings``: what dynamic and derived factors are relative to."""
+        return layer.n_ctx
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        return self._hf(layer)[0]
+
+    def attention_scaling(self, layer: LayerRope) -> float:
+        return self._hf(layer)[1]
+
+
+@dataclass(frozen=True)
+class Default(RopeVariant):
+    """Plain RoPE θ_i = base^(−2i/d_r) (undoes any scaling the model itself applies)."""
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        return _default_inv_freq(_base(layer), layer.rotary_dim)
+
+
+@dataclass(frozen=True)
+class NoPE(RopeVariant):
+    """No rotation at all: every θ_i = 0 (planes keep their content, lose position)."""
+
+    rope_type: ClassVar[str] = "nope"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        return torch.zeros(layer.n_planes, dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class PRoPE(_HF):
+    """p-RoPE: keep the highest ``kept_planes(p)`` frequencies, θ = 0 for the rest (HF ``proportional``)."""
+
+    p: float
+    rope_type: ClassVar[str] = "proportional"
+
+
+@dataclass(frozen=True)
+class PRoPEReversed(RopeVariant):
+    """Reversed p-RoPE: keep the lowest ``kept_planes(p)`` frequencies, θ = 0 for the highest ones."""
+
+    p: float
+    rope_type: ClassVar[str] = "p-rope-reversed"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        inv = _default_inv_freq(_base(layer), layer.rotary_dim)
+        inv[: layer.n_planes - kept_planes(self.p, layer.n_planes)] = 0.0
+        return inv
+
+
+@dataclass(frozen=True)
+class PRoPEPartial(RopeVariant):
+    """Partial-rotary ablation: the first k = ``kept_planes(p)`` planes rotate with θ_i = base^(−2i/(2k)).
+
+    This is ordinary partial rotary over a rotary sub-dimension of 2k (Barbero et al.'s "partial"
+    0.75-RoPE): frequencies are recomputed over 2k dims, so they span the whole range base^0 …
+    base^(−(k−1)/k), unlike p-RoPE, which keeps the first k of the full-dimension frequencies.
+    The planes are the layer's own (plane i pairs dims (i, i + d/2) in the half layout), so the
+    rotated dimensions are those of planes 0..k−1, not dims 0..2k−1 as in a NeoX checkpoint.
+    """
+
+    p: float
+    rope_type: ClassVar[str] = "p-rope-partial"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        k = kept_planes(self.p, layer.n_planes)
+        inv = torch.zeros(layer.n_planes, dtype=torch.float32)
+        if k:
+            inv[:k] = _default_inv_freq(_base(layer), 2 * k)
+        return inv
+
+
+@dataclass(frozen=True)
+class BaseChange(RopeVariant):
+    """Plain RoPE with another base (rope_theta)."""
+
+    base: float
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        return _default_inv_freq(self.base, layer.rotary_dim)
+
+
+@dataclass(frozen=True)
+class PlaneMask(RopeVariant):
+    """Plain RoPE with the given planes left unrotated (θ = 0); 0 is the highest frequency."""
+
+    planes: tuple[int, ...]
+    rope_type: ClassVar[str] = "plane-mask"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        _indices(self.planes, "plane", layer.n_planes, f"layer {layer.layer}")
+        inv = _default_inv_freq(_base(layer), layer.rotary_dim)
+        inv[list(self.planes)] = 0.0
+        return inv
+
+
+@dataclass(frozen=True)
+class Linear(_HF):
+    """Position interpolation (Chen et al.): θ_i / factor (HF ``linear``)."""
+
+    factor: float
+    rope_type: ClassVar[str] = "linear"
+
+
+@dataclass(frozen=True)
+class NTK(RopeVariant):
+    """Static NTK-aware scaling: plain RoPE with base · factor^(d/(d−2)) (HF has only the dynamic form)."""
+
+    factor: float
+    rope_type: ClassVar[str] = "ntk"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        d = layer.rotary_dim
+        if d <= 2:
+            raise ValueError(
+                f"NTK scaling needs rotary_dim > 2 (exponent d/(d−2)); layer {layer.layer} has {d}"
+            )
+        return _default_inv_freq(_base(layer) * self.factor ** (d / (d - 2)), d)
+
+
+@dataclass(frozen=True)
+class DynamicNTK(_HF):
+    """Dynamic NTK (HF ``dynamic``): NTK base scaling that grows with the sequence length.
+
+    Stateless: the frequencies are those for the current input's length (max position + 1). HF's
+    module is stateful: after a long input it keeps the long-input frequencies for later inputs
+    until one is shorter than ``original_max_position``.
+    """
+
+    factor: float
+    original_max_position: int
+    rope_type: ClassVar[str] = "dynamic"
+
+    def _max_position(self, layer: LayerRope) -> int | None:  # noqa: ARG002 - HF's "original" length
+        return self.original_max_position
+
+    def inv_freq(
+        self, layer: LayerRope, seq_len: int | Tensor | None = None
+    ) -> Float[Tensor, " n_planes"]:
+        """Frequencies at ``seq_len`` tokens (None: the original context, i.e. plain RoPE)."""
+        if seq_len is not None and int(seq_len) <= self.original_max_position:
+            seq_len = None  # HF keeps its init-time frequencies up to the original length
+        return self._hf(layer, seq_len)[0]
+
+    def angles(
+        self,
+        layer: LayerRope,
+        positions: Int[Tensor, "*batch pos"],
+        seq_len: int | Tensor | None = None,
+    ) -> Float[Tensor, "*batch pos n_planes"]:
+        """Angles with the frequencies for ``seq_len`` (default: max position + 1, as HF's forward)."""
+        # A tensor seq_len takes HF's runtime (float32 tensor) path, so the base matches HF's bit for bit.
+        seq_len = positions.max() + 1 if seq_len is None else seq_len
+        return positions[..., None].float() * self.inv_freq(layer, seq_len).to(positions.device)
+
+
+@dataclass(frozen=True)
+class YaRN(_HF):
+    """YaRN (HF ``yarn``): interpolate low frequencies, keep high ones, ramp between β_slow and β_fast.
+
+    ``attention_factor`` overrides the cos/sin multiplier (default 0.1·ln s + 1). ``mscale`` and
+    ``mscale_all_dim`` are DeepSeek's form, ratio of the two mscales; HF ignores ``mscale`` alone.
+    """
+
+    factor: float
+    original_max_position: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+    rope_type: ClassVar[str] = "yarn"
+
+    def _check(self) -> None:
+        # Checked here because HF reads `beta or default`: a 0 would silently become 32 or 1.
+        if self.beta_fast <= self.beta_slow:
+            raise ValueError(
+                f"beta_fast ({self.beta_fast}) must exceed beta_slow ({self.beta_slow}): defaults are 32 and 1"
+            )
+        if (self.mscale is None) != (self.mscale_all_dim is None):
+            raise ValueError(
+                f"pass mscale and mscale_all_dim together (got {self.mscale!r}, {self.mscale_all_dim!r}): "
+                "HF ignores one without the other; to set the cos/sin multiplier pass attention_factor="
+            )
+
+
+@dataclass(frozen=True)
+class Llama3(_HF):
+    """Llama 3.1 scaling (HF ``llama3``): θ/factor beyond wavelength L₀/low, θ below L₀/high, smooth between."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+    rope_type: ClassVar[str] = "llama3"
+
+    def _check(self) -> None:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
+                f"({self.low_freq_factor}): defaults are 4 and 1"
+            )
+
+
+@dataclass(frozen=True)
+class LongRoPE(_HF):
+    """LongRoPE (HF ``longrope``): θ_i / λ_i per plane, short or long λ by input length, attention factor.
+
+    The attention factor is √(1 + ln s / ln L₀) with s = ``factor`` (default: the layer's n_ctx / L₀,
+    as HF does for Phi-3), applied at every length as HF does. ``n_hat`` > 0 adds the paper's
+    uninterpolated start: positions < n_hat rotate with plain RoPE θ_i, later ones with θ_i / λ_i;
+    that cannot be one frequency vector, so it lives in :meth:`angles`.
+    """
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position: int
+    factor: float | None = None
+    attention_factor: float | None = None
+    n_hat: int = 0
+    rope_type: ClassVar[str] = "longrope"
+
+    def _check(self) -> None:
+        if len(self.short_factor) != len(self.long_factor):
+            raise ValueError(
+                f"short_factor has {len(self.short_factor)} entries but long_factor {len(self.long_factor)}: "
+                "give one rescale factor per plane in both"
+            )
+
+    def _hf(self, layer: LayerRope, seq_len: int | Tensor | None = None) -> tuple[Tensor, float]:
+        if len(self.short_factor) != layer.n_planes:
+            raise ValueError(
+                f"LongRoPE has {len(self.short_factor)} rescale factors but layer {layer.layer} has "
+                f"{layer.n_planes} planes: pass one factor per plane (short_factor and long_factor)"
+            )
+        if self.factor is None and layer.n_ctx is None:
+            raise ValueError(
+                "LongRoPE needs factor= (the layer spec records no n_ctx to derive it from)"
+            )
+        return super()._hf(layer, seq_len)
+
+    def inv_freq(self, layer: LayerRope, seq_len: int | None = None) -> Float[Tensor, " n_planes"]:
+        """Frequencies for an input of ``seq_len`` tokens: long factors beyond L₀, else short."""
+        return self._hf(layer, None if seq_len is None else int(seq_len))[0]
+
+    def angles(
+        self, layer: LayerRope, positions: Int[Tensor, "*batch pos"], seq_len: int | None = None
+    ) -> Float[Tensor, "*batch pos n_planes"]:
+        """Angles for an input of ``seq_len`` tokens (default max position + 1), first n_hat uninterpolated."""
+        seq_len = int(positions.max()) + 1 if seq_len is None else seq_len
+        pos = positions[..., None].float()
+        scaled = pos * self.inv_freq(layer, seq_len).to(positions.device)
+        if not self.n_hat:
+            return scaled
+        plain = pos * _default_inv_freq(_base(layer), layer.rotary_dim).to(positions.device)
+        return torch.where(positions[..., None] < self.n_hat, plain, scaled)
+
+
+# --------------------------------------------------------------------------------------------
+# running a model under a variant
+# --------------------------------------------------------------------------------------------
+def _check_variant(variant: Any) -> RopeVariant:
+    if not isinstance(variant, RopeVariant):
+        raise TypeError(
+            f"expected a RoPE variant such as ropelens.variants.PRoPE(0.75), got {type(variant).__name__}"
+        )
+    return variant
+
+
+def spec_with_variant(
+    spec: RopeSpec,
+    variant: RopeVariant,
+    layers: Sequence[int] | None = None,
+    layer_kind: str | None = None,
+) -> RopeSpec:
+    """The spec a model has under ``variant`` in the chosen layers (frequencies at the original length)."""
+    _check_variant(variant)
+    chosen = set(spec.layer_indices(layers, layer_kind))
+    new = []
+    for lr in spec.layers:
+        if lr.layer in chosen:
+            lr = dataclasses.replace(
+                lr,
+                inv_freq=variant.inv_freq(lr),
+                attention_scaling=variant.attention_scaling(lr),
+                rope_type=variant.rope_type,
+                rope_parameters=variant.to_dict(),
+            )
+        new.append(lr)
+    return dataclasses.replace(spec, layers=tuple(new))
+
+
+def _attention_with_tables(model, layers: Sequence[int], what: str) -> list[torch.nn.Module]:
+    """Attention bridges of ``layers``, checking each receives (cos, sin) and fires the rotary hooks."""
+    attns = [model.blocks[i].attn for i in layers]
+    for i, attn in zip(layers, attns, strict=True):
+        if not hasattr(attn, "hook_cos"):
+            raise ValueError(
+                f"{what} needs attention that receives (cos, sin) position embeddings, as in Llama, "
+                f"Gemma, Qwen or SmolLM; layer {i} is a {type(attn).__name__} "
+                f"({type(attn.original_component).__name__}), which rotates inside the HF module "
+                "and exposes neither its tables nor hook_rot_q/hook_rot_k"
+            )
+    return attns
+
+
+def _tables(
+    variant: RopeVariant,
+    layer: LayerRope,
+    position_ids: Int[Tensor, "batch pos"],
+    like: Tensor,
+    scale: float,
+    interleaved: bool,
+) -> tuple[Float[Tensor, "batch pos width"], Float[Tensor, "batch pos width"]]:
+    """cos and sin in the layout and dtype of ``like``, with the ops of HF's rotary forward."""
+    with torch.no_grad():
+        ang = variant.angles(layer, position_ids.to(like.device))
+        if like.shape[-1] == 2 * layer.n_planes:
+            ang = ang.repeat_interleave(2, dim=-1) if interleaved else torch.cat((ang, ang), dim=-1)
+        elif like.shape[-1] != layer.n_planes:
+            raise ValueError(
+                f"layer {layer.layer}: the model's cos table is {like.shape[-1]} wide but the spec has "
+                f"{layer.n_planes} planes; the spec does not describe this model"
+            )
+        return (ang.cos() * scale).to(like.dtype), (ang.sin() * scale).to(like.dtype)
+
+
+def _swap_tables_hook(
+    module: torch.nn.Module,  # noqa: ARG001 - torch's pre-hook signature
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    variant: RopeVariant,
+    layer: LayerRope,
+    scale: float,
+    interleaved: bool,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Forward pre-hook: replace the (cos, sin) this attention layer receives with the variant's."""
+    tables, position_ids = kwargs.get("position_embeddings"), kwargs.get("position_ids")
+    if not isinstance(tables, tuple) or len(tables) != 2 or position_ids is None:
+        raise RuntimeError(
+            f"layer {layer.layer}: attention was called without (cos, sin) position_embeddings and "
+            "position_ids keyword arguments, so the RoPE variant cannot be applied to this model"
+        )
+    new = _tables(variant, layer, position_ids, tables[0], scale, interleaved)
+    return args, {**kwargs, "position_embeddings": new}
+
+
+def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[RopeSpec, list[Any]]:
+    """Register the per-layer table swap; returns the resulting spec and the hook handles."""
+    _check_variant(variant)
+    spec = rope_spec(model)  # NotRotaryError for models without RoPE
+    chosen = spec.layer_indices(layers, layer_kind)
+    new_spec = spec_with_variant(
+        spec, variant, chosen
+    )  # also validates the variant against each layer
+    attns = _attention_with_tables(model, chosen, "apply_rope_variant")
+    interleaved = bool(getattr(model.cfg, "rotary_interleaved_cos_sin", False))
+    handles = []
+    for i, attn in zip(chosen, attns, strict=True):
+        # The multiplier does not depend on the input, so it is computed once, not per forward.
+        scale = new_spec[i].attention_scaling
+        hook = functools.partial(
+            _swap_tables_hook, variant=variant, layer=spec[i], scale=scale, interleaved=interleaved
+        )
+        handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
+    return new_spec, handles
+
+
+@contextlib.contextmanager
+def apply_rope_variant(
+    model, variant: RopeVariant, layers: Sequence[int] | None = None, layer_kind: str | None = None
+) -> Iterator[RopeSpec]:
+    """Run ``model`` with ``variant`` in the chosen layers (all by default); yields the spec it now has.
+
+    Each chosen layer's attention receives the variant's (cos, sin) in place of the shared rotary
+    module's, so ``hook_cos``/``hook_sin`` and everything after see the variant. The model's own
+    rotary module, its buffers and its dynamic-update state are never touched; leaving the context
+    (also on an exception) removes the hooks, so the model is exactly as before.
+    """
+    handles: list[Any] = []
+    try:
+        new_spec, handles = _install_variant(model, variant, layers, layer_kind)
+        yield new_spec
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def with_rope_variant(
+    model, variant: RopeVariant, layers: Sequence[int] | None = None, layer_kind: str | None = None
+):
+    """A deep copy of ``model`` that always runs ``variant`` (for long runs); ``model`` is untouched."""
+    _check_variant(variant)
+    chosen = rope_spec(model).layer_indices(layers, layer_kind)  # fail before copying
+    out = copy.deepcopy(model)
+    _install_variant(out, variant, chosen, None)
+    out.ropelens_rope_variant = {"variant": variant.to_dict(), "layers": chosen}
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# band ablation
+# --------------------------------------------------------------------------------------------
+def _head_mask(
+    layer: LayerRope, planes: Sequence[int], heads: Sequence[int] | None, n: int, per_kv: bool
+) -> Bool[Tensor, "head d_head"] | None:
+    """Which (head, dim) entries to zero in q (``per_kv`` False) or k; None when nothing."""
+    dims = layer.plane_dims[list(planes)].flatten()
+    if heads is None:
+        chosen = list(range(n))
+    elif per_kv:
+        # Zero a KV head only when every query head reading it is ablated: others must keep it.
+        g = layer.group_size
+        chosen = [kv for kv in range(n) if all(kv * g + j in heads for j in range(g))]
+    else:
+        chosen = list(heads)
+    if not chosen or not len(dims):
+        return None
+    mask = torch.zeros(n, layer.head_dim, dtype=torch.bool)
+    mask[torch.tensor(chosen)[:, None], dims[None, :]] = True
+    return mask
+
+
+def _zero_hook(x: Float[Tensor, "batch pos head d_head"], *, hook: Any, mask: Tensor) -> Tensor:  # noqa: ARG001
+    """Zero the masked (head, dim) entries of rotated queries or keys."""
+    return torch.where(mask.to(x.device), torch.zeros((), dtype=x.dtype, device=x.device), x)
+
+
+def _add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
+    """Add a TransformerLens hook that survives ``reset_hooks()``; returns its remover."""
+    # Permanent, so run_with_hooks/reset_hooks inside the context leave it; prepended, so user
+    # hooks on the same point see the ablated tensor.
+    handle = hook_point.add_hook(fn, is_permanent=True, prepend=True)
+
+    def remove() -> None:
+        handle.hook.remove()
+        hook_point.fwd_hooks = [h for h in hook_point.fwd_hooks if h is not handle]
+
+    return remove
+
+
+@contextlib.contextmanager
+def ablate_planes(
+    model,
+    planes: Sequence[int] | Tensor | int,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    layer_kind: str | None = None,
+) -> Iterator[None]:
+    """Zero ``planes`` of the rotated q and k, removing their term from the attention logits.
+
+    ``heads`` are query heads. With grouped-query attention a KV head is zeroed only when all the
+    query heads sharing it are ablated; zeroing the query planes alone already removes the planes'
+    term from those heads' logits, and leaves the other heads exactly as they were.
+    """
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers, layer_kind)
+    plane_list = _indices(planes, "plane")
+    attns = _attention_with_tables(model, chosen, "ablate_planes")
+    removers: list[Callable[[], None]] = []
+    try:
+        for i, attn in zip(chosen, attns, strict=True):
+            lr = spec[i]
+            _indices(plane_list, "plane", lr.n_planes, f"layer {i}")
+            head_set = None if heads is None else _indices(heads, "head", lr.n_heads, f"layer {i}")
+            for name, n, per_kv in ((_ROT_Q, lr.n_heads, False), (_ROT_K, lr.n_kv_heads, True)):
+                mask = _head_mask(lr, plane_list, head_set, n, per_kv)
+                if mask is not None:
+                    removers.append(
+                        _add_lens_hook(
+                            getattr(attn, name), functools.partial(_zero_hook, mask=mask)
+                        )
+                    )
+        yield
+    finally:
+        for remove in removers:
+            remove()
