@@ -278,7 +278,8 @@ class BandStatsReducer:
         i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
         valid = acts.valid
         vf = valid.float()
-        q = acts["q_post"].float().transpose(1, 2) * vf[:, None, :, None]  # [b,h,q,d], padding zeroed
+        # the score scale goes into q once, so every product below is already a logit
+        q = acts["q_post"].float().transpose(1, 2) * (vf[:, None, :, None] * rope.score_scale)  # [b,h,q,d]
         k = _expand_kv(acts["k_post"].float(), rope).transpose(1, 2) * vf[:, None, :, None]
         m = attention_mask(rope, valid)  # [b,q,k]
         mf = m.float()
@@ -288,18 +289,20 @@ class BandStatsReducer:
         s["n_entries"][i] += float(mf.sum())
         s["n_rows"][i] += float(ok.sum())
         s["n_queries"][i] += float((rows >= 1).sum())
-        y = torch.matmul(q, k.transpose(-1, -2)).mul_(rope.score_scale).mul_(mf[:, None])  # full logits, 0 if masked
+        y = torch.matmul(q, k.transpose(-1, -2)).mul_(mf[:, None])  # full logits, 0 where masked
         ysum = y.sum(-1)  # [b,h,q]
-        s["var"][i] += ((y.pow(2).sum(-1) - ysum**2 / rows.clamp_min(1)[:, None]) * ok[:, None]).sum((0, 2)).double().cpu()
+        ysq = torch.linalg.vector_norm(y, 2, dim=-1) ** 2
+        s["var"][i] += ((ysq - ysum**2 / rows.clamp_min(1)[:, None]) * ok[:, None]).sum((0, 2)).double().cpu()
         yk = torch.matmul(y, k)  # [b,h,q,d]: Σ_k x(q,k)·k
+        del y
         ksum = torch.matmul(mf[:, None], k)  # [b,h,q,d]: Σ_{allowed k} k
         att = acts["pattern"].argmax(-1)  # [b,h,q]
         ka = k.gather(2, att[..., None].expand(-1, -1, -1, k.shape[-1]))  # key each query attends to
         for b, dims in enumerate(rb.dims):
             qb = q[..., dims]
-            cross = (qb * yk[..., dims]).sum(-1) * rope.score_scale  # Σ_k x_b·x
-            row_b = (qb * ksum[..., dims]).sum(-1) * rope.score_scale  # Σ_k x_b
-            xa = (qb * ka[..., dims]).sum(-1) * rope.score_scale
+            cross = (qb * yk[..., dims]).sum(-1)  # Σ_k x_b·x
+            row_b = (qb * ksum[..., dims]).sum(-1)  # Σ_k x_b
+            xa = (qb * ka[..., dims]).sum(-1)
             cov = cross - row_b * ysum / rows.clamp_min(1)[:, None]
             margin = xa - (row_b - xa) / (rows - 1).clamp_min(1)[:, None]
             s["cov"][i][:, b] += (cov * ok[:, None]).sum((0, 2)).double().cpu()
@@ -315,8 +318,8 @@ class BandStatsReducer:
     def _cauchy_schwarz(self, i: int, rope: LayerRope, q: Tensor, ka: Tensor, ok: Tensor) -> None:
         qp, kp = rope.split(q), rope.split(ka)  # [b,h,q,P,2]
         w = ok[:, None, :, None]
-        term = (qp * kp).sum(-1) * rope.score_scale
-        bound = qp.norm(dim=-1) * kp.norm(dim=-1) * rope.score_scale
+        term = (qp * kp).sum(-1)  # q carries the score scale
+        bound = qp.norm(dim=-1) * kp.norm(dim=-1)
         self.sums["cs_term"][i] += (term * w).sum((0, 2)).double().cpu()
         self.sums["cs_bound"][i] += (bound * w).sum((0, 2)).double().cpu()
 
@@ -324,26 +327,29 @@ class BandStatsReducer:
                pattern: Tensor) -> None:
         """|band logit| sums and band-only argmax, in query chunks over allowed keys only."""
         n = q.shape[1]
-        sizes = [len(d) for d in rb.dims]
-        qb = torch.stack([q[..., d] for d in rb.dims], 1) if len(set(sizes)) == 1 else None
+        sizes = {len(d) for d in rb.dims}
+        qb = torch.stack([q[..., d] for d in rb.dims], 1) if len(sizes) == 1 else None  # [h,B,q,d_b]
         kb = torch.stack([k[..., d] for d in rb.dims], 1) if qb is not None else None
-        abs_sum = torch.zeros(q.shape[0], len(sizes))
-        top1 = torch.zeros(q.shape[0], len(sizes))
-        jsd = torch.zeros(q.shape[0], len(sizes))
+        abs_sum = torch.zeros(q.shape[0], rb.n_bands)
+        top1 = torch.zeros(q.shape[0], rb.n_bands)
+        jsd = torch.zeros(q.shape[0], rb.n_bands)
         for c0 in range(0, n, self.chunk):
             c1 = min(n, c0 + self.chunk)
             k0 = max(0, c0 - rope.window + 1) if rope.kind == "sliding" and rope.window else 0
             mc = m[c0:c1, k0:c1]
-            if not mc.any():
+            rows_ok = mc.any(-1)
+            if not rows_ok.any():
                 continue
             if qb is not None:  # equal-size bands: one batched matmul
                 x = torch.matmul(qb[:, :, c0:c1], kb[:, :, k0:c1].transpose(-1, -2))  # [h,B,c,kk]
             else:
                 x = torch.stack([torch.matmul(q[:, c0:c1, d], k[:, k0:c1, d].transpose(-1, -2)) for d in rb.dims], 1)
-            x.mul_(rope.score_scale).masked_fill_(~mc, 0.0)
+            spans = _masked_spans(mc)  # only the column spans that hold masked entries are touched
+            for a, b in spans:
+                x[..., a:b].masked_fill_(~mc[:, a:b], 0.0)
             abs_sum += torch.linalg.vector_norm(x, 1, dim=-1).sum(-1)
-            x.masked_fill_(~mc, float("-inf"))
-            rows_ok = mc.any(-1)
+            for a, b in spans:
+                x[..., a:b].masked_fill_(~mc[:, a:b], float("-inf"))
             top1 += ((x.argmax(-1) + k0 == att[:, None, c0:c1]) & rows_ok).sum(-1)
             if self.jsd:
                 p = torch.softmax(x, -1).nan_to_num_(0.0)
@@ -351,6 +357,19 @@ class BandStatsReducer:
         self.sums["abs_sum"][i] += abs_sum.double()
         self.sums["top1"][i] += top1.double()
         self.sums["jsd"][i] += jsd.double()
+
+
+def _masked_spans(mask: Bool[Tensor, "q k"]) -> list[tuple[int, int]]:
+    """Contiguous column ranges of ``mask`` that contain at least one masked (False) entry."""
+    bad = (~mask).any(0).tolist()
+    spans, start = [], None
+    for j, b in enumerate([*bad, False]):
+        if b and start is None:
+            start = j
+        elif not b and start is not None:
+            spans.append((start, j))
+            start = None
+    return spans
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,60 @@
+"""The experiment scripts' quick modes run end to end on tiny models, and resume."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def _script(name: str):
+    sys.path.insert(0, str(EXPERIMENTS))
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_inference_quick_runs_and_resumes(tiny, tmp_path, capsys):
+    mod = _script("truncated_rope_inference")
+    path = mod.main(["--quick", "--lengths", "32", "--n-boot", "50", "--out", str(tmp_path)],
+                    model=tiny("llama"))
+    result = json.loads(path.read_text())
+    assert len(result["table"]) == len(mod.VARIANTS)
+    assert result["provenance"]["commit"] is not None or result["provenance"]["versions"]
+    assert (tmp_path / "perplexity_vs_p.html").stat().st_size > 0
+    capsys.readouterr()
+    mod.main(["--quick", "--lengths", "32", "--n-boot", "50", "--out", str(tmp_path)],
+             model=tiny("llama"))
+    assert "ppl" not in capsys.readouterr().out.split("model ")[0]  # nothing re-run
+
+
+def test_inference_quick_by_name_gemma_kinds(tmp_path):
+    mod = _script("truncated_rope_inference")
+    path = mod.main(["--quick", "--model", "tiny-gemma3", "--lengths", "16", "--n-boot", "20",
+                     "--layer-kind", "global", "--out", str(tmp_path)])
+    kinds = {r["layer_kind"] for r in json.loads(path.read_text())["table"]}
+    assert kinds == {"global"}
+
+
+def test_band_ablation_quick(tiny, tmp_path):
+    mod = _script("band_ablation")
+    path = mod.main(["--quick", "--n-ctx", "32", "--out", str(tmp_path)], model=tiny("llama"))
+    table = json.loads(path.read_text())["table"]
+    assert len(table) == 4 * (1 + 2)  # all layers + each of 2 layers, 4 bands
+    assert (tmp_path / "band_ablation.html").exists()
+
+
+def test_training_quick(tmp_path):
+    mod = _script("truncated_rope_training")
+    path = mod.main(["--quick", "--seeds", "1", "--steps", "2", "--out", str(tmp_path)])
+    result = json.loads(path.read_text())
+    assert set(result["table"]) == set(mod.PAPER)
+    assert "ordering" in result["verdict"]
+    assert (tmp_path / "table.txt").read_text().count("\n") >= 9
+    runs = len(json.loads((tmp_path / "runs.json").read_text())["runs"])
+    mod.main(["--quick", "--seeds", "1", "--steps", "2", "--out", str(tmp_path)])
+    assert len(json.loads((tmp_path / "runs.json").read_text())["runs"]) == runs == 7

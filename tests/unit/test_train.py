@@ -1,0 +1,112 @@
+"""Training from scratch under a RoPE variant: learns, reproduces exactly, uses the variant."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ropelens.train import TrainConfig, TrainResult, build_model, layer_rope, train
+from ropelens.variants import NTK, BaseChange, NoPE, PRoPE, PRoPEPartial, PRoPEReversed, YaRN
+
+MICRO = TrainConfig(d_model=32, n_layers=1, n_heads=2, head_dim=16, seq_len=32, batch_size=4,
+                    steps=12, lr=1e-2, warmup=2, tokenizer="tiny-char", val_windows=4,
+                    variant=PRoPE(0.75))
+
+
+@pytest.fixture(scope="module")
+def result():
+    return train(MICRO, progress=False)
+
+
+def test_training_lowers_loss(result):
+    curve = result.loss_curve
+    assert len(curve) == MICRO.steps
+    assert sum(curve[-3:]) / 3 < sum(curve[:3]) / 3 - 0.3
+    assert result.val.loss.lo <= result.val.loss.mean <= result.val.loss.hi
+    assert result.val.n_windows == 4 and result.val_2x.n_windows == 4
+
+
+def test_same_seed_reproduces_exactly(result):
+    again = train(MICRO, progress=False)
+    assert again.loss_curve == result.loss_curve
+    assert again.val == result.val and again.val_2x == result.val_2x
+    other = train(dataclasses.replace(MICRO, seed=1), progress=False)
+    assert other.loss_curve != result.loss_curve
+
+
+def test_save_load_round_trip(result, tmp_path):
+    path = tmp_path / "run.json"
+    result.save(path)
+    loaded = TrainResult.load(path)
+    assert loaded.config == result.config
+    assert loaded.loss_curve == result.loss_curve and loaded.val == result.val
+    assert loaded.provenance.commit == result.provenance.commit
+
+
+@pytest.mark.parametrize(
+    "variant", [PRoPE(0.75), PRoPE(0.25), PRoPEReversed(0.75), PRoPEPartial(0.75), NoPE(), BaseChange(5e5)]
+)
+def test_model_uses_variant_frequencies(variant):
+    cfg = dataclasses.replace(MICRO, variant=variant)
+    model = build_model(cfg, vocab_size=50)
+    expected = variant.inv_freq(layer_rope(cfg))
+    rot = model.model.rotary_emb
+    assert torch.equal(rot.inv_freq, expected) and torch.equal(rot.original_inv_freq, expected)
+    # The forward pass, not just the buffer: cos/sin tables are those angles.
+    x = torch.zeros(1, 5, cfg.d_model)
+    cos, sin = rot(x, torch.arange(5)[None])
+    angles = torch.arange(5)[:, None].float() * expected
+    torch.testing.assert_close(cos[0], torch.cat([angles.cos(), angles.cos()], -1))
+    torch.testing.assert_close(sin[0], torch.cat([angles.sin(), angles.sin()], -1))
+
+
+def test_prope_matches_hf_proportional():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = dataclasses.replace(MICRO, variant=PRoPE(0.75))
+    model = build_model(cfg, vocab_size=50)
+    hf_cfg = model.config
+    hf_cfg.rope_parameters = {"rope_type": "proportional", "rope_theta": cfg.rope_theta,
+                              "partial_rotary_factor": 0.75}
+    inv, _ = ROPE_INIT_FUNCTIONS["proportional"](hf_cfg, None)
+    assert torch.equal(model.model.rotary_emb.inv_freq, inv.float())
+    assert (inv == 0).sum() == 2  # the lowest quarter of 8 planes
+
+
+def test_variants_change_the_model():
+    a = build_model(dataclasses.replace(MICRO, variant=PRoPE(1.0)), 50)
+    b = build_model(dataclasses.replace(MICRO, variant=NoPE()), 50)
+    ids = torch.randint(0, 50, (1, 10), generator=torch.Generator().manual_seed(0))
+    assert not torch.allclose(a(input_ids=ids).logits, b(input_ids=ids).logits)
+
+
+def test_bad_input_errors():
+    with pytest.raises(ValueError, match="p must be"):
+        dataclasses.replace(MICRO, variant=PRoPE(1.5))
+    with pytest.raises(ValueError, match="p must be"):
+        PRoPE(-0.1)
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        dataclasses.replace(MICRO, steps=0)
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        dataclasses.replace(MICRO, steps=-3)
+    with pytest.raises(TypeError, match="ropelens.variants"):
+        dataclasses.replace(MICRO, variant=0.75)
+    with pytest.raises(ValueError, match="fixed frequency vector"):
+        dataclasses.replace(MICRO, variant=YaRN(factor=4.0, original_max_position=32))
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        dataclasses.replace(MICRO, head_dim=15)
+    with pytest.raises(TypeError, match="TrainConfig"):
+        train({"steps": 3})
+    NTK(2.0)  # a fixed-vector variant is accepted
+    dataclasses.replace(MICRO, variant=NTK(2.0))
+
+
+def test_config_round_trip_and_scaled():
+    assert TrainConfig.from_dict(MICRO.to_dict()) == MICRO
+    big = TrainConfig().scaled(2)
+    assert big.n_heads == 8 and big.d_model == 8 * 32 and big.n_layers == 8 and big.steps == 800
+    assert big.tokens == big.steps * big.batch_size * big.seq_len
+    with pytest.raises(ValueError, match="factor"):
+        TrainConfig().scaled(0)
