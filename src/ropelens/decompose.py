@@ -308,8 +308,7 @@ class BandStatsReducer:
             s["cov"][i][:, b] += (cov * ok[:, None]).sum((0, 2)).double().cpu()
             s["margin"][i][:, b] += (margin * ok[:, None]).sum((0, 2)).double().cpu()
         self._cauchy_schwarz(i, rope, q, ka, ok)
-        for bi in range(q.shape[0]):
-            self._dense(i, rope, rb, q[bi], k[bi], m[bi], att[bi], acts["pattern"][bi])
+        self._dense(i, rope, rb, q, k, m, att, acts["pattern"])
 
     def result(self, provenance: Provenance) -> BandStatistics:
         """The streamed sums as :class:`BandStatistics`."""
@@ -326,42 +325,48 @@ class BandStatsReducer:
     def _dense(self, i: int, rope: LayerRope, rb: ResolvedBands, q: Tensor, k: Tensor, m: Tensor, att: Tensor,
                pattern: Tensor) -> None:
         """|band logit| sums and band-only argmax, in query chunks over allowed keys only."""
-        n = q.shape[1]
-        sizes = {len(d) for d in rb.dims}
-        qb = torch.stack([q[..., d] for d in rb.dims], 1) if len(sizes) == 1 else None  # [h,B,q,d_b]
-        kb = torch.stack([k[..., d] for d in rb.dims], 1) if qb is not None else None
-        abs_sum = torch.zeros(q.shape[0], rb.n_bands)
-        top1 = torch.zeros(q.shape[0], rb.n_bands)
-        jsd = torch.zeros(q.shape[0], rb.n_bands)
+        n = q.shape[2]
+        qb, kb = _band_major(q, rb), _band_major(k, rb)  # [b,h,B,pos,d_b] (None if bands differ in size)
+        abs_sum = torch.zeros(q.shape[1], rb.n_bands)
+        top1 = torch.zeros(q.shape[1], rb.n_bands)
+        jsd = torch.zeros(q.shape[1], rb.n_bands)
         for c0 in range(0, n, self.chunk):
             c1 = min(n, c0 + self.chunk)
             k0 = max(0, c0 - rope.window + 1) if rope.kind == "sliding" and rope.window else 0
-            mc = m[c0:c1, k0:c1]
-            rows_ok = mc.any(-1)
-            if not rows_ok.any():
-                continue
+            mc = m[:, c0:c1, k0:c1]  # [b,c,kk]
+            rows_ok = mc.any(-1)[:, None, None]  # [b,1,1,c]
             if qb is not None:  # equal-size bands: one batched matmul
-                x = torch.matmul(qb[:, :, c0:c1], kb[:, :, k0:c1].transpose(-1, -2))  # [h,B,c,kk]
+                x = torch.matmul(qb[..., c0:c1, :], kb[..., k0:c1, :].transpose(-1, -2))  # [b,h,B,c,kk]
             else:
-                x = torch.stack([torch.matmul(q[:, c0:c1, d], k[:, k0:c1, d].transpose(-1, -2)) for d in rb.dims], 1)
-            spans = _masked_spans(mc)  # only the column spans that hold masked entries are touched
-            for a, b in spans:
-                x[..., a:b].masked_fill_(~mc[:, a:b], 0.0)
-            abs_sum += torch.linalg.vector_norm(x, 1, dim=-1).sum(-1)
-            for a, b in spans:
-                x[..., a:b].masked_fill_(~mc[:, a:b], float("-inf"))
-            top1 += ((x.argmax(-1) + k0 == att[:, None, c0:c1]) & rows_ok).sum(-1)
+                x = torch.stack([torch.matmul(q[..., c0:c1, d], k[..., k0:c1, d].transpose(-1, -2)) for d in rb.dims], 2)
+            spans = [(a, b, ~mc[:, None, None, :, a:b]) for a, b in _masked_spans(mc)]
+            for a, b, bad in spans:  # only column spans holding masked entries are touched
+                x[..., a:b].masked_fill_(bad, 0.0)
+            abs_sum += torch.linalg.vector_norm(x, 1, dim=-1).sum((0, 3))
+            for a, b, bad in spans:
+                x[..., a:b].masked_fill_(bad, float("-inf"))
+            top1 += ((x.argmax(-1) + k0 == att[:, :, None, c0:c1]) & rows_ok).sum((0, 3))
             if self.jsd:
                 p = torch.softmax(x, -1).nan_to_num_(0.0)
-                jsd += (js_divergence(p, pattern[:, None, c0:c1, k0:c1]) * rows_ok).sum(-1)
+                jsd += (js_divergence(p, pattern[:, :, None, c0:c1, k0:c1]) * rows_ok).sum((0, 3))
         self.sums["abs_sum"][i] += abs_sum.double()
         self.sums["top1"][i] += top1.double()
         self.sums["jsd"][i] += jsd.double()
 
 
-def _masked_spans(mask: Bool[Tensor, "q k"]) -> list[tuple[int, int]]:
+def _band_major(x: Tensor, rb: ResolvedBands) -> Tensor | None:
+    """``[b,h,pos,d]`` → ``[b,h,band,pos,d_band]`` with one gather (None if bands differ in size)."""
+    sizes = {len(d) for d in rb.dims}
+    if len(sizes) != 1:
+        return None
+    d_b = sizes.pop()
+    x = x[..., torch.cat(rb.dims)].unflatten(-1, (rb.n_bands, d_b))  # [b,h,pos,B,d_b]
+    return x.transpose(2, 3).contiguous()
+
+
+def _masked_spans(mask: Bool[Tensor, "batch q k"]) -> list[tuple[int, int]]:
     """Contiguous column ranges of ``mask`` that contain at least one masked (False) entry."""
-    bad = (~mask).any(0).tolist()
+    bad = (~mask).flatten(0, -2).any(0).tolist()
     spans, start = [], None
     for j, b in enumerate([*bad, False]):
         if b and start is None:

@@ -20,7 +20,7 @@ from torch import Tensor
 Pairing = Literal["half", "adjacent"]
 LayerKind = Literal["full", "sliding"]
 
-__all__ = ["LayerRope", "RopeSpec", "plane_dims", "split_planes", "merge_planes"]
+__all__ = ["LayerRope", "RopeSpec", "plane_dims", "plane_norms", "split_planes", "merge_planes"]
 
 
 def plane_dims(rotary_dim: int, pairing: Pairing) -> Int[Tensor, "n_planes 2"]:
@@ -63,6 +63,16 @@ def merge_planes(planes: Float[Tensor, "... n_planes 2"], pairing: Pairing) -> F
         return torch.cat([planes[..., 0], planes[..., 1]], dim=-1)
     if pairing == "adjacent":
         return planes.flatten(-2)
+    raise ValueError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+
+
+def plane_norms(x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairing) -> Float[Tensor, "... n_planes"]:
+    """2-norm of each plane of ``x`` (one fused op, no stacked copy)."""
+    n = rotary_dim // 2
+    if pairing == "half":
+        return torch.hypot(x[..., :n], x[..., n:rotary_dim])
+    if pairing == "adjacent":
+        return torch.hypot(x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2])
     raise ValueError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
 
 
@@ -132,6 +142,10 @@ class LayerRope:
     def split(self, x: Float[Tensor, "... head_dim"]) -> Float[Tensor, "... n_planes 2"]:
         """Split head vectors into this layer's planes (respecting pairing and partial rotary)."""
         return split_planes(x, self.rotary_dim, self.pairing)
+
+    def plane_norms(self, x: Float[Tensor, "... head_dim"]) -> Float[Tensor, "... n_planes"]:
+        """‖x^(i)‖ for every plane i."""
+        return plane_norms(x, self.rotary_dim, self.pairing)
 
     def angles(self, positions: Tensor) -> Float[Tensor, "... n_planes"]:
         """Rotation angle of each plane at each position, m·θ_i."""

@@ -47,35 +47,41 @@ class UsageReducer:
         self.win = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
 
     def update(self, acts: LayerActs) -> None:
-        i = self.pos[acts.layer]
-        rope = acts.rope
-        valid = acts.valid.to(torch.float64)  # [b, pos]
-        no_sink = valid.clone()
-        no_sink[:, : self.n_sink] = 0
+        i, rope, n_sink = self.pos[acts.layer], acts.rope, self.n_sink
+        valid = acts.valid.float()  # [b, pos]
+        counts = {"all": valid.sum(1), "sink": valid[:, :n_sink].sum(1)}  # [b]
         for w in "qk":
-            norms = rope.split(acts[f"{w}_{self.source}"].float()).norm(dim=-1).double()  # [b,pos,h,P]
+            norms = rope.plane_norms(acts[f"{w}_{self.source}"].float())  # [b,pos,h,P]
             if self.source == "post" and rope.attention_scaling != 1.0:
                 norms = norms / rope.attention_scaling  # cos/sin carry the scaling; undo it
-            for scope, mask in (("all", valid), ("no_sink", no_sink)):
-                m = mask[:, :, None, None]
-                self._add_tok(w, scope, i, norms, m)
-                self._add_win(w, scope, i, norms, m)
+            if not bool(acts.valid.all()):
+                norms = norms * valid[:, :, None, None]
+            # per-window sums in float32 (≤ a few thousand terms), accumulated across windows in float64
+            s_all, q_all = norms.sum(1).double(), (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double()
+            sink = norms[:, :n_sink]
+            s_sink, q_sink = sink.sum(1).double(), (sink * sink).sum(1).double()
+            per = {"all": (counts["all"], s_all, q_all),
+                   "no_sink": (counts["all"] - counts["sink"], s_all - s_sink, q_all - q_sink)}
+            for scope, (cnt, tot, sq) in per.items():
+                self._add(w, scope, i, cnt.double(), tot, sq)
 
-    def _add_tok(self, w: str, scope: str, i: int, norms: Tensor, m: Tensor) -> None:
-        mom = self.tok[(w, scope)]
-        mom.count[i] += m.sum((0, 1)).expand_as(mom.count[i]).cpu()
-        mom.total[i] += (norms * m).sum((0, 1)).cpu()
-        mom.total_sq[i] += (norms * norms * m).sum((0, 1)).cpu()
+    def _add(self, w: str, scope: str, i: int, cnt: Tensor, tot: Tensor, sq: Tensor) -> None:
+        """Fold per-window sums ``[b,h,P]`` (``cnt`` tokens per window) into token and window moments."""
+        tok = self.tok[(w, scope)]
+        tok.count[i] += cnt.sum().cpu()
+        tok.total[i] += tot.sum(0).cpu()
+        tok.total_sq[i] += sq.sum(0).cpu()
+        keep = cnt > 0
+        means = tot[keep] / cnt[keep][:, None, None]
+        win = self.win[(w, scope)]
+        win.count[i] += keep.sum().cpu()
+        win.total[i] += means.sum(0).cpu()
+        win.total_sq[i] += (means * means).sum(0).cpu()
 
-    def _add_win(self, w: str, scope: str, i: int, norms: Tensor, m: Tensor) -> None:
-        n = m.sum(1)  # [b, 1, 1]
-        keep = (n[:, 0, 0] > 0)
-        means = ((norms * m).sum(1) / n.clamp_min(1))[keep]  # [b', h, P]
-        mom = self.win[(w, scope)]
-        mom.count[i] += keep.sum().cpu()
-        mom.total[i] += means.sum(0).cpu()
-        mom.total_sq[i] += (means * means).sum(0).cpu()
-
+    def result(self, provenance: Provenance) -> FrequencyUsage:
+        """The streamed sums as a :class:`FrequencyUsage`."""
+        return FrequencyUsage(layers=tuple(self.layers), spec=self.spec, token=self.tok, window=self.win,
+                              n_sink=self.n_sink, source=self.source, provenance=provenance)
 
 @dataclass(frozen=True)
 class FrequencyUsage:
@@ -265,8 +271,7 @@ def frequency_usage(
         config={"n_sink": n_sink, "source": source, "layers": chosen, "batch_size": batch_size},
         seconds=time.perf_counter() - t0,
     )
-    return FrequencyUsage(layers=tuple(chosen), spec=spec, token=red.tok, window=red.win, n_sink=n_sink,
-                          source=source, provenance=prov)
+    return red.result(prov)
 
 
 def _windows(model, corpus, n_ctx: int, max_tokens: int | None) -> tuple[Tensor, str, str | None]:
