@@ -15,6 +15,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as lla
 from transformers.models.llama.modeling_llama import rotate_half
 
 from ropelens.rope import LayerRope, RopeSpec, merge_planes, plane_dims, split_planes
+from ropelens.rope import plane_norms
 
 PAIRINGS = ("half", "adjacent")
 
@@ -285,3 +286,9 @@ def test_layer_indices_selects_and_wraps():
 def test_layer_indices_errors(layers, kind, error, match):
     with pytest.raises(error, match=match):
         gemma_like_spec().layer_indices(layers, kind=kind)
+
+
+@pytest.mark.parametrize("pairing", ["half", "adjacent"])
+def test_plane_norms_equal_norms_of_split_planes(pairing):
+    x = torch.randn(3, 5, 2, 12)
+    assert torch.allclose(plane_norms(x, 8, pairing), split_planes(x, 8, pairing).norm(dim=-1), atol=1e-6)
