@@ -1,0 +1,348 @@
+"""Positional vs content heads: offset-attention scores, a data-chosen threshold, band profiles.
+
+A head is *positional* when one fixed relative offset δ* = q − k wins both on real text and on
+uniformly random tokens (content removed) and holds attention mass ≥ τ on both. τ is Otsu's
+threshold on the per-head *robust offset mass* (the smaller of the two masses at the text-best
+offset), floored at :data:`TAU_FLOOR`: Otsu's split maximises the between-class variance, i.e. it
+finds the valley of a bimodal distribution without binning; the floor keeps a unimodal
+distribution of weak masses (no positional heads) from being split in two.
+
+Band content vs position (:meth:`HeadTaxonomy.position_share`): for each band b, take its logit
+term x_b(q, q − δ) at the local offsets δ = 0..max_offset (keys at position 0 excluded). By the law
+of total variance, Var(x_b) = E_δ[Var(x_b | δ)] + Var_δ(E[x_b | δ]): the first term is variance
+across content at a fixed offset, the second variance across offsets of the content-averaged logit.
+``position_share`` = second / total (η² of offset); ``content_var`` = the first term. Neither is
+shift-invariant-by-construction: a band whose q and k do not depend on the token has
+position_share 1, one whose logit is content noise around a constant has 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Bool, Float, Int
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from ropelens.bands import Bands
+from ropelens.capture import LayerActs, batches, stream
+from ropelens.decompose import BandStatsReducer, _expand_kv
+from ropelens.provenance import Provenance, dump_json
+from ropelens.rope import RopeSpec
+
+__all__ = ["HeadScoresReducer", "HeadTaxonomy", "TAU_FLOOR", "classify_heads", "otsu_threshold", "random_tokens"]
+
+TAU_FLOOR = 0.3  # below this an offset holds less than a third of attention: not "one fixed offset"
+TAU_METHOD = f"otsu(robust offset mass), floor {TAU_FLOOR}"
+
+
+# ============================================================================ streaming scores
+class HeadScoresReducer:
+    """Streams per layer × head: attention mass at each offset 0..max_offset and on position 0,
+    and per band × offset the moments of the band logit term (for the content/position split)."""
+
+    needs = frozenset({"q_post", "k_post", "pattern"})
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, max_offset: int) -> None:
+        if not isinstance(max_offset, int) or max_offset < 1:
+            raise ValueError(f"max_offset must be an int ≥ 1 (1 = previous token), got {max_offset!r}")
+        self.layers, self.max_offset = list(layers), max_offset
+        self.pos = {l_: i for i, l_ in enumerate(self.layers)}
+        rbs = [bands.resolve(spec.layers[L]) for L in self.layers]
+        self.band_names = rbs[0].names
+        if any(rb.names != self.band_names for rb in rbs):
+            raise ValueError(f"bands {bands.describe()} resolve to different band names across layers")
+        self.member = {}  # head dim → band one-hot, so a matmul sums plane terms into band terms
+        for L, rb in zip(self.layers, rbs, strict=True):
+            m = torch.zeros(spec.layers[L].head_dim, rb.n_bands)
+            for b, dims in enumerate(rb.dims):
+                m[dims, b] = 1.0
+            self.member[L] = m
+        n_l, n_h, n_b, n_d = len(self.layers), spec.layers[self.layers[0]].n_heads, rbs[0].n_bands, max_offset + 1
+        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
+        self.sums = {"mass": z(n_l, n_h, n_d), "n_offset": z(n_l, n_d), "sink": z(n_l, n_h), "n_sink": z(n_l),
+                     "band_sum": z(n_l, n_h, n_b, n_d), "band_sq": z(n_l, n_h, n_b, n_d)}
+
+    @torch.no_grad()
+    def update(self, acts: LayerActs) -> None:
+        i, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
+        pattern = acts["pattern"].float()
+        q = acts["q_post"].float() * rope.score_scale  # so plane products are logit terms
+        k = _expand_kv(acts["k_post"].float(), rope)
+        member = self.member[acts.layer].to(q.device)
+        n, s = q.shape[1], self.sums
+        w0 = (valid[:, 1:] & valid[:, :1]).float()  # queries ≥ 1 that are real
+        s["sink"][i] += (pattern[:, :, 1:, 0] * w0[:, None]).sum((0, 2)).double().cpu()
+        s["n_sink"][i] += float(w0.sum())
+        for d in range(min(self.max_offset + 1, n - 1)):
+            if rope.kind == "sliding" and rope.window and d >= rope.window:
+                break
+            # keys at position 0 are excluded: mass there is the sink, not an offset
+            w = (valid[:, d + 1 :] & valid[:, 1 : n - d]).float()  # [b, n-1-d]
+            diag = pattern.diagonal(offset=-d, dim1=2, dim2=3)[..., 1:]  # [b,h,n-1-d]: (q=i+d, k=i)
+            s["mass"][i, :, d] += (diag * w[:, None]).sum((0, 2)).double().cpu()
+            s["n_offset"][i, d] += float(w.sum())
+            # float64 sums: content variance is E[x²] − E[x]², which cancels for positional bands
+            x = ((q[:, d + 1 :] * k[:, 1 : n - d]) @ member).double()  # [b, n-1-d, h, B]
+            wd = w.double()[..., None, None]
+            s["band_sum"][i, :, :, d] += (x * wd).sum((0, 1)).cpu()
+            s["band_sq"][i, :, :, d] += (x * x * wd).sum((0, 1)).cpu()
+
+    def scores(self, prefix: str) -> dict[str, Tensor]:
+        """Mean offset mass, sink mass, band position share and content variance, keys prefixed."""
+        s = self.sums
+        cnt = s["n_offset"][:, None, :].clamp_min(1)
+        mean = s["band_sum"] / cnt[:, :, None]
+        within = s["band_sq"] / cnt[:, :, None] - mean**2
+        wt = s["n_offset"] / s["n_offset"].sum(-1, keepdim=True).clamp_min(1)  # [L, δ]
+        wt = wt[:, None, None, :]
+        content = (within * wt).sum(-1).clamp_min(0)
+        grand = (mean * wt).sum(-1, keepdim=True)
+        position = ((mean - grand) ** 2 * wt).sum(-1)
+        return {f"mass_{prefix}": s["mass"] / cnt, f"sink_{prefix}": s["sink"] / s["n_sink"][:, None].clamp_min(1),
+                f"position_share_{prefix}": position / (position + content).clamp_min(1e-30),
+                f"content_var_{prefix}": content}
+
+
+# ============================================================================ threshold
+def otsu_threshold(values: Float[Tensor, " n"]) -> float:
+    """Otsu's threshold of a 1-D sample: the cut maximising between-class variance (exact, no bins)."""
+    v = torch.as_tensor(values, dtype=torch.float64).flatten().sort().values
+    if v.numel() < 2 or float(v[-1] - v[0]) == 0.0:
+        raise ValueError(f"Otsu needs at least two distinct values, got {v.tolist()}")
+    n = v.numel()
+    csum = v.cumsum(0)
+    k = torch.arange(1, n, dtype=torch.float64)  # size of the lower class
+    mu0 = csum[:-1] / k
+    mu1 = (csum[-1] - csum[:-1]) / (n - k)
+    between = (k / n) * (1 - k / n) * (mu0 - mu1) ** 2
+    between[v[1:] == v[:-1]] = -1.0  # cannot cut between equal values
+    j = int(between.argmax())
+    return float((v[j] + v[j + 1]) / 2)
+
+
+# ============================================================================ result
+@dataclass(frozen=True)
+class HeadTaxonomy:
+    """Per-head positional scores (text and random tokens), τ, and band profiles."""
+
+    layers: tuple[int, ...]
+    band_names: tuple[str, ...]
+    scores: dict[str, Tensor]  # see classify_heads for the keys and shapes
+    tau: float
+    provenance: Provenance
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.scores["mass_text"].shape)
+        if shape[0] != len(self.layers):
+            raise ValueError(f"mass_text has shape {shape}, expected ({len(self.layers)}, heads, offsets)")
+        if not 0.0 <= self.tau <= 1.0:
+            raise ValueError(f"tau is an attention mass in [0, 1], got {self.tau}")
+
+    @property
+    def max_offset(self) -> int:
+        return self.scores["mass_text"].shape[-1] - 1
+
+    def best_offset(self) -> Int[Tensor, "layer head"]:
+        """Offset with the most mass on real text."""
+        return self.scores["mass_text"].argmax(-1)
+
+    def offset_mass(self) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
+        """Mass at the text-best offset on text and on random tokens."""
+        best = self.best_offset()[..., None]
+        return self.scores["mass_text"].gather(-1, best)[..., 0], self.scores["mass_random"].gather(-1, best)[..., 0]
+
+    def robust_mass(self) -> Float[Tensor, "layer head"]:
+        """min(text, random) mass at the text-best offset; 0 where random tokens prefer another offset."""
+        text, rand = self.offset_mass()
+        agree = self.best_offset() == self.scores["mass_random"].argmax(-1)
+        return torch.where(agree, torch.minimum(text, rand), torch.zeros_like(text))
+
+    def positional(self) -> Bool[Tensor, "layer head"]:
+        return self.robust_mass() >= self.tau
+
+    def kinds(self) -> list[list[str]]:
+        """diagonal / previous-token / offset-δ / sink / content for each (layer, head)."""
+        pos, best, (text, _) = self.positional(), self.best_offset(), self.offset_mass()
+        sink = self.scores["sink_text"]
+        names = {0: "diagonal", 1: "previous-token"}
+        out = []
+        for li in range(len(self.layers)):
+            row = []
+            for h in range(pos.shape[1]):
+                if pos[li, h]:
+                    row.append(names.get(int(best[li, h]), f"offset-{int(best[li, h])}"))
+                elif sink[li, h] >= self.tau and sink[li, h] >= text[li, h]:
+                    row.append("sink")
+                else:
+                    row.append("content")
+            out.append(row)
+        return out
+
+    def with_tau(self, tau: float) -> HeadTaxonomy:
+        """A copy classified with another threshold."""
+        return replace(self, tau=float(tau))
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (layer, head): offset masses, flag, kind, band profiles, top-plane tightness."""
+        s, (text, rand) = self.scores, self.offset_mass()
+        n_l, n_h = text.shape
+        kinds = self.kinds()
+        cols: dict[str, Any] = {
+            "layer": [L for L in self.layers for _ in range(n_h)], "head": list(range(n_h)) * n_l,
+            "kind": [k for row in kinds for k in row], "positional": self.positional().flatten().tolist(),
+            "best_offset": self.best_offset().flatten().tolist(), "mass_text": text.flatten().tolist(),
+            "mass_random": rand.flatten().tolist(), "robust_mass": self.robust_mass().flatten().tolist(),
+            "sink_text": s["sink_text"].flatten().tolist(), "sink_random": s["sink_random"].flatten().tolist(),
+            "top_plane": s["top_plane"].flatten().long().tolist(),
+            "top_plane_tightness": s["top_plane_tightness"].flatten().tolist(),
+        }
+        for d in range(self.max_offset + 1):
+            cols[f"text_d{d}"] = s["mass_text"][..., d].flatten().tolist()
+            cols[f"random_d{d}"] = s["mass_random"][..., d].flatten().tolist()
+        for key in ("margin_share", "var_share", "position_share_text", "position_share_random", "content_var_text"):
+            for b, name in enumerate(self.band_names):
+                cols[f"{key}[{name}]"] = s[key][..., b].flatten().tolist()
+        return pd.DataFrame(cols)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "HeadTaxonomy", "layers": list(self.layers), "band_names": list(self.band_names),
+                "tau": self.tau, "scores": {k: v.tolist() for k, v in self.scores.items()},
+                "provenance": self.provenance.to_dict()}
+
+    def save(self, path: str | Path) -> None:
+        dump_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> HeadTaxonomy:
+        d = json.loads(Path(path).read_text())
+        if d.get("type") != "HeadTaxonomy":
+            raise ValueError(f"{path} does not hold a HeadTaxonomy (type {d.get('type')!r}): pass a file from .save()")
+        return cls(tuple(d["layers"]), tuple(d["band_names"]),
+                   {k: torch.tensor(v, dtype=torch.float64) for k, v in d["scores"].items()}, float(d["tau"]),
+                   Provenance.from_dict(d["provenance"]))
+
+    def scatter(self) -> list[go.Scatter]:
+        """Offset mass on text vs random tokens, one trace per kind."""
+        df = self.to_frame()
+        df["family"] = df["kind"].where(~df["kind"].str.startswith("offset-"), "offset-δ")
+        return [go.Scatter(x=g["mass_text"], y=g["mass_random"], mode="markers", name=kind,
+                           text=[f"L{r.layer} H{r.head} δ*={r.best_offset}" for r in g.itertuples()],
+                           hovertemplate="%{text}<br>text %{x:.3f}, random %{y:.3f}<extra></extra>")
+                for kind, g in df.groupby("family")]
+
+    def figure(self) -> go.Figure:
+        """Heads scatter (text vs random offset mass, τ lines) beside the band margin-share heatmap."""
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.1,
+                            subplot_titles=["offset mass at δ*: text vs random tokens",
+                                            "margin share per band (rows: layer.head)"])
+        for tr in self.scatter():
+            fig.add_trace(tr, row=1, col=1)
+        fig.add_vline(x=self.tau, line_dash="dot", row=1, col=1)
+        fig.add_hline(y=self.tau, line_dash="dot", row=1, col=1)
+        z = self.scores["margin_share"].flatten(0, 1)
+        ylab = [f"{L}.{h}" for L in self.layers for h in range(self.scores["margin_share"].shape[1])]
+        fig.add_trace(go.Heatmap(z=z.numpy(), x=list(self.band_names), y=ylab, colorscale="RdBu", zmid=0,
+                                 colorbar={"title": "margin share"}), row=1, col=2)
+        fig.update_yaxes(autorange="reversed", row=1, col=2)
+        fig.update_xaxes(title_text="text", range=[0, 1.02], row=1, col=1)
+        fig.update_yaxes(title_text="random tokens", range=[0, 1.02], row=1, col=1)
+        fig.update_layout(height=max(460, 8 * len(ylab)),
+                          title=f"Head taxonomy — {self.provenance.model} (τ = {self.tau:.3f})")
+        return fig
+
+    def _repr_html_(self) -> str:
+        return self.figure().to_html(include_plotlyjs="cdn", full_html=False)
+
+
+# ============================================================================ entry point
+def random_tokens(n_windows: int, n_ctx: int, vocab: int, bos: int | None, seed: int) -> Int[Tensor, "n pos"]:
+    """Uniform token ids over ``vocab`` (BOS first when given), from a seeded generator."""
+    if vocab < 2:
+        raise ValueError(f"vocab must be ≥ 2 to draw random tokens, got {vocab}")
+    g = torch.Generator().manual_seed(int(seed))
+    toks = torch.randint(0, vocab, (n_windows, n_ctx), generator=g)
+    if bos is not None:
+        toks[:, 0] = bos
+    return toks
+
+
+def _band_profile(band: BandStatsReducer, prov: Provenance) -> dict[str, Tensor]:
+    """Margin/variance share per band, attended-key logit and CS bound per band, top-plane tightness."""
+    st = band.result(prov)
+    term, bound = st.sums["cs_term"], st.sums["cs_bound"]  # [L,H,P], sums over queries
+    n = st.sums["n_rows"][:, None, None].clamp_min(1)
+    rb = [band.resolved[L] for L in band.layers]
+    per_band = lambda x: torch.stack([torch.stack([x[i][:, list(p)].sum(-1) for p in r.planes], -1)  # noqa: E731
+                                      for i, r in enumerate(rb)])
+    top = term.argmax(-1)
+    return {"margin_share": st.margin_share().double(), "var_share": st.var_share().double(),
+            "cs_term": per_band(term / n), "cs_bound": per_band(bound / n), "top_plane": top.double(),
+            "top_plane_tightness": st.tightness().double().gather(-1, top[..., None])[..., 0]}
+
+
+def classify_heads(
+    model,
+    corpus=None,
+    *,
+    n_ctx: int = 256,
+    n_windows: int = 8,
+    max_offset: int = 16,
+    bands: Bands | None = None,
+    layers: Sequence[int] | None = None,
+    seed: int = 0,
+    batch_size: int = 4,
+    tau: float | None = None,
+    progress: bool = True,
+) -> HeadTaxonomy:
+    """Score every head on text windows and on seeded random tokens, and classify it.
+
+    ``corpus``: a corpus, its name, or an integer ``[n_windows, n_ctx]`` token tensor (default
+    english). ``tau``: override the Otsu threshold. Score keys, all ``[layer, head, ...]``:
+    ``mass_{text,random}`` (offset), ``sink_{text,random}``, ``position_share_{text,random}`` and
+    ``content_var_{text,random}`` (band), ``margin_share``, ``var_share``, ``cs_term``,
+    ``cs_bound`` (band, at the attended key), ``top_plane``, ``top_plane_tightness``.
+    """
+    from ropelens import data
+    from ropelens.models import hf_model_of, model_label, rope_spec
+
+    bands = bands or Bands.quantiles(4)
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers)
+    if isinstance(corpus, Tensor):
+        text, cname, csha = corpus.long(), "tokens", None
+    else:
+        c = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus or "english")
+        text, cname, csha = data.windows(c, model.tokenizer, n_ctx, n_windows=n_windows), c.name, c.sha256
+    vocab = min(len(model.tokenizer), hf_model_of(model).get_input_embeddings().num_embeddings)
+    rand = random_tokens(text.shape[0], text.shape[1], vocab, model.tokenizer.bos_token_id, seed)
+    t0 = time.perf_counter()
+    heads_text = HeadScoresReducer(spec, chosen, bands, max_offset)
+    heads_rand = HeadScoresReducer(spec, chosen, bands, max_offset)
+    band = BandStatsReducer(spec, chosen, bands)
+    n_batches = -(-text.shape[0] // batch_size)
+    n_tok = stream(model, batches(text, batch_size), [heads_text, band], layers=chosen, spec=spec,
+                   progress=progress, desc="heads: text", total=n_batches)
+    stream(model, batches(rand, batch_size), [heads_rand], layers=chosen, spec=spec, progress=progress,
+           desc="heads: random tokens", total=n_batches)
+    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
+                      n_windows=int(text.shape[0]), n_ctx=int(text.shape[1]),
+                      config={"bands": bands.describe(), "layers": chosen, "max_offset": max_offset, "seed": seed,
+                              "random_vocab": vocab, "tau_method": TAU_METHOD if tau is None else "given"},
+                      seconds=time.perf_counter() - t0)
+    scores = {**heads_text.scores("text"), **heads_rand.scores("random"), **_band_profile(band, prov)}
+    tx = HeadTaxonomy(tuple(chosen), tuple(heads_text.band_names), scores, 0.0, prov)
+    if tau is None:
+        robust = tx.robust_mass()
+        otsu = otsu_threshold(robust) if robust.unique().numel() > 1 else None
+        prov.config["otsu"] = otsu  # reported even when the floor wins
+        tau = TAU_FLOOR if otsu is None else max(TAU_FLOOR, otsu)
+    return tx.with_tau(tau)

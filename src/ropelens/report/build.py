@@ -1,0 +1,293 @@
+"""``build_report``: measure, lay out, and write the report directory atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ropelens.bands import Bands
+from ropelens.provenance import Provenance, git_commit, versions
+from ropelens.report import html as H
+from ropelens.report import sections as _sections
+from ropelens.report.collect import ReportData, collect, evenly_spaced
+from ropelens.report.sections import Section
+
+__all__ = ["DEFAULT_BAND_TOKENS", "QUICK", "build_report", "check_output_dir", "resolve_corpus"]
+
+FORMAT = 1
+# Band statistics cost ~20× a forward pass per window (dense [head, band, query, key] tensors), so
+# by default they see an evenly spread subset of the windows that frequency usage sees.
+DEFAULT_BAND_TOKENS = 8_192
+QUICK = {"n_ctx": 256, "windows": 4, "layers": 6}
+
+
+@contextlib.contextmanager
+def _timed(steps: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        steps[name] = round(time.perf_counter() - t0, 3)
+
+
+def check_output_dir(out: str | os.PathLike[str]) -> Path:
+    """Create the output directory (or check the existing one) and prove it is writable."""
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"output path {path} is a file: pass a directory for the report")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".ropelens-probe-", dir=path)
+        os.rmdir(probe)
+    except OSError as e:
+        raise PermissionError(f"cannot write the report to {path} ({e.strerror or e}): choose a writable output directory") from e
+    return path
+
+
+def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
+    """A Corpus (or token tensor) and its description; fails before any model is loaded."""
+    import torch
+
+    from ropelens import data
+
+    if isinstance(corpus, torch.Tensor):
+        return corpus, {"name": "tokens", "sha256": None, "source": f"token tensor {tuple(corpus.shape)}"}
+    c = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus)
+    return c, {"name": c.name, "sha256": c.sha256, "source": c.source, "n_documents": c.n_documents}
+
+
+def _windows(model, corpus: Any, n_ctx: int, tokens: int):
+    import torch
+
+    from ropelens import data
+
+    if isinstance(corpus, torch.Tensor):
+        if corpus.ndim != 2 or corpus.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"token input must be an integer [n_windows, n_ctx] tensor, got {corpus.dtype} {tuple(corpus.shape)}")
+        return corpus.long()[: max(1, tokens // corpus.shape[1])]
+    return data.windows(corpus, model.tokenizer, n_ctx, max_tokens=tokens)
+
+
+def _load(model_name: Any, device: str | None) -> tuple[Any, str]:
+    from ropelens.models import load_model, model_label
+
+    if model_name is None or isinstance(model_name, (str, os.PathLike)):
+        model = load_model(model_name, device=device)
+    elif device is not None:
+        raise ValueError(f"device={device!r} only applies when the report loads the model: pass a model name, "
+                         "or move the loaded model yourself")
+    else:
+        model = model_name
+    return model, model_label(model)
+
+
+def _choose_layers(spec, layers: Sequence[int] | None, quick: bool) -> list[int]:
+    if layers is not None:
+        chosen = spec.layer_indices(list(layers))
+        if not chosen:
+            raise ValueError("no layers selected: pass at least one layer index")
+        return sorted(set(chosen))
+    if not quick:
+        return spec.layer_indices(None)
+    picks = set(evenly_spaced(spec.n_layers, QUICK["layers"]))
+    for idx in spec.kinds.values():  # every layer kind stays in a quick report
+        picks.add(idx[0])
+    return sorted(picks)
+
+
+def build_report(
+    model_name: Any = None,
+    corpus: Any = "english",
+    tokens: int = 32_768,
+    n_ctx: int = 512,
+    out: str | os.PathLike[str] = "ropelens-report",
+    bands: str | Bands = "quantiles:4",
+    layers: Sequence[int] | None = None,
+    device: str | None = None,
+    quick: bool = False,
+    progress: bool = True,
+    *,
+    band_tokens: int | None = DEFAULT_BAND_TOKENS,
+    batch_size: int = 4,
+) -> Path:
+    """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns OUT.
+
+    ``model_name``: an embedded name, a path, or a model from :func:`ropelens.load_model`. ``quick``:
+    4 windows of at most 256 tokens over a few layers (a smoke test). ``band_tokens`` caps the
+    tokens band statistics see (None: all). Nothing in OUT changes unless the whole report succeeds.
+    """
+    t_start = time.perf_counter()
+    steps: dict[str, float] = {}
+    bands = Bands.parse(bands) if isinstance(bands, str) else bands
+    if not isinstance(bands, Bands):
+        raise TypeError(f"bands must be a spec such as 'quantiles:4' or a Bands, got {type(bands).__name__}")
+    if quick:
+        n_ctx = min(n_ctx, QUICK["n_ctx"])
+        tokens = QUICK["windows"] * n_ctx
+    if tokens < n_ctx:
+        raise ValueError(f"tokens={tokens} is fewer than one window of n_ctx={n_ctx}: raise tokens or lower n_ctx")
+    if band_tokens is not None and band_tokens < n_ctx:
+        raise ValueError(f"band_tokens={band_tokens} is fewer than one window of n_ctx={n_ctx}: raise it or pass None (all)")
+    out_dir = check_output_dir(out)
+    corpus_obj, corpus_info = resolve_corpus(corpus)
+    with _timed(steps, "load_model"):
+        model, label = _load(model_name, device)
+    from ropelens.models import rope_spec
+
+    spec = rope_spec(model)
+    chosen = _choose_layers(spec, layers, quick)
+    for L in chosen:
+        bands.resolve(spec.layers[L])  # an impossible band spec fails now, not after the pass
+    with _timed(steps, "tokenize"):
+        toks = _windows(model, corpus_obj, n_ctx, tokens)
+    settings = {"tokens": tokens, "n_ctx": n_ctx, "bands": bands.describe(), "layers": chosen, "quick": quick,
+                "band_tokens": band_tokens, "batch_size": batch_size, "device": str(next(model.parameters()).device)}
+    band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
+    data = collect(model, toks, label=label, spec=spec, layers=chosen, bands=bands, band_windows=band_windows,
+                   corpus=corpus_info, settings=settings, batch_size=batch_size, progress=progress)
+    steps.update(data.steps)
+    with _timed(steps, "render"):
+        sections = _render_sections(data, progress)
+    with _timed(steps, "write"):
+        _write(out_dir, data, sections, steps, t_start)
+    return out_dir
+
+
+def _render_sections(data: ReportData, progress: bool) -> list[Section]:
+    out = []
+    for spec in tqdm(list(_sections.SECTIONS), desc="ropelens report: sections", disable=not progress, unit="section"):
+        out.append(spec.renderer()(data) if spec.available() else spec.placeholder())
+    return out
+
+
+def _clean(x: Any) -> Any:
+    """Strict-JSON form: NaN → null, ±inf → "inf"/"-inf", tuples → lists, numpy/torch scalars → Python."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        try:
+            x = x.item()
+        except (ValueError, RuntimeError):
+            return _clean(x.tolist())
+    if isinstance(x, float):
+        if math.isnan(x):
+            return None
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+    return x
+
+
+def _report_json(data: ReportData, sections: list[Section], steps: dict[str, float], total: float) -> dict[str, Any]:
+    spec = data.spec
+    lr = spec.layers[data.layers[0]]
+    prov = Provenance(model=data.label, corpus=data.corpus.get("name"), corpus_sha256=data.corpus.get("sha256"),
+                      n_tokens=data.usage.provenance.n_tokens, n_windows=data.n_windows, n_ctx=data.n_ctx,
+                      config=data.settings, seconds=round(total, 3))
+    return _clean({
+        "format": FORMAT,
+        "model": {"name": data.label, "architecture": spec.architecture, "n_layers": spec.n_layers,
+                  "n_heads": lr.n_heads, "n_kv_heads": lr.n_kv_heads, "head_dim": lr.head_dim,
+                  "n_planes": lr.n_planes, "trained_n_ctx": spec.n_ctx, "kinds": spec.kinds},
+        "corpus": data.corpus,
+        "measured": {"usage": {"n_tokens": data.usage.provenance.n_tokens, "n_windows": data.n_windows},
+                     "band_statistics": {"n_tokens": data.band_stats.provenance.n_tokens,
+                                         "n_windows": len(data.band_windows), "windows": list(data.band_windows)}},
+        "findings": [f.to_dict() for s in sections for f in s.findings],
+        "sections": [{"key": s.key, "title": s.title, "available": s.available, "numbers": s.numbers,
+                      "tables": [f"{name}.csv" for name in s.tables]} for s in sections],
+        "provenance": {**prov.to_dict(), "steps_seconds": steps},
+    })
+
+
+def _subtitle(data: ReportData, created: str) -> str:
+    c = data.corpus
+    sha = f" (sha256 {H.esc(c['sha256'][:12])}…)" if c.get("sha256") else ""
+    bw = len(data.band_windows)
+    band = "" if bw == data.n_windows else f" · band statistics on {bw} of them"
+    commit = git_commit()
+    return (f"<b>{H.esc(data.label)}</b> · corpus <b>{H.esc(c.get('name'))}</b>{sha} · "
+            f"{data.usage.provenance.n_tokens:,} tokens in {data.n_windows} windows of {data.n_ctx}{band} · "
+            f"{H.esc(created)} · ropelens {H.esc(versions().get('ropelens', '?'))}"
+            + (f" ({H.esc(commit[:12])}{'+dirty' if commit.endswith('+dirty') else ''})" if commit else ""))
+
+
+def _findings_html(sections: list[Section]) -> str:
+    items = [f'<li>{H.esc(f.text)}<a href="#{H.esc(f.section)}">→ {H.esc(s.title)}</a></li>'
+             for s in sections for f in s.findings]
+    body = f'<ul class="findings">{"".join(items)}</ul>' if items else "<p>No findings: no section produced numbers.</p>"
+    return ('<section id="findings"><h2>Findings</h2><p class="lead">Generated from the numbers measured below '
+            '(also in <code>report.json</code>).</p>' + body + "</section>")
+
+
+def _provenance_html(report: dict[str, Any]) -> str:
+    p = report["provenance"]
+    c = report["corpus"]
+    vers = ", ".join(f"{k} {v}" for k, v in p["versions"].items())
+    items = [("model", H.esc(report["model"]["name"]) + f" ({H.esc(report['model']['architecture'])})"),
+             ("corpus", f"{H.esc(c.get('name'))}: {H.esc(c.get('source', ''))}"),
+             ("corpus sha256", f"<code>{H.esc(c.get('sha256') or '–')}</code>"),
+             ("tokens", f"{p['n_tokens']:,} in {p['n_windows']} windows of {p['n_ctx']}"),
+             ("band statistics", f"{report['measured']['band_statistics']['n_tokens']:,} tokens, windows "
+                                 f"{H.esc(_short_list(report['measured']['band_statistics']['windows']))}"),
+             ("settings", "<code>" + H.esc(json.dumps({k: v for k, v in p["config"].items() if k != "layers"})) + "</code>"),
+             ("layers", H.esc(_short_list(p["config"]["layers"]))),
+             ("versions", H.esc(vers)), ("commit", f"<code>{H.esc(p['commit'] or '–')}</code>"),
+             ("created", H.esc(p["created"])),
+             ("run time", " · ".join(f"{H.esc(k)} {v:.1f} s" for k, v in p["steps_seconds"].items())
+              + f" · total {p['seconds']:.1f} s"),
+             ("files", " ".join(f"<code>{H.esc(n)}</code>" for n in ["report.json", *_csv_names(report)]))]
+    return '<section id="provenance"><h2>Provenance</h2>' + H.kv_table(items) + "</section>"
+
+
+def _short_list(xs: list[int]) -> str:
+    return ", ".join(map(str, xs)) if len(xs) <= 12 else f"{', '.join(map(str, xs[:10]))}, … ({len(xs)} in all)"
+
+
+def _csv_names(report: dict[str, Any]) -> list[str]:
+    return [t for s in report["sections"] for t in s["tables"]]
+
+
+def _render_page(data: ReportData, sections: list[Section], report: dict[str, Any]) -> str:
+    import plotly.offline
+
+    blocks = [_findings_html(sections)]
+    for s in sections:
+        tag = "" if s.available else '<span class="tag">not yet available</span>'
+        blocks.append(f'<section id="{H.esc(s.key)}"><h2>{H.esc(s.title)}{tag}</h2>{s.body}</section>')
+    blocks.append(_provenance_html(report))
+    nav = [("findings", "Findings", True), *((s.key, s.title, s.available) for s in sections),
+           ("provenance", "Provenance", True)]
+    return H.page(title=f"ropelens report — {data.label}", subtitle=_subtitle(data, report["provenance"]["created"]),
+                  nav=nav, body="\n".join(blocks), plotly_js=plotly.offline.get_plotlyjs(),
+                  footer="Made with ropelens. Self-contained: works offline; the numbers behind every figure are in "
+                         "<code>report.json</code> and the CSV files beside this page.")
+
+
+def _write(out_dir: Path, data: ReportData, sections: list[Section], steps: dict[str, float], t_start: float) -> None:
+    """Write every file into a temp directory, then rename them into place, index.html last."""
+    tmp = Path(tempfile.mkdtemp(prefix=".ropelens-report-", dir=out_dir))
+    try:
+        names = []
+        for s in sections:
+            for name, frame in s.tables.items():
+                frame.to_csv(tmp / f"{name}.csv", index=False)
+                names.append(f"{name}.csv")
+        report = _report_json(data, sections, steps, time.perf_counter() - t_start)
+        (tmp / "report.json").write_text(json.dumps(report, indent=1, allow_nan=False))
+        (tmp / "index.html").write_text(_render_page(data, sections, report), encoding="utf-8")
+        for name in [*names, "report.json", "index.html"]:
+            os.replace(tmp / name, out_dir / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

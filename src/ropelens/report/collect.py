@@ -1,0 +1,114 @@
+"""Everything the report shows, measured in one streaming pass over the corpus."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ropelens.bands import Bands
+from ropelens.capture import LayerActs, Reducer, batches, stream
+from ropelens.decompose import BandStatistics, BandStatsReducer
+from ropelens.provenance import Provenance
+from ropelens.rope import RopeSpec
+from ropelens.usage import FrequencyUsage, UsageReducer
+
+__all__ = ["ReportData", "collect", "evenly_spaced"]
+
+
+@dataclass
+class ReportData:
+    """The measured results and how they were measured; sections read this and draw it."""
+
+    model: Any  # the loaded model (optional sections may run it again)
+    label: str
+    spec: RopeSpec
+    layers: tuple[int, ...]
+    tokens: Tensor  # the [n_windows, n_ctx] windows analysed
+    band_windows: tuple[int, ...]  # indices of the windows band statistics saw
+    corpus: dict[str, Any]
+    settings: dict[str, Any]
+    usage: FrequencyUsage
+    band_stats: BandStatistics
+    steps: dict[str, float] = field(default_factory=dict)  # seconds per step
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def n_windows(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def evenly_spaced(n: int, k: int) -> list[int]:
+    """``k`` indices spread evenly over ``range(n)``, first and last included (all if k ≥ n)."""
+    if k >= n:
+        return list(range(n))
+    if k <= 1:
+        return [0]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+class _Subset:
+    """Hands a reducer only the chosen windows of the stream (by their index in the corpus)."""
+
+    def __init__(self, reducer: Reducer, keep: Sequence[int]) -> None:
+        self.reducer, self.keep = reducer, frozenset(keep)
+        self.needs = reducer.needs
+        self.seen: dict[int, int] = {}
+
+    def update(self, acts: LayerActs) -> None:
+        start = self.seen.get(acts.layer, 0)
+        n = acts.valid.shape[0]
+        self.seen[acts.layer] = start + n
+        rows = [b for b in range(n) if start + b in self.keep]
+        if not rows:
+            return
+        if len(rows) < n:
+            idx = torch.tensor(rows, device=acts.valid.device)
+            acts = LayerActs(acts.layer, acts.rope, acts.valid[idx], {k: v[idx] for k, v in acts.tensors.items()})
+        self.reducer.update(acts)
+
+
+def collect(
+    model,
+    tokens: Tensor,
+    *,
+    label: str,
+    spec: RopeSpec,
+    layers: Sequence[int],
+    bands: Bands,
+    band_windows: int | None,
+    corpus: dict[str, Any],
+    settings: dict[str, Any],
+    batch_size: int = 4,
+    n_sink: int = 1,
+    progress: bool = True,
+) -> ReportData:
+    """Frequency usage over every window and band statistics over ``band_windows`` evenly spread
+    windows (None: all), from a single forward pass per batch."""
+    n = int(tokens.shape[0])
+    keep = evenly_spaced(n, n if band_windows is None else max(1, min(band_windows, n)))
+    usage_red = UsageReducer(spec, layers, n_sink=n_sink)
+    band_red = BandStatsReducer(spec, layers, bands)
+    reducers: list[Reducer] = [usage_red, band_red if len(keep) == n else _Subset(band_red, keep)]
+    t0 = time.perf_counter()
+    n_tok = stream(model, batches(tokens, batch_size), reducers, layers=layers, spec=spec, progress=progress,
+                   desc="ropelens report: usage + band statistics", total=-(-n // batch_size))
+    seconds = time.perf_counter() - t0
+    common = dict(model=label, corpus=corpus.get("name"), corpus_sha256=corpus.get("sha256"),
+                  n_ctx=int(tokens.shape[1]), seconds=seconds)
+    usage = usage_red.result(Provenance(
+        **common, n_tokens=n_tok, n_windows=n,
+        config={"n_sink": n_sink, "source": usage_red.source, "layers": list(layers), "batch_size": batch_size}))
+    band_stats = band_red.result(Provenance(
+        **common, n_tokens=len(keep) * int(tokens.shape[1]), n_windows=len(keep),
+        config={"bands": bands.describe(), "layers": list(layers), "jsd": False, "windows": keep}))
+    return ReportData(model=model, label=label, spec=spec, layers=tuple(layers), tokens=tokens,
+                      band_windows=tuple(keep), corpus=corpus, settings=settings, usage=usage,
+                      band_stats=band_stats, steps={"stream": seconds})

@@ -1,0 +1,113 @@
+"""The report's sections: a registry of what to show, in order, and how a section is laid out.
+
+A section is a function ``render(data: ReportData) -> Section`` named by a ``"module:function"``
+path. Optional sections also name the analysis they need (``requires``); until that analysis and
+a renderer exist they show as a marked placeholder. To add one, write its renderer and point the
+registry entry at it (or call :func:`register_section`); the page layout does not change.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ropelens.report.findings import Finding
+from ropelens.report.html import esc
+
+__all__ = ["SECTIONS", "Section", "SectionSpec", "register_section", "resolve"]
+
+
+@dataclass
+class Section:
+    """What one section contributes: its HTML, tidy tables (written as CSV), numbers and findings."""
+
+    key: str
+    title: str
+    body: str
+    available: bool = True
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    numbers: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SectionSpec:
+    """A registry entry: a section's anchor, title, renderer and the analysis it needs."""
+
+    key: str
+    title: str
+    render: str | None  # "module:function" taking ReportData and returning a Section
+    requires: tuple[str, ...] = ()  # "module:attribute" the renderer relies on
+    planned: str = ""  # what the section shows, for its placeholder
+
+    def missing(self) -> list[str]:
+        """Requirements (and the renderer) that do not import."""
+        return [r for r in (*self.requires, *([self.render] if self.render else [])) if resolve(r) is None]
+
+    def available(self) -> bool:
+        return self.render is not None and not self.missing()
+
+    def renderer(self) -> Callable[..., Section]:
+        fn = resolve(self.render) if self.render else None
+        if fn is None:
+            raise ValueError(f"section {self.key!r} has no importable renderer ({self.render!r})")
+        return fn
+
+    def placeholder(self) -> Section:
+        """The marked "not yet available" block shown instead of the section."""
+        code = lambda rs: ", ".join(f"<code>{esc(r.replace(':', '.'))}</code>" for r in rs)  # noqa: E731
+        missing = [r for r in self.requires if resolve(r) is None]
+        if missing:
+            why = f"Appears once {code(missing)} exists."
+        else:
+            why = f"The analysis ({code(self.requires)}) exists; its report section is not written yet."
+        body = (f'<div class="placeholder"><b>Not yet available in this version of ropelens.</b> '
+                f'{esc(self.planned)}<div class="req">{why}</div></div>')
+        return Section(self.key, self.title, body, available=False)
+
+
+def resolve(path: str) -> Any | None:
+    """The object at ``"module:attribute"``, or None if it does not import."""
+    module, _, attr = path.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # a missing or broken optional analysis must not take the whole report down
+        return None
+    return getattr(mod, attr, None) if attr else mod
+
+
+SECTIONS: list[SectionSpec] = [
+    SectionSpec("spec", "Model and RoPE", "ropelens.report.core:render_spec", ("ropelens.rope:RopeSpec",)),
+    SectionSpec("usage", "Frequency usage", "ropelens.report.core:render_usage", ("ropelens.usage:FrequencyUsage",)),
+    SectionSpec("bands", "Band decomposition of attention", "ropelens.report.core:render_bands",
+                ("ropelens.decompose:BandStatistics",)),
+    SectionSpec("positional-heads", "Positional heads", None, ("ropelens.heads:classify_heads",),
+                "Heads scored by how much of their attention the highest-frequency planes decide (diagonal "
+                "and previous-token heads), with each head's score, its pattern and the planes it uses."),
+    SectionSpec("prope-sweep", "p-RoPE inference sweep", None, ("ropelens.evaluate:window_losses", "ropelens.variants:PRoPE"),
+                "Perplexity when only the fraction p of the highest frequencies keeps rotating at inference "
+                "(p = 1 is RoPE, p = 0 NoPE), with the reversed and partial variants."),
+    SectionSpec("pe-geometry", "PE geometry", "ropelens.report.extra:render_geometry",
+                ("ropelens.geometry:rope_decay_constant", "ropelens.geometry:rope_gaussian_expectation"),
+                "RoPE's \"long-term decay\" for this model's frequencies: constant versus Gaussian q and k."),
+    SectionSpec("context-extension", "Context extension", None, ("ropelens.context:plane_view",),
+                "Perplexity beyond the trained context under position interpolation, NTK, YaRN, Llama 3 "
+                "and LongRoPE scaling of these frequencies."),
+]
+
+
+def register_section(spec: SectionSpec, *, before: str | None = None) -> None:
+    """Add a section, or replace the one with the same key (keeping its place)."""
+    keys = [s.key for s in SECTIONS]
+    if spec.key in keys:
+        SECTIONS[keys.index(spec.key)] = spec
+    elif before is not None:
+        if before not in keys:
+            raise ValueError(f"no section {before!r} to insert before; sections: {keys}")
+        SECTIONS.insert(keys.index(before), spec)
+    else:
+        SECTIONS.append(spec)

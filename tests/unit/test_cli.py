@@ -1,0 +1,118 @@
+"""The command line on tiny models saved as HF directories."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ropelens import RopeSpec, rope_spec
+from ropelens.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch):
+    monkeypatch.delenv("ROPELENS_DEBUG", raising=False)  # it turns error lines into tracebacks
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("ropelens: error:")]
+
+
+def test_inspect_table(tiny_dir, capsys):
+    assert main(["inspect", str(tiny_dir("gemma3")), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "Gemma3ForCausalLM" in out
+    lines = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert lines[""].split() == ["sliding", "full"]
+    assert lines["base"].split()[1:] == ["10000", "1e+06"]
+    assert lines["layers"].split()[1:] == ["0-2", "(3)", "3", "(1)"]
+    assert lines["window"].split()[1:] == ["8", "-"]
+    assert lines["heads / kv heads"].split()[-3:] == ["4", "/", "2"]
+    assert "16 of 16 (8 planes)" in lines["rotary dim"]
+    assert "planes beyond n_ctx" in lines
+
+
+def test_inspect_table_gptj(tiny_dir, capsys):
+    assert main(["inspect", str(tiny_dir("gptj"))]) == 0
+    out = capsys.readouterr().out
+    assert "adjacent (2i, 2i+1)" in out
+    assert "8 of 16 (4 planes)" in out
+
+
+def test_inspect_json(tiny_dir, tiny, capsys):
+    assert main(["inspect", str(tiny_dir("gemma3")), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)  # strict JSON: no NaN or Infinity
+    assert [row["kind"] for row in data["summary"]] == ["sliding", "full"]
+    assert [row["window"] for row in data["summary"]] == [8, None]
+    assert data["n_layers"] == len(data["layers"]) == 4
+    assert data["layers"][3]["base"] == 1e6
+    spec = RopeSpec.from_dict(data)  # the JSON is a complete spec, inv_freq included
+    for ours, theirs in zip(spec.layers, rope_spec(tiny("gemma3")).layers, strict=True):
+        assert ours.same_rotation(theirs)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["inspect", "no-such-model"], "cannot load model 'no-such-model'"),
+        (["inspect", "/no/such/model.gguf"], "does not exist"),
+        (["inspect", "llama", "--device", "gpu0"], "unknown device 'gpu0'"),
+        (["inspect", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, match, capsys):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    lines = error_lines(captured.err)
+    assert len(lines) == 1 and match in lines[0], captured.err
+
+
+def test_non_rope_model_exits_2(tiny_dir, capsys):
+    assert main(["inspect", str(tiny_dir("gpt2"))]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert len(error_lines(err)) == 1 and "not RoPE" in error_lines(err)[0]
+
+
+def test_bad_input_message_is_a_single_line_even_for_multiline_errors(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("ROPELENS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "x.gguf").write_bytes(b"garbage\n" * 50)
+    assert main(["inspect", str(tmp_path / "x.gguf")]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "could not read GGUF file" in lines[0]
+
+
+def test_debug_env_reraises(monkeypatch):
+    monkeypatch.setenv("ROPELENS_DEBUG", "1")
+    with pytest.raises(ValueError, match="unknown device"):
+        main(["inspect", "x", "--device", "gpu0"])
+
+
+def test_help_exits_0(capsys):
+    assert main(["--help"]) == 0
+    assert "inspect" in capsys.readouterr().out
+    assert main(["inspect", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--device" in out and "--json" in out
+
+
+def test_python_dash_m(tiny_dir):
+    done = subprocess.run(
+        [sys.executable, "-m", "ropelens", "inspect", str(tiny_dir("llama")), "--json"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["architecture"] == "LlamaForCausalLM"
+    assert done.stderr == ""  # no progress bars from a cached load of a local model

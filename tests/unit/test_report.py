@@ -1,0 +1,281 @@
+"""The HTML report on tiny models: self-contained page, every section, findings that match the numbers,
+tidy CSVs, atomic writes, the section registry, and the report/usage/decompose commands."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import plotly.offline
+import pytest
+
+from ropelens import data
+from ropelens.cli import main
+from ropelens.report import SECTIONS, Section, SectionSpec, build_report, register_section
+from ropelens.report import core as core_sections
+
+N_CTX = 64
+TOKENS = 4 * N_CTX
+
+
+@pytest.fixture(scope="module")
+def gemma_report(tiny, tmp_path_factory) -> Path:
+    """A report on the tiny Gemma-3 (local and global layers), band statistics over every window."""
+    out = tmp_path_factory.mktemp("report") / "out"
+    return build_report(tiny("gemma3"), corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=out, progress=False,
+                        band_tokens=None)
+
+
+@pytest.fixture(scope="module")
+def page(gemma_report) -> str:
+    return (gemma_report / "index.html").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def report(gemma_report) -> dict:
+    return json.loads((gemma_report / "report.json").read_text())
+
+
+def csv(out: Path, name: str) -> pd.DataFrame:
+    return pd.read_csv(out / f"{name}.csv")
+
+
+# ---------------------------------------------------------------------------------------- the page
+def test_plotly_js_embedded_exactly_once(page):
+    head = plotly.offline.get_plotlyjs()[:80]
+    assert page.count(head) == 1
+    assert page.count("Plotly.newPlot(") == page.count('class="plotly-graph-div"') >= 8
+
+
+def test_page_fetches_nothing(page):
+    ours = page.replace(plotly.offline.get_plotlyjs(), "")  # the library's own source mentions URLs
+    sources = re.findall(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?([^\"'\s>]+)", ours, re.I)
+    assert sources == []
+    assert re.findall(r"<(?:script|link)\b[^>]*http", page, re.I) == []
+    for needle in ("cdn.plot.ly", "fonts.googleapis", "@import", "mathjax", "@font-face"):
+        assert needle not in ours.lower()
+
+
+def test_every_section_present(page, report):
+    for anchor in ("findings", "provenance", *(s.key for s in SECTIONS)):
+        assert f'<section id="{anchor}">' in page
+    available = {s["key"]: s["available"] for s in report["sections"]}
+    assert available == {"spec": True, "usage": True, "bands": True, "positional-heads": False,
+                         "prope-sweep": False, "pe-geometry": True, "context-extension": False}
+    for key, ok in available.items():
+        body = page.split(f'<section id="{key}">')[1].split("</section>")[0]
+        assert ("Not yet available in this version of ropelens." in body) is (not ok)
+
+
+def test_head_by_plane_shows_a_local_and_a_global_layer(page, report):
+    kinds = report["model"]["kinds"]
+    assert kinds == {"sliding": [0, 1, 2], "full": [3]}
+    shown = set(re.findall(r"Layer (\d+) \((sliding|full)\): head", page))
+    assert {kind for _, kind in shown} == {"sliding", "full"}
+
+
+# ---------------------------------------------------------------------------------------- numbers
+def flat_numbers(values) -> list:
+    if isinstance(values, dict):
+        return [x for v in values.values() for x in flat_numbers(v)]
+    if isinstance(values, list):
+        return [x for v in values for x in flat_numbers(v)]
+    return [values] if isinstance(values, int | float) and not isinstance(values, bool) else []
+
+
+def test_findings_quote_their_numbers(report, page):
+    keys = [f["key"] for f in report["findings"]]
+    assert keys == ["energy", "sink", "margin", "top1", "tightness", "geometry"]
+    for f in report["findings"]:
+        for x in flat_numbers(f["values"]):
+            if isinstance(x, float):
+                assert f"{x:.2f}" in f["text"], (x, f["text"])
+        assert html.escape(f["text"]) in page
+
+
+def test_findings_agree_with_the_csvs(gemma_report, report):
+    found = {f["key"]: f["values"] for f in report["findings"]}
+    bs = csv(gemma_report, "band_stats")
+    first = bs[bs["band"] == found["margin"]["band"]].sort_values("margin_share", ascending=False).iloc[0]
+    top = found["margin"]["heads"][0]
+    assert (top["layer"], top["head"]) == (first["layer"], first["head"])
+    assert top["margin_share"] == pytest.approx(first["margin_share"], abs=0.005)
+    tight = csv(gemma_report, "tightness")
+    assert found["tightness"]["mean"] == pytest.approx(tight[tight["plane"] == 0]["tightness"].mean(), abs=0.005)
+    energy = csv(gemma_report, "energy")
+    q = energy[(energy["which"] == "q") & (energy["scope"] == "no_sink")]
+    per_layer = q.groupby(["layer", "band"], sort=False)["energy_share"].mean().unstack()
+    winners = per_layer.idxmax(axis=1).value_counts()
+    assert winners[found["energy"]["q"]["band"]] == found["energy"]["q"]["layers"] == winners.max()
+    top1 = bs.groupby("band", sort=False)["top1"].mean()
+    assert found["top1"]["mean_top1"] == pytest.approx(top1[found["top1"]["band"]], abs=0.005)
+
+
+def test_csvs_are_tidy(gemma_report, report, tiny):
+    from ropelens import rope_spec
+
+    spec = rope_spec(tiny("gemma3"))
+    L, P, H, KV = spec.n_layers, spec.layers[0].n_planes, spec.layers[0].n_heads, spec.layers[0].n_kv_heads
+    names = [t for s in report["sections"] for t in s["tables"]]
+    assert sorted(names) == sorted(["spec.csv", "usage.csv", "energy.csv", "band_stats.csv", "tightness.csv",
+                                    "geometry.csv"])
+    assert len(csv(gemma_report, "spec")) == L * P
+    usage = csv(gemma_report, "usage")
+    assert len(usage) == 2 * L * (H + KV) * P  # q and k, two scopes
+    assert set(usage.columns) >= {"which", "scope", "layer", "head", "plane", "wavelength", "mean_norm", "ci95"}
+    bs = csv(gemma_report, "band_stats")
+    assert len(bs) == L * H * 4 and set(bs["band"]) == {"Q1 (highest)", "Q2", "Q3", "Q4 (lowest)"}
+    assert bs.groupby(["layer", "head"])["margin_share"].sum().to_numpy() == pytest.approx(1.0, abs=1e-4)
+    assert len(csv(gemma_report, "tightness")) == L * H * P
+
+
+def test_report_json_provenance(report):
+    p = report["provenance"]
+    assert report["model"]["name"] == "tiny-gemma3"
+    assert report["corpus"]["sha256"] == data.english().sha256 == p["corpus_sha256"]
+    assert (p["n_tokens"], p["n_windows"], p["n_ctx"]) == (TOKENS, TOKENS // N_CTX, N_CTX)
+    assert report["measured"]["band_statistics"]["n_windows"] == TOKENS // N_CTX
+    assert {"python", "torch", "ropelens", "plotly"} <= set(p["versions"])
+    assert set(p["steps_seconds"]) == {"load_model", "tokenize", "stream", "render"}
+    assert p["seconds"] >= p["steps_seconds"]["stream"] > 0
+
+
+# ---------------------------------------------------------------------------------------- writing
+def test_interrupted_run_leaves_no_index(tiny, tmp_path, monkeypatch):
+    def boom(_data):
+        raise RuntimeError("section failed")
+
+    monkeypatch.setattr(core_sections, "render_bands", boom)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="section failed"):
+        build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=out, progress=False)
+    assert list(out.iterdir()) == []  # no index.html, no report.json, no temp directory
+
+
+def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, monkeypatch):
+    before = (gemma_report / "index.html").read_bytes()
+
+    def boom(_data):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(core_sections, "render_usage", boom)
+    with pytest.raises(KeyboardInterrupt):
+        build_report(tiny("gemma3"), tokens=TOKENS, n_ctx=N_CTX, out=gemma_report, progress=False)
+    assert (gemma_report / "index.html").read_bytes() == before
+    assert not [p for p in gemma_report.iterdir() if p.name.startswith(".")]
+
+
+def _positional_heads(data) -> Section:
+    frame = pd.DataFrame({"layer": list(data.layers), "score": [0.5] * len(data.layers)})
+    return Section("positional-heads", "Positional heads", "<p>plugged-in section body</p>", tables={"heads": frame},
+                   numbers={"n": len(data.layers)})
+
+
+def test_registry_plugs_in_a_section(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr("ropelens.report.sections.SECTIONS", list(SECTIONS))
+    from ropelens.report import sections
+
+    register_section(SectionSpec("positional-heads", "Positional heads", f"{__name__}:_positional_heads",
+                                 ("ropelens.report.core:render_bands",)))
+    assert [s.key for s in sections.SECTIONS] == [s.key for s in SECTIONS]  # same place in the layout
+    out = build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "out", progress=False)
+    html = (out / "index.html").read_text()
+    body = html.split('<section id="positional-heads">')[1].split("</section>")[0]
+    assert "plugged-in section body" in body and "Not yet available" not in body
+    assert len(pd.read_csv(out / "heads.csv")) == 2
+
+
+def test_accepts_a_model_path_and_quick(tiny_dir, tmp_path):
+    out = build_report(str(tiny_dir("llama")), quick=True, n_ctx=N_CTX, out=tmp_path / "q", progress=False)
+    r = json.loads((out / "report.json").read_text())
+    assert r["measured"]["usage"]["n_windows"] == 4 and r["provenance"]["n_ctx"] == N_CTX
+    assert r["provenance"]["config"]["quick"] is True
+
+
+def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
+    """Band statistics over evenly spread windows equal band_statistics run on those windows alone."""
+    from ropelens.bands import Bands
+    from ropelens.decompose import band_statistics
+
+    model = tiny("llama-gqa")
+    out = build_report(model, tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "r", band_tokens=2 * N_CTX, progress=False)
+    r = json.loads((out / "report.json").read_text())
+    assert r["measured"]["band_statistics"] == {"n_tokens": 2 * N_CTX, "n_windows": 2, "windows": [0, 3]}
+    assert r["measured"]["usage"]["n_windows"] == 4
+    assert "band statistics on 2 of them" in (out / "index.html").read_text()
+    toks = data.windows(data.english(), model.tokenizer, N_CTX, max_tokens=TOKENS)
+    direct = band_statistics(model, toks[[0, 3]], bands=Bands.quantiles(4), progress=False).to_frame()
+    ours = csv(out, "band_stats")
+    for col in ("abs_share", "var_share", "margin_share", "top1"):
+        assert ours[col].to_numpy() == pytest.approx(direct[col].to_numpy(), abs=1e-5)
+
+
+def test_bad_arguments_fail_before_the_model_loads(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(OSError, match="choose a writable output directory"):
+        build_report("no-such-model", out=not_a_dir / "report")
+    with pytest.raises(ValueError, match="fewer than one window"):
+        build_report("no-such-model", tokens=100, n_ctx=512, out=tmp_path / "r")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        build_report("no-such-model", corpus=tmp_path / "missing.txt", out=tmp_path / "r")
+
+
+# ---------------------------------------------------------------------------------------- command line
+def one_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("ropelens: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_cli_report_json(tiny_dir, tmp_path, capsys):
+    argv = ["report", str(tiny_dir("llama")), "--tokens", "128", "--n-ctx", str(N_CTX), "--out", str(tmp_path / "r"),
+            "--layers", "0,1", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert Path(out["index"]).is_file() and [f["key"] for f in out["findings"]][0] == "energy"
+
+
+def test_cli_usage_and_decompose(tiny_dir, capsys):
+    model = str(tiny_dir("gemma3"))
+    assert main(["usage", model, "--tokens", "128", "--n-ctx", str(N_CTX), "--json"]) == 0
+    u = json.loads(capsys.readouterr().out)
+    assert len(u["q_energy_share"]) == 4 and sum(u["q_energy_share"][0]) == pytest.approx(1.0, abs=1e-5)
+    assert main(["decompose", model, "--text", "The cat sat on the mat. The cat sat.", "--layers", "0,3"]) == 0
+    text = capsys.readouterr().out
+    assert "layer 0" in text and "layer 3" in text and "Q1 (highest)" in text
+    assert main(["decompose", model, "--n-ctx", "32", "--window", "1", "--layers", "3", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["input"] == "english window 1" and {r["layer"] for r in d["heads"]} == {3}
+    assert {"margin_share", "top1", "jsd"} <= set(d["heads"][0])
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["report", "no-such-model", "--out", "{tmp}/r"], "cannot load model 'no-such-model'"),
+        (["report", "{llama}", "--corpus", "{tmp}/missing.txt", "--out", "{tmp}/r"], "does not exist"),
+        (["report", "{llama}", "--corpus", "{tmp}", "--out", "{tmp}/r"], "has no .txt/.md files"),
+        (["report", "{llama}", "--tokens", "10", "--n-ctx", "64", "--out", "{tmp}/r"], "fewer than one window"),
+        (["report", "{llama}", "--out", "{tmp}/file/r"], "choose a writable output directory"),
+        (["report", "{llama}", "--layers", "0,x"], "comma-separated layer indices"),
+        (["report", "{llama}", "--bands", "octaves", "--out", "{tmp}/r"], "unknown band spec 'octaves'"),
+        (["usage", "{llama}", "--tokens", "0"], "expected a positive integer"),
+        (["usage", "{llama}", "--tokens", "32", "--n-ctx", "64"], "fewer than one window"),
+        (["decompose", "{llama}", "--text", ""], "--text is empty"),
+        (["decompose", "{llama}", "--text", "   \n"], "--text is empty"),
+        (["decompose", "{llama}", "--text", "hi", "--layers", "7"], "layer 7 out of range"),
+        (["decompose", "no-such-model", "--text", "hi"], "cannot load model"),
+    ],
+)
+def test_cli_bad_input_exits_2(argv, match, tiny_dir, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    args = [a.format(tmp=tmp_path, llama=tiny_dir("llama")) for a in argv]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert match in one_error(captured.err)
+    assert not (tmp_path / "r" / "index.html").exists()
