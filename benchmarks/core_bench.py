@@ -27,6 +27,9 @@ from ropelens.decompose import BandStatsReducer
 from ropelens.usage import UsageReducer
 
 
+args_chunk = 128
+
+
 def run(model, spec, toks, what: str, batch_size: int) -> float:
     layers = list(range(spec.n_layers))
     t0 = time.perf_counter()
@@ -36,8 +39,9 @@ def run(model, spec, toks, what: str, batch_size: int) -> float:
                 model(b, return_type=None)
     else:
         reducers = [UsageReducer(spec, layers)]
-        if what == "band_stats":
-            reducers.append(BandStatsReducer(spec, layers, Bands.quantiles(4)))
+        if what.startswith("band_stats"):
+            agreement = what == "band_stats+top1"
+            reducers.append(BandStatsReducer(spec, layers, Bands.quantiles(4), agreement=agreement, chunk=args_chunk))
         stream(model, batches(toks, batch_size), reducers, spec=spec, progress=False)
     return time.perf_counter() - t0
 
@@ -47,7 +51,7 @@ def timing(args) -> None:
     spec = ropelens.rope_spec(model)
     toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
     run(model, spec, toks[: args.batch_size], "band_stats", args.batch_size)  # warm-up
-    times: dict[str, list[float]] = {"forward": [], "usage": [], "band_stats": []}
+    times: dict[str, list[float]] = {"forward": [], "usage": [], "band_stats": [], "band_stats+top1": []}
     for _ in range(args.repeats):
         for what in times:
             times[what].append(run(model, spec, toks, what, args.batch_size))
@@ -55,7 +59,7 @@ def timing(args) -> None:
     print(f"{args.model}: {toks.shape[0]} windows x {toks.shape[1]} tokens, batch {args.batch_size}, "
           f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats")
     for k, v in times.items():
-        print(f"  {k:<11} median {med[k]:7.2f} s  ratio {med[k] / med['forward']:.3f}x   runs {[round(x, 2) for x in v]}")
+        print(f"  {k:<16} median {med[k]:7.2f} s  ratio {med[k] / med['forward']:.3f}x   runs {[round(x, 2) for x in v]}")
 
 
 def rss_child(args) -> None:
@@ -86,9 +90,12 @@ def main() -> None:
     p.add_argument("--n-ctx", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--chunk", type=int, default=128, help="query chunk of the dense band statistics")
     p.add_argument("--rss", action="store_true", help="measure peak RSS at 1x and 4x the corpus")
     p.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    global args_chunk
+    args_chunk = args.chunk
     if args.rss_child:
         rss_child(args)
     elif args.rss:

@@ -258,9 +258,11 @@ class BandStatsReducer:
 
     needs = frozenset({"q_post", "k_post", "pattern"})
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, jsd: bool = False,
-                 chunk: int = 128) -> None:
-        self.spec, self.layers, self.bands, self.jsd, self.chunk = spec, list(layers), bands, jsd, chunk
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, agreement: bool = True,
+                 jsd: bool = False, chunk: int = 128) -> None:
+        self.spec, self.layers, self.bands, self.chunk = spec, list(layers), bands, chunk
+        self.jsd = jsd
+        self.agreement = agreement or jsd
         self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}
         names = {self.resolved[L].names for L in self.layers}
         if len(names) != 1:
@@ -295,7 +297,7 @@ class BandStatsReducer:
         s["var"][i] += ((ysq - ysum**2 / rows.clamp_min(1)[:, None]) * ok[:, None]).sum((0, 2)).double().cpu()
         yk = torch.matmul(y, k)  # [b,h,q,d]: Σ_k x(q,k)·k
         del y
-        ksum = torch.matmul(mf[:, None], k)  # [b,h,q,d]: Σ_{allowed k} k
+        ksum = _window_sums(k, rope)  # [b,h,q,d]: Σ_{allowed k} k (padded keys are zero)
         att = acts["pattern"].argmax(-1)  # [b,h,q]
         ka = k.gather(2, att[..., None].expand(-1, -1, -1, k.shape[-1]))  # key each query attends to
         for b, dims in enumerate(rb.dims):
@@ -343,6 +345,8 @@ class BandStatsReducer:
             for a, b, bad in spans:  # only column spans holding masked entries are touched
                 x[..., a:b].masked_fill_(bad, 0.0)
             abs_sum += torch.linalg.vector_norm(x, 1, dim=-1).sum((0, 3))
+            if not self.agreement:
+                continue
             for a, b, bad in spans:
                 x[..., a:b].masked_fill_(bad, float("-inf"))
             top1 += ((x.argmax(-1) + k0 == att[:, :, None, c0:c1]) & rows_ok).sum((0, 3))
@@ -352,6 +356,14 @@ class BandStatsReducer:
         self.sums["abs_sum"][i] += abs_sum.double()
         self.sums["top1"][i] += top1.double()
         self.sums["jsd"][i] += jsd.double()
+
+
+def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor, "b h pos d"]:
+    """Σ of keys each query may attend to: a prefix sum, minus the part before a sliding window."""
+    csum = k.cumsum(2)
+    if rope.kind == "sliding" and rope.window and rope.window < k.shape[2]:
+        csum[:, :, rope.window :] -= csum[:, :, : -rope.window].clone()
+    return csum
 
 
 def _band_major(x: Tensor, rb: ResolvedBands) -> Tensor | None:
@@ -418,6 +430,8 @@ class BandStatistics:
 
     def top1(self) -> Float[Tensor, "layer head band"]:
         """Fraction of queries whose band-only argmax is the key the model attends to most."""
+        if not self.provenance.config.get("agreement", True):
+            raise ValueError("band-only agreement was not streamed: run band_statistics(..., agreement=True)")
         return (self.sums["top1"] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
 
     def jsd(self) -> Float[Tensor, "layer head band"]:
@@ -433,7 +447,9 @@ class BandStatistics:
     def to_frame(self) -> pd.DataFrame:
         """Tidy: one row per (layer, head, band)."""
         metrics = {"abs_share": self.abs_share(), "mean_abs": self.mean_abs(), "var_share": self.var_share(),
-                   "margin": self.margin(), "margin_share": self.margin_share(), "top1": self.top1()}
+                   "margin": self.margin(), "margin_share": self.margin_share()}
+        if self.provenance.config.get("agreement", True):
+            metrics["top1"] = self.top1()
         if self.provenance.config.get("jsd", False):
             metrics["jsd"] = self.jsd()
         L, H, B = metrics["abs_share"].shape
@@ -497,6 +513,7 @@ def band_statistics(
     max_tokens: int | None = 32_768,
     layers: Sequence[int] | None = None,
     batch_size: int = 4,
+    agreement: bool = True,
     jsd: bool = False,
     progress: bool = True,
 ) -> BandStatistics:
@@ -508,12 +525,12 @@ def band_statistics(
     chosen = spec.layer_indices(layers)
     bands = bands or Bands.quantiles(4)
     tokens, cname, csha = _windows(model, corpus, n_ctx, max_tokens)
-    red = BandStatsReducer(spec, chosen, bands, jsd=jsd)
+    red = BandStatsReducer(spec, chosen, bands, agreement=agreement, jsd=jsd)
     t0 = time.perf_counter()
     n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
                    desc="band statistics", total=-(-tokens.shape[0] // batch_size))
     prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
                       n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
-                      config={"bands": bands.describe(), "layers": chosen, "jsd": jsd},
+                      config={"bands": bands.describe(), "layers": chosen, "agreement": agreement or jsd, "jsd": jsd},
                       seconds=time.perf_counter() - t0)
     return red.result(prov)

@@ -169,10 +169,11 @@ def test_band_statistics_shares_and_merge(tiny, tmp_path):
     assert len(full.figure().data) == 3 and len(full.figure(layer=3).data) == 3
 
 
-def test_band_statistics_match_direct_computation(tiny):
+@pytest.mark.parametrize("family", ["llama-gqa", "gemma3"])  # gemma3: sliding window 8 < 24 tokens
+def test_band_statistics_match_direct_computation(tiny, family):
     """Streamed shares equal the same quantities computed from the kept decomposition."""
-    model = tiny("llama-gqa")
-    toks = tokens(2, seq=16)
+    model = tiny(family)
+    toks = tokens(2, seq=24)
     st_ = band_statistics(model, toks, bands=Bands.quantiles(2), progress=False)
     dec = decompose_attention(model, toks, bands=Bands.quantiles(2))
     for i, L in enumerate(st_.layers):
@@ -204,3 +205,17 @@ def test_statistics_invariant_to_batch_size_and_padding(tiny):
     three = band_statistics(model, toks, progress=False, batch_size=3)
     for k in one.sums:
         assert torch.allclose(one.sums[k], three.sums[k], rtol=1e-5, atol=1e-6), k
+
+
+def test_statistics_without_agreement_skip_top1_but_keep_shares(tiny):
+    model = tiny("llama")
+    toks = tokens(2, seq=20)
+    lean = band_statistics(model, toks, progress=False, agreement=False)
+    full = band_statistics(model, toks, progress=False)
+    for k in ("abs_sum", "cov", "margin", "var", "cs_term", "cs_bound"):
+        assert torch.allclose(lean.sums[k], full.sums[k]), k
+    assert "top1" not in lean.to_frame().columns
+    with pytest.raises(ValueError, match="agreement=True"):
+        lean.top1()
+    with pytest.raises(ValueError, match="jsd=True"):
+        full.jsd()
