@@ -30,7 +30,8 @@ def main() -> None:
     ap.add_argument("--model", default=ropelens.DEFAULT_MODEL)
     ap.add_argument("--tokens", type=int, default=32_768)
     ap.add_argument("--n-ctx", type=int, default=512)
-    ap.add_argument("--band-tokens", default=str(DEFAULT_BAND_TOKENS), help="tokens for band statistics, or 'all'")
+    ap.add_argument("--band-tokens", default="all" if DEFAULT_BAND_TOKENS is None else str(DEFAULT_BAND_TOKENS),
+                    help="tokens for band statistics, or 'all'")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--cprofile", default=None, metavar="FILE", help="write a cProfile of the build to FILE")
     args = ap.parse_args()

@@ -25,9 +25,9 @@ from ropelens.report.sections import Section
 __all__ = ["DEFAULT_BAND_TOKENS", "QUICK", "build_report", "check_output_dir", "resolve_corpus"]
 
 FORMAT = 1
-# Band statistics cost ~20× a forward pass per window (dense [head, band, query, key] tensors), so
-# by default they see an evenly spread subset of the windows that frequency usage sees.
-DEFAULT_BAND_TOKENS = 8_192
+# Band statistics add ~0.8× a forward pass per window (benchmarks/core_bench.py), so by default
+# they see every window frequency usage sees; a cap picks an evenly spread subset for long corpora.
+DEFAULT_BAND_TOKENS: int | None = None
 QUICK = {"n_ctx": 256, "windows": 4, "layers": 6}
 
 
