@@ -19,6 +19,7 @@ from typing import Any
 from ropelens import __version__
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model, rope_spec
 from ropelens.report.commands import add_decompose, add_report, add_usage
+from ropelens.variant_commands import add_truncate, add_variants
 from ropelens.rope import RopeSpec
 
 __all__ = ["SUBCOMMANDS", "add_common_options", "build_parser", "load_from_args", "main"]
@@ -233,11 +234,10 @@ def run_pe_geometry(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------------
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_inspect, add_report, add_usage, add_decompose, add_heads)
 
 
 # --------------------------------------------------------------------------------------------
-# context (ropelens.context): appended to SUBCOMMANDS here so the tuple above stays untouched
+# context (ropelens.context)
 # --------------------------------------------------------------------------------------------
 _CONTEXT_VARIANTS = ("pi", "ntk", "dynamic", "yarn", "llama3")
 
@@ -293,8 +293,10 @@ def run_context(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS = (*SUBCOMMANDS, add_context)
-SUBCOMMANDS = (*SUBCOMMANDS, add_pe_geometry)  # pe-geometry: defined above, appended like context
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    add_inspect, add_report, add_usage, add_decompose, add_heads, add_variants, add_truncate, add_context,
+    add_pe_geometry,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -116,3 +116,22 @@ def test_python_dash_m(tiny_dir):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["architecture"] == "LlamaForCausalLM"
     assert done.stderr == ""  # no progress bars from a cached load of a local model
+
+
+def test_variants_and_truncate_commands(tiny_dir, capsys):
+    import json as _json
+
+    from ropelens.cli import main
+
+    path = str(tiny_dir("llama"))
+    assert main(["variants", path, "--variant", "prope:0.5", "--variant", "nope", "--json"]) == 0
+    rows = _json.loads(capsys.readouterr().out)
+    after = rows[0]["inv_freq_after"]
+    assert len(after) == 8 and after[4:] == [0.0] * 4 and after[:4] == rows[0]["inv_freq_before"][:4]
+    assert all(v == 0.0 for v in rows[1]["inv_freq_after"])
+    assert main(["truncate", path, "--p", "0,1", "--windows", "2", "--n-ctx", "32", "--json"]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    assert [r["p"] for r in out["rows"]] == [0.0, 1.0] and all(r["ppl_lo"] <= r["ppl"] <= r["ppl_hi"] for r in out["rows"])
+    assert main(["variants", path, "--variant", "warp:3"]) == 2
+    assert "unknown variant" in capsys.readouterr().err
+    assert main(["truncate", path, "--p", "1.5"]) == 2
