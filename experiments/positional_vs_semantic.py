@@ -172,14 +172,26 @@ def causal(model, tx, args, store: RunStore) -> list[dict[str, Any]]:
     return rows
 
 
-def cs_table(tx: HeadTaxonomy, heads: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
-    """Per band, mean logit term vs Σ‖q_i‖‖k_i‖ at the attended key (the paper's 383 vs 484)."""
+def cs_table(model, tx: HeadTaxonomy, heads: list[tuple[int, int, int]], toks: torch.Tensor) -> list[dict[str, Any]]:
+    """Per band, mean logit term vs Cauchy–Schwarz bound Σ‖q_i‖‖k_i‖ at the head's own offset δ*
+    (the key at q − δ*, as Barbero et al.'s 383.00 vs 483.97 for a diagonal head), keys past BOS."""
+    if not heads:
+        return []
+    from ropelens.decompose import decompose_attention
+
+    dec = decompose_attention(model, toks, bands=BANDS, layers=sorted({L for L, _, _ in heads}))
     out = []
     for L, h, d in heads:
-        li = tx.layers.index(L)
-        t, b = tx.scores["cs_term"][li, h], tx.scores["cs_bound"][li, h]
+        x = dec.band_logits(L, masked=False)[:, h]  # [b,B,q,k]
+        bound_p = dec.cauchy_schwarz(L)[:, h]  # [b,P,q,k]
+        rb = dec.resolved(L)
+        n = x.shape[-1]
+        q = torch.arange(d + 1, n)  # queries whose δ*-key is not BOS
+        t = x[:, :, q, q - d].mean((0, 2))  # [B]
+        bp = bound_p[:, :, q, q - d].mean((0, 2))  # [P]
+        b = torch.stack([bp[list(p)].sum() if p else bp.new_zeros(()) for p in rb.planes])
         out.append({"layer": L, "head": h, "offset": d, "logit": float(t.sum()), "bound": float(b.sum()),
-                    "bands": {n: [float(t[i]), float(b[i])] for i, n in enumerate(tx.band_names)}})
+                    "bands": {nm: [float(t[i]), float(b[i])] for i, nm in enumerate(rb.names)}})
     return out
 
 
@@ -232,7 +244,9 @@ def main(argv: list[str] | None = None, model: Any = None) -> Path:
     hyp = hypotheses(tx, args)
     store = RunStore(out / "runs.json", meta={"script": "positional_vs_semantic"})
     rows = causal(loaded, tx, args, store)
-    table = cs_table(tx, pick_heads(tx, args.top_k)["positional"])
+    _, val = data.english().split()
+    cs_toks = data.windows(val, loaded, args.n_ctx, n_windows=2 if args.quick else 4)
+    table = cs_table(loaded, tx, pick_heads(tx, args.top_k)["positional"], cs_toks)
     result = out / f"result-{name}.json"
     dump_json(result, {"tau": tx.tau, "hypotheses": hyp, "causal": rows, "cs_table": table,
                        "heads": tx.to_frame().to_dict("records"), "provenance": tx.provenance.to_dict(),
