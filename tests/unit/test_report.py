@@ -63,7 +63,7 @@ def test_every_section_present(page, report):
     for anchor in ("findings", "provenance", *(s.key for s in SECTIONS)):
         assert f'<section id="{anchor}">' in page
     available = {s["key"]: s["available"] for s in report["sections"]}
-    assert available == {"spec": True, "usage": True, "bands": True, "positional-heads": False,
+    assert available == {"spec": True, "usage": True, "bands": True, "positional-heads": True,
                          "prope-sweep": False, "pe-geometry": True, "context-extension": False}
     for key, ok in available.items():
         body = page.split(f'<section id="{key}">')[1].split("</section>")[0]
@@ -88,7 +88,7 @@ def flat_numbers(values) -> list:
 
 def test_findings_quote_their_numbers(report, page):
     keys = [f["key"] for f in report["findings"]]
-    assert keys == ["energy", "sink", "margin", "top1", "tightness", "geometry"]
+    assert keys == ["energy", "sink", "margin", "top1", "tightness", "heads", "geometry"]
     for f in report["findings"]:
         for x in flat_numbers(f["values"]):
             if isinstance(x, float):
@@ -121,7 +121,10 @@ def test_csvs_are_tidy(gemma_report, report, tiny):
     L, P, H, KV = spec.n_layers, spec.layers[0].n_planes, spec.layers[0].n_heads, spec.layers[0].n_kv_heads
     names = [t for s in report["sections"] for t in s["tables"]]
     assert sorted(names) == sorted(["spec.csv", "usage.csv", "energy.csv", "band_stats.csv", "tightness.csv",
-                                    "geometry.csv"])
+                                    "heads.csv", "geometry.csv"])
+    heads = csv(gemma_report, "heads")
+    assert len(heads) == L * H and set(heads["kind"]) <= {"diagonal", "previous-token", "sink", "content"} | {
+        k for k in heads["kind"] if k.startswith("offset-")}
     assert len(csv(gemma_report, "spec")) == L * P
     usage = csv(gemma_report, "usage")
     assert len(usage) == 2 * L * (H + KV) * P  # q and k, two scopes

@@ -85,7 +85,7 @@ SECTIONS: list[SectionSpec] = [
     SectionSpec("usage", "Frequency usage", "ropelens.report.core:render_usage", ("ropelens.usage:FrequencyUsage",)),
     SectionSpec("bands", "Band decomposition of attention", "ropelens.report.core:render_bands",
                 ("ropelens.decompose:BandStatistics",)),
-    SectionSpec("positional-heads", "Positional heads", None, ("ropelens.heads:classify_heads",),
+    SectionSpec("positional-heads", "Positional heads", "ropelens.report.extra:render_heads", ("ropelens.heads:classify_heads",),
                 "Heads scored by how much of their attention the highest-frequency planes decide (diagonal "
                 "and previous-token heads), with each head's score, its pattern and the planes it uses."),
     SectionSpec("prope-sweep", "p-RoPE inference sweep", None, ("ropelens.evaluate:window_losses", "ropelens.variants:PRoPE"),
