@@ -26,7 +26,6 @@ from ropelens.capture import batches, stream
 from ropelens.decompose import BandStatsReducer
 from ropelens.usage import UsageReducer
 
-
 args_chunk = 128
 
 

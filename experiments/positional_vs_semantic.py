@@ -172,7 +172,7 @@ def causal(model, tx, args, store: RunStore) -> list[dict[str, Any]]:
     return rows
 
 
-def cs_table(model, tx: HeadTaxonomy, heads: list[tuple[int, int, int]], toks: torch.Tensor) -> list[dict[str, Any]]:
+def cs_table(model, heads: list[tuple[int, int, int]], toks: torch.Tensor) -> list[dict[str, Any]]:
     """Per band, mean logit term vs Cauchy–Schwarz bound Σ‖q_i‖‖k_i‖ at the head's own offset δ*
     (the key at q − δ*, as Barbero et al.'s 383.00 vs 483.97 for a diagonal head), keys past BOS."""
     if not heads:
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None, model: Any = None) -> Path:
     rows = causal(loaded, tx, args, store)
     _, val = data.english().split()
     cs_toks = data.windows(val, loaded, args.n_ctx, n_windows=2 if args.quick else 4)
-    table = cs_table(loaded, tx, pick_heads(tx, args.top_k)["positional"], cs_toks)
+    table = cs_table(loaded, pick_heads(tx, args.top_k)["positional"], cs_toks)
     result = out / f"result-{name}.json"
     dump_json(result, {"tau": tx.tau, "hypotheses": hyp, "causal": rows, "cs_table": table,
                        "heads": tx.to_frame().to_dict("records"), "provenance": tx.provenance.to_dict(),

@@ -3,7 +3,12 @@
 from ropelens import data, variants
 from ropelens.bands import Bands
 from ropelens.capture import capture_qk
-from ropelens.decompose import AttentionDecomposition, BandStatistics, band_statistics, decompose_attention
+from ropelens.decompose import (
+    AttentionDecomposition,
+    BandStatistics,
+    band_statistics,
+    decompose_attention,
+)
 from ropelens.geometry import (
     learned_pe,
     pe_similarity,
@@ -12,7 +17,14 @@ from ropelens.geometry import (
     rope_gaussian_expectation,
     sinusoidal_pe,
 )
-from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, NotRotaryError, cache_dir, load_model, rope_spec
+from ropelens.models import (
+    DEFAULT_MODEL,
+    EMBEDDED_MODELS,
+    NotRotaryError,
+    cache_dir,
+    load_model,
+    rope_spec,
+)
 from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.usage import FrequencyUsage, frequency_usage

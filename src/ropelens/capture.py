@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 

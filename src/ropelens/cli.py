@@ -19,8 +19,8 @@ from typing import Any
 from ropelens import __version__
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model, rope_spec
 from ropelens.report.commands import add_decompose, add_report, add_usage
-from ropelens.variant_commands import add_truncate, add_variants
 from ropelens.rope import RopeSpec
+from ropelens.variant_commands import add_truncate, add_variants
 
 __all__ = ["SUBCOMMANDS", "add_common_options", "build_parser", "load_from_args", "main"]
 

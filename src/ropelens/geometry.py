@@ -132,13 +132,13 @@ class _ByDistance:
     """Methods shared by results that hold a curve over distance (mean, std, count per distance)."""
 
     name: str
-    distance: Int[Tensor, "n_dist"]
-    mean: Float[Tensor, "n_dist"]
-    std: Float[Tensor, "n_dist"] | None
-    count: Int[Tensor, "n_dist"] | None
+    distance: Int[Tensor, " n_dist"]
+    mean: Float[Tensor, " n_dist"]
+    std: Float[Tensor, " n_dist"] | None
+    count: Int[Tensor, " n_dist"] | None
 
     @property
-    def sem(self) -> Float[Tensor, "n_dist"] | None:
+    def sem(self) -> Float[Tensor, " n_dist"] | None:
         """Standard error of the mean at each distance (None when the curve is exact)."""
         if self.std is None or self.count is None:
             return None
@@ -177,10 +177,10 @@ class PESimilarity(_ByDistance):
 
     name: str
     similarity: Float[Tensor, "n_pos n_pos"]  # float32; by-distance stats come from float64
-    distance: Int[Tensor, "n_dist"]
-    mean: Float[Tensor, "n_dist"]
-    std: Float[Tensor, "n_dist"]
-    count: Int[Tensor, "n_dist"]
+    distance: Int[Tensor, " n_dist"]
+    mean: Float[Tensor, " n_dist"]
+    std: Float[Tensor, " n_dist"]
+    count: Int[Tensor, " n_dist"]
     d_model: int
     period: float | None  # tokens; None when strength < period_threshold
     period_strength: float  # fraction of detrended by-distance variance one sinusoid explains
@@ -253,10 +253,10 @@ class DecayCurve(_ByDistance):
 
     name: str
     kind: str  # "constant", "roformer_bound", "gaussian", "gaussian_mc", "measured", ...
-    distance: Int[Tensor, "n_dist"]
-    mean: Float[Tensor, "n_dist"]
-    std: Float[Tensor, "n_dist"] | None = None
-    count: Int[Tensor, "n_dist"] | None = None
+    distance: Int[Tensor, " n_dist"]
+    mean: Float[Tensor, " n_dist"]
+    std: Float[Tensor, " n_dist"] | None = None
+    count: Int[Tensor, " n_dist"] | None = None
 
     def __post_init__(self) -> None:
         _check_curve(self.distance, {"mean": self.mean, "std": self.std, "count": self.count})
@@ -384,7 +384,7 @@ def pe_similarity(
 
 
 def periodicity(
-    curve: Float[Tensor, "n_dist"], *, min_strength: float = MIN_PERIOD_STRENGTH,
+    curve: Float[Tensor, " n_dist"], *, min_strength: float = MIN_PERIOD_STRENGTH,
     false_alarm: float = PERIOD_FALSE_ALARM,
 ) -> tuple[float | None, float, float]:
     """Dominant period (tokens, or None), its strength in [0, 1], and the threshold it had to reach.
@@ -502,7 +502,7 @@ def _rope_args(inv_freq: Any, max_distance: int) -> tuple[Tensor, Tensor]:
     return theta, torch.arange(max_distance + 1)
 
 
-def rope_decay_constant(inv_freq: Float[Tensor, "n_planes"], max_distance: int) -> DecayCurve:
+def rope_decay_constant(inv_freq: Float[Tensor, " n_planes"], max_distance: int) -> DecayCurve:
     """Logit of constant q = k = 1 at distance δ: Σ_i (1, 1)ᵀR(δθ_i)(1, 1) = Σ_i 2cos(δθ_i).
 
     ``.normalised()`` divides by the δ = 0 value 2·n_planes = d_r, giving (1/d_r)·Σ_i 2cos(δθ_i).
@@ -512,7 +512,7 @@ def rope_decay_constant(inv_freq: Float[Tensor, "n_planes"], max_distance: int) 
     return DecayCurve(name="constant q = k = 1", kind="constant", distance=dist, mean=value)
 
 
-def roformer_bound(inv_freq: Float[Tensor, "n_planes"], max_distance: int) -> DecayCurve:
+def roformer_bound(inv_freq: Float[Tensor, " n_planes"], max_distance: int) -> DecayCurve:
     """RoFormer's relative upper bound (1/(d/2))·Σ_{j=1}^{d/2} |S_j|, S_j = Σ_{k<j} e^{iδθ_k}.
 
     Abel summation bounds |Σ_k h_k e^{iδθ_k}| by max_k |h_{k+1} − h_k| times d/2 of this; it is a
@@ -526,7 +526,7 @@ def roformer_bound(inv_freq: Float[Tensor, "n_planes"], max_distance: int) -> De
 
 
 def rope_gaussian_expectation(
-    inv_freq: Float[Tensor, "n_planes"],
+    inv_freq: Float[Tensor, " n_planes"],
     max_distance: int,
     *,
     mean: float = 0.0,

@@ -124,7 +124,7 @@ class LayerRope:
         """Tokens per full turn of each plane, 2π/θ_i (inf for unrotated planes)."""
         return (2 * math.pi) / self.inv_freq.double()
 
-    def planes_beyond(self, n_ctx: int | None = None) -> Int[Tensor, "n"]:
+    def planes_beyond(self, n_ctx: int | None = None) -> Int[Tensor, " n"]:
         """Planes that never complete a turn within ``n_ctx`` tokens (wavelength > n_ctx)."""
         n_ctx = self._ctx(n_ctx)
         return torch.nonzero(self.wavelength > n_ctx).flatten()

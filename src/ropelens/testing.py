@@ -50,7 +50,7 @@ def tiny_tokenizer():
 
 
 def _config(family: str, vocab: int, **overrides: Any):
-    from transformers import GPT2Config, GPTJConfig, Gemma3TextConfig, LlamaConfig
+    from transformers import Gemma3TextConfig, GPT2Config, GPTJConfig, LlamaConfig
 
     ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
     if family in ("llama", "llama-gqa"):

@@ -14,8 +14,7 @@ from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions, 
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply_rotary
 from transformers.models.llama.modeling_llama import rotate_half
 
-from ropelens.rope import LayerRope, RopeSpec, merge_planes, plane_dims, split_planes
-from ropelens.rope import plane_norms
+from ropelens.rope import LayerRope, RopeSpec, merge_planes, plane_dims, plane_norms, split_planes
 
 PAIRINGS = ("half", "adjacent")
 
