@@ -495,13 +495,17 @@ class BandStatistics:
         fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
         for c, metric in enumerate(("abs_share", "var_share", "margin_share"), start=1):
             fig.add_trace(self.heatmap(metric, layer, coloraxis="coloraxis"), row=1, col=c)
-        fig.update_yaxes(autorange="reversed", title_text="layer" if layer is None else "head", col=1)
+        fig.update_yaxes(autorange="reversed")  # every panel: first layer (or head) at the top
+        fig.update_yaxes(title_text="layer" if layer is None else "head", col=1)
         fig.update_layout(coloraxis={"colorscale": "RdBu", "cmid": 0}, height=460,
                           title=f"Band decomposition — {self.provenance.model} ({self.bands.describe()})")
         return fig
 
-    def _repr_html_(self) -> str:
-        return self.figure().to_html(include_plotlyjs="cdn", full_html=False)
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
+        """The figure as plotly's MIME type, which Jupyter renders offline (no CDN script)."""
+        from ropelens.provenance import plotly_bundle
+
+        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
 
 
 def band_statistics(

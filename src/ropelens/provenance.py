@@ -129,3 +129,9 @@ def _default(o: Any) -> Any:
     if tolist is not None:
         return tolist()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def plotly_bundle(fig: Any, text: str) -> dict[str, Any]:
+    """A Jupyter MIME bundle for a plotly figure: rendered by Jupyter's plotly extension, offline."""
+    return {"application/vnd.plotly.v1+json": {**json.loads(fig.to_json()), "config": {"displaylogo": False}},
+            "text/plain": text}

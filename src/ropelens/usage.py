@@ -235,8 +235,11 @@ class FrequencyUsage:
                           height=420 if layer is None else 320, margin={"t": 70, "l": 60, "r": 20, "b": 50})
         return fig
 
-    def _repr_html_(self) -> str:
-        return self.figure().to_html(include_plotlyjs="cdn", full_html=False)
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
+        """The figure as plotly's MIME type, which Jupyter renders offline (no CDN script)."""
+        from ropelens.provenance import plotly_bundle
+
+        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
 
 
 def frequency_usage(

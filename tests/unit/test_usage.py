@@ -86,7 +86,8 @@ def test_band_share_roundtrip_and_figures(tiny, tmp_path):
     assert len(df) == 2 * (2 * 4 * 8) * 2  # (q, k) × layers·heads·planes × (all, no_sink)
     assert set(df["which"]) == {"q", "k"} and set(df["scope"]) == {"all", "no_sink"}
     assert len(u.figure().data) == 2 and len(u.figure(layer=1).data) == 2
-    assert "plotly" in u._repr_html_()
+    bundle = u._repr_mimebundle_()
+    assert "application/vnd.plotly.v1+json" in bundle and "cdn.plot.ly" not in str(bundle)
     u.save(tmp_path / "u.json")
     assert FrequencyUsage.load(tmp_path / "u.json").to_frame().equals(df)
     with pytest.raises(ValueError, match="not measured"):
