@@ -138,8 +138,8 @@ class _Collector:
         unknown = self.needs - NEEDS
         if unknown:
             raise ValueError(f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}")
-        self.plans = {L: _hook_plan(attn_hooks(model, L), self.needs) for L in layers}
         self.hooks = {L: attn_hooks(model, L) for L in layers}
+        self.plans = {L: _hook_plan(h, self.needs) for L, h in self.hooks.items()}
         self.pending: dict[int, dict[str, Tensor]] = {}
         self.valid: Tensor | None = None
 
