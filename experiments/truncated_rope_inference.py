@@ -36,6 +36,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lengths", type=int, nargs="+", default=None,
                     help="context lengths (default 128 256 512 1024 2048; quick: 128 256)")
     ap.add_argument("--n-windows", type=int, default=None, help="held-out windows per length (16; quick 4)")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="token budget per length instead of a fixed --n-windows: max(4, tokens // n_ctx) "
+                         "windows, so long contexts cost no more than short ones (e.g. 8192)")
     ap.add_argument("--layer-kind", default="all", choices=["global", "local", "both", "all"],
                     help="Gemma: truncate global (full), local (sliding) or both kinds; all = each")
     ap.add_argument("--batch-size", type=int, default=2)
@@ -47,9 +50,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.lengths = args.lengths or ([128, 256] if args.quick else [128, 256, 512, 1024, 2048])
     args.n_windows = args.n_windows or (4 if args.quick else 16)
     bad = [n for n in args.lengths if n < 2]
+    if args.tokens is not None and args.tokens < 2:
+        ap.error(f"--tokens must be >= 2, got {args.tokens}")
     if bad or args.n_windows < 1:
         ap.error(f"lengths must be >= 2 and --n-windows >= 1 (got {bad or args.n_windows})")
     return args
+
+
+def windows_for(args: argparse.Namespace, n_ctx: int) -> int:
+    """Windows evaluated at ``n_ctx``: fixed, or a token budget spread over at least 4 windows."""
+    return args.n_windows if args.tokens is None else max(4, args.tokens // n_ctx)
 
 
 def sweep_model(model: Any, name: str, args: argparse.Namespace, store: RunStore) -> None:
@@ -57,10 +67,11 @@ def sweep_model(model: Any, name: str, args: argparse.Namespace, store: RunStore
     _, val = data.english().split()
     for kind in _common.layer_kinds(name, args.layer_kind, model):
         for n_ctx in args.lengths:
-            tokens = data.windows(val, model, n_ctx, n_windows=args.n_windows)
+            n_windows = windows_for(args, n_ctx)
+            tokens = data.windows(val, model, n_ctx, n_windows=n_windows)
             for variant in VARIANTS:
                 cfg = {"model": name, "variant": variant.to_dict(), "n_ctx": n_ctx,
-                       "layer_kind": kind, "n_windows": args.n_windows}
+                       "layer_kind": kind, "n_windows": n_windows}
                 if store.get(cfg) is not None:
                     continue
                 t = time.perf_counter()

@@ -217,7 +217,12 @@ def compare_figure(views: Sequence[PlaneView]):
         fig.add_trace(go.Scatter(x=planes, y=v.wavelength_after.tolist(), name=v.label, mode="lines+markers",
                                  text=list(v.categories), hovertemplate="plane %{x}: λ=%{y:.4g} (%{text})"))
     for ctx, name in ((v0.original_ctx, "original context"), (v0.target_ctx, "target context")):
-        fig.add_hline(y=ctx, line_dash="dash", annotation_text=f"{name} {ctx}")
+        # On a log axis shapes take data values but annotations take log10 values (add_hline's
+        # own annotation would land at 10^ctx).
+        fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=ctx, y1=ctx,
+                      line={"dash": "dash", "color": "#7a8294", "width": 1})
+        fig.add_annotation(xref="paper", x=0, yref="y", y=math.log10(ctx), text=f"{name} {ctx:,}",
+                           showarrow=False, xanchor="left", yanchor="bottom", font={"size": 11})
     fig.update_layout(title=f"Wavelength per plane, layer {v0.layer}: {v0.original_ctx} → {v0.target_ctx} tokens",
                       xaxis_title="plane (0 = highest frequency)", yaxis_title="wavelength 2π/θ (tokens)",
                       yaxis_type="log")

@@ -64,7 +64,7 @@ def test_every_section_present(page, report):
         assert f'<section id="{anchor}">' in page
     available = {s["key"]: s["available"] for s in report["sections"]}
     assert available == {"spec": True, "usage": True, "bands": True, "positional-heads": True,
-                         "prope-sweep": False, "pe-geometry": True, "context-extension": False}
+                         "prope-sweep": True, "pe-geometry": True, "context-extension": True}
     for key, ok in available.items():
         body = page.split(f'<section id="{key}">')[1].split("</section>")[0]
         assert ("Not yet available in this version of ropelens." in body) is (not ok)
@@ -88,7 +88,7 @@ def flat_numbers(values) -> list:
 
 def test_findings_quote_their_numbers(report, page):
     keys = [f["key"] for f in report["findings"]]
-    assert keys == ["energy", "sink", "margin", "top1", "tightness", "heads", "geometry"]
+    assert keys == ["energy", "sink", "margin", "top1", "tightness", "heads", "prope", "geometry", "context"]
     for f in report["findings"]:
         for x in flat_numbers(f["values"]):
             if isinstance(x, float):
@@ -121,7 +121,7 @@ def test_csvs_are_tidy(gemma_report, report, tiny):
     L, P, H, KV = spec.n_layers, spec.layers[0].n_planes, spec.layers[0].n_heads, spec.layers[0].n_kv_heads
     names = [t for s in report["sections"] for t in s["tables"]]
     assert sorted(names) == sorted(["spec.csv", "usage.csv", "energy.csv", "band_stats.csv", "tightness.csv",
-                                    "heads.csv", "geometry.csv"])
+                                    "heads.csv", "geometry.csv", "prope_sweep.csv", "context_extension.csv"])
     heads = csv(gemma_report, "heads")
     assert len(heads) == L * H and set(heads["kind"]) <= {"diagonal", "previous-token", "sink", "content"} | {
         k for k in heads["kind"] if k.startswith("offset-")}
@@ -142,7 +142,8 @@ def test_report_json_provenance(report):
     assert (p["n_tokens"], p["n_windows"], p["n_ctx"]) == (TOKENS, TOKENS // N_CTX, N_CTX)
     assert report["measured"]["band_statistics"]["n_windows"] == TOKENS // N_CTX
     assert {"python", "torch", "ropelens", "plotly"} <= set(p["versions"])
-    assert set(p["steps_seconds"]) == {"load_model", "tokenize", "stream", "render"}
+    assert set(p["steps_seconds"]) == {"load_model", "tokenize", "stream", "render", "variants_baseline",
+                                       "prope_sweep", "context_extension"}
     assert p["seconds"] >= p["steps_seconds"]["stream"] > 0
 
 

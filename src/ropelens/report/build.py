@@ -158,6 +158,7 @@ def build_report(
     steps.update(data.steps)
     with _timed(steps, "render"):
         sections = _render_sections(data, progress)
+    steps.update({k: v for k, v in data.steps.items() if k not in steps})  # what sections timed
     with _timed(steps, "write"):
         _write(out_dir, data, sections, steps, t_start)
     return out_dir

@@ -35,6 +35,7 @@ class ReportData:
     usage: FrequencyUsage
     band_stats: BandStatistics
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step
+    cache: dict[str, Any] = field(default_factory=dict)  # results sections share (e.g. baseline losses)
 
     @property
     def n_ctx(self) -> int:

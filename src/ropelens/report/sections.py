@@ -88,13 +88,14 @@ SECTIONS: list[SectionSpec] = [
     SectionSpec("positional-heads", "Positional heads", "ropelens.report.extra:render_heads", ("ropelens.heads:classify_heads",),
                 "Heads scored by how much of their attention the highest-frequency planes decide (diagonal "
                 "and previous-token heads), with each head's score, its pattern and the planes it uses."),
-    SectionSpec("prope-sweep", "p-RoPE inference sweep", None, ("ropelens.evaluate:window_losses", "ropelens.variants:PRoPE"),
+    SectionSpec("prope-sweep", "p-RoPE inference sweep", "ropelens.report.variant_sections:render_prope", ("ropelens.evaluate:window_losses", "ropelens.variants:PRoPE"),
                 "Perplexity when only the fraction p of the highest frequencies keeps rotating at inference "
                 "(p = 1 is RoPE, p = 0 NoPE), with the reversed and partial variants."),
     SectionSpec("pe-geometry", "PE geometry", "ropelens.report.extra:render_geometry",
                 ("ropelens.geometry:rope_decay_constant", "ropelens.geometry:rope_gaussian_expectation"),
                 "RoPE's \"long-term decay\" for this model's frequencies: constant versus Gaussian q and k."),
-    SectionSpec("context-extension", "Context extension", None, ("ropelens.context:plane_view",),
+    SectionSpec("context-extension", "Context extension", "ropelens.report.variant_sections:render_context",
+                ("ropelens.context:plane_view", "ropelens.context:base_lower_bound"),
                 "Perplexity beyond the trained context under position interpolation, NTK, YaRN, Llama 3 "
                 "and LongRoPE scaling of these frequencies."),
 ]

@@ -1,0 +1,109 @@
+"""The report's p-RoPE sweep and context-extension sections, checked against the HF model run directly
+with the variant's frequencies (or HF's own rope scaling), independently of ropelens' variant hooks."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from ropelens import data, rope_spec
+from ropelens.context import plane_view
+from ropelens.report import build_report
+from ropelens.variants import Linear, PRoPE, PRoPEReversed
+
+N_CTX = 64
+TOKENS = 6 * N_CTX
+
+
+@pytest.fixture(scope="module")
+def llama(tiny):
+    return tiny("llama")
+
+
+@pytest.fixture(scope="module")
+def out(llama, tmp_path_factory):
+    return build_report(llama, corpus="english", tokens=TOKENS, n_ctx=N_CTX,
+                        out=tmp_path_factory.mktemp("rep") / "out", progress=False)
+
+
+@pytest.fixture(scope="module")
+def windows(llama):
+    """The windows both sections score: the report's first four (at most 256 tokens each)."""
+    return data.windows(data.load_corpus("english"), llama.tokenizer, N_CTX, max_tokens=TOKENS)[:4]
+
+
+def hf_losses(hf, tokens) -> torch.Tensor:
+    with torch.no_grad():
+        logits = hf(input_ids=tokens).logits
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none").mean(-1)
+
+
+def with_inv_freq(llama, inv: torch.Tensor):
+    hf = copy.deepcopy(llama.original_model)
+    rotary = hf.model.rotary_emb
+    rotary.inv_freq.copy_(inv)
+    rotary.original_inv_freq.copy_(inv)
+    return hf
+
+
+@pytest.mark.parametrize(("variant", "row"), [(PRoPE(0.0), "p-RoPE p = 0"), (PRoPE(0.5), "p-RoPE p = 0.5"),
+                                              (PRoPEReversed(0.75), "reversed p = 0.75 (lowest kept)")])
+def test_prope_rows_match_hf_with_those_frequencies(out, llama, windows, variant, row):
+    frame = pd.read_csv(out / "prope_sweep.csv").set_index("variant")
+    layer = rope_spec(llama)[0]
+    base = hf_losses(llama.original_model, windows)
+    losses = hf_losses(with_inv_freq(llama, variant.inv_freq(layer)), windows)
+    assert frame.loc[row, "ppl"] == pytest.approx(math.exp(losses.mean().item()), rel=1e-4)
+    assert frame.loc[row, "Δ loss"] == pytest.approx((losses - base).mean().item(), abs=1e-4)
+    assert frame.loc[row, "Δ lo"] <= frame.loc[row, "Δ loss"] <= frame.loc[row, "Δ hi"]
+    assert frame.loc[row, "planes rotating"] == int((variant.inv_freq(layer) > 0).sum())
+
+
+def test_prope_baseline_is_the_unmodified_model(out, llama, windows):
+    frame = pd.read_csv(out / "prope_sweep.csv").set_index("variant")
+    base = hf_losses(llama.original_model, windows)
+    assert frame.loc["RoPE (p = 1)", "ppl"] == pytest.approx(math.exp(base.mean().item()), rel=1e-5)
+
+
+def test_context_pi_cost_matches_hf_linear_scaling(out, llama, windows):
+    """PI's row against HF's own ``linear`` rope scaling, loaded into a fresh model with the same weights."""
+    frame = pd.read_csv(out / "context_extension.csv").set_index("method")
+    cfg = copy.deepcopy(llama.original_model.config)
+    cfg.rope_parameters = {**cfg.rope_parameters, "rope_type": "linear", "factor": 4.0}
+    hf = copy.deepcopy(llama.original_model)
+    hf.model.rotary_emb = LlamaRotaryEmbedding(config=cfg)  # HF's own "linear" init
+    assert torch.allclose(hf.model.rotary_emb.inv_freq, rope_spec(llama)[0].inv_freq / 4)
+    base = hf_losses(llama.original_model, windows)
+    losses = hf_losses(hf, windows)
+    assert not torch.allclose(losses, base)  # the scaling really changed something
+    assert frame.loc["PI", "Δ loss"] == pytest.approx((losses - base).mean().item(), abs=1e-4)
+
+
+def test_context_plane_counts_and_finding(out, llama):
+    frame = pd.read_csv(out / "context_extension.csv").set_index("method")
+    report = json.loads((out / "report.json").read_text())
+    layer = rope_spec(llama)[0]
+    l0 = rope_spec(llama).n_ctx
+    counts = plane_view(layer, Linear(4.0), l0, 4 * l0).counts()
+    assert frame.loc["PI", "interpolated"] == counts["interpolated"] == layer.n_planes
+    none = frame.loc["none (RoPE as trained)"]
+    assert none["extrapolated"] == int((layer.wavelength > l0).sum())
+    assert none["Δ loss"] == 0.0
+    finding = next(f for f in report["findings"] if f["key"] == "context")
+    assert finding["values"]["beyond_native"] == none["extrapolated"]
+    assert finding["values"]["delta_pi"] == pytest.approx(frame.loc["PI", "Δ loss"], abs=1e-9)
+    section = next(s for s in report["sections"] if s["key"] == "context-extension")
+    bounds = section["numbers"]["bounds"]
+    assert bounds["bound_native"] <= bounds["bound_extended"]  # a longer context needs a larger base
+
+
+def test_sections_time_themselves(out):
+    steps = json.loads((out / "report.json").read_text())["provenance"]["steps_seconds"]
+    assert {"prope_sweep", "context_extension", "variants_baseline"} <= set(steps)
