@@ -13,7 +13,6 @@ from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
-import torch
 from torch import Tensor
 
 from ropelens.evaluate import bootstrap_ci, window_losses
