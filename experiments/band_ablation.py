@@ -1,4 +1,5 @@
-"""Loss change from zeroing each quartile band of RoPE planes, in all layers at once and layer by layer.
+"""Loss change from zeroing each quartile band of RoPE planes, in all layers at once and layer by layer,
+and from zeroing each single plane in all layers.
 
 Bands are ``Bands.quantiles(4)`` resolved per layer (band 0 holds the highest frequencies);
 ``ablate_planes`` zeroes them in the rotated queries and keys, removing their logit terms. The change
@@ -37,6 +38,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--n-windows", type=int, default=None, help="windows (16; quick 4)")
     ap.add_argument("--per-layer", action=argparse.BooleanOptionalAction, default=True,
                     help="also ablate each band in each layer alone")
+    ap.add_argument("--planes", action=argparse.BooleanOptionalAction, default=True,
+                    help="also ablate each single plane (in every layer at once)")
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="4 windows of 128 tokens")
     ap.add_argument("--out", default="results/band_ablation")
@@ -82,6 +85,40 @@ def run(model: Any, name: str, args: argparse.Namespace, store: RunStore) -> Non
                             "seconds": time.perf_counter() - t})
             if scope == "all":
                 print(f"band {band} all layers: Δloss {delta.loss}", flush=True)
+    for plane in range(spec[0].n_planes) if args.planes else ():
+        cfg = {**base_cfg, "ablation": "plane", "plane": plane, "layers": "all"}
+        if store.get(cfg) is not None:
+            continue
+        t = time.perf_counter()
+        with ablate_planes(model, [plane]):
+            losses = window_losses(model, tokens, args.batch_size, progress=False)
+        delta = bootstrap_ci([a - b for a, b in zip(losses.tolist(), clean, strict=True)])
+        store.put(cfg, {"window_losses": losses.tolist(), "delta": delta.loss.to_dict(),
+                        "wavelength": float(spec[0].wavelength[plane]), "seconds": time.perf_counter() - t})
+        print(f"plane {plane:3d} (λ = {float(spec[0].wavelength[plane]):.4g}) all layers: Δloss {delta.loss}",
+              flush=True)
+
+
+def plane_rows(store: RunStore) -> list[dict[str, Any]]:
+    """One row per single-plane ablation (all layers), highest frequency first."""
+    out = [{"model": r["config"]["model"], "plane": r["config"]["plane"], "wavelength": r["wavelength"],
+            "dloss": r["delta"]["mean"], "lo": r["delta"]["lo"], "hi": r["delta"]["hi"]}
+           for r in store.runs.values() if r["config"]["ablation"] == "plane"]
+    return sorted(out, key=lambda r: (r["model"], r["plane"]))
+
+
+def plane_figure(table: list[dict[str, Any]]):
+    """Δloss per single plane against its wavelength (log axis)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Scatter(
+        x=[r["wavelength"] for r in table], y=[r["dloss"] for r in table], mode="markers+lines",
+        text=[f"plane {r['plane']}" for r in table],
+        error_y={"type": "data", "symmetric": False, "array": [r["hi"] - r["dloss"] for r in table],
+                 "arrayminus": [r["dloss"] - r["lo"] for r in table]}))
+    fig.update_layout(title="Loss change from zeroing one plane in every layer", xaxis_type="log",
+                      xaxis_title="wavelength 2π/θ (tokens)", yaxis_title="Δ loss (nats, 95% CI)")
+    return fig
 
 
 def rows(store: RunStore) -> list[dict[str, Any]]:
@@ -118,15 +155,19 @@ def main(argv: list[str] | None = None, model: Any = None) -> Path:
     store = RunStore(out / "runs.json", meta={"script": "band_ablation", "args": vars(args)})
     loaded, name = _common.load(model if model is not None else args.model)
     run(loaded, name, args, store)
-    table = rows(store)
-    dump_json(out / "result.json", {"table": table, "provenance": Provenance(
+    table, planes = rows(store), plane_rows(store)
+    dump_json(out / "result.json", {"table": table, "planes": planes, "provenance": Provenance(
         model=name, corpus="english[val]", n_windows=args.n_windows, n_ctx=args.n_ctx,
         config=vars(args)).to_dict()})
     atomic_write_text(out / "band_ablation.html", figure(table).to_html(include_plotlyjs="cdn"))
+    if planes:
+        atomic_write_text(out / "plane_ablation.html", plane_figure(planes).to_html(include_plotlyjs="cdn"))
     print(f"{'layers':>6s} {'band':>4s} {'planes':>14s} {'Δloss':>9s}  95% CI")
     for r in table:
         pl = f"{r['planes'][0]}-{r['planes'][-1]}" if r["planes"] else "-"
         print(f"{r['layers']:>6s} {r['band']:4d} {pl:>14s} {r['dloss']:9.4f}  [{r['lo']:.4f}, {r['hi']:.4f}]")
+    for r in planes:
+        print(f" plane {r['plane']:4d} λ {r['wavelength']:12.4g} {r['dloss']:9.4f}  [{r['lo']:.4f}, {r['hi']:.4f}]")
     return out / "result.json"
 
 

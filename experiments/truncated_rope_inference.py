@@ -39,6 +39,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=None,
                     help="token budget per length instead of a fixed --n-windows: max(4, tokens // n_ctx) "
                          "windows, so long contexts cost no more than short ones (e.g. 8192)")
+    ap.add_argument("--min-windows", type=int, default=4, help="fewest windows per length under --tokens")
     ap.add_argument("--layer-kind", default="all", choices=["global", "local", "both", "all"],
                     help="Gemma: truncate global (full), local (sliding) or both kinds; all = each")
     ap.add_argument("--batch-size", type=int, default=2)
@@ -50,16 +51,27 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.lengths = args.lengths or ([128, 256] if args.quick else [128, 256, 512, 1024, 2048])
     args.n_windows = args.n_windows or (4 if args.quick else 16)
     bad = [n for n in args.lengths if n < 2]
-    if args.tokens is not None and args.tokens < 2:
-        ap.error(f"--tokens must be >= 2, got {args.tokens}")
+    if args.tokens is not None and (args.tokens < 2 or args.min_windows < 1):
+        ap.error(f"--tokens must be >= 2 and --min-windows >= 1, got {args.tokens}, {args.min_windows}")
     if bad or args.n_windows < 1:
         ap.error(f"lengths must be >= 2 and --n-windows >= 1 (got {bad or args.n_windows})")
     return args
 
 
 def windows_for(args: argparse.Namespace, n_ctx: int) -> int:
-    """Windows evaluated at ``n_ctx``: fixed, or a token budget spread over at least 4 windows."""
-    return args.n_windows if args.tokens is None else max(4, args.tokens // n_ctx)
+    """Windows evaluated at ``n_ctx``: fixed, or a token budget spread over at least --min-windows."""
+    return args.n_windows if args.tokens is None else max(args.min_windows, args.tokens // n_ctx)
+
+
+def _identity_run(store: RunStore, cfg: dict[str, Any], variant: Any) -> dict[str, Any] | None:
+    """A finished run of the same identity variant (PRoPE(1)) under another layer kind, if any."""
+    if not (isinstance(variant, PRoPE) and variant.p == 1.0):
+        return None
+    for kind in ("all", "global", "local", "both"):
+        done = store.get({**cfg, "layer_kind": kind})
+        if done is not None:
+            return {k: v for k, v in done.items() if k != "config"}
+    return None
 
 
 def sweep_model(model: Any, name: str, args: argparse.Namespace, store: RunStore) -> None:
@@ -73,6 +85,10 @@ def sweep_model(model: Any, name: str, args: argparse.Namespace, store: RunStore
                 cfg = {"model": name, "variant": variant.to_dict(), "n_ctx": n_ctx,
                        "layer_kind": kind, "n_windows": n_windows}
                 if store.get(cfg) is not None:
+                    continue
+                same = _identity_run(store, cfg, variant)
+                if same is not None:  # p = 1 is the unmodified model whichever layers it is applied to
+                    store.put(cfg, same)
                     continue
                 t = time.perf_counter()
                 with apply_rope_variant(model, variant, layer_kind=_common.LAYER_KINDS[kind]):

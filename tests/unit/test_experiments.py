@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
 
@@ -46,6 +48,42 @@ def test_band_ablation_quick(tiny, tmp_path):
     table = json.loads(path.read_text())["table"]
     assert len(table) == 4 * (1 + 2)  # all layers + each of 2 layers, 4 bands
     assert (tmp_path / "band_ablation.html").exists()
+
+
+def test_band_ablation_single_planes(tiny, tmp_path):
+    """Each single-plane row: Δ loss of zeroing that plane everywhere, checked against the stored losses."""
+    import torch
+
+    from ropelens import rope_spec
+
+    mod = _script("band_ablation")
+    model = tiny("llama")
+    path = mod.main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out", str(tmp_path)], model=model)
+    result = json.loads(path.read_text())
+    spec = rope_spec(model)
+    assert [r["plane"] for r in result["planes"]] == list(range(spec[0].n_planes))
+    assert [r["wavelength"] for r in result["planes"]] == spec[0].wavelength.tolist()
+    runs = json.loads((tmp_path / "runs.json").read_text())["runs"].values()
+    clean = next(r for r in runs if r["config"]["ablation"] == "none")["window_losses"]
+    for row in result["planes"]:
+        run = next(r for r in runs if r["config"].get("plane") == row["plane"])
+        diff = torch.tensor(run["window_losses"]) - torch.tensor(clean)
+        assert row["dloss"] == pytest.approx(diff.mean().item(), abs=1e-6)
+        assert row["lo"] <= row["dloss"] <= row["hi"]
+    assert (tmp_path / "plane_ablation.html").exists()
+    assert len(result["table"]) == 4  # --no-per-layer: all layers only
+
+
+def test_inference_identity_is_shared_across_layer_kinds(tmp_path):
+    mod = _script("truncated_rope_inference")
+    path = mod.main(["--quick", "--model", "tiny-gemma3", "--lengths", "16", "--n-boot", "20",
+                     "--layer-kind", "all", "--out", str(tmp_path)])
+    rows = json.loads(path.read_text())["table"]
+    ident = [r for r in rows if r["variant"] == "PRoPE" and r["p"] == 1.0]
+    assert {r["layer_kind"] for r in ident} == {"global", "local", "both"}
+    assert len({r["loss"] for r in ident}) == 1
+    nope = {r["layer_kind"]: r["loss"] for r in rows if r["variant"] == "PRoPE" and r["p"] == 0.0}
+    assert len(set(nope.values())) == 3  # truncating different layers really differs
 
 
 def test_training_quick(tmp_path):
