@@ -205,21 +205,25 @@ class RunStore:
     """Finished runs keyed by their config in one JSON file, rewritten atomically after each run.
 
     Experiments call :meth:`get` before a run and :meth:`put` after it, so a rerun skips what is
-    done and a killed sweep loses at most the run in progress.
+    done and a killed sweep loses at most the run in progress. Two sweeps writing one file keep
+    each other's runs (each write merges what is on disk), though not across a simultaneous write.
     """
 
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None):
         self.path = Path(path)
         self.meta = dict(meta or {})
-        self.runs: dict[str, dict[str, Any]] = {}
-        if self.path.exists():
-            try:
-                saved = json.loads(self.path.read_text())
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{self.path} is not valid JSON ({e.msg} at line {e.lineno}): move it aside to start over"
-                ) from e
-            self.runs = dict(saved.get("runs", {}))
+        self.runs: dict[str, dict[str, Any]] = self._saved()
+
+    def _saved(self) -> dict[str, dict[str, Any]]:
+        if not self.path.exists():
+            return {}
+        try:
+            saved = json.loads(self.path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{self.path} is not valid JSON ({e.msg} at line {e.lineno}): move it aside to start over"
+            ) from e
+        return dict(saved.get("runs", {}))
 
     @staticmethod
     def key(config: dict[str, Any]) -> str:
@@ -230,7 +234,8 @@ class RunStore:
         return self.runs.get(self.key(config))
 
     def put(self, config: dict[str, Any], result: dict[str, Any]) -> None:
-        self.runs[self.key(config)] = {"config": config, **result}
+        """Store one run; runs another process saved to the same file since are kept, not overwritten."""
+        self.runs = {**self._saved(), **self.runs, self.key(config): {"config": config, **result}}
         dump_json(self.path, {"meta": self.meta, "runs": self.runs})
 
     def __len__(self) -> int:

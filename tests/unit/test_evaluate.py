@@ -83,3 +83,20 @@ def test_bootstrap_bad_input(values, kw, match):
 def test_loss_estimate(tiny, tokens):
     est, losses = loss_estimate(tiny("llama"), tokens, progress=False, n_boot=100)
     assert est.n_windows == 5 and est.loss.mean == pytest.approx(losses.mean().item())
+
+
+def test_run_store_resumes_and_keeps_other_writers_runs(tmp_path):
+    from ropelens.evaluate import RunStore
+
+    path = tmp_path / "runs.json"
+    a, b = RunStore(path), RunStore(path)  # two sweeps writing one file
+    a.put({"model": "x", "n": 1}, {"loss": 1.0})
+    b.put({"model": "y", "n": 1}, {"loss": 2.0})
+    a.put({"model": "x", "n": 2}, {"loss": 3.0})
+    again = RunStore(path)
+    assert len(again) == 3
+    assert again.get({"n": 1, "model": "y"})["loss"] == 2.0  # key order does not matter
+    assert again.get({"model": "x", "n": 3}) is None
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="move it aside"):
+        RunStore(path)
