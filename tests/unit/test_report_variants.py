@@ -107,3 +107,61 @@ def test_context_plane_counts_and_finding(out, llama):
 def test_sections_time_themselves(out):
     steps = json.loads((out / "report.json").read_text())["provenance"]["steps_seconds"]
     assert {"prope_sweep", "context_extension", "variants_baseline"} <= set(steps)
+
+
+# ---------------------------------------------------------------------------------------- experiments
+def _script(name: str):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    exp = Path(__file__).resolve().parents[2] / "experiments"
+    sys.path.insert(0, str(exp))
+    spec = importlib.util.spec_from_file_location(name, exp / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_report_shows_the_experiment_results(llama, tmp_path):
+    results = tmp_path / "results"
+    inf = _script("truncated_rope_inference")
+    inf.main(["--quick", "--lengths", "32", "48", "--n-boot", "20", "--out", str(results / "truncated_rope_inference")],
+             model=llama)
+    _script("band_ablation").main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out",
+                                   str(results / "band_ablation")], model=llama)
+    _script("truncated_rope_training").main(["--quick", "--seeds", "1", "--steps", "2", "--out",
+                                             str(results / "truncated_rope_training")])
+    out = build_report(llama, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False,
+                       experiments=results)
+    table = pd.read_csv(out / "exp_prope_inference.csv")
+    assert len(table) == 2 * len(inf.VARIANTS) and set(table.n_ctx) == {32, 48}
+    stored = json.loads((results / "truncated_rope_inference" / "result.json").read_text())["table"]
+    assert sorted(table.ppl) == pytest.approx(sorted(r["ppl"] for r in stored))
+    assert len(pd.read_csv(out / "exp_prope_training.csv")) == 7
+    assert len(pd.read_csv(out / "exp_band_ablation.csv")) == 4
+    page = (out / "index.html").read_text()
+    assert "Full inference sweep" in page and "From-scratch training" in page and "Zeroing one plane" in page
+    assert "python experiments/context_extension.py" in page  # the one experiment not run is named
+    report = json.loads((out / "report.json").read_text())
+    assert report["provenance"]["config"]["experiments"] == str(results)
+
+
+def test_report_context_experiment_table(llama, tmp_path):
+    rows = [{"model": "m", "stage": s, "method": m, "n_ctx": n, "ppl": p, "ppl_lo": p - 1, "ppl_hi": p + 1,
+             "n_windows": 4} for s, m, n, p in [("zero-shot", "none", 64, 10.0), ("zero-shot", "PI", 64, 11.0),
+                                                ("zero-shot", "none", 128, 30.0), ("zero-shot", "PI", 128, 12.0),
+                                                ("finetuned", "PI", 128, 9.0)]]
+    (tmp_path / "context_extension").mkdir()
+    (tmp_path / "context_extension" / "result.json").write_text(json.dumps({"table": rows}))
+    out = build_report(llama, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False,
+                       experiments=tmp_path)
+    assert len(pd.read_csv(out / "exp_context_extension.csv")) == 5
+    page = (out / "index.html").read_text()
+    assert "30 [29, 31]" in page and "9 [8, 10]" in page
+    assert "python experiments/truncated_rope_inference.py" in page
+
+
+def test_report_experiments_folder_must_exist(tmp_path):
+    with pytest.raises(NotADirectoryError, match="experiments"):
+        build_report("no-such-model", out=tmp_path / "rep", experiments=tmp_path / "missing")

@@ -119,12 +119,15 @@ def build_report(
     *,
     band_tokens: int | None = DEFAULT_BAND_TOKENS,
     batch_size: int = 4,
+    experiments: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns OUT.
 
     ``model_name``: an embedded name, a path, or a model from :func:`ropelens.load_model`. ``quick``:
     4 windows of at most 256 tokens over a few layers (a smoke test). ``band_tokens`` caps the
-    tokens band statistics see (None: all). Nothing in OUT changes unless the whole report succeeds.
+    tokens band statistics see (None: all). ``experiments``: the folder the experiment scripts wrote
+    (``results/``); their tables for this model join the p-RoPE and context sections. Nothing in OUT
+    changes unless the whole report succeeds.
     """
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
@@ -139,6 +142,9 @@ def build_report(
     if band_tokens is not None and band_tokens < n_ctx:
         raise ValueError(f"band_tokens={band_tokens} is fewer than one window of n_ctx={n_ctx}: raise it or pass None (all)")
     out_dir = check_output_dir(out)
+    from ropelens.report.experiments import load_experiments
+
+    exps = load_experiments(experiments)  # a bad folder fails before the model loads
     corpus_obj, corpus_info = resolve_corpus(corpus)
     with _timed(steps, "load_model"):
         model, label = _load(model_name, device)
@@ -151,11 +157,13 @@ def build_report(
     with _timed(steps, "tokenize"):
         toks = _windows(model, corpus_obj, n_ctx, tokens)
     settings = {"tokens": tokens, "n_ctx": n_ctx, "bands": bands.describe(), "layers": chosen, "quick": quick,
-                "band_tokens": band_tokens, "batch_size": batch_size, "device": str(next(model.parameters()).device)}
+                "band_tokens": band_tokens, "batch_size": batch_size, "device": str(next(model.parameters()).device),
+                "experiments": None if experiments is None else str(experiments)}
     band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
     data = collect(model, toks, label=label, spec=spec, layers=chosen, bands=bands, band_windows=band_windows,
                    corpus=corpus_info, settings=settings, batch_size=batch_size, progress=progress)
     steps.update(data.steps)
+    data.experiments = exps
     with _timed(steps, "render"):
         sections = _render_sections(data, progress)
     steps.update({k: v for k, v in data.steps.items() if k not in steps})  # what sections timed

@@ -36,6 +36,7 @@ class ReportData:
     band_stats: BandStatistics
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step
     cache: dict[str, Any] = field(default_factory=dict)  # results sections share (e.g. baseline losses)
+    experiments: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # experiment scripts' results
 
     @property
     def n_ctx(self) -> int:

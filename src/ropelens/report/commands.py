@@ -109,6 +109,9 @@ def add_report(subparsers: argparse._SubParsersAction) -> None:
                         "costs about 0.8x a forward pass on top of frequency usage)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 4 windows of 256 tokens over a few layers (about a minute on a laptop CPU)")
+    p.add_argument("--experiments", default=None, metavar="DIR",
+                   help="folder the experiment scripts wrote (e.g. results/): their tables for this model join "
+                        "the p-RoPE and context-extension sections")
     _common(p)
     p.set_defaults(func=run_report)
 
@@ -121,9 +124,13 @@ def run_report(args: argparse.Namespace) -> int:
     Bands.parse(args.bands)  # bad bands, output or corpus fail before the model loads
     out = check_output_dir(args.out)
     corpus, _ = resolve_corpus(args.corpus)
+    from ropelens.report.experiments import load_experiments
+
+    load_experiments(args.experiments)
     model = _load(args)
     path = build_report(model, corpus=corpus, tokens=args.tokens, n_ctx=args.n_ctx, out=out, bands=args.bands,
-                        layers=args.layers, quick=args.quick, band_tokens=args.band_tokens)
+                        layers=args.layers, quick=args.quick, band_tokens=args.band_tokens,
+                        experiments=args.experiments)
     report = json.loads((path / "report.json").read_text())
     if args.json:
         _emit({"out": str(path), "index": str(path / "index.html"), "findings": report["findings"],

@@ -38,6 +38,9 @@ h2 { font-size:20px; margin:0 0 6px; font-weight:650; letter-spacing:-.005em; }
 h2 .tag { font-size:12px; font-weight:600; vertical-align:middle; margin-left:8px; padding:2px 8px; border-radius:10px;
           background:#fff4d6; color:var(--warn); border:1px solid #f0d48a; }
 h3 { font-size:15.5px; margin:20px 0 4px; font-weight:620; }
+h3.exp { margin-top:28px; padding-top:10px; border-top:1px dashed var(--line); }
+h4 { font-size:14px; margin:14px 0 2px; font-weight:600; color:var(--muted); }
+p.note { color:var(--muted); font-size:13.5px; font-style:italic; }
 p { margin:6px 0 10px; max-width:82ch; }
 p.lead { color:var(--muted); }
 .caption { color:var(--muted); font-size:13.5px; max-width:92ch; margin:2px 0 14px; }

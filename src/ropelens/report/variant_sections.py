@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ropelens.evaluate import bootstrap_ci, window_losses
 from ropelens.report.collect import ReportData
+from ropelens.report.experiments import context_block, prope_block
 from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, kv_table, style_figure, table_html
 from ropelens.report.sections import Section
@@ -127,13 +128,15 @@ def render_prope(data: ReportData) -> Section:
                       {"p_min_negligible": p_min, "nope_delta": nope, "p075_delta": float(p75["Δ loss"]),
                        "reversed_delta": float(rev["Δ loss"]), "partial_delta": float(part["Δ loss"]),
                        "threshold_nats": NEGLIGIBLE_NATS})  # every float is quoted to 2 decimals
+    extra, extra_tables = prope_block(data.experiments, data.label)
     body = (_lead(data, "Barbero et al.'s p-RoPE keeps rotating only the fraction p of the highest frequencies "
                         "and leaves the rest unrotated (θ = 0), in every layer, here without any retraining. "
                         "Reversed keeps the lowest frequencies instead; partial rotates the first dims with "
                         "frequencies re-spread over them, as in the paper's ablations.")
             + figure_html(style_figure(fig, height=420))
-            + table_html(frame, text_cols=("variant",), formats={"planes rotating": lambda v: str(int(v))}))
-    return Section("prope-sweep", "p-RoPE inference sweep", body, tables={"prope_sweep": frame},
+            + table_html(frame, text_cols=("variant",), formats={"planes rotating": lambda v: str(int(v))})
+            + extra)
+    return Section("prope-sweep", "p-RoPE inference sweep", body, tables={"prope_sweep": frame} | extra_tables,
                    numbers={"rows": frame.to_dict("records"), "n_windows": int(eval_windows(data).shape[0]),
                             "n_ctx": int(eval_windows(data).shape[1])}, findings=[finding])
 
@@ -215,6 +218,7 @@ def render_context(data: ReportData) -> Section:
         bound_rows += [("critical dimension (Liu et al.)", f"{bounds['critical_dim']} of {layer.rotary_dim} dims"),
                        (f"base lower bound for {l0:,} (Men et al.)", f"{bounds['bound_native']:,.0f}"),
                        (f"base lower bound for {factor * l0:,}", f"{bounds['bound_extended']:,.0f}")]
+    extra, extra_tables = context_block(data.experiments)
     body = (_lead(data, f"Each method configured to stretch the native {l0:,}-token context {factor}×. A plane is "
                         "<i>interpolated</i> when every angle it meets at the target length was seen in training, "
                         "<i>extrapolated</i> when it meets angles never seen (it had not completed a turn by L₀), "
@@ -222,8 +226,9 @@ def render_context(data: ReportData) -> Section:
                         "distribution, at the windows' length: what a method gives up before any long input.")
             + kv_table(bound_rows) + figure_html(style_figure(fig, height=430))
             + table_html(frame, text_cols=("method",),
-                         formats={c: (lambda v: str(int(v))) for c in ("kept", "interpolated", "extrapolated", "unrotated")}))
-    return Section("context-extension", "Context extension", body, tables={"context_extension": frame},
+                         formats={c: (lambda v: str(int(v))) for c in ("kept", "interpolated", "extrapolated", "unrotated")})
+            + extra)
+    return Section("context-extension", "Context extension", body, tables={"context_extension": frame} | extra_tables,
                    numbers={"rows": frame.to_dict("records"), "bounds": bounds, "layer": idx, "factor": factor},
                    findings=[finding])
 
