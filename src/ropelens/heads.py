@@ -255,8 +255,11 @@ class HeadTaxonomy:
         fig.update_yaxes(autorange="reversed", row=1, col=2)
         fig.update_xaxes(title_text="text", range=[0, 1.02], row=1, col=1)
         fig.update_yaxes(title_text="random tokens", range=[0, 1.02], row=1, col=1)
+        # The legend goes under the plots, so it never covers the heatmap's colorbar on the right.
         fig.update_layout(height=max(460, 8 * len(ylab)),
-                          title=f"Head taxonomy — {self.provenance.model} (τ = {self.tau:.3f})")
+                          title=f"Head taxonomy — {self.provenance.model} (τ = {self.tau:.3f})",
+                          legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.12, "yanchor": "top"},
+                          margin={"b": 110})
         return fig
 
     def _repr_html_(self) -> str:

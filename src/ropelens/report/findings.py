@@ -110,8 +110,9 @@ def sink_finding(usage: FrequencyUsage) -> Finding | None:
             "k_min": round(float(k.min()), 2), "k_max": round(float(k.max()), 2),
             "k_median": round(float(k.median()), 2), "n_sink": usage.n_sink}
     pos = "the first position" if usage.n_sink == 1 else f"the first {usage.n_sink} positions"
-    text = (f"Sink keys stand out most in layer {vals['layer']}: keys at {pos} carry {vals['k_ratio']:.2f}× the mean "
-            f"per-plane norm of other positions (queries {vals['q_ratio']:.2f}×); across layers the key ratio runs "
+    way = "larger" if vals["k_ratio"] >= 1 else "smaller"
+    text = (f"Sink keys differ most from other keys in layer {vals['layer']}: keys at {pos} carry {vals['k_ratio']:.2f}× "
+            f"the mean per-plane norm of other positions ({way}; queries {vals['q_ratio']:.2f}×); across layers the key ratio runs "
             f"from {vals['k_min']:.2f}× to {vals['k_max']:.2f}× (median {vals['k_median']:.2f}×).")
     return Finding("sink", "usage", text, vals)
 
