@@ -37,6 +37,7 @@ from ropelens.context import (  # noqa: E402
     search_longrope_factors,
 )
 from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
+from ropelens.patching import apply_rope_variant  # noqa: E402
 from ropelens.provenance import Provenance, atomic_write_text, dump_json  # noqa: E402
 from ropelens.variants import (  # noqa: E402
     NTK,
@@ -46,7 +47,6 @@ from ropelens.variants import (  # noqa: E402
     Llama3,
     LongRoPE,
     YaRN,
-    apply_rope_variant,
 )
 
 METHODS = ("none", "PI", "NTK", "DynamicNTK", "YaRN", "Llama3", "LongRoPE")

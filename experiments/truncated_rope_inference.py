@@ -22,8 +22,9 @@ import _common  # noqa: E402
 
 from ropelens import data  # noqa: E402
 from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
+from ropelens.patching import apply_rope_variant  # noqa: E402
 from ropelens.provenance import Provenance, atomic_write_text  # noqa: E402
-from ropelens.variants import PRoPE, PRoPEPartial, PRoPEReversed, apply_rope_variant  # noqa: E402
+from ropelens.variants import PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402
 
 P_VALUES = (0.0, 0.125, 0.25, 0.5, 0.75, 0.875, 1.0)
 VARIANTS = tuple(PRoPE(p) for p in P_VALUES) + (PRoPEReversed(0.75), PRoPEPartial(0.75))

@@ -42,6 +42,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ropelens.patching import apply_rope_variant
 from ropelens.provenance import Provenance, dump_json
 from ropelens.rope import LayerRope
 from ropelens.variants import (
@@ -52,7 +53,6 @@ from ropelens.variants import (
     LongRoPE,
     RopeVariant,
     YaRN,
-    apply_rope_variant,
 )
 
 __all__ = [

@@ -8,6 +8,7 @@ import json
 import math
 
 from ropelens import variants as V
+from ropelens.patching import apply_rope_variant
 
 __all__ = ["add_truncate", "add_variants", "parse_variant"]
 
@@ -109,7 +110,7 @@ def run_truncate(args: argparse.Namespace) -> int:
     toks = data.windows(val, model.tokenizer, args.n_ctx, n_windows=args.windows)
     rows = []
     for p, v in zip(ps, variants):
-        with V.apply_rope_variant(model, v, layer_kind=args.layer_kind):
+        with apply_rope_variant(model, v, layer_kind=args.layer_kind):
             est = bootstrap_ci(window_losses(model, toks, progress=False))
         rows.append({"p": p, "loss": est.loss.mean, "ppl": est.perplexity.mean, "ppl_lo": est.perplexity.lo,
                      "ppl_hi": est.perplexity.hi})

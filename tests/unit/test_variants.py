@@ -10,6 +10,12 @@ import pytest
 import torch
 
 from ropelens import NotRotaryError, rope_spec
+from ropelens.patching import (
+    ablate_planes,
+    apply_rope_variant,
+    spec_with_variant,
+    with_rope_variant,
+)
 from ropelens.testing import tiny_hf_model, tiny_model
 from ropelens.variants import (
     NTK,
@@ -26,12 +32,8 @@ from ropelens.variants import (
     PRoPEReversed,
     RopeVariant,
     YaRN,
-    ablate_planes,
-    apply_rope_variant,
     kept_planes,
-    spec_with_variant,
     variant_from_dict,
-    with_rope_variant,
 )
 
 THETA = 10000.0
@@ -528,3 +530,12 @@ def test_models_without_usable_rope_raise():
 def test_variant_base_class_is_abstract(layer):
     with pytest.raises(NotImplementedError):
         RopeVariant().inv_freq(layer)
+
+
+def test_running_model_functions_still_import_from_variants():
+    from ropelens import patching, variants
+
+    for name in ("apply_rope_variant", "with_rope_variant", "ablate_planes", "spec_with_variant"):
+        assert getattr(variants, name) is getattr(patching, name)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        variants.nope  # noqa: B018

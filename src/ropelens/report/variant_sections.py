@@ -49,7 +49,7 @@ def _baseline(data: ReportData) -> Tensor:
 
 def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None) -> dict[str, Any]:
     """Perplexity and the paired loss change against the unmodified model for one variant."""
-    from ropelens.variants import apply_rope_variant
+    from ropelens.patching import apply_rope_variant
 
     base = _baseline(data)
     with apply_rope_variant(data.model, variant, layer_kind=layer_kind):
