@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import hashlib
 import json
 import sys
@@ -88,40 +87,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 # the small model
 # --------------------------------------------------------------------------------------------
 def trained_model(config: T.TrainConfig, out: Path) -> tuple[Any, dict[str, Any]]:
-    """The model ``config`` trains (cached in ``out/model.pt``), and its stream info."""
-    # ropelens.train.train returns metrics, not the model, so the same loop runs here.
-    train_ids, val_ids, vocab, bos = T._streams(config.corpus, config.tokenizer, config.val_fraction)
+    """The model ``config`` trains (cached in ``out/model-<config hash>.pt``), and its token streams."""
+    train_ids, val_ids, vocab, bos = T.token_streams(config.corpus, config.tokenizer, config.val_fraction)
     key = hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
     path = out / f"model-{key}.pt"
     model = T.build_model(config, vocab)
     if path.exists():
         model.load_state_dict(torch.load(path))
     else:
-        _fit(model, T._windows(train_ids, config.seq_len, bos), config, config.steps, config.lr)
+        _fit(model, T.cut_windows(train_ids, config.seq_len, bos), config, config.steps, config.lr)
         torch.save(model.state_dict(), path)
     return model.eval(), {"val_ids": val_ids, "train_ids": train_ids, "bos": bos, "key": key}
 
 
 def _fit(model, batches: torch.Tensor, config: T.TrainConfig, steps: int, lr: float, variant=None) -> None:
-    """AdamW with ropelens.train's schedule; through the bridge under ``variant`` when given."""
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    g = torch.Generator().manual_seed(config.seed)
-    sched = dataclasses.replace(config, steps=steps, lr=lr, warmup=max(1, steps // 10))
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = T._lr_at(step, sched)
-        batch = batches[torch.randint(0, batches.shape[0], (config.batch_size,), generator=g)]
-        if variant is None:
-            loss = model(input_ids=batch, labels=batch).loss
-        else:
-            with apply_rope_variant(model, variant):
-                loss = model(batch, return_type="loss")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    model.eval()
+    """ropelens.train.fit with a 10% warm-up; through the bridge under ``variant`` when given."""
+
+    def under_variant(m, batch):
+        with apply_rope_variant(m, variant):
+            return m(batch, return_type="loss")
+
+    T.fit(model, batches, steps=steps, batch_size=config.batch_size, lr=lr, warmup=max(1, steps // 10),
+          seed=config.seed, loss_fn=None if variant is None else under_variant)
 
 
 def _bridge(hf) -> Any:
@@ -160,7 +147,7 @@ def searches(bridge, info, l0: int, args, out: Path) -> dict[int, LongRopeSearch
     for k in (m for m in args.multiples if m > 1):
         n_ctx = k * l0
         tail = info["val_ids"][-args.search_windows * (n_ctx - 1):]
-        tokens = T._windows(tail, n_ctx, info["bos"], args.search_windows)
+        tokens = T.cut_windows(tail, n_ctx, info["bos"], args.search_windows)
         found[n_ctx] = search_longrope_factors(
             bridge, n_ctx, population=args.search_population, generations=args.search_generations,
             n_windows=args.search_windows, seed=0, original_ctx=l0, tokens=tokens, progress=False,
@@ -178,7 +165,7 @@ def extrapolation(bridge, hf, info, config: T.TrainConfig, args, store: RunStore
     found = searches(bridge, info, l0, args, out)
     for k in args.multiples:
         n_ctx = k * l0
-        tokens = T._windows(info["val_ids"], n_ctx, info["bos"], args.n_windows)
+        tokens = T.cut_windows(info["val_ids"], n_ctx, info["bos"], args.n_windows)
         for name in METHODS:
             v = method_variant(name, float(k), l0, found, n_ctx)
             if v is not None:
@@ -187,8 +174,8 @@ def extrapolation(bridge, hf, info, config: T.TrainConfig, args, store: RunStore
                 _run(store, cfg, bridge, v, tokens, args.n_boot)
     n_ft = 4 * l0
     if args.finetune_steps and n_ft in found:
-        tokens = T._windows(info["val_ids"], n_ft, info["bos"], args.n_windows)
-        batches = T._windows(info["train_ids"], n_ft, info["bos"])
+        tokens = T.cut_windows(info["val_ids"], n_ft, info["bos"], args.n_windows)
+        batches = T.cut_windows(info["train_ids"], n_ft, info["bos"])
         for name in METHODS:
             v = method_variant(name, 4.0, l0, found, n_ft)
             cfg = {"model": info["key"], "stage": "finetuned", "method": name, "variant": v.to_dict(),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import numbers
 import time
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from torch import Tensor
 
 from ropelens.geometry import _tensor_from_json, _tensor_json, learned_pe
 from ropelens.provenance import Provenance, dump_json
-from ropelens.train import _lr_at, _streams, _windows
+from ropelens.train import cut_windows, fit, token_streams
 
 __all__ = ["ORDERS", "Order", "PETrainConfig", "PETrainResult", "build_pe_model", "order_permutation",
            "reorder", "train_pe_model"]  # fmt: skip
@@ -192,24 +191,9 @@ def _mean_loss(model, windows: Tensor, batch_size: int = 8) -> float:
 
 
 def _fit(model, batches: Tensor, config: PETrainConfig) -> list[float]:
-    """AdamW with warm-up and cosine decay on seeded random batches of the ordered windows."""
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    g = torch.Generator().manual_seed(config.seed)
-    curve: list[float] = []
-    for step in range(config.steps):
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, config)  # duck-typed: reads lr, warmup and steps
-        batch = batches[torch.randint(0, batches.shape[0], (config.batch_size,), generator=g)]
-        batch = batch.to(config.device)
-        loss = model(input_ids=batch, labels=batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        curve.append(float(loss.detach()))
-        if not math.isfinite(curve[-1]):
-            raise FloatingPointError(f"training loss became {curve[-1]} at step {step} with lr={config.lr}: lower lr")
-    return curve
+    """ropelens.train.fit on seeded random batches of the ordered windows."""
+    return fit(model, batches, steps=config.steps, batch_size=config.batch_size, lr=config.lr,
+               warmup=config.warmup, seed=config.seed, device=config.device)
 
 
 def train_pe_model(order: Order, config: PETrainConfig | None = None) -> PETrainResult:
@@ -219,9 +203,9 @@ def train_pe_model(order: Order, config: PETrainConfig | None = None) -> PETrain
     if not isinstance(config, PETrainConfig):
         raise TypeError(f"expected a PETrainConfig, got {type(config).__name__}")
     start = time.perf_counter()
-    train_ids, val_ids, vocab, bos = _streams(config.corpus, config.tokenizer, config.val_fraction)
-    batches = reorder(_windows(train_ids, config.n_positions, bos), order, config.seed)
-    val = reorder(_windows(val_ids, config.n_positions, bos, config.val_windows), order, config.seed)
+    train_ids, val_ids, vocab, bos = token_streams(config.corpus, config.tokenizer, config.val_fraction)
+    batches = reorder(cut_windows(train_ids, config.n_positions, bos), order, config.seed)
+    val = reorder(cut_windows(val_ids, config.n_positions, bos, config.val_windows), order, config.seed)
     model = build_pe_model(config, vocab).to(config.device)
     curve: list[float] = []
     if order != "init":

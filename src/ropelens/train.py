@@ -18,6 +18,7 @@ import json
 import math
 import numbers
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ from ropelens.provenance import Provenance, dump_json
 from ropelens.rope import LayerRope
 from ropelens.variants import BaseChange, RopeVariant, variant_from_dict
 
-__all__ = ["TrainConfig", "TrainResult", "build_model", "layer_rope", "train"]
+__all__ = ["TrainConfig", "TrainResult", "build_model", "cut_windows", "fit", "layer_rope", "lr_at",
+           "token_streams", "train"]
 
 _FREQ_VARIANTS = ("Default", "PRoPE", "PRoPEReversed", "PRoPEPartial", "NoPE", "BaseChange",
                   "PlaneMask", "Linear", "NTK")
@@ -217,8 +219,12 @@ def _tokenizer(name: str):
 
 
 @functools.lru_cache(maxsize=8)
-def _streams(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Tensor, Tensor, int, int]:
-    """(train ids, val ids, compact vocab size, compact BOS id), relabelled to the corpus's ids."""
+def token_streams(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Tensor, Tensor, int, int]:
+    """(train ids, val ids, compact vocab size, compact BOS id), relabelled to the corpus's ids.
+
+    ``tokenizer`` is an embedded model name or ``"tiny-char"``; the ids are those the corpus uses,
+    relabelled 0 … vocab − 1 (see the module docstring).
+    """
     tok = _tokenizer(tokenizer)
     train_c, val_c = data.load_corpus(corpus).split(val_fraction)
     train_ids = data.token_stream(train_c, tok)
@@ -230,7 +236,7 @@ def _streams(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Tensor, 
     return remap[train_ids], remap[val_ids], int(used.numel()), int(remap[tok.bos_token_id])
 
 
-def _windows(ids: Tensor, n_ctx: int, bos: int, n: int | None = None) -> Int[Tensor, "n n_ctx"]:
+def cut_windows(ids: Tensor, n_ctx: int, bos: int, n: int | None = None) -> Int[Tensor, "n n_ctx"]:
     """Non-overlapping windows of BOS + (n_ctx − 1) tokens, as ropelens.data.windows cuts them."""
     if ids.numel() < n_ctx - 1:
         raise ValueError(
@@ -245,56 +251,90 @@ def _windows(ids: Tensor, n_ctx: int, bos: int, n: int | None = None) -> Int[Ten
 # --------------------------------------------------------------------------------------------
 # training
 # --------------------------------------------------------------------------------------------
-def _lr_at(step: int, config: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak."""
-    if step < config.warmup:
-        return config.lr * (step + 1) / config.warmup
-    t = (step - config.warmup) / max(1, config.steps - config.warmup)
-    return config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t))))
+def lr_at(step: int, lr: float, warmup: int, steps: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 10% of ``lr`` at ``steps``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
-def _validate(model, val_ids: Tensor, bos: int, config: TrainConfig, n_ctx: int) -> LossEstimate:
-    tokens = _windows(val_ids, n_ctx, bos, config.val_windows)
-    return bootstrap_ci(window_losses(model, tokens, batch_size=8, progress=False), seed=config.seed)
+def _hf_loss(model, batch: Tensor) -> Tensor:
+    return model(input_ids=batch, labels=batch).loss
 
 
-def train(config: TrainConfig, progress: bool = True) -> TrainResult:
-    """Train one model from scratch; deterministic given ``config`` (seeded init and data order)."""
-    if not isinstance(config, TrainConfig):
-        raise TypeError(f"expected a TrainConfig, got {type(config).__name__}")
-    start = time.perf_counter()
-    train_ids, val_ids, vocab, bos = _streams(config.corpus, config.tokenizer, config.val_fraction)
-    batches = _windows(train_ids, config.seq_len, bos)
-    model = build_model(config, vocab)
+def fit(
+    model,
+    batches: Int[Tensor, "n seq"],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup: int,
+    seed: int,
+    loss_fn: Callable[[Any, Tensor], Tensor] | None = None,
+    device: str | torch.device | None = None,
+    progress: str | None = None,
+) -> list[float]:
+    """Train ``model`` in place; returns the loss per step (the one loop every ropelens trainer uses).
+
+    AdamW (β 0.9/0.95, weight decay 0.1), :func:`lr_at`'s schedule, gradient norm clipped at 1, and
+    ``batch_size`` windows drawn at random from ``batches`` by a generator seeded with ``seed``: the
+    same arguments give the same numbers. ``loss_fn(model, batch)`` (None: the HF causal-LM loss); pass one that runs a bridge under a RoPE variant to fine-tune through it. ``progress``: a
+    tqdm label, or None for none. Leaves the model in eval mode.
+    """
+    loss_fn = loss_fn or _hf_loss
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    g = torch.Generator().manual_seed(config.seed)
-    steps = range(config.steps)
-    if progress:
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    g = torch.Generator().manual_seed(seed)
+    it: Any = range(steps)
+    if progress is not None:
         from tqdm.auto import tqdm
 
-        steps = tqdm(steps, desc=config.variant.name, unit="step")
+        it = tqdm(it, desc=progress, unit="step")
     curve: list[float] = []
-    for step in steps:
+    for step in it:
         for group in opt.param_groups:
-            group["lr"] = _lr_at(step, config)
-        batch = batches[torch.randint(0, batches.shape[0], (config.batch_size,), generator=g)]
-        loss = model(input_ids=batch, labels=batch).loss
+            group["lr"] = lr_at(step, lr, warmup, steps)
+        batch = batches[torch.randint(0, batches.shape[0], (batch_size,), generator=g)]
+        if device is not None:
+            batch = batch.to(device)
+        loss = loss_fn(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         curve.append(float(loss.detach()))
         if not math.isfinite(curve[-1]):
-            raise FloatingPointError(
-                f"training loss became {curve[-1]} at step {step} with lr={config.lr}: lower lr"
-            )
+            raise FloatingPointError(f"training loss became {curve[-1]} at step {step} with lr={lr}: lower lr")
     model.eval()
+    return curve
+
+
+def _validate(model, val_ids: Tensor, bos: int, config: TrainConfig, n_ctx: int) -> LossEstimate:
+    tokens = cut_windows(val_ids, n_ctx, bos, config.val_windows)
+    return bootstrap_ci(window_losses(model, tokens, batch_size=8, progress=False), seed=config.seed)
+
+
+def train(config: TrainConfig, progress: bool = True, *, return_model: bool = False):
+    """Train one model from scratch; deterministic given ``config`` (seeded init and data order).
+
+    Returns the :class:`TrainResult`, or ``(result, model)`` with ``return_model=True`` (the trained
+    HF ``LlamaForCausalLM``, in eval mode).
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"expected a TrainConfig, got {type(config).__name__}")
+    start = time.perf_counter()
+    train_ids, val_ids, vocab, bos = token_streams(config.corpus, config.tokenizer, config.val_fraction)
+    batches = cut_windows(train_ids, config.seq_len, bos)
+    model = build_model(config, vocab)
+    curve = fit(model, batches, steps=config.steps, batch_size=config.batch_size, lr=config.lr,
+                warmup=config.warmup, seed=config.seed, progress=config.variant.name if progress else None)
     val = _validate(model, val_ids, bos, config, config.seq_len)
     val_2x = _validate(model, val_ids, bos, config, 2 * config.seq_len)
     wall = time.perf_counter() - start
     tail = curve[-min(10, len(curve)):]
-    return TrainResult(
+    result = TrainResult(
         config=config,
         final_train_loss=sum(tail) / len(tail),
         val=val,
@@ -312,3 +352,4 @@ def train(config: TrainConfig, progress: bool = True) -> TrainResult:
             seconds=wall,
         ),
     )
+    return (result, model) if return_model else result

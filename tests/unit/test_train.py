@@ -110,3 +110,20 @@ def test_config_round_trip_and_scaled():
     assert big.tokens == big.steps * big.batch_size * big.seq_len
     with pytest.raises(ValueError, match="factor"):
         TrainConfig().scaled(0)
+
+
+def test_fit_is_the_loop_train_runs_and_returns_the_model():
+
+    from ropelens.train import build_model, cut_windows, fit, token_streams, train
+
+    cfg = TrainConfig(d_model=32, n_layers=1, n_heads=2, head_dim=16, seq_len=32, batch_size=4, steps=6, lr=1e-2,
+                      warmup=2, tokenizer="tiny-char", val_windows=4)
+    result, model = train(cfg, progress=False, return_model=True)
+    train_ids, _, vocab, bos = token_streams(cfg.corpus, cfg.tokenizer, cfg.val_fraction)
+    again = build_model(cfg, vocab)
+    curve = fit(again, cut_windows(train_ids, cfg.seq_len, bos), steps=cfg.steps, batch_size=cfg.batch_size,
+                lr=cfg.lr, warmup=cfg.warmup, seed=cfg.seed)
+    assert tuple(curve) == result.loss_curve  # bit for bit
+    assert not model.training and not again.training
+    for a, b in zip(model.parameters(), again.parameters(), strict=True):
+        assert torch.equal(a, b)
