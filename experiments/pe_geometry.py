@@ -31,18 +31,15 @@ from plotly.subplots import make_subplots  # noqa: E402
 import ropelens  # noqa: E402
 from ropelens import data  # noqa: E402
 from ropelens.capture import capture_qk  # noqa: E402
-from ropelens.evaluate import RunStore  # noqa: E402
-from ropelens.geometry import (  # noqa: E402
-    PESimilarity,
-    decay_verdict,
+from ropelens.decay import (  # noqa: E402
     overlay,
-    pe_similarity,
     roformer_bound,
     rope_decay_by_distance,
     rope_decay_constant,
     rope_gaussian_expectation,
-    sinusoidal_pe,
 )
+from ropelens.evaluate import RunStore  # noqa: E402
+from ropelens.geometry import PESimilarity, decay_verdict, pe_similarity, sinusoidal_pe  # noqa: E402
 from ropelens.pe_train import ORDERS, PETrainConfig, PETrainResult, train_pe_model  # noqa: E402
 from ropelens.provenance import Provenance, atomic_write_text, dump_json  # noqa: E402
 

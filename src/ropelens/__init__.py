@@ -3,20 +3,14 @@
 from ropelens import data, variants
 from ropelens.bands import Bands
 from ropelens.capture import capture_qk
+from ropelens.decay import rope_decay_by_distance, rope_decay_constant, rope_gaussian_expectation
 from ropelens.decompose import (
     AttentionDecomposition,
     BandStatistics,
     band_statistics,
     decompose_attention,
 )
-from ropelens.geometry import (
-    learned_pe,
-    pe_similarity,
-    rope_decay_by_distance,
-    rope_decay_constant,
-    rope_gaussian_expectation,
-    sinusoidal_pe,
-)
+from ropelens.geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.models import (
     DEFAULT_MODEL,
     EMBEDDED_MODELS,

@@ -1,10 +1,10 @@
-"""Position-embedding geometry: similarity by distance, periodicity, and RoPE's "long-term decay".
+"""Position-embedding geometry: similarity by distance and periodicity; the curves RoPE's decay shares.
 
 Learned and sinusoidal absolute embeddings (Luo & Love): cosine similarity of every pair of
 position rows, averaged by distance |m − n|, and the dominant period of that curve.
 
-RoPE (Su et al.; Barbero et al.): the decay curve exists for constant q = k = 1, not for random
-Gaussian q, k (whose expected logit is flat); ``rope_decay_by_distance`` asks whether real heads decay.
+RoPE's "long-term decay" curves (:mod:`ropelens.decay`) are :class:`DecayCurve` objects defined
+here and judged by :func:`decay_verdict`; they are importable from this module too.
 Distance convention: δ = m − n ≥ 0 for a query at m and a key at n; the logit is qᵀR((n − m)θ)k.
 """
 
@@ -23,18 +23,17 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.models import hf_model_of, model_label
-from ropelens.rope import LayerRope
 
 __all__ = [
-    "DecayCurve", "DecayVerdict", "PESimilarity", "decay_verdict", "learned_pe", "overlay",
-    "pe_similarity", "periodicity", "roformer_bound", "rope_decay_by_distance",
-    "rope_decay_constant", "rope_gaussian_expectation", "sinusoidal_pe",
+    "DecayCurve", "DecayVerdict", "PESimilarity", "decay_verdict", "learned_pe", "pe_similarity",
+    "periodicity", "sinusoidal_pe",
 ]  # fmt: skip
+_DECAY = ("overlay", "roformer_bound", "rope_decay_by_distance", "rope_decay_constant", "rope_gaussian_expectation")
 
 MIN_PERIOD_STRENGTH = 0.3  # smooth decays reach ~0.2 after detrending; clean periods exceed 0.8
 PERIOD_FALSE_ALARM = 0.01  # chance that white noise alone clears the length-dependent noise floor
@@ -487,156 +486,10 @@ def _has_rope(hf: Any) -> bool:
     return any(cfg.get(k) is not None for k in keys) or any("rotary" in type(m).__name__.lower() for m in hf.modules())
 
 
-# --------------------------------------------------------------------------------------------
-# RoPE geometry
-# --------------------------------------------------------------------------------------------
-def _rope_args(inv_freq: Any, max_distance: int) -> tuple[Tensor, Tensor]:
-    """Validated (inv_freq as float64, distances 0 … max_distance)."""
-    theta = _vector(inv_freq, "inv_freq")
-    if theta.numel() == 0 or not torch.isfinite(theta).all() or (theta < 0).any():
-        raise ValueError(
-            f"inv_freq must be non-empty, finite and ≥ 0 (radians per token), got {theta.tolist()[:8]}…"
-        )
-    if not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 0:
-        raise ValueError(f"max_distance must be an int ≥ 0, got {max_distance!r}")
-    return theta, torch.arange(max_distance + 1)
+def __getattr__(name: str) -> Any:
+    """RoPE's decay curves are defined in :mod:`ropelens.decay`."""
+    if name in _DECAY:
+        from ropelens import decay
 
-
-def rope_decay_constant(inv_freq: Float[Tensor, " n_planes"], max_distance: int) -> DecayCurve:
-    """Logit of constant q = k = 1 at distance δ: Σ_i (1, 1)ᵀR(δθ_i)(1, 1) = Σ_i 2cos(δθ_i).
-
-    ``.normalised()`` divides by the δ = 0 value 2·n_planes = d_r, giving (1/d_r)·Σ_i 2cos(δθ_i).
-    """
-    theta, dist = _rope_args(inv_freq, max_distance)
-    value = 2 * torch.cos(dist.double()[:, None] * theta).sum(dim=1)
-    return DecayCurve(name="constant q = k = 1", kind="constant", distance=dist, mean=value)
-
-
-def roformer_bound(inv_freq: Float[Tensor, " n_planes"], max_distance: int) -> DecayCurve:
-    """RoFormer's relative upper bound (1/(d/2))·Σ_{j=1}^{d/2} |S_j|, S_j = Σ_{k<j} e^{iδθ_k}.
-
-    Abel summation bounds |Σ_k h_k e^{iδθ_k}| by max_k |h_{k+1} − h_k| times d/2 of this; it is a
-    bound on the sum's magnitude, not the logit of any particular q, k.
-    """
-    theta, dist = _rope_args(inv_freq, max_distance)
-    phase = dist.double()[:, None] * theta
-    partial = torch.complex(phase.cos(), phase.sin()).cumsum(dim=1)  # S_1 … S_{d/2}
-    return DecayCurve(name="RoFormer relative upper bound", kind="roformer_bound", distance=dist,
-                      mean=partial.abs().mean(dim=1))
-
-
-def rope_gaussian_expectation(
-    inv_freq: Float[Tensor, " n_planes"],
-    max_distance: int,
-    *,
-    mean: float = 0.0,
-    std: float = 1.0,
-    n_samples: int | None = None,
-    seed: int = 0,
-) -> DecayCurve:
-    """E[qᵀR(δθ)k] for q, k iid N(μ, σ²) per coordinate: Σ_i μ²·2cos(δθ_i), flat zero for μ = 0.
-
-    Without ``n_samples`` the curve is exact and ``std`` is the exact spread of one product,
-    √(d_r·σ²(2μ² + σ²)), the same at every δ because rotations keep norms. With ``n_samples`` it is a
-    seeded Monte Carlo estimate (sample mean, std and count, hence ``sem``) for checking the closed form.
-    """
-    theta, dist = _rope_args(inv_freq, max_distance)
-    if not (math.isfinite(mean) and math.isfinite(std) and std >= 0):
-        raise ValueError(f"need a finite mean and std ≥ 0, got mean={mean!r}, std={std!r}")
-    d_r = 2 * theta.numel()
-    if n_samples is None:
-        value = mean**2 * 2 * torch.cos(dist.double()[:, None] * theta).sum(dim=1)
-        spread = torch.full_like(value, math.sqrt(d_r * std**2 * (2 * mean**2 + std**2)))
-        return DecayCurve(name=f"Gaussian q, k (μ={mean:g}, σ={std:g})", kind="gaussian",
-                          distance=dist, mean=value, std=spread)
-    if not isinstance(n_samples, int) or n_samples < 2:
-        raise ValueError(f"n_samples must be an int ≥ 2 (or None for the exact curve), got {n_samples!r}")
-    g = torch.Generator().manual_seed(seed)
-    q = mean + std * torch.randn(n_samples, theta.numel(), 2, generator=g, dtype=torch.float64)
-    k = mean + std * torch.randn(n_samples, theta.numel(), 2, generator=g, dtype=torch.float64)
-    phase = dist.double()[:, None] * theta
-    cos, sin = phase.cos().T, phase.sin().T
-    total = torch.zeros(len(dist), dtype=torch.float64)
-    total_sq = torch.zeros_like(total)
-    for s in range(0, n_samples, 4096):  # chunks bound memory at 4096 × n_dist
-        qs, ks = q[s : s + 4096], k[s : s + 4096]
-        dot = (qs * ks).sum(-1)
-        cross = qs[..., 1] * ks[..., 0] - qs[..., 0] * ks[..., 1]
-        logits = dot @ cos - cross @ sin  # qᵀR(−δθ)k = dot·cos(δθ) − cross·sin(δθ), per plane
-        total += logits.sum(0)
-        total_sq += (logits * logits).sum(0)
-    avg = total / n_samples
-    return DecayCurve(
-        name=f"Gaussian q, k (μ={mean:g}, σ={std:g}), {n_samples} samples", kind="gaussian_mc",
-        distance=dist, mean=avg, std=(total_sq / n_samples - avg**2).clamp(min=0).sqrt(),
-        count=torch.full((len(dist),), n_samples, dtype=torch.int64),
-    )
-
-
-def rope_decay_by_distance(
-    q: Float[Tensor, "batch pos d_head"],
-    k: Float[Tensor, "batch pos d_head"],
-    layer_rope: LayerRope,
-    max_distance: int | None = None,
-    *,
-    valid: Bool[Tensor, "batch pos"] | None = None,
-    name: str | None = None,
-) -> DecayCurve:
-    """Mean, std and count of q_m·k_n over causal pairs n ≤ m with m − n = δ, for one head.
-
-    ``q`` and ``k`` are post-RoPE with keys matched to the query head, e.g. from ``capture_qk``:
-    ``acts["q_post"][:, :, h]``, ``acts["k_post"][:, :, h // acts.rope.group_size]``, ``valid=acts.valid``
-    (pairs touching padding are skipped). Values are raw dot products; times ``layer_rope.score_scale``
-    they are the pre-softmax logits (same verdict).
-    """
-    for label, t in (("q", q), ("k", k)):
-        if not isinstance(t, Tensor) or t.ndim != 3:
-            raise ValueError(f"{label} must be a [batch, pos, d_head] tensor, got {getattr(t, 'shape', type(t))}")
-        if t.shape[-1] != layer_rope.head_dim:
-            raise ValueError(f"{label} has d_head {t.shape[-1]} but layer {layer_rope.layer} has head_dim "
-                             f"{layer_rope.head_dim}: pass one head's vectors, not a concatenation")
-    if q.shape != k.shape:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ: repeat KV heads to match first")
-    if valid is not None and tuple(valid.shape) != tuple(q.shape[:2]):
-        raise ValueError(f"valid has shape {tuple(valid.shape)}, expected [batch, pos] = {tuple(q.shape[:2])}")
-    n_pos = q.shape[1]
-    max_distance = _max_distance(max_distance, n_pos)
-    key = torch.arange(n_pos)[:, None] - torch.arange(max_distance + 1)  # [m, δ] → n = m − δ
-    in_range, key = key >= 0, key.clamp(min=0)
-    total = torch.zeros(max_distance + 1, dtype=torch.float64)
-    total_sq, count = torch.zeros_like(total), torch.zeros_like(total)
-    for b in range(q.shape[0]):  # one [pos, pos] matrix at a time keeps memory at pos², not batch·pos²
-        pair = in_range if valid is None else in_range & valid[b][:, None].cpu() & valid[b].cpu()[key]
-        logits = (q[b].double() @ k[b].double().T).cpu()  # [query m, key n]
-        vals = torch.where(pair, logits.gather(1, key), 0.0)
-        total, total_sq, count = total + vals.sum(0), total_sq + (vals * vals).sum(0), count + pair.sum(0)
-    if (count == 0).any():
-        first = int((count == 0).nonzero()[0])
-        raise ValueError(f"no valid pairs at distance {first}: lower max_distance below {first}")
-    mean = total / count
-    if not torch.isfinite(mean).all():
-        raise ValueError("q or k hold NaN/inf: check the capture (dtype overflow?)")
-    std = (total_sq / count - mean**2).clamp(min=0).sqrt()
-    return DecayCurve(name=name or f"layer {layer_rope.layer}", kind="measured",
-                      distance=torch.arange(max_distance + 1), mean=mean, std=std, count=count.long())
-
-
-def overlay(
-    results: list[PESimilarity | DecayCurve] | tuple[PESimilarity | DecayCurve, ...],
-    *,
-    normalised: bool = False,
-    title: str | None = None,
-) -> go.Figure:
-    """Several by-distance curves on one axis (models, schemes or heads side by side)."""
-    if not results:
-        raise ValueError("overlay needs at least one PESimilarity or DecayCurve")
-    fig = go.Figure()
-    for i, r in enumerate(results):
-        if not isinstance(r, (PESimilarity, DecayCurve)):
-            raise TypeError(f"overlay draws PESimilarity or DecayCurve results, got {type(r).__name__} at {i}")
-        if normalised and isinstance(r, DecayCurve):
-            r = r.normalised()
-        fig.add_trace(r.line(name=r.name or f"curve {i}"))
-    y_title = "value ÷ value at δ = 0" if normalised else "mean by distance"
-    fig.update_layout(title=title or "by distance", xaxis_title="distance (tokens)", yaxis_title=y_title)
-    return fig
+        return getattr(decay, name)
+    raise AttributeError(f"module 'ropelens.geometry' has no attribute {name!r}")

@@ -92,7 +92,7 @@ SECTIONS: list[SectionSpec] = [
                 "Perplexity when only the fraction p of the highest frequencies keeps rotating at inference "
                 "(p = 1 is RoPE, p = 0 NoPE), with the reversed and partial variants."),
     SectionSpec("pe-geometry", "PE geometry", "ropelens.report.extra:render_geometry",
-                ("ropelens.geometry:rope_decay_constant", "ropelens.geometry:rope_gaussian_expectation"),
+                ("ropelens.decay:rope_decay_constant", "ropelens.decay:rope_gaussian_expectation"),
                 "RoPE's \"long-term decay\" for this model's frequencies: constant versus Gaussian q and k."),
     SectionSpec("context-extension", "Context extension", "ropelens.report.variant_sections:render_context",
                 ("ropelens.context:plane_view", "ropelens.context:base_lower_bound"),
