@@ -159,8 +159,10 @@ def searches(bridge, info, l0: int, args, out: Path) -> dict[int, LongRopeSearch
     return found
 
 
-def extrapolation(bridge, hf, info, config: T.TrainConfig, args, store: RunStore, out: Path) -> None:
-    """Every method at every length without fine-tuning, then after a short fine-tune at 4L."""
+def extrapolation(bridge, hf, info, config: T.TrainConfig, args, store: RunStore,
+                  out: Path) -> dict[int, LongRopeSearch]:
+    """Every method at every length without fine-tuning, then after a short fine-tune at 4L; returns
+    the LongRoPE searches by target length."""
     l0 = config.seq_len
     found = searches(bridge, info, l0, args, out)
     for k in args.multiples:
@@ -189,6 +191,15 @@ def extrapolation(bridge, hf, info, config: T.TrainConfig, args, store: RunStore
              for n in METHODS[1:] if method_variant(n, 4.0, l0, found, n_ft) is not None]
     dump_json(out / "plane_views_4x.json", [v.to_dict() for v in views])
     atomic_write_text(out / "wavelengths_4x.html", compare_figure(views).to_html(include_plotlyjs="cdn"))
+    return found
+
+
+def search_rows(found: dict[int, LongRopeSearch]) -> list[dict[str, Any]]:
+    """The searched factors' perplexity on the search windows against PI and YaRN, per target length."""
+    return [{"target_len": n, "longrope": r.perplexity, "initial_best": r.initial_best, "PI": r.baselines["PI"],
+             "YaRN": r.baselines["YaRN"], "gain_vs_PI": r.gain()["PI"], "gain_vs_YaRN": r.gain()["YaRN"],
+             "n_hat": r.n_hat, "factors": list(r.factors), "evaluated": sum(h["n_evaluated"] for h in r.history)}
+            for n, r in sorted(found.items())]
 
 
 def smollm_cost(args, store: RunStore) -> None:
@@ -243,17 +254,21 @@ def main(argv: list[str] | None = None) -> Path:
     config = QUICK if args.quick else FULL
     store = RunStore(out / "runs.json", meta={"script": "context_extension", "args": vars(args)})
     hf, info = trained_model(config, out)
-    extrapolation(_bridge(copy.deepcopy(hf)), hf, info, config, args, store, out)
+    found = extrapolation(_bridge(copy.deepcopy(hf)), hf, info, config, args, store, out)
     if args.smollm != "none":
         smollm_cost(args, store)
     rows = table(store)
-    dump_json(out / "result.json", {"table": rows, "train_config": config.to_dict(), "provenance": Provenance(
+    dump_json(out / "result.json", {"table": rows, "searches": search_rows(found), "train_config": config.to_dict(),
+                                    "provenance": Provenance(
         model=f"llama-{config.n_layers}x{config.d_model}+{args.smollm}", corpus="english[val]",
         n_windows=args.n_windows, n_ctx=config.seq_len, config=vars(args)).to_dict()})
     atomic_write_text(out / "perplexity_vs_length.html", figure(rows).to_html(include_plotlyjs="cdn"))
     print(f"{'stage':9s} {'method':10s} {'n_ctx':>5s} {'ppl':>9s}  95% CI")
     for r in rows:
         print(f"{r['stage']:9s} {r['method']:10s} {r['n_ctx']:5d} {r['ppl']:9.3f}  [{r['ppl_lo']:.3f}, {r['ppl_hi']:.3f}]")
+    for r in search_rows(found):
+        print(f"search {r['target_len']:5d}: LongRoPE {r['longrope']:.4g} vs PI {r['PI']:.4g} ({r['gain_vs_PI']:+.1%}) "
+              f"and YaRN {r['YaRN']:.4g} ({r['gain_vs_YaRN']:+.1%}), n_hat {r['n_hat']}")
     return out / "result.json"
 
 

@@ -96,3 +96,20 @@ def test_training_quick(tmp_path):
     runs = len(json.loads((tmp_path / "runs.json").read_text())["runs"])
     mod.main(["--quick", "--seeds", "1", "--steps", "2", "--out", str(tmp_path)])
     assert len(json.loads((tmp_path / "runs.json").read_text())["runs"]) == runs == 7
+
+
+def test_summarize_writes_markdown_tables(tiny, tmp_path):
+    results = tmp_path / "results"
+    _script("truncated_rope_inference").main(
+        ["--quick", "--lengths", "32", "--n-boot", "20", "--out", str(results / "truncated_rope_inference")],
+        model=tiny("llama"))
+    _script("band_ablation").main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out",
+                                   str(results / "band_ablation")], model=tiny("llama"))
+    out = tmp_path / "results.md"
+    text = _script("summarize").main(["--results", str(results), "--out", str(out)])
+    assert out.read_text() == text
+    assert "## p-RoPE at inference" in text and "## Band and plane ablation" in text
+    assert "## From-scratch training" not in text  # not run, not invented
+    rows = json.loads((results / "truncated_rope_inference" / "result.json").read_text())["table"]
+    nope = next(r for r in rows if r["variant"] == "PRoPE" and r["p"] == 0.0)
+    assert f"| p = 0 | {nope['ppl']:.4g} [" in text
