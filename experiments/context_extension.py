@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import hashlib
 import json
 import sys
@@ -68,6 +69,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--smollm", default="smollm2-135m", help="embedded model for the in-distribution cost ('none' skips)")
     ap.add_argument("--smollm-ctx", type=int, default=None, help="eval length for the cost (2048; quick 512)")
     ap.add_argument("--smollm-windows", type=int, default=None, help="windows for the cost (8; quick 2)")
+    ap.add_argument("--train-steps", type=int, default=None, help="override the small model's training steps")
     ap.add_argument("--n-boot", type=int, default=2000)
     ap.add_argument("--out", default="results/context_extension")
     args = ap.parse_args(argv)
@@ -252,6 +254,8 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
     out = _common.out_dir(args.out)
     config = QUICK if args.quick else FULL
+    if args.train_steps is not None:
+        config = dataclasses.replace(config, steps=args.train_steps, warmup=min(config.warmup, args.train_steps))
     store = RunStore(out / "runs.json", meta={"script": "context_extension", "args": vars(args)})
     hf, info = trained_model(config, out)
     found = extrapolation(_bridge(copy.deepcopy(hf)), hf, info, config, args, store, out)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 # Set before transformers or huggingface_hub is imported (they read it once): no test may reach the
 # hub, and an unknown name must fail fast instead of retrying a network that is not there.
@@ -50,3 +53,19 @@ def smollm2():
 def gemma3():
     """The embedded Gemma-3-270M, loaded once (converts the GGUF on the first run on a machine)."""
     return ropelens.load_model("gemma-3-270m", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def experiment():
+    """``experiment(name)``: the script ``experiments/<name>.py`` imported as a module."""
+    folder = Path(__file__).resolve().parents[1] / "experiments"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))  # the scripts import their shared _common module
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
-
-def _script(name: str):
-    sys.path.insert(0, str(EXPERIMENTS))
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_inference_quick_runs_and_resumes(tiny, tmp_path, capsys):
-    mod = _script("truncated_rope_inference")
+def test_inference_quick_runs_and_resumes(tiny, tmp_path, capsys, experiment):
+    mod = experiment("truncated_rope_inference")
     path = mod.main(["--quick", "--lengths", "32", "--n-boot", "50", "--out", str(tmp_path)],
                     model=tiny("llama"))
     result = json.loads(path.read_text())
@@ -34,29 +21,29 @@ def test_inference_quick_runs_and_resumes(tiny, tmp_path, capsys):
     assert "ppl" not in capsys.readouterr().out.split("model ")[0]  # nothing re-run
 
 
-def test_inference_quick_by_name_gemma_kinds(tmp_path):
-    mod = _script("truncated_rope_inference")
+def test_inference_quick_by_name_gemma_kinds(tmp_path, experiment):
+    mod = experiment("truncated_rope_inference")
     path = mod.main(["--quick", "--model", "tiny-gemma3", "--lengths", "16", "--n-boot", "20",
                      "--layer-kind", "global", "--out", str(tmp_path)])
     kinds = {r["layer_kind"] for r in json.loads(path.read_text())["table"]}
     assert kinds == {"global"}
 
 
-def test_band_ablation_quick(tiny, tmp_path):
-    mod = _script("band_ablation")
+def test_band_ablation_quick(tiny, tmp_path, experiment):
+    mod = experiment("band_ablation")
     path = mod.main(["--quick", "--n-ctx", "32", "--out", str(tmp_path)], model=tiny("llama"))
     table = json.loads(path.read_text())["table"]
     assert len(table) == 4 * (1 + 2)  # all layers + each of 2 layers, 4 bands
     assert (tmp_path / "band_ablation.html").exists()
 
 
-def test_band_ablation_single_planes(tiny, tmp_path):
+def test_band_ablation_single_planes(tiny, tmp_path, experiment):
     """Each single-plane row: Δ loss of zeroing that plane everywhere, checked against the stored losses."""
     import torch
 
     from ropelens import rope_spec
 
-    mod = _script("band_ablation")
+    mod = experiment("band_ablation")
     model = tiny("llama")
     path = mod.main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out", str(tmp_path)], model=model)
     result = json.loads(path.read_text())
@@ -74,8 +61,8 @@ def test_band_ablation_single_planes(tiny, tmp_path):
     assert len(result["table"]) == 4  # --no-per-layer: all layers only
 
 
-def test_inference_identity_is_shared_across_layer_kinds(tmp_path):
-    mod = _script("truncated_rope_inference")
+def test_inference_identity_is_shared_across_layer_kinds(tmp_path, experiment):
+    mod = experiment("truncated_rope_inference")
     path = mod.main(["--quick", "--model", "tiny-gemma3", "--lengths", "16", "--n-boot", "20",
                      "--layer-kind", "all", "--out", str(tmp_path)])
     rows = json.loads(path.read_text())["table"]
@@ -86,8 +73,8 @@ def test_inference_identity_is_shared_across_layer_kinds(tmp_path):
     assert len(set(nope.values())) == 3  # truncating different layers really differs
 
 
-def test_training_quick(tmp_path):
-    mod = _script("truncated_rope_training")
+def test_training_quick(tmp_path, experiment):
+    mod = experiment("truncated_rope_training")
     path = mod.main(["--quick", "--seeds", "1", "--steps", "2", "--out", str(tmp_path)])
     result = json.loads(path.read_text())
     assert set(result["table"]) == set(mod.PAPER)
@@ -98,18 +85,38 @@ def test_training_quick(tmp_path):
     assert len(json.loads((tmp_path / "runs.json").read_text())["runs"]) == runs == 7
 
 
-def test_summarize_writes_markdown_tables(tiny, tmp_path):
+def test_summarize_writes_markdown_tables(tiny, tmp_path, experiment):
     results = tmp_path / "results"
-    _script("truncated_rope_inference").main(
+    experiment("truncated_rope_inference").main(
         ["--quick", "--lengths", "32", "--n-boot", "20", "--out", str(results / "truncated_rope_inference")],
         model=tiny("llama"))
-    _script("band_ablation").main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out",
+    experiment("band_ablation").main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out",
                                    str(results / "band_ablation")], model=tiny("llama"))
     out = tmp_path / "results.md"
-    text = _script("summarize").main(["--results", str(results), "--out", str(out)])
+    text = experiment("summarize").main(["--results", str(results), "--out", str(out)])
     assert out.read_text() == text
     assert "## p-RoPE at inference" in text and "## Band and plane ablation" in text
     assert "## From-scratch training" not in text  # not run, not invented
     rows = json.loads((results / "truncated_rope_inference" / "result.json").read_text())["table"]
     nope = next(r for r in rows if r["variant"] == "PRoPE" and r["p"] == 0.0)
     assert f"| p = 0 | {nope['ppl']:.4g} [" in text
+
+
+def test_context_extension_micro_runs_and_resumes(tmp_path, experiment):
+    mod = experiment("context_extension")
+    argv = ["--quick", "--train-steps", "5", "--multiples", "1", "2", "--n-windows", "2", "--search-population", "3",
+            "--search-generations", "1", "--search-windows", "2", "--finetune-steps", "0", "--smollm", "none",
+            "--n-boot", "20", "--out", str(tmp_path)]
+    result = json.loads(mod.main(argv).read_text())
+    rows = result["table"]
+    l0 = result["train_config"]["seq_len"]
+    assert {r["n_ctx"] for r in rows} == {l0, 2 * l0}
+    assert {r["method"] for r in rows if r["n_ctx"] == 2 * l0} == set(mod.METHODS)
+    at_l0 = {r["method"]: r["ppl"] for r in rows if r["n_ctx"] == l0}
+    assert at_l0["PI"] == at_l0["none"]  # factor 1 at the training length is no change
+    (search,) = result["searches"]
+    assert search["target_len"] == 2 * l0 and search["gain_vs_PI"] == pytest.approx(1 - search["longrope"] / search["PI"])
+    assert search["longrope"] <= search["initial_best"]
+    runs = json.loads((tmp_path / "runs.json").read_text())["runs"]
+    mod.main(argv)
+    assert json.loads((tmp_path / "runs.json").read_text())["runs"] == runs  # nothing re-run

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +18,6 @@ from ropelens.pe_train import (
 
 MICRO = PETrainConfig(n_positions=32, d_model=16, n_layers=1, n_heads=2, batch_size=4, steps=25, lr=1e-2,
                       warmup=2, tokenizer="tiny-char", val_windows=2)
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
 
 @pytest.fixture(scope="module")
@@ -90,16 +86,10 @@ def test_scaled_config():
     assert (big.n_heads, big.d_model, big.n_positions) == (8, 128, 512)
 
 
-def _script(name: str):
-    sys.path.insert(0, str(EXPERIMENTS))
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
-def test_pe_geometry_quick_runs_and_resumes(tmp_path, capsys):
-    mod = _script("pe_geometry")
+def test_pe_geometry_quick_runs_and_resumes(tmp_path, capsys, experiment):
+    mod = experiment("pe_geometry")
     argv = ["--quick", "--steps", "3", "--tokenizer", "tiny-char", "--decay-model", "tiny-llama",
             "--decay-ctx", "16", "--out", str(tmp_path)]
     result = json.loads(mod.main(argv).read_text())

@@ -110,27 +110,16 @@ def test_sections_time_themselves(out):
 
 
 # ---------------------------------------------------------------------------------------- experiments
-def _script(name: str):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    exp = Path(__file__).resolve().parents[2] / "experiments"
-    sys.path.insert(0, str(exp))
-    spec = importlib.util.spec_from_file_location(name, exp / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
-def test_report_shows_the_experiment_results(llama, tmp_path):
+def test_report_shows_the_experiment_results(llama, tmp_path, experiment):
     results = tmp_path / "results"
-    inf = _script("truncated_rope_inference")
+    inf = experiment("truncated_rope_inference")
     inf.main(["--quick", "--lengths", "32", "48", "--n-boot", "20", "--out", str(results / "truncated_rope_inference")],
              model=llama)
-    _script("band_ablation").main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out",
+    experiment("band_ablation").main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out",
                                    str(results / "band_ablation")], model=llama)
-    _script("truncated_rope_training").main(["--quick", "--seeds", "1", "--steps", "2", "--out",
+    experiment("truncated_rope_training").main(["--quick", "--seeds", "1", "--steps", "2", "--out",
                                              str(results / "truncated_rope_training")])
     out = build_report(llama, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False,
                        experiments=results)
