@@ -27,7 +27,6 @@ non-decreasing from the highest frequency, and n̂ leading positions left unscal
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import numbers
@@ -244,16 +243,44 @@ def critical_dimension(base: float, rotary_dim: int, train_ctx: int) -> int:
     return int(min(d, max(0, 2 * math.ceil(x - 1e-12))))
 
 
-def bound_holds(base: float, rotary_dim: int, context_len: int, chunk: int = 1 << 15) -> bool:
-    """Whether B(m) = Σ_i cos(m·θ_i) ≥ 0 for every m < context_len, θ_i = base^(−2i/d) (float64)."""
+def _first_violation(base: float, rotary_dim: int, context_len: int, hint: int | None = None,
+                     chunk: int = 1 << 13) -> int | None:
+    """Some m < context_len with Σ_i cos(m·θ_i) < 0, or None when there is none (float64).
+
+    Any violation settles an infeasible base, so the search looks where one is likely first: the
+    first 512 positions (most bases fail there), then widening windows around ``hint`` (where the
+    previous base on a fine grid failed: neighbours fail nearby), then everything else in chunks.
+    """
     theta = base ** (-np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
-    # A small first chunk: most bases that fail do so at small m, so the scan stays cheap.
-    edges = [0, min(context_len, 512), *range(512 + chunk, context_len, chunk), context_len]
-    for a, b in itertools.pairwise(edges):
+    seen: list[tuple[int, int]] = []
+
+    def scan(a: int, b: int) -> int | None:
+        for s0, s1 in seen:  # skip what an earlier window covered
+            if s0 <= a < s1:
+                a = s1
+            if s0 < b <= s1:
+                b = s0
+        if b <= a:
+            return None
+        seen.append((a, b))
         m = np.arange(a, b, dtype=np.float64)
-        if b > a and (np.cos(m[:, None] * theta[None, :]).sum(axis=1) < 0).any():
-            return False
-    return True
+        bad = np.flatnonzero(np.cos(m[:, None] * theta[None, :]).sum(axis=1) < 0)
+        return int(a + bad[0]) if bad.size else None
+
+    windows = [(0, min(context_len, 512))]
+    if hint is not None:
+        windows += [(max(0, hint - w), min(context_len, hint + w)) for w in (32, 512, chunk)]
+    windows += [(a, min(context_len, a + chunk)) for a in range(512, context_len, chunk)]
+    for a, b in windows:
+        found = scan(a, b)
+        if found is not None:
+            return found
+    return None
+
+
+def bound_holds(base: float, rotary_dim: int, context_len: int, chunk: int = 1 << 13) -> bool:
+    """Whether B(m) = Σ_i cos(m·θ_i) ≥ 0 for every m < context_len, θ_i = base^(−2i/d) (float64)."""
+    return _first_violation(base, rotary_dim, context_len, chunk=chunk) is None
 
 
 def base_lower_bound(rotary_dim: int, context_len: int, *, rtol: float = 1e-4, max_base: float = 1e15,
@@ -276,9 +303,11 @@ def base_lower_bound(rotary_dim: int, context_len: int, *, rtol: float = 1e-4, m
                          f"no base satisfies the bound for context_len {context_len} > 2: use rotary_dim ≥ 4")
     lo = 0.0
     hi = None
+    hint = None
     for k in range(1, int(per_decade * math.log10(max_base)) + 1):
         ln = k * math.log(10) / per_decade
-        if bound_holds(math.exp(ln), d, context_len):
+        hint = _first_violation(math.exp(ln), d, context_len, hint)
+        if hint is None:
             hi = ln
             break
         lo = ln

@@ -180,3 +180,27 @@ def test_cli_context(tiny_dir, capsys):
     assert "critical dimension" in capsys.readouterr().out
     assert main(["context", path, "--target", "1024", "--variants", "bogus"]) == 2
     assert main(["context", path, "--target", "100"]) == 2
+
+
+@pytest.mark.parametrize(("d", "n"), [(8, 100), (16, 300), (32, 1000)])
+def test_base_bound_search_agrees_with_a_plain_scan(d, n):
+    """The hinted search finds the same first feasible grid base as scanning every m for every base."""
+    from ropelens.context import _first_violation
+
+    def plain(base):
+        m = np.arange(n, dtype=np.float64)[:, None]
+        theta = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+        return bool((np.cos(m * theta).sum(1) >= 0).all())
+
+    grid = [math.exp(k * math.log(10) / 200) for k in range(1, 200 * 7)]
+    first = next(b for b in grid if plain(b))
+    hint = None
+    for b in grid:
+        hint = _first_violation(b, d, n, hint)
+        assert (hint is None) == plain(b)
+        if hint is None:
+            assert b == first
+            break
+    below = grid[grid.index(first) - 1]  # the bound is bisected between the grid points around it
+    bound = base_lower_bound(d, n, rtol=1e-4)
+    assert below < bound <= first and plain(bound)
