@@ -1,10 +1,11 @@
 """Wall time of the default report (embedded SmolLM2, 32k tokens of the English corpus, n_ctx 512).
 
-The model is loaded (and its conversion cached) before the clock starts; prints the wall time, the
-time of every step, and the load average before and after (other processes skew CPU timings).
+The model is loaded (and its conversion cached) before the clock starts; builds the report
+``--repeats`` times and prints each wall time, their median, the median time of every step, and the
+load average before and after (other processes skew CPU timings).
 
     python benchmarks/report_bench.py [--model smollm2-135m] [--tokens 32768] [--n-ctx 512]
-                                      [--band-tokens N|all] [--batch-size 4] [--cprofile FILE]
+                                      [--band-tokens N|all] [--batch-size 4] [--repeats 3] [--cprofile FILE]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import cProfile
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +35,8 @@ def main() -> None:
     ap.add_argument("--band-tokens", default="all" if DEFAULT_BAND_TOKENS is None else str(DEFAULT_BAND_TOKENS),
                     help="tokens for band statistics, or 'all'")
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--cprofile", default=None, metavar="FILE", help="write a cProfile of the build to FILE")
+    ap.add_argument("--repeats", type=int, default=3, help="builds to take the median of")
+    ap.add_argument("--cprofile", default=None, metavar="FILE", help="write a cProfile of the first build to FILE")
     args = ap.parse_args()
     band_tokens = None if args.band_tokens == "all" else int(args.band_tokens)
 
@@ -42,25 +45,31 @@ def main() -> None:
     print(f"model {args.model} loaded in {time.perf_counter() - t0:.1f} s (not counted); torch threads "
           f"{torch.get_num_threads()}, CPUs {os.cpu_count()}")
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        kw = dict(tokens=args.tokens, n_ctx=args.n_ctx, out=Path(tmp) / "report", band_tokens=band_tokens,
-                  batch_size=args.batch_size, progress=True)
-        t0 = time.perf_counter()
-        if args.cprofile:
-            with cProfile.Profile() as prof:
+    walls, steps = [], []
+    for i in range(max(1, args.repeats)):
+        with tempfile.TemporaryDirectory() as tmp:
+            kw = dict(tokens=args.tokens, n_ctx=args.n_ctx, out=Path(tmp) / "report", band_tokens=band_tokens,
+                      batch_size=args.batch_size, progress=False)
+            t0 = time.perf_counter()
+            if args.cprofile and i == 0:
+                with cProfile.Profile() as prof:
+                    out = build_report(model, **kw)
+                prof.dump_stats(args.cprofile)
+            else:
                 out = build_report(model, **kw)
-            prof.dump_stats(args.cprofile)
-        else:
-            out = build_report(model, **kw)
-        wall = time.perf_counter() - t0
-        report = json.loads((out / "report.json").read_text())
+            walls.append(time.perf_counter() - t0)
+            report = json.loads((out / "report.json").read_text())
+        steps.append(report["provenance"]["steps_seconds"])
+        print(f"build {i + 1}: {walls[-1]:.1f} s", flush=True)
     load_after = os.getloadavg()
     m = report["measured"]
     print(f"\nreport: {m['usage']['n_tokens']:,} tokens in {m['usage']['n_windows']} windows of {args.n_ctx}, "
           f"band statistics on {m['band_statistics']['n_windows']} windows, {len(report['provenance']['config']['layers'])} layers")
-    for step, seconds in report["provenance"]["steps_seconds"].items():
-        print(f"  {step:<12}{seconds:8.1f} s")
-    print(f"  {'wall':<12}{wall:8.1f} s   (target ≤ {TARGET_SECONDS} s: {'met' if wall <= TARGET_SECONDS else 'missed'})")
+    for step in steps[0]:
+        print(f"  {step:<18}{statistics.median(s[step] for s in steps):8.1f} s (median)")
+    wall = statistics.median(walls)
+    print(f"  {'wall':<18}{wall:8.1f} s median of {len(walls)} ({', '.join(f'{w:.1f}' for w in walls)}); "
+          f"target ≤ {TARGET_SECONDS} s: {'met' if wall <= TARGET_SECONDS else 'missed'}")
     print(f"load average (1, 5, 15 min): before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
 
