@@ -17,7 +17,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ropelens.provenance import atomic_write_text  # noqa: E402
-from ropelens.report.experiments import load_experiments  # noqa: E402
+from ropelens.report.experiments import load_experiments, main_result  # noqa: E402
 
 
 def _ci(mean: float, lo: float, hi: float, digits: int = 4) -> str:
@@ -65,7 +65,7 @@ def inference(results: list[dict[str, Any]]) -> str:
 
 
 def training(results: list[dict[str, Any]]) -> str:
-    res = results[-1]
+    res = main_result(results)
     t = res["table"]
     base = ((res.get("provenance") or {}).get("config") or {}).get("base", {})
     order = sorted(t, key=lambda k: t[k]["val"]["ppl"])
@@ -107,7 +107,7 @@ def ablation(results: list[dict[str, Any]]) -> str:
 
 
 def context(results: list[dict[str, Any]]) -> str:
-    res = results[-1]
+    res = main_result(results)
     rows = res["table"]
     parts = []
     methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> Path:
                                     "provenance": Provenance(
                                         model="llama-from-scratch", corpus=base.corpus,
                                         n_tokens=base.tokens, n_ctx=base.seq_len,
-                                        config={"base": base.to_dict(), "seeds": args.seeds}).to_dict()})
+                                        config={"base": base.to_dict(), "seeds": args.seeds,
+                                                "quick": args.quick}).to_dict()})
     lines = [f"token budget per run: {base.tokens:,} tokens; seq_len {base.seq_len}; {args.seeds} seeds",
              f"{'variant':20s} {'ppl@L':>8s} {'95% CI (seeds)':>20s} {'ppl@2L':>9s} {'95% CI':>20s} {'paper':>7s}"]
     for k in cmp["ours"]:

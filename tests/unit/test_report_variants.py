@@ -154,3 +154,13 @@ def test_report_context_experiment_table(llama, tmp_path):
 def test_report_experiments_folder_must_exist(tmp_path):
     with pytest.raises(NotADirectoryError, match="experiments"):
         build_report("no-such-model", out=tmp_path / "rep", experiments=tmp_path / "missing")
+
+
+def test_a_full_run_is_shown_over_a_quick_one():
+    from ropelens.report.experiments import main_result
+
+    quick = {"path": "a", "provenance": {"config": {"quick": True}, "created": "2026-11-22T09:00:00"}}
+    old = {"path": "b", "provenance": {"config": {"quick": False}, "created": "2026-11-20T09:00:00"}}
+    new = {"path": "c", "provenance": {"config": {}, "created": "2026-11-21T09:00:00"}}
+    assert main_result([quick, old, new])["path"] == "c"
+    assert main_result([quick])["path"] == "a"

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from ropelens.report.html import esc, figure_html, style_figure, table_html
 
-__all__ = ["context_block", "load_experiments", "prope_block"]
+__all__ = ["context_block", "load_experiments", "main_result", "prope_block"]
 
 # result file pattern (under DIR) → what produces it
 SOURCES = {
@@ -44,6 +44,15 @@ def load_experiments(directory: str | Path | None) -> dict[str, list[dict[str, A
                 raise ValueError(f"cannot read experiment result {path} ({e}): rerun the script that wrote it "
                                  "or move the file aside") from e
     return found
+
+
+def main_result(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run to show where one table is shown: a full run over a ``--quick`` one, then the newest."""
+    def rank(r: dict[str, Any]) -> tuple[bool, str]:
+        prov = r.get("provenance") or {}
+        return (not (prov.get("config") or {}).get("quick", False), str(prov.get("created", "")))
+
+    return max(results, key=rank)
 
 
 def _missing(key: str) -> str:
@@ -96,7 +105,7 @@ def _inference(results: list[dict[str, Any]], model: str) -> tuple[str, pd.DataF
 
 
 def _training(results: list[dict[str, Any]]) -> tuple[str, pd.DataFrame]:
-    res = results[-1]
+    res = main_result(results)
     table = res["table"]
     rows = [{"variant": k, "ppl at L": v["val"]["ppl"], "lo": v["val"]["lo"], "hi": v["val"]["hi"],
              "ppl at 2L": v["val_2x"]["ppl"], "lo (2L)": v["val_2x"]["lo"], "hi (2L)": v["val_2x"]["hi"],
@@ -110,7 +119,7 @@ def _training(results: list[dict[str, Any]]) -> tuple[str, pd.DataFrame]:
             "validation perplexity at the training length L and at 2L, mean over seeds with a 95% t-interval; "
             "best first. The paper's column is its Wiki perplexity at 2B parameters.</p>"
             + table_html(df, text_cols=("variant",), formats={"seeds": lambda v: str(int(v))})
-            + f"<p><b>{esc(res.get('verdict', ''))}</b></p>" + _source(results))
+            + f"<p><b>{esc(res.get('verdict', ''))}</b></p>" + _source([res]))
     return body, df
 
 
@@ -169,7 +178,7 @@ def context_block(exps: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str,
         return "", {}
     if "context" not in exps:
         return "<h3 class=\"exp\">From the experiment scripts</h3>" + _missing("context"), {}
-    res = exps["context"][-1]
+    res = main_result(exps["context"])
     df = pd.DataFrame(res["table"])
     df["cell"] = [_ci(r) for _, r in df.iterrows()]
     parts = ["<h3 class=\"exp\">From the experiment scripts</h3>"]
@@ -195,5 +204,5 @@ def context_block(exps: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str,
         fig.update_yaxes(type="log", title_text="perplexity (95% CI)")
         fig.update_layout(title="Small model trained at L, evaluated beyond it (experiment)")
         parts.insert(1, figure_html(style_figure(fig, height=420)))
-    parts.append(_source(exps["context"]))
+    parts.append(_source([res]))
     return "".join(parts), {"exp_context_extension": df.drop(columns=["cell"])}
