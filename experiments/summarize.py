@@ -69,8 +69,12 @@ def training(results: list[dict[str, Any]]) -> str:
     t = res["table"]
     base = ((res.get("provenance") or {}).get("config") or {}).get("base", {})
     order = sorted(t, key=lambda k: t[k]["val"]["ppl"])
+    def paired(k: str) -> str:
+        d = t[k].get("vs_rope_10k")
+        return "–" if d is None else f"{d['dloss']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]"
+
     rows = [[k, _ci(t[k]["val"]["ppl"], t[k]["val"]["lo"], t[k]["val"]["hi"]),
-             _ci(t[k]["val_2x"]["ppl"], t[k]["val_2x"]["lo"], t[k]["val_2x"]["hi"]), str(t[k]["val"]["n"]),
+             _ci(t[k]["val_2x"]["ppl"], t[k]["val_2x"]["lo"], t[k]["val_2x"]["hi"]), paired(k), str(t[k]["val"]["n"]),
              f"{t[k]['paper_wiki']:.4f}"] for k in order]
     cfg = (f"{base.get('n_layers')} layers, d_model {base.get('d_model')}, {base.get('n_heads')} heads × "
            f"{base.get('head_dim')}, {base.get('steps')} steps × {base.get('batch_size')} × {base.get('seq_len')} "
@@ -78,7 +82,8 @@ def training(results: list[dict[str, Any]]) -> str:
     cmp = res.get("comparison", {})
     return "\n\n".join([
         f"Config: {cfg}.",
-        _table(["variant", "ppl at L (95% t-CI over seeds)", "ppl at 2L", "seeds", "paper Wiki ppl"], rows),
+        _table(["variant", "ppl at L (95% t-CI over seeds)", "ppl at 2L", "Δ loss vs RoPE θ=10k (paired by seed)",
+                "seeds", "paper Wiki ppl"], rows),
         f"Ours (best first): {' > '.join(cmp.get('ours', []))}  \nPaper: {' > '.join(cmp.get('paper', []))}  \n"
         f"Kendall τ {cmp.get('kendall_tau', float('nan')):+.2f}. **{res.get('verdict', '')}**",
         _prov(res)])

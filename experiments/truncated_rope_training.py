@@ -38,6 +38,7 @@ PAPER = {
     "0.25-RoPE": (PRoPE(0.25), 10000.0, 4.5302, 6.5111),
     "0.75-RoPE": (PRoPE(0.75), 10000.0, 4.4414, 6.4422),
 }
+REFERENCE = "RoPE θ=10k"  # paired differences are taken against this variant
 MICRO = TrainConfig(d_model=32, n_layers=1, n_heads=2, head_dim=16, seq_len=32, batch_size=4,
                     steps=10, lr=1e-2, warmup=2, tokenizer="tiny-char", val_windows=4)
 # Two-sided 97.5% Student t quantiles by degrees of freedom (no scipy dependency).
@@ -73,6 +74,18 @@ def _summary(losses: list[float]) -> dict[str, float]:
     sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1))
     half = _T975.get(n - 1, 1.96) * sd / math.sqrt(n)
     return {"ppl": math.exp(mean), "lo": math.exp(mean - half), "hi": math.exp(mean + half), "n": n}
+
+
+def _paired(losses: list[float], reference: list[float]) -> dict[str, float]:
+    """Mean loss difference to the reference variant, seed by seed (same init and data order), with a
+    95% t-interval over seeds: far tighter than comparing two variants' own intervals."""
+    d = [a - b for a, b in zip(losses, reference, strict=True)]
+    n = len(d)
+    mean = sum(d) / n
+    if n < 2:
+        return {"dloss": mean, "lo": float("nan"), "hi": float("nan"), "n": n}
+    half = _T975.get(n - 1, 1.96) * math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+    return {"dloss": mean, "lo": mean - half, "hi": mean + half, "n": n}
 
 
 def _kendall_tau(a: list[str], b: list[str]) -> float:
@@ -122,6 +135,7 @@ def main(argv: list[str] | None = None) -> Path:
             results[label].append(res)
     table = {k: {"val": _summary([r.val.loss.mean for r in rs]),
                  "val_2x": _summary([r.val_2x.loss.mean for r in rs]),
+                 "vs_rope_10k": _paired([r.val.loss.mean for r in rs], [r.val.loss.mean for r in results[REFERENCE]]),
                  "paper_wiki": PAPER[k][2], "paper_flan": PAPER[k][3]} for k, rs in results.items()}
     cmp = compare(table)
     dump_json(out / "result.json", {"table": table, "comparison": cmp, "verdict": verdict(cmp),
@@ -131,11 +145,13 @@ def main(argv: list[str] | None = None) -> Path:
                                         config={"base": base.to_dict(), "seeds": args.seeds,
                                                 "quick": args.quick}).to_dict()})
     lines = [f"token budget per run: {base.tokens:,} tokens; seq_len {base.seq_len}; {args.seeds} seeds",
-             f"{'variant':20s} {'ppl@L':>8s} {'95% CI (seeds)':>20s} {'ppl@2L':>9s} {'95% CI':>20s} {'paper':>7s}"]
+             f"{'variant':20s} {'ppl@L':>8s} {'95% CI (seeds)':>20s} {'ppl@2L':>9s} {'95% CI':>20s} "
+             f"{'Δloss vs 10k (paired)':>28s} {'paper':>7s}"]
     for k in cmp["ours"]:
-        v, w = table[k]["val"], table[k]["val_2x"]
+        v, w, d = table[k]["val"], table[k]["val_2x"], table[k]["vs_rope_10k"]
         lines.append(f"{k:20s} {v['ppl']:8.3f} [{v['lo']:8.3f}, {v['hi']:8.3f}] {w['ppl']:9.3f} "
-                     f"[{w['lo']:8.3f}, {w['hi']:8.3f}] {table[k]['paper_wiki']:7.4f}")
+                     f"[{w['lo']:8.3f}, {w['hi']:8.3f}] {d['dloss']:+9.4f} [{d['lo']:+8.4f}, {d['hi']:+8.4f}] "
+                     f"{table[k]['paper_wiki']:7.4f}")
     lines += [f"ours  (best first): {' > '.join(cmp['ours'])}",
               f"paper (best first): {' > '.join(cmp['paper'])}", verdict(cmp)]
     text = "\n".join(lines)

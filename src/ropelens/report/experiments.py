@@ -109,6 +109,8 @@ def _training(results: list[dict[str, Any]]) -> tuple[str, pd.DataFrame]:
     table = res["table"]
     rows = [{"variant": k, "ppl at L": v["val"]["ppl"], "lo": v["val"]["lo"], "hi": v["val"]["hi"],
              "ppl at 2L": v["val_2x"]["ppl"], "lo (2L)": v["val_2x"]["lo"], "hi (2L)": v["val_2x"]["hi"],
+             "Δ loss vs RoPE θ=10k": (v.get("vs_rope_10k") or {}).get("dloss"),
+             "Δ lo": (v.get("vs_rope_10k") or {}).get("lo"), "Δ hi": (v.get("vs_rope_10k") or {}).get("hi"),
              "seeds": v["val"]["n"], "paper (Wiki)": v["paper_wiki"]}
             for k, v in sorted(table.items(), key=lambda kv: kv[1]["val"]["ppl"])]
     df = pd.DataFrame(rows)
@@ -116,8 +118,9 @@ def _training(results: list[dict[str, Any]]) -> tuple[str, pd.DataFrame]:
     shape = (f"{cfg.get('n_layers')} layers × d {cfg.get('d_model')}, {cfg.get('steps')} steps × "
              f"{cfg.get('batch_size')} × {cfg.get('seq_len')} tokens" if cfg else "")
     body = (f"<h3>From-scratch training (Barbero et al. Table 2, small)</h3><p>Llama-style models {esc(shape)}, "
-            "validation perplexity at the training length L and at 2L, mean over seeds with a 95% t-interval; "
-            "best first. The paper's column is its Wiki perplexity at 2B parameters.</p>"
+            "validation perplexity at the training length L and at 2L, mean over seeds with a 95% t-interval, and "
+            "the loss difference to RoPE θ=10k paired by seed (same initialisation and data order); best first. "
+            "The paper's column is its Wiki perplexity at 2B parameters.</p>"
             + table_html(df, text_cols=("variant",), formats={"seeds": lambda v: str(int(v))})
             + f"<p><b>{esc(res.get('verdict', ''))}</b></p>" + _source([res]))
     return body, df
