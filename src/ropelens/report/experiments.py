@@ -84,7 +84,7 @@ def _inference(results: list[dict[str, Any]], model: str) -> tuple[str, pd.DataF
     html = []
     fig = go.Figure()
     for kind, sel in df.groupby("layer_kind", sort=True):
-        pivot = sel.pivot_table(index="variant_label", columns="n_ctx", values="cell", aggfunc="first")
+        pivot = sel.pivot_table(index="variant_label", columns="n_ctx", values="cell", aggfunc="first").fillna("–")
         pivot = pivot.loc[sorted(pivot.index, key=order.get)]
         windows = sel.groupby("n_ctx").n_windows.first().to_dict()
         pivot.columns = [f"L = {c} ({windows[c]} win.)" for c in pivot.columns]
@@ -187,12 +187,13 @@ def context_block(exps: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str,
     parts = ["<h3 class=\"exp\">From the experiment scripts</h3>"]
     methods = list(dict.fromkeys(df.method))
     for (stage, model), sel in df.groupby(["stage", "model"], sort=False):
-        pivot = sel.pivot_table(index="method", columns="n_ctx", values="cell", aggfunc="first")
+        pivot = sel.pivot_table(index="method", columns="n_ctx", values="cell", aggfunc="first").fillna("–")
         pivot = pivot.loc[[m for m in methods if m in pivot.index]]
         pivot.columns = [f"L = {c}" for c in pivot.columns]
         pivot = pivot.reset_index()
         what = {"zero-shot": "no fine-tuning", "finetuned": "after a short fine-tune at the longest trained "
-                "target", "native": "configured for 4×, measured at the model's native length"}.get(stage, stage)
+                "target", "native": "each method set for 4× the native context, measured at a length within it "
+                "(its cost in distribution)"}.get(stage, stage)
         parts.append(f"<h4>{esc(model)}: {esc(what)}</h4>" + table_html(pivot, text_cols=tuple(pivot.columns)))
     zs = df[df.stage == "zero-shot"]
     if len(zs):

@@ -191,7 +191,10 @@ def render_context(data: ReportData) -> Section:
     bounds = _base_bounds(layer, l0, factor)
     data.steps["context_extension"] = round(time.perf_counter() - t0, 3)
 
-    fig = compare_figure([views[n] for n in ("PI", "NTK", "YaRN", "Llama 3")])
+    shown = ("PI", "NTK", "YaRN", "Llama 3")
+    fig = compare_figure([views[n] for n in shown])
+    for trace, name in zip(fig.data[1:], shown, strict=True):  # method names, not variant reprs
+        trace.name = name
     fig.update_layout(title=f"Wavelength per plane, layer {idx} ({layer.kind}): {l0:,} → {factor * l0:,} tokens")
     n = layer.n_planes
     beyond = int((layer.wavelength > l0).sum())
