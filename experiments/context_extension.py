@@ -200,7 +200,7 @@ def search_rows(found: dict[int, LongRopeSearch]) -> list[dict[str, Any]]:
     """The searched factors' perplexity on the search windows against PI and YaRN, per target length."""
     return [{"target_len": n, "longrope": r.perplexity, "initial_best": r.initial_best, "PI": r.baselines["PI"],
              "YaRN": r.baselines["YaRN"], "gain_vs_PI": r.gain()["PI"], "gain_vs_YaRN": r.gain()["YaRN"],
-             "n_hat": r.n_hat, "factors": list(r.factors), "evaluated": sum(h["n_evaluated"] for h in r.history)}
+             "n_hat": r.n_hat, "factors": list(r.factors), "evaluated": max(h["n_evaluated"] for h in r.history)}
             for n, r in sorted(found.items())]
 
 
