@@ -164,3 +164,21 @@ def test_a_full_run_is_shown_over_a_quick_one():
     new = {"path": "c", "provenance": {"config": {}, "created": "2026-11-21T09:00:00"}}
     assert main_result([quick, old, new])["path"] == "c"
     assert main_result([quick])["path"] == "a"
+
+
+
+def test_context_rescales_only_the_global_layers_of_a_two_kind_model(tiny, tmp_path):
+    """Gemma-style models: the context section's costs come from the global (full) layers alone."""
+    from ropelens.evaluate import window_losses
+    from ropelens.patching import apply_rope_variant
+
+    gemma = tiny("gemma3")
+    out = build_report(gemma, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False)
+    frame = pd.read_csv(out / "context_extension.csv").set_index("method")
+    toks = data.windows(data.load_corpus("english"), gemma.tokenizer, N_CTX, max_tokens=TOKENS)[:4]
+    base = window_losses(gemma, toks, progress=False)
+    with apply_rope_variant(gemma, Linear(4.0), layer_kind="full"):
+        pi = window_losses(gemma, toks, progress=False)
+    assert frame.loc["PI", "Δ loss"] == pytest.approx((pi - base).mean().item(), abs=1e-5)
+    report = json.loads((out / "report.json").read_text())
+    assert next(f for f in report["findings"] if f["key"] == "context")["values"]["rescaled_kind"] == "full"

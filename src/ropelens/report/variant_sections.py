@@ -172,6 +172,9 @@ def render_context(data: ReportData) -> Section:
     # The layer kind with the longest wavelengths is the one a longer context strains.
     idx = max((i[0] for i in spec.kinds.values()), key=lambda i: float(spec.layers[i].wavelength.max()))
     layer = spec.layers[idx]
+    # Where layers differ (Gemma's sliding-window and global layers), only the kind whose context
+    # grows is rescaled, as models with both kinds do; a sliding window's span does not change.
+    kind = layer.kind if len(spec.kinds) > 1 else None
     l0 = int(spec.n_ctx or layer.n_ctx or data.n_ctx)
     factor = EXTENSION_FACTOR
     methods = _methods(float(factor), l0)
@@ -184,7 +187,7 @@ def render_context(data: ReportData) -> Section:
     for name, v in methods.items():
         row = {"method": name, **_counts(views[name]), "attention ×": views[name].attention_scaling}
         # Dynamic NTK only departs from RoPE past the native length; at these lengths it is RoPE.
-        cost = variant_losses(data, v) if name != "dynamic NTK" else {
+        cost = variant_losses(data, v, layer_kind=kind) if name != "dynamic NTK" else {
             "ppl": b.perplexity.mean, "Δ loss": 0.0, "Δ lo": 0.0, "Δ hi": 0.0}
         rows.append(row | {k: cost[k] for k in ("ppl", "Δ loss", "Δ lo", "Δ hi")})
     frame = pd.DataFrame(rows)
@@ -199,7 +202,8 @@ def render_context(data: ReportData) -> Section:
     n = layer.n_planes
     beyond = int((layer.wavelength > l0).sum())
     cost = {r["method"]: r for r in rows}
-    order = sorted(methods, key=lambda m: cost[m]["Δ loss"])
+    # Dynamic NTK is plain RoPE inside the native context, so "cheapest" is among the others.
+    order = sorted((m for m in methods if m != "dynamic NTK"), key=lambda m: cost[m]["Δ loss"])
     text = (f"{beyond} of {n} planes of layer {idx} never complete a turn within the native {l0:,} tokens "
             f"(critical dimension {bounds.get('critical_dim', '–')} of {layer.rotary_dim} dims). Set for "
             f"{factor}× that context, PI interpolates {cost['PI']['interpolated']} planes and costs "
@@ -210,7 +214,7 @@ def render_context(data: ReportData) -> Section:
                  f"Men et al.'s lower bound for {l0:,} tokens ({bounds['bound_native']:,.0f}); {factor * l0:,} tokens "
                  f"need {bounds['bound_extended']:,.0f}.")
     finding = Finding("context", "context-extension", text,
-                      {"layer": idx, "beyond_native": beyond, "n_planes": n, "factor": factor, "native_ctx": l0,
+                      {"layer": idx, "rescaled_kind": kind, "beyond_native": beyond, "n_planes": n, "factor": factor, "native_ctx": l0,
                        **{k: v if v is None else round(v) for k, v in bounds.items()},
                        "delta_pi": float(cost["PI"]["Δ loss"]), "delta_yarn": float(cost["YaRN"]["Δ loss"]),
                        "cheapest": order[0], "delta_cheapest": float(cost[order[0]]["Δ loss"])})
@@ -226,7 +230,8 @@ def render_context(data: ReportData) -> Section:
                         "<i>interpolated</i> when every angle it meets at the target length was seen in training, "
                         "<i>extrapolated</i> when it meets angles never seen (it had not completed a turn by L₀), "
                         "<i>kept</i> when it is unchanged and already turned within L₀. The cost is measured in "
-                        "distribution, at the windows' length: what a method gives up before any long input.")
+                        "distribution, at the windows' length: what a method gives up before any long input."
+                        + (f" Only the {layer.kind} layers are rescaled; the others keep their RoPE." if kind else ""))
             + kv_table(bound_rows) + figure_html(style_figure(fig, height=430))
             + table_html(frame, text_cols=("method",),
                          formats={c: (lambda v: str(int(v))) for c in ("kept", "interpolated", "extrapolated", "unrotated")})
