@@ -20,9 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
 
-from ropelens import data  # noqa: E402
+from ropelens import (
+    data,  # noqa: E402
+    rope_spec,  # noqa: E402
+)
 from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
-from ropelens.patching import apply_rope_variant  # noqa: E402
+from ropelens.patching import apply_rope_variant, is_identity  # noqa: E402
 from ropelens.provenance import Provenance, atomic_write_text  # noqa: E402
 from ropelens.variants import PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402
 
@@ -64,9 +67,11 @@ def windows_for(args: argparse.Namespace, n_ctx: int) -> int:
     return args.n_windows if args.tokens is None else max(args.min_windows, args.tokens // n_ctx)
 
 
-def _identity_run(store: RunStore, cfg: dict[str, Any], variant: Any) -> dict[str, Any] | None:
-    """A finished run of the same identity variant (PRoPE(1)) under another layer kind, if any."""
-    if not (isinstance(variant, PRoPE) and variant.p == 1.0):
+def _identity_run(store: RunStore, cfg: dict[str, Any], variant: Any, model: Any) -> dict[str, Any] | None:
+    """A finished run of the same variant under another layer kind, when the variant leaves every
+    layer rotating exactly as the model does (p = 1): then the layers it is applied to do not matter."""
+    spec = rope_spec(model)
+    if not is_identity(spec, variant, spec.layer_indices(None), cfg["n_ctx"]):
         return None
     for kind in ("all", "global", "local", "both"):
         done = store.get({**cfg, "layer_kind": kind})
@@ -87,8 +92,8 @@ def sweep_model(model: Any, name: str, args: argparse.Namespace, store: RunStore
                        "layer_kind": kind, "n_windows": n_windows}
                 if store.get(cfg) is not None:
                     continue
-                same = _identity_run(store, cfg, variant)
-                if same is not None:  # p = 1 is the unmodified model whichever layers it is applied to
+                same = _identity_run(store, cfg, variant, model)
+                if same is not None:
                     store.put(cfg, same)
                     continue
                 t = time.perf_counter()

@@ -25,7 +25,7 @@ from ropelens.models import rope_spec
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.variants import RopeVariant, _indices
 
-__all__ = ["ablate_planes", "apply_rope_variant", "spec_with_variant", "with_rope_variant"]
+__all__ = ["ablate_planes", "apply_rope_variant", "is_identity", "spec_with_variant", "with_rope_variant"]
 
 # --------------------------------------------------------------------------------------------
 # running a model under a variant
@@ -156,6 +156,23 @@ def apply_rope_variant(
     finally:
         for h in handles:
             h.remove()
+
+
+def is_identity(spec: RopeSpec, variant: RopeVariant, layers: Sequence[int], n_ctx: int) -> bool:
+    """Whether ``variant`` leaves every one of ``layers`` rotating exactly as the model does, to the bit,
+    for inputs of ``n_ctx`` tokens (p-RoPE with p = 1; dynamic NTK within the native context).
+
+    Callers can then reuse the unmodified model's numbers instead of running it again; a variant
+    that differs in the last bit is simply run.
+    """
+    positions = torch.arange(int(n_ctx))
+    for i in layers:
+        lr = spec[i]
+        if variant.attention_scaling(lr) != lr.attention_scaling:
+            return False
+        if not torch.equal(variant.angles(lr, positions), positions[:, None].float() * lr.inv_freq.float()):
+            return False
+    return True
 
 
 def with_rope_variant(

@@ -539,3 +539,23 @@ def test_running_model_functions_still_import_from_variants():
         assert getattr(variants, name) is getattr(patching, name)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         variants.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_is_identity_only_for_variants_that_change_nothing(tiny, family):
+    """Exactly the variants whose logits equal the unmodified model's are identities."""
+    from ropelens.patching import is_identity
+
+    model = tiny(family)
+    spec = rope_spec(model)
+    layers, n = list(range(spec.n_layers)), spec.n_ctx
+    toks = torch.randint(0, 50, (1, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(toks)
+    for variant, expected in [(PRoPE(1.0), True), (DynamicNTK(4.0, n), True), (Default(), True),
+                              (PRoPE(0.5), False), (YaRN(4.0, n), False), (NoPE(), False)]:
+        assert is_identity(spec, variant, layers, 48) is expected, variant
+        with torch.no_grad(), apply_rope_variant(model, variant):
+            same = torch.equal(model(toks), before)
+        assert same is expected, variant
+    assert not is_identity(spec, DynamicNTK(4.0, n // 4), layers, n)  # past its original length it scales

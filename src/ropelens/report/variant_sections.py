@@ -7,7 +7,6 @@ bootstrap CI, far tighter than the CIs of two perplexities side by side.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -48,16 +47,22 @@ def _baseline(data: ReportData) -> Tensor:
 
 
 def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None) -> dict[str, Any]:
-    """Perplexity and the paired loss change against the unmodified model for one variant."""
-    from ropelens.patching import apply_rope_variant
+    """Perplexity and the paired loss change against the unmodified model for one variant (no forward
+    pass when the variant rotates the chosen layers exactly as the model does)."""
+    from ropelens.patching import apply_rope_variant, is_identity
 
     base = _baseline(data)
-    with apply_rope_variant(data.model, variant, layer_kind=layer_kind):
-        losses = window_losses(data.model, eval_windows(data), batch_size=4, progress=False)
+    tokens = eval_windows(data)
+    identity = is_identity(data.spec, variant, data.spec.layer_indices(None, layer_kind), int(tokens.shape[1]))
+    if identity:
+        losses = base
+    else:
+        with apply_rope_variant(data.model, variant, layer_kind=layer_kind):
+            losses = window_losses(data.model, tokens, batch_size=4, progress=False)
     est = bootstrap_ci(losses)
     delta = bootstrap_ci(losses - base).loss
     return {"ppl": est.perplexity.mean, "ppl_lo": est.perplexity.lo, "ppl_hi": est.perplexity.hi,
-            "Δ loss": delta.mean, "Δ lo": delta.lo, "Δ hi": delta.hi}
+            "Δ loss": delta.mean, "Δ lo": delta.lo, "Δ hi": delta.hi, "identity": identity}
 
 
 def _lead(data: ReportData, what: str) -> str:
@@ -73,7 +78,7 @@ def _lead(data: ReportData, what: str) -> str:
 def _prope_variants() -> list[Any]:
     from ropelens.variants import PRoPE, PRoPEPartial, PRoPEReversed
 
-    return [*(PRoPE(p) for p in (0.0, 0.125, 0.25, 0.5, 0.75, 0.875)), PRoPEReversed(0.75), PRoPEPartial(0.75)]
+    return [*(PRoPE(p) for p in (1.0, 0.0, 0.125, 0.25, 0.5, 0.75, 0.875)), PRoPEReversed(0.75), PRoPEPartial(0.75)]
 
 
 def render_prope(data: ReportData) -> Section:
@@ -82,15 +87,13 @@ def render_prope(data: ReportData) -> Section:
 
     t0 = time.perf_counter()
     n_planes = data.spec.layers[data.layers[0]].n_planes
-    base = _baseline(data)
-    b = bootstrap_ci(base)
-    rows = [{"variant": "RoPE (p = 1)", "p": 1.0, "planes rotating": n_planes, "ppl": b.perplexity.mean,
-             "ppl_lo": b.perplexity.lo, "ppl_hi": b.perplexity.hi, "Δ loss": 0.0, "Δ lo": 0.0, "Δ hi": 0.0}]
-    for v in _prope_variants():
-        name = {"PRoPE": f"p-RoPE p = {v.p:g}", "PRoPEReversed": f"reversed p = {v.p:g} (lowest kept)",
+    rows = []
+    for v in _prope_variants():  # p = 1 is the model itself: variant_losses reuses the baseline for it
+        name = {"PRoPE": "RoPE (p = 1)" if v.p == 1 else f"p-RoPE p = {v.p:g}",
+                "PRoPEReversed": f"reversed p = {v.p:g} (lowest kept)",
                 "PRoPEPartial": f"partial p = {v.p:g} (first dims)"}[type(v).__name__]
         rows.append({"variant": name, "p": v.p, "planes rotating": kept_planes(v.p, n_planes)}
-                    | variant_losses(data, v))
+                    | {k: x for k, x in variant_losses(data, v).items() if k != "identity"})
     frame = pd.DataFrame(rows)
     data.steps["prope_sweep"] = round(time.perf_counter() - t0, 3)
 
@@ -166,6 +169,7 @@ def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
 def render_context(data: ReportData) -> Section:
     """What PI, NTK, dynamic NTK, YaRN and Llama 3 do to each plane at 4× the native context, and their cost."""
     from ropelens.context import compare_figure, plane_view
+    from ropelens.variants import Linear
 
     t0 = time.perf_counter()
     spec = data.spec
@@ -179,17 +183,14 @@ def render_context(data: ReportData) -> Section:
     factor = EXTENSION_FACTOR
     methods = _methods(float(factor), l0)
     views = {name: plane_view(layer, v, l0, factor * l0) for name, v in methods.items()}
-    none_view = plane_view(layer, _methods(1.0, l0)["PI"], l0, factor * l0)
-    rows = [{"method": "none (RoPE as trained)", **_counts(none_view), "attention ×": 1.0,
-             "ppl": math.nan, "Δ loss": 0.0, "Δ lo": 0.0, "Δ hi": 0.0}]
+    none_view = plane_view(layer, Linear(1.0), l0, factor * l0)  # the trained frequencies, unscaled
     b = bootstrap_ci(_baseline(data))
-    rows[0]["ppl"] = b.perplexity.mean
-    for name, v in methods.items():
+    rows = [{"method": "none (RoPE as trained)", **_counts(none_view), "attention ×": 1.0,
+             "ppl": b.perplexity.mean, "Δ loss": 0.0, "Δ lo": 0.0, "Δ hi": 0.0}]
+    costs = {name: variant_losses(data, v, layer_kind=kind) for name, v in methods.items()}
+    for name in methods:
         row = {"method": name, **_counts(views[name]), "attention ×": views[name].attention_scaling}
-        # Dynamic NTK only departs from RoPE past the native length; at these lengths it is RoPE.
-        cost = variant_losses(data, v, layer_kind=kind) if name != "dynamic NTK" else {
-            "ppl": b.perplexity.mean, "Δ loss": 0.0, "Δ lo": 0.0, "Δ hi": 0.0}
-        rows.append(row | {k: cost[k] for k in ("ppl", "Δ loss", "Δ lo", "Δ hi")})
+        rows.append(row | {k: costs[name][k] for k in ("ppl", "Δ loss", "Δ lo", "Δ hi")})
     frame = pd.DataFrame(rows)
     bounds = _base_bounds(layer, l0, factor)
     data.steps["context_extension"] = round(time.perf_counter() - t0, 3)
@@ -202,8 +203,9 @@ def render_context(data: ReportData) -> Section:
     n = layer.n_planes
     beyond = int((layer.wavelength > l0).sum())
     cost = {r["method"]: r for r in rows}
-    # Dynamic NTK is plain RoPE inside the native context, so "cheapest" is among the others.
-    order = sorted((m for m in methods if m != "dynamic NTK"), key=lambda m: cost[m]["Δ loss"])
+    # Methods that are plain RoPE at these lengths (dynamic NTK inside the native context) cost
+    # nothing by construction, so "cheapest" is among the others.
+    order = sorted((m for m in methods if not costs[m]["identity"]), key=lambda m: cost[m]["Δ loss"])
     text = (f"{beyond} of {n} planes of layer {idx} never complete a turn within the native {l0:,} tokens "
             f"(critical dimension {bounds.get('critical_dim', '–')} of {layer.rotary_dim} dims). Set for "
             f"{factor}× that context, PI interpolates {cost['PI']['interpolated']} planes and costs "
