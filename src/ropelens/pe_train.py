@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ropelens.geometry import _tensor_from_json, _tensor_json, learned_pe
 from ropelens.provenance import Provenance, dump_json
-from ropelens.train import cut_windows, fit, token_streams
+from ropelens.train import cut_windows, fit, scaled_shape, token_streams
 
 __all__ = ["ORDERS", "Order", "PETrainConfig", "PETrainResult", "build_pe_model", "order_permutation",
            "reorder", "train_pe_model"]  # fmt: skip
@@ -84,14 +84,8 @@ class PETrainConfig:
 
     def scaled(self, factor: float) -> PETrainConfig:
         """Width, depth, steps and positions × ``factor`` (GPU runs); head width and lr unchanged."""
-        if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or factor <= 0:
-            raise ValueError(f"factor must be a positive number, got {factor!r}")
-        heads = max(1, round(self.n_heads * factor))
-        return dataclasses.replace(
-            self, n_heads=heads, d_model=heads * (self.d_model // self.n_heads),
-            n_layers=max(1, round(self.n_layers * factor)), steps=max(1, round(self.steps * factor)),
-            n_positions=max(2, round(self.n_positions * factor)),
-        )
+        shape = scaled_shape(self.n_heads, self.d_model // self.n_heads, self.n_layers, self.steps, factor)
+        return dataclasses.replace(self, **shape, n_positions=max(2, round(self.n_positions * factor)))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -46,6 +46,15 @@ def _posint(x: Any, what: str, hint: str = "") -> int:
     return int(x)
 
 
+def scaled_shape(n_heads: int, head_dim: int, n_layers: int, steps: int, factor: float) -> dict[str, int]:
+    """Heads (so d_model), layers and steps × ``factor``, each at least 1: a config sized up for a GPU."""
+    if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or factor <= 0:
+        raise ValueError(f"factor must be a positive number, got {factor!r}")
+    heads = max(1, round(n_heads * factor))
+    return {"n_heads": heads, "d_model": heads * head_dim, "n_layers": max(1, round(n_layers * factor)),
+            "steps": max(1, round(steps * factor))}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """What to train: model shape, data, optimisation and the RoPE variant (CPU default ≈ 10 min)."""
@@ -96,16 +105,7 @@ class TrainConfig:
 
     def scaled(self, factor: float) -> TrainConfig:
         """Width (heads), depth and steps × ``factor`` (GPU runs); head_dim, seq_len, lr unchanged."""
-        if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or factor <= 0:
-            raise ValueError(f"factor must be a positive number, got {factor!r}")
-        heads = max(1, round(self.n_heads * factor))
-        return dataclasses.replace(
-            self,
-            n_heads=heads,
-            d_model=heads * self.head_dim,
-            n_layers=max(1, round(self.n_layers * factor)),
-            steps=max(1, round(self.steps * factor)),
-        )
+        return dataclasses.replace(self, **scaled_shape(self.n_heads, self.head_dim, self.n_layers, self.steps, factor))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
