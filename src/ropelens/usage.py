@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
@@ -155,18 +156,18 @@ class FrequencyUsage:
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy table: one row per (which, scope, layer, head, plane)."""
-        rows = []
+        frames = []
         for (w, s), mom in self.token.items():
-            mean, std, ci = mom.mean, mom.std, self.ci(w, s).double()  # type: ignore[arg-type]
-            L, H, P = mean.shape
-            for li in range(L):
-                wl = self.spec.layers[self.layers[li]].wavelength
-                for h in range(H):
-                    for p in range(P):
-                        rows.append((w, s, self.layers[li], h, p, float(wl[p]), float(mean[li, h, p]),
-                                     float(std[li, h, p]), float(ci[li, h, p])))
-        return pd.DataFrame(rows, columns=["which", "scope", "layer", "head", "plane", "wavelength",
-                                           "mean_norm", "std", "ci95"])
+            L, H, P = mom.mean.shape
+            layer, head, plane = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(P), indexing="ij")
+            wl = torch.stack([self.spec.layers[i].wavelength for i in self.layers])  # [L, P]
+            frames.append(pd.DataFrame({
+                "which": w, "scope": s, "layer": layer.ravel(), "head": head.ravel(), "plane": plane.ravel(),
+                "wavelength": wl[:, None, :].expand(L, H, P).double().flatten().numpy(),
+                "mean_norm": mom.mean.double().flatten().numpy(), "std": mom.std.double().flatten().numpy(),
+                "ci95": self.ci(w, s).double().flatten().numpy(),  # type: ignore[arg-type]
+            }))
+        return pd.concat(frames, ignore_index=True)
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
