@@ -37,7 +37,7 @@ from ropelens.context import (  # noqa: E402
     search_longrope_factors,
 )
 from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
-from ropelens.patching import apply_rope_variant  # noqa: E402
+from ropelens.intervene import apply_rope_variant  # noqa: E402
 from ropelens.provenance import Provenance, atomic_write_text, dump_json  # noqa: E402
 from ropelens.variants import (  # noqa: E402
     NTK,

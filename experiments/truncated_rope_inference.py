@@ -25,7 +25,7 @@ from ropelens import (
     rope_spec,  # noqa: E402
 )
 from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
-from ropelens.patching import apply_rope_variant, is_identity  # noqa: E402
+from ropelens.intervene import apply_rope_variant, is_identity  # noqa: E402
 from ropelens.provenance import Provenance, atomic_write_text  # noqa: E402
 from ropelens.variants import PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402
 

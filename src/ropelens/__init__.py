@@ -19,7 +19,7 @@ from ropelens.models import (
     load_model,
     rope_spec,
 )
-from ropelens.patching import ablate_planes, apply_rope_variant, with_rope_variant
+from ropelens.intervene import ablate_planes, apply_rope_variant, with_rope_variant
 from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.usage import FrequencyUsage, frequency_usage

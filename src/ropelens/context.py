@@ -41,7 +41,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ropelens.patching import apply_rope_variant
+from ropelens.intervene import apply_rope_variant
 from ropelens.provenance import Provenance, dump_json
 from ropelens.rope import LayerRope
 from ropelens.variants import (

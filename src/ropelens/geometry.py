@@ -33,7 +33,6 @@ __all__ = [
     "DecayCurve", "DecayVerdict", "PESimilarity", "decay_verdict", "learned_pe", "pe_similarity",
     "periodicity", "sinusoidal_pe",
 ]  # fmt: skip
-_DECAY = ("overlay", "roformer_bound", "rope_decay_by_distance", "rope_decay_constant", "rope_gaussian_expectation")
 
 MIN_PERIOD_STRENGTH = 0.3  # smooth decays reach ~0.2 after detrending; clean periods exceed 0.8
 PERIOD_FALSE_ALARM = 0.01  # chance that white noise alone clears the length-dependent noise floor
@@ -485,11 +484,3 @@ def _has_rope(hf: Any) -> bool:
     keys = ("rope_theta", "rope_parameters", "rope_scaling", "rotary_dim", "rotary_pct")
     return any(cfg.get(k) is not None for k in keys) or any("rotary" in type(m).__name__.lower() for m in hf.modules())
 
-
-def __getattr__(name: str) -> Any:
-    """RoPE's decay curves are defined in :mod:`ropelens.decay`."""
-    if name in _DECAY:
-        from ropelens import decay
-
-        return getattr(decay, name)
-    raise AttributeError(f"module 'ropelens.geometry' has no attribute {name!r}")

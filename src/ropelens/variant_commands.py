@@ -8,7 +8,7 @@ import json
 import math
 
 from ropelens import variants as V
-from ropelens.patching import apply_rope_variant
+from ropelens.intervene import apply_rope_variant
 
 __all__ = ["add_truncate", "add_variants", "parse_variant"]
 

@@ -10,7 +10,7 @@ llama3, proportional) the variant calls it on a minimal config built from the la
 frequencies are HF's to the bit; the rest are closed forms written on top of HF's default formula.
 
 Running a model under a variant (``apply_rope_variant``, ``with_rope_variant``) and zeroing planes
-(``ablate_planes``) live in :mod:`ropelens.patching`; they are importable from here too.
+(``ablate_planes``) live in :mod:`ropelens.intervene`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ __all__ = [
     "variant_from_dict",
 ]
 
-_PATCHING = ("spec_with_variant", "apply_rope_variant", "with_rope_variant", "ablate_planes")
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,11 +513,3 @@ class LongRoPE(_HF):
         plain = pos * _default_inv_freq(_base(layer), layer.rotary_dim).to(positions.device)
         return torch.where(positions[..., None] < self.n_hat, plain, scaled)
 
-
-def __getattr__(name: str) -> Any:
-    """The running-model half (``apply_rope_variant`` …) is defined in :mod:`ropelens.patching`."""
-    if name in _PATCHING:
-        from ropelens import patching
-
-        return getattr(patching, name)
-    raise AttributeError(f"module 'ropelens.variants' has no attribute {name!r}")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ropelens import rope_spec
-from ropelens.patching import apply_rope_variant
+from ropelens.intervene import apply_rope_variant
 from ropelens.variants import Linear, PRoPE, YaRN
 
 pytestmark = pytest.mark.integration

@@ -360,13 +360,3 @@ def test_figures_and_frames():
 def test_large_heatmap_is_strided_for_display():
     sim = pe_similarity(torch.randn(1100, 4, generator=torch.Generator().manual_seed(0)), max_distance=50)
     assert len(sim.heatmap().z) <= 512 and sim.similarity.shape == (1100, 1100)
-
-
-def test_decay_curves_still_import_from_geometry():
-    from ropelens import decay, geometry
-
-    for name in ("overlay", "roformer_bound", "rope_decay_by_distance", "rope_decay_constant",
-                 "rope_gaussian_expectation"):
-        assert getattr(geometry, name) is getattr(decay, name)
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        geometry.nope  # noqa: B018

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ropelens import NotRotaryError, rope_spec
-from ropelens.patching import (
+from ropelens.intervene import (
     ablate_planes,
     apply_rope_variant,
     spec_with_variant,
@@ -532,19 +532,11 @@ def test_variant_base_class_is_abstract(layer):
         RopeVariant().inv_freq(layer)
 
 
-def test_running_model_functions_still_import_from_variants():
-    from ropelens import patching, variants
-
-    for name in ("apply_rope_variant", "with_rope_variant", "ablate_planes", "spec_with_variant"):
-        assert getattr(variants, name) is getattr(patching, name)
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        variants.nope  # noqa: B018
-
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_is_identity_only_for_variants_that_change_nothing(tiny, family):
     """Exactly the variants whose logits equal the unmodified model's are identities."""
-    from ropelens.patching import is_identity
+    from ropelens.intervene import is_identity
 
     model = tiny(family)
     spec = rope_spec(model)

@@ -49,7 +49,7 @@ def _baseline(data: ReportData) -> Tensor:
 def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None) -> dict[str, Any]:
     """Perplexity and the paired loss change against the unmodified model for one variant (no forward
     pass when the variant rotates the chosen layers exactly as the model does)."""
-    from ropelens.patching import apply_rope_variant, is_identity
+    from ropelens.intervene import apply_rope_variant, is_identity
 
     base = _baseline(data)
     tokens = eval_windows(data)
