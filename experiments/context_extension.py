@@ -38,7 +38,8 @@ from ropelens.context import (  # noqa: E402
 )
 from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
 from ropelens.intervene import apply_rope_variant  # noqa: E402
-from ropelens.provenance import Provenance, atomic_write_text, dump_json  # noqa: E402
+from ropelens.provenance import Provenance  # noqa: E402
+from ropelens.serialize import atomic_write_text, dump_json  # noqa: E402
 from ropelens.variants import (  # noqa: E402
     NTK,
     Default,
@@ -114,11 +115,11 @@ def _fit(model, batches: torch.Tensor, config: T.TrainConfig, steps: int, lr: fl
 
 
 def _bridge(hf) -> Any:
-    from ropelens.models import _from_hf_dir_model
+    from ropelens.models import wrap_hf_model
     from ropelens.testing import tiny_tokenizer
 
     # The tokenizer is a stand-in: inputs are the compact training ids, never text.
-    return _from_hf_dir_model(hf, tiny_tokenizer(), device="cpu", label="context-extension-llama",
+    return wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="context-extension-llama",
                               hub_name="ropelens/tiny-llama")
 
 

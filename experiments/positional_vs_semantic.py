@@ -32,7 +32,7 @@ from ropelens.capture import batches, stream  # noqa: E402
 from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
 from ropelens.heads import HeadTaxonomy, classify_heads  # noqa: E402
 from ropelens.intervene import ablate_planes  # noqa: E402
-from ropelens.provenance import dump_json  # noqa: E402
+from ropelens.serialize import dump_json  # noqa: E402
 
 BANDS = Bands.quantiles(4)
 

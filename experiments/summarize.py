@@ -16,8 +16,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ropelens.provenance import atomic_write_text  # noqa: E402
 from ropelens.report.experiments import load_experiments, main_result  # noqa: E402
+from ropelens.serialize import atomic_write_text  # noqa: E402
 
 
 def _ci(mean: float, lo: float, hi: float, digits: int = 4) -> str:

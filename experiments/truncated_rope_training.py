@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402, F401 - sets HF_HUB_OFFLINE
 
 from ropelens.evaluate import RunStore  # noqa: E402
-from ropelens.provenance import Provenance, atomic_write_text, dump_json  # noqa: E402
+from ropelens.provenance import Provenance  # noqa: E402
+from ropelens.serialize import atomic_write_text, dump_json  # noqa: E402
 from ropelens.train import TrainConfig, TrainResult, train  # noqa: E402
 from ropelens.variants import BaseChange, NoPE, PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402
 

@@ -1,6 +1,6 @@
 """ropelens: which RoPE frequencies a model uses, and for what."""
 
-from ropelens import data, variants
+from ropelens import context, data, heads, train, variants
 from ropelens.bands import Bands
 from ropelens.capture import capture_qk
 from ropelens.decay import rope_decay_by_distance, rope_decay_constant, rope_gaussian_expectation
@@ -10,18 +10,13 @@ from ropelens.decompose import (
     band_statistics,
     decompose_attention,
 )
+from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.geometry import learned_pe, pe_similarity, sinusoidal_pe
-from ropelens.models import (
-    DEFAULT_MODEL,
-    EMBEDDED_MODELS,
-    NotRotaryError,
-    cache_dir,
-    load_model,
-    rope_spec,
-)
 from ropelens.intervene import ablate_planes, apply_rope_variant, with_rope_variant
+from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
 from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope, RopeSpec
+from ropelens.spec import rope_spec
 from ropelens.usage import FrequencyUsage, frequency_usage
 
 __version__ = "0.1.0"
@@ -34,7 +29,9 @@ __all__ = [
     "Bands",
     "FrequencyUsage",
     "LayerRope",
+    "InputError",
     "NotRotaryError",
+    "UnsupportedModelError",
     "Provenance",
     "RopeSpec",
     "ablate_planes",
@@ -42,9 +39,11 @@ __all__ = [
     "band_statistics",
     "cache_dir",
     "capture_qk",
+    "context",
     "data",
     "decompose_attention",
     "frequency_usage",
+    "heads",
     "learned_pe",
     "load_model",
     "pe_similarity",
@@ -53,6 +52,7 @@ __all__ = [
     "rope_gaussian_expectation",
     "rope_spec",
     "sinusoidal_pe",
+    "train",
     "variants",
     "with_rope_variant",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ropelens.errors import InputError
 from ropelens.rope import LayerRope
 
 __all__ = ["Bands", "ResolvedBands"]
@@ -68,7 +69,7 @@ class Bands:
     def quantiles(cls, n: int) -> Bands:
         """``n`` contiguous bands of (nearly) equal plane count, highest frequencies first."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"quantiles needs a positive integer number of bands, got {n!r}")
+            raise InputError(f"quantiles needs a positive integer number of bands, got {n!r}")
         return cls("quantiles", (("n", n),))
 
     @classmethod
@@ -76,9 +77,9 @@ class Bands:
         """Bands cut at wavelength ``edges`` (tokens): [0, e0), [e0, e1), ..., [e_last, inf]."""
         edges = tuple(float(e) for e in edges)
         if not edges or any(e <= 0 or math.isnan(e) for e in edges):
-            raise ValueError(f"wavelength edges must be positive numbers of tokens, got {edges}")
+            raise InputError(f"wavelength edges must be positive numbers of tokens, got {edges}")
         if any(b <= a for a, b in zip(edges, edges[1:])):
-            raise ValueError(f"wavelength edges must increase strictly, got {edges}")
+            raise InputError(f"wavelength edges must increase strictly, got {edges}")
         return cls("wavelength", (("edges", edges),))
 
     @classmethod
@@ -88,23 +89,23 @@ class Bands:
         ``n_ctx`` defaults to the layer's trained context length.
         """
         if n_ctx is not None and n_ctx <= 0:
-            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+            raise InputError(f"n_ctx must be positive, got {n_ctx}")
         if factor <= 0:
-            raise ValueError(f"factor must be positive, got {factor}")
+            raise InputError(f"factor must be positive, got {factor}")
         return cls("context", (("n_ctx", n_ctx), ("factor", float(factor))))
 
     @classmethod
     def explicit(cls, groups: Mapping[str, Sequence[int]], *, require_cover: bool = False) -> Bands:
         """Named bands from explicit plane indices; ``require_cover`` forbids unclaimed planes."""
         if not groups:
-            raise ValueError("explicit bands need at least one group, e.g. {'high': [0, 1]}")
+            raise InputError("explicit bands need at least one group, e.g. {'high': [0, 1]}")
         items = []
         for name, idx in groups.items():
             if name == REST:
-                raise ValueError(f"{REST!r} is reserved for unclaimed planes: rename that band")
+                raise InputError(f"{REST!r} is reserved for unclaimed planes: rename that band")
             idx = tuple(int(i) for i in idx)
             if not idx:
-                raise ValueError(f"band {name!r} is empty: give it at least one plane index")
+                raise InputError(f"band {name!r} is empty: give it at least one plane index")
             items.append((str(name), idx))
         return cls("explicit", (("groups", tuple(items)),), require_cover)
 
@@ -124,8 +125,8 @@ class Bands:
             if head == "context":
                 return cls.by_context(factor=float(arg) if arg else 1.0)
         except ValueError as e:
-            raise ValueError(f"bad band spec {text!r}: {e}") from e
-        raise ValueError(
+            raise InputError(f"bad band spec {text!r}: {e}") from e
+        raise InputError(
             f"unknown band spec {text!r}: use planes, all, quantiles:N, wavelength:E1,E2,... or context[:FACTOR]"
         )
 
@@ -149,13 +150,13 @@ class Bands:
         claimed = [i for g in groups for i in g]
         bad = [i for i in claimed if not 0 <= i < n]
         if bad:
-            raise ValueError(f"plane indices {sorted(set(bad))} out of range: layer {layer.layer} has planes 0..{n - 1}")
+            raise InputError(f"plane indices {sorted(set(bad))} out of range: layer {layer.layer} has planes 0..{n - 1}")
         if len(claimed) != len(set(claimed)):
             dup = sorted({i for i in claimed if claimed.count(i) > 1})
-            raise ValueError(f"bands overlap on planes {dup}: each plane may belong to one band")
+            raise InputError(f"bands overlap on planes {dup}: each plane may belong to one band")
         rest = tuple(i for i in range(n) if i not in set(claimed))
         if rest and self.require_cover:
-            raise ValueError(f"bands leave planes {list(rest)} uncovered; add them to a band or drop require_cover")
+            raise InputError(f"bands leave planes {list(rest)} uncovered; add them to a band or drop require_cover")
         pd_ = layer.plane_dims
         dims = [pd_[list(g)].flatten() if g else torch.zeros(0, dtype=torch.long) for g in groups]
         extra = torch.arange(layer.rotary_dim, layer.head_dim)
@@ -176,7 +177,7 @@ class Bands:
         if self.kind == "quantiles":
             k = p["n"]
             if k > n:
-                raise ValueError(f"quantiles({k}) needs at least {k} planes; layer {layer.layer} has {n}")
+                raise InputError(f"quantiles({k}) needs at least {k} planes; layer {layer.layer} has {n}")
             cuts = [round(j * n / k) for j in range(k + 1)]
             names = tuple(f"Q{j + 1}" + (" (highest)" if j == 0 else " (lowest)" if j == k - 1 else "") for j in range(k))
             return names, tuple(tuple(range(cuts[j], cuts[j + 1])) for j in range(k))
@@ -195,7 +196,7 @@ class Bands:
             return (f"turns within {ctx:g}", f"never turns within {ctx:g}"), (within, beyond)
         if self.kind == "explicit":
             return tuple(nm for nm, _ in p["groups"]), tuple(g for _, g in p["groups"])
-        raise ValueError(f"unknown band kind {self.kind!r}")
+        raise InputError(f"unknown band kind {self.kind!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "spec": self.describe(), "require_cover": self.require_cover,

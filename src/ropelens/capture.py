@@ -16,6 +16,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ropelens.errors import InputError
 from ropelens.hooks import AttnHooks, attn_hooks, to_bphd
 from ropelens.rope import LayerRope, RopeSpec
 
@@ -108,9 +109,9 @@ def batches(
 ) -> Iterator[Int[Tensor, "b pos"]]:
     """Split a window tensor into batches."""
     if tokens.ndim != 2:
-        raise ValueError(f"tokens must be [n_windows, n_ctx], got shape {tuple(tokens.shape)}")
+        raise InputError(f"tokens must be [n_windows, n_ctx], got shape {tuple(tokens.shape)}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        raise InputError(f"batch_size must be ≥ 1, got {batch_size}")
     for i in range(0, tokens.shape[0], batch_size):
         yield tokens[i : i + batch_size]
 
@@ -137,7 +138,7 @@ class _Collector:
         self.needs = frozenset().union(*(r.needs for r in reducers))
         unknown = self.needs - NEEDS
         if unknown:
-            raise ValueError(f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}")
+            raise InputError(f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}")
         self.hooks = {L: attn_hooks(model, L) for L in layers}
         self.plans = {L: _hook_plan(h, self.needs) for L, h in self.hooks.items()}
         self.pending: dict[int, dict[str, Tensor]] = {}
@@ -213,12 +214,12 @@ def stream(
     Calls every reducer once per layer per batch; returns the number of valid tokens seen. The
     forward stops after the last requested layer.
     """
-    from ropelens.models import rope_spec
+    from ropelens.spec import rope_spec
 
     spec = spec if spec is not None else rope_spec(model)
     chosen = spec.layer_indices(layers)
     if not chosen:
-        raise ValueError("no layers selected: pass layer indices the model has")
+        raise InputError("no layers selected: pass layer indices the model has")
     col = _Collector(spec, chosen, reducers, model)
     stop = max(chosen) + 1
     n_tok = 0
@@ -229,7 +230,7 @@ def stream(
             toks = toks.to(device)
             valid = torch.ones_like(toks, dtype=torch.bool) if valid is None else valid.to(device).bool()
             if valid.shape != toks.shape:
-                raise ValueError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
+                raise InputError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
             col.valid = valid
             model(toks, return_type=None, stop_at_layer=stop if stop < spec.n_layers else None)
             col.finish()

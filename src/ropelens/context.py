@@ -41,9 +41,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ropelens.errors import InputError
 from ropelens.intervene import apply_rope_variant
-from ropelens.provenance import Provenance, dump_json
+from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope
+from ropelens.serialize import dump_json
 from ropelens.variants import (
     NTK,
     Default,
@@ -73,7 +75,7 @@ _RTOL = 1e-6
 
 def _posint(x: Any, what: str, hint: str = "") -> int:
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x <= 0:
-        raise ValueError(f"{what} must be a positive int, got {x!r}{hint}")
+        raise InputError(f"{what} must be a positive int, got {x!r}{hint}")
     return int(x)
 
 
@@ -115,7 +117,7 @@ class PlaneView:
     def __post_init__(self) -> None:
         n = self.inv_freq_before.shape
         if self.inv_freq_after.shape != n or len(self.categories) != n[0]:
-            raise ValueError(
+            raise InputError(
                 f"inv_freq_before {tuple(n)}, inv_freq_after {tuple(self.inv_freq_after.shape)} and "
                 f"{len(self.categories)} categories must agree: one entry per plane"
             )
@@ -206,7 +208,7 @@ def compare_figure(views: Sequence[PlaneView]):
     import plotly.graph_objects as go
 
     if not views:
-        raise ValueError("views is empty: pass one PlaneView per method, e.g. [plane_view(lr, Linear(4), L, 4 * L)]")
+        raise InputError("views is empty: pass one PlaneView per method, e.g. [plane_view(lr, Linear(4), L, 4 * L)]")
     fig = go.Figure()
     v0 = views[0]
     planes = list(range(len(v0.categories)))
@@ -235,9 +237,9 @@ def critical_dimension(base: float, rotary_dim: int, train_ctx: int) -> int:
     """d_extra = 2⌈(d/2)·log_base(L/2π)⌉, clipped to [0, d] (arXiv 2310.05209)."""
     d = _posint(rotary_dim, "rotary_dim")
     if d % 2:
-        raise ValueError(f"rotary_dim must be even (RoPE rotates pairs), got {d}")
+        raise InputError(f"rotary_dim must be even (RoPE rotates pairs), got {d}")
     if not isinstance(base, numbers.Real) or not base > 1:
-        raise ValueError(f"base must be a number > 1 (rope_theta), got {base!r}")
+        raise InputError(f"base must be a number > 1 (rope_theta), got {base!r}")
     train_ctx = _posint(train_ctx, "train_ctx", " (training length in tokens)")
     x = (d / 2) * math.log(train_ctx / (2 * math.pi)) / math.log(base)
     return int(min(d, max(0, 2 * math.ceil(x - 1e-12))))
@@ -295,11 +297,11 @@ def base_lower_bound(rotary_dim: int, context_len: int, *, rtol: float = 1e-4, m
     d = _posint(rotary_dim, "rotary_dim")
     context_len = _posint(context_len, "context_len")
     if d % 2:
-        raise ValueError(f"rotary_dim must be even (RoPE rotates pairs), got {d}")
+        raise InputError(f"rotary_dim must be even (RoPE rotates pairs), got {d}")
     if context_len <= 2 or bound_holds(1.0 + 1e-9, d, context_len):
         return 1.0  # cos(0), cos(θ₀) = cos 1 > 0: any base works for L ≤ 2
     if d == 2:
-        raise ValueError(f"rotary_dim 2 has the single frequency θ₀ = 1 at every base and cos(2) < 0, so "
+        raise InputError(f"rotary_dim 2 has the single frequency θ₀ = 1 at every base and cos(2) < 0, so "
                          f"no base satisfies the bound for context_len {context_len} > 2: use rotary_dim ≥ 4")
     lo = 0.0
     hi = None
@@ -312,7 +314,7 @@ def base_lower_bound(rotary_dim: int, context_len: int, *, rtol: float = 1e-4, m
             break
         lo = ln
     if hi is None:
-        raise ValueError(f"no base up to {max_base:g} satisfies the bound for rotary_dim {d}, context_len "
+        raise InputError(f"no base up to {max_base:g} satisfies the bound for rotary_dim {d}, context_len "
                          f"{context_len}: raise max_base")
     while hi - lo > math.log1p(rtol):
         mid = 0.5 * (lo + hi)
@@ -432,21 +434,21 @@ def _evaluate(model, variant: RopeVariant, tokens: Tensor) -> float:
 
 def _search_setup(model, target_len, original_ctx, n_windows, tokens) -> tuple[LayerRope, int, Tensor]:
     from ropelens import data
-    from ropelens.models import rope_spec
+    from ropelens.spec import rope_spec
 
     spec = rope_spec(model)
     layer = spec[spec.layer_indices()[0]]
     if any(not lr.same_rotation(layer) for lr in spec.layers):
-        raise ValueError("search_longrope_factors applies one factor vector to every layer, but this model's "
+        raise InputError("search_longrope_factors applies one factor vector to every layer, but this model's "
                          "layers rotate differently (e.g. Gemma local/global): search a uniform-RoPE model")
     l0 = _posint(original_ctx if original_ctx is not None else layer.n_ctx, "original_ctx",
                  " (pass the trained context length)")
     if _posint(target_len, "target_len") <= l0:
-        raise ValueError(f"target_len {target_len} must exceed original_ctx {l0}: the search extends context")
+        raise InputError(f"target_len {target_len} must exceed original_ctx {l0}: the search extends context")
     if tokens is None:
         tokens = data.windows(data.english().split()[1], model, target_len, n_windows=n_windows)
     if tokens.ndim != 2 or tokens.shape[1] != target_len:
-        raise ValueError(f"tokens must be [n_windows, {target_len}], got {tuple(tokens.shape)}")
+        raise InputError(f"tokens must be [n_windows, {target_len}], got {tuple(tokens.shape)}")
     return layer, l0, tokens
 
 
@@ -455,7 +457,7 @@ def _load_state(path: Path | None, settings: dict[str, Any]) -> dict[str, Any] |
         return None
     state = json.loads(path.read_text())
     if state.get("settings") != settings:
-        raise ValueError(f"{path} holds a search with other settings ({state.get('settings')}); pass another "
+        raise InputError(f"{path} holds a search with other settings ({state.get('settings')}); pass another "
                          "state_path or delete it to start over")
     return state
 
@@ -475,7 +477,7 @@ def search_longrope_factors(model, target_len: int, *, population: int = 8, gene
     """
     population = _posint(population, "population", " (candidates per generation, ≥ 2)")
     if population < 2:
-        raise ValueError(f"population must be at least 2 (parents and children), got {population}")
+        raise InputError(f"population must be at least 2 (parents and children), got {population}")
     generations = _posint(generations, "generations") if generations else 0
     corpus = "english[val]" if tokens is None else "given tokens"
     layer, l0, tokens = _search_setup(model, target_len, original_ctx, n_windows, tokens)
@@ -502,7 +504,7 @@ def search_longrope_factors(model, target_len: int, *, population: int = 8, gene
             dump_json(path, state)
 
     if state["generation"] > generations:
-        raise ValueError(f"{path} already holds {state['generation']} generations, more than generations="
+        raise InputError(f"{path} already holds {state['generation']} generations, more than generations="
                          f"{generations}: pass generations >= {state['generation']} or another state_path")
     if state["generation"] < 0:
         finish(0, _seed_population(layer, s, l0, population, hi, np.random.default_rng([seed, 0])))
@@ -532,7 +534,7 @@ def search_longrope_factors(model, target_len: int, *, population: int = 8, gene
 
 
 def _model_name(model) -> str:
-    from ropelens.models import model_label
+    from ropelens.spec import model_label
 
     try:
         return model_label(model)

@@ -23,10 +23,13 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from ropelens.errors import InputError
+
 __all__ = [
     "CORPORA",
     "DEFAULT_CORPUS",
     "Corpus",
+    "analysis_windows",
     "english",
     "load_corpus",
     "python_code",
@@ -87,7 +90,7 @@ class Corpus:
                 "not a str: decode bytes before building a Corpus"
             )
         if not docs:
-            raise ValueError(f"corpus {self.name!r} has no documents: give it at least one text")
+            raise InputError(f"corpus {self.name!r} has no documents: give it at least one text")
         object.__setattr__(self, "documents", docs)
 
     def __repr__(self) -> str:
@@ -125,14 +128,14 @@ class Corpus:
     def split(self, val_fraction: float = 0.1, seed: int = 0) -> tuple[Corpus, Corpus]:
         """Split into (train, val) by document, deterministically from ``seed`` on any machine."""
         if not (_is_number(val_fraction) and 0 < val_fraction < 1):
-            raise ValueError(
+            raise InputError(
                 f"val_fraction must be a number strictly between 0 and 1, got {val_fraction!r}"
             )
         if not _is_int(seed):
             raise TypeError(f"seed must be an int, got {seed!r}")
         n = self.n_documents
         if n < 2:
-            raise ValueError(
+            raise InputError(
                 f"corpus {self.name!r} has {n} document, so it cannot be split into train and val: "
                 "add documents, or hold out windows instead of documents"
             )
@@ -207,7 +210,7 @@ def python_code(max_bytes: int | None = DEFAULT_CODE_BYTES) -> Corpus:
     fill the cap and the corpus stops there. ``max_bytes=None`` takes every file.
     """
     if max_bytes is not None and not (_is_int(max_bytes) and max_bytes > 0):
-        raise ValueError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
+        raise InputError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
     root = Path(sysconfig.get_paths()["stdlib"])
     docs: list[str] = []
     used = 0
@@ -228,7 +231,7 @@ def python_code(max_bytes: int | None = DEFAULT_CODE_BYTES) -> Corpus:
         docs.append(text)
         used += size
     if not docs:
-        raise ValueError(
+        raise InputError(
             f"found no Python source under {root} (sysconfig's stdlib path): "
             "this Python install ships without its standard library sources; use english() or text_files()"
         )
@@ -248,26 +251,26 @@ def _read_text_file(path: Path) -> str:
     """Read one UTF-8 text file, refusing binary, undecodable and empty ones with the fix."""
     data = path.read_bytes()
     if b"\x00" in data:
-        raise ValueError(
+        raise InputError(
             f"{path} looks binary (it contains NUL bytes): pass plain UTF-8 text files (.txt or .md)"
         )
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise ValueError(
+        raise InputError(
             f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
             "re-save it as UTF-8, e.g. `iconv -f latin1 -t utf-8 in.txt > out.txt`"
         ) from e
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     if not text.strip():
-        raise ValueError(f"{path} is empty (no text besides whitespace): add text or leave the file out")
+        raise InputError(f"{path} is empty (no text besides whitespace): add text or leave the file out")
     return text
 
 
 def _expand(paths: PathLike | Iterable[PathLike]) -> Iterator[Path]:
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
-        raise ValueError("no paths given: pass a text file, a directory of .txt/.md files, or a list of them")
+        raise InputError("no paths given: pass a text file, a directory of .txt/.md files, or a list of them")
     for item in items:
         if not isinstance(item, (str, os.PathLike)):
             raise TypeError(f"expected a path (str or Path), got {type(item).__name__}: {item!r}")
@@ -278,7 +281,7 @@ def _expand(paths: PathLike | Iterable[PathLike]) -> Iterator[Path]:
                 key=lambda f: f.relative_to(p).as_posix(),
             )
             if not found:
-                raise ValueError(
+                raise InputError(
                     f"directory {p} has no {'/'.join(TEXT_SUFFIXES)} files: "
                     "put text files there or pass the files themselves"
                 )
@@ -331,7 +334,7 @@ def load_corpus(spec: str | os.PathLike[str] | None = DEFAULT_CORPUS) -> Corpus:
         raise FileNotFoundError(
             f"corpus path {key!r} does not exist: check the path, or use a built-in corpus ({choices})"
         )
-    raise ValueError(
+    raise InputError(
         f"unknown corpus {key!r}: choose from {choices}, or pass a path to a .txt/.md file or a directory"
     )
 
@@ -349,7 +352,7 @@ def _tokenizer_of(tokenizer_or_model: Any) -> Any:
     if isinstance(tok, PreTrainedTokenizerBase):
         return tok
     if hasattr(tokenizer_or_model, "tokenizer"):
-        raise ValueError(
+        raise InputError(
             f"{type(tokenizer_or_model).__name__} has no tokenizer (its .tokenizer is {tok!r}): "
             "pass an HF tokenizer explicitly"
         )
@@ -387,7 +390,7 @@ def _check_count(name: str, value: int | None, minimum: int) -> None:
     if value is None:
         return
     if not _is_int(value) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum} or None, got {value!r}")
+        raise InputError(f"{name} must be an int >= {minimum} or None, got {value!r}")
 
 
 def windows(
@@ -409,19 +412,19 @@ def windows(
     (``max_tokens // n_ctx`` windows) and ``n_windows`` caps the count; the smaller cap wins.
     """
     if not _is_int(n_ctx) or n_ctx < 2:
-        raise ValueError(f"n_ctx must be an int >= 2 (a window needs two positions), got {n_ctx!r}")
+        raise InputError(f"n_ctx must be an int >= 2 (a window needs two positions), got {n_ctx!r}")
     if bos not in ("prepend", "none"):
-        raise ValueError(f"bos must be 'prepend' or 'none', got {bos!r}")
+        raise InputError(f"bos must be 'prepend' or 'none', got {bos!r}")
     _check_count("n_windows", n_windows, 1)
     _check_count("stride", stride, 1)
     _check_count("max_tokens", max_tokens, 1)
     if max_tokens is not None and max_tokens < n_ctx:
-        raise ValueError(
+        raise InputError(
             f"max_tokens={max_tokens} is less than one window of n_ctx={n_ctx}: raise max_tokens or lower n_ctx"
         )
     tok = _tokenizer_of(tokenizer)
     if bos == "prepend" and tok.bos_token_id is None:
-        raise ValueError(
+        raise InputError(
             f"bos='prepend' but the tokenizer ({type(tok).__name__}) has no BOS token: use bos='none'"
         )
     n_ctx = int(n_ctx)
@@ -433,7 +436,7 @@ def windows(
     needed = None if cap is None else (cap - 1) * step + n_text
     stream = token_stream(corpus, tok, max_tokens=needed)
     if stream.numel() < n_text:
-        raise ValueError(
+        raise InputError(
             f"corpus {corpus.name!r} has {stream.numel()} tokens but one window of n_ctx={n_ctx} "
             f"(bos={bos!r}) needs {n_text}: lower n_ctx or use a larger corpus"
         )
@@ -444,3 +447,21 @@ def windows(
         bos_column = torch.full((out.shape[0], 1), tok.bos_token_id, dtype=torch.long)
         out = torch.cat([bos_column, out], dim=1)
     return out.contiguous()
+
+
+def analysis_windows(
+    tokenizer: Any, corpus: Any, n_ctx: int, max_tokens: int | None
+) -> tuple[Int[Tensor, "n_windows n_ctx"], str, str | None]:
+    """What every corpus analysis runs on: token windows, the corpus name and its fingerprint.
+
+    ``corpus`` is a :class:`Corpus`, a corpus name or path (see :func:`load_corpus`; None is the
+    default corpus), or a ready integer ``[n_windows, n_ctx]`` token tensor, used whole.
+    """
+    if isinstance(corpus, Tensor):
+        if corpus.ndim != 2 or corpus.dtype not in (torch.int64, torch.int32):
+            raise InputError(
+                f"token input must be an integer [n_windows, n_ctx] tensor, got {corpus.dtype} {tuple(corpus.shape)}"
+            )
+        return corpus.long(), "tokens", None
+    c = corpus if isinstance(corpus, Corpus) else load_corpus(corpus or DEFAULT_CORPUS)
+    return windows(c, tokenizer, n_ctx, max_tokens=max_tokens), c.name, c.sha256

@@ -10,27 +10,27 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ropelens.geometry import DecayCurve, PESimilarity, _max_distance, _vector
+from ropelens.curves import DecayCurve, max_distance_arg, vector
+from ropelens.errors import InputError
 from ropelens.rope import LayerRope
 
-__all__ = ["overlay", "roformer_bound", "rope_decay_by_distance", "rope_decay_constant",
+__all__ = ["roformer_bound", "rope_decay_by_distance", "rope_decay_constant",
            "rope_gaussian_expectation"]
 
 
 def _rope_args(inv_freq: Any, max_distance: int) -> tuple[Tensor, Tensor]:
     """Validated (inv_freq as float64, distances 0 … max_distance)."""
-    theta = _vector(inv_freq, "inv_freq")
+    theta = vector(inv_freq, "inv_freq")
     if theta.numel() == 0 or not torch.isfinite(theta).all() or (theta < 0).any():
-        raise ValueError(
+        raise InputError(
             f"inv_freq must be non-empty, finite and ≥ 0 (radians per token), got {theta.tolist()[:8]}…"
         )
     if not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 0:
-        raise ValueError(f"max_distance must be an int ≥ 0, got {max_distance!r}")
+        raise InputError(f"max_distance must be an int ≥ 0, got {max_distance!r}")
     return theta, torch.arange(max_distance + 1)
 
 
@@ -74,7 +74,7 @@ def rope_gaussian_expectation(
     """
     theta, dist = _rope_args(inv_freq, max_distance)
     if not (math.isfinite(mean) and math.isfinite(std) and std >= 0):
-        raise ValueError(f"need a finite mean and std ≥ 0, got mean={mean!r}, std={std!r}")
+        raise InputError(f"need a finite mean and std ≥ 0, got mean={mean!r}, std={std!r}")
     d_r = 2 * theta.numel()
     if n_samples is None:
         value = mean**2 * 2 * torch.cos(dist.double()[:, None] * theta).sum(dim=1)
@@ -82,7 +82,7 @@ def rope_gaussian_expectation(
         return DecayCurve(name=f"Gaussian q, k (μ={mean:g}, σ={std:g})", kind="gaussian",
                           distance=dist, mean=value, std=spread)
     if not isinstance(n_samples, int) or n_samples < 2:
-        raise ValueError(f"n_samples must be an int ≥ 2 (or None for the exact curve), got {n_samples!r}")
+        raise InputError(f"n_samples must be an int ≥ 2 (or None for the exact curve), got {n_samples!r}")
     g = torch.Generator().manual_seed(seed)
     q = mean + std * torch.randn(n_samples, theta.numel(), 2, generator=g, dtype=torch.float64)
     k = mean + std * torch.randn(n_samples, theta.numel(), 2, generator=g, dtype=torch.float64)
@@ -123,16 +123,16 @@ def rope_decay_by_distance(
     """
     for label, t in (("q", q), ("k", k)):
         if not isinstance(t, Tensor) or t.ndim != 3:
-            raise ValueError(f"{label} must be a [batch, pos, d_head] tensor, got {getattr(t, 'shape', type(t))}")
+            raise InputError(f"{label} must be a [batch, pos, d_head] tensor, got {getattr(t, 'shape', type(t))}")
         if t.shape[-1] != layer_rope.head_dim:
-            raise ValueError(f"{label} has d_head {t.shape[-1]} but layer {layer_rope.layer} has head_dim "
+            raise InputError(f"{label} has d_head {t.shape[-1]} but layer {layer_rope.layer} has head_dim "
                              f"{layer_rope.head_dim}: pass one head's vectors, not a concatenation")
     if q.shape != k.shape:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ: repeat KV heads to match first")
+        raise InputError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ: repeat KV heads to match first")
     if valid is not None and tuple(valid.shape) != tuple(q.shape[:2]):
-        raise ValueError(f"valid has shape {tuple(valid.shape)}, expected [batch, pos] = {tuple(q.shape[:2])}")
+        raise InputError(f"valid has shape {tuple(valid.shape)}, expected [batch, pos] = {tuple(q.shape[:2])}")
     n_pos = q.shape[1]
-    max_distance = _max_distance(max_distance, n_pos)
+    max_distance = max_distance_arg(max_distance, n_pos)
     key = torch.arange(n_pos)[:, None] - torch.arange(max_distance + 1)  # [m, δ] → n = m − δ
     in_range, key = key >= 0, key.clamp(min=0)
     total = torch.zeros(max_distance + 1, dtype=torch.float64)
@@ -144,31 +144,10 @@ def rope_decay_by_distance(
         total, total_sq, count = total + vals.sum(0), total_sq + (vals * vals).sum(0), count + pair.sum(0)
     if (count == 0).any():
         first = int((count == 0).nonzero()[0])
-        raise ValueError(f"no valid pairs at distance {first}: lower max_distance below {first}")
+        raise InputError(f"no valid pairs at distance {first}: lower max_distance below {first}")
     mean = total / count
     if not torch.isfinite(mean).all():
-        raise ValueError("q or k hold NaN/inf: check the capture (dtype overflow?)")
+        raise InputError("q or k hold NaN/inf: check the capture (dtype overflow?)")
     std = (total_sq / count - mean**2).clamp(min=0).sqrt()
     return DecayCurve(name=name or f"layer {layer_rope.layer}", kind="measured",
                       distance=torch.arange(max_distance + 1), mean=mean, std=std, count=count.long())
-
-
-def overlay(
-    results: list[PESimilarity | DecayCurve] | tuple[PESimilarity | DecayCurve, ...],
-    *,
-    normalised: bool = False,
-    title: str | None = None,
-) -> go.Figure:
-    """Several by-distance curves on one axis (models, schemes or heads side by side)."""
-    if not results:
-        raise ValueError("overlay needs at least one PESimilarity or DecayCurve")
-    fig = go.Figure()
-    for i, r in enumerate(results):
-        if not isinstance(r, (PESimilarity, DecayCurve)):
-            raise TypeError(f"overlay draws PESimilarity or DecayCurve results, got {type(r).__name__} at {i}")
-        if normalised and isinstance(r, DecayCurve):
-            r = r.normalised()
-        fig.add_trace(r.line(name=r.name or f"curve {i}"))
-    y_title = "value ÷ value at δ = 0" if normalised else "mean by distance"
-    fig.update_layout(title=title or "by distance", xaxis_title="distance (tokens)", yaxis_title=y_title)
-    return fig

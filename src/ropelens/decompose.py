@@ -24,8 +24,11 @@ from torch import Tensor
 
 from ropelens.bands import Bands, ResolvedBands
 from ropelens.capture import LayerActs, batches, capture_qk, causal_mask, stream
-from ropelens.provenance import Provenance, dump_json
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.data import analysis_windows
+from ropelens.errors import InputError
+from ropelens.provenance import Provenance
+from ropelens.rope import LayerRope, RopeSpec, expand_kv
+from ropelens.serialize import dump_json
 
 __all__ = [
     "AttentionDecomposition",
@@ -38,11 +41,6 @@ __all__ = [
 ]
 
 
-def _expand_kv(k: Tensor, rope: LayerRope) -> Tensor:
-    """KV heads → query heads (query head h reads KV head h // group)."""
-    return k.repeat_interleave(rope.group_size, dim=2) if rope.group_size > 1 else k
-
-
 def band_terms(
     q: Float[Tensor, "batch pos head d_head"],
     k: Float[Tensor, "batch pos kv_head d_head"],
@@ -50,7 +48,7 @@ def band_terms(
     bands: ResolvedBands,
 ) -> Float[Tensor, "batch head band q_pos k_pos"]:
     """Each band's share of every logit (post-RoPE q and k, times the model's score scale)."""
-    k = _expand_kv(k, rope)
+    k = expand_kv(k, rope)
     out = torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., d], k[..., d]) for d in bands.dims], dim=2)
     return out * rope.score_scale
 
@@ -85,7 +83,7 @@ class AttentionDecomposition:
 
     def _acts(self, layer: int) -> LayerActs:
         if layer not in self.acts:
-            raise ValueError(f"layer {layer} was not decomposed; decomposed layers: {self.layers}")
+            raise InputError(f"layer {layer} was not decomposed; decomposed layers: {self.layers}")
         return self.acts[layer]
 
     def resolved(self, layer: int) -> ResolvedBands:
@@ -128,7 +126,7 @@ class AttentionDecomposition:
         """Per-plane bound ‖q^(i)‖‖k^(i)‖ (times score scale) on |plane term|."""
         a = self._acts(layer)
         qn = a.rope.split(a["q_post"]).norm(dim=-1)  # [b,q,h,P]
-        kn = a.rope.split(_expand_kv(a["k_post"], a.rope)).norm(dim=-1)
+        kn = a.rope.split(expand_kv(a["k_post"], a.rope)).norm(dim=-1)
         return torch.einsum("bqhp,bkhp->bhpqk", qn, kn) * a.rope.score_scale
 
     def agreement(self, layer: int) -> pd.DataFrame:
@@ -175,7 +173,7 @@ class AttentionDecomposition:
         """Save tokens, captured q/k and metadata (safetensors, atomic)."""
         from safetensors.torch import save
 
-        from ropelens.provenance import atomic_write
+        from ropelens.serialize import atomic_write
 
         tensors = {"tokens": self.tokens.contiguous()}
         for L, a in self.acts.items():
@@ -222,12 +220,12 @@ def decompose_attention(
     batch_size: int = 8,
 ) -> AttentionDecomposition:
     """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands."""
-    from ropelens.models import model_label, rope_spec
+    from ropelens.spec import model_label, rope_spec
 
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
-        raise ValueError("tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))")
+        raise InputError("tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))")
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)
     t0 = time.perf_counter()
@@ -266,7 +264,7 @@ class BandStatsReducer:
         self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}
         names = {self.resolved[L].names for L in self.layers}
         if len(names) != 1:
-            raise ValueError(f"bands {bands.describe()} resolve to different band names across layers: {names}")
+            raise InputError(f"bands {bands.describe()} resolve to different band names across layers: {names}")
         self.names = next(iter(names))
         lr = spec.layers[self.layers[0]]
         L, H, B, P = len(self.layers), lr.n_heads, len(self.names), lr.n_planes
@@ -282,7 +280,7 @@ class BandStatsReducer:
         vf = valid.float()
         # the score scale goes into q once, so every product below is already a logit
         q = acts["q_post"].float().transpose(1, 2) * (vf[:, None, :, None] * rope.score_scale)  # [b,h,q,d]
-        k = _expand_kv(acts["k_post"].float(), rope).transpose(1, 2) * vf[:, None, :, None]
+        k = expand_kv(acts["k_post"].float(), rope).transpose(1, 2) * vf[:, None, :, None]
         m = attention_mask(rope, valid)  # [b,q,k]
         mf = m.float()
         rows = mf.sum(-1)  # [b,q] allowed keys per query
@@ -404,7 +402,7 @@ class BandStatistics:
         L, B = len(self.layers), len(self.band_names)
         shape = tuple(self.sums["abs_sum"].shape)
         if shape[0] != L or shape[2] != B:
-            raise ValueError(f"abs_sum has shape {shape}, expected ({L}, heads, {B})")
+            raise InputError(f"abs_sum has shape {shape}, expected ({L}, heads, {B})")
 
     def abs_share(self) -> Float[Tensor, "layer head band"]:
         """Each band's share of the mean |logit| (sums to 1 over bands)."""
@@ -431,13 +429,13 @@ class BandStatistics:
     def top1(self) -> Float[Tensor, "layer head band"]:
         """Fraction of queries whose band-only argmax is the key the model attends to most."""
         if not self.provenance.config.get("agreement", True):
-            raise ValueError("band-only agreement was not streamed: run band_statistics(..., agreement=True)")
+            raise InputError("band-only agreement was not streamed: run band_statistics(..., agreement=True)")
         return (self.sums["top1"] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
 
     def jsd(self) -> Float[Tensor, "layer head band"]:
         """Mean JS divergence (nats) of the band-only pattern from the model's (needs jsd=True)."""
         if not self.provenance.config.get("jsd", False):
-            raise ValueError("JS divergence was not streamed: run band_statistics(..., jsd=True)")
+            raise InputError("JS divergence was not streamed: run band_statistics(..., jsd=True)")
         return (self.sums["jsd"] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
 
     def tightness(self) -> Float[Tensor, "layer head plane"]:
@@ -458,7 +456,7 @@ class BandStatistics:
 
     def merge(self, other: BandStatistics) -> BandStatistics:
         if (self.layers, self.band_names) != (other.layers, other.band_names) or self.spec.to_dict() != other.spec.to_dict():
-            raise ValueError("can only merge statistics over the same model, layers and bands")
+            raise InputError("can only merge statistics over the same model, layers and bands")
         prov = self.provenance.merged(other.provenance)
         return BandStatistics(self.layers, self.band_names, self.bands, self.spec,
                               {k: v + other.sums[k] for k, v in self.sums.items()}, prov)
@@ -475,7 +473,7 @@ class BandStatistics:
     def load(cls, path: str | Path) -> BandStatistics:
         d = json.loads(Path(path).read_text())
         if d.get("type") != "BandStatistics":
-            raise ValueError(f"{path} does not hold BandStatistics (type {d.get('type')!r})")
+            raise InputError(f"{path} does not hold BandStatistics (type {d.get('type')!r})")
         return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]),
                    RopeSpec.from_dict(d["spec"]), {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
                    Provenance.from_dict(d["provenance"]))
@@ -522,13 +520,12 @@ def band_statistics(
     progress: bool = True,
 ) -> BandStatistics:
     """Stream the band decomposition over a corpus (see :class:`BandStatsReducer`)."""
-    from ropelens.models import model_label, rope_spec
-    from ropelens.usage import _windows
+    from ropelens.spec import model_label, rope_spec
 
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)
     bands = bands or Bands.quantiles(4)
-    tokens, cname, csha = _windows(model, corpus, n_ctx, max_tokens)
+    tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
     red = BandStatsReducer(spec, chosen, bands, agreement=agreement, jsd=jsd)
     t0 = time.perf_counter()
     n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ropelens.provenance import dump_json
+from ropelens.errors import InputError
+from ropelens.serialize import dump_json
 
 __all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "loss_estimate", "window_losses"]
 
@@ -28,12 +29,12 @@ __all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "loss_estimat
 def _check_tokens(tokens: Any) -> Tensor:
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int):
         got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise ValueError(
+        raise InputError(
             f"tokens must be an integer tensor [n_windows, n_ctx], got {got}: build it with "
             "ropelens.data.windows(corpus, tokenizer, n_ctx)"
         )
     if tokens.shape[0] < 1 or tokens.shape[1] < 2:
-        raise ValueError(
+        raise InputError(
             f"tokens has shape {tuple(tokens.shape)}: need at least one window of at least 2 tokens"
         )
     return tokens.long()
@@ -73,7 +74,7 @@ def window_losses(
     """
     tokens = _check_tokens(tokens)
     if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        raise InputError(f"batch_size must be a positive int, got {batch_size!r}")
     device = _device_of(model)
     starts = range(0, tokens.shape[0], int(batch_size))
     if progress:
@@ -143,11 +144,11 @@ def _as_values(values: Any) -> Tensor:
     try:
         v = torch.as_tensor(values, dtype=torch.float64).flatten()
     except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"values must be a 1-D sequence of numbers, got {type(values).__name__}") from e
+        raise InputError(f"values must be a 1-D sequence of numbers, got {type(values).__name__}") from e
     if v.numel() == 0:
-        raise ValueError("values is empty: the bootstrap needs at least one window's loss")
+        raise InputError("values is empty: the bootstrap needs at least one window's loss")
     if not torch.isfinite(v).all():
-        raise ValueError(
+        raise InputError(
             f"values holds non-finite entries (e.g. {v[~torch.isfinite(v)][0].item()}): a window "
             "diverged; check the model or drop those windows"
         )
@@ -167,11 +168,11 @@ def bootstrap_ci(
     """
     v = _as_values(values)
     if not isinstance(n_boot, numbers.Integral) or isinstance(n_boot, bool) or n_boot < 1:
-        raise ValueError(f"n_boot must be a positive int, got {n_boot!r} (2000 is usual)")
+        raise InputError(f"n_boot must be a positive int, got {n_boot!r} (2000 is usual)")
     if not isinstance(alpha, numbers.Real) or not 0 < alpha < 1:
-        raise ValueError(f"alpha must be strictly between 0 and 1, got {alpha!r} (0.05 for a 95% CI)")
+        raise InputError(f"alpha must be strictly between 0 and 1, got {alpha!r} (0.05 for a 95% CI)")
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+        raise InputError(f"seed must be an int, got {seed!r}")
     g = torch.Generator().manual_seed(int(seed))
     idx = torch.randint(0, v.numel(), (int(n_boot), v.numel()), generator=g)
     means = v[idx].mean(dim=1)
@@ -220,7 +221,7 @@ class RunStore:
         try:
             saved = json.loads(self.path.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(
+            raise InputError(
                 f"{self.path} is not valid JSON ({e.msg} at line {e.lineno}): move it aside to start over"
             ) from e
         return dict(saved.get("runs", {}))

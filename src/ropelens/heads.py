@@ -34,9 +34,11 @@ from torch import Tensor
 
 from ropelens.bands import Bands
 from ropelens.capture import LayerActs, batches, stream
-from ropelens.decompose import BandStatsReducer, _expand_kv
-from ropelens.provenance import Provenance, dump_json
-from ropelens.rope import RopeSpec
+from ropelens.decompose import BandStatsReducer
+from ropelens.errors import InputError
+from ropelens.provenance import Provenance
+from ropelens.rope import RopeSpec, expand_kv
+from ropelens.serialize import dump_json
 
 __all__ = ["HeadScoresReducer", "HeadTaxonomy", "TAU_FLOOR", "classify_heads", "otsu_threshold", "random_tokens"]
 
@@ -53,13 +55,13 @@ class HeadScoresReducer:
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, max_offset: int) -> None:
         if not isinstance(max_offset, int) or max_offset < 1:
-            raise ValueError(f"max_offset must be an int ≥ 1 (1 = previous token), got {max_offset!r}")
+            raise InputError(f"max_offset must be an int ≥ 1 (1 = previous token), got {max_offset!r}")
         self.layers, self.max_offset = list(layers), max_offset
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
         rbs = [bands.resolve(spec.layers[L]) for L in self.layers]
         self.band_names = rbs[0].names
         if any(rb.names != self.band_names for rb in rbs):
-            raise ValueError(f"bands {bands.describe()} resolve to different band names across layers")
+            raise InputError(f"bands {bands.describe()} resolve to different band names across layers")
         self.member = {}  # head dim → band one-hot, so a matmul sums plane terms into band terms
         for L, rb in zip(self.layers, rbs, strict=True):
             m = torch.zeros(spec.layers[L].head_dim, rb.n_bands)
@@ -76,7 +78,7 @@ class HeadScoresReducer:
         i, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
         pattern = acts["pattern"].float()
         q = acts["q_post"].float() * rope.score_scale  # so plane products are logit terms
-        k = _expand_kv(acts["k_post"].float(), rope)
+        k = expand_kv(acts["k_post"].float(), rope)
         member = self.member[acts.layer].to(q.device)
         n, s = q.shape[1], self.sums
         w0 = (valid[:, 1:] & valid[:, :1]).float()  # queries ≥ 1 that are real
@@ -117,7 +119,7 @@ def otsu_threshold(values: Float[Tensor, " n"]) -> float:
     """Otsu's threshold of a 1-D sample: the cut maximising between-class variance (exact, no bins)."""
     v = torch.as_tensor(values, dtype=torch.float64).flatten().sort().values
     if v.numel() < 2 or float(v[-1] - v[0]) == 0.0:
-        raise ValueError(f"Otsu needs at least two distinct values, got {v.tolist()}")
+        raise InputError(f"Otsu needs at least two distinct values, got {v.tolist()}")
     n = v.numel()
     csum = v.cumsum(0)
     k = torch.arange(1, n, dtype=torch.float64)  # size of the lower class
@@ -143,9 +145,9 @@ class HeadTaxonomy:
     def __post_init__(self) -> None:
         shape = tuple(self.scores["mass_text"].shape)
         if shape[0] != len(self.layers):
-            raise ValueError(f"mass_text has shape {shape}, expected ({len(self.layers)}, heads, offsets)")
+            raise InputError(f"mass_text has shape {shape}, expected ({len(self.layers)}, heads, offsets)")
         if not 0.0 <= self.tau <= 1.0:
-            raise ValueError(f"tau is an attention mass in [0, 1], got {self.tau}")
+            raise InputError(f"tau is an attention mass in [0, 1], got {self.tau}")
 
     @property
     def max_offset(self) -> int:
@@ -225,7 +227,7 @@ class HeadTaxonomy:
     def load(cls, path: str | Path) -> HeadTaxonomy:
         d = json.loads(Path(path).read_text())
         if d.get("type") != "HeadTaxonomy":
-            raise ValueError(f"{path} does not hold a HeadTaxonomy (type {d.get('type')!r}): pass a file from .save()")
+            raise InputError(f"{path} does not hold a HeadTaxonomy (type {d.get('type')!r}): pass a file from .save()")
         return cls(tuple(d["layers"]), tuple(d["band_names"]),
                    {k: torch.tensor(v, dtype=torch.float64) for k, v in d["scores"].items()}, float(d["tau"]),
                    Provenance.from_dict(d["provenance"]))
@@ -270,7 +272,7 @@ class HeadTaxonomy:
 def random_tokens(n_windows: int, n_ctx: int, vocab: int, bos: int | None, seed: int) -> Int[Tensor, "n pos"]:
     """Uniform token ids over ``vocab`` (BOS first when given), from a seeded generator."""
     if vocab < 2:
-        raise ValueError(f"vocab must be ≥ 2 to draw random tokens, got {vocab}")
+        raise InputError(f"vocab must be ≥ 2 to draw random tokens, got {vocab}")
     g = torch.Generator().manual_seed(int(seed))
     toks = torch.randint(0, vocab, (n_windows, n_ctx), generator=g)
     if bos is not None:
@@ -315,7 +317,7 @@ def classify_heads(
     ``cs_bound`` (band, at the attended key), ``top_plane``, ``top_plane_tightness``.
     """
     from ropelens import data
-    from ropelens.models import hf_model_of, model_label, rope_spec
+    from ropelens.spec import hf_model_of, model_label, rope_spec
 
     bands = bands or Bands.quantiles(4)
     spec = rope_spec(model)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from ropelens.errors import InputError
+
 __all__ = ["AttnHooks", "attn_hooks", "to_bphd"]
 
 
@@ -41,7 +43,7 @@ def attn_hooks(model, layer: int) -> AttnHooks:
     """
     p = f"blocks.{layer}.attn."
     if p + "hook_q" not in model.hook_dict:
-        raise ValueError(f"the model has no attention hooks for layer {layer} ({p}hook_q)")
+        raise InputError(f"the model has no attention hooks for layer {layer} ({p}hook_q)")
     fires = _firing(model)
     normed = "hook_q_normed" in fires
     q_post = p + "hook_rot_q" if "hook_rot_q" in fires else None
@@ -88,5 +90,5 @@ def _firing(model) -> frozenset[str]:
 def to_bphd(x: Tensor, heads_first: bool) -> Tensor:
     """Bring a hook tensor to ``[batch, pos, head, d_head]``."""
     if x.ndim != 4:
-        raise ValueError(f"expected a 4-D per-head tensor, got shape {tuple(x.shape)}")
+        raise InputError(f"expected a 4-D per-head tensor, got shape {tuple(x.shape)}")
     return x.transpose(1, 2) if heads_first else x

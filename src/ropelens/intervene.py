@@ -20,10 +20,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ropelens.errors import InputError
 from ropelens.hooks import attn_hooks
-from ropelens.models import rope_spec
 from ropelens.rope import LayerRope, RopeSpec
-from ropelens.variants import RopeVariant, _indices
+from ropelens.spec import rope_spec
+from ropelens.validate import check_indices
+from ropelens.variants import RopeVariant
 
 __all__ = ["ablate_planes", "apply_rope_variant", "is_identity", "spec_with_variant", "with_rope_variant"]
 
@@ -66,7 +68,7 @@ def _attention_with_tables(model, layers: Sequence[int], what: str) -> list[torc
     attns = [model.blocks[i].attn for i in layers]
     for i, attn in zip(layers, attns, strict=True):
         if not hasattr(attn, "hook_cos"):
-            raise ValueError(
+            raise InputError(
                 f"{what} needs attention that receives (cos, sin) position embeddings, as in Llama, "
                 f"Gemma, Qwen or SmolLM; layer {i} is a {type(attn).__name__} "
                 f"({type(attn.original_component).__name__}), which rotates inside the HF module "
@@ -89,7 +91,7 @@ def _tables(
         if like.shape[-1] == 2 * layer.n_planes:
             ang = ang.repeat_interleave(2, dim=-1) if interleaved else torch.cat((ang, ang), dim=-1)
         elif like.shape[-1] != layer.n_planes:
-            raise ValueError(
+            raise InputError(
                 f"layer {layer.layer}: the model's cos table is {like.shape[-1]} wide but the spec has "
                 f"{layer.n_planes} planes; the spec does not describe this model"
             )
@@ -244,14 +246,14 @@ def ablate_planes(
     """
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers, layer_kind)
-    plane_list = _indices(planes, "plane")
+    plane_list = check_indices(planes, "plane")
     _attention_with_tables(model, chosen, "ablate_planes")  # the post-RoPE hooks fire there
     removers: list[Callable[[], None]] = []
     try:
         for i in chosen:
             lr = spec[i]
-            _indices(plane_list, "plane", lr.n_planes, f"layer {i}")
-            head_set = None if heads is None else _indices(heads, "head", lr.n_heads, f"layer {i}")
+            check_indices(plane_list, "plane", lr.n_planes, f"layer {i}")
+            head_set = None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
             names = attn_hooks(model, i)
             for name, n, per_kv in ((names.q_post, lr.n_heads, False), (names.k_post, lr.n_kv_heads, True)):
                 mask = _head_mask(lr, plane_list, head_set, n, per_kv)

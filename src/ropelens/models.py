@@ -1,4 +1,4 @@
-"""Load real and embedded models as TransformerLens bridges, and read the RoPE they run.
+"""Load real and embedded models as TransformerLens bridges (reading their RoPE is :mod:`ropelens.spec`).
 
 The embedded models ship on PyPI as GGUF files. The first load converts the GGUF once into a
 safetensors cache (``$ROPELENS_CACHE``, else the user cache dir); later loads read the cache.
@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import importlib.metadata as md
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -24,26 +23,20 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.errors import InputError
 
 __all__ = [
     "EMBEDDED_MODELS",
     "DEFAULT_MODEL",
-    "NotRotaryError",
     "cache_dir",
     "load_model",
-    "rope_spec",
-    "hf_model_of",
+    "wrap_hf_model",
     "resolve_device",
 ]
 
 DEFAULT_MODEL = "smollm2-135m"
 _MARKER = "ropelens-cache.json"
 _CACHE_FORMAT = 1
-
-
-class NotRotaryError(ValueError):
-    """The model has no rotary position embeddings, so there is nothing for ropelens to measure."""
 
 
 @dataclass(frozen=True)
@@ -109,17 +102,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ValueError(
+        raise InputError(
             f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'"
         ) from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but no CUDA GPU is available: use 'cpu'")
+        raise InputError(f"device {device!r} asked for, but no CUDA GPU is available: use 'cpu'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(
+        raise InputError(
             f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)"
         )
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r} asked for, but MPS is not available: use 'cpu'")
+        raise InputError(f"device {device!r} asked for, but MPS is not available: use 'cpu'")
     return dev
 
 
@@ -167,7 +160,7 @@ def _convert_gguf(gguf_path: Path, entry: Path, source: dict[str, Any]) -> None:
                 )
                 tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
             except Exception as e:  # the gguf reader raises many types on a damaged file
-                raise ValueError(
+                raise InputError(
                     f"could not read GGUF file {gguf_path}: {type(e).__name__}: {e}. "
                     "The file is missing, truncated or not a GGUF model; re-download or reinstall it."
                 ) from e
@@ -214,10 +207,10 @@ def _cached_hf_dir(key: str, gguf: Callable[[Path], Path], source: dict[str, Any
 # --------------------------------------------------------------------------------------------
 # loading
 # --------------------------------------------------------------------------------------------
-def _unknown_model_error(name: str, cause: BaseException | None = None) -> ValueError:
+def _unknown_model_error(name: str, cause: BaseException | None = None) -> InputError:
     embedded = ", ".join(f"{n!r}" for n in EMBEDDED_MODELS)
     why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
-    return ValueError(
+    return InputError(
         f"cannot load model {name!r}{why}. It is not an embedded model, not a local path, and the "
         f"hub could not provide it (offline?). Embedded models that work offline: {embedded}. "
         "To use your own weights pass a path to a .gguf file or to an HF model directory "
@@ -230,11 +223,17 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, label: st
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     tok = AutoTokenizer.from_pretrained(path)
-    return _from_hf_dir_model(model, tok, device=device, label=label, hub_name=hub_name, dtype=dtype)
+    return wrap_hf_model(model, tok, device=device, label=label, hub_name=hub_name, dtype=dtype)
 
 
-def _from_hf_dir_model(model, tokenizer, *, device, label: str, hub_name: str, dtype=torch.float32):
-    """Wrap an HF causal LM and its tokenizer in the TransformerLens bridge."""
+def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None, label: str = "model",
+                  hub_name: str | None = None, dtype: torch.dtype = torch.float32):
+    """Wrap an HF causal LM you built or loaded yourself, and its tokenizer, in the TransformerLens bridge.
+
+    ``label`` names the model in results' provenance; ``hub_name`` (default: ``label``) is the name
+    the bridge records as the checkpoint (nothing is fetched).
+    """
+    hub_name = hub_name or label
     from transformer_lens.model_bridge import TransformerBridge
 
     dev = resolve_device(device)
@@ -284,7 +283,7 @@ def load_model(
     if name in EMBEDDED_MODELS:
         em = EMBEDDED_MODELS[name]
         if em.version() == "missing":
-            raise ValueError(
+            raise InputError(
                 f"embedded model {name!r} needs the package {em.distribution}: run `{em.install}`"
             )
         key = f"{name}-{em.version()}"
@@ -297,7 +296,7 @@ def load_model(
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist: check the path")
         if path.suffix != ".gguf":
-            raise ValueError(f"{path} is a file but not a .gguf model: pass a .gguf file or an HF model directory")
+            raise InputError(f"{path} is a file but not a .gguf model: pass a .gguf file or an HF model directory")
         digest = _sha256(path)
         key = f"gguf-{path.stem}-{digest[:16]}"
         source = {"gguf": str(path.resolve()), "sha256": digest}
@@ -306,7 +305,7 @@ def load_model(
         return _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(f"{path} is a directory without config.json: pass an HF model directory")
+            raise InputError(f"{path} is a directory without config.json: pass an HF model directory")
         return _from_hf_dir(path, dtype, dev, str(path), str(path))
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
         raise FileNotFoundError(f"{name} does not exist: check the path")
@@ -343,141 +342,3 @@ def _from_hub(name: str, dtype: torch.dtype, dev: torch.device):
     bridge.eval()
     bridge.ropelens_name = name  # type: ignore[attr-defined]
     return bridge
-
-
-def model_label(model) -> str:
-    """The name a model was loaded under (embedded name, path or hub id)."""
-    return getattr(model, "ropelens_name", None) or str(getattr(model.cfg, "model_name", "model"))
-
-
-# --------------------------------------------------------------------------------------------
-# the RoPE spec of a running model
-# --------------------------------------------------------------------------------------------
-def hf_model_of(model):
-    """The HF module under a bridge (or the module itself if it is already an HF model)."""
-    hf = getattr(model, "original_model", None)
-    if hf is None and hasattr(model, "config"):
-        hf = model
-    if hf is None:
-        raise TypeError(
-            f"expected a TransformerBridge from ropelens.load_model, got {type(model).__name__}"
-        )
-    return hf
-
-
-def _text_config(hf) -> Any:
-    cfg = hf.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-
-
-def _rotary_modules(hf) -> list[torch.nn.Module]:
-    return [
-        m
-        for _, m in hf.named_modules()
-        if "rotary" in type(m).__name__.lower() and "bridge" not in type(m).__name__.lower()
-    ]
-
-
-def _attention_modules(model) -> list[torch.nn.Module]:
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
-        raise TypeError("expected a TransformerBridge with .blocks; load the model with ropelens.load_model")
-    return [b.attn.original_component for b in blocks]
-
-
-_KIND = {"sliding_attention": "sliding", "full_attention": "full", "chunked_attention": "sliding"}
-
-
-def _layer_rope_params(cfg, layer_type: str | None) -> dict[str, Any]:
-    rp = getattr(cfg, "rope_parameters", None) or {}
-    if layer_type is not None and isinstance(rp.get(layer_type), dict):
-        rp = rp[layer_type]
-    return dict(rp)
-
-
-def _inv_freq_for(rotaries, attn, layer_type: str | None) -> tuple[torch.Tensor, float]:
-    """inv_freq and attention scaling that this layer's rotary module applies."""
-    candidates = [attn, *rotaries]
-    for mod in candidates:
-        for prefix in ([f"{layer_type}_"] if layer_type else []) + [""]:
-            inv = getattr(mod, f"{prefix}inv_freq", None)
-            if isinstance(inv, torch.Tensor):
-                scaling = getattr(mod, f"{prefix}attention_scaling", 1.0)
-                return inv.detach().float().cpu().clone(), float(scaling)
-        rot = getattr(mod, "rotary_emb", None)
-        if isinstance(rot, torch.nn.Module) and isinstance(getattr(rot, "inv_freq", None), torch.Tensor):
-            return rot.inv_freq.detach().float().cpu().clone(), float(getattr(rot, "attention_scaling", 1.0))
-    table = getattr(attn, "embed_positions", None)  # GPT-J keeps a [n_pos, rotary_dim] sin|cos table
-    if isinstance(table, torch.Tensor) and table.shape[0] > 1:
-        half = table.shape[1] // 2
-        inv = torch.atan2(table[1, :half].double(), table[1, half:].double())
-        return inv.float().cpu(), 1.0
-    raise NotRotaryError("found no rotary frequencies (inv_freq) in the model's rotary modules")
-
-
-def rope_spec(model) -> RopeSpec:
-    """Read what each attention layer of the running model rotates.
-
-    Read from the HF modules the bridge wraps (their ``inv_freq`` buffers, attention ``scaling``,
-    config ``layer_types`` and ``rope_parameters``), never from ``cfg.rotary_base``.
-    """
-    hf = hf_model_of(model)
-    cfg = _text_config(hf)
-    tl_cfg = getattr(model, "cfg", None)
-    pe_type = getattr(tl_cfg, "positional_embedding_type", "rotary")
-    arch = type(hf).__name__
-    if pe_type != "rotary":
-        raise NotRotaryError(
-            f"{arch} uses {pe_type!r} position embeddings, not RoPE: ropelens measures rotary "
-            "models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute position "
-            "embeddings use ropelens.pe_similarity."
-        )
-    rotaries = _rotary_modules(hf)
-    attns = _attention_modules(model)
-    layer_types = getattr(cfg, "layer_types", None)
-    adjacent = bool(getattr(tl_cfg, "rotary_adjacent_pairs", False)) or arch.startswith(("GPTJ", "CodeGen"))
-    n_heads = int(cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head)
-    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
-    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
-    layers = []
-    for i, attn in enumerate(attns):
-        ltype = layer_types[i] if layer_types else None
-        inv, scaling = _inv_freq_for(rotaries, attn, ltype)
-        params = _layer_rope_params(cfg, ltype)
-        head_dim = int(getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
-        scale = getattr(attn, "scaling", None)
-        if scale is None:
-            scale = 1.0 / float(getattr(attn, "scale_attn", math.sqrt(head_dim)))
-        kind = _KIND.get(ltype or "", "full")
-        window = getattr(attn, "sliding_window", None) if kind == "sliding" else None
-        if kind == "sliding" and window is None:
-            window = getattr(cfg, "sliding_window", None)
-        base = params.get("rope_theta", getattr(cfg, "rope_theta", None))
-        layers.append(
-            LayerRope(
-                layer=i,
-                inv_freq=inv,
-                head_dim=head_dim,
-                rotary_dim=2 * inv.numel(),
-                pairing="adjacent" if adjacent else "half",
-                n_heads=n_heads,
-                n_kv_heads=n_kv,
-                score_scale=float(scale),
-                rope_type=str(params.get("rope_type", "default")),
-                base=float(base) if base is not None else (10000.0 if adjacent else None),
-                rope_parameters={k: v for k, v in params.items() if _jsonable(v)},
-                attention_scaling=scaling,
-                kind=kind,  # type: ignore[arg-type]
-                window=int(window) if window else None,
-                n_ctx=n_ctx,
-            )
-        )
-    return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
-
-
-def _jsonable(v: Any) -> bool:
-    try:
-        json.dumps(v)
-    except (TypeError, ValueError):
-        return False
-    return True

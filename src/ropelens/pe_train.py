@@ -23,8 +23,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ropelens.geometry import _tensor_from_json, _tensor_json, learned_pe
-from ropelens.provenance import Provenance, dump_json
+from ropelens.errors import InputError
+from ropelens.geometry import learned_pe
+from ropelens.provenance import Provenance
+from ropelens.serialize import dump_json, tensor_from_json, tensor_to_json
 from ropelens.train import cut_windows, fit, scaled_shape, token_streams
 
 __all__ = ["ORDERS", "Order", "PETrainConfig", "PETrainResult", "build_pe_model", "order_permutation",
@@ -36,13 +38,13 @@ ORDERS: tuple[str, ...] = ("forward", "backward", "permuted", "init")
 
 def _posint(x: Any, what: str, default: Any) -> int:
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x <= 0:
-        raise ValueError(f"{what} must be a positive int, got {x!r} (the CPU default is {default})")
+        raise InputError(f"{what} must be a positive int, got {x!r} (the CPU default is {default})")
     return int(x)
 
 
 def _check_order(order: Any) -> str:
     if order not in ORDERS:
-        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        raise InputError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     return order
 
 
@@ -69,13 +71,13 @@ class PETrainConfig:
         for name in ("n_positions", "d_model", "n_layers", "n_heads", "batch_size", "steps", "val_windows"):
             _posint(getattr(self, name), name, getattr(PETrainConfig, name))
         if self.n_positions < 2:
-            raise ValueError(f"n_positions must be >= 2 (a window needs two positions), got {self.n_positions}")
+            raise InputError(f"n_positions must be >= 2 (a window needs two positions), got {self.n_positions}")
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
+            raise InputError(f"d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, numbers.Integral) or self.warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0 (steps of linear warm-up), got {self.warmup!r}")
+            raise InputError(f"warmup must be an int >= 0 (steps of linear warm-up), got {self.warmup!r}")
         if not isinstance(self.lr, numbers.Real) or not 0 < self.lr < 1:
-            raise ValueError(f"lr must be a number in (0, 1), got {self.lr!r} (e.g. 2e-3)")
+            raise InputError(f"lr must be a number in (0, 1), got {self.lr!r} (e.g. 2e-3)")
 
     @property
     def tokens(self) -> int:
@@ -113,11 +115,11 @@ class PETrainResult:
         _check_order(self.order)
         want = (self.config.n_positions, self.config.d_model)
         if not isinstance(self.pe, Tensor) or tuple(self.pe.shape) != want:
-            raise ValueError(f"pe must be a tensor of shape {want}, got {getattr(self.pe, 'shape', self.pe)!r}")
+            raise InputError(f"pe must be a tensor of shape {want}, got {getattr(self.pe, 'shape', self.pe)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "PETrainResult", "order": self.order, "config": self.config.to_dict(),
-                "pe": _tensor_json(self.pe), "final_train_loss": self.final_train_loss,
+                "pe": tensor_to_json(self.pe), "final_train_loss": self.final_train_loss,
                 "val_loss": self.val_loss, "loss_curve": list(self.loss_curve),
                 "wall_seconds": self.wall_seconds, "vocab_size": self.vocab_size,
                 "provenance": self.provenance.to_dict()}
@@ -125,8 +127,8 @@ class PETrainResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PETrainResult:
         if d.get("type") != "PETrainResult":
-            raise ValueError(f"expected a PETrainResult, got type {d.get('type')!r}: load it with its own class")
-        return cls(order=d["order"], config=PETrainConfig.from_dict(d["config"]), pe=_tensor_from_json(d["pe"]),
+            raise InputError(f"expected a PETrainResult, got type {d.get('type')!r}: load it with its own class")
+        return cls(order=d["order"], config=PETrainConfig.from_dict(d["config"]), pe=tensor_from_json(d["pe"]),
                    final_train_loss=float(d["final_train_loss"]), val_loss=float(d["val_loss"]),
                    loss_curve=tuple(float(x) for x in d["loss_curve"]), wall_seconds=float(d["wall_seconds"]),
                    vocab_size=int(d["vocab_size"]), provenance=Provenance.from_dict(d["provenance"]))
@@ -172,7 +174,7 @@ def order_permutation(n_positions: int, order: str, seed: int = 0) -> Int[Tensor
 def reorder(tokens: Int[Tensor, "batch n_positions"], order: str, seed: int = 0) -> Int[Tensor, "batch n_positions"]:
     """Windows with their tokens fed forward, backward or permuted (``init`` feeds them forward)."""
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
-        raise ValueError(f"tokens must be a [batch, n_positions] tensor, got {getattr(tokens, 'shape', tokens)!r}")
+        raise InputError(f"tokens must be a [batch, n_positions] tensor, got {getattr(tokens, 'shape', tokens)!r}")
     return tokens[:, order_permutation(tokens.shape[1], order, seed)]
 
 

@@ -1,22 +1,18 @@
-"""Provenance of results (model, data, versions, commit) and atomic file writes."""
+"""Provenance of results: model, data, config, package versions and git commit."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import functools
 import importlib.metadata as md
 import json
-import os
 import platform
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-__all__ = ["Provenance", "atomic_write", "atomic_write_text", "git_commit", "versions"]
+__all__ = ["Provenance", "git_commit", "plotly_bundle", "versions"]
 
 _PACKAGES = ("ropelens", "torch", "transformers", "transformer-lens", "numpy", "pandas", "plotly")
 
@@ -88,47 +84,6 @@ class Provenance:
             commit=self.commit,
             seconds=add(self.seconds, other.seconds),
         )
-
-
-@contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
-    """Open a temp file beside ``path``; rename it over ``path`` only if the block succeeds."""
-    path = Path(path)
-    if path.exists() and path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory: pass a file path")
-    parent = path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PermissionError(f"cannot create output directory {parent}: {e.strerror}; choose a writable path") from e
-    if not os.access(parent, os.W_OK):
-        raise PermissionError(f"output directory {parent} is not writable: choose a writable path")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    with atomic_write(path, "w") as f:
-        f.write(text)
-
-
-def dump_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write JSON atomically (tensors and numpy arrays become lists)."""
-    atomic_write_text(path, json.dumps(obj, indent=1, default=_default))
-
-
-def _default(o: Any) -> Any:
-    tolist = getattr(o, "tolist", None)
-    if tolist is not None:
-        return tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def plotly_bundle(fig: Any, text: str) -> dict[str, Any]:

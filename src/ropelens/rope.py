@@ -17,10 +17,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ropelens.errors import InputError
+
 Pairing = Literal["half", "adjacent"]
 LayerKind = Literal["full", "sliding"]
 
-__all__ = ["LayerRope", "RopeSpec", "plane_dims", "plane_norms", "split_planes", "merge_planes"]
+__all__ = ["LayerRope", "RopeSpec", "expand_kv", "merge_planes", "plane_dims", "plane_norms", "split_planes"]
 
 
 def plane_dims(rotary_dim: int, pairing: Pairing) -> Int[Tensor, "n_planes 2"]:
@@ -30,14 +32,14 @@ def plane_dims(rotary_dim: int, pairing: Pairing) -> Int[Tensor, "n_planes 2"]:
     "adjacent" (GPT-J) pairs dims (2i, 2i + 1).
     """
     if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+        raise InputError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     n = rotary_dim // 2
     i = torch.arange(n)
     if pairing == "half":
         return torch.stack([i, i + n], dim=1)
     if pairing == "adjacent":
         return torch.stack([2 * i, 2 * i + 1], dim=1)
-    raise ValueError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+    raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
 
 
 def split_planes(
@@ -45,7 +47,7 @@ def split_planes(
 ) -> Float[Tensor, "... n_planes 2"]:
     """View the rotary part of ``x`` as planes: ``out[..., i, :]`` is plane i's 2-D coordinate."""
     if x.shape[-1] < rotary_dim:
-        raise ValueError(
+        raise InputError(
             f"last dimension {x.shape[-1]} is smaller than rotary_dim {rotary_dim}: "
             "pass the head vectors, not a slice of them"
         )
@@ -54,7 +56,7 @@ def split_planes(
         return torch.stack([x[..., :n], x[..., n:rotary_dim]], dim=-1)
     if pairing == "adjacent":
         return x[..., :rotary_dim].unflatten(-1, (n, 2))
-    raise ValueError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+    raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
 
 
 def merge_planes(planes: Float[Tensor, "... n_planes 2"], pairing: Pairing) -> Float[Tensor, "... rotary_dim"]:
@@ -63,7 +65,7 @@ def merge_planes(planes: Float[Tensor, "... n_planes 2"], pairing: Pairing) -> F
         return torch.cat([planes[..., 0], planes[..., 1]], dim=-1)
     if pairing == "adjacent":
         return planes.flatten(-2)
-    raise ValueError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+    raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
 
 
 def plane_norms(x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairing) -> Float[Tensor, "... n_planes"]:
@@ -73,7 +75,7 @@ def plane_norms(x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pair
         return torch.hypot(x[..., :n], x[..., n:rotary_dim])
     if pairing == "adjacent":
         return torch.hypot(x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2])
-    raise ValueError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+    raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
 
 
 @dataclass(frozen=True)
@@ -98,15 +100,15 @@ class LayerRope:
 
     def __post_init__(self) -> None:
         if self.inv_freq.ndim != 1:
-            raise ValueError(f"inv_freq must be 1-D, got shape {tuple(self.inv_freq.shape)}")
+            raise InputError(f"inv_freq must be 1-D, got shape {tuple(self.inv_freq.shape)}")
         if 2 * self.inv_freq.numel() != self.rotary_dim:
-            raise ValueError(
+            raise InputError(
                 f"inv_freq has {self.inv_freq.numel()} planes but rotary_dim is {self.rotary_dim}"
             )
         if self.rotary_dim > self.head_dim:
-            raise ValueError(f"rotary_dim {self.rotary_dim} exceeds head_dim {self.head_dim}")
+            raise InputError(f"rotary_dim {self.rotary_dim} exceeds head_dim {self.head_dim}")
         if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
-            raise ValueError(
+            raise InputError(
                 f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
             )
 
@@ -132,7 +134,7 @@ class LayerRope:
     def _ctx(self, n_ctx: int | None) -> int:
         n_ctx = self.n_ctx if n_ctx is None else n_ctx
         if n_ctx is None or n_ctx <= 0:
-            raise ValueError("pass n_ctx: this spec records no context length")
+            raise InputError("pass n_ctx: this spec records no context length")
         return int(n_ctx)
 
     @property
@@ -199,10 +201,10 @@ class RopeSpec:
 
     def __post_init__(self) -> None:
         if not self.layers:
-            raise ValueError("a RopeSpec needs at least one layer")
+            raise InputError("a RopeSpec needs at least one layer")
         for i, layer in enumerate(self.layers):
             if layer.layer != i:
-                raise ValueError(f"layers must be in order: position {i} holds layer {layer.layer}")
+                raise InputError(f"layers must be in order: position {i} holds layer {layer.layer}")
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -225,7 +227,7 @@ class RopeSpec:
     def layer_indices(self, layers: Sequence[int] | None = None, kind: str | None = None) -> list[int]:
         """Validate a layer selection (None = all), optionally restricted to one layer kind."""
         if kind is not None and kind not in self.kinds:
-            raise ValueError(f"layer kind {kind!r} not in this model; it has {sorted(self.kinds)}")
+            raise InputError(f"layer kind {kind!r} not in this model; it has {sorted(self.kinds)}")
         if layers is None:
             chosen = list(range(self.n_layers))
         else:
@@ -234,7 +236,7 @@ class RopeSpec:
                 if not isinstance(idx, int) or isinstance(idx, bool):
                     raise TypeError(f"layer indices must be ints, got {idx!r}")
                 if not -self.n_layers <= idx < self.n_layers:
-                    raise ValueError(
+                    raise InputError(
                         f"layer {idx} out of range: the model has {self.n_layers} layers (0..{self.n_layers - 1})"
                     )
                 chosen.append(idx % self.n_layers)
@@ -335,3 +337,8 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, float) and math.isinf(o):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def expand_kv(k: Float[Tensor, "batch pos kv_head d"], rope: LayerRope) -> Float[Tensor, "batch pos head d"]:
+    """KV heads → query heads under grouped-query attention (query head h reads KV head h // group)."""
+    return k.repeat_interleave(rope.group_size, dim=2) if rope.group_size > 1 else k

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import torch
 
-from ropelens.models import _from_hf_dir_model
+from ropelens.errors import InputError
+from ropelens.models import wrap_hf_model
 
 __all__ = ["TINY_FAMILIES", "tiny_model", "tiny_tokenizer", "tiny_hf_model"]
 
@@ -94,7 +95,7 @@ def _config(family: str, vocab: int, **overrides: Any):
         cfg = GPT2Config(**kw)
         cfg.architectures = ["GPT2LMHeadModel"]
         return cfg
-    raise ValueError(f"unknown tiny family {family!r}: choose from {TINY_FAMILIES + ('gpt2',)}")
+    raise InputError(f"unknown tiny family {family!r}: choose from {TINY_FAMILIES + ('gpt2',)}")
 
 
 def tiny_hf_model(family: str = "llama", *, seed: int = 0, **config_overrides: Any):
@@ -128,7 +129,7 @@ def tiny_model(family: str = "llama", *, seed: int = 0, device: str | None = "cp
     and ``"gpt2"`` (no RoPE). ``config_overrides`` go to the HF config.
     """
     hf = tiny_hf_model(family, seed=seed, **config_overrides)
-    return _from_hf_dir_model(hf, tiny_tokenizer(), device=device, label=f"tiny-{family}", hub_name=f"ropelens/tiny-{family}")
+    return wrap_hf_model(hf, tiny_tokenizer(), device=device, label=f"tiny-{family}", hub_name=f"ropelens/tiny-{family}")
 
 
 def tiny_model_dir(family: str, dest: str | Path, *, seed: int = 0, **config_overrides: Any) -> Path:

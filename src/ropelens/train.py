@@ -28,9 +28,11 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ropelens import data
+from ropelens.errors import InputError
 from ropelens.evaluate import LossEstimate, bootstrap_ci, window_losses
-from ropelens.provenance import Provenance, dump_json
+from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope
+from ropelens.serialize import dump_json
 from ropelens.variants import BaseChange, RopeVariant, variant_from_dict
 
 __all__ = ["TrainConfig", "TrainResult", "build_model", "cut_windows", "fit", "layer_rope", "lr_at",
@@ -42,14 +44,14 @@ _FREQ_VARIANTS = ("Default", "PRoPE", "PRoPEReversed", "PRoPEPartial", "NoPE", "
 
 def _posint(x: Any, what: str, hint: str = "") -> int:
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x <= 0:
-        raise ValueError(f"{what} must be a positive int, got {x!r}{hint}")
+        raise InputError(f"{what} must be a positive int, got {x!r}{hint}")
     return int(x)
 
 
 def scaled_shape(n_heads: int, head_dim: int, n_layers: int, steps: int, factor: float) -> dict[str, int]:
     """Heads (so d_model), layers and steps × ``factor``, each at least 1: a config sized up for a GPU."""
     if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or factor <= 0:
-        raise ValueError(f"factor must be a positive number, got {factor!r}")
+        raise InputError(f"factor must be a positive number, got {factor!r}")
     heads = max(1, round(n_heads * factor))
     return {"n_heads": heads, "d_model": heads * head_dim, "n_layers": max(1, round(n_layers * factor)),
             "steps": max(1, round(steps * factor))}
@@ -81,22 +83,22 @@ class TrainConfig:
                      "val_windows"):
             _posint(getattr(self, name), name, f" (the CPU default is {getattr(TrainConfig, name, None)})")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, numbers.Integral) or self.warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0 (steps of linear warm-up), got {self.warmup!r}")
+            raise InputError(f"warmup must be an int >= 0 (steps of linear warm-up), got {self.warmup!r}")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even (RoPE rotates pairs of dims), got {self.head_dim}")
+            raise InputError(f"head_dim must be even (RoPE rotates pairs of dims), got {self.head_dim}")
         if not isinstance(self.lr, numbers.Real) or not 0 < self.lr < 1:
-            raise ValueError(f"lr must be a number in (0, 1), got {self.lr!r} (e.g. 2e-3)")
+            raise InputError(f"lr must be a number in (0, 1), got {self.lr!r} (e.g. 2e-3)")
         if not isinstance(self.variant, RopeVariant):
             raise TypeError(
                 f"variant must be a ropelens.variants object such as PRoPE(0.75), got {self.variant!r}"
             )
         if type(self.variant).__name__ not in _FREQ_VARIANTS:
-            raise ValueError(
+            raise InputError(
                 f"{self.variant.name} is not one fixed frequency vector, so training cannot bake it into "
                 f"the model: use one of {', '.join(_FREQ_VARIANTS)}"
             )
         if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
+            raise InputError(f"seq_len must be >= 2, got {self.seq_len}")
 
     @property
     def tokens(self) -> int:
@@ -194,7 +196,7 @@ def build_model(config: TrainConfig, vocab_size: int):
     inv = config.variant.inv_freq(layer_rope(config)).float()
     rotary = model.model.rotary_emb
     if rotary.inv_freq.shape != inv.shape:
-        raise ValueError(
+        raise InputError(
             f"{config.variant.name} gives {inv.numel()} frequencies but the model has "
             f"{rotary.inv_freq.numel()} planes"
         )
@@ -239,7 +241,7 @@ def token_streams(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Ten
 def cut_windows(ids: Tensor, n_ctx: int, bos: int, n: int | None = None) -> Int[Tensor, "n n_ctx"]:
     """Non-overlapping windows of BOS + (n_ctx − 1) tokens, as ropelens.data.windows cuts them."""
     if ids.numel() < n_ctx - 1:
-        raise ValueError(
+        raise InputError(
             f"the split has {ids.numel()} tokens, fewer than one window of {n_ctx}: lower seq_len "
             "or use a larger corpus"
         )

@@ -19,8 +19,11 @@ from torch import Tensor
 
 from ropelens.bands import Bands
 from ropelens.capture import LayerActs, Moments, batches, stream
-from ropelens.provenance import Provenance, dump_json
+from ropelens.data import analysis_windows
+from ropelens.errors import InputError
+from ropelens.provenance import Provenance
 from ropelens.rope import RopeSpec
+from ropelens.serialize import dump_json
 
 __all__ = ["FrequencyUsage", "UsageReducer", "frequency_usage"]
 
@@ -33,15 +36,15 @@ class UsageReducer:
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], *, source: str = "pre", n_sink: int = 1) -> None:
         if source not in ("pre", "post"):
-            raise ValueError(f"source must be 'pre' or 'post' (RoPE), got {source!r}")
+            raise InputError(f"source must be 'pre' or 'post' (RoPE), got {source!r}")
         if n_sink < 0:
-            raise ValueError(f"n_sink must be ≥ 0, got {n_sink}")
+            raise InputError(f"n_sink must be ≥ 0, got {n_sink}")
         self.spec, self.layers, self.source, self.n_sink = spec, list(layers), source, n_sink
         self.needs = frozenset({f"q_{source}", f"k_{source}"})
         lr = spec.layers[self.layers[0]]
         P = lr.n_planes
         if any(spec.layers[L].n_planes != P for L in self.layers):
-            raise ValueError("selected layers have different plane counts; analyse them separately")
+            raise InputError("selected layers have different plane counts; analyse them separately")
         self.pos = {L: i for i, L in enumerate(self.layers)}
         shape = {"q": (len(self.layers), lr.n_heads, P), "k": (len(self.layers), lr.n_kv_heads, P)}
         self.tok = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
@@ -107,7 +110,7 @@ class FrequencyUsage:
         for (w, s), mom in {**self.token, **self.window}.items():
             heads = lr.n_heads if w == "q" else lr.n_kv_heads
             if tuple(mom.total.shape) != (L, heads, lr.n_planes):
-                raise ValueError(f"{w}/{s} moments have shape {tuple(mom.total.shape)}, expected {(L, heads, lr.n_planes)}")
+                raise InputError(f"{w}/{s} moments have shape {tuple(mom.total.shape)}, expected {(L, heads, lr.n_planes)}")
 
     # ---------------------------------------------------------------- numbers
     def norm(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
@@ -144,9 +147,9 @@ class FrequencyUsage:
     def merge(self, other: FrequencyUsage) -> FrequencyUsage:
         """Exact merge of two partial results (same model, layers and settings)."""
         if (self.layers, self.n_sink, self.source) != (other.layers, other.n_sink, other.source):
-            raise ValueError("can only merge usage over the same layers, n_sink and source")
+            raise InputError("can only merge usage over the same layers, n_sink and source")
         if self.spec.to_dict() != other.spec.to_dict():
-            raise ValueError("can only merge usage of the same model (RoPE specs differ)")
+            raise InputError("can only merge usage of the same model (RoPE specs differ)")
         return replace(
             self,
             token={k: v.merge(other.token[k]) for k, v in self.token.items()},
@@ -191,7 +194,7 @@ class FrequencyUsage:
     def load(cls, path: str | Path) -> FrequencyUsage:
         d = json.loads(Path(path).read_text())
         if d.get("type") != "FrequencyUsage":
-            raise ValueError(f"{path} does not hold a FrequencyUsage (type {d.get('type')!r})")
+            raise InputError(f"{path} does not hold a FrequencyUsage (type {d.get('type')!r})")
         unkey = lambda s: tuple(s.split("/"))  # noqa: E731
         return cls(
             layers=tuple(d["layers"]),
@@ -212,7 +215,7 @@ class FrequencyUsage:
             z2, ylab, y = z.mean(1), "layer", list(self.layers)
         else:
             if layer not in self.layers:
-                raise ValueError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
+                raise InputError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
             z2, ylab, y = z[self.layers.index(layer)], "head" if which == "q" else "kv head", list(range(z.shape[1]))
         wl = self.spec.layers[self.layers[0] if layer is None else layer].wavelength.tolist()
         return go.Heatmap(
@@ -260,11 +263,11 @@ def frequency_usage(
     ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name ("english", "python", a path),
     or a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS.
     """
-    from ropelens.models import model_label, rope_spec
+    from ropelens.spec import model_label, rope_spec
 
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)
-    tokens, corpus_name, corpus_sha = _windows(model, corpus, n_ctx, max_tokens)
+    tokens, corpus_name, corpus_sha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
     red = UsageReducer(spec, chosen, source=source, n_sink=n_sink)
     t0 = time.perf_counter()
     n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
@@ -276,16 +279,3 @@ def frequency_usage(
         seconds=time.perf_counter() - t0,
     )
     return red.result(prov)
-
-
-def _windows(model, corpus, n_ctx: int, max_tokens: int | None) -> tuple[Tensor, str, str | None]:
-    """Token windows from a corpus, a corpus name, or a token tensor (name and fingerprint too)."""
-    if isinstance(corpus, Tensor):
-        if corpus.ndim != 2 or corpus.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"token input must be an integer [n_windows, n_ctx] tensor, got {corpus.dtype} {tuple(corpus.shape)}")
-        return corpus.long(), "tokens", None
-    from ropelens import data
-
-    c = data.load_corpus(corpus or "english") if not isinstance(corpus, data.Corpus) else corpus
-    toks = data.windows(c, model.tokenizer, n_ctx, max_tokens=max_tokens)
-    return toks, c.name, c.sha256

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import numbers
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -28,7 +25,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ropelens.errors import InputError
 from ropelens.rope import LayerRope
+from ropelens.validate import check_factors, check_flag, check_indices, check_number
 
 __all__ = [
     "RopeVariant",
@@ -51,68 +50,9 @@ __all__ = [
 
 
 
-# --------------------------------------------------------------------------------------------
-# validation
-# --------------------------------------------------------------------------------------------
-_OPS = {">": operator.gt, ">=": operator.ge, "<=": operator.le}
-
-
-def _num(
-    x: Any,
-    what: str,
-    *,
-    above: float | None = None,
-    at_least: float | None = None,
-    at_most: float | None = None,
-    integer: bool = False,
-    hint: str = "",
-) -> Any:
-    """``x`` as a float (or int), or a ValueError naming ``what``, the bounds and ``hint``."""
-    kind = numbers.Integral if integer else numbers.Real
-    if isinstance(x, bool) or not isinstance(x, kind) or not math.isfinite(x):
-        raise ValueError(
-            f"{what} must be a finite {'integer' if integer else 'number'}, got {x!r}{hint}"
-        )
-    bounds = [
-        (op, b) for op, b in ((">", above), (">=", at_least), ("<=", at_most)) if b is not None
-    ]
-    if not all(_OPS[op](x, b) for op, b in bounds):
-        wanted = " and ".join(f"{op} {b:g}" for op, b in bounds)
-        raise ValueError(f"{what} must be {wanted}, got {x!r}{hint}")
-    return int(x) if integer else float(x)
-
-
-def _flag(x: Any, what: str) -> bool:
-    if not isinstance(x, bool):
-        raise ValueError(f"{what} must be True or False, got {x!r}")
-    return x
-
-
-def _factors(xs: Any, what: str) -> tuple[float, ...]:
-    return tuple(
-        _num(x, f"each {what} entry", above=0, hint=" (a per-plane rescale factor)") for x in xs
-    )
-
-
-def _indices(values: Any, what: str, n: int | None = None, owner: str = "") -> tuple[int, ...]:
-    """Sorted unique non-negative ints (plane or head indices), optionally checked against ``n``."""
-    if isinstance(values, Tensor):
-        values = values.flatten().tolist()
-    if isinstance(values, numbers.Integral) and not isinstance(values, bool):
-        values = [values]
-    for i in values:
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
-            raise ValueError(f"{what} indices must be non-negative ints, got {i!r}")
-    out = tuple(sorted({int(i) for i in values}))
-    bad = [i for i in out if n is not None and i >= n]
-    if bad:
-        raise ValueError(f"{what} indices {bad} out of range: {owner} has {n} {what}s (0..{n - 1})")
-    return out
-
-
 def _base(layer: LayerRope) -> float:
     if layer.base is None:
-        raise ValueError(
+        raise InputError(
             f"layer {layer.layer} records no RoPE base (LayerRope.base is None), so its frequencies "
             "cannot be recomputed: build the LayerRope with base=<the model's rope_theta>"
         )
@@ -122,22 +62,22 @@ def _base(layer: LayerRope) -> float:
 # How each parameter is checked and normalised; any other parameter is a positive number.
 _COERCE: dict[str, Callable[[Any, str], Any]] = {
     "p": functools.partial(
-        _num, at_least=0, at_most=1, hint=" (p is the share of planes that rotate)"
+        check_number, at_least=0, at_most=1, hint=" (p is the share of planes that rotate)"
     ),
-    "base": functools.partial(_num, above=1, hint=" (θ_i = base^(−2i/d) must fall with i)"),
-    "factor": functools.partial(_num, above=0, hint=" (the context-extension ratio, e.g. 4)"),
+    "base": functools.partial(check_number, above=1, hint=" (θ_i = base^(−2i/d) must fall with i)"),
+    "factor": functools.partial(check_number, above=0, hint=" (the context-extension ratio, e.g. 4)"),
     "original_max_position": functools.partial(
-        _num, at_least=1, integer=True, hint=" (a length in tokens)"
+        check_number, at_least=1, integer=True, hint=" (a length in tokens)"
     ),
     "n_hat": functools.partial(
-        _num, at_least=0, integer=True, hint=" (positions left uninterpolated)"
+        check_number, at_least=0, integer=True, hint=" (positions left uninterpolated)"
     ),
-    "planes": lambda v, what: _indices(v, what[:-1]),
-    "truncate": _flag,
-    "short_factor": _factors,
-    "long_factor": _factors,
+    "planes": lambda v, what: check_indices(v, what[:-1]),
+    "truncate": check_flag,
+    "short_factor": check_factors,
+    "long_factor": check_factors,
 }
-_POSITIVE = functools.partial(_num, above=0)
+_POSITIVE = functools.partial(check_number, above=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,7 +172,7 @@ def variant_from_dict(d: dict[str, Any]) -> RopeVariant:
     d = dict(d)
     name = d.pop("variant", None)
     if name not in _REGISTRY or name.startswith("_"):
-        raise ValueError(
+        raise InputError(
             f"unknown variant {name!r}: expected one of {sorted(k for k in _REGISTRY if k[0] != '_')}"
         )
     return _REGISTRY[name](**d)
@@ -345,7 +285,7 @@ class PlaneMask(RopeVariant):
     rope_type: ClassVar[str] = "plane-mask"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
-        _indices(self.planes, "plane", layer.n_planes, f"layer {layer.layer}")
+        check_indices(self.planes, "plane", layer.n_planes, f"layer {layer.layer}")
         inv = _default_inv_freq(_base(layer), layer.rotary_dim)
         inv[list(self.planes)] = 0.0
         return inv
@@ -369,7 +309,7 @@ class NTK(RopeVariant):
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
         d = layer.rotary_dim
         if d <= 2:
-            raise ValueError(
+            raise InputError(
                 f"NTK scaling needs rotary_dim > 2 (exponent d/(d−2)); layer {layer.layer} has {d}"
             )
         return _default_inv_freq(_base(layer) * self.factor ** (d / (d - 2)), d)
@@ -432,11 +372,11 @@ class YaRN(_HF):
     def _check(self) -> None:
         # Checked here because HF reads `beta or default`: a 0 would silently become 32 or 1.
         if self.beta_fast <= self.beta_slow:
-            raise ValueError(
+            raise InputError(
                 f"beta_fast ({self.beta_fast}) must exceed beta_slow ({self.beta_slow}): defaults are 32 and 1"
             )
         if (self.mscale is None) != (self.mscale_all_dim is None):
-            raise ValueError(
+            raise InputError(
                 f"pass mscale and mscale_all_dim together (got {self.mscale!r}, {self.mscale_all_dim!r}): "
                 "HF ignores one without the other; to set the cos/sin multiplier pass attention_factor="
             )
@@ -454,7 +394,7 @@ class Llama3(_HF):
 
     def _check(self) -> None:
         if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(
+            raise InputError(
                 f"high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
                 f"({self.low_freq_factor}): defaults are 4 and 1"
             )
@@ -480,19 +420,19 @@ class LongRoPE(_HF):
 
     def _check(self) -> None:
         if len(self.short_factor) != len(self.long_factor):
-            raise ValueError(
+            raise InputError(
                 f"short_factor has {len(self.short_factor)} entries but long_factor {len(self.long_factor)}: "
                 "give one rescale factor per plane in both"
             )
 
     def _hf(self, layer: LayerRope, seq_len: int | Tensor | None = None) -> tuple[Tensor, float]:
         if len(self.short_factor) != layer.n_planes:
-            raise ValueError(
+            raise InputError(
                 f"LongRoPE has {len(self.short_factor)} rescale factors but layer {layer.layer} has "
                 f"{layer.n_planes} planes: pass one factor per plane (short_factor and long_factor)"
             )
         if self.factor is None and layer.n_ctx is None:
-            raise ValueError(
+            raise InputError(
                 "LongRoPE needs factor= (the layer spec records no n_ctx to derive it from)"
             )
         return super()._hf(layer, seq_len)

@@ -52,3 +52,31 @@ def test_smollm2_usage_pre_post_agree_and_sinks_are_large(smollm2):
     assert torch.allclose(pre.q_norm, post.q_norm, rtol=1e-4)
     assert torch.allclose(pre.k_norm, post.k_norm, rtol=1e-4)
     assert pre.q_norm.shape == (3, 9, 32) and pre.k_norm.shape == (3, 3, 32)
+    for w in "qk":
+        assert torch.allclose(pre.norm(w, "no_sink"), post.norm(w, "no_sink"), rtol=1e-4)
+
+    # The sink is large in attention: Gu et al. call a head sunk on a token when it gives it more
+    # than ε = 0.3 of its attention. Measured on these 4 windows (queries at positions ≥ 16), the
+    # mean attention to position 0 is 0.002–0.019 in layer 0 and 0.18–0.80 in layer 20 (8 of 9
+    # heads above 0.3).
+    _, cache = smollm2.run_with_cache(toks, names_filter=lambda n: n.endswith("hook_pattern"))
+    to_bos = {L: cache[f"blocks.{L}.attn.hook_pattern"][:, :, 16:, 0].mean((0, 2)) for L in (0, 20)}
+    assert to_bos[0].max() < 0.05, to_bos[0]
+    assert (to_bos[20] > 0.3).sum() >= 7 and to_bos[20].mean() > 0.5, to_bos[20]
+
+    # ... but not in norm. The no_sink scope leaves out exactly position 0 of each window, so the
+    # sink position's own statistics are (all − no_sink) sums. Measured in layer 20: the RMS norm
+    # of the BOS query is 0.09–0.12× that of the other positions' queries (every head), of the BOS
+    # key 0.21–0.27× (every KV head), and no plane of the BOS key is as large as the rest's mean
+    # (per-plane ratio ≤ 0.88). The BOS key draws attention by its direction, not its size.
+    li = pre.layers.index(20)
+    for w, limit in (("q", 0.2), ("k", 0.4)):
+        a, b = pre.token[(w, "all")], pre.token[(w, "no_sink")]
+        n_sink = a.count - b.count  # [layer, head, plane]
+        assert (n_sink == toks.shape[0]).all() and (b.count == toks.numel() - toks.shape[0]).all()
+        rms_sink = ((a.total_sq - b.total_sq) / n_sink).sum(-1).sqrt()[li]  # [head]
+        rms_rest = (b.total_sq / b.count).sum(-1).sqrt()[li]
+        assert (rms_sink < limit * rms_rest).all(), (w, rms_sink / rms_rest)
+        if w == "k":
+            per_plane = ((a.total - b.total) / n_sink)[li] / b.mean[li]
+            assert (per_plane < 1.0).all(), per_plane.max()

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -72,6 +73,97 @@ def test_loss_on_english_text_is_plausible(name, request):
             losses.append(model(window, return_type="loss").item())
     mean = sum(losses) / len(losses)
     assert 2.2 < mean < 3.3, losses
+
+
+# --------------------------------------------------------------------------------------------
+# the GGUF conversion, checked tensor by tensor against the gguf package's own reader
+# --------------------------------------------------------------------------------------------
+class GGUFTensors:
+    """Tensors dequantised straight from a GGUF file with ``gguf.GGUFReader`` and ``gguf.quants``."""
+
+    def __init__(self, path: Path):
+        import gguf
+
+        self.reader = gguf.GGUFReader(path)
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def arch(self) -> str:
+        return bytes(self.reader.fields["general.architecture"].parts[-1]).decode()
+
+    def qtype(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def __call__(self, name: str, rows=None) -> torch.Tensor:
+        """Dequantised ``name`` in numpy (row-major) order, [out, in] like HF's Linear weights; GGUF
+        lists the shape reversed ([in, out]). Quant blocks run along rows, so a row subset is cheap."""
+        from gguf.quants import dequantize
+
+        t = self.tensors[name]
+        data = t.data if rows is None else t.data[np.asarray(rows)]
+        out = torch.from_numpy(np.array(dequantize(data, t.tensor_type), dtype=np.float32))
+        if rows is None:
+            assert tuple(out.shape) == tuple(int(n) for n in reversed(t.shape)), (name, out.shape, t.shape)
+        return out
+
+
+def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's convert_hf_to_gguf ``LlamaModel.permute`` of q/k rows: per head, HF's rotate-half
+    order (x_0 … x_{d/2−1}, y_0 …) becomes interleaved (x_0, y_0, x_1, y_1, …)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def test_smollm2_weights_equal_dequantised_gguf(smollm2, tmp_path):
+    """SmolLM2 (Q4_1, Llama): the model's weights are the GGUF's, tensor for tensor. q/k rows are
+    compared after llama.cpp's own permutation (HF's conversion must have undone it)."""
+    g = GGUFTensors(ropelens.EMBEDDED_MODELS["smollm2-135m"].gguf(tmp_path))
+    assert g.arch() == "llama" and g.qtype("blk.7.attn_q.weight") == "Q4_1"
+    hf = smollm2.original_model
+    same = lambda a, b: torch.testing.assert_close(a.detach().float(), b, rtol=0, atol=1e-6)  # noqa: E731
+    rows = [0, 1, 2, 1234, 49151]
+    same(hf.model.embed_tokens.weight[rows], g("token_embd.weight", rows))
+    same(hf.lm_head.weight[rows], g("token_embd.weight", rows))  # tied: no output.weight in the file
+    assert "output.weight" not in g.tensors
+    layer = hf.model.layers[7]
+    q, k = g("blk.7.attn_q.weight"), g("blk.7.attn_k.weight")  # [9·64, 576], [3·64, 576]
+    assert q.shape == (576, 576) and k.shape == (192, 576)
+    same(llama_cpp_permute(layer.self_attn.q_proj.weight, 9), q)
+    same(llama_cpp_permute(layer.self_attn.k_proj.weight, 3), k)
+    assert (layer.self_attn.q_proj.weight.detach() - q).abs().max() > 0.5  # the permutation matters
+    same(layer.self_attn.v_proj.weight, g("blk.7.attn_v.weight"))  # v is not permuted
+    same(layer.mlp.down_proj.weight, g("blk.7.ffn_down.weight"))  # [576, 1536]
+    same(layer.mlp.gate_proj.weight, g("blk.7.ffn_gate.weight"))
+    same(layer.input_layernorm.weight, g("blk.7.attn_norm.weight"))  # Llama norms: stored as is
+    same(layer.post_attention_layernorm.weight, g("blk.7.ffn_norm.weight"))
+    same(hf.model.norm.weight, g("output_norm.weight"))
+
+
+def test_gemma3_weights_equal_dequantised_gguf(gemma3, tmp_path):
+    """Gemma 3 (Q4_K_M mix, layer 5 is global): no q/k permutation for Gemma in llama.cpp; every
+    RMSNorm gain is stored in GGUF as the effective gain 1 + w, HF keeps w (Gemma's norm scales by
+    1 + w), so HF = GGUF − 1 for all norms, q/k norms included."""
+    g = GGUFTensors(ropelens.EMBEDDED_MODELS["gemma-3-270m"].gguf(tmp_path))
+    assert g.arch() == "gemma3"
+    quantised = {g.qtype(f"blk.5.{n}.weight") for n in ("attn_q", "attn_k", "ffn_down", "attn_output")}
+    assert not quantised & {"F32", "F16", "BF16"}, quantised  # the dequantisers do real work
+    hf = gemma3.original_model
+    same = lambda a, b: torch.testing.assert_close(a.detach().float(), b, rtol=0, atol=1e-6)  # noqa: E731
+    rows = [0, 2, 1000, 262143]
+    emb = g("token_embd.weight", rows)
+    same(hf.model.embed_tokens.weight[rows], emb)  # raw: the √640 scale is applied in forward
+    same(hf.lm_head.weight[rows], emb)
+    layer = hf.model.layers[5]
+    same(layer.self_attn.q_proj.weight, g("blk.5.attn_q.weight"))  # [4·256, 640]
+    same(layer.self_attn.k_proj.weight, g("blk.5.attn_k.weight"))  # [1·256, 640]
+    same(layer.self_attn.o_proj.weight, g("blk.5.attn_output.weight"))
+    same(layer.mlp.down_proj.weight, g("blk.5.ffn_down.weight"))
+    norms = {"attn_norm": layer.input_layernorm, "post_attention_norm": layer.post_attention_layernorm,
+             "ffn_norm": layer.pre_feedforward_layernorm, "post_ffw_norm": layer.post_feedforward_layernorm,
+             "attn_q_norm": layer.self_attn.q_norm, "attn_k_norm": layer.self_attn.k_norm}
+    for gguf_name, module in norms.items():
+        stored = g(f"blk.5.{gguf_name}.weight")
+        same(module.weight, stored - 1)
+        assert stored.mean() > 1.5, gguf_name  # effective gains (measured means 2.0 to 14.1), not w
+    same(hf.model.norm.weight, g("output_norm.weight") - 1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -85,6 +88,35 @@ def test_plane_terms_are_bounded_by_cauchy_schwarz(tiny):
     assert terms.shape == bound.shape == (1, 4, 8, SEQ, SEQ)
 
 
+def test_cauchy_schwarz_bound_is_attained_when_k_equals_q(tmp_path):
+    """Tiny Llama with W_k = W_q (heads 0, 1) and W_k = −W_q (heads 2, 3): pre-RoPE k = ±q at
+    every position, so at zero relative rotation (the diagonal) every plane term is ±‖q^(i)‖‖k^(i)‖
+    exactly. An inflated or deflated bound fails; the bound's value is also recomputed by hand from
+    the raw hook_q: ‖q^(i)‖² (pairs (i, i + 8)) times 1/√16."""
+    from ropelens.testing import tiny_hf_model, tiny_tokenizer
+
+    hf = tiny_hf_model("llama")
+    sign = torch.tensor([1.0, 1.0, -1.0, -1.0]).repeat_interleave(16)[:, None]
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.k_proj.weight.copy_(layer.self_attn.q_proj.weight * sign)
+    hf.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    model = ropelens.load_model(tmp_path, device="cpu")
+    toks = tokens(1)
+    dec = decompose_attention(model, toks)
+    _, cache = model.run_with_cache(toks)
+    for L in dec.layers:
+        terms, bound = dec.plane_logits(L), dec.cauchy_schwarz(L)  # [b, h, P, q, k]
+        assert (terms.abs() <= bound * (1 + 1e-5) + 1e-7).all()
+        diag_t, diag_b = terms.diagonal(dim1=-2, dim2=-1), bound.diagonal(dim1=-2, dim2=-1)  # [b, h, P, pos]
+        torch.testing.assert_close(diag_t, diag_b * sign[::16, 0][None, :, None, None], rtol=1e-5, atol=1e-7)
+        q = cache[f"blocks.{L}.attn.hook_q"][0]  # [pos, h, 16], pre-RoPE
+        by_hand = (q[..., :8] ** 2 + q[..., 8:] ** 2) / 4.0  # ‖q^(i)‖·‖k^(i)‖ = ‖q^(i)‖² when k = ±q
+        torch.testing.assert_close(diag_b[0], by_hand.permute(1, 2, 0), rtol=1e-5, atol=1e-7)
+        assert diag_b.min() > 0 and (terms.abs() < bound * 0.99).any()  # off-diagonal: not attained
+
+
 def test_decomposition_from_text_and_save_load(tiny, tmp_path):
     model = tiny("llama")
     dec = decompose_attention(model, "The quick brown fox jumps over the lazy dog.", bands=Bands.quantiles(2))
@@ -146,6 +178,26 @@ def test_js_divergence_properties():
     j = js_divergence(p, q)
     assert torch.allclose(js_divergence(p, p), torch.zeros(5), atol=1e-7)
     assert torch.allclose(j, js_divergence(q, p)) and (j <= torch.log(torch.tensor(2.0)) + 1e-6).all()
+
+
+def test_js_divergence_values():
+    """Hand-computed values (natural log), including zero-probability entries."""
+    ln = math.log
+    # disjoint supports: exactly ln 2, the maximum
+    assert js_divergence(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])).item() == pytest.approx(ln(2), rel=1e-6)
+    # p = (1, 0), q = (½, ½): m = (¾, ¼); KL(p‖m) = ln(4/3), KL(q‖m) = ½ ln(2/3) + ½ ln 2 = ½ ln(4/3)
+    # JSD = ½ (ln(4/3) + ½ ln(4/3)) = ¾ ln(4/3)
+    got = js_divergence(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5])).item()
+    assert got == pytest.approx(0.75 * ln(4 / 3), rel=1e-6)
+    # a general pair, written out term by term with numpy, along dim 0 of a [3, 2] batch
+    p, q = np.array([0.2, 0.3, 0.5]), np.array([0.6, 0.3, 0.1])
+    m = (p + q) / 2
+    want = 0.5 * np.sum(p * np.log(p / m)) + 0.5 * np.sum(q * np.log(q / m))
+    batch_p, batch_q = torch.tensor(np.stack([p, q], 1)), torch.tensor(np.stack([q, q], 1))
+    got = js_divergence(batch_p, batch_q, dim=0)
+    assert got.tolist() == pytest.approx([want, 0.0], rel=1e-9, abs=1e-12)
+    # by hand: m = (.4, .3, .3); KL(p‖m) = .2 ln .5 + .5 ln(5/3) = 0.11678, KL(q‖m) = .6 ln 1.5 + .1 ln(1/3) = 0.13342
+    assert want == pytest.approx(0.12510, abs=1e-5)
 
 
 # ----------------------------------------------------------------------------- corpus statistics

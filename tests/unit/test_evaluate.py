@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,9 +81,49 @@ def test_bootstrap_bad_input(values, kw, match):
         bootstrap_ci(values, **kw)
 
 
+def hand_window_losses(hf, tokens):
+    """Mean next-token NLL per window from the HF model's logits: logsumexp − logit of the next token."""
+    with torch.no_grad():
+        logits = hf(input_ids=tokens).logits[:, :-1].double()  # [b, pos-1, vocab]
+    target = tokens[:, 1:]
+    nll = torch.logsumexp(logits, -1) - logits.gather(-1, target[..., None])[..., 0]
+    return nll.mean(-1)
+
+
+def hand_percentile_bootstrap(values, n_boot, seed, alpha):
+    """Resample windows with replacement (same generator draws as ropelens), linear-interpolated percentiles."""
+    v = np.asarray(values, dtype=np.float64)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(v), (n_boot, len(v)), generator=g).numpy()
+    means = v[idx].mean(1)
+    lo, hi = np.percentile(means, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return float(v.mean()), min(float(lo), float(v.mean())), max(float(hi), float(v.mean()))
+
+
 def test_loss_estimate(tiny, tokens):
-    est, losses = loss_estimate(tiny("llama"), tokens, progress=False, n_boot=100)
-    assert est.n_windows == 5 and est.loss.mean == pytest.approx(losses.mean().item())
+    """Per-window losses equal a cross-entropy written here on the plain HF model (same weights);
+    the CI equals a hand-coded percentile bootstrap with the same seed."""
+    est, losses = loss_estimate(tiny("llama"), tokens, progress=False, n_boot=300, seed=7, alpha=0.1)
+    want = hand_window_losses(tiny_hf_model("llama"), tokens)
+    torch.testing.assert_close(losses.double(), want, rtol=1e-5, atol=1e-5)
+    assert 4.0 < want.mean().item() < 5.5  # random 101-token model: near ln 101 = 4.62, not ~0
+    mean, lo, hi = hand_percentile_bootstrap(losses.tolist(), n_boot=300, seed=7, alpha=0.1)
+    assert est.n_windows == 5 and (est.n_boot, est.seed, est.alpha) == (300, 7, 0.1)
+    assert (est.loss.mean, est.loss.lo, est.loss.hi) == pytest.approx((mean, lo, hi), rel=1e-9)
+    assert lo < mean < hi
+    assert (est.perplexity.lo, est.perplexity.hi) == pytest.approx((math.exp(lo), math.exp(hi)), rel=1e-9)
+
+
+def test_bootstrap_ci_matches_hand_bootstrap_on_skewed_values():
+    """A skewed sample (one outlier window) where the CI is clearly asymmetric about the mean."""
+    values = [1.0, 1.1, 0.9, 1.05, 0.95, 1.0, 6.0, 1.02]
+    est = bootstrap_ci(values, n_boot=1000, seed=3)
+    mean, lo, hi = hand_percentile_bootstrap(values, n_boot=1000, seed=3, alpha=0.05)
+    assert (est.loss.mean, est.loss.lo, est.loss.hi) == pytest.approx((mean, lo, hi), rel=1e-9)
+    assert hi - mean > 1.5 * (mean - lo)  # the outlier stretches the upper side (measured 1.26 vs 0.66)
+    # a constant sample has a zero-width interval at its value
+    flat = bootstrap_ci([2.5] * 6, n_boot=200)
+    assert (flat.loss.lo, flat.loss.mean, flat.loss.hi) == pytest.approx((2.5, 2.5, 2.5))
 
 
 def test_run_store_resumes_and_keeps_other_writers_runs(tmp_path):

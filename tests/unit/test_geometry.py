@@ -9,20 +9,14 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from ropelens.geometry import (
-    DecayCurve,
-    PESimilarity,
-    decay_verdict,
-    learned_pe,
-    overlay,
-    pe_similarity,
-    periodicity,
+from ropelens.curves import DecayCurve, decay_verdict, overlay
+from ropelens.decay import (
     roformer_bound,
     rope_decay_by_distance,
     rope_decay_constant,
     rope_gaussian_expectation,
-    sinusoidal_pe,
 )
+from ropelens.geometry import PESimilarity, learned_pe, pe_similarity, periodicity, sinusoidal_pe
 from ropelens.rope import LayerRope
 
 

@@ -16,7 +16,8 @@ from ropelens.heads import (
     otsu_threshold,
     random_tokens,
 )
-from ropelens.models import _from_hf_dir_model, rope_spec
+from ropelens.models import wrap_hf_model
+from ropelens.spec import rope_spec
 from ropelens.testing import tiny_hf_model, tiny_tokenizer
 
 N_CTX = 20  # short: plane 0 (θ₀ = 1 rad) nearly repeats after 2π ≈ 6.3 tokens, so keep few periods
@@ -51,7 +52,7 @@ def _handset():
         wk[ROW + 7, 1], wk[ROW + 15, 2] = b, b
         attn.q_proj.weight.copy_(wq)
         attn.k_proj.weight.copy_(wk)
-    return _from_hf_dir_model(hf, tiny_tokenizer(), device="cpu", label="tiny-handset", hub_name="ropelens/tiny-handset")
+    return wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="tiny-handset", hub_name="ropelens/tiny-handset")
 
 
 @pytest.fixture(scope="module")
@@ -147,17 +148,18 @@ def test_bad_arguments_name_the_value(handset):
 def test_cli_heads_json(handset, monkeypatch, capsys, tmp_path):
     import json
 
-    from ropelens import cli
+    from ropelens.cli import analysis, main
 
-    monkeypatch.setattr(cli, "load_from_args", lambda args: handset)  # noqa: ARG005
+    monkeypatch.setattr(analysis, "load_from_args", lambda args: handset)  # noqa: ARG005
     out = tmp_path / "tx.json"
-    assert cli.main(["heads", "--windows", "2", "--n-ctx", str(N_CTX), "--json", "--out", str(out)]) == 0
+    assert main(["heads", "--windows", "2", "--n-ctx", str(N_CTX), "--json", "--out", str(out)]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["heads"][0]["kind"] == "previous-token" and HeadTaxonomy.load(out).tau == got["tau"]
 
 
-def test_experiment_main_on_handset(handset, tmp_path, capsys):
+def test_experiment_main_on_handset(handset, tmp_path, capsys, monkeypatch):
     import importlib.util
+    import json
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "experiments" / "positional_vs_semantic.py"
@@ -167,4 +169,18 @@ def test_experiment_main_on_handset(handset, tmp_path, capsys):
     argv = ["--quick", "--n-ctx", str(N_CTX), "--n-windows", "4", "--n-perm", "200", "--out", str(tmp_path)]
     result = mod.main(argv, model=handset)
     assert result.exists() and "H2" in capsys.readouterr().out
-    mod.main(argv, model=handset)  # resumes from the saved taxonomy and runs
+    first = json.loads(result.read_text())
+    saved = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != result.name}
+    assert any(n.startswith("taxonomy-") for n in saved) and "runs.json" in saved
+    assert first["causal"]  # the handset has positional and content heads: there was causal work
+
+    # The resumed run must not classify heads again nor redo any ablation: make both impossible.
+    def refuse(*args, **kwargs):
+        raise AssertionError("the resumed run redid finished work")
+
+    monkeypatch.setattr(mod, "classify_heads", refuse)
+    monkeypatch.setattr(mod, "_ablate", refuse)
+    again = mod.main(argv, model=handset)
+    assert again == result
+    assert json.loads(again.read_text()) == first  # identical result
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != result.name} == saved  # nothing rewritten

@@ -16,6 +16,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ropelens.bands import Bands
+from ropelens.data import analysis_windows
+from ropelens.errors import InputError
 from ropelens.provenance import Provenance, git_commit, versions
 from ropelens.report import html as H
 from ropelens.report import sections as _sections
@@ -67,25 +69,14 @@ def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
     return c, {"name": c.name, "sha256": c.sha256, "source": c.source, "n_documents": c.n_documents}
 
 
-def _windows(model, corpus: Any, n_ctx: int, tokens: int):
-    import torch
-
-    from ropelens import data
-
-    if isinstance(corpus, torch.Tensor):
-        if corpus.ndim != 2 or corpus.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"token input must be an integer [n_windows, n_ctx] tensor, got {corpus.dtype} {tuple(corpus.shape)}")
-        return corpus.long()[: max(1, tokens // corpus.shape[1])]
-    return data.windows(corpus, model.tokenizer, n_ctx, max_tokens=tokens)
-
-
 def _load(model_name: Any, device: str | None) -> tuple[Any, str]:
-    from ropelens.models import load_model, model_label
+    from ropelens.models import load_model
+    from ropelens.spec import model_label
 
     if model_name is None or isinstance(model_name, (str, os.PathLike)):
         model = load_model(model_name, device=device)
     elif device is not None:
-        raise ValueError(f"device={device!r} only applies when the report loads the model: pass a model name, "
+        raise InputError(f"device={device!r} only applies when the report loads the model: pass a model name, "
                          "or move the loaded model yourself")
     else:
         model = model_name
@@ -96,7 +87,7 @@ def _choose_layers(spec, layers: Sequence[int] | None, quick: bool) -> list[int]
     if layers is not None:
         chosen = spec.layer_indices(list(layers))
         if not chosen:
-            raise ValueError("no layers selected: pass at least one layer index")
+            raise InputError("no layers selected: pass at least one layer index")
         return sorted(set(chosen))
     if not quick:
         return spec.layer_indices(None)
@@ -139,9 +130,9 @@ def build_report(
         n_ctx = min(n_ctx, QUICK["n_ctx"])
         tokens = QUICK["windows"] * n_ctx
     if tokens < n_ctx:
-        raise ValueError(f"tokens={tokens} is fewer than one window of n_ctx={n_ctx}: raise tokens or lower n_ctx")
+        raise InputError(f"tokens={tokens} is fewer than one window of n_ctx={n_ctx}: raise tokens or lower n_ctx")
     if band_tokens is not None and band_tokens < n_ctx:
-        raise ValueError(f"band_tokens={band_tokens} is fewer than one window of n_ctx={n_ctx}: raise it or pass None (all)")
+        raise InputError(f"band_tokens={band_tokens} is fewer than one window of n_ctx={n_ctx}: raise it or pass None (all)")
     out_dir = check_output_dir(out)
     from ropelens.report.experiments import load_experiments
 
@@ -149,14 +140,15 @@ def build_report(
     corpus_obj, corpus_info = resolve_corpus(corpus)
     with _timed(steps, "load_model"):
         model, label = _load(model_name, device)
-    from ropelens.models import rope_spec
+    from ropelens.spec import rope_spec
 
     spec = rope_spec(model)
     chosen = _choose_layers(spec, layers, quick)
     for L in chosen:
         bands.resolve(spec.layers[L])  # an impossible band spec fails now, not after the pass
     with _timed(steps, "tokenize"):
-        toks = _windows(model, corpus_obj, n_ctx, tokens)
+        toks, _, _ = analysis_windows(model.tokenizer, corpus_obj, n_ctx, tokens)
+        toks = toks[: max(1, tokens // int(toks.shape[1]))]  # a token tensor is held to the budget too
     settings = {"tokens": tokens, "n_ctx": n_ctx, "bands": bands.describe(), "layers": chosen, "quick": quick,
                 "band_tokens": band_tokens, "batch_size": batch_size, "device": str(next(model.parameters()).device),
                 "experiments": None if experiments is None else str(experiments)}

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from ropelens.errors import InputError
 from ropelens.report.html import esc, figure_html, style_figure, table_html
 
 __all__ = ["context_block", "load_experiments", "main_result", "prope_block"]
@@ -41,7 +42,7 @@ def load_experiments(directory: str | Path | None) -> dict[str, list[dict[str, A
             try:
                 found.setdefault(key, []).append({"path": str(path), **json.loads(path.read_text())})
             except (OSError, json.JSONDecodeError) as e:
-                raise ValueError(f"cannot read experiment result {path} ({e}): rerun the script that wrote it "
+                raise InputError(f"cannot read experiment result {path} ({e}): rerun the script that wrote it "
                                  "or move the file aside") from e
     return found
 

@@ -28,8 +28,8 @@ def log_grid(n: int, points: int = POINTS) -> torch.Tensor:
 
 def render_geometry(data: ReportData) -> Section:
     """Constant-vector decay, RoFormer's bound and the Gaussian expectation for this model's frequencies."""
+    from ropelens.curves import decay_verdict
     from ropelens.decay import roformer_bound, rope_decay_constant, rope_gaussian_expectation
-    from ropelens.geometry import decay_verdict
 
     spec, n_ctx = data.spec, data.n_ctx
     D = max(min(spec.n_ctx, MAX_DISTANCE), n_ctx)

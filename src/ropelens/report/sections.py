@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from ropelens.errors import InputError
 from ropelens.report.findings import Finding
 from ropelens.report.html import esc
 
@@ -54,7 +55,7 @@ class SectionSpec:
     def renderer(self) -> Callable[..., Section]:
         fn = resolve(self.render) if self.render else None
         if fn is None:
-            raise ValueError(f"section {self.key!r} has no importable renderer ({self.render!r})")
+            raise InputError(f"section {self.key!r} has no importable renderer ({self.render!r})")
         return fn
 
     def placeholder(self) -> Section:
@@ -71,11 +72,15 @@ class SectionSpec:
 
 
 def resolve(path: str) -> Any | None:
-    """The object at ``"module:attribute"``, or None if it does not import."""
+    """The object at ``"module:attribute"``, or None if the module (or a dependency of it) is not installed.
+
+    Only ImportError means "not available": any other exception while importing is a bug in the
+    analysis and propagates, rather than showing as a placeholder.
+    """
     module, _, attr = path.partition(":")
     try:
         mod = importlib.import_module(module)
-    except Exception:  # a missing or broken optional analysis must not take the whole report down
+    except ImportError:
         return None
     return getattr(mod, attr, None) if attr else mod
 
@@ -108,7 +113,7 @@ def register_section(spec: SectionSpec, *, before: str | None = None) -> None:
         SECTIONS[keys.index(spec.key)] = spec
     elif before is not None:
         if before not in keys:
-            raise ValueError(f"no section {before!r} to insert before; sections: {keys}")
+            raise InputError(f"no section {before!r} to insert before; sections: {keys}")
         SECTIONS.insert(keys.index(before), spec)
     else:
         SECTIONS.append(spec)

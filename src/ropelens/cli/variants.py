@@ -1,5 +1,5 @@
-"""CLI glue for RoPE variants: ``ropelens variants`` (per-plane frequencies) and ``ropelens truncate``
-(perplexity under p-RoPE at inference)."""
+"""``ropelens variants``, ``truncate`` and ``context``: per-plane frequencies of RoPE variants, perplexity under
+p-RoPE, and what context-extension methods do to each plane."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import json
 import math
 
 from ropelens import variants as V
+from ropelens.cli.common import add_common_options, jsonable_row, load_from_args
+from ropelens.errors import InputError
 from ropelens.intervene import apply_rope_variant
+from ropelens.models import DEFAULT_MODEL
+from ropelens.spec import rope_spec
 
-__all__ = ["add_truncate", "add_variants", "parse_variant"]
+__all__ = ["add_context", "add_truncate", "add_variants", "parse_variant"]
 
 _SPECS = {
     "default": (V.Default, ()),
@@ -32,21 +36,19 @@ def parse_variant(text: str) -> V.RopeVariant:
     """``"prope:0.75"`` → ``PRoPE(0.75)``; see :data:`SPEC_HELP` for the forms."""
     name, *args = text.strip().lower().split(":")
     if name not in _SPECS:
-        raise ValueError(f"unknown variant {text!r}: use one of {SPEC_HELP}")
+        raise InputError(f"unknown variant {text!r}: use one of {SPEC_HELP}")
     cls, types = _SPECS[name]
     if len(args) != len(types):
-        raise ValueError(f"variant {text!r} takes {len(types)} value(s) after the name: use one of {SPEC_HELP}")
+        raise InputError(f"variant {text!r} takes {len(types)} value(s) after the name: use one of {SPEC_HELP}")
     try:
         values = [t(a) for t, a in zip(types, args)]
     except ValueError as e:
-        raise ValueError(f"variant {text!r}: {e}") from e
+        raise InputError(f"variant {text!r}: {e}") from e
     return cls(*values)
 
 
 def add_variants(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens variants [MODEL] --variant SPEC``: each plane's frequency before and after."""
-    from ropelens.cli import add_common_options
-
     p = subparsers.add_parser("variants", help="per-plane frequencies of a RoPE variant on a model's layers",
                               description="Show θ_i and the wavelength of every plane before and after a RoPE "
                               "variant, for one layer of each layer kind.")
@@ -57,8 +59,6 @@ def add_variants(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_variants(args: argparse.Namespace) -> int:
-    from ropelens.cli import load_from_args
-    from ropelens.models import rope_spec
 
     chosen = [parse_variant(s) for s in args.variant]
     spec = rope_spec(load_from_args(args))
@@ -83,8 +83,6 @@ def run_variants(args: argparse.Namespace) -> int:
 
 def add_truncate(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens truncate [MODEL]``: perplexity when only the highest fraction p of planes rotates."""
-    from ropelens.cli import add_common_options
-
     p = subparsers.add_parser("truncate", help="perplexity under p-RoPE (truncated RoPE) at inference",
                               description="Held-out perplexity of the model with p-RoPE applied to its running "
                               "rotary tables (p = 1 is the model's RoPE, p = 0 NoPE), with bootstrap CIs over windows. "
@@ -100,7 +98,6 @@ def add_truncate(subparsers: argparse._SubParsersAction) -> None:
 
 def run_truncate(args: argparse.Namespace) -> int:
     from ropelens import data
-    from ropelens.cli import load_from_args
     from ropelens.evaluate import bootstrap_ci, window_losses
 
     ps = [float(x) for x in args.p.split(",") if x.strip()]
@@ -120,4 +117,59 @@ def run_truncate(args: argparse.Namespace) -> int:
     print(f"{'p':>6} {'loss':>8} {'ppl':>9}  95% CI ({toks.shape[0]} windows of {args.n_ctx})")
     for r in rows:
         print(f"{r['p']:>6.3f} {r['loss']:8.4f} {r['ppl']:9.2f}  [{r['ppl_lo']:.2f}, {r['ppl_hi']:.2f}]")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- context
+_CONTEXT_VARIANTS = ("pi", "ntk", "dynamic", "yarn", "llama3")
+
+
+def add_context(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens context [MODEL] --target N``: what each context-extension method does per plane."""
+    p = subparsers.add_parser("context", help="per-plane view of context-extension methods and RoPE's base bounds",
+                              description="Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, "
+                              "dynamic NTK (factor 2), YaRN and Llama 3 scaling, with the critical dimension "
+                              "(arXiv 2310.05209) and the base lower bound (arXiv 2405.14591).")
+    p.add_argument("model", nargs="?", default=None, help=f"embedded name (default {DEFAULT_MODEL}), path or hub name")
+    p.add_argument("--target", type=int, required=True, help="the extended context length in tokens")
+    p.add_argument("--original", type=int, default=None, help="the trained context length (default: the model's n_ctx)")
+    p.add_argument("--variants", default="pi,ntk,yarn,llama3", help=f"comma-separated, of {','.join(_CONTEXT_VARIANTS)}")
+    p.add_argument("--layer", type=int, default=0, help="which layer's RoPE to show (default 0)")
+    add_common_options(p)
+    p.set_defaults(func=run_context)
+
+
+def run_context(args: argparse.Namespace) -> int:
+    """Print per-variant plane categories and the bounds (or JSON with every plane)."""
+    from ropelens import context as ctx
+    from ropelens import variants as V
+
+    names = [n.strip().lower() for n in args.variants.split(",") if n.strip()]
+    bad = [n for n in names if n not in _CONTEXT_VARIANTS]
+    if bad or not names:
+        raise InputError(f"--variants {args.variants!r}: unknown {bad}; choose from {','.join(_CONTEXT_VARIANTS)}")
+    layer = rope_spec(load_from_args(args))[args.layer]
+    l0 = args.original or layer.n_ctx
+    if not l0 or args.target <= l0:
+        raise InputError(f"--target {args.target} must exceed the original context {l0}: pass --original N")
+    s = args.target / l0
+    make = {"pi": lambda: V.Linear(s), "ntk": lambda: V.NTK(s), "dynamic": lambda: V.DynamicNTK(2.0, l0),
+            "yarn": lambda: V.YaRN(s, l0), "llama3": lambda: V.Llama3(s, 1.0, 4.0, l0)}
+    views = [ctx.plane_view(layer, make[n](), l0, args.target) for n in names]
+    bounds = {"critical_dimension": ctx.critical_dimension(layer.base, layer.rotary_dim, l0),
+              "base": layer.base, "base_lower_bound_target": ctx.base_lower_bound(layer.rotary_dim, args.target)}
+    if args.json:
+        out = {"layer": args.layer, "original_ctx": l0, "target_ctx": args.target, **bounds,
+               "views": [{**v.counts(), "variant": v.variant, "attention_scaling": v.attention_scaling,
+                          "planes": [jsonable_row(r) for r in v.to_frame().to_dict("records")]} for v in views]}
+        print(json.dumps(out, indent=2, allow_nan=False))
+        return 0
+    print(f"layer {args.layer}: base {layer.base:g}, {layer.n_planes} planes, {l0} -> {args.target} tokens (x{s:g})")
+    print(f"critical dimension at {l0}: {bounds['critical_dimension']} of {layer.rotary_dim} dims; base lower bound "
+          f"for {args.target}: {bounds['base_lower_bound_target']:.4g}")
+    print(f"{'variant':10s} {'kept':>5s} {'interp':>6s} {'extrap':>6s} {'min scale':>9s} {'max scale':>9s} {'attn':>6s}")
+    for n, v in zip(names, views, strict=True):
+        c, sc = v.counts(), v.scale
+        print(f"{n:10s} {c['kept']:5d} {c['interpolated']:6d} {c['extrapolated']:6d} {float(sc.min()):9.4g} "
+              f"{float(sc.max()):9.4g} {v.attention_scaling:6.4g}")
     return 0

@@ -1,0 +1,185 @@
+"""``ropelens usage``, ``decompose`` and ``heads``: the corpus analyses, printed as tables or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from ropelens.cli.common import (
+    add_analysis_args,
+    add_common_options,
+    add_corpus_args,
+    add_model_arg,
+    emit,
+    load_from_args,
+    positive_int,
+)
+from ropelens.errors import InputError
+from ropelens.models import DEFAULT_MODEL
+
+__all__ = ["add_decompose", "add_heads", "add_usage"]
+
+
+def _fmt(x: float) -> str:
+    return "    –" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:5.2f}"
+
+
+# ---------------------------------------------------------------------------------------- usage
+def add_usage(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens usage [MODEL]``: frequency usage per layer and band."""
+    p = subparsers.add_parser(
+        "usage", help="per-plane norms of queries and keys over a corpus (energy per band, per layer)",
+        description="Mean 2-norm of every RoPE plane of the queries and keys over a corpus; prints each band's "
+                    "share of the energy per layer (sink positions excluded).")
+    add_model_arg(p)
+    add_corpus_args(p, tokens=32_768, n_ctx=512)
+    add_analysis_args(p)
+    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (FrequencyUsage JSON)")
+    add_common_options(p)
+    p.set_defaults(func=run_usage)
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    """Stream frequency usage and print the energy share of each band per layer."""
+    from ropelens.bands import Bands
+    from ropelens.data import load_corpus
+    from ropelens.report.build import check_output_dir
+    from ropelens.usage import frequency_usage
+
+    bands = Bands.parse(args.bands)
+    corpus = load_corpus(args.corpus)
+    if args.save:
+        check_output_dir(_parent(args.save))
+    if args.tokens < args.n_ctx:
+        raise InputError(f"--tokens {args.tokens} is fewer than one window of --n-ctx {args.n_ctx}: raise --tokens or lower --n-ctx")
+    model = load_from_args(args)
+    u = frequency_usage(model, corpus, n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
+                        progress=not args.json)
+    if args.save:
+        u.save(args.save)
+    names, q = u.band_share(bands, "q", "no_sink")
+    _, k = u.band_share(bands, "k", "no_sink")
+    q, k = q.mean(1), k.mean(1)  # heads averaged
+    if args.json:
+        emit({"model": u.provenance.model, "corpus": u.provenance.corpus, "n_tokens": u.provenance.n_tokens,
+               "n_ctx": u.provenance.n_ctx, "layers": list(u.layers), "bands": list(names), "scope": "no_sink",
+               "q_energy_share": q.tolist(), "k_energy_share": k.tolist(),
+               "q_norm": u.norm("q", "no_sink").mean(1).tolist(), "k_norm": u.norm("k", "no_sink").mean(1).tolist()})
+        return 0
+    prov = u.provenance
+    print(f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
+          "share of energy per band, heads averaged, sink excluded")
+    short = [n.split(" (")[0] for n in names]  # "Q1 (highest)" → "Q1"; the order says which end is which
+    w = max(6, *(len(n) + 2 for n in short))
+    print("layer  " + "".join(f"{'q ' + n:>{w}}" for n in short) + "  " + "".join(f"{'k ' + n:>{w}}" for n in short))
+    for i, L in enumerate(u.layers):
+        print(f"{L:5d}  " + "".join(f"{float(x):{w}.3f}" for x in q[i]) + "  " + "".join(f"{float(x):{w}.3f}" for x in k[i]))
+    return 0
+
+
+def _parent(path: str) -> str:
+    from pathlib import Path
+
+    return str(Path(path).expanduser().resolve().parent)
+
+
+# ---------------------------------------------------------------------------------------- decompose
+def add_decompose(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens decompose [MODEL]``: band shares of one text or corpus window, per head."""
+    p = subparsers.add_parser(
+        "decompose", help="per-head band shares of the attention logits for one text or corpus window",
+        description="Decompose every attention logit of one input into bands and print, per head, each band's share "
+                    "of the attended-key margin and how often the band alone picks the attended key.")
+    add_model_arg(p)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--text", default=None, help="the text to decompose (BOS is prepended)")
+    src.add_argument("--corpus", default=None, metavar="PATH|english|python",
+                     help="take one window of this corpus instead (default: english)")
+    p.add_argument("--window", type=int, default=0, metavar="I", help="which corpus window (default: 0)")
+    p.add_argument("--n-ctx", type=positive_int, default=512, metavar="N", help="tokens in the corpus window (default: 512)")
+    add_analysis_args(p)
+    add_common_options(p)
+    p.set_defaults(func=run_decompose)
+
+
+def _one_window(model, args: argparse.Namespace):
+    from ropelens.data import load_corpus, windows
+
+    if args.text is not None:
+        if not args.text.strip():
+            raise InputError("--text is empty: pass the text to decompose, e.g. --text 'The cat sat on the mat.'")
+        return model.to_tokens(args.text), "text"
+    if args.window < 0:
+        raise InputError(f"--window must be ≥ 0, got {args.window}")
+    corpus = load_corpus(args.corpus or "english")
+    toks = windows(corpus, model.tokenizer, args.n_ctx, n_windows=args.window + 1)
+    if toks.shape[0] <= args.window:
+        raise InputError(f"corpus {corpus.name!r} has {toks.shape[0]} windows of {args.n_ctx} tokens; "
+                         f"--window {args.window} does not exist: pick 0..{toks.shape[0] - 1}")
+    return toks[args.window : args.window + 1], f"{corpus.name} window {args.window}"
+
+
+def run_decompose(args: argparse.Namespace) -> int:
+    """Band statistics of one input, printed per layer and head."""
+    from ropelens.bands import Bands
+    from ropelens.data import load_corpus
+    from ropelens.decompose import band_statistics
+
+    bands = Bands.parse(args.bands)
+    if args.text is not None and not args.text.strip():
+        raise InputError("--text is empty: pass the text to decompose, e.g. --text 'The cat sat on the mat.'")
+    if args.text is None:
+        load_corpus(args.corpus or "english")  # an unreadable corpus fails before the model loads
+    model = load_from_args(args)
+    toks, what = _one_window(model, args)
+    st = band_statistics(model, toks, bands=bands, layers=args.layers, batch_size=1, jsd=True, progress=False)
+    frame = st.to_frame()
+    if args.json:
+        emit({"model": st.provenance.model, "input": what, "n_tokens": int(toks.shape[1]), "bands": list(st.band_names),
+               "layers": list(st.layers),
+               "heads": [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+                         for r in frame.to_dict("records")]})
+        return 0
+    print(f"{st.provenance.model}: {what}, {int(toks.shape[1])} tokens, bands {bands.describe()}")
+    print("per head and band: share of the attended-key margin | band-only top-1 agreement")
+    names = list(st.band_names)
+    for L in st.layers:
+        rows = frame[frame["layer"] == L]
+        print(f"\nlayer {L}")
+        print("head  " + "  ".join(f"{n[:13]:>13}" for n in names))
+        for h, g in rows.groupby("head", sort=True):
+            cells = [f"{_fmt(float(r.margin_share))}|{_fmt(float(r.top1)).strip():>5}" for r in g.itertuples()]
+            print(f"{int(h):4d}  " + "  ".join(f"{c:>13}" for c in cells))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- heads
+def add_heads(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens heads [MODEL]``: classify heads as positional or content (ropelens.heads)."""
+    p = subparsers.add_parser("heads", help="classify attention heads as positional (fixed offset), sink or content",
+                              description="Score each head's attention at fixed offsets on text and random tokens.")
+    p.add_argument("model", nargs="?", default=None, help=f"embedded name (default {DEFAULT_MODEL}), path or hub name")
+    p.add_argument("--windows", type=int, default=8, help="text windows (and as many random-token windows)")
+    p.add_argument("--n-ctx", type=int, default=256, help="tokens per window")
+    p.add_argument("--out", default=None, help="save the HeadTaxonomy as JSON to this file")
+    add_common_options(p)
+    p.set_defaults(func=run_heads)
+
+
+def run_heads(args: argparse.Namespace) -> int:
+    """Print positional heads (or every head as JSON records)."""
+    from ropelens.heads import classify_heads
+
+    tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, progress=False)
+    if args.out:
+        tx.save(args.out)
+    df = tx.to_frame()
+    if args.json:
+        print(json.dumps({"tau": tx.tau, "heads": df.to_dict("records")}, indent=2))
+        return 0
+    pos = df[df.positional].sort_values("robust_mass", ascending=False)
+    print(f"tau {tx.tau:.3f}; {len(pos)} positional heads of {len(df)}")
+    cols = ["layer", "head", "kind", "best_offset", "mass_text", "mass_random", "sink_text"]
+    print(pos[cols].to_string(index=False, float_format="%.3f") if len(pos) else "(none)")
+    return 0

@@ -1,0 +1,69 @@
+"""``ropelens COMMAND``: the entry point. It imports the command modules; none of them imports it.
+
+To add a subcommand, write ``add_NAME(subparsers)`` in a command module (building its parser from
+the option groups in :mod:`ropelens.cli.common`, setting ``func`` to ``(args) -> int``) and list it
+in :data:`SUBCOMMANDS`. Bad input raises :class:`ropelens.errors.InputError` (or ``OSError`` for a
+file): ``main`` prints it as ``ropelens: error: ...`` and returns 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from ropelens import __version__
+from ropelens.cli.analysis import add_decompose, add_heads, add_usage
+from ropelens.cli.common import Parser
+from ropelens.cli.geometry import add_pe_geometry
+from ropelens.cli.inspect import add_inspect
+from ropelens.cli.report import add_report
+from ropelens.cli.variants import add_context, add_truncate, add_variants
+from ropelens.errors import InputError
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+EXIT_USAGE = 2
+
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    add_inspect, add_report, add_usage, add_decompose, add_heads, add_variants, add_truncate, add_context,
+    add_pe_geometry,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand in :data:`SUBCOMMANDS`."""
+    parser = Parser(
+        prog="ropelens",
+        description="Mechanistic interpretability of rotary position embeddings (RoPE).",
+    )
+    parser.add_argument("--version", action="version", version=f"ropelens {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``ropelens ARGS``; returns the exit code (0 ok, 2 bad input; ROPELENS_DEBUG=1 re-raises)."""
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except SystemExit as e:  # --help and --version exit through argparse
+        return e.code if isinstance(e.code, int) else 0
+    except BrokenPipeError:  # `ropelens inspect | head`: the reader left, nothing to report
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except (InputError, OSError) as e:  # bad option, model name/path/device, non-RoPE model, broken file
+        if os.environ.get("ROPELENS_DEBUG"):  # the traceback, for bugs that look like bad input
+            raise
+        print(f"ropelens: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,67 @@
+"""``ropelens report [MODEL]``: the self-contained HTML frequency-usage report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ropelens.cli.common import (
+    add_analysis_args,
+    add_common_options,
+    add_corpus_args,
+    add_model_arg,
+    band_tokens,
+    emit,
+    load_from_args,
+)
+from ropelens.report.build import DEFAULT_BAND_TOKENS
+
+__all__ = ["add_report"]
+
+
+def add_report(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens report [MODEL]``: the HTML report."""
+    p = subparsers.add_parser(
+        "report", help="write a self-contained HTML report (usage, band decomposition, findings)",
+        description="Measure frequency usage and the band decomposition of attention in one pass over a corpus, "
+                    "and write OUT/index.html (works offline), report.json and one CSV per table.")
+    add_model_arg(p)
+    add_corpus_args(p, tokens=32_768, n_ctx=512)
+    p.add_argument("--out", default="ropelens-report", metavar="DIR", help="output directory (default: ropelens-report)")
+    add_analysis_args(p)
+    p.add_argument("--band-tokens", type=band_tokens, default=DEFAULT_BAND_TOKENS, metavar="N|all",
+                   help=f"tokens band statistics see, from evenly spread windows (default: {DEFAULT_BAND_TOKENS:,}; "
+                        "'all' for every window; each window costs about 0.6x a forward pass on top of frequency usage)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 4 windows of 256 tokens over a few layers (about a minute on a laptop CPU)")
+    p.add_argument("--experiments", default=None, metavar="DIR",
+                   help="folder the experiment scripts wrote (e.g. results/): their tables for this model join "
+                        "the p-RoPE and context-extension sections")
+    add_common_options(p)
+    p.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Build the report and print where it is (and the findings)."""
+    from ropelens.bands import Bands
+    from ropelens.report.build import build_report, check_output_dir, resolve_corpus
+
+    Bands.parse(args.bands)  # bad bands, output or corpus fail before the model loads
+    out = check_output_dir(args.out)
+    corpus, _ = resolve_corpus(args.corpus)
+    from ropelens.report.experiments import load_experiments
+
+    load_experiments(args.experiments)
+    model = load_from_args(args)
+    path = build_report(model, corpus=corpus, tokens=args.tokens, n_ctx=args.n_ctx, out=out, bands=args.bands,
+                        layers=args.layers, quick=args.quick, band_tokens=args.band_tokens,
+                        experiments=args.experiments)
+    report = json.loads((path / "report.json").read_text())
+    if args.json:
+        emit({"out": str(path), "index": str(path / "index.html"), "findings": report["findings"],
+               "seconds": report["provenance"]["seconds"], "steps_seconds": report["provenance"]["steps_seconds"]})
+        return 0
+    print(f"report: {path / 'index.html'}")
+    for i, f in enumerate(report["findings"], start=1):
+        print(f"  {i}. {f['text']}")
+    return 0

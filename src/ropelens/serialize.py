@@ -1,0 +1,90 @@
+"""Writing results to disk: one atomic writer, JSON with tensors, and typed result files.
+
+Every file ropelens writes goes through :func:`atomic_write`: a temp file beside the target,
+renamed over it only when the write succeeded, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ropelens.errors import InputError
+
+__all__ = ["atomic_write", "atomic_write_text", "dump_json", "read_result_json", "tensor_from_json", "tensor_to_json"]
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temp file beside ``path``; rename it over ``path`` only if the block succeeds."""
+    path = Path(path)
+    if path.exists() and path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory: pass a file path")
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PermissionError(f"cannot create output directory {parent}: {e.strerror}; choose a writable path") from e
+    if not os.access(parent, os.W_OK):
+        raise PermissionError(f"output directory {parent} is not writable: choose a writable path")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_write(path, "w") as f:
+        f.write(text)
+
+
+def dump_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1, allow_nan: bool = True) -> None:
+    """Write JSON atomically (tensors and numpy arrays become lists)."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, allow_nan=allow_nan, default=_default))
+
+
+def _default(o: Any) -> Any:
+    tolist = getattr(o, "tolist", None)
+    if tolist is not None:
+        return tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def tensor_to_json(t: Tensor) -> dict[str, Any]:
+    """Float32 little-endian bytes in base64: a 2048² matrix is 22 MB this way, ~90 MB as text."""
+    raw = t.detach().cpu().to(torch.float32).numpy().astype("<f4").tobytes()
+    return {"shape": list(t.shape), "dtype": "float32", "base64": base64.b64encode(raw).decode()}
+
+
+def tensor_from_json(d: dict[str, Any]) -> Tensor:
+    """Inverse of :func:`tensor_to_json`."""
+    arr = np.frombuffer(base64.b64decode(d["base64"]), dtype="<f4").reshape(d["shape"])
+    return torch.from_numpy(arr.copy())
+
+
+def read_result_json(path: str | os.PathLike[str], kind: str, fmt: int) -> dict[str, Any]:
+    """Read a result file written with ``{"type": kind, "format": fmt, ...}``, checking both."""
+    d = json.loads(Path(path).read_text())
+    if d.get("type") != kind:
+        raise InputError(f"{path} holds a {d.get('type')!r} result, not {kind!r}: load it with that class")
+    if d.get("format") != fmt:
+        raise InputError(f"{path} has format {d.get('format')!r}; this ropelens reads format {fmt}")
+    return d

@@ -1,0 +1,154 @@
+"""Read the RoPE a running model applies, from the HF modules under its bridge.
+
+Frequencies come from the rotary modules' ``inv_freq`` buffers, the score scale from the attention
+modules, layer kinds and windows from the config's ``layer_types``; never from the bridge's
+``cfg.rotary_base``, which is wrong for real models.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import torch
+
+from ropelens.errors import NotRotaryError
+from ropelens.rope import LayerRope, RopeSpec
+
+__all__ = ["hf_model_of", "model_label", "rope_spec"]
+
+
+def model_label(model) -> str:
+    """The name a model was loaded under (embedded name, path or hub id)."""
+    return getattr(model, "ropelens_name", None) or str(getattr(model.cfg, "model_name", "model"))
+
+
+def hf_model_of(model):
+    """The HF module under a bridge (or the module itself if it is already an HF model)."""
+    hf = getattr(model, "original_model", None)
+    if hf is None and hasattr(model, "config"):
+        hf = model
+    if hf is None:
+        raise TypeError(
+            f"expected a TransformerBridge from ropelens.load_model, got {type(model).__name__}"
+        )
+    return hf
+
+
+def _text_config(hf) -> Any:
+    cfg = hf.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _rotary_modules(hf) -> list[torch.nn.Module]:
+    return [
+        m
+        for _, m in hf.named_modules()
+        if "rotary" in type(m).__name__.lower() and "bridge" not in type(m).__name__.lower()
+    ]
+
+
+def _attention_modules(model) -> list[torch.nn.Module]:
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise TypeError("expected a TransformerBridge with .blocks; load the model with ropelens.load_model")
+    return [b.attn.original_component for b in blocks]
+
+
+_KIND = {"sliding_attention": "sliding", "full_attention": "full", "chunked_attention": "sliding"}
+
+
+def _layer_rope_params(cfg, layer_type: str | None) -> dict[str, Any]:
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    if layer_type is not None and isinstance(rp.get(layer_type), dict):
+        rp = rp[layer_type]
+    return dict(rp)
+
+
+def _inv_freq_for(rotaries, attn, layer_type: str | None) -> tuple[torch.Tensor, float]:
+    """inv_freq and attention scaling that this layer's rotary module applies."""
+    candidates = [attn, *rotaries]
+    for mod in candidates:
+        for prefix in ([f"{layer_type}_"] if layer_type else []) + [""]:
+            inv = getattr(mod, f"{prefix}inv_freq", None)
+            if isinstance(inv, torch.Tensor):
+                scaling = getattr(mod, f"{prefix}attention_scaling", 1.0)
+                return inv.detach().float().cpu().clone(), float(scaling)
+        rot = getattr(mod, "rotary_emb", None)
+        if isinstance(rot, torch.nn.Module) and isinstance(getattr(rot, "inv_freq", None), torch.Tensor):
+            return rot.inv_freq.detach().float().cpu().clone(), float(getattr(rot, "attention_scaling", 1.0))
+    table = getattr(attn, "embed_positions", None)  # GPT-J keeps a [n_pos, rotary_dim] sin|cos table
+    if isinstance(table, torch.Tensor) and table.shape[0] > 1:
+        half = table.shape[1] // 2
+        inv = torch.atan2(table[1, :half].double(), table[1, half:].double())
+        return inv.float().cpu(), 1.0
+    raise NotRotaryError("found no rotary frequencies (inv_freq) in the model's rotary modules")
+
+
+def rope_spec(model) -> RopeSpec:
+    """Read what each attention layer of the running model rotates.
+
+    Read from the HF modules the bridge wraps (their ``inv_freq`` buffers, attention ``scaling``,
+    config ``layer_types`` and ``rope_parameters``), never from ``cfg.rotary_base``.
+    """
+    hf = hf_model_of(model)
+    cfg = _text_config(hf)
+    tl_cfg = getattr(model, "cfg", None)
+    pe_type = getattr(tl_cfg, "positional_embedding_type", "rotary")
+    arch = type(hf).__name__
+    if pe_type != "rotary":
+        raise NotRotaryError(
+            f"{arch} uses {pe_type!r} position embeddings, not RoPE: ropelens measures rotary "
+            "models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute position "
+            "embeddings use ropelens.pe_similarity."
+        )
+    rotaries = _rotary_modules(hf)
+    attns = _attention_modules(model)
+    layer_types = getattr(cfg, "layer_types", None)
+    adjacent = bool(getattr(tl_cfg, "rotary_adjacent_pairs", False)) or arch.startswith(("GPTJ", "CodeGen"))
+    n_heads = int(cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head)
+    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
+    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
+    layers = []
+    for i, attn in enumerate(attns):
+        ltype = layer_types[i] if layer_types else None
+        inv, scaling = _inv_freq_for(rotaries, attn, ltype)
+        params = _layer_rope_params(cfg, ltype)
+        head_dim = int(getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
+        scale = getattr(attn, "scaling", None)
+        if scale is None:
+            scale = 1.0 / float(getattr(attn, "scale_attn", math.sqrt(head_dim)))
+        kind = _KIND.get(ltype or "", "full")
+        window = getattr(attn, "sliding_window", None) if kind == "sliding" else None
+        if kind == "sliding" and window is None:
+            window = getattr(cfg, "sliding_window", None)
+        base = params.get("rope_theta", getattr(cfg, "rope_theta", None))
+        layers.append(
+            LayerRope(
+                layer=i,
+                inv_freq=inv,
+                head_dim=head_dim,
+                rotary_dim=2 * inv.numel(),
+                pairing="adjacent" if adjacent else "half",
+                n_heads=n_heads,
+                n_kv_heads=n_kv,
+                score_scale=float(scale),
+                rope_type=str(params.get("rope_type", "default")),
+                base=float(base) if base is not None else (10000.0 if adjacent else None),
+                rope_parameters={k: v for k, v in params.items() if _jsonable(v)},
+                attention_scaling=scaling,
+                kind=kind,  # type: ignore[arg-type]
+                window=int(window) if window else None,
+                n_ctx=n_ctx,
+            )
+        )
+    return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -1,0 +1,71 @@
+"""Validation of user-given numbers, flags and index lists, with errors that name the fix."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from typing import Any
+
+from torch import Tensor
+
+from ropelens.errors import InputError
+
+__all__ = ["check_factors", "check_flag", "check_indices", "check_number"]
+
+_OPS = {">": operator.gt, ">=": operator.ge, "<=": operator.le}
+
+
+def check_number(
+    x: Any,
+    what: str,
+    *,
+    above: float | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
+    integer: bool = False,
+    hint: str = "",
+) -> Any:
+    """``x`` as a float (or int), or an InputError naming ``what``, the bounds and ``hint``."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(x, bool) or not isinstance(x, kind) or not math.isfinite(x):
+        raise InputError(
+            f"{what} must be a finite {'integer' if integer else 'number'}, got {x!r}{hint}"
+        )
+    bounds = [
+        (op, b) for op, b in ((">", above), (">=", at_least), ("<=", at_most)) if b is not None
+    ]
+    if not all(_OPS[op](x, b) for op, b in bounds):
+        wanted = " and ".join(f"{op} {b:g}" for op, b in bounds)
+        raise InputError(f"{what} must be {wanted}, got {x!r}{hint}")
+    return int(x) if integer else float(x)
+
+
+def check_flag(x: Any, what: str) -> bool:
+    """``x`` if it is a bool, else an InputError naming ``what``."""
+    if not isinstance(x, bool):
+        raise InputError(f"{what} must be True or False, got {x!r}")
+    return x
+
+
+def check_factors(xs: Any, what: str) -> tuple[float, ...]:
+    """Positive finite per-plane factors as floats."""
+    return tuple(
+        check_number(x, f"each {what} entry", above=0, hint=" (a per-plane rescale factor)") for x in xs
+    )
+
+
+def check_indices(values: Any, what: str, n: int | None = None, owner: str = "") -> tuple[int, ...]:
+    """Sorted unique non-negative ints (plane or head indices), optionally checked against ``n``."""
+    if isinstance(values, Tensor):
+        values = values.flatten().tolist()
+    if isinstance(values, numbers.Integral) and not isinstance(values, bool):
+        values = [values]
+    for i in values:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
+            raise InputError(f"{what} indices must be non-negative ints, got {i!r}")
+    out = tuple(sorted({int(i) for i in values}))
+    bad = [i for i in out if n is not None and i >= n]
+    if bad:
+        raise InputError(f"{what} indices {bad} out of range: {owner} has {n} {what}s (0..{n - 1})")
+    return out

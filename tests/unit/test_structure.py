@@ -1,0 +1,149 @@
+"""The package's import graph: one-way imports, no private names across modules, one public API.
+
+Built from the source with ``ast`` (every import, including the ones inside functions), so a cycle
+or a reach into another module's private helper fails here, whatever order modules load in.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import ropelens
+
+SRC = Path(ropelens.__file__).parent
+
+
+def _module_name(path: Path, src: Path = SRC) -> str:
+    parts = path.relative_to(src.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str], src: Path) -> list[tuple[str, str]]:
+    """(imported module, imported name or '') for every ropelens import in one file."""
+    name = _module_name(path, src)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules:  # `from ropelens import heads`
+                    out.append((f"{target}.{alias.name}", ""))
+                elif target in modules:
+                    out.append((target, alias.name))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names if a.name in modules]
+    return out
+
+
+def import_graph(src: Path = SRC) -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
+    """Module → modules it imports, and (importer, module, name) for each private name imported."""
+    files = {_module_name(p, src): p for p in src.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    private = []
+    for m, path in files.items():
+        for target, name in _imports(path, set(files), src):
+            if target != m:
+                graph[m].add(target)
+            if name.startswith("_") and not name.startswith("__") and target != m:
+                private.append((m, target, name))
+    return graph, private
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    graph, _ = import_graph()
+    assert len(graph) > 30  # the walk found the package
+    assert cycles(graph) == []
+
+
+def test_no_private_names_across_modules():
+    _, private = import_graph()
+    assert private == []
+
+
+def test_library_never_imports_the_command_line():
+    graph, _ = import_graph()
+    for module, targets in graph.items():
+        if module == "ropelens.__main__":  # `python -m ropelens` is the command line
+            continue
+        if not module.startswith("ropelens.cli"):
+            assert not any(t.startswith("ropelens.cli") for t in targets), module
+        elif module not in ("ropelens.cli", "ropelens.cli.main"):
+            assert "ropelens.cli.main" not in targets and "ropelens.cli" not in targets, module
+
+
+@pytest.mark.parametrize("leaf", ["ropelens.errors", "ropelens.serialize", "ropelens.validate", "ropelens.curves",
+                                  "ropelens.rope", "ropelens.data"])
+def test_leaf_modules_import_nothing_above_them(leaf):
+    graph, _ = import_graph()
+    allowed = {"ropelens.errors", "ropelens.serialize", "ropelens.validate", "ropelens.rope"}
+    assert graph[leaf] <= allowed, graph[leaf] - allowed
+
+
+def test_checks_catch_what_they_look_for(tmp_path):
+    """The graph walk sees a planted cycle, a function-level import and a private import."""
+    pkg = tmp_path / "ropelens"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from ropelens.b import _helper\n")
+    (pkg / "b.py").write_text("def f():\n    from ropelens import a\n")
+    graph, private = import_graph(pkg)
+    assert cycles(graph) == [["ropelens.a", "ropelens.b"]]
+    assert private == [("ropelens.a", "ropelens.b", "_helper")]
+
+
+def test_public_api_exports_exist():
+    for name in ropelens.__all__:
+        assert hasattr(ropelens, name), name
+    for module in ("heads", "context", "train", "variants", "data"):
+        assert module in ropelens.__all__
+
+
+def test_errors_are_value_errors():
+    from ropelens import errors
+
+    for cls in (errors.NotRotaryError, errors.UnsupportedModelError, errors.UsageError):
+        assert issubclass(cls, errors.InputError)
+    assert issubclass(errors.InputError, ValueError)
