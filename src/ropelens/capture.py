@@ -96,12 +96,23 @@ class Moments:
 
 def causal_mask(rope: LayerRope, n_pos: int, device: torch.device | None = None) -> Bool[Tensor, "q k"]:
     """Keys each query may attend to: causal, and within the sliding window for local layers."""
-    q = torch.arange(n_pos, device=device)[:, None]
-    k = torch.arange(n_pos, device=device)[None, :]
-    ok = k <= q
-    if rope.kind == "sliding" and rope.window:
-        ok &= (q - k) < rope.window
-    return ok
+    return rope.mask(n_pos, device)
+
+
+def _plane_tables(table: Tensor, rope: LayerRope, interleaved: bool) -> Tensor:
+    """A ``[batch, pos, width]`` cos or sin table as one column per plane, ``[batch, pos, n_planes]``.
+
+    Tables are half-width (one entry per plane), duplicated halves (Llama: ``cat(θ, θ)``) or
+    interleaved (Cohere: ``repeat_interleave(θ, 2)``).
+    """
+    n = rope.n_planes
+    if table.ndim == 2:
+        table = table[None]
+    if table.shape[-1] == n:
+        return table
+    if table.shape[-1] != 2 * n:
+        raise InputError(f"layer {rope.layer}: a rotary table {table.shape[-1]} wide for {n} planes")
+    return table[..., ::2] if interleaved else table[..., :n]
 
 
 def batches(
@@ -125,6 +136,8 @@ def _hook_plan(hooks: AttnHooks, needs: frozenset[str]) -> dict[str, str]:
         if f"{which}_post" in needs:
             post = hooks.post(which)
             plan[f"{which}_post"] = post if post is not None else hooks.pre(which)
+            if post is None and hooks.cos is not None:  # rotate with the tables the attention received
+                plan["cos"], plan["sin"] = hooks.cos, hooks.sin
     if "pattern" in needs:
         plan["pattern"] = hooks.pattern
     return plan
@@ -143,6 +156,7 @@ class _Collector:
         self.plans = {L: _hook_plan(h, self.needs) for L, h in self.hooks.items()}
         self.pending: dict[int, dict[str, Tensor]] = {}
         self.valid: Tensor | None = None
+        self.interleaved = bool(getattr(getattr(model, "cfg", None), "rotary_interleaved_cos_sin", False))
 
     def fwd_hooks(self) -> list[tuple[str, object]]:
         out = []
@@ -166,18 +180,33 @@ class _Collector:
         rope = self.spec.layers[layer]
         got = self.pending.setdefault(layer, {})
         for key in keys:
-            if key == "pattern":
+            if key in ("pattern", "cos", "sin"):
                 got[key] = x
                 continue
-            which, stage = key.split("_")
+            which, _ = key.split("_")
             name = self.plans[layer][key]
-            t = to_bphd(x, h.pre_heads_first and name == h.pre(which))
-            if stage == "post" and h.post(which) is None:  # no post-RoPE hook: rotate ourselves
-                pos = torch.arange(t.shape[1], device=t.device)
-                t = rope.rotate(t.transpose(1, 2), pos).transpose(1, 2)
-            got[key] = t
+            n = rope.n_heads if which == "q" else rope.n_kv_heads
+            got[key] = to_bphd(x, h.pre_heads_first and name == h.pre(which) and x.ndim == 4, n)
         if len(got) == len(self.plans[layer]):
+            self._rotate_missing(layer)
             self._dispatch(layer)
+
+    def _rotate_missing(self, layer: int) -> None:
+        """Post-RoPE q/k of a layer that fires no post-RoPE hook: its pre-RoPE tensors rotated with the
+        (cos, sin) tables its attention received (so RoPE variants are seen), else with the spec's."""
+        h, rope, got = self.hooks[layer], self.spec.layers[layer], self.pending[layer]
+        cos, sin = got.pop("cos", None), got.pop("sin", None)
+        for which in ("q", "k"):
+            key = f"{which}_post"
+            if key not in got or h.post(which) is not None:
+                continue
+            t = got[key].transpose(1, 2)  # [b, head, pos, d]
+            if cos is not None:
+                c, s = _plane_tables(cos, rope, self.interleaved), _plane_tables(sin, rope, self.interleaved)
+                t = rope.rotate_by(t, c[:, None].to(t.dtype), s[:, None].to(t.dtype))
+            else:
+                t = rope.rotate(t, torch.arange(t.shape[2], device=t.device))
+            got[key] = t.transpose(1, 2)
 
     def _dispatch(self, layer: int) -> None:
         acts = LayerActs(layer=layer, rope=self.spec.layers[layer], valid=self.valid, tensors=self.pending.pop(layer))
@@ -190,11 +219,12 @@ class _Collector:
         for layer in sorted(self.pending):
             got = self.pending[layer]
             if set(self.plans[layer]) - set(got) == {"pattern"} and {"q_post", "k_post"} <= set(got):
+                self._rotate_missing(layer)
                 rope = self.spec.layers[layer]
                 k = got["k_post"].repeat_interleave(rope.group_size, dim=2)
                 scores = torch.einsum("bqhd,bkhd->bhqk", got["q_post"], k) * rope.score_scale
                 ok = causal_mask(rope, scores.shape[-1], scores.device)[None] & self.valid[:, None, :]
-                got["pattern"] = torch.softmax(scores.masked_fill(~ok[:, None], float("-inf")), dim=-1).nan_to_num(0.0)
+                got["pattern"] = rope.probs(scores.masked_fill(~ok[:, None], float("-inf")))
                 self._dispatch(layer)
 
 

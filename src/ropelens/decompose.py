@@ -114,8 +114,13 @@ class AttentionDecomposition:
         return self._acts(layer)["pattern"]
 
     def band_patterns(self, layer: int) -> Float[Tensor, "batch head band q k"]:
-        """Softmax of each band's logits alone (causal mask and sliding window applied)."""
-        return torch.softmax(self.band_logits(layer), dim=-1)
+        """The pattern each band's logits make alone, through the layer's own softmax (causal mask,
+        sliding window, logit soft-capping and attention sinks applied as the model applies them)."""
+        return self._acts(layer).rope.probs(self.band_logits(layer))
+
+    def rebuilt_pattern(self, layer: int) -> Float[Tensor, "batch head q k"]:
+        """The attention pattern rebuilt from the summed bands: equals the model's own pattern."""
+        return self._acts(layer).rope.probs(self.logits(layer))
 
     def plane_logits(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
         """Per-plane terms (the single-plane decomposition), unmasked."""
@@ -332,7 +337,7 @@ class BandStatsReducer:
         jsd = torch.zeros(q.shape[1], rb.n_bands)
         for c0 in range(0, n, self.chunk):
             c1 = min(n, c0 + self.chunk)
-            k0 = max(0, c0 - rope.window + 1) if rope.kind == "sliding" and rope.window else 0
+            k0 = max(0, c0 - rope.window + 1) if rope.window else 0
             mc = m[:, c0:c1, k0:c1]  # [b,c,kk]
             rows_ok = mc.any(-1)[:, None, None]  # [b,1,1,c]
             if qb is not None:  # equal-size bands: one batched matmul
@@ -349,7 +354,7 @@ class BandStatsReducer:
                 x[..., a:b].masked_fill_(bad, float("-inf"))
             top1 += ((x.argmax(-1) + k0 == att[:, :, None, c0:c1]) & rows_ok).sum((0, 3))
             if self.jsd:
-                p = torch.softmax(x, -1).nan_to_num_(0.0)
+                p = rope.probs(x)
                 jsd += (js_divergence(p, pattern[:, :, None, c0:c1, k0:c1]) * rows_ok).sum((0, 3))
         self.sums["abs_sum"][i] += abs_sum.double()
         self.sums["top1"][i] += top1.double()
@@ -359,7 +364,7 @@ class BandStatsReducer:
 def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor, "b h pos d"]:
     """Σ of keys each query may attend to: a prefix sum, minus the part before a sliding window."""
     csum = k.cumsum(2)
-    if rope.kind == "sliding" and rope.window and rope.window < k.shape[2]:
+    if rope.window and rope.window < k.shape[2]:
         csum[:, :, rope.window :] -= csum[:, :, : -rope.window].clone()
     return csum
 

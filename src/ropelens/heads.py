@@ -85,7 +85,7 @@ class HeadScoresReducer:
         s["sink"][i] += (pattern[:, :, 1:, 0] * w0[:, None]).sum((0, 2)).double().cpu()
         s["n_sink"][i] += float(w0.sum())
         for d in range(min(self.max_offset + 1, n - 1)):
-            if rope.kind == "sliding" and rope.window and d >= rope.window:
+            if rope.window and d >= rope.window:
                 break
             # keys at position 0 are excluded: mass there is the sink, not an offset
             w = (valid[:, d + 1 :] & valid[:, 1 : n - d]).float()  # [b, n-1-d]

@@ -27,6 +27,8 @@ class AttnHooks:
     scores: str
     pattern: str
     pre_heads_first: bool  # Gemma's q/k-norm hooks are [batch, head, pos, d]
+    cos: str | None = None  # the (cos, sin) tables the attention received, where those hooks fire:
+    sin: str | None = None  # with no post-RoPE hook, ropelens rotates with exactly these tables
 
     def pre(self, which: str) -> str:
         return self.q_pre if which == "q" else self.k_pre
@@ -57,10 +59,12 @@ def attn_hooks(model, layer: int) -> AttnHooks:
         scores=p + "hook_attn_scores",
         pattern=p + "hook_pattern",
         pre_heads_first=normed,
+        cos=p + "hook_cos" if "hook_cos" in fires else None,
+        sin=p + "hook_sin" if "hook_sin" in fires else None,
     )
 
 
-_PROBED = ("hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k", "hook_pattern")
+_PROBED = ("hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k", "hook_pattern", "hook_cos", "hook_sin")
 
 
 def _firing(model) -> frozenset[str]:
@@ -87,8 +91,14 @@ def _firing(model) -> frozenset[str]:
     return result
 
 
-def to_bphd(x: Tensor, heads_first: bool) -> Tensor:
-    """Bring a hook tensor to ``[batch, pos, head, d_head]``."""
+def to_bphd(x: Tensor, heads_first: bool, n_heads: int | None = None) -> Tensor:
+    """Bring a hook tensor to ``[batch, pos, head, d_head]``.
+
+    A 3-D ``[batch, pos, n_heads·d_head]`` tensor (OLMo 2 normalises q and k over the whole
+    projection, before the head split) is split into ``n_heads`` heads.
+    """
+    if x.ndim == 3 and n_heads and x.shape[-1] % n_heads == 0:
+        return x.unflatten(-1, (n_heads, x.shape[-1] // n_heads))
     if x.ndim != 4:
         raise InputError(f"expected a 4-D per-head tensor, got shape {tuple(x.shape)}")
     return x.transpose(1, 2) if heads_first else x

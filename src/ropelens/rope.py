@@ -14,13 +14,13 @@ from typing import Any, Literal
 
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ropelens.errors import InputError
 
 Pairing = Literal["half", "adjacent"]
-LayerKind = Literal["full", "sliding"]
+LayerKind = Literal["full", "sliding", "nope"]
 
 __all__ = ["LayerRope", "RopeSpec", "expand_kv", "merge_planes", "plane_dims", "plane_norms", "split_planes"]
 
@@ -31,8 +31,8 @@ def plane_dims(rotary_dim: int, pairing: Pairing) -> Int[Tensor, "n_planes 2"]:
     "half" (Llama, Gemma, NeoX: ``rotate_half``) pairs dims (i, i + rotary_dim/2);
     "adjacent" (GPT-J) pairs dims (2i, 2i + 1).
     """
-    if rotary_dim <= 0 or rotary_dim % 2:
-        raise InputError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    if rotary_dim < 0 or rotary_dim % 2:
+        raise InputError(f"rotary_dim must be a non-negative even number, got {rotary_dim}")
     n = rotary_dim // 2
     i = torch.arange(n)
     if pairing == "half":
@@ -94,9 +94,11 @@ class LayerRope:
     base: float | None = None
     rope_parameters: dict[str, Any] = field(default_factory=dict)
     attention_scaling: float = 1.0  # multiplies cos and sin (YaRN/LongRoPE mscale)
-    kind: LayerKind = "full"
-    window: int | None = None  # sliding-window size for kind == "sliding"
+    kind: LayerKind = "full"  # "nope": attention without rotation (no planes); masks follow `window`
+    window: int | None = None  # sliding window: a query at m sees keys n with m − window < n ≤ m
     n_ctx: int | None = None
+    softcap: float | None = None  # attention-logit soft-capping c: scores become c·tanh(s/c) (Gemma 2)
+    sinks: tuple[float, ...] | None = None  # learned per-head sink logits that join the softmax (gpt-oss)
 
     def __post_init__(self) -> None:
         if self.inv_freq.ndim != 1:
@@ -111,6 +113,10 @@ class LayerRope:
             raise InputError(
                 f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
             )
+        if (self.kind == "nope") != (self.rotary_dim == 0):
+            raise InputError(f"layer {self.layer}: kind 'nope' is exactly the layers with no rotary planes")
+        if self.sinks is not None and len(self.sinks) != self.n_heads:
+            raise InputError(f"sinks has {len(self.sinks)} entries for {self.n_heads} heads")
 
     @property
     def n_planes(self) -> int:
@@ -149,6 +155,38 @@ class LayerRope:
         """‖x^(i)‖ for every plane i."""
         return plane_norms(x, self.rotary_dim, self.pairing)
 
+    @property
+    def rotary(self) -> bool:
+        """Whether this layer rotates anything (False for NoPE layers)."""
+        return self.rotary_dim > 0
+
+    def mask(self, n_pos: int, device: torch.device | None = None) -> Bool[Tensor, "q k"]:
+        """Keys each query may attend to: causal, and within the sliding window where there is one."""
+        q = torch.arange(n_pos, device=device)[:, None]
+        k = torch.arange(n_pos, device=device)[None, :]
+        ok = k <= q
+        if self.window:
+            ok &= (q - k) < self.window
+        return ok
+
+    def probs(self, scores: Float[Tensor, "... k"], head_axis: int = 1) -> Float[Tensor, "... k"]:
+        """The attention pattern this layer makes of pre-softmax ``scores`` (masked entries −inf).
+
+        Applies the layer's logit soft-capping and its learned sinks (a per-head logit that takes
+        part in the softmax and is then dropped), as the model does; ``head_axis`` is where the
+        head index sits in ``scores``. Rows with no allowed key give zeros.
+        """
+        x = scores
+        if self.softcap:
+            x = torch.where(x == float("-inf"), x, torch.tanh(x / self.softcap) * self.softcap)
+        if self.sinks is None:
+            return torch.softmax(x, dim=-1).nan_to_num(0.0)
+        shape = [1] * x.ndim
+        shape[head_axis] = self.n_heads
+        sink = torch.tensor(self.sinks, dtype=x.dtype, device=x.device).reshape(shape)
+        sink = sink.expand(*x.shape[:-1], 1)
+        return torch.softmax(torch.cat([x, sink], dim=-1), dim=-1)[..., :-1]
+
     def angles(self, positions: Tensor) -> Float[Tensor, "... n_planes"]:
         """Rotation angle of each plane at each position, m·θ_i."""
         return positions.to(torch.float64)[..., None] * self.inv_freq.double()
@@ -160,7 +198,12 @@ class LayerRope:
         Dimensions past ``rotary_dim`` pass through unchanged, as in partial-rotary models.
         """
         ang = self.angles(positions).to(x.dtype)
-        cos, sin = ang.cos() * self.attention_scaling, ang.sin() * self.attention_scaling
+        return self.rotate_by(x, ang.cos() * self.attention_scaling, ang.sin() * self.attention_scaling)
+
+    def rotate_by(
+        self, x: Float[Tensor, "... pos head_dim"], cos: Float[Tensor, "... pos n_planes"], sin: Float[Tensor, "... pos n_planes"]
+    ) -> Float[Tensor, "... pos head_dim"]:
+        """Rotate each plane of ``x`` by given per-plane cos and sin (which broadcast against ``x``'s planes)."""
         p = self.split(x)
         a, b = p[..., 0], p[..., 1]
         rot = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)
@@ -178,6 +221,8 @@ class LayerRope:
     def from_dict(cls, d: dict[str, Any]) -> LayerRope:
         d = dict(d)
         d["inv_freq"] = torch.tensor(d["inv_freq"], dtype=torch.float32)
+        if d.get("sinks") is not None:
+            d["sinks"] = tuple(d["sinks"])
         return cls(**d)
 
     def same_rotation(self, other: LayerRope) -> bool:
@@ -224,12 +269,27 @@ class RopeSpec:
             out.setdefault(layer.kind, []).append(layer.layer)
         return out
 
-    def layer_indices(self, layers: Sequence[int] | None = None, kind: str | None = None) -> list[int]:
-        """Validate a layer selection (None = all), optionally restricted to one layer kind."""
+    @property
+    def rotary_kinds(self) -> dict[str, list[int]]:
+        """:attr:`kinds` without NoPE layers: the kinds per-plane analyses and figures cover."""
+        return {k: v for k, v in self.kinds.items() if self.layers[v[0]].rotary}
+
+    @property
+    def rotary_layers(self) -> list[int]:
+        """Layers that rotate (NoPE layers left out)."""
+        return [lr.layer for lr in self.layers if lr.rotary]
+
+    def layer_indices(self, layers: Sequence[int] | None = None, kind: str | None = None, *,
+                      rotary_only: bool = True) -> list[int]:
+        """Validate a layer selection (None = every rotary layer), optionally restricted to one layer kind.
+
+        Per-plane analyses have nothing to measure in a NoPE layer, so with ``rotary_only`` asking
+        for one is an error that names it, and None selects the rotary layers only.
+        """
         if kind is not None and kind not in self.kinds:
             raise InputError(f"layer kind {kind!r} not in this model; it has {sorted(self.kinds)}")
         if layers is None:
-            chosen = list(range(self.n_layers))
+            chosen = self.rotary_layers if rotary_only else list(range(self.n_layers))
         else:
             chosen = []
             for idx in layers:
@@ -240,6 +300,13 @@ class RopeSpec:
                         f"layer {idx} out of range: the model has {self.n_layers} layers (0..{self.n_layers - 1})"
                     )
                 chosen.append(idx % self.n_layers)
+        if rotary_only and layers is not None:
+            nope = [i for i in chosen if not self.layers[i].rotary]
+            if nope:
+                raise InputError(
+                    f"layers {nope} apply no RoPE (NoPE layers: no planes to measure); "
+                    f"the rotary layers are {_ranges(self.rotary_layers) or 'none'}"
+                )
         if kind is not None:
             chosen = [i for i in chosen if self.layers[i].kind == kind]
         return chosen
@@ -269,6 +336,7 @@ class RopeSpec:
             lr = self.layers[idx[0]]
             wl = lr.wavelength
             finite = wl[torch.isfinite(wl)]
+            longest = float(wl.max()) if wl.numel() else math.nan
             rows.append(
                 {
                     "kind": kind,
@@ -285,8 +353,10 @@ class RopeSpec:
                     "score_scale": lr.score_scale,
                     "attention_scaling": lr.attention_scaling,
                     "window": lr.window,
-                    "shortest_wavelength": float(finite.min()) if finite.numel() else math.inf,
-                    "longest_wavelength": float(wl.max()),
+                    "softcap": lr.softcap,
+                    "sinks": lr.sinks is not None,
+                    "shortest_wavelength": float(finite.min()) if finite.numel() else math.nan if not wl.numel() else math.inf,
+                    "longest_wavelength": longest,
                     "planes_beyond_ctx": int((wl > self.n_ctx).sum()),
                 }
             )

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ropelens.errors import NotRotaryError
+from ropelens.errors import NotRotaryError, UnsupportedModelError
 from ropelens.rope import LayerRope, RopeSpec
 
 __all__ = ["hf_model_of", "model_label", "rope_spec"]
@@ -56,7 +56,38 @@ def _attention_modules(model) -> list[torch.nn.Module]:
     return [b.attn.original_component for b in blocks]
 
 
-_KIND = {"sliding_attention": "sliding", "full_attention": "full", "chunked_attention": "sliding"}
+_KIND = {"sliding_attention": "sliding", "full_attention": "full"}
+
+
+def _refuse_unsupported(model, cfg, arch: str) -> None:
+    """Raise UnsupportedModelError for structures ropelens cannot measure exactly (never a wrong number)."""
+    if arch.startswith("Llama4"):
+        raise UnsupportedModelError(
+            f"{arch}: Llama 4 attention is not supported: it rotates adjacent pairs with complex "
+            "frequencies, L2-normalises q and k after RoPE, mixes NoPE layers with temperature-tuned "
+            "queries and uses chunked attention, and the TransformerLens bridge leaves that attention "
+            "to HF, so ropelens cannot capture the queries and keys the scores are made of."
+        )
+    if getattr(cfg, "kv_lora_rank", None) or getattr(cfg, "qk_rope_head_dim", None):
+        raise UnsupportedModelError(
+            f"{arch}: multi-head latent attention (DeepSeek V2/V3 style) is not supported: each logit is "
+            "a no-position part plus a decoupled rotary part of qk_rope_head_dim dims with one key "
+            "shared by all heads, and the bridge's q/k hooks do not expose the two parts separately."
+        )
+    blocks = getattr(model, "blocks", None) or []
+    linear = [i for i, b in enumerate(blocks) if not hasattr(b, "attn")]
+    if linear:
+        raise UnsupportedModelError(
+            f"{arch}: layers {linear} have no softmax attention (linear-attention blocks of a hybrid "
+            "model such as Qwen3-Next); ropelens measures softmax-attention RoPE models only."
+        )
+    types = set(getattr(cfg, "layer_types", None) or ())
+    unknown = types - set(_KIND)
+    if unknown:
+        raise UnsupportedModelError(
+            f"{arch}: layer types {sorted(unknown)} are not supported (ropelens knows {sorted(_KIND)}): "
+            "their attention masks differ from causal and sliding-window masks."
+        )
 
 
 def _layer_rope_params(cfg, layer_type: str | None) -> dict[str, Any]:
@@ -103,10 +134,15 @@ def rope_spec(model) -> RopeSpec:
             "models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute position "
             "embeddings use ropelens.pe_similarity."
         )
+    _refuse_unsupported(model, cfg, arch)
     rotaries = _rotary_modules(hf)
     attns = _attention_modules(model)
     layer_types = getattr(cfg, "layer_types", None)
-    adjacent = bool(getattr(tl_cfg, "rotary_adjacent_pairs", False)) or arch.startswith(("GPTJ", "CodeGen"))
+    # GLM/ERNIE (rotary_adjacent_pairs) and Cohere (rotary_interleaved_cos_sin) rotate adjacent pairs,
+    # as GPT-J does; the bridge's own flags say so.
+    adjacent = (bool(getattr(tl_cfg, "rotary_adjacent_pairs", False))
+                or bool(getattr(tl_cfg, "rotary_interleaved_cos_sin", False))
+                or arch.startswith(("GPTJ", "CodeGen")))
     n_heads = int(cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head)
     n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
@@ -114,6 +150,8 @@ def rope_spec(model) -> RopeSpec:
     for i, attn in enumerate(attns):
         ltype = layer_types[i] if layer_types else None
         inv, scaling = _inv_freq_for(rotaries, attn, ltype)
+        if not _uses_rope(attn, cfg, i):  # NoPE layer (SmolLM3): its attention never rotates
+            inv = inv[:0]
         params = _layer_rope_params(cfg, ltype)
         head_dim = int(getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
         scale = getattr(attn, "scaling", None)
@@ -123,6 +161,11 @@ def rope_spec(model) -> RopeSpec:
         window = getattr(attn, "sliding_window", None) if kind == "sliding" else None
         if kind == "sliding" and window is None:
             window = getattr(cfg, "sliding_window", None)
+        if layer_types is None and getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+            # Mistral, Mixtral, Starcoder2, Phi-3: one window for every layer, no layer_types
+            kind, window = "sliding", int(cfg.sliding_window)
+        if inv.numel() == 0:
+            kind = "nope"
         base = params.get("rope_theta", getattr(cfg, "rope_theta", None))
         layers.append(
             LayerRope(
@@ -141,9 +184,33 @@ def rope_spec(model) -> RopeSpec:
                 kind=kind,  # type: ignore[arg-type]
                 window=int(window) if window else None,
                 n_ctx=n_ctx,
+                softcap=_softcap(attn, cfg),
+                sinks=_sinks(attn),
             )
         )
     return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
+
+
+def _uses_rope(attn, cfg, layer: int) -> bool:
+    use = getattr(attn, "use_rope", None)
+    if use is not None:
+        return bool(use)
+    nope = getattr(cfg, "no_rope_layers", None)  # 1 = rotates, 0 = NoPE, one entry per layer
+    return not (isinstance(nope, (list, tuple)) and layer < len(nope) and not nope[layer])
+
+
+def _softcap(attn, cfg) -> float | None:
+    cap = getattr(attn, "attn_logit_softcapping", None)
+    if cap is None:
+        cap = getattr(cfg, "attn_logit_softcapping", None)
+    return float(cap) if cap else None
+
+
+def _sinks(attn) -> tuple[float, ...] | None:
+    sinks = getattr(attn, "sinks", None)
+    if not isinstance(sinks, torch.Tensor):
+        return None
+    return tuple(float(x) for x in sinks.detach().float().cpu().flatten())
 
 
 def _jsonable(v: Any) -> bool:

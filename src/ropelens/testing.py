@@ -16,7 +16,7 @@ import torch
 from ropelens.errors import InputError
 from ropelens.models import wrap_hf_model
 
-__all__ = ["TINY_FAMILIES", "tiny_model", "tiny_tokenizer", "tiny_hf_model"]
+__all__ = ["TINY_FAMILIES", "spread_weights", "tiny_hf_model", "tiny_model", "tiny_model_dir", "tiny_tokenizer"]
 
 Family = Literal["llama", "llama-gqa", "gemma3", "gptj", "gpt2"]
 TINY_FAMILIES: tuple[str, ...] = ("llama", "llama-gqa", "gemma3", "gptj")
@@ -107,11 +107,11 @@ def tiny_hf_model(family: str = "llama", *, seed: int = 0, **config_overrides: A
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-        _spread_weights(model, seed)
+        spread_weights(model, seed)
     return model.eval()
 
 
-def _spread_weights(model: torch.nn.Module, seed: int) -> None:
+def spread_weights(model: torch.nn.Module, seed: int) -> None:
     """Give norm weights random gains so per-plane statistics differ between planes and heads."""
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

@@ -239,6 +239,139 @@ def test_longrope_first_positions_are_uninterpolated(layer):
     assert not torch.equal(scaled[:, 5:], plain[:, 5:])  # 24 tokens > 16: the long factors
 
 
+# --------------------------------------------------------------------------------------------
+# frequencies against the papers' formulas, written out here in float64 (not HF's code)
+# --------------------------------------------------------------------------------------------
+def _theta(base: float, d: int) -> torch.Tensor:
+    """θ_i = base^(−2i/d), i = 0 … d/2 − 1 (Su et al.), float64."""
+    return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+def _shaped(layer, d: int, base: float):
+    """The tiny layer's spec with another head dim and base (variants read only those)."""
+    return dataclasses.replace(
+        layer, inv_freq=_theta(base, d).float(), head_dim=d, rotary_dim=d, base=base
+    )
+
+
+# (s, L0, base, d, truncate, last kept plane, first fully interpolated plane): the planes worked out
+# by hand from the turns L0·θ_i/2π each plane completes in L0 (≥ β_fast = 32: kept; ≤ β_slow = 1:
+# θ/s). Llama 2's 4k → 32k: plane 20 turns 36.7 times, 21 31.7, 45 1.004, 46 0.87.
+YARN_CASES = [
+    (8.0, 4096, 1e4, 128, True, 20, 46),
+    (4.0, 8192, 5e5, 64, True, 9, 18),
+    (16.0, 2048, 1e4, 64, False, 8, 21),
+]
+
+
+@pytest.mark.parametrize(("s", "L0", "base", "d", "truncate", "last_kept", "first_interp"), YARN_CASES)
+def test_yarn_per_plane_ramp_by_hand(layer, s, L0, base, d, truncate, last_kept, first_interp):
+    """YaRN against Peng et al.'s reference ramp (jquesnelle/yarn, which HF follows) and mscale 0.1·ln s + 1."""
+    theta = _theta(base, d)
+    i = torch.arange(d // 2, dtype=torch.float64)
+    turns = L0 * theta / (2 * math.pi)
+    assert i[turns >= 32].max() == last_kept and i[turns <= 1].min() == first_interp
+    # The reference ramp is linear in the plane index (the paper's eq. is linear in turns r). With
+    # truncation (floor/ceil, HF's default) it runs from the last kept plane to the first
+    # interpolated one; without, between the real plane indices where L0·θ_i/2π = 32 and = 1.
+    if truncate:
+        lo, hi = last_kept, first_interp
+    else:
+        lo, hi = ((d / 2) * math.log(L0 / (2 * math.pi * r)) / math.log(base) for r in (32, 1))
+    ramp = ((i - lo) / (hi - lo)).clamp(0, 1)  # 0: θ_i (extrapolated), 1: θ_i / s (interpolated)
+    expect = theta * (1 - ramp) + theta / s * ramp
+
+    variant = YaRN(s, L0, truncate=truncate)
+    lr = _shaped(layer, d, base)
+    got = variant.inv_freq(lr).double()
+    torch.testing.assert_close(got, expect, rtol=2e-6, atol=0)
+    # The three groups, spelled out: kept, interpolated, strictly between.
+    kept, interp, blend = slice(0, last_kept + 1), slice(first_interp, None), slice(last_kept + 1, first_interp)
+    assert torch.allclose(got[kept], theta[kept], rtol=2e-6, atol=0)
+    assert torch.allclose(got[interp], theta[interp] / s, rtol=2e-6, atol=0)
+    assert bool(((got[blend] < theta[blend]) & (got[blend] > theta[blend] / s)).all())
+    assert variant.attention_scaling(lr) == pytest.approx(0.1 * math.log(s) + 1, rel=1e-12)
+
+
+# (factor, low, high, L0, base, d, planes kept, planes divided by the factor), counted by hand from
+# λ_i = 2π·base^(2i/d): Llama 3.1 8B's own setting (base 5e5) keeps planes 0–28 (λ_28 = 1,956 <
+# 8192/4), divides 35–63 (λ_35 = 8,219 > 8192/1) and blends 29–34.
+LLAMA3_CASES = [
+    (8.0, 1.0, 4.0, 8192, 5e5, 128, 29, 29),
+    (4.0, 1.0, 4.0, 4096, 1e4, 64, 18, 9),
+    (8.0, 2.0, 8.0, 8192, 5e5, 64, 13, 16),
+]
+
+
+@pytest.mark.parametrize(("factor", "low", "high", "L0", "base", "d", "n_kept", "n_div"), LLAMA3_CASES)
+def test_llama3_wavelength_bands_by_hand(layer, factor, low, high, L0, base, d, n_kept, n_div):
+    """Llama 3.1's rule (Meta's reference apply_scaling): λ < L0/high kept, λ > L0/low ÷ factor, smooth between."""
+    theta = _theta(base, d)
+    lam = 2 * math.pi / theta
+    kept, divided = lam < L0 / high, lam > L0 / low
+    assert (int(kept.sum()), int(divided.sum())) == (n_kept, n_div)
+    # No wavelength within float32 rounding of a band edge, so the bands cannot flip in HF's float32.
+    assert ((lam / (L0 / high) - 1).abs().min() > 1e-3) and ((lam / (L0 / low) - 1).abs().min() > 1e-3)
+    smooth = (L0 / lam - low) / (high - low)
+    blended = (1 - smooth) * theta / factor + smooth * theta
+    expect = torch.where(kept, theta, torch.where(divided, theta / factor, blended))
+
+    variant = Llama3(factor, low, high, L0)
+    if (factor, low, high, L0) == (8.0, 1.0, 4.0, 8192):
+        assert variant == Llama3()  # Meta's published defaults
+    got = variant.inv_freq(_shaped(layer, d, base)).double()
+    torch.testing.assert_close(got, expect, rtol=2e-6, atol=0)
+    assert variant.attention_scaling(_shaped(layer, d, base)) == 1.0
+
+
+@pytest.mark.parametrize(("s", "base", "d"), [(4.0, 1e4, 16), (2.5, 5e5, 128), (16.0, 1e6, 64)])
+def test_pi_divides_every_frequency_by_the_factor(layer, s, base, d):
+    """Position interpolation (Chen et al. 2023): position m read as m/s, i.e. θ_i / s on every plane."""
+    lr = _shaped(layer, d, base)
+    torch.testing.assert_close(Linear(s).inv_freq(lr).double(), _theta(base, d) / s, rtol=1e-6, atol=0)
+    assert Linear(s).attention_scaling(lr) == 1.0
+
+
+@pytest.mark.parametrize(("s", "base", "d"), [(4.0, 1e4, 128), (8.0, 5e5, 64), (2.0, 1e4, 16)])
+def test_ntk_base_by_hand(layer, s, base, d):
+    """NTK-aware scaling (bloc97): base' = base·s^(d/(d−2)), so θ_0 stays 1 and the lowest plane is θ/s."""
+    got = NTK(s).inv_freq(_shaped(layer, d, base)).double()
+    torch.testing.assert_close(got, _theta(base * s ** (d / (d - 2)), d), rtol=2e-6, atol=0)
+    assert got[0] == 1.0
+    torch.testing.assert_close(got[-1], _theta(base, d)[-1] / s, rtol=2e-6, atol=0)
+
+
+# (p, base, d, planes kept, counted by hand as ⌊p·d/2⌋)
+PROPE_CASES = [(0.75, 1e4, 128, 48), (0.25, 5e5, 64, 8), (0.7, 1e4, 16, 5), (0.5, 1e6, 256, 64)]
+
+
+@pytest.mark.parametrize(("p", "base", "d", "k"), PROPE_CASES)
+def test_p_rope_keeps_the_highest_frequencies_by_hand(layer, p, base, d, k):
+    """p-RoPE (Barbero et al. 2025): planes 0 … k−1 rotate at base^(−2i/d) over the full d, the rest are 0."""
+    got = PRoPE(p).inv_freq(_shaped(layer, d, base))
+    torch.testing.assert_close(got[:k].double(), _theta(base, d)[:k], rtol=1e-6, atol=0)
+    assert (got[:k] > 0).all()
+    assert torch.equal(got[k:], torch.zeros(d // 2 - k))
+
+
+# (p as k/100, planes) where HF's float p·(2n) lands just below the even integer 2⌊p·n⌋ and keeps
+# one plane fewer than exact arithmetic: found by sweeping k = 0…100, n = 1…128.
+_HF_ROUNDS_DOWN = {(29, 100), (57, 100), (58, 50), (58, 100), (70, 90)}
+
+
+def test_kept_planes_is_the_floor_of_p_n():
+    """kept_planes(p, n) against ⌊k·n/100⌋ in integer arithmetic for p = k/100, bar HF's five float cases."""
+    for k in range(101):
+        for n in range(1, 129):
+            exact = k * n // 100
+            if (k, n) in _HF_ROUNDS_DOWN:
+                assert (k / 100) * (2 * n) < 2 * exact  # e.g. 0.58·100 = 57.99999999999999
+                assert kept_planes(k / 100, n) == exact - 1, (k, n)
+            else:
+                assert kept_planes(k / 100, n) == exact, (k, n)
+    assert (kept_planes(0.75, 8), kept_planes(0.0, 8), kept_planes(1.0, 8), kept_planes(0.5, 7)) == (6, 0, 8, 3)
+
+
 @pytest.mark.parametrize("variant", ALL_VARIANTS, ids=lambda v: type(v).__name__)
 def test_provenance_round_trip(variant, layer):
     d = json.loads(json.dumps(variant.to_dict()))
@@ -327,6 +460,48 @@ def test_leaving_restores_model_exactly(gqa, toks):
     assert not any(b.attn._forward_pre_hooks for b in gqa.blocks)
 
 
+_TORCH_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _all_hooks(model) -> set[tuple]:
+    """Every hook on ``model``: torch's per-module and global registries, TransformerLens' HookPoint lists."""
+    mods = {id(m): m for m in model.modules()} | {id(h): h for h in model.hook_dict.values()}
+    found = set()
+    for m in mods.values():
+        for attr in _TORCH_HOOKS:
+            found |= {(attr, id(m), key) for key in getattr(m, attr)}
+        for attr in ("fwd_hooks", "bwd_hooks"):  # HookPoint's LensHandles (permanent ones too)
+            found |= {(attr, id(m), id(h)) for h in getattr(m, attr, ())}
+    glob = torch.nn.modules.module
+    for attr in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks"):
+        found |= {(attr, key) for key in getattr(glob, attr)}
+    return found
+
+
+RESTORE_CASES = {
+    "dynamic-ntk-past-L0": lambda m: apply_rope_variant(m, DynamicNTK(4.0, 16)),
+    "longrope-past-L0": lambda m: apply_rope_variant(m, LongRoPE(SHORT, LONG, 16, factor=4.0, n_hat=3)),
+    "ablate-planes": lambda m: ablate_planes(m, [0, 5], heads=[1]),
+}
+
+
+@pytest.mark.parametrize("case", RESTORE_CASES)
+def test_leaving_restores_logits_and_removes_every_hook(tiny, case):
+    """Logits after leaving equal the ones before, bit for bit; the hook registries equal a snapshot taken before."""
+    model = tiny("llama-gqa")
+    toks = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0))  # 24 > L0 = 16
+    before = model(toks)
+    hooks = _all_hooks(model)  # after a forward: the bridge adds its own capture hooks on the first one
+    with RESTORE_CASES[case](model):
+        assert _all_hooks(model) > hooks  # what it installs is visible to the snapshot
+        assert not torch.equal(model(toks), before)
+    assert _all_hooks(model) == hooks
+    with pytest.raises(KeyError), RESTORE_CASES[case](model):  # leaving by an exception
+        raise KeyError("boom")
+    assert _all_hooks(model) == hooks
+    assert torch.equal(model(toks), before)
+
+
 def test_only_the_asked_layers_change(llama, toks):
     names = {f"blocks.{i}.attn.{h}" for i in (0, 1) for h in ("hook_cos", "hook_attn_scores")}
     ref = _cache(llama, toks, names)
@@ -399,7 +574,14 @@ def test_with_rope_variant_is_a_modified_copy(llama, toks):
 def test_spec_with_variant(llama):
     spec = spec_with_variant(rope_spec(llama), YaRN(4.0, 64), layers=[1])
     assert torch.equal(spec[0].inv_freq, rope_spec(llama)[0].inv_freq)
-    assert torch.equal(spec[1].inv_freq, YaRN(4.0, 64).inv_freq(spec[1]))
+    # By hand: d = 16, base 1e4, L0 = 64. Plane i turns 64·10^(−i/2)/2π times: 10.2 for plane 0 (the
+    # reference code clamps the ramp's start at plane 0, so it is kept), 1.02 for plane 2, 0.32 for
+    # plane 3. The truncated ramp runs from plane 0 to plane 3: weights of θ/4 are 0, 1/3, 2/3, 1, ….
+    theta = _theta(THETA, 16)
+    ramp = torch.tensor([0, 1 / 3, 2 / 3, 1, 1, 1, 1, 1], dtype=torch.float64)
+    torch.testing.assert_close(
+        spec[1].inv_freq.double(), theta * (1 - ramp) + theta / 4 * ramp, rtol=2e-6, atol=0
+    )
     assert spec[1].attention_scaling == pytest.approx(0.1 * math.log(4) + 1)
     assert spec[1].rope_type == "yarn"
 

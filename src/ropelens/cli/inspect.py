@@ -65,8 +65,10 @@ _TABLE_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("score scale", lambda r: f"{r['score_scale']:.6g} (1/{1 / r['score_scale']:.6g})"),
     ("attention scaling", lambda r: f"{r['attention_scaling']:g}"),
     ("window", lambda r: "-" if _missing(r["window"]) else f"{int(r['window'])}"),
-    ("shortest wavelength", lambda r: f"{r['shortest_wavelength']:.4g} tokens"),
-    ("longest wavelength", lambda r: f"{r['longest_wavelength']:.4g} tokens"),
+    ("logit softcap", lambda r: "-" if _missing(r["softcap"]) else f"{r['softcap']:g}"),
+    ("attention sinks", lambda r: "learned, per head" if r["sinks"] else "-"),
+    ("shortest wavelength", lambda r: "-" if _missing(r["shortest_wavelength"]) else f"{r['shortest_wavelength']:.4g} tokens"),
+    ("longest wavelength", lambda r: "-" if _missing(r["longest_wavelength"]) else f"{r['longest_wavelength']:.4g} tokens"),
     ("planes beyond n_ctx", lambda r: f"{r['planes_beyond_ctx']} of {r['n_planes']}"),
 )
 

@@ -91,8 +91,8 @@ def _choose_layers(spec, layers: Sequence[int] | None, quick: bool) -> list[int]
         return sorted(set(chosen))
     if not quick:
         return spec.layer_indices(None)
-    picks = set(evenly_spaced(spec.n_layers, QUICK["layers"]))
-    for idx in spec.kinds.values():  # every layer kind stays in a quick report
+    picks = {L for L in evenly_spaced(spec.n_layers, QUICK["layers"]) if spec.layers[L].rotary}
+    for idx in spec.rotary_kinds.values():  # every layer kind stays in a quick report
         picks.add(idx[0])
     return sorted(picks)
 

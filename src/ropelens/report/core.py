@@ -25,7 +25,7 @@ def showcase_layers(data: ReportData) -> list[int]:
     """Layers drawn head by head: first, middle and last, plus the first of any layer kind not yet in."""
     layers, spec = list(data.layers), data.spec
     picks = [layers[0], layers[-1]] if data.settings.get("quick") else [layers[0], layers[len(layers) // 2], layers[-1]]
-    for kind in spec.kinds:
+    for kind in spec.rotary_kinds:
         mine = [L for L in layers if spec.layers[L].kind == kind]
         if mine and not any(spec.layers[p].kind == kind for p in picks):
             picks.append(mine[0])
@@ -51,6 +51,7 @@ def _summary_table(data: ReportData) -> pd.DataFrame:
             "planes": r["n_planes"], "pairing": r["pairing"], "heads / kv": f"{r['heads']} / {r['kv_heads']}",
             "score scale": f"1/{1 / r['score_scale']:.4g}",
             "window": "–" if lr.window is None else f"{lr.window:,}",
+            "softcap / sinks": f"{'–' if lr.softcap is None else f'{lr.softcap:g}'} / {'learned' if lr.sinks else '–'}",
             "λ range (tokens)": f"{number(r['shortest_wavelength'])} – {number(r['longest_wavelength'])}",
             f"planes λ > {n_ctx}": int((lr.wavelength > n_ctx).sum()),
             f"planes λ > {spec.n_ctx:,}": r["planes_beyond_ctx"],
@@ -61,7 +62,7 @@ def _summary_table(data: ReportData) -> pd.DataFrame:
 def _band_table(data: ReportData) -> pd.DataFrame:
     bands, spec = data.band_stats.bands, data.spec
     rows = []
-    for kind, idx in spec.kinds.items():
+    for kind, idx in spec.rotary_kinds.items():
         lr = spec.layers[idx[0]]
         rb = bands.resolve(lr)
         wl = lr.wavelength
@@ -79,7 +80,7 @@ def _wavelength_figure(data: ReportData) -> go.Figure:
     for b, planes in enumerate(data.band_stats.bands.resolve(first).planes):
         if planes:
             fig.add_vrect(x0=planes[0] - 0.5, x1=planes[-1] + 0.5, fillcolor=_BAND_FILL[b % 2], line_width=0, layer="below")
-    for kind, idx in spec.kinds.items():
+    for kind, idx in spec.rotary_kinds.items():
         lr = spec.layers[idx[0]]
         wl = [w if math.isfinite(w) else None for w in lr.wavelength.tolist()]
         base = f", base {lr.base:g}" if lr.base else ""
@@ -90,7 +91,7 @@ def _wavelength_figure(data: ReportData) -> go.Figure:
     marks: dict[int, list[str]] = {}
     marks.setdefault(n_ctx, []).append(f"analysis window {n_ctx:,}")
     marks.setdefault(spec.n_ctx, []).append(f"trained context {spec.n_ctx:,}")
-    for kind, idx in spec.kinds.items():
+    for kind, idx in spec.rotary_kinds.items():
         w = spec.layers[idx[0]].window
         if w:
             marks.setdefault(w, []).append(f"{kind} window {w:,}")
@@ -111,20 +112,26 @@ def render_spec(data: ReportData) -> Section:
              f"over {lr.n_kv_heads} KV heads, head dim {lr.head_dim}, {lr.n_planes} rotary planes per head "
              f"({esc(lr.pairing)} pairing), trained context {spec.n_ctx:,} tokens. Analysed here: "
              f"{len(data.layers)} layers, windows of {data.n_ctx:,} tokens.</p>")
+    nope = [L for L in range(spec.n_layers) if not spec.layers[L].rotary]
+    if nope:
+        listed = ", ".join(map(str, nope))
+        intro += (f"<p>Layers {esc(listed)} apply no RoPE (NoPE layers): they have no planes, so the "
+                  "per-plane sections below leave them out.</p>")
     frame = spec.to_frame()
     frame["beyond_window"] = frame["wavelength"] > data.n_ctx
     bt = _band_table(data)
     body = "".join([
         intro, "<h3>RoPE per layer kind</h3>",
         table_html(_summary_table(data), text_cols=("kind", "layers", "base", "rope type", "rotary / head dim",
-                                                    "pairing", "heads / kv", "score scale", "window", "λ range (tokens)")),
+                                                    "pairing", "heads / kv", "score scale", "window", "softcap / sinks",
+                                                    "λ range (tokens)")),
         figure_html(_wavelength_figure(data),
                     "Planes above a line never complete a turn within that many tokens. Hover for θ."),
         f"<h3>Bands ({esc(data.band_stats.bands.describe())})</h3>",
         table_html(bt, text_cols=("kind", "band", "planes")),
     ])
-    numbers = {"kinds": {k: v for k, v in spec.kinds.items()},
-               "planes_beyond_window": {k: int((spec.layers[v[0]].wavelength > data.n_ctx).sum()) for k, v in spec.kinds.items()},
+    numbers = {"kinds": dict(spec.kinds),
+               "planes_beyond_window": {k: int((spec.layers[v[0]].wavelength > data.n_ctx).sum()) for k, v in spec.rotary_kinds.items()},
                "bands": bt.to_dict("records")}
     return Section("spec", "Model and RoPE", body, tables={"spec": frame}, numbers=numbers)
 

@@ -35,7 +35,7 @@ def render_geometry(data: ReportData) -> Section:
     D = max(min(spec.n_ctx, MAX_DISTANCE), n_ctx)
     fig, rows, at_ctx = go.Figure(), [], {}
     shown = log_grid(D)
-    for kind, idx in spec.kinds.items():
+    for kind, idx in spec.rotary_kinds.items():
         theta = spec.layers[idx[0]].inv_freq
         curves = [rope_decay_constant(theta, D).normalised(), roformer_bound(theta, D).normalised(),
                   rope_gaussian_expectation(theta, D)]

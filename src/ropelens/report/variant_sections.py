@@ -174,11 +174,11 @@ def render_context(data: ReportData) -> Section:
     t0 = time.perf_counter()
     spec = data.spec
     # The layer kind with the longest wavelengths is the one a longer context strains.
-    idx = max((i[0] for i in spec.kinds.values()), key=lambda i: float(spec.layers[i].wavelength.max()))
+    idx = max((i[0] for i in spec.rotary_kinds.values()), key=lambda i: float(spec.layers[i].wavelength.max()))
     layer = spec.layers[idx]
     # Where layers differ (Gemma's sliding-window and global layers), only the kind whose context
     # grows is rescaled, as models with both kinds do; a sliding window's span does not change.
-    kind = layer.kind if len(spec.kinds) > 1 else None
+    kind = layer.kind if len(spec.rotary_kinds) > 1 else None
     l0 = int(spec.n_ctx or layer.n_ctx or data.n_ctx)
     factor = EXTENSION_FACTOR
     methods = _methods(float(factor), l0)

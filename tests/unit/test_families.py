@@ -1,0 +1,216 @@
+"""Every RoPE family HF ships: exact against HF's eager attention, or refused with a clear error.
+
+The tiny models come from :mod:`ropelens.families` (windows shorter than the input, q/k weights
+scaled so attention is far from uniform), are saved to a directory and loaded with
+``load_model(path)``; the reference numbers are HF's own (rotary buffers, eager scores and
+probabilities), never ropelens's.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import ropelens
+from ropelens import Bands
+from ropelens.capture import batches, capture_qk, stream
+from ropelens.errors import UnsupportedModelError
+from ropelens.families import FAMILIES, N_CHECK, check_family, family_model_dir
+from ropelens.heads import HeadScoresReducer
+from ropelens.intervene import apply_rope_variant, spec_with_variant
+from ropelens.spec import rope_spec
+from ropelens.variants import BaseChange, PRoPE
+
+EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
+REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None]
+
+
+def _available(name: str) -> bool:
+    import transformers
+
+    return hasattr(transformers, FAMILIES[name].config_class)
+
+
+def _param(name: str):
+    why = f"transformers {importlib.metadata.version('transformers')} has no {FAMILIES[name].config_class}"
+    return pytest.param(name, marks=pytest.mark.skipif(not _available(name), reason=why))
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """``loaded(family)``: (bridge, spec) of the family's tiny model, loaded through load_model(path)."""
+
+    @functools.cache
+    def load(name: str):
+        path = family_model_dir(name, tmp_path_factory.mktemp(name) / name)
+        model = ropelens.load_model(path, device="cpu")
+        return model, rope_spec(model)
+
+    load.hf = functools.cache(lambda name: AutoModelForCausalLM.from_pretrained(
+        family_model_dir(name, tmp_path_factory.mktemp(f"{name}-hf") / name), attn_implementation="eager").eval())
+
+    return load
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in EXACT])
+def test_family_is_exact_against_hf(family, tmp_path):
+    """Spec, plane pairing, summed band logits and rebuilt patterns all equal HF's own numbers."""
+    r = check_family(family, workdir=tmp_path)
+    assert r.refusal is None
+    assert r.spec_errors == []
+    assert r.inv_freq_err == 0.0
+    assert r.pairing_err < 1e-5
+    assert r.scores_err < 1e-5  # relative to the largest score
+    assert r.pattern_err < 1e-4
+    assert r.band_pattern_err < 1e-4
+    assert r.exact
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in REFUSED])
+def test_unsupported_family_is_refused_by_every_analysis(family, tmp_path):
+    """A family ropelens cannot measure exactly raises UnsupportedModelError naming it, never a number."""
+    model = ropelens.load_model(family_model_dir(family, tmp_path / family), device="cpu")
+    with pytest.raises(UnsupportedModelError, match=FAMILIES[family].refused) as err:
+        rope_spec(model)
+    assert type(model.original_model).__name__ in str(err.value)
+    toks = torch.randint(4, 100, (1, 16))
+    for run in (lambda: ropelens.frequency_usage(model, toks, progress=False),
+                lambda: ropelens.decompose_attention(model, toks),
+                lambda: ropelens.band_statistics(model, toks, progress=False)):
+        with pytest.raises(UnsupportedModelError):
+            run()
+
+
+def _hand_plane_norms(x: torch.Tensor, rotary_dim: int, pairing: str) -> torch.Tensor:
+    """‖x^(i)‖ with the family's pairing written out: (i, i + d/2) or (2i, 2i + 1)."""
+    n = rotary_dim // 2
+    if pairing == "half":
+        a, b = x[..., :n], x[..., n:rotary_dim]
+    else:
+        a, b = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+    return (a**2 + b**2).sqrt()
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in EXACT])
+def test_analyses_run_and_are_right(family, loaded):
+    """Usage equals hand plane norms of the captured queries; band statistics run on every rotary layer."""
+    model, spec = loaded(family)
+    fam = FAMILIES[family]
+    g = torch.Generator().manual_seed(1)
+    toks = torch.randint(4, 100, (2, N_CHECK), generator=g)
+    toks[:, 0] = 1
+    usage = ropelens.frequency_usage(model, toks, progress=False, n_sink=0)
+    assert list(usage.layers) == spec.rotary_layers == [i for i in range(spec.n_layers) if i not in fam.nope_layers]
+    acts = capture_qk(model, toks, which=("q_pre", "k_pre"))
+    for i, L in enumerate(usage.layers):
+        lr = spec[L]
+        want_q = _hand_plane_norms(acts[L]["q_pre"], lr.rotary_dim, fam.pairing).mean((0, 1))
+        want_k = _hand_plane_norms(acts[L]["k_pre"], lr.rotary_dim, fam.pairing).mean((0, 1))
+        torch.testing.assert_close(usage.q_norm[i].float(), want_q.float(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(usage.k_norm[i].float(), want_k.float(), rtol=1e-5, atol=1e-6)
+    st = ropelens.band_statistics(model, toks, bands=Bands.quantiles(2) if spec[spec.rotary_layers[0]].n_planes >= 2
+                                  else Bands.all(), progress=False)
+    assert list(st.layers) == spec.rotary_layers
+    assert torch.isfinite(torch.as_tensor(st.to_frame()["margin_share"].to_numpy().copy())).any()
+
+    # heads: attention mass at each offset equals HF's own probabilities on those diagonals
+    red = HeadScoresReducer(spec, spec.rotary_layers, Bands.all(), max_offset=3)
+    stream(model, batches(toks, 2), [red], spec=spec, progress=False)
+    mass = red.scores("text")["mass_text"]
+    with torch.no_grad():
+        probs = loaded.hf(family)(toks, output_attentions=True).attentions
+    for i, L in enumerate(spec.rotary_layers):
+        for d in range(4):
+            diag = probs[L].diagonal(offset=-d, dim1=2, dim2=3)[..., 1:]  # queries ≥ 1 + d, keys ≥ 1
+            torch.testing.assert_close(mass[i, :, d].float(), diag.mean((0, 2)), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in EXACT])
+def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
+    """Under a variant the captured post-RoPE query turns by the variant's frequencies; exit restores."""
+    model, spec = loaded(family)
+    toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = model(toks)
+    L = spec.rotary_layers[0]
+    lr0 = spec[L]
+    variant = PRoPE(0.5) if lr0.n_planes >= 2 else BaseChange(1e3)
+    same = torch.full((1, N_CHECK), 7)
+    with apply_rope_variant(model, variant):
+        q = capture_qk(model, same, layers=[L], which=("q_post",))[L]["q_post"][0]
+    lr = spec_with_variant(spec, variant)[L]
+    pred = lr.rotate(q[0].expand(N_CHECK, -1, -1).transpose(0, 1), torch.arange(N_CHECK)).transpose(0, 1)
+    pred[..., : lr.rotary_dim] /= lr.attention_scaling
+    assert float((pred - q).abs().max() / q.abs().max()) < 1e-5
+    with torch.no_grad():
+        assert torch.equal(model(toks), before)
+
+
+def test_matrix_covers_the_issue_families():
+    want = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "phi", "gpt_neox", "gemma", "gemma2",
+            "gemma3_text", "olmo2", "stablelm", "starcoder2", "granite", "cohere", "glm", "smollm3", "gpt_oss",
+            "deepseek_v3", "qwen3_next", "llama4"}
+    assert set(FAMILIES) == want
+    assert len(REFUSED) <= 3
+
+
+def test_pairing_check_catches_a_wrong_pairing(loaded, monkeypatch):
+    """Cohere rotates adjacent pairs: a spec that says "half" fails the pairing check (logits do not)."""
+    import dataclasses
+
+    import ropelens.spec as spec_mod
+
+    orig = spec_mod.rope_spec
+
+    def wrong(model):
+        s = orig(model)
+        return dataclasses.replace(s, layers=tuple(dataclasses.replace(lr, pairing="half") for lr in s.layers))
+
+    monkeypatch.setattr(spec_mod, "rope_spec", wrong)
+    r = check_family("cohere")
+    assert r.pairing_err > 0.1 and r.pattern_err < 1e-4  # the summed logits cannot see it
+    assert not r.exact
+
+
+_REAL_SCALING = {
+    "llama3 (Llama 3.1)": ("LlamaConfig", dict(head_dim=16, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "yarn (Qwen 2.5)": ("Qwen2Config", dict(rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 64})),
+    "longrope (Phi-3)": ("Phi3Config", dict(rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+        "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+        "long_factor": [1.0, 1.5, 2.4, 3.9, 6.0, 9.0, 13.0, 18.0]})),
+    "yarn + attention scaling (gpt-oss)": ("GptOssConfig", dict(
+        FAMILIES["gpt_oss"].config, rope_parameters=FAMILIES["gpt_oss"].config["rope_parameters"])),
+}
+
+
+@pytest.mark.parametrize("case", list(_REAL_SCALING))
+def test_real_scaling_configs_read_as_hf_initialises_them(case):
+    """The spec's frequencies and attention scaling equal HF's rope init function for that config."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ropelens.families import _BASE
+    from ropelens.models import wrap_hf_model
+    from ropelens.testing import tiny_tokenizer
+
+    cls_name, kw = _REAL_SCALING[case]
+    cfg = getattr(transformers, cls_name)(**{**_BASE, **kw})
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    hf.config.architectures = [type(hf).__name__]  # the bridge picks its adapter by this name
+    spec = rope_spec(wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label=case))
+    rtype = cfg.rope_parameters["rope_type"]
+    inv, factor = ROPE_INIT_FUNCTIONS[rtype](cfg, "cpu")
+    for L in spec.rotary_layers:
+        assert spec[L].rope_type == rtype
+        torch.testing.assert_close(spec[L].inv_freq, inv.float(), rtol=0, atol=0)
+        assert spec[L].attention_scaling == pytest.approx(float(factor), rel=1e-12)
