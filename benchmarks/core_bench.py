@@ -1,7 +1,9 @@
-"""Cost of frequency usage and full band statistics relative to a bare forward pass.
+"""Cost of frequency usage and full band statistics relative to HF's own sdpa forward.
 
-Runs the three side by side on the same windows of the embedded English corpus, interleaved,
-and prints the median time of each and its ratio to the bare forward. With ``--rss`` it instead
+Runs them side by side on the same windows of the embedded English corpus, interleaved, and prints
+the median time of each and its ratio to HF's sdpa forward over the same tokens (the decoder only,
+no unembedding): ``sdpa`` is that baseline, ``forward`` the bridge's forward, ``usage`` frequency
+usage on the fast q/k path, ``usage_bridge`` the same through the bridge. With ``--rss`` it instead
 measures the peak RSS of usage + band statistics at 1x and 4x the corpus, each in a fresh process.
 
     python benchmarks/core_bench.py [--model smollm2-135m] [--windows 16] [--n-ctx 512] [--repeats 3]
@@ -24,15 +26,21 @@ from ropelens import data
 from ropelens.bands import Bands
 from ropelens.capture import batches, stream
 from ropelens.decompose import BandStatsReducer
+from ropelens.fastpath import hf_view, sdpa_attention
 from ropelens.usage import UsageReducer
 
 args_chunk = 128
 
 
 def run(model, spec, toks, what: str, batch_size: int) -> float:
-    layers = list(range(spec.n_layers))
+    layers = spec.rotary_layers
     t0 = time.perf_counter()
-    if what == "forward":
+    if what == "sdpa":
+        view = hf_view(model)
+        with torch.no_grad(), sdpa_attention(view):
+            for b in batches(toks, batch_size):
+                view.base_model(input_ids=b, use_cache=False)
+    elif what == "forward":
         with torch.no_grad():
             for b in batches(toks, batch_size):
                 model(b, return_type=None)
@@ -41,7 +49,7 @@ def run(model, spec, toks, what: str, batch_size: int) -> float:
         if what.startswith("band_stats"):
             agreement = what == "band_stats+top1"
             reducers.append(BandStatsReducer(spec, layers, Bands.quantiles(4), agreement=agreement, chunk=args_chunk))
-        stream(model, batches(toks, batch_size), reducers, spec=spec, progress=False)
+        stream(model, batches(toks, batch_size), reducers, spec=spec, progress=False, fast=what != "usage_bridge")
     return time.perf_counter() - t0
 
 
@@ -50,7 +58,8 @@ def timing(args) -> None:
     spec = ropelens.rope_spec(model)
     toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
     run(model, spec, toks[: args.batch_size], "band_stats", args.batch_size)  # warm-up
-    times: dict[str, list[float]] = {"forward": [], "usage": [], "band_stats": [], "band_stats+top1": []}
+    times: dict[str, list[float]] = {k: [] for k in ("sdpa", "forward", "usage", "usage_bridge", "band_stats",
+                                                      "band_stats+top1")}
     for _ in range(args.repeats):
         for what in times:
             times[what].append(run(model, spec, toks, what, args.batch_size))
@@ -58,7 +67,7 @@ def timing(args) -> None:
     print(f"{args.model}: {toks.shape[0]} windows x {toks.shape[1]} tokens, batch {args.batch_size}, "
           f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats")
     for k, v in times.items():
-        print(f"  {k:<16} median {med[k]:7.2f} s  ratio {med[k] / med['forward']:.3f}x   runs {[round(x, 2) for x in v]}")
+        print(f"  {k:<16} median {med[k]:7.2f} s  ratio to sdpa {med[k] / med['sdpa']:.3f}x   runs {[round(x, 2) for x in v]}")
 
 
 def rss_child(args) -> None:

@@ -7,6 +7,7 @@ partial results from separate runs add up exactly.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -238,12 +239,17 @@ def stream(
     progress: bool = True,
     desc: str = "ropelens",
     total: int | None = None,
+    fast: bool = True,
 ) -> int:
     """Run the model over ``data`` (token batches, or ``(tokens, valid)`` pairs for right padding).
 
     Calls every reducer once per layer per batch; returns the number of valid tokens seen. The
-    forward stops after the last requested layer.
+    forward stops after the last requested layer. When the reducers need only queries and keys and
+    ``fast`` is on, the HF model runs with its own sdpa attention (:mod:`ropelens.fastpath`) instead
+    of the bridge, where the family allows it; the numbers are the same (your own bridge hooks do
+    not fire on that path: pass ``fast=False`` to keep them).
     """
+    from ropelens.fastpath import QK_NEEDS, fast_qk
     from ropelens.spec import rope_spec
 
     spec = spec if spec is not None else rope_spec(model)
@@ -251,10 +257,12 @@ def stream(
     if not chosen:
         raise InputError("no layers selected: pass layer indices the model has")
     col = _Collector(spec, chosen, reducers, model)
+    use_fast = fast and col.needs <= QK_NEEDS
     stop = max(chosen) + 1
     n_tok = 0
     device = next(model.parameters()).device
-    with torch.no_grad(), model.hooks(fwd_hooks=col.fwd_hooks()):
+    with torch.no_grad(), contextlib.ExitStack() as bridge:
+        hooked = False
         for item in tqdm(data, desc=desc, total=total, disable=not progress, unit="batch"):
             toks, valid = item if isinstance(item, tuple) else (item, None)
             toks = toks.to(device)
@@ -262,6 +270,19 @@ def stream(
             if valid.shape != toks.shape:
                 raise InputError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
             col.valid = valid
+            got = fast_qk(model, spec, toks, valid, chosen) if use_fast else None
+            if got is not None:
+                for L in chosen:
+                    acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid,
+                                     tensors={k: got[L][k] for k in col.needs})
+                    for r in reducers:
+                        r.update(acts)
+                n_tok += int(valid.sum())
+                continue
+            use_fast = False  # this model cannot take the fast path: every batch goes through the bridge
+            if not hooked:
+                bridge.enter_context(model.hooks(fwd_hooks=col.fwd_hooks()))
+                hooked = True
             model(toks, return_type=None, stop_at_layer=stop if stop < spec.n_layers else None)
             col.finish()
             if col.pending:
@@ -295,11 +316,12 @@ def capture_qk(
     which: Iterable[str] = ("q_pre", "k_pre", "q_post", "k_post"),
     batch_size: int = 8,
     progress: bool = False,
+    fast: bool = True,
 ) -> dict[int, LayerActs]:
     """Capture per-head tensors for ``tokens`` and keep them: ``{layer: LayerActs}``.
 
     Keys are KV heads (query head h reads KV head ``h // rope.group_size``).
     """
     keep = _Keep(needs=frozenset(which))
-    stream(model, batches(tokens, batch_size), [keep], layers=layers, progress=progress)
+    stream(model, batches(tokens, batch_size), [keep], layers=layers, progress=progress, fast=fast)
     return keep.kept

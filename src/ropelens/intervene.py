@@ -21,6 +21,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.spec import rope_spec
@@ -154,7 +155,8 @@ def apply_rope_variant(
     handles: list[Any] = []
     try:
         new_spec, handles = _install_variant(model, variant, layers, layer_kind)
-        yield new_spec
+        with intervened(model):  # the fast q/k path would bypass the bridge hooks that apply the variant
+            yield new_spec
     finally:
         for h in handles:
             h.remove()
@@ -185,6 +187,7 @@ def with_rope_variant(
     chosen = rope_spec(model).layer_indices(layers, layer_kind)  # fail before copying
     out = copy.deepcopy(model)
     _install_variant(out, variant, chosen, None)
+    intervened(out).__enter__()  # for good: the copy always runs the variant through the bridge
     out.ropelens_rope_variant = {"variant": variant.to_dict(), "layers": chosen}
     return out
 
@@ -212,9 +215,11 @@ def _head_mask(
     return mask
 
 
-def _zero_hook(x: Float[Tensor, "batch pos head d_head"], *, hook: Any, mask: Tensor) -> Tensor:  # noqa: ARG001
-    """Zero the masked (head, dim) entries of rotated queries or keys."""
-    return torch.where(mask.to(x.device), torch.zeros((), dtype=x.dtype, device=x.device), x)
+def _zero_hook(x: Float[Tensor, "batch pos head d_head"], *, hook: Any, mask: Tensor,  # noqa: ARG001
+               heads_first: bool = False) -> Tensor:
+    """Zero the masked (head, dim) entries of queries or keys (``[batch, head, pos, d]`` if ``heads_first``)."""
+    m = mask.to(x.device)
+    return torch.where(m[:, None] if heads_first else m, torch.zeros((), dtype=x.dtype, device=x.device), x)
 
 
 def _add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
@@ -255,13 +260,18 @@ def ablate_planes(
             check_indices(plane_list, "plane", lr.n_planes, f"layer {i}")
             head_set = None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
             names = attn_hooks(model, i)
-            for name, n, per_kv in ((names.q_post, lr.n_heads, False), (names.k_post, lr.n_kv_heads, True)):
+            for which, n, per_kv in (("q", lr.n_heads, False), ("k", lr.n_kv_heads, True)):
                 mask = _head_mask(lr, plane_list, head_set, n, per_kv)
-                if mask is not None:
-                    removers.append(
-                        _add_lens_hook(model.hook_dict[name], functools.partial(_zero_hook, mask=mask))
-                    )
-        yield
+                if mask is None:
+                    continue
+                # Rotation maps a zero plane to zero, so where no post-RoPE hook fires (Phi-3, GPT-NeoX)
+                # zeroing the plane before RoPE removes the same term.
+                name = names.post(which) or names.pre(which)
+                first = names.post(which) is None and names.pre_heads_first
+                fn = functools.partial(_zero_hook, mask=mask, heads_first=first)
+                removers.append(_add_lens_hook(model.hook_dict[name], fn))
+        with intervened(model):  # the fast q/k path would bypass the ablation hooks
+            yield
     finally:
         for remove in removers:
             remove()

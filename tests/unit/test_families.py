@@ -214,3 +214,20 @@ def test_real_scaling_configs_read_as_hf_initialises_them(case):
         assert spec[L].rope_type == rtype
         torch.testing.assert_close(spec[L].inv_freq, inv.float(), rtol=0, atol=0)
         assert spec[L].attention_scaling == pytest.approx(float(factor), rel=1e-12)
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in EXACT])
+def test_ablating_a_plane_removes_exactly_its_term(family, loaded):
+    """In the first rotary layer, logits under ablate_planes([0]) = logits − plane 0's term, on every family."""
+    from ropelens.intervene import ablate_planes
+
+    model, spec = loaded(family)
+    L = spec.rotary_layers[0]
+    toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(3))
+    dec = ropelens.decompose_attention(model, toks, bands=Bands.planes(), layers=[L])
+    want = dec.logits(L) - dec.plane_logits(L)[:, :, 0]
+    with ablate_planes(model, [0], layers=[L]):
+        got = ropelens.decompose_attention(model, toks, bands=Bands.planes(), layers=[L]).logits(L)
+    ok = torch.isfinite(want)
+    assert torch.equal(ok, torch.isfinite(got))
+    torch.testing.assert_close(got[ok], want[ok], rtol=1e-5, atol=1e-5)

@@ -1,0 +1,148 @@
+"""Queries and keys from the HF model's own forward, with its fast attention (sdpa), for q/k-only analyses.
+
+The TransformerLens bridge rebuilds eager attention (full score and pattern matrices) in every
+layer. Analyses that need only queries and keys (frequency usage) do not need that: this path runs
+the HF model the bridge wraps, with its ``sdpa`` attention, and takes each rotary layer's pre- and
+post-RoPE q and k where the model rotates them, at the family's ``apply_rotary_pos_emb``; the forward
+stops after the last layer asked for. Families that rotate elsewhere or only a slice of the head
+(GPT-J, Phi, StableLM), a model under a RoPE variant or plane ablation, and any mismatch with the
+spec fall back to the bridge, which gives the same numbers (``tests/unit/test_fastpath.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import inspect
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from ropelens.rope import RopeSpec
+
+__all__ = ["QK_NEEDS", "fast_qk", "hf_view", "intervened", "sdpa_attention"]
+
+QK_NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post"})
+_MARK = "_ropelens_interventions"
+
+
+class _Stop(Exception):
+    """Raised after the last layer an analysis needs: the rest of the forward is skipped."""
+
+
+@contextlib.contextmanager
+def intervened(model) -> Iterator[None]:
+    """Mark ``model`` as running under an intervention (variant, ablation) while the block runs."""
+    setattr(model, _MARK, getattr(model, _MARK, 0) + 1)
+    try:
+        yield
+    finally:
+        setattr(model, _MARK, getattr(model, _MARK, 1) - 1)
+
+
+@contextlib.contextmanager
+def _rotary_tap(hf, calls: list[tuple[Tensor, ...]]) -> Iterator[bool]:
+    """Record (q, k, q_rot, k_rot) at every call of the modeling module's ``apply_rotary_pos_emb``."""
+    mod = importlib.import_module(type(hf).__module__)
+    orig = getattr(mod, "apply_rotary_pos_emb", None)
+    # Only the (q, k, cos, sin) -> (q, k) form; GPT-J's (tensor, sin, cos) -> tensor is not tapped.
+    if orig is None or list(inspect.signature(orig).parameters)[:2] != ["q", "k"]:
+        yield False
+        return
+
+    def tap(q, k, *args, **kwargs):
+        q_rot, k_rot = orig(q, k, *args, **kwargs)
+        calls.append((q, k, q_rot, k_rot))
+        return q_rot, k_rot
+
+    mod.apply_rotary_pos_emb = tap
+    try:
+        yield True
+    finally:
+        mod.apply_rotary_pos_emb = orig
+
+
+@contextlib.contextmanager
+def sdpa_attention(hf) -> Iterator[None]:
+    """Run the HF model with its sdpa attention where the family supports it, restoring the setting after."""
+    cfgs = {id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: hf.config)())}.values()
+    before = [(c, getattr(c, "_attn_implementation", None)) for c in cfgs]
+    if getattr(hf, "_supports_sdpa", False):
+        for c, _ in before:
+            c._attn_implementation = "sdpa"
+    try:
+        yield
+    finally:
+        for c, impl in before:
+            c._attn_implementation = impl
+
+
+def _unbridged(module: torch.nn.Module) -> torch.nn.Module:
+    """The HF module tree under a bridge, with every bridge component replaced by the HF module it
+    wraps: a shallow copy that shares every parameter and buffer (no memory, no copy of weights)."""
+    while hasattr(module, "_original_component") and module._original_component is not None:
+        module = module._original_component
+    view = copy.copy(module)
+    view._modules = {name: (None if child is None else _unbridged(child)) for name, child in module._modules.items()}
+    for hooks in ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+                  "_forward_hooks_always_called", "_backward_hooks", "_backward_pre_hooks"):
+        if hasattr(view, hooks):
+            setattr(view, hooks, type(getattr(module, hooks))())
+    return view
+
+
+def hf_view(model) -> torch.nn.Module:
+    """The model's HF causal LM without the bridge's components (built once, weights shared)."""
+    view = getattr(model, "_ropelens_hf_view", None)
+    if view is None:
+        from ropelens.spec import hf_model_of
+
+        view = _unbridged(hf_model_of(model))
+        object.__setattr__(model, "_ropelens_hf_view", view)  # not a submodule: no double registration
+    return view
+
+
+def _decoder_layers(hf) -> Sequence[torch.nn.Module] | None:
+    layers = getattr(getattr(hf, "base_model", None), "layers", None)
+    return layers if isinstance(layers, torch.nn.ModuleList) else None
+
+
+def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequence[int]) -> dict[int, dict[str, Tensor]] | None:
+    """``{layer: {"q_pre", "k_pre", "q_post", "k_post"}}`` as ``[batch, pos, head, d]``, or None when this
+    model cannot take the fast path (the caller then runs the bridge)."""
+    if getattr(model, _MARK, 0):
+        return None
+    hf = hf_view(model)
+    blocks = _decoder_layers(hf)
+    if blocks is None or len(blocks) != spec.n_layers:
+        return None
+    last = max(layers)
+    rotary = [L for L in spec.rotary_layers if last >= L]
+    calls: list[tuple[Tensor, ...]] = []
+
+    def stop(*_: object) -> None:
+        raise _Stop
+
+    handle = blocks[last].register_forward_hook(stop)
+    try:
+        with _rotary_tap(hf, calls) as tapped, sdpa_attention(hf), torch.no_grad():
+            if not tapped:
+                return None
+            with contextlib.suppress(_Stop):
+                hf(input_ids=tokens, attention_mask=valid.long(), use_cache=False)
+    finally:
+        handle.remove()
+    if len(calls) != len(rotary):
+        return None
+    out = {}
+    for L, (q, k, q_rot, k_rot) in zip(rotary, calls, strict=True):
+        lr = spec[L]
+        if q.ndim != 4 or tuple(q.shape[1:2]) != (lr.n_heads,) or q.shape[-1] != lr.head_dim \
+                or tuple(k.shape[1:2]) != (lr.n_kv_heads,) or k.shape[-1] != lr.head_dim:
+            return None  # a slice of the head (Phi, StableLM) or another layout: not this path
+        if L in layers:
+            out[L] = {"q_pre": q.transpose(1, 2), "k_pre": k.transpose(1, 2),
+                      "q_post": q_rot.transpose(1, 2), "k_post": k_rot.transpose(1, 2)}
+    return out

@@ -1,0 +1,91 @@
+"""The fast q/k path (HF forward with sdpa, q/k taken where the model rotates) equals the bridge path."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import ropelens
+from ropelens import fastpath
+from ropelens.capture import capture_qk
+from ropelens.families import FAMILIES, N_CHECK, family_model_dir
+from ropelens.intervene import ablate_planes, apply_rope_variant
+from ropelens.spec import rope_spec
+from ropelens.variants import PRoPE
+
+EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
+SLICED = {"phi", "stablelm"}  # HF rotates a slice of the head there: the bridge path runs
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    @functools.cache
+    def load(name: str):
+        model = ropelens.load_model(family_model_dir(name, tmp_path_factory.mktemp(name) / name), device="cpu")
+        return model, rope_spec(model)
+
+    return load
+
+
+def _tokens(seed: int = 0) -> torch.Tensor:
+    toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(seed))
+    toks[:, 0] = 1
+    return toks
+
+
+@pytest.mark.parametrize("family", EXACT)
+def test_fast_path_equals_bridge(family, loaded):
+    model, spec = loaded(family)
+    toks = _tokens()
+    taken = fastpath.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers)
+    assert (taken is None) == (family in SLICED)
+    fast = capture_qk(model, toks, which=fastpath.QK_NEEDS, fast=True)
+    slow = capture_qk(model, toks, which=fastpath.QK_NEEDS, fast=False)
+    assert sorted(fast) == sorted(slow) == spec.rotary_layers
+    for L in spec.rotary_layers:
+        for key in sorted(fastpath.QK_NEEDS):
+            a, b = fast[L][key], slow[L][key]
+            assert a.shape == b.shape, (L, key)
+            assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), (L, key)
+
+
+def test_usage_takes_the_fast_path_and_matches(loaded):
+    model, spec = loaded("llama")
+    toks = _tokens(1)
+    calls = []
+    orig = fastpath.fast_qk
+
+    def counting(*a, **k):
+        out = orig(*a, **k)
+        calls.append(out is not None)
+        return out
+
+    fastpath_fast_qk = counting
+    import ropelens.fastpath as fp
+
+    fp.fast_qk, saved = fastpath_fast_qk, orig
+    try:
+        u_fast = ropelens.frequency_usage(model, toks, progress=False, batch_size=1)
+    finally:
+        fp.fast_qk = saved
+    assert calls == [True, True]
+    torch.testing.assert_close(u_fast.q_norm, ropelens.frequency_usage(model, toks, progress=False).q_norm)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_interventions_keep_the_bridge(family, loaded):
+    """Under a RoPE variant or plane ablation the fast path is not taken (it would bypass them)."""
+    model, spec = loaded(family)
+    toks = _tokens(2)
+    ones = torch.ones_like(toks, dtype=torch.bool)
+    with apply_rope_variant(model, PRoPE(0.5)):
+        assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
+        under = capture_qk(model, toks, which=("q_post",))
+    with ablate_planes(model, [0]):
+        assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
+    assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is not None
+    plain = capture_qk(model, toks, which=("q_post",))
+    L = spec.rotary_layers[-1]
+    assert not torch.allclose(under[L]["q_post"], plain[L]["q_post"])
