@@ -215,6 +215,16 @@ def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     ours = csv(out, "band_stats")
     for col in ("abs_share", "var_share", "margin_share", "top1"):
         assert ours[col].to_numpy() == pytest.approx(direct[col].to_numpy(), abs=1e-5)
+    # usage sees every window, half of them on the fast q/k path: the same as frequency_usage on all
+    from ropelens.usage import frequency_usage
+
+    usage = frequency_usage(model, toks, progress=False, batch_size=1)
+    report_usage = csv(out, "usage")
+    want = usage.to_frame()
+    merged = report_usage.merge(want, on=["which", "scope", "layer", "head", "plane"], suffixes=("", "_direct"))
+    assert len(merged) == len(want) > 0
+    for col in ("mean_norm", "std"):
+        assert merged[col].to_numpy() == pytest.approx(merged[f"{col}_direct"].to_numpy(), rel=1e-5, abs=1e-6)
 
 
 def test_bad_arguments_fail_before_the_model_loads(tmp_path):

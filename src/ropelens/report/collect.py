@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from ropelens.bands import Bands
-from ropelens.capture import LayerActs, Reducer, batches, stream
+from ropelens.capture import Reducer, batches, stream
 from ropelens.decompose import BandStatistics, BandStatsReducer
 from ropelens.provenance import Provenance
 from ropelens.rope import RopeSpec
@@ -56,27 +55,6 @@ def evenly_spaced(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
-class _Subset:
-    """Hands a reducer only the chosen windows of the stream (by their index in the corpus)."""
-
-    def __init__(self, reducer: Reducer, keep: Sequence[int]) -> None:
-        self.reducer, self.keep = reducer, frozenset(keep)
-        self.needs = reducer.needs
-        self.seen: dict[int, int] = {}
-
-    def update(self, acts: LayerActs) -> None:
-        start = self.seen.get(acts.layer, 0)
-        n = acts.valid.shape[0]
-        self.seen[acts.layer] = start + n
-        rows = [b for b in range(n) if start + b in self.keep]
-        if not rows:
-            return
-        if len(rows) < n:
-            idx = torch.tensor(rows, device=acts.valid.device)
-            acts = LayerActs(acts.layer, acts.rope, acts.valid[idx], {k: v[idx] for k, v in acts.tensors.items()})
-        self.reducer.update(acts)
-
-
 def collect(
     model,
     tokens: Tensor,
@@ -93,15 +71,20 @@ def collect(
     progress: bool = True,
 ) -> ReportData:
     """Frequency usage over every window and band statistics over ``band_windows`` evenly spread
-    windows (None: all), from a single forward pass per batch."""
+    windows (None: all): one bridge pass over the band windows feeds both, and the other windows
+    go through the fast q/k path for usage alone (usage sums do not depend on window order)."""
     n = int(tokens.shape[0])
     keep = evenly_spaced(n, n if band_windows is None else max(1, min(band_windows, n)))
+    rest = sorted(set(range(n)) - set(keep))
     usage_red = UsageReducer(spec, layers, n_sink=n_sink)
     band_red = BandStatsReducer(spec, layers, bands)
-    reducers: list[Reducer] = [usage_red, band_red if len(keep) == n else _Subset(band_red, keep)]
     t0 = time.perf_counter()
-    n_tok = stream(model, batches(tokens, batch_size), reducers, layers=layers, spec=spec, progress=progress,
-                   desc="ropelens report: usage + band statistics", total=-(-n // batch_size))
+    both: list[Reducer] = [usage_red, band_red]
+    n_tok = stream(model, batches(tokens[keep], batch_size), both, layers=layers, spec=spec, progress=progress,
+                   desc="ropelens report: usage + band statistics", total=-(-len(keep) // batch_size))
+    if rest:
+        n_tok += stream(model, batches(tokens[rest], batch_size), [usage_red], layers=layers, spec=spec,
+                        progress=progress, desc="ropelens report: usage", total=-(-len(rest) // batch_size))
     seconds = time.perf_counter() - t0
     common = dict(model=label, corpus=corpus.get("name"), corpus_sha256=corpus.get("sha256"),
                   n_ctx=int(tokens.shape[1]), seconds=seconds)
