@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ropelens import RopeSpec, rope_spec
 from ropelens.cli import main
@@ -135,3 +136,24 @@ def test_variants_and_truncate_commands(tiny_dir, capsys):
     assert main(["variants", path, "--variant", "warp:3"]) == 2
     assert "unknown variant" in capsys.readouterr().err
     assert main(["truncate", path, "--p", "1.5"]) == 2
+
+
+def test_dtype_option_loads_in_that_dtype(tiny_dir, monkeypatch, capsys):
+    """--dtype bfloat16 reaches load_model; an unknown dtype is a one-line usage error."""
+    from ropelens.cli import common
+
+    seen = {}
+    real = common.load_model
+
+    def spy(name, **kw):
+        seen.update(kw)
+        return real(name, **kw)
+
+    monkeypatch.setattr(common, "load_model", spy)
+    assert main(["usage", str(tiny_dir("llama")), "--dtype", "bfloat16", "--tokens", "64", "--n-ctx", "32",
+                 "--json"]) == 0
+    assert seen["dtype"] is torch.bfloat16
+    out = json.loads(capsys.readouterr().out)
+    assert all(abs(sum(row) - 1) < 1e-3 for row in out["q_energy_share"])
+    assert main(["inspect", "--dtype", "int8"]) == 2
+    assert "invalid choice: 'int8'" in capsys.readouterr().err

@@ -13,11 +13,15 @@ import json
 import math
 from typing import Any
 
+import torch
+
 from ropelens.errors import UsageError
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 __all__ = [
-    "Parser", "add_analysis_args", "add_common_options", "add_corpus_args", "add_model_arg", "band_tokens",
+    "DTYPES", "Parser", "add_analysis_args", "add_common_options", "add_corpus_args", "add_model_arg", "band_tokens",
     "emit", "jsonable_row", "layer_list", "load_from_args", "positive_int",
 ]  # fmt: skip
 
@@ -67,6 +71,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help="torch device to run the model on: cpu, cuda, cuda:N or mps (default: cuda if available, else cpu)",
     )
     parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float32",
+        help="weights and activations: float32 (default), bfloat16 or float16 (statistics accumulate in "
+             "float32 or float64 either way)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print machine-readable JSON instead of a table"
     )
 
@@ -108,7 +117,7 @@ def load_from_args(args: argparse.Namespace):
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        return load_model(args.model, device=args.device)
+        return load_model(args.model, device=args.device, dtype=DTYPES[getattr(args, "dtype", "float32")])
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
