@@ -144,7 +144,7 @@ def rope_spec(model) -> RopeSpec:
                 or bool(getattr(tl_cfg, "rotary_interleaved_cos_sin", False))
                 or arch.startswith(("GPTJ", "CodeGen")))
     n_heads = int(cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head)
-    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
+    n_kv_cfg = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
     layers = []
     for i, attn in enumerate(attns):
@@ -154,6 +154,7 @@ def rope_spec(model) -> RopeSpec:
             inv = inv[:0]
         params = _layer_rope_params(cfg, ltype)
         head_dim = int(getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
+        n_kv = _kv_heads(attn, n_heads, n_kv_cfg)
         scale = getattr(attn, "scaling", None)
         if scale is None:
             scale = 1.0 / float(getattr(attn, "scale_attn", math.sqrt(head_dim)))
@@ -189,6 +190,16 @@ def rope_spec(model) -> RopeSpec:
             )
         )
     return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
+
+
+def _kv_heads(attn, n_heads: int, from_config: int) -> int:
+    """KV heads as the attention module uses them (a config key the family ignores must not count)."""
+    groups = getattr(attn, "num_key_value_groups", None)
+    if isinstance(groups, int) and groups > 0:
+        return n_heads // groups
+    if any(hasattr(attn, n) for n in ("query_key_value", "c_attn")):  # fused MHA projections (GPT-NeoX)
+        return n_heads
+    return from_config
 
 
 def _uses_rope(attn, cfg, layer: int) -> bool:

@@ -231,3 +231,18 @@ def test_ablating_a_plane_removes_exactly_its_term(family, loaded):
     ok = torch.isfinite(want)
     assert torch.equal(ok, torch.isfinite(got))
     torch.testing.assert_close(got[ok], want[ok], rtol=1e-5, atol=1e-5)
+
+
+def test_a_config_key_the_family_ignores_does_not_change_the_spec(tmp_path):
+    """GPT-NeoX has no grouped-query attention: a stray num_key_value_heads in its config is not read."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from ropelens.families import _BASE
+    from ropelens.testing import tiny_tokenizer
+
+    cfg = transformers.GPTNeoXConfig(**{**_BASE, "num_key_value_heads": 2}, rotary_pct=0.25)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "neox")
+    tiny_tokenizer().save_pretrained(tmp_path / "neox")
+    model = ropelens.load_model(tmp_path / "neox", device="cpu")
+    assert {lr.n_kv_heads for lr in rope_spec(model).layers} == {4}
