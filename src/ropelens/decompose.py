@@ -332,9 +332,9 @@ class BandStatsReducer:
         """|band logit| sums and band-only argmax, in query chunks over allowed keys only."""
         n = q.shape[2]
         qb, kb = _band_major(q, rb), _band_major(k, rb)  # [b,h,B,pos,d_b] (None if bands differ in size)
-        abs_sum = torch.zeros(q.shape[1], rb.n_bands)
-        top1 = torch.zeros(q.shape[1], rb.n_bands)
-        jsd = torch.zeros(q.shape[1], rb.n_bands)
+        abs_sum = torch.zeros(q.shape[1], rb.n_bands, device=q.device)  # on the model's device: CUDA-safe
+        top1 = torch.zeros(q.shape[1], rb.n_bands, device=q.device)
+        jsd = torch.zeros(q.shape[1], rb.n_bands, device=q.device)
         for c0 in range(0, n, self.chunk):
             c1 = min(n, c0 + self.chunk)
             k0 = max(0, c0 - rope.window + 1) if rope.window else 0
@@ -356,9 +356,9 @@ class BandStatsReducer:
             if self.jsd:
                 p = rope.probs(x)
                 jsd += (js_divergence(p, pattern[:, :, None, c0:c1, k0:c1]) * rows_ok).sum((0, 3))
-        self.sums["abs_sum"][i] += abs_sum.double()
-        self.sums["top1"][i] += top1.double()
-        self.sums["jsd"][i] += jsd.double()
+        self.sums["abs_sum"][i] += abs_sum.double().cpu()
+        self.sums["top1"][i] += top1.double().cpu()
+        self.sums["jsd"][i] += jsd.double().cpu()
 
 
 def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor, "b h pos d"]:

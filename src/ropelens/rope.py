@@ -189,7 +189,7 @@ class LayerRope:
 
     def angles(self, positions: Tensor) -> Float[Tensor, "... n_planes"]:
         """Rotation angle of each plane at each position, m·θ_i."""
-        return positions.to(torch.float64)[..., None] * self.inv_freq.double()
+        return positions.to(torch.float64)[..., None] * self.inv_freq.to(positions.device, torch.float64)
 
     def rotate(self, x: Float[Tensor, "... pos head_dim"], positions: Tensor) -> Float[Tensor, "... pos head_dim"]:
         """Apply this layer's rotation (and attention scaling) to head vectors at ``positions``.
