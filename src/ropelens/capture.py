@@ -21,7 +21,7 @@ from ropelens.errors import InputError
 from ropelens.hooks import AttnHooks, attn_hooks, to_bphd
 from ropelens.rope import LayerRope, RopeSpec
 
-__all__ = ["LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "causal_mask"]
+__all__ = ["LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches"]
 
 NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post", "pattern"})
 
@@ -93,11 +93,6 @@ class Moments:
     def from_dict(cls, d: dict[str, list]) -> Moments:
         t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
         return cls(t(d["count"]), t(d["total"]), t(d["total_sq"]))
-
-
-def causal_mask(rope: LayerRope, n_pos: int, device: torch.device | None = None) -> Bool[Tensor, "q k"]:
-    """Keys each query may attend to: causal, and within the sliding window for local layers."""
-    return rope.mask(n_pos, device)
 
 
 def _plane_tables(table: Tensor, rope: LayerRope, interleaved: bool) -> Tensor:
@@ -224,7 +219,7 @@ class _Collector:
                 rope = self.spec.layers[layer]
                 k = got["k_post"].repeat_interleave(rope.group_size, dim=2)
                 scores = torch.einsum("bqhd,bkhd->bhqk", got["q_post"], k) * rope.score_scale
-                ok = causal_mask(rope, scores.shape[-1], scores.device)[None] & self.valid[:, None, :]
+                ok = rope.mask(scores.shape[-1], scores.device)[None] & self.valid[:, None, :]
                 got["pattern"] = rope.probs(scores.masked_fill(~ok[:, None], float("-inf")))
                 self._dispatch(layer)
 

@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import LayerActs, batches, capture_qk, causal_mask, stream
+from ropelens.capture import LayerActs, batches, capture_qk, stream
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
@@ -55,7 +55,7 @@ def band_terms(
 
 def attention_mask(rope: LayerRope, valid: Bool[Tensor, "batch pos"]) -> Bool[Tensor, "batch q k"]:
     """Causal (and sliding-window) mask restricted to real (unpadded) tokens."""
-    m = causal_mask(rope, valid.shape[1], valid.device)
+    m = rope.mask(valid.shape[1], valid.device)
     return m[None] & valid[:, None, :] & valid[:, :, None]
 
 

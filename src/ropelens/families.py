@@ -33,7 +33,7 @@ import torch
 
 from ropelens.errors import InputError, UnsupportedModelError
 
-__all__ = ["FAMILIES", "Family", "FamilyCheck", "check_family", "family_model_dir"]
+__all__ = ["FAMILIES", "Family", "FamilyCheck", "check_family", "family_model_dir", "rotation_error"]
 
 VOCAB = 101  # the tiny character tokenizer of ropelens.testing
 N_CHECK = 24  # input length: three times every window
@@ -267,6 +267,15 @@ def _hf_inv_freq(hf, lr) -> torch.Tensor:
     raise InputError(f"{type(hf).__name__} has no rotary module with inv_freq")
 
 
+def rotation_error(lr, q_post: torch.Tensor) -> float:
+    """Relative max error of post-RoPE queries ``[pos, head, d]`` whose pre-RoPE query is the same at every
+    position against ``lr``'s rotation of position 0 (which already carries the attention scaling once)."""
+    n = q_post.shape[0]
+    pred = lr.rotate(q_post[0].expand(n, -1, -1).transpose(0, 1), torch.arange(n)).transpose(0, 1)
+    pred[..., : lr.rotary_dim] /= lr.attention_scaling
+    return float((pred - q_post).abs().max() / q_post.abs().max())
+
+
 def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None) -> FamilyCheck:
     """Load family ``name`` through ``load_model(path)`` and measure ropelens against HF (see module doc)."""
     from transformers import AutoModelForCausalLM
@@ -324,7 +333,5 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
         lr, q, pre = spec[L], acts[L]["q_post"][0], acts[L]["q_pre"][0]  # [pos, head, d]
         if rotary[0] != L and float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
             continue
-        pred = lr.rotate(q[0].expand(N_CHECK, -1, -1).transpose(0, 1), torch.arange(N_CHECK)).transpose(0, 1)
-        pred[..., : lr.rotary_dim] /= lr.attention_scaling  # position 0 already carries the scaling once
-        res.pairing_err = max(res.pairing_err, float((pred - q).abs().max() / q.abs().max()))
+        res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
     return res

@@ -20,16 +20,21 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ropelens.rope import RopeSpec
+from ropelens.rope import LayerRope, RopeSpec
 
 __all__ = ["QK_NEEDS", "fast_qk", "hf_view", "intervened", "sdpa_attention"]
 
 QK_NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post"})
 _MARK = "_ropelens_interventions"
+_UNSUPPORTED = "_ropelens_fast_unsupported"
 
 
 class _Stop(Exception):
     """Raised after the last layer an analysis needs: the rest of the forward is skipped."""
+
+
+class _Unsupported(Exception):
+    """Raised at the first rotation that does not match the spec: the forward stops there."""
 
 
 @contextlib.contextmanager
@@ -43,8 +48,12 @@ def intervened(model) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _rotary_tap(hf, calls: list[tuple[Tensor, ...]]) -> Iterator[bool]:
-    """Record (q, k, q_rot, k_rot) at every call of the modeling module's ``apply_rotary_pos_emb``."""
+def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list[tuple[Tensor, ...]]) -> Iterator[bool]:
+    """Record (q, k, q_rot, k_rot) at every call of the modeling module's ``apply_rotary_pos_emb``.
+
+    Call i must rotate whole heads of ``expected[i]`` (``[batch, heads, pos, head_dim]``); the first
+    call that does not (Phi and StableLM rotate a slice of the head) raises :class:`_Unsupported`.
+    """
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "apply_rotary_pos_emb", None)
     # Only the (q, k, cos, sin) -> (q, k) form; GPT-J's (tensor, sin, cos) -> tensor is not tapped.
@@ -53,6 +62,12 @@ def _rotary_tap(hf, calls: list[tuple[Tensor, ...]]) -> Iterator[bool]:
         return
 
     def tap(q, k, *args, **kwargs):
+        if len(calls) >= len(expected):
+            raise _Unsupported
+        lr = expected[len(calls)]
+        if q.ndim != 4 or q.shape[1] != lr.n_heads or k.shape[1] != lr.n_kv_heads or q.shape[-1] != lr.head_dim \
+                or k.shape[-1] != lr.head_dim:
+            raise _Unsupported
         q_rot, k_rot = orig(q, k, *args, **kwargs)
         calls.append((q, k, q_rot, k_rot))
         return q_rot, k_rot
@@ -111,38 +126,39 @@ def _decoder_layers(hf) -> Sequence[torch.nn.Module] | None:
 
 def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequence[int]) -> dict[int, dict[str, Tensor]] | None:
     """``{layer: {"q_pre", "k_pre", "q_post", "k_post"}}`` as ``[batch, pos, head, d]``, or None when this
-    model cannot take the fast path (the caller then runs the bridge)."""
-    if getattr(model, _MARK, 0):
+    model cannot take the fast path (the caller then runs the bridge).
+
+    A model found unable to is remembered, so later calls cost nothing; a model under an
+    intervention is only skipped while it lasts.
+    """
+    if getattr(model, _MARK, 0) or getattr(model, _UNSUPPORTED, False):
         return None
     hf = hf_view(model)
     blocks = _decoder_layers(hf)
-    if blocks is None or len(blocks) != spec.n_layers:
-        return None
     last = max(layers)
     rotary = [L for L in spec.rotary_layers if last >= L]
     calls: list[tuple[Tensor, ...]] = []
+    if blocks is None or len(blocks) != spec.n_layers:
+        object.__setattr__(model, _UNSUPPORTED, True)
+        return None
 
     def stop(*_: object) -> None:
         raise _Stop
 
     handle = blocks[last].register_forward_hook(stop)
     try:
-        with _rotary_tap(hf, calls) as tapped, sdpa_attention(hf), torch.no_grad():
-            if not tapped:
-                return None
-            with contextlib.suppress(_Stop):
+        with _rotary_tap(hf, [spec[L] for L in rotary], calls) as tapped, sdpa_attention(hf), torch.no_grad():
+            if tapped:
                 hf(input_ids=tokens, attention_mask=valid.long(), use_cache=False)
+    except _Stop:
+        pass
+    except _Unsupported:
+        tapped = False
     finally:
         handle.remove()
-    if len(calls) != len(rotary):
+    if not tapped or len(calls) != len(rotary):
+        object.__setattr__(model, _UNSUPPORTED, True)
         return None
-    out = {}
-    for L, (q, k, q_rot, k_rot) in zip(rotary, calls, strict=True):
-        lr = spec[L]
-        if q.ndim != 4 or tuple(q.shape[1:2]) != (lr.n_heads,) or q.shape[-1] != lr.head_dim \
-                or tuple(k.shape[1:2]) != (lr.n_kv_heads,) or k.shape[-1] != lr.head_dim:
-            return None  # a slice of the head (Phi, StableLM) or another layout: not this path
-        if L in layers:
-            out[L] = {"q_pre": q.transpose(1, 2), "k_pre": k.transpose(1, 2),
-                      "q_post": q_rot.transpose(1, 2), "k_post": k_rot.transpose(1, 2)}
-    return out
+    return {L: {"q_pre": q.transpose(1, 2), "k_pre": k.transpose(1, 2),
+                "q_post": q_rot.transpose(1, 2), "k_post": k_rot.transpose(1, 2)}
+            for L, (q, k, q_rot, k_rot) in zip(rotary, calls, strict=True) if L in layers}

@@ -194,10 +194,14 @@ def rope_spec(model) -> RopeSpec:
 
 def _kv_heads(attn, n_heads: int, from_config: int) -> int:
     """KV heads as the attention module uses them (a config key the family ignores must not count)."""
+    for name in ("num_key_value_heads", "num_kv_heads"):  # Falcon keeps its multi-query count here
+        n = getattr(attn, name, None)
+        if isinstance(n, int) and n > 0:
+            return n
     groups = getattr(attn, "num_key_value_groups", None)
     if isinstance(groups, int) and groups > 0:
         return n_heads // groups
-    if any(hasattr(attn, n) for n in ("query_key_value", "c_attn")):  # fused MHA projections (GPT-NeoX)
+    if any(hasattr(attn, n) for n in ("query_key_value", "c_attn")):  # fused MHA projection (GPT-NeoX)
         return n_heads
     return from_config
 

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 import ropelens
 from ropelens.bands import Bands
-from ropelens.capture import causal_mask
 from ropelens.decompose import (
     AttentionDecomposition,
     BandStatistics,
@@ -76,9 +75,9 @@ def test_sliding_window_mask_matches_model(tiny):
     dec = decompose_attention(model, toks)
     for L in dec.layers:
         _, pattern = reference_scores(model, toks, L)
-        ok = causal_mask(spec.layers[L], SEQ)
+        ok = spec.layers[L].mask(SEQ)
         assert torch.equal(pattern[0, 0] > 0, ok), f"layer {L} ({spec.layers[L].kind})"
-    assert spec.layers[0].kind == "sliding" and not causal_mask(spec.layers[0], SEQ)[20, 5]
+    assert spec.layers[0].kind == "sliding" and not spec.layers[0].mask(SEQ)[20, 5]
 
 
 def test_plane_terms_are_bounded_by_cauchy_schwarz(tiny):

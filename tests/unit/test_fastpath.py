@@ -51,27 +51,40 @@ def test_fast_path_equals_bridge(family, loaded):
             assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), (L, key)
 
 
-def test_usage_takes_the_fast_path_and_matches(loaded):
+def test_usage_takes_the_fast_path_and_matches_the_bridge(loaded, monkeypatch):
+    """frequency_usage goes through the fast path batch by batch and equals usage streamed through the bridge."""
+    from ropelens.capture import batches, stream
+    from ropelens.usage import UsageReducer
+
     model, spec = loaded("llama")
     toks = _tokens(1)
-    calls = []
+    taken = []
     orig = fastpath.fast_qk
 
     def counting(*a, **k):
         out = orig(*a, **k)
-        calls.append(out is not None)
+        taken.append(out is not None)
         return out
 
-    fastpath_fast_qk = counting
-    import ropelens.fastpath as fp
+    monkeypatch.setattr(fastpath, "fast_qk", counting)
+    fast = ropelens.frequency_usage(model, toks, progress=False, batch_size=1)
+    assert taken == [True, True]
+    red = UsageReducer(spec, spec.rotary_layers)
+    stream(model, batches(toks, 1), [red], spec=spec, progress=False, fast=False)
+    assert taken == [True, True]  # fast=False never asks
+    bridge = red.result(fast.provenance)
+    for which in ("q", "k"):
+        torch.testing.assert_close(fast.norm(which, "all"), bridge.norm(which, "all"), rtol=1e-5, atol=1e-6)
 
-    fp.fast_qk, saved = fastpath_fast_qk, orig
-    try:
-        u_fast = ropelens.frequency_usage(model, toks, progress=False, batch_size=1)
-    finally:
-        fp.fast_qk = saved
-    assert calls == [True, True]
-    torch.testing.assert_close(u_fast.q_norm, ropelens.frequency_usage(model, toks, progress=False).q_norm)
+
+def test_a_family_that_rotates_a_head_slice_is_tried_once(loaded, monkeypatch):
+    """Phi rotates a slice of each head: the first rotation stops the forward and the verdict is kept."""
+    model, spec = loaded("phi")
+    toks = _tokens(3)
+    ones = torch.ones_like(toks, dtype=torch.bool)
+    assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
+    monkeypatch.setattr(fastpath, "hf_view", lambda m: pytest.fail("a second attempt ran the model"))
+    assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
 
 
 @pytest.mark.parametrize("family", ["llama", "phi3"])
