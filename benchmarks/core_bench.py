@@ -29,7 +29,8 @@ from ropelens.decompose import BandStatsReducer
 from ropelens.fastpath import hf_view, sdpa_attention
 from ropelens.usage import UsageReducer
 
-args_chunk = 128
+args_tile: int | None = None
+WHAT = ("sdpa", "forward", "usage", "usage_bridge", "band_stats", "band_stats+top1")
 
 
 def run(model, spec, toks, what: str, batch_size: int) -> float:
@@ -48,7 +49,7 @@ def run(model, spec, toks, what: str, batch_size: int) -> float:
         reducers = [UsageReducer(spec, layers)]
         if what.startswith("band_stats"):
             agreement = what == "band_stats+top1"
-            reducers.append(BandStatsReducer(spec, layers, Bands.quantiles(4), agreement=agreement, chunk=args_chunk))
+            reducers.append(BandStatsReducer(spec, layers, Bands.quantiles(4), agreement=agreement, tile=args_tile))
         stream(model, batches(toks, batch_size), reducers, spec=spec, progress=False, fast=what != "usage_bridge")
     return time.perf_counter() - t0
 
@@ -58,8 +59,7 @@ def timing(args) -> None:
     spec = ropelens.rope_spec(model)
     toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
     run(model, spec, toks[: args.batch_size], "band_stats", args.batch_size)  # warm-up
-    times: dict[str, list[float]] = {k: [] for k in ("sdpa", "forward", "usage", "usage_bridge", "band_stats",
-                                                      "band_stats+top1")}
+    times: dict[str, list[float]] = {k: [] for k in args.what}
     for _ in range(args.repeats):
         for what in times:
             times[what].append(run(model, spec, toks, what, args.batch_size))
@@ -98,12 +98,16 @@ def main() -> None:
     p.add_argument("--n-ctx", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--chunk", type=int, default=128, help="query chunk of the dense band statistics")
+    p.add_argument("--tile", type=int, default=None, help="queries per band-statistics tile (default: automatic)")
+    p.add_argument("--what", default=",".join(WHAT), help=f"comma-separated columns, sdpa first (default: {','.join(WHAT)})")
     p.add_argument("--rss", action="store_true", help="measure peak RSS at 1x and 4x the corpus")
     p.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    global args_chunk
-    args_chunk = args.chunk
+    global args_tile
+    args_tile = args.tile
+    args.what = [w for w in args.what.split(",") if w]
+    if not args.what or args.what[0] != "sdpa" or set(args.what) - set(WHAT):
+        p.error(f"--what must start with sdpa and name only {', '.join(WHAT)}")
     if args.rss_child:
         rss_child(args)
     elif args.rss:

@@ -245,6 +245,7 @@ def decompose_attention(
 
 # ============================================================================ corpus statistics
 _SUMS_LHB = ("abs_sum", "cov", "margin", "jsd", "top1")
+TILE_ELEMENTS = 1 << 21  # band-logit entries per tile (8 MiB of float32): measured best on CPU (benchmarks/tile_bench.py)
 
 
 class BandStatsReducer:
@@ -253,17 +254,22 @@ class BandStatsReducer:
     ``jsd=True``, the JS divergence of the band-only pattern); per plane, the Cauchy–Schwarz
     bound at the attended key.
 
-    Only |logit| and the band-only argmax need every band's logit for every (query, key) pair;
-    they are computed in query chunks over the causal triangle only. The covariance and margin
-    come from matmuls with the keys (Σ_k x_b·x = s·q_b·(x K_b), Σ_k x_b = s·q_b·Σ_k k_b), so
-    they cost about one extra attention-score product.
+    Needs only post-RoPE queries and keys, so the model runs with its own fast attention. Every
+    statistic is computed in query tiles, FlashAttention-style: a tile holds each of its queries'
+    whole key range (causal, sliding window), the model's scores are rebuilt in the tile as the sum
+    of the band terms, and the layer's mask, soft-capping and sinks are applied there; memory is
+    O(tile · n) per layer, and nothing of size ``[heads, n, n]`` exists. Keys stay in KV-head
+    layout (grouped-query heads share one matmul). Sums accumulate in float64 on the model's device;
+    the one host synchronisation per batch asks whether it holds padding.
     """
 
-    needs = frozenset({"q_post", "k_post", "pattern"})
+    needs = frozenset({"q_post", "k_post"})
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, agreement: bool = True,
-                 jsd: bool = False, chunk: int = 128) -> None:
-        self.spec, self.layers, self.bands, self.chunk = spec, list(layers), bands, chunk
+                 jsd: bool = False, tile: int | None = None) -> None:
+        if tile is not None and (not isinstance(tile, int) or tile < 1):
+            raise InputError(f"tile must be a positive number of queries (or None for automatic), got {tile!r}")
+        self.spec, self.layers, self.bands, self.tile = spec, list(layers), bands, tile
         self.jsd = jsd
         self.agreement = agreement or jsd
         self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}
@@ -272,93 +278,168 @@ class BandStatsReducer:
             raise InputError(f"bands {bands.describe()} resolve to different band names across layers: {names}")
         self.names = next(iter(names))
         lr = spec.layers[self.layers[0]]
-        L, H, B, P = len(self.layers), lr.n_heads, len(self.names), lr.n_planes
-        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
-        self.sums = {k: z(L, H, B) for k in _SUMS_LHB}
-        self.sums.update(var=z(L, H), n_entries=z(L), n_rows=z(L), n_queries=z(L), cs_term=z(L, H, P), cs_bound=z(L, H, P))
+        self.shape = (len(self.layers), lr.n_heads, len(self.names), lr.n_planes)
+        self.sums = self._zeros(torch.device("cpu"))
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
+        self._index: dict[tuple[int, str], Tensor] = {}
+        self._padded: tuple[Tensor, bool] | None = None
+
+    def _zeros(self, device: torch.device) -> dict[str, Tensor]:
+        L, H, B, P = self.shape
+        dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+        z = lambda *s: torch.zeros(s, dtype=dtype, device=device)  # noqa: E731
+        sums = {k: z(L, H, B) for k in _SUMS_LHB}
+        sums.update(var=z(L, H), n_entries=z(L), n_rows=z(L), n_queries=z(L), cs_term=z(L, H, P), cs_bound=z(L, H, P))
+        return sums
+
+    def _on(self, device: torch.device) -> dict[str, Tensor]:
+        """The running sums, moved once to the device the activations live on."""
+        if self.sums["var"].device != device:
+            self.sums = {k: v.to(device) for k, v in self.sums.items()}
+        return self.sums
+
+    def _has_padding(self, valid: Tensor) -> bool:
+        """Whether this batch holds padding (asked once per batch: every layer shares ``valid``)."""
+        if self._padded is None or self._padded[0] is not valid:
+            self._padded = (valid, not bool(valid.all()))
+        return self._padded[1]
+
+    def _band_index(self, layer: int, rb: ResolvedBands, head_dim: int, device: torch.device) -> Tensor:
+        """``[band, d_band]`` head-dim indices, bands padded to one width with index ``head_dim`` (a zero column)."""
+        key = (layer, str(device))
+        if key not in self._index:
+            width = max(len(d) for d in rb.dims)
+            rows = [torch.cat([d, torch.full((width - len(d),), head_dim, dtype=torch.long)]) for d in rb.dims]
+            self._index[key] = torch.stack(rows).to(device)
+        return self._index[key]
+
+    def _membership(self, layer: int, rb: ResolvedBands, head_dim: int, device: torch.device) -> Tensor:
+        """``[head_dim, band]`` one-hot: a matmul with it sums per-dim products into band terms."""
+        key = (layer, f"member {device}")
+        if key not in self._index:
+            m = torch.zeros(head_dim, rb.n_bands)
+            for j, dims in enumerate(rb.dims):
+                m[dims, j] = 1.0
+            self._index[key] = m.to(device)
+        return self._index[key]
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
         i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
         valid = acts.valid
+        q_post, k_post = acts["q_post"], acts["k_post"]
+        dev = q_post.device
+        s = self._on(dev)
+        b, n, H, d = q_post.shape
+        KV, G, B = rope.n_kv_heads, rope.group_size, rb.n_bands
         vf = valid.float()
-        # the score scale goes into q once, so every product below is already a logit
-        q = acts["q_post"].float().transpose(1, 2) * (vf[:, None, :, None] * rope.score_scale)  # [b,h,q,d]
-        k = expand_kv(acts["k_post"].float(), rope).transpose(1, 2) * vf[:, None, :, None]
-        m = attention_mask(rope, valid)  # [b,q,k]
-        mf = m.float()
-        rows = mf.sum(-1)  # [b,q] allowed keys per query
-        ok = (rows >= 2).float()  # a margin needs the attended key and at least one other
-        s = self.sums
-        s["n_entries"][i] += float(mf.sum())
-        s["n_rows"][i] += float(ok.sum())
-        s["n_queries"][i] += float((rows >= 1).sum())
-        y = torch.matmul(q, k.transpose(-1, -2)).mul_(mf[:, None])  # full logits, 0 where masked
-        ysum = y.sum(-1)  # [b,h,q]
-        ysq = torch.linalg.vector_norm(y, 2, dim=-1) ** 2
-        s["var"][i] += ((ysq - ysum**2 / rows.clamp_min(1)[:, None]) * ok[:, None]).sum((0, 2)).double().cpu()
-        yk = torch.matmul(y, k)  # [b,h,q,d]: Σ_k x(q,k)·k
-        del y
-        ksum = _window_sums(k, rope)  # [b,h,q,d]: Σ_{allowed k} k (padded keys are zero)
-        att = acts["pattern"].argmax(-1)  # [b,h,q]
-        ka = k.gather(2, att[..., None].expand(-1, -1, -1, k.shape[-1]))  # key each query attends to
-        for b, dims in enumerate(rb.dims):
-            qb = q[..., dims]
-            cross = (qb * yk[..., dims]).sum(-1)  # Σ_k x_b·x
-            row_b = (qb * ksum[..., dims]).sum(-1)  # Σ_k x_b
-            xa = (qb * ka[..., dims]).sum(-1)
-            cov = cross - row_b * ysum / rows.clamp_min(1)[:, None]
-            margin = xa - (row_b - xa) / (rows - 1).clamp_min(1)[:, None]
-            s["cov"][i][:, b] += (cov * ok[:, None]).sum((0, 2)).double().cpu()
-            s["margin"][i][:, b] += (margin * ok[:, None]).sum((0, 2)).double().cpu()
-        self._cauchy_schwarz(i, rope, q, ka, ok)
-        self._dense(i, rope, rb, q, k, m, att, acts["pattern"])
+        # the score scale goes into q once, so every product below is already a logit; padded
+        # queries and keys are zero vectors
+        q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
+        k = k_post.float() * vf[:, :, None, None]
+        idx = self._band_index(acts.layer, rb, d, dev)
+        zq, zk = q.new_zeros(b, n, H, 1), k.new_zeros(b, n, KV, 1)
+        qb = torch.cat([q, zq], -1)[..., idx].view(b, n, KV, G, B, -1).permute(0, 2, 4, 3, 1, 5)  # [b,KV,B,G,n,db]
+        kb = torch.cat([k, zk], -1)[..., idx].permute(0, 2, 3, 1, 4).contiguous()  # [b,KV,B,n,db]
+        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
+        kh = k.transpose(1, 2).contiguous()  # [b,KV,n,d]
+        # Σ of the keys each query may attend to (prefix sums in float64: long windows cancel exactly)
+        ksum = _window_sums(kh.double(), rope).float()  # [b,KV,n,d]
+        general = self._has_padding(valid)
+        pos = torch.arange(n, device=dev)
+        allowed = pos + 1 if not rope.window else (pos + 1).clamp(max=rope.window)  # keys per (unpadded) query
+        if general:  # padding anywhere: count only the valid keys each query sees
+            cv = valid.long().cumsum(1)
+            lo = (pos - rope.window).clamp(min=-1) if rope.window else pos.new_full((n,), -1)
+            before = torch.where(lo >= 0, cv.gather(1, lo.clamp(min=0)[None].expand(b, -1)), 0)
+            rows = ((cv - before) * valid).float()  # [b, n]
+        else:
+            rows = allowed.float()[None].expand(b, n)
+        ok = (rows >= 2).float()
+        seen = (rows >= 1).float()
+        s["n_entries"][i] += rows.sum()
+        s["n_rows"][i] += ok.sum()
+        s["n_queries"][i] += seen.sum()
+        tile = self.tile or max(1, TILE_ELEMENTS // max(1, b * H * B * n))
+        acc = {k_: q.new_zeros(KV, B, G) for k_ in ("abs", "cov", "margin", "top1", "jsd")}
+        acc_var = q.new_zeros(KV, G)
+        acc_cs = {k_: q.new_zeros(KV, G, rope.n_planes) for k_ in ("term", "bound")}
+        for c0 in range(0, n, tile):
+            c1 = min(n, c0 + tile)
+            k0 = max(0, c0 - rope.window + 1) if rope.window else 0
+            c, kk = c1 - c0, c1 - k0
+            x = torch.matmul(qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1), kb[..., k0:c1, :].transpose(-1, -2))
+            x = x.view(b, KV, B, G, c, kk)
+            # the model's mask in this tile: only the causal triangle and the window's far edge
+            qp, kp = pos[c0:c1, None], pos[None, k0:c1]
+            m = kp <= qp
+            if rope.window:
+                m &= (qp - kp) < rope.window
+            if general:
+                bad = ~(m[None] & valid[:, None, k0:c1])  # [b,c,kk]
+                spans = [(0, kk, bad[:, None, None, None], bad[:, None, None])]  # (for x, for y)
+            else:
+                spans = [(a, e, ~m[:, a:e], ~m[:, a:e]) for a, e in _masked_spans_of(c0, c1, k0, rope.window)]
+            ninf = float("-inf")
+            for a, e, mx, _ in spans:
+                x[..., a:e].masked_fill_(mx, ninf)
+            y = x.sum(2)  # [b,KV,G,c,kk]: the model's scores (masked entries −inf)
+            if rope.softcap:  # the argmax of the model's pattern: after soft-capping (ties as the model has them)
+                scores = torch.tanh(y / rope.softcap)
+                for a, e, _, my in spans:
+                    scores[..., a:e].masked_fill_(my, ninf)
+            else:
+                scores = y
+            att = scores.argmax(-1)  # [b,KV,G,c], the attended key (index into k0:c1)
+            del scores
+            xa = x.gather(-1, att[:, :, None, :, :, None].expand(-1, -1, B, -1, -1, 1))[..., 0]  # [b,KV,B,G,c]
+            rq, okq, seenq = rows[:, c0:c1], ok[:, c0:c1], seen[:, c0:c1]  # [b,c]
+            if self.agreement:  # band-only top-1: the attended key attains the band's maximum
+                acc["top1"] += ((xa >= x.amax(-1)) * seenq[:, None, None, None]).sum((0, 4))
+            if self.jsd:
+                pat = rope.probs(y.reshape(b, H, c, kk))  # the model's own pattern, rebuilt from its scores
+                for j in range(B):
+                    pb = rope.probs(x[:, :, j].reshape(b, H, c, kk))
+                    acc["jsd"][:, j] += (js_divergence(pb, pat) * seenq[:, None]).sum((0, 2)).view(KV, G)
+            for a, e, _, my in spans:
+                y[..., a:e].masked_fill_(my, 0.0)
+            ysum = y.sum(-1)
+            acc_var += (((y * y).sum(-1) - ysum**2 / rq.clamp_min(1)[:, None, None]) * okq[:, None, None]).sum((0, 3))
+            # Σ_k x_b·x = q_b · (Σ_k x(q,k) k_b): one matmul with the keys instead of a pass over x per band
+            yk = torch.matmul(y.view(b, KV, G * c, kk), kh[:, :, k0:c1]).view(b, KV, G, c, d)
+            del y
+            x.abs_()
+            for a, e, mx, _ in spans:
+                x[..., a:e].masked_fill_(mx, 0.0)
+            acc["abs"] += x.sum(-1).sum((0, 4))
+            del x
+            qt = qh[:, :, :, c0:c1]  # [b,KV,G,c,d]
+            member = self._membership(acts.layer, rb, d, dev)  # [d, B]: sums head dims into bands
+            cross = torch.matmul(qt * yk, member).permute(0, 1, 4, 2, 3)  # [b,KV,B,G,c]
+            row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(0, 1, 4, 2, 3)  # Σ_k x_b
+            ycnt = rq.clamp_min(1)[:, None, None, None]
+            acc["cov"] += ((cross - row_b * ysum[:, :, None] / ycnt) * okq[:, None, None, None]).sum((0, 4))
+            acc["margin"] += ((xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None])
+                              * okq[:, None, None, None]).sum((0, 4))
+            ka = kh.gather(2, (att + k0).view(b, KV, G * c, 1).expand(-1, -1, -1, d)).view(b, KV, G, c, d)
+            qpl, kpl = rope.split(qt), rope.split(ka)  # [b,KV,G,c,P,2]
+            w = okq[:, None, None, :, None]
+            acc_cs["term"] += ((qpl * kpl).sum(-1) * w).sum((0, 3))
+            acc_cs["bound"] += (qpl.norm(dim=-1) * kpl.norm(dim=-1) * w).sum((0, 3))
+        to_hb = lambda t: t.permute(0, 2, 1).reshape(H, B).double()  # noqa: E731  [KV,B,G] -> [H,B], h = kv·G + g
+        s["abs_sum"][i] += to_hb(acc["abs"])
+        s["cov"][i] += to_hb(acc["cov"])
+        s["margin"][i] += to_hb(acc["margin"])
+        s["top1"][i] += to_hb(acc["top1"])
+        s["jsd"][i] += to_hb(acc["jsd"])
+        s["var"][i] += acc_var.reshape(H).double()
+        s["cs_term"][i] += acc_cs["term"].reshape(H, -1).double()
+        s["cs_bound"][i] += acc_cs["bound"].reshape(H, -1).double()
 
     def result(self, provenance: Provenance) -> BandStatistics:
-        """The streamed sums as :class:`BandStatistics`."""
-        return BandStatistics(tuple(self.layers), self.names, self.bands, self.spec, self.sums, provenance)
-
-    def _cauchy_schwarz(self, i: int, rope: LayerRope, q: Tensor, ka: Tensor, ok: Tensor) -> None:
-        qp, kp = rope.split(q), rope.split(ka)  # [b,h,q,P,2]
-        w = ok[:, None, :, None]
-        term = (qp * kp).sum(-1)  # q carries the score scale
-        bound = qp.norm(dim=-1) * kp.norm(dim=-1)
-        self.sums["cs_term"][i] += (term * w).sum((0, 2)).double().cpu()
-        self.sums["cs_bound"][i] += (bound * w).sum((0, 2)).double().cpu()
-
-    def _dense(self, i: int, rope: LayerRope, rb: ResolvedBands, q: Tensor, k: Tensor, m: Tensor, att: Tensor,
-               pattern: Tensor) -> None:
-        """|band logit| sums and band-only argmax, in query chunks over allowed keys only."""
-        n = q.shape[2]
-        qb, kb = _band_major(q, rb), _band_major(k, rb)  # [b,h,B,pos,d_b] (None if bands differ in size)
-        abs_sum = torch.zeros(q.shape[1], rb.n_bands, device=q.device)  # on the model's device: CUDA-safe
-        top1 = torch.zeros(q.shape[1], rb.n_bands, device=q.device)
-        jsd = torch.zeros(q.shape[1], rb.n_bands, device=q.device)
-        for c0 in range(0, n, self.chunk):
-            c1 = min(n, c0 + self.chunk)
-            k0 = max(0, c0 - rope.window + 1) if rope.window else 0
-            mc = m[:, c0:c1, k0:c1]  # [b,c,kk]
-            rows_ok = mc.any(-1)[:, None, None]  # [b,1,1,c]
-            if qb is not None:  # equal-size bands: one batched matmul
-                x = torch.matmul(qb[..., c0:c1, :], kb[..., k0:c1, :].transpose(-1, -2))  # [b,h,B,c,kk]
-            else:
-                x = torch.stack([torch.matmul(q[..., c0:c1, d], k[..., k0:c1, d].transpose(-1, -2)) for d in rb.dims], 2)
-            spans = [(a, b, ~mc[:, None, None, :, a:b]) for a, b in _masked_spans(mc)]
-            for a, b, bad in spans:  # only column spans holding masked entries are touched
-                x[..., a:b].masked_fill_(bad, 0.0)
-            abs_sum += torch.linalg.vector_norm(x, 1, dim=-1).sum((0, 3))
-            if not self.agreement:
-                continue
-            for a, b, bad in spans:
-                x[..., a:b].masked_fill_(bad, float("-inf"))
-            top1 += ((x.argmax(-1) + k0 == att[:, :, None, c0:c1]) & rows_ok).sum((0, 3))
-            if self.jsd:
-                p = rope.probs(x)
-                jsd += (js_divergence(p, pattern[:, :, None, c0:c1, k0:c1]) * rows_ok).sum((0, 3))
-        self.sums["abs_sum"][i] += abs_sum.double().cpu()
-        self.sums["top1"][i] += top1.double().cpu()
-        self.sums["jsd"][i] += jsd.double().cpu()
+        """The streamed sums as :class:`BandStatistics` (on the CPU, float64)."""
+        sums = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
+        return BandStatistics(tuple(self.layers), self.names, self.bands, self.spec, sums, provenance)
 
 
 def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor, "b h pos d"]:
@@ -369,26 +450,14 @@ def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor
     return csum
 
 
-def _band_major(x: Tensor, rb: ResolvedBands) -> Tensor | None:
-    """``[b,h,pos,d]`` → ``[b,h,band,pos,d_band]`` with one gather (None if bands differ in size)."""
-    sizes = {len(d) for d in rb.dims}
-    if len(sizes) != 1:
-        return None
-    d_b = sizes.pop()
-    x = x[..., torch.cat(rb.dims)].unflatten(-1, (rb.n_bands, d_b))  # [b,h,pos,B,d_b]
-    return x.transpose(2, 3).contiguous()
-
-
-def _masked_spans(mask: Bool[Tensor, "batch q k"]) -> list[tuple[int, int]]:
-    """Contiguous column ranges of ``mask`` that contain at least one masked (False) entry."""
-    bad = (~mask).flatten(0, -2).any(0).tolist()
-    spans, start = [], None
-    for j, b in enumerate([*bad, False]):
-        if b and start is None:
-            start = j
-        elif not b and start is not None:
-            spans.append((start, j))
-            start = None
+def _masked_spans_of(c0: int, c1: int, k0: int, window: int | None) -> list[tuple[int, int]]:
+    """Column ranges (relative to key ``k0``) of a query tile ``[c0, c1)`` that hold masked entries:
+    the causal triangle ``(c0, c1)`` and, with a sliding window, the keys some query has left behind."""
+    spans = []
+    if window and c1 - window > k0:
+        spans.append((0, c1 - window - k0))
+    if c1 - c0 > 1:
+        spans.append((c0 + 1 - k0, c1 - k0))
     return spans
 
 
