@@ -4,7 +4,7 @@ Runs them side by side on the same windows of the embedded English corpus, inter
 the median time of each and its ratio to HF's sdpa forward over the same tokens (the decoder only,
 no unembedding): ``sdpa`` is that baseline, ``forward`` the bridge's forward, ``usage`` frequency
 usage on the fast q/k path, ``usage_bridge`` the same through the bridge. With ``--rss`` it instead
-measures the peak RSS of usage + band statistics at 1x and 4x the corpus, each in a fresh process.
+measures the peak RSS each column adds over the loaded model, each in a fresh process.
 
     python benchmarks/core_bench.py [--model smollm2-135m] [--windows 16] [--n-ctx 512] [--repeats 3]
 """
@@ -75,20 +75,21 @@ def rss_child(args) -> None:
     spec = ropelens.rope_spec(model)
     toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    run(model, spec, toks, "band_stats", args.batch_size)
+    run(model, spec, toks, args.what[-1], args.batch_size)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"windows": args.windows, "rss_before_mb": before / 1024, "peak_rss_mb": after / 1024}))
+    print(json.dumps({"what": args.what[-1], "rss_before_mb": before / 1024, "peak_rss_mb": after / 1024}))
 
 
 def rss(args) -> None:
-    out = []
-    for mult in (1, 4):
+    """Peak RSS each column adds over the loaded model, each in a fresh process."""
+    added = {}
+    for what in args.what:
         cmd = [sys.executable, __file__, "--rss-child", "--model", args.model, "--n-ctx", str(args.n_ctx),
-               "--windows", str(args.windows * mult), "--batch-size", str(args.batch_size)]
+               "--windows", str(args.windows), "--batch-size", str(args.batch_size), "--what", f"sdpa,{what}"]
         res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
-        out.append(res)
-        print(f"  {res['windows']:>3} windows: peak RSS {res['peak_rss_mb']:.0f} MB (after load {res['rss_before_mb']:.0f} MB)")
-    print(f"  4x corpus / 1x corpus peak RSS: {out[1]['peak_rss_mb'] / out[0]['peak_rss_mb']:.3f}")
+        added[what] = res["peak_rss_mb"] - res["rss_before_mb"]
+        print(f"  {what:<16} peak RSS {res['peak_rss_mb']:7.0f} MB, adds {added[what]:7.0f} MB over the loaded model "
+              f"({res['rss_before_mb']:.0f} MB): {added[what] / max(added['sdpa'], 1):.2f}x what sdpa adds")
 
 
 def main() -> None:
@@ -100,7 +101,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tile", type=int, default=None, help="queries per band-statistics tile (default: automatic)")
     p.add_argument("--what", default=",".join(WHAT), help=f"comma-separated columns, sdpa first (default: {','.join(WHAT)})")
-    p.add_argument("--rss", action="store_true", help="measure peak RSS at 1x and 4x the corpus")
+    p.add_argument("--rss", action="store_true", help="measure the peak RSS each column adds (fresh processes)")
     p.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     global args_tile

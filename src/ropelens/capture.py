@@ -265,15 +265,18 @@ def stream(
             if valid.shape != toks.shape:
                 raise InputError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
             col.valid = valid
-            got = fast_qk(model, spec, toks, valid, chosen) if use_fast else None
-            if got is not None:
-                for L in chosen:
-                    acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid,
-                                     tensors={k: got[L][k] for k in col.needs})
+            if use_fast:
+                def fold(L: int, tensors: dict[str, Tensor], valid: Tensor = valid) -> None:
+                    acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid, tensors=tensors)
                     for r in reducers:
                         r.update(acts)
-                n_tok += int(valid.sum())
-                continue
+
+                got = fast_qk(model, spec, toks, valid, chosen, keep=col.needs, on_layer=fold)
+                if got is not None:
+                    for L in sorted(got):  # layers not handed over while the forward ran (first batch)
+                        fold(L, got[L])
+                    n_tok += int(valid.sum())
+                    continue
             use_fast = False  # this model cannot take the fast path: every batch goes through the bridge
             if not hooked:
                 bridge.enter_context(model.hooks(fwd_hooks=col.fwd_hooks()))

@@ -245,7 +245,13 @@ def decompose_attention(
 
 # ============================================================================ corpus statistics
 _SUMS_LHB = ("abs_sum", "cov", "margin", "jsd", "top1")
-TILE_ELEMENTS = 1 << 21  # band-logit entries per tile (8 MiB of float32): measured best on CPU (benchmarks/tile_bench.py)
+# band-logit entries per tile: 2^21 (8 MiB of float32) measured best on the CPU (benchmarks/core_bench.py
+# --tile); on accelerators larger tiles amortise kernel launches
+TILE_ELEMENTS = {"cpu": 1 << 21}
+TILE_ELEMENTS_ACCELERATOR = 1 << 26
+MIN_TILE = 16  # queries: below this, per-tile overhead dominates whatever the memory
+KEY_TILE = {"cpu": 512}  # keys per tile: rows longer than this are carried across key tiles (online argmax)
+KEY_TILE_ACCELERATOR = 8192
 
 
 class BandStatsReducer:
@@ -266,9 +272,11 @@ class BandStatsReducer:
     needs = frozenset({"q_post", "k_post"})
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, agreement: bool = True,
-                 jsd: bool = False, tile: int | None = None) -> None:
-        if tile is not None and (not isinstance(tile, int) or tile < 1):
-            raise InputError(f"tile must be a positive number of queries (or None for automatic), got {tile!r}")
+                 jsd: bool = False, tile: int | tuple[int, int] | None = None) -> None:
+        sizes = tile if isinstance(tile, tuple) else (tile,)
+        if tile is not None and not (len(sizes) in (1, 2) and all(isinstance(t, int) and t >= 1 for t in sizes)):
+            raise InputError(f"tile must be a positive number of queries, a (queries, keys) pair, or None for "
+                             f"automatic; got {tile!r}")
         self.spec, self.layers, self.bands, self.tile = spec, list(layers), bands, tile
         self.jsd = jsd
         self.agreement = agreement or jsd
@@ -323,6 +331,39 @@ class BandStatsReducer:
             self._index[key] = m.to(device)
         return self._index[key]
 
+    def _tiles(self, device: torch.device, rows_per_query: int, n: int, window: int | None) -> tuple[int, int]:
+        """(queries, keys) per tile: key tiles of at most KEY_TILE keys, query tiles filling the element budget."""
+        tk = KEY_TILE.get(device.type, KEY_TILE_ACCELERATOR)
+        if isinstance(self.tile, tuple):
+            return self.tile
+        if self.tile:
+            return self.tile, tk
+        budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
+        return max(MIN_TILE, budget // max(1, rows_per_query * min(tk, n, window or n))), tk
+
+    @staticmethod
+    def _spans(rope: LayerRope, valid: Tensor | None, c0: int, c1: int, j0: int, j1: int, dev: torch.device
+               ) -> list[tuple]:
+        """``(lo, hi, mask for x, mask for y)`` per column range of the tile holding masked entries.
+
+        Without padding only the causal edge and the window's far edge are masked (computed from
+        positions, no synchronisation); with padding the whole tile is masked against ``valid``.
+        """
+        qp = torch.arange(c0, c1, device=dev)[:, None]
+        if valid is not None:
+            kp = torch.arange(j0, j1, device=dev)[None]
+            m = (kp <= qp) & ((qp - kp) < rope.window if rope.window else True)
+            bad = ~(m[None] & valid[:, None, j0:j1])  # [b,c,kt]
+            return [(0, j1 - j0, bad[:, None, None, None], bad[:, None, None])]
+        out = []
+        for lo, hi in _masked_spans_of(c0, c1, j0, j1, rope.window):
+            kp = torch.arange(j0 + lo, j0 + hi, device=dev)[None]
+            m = kp <= qp
+            if rope.window:
+                m &= (qp - kp) < rope.window
+            out.append((lo, hi, ~m, ~m))
+        return out
+
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
         i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
@@ -360,72 +401,82 @@ class BandStatsReducer:
         s["n_entries"][i] += rows.sum()
         s["n_rows"][i] += ok.sum()
         s["n_queries"][i] += seen.sum()
-        tile = self.tile or max(1, TILE_ELEMENTS // max(1, b * H * B * n))
+        tq, tk = self._tiles(dev, b * H * B, n, rope.window)
         acc = {k_: q.new_zeros(KV, B, G) for k_ in ("abs", "cov", "margin", "top1", "jsd")}
         acc_var = q.new_zeros(KV, G)
         acc_cs = {k_: q.new_zeros(KV, G, rope.n_planes) for k_ in ("term", "bound")}
-        for c0 in range(0, n, tile):
-            c1 = min(n, c0 + tile)
+        member = self._membership(acts.layer, rb, d, dev)  # [d, B]: sums head dims into bands
+        ninf = float("-inf")
+        for c0 in range(0, n, tq):
+            c1 = min(n, c0 + tq)
+            c = c1 - c0
             k0 = max(0, c0 - rope.window + 1) if rope.window else 0
-            c, kk = c1 - c0, c1 - k0
-            x = torch.matmul(qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1), kb[..., k0:c1, :].transpose(-1, -2))
-            x = x.view(b, KV, B, G, c, kk)
-            # the model's mask in this tile: only the causal triangle and the window's far edge
-            qp, kp = pos[c0:c1, None], pos[None, k0:c1]
-            m = kp <= qp
-            if rope.window:
-                m &= (qp - kp) < rope.window
-            if general:
-                bad = ~(m[None] & valid[:, None, k0:c1])  # [b,c,kk]
-                spans = [(0, kk, bad[:, None, None, None], bad[:, None, None])]  # (for x, for y)
-            else:
-                spans = [(a, e, ~m[:, a:e], ~m[:, a:e]) for a, e in _masked_spans_of(c0, c1, k0, rope.window)]
-            ninf = float("-inf")
-            for a, e, mx, _ in spans:
-                x[..., a:e].masked_fill_(mx, ninf)
-            y = x.sum(2)  # [b,KV,G,c,kk]: the model's scores (masked entries −inf)
-            if rope.softcap:  # the argmax of the model's pattern: after soft-capping (ties as the model has them)
-                scores = torch.tanh(y / rope.softcap)
-                for a, e, _, my in spans:
-                    scores[..., a:e].masked_fill_(my, ninf)
-            else:
-                scores = y
-            att = scores.argmax(-1)  # [b,KV,G,c], the attended key (index into k0:c1)
-            del scores
-            xa = x.gather(-1, att[:, :, None, :, :, None].expand(-1, -1, B, -1, -1, 1))[..., 0]  # [b,KV,B,G,c]
-            rq, okq, seenq = rows[:, c0:c1], ok[:, c0:c1], seen[:, c0:c1]  # [b,c]
-            if self.agreement:  # band-only top-1: the attended key attains the band's maximum
-                acc["top1"] += ((xa >= x.amax(-1)) * seenq[:, None, None, None]).sum((0, 4))
-            if self.jsd:
-                pat = rope.probs(y.reshape(b, H, c, kk))  # the model's own pattern, rebuilt from its scores
-                for j in range(B):
-                    pb = rope.probs(x[:, :, j].reshape(b, H, c, kk))
-                    acc["jsd"][:, j] += (js_divergence(pb, pat) * seenq[:, None]).sum((0, 2)).view(KV, G)
-            for a, e, _, my in spans:
-                y[..., a:e].masked_fill_(my, 0.0)
-            ysum = y.sum(-1)
-            acc_var += (((y * y).sum(-1) - ysum**2 / rq.clamp_min(1)[:, None, None]) * okq[:, None, None]).sum((0, 3))
-            # Σ_k x_b·x = q_b · (Σ_k x(q,k) k_b): one matmul with the keys instead of a pass over x per band
-            yk = torch.matmul(y.view(b, KV, G * c, kk), kh[:, :, k0:c1]).view(b, KV, G, c, d)
-            del y
-            x.abs_()
-            for a, e, mx, _ in spans:
-                x[..., a:e].masked_fill_(mx, 0.0)
-            acc["abs"] += x.sum(-1).sum((0, 4))
-            del x
             qt = qh[:, :, :, c0:c1]  # [b,KV,G,c,d]
-            member = self._membership(acts.layer, rb, d, dev)  # [d, B]: sums head dims into bands
-            cross = torch.matmul(qt * yk, member).permute(0, 1, 4, 2, 3)  # [b,KV,B,G,c]
-            row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(0, 1, 4, 2, 3)  # Σ_k x_b
-            ycnt = rq.clamp_min(1)[:, None, None, None]
-            acc["cov"] += ((cross - row_b * ysum[:, :, None] / ycnt) * okq[:, None, None, None]).sum((0, 4))
-            acc["margin"] += ((xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None])
-                              * okq[:, None, None, None]).sum((0, 4))
-            ka = kh.gather(2, (att + k0).view(b, KV, G * c, 1).expand(-1, -1, -1, d)).view(b, KV, G, c, d)
+            qbt = qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1)
+            # per query, carried across key tiles (online, as FlashAttention carries its row max)
+            best = q.new_full((b, KV, G, c), ninf)  # the attended key's score (soft-capped)
+            att = torch.zeros(b, KV, G, c, dtype=torch.long, device=dev)
+            xa = q.new_zeros(b, KV, B, G, c)  # band logits at the attended key
+            bmax = q.new_full((b, KV, B, G, c), ninf)  # each band's own maximum
+            absr = q.new_zeros(b, KV, B, G, c)
+            ysum, ysq = q.new_zeros(b, KV, G, c), q.new_zeros(b, KV, G, c)
+            yk = q.new_zeros(b, KV, G * c, d)  # Σ_k y(q,k)·k
+            step = (c1 - k0) if self.jsd else tk  # the JS divergence needs whole rows
+            for j0 in range(k0, c1, step):
+                j1 = min(c1, j0 + step)
+                kt = j1 - j0
+                x = torch.matmul(qbt, kb[..., j0:j1, :].transpose(-1, -2)).view(b, KV, B, G, c, kt)
+                spans = self._spans(rope, valid if general else None, c0, c1, j0, j1, dev)
+                for lo, hi, mx, _ in spans:
+                    x[..., lo:hi].masked_fill_(mx, ninf)
+                y = x.sum(2)  # [b,KV,G,c,kt]: the model's scores (masked entries −inf)
+                if rope.softcap:  # the argmax of the model's pattern is taken after soft-capping
+                    sc = torch.tanh(y / rope.softcap)
+                    for lo, hi, _, my in spans:
+                        sc[..., lo:hi].masked_fill_(my, ninf)
+                else:
+                    sc = y
+                arg = sc.argmax(-1, keepdim=True)
+                better = sc.gather(-1, arg)[..., 0] > best  # strict: ties keep the earlier key, as argmax does
+                best = torch.where(better, sc.gather(-1, arg)[..., 0], best)
+                att = torch.where(better, arg[..., 0] + j0, att)
+                del sc
+                xat = x.gather(-1, arg[:, :, None].expand(-1, -1, B, -1, -1, -1))[..., 0]
+                xa = torch.where(better[:, :, None], xat, xa)
+                if self.agreement:
+                    bmax = torch.maximum(bmax, x.amax(-1))
+                if self.jsd:
+                    pat = rope.probs(y.reshape(b, H, c, kt))  # the model's own pattern, rebuilt from its scores
+                    for j in range(B):
+                        pb = rope.probs(x[:, :, j].reshape(b, H, c, kt))
+                        acc["jsd"][:, j] += (js_divergence(pb, pat) * seen[:, None, c0:c1]).sum((0, 2)).view(KV, G)
+                for lo, hi, _, my in spans:
+                    y[..., lo:hi].masked_fill_(my, 0.0)
+                ysum += y.sum(-1)
+                ysq += (y * y).sum(-1)
+                yk += torch.matmul(y.view(b, KV, G * c, kt), kh[:, :, j0:j1])
+                del y
+                x.abs_()
+                for lo, hi, mx, _ in spans:
+                    x[..., lo:hi].masked_fill_(mx, 0.0)
+                absr += x.sum(-1)
+                del x
+            rq, okq, seenq = rows[:, c0:c1], ok[:, c0:c1], seen[:, c0:c1]  # [b,c]
+            w4 = okq[:, None, None, None].bool()
+            acc["abs"] += absr.sum((0, 4))
+            if self.agreement:  # band-only top-1: the attended key attains the band's own maximum
+                acc["top1"] += ((xa >= bmax) & seenq[:, None, None, None].bool()).sum((0, 4))
+            acc_var += torch.where(okq[:, None, None].bool(), ysq - ysum**2 / rq.clamp_min(1)[:, None, None], 0).sum((0, 3))
+            # Σ_k x_b·y = q_b · (Σ_k y(q,k) k_b) and Σ_k x_b = q_b · Σ_k k_b: per-dim products summed into bands
+            cross = torch.matmul(qt * yk.view(b, KV, G, c, d), member).permute(0, 1, 4, 2, 3)  # [b,KV,B,G,c]
+            row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(0, 1, 4, 2, 3)
+            acc["cov"] += torch.where(w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0).sum((0, 4))
+            acc["margin"] += torch.where(w4, xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None], 0).sum((0, 4))
+            ka = kh.gather(2, att.view(b, KV, G * c, 1).expand(-1, -1, -1, d)).view(b, KV, G, c, d)
             qpl, kpl = rope.split(qt), rope.split(ka)  # [b,KV,G,c,P,2]
-            w = okq[:, None, None, :, None]
-            acc_cs["term"] += ((qpl * kpl).sum(-1) * w).sum((0, 3))
-            acc_cs["bound"] += (qpl.norm(dim=-1) * kpl.norm(dim=-1) * w).sum((0, 3))
+            w = okq[:, None, None, :, None].bool()
+            acc_cs["term"] += torch.where(w, (qpl * kpl).sum(-1), 0).sum((0, 3))
+            acc_cs["bound"] += torch.where(w, qpl.norm(dim=-1) * kpl.norm(dim=-1), 0).sum((0, 3))
         to_hb = lambda t: t.permute(0, 2, 1).reshape(H, B).double()  # noqa: E731  [KV,B,G] -> [H,B], h = kv·G + g
         s["abs_sum"][i] += to_hb(acc["abs"])
         s["cov"][i] += to_hb(acc["cov"])
@@ -450,14 +501,15 @@ def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor
     return csum
 
 
-def _masked_spans_of(c0: int, c1: int, k0: int, window: int | None) -> list[tuple[int, int]]:
-    """Column ranges (relative to key ``k0``) of a query tile ``[c0, c1)`` that hold masked entries:
-    the causal triangle ``(c0, c1)`` and, with a sliding window, the keys some query has left behind."""
+def _masked_spans_of(c0: int, c1: int, j0: int, j1: int, window: int | None) -> list[tuple[int, int]]:
+    """Column ranges (relative to key ``j0``) of the tile queries ``[c0, c1)`` × keys ``[j0, j1)`` that
+    hold masked entries: keys after the tile's first query (causal) and, with a sliding window,
+    keys some query of the tile has left behind. Other columns are allowed for every query."""
     spans = []
-    if window and c1 - window > k0:
-        spans.append((0, c1 - window - k0))
-    if c1 - c0 > 1:
-        spans.append((c0 + 1 - k0, c1 - k0))
+    if window and min(j1, c1 - window) > j0:
+        spans.append((0, min(j1, c1 - window) - j0))
+    if j1 > c0 + 1:
+        spans.append((max(j0, c0 + 1) - j0, j1 - j0))
     return spans
 
 

@@ -15,7 +15,7 @@ import contextlib
 import copy
 import importlib
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -27,6 +27,9 @@ __all__ = ["QK_NEEDS", "fast_qk", "hf_view", "intervened", "sdpa_attention"]
 QK_NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post"})
 _MARK = "_ropelens_interventions"
 _UNSUPPORTED = "_ropelens_fast_unsupported"
+_SUPPORTED = "_ropelens_fast_supported"
+_NAMES = ("q_pre", "k_pre", "q_post", "k_post")
+_PROBE = 8  # tokens of the forward that finds out whether a model takes the fast path
 
 
 class _Stop(Exception):
@@ -48,8 +51,10 @@ def intervened(model) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list[tuple[Tensor, ...]]) -> Iterator[bool]:
-    """Record (q, k, q_rot, k_rot) at every call of the modeling module's ``apply_rotary_pos_emb``.
+def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callable[[int, tuple], object] | None = None
+                ) -> Iterator[bool]:
+    """Record (q, k, q_rot, k_rot) at every call of the modeling module's ``apply_rotary_pos_emb``
+    (or, with ``on_call``, hand call i's tensors to ``on_call(i, tensors)`` and keep nothing).
 
     Call i must rotate whole heads of ``expected[i]`` (``[batch, heads, pos, head_dim]``); the first
     call that does not (Phi and StableLM rotate a slice of the head) raises :class:`_Unsupported`.
@@ -69,7 +74,11 @@ def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list[tuple[Tensor, ...
                 or k.shape[-1] != lr.head_dim:
             raise _Unsupported
         q_rot, k_rot = orig(q, k, *args, **kwargs)
-        calls.append((q, k, q_rot, k_rot))
+        if on_call is None:
+            calls.append((q, k, q_rot, k_rot))
+        else:
+            calls.append(None)
+            on_call(len(calls) - 1, (q, k, q_rot, k_rot))
         return q_rot, k_rot
 
     mod.apply_rotary_pos_emb = tap
@@ -124,32 +133,55 @@ def _decoder_layers(hf) -> Sequence[torch.nn.Module] | None:
     return layers if isinstance(layers, torch.nn.ModuleList) else None
 
 
-def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequence[int]) -> dict[int, dict[str, Tensor]] | None:
-    """``{layer: {"q_pre", "k_pre", "q_post", "k_post"}}`` as ``[batch, pos, head, d]``, or None when this
-    model cannot take the fast path (the caller then runs the bridge).
+def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequence[int], *,
+            keep: frozenset[str] = QK_NEEDS,
+            on_layer: Callable[[int, dict[str, Tensor]], object] | None = None) -> dict[int, dict[str, Tensor]] | None:
+    """``{layer: {name: tensor}}`` for the names in ``keep`` (``q_pre``, ``k_pre``, ``q_post``, ``k_post``),
+    each ``[batch, pos, head, d]``, or None when this model cannot take the fast path (the caller
+    then runs the bridge).
 
-    A model found unable to is remembered, so later calls cost nothing; a model under an
-    intervention is only skipped while it lasts.
+    With ``on_layer``, once the model is known to take the fast path, each layer's tensors go to
+    ``on_layer(layer, tensors)`` while the forward runs and are dropped (memory: one layer's q/k,
+    not every layer's); the returned dict then holds only what was not handed over. A model found
+    unable to is remembered, so later calls cost nothing; a model under an intervention is only
+    skipped while it lasts.
     """
     if getattr(model, _MARK, 0) or getattr(model, _UNSUPPORTED, False):
         return None
+    if on_layer is not None and not getattr(model, _SUPPORTED, False) and tokens.shape[1] > _PROBE:
+        # learn whether the model takes the fast path on a few tokens, so the real batch can stream
+        if fast_qk(model, spec, tokens[:1, :_PROBE], valid[:1, :_PROBE], layers, keep=frozenset()) is None:
+            return None
     hf = hf_view(model)
     blocks = _decoder_layers(hf)
     last = max(layers)
     rotary = [L for L in spec.rotary_layers if last >= L]
-    calls: list[tuple[Tensor, ...]] = []
+    wanted = set(layers)
+    calls: list = []
     if blocks is None or len(blocks) != spec.n_layers:
         object.__setattr__(model, _UNSUPPORTED, True)
         return None
+
+    def named(qk: tuple[Tensor, ...]) -> dict[str, Tensor]:
+        return {n: t.transpose(1, 2) for n, t in zip(_NAMES, qk, strict=True) if n in keep}
+
+    def hand_over(i: int, qk: tuple[Tensor, ...]) -> None:
+        if rotary[i] in wanted:
+            on_layer(rotary[i], named(qk))
+
+    streaming = on_layer is not None and getattr(model, _SUPPORTED, False)
 
     def stop(*_: object) -> None:
         raise _Stop
 
     handle = blocks[last].register_forward_hook(stop)
     try:
-        with _rotary_tap(hf, [spec[L] for L in rotary], calls) as tapped, sdpa_attention(hf), torch.no_grad():
+        with _rotary_tap(hf, [spec[L] for L in rotary], calls, hand_over if streaming else None) as tapped, \
+                sdpa_attention(hf), torch.no_grad():
             if tapped:
-                hf(input_ids=tokens, attention_mask=valid.long(), use_cache=False)
+                # no padding: no mask tensor, so sdpa runs its causal kernel without an n × n mask
+                mask = None if bool(valid.all()) else valid.long()
+                hf(input_ids=tokens, attention_mask=mask, use_cache=False)
     except _Stop:
         pass
     except _Unsupported:
@@ -159,6 +191,7 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
     if not tapped or len(calls) != len(rotary):
         object.__setattr__(model, _UNSUPPORTED, True)
         return None
-    return {L: {"q_pre": q.transpose(1, 2), "k_pre": k.transpose(1, 2),
-                "q_post": q_rot.transpose(1, 2), "k_post": k_rot.transpose(1, 2)}
-            for L, (q, k, q_rot, k_rot) in zip(rotary, calls, strict=True) if L in layers}
+    object.__setattr__(model, _SUPPORTED, True)
+    if streaming:
+        return {}
+    return {L: named(qk) for L, qk in zip(rotary, calls, strict=True) if L in wanted}
