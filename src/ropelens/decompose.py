@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import LayerActs, batches, capture_qk, stream
+from ropelens.capture import LayerActs, capture_qk
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
@@ -291,6 +291,7 @@ class BandStatsReducer:
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
         self._index: dict[tuple[int, str], Tensor] = {}
         self._padded: tuple[Tensor, bool] | None = None
+        self._placed = False
 
     def _zeros(self, device: torch.device) -> dict[str, Tensor]:
         L, H, B, P = self.shape
@@ -301,9 +302,11 @@ class BandStatsReducer:
         return sums
 
     def _on(self, device: torch.device) -> dict[str, Tensor]:
-        """The running sums, moved once to the device the activations live on."""
-        if self.sums["var"].device != device:
+        """The running sums, moved once to the device the first activations live on (layers a device
+        map puts elsewhere send their per-batch results there)."""
+        if not self._placed:
             self.sums = {k: v.to(device) for k, v in self.sums.items()}
+            self._placed = True
         return self.sums
 
     def _has_padding(self, valid: Tensor) -> bool:
@@ -398,9 +401,10 @@ class BandStatsReducer:
             rows = allowed.float()[None].expand(b, n)
         ok = (rows >= 2).float()
         seen = (rows >= 1).float()
-        s["n_entries"][i] += rows.sum()
-        s["n_rows"][i] += ok.sum()
-        s["n_queries"][i] += seen.sum()
+        here = s["var"].device
+        s["n_entries"][i] += rows.sum().to(here)
+        s["n_rows"][i] += ok.sum().to(here)
+        s["n_queries"][i] += seen.sum().to(here)
         tq, tk = self._tiles(dev, b * H * B, n, rope.window)
         acc = {k_: q.new_zeros(KV, B, G) for k_ in ("abs", "cov", "margin", "top1", "jsd")}
         acc_var = q.new_zeros(KV, G)
@@ -477,15 +481,15 @@ class BandStatsReducer:
             w = okq[:, None, None, :, None].bool()
             acc_cs["term"] += torch.where(w, (qpl * kpl).sum(-1), 0).sum((0, 3))
             acc_cs["bound"] += torch.where(w, qpl.norm(dim=-1) * kpl.norm(dim=-1), 0).sum((0, 3))
-        to_hb = lambda t: t.permute(0, 2, 1).reshape(H, B).double()  # noqa: E731  [KV,B,G] -> [H,B], h = kv·G + g
+        to_hb = lambda t: t.permute(0, 2, 1).reshape(H, B).to(here, torch.float64)  # noqa: E731  [KV,B,G] -> [H,B], h = kv·G + g
         s["abs_sum"][i] += to_hb(acc["abs"])
         s["cov"][i] += to_hb(acc["cov"])
         s["margin"][i] += to_hb(acc["margin"])
         s["top1"][i] += to_hb(acc["top1"])
         s["jsd"][i] += to_hb(acc["jsd"])
-        s["var"][i] += acc_var.reshape(H).double()
-        s["cs_term"][i] += acc_cs["term"].reshape(H, -1).double()
-        s["cs_bound"][i] += acc_cs["bound"].reshape(H, -1).double()
+        s["var"][i] += acc_var.reshape(H).to(here, torch.float64)
+        s["cs_term"][i] += acc_cs["term"].reshape(H, -1).to(here, torch.float64)
+        s["cs_bound"][i] += acc_cs["bound"].reshape(H, -1).to(here, torch.float64)
 
     def result(self, provenance: Provenance) -> BandStatistics:
         """The streamed sums as :class:`BandStatistics` (on the CPU, float64)."""
@@ -644,8 +648,16 @@ def band_statistics(
     agreement: bool = True,
     jsd: bool = False,
     progress: bool = True,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 8,
 ) -> BandStatistics:
-    """Stream the band decomposition over a corpus (see :class:`BandStatsReducer`)."""
+    """Stream the band decomposition over a corpus (see :class:`BandStatsReducer`).
+
+    Inside a ``torch.distributed`` process group each rank takes a share of the windows and every
+    rank returns the whole corpus's statistics; ``checkpoint`` (a directory) saves progress to
+    resume a killed run (see :mod:`ropelens.distributed`).
+    """
+    from ropelens.distributed import run_windows
     from ropelens.spec import model_label, rope_spec
 
     spec = rope_spec(model)
@@ -653,11 +665,11 @@ def band_statistics(
     bands = bands or Bands.quantiles(4)
     tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
     red = BandStatsReducer(spec, chosen, bands, agreement=agreement, jsd=jsd)
+    config = {"bands": bands.describe(), "layers": chosen, "agreement": agreement or jsd, "jsd": jsd}
     t0 = time.perf_counter()
-    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
-                   desc="band statistics", total=-(-tokens.shape[0] // batch_size))
-    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
-                      n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
-                      config={"bands": bands.describe(), "layers": chosen, "agreement": agreement or jsd, "jsd": jsd},
+    run = run_windows(model, tokens, [red], batch_size=batch_size, layers=chosen, spec=spec, progress=progress,
+                      desc="band statistics", checkpoint=checkpoint, every=checkpoint_every, config={"analysis": "band statistics", **config})
+    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=run.n_tokens,
+                      n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]), config={**config, **run.to_config()},
                       seconds=time.perf_counter() - t0)
     return red.result(prov)

@@ -148,10 +148,10 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
     """
     if getattr(model, _MARK, 0) or getattr(model, _UNSUPPORTED, False):
         return None
-    if on_layer is not None and not getattr(model, _SUPPORTED, False) and tokens.shape[1] > _PROBE:
-        # learn whether the model takes the fast path on a few tokens, so the real batch can stream
-        if fast_qk(model, spec, tokens[:1, :_PROBE], valid[:1, :_PROBE], layers, keep=frozenset()) is None:
-            return None
+    # learn whether the model takes the fast path on a few tokens, so the real batch can stream
+    probe = on_layer is not None and not getattr(model, _SUPPORTED, False) and tokens.shape[1] > _PROBE
+    if probe and fast_qk(model, spec, tokens[:1, :_PROBE], valid[:1, :_PROBE], layers, keep=frozenset()) is None:
+        return None
     hf = hf_view(model)
     blocks = _decoder_layers(hf)
     last = max(layers)

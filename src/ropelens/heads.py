@@ -33,7 +33,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands
-from ropelens.capture import LayerActs, batches, stream
+from ropelens.capture import LayerActs
 from ropelens.decompose import BandStatsReducer
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
@@ -317,6 +317,7 @@ def classify_heads(
     ``cs_bound`` (band, at the attended key), ``top_plane``, ``top_plane_tightness``.
     """
     from ropelens import data
+    from ropelens.distributed import run_windows
     from ropelens.spec import hf_model_of, model_label, rope_spec
 
     bands = bands or Bands.quantiles(4)
@@ -333,15 +334,16 @@ def classify_heads(
     heads_text = HeadScoresReducer(spec, chosen, bands, max_offset)
     heads_rand = HeadScoresReducer(spec, chosen, bands, max_offset)
     band = BandStatsReducer(spec, chosen, bands)
-    n_batches = -(-text.shape[0] // batch_size)
-    n_tok = stream(model, batches(text, batch_size), [heads_text, band], layers=chosen, spec=spec,
-                   progress=progress, desc="heads: text", total=n_batches)
-    stream(model, batches(rand, batch_size), [heads_rand], layers=chosen, spec=spec, progress=progress,
-           desc="heads: random tokens", total=n_batches)
+    run = run_windows(model, text, [heads_text, band], batch_size=batch_size, layers=chosen, spec=spec,
+                      progress=progress, desc="heads: text")
+    n_tok = run.n_tokens
+    run_windows(model, rand, [heads_rand], batch_size=batch_size, layers=chosen, spec=spec, progress=progress,
+                desc="heads: random tokens")
     prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
                       n_windows=int(text.shape[0]), n_ctx=int(text.shape[1]),
                       config={"bands": bands.describe(), "layers": chosen, "max_offset": max_offset, "seed": seed,
-                              "random_vocab": vocab, "tau_method": TAU_METHOD if tau is None else "given"},
+                              "random_vocab": vocab, "tau_method": TAU_METHOD if tau is None else "given",
+                              **run.to_config()},
                       seconds=time.perf_counter() - t0)
     scores = {**heads_text.scores("text"), **heads_rand.scores("random"), **_band_profile(band, prov)}
     tx = HeadTaxonomy(tuple(chosen), tuple(heads_text.band_names), scores, 0.0, prov)

@@ -218,16 +218,19 @@ def _unknown_model_error(name: str, cause: BaseException | None = None) -> Input
     )
 
 
-def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, label: str, hub_name: str):
+def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, label: str, hub_name: str,
+                 placement: dict[str, Any] | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **(placement or {}))
     tok = AutoTokenizer.from_pretrained(path)
+    if placement is not None:  # accelerate placed every module: the bridge must not move them
+        return wrap_hf_model(model, tok, device=None, label=label, hub_name=hub_name, dtype=dtype, placed=True)
     return wrap_hf_model(model, tok, device=device, label=label, hub_name=hub_name, dtype=dtype)
 
 
 def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None, label: str = "model",
-                  hub_name: str | None = None, dtype: torch.dtype = torch.float32):
+                  hub_name: str | None = None, dtype: torch.dtype = torch.float32, placed: bool = False):
     """Wrap an HF causal LM you built or loaded yourself, and its tokenizer, in the TransformerLens bridge.
 
     ``label`` names the model in results' provenance; ``hub_name`` (default: ``label``) is the name
@@ -236,8 +239,12 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
     hub_name = hub_name or label
     from transformer_lens.model_bridge import TransformerBridge
 
-    dev = resolve_device(device)
-    model = model.to(device=dev, dtype=dtype).eval()
+    if placed:  # layers already on their devices (a device map): keep them there
+        dev = next(model.parameters()).device
+        model = model.eval()
+    else:
+        dev = resolve_device(device)
+        model = model.to(device=dev, dtype=dtype).eval()
     with _quiet_bridge():
         bridge = TransformerBridge.boot_transformers(
             hub_name, hf_model=model, tokenizer=tokenizer, device=dev, dtype=dtype
@@ -267,8 +274,14 @@ def load_model(
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[Any, str | int] | None = None,
 ):
     """Load a model as a ``TransformerBridge``.
+
+    ``device_map`` ("auto" or a module → device dict) and ``max_memory`` split a model too large
+    for one device across several (and the CPU) through accelerate, as ``from_pretrained`` does;
+    pass them instead of ``device``.
 
     ``name_or_path`` is one of the embedded names (``"smollm2-135m"``, the default, or
     ``"gemma-3-270m"``; both work offline), a path to a ``.gguf`` file or to an HF model directory,
@@ -277,8 +290,13 @@ def load_model(
     """
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    if device_map is not None and device is not None:
+        raise InputError("pass either device or device_map, not both (a device map places every layer itself)")
+    if max_memory is not None and device_map is None:
+        raise InputError("max_memory only applies with a device_map (e.g. device_map='auto')")
     dev = resolve_device(device)
     name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
+    placement = None if device_map is None else {"device_map": device_map, "max_memory": max_memory}
 
     if name in EMBEDDED_MODELS:
         em = EMBEDDED_MODELS[name]
@@ -289,7 +307,7 @@ def load_model(
         key = f"{name}-{em.version()}"
         source = {"embedded": name, "distribution": em.distribution, "version": em.version()}
         hf_dir = _cached_hf_dir(key, em.gguf, source)
-        return _load_cached(hf_dir, key, em.gguf, source, dtype, dev, name, em.hub_name)
+        return _load_cached(hf_dir, key, em.gguf, source, dtype, dev, name, em.hub_name, placement)
 
     path = Path(name).expanduser()
     if path.suffix == ".gguf" or path.is_file():
@@ -302,28 +320,28 @@ def load_model(
         source = {"gguf": str(path.resolve()), "sha256": digest}
         gguf = lambda _s: path  # noqa: E731
         hf_dir = _cached_hf_dir(key, gguf, source)
-        return _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem)
+        return _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem, placement)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise InputError(f"{path} is a directory without config.json: pass an HF model directory")
-        return _from_hf_dir(path, dtype, dev, str(path), str(path))
+        return _from_hf_dir(path, dtype, dev, str(path), str(path), placement)
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
         raise FileNotFoundError(f"{name} does not exist: check the path")
     return _from_hub(name, dtype, dev)
 
 
-def _load_cached(hf_dir, key, gguf, source, dtype, dev, label, hub_name):
+def _load_cached(hf_dir, key, gguf, source, dtype, dev, label, hub_name, placement=None):
     from safetensors import SafetensorError
 
     try:
-        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name)
+        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name, placement)
     # A damaged safetensors header raises SafetensorError, which derives from Exception only.
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         # Sizes matched but the content did not load: rebuild once from the GGUF.
         warnings.warn(f"ropelens: cached weights in {hf_dir} failed to load ({e}); rebuilding", stacklevel=3)
         shutil.rmtree(hf_dir, ignore_errors=True)
         hf_dir = _cached_hf_dir(key, gguf, source)
-        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name)
+        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name, placement)
 
 
 def _looks_like_hub_id(name: str) -> bool:

