@@ -30,7 +30,7 @@ FORMAT = 1
 # Band statistics add ~0.6× a forward pass per window (benchmarks/core_bench.py), so by default they
 # see 16k of the tokens frequency usage sees (evenly spread windows), which keeps the default report
 # with its re-run sections within about three minutes on two CPU cores; None means every window.
-DEFAULT_BAND_TOKENS: int | None = 16_384
+DEFAULT_BAND_TOKENS: int | None = None  # all windows: band statistics cost about half a forward pass
 QUICK = {"n_ctx": 256, "windows": 4, "layers": 6}
 
 
