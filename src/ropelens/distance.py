@@ -183,6 +183,7 @@ def describe_curve(
     margin: float = MARGIN,
     noise: Any = None,
     scale: float | None = None,
+    log: bool = False,
     atol: float = 1e-9,
 ) -> CurveShape:
     """The shape of a curve over distance, described as it is.
@@ -193,79 +194,97 @@ def describe_curve(
     - **U-shaped**: falls, then rises again by more than the threshold; its minimum is named;
     - **peaked**: rises, then falls;
     - **oscillating**: three or more legs; the sentence gives the number of turns, the swings
-      (first, last, median) and the midline the curve oscillates around, from its start to its end.
+      (first, last, median) and the midline the curve oscillates around, from its start to its end,
+      and the envelope (first and last maximum and minimum).
 
     The threshold a leg must exceed is ``margin`` × the curve's range, and at least twice the mean
-    of ``noise`` (a standard error per point, or one number) when given. NaN points are dropped.
-    Unlike a rank-trend verdict, an oscillating curve is never called flat or monotone.
+    of ``noise`` (a standard error per point, or one number) when given. With ``log`` the shape is
+    read from log10 of the (positive) values — for probabilities, which span orders of magnitude —
+    so a leg must change the value by a factor, and flat means max ÷ min ≤ 1 + ``margin``; the
+    sentence still quotes the values. NaN points are dropped. Unlike a rank-trend verdict, an
+    oscillating curve is never called flat or monotone.
     """
-    v = torch.as_tensor(values, dtype=torch.float64).detach().cpu().flatten().numpy()
+    raw = torch.as_tensor(values, dtype=torch.float64).detach().cpu().flatten().numpy()
     x = torch.as_tensor(distances, dtype=torch.float64).detach().cpu().flatten().numpy()
-    if v.shape != x.shape:
-        raise InputError(f"values ({v.size}) and distances ({x.size}) must have the same length")
+    if raw.shape != x.shape:
+        raise InputError(f"values ({raw.size}) and distances ({x.size}) must have the same length")
     margin = check_number(margin, "margin", above=0, at_most=1, hint=" (a fraction of the curve's range)")
     ns = None
     if noise is not None:
-        ns = np.broadcast_to(torch.as_tensor(noise, dtype=torch.float64).detach().cpu().numpy(), v.shape)
-    keep = np.isfinite(v) & np.isfinite(x)
-    v, x = v[keep], x[keep]
-    if v.size < 3:
-        raise InputError(f"need at least 3 finite points to describe a curve, got {v.size}")
+        ns = np.broadcast_to(torch.as_tensor(noise, dtype=torch.float64).detach().cpu().numpy(), raw.shape)
+    keep = np.isfinite(raw) & np.isfinite(x)
+    raw, x = raw[keep], x[keep]
+    if raw.size < 3:
+        raise InputError(f"need at least 3 finite points to describe a curve, got {raw.size}")
     if np.any(np.diff(x) <= 0):
         raise InputError("distances must increase strictly")
-    noise_level = 0.0 if ns is None else 2 * float(np.nanmean(ns[keep]))
+    if log and np.any(raw <= 0):
+        raise InputError("log=True needs positive values (probabilities, norms): drop log for signed curves")
+    v = np.log10(raw) if log else raw
+    noise_level = 0.0
+    if ns is not None:
+        per = ns[keep] / raw / math.log(10) if log else ns[keep]
+        noise_level = 2 * float(np.nanmean(np.abs(per)))
     vmin, vmax = float(v.min()), float(v.max())
     rng = vmax - vmin
-    s = float(np.abs(v).max()) if scale is None else abs(float(scale))
     threshold = max(margin * rng, noise_level)
     imin, imax = int(v.argmin()), int(v.argmax())
-    base = dict(start=float(v[0]), end=float(v[-1]), start_at=float(x[0]), end_at=float(x[-1]),
-                min_value=vmin, min_at=float(x[imin]), max_value=vmax, max_at=float(x[imax]), range=rng,
-                threshold=threshold)
+    base = dict(start=float(raw[0]), end=float(raw[-1]), start_at=float(x[0]), end_at=float(x[-1]),
+                min_value=float(raw[imin]), min_at=float(x[imin]), max_value=float(raw[imax]), max_at=float(x[imax]),
+                range=float(raw[imax] - raw[imin]), threshold=threshold)
+    val = lambda i: f"{_fmt(raw[i])} at {_at(x[i])}"  # noqa: E731
+    swing = (lambda d: f"×{10 ** d:.2f}") if log else _fmt  # noqa: E731
     span = f"from {_at(x[0])} to {_at(x[-1])}"
-    if rng <= max(atol, margin * s, noise_level):
-        mean = float(v.mean())
-        text = (f"flat: stays within {_fmt(vmin)} … {_fmt(vmax)} (mean {_fmt(mean)}) {span}"
-                + (f", a range of {rng / s:.0%} of its largest magnitude" if rng > atol and s > 0 else ""))
+    if log:
+        flat = rng <= max(math.log10(1 + margin), noise_level)
+    else:
+        s = float(np.abs(v).max()) if scale is None else abs(float(scale))
+        flat = rng <= max(atol, margin * s, noise_level)
+    if flat:
+        text = f"flat: stays within {_fmt(vmin if not log else raw[imin])} … {_fmt(raw[imax])} " \
+               f"(mean {_fmt(float(raw.mean()))}) {span}"
+        if log:
+            text += f", max ÷ min {raw[imax] / raw[imin]:.2f}"
+        elif rng > atol and s > 0:
+            text += f", a range of {rng / s:.0%} of its largest magnitude"
         return CurveShape("flat", text, **base)
     piv = _pivots(v, threshold)
     swings = tuple(float(abs(v[b] - v[a])) for a, b in zip(piv, piv[1:]))
     turns = tuple(float(x[i]) for i in piv[1:-1])
     legs = len(piv) - 1
+    rule = f"threshold {margin:.0%} of the {'log-' if log else ''}range"
     if legs <= 1:
         a, b = (piv[0], piv[-1]) if legs == 1 else (0, len(v) - 1)
         shape: Shape = "decays" if v[b] < v[a] else "grows"
-        word = "falls" if shape == "decays" else "rises"
-        text = f"monotone, {shape}: {word} from {_fmt(v[a])} at {_at(x[a])} to {_fmt(v[b])} at {_at(x[b])}"
-        if v[a] != 0:
-            text += f" ({v[b] / v[a]:.2f} of its value at {_at(x[a])})"
+        text = f"monotone, {shape}: {'falls' if shape == 'decays' else 'rises'} from {val(a)} to {val(b)}"
+        if raw[a] > 0 and raw[b] > 0:
+            text += f" ({_fmt(raw[b] / raw[a])}× its value at {_at(x[a])})"
         if b < len(v) - 1:
-            text += f", then stays within the threshold to {_fmt(v[-1])} at {_at(x[-1])}"
+            text += f", then changes by less than the threshold to {val(len(v) - 1)}"
         return CurveShape(shape, text, turns=turns, swings=swings, **base)
     if legs == 2:
         a, t, b = piv
         if v[t] < v[a]:
-            text = (f"U-shaped: falls from {_fmt(v[a])} at {_at(x[a])} to its minimum {_fmt(v[t])} at {_at(x[t])}, "
-                    f"then rises again to {_fmt(v[b])} at {_at(x[b])} (the rise is {swings[1] / swings[0]:.0%} of the "
-                    f"fall and {swings[1] / rng:.0%} of the range; threshold {margin:.0%} of the range)")
+            text = (f"U-shaped: falls from {val(a)} to its minimum {val(t)}, then rises again to {val(b)} "
+                    f"(the rise is {swings[1] / swings[0]:.0%} of the fall and {swings[1] / rng:.0%} of the "
+                    f"{'log-' if log else ''}range; {rule})")
             return CurveShape("U-shaped", text, turns=turns, swings=swings, **base)
-        text = (f"peaked: rises from {_fmt(v[a])} at {_at(x[a])} to its maximum {_fmt(v[t])} at {_at(x[t])}, "
-                f"then falls to {_fmt(v[b])} at {_at(x[b])} (the fall is {swings[1] / swings[0]:.0%} of the rise)")
+        text = (f"peaked: rises from {val(a)} to its maximum {val(t)}, then falls to {val(b)} "
+                f"(the fall is {swings[1] / swings[0]:.0%} of the rise; {rule})")
         return CurveShape("peaked", text, turns=turns, swings=swings, **base)
     # pivots alternate between maxima and minima; the first one only starts the first leg
     is_max = [bool(v[p] > v[piv[j - 1]]) for j, p in enumerate(piv) if j > 0]
     maxima = [p for p, m in zip(piv[1:], is_max) if m]
     minima = [p for p, m in zip(piv[1:], is_max) if not m]
-    upper = (float(v[maxima[0]]), float(v[maxima[-1]])) if maxima else None
-    lower = (float(v[minima[0]]), float(v[minima[-1]])) if minima else None
-    midline = (float(v[piv[:2]].mean()), float(v[piv[-2:]].mean()))
-    first = f"{_fmt(v[piv[0]])} at {_at(x[piv[0]])}"
-    trend = ("falls" if midline[1] < midline[0] - threshold else
-             "rises" if midline[1] > midline[0] + threshold else "stays level")
-    text = (f"oscillating: {len(turns)} turns between {_at(turns[0])} and {_at(turns[-1])} "
-            f"(starting from {first}); swings from {_fmt(swings[0])} to {_fmt(swings[-1])} "
-            f"(median {_fmt(float(np.median(swings)))}) around a midline that {trend} "
-            f"from {_fmt(midline[0])} to {_fmt(midline[1])}")
+    upper = (float(raw[maxima[0]]), float(raw[maxima[-1]])) if maxima else None
+    lower = (float(raw[minima[0]]), float(raw[minima[-1]])) if minima else None
+    mid = lambda ix: float(10 ** v[ix].mean()) if log else float(v[ix].mean())  # noqa: E731
+    midline = (mid(piv[:2]), mid(piv[-2:]))
+    m0, m1 = v[piv[:2]].mean(), v[piv[-2:]].mean()
+    trend = "falls" if m1 < m0 - threshold else "rises" if m1 > m0 + threshold else "stays level"
+    text = (f"oscillating: {len(turns)} turns between {_at(turns[0])} and {_at(turns[-1])} (starting from {val(piv[0])}); "
+            f"swings from {swing(swings[0])} to {swing(swings[-1])} (median {swing(float(np.median(swings)))}) around "
+            f"a midline that {trend} from {_fmt(midline[0])} to {_fmt(midline[1])}")
     if upper and lower:
         text += f"; envelope: maxima {_fmt(upper[0])} → {_fmt(upper[1])}, minima {_fmt(lower[0])} → {_fmt(lower[1])}"
     return CurveShape("oscillating", text, turns=turns, swings=swings, upper=upper, lower=lower, midline=midline,
@@ -288,10 +307,12 @@ def _sum_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
 
-def _band_index(rb: ResolvedBands, head_dim: int) -> Tensor:
-    """``[band, d_band]`` head-dim indices, bands padded to one width with index ``head_dim`` (a zero column)."""
-    width = max(len(d) for d in rb.dims)
-    return torch.stack([torch.cat([d, torch.full((width - len(d),), head_dim, dtype=torch.long)]) for d in rb.dims])
+def _membership(rb: ResolvedBands, head_dim: int) -> Tensor:
+    """``[head_dim, band]`` one-hot: a matmul with it sums per-dim products into band terms."""
+    m = torch.zeros(head_dim, rb.n_bands)
+    for j, dims in enumerate(rb.dims):
+        m[dims, j] = 1.0
+    return m
 
 
 def _resolve_all(spec: RopeSpec, layers: Sequence[int], bands: Bands) -> tuple[dict[int, ResolvedBands], tuple[str, ...]]:
@@ -311,12 +332,15 @@ class DistanceReducer:
     the mean full logit (the sum of the bands, before any soft-cap) and the mean attention
     probability of the model's own pattern.
 
-    Needs only post-RoPE queries and keys, so the model runs with its fast attention. Queries go
-    in tiles that hold their whole key range (causal, sliding window), so each tile rebuilds the
-    pattern exactly: the layer's scores as the sum of the band terms, masked, then
-    :meth:`LayerRope.probs` (soft-cap and learned sinks as the model applies them). Memory is
-    O(tile · n) per layer; nothing of size ``[heads, n, n]`` exists. Entries are summed into bins with
-    one matmul against a one-hot ``[entries, bins]`` matrix.
+    Needs only post-RoPE queries and keys, so the model runs with its fast attention. The keys a
+    query at m has in bin [lo, hi) are the contiguous run m − hi < j ≤ m − lo, so a band's logit
+    summed over them is q_b(m) · Σ_j k_b(j), a difference of key prefix sums (float64): exact,
+    O(n · bins · d) per layer, with no [query, key] tensor at all. Probabilities need whole rows:
+    queries go in tiles that hold their whole key range (causal, sliding window), the scores are
+    rebuilt there, masked and passed through :meth:`LayerRope.probs` (soft-cap and learned sinks as
+    the model applies them), and the entries are summed into bins by one matmul with a one-hot
+    ``[entries, bins]`` matrix. Memory is O(tile · n) per layer; nothing of size ``[heads, n, n]``
+    exists.
 
     Keys at positions below ``n_sink`` (BOS, where attention sinks sit; see :mod:`ropelens.sinks`)
     take part in every softmax but are left out of the by-distance averages: otherwise the sink,
@@ -344,11 +368,8 @@ class DistanceReducer:
         lr = spec.layers[self.layers[0]]
         L, H, B, nb = len(self.layers), lr.n_heads, len(self.names), len(self.edges) - 1
         z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
-        self.sums: dict[str, Tensor] = {
-            "band_sum": z(L, H, B, nb), "band_sq": z(L, H, B, nb), "logit_sq": z(L, H, nb),
-            "prob_sum": z(L, H, nb), "prob_sq": z(L, H, nb), "count": z(L, nb), "dist_sum": z(L, nb),
-            "n_queries": z(L),
-        }
+        self.sums: dict[str, Tensor] = {"band_sum": z(L, H, B, nb), "prob_sum": z(L, H, nb), "count": z(L, nb),
+                                        "dist_sum": z(L, nb), "n_queries": z(L)}
         self._cache: dict[tuple, Tensor] = {}
 
     def _on(self, device: torch.device) -> dict[str, Tensor]:
@@ -362,6 +383,19 @@ class DistanceReducer:
             self._cache[key] = make()
         return self._cache[key]
 
+    def _runs(self, n: int, window: int | None, dev: torch.device) -> tuple[Tensor, Tensor]:
+        """``[n, bins]`` prefix-sum indices (start, stop): query m's keys in bin j are start ≤ t < stop."""
+        def make() -> tuple[Tensor, Tensor]:
+            m = torch.arange(n)[:, None]
+            lo, hi = self.edges[None, :-1], self.edges[None, 1:]
+            if window:
+                hi = hi.clamp(max=window)
+            stop = (m - lo + 1).clamp(0, n)
+            start = torch.minimum((m - hi + 1).clamp(0, n), stop)
+            return torch.stack([start, stop]).to(dev)
+
+        return tuple(self._cached(("runs", n, window, str(dev)), make))  # type: ignore[return-value]
+
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
         i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
@@ -369,63 +403,68 @@ class DistanceReducer:
         q_post, k_post = acts["q_post"], acts["k_post"]
         dev = q_post.device
         s = self._on(dev)
+        dt = s["count"].dtype
         b, n, H, d = q_post.shape
         reach = n - 1 if not rope.window else min(n, rope.window) - 1
         if reach > self.max_distance:
             raise InputError(f"layer {acts.layer} sees distances up to {reach}, but the bins end at "
                              f"{self.max_distance}: build the reducer with max_distance ≥ {reach} (n_ctx − 1)")
-        KV, G, B = rope.n_kv_heads, rope.group_size, rb.n_bands
+        KV, G = rope.n_kv_heads, rope.group_size
         nb = len(self.edges) - 1
         vf = valid.float()
         # the score scale goes into q once, so every product below is a logit; padded positions are zero vectors
         q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
         k = k_post.float() * vf[:, :, None, None]
-        idx = self._cached((acts.layer, "idx", str(dev)), lambda: _band_index(rb, d).to(dev))
+        member = self._cached((acts.layer, "member", str(dev)), lambda: _membership(rb, d).to(dev))
+        s["n_queries"][i] += vf.sum().to(dt)
+
+        # band sums by prefix sums: keys below n_sink and padded keys count as zero vectors
+        binned = vf.to(dt)
+        binned[:, : self.n_sink] = 0
+        kz = k.to(dt) * binned[:, :, None, None]
+        prefix = lambda t: torch.cat([torch.zeros_like(t[:, :1]), t.cumsum(1)], 1)  # noqa: E731  [b,n+1,...]
+        pos = torch.arange(n, device=dev, dtype=dt)
+        ksum, csum, jsum = prefix(kz), prefix(binned), prefix(binned * pos)  # Σ k, count and Σ j over binned keys
+        start, stop = self._runs(n, rope.window, dev)
+        cnt = (csum[:, stop] - csum[:, start]) * vf[:, :, None].to(dt)  # [b,n,nb]
+        s["count"][i] += cnt.sum((0, 1))
+        jtot = (jsum[:, stop] - jsum[:, start]) * vf[:, :, None].to(dt)
+        s["dist_sum"][i] += (cnt * pos[None, :, None] - jtot).sum((0, 1))
+        qg = q.view(b, n, KV, G, d)
+        acc = torch.zeros(nb, KV, G, member.shape[1], dtype=dt, device=dev)
+        tq = self.tile or _auto_tile(dev, b * nb * H, d)
+        for c0 in range(0, n, tq):
+            c1 = min(n, c0 + tq)
+            run = (ksum[:, stop[c0:c1]] - ksum[:, start[c0:c1]]).float()  # [b,c,nb,KV,d]: Σ of each bin's keys
+            acc += torch.matmul(qg[:, c0:c1, None] * run[:, :, :, :, None], member).sum((0, 1)).to(dt)  # [nb,KV,G,B]
+        s["band_sum"][i] += acc.permute(1, 2, 3, 0).reshape(H, -1, nb)
+
+        # probabilities: query tiles holding whole rows, the pattern rebuilt, summed into bins
+        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
+        kh = k.permute(0, 2, 3, 1)  # [b,KV,d,n]
         bin_of = self._cached(("bin_of", str(dev)), lambda: (torch.bucketize(
             torch.arange(self.max_distance + 1), self.edges, right=True) - 1).to(dev))
-        qb = torch.cat([q, q.new_zeros(b, n, H, 1)], -1)[..., idx].view(b, n, KV, G, B, -1).permute(0, 2, 4, 3, 1, 5)
-        kb = torch.cat([k, k.new_zeros(b, n, KV, 1)], -1)[..., idx].permute(0, 2, 3, 1, 4).contiguous()  # [b,KV,B,n,db]
-        s["n_queries"][i] += vf.sum().to(s["n_queries"].dtype)
-        tq = self.tile or _auto_tile(dev, b * H * (B + 2), min(n, rope.window or n))
-        dt = s["count"].dtype
-        acc = {"band_sum": q.new_zeros(KV, B, G, nb), "band_sq": q.new_zeros(KV, B, G, nb),
-               "logit_sq": q.new_zeros(KV, G, nb), "prob_sum": q.new_zeros(KV, G, nb), "prob_sq": q.new_zeros(KV, G, nb)}
+        tq = self.tile or _auto_tile(dev, b * H * 2, min(n, rope.window or n))
+        prob = torch.zeros(KV, G, nb, dtype=dt, device=dev)
+        ipos = torch.arange(n, device=dev)
         for c0 in range(0, n, tq):
             c1 = min(n, c0 + tq)
             c = c1 - c0
             k0 = max(0, c0 - rope.window + 1) if rope.window else 0
             kt = c1 - k0
-            qp = torch.arange(c0, c1, device=dev)[:, None]
-            kp = torch.arange(k0, c1, device=dev)[None, :]
-            delta = qp - kp  # [c, kt]
+            delta = ipos[c0:c1, None] - ipos[None, k0:c1]  # [c, kt]
             allowed = delta >= 0
             if rope.window:
                 allowed &= delta < rope.window
             ok = allowed[None] & valid[:, c0:c1, None] & valid[:, None, k0:c1]  # [b,c,kt]
-            x = torch.matmul(qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1),
-                             kb[..., k0:c1, :].transpose(-1, -2)).view(b, KV, B, G, c, kt)
-            y = x.sum(2)  # [b,KV,G,c,kt]: the model's scores, before any soft-cap
-            p = rope.probs(y.masked_fill(~ok[:, None, None], float("-inf")).reshape(b, H, c, kt)).view(b, KV, G, c, kt)
-            w = (ok & (kp >= self.n_sink)[None]).to(x.dtype)  # [b,c,kt]: entries that go into the bins
-            oh = torch.nn.functional.one_hot(bin_of[delta.clamp(0, self.max_distance)].reshape(-1), nb).to(x.dtype)
-            xw = x * w[:, None, None, None]
-            acc["band_sum"] += torch.matmul(xw.reshape(b, KV, B, G, c * kt), oh).sum(0)
-            acc["band_sq"] += torch.matmul((xw * xw).reshape(b, KV, B, G, c * kt), oh).sum(0)
-            del x, xw
-            yw = y * w[:, None, None]
-            acc["logit_sq"] += torch.matmul((yw * yw).reshape(b, KV, G, c * kt), oh).sum(0)
-            pw = p * w[:, None, None]
-            acc["prob_sum"] += torch.matmul(pw.reshape(b, KV, G, c * kt), oh).sum(0)
-            acc["prob_sq"] += torch.matmul((pw * pw).reshape(b, KV, G, c * kt), oh).sum(0)
-            del y, yw, p, pw
-            wk = w.sum(0)  # [c, kt]
-            s["count"][i] += torch.matmul(wk.reshape(-1), oh).to(dt)
-            s["dist_sum"][i] += torch.matmul((wk * delta).reshape(-1), oh).to(dt)
-        to_h = lambda t: t.reshape(H, *t.shape[2:])  # noqa: E731  [KV,G,...] -> [H,...], h = kv·G + g
-        s["band_sum"][i] += acc["band_sum"].permute(0, 2, 1, 3).reshape(H, B, nb).to(dt)
-        s["band_sq"][i] += acc["band_sq"].permute(0, 2, 1, 3).reshape(H, B, nb).to(dt)
-        for key in ("logit_sq", "prob_sum", "prob_sq"):
-            s[key][i] += to_h(acc[key]).to(dt)
+            y = torch.matmul(qh[:, :, :, c0:c1].reshape(b, KV, G * c, d), kh[..., k0:c1]).view(b, H, c, kt)
+            p = rope.probs(y.masked_fill(~ok[:, None], float("-inf")))  # 0 on masked entries and padded rows
+            del y
+            keep = (allowed & (ipos[None, k0:c1] >= self.n_sink)).to(p.dtype).reshape(-1, 1)
+            oh = torch.nn.functional.one_hot(bin_of[delta.clamp(0, self.max_distance)].reshape(-1), nb).to(p.dtype)
+            prob += torch.matmul(p.reshape(b, KV, G, c * kt), oh * keep).sum(0).to(dt)
+            del p
+        s["prob_sum"][i] += prob.reshape(H, nb)
 
     def config(self) -> dict[str, Any]:
         return {"bands": self.bands.describe(), "layers": list(self.layers), "n_bins": self.n_bins_arg,
@@ -505,20 +544,6 @@ class AttentionByDistance:
         """Mean attention mass per query that falls in each bin (keys below ``n_sink`` not counted)."""
         return self.sums["prob_sum"] / self.sums["n_queries"].clamp_min(1)[:, None, None]
 
-    def _std(self, total: Tensor, sq: Tensor, n: Tensor) -> Tensor:
-        var = (sq - total**2 / n) / (n - 1).clamp_min(1)
-        return var.clamp_min(0).sqrt()
-
-    def std(self, curve: str) -> Tensor:
-        """Standard deviation over the pairs of each bin: ``curve`` is a band name, "logit" or "prob"."""
-        n = self._n()
-        if curve == "logit":
-            return self._std(self.sums["band_sum"].sum(2), self.sums["logit_sq"], n[:, None])
-        if curve == "prob":
-            return self._std(self.sums["prob_sum"], self.sums["prob_sq"], n[:, None])
-        j = self._band(curve)
-        return self._std(self.sums["band_sum"][:, :, j], self.sums["band_sq"][:, :, j], n[:, None])
-
     def _band(self, name: str) -> int:
         if name not in self.band_names:
             raise InputError(f"unknown curve {name!r}: choose a band {list(self.band_names)}, 'logit' or 'prob'")
@@ -548,7 +573,7 @@ class AttentionByDistance:
     def describe(self, layer: int, curve: str = "logit", head: int | None = None, *, margin: float = MARGIN) -> CurveShape:
         """:func:`describe_curve` of one curve over the bins' centres. Logit curves share one scale per
         layer (the largest |mean logit| of the full logit and every band), so a band whose curve moves
-        by little against the others is called flat."""
+        by little against the others is called flat; probabilities are read on a log scale."""
         key = (layer, curve, head, margin)
         if key not in self._shapes:
             v = self.curve(layer, curve, head)
@@ -556,7 +581,8 @@ class AttentionByDistance:
             if curve != "prob":
                 everything = torch.stack([self.curve(layer, c, head) for c in ("logit", *self.band_names)])
                 scale = float(everything.abs().nan_to_num(0).max())
-            self._shapes[key] = describe_curve(v, self.centres, margin=margin, scale=scale)
+            positive = curve == "prob" and bool((v[torch.isfinite(v)] > 0).all())
+            self._shapes[key] = describe_curve(v, self.centres, margin=margin, scale=scale, log=positive)
         return self._shapes[key]
 
     def u_shape_cause(self, layer: int, head: int | None = None, *, margin: float = MARGIN) -> dict[str, Any] | None:
@@ -626,17 +652,17 @@ class AttentionByDistance:
         L, H, B, nb = self.sums["band_sum"].shape
         e = self.edges
         frames = []
-        curves = {name: (self.band_logit()[:, :, j], self.std(name)) for j, name in enumerate(self.band_names)}
-        curves["logit"] = (self.logit(), self.std("logit"))
-        curves["prob"] = (self.prob(), self.std("prob"))
+        curves = {name: self.band_logit()[:, :, j] for j, name in enumerate(self.band_names)}
+        curves["logit"] = self.logit()
+        curves["prob"] = self.prob()
         layer, head, bin_ = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(nb), indexing="ij")
         count = self.sums["count"][:, None, :].expand(L, H, nb)
-        for name, (mean, std) in curves.items():
+        for name, mean in curves.items():
             frames.append(pd.DataFrame({
                 "layer": layer.ravel(), "head": head.ravel(), "curve": name, "bin": bin_.ravel(),
                 "d_lo": e[:-1][bin_.ravel()].numpy(), "d_hi": (e[1:] - 1)[bin_.ravel()].numpy(),
                 "centre": self.centres[bin_.ravel()].numpy(), "count": count.reshape(-1).numpy(),
-                "mean": mean.reshape(-1).numpy(), "std": std.reshape(-1).numpy()}))
+                "mean": mean.reshape(-1).numpy()}))
         return pd.concat(frames, ignore_index=True)
 
     def merge(self, other: AttentionByDistance) -> AttentionByDistance:

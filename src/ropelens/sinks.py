@@ -1,0 +1,446 @@
+"""Attention sinks per head and per band (Gu et al. 2024, "When Attention Sink Emerges in Language Models").
+
+Gu et al. say a head *sinks* on a token when its attention to that token, averaged over the queries
+that see it, exceeds ε = 0.3. :class:`SinkReducer` measures that for the first position of every
+window (BOS) per layer × head, with the share of queries whose own attention to it exceeds ε, and
+asks which RoPE bands make the first position attractive: the sink logit (the logit at key 0 minus
+the mean logit over the query's other keys) splits exactly into one term per band. It also
+compares the key at position 0 with the other keys, band by band and plane by plane (the plane
+ratio is the sink-key norm ratio :class:`ropelens.usage.FrequencyUsage` reports).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Bool, Float
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from ropelens.bands import Bands, ResolvedBands
+from ropelens.capture import LayerActs, batches, stream
+from ropelens.data import analysis_windows
+from ropelens.errors import InputError
+from ropelens.provenance import Provenance
+from ropelens.rope import RopeSpec
+from ropelens.serialize import dump_json
+from ropelens.validate import check_number
+
+__all__ = ["EPSILON", "AttentionSinks", "SinkReducer", "attention_sinks"]
+
+EPSILON = 0.3  # Gu et al.'s threshold on the attention a sinking head pays to the sink token
+_FORMAT = 1
+# score entries per tile: 2^22 on the CPU; accelerators take larger tiles
+TILE_ELEMENTS = {"cpu": 1 << 22}
+TILE_ELEMENTS_ACCELERATOR = 1 << 26
+MIN_TILE = 16
+
+
+def _membership(rb: ResolvedBands, head_dim: int) -> Tensor:
+    """``[head_dim, band]`` one-hot: a matmul with it sums per-dim products into band terms."""
+    m = torch.zeros(head_dim, rb.n_bands)
+    for j, dims in enumerate(rb.dims):
+        m[dims, j] = 1.0
+    return m
+
+
+class SinkReducer:
+    """Streams, per layer × head, the attention to position 0 and its band decomposition.
+
+    For each query at position m ≥ ``skip_queries`` that may attend to position 0 (within its
+    sliding window): the model's attention to position 0, rebuilt from post-RoPE q and k through
+    :meth:`LayerRope.probs` (soft-cap and learned sinks as the model applies them), whether it
+    exceeds ``epsilon``, the attention a learned sink takes (gpt-oss), and per band the logit at
+    key 0 and the mean logit over the query's other allowed keys. Per KV head: the norm of the
+    pre-RoPE key at position 0 and at the other positions, per band and per plane.
+
+    Attention needs whole rows, so query tiles hold keys 0 … m; only queries that see position 0
+    are scored, and nothing of size ``[heads, n, n]`` exists. The band terms need no tiles: the
+    logit at key 0 is q_b·k_b(0) and the row sum is q_b·Σ_j k_b(j), a prefix sum.
+    """
+
+    needs = frozenset({"q_post", "k_post", "k_pre"})
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands | None = None, *,
+                 epsilon: float = EPSILON, skip_queries: int = 4, tile: int | None = None) -> None:
+        self.spec, self.layers = spec, list(layers)
+        if not self.layers:
+            raise InputError("no layers selected: pass layer indices the model has")
+        self.bands = bands or Bands.quantiles(4)
+        self.epsilon = check_number(epsilon, "epsilon", above=0, at_most=1,
+                                    hint=" (the attention share that makes a head sink; Gu et al. use 0.3)")
+        self.skip_queries = check_number(skip_queries, "skip_queries", at_least=1, integer=True,
+                                         hint=" (queries before it are left out: position 0 sees only itself)")
+        if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
+            raise InputError(f"tile must be a positive number of queries or None for automatic, got {tile!r}")
+        self.tile = tile
+        self.resolved = {L: self.bands.resolve(spec.layers[L]) for L in self.layers}
+        names = {r.names for r in self.resolved.values()}
+        if len(names) != 1:
+            raise InputError(f"bands {self.bands.describe()} resolve to different band names across layers: {names}; "
+                             "pick layers of one kind (layers=...) or bands that name the same groups everywhere")
+        self.names = next(iter(names))
+        shapes = {(spec.layers[L].n_heads, spec.layers[L].n_kv_heads, spec.layers[L].n_planes) for L in self.layers}
+        if len(shapes) != 1:
+            raise InputError(f"selected layers differ in heads or planes {sorted(shapes)}; analyse them separately")
+        H, KV, P = next(iter(shapes))
+        L, B = len(self.layers), len(self.names)
+        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
+        self.sums: dict[str, Tensor] = {
+            "n_queries": z(L), "p0_sum": z(L, H), "p0_over": z(L, H), "sink_mass": z(L, H),
+            "x0_sum": z(L, H, B), "xo_sum": z(L, H, B),
+            "n_k0": z(L), "n_kother": z(L), "k0_band": z(L, KV, B), "kother_band": z(L, KV, B),
+            "k0_plane": z(L, KV, P), "kother_plane": z(L, KV, P),
+        }
+        self.pos = {L: i for i, L in enumerate(self.layers)}
+        self._member: dict[tuple[int, str], Tensor] = {}
+
+    def _on(self, device: torch.device) -> dict[str, Tensor]:
+        if self.sums["n_queries"].device != device:
+            dt = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+            self.sums = {k: v.to(device, dt) for k, v in self.sums.items()}
+        return self.sums
+
+    def _tile(self, device: torch.device, rows: int, keys: int) -> int:
+        if self.tile:
+            return self.tile
+        budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
+        return max(MIN_TILE, budget // max(1, rows * keys))
+
+    @torch.no_grad()
+    def update(self, acts: LayerActs) -> None:
+        i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
+        valid = acts.valid
+        q_post, k_post, k_pre = acts["q_post"], acts["k_post"], acts["k_pre"]
+        dev = q_post.device
+        s = self._on(dev)
+        dt = s["n_queries"].dtype
+        b, n, H, d = q_post.shape
+        KV, G = rope.n_kv_heads, rope.group_size
+        key = (acts.layer, str(dev))
+        if key not in self._member:
+            self._member[key] = _membership(rb, d).to(dev)
+        member = self._member[key]
+        vf = valid.float()
+        q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)  # [b,n,H,d], logits come out scaled
+        k = k_post.float() * vf[:, :, None, None]  # [b,n,KV,d]
+        pos = torch.arange(n, device=dev)
+        n_keys = valid.long().cumsum(1)  # keys 0 … m that are real: all a query that sees key 0 may attend to
+        reach = n if not rope.window else min(n, rope.window)  # queries m < reach see position 0
+        used = valid & valid[:, :1] & (pos >= self.skip_queries)[None] & (pos < reach)[None] & (n_keys >= 2)
+        uf = used.float()  # [b,n]
+        s["n_queries"][i] += uf.sum().to(dt)
+
+        # band terms: logit at key 0 and the mean over the other allowed keys (keys 0 … m, by prefix sums)
+        qg = q.view(b, n, KV, G, d)
+        x0 = torch.matmul(qg * k[:, :1, :, None, :], member)  # [b,n,KV,G,B]
+        ksum = k.to(dt).cumsum(1).float()  # [b,n,KV,d], summed in float64 (float32 on MPS)
+        xrow = torch.matmul(qg * ksum[:, :, :, None, :], member)
+        xo = (xrow - x0) / (n_keys - 1).clamp_min(1)[:, :, None, None, None].float()
+        w = uf[:, :, None, None, None]
+        s["x0_sum"][i] += (x0 * w).sum((0, 1)).reshape(H, -1).to(dt)
+        s["xo_sum"][i] += (xo * w).sum((0, 1)).reshape(H, -1).to(dt)
+
+        # the model's attention to position 0, rebuilt in query tiles that hold whole rows
+        kh = k.permute(0, 2, 3, 1)  # [b,KV,d,n]
+        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
+        tq = self._tile(dev, b * H, reach)
+        p0_sum, p0_over, mass = q.new_zeros(H), q.new_zeros(H), q.new_zeros(H)
+        for c0 in range(min(self.skip_queries, reach), reach, tq):
+            c1 = min(reach, c0 + tq)
+            c = c1 - c0
+            y = torch.matmul(qh[:, :, :, c0:c1].reshape(b, KV, G * c, d), kh[..., :c1]).view(b, H, c, c1)
+            ok = (pos[None, :c1] <= pos[c0:c1, None])[None] & valid[:, None, :c1]  # [b,c,c1]: keys 0 … m
+            p = rope.probs(y.masked_fill(~ok[:, None], float("-inf")))  # [b,H,c,c1]
+            u = uf[:, None, c0:c1]  # [b,1,c]
+            p0 = p[..., 0]
+            p0_sum += (p0 * u).sum((0, 2))
+            p0_over += ((p0 > self.epsilon).float() * u).sum((0, 2))
+            if rope.sinks is not None:
+                mass += ((1 - p.sum(-1)).clamp_min(0) * u).sum((0, 2))
+            del y, p
+        s["p0_sum"][i] += p0_sum.to(dt)
+        s["p0_over"][i] += p0_over.to(dt)
+        s["sink_mass"][i] += mass.to(dt)
+
+        # key norms (pre-RoPE, as frequency usage measures them): position 0 against the rest
+        kp = k_pre.float() * vf[:, :, None, None]
+        planes = rope.plane_norms(kp)  # [b,n,KV,P]
+        bandn = torch.matmul(kp * kp, member).clamp_min(0).sqrt()  # [b,n,KV,B]
+        v0 = vf[:, 0]
+        s["n_k0"][i] += v0.sum().to(dt)
+        s["n_kother"][i] += vf[:, 1:].sum().to(dt)
+        s["k0_band"][i] += (bandn[:, 0] * v0[:, None, None]).sum(0).to(dt)
+        s["kother_band"][i] += bandn[:, 1:].sum((0, 1)).to(dt)
+        s["k0_plane"][i] += (planes[:, 0] * v0[:, None, None]).sum(0).to(dt)
+        s["kother_plane"][i] += planes[:, 1:].sum((0, 1)).to(dt)
+
+    def config(self) -> dict[str, Any]:
+        return {"bands": self.bands.describe(), "layers": list(self.layers), "epsilon": self.epsilon,
+                "skip_queries": self.skip_queries}
+
+    def result(self, provenance: Provenance) -> AttentionSinks:
+        """The streamed sums as :class:`AttentionSinks` (on the CPU, float64)."""
+        sums = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
+        return AttentionSinks(tuple(self.layers), self.names, self.bands, self.spec, self.epsilon, self.skip_queries,
+                              sums, provenance)
+
+
+@dataclass(frozen=True)
+class AttentionSinks:
+    """Attention to the first position per layer × head, its band decomposition and the sink key's norms."""
+
+    layers: tuple[int, ...]
+    band_names: tuple[str, ...]
+    bands: Bands
+    spec: RopeSpec
+    epsilon: float
+    skip_queries: int
+    sums: dict[str, Tensor]
+    provenance: Provenance
+
+    def __post_init__(self) -> None:
+        L, B = len(self.layers), len(self.band_names)
+        shape = tuple(self.sums["x0_sum"].shape)
+        if shape[0] != L or shape[2] != B:
+            raise InputError(f"x0_sum has shape {shape}, expected ({L}, heads, {B})")
+
+    # ---------------------------------------------------------------- numbers
+    def _per_query(self, key: str) -> Tensor:
+        n = self.sums["n_queries"]
+        n = torch.where(n > 0, n, torch.nan)
+        t = self.sums[key]
+        return t / n.view(-1, *[1] * (t.ndim - 1))
+
+    def mean_attention(self) -> Float[Tensor, "layer head"]:
+        """Mean attention to position 0 over the queries that see it (from ``skip_queries`` on)."""
+        return self._per_query("p0_sum")
+
+    def query_share(self) -> Float[Tensor, "layer head"]:
+        """Share of those queries whose attention to position 0 exceeds ε."""
+        return self._per_query("p0_over")
+
+    def learned_sink(self) -> Float[Tensor, "layer head"]:
+        """Mean attention a learned sink logit takes (gpt-oss; 0 where the layer has none)."""
+        return self._per_query("sink_mass")
+
+    def sinking(self) -> Bool[Tensor, "layer head"]:
+        """Gu et al.'s criterion: the head's mean attention to position 0 exceeds ε."""
+        return self.mean_attention() > self.epsilon
+
+    def head_share(self) -> Float[Tensor, " layer"]:
+        """Per layer, the share of heads that sink on position 0."""
+        return self.sinking().double().mean(1)
+
+    def sink_logit(self) -> Float[Tensor, "layer head band"]:
+        """Per band: mean band logit at key 0 minus the mean band logit over the query's other keys.
+        Sums over bands to the full sink logit (before any soft-cap); positive bands make
+        position 0 attractive."""
+        return self._per_query("x0_sum") - self._per_query("xo_sum")
+
+    def sink_logit_share(self) -> Float[Tensor, "layer head band"]:
+        """Each band's share of the full sink logit (sums to 1; negative where a band works against it)."""
+        x = self.sink_logit()
+        return x / x.sum(-1, keepdim=True)
+
+    def key_norm(self, position: str = "sink") -> Float[Tensor, "layer kv_head band"]:
+        """Mean norm of the pre-RoPE key's band part at position 0 (``"sink"``) or at the others (``"other"``)."""
+        if position not in ("sink", "other"):
+            raise InputError(f"position must be 'sink' or 'other', got {position!r}")
+        tot, n = (self.sums["k0_band"], self.sums["n_k0"]) if position == "sink" else \
+            (self.sums["kother_band"], self.sums["n_kother"])
+        return tot / torch.where(n > 0, n, torch.nan)[:, None, None]
+
+    def key_norm_ratio(self) -> Float[Tensor, "layer kv_head band"]:
+        """Band norm of the key at position 0 ÷ its mean at the other positions."""
+        return self.key_norm("sink") / self.key_norm("other")
+
+    def plane_key_ratio(self) -> Float[Tensor, " layer"]:
+        """Per layer: mean per-plane key norm at position 0 ÷ that at the other positions (heads and planes
+        averaged) — the key sink ratio the frequency-usage report gives with ``n_sink=1`` on the same windows."""
+        n0, no = self.sums["n_k0"], self.sums["n_kother"]
+        sink = self.sums["k0_plane"] / torch.where(n0 > 0, n0, torch.nan)[:, None, None]
+        other = self.sums["kother_plane"] / torch.where(no > 0, no, torch.nan)[:, None, None]
+        return sink.mean((1, 2)) / other.mean((1, 2))
+
+    def _li(self, layer: int) -> int:
+        if layer not in self.layers:
+            raise InputError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
+        return self.layers.index(layer)
+
+    # ---------------------------------------------------------------- tables
+    def heads_frame(self) -> pd.DataFrame:
+        """One row per (layer, head): attention to position 0, query share, sinking, learned sink, full sink
+        logit and the band with the largest share of it."""
+        L, H = self.sums["p0_sum"].shape
+        x = self.sink_logit()
+        top = x.nan_to_num(float("-inf")).argmax(-1)
+        layer, head = np.meshgrid(np.array(self.layers), np.arange(H), indexing="ij")
+        return pd.DataFrame({
+            "layer": layer.ravel(), "head": head.ravel(),
+            "kind": [self.spec.layers[int(lay)].kind for lay in layer.ravel()],
+            "mean_attention": self.mean_attention().reshape(-1).numpy(),
+            "query_share": self.query_share().reshape(-1).numpy(), "sinking": self.sinking().reshape(-1).numpy(),
+            "learned_sink": self.learned_sink().reshape(-1).numpy(), "sink_logit": x.sum(-1).reshape(-1).numpy(),
+            "top_band": [self.band_names[int(j)] for j in top.reshape(-1)],
+            "n_queries": self.sums["n_queries"][:, None].expand(L, H).reshape(-1).numpy()})
+
+    def layers_frame(self) -> pd.DataFrame:
+        """One row per layer: share of sinking heads, mean attention to position 0, key ratio."""
+        return pd.DataFrame({"layer": list(self.layers), "kind": [self.spec.layers[lay].kind for lay in self.layers],
+                             "sinking_share": self.head_share().numpy(),
+                             "mean_attention": self.mean_attention().mean(1).numpy(),
+                             "query_share": self.query_share().mean(1).numpy(),
+                             "plane_key_ratio": self.plane_key_ratio().numpy()})
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy: one row per (layer, head, band) with the band's sink logit and share, the band's key-norm
+        ratio of the head's KV head, and the head's attention to position 0."""
+        L, H, B = self.sums["x0_sum"].shape
+        G = H // self.sums["k0_band"].shape[1]
+        layer, head, band = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(B), indexing="ij")
+        ratio = self.key_norm_ratio()[:, torch.arange(H) // G]  # [L,H,B]
+        return pd.DataFrame({
+            "layer": layer.ravel(), "head": head.ravel(), "band": [self.band_names[j] for j in band.ravel()],
+            "sink_logit": self.sink_logit().reshape(-1).numpy(),
+            "sink_logit_share": self.sink_logit_share().reshape(-1).numpy(),
+            "key_norm_ratio": ratio.reshape(-1).numpy(),
+            "mean_attention": self.mean_attention()[:, :, None].expand(L, H, B).reshape(-1).numpy(),
+            "query_share": self.query_share()[:, :, None].expand(L, H, B).reshape(-1).numpy(),
+            "sinking": self.sinking()[:, :, None].expand(L, H, B).reshape(-1).numpy()})
+
+    def findings(self) -> list[str]:
+        """Sentences for the report: how many heads sink, where, and which band makes position 0 attractive."""
+        sink = self.sinking()
+        n, total = int(sink.sum()), sink.numel()
+        share = self.head_share()
+        lo, hi = int(share.nan_to_num(2).argmin()), int(share.nan_to_num(-1).argmax())
+        out = [f"{n} of {total} heads ({n / total:.0%}) sink on position 0 (mean attention over queries "
+               f"m ≥ {self.skip_queries} above ε = {self.epsilon:g}); per layer the share runs from {float(share[lo]):.0%} "
+               f"(layer {self.layers[lo]}) to {float(share[hi]):.0%} (layer {self.layers[hi]}); mean attention to "
+               f"position 0 {float(self.mean_attention().nanmean()):.2f}."]
+        if n:
+            x = self.sink_logit()[sink]  # [n, B]
+            mean = x.mean(0)
+            j = int(mean.argmax())
+            out.append(f"In sinking heads the sink logit averages {float(mean.sum()):.2f}; band {self.band_names[j]} "
+                       f"gives {float(mean[j]):.2f} of it ({float(mean[j] / mean.sum()):.0%}), "
+                       + ", ".join(f"{nm} {float(v):.2f}" for nm, v in zip(self.band_names, mean) if nm != self.band_names[j])
+                       + ".")
+        r = self.plane_key_ratio()
+        out.append(f"The key at position 0 has {float(r.nanmedian()):.2f}× the mean per-plane norm of other keys "
+                   f"(median over layers; {float(r.nan_to_num(float('inf')).min()):.2f}× to "
+                   f"{float(r.nan_to_num(float('-inf')).max()):.2f}×).")
+        return out
+
+    # ---------------------------------------------------------------- persistence
+    def merge(self, other: AttentionSinks) -> AttentionSinks:
+        """Exact merge of two partial results (same model, layers, bands, ε and skip_queries)."""
+        if (self.layers, self.band_names, self.epsilon, self.skip_queries) != \
+                (other.layers, other.band_names, other.epsilon, other.skip_queries) or \
+                self.spec.to_dict() != other.spec.to_dict():
+            raise InputError("can only merge attention sinks over the same model, layers, bands, epsilon and skip_queries")
+        return AttentionSinks(self.layers, self.band_names, self.bands, self.spec, self.epsilon, self.skip_queries,
+                              {k: v + other.sums[k] for k, v in self.sums.items()},
+                              self.provenance.merged(other.provenance))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "AttentionSinks", "format": _FORMAT, "layers": list(self.layers),
+                "band_names": list(self.band_names), "bands": self.bands.to_dict(), "spec": self.spec.to_dict(),
+                "epsilon": self.epsilon, "skip_queries": self.skip_queries,
+                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+
+    def save(self, path: str | Path) -> None:
+        """Write JSON atomically."""
+        dump_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionSinks:
+        d = json.loads(Path(path).read_text())
+        if d.get("type") != "AttentionSinks":
+            raise InputError(f"{path} does not hold AttentionSinks (type {d.get('type')!r}): load it with its class")
+        if d.get("format") != _FORMAT:
+            raise InputError(f"{path} has format {d.get('format')!r}; this ropelens reads format {_FORMAT}")
+        return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]), RopeSpec.from_dict(d["spec"]),
+                   float(d["epsilon"]), int(d["skip_queries"]),
+                   {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+                   Provenance.from_dict(d["provenance"]))
+
+    # ---------------------------------------------------------------- figures
+    def figure(self) -> go.Figure:
+        """Layer × head attention to position 0; per layer the share of sinking heads; layer × band sink
+        logit (heads averaged); layer × band key-norm ratio (KV heads averaged)."""
+        titles = ["mean attention to position 0 (layer × head)", f"share of heads that sink (> ε = {self.epsilon:g})",
+                  "sink logit by band, heads averaged", "key norm at position 0 ÷ other positions, by band"]
+        fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.16)
+        H = self.sums["p0_sum"].shape[1]
+        fig.add_trace(go.Heatmap(z=self.mean_attention().numpy(), x=list(range(H)), y=list(self.layers), zmin=0, zmax=1,
+                                 colorscale="Viridis", colorbar={"x": 0.44, "len": 0.4, "y": 0.8},
+                                 hovertemplate="layer %{y} head %{x}<br>attention to 0: %{z:.3f}<extra></extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Bar(x=list(self.layers), y=self.head_share().numpy(), marker_color="#4c78a8",
+                             hovertemplate="layer %{x}<br>%{y:.0%} of heads sink<extra></extra>"), row=1, col=2)
+        x = self.sink_logit().nanmean(1)
+        lim = float(x.abs().nan_to_num(0).max()) or 1.0
+        fig.add_trace(go.Heatmap(z=x.numpy(), x=list(self.band_names), y=list(self.layers), colorscale="RdBu",
+                                 zmid=0, zmin=-lim, zmax=lim, colorbar={"x": 0.44, "len": 0.4, "y": 0.2},
+                                 hovertemplate="layer %{y} · %{x}<br>sink logit %{z:.3f}<extra></extra>"), row=2, col=1)
+        r = self.key_norm_ratio().nanmean(1)
+        fig.add_trace(go.Heatmap(z=r.log2().numpy(), x=list(self.band_names), y=list(self.layers), colorscale="PuOr",
+                                 zmid=0, customdata=r.numpy(), colorbar={"title": "log₂", "len": 0.4, "y": 0.2},
+                                 hovertemplate="layer %{y} · %{x}<br>%{customdata:.2f}×<extra></extra>"), row=2, col=2)
+        for rr, cc in ((1, 1), (2, 1), (2, 2)):
+            fig.update_yaxes(autorange="reversed", title_text="layer", row=rr, col=cc)
+        fig.update_xaxes(title_text="head", row=1, col=1)
+        fig.update_xaxes(title_text="layer", row=1, col=2)
+        fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=2)
+        fig.update_layout(title=f"Attention sinks — {self.provenance.model} ({self.bands.describe()})", height=760,
+                          showlegend=False)
+        return fig
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
+        """The figure as plotly's MIME type, which Jupyter renders offline (no CDN script)."""
+        from ropelens.provenance import plotly_bundle
+
+        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
+
+
+def attention_sinks(
+    model,
+    corpus=None,
+    *,
+    n_ctx: int = 256,
+    max_tokens: int | None = 16_384,
+    layers: Sequence[int] | None = None,
+    bands: Bands | None = None,
+    epsilon: float = EPSILON,
+    skip_queries: int = 4,
+    batch_size: int = 4,
+    tile: int | None = None,
+    progress: bool = True,
+) -> AttentionSinks:
+    """Stream attention to the first position, its band decomposition and the sink key's norms over a
+    corpus (see :class:`SinkReducer`). Windows start with BOS, so position 0 is the BOS token."""
+    from ropelens.spec import model_label, rope_spec
+
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers)
+    bands = bands or Bands.quantiles(4)
+    tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
+    red = SinkReducer(spec, chosen, bands, epsilon=epsilon, skip_queries=skip_queries, tile=tile)
+    t0 = time.perf_counter()
+    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
+                   desc="attention sinks", total=-(-tokens.shape[0] // batch_size))
+    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
+                      n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
+                      config={**red.config(), "batch_size": batch_size}, seconds=time.perf_counter() - t0)
+    return red.result(prov)
