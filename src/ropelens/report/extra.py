@@ -26,10 +26,17 @@ def log_grid(n: int, points: int = POINTS) -> torch.Tensor:
     return torch.unique(torch.cat([torch.arange(1, min(n, points // 4) + 1), grid.clamp(1, n)]))
 
 
+def _shape_words(shape: str) -> str:
+    """A curve shape as the sentence needs it ("decays" → "decaying")."""
+    return {"decays": "decaying", "grows": "growing", "flat": "flat", "U-shaped": "U-shaped", "peaked": "peaked",
+            "oscillating": "oscillating"}.get(shape, shape)
+
+
 def render_geometry(data: ReportData) -> Section:
     """Constant-vector decay, RoFormer's bound and the Gaussian expectation for this model's frequencies."""
     from ropelens.curves import decay_verdict
     from ropelens.decay import roformer_bound, rope_decay_constant, rope_gaussian_expectation
+    from ropelens.distance import describe_curve
 
     spec, n_ctx = data.spec, data.n_ctx
     D = max(min(spec.n_ctx, MAX_DISTANCE), n_ctx)
@@ -44,9 +51,12 @@ def render_geometry(data: ReportData) -> Section:
                                      line={"dash": _DASH[c.kind], "width": 1.4}, name=f"{kind}: {c.name}",
                                      hovertemplate="δ = %{x}<br>%{y:.3f}<extra>" + esc(kind) + "</extra>"))
             v = decay_verdict(c)
-            rows.append({"kind": kind, "curve": c.name, "verdict": v.verdict, "Spearman ρ": v.spearman,
-                         "far ÷ near": v.far_near_ratio, f"value at δ = {n_ctx}": float(c.mean[n_ctx])})
-        at_ctx[kind] = (float(curves[0].mean[n_ctx]), rows[-3]["verdict"], rows[-1]["verdict"])
+            upto = c.distance <= n_ctx  # the shape as it is up to the analysis window (oscillations included)
+            shape = describe_curve(c.mean[upto], c.distance[upto].double())
+            rows.append({"kind": kind, "curve": c.name, "verdict": v.verdict, "shape": shape.shape, "Spearman ρ": v.spearman,
+                         "far ÷ near": v.far_near_ratio, f"value at δ = {n_ctx}": float(c.mean[n_ctx]),
+                         "description": shape.text})
+        at_ctx[kind] = (float(curves[0].mean[n_ctx]), rows[-3]["shape"], rows[-1]["verdict"])
     # On a log axis shapes take data values and annotations log10 values.
     fig.add_shape(type="line", yref="paper", y0=0, y1=1, xref="x", x0=n_ctx, x1=n_ctx, layer="below",
                   line={"dash": "dash", "color": "#7a8294", "width": 1})
@@ -57,8 +67,8 @@ def render_geometry(data: ReportData) -> Section:
     fig.update_layout(title="RoPE \"long-term decay\" for this model's frequencies",
                       legend={"orientation": "h", "y": -0.25, "font": {"size": 11}})
     kinds = list(at_ctx)
-    text = "; ".join(f"{k} layers: constant q = k = 1 logits fall to {at_ctx[k][0]:.2f} of their δ = 0 value by "
-                     f"δ = {n_ctx} ({at_ctx[k][1]})" for k in kinds)
+    text = "; ".join(f"{k} layers: constant q = k = 1 logits are {_shape_words(at_ctx[k][1])} up to δ = {n_ctx}, where "
+                     f"they stand at {at_ctx[k][0]:.2f} of their δ = 0 value" for k in kinds)
     text += f", while for Gaussian q, k the expected logit is 0 at every distance ({at_ctx[kinds[0]][2]})."
     finding = Finding("geometry", "pe-geometry", text[0].upper() + text[1:],
                       {k: {"constant_at_window": round(v[0], 2), "constant": v[1], "gaussian": v[2]}
@@ -67,7 +77,7 @@ def render_geometry(data: ReportData) -> Section:
     body = ("<p class=\"lead\">Barbero et al.: RoPE's decay with distance holds for constant query and key vectors, "
             "not for random ones, whose expected logit is flat. Curves for the frequencies each layer kind applies, "
             f"to δ = {D:,}.</p>" + figure_html(style_figure(fig, height=430))
-            + table_html(frame, text_cols=("kind", "curve", "verdict")))
+            + table_html(frame, text_cols=("kind", "curve", "verdict", "shape", "description")))
     return Section("pe-geometry", "PE geometry", body, tables={"geometry": frame},
                    numbers={"verdicts": frame.to_dict("records")}, findings=[finding])
 

@@ -93,6 +93,12 @@ SECTIONS: list[SectionSpec] = [
     SectionSpec("positional-heads", "Positional heads", "ropelens.report.extra:render_heads", ("ropelens.heads:classify_heads",),
                 "Heads scored by how much of their attention the highest-frequency planes decide (diagonal "
                 "and previous-token heads), with each head's score, its pattern and the planes it uses."),
+    SectionSpec("attention-sinks", "Attention sinks by band", "ropelens.report.beyond:render_sinks",
+                ("ropelens.sinks:attention_sinks",),
+                "Heads that sink on the first position (attention above ε = 0.3) and the bands that make it attractive."),
+    SectionSpec("attention-distance", "Attention by distance", "ropelens.report.beyond:render_distance",
+                ("ropelens.distance:attention_by_distance",),
+                "Mean band logit and attention probability by query–key distance, with U-shapes and their cause."),
     SectionSpec("prope-sweep", "p-RoPE inference sweep", "ropelens.report.variant_sections:render_prope", ("ropelens.evaluate:window_losses", "ropelens.variants:PRoPE"),
                 "Perplexity when only the fraction p of the highest frequencies keeps rotating at inference "
                 "(p = 1 is RoPE, p = 0 NoPE), with the reversed and partial variants."),

@@ -1,0 +1,74 @@
+"""Sections for attention sinks per band and attention by distance per band, measured on a few windows."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ropelens.report.collect import ReportData, evenly_spaced
+from ropelens.report.findings import Finding
+from ropelens.report.html import esc, figure_html, style_figure, table_html
+from ropelens.report.sections import Section
+
+__all__ = ["render_distance", "render_sinks"]
+
+N_WINDOWS = 2  # windows of at most MAX_CTX tokens: both analyses cost a few forward passes each
+MAX_CTX = 512
+
+
+def _windows(data: ReportData):
+    n_ctx = min(data.n_ctx, MAX_CTX if not data.settings.get("quick") else 256)
+    keep = evenly_spaced(data.n_windows, 1 if data.settings.get("quick") else N_WINDOWS)
+    return data.tokens[keep, :n_ctx], n_ctx, len(keep)
+
+
+def render_sinks(data: ReportData) -> Section:
+    """Gu et al.'s sink heads (attention to position 0 above ε), and the bands that make position 0 attractive."""
+    from ropelens.sinks import attention_sinks
+
+    toks, n_ctx, n_win = _windows(data)
+    r = attention_sinks(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False)
+    data.cache["sinks"] = r
+    sentences = r.findings()
+    sinking = r.sinking()
+    values = [{"sinking_heads": int(sinking.sum()), "heads": sinking.numel()}, {}]
+    findings = [Finding(f"sinks-{i}", "attention-sinks", s, v) for i, (s, v) in enumerate(zip(sentences[:2], values))]
+    layers = r.layers_frame()
+    body = (f"<p class=\"lead\">A head sinks when its mean attention to position 0 (the BOS token) exceeds "
+            f"ε = {r.epsilon:g} (Gu et al. 2024). The sink logit (position 0 against the mean of the other keys) splits "
+            f"exactly into bands, which says which planes make position 0 attractive. Measured on {n_win} window(s) of "
+            f"{n_ctx} tokens.</p>" + "".join(f"<p>{esc(s)}</p>" for s in sentences)
+            + figure_html(style_figure(r.figure(), height=460)) + table_html(layers))
+    return Section("attention-sinks", "Attention sinks by band", body, tables={"sinks_heads": r.heads_frame(),
+                   "sinks_layers": layers}, numbers={"sentences": sentences}, findings=findings)
+
+
+def render_distance(data: ReportData) -> Section:
+    """Mean logit per band and attention probability by query–key distance; U-shapes and their cause."""
+    from ropelens.distance import attention_by_distance
+
+    toks, n_ctx, n_win = _windows(data)
+    r = attention_by_distance(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False)
+    shapes = r.shapes()
+    full = shapes[shapes.curve == "logit"]
+    counts = full["shape"].value_counts().to_dict()
+    u = full[full["shape"] == "U-shaped"]
+    text = (f"By query–key distance (up to δ = {n_ctx - 1}, BOS excluded), the head-averaged full logit is "
+            + ", ".join(f"{k} in {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) + f" of {len(full)} layers")
+    if len(u):
+        causes = u["u_cause"].value_counts()
+        text += "; the U-shapes come from band " + ", ".join(f"{c} ({n})" for c, n in causes.items())
+    band_u = shapes[(shapes["shape"] == "U-shaped") & ~shapes.curve.isin(["logit", "prob"])]
+    if len(band_u):
+        text += (f"; alone, bands are U-shaped in {len(band_u)} (layer, band) curves, most often "
+                 f"{band_u.curve.value_counts().index[0]}")
+    text += "."
+    finding = Finding("distance", "attention-distance", text, {"full_logit_shapes": counts, "n_ctx": n_ctx})
+    table = shapes[["layer", "kind", "curve", "shape", "text"]]
+    body = ("<p class=\"lead\">HoPE (Chen et al. 2025): attention decays locally but can turn U-shaped globally "
+            "through its low-frequency components. Mean band logit and attention probability in log-spaced distance "
+            f"bins; each curve is described as it is (decay, flat, U-shaped, peaked, oscillating). Measured on {n_win} "
+            f"window(s) of {n_ctx} tokens.</p><p>{esc(text)}</p>"
+            + figure_html(style_figure(r.figure(), height=480)) + table_html(table, text_cols=("kind", "curve", "shape", "text")))
+    return Section("attention-distance", "Attention by distance", body,
+                   tables={"distance_shapes": pd.DataFrame(shapes)}, numbers={"full_logit_shapes": counts},
+                   findings=[finding])
