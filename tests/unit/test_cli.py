@@ -157,3 +157,27 @@ def test_dtype_option_loads_in_that_dtype(tiny_dir, monkeypatch, capsys):
     assert all(abs(sum(row) - 1) < 1e-3 for row in out["q_energy_share"])
     assert main(["inspect", "--dtype", "int8"]) == 2
     assert "invalid choice: 'int8'" in capsys.readouterr().err
+
+
+def test_sinks_distance_and_decompose_stats_commands(tiny_dir, tmp_path, capsys):
+    """The commands run, print JSON that agrees with the saved results, and refuse bad input."""
+    import json as _json
+
+    from ropelens.decompose import BandStatistics
+    from ropelens.sinks import AttentionSinks
+
+    path = str(tiny_dir("gemma3"))
+    common = ["--n-ctx", "32", "--tokens", "64", "--device", "cpu"]
+    assert main(["sinks", path, *common, "--json", "--save", str(tmp_path / "s.json")]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    saved = AttentionSinks.load(tmp_path / "s.json")
+    assert [r["layer"] for r in out["layers"]] == list(saved.layers)
+    assert main(["distance", path, *common, "--json"]) == 0
+    shapes = _json.loads(capsys.readouterr().out)["shapes"]
+    assert {r["curve"] for r in shapes} >= {"logit", "prob"}
+    assert main(["decompose-stats", path, *common, "--json", "--save", str(tmp_path / "b.json")]) == 0
+    rows = _json.loads(capsys.readouterr().out)["rows"]
+    st = BandStatistics.load(tmp_path / "b.json")
+    assert len(rows) == len(st.layers) * len(st.band_names)
+    assert main(["sinks", path, *common, "--epsilon", "1.5"]) == 2
+    assert "--epsilon must lie in (0, 1)" in capsys.readouterr().err

@@ -1,0 +1,102 @@
+"""``ropelens sinks`` and ``ropelens distance``: attention sinks and attention by distance, per band."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ropelens.cli.common import (
+    add_analysis_args,
+    add_common_options,
+    add_corpus_args,
+    add_model_arg,
+    emit,
+    jsonable_row,
+    load_from_args,
+)
+from ropelens.errors import InputError
+
+__all__ = ["add_distance", "add_sinks"]
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.tokens < args.n_ctx:
+        raise InputError(f"--tokens {args.tokens} is fewer than one window of --n-ctx {args.n_ctx}: raise --tokens or lower --n-ctx")
+    if args.save:
+        from ropelens.report.build import check_output_dir
+
+        check_output_dir(str(Path(args.save).resolve().parent))
+
+
+def add_sinks(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sinks", help="attention sinks per head and the bands that make position 0 attractive",
+        description="Per layer and head: mean attention to position 0 (BOS), whether the head sinks (mean above "
+                    "epsilon, Gu et al. 2024), the band decomposition of the sink logit and the sink key's norm.")
+    add_model_arg(p)
+    add_corpus_args(p, tokens=4_096, n_ctx=256)
+    add_analysis_args(p)
+    p.add_argument("--epsilon", type=float, default=0.3, help="sink threshold on mean attention (default: 0.3)")
+    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (AttentionSinks JSON)")
+    add_common_options(p)
+    p.set_defaults(func=run_sinks)
+
+
+def run_sinks(args: argparse.Namespace) -> int:
+    from ropelens.bands import Bands
+    from ropelens.data import load_corpus
+    from ropelens.sinks import attention_sinks
+
+    _check(args)
+    if not 0 < args.epsilon < 1:
+        raise InputError(f"--epsilon must lie in (0, 1), got {args.epsilon}")
+    bands, corpus = Bands.parse(args.bands), load_corpus(args.corpus)
+    model = load_from_args(args)
+    r = attention_sinks(model, corpus, n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers, bands=bands,
+                        epsilon=args.epsilon, progress=not args.json)
+    if args.save:
+        r.save(args.save)
+    frame = r.layers_frame()
+    if args.json:
+        emit({"findings": r.findings(), "layers": [jsonable_row(x) for x in frame.to_dict("records")]})
+        return 0
+    for s in r.findings():
+        print(s)
+    print(frame.to_string(index=False, float_format="%.3f"))
+    return 0
+
+
+def add_distance(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "distance", help="mean band logit and attention probability by query-key distance (U-shapes, their cause)",
+        description="Per layer: mean logit of each band and of the whole score, and mean attention probability, in "
+                    "log-spaced distance bins; each curve described as it is (decay, flat, U-shaped, peaked, "
+                    "oscillating), and the band that makes a U-shaped logit rise again.")
+    add_model_arg(p)
+    add_corpus_args(p, tokens=4_096, n_ctx=512)
+    add_analysis_args(p)
+    p.add_argument("--keep-bos", action="store_true", help="keep BOS as a key (by default it is left out of the bins)")
+    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (AttentionByDistance JSON)")
+    add_common_options(p)
+    p.set_defaults(func=run_distance)
+
+
+def run_distance(args: argparse.Namespace) -> int:
+    from ropelens.bands import Bands
+    from ropelens.data import load_corpus
+    from ropelens.distance import attention_by_distance
+
+    _check(args)
+    bands, corpus = Bands.parse(args.bands), load_corpus(args.corpus)
+    model = load_from_args(args)
+    r = attention_by_distance(model, corpus, n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
+                              bands=bands, n_sink=0 if args.keep_bos else 1, progress=not args.json)
+    if args.save:
+        r.save(args.save)
+    shapes = r.shapes()
+    if args.json:
+        emit({"shapes": [jsonable_row(x) for x in shapes.to_dict("records")]})
+        return 0
+    full = shapes[shapes.curve == "logit"]
+    print(full[["layer", "kind", "shape", "text"]].to_string(index=False))
+    return 0
