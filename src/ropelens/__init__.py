@@ -1,9 +1,10 @@
 """ropelens: which RoPE frequencies a model uses, and for what."""
 
-from ropelens import context, data, heads, train, variants
+from ropelens import context, data, distributed, heads, train, variants
 from ropelens.bands import Bands
 from ropelens.capture import capture_qk
 from ropelens.decay import rope_decay_by_distance, rope_decay_constant, rope_gaussian_expectation
+from ropelens.distance import AttentionByDistance, attention_by_distance, describe_curve
 from ropelens.decompose import (
     AttentionDecomposition,
     BandStatistics,
@@ -16,6 +17,7 @@ from ropelens.intervene import ablate_planes, apply_rope_variant, with_rope_vari
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
 from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope, RopeSpec
+from ropelens.sinks import AttentionSinks, attention_sinks
 from ropelens.spec import rope_spec
 from ropelens.usage import FrequencyUsage, frequency_usage
 
@@ -24,7 +26,9 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
+    "AttentionByDistance",
     "AttentionDecomposition",
+    "AttentionSinks",
     "BandStatistics",
     "Bands",
     "FrequencyUsage",
@@ -35,6 +39,8 @@ __all__ = [
     "Provenance",
     "RopeSpec",
     "ablate_planes",
+    "attention_by_distance",
+    "attention_sinks",
     "apply_rope_variant",
     "band_statistics",
     "cache_dir",
@@ -42,6 +48,8 @@ __all__ = [
     "context",
     "data",
     "decompose_attention",
+    "describe_curve",
+    "distributed",
     "frequency_usage",
     "heads",
     "learned_pe",
