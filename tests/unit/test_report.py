@@ -300,3 +300,37 @@ def test_cli_bad_input_exits_2(argv, match, tiny_dir, tmp_path, capsys):
     assert captured.out == ""
     assert match in one_error(captured.err)
     assert not (tmp_path / "r" / "index.html").exists()
+
+
+def test_compare_reports(gemma_report, tmp_path):
+    """A report against itself changes nothing; against a copy with planted changes, the difference
+    maps equal B − A computed here from the CSVs, and heads gained/lost are listed."""
+    import shutil
+
+    from ropelens.errors import InputError
+    from ropelens.report.compare import compare_reports
+
+    same = compare_reports(gemma_report, gemma_report, tmp_path / "same")
+    assert pd.read_csv(same / "energy_diff.csv").drop(columns="layer").abs().to_numpy().max() == 0
+    assert len(pd.read_csv(same / "heads_diff.csv")) == 0
+    b = tmp_path / "b"
+    shutil.copytree(gemma_report, b)
+    bs = pd.read_csv(b / "band_stats.csv")
+    bs.loc[(bs.layer == 1) & (bs.band == "Q2"), "margin_share"] += 0.25
+    bs.to_csv(b / "band_stats.csv", index=False)
+    heads = pd.read_csv(b / "heads.csv")
+    flip = heads.index[0]
+    heads.loc[flip, "positional"] = not bool(heads.loc[flip, "positional"])
+    heads.to_csv(b / "heads.csv", index=False)
+    out = compare_reports(gemma_report, b, tmp_path / "cmp")
+    d = pd.read_csv(out / "margin_diff.csv").set_index("layer")
+    assert d.loc[1, "Q2"] == pytest.approx(0.25) and d.drop(index=1).abs().to_numpy().max() == pytest.approx(0)
+    findings = json.loads((out / "compare.json").read_text())["findings"]
+    assert any("layer 1, band Q2: +0.250" in f for f in findings)
+    changed = pd.read_csv(out / "heads_diff.csv")
+    assert len(changed) == 1 and (int(changed["layer"][0]), int(changed["head"][0])) == (
+        int(heads["layer"][flip]), int(heads["head"][flip]))
+    html = (out / "index.html").read_text()
+    assert html.count("Plotly.newPlot(") >= 2
+    with pytest.raises(InputError, match="no report.json"):
+        compare_reports(tmp_path, gemma_report, tmp_path / "x")

@@ -16,7 +16,7 @@ from ropelens.cli.common import (
 )
 from ropelens.report.build import DEFAULT_BAND_TOKENS
 
-__all__ = ["add_report"]
+__all__ = ["add_compare", "add_report"]
 
 
 def add_report(subparsers: argparse._SubParsersAction) -> None:
@@ -64,4 +64,29 @@ def run_report(args: argparse.Namespace) -> int:
     print(f"report: {path / 'index.html'}")
     for i, f in enumerate(report["findings"], start=1):
         print(f"  {i}. {f['text']}")
+    return 0
+
+
+def add_compare(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens compare A B``: two saved reports side by side."""
+    p = subparsers.add_parser(
+        "compare", help="compare two saved reports: difference maps and what changed (B - A)",
+        description="Read two directories written by `ropelens report` (two models, a model and a variant of it, or "
+                    "two corpora) and write OUT/index.html with difference maps of frequency usage and the band "
+                    "decomposition, positional heads gained and lost, sinking heads per layer, and findings.")
+    p.add_argument("a", metavar="A", help="the first report directory")
+    p.add_argument("b", metavar="B", help="the second report directory")
+    p.add_argument("--out", default="ropelens-compare", metavar="DIR", help="output directory (default: ropelens-compare)")
+    p.set_defaults(func=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    import json
+
+    from ropelens.report.compare import compare_reports
+
+    out = compare_reports(args.a, args.b, args.out)
+    for f in json.loads((out / "compare.json").read_text())["findings"]:
+        print(f)
+    print(f"comparison: {out / 'index.html'}")
     return 0

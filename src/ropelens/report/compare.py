@@ -1,0 +1,132 @@
+"""Two saved reports side by side: difference maps of what they measured, and what changed.
+
+``compare_reports(A, B, OUT)`` reads two report directories written by ``ropelens report`` (two
+models with the same layer and band layout, or one model run plainly and under a variant, or on
+two corpora) and writes ``OUT/index.html`` (self-contained), ``OUT/compare.json`` and one CSV per
+difference table. B − A throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from ropelens.errors import InputError
+from ropelens.report.html import esc, figure_html, page, style_figure, table_html
+
+__all__ = ["compare_reports"]
+
+
+def _read(folder: Path) -> dict[str, Any]:
+    report = folder / "report.json"
+    if not report.is_file():
+        raise InputError(f"{folder} holds no report.json: pass two directories written by `ropelens report`")
+    out: dict[str, Any] = {"report": json.loads(report.read_text())}
+    for name in ("energy", "band_stats", "heads", "sinks_layers"):
+        f = folder / f"{name}.csv"
+        out[name] = pd.read_csv(f) if f.is_file() else None
+    if out["energy"] is None or out["band_stats"] is None:
+        raise InputError(f"{folder} lacks energy.csv or band_stats.csv: re-run `ropelens report` with this version")
+    return out
+
+
+def _layer_band(df: pd.DataFrame, value: str, **where: str) -> pd.DataFrame:
+    for k, v in where.items():
+        df = df[df[k] == v]
+    return df.groupby(["layer", "band"], sort=False)[value].mean().unstack("band")
+
+
+def _diff_map(a: pd.DataFrame, b: pd.DataFrame, what: str) -> tuple[pd.DataFrame, go.Figure]:
+    if list(a.index) != list(b.index) or list(a.columns) != list(b.columns):
+        raise InputError(f"the reports' {what} cover different layers or bands ({list(a.index)} × {list(a.columns)} "
+                         f"against {list(b.index)} × {list(b.columns)}): compare reports with the same layers and --bands")
+    d = b - a
+    lim = float(d.abs().to_numpy().max()) or 1.0
+    fig = go.Figure(go.Heatmap(z=d.to_numpy(), x=list(d.columns), y=list(d.index), colorscale="RdBu", zmid=0,
+                               zmin=-lim, zmax=lim, hovertemplate="layer %{y} · %{x}<br>Δ %{z:.3f}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title_text="layer")
+    fig.update_layout(title=f"{what}: B − A (heads averaged)")
+    return d, style_figure(fig, height=420)
+
+
+def _largest(d: pd.DataFrame) -> tuple[int, str, float]:
+    s = d.stack()
+    idx = s.abs().idxmax()
+    return int(idx[0]), str(idx[1]), float(s[idx])
+
+
+def compare_reports(a: str | os.PathLike[str], b: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Write the comparison page of report directories ``a`` and ``b`` into ``out`` (atomically per file)."""
+    A, B = _read(Path(a)), _read(Path(b))
+    name = lambda r: f"{r['report']['model']['name']} on {r['report']['corpus'].get('name')}"  # noqa: E731
+    na, nb = name(A), name(B)
+    sections, tables, findings = [], {}, []
+
+    ea = _layer_band(A["energy"], "energy_share", which="q", scope="no_sink")
+    eb = _layer_band(B["energy"], "energy_share", which="q", scope="no_sink")
+    d, fig = _diff_map(ea, eb, "query energy share")
+    tables["energy_diff"] = d.reset_index()
+    L, band, v = _largest(d)
+    findings.append(f"Query energy moved most in layer {L}, band {band}: {v:+.3f} of the layer's energy (B − A).")
+    sections.append(("Frequency usage", figure_html(fig)))
+
+    ma, mb = _layer_band(A["band_stats"], "margin_share"), _layer_band(B["band_stats"], "margin_share")
+    d, fig = _diff_map(ma, mb, "share of the attended-key margin")
+    tables["margin_diff"] = d.reset_index()
+    L, band, v = _largest(d)
+    findings.append(f"The attended-key margin moved most in layer {L}, band {band}: {v:+.3f} of the margin.")
+    sections.append(("Band decomposition", figure_html(fig)))
+
+    if A["heads"] is not None and B["heads"] is not None:
+        pos = lambda h: {(int(r.layer), int(r.head)): r.kind for r in h[h.positional].itertuples()}  # noqa: E731
+        pa, pb = pos(A["heads"]), pos(B["heads"])
+        rows = [{"layer": k[0], "head": k[1], "change": "gained", "kind": pb[k]} for k in sorted(set(pb) - set(pa))]
+        rows += [{"layer": k[0], "head": k[1], "change": "lost", "kind": pa[k]} for k in sorted(set(pa) - set(pb))]
+        frame = pd.DataFrame(rows, columns=["layer", "head", "change", "kind"])
+        tables["heads_diff"] = frame
+        findings.append(f"Positional heads: {len(pa)} in A, {len(pb)} in B; {len(set(pb) - set(pa))} gained and "
+                        f"{len(set(pa) - set(pb))} lost.")
+        sections.append(("Positional heads", table_html(frame, text_cols=("change", "kind"))))
+
+    if A["sinks_layers"] is not None and B["sinks_layers"] is not None:
+        s = A["sinks_layers"][["layer", "sinking_share"]].merge(B["sinks_layers"][["layer", "sinking_share"]],
+                                                                 on="layer", suffixes=(" A", " B"))
+        s["Δ"] = s["sinking_share B"] - s["sinking_share A"]
+        tables["sinks_diff"] = s
+        top = s.iloc[int(s["Δ"].abs().to_numpy().argmax())]
+        findings.append(f"Sinking heads: {s['sinking_share A'].mean():.2f} of heads per layer in A, "
+                        f"{s['sinking_share B'].mean():.2f} in B; the largest change is layer {int(top.layer)} "
+                        f"({top['Δ']:+.2f}).")
+        fig = go.Figure([go.Bar(x=s.layer, y=s[f"sinking_share {k}"], name=k) for k in ("A", "B")])
+        fig.update_layout(title="share of heads that sink, per layer", barmode="group")
+        sections.append(("Attention sinks", figure_html(style_figure(fig, height=360))))
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body = ("<section id=\"findings\"><h2>What changed</h2><ul>" + "".join(f"<li>{esc(f)}</li>" for f in findings)
+            + "</ul></section>" + "".join(f'<section id="s{i}"><h2>{esc(t)}</h2>{h}</section>'
+                                           for i, (t, h) in enumerate(sections)))
+    html = page(title="ropelens comparison", subtitle=f"A: <b>{esc(na)}</b> · B: <b>{esc(nb)}</b> · B − A",
+                nav=[("findings", "What changed", True), *((f"s{i}", t, True) for i, (t, _) in enumerate(sections))],
+                body=body, footer="ropelens compare", plotly_js=get_plotlyjs())
+    summary = {"a": str(a), "b": str(b), "a_model": na, "b_model": nb, "findings": findings,
+               "tables": [f"{k}.csv" for k in tables]}
+    tmp = Path(tempfile.mkdtemp(prefix=".ropelens-compare-", dir=out_dir))
+    try:
+        for k, frame in tables.items():
+            frame.to_csv(tmp / f"{k}.csv", index=False)
+        (tmp / "compare.json").write_text(json.dumps(summary, indent=1))
+        (tmp / "index.html").write_text(html, encoding="utf-8")
+        for f in [*(f"{k}.csv" for k in tables), "compare.json", "index.html"]:
+            os.replace(tmp / f, out_dir / f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
