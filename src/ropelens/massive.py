@@ -1,0 +1,438 @@
+"""Massive values in queries and keys (Jin et al. 2025), and replacing them.
+
+Jin et al. ("Massive Values in Self-Attention Modules are the Key to Contextual Knowledge
+Understanding") find a few dimensions of the pre-RoPE queries and keys whose values are far larger
+than the rest, concentrated in the low-frequency RoPE planes and absent from values. ropelens
+measures, per layer × head (KV heads for keys) × dimension, the L2 norm of each dimension over the
+tokens of a corpus, and calls a dimension *massive* when that norm exceeds ``factor`` times the mean
+dimension norm of its head (5×, the rule of the public Llama-2-7B replication). Each dimension maps
+to the RoPE plane it belongs to (``LayerRope.plane_dims``; plane 0 is the highest frequency), so a
+result says which planes hold massive values, at what frequency, and in how many layers.
+
+``MassiveReducer`` streams sums and sums of squares per dimension (mergeable exactly);
+``massive_values`` runs it over a corpus. ``replace_massive`` sets the massive dimensions of q and k
+to their corpus mean before RoPE, through the bridge's hooks, and its ``control=True`` form does the
+same to as many randomly chosen non-massive dimensions of each head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Bool, Float, Int
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from ropelens.capture import LayerActs, Moments, batches, stream
+from ropelens.data import analysis_windows
+from ropelens.errors import InputError
+from ropelens.fastpath import intervened
+from ropelens.hooks import attn_hooks
+from ropelens.provenance import Provenance
+from ropelens.rope import RopeSpec
+from ropelens.serialize import dump_json, read_result_json
+from ropelens.validate import check_number
+
+__all__ = ["MassiveReducer", "MassiveValues", "massive_values", "replace_massive"]
+
+Which = Literal["q", "k"]
+_FORMAT = 1
+_WHICH = ("q", "k")
+
+
+def _check_which(which: str) -> str:
+    if which not in _WHICH:
+        raise InputError(f"which must be 'q' (queries) or 'k' (keys), got {which!r}")
+    return which
+
+
+def _check_factor(factor: Any) -> float:
+    return check_number(factor, "factor", above=1,
+                        hint=" (a dimension is massive when its norm exceeds factor × its head's mean; 5 is usual)")
+
+
+def _common_shape(spec: RopeSpec, layers: Sequence[int]) -> tuple[int, int, int]:
+    """(head_dim, n_heads, n_kv_heads) shared by ``layers``, or an InputError naming the mismatch."""
+    first = spec.layers[layers[0]]
+    shape = (first.head_dim, first.n_heads, first.n_kv_heads)
+    for L in layers:
+        lr = spec.layers[L]
+        if (lr.head_dim, lr.n_heads, lr.n_kv_heads, lr.rotary_dim, lr.pairing) != (*shape, first.rotary_dim, first.pairing):
+            raise InputError(
+                f"layer {L} has a different head layout from layer {layers[0]} (head dim, heads, rotary "
+                "dims or pairing): measure those layers separately with layers=[...]"
+            )
+    return shape
+
+
+def _dim_planes(spec: RopeSpec, layer: int) -> Int[Tensor, " d_head"]:
+    """The RoPE plane each head dimension belongs to (−1 for dimensions that are not rotated)."""
+    lr = spec.layers[layer]
+    out = torch.full((lr.head_dim,), -1, dtype=torch.long)
+    dims = lr.plane_dims  # [P, 2]
+    out[dims[:, 0]] = torch.arange(lr.n_planes)
+    out[dims[:, 1]] = torch.arange(lr.n_planes)
+    return out
+
+
+class MassiveReducer:
+    """Streams, per layer × head × dimension of the pre-RoPE q and k, the token count, sum and sum of squares.
+
+    All sums are float64 and exact to merge: the L2 norm of a dimension over tokens is the square
+    root of its sum of squares, the corpus mean its sum over the count.
+    """
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int]) -> None:
+        self.spec, self.layers = spec, list(layers)
+        if not self.layers:
+            raise InputError("no layers selected: pass layer indices the model has")
+        d, h, kv = _common_shape(spec, self.layers)
+        self.needs = frozenset({"q_pre", "k_pre"})
+        self.pos = {L: i for i, L in enumerate(self.layers)}
+        self.moments = {"q": Moments.zeros((len(self.layers), h, d)), "k": Moments.zeros((len(self.layers), kv, d))}
+
+    def update(self, acts: LayerActs) -> None:
+        i = self.pos[acts.layer]
+        valid = acts.valid.to(torch.float64)[:, :, None, None]  # [b, pos, 1, 1]
+        for w in _WHICH:
+            x = acts[f"{w}_pre"].to(torch.float64)  # [b, pos, head, d]
+            mom = self.moments[w]
+            mom.count[i] += (valid.sum() * torch.ones(x.shape[2:], dtype=torch.float64, device=x.device)).cpu()
+            xv = x * valid
+            mom.total[i] += xv.sum((0, 1)).cpu()
+            mom.total_sq[i] += (xv * x).sum((0, 1)).cpu()
+
+    def result(self, provenance: Provenance, factor: float = 5.0) -> MassiveValues:
+        """The streamed sums as :class:`MassiveValues` thresholded at ``factor``."""
+        return MassiveValues(layers=tuple(self.layers), spec=self.spec, moments=self.moments,
+                             factor=_check_factor(factor), provenance=provenance)
+
+
+@dataclass(frozen=True)
+class MassiveValues:
+    """Per-dimension norms of the pre-RoPE queries and keys, and which dimensions are massive.
+
+    ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer, head, dim]`` (keys: KV heads) the
+    token count, the sum and the sum of squares over the corpus. A dimension is massive when its
+    L2 norm over tokens exceeds ``factor`` × the mean of its head's dimension norms.
+    """
+
+    layers: tuple[int, ...]
+    spec: RopeSpec
+    moments: dict[str, Moments]
+    factor: float
+    provenance: Provenance
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise InputError("MassiveValues needs at least one layer")
+        d, h, kv = _common_shape(self.spec, self.layers)
+        want = {"q": (len(self.layers), h, d), "k": (len(self.layers), kv, d)}
+        if set(self.moments) != set(_WHICH):
+            raise InputError(f"moments must hold 'q' and 'k', got {sorted(self.moments)}")
+        for w, mom in self.moments.items():
+            if tuple(mom.total.shape) != want[w]:
+                raise InputError(f"{w} moments have shape {tuple(mom.total.shape)}, expected {want[w]}")
+        object.__setattr__(self, "factor", _check_factor(self.factor))
+
+    # ---------------------------------------------------------------- numbers
+    @property
+    def n_tokens(self) -> int:
+        """Tokens the statistics are over (per layer; the same in every layer of one run)."""
+        return int(self.moments["q"].count[0, 0, 0])
+
+    def norm(self, which: Which = "q") -> Float[Tensor, "layer head d_head"]:
+        """L2 norm of each dimension over all tokens, ‖x_d‖ = (Σ_t x_{t,d}²)^½."""
+        return self.moments[_check_which(which)].total_sq.sqrt()
+
+    def rms(self, which: Which = "q") -> Float[Tensor, "layer head d_head"]:
+        """Root mean square of each dimension over tokens (the norm without its √n growth)."""
+        mom = self.moments[_check_which(which)]
+        return (mom.total_sq / mom.count.clamp_min(1)).sqrt()
+
+    def mean(self, which: Which = "q") -> Float[Tensor, "layer head d_head"]:
+        """Corpus mean of each dimension (what :func:`replace_massive` writes into massive dimensions)."""
+        return self.moments[_check_which(which)].mean
+
+    def ratio(self, which: Which = "q") -> Float[Tensor, "layer head d_head"]:
+        """Each dimension's norm over the mean dimension norm of its head (massive where > factor)."""
+        n = self.norm(which)
+        return n / n.mean(-1, keepdim=True).clamp_min(1e-300)
+
+    def mask(self, which: Which = "q") -> Bool[Tensor, "layer head d_head"]:
+        """Massive dimensions: norm > factor × the head's mean dimension norm."""
+        return self.ratio(which) > self.factor
+
+    def with_factor(self, factor: float) -> MassiveValues:
+        """The same statistics thresholded at another ``factor`` (nothing is re-run)."""
+        return replace(self, factor=_check_factor(factor))
+
+    def dim_planes(self) -> Int[Tensor, " d_head"]:
+        """Plane of each head dimension (0 = highest frequency; −1 for unrotated dimensions)."""
+        return _dim_planes(self.spec, self.layers[0])
+
+    def plane_mask(self, which: Which = "q") -> Bool[Tensor, "layer head plane"]:
+        """Planes holding at least one massive dimension."""
+        m = self.mask(which)
+        dims = self.spec.layers[self.layers[0]].plane_dims  # [P, 2]
+        return m[..., dims[:, 0]] | m[..., dims[:, 1]]
+
+    def persistence(self, which: Which = "q", per_head: bool = False) -> Tensor:
+        """Fraction of the measured layers in which each plane is massive: ``[plane]`` (in any head
+        of the layer) or, with ``per_head``, ``[head, plane]`` (in that head index)."""
+        pm = self.plane_mask(which).double()  # [L, H, P]
+        return pm.mean(0) if per_head else pm.amax(1).mean(0)
+
+    def control_mask(self, which: Which = "q", seed: int = 0) -> Bool[Tensor, "layer head d_head"]:
+        """As many dimensions per layer and head as :meth:`mask` has, drawn at random among the
+        non-massive ones (seeded): the control of :func:`replace_massive`."""
+        m = self.mask(which)
+        out = torch.zeros_like(m)
+        rng = np.random.default_rng([int(seed), _WHICH.index(_check_which(which))])
+        for i in range(m.shape[0]):
+            for h in range(m.shape[1]):
+                n = int(m[i, h].sum())
+                if n:
+                    pool = torch.nonzero(~m[i, h]).flatten().numpy()
+                    out[i, h, torch.from_numpy(rng.choice(pool, size=min(n, len(pool)), replace=False))] = True
+        return out
+
+    def merge(self, other: MassiveValues) -> MassiveValues:
+        """Exact merge of two partial results (same model, layers and factor)."""
+        if not isinstance(other, MassiveValues):
+            raise TypeError(f"can only merge MassiveValues, got {type(other).__name__}")
+        if self.layers != other.layers or self.factor != other.factor:
+            raise InputError("can only merge MassiveValues over the same layers and factor "
+                             "(use .with_factor(f) to align the factors)")
+        if self.spec.to_dict() != other.spec.to_dict():
+            raise InputError("can only merge MassiveValues of the same model (RoPE specs differ)")
+        return replace(self, moments={w: self.moments[w].merge(other.moments[w]) for w in _WHICH},
+                       provenance=self.provenance.merged(other.provenance))
+
+    # ---------------------------------------------------------------- tables
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table: one row per (which, layer, head, dim) with its plane, the plane's frequency and
+        wavelength, the dimension's norm, rms, mean, ratio to the head's mean norm, and massive."""
+        frames = []
+        planes = self.dim_planes()
+        for w in _WHICH:
+            L, H, D = self.moments[w].total.shape
+            layer, head, dim = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(D), indexing="ij")
+            freq = torch.full((L, D), float("nan"), dtype=torch.float64)
+            for i, lay in enumerate(self.layers):
+                inv = self.spec.layers[lay].inv_freq.double()
+                rot = planes >= 0
+                freq[i, rot] = inv[planes[rot]]
+            freq = freq[:, None, :].expand(L, H, D)
+            frames.append(pd.DataFrame({
+                "which": w, "layer": layer.ravel(), "head": head.ravel(), "dim": dim.ravel(),
+                "plane": planes[None, None, :].expand(L, H, D).flatten().numpy(),
+                "inv_freq": freq.flatten().numpy(), "wavelength": (2 * np.pi / freq).flatten().numpy(),
+                "norm": self.norm(w).flatten().numpy(), "rms": self.rms(w).flatten().numpy(),
+                "mean": self.mean(w).flatten().numpy(), "ratio": self.ratio(w).flatten().numpy(),
+                "massive": self.mask(w).flatten().numpy(),
+            }))
+        return pd.concat(frames, ignore_index=True)
+
+    def massive_frame(self) -> pd.DataFrame:
+        """The rows of :meth:`to_frame` that are massive, largest ratio first."""
+        df = self.to_frame()
+        return df[df["massive"]].sort_values("ratio", ascending=False, ignore_index=True)
+
+    def planes_frame(self) -> pd.DataFrame:
+        """One row per (which, plane): wavelength (first measured layer), how many (layer, head) pairs
+        hold a massive dimension there, and the plane's persistence across layers."""
+        rows = []
+        lr = self.spec.layers[self.layers[0]]
+        wl = lr.wavelength.tolist()
+        for w in _WHICH:
+            pm = self.plane_mask(w)
+            pers, pers_head = self.persistence(w), self.persistence(w, per_head=True)
+            for p in range(lr.n_planes):
+                rows.append({"which": w, "plane": p, "inv_freq": float(lr.inv_freq[p]), "wavelength": wl[p],
+                             "n_massive": int(pm[..., p].sum()), "persistence": float(pers[p]),
+                             "max_head_persistence": float(pers_head[:, p].max())})
+        return pd.DataFrame(rows)
+
+    # ---------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "MassiveValues", "format": _FORMAT,
+            "layers": list(self.layers), "factor": self.factor, "spec": self.spec.to_dict(),
+            "moments": {w: self.moments[w].to_dict() for w in _WHICH},
+            "provenance": self.provenance.to_dict(),
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write JSON atomically (a temp file renamed into place); float64 sums round-trip exactly."""
+        dump_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> MassiveValues:
+        d = read_result_json(path, "MassiveValues", _FORMAT)
+        return cls(layers=tuple(d["layers"]), spec=RopeSpec.from_dict(d["spec"]),
+                   moments={w: Moments.from_dict(d["moments"][w]) for w in _WHICH},
+                   factor=d["factor"], provenance=Provenance.from_dict(d["provenance"]))
+
+    # ---------------------------------------------------------------- figures
+    def figure(self) -> go.Figure:
+        """Layer × plane heatmaps of q and k: the largest norm ratio over the plane's dims and the
+        heads (log colour scale); massive planes are marked with a cross."""
+        P = self.spec.layers[self.layers[0]].n_planes
+        dims = self.spec.layers[self.layers[0]].plane_dims
+        wl = self.spec.layers[self.layers[0]].wavelength.tolist()
+        fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
+                            subplot_titles=["queries: layer × plane", "keys: layer × plane"])
+        for col, w in ((1, "q"), (2, "k")):
+            r = self.ratio(w)
+            z = torch.maximum(r[..., dims[:, 0]], r[..., dims[:, 1]]).amax(1)  # [L, P]
+            fig.add_trace(go.Heatmap(
+                z=z.clamp_min(1e-6).log10().numpy(), x=list(range(P)), y=list(self.layers), coloraxis="coloraxis",
+                customdata=np.stack([z.numpy(), np.broadcast_to(np.array(wl), z.shape)], axis=-1),
+                hovertemplate="layer %{y} plane %{x} (λ=%{customdata[1]:.1f} tokens)<br>"
+                              f"max norm ratio %{{customdata[0]:.2f}}<extra>{w}</extra>"), row=1, col=col)
+            li, pi = torch.nonzero(self.plane_mask(w).any(1), as_tuple=True)
+            fig.add_trace(go.Scatter(x=pi.tolist(), y=[self.layers[i] for i in li.tolist()], mode="markers",
+                                     marker={"symbol": "x", "color": "white", "size": 7},
+                                     name=f"massive ({w})", showlegend=False, hoverinfo="skip"), row=1, col=col)
+            fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=col)
+        fig.update_yaxes(title_text="layer", autorange="reversed")
+        fig.update_layout(coloraxis={"colorscale": "Viridis", "colorbar": {"title": "log10 ratio"}},
+                          title=f"Massive values — {self.provenance.model} (× = norm > {self.factor:g}× head mean)",
+                          height=420, margin={"t": 70, "l": 60, "r": 20, "b": 50})
+        return fig
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
+        from ropelens.provenance import plotly_bundle
+
+        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
+
+
+def massive_values(
+    model,
+    corpus=None,
+    *,
+    n_ctx: int = 512,
+    max_tokens: int | None = 32_768,
+    layers: Sequence[int] | None = None,
+    factor: float = 5.0,
+    batch_size: int = 4,
+    progress: bool = True,
+) -> MassiveValues:
+    """Per-dimension norms of the pre-RoPE q and k over a corpus, and the massive dimensions.
+
+    ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name ("english", "python", a path), or
+    a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Streamed: memory does not
+    grow with the corpus.
+    """
+    from ropelens.spec import model_label, rope_spec
+
+    factor = _check_factor(factor)
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers)
+    tokens, corpus_name, corpus_sha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
+    red = MassiveReducer(spec, chosen)
+    t0 = time.perf_counter()
+    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
+                   desc="massive values", total=-(-tokens.shape[0] // batch_size))
+    prov = Provenance(
+        model=model_label(model), corpus=corpus_name, corpus_sha256=corpus_sha, n_tokens=n_tok,
+        n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
+        config={"layers": chosen, "batch_size": batch_size, "factor": factor, "source": "pre"},
+        seconds=time.perf_counter() - t0,
+    )
+    return red.result(prov, factor)
+
+
+# --------------------------------------------------------------------------------------------
+# the intervention
+# --------------------------------------------------------------------------------------------
+def _replace_hook(x: Tensor, *, hook: Any, mask: Tensor, value: Tensor, heads_first: bool) -> Tensor:  # noqa: ARG001
+    """Write ``value`` into the masked (head, dim) entries of a pre-RoPE q or k at every position."""
+    flat = x.ndim == 3
+    y = x.unflatten(-1, (mask.shape[0], mask.shape[1])) if flat else x
+    m, v = mask.to(y.device), value.to(y.device, y.dtype)
+    if heads_first:  # [b, head, pos, d]
+        m, v = m[:, None], v[:, None]
+    out = torch.where(m, v, y)
+    return out.flatten(-2) if flat else out
+
+
+def _add_permanent_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
+    """A TransformerLens hook that survives ``reset_hooks()``, run before user hooks; returns its remover."""
+    handle = hook_point.add_hook(fn, is_permanent=True, prepend=True)
+
+    def remove() -> None:
+        handle.hook.remove()
+        hook_point.fwd_hooks = [h for h in hook_point.fwd_hooks if h is not handle]
+
+    return remove
+
+
+@contextlib.contextmanager
+def replace_massive(
+    model,
+    mv: MassiveValues,
+    layers: Sequence[int] | None = None,
+    *,
+    which: Sequence[str] = ("q", "k"),
+    control: bool = False,
+    seed: int = 0,
+) -> Iterator[dict[int, dict[str, Bool[Tensor, "head d_head"]]]]:
+    """Replace the massive dimensions of the pre-RoPE q and k with their corpus mean, in ``layers``
+    (default: every layer ``mv`` measured).
+
+    Works through the bridge's pre-RoPE hooks (``hook_q``/``hook_k``, Gemma's ``hook_q_normed``/
+    ``hook_k_normed``), so every forward inside the block, cached decoding included, sees the
+    replacement; the fast q/k path is skipped while it lasts. ``control=True`` replaces as many
+    randomly chosen non-massive dimensions per head instead (:meth:`MassiveValues.control_mask`,
+    seeded). Yields ``{layer: {"q": mask, "k": mask}}``, the ``[head, d_head]`` entries replaced.
+    Leaving the block, also on an exception, removes the hooks: the model is exactly as before.
+    """
+    from ropelens.spec import rope_spec
+
+    if not isinstance(mv, MassiveValues):
+        raise TypeError(f"expected MassiveValues from ropelens.massive.massive_values, got {type(mv).__name__}")
+    parts = tuple(_check_which(w) for w in ([which] if isinstance(which, str) else which))
+    if not parts:
+        raise InputError("which is empty: pass 'q', 'k' or both")
+    spec = rope_spec(model)
+    chosen = list(mv.layers) if layers is None else spec.layer_indices(layers)
+    missing = [L for L in chosen if L not in mv.layers]
+    if missing:
+        raise InputError(f"layers {missing} were not measured; these MassiveValues cover layers {list(mv.layers)}: "
+                         "measure them with massive_values(model, layers=[...])")
+    for L in chosen:
+        if spec.layers[L].to_dict() != mv.spec.layers[L].to_dict():
+            raise InputError(f"layer {L} of this model rotates differently from the model these MassiveValues "
+                             "were measured on: measure this model with massive_values(model)")
+    masks = {w: (mv.control_mask(w, seed) if control else mv.mask(w)) for w in parts}
+    used: dict[int, dict[str, Tensor]] = {}
+    removers: list[Callable[[], None]] = []
+    try:
+        for L in chosen:
+            i, names = mv.layers.index(L), attn_hooks(model, L)
+            used[L] = {}
+            for w in parts:
+                mask = masks[w][i]
+                used[L][w] = mask.clone()
+                if not bool(mask.any()):
+                    continue
+                value = mv.mean(w)[i].float()
+                fn = functools.partial(_replace_hook, mask=mask, value=value, heads_first=names.pre_heads_first)
+                removers.append(_add_permanent_hook(model.hook_dict[names.pre(w)], fn))
+        with intervened(model):  # the fast q/k path would bypass these hooks
+            yield used
+    finally:
+        for remove in removers:
+            remove()
