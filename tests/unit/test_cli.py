@@ -181,3 +181,25 @@ def test_sinks_distance_and_decompose_stats_commands(tiny_dir, tmp_path, capsys)
     assert len(rows) == len(st.layers) * len(st.band_names)
     assert main(["sinks", path, *common, "--epsilon", "1.5"]) == 2
     assert "--epsilon must lie in (0, 1)" in capsys.readouterr().err
+
+
+def test_massive_and_passkey_commands(tiny_dir, tmp_path, capsys):
+    import json as _json
+
+    from ropelens.massive import MassiveValues
+    from ropelens.passkey import PasskeyResult
+
+    path = str(tiny_dir("llama-gqa"))
+    assert main(["massive", path, "--n-ctx", "32", "--tokens", "64", "--factor", "1.5", "--json",
+                 "--save", str(tmp_path / "m.json")]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    mv = MassiveValues.load(tmp_path / "m.json")
+    assert mv.factor == 1.5 and sum(r["n_massive"] for r in out["planes"]) == int(mv.plane_mask("q").sum()
+                                                                                    + mv.plane_mask("k").sum())
+    assert main(["passkey", path, "--lengths", "300", "--depths", "0.5", "--trials", "1", "--variant", "ntk:2",
+                 "--json", "--save", str(tmp_path / "p.json")]) == 0
+    cells = _json.loads(capsys.readouterr().out)["cells"]
+    assert len(cells) == 1 and PasskeyResult.load(tmp_path / "p.json").variant["variant"] == "NTK"
+    assert main(["passkey", path, "--lengths", "a,b"]) == 2
+    assert "--lengths must be a comma-separated list" in capsys.readouterr().err
+    assert main(["massive", path, "--factor", "0.5"]) == 2

@@ -12,11 +12,12 @@ from ropelens.cli.common import (
     add_model_arg,
     emit,
     jsonable_row,
+    layer_list,
     load_from_args,
 )
 from ropelens.errors import InputError
 
-__all__ = ["add_distance", "add_sinks"]
+__all__ = ["add_distance", "add_massive", "add_sinks"]
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -99,4 +100,41 @@ def run_distance(args: argparse.Namespace) -> int:
         return 0
     full = shapes[shapes.curve == "logit"]
     print(full[["layer", "kind", "shape", "text"]].to_string(index=False))
+    return 0
+
+
+def add_massive(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "massive", help="massive dimensions of pre-RoPE queries and keys, the planes they sit in",
+        description="Per layer, head and dimension: the L2 norm over tokens of the pre-RoPE q and k; a dimension is "
+                    "massive when it exceeds FACTOR x its head's mean dimension norm (Jin et al. 2025). Prints the "
+                    "planes holding massive dimensions, their wavelength and persistence across layers.")
+    add_model_arg(p)
+    add_corpus_args(p, tokens=8_192, n_ctx=512)
+    p.add_argument("--layers", type=layer_list, default=None, metavar="0,5,11", help="layer indices (default: all)")
+    p.add_argument("--factor", type=float, default=5.0, help="massive threshold over the head's mean (default: 5)")
+    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (MassiveValues JSON)")
+    add_common_options(p)
+    p.set_defaults(func=run_massive)
+
+
+def run_massive(args: argparse.Namespace) -> int:
+    from ropelens.data import load_corpus
+    from ropelens.massive import massive_values
+
+    _check(args)
+    if not args.factor > 1:
+        raise InputError(f"--factor must exceed 1 (a multiple of the head's mean dimension norm), got {args.factor}")
+    model = load_from_args(args)
+    r = massive_values(model, load_corpus(args.corpus), n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
+                       factor=args.factor, progress=not args.json)
+    if args.save:
+        r.save(args.save)
+    planes = r.planes_frame()
+    planes = planes[planes.n_massive > 0]
+    if args.json:
+        emit({"planes": [jsonable_row(x) for x in planes.to_dict("records")],
+              "massive": [jsonable_row(x) for x in r.massive_frame().head(50).to_dict("records")]})
+        return 0
+    print(planes.to_string(index=False, float_format="%.3f") if len(planes) else "no massive dimension")
     return 0

@@ -8,13 +8,13 @@ import json
 import math
 
 from ropelens import variants as V
-from ropelens.cli.common import add_common_options, jsonable_row, load_from_args
+from ropelens.cli.common import add_common_options, emit, jsonable_row, load_from_args
 from ropelens.errors import InputError
 from ropelens.intervene import apply_rope_variant
 from ropelens.models import DEFAULT_MODEL
 from ropelens.spec import rope_spec
 
-__all__ = ["add_context", "add_truncate", "add_variants", "parse_variant"]
+__all__ = ["add_context", "add_truncate", "add_variants", "parse_variant", "add_passkey"]
 
 _SPECS = {
     "default": (V.Default, ()),
@@ -172,4 +172,52 @@ def run_context(args: argparse.Namespace) -> int:
         c, sc = v.counts(), v.scale
         print(f"{n:10s} {c['kept']:5d} {c['interpolated']:6d} {c['extrapolated']:6d} {float(sc.min()):9.4g} "
               f"{float(sc.max()):9.4g} {v.attention_scaling:6.4g}")
+    return 0
+
+
+def add_passkey(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens passkey [MODEL]``: passkey retrieval accuracy by length and depth, optionally under a variant."""
+    p = subparsers.add_parser(
+        "passkey", help="passkey retrieval accuracy over lengths x depths (optionally under a RoPE variant)",
+        description="Hide a random 5-digit passkey in filler text at each depth, ask it back at the end, decode "
+                    "greedily and score the first number (the YaRN/LongRoPE harness); seeded.")
+    p.add_argument("model", nargs="?", default=None, help="embedded name, path or hub name")
+    p.add_argument("--lengths", default="1024", metavar="N,N,...", help="prompt lengths in tokens (default: 1024)")
+    p.add_argument("--depths", default="0.1,0.5,0.9", metavar="F,F,...", help="passkey depths (default: 0.1,0.5,0.9)")
+    p.add_argument("--trials", type=int, default=3, help="passkeys per (length, depth) (default: 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", default=None, metavar="SPEC", help=SPEC_HELP)
+    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (PasskeyResult JSON)")
+    add_common_options(p)
+    p.set_defaults(func=run_passkey)
+
+
+def _numbers(text: str, kind, what: str) -> list:
+    try:
+        out = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise InputError(f"{what} must be a comma-separated list of numbers, got {text!r}") from e
+    if not out:
+        raise InputError(f"{what} is empty")
+    return out
+
+
+def run_passkey(args: argparse.Namespace) -> int:
+    from ropelens.passkey import passkey_retrieval
+
+    lengths, depths = _numbers(args.lengths, int, "--lengths"), _numbers(args.depths, float, "--depths")
+    if args.trials < 1:
+        raise InputError(f"--trials must be ≥ 1, got {args.trials}")
+    variant = parse_variant(args.variant) if args.variant else None
+    model = load_from_args(args)
+    r = passkey_retrieval(model, lengths, depths, n_trials=args.trials, seed=args.seed, variant=variant,
+                          progress=not args.json)
+    if args.save:
+        r.save(args.save)
+    frame = r.to_frame()
+    if args.json:
+        emit({"mean_accuracy": r.mean_accuracy(), "cells": [jsonable_row(x) for x in frame.to_dict("records")]})
+        return 0
+    print(frame.to_string(index=False, float_format="%.3f"))
+    print(f"mean accuracy {r.mean_accuracy():.3f}")
     return 0
