@@ -576,14 +576,13 @@ def critical_base(train_ctx: int, tune_ctx: int, base: float = 10000.0) -> float
     The paper writes 10000 for ``base``: LLaMA 2's pre-training base, which fixed its critical
     dimension d_extra/d ≈ log_10000(T_train/2π). The formula solves T_tune = 2π·β₀^(d_extra/d) for β₀
     with that (unrounded) critical dimension, so for a model pre-trained with another base the 10000
-    becomes that base, which is what ``base`` is. Tuning at ``tune_ctx`` with a base ≥ β₀ gives an
-    extrapolation limit :func:`extrapolation_limit` ≥ ``tune_ctx`` (decided by the base); below β₀
-    the limit is ``tune_ctx`` itself. ``tune_ctx`` = ``train_ctx`` gives ``base`` back.
+    becomes that base, which is what ``base`` is. In the paper's extended scaling law, tuning at
+    ``tune_ctx`` with a base ≥ β₀ gives the extrapolation limit :func:`extrapolation_limit` (≥
+    ``tune_ctx``: the critical dimension rounds up), set by the base; below β₀ the limit is
+    ``tune_ctx``. ``tune_ctx`` = ``train_ctx`` gives ``base`` back.
     """
     b = _check_base(base)
     a, t = _ctx_over_2pi(train_ctx, "train_ctx"), _ctx_over_2pi(tune_ctx, "tune_ctx")
-    if a == 1.0:  # pragma: no cover - 2π is not an integer
-        raise InputError("train_ctx must differ from 2π")
     return b ** (math.log(t) / math.log(a))
 
 
@@ -591,9 +590,9 @@ def extrapolation_limit(base: float, rotary_dim: int, train_ctx: int, *, train_b
     """Liu et al.'s extrapolation limit T_extra = 2π·β^(d_extra/d), in tokens.
 
     d_extra is :func:`critical_dimension` of the *pre-training* base ``train_base`` (default
-    ``base``: the model as trained) at ``train_ctx``: the planes past it never completed a turn in
-    pre-training, and a model tuned with base β = ``base`` holds up until the first of them reaches
-    the angle it saw at T_train, i.e. T_extra is the wavelength of plane d_extra/2. When every plane
+    ``base``: the model as trained) at ``train_ctx``. The planes past it never completed a turn in
+    pre-training; T_extra is the wavelength, at base β = ``base``, of the first of them (plane
+    d_extra/2), beyond which that plane meets angles training did not cover. When every plane
     completes a turn (d_extra = d) nothing limits it and the result is ``inf``.
     """
     b = _check_base(base)

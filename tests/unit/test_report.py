@@ -64,7 +64,7 @@ def test_every_section_present(page, report):
         assert f'<section id="{anchor}">' in page
     available = {s["key"]: s["available"] for s in report["sections"]}
     assert available == {"spec": True, "usage": True, "bands": True, "positional-heads": True,
-                         "attention-sinks": True, "attention-distance": True,
+                         "attention-sinks": True, "attention-distance": True, "massive-values": True,
                          "prope-sweep": True, "pe-geometry": True, "context-extension": True}
     for key, ok in available.items():
         body = page.split(f'<section id="{key}">')[1].split("</section>")[0]
@@ -89,7 +89,7 @@ def flat_numbers(values) -> list:
 
 def test_findings_quote_their_numbers(report, page):
     keys = [f["key"] for f in report["findings"]]
-    assert keys == ["energy", "sink", "margin", "top1", "tightness", "heads", "sinks-0", "sinks-1", "distance", "prope",
+    assert keys == ["energy", "sink", "margin", "top1", "tightness", "heads", "sinks-0", "sinks-1", "distance", "massive", "prope",
                     "geometry", "context"]
     for f in report["findings"]:
         for x in flat_numbers(f["values"]):
@@ -123,7 +123,7 @@ def test_csvs_are_tidy(gemma_report, report, tiny):
     L, P, H, KV = spec.n_layers, spec.layers[0].n_planes, spec.layers[0].n_heads, spec.layers[0].n_kv_heads
     names = [t for s in report["sections"] for t in s["tables"]]
     assert sorted(names) == sorted(["spec.csv", "usage.csv", "energy.csv", "band_stats.csv", "tightness.csv",
-                                    "heads.csv", "sinks_heads.csv", "sinks_layers.csv", "distance_shapes.csv",
+                                    "heads.csv", "sinks_heads.csv", "sinks_layers.csv", "distance_shapes.csv", "massive_planes.csv",
                                     "geometry.csv", "prope_sweep.csv", "context_extension.csv"])
     sinks = csv(gemma_report, "sinks_layers")
     assert len(sinks) == L and sinks["layer"].tolist() == list(range(L))

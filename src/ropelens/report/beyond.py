@@ -1,4 +1,4 @@
-"""Sections for attention sinks per band and attention by distance per band, measured on a few windows."""
+"""Sections for attention sinks, attention by distance and massive values, measured on a few windows."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, style_figure, table_html
 from ropelens.report.sections import Section
 
-__all__ = ["render_distance", "render_sinks"]
+__all__ = ["render_distance", "render_massive", "render_sinks"]
 
 N_WINDOWS = 2  # windows of at most MAX_CTX tokens: both analyses cost a few forward passes each
 MAX_CTX = 512
@@ -72,3 +72,36 @@ def render_distance(data: ReportData) -> Section:
     return Section("attention-distance", "Attention by distance", body,
                    tables={"distance_shapes": pd.DataFrame(shapes)}, numbers={"full_logit_shapes": counts},
                    findings=[finding])
+
+
+def render_massive(data: ReportData) -> Section:
+    """Jin et al.'s massive dimensions of pre-RoPE q and k: where they sit in frequency, how they persist."""
+    from ropelens.massive import massive_values
+
+    toks, n_ctx, n_win = _windows(data)
+    mv = massive_values(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False)
+    planes = mv.planes_frame()
+    hit = planes[planes.n_massive > 0]
+    ctx = data.spec.n_ctx
+    parts = []
+    for w in ("q", "k"):
+        m = mv.mask(w)
+        n, total = int(m.sum()), m.numel()
+        rows = hit[hit.which == w]
+        beyond = int(rows[rows.wavelength > ctx].n_massive.sum())
+        top = rows.sort_values("persistence", ascending=False).head(1)
+        tail = (f", most persistent plane {int(top.plane.iloc[0])} (wavelength {top.wavelength.iloc[0]:,.0f} tokens, "
+                f"massive in {top.persistence.iloc[0]:.0%} of layers)") if len(top) else ""
+        parts.append(f"{w}: {n} of {total} dimensions massive, {beyond} of them in planes whose wavelength exceeds "
+                     f"the trained context of {ctx:,}{tail}")
+    text = (f"Massive dimensions (L2 norm over tokens above {mv.factor:.2f}× the head's mean dimension norm) — "
+            + "; ".join(parts) + ".")
+    finding = Finding("massive", "massive-values", text,
+                      {"factor": mv.factor, "n_massive_q": int(mv.mask("q").sum()), "n_massive_k": int(mv.mask("k").sum())})
+    body = ("<p class=\"lead\">Jin et al. 2025: a few dimensions of the queries and keys carry far larger norms than "
+            "the rest, concentrated in low-frequency planes, and contextual knowledge depends on them. Measured before "
+            f"RoPE on {n_win} window(s) of {n_ctx} tokens. Replace them with their mean "
+            "(<code>ropelens.massive.replace_massive</code>) to test what they do.</p>"
+            f"<p>{esc(text)}</p>" + figure_html(style_figure(mv.figure(), height=460)) + table_html(hit, text_cols=("which",)))
+    return Section("massive-values", "Massive values", body, tables={"massive_planes": planes},
+                   numbers=finding.values, findings=[finding])

@@ -99,6 +99,9 @@ SECTIONS: list[SectionSpec] = [
     SectionSpec("attention-distance", "Attention by distance", "ropelens.report.beyond:render_distance",
                 ("ropelens.distance:attention_by_distance",),
                 "Mean band logit and attention probability by query–key distance, with U-shapes and their cause."),
+    SectionSpec("massive-values", "Massive values", "ropelens.report.beyond:render_massive",
+                ("ropelens.massive:massive_values",),
+                "Dimensions of the pre-RoPE queries and keys with outsized norms, and the planes they sit in."),
     SectionSpec("prope-sweep", "p-RoPE inference sweep", "ropelens.report.variant_sections:render_prope", ("ropelens.evaluate:window_losses", "ropelens.variants:PRoPE"),
                 "Perplexity when only the fraction p of the highest frequencies keeps rotating at inference "
                 "(p = 1 is RoPE, p = 0 NoPE), with the reversed and partial variants."),

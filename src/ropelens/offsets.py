@@ -1,0 +1,460 @@
+"""Partial-cycle planes, rotary outliers and rotary offset features (Jonasson 2025, "Rotary Outliers
+and Rotary Offset Features in Large Language Models").
+
+A plane i with θ_i·L_train < 2π never completes a turn within the training context: the relative
+rotation (n − m)·θ_i of a query at m and a key at n ≤ m stays inside one arc, so the model can give
+the plane a fixed query–key angle (an *offset*) and rely on it at every distance it was trained
+on. Jonasson finds the outlier features of queries and keys in those planes, bounds the q–k angle
+they allow, and shows how such an offset makes an attention sink. :class:`OffsetReducer` measures, per layer × head × plane:
+
+- **outlier magnitude**: the mean plane norm ‖q^(i)‖ and ‖k^(i)‖ over tokens (keys per KV head;
+  query head h reads KV head h // group), and its ratio to the median over the head's other planes;
+- **offset angle at the attended key**: the attended key is the argmax of the model's own scores
+  (post-RoPE q·k × score scale, the layer's mask and soft-capping, rebuilt in query tiles), and
+  the angle from q^(i) to k^(i) there, Δ_i = arg k^(i) − arg q^(i), is summarised by circular
+  statistics: the mean resultant vector of the unit vectors (cos Δ_i, sin Δ_i), whose direction is
+  the mean angle and whose length R ∈ [0, 1] is 1 when every query meets its key at one angle.
+  Post-RoPE Δ is what the score sees; pre-RoPE Δ (the content angle, Δ_post = Δ_pre + (n − m)·θ_i)
+  is what the projections write. Each is kept separately for queries whose attended key is a sink
+  position (the first ``n_sink``) and for the rest, which separates sink-makers (a constant offset
+  aimed at the sink) from content channels (angles that vary with the text).
+
+A sliding-window layer never sees a relative distance past its window, so its L_train is the
+window where that is shorter than the context (as in :func:`ropelens.context.base_predictions`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Bool, Float
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from ropelens.capture import LayerActs, Moments, batches, stream
+from ropelens.data import analysis_windows
+from ropelens.errors import InputError
+from ropelens.provenance import Provenance
+from ropelens.rope import LayerRope, RopeSpec
+from ropelens.serialize import dump_json, read_result_json
+
+__all__ = ["OffsetReducer", "RotaryOffsets", "layer_train_ctx", "partial_cycle_planes", "rotary_offsets"]
+
+Source = Literal["post", "pre"]
+Scope = Literal["all", "sink", "content"]
+SCOPES = ("sink", "content")  # stored; "all" is their sum
+SOURCES = ("post", "pre")
+_FORMAT = 1
+TILE_ELEMENTS = 1 << 24  # scores per query tile: [batch, heads, tile, keys] floats
+
+
+def layer_train_ctx(rope: LayerRope, train_ctx: int) -> int:
+    """The longest relative distance the layer met in training: ``train_ctx``, capped at its window."""
+    return min(int(train_ctx), rope.window) if rope.window else int(train_ctx)
+
+
+def _train_ctx(spec: RopeSpec, train_ctx: int | None) -> int:
+    t = spec.n_ctx if train_ctx is None else train_ctx
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t <= 0:
+        raise InputError(f"train_ctx must be a positive int (the trained context length in tokens), got {t!r}")
+    return int(t)
+
+
+def partial_cycle_planes(spec: RopeSpec, layers: Sequence[int] | None = None, *,
+                         train_ctx: int | None = None) -> Bool[Tensor, "layer plane"]:
+    """``[layer, plane]``: True where θ_i·L_train < 2π (the plane never completes a turn in training).
+
+    L_train is ``train_ctx`` (default the spec's context length), capped at a sliding window.
+    Unrotated planes (θ = 0) count as partial: they never turn at all.
+    """
+    chosen = spec.layer_indices(layers)
+    t = _train_ctx(spec, train_ctx)
+    P = {spec.layers[L].n_planes for L in chosen}
+    if len(P) != 1:
+        raise InputError(f"selected layers have different plane counts {sorted(P)}; select layers of one kind")
+    rows = [spec.layers[L].inv_freq.double() * layer_train_ctx(spec.layers[L], t) < 2 * math.pi for L in chosen]
+    return torch.stack(rows)
+
+
+def _median_of_others(x: Float[Tensor, "... plane"]) -> Float[Tensor, "... plane"]:
+    """For each plane, the median of the other planes' values (the lower median for an even count)."""
+    P = x.shape[-1]
+    if P < 2:
+        return torch.full_like(x, math.nan)
+    out = torch.empty_like(x)
+    for i in range(P):
+        others = torch.cat([x[..., :i], x[..., i + 1 :]], dim=-1)
+        out[..., i] = others.median(dim=-1).values
+    return out
+
+
+class OffsetReducer:
+    """Streams plane norms of q and k and, at each query's attended key, the q–k angle per plane.
+
+    Needs post-RoPE queries and keys (the scores and the post-RoPE angles) and, with ``pre``, the
+    pre-RoPE ones (the content angles); all come from the fast q/k path. Queries at positions below
+    ``n_sink`` (BOS: it can only attend to itself) and padding are left out of every statistic;
+    norms are over the same tokens. Sums are float64 on the CPU; scores are rebuilt in query tiles
+    of at most ``TILE_ELEMENTS`` entries, so nothing of size ``[heads, n, n]`` is held for long n.
+    """
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, n_sink: int = 1, pre: bool = True,
+                 tile: int | None = None) -> None:
+        if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
+            raise InputError(f"n_sink must be an int ≥ 0 (leading sink positions, 1 = BOS), got {n_sink!r}")
+        if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
+            raise InputError(f"tile must be a positive number of queries or None for automatic, got {tile!r}")
+        self.spec, self.layers, self.n_sink, self.pre, self.tile = spec, list(layers), n_sink, pre, tile
+        if not self.layers:
+            raise InputError("no layers selected: pass layer indices the model has")
+        lr = spec.layers[self.layers[0]]
+        shapes = {(spec.layers[L].n_heads, spec.layers[L].n_kv_heads, spec.layers[L].n_planes) for L in self.layers}
+        if len(shapes) != 1:
+            raise InputError(f"selected layers differ in heads or planes {sorted(shapes)}; select layers of one kind")
+        self.needs = frozenset({"q_post", "k_post"} | ({"q_pre", "k_pre"} if pre else set()))
+        L, H, KV, P = len(self.layers), lr.n_heads, lr.n_kv_heads, lr.n_planes
+        self.pos = {layer: i for i, layer in enumerate(self.layers)}
+        self.q, self.k = Moments.zeros((L, H, P)), Moments.zeros((L, KV, P))
+        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
+        self.sums: dict[str, Tensor] = {f"n/{sc}": z(L, H) for sc in SCOPES}
+        for sc in SCOPES:
+            self.sums[f"term/{sc}"] = z(L, H, P)
+            for src in SOURCES if pre else ("post",):
+                for stat in ("count", "cos", "sin"):
+                    self.sums[f"{src}/{sc}/{stat}"] = z(L, H, P)
+
+    @torch.no_grad()
+    def update(self, acts: LayerActs) -> None:
+        i, rope = self.pos[acts.layer], acts.rope
+        q_post, k_post = acts["q_post"].float(), acts["k_post"].float()
+        b, n, H, d = q_post.shape
+        dev = q_post.device
+        pos = torch.arange(n, device=dev)
+        valid = acts.valid.to(dev)
+        keep = (valid & (pos >= self.n_sink)[None]).float()  # [b, n] tokens that count
+        # per-window sums in float32 (≤ n_ctx terms), accumulated across windows in float64
+        win = lambda x: x.double().sum(0).cpu()  # noqa: E731
+        for mom, x in ((self.q, q_post), (self.k, k_post)):
+            norms = rope.plane_norms(x) / rope.attention_scaling  # cos/sin carry the scaling
+            mom.count[i] += float(keep.sum())
+            mom.total[i] += win(torch.einsum("bnhp,bn->bhp", norms, keep))
+            mom.total_sq[i] += win(torch.einsum("bnhp,bn->bhp", norms * norms, keep))
+        att = self.attended(rope, q_post, k_post, valid)  # [b, n, H]
+        sink = att < self.n_sink
+        w = torch.stack([sink, ~sink], -1).float() * keep[..., None, None]  # [b, n, H, scope]
+        for j, sc in enumerate(SCOPES):
+            self.sums[f"n/{sc}"][i] += win(w[..., j].sum(1))
+        sources = {"post": (q_post, k_post)}
+        if self.pre:
+            sources["pre"] = (acts["q_pre"].float(), acts["k_pre"].float())
+        for src, (q, k) in sources.items():
+            stats = self._angles(rope, q, k, att, w, term=src == "post")
+            for stat, t in stats.items():
+                for j, sc in enumerate(SCOPES):
+                    key = f"term/{sc}" if stat == "term" else f"{src}/{sc}/{stat}"
+                    self.sums[key][i] += win(t[:, j])
+
+    @staticmethod
+    def _angles(rope: LayerRope, q: Tensor, k: Tensor, att: Tensor, w: Tensor, term: bool = False) -> dict[str, Tensor]:
+        """Per window and scope, ``[b, scope, head, plane]``: the count and summed cos and sin of the
+        q→k angle per plane at the attended keys (weights ``w`` ``[b, n, head, scope]``) and, with
+        ``term``, the summed plane logit there."""
+        b, n, H, d = q.shape
+        kv = (torch.arange(H, device=q.device) // rope.group_size)[None, None].expand(b, n, H)
+        ka = k[torch.arange(b, device=q.device)[:, None, None], att, kv]  # [b, n, H, d]: attended key per head
+        qp, kp = rope.split(q), rope.split(ka)  # [b, n, H, P, 2]
+        dot = (qp * kp).sum(-1)
+        cross = qp[..., 0] * kp[..., 1] - qp[..., 1] * kp[..., 0]
+        norm = rope.plane_norms(q) * rope.plane_norms(ka)
+        ok = (norm > 0).float()
+        inv = ok / norm.clamp_min(torch.finfo(torch.float32).tiny)
+        red = lambda x: torch.einsum("bnhp,bnhs->bshp", x, w)  # noqa: E731
+        out = {"count": red(ok), "cos": red(dot * inv), "sin": red(cross * inv)}
+        if term:  # the plane's logit at the attended key
+            out["term"] = red(dot * rope.score_scale)
+        return out
+
+    def attended(self, rope: LayerRope, q_post: Float[Tensor, "b n h d"], k_post: Float[Tensor, "b n kv d"],
+                 valid: Bool[Tensor, "b n"]) -> Tensor:
+        """``[b, n, head]``: the key each query attends most (argmax of the model's scores; ties go to
+        the earlier key), rebuilt from post-RoPE q·k × score scale with the layer's mask and soft-capping."""
+        b, n, H, d = q_post.shape
+        KV, G = rope.n_kv_heads, rope.group_size
+        qg = (q_post * rope.score_scale).view(b, n, KV, G, d)
+        tile = self.tile or max(1, TILE_ELEMENTS // max(1, b * H * min(n, rope.window or n)))
+        out = torch.empty(b, KV, G, n, dtype=torch.long, device=q_post.device)
+        for c0 in range(0, n, tile):
+            c1 = min(n, c0 + tile)
+            k0 = max(0, c0 - rope.window + 1) if rope.window else 0
+            s = torch.einsum("bckgd,bjkd->bkgcj", qg[:, c0:c1], k_post[:, k0:c1])
+            if rope.softcap:  # the model's pattern is taken after soft-capping (tanh can tie what differed)
+                s = torch.tanh(s / rope.softcap) * rope.softcap
+            qp = torch.arange(c0, c1, device=s.device)[:, None]
+            kp = torch.arange(k0, c1, device=s.device)[None]
+            ok = kp <= qp
+            if rope.window:
+                ok = ok & ((qp - kp) < rope.window)
+            ok = ok[None] & valid[:, None, k0:c1]  # [b, c, keys]
+            s.masked_fill_(~ok[:, None, None], float("-inf"))
+            out[..., c0:c1] = s.argmax(-1) + k0
+        return out.view(b, H, n).transpose(1, 2)
+
+    def result(self, provenance: Provenance, train_ctx: int | None = None) -> RotaryOffsets:
+        """The streamed sums as :class:`RotaryOffsets`."""
+        return RotaryOffsets(layers=tuple(self.layers), spec=self.spec, train_ctx=_train_ctx(self.spec, train_ctx),
+                             n_sink=self.n_sink, q=self.q, k=self.k, sums=dict(self.sums), provenance=provenance)
+
+
+@dataclass(frozen=True)
+class RotaryOffsets:
+    """Per layer × head × plane: q/k plane norms and the q–k angle at the attended key; highest frequency first.
+
+    ``q`` moments are ``[layer, head, plane]``, ``k`` moments ``[layer, kv_head, plane]``. ``sums``
+    holds, per scope ("sink": the attended key is one of the first ``n_sink`` positions, "content":
+    any other), the number of queries ``n/<scope>`` ``[layer, head]``, the plane's summed logit at
+    the attended key ``term/<scope>`` and, per source ("post", "pre" RoPE), the count and summed
+    cos and sin of the angle ``<source>/<scope>/<stat>`` ``[layer, head, plane]``.
+    """
+
+    layers: tuple[int, ...]
+    spec: RopeSpec
+    train_ctx: int
+    n_sink: int
+    q: Moments
+    k: Moments
+    sums: dict[str, Tensor]
+    provenance: Provenance
+
+    def __post_init__(self) -> None:
+        lr = self.spec.layers[self.layers[0]]
+        L, H, KV, P = len(self.layers), lr.n_heads, lr.n_kv_heads, lr.n_planes
+        if tuple(self.q.total.shape) != (L, H, P) or tuple(self.k.total.shape) != (L, KV, P):
+            raise InputError(f"q moments {tuple(self.q.total.shape)} and k moments {tuple(self.k.total.shape)} "
+                             f"must be {(L, H, P)} and {(L, KV, P)}: [layer, head, plane]")
+        for key, t in self.sums.items():
+            want = (L, H) if key.startswith("n/") else (L, H, P)
+            if tuple(t.shape) != want:
+                raise InputError(f"sums[{key!r}] has shape {tuple(t.shape)}, expected {want}")
+
+    # ---------------------------------------------------------------- numbers
+    @property
+    def has_pre(self) -> bool:
+        return "pre/sink/count" in self.sums
+
+    @property
+    def partial_cycle(self) -> Bool[Tensor, "layer plane"]:
+        """θ_i·L_train < 2π per layer and plane (see :func:`partial_cycle_planes`)."""
+        return partial_cycle_planes(self.spec, list(self.layers), train_ctx=self.train_ctx)
+
+    def norm(self, which: Literal["q", "k"] = "q") -> Float[Tensor, "layer head plane"]:
+        """Mean plane norm over tokens (``k``: per KV head)."""
+        return self._mom(which).mean.float()
+
+    def _mom(self, which: str) -> Moments:
+        if which not in ("q", "k"):
+            raise InputError(f"which must be 'q' or 'k', got {which!r}")
+        return self.q if which == "q" else self.k
+
+    def outlier_ratio(self, which: Literal["q", "k"] = "q") -> Float[Tensor, "layer head plane"]:
+        """Mean plane norm over the median of the head's other planes' mean norms."""
+        m = self._mom(which).mean
+        return (m / _median_of_others(m).clamp_min(1e-30)).float()
+
+    def by_head(self, x: Float[Tensor, "layer kv_head plane"]) -> Float[Tensor, "layer head plane"]:
+        """A KV-head statistic as seen by each query head (query head h reads KV head h // group)."""
+        return x.repeat_interleave(self.spec.layers[self.layers[0]].group_size, dim=1)
+
+    def _scoped(self, key: str, scope: Scope) -> Tensor:
+        if scope not in ("all", *SCOPES):
+            raise InputError(f"scope must be 'all', 'sink' or 'content', got {scope!r}")
+        return sum(self.sums[key.format(sc)] for sc in SCOPES) if scope == "all" else self.sums[key.format(scope)]
+
+    def resultant(self, source: Source = "post", scope: Scope = "all") -> Float[Tensor, "layer head plane 2"]:
+        """Mean resultant vector (mean cos, mean sin) of the q→k angle at the attended key."""
+        if source not in SOURCES or (source == "pre" and not self.has_pre):
+            raise InputError(f"source must be 'post' or 'pre' (pre only when measured with pre=True), got {source!r}")
+        n = self._scoped(f"{source}/{{}}/count", scope)
+        c, s = self._scoped(f"{source}/{{}}/cos", scope), self._scoped(f"{source}/{{}}/sin", scope)
+        nan = torch.full_like(n, math.nan)
+        ok = n > 0
+        return torch.stack([torch.where(ok, c / n.clamp_min(1), nan), torch.where(ok, s / n.clamp_min(1), nan)], -1)
+
+    def mean_angle(self, source: Source = "post", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
+        """Circular mean of the q→k angle at the attended key, radians in (−π, π]."""
+        r = self.resultant(source, scope)
+        return torch.atan2(r[..., 1], r[..., 0])
+
+    def resultant_length(self, source: Source = "post", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
+        """Length R ∈ [0, 1] of the mean resultant vector: 1 = one fixed angle, ≈ 0 = no preferred angle."""
+        return torch.linalg.vector_norm(self.resultant(source, scope), dim=-1)
+
+    def mean_term(self, scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
+        """Mean logit contribution of each plane at the attended key."""
+        n = self._scoped("n/{}", scope)[..., None]
+        return torch.where(n > 0, self._scoped("term/{}", scope) / n.clamp_min(1), math.nan)
+
+    def sink_fraction(self) -> Float[Tensor, "layer head"]:
+        """Share of queries whose attended key is a sink position."""
+        n = self._scoped("n/{}", "all")
+        return torch.where(n > 0, self.sums["n/sink"] / n.clamp_min(1), math.nan)
+
+    def summary(self) -> pd.DataFrame:
+        """Partial-cycle planes against the others: medians over (layer, head, plane) entries."""
+        df = self.to_frame()
+        cols = ["q_ratio", "k_ratio", "q_norm", "k_norm", "resultant_post", "resultant_post_sink",
+                "resultant_post_content", "abs_angle_post", "mean_term"]
+        df = df.assign(abs_angle_post=df["angle_post"].abs())
+        out = df.groupby("partial_cycle")[cols].median()
+        out.insert(0, "entries", df.groupby("partial_cycle").size())
+        out.insert(1, "planes", df.groupby("partial_cycle")["plane"].nunique())
+        return out.rename(index={True: "partial cycle", False: "full cycle"}).rename_axis("planes")
+
+    def merge(self, other: RotaryOffsets) -> RotaryOffsets:
+        """Exact merge of two partial results (same model, layers and settings)."""
+        if (self.layers, self.n_sink, self.train_ctx, set(self.sums)) != (
+                other.layers, other.n_sink, other.train_ctx, set(other.sums)):
+            raise InputError("can only merge offsets over the same layers, n_sink, train_ctx and sources")
+        if self.spec.to_dict() != other.spec.to_dict():
+            raise InputError("can only merge offsets of the same model (RoPE specs differ)")
+        return replace(self, q=self.q.merge(other.q), k=self.k.merge(other.k),
+                       sums={k: v + other.sums[k] for k, v in self.sums.items()},
+                       provenance=self.provenance.merged(other.provenance))
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table: one row per (layer, head, plane); k columns are the head's KV head."""
+        lr = self.spec.layers[self.layers[0]]
+        L, H, P = len(self.layers), lr.n_heads, lr.n_planes
+        layer, head, plane = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(P), indexing="ij")
+        flat = lambda t: t.double().reshape(-1).numpy()  # noqa: E731
+        per_lp = lambda t: flat(t[:, None, :].expand(L, H, P))  # noqa: E731
+        inv = torch.stack([self.spec.layers[i].inv_freq.double() for i in self.layers])
+        cols = {
+            "layer": layer.ravel(), "kind": np.repeat([self.spec.layers[i].kind for i in self.layers], H * P),
+            "head": head.ravel(), "kv_head": head.ravel() // lr.group_size, "plane": plane.ravel(),
+            "inv_freq": per_lp(inv), "wavelength": per_lp(2 * math.pi / inv),
+            "train_ctx": np.repeat([layer_train_ctx(self.spec.layers[i], self.train_ctx) for i in self.layers], H * P),
+            "partial_cycle": per_lp(self.partial_cycle).astype(bool),
+            "q_norm": flat(self.norm("q")), "k_norm": flat(self.by_head(self.norm("k"))),
+            "q_ratio": flat(self.outlier_ratio("q")), "k_ratio": flat(self.by_head(self.outlier_ratio("k"))),
+        }
+        for src in SOURCES if self.has_pre else ("post",):
+            for sc in ("all", *SCOPES):
+                tag = src if sc == "all" else f"{src}_{sc}"
+                cols[f"angle_{tag}"] = flat(self.mean_angle(src, sc))
+                cols[f"resultant_{tag}"] = flat(self.resultant_length(src, sc))
+        cols["mean_term"] = flat(self.mean_term())
+        cols["sink_fraction"] = flat(self.sink_fraction()[..., None].expand(L, H, P))
+        cols["n_queries"] = flat(self._scoped("n/{}", "all")[..., None].expand(L, H, P))
+        return pd.DataFrame(cols)
+
+    # ---------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "RotaryOffsets", "format": _FORMAT, "layers": list(self.layers), "spec": self.spec.to_dict(),
+                "train_ctx": self.train_ctx, "n_sink": self.n_sink, "q": self.q.to_dict(), "k": self.k.to_dict(),
+                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+
+    def save(self, path: str | Path) -> None:
+        """Write JSON atomically (a temp file renamed into place)."""
+        dump_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> RotaryOffsets:
+        d = read_result_json(path, "RotaryOffsets", _FORMAT)
+        return cls(layers=tuple(d["layers"]), spec=RopeSpec.from_dict(d["spec"]), train_ctx=int(d["train_ctx"]),
+                   n_sink=int(d["n_sink"]), q=Moments.from_dict(d["q"]), k=Moments.from_dict(d["k"]),
+                   sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+                   provenance=Provenance.from_dict(d["provenance"]))
+
+    # ---------------------------------------------------------------- figures
+    def heatmap(self, what: str = "q_ratio", layer: int | None = None, coloraxis: str | None = None) -> go.Heatmap:
+        """Layer × plane (head mean) or, for ``layer``, head × plane of one statistic:
+        ``q_ratio``, ``k_ratio``, ``resultant_post``, ``resultant_pre`` or ``mean_term``."""
+        stats = {"q_ratio": lambda: self.outlier_ratio("q"), "k_ratio": lambda: self.by_head(self.outlier_ratio("k")),
+                 "resultant_post": lambda: self.resultant_length("post"),
+                 "resultant_pre": lambda: self.resultant_length("pre"), "mean_term": self.mean_term}
+        if what not in stats:
+            raise InputError(f"what must be one of {sorted(stats)}, got {what!r}")
+        z = stats[what]().float()
+        if layer is None:
+            z2, y, ylab = z.nanmean(1), list(self.layers), "layer"
+        else:
+            if layer not in self.layers:
+                raise InputError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
+            z2, y, ylab = z[self.layers.index(layer)], list(range(z.shape[1])), "head"
+        return go.Heatmap(z=z2.numpy(), x=list(range(z.shape[-1])), y=y, coloraxis=coloraxis,
+                          hovertemplate=f"{ylab} %{{y}}<br>plane %{{x}}<br>{what} %{{z:.3g}}<extra></extra>")
+
+    def figure(self, layer: int | None = None) -> go.Figure:
+        """Query and key outlier ratios and the post-RoPE resultant length, with the first
+        partial-cycle plane marked (dashed line)."""
+        what = ("q_ratio", "k_ratio", "resultant_post")
+        titles = ("q norm / median of other planes", "k norm / median of other planes", "resultant length R (post-RoPE)")
+        fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
+        for col, w in enumerate(what, start=1):
+            fig.add_trace(self.heatmap(w, layer, coloraxis=f"coloraxis{col if col > 1 else ''}"), row=1, col=col)
+            fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=col)
+        partial = self.partial_cycle.any(0).nonzero().flatten()
+        if partial.numel():
+            for col in (1, 2, 3):
+                fig.add_vline(x=int(partial[0]) - 0.5, line_dash="dash", line_color="white", row=1, col=col)
+        fig.update_yaxes(title_text="layer" if layer is None else "head", autorange="reversed")
+        fig.update_layout(
+            coloraxis={"colorscale": "Viridis", "colorbar": {"x": 0.29, "len": 0.8}},
+            coloraxis2={"colorscale": "Viridis", "colorbar": {"x": 0.645, "len": 0.8}},
+            coloraxis3={"colorscale": "Viridis", "cmin": 0, "cmax": 1, "colorbar": {"x": 1.0, "len": 0.8}},
+            title=f"Rotary outliers and offsets — {self.provenance.model} (partial-cycle planes right of the line)",
+            height=420 if layer is None else 320)
+        return fig
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
+        from ropelens.provenance import plotly_bundle
+
+        return plotly_bundle(self.figure(), f"RotaryOffsets({self.provenance.model}, layers {list(self.layers)})")
+
+
+def rotary_offsets(
+    model,
+    corpus=None,
+    *,
+    n_ctx: int = 512,
+    max_tokens: int | None = 16_384,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 4,
+    n_sink: int = 1,
+    train_ctx: int | None = None,
+    pre: bool = True,
+    progress: bool = True,
+) -> RotaryOffsets:
+    """Rotary outliers and offset angles per plane over a corpus (streamed; see :class:`OffsetReducer`).
+
+    ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name or path, or a ready
+    ``[n_windows, n_ctx]`` token tensor; windows start with BOS. ``train_ctx`` (default: the
+    model's context length) decides which planes are partial-cycle. ``layers`` must share one
+    head and plane layout (select one layer kind of a model that mixes them).
+    """
+    from ropelens.spec import model_label, rope_spec
+
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers)
+    t = _train_ctx(spec, train_ctx)
+    tokens, corpus_name, corpus_sha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
+    red = OffsetReducer(spec, chosen, n_sink=n_sink, pre=pre)
+    t0 = time.perf_counter()
+    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
+                   desc="rotary offsets", total=-(-tokens.shape[0] // batch_size))
+    prov = Provenance(
+        model=model_label(model), corpus=corpus_name, corpus_sha256=corpus_sha, n_tokens=n_tok,
+        n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
+        config={"layers": chosen, "n_sink": n_sink, "train_ctx": t, "pre": pre, "batch_size": batch_size},
+        seconds=time.perf_counter() - t0,
+    )
+    return red.result(prov, t)
