@@ -203,3 +203,23 @@ def test_massive_and_passkey_commands(tiny_dir, tmp_path, capsys):
     assert main(["passkey", path, "--lengths", "a,b"]) == 2
     assert "--lengths must be a comma-separated list" in capsys.readouterr().err
     assert main(["massive", path, "--factor", "0.5"]) == 2
+
+
+def test_offsets_and_predict_base_commands(tiny_dir, capsys):
+    import json as _json
+
+    from ropelens import load_model
+    from ropelens.context import critical_base, extrapolation_limit
+
+    path = str(tiny_dir("llama-gqa"))
+    assert main(["offsets", path, "--n-ctx", "32", "--tokens", "64", "--json"]) == 0
+    summary = _json.loads(capsys.readouterr().out)["summary"]
+    assert {r["cycle"] for r in summary} <= {"partial cycle", "full cycle"}
+    assert main(["predict-base", path, "--lengths", "64,512", "--json"]) == 0
+    rows = _json.loads(capsys.readouterr().out)["rows"]
+    spec = rope_spec(load_model(path, device="cpu"))
+    lr = spec.layers[0]
+    assert [r["length"] for r in rows] == [64, 512]
+    assert rows[1]["t_extra"] == pytest.approx(extrapolation_limit(lr.base, lr.rotary_dim, spec.n_ctx))
+    assert rows[1]["critical_base"] == pytest.approx(critical_base(spec.n_ctx, 512, lr.base))
+    assert main(["predict-base", path, "--lengths", "x"]) == 2

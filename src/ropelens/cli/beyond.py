@@ -1,4 +1,4 @@
-"""``ropelens sinks`` and ``ropelens distance``: attention sinks and attention by distance, per band."""
+"""``ropelens sinks``, ``distance``, ``massive``, ``offsets`` and ``predict-base``: analyses beyond frequency usage."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ropelens.cli.common import (
 )
 from ropelens.errors import InputError
 
-__all__ = ["add_distance", "add_massive", "add_sinks"]
+__all__ = ["add_distance", "add_massive", "add_offsets", "add_predict_base", "add_sinks"]
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -137,4 +137,75 @@ def run_massive(args: argparse.Namespace) -> int:
               "massive": [jsonable_row(x) for x in r.massive_frame().head(50).to_dict("records")]})
         return 0
     print(planes.to_string(index=False, float_format="%.3f") if len(planes) else "no massive dimension")
+    return 0
+
+
+def add_offsets(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "offsets", help="partial-cycle planes, rotary outliers and the q-k angle per plane at the attended key",
+        description="Flags the planes that never complete a turn within the trained context (Jonasson 2025), and "
+                    "measures per plane the q/k outlier ratio and the circular mean angle between q and k at the "
+                    "key each query attends to (sink and content keys apart).")
+    add_model_arg(p)
+    add_corpus_args(p, tokens=4_096, n_ctx=512)
+    p.add_argument("--layers", type=layer_list, default=None, metavar="0,5,11", help="layer indices (default: all)")
+    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (RotaryOffsets JSON)")
+    add_common_options(p)
+    p.set_defaults(func=run_offsets)
+
+
+def run_offsets(args: argparse.Namespace) -> int:
+    from ropelens.data import load_corpus
+    from ropelens.offsets import rotary_offsets
+
+    _check(args)
+    model = load_from_args(args)
+    r = rotary_offsets(model, load_corpus(args.corpus), n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
+                       progress=not args.json)
+    if args.save:
+        r.save(args.save)
+    summary = r.summary().rename_axis("cycle").reset_index()  # partial-cycle planes against the others
+    if args.json:
+        emit({"summary": [jsonable_row(x) for x in summary.to_dict("records")]})
+        return 0
+    print(summary.to_string(index=False, float_format="%.3f"))
+    return 0
+
+
+def add_predict_base(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "predict-base", help="Liu et al.'s critical base and extrapolation limit, Men et al.'s bound, per length",
+        description="For each evaluation length: the critical dimension, Liu et al.'s extrapolation limit for the "
+                    "model's base and critical base for tuning to that length, Men et al.'s lower bound on the base, "
+                    "and whether the model's base satisfies each; --measure adds the measured loss by length.")
+    add_model_arg(p)
+    p.add_argument("--lengths", default="2048,8192,16384,32768", metavar="N,N,...", help="evaluation lengths")
+    p.add_argument("--measure", type=int, default=0, metavar="WINDOWS",
+                   help="also measure the mean loss at each length over this many windows of real text (slow)")
+    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the predictions (BasePredictions JSON)")
+    add_common_options(p)
+    p.set_defaults(func=run_predict_base)
+
+
+def run_predict_base(args: argparse.Namespace) -> int:
+    from ropelens.context import base_predictions, measured_extrapolation
+
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError as e:
+        raise InputError(f"--lengths must be a comma-separated list of token counts, got {args.lengths!r}") from e
+    if not lengths or min(lengths) < 2:
+        raise InputError(f"--lengths needs token counts ≥ 2, got {args.lengths!r}")
+    if args.measure < 0:
+        raise InputError(f"--measure must be ≥ 0 windows, got {args.measure}")
+    model = load_from_args(args)
+    pred = base_predictions(model, lengths)
+    if args.save:
+        pred.save(args.save)
+    frame = pred.compare(measured_extrapolation(model, lengths, n_windows=args.measure, progress=not args.json)) \
+        if args.measure else pred.to_frame()
+    if args.json:
+        emit({"rows": [jsonable_row(x) for x in frame.to_dict("records")]})
+        return 0
+    print(frame.to_string(index=False))
     return 0

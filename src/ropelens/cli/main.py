@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from ropelens import __version__
 from ropelens.cli.analysis import add_decompose, add_decompose_stats, add_heads, add_usage
-from ropelens.cli.beyond import add_distance, add_massive, add_sinks
+from ropelens.cli.beyond import add_distance, add_massive, add_offsets, add_predict_base, add_sinks
 from ropelens.cli.common import Parser
 from ropelens.cli.geometry import add_pe_geometry
 from ropelens.cli.inspect import add_inspect
@@ -30,7 +30,7 @@ EXIT_USAGE = 2
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_inspect, add_report, add_usage, add_decompose, add_decompose_stats, add_heads, add_variants, add_truncate,
-    add_context, add_sinks, add_distance, add_massive, add_passkey,
+    add_context, add_sinks, add_distance, add_massive, add_offsets, add_predict_base, add_passkey,
     add_pe_geometry, add_compare,
 )
 
