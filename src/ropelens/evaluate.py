@@ -23,7 +23,8 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.serialize import dump_json
 
-__all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "loss_estimate", "window_losses"]
+__all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "device_of", "is_bridge", "loss_estimate",
+           "window_losses"]
 
 
 def _check_tokens(tokens: Any) -> Tensor:
@@ -40,11 +41,13 @@ def _check_tokens(tokens: Any) -> Tensor:
     return tokens.long()
 
 
-def _is_bridge(model: Any) -> bool:
+def is_bridge(model: Any) -> bool:
+    """Whether ``model`` is a TransformerLens bridge (else a plain HF causal LM)."""
     return hasattr(model, "original_model") and hasattr(model, "blocks")
 
 
-def _device_of(model: Any) -> torch.device:
+def device_of(model: Any) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
     try:
         return next(model.parameters()).device
     except (StopIteration, AttributeError):
@@ -53,7 +56,7 @@ def _device_of(model: Any) -> torch.device:
 
 def _batch_losses(model: Any, batch: Int[Tensor, "b pos"]) -> Float[Tensor, " b"]:
     """Mean next-token loss of each window of ``batch`` (bridge or plain HF causal LM)."""
-    if _is_bridge(model):
+    if is_bridge(model):
         per_token = model(batch, return_type="loss", loss_per_token=True)
     else:
         logits = model(input_ids=batch).logits
@@ -75,7 +78,7 @@ def window_losses(
     tokens = _check_tokens(tokens)
     if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
         raise InputError(f"batch_size must be a positive int, got {batch_size!r}")
-    device = _device_of(model)
+    device = device_of(model)
     starts = range(0, tokens.shape[0], int(batch_size))
     if progress:
         from tqdm.auto import tqdm

@@ -28,7 +28,7 @@ from ropelens.spec import rope_spec
 from ropelens.validate import check_indices
 from ropelens.variants import RopeVariant
 
-__all__ = ["ablate_planes", "apply_rope_variant", "is_identity", "spec_with_variant", "with_rope_variant"]
+__all__ = ["ablate_planes", "add_lens_hook", "apply_rope_variant", "is_identity", "spec_with_variant", "with_rope_variant"]
 
 # --------------------------------------------------------------------------------------------
 # running a model under a variant
@@ -222,7 +222,7 @@ def _zero_hook(x: Float[Tensor, "batch pos head d_head"], *, hook: Any, mask: Te
     return torch.where(m[:, None] if heads_first else m, torch.zeros((), dtype=x.dtype, device=x.device), x)
 
 
-def _add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
+def add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
     """Add a TransformerLens hook that survives ``reset_hooks()``; returns its remover."""
     # Permanent, so run_with_hooks/reset_hooks inside the context leave it; prepended, so user
     # hooks on the same point see the ablated tensor.
@@ -269,7 +269,7 @@ def ablate_planes(
                 name = names.post(which) or names.pre(which)
                 first = names.post(which) is None and names.pre_heads_first
                 fn = functools.partial(_zero_hook, mask=mask, heads_first=first)
-                removers.append(_add_lens_hook(model.hook_dict[name], fn))
+                removers.append(add_lens_hook(model.hook_dict[name], fn))
         with intervened(model):  # the fast q/k path would bypass the ablation hooks
             yield
     finally:

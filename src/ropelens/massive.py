@@ -38,6 +38,7 @@ from ropelens.data import analysis_windows
 from ropelens.errors import InputError
 from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
+from ropelens.intervene import add_lens_hook
 from ropelens.provenance import Provenance
 from ropelens.rope import RopeSpec
 from ropelens.serialize import dump_json, read_result_json
@@ -368,17 +369,6 @@ def _replace_hook(x: Tensor, *, hook: Any, mask: Tensor, value: Tensor, heads_fi
     return out.flatten(-2) if flat else out
 
 
-def _add_permanent_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
-    """A TransformerLens hook that survives ``reset_hooks()``, run before user hooks; returns its remover."""
-    handle = hook_point.add_hook(fn, is_permanent=True, prepend=True)
-
-    def remove() -> None:
-        handle.hook.remove()
-        hook_point.fwd_hooks = [h for h in hook_point.fwd_hooks if h is not handle]
-
-    return remove
-
-
 @contextlib.contextmanager
 def replace_massive(
     model,
@@ -430,7 +420,7 @@ def replace_massive(
                     continue
                 value = mv.mean(w)[i].float()
                 fn = functools.partial(_replace_hook, mask=mask, value=value, heads_first=names.pre_heads_first)
-                removers.append(_add_permanent_hook(model.hook_dict[names.pre(w)], fn))
+                removers.append(add_lens_hook(model.hook_dict[names.pre(w)], fn))
         with intervened(model):  # the fast q/k path would bypass these hooks
             yield used
     finally:

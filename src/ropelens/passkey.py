@@ -32,6 +32,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.evaluate import device_of, is_bridge
 from ropelens.provenance import Provenance
 from ropelens.serialize import dump_json, read_result_json
 from ropelens.validate import check_number
@@ -186,20 +187,9 @@ def passkey_prompt(tokenizer: Any, length: int, depth: float, passkey: str, *, b
 # --------------------------------------------------------------------------------------------
 # greedy decoding
 # --------------------------------------------------------------------------------------------
-def _is_bridge(model: Any) -> bool:
-    return hasattr(model, "original_model") and hasattr(model, "blocks")
-
-
-def _device_of(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")
-
-
 def _last_logits(model: Any, ids: Tensor) -> Tensor:
     """Logits after the last token of ``ids`` (``[1, pos]``), from one full forward."""
-    if _is_bridge(model):
+    if is_bridge(model):
         return model(ids, logits_to_keep=1)[0, -1]
     out = model(input_ids=ids)
     return getattr(out, "logits", out)[0, -1]
@@ -230,9 +220,9 @@ def greedy_continuation(
         raise InputError(f"tokens must be a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
     tok = getattr(model, "tokenizer", None)
     eos = getattr(tok, "eos_token_id", None)
-    seq = tokens.long().to(_device_of(model))[None]
+    seq = tokens.long().to(device_of(model))[None]
     out: list[int] = []
-    use_cache = cache and _is_bridge(model)
+    use_cache = cache and is_bridge(model)
     with torch.no_grad():
         if use_cache:
             kv, step = None, prefill_chunk or seq.shape[1]
@@ -465,13 +455,13 @@ def passkey_retrieval(
         with apply_rope_variant(model, variant):
             run()
     prov = Provenance(
-        model=model_label(model) if _is_bridge(model) else type(model).__name__, corpus="passkey filler",
+        model=model_label(model) if is_bridge(model) else type(model).__name__, corpus="passkey filler",
         n_tokens=sum(t.n_tokens for t in trials), n_windows=len(trials), n_ctx=max(lengths),
         config={"lengths": list(lengths), "depths": list(depths), "n_trials": n_trials, "seed": seed,
                 "variant": None if variant is None else variant.to_dict(),
                 "variant_name": None if variant is None else variant.name,
                 "max_new_tokens": max_new_tokens, "prefill_chunk": None if exact else prefill_chunk,
-                "cached_decoding": not exact and _is_bridge(model), "note": note,
+                "cached_decoding": not exact and is_bridge(model), "note": note,
                 "filler": FILLER, "question": QUESTION},
         seconds=time.perf_counter() - t0,
     )
