@@ -4,13 +4,13 @@ from ropelens import context, data, distributed, heads, train, variants
 from ropelens.bands import Bands
 from ropelens.capture import capture_qk
 from ropelens.decay import rope_decay_by_distance, rope_decay_constant, rope_gaussian_expectation
-from ropelens.distance import AttentionByDistance, attention_by_distance, describe_curve
 from ropelens.decompose import (
     AttentionDecomposition,
     BandStatistics,
     band_statistics,
     decompose_attention,
 )
+from ropelens.distance import AttentionByDistance, attention_by_distance, describe_curve
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.intervene import ablate_planes, apply_rope_variant, with_rope_variant
