@@ -21,12 +21,14 @@ refuses to resume.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import io
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ from ropelens.capture import Reducer, stream
 from ropelens.errors import InputError
 from ropelens.serialize import atomic_write
 
-__all__ = ["RankFailedError", "RunInfo", "init_from_env", "is_main", "rank_and_world", "reducer_state",
+__all__ = ["RankFailedError", "RunInfo", "init_from_env", "is_main", "local", "rank_and_world", "reducer_state",
            "run_windows", "shard"]
 
 _TOKENS_KEY = "ropelens/tokens_done"
@@ -73,11 +75,25 @@ class RunInfo:
         return out
 
 
+_LOCAL = contextvars.ContextVar("ropelens_local_run", default=False)
+
+
 def rank_and_world() -> tuple[int, int]:
-    """(rank, world size) of the running process group, or (0, 1) outside one."""
-    if dist.is_available() and dist.is_initialized():
+    """(rank, world size) of the running process group, or (0, 1) outside one (or inside :func:`local`)."""
+    if dist.is_available() and dist.is_initialized() and not _LOCAL.get():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+@contextlib.contextmanager
+def local() -> Iterator[None]:
+    """Run corpus analyses in this process alone, even inside a process group (work one rank does
+    by itself, such as rendering a report's sections on rank 0)."""
+    token = _LOCAL.set(True)
+    try:
+        yield
+    finally:
+        _LOCAL.reset(token)
 
 
 def is_main() -> bool:

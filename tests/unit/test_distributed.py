@@ -173,3 +173,21 @@ def test_device_map_naming_cpu_loads_and_runs(model_dir):
     torch.testing.assert_close(b.q_norm, a.q_norm, rtol=0, atol=0)
     json.dumps(b.provenance.to_dict())
     Path(".")  # noqa: B018
+
+
+def test_report_under_torchrun_equals_one_process(model_dir, tmp_path):
+    """Two ranks measure, rank 0 alone renders (its sections re-run the model locally) and writes;
+    the streamed tables equal a one-process report's."""
+    import pandas as pd
+
+    from ropelens.report.build import build_report
+
+    r = launch(2, ["-m", "ropelens", "report", str(model_dir), "--quick", "--out", str(tmp_path / "two"),
+                   "--device", "cpu"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("report: ") == 1  # rank 0 only
+    one = build_report(ropelens.load_model(model_dir, device="cpu"), quick=True, out=tmp_path / "one", progress=False)
+    for name, key in (("usage", "mean_norm"), ("band_stats", "margin_share")):
+        a, b = pd.read_csv(one / f"{name}.csv"), pd.read_csv(tmp_path / "two" / f"{name}.csv")
+        assert len(a) == len(b)
+        assert (a[key] - b[key]).abs().max() <= 1e-6 * a[key].abs().max(), name

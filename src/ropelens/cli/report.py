@@ -56,6 +56,10 @@ def run_report(args: argparse.Namespace) -> int:
     path = build_report(model, corpus=corpus, tokens=args.tokens, n_ctx=args.n_ctx, out=out, bands=args.bands,
                         layers=args.layers, quick=args.quick, band_tokens=args.band_tokens,
                         experiments=args.experiments)
+    from ropelens.distributed import is_main
+
+    if not is_main():  # under torchrun rank 0 writes the report; the other ranks only measured
+        return 0
     report = json.loads((path / "report.json").read_text())
     if args.json:
         emit({"out": str(path), "index": str(path / "index.html"), "findings": report["findings"],

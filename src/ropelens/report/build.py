@@ -140,7 +140,7 @@ def build_report(
     corpus_obj, corpus_info = resolve_corpus(corpus)
     with _timed(steps, "load_model"):
         model, label = _load(model_name, device)
-    from ropelens.distributed import is_main
+    from ropelens.distributed import is_main, local
     from ropelens.spec import rope_spec
 
     spec = rope_spec(model)
@@ -160,7 +160,7 @@ def build_report(
     if not is_main():  # under torch.distributed every rank measured; rank 0 alone renders and writes
         return out_dir
     data.experiments = exps
-    with _timed(steps, "render"):
+    with _timed(steps, "render"), local():  # rank 0 alone renders: sections that re-run the model run locally
         sections = _render_sections(data, progress)
     steps.update({k: v for k, v in data.steps.items() if k not in steps})  # what sections timed
     with _timed(steps, "write"):
