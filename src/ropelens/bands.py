@@ -38,6 +38,14 @@ class ResolvedBands:
     def n_bands(self) -> int:
         return len(self.names)
 
+    def dim_membership(self) -> Tensor:
+        """``[head_dim, n_bands]`` 0/1 matrix: head dim j belongs to band b (the bands, rest included, cover
+        every dim), so a matmul with it sums per-dim products into band terms."""
+        m = torch.zeros(sum(len(d) for d in self.dims), self.n_bands)
+        for b, dims in enumerate(self.dims):
+            m[dims, b] = 1.0
+        return m
+
     def membership(self) -> Tensor:
         """``[n_planes, n_bands]`` 0/1 matrix: plane i belongs to band b."""
         m = torch.zeros(self.n_planes, self.n_bands)

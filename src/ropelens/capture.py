@@ -21,7 +21,7 @@ from ropelens.errors import InputError
 from ropelens.hooks import AttnHooks, attn_hooks, to_bphd
 from ropelens.rope import LayerRope, RopeSpec
 
-__all__ = ["LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches"]
+__all__ = ["LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "sum_dtype"]
 
 NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post", "pattern"})
 
@@ -47,6 +47,11 @@ class Reducer(Protocol):
     def update(self, acts: LayerActs) -> None: ...
 
 
+def sum_dtype(device: torch.device) -> torch.dtype:
+    """What running sums accumulate in on ``device``: float64, or float32 on MPS (which has no float64)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 @dataclass
 class Moments:
     """Mergeable running count, sum and sum of squares of a tensor-valued statistic."""
@@ -70,6 +75,12 @@ class Moments:
 
     def merge(self, other: Moments) -> Moments:
         return Moments(self.count + other.count, self.total + other.total, self.total_sq + other.total_sq)
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Moments:
+        """The same sums on ``device`` (in :func:`sum_dtype` of it unless ``dtype`` is given)."""
+        device = torch.device(device)
+        dtype = dtype or sum_dtype(device)
+        return Moments(self.count.to(device, dtype), self.total.to(device, dtype), self.total_sq.to(device, dtype))
 
     @property
     def mean(self) -> Tensor:

@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import LayerActs, capture_qk
+from ropelens.capture import LayerActs, capture_qk, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
@@ -31,6 +31,7 @@ from ropelens.rope import LayerRope, RopeSpec, expand_kv
 from ropelens.serialize import dump_json
 
 __all__ = [
+    "query_tile",
     "AttentionDecomposition",
     "BandStatistics",
     "BandStatsReducer",
@@ -250,6 +251,13 @@ _SUMS_LHB = ("abs_sum", "cov", "margin", "jsd", "top1")
 TILE_ELEMENTS = {"cpu": 1 << 21}
 TILE_ELEMENTS_ACCELERATOR = 1 << 26
 MIN_TILE = 16  # queries: below this, per-tile overhead dominates whatever the memory
+def query_tile(device: torch.device, entries_per_query: int) -> int:
+    """Queries per tile, so one tile holds about the device's element budget (at least MIN_TILE): the
+    tiling policy of every tiled reducer (band statistics, sinks, distance, offsets)."""
+    budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
+    return max(MIN_TILE, budget // max(1, entries_per_query))
+
+
 KEY_TILE = {"cpu": 512}  # keys per tile: rows longer than this are carried across key tiles (online argmax)
 KEY_TILE_ACCELERATOR = 8192
 
@@ -289,14 +297,13 @@ class BandStatsReducer:
         self.shape = (len(self.layers), lr.n_heads, len(self.names), lr.n_planes)
         self.sums = self._zeros(torch.device("cpu"))
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
-        self._index: dict[tuple[int, str], Tensor] = {}
+        self._index: dict[tuple, Tensor] = {}
         self._padded: tuple[Tensor, bool] | None = None
         self._placed = False
 
     def _zeros(self, device: torch.device) -> dict[str, Tensor]:
         L, H, B, P = self.shape
-        dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-        z = lambda *s: torch.zeros(s, dtype=dtype, device=device)  # noqa: E731
+        z = lambda *s: torch.zeros(s, dtype=sum_dtype(device), device=device)  # noqa: E731
         sums = {k: z(L, H, B) for k in _SUMS_LHB}
         sums.update(var=z(L, H), n_entries=z(L), n_rows=z(L), n_queries=z(L), cs_term=z(L, H, P), cs_bound=z(L, H, P))
         return sums
@@ -305,7 +312,7 @@ class BandStatsReducer:
         """The running sums, moved once to the device the first activations live on (layers a device
         map puts elsewhere send their per-batch results there)."""
         if not self._placed:
-            self.sums = {k: v.to(device) for k, v in self.sums.items()}
+            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
             self._placed = True
         return self.sums
 
@@ -317,22 +324,19 @@ class BandStatsReducer:
 
     def _band_index(self, layer: int, rb: ResolvedBands, head_dim: int, device: torch.device) -> Tensor:
         """``[band, d_band]`` head-dim indices, bands padded to one width with index ``head_dim`` (a zero column)."""
-        key = (layer, str(device))
-        if key not in self._index:
+        def make() -> Tensor:
             width = max(len(d) for d in rb.dims)
             rows = [torch.cat([d, torch.full((width - len(d),), head_dim, dtype=torch.long)]) for d in rb.dims]
-            self._index[key] = torch.stack(rows).to(device)
+            return torch.stack(rows).to(device)
+
+        return self._cached((layer, "index", device), make)
+
+    def _cached(self, key: tuple, make) -> Tensor:
+        """Per-(layer, device) constants, built once."""
+        if key not in self._index:
+            self._index[key] = make()
         return self._index[key]
 
-    def _membership(self, layer: int, rb: ResolvedBands, head_dim: int, device: torch.device) -> Tensor:
-        """``[head_dim, band]`` one-hot: a matmul with it sums per-dim products into band terms."""
-        key = (layer, f"member {device}")
-        if key not in self._index:
-            m = torch.zeros(head_dim, rb.n_bands)
-            for j, dims in enumerate(rb.dims):
-                m[dims, j] = 1.0
-            self._index[key] = m.to(device)
-        return self._index[key]
 
     def _tiles(self, device: torch.device, rows_per_query: int, n: int, window: int | None) -> tuple[int, int]:
         """(queries, keys) per tile: key tiles of at most KEY_TILE keys, query tiles filling the element budget."""
@@ -341,8 +345,7 @@ class BandStatsReducer:
             return self.tile
         if self.tile:
             return self.tile, tk
-        budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
-        return max(MIN_TILE, budget // max(1, rows_per_query * min(tk, n, window or n))), tk
+        return query_tile(device, rows_per_query * min(tk, n, window or n)), tk
 
     @staticmethod
     def _spans(rope: LayerRope, valid: Tensor | None, c0: int, c1: int, j0: int, j1: int, dev: torch.device
@@ -409,7 +412,7 @@ class BandStatsReducer:
         acc = {k_: q.new_zeros(KV, B, G) for k_ in ("abs", "cov", "margin", "top1", "jsd")}
         acc_var = q.new_zeros(KV, G)
         acc_cs = {k_: q.new_zeros(KV, G, rope.n_planes) for k_ in ("term", "bound")}
-        member = self._membership(acts.layer, rb, d, dev)  # [d, B]: sums head dims into bands
+        member = self._cached((acts.layer, "member", dev), lambda: rb.dim_membership().to(dev))  # [d, B]
         ninf = float("-inf")
         for c0 in range(0, n, tq):
             c1 = min(n, c0 + tq)

@@ -31,8 +31,9 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import LayerActs, batches, stream
+from ropelens.capture import LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
+from ropelens.decompose import query_tile
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
 from ropelens.rope import RopeSpec
@@ -50,9 +51,6 @@ __all__ = [
 
 _FORMAT = 1
 # score entries per tile: 2^21 (8 MiB of float32) on the CPU; accelerators take larger tiles
-TILE_ELEMENTS = {"cpu": 1 << 21}
-TILE_ELEMENTS_ACCELERATOR = 1 << 26
-MIN_TILE = 16  # queries per tile at least: below this, per-tile overhead dominates
 MARGIN = 0.1  # a rise or fall counts when it exceeds this fraction of the curve's range (and the noise)
 
 Shape = Literal["flat", "decays", "grows", "U-shaped", "peaked", "oscillating"]
@@ -298,23 +296,6 @@ def _check_tile(tile: Any) -> int | None:
     return tile
 
 
-def _auto_tile(device: torch.device, rows_per_query: int, keys: int) -> int:
-    budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
-    return max(MIN_TILE, budget // max(1, rows_per_query * keys))
-
-
-def _sum_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-
-
-def _membership(rb: ResolvedBands, head_dim: int) -> Tensor:
-    """``[head_dim, band]`` one-hot: a matmul with it sums per-dim products into band terms."""
-    m = torch.zeros(head_dim, rb.n_bands)
-    for j, dims in enumerate(rb.dims):
-        m[dims, j] = 1.0
-    return m
-
-
 def _resolve_all(spec: RopeSpec, layers: Sequence[int], bands: Bands) -> tuple[dict[int, ResolvedBands], tuple[str, ...]]:
     resolved = {L: bands.resolve(spec.layers[L]) for L in layers}
     names = {r.names for r in resolved.values()}
@@ -374,7 +355,7 @@ class DistanceReducer:
 
     def _on(self, device: torch.device) -> dict[str, Tensor]:
         if self.sums["count"].device != device:
-            dt = _sum_dtype(device)
+            dt = sum_dtype(device)
             self.sums = {k: v.to(device, dt) for k, v in self.sums.items()}
         return self.sums
 
@@ -415,7 +396,7 @@ class DistanceReducer:
         # the score scale goes into q once, so every product below is a logit; padded positions are zero vectors
         q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
         k = k_post.float() * vf[:, :, None, None]
-        member = self._cached((acts.layer, "member", str(dev)), lambda: _membership(rb, d).to(dev))
+        member = self._cached((acts.layer, "member", str(dev)), lambda: rb.dim_membership().to(dev))
         s["n_queries"][i] += vf.sum().to(dt)
 
         # band sums by prefix sums: keys below n_sink and padded keys count as zero vectors
@@ -432,7 +413,7 @@ class DistanceReducer:
         s["dist_sum"][i] += (cnt * pos[None, :, None] - jtot).sum((0, 1))
         qg = q.view(b, n, KV, G, d)
         acc = torch.zeros(nb, KV, G, member.shape[1], dtype=dt, device=dev)
-        tq = self.tile or _auto_tile(dev, b * nb * H, d)
+        tq = self.tile or query_tile(dev, b * nb * H * d)
         for c0 in range(0, n, tq):
             c1 = min(n, c0 + tq)
             run = (ksum[:, stop[c0:c1]] - ksum[:, start[c0:c1]]).float()  # [b,c,nb,KV,d]: Σ of each bin's keys
@@ -444,7 +425,7 @@ class DistanceReducer:
         kh = k.permute(0, 2, 3, 1)  # [b,KV,d,n]
         bin_of = self._cached(("bin_of", str(dev)), lambda: (torch.bucketize(
             torch.arange(self.max_distance + 1), self.edges, right=True) - 1).to(dev))
-        tq = self.tile or _auto_tile(dev, b * H * 2, min(n, rope.window or n))
+        tq = self.tile or query_tile(dev, b * H * 2 * min(n, rope.window or n))
         prob = torch.zeros(KV, G, nb, dtype=dt, device=dev)
         ipos = torch.arange(n, device=dev)
         for c0 in range(0, n, tq):

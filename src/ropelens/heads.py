@@ -62,12 +62,7 @@ class HeadScoresReducer:
         self.band_names = rbs[0].names
         if any(rb.names != self.band_names for rb in rbs):
             raise InputError(f"bands {bands.describe()} resolve to different band names across layers")
-        self.member = {}  # head dim → band one-hot, so a matmul sums plane terms into band terms
-        for L, rb in zip(self.layers, rbs, strict=True):
-            m = torch.zeros(spec.layers[L].head_dim, rb.n_bands)
-            for b, dims in enumerate(rb.dims):
-                m[dims, b] = 1.0
-            self.member[L] = m
+        self.member = {L: rb.dim_membership() for L, rb in zip(self.layers, rbs, strict=True)}  # dims → bands
         n_l, n_h, n_b, n_d = len(self.layers), spec.layers[self.layers[0]].n_heads, rbs[0].n_bands, max_offset + 1
         z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
         self.sums = {"mass": z(n_l, n_h, n_d), "n_offset": z(n_l, n_d), "sink": z(n_l, n_h), "n_sink": z(n_l),

@@ -101,21 +101,27 @@ class MassiveReducer:
         self.needs = frozenset({"q_pre", "k_pre"})
         self.pos = {L: i for i, L in enumerate(self.layers)}
         self.moments = {"q": Moments.zeros((len(self.layers), h, d)), "k": Moments.zeros((len(self.layers), kv, d))}
+        self._placed = False
 
     def update(self, acts: LayerActs) -> None:
         i = self.pos[acts.layer]
-        valid = acts.valid.to(torch.float64)[:, :, None, None]  # [b, pos, 1, 1]
+        if not self._placed:  # sums live where the first activations do (no host round trip per layer)
+            self.moments = {w: m.to(acts.valid.device) for w, m in self.moments.items()}
+            self._placed = True
         for w in _WHICH:
-            x = acts[f"{w}_pre"].to(torch.float64)  # [b, pos, head, d]
             mom = self.moments[w]
-            mom.count[i] += (valid.sum() * torch.ones(x.shape[2:], dtype=torch.float64, device=x.device)).cpu()
+            dt, here = mom.total.dtype, mom.total.device
+            x = acts[f"{w}_pre"].to(dt)  # [b, pos, head, d]
+            valid = acts.valid.to(dt)[:, :, None, None]  # [b, pos, 1, 1]
             xv = x * valid
-            mom.total[i] += xv.sum((0, 1)).cpu()
-            mom.total_sq[i] += (xv * x).sum((0, 1)).cpu()
+            mom.count[i] += valid.sum().to(here)
+            mom.total[i] += xv.sum((0, 1)).to(here)
+            mom.total_sq[i] += (xv * x).sum((0, 1)).to(here)
 
     def result(self, provenance: Provenance, factor: float = 5.0) -> MassiveValues:
         """The streamed sums as :class:`MassiveValues` thresholded at ``factor``."""
-        return MassiveValues(layers=tuple(self.layers), spec=self.spec, moments=self.moments,
+        return MassiveValues(layers=tuple(self.layers), spec=self.spec,
+                             moments={w: m.to("cpu", torch.float64) for w, m in self.moments.items()},
                              factor=_check_factor(factor), provenance=provenance)
 
 

@@ -40,8 +40,9 @@ from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.capture import LayerActs, Moments, batches, stream
+from ropelens.capture import LayerActs, Moments, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
+from ropelens.decompose import query_tile
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope, RopeSpec
@@ -54,7 +55,6 @@ Scope = Literal["all", "sink", "content"]
 SCOPES = ("sink", "content")  # stored; "all" is their sum
 SOURCES = ("post", "pre")
 _FORMAT = 1
-TILE_ELEMENTS = 1 << 24  # scores per query tile: [batch, heads, tile, keys] floats
 
 
 def layer_train_ctx(rope: LayerRope, train_ctx: int) -> int:
@@ -104,7 +104,7 @@ class OffsetReducer:
     pre-RoPE ones (the content angles); all come from the fast q/k path. Queries at positions below
     ``n_sink`` (BOS: it can only attend to itself) and padding are left out of every statistic;
     norms are over the same tokens. Sums are float64 on the CPU; scores are rebuilt in query tiles
-    of at most ``TILE_ELEMENTS`` entries, so nothing of size ``[heads, n, n]`` is held for long n.
+    of about the device's element budget (:func:`ropelens.decompose.query_tile`), so nothing of size ``[heads, n, n]`` is held for long n.
     """
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], *, n_sink: int = 1, pre: bool = True,
@@ -124,6 +124,7 @@ class OffsetReducer:
         L, H, KV, P = len(self.layers), lr.n_heads, lr.n_kv_heads, lr.n_planes
         self.pos = {layer: i for i, layer in enumerate(self.layers)}
         self.q, self.k = Moments.zeros((L, H, P)), Moments.zeros((L, KV, P))
+        self._placed = False
         z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
         self.sums: dict[str, Tensor] = {f"n/{sc}": z(L, H) for sc in SCOPES}
         for sc in SCOPES:
@@ -138,14 +139,19 @@ class OffsetReducer:
         q_post, k_post = acts["q_post"].float(), acts["k_post"].float()
         b, n, H, d = q_post.shape
         dev = q_post.device
+        if not self._placed:  # sums live where the first activations do (no host round trip per layer)
+            self.q, self.k = self.q.to(dev), self.k.to(dev)
+            self.sums = {k_: v.to(dev, sum_dtype(dev)) for k_, v in self.sums.items()}
+            self._placed = True
+        here, dt = self.q.total.device, self.q.total.dtype
         pos = torch.arange(n, device=dev)
         valid = acts.valid.to(dev)
         keep = (valid & (pos >= self.n_sink)[None]).float()  # [b, n] tokens that count
         # per-window sums in float32 (≤ n_ctx terms), accumulated across windows in float64
-        win = lambda x: x.double().sum(0).cpu()  # noqa: E731
+        win = lambda x: x.to(dt).sum(0).to(here)  # noqa: E731
         for mom, x in ((self.q, q_post), (self.k, k_post)):
             norms = rope.plane_norms(x) / rope.attention_scaling  # cos/sin carry the scaling
-            mom.count[i] += float(keep.sum())
+            mom.count[i] += keep.sum().to(here, dt)
             mom.total[i] += win(torch.einsum("bnhp,bn->bhp", norms, keep))
             mom.total_sq[i] += win(torch.einsum("bnhp,bn->bhp", norms * norms, keep))
         att = self.attended(rope, q_post, k_post, valid)  # [b, n, H]
@@ -190,7 +196,7 @@ class OffsetReducer:
         b, n, H, d = q_post.shape
         KV, G = rope.n_kv_heads, rope.group_size
         qg = (q_post * rope.score_scale).view(b, n, KV, G, d)
-        tile = self.tile or max(1, TILE_ELEMENTS // max(1, b * H * min(n, rope.window or n)))
+        tile = self.tile or query_tile(q_post.device, b * H * min(n, rope.window or n))
         out = torch.empty(b, KV, G, n, dtype=torch.long, device=q_post.device)
         for c0 in range(0, n, tile):
             c1 = min(n, c0 + tile)
@@ -211,7 +217,8 @@ class OffsetReducer:
     def result(self, provenance: Provenance, train_ctx: int | None = None) -> RotaryOffsets:
         """The streamed sums as :class:`RotaryOffsets`."""
         return RotaryOffsets(layers=tuple(self.layers), spec=self.spec, train_ctx=_train_ctx(self.spec, train_ctx),
-                             n_sink=self.n_sink, q=self.q, k=self.k, sums=dict(self.sums), provenance=provenance)
+                             n_sink=self.n_sink, q=self.q.to("cpu", torch.float64), k=self.k.to("cpu", torch.float64),
+                             sums={k: v.to("cpu", torch.float64) for k, v in self.sums.items()}, provenance=provenance)
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import LayerActs, batches, stream
+from ropelens.bands import Bands
+from ropelens.capture import LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
+from ropelens.decompose import query_tile
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
 from ropelens.rope import RopeSpec
@@ -40,17 +41,6 @@ __all__ = ["EPSILON", "AttentionSinks", "SinkReducer", "attention_sinks"]
 EPSILON = 0.3  # Gu et al.'s threshold on the attention a sinking head pays to the sink token
 _FORMAT = 1
 # score entries per tile: 2^22 on the CPU; accelerators take larger tiles
-TILE_ELEMENTS = {"cpu": 1 << 22}
-TILE_ELEMENTS_ACCELERATOR = 1 << 26
-MIN_TILE = 16
-
-
-def _membership(rb: ResolvedBands, head_dim: int) -> Tensor:
-    """``[head_dim, band]`` one-hot: a matmul with it sums per-dim products into band terms."""
-    m = torch.zeros(head_dim, rb.n_bands)
-    for j, dims in enumerate(rb.dims):
-        m[dims, j] = 1.0
-    return m
 
 
 class SinkReducer:
@@ -106,15 +96,13 @@ class SinkReducer:
 
     def _on(self, device: torch.device) -> dict[str, Tensor]:
         if self.sums["n_queries"].device != device:
-            dt = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-            self.sums = {k: v.to(device, dt) for k, v in self.sums.items()}
+            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
         return self.sums
 
     def _tile(self, device: torch.device, rows: int, keys: int) -> int:
         if self.tile:
             return self.tile
-        budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
-        return max(MIN_TILE, budget // max(1, rows * keys))
+        return query_tile(device, rows * keys)
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
@@ -128,7 +116,7 @@ class SinkReducer:
         KV, G = rope.n_kv_heads, rope.group_size
         key = (acts.layer, str(dev))
         if key not in self._member:
-            self._member[key] = _membership(rb, d).to(dev)
+            self._member[key] = rb.dim_membership().to(dev)
         member = self._member[key]
         vf = valid.float()
         q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)  # [b,n,H,d], logits come out scaled

@@ -49,6 +49,7 @@ class UsageReducer:
         shape = {"q": (len(self.layers), lr.n_heads, P), "k": (len(self.layers), lr.n_kv_heads, P)}
         self.tok = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
         self.win = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
+        self._placed = False
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every running sum by name (the tensors themselves): they add across runs and processes."""
@@ -61,13 +62,12 @@ class UsageReducer:
 
     def _on(self, device: torch.device) -> None:
         """Keep the sums where the activations are (float64; float32 on MPS, which has no float64)."""
-        if getattr(self, "_placed", False):  # placed once; layers elsewhere (device maps) send results here
+        if self._placed:  # placed once; layers elsewhere (device maps) send results here
             return
         self._placed = True
-        dtype = torch.float32 if device.type == "mps" else torch.float64
         for moments in (self.tok, self.win):
             for key, m in moments.items():
-                moments[key] = Moments(m.count.to(device, dtype), m.total.to(device, dtype), m.total_sq.to(device, dtype))
+                moments[key] = m.to(device)
 
     def update(self, acts: LayerActs) -> None:
         i, rope, n_sink = self.pos[acts.layer], acts.rope, self.n_sink
@@ -105,8 +105,7 @@ class UsageReducer:
 
     def result(self, provenance: Provenance) -> FrequencyUsage:
         """The streamed sums as a :class:`FrequencyUsage`."""
-        cpu = lambda ms: {k: Moments(m.count.cpu().double(), m.total.cpu().double(), m.total_sq.cpu().double())  # noqa: E731
-                          for k, m in ms.items()}
+        cpu = lambda ms: {k: m.to("cpu", torch.float64) for k, m in ms.items()}  # noqa: E731
         return FrequencyUsage(layers=tuple(self.layers), spec=self.spec, token=cpu(self.tok), window=cpu(self.win),
                               n_sink=self.n_sink, source=self.source, provenance=provenance)
 

@@ -92,3 +92,18 @@ def test_parse_and_round_trip():
 def test_membership_matrix():
     rb = Bands.quantiles(2).resolve(layer(4))
     assert torch.equal(rb.membership(), torch.tensor([[1.0, 0], [1, 0], [0, 1], [0, 1]]))
+
+
+@pytest.mark.parametrize("pairing", ["half", "adjacent"])
+def test_dim_membership_puts_every_head_dim_in_its_band(pairing):
+    """Partial rotary (head dim 20, 6 planes) and uneven bands: each dim of a plane goes with its plane's
+    band, the unrotated dims with rest, and every dim belongs to exactly one band."""
+    lr = layer(6, head_dim=20)
+    lr = LayerRope(**{**lr.__dict__, "pairing": pairing})
+    rb = Bands.explicit({"a": [0, 1, 2], "b": [4]}).resolve(lr)
+    m = rb.dim_membership()
+    assert m.shape == (20, 3) and torch.equal(m.sum(1), torch.ones(20))
+    dims = lr.plane_dims  # [plane, 2]
+    for p, band in ((0, 0), (1, 0), (2, 0), (4, 1), (3, 2), (5, 2)):
+        assert m[dims[p], band].tolist() == [1.0, 1.0], (p, band)
+    assert m[12:, 2].tolist() == [1.0] * 8

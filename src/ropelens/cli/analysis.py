@@ -40,7 +40,7 @@ def add_usage(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (FrequencyUsage JSON)")
     add_checkpoint_arg(p)
     add_common_options(p)
-    p.set_defaults(func=run_usage)
+    p.set_defaults(func=run_usage, distributed=True)
 
 
 def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
@@ -104,7 +104,7 @@ def add_decompose_stats(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (BandStatistics JSON)")
     add_checkpoint_arg(p)
     add_common_options(p)
-    p.set_defaults(func=run_decompose_stats)
+    p.set_defaults(func=run_decompose_stats, distributed=True)
 
 
 def run_decompose_stats(args: argparse.Namespace) -> int:
@@ -224,7 +224,7 @@ def add_heads(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-ctx", type=int, default=256, help="tokens per window")
     p.add_argument("--out", default=None, help="save the HeadTaxonomy as JSON to this file")
     add_common_options(p)
-    p.set_defaults(func=run_heads)
+    p.set_defaults(func=run_heads, distributed=True)
 
 
 def run_heads(args: argparse.Namespace) -> int:

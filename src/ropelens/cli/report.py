@@ -38,7 +38,7 @@ def add_report(subparsers: argparse._SubParsersAction) -> None:
                    help="folder the experiment scripts wrote (e.g. results/): their tables for this model join "
                         "the p-RoPE and context-extension sections")
     add_common_options(p)
-    p.set_defaults(func=run_report)
+    p.set_defaults(func=run_report, distributed=True)
 
 
 def run_report(args: argparse.Namespace) -> int:
