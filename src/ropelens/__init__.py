@@ -1,6 +1,6 @@
 """ropelens: which RoPE frequencies a model uses, and for what."""
 
-from ropelens import context, data, distributed, heads, train, variants
+from ropelens import context, data, distributed, extrapolation, heads, train, variants
 from ropelens.bands import Bands
 from ropelens.capture import capture_qk
 from ropelens.decay import rope_decay_by_distance, rope_decay_constant, rope_gaussian_expectation
@@ -50,6 +50,7 @@ __all__ = [
     "decompose_attention",
     "describe_curve",
     "distributed",
+    "extrapolation",
     "frequency_usage",
     "heads",
     "learned_pe",

@@ -20,7 +20,7 @@ they allow, and shows how such an offset makes an attention sink. :class:`Offset
   aimed at the sink) from content channels (angles that vary with the text).
 
 A sliding-window layer never sees a relative distance past its window, so its L_train is the
-window where that is shorter than the context (as in :func:`ropelens.context.base_predictions`).
+window where that is shorter than the context (as in :func:`ropelens.extrapolation.base_predictions`).
 """
 
 from __future__ import annotations

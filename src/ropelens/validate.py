@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 
-__all__ = ["check_factors", "check_flag", "check_indices", "check_number"]
+__all__ = ["check_factors", "check_flag", "check_indices", "check_number", "check_positive_int"]
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<=": operator.le}
 
@@ -39,6 +39,13 @@ def check_number(
         wanted = " and ".join(f"{op} {b:g}" for op, b in bounds)
         raise InputError(f"{what} must be {wanted}, got {x!r}{hint}")
     return int(x) if integer else float(x)
+
+
+def check_positive_int(x: Any, what: str, hint: str = "") -> int:
+    """``x`` as an int if it is a positive integer (not a bool), else an InputError naming ``what``."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x <= 0:
+        raise InputError(f"{what} must be a positive int, got {x!r}{hint}")
+    return int(x)
 
 
 def check_flag(x: Any, what: str) -> bool:

@@ -209,7 +209,7 @@ def test_offsets_and_predict_base_commands(tiny_dir, capsys):
     import json as _json
 
     from ropelens import load_model
-    from ropelens.context import critical_base, extrapolation_limit
+    from ropelens.extrapolation import critical_base, extrapolation_limit
 
     path = str(tiny_dir("llama-gqa"))
     assert main(["offsets", path, "--n-ctx", "32", "--tokens", "64", "--json"]) == 0

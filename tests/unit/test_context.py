@@ -1,4 +1,4 @@
-"""Context extension per plane: frequencies against HF, categories, RoPE bounds, LongRoPE factor search."""
+"""Context extension per plane: frequencies against HF, categories, LongRoPE factor search."""
 
 from __future__ import annotations
 
@@ -12,10 +12,7 @@ from ropelens import data, rope_spec
 from ropelens.context import (
     LongRopeSearch,
     PlaneView,
-    base_lower_bound,
-    bound_holds,
     compare_figure,
-    critical_dimension,
     plane_view,
     search_longrope_factors,
 )
@@ -82,71 +79,6 @@ def test_plane_view_roundtrip_and_figures(layer, tmp_path):
     assert len(compare_figure(views).data) == 4 and views[2].figure().data
     with pytest.raises(ValueError, match="original_ctx"):
         plane_view(layer, Linear(4.0), 0, L)
-
-
-def test_critical_dimension_hand_cases():
-    assert critical_dimension(10000, 128, 4096) == 92  # Llama 2, as in arXiv 2310.05209
-    # d = 4, base 100: wavelengths 2π and 20π ≈ 62.8.
-    assert critical_dimension(100, 4, 5) == 0  # shorter than one turn of the fastest plane
-    assert critical_dimension(100, 4, 10) == 2  # only plane 0 completes a turn
-    assert critical_dimension(100, 4, 100) == 4  # both do
-    with pytest.raises(ValueError, match="base"):
-        critical_dimension(1.0, 4, 10)
-
-
-def test_base_bound_closed_forms():
-    # d = 4: B(m) = cos m + cos(m/√b); for L = 3 only m = 2 binds: 2/√b ≤ π − 2.
-    assert base_lower_bound(4, 3) == pytest.approx((2 / (math.pi - 2)) ** 2, rel=2e-4)
-    assert base_lower_bound(4, 4) == pytest.approx((3 / (math.pi - 3)) ** 2, rel=2e-4)
-    assert base_lower_bound(4, 2) == 1.0 and base_lower_bound(2, 2) == 1.0
-    with pytest.raises(ValueError, match="rotary_dim 2"):
-        base_lower_bound(2, 3)  # θ₀ = 1 whatever the base, and cos 2 < 0
-
-
-def _min_b(bases, d: int, n: int) -> np.ndarray:
-    """min over m < n of B(m) = Σ_i cos(m·θ_i), θ_i = base^(−2i/d), per base: every m, float64."""
-    theta = np.atleast_1d(np.asarray(bases, dtype=np.float64))[:, None] ** (-np.arange(0, d, 2) / d)
-    m = np.arange(n, dtype=np.float64)
-    return np.cos(m[None, :, None] * theta[:, None, :]).sum(-1).min(-1)
-
-
-def test_base_bound_is_a_boundary():
-    """At the returned base B(m) ≥ 0 for all m < L and just below it not, by direct evaluation of B."""
-    b = base_lower_bound(16, 64, rtol=1e-4)
-    assert _min_b(b, 16, 64)[0] >= 0 > _min_b(b * (1 - 3e-4), 16, 64)[0]
-    # No smaller feasible base on a grid finer than the scan's.
-    assert (_min_b(np.geomspace(1.01, b * 0.999, 2000), 16, 64) < 0).all()
-
-
-# Men et al. 2024 ("Base of RoPE Bounds Context Length"), Table 2, head dim 128: context → base.
-MEN_TABLE_2 = {1024: 4.3e3, 2048: 1.6e4, 4096: 2.7e4, 8192: 8.4e4, 16384: 3.1e5, 32768: 6.4e5, 65536: 2.1e6}
-
-
-def test_men_et_al_table_2_checked_directly():
-    """Which published bases keep B(m) ≥ 0 for every m < L (direct float64 evaluation); bound_holds agrees."""
-    holds = {n: bool(_min_b(base, 128, n)[0] >= 0) for n, base in MEN_TABLE_2.items()}
-    assert holds == {1024: True, 2048: True, 4096: False, 8192: True, 16384: False, 32768: False, 65536: True}
-    assert {n: bound_holds(base, 128, n) for n, base in MEN_TABLE_2.items()} == holds
-
-
-# (L, the scan's bound to 3 digits, recorded); 1k and 8k are Table 2's to 2 digits, at 2k the table's
-# 1.6e4 holds but is not the smallest, at 32k the table's 6.4e5 violates the bound (B(30929) < 0).
-@pytest.mark.parametrize(("n", "smallest"), [(1024, 4.29e3), (2048, 1.16e4), (8192, 8.38e4), (32768, 6.30e5)])
-def test_base_bound_against_men_et_al_table_2(n, smallest):
-    """base_lower_bound at head dim 128 against Table 2 and a direct evaluation of B at and below it."""
-    b = base_lower_bound(128, n)
-    assert float(f"{b:.2e}") == smallest
-    assert _min_b(b, 128, n)[0] >= 0 > _min_b(b * (1 - 3e-4), 128, n)[0]
-    if n in (1024, 8192):
-        assert float(f"{b:.1e}") == MEN_TABLE_2[n]
-
-
-@pytest.mark.xfail(strict=True, reason="known gap: the 200-per-decade log grid (1.2 % steps) misses the feasible "
-                   "island 26,953–26,973 at 4k and returns 2.86e4 (also 16k and 64k; see docs/results.md)")
-def test_base_bound_finds_narrow_feasible_islands():
-    """At 4k (d 128) base 26,960 keeps B(m) ≥ 0 by direct evaluation, so the smallest base is at most that."""
-    assert _min_b(26960, 128, 4096)[0] >= 0  # rounds to Table 2's 2.7e4, which itself violates
-    assert base_lower_bound(128, 4096) <= 26960
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,27 +151,3 @@ def test_cli_context(tiny_dir, capsys):
     assert "critical dimension" in capsys.readouterr().out
     assert main(["context", path, "--target", "1024", "--variants", "bogus"]) == 2
     assert main(["context", path, "--target", "100"]) == 2
-
-
-@pytest.mark.parametrize(("d", "n"), [(8, 100), (16, 300), (32, 1000)])
-def test_base_bound_search_agrees_with_a_plain_scan(d, n):
-    """The hinted search finds the same first feasible grid base as scanning every m for every base."""
-    from ropelens.context import _first_violation
-
-    def plain(base):
-        m = np.arange(n, dtype=np.float64)[:, None]
-        theta = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-        return bool((np.cos(m * theta).sum(1) >= 0).all())
-
-    grid = [math.exp(k * math.log(10) / 200) for k in range(1, 200 * 7)]
-    first = next(b for b in grid if plain(b))
-    hint = None
-    for b in grid:
-        hint = _first_violation(b, d, n, hint)
-        assert (hint is None) == plain(b)
-        if hint is None:
-            assert b == first
-            break
-    below = grid[grid.index(first) - 1]  # the bound is bisected between the grid points around it
-    bound = base_lower_bound(d, n, rtol=1e-4)
-    assert below < bound <= first and plain(bound)

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from ropelens import data, rope_spec
-from ropelens.context import (
+from ropelens.errors import InputError
+from ropelens.evaluate import window_losses
+from ropelens.extrapolation import (
     BasePredictions,
     MeasuredExtrapolation,
     base_lower_bound,
@@ -20,8 +22,6 @@ from ropelens.context import (
     extrapolation_limit,
     measured_extrapolation,
 )
-from ropelens.errors import InputError
-from ropelens.evaluate import window_losses
 from ropelens.rope import LayerRope, RopeSpec
 
 TWO_PI = 2 * math.pi

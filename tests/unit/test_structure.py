@@ -137,7 +137,7 @@ def test_checks_catch_what_they_look_for(tmp_path):
 def test_public_api_exports_exist():
     for name in ropelens.__all__:
         assert hasattr(ropelens, name), name
-    for module in ("heads", "context", "train", "variants", "data"):
+    for module in ("heads", "context", "extrapolation", "train", "variants", "data"):
         assert module in ropelens.__all__
 
 

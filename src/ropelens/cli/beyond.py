@@ -188,7 +188,7 @@ def add_predict_base(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_predict_base(args: argparse.Namespace) -> int:
-    from ropelens.context import base_predictions, measured_extrapolation
+    from ropelens.extrapolation import base_predictions, measured_extrapolation
 
     try:
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]

@@ -142,6 +142,7 @@ def add_context(subparsers: argparse._SubParsersAction) -> None:
 def run_context(args: argparse.Namespace) -> int:
     """Print per-variant plane categories and the bounds (or JSON with every plane)."""
     from ropelens import context as ctx
+    from ropelens import extrapolation as ext
     from ropelens import variants as V
 
     names = [n.strip().lower() for n in args.variants.split(",") if n.strip()]
@@ -156,8 +157,8 @@ def run_context(args: argparse.Namespace) -> int:
     make = {"pi": lambda: V.Linear(s), "ntk": lambda: V.NTK(s), "dynamic": lambda: V.DynamicNTK(2.0, l0),
             "yarn": lambda: V.YaRN(s, l0), "llama3": lambda: V.Llama3(s, 1.0, 4.0, l0)}
     views = [ctx.plane_view(layer, make[n](), l0, args.target) for n in names]
-    bounds = {"critical_dimension": ctx.critical_dimension(layer.base, layer.rotary_dim, l0),
-              "base": layer.base, "base_lower_bound_target": ctx.base_lower_bound(layer.rotary_dim, args.target)}
+    bounds = {"critical_dimension": ext.critical_dimension(layer.base, layer.rotary_dim, l0),
+              "base": layer.base, "base_lower_bound_target": ext.base_lower_bound(layer.rotary_dim, args.target)}
     if args.json:
         out = {"layer": args.layer, "original_ctx": l0, "target_ctx": args.target, **bounds,
                "views": [{**v.counts(), "variant": v.variant, "attention_scaling": v.attention_scaling,

@@ -109,7 +109,7 @@ SECTIONS: list[SectionSpec] = [
                 ("ropelens.decay:rope_decay_constant", "ropelens.decay:rope_gaussian_expectation"),
                 "RoPE's \"long-term decay\" for this model's frequencies: constant versus Gaussian q and k."),
     SectionSpec("context-extension", "Context extension", "ropelens.report.variant_sections:render_context",
-                ("ropelens.context:plane_view", "ropelens.context:base_lower_bound"),
+                ("ropelens.context:plane_view", "ropelens.extrapolation:base_lower_bound"),
                 "Perplexity beyond the trained context under position interpolation, NTK, YaRN, Llama 3 "
                 "and LongRoPE scaling of these frequencies."),
 ]

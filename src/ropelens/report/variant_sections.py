@@ -155,7 +155,7 @@ def _methods(factor: float, l0: int) -> dict[str, Any]:
 
 
 def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
-    from ropelens.context import base_lower_bound, critical_dimension
+    from ropelens.extrapolation import base_lower_bound, critical_dimension
 
     out: dict[str, Any] = {"base": layer.base}
     if layer.base is None or layer.base <= 1:
