@@ -352,11 +352,14 @@ class DistanceReducer:
         self.sums: dict[str, Tensor] = {"band_sum": z(L, H, B, nb), "prob_sum": z(L, H, nb), "count": z(L, nb),
                                         "dist_sum": z(L, nb), "n_queries": z(L)}
         self._cache: dict[tuple, Tensor] = {}
+        self._placed = False
 
     def _on(self, device: torch.device) -> dict[str, Tensor]:
-        if self.sums["count"].device != device:
-            dt = sum_dtype(device)
-            self.sums = {k: v.to(device, dt) for k, v in self.sums.items()}
+        """The running sums, moved once to the device the first activations live on (layers a device
+        map puts elsewhere send their per-batch results there)."""
+        if not self._placed:
+            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
+            self._placed = True
         return self.sums
 
     def _cached(self, key: tuple, make) -> Tensor:
@@ -384,7 +387,7 @@ class DistanceReducer:
         q_post, k_post = acts["q_post"], acts["k_post"]
         dev = q_post.device
         s = self._on(dev)
-        dt = s["count"].dtype
+        here, sdt, dt = s["count"].device, s["count"].dtype, sum_dtype(dev)
         b, n, H, d = q_post.shape
         reach = n - 1 if not rope.window else min(n, rope.window) - 1
         if reach > self.max_distance:
@@ -397,7 +400,7 @@ class DistanceReducer:
         q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
         k = k_post.float() * vf[:, :, None, None]
         member = self._cached((acts.layer, "member", str(dev)), lambda: rb.dim_membership().to(dev))
-        s["n_queries"][i] += vf.sum().to(dt)
+        s["n_queries"][i] += vf.sum().to(here, sdt)
 
         # band sums by prefix sums: keys below n_sink and padded keys count as zero vectors
         binned = vf.to(dt)
@@ -408,9 +411,9 @@ class DistanceReducer:
         ksum, csum, jsum = prefix(kz), prefix(binned), prefix(binned * pos)  # Σ k, count and Σ j over binned keys
         start, stop = self._runs(n, rope.window, dev)
         cnt = (csum[:, stop] - csum[:, start]) * vf[:, :, None].to(dt)  # [b,n,nb]
-        s["count"][i] += cnt.sum((0, 1))
+        s["count"][i] += cnt.sum((0, 1)).to(here, sdt)
         jtot = (jsum[:, stop] - jsum[:, start]) * vf[:, :, None].to(dt)
-        s["dist_sum"][i] += (cnt * pos[None, :, None] - jtot).sum((0, 1))
+        s["dist_sum"][i] += (cnt * pos[None, :, None] - jtot).sum((0, 1)).to(here, sdt)
         qg = q.view(b, n, KV, G, d)
         acc = torch.zeros(nb, KV, G, member.shape[1], dtype=dt, device=dev)
         tq = self.tile or query_tile(dev, b * nb * H * d)
@@ -418,7 +421,7 @@ class DistanceReducer:
             c1 = min(n, c0 + tq)
             run = (ksum[:, stop[c0:c1]] - ksum[:, start[c0:c1]]).float()  # [b,c,nb,KV,d]: Σ of each bin's keys
             acc += torch.matmul(qg[:, c0:c1, None] * run[:, :, :, :, None], member).sum((0, 1)).to(dt)  # [nb,KV,G,B]
-        s["band_sum"][i] += acc.permute(1, 2, 3, 0).reshape(H, -1, nb)
+        s["band_sum"][i] += acc.permute(1, 2, 3, 0).reshape(H, -1, nb).to(here, sdt)
 
         # probabilities: query tiles holding whole rows, the pattern rebuilt, summed into bins
         qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
@@ -445,7 +448,7 @@ class DistanceReducer:
             oh = torch.nn.functional.one_hot(bin_of[delta.clamp(0, self.max_distance)].reshape(-1), nb).to(p.dtype)
             prob += torch.matmul(p.reshape(b, KV, G, c * kt), oh * keep).sum(0).to(dt)
             del p
-        s["prob_sum"][i] += prob.reshape(H, nb)
+        s["prob_sum"][i] += prob.reshape(H, nb).to(here, sdt)
 
     def config(self) -> dict[str, Any]:
         return {"bands": self.bands.describe(), "layers": list(self.layers), "n_bins": self.n_bins_arg,

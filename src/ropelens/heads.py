@@ -33,7 +33,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands
-from ropelens.capture import LayerActs
+from ropelens.capture import LayerActs, sum_dtype
 from ropelens.decompose import BandStatsReducer
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
@@ -49,7 +49,10 @@ TAU_METHOD = f"otsu(robust offset mass), floor {TAU_FLOOR}"
 # ============================================================================ streaming scores
 class HeadScoresReducer:
     """Streams per layer × head: attention mass at each offset 0..max_offset and on position 0,
-    and per band × offset the moments of the band logit term (for the content/position split)."""
+    and per band × offset the moments of the band logit term (for the content/position split).
+
+    Sums accumulate in float64 (float32 on MPS) on the device of the first activations, with no
+    host synchronisation per update."""
 
     needs = frozenset({"q_post", "k_post", "pattern"})
 
@@ -67,6 +70,23 @@ class HeadScoresReducer:
         z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
         self.sums = {"mass": z(n_l, n_h, n_d), "n_offset": z(n_l, n_d), "sink": z(n_l, n_h), "n_sink": z(n_l),
                      "band_sum": z(n_l, n_h, n_b, n_d), "band_sq": z(n_l, n_h, n_b, n_d)}
+        self._member: dict[tuple[int, torch.device], Tensor] = {}
+        self._placed = False
+
+    def _on(self, device: torch.device) -> dict[str, Tensor]:
+        """The running sums, moved once to the device the first activations live on (layers a device
+        map puts elsewhere send their per-batch results there)."""
+        if not self._placed:
+            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
+            self._placed = True
+        return self.sums
+
+    def _members(self, layer: int, device: torch.device) -> Tensor:
+        """The layer's ``[d_head, band]`` membership on ``device``, copied there once."""
+        key = (layer, device)
+        if key not in self._member:
+            self._member[key] = self.member[layer].to(device)
+        return self._member[key]
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
@@ -74,28 +94,32 @@ class HeadScoresReducer:
         pattern = acts["pattern"].float()
         q = acts["q_post"].float() * rope.score_scale  # so plane products are logit terms
         k = expand_kv(acts["k_post"].float(), rope)
-        member = self.member[acts.layer].to(q.device)
-        n, s = q.shape[1], self.sums
+        dev = q.device
+        s = self._on(dev)
+        here, sdt, dt = s["mass"].device, s["mass"].dtype, sum_dtype(dev)
+        member = self._members(acts.layer, dev)
+        n = q.shape[1]
         w0 = (valid[:, 1:] & valid[:, :1]).float()  # queries ≥ 1 that are real
-        s["sink"][i] += (pattern[:, :, 1:, 0] * w0[:, None]).sum((0, 2)).double().cpu()
-        s["n_sink"][i] += float(w0.sum())
+        s["sink"][i] += (pattern[:, :, 1:, 0] * w0[:, None]).sum((0, 2)).to(here, sdt)
+        s["n_sink"][i] += w0.sum().to(here, sdt)
         for d in range(min(self.max_offset + 1, n - 1)):
             if rope.window and d >= rope.window:
                 break
             # keys at position 0 are excluded: mass there is the sink, not an offset
             w = (valid[:, d + 1 :] & valid[:, 1 : n - d]).float()  # [b, n-1-d]
             diag = pattern.diagonal(offset=-d, dim1=2, dim2=3)[..., 1:]  # [b,h,n-1-d]: (q=i+d, k=i)
-            s["mass"][i, :, d] += (diag * w[:, None]).sum((0, 2)).double().cpu()
-            s["n_offset"][i, d] += float(w.sum())
+            s["mass"][i, :, d] += (diag * w[:, None]).sum((0, 2)).to(here, sdt)
+            s["n_offset"][i, d] += w.sum().to(here, sdt)
             # float64 sums: content variance is E[x²] − E[x]², which cancels for positional bands
-            x = ((q[:, d + 1 :] * k[:, 1 : n - d]) @ member).double()  # [b, n-1-d, h, B]
-            wd = w.double()[..., None, None]
-            s["band_sum"][i, :, :, d] += (x * wd).sum((0, 1)).cpu()
-            s["band_sq"][i, :, :, d] += (x * x * wd).sum((0, 1)).cpu()
+            x = ((q[:, d + 1 :] * k[:, 1 : n - d]) @ member).to(dt)  # [b, n-1-d, h, B]
+            wd = w.to(dt)[..., None, None]
+            s["band_sum"][i, :, :, d] += (x * wd).sum((0, 1)).to(here, sdt)
+            s["band_sq"][i, :, :, d] += (x * x * wd).sum((0, 1)).to(here, sdt)
 
     def scores(self, prefix: str) -> dict[str, Tensor]:
-        """Mean offset mass, sink mass, band position share and content variance, keys prefixed."""
-        s = self.sums
+        """Mean offset mass, sink mass, band position share and content variance, keys prefixed (on the
+        CPU, float64)."""
+        s = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
         cnt = s["n_offset"][:, None, :].clamp_min(1)
         mean = s["band_sum"] / cnt[:, :, None]
         within = s["band_sq"] / cnt[:, :, None] - mean**2

@@ -93,10 +93,14 @@ class SinkReducer:
         }
         self.pos = {L: i for i, L in enumerate(self.layers)}
         self._member: dict[tuple[int, str], Tensor] = {}
+        self._placed = False
 
     def _on(self, device: torch.device) -> dict[str, Tensor]:
-        if self.sums["n_queries"].device != device:
+        """The running sums, moved once to the device the first activations live on (layers a device
+        map puts elsewhere send their per-batch results there)."""
+        if not self._placed:
             self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
+            self._placed = True
         return self.sums
 
     def _tile(self, device: torch.device, rows: int, keys: int) -> int:
@@ -111,7 +115,7 @@ class SinkReducer:
         q_post, k_post, k_pre = acts["q_post"], acts["k_post"], acts["k_pre"]
         dev = q_post.device
         s = self._on(dev)
-        dt = s["n_queries"].dtype
+        here, sdt, dt = s["n_queries"].device, s["n_queries"].dtype, sum_dtype(dev)
         b, n, H, d = q_post.shape
         KV, G = rope.n_kv_heads, rope.group_size
         key = (acts.layer, str(dev))
@@ -126,7 +130,7 @@ class SinkReducer:
         reach = n if not rope.window else min(n, rope.window)  # queries m < reach see position 0
         used = valid & valid[:, :1] & (pos >= self.skip_queries)[None] & (pos < reach)[None] & (n_keys >= 2)
         uf = used.float()  # [b,n]
-        s["n_queries"][i] += uf.sum().to(dt)
+        s["n_queries"][i] += uf.sum().to(here, sdt)
 
         # band terms: logit at key 0 and the mean over the other allowed keys (keys 0 … m, by prefix sums)
         qg = q.view(b, n, KV, G, d)
@@ -135,8 +139,8 @@ class SinkReducer:
         xrow = torch.matmul(qg * ksum[:, :, :, None, :], member)
         xo = (xrow - x0) / (n_keys - 1).clamp_min(1)[:, :, None, None, None].float()
         w = uf[:, :, None, None, None]
-        s["x0_sum"][i] += (x0 * w).sum((0, 1)).reshape(H, -1).to(dt)
-        s["xo_sum"][i] += (xo * w).sum((0, 1)).reshape(H, -1).to(dt)
+        s["x0_sum"][i] += (x0 * w).sum((0, 1)).reshape(H, -1).to(here, sdt)
+        s["xo_sum"][i] += (xo * w).sum((0, 1)).reshape(H, -1).to(here, sdt)
 
         # the model's attention to position 0, rebuilt in query tiles that hold whole rows
         kh = k.permute(0, 2, 3, 1)  # [b,KV,d,n]
@@ -156,21 +160,21 @@ class SinkReducer:
             if rope.sinks is not None:
                 mass += ((1 - p.sum(-1)).clamp_min(0) * u).sum((0, 2))
             del y, p
-        s["p0_sum"][i] += p0_sum.to(dt)
-        s["p0_over"][i] += p0_over.to(dt)
-        s["sink_mass"][i] += mass.to(dt)
+        s["p0_sum"][i] += p0_sum.to(here, sdt)
+        s["p0_over"][i] += p0_over.to(here, sdt)
+        s["sink_mass"][i] += mass.to(here, sdt)
 
         # key norms (pre-RoPE, as frequency usage measures them): position 0 against the rest
         kp = k_pre.float() * vf[:, :, None, None]
         planes = rope.plane_norms(kp)  # [b,n,KV,P]
         bandn = torch.matmul(kp * kp, member).clamp_min(0).sqrt()  # [b,n,KV,B]
         v0 = vf[:, 0]
-        s["n_k0"][i] += v0.sum().to(dt)
-        s["n_kother"][i] += vf[:, 1:].sum().to(dt)
-        s["k0_band"][i] += (bandn[:, 0] * v0[:, None, None]).sum(0).to(dt)
-        s["kother_band"][i] += bandn[:, 1:].sum((0, 1)).to(dt)
-        s["k0_plane"][i] += (planes[:, 0] * v0[:, None, None]).sum(0).to(dt)
-        s["kother_plane"][i] += planes[:, 1:].sum((0, 1)).to(dt)
+        s["n_k0"][i] += v0.sum().to(here, sdt)
+        s["n_kother"][i] += vf[:, 1:].sum().to(here, sdt)
+        s["k0_band"][i] += (bandn[:, 0] * v0[:, None, None]).sum(0).to(here, sdt)
+        s["kother_band"][i] += bandn[:, 1:].sum((0, 1)).to(here, sdt)
+        s["k0_plane"][i] += (planes[:, 0] * v0[:, None, None]).sum(0).to(here, sdt)
+        s["kother_plane"][i] += planes[:, 1:].sum((0, 1)).to(here, sdt)
 
     def config(self) -> dict[str, Any]:
         return {"bands": self.bands.describe(), "layers": list(self.layers), "epsilon": self.epsilon,
