@@ -34,6 +34,7 @@ class LayerActs:
     rope: LayerRope
     valid: Bool[Tensor, "batch pos"]  # False on right padding
     tensors: dict[str, Tensor] = field(default_factory=dict)
+    padded: bool | None = None  # whether ``valid`` is False anywhere, when known (saves asking the device)
 
     def __getitem__(self, key: str) -> Tensor:
         return self.tensors[key]
@@ -163,6 +164,7 @@ class _Collector:
         self.plans = {L: _hook_plan(h, self.needs) for L, h in self.hooks.items()}
         self.pending: dict[int, dict[str, Tensor]] = {}
         self.valid: Tensor | None = None
+        self.padded: bool | None = None
         self.interleaved = bool(getattr(getattr(model, "cfg", None), "rotary_interleaved_cos_sin", False))
 
     def fwd_hooks(self) -> list[tuple[str, object]]:
@@ -216,7 +218,8 @@ class _Collector:
             got[key] = t.transpose(1, 2)
 
     def _dispatch(self, layer: int) -> None:
-        acts = LayerActs(layer=layer, rope=self.spec.layers[layer], valid=self.valid, tensors=self.pending.pop(layer))
+        acts = LayerActs(layer=layer, rope=self.spec.layers[layer], valid=self.valid, tensors=self.pending.pop(layer),
+                         padded=self.padded)
         for r in self.reducers:
             r.update(acts)
 
@@ -265,7 +268,7 @@ def stream(
     col = _Collector(spec, chosen, reducers, model)
     use_fast = fast and col.needs <= QK_NEEDS
     stop = max(chosen) + 1
-    n_tok = 0
+    n_tok = torch.zeros((), dtype=torch.long)
     device = next(model.parameters()).device
     with torch.no_grad(), contextlib.ExitStack() as bridge:
         hooked = False
@@ -275,18 +278,19 @@ def stream(
             valid = torch.ones_like(toks, dtype=torch.bool) if valid is None else valid.to(device).bool()
             if valid.shape != toks.shape:
                 raise InputError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
-            col.valid = valid
+            # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask)
+            col.valid, col.padded = valid, not bool(valid.all())
+            n_tok = n_tok.to(device) + valid.sum()
             if use_fast:
-                def fold(L: int, tensors: dict[str, Tensor], valid: Tensor = valid) -> None:
-                    acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid, tensors=tensors)
+                def fold(L: int, tensors: dict[str, Tensor], valid: Tensor = valid, padded: bool = col.padded) -> None:
+                    acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid, tensors=tensors, padded=padded)
                     for r in reducers:
                         r.update(acts)
 
-                got = fast_qk(model, spec, toks, valid, chosen, keep=col.needs, on_layer=fold)
+                got = fast_qk(model, spec, toks, valid, chosen, keep=col.needs, on_layer=fold, padded=col.padded)
                 if got is not None:
                     for L in sorted(got):  # layers not handed over while the forward ran (first batch)
                         fold(L, got[L])
-                    n_tok += int(valid.sum())
                     continue
             use_fast = False  # this model cannot take the fast path: every batch goes through the bridge
             if not hooked:
@@ -296,8 +300,7 @@ def stream(
             col.finish()
             if col.pending:
                 raise RuntimeError(f"hooks for layers {sorted(col.pending)} fired incompletely")
-            n_tok += int(valid.sum())
-    return n_tok
+    return int(n_tok)
 
 
 @dataclass

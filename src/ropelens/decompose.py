@@ -316,8 +316,11 @@ class BandStatsReducer:
             self._placed = True
         return self.sums
 
-    def _has_padding(self, valid: Tensor) -> bool:
-        """Whether this batch holds padding (asked once per batch: every layer shares ``valid``)."""
+    def _has_padding(self, valid: Tensor, known: bool | None = None) -> bool:
+        """Whether this batch holds padding (``known`` from the capture, else asked once per batch:
+        every layer shares ``valid``)."""
+        if known is not None:
+            return known
         if self._padded is None or self._padded[0] is not valid:
             self._padded = (valid, not bool(valid.all()))
         return self._padded[1]
@@ -391,8 +394,10 @@ class BandStatsReducer:
         qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
         kh = k.transpose(1, 2).contiguous()  # [b,KV,n,d]
         # Σ of the keys each query may attend to (prefix sums in float64: long windows cancel exactly)
-        ksum = _window_sums(kh.double(), rope).float()  # [b,KV,n,d]
-        general = self._has_padding(valid)
+        wide = sum_dtype(dev)
+        kd = kh.to(wide)
+        ksum = _window_sums(kd, rope).float()  # [b,KV,n,d]
+        general = self._has_padding(valid, acts.padded)
         pos = torch.arange(n, device=dev)
         allowed = pos + 1 if not rope.window else (pos + 1).clamp(max=rope.window)  # keys per (unpadded) query
         if general:  # padding anywhere: count only the valid keys each query sees
@@ -414,10 +419,14 @@ class BandStatsReducer:
         acc_cs = {k_: q.new_zeros(KV, G, rope.n_planes) for k_ in ("term", "bound")}
         member = self._cached((acts.layer, "member", dev), lambda: rb.dim_membership().to(dev))  # [d, B]
         ninf = float("-inf")
+        # Σ_k y² and Σ_k y·k over the keys every query of a tile attends to come from Σ k kᵀ over them
+        # (y = q·k), carried from tile to tile in float64; only the tile's edge columns need the scores
+        gram = _RunningGram(kd)
         for c0 in range(0, n, tq):
             c1 = min(n, c0 + tq)
             c = c1 - c0
             k0 = max(0, c0 - rope.window + 1) if rope.window else 0
+            full = (max(0, c1 - rope.window) if rope.window else 0, c0 + 1)  # keys every query of the tile sees
             qt = qh[:, :, :, c0:c1]  # [b,KV,G,c,d]
             qbt = qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1)
             # per query, carried across key tiles (online, as FlashAttention carries its row max)
@@ -426,8 +435,8 @@ class BandStatsReducer:
             xa = q.new_zeros(b, KV, B, G, c)  # band logits at the attended key
             bmax = q.new_full((b, KV, B, G, c), ninf)  # each band's own maximum
             absr = q.new_zeros(b, KV, B, G, c)
-            ysum, ysq = q.new_zeros(b, KV, G, c), q.new_zeros(b, KV, G, c)
-            yk = q.new_zeros(b, KV, G * c, d)  # Σ_k y(q,k)·k
+            ysq = q.new_zeros(b, KV, G, c)  # Σ y² over the edge columns
+            yk = q.new_zeros(b, KV, G * c, d)  # Σ y·k over the edge columns
             step = (c1 - k0) if self.jsd else tk  # the JS divergence needs whole rows
             for j0 in range(k0, c1, step):
                 j1 = min(c1, j0 + step)
@@ -444,8 +453,9 @@ class BandStatsReducer:
                 else:
                     sc = y
                 arg = sc.argmax(-1, keepdim=True)
-                better = sc.gather(-1, arg)[..., 0] > best  # strict: ties keep the earlier key, as argmax does
-                best = torch.where(better, sc.gather(-1, arg)[..., 0], best)
+                top = sc.gather(-1, arg)[..., 0]
+                better = top > best  # strict: ties keep the earlier key, as argmax does
+                best = torch.where(better, top, best)
                 att = torch.where(better, arg[..., 0] + j0, att)
                 del sc
                 xat = x.gather(-1, arg[:, :, None].expand(-1, -1, B, -1, -1, -1))[..., 0]
@@ -459,9 +469,10 @@ class BandStatsReducer:
                         acc["jsd"][:, j] += (js_divergence(pb, pat) * seen[:, None, c0:c1]).sum((0, 2)).view(KV, G)
                 for lo, hi, _, my in spans:
                     y[..., lo:hi].masked_fill_(my, 0.0)
-                ysum += y.sum(-1)
-                ysq += (y * y).sum(-1)
-                yk += torch.matmul(y.view(b, KV, G * c, kt), kh[:, :, j0:j1])
+                for lo, hi in _outside(j0, j1, *full):
+                    ye = y[..., lo:hi]
+                    ysq += (ye * ye).sum(-1)
+                    yk += torch.matmul(ye.reshape(b, KV, G * c, hi - lo), kh[:, :, j0 + lo : j0 + hi])
                 del y
                 x.abs_()
                 for lo, hi, mx, _ in spans:
@@ -473,10 +484,16 @@ class BandStatsReducer:
             acc["abs"] += absr.sum((0, 4))
             if self.agreement:  # band-only top-1: the attended key attains the band's own maximum
                 acc["top1"] += ((xa >= bmax) & seenq[:, None, None, None].bool()).sum((0, 4))
+            # keys seen by the whole tile: Σ_k y·k_j = (Σ_k k kᵀ) q, so Σ_k x_b·y and Σ_k y² are products with q
+            qg = qt.to(wide)
+            qgq = qg * torch.matmul(qg, gram.over(*full)[:, :, None])  # [b,KV,G,c,d]
+            ysq = ysq + qgq.sum(-1)
+            # Σ_k x_b = q_b · Σ_k k_b; Σ_k x_b·y = q_b · (Σ_k y k_b): per-dim products summed into bands
+            row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(0, 1, 4, 2, 3)  # [b,KV,B,G,c]
+            cross = (torch.matmul(qt * yk.view(b, KV, G, c, d), member)
+                     + torch.matmul(qgq, member.to(wide))).permute(0, 1, 4, 2, 3)
+            ysum = row_b.sum(2)  # [b,KV,G,c]
             acc_var += torch.where(okq[:, None, None].bool(), ysq - ysum**2 / rq.clamp_min(1)[:, None, None], 0).sum((0, 3))
-            # Σ_k x_b·y = q_b · (Σ_k y(q,k) k_b) and Σ_k x_b = q_b · Σ_k k_b: per-dim products summed into bands
-            cross = torch.matmul(qt * yk.view(b, KV, G, c, d), member).permute(0, 1, 4, 2, 3)  # [b,KV,B,G,c]
-            row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(0, 1, 4, 2, 3)
             acc["cov"] += torch.where(w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0).sum((0, 4))
             acc["margin"] += torch.where(w4, xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None], 0).sum((0, 4))
             ka = kh.gather(2, att.view(b, KV, G * c, 1).expand(-1, -1, -1, d)).view(b, KV, G, c, d)
@@ -506,6 +523,40 @@ def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor
     if rope.window and rope.window < k.shape[2]:
         csum[:, :, rope.window :] -= csum[:, :, : -rope.window].clone()
     return csum
+
+
+class _RunningGram:
+    """Σ k kᵀ over any key range ``[lo, hi)`` whose ends only move forward: two running prefix sums."""
+
+    def __init__(self, k: Float[Tensor, "b h pos d"]) -> None:
+        self.k = k
+        b, h, _, d = k.shape
+        self.ends = [0, 0]
+        self.sums = [k.new_zeros(b, h, d, d), k.new_zeros(b, h, d, d)]
+
+    def _upto(self, which: int, end: int) -> Tensor:
+        start = self.ends[which]
+        if end > start:
+            seg = self.k[:, :, start:end]
+            self.sums[which] += torch.matmul(seg.transpose(-1, -2), seg)
+            self.ends[which] = end
+        return self.sums[which]
+
+    def over(self, lo: int, hi: int) -> Tensor:
+        """Σ_{lo ≤ j < hi} k_j k_jᵀ, ``[b, h, d, d]`` (zero for an empty range)."""
+        if hi <= lo:
+            return self.sums[0].new_zeros(self.sums[0].shape)
+        return self._upto(1, hi) - self._upto(0, lo)
+
+
+def _outside(j0: int, j1: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Column ranges (relative to ``j0``) of keys ``[j0, j1)`` outside ``[lo, hi)``: disjoint, in order."""
+    if hi <= lo:
+        return [(0, j1 - j0)]
+    out = [(0, min(j1, lo) - j0)] if lo > j0 else []
+    if j1 > hi:
+        out.append((max(j0, hi) - j0, j1 - j0))
+    return [(a, z) for a, z in out if z > a]
 
 
 def _masked_spans_of(c0: int, c1: int, j0: int, j1: int, window: int | None) -> list[tuple[int, int]]:

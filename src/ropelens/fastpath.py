@@ -4,7 +4,8 @@ The TransformerLens bridge rebuilds eager attention (full score and pattern matr
 layer. Analyses that need only queries and keys (frequency usage) do not need that: this path runs
 the HF model the bridge wraps, with its ``sdpa`` attention, and takes each rotary layer's pre- and
 post-RoPE q and k where the model rotates them, at the family's ``apply_rotary_pos_emb``; the forward
-stops after the last layer asked for. Families that rotate elsewhere or only a slice of the head
+stops at the last rotation asked for (that layer's attention, MLP and every later layer are
+skipped). Families that rotate elsewhere or only a slice of the head
 (GPT-J, Phi, StableLM), a model under a RoPE variant or plane ablation, and any mismatch with the
 spec fall back to the bridge, which gives the same numbers (``tests/unit/test_fastpath.py``).
 """
@@ -51,13 +52,16 @@ def intervened(model) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callable[[int, tuple], object] | None = None
-                ) -> Iterator[bool]:
+def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callable[[int, tuple], object] | None = None,
+                block: list[int] | None = None) -> Iterator[bool]:
     """Record (q, k, q_rot, k_rot) at every call of the modeling module's ``apply_rotary_pos_emb``
     (or, with ``on_call``, hand call i's tensors to ``on_call(i, tensors)`` and keep nothing).
 
-    Call i must rotate whole heads of ``expected[i]`` (``[batch, heads, pos, head_dim]``); the first
-    call that does not (Phi and StableLM rotate a slice of the head) raises :class:`_Unsupported`.
+    Call i must rotate whole heads of ``expected[i]`` (``[batch, heads, pos, head_dim]``), from inside
+    decoder layer ``expected[i].layer`` when ``block`` (``[index of the layer running]``) is given;
+    the first call that does not (Phi and StableLM rotate a slice of the head, a family that rotates
+    twice per layer) raises :class:`_Unsupported`. After the last expected call the forward stops
+    (:class:`_Stop`): nothing after the last layer's rotation is needed.
     """
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "apply_rotary_pos_emb", None)
@@ -71,7 +75,7 @@ def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callabl
             raise _Unsupported
         lr = expected[len(calls)]
         if q.ndim != 4 or q.shape[1] != lr.n_heads or k.shape[1] != lr.n_kv_heads or q.shape[-1] != lr.head_dim \
-                or k.shape[-1] != lr.head_dim:
+                or k.shape[-1] != lr.head_dim or (block is not None and block[0] != lr.layer):
             raise _Unsupported
         q_rot, k_rot = orig(q, k, *args, **kwargs)
         if on_call is None:
@@ -79,6 +83,8 @@ def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callabl
         else:
             calls.append(None)
             on_call(len(calls) - 1, (q, k, q_rot, k_rot))
+        if len(calls) == len(expected):
+            raise _Stop
         return q_rot, k_rot
 
     mod.apply_rotary_pos_emb = tap
@@ -135,7 +141,8 @@ def _decoder_layers(hf) -> Sequence[torch.nn.Module] | None:
 
 def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequence[int], *,
             keep: frozenset[str] = QK_NEEDS,
-            on_layer: Callable[[int, dict[str, Tensor]], object] | None = None) -> dict[int, dict[str, Tensor]] | None:
+            on_layer: Callable[[int, dict[str, Tensor]], object] | None = None,
+            padded: bool | None = None) -> dict[int, dict[str, Tensor]] | None:
     """``{layer: {name: tensor}}`` for the names in ``keep`` (``q_pre``, ``k_pre``, ``q_post``, ``k_post``),
     each ``[batch, pos, head, d]``, or None when this model cannot take the fast path (the caller
     then runs the bridge).
@@ -144,7 +151,8 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
     ``on_layer(layer, tensors)`` while the forward runs and are dropped (memory: one layer's q/k,
     not every layer's); the returned dict then holds only what was not handed over. A model found
     unable to is remembered, so later calls cost nothing; a model under an intervention is only
-    skipped while it lasts.
+    skipped while it lasts. ``padded`` (whether ``valid`` has a False anywhere), when the caller
+    knows it, saves asking the device.
     """
     if getattr(model, _MARK, 0) or getattr(model, _UNSUPPORTED, False):
         return None
@@ -174,20 +182,31 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
     def stop(*_: object) -> None:
         raise _Stop
 
-    handle = blocks[last].register_forward_hook(stop)
+    running = [-1]
+
+    def enter(i: int) -> Callable[..., None]:
+        def pre(*_: object) -> None:
+            running[0] = i
+
+        return pre
+
+    handles = [blocks[last].register_forward_hook(stop)]
+    handles += [blocks[i].register_forward_pre_hook(enter(i)) for i in range(last + 1)]
     try:
-        with _rotary_tap(hf, [spec[L] for L in rotary], calls, hand_over if streaming else None) as tapped, \
+        with _rotary_tap(hf, [spec[L] for L in rotary], calls, hand_over if streaming else None, running) as tapped, \
                 sdpa_attention(hf), torch.no_grad():
             if tapped:
                 # no padding: no mask tensor, so sdpa runs its causal kernel without an n × n mask
-                mask = None if bool(valid.all()) else valid.long()
-                hf(input_ids=tokens, attention_mask=mask, use_cache=False)
+                if padded is None:
+                    padded = not bool(valid.all())
+                hf(input_ids=tokens, attention_mask=valid.long() if padded else None, use_cache=False)
     except _Stop:
         pass
     except _Unsupported:
         tapped = False
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
     if not tapped or len(calls) != len(rotary):
         object.__setattr__(model, _UNSUPPORTED, True)
         return None

@@ -102,3 +102,73 @@ def test_interventions_keep_the_bridge(family, loaded):
     plain = capture_qk(model, toks, which=("q_post",))
     L = spec.rotary_layers[-1]
     assert not torch.allclose(under[L]["q_post"], plain[L]["q_post"])
+
+
+def test_the_forward_stops_at_the_last_rotation(loaded):
+    """Nothing after the last layer's rotation runs: not its MLP, not its attention output."""
+    model, spec = loaded("llama")
+    toks = _tokens(4)
+    blocks = fastpath.hf_view(model).base_model.layers
+    ran: list[str] = []
+    last = spec.rotary_layers[-1]
+    handles = [blocks[i].mlp.register_forward_hook(lambda *_, i=i: ran.append(f"mlp{i}")) for i in range(len(blocks))]
+    handles.append(blocks[last].self_attn.o_proj.register_forward_hook(lambda *_: ran.append("o_proj")))
+    try:
+        got = fastpath.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers)
+    finally:
+        for h in handles:
+            h.remove()
+    assert sorted(got) == spec.rotary_layers
+    assert ran == [f"mlp{i}" for i in range(last)]
+
+
+def test_a_family_that_rotates_twice_per_layer_is_refused(tmp_path, monkeypatch):
+    """Each rotation must come from its own layer: a second one inside a layer sends the model to the bridge
+    (counting calls alone would hand layer 1's tensors out as layer 2's)."""
+    from transformers.models.llama import modeling_llama
+
+    model = ropelens.load_model(family_model_dir("llama", tmp_path / "llama"), device="cpu")
+    spec = rope_spec(model)
+    orig = modeling_llama.LlamaAttention.forward
+
+    def twice(self, hidden_states, position_embeddings, *args, **kwargs):
+        b, n, _ = hidden_states.shape
+        q = hidden_states.new_zeros(b, self.config.num_attention_heads, n, self.head_dim)
+        k = hidden_states.new_zeros(b, self.config.num_key_value_heads, n, self.head_dim)
+        modeling_llama.apply_rotary_pos_emb(q, k, *position_embeddings)
+        return orig(self, hidden_states, position_embeddings, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", twice)
+    toks = _tokens(5)
+    assert fastpath.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers) is None
+
+
+def test_one_host_sync_per_batch(loaded, monkeypatch):
+    """Usage and band statistics streamed on the fast path ask the device one thing per batch (whether it
+    holds padding), plus the token count at the end."""
+    import sys
+
+    from ropelens.bands import Bands
+    from ropelens.capture import batches, stream
+    from ropelens.decompose import BandStatsReducer
+    from ropelens.usage import UsageReducer
+
+    model, spec = loaded("llama")
+    toks = torch.randint(4, 100, (4, 40), generator=torch.Generator().manual_seed(6))
+    reducers = [UsageReducer(spec, spec.rotary_layers), BandStatsReducer(spec, spec.rotary_layers, Bands.quantiles(2))]
+    stream(model, batches(toks[:1], 1), reducers, spec=spec, progress=False)  # the first batch probes the model
+    asked: list[str] = []
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy"):
+        orig = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _orig=orig, _name=name, **k):
+            caller = sys._getframe(1).f_code.co_filename
+            if "ropelens" in caller and "tests" not in caller:
+                asked.append(f"{_name} at {caller.rsplit('/', 1)[-1]}:{sys._getframe(1).f_lineno}")
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    n = stream(model, batches(toks, 1), reducers, spec=spec, progress=False)
+    monkeypatch.undo()
+    assert n == toks.numel()
+    assert len(asked) == toks.shape[0] + 1, asked
