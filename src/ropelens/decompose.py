@@ -258,6 +258,9 @@ def query_tile(device: torch.device, entries_per_query: int) -> int:
     return max(MIN_TILE, budget // max(1, entries_per_query))
 
 
+# keys every query of a tile sees, from which Σ y² and Σ y·k come from a running Σ k kᵀ (d² per query)
+# rather than from the scores: below this the scores are cheaper (measured on the CPU)
+GRAM_MIN_KEYS = 512
 KEY_TILE = {"cpu": 512}  # keys per tile: rows longer than this are carried across key tiles (online argmax)
 KEY_TILE_ACCELERATOR = 8192
 
@@ -422,11 +425,14 @@ class BandStatsReducer:
         # Σ_k y² and Σ_k y·k over the keys every query of a tile attends to come from Σ k kᵀ over them
         # (y = q·k), carried from tile to tile in float64; only the tile's edge columns need the scores
         gram = _RunningGram(kd)
+        member_w = member.to(wide)
         for c0 in range(0, n, tq):
             c1 = min(n, c0 + tq)
             c = c1 - c0
             k0 = max(0, c0 - rope.window + 1) if rope.window else 0
             full = (max(0, c1 - rope.window) if rope.window else 0, c0 + 1)  # keys every query of the tile sees
+            if full[1] - full[0] < GRAM_MIN_KEYS:  # few: cheaper as scores than as products with Σ k kᵀ
+                full = (0, 0)
             qt = qh[:, :, :, c0:c1]  # [b,KV,G,c,d]
             qbt = qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1)
             # per query, carried across key tiles (online, as FlashAttention carries its row max)
@@ -485,13 +491,16 @@ class BandStatsReducer:
             if self.agreement:  # band-only top-1: the attended key attains the band's own maximum
                 acc["top1"] += ((xa >= bmax) & seenq[:, None, None, None].bool()).sum((0, 4))
             # keys seen by the whole tile: Σ_k y·k_j = (Σ_k k kᵀ) q, so Σ_k x_b·y and Σ_k y² are products with q
-            qg = qt.to(wide)
-            qgq = qg * torch.matmul(qg, gram.over(*full)[:, :, None])  # [b,KV,G,c,d]
-            ysq = ysq + qgq.sum(-1)
+            if full[1] > full[0]:
+                qg = qt.to(wide)
+                qgq = qg * torch.matmul(qg, gram.over(*full)[:, :, None])  # [b,KV,G,c,d]
+                ysq = ysq + qgq.sum(-1)
+                crossg = torch.matmul(qgq, member_w)
+            else:
+                crossg = 0.0
             # Σ_k x_b = q_b · Σ_k k_b; Σ_k x_b·y = q_b · (Σ_k y k_b): per-dim products summed into bands
             row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(0, 1, 4, 2, 3)  # [b,KV,B,G,c]
-            cross = (torch.matmul(qt * yk.view(b, KV, G, c, d), member)
-                     + torch.matmul(qgq, member.to(wide))).permute(0, 1, 4, 2, 3)
+            cross = (torch.matmul(qt * yk.view(b, KV, G, c, d), member) + crossg).permute(0, 1, 4, 2, 3)
             ysum = row_b.sum(2)  # [b,KV,G,c]
             acc_var += torch.where(okq[:, None, None].bool(), ysq - ysum**2 / rq.clamp_min(1)[:, None, None], 0).sum((0, 3))
             acc["cov"] += torch.where(w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0).sum((0, 4))

@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM
 import ropelens
 from ropelens import Bands
 from ropelens.capture import stream
+from ropelens import decompose
 from ropelens.decompose import BandStatsReducer
 from ropelens.families import FAMILIES, N_CHECK, VOCAB, family_hf_model
 from ropelens.spec import rope_spec
@@ -311,6 +312,13 @@ def _reference_cached(c: Case, length: int | None = None) -> dict[str, Tensor]:
 
 
 # ============================================================================ tests
+@pytest.fixture(autouse=True)
+def _gram_everywhere(monkeypatch):
+    """Σ y² and Σ y·k from the running Σ k kᵀ wherever a tile has keys all its queries see (the reducer
+    does that only past GRAM_MIN_KEYS such keys: these inputs are shorter)."""
+    monkeypatch.setattr(decompose, "GRAM_MIN_KEYS", 1)
+
+
 @pytest.mark.parametrize("name", [_case(n) for n in CASES])
 def test_reference_reproduces_hf_attention(name, case):
     """The reference is right: HF passes the family's windows, cap and sinks; bands partition the head
@@ -399,6 +407,16 @@ def test_key_tiles_carry_the_attended_key_across_tiles(name, case):
         padded = reducer_sums(c, [(rows, valid)], tile, jsd=False)
         alone = reducer_sums(c, [_full(rows[:1]), _full(rows[1:, : N - 12])], tile, jsd=False)
         assert_sums_match(padded, alone, f"{name} tile={tile}: padded vs rows alone", rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_case(n).marks) for n in ("llama", "gemma3_text", "gpt_oss")])
+def test_scores_alone_give_the_same_sums(name, case, monkeypatch):
+    """With the running Σ k kᵀ off (every Σ y² and Σ y·k from the scores), every tile gives the reference."""
+    monkeypatch.setattr(decompose, "GRAM_MIN_KEYS", 1 << 30)
+    c = case(name)
+    want = {k: v for k, v in _reference_cached(c).items() if k != "jsd"}
+    for tile in (None, 7, (5, 3)):
+        assert_sums_match(reducer_sums(c, [_full(_tokens())], tile, jsd=False), want, f"{name} tile={tile}, scores only")
 
 
 def test_bad_tile_is_refused(case):
