@@ -391,9 +391,12 @@ class BandStatsReducer:
         q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
         k = k_post.float() * vf[:, :, None, None]
         idx = self._band_index(acts.layer, rb, d, dev)
-        zq, zk = q.new_zeros(b, n, H, 1), k.new_zeros(b, n, KV, 1)
-        qb = torch.cat([q, zq], -1)[..., idx].view(b, n, KV, G, B, -1).permute(0, 2, 4, 3, 1, 5)  # [b,KV,B,G,n,db]
-        kb = torch.cat([k, zk], -1)[..., idx].permute(0, 2, 3, 1, 4).contiguous()  # [b,KV,B,n,db]
+        if len({len(dims) for dims in rb.dims}) > 1:  # bands of different widths: padded with a zero column
+            q_, k_ = torch.cat([q, q.new_zeros(b, n, H, 1)], -1), torch.cat([k, k.new_zeros(b, n, KV, 1)], -1)
+        else:
+            q_, k_ = q, k
+        qb = q_[..., idx].view(b, n, KV, G, B, -1).permute(0, 2, 4, 3, 1, 5)  # [b,KV,B,G,n,db]
+        kb = k_[..., idx].permute(0, 2, 3, 1, 4).contiguous()  # [b,KV,B,n,db]
         qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
         kh = k.transpose(1, 2).contiguous()  # [b,KV,n,d]
         # Σ of the keys each query may attend to (prefix sums in float64: long windows cancel exactly)
@@ -506,10 +509,9 @@ class BandStatsReducer:
             acc["cov"] += torch.where(w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0).sum((0, 4))
             acc["margin"] += torch.where(w4, xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None], 0).sum((0, 4))
             ka = kh.gather(2, att.view(b, KV, G * c, 1).expand(-1, -1, -1, d)).view(b, KV, G, c, d)
-            qpl, kpl = rope.split(qt), rope.split(ka)  # [b,KV,G,c,P,2]
-            w = okq[:, None, None, :, None].bool()
-            acc_cs["term"] += torch.where(w, (qpl * kpl).sum(-1), 0).sum((0, 3))
-            acc_cs["bound"] += torch.where(w, qpl.norm(dim=-1) * kpl.norm(dim=-1), 0).sum((0, 3))
+            w = okq[:, None, None, :, None].bool()  # per plane, [b,KV,G,c,P]
+            acc_cs["term"] += torch.where(w, rope.plane_sums(qt * ka), 0).sum((0, 3))
+            acc_cs["bound"] += torch.where(w, rope.plane_norms(qt) * rope.plane_norms(ka), 0).sum((0, 3))
         to_hb = lambda t: t.permute(0, 2, 1).reshape(H, B).to(here, torch.float64)  # noqa: E731  [KV,B,G] -> [H,B], h = kv·G + g
         s["abs_sum"][i] += to_hb(acc["abs"])
         s["cov"][i] += to_hb(acc["cov"])

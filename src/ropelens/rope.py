@@ -78,6 +78,16 @@ def plane_norms(x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pair
     raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
 
 
+def plane_sums(x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairing) -> Float[Tensor, "... n_planes"]:
+    """Sum of each plane's two coordinates of ``x`` (of ``q * k``: each plane's logit term, unscaled)."""
+    n = rotary_dim // 2
+    if pairing == "half":
+        return x[..., :n] + x[..., n:rotary_dim]
+    if pairing == "adjacent":
+        return x[..., 0:rotary_dim:2] + x[..., 1:rotary_dim:2]
+    raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+
+
 @dataclass(frozen=True)
 class LayerRope:
     """What one attention layer rotates, read from the running model."""
@@ -154,6 +164,10 @@ class LayerRope:
     def plane_norms(self, x: Float[Tensor, "... head_dim"]) -> Float[Tensor, "... n_planes"]:
         """‖x^(i)‖ for every plane i."""
         return plane_norms(x, self.rotary_dim, self.pairing)
+
+    def plane_sums(self, x: Float[Tensor, "... head_dim"]) -> Float[Tensor, "... n_planes"]:
+        """x^(i)₀ + x^(i)₁ for every plane i (of ``q * k``: q^(i)·k^(i))."""
+        return plane_sums(x, self.rotary_dim, self.pairing)
 
     @property
     def rotary(self) -> bool:

@@ -316,3 +316,17 @@ def test_layer_indices_errors(layers, kind, error, match):
 def test_plane_norms_equal_norms_of_split_planes(pairing):
     x = torch.randn(3, 5, 2, 12)
     assert torch.allclose(plane_norms(x, 8, pairing), split_planes(x, 8, pairing).norm(dim=-1), atol=1e-6)
+
+
+@pytest.mark.parametrize("pairing", ["half", "adjacent"])
+def test_plane_sums_and_norms_match_the_split_planes(pairing):
+    """plane_sums(q * k) is each plane's q^(i)·k^(i) and plane_norms each plane's 2-norm, as from split_planes,
+    with the non-rotary dims of a partial-rotary head left out."""
+    from ropelens.rope import plane_norms, plane_sums, split_planes
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(3, 5, 40, generator=g, dtype=torch.float64), torch.randn(3, 5, 40, generator=g, dtype=torch.float64)
+    qs, ks = split_planes(q, 32, pairing), split_planes(k, 32, pairing)
+    torch.testing.assert_close(plane_sums(q * k, 32, pairing), (qs * ks).sum(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(plane_norms(q, 32, pairing), qs.norm(dim=-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(plane_sums(q * k, 32, pairing).sum(-1), (q[..., :32] * k[..., :32]).sum(-1))
