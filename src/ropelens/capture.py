@@ -21,7 +21,7 @@ from ropelens.errors import InputError
 from ropelens.hooks import AttnHooks, attn_hooks, to_bphd
 from ropelens.rope import LayerRope, RopeSpec
 
-__all__ = ["LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "sum_dtype"]
+__all__ = ["DeviceSums", "LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "sum_dtype"]
 
 NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post", "pattern"})
 
@@ -51,6 +51,23 @@ class Reducer(Protocol):
 def sum_dtype(device: torch.device) -> torch.dtype:
     """What running sums accumulate in on ``device``: float64, or float32 on MPS (which has no float64)."""
     return torch.float32 if device.type == "mps" else torch.float64
+
+
+class DeviceSums:
+    """Base of reducers whose running sums ``self.sums`` (built on the CPU) live where the activations
+    do: moved once, to the device the first activations live on, in :func:`sum_dtype` of it; layers a
+    device map puts elsewhere send their per-batch results there. No host round trip per update."""
+
+    sums: dict[str, Tensor]
+    _placed = False
+
+    def _on(self, device: torch.device) -> dict[str, Tensor]:
+        """The running sums, moved once to the device the first activations live on (layers a device
+        map puts elsewhere send their per-batch results there)."""
+        if not self._placed:
+            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
+            self._placed = True
+        return self.sums
 
 
 @dataclass

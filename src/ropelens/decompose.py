@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import LayerActs, capture_qk, sum_dtype
+from ropelens.capture import DeviceSums, LayerActs, capture_qk, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
@@ -265,7 +265,7 @@ KEY_TILE = {"cpu": 512}  # keys per tile: rows longer than this are carried acro
 KEY_TILE_ACCELERATOR = 8192
 
 
-class BandStatsReducer:
+class BandStatsReducer(DeviceSums):
     """Streams, per layer × head × band: mean |logit|, within-query covariance with the full
     logit, contribution to the attended key's margin, band-only top-1 agreement (and, with
     ``jsd=True``, the JS divergence of the band-only pattern); per plane, the Cauchy–Schwarz
@@ -302,7 +302,6 @@ class BandStatsReducer:
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
         self._index: dict[tuple, Tensor] = {}
         self._padded: tuple[Tensor, bool] | None = None
-        self._placed = False
 
     def _zeros(self, device: torch.device) -> dict[str, Tensor]:
         L, H, B, P = self.shape
@@ -310,14 +309,6 @@ class BandStatsReducer:
         sums = {k: z(L, H, B) for k in _SUMS_LHB}
         sums.update(var=z(L, H), n_entries=z(L), n_rows=z(L), n_queries=z(L), cs_term=z(L, H, P), cs_bound=z(L, H, P))
         return sums
-
-    def _on(self, device: torch.device) -> dict[str, Tensor]:
-        """The running sums, moved once to the device the first activations live on (layers a device
-        map puts elsewhere send their per-batch results there)."""
-        if not self._placed:
-            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
-            self._placed = True
-        return self.sums
 
     def _has_padding(self, valid: Tensor, known: bool | None = None) -> bool:
         """Whether this batch holds padding (``known`` from the capture, else asked once per batch:

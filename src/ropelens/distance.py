@@ -31,7 +31,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import LayerActs, batches, stream, sum_dtype
+from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.decompose import query_tile
 from ropelens.errors import InputError
@@ -308,7 +308,7 @@ def _resolve_all(spec: RopeSpec, layers: Sequence[int], bands: Bands) -> tuple[d
     return resolved, next(iter(names))
 
 
-class DistanceReducer:
+class DistanceReducer(DeviceSums):
     """Streams, per layer × head × band × distance bin, the mean band logit; per layer × head × bin,
     the mean full logit (the sum of the bands, before any soft-cap) and the mean attention
     probability of the model's own pattern.
@@ -352,15 +352,6 @@ class DistanceReducer:
         self.sums: dict[str, Tensor] = {"band_sum": z(L, H, B, nb), "prob_sum": z(L, H, nb), "count": z(L, nb),
                                         "dist_sum": z(L, nb), "n_queries": z(L)}
         self._cache: dict[tuple, Tensor] = {}
-        self._placed = False
-
-    def _on(self, device: torch.device) -> dict[str, Tensor]:
-        """The running sums, moved once to the device the first activations live on (layers a device
-        map puts elsewhere send their per-batch results there)."""
-        if not self._placed:
-            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
-            self._placed = True
-        return self.sums
 
     def _cached(self, key: tuple, make) -> Tensor:
         if key not in self._cache:

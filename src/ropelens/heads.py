@@ -33,7 +33,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands
-from ropelens.capture import LayerActs, sum_dtype
+from ropelens.capture import DeviceSums, LayerActs, sum_dtype
 from ropelens.decompose import BandStatsReducer
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
@@ -47,7 +47,7 @@ TAU_METHOD = f"otsu(robust offset mass), floor {TAU_FLOOR}"
 
 
 # ============================================================================ streaming scores
-class HeadScoresReducer:
+class HeadScoresReducer(DeviceSums):
     """Streams per layer × head: attention mass at each offset 0..max_offset and on position 0,
     and per band × offset the moments of the band logit term (for the content/position split).
 
@@ -71,15 +71,6 @@ class HeadScoresReducer:
         self.sums = {"mass": z(n_l, n_h, n_d), "n_offset": z(n_l, n_d), "sink": z(n_l, n_h), "n_sink": z(n_l),
                      "band_sum": z(n_l, n_h, n_b, n_d), "band_sq": z(n_l, n_h, n_b, n_d)}
         self._member: dict[tuple[int, torch.device], Tensor] = {}
-        self._placed = False
-
-    def _on(self, device: torch.device) -> dict[str, Tensor]:
-        """The running sums, moved once to the device the first activations live on (layers a device
-        map puts elsewhere send their per-batch results there)."""
-        if not self._placed:
-            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
-            self._placed = True
-        return self.sums
 
     def _members(self, layer: int, device: torch.device) -> Tensor:
         """The layer's ``[d_head, band]`` membership on ``device``, copied there once."""

@@ -40,7 +40,7 @@ from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.capture import LayerActs, Moments, batches, stream, sum_dtype
+from ropelens.capture import DeviceSums, LayerActs, Moments, batches, stream
 from ropelens.data import analysis_windows
 from ropelens.decompose import query_tile
 from ropelens.errors import InputError
@@ -97,7 +97,7 @@ def _median_of_others(x: Float[Tensor, "... plane"]) -> Float[Tensor, "... plane
     return out
 
 
-class OffsetReducer:
+class OffsetReducer(DeviceSums):
     """Streams plane norms of q and k and, at each query's attended key, the q–k angle per plane.
 
     Needs post-RoPE queries and keys (the scores and the post-RoPE angles) and, with ``pre``, the
@@ -124,7 +124,6 @@ class OffsetReducer:
         L, H, KV, P = len(self.layers), lr.n_heads, lr.n_kv_heads, lr.n_planes
         self.pos = {layer: i for i, layer in enumerate(self.layers)}
         self.q, self.k = Moments.zeros((L, H, P)), Moments.zeros((L, KV, P))
-        self._placed = False
         z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
         self.sums: dict[str, Tensor] = {f"n/{sc}": z(L, H) for sc in SCOPES}
         for sc in SCOPES:
@@ -139,10 +138,9 @@ class OffsetReducer:
         q_post, k_post = acts["q_post"].float(), acts["k_post"].float()
         b, n, H, d = q_post.shape
         dev = q_post.device
-        if not self._placed:  # sums live where the first activations do (no host round trip per layer)
+        if not self._placed:  # the moments live with the sums
             self.q, self.k = self.q.to(dev), self.k.to(dev)
-            self.sums = {k_: v.to(dev, sum_dtype(dev)) for k_, v in self.sums.items()}
-            self._placed = True
+        self._on(dev)
         here, dt = self.q.total.device, self.q.total.dtype
         pos = torch.arange(n, device=dev)
         valid = acts.valid.to(dev)

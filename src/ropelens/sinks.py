@@ -27,7 +27,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.bands import Bands
-from ropelens.capture import LayerActs, batches, stream, sum_dtype
+from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.decompose import query_tile
 from ropelens.errors import InputError
@@ -43,7 +43,7 @@ _FORMAT = 1
 # score entries per tile: 2^22 on the CPU; accelerators take larger tiles
 
 
-class SinkReducer:
+class SinkReducer(DeviceSums):
     """Streams, per layer × head, the attention to position 0 and its band decomposition.
 
     For each query at position m ≥ ``skip_queries`` that may attend to position 0 (within its
@@ -93,15 +93,6 @@ class SinkReducer:
         }
         self.pos = {L: i for i, L in enumerate(self.layers)}
         self._member: dict[tuple[int, str], Tensor] = {}
-        self._placed = False
-
-    def _on(self, device: torch.device) -> dict[str, Tensor]:
-        """The running sums, moved once to the device the first activations live on (layers a device
-        map puts elsewhere send their per-batch results there)."""
-        if not self._placed:
-            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
-            self._placed = True
-        return self.sums
 
     def _tile(self, device: torch.device, rows: int, keys: int) -> int:
         if self.tile:

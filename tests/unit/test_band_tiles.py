@@ -38,9 +38,8 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 import ropelens
-from ropelens import Bands
+from ropelens import Bands, decompose
 from ropelens.capture import stream
-from ropelens import decompose
 from ropelens.decompose import BandStatsReducer
 from ropelens.families import FAMILIES, N_CHECK, VOCAB, family_hf_model
 from ropelens.spec import rope_spec
