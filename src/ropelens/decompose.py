@@ -276,8 +276,11 @@ class BandStatsReducer(DeviceSums):
     whole key range (causal, sliding window), the model's scores are rebuilt in the tile as the sum
     of the band terms, and the layer's mask, soft-capping and sinks are applied there; memory is
     O(tile · n) per layer, and nothing of size ``[heads, n, n]`` exists. Keys stay in KV-head
-    layout (grouped-query heads share one matmul). Sums accumulate in float64 on the model's device;
-    the one host synchronisation per batch asks whether it holds padding.
+    layout (grouped-query heads share one matmul). The score moments a tile needs over keys all its
+    queries see (Σ y², Σ y·k) come from a running Σ k kᵀ once there are GRAM_MIN_KEYS of them, so
+    the scores are summed only on the tile's causal and window edges. Sums accumulate in float64 on
+    the model's device; the one host synchronisation per batch (whether it holds padding) is the
+    capture's.
     """
 
     needs = frozenset({"q_post", "k_post"})
