@@ -67,7 +67,10 @@ def timing(args) -> None:
     print(f"{args.model}: {toks.shape[0]} windows x {toks.shape[1]} tokens, batch {args.batch_size}, "
           f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats")
     for k, v in times.items():
-        print(f"  {k:<16} median {med[k]:7.2f} s  ratio to sdpa {med[k] / med['sdpa']:.3f}x   runs {[round(x, 2) for x in v]}")
+        # each repeat's own ratio to the sdpa run beside it: slow drifts of a shared machine cancel
+        paired = statistics.median(x / y for x, y in zip(v, times["sdpa"], strict=True))
+        print(f"  {k:<16} median {med[k]:7.2f} s  ratio to sdpa {med[k] / med['sdpa']:.3f}x  "
+              f"median per-repeat ratio {paired:.3f}x   runs {[round(x, 2) for x in v]}")
 
 
 def rss_child(args) -> None:
