@@ -270,10 +270,12 @@ def stream(
     """Run the model over ``data`` (token batches, or ``(tokens, valid)`` pairs for right padding).
 
     Calls every reducer once per layer per batch; returns the number of valid tokens seen. The
-    forward stops after the last requested layer. When the reducers need only queries and keys and
-    ``fast`` is on, the HF model runs with its own sdpa attention (:mod:`ropelens.fastpath`) instead
-    of the bridge, where the family allows it; the numbers are the same (your own bridge hooks do
-    not fire on that path: pass ``fast=False`` to keep them).
+    forward stops after the last requested layer (on the fast path, at its rotation). When the
+    reducers need only queries and keys and ``fast`` is on, the HF model runs with its own sdpa
+    attention (:mod:`ropelens.fastpath`) instead of the bridge, where the family allows it; the
+    numbers are the same (your own bridge hooks do not fire on that path: pass ``fast=False`` to
+    keep them). One host synchronisation per batch asks whether it holds padding; reducers read the
+    answer from :attr:`LayerActs.padded`.
     """
     from ropelens.fastpath import QK_NEEDS, fast_qk
     from ropelens.spec import rope_spec
