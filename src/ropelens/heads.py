@@ -34,10 +34,10 @@ from torch import Tensor
 
 from ropelens.bands import Bands
 from ropelens.capture import DeviceSums, LayerActs, sum_dtype
-from ropelens.decompose import BandStatsReducer
+from ropelens.decompose import BandStatsReducer, query_tile
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
-from ropelens.rope import RopeSpec, expand_kv
+from ropelens.rope import LayerRope, RopeSpec, expand_kv
 from ropelens.serialize import dump_json
 
 __all__ = ["HeadScoresReducer", "HeadTaxonomy", "TAU_FLOOR", "classify_heads", "otsu_threshold", "random_tokens"]
@@ -51,10 +51,13 @@ class HeadScoresReducer(DeviceSums):
     """Streams per layer × head: attention mass at each offset 0..max_offset and on position 0,
     and per band × offset the moments of the band logit term (for the content/position split).
 
-    Sums accumulate in float64 (float32 on MPS) on the device of the first activations, with no
-    host synchronisation per update."""
+    Needs only post-RoPE queries and keys (so the model runs with its own fast attention): the
+    attention on position 0 and on the first offsets is rebuilt from the scores in query tiles that
+    hold each query's whole key range, with the layer's mask, window, soft-capping and sinks; memory
+    is O(tile · n). Sums accumulate in float64 (float32 on MPS) on the device of the first
+    activations, with no host synchronisation per update."""
 
-    needs = frozenset({"q_post", "k_post", "pattern"})
+    needs = frozenset({"q_post", "k_post"})
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, max_offset: int) -> None:
         if not isinstance(max_offset, int) or max_offset < 1:
@@ -79,27 +82,60 @@ class HeadScoresReducer(DeviceSums):
             self._member[key] = self.member[layer].to(device)
         return self._member[key]
 
+    def _offsets(self, rope: LayerRope, n: int) -> range:
+        """Offsets 0 … max_offset that some query of an ``n``-token window can attend at."""
+        return range(min(self.max_offset + 1, n - 1, rope.window or n))
+
+    def _attention(self, q: Tensor, k: Tensor, valid: Tensor, rope: LayerRope) -> tuple[Tensor, Tensor]:
+        """The model's attention on position 0 (queries 1 … n−1) and at each offset δ (queries δ+1 …
+        n−1), ``[b, head, n-1]`` and ``[offset, b, head, n-1]`` (zero where there is no such query),
+        rebuilt from the scaled scores ``q``·``k`` in query tiles that hold each query's whole key
+        range: the layer's mask, window, soft-capping and sinks applied as the model applies them."""
+        b, n, H, d = q.shape
+        KV, G = rope.n_kv_heads, rope.group_size
+        dev = q.device
+        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
+        kh = k.permute(0, 2, 3, 1)  # [b,KV,d,n]
+        pos = torch.arange(n, device=dev)
+        offsets = self._offsets(rope, n)
+        sink = q.new_zeros(b, H, n)
+        diag = q.new_zeros(len(offsets), b, H, n)
+        tq = query_tile(dev, b * H * min(n, rope.window or n))
+        for c0 in range(1, n, tq):
+            c1 = min(n, c0 + tq)
+            k0 = max(0, c0 - rope.window + 1) if rope.window else 0
+            qp, kp = pos[c0:c1, None], pos[None, k0:c1]
+            ok = (kp <= qp) & ((qp - kp) < rope.window if rope.window else True)
+            ok = ok[None] & valid[:, None, k0:c1]  # [b,c,keys]
+            y = torch.matmul(qh[:, :, :, c0:c1].reshape(b, KV, G * (c1 - c0), d), kh[..., k0:c1])
+            p = rope.probs(y.view(b, H, c1 - c0, c1 - k0).masked_fill(~ok[:, None], float("-inf")))
+            if k0 == 0:
+                sink[..., c0:c1] = p[..., 0]
+            for j, off in enumerate(offsets):
+                lo = max(c0, off + 1)
+                if lo < c1:
+                    qi = torch.arange(lo, c1, device=dev)
+                    diag[j, :, :, lo:c1] = p[:, :, qi - c0, qi - off - k0]
+        return sink[..., 1:], diag[..., 1:]
+
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
         i, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
-        pattern = acts["pattern"].float()
         q = acts["q_post"].float() * rope.score_scale  # so plane products are logit terms
-        k = expand_kv(acts["k_post"].float(), rope)
         dev = q.device
         s = self._on(dev)
         here, sdt, dt = s["mass"].device, s["mass"].dtype, sum_dtype(dev)
         member = self._members(acts.layer, dev)
         n = q.shape[1]
+        sink, diag = self._attention(q, acts["k_post"].float(), valid, rope)
+        k = expand_kv(acts["k_post"].float(), rope)
         w0 = (valid[:, 1:] & valid[:, :1]).float()  # queries ≥ 1 that are real
-        s["sink"][i] += (pattern[:, :, 1:, 0] * w0[:, None]).sum((0, 2)).to(here, sdt)
+        s["sink"][i] += (sink * w0[:, None]).sum((0, 2)).to(here, sdt)
         s["n_sink"][i] += w0.sum().to(here, sdt)
-        for d in range(min(self.max_offset + 1, n - 1)):
-            if rope.window and d >= rope.window:
-                break
+        for d in self._offsets(rope, n):
             # keys at position 0 are excluded: mass there is the sink, not an offset
-            w = (valid[:, d + 1 :] & valid[:, 1 : n - d]).float()  # [b, n-1-d]
-            diag = pattern.diagonal(offset=-d, dim1=2, dim2=3)[..., 1:]  # [b,h,n-1-d]: (q=i+d, k=i)
-            s["mass"][i, :, d] += (diag * w[:, None]).sum((0, 2)).to(here, sdt)
+            w = (valid[:, d + 1 :] & valid[:, 1 : n - d]).float()  # [b, n-1-d]: (q=i+d, k=i), i ≥ 1
+            s["mass"][i, :, d] += (diag[d][..., d:] * w[:, None]).sum((0, 2)).to(here, sdt)
             s["n_offset"][i, d] += w.sum().to(here, sdt)
             # float64 sums: content variance is E[x²] − E[x]², which cancels for positional bands
             x = ((q[:, d + 1 :] * k[:, 1 : n - d]) @ member).to(dt)  # [b, n-1-d, h, B]

@@ -6,6 +6,7 @@ as in Barbero et al. A *plane* is the 2-D subspace of a head that one frequency 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -86,6 +87,13 @@ def plane_sums(x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairi
     if pairing == "adjacent":
         return x[..., 0:rotary_dim:2] + x[..., 1:rotary_dim:2]
     raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _sink_logits(sinks: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """Learned sink logits as a tensor on ``device``, copied there once (a copy per call would make the
+    host wait for the device every tile)."""
+    return torch.tensor(sinks, dtype=dtype, device=device)
 
 
 @dataclass(frozen=True)
@@ -197,7 +205,7 @@ class LayerRope:
             return torch.softmax(x, dim=-1).nan_to_num(0.0)
         shape = [1] * x.ndim
         shape[head_axis] = self.n_heads
-        sink = torch.tensor(self.sinks, dtype=x.dtype, device=x.device).reshape(shape)
+        sink = _sink_logits(self.sinks, x.device, x.dtype).reshape(shape)
         sink = sink.expand(*x.shape[:-1], 1)
         return torch.softmax(torch.cat([x, sink], dim=-1), dim=-1)[..., :-1]
 
