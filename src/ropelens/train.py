@@ -33,6 +33,7 @@ from ropelens.evaluate import LossEstimate, bootstrap_ci, window_losses
 from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope
 from ropelens.serialize import dump_json
+from ropelens.validate import check_positive_int
 from ropelens.variants import BaseChange, RopeVariant, variant_from_dict
 
 __all__ = ["TrainConfig", "TrainResult", "build_model", "cut_windows", "fit", "layer_rope", "lr_at",
@@ -40,12 +41,6 @@ __all__ = ["TrainConfig", "TrainResult", "build_model", "cut_windows", "fit", "l
 
 _FREQ_VARIANTS = ("Default", "PRoPE", "PRoPEReversed", "PRoPEPartial", "NoPE", "BaseChange",
                   "PlaneMask", "Linear", "NTK")
-
-
-def _posint(x: Any, what: str, hint: str = "") -> int:
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x <= 0:
-        raise InputError(f"{what} must be a positive int, got {x!r}{hint}")
-    return int(x)
 
 
 def scaled_shape(n_heads: int, head_dim: int, n_layers: int, steps: int, factor: float) -> dict[str, int]:
@@ -81,7 +76,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads", "head_dim", "seq_len", "batch_size", "steps",
                      "val_windows"):
-            _posint(getattr(self, name), name, f" (the CPU default is {getattr(TrainConfig, name, None)})")
+            check_positive_int(getattr(self, name), name, f" (the CPU default is {getattr(TrainConfig, name, None)})")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, numbers.Integral) or self.warmup < 0:
             raise InputError(f"warmup must be an int >= 0 (steps of linear warm-up), got {self.warmup!r}")
         if self.head_dim % 2:
