@@ -287,7 +287,7 @@ def stream(
     col = _Collector(spec, chosen, reducers, model)
     use_fast = fast and col.needs <= QK_NEEDS
     stop = max(chosen) + 1
-    n_tok = torch.zeros((), dtype=torch.long)
+    n_tok, padded_tok = 0, None  # tokens of unpadded batches (known on the host), of padded ones (on the device)
     device = next(model.parameters()).device
     with torch.no_grad(), contextlib.ExitStack() as bridge:
         hooked = False
@@ -299,7 +299,10 @@ def stream(
                 raise InputError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
             # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask)
             col.valid, col.padded = valid, not bool(valid.all())
-            n_tok = n_tok.to(device) + valid.sum()
+            if col.padded:
+                padded_tok = valid.sum() if padded_tok is None else padded_tok + valid.sum()
+            else:
+                n_tok += valid.numel()
             if use_fast:
                 def fold(L: int, tensors: dict[str, Tensor], valid: Tensor = valid, padded: bool = col.padded) -> None:
                     acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid, tensors=tensors, padded=padded)
@@ -319,7 +322,7 @@ def stream(
             col.finish()
             if col.pending:
                 raise RuntimeError(f"hooks for layers {sorted(col.pending)} fired incompletely")
-    return int(n_tok)
+    return n_tok + (0 if padded_tok is None else int(padded_tok))
 
 
 @dataclass

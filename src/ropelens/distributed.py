@@ -199,10 +199,10 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "; ".join(f"{k}: {a.get(k)!r} then, {b.get(k)!r} now" for k in keys if a.get(k) != b.get(k))
 
 
-def _write_checkpoint(path: Path, config: dict[str, Any], done: int, n_tokens: float, reducers: Sequence[Reducer]) -> None:
+def _write_checkpoint(path: Path, config: dict[str, Any], done: int, n_tokens: int, reducers: Sequence[Reducer]) -> None:
     state = [{k: v.detach().cpu().clone() for k, v in reducer_state(r).items()} for r in reducers]
     buf = io.BytesIO()
-    torch.save({"config": config, "batches_done": done, "n_tokens": float(n_tokens), "state": state}, buf)
+    torch.save({"config": config, "batches_done": done, "n_tokens": int(n_tokens), "state": state}, buf)
     with atomic_write(path, "wb") as f:
         f.write(buf.getvalue())
 
@@ -220,7 +220,7 @@ def _read_checkpoint(path: Path, config: dict[str, Any], reducers: Sequence[Redu
         raise InputError(f"checkpoint {path} holds {len(saved['state'])} reducers, this run has {len(reducers)}")
     for r, st in zip(reducers, saved["state"], strict=True):
         _load_state(r, st)
-    return int(saved["batches_done"]), float(saved["n_tokens"])
+    return int(saved["batches_done"]), int(saved["n_tokens"])
 
 
 def run_windows(
@@ -256,7 +256,7 @@ def run_windows(
     mine = [w for j in my_batches for w in range(j * batch_size, min(n, (j + 1) * batch_size))]
     info = RunInfo(n_tokens=0, world_size=world)
     error: BaseException | None = None
-    n_tok = torch.zeros((), dtype=torch.float64)
+    n_tok = 0
     t0 = time.perf_counter()
     try:
         path = None
@@ -268,8 +268,7 @@ def run_windows(
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"rank{rank}-of-{world}.pt"
             if path.exists():
-                info.resumed_batches, done_tokens = _read_checkpoint(path, run_cfg, reducers)
-                n_tok += done_tokens
+                info.resumed_batches, n_tok = _read_checkpoint(path, run_cfg, reducers)
         all_batches = [tokens[j * batch_size:(j + 1) * batch_size] for j in my_batches]
         bar = tqdm(total=n * int(tokens.shape[1]), desc=desc, unit="tok", unit_scale=True,
                    disable=not progress or rank != 0)
@@ -289,13 +288,13 @@ def run_windows(
     _agree(error)
     if world > 1:
         info.seconds_reduce = _all_reduce(reducers)
-        tok = n_tok.clone()
+        tok = torch.tensor(float(n_tok), dtype=torch.float64, device=_collective_device())
         dist.all_reduce(tok)
-        n_tok = tok
+        n_tok = int(tok.item())
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)
         info.windows_by_rank = gathered
-    info.n_tokens = int(n_tok)
+    info.n_tokens = n_tok
     return info
 
 

@@ -145,12 +145,13 @@ def test_a_family_that_rotates_twice_per_layer_is_refused(tmp_path, monkeypatch)
 
 def test_one_host_sync_per_batch(loaded, monkeypatch):
     """Usage and band statistics streamed on the fast path ask the device one thing per batch (whether it
-    holds padding), plus the token count at the end."""
+    holds padding), alone or through run_windows; with padding, the token count at the end as well."""
     import sys
 
     from ropelens.bands import Bands
     from ropelens.capture import batches, stream
     from ropelens.decompose import BandStatsReducer
+    from ropelens.distributed import run_windows
     from ropelens.usage import UsageReducer
 
     model, spec = loaded("llama")
@@ -169,6 +170,15 @@ def test_one_host_sync_per_batch(loaded, monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     n = stream(model, batches(toks, 1), reducers, spec=spec, progress=False)
+    assert len(asked) == toks.shape[0], asked
+    asked.clear()
+    run = run_windows(model, toks, reducers, batch_size=1, spec=spec, progress=False)  # every corpus analysis's path
+    assert len(asked) == toks.shape[0], asked
+    asked.clear()
+    valid = torch.ones_like(toks, dtype=torch.bool)
+    valid[1, 30:] = False
+    n_padded = stream(model, [(toks[:2], valid[:2])], reducers, spec=spec, progress=False)
     monkeypatch.undo()
-    assert n == toks.numel()
-    assert len(asked) == toks.shape[0] + 1, asked
+    assert len(asked) == 2, asked  # the batch's question, and the count of its real tokens
+    assert n == run.n_tokens == toks.numel()
+    assert n_padded == 2 * 40 - 10
