@@ -26,7 +26,7 @@ from ropelens.bands import Bands, ResolvedBands
 from ropelens.capture import DeviceSums, LayerActs, capture_qk, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
+from ropelens.provenance import FigureRepr, Provenance
 from ropelens.rope import LayerRope, RopeSpec, expand_kv
 from ropelens.serialize import dump_json
 
@@ -422,7 +422,7 @@ class BandStatsReducer(DeviceSums):
         # Σ_k y² and Σ_k y·k over the keys every query of a tile attends to come from Σ k kᵀ over them
         # (y = q·k), carried from tile to tile in float64; only the tile's edge columns need the scores
         gram = _RunningGram(kd)
-        member_w = member.to(wide)
+        member_w = self._cached((acts.layer, "member_wide", dev), lambda: member.to(wide))
         for c0 in range(0, n, tq):
             c1 = min(n, c0 + tq)
             c = c1 - c0
@@ -548,9 +548,7 @@ class _RunningGram:
         return self.sums[which]
 
     def over(self, lo: int, hi: int) -> Tensor:
-        """Σ_{lo ≤ j < hi} k_j k_jᵀ, ``[b, h, d, d]`` (zero for an empty range)."""
-        if hi <= lo:
-            return self.sums[0].new_zeros(self.sums[0].shape)
+        """Σ_{lo ≤ j < hi} k_j k_jᵀ, ``[b, h, d, d]``, for ``lo < hi``."""
         return self._upto(1, hi) - self._upto(0, lo)
 
 
@@ -577,7 +575,7 @@ def _masked_spans_of(c0: int, c1: int, j0: int, j1: int, window: int | None) -> 
 
 
 @dataclass(frozen=True)
-class BandStatistics:
+class BandStatistics(FigureRepr):
     """Corpus statistics of the band decomposition, per layer × head × band."""
 
     layers: tuple[int, ...]
@@ -687,12 +685,6 @@ class BandStatistics:
         fig.update_layout(coloraxis={"colorscale": "RdBu", "cmid": 0}, height=460,
                           title=f"Band decomposition — {self.provenance.model} ({self.bands.describe()})")
         return fig
-
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
-        """The figure as plotly's MIME type, which Jupyter renders offline (no CDN script)."""
-        from ropelens.provenance import plotly_bundle
-
-        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
 
 
 def band_statistics(

@@ -35,7 +35,7 @@ from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.decompose import query_tile
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
+from ropelens.provenance import FigureRepr, Provenance
 from ropelens.rope import RopeSpec
 from ropelens.serialize import dump_json
 from ropelens.validate import check_number
@@ -454,7 +454,7 @@ class DistanceReducer(DeviceSums):
 
 # ============================================================================ the result
 @dataclass(frozen=True)
-class AttentionByDistance:
+class AttentionByDistance(FigureRepr):
     """Mean band logit, full logit and attention probability per layer × head × distance bin.
 
     ``edges`` are the bin edges (bin j: ``edges[j] ≤ δ < edges[j + 1]``); bins a layer never sees
@@ -713,12 +713,6 @@ class AttentionByDistance:
         fig.update_layout(title=f"Attention by distance — {self.provenance.model} ({self.bands.describe()}, {who})",
                           height=300 * len(layers) + 80)
         return fig
-
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
-        """The figure as plotly's MIME type, which Jupyter renders offline (no CDN script)."""
-        from ropelens.provenance import plotly_bundle
-
-        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
 
 
 def attention_by_distance(

@@ -190,6 +190,7 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
 
         return pre
 
+    # the tap stops the forward at the last rotation; this stops it when no layer up to ``last`` rotates
     handles = [blocks[last].register_forward_hook(stop)]
     handles += [blocks[i].register_forward_pre_hook(enter(i)) for i in range(last + 1)]
     try:

@@ -39,7 +39,7 @@ from ropelens.errors import InputError
 from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
 from ropelens.intervene import add_lens_hook
-from ropelens.provenance import Provenance
+from ropelens.provenance import FigureRepr, Provenance
 from ropelens.rope import RopeSpec
 from ropelens.serialize import dump_json, read_result_json
 from ropelens.validate import check_number
@@ -126,7 +126,7 @@ class MassiveReducer:
 
 
 @dataclass(frozen=True)
-class MassiveValues:
+class MassiveValues(FigureRepr):
     """Per-dimension norms of the pre-RoPE queries and keys, and which dimensions are massive.
 
     ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer, head, dim]`` (keys: KV heads) the
@@ -318,11 +318,6 @@ class MassiveValues:
                           title=f"Massive values — {self.provenance.model} (× = norm > {self.factor:g}× head mean)",
                           height=420, margin={"t": 70, "l": 60, "r": 20, "b": 50})
         return fig
-
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
-        from ropelens.provenance import plotly_bundle
-
-        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
 
 
 def massive_values(

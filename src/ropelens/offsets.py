@@ -44,7 +44,7 @@ from ropelens.capture import DeviceSums, LayerActs, Moments, batches, stream
 from ropelens.data import analysis_windows
 from ropelens.decompose import query_tile
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
+from ropelens.provenance import FigureRepr, Provenance
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.serialize import dump_json, read_result_json
 
@@ -220,7 +220,7 @@ class OffsetReducer(DeviceSums):
 
 
 @dataclass(frozen=True)
-class RotaryOffsets:
+class RotaryOffsets(FigureRepr):
     """Per layer × head × plane: q/k plane norms and the q–k angle at the attended key; highest frequency first.
 
     ``q`` moments are ``[layer, head, plane]``, ``k`` moments ``[layer, kv_head, plane]``. ``sums``
@@ -419,11 +419,6 @@ class RotaryOffsets:
             title=f"Rotary outliers and offsets — {self.provenance.model} (partial-cycle planes right of the line)",
             height=420 if layer is None else 320)
         return fig
-
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
-        from ropelens.provenance import plotly_bundle
-
-        return plotly_bundle(self.figure(), f"RotaryOffsets({self.provenance.model}, layers {list(self.layers)})")
 
 
 def rotary_offsets(

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.evaluate import device_of, is_bridge
-from ropelens.provenance import Provenance
+from ropelens.provenance import FigureRepr, Provenance
 from ropelens.serialize import dump_json, read_result_json
 from ropelens.validate import check_number
 from ropelens.variants import DynamicNTK, LongRoPE, RopeVariant
@@ -269,7 +269,7 @@ class PasskeyTrial:
 
 
 @dataclass(frozen=True)
-class PasskeyResult:
+class PasskeyResult(FigureRepr):
     """Passkey retrieval accuracy over depths × lengths, with every trial's prompt size and answer."""
 
     lengths: tuple[int, ...]
@@ -376,10 +376,8 @@ class PasskeyResult:
         fig.update_yaxes(autorange="reversed")
         return fig
 
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
-        from ropelens.provenance import plotly_bundle
-
-        return plotly_bundle(self.figure(), f"PasskeyResult({self.provenance.model}, accuracy {self.mean_accuracy():.2f})")
+    def _repr_text(self) -> str:
+        return f"PasskeyResult({self.provenance.model}, accuracy {self.mean_accuracy():.2f})"
 
 
 def _check_list(values: Any, what: str, **bounds: Any) -> tuple:

@@ -31,7 +31,7 @@ from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.decompose import query_tile
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
+from ropelens.provenance import FigureRepr, Provenance
 from ropelens.rope import RopeSpec
 from ropelens.serialize import dump_json
 from ropelens.validate import check_number
@@ -179,7 +179,7 @@ class SinkReducer(DeviceSums):
 
 
 @dataclass(frozen=True)
-class AttentionSinks:
+class AttentionSinks(FigureRepr):
     """Attention to the first position per layer × head, its band decomposition and the sink key's norms."""
 
     layers: tuple[int, ...]
@@ -389,12 +389,6 @@ class AttentionSinks:
         fig.update_layout(title=f"Attention sinks — {self.provenance.model} ({self.bands.describe()})", height=760,
                           showlegend=False)
         return fig
-
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
-        """The figure as plotly's MIME type, which Jupyter renders offline (no CDN script)."""
-        from ropelens.provenance import plotly_bundle
-
-        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
 
 
 def attention_sinks(

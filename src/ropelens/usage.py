@@ -21,7 +21,7 @@ from ropelens.bands import Bands
 from ropelens.capture import LayerActs, Moments
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
+from ropelens.provenance import FigureRepr, Provenance
 from ropelens.rope import RopeSpec
 from ropelens.serialize import dump_json
 
@@ -110,7 +110,7 @@ class UsageReducer:
                               n_sink=self.n_sink, source=self.source, provenance=provenance)
 
 @dataclass(frozen=True)
-class FrequencyUsage:
+class FrequencyUsage(FigureRepr):
     """Per-plane norms of queries and keys, highest frequency first.
 
     ``token`` moments are over tokens; ``window`` moments over per-window means (their spread
@@ -260,12 +260,6 @@ class FrequencyUsage:
                           title=f"Frequency usage — {self.provenance.model} ({'all tokens' if scope == 'all' else 'sink positions excluded'})",
                           height=420 if layer is None else 320, margin={"t": 70, "l": 60, "r": 20, "b": 50})
         return fig
-
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
-        """The figure as plotly's MIME type, which Jupyter renders offline (no CDN script)."""
-        from ropelens.provenance import plotly_bundle
-
-        return plotly_bundle(self.figure(), f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})")
 
 
 def frequency_usage(
