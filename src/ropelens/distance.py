@@ -411,7 +411,7 @@ class DistanceReducer(DeviceSums):
         for c0 in range(0, n, tq):
             c1 = min(n, c0 + tq)
             run = (ksum[:, stop[c0:c1]] - ksum[:, start[c0:c1]]).float()  # [b,c,nb,KV,d]: Σ of each bin's keys
-            acc += torch.matmul(qg[:, c0:c1, None] * run[:, :, :, :, None], member).sum((0, 1)).to(dt)  # [nb,KV,G,B]
+            acc += torch.matmul(qg[:, c0:c1, None] * run[:, :, :, :, None], member).to(dt).sum((0, 1))  # [nb,KV,G,B]
         s["band_sum"][i] += acc.permute(1, 2, 3, 0).reshape(H, -1, nb).to(here, sdt)
 
         # probabilities: query tiles holding whole rows, the pattern rebuilt, summed into bins
@@ -437,7 +437,7 @@ class DistanceReducer(DeviceSums):
             del y
             keep = (allowed & (ipos[None, k0:c1] >= self.n_sink)).to(p.dtype).reshape(-1, 1)
             oh = torch.nn.functional.one_hot(bin_of[delta.clamp(0, self.max_distance)].reshape(-1), nb).to(p.dtype)
-            prob += torch.matmul(p.reshape(b, KV, G, c * kt), oh * keep).sum(0).to(dt)
+            prob += torch.matmul(p.reshape(b, KV, G, c * kt), oh * keep).to(dt).sum(0)
             del p
         s["prob_sum"][i] += prob.reshape(H, nb).to(here, sdt)
 

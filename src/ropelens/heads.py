@@ -130,12 +130,12 @@ class HeadScoresReducer(DeviceSums):
         sink, diag = self._attention(q, acts["k_post"].float(), valid, rope)
         k = expand_kv(acts["k_post"].float(), rope)
         w0 = (valid[:, 1:] & valid[:, :1]).float()  # queries ≥ 1 that are real
-        s["sink"][i] += (sink * w0[:, None]).sum((0, 2)).to(here, sdt)
+        s["sink"][i] += (sink * w0[:, None]).to(dt).sum((0, 2)).to(here, sdt)
         s["n_sink"][i] += w0.sum().to(here, sdt)
         for d in self._offsets(rope, n):
             # keys at position 0 are excluded: mass there is the sink, not an offset
             w = (valid[:, d + 1 :] & valid[:, 1 : n - d]).float()  # [b, n-1-d]: (q=i+d, k=i), i ≥ 1
-            s["mass"][i, :, d] += (diag[d][..., d:] * w[:, None]).sum((0, 2)).to(here, sdt)
+            s["mass"][i, :, d] += (diag[d][..., d:] * w[:, None]).to(dt).sum((0, 2)).to(here, sdt)
             s["n_offset"][i, d] += w.sum().to(here, sdt)
             # float64 sums: content variance is E[x²] − E[x]², which cancels for positional bands
             x = ((q[:, d + 1 :] * k[:, 1 : n - d]) @ member).to(dt)  # [b, n-1-d, h, B]

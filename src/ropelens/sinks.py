@@ -130,14 +130,14 @@ class SinkReducer(DeviceSums):
         xrow = torch.matmul(qg * ksum[:, :, :, None, :], member)
         xo = (xrow - x0) / (n_keys - 1).clamp_min(1)[:, :, None, None, None].float()
         w = uf[:, :, None, None, None]
-        s["x0_sum"][i] += (x0 * w).sum((0, 1)).reshape(H, -1).to(here, sdt)
-        s["xo_sum"][i] += (xo * w).sum((0, 1)).reshape(H, -1).to(here, sdt)
+        s["x0_sum"][i] += (x0 * w).to(dt).sum((0, 1)).reshape(H, -1).to(here, sdt)
+        s["xo_sum"][i] += (xo * w).to(dt).sum((0, 1)).reshape(H, -1).to(here, sdt)
 
         # the model's attention to position 0, rebuilt in query tiles that hold whole rows
         kh = k.permute(0, 2, 3, 1)  # [b,KV,d,n]
         qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
         tq = self._tile(dev, b * H, reach)
-        p0_sum, p0_over, mass = q.new_zeros(H), q.new_zeros(H), q.new_zeros(H)
+        p0_sum, p0_over, mass = (q.new_zeros(H, dtype=dt) for _ in range(3))
         for c0 in range(min(self.skip_queries, reach), reach, tq):
             c1 = min(reach, c0 + tq)
             c = c1 - c0
@@ -146,10 +146,10 @@ class SinkReducer(DeviceSums):
             p = rope.probs(y.masked_fill(~ok[:, None], float("-inf")))  # [b,H,c,c1]
             u = uf[:, None, c0:c1]  # [b,1,c]
             p0 = p[..., 0]
-            p0_sum += (p0 * u).sum((0, 2))
-            p0_over += ((p0 > self.epsilon).float() * u).sum((0, 2))
+            p0_sum += (p0 * u).to(dt).sum((0, 2))
+            p0_over += ((p0 > self.epsilon).float() * u).to(dt).sum((0, 2))
             if rope.sinks is not None:
-                mass += ((1 - p.sum(-1)).clamp_min(0) * u).sum((0, 2))
+                mass += ((1 - p.sum(-1)).clamp_min(0) * u).to(dt).sum((0, 2))
             del y, p
         s["p0_sum"][i] += p0_sum.to(here, sdt)
         s["p0_over"][i] += p0_over.to(here, sdt)
@@ -162,10 +162,10 @@ class SinkReducer(DeviceSums):
         v0 = vf[:, 0]
         s["n_k0"][i] += v0.sum().to(here, sdt)
         s["n_kother"][i] += vf[:, 1:].sum().to(here, sdt)
-        s["k0_band"][i] += (bandn[:, 0] * v0[:, None, None]).sum(0).to(here, sdt)
-        s["kother_band"][i] += bandn[:, 1:].sum((0, 1)).to(here, sdt)
-        s["k0_plane"][i] += (planes[:, 0] * v0[:, None, None]).sum(0).to(here, sdt)
-        s["kother_plane"][i] += planes[:, 1:].sum((0, 1)).to(here, sdt)
+        s["k0_band"][i] += (bandn[:, 0] * v0[:, None, None]).to(dt).sum(0).to(here, sdt)
+        s["kother_band"][i] += bandn[:, 1:].to(dt).sum((0, 1)).to(here, sdt)
+        s["k0_plane"][i] += (planes[:, 0] * v0[:, None, None]).to(dt).sum(0).to(here, sdt)
+        s["kother_plane"][i] += planes[:, 1:].to(dt).sum((0, 1)).to(here, sdt)
 
     def config(self) -> dict[str, Any]:
         return {"bands": self.bands.describe(), "layers": list(self.layers), "epsilon": self.epsilon,
