@@ -23,11 +23,11 @@ import torch
 
 import ropelens
 from ropelens import data
+from ropelens.analyses.decompose import BandStatsReducer
+from ropelens.analyses.usage import UsageReducer
 from ropelens.bands import Bands
 from ropelens.capture import batches, stream
-from ropelens.decompose import BandStatsReducer
 from ropelens.fastpath import hf_view, sdpa_attention
-from ropelens.usage import UsageReducer
 
 args_tile: int | None = None
 WHAT = ("sdpa", "forward", "usage", "usage_bridge", "band_stats", "band_stats+top1")

@@ -19,14 +19,14 @@ import time
 
 import torch
 
+from ropelens.analyses.decompose import BandStatsReducer
+from ropelens.analyses.usage import UsageReducer
 from ropelens.bands import Bands
 from ropelens.capture import batches, stream
-from ropelens.decompose import BandStatsReducer
 from ropelens.fastpath import hf_view, sdpa_attention
 from ropelens.models import wrap_hf_model
-from ropelens.spec import rope_spec
+from ropelens.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
-from ropelens.usage import UsageReducer
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from ropelens import data, rope_spec  # noqa: E402
 from ropelens import train as T  # noqa: E402
-from ropelens.context import (  # noqa: E402
+from ropelens.analyses.context import (  # noqa: E402
     LongRopeSearch,
     compare_figure,
     plane_view,

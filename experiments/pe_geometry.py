@@ -30,16 +30,16 @@ from plotly.subplots import make_subplots  # noqa: E402
 
 import ropelens  # noqa: E402
 from ropelens import data  # noqa: E402
-from ropelens.capture import capture_qk  # noqa: E402
-from ropelens.curves import decay_verdict, overlay  # noqa: E402
-from ropelens.decay import (  # noqa: E402
+from ropelens.analyses.decay import (  # noqa: E402
     roformer_bound,
     rope_decay_by_distance,
     rope_decay_constant,
     rope_gaussian_expectation,
 )
+from ropelens.analyses.pe_geometry import PESimilarity, pe_similarity, sinusoidal_pe  # noqa: E402
+from ropelens.capture import capture_qk  # noqa: E402
+from ropelens.curves import decay_verdict, overlay  # noqa: E402
 from ropelens.evaluate import RunStore  # noqa: E402
-from ropelens.geometry import PESimilarity, pe_similarity, sinusoidal_pe  # noqa: E402
 from ropelens.pe_train import ORDERS, PETrainConfig, PETrainResult, train_pe_model  # noqa: E402
 from ropelens.provenance import Provenance  # noqa: E402
 from ropelens.serialize import atomic_write_text, dump_json  # noqa: E402

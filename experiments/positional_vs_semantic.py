@@ -27,10 +27,10 @@ import torch  # noqa: E402
 
 import ropelens  # noqa: E402
 from ropelens import data  # noqa: E402
+from ropelens.analyses.heads import HeadTaxonomy, classify_heads  # noqa: E402
 from ropelens.bands import REST, Bands  # noqa: E402
 from ropelens.capture import batches, stream  # noqa: E402
 from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
-from ropelens.heads import HeadTaxonomy, classify_heads  # noqa: E402
 from ropelens.intervene import ablate_planes  # noqa: E402
 from ropelens.serialize import dump_json  # noqa: E402
 
@@ -177,7 +177,7 @@ def cs_table(model, heads: list[tuple[int, int, int]], toks: torch.Tensor) -> li
     (the key at q − δ*, as Barbero et al.'s 383.00 vs 483.97 for a diagonal head), keys past BOS."""
     if not heads:
         return []
-    from ropelens.decompose import decompose_attention
+    from ropelens.analyses.decompose import decompose_attention
 
     dec = decompose_attention(model, toks, bands=BANDS, layers=sorted({L for L, _, _ in heads}))
     out = []

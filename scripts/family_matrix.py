@@ -1,7 +1,7 @@
 """Print ropelens's model-family support table (docs/models.md) from the family matrix.
 
 Each family's tiny random model is checked against HF's eager attention exactly as the tests do
-(``ropelens.families.check_family``); the table shows what each family needs, the layer kinds
+(``ropelens.testing.families.check_family``); the table shows what each family needs, the layer kinds
 ropelens reads, and the largest error measured. Usage:
 
     .venv/bin/python scripts/family_matrix.py > docs/models.md
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import transformers  # noqa: E402
 
 import ropelens  # noqa: E402
-from ropelens.families import FAMILIES, check_family  # noqa: E402
+from ropelens.testing.families import FAMILIES, check_family  # noqa: E402
 
 
 def _e(x: float) -> str:

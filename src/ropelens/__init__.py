@@ -1,25 +1,30 @@
 """ropelens: which RoPE frequencies a model uses, and for what."""
 
-from ropelens import context, data, distributed, extrapolation, heads, train, variants
-from ropelens.bands import Bands
-from ropelens.capture import capture_qk
-from ropelens.decay import rope_decay_by_distance, rope_decay_constant, rope_gaussian_expectation
-from ropelens.decompose import (
+from ropelens import data, distributed, train, variants
+from ropelens.analyses import context, extrapolation, heads
+from ropelens.analyses.decay import (
+    rope_decay_by_distance,
+    rope_decay_constant,
+    rope_gaussian_expectation,
+)
+from ropelens.analyses.decompose import (
     AttentionDecomposition,
     BandStatistics,
     band_statistics,
     decompose_attention,
 )
-from ropelens.distance import AttentionByDistance, attention_by_distance, describe_curve
+from ropelens.analyses.distance import AttentionByDistance, attention_by_distance, describe_curve
+from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
+from ropelens.analyses.sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.usage import FrequencyUsage, frequency_usage
+from ropelens.bands import Bands
+from ropelens.capture import capture_qk
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
-from ropelens.geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.intervene import ablate_planes, apply_rope_variant, with_rope_variant
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
 from ropelens.provenance import Provenance
+from ropelens.reading import rope_spec
 from ropelens.rope import LayerRope, RopeSpec
-from ropelens.sinks import AttentionSinks, attention_sinks
-from ropelens.spec import rope_spec
-from ropelens.usage import FrequencyUsage, frequency_usage
 
 __version__ = "0.1.0"
 

@@ -278,7 +278,7 @@ def stream(
     answer from :attr:`LayerActs.padded`.
     """
     from ropelens.fastpath import QK_NEEDS, fast_qk
-    from ropelens.spec import rope_spec
+    from ropelens.reading import rope_spec
 
     spec = spec if spec is not None else rope_spec(model)
     chosen = spec.layer_indices(layers)

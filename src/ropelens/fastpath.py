@@ -127,7 +127,7 @@ def hf_view(model) -> torch.nn.Module:
     """The model's HF causal LM without the bridge's components (built once, weights shared)."""
     view = getattr(model, "_ropelens_hf_view", None)
     if view is None:
-        from ropelens.spec import hf_model_of
+        from ropelens.reading import hf_model_of
 
         view = _unbridged(hf_model_of(model))
         object.__setattr__(model, "_ropelens_hf_view", view)  # not a submodule: no double registration

@@ -23,8 +23,8 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
+from ropelens.reading import rope_spec
 from ropelens.rope import LayerRope, RopeSpec
-from ropelens.spec import rope_spec
 from ropelens.validate import check_indices
 from ropelens.variants import RopeVariant
 

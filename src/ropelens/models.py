@@ -1,4 +1,4 @@
-"""Load real and embedded models as TransformerLens bridges (reading their RoPE is :mod:`ropelens.spec`).
+"""Load real and embedded models as TransformerLens bridges (reading their RoPE is :mod:`ropelens.reading`).
 
 The embedded models ship on PyPI as GGUF files. The first load converts the GGUF once into a
 safetensors cache (``$ROPELENS_CACHE``, else the user cache dir); later loads read the cache.

@@ -23,8 +23,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ropelens.analyses.pe_geometry import learned_pe
 from ropelens.errors import InputError
-from ropelens.geometry import learned_pe
 from ropelens.provenance import Provenance
 from ropelens.serialize import dump_json, tensor_from_json, tensor_to_json
 from ropelens.train import cut_windows, fit, scaled_shape, token_streams

@@ -7,9 +7,9 @@ import torch
 
 import ropelens
 from ropelens import data
+from ropelens.analyses.decompose import decompose_attention
+from ropelens.analyses.usage import frequency_usage
 from ropelens.bands import Bands
-from ropelens.decompose import decompose_attention
-from ropelens.usage import frequency_usage
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import time
 import torch
 
 import ropelens
-from ropelens.decompose import BandStatistics
-from ropelens.usage import FrequencyUsage
+from ropelens.analyses.decompose import BandStatistics
+from ropelens.analyses.usage import FrequencyUsage
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 

@@ -38,12 +38,13 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 import ropelens
-from ropelens import Bands, decompose
+from ropelens import Bands
+from ropelens.analyses import decompose
+from ropelens.analyses.decompose import BandStatsReducer
 from ropelens.capture import stream
-from ropelens.decompose import BandStatsReducer
-from ropelens.families import FAMILIES, N_CHECK, VOCAB, family_hf_model
-from ropelens.spec import rope_spec
+from ropelens.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
+from ropelens.testing.families import FAMILIES, N_CHECK, VOCAB, family_hf_model
 
 N = N_CHECK + 5  # 29 tokens: not a multiple of any tile below, more than three windows of 8
 BANDS = Bands.quantiles(3)  # 8 planes -> bands of unequal width; Phi's 3 planes -> 3 bands + a wide "rest"

@@ -163,8 +163,8 @@ def test_sinks_distance_and_decompose_stats_commands(tiny_dir, tmp_path, capsys)
     """The commands run, print JSON that agrees with the saved results, and refuse bad input."""
     import json as _json
 
-    from ropelens.decompose import BandStatistics
-    from ropelens.sinks import AttentionSinks
+    from ropelens.analyses.decompose import BandStatistics
+    from ropelens.analyses.sinks import AttentionSinks
 
     path = str(tiny_dir("gemma3"))
     common = ["--n-ctx", "32", "--tokens", "64", "--device", "cpu"]
@@ -186,8 +186,8 @@ def test_sinks_distance_and_decompose_stats_commands(tiny_dir, tmp_path, capsys)
 def test_massive_and_passkey_commands(tiny_dir, tmp_path, capsys):
     import json as _json
 
-    from ropelens.massive import MassiveValues
-    from ropelens.passkey import PasskeyResult
+    from ropelens.analyses.massive import MassiveValues
+    from ropelens.analyses.passkey import PasskeyResult
 
     path = str(tiny_dir("llama-gqa"))
     assert main(["massive", path, "--n-ctx", "32", "--tokens", "64", "--factor", "1.5", "--json",
@@ -209,7 +209,7 @@ def test_offsets_and_predict_base_commands(tiny_dir, capsys):
     import json as _json
 
     from ropelens import load_model
-    from ropelens.extrapolation import critical_base, extrapolation_limit
+    from ropelens.analyses.extrapolation import critical_base, extrapolation_limit
 
     path = str(tiny_dir("llama-gqa"))
     assert main(["offsets", path, "--n-ctx", "32", "--tokens", "64", "--json"]) == 0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ropelens import data, rope_spec
-from ropelens.context import (
+from ropelens.analyses.context import (
     LongRopeSearch,
     PlaneView,
     compare_figure,

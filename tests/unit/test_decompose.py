@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ropelens
-from ropelens.bands import Bands
-from ropelens.decompose import (
+from ropelens.analyses.decompose import (
     AttentionDecomposition,
     BandStatistics,
     band_statistics,
@@ -20,6 +19,7 @@ from ropelens.decompose import (
     decompose_attention,
     js_divergence,
 )
+from ropelens.bands import Bands
 from ropelens.rope import LayerRope
 
 # Sliding window of the tiny gemma3 is 8: 40 tokens are well past it.

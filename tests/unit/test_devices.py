@@ -12,8 +12,8 @@ import torch
 
 import ropelens
 from ropelens import Bands
-from ropelens.decompose import BandStatsReducer
-from ropelens.heads import classify_heads
+from ropelens.analyses.decompose import BandStatsReducer
+from ropelens.analyses.heads import classify_heads
 from ropelens.intervene import ablate_planes, apply_rope_variant
 from ropelens.testing import tiny_model
 from ropelens.variants import PRoPE

@@ -19,21 +19,21 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands, Provenance
-from ropelens.capture import LayerActs, capture_qk, stream
-from ropelens.curves import decay_verdict
-from ropelens.decay import rope_decay_constant
-from ropelens.distance import (
+from ropelens.analyses.decay import rope_decay_constant
+from ropelens.analyses.distance import (
     AttentionByDistance,
     DistanceReducer,
     attention_by_distance,
     describe_curve,
     distance_bins,
 )
+from ropelens.capture import LayerActs, capture_qk, stream
+from ropelens.curves import decay_verdict
 from ropelens.errors import InputError
-from ropelens.families import family_model_dir
+from ropelens.reading import rope_spec
 from ropelens.rope import LayerRope, RopeSpec
-from ropelens.spec import rope_spec
 from ropelens.testing import tiny_model_dir
+from ropelens.testing.families import family_model_dir
 
 N = 29  # not a multiple of any tile below; more than three sliding windows of 8
 BANDS = Bands.quantiles(3)

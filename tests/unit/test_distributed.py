@@ -16,10 +16,10 @@ import torch
 
 import ropelens
 from ropelens import Bands, capture
-from ropelens.decompose import BandStatistics
+from ropelens.analyses.decompose import BandStatistics
+from ropelens.analyses.usage import FrequencyUsage, UsageReducer
 from ropelens.distributed import RunInfo, run_windows, shard
 from ropelens.testing import tiny_model_dir
-from ropelens.usage import FrequencyUsage, UsageReducer
 
 N_CTX, N_WINDOWS = 32, 7  # 7 windows: not divisible by 2 or 3
 
@@ -87,7 +87,7 @@ def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, model_dir):
     script.write_text(textwrap.dedent(f"""
         import torch, torch.distributed as dist, ropelens
         from ropelens.distributed import init_from_env, run_windows
-        from ropelens.usage import UsageReducer
+        from ropelens.analyses.usage import UsageReducer
         init_from_env("cpu")
         model = ropelens.load_model({str(model_dir)!r}, device="cpu")
         spec = ropelens.rope_spec(model)

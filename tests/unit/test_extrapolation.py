@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from ropelens.extrapolation import (
+from ropelens.analyses.extrapolation import (
     _first_violation,
     base_lower_bound,
     bound_holds,

@@ -1,6 +1,6 @@
 """Every RoPE family HF ships: exact against HF's eager attention, or refused with a clear error.
 
-The tiny models come from :mod:`ropelens.families` (windows shorter than the input, q/k weights
+The tiny models come from :mod:`ropelens.testing.families` (windows shorter than the input, q/k weights
 scaled so attention is far from uniform), are saved to a directory and loaded with
 ``load_model(path)``; the reference numbers are HF's own (rotary buffers, eager scores and
 probabilities), never ropelens's.
@@ -17,12 +17,18 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands
+from ropelens.analyses.heads import HeadScoresReducer
 from ropelens.capture import batches, capture_qk, stream
 from ropelens.errors import UnsupportedModelError
-from ropelens.families import FAMILIES, N_CHECK, check_family, family_model_dir, rotation_error
-from ropelens.heads import HeadScoresReducer
 from ropelens.intervene import apply_rope_variant, spec_with_variant
-from ropelens.spec import rope_spec
+from ropelens.reading import rope_spec
+from ropelens.testing.families import (
+    FAMILIES,
+    N_CHECK,
+    check_family,
+    family_model_dir,
+    rotation_error,
+)
 from ropelens.variants import BaseChange, PRoPE
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
@@ -160,7 +166,7 @@ def test_pairing_check_catches_a_wrong_pairing(loaded, monkeypatch):
     """Cohere rotates adjacent pairs: a spec that says "half" fails the pairing check (logits do not)."""
     import dataclasses
 
-    import ropelens.spec as spec_mod
+    import ropelens.reading as spec_mod
 
     orig = spec_mod.rope_spec
 
@@ -196,9 +202,9 @@ def test_real_scaling_configs_read_as_hf_initialises_them(case):
     from transformers import AutoModelForCausalLM
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from ropelens.families import _BASE
     from ropelens.models import wrap_hf_model
     from ropelens.testing import tiny_tokenizer
+    from ropelens.testing.families import _BASE
 
     cls_name, kw = _REAL_SCALING[case]
     cfg = getattr(transformers, cls_name)(**{**_BASE, **kw})
@@ -236,8 +242,8 @@ def test_a_config_key_the_family_ignores_does_not_change_the_spec(tmp_path):
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from ropelens.families import _BASE
     from ropelens.testing import tiny_tokenizer
+    from ropelens.testing.families import _BASE
 
     cfg = transformers.GPTNeoXConfig(**{**_BASE, "num_key_value_heads": 2}, rotary_pct=0.25)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "neox")

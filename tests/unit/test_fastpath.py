@@ -10,9 +10,9 @@ import torch
 import ropelens
 from ropelens import fastpath
 from ropelens.capture import capture_qk
-from ropelens.families import FAMILIES, N_CHECK, family_model_dir
 from ropelens.intervene import ablate_planes, apply_rope_variant
-from ropelens.spec import rope_spec
+from ropelens.reading import rope_spec
+from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir
 from ropelens.variants import PRoPE
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
@@ -53,8 +53,8 @@ def test_fast_path_equals_bridge(family, loaded):
 
 def test_usage_takes_the_fast_path_and_matches_the_bridge(loaded, monkeypatch):
     """frequency_usage goes through the fast path batch by batch and equals usage streamed through the bridge."""
+    from ropelens.analyses.usage import UsageReducer
     from ropelens.capture import batches, stream
-    from ropelens.usage import UsageReducer
 
     model, spec = loaded("llama")
     toks = _tokens(1)
@@ -148,11 +148,11 @@ def test_one_host_sync_per_batch(loaded, monkeypatch):
     holds padding), alone or through run_windows; with padding, the token count at the end as well."""
     import sys
 
+    from ropelens.analyses.decompose import BandStatsReducer
+    from ropelens.analyses.usage import UsageReducer
     from ropelens.bands import Bands
     from ropelens.capture import batches, stream
-    from ropelens.decompose import BandStatsReducer
     from ropelens.distributed import run_windows
-    from ropelens.usage import UsageReducer
 
     model, spec = loaded("llama")
     toks = torch.randint(4, 100, (4, 40), generator=torch.Generator().manual_seed(6))

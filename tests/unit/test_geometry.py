@@ -9,14 +9,20 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from ropelens.curves import DecayCurve, decay_verdict, overlay
-from ropelens.decay import (
+from ropelens.analyses.decay import (
     roformer_bound,
     rope_decay_by_distance,
     rope_decay_constant,
     rope_gaussian_expectation,
 )
-from ropelens.geometry import PESimilarity, learned_pe, pe_similarity, periodicity, sinusoidal_pe
+from ropelens.analyses.pe_geometry import (
+    PESimilarity,
+    learned_pe,
+    pe_similarity,
+    periodicity,
+    sinusoidal_pe,
+)
+from ropelens.curves import DecayCurve, decay_verdict, overlay
 from ropelens.rope import LayerRope
 
 

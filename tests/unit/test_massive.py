@@ -8,9 +8,9 @@ import functools
 import pytest
 import torch
 
+from ropelens.analyses.massive import MassiveValues, massive_values, replace_massive
 from ropelens.capture import capture_qk
 from ropelens.errors import InputError
-from ropelens.massive import MassiveValues, massive_values, replace_massive
 from ropelens.models import wrap_hf_model
 from ropelens.testing import tiny_hf_model, tiny_tokenizer
 
@@ -68,10 +68,10 @@ def test_reducer_equals_hand_computation(tiny, family):
 
 def test_valid_mask_and_merge_are_exact(tiny):
     """Two halves merged equal the whole; right padding (valid=False) is left out of the sums."""
+    from ropelens.analyses.massive import MassiveReducer
     from ropelens.capture import stream
-    from ropelens.massive import MassiveReducer
     from ropelens.provenance import Provenance
-    from ropelens.spec import rope_spec
+    from ropelens.reading import rope_spec
 
     model = tiny("llama-gqa")
     toks = tokens(4)
@@ -129,7 +129,7 @@ def test_persistence_counts_layers(tiny):
     """Synthetic sums: plane 3 massive in both layers (different heads), plane 0 in one of two."""
     from ropelens.capture import Moments
     from ropelens.provenance import Provenance
-    from ropelens.spec import rope_spec
+    from ropelens.reading import rope_spec
 
     spec = rope_spec(tiny("llama-gqa"))  # 2 layers, 4 q heads, 2 KV heads, 8 planes in half pairs
     moments = {"q": Moments.zeros((2, 4, HEAD_DIM)), "k": Moments.zeros((2, 2, HEAD_DIM))}

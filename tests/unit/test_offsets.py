@@ -10,9 +10,14 @@ import pytest
 import torch
 
 from ropelens import capture_qk, data, rope_spec
+from ropelens.analyses.offsets import (
+    OffsetReducer,
+    RotaryOffsets,
+    partial_cycle_planes,
+    rotary_offsets,
+)
 from ropelens.capture import LayerActs
 from ropelens.errors import InputError
-from ropelens.offsets import OffsetReducer, RotaryOffsets, partial_cycle_planes, rotary_offsets
 from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.testing import tiny_hf_model

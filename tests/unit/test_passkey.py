@@ -7,9 +7,7 @@ import re
 import pytest
 import torch
 
-from ropelens.errors import InputError
-from ropelens.intervene import apply_rope_variant
-from ropelens.passkey import (
+from ropelens.analyses.passkey import (
     QUESTION,
     TASK,
     PasskeyResult,
@@ -20,6 +18,8 @@ from ropelens.passkey import (
     passkey_retrieval,
     score_answer,
 )
+from ropelens.errors import InputError
+from ropelens.intervene import apply_rope_variant
 from ropelens.testing import tiny_tokenizer
 from ropelens.variants import DynamicNTK, YaRN
 

@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from ropelens import data, rope_spec
-from ropelens.errors import InputError
-from ropelens.evaluate import window_losses
-from ropelens.extrapolation import (
+from ropelens.analyses.extrapolation import (
     BasePredictions,
     MeasuredExtrapolation,
     base_lower_bound,
@@ -22,6 +20,8 @@ from ropelens.extrapolation import (
     extrapolation_limit,
     measured_extrapolation,
 )
+from ropelens.errors import InputError
+from ropelens.evaluate import window_losses
 from ropelens.rope import LayerRope, RopeSpec
 
 TWO_PI = 2 * math.pi

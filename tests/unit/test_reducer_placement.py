@@ -17,13 +17,13 @@ from torch import Tensor
 
 import ropelens.distributed as D
 from ropelens import Bands, capture
+from ropelens.analyses.distance import DistanceReducer
+from ropelens.analyses.heads import HeadScoresReducer
+from ropelens.analyses.sinks import SinkReducer
 from ropelens.capture import LayerActs, capture_qk
-from ropelens.distance import DistanceReducer
 from ropelens.distributed import reducer_state, run_windows
-from ropelens.heads import HeadScoresReducer
+from ropelens.reading import rope_spec
 from ropelens.rope import RopeSpec
-from ropelens.sinks import SinkReducer
-from ropelens.spec import rope_spec
 from ropelens.testing import tiny_model
 
 N = 20

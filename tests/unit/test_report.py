@@ -15,7 +15,7 @@ import pytest
 from ropelens import data
 from ropelens.cli import main
 from ropelens.report import SECTIONS, Section, SectionSpec, build_report, register_section
-from ropelens.report import core as core_sections
+from ropelens.report import measured as core_sections
 
 N_CTX = 64
 TOKENS = 4 * N_CTX
@@ -186,11 +186,11 @@ def _positional_heads(data) -> Section:
 
 
 def test_registry_plugs_in_a_section(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr("ropelens.report.sections.SECTIONS", list(SECTIONS))
-    from ropelens.report import sections
+    monkeypatch.setattr("ropelens.report.registry.SECTIONS", list(SECTIONS))
+    from ropelens.report import registry as sections
 
     register_section(SectionSpec("positional-heads", "Positional heads", f"{__name__}:_positional_heads",
-                                 ("ropelens.report.core:render_bands",)))
+                                 ("ropelens.report.measured:render_bands",)))
     assert [s.key for s in sections.SECTIONS] == [s.key for s in SECTIONS]  # same place in the layout
     out = build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "out", progress=False)
     html = (out / "index.html").read_text()
@@ -208,8 +208,8 @@ def test_accepts_a_model_path_and_quick(tiny_dir, tmp_path):
 
 def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     """Band statistics over evenly spread windows equal band_statistics run on those windows alone."""
+    from ropelens.analyses.decompose import band_statistics
     from ropelens.bands import Bands
-    from ropelens.decompose import band_statistics
 
     model = tiny("llama-gqa")
     out = build_report(model, tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "r", band_tokens=2 * N_CTX, progress=False)
@@ -223,7 +223,7 @@ def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     for col in ("abs_share", "var_share", "margin_share", "top1"):
         assert ours[col].to_numpy() == pytest.approx(direct[col].to_numpy(), abs=1e-5)
     # usage sees every window, half of them on the fast q/k path: the same as frequency_usage on all
-    from ropelens.usage import frequency_usage
+    from ropelens.analyses.usage import frequency_usage
 
     usage = frequency_usage(model, toks, progress=False, batch_size=1)
     report_usage = csv(out, "usage")

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ropelens import data, rope_spec
-from ropelens.context import plane_view
+from ropelens.analyses.context import plane_view
 from ropelens.report import build_report
 from ropelens.variants import Linear, PRoPE, PRoPEReversed
 

@@ -19,15 +19,15 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands, Provenance
+from ropelens.analyses.sinks import AttentionSinks, SinkReducer, attention_sinks
+from ropelens.analyses.usage import frequency_usage
 from ropelens.capture import LayerActs, capture_qk, stream
 from ropelens.errors import InputError
-from ropelens.families import family_model_dir
+from ropelens.reading import rope_spec
 from ropelens.report.findings import sink_ratios
 from ropelens.rope import LayerRope, RopeSpec
-from ropelens.sinks import AttentionSinks, SinkReducer, attention_sinks
-from ropelens.spec import rope_spec
 from ropelens.testing import tiny_model_dir
-from ropelens.usage import frequency_usage
+from ropelens.testing.families import family_model_dir
 
 N = 29
 EPS = 0.3

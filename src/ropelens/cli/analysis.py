@@ -52,10 +52,10 @@ def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
 
 def run_usage(args: argparse.Namespace) -> int:
     """Stream frequency usage and print the energy share of each band per layer."""
+    from ropelens.analyses.usage import frequency_usage
     from ropelens.bands import Bands
     from ropelens.data import load_corpus
     from ropelens.report.build import check_output_dir
-    from ropelens.usage import frequency_usage
 
     bands = Bands.parse(args.bands)
     corpus = load_corpus(args.corpus)
@@ -108,9 +108,9 @@ def add_decompose_stats(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_decompose_stats(args: argparse.Namespace) -> int:
+    from ropelens.analyses.decompose import band_statistics
     from ropelens.bands import Bands
     from ropelens.data import load_corpus
-    from ropelens.decompose import band_statistics
     from ropelens.report.build import check_output_dir
 
     bands = Bands.parse(args.bands)
@@ -182,9 +182,9 @@ def _one_window(model, args: argparse.Namespace):
 
 def run_decompose(args: argparse.Namespace) -> int:
     """Band statistics of one input, printed per layer and head."""
+    from ropelens.analyses.decompose import band_statistics
     from ropelens.bands import Bands
     from ropelens.data import load_corpus
-    from ropelens.decompose import band_statistics
 
     bands = Bands.parse(args.bands)
     if args.text is not None and not args.text.strip():
@@ -216,7 +216,7 @@ def run_decompose(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------- heads
 def add_heads(subparsers: argparse._SubParsersAction) -> None:
-    """``ropelens heads [MODEL]``: classify heads as positional or content (ropelens.heads)."""
+    """``ropelens heads [MODEL]``: classify heads as positional or content (ropelens.analyses.heads)."""
     p = subparsers.add_parser("heads", help="classify attention heads as positional (fixed offset), sink or content",
                               description="Score each head's attention at fixed offsets on text and random tokens.")
     p.add_argument("model", nargs="?", default=None, help=f"embedded name (default {DEFAULT_MODEL}), path or hub name")
@@ -229,7 +229,7 @@ def add_heads(subparsers: argparse._SubParsersAction) -> None:
 
 def run_heads(args: argparse.Namespace) -> int:
     """Print positional heads (or every head as JSON records)."""
-    from ropelens.heads import classify_heads
+    from ropelens.analyses.heads import classify_heads
 
     tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, progress=False)
     if args.out and is_main():

@@ -44,9 +44,9 @@ def add_sinks(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_sinks(args: argparse.Namespace) -> int:
+    from ropelens.analyses.sinks import attention_sinks
     from ropelens.bands import Bands
     from ropelens.data import load_corpus
-    from ropelens.sinks import attention_sinks
 
     _check(args)
     if not 0 < args.epsilon < 1:
@@ -83,9 +83,9 @@ def add_distance(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_distance(args: argparse.Namespace) -> int:
+    from ropelens.analyses.distance import attention_by_distance
     from ropelens.bands import Bands
     from ropelens.data import load_corpus
-    from ropelens.distance import attention_by_distance
 
     _check(args)
     bands, corpus = Bands.parse(args.bands), load_corpus(args.corpus)
@@ -119,8 +119,8 @@ def add_massive(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_massive(args: argparse.Namespace) -> int:
+    from ropelens.analyses.massive import massive_values
     from ropelens.data import load_corpus
-    from ropelens.massive import massive_values
 
     _check(args)
     if not args.factor > 1:
@@ -155,8 +155,8 @@ def add_offsets(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_offsets(args: argparse.Namespace) -> int:
+    from ropelens.analyses.offsets import rotary_offsets
     from ropelens.data import load_corpus
-    from ropelens.offsets import rotary_offsets
 
     _check(args)
     model = load_from_args(args)
@@ -188,7 +188,7 @@ def add_predict_base(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_predict_base(args: argparse.Namespace) -> int:
-    from ropelens.extrapolation import base_predictions, measured_extrapolation
+    from ropelens.analyses.extrapolation import base_predictions, measured_extrapolation
 
     try:
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]

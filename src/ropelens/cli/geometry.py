@@ -28,7 +28,7 @@ def add_pe_geometry(subparsers: argparse._SubParsersAction) -> None:
 
 def run_pe_geometry(args: argparse.Namespace) -> int:
     """Print period/strength for the sinusoidal reference and, with --model, its learned table."""
-    from ropelens.geometry import learned_pe, pe_similarity, sinusoidal_pe
+    from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 
     sims = [pe_similarity(sinusoidal_pe(args.n_pos, args.d, args.base), name=f"sinusoidal {args.n_pos}x{args.d}")]
     if args.model is not None:

@@ -10,8 +10,8 @@ from typing import Any
 
 from ropelens.cli.common import add_common_options, jsonable_row, load_from_args
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS
+from ropelens.reading import rope_spec
 from ropelens.rope import RopeSpec
-from ropelens.spec import rope_spec
 
 __all__ = ["add_inspect", "inspect_json", "inspect_table"]
 

@@ -12,7 +12,7 @@ from ropelens.cli.common import add_common_options, emit, jsonable_row, load_fro
 from ropelens.errors import InputError
 from ropelens.intervene import apply_rope_variant
 from ropelens.models import DEFAULT_MODEL
-from ropelens.spec import rope_spec
+from ropelens.reading import rope_spec
 
 __all__ = ["add_context", "add_truncate", "add_variants", "parse_variant", "add_passkey"]
 
@@ -141,9 +141,9 @@ def add_context(subparsers: argparse._SubParsersAction) -> None:
 
 def run_context(args: argparse.Namespace) -> int:
     """Print per-variant plane categories and the bounds (or JSON with every plane)."""
-    from ropelens import context as ctx
-    from ropelens import extrapolation as ext
     from ropelens import variants as V
+    from ropelens.analyses import context as ctx
+    from ropelens.analyses import extrapolation as ext
 
     names = [n.strip().lower() for n in args.variants.split(",") if n.strip()]
     bad = [n for n in names if n not in _CONTEXT_VARIANTS]
@@ -204,7 +204,7 @@ def _numbers(text: str, kind, what: str) -> list:
 
 
 def run_passkey(args: argparse.Namespace) -> int:
-    from ropelens.passkey import passkey_retrieval
+    from ropelens.analyses.passkey import passkey_retrieval
 
     lengths, depths = _numbers(args.lengths, int, "--lengths"), _numbers(args.depths, float, "--depths")
     if args.trials < 1:

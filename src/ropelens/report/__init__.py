@@ -1,6 +1,6 @@
 """The ropelens report: one self-contained HTML page, report.json and tidy CSVs (layout only, no maths)."""
 
 from ropelens.report.build import DEFAULT_BAND_TOKENS, build_report
-from ropelens.report.sections import SECTIONS, Section, SectionSpec, register_section
+from ropelens.report.registry import SECTIONS, Section, SectionSpec, register_section
 
 __all__ = ["DEFAULT_BAND_TOKENS", "SECTIONS", "Section", "SectionSpec", "build_report", "register_section"]

@@ -20,9 +20,9 @@ from ropelens.data import analysis_windows
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance, git_commit, versions
 from ropelens.report import html as H
-from ropelens.report import sections as _sections
+from ropelens.report import registry as _sections
 from ropelens.report.collect import ReportData, collect, evenly_spaced
-from ropelens.report.sections import Section
+from ropelens.report.registry import Section
 
 __all__ = ["DEFAULT_BAND_TOKENS", "QUICK", "build_report", "check_output_dir", "resolve_corpus"]
 
@@ -71,7 +71,7 @@ def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
 
 def _load(model_name: Any, device: str | None) -> tuple[Any, str]:
     from ropelens.models import load_model
-    from ropelens.spec import model_label
+    from ropelens.reading import model_label
 
     if model_name is None or isinstance(model_name, (str, os.PathLike)):
         model = load_model(model_name, device=device)
@@ -141,7 +141,7 @@ def build_report(
     with _timed(steps, "load_model"):
         model, label = _load(model_name, device)
     from ropelens.distributed import is_main, local
-    from ropelens.spec import rope_spec
+    from ropelens.reading import rope_spec
 
     spec = rope_spec(model)
     chosen = _choose_layers(spec, layers, quick)

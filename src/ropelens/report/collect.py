@@ -9,13 +9,13 @@ from typing import Any
 
 from torch import Tensor
 
+from ropelens.analyses.decompose import BandStatistics, BandStatsReducer
+from ropelens.analyses.usage import FrequencyUsage, UsageReducer
 from ropelens.bands import Bands
 from ropelens.capture import Reducer
-from ropelens.decompose import BandStatistics, BandStatsReducer
 from ropelens.distributed import run_windows
 from ropelens.provenance import Provenance
 from ropelens.rope import RopeSpec
-from ropelens.usage import FrequencyUsage, UsageReducer
 
 __all__ = ["ReportData", "collect", "evenly_spaced"]
 

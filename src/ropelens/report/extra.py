@@ -11,7 +11,7 @@ import torch
 from ropelens.report.collect import ReportData
 from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, style_figure, table_html
-from ropelens.report.sections import Section
+from ropelens.report.registry import Section
 
 __all__ = ["render_geometry"]
 
@@ -34,9 +34,13 @@ def _shape_words(shape: str) -> str:
 
 def render_geometry(data: ReportData) -> Section:
     """Constant-vector decay, RoFormer's bound and the Gaussian expectation for this model's frequencies."""
+    from ropelens.analyses.decay import (
+        roformer_bound,
+        rope_decay_constant,
+        rope_gaussian_expectation,
+    )
+    from ropelens.analyses.distance import describe_curve
     from ropelens.curves import decay_verdict
-    from ropelens.decay import roformer_bound, rope_decay_constant, rope_gaussian_expectation
-    from ropelens.distance import describe_curve
 
     spec, n_ctx = data.spec, data.n_ctx
     D = max(min(spec.n_ctx, MAX_DISTANCE), n_ctx)
@@ -84,7 +88,7 @@ def render_geometry(data: ReportData) -> Section:
 
 def render_heads(data: ReportData) -> Section:
     """Positional heads found by score on text and on seeded random tokens, with their band profile."""
-    from ropelens.heads import classify_heads
+    from ropelens.analyses.heads import classify_heads
 
     n_ctx = min(data.n_ctx, 256)
     n_windows = 2 if data.settings.get("quick") else 4

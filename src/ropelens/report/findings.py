@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
+from ropelens.analyses.decompose import BandStatistics
+from ropelens.analyses.usage import FrequencyUsage
 from ropelens.bands import Bands
-from ropelens.decompose import BandStatistics
-from ropelens.usage import FrequencyUsage
 
 __all__ = ["Finding", "energy_finding", "margin_finding", "sink_finding", "sink_ratios",
            "tightness_finding", "top1_finding", "head_name"]

@@ -4,7 +4,7 @@ Learned and sinusoidal absolute embeddings (Luo & Love): cosine similarity of ev
 position rows, averaged by distance |m − n|, and the dominant period of that curve.
 
 :class:`PESimilarity` is a by-distance curve (:mod:`ropelens.curves`), like RoPE's decay curves
-(:mod:`ropelens.decay`), so both are judged by ``decay_verdict`` and drawn together by ``overlay``.
+(:mod:`ropelens.analyses.decay`), so both are judged by ``decay_verdict`` and drawn together by ``overlay``.
 Distance convention: δ = m − n ≥ 0 for a query at m and a key at n; the logit is qᵀR((n − m)θ)k.
 """
 
@@ -31,8 +31,8 @@ from ropelens.curves import (
     vector,
 )
 from ropelens.errors import InputError
+from ropelens.reading import hf_model_of, model_label
 from ropelens.serialize import dump_json, read_result_json, tensor_from_json, tensor_to_json
-from ropelens.spec import hf_model_of, model_label
 
 __all__ = [
     "PESimilarity", "learned_pe", "pe_similarity", "periodicity", "sinusoidal_pe",

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 from ropelens.report import findings as fnd
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, number, style_figure, table_html
-from ropelens.report.sections import Section
+from ropelens.report.registry import Section
 
 __all__ = ["render_bands", "render_spec", "render_usage", "showcase_layers"]
 

@@ -285,7 +285,7 @@ def frequency_usage(
     killed run (see :mod:`ropelens.distributed`).
     """
     from ropelens.distributed import run_windows
-    from ropelens.spec import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec
 
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)

@@ -309,8 +309,8 @@ def base_predictions(spec_or_model, lengths: Sequence[int], *, train_ctx: int | 
     the spec records none). The formulas assume plain RoPE, θ_i = base^(−2i/d); a scaled layer
     (``rope_type`` not "default") is tabulated from its base all the same, and says so in its row.
     """
+    from ropelens.reading import model_label, rope_spec
     from ropelens.rope import RopeSpec
-    from ropelens.spec import model_label, rope_spec
 
     spec = spec_or_model if isinstance(spec_or_model, RopeSpec) else rope_spec(spec_or_model)
     lens = _lengths(lengths)
@@ -430,7 +430,7 @@ def measured_extrapolation(model, lengths: Sequence[int], *, n_windows: int = 4,
     """
     from ropelens.data import analysis_windows
     from ropelens.evaluate import loss_estimate
-    from ropelens.spec import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec
 
     lens = _lengths(lengths)
     n_windows = check_positive_int(n_windows, "n_windows")

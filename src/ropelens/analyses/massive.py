@@ -337,7 +337,7 @@ def massive_values(
     a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Streamed: memory does not
     grow with the corpus.
     """
-    from ropelens.spec import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec
 
     factor = _check_factor(factor)
     spec = rope_spec(model)
@@ -390,10 +390,10 @@ def replace_massive(
     seeded). Yields ``{layer: {"q": mask, "k": mask}}``, the ``[head, d_head]`` entries replaced.
     Leaving the block, also on an exception, removes the hooks: the model is exactly as before.
     """
-    from ropelens.spec import rope_spec
+    from ropelens.reading import rope_spec
 
     if not isinstance(mv, MassiveValues):
-        raise TypeError(f"expected MassiveValues from ropelens.massive.massive_values, got {type(mv).__name__}")
+        raise TypeError(f"expected MassiveValues from ropelens.analyses.massive.massive_values, got {type(mv).__name__}")
     parts = tuple(_check_which(w) for w in ([which] if isinstance(which, str) else which))
     if not parts:
         raise InputError("which is empty: pass 'q', 'k' or both")

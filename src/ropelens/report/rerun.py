@@ -7,7 +7,7 @@ import pandas as pd
 from ropelens.report.collect import ReportData, evenly_spaced
 from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, style_figure, table_html
-from ropelens.report.sections import Section
+from ropelens.report.registry import Section
 
 __all__ = ["render_distance", "render_massive", "render_sinks"]
 
@@ -23,7 +23,7 @@ def _windows(data: ReportData):
 
 def render_sinks(data: ReportData) -> Section:
     """Gu et al.'s sink heads (attention to position 0 above ε), and the bands that make position 0 attractive."""
-    from ropelens.sinks import attention_sinks
+    from ropelens.analyses.sinks import attention_sinks
 
     toks, n_ctx, n_win = _windows(data)
     r = attention_sinks(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False)
@@ -44,7 +44,7 @@ def render_sinks(data: ReportData) -> Section:
 
 def render_distance(data: ReportData) -> Section:
     """Mean logit per band and attention probability by query–key distance; U-shapes and their cause."""
-    from ropelens.distance import attention_by_distance
+    from ropelens.analyses.distance import attention_by_distance
 
     toks, n_ctx, n_win = _windows(data)
     r = attention_by_distance(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False)
@@ -76,7 +76,7 @@ def render_distance(data: ReportData) -> Section:
 
 def render_massive(data: ReportData) -> Section:
     """Jin et al.'s massive dimensions of pre-RoPE q and k: where they sit in frequency, how they persist."""
-    from ropelens.massive import massive_values
+    from ropelens.analyses.massive import massive_values
 
     toks, n_ctx, n_win = _windows(data)
     mv = massive_values(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False)
@@ -101,7 +101,7 @@ def render_massive(data: ReportData) -> Section:
     body = ("<p class=\"lead\">Jin et al. 2025: a few dimensions of the queries and keys carry far larger norms than "
             "the rest, concentrated in low-frequency planes, and contextual knowledge depends on them. Measured before "
             f"RoPE on {n_win} window(s) of {n_ctx} tokens. Replace them with their mean "
-            "(<code>ropelens.massive.replace_massive</code>) to test what they do.</p>"
+            "(<code>ropelens.analyses.massive.replace_massive</code>) to test what they do.</p>"
             f"<p>{esc(text)}</p>" + figure_html(style_figure(mv.figure(), height=460)) + table_html(hit, text_cols=("which",)))
     return Section("massive-values", "Massive values", body, tables={"massive_planes": planes},
                    numbers=finding.values, findings=[finding])

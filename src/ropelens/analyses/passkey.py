@@ -413,10 +413,10 @@ def passkey_retrieval(
     ``lengths`` are prompt sizes in tokens (each prompt is the longest that fits), ``depths``
     fractions of the filler before the passkey. Trial t uses :func:`make_passkey` ``(seed, t)`` at
     every cell. ``variant`` runs the model under that RoPE variant (``apply_rope_variant``) for the
-    whole run; other interventions (``ropelens.massive.replace_massive``, ``ablate_planes``) can be
+    whole run; other interventions (``ropelens.analyses.massive.replace_massive``, ``ablate_planes``) can be
     applied around the call, and ``note`` records them in the provenance.
     """
-    from ropelens.spec import model_label
+    from ropelens.reading import model_label
 
     lengths = _check_list(lengths, "lengths", at_least=2, integer=True)
     depths = _check_list(depths, "depths", at_least=0, at_most=1)

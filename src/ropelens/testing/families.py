@@ -280,11 +280,11 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
     """Load family ``name`` through ``load_model(path)`` and measure ropelens against HF (see module doc)."""
     from transformers import AutoModelForCausalLM
 
+    from ropelens.analyses.decompose import decompose_attention
     from ropelens.bands import Bands
     from ropelens.capture import capture_qk
-    from ropelens.decompose import decompose_attention
     from ropelens.models import load_model
-    from ropelens.spec import rope_spec
+    from ropelens.reading import rope_spec
 
     fam = _family(name)
     res = FamilyCheck(name)

@@ -20,7 +20,7 @@ they allow, and shows how such an offset makes an attention sink. :class:`Offset
   aimed at the sink) from content channels (angles that vary with the text).
 
 A sliding-window layer never sees a relative distance past its window, so its L_train is the
-window where that is shorter than the context (as in :func:`ropelens.extrapolation.base_predictions`).
+window where that is shorter than the context (as in :func:`ropelens.analyses.extrapolation.base_predictions`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from ropelens.analyses.decompose import query_tile
 from ropelens.capture import DeviceSums, LayerActs, Moments, batches, stream
 from ropelens.data import analysis_windows
-from ropelens.decompose import query_tile
 from ropelens.errors import InputError
 from ropelens.provenance import FigureRepr, Provenance
 from ropelens.rope import LayerRope, RopeSpec
@@ -104,7 +104,7 @@ class OffsetReducer(DeviceSums):
     pre-RoPE ones (the content angles); all come from the fast q/k path. Queries at positions below
     ``n_sink`` (BOS: it can only attend to itself) and padding are left out of every statistic;
     norms are over the same tokens. Sums are float64 on the CPU; scores are rebuilt in query tiles
-    of about the device's element budget (:func:`ropelens.decompose.query_tile`), so nothing of size ``[heads, n, n]`` is held for long n.
+    of about the device's element budget (:func:`ropelens.analyses.decompose.query_tile`), so nothing of size ``[heads, n, n]`` is held for long n.
     """
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], *, n_sink: int = 1, pre: bool = True,
@@ -441,7 +441,7 @@ def rotary_offsets(
     model's context length) decides which planes are partial-cycle. ``layers`` must share one
     head and plane layout (select one layer kind of a model that mixes them).
     """
-    from ropelens.spec import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec
 
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)

@@ -32,9 +32,9 @@ from jaxtyping import Bool, Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from ropelens.analyses.decompose import BandStatsReducer, query_tile
 from ropelens.bands import Bands
 from ropelens.capture import DeviceSums, LayerActs, sum_dtype
-from ropelens.decompose import BandStatsReducer, query_tile
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
 from ropelens.rope import LayerRope, RopeSpec, expand_kv
@@ -364,7 +364,7 @@ def classify_heads(
     """
     from ropelens import data
     from ropelens.distributed import run_windows
-    from ropelens.spec import hf_model_of, model_label, rope_spec
+    from ropelens.reading import hf_model_of, model_label, rope_spec
 
     bands = bands or Bands.quantiles(4)
     spec = rope_spec(model)

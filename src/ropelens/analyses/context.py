@@ -17,7 +17,7 @@ Equalities hold to a relative tolerance of 1e-6, so PI with factor L/L₀ interp
 non-decreasing from the highest frequency, and n̂ leading positions left unscaled, by perplexity.
 
 What the base itself predicts about a context length (the critical dimension, the extrapolation
-limit, the critical base and the lower bound on the base) is in :mod:`ropelens.extrapolation`.
+limit, the critical base and the lower bound on the base) is in :mod:`ropelens.analyses.extrapolation`.
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def _evaluate(model, variant: RopeVariant, tokens: Tensor) -> float:
 
 def _search_setup(model, target_len, original_ctx, n_windows, tokens) -> tuple[LayerRope, int, Tensor]:
     from ropelens import data
-    from ropelens.spec import rope_spec
+    from ropelens.reading import rope_spec
 
     spec = rope_spec(model)
     layer = spec[spec.layer_indices()[0]]
@@ -429,7 +429,7 @@ def search_longrope_factors(model, target_len: int, *, population: int = 8, gene
 
 
 def _model_name(model) -> str:
-    from ropelens.spec import model_label
+    from ropelens.reading import model_label
 
     try:
         return model_label(model)

@@ -4,7 +4,7 @@ HoPE reports that attention decays locally but is U-shaped globally, and that th
 distances comes from the low-frequency components. :class:`DistanceReducer` measures it on a
 corpus: per layer × head × band and per bin of the distance δ = m − n between a query at m and a
 key at n, the mean band logit (the band's exact share of the score, as in
-:mod:`ropelens.decompose`), the mean full logit and the mean attention probability of the model's
+:mod:`ropelens.analyses.decompose`), the mean full logit and the mean attention probability of the model's
 own pattern. :func:`describe_curve` says what shape a curve has (monotone, flat, U-shaped, peaked,
 oscillating) with the numbers it rests on, and :meth:`AttentionByDistance.u_shape_cause` which band
 makes the full logit rise again.
@@ -30,10 +30,10 @@ from jaxtyping import Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from ropelens.analyses.decompose import query_tile
 from ropelens.bands import Bands, ResolvedBands
 from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
-from ropelens.decompose import query_tile
 from ropelens.errors import InputError
 from ropelens.provenance import FigureRepr, Provenance
 from ropelens.rope import RopeSpec
@@ -323,7 +323,7 @@ class DistanceReducer(DeviceSums):
     ``[entries, bins]`` matrix. Memory is O(tile · n) per layer; nothing of size ``[heads, n, n]``
     exists.
 
-    Keys at positions below ``n_sink`` (BOS, where attention sinks sit; see :mod:`ropelens.sinks`)
+    Keys at positions below ``n_sink`` (BOS, where attention sinks sit; see :mod:`ropelens.analyses.sinks`)
     take part in every softmax but are left out of the by-distance averages: otherwise the sink,
     always the farthest key, dominates the longest distances. Pass ``n_sink=0`` to keep them.
     """
@@ -390,7 +390,7 @@ class DistanceReducer(DeviceSums):
         # the score scale goes into q once, so every product below is a logit; padded positions are zero vectors
         q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
         k = k_post.float() * vf[:, :, None, None]
-        member = self._cached((acts.layer, "member", str(dev)), lambda: rb.dim_membership().to(dev))
+        member = self._cached((acts.layer, "member", str(dev)), lambda: rb.dim_membership().to(dev, dt))
         s["n_queries"][i] += vf.sum().to(here, sdt)
 
         # band sums by prefix sums: keys below n_sink and padded keys count as zero vectors
@@ -410,8 +410,10 @@ class DistanceReducer(DeviceSums):
         tq = self.tile or query_tile(dev, b * nb * H * d)
         for c0 in range(0, n, tq):
             c1 = min(n, c0 + tq)
-            run = (ksum[:, stop[c0:c1]] - ksum[:, start[c0:c1]]).float()  # [b,c,nb,KV,d]: Σ of each bin's keys
-            acc += torch.matmul(qg[:, c0:c1, None] * run[:, :, :, :, None], member).to(dt).sum((0, 1))  # [nb,KV,G,B]
+            run = ksum[:, stop[c0:c1]] - ksum[:, start[c0:c1]]  # [b,c,nb,KV,d]: Σ of each bin's keys
+            # in float64: a bin's key sum is large and its product with q cancels, so float32 would
+            # leave an error of eps32·|q||Σk| on a small mean
+            acc += torch.matmul(qg[:, c0:c1, None].to(dt) * run[:, :, :, :, None], member).sum((0, 1))  # [nb,KV,G,B]
         s["band_sum"][i] += acc.permute(1, 2, 3, 0).reshape(H, -1, nb).to(here, sdt)
 
         # probabilities: query tiles holding whole rows, the pattern rebuilt, summed into bins
@@ -731,7 +733,7 @@ def attention_by_distance(
 ) -> AttentionByDistance:
     """Stream mean band logits, full logit and attention probability by distance over a corpus
     (see :class:`DistanceReducer`); bins run to the window length ``n_ctx`` − 1."""
-    from ropelens.spec import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec
 
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)

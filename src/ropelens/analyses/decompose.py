@@ -226,7 +226,7 @@ def decompose_attention(
     batch_size: int = 8,
 ) -> AttentionDecomposition:
     """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands."""
-    from ropelens.spec import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec
 
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)
@@ -709,7 +709,7 @@ def band_statistics(
     resume a killed run (see :mod:`ropelens.distributed`).
     """
     from ropelens.distributed import run_windows
-    from ropelens.spec import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec
 
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)

@@ -6,7 +6,7 @@ window (BOS) per layer × head, with the share of queries whose own attention to
 asks which RoPE bands make the first position attractive: the sink logit (the logit at key 0 minus
 the mean logit over the query's other keys) splits exactly into one term per band. It also
 compares the key at position 0 with the other keys, band by band and plane by plane (the plane
-ratio is the sink-key norm ratio :class:`ropelens.usage.FrequencyUsage` reports).
+ratio is the sink-key norm ratio :class:`ropelens.analyses.usage.FrequencyUsage` reports).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from ropelens.analyses.decompose import query_tile
 from ropelens.bands import Bands
 from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
-from ropelens.decompose import query_tile
 from ropelens.errors import InputError
 from ropelens.provenance import FigureRepr, Provenance
 from ropelens.rope import RopeSpec
@@ -407,7 +407,7 @@ def attention_sinks(
 ) -> AttentionSinks:
     """Stream attention to the first position, its band decomposition and the sink key's norms over a
     corpus (see :class:`SinkReducer`). Windows start with BOS, so position 0 is the BOS token."""
-    from ropelens.spec import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec
 
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)

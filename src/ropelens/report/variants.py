@@ -19,7 +19,7 @@ from ropelens.report.collect import ReportData
 from ropelens.report.experiments import context_block, prope_block
 from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, kv_table, style_figure, table_html
-from ropelens.report.sections import Section
+from ropelens.report.registry import Section
 
 __all__ = ["EXTENSION_FACTOR", "NEGLIGIBLE_NATS", "eval_windows", "render_context", "render_prope",
            "variant_losses"]
@@ -155,7 +155,7 @@ def _methods(factor: float, l0: int) -> dict[str, Any]:
 
 
 def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
-    from ropelens.extrapolation import base_lower_bound, critical_dimension
+    from ropelens.analyses.extrapolation import base_lower_bound, critical_dimension
 
     out: dict[str, Any] = {"base": layer.base}
     if layer.base is None or layer.base <= 1:
@@ -168,7 +168,7 @@ def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
 
 def render_context(data: ReportData) -> Section:
     """What PI, NTK, dynamic NTK, YaRN and Llama 3 do to each plane at 4× the native context, and their cost."""
-    from ropelens.context import compare_figure, plane_view
+    from ropelens.analyses.context import compare_figure, plane_view
     from ropelens.variants import Linear
 
     t0 = time.perf_counter()
