@@ -39,8 +39,8 @@ def run_usage(args: argparse.Namespace) -> int:
     from ropelens.usage import frequency_usage
 
     run = CorpusCommand.from_args(args)
-    corpus = run.load_corpus()
-    u = frequency_usage(load_from_args(args), corpus, **run.kwargs_for(frequency_usage))
+    corpus, kw = run.prepare(frequency_usage)
+    u = frequency_usage(load_from_args(args), corpus, **kw)
     run.output.save_result(u)
     bands = run.analysis.parsed_bands()
     names, q = u.band_share(bands, "q", "no_sink")
@@ -78,12 +78,12 @@ def add_decompose_stats(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_decompose_stats(args: argparse.Namespace) -> int:
+    """Stream the band decomposition and print its statistics per layer and band."""
     from ropelens.decompose import band_statistics
 
     run = CorpusCommand.from_args(args)
-    corpus = run.load_corpus()
-    st = band_statistics(load_from_args(args), corpus, **run.kwargs_for(band_statistics), batch_size=args.batch_size,
-                         jsd=args.jsd)
+    corpus, kw = run.prepare(band_statistics)
+    st = band_statistics(load_from_args(args), corpus, **kw, batch_size=args.batch_size, jsd=args.jsd)
     run.output.save_result(st)
     df = st.to_frame().drop(columns="head").groupby(["layer", "band"], sort=False).mean().reset_index()
     if run.output.json:
@@ -114,12 +114,11 @@ def add_decompose(subparsers: argparse._SubParsersAction) -> None:
     OutputOptions.add_to(p)
 
 
-def _one_window(model, args: argparse.Namespace):
-    from ropelens.data import load_corpus, windows
+def _one_window(model, args: argparse.Namespace, corpus):
+    from ropelens.data import windows
 
-    if args.text is not None:
+    if corpus is None:
         return model.to_tokens(args.text), "text"
-    corpus = load_corpus(args.corpus)
     toks = windows(corpus, model.tokenizer, args.n_ctx, n_windows=args.window + 1)
     if toks.shape[0] <= args.window:
         raise InputError(f"corpus {corpus.name!r} has {toks.shape[0]} windows of {args.n_ctx} tokens; "
@@ -134,12 +133,11 @@ def run_decompose(args: argparse.Namespace) -> int:
     analysis, output = AnalysisOptions.from_args(args), OutputOptions.from_args(args)
     if args.text is not None and not args.text.strip():
         raise InputError("--text is empty: pass the text to decompose, e.g. --text 'The cat sat on the mat.'")
-    if args.text is None:
-        if args.window < 0:
-            raise InputError(f"--window must be ≥ 0, got {args.window}: pick a corpus window such as --window 0")
-        CorpusOptions.from_args(args).load()  # an unreadable corpus fails before the model loads
+    if args.text is None and args.window < 0:
+        raise InputError(f"--window must be ≥ 0, got {args.window}: pick a corpus window such as --window 0")
+    corpus = None if args.text is not None else CorpusOptions.from_args(args).load()  # fails before the model loads
     model = load_from_args(args)
-    toks, what = _one_window(model, args)
+    toks, what = _one_window(model, args, corpus)
     bands = analysis.parsed_bands()
     st = band_statistics(model, toks, bands=bands, layers=analysis.layers, batch_size=1, jsd=True,
                          progress=False)

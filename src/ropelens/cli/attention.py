@@ -27,8 +27,8 @@ def run_sinks(args: argparse.Namespace) -> int:
     run = CorpusCommand.from_args(args)
     if not 0 < args.epsilon < 1:
         raise InputError(f"--epsilon must lie in (0, 1), got {args.epsilon}: e.g. --epsilon 0.3")
-    corpus = run.load_corpus()
-    r = attention_sinks(load_from_args(args), corpus, **run.kwargs_for(attention_sinks), epsilon=args.epsilon)
+    corpus, kw = run.prepare(attention_sinks)
+    r = attention_sinks(load_from_args(args), corpus, **kw, epsilon=args.epsilon)
     run.output.save_result(r)
     frame = r.layers_frame()
     if run.output.json:
@@ -56,8 +56,8 @@ def run_distance(args: argparse.Namespace) -> int:
     from ropelens.distance import attention_by_distance
 
     run = CorpusCommand.from_args(args)
-    corpus = run.load_corpus()
-    r = attention_by_distance(load_from_args(args), corpus, **run.kwargs_for(attention_by_distance),
+    corpus, kw = run.prepare(attention_by_distance)
+    r = attention_by_distance(load_from_args(args), corpus, **kw,
                               n_sink=0 if args.keep_bos else 1)
     run.output.save_result(r)
     shapes = r.shapes()
@@ -87,8 +87,8 @@ def run_massive(args: argparse.Namespace) -> int:
     run = CorpusCommand.from_args(args)
     if not args.factor > 1:
         raise InputError(f"--factor must exceed 1 (a multiple of the head's mean dimension norm), got {args.factor}")
-    corpus = run.load_corpus()
-    r = massive_values(load_from_args(args), corpus, **run.kwargs_for(massive_values), factor=args.factor)
+    corpus, kw = run.prepare(massive_values)
+    r = massive_values(load_from_args(args), corpus, **kw, factor=args.factor)
     run.output.save_result(r)
     planes = r.planes_frame()
     planes = planes[planes.n_massive > 0]
@@ -115,8 +115,8 @@ def run_offsets(args: argparse.Namespace) -> int:
     from ropelens.offsets import rotary_offsets
 
     run = CorpusCommand.from_args(args)
-    corpus = run.load_corpus()
-    r = rotary_offsets(load_from_args(args), corpus, **run.kwargs_for(rotary_offsets))
+    corpus, kw = run.prepare(rotary_offsets)
+    r = rotary_offsets(load_from_args(args), corpus, **kw)
     run.output.save_result(r)
     summary = r.summary().rename_axis("cycle").reset_index()  # partial-cycle planes against the others
     if run.output.json:

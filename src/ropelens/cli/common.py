@@ -325,20 +325,16 @@ class CorpusCommand:
         return cls(args.command, ModelOptions.from_args(args), CorpusOptions.from_args(args),
                    AnalysisOptions.from_args(args), CheckpointOptions.from_args(args), OutputOptions.from_args(args))
 
-    def load_corpus(self):
-        """The checked corpus and output path: everything that can fail before the model loads."""
+    def prepare(self, analysis: Callable[..., Any]) -> tuple[Any, dict[str, Any]]:
+        """The checked corpus and the keyword arguments of ``analysis``: all that can fail before the model loads."""
         corpus = self.corpus.load()
         self.output.check()
-        return corpus
-
-    def kwargs_for(self, analysis: Callable[..., Any]) -> dict[str, Any]:
-        """The keyword arguments of ``analysis`` these options set (bands only where it takes them)."""
         kw: dict[str, Any] = {"n_ctx": self.corpus.n_ctx, "max_tokens": self.corpus.tokens,
                               "layers": self.analysis.layers, "progress": self.output.progress}
         bands = self.analysis.parsed_bands()
-        if bands is not None and "bands" in inspect.signature(analysis).parameters:
+        if bands is not None and "bands" in inspect.signature(analysis).parameters:  # usage's bands group only its printout
             kw["bands"] = bands
-        return {**kw, **self.checkpoint.kwargs_for(analysis, self.command)}
+        return corpus, {**kw, **self.checkpoint.kwargs_for(analysis, self.command)}
 
 
 # ---------------------------------------------------------------------------------------- JSON output
