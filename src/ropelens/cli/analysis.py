@@ -27,15 +27,16 @@ def _fmt(x: float) -> str:
 # ---------------------------------------------------------------------------------------- usage
 def add_usage(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens usage [MODEL]``: frequency usage per layer and band."""
-    p = add_command(subparsers, "usage", run_usage, distributed=True,
-                    help="per-plane norms of queries and keys over a corpus (energy per band, per layer)",
-                    description="Mean 2-norm of every RoPE plane of the queries and keys over a corpus; prints each "
-                                "band's share of the energy per layer (sink positions excluded).")
+    p = add_command(subparsers, "usage", run_usage, distributed=True)
     CorpusCommand.add_to(p, tokens=32_768, n_ctx=512, save="FrequencyUsage JSON")
 
 
 def run_usage(args: argparse.Namespace) -> int:
-    """Stream frequency usage and print the energy share of each band per layer."""
+    """Per-plane norms of queries and keys over a corpus (energy per band, per layer)
+
+    Mean 2-norm of every RoPE plane of the queries and keys over a corpus; prints each band's share of the
+    energy per layer (sink positions excluded).
+    """
     from ropelens.usage import frequency_usage
 
     run = CorpusCommand.from_args(args)
@@ -66,19 +67,19 @@ def run_usage(args: argparse.Namespace) -> int:
 
 def add_decompose_stats(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens decompose-stats [MODEL]``: the band decomposition's statistics over a corpus."""
-    p = add_command(
-        subparsers, "decompose-stats", run_decompose_stats, distributed=True,
-        help="band decomposition statistics over a corpus (margin, variance, |logit| shares)",
-        description="Streams the exact per-band decomposition of every attention logit over a corpus and prints, "
-                    "per layer and band (heads averaged), the share of the attended-key margin, of the within-query "
-                    "logit variance and of the mean |logit|, and band-only top-1 agreement.")
+    p = add_command(subparsers, "decompose-stats", run_decompose_stats, distributed=True)
     CorpusCommand.add_to(p, tokens=32_768, n_ctx=512, save="BandStatistics JSON")
     p.add_argument("--jsd", action="store_true", help="also the JS divergence of each band-only pattern (slower)")
     p.add_argument("--batch-size", type=positive_int, default=4, metavar="N", help="windows per forward (default: 4)")
 
 
 def run_decompose_stats(args: argparse.Namespace) -> int:
-    """Stream the band decomposition and print its statistics per layer and band."""
+    """Band decomposition statistics over a corpus (margin, variance, |logit| shares)
+
+    Streams the exact per-band decomposition of every attention logit over a corpus and prints, per layer and
+    band (heads averaged), the share of the attended-key margin, of the within-query logit variance and of the
+    mean |logit|, and band-only top-1 agreement.
+    """
     from ropelens.decompose import band_statistics
 
     run = CorpusCommand.from_args(args)
@@ -100,11 +101,7 @@ def run_decompose_stats(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------- decompose
 def add_decompose(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens decompose [MODEL]``: band shares of one text or corpus window, per head."""
-    p = add_command(subparsers, "decompose", run_decompose,
-                    help="per-head band shares of the attention logits for one text or corpus window",
-                    description="Decompose every attention logit of one input into bands and print, per head, each "
-                                "band's share of the attended-key margin and how often the band alone picks the "
-                                "attended key.")
+    p = add_command(subparsers, "decompose", run_decompose)
     ModelOptions.add_to(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help="the text to decompose (BOS is prepended)")
@@ -127,7 +124,11 @@ def _one_window(model, args: argparse.Namespace, corpus):
 
 
 def run_decompose(args: argparse.Namespace) -> int:
-    """Band statistics of one input, printed per layer and head."""
+    """Per-head band shares of the attention logits for one text or corpus window
+
+    Decompose every attention logit of one input into bands and print, per head, each band's share of the
+    attended-key margin and how often the band alone picks the attended key.
+    """
     from ropelens.decompose import band_statistics
 
     analysis, output = AnalysisOptions.from_args(args), OutputOptions.from_args(args)
@@ -161,9 +162,7 @@ def run_decompose(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------- heads
 def add_heads(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens heads [MODEL]``: classify heads as positional or content (ropelens.heads)."""
-    p = add_command(subparsers, "heads", run_heads, distributed=True,
-                    help="classify attention heads as positional (fixed offset), sink or content",
-                    description="Score each head's attention at fixed offsets on text and random tokens.")
+    p = add_command(subparsers, "heads", run_heads, distributed=True)
     ModelOptions.add_to(p)
     p.add_argument("--windows", type=int, default=8, help="text windows (and as many random-token windows)")
     p.add_argument("--n-ctx", type=int, default=256, help="tokens per window")
@@ -171,7 +170,10 @@ def add_heads(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_heads(args: argparse.Namespace) -> int:
-    """Print positional heads (or every head as JSON records)."""
+    """Classify attention heads as positional (fixed offset), sink or content
+
+    Score each head's attention at fixed offsets on text and random tokens.
+    """
     from ropelens.heads import classify_heads
 
     output = OutputOptions.from_args(args)

@@ -12,16 +12,17 @@ __all__ = ["add_distance", "add_massive", "add_offsets", "add_sinks"]
 
 def add_sinks(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens sinks [MODEL]``: attention to position 0 per head, and the bands behind it."""
-    p = add_command(
-        subparsers, "sinks", run_sinks, help="attention sinks per head and the bands that make position 0 attractive",
-        description="Per layer and head: mean attention to position 0 (BOS), whether the head sinks (mean above "
-                    "epsilon, Gu et al. 2024), the band decomposition of the sink logit and the sink key's norm.")
+    p = add_command(subparsers, "sinks", run_sinks)
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=256, save="AttentionSinks JSON")
     p.add_argument("--epsilon", type=float, default=0.3, help="sink threshold on mean attention (default: 0.3)")
 
 
 def run_sinks(args: argparse.Namespace) -> int:
-    """Print the findings and the per-layer sink table."""
+    """Attention sinks per head and the bands that make position 0 attractive
+
+    Per layer and head: mean attention to position 0 (BOS), whether the head sinks (mean above epsilon, Gu et
+    al. 2024), the band decomposition of the sink logit and the sink key's norm.
+    """
     from ropelens.sinks import attention_sinks
 
     run = CorpusCommand.from_args(args)
@@ -41,18 +42,18 @@ def run_sinks(args: argparse.Namespace) -> int:
 
 def add_distance(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens distance [MODEL]``: band logits and attention by query-key distance."""
-    p = add_command(
-        subparsers, "distance", run_distance,
-        help="mean band logit and attention probability by query-key distance (U-shapes, their cause)",
-        description="Per layer: mean logit of each band and of the whole score, and mean attention probability, in "
-                    "log-spaced distance bins; each curve described as it is (decay, flat, U-shaped, peaked, "
-                    "oscillating), and the band that makes a U-shaped logit rise again.")
+    p = add_command(subparsers, "distance", run_distance)
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=512, save="AttentionByDistance JSON")
     p.add_argument("--keep-bos", action="store_true", help="keep BOS as a key (by default it is left out of the bins)")
 
 
 def run_distance(args: argparse.Namespace) -> int:
-    """Print the shape of each layer's logit curve."""
+    """Mean band logit and attention probability by query-key distance (U-shapes, their cause)
+
+    Per layer: mean logit of each band and of the whole score, and mean attention probability, in log-spaced
+    distance bins; each curve described as it is (decay, flat, U-shaped, peaked, oscillating), and the band that
+    makes a U-shaped logit rise again.
+    """
     from ropelens.distance import attention_by_distance
 
     run = CorpusCommand.from_args(args)
@@ -70,18 +71,18 @@ def run_distance(args: argparse.Namespace) -> int:
 
 def add_massive(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens massive [MODEL]``: massive dimensions of pre-RoPE queries and keys."""
-    p = add_command(
-        subparsers, "massive", run_massive,
-        help="massive dimensions of pre-RoPE queries and keys, the planes they sit in",
-        description="Per layer, head and dimension: the L2 norm over tokens of the pre-RoPE q and k; a dimension is "
-                    "massive when it exceeds FACTOR x its head's mean dimension norm (Jin et al. 2025). Prints the "
-                    "planes holding massive dimensions, their wavelength and persistence across layers.")
+    p = add_command(subparsers, "massive", run_massive)
     CorpusCommand.add_to(p, tokens=8_192, n_ctx=512, save="MassiveValues JSON", bands=False)
     p.add_argument("--factor", type=float, default=5.0, help="massive threshold over the head's mean (default: 5)")
 
 
 def run_massive(args: argparse.Namespace) -> int:
-    """Print the planes that hold massive dimensions."""
+    """Massive dimensions of pre-RoPE queries and keys, the planes they sit in
+
+    Per layer, head and dimension: the L2 norm over tokens of the pre-RoPE q and k; a dimension is massive when
+    it exceeds FACTOR x its head's mean dimension norm (Jin et al. 2025). Prints the planes holding massive
+    dimensions, their wavelength and persistence across layers.
+    """
     from ropelens.massive import massive_values
 
     run = CorpusCommand.from_args(args)
@@ -101,17 +102,17 @@ def run_massive(args: argparse.Namespace) -> int:
 
 def add_offsets(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens offsets [MODEL]``: partial-cycle planes and the q-k angle per plane."""
-    p = add_command(
-        subparsers, "offsets", run_offsets,
-        help="partial-cycle planes, rotary outliers and the q-k angle per plane at the attended key",
-        description="Flags the planes that never complete a turn within the trained context (Jonasson 2025), and "
-                    "measures per plane the q/k outlier ratio and the circular mean angle between q and k at the "
-                    "key each query attends to (sink and content keys apart).")
+    p = add_command(subparsers, "offsets", run_offsets)
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=512, save="RotaryOffsets JSON", bands=False)
 
 
 def run_offsets(args: argparse.Namespace) -> int:
-    """Print partial-cycle planes against the others."""
+    """Partial-cycle planes, rotary outliers and the q-k angle per plane at the attended key
+
+    Flags the planes that never complete a turn within the trained context (Jonasson 2025), and measures per
+    plane the q/k outlier ratio and the circular mean angle between q and k at the key each query attends to
+    (sink and content keys apart).
+    """
     from ropelens.offsets import rotary_offsets
 
     run = CorpusCommand.from_args(args)

@@ -36,7 +36,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 __all__ = [
     "DTYPES", "AnalysisOptions", "CheckpointOptions", "CorpusCommand", "CorpusOptions", "ModelOptions",
-    "OutputOptions", "Parser", "add_command", "band_tokens", "emit", "jsonable", "jsonable_row", "layer_list",
+    "OutputOptions", "Parser", "add_command", "band_tokens", "emit", "jsonable", "layer_list",
     "load_from_args", "positive_int",
 ]  # fmt: skip
 
@@ -49,10 +49,11 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def add_command(subparsers: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int], *,
-                help: str, description: str | None = None, distributed: bool = False) -> argparse.ArgumentParser:  # noqa: A002
-    """The parser of subcommand ``name``, running ``run``; ``distributed`` if it splits its work under torchrun."""
-    p = subparsers.add_parser(name, help=help, description=description)
+def add_command(subparsers: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int],
+                distributed: bool = False) -> argparse.ArgumentParser:
+    """Subcommand ``name`` running ``run`` (its docstring is the help); ``distributed``: it splits under torchrun."""
+    summary, _, description = inspect.cleandoc(run.__doc__ or name).partition("\n\n")
+    p = subparsers.add_parser(name, help=summary, description=description.replace("\n", " ") or summary)
     p.set_defaults(func=run, distributed=distributed)
     return p
 
@@ -86,7 +87,7 @@ def band_tokens(text: str) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------- option groups
-def option(default: Any, help: str, **argparse_kw: Any) -> Any:  # noqa: A002
+def option(default: Any, help: str, **argparse_kw: Any) -> Any:
     """A dataclass field that is also the flag ``--field-name``; ``{default}`` in ``help`` is filled in."""
     return field(default=default, metadata={"help": help, **argparse_kw})
 
@@ -184,7 +185,8 @@ class CorpusOptions(OptionGroup):
         omit = ("tokens",) * (tokens is None) + ("corpus",) * (corpus_group is not None)
         group = super().add_to(parser, omit=omit, tokens=tokens, n_ctx=n_ctx)
         if corpus_group is not None:
-            _add_field(corpus_group, dataclasses.fields(cls)[0], "english")
+            corpus = next(f for f in dataclasses.fields(cls) if f.name == "corpus")
+            _add_field(corpus_group, corpus, corpus.default)
         return group
 
     def check(self) -> None:
@@ -206,8 +208,8 @@ class AnalysisOptions(OptionGroup):
     """Which bands planes group into, and which layers to analyse."""
 
     title: ClassVar[str] = "analysis"
-    bands: str | None = option(None, "how planes group into bands: planes, all, quantiles:N, "
-                                              "wavelength:E1,E2,..., context[:F] (default: quantiles:4)", metavar="SPEC")
+    bands: str | None = option(None, "how planes group into bands: planes, all, quantiles:N, wavelength:E1,E2,..., "
+                                     "context[:F] (default: quantiles:4)", metavar="SPEC")
     layers: list[int] | None = option(None, "layer indices to analyse (default: all)", type=layer_list,
                                       metavar="0,5,11")
 
@@ -252,7 +254,7 @@ class OutputOptions(OptionGroup):
     """Where the full result is saved, and whether the printout is a table or JSON."""
 
     title: ClassVar[str] = "output"
-    save: str | None = option(None, "also save the full result ({default})", metavar="FILE.json")
+    save: str | None = option(None, "also save the full result as JSON", metavar="FILE.json")
     json: bool = option(False, "print machine-readable JSON instead of a table", action="store_true")
 
     @classmethod
@@ -294,7 +296,9 @@ class OutputOptions(OptionGroup):
 
 
 class _DeprecatedAlias(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
+    """An old spelling of a flag: stores like the new one and says which to use."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse's signature
         print(f"ropelens: warning: {option_string} is deprecated; use --{self.dest}", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
@@ -304,7 +308,6 @@ class CorpusCommand:
     """The option groups of a command that streams a corpus through a model."""
 
     command: str
-    model: ModelOptions
     corpus: CorpusOptions
     analysis: AnalysisOptions
     checkpoint: CheckpointOptions
@@ -321,8 +324,8 @@ class CorpusCommand:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CorpusCommand:
-        """Every group as parsed; a bad ``--bands`` fails here."""
-        return cls(args.command, ModelOptions.from_args(args), CorpusOptions.from_args(args),
+        """Every group but the model's (:func:`load_from_args` loads it) as parsed; a bad ``--bands`` fails here."""
+        return cls(args.command, CorpusOptions.from_args(args),
                    AnalysisOptions.from_args(args), CheckpointOptions.from_args(args), OutputOptions.from_args(args))
 
     def prepare(self, analysis: Callable[..., Any]) -> tuple[Any, dict[str, Any]]:
@@ -332,7 +335,8 @@ class CorpusCommand:
         kw: dict[str, Any] = {"n_ctx": self.corpus.n_ctx, "max_tokens": self.corpus.tokens,
                               "layers": self.analysis.layers, "progress": self.output.progress}
         bands = self.analysis.parsed_bands()
-        if bands is not None and "bands" in inspect.signature(analysis).parameters:  # usage's bands group only its printout
+        # frequency_usage takes no bands: usage's bands only group its printout
+        if bands is not None and "bands" in inspect.signature(analysis).parameters:
             kw["bands"] = bands
         return corpus, {**kw, **self.checkpoint.kwargs_for(analysis, self.command)}
 
@@ -357,11 +361,6 @@ def jsonable(obj: Any, key: str | None = None) -> Any:
         if key == "window":  # a window size column pandas made float to hold a NaN
             return int(obj)
     return obj
-
-
-def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A table row in strict JSON (:func:`jsonable`)."""
-    return jsonable(row)
 
 
 def emit(obj: Any, indent: int = 2) -> None:

@@ -11,12 +11,7 @@ __all__ = ["add_pe_geometry"]
 
 def add_pe_geometry(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens pe-geometry [--model M]``: period and strength of position-embedding similarity."""
-    p = add_command(
-        subparsers, "pe-geometry", run_pe_geometry,
-        help="cosine similarity of position embeddings by distance: dominant period and strength",
-        description="Sinusoidal reference and, with --model, the learned absolute position table of a model "
-        "that has one (GPT-2, OPT, BERT-like): the by-distance cosine similarity and its dominant period.",
-    )
+    p = add_command(subparsers, "pe-geometry", run_pe_geometry)
     ModelOptions.add_to(p, flag_help="HF model directory or hub name with learned position embeddings")
     p.add_argument("--n-pos", type=int, default=512, help="positions of the sinusoidal reference (default 512)")
     p.add_argument("--d", type=int, default=128, help="width of the sinusoidal reference (even; default 128)")
@@ -25,7 +20,11 @@ def add_pe_geometry(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_pe_geometry(args: argparse.Namespace) -> int:
-    """Print period/strength for the sinusoidal reference and, with --model, its learned table."""
+    """Cosine similarity of position embeddings by distance: dominant period and strength
+
+    Sinusoidal reference and, with --model, the learned absolute position table of a model that has one (GPT-2,
+    OPT, BERT-like): the by-distance cosine similarity and its dominant period.
+    """
     from ropelens.geometry import learned_pe, pe_similarity, sinusoidal_pe
 
     sims = [pe_similarity(sinusoidal_pe(args.n_pos, args.d, args.base), name=f"sinusoidal {args.n_pos}x{args.d}")]

@@ -16,15 +16,16 @@ __all__ = ["add_inspect", "inspect_json", "inspect_table"]
 
 def add_inspect(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens inspect [MODEL]``: the RoPE spec of a model."""
-    p = add_command(subparsers, "inspect", run_inspect,
-                    help="show the RoPE a model applies (bases, planes, pairing, wavelengths)",
-                    description="Load a model and print the RoPE its attention layers apply, per layer kind.")
+    p = add_command(subparsers, "inspect", run_inspect)
     ModelOptions.add_to(p)
     OutputOptions.add_to(p)
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    """Print the spec of ``args.model`` as a table or JSON."""
+    """Show the RoPE a model applies (bases, planes, pairing, wavelengths)
+
+    Load a model and print the RoPE its attention layers apply, per layer kind.
+    """
     spec = rope_spec(load_from_args(args))
     output = OutputOptions.from_args(args)
     if output.json:

@@ -20,7 +20,13 @@ from ropelens.cli.common import Parser
 from ropelens.cli.geometry import add_pe_geometry
 from ropelens.cli.inspect import add_inspect
 from ropelens.cli.report import add_compare, add_report
-from ropelens.cli.variants import add_context, add_passkey, add_predict_base, add_truncate, add_variants
+from ropelens.cli.variants import (
+    add_context,
+    add_passkey,
+    add_predict_base,
+    add_truncate,
+    add_variants,
+)
 from ropelens.distributed import RankFailedError, init_from_env, is_main
 from ropelens.errors import InputError
 

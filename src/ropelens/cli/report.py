@@ -21,11 +21,7 @@ __all__ = ["add_compare", "add_report"]
 
 def add_report(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens report [MODEL]``: the HTML report."""
-    p = add_command(
-        subparsers, "report", run_report, distributed=True,
-        help="write a self-contained HTML report (usage, band decomposition, findings)",
-        description="Measure frequency usage and the band decomposition of attention in one pass over a corpus, "
-                    "and write OUT/index.html (works offline), report.json and one CSV per table.")
+    p = add_command(subparsers, "report", run_report, distributed=True)
     ModelOptions.add_to(p)
     CorpusOptions.add_to(p, tokens=32_768, n_ctx=512)
     p.add_argument("--out", default="ropelens-report", metavar="DIR", help="output directory (default: ropelens-report)")
@@ -42,7 +38,11 @@ def add_report(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Build the report and print where it is (and the findings)."""
+    """Write a self-contained HTML report (usage, band decomposition, findings)
+
+    Measure frequency usage and the band decomposition of attention in one pass over a corpus, and write
+    OUT/index.html (works offline), report.json and one CSV per table.
+    """
     from ropelens.report.build import build_report, check_output_dir, resolve_corpus
 
     output = OutputOptions.from_args(args)
@@ -73,18 +73,19 @@ def run_report(args: argparse.Namespace) -> int:
 
 def add_compare(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens compare A B``: two saved reports side by side."""
-    p = add_command(
-        subparsers, "compare", run_compare, help="compare two saved reports: difference maps and what changed (B - A)",
-        description="Read two directories written by `ropelens report` (two models, a model and a variant of it, or "
-                    "two corpora) and write OUT/index.html with difference maps of frequency usage and the band "
-                    "decomposition, positional heads gained and lost, sinking heads per layer, and findings.")
+    p = add_command(subparsers, "compare", run_compare)
     p.add_argument("a", metavar="A", help="the first report directory")
     p.add_argument("b", metavar="B", help="the second report directory")
     p.add_argument("--out", default="ropelens-compare", metavar="DIR", help="output directory (default: ropelens-compare)")
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    """Write the comparison and print its findings."""
+    """Compare two saved reports: difference maps and what changed (B - A)
+
+    Read two directories written by `ropelens report` (two models, a model and a variant of it, or two corpora)
+    and write OUT/index.html with difference maps of frequency usage and the band decomposition, positional
+    heads gained and lost, sinking heads per layer, and findings.
+    """
     from ropelens.report.compare import compare_reports
 
     out = compare_reports(args.a, args.b, args.out)

@@ -76,17 +76,18 @@ def parse_variant(text: str) -> V.RopeVariant:
 
 def add_variants(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens variants [MODEL] --variant SPEC``: each plane's frequency before and after."""
-    p = add_command(subparsers, "variants", run_variants,
-                    help="per-plane frequencies of a RoPE variant on a model's layers",
-                    description="Show θ_i and the wavelength of every plane before and after a RoPE variant, for "
-                                "one layer of each layer kind.")
+    p = add_command(subparsers, "variants", run_variants)
     ModelOptions.add_to(p)
     p.add_argument("--variant", action="append", required=True, metavar="SPEC", help=variant_help() + " (repeatable)")
     OutputOptions.add_to(p)
 
 
 def run_variants(args: argparse.Namespace) -> int:
-    """Print each plane's frequency and wavelength before and after every variant."""
+    """Per-plane frequencies of a RoPE variant on a model's layers
+
+    Show θ_i and the wavelength of every plane before and after a RoPE variant, for one layer of each layer
+    kind.
+    """
     chosen = [parse_variant(s) for s in args.variant]
     spec = rope_spec(load_from_args(args))
     out = []
@@ -110,10 +111,7 @@ def run_variants(args: argparse.Namespace) -> int:
 
 def add_truncate(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens truncate [MODEL]``: perplexity when only the highest fraction p of planes rotates."""
-    p = add_command(subparsers, "truncate", run_truncate, help="perplexity under p-RoPE (truncated RoPE) at inference",
-                    description="Held-out perplexity of the model with p-RoPE applied to its running rotary tables "
-                                "(p = 1 is the model's RoPE, p = 0 NoPE), with bootstrap CIs over windows. "
-                                "experiments/truncated_rope_inference.py runs the full resumable sweep.")
+    p = add_command(subparsers, "truncate", run_truncate)
     ModelOptions.add_to(p)
     p.add_argument("--p", default="0,0.25,0.5,0.75,1", help="comma-separated fractions in [0, 1]")
     p.add_argument("--n-ctx", type=int, default=256, help="tokens per window (default 256)")
@@ -123,7 +121,12 @@ def add_truncate(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_truncate(args: argparse.Namespace) -> int:
-    """Print the perplexity and its bootstrap CI at each p."""
+    """Perplexity under p-RoPE (truncated RoPE) at inference
+
+    Held-out perplexity of the model with p-RoPE applied to its running rotary tables (p = 1 is the model's
+    RoPE, p = 0 NoPE), with bootstrap CIs over windows. experiments/truncated_rope_inference.py runs the full
+    resumable sweep.
+    """
     from ropelens import data
     from ropelens.evaluate import bootstrap_ci, window_losses
 
@@ -153,11 +156,7 @@ _CONTEXT_VARIANTS = ("pi", "ntk", "dynamic", "yarn", "llama3")
 
 def add_context(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens context [MODEL] --target N``: what each context-extension method does per plane."""
-    p = add_command(subparsers, "context", run_context,
-                    help="per-plane view of context-extension methods and RoPE's base bounds",
-                    description="Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, dynamic NTK "
-                                "(factor 2), YaRN and Llama 3 scaling, with the critical dimension (arXiv 2310.05209) "
-                                "and the base lower bound (arXiv 2405.14591).")
+    p = add_command(subparsers, "context", run_context)
     ModelOptions.add_to(p)
     p.add_argument("--target", type=int, required=True, help="the extended context length in tokens")
     p.add_argument("--original", type=int, default=None, help="the trained context length (default: the model's n_ctx)")
@@ -167,7 +166,11 @@ def add_context(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_context(args: argparse.Namespace) -> int:
-    """Print per-variant plane categories and the bounds (or JSON with every plane)."""
+    """Per-plane view of context-extension methods and RoPE's base bounds
+
+    Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, dynamic NTK (factor 2), YaRN and Llama
+    3 scaling, with the critical dimension (arXiv 2310.05209) and the base lower bound (arXiv 2405.14591).
+    """
     from ropelens import context as ctx
     from ropelens import extrapolation as ext
 
@@ -203,11 +206,7 @@ def run_context(args: argparse.Namespace) -> int:
 
 def add_passkey(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens passkey [MODEL]``: passkey retrieval accuracy by length and depth, optionally under a variant."""
-    p = add_command(
-        subparsers, "passkey", run_passkey,
-        help="passkey retrieval accuracy over lengths x depths (optionally under a RoPE variant)",
-        description="Hide a random 5-digit passkey in filler text at each depth, ask it back at the end, decode "
-                    "greedily and score the first number (the YaRN/LongRoPE harness); seeded.")
+    p = add_command(subparsers, "passkey", run_passkey)
     ModelOptions.add_to(p)
     p.add_argument("--lengths", default="1024", metavar="N,N,...", help="prompt lengths in tokens (default: 1024)")
     p.add_argument("--depths", default="0.1,0.5,0.9", metavar="F,F,...", help="passkey depths (default: 0.1,0.5,0.9)")
@@ -228,7 +227,11 @@ def _numbers(text: str, kind, what: str) -> list:
 
 
 def run_passkey(args: argparse.Namespace) -> int:
-    """Print retrieval accuracy per length and depth."""
+    """Passkey retrieval accuracy over lengths x depths (optionally under a RoPE variant)
+
+    Hide a random 5-digit passkey in filler text at each depth, ask it back at the end, decode greedily and
+    score the first number (the YaRN/LongRoPE harness); seeded.
+    """
     from ropelens.passkey import passkey_retrieval
 
     lengths, depths = _numbers(args.lengths, int, "--lengths"), _numbers(args.depths, float, "--depths")
@@ -251,12 +254,7 @@ def run_passkey(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------- predict-base
 def add_predict_base(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens predict-base [MODEL]``: the base's predicted extrapolation limits per length."""
-    p = add_command(
-        subparsers, "predict-base", run_predict_base,
-        help="Liu et al.'s critical base and extrapolation limit, Men et al.'s bound, per length",
-        description="For each evaluation length: the critical dimension, Liu et al.'s extrapolation limit for the "
-                    "model's base and critical base for tuning to that length, Men et al.'s lower bound on the base, "
-                    "and whether the model's base satisfies each; --measure adds the measured loss by length.")
+    p = add_command(subparsers, "predict-base", run_predict_base)
     ModelOptions.add_to(p)
     p.add_argument("--lengths", default="2048,8192,16384,32768", metavar="N,N,...", help="evaluation lengths")
     p.add_argument("--measure", type=int, default=0, metavar="WINDOWS",
@@ -265,7 +263,12 @@ def add_predict_base(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_predict_base(args: argparse.Namespace) -> int:
-    """Print the predictions per length (and the measured loss with --measure)."""
+    """Liu et al.'s critical base and extrapolation limit, Men et al.'s bound, per length
+
+    For each evaluation length: the critical dimension, Liu et al.'s extrapolation limit for the model's base
+    and critical base for tuning to that length, Men et al.'s lower bound on the base, and whether the model's
+    base satisfies each; --measure adds the measured loss by length.
+    """
     from ropelens.extrapolation import base_predictions, measured_extrapolation
 
     lengths = _numbers(args.lengths, int, "--lengths")
