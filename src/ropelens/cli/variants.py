@@ -69,8 +69,8 @@ def parse_variant(text: str) -> V.RopeVariant:
     params = _params(cls)
     required = [f for f in params if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if not len(required) <= len(values) <= len(params):
-        raise InputError(f"variant {text!r} takes {len(required)} to {len(params)} value(s) after the name: "
-                         f"use one of {variant_help()}")
+        counts = f"{len(required)}" if len(required) == len(params) else f"{len(required)} to {len(params)}"
+        raise InputError(f"variant {text!r} takes {counts} value(s) after the name: use one of {variant_help()}")
     return cls(*(_value(v, f, text) for v, f in zip(values, params)))
 
 
