@@ -223,3 +223,100 @@ def test_offsets_and_predict_base_commands(tiny_dir, capsys):
     assert rows[1]["t_extra"] == pytest.approx(extrapolation_limit(lr.base, lr.rotary_dim, spec.n_ctx))
     assert rows[1]["critical_base"] == pytest.approx(critical_base(spec.n_ctx, 512, lr.base))
     assert main(["predict-base", path, "--lengths", "x"]) == 2
+
+
+CORPUS_COMMANDS = ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets")
+
+
+@pytest.mark.parametrize("command", CORPUS_COMMANDS)
+def test_corpus_commands_share_their_options(command, tmp_path):
+    """Every corpus command takes the same model, corpus, layers, checkpoint and output flags."""
+    from ropelens.cli import build_parser
+
+    args = build_parser().parse_args([
+        command, "some-model", "--save", str(tmp_path / "r.json"), "--json", "--device", "cpu", "--dtype", "bfloat16",
+        "--layers", "0,2", "--corpus", "python", "--tokens", "64", "--n-ctx", "32", "--checkpoint", str(tmp_path),
+        "--checkpoint-every", "3",
+    ])
+    assert (args.model, args.save, args.json, args.device, args.dtype) == (
+        "some-model", str(tmp_path / "r.json"), True, "cpu", "bfloat16")
+    assert (args.layers, args.corpus, args.tokens, args.n_ctx) == ([0, 2], "python", 64, 32)
+    assert (args.checkpoint, args.checkpoint_every) == (str(tmp_path), 3)
+
+
+@pytest.mark.parametrize("command", CORPUS_COMMANDS)
+def test_fewer_tokens_than_one_window_is_one_message(command, capsys):
+    """The check runs before any model loads (the model name does not exist) and reads the same everywhere."""
+    assert main([command, "no-such-model", "--tokens", "16", "--n-ctx", "32"]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert lines == ["ropelens: error: --tokens 16 is fewer than one window of --n-ctx 32: "
+                     "raise --tokens or lower --n-ctx"]
+
+
+def test_checkpoint_where_the_analysis_cannot_resume_is_refused_before_loading(tmp_path, capsys):
+    import inspect
+
+    from ropelens.analyses.sinks import attention_sinks
+
+    if "checkpoint" in inspect.signature(attention_sinks).parameters:
+        pytest.skip("attention_sinks resumes from checkpoints")
+    assert main(["sinks", "no-such-model", "--tokens", "64", "--n-ctx", "32", "--checkpoint", str(tmp_path)]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "ropelens sinks cannot resume" in lines[0] and "without --checkpoint" in lines[0]
+
+
+def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
+    """heads --save writes the taxonomy; a NaN in the table prints as null; --out still works, with a warning."""
+    from ropelens.analyses.heads import HeadTaxonomy
+
+    real = HeadTaxonomy.to_frame
+
+    def with_nan(self):
+        df = real(self)
+        df.loc[0, "mass_text"] = float("nan")
+        return df
+
+    monkeypatch.setattr(HeadTaxonomy, "to_frame", with_nan)
+    path, saved = str(tiny_dir("llama")), tmp_path / "tx.json"
+    assert main(["heads", path, "--windows", "2", "--n-ctx", "32", "--json", "--save", str(saved)]) == 0
+    captured = capsys.readouterr()
+    got = json.loads(captured.out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert got["heads"][0]["mass_text"] is None
+    assert HeadTaxonomy.load(saved).tau == got["tau"]
+    old = tmp_path / "old.json"
+    assert main(["heads", path, "--windows", "2", "--n-ctx", "32", "--out", str(old)]) == 0
+    assert old.exists() and "--out is deprecated; use --save" in capsys.readouterr().err
+    assert main(["heads", "--help"]) == 0
+    assert "--out" not in capsys.readouterr().out  # hidden: --save is the spelling to learn
+
+
+@pytest.mark.parametrize("argv", [["variants", "--variant", "warp:3"], ["passkey", "--variant", "warp:3"]])
+def test_unknown_variant_lists_the_registry(argv, capsys):
+    """One error line naming every variant class ropelens.variants exports (before any model loads)."""
+    from ropelens import variants as V
+
+    assert main([argv[0], "no-such-model", *argv[1:]]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "unknown variant 'warp:3'" in lines[0]
+    names = [n.lower() for n in V.__all__ if isinstance(getattr(V, n), type) and n != "RopeVariant"]
+    listed = [form.split(":")[0] for form in lines[0].split("use one of ")[1].split(", ")]
+    assert listed == names
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("prope-reversed:0.5", "PRoPEReversed(p=0.5)"), ("base:500000", "BaseChange(base=500000.0)"),
+    ("yarn:4:2048", "YaRN(factor=4.0, original_max_position=2048"), ("llama3:8:1:4:8192", "Llama3(factor=8.0"),
+])
+def test_variant_spellings(spec, expected):
+    from ropelens.cli.variants import parse_variant
+
+    assert parse_variant(spec).name.startswith(expected)
+
+
+def test_emit_is_strict_json(capsys):
+    import numpy as np
+
+    from ropelens.cli.common import emit
+
+    emit({"a": float("nan"), "b": [float("inf"), np.float32(1.5)], "window": 8.0, "c": (1, float("-inf"))})
+    assert json.loads(capsys.readouterr().out) == {"a": None, "b": ["inf", 1.5], "window": 8, "c": [1, "-inf"]}

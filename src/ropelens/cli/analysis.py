@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from ropelens.cli.common import (
-    add_analysis_args,
-    add_common_options,
-    add_corpus_args,
-    add_model_arg,
-    emit,
-    jsonable_row,
+    AnalysisOptions,
+    CorpusCommand,
+    CorpusOptions,
+    ModelOptions,
+    OutputOptions,
+    add_command,
     load_from_args,
     positive_int,
 )
-from ropelens.distributed import is_main
 from ropelens.errors import InputError
-from ropelens.models import DEFAULT_MODEL
 
 __all__ = ["add_decompose", "add_decompose_stats", "add_heads", "add_usage"]
 
@@ -30,54 +27,33 @@ def _fmt(x: float) -> str:
 # ---------------------------------------------------------------------------------------- usage
 def add_usage(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens usage [MODEL]``: frequency usage per layer and band."""
-    p = subparsers.add_parser(
-        "usage", help="per-plane norms of queries and keys over a corpus (energy per band, per layer)",
-        description="Mean 2-norm of every RoPE plane of the queries and keys over a corpus; prints each band's "
-                    "share of the energy per layer (sink positions excluded).")
-    add_model_arg(p)
-    add_corpus_args(p, tokens=32_768, n_ctx=512)
-    add_analysis_args(p)
-    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (FrequencyUsage JSON)")
-    add_checkpoint_arg(p)
-    add_common_options(p)
-    p.set_defaults(func=run_usage, distributed=True)
-
-
-def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", default=None, metavar="DIR",
-                   help="save progress to DIR; the same command started again resumes there")
-    p.add_argument("--checkpoint-every", type=positive_int, default=8, metavar="N",
-                   help="batches between checkpoints (default: 8)")
+    p = add_command(subparsers, "usage", run_usage, distributed=True)
+    CorpusCommand.add_to(p, tokens=32_768, n_ctx=512, save="FrequencyUsage JSON")
 
 
 def run_usage(args: argparse.Namespace) -> int:
-    """Stream frequency usage and print the energy share of each band per layer."""
-    from ropelens.analyses.usage import frequency_usage
-    from ropelens.bands import Bands
-    from ropelens.data import load_corpus
-    from ropelens.report.build import check_output_dir
+    """Per-plane norms of queries and keys over a corpus (energy per band, per layer)
 
-    bands = Bands.parse(args.bands)
-    corpus = load_corpus(args.corpus)
-    if args.save:
-        check_output_dir(_parent(args.save))
-    if args.tokens < args.n_ctx:
-        raise InputError(f"--tokens {args.tokens} is fewer than one window of --n-ctx {args.n_ctx}: raise --tokens or lower --n-ctx")
-    model = load_from_args(args)
-    u = frequency_usage(model, corpus, n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
-                        progress=not args.json, checkpoint=args.checkpoint,
-                        checkpoint_every=args.checkpoint_every)
-    if args.save and is_main():
-        u.save(args.save)
+    Mean 2-norm of every RoPE plane of the queries and keys over a corpus; prints each band's share of the
+    energy per layer (sink positions excluded).
+    """
+    from ropelens.analyses.usage import frequency_usage
+
+    run = CorpusCommand.from_args(args)
+    corpus, kw = run.prepare(frequency_usage)
+    u = frequency_usage(load_from_args(args), corpus, **kw)
+    run.output.save_result(u)
+    bands = run.analysis.parsed_bands()
     names, q = u.band_share(bands, "q", "no_sink")
     _, k = u.band_share(bands, "k", "no_sink")
     q, k = q.mean(1), k.mean(1)  # heads averaged
-    if args.json:
-        emit({"model": u.provenance.model, "corpus": u.provenance.corpus, "n_tokens": u.provenance.n_tokens,
-               "n_ctx": u.provenance.n_ctx, "layers": list(u.layers), "bands": list(names), "scope": "no_sink",
-               "q_energy_share": q.tolist(), "k_energy_share": k.tolist(),
-               "q_norm": u.norm("q", "no_sink").mean(1).tolist(), "k_norm": u.norm("k", "no_sink").mean(1).tolist()})
-        return 0
+    if run.output.json:
+        prov = u.provenance
+        return run.output.emit({
+            "model": prov.model, "corpus": prov.corpus, "n_tokens": prov.n_tokens, "n_ctx": prov.n_ctx,
+            "layers": list(u.layers), "bands": list(names), "scope": "no_sink",
+            "q_energy_share": q.tolist(), "k_energy_share": k.tolist(),
+            "q_norm": u.norm("q", "no_sink").mean(1).tolist(), "k_norm": u.norm("k", "no_sink").mean(1).tolist()})
     prov = u.provenance
     print(f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
           "share of energy per band, heads averaged, sink excluded")
@@ -91,45 +67,29 @@ def run_usage(args: argparse.Namespace) -> int:
 
 def add_decompose_stats(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens decompose-stats [MODEL]``: the band decomposition's statistics over a corpus."""
-    p = subparsers.add_parser(
-        "decompose-stats", help="band decomposition statistics over a corpus (margin, variance, |logit| shares)",
-        description="Streams the exact per-band decomposition of every attention logit over a corpus and prints, "
-                    "per layer and band (heads averaged), the share of the attended-key margin, of the within-query "
-                    "logit variance and of the mean |logit|, and band-only top-1 agreement.")
-    add_model_arg(p)
-    add_corpus_args(p, tokens=32_768, n_ctx=512)
-    add_analysis_args(p)
+    p = add_command(subparsers, "decompose-stats", run_decompose_stats, distributed=True)
+    CorpusCommand.add_to(p, tokens=32_768, n_ctx=512, save="BandStatistics JSON")
     p.add_argument("--jsd", action="store_true", help="also the JS divergence of each band-only pattern (slower)")
     p.add_argument("--batch-size", type=positive_int, default=4, metavar="N", help="windows per forward (default: 4)")
-    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (BandStatistics JSON)")
-    add_checkpoint_arg(p)
-    add_common_options(p)
-    p.set_defaults(func=run_decompose_stats, distributed=True)
 
 
 def run_decompose_stats(args: argparse.Namespace) -> int:
-    from ropelens.analyses.decompose import band_statistics
-    from ropelens.bands import Bands
-    from ropelens.data import load_corpus
-    from ropelens.report.build import check_output_dir
+    """Band decomposition statistics over a corpus (margin, variance, |logit| shares)
 
-    bands = Bands.parse(args.bands)
-    corpus = load_corpus(args.corpus)
-    if args.save:
-        check_output_dir(_parent(args.save))
-    if args.tokens < args.n_ctx:
-        raise InputError(f"--tokens {args.tokens} is fewer than one window of --n-ctx {args.n_ctx}: raise --tokens or lower --n-ctx")
-    model = load_from_args(args)
-    st = band_statistics(model, corpus, bands=bands, n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
-                         batch_size=args.batch_size, jsd=args.jsd, progress=not args.json, checkpoint=args.checkpoint,
-                         checkpoint_every=args.checkpoint_every)
-    if args.save and is_main():
-        st.save(args.save)
+    Streams the exact per-band decomposition of every attention logit over a corpus and prints, per layer and
+    band (heads averaged), the share of the attended-key margin, of the within-query logit variance and of the
+    mean |logit|, and band-only top-1 agreement.
+    """
+    from ropelens.analyses.decompose import band_statistics
+
+    run = CorpusCommand.from_args(args)
+    corpus, kw = run.prepare(band_statistics)
+    st = band_statistics(load_from_args(args), corpus, **kw, batch_size=args.batch_size, jsd=args.jsd)
+    run.output.save_result(st)
     df = st.to_frame().drop(columns="head").groupby(["layer", "band"], sort=False).mean().reset_index()
-    if args.json:
-        emit({"model": st.provenance.model, "n_tokens": st.provenance.n_tokens, "bands": list(st.band_names),
-              "rows": [jsonable_row(r) for r in df.to_dict("records")]})
-        return 0
+    if run.output.json:
+        return run.output.emit({"model": st.provenance.model, "n_tokens": st.provenance.n_tokens,
+                                "bands": list(st.band_names), "rows": df.to_dict("records")})
     prov = st.provenance
     print(f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
           f"bands {st.bands.describe()}, heads averaged")
@@ -138,41 +98,24 @@ def run_decompose_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parent(path: str) -> str:
-    from pathlib import Path
-
-    return str(Path(path).expanduser().resolve().parent)
-
-
 # ---------------------------------------------------------------------------------------- decompose
 def add_decompose(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens decompose [MODEL]``: band shares of one text or corpus window, per head."""
-    p = subparsers.add_parser(
-        "decompose", help="per-head band shares of the attention logits for one text or corpus window",
-        description="Decompose every attention logit of one input into bands and print, per head, each band's share "
-                    "of the attended-key margin and how often the band alone picks the attended key.")
-    add_model_arg(p)
+    p = add_command(subparsers, "decompose", run_decompose)
+    ModelOptions.add_to(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help="the text to decompose (BOS is prepended)")
-    src.add_argument("--corpus", default=None, metavar="PATH|english|python",
-                     help="take one window of this corpus instead (default: english)")
+    CorpusOptions.add_to(p, tokens=None, n_ctx=512, corpus_group=src)
     p.add_argument("--window", type=int, default=0, metavar="I", help="which corpus window (default: 0)")
-    p.add_argument("--n-ctx", type=positive_int, default=512, metavar="N", help="tokens in the corpus window (default: 512)")
-    add_analysis_args(p)
-    add_common_options(p)
-    p.set_defaults(func=run_decompose)
+    AnalysisOptions.add_to(p)
+    OutputOptions.add_to(p)
 
 
-def _one_window(model, args: argparse.Namespace):
-    from ropelens.data import load_corpus, windows
+def _one_window(model, args: argparse.Namespace, corpus):
+    from ropelens.data import windows
 
-    if args.text is not None:
-        if not args.text.strip():
-            raise InputError("--text is empty: pass the text to decompose, e.g. --text 'The cat sat on the mat.'")
+    if corpus is None:
         return model.to_tokens(args.text), "text"
-    if args.window < 0:
-        raise InputError(f"--window must be ≥ 0, got {args.window}")
-    corpus = load_corpus(args.corpus or "english")
     toks = windows(corpus, model.tokenizer, args.n_ctx, n_windows=args.window + 1)
     if toks.shape[0] <= args.window:
         raise InputError(f"corpus {corpus.name!r} has {toks.shape[0]} windows of {args.n_ctx} tokens; "
@@ -181,26 +124,28 @@ def _one_window(model, args: argparse.Namespace):
 
 
 def run_decompose(args: argparse.Namespace) -> int:
-    """Band statistics of one input, printed per layer and head."""
-    from ropelens.analyses.decompose import band_statistics
-    from ropelens.bands import Bands
-    from ropelens.data import load_corpus
+    """Per-head band shares of the attention logits for one text or corpus window
 
-    bands = Bands.parse(args.bands)
+    Decompose every attention logit of one input into bands and print, per head, each band's share of the
+    attended-key margin and how often the band alone picks the attended key.
+    """
+    from ropelens.analyses.decompose import band_statistics
+
+    analysis, output = AnalysisOptions.from_args(args), OutputOptions.from_args(args)
     if args.text is not None and not args.text.strip():
         raise InputError("--text is empty: pass the text to decompose, e.g. --text 'The cat sat on the mat.'")
-    if args.text is None:
-        load_corpus(args.corpus or "english")  # an unreadable corpus fails before the model loads
+    if args.text is None and args.window < 0:
+        raise InputError(f"--window must be ≥ 0, got {args.window}: pick a corpus window such as --window 0")
+    corpus = None if args.text is not None else CorpusOptions.from_args(args).load()  # fails before the model loads
     model = load_from_args(args)
-    toks, what = _one_window(model, args)
-    st = band_statistics(model, toks, bands=bands, layers=args.layers, batch_size=1, jsd=True, progress=False)
+    toks, what = _one_window(model, args, corpus)
+    bands = analysis.parsed_bands()
+    st = band_statistics(model, toks, bands=bands, layers=analysis.layers, batch_size=1, jsd=True,
+                         progress=False)
     frame = st.to_frame()
-    if args.json:
-        emit({"model": st.provenance.model, "input": what, "n_tokens": int(toks.shape[1]), "bands": list(st.band_names),
-               "layers": list(st.layers),
-               "heads": [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-                         for r in frame.to_dict("records")]})
-        return 0
+    if output.json:
+        return output.emit({"model": st.provenance.model, "input": what, "n_tokens": int(toks.shape[1]),
+                            "bands": list(st.band_names), "layers": list(st.layers), "heads": frame.to_dict("records")})
     print(f"{st.provenance.model}: {what}, {int(toks.shape[1])} tokens, bands {bands.describe()}")
     print("per head and band: share of the attended-key margin | band-only top-1 agreement")
     names = list(st.band_names)
@@ -217,27 +162,27 @@ def run_decompose(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------- heads
 def add_heads(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens heads [MODEL]``: classify heads as positional or content (ropelens.analyses.heads)."""
-    p = subparsers.add_parser("heads", help="classify attention heads as positional (fixed offset), sink or content",
-                              description="Score each head's attention at fixed offsets on text and random tokens.")
-    p.add_argument("model", nargs="?", default=None, help=f"embedded name (default {DEFAULT_MODEL}), path or hub name")
+    p = add_command(subparsers, "heads", run_heads, distributed=True)
+    ModelOptions.add_to(p)
     p.add_argument("--windows", type=int, default=8, help="text windows (and as many random-token windows)")
     p.add_argument("--n-ctx", type=int, default=256, help="tokens per window")
-    p.add_argument("--out", default=None, help="save the HeadTaxonomy as JSON to this file")
-    add_common_options(p)
-    p.set_defaults(func=run_heads, distributed=True)
+    OutputOptions.add_to(p, save="HeadTaxonomy JSON", deprecated_out=True)
 
 
 def run_heads(args: argparse.Namespace) -> int:
-    """Print positional heads (or every head as JSON records)."""
+    """Classify attention heads as positional (fixed offset), sink or content
+
+    Score each head's attention at fixed offsets on text and random tokens.
+    """
     from ropelens.analyses.heads import classify_heads
 
+    output = OutputOptions.from_args(args)
+    output.check()
     tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, progress=False)
-    if args.out and is_main():
-        tx.save(args.out)
+    output.save_result(tx)
     df = tx.to_frame()
-    if args.json:
-        print(json.dumps({"tau": tx.tau, "heads": df.to_dict("records")}, indent=2))
-        return 0
+    if output.json:
+        return output.emit({"tau": tx.tau, "heads": df.to_dict("records")})
     pos = df[df.positional].sort_values("robust_mass", ascending=False)
     print(f"tau {tx.tau:.3f}; {len(pos)} positional heads of {len(df)}")
     cols = ["layer", "head", "kind", "best_offset", "mass_text", "mass_random", "sink_text"]

@@ -1,28 +1,43 @@
-"""Ingredients every ``ropelens`` subcommand is built from: shared options, argument types, loading.
+"""Ingredients every ``ropelens`` subcommand is built from: option groups, argument types, JSON output.
 
-Command modules (``ropelens.cli.inspect``, ``.analysis``, ``.report``, ``.variants``,
-``.geometry``) import this module and nothing else of the CLI; :mod:`ropelens.cli.main` imports
-them. Bad input raises :class:`ropelens.errors.InputError` (or ``OSError`` for files), which
-``main`` reports as one line with exit code 2.
+An option group is a small dataclass whose fields are its flags (field metadata holds the help
+text) and whose methods do the group's work: :class:`ModelOptions` loads the model,
+:class:`CorpusOptions` checks and loads the corpus, :class:`AnalysisOptions` parses bands and
+layers, :class:`CheckpointOptions` resumes, :class:`OutputOptions` saves and prints strict JSON.
+``Group.add_to(parser)`` declares the flags and ``Group.from_args(args)`` reads them back.
+:class:`CorpusCommand` bundles the groups of the commands that stream a corpus.
+
+Command modules (``ropelens.cli.inspect``, ``.analysis``, ``.attention``, ``.report``,
+``.variants``, ``.geometry``) import this module and nothing else of the CLI;
+:mod:`ropelens.cli.main` imports them. Bad input raises :class:`ropelens.errors.InputError` (or
+``OSError`` for files), which ``main`` reports as one line with exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 import math
-from typing import Any
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
-from ropelens.errors import UsageError
+from ropelens.errors import InputError, UsageError
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 __all__ = [
-    "DTYPES", "Parser", "add_analysis_args", "add_common_options", "add_corpus_args", "add_model_arg", "band_tokens",
-    "emit", "jsonable_row", "layer_list", "load_from_args", "positive_int",
+    "DTYPES", "AnalysisOptions", "CheckpointOptions", "CorpusCommand", "CorpusOptions", "ModelOptions",
+    "OutputOptions", "Parser", "add_command", "band_tokens", "emit", "jsonable", "layer_list",
+    "load_from_args", "positive_int",
 ]  # fmt: skip
 
 
@@ -32,6 +47,15 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         # argparse would print usage and exit; main reports one line instead.
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def add_command(subparsers: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int],
+                distributed: bool = False) -> argparse.ArgumentParser:
+    """Subcommand ``name`` running ``run`` (its docstring is the help); ``distributed``: it splits under torchrun."""
+    summary, _, description = inspect.cleandoc(run.__doc__ or name).partition("\n\n")
+    p = subparsers.add_parser(name, help=summary, description=description.replace("\n", " ") or summary)
+    p.set_defaults(func=run, distributed=distributed)
+    return p
 
 
 # ---------------------------------------------------------------------------------------- argument types
@@ -63,83 +87,282 @@ def band_tokens(text: str) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------- option groups
-def add_common_options(parser: argparse.ArgumentParser) -> None:
-    """Options every model-loading subcommand shares."""
-    parser.add_argument(
-        "--device",
-        default=None,
-        help="torch device to run the model on: cpu, cuda, cuda:N or mps (default: cuda if available, else cpu)",
-    )
-    parser.add_argument(
-        "--dtype", choices=sorted(DTYPES), default="float32",
-        help="weights and activations: float32 (default), bfloat16 or float16 (statistics accumulate in "
-             "float32 or float64 either way)",
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print machine-readable JSON instead of a table"
-    )
+def option(default: Any, help: str, **argparse_kw: Any) -> Any:
+    """A dataclass field that is also the flag ``--field-name``; ``{default}`` in ``help`` is filled in."""
+    return field(default=default, metadata={"help": help, **argparse_kw})
 
 
-def add_model_arg(p: argparse.ArgumentParser) -> None:
-    """The optional positional MODEL."""
-    p.add_argument("model", nargs="?", default=None,
-                   help=f"embedded name ({', '.join(EMBEDDED_MODELS)}; default {DEFAULT_MODEL}), a .gguf file, "
-                        "an HF model directory, or a hub name (needs the network)")
+class OptionGroup:
+    """A dataclass of flags: ``add_to`` declares them on a parser, ``from_args`` reads them back."""
+
+    title: ClassVar[str]
+
+    @classmethod
+    def add_to(cls, parser: argparse.ArgumentParser, *, omit: Sequence[str] = (), **defaults: Any) -> argparse._ArgumentGroup:
+        """Declare every field not in ``omit`` as a flag, under this group's heading; ``defaults`` override."""
+        group = parser.add_argument_group(cls.title)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in omit:
+                _add_field(group, f, defaults.get(f.name, f.default))
+        return group
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace):
+        """The group as parsed; a field the command does not declare keeps its default."""
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
 
-def add_corpus_args(p: argparse.ArgumentParser, *, tokens: int | None, n_ctx: int) -> None:
-    """``--corpus``, ``--tokens`` (when ``tokens`` is given) and ``--n-ctx``."""
-    p.add_argument("--corpus", default="english", metavar="PATH|english|python",
-                   help="text to run on: a built-in corpus or a .txt/.md file or directory (default: english)")
-    if tokens is not None:
-        p.add_argument("--tokens", type=positive_int, default=tokens, metavar="N",
-                       help=f"tokens to analyse, cut into windows of --n-ctx (default: {tokens:,})")
-    p.add_argument("--n-ctx", type=positive_int, default=n_ctx, metavar="N",
-                   help=f"tokens per window, BOS included (default: {n_ctx})")
+def _add_field(group: argparse._ArgumentGroup | argparse.ArgumentParser, f: dataclasses.Field, default: Any,
+               **override: Any) -> None:
+    kw = {**f.metadata, **override}
+    kw["help"] = kw["help"].format(default=default) if "{default" in kw["help"] else kw["help"]
+    if kw.pop("positional", False):
+        group.add_argument(f.name, nargs="?", default=default, **kw)
+    else:
+        group.add_argument("--" + f.name.replace("_", "-"), default=default, **kw)
 
 
-def add_analysis_args(p: argparse.ArgumentParser) -> None:
-    """``--bands`` and ``--layers``."""
-    p.add_argument("--bands", default="quantiles:4", metavar="SPEC",
-                   help="how planes group into bands: planes, all, quantiles:N, wavelength:E1,E2,..., context[:F] "
-                        "(default: quantiles:4)")
-    p.add_argument("--layers", type=layer_list, default=None, metavar="0,5,11",
-                   help="layer indices to analyse (default: all)")
+MODEL_HELP = (f"embedded name ({', '.join(EMBEDDED_MODELS)}; default {DEFAULT_MODEL}), a .gguf file, "
+              "an HF model directory, or a hub name (needs the network)")
 
 
-# ---------------------------------------------------------------------------------------- running
+@dataclass
+class ModelOptions(OptionGroup):
+    """Which model to run, on which device, in which dtype."""
+
+    title: ClassVar[str] = "model"
+    model: str | None = option(None, MODEL_HELP, positional=True)
+    device: str | None = option(
+        None, "torch device to run the model on: cpu, cuda, cuda:N or mps (default: cuda if available, else cpu)")
+    dtype: str = option("float32", "weights and activations: float32 (default), bfloat16 or float16 (statistics "
+                                   "accumulate in float32 or float64 either way)", choices=sorted(DTYPES))
+
+    @classmethod
+    def add_to(cls, parser: argparse.ArgumentParser, *, flag_help: str | None = None, **kw: Any) -> argparse._ArgumentGroup:
+        """MODEL as the optional positional, or as ``--model`` with ``flag_help`` (a command where it is optional)."""
+        if flag_help is None:
+            return super().add_to(parser, **kw)
+        group = super().add_to(parser, omit=("model",), **kw)
+        group.add_argument("--model", default=None, help=flag_help)
+        return group
+
+    def load(self):
+        """The model, loaded by :func:`ropelens.models.load_model` without transformers' progress bar."""
+        from transformers.utils import logging as hf_logging
+
+        # transformers draws a "Loading weights" bar on every load; ropelens' own bar (first
+        # conversion, which takes a while) is the only one worth showing on the terminal.
+        was_enabled = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            return load_model(self.model, device=self.device, dtype=DTYPES[self.dtype])
+        finally:
+            if was_enabled:
+                hf_logging.enable_progress_bar()
+
+
 def load_from_args(args: argparse.Namespace):
-    """Load ``args.model`` on ``args.device``: the shared first step of model subcommands."""
-    from transformers.utils import logging as hf_logging
+    """The model a command's :class:`ModelOptions` name: every command loads through this one function."""
+    return ModelOptions.from_args(args).load()
 
-    # transformers draws a "Loading weights" bar on every load; ropelens' own bar (first
-    # conversion, which takes a while) is the only one worth showing on the terminal.
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        return load_model(args.model, device=args.device, dtype=DTYPES[getattr(args, "dtype", "float32")])
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
+
+@dataclass
+class CorpusOptions(OptionGroup):
+    """The text a command streams, cut into windows of ``n_ctx`` tokens."""
+
+    title: ClassVar[str] = "corpus"
+    corpus: str = option("english", "text to run on: a built-in corpus or a .txt/.md file or directory "
+                                     "(default: english)", metavar="PATH|english|python")
+    tokens: int | None = option(None, "tokens to analyse, cut into windows of --n-ctx (default: {default:,})",
+                                type=positive_int, metavar="N")
+    n_ctx: int = option(512, "tokens per window, BOS included (default: {default})", type=positive_int, metavar="N")
+
+    @classmethod
+    def add_to(cls, parser: argparse.ArgumentParser, *, tokens: int | None, n_ctx: int,
+               corpus_group: argparse._MutuallyExclusiveGroup | None = None) -> argparse._ArgumentGroup:
+        """``--corpus``, ``--tokens`` (when ``tokens`` is given) and ``--n-ctx``; ``--corpus`` may join ``corpus_group``."""
+        omit = ("tokens",) * (tokens is None) + ("corpus",) * (corpus_group is not None)
+        group = super().add_to(parser, omit=omit, tokens=tokens, n_ctx=n_ctx)
+        if corpus_group is not None:
+            corpus = next(f for f in dataclasses.fields(cls) if f.name == "corpus")
+            _add_field(corpus_group, corpus, corpus.default)
+        return group
+
+    def check(self) -> None:
+        """At least one window: ``--tokens`` ≥ ``--n-ctx``."""
+        if self.tokens is not None and self.tokens < self.n_ctx:
+            raise InputError(f"--tokens {self.tokens} is fewer than one window of --n-ctx {self.n_ctx}: "
+                             "raise --tokens or lower --n-ctx")
+
+    def load(self):
+        """The corpus, after :meth:`check` (both fail before any model loads)."""
+        from ropelens.data import load_corpus
+
+        self.check()
+        return load_corpus(self.corpus)
+
+
+@dataclass
+class AnalysisOptions(OptionGroup):
+    """Which bands planes group into, and which layers to analyse."""
+
+    title: ClassVar[str] = "analysis"
+    bands: str | None = option(None, "how planes group into bands: planes, all, quantiles:N, wavelength:E1,E2,..., "
+                                     "context[:F] (default: quantiles:4)", metavar="SPEC")
+    layers: list[int] | None = option(None, "layer indices to analyse (default: all)", type=layer_list,
+                                      metavar="0,5,11")
+
+    @classmethod
+    def add_to(cls, parser: argparse.ArgumentParser, *, bands: bool = True) -> argparse._ArgumentGroup:
+        """``--layers``, and ``--bands`` unless ``bands=False``."""
+        return super().add_to(parser, omit=() if bands else ("bands",), bands="quantiles:4")
+
+    def parsed_bands(self):
+        """The :class:`ropelens.bands.Bands` of ``--bands`` (None without the flag)."""
+        from ropelens.bands import Bands
+
+        return None if self.bands is None else Bands.parse(self.bands)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bands, str):
+            self.parsed_bands()  # a bad --bands fails before the corpus or the model loads
+
+
+@dataclass
+class CheckpointOptions(OptionGroup):
+    """Resumable streaming: save progress to a directory, pick up there when started again."""
+
+    title: ClassVar[str] = "checkpoint"
+    checkpoint: str | None = option(None, "save progress to DIR; the same command started again resumes there",
+                                    metavar="DIR")
+    checkpoint_every: int = option(8, "batches between checkpoints (default: {default})", type=positive_int,
+                                   metavar="N")
+
+    def kwargs_for(self, analysis: Callable[..., Any], command: str) -> dict[str, Any]:
+        """``checkpoint``/``checkpoint_every`` for ``analysis`` when ``--checkpoint`` is set (and it can resume)."""
+        if self.checkpoint is None:
+            return {}
+        if "checkpoint" not in inspect.signature(analysis).parameters:
+            raise UsageError(f"--checkpoint {self.checkpoint}: ropelens {command} cannot resume from a checkpoint; "
+                             "run it without --checkpoint")
+        return {"checkpoint": self.checkpoint, "checkpoint_every": self.checkpoint_every}
+
+
+@dataclass
+class OutputOptions(OptionGroup):
+    """Where the full result is saved, and whether the printout is a table or JSON."""
+
+    title: ClassVar[str] = "output"
+    save: str | None = option(None, "also save the full result as JSON", metavar="FILE.json")
+    json: bool = option(False, "print machine-readable JSON instead of a table", action="store_true")
+
+    @classmethod
+    def add_to(cls, parser: argparse.ArgumentParser, *, save: str | None = None,
+               deprecated_out: bool = False) -> argparse._ArgumentGroup:
+        """``--json``, and ``--save`` when ``save`` names what is saved (e.g. ``"AttentionSinks JSON"``)."""
+        group = parser.add_argument_group(cls.title)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if save is not None:
+            _add_field(group, fields["save"], None, help=f"also save the full result ({save})")
+            if deprecated_out:  # the old spelling keeps working, out of --help
+                group.add_argument("--out", dest="save", action=_DeprecatedAlias, help=argparse.SUPPRESS)
+        _add_field(group, fields["json"], False)
+        return group
+
+    @property
+    def progress(self) -> bool:
+        """Progress bars only with a table: they would garble JSON piped elsewhere."""
+        return not self.json
+
+    def check(self) -> None:
+        """The directory ``--save`` writes to exists (or is created) and is writable."""
+        if self.save:
+            from ropelens.report.build import check_output_dir
+
+            check_output_dir(str(Path(self.save).expanduser().resolve().parent))
+
+    def save_result(self, result: Any) -> None:
+        """``result.save(--save)`` on the main process, when ``--save`` is given."""
+        from ropelens.distributed import is_main
+
+        if self.save and is_main():
+            result.save(self.save)
+
+    def emit(self, obj: Any, indent: int = 2) -> int:
+        """Print ``obj`` as strict JSON (:func:`emit`); 0, the command's exit code."""
+        emit(obj, indent=indent)
+        return 0
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of a flag: stores like the new one and says which to use."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse's signature
+        print(f"ropelens: warning: {option_string} is deprecated; use --{self.dest}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+@dataclass
+class CorpusCommand:
+    """The option groups of a command that streams a corpus through a model."""
+
+    command: str
+    corpus: CorpusOptions
+    analysis: AnalysisOptions
+    checkpoint: CheckpointOptions
+    output: OutputOptions
+
+    @staticmethod
+    def add_to(parser: argparse.ArgumentParser, *, tokens: int, n_ctx: int, save: str, bands: bool = True) -> None:
+        """Model, corpus, analysis, checkpoint and output flags; ``save`` names the saved result."""
+        ModelOptions.add_to(parser)
+        CorpusOptions.add_to(parser, tokens=tokens, n_ctx=n_ctx)
+        AnalysisOptions.add_to(parser, bands=bands)
+        CheckpointOptions.add_to(parser)
+        OutputOptions.add_to(parser, save=save)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CorpusCommand:
+        """Every group but the model's (:func:`load_from_args` loads it) as parsed; a bad ``--bands`` fails here."""
+        return cls(args.command, CorpusOptions.from_args(args),
+                   AnalysisOptions.from_args(args), CheckpointOptions.from_args(args), OutputOptions.from_args(args))
+
+    def prepare(self, analysis: Callable[..., Any]) -> tuple[Any, dict[str, Any]]:
+        """The checked corpus and the keyword arguments of ``analysis``: all that can fail before the model loads."""
+        corpus = self.corpus.load()
+        self.output.check()
+        kw: dict[str, Any] = {"n_ctx": self.corpus.n_ctx, "max_tokens": self.corpus.tokens,
+                              "layers": self.analysis.layers, "progress": self.output.progress}
+        bands = self.analysis.parsed_bands()
+        # frequency_usage takes no bands: usage's bands only group its printout
+        if bands is not None and "bands" in inspect.signature(analysis).parameters:
+            kw["bands"] = bands
+        return corpus, {**kw, **self.checkpoint.kwargs_for(analysis, self.command)}
+
+
+# ---------------------------------------------------------------------------------------- JSON output
+def jsonable(obj: Any, key: str | None = None) -> Any:
+    """``obj`` in strict JSON: NaN → null, ±inf → "inf"/"-inf", numpy → Python, tuples → lists."""
+    # pandas turns a missing window into NaN, and unrotated planes give an infinite wavelength.
+    if isinstance(obj, dict):
+        return {k: jsonable(v, k) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return None
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        if key == "window":  # a window size column pandas made float to hold a NaN
+            return int(obj)
+    return obj
 
 
 def emit(obj: Any, indent: int = 2) -> None:
-    """Print ``obj`` as strict JSON."""
-    print(json.dumps(obj, indent=indent, allow_nan=False))
-
-
-def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A table row in strict JSON: NaN → null, ±inf → "inf"/"-inf", numpy scalars → Python."""
-    # pandas turns a missing window into NaN, and unrotated planes give an infinite wavelength.
-    out = {}
-    for k, v in row.items():
-        if hasattr(v, "item"):
-            v = v.item()
-        if isinstance(v, float) and math.isnan(v):
-            v = None
-        elif k == "window" and v is not None:
-            v = int(v)
-        elif isinstance(v, float) and math.isinf(v):
-            v = "inf" if v > 0 else "-inf"
-        out[k] = v
-    return out
+    """Print ``obj`` as strict JSON (:func:`jsonable` first, so NaN and inf cannot break it)."""
+    print(json.dumps(jsonable(obj), indent=indent, allow_nan=False))

@@ -3,31 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from ropelens.cli.common import add_common_options, load_from_args
+from ropelens.cli.common import ModelOptions, OutputOptions, add_command, load_from_args
 
 __all__ = ["add_pe_geometry"]
 
 
 def add_pe_geometry(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens pe-geometry [--model M]``: period and strength of position-embedding similarity."""
-    p = subparsers.add_parser(
-        "pe-geometry",
-        help="cosine similarity of position embeddings by distance: dominant period and strength",
-        description="Sinusoidal reference and, with --model, the learned absolute position table of a model "
-        "that has one (GPT-2, OPT, BERT-like): the by-distance cosine similarity and its dominant period.",
-    )
-    p.add_argument("--model", default=None, help="HF model directory or hub name with learned position embeddings")
+    p = add_command(subparsers, "pe-geometry", run_pe_geometry)
+    ModelOptions.add_to(p, flag_help="HF model directory or hub name with learned position embeddings")
     p.add_argument("--n-pos", type=int, default=512, help="positions of the sinusoidal reference (default 512)")
     p.add_argument("--d", type=int, default=128, help="width of the sinusoidal reference (even; default 128)")
     p.add_argument("--base", type=float, default=10000.0, help="sinusoidal base (default 10000)")
-    add_common_options(p)
-    p.set_defaults(func=run_pe_geometry)
+    OutputOptions.add_to(p)
 
 
 def run_pe_geometry(args: argparse.Namespace) -> int:
-    """Print period/strength for the sinusoidal reference and, with --model, its learned table."""
+    """Cosine similarity of position embeddings by distance: dominant period and strength
+
+    Sinusoidal reference and, with --model, the learned absolute position table of a model that has one (GPT-2,
+    OPT, BERT-like): the by-distance cosine similarity and its dominant period.
+    """
     from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 
     sims = [pe_similarity(sinusoidal_pe(args.n_pos, args.d, args.base), name=f"sinusoidal {args.n_pos}x{args.d}")]
@@ -35,9 +32,9 @@ def run_pe_geometry(args: argparse.Namespace) -> int:
         sims.append(pe_similarity(learned_pe(load_from_args(args)), name=str(args.model)))
     rows = [{"name": s.name, "n_pos": s.n_pos, "d_model": s.d_model, "period": s.period,
              "period_strength": s.period_strength, "period_threshold": s.period_threshold} for s in sims]
-    if args.json:
-        print(json.dumps(rows, indent=2, allow_nan=False))
-        return 0
+    output = OutputOptions.from_args(args)
+    if output.json:
+        return output.emit(rows)
     for r in rows:
         period = f"{r['period']:.1f} tokens" if r["period"] else "none"
         print(f"{r['name']}: {r['n_pos']} positions x {r['d_model']} dims, period {period}, "

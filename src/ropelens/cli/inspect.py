@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Callable
 from typing import Any
 
-from ropelens.cli.common import add_common_options, jsonable_row, load_from_args
-from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS
+from ropelens.cli.common import ModelOptions, OutputOptions, add_command, jsonable, load_from_args
 from ropelens.reading import rope_spec
 from ropelens.rope import RopeSpec
 
@@ -18,36 +16,28 @@ __all__ = ["add_inspect", "inspect_json", "inspect_table"]
 
 def add_inspect(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens inspect [MODEL]``: the RoPE spec of a model."""
-    p = subparsers.add_parser(
-        "inspect",
-        help="show the RoPE a model applies (bases, planes, pairing, wavelengths)",
-        description="Load a model and print the RoPE its attention layers apply, per layer kind.",
-    )
-    p.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help=f"embedded name ({', '.join(EMBEDDED_MODELS)}; default {DEFAULT_MODEL}), "
-        "a .gguf file, an HF model directory, or a hub name (needs the network)",
-    )
-    add_common_options(p)
-    p.set_defaults(func=run_inspect)
+    p = add_command(subparsers, "inspect", run_inspect)
+    ModelOptions.add_to(p)
+    OutputOptions.add_to(p)
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    """Print the spec of ``args.model`` as a table or JSON."""
+    """Show the RoPE a model applies (bases, planes, pairing, wavelengths)
+
+    Load a model and print the RoPE its attention layers apply, per layer kind.
+    """
     spec = rope_spec(load_from_args(args))
-    if args.json:
-        print(json.dumps(inspect_json(spec), indent=2, allow_nan=False))
-    else:
-        print(inspect_table(spec))
+    output = OutputOptions.from_args(args)
+    if output.json:
+        return output.emit(inspect_json(spec))
+    print(inspect_table(spec))
     return 0
 
 
 def inspect_json(spec: RopeSpec) -> dict[str, Any]:
     """Spec summary per layer kind plus every layer (with inv_freq); loads with RopeSpec.from_dict."""
     d = spec.to_dict()
-    summary = [jsonable_row(row) for row in spec.summary().to_dict("records")]
+    summary = jsonable(spec.summary().to_dict("records"))
     head = {k: v for k, v in d.items() if k != "layers"}
     return {**head, "n_layers": spec.n_layers, "summary": summary, "layers": d["layers"]}
 

@@ -1,7 +1,7 @@
 """``ropelens COMMAND``: the entry point. It imports the command modules; none of them imports it.
 
 To add a subcommand, write ``add_NAME(subparsers)`` in a command module (building its parser from
-the option groups in :mod:`ropelens.cli.common`, setting ``func`` to ``(args) -> int``) and list it
+the option groups in :mod:`ropelens.cli.common` with ``add_command``, whose ``run`` is ``(args) -> int``) and list it
 in :data:`SUBCOMMANDS`. Bad input raises :class:`ropelens.errors.InputError` (or ``OSError`` for a
 file): ``main`` prints it as ``ropelens: error: ...`` and returns 2.
 """
@@ -15,12 +15,18 @@ from collections.abc import Callable, Sequence
 
 from ropelens import __version__
 from ropelens.cli.analysis import add_decompose, add_decompose_stats, add_heads, add_usage
-from ropelens.cli.beyond import add_distance, add_massive, add_offsets, add_predict_base, add_sinks
+from ropelens.cli.attention import add_distance, add_massive, add_offsets, add_sinks
 from ropelens.cli.common import Parser
 from ropelens.cli.geometry import add_pe_geometry
 from ropelens.cli.inspect import add_inspect
 from ropelens.cli.report import add_compare, add_report
-from ropelens.cli.variants import add_context, add_passkey, add_truncate, add_variants
+from ropelens.cli.variants import (
+    add_context,
+    add_passkey,
+    add_predict_base,
+    add_truncate,
+    add_variants,
+)
 from ropelens.distributed import RankFailedError, init_from_env, is_main
 from ropelens.errors import InputError
 

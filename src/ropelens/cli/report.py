@@ -6,12 +6,12 @@ import argparse
 import json
 
 from ropelens.cli.common import (
-    add_analysis_args,
-    add_common_options,
-    add_corpus_args,
-    add_model_arg,
+    AnalysisOptions,
+    CorpusOptions,
+    ModelOptions,
+    OutputOptions,
+    add_command,
     band_tokens,
-    emit,
     load_from_args,
 )
 from ropelens.report.build import DEFAULT_BAND_TOKENS
@@ -21,14 +21,11 @@ __all__ = ["add_compare", "add_report"]
 
 def add_report(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens report [MODEL]``: the HTML report."""
-    p = subparsers.add_parser(
-        "report", help="write a self-contained HTML report (usage, band decomposition, findings)",
-        description="Measure frequency usage and the band decomposition of attention in one pass over a corpus, "
-                    "and write OUT/index.html (works offline), report.json and one CSV per table.")
-    add_model_arg(p)
-    add_corpus_args(p, tokens=32_768, n_ctx=512)
+    p = add_command(subparsers, "report", run_report, distributed=True)
+    ModelOptions.add_to(p)
+    CorpusOptions.add_to(p, tokens=32_768, n_ctx=512)
     p.add_argument("--out", default="ropelens-report", metavar="DIR", help="output directory (default: ropelens-report)")
-    add_analysis_args(p)
+    AnalysisOptions.add_to(p)
     p.add_argument("--band-tokens", type=band_tokens, default=DEFAULT_BAND_TOKENS, metavar="N|all",
                    help="tokens band statistics see, from evenly spread windows (default: all; each window "
                         "costs about 0.5x a forward pass on top of frequency usage at 512 tokens)")
@@ -37,16 +34,19 @@ def add_report(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--experiments", default=None, metavar="DIR",
                    help="folder the experiment scripts wrote (e.g. results/): their tables for this model join "
                         "the p-RoPE and context-extension sections")
-    add_common_options(p)
-    p.set_defaults(func=run_report, distributed=True)
+    OutputOptions.add_to(p)
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Build the report and print where it is (and the findings)."""
-    from ropelens.bands import Bands
+    """Write a self-contained HTML report (usage, band decomposition, findings)
+
+    Measure frequency usage and the band decomposition of attention in one pass over a corpus, and write
+    OUT/index.html (works offline), report.json and one CSV per table.
+    """
     from ropelens.report.build import build_report, check_output_dir, resolve_corpus
 
-    Bands.parse(args.bands)  # bad bands, output or corpus fail before the model loads
+    output = OutputOptions.from_args(args)
+    AnalysisOptions.from_args(args)  # bad bands, output or corpus fail before the model loads
     out = check_output_dir(args.out)
     corpus, _ = resolve_corpus(args.corpus)
     from ropelens.report.experiments import load_experiments
@@ -61,10 +61,10 @@ def run_report(args: argparse.Namespace) -> int:
     if not is_main():  # under torchrun rank 0 writes the report; the other ranks only measured
         return 0
     report = json.loads((path / "report.json").read_text())
-    if args.json:
-        emit({"out": str(path), "index": str(path / "index.html"), "findings": report["findings"],
-               "seconds": report["provenance"]["seconds"], "steps_seconds": report["provenance"]["steps_seconds"]})
-        return 0
+    if output.json:
+        prov = report["provenance"]
+        return output.emit({"out": str(path), "index": str(path / "index.html"), "findings": report["findings"],
+                            "seconds": prov["seconds"], "steps_seconds": prov["steps_seconds"]})
     print(f"report: {path / 'index.html'}")
     for i, f in enumerate(report["findings"], start=1):
         print(f"  {i}. {f['text']}")
@@ -73,20 +73,19 @@ def run_report(args: argparse.Namespace) -> int:
 
 def add_compare(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens compare A B``: two saved reports side by side."""
-    p = subparsers.add_parser(
-        "compare", help="compare two saved reports: difference maps and what changed (B - A)",
-        description="Read two directories written by `ropelens report` (two models, a model and a variant of it, or "
-                    "two corpora) and write OUT/index.html with difference maps of frequency usage and the band "
-                    "decomposition, positional heads gained and lost, sinking heads per layer, and findings.")
+    p = add_command(subparsers, "compare", run_compare)
     p.add_argument("a", metavar="A", help="the first report directory")
     p.add_argument("b", metavar="B", help="the second report directory")
     p.add_argument("--out", default="ropelens-compare", metavar="DIR", help="output directory (default: ropelens-compare)")
-    p.set_defaults(func=run_compare)
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    import json
+    """Compare two saved reports: difference maps and what changed (B - A)
 
+    Read two directories written by `ropelens report` (two models, a model and a variant of it, or two corpora)
+    and write OUT/index.html with difference maps of frequency usage and the band decomposition, positional
+    heads gained and lost, sinking heads per layer, and findings.
+    """
     from ropelens.report.compare import compare_reports
 
     out = compare_reports(args.a, args.b, args.out)

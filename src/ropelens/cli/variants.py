@@ -1,65 +1,93 @@
-"""``ropelens variants``, ``truncate`` and ``context``: per-plane frequencies of RoPE variants, perplexity under
-p-RoPE, and what context-extension methods do to each plane."""
+"""``ropelens variants``, ``truncate``, ``context``, ``predict-base`` and ``passkey``: per-plane frequencies of
+RoPE variants, perplexity under p-RoPE, what context-extension methods do to each plane, the base's predicted
+extrapolation limits, and passkey retrieval."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import math
 
 from ropelens import variants as V
-from ropelens.cli.common import add_common_options, emit, jsonable_row, load_from_args
+from ropelens.cli.common import ModelOptions, OutputOptions, add_command, load_from_args
 from ropelens.errors import InputError
 from ropelens.intervene import apply_rope_variant
-from ropelens.models import DEFAULT_MODEL
 from ropelens.reading import rope_spec
 
-__all__ = ["add_context", "add_truncate", "add_variants", "parse_variant", "add_passkey"]
+__all__ = ["add_context", "add_passkey", "add_predict_base", "add_truncate", "add_variants", "parse_variant",
+           "variant_help"]
 
-_SPECS = {
-    "default": (V.Default, ()),
-    "nope": (V.NoPE, ()),
-    "prope": (V.PRoPE, (float,)),
-    "prope-reversed": (V.PRoPEReversed, (float,)),
-    "prope-partial": (V.PRoPEPartial, (float,)),
-    "base": (V.BaseChange, (float,)),
-    "linear": (V.Linear, (float,)),
-    "ntk": (V.NTK, (float,)),
-    "yarn": (V.YaRN, (float, int)),
-    "llama3": (V.Llama3, (float, float, float, int)),
-}
-SPEC_HELP = ("default, nope, prope:P, prope-reversed:P, prope-partial:P, base:THETA, linear:S, ntk:S, "
-             "yarn:S:ORIGINAL_CTX, llama3:S:LOW:HIGH:ORIGINAL_CTX")
+
+def _variant_classes() -> dict[str, type[V.RopeVariant]]:
+    """The variant classes :mod:`ropelens.variants` exports, by lower-case class name, in its order."""
+    exported = (getattr(V, n) for n in V.__all__)
+    return {c.__name__.lower(): c for c in exported
+            if isinstance(c, type) and issubclass(c, V.RopeVariant) and c is not V.RopeVariant}
+
+
+def _params(cls: type[V.RopeVariant]) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def variant_help() -> str:
+    """The variant forms ``--variant`` accepts, e.g. ``prope:P``; values in [brackets] have defaults."""
+    forms = []
+    for name, cls in _variant_classes().items():
+        parts = [name]
+        for f in _params(cls):
+            value = f.name.upper()
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            parts.append(value if required else f"[{value}]")
+        forms.append(":".join(parts))
+    return ", ".join(forms)
+
+
+def _value(text: str, f: dataclasses.Field, spec: str):
+    kind = str(f.type)
+    try:
+        if "tuple" in kind or "list" in kind:  # per-plane lists: comma-separated
+            item = int if "int" in kind else float
+            return tuple(item(x) for x in text.split(",") if x.strip())
+        if kind.startswith("bool"):
+            if text not in ("true", "false"):
+                raise ValueError(f"{f.name} must be true or false, got {text!r}")
+            return text == "true"
+        return int(text) if kind.startswith("int") else float(text)
+    except ValueError as e:
+        raise InputError(f"variant {spec!r}: bad {f.name.upper()} {text!r} ({e}): use one of {variant_help()}") from e
 
 
 def parse_variant(text: str) -> V.RopeVariant:
-    """``"prope:0.75"`` → ``PRoPE(0.75)``; see :data:`SPEC_HELP` for the forms."""
-    name, *args = text.strip().lower().split(":")
-    if name not in _SPECS:
-        raise InputError(f"unknown variant {text!r}: use one of {SPEC_HELP}")
-    cls, types = _SPECS[name]
-    if len(args) != len(types):
-        raise InputError(f"variant {text!r} takes {len(types)} value(s) after the name: use one of {SPEC_HELP}")
-    try:
-        values = [t(a) for t, a in zip(types, args)]
-    except ValueError as e:
-        raise InputError(f"variant {text!r}: {e}") from e
-    return cls(*values)
+    """``"prope:0.75"`` → ``PRoPE(0.75)``: a class name (any case, '-' ignored, or a unique prefix) and its values."""
+    name, *values = text.strip().lower().split(":")
+    classes = _variant_classes()
+    key = name.replace("-", "").replace("_", "")
+    matches = [key] if key in classes else [n for n in classes if key and n.startswith(key)]
+    if len(matches) != 1:
+        raise InputError(f"unknown variant {text!r}: use one of {variant_help()}")
+    cls = classes[matches[0]]
+    params = _params(cls)
+    required = [f for f in params if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if not len(required) <= len(values) <= len(params):
+        counts = f"{len(required)}" if len(required) == len(params) else f"{len(required)} to {len(params)}"
+        raise InputError(f"variant {text!r} takes {counts} value(s) after the name: use one of {variant_help()}")
+    return cls(*(_value(v, f, text) for v, f in zip(values, params)))
 
 
 def add_variants(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens variants [MODEL] --variant SPEC``: each plane's frequency before and after."""
-    p = subparsers.add_parser("variants", help="per-plane frequencies of a RoPE variant on a model's layers",
-                              description="Show θ_i and the wavelength of every plane before and after a RoPE "
-                              "variant, for one layer of each layer kind.")
-    p.add_argument("model", nargs="?", default=None, help="embedded name, path or hub name")
-    p.add_argument("--variant", action="append", required=True, metavar="SPEC", help=SPEC_HELP + " (repeatable)")
-    add_common_options(p)
-    p.set_defaults(func=run_variants)
+    p = add_command(subparsers, "variants", run_variants)
+    ModelOptions.add_to(p)
+    p.add_argument("--variant", action="append", required=True, metavar="SPEC", help=variant_help() + " (repeatable)")
+    OutputOptions.add_to(p)
 
 
 def run_variants(args: argparse.Namespace) -> int:
+    """Per-plane frequencies of a RoPE variant on a model's layers
 
+    Show θ_i and the wavelength of every plane before and after a RoPE variant, for one layer of each layer
+    kind.
+    """
     chosen = [parse_variant(s) for s in args.variant]
     spec = rope_spec(load_from_args(args))
     out = []
@@ -69,9 +97,9 @@ def run_variants(args: argparse.Namespace) -> int:
             inv = v.inv_freq(layer)
             out.append({"kind": kind, "layers": idx, "variant": v.to_dict(), "attention_scaling": v.attention_scaling(layer),
                         "inv_freq_before": layer.inv_freq.tolist(), "inv_freq_after": inv.tolist()})
-    if args.json:
-        print(json.dumps(out, indent=1))
-        return 0
+    output = OutputOptions.from_args(args)
+    if output.json:
+        return output.emit(out, indent=1)
     for row in out:
         print(f"\n{row['variant']['variant']} on {row['kind']} layers (attention scaling {row['attention_scaling']:.4f})")
         print(f"{'plane':>5} {'θ before':>12} {'θ after':>12} {'λ before':>12} {'λ after':>12}")
@@ -83,24 +111,26 @@ def run_variants(args: argparse.Namespace) -> int:
 
 def add_truncate(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens truncate [MODEL]``: perplexity when only the highest fraction p of planes rotates."""
-    p = subparsers.add_parser("truncate", help="perplexity under p-RoPE (truncated RoPE) at inference",
-                              description="Held-out perplexity of the model with p-RoPE applied to its running "
-                              "rotary tables (p = 1 is the model's RoPE, p = 0 NoPE), with bootstrap CIs over windows. "
-                              "experiments/truncated_rope_inference.py runs the full resumable sweep.")
-    p.add_argument("model", nargs="?", default=None, help="embedded name, path or hub name")
+    p = add_command(subparsers, "truncate", run_truncate)
+    ModelOptions.add_to(p)
     p.add_argument("--p", default="0,0.25,0.5,0.75,1", help="comma-separated fractions in [0, 1]")
     p.add_argument("--n-ctx", type=int, default=256, help="tokens per window (default 256)")
     p.add_argument("--windows", type=int, default=8, help="validation windows (default 8)")
     p.add_argument("--layer-kind", choices=["full", "sliding"], default=None, help="only layers of this kind")
-    add_common_options(p)
-    p.set_defaults(func=run_truncate)
+    OutputOptions.add_to(p)
 
 
 def run_truncate(args: argparse.Namespace) -> int:
+    """Perplexity under p-RoPE (truncated RoPE) at inference
+
+    Held-out perplexity of the model with p-RoPE applied to its running rotary tables (p = 1 is the model's
+    RoPE, p = 0 NoPE), with bootstrap CIs over windows. experiments/truncated_rope_inference.py runs the full
+    resumable sweep.
+    """
     from ropelens import data
     from ropelens.evaluate import bootstrap_ci, window_losses
 
-    ps = [float(x) for x in args.p.split(",") if x.strip()]
+    ps = _numbers(args.p, float, "--p")
     variants = [V.PRoPE(p) for p in ps]  # validates p before the model loads
     model = load_from_args(args)
     _, val = data.english().split()
@@ -111,9 +141,9 @@ def run_truncate(args: argparse.Namespace) -> int:
             est = bootstrap_ci(window_losses(model, toks, progress=False))
         rows.append({"p": p, "loss": est.loss.mean, "ppl": est.perplexity.mean, "ppl_lo": est.perplexity.lo,
                      "ppl_hi": est.perplexity.hi})
-    if args.json:
-        print(json.dumps({"n_ctx": args.n_ctx, "windows": int(toks.shape[0]), "rows": rows}, indent=1))
-        return 0
+    output = OutputOptions.from_args(args)
+    if output.json:
+        return output.emit({"n_ctx": args.n_ctx, "windows": int(toks.shape[0]), "rows": rows}, indent=1)
     print(f"{'p':>6} {'loss':>8} {'ppl':>9}  95% CI ({toks.shape[0]} windows of {args.n_ctx})")
     for r in rows:
         print(f"{r['p']:>6.3f} {r['loss']:8.4f} {r['ppl']:9.2f}  [{r['ppl_lo']:.2f}, {r['ppl_hi']:.2f}]")
@@ -126,22 +156,21 @@ _CONTEXT_VARIANTS = ("pi", "ntk", "dynamic", "yarn", "llama3")
 
 def add_context(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens context [MODEL] --target N``: what each context-extension method does per plane."""
-    p = subparsers.add_parser("context", help="per-plane view of context-extension methods and RoPE's base bounds",
-                              description="Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, "
-                              "dynamic NTK (factor 2), YaRN and Llama 3 scaling, with the critical dimension "
-                              "(arXiv 2310.05209) and the base lower bound (arXiv 2405.14591).")
-    p.add_argument("model", nargs="?", default=None, help=f"embedded name (default {DEFAULT_MODEL}), path or hub name")
+    p = add_command(subparsers, "context", run_context)
+    ModelOptions.add_to(p)
     p.add_argument("--target", type=int, required=True, help="the extended context length in tokens")
     p.add_argument("--original", type=int, default=None, help="the trained context length (default: the model's n_ctx)")
     p.add_argument("--variants", default="pi,ntk,yarn,llama3", help=f"comma-separated, of {','.join(_CONTEXT_VARIANTS)}")
     p.add_argument("--layer", type=int, default=0, help="which layer's RoPE to show (default 0)")
-    add_common_options(p)
-    p.set_defaults(func=run_context)
+    OutputOptions.add_to(p)
 
 
 def run_context(args: argparse.Namespace) -> int:
-    """Print per-variant plane categories and the bounds (or JSON with every plane)."""
-    from ropelens import variants as V
+    """Per-plane view of context-extension methods and RoPE's base bounds
+
+    Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, dynamic NTK (factor 2), YaRN and Llama
+    3 scaling, with the critical dimension (arXiv 2310.05209) and the base lower bound (arXiv 2405.14591).
+    """
     from ropelens.analyses import context as ctx
     from ropelens.analyses import extrapolation as ext
 
@@ -159,12 +188,11 @@ def run_context(args: argparse.Namespace) -> int:
     views = [ctx.plane_view(layer, make[n](), l0, args.target) for n in names]
     bounds = {"critical_dimension": ext.critical_dimension(layer.base, layer.rotary_dim, l0),
               "base": layer.base, "base_lower_bound_target": ext.base_lower_bound(layer.rotary_dim, args.target)}
-    if args.json:
-        out = {"layer": args.layer, "original_ctx": l0, "target_ctx": args.target, **bounds,
-               "views": [{**v.counts(), "variant": v.variant, "attention_scaling": v.attention_scaling,
-                          "planes": [jsonable_row(r) for r in v.to_frame().to_dict("records")]} for v in views]}
-        print(json.dumps(out, indent=2, allow_nan=False))
-        return 0
+    output = OutputOptions.from_args(args)
+    if output.json:
+        return output.emit({"layer": args.layer, "original_ctx": l0, "target_ctx": args.target, **bounds,
+                            "views": [{**v.counts(), "variant": v.variant, "attention_scaling": v.attention_scaling,
+                                       "planes": v.to_frame().to_dict("records")} for v in views]})
     print(f"layer {args.layer}: base {layer.base:g}, {layer.n_planes} planes, {l0} -> {args.target} tokens (x{s:g})")
     print(f"critical dimension at {l0}: {bounds['critical_dimension']} of {layer.rotary_dim} dims; base lower bound "
           f"for {args.target}: {bounds['base_lower_bound_target']:.4g}")
@@ -178,19 +206,14 @@ def run_context(args: argparse.Namespace) -> int:
 
 def add_passkey(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens passkey [MODEL]``: passkey retrieval accuracy by length and depth, optionally under a variant."""
-    p = subparsers.add_parser(
-        "passkey", help="passkey retrieval accuracy over lengths x depths (optionally under a RoPE variant)",
-        description="Hide a random 5-digit passkey in filler text at each depth, ask it back at the end, decode "
-                    "greedily and score the first number (the YaRN/LongRoPE harness); seeded.")
-    p.add_argument("model", nargs="?", default=None, help="embedded name, path or hub name")
+    p = add_command(subparsers, "passkey", run_passkey)
+    ModelOptions.add_to(p)
     p.add_argument("--lengths", default="1024", metavar="N,N,...", help="prompt lengths in tokens (default: 1024)")
     p.add_argument("--depths", default="0.1,0.5,0.9", metavar="F,F,...", help="passkey depths (default: 0.1,0.5,0.9)")
     p.add_argument("--trials", type=int, default=3, help="passkeys per (length, depth) (default: 3)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--variant", default=None, metavar="SPEC", help=SPEC_HELP)
-    p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (PasskeyResult JSON)")
-    add_common_options(p)
-    p.set_defaults(func=run_passkey)
+    p.add_argument("--variant", default=None, metavar="SPEC", help=variant_help())
+    OutputOptions.add_to(p, save="PasskeyResult JSON")
 
 
 def _numbers(text: str, kind, what: str) -> list:
@@ -199,26 +222,68 @@ def _numbers(text: str, kind, what: str) -> list:
     except ValueError as e:
         raise InputError(f"{what} must be a comma-separated list of numbers, got {text!r}") from e
     if not out:
-        raise InputError(f"{what} is empty")
+        raise InputError(f"{what} is empty: pass a comma-separated list of numbers, e.g. {what} 1,2")
     return out
 
 
 def run_passkey(args: argparse.Namespace) -> int:
+    """Passkey retrieval accuracy over lengths x depths (optionally under a RoPE variant)
+
+    Hide a random 5-digit passkey in filler text at each depth, ask it back at the end, decode greedily and
+    score the first number (the YaRN/LongRoPE harness); seeded.
+    """
     from ropelens.analyses.passkey import passkey_retrieval
 
     lengths, depths = _numbers(args.lengths, int, "--lengths"), _numbers(args.depths, float, "--depths")
     if args.trials < 1:
         raise InputError(f"--trials must be ≥ 1, got {args.trials}")
     variant = parse_variant(args.variant) if args.variant else None
-    model = load_from_args(args)
-    r = passkey_retrieval(model, lengths, depths, n_trials=args.trials, seed=args.seed, variant=variant,
-                          progress=not args.json)
-    if args.save:
-        r.save(args.save)
+    output = OutputOptions.from_args(args)
+    output.check()
+    r = passkey_retrieval(load_from_args(args), lengths, depths, n_trials=args.trials, seed=args.seed,
+                          variant=variant, progress=output.progress)
+    output.save_result(r)
     frame = r.to_frame()
-    if args.json:
-        emit({"mean_accuracy": r.mean_accuracy(), "cells": [jsonable_row(x) for x in frame.to_dict("records")]})
-        return 0
+    if output.json:
+        return output.emit({"mean_accuracy": r.mean_accuracy(), "cells": frame.to_dict("records")})
     print(frame.to_string(index=False, float_format="%.3f"))
     print(f"mean accuracy {r.mean_accuracy():.3f}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- predict-base
+def add_predict_base(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens predict-base [MODEL]``: the base's predicted extrapolation limits per length."""
+    p = add_command(subparsers, "predict-base", run_predict_base)
+    ModelOptions.add_to(p)
+    p.add_argument("--lengths", default="2048,8192,16384,32768", metavar="N,N,...", help="evaluation lengths")
+    p.add_argument("--measure", type=int, default=0, metavar="WINDOWS",
+                   help="also measure the mean loss at each length over this many windows of real text (slow)")
+    OutputOptions.add_to(p, save="BasePredictions JSON")
+
+
+def run_predict_base(args: argparse.Namespace) -> int:
+    """Liu et al.'s critical base and extrapolation limit, Men et al.'s bound, per length
+
+    For each evaluation length: the critical dimension, Liu et al.'s extrapolation limit for the model's base
+    and critical base for tuning to that length, Men et al.'s lower bound on the base, and whether the model's
+    base satisfies each; --measure adds the measured loss by length.
+    """
+    from ropelens.analyses.extrapolation import base_predictions, measured_extrapolation
+
+    lengths = _numbers(args.lengths, int, "--lengths")
+    if min(lengths) < 2:
+        raise InputError(f"--lengths needs token counts ≥ 2, got {args.lengths!r}")
+    if args.measure < 0:
+        raise InputError(f"--measure must be ≥ 0 windows, got {args.measure}")
+    output = OutputOptions.from_args(args)
+    output.check()
+    model = load_from_args(args)
+    pred = base_predictions(model, lengths)
+    output.save_result(pred)
+    frame = pred.compare(measured_extrapolation(model, lengths, n_windows=args.measure, progress=output.progress)) \
+        if args.measure else pred.to_frame()
+    if output.json:
+        return output.emit({"rows": frame.to_dict("records")})
+    print(frame.to_string(index=False))
     return 0

@@ -1,0 +1,126 @@
+"""``ropelens sinks``, ``distance``, ``massive`` and ``offsets``: where attention goes and what drives it."""
+
+from __future__ import annotations
+
+import argparse
+
+from ropelens.cli.common import CorpusCommand, add_command, load_from_args
+from ropelens.errors import InputError
+
+__all__ = ["add_distance", "add_massive", "add_offsets", "add_sinks"]
+
+
+def add_sinks(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens sinks [MODEL]``: attention to position 0 per head, and the bands behind it."""
+    p = add_command(subparsers, "sinks", run_sinks)
+    CorpusCommand.add_to(p, tokens=4_096, n_ctx=256, save="AttentionSinks JSON")
+    p.add_argument("--epsilon", type=float, default=0.3, help="sink threshold on mean attention (default: 0.3)")
+
+
+def run_sinks(args: argparse.Namespace) -> int:
+    """Attention sinks per head and the bands that make position 0 attractive
+
+    Per layer and head: mean attention to position 0 (BOS), whether the head sinks (mean above epsilon, Gu et
+    al. 2024), the band decomposition of the sink logit and the sink key's norm.
+    """
+    from ropelens.analyses.sinks import attention_sinks
+
+    run = CorpusCommand.from_args(args)
+    if not 0 < args.epsilon < 1:
+        raise InputError(f"--epsilon must lie in (0, 1), got {args.epsilon}: e.g. --epsilon 0.3")
+    corpus, kw = run.prepare(attention_sinks)
+    r = attention_sinks(load_from_args(args), corpus, **kw, epsilon=args.epsilon)
+    run.output.save_result(r)
+    frame = r.layers_frame()
+    if run.output.json:
+        return run.output.emit({"findings": r.findings(), "layers": frame.to_dict("records")})
+    for s in r.findings():
+        print(s)
+    print(frame.to_string(index=False, float_format="%.3f"))
+    return 0
+
+
+def add_distance(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens distance [MODEL]``: band logits and attention by query-key distance."""
+    p = add_command(subparsers, "distance", run_distance)
+    CorpusCommand.add_to(p, tokens=4_096, n_ctx=512, save="AttentionByDistance JSON")
+    p.add_argument("--keep-bos", action="store_true", help="keep BOS as a key (by default it is left out of the bins)")
+
+
+def run_distance(args: argparse.Namespace) -> int:
+    """Mean band logit and attention probability by query-key distance (U-shapes, their cause)
+
+    Per layer: mean logit of each band and of the whole score, and mean attention probability, in log-spaced
+    distance bins; each curve described as it is (decay, flat, U-shaped, peaked, oscillating), and the band that
+    makes a U-shaped logit rise again.
+    """
+    from ropelens.analyses.distance import attention_by_distance
+
+    run = CorpusCommand.from_args(args)
+    corpus, kw = run.prepare(attention_by_distance)
+    r = attention_by_distance(load_from_args(args), corpus, **kw,
+                              n_sink=0 if args.keep_bos else 1)
+    run.output.save_result(r)
+    shapes = r.shapes()
+    if run.output.json:
+        return run.output.emit({"shapes": shapes.to_dict("records")})
+    full = shapes[shapes.curve == "logit"]
+    print(full[["layer", "kind", "shape", "text"]].to_string(index=False))
+    return 0
+
+
+def add_massive(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens massive [MODEL]``: massive dimensions of pre-RoPE queries and keys."""
+    p = add_command(subparsers, "massive", run_massive)
+    CorpusCommand.add_to(p, tokens=8_192, n_ctx=512, save="MassiveValues JSON", bands=False)
+    p.add_argument("--factor", type=float, default=5.0, help="massive threshold over the head's mean (default: 5)")
+
+
+def run_massive(args: argparse.Namespace) -> int:
+    """Massive dimensions of pre-RoPE queries and keys, the planes they sit in
+
+    Per layer, head and dimension: the L2 norm over tokens of the pre-RoPE q and k; a dimension is massive when
+    it exceeds FACTOR x its head's mean dimension norm (Jin et al. 2025). Prints the planes holding massive
+    dimensions, their wavelength and persistence across layers.
+    """
+    from ropelens.analyses.massive import massive_values
+
+    run = CorpusCommand.from_args(args)
+    if not args.factor > 1:
+        raise InputError(f"--factor must exceed 1 (a multiple of the head's mean dimension norm), got {args.factor}")
+    corpus, kw = run.prepare(massive_values)
+    r = massive_values(load_from_args(args), corpus, **kw, factor=args.factor)
+    run.output.save_result(r)
+    planes = r.planes_frame()
+    planes = planes[planes.n_massive > 0]
+    if run.output.json:
+        return run.output.emit({"planes": planes.to_dict("records"),
+                                "massive": r.massive_frame().head(50).to_dict("records")})
+    print(planes.to_string(index=False, float_format="%.3f") if len(planes) else "no massive dimension")
+    return 0
+
+
+def add_offsets(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens offsets [MODEL]``: partial-cycle planes and the q-k angle per plane."""
+    p = add_command(subparsers, "offsets", run_offsets)
+    CorpusCommand.add_to(p, tokens=4_096, n_ctx=512, save="RotaryOffsets JSON", bands=False)
+
+
+def run_offsets(args: argparse.Namespace) -> int:
+    """Partial-cycle planes, rotary outliers and the q-k angle per plane at the attended key
+
+    Flags the planes that never complete a turn within the trained context (Jonasson 2025), and measures per
+    plane the q/k outlier ratio and the circular mean angle between q and k at the key each query attends to
+    (sink and content keys apart).
+    """
+    from ropelens.analyses.offsets import rotary_offsets
+
+    run = CorpusCommand.from_args(args)
+    corpus, kw = run.prepare(rotary_offsets)
+    r = rotary_offsets(load_from_args(args), corpus, **kw)
+    run.output.save_result(r)
+    summary = r.summary().rename_axis("cycle").reset_index()  # partial-cycle planes against the others
+    if run.output.json:
+        return run.output.emit({"summary": summary.to_dict("records")})
+    print(summary.to_string(index=False, float_format="%.3f"))
+    return 0
