@@ -43,6 +43,20 @@ def tiny_dir(tmp_path_factory):
     return make
 
 
+@pytest.fixture
+def tiny_embedded(tiny_dir, monkeypatch):
+    """The name of a stand-in embedded model whose converted weights are the tiny Llama's directory."""
+    from ropelens import models
+
+    entry = models.EmbeddedModel(name="tiny-embedded", hub_name="ropelens/tiny-llama", distribution="torch",
+                                 install="(installed)", gguf=lambda _scratch: Path("unused.gguf"),
+                                 description="the tiny Llama, loaded by name")
+    monkeypatch.setitem(models.EMBEDDED_MODELS, entry.name, entry)
+    # load_model's embedded branch reads the converted directory from the cache; point it at the tiny model
+    monkeypatch.setattr(models, "_cached_hf_dir", lambda _key, _gguf, _source: tiny_dir("llama"))
+    return entry.name
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded SmolLM2-135M, loaded once (converts the GGUF on the first run on a machine)."""

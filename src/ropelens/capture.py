@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ropelens.errors import InputError
 from ropelens.hooks import AttnHooks, attn_hooks, to_bphd
+from ropelens.models import device_of
 from ropelens.rope import LayerRope, RopeSpec
 
 __all__ = ["DeviceSums", "LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "sum_dtype"]
@@ -288,7 +289,7 @@ def stream(
     use_fast = fast and col.needs <= QK_NEEDS
     stop = max(chosen) + 1
     n_tok, padded_tok = 0, None  # tokens of unpadded batches (known on the host), of padded ones (on the device)
-    device = next(model.parameters()).device
+    device = device_of(model)
     with torch.no_grad(), contextlib.ExitStack() as bridge:
         hooked = False
         for item in tqdm(data, desc=desc, total=total, disable=not progress, unit="batch"):

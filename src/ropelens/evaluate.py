@@ -21,9 +21,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.models import device_of
 from ropelens.serialize import dump_json
 
-__all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "device_of", "is_bridge", "loss_estimate",
+__all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "is_bridge", "loss_estimate",
            "window_losses"]
 
 
@@ -44,14 +45,6 @@ def _check_tokens(tokens: Any) -> Tensor:
 def is_bridge(model: Any) -> bool:
     """Whether ``model`` is a TransformerLens bridge (else a plain HF causal LM)."""
     return hasattr(model, "original_model") and hasattr(model, "blocks")
-
-
-def device_of(model: Any) -> torch.device:
-    """The device of the model's first parameter (CPU for a model without parameters)."""
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")
 
 
 def _batch_losses(model: Any, batch: Int[Tensor, "b pos"]) -> Float[Tensor, " b"]:

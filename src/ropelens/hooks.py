@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.models import device_of
 
 __all__ = ["AttnHooks", "attn_hooks", "to_bphd"]
 
@@ -82,7 +83,7 @@ def _firing(model) -> frozenset[str]:
         fired.add(hook.name.rsplit(".", 1)[-1])
         return x
 
-    device = next(model.parameters()).device
+    device = device_of(model)
     toks = torch.tensor([[model.tokenizer.bos_token_id or 0, 1]], device=device)
     with torch.no_grad(), model.hooks(fwd_hooks=[(n, probe) for n in names]):
         model(toks, return_type=None, stop_at_layer=1)

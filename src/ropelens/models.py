@@ -28,13 +28,17 @@ from ropelens.errors import InputError
 __all__ = [
     "EMBEDDED_MODELS",
     "DEFAULT_MODEL",
+    "DTYPES",
     "cache_dir",
+    "device_of",
     "load_model",
     "wrap_hf_model",
     "resolve_device",
+    "resolve_dtype",
 ]
 
 DEFAULT_MODEL = "smollm2-135m"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 _MARKER = "ropelens-cache.json"
 _CACHE_FORMAT = 1
 
@@ -114,6 +118,34 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise InputError(f"device {device!r} asked for, but MPS is not available: use 'cpu'")
     return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A floating torch dtype from itself or its name ("float32", "bfloat16", "float16", "float64")."""
+    if isinstance(dtype, str):
+        key = dtype.strip().lower().removeprefix("torch.")
+        if key in DTYPES:
+            return DTYPES[key]
+    elif isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    raise InputError(
+        f"unknown dtype {dtype!r}: pass a floating torch dtype or its name, one of {', '.join(map(repr, DTYPES))}"
+    )
+
+
+def device_of(model: Any) -> torch.device:
+    """The device a model's inputs go to: where its first weight that holds data lives.
+
+    A model split by a device map (accelerate) may leave offloaded weights on the meta device and
+    bring them in at run time, so meta parameters are skipped; a model with no parameters runs on
+    the CPU.
+    """
+    meta = False
+    for p in getattr(model, "parameters", lambda: ())():
+        if p.device.type != "meta":
+            return p.device
+        meta = True
+    return torch.device("meta" if meta else "cpu")
 
 
 def cache_dir() -> Path:
@@ -230,17 +262,20 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, label: st
 
 
 def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None, label: str = "model",
-                  hub_name: str | None = None, dtype: torch.dtype = torch.float32, placed: bool = False):
+                  hub_name: str | None = None, dtype: str | torch.dtype = torch.float32, placed: bool = False):
     """Wrap an HF causal LM you built or loaded yourself, and its tokenizer, in the TransformerLens bridge.
 
-    ``label`` names the model in results' provenance; ``hub_name`` (default: ``label``) is the name
-    the bridge records as the checkpoint (nothing is fetched).
+    ``label`` names the model in results' provenance; it is kept on the bridge's config as
+    ``cfg.model_name``, where TransformerLens keeps a model's name (``cfg.model_path`` is None:
+    :func:`load_model` sets it for weights read from a path). ``hub_name`` (default: ``label``) is
+    the checkpoint name the bridge boots under (it picks the adapter; nothing is fetched).
     """
     hub_name = hub_name or label
+    dtype = resolve_dtype(dtype)
     from transformer_lens.model_bridge import TransformerBridge
 
     if placed:  # layers already on their devices (a device map): keep them there
-        dev = next(model.parameters()).device
+        dev = device_of(model)
         model = model.eval()
     else:
         dev = resolve_device(device)
@@ -250,7 +285,18 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
             hub_name, hf_model=model, tokenizer=tokenizer, device=dev, dtype=dtype
         )
     bridge.eval()
-    bridge.ropelens_name = label  # type: ignore[attr-defined]
+    return _identify(bridge, label)
+
+
+def _identify(bridge, label: str, path: Path | None = None):
+    """Record the name a model was loaded under, and the path its weights came from, on its config.
+
+    TransformerLens keeps a model's name on ``cfg.model_name`` (the bridge only prints it once
+    booted), so ropelens' name goes there and travels with the config; ``cfg.model_path`` is the
+    resolved file or directory for weights loaded from a path, else None.
+    """
+    bridge.cfg.model_name = label
+    bridge.cfg.model_path = None if path is None else str(path.expanduser().resolve())
     return bridge
 
 
@@ -273,7 +319,7 @@ def load_model(
     name_or_path: str | os.PathLike[str] | None = None,
     *,
     device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: str | torch.dtype = torch.float32,
     device_map: str | dict[str, Any] | None = None,
     max_memory: dict[Any, str | int] | None = None,
 ):
@@ -287,9 +333,13 @@ def load_model(
     ``"gemma-3-270m"``; both work offline), a path to a ``.gguf`` file or to an HF model directory,
     or a hub name (needs the network). The tokenizer comes from the same source. ``to_tokens``
     prepends the tokenizer's BOS (SmolLM2: id 1, ``<|im_start|>``; Gemma 3: id 2, ``<bos>``).
+
+    ``dtype`` is a floating torch dtype or its name (``"float32"``, the default, ``"bfloat16"``,
+    ``"float16"``, ``"float64"``). The name the model was loaded under is ``model.cfg.model_name``
+    (what results' provenance records, :func:`ropelens.reading.model_label`); for a path it is the
+    directory as given or the GGUF file's stem, and ``model.cfg.model_path`` is the resolved path.
     """
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    dtype = resolve_dtype(dtype)
     if device_map is not None and device is not None:
         raise InputError("pass either device or device_map, not both (a device map places every layer itself)")
     if max_memory is not None and device_map is None:
@@ -320,11 +370,12 @@ def load_model(
         source = {"gguf": str(path.resolve()), "sha256": digest}
         gguf = lambda _s: path  # noqa: E731
         hf_dir = _cached_hf_dir(key, gguf, source)
-        return _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem, placement)
+        model = _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem, placement)
+        return _identify(model, path.stem, path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise InputError(f"{path} is a directory without config.json: pass an HF model directory")
-        return _from_hf_dir(path, dtype, dev, str(path), str(path), placement)
+        return _identify(_from_hf_dir(path, dtype, dev, str(path), str(path), placement), str(path), path)
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
         raise FileNotFoundError(f"{name} does not exist: check the path")
     return _from_hub(name, dtype, dev)
@@ -358,5 +409,4 @@ def _from_hub(name: str, dtype: torch.dtype, dev: torch.device):
     except Exception as e:  # offline, unknown repo, gated repo: all surface here
         raise _unknown_model_error(name, e) from e
     bridge.eval()
-    bridge.ropelens_name = name  # type: ignore[attr-defined]
-    return bridge
+    return _identify(bridge, name)

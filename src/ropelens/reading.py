@@ -20,8 +20,10 @@ __all__ = ["hf_model_of", "model_label", "rope_spec"]
 
 
 def model_label(model) -> str:
-    """The name a model was loaded under (embedded name, path or hub id)."""
-    return getattr(model, "ropelens_name", None) or str(getattr(model.cfg, "model_name", "model"))
+    """The name a model was loaded under (embedded name, path or hub id), read from ``model.cfg.model_name``."""
+    # ropelens.models keeps the name on the config, as TransformerLens does; a bridge booted
+    # elsewhere carries the checkpoint name TransformerLens put there.
+    return str(getattr(getattr(model, "cfg", None), "model_name", None) or "model")
 
 
 def hf_model_of(model):

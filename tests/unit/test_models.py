@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
 
 import ropelens
 from ropelens import NotRotaryError, load_model, rope_spec
-from ropelens.models import resolve_device
+from ropelens.errors import InputError
+from ropelens.models import device_of, resolve_device
 from ropelens.testing import tiny_hf_model
 
 # family -> (bases by kind, n_planes, pairing, heads, kv_heads, head_dim)
@@ -196,6 +199,62 @@ def test_cuda_without_gpu():
         resolve_device("cuda")
 
 
-def test_dtype_must_be_a_torch_dtype():
-    with pytest.raises(TypeError, match="torch.dtype"):
-        load_model("smollm2-135m", dtype="float32")  # type: ignore[arg-type]
+@pytest.mark.parametrize("dtype", ["float8", "int64", torch.int64, 32])
+def test_bad_dtype_is_a_clear_input_error(dtype):
+    with pytest.raises(InputError, match=r"unknown dtype .*'float32', 'bfloat16'"):
+        load_model("no-such-model", dtype=dtype)  # rejected before anything is loaded
+
+
+def test_dtype_by_name(tiny_dir):
+    model = load_model(tiny_dir("llama"), device="cpu", dtype="bfloat16")
+    assert {p.dtype for p in model.parameters() if p.is_floating_point()} == {torch.bfloat16}
+    assert model.cfg.dtype == torch.bfloat16
+    assert load_model(tiny_dir("llama"), device="cpu", dtype="torch.float32").cfg.dtype == torch.float32
+
+
+# --------------------------------------------------------------------------------------------
+# identity and placement
+# --------------------------------------------------------------------------------------------
+def _recorded(model) -> tuple[str, str]:
+    """The model name an analysis's provenance and the spec record."""
+    toks = model.to_tokens(TEXT)
+    return ropelens.frequency_usage(model, toks, progress=False).provenance.model, rope_spec(model).model_name
+
+
+def test_identity_by_path_travels_on_the_config(tiny_dir):
+    path = tiny_dir("llama")
+    model = load_model(path, device="cpu")
+    assert model.cfg.model_name == ropelens.reading.model_label(model) == str(path)
+    assert model.cfg.model_path == str(path.resolve())
+    assert _recorded(model) == (str(path), str(path))
+
+
+def test_identity_by_name_travels_on_the_config(tiny_embedded):
+    model = load_model(tiny_embedded, device="cpu")
+    assert model.cfg.model_name == ropelens.reading.model_label(model) == tiny_embedded
+    assert model.cfg.model_path is None
+    assert _recorded(model) == (tiny_embedded, tiny_embedded)
+
+
+def test_wrapped_model_keeps_its_label(tiny):
+    model = tiny("gemma3")
+    assert ropelens.reading.model_label(model) == model.cfg.model_name == "tiny-gemma3"
+    assert not hasattr(model, "ropelens_name")
+
+
+def test_no_name_attribute_outside_the_config():
+    src = Path(ropelens.__file__).parent
+    assert [p.name for p in src.rglob("*.py") if "ropelens_name" in p.read_text()] == []
+
+
+def test_device_of():
+    assert device_of(tiny_hf_model("llama")) == torch.device("cpu")
+    assert device_of(torch.nn.Module()) == torch.device("cpu")  # no parameters
+    # an accelerate-style split: offloaded weights on meta come first, inputs belong where weights live
+    split = torch.nn.Sequential(torch.nn.Linear(2, 2, device="meta"), torch.nn.Linear(2, 2))
+    assert device_of(split) == torch.device("cpu")
+    assert device_of(torch.nn.Linear(2, 2, device="meta")) == torch.device("meta")
+
+
+def test_device_of_a_bridge(tiny):
+    assert device_of(tiny("llama")) == torch.device("cpu")

@@ -32,7 +32,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ropelens.errors import InputError
-from ropelens.evaluate import device_of, is_bridge
+from ropelens.evaluate import is_bridge
+from ropelens.models import device_of
 from ropelens.provenance import FigureRepr, Provenance
 from ropelens.serialize import dump_json, read_result_json
 from ropelens.validate import check_number

@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ from ropelens.report import html as H
 from ropelens.report import registry as _sections
 from ropelens.report.collect import ReportData, collect, evenly_spaced
 from ropelens.report.registry import Section
+from ropelens.validate import check_positive_int
 
-__all__ = ["DEFAULT_BAND_TOKENS", "QUICK", "build_report", "check_output_dir", "resolve_corpus"]
+__all__ = ["DEFAULT_BAND_TOKENS", "QUICK", "build_report", "check_output_dir", "measure_sections", "render_sections",
+           "resolve_corpus"]
 
 FORMAT = 1
 # Band statistics add ~0.6× a forward pass per window (benchmarks/core_bench.py), so by default they
@@ -32,6 +35,7 @@ FORMAT = 1
 # with its re-run sections within about three minutes on two CPU cores; None means every window.
 DEFAULT_BAND_TOKENS: int | None = None  # all windows: band statistics cost about half a forward pass
 QUICK = {"n_ctx": 256, "windows": 4, "layers": 6}
+_UNSET: Any = object()  # model_name= not passed
 
 
 @contextlib.contextmanager
@@ -69,17 +73,46 @@ def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
     return c, {"name": c.name, "sha256": c.sha256, "source": c.source, "n_documents": c.n_documents}
 
 
-def _load(model_name: Any, device: str | None) -> tuple[Any, str]:
+def _same_device(a, b) -> bool:
+    import torch
+
+    def index(d):  # "cuda" means the current GPU
+        return torch.cuda.current_device() if d.type == "cuda" and d.index is None else d.index
+
+    return a.type == b.type and index(a) == index(b)
+
+
+def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
+    """The device and dtype to load with, checked before anything loads; for a loaded model, that they match it."""
+    from ropelens.evaluate import is_bridge
+    from ropelens.models import device_of, resolve_device, resolve_dtype
+
+    dev = None if device is None else resolve_device(device)
+    dt = None if dtype is None else resolve_dtype(dtype)
+    if model is None or isinstance(model, (str, os.PathLike)):
+        return dev, dt
+    if not is_bridge(model):
+        raise InputError(f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
+                         f"{type(model).__name__}: wrap an HF model with ropelens.models.wrap_hf_model")
+    # A loaded model stays where it is: moving it would change the caller's model (and a device-mapped
+    # one cannot move), so a placement that disagrees with it is refused.
+    have = device_of(model)
+    if dev is not None and not _same_device(dev, have):
+        raise InputError(f"device={device!r} conflicts with the loaded model, which is on {have}: pass device=None "
+                         f"(or {str(have)!r}), or move the model first (model.to({str(dev)!r}))")
+    have_dt = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if dt is not None and have_dt is not None and dt != have_dt:
+        raise InputError(f"dtype={dtype!r} conflicts with the loaded model, whose weights are {have_dt}: pass "
+                         f"dtype=None, or load the model with dtype={str(dt).removeprefix('torch.')!r}")
+    return None, None
+
+
+def _load(model: Any, device: Any, dtype: Any) -> tuple[Any, str]:
     from ropelens.models import load_model
     from ropelens.reading import model_label
 
-    if model_name is None or isinstance(model_name, (str, os.PathLike)):
-        model = load_model(model_name, device=device)
-    elif device is not None:
-        raise InputError(f"device={device!r} only applies when the report loads the model: pass a model name, "
-                         "or move the loaded model yourself")
-    else:
-        model = model_name
+    if model is None or isinstance(model, (str, os.PathLike)):
+        model = load_model(model, device=device, **({} if dtype is None else {"dtype": dtype}))
     return model, model_label(model)
 
 
@@ -98,7 +131,7 @@ def _choose_layers(spec, layers: Sequence[int] | None, quick: bool) -> list[int]
 
 
 def build_report(
-    model_name: Any = None,
+    model: Any = None,
     corpus: Any = "english",
     tokens: int = 32_768,
     n_ctx: int = 512,
@@ -109,20 +142,35 @@ def build_report(
     quick: bool = False,
     progress: bool = True,
     *,
+    dtype: Any = None,
     band_tokens: int | None = DEFAULT_BAND_TOKENS,
     batch_size: int = 4,
     experiments: str | os.PathLike[str] | None = None,
+    model_name: Any = _UNSET,
 ) -> Path:
     """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns OUT.
 
-    ``model_name``: an embedded name, a path, or a model from :func:`ropelens.load_model`. ``quick``:
-    4 windows of at most 256 tokens over a few layers (a smoke test). ``band_tokens`` caps the
-    tokens band statistics see (None: all). ``experiments``: the folder the experiment scripts wrote
-    (``results/``); their tables for this model join the p-RoPE and context sections. Nothing in OUT
-    changes unless the whole report succeeds.
+    ``model``: an embedded name, a path (None: the default embedded model), or a model from
+    :func:`ropelens.load_model`. ``device`` and ``dtype`` (a torch dtype or its name) apply when the
+    report loads the model; a loaded model is never moved, and a ``device`` or ``dtype`` that
+    disagrees with it is an error. ``quick``: 4 windows of at most 256 tokens over a few layers (a
+    smoke test). ``band_tokens`` caps the tokens band statistics see (None: all). ``experiments``:
+    the folder the experiment scripts wrote (``results/``); their tables for this model join the
+    p-RoPE and context sections. Every input is checked before the model loads; nothing in OUT
+    changes unless the whole report succeeds. ``model_name`` is the former name of ``model``
+    (deprecated).
     """
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
+    if model_name is not _UNSET:
+        if model is not None:
+            raise InputError("pass model or model_name (its deprecated name), not both")
+        warnings.warn("build_report(model_name=...) is deprecated: pass model=...", DeprecationWarning, stacklevel=2)
+        model = model_name
+    device, dtype = _check_model(model, device, dtype)
+    tokens = check_positive_int(tokens, "tokens")
+    n_ctx = check_positive_int(n_ctx, "n_ctx")
+    batch_size = check_positive_int(batch_size, "batch_size")
     bands = Bands.parse(bands) if isinstance(bands, str) else bands
     if not isinstance(bands, Bands):
         raise TypeError(f"bands must be a spec such as 'quantiles:4' or a Bands, got {type(bands).__name__}")
@@ -139,8 +187,9 @@ def build_report(
     exps = load_experiments(experiments)  # a bad folder fails before the model loads
     corpus_obj, corpus_info = resolve_corpus(corpus)
     with _timed(steps, "load_model"):
-        model, label = _load(model_name, device)
+        model, label = _load(model, device, dtype)
     from ropelens.distributed import is_main, local
+    from ropelens.models import device_of
     from ropelens.reading import rope_spec
 
     spec = rope_spec(model)
@@ -151,7 +200,7 @@ def build_report(
         toks, _, _ = analysis_windows(model.tokenizer, corpus_obj, n_ctx, tokens)
         toks = toks[: max(1, tokens // int(toks.shape[1]))]  # a token tensor is held to the budget too
     settings = {"tokens": tokens, "n_ctx": n_ctx, "bands": bands.describe(), "layers": chosen, "quick": quick,
-                "band_tokens": band_tokens, "batch_size": batch_size, "device": str(next(model.parameters()).device),
+                "band_tokens": band_tokens, "batch_size": batch_size, "device": str(device_of(model)),
                 "experiments": None if experiments is None else str(experiments)}
     band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
     data = collect(model, toks, label=label, spec=spec, layers=chosen, bands=bands, band_windows=band_windows,
@@ -160,18 +209,48 @@ def build_report(
     if not is_main():  # under torch.distributed every rank measured; rank 0 alone renders and writes
         return out_dir
     data.experiments = exps
-    with _timed(steps, "render"), local():  # rank 0 alone renders: sections that re-run the model run locally
-        sections = _render_sections(data, progress)
-    steps.update({k: v for k, v in data.steps.items() if k not in steps})  # what sections timed
+    with local():  # rank 0 alone measures the sections: the model runs in this process only
+        measure_sections(data, progress)
+    steps.update({k: v for k, v in data.steps.items() if k not in steps})  # what the measure steps timed
+    with _timed(steps, "render"):
+        sections = render_sections(data, progress)
     with _timed(steps, "write"):
         _write(out_dir, data, sections, steps, t_start)
     return out_dir
 
 
-def _render_sections(data: ReportData, progress: bool) -> list[Section]:
+def measure_sections(data: ReportData, progress: bool = False) -> None:
+    """Run each available section's measure step into ``data.results[key]``, and the shared steps they
+    need (once each) into ``data.results[step]``, every step timed into ``data.steps``."""
+    todo = [s for s in _sections.SECTIONS if s.measure is not None and s.available()]
+    for spec in tqdm(todo, desc="ropelens report: measuring", disable=not progress, unit="section"):
+        for name in spec.needs:
+            if name in data.results:
+                continue
+            path = _sections.SHARED_STEPS.get(name)
+            step = None if path is None else _sections.resolve(path)
+            if step is None:
+                raise InputError(f"section {spec.key!r} needs the shared step {name!r}, which has no importable "
+                                 f"measure ({path!r}): name one of {sorted(_sections.SHARED_STEPS)}")
+            with _timed(data.steps, name):
+                data.results[name] = step(data)
+        measure = spec.measurer()
+        with _timed(data.steps, spec.step):
+            data.results[spec.key] = measure(data)
+
+
+def render_sections(data: ReportData, progress: bool = False) -> list[Section]:
+    """Lay out every section from what was measured (a placeholder for one that is not available)."""
     out = []
     for spec in tqdm(list(_sections.SECTIONS), desc="ropelens report: sections", disable=not progress, unit="section"):
-        out.append(spec.renderer()(data) if spec.available() else spec.placeholder())
+        if not spec.available():
+            out.append(spec.placeholder())
+        elif spec.measure is None:
+            out.append(spec.renderer()(data))
+        elif spec.key not in data.results:
+            raise InputError(f"section {spec.key!r} has not been measured: run measure_sections(data) before rendering")
+        else:
+            out.append(spec.renderer()(data, data.results[spec.key]))
     return out
 
 

@@ -24,7 +24,7 @@ __all__ = ["ReportData", "collect", "evenly_spaced"]
 class ReportData:
     """The measured results and how they were measured; sections read this and draw it."""
 
-    model: Any  # the loaded model (optional sections may run it again)
+    model: Any  # the loaded model (sections' measure steps may run it again; renderers never do)
     label: str
     spec: RopeSpec
     layers: tuple[int, ...]
@@ -35,7 +35,7 @@ class ReportData:
     usage: FrequencyUsage
     band_stats: BandStatistics
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step
-    cache: dict[str, Any] = field(default_factory=dict)  # results sections share (e.g. baseline losses)
+    results: dict[str, Any] = field(default_factory=dict)  # measure steps' results, by section key or shared step
     experiments: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # experiment scripts' results
 
     @property

@@ -1,8 +1,10 @@
-"""Optional sections whose analyses exist: PE geometry (RoPE's "long-term decay")."""
+"""Optional sections whose analyses exist: positional heads and PE geometry (RoPE's "long-term decay")."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -11,9 +13,9 @@ import torch
 from ropelens.report.collect import ReportData
 from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, style_figure, table_html
-from ropelens.report.registry import Section
+from ropelens.report.registry import Measured, Section
 
-__all__ = ["render_geometry"]
+__all__ = ["DecayCurves", "measure_geometry", "measure_heads", "render_geometry", "render_heads"]
 
 MAX_DISTANCE = 32_768
 POINTS = 1_500  # per curve: more than a log axis resolves, and the page stays small
@@ -32,7 +34,16 @@ def _shape_words(shape: str) -> str:
             "oscillating": "oscillating"}.get(shape, shape)
 
 
-def render_geometry(data: ReportData) -> Section:
+@dataclass(frozen=True)
+class DecayCurves:
+    """RoPE's decay curves for each layer kind's frequencies, with each curve's verdict and shape."""
+
+    max_distance: int
+    curves: dict[str, tuple[Any, ...]]  # kind -> its (constant, RoFormer bound, Gaussian) curves
+    rows: tuple[dict[str, Any], ...]  # one per curve, in that order: verdict, shape, value at the window
+
+
+def measure_geometry(data: ReportData) -> DecayCurves:
     """Constant-vector decay, RoFormer's bound and the Gaussian expectation for this model's frequencies."""
     from ropelens.analyses.decay import (
         roformer_bound,
@@ -44,23 +55,33 @@ def render_geometry(data: ReportData) -> Section:
 
     spec, n_ctx = data.spec, data.n_ctx
     D = max(min(spec.n_ctx, MAX_DISTANCE), n_ctx)
-    fig, rows, at_ctx = go.Figure(), [], {}
-    shown = log_grid(D)
+    curves, rows = {}, []
     for kind, idx in spec.rotary_kinds.items():
         theta = spec.layers[idx[0]].inv_freq
-        curves = [rope_decay_constant(theta, D).normalised(), roformer_bound(theta, D).normalised(),
-                  rope_gaussian_expectation(theta, D)]
-        for c in curves:
-            fig.add_trace(go.Scatter(x=c.distance[shown].numpy(), y=c.mean[shown].numpy(), mode="lines",
-                                     line={"dash": _DASH[c.kind], "width": 1.4}, name=f"{kind}: {c.name}",
-                                     hovertemplate="δ = %{x}<br>%{y:.3f}<extra>" + esc(kind) + "</extra>"))
+        curves[kind] = (rope_decay_constant(theta, D).normalised(), roformer_bound(theta, D).normalised(),
+                        rope_gaussian_expectation(theta, D))
+        for c in curves[kind]:
             v = decay_verdict(c)
             upto = c.distance <= n_ctx  # the shape as it is up to the analysis window (oscillations included)
             shape = describe_curve(c.mean[upto], c.distance[upto].double())
             rows.append({"kind": kind, "curve": c.name, "verdict": v.verdict, "shape": shape.shape, "Spearman ρ": v.spearman,
                          "far ÷ near": v.far_near_ratio, f"value at δ = {n_ctx}": float(c.mean[n_ctx]),
                          "description": shape.text})
-        at_ctx[kind] = (float(curves[0].mean[n_ctx]), rows[-3]["shape"], rows[-1]["verdict"])
+    return DecayCurves(D, curves, tuple(rows))
+
+
+def render_geometry(data: ReportData, decay: DecayCurves) -> Section:
+    """The decay curves on a log axis, their verdicts, and the finding on constant versus Gaussian q and k."""
+    n_ctx, D = data.n_ctx, decay.max_distance
+    fig, at_ctx = go.Figure(), {}
+    shown = log_grid(D)
+    for kind, curves in decay.curves.items():
+        for c in curves:
+            fig.add_trace(go.Scatter(x=c.distance[shown].numpy(), y=c.mean[shown].numpy(), mode="lines",
+                                     line={"dash": _DASH[c.kind], "width": 1.4}, name=f"{kind}: {c.name}",
+                                     hovertemplate="δ = %{x}<br>%{y:.3f}<extra>" + esc(kind) + "</extra>"))
+        mine = [r for r in decay.rows if r["kind"] == kind]  # constant, bound, Gaussian
+        at_ctx[kind] = (mine[0][f"value at δ = {n_ctx}"], mine[0]["shape"], mine[-1]["verdict"])
     # On a log axis shapes take data values and annotations log10 values.
     fig.add_shape(type="line", yref="paper", y0=0, y1=1, xref="x", x0=n_ctx, x1=n_ctx, layer="below",
                   line={"dash": "dash", "color": "#7a8294", "width": 1})
@@ -77,7 +98,7 @@ def render_geometry(data: ReportData) -> Section:
     finding = Finding("geometry", "pe-geometry", text[0].upper() + text[1:],
                       {k: {"constant_at_window": round(v[0], 2), "constant": v[1], "gaussian": v[2]}
                        for k, v in at_ctx.items()} | {"n_ctx": n_ctx})
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(list(decay.rows))
     body = ("<p class=\"lead\">Barbero et al.: RoPE's decay with distance holds for constant query and key vectors, "
             "not for random ones, whose expected logit is flat. Curves for the frequencies each layer kind applies, "
             f"to δ = {D:,}.</p>" + figure_html(style_figure(fig, height=430))
@@ -86,14 +107,20 @@ def render_geometry(data: ReportData) -> Section:
                    numbers={"verdicts": frame.to_dict("records")}, findings=[finding])
 
 
-def render_heads(data: ReportData) -> Section:
-    """Positional heads found by score on text and on seeded random tokens, with their band profile."""
+def measure_heads(data: ReportData) -> Measured:
+    """Positional heads scored on the report's first few windows and on seeded random tokens."""
     from ropelens.analyses.heads import classify_heads
 
     n_ctx = min(data.n_ctx, 256)
     n_windows = 2 if data.settings.get("quick") else 4
     tx = classify_heads(data.model, data.tokens[:n_windows, :n_ctx], n_ctx=n_ctx, n_windows=n_windows,
                         layers=list(data.layers), progress=True)
+    return Measured(tx, n_ctx, n_windows)
+
+
+def render_heads(_data: ReportData, heads: Measured) -> Section:
+    """Positional heads found by score on text and on seeded random tokens, with their band profile."""
+    tx, n_ctx, n_windows = heads.value, heads.n_ctx, heads.n_windows
     df = tx.to_frame()
     pos = df[df.positional].sort_values("robust_mass", ascending=False)
     high = tx.band_names[0]

@@ -7,9 +7,9 @@ import pandas as pd
 from ropelens.report.collect import ReportData, evenly_spaced
 from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, style_figure, table_html
-from ropelens.report.registry import Section
+from ropelens.report.registry import Measured, Section
 
-__all__ = ["render_distance", "render_massive", "render_sinks"]
+__all__ = ["measure_distance", "measure_massive", "measure_sinks", "render_distance", "render_massive", "render_sinks"]
 
 N_WINDOWS = 2  # windows of at most MAX_CTX tokens: both analyses cost a few forward passes each
 MAX_CTX = 512
@@ -21,13 +21,17 @@ def _windows(data: ReportData):
     return data.tokens[keep, :n_ctx], n_ctx, len(keep)
 
 
-def render_sinks(data: ReportData) -> Section:
-    """Gu et al.'s sink heads (attention to position 0 above ε), and the bands that make position 0 attractive."""
+def measure_sinks(data: ReportData) -> Measured:
+    """Attention to position 0 per head and its band split, on a few of the report's windows."""
     from ropelens.analyses.sinks import attention_sinks
 
     toks, n_ctx, n_win = _windows(data)
-    r = attention_sinks(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False)
-    data.cache["sinks"] = r
+    return Measured(attention_sinks(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False), n_ctx, n_win)
+
+
+def render_sinks(_data: ReportData, sinks: Measured) -> Section:
+    """Gu et al.'s sink heads (attention to position 0 above ε), and the bands that make position 0 attractive."""
+    r, n_ctx, n_win = sinks.value, sinks.n_ctx, sinks.n_windows
     sentences = r.findings()
     sinking = r.sinking()
     values = [{"sinking_heads": int(sinking.sum()), "heads": sinking.numel()}, {}]
@@ -42,12 +46,18 @@ def render_sinks(data: ReportData) -> Section:
                    "sinks_layers": layers}, numbers={"sentences": sentences}, findings=findings)
 
 
-def render_distance(data: ReportData) -> Section:
-    """Mean logit per band and attention probability by query–key distance; U-shapes and their cause."""
+def measure_distance(data: ReportData) -> Measured:
+    """Mean band logit and attention probability by query–key distance, on a few of the report's windows."""
     from ropelens.analyses.distance import attention_by_distance
 
     toks, n_ctx, n_win = _windows(data)
-    r = attention_by_distance(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False)
+    return Measured(attention_by_distance(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False),
+                    n_ctx, n_win)
+
+
+def render_distance(_data: ReportData, distance: Measured) -> Section:
+    """Mean logit per band and attention probability by query–key distance; U-shapes and their cause."""
+    r, n_ctx, n_win = distance.value, distance.n_ctx, distance.n_windows
     shapes = r.shapes()
     full = shapes[shapes.curve == "logit"]
     counts = full["shape"].value_counts().to_dict()
@@ -74,12 +84,17 @@ def render_distance(data: ReportData) -> Section:
                    findings=[finding])
 
 
-def render_massive(data: ReportData) -> Section:
-    """Jin et al.'s massive dimensions of pre-RoPE q and k: where they sit in frequency, how they persist."""
+def measure_massive(data: ReportData) -> Measured:
+    """Norms of each pre-RoPE query and key dimension, on a few of the report's windows."""
     from ropelens.analyses.massive import massive_values
 
     toks, n_ctx, n_win = _windows(data)
-    mv = massive_values(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False)
+    return Measured(massive_values(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False), n_ctx, n_win)
+
+
+def render_massive(data: ReportData, massive: Measured) -> Section:
+    """Jin et al.'s massive dimensions of pre-RoPE q and k: where they sit in frequency, how they persist."""
+    mv, n_ctx, n_win = massive.value, massive.n_ctx, massive.n_windows
     planes = mv.planes_frame()
     hit = planes[planes.n_massive > 0]
     ctx = data.spec.n_ctx

@@ -2,18 +2,21 @@
 
 Both score the same held-out windows (the first few of the report's, cut to at most 256 tokens) and
 compare each variant with the unmodified model window by window: the loss change Δ has a paired
-bootstrap CI, far tighter than the CIs of two perplexities side by side.
+bootstrap CI, far tighter than the CIs of two perplexities side by side. The unmodified model's
+losses are a measured step of their own (``variants_baseline``), which both sections' measure
+steps read from ``data.results``.
 """
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 from torch import Tensor
 
+from ropelens.errors import InputError
 from ropelens.evaluate import bootstrap_ci, window_losses
 from ropelens.report.collect import ReportData
 from ropelens.report.experiments import context_block, prope_block
@@ -21,8 +24,8 @@ from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, kv_table, style_figure, table_html
 from ropelens.report.registry import Section
 
-__all__ = ["EXTENSION_FACTOR", "NEGLIGIBLE_NATS", "eval_windows", "render_context", "render_prope",
-           "variant_losses"]
+__all__ = ["EXTENSION_FACTOR", "NEGLIGIBLE_NATS", "ContextExtension", "eval_windows", "measure_baseline",
+           "measure_context", "measure_prope", "render_context", "render_prope", "variant_losses"]
 
 NEGLIGIBLE_NATS = 0.05  # a loss change below this (upper CI end) counts as "keeps its perplexity"
 EXTENSION_FACTOR = 4  # the context-extension section configures every method for 4× the native context
@@ -36,14 +39,17 @@ def eval_windows(data: ReportData) -> Tensor:
     return data.tokens[: e["windows"], : min(data.n_ctx, e["n_ctx"])]
 
 
+def measure_baseline(data: ReportData) -> Tensor:
+    """Per-window losses of the unmodified model on the windows both sections score."""
+    return window_losses(data.model, eval_windows(data), batch_size=4, progress=False)
+
+
 def _baseline(data: ReportData) -> Tensor:
-    """Per-window losses of the unmodified model (computed once, shared by both sections)."""
-    cache = data.cache
-    if "baseline_losses" not in cache:
-        t0 = time.perf_counter()
-        cache["baseline_losses"] = window_losses(data.model, eval_windows(data), batch_size=4, progress=False)
-        data.steps["variants_baseline"] = round(time.perf_counter() - t0, 3)
-    return cache["baseline_losses"]
+    """The baseline losses the ``variants_baseline`` step measured."""
+    if "variants_baseline" not in data.results:
+        raise InputError("the variants_baseline step has not run: measure it first (measure_baseline) "
+                         "and keep its losses in data.results['variants_baseline']")
+    return data.results["variants_baseline"]
 
 
 def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None) -> dict[str, Any]:
@@ -81,22 +87,29 @@ def _prope_variants() -> list[Any]:
     return [*(PRoPE(p) for p in (1.0, 0.0, 0.125, 0.25, 0.5, 0.75, 0.875)), PRoPEReversed(0.75), PRoPEPartial(0.75)]
 
 
-def render_prope(data: ReportData) -> Section:
-    """Perplexity when only the highest fraction p of frequencies keeps rotating, in every layer."""
+def _variant_name(v: Any) -> str:
+    return {"PRoPE": "RoPE (p = 1)" if v.p == 1 else f"p-RoPE p = {v.p:g}",
+            "PRoPEReversed": f"reversed p = {v.p:g} (lowest kept)",
+            "PRoPEPartial": f"partial p = {v.p:g} (first dims)"}[type(v).__name__]
+
+
+def measure_prope(data: ReportData) -> pd.DataFrame:
+    """Perplexity and loss change of every p-RoPE variant, one row each (reads the baseline step)."""
     from ropelens.variants import kept_planes
 
-    t0 = time.perf_counter()
     n_planes = data.spec.layers[data.layers[0]].n_planes
     rows = []
     for v in _prope_variants():  # p = 1 is the model itself: variant_losses reuses the baseline for it
-        name = {"PRoPE": "RoPE (p = 1)" if v.p == 1 else f"p-RoPE p = {v.p:g}",
-                "PRoPEReversed": f"reversed p = {v.p:g} (lowest kept)",
-                "PRoPEPartial": f"partial p = {v.p:g} (first dims)"}[type(v).__name__]
-        rows.append({"variant": name, "p": v.p, "planes rotating": kept_planes(v.p, n_planes)}
+        rows.append({"variant": _variant_name(v), "p": v.p, "planes rotating": kept_planes(v.p, n_planes)}
                     | {k: x for k, x in variant_losses(data, v).items() if k != "identity"})
-    frame = pd.DataFrame(rows)
-    data.steps["prope_sweep"] = round(time.perf_counter() - t0, 3)
+    return pd.DataFrame(rows)
 
+
+def render_prope(data: ReportData, frame: pd.DataFrame) -> Section:
+    """Perplexity when only the highest fraction p of frequencies keeps rotating, in every layer."""
+    from ropelens.variants import kept_planes
+
+    n_planes = data.spec.layers[data.layers[0]].n_planes
     fig = go.Figure()
     kinds = {"p-RoPE": frame[frame.variant.str.startswith(("p-RoPE", "RoPE"))].sort_values("p"),
              "reversed": frame[frame.variant.str.startswith("reversed")],
@@ -166,12 +179,25 @@ def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
     return out
 
 
-def render_context(data: ReportData) -> Section:
-    """What PI, NTK, dynamic NTK, YaRN and Llama 3 do to each plane at 4× the native context, and their cost."""
-    from ropelens.analyses.context import compare_figure, plane_view
+@dataclass(frozen=True)
+class ContextExtension:
+    """What each scaling method does to one layer's planes at ``factor``× the native context, and its cost."""
+
+    layer: int  # the layer shown: of the kind with the longest wavelengths
+    kind: str | None  # the layer kind rescaled (None: every layer)
+    native_ctx: int
+    factor: int
+    views: dict[str, Any]  # method -> its plane view
+    identity: dict[str, bool]  # method -> rotates exactly as the model does at these lengths
+    rows: tuple[dict[str, Any], ...]  # one per method (and RoPE as trained): plane counts, perplexity, Δ loss
+    bounds: dict[str, Any]  # base, critical dimension and Men et al.'s base lower bounds
+
+
+def measure_context(data: ReportData) -> ContextExtension:
+    """Plane views and in-distribution cost of PI, NTK, dynamic NTK, YaRN and Llama 3 (reads the baseline step)."""
+    from ropelens.analyses.context import plane_view
     from ropelens.variants import Linear
 
-    t0 = time.perf_counter()
     spec = data.spec
     # The layer kind with the longest wavelengths is the one a longer context strains.
     idx = max((i[0] for i in spec.rotary_kinds.values()), key=lambda i: float(spec.layers[i].wavelength.max()))
@@ -191,9 +217,18 @@ def render_context(data: ReportData) -> Section:
     for name in methods:
         row = {"method": name, **_counts(views[name]), "attention ×": views[name].attention_scaling}
         rows.append(row | {k: costs[name][k] for k in ("ppl", "Δ loss", "Δ lo", "Δ hi")})
+    return ContextExtension(idx, kind, l0, factor, views, {m: bool(c["identity"]) for m, c in costs.items()},
+                            tuple(rows), _base_bounds(layer, l0, factor))
+
+
+def render_context(data: ReportData, ext: ContextExtension) -> Section:
+    """What PI, NTK, dynamic NTK, YaRN and Llama 3 do to each plane at 4× the native context, and their cost."""
+    from ropelens.analyses.context import compare_figure
+
+    idx, kind, l0, factor, views, rows, bounds = (ext.layer, ext.kind, ext.native_ctx, ext.factor, ext.views,
+                                                  list(ext.rows), ext.bounds)
+    layer = data.spec.layers[idx]
     frame = pd.DataFrame(rows)
-    bounds = _base_bounds(layer, l0, factor)
-    data.steps["context_extension"] = round(time.perf_counter() - t0, 3)
 
     shown = ("PI", "NTK", "YaRN", "Llama 3")
     fig = compare_figure([views[n] for n in shown])
@@ -205,7 +240,7 @@ def render_context(data: ReportData) -> Section:
     cost = {r["method"]: r for r in rows}
     # Methods that are plain RoPE at these lengths (dynamic NTK inside the native context) cost
     # nothing by construction, so "cheapest" is among the others.
-    order = sorted((m for m in methods if not costs[m]["identity"]), key=lambda m: cost[m]["Δ loss"])
+    order = sorted((m for m in views if not ext.identity[m]), key=lambda m: cost[m]["Δ loss"])
     text = (f"{beyond} of {n} planes of layer {idx} never complete a turn within the native {l0:,} tokens "
             f"(critical dimension {bounds.get('critical_dim', '–')} of {layer.rotary_dim} dims). Set for "
             f"{factor}× that context, PI interpolates {cost['PI']['interpolated']} planes and costs "
