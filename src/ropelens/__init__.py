@@ -1,6 +1,18 @@
 """ropelens: which RoPE frequencies a model uses, and for what."""
 
-from ropelens import context, data, distributed, extrapolation, heads, train, variants
+# every result module, so that ropelens.result.load_result knows every kind
+from ropelens import (
+    context,
+    data,
+    distributed,
+    extrapolation,
+    heads,
+    massive,
+    offsets,
+    passkey,
+    train,
+    variants,
+)
 from ropelens.bands import Bands
 from ropelens.capture import capture_qk
 from ropelens.decay import rope_decay_by_distance, rope_decay_constant, rope_gaussian_expectation
@@ -55,6 +67,9 @@ __all__ = [
     "heads",
     "learned_pe",
     "load_model",
+    "massive",
+    "offsets",
+    "passkey",
     "pe_similarity",
     "rope_decay_by_distance",
     "rope_decay_constant",

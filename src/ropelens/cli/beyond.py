@@ -59,10 +59,10 @@ def run_sinks(args: argparse.Namespace) -> int:
         r.save(args.save)
     frame = r.layers_frame()
     if args.json:
-        emit({"findings": r.findings(), "layers": [jsonable_row(x) for x in frame.to_dict("records")]})
+        emit({"findings": [f.text for f in r.findings()], "layers": [jsonable_row(x) for x in frame.to_dict("records")]})
         return 0
-    for s in r.findings():
-        print(s)
+    for f in r.findings():
+        print(f.text)
     print(frame.to_string(index=False, float_format="%.3f"))
     return 0
 
