@@ -132,7 +132,8 @@ class Result:
         return []
 
     def _repr_text(self) -> str:
-        parts = []
+        name = getattr(self, "name", None)
+        parts = [name] if isinstance(name, str) else []
         prov = getattr(self, "provenance", None)
         if prov is not None:
             parts.append(str(prov.model))

@@ -18,6 +18,7 @@ from ropelens.distance import attention_by_distance
 from ropelens.errors import InputError
 from ropelens.extrapolation import MeasuredExtrapolation, base_predictions
 from ropelens.findings import Finding
+from ropelens.geometry import pe_similarity, sinusoidal_pe
 from ropelens.heads import classify_heads
 from ropelens.massive import massive_values
 from ropelens.offsets import rotary_offsets
@@ -61,6 +62,7 @@ def results(tiny) -> dict[str, Result]:
                                                          "perplexity": {"mean": 2.7, "lo": 2.5, "hi": 3.0}},),
                               window_losses=((1.0, 1.0),), train_ctx=32, provenance=prov),
         plane_view(rope_spec(model)[0], Linear(2.0), 32, 64),
+        pe_similarity(sinusoidal_pe(32, 16), name="sinusoidal"),
         LongRopeSearch(target_len=64, original_ctx=32, factors=(1.0, 2.0), n_hat=0, perplexity=3.0, initial_best=3.5,
                        baselines={"PI": 4.0}, history=({"generation": 0, "best": 3.0, "mean": 3.5, "n_evaluated": 4},),
                        settings={}, provenance=prov),
