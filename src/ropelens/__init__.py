@@ -1,7 +1,8 @@
 """ropelens: which RoPE frequencies a model uses, and for what."""
 
+# every result module, so that ropelens.result.load_result knows every kind
 from ropelens import data, distributed, train, variants
-from ropelens.analyses import context, extrapolation, heads
+from ropelens.analyses import context, extrapolation, heads, massive, offsets, passkey
 from ropelens.analyses.decay import (
     rope_decay_by_distance,
     rope_decay_constant,
@@ -60,6 +61,9 @@ __all__ = [
     "heads",
     "learned_pe",
     "load_model",
+    "massive",
+    "offsets",
+    "passkey",
     "pe_similarity",
     "rope_decay_by_distance",
     "rope_decay_constant",

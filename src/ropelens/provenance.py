@@ -90,14 +90,3 @@ def plotly_bundle(fig: Any, text: str) -> dict[str, Any]:
     """A Jupyter MIME bundle for a plotly figure: rendered by Jupyter's plotly extension, offline."""
     return {"application/vnd.plotly.v1+json": {**json.loads(fig.to_json()), "config": {"displaylogo": False}},
             "text/plain": text}
-class FigureRepr:
-    """Base of results with a plotly ``figure()``: Jupyter renders them as it, offline (no CDN script).
-    The plain-text form names the result, its model and its layers (:meth:`_repr_text`)."""
-
-    def _repr_text(self) -> str:
-        return f"{type(self).__name__}({self.provenance.model}, layers {list(self.layers)})"  # type: ignore[attr-defined]
-
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
-        return plotly_bundle(self.figure(), self._repr_text())  # type: ignore[attr-defined]
-
-

@@ -269,7 +269,7 @@ def test_planted_u_shape_is_found_and_blamed_on_the_low_band():
     assert sum(cause["band_share"].values()) == pytest.approx(1.0)  # the band rises add up to the full rise
     frame = r.shapes()
     assert frame.set_index("curve").loc["logit", "u_cause"] == "low"
-    assert "band low carries" in r.findings()[0]
+    assert "band low carries" in next(f.text for f in r.findings() if f.key == "distance-layer-0")
     # keep only the high frequencies (HoPE): the U is gone
     high_only = planted(0.0)
     assert high_only.describe(0, "logit").shape != "U-shaped" and high_only.u_shape_cause(0) is None

@@ -24,7 +24,6 @@ from ropelens.analyses.usage import frequency_usage
 from ropelens.capture import LayerActs, capture_qk, stream
 from ropelens.errors import InputError
 from ropelens.reading import rope_spec
-from ropelens.report.findings import sink_ratios
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.testing import tiny_model_dir
 from ropelens.testing.families import family_model_dir
@@ -159,7 +158,7 @@ def test_plane_key_ratio_is_the_usage_sink_ratio(case):
     toks = _tokens()
     r = attention_sinks(model, toks, bands=BANDS, progress=False)
     usage = frequency_usage(model, toks, n_sink=1, progress=False)
-    torch.testing.assert_close(r.plane_key_ratio().float(), sink_ratios(usage)["k"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(r.plane_key_ratio().float(), usage.sink_ratios()["k"], rtol=1e-5, atol=1e-6)
 
 
 # ============================================================================ a planted sink
@@ -188,7 +187,7 @@ def test_planted_sink_is_found_and_blamed_on_its_band():
     share = r.sink_logit_share()[0]  # [head, band]
     assert (share[:, 1] > 0.9).all()
     assert (r.key_norm_ratio()[0, 0, 1] > 5).all()
-    assert "2 of 2 heads (100%) sink" in r.findings()[0] and "band low" in r.findings()[1]
+    assert "2 of 2 heads (100%) sink" in r.findings()[0].text and "band low" in r.findings()[1].text
 
 
 # ============================================================================ the entry point and the result
@@ -248,7 +247,7 @@ def test_smollm2_sink_heads(smollm2):
     r = attention_sinks(smollm2, "english", n_ctx=256, max_tokens=512, progress=False)
     share = r.head_share()
     print("sinking-head share per layer:", [round(float(s), 2) for s in share])
-    print("\n".join(r.findings()))
+    print("\n".join(f.text for f in r.findings()))
     assert float(share[:2].max()) == 0.0
     assert float(share[15:].mean()) > 0.5
     x = r.sink_logit()[r.sinking()].mean(0)

@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,7 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.intervene import apply_rope_variant
 from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.rope import LayerRope
 from ropelens.serialize import dump_json
 from ropelens.validate import check_positive_int
@@ -89,7 +90,7 @@ def _categories(before: Tensor, after: Tensor, original_ctx: int, target_ctx: in
 
 
 @dataclass(frozen=True)
-class PlaneView:
+class PlaneView(Result):
     """One layer's planes before and after a context-extension method, highest frequency first."""
 
     variant: dict[str, Any]  # RopeVariant.to_dict()
@@ -100,6 +101,10 @@ class PlaneView:
     inv_freq_after: Float[Tensor, " n_planes"]
     attention_scaling: float
     categories: tuple[str, ...]
+
+    KIND: ClassVar[str] = "PlaneView"
+    FORMAT: ClassVar[int] = 1
+    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry neither type nor format
 
     def __post_init__(self) -> None:
         n = self.inv_freq_before.shape
@@ -151,14 +156,6 @@ class PlaneView:
         return cls(**{**d, "inv_freq_before": torch.tensor(d["inv_freq_before"], dtype=torch.float32),
                       "inv_freq_after": torch.tensor(d["inv_freq_after"], dtype=torch.float32),
                       "categories": tuple(d["categories"])})
-
-    def save(self, path: str | Path) -> None:
-        """Write JSON atomically (frequencies, not wavelengths: unrotated planes have λ = ∞)."""
-        dump_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> PlaneView:
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
     def figure(self):
         """Wavelength before and after per plane, with the original and target context as lines."""
@@ -221,7 +218,7 @@ def compare_figure(views: Sequence[PlaneView]):
 # LongRoPE factor search
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class LongRopeSearch:
+class LongRopeSearch(Result):
     """Best LongRoPE factors found for ``target_len`` and how they compare with PI and YaRN."""
 
     target_len: int
@@ -234,6 +231,10 @@ class LongRopeSearch:
     history: tuple[dict[str, Any], ...]  # per generation: best, mean, n_evaluated
     settings: dict[str, Any]
     provenance: Provenance = field(default_factory=lambda: Provenance(model="?"))
+
+    KIND: ClassVar[str] = "LongRopeSearch"
+    FORMAT: ClassVar[int] = 1
+    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry neither type nor format
 
     @property
     def variant(self) -> LongRoPE:
@@ -257,13 +258,6 @@ class LongRopeSearch:
     def from_dict(cls, d: dict[str, Any]) -> LongRopeSearch:
         return cls(**{**d, "factors": tuple(d["factors"]), "history": tuple(d["history"]),
                       "provenance": Provenance.from_dict(d["provenance"])})
-
-    def save(self, path: str | Path) -> None:
-        dump_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> LongRopeSearch:
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
     def figure(self):
         """Best and mean perplexity per generation, with PI and YaRN as horizontal lines."""

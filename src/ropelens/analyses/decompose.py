@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -26,9 +26,10 @@ from ropelens.bands import Bands, ResolvedBands
 from ropelens.capture import DeviceSums, LayerActs, capture_qk, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.provenance import FigureRepr, Provenance
+from ropelens.findings import Finding, band_winners, head_name
+from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.rope import LayerRope, RopeSpec, expand_kv
-from ropelens.serialize import dump_json
 
 __all__ = [
     "query_tile",
@@ -69,14 +70,20 @@ def js_divergence(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:
 
 # ============================================================================ one input
 @dataclass(frozen=True)
-class AttentionDecomposition:
-    """Per-band attention logits for given tokens (kept in memory; for corpora use band_statistics)."""
+class AttentionDecomposition(Result):
+    """Per-band attention logits for given tokens (kept in memory; for corpora use band_statistics).
+
+    Saved as safetensors (captured q and k are too large for JSON), with the kind and format in its metadata.
+    """
 
     tokens: Int[Tensor, "batch pos"]
     spec: RopeSpec
     bands: Bands
     acts: dict[int, LayerActs]
     provenance: Provenance
+
+    KIND: ClassVar[str] = "AttentionDecomposition"
+    FORMAT: ClassVar[int] = 1
 
     @property
     def layers(self) -> list[int]:
@@ -158,8 +165,9 @@ class AttentionDecomposition:
                   for b, name in enumerate(self.band_names(layer))]
         return pd.concat(frames, ignore_index=True).assign(layer=layer, head=head)
 
-    def figure(self, layer: int, head: int, batch: int = 0) -> go.Figure:
-        """One head: each band's logits as a heatmap, and the model's pattern."""
+    def figure(self, layer: int | None = None, head: int = 0, batch: int = 0) -> go.Figure:
+        """One head (default: head 0 of the first layer): each band's logits as a heatmap, and the model's pattern."""
+        layer = self.layers[0] if layer is None else layer
         x = self.band_logits(layer)[batch, head]
         names = self.band_names(layer)
         fig = make_subplots(rows=1, cols=len(names) + 1, subplot_titles=[*names, "pattern"], horizontal_spacing=0.02)
@@ -186,7 +194,8 @@ class AttentionDecomposition:
             for k, v in a.tensors.items():
                 tensors[f"{L}/{k}"] = v.clone().contiguous()
             tensors[f"{L}/valid"] = a.valid.clone().contiguous()
-        meta = {"spec": json.dumps(self.spec.to_dict()), "bands": json.dumps(self.bands.to_dict()),
+        meta = {"type": self.KIND, "format": str(self.FORMAT),
+                "spec": json.dumps(self.spec.to_dict()), "bands": json.dumps(self.bands.to_dict()),
                 "provenance": json.dumps(self.provenance.to_dict())}
         with atomic_write(path, "wb") as f:
             f.write(save(tensors, metadata=meta))
@@ -198,6 +207,11 @@ class AttentionDecomposition:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata()
             t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        # files from before the result base carry neither key
+        kind, fmt = meta.get("type", cls.KIND), meta.get("format", str(cls.FORMAT))
+        if kind != cls.KIND or fmt != str(cls.FORMAT):
+            raise InputError(f"{path} holds a {kind!r} result of format {fmt}, not {cls.KIND!r} format {cls.FORMAT}: "
+                             "load it with ropelens.result.load_result(path)")
         spec = RopeSpec.from_dict(json.loads(meta["spec"]))
         acts: dict[int, LayerActs] = {}
         for key, v in t.items():
@@ -246,6 +260,8 @@ def decompose_attention(
 
 # ============================================================================ corpus statistics
 _SUMS_LHB = ("abs_sum", "cov", "margin", "jsd", "top1")
+MARGIN_MAJORITY = 0.5  # "most of its margin", in findings: more than half
+MAX_LISTED = 5  # heads a finding names at most
 # band-logit entries per tile: 2^21 (8 MiB of float32) measured best on the CPU (benchmarks/core_bench.py
 # --tile); on accelerators larger tiles amortise kernel launches
 TILE_ELEMENTS = {"cpu": 1 << 21}
@@ -575,7 +591,7 @@ def _masked_spans_of(c0: int, c1: int, j0: int, j1: int, window: int | None) -> 
 
 
 @dataclass(frozen=True)
-class BandStatistics(FigureRepr):
+class BandStatistics(Result):
     """Corpus statistics of the band decomposition, per layer × head × band."""
 
     layers: tuple[int, ...]
@@ -585,11 +601,15 @@ class BandStatistics(FigureRepr):
     sums: dict[str, Tensor]
     provenance: Provenance
 
+    KIND: ClassVar[str] = "BandStatistics"
+    FORMAT: ClassVar[int] = 1
+    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry a type but no format
+    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "band_names", "spec")
+    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
+
     def __post_init__(self) -> None:
-        L, B = len(self.layers), len(self.band_names)
-        shape = tuple(self.sums["abs_sum"].shape)
-        if shape[0] != L or shape[2] != B:
-            raise InputError(f"abs_sum has shape {shape}, expected ({L}, heads, {B})")
+        self._check_shape("abs_sum", self.sums["abs_sum"], (len(self.layers), None, len(self.band_names)),
+                          " [layer, head, band]")
 
     def abs_share(self) -> Float[Tensor, "layer head band"]:
         """Each band's share of the mean |logit| (sums to 1 over bands)."""
@@ -641,26 +661,75 @@ class BandStatistics(FigureRepr):
         idx = pd.MultiIndex.from_product([self.layers, range(H), self.band_names], names=["layer", "head", "band"])
         return pd.DataFrame({k: v.reshape(-1).numpy() for k, v in metrics.items()}, index=idx).reset_index()
 
-    def merge(self, other: BandStatistics) -> BandStatistics:
-        if (self.layers, self.band_names) != (other.layers, other.band_names) or self.spec.to_dict() != other.spec.to_dict():
-            raise InputError("can only merge statistics over the same model, layers and bands")
-        prov = self.provenance.merged(other.provenance)
-        return BandStatistics(self.layers, self.band_names, self.bands, self.spec,
-                              {k: v + other.sums[k] for k, v in self.sums.items()}, prov)
+    # ---------------------------------------------------------------- findings
+    def findings(self) -> list[Finding]:
+        """Heads taking most of their margin from the highest-frequency band, the band whose logits alone
+        most often pick the attended key (both with two bands or more), and plane 0's tightness."""
+        found = (self._margin_finding(), self._top1_finding(), self._tightness_finding())
+        return [f for f in found if f is not None]
 
+    def _margin_finding(self) -> Finding | None:
+        if len(self.band_names) < 2:
+            return None
+        share = self.margin_share()[..., 0]  # band 0: the highest frequencies
+        top1 = self.top1()[..., 0]
+        band = self.band_names[0]
+        L, H = share.shape
+        flat = sorted(((float(share[i, h]), self.layers[i], h, float(top1[i, h])) for i in range(L) for h in range(H)),
+                      key=lambda t: -t[0])
+        major = [t for t in flat if t[0] > MARGIN_MAJORITY]
+        listed = major[:MAX_LISTED] if major else flat[:1]  # only what the sentence quotes
+        heads = [{"layer": lay, "head": h, "margin_share": round(s, 2), "top1": round(t, 2)} for s, lay, h, t in listed]
+        shown = ", ".join(f"{head_name(x['layer'], x['head'])} {x['margin_share']:.2f} (band-only top-1 {x['top1']:.2f})"
+                          for x in heads)
+        vals = {"band": band, "n_heads": L * H, "n_majority": len(major), "heads": heads}
+        if major:
+            verb, their = ("gets", "its") if len(major) == 1 else ("get", "their")
+            text = (f"{len(major)} of {L * H} heads {verb} more than half of {their} attended-key margin from band "
+                    f"{band}: {shown}.")
+        else:
+            top = heads[0]
+            text = (f"No head gets more than half of its attended-key margin from band {band}; the largest share is "
+                    f"{top['margin_share']:.2f} ({head_name(top['layer'], top['head'])}, band-only top-1 {top['top1']:.2f}).")
+        return Finding("margin", "bands", text, vals)
+
+    def _top1_finding(self) -> Finding | None:
+        if len(self.band_names) < 2:
+            return None
+        top1 = self.top1()  # [L, H, B]
+        band, n, _ = band_winners(top1.mean(1), self.band_names)
+        overall = top1.mean((0, 1))
+        b = self.band_names.index(band)
+        vals = {"band": band, "layers": n, "n_layers": len(self.layers), "mean_top1": round(float(overall[b]), 2),
+                "first_band": self.band_names[0], "first_top1": round(float(overall[0]), 2)}
+        text = (f"Alone, band {band} most often picks the key the model attends to most: it leads in {n} of "
+                f"{len(self.layers)} layers, with top-1 agreement {vals['mean_top1']:.2f} over all heads")
+        text += "." if b == 0 else f", against {vals['first_top1']:.2f} for band {vals['first_band']}."
+        return Finding("top1", "bands", text, vals)
+
+    def _tightness_finding(self) -> Finding:
+        t = self.tightness()  # [L, H, P]
+        L, H, P = t.shape
+        top = t[..., 0]
+        i, h = divmod(int(top.argmax()), H)
+        wl = float(self.spec.layers[self.layers[0]].wavelength[0])
+        vals = {"plane": 0, "wavelength": round(wl, 2), "mean": round(float(top.mean()), 2),
+                "best_layer": self.layers[i], "best_head": h, "best": round(float(top[i, h]), 2),
+                "lowest_plane": P - 1, "lowest_mean": round(float(t[..., P - 1].mean()), 2), "n_heads": L * H}
+        text = (f"At the attended key, plane 0 (highest frequency, λ = {vals['wavelength']:.2f} tokens) reaches on average "
+                f"{vals['mean']:.2f} of its Cauchy–Schwarz bound over {L * H} heads (1 = q and k aligned); tightest "
+                f"{head_name(vals['best_layer'], h)} at {vals['best']:.2f}. The lowest-frequency plane ({P - 1}) "
+                f"averages {vals['lowest_mean']:.2f}.")
+        return Finding("tightness", "bands", text, vals)
+
+    # ---------------------------------------------------------------- persistence and figures
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "BandStatistics", "layers": list(self.layers), "band_names": list(self.band_names),
+        return {"layers": list(self.layers), "band_names": list(self.band_names),
                 "bands": self.bands.to_dict(), "spec": self.spec.to_dict(),
                 "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
 
-    def save(self, path: str | Path) -> None:
-        dump_json(path, self.to_dict())
-
     @classmethod
-    def load(cls, path: str | Path) -> BandStatistics:
-        d = json.loads(Path(path).read_text())
-        if d.get("type") != "BandStatistics":
-            raise InputError(f"{path} does not hold BandStatistics (type {d.get('type')!r})")
+    def from_dict(cls, d: dict[str, Any]) -> BandStatistics:
         return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]),
                    RopeSpec.from_dict(d["spec"]), {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
                    Provenance.from_dict(d["provenance"]))

@@ -14,13 +14,11 @@ Bins are log-spaced: bin 0 is δ = 0 exactly, then δ = 1, 2–3, 4–7, … (oc
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -35,9 +33,10 @@ from ropelens.bands import Bands, ResolvedBands
 from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.provenance import FigureRepr, Provenance
+from ropelens.findings import Finding
+from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.rope import RopeSpec
-from ropelens.serialize import dump_json
 from ropelens.validate import check_number
 
 __all__ = [
@@ -49,7 +48,6 @@ __all__ = [
     "distance_bins",
 ]
 
-_FORMAT = 1
 # score entries per tile: 2^21 (8 MiB of float32) on the CPU; accelerators take larger tiles
 MARGIN = 0.1  # a rise or fall counts when it exceeds this fraction of the curve's range (and the noise)
 
@@ -456,7 +454,7 @@ class DistanceReducer(DeviceSums):
 
 # ============================================================================ the result
 @dataclass(frozen=True)
-class AttentionByDistance(FigureRepr):
+class AttentionByDistance(Result):
     """Mean band logit, full logit and attention probability per layer × head × distance bin.
 
     ``edges`` are the bin edges (bin j: ``edges[j] ≤ δ < edges[j + 1]``); bins a layer never sees
@@ -471,13 +469,18 @@ class AttentionByDistance(FigureRepr):
     n_sink: int
     sums: dict[str, Tensor]
     provenance: Provenance
-    _shapes: dict = field(default_factory=dict, repr=False, compare=False)
+    # a cache of described curves: not an argument, so a merged or replaced copy starts empty
+    _shapes: dict = field(init=False, repr=False, compare=False)
+
+    KIND: ClassVar[str] = "AttentionByDistance"
+    FORMAT: ClassVar[int] = 1
+    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "band_names", "edges", "n_sink", "spec")
+    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_shapes", {})
         L, B, nb = len(self.layers), len(self.band_names), len(self.edges) - 1
-        shape = tuple(self.sums["band_sum"].shape)
-        if shape[0] != L or shape[2] != B or shape[3] != nb:
-            raise InputError(f"band_sum has shape {shape}, expected ({L}, heads, {B}, {nb})")
+        self._check_shape("band_sum", self.sums["band_sum"], (L, None, B, nb), " [layer, head, band, bin]")
 
     # ---------------------------------------------------------------- numbers
     @property
@@ -607,21 +610,45 @@ class AttentionByDistance(FigureRepr):
                     rows.append(row)
         return pd.DataFrame(rows)
 
-    def findings(self, *, margin: float = MARGIN) -> list[str]:
-        """Sentences for the report: each layer's full-logit shape, its cause when U-shaped, and the
+    def findings(self, *, margin: float = MARGIN) -> list[Finding]:
+        """Sentences for the report: first the shapes of the full logit over all layers and the bands
+        that cause the U-shapes, then per layer its full-logit shape, its cause when U-shaped, and the
         attention probability's shape."""
-        out = []
+        shapes = self.shapes(margin=margin)
+        out = [self._summary_finding(shapes)] if len(shapes) else []
         for layer in self.layers:
             if int(torch.isfinite(self.curve(layer)).sum()) < 3:
                 continue
             sh = self.describe(layer, "logit", margin=margin)
+            vals: dict[str, Any] = {"layer": layer, "shape": sh.shape}
             text = f"Layer {layer} ({self.spec.layers[layer].kind}), heads averaged: mean logit is {sh.text}"
             cause = self.u_shape_cause(layer, margin=margin)
             if cause is not None:
-                text += (f"; band {cause['cause']} carries {cause['band_share'][cause['cause']]:.0%} of the rise from "
+                vals.update(cause=cause["cause"], cause_percent=round(100 * cause["band_share"][cause["cause"]]))
+                text += (f"; band {cause['cause']} carries {vals['cause_percent']}% of the rise from "
                          f"{_at(cause['min_at'])} to {_at(cause['top_at'])}")
-            out.append(text + f". Attention probability: {self.describe(layer, 'prob', margin=margin).text}.")
+            prob = self.describe(layer, "prob", margin=margin)
+            vals["prob_shape"] = prob.shape
+            out.append(Finding(f"distance-layer-{layer}", "attention-distance",
+                               text + f". Attention probability: {prob.text}.", vals))
         return out
+
+    def _summary_finding(self, shapes: pd.DataFrame) -> Finding:
+        full = shapes[shapes.curve == "logit"]
+        counts = full["shape"].value_counts().to_dict()
+        n_ctx = int(self.edges[-1])
+        text = (f"By query–key distance (up to δ = {n_ctx - 1}, BOS excluded), the head-averaged full logit is "
+                + ", ".join(f"{k} in {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+                + f" of {len(full)} layers")
+        u = full[full["shape"] == "U-shaped"]
+        if len(u):
+            text += "; the U-shapes come from band " + ", ".join(f"{c} ({n})" for c, n in u["u_cause"].value_counts().items())
+        band_u = shapes[(shapes["shape"] == "U-shaped") & ~shapes.curve.isin(["logit", "prob"])]
+        if len(band_u):
+            text += (f"; alone, bands are U-shaped in {len(band_u)} (layer, band) curves, most often "
+                     f"{band_u.curve.value_counts().index[0]}")
+        return Finding("distance", "attention-distance", text + ".",
+                       {"full_logit_shapes": counts, "max_distance": n_ctx - 1})
 
     # ---------------------------------------------------------------- tables and persistence
     def to_frame(self) -> pd.DataFrame:
@@ -642,32 +669,13 @@ class AttentionByDistance(FigureRepr):
                 "mean": mean.reshape(-1).numpy()}))
         return pd.concat(frames, ignore_index=True)
 
-    def merge(self, other: AttentionByDistance) -> AttentionByDistance:
-        """Exact merge of two partial results (same model, layers, bands, bins and n_sink)."""
-        if (self.layers, self.band_names, self.n_sink) != (other.layers, other.band_names, other.n_sink) \
-                or not torch.equal(self.edges, other.edges) or self.spec.to_dict() != other.spec.to_dict():
-            raise InputError("can only merge attention by distance over the same model, layers, bands, bins and n_sink")
-        return AttentionByDistance(self.layers, self.band_names, self.bands, self.spec, self.edges, self.n_sink,
-                                   {k: v + other.sums[k] for k, v in self.sums.items()},
-                                   self.provenance.merged(other.provenance))
-
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "AttentionByDistance", "format": _FORMAT, "layers": list(self.layers),
-                "band_names": list(self.band_names), "bands": self.bands.to_dict(), "spec": self.spec.to_dict(),
-                "edges": self.edges.tolist(), "n_sink": self.n_sink,
+        return {"layers": list(self.layers), "band_names": list(self.band_names), "bands": self.bands.to_dict(),
+                "spec": self.spec.to_dict(), "edges": self.edges.tolist(), "n_sink": self.n_sink,
                 "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
 
-    def save(self, path: str | Path) -> None:
-        """Write JSON atomically."""
-        dump_json(path, self.to_dict())
-
     @classmethod
-    def load(cls, path: str | Path) -> AttentionByDistance:
-        d = json.loads(Path(path).read_text())
-        if d.get("type") != "AttentionByDistance":
-            raise InputError(f"{path} does not hold AttentionByDistance (type {d.get('type')!r}): load it with its class")
-        if d.get("format") != _FORMAT:
-            raise InputError(f"{path} has format {d.get('format')!r}; this ropelens reads format {_FORMAT}")
+    def from_dict(cls, d: dict[str, Any]) -> AttentionByDistance:
         return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]), RopeSpec.from_dict(d["spec"]),
                    torch.tensor(d["edges"], dtype=torch.int64), int(d["n_sink"]),
                    {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},

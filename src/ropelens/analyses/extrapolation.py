@@ -26,8 +26,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -35,8 +34,8 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.rope import LayerRope
-from ropelens.serialize import dump_json
 from ropelens.validate import check_positive_int
 
 __all__ = [
@@ -234,7 +233,7 @@ def _prediction_row(kind: str, layers: list[int], lr: LayerRope, base: float, tr
 
 
 @dataclass(frozen=True)
-class BasePredictions:
+class BasePredictions(Result):
     """What the RoPE base predicts about each context length, per rotary layer kind.
 
     One row per (layer kind, length). With β the layer's base, d its rotary dim and T_train the
@@ -252,6 +251,9 @@ class BasePredictions:
     lengths: tuple[int, ...]
     provenance: Provenance = field(default_factory=lambda: Provenance(model="?"))
 
+    KIND: ClassVar[str] = "BasePredictions"
+    FORMAT: ClassVar[int] = 1
+
     def to_frame(self) -> pd.DataFrame:
         """One row per (kind, length)."""
         return pd.DataFrame(list(self.rows))
@@ -262,22 +264,12 @@ class BasePredictions:
         return self.to_frame().merge(m, on="length", how="inner")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "BasePredictions", "format": 1, "rows": list(self.rows), "lengths": list(self.lengths),
+        return {"rows": list(self.rows), "lengths": list(self.lengths),
                 "provenance": self.provenance.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BasePredictions:
         return cls(rows=tuple(d["rows"]), lengths=tuple(d["lengths"]), provenance=Provenance.from_dict(d["provenance"]))
-
-    def save(self, path: str | Path) -> None:
-        """Write JSON atomically (T_extra = ∞ is written as Infinity)."""
-        dump_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> BasePredictions:
-        from ropelens.serialize import read_result_json
-
-        return cls.from_dict(read_result_json(path, "BasePredictions", 1))
 
     def figure(self):
         """Base each length needs (Liu's β₀, Men's bound) against the layer's base, log-log."""
@@ -333,7 +325,7 @@ def base_predictions(spec_or_model, lengths: Sequence[int], *, train_ctx: int | 
 # measured loss by length
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class MeasuredExtrapolation:
+class MeasuredExtrapolation(Result):
     """Mean next-token loss (and perplexity) of a model on real text at each context length."""
 
     lengths: tuple[int, ...]
@@ -341,6 +333,9 @@ class MeasuredExtrapolation:
     window_losses: tuple[tuple[float, ...], ...]  # per length, each window's mean loss
     train_ctx: int
     provenance: Provenance = field(default_factory=lambda: Provenance(model="?"))
+
+    KIND: ClassVar[str] = "MeasuredExtrapolation"
+    FORMAT: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         if not len(self.lengths) == len(self.estimates) == len(self.window_losses):
@@ -358,7 +353,7 @@ class MeasuredExtrapolation:
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "MeasuredExtrapolation", "format": 1, "lengths": list(self.lengths),
+        return {"lengths": list(self.lengths),
                 "estimates": list(self.estimates), "window_losses": [list(w) for w in self.window_losses],
                 "train_ctx": self.train_ctx, "provenance": self.provenance.to_dict()}
 
@@ -367,15 +362,6 @@ class MeasuredExtrapolation:
         return cls(lengths=tuple(d["lengths"]), estimates=tuple(d["estimates"]),
                    window_losses=tuple(tuple(w) for w in d["window_losses"]), train_ctx=int(d["train_ctx"]),
                    provenance=Provenance.from_dict(d["provenance"]))
-
-    def save(self, path: str | Path) -> None:
-        dump_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> MeasuredExtrapolation:
-        from ropelens.serialize import read_result_json
-
-        return cls.from_dict(read_result_json(path, "MeasuredExtrapolation", 1))
 
     def figure(self, predictions: BasePredictions | None = None):
         """Perplexity by length (CI as error bars), the trained context and, given, Liu's T_extra."""

@@ -18,12 +18,10 @@ position_share 1, one whose logit is content noise around a constant has 0.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -37,8 +35,8 @@ from ropelens.bands import Bands
 from ropelens.capture import DeviceSums, LayerActs, sum_dtype
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.rope import LayerRope, RopeSpec, expand_kv
-from ropelens.serialize import dump_json
 
 __all__ = ["HeadScoresReducer", "HeadTaxonomy", "TAU_FLOOR", "classify_heads", "otsu_threshold", "random_tokens"]
 
@@ -179,7 +177,7 @@ def otsu_threshold(values: Float[Tensor, " n"]) -> float:
 
 # ============================================================================ result
 @dataclass(frozen=True)
-class HeadTaxonomy:
+class HeadTaxonomy(Result):
     """Per-head positional scores (text and random tokens), τ, and band profiles."""
 
     layers: tuple[int, ...]
@@ -187,6 +185,10 @@ class HeadTaxonomy:
     scores: dict[str, Tensor]  # see classify_heads for the keys and shapes
     tau: float
     provenance: Provenance
+
+    KIND: ClassVar[str] = "HeadTaxonomy"
+    FORMAT: ClassVar[int] = 1
+    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry a type but no format
 
     def __post_init__(self) -> None:
         shape = tuple(self.scores["mass_text"].shape)
@@ -262,18 +264,12 @@ class HeadTaxonomy:
         return pd.DataFrame(cols)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "HeadTaxonomy", "layers": list(self.layers), "band_names": list(self.band_names),
+        return {"layers": list(self.layers), "band_names": list(self.band_names),
                 "tau": self.tau, "scores": {k: v.tolist() for k, v in self.scores.items()},
                 "provenance": self.provenance.to_dict()}
 
-    def save(self, path: str | Path) -> None:
-        dump_json(path, self.to_dict())
-
     @classmethod
-    def load(cls, path: str | Path) -> HeadTaxonomy:
-        d = json.loads(Path(path).read_text())
-        if d.get("type") != "HeadTaxonomy":
-            raise InputError(f"{path} does not hold a HeadTaxonomy (type {d.get('type')!r}): pass a file from .save()")
+    def from_dict(cls, d: dict[str, Any]) -> HeadTaxonomy:
         return cls(tuple(d["layers"]), tuple(d["band_names"]),
                    {k: torch.tensor(v, dtype=torch.float64) for k, v in d["scores"].items()}, float(d["tau"]),
                    Provenance.from_dict(d["provenance"]))

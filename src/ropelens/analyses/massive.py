@@ -22,8 +22,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -39,15 +38,14 @@ from ropelens.errors import InputError
 from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
 from ropelens.intervene import add_lens_hook
-from ropelens.provenance import FigureRepr, Provenance
+from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.rope import RopeSpec
-from ropelens.serialize import dump_json, read_result_json
 from ropelens.validate import check_number
 
 __all__ = ["MassiveReducer", "MassiveValues", "massive_values", "replace_massive"]
 
 Which = Literal["q", "k"]
-_FORMAT = 1
 _WHICH = ("q", "k")
 
 
@@ -126,7 +124,7 @@ class MassiveReducer:
 
 
 @dataclass(frozen=True)
-class MassiveValues(FigureRepr):
+class MassiveValues(Result):
     """Per-dimension norms of the pre-RoPE queries and keys, and which dimensions are massive.
 
     ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer, head, dim]`` (keys: KV heads) the
@@ -139,6 +137,12 @@ class MassiveValues(FigureRepr):
     moments: dict[str, Moments]
     factor: float
     provenance: Provenance
+
+    KIND: ClassVar[str] = "MassiveValues"
+    FORMAT: ClassVar[int] = 1
+    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "factor", "spec")
+    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("moments",)
+    MERGE_HINT: ClassVar[str] = "use .with_factor(f) to align the factors, or measure both with the same settings"
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -214,18 +218,6 @@ class MassiveValues(FigureRepr):
                     out[i, h, torch.from_numpy(rng.choice(pool, size=min(n, len(pool)), replace=False))] = True
         return out
 
-    def merge(self, other: MassiveValues) -> MassiveValues:
-        """Exact merge of two partial results (same model, layers and factor)."""
-        if not isinstance(other, MassiveValues):
-            raise TypeError(f"can only merge MassiveValues, got {type(other).__name__}")
-        if self.layers != other.layers or self.factor != other.factor:
-            raise InputError("can only merge MassiveValues over the same layers and factor "
-                             "(use .with_factor(f) to align the factors)")
-        if self.spec.to_dict() != other.spec.to_dict():
-            raise InputError("can only merge MassiveValues of the same model (RoPE specs differ)")
-        return replace(self, moments={w: self.moments[w].merge(other.moments[w]) for w in _WHICH},
-                       provenance=self.provenance.merged(other.provenance))
-
     # ---------------------------------------------------------------- tables
     def to_frame(self) -> pd.DataFrame:
         """Tidy table: one row per (which, layer, head, dim) with its plane, the plane's frequency and
@@ -274,19 +266,13 @@ class MassiveValues(FigureRepr):
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
         return {
-            "type": "MassiveValues", "format": _FORMAT,
             "layers": list(self.layers), "factor": self.factor, "spec": self.spec.to_dict(),
             "moments": {w: self.moments[w].to_dict() for w in _WHICH},
             "provenance": self.provenance.to_dict(),
         }
 
-    def save(self, path: str | Path) -> None:
-        """Write JSON atomically (a temp file renamed into place); float64 sums round-trip exactly."""
-        dump_json(path, self.to_dict())
-
     @classmethod
-    def load(cls, path: str | Path) -> MassiveValues:
-        d = read_result_json(path, "MassiveValues", _FORMAT)
+    def from_dict(cls, d: dict[str, Any]) -> MassiveValues:
         return cls(layers=tuple(d["layers"]), spec=RopeSpec.from_dict(d["spec"]),
                    moments={w: Moments.from_dict(d["moments"][w]) for w in _WHICH},
                    factor=d["factor"], provenance=Provenance.from_dict(d["provenance"]))

@@ -28,9 +28,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -44,9 +43,9 @@ from ropelens.analyses.decompose import query_tile
 from ropelens.capture import DeviceSums, LayerActs, Moments, batches, stream
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.provenance import FigureRepr, Provenance
+from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.rope import LayerRope, RopeSpec
-from ropelens.serialize import dump_json, read_result_json
 
 __all__ = ["OffsetReducer", "RotaryOffsets", "layer_train_ctx", "partial_cycle_planes", "rotary_offsets"]
 
@@ -54,7 +53,6 @@ Source = Literal["post", "pre"]
 Scope = Literal["all", "sink", "content"]
 SCOPES = ("sink", "content")  # stored; "all" is their sum
 SOURCES = ("post", "pre")
-_FORMAT = 1
 
 
 def layer_train_ctx(rope: LayerRope, train_ctx: int) -> int:
@@ -220,7 +218,7 @@ class OffsetReducer(DeviceSums):
 
 
 @dataclass(frozen=True)
-class RotaryOffsets(FigureRepr):
+class RotaryOffsets(Result):
     """Per layer × head × plane: q/k plane norms and the q–k angle at the attended key; highest frequency first.
 
     ``q`` moments are ``[layer, head, plane]``, ``k`` moments ``[layer, kv_head, plane]``. ``sums``
@@ -238,6 +236,11 @@ class RotaryOffsets(FigureRepr):
     k: Moments
     sums: dict[str, Tensor]
     provenance: Provenance
+
+    KIND: ClassVar[str] = "RotaryOffsets"
+    FORMAT: ClassVar[int] = 1
+    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "n_sink", "train_ctx", "spec")
+    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("q", "k", "sums")
 
     def __post_init__(self) -> None:
         lr = self.spec.layers[self.layers[0]]
@@ -323,17 +326,6 @@ class RotaryOffsets(FigureRepr):
         out.insert(1, "planes", df.groupby("partial_cycle")["plane"].nunique())
         return out.rename(index={True: "partial cycle", False: "full cycle"}).rename_axis("planes")
 
-    def merge(self, other: RotaryOffsets) -> RotaryOffsets:
-        """Exact merge of two partial results (same model, layers and settings)."""
-        if (self.layers, self.n_sink, self.train_ctx, set(self.sums)) != (
-                other.layers, other.n_sink, other.train_ctx, set(other.sums)):
-            raise InputError("can only merge offsets over the same layers, n_sink, train_ctx and sources")
-        if self.spec.to_dict() != other.spec.to_dict():
-            raise InputError("can only merge offsets of the same model (RoPE specs differ)")
-        return replace(self, q=self.q.merge(other.q), k=self.k.merge(other.k),
-                       sums={k: v + other.sums[k] for k, v in self.sums.items()},
-                       provenance=self.provenance.merged(other.provenance))
-
     def to_frame(self) -> pd.DataFrame:
         """Tidy table: one row per (layer, head, plane); k columns are the head's KV head."""
         lr = self.spec.layers[self.layers[0]]
@@ -363,17 +355,12 @@ class RotaryOffsets(FigureRepr):
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "RotaryOffsets", "format": _FORMAT, "layers": list(self.layers), "spec": self.spec.to_dict(),
+        return {"layers": list(self.layers), "spec": self.spec.to_dict(),
                 "train_ctx": self.train_ctx, "n_sink": self.n_sink, "q": self.q.to_dict(), "k": self.k.to_dict(),
                 "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
 
-    def save(self, path: str | Path) -> None:
-        """Write JSON atomically (a temp file renamed into place)."""
-        dump_json(path, self.to_dict())
-
     @classmethod
-    def load(cls, path: str | Path) -> RotaryOffsets:
-        d = read_result_json(path, "RotaryOffsets", _FORMAT)
+    def from_dict(cls, d: dict[str, Any]) -> RotaryOffsets:
         return cls(layers=tuple(d["layers"]), spec=RopeSpec.from_dict(d["spec"]), train_ctx=int(d["train_ctx"]),
                    n_sink=int(d["n_sink"]), q=Moments.from_dict(d["q"]), k=Moments.from_dict(d["k"]),
                    sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},

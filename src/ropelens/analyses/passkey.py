@@ -21,8 +21,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -34,8 +33,8 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.evaluate import is_bridge
 from ropelens.models import device_of
-from ropelens.provenance import FigureRepr, Provenance
-from ropelens.serialize import dump_json, read_result_json
+from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.validate import check_number
 from ropelens.variants import DynamicNTK, LongRoPE, RopeVariant
 
@@ -59,7 +58,6 @@ TASK = ("There is an important info hidden inside a lot of irrelevant text. Find
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 QUESTION = "What is the pass key? The pass key is"
 _SENTENCES = tuple(s if s.endswith(".") else s + "." for s in FILLER.split(". "))
-_FORMAT = 1
 _NUMBER = re.compile(r"\d+")
 _DONE = re.compile(r"\d+\D")  # a whole number has been written
 
@@ -270,13 +268,16 @@ class PasskeyTrial:
 
 
 @dataclass(frozen=True)
-class PasskeyResult(FigureRepr):
+class PasskeyResult(Result):
     """Passkey retrieval accuracy over depths × lengths, with every trial's prompt size and answer."""
 
     lengths: tuple[int, ...]
     depths: tuple[float, ...]
     trials: tuple[PasskeyTrial, ...]
     provenance: Provenance
+
+    KIND: ClassVar[str] = "PasskeyResult"
+    FORMAT: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         cells = {(t.length, t.depth) for t in self.trials}
@@ -344,17 +345,12 @@ class PasskeyResult(FigureRepr):
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "PasskeyResult", "format": _FORMAT, "lengths": list(self.lengths),
+        return {"lengths": list(self.lengths),
                 "depths": list(self.depths), "trials": [t.to_dict() for t in self.trials],
                 "provenance": self.provenance.to_dict()}
 
-    def save(self, path: str | Path) -> None:
-        """Write JSON atomically (a temp file renamed into place)."""
-        dump_json(path, self.to_dict())
-
     @classmethod
-    def load(cls, path: str | Path) -> PasskeyResult:
-        d = read_result_json(path, "PasskeyResult", _FORMAT)
+    def from_dict(cls, d: dict[str, Any]) -> PasskeyResult:
         return cls(lengths=tuple(d["lengths"]), depths=tuple(d["depths"]),
                    trials=tuple(PasskeyTrial(**t) for t in d["trials"]),
                    provenance=Provenance.from_dict(d["provenance"]))

@@ -11,9 +11,8 @@ Distance convention: δ = m − n ≥ 0 for a query at m and a key at n; the log
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import plotly.graph_objects as go
@@ -32,7 +31,8 @@ from ropelens.curves import (
 )
 from ropelens.errors import InputError
 from ropelens.reading import hf_model_of, model_label
-from ropelens.serialize import dump_json, read_result_json, tensor_from_json, tensor_to_json
+from ropelens.result import Result
+from ropelens.serialize import tensor_from_json, tensor_to_json
 
 __all__ = [
     "PESimilarity", "learned_pe", "pe_similarity", "periodicity", "sinusoidal_pe",
@@ -40,7 +40,6 @@ __all__ = [
 
 MIN_PERIOD_STRENGTH = 0.3  # smooth decays reach ~0.2 after detrending; clean periods exceed 0.8
 PERIOD_FALSE_ALARM = 0.01  # chance that white noise alone clears the length-dependent noise floor
-_FORMAT = 1
 _HEATMAP_MAX_SIDE = 512  # browsers choke on multi-million-cell heatmaps; the matrix is kept whole
 
 
@@ -48,7 +47,7 @@ _HEATMAP_MAX_SIDE = 512  # browsers choke on multi-million-cell heatmaps; the ma
 # result types
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class PESimilarity(ByDistance):
+class PESimilarity(ByDistance, Result):
     """Cosine similarity of position-embedding rows: pairwise, by distance, and its dominant period."""
 
     name: str
@@ -61,6 +60,10 @@ class PESimilarity(ByDistance):
     period: float | None  # tokens; None when strength < period_threshold
     period_strength: float  # fraction of detrended by-distance variance one sinusoid explains
     period_threshold: float  # max(min_strength, white-noise floor for this curve length)
+
+    KIND: ClassVar[str] = "PESimilarity"
+    FORMAT: ClassVar[int] = 1
+    JSON_OPTIONS: ClassVar[dict[str, Any]] = {"indent": None, "allow_nan": False}  # the matrix is base64: keep it compact
 
     def __post_init__(self) -> None:
         s = self.similarity
@@ -79,16 +82,14 @@ class PESimilarity(ByDistance):
         """Number of positions (rows of the embedding matrix)."""
         return self.similarity.shape[0]
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write JSON atomically (the pairwise matrix as base64 float32)."""
+    def to_dict(self) -> dict[str, Any]:
+        """Scalars, the pairwise matrix as base64 float32, and the by-distance curve."""
         scalars = ("name", "d_model", "period", "period_strength", "period_threshold")
-        dump_json(path, {"type": "PESimilarity", "format": _FORMAT, **{k: getattr(self, k) for k in scalars},
-                                  "similarity": tensor_to_json(self.similarity), **curve_to_json(self)}, indent=None, allow_nan=False)
+        return {**{k: getattr(self, k) for k in scalars}, "similarity": tensor_to_json(self.similarity),
+                **curve_to_json(self)}
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> PESimilarity:
-        """Read a result written by :meth:`save`."""
-        d = read_result_json(path, "PESimilarity", _FORMAT)
+    def from_dict(cls, d: dict[str, Any]) -> PESimilarity:
         return cls(name=d["name"], similarity=tensor_from_json(d["similarity"]), d_model=d["d_model"],
                    period=d["period"], period_strength=d["period_strength"],
                    period_threshold=d["period_threshold"], **curve_from_json(d))

@@ -11,12 +11,10 @@ ratio is the sink-key norm ratio :class:`ropelens.analyses.usage.FrequencyUsage`
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -31,15 +29,15 @@ from ropelens.bands import Bands
 from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.provenance import FigureRepr, Provenance
+from ropelens.findings import Finding
+from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.rope import RopeSpec
-from ropelens.serialize import dump_json
 from ropelens.validate import check_number
 
 __all__ = ["EPSILON", "AttentionSinks", "SinkReducer", "attention_sinks"]
 
 EPSILON = 0.3  # Gu et al.'s threshold on the attention a sinking head pays to the sink token
-_FORMAT = 1
 # score entries per tile: 2^22 on the CPU; accelerators take larger tiles
 
 
@@ -179,7 +177,7 @@ class SinkReducer(DeviceSums):
 
 
 @dataclass(frozen=True)
-class AttentionSinks(FigureRepr):
+class AttentionSinks(Result):
     """Attention to the first position per layer × head, its band decomposition and the sink key's norms."""
 
     layers: tuple[int, ...]
@@ -191,11 +189,14 @@ class AttentionSinks(FigureRepr):
     sums: dict[str, Tensor]
     provenance: Provenance
 
+    KIND: ClassVar[str] = "AttentionSinks"
+    FORMAT: ClassVar[int] = 1
+    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "band_names", "epsilon", "skip_queries", "spec")
+    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
+
     def __post_init__(self) -> None:
-        L, B = len(self.layers), len(self.band_names)
-        shape = tuple(self.sums["x0_sum"].shape)
-        if shape[0] != L or shape[2] != B:
-            raise InputError(f"x0_sum has shape {shape}, expected ({L}, heads, {B})")
+        self._check_shape("x0_sum", self.sums["x0_sum"], (len(self.layers), None, len(self.band_names)),
+                          " [layer, head, band]")
 
     # ---------------------------------------------------------------- numbers
     def _per_query(self, key: str) -> Tensor:
@@ -301,58 +302,45 @@ class AttentionSinks(FigureRepr):
             "query_share": self.query_share()[:, :, None].expand(L, H, B).reshape(-1).numpy(),
             "sinking": self.sinking()[:, :, None].expand(L, H, B).reshape(-1).numpy()})
 
-    def findings(self) -> list[str]:
-        """Sentences for the report: how many heads sink, where, and which band makes position 0 attractive."""
+    def findings(self) -> list[Finding]:
+        """How many heads sink and where; which band makes position 0 attractive in them (when any sink);
+        how the key at position 0 compares with the other keys."""
         sink = self.sinking()
         n, total = int(sink.sum()), sink.numel()
         share = self.head_share()
         lo, hi = int(share.nan_to_num(2).argmin()), int(share.nan_to_num(-1).argmax())
-        out = [f"{n} of {total} heads ({n / total:.0%}) sink on position 0 (mean attention over queries "
-               f"m ≥ {self.skip_queries} above ε = {self.epsilon:g}); per layer the share runs from {float(share[lo]):.0%} "
-               f"(layer {self.layers[lo]}) to {float(share[hi]):.0%} (layer {self.layers[hi]}); mean attention to "
-               f"position 0 {float(self.mean_attention().nanmean()):.2f}."]
+        vals = {"sinking_heads": n, "heads": total, "mean_attention": round(float(self.mean_attention().nanmean()), 2)}
+        out = [Finding("sinks-0", "attention-sinks",
+                       f"{n} of {total} heads ({n / total:.0%}) sink on position 0 (mean attention over queries "
+                       f"m ≥ {self.skip_queries} above ε = {self.epsilon:g}); per layer the share runs from "
+                       f"{float(share[lo]):.0%} (layer {self.layers[lo]}) to {float(share[hi]):.0%} (layer "
+                       f"{self.layers[hi]}); mean attention to position 0 {vals['mean_attention']:.2f}.", vals)]
         if n:
-            x = self.sink_logit()[sink]  # [n, B]
-            mean = x.mean(0)
+            mean = self.sink_logit()[sink].mean(0)  # [B]
             j = int(mean.argmax())
-            out.append(f"In sinking heads the sink logit averages {float(mean.sum()):.2f}; band {self.band_names[j]} "
-                       f"gives {float(mean[j]):.2f} of it ({float(mean[j] / mean.sum()):.0%}), "
-                       + ", ".join(f"{nm} {float(v):.2f}" for nm, v in zip(self.band_names, mean) if nm != self.band_names[j])
-                       + ".")
+            by_band = {nm: round(float(v), 2) for nm, v in zip(self.band_names, mean)}
+            vals = {"sink_logit": round(float(mean.sum()), 2), "band": self.band_names[j], "by_band": by_band}
+            others = ", ".join(f"{nm} {v:.2f}" for nm, v in by_band.items() if nm != self.band_names[j])
+            out.append(Finding("sinks-1", "attention-sinks",
+                               f"In sinking heads the sink logit averages {vals['sink_logit']:.2f}; band "
+                               f"{self.band_names[j]} gives {by_band[self.band_names[j]]:.2f} of it "
+                               f"({float(mean[j] / mean.sum()):.0%}), {others}.", vals))
         r = self.plane_key_ratio()
-        out.append(f"The key at position 0 has {float(r.nanmedian()):.2f}× the mean per-plane norm of other keys "
-                   f"(median over layers; {float(r.nan_to_num(float('inf')).min()):.2f}× to "
-                   f"{float(r.nan_to_num(float('-inf')).max()):.2f}×).")
+        vals = {"median": round(float(r.nanmedian()), 2), "min": round(float(r.nan_to_num(float("inf")).min()), 2),
+                "max": round(float(r.nan_to_num(float("-inf")).max()), 2)}
+        out.append(Finding("sinks-2", "attention-sinks",
+                           f"The key at position 0 has {vals['median']:.2f}× the mean per-plane norm of other keys "
+                           f"(median over layers; {vals['min']:.2f}× to {vals['max']:.2f}×).", vals))
         return out
 
     # ---------------------------------------------------------------- persistence
-    def merge(self, other: AttentionSinks) -> AttentionSinks:
-        """Exact merge of two partial results (same model, layers, bands, ε and skip_queries)."""
-        if (self.layers, self.band_names, self.epsilon, self.skip_queries) != \
-                (other.layers, other.band_names, other.epsilon, other.skip_queries) or \
-                self.spec.to_dict() != other.spec.to_dict():
-            raise InputError("can only merge attention sinks over the same model, layers, bands, epsilon and skip_queries")
-        return AttentionSinks(self.layers, self.band_names, self.bands, self.spec, self.epsilon, self.skip_queries,
-                              {k: v + other.sums[k] for k, v in self.sums.items()},
-                              self.provenance.merged(other.provenance))
-
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "AttentionSinks", "format": _FORMAT, "layers": list(self.layers),
-                "band_names": list(self.band_names), "bands": self.bands.to_dict(), "spec": self.spec.to_dict(),
-                "epsilon": self.epsilon, "skip_queries": self.skip_queries,
+        return {"layers": list(self.layers), "band_names": list(self.band_names), "bands": self.bands.to_dict(),
+                "spec": self.spec.to_dict(), "epsilon": self.epsilon, "skip_queries": self.skip_queries,
                 "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
 
-    def save(self, path: str | Path) -> None:
-        """Write JSON atomically."""
-        dump_json(path, self.to_dict())
-
     @classmethod
-    def load(cls, path: str | Path) -> AttentionSinks:
-        d = json.loads(Path(path).read_text())
-        if d.get("type") != "AttentionSinks":
-            raise InputError(f"{path} does not hold AttentionSinks (type {d.get('type')!r}): load it with its class")
-        if d.get("format") != _FORMAT:
-            raise InputError(f"{path} has format {d.get('format')!r}; this ropelens reads format {_FORMAT}")
+    def from_dict(cls, d: dict[str, Any]) -> AttentionSinks:
         return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]), RopeSpec.from_dict(d["spec"]),
                    float(d["epsilon"]), int(d["skip_queries"]),
                    {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -21,9 +20,10 @@ from ropelens.bands import Bands
 from ropelens.capture import LayerActs, Moments
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.provenance import FigureRepr, Provenance
+from ropelens.findings import Finding, band_winners
+from ropelens.provenance import Provenance
+from ropelens.result import Result
 from ropelens.rope import RopeSpec
-from ropelens.serialize import dump_json
 
 __all__ = ["FrequencyUsage", "UsageReducer", "frequency_usage"]
 
@@ -110,7 +110,7 @@ class UsageReducer:
                               n_sink=self.n_sink, source=self.source, provenance=provenance)
 
 @dataclass(frozen=True)
-class FrequencyUsage(FigureRepr):
+class FrequencyUsage(Result):
     """Per-plane norms of queries and keys, highest frequency first.
 
     ``token`` moments are over tokens; ``window`` moments over per-window means (their spread
@@ -126,13 +126,18 @@ class FrequencyUsage(FigureRepr):
     source: str
     provenance: Provenance
 
+    KIND: ClassVar[str] = "FrequencyUsage"
+    FORMAT: ClassVar[int] = 1
+    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry a type but no format
+    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "n_sink", "source", "spec")
+    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("token", "window")
+
     def __post_init__(self) -> None:
         L = len(self.layers)
         lr = self.spec.layers[self.layers[0]]
         for (w, s), mom in {**self.token, **self.window}.items():
             heads = lr.n_heads if w == "q" else lr.n_kv_heads
-            if tuple(mom.total.shape) != (L, heads, lr.n_planes):
-                raise InputError(f"{w}/{s} moments have shape {tuple(mom.total.shape)}, expected {(L, heads, lr.n_planes)}")
+            self._check_shape(f"{w}/{s} moments", mom.total, (L, heads, lr.n_planes))
 
     # ---------------------------------------------------------------- numbers
     def norm(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
@@ -166,18 +171,54 @@ class FrequencyUsage(FigureRepr):
         per_band = torch.stack([energy[..., list(p)].sum(-1) for p in rb.planes], dim=-1)
         return list(rb.names), (per_band / per_band.sum(-1, keepdim=True).clamp_min(1e-30)).float()
 
-    def merge(self, other: FrequencyUsage) -> FrequencyUsage:
-        """Exact merge of two partial results (same model, layers and settings)."""
-        if (self.layers, self.n_sink, self.source) != (other.layers, other.n_sink, other.source):
-            raise InputError("can only merge usage over the same layers, n_sink and source")
-        if self.spec.to_dict() != other.spec.to_dict():
-            raise InputError("can only merge usage of the same model (RoPE specs differ)")
-        return replace(
-            self,
-            token={k: v.merge(other.token[k]) for k, v in self.token.items()},
-            window={k: v.merge(other.window[k]) for k, v in self.window.items()},
-            provenance=self.provenance.merged(other.provenance),
-        )
+    def sink_ratios(self) -> dict[str, Tensor] | None:
+        """Per layer: mean per-plane norm at the sink positions ÷ that at all other positions (q and k);
+        None when some layer saw no sink position."""
+        out = {}
+        for w in "qk":
+            a, ns = self.token[(w, "all")], self.token[(w, "no_sink")]
+            n_sink = a.count - ns.count
+            if not bool((n_sink > 0).all()):
+                return None
+            sink = (a.total - ns.total) / n_sink
+            out[w] = (sink.mean((1, 2)) / ns.mean.mean((1, 2)).clamp_min(1e-30)).float()
+        return out
+
+    # ---------------------------------------------------------------- findings
+    def findings(self, bands: Bands | None = None) -> list[Finding]:
+        """Which band holds the most energy (over ``bands``, default quartiles), and the layer whose sink
+        positions stand out most (when every layer saw one)."""
+        out = [self._energy_finding(bands or Bands.quantiles(4))]
+        sink = self._sink_finding()
+        return out if sink is None else [*out, sink]
+
+    def _energy_finding(self, bands: Bands) -> Finding:
+        vals: dict[str, Any] = {"scope": "no_sink", "n_layers": len(self.layers)}
+        parts = []
+        for which, noun in (("q", "Queries"), ("k", "keys")):
+            names, share = self.band_share(bands, which, "no_sink")  # type: ignore[arg-type]
+            band, n, mean = band_winners(share.mean(1), names)
+            vals[which] = {"band": band, "layers": n, "mean_share": round(mean, 2)}
+            parts.append(f"{noun} hold the most energy (squared norm) in band {band} in {n} of "
+                         f"{len(self.layers)} layers (mean share {vals[which]['mean_share']:.2f} where it leads)")
+        return Finding("energy", "usage", "; ".join(parts) + " — sink positions excluded.", vals)
+
+    def _sink_finding(self) -> Finding | None:
+        """The layer whose sink keys differ most from other keys (norm ratio farthest from 1, either way)."""
+        ratios = self.sink_ratios()
+        if ratios is None:
+            return None
+        k, q = ratios["k"], ratios["q"]
+        i = int(k.clamp_min(1e-30).log().abs().argmax())
+        vals = {"layer": self.layers[i], "k_ratio": round(float(k[i]), 2), "q_ratio": round(float(q[i]), 2),
+                "k_min": round(float(k.min()), 2), "k_max": round(float(k.max()), 2),
+                "k_median": round(float(k.median()), 2), "n_sink": self.n_sink}
+        pos = "the first position" if self.n_sink == 1 else f"the first {self.n_sink} positions"
+        way = "larger" if vals["k_ratio"] >= 1 else "smaller"
+        text = (f"Sink keys differ most from other keys in layer {vals['layer']}: keys at {pos} carry {vals['k_ratio']:.2f}× "
+                f"the mean per-plane norm of other positions ({way}; queries {vals['q_ratio']:.2f}×); across layers the key "
+                f"ratio runs from {vals['k_min']:.2f}× to {vals['k_max']:.2f}× (median {vals['k_median']:.2f}×).")
+        return Finding("sink", "usage", text, vals)
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy table: one row per (which, scope, layer, head, plane)."""
@@ -198,7 +239,6 @@ class FrequencyUsage(FigureRepr):
     def to_dict(self) -> dict[str, Any]:
         key = lambda k: f"{k[0]}/{k[1]}"  # noqa: E731
         return {
-            "type": "FrequencyUsage",
             "layers": list(self.layers),
             "n_sink": self.n_sink,
             "source": self.source,
@@ -208,15 +248,8 @@ class FrequencyUsage(FigureRepr):
             "provenance": self.provenance.to_dict(),
         }
 
-    def save(self, path: str | Path) -> None:
-        """Write JSON atomically (a temp file renamed into place)."""
-        dump_json(path, self.to_dict())
-
     @classmethod
-    def load(cls, path: str | Path) -> FrequencyUsage:
-        d = json.loads(Path(path).read_text())
-        if d.get("type") != "FrequencyUsage":
-            raise InputError(f"{path} does not hold a FrequencyUsage (type {d.get('type')!r})")
+    def from_dict(cls, d: dict[str, Any]) -> FrequencyUsage:
         unkey = lambda s: tuple(s.split("/"))  # noqa: E731
         return cls(
             layers=tuple(d["layers"]),

@@ -33,9 +33,9 @@ def run_sinks(args: argparse.Namespace) -> int:
     run.output.save_result(r)
     frame = r.layers_frame()
     if run.output.json:
-        return run.output.emit({"findings": r.findings(), "layers": frame.to_dict("records")})
-    for s in r.findings():
-        print(s)
+        return run.output.emit({"findings": [f.text for f in r.findings()], "layers": frame.to_dict("records")})
+    for f in r.findings():
+        print(f.text)
     print(frame.to_string(index=False, float_format="%.3f"))
     return 0
 

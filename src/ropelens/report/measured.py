@@ -224,14 +224,11 @@ def render_usage(data: ReportData) -> Section:
         parts.append(figure_html(fig))
     energy_fig, energy = _energy_figure(data)
     parts += ["<h3>Energy per band</h3>", figure_html(energy_fig)]
-    findings = [fnd.energy_finding(u, data.band_stats.bands)]
+    findings = u.findings(data.band_stats.bands)
     numbers: dict[str, Any] = {"energy": findings[0].values}
-    ratios = fnd.sink_ratios(u)
+    ratios = u.sink_ratios()
     if ratios is not None:
         parts += ['<h3 id="sink-norms">Sink norms</h3>', figure_html(_sink_figure(data, ratios))]
-        sink = fnd.sink_finding(u)
-        if sink is not None:
-            findings.append(sink)
         numbers["sink_ratio"] = {w: [round(float(x), 4) for x in r] for w, r in ratios.items()}
     return Section("usage", "Frequency usage", "".join(parts), tables={"usage": u.to_frame(), "energy": energy},
                    numbers=numbers, findings=findings)
@@ -298,8 +295,7 @@ def render_bands(data: ReportData) -> Section:
              f"Over {prov.n_tokens:,} tokens{sampled}: each band's share of the mean |logit|, of the logit's variance "
              f"across keys of a query, and of the <i>margin</i> of the key the model attends to most (its logit minus "
              f"the mean over the other allowed keys); and how often the band's logits alone pick that key.</p>")
-    tight = fnd.tightness_finding(st)
-    findings = [f for f in (fnd.margin_finding(st), fnd.top1_finding(st), tight) if f is not None]
+    findings = st.findings()
     per_layer = style_figure(st.figure(), height=max(360, 11 * len(st.layers) + 150))
     per_layer.update_yaxes(autorange="reversed")  # every panel, not only the first
     _integer_ticks(per_layer, len(st.layers))

@@ -32,10 +32,8 @@ def measure_sinks(data: ReportData) -> Measured:
 def render_sinks(_data: ReportData, sinks: Measured) -> Section:
     """Gu et al.'s sink heads (attention to position 0 above ε), and the bands that make position 0 attractive."""
     r, n_ctx, n_win = sinks.value, sinks.n_ctx, sinks.n_windows
-    sentences = r.findings()
-    sinking = r.sinking()
-    values = [{"sinking_heads": int(sinking.sum()), "heads": sinking.numel()}, {}]
-    findings = [Finding(f"sinks-{i}", "attention-sinks", s, v) for i, (s, v) in enumerate(zip(sentences[:2], values))]
+    found = r.findings()
+    sentences = [f.text for f in found]
     layers = r.layers_frame()
     body = (f"<p class=\"lead\">A head sinks when its mean attention to position 0 (the BOS token) exceeds "
             f"ε = {r.epsilon:g} (Gu et al. 2024). The sink logit (position 0 against the mean of the other keys) splits "
@@ -43,7 +41,8 @@ def render_sinks(_data: ReportData, sinks: Measured) -> Section:
             f"{n_ctx} tokens.</p>" + "".join(f"<p>{esc(s)}</p>" for s in sentences)
             + figure_html(style_figure(r.figure(), height=460)) + table_html(layers))
     return Section("attention-sinks", "Attention sinks by band", body, tables={"sinks_heads": r.heads_frame(),
-                   "sinks_layers": layers}, numbers={"sentences": sentences}, findings=findings)
+                   "sinks_layers": layers}, numbers={"sentences": sentences},
+                   findings=[f for f in found if f.key != "sinks-2"])  # the key-norm ratio: frequency usage's sink finding
 
 
 def measure_distance(data: ReportData) -> Measured:
@@ -59,20 +58,8 @@ def render_distance(_data: ReportData, distance: Measured) -> Section:
     """Mean logit per band and attention probability by query–key distance; U-shapes and their cause."""
     r, n_ctx, n_win = distance.value, distance.n_ctx, distance.n_windows
     shapes = r.shapes()
-    full = shapes[shapes.curve == "logit"]
-    counts = full["shape"].value_counts().to_dict()
-    u = full[full["shape"] == "U-shaped"]
-    text = (f"By query–key distance (up to δ = {n_ctx - 1}, BOS excluded), the head-averaged full logit is "
-            + ", ".join(f"{k} in {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) + f" of {len(full)} layers")
-    if len(u):
-        causes = u["u_cause"].value_counts()
-        text += "; the U-shapes come from band " + ", ".join(f"{c} ({n})" for c, n in causes.items())
-    band_u = shapes[(shapes["shape"] == "U-shaped") & ~shapes.curve.isin(["logit", "prob"])]
-    if len(band_u):
-        text += (f"; alone, bands are U-shaped in {len(band_u)} (layer, band) curves, most often "
-                 f"{band_u.curve.value_counts().index[0]}")
-    text += "."
-    finding = Finding("distance", "attention-distance", text, {"full_logit_shapes": counts, "n_ctx": n_ctx})
+    finding = r.findings()[0]  # the summary over layers; the per-layer sentences follow it
+    text, counts = finding.text, finding.values["full_logit_shapes"]
     table = shapes[["layer", "kind", "curve", "shape", "text"]]
     body = ("<p class=\"lead\">HoPE (Chen et al. 2025): attention decays locally but can turn U-shaped globally "
             "through its low-frequency components. Mean band logit and attention probability in log-spaced distance "

@@ -1,0 +1,197 @@
+"""The result base: one file format for every result, load_result dispatch, merge checks, Jupyter view, findings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import ropelens
+from ropelens import Bands, Provenance
+from ropelens.analyses.context import LongRopeSearch, plane_view
+from ropelens.analyses.decompose import (
+    band_statistics,
+    decompose_attention,
+)
+from ropelens.analyses.distance import attention_by_distance
+from ropelens.analyses.extrapolation import MeasuredExtrapolation, base_predictions
+from ropelens.analyses.heads import classify_heads
+from ropelens.analyses.massive import massive_values
+from ropelens.analyses.offsets import rotary_offsets
+from ropelens.analyses.passkey import PasskeyResult, PasskeyTrial
+from ropelens.analyses.pe_geometry import pe_similarity, sinusoidal_pe
+from ropelens.analyses.sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.usage import FrequencyUsage, frequency_usage
+from ropelens.errors import InputError
+from ropelens.findings import Finding
+from ropelens.reading import rope_spec
+from ropelens.result import Result, load_result, registered
+from ropelens.variants import Linear
+
+BANDS = Bands.quantiles(2)
+
+
+def _tokens(n: int = 2, seq: int = 16, seed: int = 0) -> torch.Tensor:
+    toks = torch.randint(4, 101, (n, seq), generator=torch.Generator().manual_seed(seed))
+    toks[:, 0] = 1
+    return toks
+
+
+@pytest.fixture(scope="module")
+def results(tiny) -> dict[str, Result]:
+    """One of every registered result, as small as each can be."""
+    model = tiny("llama-gqa")
+    toks = _tokens()
+    kw = {"progress": False}
+    prov = Provenance(model="tiny")
+    trial = PasskeyTrial(length=64, depth=0.5, trial=0, passkey="12345", n_tokens=64, token_depth=0.5,
+                         response="12345", answer="12345", correct=True)
+    return {r.KIND: r for r in (
+        frequency_usage(model, toks, **kw),
+        band_statistics(model, toks, bands=BANDS, **kw),
+        attention_sinks(model, toks, bands=BANDS, **kw),
+        attention_by_distance(model, toks, bands=BANDS, **kw),
+        massive_values(model, toks, **kw),
+        rotary_offsets(model, toks, **kw),
+        classify_heads(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], **kw),
+        decompose_attention(model, toks[:1], bands=BANDS, layers=[0]),
+        PasskeyResult(lengths=(64,), depths=(0.5,), trials=(trial,), provenance=prov),
+        base_predictions(rope_spec(model), [64, 128]),
+        MeasuredExtrapolation(lengths=(64,), estimates=({"n_windows": 2, "loss": {"mean": 1.0, "lo": 0.9, "hi": 1.1},
+                                                         "perplexity": {"mean": 2.7, "lo": 2.5, "hi": 3.0}},),
+                              window_losses=((1.0, 1.0),), train_ctx=32, provenance=prov),
+        plane_view(rope_spec(model)[0], Linear(2.0), 32, 64),
+        pe_similarity(sinusoidal_pe(32, 16), name="sinusoidal"),
+        LongRopeSearch(target_len=64, original_ctx=32, factors=(1.0, 2.0), n_hat=0, perplexity=3.0, initial_best=3.5,
+                       baselines={"PI": 4.0}, history=({"generation": 0, "best": 3.0, "mean": 3.5, "n_evaluated": 4},),
+                       settings={}, provenance=prov),
+    )}
+
+
+def test_every_result_kind_is_registered_and_tested(results):
+    assert set(results) == set(registered())
+    for kind, cls in registered().items():
+        assert kind == cls.KIND and isinstance(cls.FORMAT, int)
+
+
+def test_load_result_dispatches_on_kind(results, tmp_path):
+    for kind, r in results.items():
+        path = tmp_path / (f"{kind}.safetensors" if kind == "AttentionDecomposition" else f"{kind}.json")
+        r.save(path)
+        back = load_result(path)
+        assert type(back) is type(r), kind
+        assert type(r).load(path).to_frame(*(() if kind != "AttentionDecomposition" else (0, 0))).shape == \
+            back.to_frame(*(() if kind != "AttentionDecomposition" else (0, 0))).shape
+        if kind != "AttentionDecomposition":
+            d = json.loads(path.read_text())
+            assert (d["type"], d["format"]) == (kind, type(r).FORMAT)
+
+
+def test_wrong_kind_or_format_is_named(results, tmp_path):
+    path = tmp_path / "u.json"
+    results["FrequencyUsage"].save(path)
+    with pytest.raises(InputError, match="does not hold AttentionSinks.*'FrequencyUsage'"):
+        AttentionSinks.load(path)
+    d = json.loads(path.read_text())
+    path.write_text(json.dumps({**d, "format": 99}))
+    with pytest.raises(InputError, match="format 99"):
+        FrequencyUsage.load(path)
+    with pytest.raises(InputError, match="format 99"):
+        load_result(path)
+    path.write_text(json.dumps({**d, "type": "Nonsense"}))
+    with pytest.raises(InputError, match="'Nonsense'"):
+        load_result(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(InputError, match="not a ropelens result"):
+        load_result(path)
+
+
+def test_files_from_before_the_result_base_still_load(results, tmp_path):
+    """Usage, band statistics and head scores wrote a type and no format; plane views and searches neither."""
+    for kind in ("FrequencyUsage", "BandStatistics", "HeadTaxonomy", "PlaneView", "LongRopeSearch"):
+        r = results[kind]
+        old = r.to_dict() if kind in ("PlaneView", "LongRopeSearch") else {"type": kind, **r.to_dict()}
+        path = tmp_path / f"{kind}.json"
+        path.write_text(json.dumps(old))
+        assert type(r).load(path).to_frame().shape == r.to_frame().shape
+        if "type" in old:
+            assert type(load_result(path)) is type(r)
+    with pytest.raises(InputError, match="does not hold AttentionSinks"):
+        AttentionSinks.load(tmp_path / "FrequencyUsage.json")
+    untyped = {"type": "AttentionSinks", **{k: v for k, v in results["AttentionSinks"].to_dict().items()}}
+    (tmp_path / "s.json").write_text(json.dumps(untyped))
+    with pytest.raises(InputError, match="format None"):  # sinks always wrote a format
+        AttentionSinks.load(tmp_path / "s.json")
+
+
+def test_merge_adds_sums_and_refuses_other_settings(results, tiny):
+    model = tiny("llama-gqa")
+    u = results["FrequencyUsage"]
+    twice = u.merge(u)
+    torch.testing.assert_close(twice.token[("q", "all")].total, 2 * u.token[("q", "all")].total)
+    assert twice.provenance.n_tokens == 2 * u.provenance.n_tokens
+    s = results["AttentionSinks"]
+    torch.testing.assert_close(s.merge(s).sums["p0_sum"], 2 * s.sums["p0_sum"])
+    other = attention_sinks(model, _tokens(), bands=BANDS, epsilon=0.5, progress=False)
+    with pytest.raises(InputError, match=r"same layers.*epsilon differs \(0.3 vs 0.5\)"):
+        s.merge(other)
+    d = results["AttentionByDistance"]
+    with pytest.raises(InputError, match="n_sink differs"):
+        d.merge(attention_by_distance(model, _tokens(), bands=BANDS, n_sink=0, progress=False))
+    m = results["MassiveValues"]
+    with pytest.raises(InputError, match="factor differs.*with_factor"):
+        m.merge(m.with_factor(9.0))
+    o = results["RotaryOffsets"]
+    with pytest.raises(InputError, match="sums keys differs"):
+        o.merge(rotary_offsets(model, _tokens(), pre=False, progress=False))
+    torch.testing.assert_close(o.merge(o).q.total, 2 * o.q.total)
+    with pytest.raises(TypeError, match="AttentionSinks"):
+        s.merge(u)
+    with pytest.raises(InputError, match="do not merge"):
+        results["HeadTaxonomy"].merge(results["HeadTaxonomy"])
+
+
+def test_jupyter_shows_the_plotly_figure(results):
+    for kind, r in results.items():
+        bundle = r._repr_mimebundle_()
+        assert "data" in bundle["application/vnd.plotly.v1+json"], kind
+        assert bundle["text/plain"].startswith(kind)
+    assert "tiny-llama-gqa" in results["FrequencyUsage"]._repr_mimebundle_()["text/plain"]
+    assert "layers [0" in results["FrequencyUsage"]._repr_mimebundle_()["text/plain"]
+
+
+def _quoted(values, text: str) -> None:
+    if isinstance(values, dict):
+        for v in values.values():
+            _quoted(v, text)
+    elif isinstance(values, list | tuple):
+        for v in values:
+            _quoted(v, text)
+    elif isinstance(values, float):
+        assert f"{values:.2f}" in text, (values, text)
+    elif isinstance(values, int) and not isinstance(values, bool):
+        assert str(values) in text, (values, text)
+
+
+def test_findings_quote_their_values(results):
+    keys = {}
+    for kind in ("FrequencyUsage", "BandStatistics", "AttentionSinks", "AttentionByDistance"):
+        found = results[kind].findings()
+        assert found and all(isinstance(f, Finding) for f in found), kind
+        for f in found:
+            _quoted(f.values, f.text)
+        keys[kind] = [f.key for f in found]
+    assert keys["FrequencyUsage"] == ["energy", "sink"]
+    assert keys["BandStatistics"] == ["margin", "top1", "tightness"]
+    assert keys["AttentionSinks"][0] == "sinks-0" and keys["AttentionSinks"][-1] == "sinks-2"
+    assert keys["AttentionByDistance"][0] == "distance"
+    assert all(k.startswith("distance-layer-") for k in keys["AttentionByDistance"][1:])
+    assert results["FrequencyUsage"].findings(Bands.quantiles(4))[0].values["q"]["band"].startswith("Q")
+    assert results["PasskeyResult"].findings() == []
+
+
+def test_finding_is_importable_from_the_report():
+    from ropelens.report.findings import Finding as ReportFinding
+
+    assert ReportFinding is Finding and "massive" in ropelens.__all__
