@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ropelens.cli.analysis import add_checkpoint_arg
 from ropelens.cli.common import (
     add_analysis_args,
     add_common_options,
@@ -15,6 +16,7 @@ from ropelens.cli.common import (
     layer_list,
     load_from_args,
 )
+from ropelens.distributed import is_main
 from ropelens.errors import InputError
 
 __all__ = ["add_distance", "add_massive", "add_offsets", "add_predict_base", "add_sinks"]
@@ -39,8 +41,9 @@ def add_sinks(subparsers: argparse._SubParsersAction) -> None:
     add_analysis_args(p)
     p.add_argument("--epsilon", type=float, default=0.3, help="sink threshold on mean attention (default: 0.3)")
     p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (AttentionSinks JSON)")
+    add_checkpoint_arg(p)
     add_common_options(p)
-    p.set_defaults(func=run_sinks)
+    p.set_defaults(func=run_sinks, distributed=True)
 
 
 def run_sinks(args: argparse.Namespace) -> int:
@@ -54,8 +57,9 @@ def run_sinks(args: argparse.Namespace) -> int:
     bands, corpus = Bands.parse(args.bands), load_corpus(args.corpus)
     model = load_from_args(args)
     r = attention_sinks(model, corpus, n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers, bands=bands,
-                        epsilon=args.epsilon, progress=not args.json)
-    if args.save:
+                        epsilon=args.epsilon, progress=not args.json,
+                        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
+    if args.save and is_main():  # every rank holds the result; one writes it
         r.save(args.save)
     frame = r.layers_frame()
     if args.json:
@@ -78,8 +82,9 @@ def add_distance(subparsers: argparse._SubParsersAction) -> None:
     add_analysis_args(p)
     p.add_argument("--keep-bos", action="store_true", help="keep BOS as a key (by default it is left out of the bins)")
     p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (AttentionByDistance JSON)")
+    add_checkpoint_arg(p)
     add_common_options(p)
-    p.set_defaults(func=run_distance)
+    p.set_defaults(func=run_distance, distributed=True)
 
 
 def run_distance(args: argparse.Namespace) -> int:
@@ -91,8 +96,9 @@ def run_distance(args: argparse.Namespace) -> int:
     bands, corpus = Bands.parse(args.bands), load_corpus(args.corpus)
     model = load_from_args(args)
     r = attention_by_distance(model, corpus, n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
-                              bands=bands, n_sink=0 if args.keep_bos else 1, progress=not args.json)
-    if args.save:
+                              bands=bands, n_sink=0 if args.keep_bos else 1, progress=not args.json,
+                              checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
+    if args.save and is_main():  # every rank holds the result; one writes it
         r.save(args.save)
     shapes = r.shapes()
     if args.json:
@@ -114,8 +120,9 @@ def add_massive(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=layer_list, default=None, metavar="0,5,11", help="layer indices (default: all)")
     p.add_argument("--factor", type=float, default=5.0, help="massive threshold over the head's mean (default: 5)")
     p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (MassiveValues JSON)")
+    add_checkpoint_arg(p)
     add_common_options(p)
-    p.set_defaults(func=run_massive)
+    p.set_defaults(func=run_massive, distributed=True)
 
 
 def run_massive(args: argparse.Namespace) -> int:
@@ -127,8 +134,9 @@ def run_massive(args: argparse.Namespace) -> int:
         raise InputError(f"--factor must exceed 1 (a multiple of the head's mean dimension norm), got {args.factor}")
     model = load_from_args(args)
     r = massive_values(model, load_corpus(args.corpus), n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
-                       factor=args.factor, progress=not args.json)
-    if args.save:
+                       factor=args.factor, progress=not args.json, checkpoint=args.checkpoint,
+                       checkpoint_every=args.checkpoint_every)
+    if args.save and is_main():  # every rank holds the result; one writes it
         r.save(args.save)
     planes = r.planes_frame()
     planes = planes[planes.n_massive > 0]
@@ -150,8 +158,9 @@ def add_offsets(subparsers: argparse._SubParsersAction) -> None:
     add_corpus_args(p, tokens=4_096, n_ctx=512)
     p.add_argument("--layers", type=layer_list, default=None, metavar="0,5,11", help="layer indices (default: all)")
     p.add_argument("--save", default=None, metavar="FILE.json", help="also save the full result (RotaryOffsets JSON)")
+    add_checkpoint_arg(p)
     add_common_options(p)
-    p.set_defaults(func=run_offsets)
+    p.set_defaults(func=run_offsets, distributed=True)
 
 
 def run_offsets(args: argparse.Namespace) -> int:
@@ -161,8 +170,8 @@ def run_offsets(args: argparse.Namespace) -> int:
     _check(args)
     model = load_from_args(args)
     r = rotary_offsets(model, load_corpus(args.corpus), n_ctx=args.n_ctx, max_tokens=args.tokens, layers=args.layers,
-                       progress=not args.json)
-    if args.save:
+                       progress=not args.json, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
+    if args.save and is_main():  # every rank holds the result; one writes it
         r.save(args.save)
     summary = r.summary().rename_axis("cycle").reset_index()  # partial-cycle planes against the others
     if args.json:
