@@ -196,7 +196,11 @@ def test_commands_that_do_not_split_refuse_torchrun(model_dir, monkeypatch, caps
     """Under torchrun a command without a distributed implementation says so, instead of every rank
     repeating the whole job and writing the same file."""
     from ropelens.cli import main
+    from ropelens.cli.main import build_parser
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["sinks", str(model_dir), "--n-ctx", "32", "--tokens", "64"]) == 2
+    assert main(["predict-base", str(model_dir), "--lengths", "64"]) == 2
     assert "does not split its work across processes" in capsys.readouterr().err
+    for command in ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets"):  # these split
+        args = build_parser().parse_args([command, str(model_dir), "--checkpoint", "ck"])
+        assert args.distributed and args.checkpoint == "ck", command

@@ -24,9 +24,9 @@ from torch import Tensor
 
 from ropelens.bands import Bands, ResolvedBands
 from ropelens.capture import DeviceSums, LayerActs, capture_qk, sum_dtype
-from ropelens.data import analysis_windows
 from ropelens.errors import InputError
 from ropelens.findings import Finding, band_winners, head_name
+from ropelens.measure import measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import LayerRope, RopeSpec, expand_kv
@@ -777,19 +777,10 @@ def band_statistics(
     rank returns the whole corpus's statistics; ``checkpoint`` (a directory) saves progress to
     resume a killed run (see :mod:`ropelens.distributed`).
     """
-    from ropelens.distributed import run_windows
-    from ropelens.reading import model_label, rope_spec
-
-    spec = rope_spec(model)
-    chosen = spec.layer_indices(layers)
     bands = bands or Bands.quantiles(4)
-    tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
-    red = BandStatsReducer(spec, chosen, bands, agreement=agreement, jsd=jsd)
-    config = {"bands": bands.describe(), "layers": chosen, "agreement": agreement or jsd, "jsd": jsd}
-    t0 = time.perf_counter()
-    run = run_windows(model, tokens, [red], batch_size=batch_size, layers=chosen, spec=spec, progress=progress,
-                      desc="band statistics", checkpoint=checkpoint, every=checkpoint_every, config={"analysis": "band statistics", **config})
-    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=run.n_tokens,
-                      n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]), config={**config, **run.to_config()},
-                      seconds=time.perf_counter() - t0)
-    return red.result(prov)
+    m = measure(model, corpus, lambda spec, chosen, _: BandStatsReducer(spec, chosen, bands, agreement=agreement,
+                                                                        jsd=jsd),
+                analysis="band statistics", config={"bands": bands.describe(), "agreement": agreement or jsd, "jsd": jsd},
+                n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
+                checkpoint=checkpoint, checkpoint_every=checkpoint_every, desc="band statistics")
+    return m.reducer.result(m.provenance)

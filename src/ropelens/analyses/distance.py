@@ -15,9 +15,9 @@ Bins are log-spaced: bin 0 is δ = 0 exactly, then δ = 1, 2–3, 4–7, … (oc
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -30,10 +30,10 @@ from torch import Tensor
 
 from ropelens.analyses.decompose import query_tile
 from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
-from ropelens.data import analysis_windows
+from ropelens.capture import DeviceSums, LayerActs, sum_dtype
 from ropelens.errors import InputError
 from ropelens.findings import Finding
+from ropelens.measure import measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
@@ -738,21 +738,17 @@ def attention_by_distance(
     batch_size: int = 4,
     tile: int | None = None,
     progress: bool = True,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 8,
 ) -> AttentionByDistance:
     """Stream mean band logits, full logit and attention probability by distance over a corpus
     (see :class:`DistanceReducer`); bins run to the window length ``n_ctx`` − 1."""
-    from ropelens.reading import model_label, rope_spec
-
-    spec = rope_spec(model)
-    chosen = spec.layer_indices(layers)
     bands = bands or Bands.quantiles(4)
-    tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
-    red = DistanceReducer(spec, chosen, bands, n_bins=n_bins, max_distance=int(tokens.shape[1]) - 1, n_sink=n_sink,
-                          tile=tile)
-    t0 = time.perf_counter()
-    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
-                   desc="attention by distance", total=-(-tokens.shape[0] // batch_size))
-    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
-                      n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
-                      config={**red.config(), "batch_size": batch_size}, seconds=time.perf_counter() - t0)
-    return red.result(prov)
+    build = lambda spec, chosen, win: DistanceReducer(spec, chosen, bands, n_bins=n_bins,  # noqa: E731
+                                                      max_distance=win.n_ctx - 1, n_sink=n_sink, tile=tile)
+    m = measure(model, corpus, build, analysis="attention by distance",
+                config=lambda reds: {**reds[0].config(), "batch_size": batch_size}, resume={"tile": tile},
+                n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
+                checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+    return m.reducer.result(m.provenance)
+

@@ -18,7 +18,6 @@ position_share 1, one whose logit is content noise around a constant has 0.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -359,34 +358,30 @@ def classify_heads(
     ``cs_bound`` (band, at the attended key), ``top_plane``, ``top_plane_tightness``.
     """
     from ropelens import data
-    from ropelens.distributed import run_windows
-    from ropelens.reading import hf_model_of, model_label, rope_spec
+    from ropelens.measure import Windows, measure
+    from ropelens.reading import hf_model_of, rope_spec
 
     bands = bands or Bands.quantiles(4)
     spec = rope_spec(model)
-    chosen = spec.layer_indices(layers)
     if isinstance(corpus, Tensor):
-        text, cname, csha = corpus.long(), "tokens", None
+        text = Windows(corpus.long(), "tokens", None)
     else:
         c = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus or "english")
-        text, cname, csha = data.windows(c, model.tokenizer, n_ctx, n_windows=n_windows), c.name, c.sha256
+        text = Windows(data.windows(c, model.tokenizer, n_ctx, n_windows=n_windows), c.name, c.sha256)
     vocab = min(len(model.tokenizer), hf_model_of(model).get_input_embeddings().num_embeddings)
-    rand = random_tokens(text.shape[0], text.shape[1], vocab, model.tokenizer.bos_token_id, seed)
-    t0 = time.perf_counter()
-    heads_text = HeadScoresReducer(spec, chosen, bands, max_offset)
-    heads_rand = HeadScoresReducer(spec, chosen, bands, max_offset)
-    band = BandStatsReducer(spec, chosen, bands)
-    run = run_windows(model, text, [heads_text, band], batch_size=batch_size, layers=chosen, spec=spec,
-                      progress=progress, desc="heads: text")
-    n_tok = run.n_tokens
-    run_windows(model, rand, [heads_rand], batch_size=batch_size, layers=chosen, spec=spec, progress=progress,
-                desc="heads: random tokens")
-    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
-                      n_windows=int(text.shape[0]), n_ctx=int(text.shape[1]),
-                      config={"bands": bands.describe(), "layers": chosen, "max_offset": max_offset, "seed": seed,
-                              "random_vocab": vocab, "tau_method": TAU_METHOD if tau is None else "given",
-                              **run.to_config()},
-                      seconds=time.perf_counter() - t0)
+    rand = random_tokens(text.n_windows, text.n_ctx, vocab, model.tokenizer.bos_token_id, seed)
+    chosen = spec.layer_indices(layers)
+    # both passes' reducers exist before the first forward: a bad setting fails before any work
+    heads_text, heads_rand = (HeadScoresReducer(spec, chosen, bands, max_offset) for _ in range(2))
+    run = dict(spec=spec, layers=chosen, batch_size=batch_size, progress=progress)
+    m = measure(model, None, lambda *_: [heads_text, BandStatsReducer(spec, chosen, bands)], windows=text,
+                analysis="heads", config={"bands": bands.describe(), "max_offset": max_offset, "seed": seed,
+                                          "random_vocab": vocab, "tau_method": TAU_METHOD if tau is None else "given"},
+                desc="heads: text", **run)
+    band = m.reducers[1]
+    rm = measure(model, None, lambda *_: heads_rand, windows=Windows(rand), analysis="heads: random tokens",
+                 desc="heads: random tokens", **run)
+    prov = replace(m.provenance, seconds=m.provenance.seconds + rm.provenance.seconds)
     scores = {**heads_text.scores("text"), **heads_rand.scores("random"), **_band_profile(band, prov)}
     tx = HeadTaxonomy(tuple(chosen), tuple(heads_text.band_names), scores, 0.0, prov)
     if tau is None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -32,12 +32,12 @@ from jaxtyping import Bool, Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.capture import LayerActs, Moments, batches, stream
-from ropelens.data import analysis_windows
+from ropelens.capture import LayerActs, Moments
 from ropelens.errors import InputError
 from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
 from ropelens.intervene import add_lens_hook
+from ropelens.measure import measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
@@ -100,6 +100,10 @@ class MassiveReducer:
         self.pos = {L: i for i, L in enumerate(self.layers)}
         self.moments = {"q": Moments.zeros((len(self.layers), h, d)), "k": Moments.zeros((len(self.layers), kv, d))}
         self._placed = False
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Every running sum by name (the tensors themselves): they add across runs and processes."""
+        return {f"{w}/{f}": getattr(m, f) for w, m in self.moments.items() for f in ("count", "total", "total_sq")}
 
     def update(self, acts: LayerActs) -> None:
         i = self.pos[acts.layer]
@@ -316,6 +320,8 @@ def massive_values(
     factor: float = 5.0,
     batch_size: int = 4,
     progress: bool = True,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 8,
 ) -> MassiveValues:
     """Per-dimension norms of the pre-RoPE q and k over a corpus, and the massive dimensions.
 
@@ -323,23 +329,13 @@ def massive_values(
     a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Streamed: memory does not
     grow with the corpus.
     """
-    from ropelens.reading import model_label, rope_spec
-
     factor = _check_factor(factor)
-    spec = rope_spec(model)
-    chosen = spec.layer_indices(layers)
-    tokens, corpus_name, corpus_sha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
-    red = MassiveReducer(spec, chosen)
-    t0 = time.perf_counter()
-    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
-                   desc="massive values", total=-(-tokens.shape[0] // batch_size))
-    prov = Provenance(
-        model=model_label(model), corpus=corpus_name, corpus_sha256=corpus_sha, n_tokens=n_tok,
-        n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
-        config={"layers": chosen, "batch_size": batch_size, "factor": factor, "source": "pre"},
-        seconds=time.perf_counter() - t0,
-    )
-    return red.result(prov, factor)
+    m = measure(model, corpus, lambda spec, chosen, _: MassiveReducer(spec, chosen), analysis="massive values",
+                config={"batch_size": batch_size, "factor": factor, "source": "pre"}, n_ctx=n_ctx,
+                max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
+                checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+    return m.reducer.result(m.provenance, factor)
+
 
 
 # --------------------------------------------------------------------------------------------

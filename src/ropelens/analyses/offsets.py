@@ -26,9 +26,9 @@ window where that is shorter than the context (as in :func:`ropelens.analyses.ex
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -40,9 +40,9 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.analyses.decompose import query_tile
-from ropelens.capture import DeviceSums, LayerActs, Moments, batches, stream
-from ropelens.data import analysis_windows
+from ropelens.capture import DeviceSums, LayerActs, Moments
 from ropelens.errors import InputError
+from ropelens.measure import measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import LayerRope, RopeSpec
@@ -129,6 +129,12 @@ class OffsetReducer(DeviceSums):
             for src in SOURCES if pre else ("post",):
                 for stat in ("count", "cos", "sin"):
                     self.sums[f"{src}/{sc}/{stat}"] = z(L, H, P)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Every running sum by name, the q and k norm moments with them (the tensors themselves)."""
+        norms = {f"{w}_norm/{f}": getattr(m, f) for w, m in (("q", self.q), ("k", self.k))
+                 for f in ("count", "total", "total_sq")}
+        return {**self.sums, **norms}
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
@@ -420,6 +426,8 @@ def rotary_offsets(
     train_ctx: int | None = None,
     pre: bool = True,
     progress: bool = True,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 8,
 ) -> RotaryOffsets:
     """Rotary outliers and offset angles per plane over a corpus (streamed; see :class:`OffsetReducer`).
 
@@ -428,20 +436,12 @@ def rotary_offsets(
     model's context length) decides which planes are partial-cycle. ``layers`` must share one
     head and plane layout (select one layer kind of a model that mixes them).
     """
-    from ropelens.reading import model_label, rope_spec
+    from ropelens.reading import rope_spec
 
-    spec = rope_spec(model)
-    chosen = spec.layer_indices(layers)
-    t = _train_ctx(spec, train_ctx)
-    tokens, corpus_name, corpus_sha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
-    red = OffsetReducer(spec, chosen, n_sink=n_sink, pre=pre)
-    t0 = time.perf_counter()
-    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
-                   desc="rotary offsets", total=-(-tokens.shape[0] // batch_size))
-    prov = Provenance(
-        model=model_label(model), corpus=corpus_name, corpus_sha256=corpus_sha, n_tokens=n_tok,
-        n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
-        config={"layers": chosen, "n_sink": n_sink, "train_ctx": t, "pre": pre, "batch_size": batch_size},
-        seconds=time.perf_counter() - t0,
-    )
-    return red.result(prov, t)
+    t = _train_ctx(rope_spec(model), train_ctx)
+    m = measure(model, corpus, lambda spec, chosen, _: OffsetReducer(spec, chosen, n_sink=n_sink, pre=pre),
+                analysis="rotary offsets", config={"n_sink": n_sink, "train_ctx": t, "pre": pre, "batch_size": batch_size},
+                n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
+                checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+    return m.reducer.result(m.provenance, t)
+

@@ -11,9 +11,9 @@ ratio is the sink-key norm ratio :class:`ropelens.analyses.usage.FrequencyUsage`
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,10 +26,10 @@ from torch import Tensor
 
 from ropelens.analyses.decompose import query_tile
 from ropelens.bands import Bands
-from ropelens.capture import DeviceSums, LayerActs, batches, stream, sum_dtype
-from ropelens.data import analysis_windows
+from ropelens.capture import DeviceSums, LayerActs, sum_dtype
 from ropelens.errors import InputError
 from ropelens.findings import Finding
+from ropelens.measure import measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
@@ -392,20 +392,16 @@ def attention_sinks(
     batch_size: int = 4,
     tile: int | None = None,
     progress: bool = True,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 8,
 ) -> AttentionSinks:
     """Stream attention to the first position, its band decomposition and the sink key's norms over a
     corpus (see :class:`SinkReducer`). Windows start with BOS, so position 0 is the BOS token."""
-    from ropelens.reading import model_label, rope_spec
-
-    spec = rope_spec(model)
-    chosen = spec.layer_indices(layers)
     bands = bands or Bands.quantiles(4)
-    tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
-    red = SinkReducer(spec, chosen, bands, epsilon=epsilon, skip_queries=skip_queries, tile=tile)
-    t0 = time.perf_counter()
-    n_tok = stream(model, batches(tokens, batch_size), [red], layers=chosen, spec=spec, progress=progress,
-                   desc="attention sinks", total=-(-tokens.shape[0] // batch_size))
-    prov = Provenance(model=model_label(model), corpus=cname, corpus_sha256=csha, n_tokens=n_tok,
-                      n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]),
-                      config={**red.config(), "batch_size": batch_size}, seconds=time.perf_counter() - t0)
-    return red.result(prov)
+    m = measure(model, corpus, lambda spec, chosen, _: SinkReducer(spec, chosen, bands, epsilon=epsilon,
+                                                                   skip_queries=skip_queries, tile=tile),
+                analysis="attention sinks", config=lambda reds: {**reds[0].config(), "batch_size": batch_size},
+                resume={"tile": tile}, n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size,
+                progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+    return m.reducer.result(m.provenance)
+

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,9 @@ from torch import Tensor
 
 from ropelens.bands import Bands
 from ropelens.capture import LayerActs, Moments
-from ropelens.data import analysis_windows
 from ropelens.errors import InputError
 from ropelens.findings import Finding, band_winners
+from ropelens.measure import measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
@@ -317,20 +316,8 @@ def frequency_usage(
     returns the whole corpus's result; ``checkpoint`` (a directory) saves progress to resume a
     killed run (see :mod:`ropelens.distributed`).
     """
-    from ropelens.distributed import run_windows
-    from ropelens.reading import model_label, rope_spec
-
-    spec = rope_spec(model)
-    chosen = spec.layer_indices(layers)
-    tokens, corpus_name, corpus_sha = analysis_windows(model.tokenizer, corpus, n_ctx, max_tokens)
-    red = UsageReducer(spec, chosen, source=source, n_sink=n_sink)
-    config = {"n_sink": n_sink, "source": source, "layers": chosen, "batch_size": batch_size}
-    t0 = time.perf_counter()
-    run = run_windows(model, tokens, [red], batch_size=batch_size, layers=chosen, spec=spec, progress=progress,
-                      desc="frequency usage", checkpoint=checkpoint, every=checkpoint_every, config={"analysis": "usage", **config})
-    prov = Provenance(
-        model=model_label(model), corpus=corpus_name, corpus_sha256=corpus_sha, n_tokens=run.n_tokens,
-        n_windows=int(tokens.shape[0]), n_ctx=int(tokens.shape[1]), config={**config, **run.to_config()},
-        seconds=time.perf_counter() - t0,
-    )
-    return red.result(prov)
+    m = measure(model, corpus, lambda spec, chosen, _: UsageReducer(spec, chosen, source=source, n_sink=n_sink),
+                analysis="usage", config={"n_sink": n_sink, "source": source, "batch_size": batch_size},
+                n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
+                checkpoint=checkpoint, checkpoint_every=checkpoint_every, desc="frequency usage")
+    return m.reducer.result(m.provenance)

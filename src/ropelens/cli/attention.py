@@ -12,7 +12,7 @@ __all__ = ["add_distance", "add_massive", "add_offsets", "add_sinks"]
 
 def add_sinks(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens sinks [MODEL]``: attention to position 0 per head, and the bands behind it."""
-    p = add_command(subparsers, "sinks", run_sinks)
+    p = add_command(subparsers, "sinks", run_sinks, distributed=True)
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=256, save="AttentionSinks JSON")
     p.add_argument("--epsilon", type=float, default=0.3, help="sink threshold on mean attention (default: 0.3)")
 
@@ -42,7 +42,7 @@ def run_sinks(args: argparse.Namespace) -> int:
 
 def add_distance(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens distance [MODEL]``: band logits and attention by query-key distance."""
-    p = add_command(subparsers, "distance", run_distance)
+    p = add_command(subparsers, "distance", run_distance, distributed=True)
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=512, save="AttentionByDistance JSON")
     p.add_argument("--keep-bos", action="store_true", help="keep BOS as a key (by default it is left out of the bins)")
 
@@ -71,7 +71,7 @@ def run_distance(args: argparse.Namespace) -> int:
 
 def add_massive(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens massive [MODEL]``: massive dimensions of pre-RoPE queries and keys."""
-    p = add_command(subparsers, "massive", run_massive)
+    p = add_command(subparsers, "massive", run_massive, distributed=True)
     CorpusCommand.add_to(p, tokens=8_192, n_ctx=512, save="MassiveValues JSON", bands=False)
     p.add_argument("--factor", type=float, default=5.0, help="massive threshold over the head's mean (default: 5)")
 
@@ -102,7 +102,7 @@ def run_massive(args: argparse.Namespace) -> int:
 
 def add_offsets(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens offsets [MODEL]``: partial-cycle planes and the q-k angle per plane."""
-    p = add_command(subparsers, "offsets", run_offsets)
+    p = add_command(subparsers, "offsets", run_offsets, distributed=True)
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=512, save="RotaryOffsets JSON", bands=False)
 
 

@@ -58,7 +58,7 @@ def _join_process_group(args: argparse.Namespace) -> None:
     """Under torchrun: join the process group, take this rank's device, and let only rank 0 print."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not getattr(args, "distributed", False):
         raise InputError(f"ropelens {args.command} does not split its work across processes: run it without torchrun "
-                         "(usage, decompose-stats, heads and report do)")
+                         "(usage, decompose-stats, heads, sinks, distance, massive, offsets and report do)")
     device = init_from_env(getattr(args, "device", None))
     if device is None:
         return

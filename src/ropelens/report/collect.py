@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import Tensor
@@ -12,9 +11,7 @@ from torch import Tensor
 from ropelens.analyses.decompose import BandStatistics, BandStatsReducer
 from ropelens.analyses.usage import FrequencyUsage, UsageReducer
 from ropelens.bands import Bands
-from ropelens.capture import Reducer
-from ropelens.distributed import run_windows
-from ropelens.provenance import Provenance
+from ropelens.measure import Windows, measure
 from ropelens.rope import RopeSpec
 
 __all__ = ["ReportData", "collect", "evenly_spaced"]
@@ -77,25 +74,22 @@ def collect(
     n = int(tokens.shape[0])
     keep = evenly_spaced(n, n if band_windows is None else max(1, min(band_windows, n)))
     rest = sorted(set(range(n)) - set(keep))
+    win = Windows(tokens, corpus.get("name"), corpus.get("sha256"))
     usage_red = UsageReducer(spec, layers, n_sink=n_sink)
     band_red = BandStatsReducer(spec, layers, bands)
-    t0 = time.perf_counter()
-    both: list[Reducer] = [usage_red, band_red]
-    run = run_windows(model, tokens[keep], both, batch_size=batch_size, layers=layers, spec=spec, progress=progress,
-                      desc="ropelens report: usage + band statistics")
-    n_tok = run.n_tokens
+    passes = dict(spec=spec, layers=layers, batch_size=batch_size, progress=progress, label=label)
+    both = measure(model, None, lambda *_: [usage_red, band_red], windows=win.subset(keep), analysis="report",
+                   config={"bands": bands.describe(), "jsd": False, "windows": keep},
+                   desc="ropelens report: usage + band statistics", **passes)
+    usage_prov = both.provenance
     if rest:
-        n_tok += run_windows(model, tokens[rest], [usage_red], batch_size=batch_size, layers=layers, spec=spec,
-                             progress=progress, desc="ropelens report: usage").n_tokens
-    seconds = time.perf_counter() - t0
-    common = dict(model=label, corpus=corpus.get("name"), corpus_sha256=corpus.get("sha256"),
-                  n_ctx=int(tokens.shape[1]), seconds=seconds)
-    usage = usage_red.result(Provenance(
-        **common, n_tokens=n_tok, n_windows=n,
-        config={"n_sink": n_sink, "source": usage_red.source, "layers": list(layers), "batch_size": batch_size}))
-    band_stats = band_red.result(Provenance(
-        **common, n_tokens=len(keep) * int(tokens.shape[1]), n_windows=len(keep),
-        config={"bands": bands.describe(), "layers": list(layers), "jsd": False, "windows": keep, **run.to_config()}))
+        alone = measure(model, None, lambda *_: usage_red, windows=win.subset(rest), analysis="report: usage",
+                        desc="ropelens report: usage", **passes)
+        usage_prov = usage_prov.merged(alone.provenance)
+    usage = usage_red.result(replace(usage_prov, config={
+        "n_sink": n_sink, "source": usage_red.source, "layers": list(layers), "batch_size": batch_size}))
+    band_stats = band_red.result(replace(both.provenance, seconds=usage_prov.seconds))
+    seconds = usage_prov.seconds
     return ReportData(model=model, label=label, spec=spec, layers=tuple(layers), tokens=tokens,
                       band_windows=tuple(keep), corpus=corpus, settings=settings, usage=usage,
                       band_stats=band_stats, steps={"stream": seconds})
