@@ -23,7 +23,7 @@ import torch
 
 import ropelens
 from ropelens import data
-from ropelens.analyses.decompose import BandStatsReducer
+from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.usage import UsageReducer
 from ropelens.bands import Bands
 from ropelens.capture import batches, stream

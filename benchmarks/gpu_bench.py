@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ropelens.analyses.decompose import BandStatsReducer
+from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.usage import UsageReducer
 from ropelens.bands import Bands
 from ropelens.capture import batches, stream

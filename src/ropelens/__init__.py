@@ -3,23 +3,20 @@
 # every result module, so that ropelens.result.load_result knows every kind
 from ropelens import data, distributed, train, variants
 from ropelens.analyses import context, extrapolation, heads, massive, offsets, passkey
+from ropelens.analyses.band_stats import BandStatistics, band_statistics
 from ropelens.analyses.decay import (
     rope_decay_by_distance,
     rope_decay_constant,
     rope_gaussian_expectation,
 )
-from ropelens.analyses.decompose import (
-    AttentionDecomposition,
-    BandStatistics,
-    band_statistics,
-    decompose_attention,
-)
-from ropelens.analyses.distance import AttentionByDistance, attention_by_distance, describe_curve
+from ropelens.analyses.decompose import AttentionDecomposition, decompose_attention
+from ropelens.analyses.distance import AttentionByDistance, attention_by_distance
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.bands import Bands
 from ropelens.capture import capture_qk
+from ropelens.curves import describe_curve
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.intervene import ablate_planes, apply_rope_variant, with_rope_variant
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model

@@ -54,6 +54,18 @@ def sum_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
+# band-logit entries per tile: 2^21 (8 MiB of float32) measured best on the CPU (benchmarks/core_bench.py
+# --tile); on accelerators larger tiles amortise kernel launches
+TILE_ELEMENTS = {"cpu": 1 << 21}
+TILE_ELEMENTS_ACCELERATOR = 1 << 26
+MIN_TILE = 16  # queries: below this, per-tile overhead dominates whatever the memory
+def query_tile(device: torch.device, entries_per_query: int) -> int:
+    """Queries per tile, so one tile holds about the device's element budget (at least MIN_TILE): the
+    tiling policy of every tiled reducer (band statistics, sinks, distance, offsets)."""
+    budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
+    return max(MIN_TILE, budget // max(1, entries_per_query))
+
+
 class DeviceSums:
     """Base of reducers whose running sums ``self.sums`` (built on the CPU) live where the activations
     do: moved once, to the device the first activations live on, in :func:`sum_dtype` of it; layers a

@@ -7,8 +7,9 @@ curve "decays", "flat" or "grows"; :func:`overlay` draws several on one axis.
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -20,12 +21,15 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.serialize import dump_json, read_result_json
+from ropelens.validate import check_number
 
 __all__ = [
-    "ByDistance", "DecayCurve", "DecayVerdict", "check_curve", "curve_from_json", "curve_to_json",
-    "decay_verdict", "max_distance_arg", "overlay", "vector",
+    "MARGIN", "ByDistance", "CurveShape", "DecayCurve", "DecayVerdict", "at_distance", "check_curve", "curve_from_json", "curve_to_json",
+    "decay_verdict", "describe_curve", "max_distance_arg", "overlay", "vector",
 ]  # fmt: skip
 
+MARGIN = 0.1  # a rise or fall counts when it exceeds this fraction of the curve's range (and the noise)
+Shape = Literal["flat", "decays", "grows", "U-shaped", "peaked", "oscillating"]
 MIN_SPEARMAN = 0.3  # |ρ| for a monotone trend; default RoPE constant curves give ρ ≈ −0.6 … −0.8
 _FORMAT = 1
 
@@ -224,3 +228,198 @@ def overlay(
     y_title = "value ÷ value at δ = 0" if normalised else "mean by distance"
     fig.update_layout(title=title or "by distance", xaxis_title="distance (tokens)", yaxis_title=y_title)
     return fig
+
+
+# ============================================================================ the curve-shape verdict
+@dataclass(frozen=True)
+class CurveShape:
+    """What a curve over distance does, with the numbers behind the sentence in :attr:`text`.
+
+    A *leg* is a run between two turning points that moves by more than :attr:`threshold`
+    (``margin`` × the curve's range, and at least the noise); smaller wiggles are ignored. One leg
+    is a monotone curve, two legs a U (fall then rise) or a peak (rise then fall), three or more
+    an oscillation.
+    """
+
+    shape: Shape
+    text: str
+    start: float
+    end: float
+    start_at: float
+    end_at: float
+    min_value: float
+    min_at: float
+    max_value: float
+    max_at: float
+    range: float
+    threshold: float
+    turns: tuple[float, ...] = ()  # distances of the interior turning points
+    swings: tuple[float, ...] = ()  # |change| of every leg, in order
+    upper: tuple[float, float] | None = None  # oscillating: first and last maximum between turns
+    lower: tuple[float, float] | None = None  # oscillating: first and last minimum between turns
+    midline: tuple[float, float] | None = None  # oscillating: mean of the first and of the last two pivots
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fmt(x: float) -> str:
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    a = abs(x)
+    if a >= 1000 or a < 0.01:
+        return f"{x:.3g}"
+    return f"{x:.3f}" if a < 1 else f"{x:.2f}"
+
+
+def at_distance(x: float) -> str:
+    return f"δ = {x:g}" if float(x).is_integer() else f"δ ≈ {x:.0f}" if x >= 10 else f"δ ≈ {x:.1f}"
+
+
+def _pivots(v: np.ndarray, h: float) -> list[int]:
+    """Turning points that bound moves larger than ``h`` (a zigzag with hysteresis), first and last included."""
+    hi = lo = 0
+    direction = 0
+    ext = 0
+    pivots: list[int] = []
+    for i in range(1, len(v)):
+        if direction == 0:
+            hi = i if v[i] > v[hi] else hi
+            lo = i if v[i] < v[lo] else lo
+            if v[hi] - v[lo] > h:
+                if lo < hi:
+                    pivots.append(lo)
+                    direction, ext = 1, hi
+                else:
+                    pivots.append(hi)
+                    direction, ext = -1, lo
+        elif direction > 0:
+            if v[i] > v[ext]:
+                ext = i
+            elif v[ext] - v[i] > h:
+                pivots.append(ext)
+                direction, ext = -1, i
+        else:
+            if v[i] < v[ext]:
+                ext = i
+            elif v[i] - v[ext] > h:
+                pivots.append(ext)
+                direction, ext = 1, i
+    if direction != 0:
+        pivots.append(ext)
+    return pivots
+
+
+def describe_curve(
+    values: Any,
+    distances: Any,
+    *,
+    margin: float = MARGIN,
+    noise: Any = None,
+    scale: float | None = None,
+    log: bool = False,
+    atol: float = 1e-9,
+) -> CurveShape:
+    """The shape of a curve over distance, described as it is.
+
+    - **flat**: its range is within ``margin`` × ``scale`` (default: its largest |value|), or below
+      ``atol`` or the noise;
+    - **decays** / **grows**: one leg (wiggles smaller than the threshold ignored);
+    - **U-shaped**: falls, then rises again by more than the threshold; its minimum is named;
+    - **peaked**: rises, then falls;
+    - **oscillating**: three or more legs; the sentence gives the number of turns, the swings
+      (first, last, median) and the midline the curve oscillates around, from its start to its end,
+      and the envelope (first and last maximum and minimum).
+
+    The threshold a leg must exceed is ``margin`` × the curve's range, and at least twice the mean
+    of ``noise`` (a standard error per point, or one number) when given. With ``log`` the shape is
+    read from log10 of the (positive) values — for probabilities, which span orders of magnitude —
+    so a leg must change the value by a factor, and flat means max ÷ min ≤ 1 + ``margin``; the
+    sentence still quotes the values. NaN points are dropped. Unlike a rank-trend verdict, an
+    oscillating curve is never called flat or monotone.
+    """
+    raw = torch.as_tensor(values, dtype=torch.float64).detach().cpu().flatten().numpy()
+    x = torch.as_tensor(distances, dtype=torch.float64).detach().cpu().flatten().numpy()
+    if raw.shape != x.shape:
+        raise InputError(f"values ({raw.size}) and distances ({x.size}) must have the same length")
+    margin = check_number(margin, "margin", above=0, at_most=1, hint=" (a fraction of the curve's range)")
+    ns = None
+    if noise is not None:
+        ns = np.broadcast_to(torch.as_tensor(noise, dtype=torch.float64).detach().cpu().numpy(), raw.shape)
+    keep = np.isfinite(raw) & np.isfinite(x)
+    raw, x = raw[keep], x[keep]
+    if raw.size < 3:
+        raise InputError(f"need at least 3 finite points to describe a curve, got {raw.size}")
+    if np.any(np.diff(x) <= 0):
+        raise InputError("distances must increase strictly")
+    if log and np.any(raw <= 0):
+        raise InputError("log=True needs positive values (probabilities, norms): drop log for signed curves")
+    v = np.log10(raw) if log else raw
+    noise_level = 0.0
+    if ns is not None:
+        per = ns[keep] / raw / math.log(10) if log else ns[keep]
+        noise_level = 2 * float(np.nanmean(np.abs(per)))
+    vmin, vmax = float(v.min()), float(v.max())
+    rng = vmax - vmin
+    threshold = max(margin * rng, noise_level)
+    imin, imax = int(v.argmin()), int(v.argmax())
+    base = dict(start=float(raw[0]), end=float(raw[-1]), start_at=float(x[0]), end_at=float(x[-1]),
+                min_value=float(raw[imin]), min_at=float(x[imin]), max_value=float(raw[imax]), max_at=float(x[imax]),
+                range=float(raw[imax] - raw[imin]), threshold=threshold)
+    val = lambda i: f"{_fmt(raw[i])} at {at_distance(x[i])}"  # noqa: E731
+    swing = (lambda d: f"×{10 ** d:.2f}") if log else _fmt  # noqa: E731
+    span = f"from {at_distance(x[0])} to {at_distance(x[-1])}"
+    if log:
+        flat = rng <= max(math.log10(1 + margin), noise_level)
+    else:
+        s = float(np.abs(v).max()) if scale is None else abs(float(scale))
+        flat = rng <= max(atol, margin * s, noise_level)
+    if flat:
+        text = f"flat: stays within {_fmt(vmin if not log else raw[imin])} … {_fmt(raw[imax])} " \
+               f"(mean {_fmt(float(raw.mean()))}) {span}"
+        if log:
+            text += f", max ÷ min {raw[imax] / raw[imin]:.2f}"
+        elif rng > atol and s > 0:
+            text += f", a range of {rng / s:.0%} of its largest magnitude"
+        return CurveShape("flat", text, **base)
+    piv = _pivots(v, threshold)
+    swings = tuple(float(abs(v[b] - v[a])) for a, b in zip(piv, piv[1:]))
+    turns = tuple(float(x[i]) for i in piv[1:-1])
+    legs = len(piv) - 1
+    rule = f"threshold {margin:.0%} of the {'log-' if log else ''}range"
+    if legs <= 1:
+        a, b = (piv[0], piv[-1]) if legs == 1 else (0, len(v) - 1)
+        shape: Shape = "decays" if v[b] < v[a] else "grows"
+        text = f"monotone, {shape}: {'falls' if shape == 'decays' else 'rises'} from {val(a)} to {val(b)}"
+        if raw[a] > 0 and raw[b] > 0:
+            text += f" ({_fmt(raw[b] / raw[a])}× its value at {at_distance(x[a])})"
+        if b < len(v) - 1:
+            text += f", then changes by less than the threshold to {val(len(v) - 1)}"
+        return CurveShape(shape, text, turns=turns, swings=swings, **base)
+    if legs == 2:
+        a, t, b = piv
+        if v[t] < v[a]:
+            text = (f"U-shaped: falls from {val(a)} to its minimum {val(t)}, then rises again to {val(b)} "
+                    f"(the rise is {swings[1] / swings[0]:.0%} of the fall and {swings[1] / rng:.0%} of the "
+                    f"{'log-' if log else ''}range; {rule})")
+            return CurveShape("U-shaped", text, turns=turns, swings=swings, **base)
+        text = (f"peaked: rises from {val(a)} to its maximum {val(t)}, then falls to {val(b)} "
+                f"(the fall is {swings[1] / swings[0]:.0%} of the rise; {rule})")
+        return CurveShape("peaked", text, turns=turns, swings=swings, **base)
+    # pivots alternate between maxima and minima; the first one only starts the first leg
+    is_max = [bool(v[p] > v[piv[j - 1]]) for j, p in enumerate(piv) if j > 0]
+    maxima = [p for p, m in zip(piv[1:], is_max) if m]
+    minima = [p for p, m in zip(piv[1:], is_max) if not m]
+    upper = (float(raw[maxima[0]]), float(raw[maxima[-1]])) if maxima else None
+    lower = (float(raw[minima[0]]), float(raw[minima[-1]])) if minima else None
+    mid = lambda ix: float(10 ** v[ix].mean()) if log else float(v[ix].mean())  # noqa: E731
+    midline = (mid(piv[:2]), mid(piv[-2:]))
+    m0, m1 = v[piv[:2]].mean(), v[piv[-2:]].mean()
+    trend = "falls" if m1 < m0 - threshold else "rises" if m1 > m0 + threshold else "stays level"
+    text = (f"oscillating: {len(turns)} turns between {at_distance(turns[0])} and {at_distance(turns[-1])} (starting from {val(piv[0])}); "
+            f"swings from {swing(swings[0])} to {swing(swings[-1])} (median {swing(float(np.median(swings)))}) around "
+            f"a midline that {trend} from {_fmt(midline[0])} to {_fmt(midline[1])}")
+    if upper and lower:
+        text += f"; envelope: maxima {_fmt(upper[0])} → {_fmt(upper[1])}, minima {_fmt(lower[0])} → {_fmt(lower[1])}"
+    return CurveShape("oscillating", text, turns=turns, swings=swings, upper=upper, lower=lower, midline=midline,
+                      **base)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import importlib.metadata as md
-import json
 import platform
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Provenance", "git_commit", "plotly_bundle", "versions"]
+__all__ = ["Provenance", "git_commit", "versions"]
 
 _PACKAGES = ("ropelens", "torch", "transformers", "transformer-lens", "numpy", "pandas", "plotly")
 
@@ -84,9 +83,3 @@ class Provenance:
             commit=self.commit,
             seconds=add(self.seconds, other.seconds),
         )
-
-
-def plotly_bundle(fig: Any, text: str) -> dict[str, Any]:
-    """A Jupyter MIME bundle for a plotly figure: rendered by Jupyter's plotly extension, offline."""
-    return {"application/vnd.plotly.v1+json": {**json.loads(fig.to_json()), "config": {"displaylogo": False}},
-            "text/plain": text}

@@ -16,9 +16,9 @@ from typing import Any, ClassVar, TypeVar
 
 from torch import Tensor
 
+from ropelens.display import plotly_bundle
 from ropelens.errors import InputError
 from ropelens.findings import Finding
-from ropelens.provenance import plotly_bundle
 from ropelens.serialize import dump_json
 
 __all__ = ["Result", "load_result", "registered"]

@@ -11,7 +11,7 @@ import time
 import torch
 
 import ropelens
-from ropelens.analyses.decompose import BandStatistics
+from ropelens.analyses.band_stats import BandStatistics
 from ropelens.analyses.usage import FrequencyUsage
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

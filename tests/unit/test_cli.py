@@ -163,7 +163,7 @@ def test_sinks_distance_and_decompose_stats_commands(tiny_dir, tmp_path, capsys)
     """The commands run, print JSON that agrees with the saved results, and refuse bad input."""
     import json as _json
 
-    from ropelens.analyses.decompose import BandStatistics
+    from ropelens.analyses.band_stats import BandStatistics
     from ropelens.analyses.sinks import AttentionSinks
 
     path = str(tiny_dir("gemma3"))

@@ -11,10 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ropelens
+from ropelens.analyses.band_stats import BandStatistics, band_statistics
 from ropelens.analyses.decompose import (
     AttentionDecomposition,
-    BandStatistics,
-    band_statistics,
     band_terms,
     decompose_attention,
     js_divergence,

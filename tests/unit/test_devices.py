@@ -12,7 +12,7 @@ import torch
 
 import ropelens
 from ropelens import Bands
-from ropelens.analyses.decompose import BandStatsReducer
+from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.heads import classify_heads
 from ropelens.intervene import ablate_planes, apply_rope_variant
 from ropelens.testing import tiny_model

@@ -16,7 +16,7 @@ import torch
 
 import ropelens
 from ropelens import Bands, capture
-from ropelens.analyses.decompose import BandStatistics
+from ropelens.analyses.band_stats import BandStatistics
 from ropelens.analyses.usage import FrequencyUsage, UsageReducer
 from ropelens.distributed import RunInfo, run_windows, shard
 from ropelens.testing import tiny_model_dir

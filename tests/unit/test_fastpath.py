@@ -148,7 +148,7 @@ def test_one_host_sync_per_batch(loaded, monkeypatch):
     holds padding), alone or through run_windows; with padding, the token count at the end as well."""
     import sys
 
-    from ropelens.analyses.decompose import BandStatsReducer
+    from ropelens.analyses.band_stats import BandStatsReducer
     from ropelens.analyses.usage import UsageReducer
     from ropelens.bands import Bands
     from ropelens.capture import batches, stream

@@ -209,7 +209,7 @@ def test_accepts_a_model_path_and_quick(tiny_dir, tmp_path):
 
 def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     """Band statistics over evenly spread windows equal band_statistics run on those windows alone."""
-    from ropelens.analyses.decompose import band_statistics
+    from ropelens.analyses.band_stats import band_statistics
     from ropelens.bands import Bands
 
     model = tiny("llama-gqa")

@@ -9,11 +9,9 @@ import torch
 
 import ropelens
 from ropelens import Bands, Provenance
+from ropelens.analyses.band_stats import band_statistics
 from ropelens.analyses.context import LongRopeSearch, plane_view
-from ropelens.analyses.decompose import (
-    band_statistics,
-    decompose_attention,
-)
+from ropelens.analyses.decompose import decompose_attention
 from ropelens.analyses.distance import attention_by_distance
 from ropelens.analyses.extrapolation import MeasuredExtrapolation, base_predictions
 from ropelens.analyses.heads import classify_heads

@@ -29,9 +29,9 @@ from jaxtyping import Bool, Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.analyses.decompose import BandStatsReducer, query_tile
+from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.bands import Bands
-from ropelens.capture import DeviceSums, LayerActs, sum_dtype
+from ropelens.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
 from ropelens.result import Result

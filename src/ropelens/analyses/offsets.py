@@ -39,8 +39,7 @@ from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.analyses.decompose import query_tile
-from ropelens.capture import DeviceSums, LayerActs, Moments
+from ropelens.capture import DeviceSums, LayerActs, Moments, query_tile
 from ropelens.errors import InputError
 from ropelens.measure import measure
 from ropelens.provenance import Provenance
@@ -102,7 +101,7 @@ class OffsetReducer(DeviceSums):
     pre-RoPE ones (the content angles); all come from the fast q/k path. Queries at positions below
     ``n_sink`` (BOS: it can only attend to itself) and padding are left out of every statistic;
     norms are over the same tokens. Sums are float64 on the CPU; scores are rebuilt in query tiles
-    of about the device's element budget (:func:`ropelens.analyses.decompose.query_tile`), so nothing of size ``[heads, n, n]`` is held for long n.
+    of about the device's element budget (:func:`ropelens.capture.query_tile`), so nothing of size ``[heads, n, n]`` is held for long n.
     """
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], *, n_sink: int = 1, pre: bool = True,

@@ -24,9 +24,8 @@ from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.analyses.decompose import query_tile
 from ropelens.bands import Bands
-from ropelens.capture import DeviceSums, LayerActs, sum_dtype
+from ropelens.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.errors import InputError
 from ropelens.findings import Finding
 from ropelens.measure import measure

@@ -80,7 +80,7 @@ def run_decompose_stats(args: argparse.Namespace) -> int:
     band (heads averaged), the share of the attended-key margin, of the within-query logit variance and of the
     mean |logit|, and band-only top-1 agreement.
     """
-    from ropelens.analyses.decompose import band_statistics
+    from ropelens.analyses.band_stats import band_statistics
 
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(band_statistics)
@@ -129,7 +129,7 @@ def run_decompose(args: argparse.Namespace) -> int:
     Decompose every attention logit of one input into bands and print, per head, each band's share of the
     attended-key margin and how often the band alone picks the attended key.
     """
-    from ropelens.analyses.decompose import band_statistics
+    from ropelens.analyses.band_stats import band_statistics
 
     analysis, output = AnalysisOptions.from_args(args), OutputOptions.from_args(args)
     if args.text is not None and not args.text.strip():

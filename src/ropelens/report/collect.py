@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ropelens.analyses.decompose import BandStatistics, BandStatsReducer
+from ropelens.analyses.band_stats import BandStatistics, BandStatsReducer
 from ropelens.analyses.usage import FrequencyUsage, UsageReducer
 from ropelens.bands import Bands
 from ropelens.measure import Windows, measure

@@ -126,11 +126,11 @@ SECTIONS: list[SectionSpec] = [
     SectionSpec("spec", "Model and RoPE", "ropelens.report.measured:render_spec", ("ropelens.rope:RopeSpec",)),
     SectionSpec("usage", "Frequency usage", "ropelens.report.measured:render_usage", ("ropelens.analyses.usage:FrequencyUsage",)),
     SectionSpec("bands", "Band decomposition of attention", "ropelens.report.measured:render_bands",
-                ("ropelens.analyses.decompose:BandStatistics",)),
-    SectionSpec("positional-heads", "Positional heads", "ropelens.report.extra:render_heads", ("ropelens.analyses.heads:classify_heads",),
+                ("ropelens.analyses.band_stats:BandStatistics",)),
+    SectionSpec("positional-heads", "Positional heads", "ropelens.report.rerun:render_heads", ("ropelens.analyses.heads:classify_heads",),
                 "Heads scored by how much of their attention the highest-frequency planes decide (diagonal "
                 "and previous-token heads), with each head's score, its pattern and the planes it uses.",
-                measure="ropelens.report.extra:measure_heads"),
+                measure="ropelens.report.rerun:measure_heads"),
     SectionSpec("attention-sinks", "Attention sinks by band", "ropelens.report.rerun:render_sinks",
                 ("ropelens.analyses.sinks:attention_sinks",),
                 "Heads that sink on the first position (attention above ε = 0.3) and the bands that make it attractive.",
@@ -147,10 +147,10 @@ SECTIONS: list[SectionSpec] = [
                 "Perplexity when only the fraction p of the highest frequencies keeps rotating at inference "
                 "(p = 1 is RoPE, p = 0 NoPE), with the reversed and partial variants.",
                 measure="ropelens.report.variants:measure_prope", needs=("variants_baseline",)),
-    SectionSpec("pe-geometry", "PE geometry", "ropelens.report.extra:render_geometry",
+    SectionSpec("pe-geometry", "PE geometry", "ropelens.report.theory:render_geometry",
                 ("ropelens.analyses.decay:rope_decay_constant", "ropelens.analyses.decay:rope_gaussian_expectation"),
                 "RoPE's \"long-term decay\" for this model's frequencies: constant versus Gaussian q and k.",
-                measure="ropelens.report.extra:measure_geometry"),
+                measure="ropelens.report.theory:measure_geometry"),
     SectionSpec("context-extension", "Context extension", "ropelens.report.variants:render_context",
                 ("ropelens.analyses.context:plane_view", "ropelens.analyses.extrapolation:base_lower_bound"),
                 "Perplexity beyond the trained context under position interpolation, NTK, YaRN, Llama 3 "

@@ -1,4 +1,4 @@
-"""Optional sections whose analyses exist: positional heads and PE geometry (RoPE's "long-term decay")."""
+"""Sections computed from the spec alone: PE geometry (RoPE's "long-term decay" for this model's frequencies)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from ropelens.report.collect import ReportData
 from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, style_figure, table_html
-from ropelens.report.registry import Measured, Section
+from ropelens.report.registry import Section
 
-__all__ = ["DecayCurves", "measure_geometry", "measure_heads", "render_geometry", "render_heads"]
+__all__ = ["DecayCurves", "measure_geometry", "render_geometry"]
 
 MAX_DISTANCE = 32_768
 POINTS = 1_500  # per curve: more than a log axis resolves, and the page stays small
@@ -50,8 +50,7 @@ def measure_geometry(data: ReportData) -> DecayCurves:
         rope_decay_constant,
         rope_gaussian_expectation,
     )
-    from ropelens.analyses.distance import describe_curve
-    from ropelens.curves import decay_verdict
+    from ropelens.curves import decay_verdict, describe_curve
 
     spec, n_ctx = data.spec, data.n_ctx
     D = max(min(spec.n_ctx, MAX_DISTANCE), n_ctx)
@@ -105,47 +104,3 @@ def render_geometry(data: ReportData, decay: DecayCurves) -> Section:
             + table_html(frame, text_cols=("kind", "curve", "verdict", "shape", "description")))
     return Section("pe-geometry", "PE geometry", body, tables={"geometry": frame},
                    numbers={"verdicts": frame.to_dict("records")}, findings=[finding])
-
-
-def measure_heads(data: ReportData) -> Measured:
-    """Positional heads scored on the report's first few windows and on seeded random tokens."""
-    from ropelens.analyses.heads import classify_heads
-
-    n_ctx = min(data.n_ctx, 256)
-    n_windows = 2 if data.settings.get("quick") else 4
-    tx = classify_heads(data.model, data.tokens[:n_windows, :n_ctx], n_ctx=n_ctx, n_windows=n_windows,
-                        layers=list(data.layers), progress=True)
-    return Measured(tx, n_ctx, n_windows)
-
-
-def render_heads(_data: ReportData, heads: Measured) -> Section:
-    """Positional heads found by score on text and on seeded random tokens, with their band profile."""
-    tx, n_ctx, n_windows = heads.value, heads.n_ctx, heads.n_windows
-    df = tx.to_frame()
-    pos = df[df.positional].sort_values("robust_mass", ascending=False)
-    high = tx.band_names[0]
-    keep = ["layer", "head", "kind", "best_offset", "mass_text", "mass_random", f"margin_share[{high}]",
-            "top_plane", "top_plane_tightness"]
-    keep = [c for c in keep if c in df.columns]
-    table = pos[keep].rename(columns={"best_offset": "δ*", "mass_text": "mass (text)", "mass_random": "mass (random)",
-                                      f"margin_share[{high}]": f"margin share {high}",
-                                      "top_plane_tightness": "top-plane tightness"})
-    counts = df["kind"].value_counts().to_dict()
-    col = f"margin_share[{high}]"
-    if len(pos) and col in df.columns:
-        m_pos, m_rest = float(pos[col].mean()), float(df[~df.positional][col].mean())
-        text = (f"{len(pos)} of {len(df)} heads are positional (τ = {tx.tau:.2f} on attention mass at one fixed offset, "
-                f"on text and on random tokens); they take {m_pos:.2f} of their attended-key margin from the "
-                f"highest-frequency band {high}, against {m_rest:.2f} for the other heads.")
-        numbers = {"n_positional": len(pos), "tau": tx.tau, "margin_high_positional": m_pos, "margin_high_other": m_rest}
-    else:
-        text = f"No head is positional at τ = {tx.tau:.2f} over the {n_windows} windows of {n_ctx} tokens scored."
-        numbers = {"n_positional": 0, "tau": tx.tau}
-    finding = Finding("heads", "positional-heads", text, numbers | {"kinds": counts})
-    body = ("<p class=\"lead\">A head is positional when one fixed offset δ* = query − key holds at least τ of its "
-            "attention on real text and on seeded random tokens (content removed); τ is Otsu's threshold on that "
-            f"mass over all heads, floored at 0.3. Scored on {n_windows} windows of {n_ctx} tokens. Kinds: "
-            + esc(", ".join(f"{k} {v}" for k, v in counts.items())) + ".</p>"
-            + figure_html(style_figure(tx.figure(), height=460)) + table_html(table, text_cols=("kind",)))
-    return Section("positional-heads", "Positional heads", body, tables={"heads": df},
-                   numbers={"tau": tx.tau, "kinds": counts, "positional": table.to_dict("records")}, findings=[finding])

@@ -1,0 +1,542 @@
+"""Band statistics over a corpus: each band's share of the logits, their variance and the attended-key margin,
+from q and k in query × key tiles (the model's scores rebuilt per tile as the sum of the band terms)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Float
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from ropelens.analyses.decompose import js_divergence
+from ropelens.bands import Bands, ResolvedBands
+from ropelens.capture import DeviceSums, LayerActs, query_tile, sum_dtype
+from ropelens.errors import InputError
+from ropelens.findings import Finding, band_winners, head_name
+from ropelens.measure import measure
+from ropelens.provenance import Provenance
+from ropelens.result import Result
+from ropelens.rope import LayerRope, RopeSpec
+
+__all__ = ["BandStatistics", "BandStatsReducer", "band_statistics"]
+
+_SUMS_LHB = ("abs_sum", "cov", "margin", "jsd", "top1")
+MARGIN_MAJORITY = 0.5  # "most of its margin", in findings: more than half
+MAX_LISTED = 5  # heads a finding names at most
+# keys every query of a tile sees, from which Σ y² and Σ y·k come from a running Σ k kᵀ (d² per query)
+# rather than from the scores: below this the scores are cheaper (measured on the CPU)
+GRAM_MIN_KEYS = 512
+KEY_TILE = {"cpu": 512}  # keys per tile: rows longer than this are carried across key tiles (online argmax)
+KEY_TILE_ACCELERATOR = 8192
+
+
+class BandStatsReducer(DeviceSums):
+    """Streams, per layer × head × band: mean |logit|, within-query covariance with the full
+    logit, contribution to the attended key's margin, band-only top-1 agreement (and, with
+    ``jsd=True``, the JS divergence of the band-only pattern); per plane, the Cauchy–Schwarz
+    bound at the attended key.
+
+    Needs only post-RoPE queries and keys, so the model runs with its own fast attention. Every
+    statistic is computed in query tiles, FlashAttention-style: a tile holds each of its queries'
+    whole key range (causal, sliding window), the model's scores are rebuilt in the tile as the sum
+    of the band terms, and the layer's mask, soft-capping and sinks are applied there; memory is
+    O(tile · n) per layer, and nothing of size ``[heads, n, n]`` exists. Keys stay in KV-head
+    layout (grouped-query heads share one matmul). The score moments a tile needs over keys all its
+    queries see (Σ y², Σ y·k) come from a running Σ k kᵀ once there are GRAM_MIN_KEYS of them, so
+    the scores are summed only on the tile's causal and window edges. Sums accumulate in float64 on
+    the model's device; the one host synchronisation per batch (whether it holds padding) is the
+    capture's.
+    """
+
+    needs = frozenset({"q_post", "k_post"})
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, agreement: bool = True,
+                 jsd: bool = False, tile: int | tuple[int, int] | None = None) -> None:
+        sizes = tile if isinstance(tile, tuple) else (tile,)
+        if tile is not None and not (len(sizes) in (1, 2) and all(isinstance(t, int) and t >= 1 for t in sizes)):
+            raise InputError(f"tile must be a positive number of queries, a (queries, keys) pair, or None for "
+                             f"automatic; got {tile!r}")
+        self.spec, self.layers, self.bands, self.tile = spec, list(layers), bands, tile
+        self.jsd = jsd
+        self.agreement = agreement or jsd
+        self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}
+        names = {self.resolved[L].names for L in self.layers}
+        if len(names) != 1:
+            raise InputError(f"bands {bands.describe()} resolve to different band names across layers: {names}")
+        self.names = next(iter(names))
+        lr = spec.layers[self.layers[0]]
+        self.shape = (len(self.layers), lr.n_heads, len(self.names), lr.n_planes)
+        self.sums = self._zeros(torch.device("cpu"))
+        self.pos = {l_: i for i, l_ in enumerate(self.layers)}
+        self._index: dict[tuple, Tensor] = {}
+        self._padded: tuple[Tensor, bool] | None = None
+
+    def _zeros(self, device: torch.device) -> dict[str, Tensor]:
+        L, H, B, P = self.shape
+        z = lambda *s: torch.zeros(s, dtype=sum_dtype(device), device=device)  # noqa: E731
+        sums = {k: z(L, H, B) for k in _SUMS_LHB}
+        sums.update(var=z(L, H), n_entries=z(L), n_rows=z(L), n_queries=z(L), cs_term=z(L, H, P), cs_bound=z(L, H, P))
+        return sums
+
+    def _has_padding(self, valid: Tensor, known: bool | None = None) -> bool:
+        """Whether this batch holds padding (``known`` from the capture, else asked once per batch:
+        every layer shares ``valid``)."""
+        if known is not None:
+            return known
+        if self._padded is None or self._padded[0] is not valid:
+            self._padded = (valid, not bool(valid.all()))
+        return self._padded[1]
+
+    def _band_index(self, layer: int, rb: ResolvedBands, head_dim: int, device: torch.device) -> Tensor:
+        """``[band, d_band]`` head-dim indices, bands padded to one width with index ``head_dim`` (a zero column)."""
+        def make() -> Tensor:
+            width = max(len(d) for d in rb.dims)
+            rows = [torch.cat([d, torch.full((width - len(d),), head_dim, dtype=torch.long)]) for d in rb.dims]
+            return torch.stack(rows).to(device)
+
+        return self._cached((layer, "index", device), make)
+
+    def _cached(self, key: tuple, make) -> Tensor:
+        """Per-(layer, device) constants, built once."""
+        if key not in self._index:
+            self._index[key] = make()
+        return self._index[key]
+
+
+    def _tiles(self, device: torch.device, rows_per_query: int, n: int, window: int | None) -> tuple[int, int]:
+        """(queries, keys) per tile: key tiles of at most KEY_TILE keys, query tiles filling the element budget."""
+        tk = KEY_TILE.get(device.type, KEY_TILE_ACCELERATOR)
+        if isinstance(self.tile, tuple):
+            return self.tile
+        if self.tile:
+            return self.tile, tk
+        return query_tile(device, rows_per_query * min(tk, n, window or n)), tk
+
+    @staticmethod
+    def _spans(rope: LayerRope, valid: Tensor | None, c0: int, c1: int, j0: int, j1: int, dev: torch.device
+               ) -> list[tuple]:
+        """``(lo, hi, mask for x, mask for y)`` per column range of the tile holding masked entries.
+
+        Without padding only the causal edge and the window's far edge are masked (computed from
+        positions, no synchronisation); with padding the whole tile is masked against ``valid``.
+        """
+        qp = torch.arange(c0, c1, device=dev)[:, None]
+        if valid is not None:
+            kp = torch.arange(j0, j1, device=dev)[None]
+            m = (kp <= qp) & ((qp - kp) < rope.window if rope.window else True)
+            bad = ~(m[None] & valid[:, None, j0:j1])  # [b,c,kt]
+            return [(0, j1 - j0, bad[:, None, None, None], bad[:, None, None])]
+        out = []
+        for lo, hi in _masked_spans_of(c0, c1, j0, j1, rope.window):
+            kp = torch.arange(j0 + lo, j0 + hi, device=dev)[None]
+            m = kp <= qp
+            if rope.window:
+                m &= (qp - kp) < rope.window
+            out.append((lo, hi, ~m, ~m))
+        return out
+
+    @torch.no_grad()
+    def update(self, acts: LayerActs) -> None:
+        i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
+        valid = acts.valid
+        q_post, k_post = acts["q_post"], acts["k_post"]
+        dev = q_post.device
+        s = self._on(dev)
+        b, n, H, d = q_post.shape
+        KV, G, B = rope.n_kv_heads, rope.group_size, rb.n_bands
+        vf = valid.float()
+        # the score scale goes into q once, so every product below is already a logit; padded
+        # queries and keys are zero vectors
+        q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
+        k = k_post.float() * vf[:, :, None, None]
+        idx = self._band_index(acts.layer, rb, d, dev)
+        if len({len(dims) for dims in rb.dims}) > 1:  # bands of different widths: padded with a zero column
+            q_, k_ = torch.cat([q, q.new_zeros(b, n, H, 1)], -1), torch.cat([k, k.new_zeros(b, n, KV, 1)], -1)
+        else:
+            q_, k_ = q, k
+        qb = q_[..., idx].view(b, n, KV, G, B, -1).permute(0, 2, 4, 3, 1, 5)  # [b,KV,B,G,n,db]
+        kb = k_[..., idx].permute(0, 2, 3, 1, 4).contiguous()  # [b,KV,B,n,db]
+        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
+        kh = k.transpose(1, 2).contiguous()  # [b,KV,n,d]
+        # Σ of the keys each query may attend to (prefix sums in float64: long windows cancel exactly)
+        wide = sum_dtype(dev)
+        kd = kh.to(wide)
+        ksum = _window_sums(kd, rope).float()  # [b,KV,n,d]
+        general = self._has_padding(valid, acts.padded)
+        pos = torch.arange(n, device=dev)
+        allowed = pos + 1 if not rope.window else (pos + 1).clamp(max=rope.window)  # keys per (unpadded) query
+        if general:  # padding anywhere: count only the valid keys each query sees
+            cv = valid.long().cumsum(1)
+            lo = (pos - rope.window).clamp(min=-1) if rope.window else pos.new_full((n,), -1)
+            before = torch.where(lo >= 0, cv.gather(1, lo.clamp(min=0)[None].expand(b, -1)), 0)
+            rows = ((cv - before) * valid).float()  # [b, n]
+        else:
+            rows = allowed.float()[None].expand(b, n)
+        ok = (rows >= 2).float()
+        seen = (rows >= 1).float()
+        here = s["var"].device
+        s["n_entries"][i] += rows.sum().to(here)
+        s["n_rows"][i] += ok.sum().to(here)
+        s["n_queries"][i] += seen.sum().to(here)
+        tq, tk = self._tiles(dev, b * H * B, n, rope.window)
+        acc = {k_: q.new_zeros(KV, B, G) for k_ in ("abs", "cov", "margin", "top1", "jsd")}
+        acc_var = q.new_zeros(KV, G)
+        acc_cs = {k_: q.new_zeros(KV, G, rope.n_planes) for k_ in ("term", "bound")}
+        member = self._cached((acts.layer, "member", dev), lambda: rb.dim_membership().to(dev))  # [d, B]
+        ninf = float("-inf")
+        # Σ_k y² and Σ_k y·k over the keys every query of a tile attends to come from Σ k kᵀ over them
+        # (y = q·k), carried from tile to tile in float64; only the tile's edge columns need the scores
+        gram = _RunningGram(kd)
+        member_w = self._cached((acts.layer, "member_wide", dev), lambda: member.to(wide))
+        for c0 in range(0, n, tq):
+            c1 = min(n, c0 + tq)
+            c = c1 - c0
+            k0 = max(0, c0 - rope.window + 1) if rope.window else 0
+            full = (max(0, c1 - rope.window) if rope.window else 0, c0 + 1)  # keys every query of the tile sees
+            if full[1] - full[0] < GRAM_MIN_KEYS:  # few: cheaper as scores than as products with Σ k kᵀ
+                full = (0, 0)
+            qt = qh[:, :, :, c0:c1]  # [b,KV,G,c,d]
+            qbt = qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1)
+            # per query, carried across key tiles (online, as FlashAttention carries its row max)
+            best = q.new_full((b, KV, G, c), ninf)  # the attended key's score (soft-capped)
+            att = torch.zeros(b, KV, G, c, dtype=torch.long, device=dev)
+            xa = q.new_zeros(b, KV, B, G, c)  # band logits at the attended key
+            bmax = q.new_full((b, KV, B, G, c), ninf)  # each band's own maximum
+            absr = q.new_zeros(b, KV, B, G, c)
+            ysq = q.new_zeros(b, KV, G, c)  # Σ y² over the edge columns
+            yk = q.new_zeros(b, KV, G * c, d)  # Σ y·k over the edge columns
+            step = (c1 - k0) if self.jsd else tk  # the JS divergence needs whole rows
+            for j0 in range(k0, c1, step):
+                j1 = min(c1, j0 + step)
+                kt = j1 - j0
+                x = torch.matmul(qbt, kb[..., j0:j1, :].transpose(-1, -2)).view(b, KV, B, G, c, kt)
+                spans = self._spans(rope, valid if general else None, c0, c1, j0, j1, dev)
+                for lo, hi, mx, _ in spans:
+                    x[..., lo:hi].masked_fill_(mx, ninf)
+                y = x.sum(2)  # [b,KV,G,c,kt]: the model's scores (masked entries −inf)
+                if rope.softcap:  # the argmax of the model's pattern is taken after soft-capping
+                    sc = torch.tanh(y / rope.softcap)
+                    for lo, hi, _, my in spans:
+                        sc[..., lo:hi].masked_fill_(my, ninf)
+                else:
+                    sc = y
+                arg = sc.argmax(-1, keepdim=True)
+                top = sc.gather(-1, arg)[..., 0]
+                better = top > best  # strict: ties keep the earlier key, as argmax does
+                best = torch.where(better, top, best)
+                att = torch.where(better, arg[..., 0] + j0, att)
+                del sc
+                xat = x.gather(-1, arg[:, :, None].expand(-1, -1, B, -1, -1, -1))[..., 0]
+                xa = torch.where(better[:, :, None], xat, xa)
+                if self.agreement:
+                    bmax = torch.maximum(bmax, x.amax(-1))
+                if self.jsd:
+                    pat = rope.probs(y.reshape(b, H, c, kt))  # the model's own pattern, rebuilt from its scores
+                    for j in range(B):
+                        pb = rope.probs(x[:, :, j].reshape(b, H, c, kt))
+                        acc["jsd"][:, j] += (js_divergence(pb, pat) * seen[:, None, c0:c1]).sum((0, 2)).view(KV, G)
+                for lo, hi, _, my in spans:
+                    y[..., lo:hi].masked_fill_(my, 0.0)
+                for lo, hi in _outside(j0, j1, *full):
+                    ye = y[..., lo:hi]
+                    ysq += (ye * ye).sum(-1)
+                    yk += torch.matmul(ye.reshape(b, KV, G * c, hi - lo), kh[:, :, j0 + lo : j0 + hi])
+                del y
+                x.abs_()
+                for lo, hi, mx, _ in spans:
+                    x[..., lo:hi].masked_fill_(mx, 0.0)
+                absr += x.sum(-1)
+                del x
+            rq, okq, seenq = rows[:, c0:c1], ok[:, c0:c1], seen[:, c0:c1]  # [b,c]
+            w4 = okq[:, None, None, None].bool()
+            acc["abs"] += absr.sum((0, 4))
+            if self.agreement:  # band-only top-1: the attended key attains the band's own maximum
+                acc["top1"] += ((xa >= bmax) & seenq[:, None, None, None].bool()).sum((0, 4))
+            # keys seen by the whole tile: Σ_k y·k_j = (Σ_k k kᵀ) q, so Σ_k x_b·y and Σ_k y² are products with q
+            if full[1] > full[0]:
+                qg = qt.to(wide)
+                qgq = qg * torch.matmul(qg, gram.over(*full)[:, :, None])  # [b,KV,G,c,d]
+                ysq = ysq + qgq.sum(-1)
+                crossg = torch.matmul(qgq, member_w)
+            else:
+                crossg = 0.0
+            # Σ_k x_b = q_b · Σ_k k_b; Σ_k x_b·y = q_b · (Σ_k y k_b): per-dim products summed into bands
+            row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(0, 1, 4, 2, 3)  # [b,KV,B,G,c]
+            cross = (torch.matmul(qt * yk.view(b, KV, G, c, d), member) + crossg).permute(0, 1, 4, 2, 3)
+            ysum = row_b.sum(2)  # [b,KV,G,c]
+            acc_var += torch.where(okq[:, None, None].bool(), ysq - ysum**2 / rq.clamp_min(1)[:, None, None], 0).sum((0, 3))
+            acc["cov"] += torch.where(w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0).sum((0, 4))
+            acc["margin"] += torch.where(w4, xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None], 0).sum((0, 4))
+            ka = kh.gather(2, att.view(b, KV, G * c, 1).expand(-1, -1, -1, d)).view(b, KV, G, c, d)
+            w = okq[:, None, None, :, None].bool()  # per plane, [b,KV,G,c,P]
+            acc_cs["term"] += torch.where(w, rope.plane_sums(qt * ka), 0).sum((0, 3))
+            acc_cs["bound"] += torch.where(w, rope.plane_norms(qt) * rope.plane_norms(ka), 0).sum((0, 3))
+        to_hb = lambda t: t.permute(0, 2, 1).reshape(H, B).to(here, torch.float64)  # noqa: E731  [KV,B,G] -> [H,B], h = kv·G + g
+        s["abs_sum"][i] += to_hb(acc["abs"])
+        s["cov"][i] += to_hb(acc["cov"])
+        s["margin"][i] += to_hb(acc["margin"])
+        s["top1"][i] += to_hb(acc["top1"])
+        s["jsd"][i] += to_hb(acc["jsd"])
+        s["var"][i] += acc_var.reshape(H).to(here, torch.float64)
+        s["cs_term"][i] += acc_cs["term"].reshape(H, -1).to(here, torch.float64)
+        s["cs_bound"][i] += acc_cs["bound"].reshape(H, -1).to(here, torch.float64)
+
+    def result(self, provenance: Provenance) -> BandStatistics:
+        """The streamed sums as :class:`BandStatistics` (on the CPU, float64)."""
+        sums = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
+        return BandStatistics(tuple(self.layers), self.names, self.bands, self.spec, sums, provenance)
+
+
+def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor, "b h pos d"]:
+    """Σ of keys each query may attend to: a prefix sum, minus the part before a sliding window."""
+    csum = k.cumsum(2)
+    if rope.window and rope.window < k.shape[2]:
+        csum[:, :, rope.window :] -= csum[:, :, : -rope.window].clone()
+    return csum
+
+
+class _RunningGram:
+    """Σ k kᵀ over any key range ``[lo, hi)`` whose ends only move forward: two running prefix sums."""
+
+    def __init__(self, k: Float[Tensor, "b h pos d"]) -> None:
+        self.k = k
+        b, h, _, d = k.shape
+        self.ends = [0, 0]
+        self.sums = [k.new_zeros(b, h, d, d), k.new_zeros(b, h, d, d)]
+
+    def _upto(self, which: int, end: int) -> Tensor:
+        start = self.ends[which]
+        if end > start:
+            seg = self.k[:, :, start:end]
+            self.sums[which] += torch.matmul(seg.transpose(-1, -2), seg)
+            self.ends[which] = end
+        return self.sums[which]
+
+    def over(self, lo: int, hi: int) -> Tensor:
+        """Σ_{lo ≤ j < hi} k_j k_jᵀ, ``[b, h, d, d]``, for ``lo < hi``."""
+        return self._upto(1, hi) - self._upto(0, lo)
+
+
+def _outside(j0: int, j1: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Column ranges (relative to ``j0``) of keys ``[j0, j1)`` outside ``[lo, hi)``: disjoint, in order."""
+    if hi <= lo:
+        return [(0, j1 - j0)]
+    out = [(0, min(j1, lo) - j0)] if lo > j0 else []
+    if j1 > hi:
+        out.append((max(j0, hi) - j0, j1 - j0))
+    return [(a, z) for a, z in out if z > a]
+
+
+def _masked_spans_of(c0: int, c1: int, j0: int, j1: int, window: int | None) -> list[tuple[int, int]]:
+    """Column ranges (relative to key ``j0``) of the tile queries ``[c0, c1)`` × keys ``[j0, j1)`` that
+    hold masked entries: keys after the tile's first query (causal) and, with a sliding window,
+    keys some query of the tile has left behind. Other columns are allowed for every query."""
+    spans = []
+    if window and min(j1, c1 - window) > j0:
+        spans.append((0, min(j1, c1 - window) - j0))
+    if j1 > c0 + 1:
+        spans.append((max(j0, c0 + 1) - j0, j1 - j0))
+    return spans
+
+
+@dataclass(frozen=True)
+class BandStatistics(Result):
+    """Corpus statistics of the band decomposition, per layer × head × band."""
+
+    layers: tuple[int, ...]
+    band_names: tuple[str, ...]
+    bands: Bands
+    spec: RopeSpec
+    sums: dict[str, Tensor]
+    provenance: Provenance
+
+    KIND: ClassVar[str] = "BandStatistics"
+    FORMAT: ClassVar[int] = 1
+    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry a type but no format
+    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "band_names", "spec")
+    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
+
+    def __post_init__(self) -> None:
+        self._check_shape("abs_sum", self.sums["abs_sum"], (len(self.layers), None, len(self.band_names)),
+                          " [layer, head, band]")
+
+    def abs_share(self) -> Float[Tensor, "layer head band"]:
+        """Each band's share of the mean |logit| (sums to 1 over bands)."""
+        a = self.sums["abs_sum"]
+        return (a / a.sum(-1, keepdim=True).clamp_min(1e-30)).float()
+
+    def mean_abs(self) -> Float[Tensor, "layer head band"]:
+        """Mean |band logit| over allowed (query, key) pairs."""
+        return (self.sums["abs_sum"] / self.sums["n_entries"][:, None, None].clamp_min(1)).float()
+
+    def var_share(self) -> Float[Tensor, "layer head band"]:
+        """Share of within-query logit variance: Cov(band, logit)/Var(logit); sums to 1 (may be <0)."""
+        return (self.sums["cov"] / self.sums["var"][..., None].clamp_min(1e-30)).float()
+
+    def margin(self) -> Float[Tensor, "layer head band"]:
+        """Mean contribution to the margin: logit at the attended key minus the mean over other keys."""
+        return (self.sums["margin"] / self.sums["n_rows"][:, None, None].clamp_min(1)).float()
+
+    def margin_share(self) -> Float[Tensor, "layer head band"]:
+        """Each band's fraction of the total attended-key margin (sums to 1; may be <0)."""
+        m = self.sums["margin"]
+        return (m / m.sum(-1, keepdim=True)).float()
+
+    def top1(self) -> Float[Tensor, "layer head band"]:
+        """Fraction of queries whose band-only argmax is the key the model attends to most."""
+        if not self.provenance.config.get("agreement", True):
+            raise InputError("band-only agreement was not streamed: run band_statistics(..., agreement=True)")
+        return (self.sums["top1"] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
+
+    def jsd(self) -> Float[Tensor, "layer head band"]:
+        """Mean JS divergence (nats) of the band-only pattern from the model's (needs jsd=True)."""
+        if not self.provenance.config.get("jsd", False):
+            raise InputError("JS divergence was not streamed: run band_statistics(..., jsd=True)")
+        return (self.sums["jsd"] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
+
+    def tightness(self) -> Float[Tensor, "layer head plane"]:
+        """Per plane at the attended key: Σ term / Σ ‖q‖‖k‖ (1 = q and k perfectly aligned)."""
+        return (self.sums["cs_term"] / self.sums["cs_bound"].clamp_min(1e-30)).float()
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy: one row per (layer, head, band)."""
+        metrics = {"abs_share": self.abs_share(), "mean_abs": self.mean_abs(), "var_share": self.var_share(),
+                   "margin": self.margin(), "margin_share": self.margin_share()}
+        if self.provenance.config.get("agreement", True):
+            metrics["top1"] = self.top1()
+        if self.provenance.config.get("jsd", False):
+            metrics["jsd"] = self.jsd()
+        L, H, B = metrics["abs_share"].shape
+        idx = pd.MultiIndex.from_product([self.layers, range(H), self.band_names], names=["layer", "head", "band"])
+        return pd.DataFrame({k: v.reshape(-1).numpy() for k, v in metrics.items()}, index=idx).reset_index()
+
+    # ---------------------------------------------------------------- findings
+    def findings(self) -> list[Finding]:
+        """Heads taking most of their margin from the highest-frequency band, the band whose logits alone
+        most often pick the attended key (both with two bands or more), and plane 0's tightness."""
+        found = (self._margin_finding(), self._top1_finding(), self._tightness_finding())
+        return [f for f in found if f is not None]
+
+    def _margin_finding(self) -> Finding | None:
+        if len(self.band_names) < 2:
+            return None
+        share = self.margin_share()[..., 0]  # band 0: the highest frequencies
+        top1 = self.top1()[..., 0]
+        band = self.band_names[0]
+        L, H = share.shape
+        flat = sorted(((float(share[i, h]), self.layers[i], h, float(top1[i, h])) for i in range(L) for h in range(H)),
+                      key=lambda t: -t[0])
+        major = [t for t in flat if t[0] > MARGIN_MAJORITY]
+        listed = major[:MAX_LISTED] if major else flat[:1]  # only what the sentence quotes
+        heads = [{"layer": lay, "head": h, "margin_share": round(s, 2), "top1": round(t, 2)} for s, lay, h, t in listed]
+        shown = ", ".join(f"{head_name(x['layer'], x['head'])} {x['margin_share']:.2f} (band-only top-1 {x['top1']:.2f})"
+                          for x in heads)
+        vals = {"band": band, "n_heads": L * H, "n_majority": len(major), "heads": heads}
+        if major:
+            verb, their = ("gets", "its") if len(major) == 1 else ("get", "their")
+            text = (f"{len(major)} of {L * H} heads {verb} more than half of {their} attended-key margin from band "
+                    f"{band}: {shown}.")
+        else:
+            top = heads[0]
+            text = (f"No head gets more than half of its attended-key margin from band {band}; the largest share is "
+                    f"{top['margin_share']:.2f} ({head_name(top['layer'], top['head'])}, band-only top-1 {top['top1']:.2f}).")
+        return Finding("margin", "bands", text, vals)
+
+    def _top1_finding(self) -> Finding | None:
+        if len(self.band_names) < 2:
+            return None
+        top1 = self.top1()  # [L, H, B]
+        band, n, _ = band_winners(top1.mean(1), self.band_names)
+        overall = top1.mean((0, 1))
+        b = self.band_names.index(band)
+        vals = {"band": band, "layers": n, "n_layers": len(self.layers), "mean_top1": round(float(overall[b]), 2),
+                "first_band": self.band_names[0], "first_top1": round(float(overall[0]), 2)}
+        text = (f"Alone, band {band} most often picks the key the model attends to most: it leads in {n} of "
+                f"{len(self.layers)} layers, with top-1 agreement {vals['mean_top1']:.2f} over all heads")
+        text += "." if b == 0 else f", against {vals['first_top1']:.2f} for band {vals['first_band']}."
+        return Finding("top1", "bands", text, vals)
+
+    def _tightness_finding(self) -> Finding:
+        t = self.tightness()  # [L, H, P]
+        L, H, P = t.shape
+        top = t[..., 0]
+        i, h = divmod(int(top.argmax()), H)
+        wl = float(self.spec.layers[self.layers[0]].wavelength[0])
+        vals = {"plane": 0, "wavelength": round(wl, 2), "mean": round(float(top.mean()), 2),
+                "best_layer": self.layers[i], "best_head": h, "best": round(float(top[i, h]), 2),
+                "lowest_plane": P - 1, "lowest_mean": round(float(t[..., P - 1].mean()), 2), "n_heads": L * H}
+        text = (f"At the attended key, plane 0 (highest frequency, λ = {vals['wavelength']:.2f} tokens) reaches on average "
+                f"{vals['mean']:.2f} of its Cauchy–Schwarz bound over {L * H} heads (1 = q and k aligned); tightest "
+                f"{head_name(vals['best_layer'], h)} at {vals['best']:.2f}. The lowest-frequency plane ({P - 1}) "
+                f"averages {vals['lowest_mean']:.2f}.")
+        return Finding("tightness", "bands", text, vals)
+
+    # ---------------------------------------------------------------- persistence and figures
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "band_names": list(self.band_names),
+                "bands": self.bands.to_dict(), "spec": self.spec.to_dict(),
+                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BandStatistics:
+        return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]),
+                   RopeSpec.from_dict(d["spec"]), {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+                   Provenance.from_dict(d["provenance"]))
+
+    def heatmap(self, metric: str = "margin_share", layer: int | None = None, coloraxis: str | None = None) -> go.Heatmap:
+        """Layer × band (head-averaged) or, for one layer, head × band."""
+        z = getattr(self, metric)()
+        if layer is None:
+            z2, y = z.mean(1), list(self.layers)
+        else:
+            z2, y = z[self.layers.index(layer)], list(range(z.shape[1]))
+        return go.Heatmap(z=z2.numpy(), x=list(self.band_names), y=y, coloraxis=coloraxis,
+                          hovertemplate=f"%{{y}} · %{{x}}<br>{metric} %{{z:.3f}}<extra></extra>")
+
+    def figure(self, layer: int | None = None) -> go.Figure:
+        titles = ["share of mean |logit|", "share of within-query variance", "share of attended-key margin"]
+        fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
+        for c, metric in enumerate(("abs_share", "var_share", "margin_share"), start=1):
+            fig.add_trace(self.heatmap(metric, layer, coloraxis="coloraxis"), row=1, col=c)
+        fig.update_yaxes(autorange="reversed")  # every panel: first layer (or head) at the top
+        fig.update_yaxes(title_text="layer" if layer is None else "head", col=1)
+        fig.update_layout(coloraxis={"colorscale": "RdBu", "cmid": 0}, height=460,
+                          title=f"Band decomposition — {self.provenance.model} ({self.bands.describe()})")
+        return fig
+
+
+def band_statistics(
+    model,
+    corpus=None,
+    *,
+    bands: Bands | None = None,
+    n_ctx: int = 512,
+    max_tokens: int | None = 32_768,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 4,
+    agreement: bool = True,
+    jsd: bool = False,
+    progress: bool = True,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 8,
+) -> BandStatistics:
+    """Stream the band decomposition over a corpus (see :class:`BandStatsReducer`).
+
+    Inside a ``torch.distributed`` process group each rank takes a share of the windows and every
+    rank returns the whole corpus's statistics; ``checkpoint`` (a directory) saves progress to
+    resume a killed run (see :mod:`ropelens.distributed`).
+    """
+    bands = bands or Bands.quantiles(4)
+    m = measure(model, corpus, lambda spec, chosen, _: BandStatsReducer(spec, chosen, bands, agreement=agreement,
+                                                                        jsd=jsd),
+                analysis="band statistics", config={"bands": bands.describe(), "agreement": agreement or jsd, "jsd": jsd},
+                n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
+                checkpoint=checkpoint, checkpoint_every=checkpoint_every, desc="band statistics")
+    return m.reducer.result(m.provenance)
