@@ -23,7 +23,7 @@ from ropelens.analyses.massive import MassiveValues, massive_values
 from ropelens.analyses.offsets import RotaryOffsets, rotary_offsets
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import UsageReducer
-from ropelens.measure import Measured, Windows, measure
+from ropelens.measure import Measured, RunOptions, Windows, measure
 from ropelens.testing import tiny_model_dir
 
 N_CTX, N_WINDOWS, BATCH = 24, 7, 2  # 4 batches: 2 ranks take 2 + 2, 3 ranks 2 + 1 + 1
@@ -178,8 +178,8 @@ def test_measure_records_the_run(tiny):
         built.append(UsageReducer(spec, layers))
         return built[-1]
 
-    m = measure(model, "english", build, analysis="usage", config={"n_sink": 1, "batch_size": 2}, n_ctx=16,
-                max_tokens=64, layers=[0, 1], batch_size=2, progress=False)
+    run = RunOptions(n_ctx=16, max_tokens=64, layers=[0, 1], batch_size=2, progress=False)
+    m = measure(model, "english", build, run, analysis="usage", config={"n_sink": 1})
     assert isinstance(m, Measured) and m.reducers == tuple(built) and m.reducer is built[0]
     p = m.provenance
     corpus = ropelens.data.load_corpus("english")
@@ -188,9 +188,30 @@ def test_measure_records_the_run(tiny):
     assert p.config == {"n_sink": 1, "batch_size": 2, "layers": [0, 1]}
     assert p.seconds is not None and p.seconds > 0
     json.dumps(p.to_dict())  # saved results hold it as JSON
-    ready = measure(model, None, lambda s, ls, _: UsageReducer(s, ls), analysis="usage",
-                    windows=Windows(m.windows.tokens[:2]), progress=False, label="given")
+    ready = measure(model, None, lambda s, ls, _: UsageReducer(s, ls), RunOptions(progress=False), analysis="usage",
+                    windows=Windows(m.windows.tokens[:2]), label="given")
     assert (ready.provenance.model, ready.provenance.corpus, ready.provenance.n_windows) == ("given", None, 2)
     assert ready.layers == tuple(ropelens.rope_spec(model).rotary_layers)
     with pytest.raises(ValueError, match="no layers selected"):
-        measure(model, None, build, analysis="usage", windows=m.windows, layers=[], progress=False)
+        measure(model, None, build, RunOptions(layers=[], progress=False), analysis="usage", windows=m.windows)
+
+
+def test_corpus_analyses_share_one_signature():
+    """Every corpus analysis takes the run options as keywords, with its own window defaults."""
+    import inspect
+
+    from ropelens.measure import corpus_analysis
+
+    fns = [ropelens.frequency_usage, ropelens.band_statistics, ropelens.attention_sinks, ropelens.attention_by_distance,
+           ropelens.massive.massive_values, ropelens.offsets.rotary_offsets]
+    for fn in fns:
+        params = inspect.signature(fn).parameters
+        assert list(params)[:5] == ["model", "corpus", "n_ctx", "max_tokens", "layers"], fn.__name__
+        assert list(params)[-4:] == ["batch_size", "progress", "checkpoint", "checkpoint_every"], fn.__name__
+        assert params["corpus"].default is None and "run" not in params
+    assert inspect.signature(ropelens.attention_sinks).parameters["n_ctx"].default == 256
+    assert inspect.signature(ropelens.frequency_usage).parameters["max_tokens"].default == 32_768
+    with pytest.raises(TypeError, match="n_ctxx"):
+        ropelens.frequency_usage(None, None, n_ctxx=8)
+    with pytest.raises(TypeError, match="not RunOptions fields"):
+        corpus_analysis(window=3)

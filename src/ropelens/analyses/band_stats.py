@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -20,7 +19,7 @@ from ropelens.bands import Bands, ResolvedBands
 from ropelens.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.errors import InputError
 from ropelens.findings import Finding, band_winners, head_name
-from ropelens.measure import measure
+from ropelens.measure import RunOptions, corpus_analysis, measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import LayerRope, RopeSpec
@@ -512,20 +511,15 @@ class BandStatistics(Result):
         return fig
 
 
+@corpus_analysis()
 def band_statistics(
     model,
-    corpus=None,
+    corpus,
+    run: RunOptions,
     *,
     bands: Bands | None = None,
-    n_ctx: int = 512,
-    max_tokens: int | None = 32_768,
-    layers: Sequence[int] | None = None,
-    batch_size: int = 4,
     agreement: bool = True,
     jsd: bool = False,
-    progress: bool = True,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 8,
 ) -> BandStatistics:
     """Stream the band decomposition over a corpus (see :class:`BandStatsReducer`).
 
@@ -536,7 +530,6 @@ def band_statistics(
     bands = bands or Bands.quantiles(4)
     m = measure(model, corpus, lambda spec, chosen, _: BandStatsReducer(spec, chosen, bands, agreement=agreement,
                                                                         jsd=jsd),
-                analysis="band statistics", config={"bands": bands.describe(), "agreement": agreement or jsd, "jsd": jsd},
-                n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
-                checkpoint=checkpoint, checkpoint_every=checkpoint_every, desc="band statistics")
+                run, analysis="band statistics", config={"bands": bands.describe(), "agreement": agreement or jsd, "jsd": jsd},
+                desc="band statistics")
     return m.reducer.result(m.provenance)

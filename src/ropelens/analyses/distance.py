@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,7 +31,7 @@ from ropelens.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.curves import MARGIN, CurveShape, at_distance, describe_curve
 from ropelens.errors import InputError
 from ropelens.findings import Finding
-from ropelens.measure import measure
+from ropelens.measure import RunOptions, corpus_analysis, measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
@@ -524,30 +523,23 @@ class AttentionByDistance(Result):
         return fig
 
 
+@corpus_analysis()
 def attention_by_distance(
     model,
-    corpus=None,
+    corpus,
+    run: RunOptions,
     *,
-    n_ctx: int = 512,
-    max_tokens: int | None = 32_768,
-    layers: Sequence[int] | None = None,
     bands: Bands | None = None,
     n_bins: int | None = None,
     n_sink: int = 1,
-    batch_size: int = 4,
     tile: int | None = None,
-    progress: bool = True,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 8,
 ) -> AttentionByDistance:
     """Stream mean band logits, full logit and attention probability by distance over a corpus
     (see :class:`DistanceReducer`); bins run to the window length ``n_ctx`` − 1."""
     bands = bands or Bands.quantiles(4)
     build = lambda spec, chosen, win: DistanceReducer(spec, chosen, bands, n_bins=n_bins,  # noqa: E731
                                                       max_distance=win.n_ctx - 1, n_sink=n_sink, tile=tile)
-    m = measure(model, corpus, build, analysis="attention by distance",
-                config=lambda reds: {**reds[0].config(), "batch_size": batch_size}, resume={"tile": tile},
-                n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
-                checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+    m = measure(model, corpus, build, run, analysis="attention by distance", config=lambda reds: reds[0].config(),
+                resume={"tile": tile})
     return m.reducer.result(m.provenance)
 

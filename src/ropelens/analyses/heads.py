@@ -358,7 +358,7 @@ def classify_heads(
     ``cs_bound`` (band, at the attended key), ``top_plane``, ``top_plane_tightness``.
     """
     from ropelens import data
-    from ropelens.measure import Windows, measure
+    from ropelens.measure import RunOptions, Windows, measure
     from ropelens.reading import hf_model_of, rope_spec
 
     bands = bands or Bands.quantiles(4)
@@ -373,14 +373,14 @@ def classify_heads(
     chosen = spec.layer_indices(layers)
     # both passes' reducers exist before the first forward: a bad setting fails before any work
     heads_text, heads_rand = (HeadScoresReducer(spec, chosen, bands, max_offset) for _ in range(2))
-    run = dict(spec=spec, layers=chosen, batch_size=batch_size, progress=progress)
-    m = measure(model, None, lambda *_: [heads_text, BandStatsReducer(spec, chosen, bands)], windows=text,
+    run = RunOptions(layers=chosen, batch_size=batch_size, progress=progress)
+    m = measure(model, None, lambda *_: [heads_text, BandStatsReducer(spec, chosen, bands)], run, windows=text, spec=spec,
                 analysis="heads", config={"bands": bands.describe(), "max_offset": max_offset, "seed": seed,
                                           "random_vocab": vocab, "tau_method": TAU_METHOD if tau is None else "given"},
-                desc="heads: text", **run)
+                desc="heads: text")
     band = m.reducers[1]
-    rm = measure(model, None, lambda *_: heads_rand, windows=Windows(rand), analysis="heads: random tokens",
-                 desc="heads: random tokens", **run)
+    rm = measure(model, None, lambda *_: heads_rand, run, windows=Windows(rand), spec=spec,
+                 analysis="heads: random tokens", desc="heads: random tokens")
     prov = replace(m.provenance, seconds=m.provenance.seconds + rm.provenance.seconds)
     scores = {**heads_text.scores("text"), **heads_rand.scores("random"), **_band_profile(band, prov)}
     tx = HeadTaxonomy(tuple(chosen), tuple(heads_text.band_names), scores, 0.0, prov)

@@ -21,7 +21,6 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -37,7 +36,7 @@ from ropelens.errors import InputError
 from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
 from ropelens.intervene import add_lens_hook
-from ropelens.measure import measure
+from ropelens.measure import RunOptions, corpus_analysis, measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
@@ -310,18 +309,13 @@ class MassiveValues(Result):
         return fig
 
 
+@corpus_analysis()
 def massive_values(
     model,
-    corpus=None,
+    corpus,
+    run: RunOptions,
     *,
-    n_ctx: int = 512,
-    max_tokens: int | None = 32_768,
-    layers: Sequence[int] | None = None,
     factor: float = 5.0,
-    batch_size: int = 4,
-    progress: bool = True,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 8,
 ) -> MassiveValues:
     """Per-dimension norms of the pre-RoPE q and k over a corpus, and the massive dimensions.
 
@@ -330,10 +324,8 @@ def massive_values(
     grow with the corpus.
     """
     factor = _check_factor(factor)
-    m = measure(model, corpus, lambda spec, chosen, _: MassiveReducer(spec, chosen), analysis="massive values",
-                config={"batch_size": batch_size, "factor": factor, "source": "pre"}, n_ctx=n_ctx,
-                max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
-                checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+    m = measure(model, corpus, lambda spec, chosen, _: MassiveReducer(spec, chosen), run, analysis="massive values",
+                config={"factor": factor, "source": "pre"})
     return m.reducer.result(m.provenance, factor)
 
 

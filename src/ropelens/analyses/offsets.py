@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -41,7 +40,7 @@ from torch import Tensor
 
 from ropelens.capture import DeviceSums, LayerActs, Moments, query_tile
 from ropelens.errors import InputError
-from ropelens.measure import measure
+from ropelens.measure import RunOptions, corpus_analysis, measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import LayerRope, RopeSpec
@@ -413,20 +412,15 @@ class RotaryOffsets(Result):
         return fig
 
 
+@corpus_analysis(max_tokens=16_384)
 def rotary_offsets(
     model,
-    corpus=None,
+    corpus,
+    run: RunOptions,
     *,
-    n_ctx: int = 512,
-    max_tokens: int | None = 16_384,
-    layers: Sequence[int] | None = None,
-    batch_size: int = 4,
     n_sink: int = 1,
     train_ctx: int | None = None,
     pre: bool = True,
-    progress: bool = True,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 8,
 ) -> RotaryOffsets:
     """Rotary outliers and offset angles per plane over a corpus (streamed; see :class:`OffsetReducer`).
 
@@ -439,8 +433,6 @@ def rotary_offsets(
 
     t = _train_ctx(rope_spec(model), train_ctx)
     m = measure(model, corpus, lambda spec, chosen, _: OffsetReducer(spec, chosen, n_sink=n_sink, pre=pre),
-                analysis="rotary offsets", config={"n_sink": n_sink, "train_ctx": t, "pre": pre, "batch_size": batch_size},
-                n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
-                checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+                run, analysis="rotary offsets", config={"n_sink": n_sink, "train_ctx": t, "pre": pre})
     return m.reducer.result(m.provenance, t)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,7 +27,7 @@ from ropelens.bands import Bands
 from ropelens.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.errors import InputError
 from ropelens.findings import Finding
-from ropelens.measure import measure
+from ropelens.measure import RunOptions, corpus_analysis, measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
@@ -378,29 +377,22 @@ class AttentionSinks(Result):
         return fig
 
 
+@corpus_analysis(n_ctx=256, max_tokens=16_384)
 def attention_sinks(
     model,
-    corpus=None,
+    corpus,
+    run: RunOptions,
     *,
-    n_ctx: int = 256,
-    max_tokens: int | None = 16_384,
-    layers: Sequence[int] | None = None,
     bands: Bands | None = None,
     epsilon: float = EPSILON,
     skip_queries: int = 4,
-    batch_size: int = 4,
     tile: int | None = None,
-    progress: bool = True,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 8,
 ) -> AttentionSinks:
     """Stream attention to the first position, its band decomposition and the sink key's norms over a
     corpus (see :class:`SinkReducer`). Windows start with BOS, so position 0 is the BOS token."""
     bands = bands or Bands.quantiles(4)
     m = measure(model, corpus, lambda spec, chosen, _: SinkReducer(spec, chosen, bands, epsilon=epsilon,
                                                                    skip_queries=skip_queries, tile=tile),
-                analysis="attention sinks", config=lambda reds: {**reds[0].config(), "batch_size": batch_size},
-                resume={"tile": tile}, n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size,
-                progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+                run, analysis="attention sinks", config=lambda reds: reds[0].config(), resume={"tile": tile})
     return m.reducer.result(m.provenance)
 

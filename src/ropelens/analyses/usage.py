@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -19,7 +18,7 @@ from ropelens.bands import Bands
 from ropelens.capture import LayerActs, Moments
 from ropelens.errors import InputError
 from ropelens.findings import Finding, band_winners
-from ropelens.measure import measure
+from ropelens.measure import RunOptions, corpus_analysis, measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
@@ -294,19 +293,14 @@ class FrequencyUsage(Result):
         return fig
 
 
+@corpus_analysis()
 def frequency_usage(
     model,
-    corpus=None,
+    corpus,
+    run: RunOptions,
     *,
-    n_ctx: int = 512,
-    max_tokens: int | None = 32_768,
-    layers: Sequence[int] | None = None,
-    batch_size: int = 4,
     n_sink: int = 1,
     source: str = "pre",
-    progress: bool = True,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 8,
 ) -> FrequencyUsage:
     """Mean per-plane norms of q and k over a corpus (streamed; memory independent of its size).
 
@@ -317,7 +311,5 @@ def frequency_usage(
     killed run (see :mod:`ropelens.distributed`).
     """
     m = measure(model, corpus, lambda spec, chosen, _: UsageReducer(spec, chosen, source=source, n_sink=n_sink),
-                analysis="usage", config={"n_sink": n_sink, "source": source, "batch_size": batch_size},
-                n_ctx=n_ctx, max_tokens=max_tokens, layers=layers, batch_size=batch_size, progress=progress,
-                checkpoint=checkpoint, checkpoint_every=checkpoint_every, desc="frequency usage")
+                run, analysis="usage", config={"n_sink": n_sink, "source": source}, desc="frequency usage")
     return m.reducer.result(m.provenance)

@@ -11,7 +11,7 @@ from torch import Tensor
 from ropelens.analyses.band_stats import BandStatistics, BandStatsReducer
 from ropelens.analyses.usage import FrequencyUsage, UsageReducer
 from ropelens.bands import Bands
-from ropelens.measure import Windows, measure
+from ropelens.measure import RunOptions, Windows, measure
 from ropelens.rope import RopeSpec
 
 __all__ = ["ReportData", "collect", "evenly_spaced"]
@@ -77,13 +77,14 @@ def collect(
     win = Windows(tokens, corpus.get("name"), corpus.get("sha256"))
     usage_red = UsageReducer(spec, layers, n_sink=n_sink)
     band_red = BandStatsReducer(spec, layers, bands)
-    passes = dict(spec=spec, layers=layers, batch_size=batch_size, progress=progress, label=label)
-    both = measure(model, None, lambda *_: [usage_red, band_red], windows=win.subset(keep), analysis="report",
+    run = RunOptions(layers=layers, batch_size=batch_size, progress=progress)
+    passes = dict(spec=spec, label=label)
+    both = measure(model, None, lambda *_: [usage_red, band_red], run, windows=win.subset(keep), analysis="report",
                    config={"bands": bands.describe(), "jsd": False, "windows": keep},
                    desc="ropelens report: usage + band statistics", **passes)
     usage_prov = both.provenance
     if rest:
-        alone = measure(model, None, lambda *_: usage_red, windows=win.subset(rest), analysis="report: usage",
+        alone = measure(model, None, lambda *_: usage_red, run, windows=win.subset(rest), analysis="report: usage",
                         desc="ropelens report: usage", **passes)
         usage_prov = usage_prov.merged(alone.provenance)
     usage = usage_red.result(replace(usage_prov, config={
