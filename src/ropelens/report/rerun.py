@@ -22,12 +22,17 @@ def _windows(data: ReportData):
     return data.tokens[keep, :n_ctx], n_ctx, len(keep)
 
 
+def _rerun(data: ReportData, analysis) -> Measured:
+    """``analysis`` on a few of the report's windows, over the report's layers."""
+    toks, n_ctx, n_win = _windows(data)
+    return Measured(analysis(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False), n_ctx, n_win)
+
+
 def measure_sinks(data: ReportData) -> Measured:
     """Attention to position 0 per head and its band split, on a few of the report's windows."""
     from ropelens.analyses.sinks import attention_sinks
 
-    toks, n_ctx, n_win = _windows(data)
-    return Measured(attention_sinks(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False), n_ctx, n_win)
+    return _rerun(data, attention_sinks)
 
 
 def render_sinks(_data: ReportData, sinks: Measured) -> Section:
@@ -50,9 +55,7 @@ def measure_distance(data: ReportData) -> Measured:
     """Mean band logit and attention probability by query–key distance, on a few of the report's windows."""
     from ropelens.analyses.distance import attention_by_distance
 
-    toks, n_ctx, n_win = _windows(data)
-    return Measured(attention_by_distance(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False),
-                    n_ctx, n_win)
+    return _rerun(data, attention_by_distance)
 
 
 def render_distance(_data: ReportData, distance: Measured) -> Section:
@@ -76,8 +79,7 @@ def measure_massive(data: ReportData) -> Measured:
     """Norms of each pre-RoPE query and key dimension, on a few of the report's windows."""
     from ropelens.analyses.massive import massive_values
 
-    toks, n_ctx, n_win = _windows(data)
-    return Measured(massive_values(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False), n_ctx, n_win)
+    return _rerun(data, massive_values)
 
 
 def render_massive(data: ReportData, massive: Measured) -> Section:
