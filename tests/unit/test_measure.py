@@ -215,3 +215,26 @@ def test_corpus_analyses_share_one_signature():
         ropelens.frequency_usage(None, None, n_ctxx=8)
     with pytest.raises(TypeError, match="not RunOptions fields"):
         corpus_analysis(window=3)
+
+
+def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
+    """README's own corpus analysis, as printed there: its numbers equal a direct capture, and a killed
+    run resumes from its checkpoint to the same numbers."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "class KeyNorm" in b)
+    monkeypatch.chdir(tmp_path)
+    model = tiny("llama")
+    scope = {"model": model}
+    exec(code.replace('max_tokens=4096', 'max_tokens=256'), scope)  # noqa: S102 - the README's code, a smaller corpus
+    norms, prov = scope["norms"], scope["provenance"]
+    tokens = ropelens.data.analysis_windows(model.tokenizer, "english", 256, 256)[0]
+    acts = ropelens.capture_qk(model, tokens, layers=[0, 1], which=("k_post",))
+    want = torch.stack([acts[L]["k_post"].double().norm(dim=-1).mean() for L in (0, 1)])
+    torch.testing.assert_close(norms, want, rtol=1e-6, atol=0)
+    assert prov.config["layers"] == [0, 1] and prov.n_tokens == tokens.numel()
+    assert (tmp_path / "key-norm-ckpt" / "rank0-of-1.pt").exists()
+    again, _ = scope["key_norm"](model, "english", max_tokens=256, layers=[0, 1], checkpoint="key-norm-ckpt")
+    assert torch.equal(again, norms)  # resumed after the last batch: the saved sums, nothing added twice
