@@ -253,16 +253,14 @@ def test_fewer_tokens_than_one_window_is_one_message(command, capsys):
                      "raise --tokens or lower --n-ctx"]
 
 
-def test_checkpoint_where_the_analysis_cannot_resume_is_refused_before_loading(tmp_path, capsys):
-    import inspect
+def test_every_corpus_command_takes_checkpoint():
+    """Every command that streams a corpus resumes from --checkpoint (heads too)."""
+    from ropelens.cli.main import build_parser
 
-    from ropelens.analyses.sinks import attention_sinks
-
-    if "checkpoint" in inspect.signature(attention_sinks).parameters:
-        pytest.skip("attention_sinks resumes from checkpoints")
-    assert main(["sinks", "no-such-model", "--tokens", "64", "--n-ctx", "32", "--checkpoint", str(tmp_path)]) == 2
-    lines = error_lines(capsys.readouterr().err)
-    assert len(lines) == 1 and "ropelens sinks cannot resume" in lines[0] and "without --checkpoint" in lines[0]
+    parser = build_parser()
+    for command in ("usage", "decompose-stats", "heads", "sinks", "distance", "massive", "offsets"):
+        args = parser.parse_args([command, "--checkpoint", "ck", "--checkpoint-every", "3"])
+        assert (args.checkpoint, args.checkpoint_every) == ("ck", 3), command
 
 
 def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):

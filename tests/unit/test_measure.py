@@ -238,3 +238,33 @@ def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
     assert (tmp_path / "key-norm-ckpt" / "rank0-of-1.pt").exists()
     again, _ = scope["key_norm"](model, "english", max_tokens=256, layers=[0, 1], checkpoint="key-norm-ckpt")
     assert torch.equal(again, norms)  # resumed after the last batch: the saved sums, nothing added twice
+
+
+def test_heads_resume_from_a_checkpoint(tiny, tmp_path, monkeypatch):
+    """classify_heads checkpoints both its passes; a run killed in the random-token pass resumes to the
+    uninterrupted scores."""
+    import ropelens.distributed as D
+    from ropelens.analyses.heads import classify_heads
+
+    model = tiny("llama")
+    toks = torch.randint(4, 100, (6, 16), generator=torch.Generator().manual_seed(2))
+    toks[:, 0] = 1
+    kw = dict(n_ctx=16, max_offset=3, batch_size=1, progress=False, checkpoint_every=1)
+    whole = classify_heads(model, toks, **kw)
+    real, calls = D.stream, []
+
+    def dies_in_the_second_pass(*a, **k):
+        calls.append(1)
+        if len(calls) > 6 + 2:  # all text batches, then two random-token batches
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(D, "stream", dies_in_the_second_pass)
+    with pytest.raises(KeyboardInterrupt):
+        classify_heads(model, toks, checkpoint=tmp_path / "ck", **kw)
+    monkeypatch.setattr(D, "stream", real)
+    assert {p.name for p in (tmp_path / "ck").iterdir()} == {"text", "random"}
+    resumed = classify_heads(model, toks, checkpoint=tmp_path / "ck", **kw)
+    assert resumed.provenance.config["resumed_batches"] == 6  # the text pass was done; only random tokens ran
+    for k, v in whole.scores.items():
+        torch.testing.assert_close(resumed.scores[k], v, rtol=0, atol=0, equal_nan=True, msg=k)

@@ -18,6 +18,7 @@ position_share 1, one whose logit is content noise around a constant has 0.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -348,6 +349,8 @@ def classify_heads(
     batch_size: int = 4,
     tau: float | None = None,
     progress: bool = True,
+    checkpoint: str | os.PathLike[str] | None = None,
+    checkpoint_every: int = 8,
 ) -> HeadTaxonomy:
     """Score every head on text windows and on seeded random tokens, and classify it.
 
@@ -355,7 +358,8 @@ def classify_heads(
     english). ``tau``: override the Otsu threshold. Score keys, all ``[layer, head, ...]``:
     ``mass_{text,random}`` (offset), ``sink_{text,random}``, ``position_share_{text,random}`` and
     ``content_var_{text,random}`` (band), ``margin_share``, ``var_share``, ``cs_term``,
-    ``cs_bound`` (band, at the attended key), ``top_plane``, ``top_plane_tightness``.
+    ``cs_bound`` (band, at the attended key), ``top_plane``, ``top_plane_tightness``. ``checkpoint``
+    (a directory) saves both passes' progress to resume a killed run (``text/`` and ``random/`` in it).
     """
     from ropelens import data
     from ropelens.measure import RunOptions, Windows, measure
@@ -373,13 +377,18 @@ def classify_heads(
     chosen = spec.layer_indices(layers)
     # both passes' reducers exist before the first forward: a bad setting fails before any work
     heads_text, heads_rand = (HeadScoresReducer(spec, chosen, bands, max_offset) for _ in range(2))
-    run = RunOptions(layers=chosen, batch_size=batch_size, progress=progress)
-    m = measure(model, None, lambda *_: [heads_text, BandStatsReducer(spec, chosen, bands)], run, windows=text, spec=spec,
+    run = RunOptions(layers=chosen, batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every)
+
+    def ck(part: str) -> str | None:  # each pass resumes from its own folder
+        return None if checkpoint is None else os.path.join(checkpoint, part)
+
+    m = measure(model, None, lambda *_: [heads_text, BandStatsReducer(spec, chosen, bands)],
+                replace(run, checkpoint=ck("text")), windows=text, spec=spec,
                 analysis="heads", config={"bands": bands.describe(), "max_offset": max_offset, "seed": seed,
                                           "random_vocab": vocab, "tau_method": TAU_METHOD if tau is None else "given"},
                 desc="heads: text")
     band = m.reducers[1]
-    rm = measure(model, None, lambda *_: heads_rand, run, windows=Windows(rand), spec=spec,
+    rm = measure(model, None, lambda *_: heads_rand, replace(run, checkpoint=ck("random")), windows=Windows(rand), spec=spec,
                  analysis="heads: random tokens", desc="heads: random tokens")
     prov = replace(m.provenance, seconds=m.provenance.seconds + rm.provenance.seconds)
     scores = {**heads_text.scores("text"), **heads_rand.scores("random"), **_band_profile(band, prov)}

@@ -7,6 +7,7 @@ import math
 
 from ropelens.cli.common import (
     AnalysisOptions,
+    CheckpointOptions,
     CorpusCommand,
     CorpusOptions,
     ModelOptions,
@@ -166,6 +167,7 @@ def add_heads(subparsers: argparse._SubParsersAction) -> None:
     ModelOptions.add_to(p)
     p.add_argument("--windows", type=int, default=8, help="text windows (and as many random-token windows)")
     p.add_argument("--n-ctx", type=int, default=256, help="tokens per window")
+    CheckpointOptions.add_to(p)
     OutputOptions.add_to(p, save="HeadTaxonomy JSON", deprecated_out=True)
 
 
@@ -178,7 +180,8 @@ def run_heads(args: argparse.Namespace) -> int:
 
     output = OutputOptions.from_args(args)
     output.check()
-    tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, progress=False)
+    tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, progress=False,
+                        **CheckpointOptions.from_args(args).kwargs())
     output.save_result(tx)
     df = tx.to_frame()
     if output.json:

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from ropelens.errors import InputError, UsageError
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
+from ropelens.models import DTYPES as MODEL_DTYPES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: MODEL_DTYPES[name] for name in ("float32", "bfloat16", "float16")}  # what --dtype offers
 
 __all__ = [
     "DTYPES", "AnalysisOptions", "CheckpointOptions", "CorpusCommand", "CorpusOptions", "ModelOptions",
@@ -239,13 +239,10 @@ class CheckpointOptions(OptionGroup):
     checkpoint_every: int = option(8, "batches between checkpoints (default: {default})", type=positive_int,
                                    metavar="N")
 
-    def kwargs_for(self, analysis: Callable[..., Any], command: str) -> dict[str, Any]:
-        """``checkpoint``/``checkpoint_every`` for ``analysis`` when ``--checkpoint`` is set (and it can resume)."""
+    def kwargs(self) -> dict[str, Any]:
+        """``checkpoint``/``checkpoint_every`` for the analysis when ``--checkpoint`` is set (every corpus analysis resumes)."""
         if self.checkpoint is None:
             return {}
-        if "checkpoint" not in inspect.signature(analysis).parameters:
-            raise UsageError(f"--checkpoint {self.checkpoint}: ropelens {command} cannot resume from a checkpoint; "
-                             "run it without --checkpoint")
         return {"checkpoint": self.checkpoint, "checkpoint_every": self.checkpoint_every}
 
 
@@ -338,7 +335,7 @@ class CorpusCommand:
         # frequency_usage takes no bands: usage's bands only group its printout
         if bands is not None and "bands" in inspect.signature(analysis).parameters:
             kw["bands"] = bands
-        return corpus, {**kw, **self.checkpoint.kwargs_for(analysis, self.command)}
+        return corpus, {**kw, **self.checkpoint.kwargs()}
 
 
 # ---------------------------------------------------------------------------------------- JSON output
