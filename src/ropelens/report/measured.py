@@ -1,4 +1,4 @@
-"""The core sections: the model's RoPE, frequency usage, and the band decomposition of attention."""
+"""Sections drawn from the one streaming pass: the model's RoPE, frequency usage, and the band decomposition of attention."""
 
 from __future__ import annotations
 
