@@ -400,7 +400,47 @@ def _looks_like_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
 
 
+HUB_TIMEOUT = 3.0  # seconds the hub gets to answer before an unknown name fails (ROPELENS_HUB_TIMEOUT overrides)
+
+
+def _check_hub_name(name: str) -> None:
+    """Fail within seconds when ``name`` cannot come from the hub, instead of after transformers' retries.
+
+    A name that is not a valid hub id fails at once; with HF_HUB_OFFLINE set, so does one the local hub
+    cache lacks; otherwise the hub is asked once, with a short timeout, whether the model exists.
+    """
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    embedded = ", ".join(f"{n!r}" for n in EMBEDDED_MODELS)
+    tried = (f"cannot load model {name!r}: it is not an embedded model ({embedded}), no file or directory "
+             f"{name!r} exists")
+    fix = "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), or a hub id"
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise InputError(f"{tried}, and it is not a hub id (owner/name of letters, digits, '-', '_', '.'): {fix}") from None
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return  # in the local hub cache: transformers reads it there
+    if constants.HF_HUB_OFFLINE:
+        raise InputError(f"{tried}, and HF_HUB_OFFLINE is set while the local hub cache lacks it: {fix} "
+                         "(or unset HF_HUB_OFFLINE to download it)")
+    timeout = float(os.environ.get("ROPELENS_HUB_TIMEOUT", HUB_TIMEOUT))
+    try:
+        HfApi(endpoint=constants.ENDPOINT).model_info(name, timeout=timeout)
+    except HfHubHTTPError as e:
+        if isinstance(e, RepositoryNotFoundError) and not isinstance(e, GatedRepoError):
+            raise InputError(f"{tried}, and the hub ({constants.ENDPOINT}) has no model {name!r} (or it is "
+                             f"private: log in with `hf auth login`): {fix}") from None
+        # gated, rate-limited or a server error: loading reports it with the hub's own words
+    except Exception as e:  # noqa: BLE001 - the HTTP client's connection and timeout errors
+        raise InputError(f"{tried}, and the hub ({constants.ENDPOINT}) did not answer within {timeout:g} s "
+                         f"({type(e).__name__}: {e}): {fix}, or connect to the network") from None
+
+
 def _from_hub(name: str, dtype: torch.dtype, dev: torch.device):
+    _check_hub_name(name)  # before the bridge's import, which alone takes seconds
     from transformer_lens.model_bridge import TransformerBridge
 
     try:

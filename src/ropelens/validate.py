@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
 from ropelens.errors import InputError
 
-__all__ = ["check_factors", "check_flag", "check_indices", "check_number", "check_positive_int"]
+__all__ = ["check_factors", "check_flag", "check_indices", "check_number", "check_output_path", "check_positive_int"]
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<=": operator.le}
 
@@ -76,3 +79,27 @@ def check_indices(values: Any, what: str, n: int | None = None, owner: str = "")
     if bad:
         raise InputError(f"{what} indices {bad} out of range: {owner} has {n} {what}s (0..{n - 1})")
     return out
+
+
+def check_output_path(path: str | os.PathLike[str], what: str, *, directory: bool = False) -> Path:
+    """``path`` as a Path if a file (or with ``directory`` a folder) can be written there; creates nothing.
+
+    The nearest existing folder on the way must be a writable directory: a probe folder is made in it
+    and removed at once, so a run that fails later (the model does not load, say) leaves no trace.
+    """
+    p = Path(path).expanduser()
+    if directory and p.exists() and not p.is_dir():
+        raise InputError(f"{what} {path} is a file: pass a directory (it is created if missing)")
+    if not directory and p.is_dir():
+        raise InputError(f"{what} {path} is a directory: pass a file path such as {p / 'result.json'}")
+    ancestor = p if directory else p.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"{what} {path}: {ancestor} is a file, not a directory: pass a path in a writable directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".ropelens-probe-", dir=ancestor))
+    except OSError as e:
+        raise InputError(f"{what} {path}: cannot write in {ancestor} ({e.strerror or e}): "
+                         "pass a path in a writable directory") from e
+    return p

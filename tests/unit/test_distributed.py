@@ -174,9 +174,34 @@ def test_device_map_naming_cpu_loads_and_runs(model_dir):
         ropelens.load_model(model_dir, max_memory={"cpu": "1GB"})
 
 
+def assert_same_frame(a, b, where: str) -> None:
+    """Equal tables: the same columns and rows, strings equal, numbers to float64 rounding.
+
+    The sums behind every number are float64, added in another order across ranks (each rank's part
+    first): that moves them by a few ulps (~1e-15 relative), and the ratios and differences built on
+    them by at most ~1e-12 of the column's scale; 1e-9 of the column's largest magnitude is far above
+    that and far below any real difference (a window counted twice or missed moves them by > 1e-3).
+    """
+    import numpy as np
+    import pandas as pd
+
+    assert list(a.columns) == list(b.columns) and len(a) == len(b), where
+    for col in a.columns:
+        x, y = a[col], b[col]
+        if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y) and x.dtype != bool:
+            x, y = x.to_numpy(np.float64), y.to_numpy(np.float64)
+            scale = float(np.nanmax(np.abs(x), initial=0.0)) if np.isfinite(x).any() else 0.0
+            np.testing.assert_allclose(y, x, rtol=1e-9, atol=1e-9 * scale, equal_nan=True, err_msg=f"{where}: {col}")
+        else:
+            assert x.astype(str).tolist() == y.astype(str).tolist(), f"{where}: {col}"
+
+
 def test_report_under_torchrun_equals_one_process(model_dir, tmp_path):
     """Two ranks measure, rank 0 alone renders (its sections re-run the model locally) and writes;
-    the streamed tables equal a one-process report's."""
+    every CSV equals a one-process report's in every column. The CSVs hold no timing column; the
+    timings (report.json's provenance seconds and steps_seconds) are the only numbers left out."""
+    import json
+
     import pandas as pd
 
     from ropelens.report.build import build_report
@@ -186,10 +211,30 @@ def test_report_under_torchrun_equals_one_process(model_dir, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("report: ") == 1  # rank 0 only
     one = build_report(ropelens.load_model(model_dir, device="cpu"), quick=True, out=tmp_path / "one", progress=False)
-    for name, key in (("usage", "mean_norm"), ("band_stats", "margin_share")):
-        a, b = pd.read_csv(one / f"{name}.csv"), pd.read_csv(tmp_path / "two" / f"{name}.csv")
-        assert len(a) == len(b)
-        assert (a[key] - b[key]).abs().max() <= 1e-6 * a[key].abs().max(), name
+    names = sorted(p.name for p in one.glob("*.csv"))
+    assert names == sorted(p.name for p in (tmp_path / "two").glob("*.csv"))
+    assert {"usage.csv", "band_stats.csv", "energy.csv", "heads.csv", "sinks_heads.csv", "distance_shapes.csv"} <= set(names)
+    for name in names:
+        assert_same_frame(pd.read_csv(one / name), pd.read_csv(tmp_path / "two" / name), name)
+    a, b = (json.loads((d / "report.json").read_text()) for d in (one, tmp_path / "two"))
+    assert [f["text"] for f in a["findings"]] == [f["text"] for f in b["findings"]]
+
+
+def test_heads_under_torchrun_equals_one_process(model_dir, tmp_path):
+    """heads on two gloo ranks: the saved taxonomy equals classify_heads in one process, every score and class."""
+    from ropelens.analyses.heads import HeadTaxonomy, classify_heads
+
+    saved = tmp_path / "heads.json"
+    r = launch(2, ["-m", "ropelens", "heads", str(model_dir), "--windows", "3", "--n-ctx", str(N_CTX),
+                   "--device", "cpu", "--save", str(saved)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("positional heads of") == 1, r.stdout  # rank 0 prints, alone
+    two = HeadTaxonomy.load(saved)
+    cfg = two.provenance.config
+    assert cfg["world_size"] == 2 and sorted(w for ws in cfg["windows_by_rank"] for w in ws) == [0, 1, 2]
+    one = classify_heads(ropelens.load_model(model_dir, device="cpu"), n_ctx=N_CTX, n_windows=3, progress=False)
+    assert two.tau == one.tau
+    assert_same_frame(one.to_frame(), two.to_frame(), "heads")
 
 
 def test_commands_that_do_not_split_refuse_torchrun(model_dir, monkeypatch, capsys):

@@ -282,7 +282,7 @@ def test_cli_usage_and_decompose(tiny_dir, capsys):
         (["report", "{llama}", "--corpus", "{tmp}/missing.txt", "--out", "{tmp}/r"], "does not exist"),
         (["report", "{llama}", "--corpus", "{tmp}", "--out", "{tmp}/r"], "has no .txt/.md files"),
         (["report", "{llama}", "--tokens", "10", "--n-ctx", "64", "--out", "{tmp}/r"], "fewer than one window"),
-        (["report", "{llama}", "--out", "{tmp}/file/r"], "choose a writable output directory"),
+        (["report", "{llama}", "--out", "{tmp}/file/r"], "is a file, not a directory: pass a path in a writable directory"),
         (["report", "{llama}", "--layers", "0,x"], "comma-separated layer indices"),
         (["report", "{llama}", "--bands", "octaves", "--out", "{tmp}/r"], "unknown band spec 'octaves'"),
         (["usage", "{llama}", "--tokens", "0"], "expected a positive integer"),

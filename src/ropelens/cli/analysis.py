@@ -15,6 +15,7 @@ from ropelens.cli.common import (
     add_command,
     load_from_args,
     positive_int,
+    window_length,
 )
 from ropelens.errors import InputError
 
@@ -165,8 +166,9 @@ def add_heads(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens heads [MODEL]``: classify heads as positional or content (ropelens.analyses.heads)."""
     p = add_command(subparsers, "heads", run_heads, distributed=True)
     ModelOptions.add_to(p)
-    p.add_argument("--windows", type=int, default=8, help="text windows (and as many random-token windows)")
-    p.add_argument("--n-ctx", type=int, default=256, help="tokens per window")
+    p.add_argument("--windows", type=positive_int, default=8, metavar="N",
+                   help="text windows (and as many random-token windows)")
+    p.add_argument("--n-ctx", type=window_length, default=256, metavar="N", help="tokens per window")
     CheckpointOptions.add_to(p)
     OutputOptions.add_to(p, save="HeadTaxonomy JSON", deprecated_out=True)
 
@@ -180,8 +182,9 @@ def run_heads(args: argparse.Namespace) -> int:
 
     output = OutputOptions.from_args(args)
     output.check()
+    checkpoint = CheckpointOptions.from_args(args).kwargs()  # a bad --checkpoint fails before the model loads
     tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, progress=False,
-                        **CheckpointOptions.from_args(args).kwargs())
+                        **checkpoint)
     output.save_result(tx)
     df = tx.to_frame()
     if output.json:

@@ -57,6 +57,10 @@ def run_distance(args: argparse.Namespace) -> int:
     from ropelens.analyses.distance import attention_by_distance
 
     run = CorpusCommand.from_args(args)
+    shortest = 3 if args.keep_bos else 4  # distances 0, 1 and 2: the three bins a curve's shape needs
+    if args.n_ctx < shortest:
+        raise InputError(f"--n-ctx {args.n_ctx} is too short for distance curves: they need three distance bins "
+                         f"(δ = 0, 1, 2{'' if args.keep_bos else ' between non-BOS tokens'}): use --n-ctx {shortest} or more")
     corpus, kw = run.prepare(attention_by_distance)
     r = attention_by_distance(load_from_args(args), corpus, **kw,
                               n_sink=0 if args.keep_bos else 1)

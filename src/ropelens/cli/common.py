@@ -23,7 +23,6 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,13 +30,14 @@ import numpy as np
 from ropelens.errors import InputError, UsageError
 from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 from ropelens.models import DTYPES as MODEL_DTYPES
+from ropelens.validate import check_output_path
 
 DTYPES = {name: MODEL_DTYPES[name] for name in ("float32", "bfloat16", "float16")}  # what --dtype offers
 
 __all__ = [
     "DTYPES", "AnalysisOptions", "CheckpointOptions", "CorpusCommand", "CorpusOptions", "ModelOptions",
     "OutputOptions", "Parser", "add_command", "band_tokens", "emit", "jsonable", "layer_list",
-    "load_from_args", "positive_int",
+    "load_from_args", "non_negative_int", "positive_int", "window_length",
 ]  # fmt: skip
 
 
@@ -67,6 +67,25 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """``argparse`` type: an integer ≥ 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {value}")
+    return value
+
+
+def window_length(text: str) -> int:
+    """``argparse`` type: tokens per window, at least 2 (BOS and one token that can attend to it)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"a window needs at least 2 tokens (BOS and one more), got {value}")
     return value
 
 
@@ -176,7 +195,7 @@ class CorpusOptions(OptionGroup):
                                      "(default: english)", metavar="PATH|english|python")
     tokens: int | None = option(None, "tokens to analyse, cut into windows of --n-ctx (default: {default:,})",
                                 type=positive_int, metavar="N")
-    n_ctx: int = option(512, "tokens per window, BOS included (default: {default})", type=positive_int, metavar="N")
+    n_ctx: int = option(512, "tokens per window, BOS included (default: {default})", type=window_length, metavar="N")
 
     @classmethod
     def add_to(cls, parser: argparse.ArgumentParser, *, tokens: int | None, n_ctx: int,
@@ -243,6 +262,7 @@ class CheckpointOptions(OptionGroup):
         """``checkpoint``/``checkpoint_every`` for the analysis when ``--checkpoint`` is set (every corpus analysis resumes)."""
         if self.checkpoint is None:
             return {}
+        check_output_path(self.checkpoint, "--checkpoint", directory=True)  # before the model loads
         return {"checkpoint": self.checkpoint, "checkpoint_every": self.checkpoint_every}
 
 
@@ -273,11 +293,9 @@ class OutputOptions(OptionGroup):
         return not self.json
 
     def check(self) -> None:
-        """The directory ``--save`` writes to exists (or is created) and is writable."""
+        """``--save`` names a file in a writable directory (created only when the result is saved)."""
         if self.save:
-            from ropelens.report.build import check_output_dir
-
-            check_output_dir(str(Path(self.save).expanduser().resolve().parent))
+            check_output_path(self.save, "--save")
 
     def save_result(self, result: Any) -> None:
         """``result.save(--save)`` on the main process, when ``--save`` is given."""

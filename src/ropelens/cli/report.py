@@ -43,11 +43,12 @@ def run_report(args: argparse.Namespace) -> int:
     Measure frequency usage and the band decomposition of attention in one pass over a corpus, and write
     OUT/index.html (works offline), report.json and one CSV per table.
     """
-    from ropelens.report.build import build_report, check_output_dir, resolve_corpus
+    from ropelens.report.build import build_report, resolve_corpus
+    from ropelens.validate import check_output_path
 
     output = OutputOptions.from_args(args)
     AnalysisOptions.from_args(args)  # bad bands, output or corpus fail before the model loads
-    out = check_output_dir(args.out)
+    out = check_output_path(args.out, "--out", directory=True)  # created once the model has loaded
     corpus, _ = resolve_corpus(args.corpus)
     from ropelens.report.experiments import load_experiments
 

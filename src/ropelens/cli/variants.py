@@ -9,7 +9,15 @@ import dataclasses
 import math
 
 from ropelens import variants as V
-from ropelens.cli.common import ModelOptions, OutputOptions, add_command, load_from_args
+from ropelens.cli.common import (
+    ModelOptions,
+    OutputOptions,
+    add_command,
+    load_from_args,
+    non_negative_int,
+    positive_int,
+    window_length,
+)
 from ropelens.errors import InputError
 from ropelens.intervene import apply_rope_variant
 from ropelens.reading import rope_spec
@@ -114,8 +122,8 @@ def add_truncate(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "truncate", run_truncate)
     ModelOptions.add_to(p)
     p.add_argument("--p", default="0,0.25,0.5,0.75,1", help="comma-separated fractions in [0, 1]")
-    p.add_argument("--n-ctx", type=int, default=256, help="tokens per window (default 256)")
-    p.add_argument("--windows", type=int, default=8, help="validation windows (default 8)")
+    p.add_argument("--n-ctx", type=window_length, default=256, metavar="N", help="tokens per window (default 256)")
+    p.add_argument("--windows", type=positive_int, default=8, metavar="N", help="validation windows (default 8)")
     p.add_argument("--layer-kind", choices=["full", "sliding"], default=None, help="only layers of this kind")
     OutputOptions.add_to(p)
 
@@ -158,10 +166,11 @@ def add_context(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens context [MODEL] --target N``: what each context-extension method does per plane."""
     p = add_command(subparsers, "context", run_context)
     ModelOptions.add_to(p)
-    p.add_argument("--target", type=int, required=True, help="the extended context length in tokens")
-    p.add_argument("--original", type=int, default=None, help="the trained context length (default: the model's n_ctx)")
+    p.add_argument("--target", type=positive_int, required=True, metavar="N", help="the extended context length in tokens")
+    p.add_argument("--original", type=positive_int, default=None, metavar="N",
+                   help="the trained context length (default: the model's n_ctx)")
     p.add_argument("--variants", default="pi,ntk,yarn,llama3", help=f"comma-separated, of {','.join(_CONTEXT_VARIANTS)}")
-    p.add_argument("--layer", type=int, default=0, help="which layer's RoPE to show (default 0)")
+    p.add_argument("--layer", type=int, default=0, help="which layer's RoPE to show (default 0; -1 is the last)")
     OutputOptions.add_to(p)
 
 
@@ -178,7 +187,11 @@ def run_context(args: argparse.Namespace) -> int:
     bad = [n for n in names if n not in _CONTEXT_VARIANTS]
     if bad or not names:
         raise InputError(f"--variants {args.variants!r}: unknown {bad}; choose from {','.join(_CONTEXT_VARIANTS)}")
-    layer = rope_spec(load_from_args(args))[args.layer]
+    if args.original is not None and args.target <= args.original:
+        raise InputError(f"--target {args.target} must exceed --original {args.original}: "
+                         "pass the extended length as --target")
+    spec = rope_spec(load_from_args(args))
+    layer = spec.layers[spec.layer_indices([args.layer], rotary_only=False)[0]]  # names the range when out of it
     l0 = args.original or layer.n_ctx
     if not l0 or args.target <= l0:
         raise InputError(f"--target {args.target} must exceed the original context {l0}: pass --original N")
@@ -210,19 +223,20 @@ def add_passkey(subparsers: argparse._SubParsersAction) -> None:
     ModelOptions.add_to(p)
     p.add_argument("--lengths", default="1024", metavar="N,N,...", help="prompt lengths in tokens (default: 1024)")
     p.add_argument("--depths", default="0.1,0.5,0.9", metavar="F,F,...", help="passkey depths (default: 0.1,0.5,0.9)")
-    p.add_argument("--trials", type=int, default=3, help="passkeys per (length, depth) (default: 3)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trials", type=positive_int, default=3, metavar="N", help="passkeys per (length, depth) (default: 3)")
+    p.add_argument("--seed", type=non_negative_int, default=0, metavar="N", help="seed of the passkeys (default: 0)")
     p.add_argument("--variant", default=None, metavar="SPEC", help=variant_help())
     OutputOptions.add_to(p, save="PasskeyResult JSON")
 
 
 def _numbers(text: str, kind, what: str) -> list:
+    noun = "integers" if kind is int else "numbers"
     try:
         out = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError as e:
-        raise InputError(f"{what} must be a comma-separated list of numbers, got {text!r}") from e
+        raise InputError(f"{what} must be a comma-separated list of {noun}, got {text!r}") from e
     if not out:
-        raise InputError(f"{what} is empty: pass a comma-separated list of numbers, e.g. {what} 1,2")
+        raise InputError(f"{what} is empty: pass a comma-separated list of {noun}, e.g. {what} 1,2")
     return out
 
 
@@ -233,10 +247,14 @@ def run_passkey(args: argparse.Namespace) -> int:
     score the first number (the YaRN/LongRoPE harness); seeded.
     """
     from ropelens.analyses.passkey import passkey_retrieval
+    from ropelens.validate import check_number
 
     lengths, depths = _numbers(args.lengths, int, "--lengths"), _numbers(args.depths, float, "--depths")
-    if args.trials < 1:
-        raise InputError(f"--trials must be ≥ 1, got {args.trials}")
+    for n in lengths:  # the model-specific minimum (the prompt's own tokens) is checked once it loads
+        check_number(n, "each of --lengths", at_least=2, integer=True, hint=": pass prompt lengths in tokens")
+    for d in depths:
+        check_number(d, "each of --depths", at_least=0, at_most=1,
+                     hint=": pass fractions of the prompt, 0 (start) to 1 (end), e.g. --depths 0.1,0.5,0.9")
     variant = parse_variant(args.variant) if args.variant else None
     output = OutputOptions.from_args(args)
     output.check()
@@ -257,7 +275,7 @@ def add_predict_base(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "predict-base", run_predict_base)
     ModelOptions.add_to(p)
     p.add_argument("--lengths", default="2048,8192,16384,32768", metavar="N,N,...", help="evaluation lengths")
-    p.add_argument("--measure", type=int, default=0, metavar="WINDOWS",
+    p.add_argument("--measure", type=non_negative_int, default=0, metavar="WINDOWS",
                    help="also measure the mean loss at each length over this many windows of real text (slow)")
     OutputOptions.add_to(p, save="BasePredictions JSON")
 
@@ -274,8 +292,6 @@ def run_predict_base(args: argparse.Namespace) -> int:
     lengths = _numbers(args.lengths, int, "--lengths")
     if min(lengths) < 2:
         raise InputError(f"--lengths needs token counts ≥ 2, got {args.lengths!r}")
-    if args.measure < 0:
-        raise InputError(f"--measure must be ≥ 0 windows, got {args.measure}")
     output = OutputOptions.from_args(args)
     output.check()
     model = load_from_args(args)

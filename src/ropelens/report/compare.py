@@ -26,13 +26,24 @@ __all__ = ["compare_reports"]
 
 
 def _read(folder: Path) -> dict[str, Any]:
+    if not folder.exists():
+        raise InputError(f"report directory {folder} does not exist: pass two directories written by `ropelens report`")
+    if not folder.is_dir():
+        raise InputError(f"{folder} is a file, not a report directory: pass two directories written by `ropelens report`")
     report = folder / "report.json"
     if not report.is_file():
         raise InputError(f"{folder} holds no report.json: pass two directories written by `ropelens report`")
-    out: dict[str, Any] = {"report": json.loads(report.read_text())}
-    for name in ("energy", "band_stats", "heads", "sinks_layers"):
-        f = folder / f"{name}.csv"
-        out[name] = pd.read_csv(f) if f.is_file() else None
+    try:
+        out: dict[str, Any] = {"report": json.loads(report.read_text())}
+        for name in ("energy", "band_stats", "heads", "sinks_layers"):
+            f = folder / f"{name}.csv"
+            out[name] = pd.read_csv(f) if f.is_file() else None
+    except (ValueError, pd.errors.ParserError) as e:  # a damaged report.json or CSV
+        raise InputError(f"{folder} holds a damaged report ({type(e).__name__}: {e}): write it again with "
+                         "`ropelens report`") from e
+    if not isinstance(out["report"], dict) or not {"model", "corpus"} <= set(out["report"]):
+        raise InputError(f"{folder / 'report.json'} is not a ropelens report: pass directories written by "
+                         "`ropelens report`")
     if out["energy"] is None or out["band_stats"] is None:
         raise InputError(f"{folder} lacks energy.csv or band_stats.csv: re-run `ropelens report` with this version")
     return out
@@ -65,7 +76,14 @@ def _largest(d: pd.DataFrame) -> tuple[int, str, float]:
 
 def compare_reports(a: str | os.PathLike[str], b: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     """Write the comparison page of report directories ``a`` and ``b`` into ``out`` (atomically per file)."""
+    from ropelens.validate import check_output_path
+
     A, B = _read(Path(a)), _read(Path(b))
+    for flag, folder in (("A", a), ("B", b)):
+        if Path(out).expanduser().resolve() == Path(folder).expanduser().resolve():
+            raise InputError(f"the output directory {out} is report {flag}: writing there would mix the comparison "
+                             "into the report; pass another --out")
+    check_output_path(out, "--out", directory=True)
     name = lambda r: f"{r['report']['model']['name']} on {r['report']['corpus'].get('name')}"  # noqa: E731
     na, nb = name(A), name(B)
     sections, tables, findings = [], {}, []

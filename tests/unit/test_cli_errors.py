@@ -1,0 +1,335 @@
+"""Bad input to every command: one line naming the problem and the fix, exit code 2, nothing written.
+
+The model is "no-such-model" wherever the check must come before any model loads: a check that
+were missing or late would fail with "cannot load model" instead, and the message assertion
+catches it. The few checks that need the model's own numbers (its layers, its tokenizer) run on a
+tiny model directory. No test here loads an embedded model.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ropelens.cli import main
+from ropelens.cli.main import build_parser
+
+N_CTX = 32
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch):
+    monkeypatch.delenv("ROPELENS_DEBUG", raising=False)  # it turns error lines into tracebacks
+
+
+def tree(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def one_error(capsys) -> str:
+    """The single ``ropelens: error:`` line of a failed command (nothing on stdout, no traceback)."""
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith("ropelens: error:")]
+    assert captured.out == "" and "Traceback" not in captured.err, captured.err
+    assert len(lines) == 1, captured.err
+    return lines[0].removeprefix("ropelens: error: ")
+
+
+def fails(argv: list[str], folder: Path, capsys) -> str:
+    """Run ``argv`` in ``folder``; it must exit 2 and leave ``folder`` as it was. Returns the message."""
+    before = tree(folder)
+    started = time.perf_counter()
+    assert main(argv) == 2
+    assert time.perf_counter() - started < 30  # a smoke bound: no hub retries, no model run
+    message = one_error(capsys)
+    assert tree(folder) == before, f"{argv} left {tree(folder) - before}"
+    return message
+
+
+# The placeholders: {tmp} the test's folder, {file} a plain file in it, {new} a path that does not exist.
+BEFORE_THE_MODEL = [
+    # distance
+    (["distance", "--n-ctx", "2", "--tokens", "8"],
+     "--n-ctx 2 is too short for distance curves: they need three distance bins (δ = 0, 1, 2 between non-BOS "
+     "tokens): use --n-ctx 4 or more"),
+    (["distance", "--n-ctx", "2", "--tokens", "8", "--keep-bos"], "use --n-ctx 3 or more"),
+    (["distance", "--n-ctx", "1"], "argument --n-ctx: a window needs at least 2 tokens (BOS and one more), got 1"),
+    (["distance", "--tokens", "x"], "argument --tokens: expected a positive integer, got 'x'"),
+    (["distance", "--tokens", "16", "--n-ctx", "32"], "--tokens 16 is fewer than one window of --n-ctx 32: raise"),
+    (["distance", "--layers", "0,x"], "expected comma-separated layer indices such as 0,5,11, got '0,x'"),
+    (["distance", "--bands", "quantiles:0"], "bad band spec 'quantiles:0'"),
+    (["distance", "--corpus", "{tmp}/missing.txt"], "does not exist: check the path, or use a built-in corpus"),
+    (["distance", "--save", "{file}/d.json"],
+     "--save {file}/d.json: {file} is a file, not a directory: pass a path in a writable directory"),
+    (["distance", "--save", "{tmp}"], "--save {tmp} is a directory: pass a file path such as {tmp}/result.json"),
+    (["distance", "--checkpoint", "{file}"], "--checkpoint {file} is a file: pass a directory"),
+    (["distance", "--checkpoint-every", "0"], "argument --checkpoint-every: expected a positive integer, got 0"),
+    (["distance", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    # offsets
+    (["offsets", "--n-ctx", "0"], "argument --n-ctx: expected a positive integer, got 0"),
+    (["offsets", "--tokens", "-5"], "argument --tokens: expected a positive integer, got -5"),
+    (["offsets", "--save", "{file}/sub/o.json"], "{file} is a file, not a directory"),
+    (["offsets", "--checkpoint", "{file}/ck"], "--checkpoint {file}/ck: {file} is a file, not a directory"),
+    # decompose-stats
+    (["decompose-stats", "--batch-size", "0"], "argument --batch-size: expected a positive integer, got 0"),
+    (["decompose-stats", "--save", "{tmp}"], "is a directory: pass a file path"),
+    (["decompose-stats", "--bands", "octaves"], "unknown band spec 'octaves'"),
+    # predict-base
+    (["predict-base", "--measure", "-1"], "argument --measure: expected an integer ≥ 0, got -1"),
+    (["predict-base", "--measure", "x"], "argument --measure: expected an integer ≥ 0, got 'x'"),
+    (["predict-base", "--lengths", "x"], "--lengths must be a comma-separated list of integers, got 'x'"),
+    (["predict-base", "--lengths", "2048,1.5"], "--lengths must be a comma-separated list of integers"),
+    (["predict-base", "--lengths", ","], "--lengths is empty: pass a comma-separated list of integers"),
+    (["predict-base", "--lengths", "1"], "--lengths needs token counts ≥ 2, got '1'"),
+    (["predict-base", "--save", "{file}/p.json"], "{file} is a file, not a directory"),
+    # passkey
+    (["passkey", "--depths", "1.5"], "each of --depths must be >= 0 and <= 1, got 1.5: pass fractions of the prompt"),
+    (["passkey", "--depths", "nan"], "each of --depths must be a finite number, got nan"),
+    (["passkey", "--depths", "a"], "--depths must be a comma-separated list of numbers, got 'a'"),
+    (["passkey", "--trials", "0"], "argument --trials: expected a positive integer, got 0"),
+    (["passkey", "--lengths", "x"], "--lengths must be a comma-separated list of integers, got 'x'"),
+    (["passkey", "--lengths", "1024,0"], "each of --lengths must be >= 2, got 0: pass prompt lengths in tokens"),
+    (["passkey", "--seed", "-1"], "argument --seed: expected an integer ≥ 0, got -1"),
+    (["passkey", "--variant", "prope:1.5"], "p must be >= 0 and <= 1, got 1.5"),
+    (["passkey", "--save", "{tmp}"], "is a directory: pass a file path"),
+    # heads, truncate, context, the other corpus commands, decompose
+    (["heads", "--windows", "0"], "argument --windows: expected a positive integer, got 0"),
+    (["heads", "--n-ctx", "1"], "argument --n-ctx: a window needs at least 2 tokens"),
+    (["heads", "--checkpoint", "{file}"], "--checkpoint {file} is a file"),
+    (["heads", "--save", "{file}/h.json"], "{file} is a file, not a directory"),
+    (["truncate", "--windows", "0"], "argument --windows: expected a positive integer, got 0"),
+    (["truncate", "--n-ctx", "x"], "argument --n-ctx: expected a positive integer, got 'x'"),
+    (["truncate", "--p", "x"], "--p must be a comma-separated list of numbers, got 'x'"),
+    (["truncate", "--p", "1.5"], "p must be >= 0 and <= 1, got 1.5"),
+    (["context", "--target", "0"], "argument --target: expected a positive integer, got 0"),
+    (["context", "--target", "8192", "--original", "0"], "argument --original: expected a positive integer, got 0"),
+    (["context", "--target", "1024", "--original", "2048"], "--target 1024 must exceed --original 2048"),
+    (["context", "--target", "8192", "--variants", "warp"], "--variants 'warp': unknown ['warp']"),
+    (["sinks", "--epsilon", "1.5"], "--epsilon must lie in (0, 1), got 1.5"),
+    (["massive", "--factor", "0.5"], "--factor must exceed 1"),
+    (["usage", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
+    (["decompose", "--window", "-1"], "--window must be ≥ 0, got -1"),
+    (["decompose", "--text", " "], "--text is empty"),
+    (["variants", "--variant", "prope:x"], "variant 'prope:x': bad P 'x'"),
+    (["inspect", "--device", "gpu0"], "unknown device 'gpu0': use 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    # report
+    (["report", "--out", "{file}"], "--out {file} is a file: pass a directory"),
+    (["report", "--out", "{file}/r"], "--out {file}/r: {file} is a file, not a directory"),
+    (["report", "--band-tokens", "0"], "argument --band-tokens: expected a positive integer, got 0"),
+    (["report", "--experiments", "{tmp}/missing", "--out", "{new}"], "--experiments {tmp}/missing is not a directory"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BEFORE_THE_MODEL, ids=[" ".join(a) for a, _ in BEFORE_THE_MODEL])
+def test_bad_value_fails_before_the_model_loads(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # commands with a default output folder would write it here
+    (tmp_path / "file").write_text("not a directory")
+    fill = {"tmp": tmp_path, "file": tmp_path / "file", "new": tmp_path / "new" / "out"}
+    command, *rest = argv
+    got = fails([command, "no-such-model", *(a.format(**fill) for a in rest)], tmp_path, capsys)
+    assert message.format(**fill) in got
+
+
+@pytest.mark.parametrize("argv", [
+    ["offsets", "--n-ctx", "32", "--tokens", "64", "--save", "{new}/o.json", "--checkpoint", "{new}/ck"],
+    ["heads", "--save", "{new}/h.json", "--checkpoint", "{new}/ck"],
+    ["passkey", "--save", "{new}/p.json"],
+    ["predict-base", "--save", "{new}/p.json"],
+    ["report", "--out", "{new}/report"],
+])
+def test_outputs_are_not_created_when_the_model_fails(argv, tmp_path, monkeypatch, capsys):
+    """Output folders that do not exist yet are checked, not made: the failed run leaves nothing behind."""
+    monkeypatch.chdir(tmp_path)
+    command, *rest = argv
+    got = fails([command, "no-such-model", *(a.format(new=tmp_path / "new" / "sub") for a in rest)], tmp_path, capsys)
+    assert got.startswith("cannot load model 'no-such-model'")
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["distance", "--layers", "9", "--n-ctx", "32", "--tokens", "64"], "layer 9 out of range: the model has 2 layers"),
+    (["context", "--target", "8192", "--layer", "9"], "layer 9 out of range: the model has 2 layers (0..1)"),
+    (["passkey", "--lengths", "5", "--save", "{tmp}/p.json"], "length 5 is too short"),
+    (["decompose", "--window", "99999", "--n-ctx", "32"], "--window 99999 does not exist: pick 0.."),
+    (["context", "--target", "100"], "--target 100 must exceed the original context 256: pass --original N"),
+])
+def test_bad_value_for_this_model(argv, message, tiny_dir, tmp_path, capsys):
+    """Checks that need the model's own layers, context or tokenizer: still one line, nothing saved."""
+    got = fails([argv[0], str(tiny_dir("llama")), *(a.format(tmp=tmp_path) for a in argv[1:])], tmp_path, capsys)
+    assert message in got
+
+
+# ---------------------------------------------------------------------------------------- model names
+@pytest.mark.parametrize(("name", "message"), [
+    ("no such model", "and it is not a hub id (owner/name of letters, digits, '-', '_', '.')"),
+    ("a--b", "and it is not a hub id"),
+    ("nosuchmodel", "and HF_HUB_OFFLINE is set while the local hub cache lacks it"),
+    ("owner/nosuchmodel", "and HF_HUB_OFFLINE is set while the local hub cache lacks it"),
+])
+def test_unknown_model_name_says_what_was_tried(name, message, tmp_path, capsys):
+    got = fails(["inspect", name], tmp_path, capsys)
+    assert got.startswith(f"cannot load model {name!r}: it is not an embedded model ('smollm2-135m', 'gemma-3-270m'), "
+                          f"no file or directory {name!r} exists")
+    assert message in got
+    assert "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), or a hub id" in got
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    """A hub that knows no model (404 with the hub's error code)."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = json.dumps({"error": "Repository not found"}).encode()
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@pytest.fixture
+def online(monkeypatch):
+    """The hub client out of offline mode, pointed at ``endpoint``; a short timeout."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("ROPELENS_HUB_TIMEOUT", "0.5")
+
+    def point(endpoint: str) -> None:
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+
+    return point
+
+
+def test_unreachable_hub_fails_fast(online, tmp_path, capsys):
+    """A hub that accepts the connection and never answers: the name fails after the timeout, not after retries."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # accepts (the kernel does) and never answers
+    endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        online(endpoint)
+        started = time.perf_counter()
+        got = fails(["inspect", "nosuchmodel"], tmp_path, capsys)
+        assert time.perf_counter() - started < 10  # 0.5 s timeout; transformers' retries took 30 s
+    finally:
+        silent.close()
+    assert f"the hub ({endpoint}) did not answer within 0.5 s (ReadTimeout" in got
+    assert "did not answer within 0.5 s" in got and "or connect to the network" in got
+
+
+def test_refused_connection_and_unknown_repository(online, tmp_path, capsys):
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()  # nothing listens there now: the connection is refused at once
+    online(f"http://127.0.0.1:{port}")
+    assert "did not answer within 0.5 s (ConnectError" in fails(["inspect", "nosuchmodel"], tmp_path, capsys)
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        online(f"http://127.0.0.1:{server.server_port}")
+        got = fails(["inspect", "owner/nosuchmodel"], tmp_path, capsys)
+    finally:
+        server.shutdown()
+    assert f"the hub (http://127.0.0.1:{server.server_port}) has no model 'owner/nosuchmodel'" in got
+
+
+# ---------------------------------------------------------------------------------------- torchrun
+def _refusing() -> dict[str, list[str]]:
+    """Every subcommand that does not split across processes, with the least argv that parses."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    extra = {"compare": ["a", "b"], "variants": ["--variant", "nope"], "context": ["--target", "8192"]}
+    return {name: [name, *extra.get(name, [])] for name, p in sub.choices.items()
+            if not p.get_default("distributed")}
+
+
+def test_the_refusing_commands_are_these():
+    assert sorted(_refusing()) == ["compare", "context", "decompose", "inspect", "passkey", "pe-geometry",
+                                   "predict-base", "truncate", "variants"]
+
+
+@pytest.mark.parametrize("command", sorted(_refusing()))
+def test_torchrun_refusal(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    got = fails(_refusing()[command], tmp_path, capsys)
+    assert got.startswith(f"ropelens {command} does not split its work across processes: run it without torchrun "
+                          "(usage, decompose-stats, heads, sinks, distance, massive, offsets and report do)")
+
+
+# ---------------------------------------------------------------------------------------- compare
+@pytest.fixture(scope="module")
+def two_reports(tiny, tmp_path_factory):
+    """A quick report of the tiny Llama, and a copy whose query energy moved in layer 1's first band."""
+    import shutil
+
+    from ropelens.report import build_report
+
+    folder = tmp_path_factory.mktemp("reports")
+    a = build_report(tiny("llama"), tokens=32, n_ctx=16, out=folder / "a", progress=False)
+    b = Path(shutil.copytree(a, folder / "b"))
+    e = pd.read_csv(b / "energy.csv")
+    first = e.band.iloc[0]
+    e.loc[(e.layer == 1) & (e.band == first), "energy_share"] += 0.25
+    e.to_csv(b / "energy.csv", index=False)
+    return a, b
+
+
+def test_compare_command(two_reports, tmp_path, capsys):
+    """The printed findings are compare.json's; the energy map is B − A of the two energy.csv."""
+    a, b = two_reports
+    out = tmp_path / "cmp"
+    assert main(["compare", str(a), str(b), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    summary = json.loads((out / "compare.json").read_text())
+    assert printed == [*summary["findings"], f"comparison: {out / 'index.html'}"]
+    assert (out / "index.html").is_file() and not [p for p in out.iterdir() if p.name.startswith(".")]
+
+    def energy(folder: Path) -> pd.DataFrame:
+        e = pd.read_csv(folder / "energy.csv")
+        e = e[(e.which == "q") & (e.scope == "no_sink")]
+        return e.groupby(["layer", "band"])["energy_share"].mean().unstack("band")
+
+    want = energy(b) - energy(a)
+    got = pd.read_csv(out / "energy_diff.csv").set_index("layer")[list(want.columns)]
+    first = pd.read_csv(a / "energy.csv").band.iloc[0]
+    assert want.loc[1, first] == pytest.approx(0.25) and want.drop(index=1).abs().to_numpy().max() == 0
+    # both sides are float64 means of the same CSV values: equal to a few float64 ulps
+    assert got.to_numpy() == pytest.approx(want.to_numpy(), rel=1e-12, abs=1e-15)
+    assert f"Query energy moved most in layer 1, band {first}: +0.250" in printed[0]
+
+
+def test_compare_bad_input(two_reports, tmp_path, capsys):
+    a, b = two_reports
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "report.json").write_text("[1, 2]")
+    (broken / "energy.csv").write_text("a\n1\n")
+    (broken / "band_stats.csv").write_text("a\n1\n")
+    cases = [
+        ([str(tmp_path / "missing"), str(b)], f"report directory {tmp_path / 'missing'} does not exist"),
+        ([str(a), str(tmp_path / "file")], f"{tmp_path / 'file'} is a file, not a report directory"),
+        ([str(tmp_path / "empty"), str(b)], f"{tmp_path / 'empty'} holds no report.json: pass two directories"),
+        ([str(a), str(broken)], f"{broken / 'report.json'} is not a ropelens report"),
+        ([str(a), str(b), "--out", str(a)], f"the output directory {a} is report A: writing there would mix"),
+        ([str(a), str(b), "--out", str(b) + "/"], "is report B"),
+        ([str(a), str(b), "--out", str(tmp_path / "file")], f"--out {tmp_path / 'file'} is a file"),
+    ]
+    before = {p: tree(p) for p in (a, b)}
+    for argv, message in cases:
+        assert message in fails(["compare", *argv, *(["--out", str(tmp_path / "cmp")] if "--out" not in argv else [])],
+                                tmp_path, capsys)
+    assert {p: tree(p) for p in (a, b)} == before  # the reports are untouched
