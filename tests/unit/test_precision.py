@@ -17,7 +17,8 @@ product over d = 16 head dims, a row of at most N = 24 keys, a window of N token
 TOL = 2e-5 leaves a factor 5 over the worst case. Rounding any product or sum to the half dtype
 instead costs at least one half-precision rounding of that magnitude, u/2 ≥ 2.4e-4 (float16) and
 1.9e-3 (bfloat16): 12× and 100× over TOL, so the check fails when a reducer computes in the model's
-dtype. Errors are measured against each statistic's scale, the largest magnitude of its summed
+dtype. On a CUDA device (where present) the reducers run there, TF32 off as PyTorch's default
+leaves it for matmuls, so the same float32 bound holds. Errors are measured against each statistic's scale, the largest magnitude of its summed
 terms (``_scale``), since variances, covariances and margins cancel.
 """
 
@@ -53,19 +54,23 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 NAMES = ("usage", "band_stats", "heads", "sinks", "distance", "offsets", "massive")
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+
+
 @pytest.fixture(scope="module")
 def captured():
-    """``captured(dtype)``: (spec, {layer: LayerActs}) of the tiny Gemma 3 run in that dtype, captured once."""
+    """``captured(dtype, device)``: (model, spec, {layer: LayerActs}) of the tiny Gemma 3 run in that
+    dtype on that device, captured once."""
     cache: dict = {}
 
-    def get(dtype: str):
-        if dtype not in cache:
-            model = tiny_model("gemma3").to(DTYPES[dtype])
+    def get(dtype: str, device: str = "cpu"):
+        if (dtype, device) not in cache:
+            model = tiny_model("gemma3", device=device).to(DTYPES[dtype])
             spec = rope_spec(model)
             acts = capture_qk(model, _tokens(), which=("q_pre", "k_pre", "q_post", "k_post"))
             assert {v.dtype for a in acts.values() for v in a.tensors.values()} == {DTYPES[dtype]}
-            cache[dtype] = (model, spec, acts)
-        return cache[dtype]
+            cache[dtype, device] = (model, spec, acts)
+        return cache[dtype, device]
 
     return get
 
@@ -94,9 +99,10 @@ def _sums(red) -> dict[str, Tensor]:
 # ============================================================================ float64 references
 def _wide(a: LayerActs) -> LayerActs:
     """The captured tensors upcast to float64 (exact), with the pattern rebuilt from them in float64."""
-    t = {k: v.double() for k, v in a.tensors.items()}
+    t = {k: v.cpu().double() for k, v in a.tensors.items()}
+    a = LayerActs(a.layer, a.rope, a.valid.cpu(), t)
     t["pattern"] = _layer(a)[0].probs
-    return LayerActs(a.layer, a.rope, a.valid, t)
+    return a
 
 
 def _layer(a: LayerActs) -> tuple[HFLayer, Tensor]:
@@ -239,11 +245,12 @@ def _check(name: str, got: dict[str, Tensor], want: dict[str, Tensor], what: str
     return errs
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", NAMES)
-def test_reducer_on_half_precision_matches_float64_reference(name, dtype, captured):
+def test_reducer_on_half_precision_matches_float64_reference(name, dtype, device, captured):
     """Fed a half-precision model's q and k, every sum equals the float64 reference to float32 rounding."""
-    _, spec, acts = captured(dtype)
+    _, spec, acts = captured(dtype, device)
     red = _reducer(name, spec, spec.rotary_layers)
     for L in spec.rotary_layers:
         red.update(acts[L])
