@@ -269,3 +269,26 @@ def test_streamed_half_model_gives_the_captured_sums(dtype, captured):
     stream(model, [_tokens()], [streamed], spec=spec, progress=False)
     for k, v in fed.sums.items():
         assert torch.equal(streamed.sums[k], v), k
+
+
+# ============================================================================ batch splits
+# Six windows in batches of 1, 2 and 3: counts agree exactly. Each window's terms are float32
+# reductions over at most N tokens (or a row of N keys) and windows add in float64, so a batch
+# split can move only how float32 kernels group a window's own terms (tiles, vector blocking):
+# within (d + 2N)·u32 ≈ 3.8e-6 of the statistic's scale, TOL with margin. Float64 addition order
+# contributes windows · u64 ≈ 7e-16 of it, nothing at this tolerance.
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_split_does_not_change_sums(name):
+    from ropelens.distributed import run_windows
+
+    model = tiny_model("gemma3")
+    spec = rope_spec(model)
+    toks = torch.randint(4, 100, (6, N), generator=torch.Generator().manual_seed(9))
+    toks[:, 0] = 1
+    runs = {}
+    for bs in (1, 2, 3):
+        red = _reducer(name, spec, spec.rotary_layers)
+        run_windows(model, toks, [red], batch_size=bs, spec=spec, progress=False)
+        runs[bs] = _sums(red)
+    for bs in (2, 3):
+        _check(name, runs[bs], runs[1], f"{name}: batches of {bs} vs 1")
