@@ -8,8 +8,11 @@ probabilities), never ropelens's.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +20,12 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands
+from ropelens.analyses import band_stats
+from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.heads import HeadScoresReducer
 from ropelens.capture import batches, capture_qk, stream
 from ropelens.errors import UnsupportedModelError
+from ropelens.hooks import attn_hooks
 from ropelens.intervene import apply_rope_variant, spec_with_variant
 from ropelens.reading import rope_spec
 from ropelens.testing.families import (
@@ -30,6 +36,9 @@ from ropelens.testing.families import (
     rotation_error,
 )
 from ropelens.variants import BaseChange, PRoPE
+
+sys.path.insert(0, str(Path(__file__).parent))  # the dense band-statistics reference lives beside this file
+from test_band_tiles import _hand_planes, assert_sums_match, dense_layer_sums, hf_layers  # noqa: E402
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None]
@@ -250,3 +259,92 @@ def test_a_config_key_the_family_ignores_does_not_change_the_spec(tmp_path):
     tiny_tokenizer().save_pretrained(tmp_path / "neox")
     model = ropelens.load_model(tmp_path / "neox", device="cpu")
     assert {lr.n_kv_heads for lr in rope_spec(model).layers} == {4}
+
+
+# ============================================================================ band statistics, every family
+NO_POST_HOOK = ("phi3", "gpt_neox")  # fused qkv: the bridge fires no post-RoPE hook, ropelens rotates q and k itself
+BAND_TILES = (((5, 3), False), (5, True))  # query and key tiles (online argmax, no JSD); query tiles with JSD
+
+
+def _band_inputs(family: str, loaded) -> tuple:
+    """(tokens, bands, HF's layers, the dense float64 reference) of one short two-row input."""
+    model, spec = loaded(family)
+    toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(4))
+    toks[:, 0] = 1
+    layers = spec.rotary_layers
+    bands = Bands.quantiles(2) if spec[layers[0]].n_planes >= 2 else Bands.all()
+    lays = hf_layers(loaded.hf(family), toks)
+    per = []
+    for L in layers:
+        dims = list(bands.resolve(spec[L]).dims)
+        # the reference's full score is the sum of the bands: they must partition the head into whole planes
+        assert sorted(torch.cat(dims).tolist()) == list(range(spec[L].head_dim))
+        per.append(dense_layer_sums(lays[L], dims, _hand_planes(family)))
+    return toks, bands, lays, {k: torch.stack([p[k] for p in per]) for k in per[0]}
+
+
+def _band_sums(model, spec, toks, bands, tile, jsd: bool, fast: bool = True) -> dict:
+    red = BandStatsReducer(spec, spec.rotary_layers, bands, jsd=jsd, tile=tile)
+    stream(model, [toks], [red], spec=spec, progress=False, fast=fast)
+    return {k: v.double() for k, v in red.sums.items()}
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in EXACT])
+def test_band_statistics_match_hf_dense_reference(family, loaded, monkeypatch):
+    """Every band-statistics sum equals the dense float64 reference built from the q, k, scale, window,
+    cap, sinks and probabilities HF's own eager attention receives and returns (``test_band_tiles``),
+    through query tiles, key tiles, and the running Σ k kᵀ wherever a tile has keys all its queries see."""
+    monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1)
+    model, spec = loaded(family)
+    toks, bands, _, want = _band_inputs(family, loaded)
+    for tile, jsd in BAND_TILES:
+        got = _band_sums(model, spec, toks, bands, tile, jsd)
+        assert_sums_match(got, want if jsd else {k: v for k, v in want.items() if k != "jsd"}, f"{family} tile={tile}")
+
+
+class _KeepPost:
+    """Keeps each layer's post-RoPE q and k."""
+
+    needs = frozenset({"q_post", "k_post"})
+
+    def __init__(self) -> None:
+        self.kept: dict[int, dict] = {}
+
+    def update(self, acts) -> None:
+        self.kept[acts.layer] = {k: acts[k] for k in ("q_post", "k_post")}
+
+
+def _post_rope_error(model, spec, toks, lays) -> float:
+    """Largest relative difference of the post-RoPE q and k the bridge path hands reducers (rotated by
+    ropelens where no post-RoPE hook fires) from the ones HF's attention receives."""
+    keep = _KeepPost()
+    stream(model, [toks], [keep], spec=spec, progress=False, fast=False)
+    err = 0.0
+    for L in spec.rotary_layers:
+        for ours, theirs in ((keep.kept[L]["q_post"], lays[L].q), (keep.kept[L]["k_post"], lays[L].k)):
+            theirs = theirs.transpose(1, 2)  # [b, pos, head, d]
+            err = max(err, float((ours - theirs).abs().max() / theirs.abs().max()))
+    return err
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in NO_POST_HOOK])
+def test_wrong_pairing_is_caught_where_ropelens_rotates_itself(family, loaded, monkeypatch):
+    """Without a post-RoPE hook the bridge path's post-RoPE q and k are ropelens's own rotation of the
+    pre-RoPE ones, so comparing them with the spec's rotation compares ropelens with itself (the fast
+    path taps the model's own rotation instead). Against the model's own output (the q and k HF's
+    attention receives) they agree under the family's pairing, and the band statistics match the
+    dense reference; a spec with the pairing flipped fails both."""
+    monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1)
+    model, spec = loaded(family)
+    assert all(attn_hooks(model, L).q_post is None for L in spec.rotary_layers)
+    toks, bands, lays, want = _band_inputs(family, loaded)
+    assert _post_rope_error(model, spec, toks, lays) < 1e-5  # float32 rotations of the same numbers
+    tile, jsd = BAND_TILES[0]
+    no_jsd = {k: v for k, v in want.items() if k != "jsd"}
+    assert_sums_match(_band_sums(model, spec, toks, bands, tile, jsd, fast=False), no_jsd, f"{family}, bridge path")
+    flip = {"half": "adjacent", "adjacent": "half"}
+    wrong = dataclasses.replace(spec, layers=tuple(dataclasses.replace(lr, pairing=flip[lr.pairing]) for lr in spec.layers))
+    assert _post_rope_error(model, wrong, toks, lays) > 0.1
+    with pytest.raises(AssertionError, match="cs_term"):
+        assert_sums_match(_band_sums(model, wrong, toks, bands, tile, jsd, fast=False), no_jsd,
+                          f"{family}, pairing flipped")

@@ -185,9 +185,12 @@ class BandStatsReducer(DeviceSums):
         s["n_rows"][i] += ok.sum().to(here)
         s["n_queries"][i] += seen.sum().to(here)
         tq, tk = self._tiles(dev, b * H * B, n, rope.window)
-        acc = {k_: q.new_zeros(KV, B, G) for k_ in ("abs", "cov", "margin", "top1", "jsd")}
-        acc_var = q.new_zeros(KV, G)
-        acc_cs = {k_: q.new_zeros(KV, G, rope.n_planes) for k_ in ("term", "bound")}
+        # each tile's terms are summed over its queries per window in float32 and added over windows and
+        # tiles in float64 (the sums' dtype): a window's terms do not depend on the batch it came in
+        acc = {k_: q.new_zeros(KV, B, G, dtype=wide) for k_ in ("abs", "cov", "margin", "top1", "jsd")}
+        acc_var = q.new_zeros(KV, G, dtype=wide)
+        acc_cs = {k_: q.new_zeros(KV, G, rope.n_planes, dtype=wide) for k_ in ("term", "bound")}
+        per_window = lambda t, dim: t.sum(dim).to(wide).sum(0)  # noqa: E731  float32 within a window, float64 across
         member = self._cached((acts.layer, "member", dev), lambda: rb.dim_membership().to(dev))  # [d, B]
         ninf = float("-inf")
         # Σ_k y² and Σ_k y·k over the keys every query of a tile attends to come from Σ k kᵀ over them
@@ -240,7 +243,7 @@ class BandStatsReducer(DeviceSums):
                     pat = rope.probs(y.reshape(b, H, c, kt))  # the model's own pattern, rebuilt from its scores
                     for j in range(B):
                         pb = rope.probs(x[:, :, j].reshape(b, H, c, kt))
-                        acc["jsd"][:, j] += (js_divergence(pb, pat) * seen[:, None, c0:c1]).sum((0, 2)).view(KV, G)
+                        acc["jsd"][:, j] += per_window(js_divergence(pb, pat) * seen[:, None, c0:c1], 2).view(KV, G)
                 for lo, hi, _, my in spans:
                     y[..., lo:hi].masked_fill_(my, 0.0)
                 for lo, hi in _outside(j0, j1, *full):
@@ -255,9 +258,9 @@ class BandStatsReducer(DeviceSums):
                 del x
             rq, okq, seenq = rows[:, c0:c1], ok[:, c0:c1], seen[:, c0:c1]  # [b,c]
             w4 = okq[:, None, None, None].bool()
-            acc["abs"] += absr.sum((0, 4))
+            acc["abs"] += per_window(absr, 4)
             if self.agreement:  # band-only top-1: the attended key attains the band's own maximum
-                acc["top1"] += ((xa >= bmax) & seenq[:, None, None, None].bool()).sum((0, 4))
+                acc["top1"] += ((xa >= bmax) & seenq[:, None, None, None].bool()).sum((0, 4)).to(wide)
             # keys seen by the whole tile: Σ_k y·k_j = (Σ_k k kᵀ) q, so Σ_k x_b·y and Σ_k y² are products with q
             if full[1] > full[0]:
                 qg = qt.to(wide)
@@ -270,13 +273,13 @@ class BandStatsReducer(DeviceSums):
             row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(0, 1, 4, 2, 3)  # [b,KV,B,G,c]
             cross = (torch.matmul(qt * yk.view(b, KV, G, c, d), member) + crossg).permute(0, 1, 4, 2, 3)
             ysum = row_b.sum(2)  # [b,KV,G,c]
-            acc_var += torch.where(okq[:, None, None].bool(), ysq - ysum**2 / rq.clamp_min(1)[:, None, None], 0).sum((0, 3))
-            acc["cov"] += torch.where(w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0).sum((0, 4))
-            acc["margin"] += torch.where(w4, xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None], 0).sum((0, 4))
+            acc_var += per_window(torch.where(okq[:, None, None].bool(), ysq - ysum**2 / rq.clamp_min(1)[:, None, None], 0), 3)
+            acc["cov"] += per_window(torch.where(w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0), 4)
+            acc["margin"] += per_window(torch.where(w4, xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None], 0), 4)
             ka = kh.gather(2, att.view(b, KV, G * c, 1).expand(-1, -1, -1, d)).view(b, KV, G, c, d)
             w = okq[:, None, None, :, None].bool()  # per plane, [b,KV,G,c,P]
-            acc_cs["term"] += torch.where(w, rope.plane_sums(qt * ka), 0).sum((0, 3))
-            acc_cs["bound"] += torch.where(w, rope.plane_norms(qt) * rope.plane_norms(ka), 0).sum((0, 3))
+            acc_cs["term"] += per_window(torch.where(w, rope.plane_sums(qt * ka), 0), 3)
+            acc_cs["bound"] += per_window(torch.where(w, rope.plane_norms(qt) * rope.plane_norms(ka), 0), 3)
         to_hb = lambda t: t.permute(0, 2, 1).reshape(H, B).to(here, torch.float64)  # noqa: E731  [KV,B,G] -> [H,B], h = kv·G + g
         s["abs_sum"][i] += to_hb(acc["abs"])
         s["cov"][i] += to_hb(acc["cov"])
