@@ -81,7 +81,10 @@ class Verification:
         return self.status == "passed"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready, as provenance records it (without the probe's time, which differs run to run)."""
+        d = asdict(self)
+        del d["seconds"]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     def describe(self) -> str:
         """One sentence: what was checked and the largest errors, or that nothing was."""
