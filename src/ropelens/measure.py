@@ -33,7 +33,7 @@ __all__ = ["Build", "Measured", "RunOptions", "Windows", "corpus_analysis", "mea
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a corpus analysis runs: its windows, layers, batches, progress bar and checkpoints.
+    """How a corpus analysis runs: its windows, layers, batches, progress bar, checkpoints and verification.
 
     Every corpus analysis takes these as keyword arguments (with its own defaults for ``n_ctx``
     and ``max_tokens``); :func:`corpus_analysis` gathers them into one ``RunOptions``.
@@ -46,10 +46,11 @@ class RunOptions:
     progress: bool = True  # a progress bar (rank 0 only under torchrun)
     checkpoint: str | os.PathLike[str] | None = None  # directory to save progress to and resume from
     checkpoint_every: int = 8  # batches between checkpoints
+    verify: bool = True  # check the reading against the model's own attention first (False: results say unverified)
 
 
 _RUN_FIELDS = tuple(f.name for f in fields(RunOptions))
-_LATE = ("batch_size", "progress", "checkpoint", "checkpoint_every")  # listed after the analysis's own settings
+_LATE = ("batch_size", "progress", "checkpoint", "checkpoint_every", "verify")  # listed after the analysis's own settings
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -57,7 +58,7 @@ def corpus_analysis(**defaults: Any) -> Callable[[F], F]:
     """Give ``fn(model, corpus, run: RunOptions, *, settings...)`` the run options as keyword arguments.
 
     The public function takes ``(model, corpus=None, *, n_ctx, max_tokens, layers, settings...,
-    batch_size, progress, checkpoint, checkpoint_every)`` with ``defaults`` overriding
+    batch_size, progress, checkpoint, checkpoint_every, verify)`` with ``defaults`` overriding
     :class:`RunOptions`'s, and its signature (``help()``, Jupyter's ``?``) says so.
     """
     unknown = set(defaults) - set(_RUN_FIELDS)
@@ -159,13 +160,19 @@ def measure(
     resumes only a run with the same ``analysis``, settings and ``resume`` (settings that change
     the sums but are not recorded, such as tile sizes). Inside a ``torch.distributed`` process
     group each rank takes a share of the windows and every rank gets the whole corpus's sums.
+
+    Before any window runs, :func:`ropelens.verify.verification` checks that ``spec`` describes the
+    model's own attention (once per model; UnsupportedModelError when it does not); the provenance
+    records the outcome under ``config["verification"]``, or "unverified" with ``run.verify`` False.
     """
     from ropelens.reading import model_label, rope_spec
+    from ropelens.verify import verification
 
     spec = spec if spec is not None else rope_spec(model)
     chosen = spec.layer_indices(run.layers)
     if not chosen:
         raise InputError(f"no layers selected (layers={run.layers!r}): pass layer indices the model has")
+    verified = verification(model, spec, verify=run.verify)
     win = windows if windows is not None else Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)
     built = build(spec, chosen, win)
     reducers = tuple(built) if isinstance(built, Sequence) else (built,)
@@ -178,5 +185,6 @@ def measure(
                        every=run.checkpoint_every, config={"analysis": analysis, **settings, **(resume or {})})
     prov = Provenance(model=label or model_label(model), corpus=win.corpus, corpus_sha256=win.sha256,
                       n_tokens=info.n_tokens, n_windows=win.n_windows, n_ctx=win.n_ctx,
-                      config={**settings, **info.to_config()}, seconds=time.perf_counter() - t0)
+                      config={**settings, **info.to_config(), "verification": verified.to_dict()},
+                      seconds=time.perf_counter() - t0)
     return Measured(reducers, prov, info, spec, tuple(chosen), win)

@@ -185,6 +185,8 @@ def test_measure_records_the_run(tiny):
     corpus = ropelens.data.load_corpus("english")
     assert (p.model, p.corpus, p.corpus_sha256) == (ropelens.reading.model_label(model), corpus.name, corpus.sha256)
     assert (p.n_tokens, p.n_windows, p.n_ctx) == (64, 4, 16)
+    verified = p.config.pop("verification")
+    assert verified["status"] == "passed" and verified["layers"] == [0, 1]  # the probe ran before the windows
     assert p.config == {"n_sink": 1, "batch_size": 2, "layers": [0, 1]}
     assert p.seconds is not None and p.seconds > 0
     json.dumps(p.to_dict())  # saved results hold it as JSON
@@ -207,7 +209,7 @@ def test_corpus_analyses_share_one_signature():
     for fn in fns:
         params = inspect.signature(fn).parameters
         assert list(params)[:5] == ["model", "corpus", "n_ctx", "max_tokens", "layers"], fn.__name__
-        assert list(params)[-4:] == ["batch_size", "progress", "checkpoint", "checkpoint_every"], fn.__name__
+        assert list(params)[-5:] == ["batch_size", "progress", "checkpoint", "checkpoint_every", "verify"], fn.__name__
         assert params["corpus"].default is None and "run" not in params
     assert inspect.signature(ropelens.attention_sinks).parameters["n_ctx"].default == 256
     assert inspect.signature(ropelens.frequency_usage).parameters["max_tokens"].default == 32_768

@@ -151,7 +151,8 @@ def test_report_json_provenance(report):
     assert {"python", "torch", "ropelens", "plotly"} <= set(p["versions"])
     assert set(p["steps_seconds"]) == {"load_model", "tokenize", "stream", "render", "variants_baseline",
                                        "prope_sweep", "context_extension", "positional_heads", "attention_sinks",
-                                       "attention_distance", "massive_values", "pe_geometry"}
+                                       "attention_distance", "massive_values", "pe_geometry", "verify"}
+    assert p["config"]["verification"]["status"] == "passed"
     assert p["seconds"] >= p["steps_seconds"]["stream"] > 0
 
 

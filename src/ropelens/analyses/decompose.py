@@ -227,9 +227,15 @@ def decompose_attention(
     bands: Bands | None = None,
     layers: Sequence[int] | None = None,
     batch_size: int = 8,
+    verify: bool = True,
 ) -> AttentionDecomposition:
-    """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands."""
+    """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands.
+
+    ``verify``: first check the reading against the model's own attention (:mod:`ropelens.verify`);
+    False runs anyway and the provenance says "unverified".
+    """
     from ropelens.reading import model_label, rope_spec
+    from ropelens.verify import verification
 
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)
@@ -237,12 +243,14 @@ def decompose_attention(
         raise InputError("tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))")
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)
+    verified = verification(model, spec, verify=verify)
     t0 = time.perf_counter()
     acts = capture_qk(model, tokens, layers=chosen, which=("q_post", "k_post", "pattern"), batch_size=batch_size)
     acts = {L: LayerActs(a.layer, a.rope, a.valid.cpu(), {k: v.cpu() for k, v in a.tensors.items()}) for L, a in acts.items()}
     bands = bands or Bands.planes()
     prov = Provenance(model=model_label(model), n_tokens=int(tokens.numel()), n_windows=int(tokens.shape[0]),
-                      n_ctx=int(tokens.shape[1]), config={"bands": bands.describe(), "layers": chosen},
+                      n_ctx=int(tokens.shape[1]), config={"bands": bands.describe(), "layers": chosen,
+                                                     "verification": verified.to_dict()},
                       seconds=time.perf_counter() - t0)
     return AttentionDecomposition(tokens=tokens.cpu(), spec=spec, bands=bands, acts=acts, provenance=prov)
 

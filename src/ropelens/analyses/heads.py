@@ -351,6 +351,7 @@ def classify_heads(
     progress: bool = True,
     checkpoint: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 8,
+    verify: bool = True,
 ) -> HeadTaxonomy:
     """Score every head on text windows and on seeded random tokens, and classify it.
 
@@ -360,6 +361,7 @@ def classify_heads(
     ``content_var_{text,random}`` (band), ``margin_share``, ``var_share``, ``cs_term``,
     ``cs_bound`` (band, at the attended key), ``top_plane``, ``top_plane_tightness``. ``checkpoint``
     (a directory) saves both passes' progress to resume a killed run (``text/`` and ``random/`` in it).
+    ``verify``: check the reading against the model's own attention first (False: results say unverified).
     """
     from ropelens import data
     from ropelens.measure import RunOptions, Windows, measure
@@ -377,7 +379,8 @@ def classify_heads(
     chosen = spec.layer_indices(layers)
     # both passes' reducers exist before the first forward: a bad setting fails before any work
     heads_text, heads_rand = (HeadScoresReducer(spec, chosen, bands, max_offset) for _ in range(2))
-    run = RunOptions(layers=chosen, batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every)
+    run = RunOptions(layers=chosen, batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every,
+                     verify=verify)
 
     def ck(part: str) -> str | None:  # each pass resumes from its own folder
         return None if checkpoint is None else os.path.join(checkpoint, part)

@@ -143,7 +143,7 @@ def run_decompose(args: argparse.Namespace) -> int:
     toks, what = _one_window(model, args, corpus)
     bands = analysis.parsed_bands()
     st = band_statistics(model, toks, bands=bands, layers=analysis.layers, batch_size=1, jsd=True,
-                         progress=False)
+                         progress=False, verify=not analysis.no_verify)
     frame = st.to_frame()
     if output.json:
         return output.emit({"model": st.provenance.model, "input": what, "n_tokens": int(toks.shape[1]),

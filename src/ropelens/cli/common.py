@@ -224,13 +224,15 @@ class CorpusOptions(OptionGroup):
 
 @dataclass
 class AnalysisOptions(OptionGroup):
-    """Which bands planes group into, and which layers to analyse."""
+    """Which bands planes group into, which layers to analyse, and whether the reading is verified first."""
 
     title: ClassVar[str] = "analysis"
     bands: str | None = option(None, "how planes group into bands: planes, all, quantiles:N, wavelength:E1,E2,..., "
                                      "context[:F] (default: quantiles:4)", metavar="SPEC")
     layers: list[int] | None = option(None, "layer indices to analyse (default: all)", type=layer_list,
                                       metavar="0,5,11")
+    no_verify: bool = option(False, "measure without first checking ropelens's reading against the model's own "
+                                    "attention (results are marked unverified)", action="store_true")
 
     @classmethod
     def add_to(cls, parser: argparse.ArgumentParser, *, bands: bool = True) -> argparse._ArgumentGroup:
@@ -353,6 +355,8 @@ class CorpusCommand:
         # frequency_usage takes no bands: usage's bands only group its printout
         if bands is not None and "bands" in inspect.signature(analysis).parameters:
             kw["bands"] = bands
+        if self.analysis.no_verify:
+            kw["verify"] = False
         return corpus, {**kw, **self.checkpoint.kwargs()}
 
 

@@ -146,6 +146,7 @@ def build_report(
     band_tokens: int | None = DEFAULT_BAND_TOKENS,
     batch_size: int = 4,
     experiments: str | os.PathLike[str] | None = None,
+    verify: bool = True,
     model_name: Any = _UNSET,
 ) -> Path:
     """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns OUT.
@@ -157,8 +158,10 @@ def build_report(
     smoke test). ``band_tokens`` caps the tokens band statistics see (None: all). ``experiments``:
     the folder the experiment scripts wrote (``results/``); their tables for this model join the
     p-RoPE and context sections. Every input is checked before the model loads; nothing in OUT
-    changes unless the whole report succeeds. ``model_name`` is the former name of ``model``
-    (deprecated).
+    changes unless the whole report succeeds. ``verify``: check ropelens's reading against the
+    model's own attention before measuring (:mod:`ropelens.verify`); False measures anyway and the
+    report says, in its first section, that it is unverified. ``model_name`` is the former name of
+    ``model`` (deprecated).
     """
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
@@ -191,26 +194,31 @@ def build_report(
     from ropelens.distributed import is_main, local
     from ropelens.models import device_of
     from ropelens.reading import rope_spec
+    from ropelens.verify import skip_verification, verification
 
     spec = rope_spec(model)
     chosen = _choose_layers(spec, layers, quick)
     for L in chosen:
         bands.resolve(spec.layers[L])  # an impossible band spec fails now, not after the pass
-    with _timed(steps, "tokenize"):
-        toks, _, _ = analysis_windows(model.tokenizer, corpus_obj, n_ctx, tokens)
-        toks = toks[: max(1, tokens // int(toks.shape[1]))]  # a token tensor is held to the budget too
-    settings = {"tokens": tokens, "n_ctx": n_ctx, "bands": bands.describe(), "layers": chosen, "quick": quick,
-                "band_tokens": band_tokens, "batch_size": batch_size, "device": str(device_of(model)),
-                "experiments": None if experiments is None else str(experiments)}
-    band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
-    data = collect(model, toks, label=label, spec=spec, layers=chosen, bands=bands, band_windows=band_windows,
-                   corpus=corpus_info, settings=settings, batch_size=batch_size, progress=progress)
-    steps.update(data.steps)
-    if not is_main():  # under torch.distributed every rank measured; rank 0 alone renders and writes
-        return out_dir
-    data.experiments = exps
-    with local():  # rank 0 alone measures the sections: the model runs in this process only
-        measure_sections(data, progress)
+    with _timed(steps, "verify"):
+        verified = verification(model, spec, verify=verify)
+    with contextlib.nullcontext() if verify else skip_verification(model):  # every step measures unverified too
+        with _timed(steps, "tokenize"):
+            toks, _, _ = analysis_windows(model.tokenizer, corpus_obj, n_ctx, tokens)
+            toks = toks[: max(1, tokens // int(toks.shape[1]))]  # a token tensor is held to the budget too
+        settings = {"tokens": tokens, "n_ctx": n_ctx, "bands": bands.describe(), "layers": chosen, "quick": quick,
+                    "band_tokens": band_tokens, "batch_size": batch_size, "device": str(device_of(model)),
+                    "experiments": None if experiments is None else str(experiments),
+                    "verification": verified.to_dict()}
+        band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
+        data = collect(model, toks, label=label, spec=spec, layers=chosen, bands=bands, band_windows=band_windows,
+                       corpus=corpus_info, settings=settings, batch_size=batch_size, progress=progress)
+        steps.update(data.steps)
+        if not is_main():  # under torch.distributed every rank measured; rank 0 alone renders and writes
+            return out_dir
+        data.experiments = exps
+        with local():  # rank 0 alone measures the sections: the model runs in this process only
+            measure_sections(data, progress)
     steps.update({k: v for k, v in data.steps.items() if k not in steps})  # what the measure steps timed
     with _timed(steps, "render"):
         sections = render_sections(data, progress)

@@ -104,6 +104,22 @@ def _wavelength_figure(data: ReportData) -> go.Figure:
     return style_figure(fig, height=420)
 
 
+def _verification_html(v: dict[str, Any] | None) -> str:
+    """Whether the reading below was checked against the model's own attention (prominent when it was not)."""
+    if not v:
+        return ""
+    if v.get("status") != "passed":
+        return ('<p class="placeholder"><b>Unverified.</b> ropelens\'s reading of this model (its rotation, scores, '
+                "mask and softmax) was not checked against the model's own attention (verify=False / --no-verify): "
+                "every number in this report may misdescribe the model.</p>")
+    errs = ", ".join(f"{esc(k)} {e:.1e}" for k, e in v.get("errors", {}).items())
+    unchecked = v.get("unchecked") or []
+    return (f"<p><b>Verified</b> on a {v.get('n_tokens')}-token probe against {esc(v.get('reference', ''))}: in every "
+            "rotary layer the captured post-RoPE q and k are the spec's rotation, and the rebuilt scores and "
+            f"probabilities are the model's (largest errors: {errs})."
+            + (f" Not checked: {esc('; '.join(unchecked))}." if unchecked else "") + "</p>")
+
+
 def render_spec(data: ReportData) -> Section:
     """Spec per layer kind, the bands, and every plane's wavelength against the context."""
     spec = data.spec
@@ -112,6 +128,7 @@ def render_spec(data: ReportData) -> Section:
              f"over {lr.n_kv_heads} KV heads, head dim {lr.head_dim}, {lr.n_planes} rotary planes per head "
              f"({esc(lr.pairing)} pairing), trained context {spec.n_ctx:,} tokens. Analysed here: "
              f"{len(data.layers)} layers, windows of {data.n_ctx:,} tokens.</p>")
+    intro = _verification_html(data.settings.get("verification")) + intro
     nope = [L for L in range(spec.n_layers) if not spec.layers[L].rotary]
     if nope:
         listed = ", ".join(map(str, nope))
@@ -130,7 +147,7 @@ def render_spec(data: ReportData) -> Section:
         f"<h3>Bands ({esc(data.band_stats.bands.describe())})</h3>",
         table_html(bt, text_cols=("kind", "band", "planes")),
     ])
-    numbers = {"kinds": dict(spec.kinds),
+    numbers = {"kinds": dict(spec.kinds), "verification": data.settings.get("verification"),
                "planes_beyond_window": {k: int((spec.layers[v[0]].wavelength > data.n_ctx).sum()) for k, v in spec.rotary_kinds.items()},
                "bands": bt.to_dict("records")}
     return Section("spec", "Model and RoPE", body, tables={"spec": frame}, numbers=numbers)

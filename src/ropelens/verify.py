@@ -1,0 +1,458 @@
+"""Verification: ropelens's reading of a model checked against the model's own attention, before any number.
+
+A short probe (two rows of at most a few hundred tokens: one token repeated, and BOS plus random
+tokens) runs once per model, per layer that rotates:
+
+- **rotation**: on the repeated token, the post-RoPE q and k ropelens captures at every position
+  are the spec's rotation of position 0 (frequencies, pairing, direction, a NoPE layer read as
+  rotating, a partial slice); where something position-dependent reaches a later layer's pre-RoPE
+  query (a learned sink), the captured post-RoPE q and k are checked against the spec's rotation of
+  the captured pre-RoPE ones instead;
+- **q/k** and **scale**: the query and key the model's attention function receives are the
+  captured post-RoPE q and k, and its score scale is the spec's;
+- **scores**: the rebuilt pre-softmax scores (captured q·k times the spec's scale) equal q·k times
+  the scale the attention function computes with;
+- **mask** and **probs**: the spec's causal / sliding-window mask is the mask the model built, and
+  the spec's softmax (soft-cap, sinks) of the rebuilt scores gives the model's probabilities;
+- **window edge**: windows longer than the probe are checked at their edge against HF's own
+  sliding-window mask function with the config's ``sliding_window`` (which layers slide is then
+  seen only through the config's layer types); chunked attention the spec does not describe is refused.
+
+Both capture paths analyses use are checked: the fast q/k path (HF's ``apply_rotary_pos_emb``)
+and the bridge's hooks. The reference is the HF model under the bridge (:func:`ropelens.fastpath.hf_view`)
+run with eager attention, its ``eager_attention_forward`` wrapped to read its inputs (query, key,
+mask, scaling) and output (probabilities); a family without one (GPT-J) gives its probabilities
+through ``output_attentions``, and its q/k, scale and score checks are listed as unchecked. Under a
+ropelens intervention (a RoPE variant, plane ablation), which lives on the bridge, the reference is
+the bridge's own scores and pattern.
+
+The result is cached on the model, keyed by the spec, the modeling functions and attention classes
+the model runs (``apply_rotary_pos_emb``, ``rotate_half``, ``eager_attention_forward``, each
+attention and rotary module's ``forward``) and every hook on its attention (so a variant or
+ablation applied with :mod:`ropelens.intervene`, or a patched attention function, is verified
+again). Not in the key: in-place edits of weights, and instance-level patches of the HF modules
+made after the first probe (the HF view is built once); call :func:`verify_model` with
+``force=True`` after such changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ropelens.errors import UnsupportedModelError
+from ropelens.rope import LayerRope, RopeSpec
+
+__all__ = ["UNVERIFIED", "Verification", "fingerprint", "rotation_error", "skip_verification", "verification", "verify_model"]
+
+PROBE_CTX = 32  # probe length when no sliding window asks for more
+MAX_PROBED_WINDOW = 512  # windows up to this are seen whole by a longer probe; longer ones at their edge
+_CACHE = "_ropelens_verification"
+_SKIP = "_ropelens_skip_verification"
+_CHECKS = ("rotation", "qk", "scale", "scores", "mask", "probs", "window edge")
+_TOKEN = 7  # the repeated token of the rotation row (any id: every position then has the same pre-RoPE q)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of the probe: passed with the largest error of each check, or unverified (opted out)."""
+
+    status: str  # "passed" or "unverified"
+    errors: dict[str, float] = field(default_factory=dict)  # check → largest error over layers and paths
+    tolerance: dict[str, float] = field(default_factory=dict)
+    layers: tuple[int, ...] = ()
+    n_tokens: int = 0  # probe length
+    reference: str = ""
+    paths: tuple[str, ...] = ()
+    unchecked: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, as provenance records it (without the probe's time, which differs run to run)."""
+        d = asdict(self)
+        del d["seconds"]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    def describe(self) -> str:
+        """One sentence: what was checked and the largest errors, or that nothing was."""
+        if not self.passed:
+            return ("unverified: ropelens's reading of this model was not checked against the model's own "
+                    "attention (verify=False / --no-verify)")
+        errs = ", ".join(f"{k} {v:.1e}" for k, v in self.errors.items())
+        text = (f"verified on a {self.n_tokens}-token probe in {len(self.layers)} rotary layers against "
+                f"{self.reference} ({' and '.join(self.paths)}); largest errors: {errs}")
+        return text + (f"; not checked: {'; '.join(self.unchecked)}" if self.unchecked else "")
+
+
+UNVERIFIED = Verification("unverified")
+
+
+@contextlib.contextmanager
+def skip_verification(model) -> Iterator[None]:
+    """Every analysis of ``model`` inside the block runs unverified (and says so), as with ``verify=False``."""
+    object.__setattr__(model, _SKIP, getattr(model, _SKIP, 0) + 1)
+    try:
+        yield
+    finally:
+        object.__setattr__(model, _SKIP, getattr(model, _SKIP, 1) - 1)
+
+
+def verification(model, spec: RopeSpec, *, verify: bool = True) -> Verification:
+    """The probe's verdict for ``model`` read as ``spec`` (cached), or :data:`UNVERIFIED` when opted out."""
+    if not verify or getattr(model, _SKIP, 0):
+        return UNVERIFIED
+    return verify_model(model, spec)
+
+
+def rotation_error(lr: LayerRope, q_post: Tensor) -> float:
+    """Relative max error of post-RoPE queries ``[pos, head, d]`` whose pre-RoPE query is the same at every
+    position against ``lr``'s rotation of position 0 (which already carries the attention scaling once)."""
+    n = q_post.shape[0]
+    pred = lr.rotate(q_post[0].expand(n, -1, -1).transpose(0, 1), torch.arange(n, device=q_post.device)).transpose(0, 1)
+    pred[..., : lr.rotary_dim] /= lr.attention_scaling
+    return float((pred - q_post).abs().max() / q_post.abs().max().clamp_min(1e-30))
+
+
+def _rotation_from_pre(lr: LayerRope, pre: Tensor, post: Tensor) -> float:
+    """Relative max error of captured post-RoPE ``[pos, head, d]`` against the spec's rotation of the captured pre-RoPE."""
+    pos = torch.arange(pre.shape[0], device=pre.device)
+    pred = lr.rotate(pre.transpose(0, 1), pos).transpose(0, 1)
+    return float((pred - post).abs().max() / post.abs().max().clamp_min(1e-30))
+
+
+# -------------------------------------------------------------------------------------- cache key
+def _modeling_module(model):
+    from ropelens.reading import hf_model_of
+
+    return importlib.import_module(type(hf_model_of(model)).__module__)
+
+
+def fingerprint(model, spec: RopeSpec) -> str:
+    """What the verification of ``model`` depends on: the spec, the code that rotates and scores, the hooks."""
+    from ropelens.reading import hf_model_of
+
+    parts = [spec.to_json()]
+    mod = _modeling_module(model)
+    parts += [f"{n}:{id(getattr(mod, n, None))}" for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward",
+                                                            "repeat_kv")]
+    for m in hf_model_of(model).modules():
+        name = type(m).__name__.lower()
+        if ("attention" in name or "rotary" in name) and "bridge" not in name:
+            parts.append(f"{type(m).__qualname__}:{id(type(m).forward)}:{id(m.__dict__.get('forward'))}")
+    for b in getattr(model, "blocks", ()):
+        attn = getattr(b, "attn", None)
+        if attn is not None:
+            parts.append(str([id(h) for h in (*attn._forward_pre_hooks.values(), *attn._forward_hooks.values())]))
+    for name, hp in getattr(model, "hook_dict", {}).items():
+        if ".attn." in name and getattr(hp, "fwd_hooks", None):
+            parts.append(f"{name}:{[id(h) for h in hp.fwd_hooks]}")
+    parts.append(str(getattr(model, "_ropelens_interventions", 0)))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def verify_model(model, spec: RopeSpec | None = None, *, force: bool = False) -> Verification:
+    """Run the probe (see module doc) unless this model and spec already passed it; raise
+    :class:`UnsupportedModelError` naming the layer, the check and the size of the error on a mismatch."""
+    from ropelens.reading import rope_spec
+
+    spec = spec if spec is not None else rope_spec(model)
+    key = fingerprint(model, spec)
+    cache = getattr(model, _CACHE, None)
+    if cache is None:
+        cache = {}
+        object.__setattr__(model, _CACHE, cache)  # not a submodule attribute: nothing registered
+    if not force and key in cache:
+        return cache[key]
+    result = _Probe(model, spec).run()
+    cache[key] = result
+    return result
+
+
+# -------------------------------------------------------------------------------------- the probe
+def _tolerance(dtype: torch.dtype) -> dict[str, float]:
+    """Relative (rotation, q/k, scores) and absolute (probabilities) tolerances for the model's dtype.
+
+    In float32 the captured and the model's tensors come from the same ops (errors ~1e-6, a few
+    ulps of the largest entry); 1e-4 leaves room for reductions in another order and is far below
+    any misreading (a wrong pairing or a gain moves them by O(1)). In 16-bit floats each value
+    carries a rounding of eps/2 relative (bf16: 4e-3), scores are rounded before the softmax, so
+    the tolerances grow with eps.
+    """
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    t = max(1e-4, 16 * eps)
+    return {"rotation": t, "qk": t, "scale": 1e-6, "scores": t, "mask": 0.0, "probs": max(1e-4, 32 * eps),
+            "window edge": 0.0}
+
+
+_MEANING = {
+    "rotation": "post-RoPE {which} is not the spec's rotation of position 0: wrong frequencies, pairing or direction, "
+                "or a layer read as rotating that applies no RoPE",
+    "qk": "the {which} that enters the model's score is not the post-RoPE {which} ropelens captures: a norm or gain "
+          "after RoPE, or {which} taken at the wrong place",
+    "scale": "the spec's score scale is not the one the model's attention function uses",
+    "scores": "scores carry a term that is not q·k: a bias or a norm after RoPE",
+    "mask": "the spec's mask is not the mask the model builds: a window off, or chunked attention",
+    "probs": "the spec's softmax of the scores (mask, window, soft-cap, sinks) does not give the model's probabilities: "
+             "a soft-cap, sinks or a score bias in the attention function the spec does not describe",
+    "window edge": "the spec's sliding window is not the one HF's mask function builds from the config",
+}
+
+
+@dataclass
+class _Failure:
+    check: str
+    layer: int
+    path: str
+    error: float
+    tol: float
+    detail: str = ""
+
+    def message(self, arch: str) -> str:
+        which = self.detail if self.check in ("rotation", "qk") else ""
+        extra = f" ({self.detail})" if self.detail and not which else ""
+        return (f"{arch}: layer {self.layer} fails the {self.check} check ({self.path}): error {self.error:.3g} > "
+                f"{self.tol:.1g}{extra}: {_MEANING[self.check].format(which=which or 'q')}; ropelens's reading "
+                "does not describe this model (pass verify=False or --no-verify to measure it anyway, unverified)")
+
+
+class _Probe:
+    """One run of the probe over a model read as a spec."""
+
+    def __init__(self, model, spec: RopeSpec) -> None:
+        from ropelens.models import device_of
+
+        self.model, self.spec = model, spec
+        self.rotary = spec.rotary_layers
+        self.device = device_of(model)
+        self.tol = _tolerance(next(iter(model.parameters())).dtype)
+        self.errors: dict[str, float] = {}
+        self.failures: list[_Failure] = []
+        self.unchecked: list[str] = []
+        windows = [lr.window for lr in spec.layers if lr.window]
+        self.n = max([PROBE_CTX] + [w + 8 for w in windows if w <= MAX_PROBED_WINDOW])
+        self.long_windows = sorted({w for w in windows if w + 8 > self.n})
+
+    def _note(self, check: str, layer: int, path: str, err: float, detail: str = "") -> None:
+        err = float(err) if math.isfinite(err) else math.inf
+        self.errors[check] = max(self.errors.get(check, 0.0), err)
+        if err > self.tol[check]:
+            self.failures.append(_Failure(check, layer, path, err, self.tol[check], detail))
+
+    def tokens(self) -> Tensor:
+        vocab = int(getattr(getattr(self.model, "cfg", None), "d_vocab", 0) or len(self.model.tokenizer))
+        g = torch.Generator().manual_seed(0)
+        rand = torch.randint(min(4, vocab - 1), vocab, (self.n,), generator=g)
+        bos = getattr(self.model.tokenizer, "bos_token_id", None)
+        if bos is not None:
+            rand[0] = bos
+        same = torch.full((self.n,), min(_TOKEN, vocab - 1))
+        return torch.stack([same, rand]).to(self.device)
+
+    def run(self) -> Verification:
+        from ropelens.capture import capture_qk
+
+        t0 = time.perf_counter()
+        if not self.rotary:
+            return Verification("passed", reference="none (no layer rotates)", seconds=time.perf_counter() - t0)
+        self._refuse_chunks()
+        toks = self.tokens()
+        which = ("q_pre", "k_pre", "q_post", "k_post")
+        intervened = bool(getattr(self.model, "_ropelens_interventions", 0))
+        paths = {"bridge": capture_qk(self.model, toks, layers=self.rotary, which=which, fast=False)}
+        if not intervened:  # the fast path is off under an intervention: analyses then use the bridge alone
+            paths["fast q/k path"] = capture_qk(self.model, toks, layers=self.rotary, which=which, fast=True)
+        acts = {p: {L: {k: v.float() for k, v in a.tensors.items()} for L, a in got.items()} for p, got in paths.items()}
+        for path, layers in acts.items():
+            self._rotation(path, layers)
+        if intervened:
+            reference = "the bridge's own attention (a ropelens intervention is active)"
+            self._bridge_reference(toks, acts)
+        else:
+            reference = "the model's own eager attention"
+            self._hf_reference(toks, acts)
+        self._window_edges()
+        if self.failures:
+            # the earliest layer first: a wrong reading there changes every later layer's input
+            first = min(self.failures, key=lambda f: (f.layer, _CHECKS.index(f.check)))
+            raise UnsupportedModelError(first.message(self.spec.architecture))
+        return Verification("passed", errors={k: self.errors[k] for k in _CHECKS if k in self.errors},
+                            tolerance={k: self.tol[k] for k in _CHECKS if k in self.errors}, layers=tuple(self.rotary),
+                            n_tokens=self.n, reference=reference, paths=tuple(acts), unchecked=tuple(self.unchecked),
+                            seconds=time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ checks
+    def _rotation(self, path: str, layers: dict[int, dict[str, Tensor]]) -> None:
+        for L in self.rotary:
+            lr, t = self.spec[L], layers[L]
+            for which in ("q", "k"):
+                pre, post = t[f"{which}_pre"][0], t[f"{which}_post"][0]  # the repeated-token row, [pos, head, d]
+                same = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(pre.abs().max().clamp_min(1e-30))
+                err = rotation_error(lr, post) if same else _rotation_from_pre(lr, pre, post)
+                self._note("rotation", L, path, err, which)
+
+    def _compare(self, L: int, acts: dict[str, dict[int, dict[str, Tensor]]], query: Tensor | None, key: Tensor | None,
+                 scaling: float | None, allowed: Tensor | None, probs: Tensor | None, capped: Tensor | None = None) -> None:
+        """Compare every path's layer-L capture with what the model's attention received and gave."""
+        lr = self.spec[L]
+        spec_mask = lr.mask(self.n, self.device)
+        if allowed is not None:
+            diff = (allowed != spec_mask[None]).nonzero()
+            detail = ""
+            if len(diff):
+                _, q, k = diff[0].tolist()
+                detail = (f"{len(diff)} entries differ, first at query {q}, key {k}: the spec "
+                          f"{'allows' if spec_mask[q, k] else 'masks'} it (window {lr.window})")
+            self._note("mask", L, "the mask the model built", float(len(diff)), detail)
+        if scaling is not None:
+            self._note("scale", L, "the scale the attention function uses",
+                       abs(lr.score_scale - scaling) / abs(scaling), f"spec {lr.score_scale:.6g}, model {scaling:.6g}")
+        for path, layers in acts.items():
+            q, k = layers[L]["q_post"], layers[L]["k_post"]
+            if query is not None and key is not None:
+                for which, ours, theirs in (("q", q, query), ("k", k, key)):
+                    if ours.shape != theirs.shape:
+                        self._note("qk", L, path, math.inf, which)
+                        continue
+                    self._note("qk", L, path, float((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30)),
+                               which)
+            k_exp = k.repeat_interleave(lr.group_size, dim=2)
+            ours_s = torch.einsum("bqhd,bkhd->bhqk", q, k_exp) * lr.score_scale
+            if query is not None and key is not None and scaling is not None and query.shape == q.shape:
+                kk = key.repeat_interleave(query.shape[2] // key.shape[2], dim=2)
+                theirs_s = torch.einsum("bqhd,bkhd->bhqk", query, kk) * scaling
+                m = spec_mask[None, None].expand_as(ours_s)
+                self._note("scores", L, path,
+                           float((ours_s - theirs_s)[m].abs().max() / theirs_s[m].abs().max().clamp_min(1e-30)))
+            elif capped is not None:  # the bridge's scores, soft-capped where the model caps
+                cap = ours_s if not lr.softcap else torch.tanh(ours_s / lr.softcap) * lr.softcap
+                m = spec_mask[None, None].expand_as(cap)
+                self._note("scores", L, path, float((cap - capped)[m].abs().max() / capped[m].abs().max().clamp_min(1e-30)))
+            if probs is not None:
+                rebuilt = lr.probs(ours_s.masked_fill(~spec_mask, float("-inf")))
+                self._note("probs", L, path, float((rebuilt - probs).abs().max()))
+
+    def _hf_reference(self, toks: Tensor, acts) -> None:
+        """Run the HF model under the bridge with eager attention, reading its attention function's inputs and output."""
+        from ropelens.fastpath import hf_view
+
+        hf = hf_view(self.model)
+        mod = _modeling_module(self.model)
+        orig = getattr(mod, "eager_attention_forward", None)
+        calls = [0]
+
+        def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
+            out = orig(module, query, key, value, attention_mask, *args, **kwargs)
+            L = getattr(module, "layer_idx", None)
+            L = calls[0] if not isinstance(L, int) else L
+            calls[0] += 1
+            if L in self.rotary:
+                scaling = kwargs.get("scaling", args[0] if args else None)
+                scaling = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
+                allowed = None
+                if isinstance(attention_mask, Tensor):
+                    m = attention_mask[..., : self.n, : self.n]
+                    allowed = (m if m.dtype == torch.bool else m == 0).expand(toks.shape[0], -1, -1, -1)[:, 0]
+                self._compare(L, acts, query.detach().float().transpose(1, 2), key.detach().float().transpose(1, 2),
+                              scaling, allowed, out[1].detach().float() if out[1] is not None else None)
+            return out
+
+        with _eager(hf), torch.no_grad():
+            if orig is None:
+                self.unchecked.append("q/k, scale and scores (the model calls no eager_attention_forward: "
+                                      "probabilities only, from output_attentions)")
+                probs = hf(input_ids=toks, output_attentions=True, use_cache=False).attentions
+                for L in self.rotary:
+                    self._compare(L, acts, None, None, None, None, probs[L].float())
+                return
+            mod.eager_attention_forward = wrapped
+            try:
+                hf(input_ids=toks, use_cache=False)
+            finally:
+                mod.eager_attention_forward = orig
+        if calls[0] == 0:
+            self.unchecked.append("scores and probabilities (the attention function was never called)")
+
+    def _bridge_reference(self, toks: Tensor, acts) -> None:
+        """Under an intervention: the bridge's own pre-softmax scores (soft-capped, masked) and pattern."""
+        got: dict[str, Tensor] = {}
+        names = {f"blocks.{L}.attn.{h}" for L in self.rotary for h in ("hook_attn_scores", "hook_pattern")}
+        names &= set(self.model.hook_dict)
+
+        def keep(x: Tensor, hook) -> Tensor:
+            got[hook.name] = x.detach().float()
+            return x
+
+        with torch.no_grad(), self.model.hooks(fwd_hooks=[(n, keep) for n in sorted(names)]):
+            self.model(toks, return_type=None)
+        for L in self.rotary:
+            scores, pattern = got.get(f"blocks.{L}.attn.hook_attn_scores"), got.get(f"blocks.{L}.attn.hook_pattern")
+            if scores is None and pattern is None:
+                self.unchecked.append(f"layer {L} scores and probabilities (its bridge fires no score or pattern hook)")
+                continue
+            self._compare(L, acts, None, None, None, None, pattern, scores)
+
+    def _window_edges(self) -> None:
+        """Windows longer than the probe: HF's own mask function with the config's window, at the window's edge."""
+        if not self.long_windows:
+            return
+        try:
+            from transformers.masking_utils import sliding_window_causal_mask_function
+        except ImportError:
+            self.unchecked.append(f"windows {self.long_windows} (longer than the probe; no HF mask function)")
+            return
+        from ropelens.reading import hf_model_of
+
+        cfg = hf_model_of(self.model).config
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        hf_window = getattr(cfg, "sliding_window", None)
+        for L, lr in enumerate(self.spec.layers):
+            if not lr.window or lr.window not in self.long_windows:
+                continue
+            if not hf_window:
+                self.unchecked.append(f"layer {L} window {lr.window} (longer than the probe, no sliding_window in the config)")
+                continue
+            fn = sliding_window_causal_mask_function(int(hf_window))
+            w = lr.window
+            edge = [torch.tensor(q) for q in (w - 1, w, w + 1)]  # HF's mask functions take tensor indices
+            wrong = sum(bool(fn(0, 0, q, torch.tensor(0))) != bool(lr.mask(int(q) + 1)[q, 0]) for q in edge)
+            self._note("window edge", L, "HF's sliding-window mask function", float(wrong),
+                       f"spec window {w}, config sliding_window {hf_window}")
+        self.unchecked.append("which layers slide, for windows longer than the probe (read from the config)")
+
+    def _refuse_chunks(self) -> None:
+        from ropelens.reading import hf_model_of
+
+        cfg = hf_model_of(self.model).config
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        chunk = getattr(cfg, "attention_chunk_size", None)
+        if chunk:
+            raise UnsupportedModelError(
+                f"{self.spec.architecture}: chunked attention (attention_chunk_size {chunk}) is not described by "
+                "ropelens's spec, which knows causal and sliding-window masks only: its numbers past a chunk would be wrong")
+
+
+@contextlib.contextmanager
+def _eager(hf) -> Iterator[None]:
+    """Run the HF model with eager attention (which returns probabilities), restoring the setting after."""
+    cfgs = {id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: hf.config)())}.values()
+    before = [(c, getattr(c, "_attn_implementation", None)) for c in cfgs]
+    for c, _ in before:
+        c._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        for c, impl in before:
+            c._attn_implementation = impl
