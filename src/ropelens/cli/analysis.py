@@ -169,6 +169,7 @@ def add_heads(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--windows", type=positive_int, default=8, metavar="N",
                    help="text windows (and as many random-token windows)")
     p.add_argument("--n-ctx", type=window_length, default=256, metavar="N", help="tokens per window")
+    AnalysisOptions.add_to(p, bands=False)
     CheckpointOptions.add_to(p)
     OutputOptions.add_to(p, save="HeadTaxonomy JSON", deprecated_out=True)
 
@@ -183,8 +184,9 @@ def run_heads(args: argparse.Namespace) -> int:
     output = OutputOptions.from_args(args)
     output.check()
     checkpoint = CheckpointOptions.from_args(args).kwargs()  # a bad --checkpoint fails before the model loads
-    tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, progress=False,
-                        **checkpoint)
+    analysis = AnalysisOptions.from_args(args)
+    tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, layers=analysis.layers,
+                        verify=not analysis.no_verify, progress=False, **checkpoint)
     output.save_result(tx)
     df = tx.to_frame()
     if output.json:
