@@ -282,6 +282,9 @@ def stream(
 ) -> int:
     """Run the model over ``data`` (token batches, or ``(tokens, valid)`` pairs for right padding).
 
+    ``valid`` marks each row's real tokens, which must come first (right padding): positions are
+    indices in the window, so left padding or a gap is refused (:func:`ropelens.fastpath.right_padded`).
+
     Calls every reducer once per layer per batch; returns the number of valid tokens seen. The
     forward stops after the last requested layer (on the fast path, at its rotation). When the
     reducers need only queries and keys and ``fast`` is on, the HF model runs with its own sdpa
@@ -290,7 +293,7 @@ def stream(
     keep them). One host synchronisation per batch asks whether it holds padding; reducers read the
     answer from :attr:`LayerActs.padded`.
     """
-    from ropelens.fastpath import QK_NEEDS, fast_qk
+    from ropelens.fastpath import QK_NEEDS, fast_qk, right_padded
     from ropelens.reading import rope_spec
 
     spec = spec if spec is not None else rope_spec(model)
@@ -310,8 +313,9 @@ def stream(
             valid = torch.ones_like(toks, dtype=torch.bool) if valid is None else valid.to(device).bool()
             if valid.shape != toks.shape:
                 raise InputError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
-            # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask)
-            col.valid, col.padded = valid, not bool(valid.all())
+            # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask), and is it
+            # right padding (positions are indices in the window: anything else is refused, not measured wrong)
+            col.valid, col.padded = valid, right_padded(valid)
             if col.padded:
                 padded_tok = valid.sum() if padded_tok is None else padded_tok + valid.sum()
             else:

@@ -13,10 +13,16 @@ Launch with ``torchrun --nproc-per-node N -m ropelens usage ...`` (NCCL on GPUs,
 call the analyses from Python inside an initialised process group.
 
 Checkpoints: with ``checkpoint=DIR`` each rank writes its reducers' state, the run's configuration
-and the number of batches done to ``DIR/rank{r}-of-{N}.pt`` every ``every`` batches (atomically:
-a temp file, then a rename). The same call started again resumes after the last batch saved and
-gives the identical result (the float64 sums add in the same order); a changed configuration
-refuses to resume.
+and the number of batches done to ``DIR/rank{r}-of-{N}.pt`` every ``every`` batches. The same call
+started again resumes after the last batch saved and gives the identical result (the float64 sums
+add in the same order). A checkpoint is bound to its run: the model (its name, path, a fingerprint
+of its weights and their dtype, :func:`ropelens.models.weights_fingerprint`), the ropelens version,
+the windows (a sha256 of the tokens), every analysis setting, the batches, layers and world size;
+a run that differs in any of them refuses to resume and names both sides. Each write is atomic (a
+temp file beside it, renamed over it), so a run killed mid-write leaves the previous checkpoint
+whole and resumes from it; the temp file it leaves is removed when the run starts again. A file
+damaged otherwise (truncated, altered) fails its sha256 check with an error naming it, instead of
+resuming from wrong sums.
 """
 
 from __future__ import annotations
@@ -40,12 +46,16 @@ from tqdm.auto import tqdm
 
 from ropelens.capture import Reducer, stream
 from ropelens.errors import InputError
+from ropelens.models import weights_fingerprint
+from ropelens.provenance import versions
+from ropelens.reading import model_label
 from ropelens.serialize import atomic_write
 
-__all__ = ["RankFailedError", "RunInfo", "init_from_env", "is_main", "local", "rank_and_world", "reducer_state",
-           "run_windows", "shard"]
+__all__ = ["RankFailedError", "RunInfo", "init_from_env", "is_main", "local", "model_identity", "rank_and_world",
+           "reducer_state", "run_windows", "shard"]
 
 _TOKENS_KEY = "ropelens/tokens_done"
+_MAGIC = b"ropelens-checkpoint-1\n"  # then the payload's sha256 (32 bytes), then the payload
 _CALLS = itertools.count()
 
 
@@ -203,14 +213,20 @@ def _write_checkpoint(path: Path, config: dict[str, Any], done: int, n_tokens: i
     state = [{k: v.detach().cpu().clone() for k, v in reducer_state(r).items()} for r in reducers]
     buf = io.BytesIO()
     torch.save({"config": config, "batches_done": done, "n_tokens": int(n_tokens), "state": state}, buf)
+    payload = buf.getvalue()
     with atomic_write(path, "wb") as f:
-        f.write(buf.getvalue())
+        f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
 
 
 def _read_checkpoint(path: Path, config: dict[str, Any], reducers: Sequence[Reducer]) -> tuple[int, float]:
     """Load a checkpoint written by the same run into ``reducers``; returns the batches and tokens it covers."""
+    raw = path.read_bytes()
+    head, digest, payload = raw[:len(_MAGIC)], raw[len(_MAGIC):len(_MAGIC) + 32], raw[len(_MAGIC) + 32:]
+    if head != _MAGIC or hashlib.sha256(payload).digest() != digest:
+        raise InputError(f"checkpoint {path} is damaged or not a ropelens checkpoint ({len(raw)} bytes fail its "
+                         "sha256 check): delete it to start over")
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same problem for the user
         raise InputError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}): delete it to start over") from e
     if saved.get("config") != config:
@@ -221,6 +237,20 @@ def _read_checkpoint(path: Path, config: dict[str, Any], reducers: Sequence[Redu
     for r, st in zip(reducers, saved["state"], strict=True):
         _load_state(r, st)
     return int(saved["batches_done"]), int(saved["n_tokens"])
+
+
+def model_identity(model) -> dict[str, Any]:
+    """What binds a checkpoint to its model: name, path, weights fingerprint and dtype, ropelens version."""
+    cfg = getattr(model, "cfg", None)
+    return {"model": model_label(model), "model_path": getattr(cfg, "model_path", None),
+            **weights_fingerprint(model), "ropelens": versions().get("ropelens")}
+
+
+def _remove_stale(path: Path) -> None:
+    """Delete temp files a killed write of ``path`` left (atomic_write's ``.NAME.*.tmp``): only this rank writes them."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def run_windows(
@@ -243,7 +273,8 @@ def run_windows(
     otherwise; resuming from ``checkpoint`` when it holds a saved state of the same run.
 
     ``config`` is what must not change between a run and its resumption (analysis settings); the
-    windows' fingerprint, batch size, layers and world size are added to it.
+    model's identity (:func:`model_identity`), the windows' fingerprint, batch size, layers and world
+    size are added to it.
     """
     if not isinstance(every, int) or every < 1:
         raise InputError(f"every must be a positive number of batches, got {every!r}")
@@ -261,12 +292,13 @@ def run_windows(
     try:
         path = None
         if checkpoint is not None:
-            run_cfg = {**(config or {}), "windows_sha256": _fingerprint(tokens), "n_windows": n,
-                       "batch_size": batch_size, "layers": None if layers is None else list(layers),
+            run_cfg = {**(config or {}), **model_identity(model), "windows_sha256": _fingerprint(tokens),
+                       "n_windows": n, "batch_size": batch_size, "layers": None if layers is None else list(layers),
                        "world_size": world, "rank": rank, "reducers": [type(r).__name__ for r in reducers]}
             folder = Path(checkpoint)
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"rank{rank}-of-{world}.pt"
+            _remove_stale(path)
             if path.exists():
                 info.resumed_batches, n_tok = _read_checkpoint(path, run_cfg, reducers)
         all_batches = [tokens[j * batch_size:(j + 1) * batch_size] for j in my_batches]

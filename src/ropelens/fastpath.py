@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from ropelens.errors import InputError
 from ropelens.rope import LayerRope, RopeSpec
 
-__all__ = ["QK_NEEDS", "fast_qk", "hf_view", "intervened", "sdpa_attention"]
+__all__ = ["QK_NEEDS", "fast_qk", "hf_view", "intervened", "right_padded", "sdpa_attention"]
 
 QK_NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post"})
 _MARK = "_ropelens_interventions"
@@ -39,6 +40,23 @@ class _Stop(Exception):
 
 class _Unsupported(Exception):
     """Raised at the first rotation that does not match the spec: the forward stops there."""
+
+
+def right_padded(valid: Tensor) -> bool:
+    """Whether a ``[batch, pos]`` key mask holds padding; an InputError unless each row's real tokens come first.
+
+    Every reducer takes a token's position to be its index in the window (distances, the sink at
+    index 0, the rotation of the fast path and the bridge alike), which holds only when each row is
+    real tokens then padding. Left padding or a gap would shift every position, so it is refused
+    instead of measured wrong. One host synchronisation answers both questions.
+    """
+    v = valid.bool()
+    padded, gap = torch.stack([~v.all(), (v[:, 1:] & ~v[:, :-1]).any()]).tolist()
+    if gap:
+        row = int((v[:, 1:] & ~v[:, :-1]).any(1).nonzero()[0])
+        raise InputError(f"the valid mask's row {row} has a real token after padding (left padding or a gap): ropelens "
+                         "measures right-padded batches only; put each window's tokens first and its padding last")
+    return bool(padded)
 
 
 @contextlib.contextmanager
@@ -151,8 +169,8 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
     ``on_layer(layer, tensors)`` while the forward runs and are dropped (memory: one layer's q/k,
     not every layer's); the returned dict then holds only what was not handed over. A model found
     unable to is remembered, so later calls cost nothing; a model under an intervention is only
-    skipped while it lasts. ``padded`` (whether ``valid`` has a False anywhere), when the caller
-    knows it, saves asking the device.
+    skipped while it lasts. ``valid`` must be right padding (:func:`right_padded`); ``padded``
+    (whether it has a False anywhere), when the caller has checked it, saves asking the device.
     """
     if getattr(model, _MARK, 0) or getattr(model, _UNSUPPORTED, False):
         return None
@@ -199,7 +217,7 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
             if tapped:
                 # no padding: no mask tensor, so sdpa runs its causal kernel without an n × n mask
                 if padded is None:
-                    padded = not bool(valid.all())
+                    padded = right_padded(valid)
                 hf(input_ids=tokens, attention_mask=valid.long() if padded else None, use_cache=False)
     except _Stop:
         pass

@@ -174,8 +174,8 @@ def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
     if layer.base is None or layer.base <= 1:
         return out
     out["critical_dim"] = critical_dimension(layer.base, layer.rotary_dim, l0)
-    out["bound_native"] = base_lower_bound(layer.rotary_dim, l0, rtol=1e-3)
-    out["bound_extended"] = base_lower_bound(layer.rotary_dim, factor * l0, rtol=1e-3)
+    out["bound_native"] = base_lower_bound(layer.rotary_dim, l0)
+    out["bound_extended"] = base_lower_bound(layer.rotary_dim, factor * l0)
     return out
 
 
