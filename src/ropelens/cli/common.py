@@ -59,26 +59,24 @@ def add_command(subparsers: argparse._SubParsersAction, name: str, run: Callable
 
 
 # ---------------------------------------------------------------------------------------- argument types
-def positive_int(text: str) -> int:
-    """``argparse`` type: an integer ≥ 1."""
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """``argparse`` type: an integer ≥ 1."""
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """``argparse`` type: an integer ≥ 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {value}")
-    return value
+    return _int_at_least(text, 0, "an integer ≥ 0")
 
 
 def window_length(text: str) -> int:
