@@ -148,11 +148,14 @@ def rope_spec(model) -> RopeSpec:
     n_heads = int(cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head)
     n_kv_cfg = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
+    calls = _rotary_calls(model, attns)
     layers = []
     for i, attn in enumerate(attns):
         ltype = layer_types[i] if layer_types else None
         inv, scaling = _inv_freq_for(rotaries, attn, ltype)
-        if not _uses_rope(attn, cfg, i):  # NoPE layer (SmolLM3): its attention never rotates
+        # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
+        # (the full-attention layers of Cohere 2 and EXAONE 4 skip apply_rotary_pos_emb)
+        if not _uses_rope(attn, cfg, i) or (calls is not None and i not in calls):
             inv = inv[:0]
         params = _layer_rope_params(cfg, ltype)
         head_dim = int(getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
@@ -191,7 +194,81 @@ def rope_spec(model) -> RopeSpec:
                 sinks=_sinks(attn),
             )
         )
+        if calls is not None and i in calls and inv.numel():
+            layers[-1] = _with_direction(layers[-1], *calls[i])
     return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
+
+
+_PROBE_TOKENS = 4  # a short forward: which layers rotate, and which way
+
+
+def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] | None:
+    """Layer → (q before, q after) of the first ``apply_rotary_pos_emb`` call inside that layer's attention,
+    from one short forward of the HF model (cached on the model); None where the family rotates elsewhere."""
+    import importlib
+    import inspect
+
+    mod = importlib.import_module(type(hf_model_of(model)).__module__)
+    orig = getattr(mod, "apply_rotary_pos_emb", None)
+    # Only the (q, k, cos, sin) -> (q, k) form; GPT-J's (tensor, sin, cos) -> tensor is read from its table.
+    if orig is None or list(inspect.signature(orig).parameters)[:2] != ["q", "k"]:
+        return None
+    key = (id(orig), id(getattr(mod, "rotate_half", None)), len(attns))
+    cached = getattr(model, "_ropelens_rotary_calls", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    from ropelens.fastpath import hf_view
+    from ropelens.models import device_of
+
+    view = hf_view(model)
+    kinds = {type(a) for a in attns}
+    mods = [m for m in view.modules() if type(m) in kinds]
+    if len(mods) != len(attns):
+        return None
+    current: list[int | None] = [None]
+    calls: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def tap(q, k, *args, **kwargs):
+        q_rot, k_rot = orig(q, k, *args, **kwargs)
+        if current[0] is not None and current[0] not in calls:
+            calls[current[0]] = (q.detach().float().cpu(), q_rot.detach().float().cpu())
+        return q_rot, k_rot
+
+    def enter(i):
+        return lambda _m, _a: current.__setitem__(0, i)
+
+    handles = [m.register_forward_pre_hook(enter(i)) for i, m in enumerate(mods)]
+    mod.apply_rotary_pos_emb = tap
+    try:
+        vocab = int(getattr(_text_config(view), "vocab_size", 0) or 8)
+        toks = (torch.arange(_PROBE_TOKENS) % vocab).unsqueeze(0).to(device_of(model))
+        with torch.no_grad():
+            view(toks)
+    except Exception:  # noqa: BLE001 - a family this forward cannot run keeps the config's reading (the probe still checks it)
+        return None
+    finally:
+        mod.apply_rotary_pos_emb = orig
+        for h in handles:
+            h.remove()
+    result = calls if calls else None
+    object.__setattr__(model, "_ropelens_rotary_calls", (key, result))  # not a submodule: nothing registered
+    return result
+
+
+def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor) -> LayerRope:
+    """``lr`` turned the other way when the model's own rotation of ``q`` ([batch, head, pos, d]) is by −m·θ."""
+    import dataclasses
+
+    if q.ndim != 4 or q.shape[-1] != lr.head_dim or q_rot.shape != q.shape:
+        return lr
+    pos = torch.arange(q.shape[-2])
+
+    def err(d: LayerRope) -> float:
+        return float((d.rotate(q, pos) - q_rot).abs().max() / q_rot.abs().max().clamp_min(1e-30))
+
+    flipped = dataclasses.replace(lr, direction=-lr.direction)
+    # float32 rotation of O(1) values: a match is ~1e-6, the wrong direction is O(1) off
+    return flipped if err(flipped) < 1e-3 < err(lr) else lr
 
 
 def _kv_heads(attn, n_heads: int, from_config: int) -> int:
