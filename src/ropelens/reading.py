@@ -83,6 +83,17 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: layers {linear} have no softmax attention (linear-attention blocks of a hybrid "
             "model such as Qwen3-Next); ropelens measures softmax-attention RoPE models only."
         )
+    widths: dict[int, list[int]] = {}
+    for i, b in enumerate(blocks):
+        d = getattr(getattr(b.attn, "original_component", None), "head_dim", None)
+        if isinstance(d, int):
+            widths.setdefault(d, []).append(i)
+    if len(widths) > 1:  # Gemma 4: wider global heads (global_head_dim) with partial "proportional" rotary
+        per = "; ".join(f"{d} in layers {ls}" for d, ls in sorted(widths.items()))
+        raise UnsupportedModelError(
+            f"{arch}: layers have different head widths ({per}); ropelens's captures and analyses "
+            "assume one head width per model, so it cannot measure this one exactly."
+        )
     types = set(getattr(cfg, "layer_types", None) or ())
     unknown = types - set(_KIND)
     if unknown:
