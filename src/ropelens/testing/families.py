@@ -329,10 +329,13 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
         try:
             model = load_model(path, device="cpu")
             spec = rope_spec(model)
-            verify_model(model, spec)
         except UnsupportedModelError as e:
             res.refusal = str(e)
             return res
+        try:  # the probe's verdict; the errors below are measured either way (they show what it caught)
+            verify_model(model, spec)
+        except UnsupportedModelError as e:
+            res.refusal = str(e)
     res.kinds = spec.kinds
     res.spec_errors = _spec_errors(fam, spec)
     rotary = spec.rotary_layers
