@@ -228,10 +228,9 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] 
     cached = getattr(model, "_ropelens_rotary_calls", None)
     if cached is not None and cached[0] == key:
         return cached[1]
-    from ropelens.fastpath import hf_view
     from ropelens.models import device_of
 
-    view = hf_view(model)
+    view = _hf_tree(hf_model_of(model))
     kinds = {type(a) for a in attns}
     mods = [m for m in view.modules() if type(m) in kinds]
     if len(mods) != len(attns):
@@ -239,9 +238,13 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] 
     current: list[int | None] = [None]
     calls: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    outside = [0]
+
     def tap(q, k, *args, **kwargs):
         q_rot, k_rot = orig(q, k, *args, **kwargs)
-        if current[0] is not None and current[0] not in calls:
+        if current[0] is None:
+            outside[0] += 1
+        elif current[0] not in calls:
             calls[current[0]] = (q.detach().float().cpu(), q_rot.detach().float().cpu())
         return q_rot, k_rot
 
@@ -249,6 +252,7 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] 
         return lambda _m, _a: current.__setitem__(0, i)
 
     handles = [m.register_forward_pre_hook(enter(i)) for i, m in enumerate(mods)]
+    handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
     mod.apply_rotary_pos_emb = tap
     try:
         vocab = int(getattr(_text_config(view), "vocab_size", 0) or 8)
@@ -261,9 +265,26 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] 
         mod.apply_rotary_pos_emb = orig
         for h in handles:
             h.remove()
-    result = calls if calls else None
+    # a rotation outside the attention modules cannot be placed in a layer: keep the config's reading
+    result = calls if calls and not outside[0] else None
     object.__setattr__(model, "_ropelens_rotary_calls", (key, result))  # not a submodule: nothing registered
     return result
+
+
+def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
+    """The HF module tree under a bridge with every bridge component replaced by the module it wraps, and
+    no hooks: shallow copies sharing every weight, built for one short forward and dropped."""
+    import copy
+
+    while getattr(module, "_original_component", None) is not None:
+        module = module._original_component
+    view = copy.copy(module)
+    view._modules = {n: (None if c is None else _hf_tree(c)) for n, c in module._modules.items()}
+    for hooks in ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+                  "_forward_hooks_always_called"):
+        if hasattr(view, hooks):
+            setattr(view, hooks, type(getattr(module, hooks))())
+    return view
 
 
 def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor) -> LayerRope:
