@@ -41,8 +41,14 @@ def main() -> int:
                         f"| | | | | |")
             continue
         r = check_family(name)
+        if r.refusal and fam.refused_at == "probe":  # measured unverified: the errors the probe prevents
+            status = f"refused by the probe: `UnsupportedModelError` ({fam.refused}); errors shown are unverified"
+            rows.append(f"| {name} | {r.architecture} | {status} | {fam.needs} | {_kinds(r.kinds)} | "
+                        f"{_e(r.scores_err)} | {_e(r.pattern_err)} | {_e(r.pairing_err)} |")
+            continue
         if r.refusal:
-            status = f"refused: `UnsupportedModelError` ({fam.refused})"
+            where = {"load": "at load", "spec": "by `rope_spec`"}[fam.refused_at]
+            status = f"refused {where}: `UnsupportedModelError` ({fam.refused})"
             rows.append(f"| {name} | {r.architecture} | {status} | {fam.needs} | – | – | – | – |")
             continue
         status = "exact" if r.exact else "**NOT EXACT**"
@@ -56,8 +62,13 @@ def main() -> int:
           "scores (relative error); the pattern rebuilt from them (soft-capping, sinks and windows applied) against "
           "HF's attention probabilities; and, on one token repeated, the captured post-RoPE query at every position "
           "against the spec's rotation of position 0 (relative error; this is what catches a wrong plane pairing). "
-          "The same checks run in `tests/unit/test_families.py`. A family ropelens cannot measure exactly raises "
-          "`ropelens.errors.UnsupportedModelError` from `rope_spec`, and so from every analysis.\n")
+          "The same checks run in `tests/unit/test_families.py` and `tests/unit/test_new_families.py`. Layers "
+          "without RoPE are read from the model's own forward (the layers whose attention never calls "
+          "`apply_rotary_pos_emb`), and so is the rotation direction. A family ropelens cannot measure exactly "
+          "raises `ropelens.errors.UnsupportedModelError` in one line, never a number: at load (TransformerLens has "
+          "no adapter for it, or its adapter cannot wrap the configuration), from `rope_spec` (a structure ropelens "
+          "knows it cannot read), or from the verification probe every analysis runs first (ropelens's reading "
+          "does not reproduce the model's own attention).\n")
     print("Layer kinds: `full` (causal), `sliding` (causal within a window), `nope` (attention without rotation: "
           "no planes, left out of per-plane analyses).\n")
     print("| family | HF class | status | what it needs | layer kinds read | scores err | pattern err | pairing err |")

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ropelens.errors import InputError
+from ropelens.errors import InputError, UnsupportedModelError
 
 __all__ = [
     "EMBEDDED_MODELS",
@@ -318,7 +318,7 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
     else:
         dev = resolve_device(device)
         model = model.to(device=dev, dtype=dtype).eval()
-    with _quiet_bridge():
+    with _quiet_bridge(), _bridge_errors(model):
         bridge = TransformerBridge.boot_transformers(
             hub_name, hf_model=model, tokenizer=tokenizer, device=dev, dtype=dtype
         )
@@ -336,6 +336,31 @@ def _identify(bridge, label: str, path: Path | None = None):
     bridge.cfg.model_name = label
     bridge.cfg.model_path = None if path is None else str(path.expanduser().resolve())
     return bridge
+
+
+@contextlib.contextmanager
+def _bridge_errors(model) -> Iterator[None]:
+    """Turn TransformerLens failing to wrap ``model`` into one UnsupportedModelError naming the architecture."""
+    arch = type(model).__name__
+    try:
+        yield
+    except ValueError as e:
+        if "Could not determine supported architecture" not in str(e):
+            raise
+        raise UnsupportedModelError(
+            f"{arch}: TransformerLens has no adapter for this architecture, so ropelens cannot wrap it; the "
+            "supported families are listed in docs/models.md"
+        ) from None
+    except RuntimeError as e:  # the adapter exists but its reading of the weights does not fit this model
+        cfg = getattr(model, "config", None)
+        heads = getattr(cfg, "num_attention_heads", None)
+        kv = getattr(cfg, "num_kv_heads", None) or getattr(cfg, "num_key_value_heads", None)
+        what = f"{kv} KV heads for {heads} query heads" if kv and heads and kv not in (1, heads) else "this configuration"
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise UnsupportedModelError(
+            f"{arch}: TransformerLens's adapter for it cannot wrap {what} ({first}); "
+            "see docs/models.md for the supported families"
+        ) from None
 
 
 @contextlib.contextmanager

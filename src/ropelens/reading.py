@@ -83,6 +83,17 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: layers {linear} have no softmax attention (linear-attention blocks of a hybrid "
             "model such as Qwen3-Next); ropelens measures softmax-attention RoPE models only."
         )
+    widths: dict[int, list[int]] = {}
+    for i, b in enumerate(blocks):
+        d = getattr(getattr(b.attn, "original_component", None), "head_dim", None)
+        if isinstance(d, int):
+            widths.setdefault(d, []).append(i)
+    if len(widths) > 1:  # Gemma 4: wider global heads (global_head_dim) with partial "proportional" rotary
+        per = "; ".join(f"{d} in layers {ls}" for d, ls in sorted(widths.items()))
+        raise UnsupportedModelError(
+            f"{arch}: layers have different head widths ({per}); ropelens's captures and analyses "
+            "assume one head width per model, so it cannot measure this one exactly."
+        )
     types = set(getattr(cfg, "layer_types", None) or ())
     unknown = types - set(_KIND)
     if unknown:
@@ -148,11 +159,14 @@ def rope_spec(model) -> RopeSpec:
     n_heads = int(cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head)
     n_kv_cfg = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
+    calls = _rotary_calls(model, attns)
     layers = []
     for i, attn in enumerate(attns):
         ltype = layer_types[i] if layer_types else None
         inv, scaling = _inv_freq_for(rotaries, attn, ltype)
-        if not _uses_rope(attn, cfg, i):  # NoPE layer (SmolLM3): its attention never rotates
+        # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
+        # (the full-attention layers of Cohere 2 and EXAONE 4 skip apply_rotary_pos_emb)
+        if not _uses_rope(attn, cfg, i) or (calls is not None and i not in calls):
             inv = inv[:0]
         params = _layer_rope_params(cfg, ltype)
         head_dim = int(getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
@@ -191,7 +205,102 @@ def rope_spec(model) -> RopeSpec:
                 sinks=_sinks(attn),
             )
         )
+        if calls is not None and i in calls and inv.numel():
+            layers[-1] = _with_direction(layers[-1], *calls[i])
     return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
+
+
+_PROBE_TOKENS = 4  # a short forward: which layers rotate, and which way
+
+
+def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] | None:
+    """Layer → (q before, q after) of the first ``apply_rotary_pos_emb`` call inside that layer's attention,
+    from one short forward of the HF model (cached on the model); None where the family rotates elsewhere."""
+    import importlib
+    import inspect
+
+    mod = importlib.import_module(type(hf_model_of(model)).__module__)
+    orig = getattr(mod, "apply_rotary_pos_emb", None)
+    # Only the (q, k, cos, sin) -> (q, k) form; GPT-J's (tensor, sin, cos) -> tensor is read from its table.
+    if orig is None or list(inspect.signature(orig).parameters)[:2] != ["q", "k"]:
+        return None
+    key = (id(orig), id(getattr(mod, "rotate_half", None)), len(attns))
+    cached = getattr(model, "_ropelens_rotary_calls", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    from ropelens.models import device_of
+
+    view = _hf_tree(hf_model_of(model))
+    kinds = {type(a) for a in attns}
+    mods = [m for m in view.modules() if type(m) in kinds]
+    if len(mods) != len(attns):
+        return None
+    current: list[int | None] = [None]
+    calls: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    outside = [0]
+
+    def tap(q, k, *args, **kwargs):
+        q_rot, k_rot = orig(q, k, *args, **kwargs)
+        if current[0] is None:
+            outside[0] += 1
+        elif current[0] not in calls:
+            calls[current[0]] = (q.detach().float().cpu(), q_rot.detach().float().cpu())
+        return q_rot, k_rot
+
+    def enter(i):
+        return lambda _m, _a: current.__setitem__(0, i)
+
+    handles = [m.register_forward_pre_hook(enter(i)) for i, m in enumerate(mods)]
+    handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
+    mod.apply_rotary_pos_emb = tap
+    try:
+        vocab = int(getattr(_text_config(view), "vocab_size", 0) or 8)
+        toks = (torch.arange(_PROBE_TOKENS) % vocab).unsqueeze(0).to(device_of(model))
+        with torch.no_grad():
+            view(toks)
+    except Exception:  # noqa: BLE001 - a family this forward cannot run keeps the config's reading (the probe still checks it)
+        return None
+    finally:
+        mod.apply_rotary_pos_emb = orig
+        for h in handles:
+            h.remove()
+    # a rotation outside the attention modules cannot be placed in a layer: keep the config's reading
+    result = calls if calls and not outside[0] else None
+    object.__setattr__(model, "_ropelens_rotary_calls", (key, result))  # not a submodule: nothing registered
+    return result
+
+
+def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
+    """The HF module tree under a bridge with every bridge component replaced by the module it wraps, and
+    no hooks: shallow copies sharing every weight, built for one short forward and dropped."""
+    import copy
+
+    while getattr(module, "_original_component", None) is not None:
+        module = module._original_component
+    view = copy.copy(module)
+    view._modules = {n: (None if c is None else _hf_tree(c)) for n, c in module._modules.items()}
+    for hooks in ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+                  "_forward_hooks_always_called"):
+        if hasattr(view, hooks):
+            setattr(view, hooks, type(getattr(module, hooks))())
+    return view
+
+
+def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor) -> LayerRope:
+    """``lr`` turned the other way when the model's own rotation of ``q`` ([batch, head, pos, d]) is by −m·θ."""
+    import dataclasses
+
+    if q.ndim != 4 or q.shape[-1] != lr.head_dim or q_rot.shape != q.shape:
+        return lr
+    pos = torch.arange(q.shape[-2])
+
+    def err(d: LayerRope) -> float:
+        return float((d.rotate(q, pos) - q_rot).abs().max() / q_rot.abs().max().clamp_min(1e-30))
+
+    flipped = dataclasses.replace(lr, direction=-lr.direction)
+    # float32 rotation of O(1) values: a match is ~1e-6, the wrong direction is O(1) off
+    return flipped if err(flipped) < 1e-3 < err(lr) else lr
 
 
 def _kv_heads(attn, n_heads: int, from_config: int) -> int:

@@ -117,8 +117,11 @@ class LayerRope:
     n_ctx: int | None = None
     softcap: float | None = None  # attention-logit soft-capping c: scores become c·tanh(s/c) (Gemma 2)
     sinks: tuple[float, ...] | None = None  # learned per-head sink logits that join the softmax (gpt-oss)
+    direction: int = 1  # +1: position m turns each plane by +m·θ_i (Llama's rotate_half); −1: by −m·θ_i (NanoChat)
 
     def __post_init__(self) -> None:
+        if self.direction not in (1, -1):
+            raise InputError(f"direction must be 1 or -1, got {self.direction!r}")
         if self.inv_freq.ndim != 1:
             raise InputError(f"inv_freq must be 1-D, got shape {tuple(self.inv_freq.shape)}")
         if 2 * self.inv_freq.numel() != self.rotary_dim:
@@ -210,8 +213,8 @@ class LayerRope:
         return torch.softmax(torch.cat([x, sink], dim=-1), dim=-1)[..., :-1]
 
     def angles(self, positions: Tensor) -> Float[Tensor, "... n_planes"]:
-        """Rotation angle of each plane at each position, m·θ_i."""
-        return positions.to(torch.float64)[..., None] * self.inv_freq.to(positions.device, torch.float64)
+        """Rotation angle of each plane at each position, m·θ_i (−m·θ_i where the model turns the other way)."""
+        return positions.to(torch.float64)[..., None] * self.inv_freq.to(positions.device, torch.float64) * self.direction
 
     def rotate(self, x: Float[Tensor, "... pos head_dim"], positions: Tensor) -> Float[Tensor, "... pos head_dim"]:
         """Apply this layer's rotation (and attention scaling) to head vectors at ``positions``.
@@ -253,6 +256,7 @@ class LayerRope:
             self.rotary_dim == other.rotary_dim
             and self.pairing == other.pairing
             and self.attention_scaling == other.attention_scaling
+            and self.direction == other.direction
             and torch.equal(self.inv_freq, other.inv_freq)
         )
 

@@ -128,10 +128,14 @@ def test_wrong_pairing_the_other_way_is_caught(monkeypatch):
 
 
 def test_reversed_rotation_is_caught(monkeypatch):
-    """A model whose rotate_half returns cat(x2, −x1) (NanoChat) turns the other way."""
+    """A model whose rotate_half returns cat(x2, −x1) (NanoChat) turns the other way: read so, and a spec
+    that misses it fails the rotation check."""
     model = tiny_model("llama")
     monkeypatch.setattr(llama_mod, "rotate_half", lambda x: torch.cat((x[..., x.shape[-1] // 2:],
                                                                        -x[..., : x.shape[-1] // 2]), dim=-1))
+    assert {lr.direction for lr in ropelens.rope_spec(model).layers} == {-1}
+    assert verify_model(model).passed
+    _spec_patch(monkeypatch, direction=1)
     _caught(model, "fails the rotation check")
 
 
@@ -144,6 +148,7 @@ def test_wrong_frequencies_are_caught(monkeypatch):
 def test_nope_layer_read_as_rotating_is_caught(monkeypatch):
     model = _fresh("smollm3")  # layers 1 and 3 apply no RoPE
     monkeypatch.setattr(reading, "_uses_rope", lambda *_: True)
+    monkeypatch.setattr(reading, "_rotary_calls", lambda *_: None)  # nor seen in the forward
     assert ropelens.rope_spec(model)[1].rotary
     _caught(model, "layer 1 fails the rotation check")
 

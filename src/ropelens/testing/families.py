@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.verify import rotation_error
+from ropelens.verify import rotation_error, verify_model
 
 __all__ = ["FAMILIES", "Family", "FamilyCheck", "check_family", "family_model_dir", "rotation_error"]
 
@@ -66,7 +66,8 @@ class Family:
     sinks: bool = False
     nope_layers: tuple[int, ...] = ()
     score_scale: float | None = None  # None: head_dim ** -0.5
-    refused: str | None = None  # the reason ropelens refuses it, or None when it is exact
+    refused: str | None = None  # the reason ropelens refuses it (a pattern of the error), or None when it is exact
+    refused_at: str = "spec"  # where: "load" (no bridge), "spec" (rope_spec) or "probe" (verification)
     needs: str = ""  # what the family asks of ropelens, for the support table
 
     @property
@@ -76,6 +77,7 @@ class Family:
 
 
 _W4 = {i: 8 for i in range(4)}
+_HYBRID = ["sliding_attention"] * 3 + ["full_attention"]
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("llama", "LlamaConfig", dict(_BASE, head_dim=16, rope_parameters=_rp()), needs="GQA"),
     Family("mistral", "MistralConfig", dict(_BASE, head_dim=16, sliding_window=8, rope_parameters=_rp()),
@@ -142,6 +144,46 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            dict(_BASE, head_dim=16, num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=128,
                 no_rope_layers=[1, 1, 1, 0], attention_chunk_size=8, rope_parameters=_rp()),
            refused="Llama 4 attention", needs="chunked attention, NoPE layers with temperature tuning, L2 q/k norm"),
+    Family("cohere2", "Cohere2Config", dict(_BASE, head_dim=16, sliding_window=8, layer_types=_HYBRID,
+                                            rope_parameters=_rp()),
+           pairing="adjacent", windows={0: 8, 1: 8, 2: 8}, nope_layers=(3,),
+           needs="adjacent pairs; its full-attention layers apply no RoPE (seen in the forward)"),
+    Family("exaone4", "Exaone4Config", dict(_BASE, head_dim=16, sliding_window=8, layer_types=_HYBRID,
+                                            rope_parameters=_rp()),
+           windows={0: 8, 1: 8, 2: 8}, nope_layers=(3,),
+           needs="q/k norm before RoPE; full-attention layers apply no RoPE (seen in the forward)"),
+    Family("gemma4_text", "Gemma4TextConfig",
+           dict(_BASE, head_dim=16, global_head_dim=32, sliding_window=8, layer_types=_HYBRID,
+                vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8,
+                rope_parameters={"sliding_attention": _rp(),
+                                 "full_attention": _rp(1e6, rope_type="proportional", partial_rotary_factor=0.25)}),
+           refused="different head widths",
+           needs="wider global heads (global_head_dim) with proportional rotary 0.25, score scale 1"),
+    Family("hunyuan_v1_dense", "HunYuanDenseV1Config", dict(_BASE, head_dim=16, use_qk_norm=True, rope_parameters=_rp()),
+           refused="fails the rotation check", refused_at="probe",
+           needs="q/k RMS norm with a gain after RoPE: the captured q/k are not what enters the score"),
+    Family("nanochat", "NanoChatConfig", dict(_BASE, rope_parameters=_rp()),
+           refused="fails the qk check", refused_at="probe",
+           needs="rotation the other way (read), q/k RMS norm after RoPE: the captured q/k are not what enters the score"),
+    Family("falcon", "FalconConfig",
+           dict(_no("num_key_value_heads", _BASE), num_kv_heads=2, new_decoder_architecture=True, rope_parameters=_rp()),
+           refused="adapter for it cannot wrap 2 KV heads", refused_at="load",
+           needs="grouped KV heads in a fused qkv (new_decoder_architecture)"),
+    *[Family(name, cls, cfg, refused="TransformerLens has no adapter", refused_at="load", needs=needs)
+      for name, cls, cfg, needs in [
+          ("ministral", "MinistralConfig", dict(_BASE, head_dim=16, sliding_window=8, layer_types=_HYBRID,
+                                               rope_parameters=_rp()), "sliding and full layers"),
+          ("helium", "HeliumConfig", dict(_BASE, head_dim=16, rope_parameters=_rp()), "Llama-like"),
+          ("persimmon", "PersimmonConfig", dict(_no("num_key_value_heads", _BASE), partial_rotary_factor=0.5,
+                                               rope_parameters=_rp(partial_rotary_factor=0.5)),
+           "partial rotary 0.5, q/k layer norm"),
+          ("phimoe", "PhimoeConfig", dict(_BASE, **_MOE, rope_parameters=_rp()), "mixture of experts"),
+          ("diffllama", "DiffLlamaConfig", dict(_BASE, head_dim=16, rope_parameters=_rp()),
+           "differential attention: two softmax maps subtracted"),
+          ("minicpm3", "MiniCPM3Config", dict(_BASE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                                             rope_parameters=_rp()), "multi-head latent attention"),
+      ]],
 ]}
 
 
@@ -284,12 +326,16 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
         path = family_model_dir(name, Path(tmp) / name, seed=seed)
         hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
         res.architecture = type(hf).__name__
-        model = load_model(path, device="cpu")
         try:
+            model = load_model(path, device="cpu")
             spec = rope_spec(model)
         except UnsupportedModelError as e:
             res.refusal = str(e)
             return res
+        try:  # the probe's verdict; the errors below are measured either way (they show what it caught)
+            verify_model(model, spec)
+        except UnsupportedModelError as e:
+            res.refusal = str(e)
     res.kinds = spec.kinds
     res.spec_errors = _spec_errors(fam, spec)
     rotary = spec.rotary_layers

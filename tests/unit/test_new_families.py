@@ -1,0 +1,158 @@
+"""Families beyond the first matrix: each is exact against HF's eager attention or refused in one line.
+
+Every family is loaded as a user would (``load_model(path)`` on a saved directory) and run with the
+probe on: it either passes and the numbers equal HF's own (rotary buffers, eager scores and
+probabilities, measured by :func:`ropelens.testing.families.check_family`), or every step raises
+:class:`UnsupportedModelError` naming the architecture and the reason. Never a number in between.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+import ropelens
+from ropelens.errors import UnsupportedModelError
+from ropelens.reading import rope_spec
+from ropelens.rope import LayerRope
+from ropelens.testing.families import (
+    FAMILIES,
+    N_CHECK,
+    check_family,
+    family_hf_model,
+    family_model_dir,
+)
+from ropelens.verify import rotation_error, verify_model
+
+NEW = ["cohere2", "exaone4", "gemma4_text", "hunyuan_v1_dense", "nanochat", "falcon", "ministral", "helium",
+       "persimmon", "phimoe", "diffllama", "minicpm3"]
+EXACT = [f for f in NEW if FAMILIES[f].refused is None]
+
+
+def _param(name: str):
+    return pytest.param(name, id=name)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    @functools.cache
+    def make(name: str):
+        return family_model_dir(name, tmp_path_factory.mktemp(name) / name)
+
+    return make
+
+
+def _analyses(model):
+    toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(3))
+    toks[0, 0] = 1
+    return [lambda: verify_model(model),
+            lambda: ropelens.decompose_attention(model, toks),
+            lambda: ropelens.frequency_usage(model, toks, progress=False)]
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in NEW])
+def test_family_is_exact_or_refused_in_one_line(family, model_dir):
+    """With the probe on, a family passes (and every analysis runs) or every step raises one clear line."""
+    fam = FAMILIES[family]
+    path = model_dir(family)
+    if fam.refused_at == "load":
+        with pytest.raises(UnsupportedModelError, match=fam.refused) as err:
+            ropelens.load_model(path, device="cpu")
+    else:
+        model = ropelens.load_model(path, device="cpu")
+        if fam.refused is None:
+            for run in _analyses(model):
+                run()
+            return
+        for run in ([lambda: rope_spec(model)] if fam.refused_at == "spec" else []) + _analyses(model):
+            with pytest.raises(UnsupportedModelError, match=fam.refused) as err:
+                run()
+    msg = str(err.value)
+    arch = AutoConfig.from_pretrained(path).architectures[0]
+    assert "\n" not in msg and len(msg) < 600, msg
+    assert msg.startswith(f"{arch}: ")
+    assert "Available architectures" not in msg
+
+
+@pytest.mark.parametrize("family", [_param(f) for f in EXACT])
+def test_exact_family_matches_hf(family, tmp_path):
+    """Summed band logits, rebuilt pattern and rotation equal HF's own numbers; the NoPE layer is read as such."""
+    r = check_family(family, workdir=tmp_path)
+    assert r.refusal is None and r.spec_errors == []
+    assert r.inv_freq_err == 0.0
+    # float32 sums of 16 products of O(10) values: relative error ~1e-7; 1e-5 leaves room, a wrong term is O(1)
+    assert r.scores_err < 1e-5 and r.pairing_err < 1e-5
+    assert r.pattern_err < 1e-4 and r.band_pattern_err < 1e-4
+    assert r.kinds.get("nope") == list(FAMILIES[family].nope_layers)
+
+
+@pytest.mark.parametrize("family", EXACT)
+def test_full_attention_layers_apply_no_rope(family):
+    """Independently of ropelens: on one token repeated, the query entering layer 3's score is the same at
+    every position (no rotation), while layer 0's turns; ropelens reads layer 3 as NoPE."""
+    hf = family_hf_model(family)
+    mod = importlib.import_module(type(hf).__module__)
+    seen = {}
+    orig = mod.eager_attention_forward
+
+    def keep(module, query, key, *a, **kw):
+        seen[module.layer_idx] = query.detach()
+        return orig(module, query, key, *a, **kw)
+
+    mod.eager_attention_forward = keep
+    try:
+        with torch.no_grad():  # every value is the same vector, so every layer's input is the same at every position
+            hf(torch.full((1, 6), 7))
+    finally:
+        mod.eager_attention_forward = orig
+    moved = {L: float((q[0] - q[0, :, :1]).abs().max() / q.abs().max()) for L, q in seen.items()}
+    # float32 arithmetic on identical rows: exactly equal up to ~1e-7; a rotation moves them by O(1)
+    assert moved[3] < 1e-5 and moved[0] > 0.1
+    assert [lr.kind for lr in _spec(family).layers] == ["sliding", "sliding", "sliding", "nope"]
+
+
+@functools.cache
+def _spec(family: str):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return rope_spec(ropelens.load_model(family_model_dir(family, f"{tmp}/{family}"), device="cpu"))
+
+
+def spec_kind(family: str, layer: int) -> str:
+    return _spec(family)[layer].kind
+
+
+def test_nanochat_direction_is_read_from_the_model():
+    """NanoChat's rotate_half returns cat(x2, −x1): the spec turns the other way, as HF's own rotation does."""
+    hf = family_hf_model("nanochat")
+    lr = _spec("nanochat")[0]
+    assert lr.direction == -1
+    mod = importlib.import_module(type(hf).__module__)
+    q = torch.randn(1, lr.n_heads, 9, lr.head_dim, generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(9)
+    cos, sin = hf.model.rotary_emb(q, pos[None])
+    want, _ = mod.apply_rotary_pos_emb(q, q, cos, sin)
+    # float32 cos/sin of angles up to 8 rad: ~1e-6 relative; the other direction is O(1) off
+    assert float((lr.rotate(q, pos) - want).abs().max()) < 1e-5
+    assert float((dataclasses.replace(lr, direction=1).rotate(q, pos) - want).abs().max()) > 0.1
+    same = torch.full((9, lr.n_heads, lr.head_dim), 0.0) + q[0, :, 0]
+    assert rotation_error(lr, lr.rotate(same.transpose(0, 1), pos).transpose(0, 1)) < 1e-6
+
+
+def test_direction_defaults_and_round_trips():
+    """Specs saved before the direction field load as today's rotation; a flipped one survives a round trip."""
+    lr = _spec("exaone4")[0]
+    d = lr.to_dict()
+    del d["direction"]
+    assert LayerRope.from_dict(d).direction == 1
+    flipped = dataclasses.replace(lr, direction=-1)
+    assert LayerRope.from_dict(flipped.to_dict()).direction == -1
+    assert not flipped.same_rotation(lr)
+    with pytest.raises(ropelens.errors.InputError, match="direction"):
+        dataclasses.replace(lr, direction=2)
