@@ -293,7 +293,7 @@ def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor) -> Laye
 
     if q.ndim != 4 or q.shape[-1] != lr.head_dim or q_rot.shape != q.shape:
         return lr
-    pos = torch.arange(q.shape[-2])
+    pos = torch.arange(q.shape[-2], device=q.device)
 
     def err(d: LayerRope) -> float:
         return float((d.rotate(q, pos) - q_rot).abs().max() / q_rot.abs().max().clamp_min(1e-30))

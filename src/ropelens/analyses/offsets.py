@@ -431,8 +431,9 @@ def rotary_offsets(
     """
     from ropelens.reading import rope_spec
 
-    t = _train_ctx(rope_spec(model), train_ctx)
+    spec = rope_spec(model)  # read once: train_ctx needs it before the run
+    t = _train_ctx(spec, train_ctx)
     m = measure(model, corpus, lambda spec, chosen, _: OffsetReducer(spec, chosen, n_sink=n_sink, pre=pre),
-                run, analysis="rotary offsets", config={"n_sink": n_sink, "train_ctx": t, "pre": pre})
+                run, analysis="rotary offsets", config={"n_sink": n_sink, "train_ctx": t, "pre": pre}, spec=spec)
     return m.reducer.result(m.provenance, t)
 
