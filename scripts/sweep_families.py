@@ -1,0 +1,192 @@
+"""Sweep every RoPE causal LM of the installed transformers through ropelens and write docs/sweep.md.
+
+Each causal-LM model type whose modeling code applies rotary embeddings gets a tiny config built
+from its config class's defaults (``ropelens.testing.sweep.shrink_config``), a random model, and
+the family matrix's checks against HF's eager attention (``check_config``). A family added to
+transformers shows up here by re-running:
+
+    .venv/bin/python scripts/sweep_families.py            # writes docs/sweep.md
+    .venv/bin/python scripts/sweep_families.py llama qwen3 --out -   # a few families, table to stdout
+
+Families run one at a time in a worker process; one that takes longer than ``--timeout`` seconds
+is killed, reported as not built, and the worker restarts for the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+STATUSES = ("exact", "refused", "wrong", "crashed", "unverified", "not built")
+_MARK = "@@ropelens-sweep "  # worker lines that carry a result (HF prints its own lines too)
+
+
+def worker() -> int:
+    """Read model types from stdin, one a line; write one JSON result line for each."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+
+    from ropelens.testing.sweep import sweep_one
+
+    torch.set_num_threads(1)  # one core: the machine is shared, and the models are tiny
+    for line in sys.stdin:
+        mt = line.strip()
+        t0 = time.perf_counter()
+        row = sweep_one(mt)
+        row.seconds = time.perf_counter() - t0
+        print(_MARK + json.dumps(dataclasses.asdict(row)), flush=True)
+    return 0
+
+
+class _Worker:
+    """A worker process fed one model type at a time, restarted after a timeout or a crash."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, bufsize=1)
+
+    def run(self, mt: str, timeout: float) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        self.proc.stdin.write(mt + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(left, 0))
+            if not ready:
+                self.stop()
+                return {"model_type": mt, "status": "not built", "detail": f"no result within {timeout:.0f} s"}
+            line = self.proc.stdout.readline()
+            if not line:  # the worker died (a segfault, an exit in HF code)
+                code = self.proc.wait()
+                self.proc = None
+                return {"model_type": mt, "status": "not built", "detail": f"the check's process died (exit {code})"}
+            if line.startswith(_MARK):
+                return json.loads(line[len(_MARK):])
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def _e(x: float | None) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1e}"
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render(rows: list[dict], *, seconds: float, families: int, command: str) -> str:
+    """docs/sweep.md: header, counts, one row per family (status, then reason or errors)."""
+    import torch
+    import transformers
+
+    import ropelens
+
+    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    built = len(rows) - counts["not built"]
+    out = ["# Sweep of every RoPE causal LM in transformers\n",
+           "Every model type of transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` whose modeling code applies "
+           "rotary embeddings (`apply_rotary_pos_emb`, `rotary_emb` or a `RotaryEmbedding` class) gets a tiny "
+           "random model built automatically from its config class's defaults: hidden size 64, 4 heads of 16, "
+           "intermediate 128, the tiny tokenizer's vocabulary of 101, 2-4 layers holding every kind of layer of "
+           "the default stack (layer_types and other per-layer patterns, dense/MoE splits, NoPE layers), sliding "
+           "windows and chunks cut to at most 8 (the input is 24 tokens), at most 4 experts, MLA ranks scaled "
+           "together, partial rotary and soft-caps kept, q/k weights ×4 so attention is far from uniform "
+           "(`ropelens.testing.sweep.shrink_config`). The model is saved, loaded with `ropelens.load_model(path)`, "
+           "and checked against HF's own eager attention exactly as the curated family matrix "
+           "([models.md](models.md)) does (`ropelens.testing.sweep.check_config`): the spec's frequencies against "
+           "HF's rotary buffers, the summed band logits against HF's pre-softmax scores (relative), the rebuilt "
+           "pattern against HF's attention probabilities, and on one token repeated the post-RoPE query against "
+           "the spec's rotation (relative). Errors are absolute in float32 unless marked relative; the tolerance "
+           "is 1e-4.\n",
+           "Statuses: **exact** (every error ≤ 1e-4), **refused** (ropelens raised `UnsupportedModelError`; its "
+           "first line is shown), **wrong** (ropelens gave a number HF disagrees with: a bug), **crashed** "
+           "(ropelens raised something other than a refusal: a bug), **unverified** (ropelens read it but HF gave "
+           "no reference for one of the checks), **not built** (the tiny model could not be built or run here: "
+           "the reason is shown).\n",
+           f"Made by `{command}` on {datetime.date.today().isoformat()} with ropelens {ropelens.__version__}, "
+           f"transformers {transformers.__version__}, torch {torch.__version__}: {families} RoPE model types in "
+           f"{seconds:.0f} s.\n",
+           "| built | exact | refused | wrong | crashed | unverified | not built |",
+           "|---|---|---|---|---|---|---|",
+           f"| {built} | {counts['exact']} | {counts['refused']} | {counts['wrong']} | {counts['crashed']} | "
+           f"{counts['unverified']} | {counts['not built']} |\n",
+           "| model type | HF class | status | reason | layer kinds read | structure kept | freq err | scores err "
+           "(rel) | pattern err | pairing err (rel) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e = r.get("errors") or {}
+        kinds = ", ".join(f"{k} {v}" for k, v in (r.get("kinds") or {}).items())
+        status = r["status"] if r["status"] not in ("wrong", "crashed") else f"**{r['status'].upper()}**"
+        out.append(f"| {r['model_type']} | {r.get('architecture', '')} | {status} | {_cell(r.get('detail', ''))} | "
+                   f"{kinds} | {_cell(r.get('structure', ''))} | {_e(e.get('inv_freq_err'))} | "
+                   f"{_e(e.get('scores_err'))} | {_e(e.get('pattern_err'))} | {_e(e.get('pairing_err'))} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model_types", nargs="*", help="sweep only these model types (default: every RoPE causal LM)")
+    p.add_argument("--out", default=str(ROOT / "docs" / "sweep.md"), help="where the table goes ('-': stdout)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds one family may take")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:
+        return worker()
+    from ropelens.testing.sweep import rope_model_types
+
+    t0 = time.perf_counter()
+    types = [t.model_type for t in rope_model_types()]
+    if a.model_types:
+        unknown = sorted(set(a.model_types) - set(types))
+        if unknown:
+            p.error(f"not a RoPE causal-LM model type here: {', '.join(unknown)}")
+        types = [t for t in types if t in a.model_types]
+    w = _Worker()
+    rows = []
+    try:
+        for i, mt in enumerate(types, 1):
+            r = w.run(mt, a.timeout)
+            rows.append(r)
+            print(f"[{i}/{len(types)}] {mt}: {r['status']} {r.get('detail', '')[:100]}", file=sys.stderr, flush=True)
+    finally:
+        w.stop()
+    seconds = time.perf_counter() - t0
+    text = render(rows, seconds=seconds, families=len(types),
+                  command="python scripts/sweep_families.py" + "".join(f" {t}" for t in a.model_types))
+    if a.out == "-":
+        sys.stdout.write(text)
+    else:
+        Path(a.out).write_text(text)
+    print(f"{len(rows)} families in {seconds:.0f} s; " + ", ".join(
+        f"{s} {sum(r['status'] == s for r in rows)}" for s in STATUSES), file=sys.stderr)
+    return 1 if any(r["status"] in ("wrong", "crashed") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

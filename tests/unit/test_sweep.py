@@ -1,0 +1,125 @@
+"""The automatic sweep: shrunk configs keep each family's structure and build; statuses follow ropelens's verdicts.
+
+The structure is compared with the config class's own defaults (read here, independently of the
+shrinking); the statuses with the curated matrix's verdicts on the same families.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+from ropelens.testing.families import FamilyCheck
+from ropelens.testing.sweep import TOL, classify, rope_model_types, shrink_config, sweep_one
+
+
+def _defaults(model_type: str) -> dict:
+    return CONFIG_MAPPING[model_type]().to_dict()
+
+
+def _builds(cfg) -> None:
+    """HF builds the shrunk config and runs a 24-token forward (every layer kind is exercised)."""
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000
+    with torch.no_grad():
+        out = model(torch.arange(4, 28)[None])
+    assert out.logits.shape == (1, 24, 101)
+
+
+def _kinds_in_order(types: list) -> list:
+    return [t for i, t in enumerate(types) if t not in types[:i]]
+
+
+def test_sliding_window_is_cut_below_the_input():
+    cfg = shrink_config("mistral")
+    assert _defaults("mistral")["sliding_window"] > 24 and cfg.sliding_window == 8
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.vocab_size) == (64, 4, 101)
+    _builds(cfg)
+
+
+def test_hybrid_layer_types_keep_every_kind_in_order():
+    d = _defaults("gemma3_text")
+    cfg = shrink_config("gemma3_text")
+    assert 2 <= cfg.num_hidden_layers == len(cfg.layer_types) <= 4
+    assert _kinds_in_order(cfg.layer_types) == _kinds_in_order(d["layer_types"]) == ["sliding_attention", "full_attention"]
+    assert cfg.layer_types[0] == d["layer_types"][0]  # the pattern's start, not a reshuffle
+    assert cfg.sliding_window == 8 and cfg.head_dim == 16
+    assert cfg.rope_parameters.keys() == d["rope_parameters"].keys()  # local and global bases kept
+    _builds(cfg)
+
+
+def test_moe_keeps_few_experts_and_the_dense_prefix():
+    d = _defaults("deepseek_v3")
+    cfg = shrink_config("deepseek_v3")
+    assert cfg.n_routed_experts == 4 and cfg.num_experts_per_tok == 2 and cfg.n_group == cfg.topk_group == 1
+    assert d["first_k_dense_replace"] == 3 and cfg.first_k_dense_replace == 3 < cfg.num_hidden_layers  # dense, then MoE
+    _builds(cfg)
+
+
+def test_mla_ranks_shrink_together():
+    d = _defaults("deepseek_v3")
+    cfg = shrink_config("deepseek_v3")
+    s = cfg.qk_rope_head_dim / d["qk_rope_head_dim"]
+    for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+        assert getattr(cfg, k) == d[k] * s, k
+        assert getattr(cfg, k) % 2 == 0 and getattr(cfg, k) >= 8
+    assert cfg.qk_head_dim == cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+
+
+def test_partial_rotary_is_kept():
+    for mt in ("phi", "stablelm"):
+        d, cfg = _defaults(mt), shrink_config(mt)
+        assert cfg.rope_parameters["partial_rotary_factor"] == d["rope_parameters"]["partial_rotary_factor"] < 1
+        assert int(cfg.hidden_size // cfg.num_attention_heads * d["rope_parameters"]["partial_rotary_factor"]) % 2 == 0
+        _builds(cfg)
+
+
+def test_no_rope_layers_are_kept():
+    d = _defaults("smollm3")
+    cfg = shrink_config("smollm3")
+    assert set(d["no_rope_layers"]) == set(cfg.no_rope_layers) == {0, 1}
+    assert len(cfg.no_rope_layers) == cfg.num_hidden_layers <= 4
+    assert cfg.no_rope_layers == d["no_rope_layers"][: cfg.num_hidden_layers]
+    _builds(cfg)
+
+
+def test_per_layer_overrides_follow_their_layers():
+    """Gemma 4's wider global heads ("05": head_dim 512 over 256) land on the global layer that was kept."""
+    d = _defaults("gemma4_text")
+    cfg = shrink_config("gemma4_text").to_dict()
+    full = [j for j, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
+    assert full and [int(k) for k in cfg["per_layer_config"]] == full
+    ratio = next(iter(d["per_layer_config"].values()))["head_dim"] / d["head_dim"]
+    assert all(v["head_dim"] == cfg["head_dim"] * ratio for v in cfg["per_layer_config"].values())
+
+
+def test_rope_types_are_found():
+    types = {t.model_type for t in rope_model_types({"llama", "gemma3_text", "deepseek_v3", "phi", "gpt2", "opt"})}
+    assert types == {"llama", "gemma3_text", "deepseek_v3", "phi"}  # gpt2, opt: learned positions, no rotary code
+
+
+@pytest.mark.parametrize(("model_type", "status", "why"), [
+    ("llama", "exact", ""),
+    ("gemma3_text", "exact", ""),
+    ("deepseek_v3", "refused", "multi-head latent attention"),
+    ("hunyuan_v1_dense", "refused", "fails the rotation check"),
+    ("gemma3", "not built", "text tower is 'gemma3_text'"),
+])
+def test_sweep_classifies_like_the_matrix(model_type, status, why, tmp_path):
+    row = sweep_one(model_type, workdir=tmp_path)
+    assert row.status == status, row.detail
+    assert why in row.detail
+    if status == "exact":
+        assert all(0 <= v <= TOL for v in row.errors.values()), row.errors
+
+
+def test_a_number_that_disagrees_is_wrong():
+    ok = dict(inv_freq_err=0.0, scores_err=1e-7, pattern_err=1e-7, pairing_err=1e-7)
+    assert classify(FamilyCheck("x", layers_checked=[0], **ok)) == ("exact", "")
+    status, detail = classify(FamilyCheck("x", layers_checked=[0], **{**ok, "pattern_err": 0.3}))
+    assert status == "wrong" and "pattern_err" in detail
+    assert classify(FamilyCheck("x", layers_checked=[0], **{**ok, "scores_err": math.nan}))[0] == "unverified"
+    assert classify(FamilyCheck("x", refusal="no adapter\nmore"))[0:2] == ("refused", "no adapter")
