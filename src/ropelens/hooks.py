@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from ropelens.errors import InputError
+from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.models import device_of
 
 __all__ = ["AttnHooks", "attn_hooks", "to_bphd"]
@@ -46,7 +46,10 @@ def attn_hooks(model, layer: int) -> AttnHooks:
     """
     p = f"blocks.{layer}.attn."
     if p + "hook_q" not in model.hook_dict:
-        raise InputError(f"the model has no attention hooks for layer {layer} ({p}hook_q)")
+        arch = type(getattr(model, "original_model", model)).__name__
+        raise UnsupportedModelError(f"{arch}: its TransformerLens adapter exposes no per-head query hook for layer {layer} "
+                                    f"({p}hook_q), so ropelens cannot capture its queries and keys; see "
+                                    "docs/models.md for the families ropelens measures")
     fires = _firing(model)
     normed = "hook_q_normed" in fires
     q_post = p + "hook_rot_q" if "hook_rot_q" in fires else None

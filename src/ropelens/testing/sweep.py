@@ -464,7 +464,11 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         res.inv_freq_err = max(float((lr.inv_freq - _hf_inv_freq(hf, lr)).abs().max()) for lr in (spec[i] for i in rotary))
     except (InputError, RuntimeError):  # HF keeps no inv_freq buffer (or one of another width) to compare with
         res.inv_freq_err = math.nan
-    dec = decompose_attention(model, toks, bands=Bands.all(), layers=rotary, verify=False)
+    try:
+        dec = decompose_attention(model, toks, bands=Bands.all(), layers=rotary, verify=False)
+    except UnsupportedModelError as e:  # an analysis refusing in one line is a refusal too
+        res.refusal = str(e)
+        return res
     res.scores_err = res.pattern_err = 0.0
     for L in rotary:
         ours = dec.logits(L)
