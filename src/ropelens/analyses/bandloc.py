@@ -310,7 +310,7 @@ def nope_below_band(model, bands: FrequencyBands, tokens: Tensor, *, seed: int =
                             losses={c: v.tolist() for c, v in losses.items()}, estimates=est)
 
 
-@corpus_analysis(n_ctx=256, max_tokens=8192)
+@corpus_analysis(n_ctx=256, max_tokens=4096)
 def frequency_bands(model, corpus, run: RunOptions, *, which: Which = "q", n_sink: int = 1, intervene: bool = True,
                     eval_windows: int = 8, seed: int = 0) -> FrequencyBands:
     """Locate the high-norm band per layer and head from the corpus's per-plane norms; with ``intervene``,

@@ -203,7 +203,7 @@ def run_heads(args: argparse.Namespace) -> int:
 def add_bands(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens bands [MODEL]``: where the high-norm frequency band sits, and NoPE below it."""
     p = add_command(subparsers, "bands", run_bands)
-    CorpusCommand.add_to(p, tokens=8192, n_ctx=256, save="FrequencyBands JSON", bands=False)
+    CorpusCommand.add_to(p, tokens=4096, n_ctx=256, save="FrequencyBands JSON", bands=False)
     p.add_argument("--which", choices=("q", "k"), default="q", help="locate the band in queries or keys (default: q)")
     p.add_argument("--no-intervene", action="store_true",
                    help="only locate the band (skip the loss of unrotating the planes below it)")
