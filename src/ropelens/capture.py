@@ -297,11 +297,12 @@ def stream(
     from ropelens.reading import rope_spec
 
     spec = spec if spec is not None else rope_spec(model)
-    chosen = spec.layer_indices(layers)
+    chosen = spec.layer_indices(layers, rotary_only=layers is None)  # NoPE layers only when named
     if not chosen:
         raise InputError("no layers selected: pass layer indices the model has")
     col = _Collector(spec, chosen, reducers, model)
-    use_fast = fast and col.needs <= QK_NEEDS
+    # the fast path taps rotations, which NoPE layers never make: those go through the bridge's hooks
+    use_fast = fast and col.needs <= QK_NEEDS and all(spec.layers[L].rotary for L in chosen)
     stop = max(chosen) + 1
     n_tok, padded_tok = 0, None  # tokens of unpadded batches (known on the host), of padded ones (on the device)
     device = device_of(model)

@@ -150,6 +150,7 @@ def measure(
     windows: Windows | None = None,
     spec: RopeSpec | None = None,
     label: str | None = None,
+    rotary_only: bool = True,
 ) -> Measured:
     """Run the reducers ``build(spec, layers, windows)`` makes over a corpus; return them filled, with provenance.
 
@@ -164,12 +165,15 @@ def measure(
     Before any window runs, :func:`ropelens.verify.verification` checks that ``spec`` describes the
     model's own attention (once per model; UnsupportedModelError when it does not); the provenance
     records the outcome under ``config["verification"]``, or "unverified" with ``run.verify`` False.
+
+    ``rotary_only=False`` lets ``run.layers`` name NoPE layers too (None then selects every layer),
+    for analyses that measure what a layer does without rotating.
     """
     from ropelens.reading import model_label, rope_spec
     from ropelens.verify import verification
 
     spec = spec if spec is not None else rope_spec(model)
-    chosen = spec.layer_indices(run.layers)
+    chosen = spec.layer_indices(run.layers, rotary_only=rotary_only)
     if not chosen:
         raise InputError(f"no layers selected (layers={run.layers!r}): pass layer indices the model has")
     verified = verification(model, spec, verify=run.verify)

@@ -205,6 +205,32 @@ def test_massive_and_passkey_commands(tiny_dir, tmp_path, capsys):
     assert main(["massive", path, "--factor", "0.5"]) == 2
 
 
+def test_bands_and_entropy_commands(tiny_dir, tmp_path, capsys):
+    """bands prints each layer's band and the intervention; entropy covers the NoPE layers of a SmolLM3."""
+    from ropelens.analyses.bandloc import FrequencyBands
+    from ropelens.analyses.entropy import FrequencyEntropy
+    from ropelens.testing.families import family_model_dir
+
+    path = str(tiny_dir("llama-gqa"))
+    assert main(["bands", path, "--n-ctx", "32", "--tokens", "128", "--eval-windows", "2", "--seed", "3", "--json",
+                 "--save", str(tmp_path / "b.json")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    r = FrequencyBands.load(tmp_path / "b.json")
+    assert [row["hi"] for row in out["layers"]] == r.bands().hi.tolist() and out["intervention"]["seed"] == 3
+    assert main(["bands", path, "--n-ctx", "32", "--tokens", "128", "--no-intervene", "--which", "k"]) == 0
+    text = capsys.readouterr().out
+    assert "band of the keys" in text and "random planes" not in text
+    assert main(["bands", path, "--which", "v"]) == 2
+    smol = str(family_model_dir("smollm3", tmp_path / "smollm3"))
+    assert main(["entropy", smol, "--n-ctx", "32", "--tokens", "64", "--json", "--save", str(tmp_path / "e.json")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    e = FrequencyEntropy.load(tmp_path / "e.json")
+    assert [row["kind"] for row in out["layers"]] == ["full", "nope", "full", "nope"]
+    assert out["layers"][1]["entropy"] == pytest.approx(float(e.entropy()[1].nanmean()))
+    assert main(["entropy", smol, "--n-ctx", "32", "--tokens", "64", "--skip", "30"]) == 2
+    assert "a spectrum needs at least 4" in capsys.readouterr().err
+
+
 def test_offsets_and_predict_base_commands(tiny_dir, capsys):
     import json as _json
 
@@ -225,7 +251,7 @@ def test_offsets_and_predict_base_commands(tiny_dir, capsys):
     assert main(["predict-base", path, "--lengths", "x"]) == 2
 
 
-CORPUS_COMMANDS = ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets")
+CORPUS_COMMANDS = ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets", "bands", "entropy")
 
 
 @pytest.mark.parametrize("command", CORPUS_COMMANDS)

@@ -1,4 +1,5 @@
-"""``ropelens usage``, ``decompose``, ``decompose-stats`` and ``heads``: the corpus analyses, printed as tables or JSON."""
+"""``ropelens usage``, ``decompose``, ``decompose-stats``, ``heads``, ``bands`` and ``entropy``: the corpus analyses,
+printed as tables or JSON."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ropelens.cli.common import (
 )
 from ropelens.errors import InputError
 
-__all__ = ["add_decompose", "add_decompose_stats", "add_heads", "add_usage"]
+__all__ = ["add_bands", "add_decompose", "add_decompose_stats", "add_entropy", "add_heads", "add_usage"]
 
 
 def _fmt(x: float) -> str:
@@ -195,4 +196,89 @@ def run_heads(args: argparse.Namespace) -> int:
     print(f"tau {tx.tau:.3f}; {len(pos)} positional heads of {len(df)}")
     cols = ["layer", "head", "kind", "best_offset", "mass_text", "mass_random", "sink_text"]
     print(pos[cols].to_string(index=False, float_format="%.3f") if len(pos) else "(none)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- bands
+def add_bands(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens bands [MODEL]``: where the high-norm frequency band sits, and NoPE below it."""
+    p = add_command(subparsers, "bands", run_bands)
+    CorpusCommand.add_to(p, tokens=4096, n_ctx=256, save="FrequencyBands JSON", bands=False)
+    p.add_argument("--which", choices=("q", "k"), default="q", help="locate the band in queries or keys (default: q)")
+    p.add_argument("--no-intervene", action="store_true",
+                   help="only locate the band (skip the loss of unrotating the planes below it)")
+    p.add_argument("--eval-windows", type=positive_int, default=8, metavar="N",
+                   help="windows the intervention's loss is measured on (default: 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random control planes (default: 0)")
+
+
+def run_bands(args: argparse.Namespace) -> int:
+    """Locate the high-norm frequency band per layer (Oka et al.) and make the planes below it NoPE
+
+    From the per-plane mean norms over a corpus: each layer's band (the contiguous planes around the peak at
+    or above half-way from the median to the peak), its wavelengths against the training length and the
+    critical plane; then the loss with the planes below the band unrotated, against as many random planes.
+    """
+    from ropelens.analyses.bandloc import frequency_bands
+
+    run = CorpusCommand.from_args(args)
+    corpus, kw = run.prepare(frequency_bands)
+    r = frequency_bands(load_from_args(args), corpus, **kw, which=args.which, intervene=not args.no_intervene,
+                        eval_windows=args.eval_windows, seed=args.seed)
+    run.output.save_result(r)
+    df = r.to_frame()
+    layers = df[df["head"] == -1].drop(columns="head")
+    found = r.findings()
+    if run.output.json:
+        return run.output.emit({"model": r.provenance.model, "train_ctx": r.spec.n_ctx, "which": r.which,
+                                "layers": layers.to_dict("records"), "findings": [f.to_dict() for f in found],
+                                "intervention": None if r.intervention is None else r.intervention.to_dict()})
+    prov = r.provenance
+    print(f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
+          f"band of the {'queries' if r.which == 'q' else 'keys'}, heads averaged, sink excluded")
+    cols = ["layer", "peak", "lo", "hi", "prominence", "peak_wavelength", "critical_plane", "n_below"]
+    print(layers[cols].to_string(index=False, float_format="%.2f"))
+    for f in found:
+        print(f.text)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- entropy
+def add_entropy(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens entropy [MODEL]``: spectral entropy of each plane's query norm along the sequence."""
+    p = add_command(subparsers, "entropy", run_entropy, distributed=True)
+    CorpusCommand.add_to(p, tokens=8192, n_ctx=256, save="FrequencyEntropy JSON", bands=False)
+    p.add_argument("--skip", type=int, default=1, metavar="N",
+                   help="leading positions of each window left out (the attention sink; default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffled-order control (default: 0)")
+
+
+def run_entropy(args: argparse.Namespace) -> int:
+    """Spectral entropy of each plane's query norm along the sequence, NoPE layers included
+
+    Per layer, head and plane: the normalised Shannon entropy of the power spectrum of the plane's query norm
+    over positions (1 = flat), against the same values in a shuffled order; printed per layer, heads and
+    planes averaged.
+    """
+    from ropelens.analyses.entropy import frequency_entropy
+
+    run = CorpusCommand.from_args(args)
+    corpus, kw = run.prepare(frequency_entropy)
+    r = frequency_entropy(load_from_args(args), corpus, **kw, skip=args.skip, seed=args.seed)
+    run.output.save_result(r)
+    h, s = r.entropy().nanmean((1, 2)), r.entropy(shuffled=True).nanmean((1, 2))
+    rows = [{"layer": L, "kind": r.kind(L), "entropy": float(h[i]), "shuffled": float(s[i]),
+             "gap": float(s[i] - h[i])} for i, L in enumerate(r.layers)]
+    found = r.findings()
+    if run.output.json:
+        return run.output.emit({"model": r.provenance.model, "n_pos": r.n_pos, "layers": rows,
+                                "by_kind": r.by_kind(), "findings": [f.to_dict() for f in found]})
+    prov = r.provenance
+    print(f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
+          "normalised spectral entropy of each plane's query norm, heads and planes averaged")
+    print("layer  kind   entropy  shuffled     gap")
+    for row in rows:
+        print(f"{row['layer']:5d}  {row['kind']:<5} {row['entropy']:8.4f}  {row['shuffled']:8.4f}  {row['gap']:+7.4f}")
+    for f in found:
+        print(f.text)
     return 0
