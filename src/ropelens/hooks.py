@@ -42,7 +42,8 @@ def attn_hooks(model, layer: int) -> AttnHooks:
     """Hook names for ``layer`` on this bridge.
 
     Pre-RoPE q/k are the last tensors before rotation: ``hook_q_normed``/``hook_k_normed`` where
-    the model normalises q and k (Gemma 3), else ``hook_q``/``hook_k``.
+    the model normalises q and k (Gemma 3), the norm submodules' ``q_norm.hook_out``/``k_norm.hook_out``
+    where only those fire (Gemma 4), else ``hook_q``/``hook_k``.
     """
     p = f"blocks.{layer}.attn."
     if p + "hook_q" not in model.hook_dict:
@@ -52,12 +53,14 @@ def attn_hooks(model, layer: int) -> AttnHooks:
                                     "docs/models.md for the families ropelens measures")
     fires = _firing(model)
     normed = "hook_q_normed" in fires
+    # a bridge that leaves attention to HF (Gemma 4) exposes q/k norms only as submodules, [batch, pos, head, d]
+    sub_normed = not normed and "q_norm.hook_out" in fires and "k_norm.hook_out" in fires
     q_post = p + "hook_rot_q" if "hook_rot_q" in fires else None
     k_post = p + "hook_rot_k" if "hook_rot_k" in fires else None
     return AttnHooks(
         layer=layer,
-        q_pre=p + ("hook_q_normed" if normed else "hook_q"),
-        k_pre=p + ("hook_k_normed" if normed else "hook_k"),
+        q_pre=p + ("hook_q_normed" if normed else "q_norm.hook_out" if sub_normed else "hook_q"),
+        k_pre=p + ("hook_k_normed" if normed else "k_norm.hook_out" if sub_normed else "hook_k"),
         q_post=q_post,
         k_post=k_post,
         scores=p + "hook_attn_scores",
@@ -68,7 +71,8 @@ def attn_hooks(model, layer: int) -> AttnHooks:
     )
 
 
-_PROBED = ("hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k", "hook_pattern", "hook_cos", "hook_sin")
+_PROBED = ("hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k", "hook_pattern", "hook_cos", "hook_sin",
+           "q_norm.hook_out", "k_norm.hook_out")
 
 
 def _firing(model) -> frozenset[str]:
@@ -80,15 +84,18 @@ def _firing(model) -> frozenset[str]:
     import torch
 
     fired: set[str] = set()
-    names = [f"blocks.0.attn.{h}" for h in _PROBED if f"blocks.0.attn.{h}" in model.hook_dict]
+    names = [h for h in _PROBED if f"blocks.0.attn.{h}" in model.hook_dict]
 
-    def probe(x, hook):
-        fired.add(hook.name.rsplit(".", 1)[-1])
-        return x
+    def probe(name: str):  # by the name asked for: an alias fires under its target's name
+        def fn(x, hook):  # noqa: ARG001
+            fired.add(name)
+            return x
+
+        return fn
 
     device = device_of(model)
     toks = torch.tensor([[model.tokenizer.bos_token_id or 0, 1]], device=device)
-    with torch.no_grad(), model.hooks(fwd_hooks=[(n, probe) for n in names]):
+    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.0.attn.{n}", probe(n)) for n in names]):
         model(toks, return_type=None, stop_at_layer=1)
     result = frozenset(fired)
     model._ropelens_firing = result

@@ -83,16 +83,17 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: layers {linear} have no softmax attention (linear-attention blocks of a hybrid "
             "model such as Qwen3-Next); ropelens measures softmax-attention RoPE models only."
         )
-    widths: dict[int, list[int]] = {}
-    for i, b in enumerate(blocks):
-        d = getattr(getattr(b.attn, "original_component", None), "head_dim", None)
-        if isinstance(d, int):
-            widths.setdefault(d, []).append(i)
-    if len(widths) > 1:  # Gemma 4: wider global heads (global_head_dim) with partial "proportional" rotary
-        per = "; ".join(f"{d} in layers {ls}" for d, ls in sorted(widths.items()))
+    attns = [getattr(b.attn, "original_component", None) for b in blocks]
+    if getattr(cfg, "use_bidirectional_attention", None) in (True, "all"):
         raise UnsupportedModelError(
-            f"{arch}: layers have different head widths ({per}); ropelens's captures and analyses "
-            "assume one head width per model, so it cannot measure this one exactly."
+            f"{arch}: use_bidirectional_attention={cfg.use_bidirectional_attention!r}: every token attends both ways "
+            "(an embedding model); ropelens measures causal attention only."
+        )
+    shared = [i for i, a in enumerate(attns) if getattr(a, "is_kv_shared_layer", False)]
+    if shared:
+        raise UnsupportedModelError(
+            f"{arch}: layers {shared} reuse an earlier layer's keys (num_kv_shared_layers, Gemma 4 "
+            "E2B/E4B) and compute none of their own, so ropelens cannot capture the keys their scores are made of."
         )
     types = set(getattr(cfg, "layer_types", None) or ())
     unknown = types - set(_KIND)
@@ -156,8 +157,6 @@ def rope_spec(model) -> RopeSpec:
     adjacent = (bool(getattr(tl_cfg, "rotary_adjacent_pairs", False))
                 or bool(getattr(tl_cfg, "rotary_interleaved_cos_sin", False))
                 or arch.startswith(("GPTJ", "CodeGen")))
-    n_heads = int(cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head)
-    n_kv_cfg = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
     calls = _rotary_calls(model, attns)
     layers = []
@@ -169,8 +168,12 @@ def rope_spec(model) -> RopeSpec:
         if not _uses_rope(attn, cfg, i) or (calls is not None and i not in calls):
             inv = inv[:0]
         params = _layer_rope_params(cfg, ltype)
-        head_dim = int(getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
-        n_kv = _kv_heads(attn, n_heads, n_kv_cfg)
+        # widths and head counts per layer: the attention module's own, else this layer's config (HF's
+        # per-layer config, as Gemma 4's wider global heads use), else the model's
+        lcfg = _layer_config(cfg, i)
+        n_heads = _heads(attn, lcfg)
+        head_dim = int(getattr(attn, "head_dim", None) or getattr(lcfg, "head_dim", None) or lcfg.hidden_size // n_heads)
+        n_kv = _kv_heads(attn, n_heads, int(getattr(lcfg, "num_key_value_heads", None) or n_heads))
         scale = getattr(attn, "scaling", None)
         if scale is None:
             scale = 1.0 / float(getattr(attn, "scale_attn", math.sqrt(head_dim)))
@@ -301,6 +304,22 @@ def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor) -> Laye
     flipped = dataclasses.replace(lr, direction=-lr.direction)
     # float32 rotation of O(1) values: a match is ~1e-6, the wrong direction is O(1) off
     return flipped if err(flipped) < 1e-3 < err(lr) else lr
+
+
+def _layer_config(cfg, layer: int) -> Any:
+    """Layer ``layer``'s config: HF's per-layer view of a heterogeneous config (Gemma 4), else the config itself."""
+    if getattr(cfg, "is_heterogeneous", False):
+        return cfg.per_layer_config[layer]
+    return cfg
+
+
+def _heads(attn, cfg) -> int:
+    """Query heads as the attention module counts them, else as its layer's config does."""
+    for name in ("num_heads", "num_attention_heads"):
+        n = getattr(attn, name, None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return int(cfg.num_attention_heads if hasattr(cfg, "num_attention_heads") else cfg.n_head)
 
 
 def _kv_heads(attn, n_heads: int, from_config: int) -> int:

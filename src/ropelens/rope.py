@@ -337,6 +337,28 @@ class RopeSpec:
             chosen = [i for i in chosen if self.layers[i].kind == kind]
         return chosen
 
+    def width_groups(self, layers: Sequence[int] | None = None) -> dict[tuple[int, int, int, int], list[int]]:
+        """Layers (default: the rotary ones) grouped by width: (head_dim, n_heads, n_kv_heads, n_planes) → layers.
+
+        One group for most models; Gemma 4's wider global heads make a second.
+        """
+        out: dict[tuple[int, int, int, int], list[int]] = {}
+        for L in self.rotary_layers if layers is None else layers:
+            lr = self.layers[L]
+            out.setdefault((lr.head_dim, lr.n_heads, lr.n_kv_heads, lr.n_planes), []).append(L)
+        return out
+
+    def require_one_width(self, layers: Sequence[int], what: str) -> None:
+        """InputError naming the width groups when ``layers`` differ in width (``what`` stacks them in one array)."""
+        groups = self.width_groups(layers)
+        if len(groups) < 2:
+            return
+        per = "; ".join(f"head dim {d}, {h} heads / {kv} KV heads, {p} planes in layers {_ranges(ls)}"
+                        for (d, h, kv, p), ls in groups.items())
+        fix = " or ".join(f"layers={ls}" for ls in groups.values())
+        raise InputError(f"{what} stacks layers of one width, and these differ ({per}): measure one width at a time, "
+                         f"{fix} (--layers)")
+
     def to_frame(self) -> pd.DataFrame:
         """One row per (layer, plane): frequency, wavelength and whether it turns within n_ctx."""
         rows = []

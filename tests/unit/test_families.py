@@ -24,7 +24,7 @@ from ropelens.analyses import band_stats
 from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.heads import HeadScoresReducer
 from ropelens.capture import batches, capture_qk, stream
-from ropelens.errors import UnsupportedModelError
+from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.hooks import attn_hooks
 from ropelens.intervene import apply_rope_variant, spec_with_variant
 from ropelens.reading import rope_spec
@@ -125,29 +125,48 @@ def test_analyses_run_and_are_right(family, loaded):
         lr = spec[L]
         want_q = _hand_plane_norms(acts[L]["q_pre"], lr.rotary_dim, fam.pairing).mean((0, 1))
         want_k = _hand_plane_norms(acts[L]["k_pre"], lr.rotary_dim, fam.pairing).mean((0, 1))
-        torch.testing.assert_close(usage.q_norm[i].float(), want_q.float(), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(usage.k_norm[i].float(), want_k.float(), rtol=1e-5, atol=1e-6)
-    st = ropelens.band_statistics(model, toks, bands=Bands.quantiles(2) if spec[spec.rotary_layers[0]].n_planes >= 2
-                                  else Bands.all(), progress=False)
-    assert list(st.layers) == spec.rotary_layers
-    assert torch.isfinite(torch.as_tensor(st.to_frame()["margin_share"].to_numpy().copy())).any()
-
-    # heads: attention mass at each offset equals HF's own probabilities on those diagonals
-    red = HeadScoresReducer(spec, spec.rotary_layers, Bands.all(), max_offset=3)
-    stream(model, batches(toks, 2), [red], spec=spec, progress=False)
-    mass = red.scores("text")["mass_text"]
+        # layers of other widths (Gemma 4) share the array: a layer's own heads and planes lead, the rest is NaN
+        for got, want in ((usage.q_norm[i], want_q), (usage.k_norm[i], want_k)):
+            h, p = want.shape
+            torch.testing.assert_close(got[:h, :p].float(), want.float(), rtol=1e-5, atol=1e-6)
+            assert got[h:].isnan().all() and got[:, p:].isnan().all()
     with torch.no_grad():
         probs = loaded.hf(family)(toks, output_attentions=True).attentions
-    for i, L in enumerate(spec.rotary_layers):
-        for d in range(4):
-            diag = probs[L].diagonal(offset=-d, dim1=2, dim2=3)[..., 1:]  # queries ≥ 1 + d, keys ≥ 1
-            torch.testing.assert_close(mass[i, :, d].float(), diag.mean((0, 2)), rtol=1e-4, atol=1e-6)
+    for group in spec.width_groups().values():  # stacking analyses take one width at a time
+        st = ropelens.band_statistics(model, toks, layers=group, progress=False,
+                                      bands=Bands.quantiles(2) if spec[group[0]].n_planes >= 2 else Bands.all())
+        assert list(st.layers) == group
+        assert torch.isfinite(torch.as_tensor(st.to_frame()["margin_share"].to_numpy().copy())).any()
+
+        # heads: attention mass at each offset equals HF's own probabilities on those diagonals
+        red = HeadScoresReducer(spec, group, Bands.all(), max_offset=3)
+        stream(model, batches(toks, 2), [red], layers=group, spec=spec, progress=False)
+        mass = red.scores("text")["mass_text"]
+        for i, L in enumerate(group):
+            for d in range(4):
+                diag = probs[L].diagonal(offset=-d, dim1=2, dim2=3)[..., 1:]  # queries ≥ 1 + d, keys ≥ 1
+                torch.testing.assert_close(mass[i, :, d].float(), diag.mean((0, 2)), rtol=1e-4, atol=1e-6)
+
+
+# the bridge leaves attention to HF and rotates inside it: no (cos, sin) to swap, interventions refuse in one line
+ROTATES_INSIDE = ("gemma4_text",)
+
+
+def _refused_inside(family: str, run) -> bool:
+    """True (after checking the one-line refusal) for a family whose bridge rotates inside HF's attention."""
+    if family not in ROTATES_INSIDE:
+        return False
+    with pytest.raises(InputError, match=r"receives \(cos, sin\)"):
+        run()
+    return True
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
 def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
     """Under a variant the captured post-RoPE query turns by the variant's frequencies; exit restores."""
     model, spec = loaded(family)
+    if _refused_inside(family, lambda: apply_rope_variant(model, BaseChange(1e3)).__enter__()):
+        return
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         before = model(toks)
@@ -237,6 +256,8 @@ def test_ablating_a_plane_removes_exactly_its_term(family, loaded):
 
     model, spec = loaded(family)
     L = spec.rotary_layers[0]
+    if _refused_inside(family, lambda: ablate_planes(model, [0], layers=[L]).__enter__()):
+        return
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(3))
     dec = ropelens.decompose_attention(model, toks, bands=Bands.planes(), layers=[L])
     want = dec.logits(L) - dec.plane_logits(L)[:, :, 0]
@@ -267,12 +288,23 @@ NO_POST_HOOK = ("phi3", "gpt_neox")  # fused qkv: the bridge fires no post-RoPE 
 BAND_TILES = (((5, 3), False), (5, True))  # query and key tiles (online argmax, no JSD); query tiles with JSD
 
 
-def _band_inputs(family: str, loaded) -> tuple:
+def _layer_planes(family: str, layer: int) -> torch.Tensor:
+    """The family's planes of ``layer`` written out: under proportional RoPE (Gemma 4's global layers) every
+    dim pair (i, i + d/2) of the wider head is a plane, the ones past the turning share at frequency 0."""
+    fam = FAMILIES[family]
+    if layer not in fam.turning and layer not in fam.head_dims:
+        return _hand_planes(family)
+    n = fam.layer_head_dim(layer) // 2 if layer in fam.turning else int(fam.layer_head_dim(layer) * fam.rotary_fraction) // 2
+    i = torch.arange(n)
+    return torch.stack([i, i + n] if fam.pairing == "half" else [2 * i, 2 * i + 1], dim=1)
+
+
+def _band_inputs(family: str, loaded, layers: list[int] | None = None) -> tuple:
     """(tokens, bands, HF's layers, the dense float64 reference) of one short two-row input."""
     model, spec = loaded(family)
     toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(4))
     toks[:, 0] = 1
-    layers = spec.rotary_layers
+    layers = spec.rotary_layers if layers is None else layers
     bands = Bands.quantiles(2) if spec[layers[0]].n_planes >= 2 else Bands.all()
     lays = hf_layers(loaded.hf(family), toks)
     per = []
@@ -280,13 +312,13 @@ def _band_inputs(family: str, loaded) -> tuple:
         dims = list(bands.resolve(spec[L]).dims)
         # the reference's full score is the sum of the bands: they must partition the head into whole planes
         assert sorted(torch.cat(dims).tolist()) == list(range(spec[L].head_dim))
-        per.append(dense_layer_sums(lays[L], dims, _hand_planes(family)))
+        per.append(dense_layer_sums(lays[L], dims, _layer_planes(family, L)))
     return toks, bands, lays, {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
 
-def _band_sums(model, spec, toks, bands, tile, jsd: bool, fast: bool = True) -> dict:
-    red = BandStatsReducer(spec, spec.rotary_layers, bands, jsd=jsd, tile=tile)
-    stream(model, [toks], [red], spec=spec, progress=False, fast=fast)
+def _band_sums(model, spec, toks, bands, tile, jsd: bool, fast: bool = True, layers: list[int] | None = None) -> dict:
+    red = BandStatsReducer(spec, spec.rotary_layers if layers is None else layers, bands, jsd=jsd, tile=tile)
+    stream(model, [toks], [red], layers=red.layers, spec=spec, progress=False, fast=fast)
     return {k: v.double() for k, v in red.sums.items()}
 
 
@@ -297,10 +329,12 @@ def test_band_statistics_match_hf_dense_reference(family, loaded, monkeypatch):
     through query tiles, key tiles, and the running Σ k kᵀ wherever a tile has keys all its queries see."""
     monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1)
     model, spec = loaded(family)
-    toks, bands, _, want = _band_inputs(family, loaded)
-    for tile, jsd in BAND_TILES:
-        got = _band_sums(model, spec, toks, bands, tile, jsd)
-        assert_sums_match(got, want if jsd else {k: v for k, v in want.items() if k != "jsd"}, f"{family} tile={tile}")
+    for group in spec.width_groups().values():  # one width at a time (Gemma 4's global layers are wider)
+        toks, bands, _, want = _band_inputs(family, loaded, group)
+        for tile, jsd in BAND_TILES:
+            got = _band_sums(model, spec, toks, bands, tile, jsd, layers=group)
+            assert_sums_match(got, want if jsd else {k: v for k, v in want.items() if k != "jsd"},
+                              f"{family} layers {group} tile={tile}")
 
 
 class _KeepPost:

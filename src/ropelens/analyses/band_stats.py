@@ -63,6 +63,7 @@ class BandStatsReducer(DeviceSums):
             raise InputError(f"tile must be a positive number of queries, a (queries, keys) pair, or None for "
                              f"automatic; got {tile!r}")
         self.spec, self.layers, self.bands, self.tile = spec, list(layers), bands, tile
+        spec.require_one_width(self.layers, "band statistics")
         self.jsd = jsd
         self.agreement = agreement or jsd
         self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}

@@ -132,6 +132,7 @@ class DistanceReducer(DeviceSums):
         self.spec, self.layers = spec, list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
+        spec.require_one_width(self.layers, "attention by distance")
         self.bands = bands or Bands.quantiles(4)
         self.tile = _check_tile(tile)
         self.n_sink = check_number(n_sink, "n_sink", at_least=0, integer=True,

@@ -61,6 +61,7 @@ class HeadScoresReducer(DeviceSums):
         if not isinstance(max_offset, int) or max_offset < 1:
             raise InputError(f"max_offset must be an int ≥ 1 (1 = previous token), got {max_offset!r}")
         self.layers, self.max_offset = list(layers), max_offset
+        spec.require_one_width(self.layers, "positional-head scoring")
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
         rbs = [bands.resolve(spec.layers[L]) for L in self.layers]
         self.band_names = rbs[0].names

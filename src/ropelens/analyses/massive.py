@@ -94,6 +94,7 @@ class MassiveReducer:
         self.spec, self.layers = spec, list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
+        spec.require_one_width(self.layers, "massive-value statistics")
         d, h, kv = _common_shape(spec, self.layers)
         self.needs = frozenset({"q_pre", "k_pre"})
         self.pos = {L: i for i, L in enumerate(self.layers)}

@@ -112,6 +112,7 @@ class OffsetReducer(DeviceSums):
         self.spec, self.layers, self.n_sink, self.pre, self.tile = spec, list(layers), n_sink, pre, tile
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
+        spec.require_one_width(self.layers, "q–k offset statistics")
         lr = spec.layers[self.layers[0]]
         shapes = {(spec.layers[L].n_heads, spec.layers[L].n_kv_heads, spec.layers[L].n_planes) for L in self.layers}
         if len(shapes) != 1:

@@ -61,6 +61,7 @@ class SinkReducer(DeviceSums):
         self.spec, self.layers = spec, list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
+        spec.require_one_width(self.layers, "attention-sink statistics")
         self.bands = bands or Bands.quantiles(4)
         self.epsilon = check_number(epsilon, "epsilon", above=0, at_most=1,
                                     hint=" (the attention share that makes a head sink; Gu et al. use 0.3)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -39,12 +40,8 @@ class UsageReducer:
             raise InputError(f"n_sink must be ≥ 0, got {n_sink}")
         self.spec, self.layers, self.source, self.n_sink = spec, list(layers), source, n_sink
         self.needs = frozenset({f"q_{source}", f"k_{source}"})
-        lr = spec.layers[self.layers[0]]
-        P = lr.n_planes
-        if any(spec.layers[L].n_planes != P for L in self.layers):
-            raise InputError("selected layers have different plane counts; analyse them separately")
         self.pos = {L: i for i, L in enumerate(self.layers)}
-        shape = {"q": (len(self.layers), lr.n_heads, P), "k": (len(self.layers), lr.n_kv_heads, P)}
+        shape = {w: _padded_shape(spec, self.layers, w) for w in "qk"}  # layers of other widths padded (see FrequencyUsage)
         self.tok = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
         self.win = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
         self._placed = False
@@ -87,25 +84,34 @@ class UsageReducer:
                 self._add(w, scope, i, cnt.double(), tot, sq)
 
     def _add(self, w: str, scope: str, i: int, cnt: Tensor, tot: Tensor, sq: Tensor) -> None:
-        """Fold per-window sums ``[b,h,P]`` (``cnt`` tokens per window) into token and window moments."""
+        """Fold per-window sums ``[b,h,P]`` (``cnt`` tokens per window) into token and window moments; a
+        layer narrower than the widest fills its leading heads and planes, the padding keeps count 0."""
         tok = self.tok[(w, scope)]
         here = tok.total.device
         cnt, tot, sq = cnt.to(here), tot.to(here), sq.to(here)
-        tok.count[i] += cnt.sum()
-        tok.total[i] += tot.sum(0)
-        tok.total_sq[i] += sq.sum(0)
+        at = (i, slice(0, tot.shape[1]), slice(0, tot.shape[2]))
+        tok.count[at] += cnt.sum()
+        tok.total[at] += tot.sum(0)
+        tok.total_sq[at] += sq.sum(0)
         keep = (cnt > 0).to(tot.dtype)  # windows with tokens in scope (masking, not indexing: no host sync)
         means = tot / cnt.clamp_min(1)[:, None, None] * keep[:, None, None]
         win = self.win[(w, scope)]
-        win.count[i] += keep.sum()
-        win.total[i] += means.sum(0)
-        win.total_sq[i] += (means * means).sum(0)
+        win.count[at] += keep.sum()
+        win.total[at] += means.sum(0)
+        win.total_sq[at] += (means * means).sum(0)
 
     def result(self, provenance: Provenance) -> FrequencyUsage:
         """The streamed sums as a :class:`FrequencyUsage`."""
         cpu = lambda ms: {k: m.to("cpu", torch.float64) for k, m in ms.items()}  # noqa: E731
         return FrequencyUsage(layers=tuple(self.layers), spec=self.spec, token=cpu(self.tok), window=cpu(self.win),
                               n_sink=self.n_sink, source=self.source, provenance=provenance)
+
+
+def _padded_shape(spec: RopeSpec, layers: Sequence[int], which: str) -> tuple[int, int, int]:
+    """``[layer, head, plane]`` wide enough for every layer's heads (KV heads for keys) and planes."""
+    heads = [spec.layers[L].n_heads if which == "q" else spec.layers[L].n_kv_heads for L in layers]
+    return len(layers), max(heads), max(spec.layers[L].n_planes for L in layers)
+
 
 @dataclass(frozen=True)
 class FrequencyUsage(Result):
@@ -114,6 +120,10 @@ class FrequencyUsage(Result):
     ``token`` moments are over tokens; ``window`` moments over per-window means (their spread
     gives the confidence interval). Each for scope ``"all"`` positions and ``"no_sink"`` (the
     first ``n_sink`` positions of every window, where attention sinks sit, excluded).
+
+    Layers of different widths (Gemma 4's wider global heads, with more planes and other KV head
+    counts) share one ``[layer, head, plane]`` array: each layer fills its leading heads and planes,
+    :meth:`present` marks them, and every number read from the result is NaN elsewhere.
     """
 
     layers: tuple[int, ...]
@@ -131,16 +141,29 @@ class FrequencyUsage(Result):
     MERGE_SUMS: ClassVar[tuple[str, ...]] = ("token", "window")
 
     def __post_init__(self) -> None:
-        L = len(self.layers)
-        lr = self.spec.layers[self.layers[0]]
         for (w, s), mom in {**self.token, **self.window}.items():
-            heads = lr.n_heads if w == "q" else lr.n_kv_heads
-            self._check_shape(f"{w}/{s} moments", mom.total, (L, heads, lr.n_planes))
+            self._check_shape(f"{w}/{s} moments", mom.total, _padded_shape(self.spec, self.layers, w))
 
     # ---------------------------------------------------------------- numbers
+    def present(self, which: Which = "q") -> Tensor:
+        """``[layer, head, plane]`` bool: the entries a layer has (all True when every layer has one width)."""
+        out = torch.zeros(_padded_shape(self.spec, self.layers, which), dtype=torch.bool)
+        for i, L in enumerate(self.layers):
+            lr = self.spec.layers[L]
+            out[i, : lr.n_heads if which == "q" else lr.n_kv_heads, : lr.n_planes] = True
+        return out
+
+    def _masked(self, x: Tensor, which: Which) -> Tensor:
+        return x.masked_fill(~self.present(which), float("nan"))
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the measured layers differ in heads or planes (entries past a layer's own are NaN)."""
+        return not bool(self.present("q").all() and self.present("k").all())
+
     def norm(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
-        """Mean ‖q^(i)‖ (or ‖k^(i)‖) over tokens: ``[layer, head, plane]``."""
-        return self.token[(which, scope)].mean.float()
+        """Mean ‖q^(i)‖ (or ‖k^(i)‖) over tokens: ``[layer, head, plane]`` (NaN past a layer's own heads and planes)."""
+        return self._masked(self.token[(which, scope)].mean, which).float()
 
     @property
     def q_norm(self) -> Float[Tensor, "layer head plane"]:
@@ -152,22 +175,28 @@ class FrequencyUsage(Result):
 
     def std(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
         """Standard deviation of the plane norm over tokens."""
-        return self.token[(which, scope)].std.float()
+        return self._masked(self.token[(which, scope)].std, which).float()
 
     def ci(self, which: Which = "q", scope: Scope = "all", z: float = 1.96) -> Float[Tensor, "layer head plane"]:
         """Half-width of the normal CI of the mean norm, from the spread of per-window means."""
-        return (self.window[(which, scope)].sem() * z).float()
+        return self._masked(self.window[(which, scope)].sem() * z, which).float()
 
     def band_share(self, bands: Bands, which: Which = "q", scope: Scope = "all") -> tuple[list[str], Tensor]:
         """Share of squared norm (energy) per band, ``[layer, head, band]``; sums to 1 over bands.
 
-        Exact from the streamed sums: E‖x_band‖² = Σ_{i∈band} E‖x^(i)‖².
+        Exact from the streamed sums: E‖x_band‖² = Σ_{i∈band} E‖x^(i)‖². Bands are resolved per layer;
+        where layers of different widths resolve to different bands, the bands are all of them, in order,
+        and a band a layer lacks (like heads it lacks) is NaN there.
         """
-        rb = bands.resolve(self.spec.layers[self.layers[0]])
+        resolved = [bands.resolve(self.spec.layers[L]) for L in self.layers]
+        names = list(dict.fromkeys(n for rb in resolved for n in rb.names))
         mom = self.token[(which, scope)]
-        energy = mom.total_sq / mom.count.clamp_min(1)  # [L, H, P]
-        per_band = torch.stack([energy[..., list(p)].sum(-1) for p in rb.planes], dim=-1)
-        return list(rb.names), (per_band / per_band.sum(-1, keepdim=True).clamp_min(1e-30)).float()
+        energy = self._masked(mom.total_sq / mom.count.clamp_min(1), which)  # [L, H, P]
+        per_band = torch.full((*energy.shape[:2], len(names)), float("nan"), dtype=energy.dtype)
+        for i, rb in enumerate(resolved):
+            for name, planes in zip(rb.names, rb.planes):
+                per_band[i, :, names.index(name)] = energy[i][:, list(planes)].sum(-1)
+        return names, (per_band / per_band.nansum(-1, keepdim=True).clamp_min(1e-30)).float()
 
     def sink_ratios(self) -> dict[str, Tensor] | None:
         """Per layer: mean per-plane norm at the sink positions ÷ that at all other positions (q and k);
@@ -178,8 +207,9 @@ class FrequencyUsage(Result):
             n_sink = a.count - ns.count
             if not bool((n_sink > 0).all()):
                 return None
-            sink = (a.total - ns.total) / n_sink
-            out[w] = (sink.mean((1, 2)) / ns.mean.mean((1, 2)).clamp_min(1e-30)).float()
+            sink = self._masked((a.total - ns.total) / n_sink, w)  # type: ignore[arg-type]
+            rest = self._masked(ns.mean, w)  # type: ignore[arg-type]
+            out[w] = (sink.nanmean((1, 2)) / rest.nanmean((1, 2)).clamp_min(1e-30)).float()
         return out
 
     # ---------------------------------------------------------------- findings
@@ -195,7 +225,8 @@ class FrequencyUsage(Result):
         parts = []
         for which, noun in (("q", "Queries"), ("k", "keys")):
             names, share = self.band_share(bands, which, "no_sink")  # type: ignore[arg-type]
-            band, n, mean = band_winners(share.mean(1), names)
+            # a band or head a layer lacks (layers of other widths) is NaN: it wins nowhere
+            band, n, mean = band_winners(share.nanmean(1).nan_to_num(nan=-math.inf), names)
             vals[which] = {"band": band, "layers": n, "mean_share": round(mean, 2)}
             parts.append(f"{noun} hold the most energy (squared norm) in band {band} in {n} of "
                          f"{len(self.layers)} layers (mean share {vals[which]['mean_share']:.2f} where it leads)")
@@ -219,19 +250,29 @@ class FrequencyUsage(Result):
         return Finding("sink", "usage", text, vals)
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy table: one row per (which, scope, layer, head, plane)."""
+        """Tidy table: one row per (which, scope, layer, head, plane) the layer has."""
         frames = []
         for (w, s), mom in self.token.items():
             L, H, P = mom.mean.shape
             layer, head, plane = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(P), indexing="ij")
-            wl = torch.stack([self.spec.layers[i].wavelength for i in self.layers])  # [L, P]
+            wl = self._wavelengths()  # [L, P]
+            have = self.present(w).flatten().numpy()  # type: ignore[arg-type]
             frames.append(pd.DataFrame({
                 "which": w, "scope": s, "layer": layer.ravel(), "head": head.ravel(), "plane": plane.ravel(),
                 "wavelength": wl[:, None, :].expand(L, H, P).double().flatten().numpy(),
                 "mean_norm": mom.mean.double().flatten().numpy(), "std": mom.std.double().flatten().numpy(),
                 "ci95": self.ci(w, s).double().flatten().numpy(),  # type: ignore[arg-type]
-            }))
+            })[have])
         return pd.concat(frames, ignore_index=True)
+
+    def _wavelengths(self) -> Tensor:
+        """``[layer, plane]`` wavelengths, NaN past a layer's planes."""
+        P = max(self.spec.layers[L].n_planes for L in self.layers)
+        out = torch.full((len(self.layers), P), float("nan"), dtype=torch.float64)
+        for i, L in enumerate(self.layers):
+            wl = self.spec.layers[L].wavelength
+            out[i, : wl.numel()] = wl
+        return out
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
@@ -264,16 +305,20 @@ class FrequencyUsage(Result):
                 coloraxis: str | None = None) -> go.Heatmap:
         """Layer × plane heatmap (head-averaged), or head × plane for one ``layer``."""
         z = self.norm(which, scope)
+        wl = self._wavelengths()
         if layer is None:
-            z2, ylab, y = z.mean(1), "layer", list(self.layers)
+            z2, ylab, y = z.nanmean(1), "layer", list(self.layers)  # heads a layer lacks are NaN: left out
         else:
             if layer not in self.layers:
                 raise InputError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
-            z2, ylab, y = z[self.layers.index(layer)], "head" if which == "q" else "kv head", list(range(z.shape[1]))
-        wl = self.spec.layers[self.layers[0] if layer is None else layer].wavelength.tolist()
+            i = self.layers.index(layer)
+            lr = self.spec.layers[layer]
+            heads = lr.n_heads if which == "q" else lr.n_kv_heads
+            z2, ylab, y = z[i, :heads, : lr.n_planes], "head" if which == "q" else "kv head", list(range(heads))
+            wl = wl[i : i + 1, : lr.n_planes].expand(heads, -1)
         return go.Heatmap(
-            z=z2.numpy(), x=list(range(z.shape[-1])), y=y, coloraxis=coloraxis,
-            customdata=[[f"{w:.1f}" for w in wl]] * len(y),
+            z=z2.numpy(), x=list(range(z2.shape[-1])), y=y, coloraxis=coloraxis,  # NaN cells draw empty
+            customdata=[[f"{w:.1f}" for w in row] for row in wl.tolist()],
             hovertemplate=f"{ylab} %{{y}}<br>plane %{{x}} (λ=%{{customdata}} tokens)<br>mean norm %{{z:.3f}}<extra>{which}</extra>",
             colorbar={"title": "mean ‖·‖"} if coloraxis is None else None,
         )

@@ -49,14 +49,14 @@ def run_usage(args: argparse.Namespace) -> int:
     bands = run.analysis.parsed_bands()
     names, q = u.band_share(bands, "q", "no_sink")
     _, k = u.band_share(bands, "k", "no_sink")
-    q, k = q.mean(1), k.mean(1)  # heads averaged
+    q, k = q.nanmean(1), k.nanmean(1)  # heads averaged (heads a narrower layer lacks are NaN)
     if run.output.json:
         prov = u.provenance
         return run.output.emit({
             "model": prov.model, "corpus": prov.corpus, "n_tokens": prov.n_tokens, "n_ctx": prov.n_ctx,
             "layers": list(u.layers), "bands": list(names), "scope": "no_sink",
             "q_energy_share": q.tolist(), "k_energy_share": k.tolist(),
-            "q_norm": u.norm("q", "no_sink").mean(1).tolist(), "k_norm": u.norm("k", "no_sink").mean(1).tolist()})
+            "q_norm": u.norm("q", "no_sink").nanmean(1).tolist(), "k_norm": u.norm("k", "no_sink").nanmean(1).tolist()})
     prov = u.provenance
     print(f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
           "share of energy per band, heads averaged, sink excluded")

@@ -198,6 +198,7 @@ def build_report(
 
     spec = rope_spec(model)
     chosen = _choose_layers(spec, layers, quick)
+    spec.require_one_width(chosen, "the report")  # its band statistics and heads do (Gemma 4): refuse before any pass
     for L in chosen:
         bands.resolve(spec.layers[L])  # an impossible band spec fails now, not after the pass
     with _timed(steps, "verify"):

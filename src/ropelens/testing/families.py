@@ -66,6 +66,10 @@ class Family:
     sinks: bool = False
     nope_layers: tuple[int, ...] = ()
     score_scale: float | None = None  # None: head_dim ** -0.5
+    head_dims: dict[int, int] = field(default_factory=dict)  # layer → head width where it is not the config's
+    kv_heads: dict[int, int] = field(default_factory=dict)  # layer → KV heads where they are not the config's
+    turning: dict[int, float] = field(default_factory=dict)  # layer → share of planes that turn (proportional
+    # RoPE: the whole head is planes, the rest at frequency 0)
     refused: str | None = None  # the reason ropelens refuses it (a pattern of the error), or None when it is exact
     refused_at: str = "spec"  # where: "load" (no bridge), "spec" (rope_spec) or "probe" (verification)
     needs: str = ""  # what the family asks of ropelens, for the support table
@@ -74,6 +78,9 @@ class Family:
     def head_dim(self) -> int:
         c = self.config
         return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.head_dims.get(layer, self.head_dim)
 
 
 _W4 = {i: 8 for i in range(4)}
@@ -155,10 +162,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("gemma4_text", "Gemma4TextConfig",
            dict(_BASE, head_dim=16, global_head_dim=32, sliding_window=8, layer_types=_HYBRID,
                 vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8,
+                attention_k_eq_v=True, num_global_key_value_heads=1,
                 rope_parameters={"sliding_attention": _rp(),
                                  "full_attention": _rp(1e6, rope_type="proportional", partial_rotary_factor=0.25)}),
-           refused="different head widths",
-           needs="wider global heads (global_head_dim) with proportional rotary 0.25, score scale 1"),
+           windows={0: 8, 1: 8, 2: 8}, score_scale=1.0, head_dims={3: 32}, kv_heads={3: 1}, turning={3: 0.25},
+           needs="wider global heads (global_head_dim) with fewer KV heads, proportional rotary 0.25 "
+                 "(a quarter of each half turns), q/k norm with score scale 1"),
     Family("hunyuan_v1_dense", "HunYuanDenseV1Config", dict(_BASE, head_dim=16, use_qk_norm=True, rope_parameters=_rp()),
            refused="fails the rotation check", refused_at="probe",
            needs="q/k RMS norm with a gain after RoPE: the captured q/k are not what enters the score"),
@@ -276,20 +285,25 @@ def _spec_errors(fam: Family, spec) -> list[str]:
     errs = []
     for lr in spec.layers:
         nope = lr.layer in fam.nope_layers
-        want_rot = 0 if nope else 2 * int(fam.head_dim * fam.rotary_fraction / 2)
+        d = fam.layer_head_dim(lr.layer)
+        want_rot = 0 if nope else d if lr.layer in fam.turning else 2 * int(d * fam.rotary_fraction / 2)
+        # planes that turn: all rotary planes, or the leading share of them under proportional RoPE
+        want_turning = int(fam.turning[lr.layer] * d // 2) if lr.layer in fam.turning else want_rot // 2
         checks = {
             "kind": (lr.kind, "nope" if nope else "sliding" if lr.layer in fam.windows else "full"),
             "window": (lr.window, fam.windows.get(lr.layer)),
             "rotary_dim": (lr.rotary_dim, want_rot),
-            "head_dim": (lr.head_dim, fam.head_dim),
+            "turning planes": ((lr.inv_freq > 0).tolist(), [True] * want_turning + [False] * (want_rot // 2 - want_turning)),
+            "head_dim": (lr.head_dim, d),
             "softcap": (lr.softcap, fam.softcap),
             "sinks": (lr.sinks is not None, fam.sinks),
             "n_heads": (lr.n_heads, fam.config["num_attention_heads"]),
-            "n_kv_heads": (lr.n_kv_heads, fam.config.get("num_key_value_heads", fam.config["num_attention_heads"])),
+            "n_kv_heads": (lr.n_kv_heads, fam.kv_heads.get(
+                lr.layer, fam.config.get("num_key_value_heads", fam.config["num_attention_heads"]))),
         }
         if not nope:
             checks["pairing"] = (lr.pairing, fam.pairing)
-        want_scale = fam.score_scale if fam.score_scale is not None else fam.head_dim**-0.5
+        want_scale = fam.score_scale if fam.score_scale is not None else d**-0.5
         if not math.isclose(lr.score_scale, want_scale, rel_tol=1e-6):
             errs.append(f"layer {lr.layer} score_scale {lr.score_scale} != {want_scale}")
         errs += [f"layer {lr.layer} {k} {got!r} != {want!r}" for k, (got, want) in checks.items() if got != want]
