@@ -89,7 +89,9 @@ class HFLayer:
 def hf_layers(hf, toks: Tensor) -> list[HFLayer]:
     """Run HF's eager forward and record, per layer, what its ``eager_attention_forward`` received."""
     mod = importlib.import_module(type(hf).__module__)
-    orig = mod.eager_attention_forward
+    orig = getattr(mod, "eager_attention_forward", None)
+    if orig is None:
+        return _inline_layers(hf, toks, mod)
     got: dict[int, dict] = {}
 
     def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
@@ -106,6 +108,28 @@ def hf_layers(hf, toks: Tensor) -> list[HFLayer]:
     finally:
         mod.eager_attention_forward = orig
     return [HFLayer(probs=probs[L].detach(), **got[L]) for L in range(len(probs))]
+
+
+def _inline_layers(hf, toks: Tensor, mod) -> list[HFLayer]:
+    """A family that scores inline (Falcon: q·kᵀ / √head_dim right after the rotation, no attention function):
+    the q and k its ``apply_rotary_pos_emb`` returns, call i in layer i, keys as the score uses them."""
+    orig = mod.apply_rotary_pos_emb
+    got: list[dict] = []
+
+    def wrapped(q, k, *args, **kwargs):
+        q_rot, k_rot = orig(q, k, *args, **kwargs)
+        got.append(dict(q=q_rot.detach().clone(), k=k_rot.detach().clone()))
+        return q_rot, k_rot
+
+    mod.apply_rotary_pos_emb = wrapped
+    try:
+        with torch.no_grad():
+            probs = hf(toks, output_attentions=True).attentions
+    finally:
+        mod.apply_rotary_pos_emb = orig
+    scale = (hf.config.hidden_size // hf.config.num_attention_heads) ** -0.5  # Falcon divides by √head_dim in its code
+    return [HFLayer(probs=probs[L].detach(), scale=scale, window=None, softcap=None, sinks=None, **got[L])
+            for L in range(len(probs))]
 
 
 # ============================================================================ the dense reference
