@@ -301,7 +301,10 @@ def test_band_statistics_match_hf_dense_reference(family, loaded, monkeypatch):
     toks, bands, _, want = _band_inputs(family, loaded)
     for tile, jsd in BAND_TILES:
         got = _band_sums(model, spec, toks, bands, tile, jsd)
-        assert_sums_match(got, want if jsd else {k: v for k, v in want.items() if k != "jsd"}, f"{family} tile={tile}")
+        # float32 scores carry ~1e-7 of the largest one; a sum that cancels near 0 keeps that (Persimmon's
+        # q/k layer norm makes scores in the thousands): 1e-6 of each sum's largest value, a wrong term is O(1)
+        assert_sums_match(got, want if jsd else {k: v for k, v in want.items() if k != "jsd"}, f"{family} tile={tile}",
+                          rel_floor=1e-6)
 
 
 class _KeepPost:
