@@ -190,7 +190,10 @@ class _Collector:
         unknown = self.needs - NEEDS
         if unknown:
             raise InputError(f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}")
-        self.hooks = {L: attn_hooks(model, L) for L in layers}
+        from ropelens.plain import is_plain
+
+        # a plain HF model has no bridge hooks: stream taps its forward instead
+        self.hooks = {} if is_plain(model) else {L: attn_hooks(model, L) for L in layers}
         self.plans = {L: _hook_plan(h, self.needs) for L, h in self.hooks.items()}
         self.pending: dict[int, dict[str, Tensor]] = {}
         self.valid: Tensor | None = None
@@ -294,6 +297,8 @@ def stream(
     answer from :attr:`LayerActs.padded`.
     """
     from ropelens.fastpath import QK_NEEDS, fast_qk, right_padded
+    from ropelens.plain import capture as plain_capture
+    from ropelens.plain import is_plain
     from ropelens.reading import rope_spec
 
     spec = spec if spec is not None else rope_spec(model)
@@ -321,18 +326,21 @@ def stream(
                 padded_tok = valid.sum() if padded_tok is None else padded_tok + valid.sum()
             else:
                 n_tok += valid.numel()
-            if use_fast:
-                def fold(L: int, tensors: dict[str, Tensor], valid: Tensor = valid, padded: bool = col.padded) -> None:
-                    acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid, tensors=tensors, padded=padded)
-                    for r in reducers:
-                        r.update(acts)
+            def fold(L: int, tensors: dict[str, Tensor], valid: Tensor = valid, padded: bool = col.padded) -> None:
+                acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid, tensors=tensors, padded=padded)
+                for r in reducers:
+                    r.update(acts)
 
+            if use_fast:
                 got = fast_qk(model, spec, toks, valid, chosen, keep=col.needs, on_layer=fold, padded=col.padded)
                 if got is not None:
                     for L in sorted(got):  # layers not handed over while the forward ran (first batch)
                         fold(L, got[L])
                     continue
             use_fast = False  # this model cannot take the fast path: every batch goes through the bridge
+            if is_plain(model):  # no bridge: the HF model's own rotation and attention function, tapped
+                plain_capture(model, spec, toks, valid, chosen, col.needs, fold, padded=col.padded)
+                continue
             if not hooked:
                 bridge.enter_context(model.hooks(fwd_hooks=col.fwd_hooks()))
                 hooked = True

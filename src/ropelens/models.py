@@ -289,28 +289,35 @@ def _unknown_model_error(name: str, cause: BaseException | None = None) -> Input
 
 
 def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, label: str, hub_name: str,
-                 placement: dict[str, Any] | None = None):
+                 placement: dict[str, Any] | None = None, bridge: bool = True):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **(placement or {}))
     tok = AutoTokenizer.from_pretrained(path)
     if placement is not None:  # accelerate placed every module: the bridge must not move them
-        return wrap_hf_model(model, tok, device=None, label=label, hub_name=hub_name, dtype=dtype, placed=True)
-    return wrap_hf_model(model, tok, device=device, label=label, hub_name=hub_name, dtype=dtype)
+        return wrap_hf_model(model, tok, device=None, label=label, hub_name=hub_name, dtype=dtype, placed=True,
+                             bridge=bridge)
+    return wrap_hf_model(model, tok, device=device, label=label, hub_name=hub_name, dtype=dtype, bridge=bridge)
 
 
 def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None, label: str = "model",
-                  hub_name: str | None = None, dtype: str | torch.dtype = torch.float32, placed: bool = False):
+                  hub_name: str | None = None, dtype: str | torch.dtype = torch.float32, placed: bool = False,
+                  bridge: bool = True):
     """Wrap an HF causal LM you built or loaded yourself, and its tokenizer, in the TransformerLens bridge.
 
     ``label`` names the model in results' provenance; it is kept on the bridge's config as
     ``cfg.model_name``, where TransformerLens keeps a model's name (``cfg.model_path`` is None:
     :func:`load_model` sets it for weights read from a path). ``hub_name`` (default: ``label``) is
     the checkpoint name the bridge boots under (it picks the adapter; nothing is fetched).
+
+    Where TransformerLens has no adapter for the architecture, or its adapter cannot wrap this
+    configuration (Falcon's grouped KV heads), and with ``bridge=False`` for any model, the result is
+    a :class:`ropelens.plain.PlainModel`: the HF model itself, on which the q/k analyses run and
+    interventions are refused in one line (see :mod:`ropelens.plain`).
     """
     hub_name = hub_name or label
     dtype = resolve_dtype(dtype)
-    from transformer_lens.model_bridge import TransformerBridge
+    from ropelens.plain import plain_model
 
     if placed:  # layers already on their devices (a device map): keep them there
         dev = device_of(model)
@@ -318,12 +325,37 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
     else:
         dev = resolve_device(device)
         model = model.to(device=dev, dtype=dtype).eval()
-    with _quiet_bridge(), _bridge_errors(model):
-        bridge = TransformerBridge.boot_transformers(
-            hub_name, hf_model=model, tokenizer=tokenizer, device=dev, dtype=dtype
-        )
-    bridge.eval()
-    return _identify(bridge, label)
+    if not bridge:
+        return plain_model(model, tokenizer, label=label, why="bridge=False")
+    from transformer_lens.model_bridge import TransformerBridge
+
+    try:
+        with _quiet_bridge(), _bridge_errors(model):
+            wrapped = TransformerBridge.boot_transformers(
+                hub_name, hf_model=model, tokenizer=tokenizer, device=dev, dtype=dtype
+            )
+    except UnsupportedModelError as e:  # no adapter, or one that cannot wrap it: the HF model runs as it is
+        _strip_bridge(model)  # an adapter that failed part way has already wrapped some modules
+        # the reason without the architecture and the pointer to the docs: "TransformerLens has no adapter ..."
+        why = str(e).split(": ", 1)[-1].split(" (")[0].split(", so ")[0]
+        return plain_model(model, tokenizer, label=label, why=why)
+    wrapped.eval()
+    return _identify(wrapped, label)
+
+
+def _strip_bridge(module: torch.nn.Module) -> None:
+    """Undo what a TransformerBridge that failed part way did to an HF model: every bridge component replaced by
+    the module it wraps, every forward TransformerLens patched onto a module removed (others, such as
+    accelerate's, are kept)."""
+    for name, child in list(module._modules.items()):
+        while getattr(child, "_original_component", None) is not None:
+            child = child._original_component
+        module._modules[name] = child
+        if child is not None:
+            _strip_bridge(child)
+    fwd = module.__dict__.get("forward")
+    if (getattr(getattr(fwd, "__func__", fwd), "__module__", None) or "").startswith("transformer_lens"):
+        del module.__dict__["forward"]  # an adapter's patched forward (Falcon's prepare_model patches them in place)
 
 
 def _identify(bridge, label: str, path: Path | None = None):
@@ -333,8 +365,16 @@ def _identify(bridge, label: str, path: Path | None = None):
     booted), so ropelens' name goes there and travels with the config; ``cfg.model_path`` is the
     resolved file or directory for weights loaded from a path, else None.
     """
+    resolved = None if path is None else str(path.expanduser().resolve())
+    from ropelens.plain import is_plain
+
+    if is_plain(bridge):  # its config is frozen: a renamed copy
+        import dataclasses
+
+        bridge.cfg = dataclasses.replace(bridge.cfg, model_name=label, model_path=resolved)
+        return bridge
     bridge.cfg.model_name = label
-    bridge.cfg.model_path = None if path is None else str(path.expanduser().resolve())
+    bridge.cfg.model_path = resolved
     return bridge
 
 
@@ -385,8 +425,12 @@ def load_model(
     dtype: str | torch.dtype = torch.float32,
     device_map: str | dict[str, Any] | None = None,
     max_memory: dict[Any, str | int] | None = None,
+    bridge: bool = True,
 ):
-    """Load a model as a ``TransformerBridge``.
+    """Load a model as a ``TransformerBridge`` (a :class:`ropelens.plain.PlainModel` where TransformerLens cannot wrap it).
+
+    ``bridge=False`` loads any model as the plain HF model (:mod:`ropelens.plain`): the q/k
+    analyses give the bridge's numbers; interventions need the bridge and are refused.
 
     ``device_map`` ("auto" or a module → device dict) and ``max_memory`` split a model too large
     for one device across several (and the CPU) through accelerate, as ``from_pretrained`` does;
@@ -420,7 +464,7 @@ def load_model(
         key = f"{name}-{em.version()}"
         source = {"embedded": name, "distribution": em.distribution, "version": em.version()}
         hf_dir = _cached_hf_dir(key, em.gguf, source)
-        return _load_cached(hf_dir, key, em.gguf, source, dtype, dev, name, em.hub_name, placement)
+        return _load_cached(hf_dir, key, em.gguf, source, dtype, dev, name, em.hub_name, placement, bridge)
 
     path = Path(name).expanduser()
     if path.suffix == ".gguf" or path.is_file():
@@ -433,29 +477,29 @@ def load_model(
         source = {"gguf": str(path.resolve()), "sha256": digest}
         gguf = lambda _s: path  # noqa: E731
         hf_dir = _cached_hf_dir(key, gguf, source)
-        model = _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem, placement)
+        model = _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem, placement, bridge)
         return _identify(model, path.stem, path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise InputError(f"{path} is a directory without config.json: pass an HF model directory")
-        return _identify(_from_hf_dir(path, dtype, dev, str(path), str(path), placement), str(path), path)
+        return _identify(_from_hf_dir(path, dtype, dev, str(path), str(path), placement, bridge), str(path), path)
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
         raise FileNotFoundError(f"{name} does not exist: check the path")
-    return _from_hub(name, dtype, dev)
+    return _from_hub(name, dtype, dev, bridge)
 
 
-def _load_cached(hf_dir, key, gguf, source, dtype, dev, label, hub_name, placement=None):
+def _load_cached(hf_dir, key, gguf, source, dtype, dev, label, hub_name, placement=None, bridge=True):
     from safetensors import SafetensorError
 
     try:
-        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name, placement)
+        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name, placement, bridge)
     # A damaged safetensors header raises SafetensorError, which derives from Exception only.
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         # Sizes matched but the content did not load: rebuild once from the GGUF.
         warnings.warn(f"ropelens: cached weights in {hf_dir} failed to load ({e}); rebuilding", stacklevel=3)
         shutil.rmtree(hf_dir, ignore_errors=True)
         hf_dir = _cached_hf_dir(key, gguf, source)
-        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name, placement)
+        return _from_hf_dir(hf_dir, dtype, dev, label, hub_name, placement, bridge)
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -502,14 +546,34 @@ def _check_hub_name(name: str) -> None:
                          f"({type(e).__name__}: {e}): {fix}, or connect to the network") from None
 
 
-def _from_hub(name: str, dtype: torch.dtype, dev: torch.device):
+def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool = True):
     _check_hub_name(name)  # before the bridge's import, which alone takes seconds
     from transformer_lens.model_bridge import TransformerBridge
 
+    if not plain_ok:
+        return _plain_from_hub(name, dtype, dev, "bridge=False")
     try:
         with _quiet_bridge():
             bridge = TransformerBridge.boot_transformers(name, device=dev, dtype=dtype)
+    except ValueError as e:
+        if "Could not determine supported architecture" not in str(e):
+            raise _unknown_model_error(name, e) from e
+        return _plain_from_hub(name, dtype, dev, "TransformerLens has no adapter for this architecture")
     except Exception as e:  # offline, unknown repo, gated repo: all surface here
         raise _unknown_model_error(name, e) from e
     bridge.eval()
     return _identify(bridge, name)
+
+
+def _plain_from_hub(name: str, dtype: torch.dtype, dev: torch.device, why: str):
+    """The hub model as a :class:`ropelens.plain.PlainModel` (no TransformerLens adapter, or ``bridge=False``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ropelens.plain import plain_model
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="eager")
+        tok = AutoTokenizer.from_pretrained(name)
+    except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated repo: all surface here
+        raise _unknown_model_error(name, e) from e
+    return _identify(plain_model(model.to(dev).eval(), tok, label=name, why=why), name)

@@ -51,8 +51,14 @@ def _rotary_modules(hf) -> list[torch.nn.Module]:
     ]
 
 
-def _attention_modules(model) -> list[torch.nn.Module]:
+def _blocks(model):
+    """The bridge's blocks, or a plain HF model's decoder layers in their shape (``.attn.original_component``)."""
     blocks = getattr(model, "blocks", None)
+    return blocks if blocks is not None else getattr(model, "attention_blocks", None)
+
+
+def _attention_modules(model) -> list[torch.nn.Module]:
+    blocks = _blocks(model)
     if blocks is None:
         raise TypeError("expected a TransformerBridge with .blocks; load the model with ropelens.load_model")
     return [b.attn.original_component for b in blocks]
@@ -76,7 +82,13 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             "a no-position part plus a decoupled rotary part of qk_rope_head_dim dims with one key "
             "shared by all heads, and the bridge's q/k hooks do not expose the two parts separately."
         )
-    blocks = getattr(model, "blocks", None) or []
+    if any(hasattr(m, "lambda_init") for m in hf_model_of(model).modules()):
+        raise UnsupportedModelError(
+            f"{arch}: differential attention is not supported: each head's output is softmax(q1·k1) − λ·softmax(q2·k2) "
+            "over two heads, so no head's attention is the softmax of its own scores that ropelens's patterns, "
+            "band statistics and heads describe."
+        )
+    blocks = _blocks(model) or []
     linear = [i for i, b in enumerate(blocks) if not hasattr(b, "attn")]
     if linear:
         raise UnsupportedModelError(
@@ -209,7 +221,8 @@ def rope_spec(model) -> RopeSpec:
             )
         )
         if calls is not None and i in calls and inv.numel():
-            layers[-1] = _with_direction(layers[-1], *calls[i])
+            # a plain HF model has no bridge flag for adjacent pairs (Helium): its own rotation says which
+            layers[-1] = _with_direction(layers[-1], *calls[i], pairing=not hasattr(model, "blocks"))
     return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
 
 
@@ -290,8 +303,9 @@ def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
     return view
 
 
-def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor) -> LayerRope:
-    """``lr`` turned the other way when the model's own rotation of ``q`` ([batch, head, pos, d]) is by −m·θ."""
+def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing: bool = False) -> LayerRope:
+    """``lr`` turned the other way when the model's own rotation of ``q`` ([batch, head, pos, d]) is by −m·θ
+    (with ``pairing``, also with the other plane pairing when that is the one the model rotates)."""
     import dataclasses
 
     if q.ndim != 4 or q.shape[-1] != lr.head_dim or q_rot.shape != q.shape:
@@ -301,9 +315,14 @@ def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor) -> Laye
     def err(d: LayerRope) -> float:
         return float((d.rotate(q, pos) - q_rot).abs().max() / q_rot.abs().max().clamp_min(1e-30))
 
-    flipped = dataclasses.replace(lr, direction=-lr.direction)
-    # float32 rotation of O(1) values: a match is ~1e-6, the wrong direction is O(1) off
-    return flipped if err(flipped) < 1e-3 < err(lr) else lr
+    other = {"half": "adjacent", "adjacent": "half"}[lr.pairing]
+    candidates = [dataclasses.replace(lr, direction=-lr.direction)]
+    if pairing:
+        candidates += [dataclasses.replace(lr, pairing=other), dataclasses.replace(lr, pairing=other, direction=-lr.direction)]
+    # float32 rotation of O(1) values: a match is ~1e-6, a wrong direction or pairing is O(1) off
+    if err(lr) <= 1e-3:
+        return lr
+    return next((c for c in candidates if err(c) < 1e-3), lr)
 
 
 def _layer_config(cfg, layer: int) -> Any:

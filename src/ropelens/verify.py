@@ -271,7 +271,10 @@ class _Probe:
         toks = self.tokens()
         which = ("q_pre", "k_pre", "q_post", "k_post")
         intervened = bool(getattr(self.model, "_ropelens_interventions", 0))
-        paths = {"bridge": capture_qk(self.model, toks, layers=self.rotary, which=which, fast=False)}
+        from ropelens.plain import is_plain
+
+        slow = "plain HF forward" if is_plain(self.model) else "bridge"  # the path analyses take off the fast one
+        paths = {slow: capture_qk(self.model, toks, layers=self.rotary, which=which, fast=False)}
         if not intervened:  # the fast path is off under an intervention: analyses then use the bridge alone
             paths["fast q/k path"] = capture_qk(self.model, toks, layers=self.rotary, which=which, fast=True)
         acts = {p: {L: {k: v.float() for k, v in a.tensors.items()} for L, a in got.items()} for p, got in paths.items()}

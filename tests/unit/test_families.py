@@ -42,6 +42,7 @@ from test_band_tiles import _hand_planes, assert_sums_match, dense_layer_sums, h
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None and fam.refused_at == "spec"]
+BRIDGED = [f for f in EXACT if FAMILIES[f].bridge]  # interventions run through the bridge's hooks
 
 
 def _available(name: str) -> bool:
@@ -161,7 +162,7 @@ def _refused_inside(family: str, run) -> bool:
     return True
 
 
-@pytest.mark.parametrize("family", [_param(f) for f in EXACT])
+@pytest.mark.parametrize("family", [_param(f) for f in BRIDGED])
 def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
     """Under a variant the captured post-RoPE query turns by the variant's frequencies; exit restores."""
     model, spec = loaded(family)
@@ -188,7 +189,7 @@ def test_matrix_covers_the_issue_families():
             "deepseek_v3", "qwen3_next", "llama4", "cohere2", "exaone4", "gemma4_text", "hunyuan_v1_dense",
             "nanochat", "falcon", "ministral", "helium", "persimmon", "phimoe", "diffllama", "minicpm3"}
     assert set(FAMILIES) == want  # the families beyond the first 22 are tested in test_new_families.py
-    assert len(REFUSED) <= 4
+    assert len(REFUSED) <= 6
 
 
 def test_pairing_check_catches_a_wrong_pairing(loaded, monkeypatch):
@@ -249,7 +250,7 @@ def test_real_scaling_configs_read_as_hf_initialises_them(case):
         assert spec[L].attention_scaling == pytest.approx(float(factor), rel=1e-12)
 
 
-@pytest.mark.parametrize("family", [_param(f) for f in EXACT])
+@pytest.mark.parametrize("family", [_param(f) for f in BRIDGED])
 def test_ablating_a_plane_removes_exactly_its_term(family, loaded):
     """In the first rotary layer, logits under ablate_planes([0]) = logits − plane 0's term, on every family."""
     from ropelens.intervene import ablate_planes
@@ -333,8 +334,10 @@ def test_band_statistics_match_hf_dense_reference(family, loaded, monkeypatch):
         toks, bands, _, want = _band_inputs(family, loaded, group)
         for tile, jsd in BAND_TILES:
             got = _band_sums(model, spec, toks, bands, tile, jsd, layers=group)
+            # float32 scores carry ~1e-7 of the largest one; a sum that cancels near 0 keeps that (Persimmon's
+            # q/k layer norm makes scores in the thousands): 1e-6 of each sum's largest value, a wrong term is O(1)
             assert_sums_match(got, want if jsd else {k: v for k, v in want.items() if k != "jsd"},
-                              f"{family} layers {group} tile={tile}")
+                              f"{family} layers {group} tile={tile}", rel_floor=1e-6)
 
 
 class _KeepPost:

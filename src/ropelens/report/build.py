@@ -91,6 +91,7 @@ def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
     dt = None if dtype is None else resolve_dtype(dtype)
     if model is None or isinstance(model, (str, os.PathLike)):
         return dev, dt
+    _refuse_plain(model)
     if not is_bridge(model):
         raise InputError(f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
                          f"{type(model).__name__}: wrap an HF model with ropelens.models.wrap_hf_model")
@@ -113,7 +114,20 @@ def _load(model: Any, device: Any, dtype: Any) -> tuple[Any, str]:
 
     if model is None or isinstance(model, (str, os.PathLike)):
         model = load_model(model, device=device, **({} if dtype is None else {"dtype": dtype}))
+        _refuse_plain(model)
     return model, model_label(model)
+
+
+def _refuse_plain(model: Any) -> None:
+    """The report needs the bridge (its p-RoPE sweep runs the model under RoPE variants): refuse a plain HF model
+    in one line before anything is measured, naming the commands that run on it."""
+    from ropelens.errors import UnsupportedModelError
+    from ropelens.plain import is_plain, refusal
+
+    if is_plain(model):
+        raise UnsupportedModelError(refusal(model.cfg, "ropelens report needs the bridge (its p-RoPE sweep runs the "
+                                                       "model under RoPE variants); run the q/k commands instead: "
+                                                       "inspect, usage, decompose-stats, heads, sinks, distance"))
 
 
 def _choose_layers(spec, layers: Sequence[int] | None, quick: bool) -> list[int]:

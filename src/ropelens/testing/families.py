@@ -73,6 +73,7 @@ class Family:
     refused: str | None = None  # the reason ropelens refuses it (a pattern of the error), or None when it is exact
     refused_at: str = "spec"  # where: "load" (no bridge), "spec" (rope_spec) or "probe" (verification)
     needs: str = ""  # what the family asks of ropelens, for the support table
+    bridge: bool = True  # False: TransformerLens cannot wrap it, so ropelens measures the plain HF model
 
     @property
     def head_dim(self) -> int:
@@ -176,23 +177,24 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            needs="rotation the other way (read), q/k RMS norm after RoPE: the captured q/k are not what enters the score"),
     Family("falcon", "FalconConfig",
            dict(_no("num_key_value_heads", _BASE), num_kv_heads=2, new_decoder_architecture=True, rope_parameters=_rp()),
-           refused="adapter for it cannot wrap 2 KV heads", refused_at="load",
-           needs="grouped KV heads in a fused qkv (new_decoder_architecture)"),
-    *[Family(name, cls, cfg, refused="TransformerLens has no adapter", refused_at="load", needs=needs)
-      for name, cls, cfg, needs in [
-          ("ministral", "MinistralConfig", dict(_BASE, head_dim=16, sliding_window=8, layer_types=_HYBRID,
-                                               rope_parameters=_rp()), "sliding and full layers"),
-          ("helium", "HeliumConfig", dict(_BASE, head_dim=16, rope_parameters=_rp()), "Llama-like"),
-          ("persimmon", "PersimmonConfig", dict(_no("num_key_value_heads", _BASE), partial_rotary_factor=0.5,
+           bridge=False, needs="grouped KV heads in a fused qkv (new_decoder_architecture): no bridge, the plain HF model"),
+    Family("ministral", "MinistralConfig", dict(_BASE, head_dim=16, sliding_window=8, layer_types=_HYBRID,
+                                               rope_parameters=_rp()),
+           windows={0: 8, 1: 8, 2: 8}, bridge=False, needs="sliding and full layers; no bridge, the plain HF model"),
+    Family("helium", "HeliumConfig", dict(_BASE, head_dim=16, rope_parameters=_rp()), pairing="adjacent",
+           bridge=False, needs="adjacent pairs (read from its own rotation); no bridge, the plain HF model"),
+    Family("persimmon", "PersimmonConfig", dict(_no("num_key_value_heads", _BASE), partial_rotary_factor=0.5,
                                                rope_parameters=_rp(partial_rotary_factor=0.5)),
-           "partial rotary 0.5, q/k layer norm"),
-          ("phimoe", "PhimoeConfig", dict(_BASE, **_MOE, rope_parameters=_rp()), "mixture of experts"),
-          ("diffllama", "DiffLlamaConfig", dict(_BASE, head_dim=16, rope_parameters=_rp()),
-           "differential attention: two softmax maps subtracted"),
-          ("minicpm3", "MiniCPM3Config", dict(_BASE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+           rotary_fraction=0.5, bridge=False,
+           needs="partial rotary 0.5, q/k layer norm; no bridge, the plain HF model"),
+    Family("phimoe", "PhimoeConfig", dict(_BASE, **_MOE, rope_parameters=_rp()), bridge=False,
+           needs="mixture of experts; no bridge, the plain HF model"),
+    Family("diffllama", "DiffLlamaConfig", dict(_BASE, head_dim=16, rope_parameters=_rp()), bridge=False,
+           refused="differential attention", needs="differential attention: two softmax maps subtracted"),
+    Family("minicpm3", "MiniCPM3Config", dict(_BASE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
                                              qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-                                             rope_parameters=_rp()), "multi-head latent attention"),
-      ]],
+                                             rope_parameters=_rp()), bridge=False,
+           refused="multi-head latent attention", needs="multi-head latent attention"),
 ]}
 
 
@@ -265,7 +267,8 @@ def _hf_scores(hf) -> Iterator[dict[int, torch.Tensor]]:
     orig = getattr(mod, "eager_attention_forward", None)
     out: dict[int, torch.Tensor] = {}
     if orig is None:
-        yield out
+        with _softmax_inputs(out):
+            yield out
         return
 
     def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
@@ -279,6 +282,26 @@ def _hf_scores(hf) -> Iterator[dict[int, torch.Tensor]]:
         yield out
     finally:
         mod.eager_attention_forward = orig
+
+
+@contextlib.contextmanager
+def _softmax_inputs(out: dict[int, torch.Tensor]) -> Iterator[None]:
+    """For a family that scores inline (Falcon): what its attention hands ``F.softmax``, per call in layer order.
+    That is the scaled scores plus the additive mask, which is 0 where a key is allowed: the scores there."""
+    import torch.nn.functional as F
+
+    orig = F.softmax
+
+    def wrapped(x, *args, **kwargs):
+        if x.ndim == 4:
+            out[len(out)] = x.detach()
+        return orig(x, *args, **kwargs)
+
+    F.softmax = wrapped
+    try:
+        yield
+    finally:
+        F.softmax = orig
 
 
 def _spec_errors(fam: Family, spec) -> list[str]:
@@ -298,8 +321,8 @@ def _spec_errors(fam: Family, spec) -> list[str]:
             "softcap": (lr.softcap, fam.softcap),
             "sinks": (lr.sinks is not None, fam.sinks),
             "n_heads": (lr.n_heads, fam.config["num_attention_heads"]),
-            "n_kv_heads": (lr.n_kv_heads, fam.kv_heads.get(
-                lr.layer, fam.config.get("num_key_value_heads", fam.config["num_attention_heads"]))),
+            "n_kv_heads": (lr.n_kv_heads, fam.kv_heads.get(lr.layer, fam.config.get("num_key_value_heads", fam.config.get(
+                "num_kv_heads", fam.config["num_attention_heads"])))),  # Falcon names them num_kv_heads
         }
         if not nope:
             checks["pairing"] = (lr.pairing, fam.pairing)

@@ -1,0 +1,302 @@
+"""The plain HF model, for architectures TransformerLens cannot wrap: q, k and patterns read from its own forward.
+
+TransformerLens 4 has no adapter for some RoPE families (Ministral, Helium, Persimmon, PhiMoE, ...)
+and cannot wrap others (Falcon's grouped KV heads in a fused projection). :func:`ropelens.load_model`
+returns a :class:`PlainModel` for those (and for any model with ``bridge=False``): the HF causal LM
+and its tokenizer behind the small surface ropelens reads from a bridge (``cfg``, ``tokenizer``,
+``to_tokens``, a forward that returns logits, ``parameters``). Its RoPE is read from the HF modules
+as a bridge's is; queries and keys come from the fast q/k path (:mod:`ropelens.fastpath`) or, where
+that declines or a pattern is needed, from :func:`capture`, which runs the HF model with eager
+attention and taps the family's ``apply_rotary_pos_emb`` (pre-RoPE q and k) and
+``eager_attention_forward`` (the q and k that enter the score, and the probabilities).
+
+Lost without the bridge: everything that edits the forward through TransformerLens hooks, i.e. RoPE
+variants and plane ablations (:mod:`ropelens.intervene`), massive-value replacement, and the
+report's p-RoPE sweep. Asking for them raises :class:`BridgeOnlyError` in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ropelens.errors import InputError, UnsupportedModelError
+
+__all__ = ["BridgeOnlyError", "PlainConfig", "PlainModel", "attention_modules", "capture", "is_plain", "what_works"]
+
+# what still runs on a plain model (said in every refusal, so a user knows where to go instead)
+WORKS = ("rope_spec and verification, frequency usage, band statistics, decomposition, heads, sinks, distance, "
+         "offsets, massive values (found, not replaced), loss and passkey without a variant")
+# TransformerLens's surface: asking a plain model for it means the caller needs the bridge's hooks
+_BRIDGE_ONLY = frozenset({"blocks", "hook_dict", "hooks", "run_with_cache", "run_with_hooks", "add_hook",
+                          "reset_hooks", "mod_dict"})
+
+
+class BridgeOnlyError(UnsupportedModelError, AttributeError):
+    """A plain model asked for TransformerLens's hooks; an AttributeError too, so ``hasattr`` stays False."""
+
+
+@dataclass(frozen=True)
+class PlainConfig:
+    """The config fields ropelens reads from a bridge's ``cfg``, for a plain HF model."""
+
+    model_name: str
+    model_path: str | None
+    architecture: str
+    n_layers: int
+    n_ctx: int
+    d_vocab: int
+    device: torch.device
+    dtype: torch.dtype
+    why: str  # why there is no bridge: TransformerLens's refusal, or "bridge=False"
+    positional_embedding_type: str = "rotary"
+
+
+def _text_config(hf) -> Any:
+    cfg = hf.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def decoder_layers(hf) -> torch.nn.ModuleList:
+    """The HF model's decoder layers: the first ModuleList with one entry per hidden layer."""
+    n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
+    for m in hf.modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) == n:
+            return m
+    raise UnsupportedModelError(f"{type(hf).__name__}: found no list of {n} decoder layers in the HF model, so ropelens "
+                                "cannot tell its attention layers apart")
+
+
+def attention_modules(hf) -> list[torch.nn.Module | None]:
+    """Each decoder layer's attention module (its first child whose class is an attention), None where it has none."""
+    out: list[torch.nn.Module | None] = []
+    for layer in decoder_layers(hf):
+        out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()), None))
+    return out
+
+
+class PlainModel(torch.nn.Module):
+    """An HF causal LM and its tokenizer behind the surface ropelens reads from a TransformerLens bridge."""
+
+    def __init__(self, hf: torch.nn.Module, tokenizer: Any, cfg: PlainConfig) -> None:
+        super().__init__()
+        self.original_model = hf  # where ropelens.reading.hf_model_of looks, as on a bridge
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _BRIDGE_ONLY:
+            cfg = self.__dict__.get("cfg")
+            raise BridgeOnlyError(refusal(cfg, f"this needs TransformerLens's hooks (model.{name}): RoPE variants, "
+                                               "plane ablations and massive-value replacement cannot run"))
+        return super().__getattr__(name)
+
+    @property
+    def attention_blocks(self) -> list[SimpleNamespace]:
+        """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``, no ``.attn`` where none."""
+        return [SimpleNamespace() if a is None else SimpleNamespace(attn=SimpleNamespace(original_component=a))
+                for a in attention_modules(self.original_model)]
+
+    def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> Tensor:
+        """``[batch, pos]`` token ids of ``text`` on the model's device, BOS first (as the bridge's ``to_tokens``)."""
+        texts = [text] if isinstance(text, str) else list(text)
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        rows = [([bos] if prepend_bos and bos is not None else []) + self.tokenizer(t, add_special_tokens=False)["input_ids"]
+                for t in texts]
+        n = max(len(r) for r in rows)
+        pad = getattr(self.tokenizer, "pad_token_id", None) or 0
+        return torch.tensor([r + [pad] * (n - len(r)) for r in rows], device=self.cfg.device)
+
+    def forward(self, input: Tensor | str | None = None, return_type: str | None = "logits", *,
+                input_ids: Tensor | None = None, **kwargs: Any) -> Any:
+        """``model(tokens)`` → logits ``[batch, pos, vocab]`` as a bridge gives (``return_type=None``: nothing);
+        ``model(input_ids=...)`` → the HF model's own output, as an HF causal LM gives."""
+        from ropelens.fastpath import sdpa_attention
+
+        hf = self.original_model
+        if input_ids is not None:
+            return hf(input_ids=input_ids, **kwargs)
+        if return_type not in ("logits", None):
+            raise InputError(f"return_type {return_type!r} is not supported on a plain HF model: use 'logits' or None")
+        toks = self.to_tokens(input) if isinstance(input, str) else input
+        with sdpa_attention(hf):  # the logits of eager attention, without its [heads, n, n] matrices
+            out = hf(input_ids=toks.to(self.cfg.device), use_cache=False, **kwargs)
+        return None if return_type is None else out.logits
+
+
+def is_plain(model: Any) -> bool:
+    """Whether ``model`` is a :class:`PlainModel` (an HF model ropelens runs without the bridge)."""
+    return isinstance(model, PlainModel)
+
+
+def refusal(cfg: PlainConfig | None, what: str) -> str:
+    """One line: the architecture, that it runs without the bridge and why, what cannot run, and what can."""
+    arch = cfg.architecture if cfg is not None else "model"
+    why = ("loaded without the TransformerLens bridge (bridge=False)" if cfg is None or cfg.why == "bridge=False"
+           else cfg.why)
+    return f"{arch}: {why}, so ropelens runs the plain HF model; {what}. What works: {WORKS}"
+
+
+def what_works() -> str:
+    """What runs on a plain HF model (the q/k analyses and the plain forward)."""
+    return WORKS
+
+
+def plain_model(hf: torch.nn.Module, tokenizer: Any, *, label: str, why: str) -> PlainModel:
+    """Wrap an HF causal LM already on its device and dtype as a :class:`PlainModel` named ``label``."""
+    from ropelens.models import device_of
+
+    cfg = _text_config(hf)
+    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 0)
+    dtype = next((p.dtype for p in hf.parameters() if p.is_floating_point()), torch.float32)
+    pc = PlainConfig(model_name=label, model_path=None, architecture=type(hf).__name__,
+                     n_layers=int(cfg.num_hidden_layers), n_ctx=n_ctx, d_vocab=int(getattr(cfg, "vocab_size", 0) or 0),
+                     device=device_of(hf), dtype=dtype, why=why)
+    return PlainModel(hf.eval(), tokenizer, pc).eval()
+
+
+# ------------------------------------------------------------------------------------------ capture
+class _Stop(Exception):
+    """Raised after the last layer asked for: the rest of the forward is skipped."""
+
+
+@contextlib.contextmanager
+def _attention_implementation(hf, impl: str) -> Iterator[None]:
+    cfgs = {id(c): c for c in (hf.config, _text_config(hf))}.values()
+    before = [(c, getattr(c, "_attn_implementation", None)) for c in cfgs]
+    for c, _ in before:
+        c._attn_implementation = impl
+    try:
+        yield
+    finally:
+        for c, old in before:
+            c._attn_implementation = old
+
+
+def _one_per_kv_head(k: Tensor, n_kv: int, cannot: Callable[[str], Exception], L: int) -> Tensor:
+    """Keys ``[b, heads, pos, d]`` as the model holds them: one per KV head. Falcon's new decoder architecture
+    broadcasts each group's key to its query heads (head h reads group h // group size); the copies must be equal."""
+    if k.shape[1] == n_kv:
+        return k
+    g = k.shape[1] // n_kv
+    one = k[:, ::g]
+    if k.shape[1] % n_kv or not torch.equal(one.repeat_interleave(g, dim=1), k):
+        raise cannot(f"layer {L} rotates {k.shape[1]} keys that are not {n_kv} KV heads repeated")
+    return one
+
+
+def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequence[int], needs: frozenset[str],
+            on_layer: Callable[[int, dict[str, Tensor]], object], *, padded: bool) -> None:
+    """Run the plain HF model on one batch and hand each of ``layers`` its ``needs`` to ``on_layer(layer, tensors)``.
+
+    Tensors are ``[batch, pos, head, d]`` (keys: KV heads) and the pattern ``[batch, head, q, k]``. Pre-RoPE q
+    and k are what the family's ``apply_rotary_pos_emb`` receives (a partial-rotary slice completed by the
+    dims that pass unrotated); post-RoPE q and k and the pattern are what its ``eager_attention_forward``
+    receives and returns, else the rotation's output and the attention module's returned probabilities.
+    The forward stops after the last layer. A family this cannot read raises UnsupportedModelError.
+    """
+    from ropelens.fastpath import hf_view
+
+    hf = hf_view(model)
+    arch = type(hf).__name__
+
+    def cannot(why: str) -> UnsupportedModelError:
+        return UnsupportedModelError(refusal(model.cfg, f"its queries and keys cannot be read from the HF forward ({why})"))
+
+    mod = importlib.import_module(type(hf).__module__)
+    rot_fn = getattr(mod, "apply_rotary_pos_emb", None)
+    att_fn = getattr(mod, "eager_attention_forward", None)
+    if rot_fn is None or list(inspect.signature(rot_fn).parameters)[:2] != ["q", "k"]:
+        raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) to tap")
+    attns = attention_modules(hf)
+    wanted, last = set(layers), max(layers)
+    current: list[int | None] = [None]
+    got: dict[int, dict[str, tuple]] = {}
+    done: set[int] = set()
+
+    def rot_tap(q, k, *args, **kwargs):
+        out = rot_fn(q, k, *args, **kwargs)
+        L = current[0]
+        if L in wanted and "rot" not in got.setdefault(L, {}):  # the first rotation of the layer
+            got[L]["rot"] = (q, k, *out)
+        return out
+
+    def att_tap(module, query, key, value, attention_mask, *args, **kwargs):
+        out = att_fn(module, query, key, value, attention_mask, *args, **kwargs)
+        L = current[0]
+        if L in wanted and "att" not in got.setdefault(L, {}):
+            got[L]["att"] = (query, key, out[1])
+        return out
+
+    def enter(i: int) -> Callable[..., None]:
+        return lambda _m, _a: current.__setitem__(0, i)
+
+    def leave(i: int) -> Callable[..., None]:
+        def hook(_m, _a, output) -> None:
+            current[0] = None
+            if i in wanted:
+                on_layer(i, _assemble(spec[i], got.pop(i, {}), output, needs, cannot))
+                done.add(i)
+            if i == last:
+                raise _Stop
+
+        return hook
+
+    handles = []
+    for i, a in enumerate(attns[: last + 1]):
+        if a is not None:
+            handles += [a.register_forward_pre_hook(enter(i)), a.register_forward_hook(leave(i))]
+    mod.apply_rotary_pos_emb = rot_tap
+    if att_fn is not None:
+        mod.eager_attention_forward = att_tap
+    try:
+        with _attention_implementation(hf, "eager"), torch.no_grad():
+            hf(input_ids=tokens, attention_mask=valid.long() if padded else None, use_cache=False,
+               output_attentions=att_fn is None and "pattern" in needs)
+    except _Stop:
+        pass
+    finally:
+        mod.apply_rotary_pos_emb = rot_fn
+        if att_fn is not None:
+            mod.eager_attention_forward = att_fn
+        for h in handles:
+            h.remove()
+    missing = sorted(wanted - done)
+    if missing:
+        raise cannot(f"layers {missing} ran no attention module ropelens could find")
+
+
+def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
+              cannot: Callable[[str], Exception]) -> dict[str, Tensor]:
+    """One layer's tensors from what its rotation and attention function saw (see :func:`capture`)."""
+    L = lr.layer
+    if "rot" not in rec:
+        raise cannot(f"layer {L} never called apply_rotary_pos_emb")
+    q, k, q_rot, k_rot = rec["rot"]
+    att = rec.get("att")
+    q_post, k_post = (att[0], att[1]) if att is not None else (q_rot, k_rot)
+    k, k_rot, k_post = (_one_per_kv_head(t, lr.n_kv_heads, cannot, L) for t in (k, k_rot, k_post))
+    want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
+    if (q_post.ndim, k_post.ndim) != (4, 4) or (q_post.shape[1], q_post.shape[-1]) != want_q \
+            or (k_post.shape[1], k_post.shape[-1]) != want_k:
+        raise cannot(f"layer {L}'s q {tuple(q_post.shape)} and k {tuple(k_post.shape)} are not [batch, heads, pos, "
+                     f"{lr.head_dim}] with {lr.n_heads} and {lr.n_kv_heads} heads")
+    w = q.shape[-1]
+    if w < lr.head_dim:  # partial rotary: the dims after the rotated slice pass unrotated, so pre = post there
+        q, k = torch.cat([q, q_post[..., w:]], -1), torch.cat([k, k_post[..., w:]], -1)
+    out = {"q_pre": q, "k_pre": k, "q_post": q_post, "k_post": k_post}
+    tensors = {n: t.detach().transpose(1, 2) for n, t in out.items() if n in needs}
+    if "pattern" in needs:
+        pattern = att[2] if att is not None else (output[1] if isinstance(output, tuple) and len(output) > 1 else None)
+        if not isinstance(pattern, Tensor):
+            raise cannot(f"layer {L} returns no attention probabilities")
+        tensors["pattern"] = pattern.detach()
+    return tensors

@@ -1,0 +1,158 @@
+"""The plain HF model (no TransformerLens bridge): the bridge's numbers, HF's own numbers, one-line refusals.
+
+A Llama loaded both ways must give the same spec, usage and band statistics; families TransformerLens
+cannot wrap load as a :class:`ropelens.plain.PlainModel` and match HF's dense reference
+(``test_families.py`` runs the full matrix on them); everything that needs the bridge's hooks is
+refused in one line naming the architecture.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import ropelens
+from ropelens import Bands
+from ropelens.capture import capture_qk
+from ropelens.errors import UnsupportedModelError
+from ropelens.plain import BridgeOnlyError, PlainModel, is_plain
+from ropelens.reading import rope_spec
+from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir
+from ropelens.verify import verify_model
+
+PLAIN = [f for f, fam in FAMILIES.items() if not fam.bridge and fam.refused is None]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    @functools.cache
+    def make(name: str):
+        return family_model_dir(name, tmp_path_factory.mktemp(name) / name)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def llama_both(model_dir):
+    """The family matrix's Llama loaded through the bridge and as the plain HF model, from one directory."""
+    path = model_dir("llama")
+    return ropelens.load_model(path, device="cpu"), ropelens.load_model(path, device="cpu", bridge=False)
+
+
+def _tokens(seed: int = 1) -> torch.Tensor:
+    toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(seed))
+    toks[:, 0] = 1
+    return toks
+
+
+def test_plain_llama_reads_and_measures_as_the_bridge(llama_both):
+    """Same spec, logits, frequency usage and band statistics through the bridge and on the plain HF model."""
+    bridge, plain = llama_both
+    assert not is_plain(bridge) and is_plain(plain)
+    assert plain.cfg.model_name == bridge.cfg.model_name and plain.cfg.model_path == bridge.cfg.model_path
+    assert rope_spec(plain).to_json() == rope_spec(bridge).to_json()
+    assert verify_model(plain).passed
+    toks = _tokens()
+    # float32 forwards of the same weights (sdpa on the plain model, eager in the bridge): ~1e-6 apart
+    torch.testing.assert_close(plain(toks), bridge(toks), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(plain.to_tokens("The cat sat."), bridge.to_tokens("The cat sat."))
+    u_p = ropelens.frequency_usage(plain, toks, progress=False, n_sink=0)
+    u_b = ropelens.frequency_usage(bridge, toks, progress=False, n_sink=0)
+    # both read q and k from the same HF forward (the fast path): float64 sums of the same float32 numbers
+    torch.testing.assert_close(u_p.q_norm, u_b.q_norm, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(u_p.k_norm, u_b.k_norm, rtol=1e-6, atol=1e-7)
+    s_p = ropelens.band_statistics(plain, toks, bands=Bands.quantiles(2), progress=False).to_frame()
+    s_b = ropelens.band_statistics(bridge, toks, bands=Bands.quantiles(2), progress=False).to_frame()
+    num = [c for c in s_b.columns if s_b[c].dtype.kind == "f"]
+    assert num and s_p[num].to_numpy().shape == s_b[num].to_numpy().shape
+    # float32 scores summed in float64: equal to ~1e-6 relative
+    torch.testing.assert_close(torch.tensor(s_p[num].to_numpy()), torch.tensor(s_b[num].to_numpy()),
+                               rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_plain_patterns_are_the_bridges(llama_both):
+    """decompose_attention (q, k and the pattern, from the plain forward's attention function) equals the bridge's."""
+    bridge, plain = llama_both
+    toks = _tokens(2)[:1]
+    d_p, d_b = (ropelens.decompose_attention(m, toks, bands=Bands.quantiles(2)) for m in (plain, bridge))
+    for L in rope_spec(bridge).rotary_layers:
+        ok = torch.isfinite(d_b.logits(L))
+        torch.testing.assert_close(d_p.logits(L)[ok], d_b.logits(L)[ok], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(d_p.pattern(L), d_b.pattern(L), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", PLAIN)
+def test_families_without_an_adapter_load_as_the_plain_model(family, model_dir):
+    """TransformerLens cannot wrap them: load_model returns the plain HF model, which passes the probe."""
+    model = ropelens.load_model(model_dir(family), device="cpu")
+    assert isinstance(model, PlainModel)
+    assert verify_model(model).passed
+    assert not hasattr(model, "blocks") and not hasattr(model, "hook_dict")
+
+
+def test_falcon_keys_are_its_kv_heads(model_dir):
+    """Falcon broadcasts each group's key to its query heads; ropelens keeps one key per KV head, and query head h
+    reads group h // group size, as HF's own broadcast does."""
+    model = ropelens.load_model(model_dir("falcon"), device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(model_dir("falcon"), attn_implementation="eager").eval()
+    mod = importlib.import_module(type(hf).__module__)
+    orig, seen = mod.apply_rotary_pos_emb, []
+
+    def keep(q, k, *a, **kw):
+        out = orig(q, k, *a, **kw)
+        seen.append(out[1])
+        return out
+
+    mod.apply_rotary_pos_emb = keep
+    toks = _tokens(3)[:1]
+    try:
+        with torch.no_grad():
+            hf(toks)
+    finally:
+        mod.apply_rotary_pos_emb = orig
+    spec = rope_spec(model)
+    assert {lr.n_kv_heads for lr in spec.layers} == {2} and {lr.group_size for lr in spec.layers} == {2}
+    acts = capture_qk(model, toks, which=("k_post",), fast=False)
+    for L, theirs in enumerate(seen):  # [b, 4 heads, pos, d]: heads 0, 1 hold group 0's key, 2, 3 group 1's
+        ours = acts[L]["k_post"].transpose(1, 2)  # [b, 2 KV heads, pos, d]
+        torch.testing.assert_close(ours.repeat_interleave(2, dim=1), theirs, rtol=0, atol=0)
+
+
+def _one_line(err: pytest.ExceptionInfo, arch: str) -> str:
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{arch}: "), msg
+    assert "TransformerLens" in msg and "What works" in msg
+    return msg
+
+
+def test_what_needs_the_bridge_is_refused_in_one_line(model_dir, llama_both, tmp_path):
+    """Variants, plane ablations and the report need the bridge's hooks: one line naming the architecture."""
+    from ropelens.intervene import ablate_planes, apply_rope_variant
+    from ropelens.report.build import build_report
+    from ropelens.variants import PRoPE
+
+    model = ropelens.load_model(model_dir("ministral"), device="cpu")
+    with pytest.raises(BridgeOnlyError) as err, apply_rope_variant(model, PRoPE(0.5)):
+        pass
+    assert "no adapter" in _one_line(err, "MinistralForCausalLM")
+    with pytest.raises(UnsupportedModelError) as err, ablate_planes(model, [0]):
+        pass
+    _one_line(err, "MinistralForCausalLM")
+    assert not getattr(model, "_ropelens_interventions", 0)  # a refused intervention leaves no mark behind
+    with pytest.raises(UnsupportedModelError) as err:
+        build_report(llama_both[1], out=tmp_path / "report", progress=False)
+    assert "bridge=False" in _one_line(err, "LlamaForCausalLM")
+
+
+def test_refusals_name_what_cannot_be_measured(model_dir):
+    """DiffLlama (two softmax maps subtracted) and MiniCPM3 (latent attention) are refused by rope_spec."""
+    for family, why in (("diffllama", "differential attention"), ("minicpm3", "multi-head latent attention")):
+        model = ropelens.load_model(model_dir(family), device="cpu")
+        with pytest.raises(UnsupportedModelError, match=why):
+            rope_spec(model)
+        with pytest.raises(UnsupportedModelError, match=why):
+            ropelens.frequency_usage(model, _tokens(), progress=False)
