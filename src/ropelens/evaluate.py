@@ -25,7 +25,7 @@ from ropelens.models import device_of
 from ropelens.serialize import dump_json
 
 __all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "is_bridge", "loss_estimate",
-           "window_losses"]
+           "loss_path", "window_losses"]
 
 
 def _check_tokens(tokens: Any) -> Tensor:
@@ -47,26 +47,93 @@ def is_bridge(model: Any) -> bool:
     return hasattr(model, "original_model") and hasattr(model, "blocks")
 
 
-def _batch_losses(model: Any, batch: Int[Tensor, "b pos"]) -> Float[Tensor, " b"]:
-    """Mean next-token loss of each window of ``batch`` (bridge or plain HF causal LM)."""
-    if is_bridge(model):
-        per_token = model(batch, return_type="loss", loss_per_token=True)
-    else:
-        logits = model(input_ids=batch).logits
-        # float32 softmax: bf16 logits lose the last digits of the loss a CI is built from.
-        per_token = F.cross_entropy(
-            logits[:, :-1].float().transpose(1, 2), batch[:, 1:], reduction="none"
-        )
+_LOGIT_CHUNK = 1024  # positions whose logits exist at once: [chunk, vocab] instead of [n, vocab]
+
+
+def _head(hf: Any, hidden: Tensor) -> Tensor:
+    """The causal LM's logits of ``hidden`` (lm_head and the family's final logit transform)."""
+    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    logits = hf.lm_head(hidden)
+    if getattr(hf, "logit_scale", None) is not None:  # Cohere
+        logits = logits * hf.logit_scale
+    if getattr(cfg, "logits_scaling", None):  # Granite
+        logits = logits / cfg.logits_scaling
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if cap:  # Gemma 2/3
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def _chunked_head(hf: Any) -> bool:
+    """Whether :func:`_head` on the base model's hidden states gives the model's own logits (checked once on
+    8 tokens); where it does not, losses take the model's full logits."""
+    known = getattr(hf, "_ropelens_chunked_head", None)
+    if known is None:
+        toks = torch.arange(4, 12, device=device_of(hf))[None]
+        try:
+            hidden = hf.base_model(input_ids=toks, use_cache=False).last_hidden_state
+            known = torch.equal(_head(hf, hidden), hf(input_ids=toks, use_cache=False).logits)
+        except (AttributeError, TypeError):
+            known = False
+        object.__setattr__(hf, "_ropelens_chunked_head", known)
+    return known
+
+
+def _hf_losses(hf: Any, batch: Int[Tensor, "b pos"]) -> Float[Tensor, " b"]:
+    """Mean next-token loss of each window from an HF causal LM, with logits made a chunk of positions at a time."""
+    if not _chunked_head(hf):
+        return _losses_of(hf(input_ids=batch, use_cache=False).logits, batch)
+    hidden = hf.base_model(input_ids=batch, use_cache=False).last_hidden_state
+    total = torch.zeros(batch.shape[0], dtype=torch.float64, device=batch.device)
+    for s in range(0, batch.shape[1] - 1, _LOGIT_CHUNK):
+        e = min(s + _LOGIT_CHUNK, batch.shape[1] - 1)
+        per_token = F.cross_entropy(_head(hf, hidden[:, s:e]).float().transpose(1, 2), batch[:, s + 1 : e + 1],
+                                    reduction="none")
+        total += per_token.double().sum(-1)
+    return (total / (batch.shape[1] - 1)).float()
+
+
+def _losses_of(logits: Tensor, batch: Tensor) -> Tensor:
+    # float32 softmax: bf16 logits lose the last digits of the loss a CI is built from.
+    per_token = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), batch[:, 1:], reduction="none")
     return per_token.float().mean(dim=-1)
 
 
+def loss_path(model: Any, path: str = "auto") -> str:
+    """Which forward :func:`window_losses` runs: ``"sdpa"`` (the HF model with sdpa attention and every RoPE
+    variant and plane ablation in force, :func:`ropelens.sdpa.on_sdpa`), ``"bridge"`` or ``"hf"`` (a plain HF model).
+
+    ``"auto"`` takes sdpa for a bridge where :func:`ropelens.sdpa.sdpa_ready` holds, else the bridge (another
+    hook or intervention is in force, or the family rotates where the sdpa path cannot reach).
+    """
+    if path not in ("auto", "sdpa", "bridge"):
+        raise InputError(f"path must be 'auto', 'sdpa' or 'bridge', got {path!r}")
+    if not is_bridge(model):
+        return "hf"
+    if path == "auto":
+        from ropelens.sdpa import sdpa_ready
+
+        return "sdpa" if sdpa_ready(model) else "bridge"
+    return path
+
+
+def _batch_losses(model: Any, batch: Int[Tensor, "b pos"]) -> Float[Tensor, " b"]:
+    """Mean next-token loss of each window of ``batch`` (bridge or plain HF causal LM)."""
+    if not is_bridge(model):
+        return _losses_of(model(input_ids=batch).logits, batch)
+    return model(batch, return_type="loss", loss_per_token=True).float().mean(dim=-1)
+
+
 def window_losses(
-    model: Any, tokens: Int[Tensor, "n_windows n_ctx"], batch_size: int = 4, progress: bool = True
+    model: Any, tokens: Int[Tensor, "n_windows n_ctx"], batch_size: int = 4, progress: bool = True,
+    path: str = "auto",
 ) -> Float[Tensor, " n_windows"]:
     """Mean next-token loss (nats) of each window, without gradients, on CPU.
 
     ``model`` is a TransformerLens bridge (``ropelens.load_model``) or an HF causal LM; any RoPE
-    variant or ablation context active around the call applies.
+    variant or ablation context active around the call applies. ``path`` chooses the forward
+    (:func:`loss_path`): by default a bridge runs as its HF model with sdpa attention, the
+    interventions applied where it rotates, in memory linear in the length.
     """
     tokens = _check_tokens(tokens)
     if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
@@ -78,6 +145,14 @@ def window_losses(
 
         starts = tqdm(starts, desc="windows", unit="batch", leave=False)
     out = []
+    chosen = loss_path(model, path)
+    if chosen == "sdpa":
+        from ropelens.sdpa import on_sdpa
+
+        with torch.no_grad(), on_sdpa(model) as hf:
+            for s in starts:
+                out.append(_hf_losses(hf, tokens[s : s + batch_size].to(device)).cpu())
+        return torch.cat(out)
     with torch.no_grad():
         for s in starts:
             out.append(_batch_losses(model, tokens[s : s + batch_size].to(device)).cpu())
@@ -191,10 +266,11 @@ def loss_estimate(
     tokens: Int[Tensor, "n_windows n_ctx"],
     batch_size: int = 4,
     progress: bool = True,
+    path: str = "auto",
     **bootstrap: Any,
 ) -> tuple[LossEstimate, Float[Tensor, " n_windows"]]:
     """``bootstrap_ci(window_losses(model, tokens))`` and the per-window losses."""
-    losses = window_losses(model, tokens, batch_size=batch_size, progress=progress)
+    losses = window_losses(model, tokens, batch_size=batch_size, progress=progress, path=path)
     return bootstrap_ci(losses, **bootstrap), losses
 
 

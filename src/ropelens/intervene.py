@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ropelens.errors import InputError
@@ -25,10 +25,20 @@ from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
 from ropelens.reading import rope_spec
 from ropelens.rope import LayerRope, RopeSpec
+from ropelens.sdpa import (
+    AblationStep,
+    VariantStep,
+    model_tables,
+    on_sdpa,
+    planned,
+    sdpa_ready,
+    variant_tables,
+)
 from ropelens.validate import check_indices
 from ropelens.variants import RopeVariant
 
-__all__ = ["ablate_planes", "add_lens_hook", "apply_rope_variant", "is_identity", "spec_with_variant", "with_rope_variant"]
+__all__ = ["ablate_planes", "add_lens_hook", "apply_rope_variant", "is_identity", "on_sdpa", "sdpa_ready",
+           "spec_with_variant", "with_rope_variant"]
 
 # --------------------------------------------------------------------------------------------
 # running a model under a variant
@@ -78,27 +88,6 @@ def _attention_with_tables(model, layers: Sequence[int], what: str) -> list[torc
     return attns
 
 
-def _tables(
-    variant: RopeVariant,
-    layer: LayerRope,
-    position_ids: Int[Tensor, "batch pos"],
-    like: Tensor,
-    scale: float,
-    interleaved: bool,
-) -> tuple[Float[Tensor, "batch pos width"], Float[Tensor, "batch pos width"]]:
-    """cos and sin in the layout and dtype of ``like``, with the ops of HF's rotary forward."""
-    with torch.no_grad():
-        ang = variant.angles(layer, position_ids.to(like.device))
-        if like.shape[-1] == 2 * layer.n_planes:
-            ang = ang.repeat_interleave(2, dim=-1) if interleaved else torch.cat((ang, ang), dim=-1)
-        elif like.shape[-1] != layer.n_planes:
-            raise InputError(
-                f"layer {layer.layer}: the model's cos table is {like.shape[-1]} wide but the spec has "
-                f"{layer.n_planes} planes; the spec does not describe this model"
-            )
-        return (ang.cos() * scale).to(like.dtype), (ang.sin() * scale).to(like.dtype)
-
-
 def _swap_tables_hook(
     module: torch.nn.Module,  # noqa: ARG001 - torch's pre-hook signature
     args: tuple[Any, ...],
@@ -108,20 +97,31 @@ def _swap_tables_hook(
     layer: LayerRope,
     scale: float,
     interleaved: bool,
+    convention: dict[str, tuple[str, float, float]],
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Forward pre-hook: replace the (cos, sin) this attention layer receives with the variant's."""
+    """Forward pre-hook: replace the (cos, sin) this attention layer receives with the variant's.
+
+    The variant's tables take the layout and sign of the model's own (read once, from the first
+    input past position 0), so a model whose tables turn the other way (``direction`` −1) turns the
+    other way under the variant too.
+    """
     tables, position_ids = kwargs.get("position_embeddings"), kwargs.get("position_ids")
     if not isinstance(tables, tuple) or len(tables) != 2 or position_ids is None:
         raise RuntimeError(
             f"layer {layer.layer}: attention was called without (cos, sin) position_embeddings and "
             "position_ids keyword arguments, so the RoPE variant cannot be applied to this model"
         )
-    new = _tables(variant, layer, position_ids, tables[0], scale, interleaved)
+    if "read" not in convention:
+        got = model_tables(tables[0], tables[1], layer, position_ids)
+        if got is not None:
+            convention["read"] = got
+    layout, sign = convention.get("read", ("interleaved" if interleaved else "cat", 1.0, 0.0))[:2]
+    new = variant_tables(variant, layer, position_ids, tables[0], layout, sign, scale)
     return args, {**kwargs, "position_embeddings": new}
 
 
-def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[RopeSpec, list[Any]]:
-    """Register the per-layer table swap; returns the resulting spec and the hook handles."""
+def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[RopeSpec, list[Any], list[int]]:
+    """Register the per-layer table swap; returns the resulting spec, the hook handles and the layers."""
     _check_variant(variant)
     spec = rope_spec(model)  # NotRotaryError for models without RoPE
     chosen = spec.layer_indices(layers, layer_kind)
@@ -135,10 +135,11 @@ def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[R
         # The multiplier does not depend on the input, so it is computed once, not per forward.
         scale = new_spec[i].attention_scaling
         hook = functools.partial(
-            _swap_tables_hook, variant=variant, layer=spec[i], scale=scale, interleaved=interleaved
+            _swap_tables_hook, variant=variant, layer=spec[i], scale=scale, interleaved=interleaved,
+            convention={},
         )
         handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
-    return new_spec, handles
+    return new_spec, handles, chosen
 
 
 @contextlib.contextmanager
@@ -154,8 +155,9 @@ def apply_rope_variant(
     """
     handles: list[Any] = []
     try:
-        new_spec, handles = _install_variant(model, variant, layers, layer_kind)
-        with intervened(model):  # the fast q/k path would bypass the bridge hooks that apply the variant
+        new_spec, handles, chosen = _install_variant(model, variant, layers, layer_kind)
+        # the fast q/k path would bypass the bridge hooks; the sdpa forward reads the plan instead
+        with intervened(model), planned(model, VariantStep(variant, tuple(chosen), len(handles))):
             yield new_spec
     finally:
         for h in handles:
@@ -186,8 +188,9 @@ def with_rope_variant(
     _check_variant(variant)
     chosen = rope_spec(model).layer_indices(layers, layer_kind)  # fail before copying
     out = copy.deepcopy(model)
-    _install_variant(out, variant, chosen, None)
-    intervened(out).__enter__()  # for good: the copy always runs the variant through the bridge
+    _, handles, _ = _install_variant(out, variant, chosen, None)
+    intervened(out).__enter__()  # for good: the copy always runs the variant (bridge hooks, sdpa plan)
+    planned(out, VariantStep(variant, tuple(chosen), len(handles))).__enter__()
     out.ropelens_rope_variant = {"variant": variant.to_dict(), "layers": chosen}
     return out
 
@@ -254,14 +257,17 @@ def ablate_planes(
     plane_list = check_indices(planes, "plane")
     _attention_with_tables(model, chosen, "ablate_planes")  # the post-RoPE hooks fire there
     removers: list[Callable[[], None]] = []
+    step_masks: dict[int, tuple[Tensor | None, Tensor | None]] = {}
     try:
         for i in chosen:
             lr = spec[i]
             check_indices(plane_list, "plane", lr.n_planes, f"layer {i}")
             head_set = None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
             names = attn_hooks(model, i)
+            qk = []
             for which, n, per_kv in (("q", lr.n_heads, False), ("k", lr.n_kv_heads, True)):
                 mask = _head_mask(lr, plane_list, head_set, n, per_kv)
+                qk.append(mask)
                 if mask is None:
                     continue
                 # Rotation maps a zero plane to zero, so where no post-RoPE hook fires (Phi-3, GPT-NeoX)
@@ -270,7 +276,9 @@ def ablate_planes(
                 first = names.post(which) is None and names.pre_heads_first
                 fn = functools.partial(_zero_hook, mask=mask, heads_first=first)
                 removers.append(add_lens_hook(model.hook_dict[name], fn))
-        with intervened(model):  # the fast q/k path would bypass the ablation hooks
+            step_masks[i] = (qk[0], qk[1])
+        # the fast q/k path would bypass the ablation hooks; the sdpa forward reads the plan instead
+        with intervened(model), planned(model, AblationStep(step_masks, len(removers))):
             yield
     finally:
         for remove in removers:

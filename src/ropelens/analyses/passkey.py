@@ -7,14 +7,16 @@ more filler, and "What is the pass key? The pass key is". The filler is as long 
 token length. The model continues greedily for a few tokens and is right when the first integer of
 its answer is the passkey (the harness's rule).
 
-Decoding runs on the bridge (so a RoPE variant applied through ``apply_rope_variant``, or any other
-hook intervention, is in force): the prompt is prefilled in chunks into the HF key/value cache, then
-one token at a time. Variants whose rotation depends on the input's length (dynamic NTK, LongRoPE)
+Decoding runs on the HF model the bridge wraps with sdpa attention, with any RoPE variant
+(``apply_rope_variant``) or plane ablation (``ablate_planes``) in force applied where it rotates
+(:func:`ropelens.sdpa.on_sdpa`); under any other hook intervention it runs on the bridge. The prompt
+is prefilled in chunks into the HF key/value cache, then decoded one token at a time. Variants whose rotation depends on the input's length (dynamic NTK, LongRoPE)
 decode with full forwards instead, so every step sees the whole sequence at its own length.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -202,15 +204,21 @@ def greedy_continuation(
     prefill_chunk: int | None = 256,
     cache: bool = True,
     stop_after_number: bool = True,
+    path: str = "auto",
 ) -> list[int]:
     """Greedy (argmax) continuation of ``tokens`` for up to ``max_new_tokens`` tokens.
 
     On a bridge with ``cache`` the prompt is prefilled in chunks of ``prefill_chunk`` tokens (None:
     one forward) into HF's key/value cache and then decoded a token at a time; otherwise (or for any
     other model: an HF causal LM, or a callable taking ``input_ids`` and returning logits) every step
-    is a full forward. Stops early at EOS and, with ``stop_after_number``, once a whole number has
-    been written.
+    is a full forward. ``path`` (:func:`ropelens.evaluate.loss_path`): by default a bridge decodes as
+    its HF model with sdpa attention, every RoPE variant and plane ablation in force applied where it
+    rotates (:func:`ropelens.sdpa.on_sdpa`), so long prompts need memory linear in their length; the
+    bridge where that cannot be. Stops early at EOS and, with ``stop_after_number``, once a whole
+    number has been written.
     """
+    from ropelens.evaluate import loss_path
+
     max_new_tokens = check_number(max_new_tokens, "max_new_tokens", at_least=1, integer=True)
     if prefill_chunk is not None:
         prefill_chunk = check_number(prefill_chunk, "prefill_chunk", at_least=1, integer=True,
@@ -221,29 +229,51 @@ def greedy_continuation(
     eos = getattr(tok, "eos_token_id", None)
     seq = tokens.long().to(device_of(model))[None]
     out: list[int] = []
-    use_cache = cache and is_bridge(model)
-    with torch.no_grad():
-        if use_cache:
-            kv, step = None, prefill_chunk or seq.shape[1]
-            for s in range(0, seq.shape[1], step):
-                logits, kv = model(seq[:, s : s + step], return_type="logits_and_cache", past_key_values=kv,
-                                   logits_to_keep=1)
-        else:
-            logits = _last_logits(model, seq)[None, None]
+    chosen = loss_path(model, path)
+    use_cache = cache and chosen != "hf"
+    if chosen == "sdpa":
+        from ropelens.sdpa import on_sdpa
+
+        runner = on_sdpa(model)
+    else:
+        runner = contextlib.nullcontext(model)
+    with torch.no_grad(), runner as run:
+        step = _stepper(run, chosen, use_cache, prefill_chunk)
+        logits = step(seq, seq)
         for i in range(max_new_tokens):
-            nxt = int(logits[0, -1].argmax())
+            nxt = int(logits.argmax())
             out.append(nxt)
             if nxt == eos or i == max_new_tokens - 1:
                 break
             if stop_after_number and tok is not None and _DONE.search(tok.decode(out)):
                 break
             new = torch.tensor([[nxt]], device=seq.device)
-            if use_cache:
-                logits, kv = model(new, return_type="logits_and_cache", past_key_values=kv, logits_to_keep=1)
-            else:
-                seq = torch.cat([seq, new], dim=1)
-                logits = _last_logits(model, seq)[None, None]
+            seq = torch.cat([seq, new], dim=1)
+            logits = step(new, seq)
     return out
+
+
+def _stepper(run: Any, path: str, cache: bool, chunk: int | None):
+    """``step(new, seq)``: the logits after ``seq``, whose last tokens ``new`` the model has not seen yet."""
+    kv: list[Any] = [None]
+
+    def cached(new: Tensor, _seq: Tensor) -> Tensor:
+        logits = None
+        for s in range(0, new.shape[1], chunk or new.shape[1]):
+            part = new[:, s : s + (chunk or new.shape[1])]
+            if path == "sdpa":
+                res = run(input_ids=part, past_key_values=kv[0], use_cache=True, logits_to_keep=1)
+                logits, kv[0] = res.logits, res.past_key_values
+            else:
+                logits, kv[0] = run(part, return_type="logits_and_cache", past_key_values=kv[0], logits_to_keep=1)
+        return logits[0, -1]
+
+    def full(_new: Tensor, seq: Tensor) -> Tensor:
+        if path == "sdpa":
+            return run(input_ids=seq, use_cache=False, logits_to_keep=1).logits[0, -1]
+        return _last_logits(run, seq)
+
+    return cached if cache else full
 
 
 # --------------------------------------------------------------------------------------------
@@ -404,6 +434,7 @@ def passkey_retrieval(
     prefill_chunk: int | None = 256,
     note: str | None = None,
     progress: bool = True,
+    path: str = "auto",
 ) -> PasskeyResult:
     """Passkey retrieval accuracy at every (depth, length), ``n_trials`` passkeys per cell.
 
@@ -411,7 +442,8 @@ def passkey_retrieval(
     fractions of the filler before the passkey. Trial t uses :func:`make_passkey` ``(seed, t)`` at
     every cell. ``variant`` runs the model under that RoPE variant (``apply_rope_variant``) for the
     whole run; other interventions (``ropelens.analyses.massive.replace_massive``, ``ablate_planes``) can be
-    applied around the call, and ``note`` records them in the provenance.
+    applied around the call, and ``note`` records them in the provenance. ``path`` is
+    :func:`greedy_continuation`'s (the HF sdpa forward by default, the bridge where it cannot be).
     """
     from ropelens.reading import model_label
 
@@ -436,18 +468,22 @@ def passkey_retrieval(
         for L, d, t in tqdm(grid, desc="passkey", disable=not progress, unit="prompt"):
             p = passkey_prompt(model.tokenizer, L, d, make_passkey(seed, t))
             ids = greedy_continuation(model, p.tokens, max_new_tokens, cache=not exact,
-                                      prefill_chunk=None if exact else prefill_chunk)
+                                      prefill_chunk=None if exact else prefill_chunk, path=path)
             response = model.tokenizer.decode(ids)
             answer, ok = score_answer(response, p.passkey)
             trials.append(PasskeyTrial(length=L, depth=d, trial=t, passkey=p.passkey, n_tokens=p.n_tokens,
                                        token_depth=p.token_depth, response=response, answer=answer, correct=ok))
 
+    from ropelens.evaluate import loss_path
+
     if variant is None:
+        forward = loss_path(model, path)
         run()
     else:
         from ropelens.intervene import apply_rope_variant
 
         with apply_rope_variant(model, variant):
+            forward = loss_path(model, path)
             run()
     prov = Provenance(
         model=model_label(model) if is_bridge(model) else type(model).__name__, corpus="passkey filler",
@@ -456,7 +492,7 @@ def passkey_retrieval(
                 "variant": None if variant is None else variant.to_dict(),
                 "variant_name": None if variant is None else variant.name,
                 "max_new_tokens": max_new_tokens, "prefill_chunk": None if exact else prefill_chunk,
-                "cached_decoding": not exact and is_bridge(model), "note": note,
+                "cached_decoding": not exact and is_bridge(model), "forward": forward, "note": note,
                 "filler": FILLER, "question": QUESTION},
         seconds=time.perf_counter() - t0,
     )

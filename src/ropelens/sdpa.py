@@ -1,0 +1,301 @@
+"""RoPE variants and plane ablations on the HF model's own forward, with its sdpa attention.
+
+The bridge applies :func:`ropelens.intervene.apply_rope_variant` and
+:func:`ropelens.intervene.ablate_planes` through hooks on its eager attention, which builds
+``[batch, heads, n, n]`` scores. Each of those contexts also records what it does on the model (a
+*plan*). :func:`on_sdpa` runs the HF model the bridge wraps (:func:`ropelens.fastpath.hf_view`,
+weights shared) with sdpa attention and applies the plan where the model rotates, at its family's
+``apply_rotary_pos_emb``: the variant's (cos, sin) for the positions the model is at (key/value
+cache included) replace the model's own, and ablated planes of the rotated q and k are zeroed.
+Memory stays linear in the length. Tables keep the layout and the sign convention of the model's
+own tables, so a model that turns the other way (``LayerRope.direction`` −1) turns the other way
+under a variant too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ropelens.errors import UnsupportedModelError
+from ropelens.fastpath import hf_view, sdpa_attention
+from ropelens.rope import LayerRope, RopeSpec
+from ropelens.variants import RopeVariant
+
+__all__ = ["AblationStep", "VariantStep", "active_plan", "model_tables", "on_sdpa", "planned", "sdpa_ready",
+           "variant_tables"]
+
+_PLAN = "_ropelens_sdpa_plan"
+_READY = "_ropelens_sdpa_ready"
+_MARK = "_ropelens_interventions"  # ropelens.fastpath.intervened's counter
+_PROBE = 8  # tokens of the forward that checks a model can take this path
+_DECIDE = 4  # positive positions the table convention is read from
+
+
+@dataclass(frozen=True, eq=False)
+class VariantStep:
+    """A RoPE variant in ``layers``, applied on the bridge with ``n_hooks`` hooks."""
+
+    variant: RopeVariant
+    layers: tuple[int, ...]
+    n_hooks: int
+
+
+@dataclass(frozen=True, eq=False)
+class AblationStep:
+    """Zeroed ``[head, d_head]`` entries of the rotated q and k per layer (None: none), ``n_hooks`` bridge hooks."""
+
+    masks: dict[int, tuple[Tensor | None, Tensor | None]]
+    n_hooks: int
+
+
+@contextlib.contextmanager
+def planned(model, step: VariantStep | AblationStep) -> Iterator[None]:
+    """Record ``step`` in the model's plan while the block runs."""
+    object.__setattr__(model, _PLAN, (*active_plan(model), step))
+    try:
+        yield
+    finally:
+        object.__setattr__(model, _PLAN, tuple(s for s in active_plan(model) if s is not step))
+
+
+def active_plan(model) -> tuple[VariantStep | AblationStep, ...]:
+    """The variants and ablations in force on ``model``, outermost first."""
+    return getattr(model, _PLAN, ())
+
+
+# --------------------------------------------------------------------------------------------
+# tables
+# --------------------------------------------------------------------------------------------
+def _lay(x: Tensor, width: int, n: int, layout: str) -> Tensor:
+    if width == n:
+        return x
+    return x.repeat_interleave(2, dim=-1) if layout == "interleaved" else torch.cat((x, x), dim=-1)
+
+
+def model_tables(cos: Tensor, sin: Tensor, layer: LayerRope, position_ids: Tensor) -> tuple[str, float, float] | None:
+    """How the model's own (cos, sin) for ``layer`` are laid out: ``(layout, sign, error)``.
+
+    ``layout`` is ``"cat"`` (each frequency once per half, ``rotate_half``) or ``"interleaved"``
+    (each twice in a row); ``sign`` is −1 where the model's sin is −sin(m·θ) (its tables turn the
+    other way); ``error`` is the largest difference between the model's tables and the spec's
+    rotation in that convention. Read at the first few positive positions of the first row; None
+    when the input holds only position 0, where every convention gives the same tables.
+    """
+    pos = position_ids.reshape(-1, position_ids.shape[-1])[0]
+    at = torch.nonzero(pos > 0).flatten()[:_DECIDE]
+    if not at.numel():
+        return None
+    c = cos.reshape(-1, *cos.shape[-2:])[0, at].float()
+    s = sin.reshape(-1, *sin.shape[-2:])[0, at].float()
+    ang = pos[at].float()[:, None] * layer.inv_freq.to(pos.device)
+    best = None
+    for layout in ("cat", "interleaved"):
+        want_c = _lay(ang.cos() * layer.attention_scaling, c.shape[-1], layer.n_planes, layout)
+        want_s = _lay(ang.sin() * layer.attention_scaling, c.shape[-1], layer.n_planes, layout)
+        if want_c.shape != c.shape:
+            return None
+        for sign in (1.0, -1.0):
+            err = float(torch.maximum((c - want_c).abs().max(), (s - sign * want_s).abs().max()))
+            if best is None or err < best[2]:
+                best = (layout, sign, err)
+    return best
+
+
+def variant_tables(variant: RopeVariant, layer: LayerRope, position_ids: Tensor, like: Tensor, layout: str,
+                   sign: float, scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """The variant's (cos, sin) for ``layer`` at ``position_ids``, in the layout, sign and dtype of the model's
+    table ``like``, with the ops of HF's rotary forward (so an identity variant gives the model's tables to the bit)."""
+    with torch.no_grad():
+        ang = _lay(variant.angles(layer, position_ids.to(like.device)), like.shape[-1], layer.n_planes, layout)
+        if ang.shape[-1] != like.shape[-1]:
+            raise UnsupportedModelError(
+                f"layer {layer.layer}: the model's cos table is {like.shape[-1]} wide but the spec has "
+                f"{layer.n_planes} planes; the spec does not describe this model")
+        scale = variant.attention_scaling(layer) if scale is None else scale
+        cos, sin = ang.cos() * scale, ang.sin() * scale
+        return cos.to(like.dtype), (sin if sign > 0 else -sin).to(like.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# the tap
+# --------------------------------------------------------------------------------------------
+def _decoder_layers(hf) -> torch.nn.ModuleList | None:
+    layers = getattr(getattr(hf, "base_model", None), "layers", None)
+    return layers if isinstance(layers, torch.nn.ModuleList) else None
+
+
+def _rope_function(hf):
+    """The family's modeling module and its ``apply_rotary_pos_emb(q, k, cos, sin, ...)``, or (module, None)."""
+    mod = importlib.import_module(type(hf).__module__)
+    orig = getattr(mod, "apply_rotary_pos_emb", None)
+    if orig is None or list(inspect.signature(orig).parameters)[:4] != ["q", "k", "cos", "sin"]:
+        return mod, None
+    return mod, orig
+
+
+def _group_key(lr: LayerRope) -> tuple:
+    """Layers with equal keys get equal tables from any variant."""
+    return (lr.rotary_dim, lr.pairing, lr.attention_scaling, lr.base, lr.n_ctx, lr.kind, lr.window,
+            tuple(lr.inv_freq.tolist()), tuple(sorted(map(str, lr.rope_parameters.items()))))
+
+
+@contextlib.contextmanager
+def _tapped(hf, spec: RopeSpec, plan: tuple, seen: list | None = None) -> Iterator[None]:
+    """Apply ``plan`` inside ``hf``'s forward; with ``seen``, record (layer, q, k, cos, sin, position_ids) per call."""
+    mod, orig = _rope_function(hf)
+    blocks = _decoder_layers(hf)
+    if orig is None or blocks is None or len(blocks) != spec.n_layers:
+        raise UnsupportedModelError(f"{type(hf).__name__} rotates outside a (q, k, cos, sin) apply_rotary_pos_emb "
+                                    "in its decoder layers: run the bridge path (path='bridge')")
+    variant_of: dict[int, RopeVariant] = {}
+    masks: dict[int, list[tuple[Tensor | None, Tensor | None]]] = {}
+    for step in plan:
+        if isinstance(step, VariantStep):
+            variant_of.update(dict.fromkeys(step.layers, step.variant))  # the innermost variant wins, as on the bridge
+        else:
+            for L, qk in step.masks.items():
+                masks.setdefault(L, []).append(qk)
+    groups = {L: _group_key(spec[L]) for L in variant_of}
+    state: dict[str, Any] = {"layer": -1, "pos": None, "tables": {}, "conv": {}}
+
+    def enter(i: int):
+        def pre(*_: object) -> None:
+            state["layer"] = i
+        return pre
+
+    def positions(_module, args, kwargs) -> None:
+        pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        state["pos"], state["tables"] = pos, {}
+
+    def tables(L: int, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        lr, pos, g = spec[L], state["pos"], groups[L]
+        if not isinstance(pos, Tensor) or pos.shape[-1] != cos.shape[-2]:
+            raise UnsupportedModelError(f"layer {L}: the rotary module's position ids do not match the tables it "
+                                        "made; run the bridge path (path='bridge')")
+        conv = state["conv"].get(g)
+        if conv is None:
+            conv = model_tables(cos, sin, lr, pos)
+            if conv is not None:
+                state["conv"][g] = conv
+        key = (g, id(variant_of[L]))
+        if key not in state["tables"]:
+            layout, sign = (conv[0], conv[1]) if conv is not None else ("cat", 1.0)
+            state["tables"][key] = variant_tables(variant_of[L], lr, pos, cos, layout, sign)
+        return state["tables"][key]
+
+    def tap(q, k, cos, sin, *args, **kwargs):
+        L = state["layer"]
+        lr = spec[L] if 0 <= L < spec.n_layers else None
+        if lr is None or not lr.rotary or q.ndim != 4 or q.shape[1] != lr.n_heads or k.shape[1] != lr.n_kv_heads \
+                or q.shape[-1] != lr.head_dim or k.shape[-1] != lr.head_dim:
+            raise UnsupportedModelError(f"{type(hf).__name__}: a rotation in layer {L} does not rotate whole heads as "
+                                        "the spec says; run the bridge path (path='bridge')")
+        if seen is not None:
+            seen.append((L, q, k, cos, sin, state["pos"]))
+        if L in variant_of:
+            cos, sin = tables(L, cos, sin)
+        q_rot, k_rot = orig(q, k, cos, sin, *args, **kwargs)
+        for qm, km in masks.get(L, ()):
+            if qm is not None:
+                q_rot = q_rot.masked_fill(qm.to(q_rot.device)[:, None], 0)
+            if km is not None:
+                k_rot = k_rot.masked_fill(km.to(k_rot.device)[:, None], 0)
+        return q_rot, k_rot
+
+    rotaries = [m for m in hf.modules() if "rotary" in type(m).__name__.lower()]
+    handles = [b.register_forward_pre_hook(enter(i)) for i, b in enumerate(blocks)]
+    handles += [m.register_forward_pre_hook(positions, with_kwargs=True) for m in rotaries]
+    mod.apply_rotary_pos_emb = tap
+    try:
+        yield
+    finally:
+        mod.apply_rotary_pos_emb = orig
+        for h in handles:
+            h.remove()
+
+
+# --------------------------------------------------------------------------------------------
+# readiness and the public context
+# --------------------------------------------------------------------------------------------
+def _n_hooks(model) -> int:
+    """TransformerLens hooks on the bridge's hook points, and forward hooks on its attention layers
+    (where variants sit); the bridge's own internal hooks are elsewhere."""
+    unique = {id(h): h for h in model.hook_dict.values()}.values()  # aliases name one hook point twice
+    points = sum(len(getattr(h, "fwd_hooks", ())) + len(getattr(h, "bwd_hooks", ())) for h in unique)
+    attns = [getattr(b, "attn", None) for b in model.blocks]
+    return points + sum(len(a._forward_pre_hooks) + len(a._forward_hooks) for a in attns if a is not None)
+
+
+def _probe(model, spec: RopeSpec) -> str | None:
+    """Why ``model`` cannot take this path (None: it can): one short forward with the tap recording."""
+    hf = hf_view(model)
+    seen: list = []
+    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    toks = torch.arange(4, 4 + _PROBE).remainder(int(getattr(cfg, "vocab_size", 0) or 8))[None]
+    toks = toks.to(next(iter(hf.parameters())).device)
+    try:
+        with _tapped(hf, spec, (), seen), sdpa_attention(hf), torch.no_grad():
+            hf(input_ids=toks, use_cache=False)
+    except UnsupportedModelError as e:
+        return str(e)
+    if [c[0] for c in seen] != spec.rotary_layers:
+        return f"the rotations ran in layers {[c[0] for c in seen]}, the spec's rotary layers are {spec.rotary_layers}"
+    for L, _q, _k, cos, sin, pos in seen:
+        conv = model_tables(cos, sin, spec[L], pos)
+        # float32 tables of O(1) values: the model's own match the spec to ~1e-6; a wrong frequency is far off
+        if conv is None or conv[2] > 1e-4:
+            return f"layer {L}'s (cos, sin) tables are not the spec's rotation"
+    return None
+
+
+def sdpa_ready(model) -> bool:
+    """Whether ``model``'s forward, with every intervention in force, can run as the HF model with sdpa.
+
+    True for a bridge whose family rotates at a tappable ``apply_rotary_pos_emb`` (checked once on a
+    short forward, including that the model's own tables are the spec's rotation), when every active
+    intervention is a RoPE variant or a plane ablation and no other hook is on the bridge.
+    """
+    if not (hasattr(model, "original_model") and hasattr(model, "blocks")):
+        return False
+    plan = active_plan(model)
+    if getattr(model, _MARK, 0) != len(plan) or _n_hooks(model) != sum(s.n_hooks for s in plan):
+        return False
+    cached = getattr(model, _READY, None)
+    mod, orig = _rope_function(hf_view(model))
+    key = (id(orig), id(getattr(mod, "rotate_half", None)))
+    if cached is None or cached[0] != key:
+        from ropelens.reading import rope_spec
+
+        cached = (key, _probe(model, rope_spec(model)))
+        object.__setattr__(model, _READY, cached)
+    return cached[1] is None
+
+
+@contextlib.contextmanager
+def on_sdpa(model) -> Iterator[torch.nn.Module]:
+    """The HF causal LM under ``model`` running with sdpa attention and every RoPE variant and plane
+    ablation in force on ``model`` (``apply_rope_variant``, ``ablate_planes``) applied in its forward.
+
+    Call it as an HF model (``hf(input_ids=..., past_key_values=..., use_cache=True)``); generation
+    with its key/value cache rotates each new token at its own position. Raises
+    :class:`UnsupportedModelError` where :func:`sdpa_ready` is False (another hook or intervention is
+    in force, or the family rotates elsewhere): run the bridge then.
+    """
+    if not sdpa_ready(model):
+        why = getattr(model, _READY, (None, None))[1]
+        raise UnsupportedModelError(
+            f"this model cannot run its interventions on the HF sdpa forward ({why or 'a hook or intervention other than a RoPE variant or plane ablation is in force'}): "
+            "run it through the bridge")
+    from ropelens.reading import rope_spec
+
+    hf = hf_view(model)
+    with _tapped(hf, rope_spec(model), active_plan(model)), sdpa_attention(hf):
+        yield hf
