@@ -365,10 +365,10 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
     # One token repeated: every position has the same pre-RoPE query in the first rotary layer (and in
     # later ones unless something position-dependent, such as a sink, reaches them: those are skipped).
     same = torch.full((1, N_CHECK), 7)
-    acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_post"))
+    acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_rot"))
     res.pairing_err = 0.0
     for L in rotary:
-        lr, q, pre = spec[L], acts[L]["q_post"][0], acts[L]["q_pre"][0]  # [pos, head, d]
+        lr, q, pre = spec[L], acts[L]["q_rot"][0], acts[L]["q_pre"][0]  # [pos, head, d], before a norm after RoPE
         if rotary[0] != L and float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
