@@ -24,7 +24,7 @@ from ropelens.analyses import band_stats
 from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.heads import HeadScoresReducer
 from ropelens.capture import batches, capture_qk, stream
-from ropelens.errors import UnsupportedModelError
+from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.hooks import attn_hooks
 from ropelens.intervene import apply_rope_variant, spec_with_variant
 from ropelens.reading import rope_spec
@@ -42,6 +42,11 @@ from test_band_tiles import _hand_planes, assert_sums_match, dense_layer_sums, h
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None and fam.refused_at == "spec"]
+# q/k normalised after RoPE: an ablation of the rotated q/k is renormalised by the norm, so it does not remove
+# exactly that plane's term of the score; NanoChat's bridge runs the HF attention whole (no cos/sin hooks), so
+# interventions there are refused in one line
+NORM_AFTER_ROPE = ("hunyuan_v1_dense", "nanochat")
+NO_TABLES = ("nanochat",)
 
 
 def _available(name: str) -> bool:
@@ -146,7 +151,8 @@ def test_analyses_run_and_are_right(family, loaded):
 
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
 def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
-    """Under a variant the captured post-RoPE query turns by the variant's frequencies; exit restores."""
+    """Under a variant the captured rotated query (before a norm after RoPE) turns by the variant's frequencies;
+    exit restores."""
     model, spec = loaded(family)
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -155,8 +161,12 @@ def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
     lr0 = spec[L]
     variant = PRoPE(0.5) if lr0.n_planes >= 2 else BaseChange(1e3)
     same = torch.full((1, N_CHECK), 7)
+    if family in NO_TABLES:
+        with pytest.raises(InputError, match="needs attention that receives"), apply_rope_variant(model, variant):
+            pass
+        return
     with apply_rope_variant(model, variant):
-        q = capture_qk(model, same, layers=[L], which=("q_post",))[L]["q_post"][0]
+        q = capture_qk(model, same, layers=[L], which=("q_rot",))[L]["q_rot"][0]
     lr = spec_with_variant(spec, variant)[L]
     assert rotation_error(lr, q) < 1e-5
     with torch.no_grad():
@@ -230,7 +240,7 @@ def test_real_scaling_configs_read_as_hf_initialises_them(case):
         assert spec[L].attention_scaling == pytest.approx(float(factor), rel=1e-12)
 
 
-@pytest.mark.parametrize("family", [_param(f) for f in EXACT])
+@pytest.mark.parametrize("family", [_param(f) for f in EXACT if f not in NORM_AFTER_ROPE])
 def test_ablating_a_plane_removes_exactly_its_term(family, loaded):
     """In the first rotary layer, logits under ablate_planes([0]) = logits − plane 0's term, on every family."""
     from ropelens.intervene import ablate_planes
