@@ -32,7 +32,7 @@ _ATTENTION = "<attention function>"  # a tensor taken from the HF attention func
 
 @dataclass
 class LayerActs:
-    """One layer's tensors for one batch, all ``[batch, pos, head, d_head]`` (keys: KV heads)."""
+    """One layer's tensors for one batch, named as in :data:`NEEDS`, each ``[batch, pos, head, d_head]`` (keys: KV heads)."""
 
     layer: int
     rope: LayerRope

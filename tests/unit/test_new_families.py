@@ -231,3 +231,22 @@ def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, model_d
             # float32 norms of O(1) values averaged over 48 tokens: ~1e-7 relative; the rotated
             # (un-normed) q/k differ by O(1)
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_norm_after_rope_classifier_on_known_transforms():
+    """Same tensors: no norm; an RMS norm with a per-dim gain, or an L2 norm, in float32 or rounded to bf16: a norm;
+    a mean-subtracting layer norm or a mixing of dims: neither (left to the probe's q/k check to refuse)."""
+    from ropelens.reading import _norm_after_rope
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 6, 16, generator=g)  # [batch, head, pos, d]
+    gain = torch.rand(16, generator=g) * 1.5 + 0.25
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * gain
+    assert _norm_after_rope(x, x.clone()) is False
+    assert _norm_after_rope(x, rms) is True
+    assert _norm_after_rope(x, torch.nn.functional.normalize(x, dim=-1)) is True
+    assert _norm_after_rope(x.bfloat16().float(), (rms.bfloat16()).float()) is True  # bf16: 4e-3 relative rounding
+    centred = (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-6)
+    assert _norm_after_rope(x, centred) is None
+    assert _norm_after_rope(x, x.flip(-1)) is None
+    assert _norm_after_rope(x, x[..., :8]) is None
