@@ -250,3 +250,13 @@ def test_norm_after_rope_classifier_on_known_transforms():
     assert _norm_after_rope(x, centred) is None
     assert _norm_after_rope(x, x.flip(-1)) is None
     assert _norm_after_rope(x, x[..., :8]) is None
+
+
+def test_norm_after_rope_defaults_and_round_trips():
+    """Specs saved before the norm_after_rope field load as a layer without one; a set one survives a round trip."""
+    lr = _spec("nanochat")[0]
+    assert lr.norm_after_rope
+    d = lr.to_dict()
+    del d["norm_after_rope"]
+    assert LayerRope.from_dict(d).norm_after_rope is False
+    assert LayerRope.from_dict(lr.to_dict()).norm_after_rope is True
