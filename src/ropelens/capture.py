@@ -17,19 +17,22 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ropelens.errors import InputError
+from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.hooks import AttnHooks, attn_hooks, to_bphd
 from ropelens.models import device_of
 from ropelens.rope import LayerRope, RopeSpec
 
 __all__ = ["DeviceSums", "LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "sum_dtype"]
 
-NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post", "pattern"})
+# q_post/k_post: q and k where they enter the score; q_rot/k_rot: the rotation's own output (the same
+# tensors, unless the layer changes them after RoPE: LayerRope.norm_after_rope)
+NEEDS = frozenset({"q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post", "pattern"})
+_ATTENTION = "<attention function>"  # a tensor taken from the HF attention function's query/key, not a hook
 
 
 @dataclass
 class LayerActs:
-    """One layer's tensors for one batch, all ``[batch, pos, head, d_head]`` (keys: KV heads)."""
+    """One layer's tensors for one batch, named as in :data:`NEEDS`, each ``[batch, pos, head, d_head]`` (keys: KV heads)."""
 
     layer: int
     rope: LayerRope
@@ -165,15 +168,22 @@ def batches(
         yield tokens[i : i + batch_size]
 
 
-def _hook_plan(hooks: AttnHooks, needs: frozenset[str]) -> dict[str, str]:
-    """Map each needed tensor to the hook that provides it (post-RoPE falls back to pre + rotate)."""
+def _hook_plan(hooks: AttnHooks, needs: frozenset[str], rope: LayerRope) -> dict[str, str]:
+    """Map each needed tensor to the hook that provides it (the rotation's output falls back to pre + rotate;
+    the score q/k of a layer with a norm after RoPE come from their hook, else from the attention function)."""
     plan: dict[str, str] = {}
     for which in ("q", "k"):
         if f"{which}_pre" in needs:
             plan[f"{which}_pre"] = hooks.pre(which)
-        if f"{which}_post" in needs:
+        rotated = [f"{which}_rot"] + ([] if rope.norm_after_rope else [f"{which}_post"])
+        score = hooks.score(which) or (_ATTENTION if hooks.calls_attention_function else None)
+        if rope.norm_after_rope and score is None:  # a bridge that rebuilds attention without the norm: its own
+            rotated.append(f"{which}_post")  # scores are made of the rotated q/k (the probe's q/k check refuses it)
+        elif rope.norm_after_rope and f"{which}_post" in needs:
+            plan[f"{which}_post"] = score
+        for key in set(rotated) & needs:
             post = hooks.post(which)
-            plan[f"{which}_post"] = post if post is not None else hooks.pre(which)
+            plan[key] = post if post is not None else hooks.pre(which)
             if post is None and hooks.cos is not None:  # rotate with the tables the attention received
                 plan["cos"], plan["sin"] = hooks.cos, hooks.sin
     if "pattern" in needs:
@@ -194,7 +204,10 @@ class _Collector:
 
         # a plain HF model has no bridge hooks: stream taps its forward instead
         self.hooks = {} if is_plain(model) else {L: attn_hooks(model, L) for L in layers}
-        self.plans = {L: _hook_plan(h, self.needs) for L, h in self.hooks.items()}
+        self.plans = {L: _hook_plan(h, self.needs, spec.layers[L]) for L, h in self.hooks.items()}
+        self.attention = {id(model.blocks[L].attn.original_component): L for L, plan in self.plans.items()
+                          if _ATTENTION in plan.values()}
+        self.attention_modules = [model.blocks[L].attn.original_component for L in self.attention.values()]
         self.pending: dict[int, dict[str, Tensor]] = {}
         self.valid: Tensor | None = None
         self.padded: bool | None = None
@@ -205,10 +218,26 @@ class _Collector:
         for L, plan in self.plans.items():
             by_hook: dict[str, list[str]] = {}
             for key, name in plan.items():
-                by_hook.setdefault(name, []).append(key)
+                if name != _ATTENTION:
+                    by_hook.setdefault(name, []).append(key)
             for name, keys in by_hook.items():
                 out.append((name, self._hook_fn(L, tuple(keys))))
         return out
+
+    def attention_tap(self) -> contextlib.AbstractContextManager:
+        """Where a layer's score q/k come from the HF attention function (no bridge hook fires there): tap it."""
+        from ropelens.reading import attention_tap
+
+        if not self.attention:
+            return contextlib.nullcontext()
+
+        def on_call(module, query: Tensor, key: Tensor) -> None:
+            L = self.attention.get(id(module))
+            if L is not None:
+                self._receive(L, ("q_post",), query.detach())
+                self._receive(L, ("k_post",), key.detach())
+
+        return attention_tap(self.attention_modules, on_call)
 
     def _hook_fn(self, layer: int, keys: tuple[str, ...]):
         def fn(x: Tensor, hook) -> Tensor:  # noqa: ARG001
@@ -228,7 +257,7 @@ class _Collector:
             which, _ = key.split("_")
             name = self.plans[layer][key]
             n = rope.n_heads if which == "q" else rope.n_kv_heads
-            got[key] = to_bphd(x, h.pre_heads_first and name == h.pre(which) and x.ndim == 4, n)
+            got[key] = to_bphd(x, x.ndim == 4 and (name == _ATTENTION or h.heads_first(name)), n)
         if len(got) == len(self.plans[layer]):
             self._rotate_missing(layer)
             self._dispatch(layer)
@@ -237,18 +266,21 @@ class _Collector:
         """Post-RoPE q/k of a layer that fires no post-RoPE hook: its pre-RoPE tensors rotated with the
         (cos, sin) tables its attention received (so RoPE variants are seen), else with the spec's."""
         h, rope, got = self.hooks[layer], self.spec.layers[layer], self.pending[layer]
+        plan = self.plans[layer]
         cos, sin = got.pop("cos", None), got.pop("sin", None)
         for which in ("q", "k"):
-            key = f"{which}_post"
-            if key not in got or h.post(which) is not None:
+            keys = [k for k in (f"{which}_rot", f"{which}_post") if k in got and h.post(which) is None
+                    and plan[k] == h.pre(which)]
+            if not keys:
                 continue
-            t = got[key].transpose(1, 2)  # [b, head, pos, d]
+            t = got[keys[0]].transpose(1, 2)  # [b, head, pos, d]
             if cos is not None:
                 c, s = _plane_tables(cos, rope, self.interleaved), _plane_tables(sin, rope, self.interleaved)
                 t = rope.rotate_by(t, c[:, None].to(t.dtype), s[:, None].to(t.dtype))
             else:
                 t = rope.rotate(t, torch.arange(t.shape[2], device=t.device))
-            got[key] = t.transpose(1, 2)
+            for key in keys:
+                got[key] = t.transpose(1, 2)
 
     def _dispatch(self, layer: int) -> None:
         acts = LayerActs(layer=layer, rope=self.spec.layers[layer], valid=self.valid, tensors=self.pending.pop(layer),
@@ -269,6 +301,13 @@ class _Collector:
                 ok = rope.mask(scores.shape[-1], scores.device)[None] & self.valid[:, None, :]
                 got["pattern"] = rope.probs(scores.masked_fill(~ok[:, None], float("-inf")))
                 self._dispatch(layer)
+        for layer in sorted(self.pending):
+            if any(name == _ATTENTION and key not in self.pending[layer] for key, name in self.plans[layer].items()):
+                raise UnsupportedModelError(
+                    f"{self.spec.architecture}: layer {layer} changes q and k after RoPE (a norm), but the bridge "
+                    "neither fires a hook where they enter the score nor calls the model's attention function: "
+                    "it does not compute this model's attention, so ropelens cannot capture the q and k its scores "
+                    "are made of")
 
 
 def stream(
@@ -343,6 +382,7 @@ def stream(
                 continue
             if not hooked:
                 bridge.enter_context(model.hooks(fwd_hooks=col.fwd_hooks()))
+                bridge.enter_context(col.attention_tap())
                 hooked = True
             model(toks, return_type=None, stop_at_layer=stop if stop < spec.n_layers else None)
             col.finish()

@@ -5,7 +5,8 @@ layer. Analyses that need only queries and keys (frequency usage) do not need th
 the HF model the bridge wraps, with its ``sdpa`` attention, and takes each rotary layer's pre- and
 post-RoPE q and k where the model rotates them, at the family's ``apply_rotary_pos_emb``; the forward
 stops at the last rotation asked for (that layer's attention, MLP and every later layer are
-skipped). Families that rotate elsewhere or only a slice of the head
+skipped). In a layer that normalises q and k after RoPE (``LayerRope.norm_after_rope``), the
+post-RoPE q and k are those its attention function receives, and the forward stops there. Families that rotate elsewhere or only a slice of the head
 (GPT-J, Phi, StableLM), a model under a RoPE variant or plane ablation, and any mismatch with the
 spec fall back to the bridge, which gives the same numbers (``tests/unit/test_fastpath.py``).
 """
@@ -26,11 +27,11 @@ from ropelens.rope import LayerRope, RopeSpec
 
 __all__ = ["QK_NEEDS", "fast_qk", "hf_view", "intervened", "right_padded", "sdpa_attention"]
 
-QK_NEEDS = frozenset({"q_pre", "k_pre", "q_post", "k_post"})
+QK_NEEDS = frozenset({"q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post"})
 _MARK = "_ropelens_interventions"
 _UNSUPPORTED = "_ropelens_fast_unsupported"
 _SUPPORTED = "_ropelens_fast_supported"
-_NAMES = ("q_pre", "k_pre", "q_post", "k_post")
+_NAMES = ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post")
 _PROBE = 8  # tokens of the forward that finds out whether a model takes the fast path
 
 
@@ -72,42 +73,65 @@ def intervened(model) -> Iterator[None]:
 @contextlib.contextmanager
 def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callable[[int, tuple], object] | None = None,
                 block: list[int] | None = None) -> Iterator[bool]:
-    """Record (q, k, q_rot, k_rot) at every call of the modeling module's ``apply_rotary_pos_emb``
-    (or, with ``on_call``, hand call i's tensors to ``on_call(i, tensors)`` and keep nothing).
+    """Record (q, k, q_rot, k_rot, q_score, k_score) at every call of the modeling module's
+    ``apply_rotary_pos_emb`` (or, with ``on_call``, hand call i's tensors to ``on_call(i, tensors)``
+    and keep nothing).
 
     Call i must rotate whole heads of ``expected[i]`` (``[batch, heads, pos, head_dim]``), from inside
     decoder layer ``expected[i].layer`` when ``block`` (``[index of the layer running]``) is given;
     the first call that does not (Phi and StableLM rotate a slice of the head, a family that rotates
-    twice per layer) raises :class:`_Unsupported`. After the last expected call the forward stops
-    (:class:`_Stop`): nothing after the last layer's rotation is needed.
+    twice per layer) raises :class:`_Unsupported`. The score q/k are the rotated ones, except in a
+    layer with a norm after RoPE (``norm_after_rope``), where they are the query and key its
+    attention function receives next (:func:`ropelens.reading.attention_tap`). After the last
+    expected layer's score q/k the forward stops (:class:`_Stop`).
     """
+    from ropelens.reading import attention_tap
+
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "apply_rotary_pos_emb", None)
     # Only the (q, k, cos, sin) -> (q, k) form; GPT-J's (tensor, sin, cos) -> tensor is not tapped.
     if orig is None or list(inspect.signature(orig).parameters)[:2] != ["q", "k"]:
         yield False
         return
+    waiting: list[tuple[Tensor, ...]] = []  # a rotation whose layer's score q/k are still to come
+
+    def done(qk: tuple[Tensor, ...]) -> None:
+        if on_call is None:
+            calls.append(qk)
+        else:
+            calls.append(None)
+            on_call(len(calls) - 1, qk)
+        if len(calls) == len(expected):
+            raise _Stop
 
     def tap(q, k, *args, **kwargs):
-        if len(calls) >= len(expected):
+        if waiting or len(calls) >= len(expected):
             raise _Unsupported
         lr = expected[len(calls)]
         if q.ndim != 4 or q.shape[1] != lr.n_heads or k.shape[1] != lr.n_kv_heads or q.shape[-1] != lr.head_dim \
                 or k.shape[-1] != lr.head_dim or (block is not None and block[0] != lr.layer):
             raise _Unsupported
         q_rot, k_rot = orig(q, k, *args, **kwargs)
-        if on_call is None:
-            calls.append((q, k, q_rot, k_rot))
+        if lr.norm_after_rope:
+            waiting.append((q, k, q_rot, k_rot))
         else:
-            calls.append(None)
-            on_call(len(calls) - 1, (q, k, q_rot, k_rot))
-        if len(calls) == len(expected):
-            raise _Stop
+            done((q, k, q_rot, k_rot, q_rot, k_rot))
         return q_rot, k_rot
 
+    def scored(_module, query: Tensor, key: Tensor) -> None:
+        if not waiting:
+            return  # a layer whose score q/k are its rotated ones
+        if (block is not None and block[0] != expected[len(calls)].layer) or query.shape != waiting[0][2].shape \
+                or key.shape != waiting[0][3].shape:
+            raise _Unsupported
+        done((*waiting.pop(), query, key))
+
+    normed = any(lr.norm_after_rope for lr in expected)
+    attn = [m for m in hf.modules() if "attention" in type(m).__name__.lower()] if normed else []
     mod.apply_rotary_pos_emb = tap
     try:
-        yield True
+        with attention_tap(attn, scored) if normed else contextlib.nullcontext():
+            yield True
     finally:
         mod.apply_rotary_pos_emb = orig
 
@@ -161,8 +185,8 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
             keep: frozenset[str] = QK_NEEDS,
             on_layer: Callable[[int, dict[str, Tensor]], object] | None = None,
             padded: bool | None = None) -> dict[int, dict[str, Tensor]] | None:
-    """``{layer: {name: tensor}}`` for the names in ``keep`` (``q_pre``, ``k_pre``, ``q_post``, ``k_post``),
-    each ``[batch, pos, head, d]``, or None when this model cannot take the fast path (the caller
+    """``{layer: {name: tensor}}`` for the names in ``keep`` (``q_pre``, ``k_pre``, ``q_rot``, ``k_rot``,
+    ``q_post``, ``k_post``: see :data:`ropelens.capture.NEEDS`), each ``[batch, pos, head, d]``, or None when this model cannot take the fast path (the caller
     then runs the bridge).
 
     With ``on_layer``, once the model is known to take the fast path, each layer's tensors go to

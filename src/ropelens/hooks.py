@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.models import device_of
+from ropelens.reading import attention_tap
 
 __all__ = ["AttnHooks", "attn_hooks", "to_bphd"]
 
@@ -30,6 +31,12 @@ class AttnHooks:
     pre_heads_first: bool  # Gemma's q/k-norm hooks are [batch, head, pos, d]
     cos: str | None = None  # the (cos, sin) tables the attention received, where those hooks fire:
     sin: str | None = None  # with no post-RoPE hook, ropelens rotates with exactly these tables
+    # q/k where they enter the score, for a model that changes them after the rotation (a norm after
+    # RoPE), where the bridge fires a hook there (HunYuan: the q/k-norm hooks after hook_rot_q/k);
+    # None: taken from the HF attention function instead (ropelens.reading.attention_tap)
+    q_score: str | None = None
+    k_score: str | None = None
+    calls_attention_function: bool = False  # the bridge runs the HF attention module's own attention function
 
     def pre(self, which: str) -> str:
         return self.q_pre if which == "q" else self.k_pre
@@ -37,24 +44,35 @@ class AttnHooks:
     def post(self, which: str) -> str | None:
         return self.q_post if which == "q" else self.k_post
 
+    def score(self, which: str) -> str | None:
+        return self.q_score if which == "q" else self.k_score
+
+    def heads_first(self, name: str) -> bool:
+        """Whether hook ``name``'s 4-D tensors are ``[batch, head, pos, d]`` (the bridge's q/k-norm hooks)."""
+        return name.endswith(("hook_q_normed", "hook_k_normed"))
+
 
 def attn_hooks(model, layer: int) -> AttnHooks:
     """Hook names for ``layer`` on this bridge.
 
     Pre-RoPE q/k are the last tensors before rotation: ``hook_q_normed``/``hook_k_normed`` where
-    the model normalises q and k (Gemma 3), the norm submodules' ``q_norm.hook_out``/``k_norm.hook_out``
-    where only those fire (Gemma 4), else ``hook_q``/``hook_k``.
+    the model normalises q and k before RoPE (Gemma 3), the norm submodules' ``q_norm.hook_out``/
+    ``k_norm.hook_out`` where only those fire (Gemma 4), else ``hook_q``/``hook_k``. Where the
+    q/k-norm hooks fire after ``hook_rot_q``/``hook_rot_k`` (HunYuan normalises after RoPE), they
+    are the q/k that enter the score instead.
     """
     p = f"blocks.{layer}.attn."
     if p + "hook_q" not in model.hook_dict:
         arch = type(getattr(model, "original_model", model)).__name__
         raise UnsupportedModelError(f"{arch}: its TransformerLens adapter exposes no per-head query hook for layer {layer} "
-                                    f"({p}hook_q), so ropelens cannot capture its queries and keys; see "
-                                    "docs/models.md for the families ropelens measures")
-    fires = _firing(model)
-    normed = "hook_q_normed" in fires
+                                    f"({p}hook_q), so ropelens cannot capture its queries and keys; "
+                                    "`ropelens inspect --families` lists the families ropelens measures")
+    order = _firing(model)
+    fires = frozenset(order)
+    after = "hook_q_normed" in fires and "hook_rot_q" in fires and order.index("hook_q_normed") > order.index("hook_rot_q")
+    normed = "hook_q_normed" in fires and not after
     # a bridge that leaves attention to HF (Gemma 4) exposes q/k norms only as submodules, [batch, pos, head, d]
-    sub_normed = not normed and "q_norm.hook_out" in fires and "k_norm.hook_out" in fires
+    sub_normed = not normed and not after and "q_norm.hook_out" in fires and "k_norm.hook_out" in fires
     q_post = p + "hook_rot_q" if "hook_rot_q" in fires else None
     k_post = p + "hook_rot_k" if "hook_rot_k" in fires else None
     return AttnHooks(
@@ -68,36 +86,47 @@ def attn_hooks(model, layer: int) -> AttnHooks:
         pre_heads_first=normed,
         cos=p + "hook_cos" if "hook_cos" in fires else None,
         sin=p + "hook_sin" if "hook_sin" in fires else None,
+        q_score=p + "hook_q_normed" if after else None,
+        k_score=p + "hook_k_normed" if after and "hook_k_normed" in fires else None,
+        calls_attention_function=_ATTENTION in fires,
     )
 
 
 _PROBED = ("hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k", "hook_pattern", "hook_cos", "hook_sin",
            "q_norm.hook_out", "k_norm.hook_out")
+_ATTENTION = "attention function"  # not a hook: the HF attention function, called by bridges that run HF's forward
 
 
-def _firing(model) -> frozenset[str]:
+def _firing(model) -> tuple[str, ...]:
     """Which optional attention hooks actually fire on this bridge (some exist but never run,
-    e.g. GPT-J's hook_rot_q); probed once with a two-token forward and remembered."""
+    e.g. GPT-J's hook_rot_q), in the order they fire; probed once with a two-token forward and remembered."""
     cached = getattr(model, "_ropelens_firing", None)
-    if cached is not None:
+    if isinstance(cached, tuple):
         return cached
     import torch
 
-    fired: set[str] = set()
+    fired: list[str] = []
     names = [h for h in _PROBED if f"blocks.0.attn.{h}" in model.hook_dict]
 
     def probe(name: str):  # by the name asked for: an alias fires under its target's name
         def fn(x, hook):  # noqa: ARG001
-            fired.add(name)
+            if name not in fired:
+                fired.append(name)
             return x
 
         return fn
 
+    def called(*_: object) -> None:
+        if _ATTENTION not in fired:
+            fired.append(_ATTENTION)
+
     device = device_of(model)
     toks = torch.tensor([[model.tokenizer.bos_token_id or 0, 1]], device=device)
-    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.0.attn.{n}", probe(n)) for n in names]):
+    attn = getattr(model.blocks[0].attn, "original_component", None) if hasattr(model, "blocks") else None
+    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.0.attn.{n}", probe(n)) for n in names]), \
+            attention_tap([attn] if attn is not None else [], called):
         model(toks, return_type=None, stop_at_layer=1)
-    result = frozenset(fired)
+    result = tuple(fired)
     model._ropelens_firing = result
     return result
 

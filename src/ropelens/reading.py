@@ -7,8 +7,13 @@ modules, layer kinds and windows from the config's ``layer_types``; never from t
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import importlib
 import json
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -16,7 +21,7 @@ import torch
 from ropelens.errors import NotRotaryError, UnsupportedModelError
 from ropelens.rope import LayerRope, RopeSpec
 
-__all__ = ["hf_model_of", "model_label", "rope_spec"]
+__all__ = ["attention_tap", "hf_model_of", "model_label", "rope_spec"]
 
 
 def model_label(model) -> str:
@@ -221,18 +226,111 @@ def rope_spec(model) -> RopeSpec:
             )
         )
         if calls is not None and i in calls and inv.numel():
+            q, q_rot, normed = calls[i]
             # a plain HF model has no bridge flag for adjacent pairs (Helium): its own rotation says which
-            layers[-1] = _with_direction(layers[-1], *calls[i], pairing=not hasattr(model, "blocks"))
+            layers[-1] = _with_direction(layers[-1], q, q_rot, pairing=not hasattr(model, "blocks"))
+            if normed:
+                layers[-1] = dataclasses.replace(layers[-1], norm_after_rope=True)
     return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
 
 
-_PROBE_TOKENS = 4  # a short forward: which layers rotate, and which way
+_PROBE_TOKENS = 4  # a short forward: which layers rotate, which way, and whether q/k change after the rotation
+_TAPPED = "_ropelens_attention_tap"
 
 
-def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] | None:
-    """Layer → (q before, q after) of the first ``apply_rotary_pos_emb`` call inside that layer's attention,
-    from one short forward of the HF model (cached on the model); None where the family rotates elsewhere."""
-    import importlib
+class _TappedFunctions:
+    """A modeling module's attention-function registry whose functions are handed out tapped."""
+
+    def __init__(self, inner, wrap: Callable[[Callable], Callable]) -> None:
+        self._inner, self._wrap = inner, wrap
+
+    def get_interface(self, impl, default):
+        return self._wrap(self._inner.get_interface(impl, default))
+
+    def __getitem__(self, key):
+        return self._wrap(self._inner[key])
+
+    def get(self, key, default=None):
+        return self._wrap(self._inner.get(key, default))
+
+    def __contains__(self, key) -> bool:
+        return key in self._inner
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+@contextlib.contextmanager
+def attention_tap(modules, on_call: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], object]) -> Iterator[None]:
+    """Call ``on_call(attention module, query, key)`` at every call of the attention function (eager,
+    sdpa or any registered one) of the modeling modules of ``modules`` (HF attention modules), with
+    the query ``[batch, head, pos, d]`` and key ``[batch, kv_head, pos, d]`` that enter its score.
+
+    The modeling module's ``eager_attention_forward`` and its ``ALL_ATTENTION_FUNCTIONS`` registry
+    are swapped for tapped ones while the block runs (the registry is not changed: other modules
+    and later calls see the original functions).
+    """
+
+    def wrap(fn):
+        if fn is None or getattr(fn, _TAPPED, False):
+            return fn
+
+        @functools.wraps(fn)
+        def tapped(module, query, key, *args, **kwargs):
+            on_call(module, query, key)
+            return fn(module, query, key, *args, **kwargs)
+
+        setattr(tapped, _TAPPED, True)
+        return tapped
+
+    saved = []
+    for mod in {type(m).__module__: importlib.import_module(type(m).__module__) for m in modules}.values():
+        for name, tapped in (("eager_attention_forward", wrap), ("ALL_ATTENTION_FUNCTIONS",
+                                                                 lambda reg: _TappedFunctions(reg, wrap))):
+            orig = mod.__dict__.get(name)
+            if orig is not None:
+                saved.append((mod, name, orig))
+                setattr(mod, name, tapped(orig))
+    try:
+        yield
+    finally:
+        for mod, name, orig in reversed(saved):
+            setattr(mod, name, orig)
+
+
+def _norm_after_rope(rotated: torch.Tensor, scored: torch.Tensor) -> bool | None:
+    """Whether ``scored`` (what enters the score) is the rotation's output ``rotated`` ([batch, head, pos, d])
+    under a per-head norm and gain: ``scored = s(batch, head, pos) · g(head, d) ⊙ rotated`` with s > 0.
+
+    False when they are the same, None when they differ in some other way (then the probe's q/k
+    check refuses the model). Each row of ``scored / rotated`` is ``s·g``: divided by its RMS it is
+    ``g / rms(g)`` in every row. A 16-bit model rounds ``scored`` to its eps (bf16: 4e-3 relative),
+    so rows that agree to 2e-2 of the largest entry match; a norm that subtracts the mean, or any
+    mixing of dims, is off by O(1).
+    """
+    if rotated.shape != scored.shape:
+        return None
+    rotated, scored = rotated.double(), scored.double()
+    if float((scored - rotated).abs().max()) <= 1e-6 * float(rotated.abs().max().clamp_min(1e-30)):
+        return False
+    ok = (rotated.abs() > 1e-6 * rotated.abs().max()).all(-1)  # rows without a near-zero entry to divide by
+    if not ok.any():
+        return None
+    ratio = (scored / rotated)[ok.unsqueeze(-1).expand_as(rotated)].view(-1, rotated.shape[-1])
+    heads = torch.arange(rotated.shape[1]).view(1, -1, 1).expand(ok.shape)[ok]
+    rows = ratio / ratio.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30)
+    for h in heads.unique():
+        r = rows[heads == h]
+        if float((r - r[:1]).abs().max()) > 2e-2 * float(r.abs().max()):
+            return None
+    return True
+
+
+def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, bool]] | None:
+    """Layer → (q before, q after, norm after RoPE) of the first ``apply_rotary_pos_emb`` call inside that
+    layer's attention, from one short forward of the HF model (cached on the model); None where the family
+    rotates elsewhere. The third entry says the q and k entering that layer's attention function are a
+    per-head norm and gain of the rotated ones (:func:`_norm_after_rope`)."""
     import inspect
 
     mod = importlib.import_module(type(hf_model_of(model)).__module__)
@@ -252,7 +350,8 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] 
     if len(mods) != len(attns):
         return None
     current: list[int | None] = [None]
-    calls: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    calls: dict[int, tuple[torch.Tensor, ...]] = {}
+    scored: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     outside = [0]
 
@@ -261,8 +360,13 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] 
         if current[0] is None:
             outside[0] += 1
         elif current[0] not in calls:
-            calls[current[0]] = (q.detach().float().cpu(), q_rot.detach().float().cpu())
+            calls[current[0]] = tuple(t.detach().float().cpu() for t in (q, q_rot, k_rot))
         return q_rot, k_rot
+
+    def score(_module, query, key) -> None:
+        # the first attention call after the layer's rotation: what enters its score
+        if current[0] in calls and current[0] not in scored:
+            scored[current[0]] = (query.detach().float().cpu(), key.detach().float().cpu())
 
     def enter(i):
         return lambda _m, _a: current.__setitem__(0, i)
@@ -273,7 +377,7 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] 
     try:
         vocab = int(getattr(_text_config(view), "vocab_size", 0) or 8)
         toks = (torch.arange(_PROBE_TOKENS) % vocab).unsqueeze(0).to(device_of(model))
-        with torch.no_grad():
+        with torch.no_grad(), attention_tap(mods, score):
             view(toks)
     except Exception:  # noqa: BLE001 - a family this forward cannot run keeps the config's reading (the probe still checks it)
         return None
@@ -282,7 +386,13 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor]] 
         for h in handles:
             h.remove()
     # a rotation outside the attention modules cannot be placed in a layer: keep the config's reading
-    result = calls if calls and not outside[0] else None
+    result = None
+    if calls and not outside[0]:
+        result = {}
+        for i, (q, q_rot, k_rot) in calls.items():
+            normed = [_norm_after_rope(r, s) for r, s in zip((q_rot, k_rot), scored.get(i, ()), strict=False)]
+            # a layer whose q or k changes after the rotation, each by a per-head norm and gain (or not at all)
+            result[i] = (q, q_rot, len(normed) == 2 and True in normed and None not in normed)
     object.__setattr__(model, "_ropelens_rotary_calls", (key, result))  # not a submodule: nothing registered
     return result
 
@@ -306,8 +416,6 @@ def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
 def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing: bool = False) -> LayerRope:
     """``lr`` turned the other way when the model's own rotation of ``q`` ([batch, head, pos, d]) is by −m·θ
     (with ``pairing``, also with the other plane pairing when that is the one the model rotates)."""
-    import dataclasses
-
     if q.ndim != 4 or q.shape[-1] != lr.head_dim or q_rot.shape != q.shape:
         return lr
     pos = torch.arange(q.shape[-2], device=q.device)

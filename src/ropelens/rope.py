@@ -98,7 +98,22 @@ def _sink_logits(sinks: tuple[float, ...], device: torch.device, dtype: torch.dt
 
 @dataclass(frozen=True)
 class LayerRope:
-    """What one attention layer rotates, read from the running model."""
+    """What one attention layer rotates, read from the running model.
+
+    **Norm after RoPE** (``norm_after_rope``): some models (HunYuan dense, NanoChat) normalise q and
+    k per head, with a per-dim gain, *after* ``apply_rotary_pos_emb``, so the score is made of
+    ``q_s = s_q(m)·g ⊙ R(m)q`` and ``k_s = s_k(n)·g' ⊙ R(n)k``. ropelens then takes "post-RoPE" q and
+    k where they enter the score (``q_post``/``k_post`` are ``q_s``/``k_s``; ``q_rot``/``k_rot`` are
+    the rotation's own output, which the probe checks against this spec), and:
+
+    - the plane terms stay an exact decomposition of the logit: the sum over planes of
+      ``q_s^(i)·k_s^(i)`` times the score scale is the model's pre-softmax score;
+    - plane i's frequency is θ_i, the frequency its rotation had before the norm;
+    - relative-position invariance no longer holds exactly: the norm rescales each position by
+      its own factor, and a gain that differs between a plane's two dims makes the plane's term
+      depend on more than m − n (analyses that re-rotate pre-RoPE q/k describe the rotation, not
+      the score).
+    """
 
     layer: int
     inv_freq: Float[Tensor, "n_planes"]  # radians per token, highest first
@@ -118,6 +133,9 @@ class LayerRope:
     softcap: float | None = None  # attention-logit soft-capping c: scores become c·tanh(s/c) (Gemma 2)
     sinks: tuple[float, ...] | None = None  # learned per-head sink logits that join the softmax (gpt-oss)
     direction: int = 1  # +1: position m turns each plane by +m·θ_i (Llama's rotate_half); −1: by −m·θ_i (NanoChat)
+    # the q and k entering the score are a per-head norm (a per-position rescaling) and per-dim gain of the
+    # rotated q and k (HunYuan dense, NanoChat); see "Norm after RoPE" in the class docstring
+    norm_after_rope: bool = False
 
     def __post_init__(self) -> None:
         if self.direction not in (1, -1):

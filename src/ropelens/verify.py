@@ -3,13 +3,16 @@
 A short probe (two rows of at most a few hundred tokens: one token repeated, and BOS plus random
 tokens) runs once per model, per layer that rotates:
 
-- **rotation**: on the repeated token, the post-RoPE q and k ropelens captures at every position
-  are the spec's rotation of position 0 (frequencies, pairing, direction, a NoPE layer read as
-  rotating, a partial slice); where something position-dependent reaches a later layer's pre-RoPE
-  query (a learned sink), the captured post-RoPE q and k are checked against the spec's rotation of
-  the captured pre-RoPE ones instead;
+- **rotation**: on the repeated token, the rotated q and k ropelens captures at every position
+  (the output of the model's own rotation, ``q_rot``/``k_rot``) are the spec's rotation of
+  position 0 (frequencies, pairing, direction, a NoPE layer read as rotating, a partial slice);
+  where something position-dependent reaches a later layer's pre-RoPE query (a learned sink), the
+  captured rotated q and k are checked against the spec's rotation of the captured pre-RoPE ones instead;
 - **q/k** and **scale**: the query and key the model's attention function receives are the
-  captured post-RoPE q and k, and its score scale is the spec's;
+  captured post-RoPE q and k, and its score scale is the spec's. Post-RoPE q and k are taken where
+  they enter the score: in a layer read as normalising them after the rotation
+  (``LayerRope.norm_after_rope``: HunYuan dense, NanoChat) they are the normed q and k, so a norm
+  after RoPE the reading misses fails here, and the rotation is checked before the norm;
 - **scores**: the rebuilt pre-softmax scores (captured q·k times the spec's scale) equal q·k times
   the scale the attention function computes with;
 - **mask** and **probs**: the spec's causal / sliding-window mask is the mask the model built, and
@@ -198,10 +201,10 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
 
 
 _MEANING = {
-    "rotation": "post-RoPE {which} is not the spec's rotation of position 0: wrong frequencies, pairing or direction, "
+    "rotation": "rotated {which} is not the spec's rotation of position 0: wrong frequencies, pairing or direction, "
                 "or a layer read as rotating that applies no RoPE",
     "qk": "the {which} that enters the model's score is not the post-RoPE {which} ropelens captures: a norm or gain "
-          "after RoPE, or {which} taken at the wrong place",
+          "after RoPE that the reading (or the bridge) misses, or {which} taken at the wrong place",
     "scale": "the spec's score scale is not the one the model's attention function uses",
     "scores": "scores carry a term that is not q·k: a bias or a norm after RoPE",
     "mask": "the spec's mask is not the mask the model builds: a window off, or chunked attention",
@@ -269,7 +272,7 @@ class _Probe:
             return Verification("passed", reference="none (no layer rotates)", seconds=time.perf_counter() - t0)
         self._refuse_chunks()
         toks = self.tokens()
-        which = ("q_pre", "k_pre", "q_post", "k_post")
+        which = ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post")
         intervened = bool(getattr(self.model, "_ropelens_interventions", 0))
         from ropelens.plain import is_plain
 
@@ -301,7 +304,8 @@ class _Probe:
         for L in self.rotary:
             lr, t = self.spec[L], layers[L]
             for which in ("q", "k"):
-                pre, post = t[f"{which}_pre"][0], t[f"{which}_post"][0]  # the repeated-token row, [pos, head, d]
+                # the repeated-token row, [pos, head, d]; the rotation's own output (before a norm after RoPE)
+                pre, post = t[f"{which}_pre"][0], t[f"{which}_rot"][0]
                 same = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(pre.abs().max().clamp_min(1e-30))
                 err = rotation_error(lr, post) if same else _rotation_from_pre(lr, pre, post)
                 self._note("rotation", L, path, err, which)

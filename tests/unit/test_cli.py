@@ -344,3 +344,47 @@ def test_emit_is_strict_json(capsys):
 
     emit({"a": float("nan"), "b": [float("inf"), np.float32(1.5)], "window": 8.0, "c": (1, float("-inf"))})
     assert json.loads(capsys.readouterr().out) == {"a": None, "b": ["inf", 1.5], "window": 8, "c": [1, "-inf"]}
+
+
+def test_inspect_families_lists_the_matrix_without_a_model(capsys, monkeypatch):
+    """Every family of the matrix, exact or refused with its reason, and no model loaded or built."""
+    import ropelens.cli.common as common
+    import ropelens.testing.families as families
+    from ropelens.testing.families import FAMILIES
+
+    def no_model(*_a, **_k):
+        raise AssertionError("--families must not load or build a model")
+
+    monkeypatch.setattr(common, "load_model", no_model)
+    monkeypatch.setattr(families, "family_hf_model", no_model)
+    assert main(["inspect", "--families"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:] if line}
+    assert set(rows) == set(FAMILIES)
+    for name, fam in FAMILIES.items():
+        status = rows[name][len(name):].split("  ")
+        status = next(s.strip() for s in status if s.strip())
+        assert status == "exact" if fam.refused is None else status.startswith("refused") and fam.refused in status
+    assert rows["nanochat"].split()[1] == "exact" and "adapter" in rows["ministral"]
+    assert main(["inspect", "--families", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [d["family"] for d in data] == list(FAMILIES)
+    assert {d["family"]: d["reason"] for d in data} == {n: f.refused for n, f in FAMILIES.items()}
+    assert {d["status"] for d in data} == {"exact", "refused"}
+
+
+def test_inspect_families_with_a_model_exits_2(capsys):
+    assert main(["inspect", "llama", "--families"]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "--families lists the supported families without a model" in lines[0]
+
+
+def test_no_adapter_message_names_the_families_listing(monkeypatch):
+    """The one-line refusal of an architecture the bridge cannot wrap points to `ropelens inspect --families`."""
+    from ropelens import models
+    from ropelens.errors import UnsupportedModelError
+
+    class Model:
+        config = None
+
+    with pytest.raises(UnsupportedModelError, match=r"ropelens inspect --families"), models._bridge_errors(Model()):
+        raise ValueError("Could not determine supported architecture for Model")

@@ -43,6 +43,11 @@ from test_band_tiles import _hand_planes, assert_sums_match, dense_layer_sums, h
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None and fam.refused_at == "spec"]
 BRIDGED = [f for f in EXACT if FAMILIES[f].bridge]  # interventions run through the bridge's hooks
+# q/k normalised after RoPE: an ablation of the rotated q/k is renormalised by the norm, so it does not remove
+# exactly that plane's term of the score; NanoChat's bridge runs the HF attention whole (no cos/sin hooks), so
+# interventions there are refused in one line
+NORM_AFTER_ROPE = ("hunyuan_v1_dense", "nanochat")
+NO_TABLES = ("nanochat",)
 
 
 def _available(name: str) -> bool:
@@ -164,7 +169,8 @@ def _refused_inside(family: str, run) -> bool:
 
 @pytest.mark.parametrize("family", [_param(f) for f in BRIDGED])
 def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
-    """Under a variant the captured post-RoPE query turns by the variant's frequencies; exit restores."""
+    """Under a variant the captured rotated query (before a norm after RoPE) turns by the variant's frequencies;
+    exit restores."""
     model, spec = loaded(family)
     if _refused_inside(family, lambda: apply_rope_variant(model, BaseChange(1e3)).__enter__()):
         return
@@ -175,8 +181,12 @@ def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
     lr0 = spec[L]
     variant = PRoPE(0.5) if lr0.n_planes >= 2 else BaseChange(1e3)
     same = torch.full((1, N_CHECK), 7)
+    if family in NO_TABLES:
+        with pytest.raises(InputError, match="needs attention that receives"), apply_rope_variant(model, variant):
+            pass
+        return
     with apply_rope_variant(model, variant):
-        q = capture_qk(model, same, layers=[L], which=("q_post",))[L]["q_post"][0]
+        q = capture_qk(model, same, layers=[L], which=("q_rot",))[L]["q_rot"][0]
     lr = spec_with_variant(spec, variant)[L]
     assert rotation_error(lr, q) < 1e-5
     with torch.no_grad():
@@ -250,7 +260,7 @@ def test_real_scaling_configs_read_as_hf_initialises_them(case):
         assert spec[L].attention_scaling == pytest.approx(float(factor), rel=1e-12)
 
 
-@pytest.mark.parametrize("family", [_param(f) for f in BRIDGED])
+@pytest.mark.parametrize("family", [_param(f) for f in BRIDGED if f not in NORM_AFTER_ROPE])
 def test_ablating_a_plane_removes_exactly_its_term(family, loaded):
     """In the first rotary layer, logits under ablate_planes([0]) = logits − plane 0's term, on every family."""
     from ropelens.intervene import ablate_planes

@@ -157,3 +157,107 @@ def test_direction_defaults_and_round_trips():
     assert not flipped.same_rotation(lr)
     with pytest.raises(ropelens.errors.InputError, match="direction"):
         dataclasses.replace(lr, direction=2)
+
+
+# ============================================================================ a norm after RoPE
+NORMED = ["hunyuan_v1_dense", "nanochat"]  # q/k RMS-normed (HunYuan: with a gain) after apply_rotary_pos_emb
+
+
+def _fresh(family: str, model_dir):
+    return ropelens.load_model(model_dir(family), device="cpu")
+
+
+@pytest.mark.parametrize("family", ["hunyuan_v1_dense", "nanochat", "llama", "qwen3", "gemma3_text"])
+def test_norm_after_rope_is_read_from_the_forward(family, model_dir):
+    """Read on the model at run time: set where q/k change after the rotation, unset where a norm comes before it."""
+    spec = rope_spec(_fresh(family, model_dir))
+    assert {lr.norm_after_rope for lr in spec.layers} == {family in NORMED}
+
+
+@pytest.mark.parametrize("family", NORMED)
+def test_norm_after_rope_read_as_absent_is_caught(family, model_dir, monkeypatch):
+    """A reading that misses the norm takes the rotated q/k as the score's: the probe's q/k check refuses it."""
+    import ropelens.reading as reading
+
+    monkeypatch.setattr(reading, "_norm_after_rope", lambda *_: False)
+    model = _fresh(family, model_dir)
+    assert not any(lr.norm_after_rope for lr in rope_spec(model).layers)
+    with pytest.raises(UnsupportedModelError, match=r"layer 0 fails the qk check .*a norm or gain after RoPE"):
+        verify_model(model)
+
+
+def _hf_attention_inputs(family: str, model_dir, toks: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Layer → (query, key) HF's own eager attention function receives, ``[batch, head, pos, d]``."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir(family), attn_implementation="eager").eval()
+    mod = importlib.import_module(type(hf).__module__)
+    orig, seen = mod.eager_attention_forward, {}
+
+    def keep(module, query, key, *a, **kw):
+        seen[module.layer_idx] = (query.detach().double(), key.detach().double())
+        return orig(module, query, key, *a, **kw)
+
+    mod.eager_attention_forward = keep
+    try:
+        with torch.no_grad():
+            hf(toks)
+    finally:
+        mod.eager_attention_forward = orig
+    return seen
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "bridge"])
+@pytest.mark.parametrize("family", NORMED)
+def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, model_dir):
+    """Post-RoPE frequency usage equals the plane norms of the q and k HF's attention function receives (after
+    the norm), on both capture paths; the pairing is written out by hand ((i, i + d/2))."""
+    from ropelens.analyses.usage import UsageReducer
+    from ropelens.capture import stream
+
+    model = _fresh(family, model_dir)
+    toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(5))
+    toks[:, 0] = 1
+    usage = ropelens.frequency_usage(model, toks, progress=False, n_sink=0, source="post")  # the probe passes
+    spec = rope_spec(model)
+    red = UsageReducer(spec, spec.rotary_layers, source="post", n_sink=0)
+    stream(model, [toks], [red], spec=spec, progress=False, fast=fast)
+    seen = _hf_attention_inputs(family, model_dir, toks)
+    for i, L in enumerate(usage.layers):
+        # the bridge rebuilds the norm in its own float32 ops: ~1e-7 relative from the fast path's
+        torch.testing.assert_close(usage.q_norm[i].double(), red.tok[("q", "all")].mean[i].double(), rtol=1e-5, atol=1e-6)
+        for got, x in ((red.tok[("q", "all")].mean[i], seen[L][0]), (red.tok[("k", "all")].mean[i], seen[L][1])):
+            n = x.shape[-1] // 2
+            want = torch.hypot(x[..., :n], x[..., n:]).mean((0, 2))  # [head, plane]
+            # float32 norms of O(1) values averaged over 48 tokens: ~1e-7 relative; the rotated
+            # (un-normed) q/k differ by O(1)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_norm_after_rope_classifier_on_known_transforms():
+    """Same tensors: no norm; an RMS norm with a per-dim gain, or an L2 norm, in float32 or rounded to bf16: a norm;
+    a mean-subtracting layer norm or a mixing of dims: neither (left to the probe's q/k check to refuse)."""
+    from ropelens.reading import _norm_after_rope
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 6, 16, generator=g)  # [batch, head, pos, d]
+    gain = torch.rand(16, generator=g) * 1.5 + 0.25
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * gain
+    assert _norm_after_rope(x, x.clone()) is False
+    assert _norm_after_rope(x, rms) is True
+    assert _norm_after_rope(x, torch.nn.functional.normalize(x, dim=-1)) is True
+    assert _norm_after_rope(x.bfloat16().float(), (rms.bfloat16()).float()) is True  # bf16: 4e-3 relative rounding
+    centred = (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-6)
+    assert _norm_after_rope(x, centred) is None
+    assert _norm_after_rope(x, x.flip(-1)) is None
+    assert _norm_after_rope(x, x[..., :8]) is None
+
+
+def test_norm_after_rope_defaults_and_round_trips():
+    """Specs saved before the norm_after_rope field load as a layer without one; a set one survives a round trip."""
+    lr = _spec("nanochat")[0]
+    assert lr.norm_after_rope
+    d = lr.to_dict()
+    del d["norm_after_rope"]
+    assert LayerRope.from_dict(d).norm_after_rope is False
+    assert LayerRope.from_dict(lr.to_dict()).norm_after_rope is True

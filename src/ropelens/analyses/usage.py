@@ -71,8 +71,8 @@ class UsageReducer:
         counts = {"all": valid.sum(1), "sink": valid[:, :n_sink].sum(1)}  # [b]
         for w in "qk":
             norms = rope.plane_norms(acts[f"{w}_{self.source}"].float())  # [b,pos,h,P]
-            if self.source == "post" and rope.attention_scaling != 1.0:
-                norms = norms / rope.attention_scaling  # cos/sin carry the scaling; undo it
+            if self.source == "post" and rope.attention_scaling != 1.0 and not rope.norm_after_rope:
+                norms = norms / rope.attention_scaling  # cos/sin carry the scaling; undo it (a norm after RoPE did)
             norms = norms * valid[:, :, None, None]  # padded positions count for nothing (no host sync to ask)
             # per-window sums in float32 (≤ a few thousand terms), accumulated across windows in float64
             s_all, q_all = norms.sum(1).double(), (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double()

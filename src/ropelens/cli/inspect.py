@@ -1,4 +1,5 @@
-"""``ropelens inspect [MODEL]``: the RoPE every layer kind of a model applies."""
+"""``ropelens inspect [MODEL]``: the RoPE every layer kind of a model applies; ``--families``: the families ropelens
+supports (exact, or refused and why), from the family matrix, without building a model."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ropelens.cli.common import ModelOptions, OutputOptions, add_command, jsonable, load_from_args
+from ropelens.errors import UsageError
 from ropelens.reading import rope_spec
 from ropelens.rope import RopeSpec
 
-__all__ = ["add_inspect", "inspect_json", "inspect_table"]
+__all__ = ["add_inspect", "families_json", "families_table", "inspect_json", "inspect_table"]
 
 
 def add_inspect(subparsers: argparse._SubParsersAction) -> None:
@@ -19,19 +21,62 @@ def add_inspect(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "inspect", run_inspect)
     ModelOptions.add_to(p)
     OutputOptions.add_to(p)
+    p.add_argument("--families", action="store_true",
+                   help="list the model families ropelens supports (exact, or refused and why) instead of reading "
+                        "a model; no model is loaded or built")
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     """Show the RoPE a model applies (bases, planes, pairing, wavelengths)
 
-    Load a model and print the RoPE its attention layers apply, per layer kind.
+    Load a model and print the RoPE its attention layers apply, per layer kind. With --families,
+    list the model families ropelens supports instead.
     """
-    spec = rope_spec(load_from_args(args))
     output = OutputOptions.from_args(args)
+    if args.families:
+        if args.model is not None:
+            raise UsageError(f"--families lists the supported families without a model: drop {args.model!r}, or "
+                             "drop --families to inspect it")
+        if output.json:
+            return output.emit(families_json())
+        print(families_table())
+        return 0
+    spec = rope_spec(load_from_args(args))
     if output.json:
         return output.emit(inspect_json(spec))
     print(inspect_table(spec))
     return 0
+
+
+_WHERE = {"load": "at load", "spec": "by rope_spec", "probe": "by the probe"}
+
+
+def families_json() -> list[dict[str, Any]]:
+    """One record per family of the matrix (:data:`ropelens.testing.families.FAMILIES`): exact or refused, and why."""
+    import transformers
+
+    from ropelens.testing.families import FAMILIES
+
+    return [{"family": name, "config_class": fam.config_class, "status": "exact" if fam.refused is None else "refused",
+             "refused_at": None if fam.refused is None else fam.refused_at, "reason": fam.refused, "needs": fam.needs,
+             "in_transformers": hasattr(transformers, fam.config_class)} for name, fam in FAMILIES.items()]
+
+
+def families_table() -> str:
+    """Readable list of :func:`families_json`: family, status, what the family needs."""
+    import transformers
+
+    rows = [["family", "status", "what it needs"]]
+    for f in families_json():
+        status = "exact" if f["reason"] is None else f"refused {_WHERE[f['refused_at']]}: {f['reason']}"
+        if not f["in_transformers"]:
+            status += f" (transformers {transformers.__version__} has no {f['config_class']})"
+        rows.append([f["family"], status, f["needs"]])
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    lines = ["  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]), r[2]]).rstrip() for r in rows]
+    n_exact = sum(f["reason"] is None for f in families_json())
+    return "\n".join([f"{n_exact} of {len(rows) - 1} families exact, each a tiny random model checked against HF's "
+                      "own eager attention (measured errors: docs/models.md)", "", *lines])
 
 
 def inspect_json(spec: RopeSpec) -> dict[str, Any]:

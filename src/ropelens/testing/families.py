@@ -170,11 +170,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            needs="wider global heads (global_head_dim) with fewer KV heads, proportional rotary 0.25 "
                  "(a quarter of each half turns), q/k norm with score scale 1"),
     Family("hunyuan_v1_dense", "HunYuanDenseV1Config", dict(_BASE, head_dim=16, use_qk_norm=True, rope_parameters=_rp()),
-           refused="fails the rotation check", refused_at="probe",
-           needs="q/k RMS norm with a gain after RoPE: the captured q/k are not what enters the score"),
+           needs="q/k RMS norm with a gain after RoPE (read from the forward): q/k taken where they enter the score"),
     Family("nanochat", "NanoChatConfig", dict(_BASE, rope_parameters=_rp()),
-           refused="fails the qk check", refused_at="probe",
-           needs="rotation the other way (read), q/k RMS norm after RoPE: the captured q/k are not what enters the score"),
+           needs="rotation the other way, q/k RMS norm after RoPE (both read from the forward): q/k taken where "
+                 "they enter the score"),
     Family("falcon", "FalconConfig",
            dict(_no("num_key_value_heads", _BASE), num_kv_heads=2, new_decoder_architecture=True, rope_parameters=_rp()),
            bridge=False, needs="grouped KV heads in a fused qkv (new_decoder_architecture): no bridge, the plain HF model"),
@@ -402,10 +401,10 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
     # One token repeated: every position has the same pre-RoPE query in the first rotary layer (and in
     # later ones unless something position-dependent, such as a sink, reaches them: those are skipped).
     same = torch.full((1, N_CHECK), 7)
-    acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_post"))
+    acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_rot"))
     res.pairing_err = 0.0
     for L in rotary:
-        lr, q, pre = spec[L], acts[L]["q_post"][0], acts[L]["q_pre"][0]  # [pos, head, d]
+        lr, q, pre = spec[L], acts[L]["q_rot"][0], acts[L]["q_pre"][0]  # [pos, head, d], before a norm after RoPE
         if rotary[0] != L and float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
