@@ -203,7 +203,8 @@ class _Collector:
         from ropelens.plain import is_plain
 
         # a plain HF model has no bridge hooks: stream taps its forward instead
-        self.hooks = {} if is_plain(model) else {L: attn_hooks(model, L) for L in layers}
+        self.hooks = {} if is_plain(model) else {L: attn_hooks(model, L, norm_after_rope=spec.layers[L].norm_after_rope)
+                                                  for L in layers}
         self.plans = {L: _hook_plan(h, self.needs, spec.layers[L]) for L, h in self.hooks.items()}
         self.attention = {id(model.blocks[L].attn.original_component): L for L, plan in self.plans.items()
                           if _ATTENTION in plan.values()}

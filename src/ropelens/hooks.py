@@ -52,14 +52,15 @@ class AttnHooks:
         return name.endswith(("hook_q_normed", "hook_k_normed"))
 
 
-def attn_hooks(model, layer: int) -> AttnHooks:
+def attn_hooks(model, layer: int, *, norm_after_rope: bool = False) -> AttnHooks:
     """Hook names for ``layer`` on this bridge.
 
     Pre-RoPE q/k are the last tensors before rotation: ``hook_q_normed``/``hook_k_normed`` where
     the model normalises q and k before RoPE (Gemma 3), the norm submodules' ``q_norm.hook_out``/
     ``k_norm.hook_out`` where only those fire (Gemma 4), else ``hook_q``/``hook_k``. Where the
     q/k-norm hooks fire after ``hook_rot_q``/``hook_rot_k`` (HunYuan normalises after RoPE), they
-    are the q/k that enter the score instead.
+    are the q/k that enter the score instead. ``norm_after_rope`` (the spec's reading of the layer) says
+    the norm submodules follow the rotation, so their outputs are never taken for pre-RoPE q/k (NanoChat).
     """
     p = f"blocks.{layer}.attn."
     if p + "hook_q" not in model.hook_dict:
@@ -72,7 +73,7 @@ def attn_hooks(model, layer: int) -> AttnHooks:
     after = "hook_q_normed" in fires and "hook_rot_q" in fires and order.index("hook_q_normed") > order.index("hook_rot_q")
     normed = "hook_q_normed" in fires and not after
     # a bridge that leaves attention to HF (Gemma 4) exposes q/k norms only as submodules, [batch, pos, head, d]
-    sub_normed = not normed and not after and "q_norm.hook_out" in fires and "k_norm.hook_out" in fires
+    sub_normed = not (normed or after or norm_after_rope) and "q_norm.hook_out" in fires and "k_norm.hook_out" in fires
     q_post = p + "hook_rot_q" if "hook_rot_q" in fires else None
     k_post = p + "hook_rot_k" if "hook_rot_k" in fires else None
     return AttnHooks(

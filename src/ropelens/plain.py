@@ -291,8 +291,10 @@ def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
                      f"{lr.head_dim}] with {lr.n_heads} and {lr.n_kv_heads} heads")
     w = q.shape[-1]
     if w < lr.head_dim:  # partial rotary: the dims after the rotated slice pass unrotated, so pre = post there
-        q, k = torch.cat([q, q_post[..., w:]], -1), torch.cat([k, k_post[..., w:]], -1)
-    out = {"q_pre": q, "k_pre": k, "q_post": q_post, "k_post": k_post}
+        q, k, q_rot, k_rot = (torch.cat([t, post[..., w:]], -1)
+                              for t, post in ((q, q_post), (k, k_post), (q_rot, q_post), (k_rot, k_post)))
+    # q_rot/k_rot: the rotation's own output; q_post/k_post: what enters the score (they differ under a norm after RoPE)
+    out = {"q_pre": q, "k_pre": k, "q_rot": q_rot, "k_rot": k_rot, "q_post": q_post, "k_post": k_post}
     tensors = {n: t.detach().transpose(1, 2) for n, t in out.items() if n in needs}
     if "pattern" in needs:
         pattern = att[2] if att is not None else (output[1] if isinstance(output, tuple) and len(output) > 1 else None)

@@ -328,6 +328,12 @@ class _Probe:
                        abs(lr.score_scale - scaling) / abs(scaling), f"spec {lr.score_scale:.6g}, model {scaling:.6g}")
         for path, layers in acts.items():
             q, k = layers[L]["q_post"], layers[L]["k_post"]
+            want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
+            if q.ndim != 4 or k.ndim != 4 or tuple(q.shape[2:]) != want_q or tuple(k.shape[2:]) != want_k:
+                # a hook read with the wrong layout (or the wrong hook): no score can be built from it
+                self._note("qk", L, path, math.inf, f"captured q {tuple(q.shape)} and k {tuple(k.shape)} are not "
+                           f"[batch, pos, heads, d] with {want_q} and {want_k}")
+                continue
             if query is not None and key is not None:
                 for which, ours, theirs in (("q", q, query), ("k", k, key)):
                     if ours.shape != theirs.shape:
