@@ -80,7 +80,9 @@ def _firing(model) -> frozenset[str]:
     import torch
 
     fired: set[str] = set()
-    names = [f"blocks.0.attn.{h}" for h in _PROBED if f"blocks.0.attn.{h}" in model.hook_dict]
+    # the first block with attention (a hybrid's first layers may have none)
+    first = next((i for i, b in enumerate(getattr(model, "blocks", ())) if hasattr(b, "attn")), 0)
+    names = [f"blocks.{first}.attn.{h}" for h in _PROBED if f"blocks.{first}.attn.{h}" in model.hook_dict]
 
     def probe(x, hook):
         fired.add(hook.name.rsplit(".", 1)[-1])
@@ -89,7 +91,7 @@ def _firing(model) -> frozenset[str]:
     device = device_of(model)
     toks = torch.tensor([[model.tokenizer.bos_token_id or 0, 1]], device=device)
     with torch.no_grad(), model.hooks(fwd_hooks=[(n, probe) for n in names]):
-        model(toks, return_type=None, stop_at_layer=1)
+        model(toks, return_type=None, stop_at_layer=first + 1)
     result = frozenset(fired)
     model._ropelens_firing = result
     return result
