@@ -31,6 +31,7 @@ from ropelens.reading import rope_spec
 from ropelens.testing.families import (
     FAMILIES,
     N_CHECK,
+    _probs_by_layer,
     check_family,
     family_model_dir,
     rotation_error,
@@ -119,7 +120,8 @@ def test_analyses_run_and_are_right(family, loaded):
     toks = torch.randint(4, 100, (2, N_CHECK), generator=g)
     toks[:, 0] = 1
     usage = ropelens.frequency_usage(model, toks, progress=False, n_sink=0)
-    assert list(usage.layers) == spec.rotary_layers == [i for i in range(spec.n_layers) if i not in fam.nope_layers]
+    assert list(usage.layers) == spec.rotary_layers == [i for i in range(spec.n_layers)
+                                                        if i not in fam.nope_layers and i not in fam.mixer_layers]
     acts = capture_qk(model, toks, which=("q_pre", "k_pre"))
     for i, L in enumerate(usage.layers):
         lr = spec[L]
@@ -137,7 +139,7 @@ def test_analyses_run_and_are_right(family, loaded):
     stream(model, batches(toks, 2), [red], spec=spec, progress=False)
     mass = red.scores("text")["mass_text"]
     with torch.no_grad():
-        probs = loaded.hf(family)(toks, output_attentions=True).attentions
+        probs = _probs_by_layer(loaded.hf(family)(toks, output_attentions=True).attentions, spec)
     for i, L in enumerate(spec.rotary_layers):
         for d in range(4):
             diag = probs[L].diagonal(offset=-d, dim1=2, dim2=3)[..., 1:]  # queries ≥ 1 + d, keys ≥ 1
@@ -167,7 +169,8 @@ def test_matrix_covers_the_issue_families():
     want = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "phi", "gpt_neox", "gemma", "gemma2",
             "gemma3_text", "olmo2", "stablelm", "starcoder2", "granite", "cohere", "glm", "smollm3", "gpt_oss",
             "deepseek_v3", "qwen3_next", "llama4", "cohere2", "exaone4", "gemma4_text", "hunyuan_v1_dense",
-            "nanochat", "falcon", "ministral", "helium", "persimmon", "phimoe", "diffllama", "minicpm3"}
+            "nanochat", "falcon", "ministral", "helium", "persimmon", "phimoe", "diffllama", "minicpm3",
+            "qwen3_5_text", "lfm2", "falcon_h1", "bamba", "granitemoehybrid", "recurrent_gemma", "olmo_hybrid"}
     assert set(FAMILIES) == want  # the families beyond the first 22 are tested in test_new_families.py
     assert len(REFUSED) <= 4
 
