@@ -29,10 +29,10 @@ from ropelens.testing.families import (
     N_CHECK,
     VOCAB,
     FamilyCheck,
-    _rotation_from_pre,
     _hf_inv_freq,
     _hf_scores,
     _probs_by_layer,
+    _rotation_from_pre,
     rotation_error,
 )
 
