@@ -107,7 +107,9 @@ def _firing(model) -> tuple[str, ...]:
     import torch
 
     fired: list[str] = []
-    names = [h for h in _PROBED if f"blocks.0.attn.{h}" in model.hook_dict]
+    # the first block with attention (a hybrid's first layers may have none)
+    first = next((i for i, b in enumerate(getattr(model, "blocks", ())) if hasattr(b, "attn")), 0)
+    names = [h for h in _PROBED if f"blocks.{first}.attn.{h}" in model.hook_dict]
 
     def probe(name: str):  # by the name asked for: an alias fires under its target's name
         def fn(x, hook):  # noqa: ARG001
@@ -123,10 +125,10 @@ def _firing(model) -> tuple[str, ...]:
 
     device = device_of(model)
     toks = torch.tensor([[model.tokenizer.bos_token_id or 0, 1]], device=device)
-    attn = getattr(model.blocks[0].attn, "original_component", None) if hasattr(model, "blocks") else None
-    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.0.attn.{n}", probe(n)) for n in names]), \
+    attn = getattr(model.blocks[first].attn, "original_component", None) if hasattr(model, "blocks") else None
+    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{first}.attn.{n}", probe(n)) for n in names]), \
             attention_tap([attn] if attn is not None else [], called):
-        model(toks, return_type=None, stop_at_layer=1)
+        model(toks, return_type=None, stop_at_layer=first + 1)
     result = tuple(fired)
     model._ropelens_firing = result
     return result

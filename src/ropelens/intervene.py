@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ropelens.errors import InputError
+from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
 from ropelens.reading import rope_spec
@@ -107,7 +107,7 @@ def _swap_tables_hook(
     """
     tables, position_ids = kwargs.get("position_embeddings"), kwargs.get("position_ids")
     if not isinstance(tables, tuple) or len(tables) != 2 or position_ids is None:
-        raise RuntimeError(
+        raise UnsupportedModelError(
             f"layer {layer.layer}: attention was called without (cos, sin) position_embeddings and "
             "position_ids keyword arguments, so the RoPE variant cannot be applied to this model"
         )

@@ -62,14 +62,43 @@ def _blocks(model):
     return blocks if blocks is not None else getattr(model, "attention_blocks", None)
 
 
-def _attention_modules(model) -> list[torch.nn.Module]:
+def _attention_modules(model) -> list[torch.nn.Module | None]:
+    """Each block's HF attention module, None for the layers of a hybrid that have no softmax attention."""
     blocks = _blocks(model)
     if blocks is None:
         raise TypeError("expected a TransformerBridge with .blocks; load the model with ropelens.load_model")
-    return [b.attn.original_component for b in blocks]
+    return [b.attn.original_component if hasattr(b, "attn") else None for b in blocks]
 
 
-_KIND = {"sliding_attention": "sliding", "full_attention": "full"}
+# "hybrid": Falcon-H1's layers, softmax attention (causal, no window) beside a Mamba mixer
+_KIND = {"sliding_attention": "sliding", "full_attention": "full", "hybrid": "full"}
+# (a piece of the HF class name, the spec's kind) of the token mixers hybrid models put beside or
+# instead of softmax attention; a layer without attention that matches none is kind "none"
+_MIXERS = (("gateddeltanet", "linear"), ("linearattention", "linear"), ("mamba", "mamba"), ("mixer", "mamba"),
+           ("shortconv", "conv"), ("recurrentblock", "recurrent"), ("rglru", "recurrent"))
+
+
+def _is_softmax_attention(name: str) -> bool:
+    return name.endswith("Attention") and not any(key in name.lower() for key, _ in _MIXERS)
+
+
+def _mixer(layer: torch.nn.Module | None) -> tuple[str, str] | None:
+    """(kind, HF class) of the token mixer an HF decoder layer runs instead of or beside softmax attention."""
+    for child in layer.children() if layer is not None else ():
+        child = getattr(child, "original_component", None) or child  # the HF module under a bridge component
+        name = type(child).__name__
+        kind = next((k for key, k in _MIXERS if key in name.lower()), None)
+        if kind is not None and not _is_softmax_attention(name):
+            return kind, name
+    return None
+
+
+def _softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
+    """The class of a softmax-attention module anywhere in an HF decoder layer (RecurrentGemma's, Zamba 2's), or None."""
+    for m in layer.modules() if layer is not None else ():
+        if _is_softmax_attention(type(m).__name__):
+            return type(m).__name__
+    return None
 
 
 def _refuse_unsupported(model, cfg, arch: str) -> None:
@@ -94,13 +123,14 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             "band statistics and heads describe."
         )
     blocks = _blocks(model) or []
-    linear = [i for i, b in enumerate(blocks) if not hasattr(b, "attn")]
-    if linear:
-        raise UnsupportedModelError(
-            f"{arch}: layers {linear} have no softmax attention (linear-attention blocks of a hybrid "
-            "model such as Qwen3-Next); ropelens measures softmax-attention RoPE models only."
-        )
-    attns = [getattr(b.attn, "original_component", None) for b in blocks]
+    for i, b in enumerate(blocks):
+        hidden = None if hasattr(b, "attn") else _softmax_attention_in(getattr(b, "original_component", None))
+        if hidden is not None:
+            raise UnsupportedModelError(
+                f"{arch}: layer {i}'s softmax attention ({hidden}) is wrapped whole by its TransformerLens adapter, "
+                "which exposes no hooks for its queries and keys, so ropelens cannot capture them."
+            )
+    attns = [getattr(getattr(b, "attn", None), "original_component", None) for b in blocks]
     if getattr(cfg, "use_bidirectional_attention", None) in (True, "all"):
         raise UnsupportedModelError(
             f"{arch}: use_bidirectional_attention={cfg.use_bidirectional_attention!r}: every token attends both ways "
@@ -112,7 +142,8 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: layers {shared} reuse an earlier layer's keys (num_kv_shared_layers, Gemma 4 "
             "E2B/E4B) and compute none of their own, so ropelens cannot capture the keys their scores are made of."
         )
-    types = set(getattr(cfg, "layer_types", None) or ())
+    # the layer types of attention layers only: a hybrid's other layers have no mask to read
+    types = {t for t, b in zip(getattr(cfg, "layer_types", None) or (), blocks) if hasattr(b, "attn")}
     unknown = types - set(_KIND)
     if unknown:
         raise UnsupportedModelError(
@@ -176,8 +207,17 @@ def rope_spec(model) -> RopeSpec:
                 or arch.startswith(("GPTJ", "CodeGen")))
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
     calls = _rotary_calls(model, attns)
+    blocks = _blocks(model)
     layers = []
     for i, attn in enumerate(attns):
+        decoder = getattr(blocks[i], "original_component", None)
+        mixer = _mixer(decoder)
+        if attn is None:  # a hybrid's linear-attention, convolution or state-space layer: listed, never measured
+            kind, name = mixer or ("none", type(decoder).__name__)
+            layers.append(LayerRope(layer=i, inv_freq=torch.zeros(0), head_dim=0, rotary_dim=0, pairing="half",
+                                    n_heads=0, n_kv_heads=0, score_scale=0.0, kind=kind, mixer=name,  # type: ignore[arg-type]
+                                    n_ctx=n_ctx))
+            continue
         ltype = layer_types[i] if layer_types else None
         inv, scaling = _inv_freq_for(rotaries, attn, ltype)
         # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
@@ -223,6 +263,8 @@ def rope_spec(model) -> RopeSpec:
                 n_ctx=n_ctx,
                 softcap=_softcap(attn, cfg),
                 sinks=_sinks(attn),
+                mixer=mixer[1] if mixer else None,
+                output_gate=_output_gate(attn, n_heads, head_dim),
             )
         )
         if calls is not None and i in calls and inv.numel():
@@ -345,9 +387,10 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
     from ropelens.models import device_of
 
     view = _hf_tree(hf_model_of(model))
-    kinds = {type(a) for a in attns}
+    kinds = {type(a) for a in attns if a is not None}
     mods = [m for m in view.modules() if type(m) in kinds]
-    if len(mods) != len(attns):
+    where = [i for i, a in enumerate(attns) if a is not None]  # the layer of each attention module, in order
+    if len(mods) != len(where):
         return None
     current: list[int | None] = [None]
     calls: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -371,7 +414,7 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
     def enter(i):
         return lambda _m, _a: current.__setitem__(0, i)
 
-    handles = [m.register_forward_pre_hook(enter(i)) for i, m in enumerate(mods)]
+    handles = [m.register_forward_pre_hook(enter(i)) for i, m in zip(where, mods, strict=True)]
     handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
     mod.apply_rotary_pos_emb = tap
     try:
@@ -469,6 +512,13 @@ def _uses_rope(attn, cfg, layer: int) -> bool:
         return bool(use)
     nope = getattr(cfg, "no_rope_layers", None)  # 1 = rotates, 0 = NoPE, one entry per layer
     return not (isinstance(nope, (list, tuple)) and layer < len(nope) and not nope[layer])
+
+
+def _output_gate(attn, n_heads: int, head_dim: int) -> bool:
+    """Whether the attention gates its output (Qwen3-Next: q_proj also makes one sigmoid gate per query dim)."""
+    q_proj = getattr(attn, "q_proj", None)
+    weight = getattr(getattr(q_proj, "original_component", q_proj), "weight", None)  # under the bridge's wrapper
+    return isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.shape[0] == 2 * n_heads * head_dim
 
 
 def _softcap(attn, cfg) -> float | None:

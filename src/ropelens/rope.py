@@ -21,9 +21,12 @@ from torch import Tensor
 from ropelens.errors import InputError
 
 Pairing = Literal["half", "adjacent"]
-LayerKind = Literal["full", "sliding", "nope"]
+LayerKind = Literal["full", "sliding", "nope", "linear", "conv", "mamba", "recurrent", "none"]
+# Layers of a hybrid model with no softmax attention (Qwen3-Next's Gated DeltaNet, LFM2's short convolution,
+# Bamba's Mamba): listed in the spec so its layer numbers stay the model's, never measured.
+MIXER_KINDS = frozenset({"linear", "conv", "mamba", "recurrent", "none"})
 
-__all__ = ["LayerRope", "RopeSpec", "expand_kv", "merge_planes", "plane_dims", "plane_norms", "split_planes"]
+__all__ = ["MIXER_KINDS", "LayerRope", "RopeSpec", "expand_kv", "merge_planes", "plane_dims", "plane_norms", "split_planes"]
 
 
 def plane_dims(rotary_dim: int, pairing: Pairing) -> Int[Tensor, "n_planes 2"]:
@@ -136,6 +139,12 @@ class LayerRope:
     # the q and k entering the score are a per-head norm (a per-position rescaling) and per-dim gain of the
     # rotated q and k (HunYuan dense, NanoChat); see "Norm after RoPE" in the class docstring
     norm_after_rope: bool = False
+    # HF class of the layer's other token mixer: the one it has instead of softmax attention (kind in
+    # MIXER_KINDS; heads and widths are then 0), or the one running beside its attention (Falcon-H1's Mamba)
+    mixer: str | None = None
+    # a sigmoid gate on the attention output, sigmoid(x·W_g) ⊙ (softmax·V) (Qwen3-Next): it acts after the
+    # softmax, so the logits and the pattern ropelens measures are the same with or without it
+    output_gate: bool = False
 
     def __post_init__(self) -> None:
         if self.direction not in (1, -1):
@@ -148,12 +157,16 @@ class LayerRope:
             )
         if self.rotary_dim > self.head_dim:
             raise InputError(f"rotary_dim {self.rotary_dim} exceeds head_dim {self.head_dim}")
-        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+        if self.kind in MIXER_KINDS:
+            if self.rotary_dim or self.n_heads or self.n_kv_heads or self.head_dim:
+                raise InputError(f"layer {self.layer}: a {self.kind!r} layer has no softmax attention: no heads, no planes")
+        elif self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
             raise InputError(
                 f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
             )
-        if (self.kind == "nope") != (self.rotary_dim == 0):
-            raise InputError(f"layer {self.layer}: kind 'nope' is exactly the layers with no rotary planes")
+        if (self.kind == "nope" or self.kind in MIXER_KINDS) != (self.rotary_dim == 0):
+            raise InputError(f"layer {self.layer}: kind 'nope' (or a layer without attention) is exactly the layers "
+                             "with no rotary planes")
         if self.sinks is not None and len(self.sinks) != self.n_heads:
             raise InputError(f"sinks has {len(self.sinks)} entries for {self.n_heads} heads")
 
@@ -197,6 +210,11 @@ class LayerRope:
     def plane_sums(self, x: Float[Tensor, "... head_dim"]) -> Float[Tensor, "... n_planes"]:
         """x^(i)₀ + x^(i)₁ for every plane i (of ``q * k``: q^(i)·k^(i))."""
         return plane_sums(x, self.rotary_dim, self.pairing)
+
+    @property
+    def attention(self) -> bool:
+        """Whether this layer has softmax attention (False for the linear, convolution or state-space layers of a hybrid)."""
+        return self.kind not in MIXER_KINDS
 
     @property
     def rotary(self) -> bool:
@@ -323,17 +341,26 @@ class RopeSpec:
         """Layers that rotate (NoPE layers left out)."""
         return [lr.layer for lr in self.layers if lr.rotary]
 
+    @property
+    def attention_layers(self) -> list[int]:
+        """Layers with softmax attention (a hybrid's linear, convolution and state-space layers left out)."""
+        return [lr.layer for lr in self.layers if lr.attention]
+
     def layer_indices(self, layers: Sequence[int] | None = None, kind: str | None = None, *,
                       rotary_only: bool = True) -> list[int]:
         """Validate a layer selection (None = every rotary layer), optionally restricted to one layer kind.
 
         Per-plane analyses have nothing to measure in a NoPE layer, so with ``rotary_only`` asking
-        for one is an error that names it, and None selects the rotary layers only.
+        for one is an error that names it, and None selects the rotary layers only. A layer without
+        softmax attention (a hybrid's linear-attention layer) has nothing to measure either way.
         """
         if kind is not None and kind not in self.kinds:
             raise InputError(f"layer kind {kind!r} not in this model; it has {sorted(self.kinds)}")
+        if kind in MIXER_KINDS:
+            raise InputError(f"layer kind {kind!r} has no softmax attention (layers {_ranges(self.kinds[kind])}): "
+                             f"nothing to measure; the attention layers are {_ranges(self.attention_layers) or 'none'}")
         if layers is None:
-            chosen = self.rotary_layers if rotary_only else list(range(self.n_layers))
+            chosen = self.rotary_layers if rotary_only else self.attention_layers
         else:
             chosen = []
             for idx in layers:
@@ -344,6 +371,12 @@ class RopeSpec:
                         f"layer {idx} out of range: the model has {self.n_layers} layers (0..{self.n_layers - 1})"
                     )
                 chosen.append(idx % self.n_layers)
+            mixers = [self.layers[i] for i in chosen if not self.layers[i].attention]
+            if mixers:
+                lr = mixers[0]
+                raise InputError(
+                    f"layer {lr.layer} is a {lr.kind!r} layer ({lr.mixer}) with no softmax attention: nothing to "
+                    f"measure; the attention layers are {_ranges(self.attention_layers) or 'none'}")
         if rotary_only and layers is not None:
             nope = [i for i in chosen if not self.layers[i].rotary]
             if nope:
@@ -421,6 +454,8 @@ class RopeSpec:
                     "window": lr.window,
                     "softcap": lr.softcap,
                     "sinks": lr.sinks is not None,
+                    "mixer": lr.mixer,
+                    "output_gate": lr.output_gate,
                     "shortest_wavelength": float(finite.min()) if finite.numel() else math.nan if not wl.numel() else math.inf,
                     "longest_wavelength": longest,
                     "planes_beyond_ctx": int((wl > self.n_ctx).sum()),

@@ -129,10 +129,21 @@ def rotation_error(lr: LayerRope, q_post: Tensor) -> float:
     return float((pred - q_post).abs().max() / q_post.abs().max().clamp_min(1e-30))
 
 
-def _rotation_from_pre(lr: LayerRope, pre: Tensor, post: Tensor) -> float:
-    """Relative max error of captured post-RoPE ``[pos, head, d]`` against the spec's rotation of the captured pre-RoPE."""
+def _rotation_from_pre(lr: LayerRope, pre: Tensor, post: Tensor, ablated: bool = False) -> float:
+    """Relative max error of captured post-RoPE ``[pos, head, d]`` against the spec's rotation of the captured pre-RoPE.
+
+    With ``ablated`` (a plane ablation is active), planes zeroed after RoPE at every position are zero in
+    the prediction too, as the rotation of position 0 predicts them where the pre-RoPE query is constant.
+    """
     pos = torch.arange(pre.shape[0], device=pre.device)
     pred = lr.rotate(pre.transpose(0, 1), pos).transpose(0, 1)
+    if ablated:
+        gone = (lr.split(post) == 0).all(-1).all(0)  # [head, plane]: zero at every position
+        dims = lr.plane_dims.to(post.device)
+        mask = torch.zeros(post.shape[1:], dtype=torch.bool, device=post.device)
+        mask[:, dims[:, 0]] = gone
+        mask[:, dims[:, 1]] = gone
+        pred = pred.masked_fill(mask, 0.0)
     return float((pred - post).abs().max() / post.abs().max().clamp_min(1e-30))
 
 
@@ -307,7 +318,8 @@ class _Probe:
                 # the repeated-token row, [pos, head, d]; the rotation's own output (before a norm after RoPE)
                 pre, post = t[f"{which}_pre"][0], t[f"{which}_rot"][0]
                 same = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(pre.abs().max().clamp_min(1e-30))
-                err = rotation_error(lr, post) if same else _rotation_from_pre(lr, pre, post)
+                ablated = bool(getattr(self.model, "_ropelens_interventions", 0))
+                err = rotation_error(lr, post) if same else _rotation_from_pre(lr, pre, post, ablated)
                 self._note("rotation", L, path, err, which)
 
     def _compare(self, L: int, acts: dict[str, dict[int, dict[str, Tensor]]], query: Tensor | None, key: Tensor | None,

@@ -86,7 +86,7 @@ class HFLayer:
     probs: Tensor  # [b, H, n, n] HF's attention probabilities
 
 
-def hf_layers(hf, toks: Tensor) -> list[HFLayer]:
+def hf_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
     """Run HF's eager forward and record, per layer, what its ``eager_attention_forward`` received."""
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "eager_attention_forward", None)
@@ -107,7 +107,8 @@ def hf_layers(hf, toks: Tensor) -> list[HFLayer]:
             probs = hf(toks, output_attentions=True).attentions
     finally:
         mod.eager_attention_forward = orig
-    return [HFLayer(probs=probs[L].detach(), **got[L]) for L in range(len(probs))]
+    # output_attentions holds one map per attention layer, in order (a hybrid's other layers have none)
+    return {L: HFLayer(probs=p.detach(), **got[L]) for L, p in zip(sorted(got), probs, strict=True)}
 
 
 def _inline_layers(hf, toks: Tensor, mod) -> list[HFLayer]:

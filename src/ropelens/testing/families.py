@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.verify import rotation_error, verify_model
+from ropelens.verify import _rotation_from_pre, rotation_error, verify_model
 
 __all__ = ["FAMILIES", "Family", "FamilyCheck", "check_family", "family_model_dir", "rotation_error"]
 
@@ -65,6 +65,9 @@ class Family:
     softcap: float | None = None
     sinks: bool = False
     nope_layers: tuple[int, ...] = ()
+    mixer_layers: dict[int, str] = field(default_factory=dict)  # layer → kind, for layers without softmax attention
+    output_gate: bool = False  # a sigmoid gate on the attention output (Qwen3-Next)
+    mixer: str | None = None  # the HF class of a token mixer running beside every attention layer (Falcon-H1)
     score_scale: float | None = None  # None: head_dim ** -0.5
     head_dims: dict[int, int] = field(default_factory=dict)  # layer → head width where it is not the config's
     kv_heads: dict[int, int] = field(default_factory=dict)  # layer → KV heads where they are not the config's
@@ -147,7 +150,38 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
                 shared_expert_intermediate_size=32, layer_types=["linear_attention", "full_attention"] * 2,
                 linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
                 rope_parameters=_rp(partial_rotary_factor=0.25)),
-           refused="no softmax attention", needs="linear-attention (Gated DeltaNet) layers beside attention"),
+           rotary_fraction=0.25, mixer_layers={0: "linear", 2: "linear"}, output_gate=True,
+           needs="linear-attention (Gated DeltaNet) layers beside gated attention, partial rotary 0.25"),
+    Family("qwen3_5_text", "Qwen3_5TextConfig",
+           dict(_BASE, head_dim=16, layer_types=["linear_attention", "full_attention"] * 2, linear_num_value_heads=2,
+                linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                rope_parameters=_rp(partial_rotary_factor=0.25)),
+           rotary_fraction=0.25, mixer_layers={0: "linear", 2: "linear"}, output_gate=True,
+           needs="linear-attention (Gated DeltaNet) layers beside gated attention, partial rotary 0.25"),
+    Family("lfm2", "Lfm2Config", dict(_BASE, layer_types=["conv", "full_attention"] * 2, rope_parameters=_rp()),
+           mixer_layers={0: "conv", 2: "conv"}, needs="short-convolution layers beside attention, q/k norm"),
+    Family("falcon_h1", "FalconH1Config", dict(_BASE, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16,
+                                               rope_parameters=_rp()),
+           mixer="FalconH1Mixer", needs="a Mamba-2 mixer beside the attention of every layer, key multiplier"),
+    Family("bamba", "BambaConfig", dict(_BASE, attn_layer_indices=[1, 3], mamba_n_heads=8, mamba_d_head=16,
+                                        rope_parameters=_rp(partial_rotary_factor=0.5)),
+           rotary_fraction=0.5, mixer_layers={0: "mamba", 2: "mamba"}, needs="Mamba-2 layers beside attention, partial rotary 0.5"),
+    Family("granitemoehybrid", "GraniteMoeHybridConfig",
+           dict(_BASE, layer_types=["linear_attention", "full_attention"] * 2, position_embedding_type="rope",
+                attention_multiplier=0.2, mamba_n_heads=8, mamba_d_head=16, shared_intermediate_size=32,
+                rope_parameters=_rp(), **_MOE),
+           score_scale=0.2, mixer_layers={0: "mamba", 2: "mamba"},
+           needs="Mamba-2 layers beside attention (Granite 4), attention multiplier as the score scale"),
+    Family("recurrent_gemma", "RecurrentGemmaConfig",
+           dict(_no("max_position_embeddings", _BASE), num_hidden_layers=3, block_types=["recurrent", "attention"],
+                lru_width=64, attention_window_size=8, partial_rotary_factor=0.5,
+                rope_parameters=_rp(partial_rotary_factor=0.5)),
+           refused="wrapped whole", needs="RG-LRU recurrent layers beside local attention"),
+    Family("olmo_hybrid", "OlmoHybridConfig",
+           dict(_BASE, layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=2,
+                linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, rope_parameters=_rp()),
+           mixer_layers={0: "linear", 2: "linear"}, refused="fails the qk check", refused_at="probe",
+           needs="Gated DeltaNet layers beside attention whose q/k norm over the whole projection the adapter does not hook"),
     Family("llama4", "Llama4TextConfig",
            dict(_BASE, head_dim=16, num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=128,
                 no_rope_layers=[1, 1, 1, 0], attention_chunk_size=8, rope_parameters=_rp()),
@@ -306,6 +340,15 @@ def _softmax_inputs(out: dict[int, torch.Tensor]) -> Iterator[None]:
 def _spec_errors(fam: Family, spec) -> list[str]:
     errs = []
     for lr in spec.layers:
+        if lr.layer in fam.mixer_layers or not lr.attention:  # a hybrid's other layers: their kind, nothing else
+            want = fam.mixer_layers.get(lr.layer, "an attention layer")
+            if lr.kind != want or lr.attention or not lr.mixer:
+                errs.append(f"layer {lr.layer} kind {lr.kind!r} ({lr.mixer}) != {want!r}")
+            continue
+        if lr.output_gate != fam.output_gate:
+            errs.append(f"layer {lr.layer} output_gate {lr.output_gate} != {fam.output_gate}")
+        if lr.mixer != fam.mixer:
+            errs.append(f"layer {lr.layer} mixer {lr.mixer!r} != {fam.mixer!r}")
         nope = lr.layer in fam.nope_layers
         d = fam.layer_head_dim(lr.layer)
         want_rot = 0 if nope else d if lr.layer in fam.turning else 2 * int(d * fam.rotary_fraction / 2)
@@ -330,6 +373,14 @@ def _spec_errors(fam: Family, spec) -> list[str]:
             errs.append(f"layer {lr.layer} score_scale {lr.score_scale} != {want_scale}")
         errs += [f"layer {lr.layer} {k} {got!r} != {want!r}" for k, (got, want) in checks.items() if got != want]
     return errs
+
+
+def _probs_by_layer(probs, spec) -> dict[int, torch.Tensor]:
+    """HF's ``output_attentions`` keyed by layer: a hybrid returns one map per attention layer only, in order."""
+    if probs is None:
+        return {}
+    layers = range(spec.n_layers) if len(probs) == spec.n_layers else spec.attention_layers
+    return {L: p for L, p in zip(layers, probs) if p is not None}
 
 
 def _hf_inv_freq(hf, lr) -> torch.Tensor:
@@ -382,7 +433,7 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
     toks = torch.randint(4, VOCAB, (1, N_CHECK), generator=g)
     toks[0, 0] = 1
     with torch.no_grad(), _hf_scores(hf) as scores:
-        probs = hf(toks, output_attentions=True).attentions
+        probs = _probs_by_layer(hf(toks, output_attentions=True).attentions, spec)
     dec = decompose_attention(model, toks, bands=Bands.all(), layers=rotary, verify=False)  # this is the independent check
     res.scores_err = res.pattern_err = res.band_pattern_err = 0.0
     for L in rotary:
@@ -405,7 +456,12 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
     res.pairing_err = 0.0
     for L in rotary:
         lr, q, pre = spec[L], acts[L]["q_rot"][0], acts[L]["q_pre"][0]  # [pos, head, d], before a norm after RoPE
-        if rotary[0] != L and float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
+        if float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
+            if rotary[0] != L:
+                continue
+            # a hybrid's linear-attention layers before the first attention layer mix positions: its pre-RoPE
+            # queries differ, so the model's rotation is checked from them (captured before and after it)
+            res.pairing_err = max(res.pairing_err, _rotation_from_pre(lr, pre, q))
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
     return res

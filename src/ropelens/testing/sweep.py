@@ -31,6 +31,8 @@ from ropelens.testing.families import (
     FamilyCheck,
     _hf_inv_freq,
     _hf_scores,
+    _probs_by_layer,
+    _rotation_from_pre,
     rotation_error,
 )
 
@@ -470,6 +472,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         res.refusal = str(e)
         return res
     res.scores_err = res.pattern_err = 0.0
+    probs = _probs_by_layer(probs, spec)
     for L in rotary:
         ours = dec.logits(L)
         ok = torch.isfinite(ours)
@@ -478,7 +481,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             res.scores_err = max(res.scores_err, float((ours[ok] - ref[ok]).abs().max() / ref[ok].abs().max()))
         else:
             res.scores_err = math.nan
-        ref_p = probs[L] if probs is not None and len(probs) > L and probs[L] is not None else None
+        ref_p = probs.get(L)
         if ref_p is None or ref_p.shape != ours.shape:
             res.pattern_err = math.nan
             continue
@@ -488,7 +491,12 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
     res.pairing_err = 0.0
     for L in rotary:  # as in check_family: layers whose pre-RoPE queries vary with position are skipped
         lr, q, pre = spec[L], acts[L]["q_post"][0], acts[L]["q_pre"][0]
-        if rotary[0] != L and float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
+        if float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
+            if rotary[0] != L:
+                continue
+            # a hybrid's linear-attention layers before the first attention layer mix positions: its pre-RoPE
+            # queries differ, so the model's rotation is checked from them (captured before and after it)
+            res.pairing_err = max(res.pairing_err, _rotation_from_pre(lr, pre, q))
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
     return res
