@@ -12,6 +12,7 @@ from ropelens.analyses.decay import (
 from ropelens.analyses.decompose import AttentionDecomposition, decompose_attention
 from ropelens.analyses.distance import AttentionByDistance, attention_by_distance
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
+from ropelens.analyses.possym import PositionalSymbolic, positional_symbolic
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.bands import Bands
@@ -36,6 +37,7 @@ __all__ = [
     "Bands",
     "FrequencyUsage",
     "LayerRope",
+    "PositionalSymbolic",
     "InputError",
     "NotRotaryError",
     "UnsupportedModelError",
@@ -62,6 +64,7 @@ __all__ = [
     "offsets",
     "passkey",
     "pe_similarity",
+    "positional_symbolic",
     "rope_decay_by_distance",
     "rope_decay_constant",
     "rope_gaussian_expectation",

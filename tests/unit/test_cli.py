@@ -251,7 +251,7 @@ def test_offsets_and_predict_base_commands(tiny_dir, capsys):
     assert main(["predict-base", path, "--lengths", "x"]) == 2
 
 
-CORPUS_COMMANDS = ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets", "bands", "entropy")
+CORPUS_COMMANDS = ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets", "bands", "entropy", "possym")
 
 
 @pytest.mark.parametrize("command", CORPUS_COMMANDS)
@@ -388,3 +388,20 @@ def test_no_adapter_message_names_the_families_listing(monkeypatch):
 
     with pytest.raises(UnsupportedModelError, match=r"ropelens inspect --families"), models._bridge_errors(Model()):
         raise ValueError("Could not determine supported architecture for Model")
+
+
+def test_possym_command(tiny_dir, tmp_path, capsys):
+    """possym prints JSON that agrees with the saved result and refuses a bad margin."""
+    import json as _json
+
+    from ropelens.analyses.possym import PositionalSymbolic
+
+    path = str(tiny_dir("llama-gqa"))
+    common = ["--n-ctx", "32", "--tokens", "64", "--device", "cpu"]
+    assert main(["possym", path, *common, "--json", "--save", str(tmp_path / "ps.json")]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    saved = PositionalSymbolic.load(tmp_path / "ps.json")
+    assert [r["call_logit"] for r in out["heads"]] == [c for row in saved.calls("logit") for c in row]
+    assert out["heads"][0]["positional_attention"] == pytest.approx(float(saved.scores("attention")[0][0, 0]))
+    assert main(["possym", path, *common, "--margin", "1.5"]) == 2
+    assert "--margin must lie in [0, 1]" in capsys.readouterr().err

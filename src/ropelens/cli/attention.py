@@ -1,4 +1,4 @@
-"""``ropelens sinks``, ``distance``, ``massive`` and ``offsets``: where attention goes and what drives it."""
+"""``ropelens sinks``, ``distance``, ``massive``, ``offsets`` and ``possym``: where attention goes and what drives it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from ropelens.cli.common import CorpusCommand, add_command, load_from_args
 from ropelens.errors import InputError
 
-__all__ = ["add_distance", "add_massive", "add_offsets", "add_sinks"]
+__all__ = ["add_distance", "add_massive", "add_offsets", "add_possym", "add_sinks"]
 
 
 def add_sinks(subparsers: argparse._SubParsersAction) -> None:
@@ -127,4 +127,36 @@ def run_offsets(args: argparse.Namespace) -> int:
     if run.output.json:
         return run.output.emit({"summary": summary.to_dict("records")})
     print(summary.to_string(index=False, float_format="%.3f"))
+    return 0
+
+
+def add_possym(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens possym [MODEL]``: positional versus symbolic heads under a key-content permutation."""
+    p = add_command(subparsers, "possym", run_possym, distributed=True)
+    CorpusCommand.add_to(p, tokens=2_048, n_ctx=256, save="PositionalSymbolic JSON", bands=False)
+    p.add_argument("--margin", type=float, default=0.25,
+                   help="P - S that calls a head positional (or S - P symbolic) (default: 0.25)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the key permutation (default: 0)")
+
+
+def run_possym(args: argparse.Namespace) -> int:
+    """Positional versus symbolic heads (after Urrutia et al., ICLR 2026)
+
+    Moves key contents to other positions (one seeded permutation, the model's own RoPE) and asks per head
+    whether its logits stay put (positional, P) or follow the content (symbolic, S), on logits and on attention.
+    """
+    from ropelens.analyses.possym import positional_symbolic
+
+    run = CorpusCommand.from_args(args)
+    if not 0 <= args.margin <= 1:
+        raise InputError(f"--margin must lie in [0, 1], got {args.margin}: e.g. --margin 0.25")
+    corpus, kw = run.prepare(positional_symbolic)
+    r = positional_symbolic(load_from_args(args), corpus, **kw, margin=args.margin, seed=args.seed)
+    run.output.save_result(r)
+    frame = r.to_frame()
+    if run.output.json:
+        return run.output.emit({"findings": [f.text for f in r.findings()], "heads": frame.to_dict("records")})
+    for f in r.findings():
+        print(f.text)
+    print(frame.to_string(index=False, float_format="%.3f"))
     return 0

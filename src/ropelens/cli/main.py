@@ -22,7 +22,7 @@ from ropelens.cli.analysis import (
     add_heads,
     add_usage,
 )
-from ropelens.cli.attention import add_distance, add_massive, add_offsets, add_sinks
+from ropelens.cli.attention import add_distance, add_massive, add_offsets, add_possym, add_sinks
 from ropelens.cli.common import Parser
 from ropelens.cli.geometry import add_pe_geometry
 from ropelens.cli.inspect import add_inspect
@@ -44,7 +44,7 @@ EXIT_USAGE = 2
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_inspect, add_report, add_usage, add_decompose, add_decompose_stats, add_heads, add_variants, add_truncate,
     add_context, add_sinks, add_distance, add_massive, add_offsets, add_predict_base, add_passkey,
-    add_pe_geometry, add_compare, add_bands, add_entropy,
+    add_pe_geometry, add_compare, add_bands, add_entropy, add_possym,
 )
 
 
@@ -65,7 +65,7 @@ def _join_process_group(args: argparse.Namespace) -> None:
     """Under torchrun: join the process group, take this rank's device, and let only rank 0 print."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not getattr(args, "distributed", False):
         raise InputError(f"ropelens {args.command} does not split its work across processes: run it without torchrun "
-                         "(usage, decompose-stats, heads, sinks, distance, massive, offsets, entropy and report do)")
+                         "(usage, decompose-stats, heads, sinks, distance, massive, offsets, entropy, possym and report do)")
     device = init_from_env(getattr(args, "device", None))
     if device is None:
         return
