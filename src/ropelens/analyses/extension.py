@@ -258,13 +258,6 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     methods = sorted(dict.fromkeys(methods), key=lambda n: list(METHODS).index(n) if n in METHODS else -1)
     # the unmodified model first: methods that rotate as it does at a length reuse its cells
     variants = extension_variants(layer0, native, to, methods, p=p, longrope=longrope)
-    if passkey_lengths is None:
-        passkey_lengths = tuple(n for n in lengths if _prompt_fits(model.tokenizer, n))
-    passkey_lengths = tuple(sorted({check_number(n, "each passkey length", at_least=2, integer=True)
-                                    for n in passkey_lengths}))
-    if passkey_lengths and not depths:
-        raise InputError("depths is empty: pass passkey depths, e.g. (0.1, 0.5, 0.9), or no passkey lengths")
-
     t0 = time.perf_counter()
     windows: dict[int, tuple[torch.Tensor, str, str | None]] = {}
     for n in lengths:  # cut first: a target the corpus cannot fill fails before anything runs
@@ -273,6 +266,13 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
             raise InputError(f"the corpus holds {tokens.shape[0]} window(s) of {n} tokens, fewer than n_windows="
                              f"{n_windows}: lower --windows or --to, or pass a larger corpus")
         windows[n] = (tokens, cname, csha)
+    if passkey_lengths is None:
+        passkey_lengths = tuple(n for n in lengths if _prompt_fits(model.tokenizer, n))
+    passkey_lengths = tuple(sorted({check_number(n, "each passkey length", at_least=2, integer=True)
+                                    for n in passkey_lengths}))
+    if passkey_lengths and not depths:
+        raise InputError("depths is empty: pass passkey depths, e.g. (0.1, 0.5, 0.9), or no passkey lengths")
+
     fp = weights_fingerprint(model)["weights_sha256"]
     base_cfg = {"model": model_label(model), "weights": fp, "native": native, "target": to}
     cells = _Cells(None if out is None else Path(out) / "cells")
