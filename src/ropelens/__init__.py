@@ -11,6 +11,7 @@ from ropelens.analyses.decay import (
 )
 from ropelens.analyses.decompose import AttentionDecomposition, decompose_attention
 from ropelens.analyses.distance import AttentionByDistance, attention_by_distance
+from ropelens.analyses.extension import ExtensionStudy, extension_study
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.possym import PositionalSymbolic, positional_symbolic
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
@@ -35,6 +36,7 @@ __all__ = [
     "AttentionSinks",
     "BandStatistics",
     "Bands",
+    "ExtensionStudy",
     "FrequencyUsage",
     "LayerRope",
     "PositionalSymbolic",
@@ -55,6 +57,7 @@ __all__ = [
     "decompose_attention",
     "describe_curve",
     "distributed",
+    "extension_study",
     "extrapolation",
     "frequency_usage",
     "heads",

@@ -405,3 +405,42 @@ def test_possym_command(tiny_dir, tmp_path, capsys):
     assert out["heads"][0]["positional_attention"] == pytest.approx(float(saved.scores("attention")[0][0, 0]))
     assert main(["possym", path, *common, "--margin", "1.5"]) == 2
     assert "--margin must lie in [0, 1]" in capsys.readouterr().err
+
+
+def test_extend_command_end_to_end(tmp_path, capsys):
+    """ropelens extend writes the page, the tables and one cell per (method, length); a rerun reads them."""
+    from ropelens.analyses.extension import ExtensionStudy
+    from ropelens.testing import tiny_model_dir
+
+    path = str(tiny_model_dir("llama", tmp_path / "m", max_position_embeddings=64))
+    out = tmp_path / "ext"
+    argv = ["extend", path, "--to", "256", "--start", "128", "--methods", "none,pi,yarn", "--windows", "1",
+            "--passkey-lengths", "256", "--depths", "0.5", "--out", str(out)]
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {f["key"] for f in data["findings"]} >= {"recommend", "loss_yarn", "passkey", "planes_pi"}
+    assert len(data["loss"]) == 3 * 2 and len(data["passkey"]) == 3
+    assert (out / "index.html").exists() and len(list((out / "cells").glob("*.json"))) == 3 * 2 + 3
+    st = ExtensionStudy.load(out / "study.json")
+    assert st.methods == ("none", "pi", "yarn") and st.provenance.config["cells_reused"] == 0
+    assert main(argv) == 0
+    assert "use " in capsys.readouterr().out
+    assert ExtensionStudy.load(out / "study.json").provenance.config["cells_reused"] == 9
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    (["--to", "64"], "the target 64 must exceed the native context 64"),
+    (["--to", "256", "--native", "512"], "--to 256 must exceed --native 512"),
+    (["--to", "256", "--methods", "yarn,rope2"], "--methods 'yarn,rope2': unknown ['rope2']"),
+    (["--to", "256", "--lengths", "a,b"], "--lengths must be a comma-separated list of integers"),
+    (["--to", "100000000", "--lengths", "100000000"], "tokens but one window of n_ctx=100000000"),
+])
+def test_extend_bad_input_is_one_line_exit_2(tmp_path, extra, match, capsys):
+    from ropelens.testing import tiny_model_dir
+
+    path = str(tiny_model_dir("llama", tmp_path / "m", max_position_embeddings=64))
+    assert main(["extend", path, *extra, "--out", str(tmp_path / "ext")]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    lines = error_lines(captured.err)
+    assert len(lines) == 1 and match in lines[0], captured.err

@@ -1,0 +1,500 @@
+"""Context-extension study: which scaling method to use for a model, measured at every length up to a target.
+
+:func:`extension_study` runs the model unmodified and under each context-extension method (PI, NTK, dynamic
+NTK, YaRN, Llama 3, LongRoPE, p-RoPE), each set for ``to / native`` where it takes a factor, and measures
+
+- the mean next-token loss at every length from a short one to ``to`` (:func:`ropelens.evaluate.window_losses`
+  on the same windows for every method);
+- passkey retrieval over length × depth (:func:`ropelens.analyses.passkey.passkey_retrieval`);
+- what the method does to every plane at ``to`` (:func:`ropelens.analyses.context.plane_view`);
+- what the base predicts (:func:`ropelens.analyses.extrapolation.base_predictions`: Liu et al.'s critical
+  dimension and extrapolation limit, Men et al.'s lower bound on the base).
+
+Each (method, length) loss and passkey measurement is one *cell*, saved atomically as its own JSON file
+in ``out/cells`` with the settings it was measured under, so a rerun skips finished cells and a killed run
+resumes. The page and the tables are written by :mod:`ropelens.report.extension`; the findings
+(:meth:`ExtensionStudy.findings`) by :mod:`ropelens.analyses.extension_findings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ropelens.errors import InputError
+from ropelens.provenance import Provenance
+from ropelens.result import Result
+from ropelens.serialize import dump_json
+from ropelens.validate import check_number
+from ropelens.variants import (
+    NTK,
+    Default,
+    DynamicNTK,
+    Linear,
+    Llama3,
+    LongRoPE,
+    PRoPE,
+    RopeVariant,
+    YaRN,
+    variant_from_dict,
+)
+
+__all__ = ["METHODS", "ROLES", "ExtensionStudy", "default_longrope", "doubling_lengths", "extension_study",
+           "extension_variants", "plane_roles"]
+
+# Short names (CLI and cell files) and their labels; "none" is the unmodified model.
+METHODS: dict[str, str] = {"none": "unmodified", "pi": "PI", "ntk": "NTK", "dynamic": "dynamic NTK",
+                           "yarn": "YaRN", "llama3": "Llama 3", "longrope": "LongRoPE", "prope": "p-RoPE"}
+_FORMAT = 1  # of the cell files
+
+
+def default_longrope(layer, native: int, target: int) -> LongRoPE:
+    """LongRoPE without a search: YaRN's per-plane rescale factors λ_i = θ_i / θ_i^YaRN (non-decreasing, ≥ 1),
+    short factors 1, n̂ = 0 and LongRoPE's own attention factor √(1 + ln s / ln L₀).
+
+    This is the YaRN member of the initial population of :func:`ropelens.analyses.context.search_longrope_factors`;
+    pass a searched :class:`~ropelens.analyses.context.LongRopeSearch` to measure searched factors instead.
+    """
+    s = target / native
+    lam = (Default().inv_freq(layer).double() / YaRN(s, native).inv_freq(layer).double()).numpy()
+    lam = np.round(np.clip(np.sort(lam), 1.0, 2.0 * s), 6)
+    return LongRoPE(short_factor=(1.0,) * len(lam), long_factor=tuple(float(x) for x in lam),
+                    original_max_position=native, factor=s)
+
+
+def extension_variants(layer, native: int, target: int, names: Sequence[str] = tuple(METHODS), *,
+                       p: float = 0.75, longrope: Any = None) -> dict[str, RopeVariant | None]:
+    """The variant of each method name for ``native`` → ``target`` (None for "none").
+
+    Factor-taking methods get s = target / native: ``Linear(s)``, ``NTK(s)``, ``DynamicNTK(s, native)``,
+    ``YaRN(s, native)``, ``Llama3(s, 1, 4, native)``; LongRoPE is ``longrope`` (a LongRoPE variant or a
+    LongRopeSearch for this native → target) or :func:`default_longrope`; p-RoPE is ``PRoPE(p)``.
+    """
+    unknown = [n for n in names if n not in METHODS]
+    if unknown or not names:
+        raise InputError(f"unknown extension method(s) {unknown or list(names)!r}: choose from {','.join(METHODS)}")
+    s = target / native
+    out: dict[str, RopeVariant | None] = {}
+    for n in names:
+        if n == "longrope":
+            out[n] = _longrope_of(longrope, layer, native, target)
+        else:
+            out[n] = {"none": lambda: None, "pi": lambda: Linear(s), "ntk": lambda: NTK(s),
+                      "dynamic": lambda: DynamicNTK(s, native), "yarn": lambda: YaRN(s, native),
+                      "llama3": lambda: Llama3(s, 1.0, 4.0, native), "prope": lambda: PRoPE(p)}[n]()
+    return out
+
+
+def _longrope_of(longrope: Any, layer, native: int, target: int) -> LongRoPE:
+    if longrope is None:
+        return default_longrope(layer, native, target)
+    if isinstance(longrope, LongRoPE):
+        return longrope
+    from ropelens.analyses.context import LongRopeSearch
+
+    if isinstance(longrope, LongRopeSearch):
+        if (longrope.original_ctx, longrope.target_len) != (native, target):
+            raise InputError(f"the LongRoPE search is for {longrope.original_ctx} → {longrope.target_len} tokens, "
+                             f"the study for {native} → {target}: search for this target or leave longrope unset")
+        return longrope.variant
+    raise InputError(f"longrope must be a LongRoPE variant or a LongRopeSearch, got {type(longrope).__name__}")
+
+
+ROLES = ("kept", "interpolated", "blended", "extrapolated", "stopped", "unrotated")
+
+
+def plane_roles(view, factor: float) -> tuple[str, ...]:
+    """What a method does to each plane: ``kept`` (unchanged, in distribution), ``interpolated`` (θ divided by
+    the whole factor or more), ``blended`` (by less: YaRN's ramp, NTK's low-to-high spread),
+    ``extrapolated`` (meets angles training never reached), ``stopped`` (θ set to 0: p-RoPE) or
+    ``unrotated`` (θ = 0 already)."""
+    out = []
+    for t0, t1, cat in zip(view.inv_freq_before.double().tolist(), view.inv_freq_after.double().tolist(),
+                           view.categories, strict=True):
+        if t0 == 0:
+            out.append("unrotated")
+        elif t1 == 0:
+            out.append("stopped")
+        elif cat == "extrapolated":
+            out.append("extrapolated")
+        elif abs(t0 / t1 - 1) <= 1e-6:
+            out.append("kept")
+        else:
+            out.append("interpolated" if t0 / t1 >= factor * (1 - 1e-6) else "blended")
+    return tuple(out)
+
+
+def _identity_view(layer, native: int, target: int):
+    """The unmodified model's planes: the same frequencies at the target (categories as plane_view gives them)."""
+    from ropelens.analyses.context import PlaneView, _categories
+
+    inv = layer.inv_freq.float()
+    return PlaneView(variant={"variant": "unmodified"}, layer=layer.layer, original_ctx=native, target_ctx=target,
+                     inv_freq_before=inv, inv_freq_after=inv.clone(), attention_scaling=float(layer.attention_scaling),
+                     categories=_categories(inv, inv, native, target))
+
+
+def doubling_lengths(start: int, target: int) -> tuple[int, ...]:
+    """start, 2·start, 4·start, … below ``target``, then ``target``."""
+    out, n = [], start
+    while n < target:
+        out.append(n)
+        n *= 2
+    return (*out, target)
+
+
+# --------------------------------------------------------------------------------------------
+# cells
+# --------------------------------------------------------------------------------------------
+class _Cells:
+    """One JSON file per cell under ``folder``, bound to the settings it was measured with."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = folder
+        self.reused = 0
+
+    def path(self, kind: str, name: str, length: int) -> Path | None:
+        return None if self.folder is None else self.folder / f"{kind}-{name}-{length}.json"
+
+    def get(self, kind: str, name: str, length: int, config: dict[str, Any]) -> dict[str, Any] | None:
+        path = self.path(kind, name, length)
+        if path is None or not path.exists():
+            return None
+        try:
+            saved = json.loads(path.read_text())
+            if not isinstance(saved, dict) or saved.get("format") != _FORMAT or "cell" not in saved:
+                raise ValueError("not a ropelens extension cell")
+            found = saved["config"]
+        except (ValueError, KeyError, UnicodeDecodeError) as e:
+            warnings.warn(f"ropelens: cell file {path} is damaged ({e}); measuring that cell again", stacklevel=3)
+            return None
+        if found != config:
+            diff = sorted(k for k in {*found, *config} if found.get(k) != config.get(k))
+            raise InputError(f"{path} holds a cell measured with other settings ({', '.join(diff)} differ): "
+                             "pass another output folder or delete that one to start over")
+        self.reused += 1
+        return saved["cell"]
+
+    def put(self, kind: str, name: str, length: int, config: dict[str, Any], cell: dict[str, Any]) -> None:
+        path = self.path(kind, name, length)
+        if path is not None:
+            dump_json(path, {"format": _FORMAT, "config": config, "cell": cell})
+
+
+def _tokens_sha(tokens: torch.Tensor) -> str:
+    return hashlib.sha256(tokens.long().numpy().tobytes()).hexdigest()[:16]
+
+
+def _prompt_fits(tokenizer, length: int) -> bool:
+    from ropelens.analyses.passkey import passkey_prompt
+
+    try:
+        passkey_prompt(tokenizer, length, 0.5, "12345")
+    except InputError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# the study
+# --------------------------------------------------------------------------------------------
+def extension_study(model, to: int, *, native: int | None = None, lengths: Sequence[int] | None = None,
+                    start: int | None = None, methods: Sequence[str] = tuple(METHODS), n_windows: int = 2,
+                    corpus: Any = None, passkey_lengths: Sequence[int] | None = None,
+                    depths: Sequence[float] = (0.1, 0.5, 0.9), n_trials: int = 1, seed: int = 0,
+                    p: float = 0.75, longrope: Any = None, tolerance: float = 0.1, batch_size: int = 1,
+                    out: str | Path | None = None, progress: bool = True) -> ExtensionStudy:
+    """Loss by length, passkey retrieval, per-plane effect and base predictions of each extension method.
+
+    ``to`` is the target context; ``native`` the trained one (default: the model's). ``lengths`` default to
+    doubling from ``start`` (default ``native / 4``, at least 2) up to ``to``; every method's loss at a length
+    is measured on the same ``n_windows`` windows of ``corpus`` (default: the embedded English text).
+    ``passkey_lengths`` default to the lengths at which a passkey prompt fits (an empty list skips passkey).
+    ``tolerance`` (nats) is what the findings call keeping the loss. With ``out``, every cell is saved in
+    ``out/cells`` as it finishes, and cells already there (same settings) are read instead of measured.
+    """
+    from tqdm.auto import tqdm
+
+    from ropelens.analyses.context import plane_view
+    from ropelens.analyses.extrapolation import base_predictions
+    from ropelens.data import analysis_windows
+    from ropelens.evaluate import bootstrap_ci, is_bridge, loss_path
+    from ropelens.intervene import apply_rope_variant, is_identity
+    from ropelens.models import weights_fingerprint
+    from ropelens.reading import model_label, rope_spec
+
+    if getattr(model, "tokenizer", None) is None:
+        raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
+    spec = rope_spec(model)
+    to = check_number(to, "to", at_least=2, integer=True, hint=" (the target context in tokens)")
+    native = spec.n_ctx if native is None else check_number(native, "native", at_least=2, integer=True)
+    if not native:
+        raise InputError("the model records no trained context length: pass native=N (--native N)")
+    if to <= native:
+        raise InputError(f"the target {to} must exceed the native context {native}: extension studies "
+                         f"lengths beyond it, e.g. to={2 * native}")
+    if lengths is None:
+        lengths = doubling_lengths(max(2, start or native // 4), to)
+    lengths = tuple(sorted({check_number(n, "each length", at_least=2, at_most=to, integer=True,
+                                         hint=f" (a context length up to the target {to})") for n in lengths}))
+    n_windows = check_number(n_windows, "n_windows", at_least=1, integer=True)
+    tolerance = check_number(tolerance, "tolerance", at_least=0)
+    n_trials = check_number(n_trials, "n_trials", at_least=1, integer=True)
+    depths = tuple(check_number(d, "each depth", at_least=0, at_most=1) for d in depths)
+    rot = spec.layer_indices()
+    layer0 = spec[rot[0]]
+    methods = sorted(dict.fromkeys(methods), key=lambda n: list(METHODS).index(n) if n in METHODS else -1)
+    # the unmodified model first: methods that rotate as it does at a length reuse its cells
+    variants = extension_variants(layer0, native, to, methods, p=p, longrope=longrope)
+    t0 = time.perf_counter()
+    windows: dict[int, tuple[torch.Tensor, str, str | None]] = {}
+    for n in lengths:  # cut first: a target the corpus cannot fill fails before anything runs
+        tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n, n_windows * n)
+        if tokens.shape[0] < n_windows:
+            raise InputError(f"the corpus holds {tokens.shape[0]} window(s) of {n} tokens, fewer than n_windows="
+                             f"{n_windows}: lower --windows or --to, or pass a larger corpus")
+        windows[n] = (tokens, cname, csha)
+    if passkey_lengths is None:
+        passkey_lengths = tuple(n for n in lengths if _prompt_fits(model.tokenizer, n))
+    passkey_lengths = tuple(sorted({check_number(n, "each passkey length", at_least=2, integer=True)
+                                    for n in passkey_lengths}))
+    if passkey_lengths and not depths:
+        raise InputError("depths is empty: pass passkey depths, e.g. (0.1, 0.5, 0.9), or no passkey lengths")
+
+    fp = weights_fingerprint(model)["weights_sha256"]
+    base_cfg = {"model": model_label(model), "weights": fp, "native": native, "target": to}
+    cells = _Cells(None if out is None else Path(out) / "cells")
+    jobs = [("loss", n, L) for n in variants for L in lengths]
+    jobs += [("passkey", n, L) for n in variants for L in passkey_lengths]
+    loss_cells: dict[tuple[str, int], dict[str, Any]] = {}
+    key_cells: dict[tuple[str, int], dict[str, Any]] = {}
+    bar = tqdm(jobs, desc="extend", unit="cell", disable=not progress)
+    for kind, name, L in bar:
+        v = variants[name]
+        bar.set_postfix_str(f"{kind} {METHODS[name]} {L}")
+        vcfg = None if v is None else v.to_dict()
+        if kind == "loss":
+            tokens, cname, csha = windows[L]
+            cfg = {**base_cfg, "kind": "loss", "variant": vcfg, "length": L, "n_windows": n_windows,
+                   "corpus": cname, "corpus_sha256": csha, "tokens_sha256": _tokens_sha(tokens)}
+        else:
+            cfg = {**base_cfg, "kind": "passkey", "variant": vcfg, "length": L, "depths": list(depths),
+                   "n_trials": n_trials, "seed": seed}
+        cell = cells.get(kind, name, L, cfg)
+        if cell is None:
+            store = loss_cells if kind == "loss" else key_cells
+            # A variant that rotates exactly as the model at this length (dynamic NTK within the native
+            # context) gives the unmodified model's numbers: copy them instead of running again.
+            n_pos = L if kind == "loss" else L + 8
+            if v is not None and ("none", L) in store and is_identity(spec, v, rot, n_pos):
+                cell = {**store[("none", L)], "same_as": "none"}
+            else:
+                t1 = time.perf_counter()
+                cell = _measure(model, kind, v, L, windows, depths, n_trials, seed, batch_size,
+                                apply_rope_variant, loss_path)
+                cell["seconds"] = time.perf_counter() - t1
+            cells.put(kind, name, L, cfg, cell)
+        (loss_cells if kind == "loss" else key_cells)[(name, L)] = cell
+    bar.close()
+
+    planes = []
+    for kind, idx in spec.rotary_kinds.items():
+        for name, v in variants.items():
+            view = _identity_view(spec[idx[0]], native, to) if v is None else plane_view(spec[idx[0]], v, native, to)
+            planes.append({"kind": kind, "method": name, **view.to_dict(), "roles": list(plane_roles(view, to / native))})
+    pred = base_predictions(spec, sorted({*lengths, native}), train_ctx=native)
+    prov = Provenance(
+        model=model_label(model), corpus=windows[lengths[0]][1], corpus_sha256=windows[lengths[0]][2],
+        n_windows=n_windows, n_ctx=to, seconds=time.perf_counter() - t0,
+        config={"native": native, "target": to, "lengths": list(lengths), "passkey_lengths": list(passkey_lengths),
+                "depths": list(depths), "n_trials": n_trials, "seed": seed, "p": p, "tolerance": tolerance,
+                "weights_sha256": fp, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                "forward": loss_path(model) if is_bridge(model) else "hf", "cells_reused": cells.reused,
+                "out": None if out is None else str(out)},
+    )
+    rows = []
+    for (name, L), c in loss_cells.items():
+        est = c.get("estimate") or bootstrap_ci(c["losses"], seed=seed).to_dict()
+        rows.append({"method": name, "length": L, "losses": c["losses"], "estimate": est,
+                     "same_as": c.get("same_as")})
+    return ExtensionStudy(
+        native=native, target=to, lengths=lengths, passkey_lengths=passkey_lengths, depths=depths,
+        n_trials=n_trials, tolerance=float(tolerance),
+        variants={n: (None if v is None else v.to_dict()) for n, v in variants.items()},
+        loss_cells=tuple(rows),
+        passkey_cells=tuple({"method": n, "length": L, "trials": c["trials"], "same_as": c.get("same_as")}
+                            for (n, L), c in key_cells.items()),
+        planes=tuple(planes), predictions=pred.to_dict(), provenance=prov,
+    )
+
+
+def _measure(model, kind, v, L, windows, depths, n_trials, seed, batch_size, apply_rope_variant, loss_path):
+    """One cell: the per-window losses, or the passkey trials, of ``v`` at ``L``."""
+    import contextlib
+
+    from ropelens.analyses.passkey import passkey_retrieval
+    from ropelens.evaluate import bootstrap_ci, window_losses
+
+    if kind == "passkey":
+        r = passkey_retrieval(model, [L], depths, n_trials=n_trials, seed=seed, variant=v, progress=False)
+        return {"trials": [t.to_dict() for t in r.trials], "forward": r.provenance.config.get("forward")}
+    ctx = contextlib.nullcontext() if v is None else apply_rope_variant(model, v)
+    with ctx:
+        losses = window_losses(model, windows[L][0], batch_size=batch_size, progress=False)
+        forward = loss_path(model)
+    return {"losses": [float(x) for x in losses], "estimate": bootstrap_ci(losses).to_dict(), "forward": forward}
+
+
+# --------------------------------------------------------------------------------------------
+# result
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExtensionStudy(Result):
+    """Every method's loss by length, passkey grid and per-plane effect, and the base's predictions."""
+
+    native: int
+    target: int
+    lengths: tuple[int, ...]
+    passkey_lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    n_trials: int
+    tolerance: float
+    variants: dict[str, dict[str, Any] | None]  # method name → RopeVariant.to_dict() (None: unmodified)
+    loss_cells: tuple[dict[str, Any], ...]  # method, length, losses (per window), estimate (LossEstimate dict)
+    passkey_cells: tuple[dict[str, Any], ...]  # method, length, trials (PasskeyTrial dicts)
+    planes: tuple[dict[str, Any], ...]  # kind, method and PlaneView.to_dict() at the target
+    predictions: dict[str, Any]  # BasePredictions.to_dict()
+    provenance: Provenance
+
+    KIND: ClassVar[str] = "ExtensionStudy"
+    FORMAT: ClassVar[int] = 1
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return tuple(self.variants)
+
+    def variant(self, method: str) -> RopeVariant | None:
+        """The RoPE variant a method ran under (None: the unmodified model)."""
+        d = self.variants[method]
+        return None if d is None else variant_from_dict(d)
+
+    # ---------------------------------------------------------------- tables
+    def loss_frame(self) -> pd.DataFrame:
+        """One row per (method, length): mean loss and perplexity with their bootstrap CIs over windows."""
+        rows = []
+        for c in self.loss_cells:
+            e = c["estimate"]
+            rows.append({"method": c["method"], "label": METHODS.get(c["method"], c["method"]),
+                         "length": c["length"], "n_windows": e["n_windows"], "loss": e["loss"]["mean"],
+                         "loss_lo": e["loss"]["lo"], "loss_hi": e["loss"]["hi"],
+                         "perplexity": e["perplexity"]["mean"], "same_as": c.get("same_as")})
+        df = pd.DataFrame(rows)
+        if not df.empty:
+            first = df.loc[df.groupby("method")["length"].idxmin()].set_index("method")["loss"]
+            df["delta_vs_shortest"] = df["loss"] - df["method"].map(first)
+        return df
+
+    def passkey_frame(self) -> pd.DataFrame:
+        """One row per (method, length, depth): trials, correct ones and accuracy."""
+        rows = []
+        for c in self.passkey_cells:
+            for d in self.depths:
+                ts = [t for t in c["trials"] if t["depth"] == d]
+                rows.append({"method": c["method"], "label": METHODS.get(c["method"], c["method"]),
+                             "length": c["length"], "depth": d, "n_trials": len(ts),
+                             "n_correct": sum(bool(t["correct"]) for t in ts),
+                             "accuracy": float(np.mean([t["correct"] for t in ts])) if ts else math.nan,
+                             "answers": " ".join(str(t["answer"]) for t in ts)})
+        return pd.DataFrame(rows)
+
+    def recall(self, method: str, length: int) -> tuple[int, int]:
+        """Correct passkeys and trials of ``method`` at ``length`` over every depth."""
+        for c in self.passkey_cells:
+            if c["method"] == method and c["length"] == length:
+                return sum(bool(t["correct"]) for t in c["trials"]), len(c["trials"])
+        raise KeyError((method, length))
+
+    def plane_views(self, kind: str | None = None):
+        """The :class:`~ropelens.analyses.context.PlaneView` of every method for layer kind ``kind`` (default: the first)."""
+        from ropelens.analyses.context import PlaneView
+
+        kind = kind or self.planes[0]["kind"]
+        keep = ("kind", "method", "roles")
+        return {p["method"]: PlaneView.from_dict({k: v for k, v in p.items() if k not in keep})
+                for p in self.planes if p["kind"] == kind}
+
+    def planes_frame(self) -> pd.DataFrame:
+        """One row per (layer kind, method, plane): wavelength before and after, scale and category."""
+        frames = []
+        for kind in dict.fromkeys(p["kind"] for p in self.planes):
+            for method, view in self.plane_views(kind).items():
+                roles = next(p["roles"] for p in self.planes if p["kind"] == kind and p["method"] == method)
+                frames.append(view.to_frame().assign(kind=kind, method=method, variant=METHODS[method], role=roles))
+        return pd.concat(frames, ignore_index=True)
+
+    def in_distribution_limit(self, method: str, kind: str | None = None) -> float:
+        """Longest input whose angles all stay within training: L₀ · min θ_i/θ'_i over planes that never
+        completed a turn in L₀ (∞ where there are none or the method stops them rotating)."""
+        v = self.plane_views(kind)[method]
+        before, after = v.inv_freq_before.double(), v.inv_freq_after.double()
+        slow = (before > 0) & (2 * math.pi / before.clamp_min(1e-30) > self.native)
+        if not bool(slow.any()):
+            return math.inf
+        ratio = torch.where(after[slow] > 0, before[slow] / after[slow].clamp_min(1e-30), torch.inf)
+        return float(self.native * ratio.min())
+
+    def predictors_frame(self) -> pd.DataFrame:
+        """The base's predictions per (rotary layer kind, length) (:class:`BasePredictions` rows)."""
+        return pd.DataFrame(list(self.predictions["rows"]))
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.loss_frame()
+
+    # ---------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**d, "lengths": list(self.lengths), "passkey_lengths": list(self.passkey_lengths),
+                "depths": list(self.depths), "loss_cells": list(self.loss_cells),
+                "passkey_cells": list(self.passkey_cells), "planes": list(self.planes),
+                "provenance": self.provenance.to_dict(), "findings": [f.to_dict() for f in self.findings()]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExtensionStudy:
+        d = {k: v for k, v in d.items() if k != "findings"}  # derived: written again from the numbers
+        return cls(**{**d, "lengths": tuple(d["lengths"]), "passkey_lengths": tuple(d["passkey_lengths"]),
+                      "depths": tuple(d["depths"]), "loss_cells": tuple(d["loss_cells"]),
+                      "passkey_cells": tuple(d["passkey_cells"]), "planes": tuple(d["planes"]),
+                      "provenance": Provenance.from_dict(d["provenance"])})
+
+    # ---------------------------------------------------------------- views
+    def findings(self):
+        from ropelens.analyses.extension_findings import study_findings
+
+        return study_findings(self)
+
+    def figure(self):
+        """Loss by length per method, with the native context and the base's predicted limits."""
+        from ropelens.report.extension import loss_figure
+
+        return loss_figure(self)
+
+    def write(self, out: str | Path) -> Path:
+        """``out/index.html`` (the page), ``study.json`` and a CSV per table; returns the page's path."""
+        from ropelens.report.extension import write_study
+
+        return write_study(self, out)
+
+    def _repr_text(self) -> str:
+        return f"ExtensionStudy({self.provenance.model}, {self.native} → {self.target})"
