@@ -364,7 +364,8 @@ def test_inspect_families_lists_the_matrix_without_a_model(capsys, monkeypatch):
         status = rows[name][len(name):].split("  ")
         status = next(s.strip() for s in status if s.strip())
         assert status == "exact" if fam.refused is None else status.startswith("refused") and fam.refused in status
-    assert rows["nanochat"].split()[1] == "exact" and "adapter" in rows["ministral"]
+    assert rows["nanochat"].split()[1] == "exact" and rows["ministral"].split()[1] == "exact"
+    assert "differential attention" in rows["diffllama"]
     assert main(["inspect", "--families", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [d["family"] for d in data] == list(FAMILIES)
