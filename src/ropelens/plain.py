@@ -212,9 +212,9 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         return UnsupportedModelError(refusal(model.cfg, f"its queries and keys cannot be read from the HF forward ({why})"))
 
     mod = importlib.import_module(type(hf).__module__)
-    rot_fn = getattr(mod, "apply_rotary_pos_emb", None)
+    rot_fns = _rotations(mod)
     att_fn = getattr(mod, "eager_attention_forward", None)
-    if rot_fn is None or list(inspect.signature(rot_fn).parameters)[:2] != ["q", "k"]:
+    if not rot_fns:
         raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) to tap")
     attns = attention_modules(hf)
     wanted, last = set(layers), max(layers)
@@ -222,12 +222,15 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     got: dict[int, dict[str, tuple]] = {}
     done: set[int] = set()
 
-    def rot_tap(q, k, *args, **kwargs):
-        out = rot_fn(q, k, *args, **kwargs)
-        L = current[0]
-        if L in wanted and "rot" not in got.setdefault(L, {}):  # the first rotation of the layer
-            got[L]["rot"] = (q, k, *out)
-        return out
+    def rot_tap(rot_fn):
+        def tapped(q, k, *args, **kwargs):
+            out = rot_fn(q, k, *args, **kwargs)
+            L = current[0]
+            if L in wanted and "rot" not in got.setdefault(L, {}):  # the first rotation of the layer
+                got[L]["rot"] = (q, k, *out)
+            return out
+
+        return tapped
 
     def att_tap(module, query, key, value, attention_mask, *args, **kwargs):
         out = att_fn(module, query, key, value, attention_mask, *args, **kwargs)
@@ -254,7 +257,8 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     for i, a in enumerate(attns[: last + 1]):
         if a is not None:
             handles += [a.register_forward_pre_hook(enter(i)), a.register_forward_hook(leave(i))]
-    mod.apply_rotary_pos_emb = rot_tap
+    for name, fn in rot_fns.items():
+        setattr(mod, name, rot_tap(fn))
     if att_fn is not None:
         mod.eager_attention_forward = att_tap
     try:
@@ -264,7 +268,8 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     except _Stop:
         pass
     finally:
-        mod.apply_rotary_pos_emb = rot_fn
+        for name, fn in rot_fns.items():
+            setattr(mod, name, fn)
         if att_fn is not None:
             mod.eager_attention_forward = att_fn
         for h in handles:
@@ -272,6 +277,39 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     missing = sorted(wanted - done)
     if missing:
         raise cannot(f"layers {missing} ran no attention module ropelens could find")
+
+
+# the rotations a family's modeling module may apply to (q, k): Llama's form, DeepSeek V3's interleaved one, and
+# DeepSeek V2's complex product (xq, xk, freqs_cis)
+_ROTATION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
+
+
+def _rotations(mod) -> dict[str, Callable]:
+    """The (q, k, ...) -> (q, k) rotation functions ``mod`` defines, by name."""
+    out = {}
+    for name in _ROTATION_NAMES:
+        fn = getattr(mod, name, None)
+        if fn is not None and list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]):
+            out[name] = fn
+    return out
+
+
+def _mla_tensors(lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: Tensor,
+                 key: Tensor) -> dict[str, Tensor]:
+    """An MLA layer's tensors in ropelens's head layout (rotary dims first: ``LayerRope.from_model``): the attention
+    function's query and key (whole heads) with their rotary slice, at the spec's ``rotary_offset``, replaced by the
+    rotation's input (pre-RoPE, in the plane layout the rotation writes) or output. The key's rotary slice is one
+    head, shared by all."""
+    o, r = lr.rotary_offset, lr.rotary_dim
+
+    def placed(whole: Tensor, part: Tensor) -> Tensor:
+        out = whole.clone()
+        out[..., o : o + r] = part  # broadcasts the key's one shared head over every head
+        return lr.from_model(out)
+
+    return {"q_pre": placed(query, lr.pre_from_model(q)), "k_pre": placed(key, lr.pre_from_model(k)),
+            "q_rot": placed(query, q_rot), "k_rot": placed(key, k_rot),
+            "q_post": lr.from_model(query), "k_post": lr.from_model(key)}
 
 
 def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
@@ -282,7 +320,13 @@ def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
         raise cannot(f"layer {L} never called apply_rotary_pos_emb")
     q, k, q_rot, k_rot = rec["rot"]
     att = rec.get("att")
-    q_post, k_post = (att[0], att[1]) if att is not None else (q_rot, k_rot)
+    if lr.shared_rotary_key:  # multi-head latent attention: a rotary slice after the no-position dims
+        if att is None:
+            raise cannot(f"layer {L}'s attention function was not seen, and its heads are made there")
+        mla = _mla_tensors(lr, q, k, q_rot, k_rot, att[0], att[1])
+        q, k, q_rot, k_rot, q_post, k_post = (mla[n] for n in ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post"))
+    else:
+        q_post, k_post = (att[0], att[1]) if att is not None else (q_rot, k_rot)
     k, k_rot, k_post = (_one_per_kv_head(t, lr.n_kv_heads, cannot, L) for t in (k, k_rot, k_post))
     want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
     if (q_post.ndim, k_post.ndim) != (4, 4) or (q_post.shape[1], q_post.shape[-1]) != want_q \
@@ -292,7 +336,8 @@ def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
     w = q.shape[-1]
     if w < lr.head_dim:  # partial rotary: the dims after the rotated slice pass unrotated, so pre = post there
         q, k = torch.cat([q, q_post[..., w:]], -1), torch.cat([k, k_post[..., w:]], -1)
-    out = {"q_pre": q, "k_pre": k, "q_post": q_post, "k_post": k_post}
+        q_rot, k_rot = torch.cat([q_rot, q_post[..., w:]], -1), torch.cat([k_rot, k_post[..., w:]], -1)
+    out = {"q_pre": q, "k_pre": k, "q_rot": q_rot, "k_rot": k_rot, "q_post": q_post, "k_post": k_post}
     tensors = {n: t.detach().transpose(1, 2) for n, t in out.items() if n in needs}
     if "pattern" in needs:
         pattern = att[2] if att is not None else (output[1] if isinstance(output, tuple) and len(output) > 1 else None)

@@ -104,7 +104,8 @@ def test_rope_types_are_found():
 @pytest.mark.parametrize(("model_type", "status", "why"), [
     ("llama", "exact", ""),
     ("gemma3_text", "exact", ""),
-    ("deepseek_v3", "refused", "multi-head latent attention"),
+    ("deepseek_v3", "exact", ""),
+    ("deepseek_v32", "refused", "indexed_attention"),
     ("hunyuan_v1_dense", "refused", "fails the rotation check"),
     ("gemma3", "not built", "text tower is 'gemma3_text'"),
 ])
