@@ -75,11 +75,12 @@ _KIND = {"sliding_attention": "sliding", "full_attention": "full"}
 def _refuse_unsupported(model, cfg, arch: str) -> None:
     """Raise UnsupportedModelError for structures ropelens cannot measure exactly (never a wrong number)."""
     if arch.startswith("Llama4"):
+        chunk = getattr(cfg, "attention_chunk_size", None)
         raise UnsupportedModelError(
-            f"{arch}: Llama 4 attention is not supported: it rotates adjacent pairs with complex "
-            "frequencies, L2-normalises q and k after RoPE, mixes NoPE layers with temperature-tuned "
-            "queries and uses chunked attention, and the TransformerLens bridge leaves that attention "
-            "to HF, so ropelens cannot capture the queries and keys the scores are made of."
+            f"{arch}: Llama 4 attention is not supported: its rotary layers use chunked attention (a query sees only "
+            f"the keys of its own {chunk or 'attention_chunk_size'}-token chunk), a mask ropelens's spec (causal and "
+            "sliding-window) does not describe, and its NoPE layers scale each query by a position-dependent "
+            "temperature, so their scores are not q·k times one scale."
         )
     if is_mla(cfg) and hasattr(model, "blocks"):
         raise UnsupportedModelError(
