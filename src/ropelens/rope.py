@@ -457,6 +457,8 @@ class RopeSpec:
                     "planes_beyond_ctx": int((wl > self.n_ctx).sum()),
                 }
             )
+            if any(x.shared_rotary_key for x in self.layers):  # multi-head latent attention: where the planes sit
+                rows[-1].update(rotary_offset=lr.rotary_offset, shared_rotary_key=lr.shared_rotary_key)
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:

@@ -204,3 +204,11 @@ def test_mla_bridge_is_refused_in_one_line(model_dir):
     bridge = SimpleNamespace(original_model=model.original_model, blocks=[], cfg=model.cfg)
     with pytest.raises(UnsupportedModelError, match="plain HF model"):
         _refuse_unsupported(bridge, model.original_model.config, "MiniCPM3ForCausalLM")
+
+
+def test_summary_shows_where_the_planes_sit(model_dir):
+    spec = rope_spec(ropelens.load_model(model_dir("glm4_moe_lite"), device="cpu"))
+    row = spec.summary().iloc[0]
+    assert (row["rotary_offset"], row["shared_rotary_key"], row["rotary_dim"], row["head_dim"]) == (12, True, 4, 16)
+    again = type(spec).from_dict(spec.to_dict())  # the MLA fields round-trip through the spec's JSON
+    assert again.to_json() == spec.to_json() and again.layers[0].rotary_offset == 12
