@@ -123,29 +123,44 @@ def test_shared_rotary_key_has_equal_plane_norms_across_heads(model_dir):
 
 
 def test_decomposition_sums_to_hf_scores_with_a_no_position_term(model_dir):
-    """The rotary planes plus the no-position term (the dims after the planes) are the model's score."""
+    """The rotary planes (band "all") and the no-position term (band "rest") are HF's own q·k over the config's
+    rotary dims (the last qk_rope_head_dim of each head) and no-position dims (the first qk_nope_head_dim)."""
+    import importlib
+
     from transformers import AutoModelForCausalLM
 
     path = model_dir("glm4_moe_lite")
+    cfg = FAMILIES["glm4_moe_lite"].config
+    nope = cfg["qk_nope_head_dim"]
     model = ropelens.load_model(path, device="cpu")
     toks = _tokens()[:1]
     dec = ropelens.decompose_attention(model, toks, bands=ropelens.Bands.all())
     hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
-    acts = ropelens.capture_qk(model, toks, which=("q_post", "k_post"))
-    spec = rope_spec(model)
-    with torch.no_grad():
-        probs = hf(toks, output_attentions=True).attentions
-    for L in spec.rotary_layers:
-        lr = spec[L]
-        q, k = acts[L]["q_post"][0], acts[L]["k_post"][0]  # [pos, head, d]
-        planes = torch.einsum("qhd,khd->hqk", q[..., :lr.rotary_dim], k[..., :lr.rotary_dim]) * lr.score_scale
-        rest = torch.einsum("qhd,khd->hqk", q[..., lr.rotary_dim:], k[..., lr.rotary_dim:]) * lr.score_scale
+    mod = importlib.import_module(type(hf).__module__)
+    orig, seen = mod.eager_attention_forward, {}
+
+    def keep(module, query, key, value, mask, *args, **kwargs):
+        seen[module.layer_idx] = (query.double(), key.double(), kwargs["scaling"])
+        return orig(module, query, key, value, mask, *args, **kwargs)
+
+    mod.eager_attention_forward = keep
+    try:
+        with torch.no_grad():
+            probs = hf(toks, output_attentions=True).attentions
+    finally:
+        mod.eager_attention_forward = orig
+    for L in rope_spec(model).rotary_layers:
+        q, k, scale = seen[L]
+        planes = (q[..., nope:] @ k[..., nope:].transpose(-1, -2) * scale)[0]
+        rest = (q[..., :nope] @ k[..., :nope].transpose(-1, -2) * scale)[0]
+        assert dec.band_names(L) == ["all", "rest"]
+        bands = dec.band_logits(L)[0]  # [head, band, q, k]
+        ok = torch.isfinite(bands[:, 0])
         assert rest.abs().max() > 0.1 and planes.abs().max() > 0.1  # both parts matter in this model
-        ours = dec.logits(L)[0]
-        ok = torch.isfinite(ours)
-        assert torch.allclose(ours[ok], (planes + rest)[ok], atol=1e-5)
-        # float32 softmax of the same scores: a few ulps of 1
-        assert (dec.rebuilt_pattern(L) - probs[L]).abs().max() < 1e-5
+        # float32 sums of 4 and 12 products against float64 ones: ~1e-6 of O(10) logits
+        for b, ref in enumerate((planes, rest)):
+            assert torch.allclose(bands[:, b][ok].double(), ref[ok], atol=1e-5), (L, b)
+        assert (dec.rebuilt_pattern(L) - probs[L]).abs().max() < 1e-5  # float32 softmax of the same scores
 
 
 def _real_v3(interleave: bool = True):
