@@ -200,10 +200,12 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     Tensors are ``[batch, pos, head, d]`` (keys: KV heads) and the pattern ``[batch, head, q, k]``. Pre-RoPE q
     and k are what the family's ``apply_rotary_pos_emb`` receives (a partial-rotary slice completed by the
     dims that pass unrotated); post-RoPE q and k and the pattern are what its ``eager_attention_forward``
-    receives and returns, else the rotation's output and the attention module's returned probabilities.
+    receives and returns, else the rotation's output and the attention module's returned probabilities. Without
+    the pattern the model runs its sdpa attention where it has one, q and k read where they enter it.
     The forward stops after the last layer. A family this cannot read raises UnsupportedModelError.
     """
     from ropelens.fastpath import hf_view
+    from ropelens.reading import attention_tap
 
     hf = hf_view(model)
     arch = type(hf).__name__
@@ -259,10 +261,20 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
             handles += [a.register_forward_pre_hook(enter(i)), a.register_forward_hook(leave(i))]
     for name, fn in rot_fns.items():
         setattr(mod, name, rot_tap(fn))
-    if att_fn is not None:
+    # q/k alone: the family's sdpa attention, its inputs tapped (eager attention would build every [heads, n, n]
+    # score matrix only to throw it away: 128 heads of DeepSeek V3)
+    fast = "pattern" not in needs and att_fn is not None and bool(getattr(hf, "_supports_sdpa", False))
+
+    def seen(_module, query: Tensor, key: Tensor) -> None:
+        L = current[0]
+        if L in wanted and "att" not in got.setdefault(L, {}):
+            got[L]["att"] = (query, key, None)
+
+    if att_fn is not None and not fast:
         mod.eager_attention_forward = att_tap
     try:
-        with _attention_implementation(hf, "eager"), torch.no_grad():
+        with _attention_implementation(hf, "sdpa" if fast else "eager"), torch.no_grad(), \
+                attention_tap([a for a in attns if a is not None], seen) if fast else contextlib.nullcontext():
             hf(input_ids=tokens, attention_mask=valid.long() if padded else None, use_cache=False,
                output_attentions=att_fn is None and "pattern" in needs)
     except _Stop:
@@ -270,7 +282,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     finally:
         for name, fn in rot_fns.items():
             setattr(mod, name, fn)
-        if att_fn is not None:
+        if att_fn is not None and not fast:
             mod.eager_attention_forward = att_fn
         for h in handles:
             h.remove()

@@ -227,3 +227,24 @@ def test_summary_shows_where_the_planes_sit(model_dir):
     assert (row["rotary_offset"], row["shared_rotary_key"], row["rotary_dim"], row["head_dim"]) == (12, True, 4, 16)
     again = type(spec).from_dict(spec.to_dict())  # the MLA fields round-trip through the spec's JSON
     assert again.to_json() == spec.to_json() and again.layers[0].rotary_offset == 12
+
+
+def test_qk_capture_runs_sdpa_not_eager(model_dir, monkeypatch):
+    """q/k alone never build eager attention's [heads, n, n] matrices: the family's sdpa runs, and its q/k equal
+    the ones eager attention receives (captured with the pattern)."""
+    import importlib
+
+    model = ropelens.load_model(model_dir("deepseek_v3"), device="cpu")
+    toks = _tokens()
+    with_pattern = ropelens.capture_qk(model, toks, which=("q_pre", "k_pre", "q_post", "k_post", "pattern"))
+    mod = importlib.import_module(type(model.original_model).__module__)
+
+    def refuse(*_a, **_k):
+        raise AssertionError("eager attention ran for a q/k-only capture")
+
+    monkeypatch.setattr(mod, "eager_attention_forward", refuse)
+    alone = ropelens.capture_qk(model, toks, which=("q_pre", "k_pre", "q_post", "k_post"))
+    for L, acts in alone.items():
+        for name, t in acts.tensors.items():
+            # the same projections and rotation in float32 before either attention: equal to rounding
+            assert torch.allclose(t, with_pattern[L][name], atol=1e-6), (L, name)
