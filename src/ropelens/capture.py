@@ -418,11 +418,13 @@ def capture_qk(
     batch_size: int = 8,
     progress: bool = False,
     fast: bool = True,
+    spec: RopeSpec | None = None,
 ) -> dict[int, LayerActs]:
     """Capture per-head tensors for ``tokens`` and keep them: ``{layer: LayerActs}``.
 
-    Keys are KV heads (query head h reads KV head ``h // rope.group_size``).
+    Keys are KV heads (query head h reads KV head ``h // rope.group_size``). ``spec`` (default: read
+    from the model) says how the tensors are laid out (the probe passes the reading it checks).
     """
     keep = _Keep(needs=frozenset(which))
-    stream(model, batches(tokens, batch_size), [keep], layers=layers, progress=progress, fast=fast)
+    stream(model, batches(tokens, batch_size), [keep], layers=layers, progress=progress, fast=fast, spec=spec)
     return keep.kept

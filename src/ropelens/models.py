@@ -327,6 +327,8 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
         model = model.to(device=dev, dtype=dtype).eval()
     if not bridge:
         return plain_model(model, tokenizer, label=label, why="bridge=False")
+    if _mla(model):  # the q and k before RoPE, which every q/k analysis reads, are tapped on the plain HF model only
+        return plain_model(model, tokenizer, label=label, why=_MLA_WHY)
     from transformer_lens.model_bridge import TransformerBridge
 
     try:
@@ -341,6 +343,15 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
         return plain_model(model, tokenizer, label=label, why=why)
     wrapped.eval()
     return _identify(wrapped, label)
+
+
+_MLA_WHY = "TransformerLens's multi-head latent attention bridge fires no pre-RoPE q/k hook"
+
+
+def _mla(hf) -> bool:
+    from ropelens.reading import is_mla
+
+    return is_mla(hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config)
 
 
 def _strip_bridge(module: torch.nn.Module) -> None:
@@ -561,6 +572,12 @@ def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool =
         return _plain_from_hub(name, dtype, dev, "TransformerLens has no adapter for this architecture")
     except Exception as e:  # offline, unknown repo, gated repo: all surface here
         raise _unknown_model_error(name, e) from e
+    hf = bridge.original_model
+    if _mla(hf):  # measured on the plain HF model (see wrap_hf_model): the bridge's modules taken off again
+        from ropelens.plain import plain_model
+
+        _strip_bridge(hf)
+        return _identify(plain_model(hf.eval(), bridge.tokenizer, label=name, why=_MLA_WHY), name)
     bridge.eval()
     return _identify(bridge, name)
 

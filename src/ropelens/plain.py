@@ -200,10 +200,12 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     Tensors are ``[batch, pos, head, d]`` (keys: KV heads) and the pattern ``[batch, head, q, k]``. Pre-RoPE q
     and k are what the family's ``apply_rotary_pos_emb`` receives (a partial-rotary slice completed by the
     dims that pass unrotated); post-RoPE q and k and the pattern are what its ``eager_attention_forward``
-    receives and returns, else the rotation's output and the attention module's returned probabilities.
+    receives and returns, else the rotation's output and the attention module's returned probabilities. Without
+    the pattern the model runs its sdpa attention where it has one, q and k read where they enter it.
     The forward stops after the last layer. A family this cannot read raises UnsupportedModelError.
     """
     from ropelens.fastpath import hf_view
+    from ropelens.reading import attention_tap
 
     hf = hf_view(model)
     arch = type(hf).__name__
@@ -212,9 +214,9 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         return UnsupportedModelError(refusal(model.cfg, f"its queries and keys cannot be read from the HF forward ({why})"))
 
     mod = importlib.import_module(type(hf).__module__)
-    rot_fn = getattr(mod, "apply_rotary_pos_emb", None)
+    rot_fns = _rotations(mod)
     att_fn = getattr(mod, "eager_attention_forward", None)
-    if rot_fn is None or list(inspect.signature(rot_fn).parameters)[:2] != ["q", "k"]:
+    if not rot_fns:
         raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) to tap")
     attns = attention_modules(hf)
     wanted, last = set(layers), max(layers)
@@ -222,12 +224,15 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     got: dict[int, dict[str, tuple]] = {}
     done: set[int] = set()
 
-    def rot_tap(q, k, *args, **kwargs):
-        out = rot_fn(q, k, *args, **kwargs)
-        L = current[0]
-        if L in wanted and "rot" not in got.setdefault(L, {}):  # the first rotation of the layer
-            got[L]["rot"] = (q, k, *out)
-        return out
+    def rot_tap(rot_fn):
+        def tapped(q, k, *args, **kwargs):
+            out = rot_fn(q, k, *args, **kwargs)
+            L = current[0]
+            if L in wanted and "rot" not in got.setdefault(L, {}):  # the first rotation of the layer
+                got[L]["rot"] = (q, k, *out)
+            return out
+
+        return tapped
 
     def att_tap(module, query, key, value, attention_mask, *args, **kwargs):
         out = att_fn(module, query, key, value, attention_mask, *args, **kwargs)
@@ -254,24 +259,69 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     for i, a in enumerate(attns[: last + 1]):
         if a is not None:
             handles += [a.register_forward_pre_hook(enter(i)), a.register_forward_hook(leave(i))]
-    mod.apply_rotary_pos_emb = rot_tap
-    if att_fn is not None:
+    for name, fn in rot_fns.items():
+        setattr(mod, name, rot_tap(fn))
+    # q/k alone: the family's sdpa attention, its inputs tapped (eager attention would build every [heads, n, n]
+    # score matrix only to throw it away: 128 heads of DeepSeek V3)
+    fast = "pattern" not in needs and att_fn is not None and bool(getattr(hf, "_supports_sdpa", False))
+
+    def seen(_module, query: Tensor, key: Tensor) -> None:
+        L = current[0]
+        if L in wanted and "att" not in got.setdefault(L, {}):
+            got[L]["att"] = (query, key, None)
+
+    if att_fn is not None and not fast:
         mod.eager_attention_forward = att_tap
     try:
-        with _attention_implementation(hf, "eager"), torch.no_grad():
+        with _attention_implementation(hf, "sdpa" if fast else "eager"), torch.no_grad(), \
+                attention_tap([a for a in attns if a is not None], seen) if fast else contextlib.nullcontext():
             hf(input_ids=tokens, attention_mask=valid.long() if padded else None, use_cache=False,
                output_attentions=att_fn is None and "pattern" in needs)
     except _Stop:
         pass
     finally:
-        mod.apply_rotary_pos_emb = rot_fn
-        if att_fn is not None:
+        for name, fn in rot_fns.items():
+            setattr(mod, name, fn)
+        if att_fn is not None and not fast:
             mod.eager_attention_forward = att_fn
         for h in handles:
             h.remove()
     missing = sorted(wanted - done)
     if missing:
         raise cannot(f"layers {missing} ran no attention module ropelens could find")
+
+
+# the rotations a family's modeling module may apply to (q, k): Llama's form, DeepSeek V3's interleaved one, and
+# DeepSeek V2's complex product (xq, xk, freqs_cis)
+_ROTATION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
+
+
+def _rotations(mod) -> dict[str, Callable]:
+    """The (q, k, ...) -> (q, k) rotation functions ``mod`` defines, by name."""
+    out = {}
+    for name in _ROTATION_NAMES:
+        fn = getattr(mod, name, None)
+        if fn is not None and list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]):
+            out[name] = fn
+    return out
+
+
+def _mla_tensors(lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: Tensor,
+                 key: Tensor) -> dict[str, Tensor]:
+    """An MLA layer's tensors in ropelens's head layout (rotary dims first: ``LayerRope.from_model``): the attention
+    function's query and key (whole heads) with their rotary slice, at the spec's ``rotary_offset``, replaced by the
+    rotation's input (pre-RoPE, in the plane layout the rotation writes) or output. The key's rotary slice is one
+    head, shared by all."""
+    o, r = lr.rotary_offset, lr.rotary_dim
+
+    def placed(whole: Tensor, part: Tensor) -> Tensor:
+        out = whole.clone()
+        out[..., o : o + r] = part  # broadcasts the key's one shared head over every head
+        return lr.from_model(out)
+
+    return {"q_pre": placed(query, lr.pre_from_model(q)), "k_pre": placed(key, lr.pre_from_model(k)),
+            "q_rot": placed(query, q_rot), "k_rot": placed(key, k_rot),
+            "q_post": lr.from_model(query), "k_post": lr.from_model(key)}
 
 
 def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
@@ -282,7 +332,13 @@ def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
         raise cannot(f"layer {L} never called apply_rotary_pos_emb")
     q, k, q_rot, k_rot = rec["rot"]
     att = rec.get("att")
-    q_post, k_post = (att[0], att[1]) if att is not None else (q_rot, k_rot)
+    if lr.shared_rotary_key:  # multi-head latent attention: a rotary slice after the no-position dims
+        if att is None:
+            raise cannot(f"layer {L}'s attention function was not seen, and its heads are made there")
+        mla = _mla_tensors(lr, q, k, q_rot, k_rot, att[0], att[1])
+        q, k, q_rot, k_rot, q_post, k_post = (mla[n] for n in ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post"))
+    else:
+        q_post, k_post = (att[0], att[1]) if att is not None else (q_rot, k_rot)
     k, k_rot, k_post = (_one_per_kv_head(t, lr.n_kv_heads, cannot, L) for t in (k, k_rot, k_post))
     want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
     if (q_post.ndim, k_post.ndim) != (4, 4) or (q_post.shape[1], q_post.shape[-1]) != want_q \

@@ -21,7 +21,7 @@ import torch
 from ropelens.errors import NotRotaryError, UnsupportedModelError
 from ropelens.rope import LayerRope, RopeSpec
 
-__all__ = ["attention_tap", "hf_model_of", "model_label", "rope_spec"]
+__all__ = ["attention_tap", "hf_model_of", "is_mla", "model_label", "rope_spec"]
 
 
 def model_label(model) -> str:
@@ -104,17 +104,17 @@ def _softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
 def _refuse_unsupported(model, cfg, arch: str) -> None:
     """Raise UnsupportedModelError for structures ropelens cannot measure exactly (never a wrong number)."""
     if arch.startswith("Llama4"):
+        chunk = getattr(cfg, "attention_chunk_size", None)
         raise UnsupportedModelError(
-            f"{arch}: Llama 4 attention is not supported: it rotates adjacent pairs with complex "
-            "frequencies, L2-normalises q and k after RoPE, mixes NoPE layers with temperature-tuned "
-            "queries and uses chunked attention, and the TransformerLens bridge leaves that attention "
-            "to HF, so ropelens cannot capture the queries and keys the scores are made of."
+            f"{arch}: Llama 4 attention is not supported: its rotary layers use chunked attention (a query sees only "
+            f"the keys of its own {chunk or 'attention_chunk_size'}-token chunk), a mask ropelens's spec (causal and "
+            "sliding-window) does not describe, and its NoPE layers scale each query by a position-dependent "
+            "temperature, so their scores are not q·k times one scale."
         )
-    if getattr(cfg, "kv_lora_rank", None) or getattr(cfg, "qk_rope_head_dim", None):
+    if is_mla(cfg) and hasattr(model, "blocks"):
         raise UnsupportedModelError(
-            f"{arch}: multi-head latent attention (DeepSeek V2/V3 style) is not supported: each logit is "
-            "a no-position part plus a decoupled rotary part of qk_rope_head_dim dims with one key "
-            "shared by all heads, and the bridge's q/k hooks do not expose the two parts separately."
+            f"{arch}: multi-head latent attention is measured on the plain HF model (TransformerLens's MLA bridge "
+            "fires no pre-RoPE q/k hook): load it with ropelens.load_model, which runs it without the bridge."
         )
     if any(hasattr(m, "lambda_init") for m in hf_model_of(model).modules()):
         raise UnsupportedModelError(
@@ -150,6 +150,22 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: layer types {sorted(unknown)} are not supported (ropelens knows {sorted(_KIND)}): "
             "their attention masks differ from causal and sliding-window masks."
         )
+
+
+def is_mla(cfg) -> bool:
+    """Whether ``cfg`` is multi-head latent attention (DeepSeek V2/V3 style: a decoupled rotary part per head)."""
+    return bool(getattr(cfg, "qk_rope_head_dim", None)) and getattr(cfg, "qk_nope_head_dim", None) is not None
+
+
+def _mla_layout(hf, cfg) -> dict[str, Any]:
+    """What an MLA layer's spec differs in: the rotary slice after the no-position dims, the plane layout the
+    model's rotation writes (DeepSeek V2's complex product: adjacent pairs; V3's ``rope_interleave``: adjacent
+    pairs read, halves written), and the key's rotary part shared by every head."""
+    mod = importlib.import_module(type(hf).__module__)
+    complex_rot = not hasattr(mod, "apply_rotary_pos_emb") and hasattr(mod, "apply_rotary_emb")  # DeepSeek V2
+    interleave = bool(getattr(cfg, "rope_interleave", False)) and hasattr(mod, "apply_rotary_pos_emb_interleave")
+    return {"rotary_offset": int(cfg.qk_nope_head_dim), "pre_interleaved": interleave and not complex_rot,
+            "shared_rotary_key": True, "adjacent": complex_rot}
 
 
 def _layer_rope_params(cfg, layer_type: str | None) -> dict[str, Any]:
@@ -208,6 +224,9 @@ def rope_spec(model) -> RopeSpec:
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
     calls = _rotary_calls(model, attns)
     blocks = _blocks(model)
+    mla = _mla_layout(hf, cfg) if is_mla(cfg) else None
+    if mla is not None:
+        adjacent = mla.pop("adjacent")
     layers = []
     for i, attn in enumerate(attns):
         decoder = getattr(blocks[i], "original_component", None)
@@ -230,6 +249,8 @@ def rope_spec(model) -> RopeSpec:
         lcfg = _layer_config(cfg, i)
         n_heads = _heads(attn, lcfg)
         head_dim = int(getattr(attn, "head_dim", None) or getattr(lcfg, "head_dim", None) or lcfg.hidden_size // n_heads)
+        if mla is not None:  # the score's head: no-position dims, then the rotary ones
+            head_dim = int(lcfg.qk_nope_head_dim) + int(lcfg.qk_rope_head_dim)
         n_kv = _kv_heads(attn, n_heads, int(getattr(lcfg, "num_key_value_heads", None) or n_heads))
         scale = getattr(attn, "scaling", None)
         if scale is None:
@@ -265,6 +286,7 @@ def rope_spec(model) -> RopeSpec:
                 sinks=_sinks(attn),
                 mixer=mixer[1] if mixer else None,
                 output_gate=_output_gate(attn, n_heads, head_dim),
+                **(mla if mla is not None and inv.numel() else {}),
             )
         )
         if calls is not None and i in calls and inv.numel():

@@ -116,6 +116,17 @@ class LayerRope:
       its own factor, and a gain that differs between a plane's two dims makes the plane's term
       depend on more than m − n (analyses that re-rotate pre-RoPE q/k describe the rotation, not
       the score).
+
+    **Multi-head latent attention** (DeepSeek V2/V3, MiniCPM3, GLM-4.7-Flash): each head is
+    ``[no-position dims, rotary dims]`` (``qk_nope_head_dim`` then ``qk_rope_head_dim``), so the
+    rotary slice starts at ``rotary_offset`` in the model's head. ropelens's captured head vectors
+    put the rotary dims first (:meth:`from_model`: the same permutation of q's and k's dims, which
+    leaves every q·k unchanged), so the planes are dims ``[0, rotary_dim)`` as for partial rotary and
+    the dims after them are the no-position term. The key's rotary part (``k_pe``) is computed once
+    and shared by every head (``shared_rotary_key``): per plane, every head's key is the same vector.
+    With ``rope_interleave`` (DeepSeek V3) the model's rotation reads adjacent pairs (2i, 2i+1) and
+    writes them as (i, i + n) (``pre_interleaved``, pairing "half"): ropelens's pre-RoPE q and k are
+    de-interleaved (:meth:`pre_from_model`), so :meth:`rotate` maps them onto the post-RoPE ones.
     """
 
     layer: int
@@ -145,6 +156,10 @@ class LayerRope:
     # a sigmoid gate on the attention output, sigmoid(x·W_g) ⊙ (softmax·V) (Qwen3-Next): it acts after the
     # softmax, so the logits and the pattern ropelens measures are the same with or without it
     output_gate: bool = False
+    # multi-head latent attention (DeepSeek V2/V3, MiniCPM3): see "Multi-head latent attention" in the class docstring
+    rotary_offset: int = 0  # where the rotary dims start in the model's own head vectors
+    pre_interleaved: bool = False  # the model's rotation reads adjacent pairs and writes them split in halves
+    shared_rotary_key: bool = False  # the key's rotary planes are one vector shared by all heads
 
     def __post_init__(self) -> None:
         if self.direction not in (1, -1):
@@ -167,6 +182,9 @@ class LayerRope:
         if (self.kind == "nope" or self.kind in MIXER_KINDS) != (self.rotary_dim == 0):
             raise InputError(f"layer {self.layer}: kind 'nope' (or a layer without attention) is exactly the layers "
                              "with no rotary planes")
+        if self.rotary_offset < 0 or self.rotary_offset + self.rotary_dim > self.head_dim:
+            raise InputError(f"layer {self.layer}: rotary dims [{self.rotary_offset}, {self.rotary_offset + self.rotary_dim}) "
+                             f"do not fit in head_dim {self.head_dim}")
         if self.sinks is not None and len(self.sinks) != self.n_heads:
             raise InputError(f"sinks has {len(self.sinks)} entries for {self.n_heads} heads")
 
@@ -273,6 +291,18 @@ class LayerRope:
             out = torch.cat([out, x[..., self.rotary_dim :]], dim=-1)
         return out
 
+    def from_model(self, x: Float[Tensor, "... head_dim"]) -> Float[Tensor, "... head_dim"]:
+        """Head vectors in the model's own layout (rotary dims at ``rotary_offset``) in ropelens's (rotary dims first)."""
+        if not self.rotary_offset:
+            return x
+        o, r = self.rotary_offset, self.rotary_dim
+        return torch.cat([x[..., o : o + r], x[..., :o], x[..., o + r :]], dim=-1)
+
+    def pre_from_model(self, rot_in: Float[Tensor, "... rotary_dim"]) -> Float[Tensor, "... rotary_dim"]:
+        """The rotary slice as the model's rotation receives it, in the plane layout its output has
+        (de-interleaved where the rotation reads adjacent pairs and writes halves)."""
+        return torch.cat([rot_in[..., 0::2], rot_in[..., 1::2]], dim=-1) if self.pre_interleaved else rot_in
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["inv_freq"] = self.inv_freq.tolist()
@@ -293,6 +323,7 @@ class LayerRope:
             and self.pairing == other.pairing
             and self.attention_scaling == other.attention_scaling
             and self.direction == other.direction
+            and self.pre_interleaved == other.pre_interleaved
             and torch.equal(self.inv_freq, other.inv_freq)
         )
 
@@ -461,6 +492,8 @@ class RopeSpec:
                     "planes_beyond_ctx": int((wl > self.n_ctx).sum()),
                 }
             )
+            if any(x.shared_rotary_key for x in self.layers):  # multi-head latent attention: where the planes sit
+                rows[-1].update(rotary_offset=lr.rotary_offset, shared_rotary_key=lr.shared_rotary_key)
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:

@@ -288,9 +288,9 @@ class _Probe:
         from ropelens.plain import is_plain
 
         slow = "plain HF forward" if is_plain(self.model) else "bridge"  # the path analyses take off the fast one
-        paths = {slow: capture_qk(self.model, toks, layers=self.rotary, which=which, fast=False)}
+        paths = {slow: capture_qk(self.model, toks, layers=self.rotary, which=which, fast=False, spec=self.spec)}
         if not intervened:  # the fast path is off under an intervention: analyses then use the bridge alone
-            paths["fast q/k path"] = capture_qk(self.model, toks, layers=self.rotary, which=which, fast=True)
+            paths["fast q/k path"] = capture_qk(self.model, toks, layers=self.rotary, which=which, fast=True, spec=self.spec)
         acts = {p: {L: {k: v.float() for k, v in a.tensors.items()} for L, a in got.items()} for p, got in paths.items()}
         for path, layers in acts.items():
             self._rotation(path, layers)
@@ -321,6 +321,18 @@ class _Probe:
                 ablated = bool(getattr(self.model, "_ropelens_interventions", 0))
                 err = rotation_error(lr, post) if same else _rotation_from_pre(lr, pre, post, ablated)
                 self._note("rotation", L, path, err, which)
+                if lr.shared_rotary_key and not lr.norm_after_rope:
+                    # MLA builds each head around the rotation's output: placed at the spec's rotary dims, it must
+                    # be the q/k that enter the score (a wrong offset puts it over the no-position dims)
+                    err = float((t[f"{which}_rot"] - t[f"{which}_post"]).abs().max()
+                                / t[f"{which}_post"].abs().max().clamp_min(1e-30))
+                    self._note("qk", L, path, err, which)
+                if lr.rotary_offset or lr.pre_interleaved:
+                    # the model's rotation reads another layout than it writes, or a slice inside the head: its
+                    # own input, as ropelens lays it out, rotated by the spec must give its output, in both rows
+                    for row in range(t[f"{which}_pre"].shape[0]):
+                        err = _rotation_from_pre(lr, t[f"{which}_pre"][row], t[f"{which}_rot"][row])
+                        self._note("rotation", L, path, err, which)
 
     def _compare(self, L: int, acts: dict[str, dict[int, dict[str, Tensor]]], query: Tensor | None, key: Tensor | None,
                  scaling: float | None, allowed: Tensor | None, probs: Tensor | None, capped: Tensor | None = None) -> None:
@@ -347,7 +359,8 @@ class _Probe:
                            f"[batch, pos, heads, d] with {want_q} and {want_k}")
                 continue
             if query is not None and key is not None:
-                for which, ours, theirs in (("q", q, query), ("k", k, key)):
+                # the model's head layout in ropelens's (MLA: rotary dims first), the same dims reordered in q and k
+                for which, ours, theirs in (("q", q, lr.from_model(query)), ("k", k, lr.from_model(key))):
                     if ours.shape != theirs.shape:
                         self._note("qk", L, path, math.inf, which)
                         continue

@@ -209,7 +209,8 @@ def test_matrix_covers_the_issue_families():
             "gemma3_text", "olmo2", "stablelm", "starcoder2", "granite", "cohere", "glm", "smollm3", "gpt_oss",
             "deepseek_v3", "qwen3_next", "llama4", "cohere2", "exaone4", "gemma4_text", "hunyuan_v1_dense",
             "nanochat", "falcon", "ministral", "helium", "persimmon", "phimoe", "diffllama", "minicpm3",
-            "qwen3_5_text", "lfm2", "falcon_h1", "bamba", "granitemoehybrid", "recurrent_gemma", "olmo_hybrid"}
+            "qwen3_5_text", "lfm2", "falcon_h1", "bamba", "granitemoehybrid", "recurrent_gemma", "olmo_hybrid",
+            "deepseek_v2", "glm4_moe_lite"}
     assert set(FAMILIES) == want  # the families beyond the first 22 are tested in test_new_families.py
     assert len(REFUSED) <= 6
 
@@ -322,6 +323,15 @@ def _layer_planes(family: str, layer: int) -> torch.Tensor:
     return torch.stack([i, i + n] if fam.pairing == "half" else [2 * i, 2 * i + 1], dim=1)
 
 
+def _model_dims(family: str, idx: torch.Tensor) -> torch.Tensor:
+    """Head dims as ropelens numbers them (rotary dims first) → as HF's attention receives them: multi-head latent
+    attention puts its qk_rope_head_dim rotary dims after the qk_nope_head_dim no-position ones (from the config)."""
+    c = FAMILIES[family].config
+    if not c.get("qk_rope_head_dim"):
+        return idx
+    return torch.where(idx < c["qk_rope_head_dim"], idx + c["qk_nope_head_dim"], idx - c["qk_rope_head_dim"])
+
+
 def _band_inputs(family: str, loaded, layers: list[int] | None = None) -> tuple:
     """(tokens, bands, HF's layers, the dense float64 reference) of one short two-row input."""
     model, spec = loaded(family)
@@ -335,7 +345,7 @@ def _band_inputs(family: str, loaded, layers: list[int] | None = None) -> tuple:
         dims = list(bands.resolve(spec[L]).dims)
         # the reference's full score is the sum of the bands: they must partition the head into whole planes
         assert sorted(torch.cat(dims).tolist()) == list(range(spec[L].head_dim))
-        per.append(dense_layer_sums(lays[L], dims, _layer_planes(family, L)))
+        per.append(dense_layer_sums(lays[L], [_model_dims(family, d) for d in dims], _model_dims(family, _layer_planes(family, L))))
     return toks, bands, lays, {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
 

@@ -21,6 +21,8 @@ SLICED |= {"gemma4_text"}  # HF rotates q and k in separate one-tensor calls the
 # no bridge, and the tap declines (a slice of the head; Falcon's keys repeated per query head): the plain HF
 # forward's rotation and attention function run instead
 DECLINED = SLICED | {"persimmon", "falcon"}
+# multi-head latent attention rotates a slice after the no-position dims, the key's slice once for all heads
+DECLINED |= {f for f, fam in FAMILIES.items() if fam.config.get("qk_rope_head_dim")}
 
 
 @pytest.fixture(scope="module")

@@ -149,8 +149,9 @@ def test_what_needs_the_bridge_is_refused_in_one_line(model_dir, llama_both, tmp
 
 
 def test_refusals_name_what_cannot_be_measured(model_dir):
-    """DiffLlama (two softmax maps subtracted) and MiniCPM3 (latent attention) are refused by rope_spec."""
-    for family, why in (("diffllama", "differential attention"), ("minicpm3", "multi-head latent attention")):
+    """DiffLlama (two softmax maps subtracted) is refused by rope_spec (MiniCPM3's latent attention is measured:
+    tests/unit/test_mla.py)."""
+    for family, why in (("diffllama", "differential attention"),):
         model = ropelens.load_model(model_dir(family), device="cpu")
         with pytest.raises(UnsupportedModelError, match=why):
             rope_spec(model)

@@ -104,8 +104,10 @@ def test_rope_types_are_found():
 @pytest.mark.parametrize(("model_type", "status", "why"), [
     ("llama", "exact", ""),
     ("gemma3_text", "exact", ""),
-    ("deepseek_v3", "refused", "multi-head latent attention"),
-    ("hunyuan_v1_dense", "refused", "fails the rotation check"),
+    ("deepseek_v3", "exact", ""),
+    ("deepseek_v32", "refused", "indexed_attention"),
+    ("hunyuan_v1_dense", "exact", ""),  # q/k normed after RoPE: taken where they enter the score
+    ("diffllama", "refused", "differential attention"),
     ("gemma3", "not built", "text tower is 'gemma3_text'"),
 ])
 def test_sweep_classifies_like_the_matrix(model_type, status, why, tmp_path):

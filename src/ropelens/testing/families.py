@@ -81,6 +81,8 @@ class Family:
     @property
     def head_dim(self) -> int:
         c = self.config
+        if c.get("qk_rope_head_dim"):  # multi-head latent attention: the score's head is no-position dims + rotary dims
+            return int(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
         return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
 
     def layer_head_dim(self, layer: int) -> int:
@@ -144,7 +146,21 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            dict(_BASE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
                 v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, n_group=1,
                 topk_group=1, moe_intermediate_size=32, rope_parameters=_rp()),
-           refused="multi-head latent attention", needs="MLA: a no-position part plus a decoupled rotary key"),
+           rotary_fraction=0.5, bridge=False,
+           needs="multi-head latent attention (rotary dims after the no-position ones, one rotary key shared by all "
+                 "heads; interleaved pairs read, halves written); the plain HF model"),
+    Family("deepseek_v2", "DeepseekV2Config",
+           dict(_BASE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, n_group=1,
+                topk_group=1, moe_intermediate_size=32, rope_parameters=_rp()),
+           pairing="adjacent", rotary_fraction=0.5, bridge=False,
+           needs="multi-head latent attention with a complex-product rotation (adjacent pairs); the plain HF model"),
+    Family("glm4_moe_lite", "Glm4MoeLiteConfig",
+           dict(_BASE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=4, qk_nope_head_dim=12,
+                v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                moe_intermediate_size=32, rope_parameters=_rp()),
+           rotary_fraction=0.25, bridge=False,
+           needs="multi-head latent attention, 4 rotary dims after 12 no-position ones; the plain HF model"),
     Family("qwen3_next", "Qwen3NextConfig",
            dict(_BASE, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                 shared_expert_intermediate_size=32, layer_types=["linear_attention", "full_attention"] * 2,
@@ -225,9 +241,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("diffllama", "DiffLlamaConfig", dict(_BASE, head_dim=16, rope_parameters=_rp()), bridge=False,
            refused="differential attention", needs="differential attention: two softmax maps subtracted"),
     Family("minicpm3", "MiniCPM3Config", dict(_BASE, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
-                                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-                                             rope_parameters=_rp()), bridge=False,
-           refused="multi-head latent attention", needs="multi-head latent attention"),
+                                             qk_rope_head_dim=12, qk_nope_head_dim=4, v_head_dim=16,
+                                             rope_parameters=_rp()), rotary_fraction=0.75, bridge=False,
+           needs="multi-head latent attention, 12 rotary dims after 4 no-position ones; the plain HF model"),
 ]}
 
 
