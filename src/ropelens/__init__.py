@@ -13,6 +13,7 @@ from ropelens.analyses.decompose import AttentionDecomposition, decompose_attent
 from ropelens.analyses.distance import AttentionByDistance, attention_by_distance
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.possym import PositionalSymbolic, positional_symbolic
+from ropelens.analyses.retrieval import RetrievalHeads, retrieval_heads
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.bands import Bands
@@ -38,6 +39,7 @@ __all__ = [
     "FrequencyUsage",
     "LayerRope",
     "PositionalSymbolic",
+    "RetrievalHeads",
     "InputError",
     "NotRotaryError",
     "UnsupportedModelError",
@@ -65,6 +67,7 @@ __all__ = [
     "passkey",
     "pe_similarity",
     "positional_symbolic",
+    "retrieval_heads",
     "rope_decay_by_distance",
     "rope_decay_constant",
     "rope_gaussian_expectation",
