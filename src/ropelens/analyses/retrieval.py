@@ -145,7 +145,7 @@ def copy_scores(argmax: Int[Tensor, "layer head query"], sources: Sequence[Seque
     return hits
 
 
-def retrieval_scores(model, lengths: Sequence[int] = (256, 512), depths: Sequence[float] = (0.2, 0.5, 0.8),
+def retrieval_scores(model, lengths: Sequence[int] = (256, 512), depths: Sequence[float] = (0.25, 0.75),
                      n_trials: int = 2, seed: int = 0) -> tuple[Float[Tensor, "layer head"], int]:
     """Every head's retrieval score over the passkey grid, and the number of copy steps it averages."""
     hits, steps = None, 0
@@ -284,7 +284,7 @@ class RetrievalHeads(Result):
 def retrieval_heads(
     model,
     lengths: Sequence[int] = (256, 512),
-    depths: Sequence[float] = (0.2, 0.5, 0.8),
+    depths: Sequence[float] = (0.25, 0.75),
     n_trials: int = 2,
     seed: int = 0,
     *,

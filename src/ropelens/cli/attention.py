@@ -175,7 +175,7 @@ def add_retrieval(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "retrieval", run_retrieval)
     ModelOptions.add_to(p)
     p.add_argument("--lengths", default="256,512", metavar="N,N,...", help="prompt lengths in tokens (default: 256,512)")
-    p.add_argument("--depths", default="0.2,0.5,0.8", metavar="F,F,...", help="passkey depths (default: 0.2,0.5,0.8)")
+    p.add_argument("--depths", default="0.25,0.75", metavar="F,F,...", help="passkey depths (default: 0.25,0.75)")
     p.add_argument("--trials", type=positive_int, default=2, metavar="N", help="passkeys per (length, depth) (default: 2)")
     p.add_argument("--top-k", type=positive_int, default=16, metavar="N", help="heads to ablate (default: 16)")
     p.add_argument("--threshold", type=float, default=0.1,
