@@ -14,6 +14,7 @@ from ropelens.analyses.distance import AttentionByDistance, attention_by_distanc
 from ropelens.analyses.extension import ExtensionStudy, extension_study
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.possym import PositionalSymbolic, positional_symbolic
+from ropelens.analyses.retrieval import RetrievalHeads, retrieval_heads
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.bands import Bands
@@ -40,6 +41,7 @@ __all__ = [
     "FrequencyUsage",
     "LayerRope",
     "PositionalSymbolic",
+    "RetrievalHeads",
     "InputError",
     "NotRotaryError",
     "UnsupportedModelError",
@@ -68,6 +70,7 @@ __all__ = [
     "passkey",
     "pe_similarity",
     "positional_symbolic",
+    "retrieval_heads",
     "rope_decay_by_distance",
     "rope_decay_constant",
     "rope_gaussian_expectation",

@@ -445,3 +445,21 @@ def test_extend_bad_input_is_one_line_exit_2(tmp_path, extra, match, capsys):
     assert "Traceback" not in captured.err
     lines = error_lines(captured.err)
     assert len(lines) == 1 and match in lines[0], captured.err
+
+
+def test_retrieval_command(tiny_dir, tmp_path, capsys):
+    """retrieval prints JSON that agrees with the saved result and refuses a bad threshold."""
+    import json as _json
+
+    from ropelens.analyses.retrieval import RetrievalHeads
+
+    path = str(tiny_dir("llama-gqa"))
+    common = ["--lengths", "300", "--depths", "0.5", "--trials", "1", "--top-k", "2", "--device", "cpu"]
+    assert main(["retrieval", path, *common, "--json", "--save", str(tmp_path / "rh.json")]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    saved = RetrievalHeads.load(tmp_path / "rh.json")
+    assert out["heads"] == [list(h) for h in saved.heads] and len(out["heads"]) == 2
+    assert out["findings"] == [f.text for f in saved.findings()]
+    assert [r["recall"] for r in out["recall"]] == saved.to_frame()["recall"].tolist()
+    assert main(["retrieval", path, *common, "--threshold", "1.5"]) == 2
+    assert "--threshold must lie in [0, 1]" in capsys.readouterr().err

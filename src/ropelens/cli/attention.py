@@ -1,13 +1,21 @@
-"""``ropelens sinks``, ``distance``, ``massive``, ``offsets`` and ``possym``: where attention goes and what drives it."""
+"""``ropelens sinks``, ``distance``, ``massive``, ``offsets``, ``possym`` and ``retrieval``: where attention goes and what drives it."""
 
 from __future__ import annotations
 
 import argparse
 
-from ropelens.cli.common import CorpusCommand, add_command, load_from_args
+from ropelens.cli.common import (
+    CorpusCommand,
+    ModelOptions,
+    OutputOptions,
+    add_command,
+    load_from_args,
+    non_negative_int,
+    positive_int,
+)
 from ropelens.errors import InputError
 
-__all__ = ["add_distance", "add_massive", "add_offsets", "add_possym", "add_sinks"]
+__all__ = ["add_distance", "add_massive", "add_offsets", "add_possym", "add_retrieval", "add_sinks"]
 
 
 def add_sinks(subparsers: argparse._SubParsersAction) -> None:
@@ -156,6 +164,50 @@ def run_possym(args: argparse.Namespace) -> int:
     frame = r.to_frame()
     if run.output.json:
         return run.output.emit({"findings": [f.text for f in r.findings()], "heads": frame.to_dict("records")})
+    for f in r.findings():
+        print(f.text)
+    print(frame.to_string(index=False, float_format="%.3f"))
+    return 0
+
+
+def add_retrieval(subparsers: argparse._SubParsersAction) -> None:
+    """``ropelens retrieval [MODEL]``: retrieval heads, and passkey recall with their lowest band zeroed."""
+    p = add_command(subparsers, "retrieval", run_retrieval)
+    ModelOptions.add_to(p)
+    p.add_argument("--lengths", default="256,512", metavar="N,N,...", help="prompt lengths in tokens (default: 256,512)")
+    p.add_argument("--depths", default="0.25,0.75", metavar="F,F,...", help="passkey depths (default: 0.25,0.75)")
+    p.add_argument("--trials", type=positive_int, default=2, metavar="N", help="passkeys per (length, depth) (default: 2)")
+    p.add_argument("--top-k", type=positive_int, default=16, metavar="N", help="heads to ablate (default: 16)")
+    p.add_argument("--threshold", type=float, default=0.1,
+                   help="retrieval score that counts a head as a retrieval head (default: 0.1)")
+    p.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
+                   help="seed of the passkeys and the random planes (default: 0)")
+    OutputOptions.add_to(p, save="RetrievalHeads JSON")
+
+
+def run_retrieval(args: argparse.Namespace) -> int:
+    """Retrieval heads (Wu et al. 2024) and their lowest-frequency planes (Bayram 2026)
+
+    Scores every head by how often its most attended key is the needle token being copied while the answer to a
+    passkey prompt is teacher-forced, then measures passkey recall with the lowest quarter of rotary planes
+    zeroed in the top heads, against as many random planes (seeded) in the same heads.
+    """
+    from ropelens.analyses.retrieval import retrieval_heads
+    from ropelens.cli.variants import _numbers
+
+    lengths, depths = _numbers(args.lengths, int, "--lengths"), _numbers(args.depths, float, "--depths")
+    if not 0 <= args.threshold <= 1:
+        raise InputError(f"--threshold must lie in [0, 1], got {args.threshold}: e.g. --threshold 0.1")
+    output = OutputOptions.from_args(args)
+    output.check()
+    r = retrieval_heads(load_from_args(args), lengths, depths, n_trials=args.trials, seed=args.seed, top_k=args.top_k,
+                        threshold=args.threshold, progress=output.progress)
+    output.save_result(r)
+    frame = r.to_frame()
+    if output.json:
+        return output.emit({"findings": [f.text for f in r.findings()], "recall": frame.to_dict("records"),
+                            "heads": [list(h) for h in r.heads],
+                            "scores": [float(r.scores[L, h]) for L, h in r.heads]})
     for f in r.findings():
         print(f.text)
     print(frame.to_string(index=False, float_format="%.3f"))

@@ -22,7 +22,14 @@ from ropelens.cli.analysis import (
     add_heads,
     add_usage,
 )
-from ropelens.cli.attention import add_distance, add_massive, add_offsets, add_possym, add_sinks
+from ropelens.cli.attention import (
+    add_distance,
+    add_massive,
+    add_offsets,
+    add_possym,
+    add_retrieval,
+    add_sinks,
+)
 from ropelens.cli.common import Parser
 from ropelens.cli.extend import add_extend
 from ropelens.cli.geometry import add_pe_geometry
@@ -45,7 +52,7 @@ EXIT_USAGE = 2
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_inspect, add_report, add_usage, add_decompose, add_decompose_stats, add_heads, add_variants, add_truncate,
     add_context, add_sinks, add_distance, add_massive, add_offsets, add_predict_base, add_passkey,
-    add_pe_geometry, add_compare, add_bands, add_entropy, add_possym, add_extend,
+    add_pe_geometry, add_compare, add_bands, add_entropy, add_possym, add_extend, add_retrieval,
 )
 
 
