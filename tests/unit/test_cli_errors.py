@@ -250,22 +250,25 @@ def test_refused_connection_and_unknown_repository(online, tmp_path, capsys):
 def _refusing() -> dict[str, list[str]]:
     """Every subcommand that does not split across processes, with the least argv that parses."""
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    extra = {"compare": ["a", "b"], "variants": ["--variant", "nope"], "context": ["--target", "8192"]}
+    extra = {"compare": ["a", "b"], "variants": ["--variant", "nope"], "context": ["--target", "8192"],
+             "extend": ["--to", "16384"]}
     return {name: [name, *extra.get(name, [])] for name, p in sub.choices.items()
             if not p.get_default("distributed")}
 
 
 def test_the_refusing_commands_are_these():
-    assert sorted(_refusing()) == ["compare", "context", "decompose", "inspect", "passkey", "pe-geometry",
-                                   "predict-base", "truncate", "variants"]
+    assert sorted(_refusing()) == ["bands", "compare", "context", "decompose", "extend", "inspect", "passkey",
+                                   "pe-geometry", "predict-base", "retrieval", "truncate", "variants"]
 
 
 @pytest.mark.parametrize("command", sorted(_refusing()))
 def test_torchrun_refusal(command, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     got = fails(_refusing()[command], tmp_path, capsys)
-    assert got.startswith(f"ropelens {command} does not split its work across processes: run it without torchrun "
-                          "(usage, decompose-stats, heads, sinks, distance, massive, offsets and report do)")
+    assert got.startswith(f"ropelens {command} does not split its work across processes: run it without torchrun (")
+    for splitting in ("usage", "decompose-stats", "heads", "sinks", "distance", "massive", "offsets", "entropy",
+                      "possym", "report"):
+        assert f"{splitting}," in got or f"{splitting} and" in got or f"and {splitting} do" in got
 
 
 # ---------------------------------------------------------------------------------------- compare

@@ -72,8 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _join_process_group(args: argparse.Namespace) -> None:
     """Under torchrun: join the process group, take this rank's device, and let only rank 0 print."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not getattr(args, "distributed", False):
+        sub = next(a for a in build_parser()._actions if a.dest == "command")
+        names = [n for n, p in sub.choices.items() if p.get_default("distributed")]
         raise InputError(f"ropelens {args.command} does not split its work across processes: run it without torchrun "
-                         "(usage, decompose-stats, heads, sinks, distance, massive, offsets, entropy, possym and report do)")
+                         f"({', '.join(names[:-1])} and {names[-1]} do)")
     device = init_from_env(getattr(args, "device", None))
     if device is None:
         return
