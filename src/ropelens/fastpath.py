@@ -176,7 +176,7 @@ def hf_view(model) -> torch.nn.Module:
     return view
 
 
-def _decoder_layers(hf) -> Sequence[torch.nn.Module] | None:
+def hf_decoder_layers(hf) -> Sequence[torch.nn.Module] | None:
     layers = getattr(getattr(hf, "base_model", None), "layers", None)
     return layers if isinstance(layers, torch.nn.ModuleList) else None
 
@@ -203,7 +203,7 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
     if probe and fast_qk(model, spec, tokens[:1, :_PROBE], valid[:1, :_PROBE], layers, keep=frozenset()) is None:
         return None
     hf = hf_view(model)
-    blocks = _decoder_layers(hf)
+    blocks = hf_decoder_layers(hf)
     last = max(layers)
     rotary = [L for L in spec.rotary_layers if last >= L]
     wanted = set(layers)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ropelens.devices import device_of  # re-exported: ropelens.models.device_of
 from ropelens.errors import InputError, UnsupportedModelError
 
 __all__ = [
@@ -133,21 +134,6 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise InputError(
         f"unknown dtype {dtype!r}: pass a floating torch dtype or its name, one of {', '.join(map(repr, DTYPES))}"
     )
-
-
-def device_of(model: Any) -> torch.device:
-    """The device a model's inputs go to: where its first weight that holds data lives.
-
-    A model split by a device map (accelerate) may leave offloaded weights on the meta device and
-    bring them in at run time, so meta parameters are skipped; a model with no parameters runs on
-    the CPU.
-    """
-    meta = False
-    for p in getattr(model, "parameters", lambda: ())():
-        if p.device.type != "meta":
-            return p.device
-        meta = True
-    return torch.device("meta" if meta else "cpu")
 
 
 def weights_fingerprint(model: Any, sample: int = 64) -> dict[str, str]:

@@ -152,7 +152,7 @@ def what_works() -> str:
 
 def plain_model(hf: torch.nn.Module, tokenizer: Any, *, label: str, why: str) -> PlainModel:
     """Wrap an HF causal LM already on its device and dtype as a :class:`PlainModel` named ``label``."""
-    from ropelens.models import device_of
+    from ropelens.devices import device_of
 
     cfg = _text_config(hf)
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 0)

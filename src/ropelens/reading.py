@@ -406,7 +406,7 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
     cached = getattr(model, "_ropelens_rotary_calls", None)
     if cached is not None and cached[0] == key:
         return cached[1]
-    from ropelens.models import device_of
+    from ropelens.devices import device_of
 
     view = _hf_tree(hf_model_of(model))
     kinds = {type(a) for a in attns if a is not None}

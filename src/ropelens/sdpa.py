@@ -127,7 +127,7 @@ def variant_tables(variant: RopeVariant, layer: LayerRope, position_ids: Tensor,
 # --------------------------------------------------------------------------------------------
 # the tap
 # --------------------------------------------------------------------------------------------
-def _decoder_layers(hf) -> torch.nn.ModuleList | None:
+def hf_decoder_layers(hf) -> torch.nn.ModuleList | None:
     layers = getattr(getattr(hf, "base_model", None), "layers", None)
     return layers if isinstance(layers, torch.nn.ModuleList) else None
 
@@ -151,7 +151,7 @@ def _group_key(lr: LayerRope) -> tuple:
 def _tapped(hf, spec: RopeSpec, plan: tuple, seen: list | None = None) -> Iterator[None]:
     """Apply ``plan`` inside ``hf``'s forward; with ``seen``, record (layer, q, k, cos, sin, position_ids) per call."""
     mod, orig = _rope_function(hf)
-    blocks = _decoder_layers(hf)
+    blocks = hf_decoder_layers(hf)
     if orig is None or blocks is None or len(blocks) != spec.n_layers:
         raise UnsupportedModelError(f"{type(hf).__name__} rotates outside a (q, k, cos, sin) apply_rotary_pos_emb "
                                     "in its decoder layers: run the bridge path (path='bridge')")

@@ -129,7 +129,7 @@ def rotation_error(lr: LayerRope, q_post: Tensor) -> float:
     return float((pred - q_post).abs().max() / q_post.abs().max().clamp_min(1e-30))
 
 
-def _rotation_from_pre(lr: LayerRope, pre: Tensor, post: Tensor, ablated: bool = False) -> float:
+def rotation_from_pre(lr: LayerRope, pre: Tensor, post: Tensor, ablated: bool = False) -> float:
     """Relative max error of captured post-RoPE ``[pos, head, d]`` against the spec's rotation of the captured pre-RoPE.
 
     With ``ablated`` (a plane ablation is active), planes zeroed after RoPE at every position are zero in
@@ -319,7 +319,7 @@ class _Probe:
                 pre, post = t[f"{which}_pre"][0], t[f"{which}_rot"][0]
                 same = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(pre.abs().max().clamp_min(1e-30))
                 ablated = bool(getattr(self.model, "_ropelens_interventions", 0))
-                err = rotation_error(lr, post) if same else _rotation_from_pre(lr, pre, post, ablated)
+                err = rotation_error(lr, post) if same else rotation_from_pre(lr, pre, post, ablated)
                 self._note("rotation", L, path, err, which)
                 if lr.shared_rotary_key and not lr.norm_after_rope:
                     # MLA builds each head around the rotation's output: placed at the spec's rotary dims, it must
@@ -331,7 +331,7 @@ class _Probe:
                     # the model's rotation reads another layout than it writes, or a slice inside the head: its
                     # own input, as ropelens lays it out, rotated by the spec must give its output, in both rows
                     for row in range(t[f"{which}_pre"].shape[0]):
-                        err = _rotation_from_pre(lr, t[f"{which}_pre"][row], t[f"{which}_rot"][row])
+                        err = rotation_from_pre(lr, t[f"{which}_pre"][row], t[f"{which}_rot"][row])
                         self._note("rotation", L, path, err, which)
 
     def _compare(self, L: int, acts: dict[str, dict[int, dict[str, Tensor]]], query: Tensor | None, key: Tensor | None,

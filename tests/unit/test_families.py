@@ -31,13 +31,13 @@ from ropelens.reading import rope_spec
 from ropelens.testing.families import (
     FAMILIES,
     N_CHECK,
-    _probs_by_layer,
     check_family,
     family_model_dir,
+    probs_by_layer,
     rotation_error,
 )
 from ropelens.variants import BaseChange, PRoPE
-from ropelens.verify import _rotation_from_pre
+from ropelens.verify import rotation_from_pre
 
 sys.path.insert(0, str(Path(__file__).parent))  # the dense band-statistics reference lives beside this file
 from test_band_tiles import _hand_planes, assert_sums_match, dense_layer_sums, hf_layers  # noqa: E402
@@ -140,7 +140,7 @@ def test_analyses_run_and_are_right(family, loaded):
             torch.testing.assert_close(got[:h, :p].float(), want.float(), rtol=1e-5, atol=1e-6)
             assert got[h:].isnan().all() and got[:, p:].isnan().all()
     with torch.no_grad():
-        probs = _probs_by_layer(loaded.hf(family)(toks, output_attentions=True).attentions, spec)
+        probs = probs_by_layer(loaded.hf(family)(toks, output_attentions=True).attentions, spec)
     for group in spec.width_groups().values():  # stacking analyses take one width at a time
         st = ropelens.band_statistics(model, toks, layers=group, progress=False,
                                       bands=Bands.quantiles(2) if spec[group[0]].n_planes >= 2 else Bands.all())
@@ -199,7 +199,7 @@ def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
     lr = spec_with_variant(spec, variant)[L]
     # a hybrid's layers before the first attention layer mix positions: then rotate the captured pre-RoPE query
     same_pre = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(pre.abs().max())
-    assert (rotation_error(lr, q) if same_pre else _rotation_from_pre(lr, pre, q)) < 1e-5
+    assert (rotation_error(lr, q) if same_pre else rotation_from_pre(lr, pre, q)) < 1e-5
     with torch.no_grad():
         assert torch.equal(model(toks), before)
 

@@ -196,10 +196,9 @@ def test_real_config_partial_rotary_is_read(config_class):
     assert spec.kinds == {"linear": [0], "full": [1]}
 
 
-@pytest.mark.parametrize("family", ["recurrent_gemma", "olmo_hybrid"])
+@pytest.mark.parametrize("family", ["recurrent_gemma"])
 def test_unmeasurable_hybrids_are_refused_in_one_line(family, loaded):
-    """RecurrentGemma's adapter wraps its attention blocks whole (no q/k hooks); OLMo hybrid's hooks give q and
-    k before its q/k norm over the whole projection: both refused, never a number."""
+    """RecurrentGemma's adapter wraps its attention blocks whole (no q/k hooks): refused, never a number."""
     fam = FAMILIES[family]
     with pytest.raises(UnsupportedModelError, match=fam.refused) as err:
         model, spec = loaded(family)

@@ -37,8 +37,15 @@ def _tokens(n: int = 2, seq: int = 16, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def results(tiny) -> dict[str, Result]:
+def results(tiny, tmp_path_factory) -> dict[str, Result]:
     """One of every registered result, as small as each can be."""
+    from ropelens.analyses.bandloc import frequency_bands
+    from ropelens.analyses.entropy import frequency_entropy
+    from ropelens.analyses.extension import extension_study
+    from ropelens.analyses.possym import positional_symbolic
+    from ropelens.analyses.retrieval import retrieval_heads
+    from ropelens.testing import tiny_model
+
     model = tiny("llama-gqa")
     toks = _tokens()
     kw = {"progress": False}
@@ -64,6 +71,12 @@ def results(tiny) -> dict[str, Result]:
         LongRopeSearch(target_len=64, original_ctx=32, factors=(1.0, 2.0), n_hat=0, perplexity=3.0, initial_best=3.5,
                        baselines={"PI": 4.0}, history=({"generation": 0, "best": 3.0, "mean": 3.5, "n_evaluated": 4},),
                        settings={}, provenance=prov),
+        frequency_entropy(model, toks, n_ctx=16, **kw),
+        frequency_bands(model, toks, n_ctx=16, intervene=False, **kw),
+        positional_symbolic(model, toks, n_ctx=16, min_keys=4, layers=[0], **kw),
+        retrieval_heads(model, lengths=[300], depths=[0.5], n_trials=1, top_k=2, seed=2),
+        extension_study(tiny_model("llama", max_position_embeddings=64), 128, methods=("none", "pi"), start=64,
+                        n_windows=1, depths=(0.5,), out=tmp_path_factory.mktemp("study"), **kw),
     )}
 
 

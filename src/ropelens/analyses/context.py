@@ -77,7 +77,7 @@ def inv_freq_at(variant: RopeVariant, layer: LayerRope, seq_len: int) -> Float[T
     return variant.inv_freq(layer)
 
 
-def _categories(before: Tensor, after: Tensor, original_ctx: int, target_ctx: int) -> tuple[str, ...]:
+def plane_categories(before: Tensor, after: Tensor, original_ctx: int, target_ctx: int) -> tuple[str, ...]:
     out = []
     for t0, t1 in zip(before.double().tolist(), after.double().tolist(), strict=True):
         if t0 == 0.0:
@@ -183,7 +183,7 @@ def plane_view(layer_rope: LayerRope, variant: RopeVariant, original_ctx: int, t
     return PlaneView(
         variant=variant.to_dict(), layer=layer_rope.layer, original_ctx=original_ctx, target_ctx=target_ctx,
         inv_freq_before=before, inv_freq_after=after, attention_scaling=float(variant.attention_scaling(layer)),
-        categories=_categories(before, after, original_ctx, target_ctx),
+        categories=plane_categories(before, after, original_ctx, target_ctx),
     )
 
 

@@ -33,6 +33,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ropelens.analyses.extension_findings import (
+    METHODS,  # the one list of methods, re-exported here
+)
 from ropelens.errors import InputError
 from ropelens.provenance import Provenance
 from ropelens.result import Result
@@ -54,9 +57,7 @@ from ropelens.variants import (
 __all__ = ["METHODS", "ROLES", "ExtensionStudy", "default_longrope", "doubling_lengths", "extension_study",
            "extension_variants", "plane_roles"]
 
-# Short names (CLI and cell files) and their labels; "none" is the unmodified model.
-METHODS: dict[str, str] = {"none": "unmodified", "pi": "PI", "ntk": "NTK", "dynamic": "dynamic NTK",
-                           "yarn": "YaRN", "llama3": "Llama 3", "longrope": "LongRoPE", "prope": "p-RoPE"}
+# METHODS (from extension_findings): short names (CLI and cell files) and their labels; "none" is the unmodified model.
 _FORMAT = 1  # of the cell files
 
 
@@ -138,12 +139,12 @@ def plane_roles(view, factor: float) -> tuple[str, ...]:
 
 def _identity_view(layer, native: int, target: int):
     """The unmodified model's planes: the same frequencies at the target (categories as plane_view gives them)."""
-    from ropelens.analyses.context import PlaneView, _categories
+    from ropelens.analyses.context import PlaneView, plane_categories
 
     inv = layer.inv_freq.float()
     return PlaneView(variant={"variant": "unmodified"}, layer=layer.layer, original_ctx=native, target_ctx=target,
                      inv_freq_before=inv, inv_freq_after=inv.clone(), attention_scaling=float(layer.attention_scaling),
-                     categories=_categories(inv, inv, native, target))
+                     categories=plane_categories(inv, inv, native, target))
 
 
 def doubling_lengths(start: int, target: int) -> tuple[int, ...]:

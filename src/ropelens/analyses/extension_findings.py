@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ropelens.findings import Finding
 
-if TYPE_CHECKING:
-    from ropelens.analyses.extension import ExtensionStudy
+__all__ = ["METHODS", "held_up_to", "ranking", "study_findings"]
 
-__all__ = ["held_up_to", "ranking", "study_findings"]
+# the methods an extension study compares: key → label (defined here, below the study, so that the study,
+# its findings and its page read one list without importing each other in a circle)
+METHODS: dict[str, str] = {"none": "unmodified", "pi": "PI", "ntk": "NTK", "dynamic": "dynamic NTK",
+                           "yarn": "YaRN", "llama3": "Llama 3", "longrope": "LongRoPE", "prope": "p-RoPE"}
+ExtensionStudy = Any  # ropelens.analyses.extension.ExtensionStudy, not imported: it imports this module
 
 
 def _n(x: float) -> str:
@@ -50,8 +53,6 @@ def ranking(study: ExtensionStudy) -> list[dict[str, Any]]:
 
 def study_findings(study: ExtensionStudy) -> list[Finding]:
     """Recommendation, loss held per method, passkey recall, planes and the base's predictions."""
-    from ropelens.analyses.extension import METHODS
-
     out: list[Finding] = []
     lab = lambda m: METHODS.get(m, m)  # noqa: E731
     T, L0 = study.target, study.native

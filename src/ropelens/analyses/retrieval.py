@@ -101,11 +101,11 @@ def _eager(hf) -> Iterator[None]:
 
 def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> Int[Tensor, "layer head query"]:
     """The most attended key of every head at each of ``queries``, from one eager forward over ``tokens``."""
-    from ropelens.fastpath import _decoder_layers, hf_view
+    from ropelens.fastpath import hf_decoder_layers, hf_view
     from ropelens.models import device_of
 
     hf = hf_view(model)
-    blocks = _decoder_layers(hf)
+    blocks = hf_decoder_layers(hf)
     if blocks is None:
         raise UnsupportedModelError(f"{type(hf).__name__} keeps its decoder layers elsewhere than model.layers: "
                                     "retrieval scores need them")

@@ -193,9 +193,9 @@ def run_retrieval(args: argparse.Namespace) -> int:
     zeroed in the top heads, against as many random planes (seeded) in the same heads.
     """
     from ropelens.analyses.retrieval import retrieval_heads
-    from ropelens.cli.variants import _numbers
+    from ropelens.cli.variants import number_list
 
-    lengths, depths = _numbers(args.lengths, int, "--lengths"), _numbers(args.depths, float, "--depths")
+    lengths, depths = number_list(args.lengths, int, "--lengths"), number_list(args.depths, float, "--depths")
     if not 0 <= args.threshold <= 1:
         raise InputError(f"--threshold must lie in [0, 1], got {args.threshold}: e.g. --threshold 0.1")
     output = OutputOptions.from_args(args)

@@ -138,7 +138,7 @@ def run_truncate(args: argparse.Namespace) -> int:
     from ropelens import data
     from ropelens.evaluate import bootstrap_ci, window_losses
 
-    ps = _numbers(args.p, float, "--p")
+    ps = number_list(args.p, float, "--p")
     variants = [V.PRoPE(p) for p in ps]  # validates p before the model loads
     model = load_from_args(args)
     _, val = data.english().split()
@@ -229,7 +229,7 @@ def add_passkey(subparsers: argparse._SubParsersAction) -> None:
     OutputOptions.add_to(p, save="PasskeyResult JSON")
 
 
-def _numbers(text: str, kind, what: str) -> list:
+def number_list(text: str, kind, what: str) -> list:
     noun = "integers" if kind is int else "numbers"
     try:
         out = [kind(x) for x in text.split(",") if x.strip()]
@@ -249,7 +249,7 @@ def run_passkey(args: argparse.Namespace) -> int:
     from ropelens.analyses.passkey import passkey_retrieval
     from ropelens.validate import check_number
 
-    lengths, depths = _numbers(args.lengths, int, "--lengths"), _numbers(args.depths, float, "--depths")
+    lengths, depths = number_list(args.lengths, int, "--lengths"), number_list(args.depths, float, "--depths")
     for n in lengths:  # the model-specific minimum (the prompt's own tokens) is checked once it loads
         check_number(n, "each of --lengths", at_least=2, integer=True, hint=": pass prompt lengths in tokens")
     for d in depths:
@@ -289,7 +289,7 @@ def run_predict_base(args: argparse.Namespace) -> int:
     """
     from ropelens.analyses.extrapolation import base_predictions, measured_extrapolation
 
-    lengths = _numbers(args.lengths, int, "--lengths")
+    lengths = number_list(args.lengths, int, "--lengths")
     if min(lengths) < 2:
         raise InputError(f"--lengths needs token counts ≥ 2, got {args.lengths!r}")
     output = OutputOptions.from_args(args)

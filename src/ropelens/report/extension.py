@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ropelens.analyses.extension_findings import METHODS
 from ropelens.report import html as H
 from ropelens.serialize import atomic_write_text
 
-if TYPE_CHECKING:
-    from ropelens.analyses.extension import ExtensionStudy
+ExtensionStudy = Any  # ropelens.analyses.extension.ExtensionStudy, not imported: it imports this module
 
 __all__ = ["SECTIONS", "loss_figure", "passkey_figure", "planes_figure", "study_page", "write_study"]
 
@@ -27,8 +27,6 @@ _ROLE_COLOURS = {"kept": "#2e7d32", "interpolated": "#1f5fbf", "blended": "#8e6b
 
 
 def _label(m: str) -> str:
-    from ropelens.analyses.extension import METHODS
-
     return METHODS.get(m, m)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.verify import _rotation_from_pre, rotation_error, verify_model
+from ropelens.verify import rotation_error, rotation_from_pre, verify_model
 
 __all__ = ["FAMILIES", "Family", "FamilyCheck", "check_family", "family_model_dir", "rotation_error"]
 
@@ -196,8 +196,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("olmo_hybrid", "OlmoHybridConfig",
            dict(_BASE, layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=2,
                 linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, rope_parameters=_rp()),
-           mixer_layers={0: "linear", 2: "linear"}, refused="fails the qk check", refused_at="probe",
-           needs="Gated DeltaNet layers beside attention whose q/k norm over the whole projection the adapter does not hook"),
+           mixer_layers={0: "linear", 2: "linear"},
+           needs="Gated DeltaNet layers beside attention; q/k norm over the whole projection, taken from the norm "
+                 "submodules' hooks"),
     Family("llama4", "Llama4TextConfig",
            dict(_BASE, head_dim=16, num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=128,
                 no_rope_layers=[1, 1, 1, 0], attention_chunk_size=8, rope_parameters=_rp()),
@@ -310,7 +311,7 @@ class FamilyCheck:
 
 
 @contextlib.contextmanager
-def _hf_scores(hf) -> Iterator[dict[int, torch.Tensor]]:
+def hf_scores(hf) -> Iterator[dict[int, torch.Tensor]]:
     """Capture HF's pre-softmax, pre-cap scores q·kᵀ·scaling inside its ``eager_attention_forward``."""
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "eager_attention_forward", None)
@@ -391,7 +392,7 @@ def _spec_errors(fam: Family, spec) -> list[str]:
     return errs
 
 
-def _probs_by_layer(probs, spec) -> dict[int, torch.Tensor]:
+def probs_by_layer(probs, spec) -> dict[int, torch.Tensor]:
     """HF's ``output_attentions`` keyed by layer: a hybrid returns one map per attention layer only, in order."""
     if probs is None:
         return {}
@@ -399,7 +400,7 @@ def _probs_by_layer(probs, spec) -> dict[int, torch.Tensor]:
     return {L: p for L, p in zip(layers, probs) if p is not None}
 
 
-def _hf_inv_freq(hf, lr) -> torch.Tensor:
+def hf_inv_freq(hf, lr) -> torch.Tensor:
     """The frequencies HF's rotary module holds for this layer (layer-type buffers where it has them)."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     ltypes = getattr(cfg, "layer_types", None)
@@ -443,13 +444,13 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
     res.spec_errors = _spec_errors(fam, spec)
     rotary = spec.rotary_layers
     res.layers_checked = rotary
-    res.inv_freq_err = max(float((lr.inv_freq - _hf_inv_freq(hf, lr)).abs().max()) for lr in (spec[i] for i in rotary))
+    res.inv_freq_err = max(float((lr.inv_freq - hf_inv_freq(hf, lr)).abs().max()) for lr in (spec[i] for i in rotary))
 
     g = torch.Generator().manual_seed(seed)
     toks = torch.randint(4, VOCAB, (1, N_CHECK), generator=g)
     toks[0, 0] = 1
-    with torch.no_grad(), _hf_scores(hf) as scores:
-        probs = _probs_by_layer(hf(toks, output_attentions=True).attentions, spec)
+    with torch.no_grad(), hf_scores(hf) as scores:
+        probs = probs_by_layer(hf(toks, output_attentions=True).attentions, spec)
     dec = decompose_attention(model, toks, bands=Bands.all(), layers=rotary, verify=False)  # this is the independent check
     res.scores_err = res.pattern_err = res.band_pattern_err = 0.0
     for L in rotary:
@@ -477,7 +478,7 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
                 continue
             # a hybrid's linear-attention layers before the first attention layer mix positions: its pre-RoPE
             # queries differ, so the model's rotation is checked from them (captured before and after it)
-            res.pairing_err = max(res.pairing_err, _rotation_from_pre(lr, pre, q))
+            res.pairing_err = max(res.pairing_err, rotation_from_pre(lr, pre, q))
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
     return res

@@ -29,11 +29,11 @@ from ropelens.testing.families import (
     N_CHECK,
     VOCAB,
     FamilyCheck,
-    _hf_inv_freq,
-    _hf_scores,
-    _probs_by_layer,
-    _rotation_from_pre,
+    hf_inv_freq,
+    hf_scores,
+    probs_by_layer,
     rotation_error,
+    rotation_from_pre,
 )
 
 __all__ = ["NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "shrink_config",
@@ -440,7 +440,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             _hf_model(config, seed).save_pretrained(path)
             tiny_tokenizer().save_pretrained(path)
             hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).eval()
-            with torch.no_grad(), _hf_scores(hf) as scores:
+            with torch.no_grad(), hf_scores(hf) as scores:
                 probs = hf(toks, output_attentions=True).attentions
         except NotBuilt:
             raise
@@ -463,7 +463,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
     if not rotary:
         return res
     try:
-        res.inv_freq_err = max(float((lr.inv_freq - _hf_inv_freq(hf, lr)).abs().max()) for lr in (spec[i] for i in rotary))
+        res.inv_freq_err = max(float((lr.inv_freq - hf_inv_freq(hf, lr)).abs().max()) for lr in (spec[i] for i in rotary))
     except (InputError, RuntimeError):  # HF keeps no inv_freq buffer (or one of another width) to compare with
         res.inv_freq_err = math.nan
     try:
@@ -472,7 +472,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         res.refusal = str(e)
         return res
     res.scores_err = res.pattern_err = 0.0
-    probs = _probs_by_layer(probs, spec)
+    probs = probs_by_layer(probs, spec)
     for L in rotary:
         ours = dec.logits(L)
         ok = torch.isfinite(ours)
@@ -487,16 +487,16 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             continue
         res.pattern_err = max(res.pattern_err, float((dec.rebuilt_pattern(L) - ref_p).abs().max()))
     same = torch.full((1, N_CHECK), 7)
-    acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_post"))
+    acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_rot"))
     res.pairing_err = 0.0
     for L in rotary:  # as in check_family: layers whose pre-RoPE queries vary with position are skipped
-        lr, q, pre = spec[L], acts[L]["q_post"][0], acts[L]["q_pre"][0]
+        lr, q, pre = spec[L], acts[L]["q_rot"][0], acts[L]["q_pre"][0]  # before a norm after RoPE
         if float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
             if rotary[0] != L:
                 continue
             # a hybrid's linear-attention layers before the first attention layer mix positions: its pre-RoPE
             # queries differ, so the model's rotation is checked from them (captured before and after it)
-            res.pairing_err = max(res.pairing_err, _rotation_from_pre(lr, pre, q))
+            res.pairing_err = max(res.pairing_err, rotation_from_pre(lr, pre, q))
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
     return res
