@@ -158,7 +158,7 @@ def test_analyses_run_and_are_right(family, loaded):
 
 
 # the bridge leaves attention to HF and rotates inside it: no (cos, sin) to swap, interventions refuse in one line
-ROTATES_INSIDE = ("gemma4_text",)
+ROTATES_INSIDE = ("gemma4_text", "olmo_hybrid")
 
 
 def _refused_inside(family: str, run) -> bool:
