@@ -25,7 +25,7 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.rope import LayerRope, RopeSpec
 
-__all__ = ["QK_NEEDS", "fast_qk", "hf_view", "intervened", "right_padded", "sdpa_attention"]
+__all__ = ["QK_NEEDS", "attention_implementation", "fast_qk", "hf_view", "intervened", "right_padded", "sdpa_attention"]
 
 QK_NEEDS = frozenset({"q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post"})
 _MARK = "_ropelens_interventions"
@@ -139,16 +139,24 @@ def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callabl
 @contextlib.contextmanager
 def sdpa_attention(hf) -> Iterator[None]:
     """Run the HF model with its sdpa attention where the family supports it, restoring the setting after."""
+    with attention_implementation(hf, "sdpa" if getattr(hf, "_supports_sdpa", False) else None):
+        yield
+
+
+@contextlib.contextmanager
+def attention_implementation(hf, impl: str | None) -> Iterator[None]:
+    """Run the HF model with attention ``impl`` ("eager", "sdpa"; None: as it is) in its config and its text
+    config, restoring the setting after: the one place ropelens switches a model's attention."""
     cfgs = {id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: hf.config)())}.values()
     before = [(c, getattr(c, "_attn_implementation", None)) for c in cfgs]
-    if getattr(hf, "_supports_sdpa", False):
+    if impl is not None:
         for c, _ in before:
-            c._attn_implementation = "sdpa"
+            c._attn_implementation = impl
     try:
         yield
     finally:
-        for c, impl in before:
-            c._attn_implementation = impl
+        for c, old in before:
+            c._attn_implementation = old
 
 
 def _unbridged(module: torch.nn.Module) -> torch.nn.Module:

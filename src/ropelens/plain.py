@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -168,19 +168,6 @@ class _Stop(Exception):
     """Raised after the last layer asked for: the rest of the forward is skipped."""
 
 
-@contextlib.contextmanager
-def _attention_implementation(hf, impl: str) -> Iterator[None]:
-    cfgs = {id(c): c for c in (hf.config, _text_config(hf))}.values()
-    before = [(c, getattr(c, "_attn_implementation", None)) for c in cfgs]
-    for c, _ in before:
-        c._attn_implementation = impl
-    try:
-        yield
-    finally:
-        for c, old in before:
-            c._attn_implementation = old
-
-
 def _one_per_kv_head(k: Tensor, n_kv: int, cannot: Callable[[str], Exception], L: int) -> Tensor:
     """Keys ``[b, heads, pos, d]`` as the model holds them: one per KV head. Falcon's new decoder architecture
     broadcasts each group's key to its query heads (head h reads group h // group size); the copies must be equal."""
@@ -204,7 +191,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     the pattern the model runs its sdpa attention where it has one, q and k read where they enter it.
     The forward stops after the last layer. A family this cannot read raises UnsupportedModelError.
     """
-    from ropelens.fastpath import hf_view
+    from ropelens.fastpath import attention_implementation, hf_view
     from ropelens.reading import attention_tap
 
     hf = hf_view(model)
@@ -273,7 +260,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     if att_fn is not None and not fast:
         mod.eager_attention_forward = att_tap
     try:
-        with _attention_implementation(hf, "sdpa" if fast else "eager"), torch.no_grad(), \
+        with attention_implementation(hf, "sdpa" if fast else "eager"), torch.no_grad(), \
                 attention_tap([a for a in attns if a is not None], seen) if fast else contextlib.nullcontext():
             hf(input_ids=tokens, attention_mask=valid.long() if padded else None, use_cache=False,
                output_attentions=att_fn is None and "pattern" in needs)

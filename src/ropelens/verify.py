@@ -384,7 +384,7 @@ class _Probe:
 
     def _hf_reference(self, toks: Tensor, acts) -> None:
         """Run the HF model under the bridge with eager attention, reading its attention function's inputs and output."""
-        from ropelens.fastpath import hf_view
+        from ropelens.fastpath import attention_implementation, hf_view
 
         hf = hf_view(self.model)
         mod = _modeling_module(self.model)
@@ -407,7 +407,7 @@ class _Probe:
                               scaling, allowed, out[1].detach().float() if out[1] is not None else None)
             return out
 
-        with _eager(hf), torch.no_grad():
+        with attention_implementation(hf, "eager"), torch.no_grad():
             if orig is None:
                 self.unchecked.append("q/k, scale and scores (the model calls no eager_attention_forward: "
                                       "probabilities only, from output_attentions)")
@@ -480,17 +480,3 @@ class _Probe:
             raise UnsupportedModelError(
                 f"{self.spec.architecture}: chunked attention (attention_chunk_size {chunk}) is not described by "
                 "ropelens's spec, which knows causal and sliding-window masks only: its numbers past a chunk would be wrong")
-
-
-@contextlib.contextmanager
-def _eager(hf) -> Iterator[None]:
-    """Run the HF model with eager attention (which returns probabilities), restoring the setting after."""
-    cfgs = {id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: hf.config)())}.values()
-    before = [(c, getattr(c, "_attn_implementation", None)) for c in cfgs]
-    for c, _ in before:
-        c._attn_implementation = "eager"
-    try:
-        yield
-    finally:
-        for c, impl in before:
-            c._attn_implementation = impl

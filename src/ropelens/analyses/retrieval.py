@@ -85,23 +85,9 @@ def copy_case(tokenizer: Any, prompt: PasskeyPrompt) -> CopyCase:
                     sources=tuple(sources))
 
 
-@contextlib.contextmanager
-def _eager(hf) -> Iterator[None]:
-    """Run the HF model with eager attention (which returns its probabilities), restoring the setting after."""
-    cfgs = {id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: hf.config)())}.values()
-    before = [(c, getattr(c, "_attn_implementation", None)) for c in cfgs]
-    for c, _ in before:
-        c._attn_implementation = "eager"
-    try:
-        yield
-    finally:
-        for c, impl in before:
-            c._attn_implementation = impl
-
-
 def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> Int[Tensor, "layer head query"]:
     """The most attended key of every head at each of ``queries``, from one eager forward over ``tokens``."""
-    from ropelens.fastpath import hf_decoder_layers, hf_view
+    from ropelens.fastpath import attention_implementation, hf_decoder_layers, hf_view
     from ropelens.models import device_of
 
     hf = hf_view(model)
@@ -124,7 +110,7 @@ def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> I
         raise UnsupportedModelError(f"{type(hf).__name__}: a decoder layer has no self_attn module")
     handles = [a.register_forward_hook(keep(i)) for i, a in enumerate(attns)]
     try:
-        with _eager(hf), torch.no_grad():
+        with attention_implementation(hf, "eager"), torch.no_grad():
             hf(input_ids=tokens.long().to(device_of(model))[None], use_cache=False)
     finally:
         for h in handles:
