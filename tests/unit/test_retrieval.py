@@ -154,6 +154,7 @@ def test_retrieval_heads_result_round_trip(tiny, tmp_path):
     assert all(len(v) == round(n / 4) for v in r.band.values())
     assert r.control == {hd: tuple(ps) for hd, ps in random_planes(n, round(n / 4), r.heads, 2).items()}
     assert set(r.recall) == set(CONDITIONS)
+    assert r.provenance.config["verification"]["status"] == "passed"  # the spec's planes were proven first
     assert len(r.findings()) == 2 and "heads have a retrieval score" in r.findings()[0].text
     r.save(tmp_path / "r.json")
     back = RetrievalHeads.load(tmp_path / "r.json")

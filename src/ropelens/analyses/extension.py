@@ -216,7 +216,7 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
                     corpus: Any = None, passkey_lengths: Sequence[int] | None = None,
                     depths: Sequence[float] = (0.1, 0.5, 0.9), n_trials: int = 1, seed: int = 0,
                     p: float = 0.75, longrope: Any = None, tolerance: float = 0.1, batch_size: int = 1,
-                    out: str | Path | None = None, progress: bool = True) -> ExtensionStudy:
+                    out: str | Path | None = None, progress: bool = True, verify: bool = True) -> ExtensionStudy:
     """Loss by length, passkey retrieval, per-plane effect and base predictions of each extension method.
 
     ``to`` is the target context; ``native`` the trained one (default: the model's). ``lengths`` default to
@@ -235,10 +235,12 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     from ropelens.intervene import apply_rope_variant, is_identity
     from ropelens.models import weights_fingerprint
     from ropelens.reading import model_label, rope_spec
+    from ropelens.verify import verification
 
     if getattr(model, "tokenizer", None) is None:
         raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
     spec = rope_spec(model)
+    verified = verification(model, spec, verify=verify)  # the variants rebuild the spec's rotation: prove it first
     to = check_number(to, "to", at_least=2, integer=True, hint=" (the target context in tokens)")
     native = spec.n_ctx if native is None else check_number(native, "native", at_least=2, integer=True)
     if not native:
@@ -323,7 +325,7 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
                 "depths": list(depths), "n_trials": n_trials, "seed": seed, "p": p, "tolerance": tolerance,
                 "weights_sha256": fp, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                 "forward": loss_path(model) if is_bridge(model) else "hf", "cells_reused": cells.reused,
-                "out": None if out is None else str(out)},
+                "out": None if out is None else str(out), "verification": verified.to_dict()},
     )
     rows = []
     for (name, L), c in loss_cells.items():

@@ -278,10 +278,12 @@ def retrieval_heads(
     threshold: float = 0.1,
     fraction: float = 0.25,
     progress: bool = False,
+    verify: bool = True,
 ) -> RetrievalHeads:
     """Score every head, then passkey recall with the ``top_k`` heads' lowest ``fraction`` of planes zeroed,
     with as many random planes per head zeroed (seeded), and unmodified, on held-out passkeys."""
     from ropelens.reading import model_label, rope_spec
+    from ropelens.verify import verification
 
     top_k = check_number(top_k, "top_k", at_least=1, integer=True, hint=" (heads to ablate)")
     threshold = check_number(threshold, "threshold", at_least=0, at_most=1)
@@ -292,6 +294,7 @@ def retrieval_heads(
         raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
     t0 = time.perf_counter()
     spec = rope_spec(model)
+    verified = verification(model, spec, verify=verify)  # the ablations zero the spec's planes: prove its reading first
     scores, steps = retrieval_scores(model, lengths, depths, n_trials, seed)
     rotary = set(spec.rotary_layers)
     ranked = sorted(((float(scores[L, h]), L, h) for L in rotary for h in range(scores.shape[1])),
@@ -316,7 +319,8 @@ def retrieval_heads(
                       n_ctx=max(lengths),
                       config={"lengths": list(lengths), "depths": list(depths), "n_trials": n_trials, "seed": seed,
                               "top_k": top_k, "threshold": threshold, "fraction": fraction,
-                              "score": "teacher-forced argmax on eager HF attention"},
+                              "score": "teacher-forced argmax on eager HF attention",
+                              "verification": verified.to_dict()},
                       seconds=time.perf_counter() - t0)
     return RetrievalHeads(scores=scores, n_steps=steps, threshold=threshold, heads=heads, band=band, control=control,
                           recall=recall, provenance=prov)
