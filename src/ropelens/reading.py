@@ -49,11 +49,9 @@ def _text_config(hf) -> Any:
 
 
 def _rotary_modules(hf) -> list[torch.nn.Module]:
-    return [
-        m
-        for _, m in hf.named_modules()
-        if "rotary" in type(m).__name__.lower() and "bridge" not in type(m).__name__.lower()
-    ]
+    # a vision tower's rotary (Qwen2-VL's, on image patches) comes first in the module tree and is not the text's
+    names = [(m, type(m).__name__.lower()) for _, m in hf.named_modules()]
+    return [m for m, name in names if "rotary" in name and "bridge" not in name and "vision" not in name]
 
 
 def _blocks(model):
@@ -284,6 +282,7 @@ def rope_spec(model) -> RopeSpec:
                 n_ctx=n_ctx,
                 softcap=_softcap(attn, cfg),
                 sinks=_sinks(attn),
+                axes=_plane_axes(rotaries, inv),
                 mixer=mixer[1] if mixer else None,
                 output_gate=_output_gate(attn, n_heads, head_dim),
                 **(mla if mla is not None and inv.numel() else {}),
@@ -496,6 +495,35 @@ def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing
     if err(lr) <= 1e-3:
         return lr
     return next((c for c in candidates if err(c) < 1e-3), lr)
+
+
+def _plane_axes(rotaries, inv: torch.Tensor) -> tuple[int, ...]:
+    """The position axis (0 t, 1 h, 2 w) each plane turns by under multimodal RoPE, read from the model's own rotary.
+
+    A rotary module with ``mrope_section`` (Qwen2-VL's contiguous sections, Qwen3-VL's and Qwen 3.5's
+    interleaved ones) is run once at positions t = 1, h = 2, w = 3: plane i's angle is then p·θ_i with p the
+    position of its axis (every |angle| ≤ 3 < π, so atan2 returns it unwrapped). () for 1-D RoPE.
+    """
+    n = inv.numel()
+    rot = next((m for m in rotaries if hasattr(m, "mrope_section") and isinstance(getattr(m, "inv_freq", None), torch.Tensor)
+                and m.inv_freq.numel() == n), None)
+    if rot is None or n == 0:
+        return ()
+    theta = rot.inv_freq.detach().double().cpu()
+    probe = torch.tensor([1, 2, 3], device=rot.inv_freq.device).view(3, 1, 1)
+    with torch.no_grad():
+        cos, sin = rot(torch.zeros(1, device=rot.inv_freq.device), probe)
+    ang = torch.atan2(sin.reshape(-1).double(), cos.reshape(-1).double()).cpu()
+    turning = theta > 0  # an unrotated plane turns by nothing on any axis: label it time, as HF's recomposition does
+    p = torch.where(turning, ang[:n] / theta.clamp_min(1e-300), torch.ones(n, dtype=torch.float64))
+    axis = p.round() - 1
+    # float32 angles of O(1): p is an integer to ~1e-6 relative; a rotary that does not label planes by axis is O(1) off
+    if ang.numel() != 2 * n or not torch.allclose(ang[:n], ang[n:], atol=1e-6) or (p - p.round()).abs().max() > 1e-3 \
+            or not ((axis >= 0) & (axis <= 2)).all():
+        raise UnsupportedModelError(f"{type(rot).__name__}: multimodal rotary whose planes ropelens cannot assign to the "
+                                    "time, height and width axes (its cos/sin at positions t=1, h=2, w=3 are not one "
+                                    "axis's position times each plane's frequency, repeated over both halves)")
+    return tuple(int(a) for a in axis)
 
 
 def _layer_config(cfg, layer: int) -> Any:

@@ -25,8 +25,10 @@ LayerKind = Literal["full", "sliding", "nope", "linear", "conv", "mamba", "recur
 # Layers of a hybrid model with no softmax attention (Qwen3-Next's Gated DeltaNet, LFM2's short convolution,
 # Bamba's Mamba): listed in the spec so its layer numbers stay the model's, never measured.
 MIXER_KINDS = frozenset({"linear", "conv", "mamba", "recurrent", "none"})
+# The position axes of multimodal RoPE (M-RoPE, Qwen2-VL): a plane labelled with axis a turns by position_ids[a]·θ_i.
+MROPE_AXES = ("t", "h", "w")
 
-__all__ = ["MIXER_KINDS", "LayerRope", "RopeSpec", "expand_kv", "merge_planes", "plane_dims", "plane_norms", "split_planes"]
+__all__ = ["MIXER_KINDS", "MROPE_AXES", "LayerRope", "RopeSpec", "describe_axes", "expand_kv", "merge_planes", "plane_dims", "plane_norms", "split_planes"]
 
 
 def plane_dims(rotary_dim: int, pairing: Pairing) -> Int[Tensor, "n_planes 2"]:
@@ -160,6 +162,10 @@ class LayerRope:
     rotary_offset: int = 0  # where the rotary dims start in the model's own head vectors
     pre_interleaved: bool = False  # the model's rotation reads adjacent pairs and writes them split in halves
     shared_rotary_key: bool = False  # the key's rotary planes are one vector shared by all heads
+    # multimodal RoPE (M-RoPE: Qwen2-VL's sections, Qwen3-VL's interleaving): the position axis of each plane, an
+    # index into MROPE_AXES (time, height, width); () for 1-D RoPE. Text tokens have t = h = w, so on text alone
+    # every plane turns by the token's position, as in 1-D RoPE; image tokens turn each plane by their own axis.
+    axes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.direction not in (1, -1):
@@ -187,6 +193,9 @@ class LayerRope:
                              f"do not fit in head_dim {self.head_dim}")
         if self.sinks is not None and len(self.sinks) != self.n_heads:
             raise InputError(f"sinks has {len(self.sinks)} entries for {self.n_heads} heads")
+        if self.axes and (len(self.axes) != self.n_planes or not set(self.axes) <= set(range(len(MROPE_AXES)))):
+            raise InputError(f"layer {self.layer}: axes must give one of 0, 1, 2 ({', '.join(MROPE_AXES)}) for each of "
+                             f"its {self.n_planes} planes, got {list(self.axes)}")
 
     @property
     def n_planes(self) -> int:
@@ -314,6 +323,7 @@ class LayerRope:
         d["inv_freq"] = torch.tensor(d["inv_freq"], dtype=torch.float32)
         if d.get("sinks") is not None:
             d["sinks"] = tuple(d["sinks"])
+        d["axes"] = tuple(d.get("axes", ()))
         return cls(**d)
 
     def same_rotation(self, other: LayerRope) -> bool:
@@ -324,6 +334,7 @@ class LayerRope:
             and self.attention_scaling == other.attention_scaling
             and self.direction == other.direction
             and self.pre_interleaved == other.pre_interleaved
+            and self.axes == other.axes
             and torch.equal(self.inv_freq, other.inv_freq)
         )
 
@@ -494,6 +505,8 @@ class RopeSpec:
             )
             if any(x.shared_rotary_key for x in self.layers):  # multi-head latent attention: where the planes sit
                 rows[-1].update(rotary_offset=lr.rotary_offset, shared_rotary_key=lr.shared_rotary_key)
+            if any(x.axes for x in self.layers):  # multimodal RoPE: which planes each position axis turns
+                rows[-1].update(mrope_axes=describe_axes(lr.axes))
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
@@ -519,6 +532,12 @@ class RopeSpec:
     def _repr_html_(self) -> str:
         head = f"<b>{self.model_name}</b> ({self.architecture}), {self.n_layers} layers, n_ctx {self.n_ctx}"
         return head + self.summary().to_html(index=False)
+
+
+def describe_axes(axes: Sequence[int]) -> str:
+    """The planes of each M-RoPE axis in compact form, e.g. ``t 0-15; h 16-39; w 40-63`` ('' for 1-D RoPE)."""
+    return "; ".join(f"{name} {_ranges([i for i, a in enumerate(axes) if a == k])}"
+                     for k, name in enumerate(MROPE_AXES) if k in axes)
 
 
 def _ranges(idx: Sequence[int]) -> str:
