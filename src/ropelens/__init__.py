@@ -12,6 +12,7 @@ from ropelens.analyses.decay import (
 from ropelens.analyses.decompose import AttentionDecomposition, decompose_attention
 from ropelens.analyses.distance import AttentionByDistance, attention_by_distance
 from ropelens.analyses.extension import ExtensionStudy, extension_study
+from ropelens.analyses.mrope import MRopeDecomposition, mrope_decompose
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.possym import PositionalSymbolic, positional_symbolic
 from ropelens.analyses.retrieval import RetrievalHeads, retrieval_heads
@@ -40,6 +41,7 @@ __all__ = [
     "ExtensionStudy",
     "FrequencyUsage",
     "LayerRope",
+    "MRopeDecomposition",
     "PositionalSymbolic",
     "RetrievalHeads",
     "InputError",
@@ -66,6 +68,7 @@ __all__ = [
     "learned_pe",
     "load_model",
     "massive",
+    "mrope_decompose",
     "offsets",
     "passkey",
     "pe_similarity",

@@ -28,6 +28,7 @@ from ropelens.result import Result, load_result, registered
 from ropelens.variants import Linear
 
 BANDS = Bands.quantiles(2)
+SAFETENSORS = ("AttentionDecomposition", "MRopeDecomposition")  # kinds that save q/k as safetensors, not JSON
 
 
 def _tokens(n: int = 2, seq: int = 16, seed: int = 0) -> torch.Tensor:
@@ -42,11 +43,14 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
     from ropelens.analyses.bandloc import frequency_bands
     from ropelens.analyses.entropy import frequency_entropy
     from ropelens.analyses.extension import extension_study
+    from ropelens.analyses.mrope import mrope_decompose
     from ropelens.analyses.possym import positional_symbolic
     from ropelens.analyses.retrieval import retrieval_heads
     from ropelens.testing import tiny_model
+    from ropelens.testing.vl import vl_hf_model, vl_inputs
 
     model = tiny("llama-gqa")
+    vl = vl_hf_model("qwen2_vl")
     toks = _tokens()
     kw = {"progress": False}
     prov = Provenance(model="tiny")
@@ -61,6 +65,7 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
         rotary_offsets(model, toks, **kw),
         classify_heads(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], **kw),
         decompose_attention(model, toks[:1], bands=BANDS, layers=[0]),
+        mrope_decompose(vl, **vl_inputs(vl), layers=[0]),
         PasskeyResult(lengths=(64,), depths=(0.5,), trials=(trial,), provenance=prov),
         base_predictions(rope_spec(model), [64, 128]),
         MeasuredExtrapolation(lengths=(64,), estimates=({"n_windows": 2, "loss": {"mean": 1.0, "lo": 0.9, "hi": 1.1},
@@ -88,13 +93,13 @@ def test_every_result_kind_is_registered_and_tested(results):
 
 def test_load_result_dispatches_on_kind(results, tmp_path):
     for kind, r in results.items():
-        path = tmp_path / (f"{kind}.safetensors" if kind == "AttentionDecomposition" else f"{kind}.json")
+        path = tmp_path / (f"{kind}.safetensors" if kind in SAFETENSORS else f"{kind}.json")
         r.save(path)
         back = load_result(path)
         assert type(back) is type(r), kind
-        assert type(r).load(path).to_frame(*(() if kind != "AttentionDecomposition" else (0, 0))).shape == \
-            back.to_frame(*(() if kind != "AttentionDecomposition" else (0, 0))).shape
-        if kind != "AttentionDecomposition":
+        assert type(r).load(path).to_frame(*(() if kind not in SAFETENSORS else (0, 0))).shape == \
+            back.to_frame(*(() if kind not in SAFETENSORS else (0, 0))).shape
+        if kind not in SAFETENSORS:
             d = json.loads(path.read_text())
             assert (d["type"], d["format"]) == (kind, type(r).FORMAT)
 

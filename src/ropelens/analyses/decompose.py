@@ -172,25 +172,35 @@ class AttentionDecomposition(Result):
                           title=f"Layer {layer} head {head}: logit by band", height=330)
         return fig
 
+    def _file_tensors(self) -> dict[str, Tensor]:
+        """The tensors the file holds: tokens, and each layer's captured tensors under ``"{layer}/{name}"``."""
+        tensors = {"tokens": self.tokens.contiguous()}
+        for L, a in self.acts.items():
+            for k, v in a.tensors.items():
+                tensors[f"{L}/{k}"] = v.clone().contiguous()
+            tensors[f"{L}/valid"] = a.valid.clone().contiguous()
+        return tensors
+
     def save(self, path: str | Path) -> None:
         """Save tokens, captured q/k and metadata (safetensors, atomic)."""
         from safetensors.torch import save
 
         from ropelens.serialize import atomic_write
 
-        tensors = {"tokens": self.tokens.contiguous()}
-        for L, a in self.acts.items():
-            for k, v in a.tensors.items():
-                tensors[f"{L}/{k}"] = v.clone().contiguous()
-            tensors[f"{L}/valid"] = a.valid.clone().contiguous()
         meta = {"type": self.KIND, "format": str(self.FORMAT),
                 "spec": json.dumps(self.spec.to_dict()), "bands": json.dumps(self.bands.to_dict()),
                 "provenance": json.dumps(self.provenance.to_dict())}
         with atomic_write(path, "wb") as f:
-            f.write(save(tensors, metadata=meta))
+            f.write(save(self._file_tensors(), metadata=meta))
 
     @classmethod
     def load(cls, path: str | Path) -> AttentionDecomposition:
+        _, fields = cls._read(path)
+        return cls(**fields)
+
+    @classmethod
+    def _read(cls, path: str | Path) -> tuple[dict[str, Tensor], dict]:
+        """Every tensor in the file, and the fields of this class that the file holds."""
         from safetensors import safe_open
 
         with safe_open(str(path), "pt") as f:
@@ -212,8 +222,8 @@ class AttentionDecomposition(Result):
                 a.valid = v
             else:
                 a.tensors[name] = v
-        return cls(tokens=t["tokens"], spec=spec, bands=Bands.from_dict(json.loads(meta["bands"])), acts=acts,
-                   provenance=Provenance.from_dict(json.loads(meta["provenance"])))
+        return t, {"tokens": t["tokens"], "spec": spec, "bands": Bands.from_dict(json.loads(meta["bands"])), "acts": acts,
+                   "provenance": Provenance.from_dict(json.loads(meta["provenance"]))}
 
     def _repr_html_(self) -> str:
         L = self.layers[0]
