@@ -68,8 +68,9 @@ def _text_config(hf) -> Any:
 def decoder_layers(hf) -> torch.nn.ModuleList:
     """The HF model's decoder layers: the first ModuleList with one entry per hidden layer."""
     n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
-    for m in hf.modules():
-        if isinstance(m, torch.nn.ModuleList) and len(m) == n:
+    for name, m in hf.named_modules():
+        # a vision tower's blocks (Qwen2-VL's visual.blocks) come first and may be as many as the decoder layers
+        if isinstance(m, torch.nn.ModuleList) and len(m) == n and not any(w in name for w in ("visual", "vision")):
             return m
     raise UnsupportedModelError(f"{type(hf).__name__}: found no list of {n} decoder layers in the HF model, so ropelens "
                                 "cannot tell its attention layers apart")

@@ -193,6 +193,16 @@ def test_text_only_tower_is_measured_as_1d_rope(name):
     assert torch.equal(text.position_ids, torch.arange(toks.shape[1]).expand(3, 1, -1))
 
 
+def test_text_tower_found_when_the_vision_tower_is_as_deep():
+    """The vision blocks come first in the module tree: with as many of them as decoder layers, the layers are still
+    the text tower's (head dim 128, not the vision heads' 16)."""
+    m = vl_hf_model("qwen2_vl", depth=2)
+    spec = rope_spec(as_plain_vl(m))
+    assert [lr.head_dim for lr in spec.layers] == [128, 128] and spec[0].axes == expected_axes("qwen2_vl")
+    dec = mrope_decompose(m, **vl_inputs(m, GRIDS))
+    assert dec.provenance.config["verification"]["status"] == "passed"
+
+
 def test_shares_frequencies_and_distance_against_loops():
     dec = _decomposed("qwen2_vl")
     shares = dec.axis_shares()

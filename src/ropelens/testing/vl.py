@@ -61,8 +61,9 @@ def expected_axes(name: str) -> tuple[int, ...]:
     return tuple(axes)
 
 
-def vl_hf_model(name: str, *, seed: int = 0):
-    """The tiny random HF vision-language model of family ``name`` (eager attention, float32, q/k weights ×4)."""
+def vl_hf_model(name: str, *, seed: int = 0, **vision: Any):
+    """The tiny random HF vision-language model of family ``name`` (eager attention, float32, q/k weights ×4);
+    ``vision`` overrides its vision config (``depth=2``: as many vision blocks as decoder layers)."""
     import transformers
     from transformers import AutoModelForImageTextToText
 
@@ -70,8 +71,8 @@ def vl_hf_model(name: str, *, seed: int = 0):
 
     if name not in VL_FAMILIES:
         raise InputError(f"unknown VL family {name!r}: choose from {', '.join(VL_FAMILIES)}")
-    cls_name, text, vision, _, _ = VL_FAMILIES[name]
-    cfg = getattr(transformers, cls_name)(text_config=text, vision_config=vision, **VL_IDS)
+    cls_name, text, vision_cfg, _, _ = VL_FAMILIES[name]
+    cfg = getattr(transformers, cls_name)(text_config=text, vision_config={**vision_cfg, **vision}, **VL_IDS)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(cfg, attn_implementation="eager")
