@@ -72,10 +72,12 @@ def timing(args) -> None:
             losses[w] = float(loss.mean())
     base = statistics.median(times["sdpa"])
     print(f"{args.model}, {toks.shape[0]} × {toks.shape[1]} tokens, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads, medians of {args.repeats}")
+          f"{torch.get_num_threads()} threads, medians of {args.repeats}; paired: the median of each repeat's "
+          "own ratio to the sdpa run beside it (slow drifts of a shared machine cancel)")
     for w in whats:
         med = statistics.median(times[w])
-        print(f"  {w:<13} {med:8.2f} s  {med / base:6.2f}×  loss {losses[w]:.4f}")
+        paired = statistics.median(x / y for x, y in zip(times[w], times["sdpa"], strict=True))
+        print(f"  {w:<13} {med:8.2f} s  {med / base:6.2f}×  paired {paired:5.2f}×  loss {losses[w]:.4f}")
 
 
 def _vm(field: str) -> int:
