@@ -37,7 +37,7 @@ from ropelens.testing.families import (
 )
 
 __all__ = ["NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "shrink_config",
-           "sweep_one"]
+           "sweep_one", "table_phase_steps"]
 
 TOL = 1e-4  # float32: captured and HF tensors come from the same ops (errors ~1e-6); a misreading moves them O(1)
 MAX_PARAMS = 20_000_000  # a shrunk config above this kept a full-size width somewhere: not built, say which
@@ -462,10 +462,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
     res.layers_checked = rotary
     if not rotary:
         return res
-    try:
-        res.inv_freq_err = max(float((lr.inv_freq - hf_inv_freq(hf, lr)).abs().max()) for lr in (spec[i] for i in rotary))
-    except (InputError, RuntimeError):  # HF keeps no inv_freq buffer (or one of another width) to compare with
-        res.inv_freq_err = math.nan
+    res.inv_freq_err = _inv_freq_err(hf, spec, rotary)
     try:
         dec = decompose_attention(model, toks, bands=Bands.all(), layers=rotary, verify=False)
     except UnsupportedModelError as e:  # an analysis refusing in one line is a refusal too
@@ -500,6 +497,44 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
     return res
+
+
+def table_phase_steps(table: torch.Tensor, n_pos: int = N_CHECK) -> torch.Tensor:
+    """Each plane's angle step from position m to m + 1 (m < ``n_pos``) in a ``[n_pos, 2·half]`` sin|cos table.
+
+    GPT-J and CodeGen keep no ``inv_freq``: their attention holds ``embed_positions``, the table
+    ``[sin(m·θ) | cos(m·θ)]`` that HF's ``create_sinusoidal_positions`` builds and the forward reads.
+    The angle of ``z(m+1)·conj(z(m))`` with ``z = cos + i·sin`` is the step the model rotates a plane
+    by at each of the positions the check runs at: every row equals θ for a rotation at one frequency.
+    """
+    half = table.shape[1] // 2
+    t = table[: n_pos + 1].double()
+    z = torch.complex(t[:, half:], t[:, :half])
+    return torch.angle(z[1:] * z[:-1].conj())
+
+
+def _hf_tables(hf) -> list[torch.Tensor]:
+    return [m.embed_positions for m in hf.modules()
+            if isinstance(getattr(m, "embed_positions", None), torch.Tensor) and m.embed_positions.ndim == 2]
+
+
+def _inv_freq_err(hf, spec, rotary: list[int]) -> float:
+    """The spec's frequencies against HF's: its rotary buffers, else the phase steps of its sin|cos tables."""
+    try:
+        return max(float((spec[i].inv_freq - hf_inv_freq(hf, spec[i])).abs().max()) for i in rotary)
+    except (InputError, RuntimeError):  # HF keeps no inv_freq buffer (or one of another width) to compare with
+        pass
+    tables = _hf_tables(hf)
+    if not tables:
+        return math.nan
+    err = 0.0
+    for i in rotary:  # one table per attention layer (GPT-J, CodeGen), else one for the model
+        steps = table_phase_steps(tables[i] if len(tables) == spec.n_layers else tables[0])
+        if steps.shape[1] != spec[i].inv_freq.numel():
+            return math.nan
+        # float32 table: m·θ rounds to ~m·θ·6e-8 ≤ 2e-6 rad for m ≤ 24, so a match is ~1e-6 and a misread θ is O(θ)
+        err = max(err, float((steps - spec[i].inv_freq.double()).abs().max()))
+    return err
 
 
 _ERRORS = ("inv_freq_err", "scores_err", "pattern_err", "pairing_err")
