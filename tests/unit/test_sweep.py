@@ -117,6 +117,7 @@ def test_rope_types_are_found():
     ("diffllama", "refused", "differential attention"),
     ("gptj", "exact", ""),  # no inv_freq buffer: its frequencies checked against the phase steps of its sin|cos table
     ("gemma3", "not built", "text tower is 'gemma3_text'"),
+    ("jamba", "no RoPE", "apply_rotary_pos_emb defined, never called"),  # its attention never rotates
 ])
 def test_sweep_classifies_like_the_matrix(model_type, status, why, tmp_path):
     row = sweep_one(model_type, workdir=tmp_path)
@@ -148,3 +149,16 @@ def test_table_phase_steps_recover_the_frequencies():
     assert float((shifted - theta).abs().max()) < 1e-5  # a shift of positions keeps each step
     doubled = table_phase_steps(create_sinusoidal_positions(64, 8)[::2])
     assert float((doubled - 2 * theta).abs().max()) < 1e-5
+
+
+def test_a_rotating_model_called_not_rotary_is_refused_not_dropped(monkeypatch, tmp_path):
+    """'no RoPE' needs HF's word too: a model whose forward rotates stays a refused RoPE family."""
+    import ropelens.reading
+    from ropelens.errors import NotRotaryError
+
+    def not_rotary(model):
+        raise NotRotaryError("LlamaForCausalLM uses 'none' position embeddings, not RoPE")
+
+    monkeypatch.setattr(ropelens.reading, "rope_spec", not_rotary)
+    row = sweep_one("llama", workdir=tmp_path)
+    assert row.status == "refused" and "not RoPE" in row.detail

@@ -8,16 +8,20 @@ soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding every k
 :func:`check_config` measures ropelens on it against HF's eager attention exactly as
 :func:`ropelens.testing.families.check_family` does, and :func:`classify` gives one status per
 family: ``exact``, ``refused``, ``wrong`` (ropelens gave a number HF disagrees with: a bug),
-``crashed`` (ropelens raised something other than a refusal: a bug) or ``not built``.
+``crashed`` (ropelens raised something other than a refusal: a bug), ``unverified``, ``no RoPE``
+(HF's forward rotates nothing, e.g. Jamba's attention layers, and ropelens says so: not a RoPE
+family, though its modeling code defines a rotation) or ``not built``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import math
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +40,7 @@ from ropelens.testing.families import (
     rotation_from_pre,
 )
 
-__all__ = ["NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "shrink_config",
+__all__ = ["NoRope", "NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "shrink_config",
            "sweep_one", "table_phase_steps"]
 
 TOL = 1e-4  # float32: captured and HF tensors come from the same ops (errors ~1e-6); a misreading moves them O(1)
@@ -68,6 +72,10 @@ class NotBuilt(Exception):
     """This family's tiny model cannot be built here (the message says why, in one line)."""
 
 
+class NoRope(Exception):
+    """HF's model of this type rotates nothing in its forward, and ropelens says it is not rotary: not a RoPE family."""
+
+
 @dataclass(frozen=True)
 class SweepTarget:
     """One causal-LM model type whose modeling code applies rotary embeddings."""
@@ -83,7 +91,7 @@ class SweepRow:
     """One family's sweep result: its status, the reason or the measured errors, and the structure kept."""
 
     model_type: str
-    status: str  # exact | refused | wrong | crashed | not built
+    status: str  # exact | refused | wrong | crashed | unverified | no RoPE | not built
     detail: str = ""
     architecture: str = ""
     structure: str = ""
@@ -440,7 +448,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             _hf_model(config, seed).save_pretrained(path)
             tiny_tokenizer().save_pretrained(path)
             hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).eval()
-            with torch.no_grad(), hf_scores(hf) as scores:
+            with torch.no_grad(), hf_scores(hf) as scores, _hf_rotations(hf) as rotations:
                 probs = hf(toks, output_attentions=True).attentions
         except NotBuilt:
             raise
@@ -450,7 +458,13 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         try:
             model = load_model(path, device="cpu")
             spec = rope_spec(model)
-        except (UnsupportedModelError, NotRotaryError) as e:  # both are ropelens's one-line refusals
+        except NotRotaryError as e:
+            if not rotations:  # HF agrees: the forward calls no rotation and runs no rotary module
+                raise NoRope(res.architecture, f"HF's forward applies no rotary embedding ({_no_rotation(hf)}); ropelens agrees: "
+                             f"{str(e).split(':')[0]}") from None
+            res.refusal = str(e)  # HF rotates and ropelens says it does not: a refusal, shown as one
+            return res
+        except UnsupportedModelError as e:  # ropelens's one-line refusal
             res.refusal = str(e)
             return res
         try:  # the probe's verdict; the errors below are measured either way (they show what it caught)
@@ -497,6 +511,41 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
     return res
+
+
+@contextlib.contextmanager
+def _hf_rotations(hf) -> Iterator[list[str]]:
+    """Every rotation HF's forward applies, by name: calls of its modeling module's ``apply_rotary*`` functions and
+    forwards of its rotary modules (a family that builds no rotary module and calls no rotation rotates nothing)."""
+    mod = importlib.import_module(type(hf).__module__)
+    seen: list[str] = []
+    fns = {n: f for n, f in vars(mod).items() if n.startswith("apply_rotary") and callable(f)}
+
+    def counted(name: str, fn):
+        def call(*args, **kwargs):
+            seen.append(name)
+            return fn(*args, **kwargs)
+
+        return call
+
+    handles = [m.register_forward_hook(lambda m, _a, _o: seen.append(type(m).__name__))
+               for m in hf.modules() if "rotary" in type(m).__name__.lower()]
+    for n, f in fns.items():
+        setattr(mod, n, counted(n, f))
+    try:
+        yield seen
+    finally:
+        for n, f in fns.items():
+            setattr(mod, n, f)
+        for h in handles:
+            h.remove()
+
+
+def _no_rotation(hf) -> str:
+    """What a non-rotating HF model has that looks rotary (why its modeling code matched), in a few words."""
+    mod = importlib.import_module(type(hf).__module__)
+    fns = sorted(n for n in vars(mod) if n.startswith("apply_rotary"))
+    return f"{', '.join(fns)} defined, never called" if fns else "no rotary module, no rotation called"
 
 
 def table_phase_steps(table: torch.Tensor, n_pos: int = N_CHECK) -> torch.Tensor:
@@ -565,6 +614,9 @@ def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = No
         check = check_config(model_type, cfg, seed=seed, workdir=workdir)
     except NotBuilt as e:
         row.detail = str(e)
+        return row
+    except NoRope as e:
+        row.status, (row.architecture, row.detail) = "no RoPE", e.args
         return row
     except Exception as e:  # noqa: BLE001 — ropelens raised something other than a refusal: a bug, reported
         row.status, row.detail = "crashed", _line(e)
