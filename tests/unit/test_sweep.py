@@ -117,6 +117,7 @@ def test_rope_types_are_found():
     ("diffllama", "refused", "differential attention"),
     ("gptj", "exact", ""),  # no inv_freq buffer: its frequencies checked against the phase steps of its sin|cos table
     ("gemma3", "not built", "text tower is 'gemma3_text'"),
+    ("granite_swa", "exact", ""),  # sinks scale the output after the softmax: HF's probabilities times that scale
     ("jamba", "no RoPE", "apply_rotary_pos_emb defined, never called"),  # its attention never rotates
 ])
 def test_sweep_classifies_like_the_matrix(model_type, status, why, tmp_path):

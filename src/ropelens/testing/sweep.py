@@ -416,6 +416,10 @@ def _hf_model(config, seed: int):
         for pname, p in model.named_parameters():
             if p.ndim == 2 and any(s in pname for s in _SHARPEN):
                 p.mul_(4.0)
+        g = torch.Generator().manual_seed(seed + 2)
+        for m in model.modules():  # learned sinks start at 0 (Granite SWA): spread, so a sign or a sink misplaced shows
+            if isinstance(getattr(m, "sinks", None), torch.nn.Parameter):
+                m.sinks.copy_(torch.randn(m.sinks.shape, generator=g) * 2)
     return model.eval()
 
 
@@ -483,7 +487,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         res.refusal = str(e)
         return res
     res.scores_err = res.pattern_err = 0.0
-    probs = probs_by_layer(probs, spec)
+    probs = _with_hf_sinks(hf, probs_by_layer(probs, spec), scores)
     for L in rotary:
         ours = dec.logits(L)
         ok = torch.isfinite(ours)
@@ -546,6 +550,25 @@ def _no_rotation(hf) -> str:
     mod = importlib.import_module(type(hf).__module__)
     fns = sorted(n for n in vars(mod) if n.startswith("apply_rotary"))
     return f"{', '.join(fns)} defined, never called" if fns else "no rotary module, no rotation called"
+
+
+def _with_hf_sinks(hf, probs: dict[int, torch.Tensor], scores: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """HF's probabilities as its values see them: where a layer's learned sinks are left out of the probabilities it
+    returns (rows summing to 1) and scale its output after the softmax instead (Granite SWA), times HF's own factor
+    ``sigmoid(logsumexp(scores) − sink)``, the log-sum-exp over the allowed keys read at each row's largest entry
+    (``p = exp(s − lse)`` there)."""
+    sinks = {m.layer_idx: m.sinks.detach().float() for m in hf.modules()
+             if isinstance(getattr(m, "sinks", None), torch.Tensor) and isinstance(getattr(m, "layer_idx", None), int)}
+    out = dict(probs)
+    for L, p in probs.items():
+        if L not in sinks or L not in scores or scores[L].shape != p.shape:
+            continue
+        if float((p.sum(-1) - 1).abs().max()) > 1e-5:  # the sink's mass is in the probabilities already (gpt-oss)
+            continue
+        top = p.argmax(-1, keepdim=True)
+        lse = (scores[L].gather(-1, top) - p.gather(-1, top).log()).squeeze(-1)
+        out[L] = p * torch.sigmoid(lse - sinks[L].view(1, -1, 1)).unsqueeze(-1)
+    return out
 
 
 def table_phase_steps(table: torch.Tensor, n_pos: int = N_CHECK) -> torch.Tensor:
