@@ -76,10 +76,14 @@ def decoder_layers(hf) -> torch.nn.ModuleList:
 
 
 def attention_modules(hf) -> list[torch.nn.Module | None]:
-    """Each decoder layer's attention module (its first child whose class is an attention), None where it has none."""
+    """Each decoder layer's softmax-attention module (its first child whose class is an attention and no linear
+    attention, as MiniMax's lightning attention is), None where it has none."""
+    from ropelens.reading import is_token_mixer
+
     out: list[torch.nn.Module | None] = []
     for layer in decoder_layers(hf):
-        out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()), None))
+        out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()
+                         and not is_token_mixer(type(c).__name__)), None))
     return out
 
 
@@ -101,9 +105,12 @@ class PlainModel(torch.nn.Module):
 
     @property
     def attention_blocks(self) -> list[SimpleNamespace]:
-        """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``, no ``.attn`` where none."""
-        return [SimpleNamespace() if a is None else SimpleNamespace(attn=SimpleNamespace(original_component=a))
-                for a in attention_modules(self.original_model)]
+        """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``; where it has no
+        softmax attention, no ``.attn`` and the layer as ``.original_component`` (its token mixer is read there)."""
+        hf = self.original_model
+        return [SimpleNamespace(original_component=layer) if a is None
+                else SimpleNamespace(attn=SimpleNamespace(original_component=a))
+                for a, layer in zip(attention_modules(hf), decoder_layers(hf), strict=True)]
 
     def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> Tensor:
         """``[batch, pos]`` token ids of ``text`` on the model's device, BOS first (as the bridge's ``to_tokens``)."""

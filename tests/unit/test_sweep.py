@@ -163,3 +163,14 @@ def test_a_rotating_model_called_not_rotary_is_refused_not_dropped(monkeypatch, 
     monkeypatch.setattr(ropelens.reading, "rope_spec", not_rotary)
     row = sweep_one("llama", workdir=tmp_path)
     assert row.status == "refused" and "not RoPE" in row.detail
+
+
+def test_lightning_attention_layers_are_listed_not_measured(tmp_path):
+    """MiniMax on the plain HF path: its lightning (linear) attention layers are kind 'linear', its softmax layers
+    exact; the layer kinds follow the config's layer_types."""
+    types = shrink_config("minimax").layer_types
+    row = sweep_one("minimax", workdir=tmp_path)
+    assert row.status == "exact", row.detail
+    assert row.kinds == {"full": [i for i, t in enumerate(types) if t == "full_attention"],
+                         "linear": [i for i, t in enumerate(types) if t == "linear_attention"]}
+    assert row.kinds["linear"]  # the shrunk stack kept both kinds
