@@ -76,10 +76,14 @@ def decoder_layers(hf) -> torch.nn.ModuleList:
 
 
 def attention_modules(hf) -> list[torch.nn.Module | None]:
-    """Each decoder layer's attention module (its first child whose class is an attention), None where it has none."""
+    """Each decoder layer's softmax-attention module (its first child whose class is an attention and no linear
+    attention, as MiniMax's lightning attention is), None where it has none."""
+    from ropelens.reading import is_token_mixer
+
     out: list[torch.nn.Module | None] = []
     for layer in decoder_layers(hf):
-        out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()), None))
+        out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()
+                         and not is_token_mixer(type(c).__name__)), None))
     return out
 
 
@@ -101,9 +105,12 @@ class PlainModel(torch.nn.Module):
 
     @property
     def attention_blocks(self) -> list[SimpleNamespace]:
-        """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``, no ``.attn`` where none."""
-        return [SimpleNamespace() if a is None else SimpleNamespace(attn=SimpleNamespace(original_component=a))
-                for a in attention_modules(self.original_model)]
+        """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``; where it has no
+        softmax attention, no ``.attn`` and the layer as ``.original_component`` (its token mixer is read there)."""
+        hf = self.original_model
+        return [SimpleNamespace(original_component=layer) if a is None
+                else SimpleNamespace(attn=SimpleNamespace(original_component=a))
+                for a, layer in zip(attention_modules(hf), decoder_layers(hf), strict=True)]
 
     def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> Tensor:
         """``[batch, pos]`` token ids of ``text`` on the model's device, BOS first (as the bridge's ``to_tokens``)."""
@@ -168,6 +175,31 @@ class _Stop(Exception):
     """Raised after the last layer asked for: the rest of the forward is skipped."""
 
 
+def mixed_weights(module: torch.nn.Module, value: Tensor, out: tuple) -> Tensor | None:
+    """The weights an HF eager attention function's output mixes the values with, ``[batch, head, q, k]``.
+
+    That is the probabilities it returns, except where a module with learned ``sinks`` returns the softmax
+    without them and scales each query's output after it (Granite SWA: ``sigmoid(logsumexp − sink)``, an
+    extra logit in the softmax's denominator): then the returned probabilities times that scale, measured
+    as the ratio of the output to the returned probabilities' mix of the values. An output that is no
+    per-query multiple of that mix is left to the probe's probability check.
+    """
+    p = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+    if not isinstance(p, Tensor) or not isinstance(getattr(module, "sinks", None), Tensor) or p.ndim != 4:
+        return p
+    mixed = (p.float() @ value.float().repeat_interleave(p.shape[1] // value.shape[1], dim=1))
+    o = out[0].float().transpose(1, 2) if isinstance(out[0], Tensor) and out[0].ndim == 4 else None
+    if o is None or o.shape != mixed.shape:
+        return p
+    scale = (o * mixed).sum(-1) / (mixed * mixed).sum(-1).clamp_min(1e-30)
+    # a 16-bit output is rounded to its eps (bf16: 4e-3 relative): a per-query scale fits to 2e-2 of the largest
+    # entry; any other change of the output after the mix is off by O(1)
+    if float((o - scale[..., None] * mixed).abs().max()) > 2e-2 * float(o.abs().max().clamp_min(1e-30)) \
+            or float((scale - 1).abs().max()) <= 1e-6:  # the sinks already in the probabilities (gpt-oss)
+        return p
+    return (p.float() * scale[..., None]).to(p.dtype)
+
+
 def _one_per_kv_head(k: Tensor, n_kv: int, cannot: Callable[[str], Exception], L: int) -> Tensor:
     """Keys ``[b, heads, pos, d]`` as the model holds them: one per KV head. Falcon's new decoder architecture
     broadcasts each group's key to its query heads (head h reads group h // group size); the copies must be equal."""
@@ -225,7 +257,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         out = att_fn(module, query, key, value, attention_mask, *args, **kwargs)
         L = current[0]
         if L in wanted and "att" not in got.setdefault(L, {}):
-            got[L]["att"] = (query, key, out[1])
+            got[L]["att"] = (query, key, mixed_weights(module, value, out))
         return out
 
     def enter(i: int) -> Callable[..., None]:

@@ -74,12 +74,18 @@ def _attention_modules(model) -> list[torch.nn.Module | None]:
 _KIND = {"sliding_attention": "sliding", "full_attention": "full", "hybrid": "full"}
 # (a piece of the HF class name, the spec's kind) of the token mixers hybrid models put beside or
 # instead of softmax attention; a layer without attention that matches none is kind "none"
-_MIXERS = (("gateddeltanet", "linear"), ("linearattention", "linear"), ("mamba", "mamba"), ("mixer", "mamba"),
+_MIXERS = (("gateddeltanet", "linear"), ("linearattention", "linear"), ("lightningattention", "linear"),  # MiniMax
+           ("mamba", "mamba"), ("mixer", "mamba"),
            ("shortconv", "conv"), ("recurrentblock", "recurrent"), ("rglru", "recurrent"))
 
 
+def is_token_mixer(name: str) -> bool:
+    """Whether an HF class name is a hybrid's token mixer (linear attention, Mamba, convolution, recurrence)."""
+    return any(key in name.lower() for key, _ in _MIXERS)
+
+
 def _is_softmax_attention(name: str) -> bool:
-    return name.endswith("Attention") and not any(key in name.lower() for key, _ in _MIXERS)
+    return name.endswith("Attention") and not is_token_mixer(name)
 
 
 def _mixer(layer: torch.nn.Module | None) -> tuple[str, str] | None:
