@@ -102,8 +102,10 @@ class PlainModel(torch.nn.Module):
     @property
     def attention_blocks(self) -> list[SimpleNamespace]:
         """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``, no ``.attn`` where none."""
-        return [SimpleNamespace() if a is None else SimpleNamespace(attn=SimpleNamespace(original_component=a))
-                for a in attention_modules(self.original_model)]
+        layers = decoder_layers(self.original_model)  # each block's HF decoder layer, where its other mixers live
+        return [SimpleNamespace(original_component=d) if a is None
+                else SimpleNamespace(attn=SimpleNamespace(original_component=a), original_component=d)
+                for a, d in zip(attention_modules(self.original_model), layers, strict=True)]
 
     def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> Tensor:
         """``[batch, pos]`` token ids of ``text`` on the model's device, BOS first (as the bridge's ``to_tokens``)."""
@@ -174,10 +176,24 @@ def _one_per_kv_head(k: Tensor, n_kv: int, cannot: Callable[[str], Exception], L
     if k.shape[1] == n_kv:
         return k
     g = k.shape[1] // n_kv
+    if k.shape[1] % n_kv or not g:  # fewer keys than KV heads, or not a whole number of copies
+        raise cannot(f"layer {L} rotates {k.shape[1]} keys that are not {n_kv} KV heads repeated")
     one = k[:, ::g]
-    if k.shape[1] % n_kv or not torch.equal(one.repeat_interleave(g, dim=1), k):
+    if not torch.equal(one.repeat_interleave(g, dim=1), k):
         raise cannot(f"layer {L} rotates {k.shape[1]} keys that are not {n_kv} KV heads repeated")
     return one
+
+
+def _tiled_like(k: Tensor, k_rot: Tensor, k_post: Tensor) -> tuple[Tensor, Tensor]:
+    """The rotation's keys ``[b, kv_heads, pos, d]`` tiled as they enter the score, where the model tiles them
+    (JetMoE repeats all its KV heads once per expert slot: query head h reads key h mod kv_heads); else as given."""
+    n, m = k_rot.shape[1], k_post.shape[1]
+    if k_rot.ndim != 4 or k_post.ndim != 4 or m <= n or m % n or k_rot.shape[2:] != k_post.shape[2:]:
+        return k, k_rot
+    tiled = k_rot.repeat(1, m // n, 1, 1)
+    if not torch.equal(tiled, k_post):  # grouped copies, or a change after the rotation: left to the checks below
+        return k, k_rot
+    return k.repeat(1, m // n, 1, 1), tiled
 
 
 def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequence[int], needs: frozenset[str],
@@ -293,6 +309,11 @@ def _rotations(mod) -> dict[str, Callable]:
     return out
 
 
+def can_tap(hf) -> bool:
+    """Whether :func:`capture` finds a (q, k, ...) rotation to tap in ``hf``'s modeling module."""
+    return bool(_rotations(importlib.import_module(type(hf).__module__)))
+
+
 def _mla_tensors(lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: Tensor,
                  key: Tensor) -> dict[str, Tensor]:
     """An MLA layer's tensors in ropelens's head layout (rotary dims first: ``LayerRope.from_model``): the attention
@@ -326,6 +347,7 @@ def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
         q, k, q_rot, k_rot, q_post, k_post = (mla[n] for n in ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post"))
     else:
         q_post, k_post = (att[0], att[1]) if att is not None else (q_rot, k_rot)
+    k, k_rot = _tiled_like(k, k_rot, k_post)
     k, k_rot, k_post = (_one_per_kv_head(t, lr.n_kv_heads, cannot, L) for t in (k, k_rot, k_post))
     want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
     if (q_post.ndim, k_post.ndim) != (4, 4) or (q_post.shape[1], q_post.shape[-1]) != want_q \

@@ -516,11 +516,13 @@ def _heads(attn, cfg) -> int:
 
 def _kv_heads(attn, n_heads: int, from_config: int) -> int:
     """KV heads as the attention module uses them (a config key the family ignores must not count)."""
+    groups = getattr(attn, "num_key_value_groups", None)
     for name in ("num_key_value_heads", "num_kv_heads"):  # Falcon keeps its multi-query count here
         n = getattr(attn, name, None)
         if isinstance(n, int) and n > 0:
-            return n
-    groups = getattr(attn, "num_key_value_groups", None)
+            # one query head per group with fewer KV heads: the module repeats its keys itself before the attention
+            # function (JetMoE tiles them, one copy per expert slot), so the score reads one key per query head
+            return n_heads if groups == 1 and n < n_heads else n
     if isinstance(groups, int) and groups > 0:
         return n_heads // groups
     if any(hasattr(attn, n) for n in ("query_key_value", "c_attn")):  # fused MHA projection (GPT-NeoX)
