@@ -220,7 +220,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     rot_fns = _rotations(mod)
     att_fn = getattr(mod, "eager_attention_forward", None)
     if not rot_fns:
-        raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) to tap")
+        raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) or (x, cos, sin, ...) to tap")
     attns = attention_modules(hf)
     wanted, last = set(layers), max(layers)
     current: list[int | None] = [None]
@@ -228,6 +228,9 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     done: set[int] = set()
 
     def rot_tap(rot_fn):
+        if _single(rot_fn):
+            return _single_tap(rot_fn, current, wanted, got)
+
         def tapped(q, k, *args, **kwargs):
             out = rot_fn(q, k, *args, **kwargs)
             L = current[0]
@@ -300,13 +303,46 @@ _ROTATION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "a
 
 
 def _rotations(mod) -> dict[str, Callable]:
-    """The (q, k, ...) -> (q, k) rotation functions ``mod`` defines, by name."""
+    """The (q, k, ...) -> (q, k) rotation functions ``mod`` defines, by name, and the one-tensor
+    (x, cos, sin, ...) -> x form Gemma 4 unified and Gemma 3n apply to q and k in turn."""
     out = {}
     for name in _ROTATION_NAMES:
         fn = getattr(mod, name, None)
-        if fn is not None and list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]):
+        if fn is not None and (list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]) or _single(fn)):
             out[name] = fn
     return out
+
+
+def _single(fn: Callable) -> bool:
+    """Whether ``fn`` rotates one tensor by a (cos, sin) table: ``(x, cos, sin, ..., unsqueeze_dim=...)``."""
+    params = inspect.signature(fn).parameters
+    return list(params)[:3] == ["x", "cos", "sin"] and "unsqueeze_dim" in params
+
+
+def _single_tap(fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]) -> Callable:
+    """``fn`` (the one-tensor form) tapped: a layer's first call rotates its queries, the second its keys; both are
+    kept as ``(q, k, q_rot, k_rot)`` ``[batch, heads, pos, d]``, heads moved from where ``unsqueeze_dim`` puts them
+    (the axis cos and sin broadcast over). A layer that rotates its queries only (its keys are an earlier layer's)
+    keeps ``"q_only"``."""
+    sig = inspect.signature(fn)
+
+    def tapped(x, *args, **kwargs):
+        out = fn(x, *args, **kwargs)
+        L = current[0]
+        rec = got.setdefault(L, {}) if L in wanted else {}
+        if L in wanted and "rot" not in rec:
+            bound = sig.bind(x, *args, **kwargs)
+            bound.apply_defaults()
+            heads = int(bound.arguments["unsqueeze_dim"])
+            pair = (x.movedim(heads, 1), out.movedim(heads, 1))
+            if "q_only" not in rec:
+                rec["q_only"] = pair
+            else:
+                (q, q_rot), (k, k_rot) = rec.pop("q_only"), pair
+                rec["rot"] = (q, k, q_rot, k_rot)
+        return out
+
+    return tapped
 
 
 def can_tap(hf) -> bool:

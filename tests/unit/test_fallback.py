@@ -107,3 +107,12 @@ def test_recurrent_gemma_lists_its_recurrent_layers(tiny_dir):
     assert {spec[L].mixer for L in (0, 1, 3)} == {"RecurrentGemmaRecurrentBlock"}
     lr = spec[2]
     assert (lr.window, lr.rotary_dim, lr.head_dim) == (hf.config.attention_window_size, 8, 16)  # partial rotary 0.5
+
+
+def test_one_tensor_rotation_is_tapped(tiny_dir, tmp_path):
+    """Gemma 4 unified rotates q and k in two calls of apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=2), heads on
+    axis 2: the plain path pairs the calls and measures it exactly."""
+    model = ropelens.load_model(tiny_dir("gemma4_unified_text"), device="cpu")
+    assert isinstance(model, PlainModel)
+    assert verify_model(model).passed
+    _exact("gemma4_unified_text", tmp_path)
