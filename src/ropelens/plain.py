@@ -65,18 +65,45 @@ def _text_config(hf) -> Any:
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
-def decoder_layers(hf) -> torch.nn.ModuleList:
-    """The HF model's decoder layers: the first ModuleList with one entry per hidden layer."""
+def decoder_layers(hf) -> Sequence[torch.nn.Module]:
+    """The HF model's decoder layers: the first ModuleList with one entry per hidden layer; where decoder layers
+    hold several attention sublayers each (LongCat-Flash: two, HF counting 2 × num_layers hidden layers), the
+    decoder layer of each sublayer (:func:`_attention_sublayers`)."""
     n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
     for m in hf.modules():
         if isinstance(m, torch.nn.ModuleList) and len(m) == n:
             return m
-    raise UnsupportedModelError(f"{type(hf).__name__}: found no list of {n} decoder layers in the HF model, so ropelens "
-                                "cannot tell its attention layers apart")
+    sub = _attention_sublayers(hf, n)
+    if sub is not None:
+        return [decoder for decoder, _ in sub]
+    raise UnsupportedModelError(f"{type(hf).__name__}: found no list of {n} decoder layers in the HF model, nor {n} "
+                                f"attention sublayers numbered 0 to {n - 1} (layer_idx), so ropelens cannot tell its "
+                                "attention layers apart")
+
+
+def _attention_sublayers(hf, n: int) -> list[tuple[torch.nn.Module, torch.nn.Module]] | None:
+    """(decoder layer, attention) for each of the ``n`` layers HF counts, where decoder layers hold several attention
+    sublayers, each numbered by its own ``layer_idx`` (LongCat-Flash's attention j of decoder layer i is layer 2i + j,
+    as its KV cache counts them); None unless every number 0..n-1 names one attention (a module with a score scale)."""
+    found: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}
+    for lst in (m for m in hf.modules() if isinstance(m, torch.nn.ModuleList) and 0 < len(m) < n):
+        for decoder in lst:
+            for sub in decoder.modules():
+                idx = getattr(sub, "layer_idx", None)
+                attention = sub is not decoder and isinstance(idx, int) and isinstance(getattr(sub, "scaling", None), float)
+                if attention and found.setdefault(idx, (decoder, sub))[1] is not sub:
+                    return None  # one number, two modules: not a numbering of layers
+    return [found[i] for i in range(n)] if n and sorted(found) == list(range(n)) else None
 
 
 def attention_modules(hf) -> list[torch.nn.Module | None]:
-    """Each decoder layer's attention module (its first child whose class is an attention), None where it has none."""
+    """Each decoder layer's attention module (its first child whose class is an attention), None where it has none;
+    each attention sublayer where decoder layers hold several (:func:`decoder_layers`)."""
+    n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
+    if not any(isinstance(m, torch.nn.ModuleList) and len(m) == n for m in hf.modules()):
+        sub = _attention_sublayers(hf, n)
+        if sub is not None:
+            return [attn for _, attn in sub]
     out: list[torch.nn.Module | None] = []
     for layer in decoder_layers(hf):
         out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()), None))
@@ -223,13 +250,16 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) or (x, cos, sin, ...) to tap")
     attns = attention_modules(hf)
     wanted, last = set(layers), max(layers)
+    sources = {i: j for i, j in kv_sources(attns).items() if i in wanted}  # layers reusing an earlier layer's keys
+    rotated = wanted | set(sources.values())  # the layers whose rotations are kept
+    keys: dict[int, tuple[Tensor, Tensor]] = {}  # a source layer's (pre-RoPE, rotated) keys
     current: list[int | None] = [None]
     got: dict[int, dict[str, tuple]] = {}
     done: set[int] = set()
 
     def rot_tap(rot_fn):
         if _single(rot_fn):
-            return _single_tap(rot_fn, current, wanted, got)
+            return _single_tap(rot_fn, current, rotated, got)
 
         def tapped(q, k, *args, **kwargs):
             out = rot_fn(q, k, *args, **kwargs)
@@ -253,8 +283,14 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     def leave(i: int) -> Callable[..., None]:
         def hook(_m, _a, output) -> None:
             current[0] = None
+            rec = got.pop(i, {})
+            if i in sources.values() and "rot" in rec:
+                keys[i] = (rec["rot"][1], rec["rot"][3])
+            if i in sources and "q_only" in rec and sources[i] in keys:  # its keys: the source's, as they were stored
+                (q, q_rot), (k, k_rot) = rec.pop("q_only"), keys[sources[i]]
+                rec["rot"] = (q, k, q_rot, k_rot)
             if i in wanted:
-                on_layer(i, _assemble(spec[i], got.pop(i, {}), output, needs, cannot))
+                on_layer(i, _assemble(spec[i], rec, output, needs, cannot))
                 done.add(i)
             if i == last:
                 raise _Stop
@@ -343,6 +379,21 @@ def _single_tap(fn: Callable, current: list[int | None], wanted: set[int], got: 
         return out
 
     return tapped
+
+
+def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:
+    """Layer → the earlier layer whose post-RoPE keys it reuses (Gemma 3n's and Gemma 4's ``num_kv_shared_layers``):
+    the last layer before it of its layer type that stores its keys for sharing (``store_full_length_kv``)."""
+    out = {}
+    for i, a in enumerate(attns):
+        if a is None or not getattr(a, "is_kv_shared_layer", False):
+            continue
+        kind = getattr(a, "layer_type", None)
+        src = [j for j, b in enumerate(attns[:i]) if b is not None and getattr(b, "store_full_length_kv", False)
+               and getattr(b, "layer_type", None) == kind]
+        if src:
+            out[i] = src[-1]
+    return out
 
 
 def can_tap(hf) -> bool:

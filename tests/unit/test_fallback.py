@@ -116,3 +116,108 @@ def test_one_tensor_rotation_is_tapped(tiny_dir, tmp_path):
     assert isinstance(model, PlainModel)
     assert verify_model(model).passed
     _exact("gemma4_unified_text", tmp_path)
+
+
+def test_shared_kv_layers_read_their_source_layers_keys(tiny_dir, tmp_path):
+    """Gemma 3n's last layers reuse the post-RoPE keys the last earlier layer of their type stored: ropelens takes
+    them from that layer, also when only the sharing layer is asked for, and they are the keys HF scores with."""
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir("gemma3n_text"), attn_implementation="eager").eval()
+    modes = hf.config.kv_sharing_modes
+    assert modes[-2:] == ["reuse", "reuse"] and modes[4:6] == ["store", "store"]
+    model = ropelens.load_model(tiny_dir("gemma3n_text"), device="cpu")
+    assert verify_model(model).passed
+    mod = importlib.import_module(type(hf).__module__)
+    orig, entered = mod.eager_attention_forward, {}
+
+    def keep(module, query, key, *a, **kw):
+        entered[module.layer_idx] = key  # [b, kv_heads, pos, d]: what layer i scores with
+        return orig(module, query, key, *a, **kw)
+
+    mod.eager_attention_forward = keep
+    try:
+        with torch.no_grad():
+            hf(_toks())
+    finally:
+        mod.eager_attention_forward = orig
+    for shared, source in ((6, 4), (7, 5)):  # 6 (sliding) reads 4's keys, 7 (full) reads 5's
+        assert torch.equal(entered[shared], entered[source])
+        alone = capture_qk(model, _toks(), layers=[shared], which=("k_pre", "k_post"), fast=False)[shared]
+        src = capture_qk(model, _toks(), layers=[source], which=("k_pre", "k_post"), fast=False)[source]
+        torch.testing.assert_close(alone["k_pre"], src["k_pre"], rtol=0, atol=0)
+        # HF's forward and ropelens's plain capture (sdpa beside eager upstream), float32, same weights: ~1e-6 apart;
+        # another layer's keys would be O(1) off
+        torch.testing.assert_close(alone["k_post"], entered[shared].transpose(1, 2), rtol=1e-4, atol=1e-5)
+    _exact("gemma3n_text", tmp_path)
+
+
+def test_attention_sublayers_are_layers(tiny_dir):
+    """LongCat-Flash's decoder layers hold two attention sublayers each; HF numbers them 0..2n-1 (layer_idx, as its
+    cache does), and so does ropelens: layer L is sublayer L % 2 of decoder layer L // 2, read exactly."""
+    from ropelens.plain import attention_modules
+
+    model = ropelens.load_model(tiny_dir("longcat_flash"), device="cpu")
+    hf = model.original_model
+    attns = attention_modules(hf)
+    assert len(hf.model.layers) * 2 == len(attns) == hf.config.num_hidden_layers
+    assert [a.layer_idx for a in attns] == list(range(len(attns)))
+    assert all(attns[L] is hf.model.layers[L // 2].self_attn[L % 2] for L in range(len(attns)))
+    spec = rope_spec(model)
+    assert spec.n_layers == len(attns) and spec.kinds == {"full": list(range(len(attns)))}
+    assert verify_model(model, spec).passed  # rotation (interleaved pairs read, halves written), scores, patterns
+
+
+def test_position_scaled_nope_layers_are_refused_in_one_line(tiny_dir):
+    """Beam's full-attention layers rotate nothing and scale each query by a factor of its position: refused."""
+    from ropelens.errors import UnsupportedModelError
+
+    model = ropelens.load_model(tiny_dir("beam"), device="cpu")
+    with pytest.raises(UnsupportedModelError, match=r"layers \[4\] \(full_attention\) apply no RoPE and scale each "
+                                                    r"query by a position-dependent factor") as err:
+        rope_spec(model)
+    assert "\n" not in str(err.value) and str(err.value).startswith("BeamForCausalLM: ")
+
+
+_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+
+
+def _multimodal(kind: str):
+    import transformers
+
+    if kind == "gemma3":
+        return transformers.Gemma3Config(text_config=shrink_config("gemma3_text").to_dict(), mm_tokens_per_image=4,
+                                         vision_config=dict(_VISION, image_size=28, patch_size=14))
+    if kind == "gemma4":
+        return transformers.Gemma4Config(text_config=shrink_config("gemma4_text").to_dict(), vision_config=_VISION,
+                                         audio_config=None)
+    return transformers.Llama4Config(text_config=shrink_config("llama4_text").to_dict(),
+                                     vision_config=dict(_VISION, image_size=28, patch_size=14, vision_output_dim=32,
+                                                        projector_input_dim=32, projector_output_dim=32))
+
+
+@pytest.mark.parametrize(("kind", "arch"), [("gemma3", "Gemma3ForConditionalGeneration"),
+                                            ("gemma4", "Gemma4ForConditionalGeneration")])
+def test_multimodal_text_towers_are_measured_on_text(kind, arch, tmp_path):
+    """Gemma 3 and 4 with a vision tower: text-only input, the text tower's RoPE (not the vision tower's), exact."""
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(_multimodal(kind), attn_implementation="eager")
+    assert type(hf).__name__ == arch
+    hf.save_pretrained(tmp_path / kind)
+    tiny_tokenizer().save_pretrained(tmp_path / kind)
+    model = ropelens.load_model(tmp_path / kind, device="cpu")
+    spec = rope_spec(model)
+    assert spec.kinds == {"sliding": [0, 1, 2], "full": [3]}
+    text = hf.model.language_model.rotary_emb
+    for L, ltype in ((0, "sliding_attention"), (3, "full_attention")):
+        torch.testing.assert_close(spec[L].inv_freq, getattr(text, f"{ltype}_inv_freq").float(), rtol=0, atol=0)
+    assert verify_model(model, spec).passed
+
+
+def test_llama4_multimodal_is_refused_as_llama4(tmp_path):
+    from ropelens.errors import UnsupportedModelError
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(_multimodal("llama4"), attn_implementation="eager").save_pretrained(tmp_path / "l4")
+    tiny_tokenizer().save_pretrained(tmp_path / "l4")
+    with pytest.raises(UnsupportedModelError, match="Llama 4 attention is not supported") as err:
+        rope_spec(ropelens.load_model(tmp_path / "l4", device="cpu"))
+    assert "\n" not in str(err.value)
