@@ -338,11 +338,11 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
 def _hookless_attention(bridge) -> str | None:
     """Why the bridge cannot give some layer's queries and keys (its adapter exposes no per-head query hook for a
     softmax attention), or None where every attention layer has them."""
-    from ropelens.reading import _softmax_attention_in
+    from ropelens.reading import softmax_attention_in
 
     hooks = bridge.hook_dict
     for i, block in enumerate(getattr(bridge, "blocks", ())):
-        hidden = _softmax_attention_in(getattr(block, "original_component", None))
+        hidden = softmax_attention_in(getattr(block, "original_component", None))
         if hidden is not None and f"blocks.{i}.attn.hook_q" not in hooks:
             return f"its TransformerLens adapter exposes no per-head query hook for layer {i}'s attention ({hidden})"
     return None

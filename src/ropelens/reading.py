@@ -100,7 +100,7 @@ def _mixer(layer: torch.nn.Module | None) -> tuple[str, str] | None:
     return None
 
 
-def _softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
+def softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
     """The class of a softmax-attention module anywhere in an HF decoder layer (RecurrentGemma's, Zamba 2's), or None."""
     for m in layer.modules() if layer is not None else ():
         if _is_softmax_attention(type(m).__name__):
@@ -131,7 +131,7 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
         )
     blocks = _blocks(model) or []
     for i, b in enumerate(blocks):
-        hidden = None if hasattr(b, "attn") else _softmax_attention_in(getattr(b, "original_component", None))
+        hidden = None if hasattr(b, "attn") else softmax_attention_in(getattr(b, "original_component", None))
         if hidden is not None:
             raise UnsupportedModelError(
                 f"{arch}: layer {i}'s softmax attention ({hidden}) is wrapped whole by its TransformerLens adapter, "
