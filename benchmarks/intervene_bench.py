@@ -7,11 +7,12 @@ on the sdpa path (``prope_sdpa``, ``ablate_sdpa``) and, where its [heads, n, n] 
 the bridge (``prope_bridge``); prints the median of each and its ratio to ``sdpa``. ``--rss N``
 instead measures the peak RSS one forward of N tokens adds over the loaded model, plain and under
 p-RoPE 0.75, each in a fresh process (VmHWM after resetting it, and ru_maxrss). ``--passkey N``
-times one passkey trial at N tokens under the sdpa path.
+times one passkey trial at N tokens under the sdpa path (KV cache, prefill in chunks of 4,096), with
+its peak RSS, for the unmodified model or a ``--variant``.
 
     python benchmarks/intervene_bench.py [--windows 8] [--n-ctx 512] [--repeats 3] [--bridge]
     python benchmarks/intervene_bench.py --rss 16384
-    python benchmarks/intervene_bench.py --passkey 32768
+    python benchmarks/intervene_bench.py --passkey 32768 [--variant yarn:4:8192]
 """
 
 from __future__ import annotations
@@ -72,10 +73,12 @@ def timing(args) -> None:
             losses[w] = float(loss.mean())
     base = statistics.median(times["sdpa"])
     print(f"{args.model}, {toks.shape[0]} × {toks.shape[1]} tokens, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads, medians of {args.repeats}")
+          f"{torch.get_num_threads()} threads, medians of {args.repeats}; paired: the median of each repeat's "
+          "own ratio to the sdpa run beside it (slow drifts of a shared machine cancel)")
     for w in whats:
         med = statistics.median(times[w])
-        print(f"  {w:<13} {med:8.2f} s  {med / base:6.2f}×  loss {losses[w]:.4f}")
+        paired = statistics.median(x / y for x, y in zip(times[w], times["sdpa"], strict=True))
+        print(f"  {w:<13} {med:8.2f} s  {med / base:6.2f}×  paired {paired:5.2f}×  loss {losses[w]:.4f}")
 
 
 def _vm(field: str) -> int:
@@ -112,13 +115,19 @@ def rss(args) -> None:
 
 def passkey(args) -> None:
     from ropelens.analyses.passkey import passkey_retrieval
+    from ropelens.cli.variants import parse_variant
 
+    variant = parse_variant(args.variant) if args.variant else None
     model = ropelens.load_model(args.model)
+    loaded_mb = _vm("VmRSS") / 1024
     t0 = time.perf_counter()
-    res = passkey_retrieval(model, [args.passkey], depths=[0.5], n_trials=1, progress=False, prefill_chunk=4096)
+    res = passkey_retrieval(model, [args.passkey], depths=[0.5], n_trials=1, progress=False, prefill_chunk=4096,
+                            variant=variant)
     t = res.trials[0]
-    print(f"passkey at {t.n_tokens} tokens ({res.provenance.config['forward']}): answer {t.answer!r} "
-          f"(passkey {t.passkey}), {time.perf_counter() - t0:.0f} s")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"passkey at {t.n_tokens} tokens ({res.provenance.config['forward']}, variant {args.variant or 'none'}): "
+          f"answer {t.answer!r} (passkey {t.passkey}), {time.perf_counter() - t0:.0f} s; peak RSS {peak_mb:.0f} MB "
+          f"({peak_mb - loaded_mb:.0f} MB over the loaded model's {loaded_mb:.0f} MB)")
 
 
 def main() -> None:
@@ -131,6 +140,7 @@ def main() -> None:
     p.add_argument("--bridge", action="store_true", help="also time the bridge path (eager [heads, n, n] scores)")
     p.add_argument("--rss", type=int, default=0, help="measure peak RSS at this many tokens")
     p.add_argument("--passkey", type=int, default=0, help="time one passkey trial at this many tokens")
+    p.add_argument("--variant", default=None, help="with --passkey: a RoPE variant, e.g. yarn:4:8192")
     p.add_argument("--child", dest="what", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rss and args.what:

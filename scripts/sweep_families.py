@@ -32,7 +32,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-STATUSES = ("exact", "refused", "wrong", "crashed", "unverified", "not built")
+STATUSES = ("exact", "refused", "wrong", "crashed", "unverified", "no RoPE", "not built")
+_NOT_COUNTED = ("no RoPE", "not built")  # outside the RoPE families built
 _MARK = "@@ropelens-sweep "  # worker lines that carry a result (HF prints its own lines too)
 
 
@@ -108,7 +109,7 @@ def render(rows: list[dict], *, seconds: float, families: int, command: str) -> 
     import ropelens
 
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-    built = len(rows) - counts["not built"]
+    built = len(rows) - sum(counts[s] for s in _NOT_COUNTED)
     out = ["# Sweep of every RoPE causal LM in transformers\n",
            "Every model type of transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` whose modeling code applies "
            "rotary embeddings (`apply_rotary_pos_emb`, `rotary_emb` or a `RotaryEmbedding` class) gets a tiny "
@@ -120,22 +121,26 @@ def render(rows: list[dict], *, seconds: float, families: int, command: str) -> 
            "(`ropelens.testing.sweep.shrink_config`). The model is saved, loaded with `ropelens.load_model(path)`, "
            "and checked against HF's own eager attention exactly as the curated family matrix "
            "([models.md](models.md)) does (`ropelens.testing.sweep.check_config`): the spec's frequencies against "
-           "HF's rotary buffers, the summed band logits against HF's pre-softmax scores (relative), the rebuilt "
+           "HF's rotary buffers (GPT-J and CodeGen keep none: against the angle step of each plane between "
+           "consecutive positions of their `embed_positions` sin|cos tables), the summed band logits against HF's pre-softmax scores (relative), the rebuilt "
            "pattern against HF's attention probabilities, and on one token repeated the post-RoPE query against "
            "the spec's rotation (relative). Errors are absolute in float32 unless marked relative; the tolerance "
            "is 1e-4.\n",
            "Statuses: **exact** (every error ≤ 1e-4), **refused** (ropelens raised `UnsupportedModelError`; its "
            "first line is shown), **wrong** (ropelens gave a number HF disagrees with: a bug), **crashed** "
            "(ropelens raised something other than a refusal: a bug), **unverified** (ropelens read it but HF gave "
-           "no reference for one of the checks), **not built** (the tiny model could not be built or run here: "
-           "the reason is shown).\n",
+           "no reference for one of the checks), **no RoPE** (HF's forward calls no rotation and runs no rotary "
+           "module, and ropelens says the model is not rotary: its modeling code only defines a rotation, as "
+           "Jamba's and Nemotron-H's attention layers do; not a RoPE family, so outside the counts of RoPE "
+           "families built), **not built** (the tiny model could not be built or run here: the reason is shown).\n",
            f"Made by `{command}` on {datetime.date.today().isoformat()} with ropelens {ropelens.__version__}, "
-           f"transformers {transformers.__version__}, torch {torch.__version__}: {families} RoPE model types in "
+           f"transformers {transformers.__version__}, torch {torch.__version__}: {families} model types with rotary code in "
            f"{seconds:.0f} s.\n",
-           "| built | exact | refused | wrong | crashed | unverified | not built |",
-           "|---|---|---|---|---|---|---|",
-           f"| {built} | {counts['exact']} | {counts['refused']} | {counts['wrong']} | {counts['crashed']} | "
-           f"{counts['unverified']} | {counts['not built']} |\n",
+           "| RoPE families built | exact | refused | wrong | crashed | unverified | no RoPE | not built |",
+           "|---|---|---|---|---|---|---|---|",
+           f"| {built} | {counts['exact']} ({100 * counts['exact'] / max(built, 1):.0f}%) | {counts['refused']} | "
+           f"{counts['wrong']} | {counts['crashed']} | {counts['unverified']} | {counts['no RoPE']} | "
+           f"{counts['not built']} |\n",
            "| model type | HF class | status | reason | layer kinds read | structure kept | freq err | scores err "
            "(rel) | pattern err | pairing err (rel) |",
            "|---|---|---|---|---|---|---|---|---|---|"]

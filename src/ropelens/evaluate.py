@@ -87,16 +87,21 @@ def _hf_losses(hf: Any, batch: Int[Tensor, "b pos"]) -> Float[Tensor, " b"]:
     total = torch.zeros(batch.shape[0], dtype=torch.float64, device=batch.device)
     for s in range(0, batch.shape[1] - 1, _LOGIT_CHUNK):
         e = min(s + _LOGIT_CHUNK, batch.shape[1] - 1)
-        per_token = F.cross_entropy(_head(hf, hidden[:, s:e]).float().transpose(1, 2), batch[:, s + 1 : e + 1],
-                                    reduction="none")
+        per_token = _token_losses(_head(hf, hidden[:, s:e]).float(), batch[:, s + 1 : e + 1])
         total += per_token.double().sum(-1)
     return (total / (batch.shape[1] - 1)).float()
 
 
 def _losses_of(logits: Tensor, batch: Tensor) -> Tensor:
     # float32 softmax: bf16 logits lose the last digits of the loss a CI is built from.
-    per_token = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), batch[:, 1:], reduction="none")
-    return per_token.float().mean(dim=-1)
+    return _token_losses(logits[:, :-1].float(), batch[:, 1:]).mean(dim=-1)
+
+
+def _token_losses(logits: Float[Tensor, "b pos vocab"], targets: Int[Tensor, "b pos"]) -> Float[Tensor, "b pos"]:
+    """Next-token loss at every position; rows of [b·pos, vocab] keep the vocabulary contiguous, which on a
+    CPU is ~4× faster than cross_entropy over a [b, vocab, pos] view."""
+    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    return flat.view(targets.shape)
 
 
 def loss_path(model: Any, path: str = "auto") -> str:

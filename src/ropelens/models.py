@@ -328,7 +328,30 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
         why = str(e).split(": ", 1)[-1].split(" (")[0].split(", so ")[0]
         return plain_model(model, tokenizer, label=label, why=why)
     wrapped.eval()
+    hookless = _hookless_attention(wrapped)
+    if hookless is not None and _plain_can_tap(model):  # the plain HF model's own rotation gives what the hooks cannot
+        _strip_bridge(model)
+        return plain_model(model, tokenizer, label=label, why=hookless)
     return _identify(wrapped, label)
+
+
+def _hookless_attention(bridge) -> str | None:
+    """Why the bridge cannot give some layer's queries and keys (its adapter exposes no per-head query hook for a
+    softmax attention), or None where every attention layer has them."""
+    from ropelens.reading import softmax_attention_in
+
+    hooks = bridge.hook_dict
+    for i, block in enumerate(getattr(bridge, "blocks", ())):
+        hidden = softmax_attention_in(getattr(block, "original_component", None))
+        if hidden is not None and f"blocks.{i}.attn.hook_q" not in hooks:
+            return f"its TransformerLens adapter exposes no per-head query hook for layer {i}'s attention ({hidden})"
+    return None
+
+
+def _plain_can_tap(hf) -> bool:
+    from ropelens.plain import can_tap
+
+    return can_tap(hf)
 
 
 _MLA_WHY = "TransformerLens's multi-head latent attention bridge fires no pre-RoPE q/k hook"
@@ -565,6 +588,12 @@ def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool =
         _strip_bridge(hf)
         return _identify(plain_model(hf.eval(), bridge.tokenizer, label=name, why=_MLA_WHY), name)
     bridge.eval()
+    hookless = _hookless_attention(bridge)
+    if hookless is not None and _plain_can_tap(hf):  # as in wrap_hf_model
+        from ropelens.plain import plain_model
+
+        _strip_bridge(hf)
+        return _identify(plain_model(hf.eval(), bridge.tokenizer, label=name, why=hookless), name)
     return _identify(bridge, name)
 
 

@@ -65,22 +65,53 @@ def _text_config(hf) -> Any:
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
-def decoder_layers(hf) -> torch.nn.ModuleList:
-    """The HF model's decoder layers: the first ModuleList with one entry per hidden layer."""
+def decoder_layers(hf) -> Sequence[torch.nn.Module]:
+    """The HF model's decoder layers: the first ModuleList with one entry per hidden layer; where decoder layers
+    hold several attention sublayers each (LongCat-Flash: two, HF counting 2 × num_layers hidden layers), the
+    decoder layer of each sublayer (:func:`_attention_sublayers`)."""
     n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
     for name, m in hf.named_modules():
         # a vision tower's blocks (Qwen2-VL's visual.blocks) come first and may be as many as the decoder layers
         if isinstance(m, torch.nn.ModuleList) and len(m) == n and not any(w in name for w in ("visual", "vision")):
             return m
-    raise UnsupportedModelError(f"{type(hf).__name__}: found no list of {n} decoder layers in the HF model, so ropelens "
-                                "cannot tell its attention layers apart")
+    sub = _attention_sublayers(hf, n)
+    if sub is not None:
+        return [decoder for decoder, _ in sub]
+    raise UnsupportedModelError(f"{type(hf).__name__}: found no list of {n} decoder layers in the HF model, nor {n} "
+                                f"attention sublayers numbered 0 to {n - 1} (layer_idx), so ropelens cannot tell its "
+                                "attention layers apart")
+
+
+def _attention_sublayers(hf, n: int) -> list[tuple[torch.nn.Module, torch.nn.Module]] | None:
+    """(decoder layer, attention) for each of the ``n`` layers HF counts, where decoder layers hold several attention
+    sublayers, each numbered by its own ``layer_idx`` (LongCat-Flash's attention j of decoder layer i is layer 2i + j,
+    as its KV cache counts them); None unless every number 0..n-1 names one attention (a module with a score scale)."""
+    found: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}
+    for lst in (m for m in hf.modules() if isinstance(m, torch.nn.ModuleList) and 0 < len(m) < n):
+        for decoder in lst:
+            for sub in decoder.modules():
+                idx = getattr(sub, "layer_idx", None)
+                attention = sub is not decoder and isinstance(idx, int) and isinstance(getattr(sub, "scaling", None), float)
+                if attention and found.setdefault(idx, (decoder, sub))[1] is not sub:
+                    return None  # one number, two modules: not a numbering of layers
+    return [found[i] for i in range(n)] if n and sorted(found) == list(range(n)) else None
 
 
 def attention_modules(hf) -> list[torch.nn.Module | None]:
-    """Each decoder layer's attention module (its first child whose class is an attention), None where it has none."""
+    """Each decoder layer's softmax-attention module (its first child whose class is an attention and no linear
+    attention, as MiniMax's lightning attention is), None where it has none; each attention sublayer where decoder
+    layers hold several (:func:`decoder_layers`)."""
+    from ropelens.reading import is_token_mixer
+
+    n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
+    if not any(isinstance(m, torch.nn.ModuleList) and len(m) == n for m in hf.modules()):
+        sub = _attention_sublayers(hf, n)
+        if sub is not None:
+            return [attn for _, attn in sub]
     out: list[torch.nn.Module | None] = []
     for layer in decoder_layers(hf):
-        out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()), None))
+        out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()
+                         and not is_token_mixer(type(c).__name__)), None))
     return out
 
 
@@ -102,9 +133,12 @@ class PlainModel(torch.nn.Module):
 
     @property
     def attention_blocks(self) -> list[SimpleNamespace]:
-        """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``, no ``.attn`` where none."""
-        return [SimpleNamespace() if a is None else SimpleNamespace(attn=SimpleNamespace(original_component=a))
-                for a in attention_modules(self.original_model)]
+        """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``, no ``.attn`` where
+        it has no softmax attention; ``.original_component`` is the HF decoder layer (its token mixer is read there)."""
+        layers = decoder_layers(self.original_model)  # each block's HF decoder layer, where its other mixers live
+        return [SimpleNamespace(original_component=d) if a is None
+                else SimpleNamespace(attn=SimpleNamespace(original_component=a), original_component=d)
+                for a, d in zip(attention_modules(self.original_model), layers, strict=True)]
 
     def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> Tensor:
         """``[batch, pos]`` token ids of ``text`` on the model's device, BOS first (as the bridge's ``to_tokens``)."""
@@ -169,16 +203,55 @@ class _Stop(Exception):
     """Raised after the last layer asked for: the rest of the forward is skipped."""
 
 
+def mixed_weights(module: torch.nn.Module, value: Tensor, out: tuple) -> Tensor | None:
+    """The weights an HF eager attention function's output mixes the values with, ``[batch, head, q, k]``.
+
+    That is the probabilities it returns, except where a module with learned ``sinks`` returns the softmax
+    without them and scales each query's output after it (Granite SWA: ``sigmoid(logsumexp − sink)``, an
+    extra logit in the softmax's denominator): then the returned probabilities times that scale, measured
+    as the ratio of the output to the returned probabilities' mix of the values. An output that is no
+    per-query multiple of that mix is left to the probe's probability check.
+    """
+    p = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+    if not isinstance(p, Tensor) or not isinstance(getattr(module, "sinks", None), Tensor) or p.ndim != 4:
+        return p
+    mixed = (p.float() @ value.float().repeat_interleave(p.shape[1] // value.shape[1], dim=1))
+    o = out[0].float().transpose(1, 2) if isinstance(out[0], Tensor) and out[0].ndim == 4 else None
+    if o is None or o.shape != mixed.shape:
+        return p
+    scale = (o * mixed).sum(-1) / (mixed * mixed).sum(-1).clamp_min(1e-30)
+    # a 16-bit output is rounded to its eps (bf16: 4e-3 relative): a per-query scale fits to 2e-2 of the largest
+    # entry; any other change of the output after the mix is off by O(1)
+    if float((o - scale[..., None] * mixed).abs().max()) > 2e-2 * float(o.abs().max().clamp_min(1e-30)) \
+            or float((scale - 1).abs().max()) <= 1e-6:  # the sinks already in the probabilities (gpt-oss)
+        return p
+    return (p.float() * scale[..., None]).to(p.dtype)
+
+
 def _one_per_kv_head(k: Tensor, n_kv: int, cannot: Callable[[str], Exception], L: int) -> Tensor:
     """Keys ``[b, heads, pos, d]`` as the model holds them: one per KV head. Falcon's new decoder architecture
     broadcasts each group's key to its query heads (head h reads group h // group size); the copies must be equal."""
     if k.shape[1] == n_kv:
         return k
     g = k.shape[1] // n_kv
+    if k.shape[1] % n_kv or not g:  # fewer keys than KV heads, or not a whole number of copies
+        raise cannot(f"layer {L} rotates {k.shape[1]} keys that are not {n_kv} KV heads repeated")
     one = k[:, ::g]
-    if k.shape[1] % n_kv or not torch.equal(one.repeat_interleave(g, dim=1), k):
+    if not torch.equal(one.repeat_interleave(g, dim=1), k):
         raise cannot(f"layer {L} rotates {k.shape[1]} keys that are not {n_kv} KV heads repeated")
     return one
+
+
+def _tiled_like(k: Tensor, k_rot: Tensor, k_post: Tensor) -> tuple[Tensor, Tensor]:
+    """The rotation's keys ``[b, kv_heads, pos, d]`` tiled as they enter the score, where the model tiles them
+    (JetMoE repeats all its KV heads once per expert slot: query head h reads key h mod kv_heads); else as given."""
+    n, m = k_rot.shape[1], k_post.shape[1]
+    if k_rot.ndim != 4 or k_post.ndim != 4 or m <= n or m % n or k_rot.shape[2:] != k_post.shape[2:]:
+        return k, k_rot
+    tiled = k_rot.repeat(1, m // n, 1, 1)
+    if not torch.equal(tiled, k_post):  # grouped copies, or a change after the rotation: left to the checks below
+        return k, k_rot
+    return k.repeat(1, m // n, 1, 1), tiled
 
 
 def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequence[int], needs: frozenset[str],
@@ -205,14 +278,20 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     rot_fns = _rotations(mod)
     att_fn = getattr(mod, "eager_attention_forward", None)
     if not rot_fns:
-        raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) to tap")
+        raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) or (x, cos, sin, ...) to tap")
     attns = attention_modules(hf)
     wanted, last = set(layers), max(layers)
+    sources = {i: j for i, j in kv_sources(attns).items() if i in wanted}  # layers reusing an earlier layer's keys
+    rotated = wanted | set(sources.values())  # the layers whose rotations are kept
+    keys: dict[int, tuple[Tensor, Tensor]] = {}  # a source layer's (pre-RoPE, rotated) keys
     current: list[int | None] = [None]
     got: dict[int, dict[str, tuple]] = {}
     done: set[int] = set()
 
     def rot_tap(rot_fn):
+        if _single(rot_fn):
+            return _single_tap(rot_fn, current, rotated, got)
+
         def tapped(q, k, *args, **kwargs):
             out = rot_fn(q, k, *args, **kwargs)
             L = current[0]
@@ -226,7 +305,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         out = att_fn(module, query, key, value, attention_mask, *args, **kwargs)
         L = current[0]
         if L in wanted and "att" not in got.setdefault(L, {}):
-            got[L]["att"] = (query, key, out[1])
+            got[L]["att"] = (query, key, mixed_weights(module, value, out))
         return out
 
     def enter(i: int) -> Callable[..., None]:
@@ -235,8 +314,14 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     def leave(i: int) -> Callable[..., None]:
         def hook(_m, _a, output) -> None:
             current[0] = None
+            rec = got.pop(i, {})
+            if i in sources.values() and "rot" in rec:
+                keys[i] = (rec["rot"][1], rec["rot"][3])
+            if i in sources and "q_only" in rec and sources[i] in keys:  # its keys: the source's, as they were stored
+                (q, q_rot), (k, k_rot) = rec.pop("q_only"), keys[sources[i]]
+                rec["rot"] = (q, k, q_rot, k_rot)
             if i in wanted:
-                on_layer(i, _assemble(spec[i], got.pop(i, {}), output, needs, cannot))
+                on_layer(i, _assemble(spec[i], rec, output, needs, cannot))
                 done.add(i)
             if i == last:
                 raise _Stop
@@ -285,13 +370,66 @@ _ROTATION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "a
 
 
 def _rotations(mod) -> dict[str, Callable]:
-    """The (q, k, ...) -> (q, k) rotation functions ``mod`` defines, by name."""
+    """The (q, k, ...) -> (q, k) rotation functions ``mod`` defines, by name, and the one-tensor
+    (x, cos, sin, ...) -> x form Gemma 4 unified and Gemma 3n apply to q and k in turn."""
     out = {}
     for name in _ROTATION_NAMES:
         fn = getattr(mod, name, None)
-        if fn is not None and list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]):
+        if fn is not None and (list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]) or _single(fn)):
             out[name] = fn
     return out
+
+
+def _single(fn: Callable) -> bool:
+    """Whether ``fn`` rotates one tensor by a (cos, sin) table: ``(x, cos, sin, ..., unsqueeze_dim=...)``."""
+    params = inspect.signature(fn).parameters
+    return list(params)[:3] == ["x", "cos", "sin"] and "unsqueeze_dim" in params
+
+
+def _single_tap(fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]) -> Callable:
+    """``fn`` (the one-tensor form) tapped: a layer's first call rotates its queries, the second its keys; both are
+    kept as ``(q, k, q_rot, k_rot)`` ``[batch, heads, pos, d]``, heads moved from where ``unsqueeze_dim`` puts them
+    (the axis cos and sin broadcast over). A layer that rotates its queries only (its keys are an earlier layer's)
+    keeps ``"q_only"``."""
+    sig = inspect.signature(fn)
+
+    def tapped(x, *args, **kwargs):
+        out = fn(x, *args, **kwargs)
+        L = current[0]
+        rec = got.setdefault(L, {}) if L in wanted else {}
+        if L in wanted and "rot" not in rec:
+            bound = sig.bind(x, *args, **kwargs)
+            bound.apply_defaults()
+            heads = int(bound.arguments["unsqueeze_dim"])
+            pair = (x.movedim(heads, 1), out.movedim(heads, 1))
+            if "q_only" not in rec:
+                rec["q_only"] = pair
+            else:
+                (q, q_rot), (k, k_rot) = rec.pop("q_only"), pair
+                rec["rot"] = (q, k, q_rot, k_rot)
+        return out
+
+    return tapped
+
+
+def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:
+    """Layer → the earlier layer whose post-RoPE keys it reuses (Gemma 3n's and Gemma 4's ``num_kv_shared_layers``):
+    the last layer before it of its layer type that stores its keys for sharing (``store_full_length_kv``)."""
+    out = {}
+    for i, a in enumerate(attns):
+        if a is None or not getattr(a, "is_kv_shared_layer", False):
+            continue
+        kind = getattr(a, "layer_type", None)
+        src = [j for j, b in enumerate(attns[:i]) if b is not None and getattr(b, "store_full_length_kv", False)
+               and getattr(b, "layer_type", None) == kind]
+        if src:
+            out[i] = src[-1]
+    return out
+
+
+def can_tap(hf) -> bool:
+    """Whether :func:`capture` finds a (q, k, ...) rotation to tap in ``hf``'s modeling module."""
+    return bool(_rotations(importlib.import_module(type(hf).__module__)))
 
 
 def _mla_tensors(lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: Tensor,
@@ -327,6 +465,7 @@ def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
         q, k, q_rot, k_rot, q_post, k_post = (mla[n] for n in ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post"))
     else:
         q_post, k_post = (att[0], att[1]) if att is not None else (q_rot, k_rot)
+    k, k_rot = _tiled_like(k, k_rot, k_post)
     k, k_rot, k_post = (_one_per_kv_head(t, lr.n_kv_heads, cannot, L) for t in (k, k_rot, k_post))
     want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
     if (q_post.ndim, k_post.ndim) != (4, 4) or (q_post.shape[1], q_post.shape[-1]) != want_q \

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import inspect
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -72,12 +73,18 @@ def _attention_modules(model) -> list[torch.nn.Module | None]:
 _KIND = {"sliding_attention": "sliding", "full_attention": "full", "hybrid": "full"}
 # (a piece of the HF class name, the spec's kind) of the token mixers hybrid models put beside or
 # instead of softmax attention; a layer without attention that matches none is kind "none"
-_MIXERS = (("gateddeltanet", "linear"), ("linearattention", "linear"), ("mamba", "mamba"), ("mixer", "mamba"),
+_MIXERS = (("gateddeltanet", "linear"), ("linearattention", "linear"), ("lightningattention", "linear"),  # MiniMax
+           ("mamba", "mamba"), ("mixer", "mamba"),
            ("shortconv", "conv"), ("recurrentblock", "recurrent"), ("rglru", "recurrent"))
 
 
+def is_token_mixer(name: str) -> bool:
+    """Whether an HF class name is a hybrid's token mixer (linear attention, Mamba, convolution, recurrence)."""
+    return any(key in name.lower() for key, _ in _MIXERS)
+
+
 def _is_softmax_attention(name: str) -> bool:
-    return name.endswith("Attention") and not any(key in name.lower() for key, _ in _MIXERS)
+    return name.endswith("Attention") and not is_token_mixer(name)
 
 
 def _mixer(layer: torch.nn.Module | None) -> tuple[str, str] | None:
@@ -91,7 +98,7 @@ def _mixer(layer: torch.nn.Module | None) -> tuple[str, str] | None:
     return None
 
 
-def _softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
+def softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
     """The class of a softmax-attention module anywhere in an HF decoder layer (RecurrentGemma's, Zamba 2's), or None."""
     for m in layer.modules() if layer is not None else ():
         if _is_softmax_attention(type(m).__name__):
@@ -122,7 +129,7 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
         )
     blocks = _blocks(model) or []
     for i, b in enumerate(blocks):
-        hidden = None if hasattr(b, "attn") else _softmax_attention_in(getattr(b, "original_component", None))
+        hidden = None if hasattr(b, "attn") else softmax_attention_in(getattr(b, "original_component", None))
         if hidden is not None:
             raise UnsupportedModelError(
                 f"{arch}: layer {i}'s softmax attention ({hidden}) is wrapped whole by its TransformerLens adapter, "
@@ -134,8 +141,16 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: use_bidirectional_attention={cfg.use_bidirectional_attention!r}: every token attends both ways "
             "(an embedding model); ropelens measures causal attention only."
         )
+    rp, types = getattr(cfg, "rope_parameters", None), getattr(cfg, "layer_types", None) or ()
+    scaled = [i for i, (t, a) in enumerate(zip(types, attns, strict=False)) if a is not None and isinstance(rp, dict)
+              and t in rp and rp[t] is None and "attention_scaling" in inspect.signature(type(a).forward).parameters]
+    if scaled:  # Beam's full-attention layers
+        raise UnsupportedModelError(
+            f"{arch}: layers {scaled} ({types[scaled[0]]}) apply no RoPE and scale each query by a position-dependent "
+            "factor the model passes in (attention_scaling), so their scores are not q·k times one scale."
+        )
     shared = [i for i, a in enumerate(attns) if getattr(a, "is_kv_shared_layer", False)]
-    if shared:
+    if shared and hasattr(model, "blocks"):  # the plain HF model takes their keys from the layer that stored them
         raise UnsupportedModelError(
             f"{arch}: layers {shared} reuse an earlier layer's keys (num_kv_shared_layers, Gemma 4 "
             "E2B/E4B) and compute none of their own, so ropelens cannot capture the keys their scores are made of."
@@ -161,7 +176,9 @@ def _mla_layout(hf, cfg) -> dict[str, Any]:
     pairs read, halves written), and the key's rotary part shared by every head."""
     mod = importlib.import_module(type(hf).__module__)
     complex_rot = not hasattr(mod, "apply_rotary_pos_emb") and hasattr(mod, "apply_rotary_emb")  # DeepSeek V2
-    interleave = bool(getattr(cfg, "rope_interleave", False)) and hasattr(mod, "apply_rotary_pos_emb_interleave")
+    # interleaved where the config says so, or where the interleaved rotation is the only one (LongCat-Flash)
+    interleave = hasattr(mod, "apply_rotary_pos_emb_interleave") and (
+        bool(getattr(cfg, "rope_interleave", False)) or not hasattr(mod, "apply_rotary_pos_emb"))
     return {"rotary_offset": int(cfg.qk_nope_head_dim), "pre_interleaved": interleave and not complex_rot,
             "shared_rotary_key": True, "adjacent": complex_rot}
 
@@ -176,8 +193,15 @@ def _layer_rope_params(cfg, layer_type: str | None) -> dict[str, Any]:
 def _inv_freq_for(rotaries, attn, layer_type: str | None) -> tuple[torch.Tensor, float]:
     """inv_freq and attention scaling that this layer's rotary module applies."""
     candidates = [attn, *rotaries]
+    # the layer type's own buffers first, wherever they are: a multimodal model's vision rotary (Gemma 4) comes
+    # before the text tower's and holds a plain inv_freq of its own
+    for prefix in ([f"{layer_type}_"] if layer_type else []):
+        for mod in candidates:
+            inv = getattr(mod, f"{prefix}inv_freq", None)
+            if isinstance(inv, torch.Tensor):
+                return inv.detach().float().cpu().clone(), float(getattr(mod, f"{prefix}attention_scaling", 1.0))
     for mod in candidates:
-        for prefix in ([f"{layer_type}_"] if layer_type else []) + [""]:
+        for prefix in [""]:
             inv = getattr(mod, f"{prefix}inv_freq", None)
             if isinstance(inv, torch.Tensor):
                 scaling = getattr(mod, f"{prefix}attention_scaling", 1.0)
@@ -544,11 +568,13 @@ def _heads(attn, cfg) -> int:
 
 def _kv_heads(attn, n_heads: int, from_config: int) -> int:
     """KV heads as the attention module uses them (a config key the family ignores must not count)."""
+    groups = getattr(attn, "num_key_value_groups", None)
     for name in ("num_key_value_heads", "num_kv_heads"):  # Falcon keeps its multi-query count here
         n = getattr(attn, name, None)
         if isinstance(n, int) and n > 0:
-            return n
-    groups = getattr(attn, "num_key_value_groups", None)
+            # one query head per group with fewer KV heads: the module repeats its keys itself before the attention
+            # function (JetMoE tiles them, one copy per expert slot), so the score reads one key per query head
+            return n_heads if groups == 1 and n < n_heads else n
     if isinstance(groups, int) and groups > 0:
         return n_heads // groups
     if any(hasattr(attn, n) for n in ("query_key_value", "c_attn")):  # fused MHA projection (GPT-NeoX)

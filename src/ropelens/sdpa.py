@@ -6,7 +6,8 @@ The bridge applies :func:`ropelens.intervene.apply_rope_variant` and
 *plan*). :func:`on_sdpa` runs the HF model the bridge wraps (:func:`ropelens.fastpath.hf_view`,
 weights shared) with sdpa attention and applies the plan where the model rotates, at its family's
 ``apply_rotary_pos_emb``: the variant's (cos, sin) for the positions the model is at (key/value
-cache included) replace the model's own, and ablated planes of the rotated q and k are zeroed.
+cache included) replace the model's own, ablated planes of the rotated q and k are zeroed, and
+replaced entries of the q and k entering the rotation (massive values) are written before it turns.
 Memory stays linear in the length. Tables keep the layout and the sign convention of the model's
 own tables, so a model that turns the other way (``LayerRope.direction`` −1) turns the other way
 under a variant too.
@@ -29,7 +30,7 @@ from ropelens.fastpath import hf_view, sdpa_attention
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.variants import RopeVariant
 
-__all__ = ["AblationStep", "VariantStep", "active_plan", "model_tables", "on_sdpa", "planned", "sdpa_ready",
+__all__ = ["AblationStep", "ReplaceStep", "Step", "VariantStep", "active_plan", "model_tables", "on_sdpa", "planned", "sdpa_ready",
            "variant_tables"]
 
 _PLAN = "_ropelens_sdpa_plan"
@@ -56,8 +57,20 @@ class AblationStep:
     n_hooks: int
 
 
+@dataclass(frozen=True, eq=False)
+class ReplaceStep:
+    """Entries of the q and k entering the rotation set to fixed values per layer, ``n_hooks`` bridge hooks:
+    ``{layer: {"q" or "k": (mask [head, d_head], value [head, d_head])}}``."""
+
+    values: dict[int, dict[str, tuple[Tensor, Tensor]]]
+    n_hooks: int
+
+
+Step = VariantStep | AblationStep | ReplaceStep
+
+
 @contextlib.contextmanager
-def planned(model, step: VariantStep | AblationStep) -> Iterator[None]:
+def planned(model, step: Step) -> Iterator[None]:
     """Record ``step`` in the model's plan while the block runs."""
     object.__setattr__(model, _PLAN, (*active_plan(model), step))
     try:
@@ -66,8 +79,8 @@ def planned(model, step: VariantStep | AblationStep) -> Iterator[None]:
         object.__setattr__(model, _PLAN, tuple(s for s in active_plan(model) if s is not step))
 
 
-def active_plan(model) -> tuple[VariantStep | AblationStep, ...]:
-    """The variants and ablations in force on ``model``, outermost first."""
+def active_plan(model) -> tuple[Step, ...]:
+    """The variants, ablations and replacements in force on ``model``, outermost first."""
     return getattr(model, _PLAN, ())
 
 
@@ -157,9 +170,13 @@ def _tapped(hf, spec: RopeSpec, plan: tuple, seen: list | None = None) -> Iterat
                                     "in its decoder layers: run the bridge path (path='bridge')")
     variant_of: dict[int, RopeVariant] = {}
     masks: dict[int, list[tuple[Tensor | None, Tensor | None]]] = {}
+    replaced: dict[int, list[dict[str, tuple[Tensor, Tensor]]]] = {}
     for step in plan:
         if isinstance(step, VariantStep):
             variant_of.update(dict.fromkeys(step.layers, step.variant))  # the innermost variant wins, as on the bridge
+        elif isinstance(step, ReplaceStep):
+            for L, qk in step.values.items():
+                replaced.setdefault(L, []).append(qk)
         else:
             for L, qk in step.masks.items():
                 masks.setdefault(L, []).append(qk)
@@ -200,6 +217,8 @@ def _tapped(hf, spec: RopeSpec, plan: tuple, seen: list | None = None) -> Iterat
                                         "the spec says; run the bridge path (path='bridge')")
         if seen is not None:
             seen.append((L, q, k, cos, sin, state["pos"]))
+        for rep in replaced.get(L, ()):  # before the rotation, where the bridge's pre-RoPE hooks write them
+            q, k = _replace(q, rep.get("q")), _replace(k, rep.get("k"))
         if L in variant_of:
             cos, sin = tables(L, cos, sin)
         q_rot, k_rot = orig(q, k, cos, sin, *args, **kwargs)
@@ -220,6 +239,14 @@ def _tapped(hf, spec: RopeSpec, plan: tuple, seen: list | None = None) -> Iterat
         mod.apply_rotary_pos_emb = orig
         for h in handles:
             h.remove()
+
+
+def _replace(x: Tensor, entry: tuple[Tensor, Tensor] | None) -> Tensor:
+    """``x`` ``[batch, head, pos, d_head]`` with the masked (head, dim) entries set to their values at every position."""
+    if entry is None:
+        return x
+    mask, value = entry
+    return torch.where(mask.to(x.device)[:, None], value.to(x.device, x.dtype)[:, None], x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,7 +288,8 @@ def sdpa_ready(model) -> bool:
 
     True for a bridge whose family rotates at a tappable ``apply_rotary_pos_emb`` (checked once on a
     short forward, including that the model's own tables are the spec's rotation), when every active
-    intervention is a RoPE variant or a plane ablation and no other hook is on the bridge.
+    intervention is a RoPE variant, a plane ablation or a massive-value replacement and no other hook
+    is on the bridge.
     """
     if not (hasattr(model, "original_model") and hasattr(model, "blocks")):
         return False
@@ -281,8 +309,9 @@ def sdpa_ready(model) -> bool:
 
 @contextlib.contextmanager
 def on_sdpa(model) -> Iterator[torch.nn.Module]:
-    """The HF causal LM under ``model`` running with sdpa attention and every RoPE variant and plane
-    ablation in force on ``model`` (``apply_rope_variant``, ``ablate_planes``) applied in its forward.
+    """The HF causal LM under ``model`` running with sdpa attention and every RoPE variant, plane
+    ablation and massive-value replacement in force on ``model`` (``apply_rope_variant``,
+    ``ablate_planes``, :func:`ropelens.analyses.massive.replace_massive`) applied in its forward.
 
     Call it as an HF model (``hf(input_ids=..., past_key_values=..., use_cache=True)``); generation
     with its key/value cache rotates each new token at its own position. Raises

@@ -385,6 +385,7 @@ class _Probe:
     def _hf_reference(self, toks: Tensor, acts) -> None:
         """Run the HF model under the bridge with eager attention, reading its attention function's inputs and output."""
         from ropelens.fastpath import attention_implementation, hf_view
+        from ropelens.plain import mixed_weights
 
         hf = hf_view(self.model)
         mod = _modeling_module(self.model)
@@ -403,8 +404,9 @@ class _Probe:
                 if isinstance(attention_mask, Tensor):
                     m = attention_mask[..., : self.n, : self.n]
                     allowed = (m if m.dtype == torch.bool else m == 0).expand(toks.shape[0], -1, -1, -1)[:, 0]
+                probs = mixed_weights(module, value, out)  # Granite SWA scales its output by sinks after the softmax
                 self._compare(L, acts, query.detach().float().transpose(1, 2), key.detach().float().transpose(1, 2),
-                              scaling, allowed, out[1].detach().float() if out[1] is not None else None)
+                              scaling, allowed, probs.detach().float() if probs is not None else None)
             return out
 
         with attention_implementation(hf, "eager"), torch.no_grad():

@@ -157,3 +157,34 @@ def test_refusals_name_what_cannot_be_measured(model_dir):
             rope_spec(model)
         with pytest.raises(UnsupportedModelError, match=why):
             ropelens.frequency_usage(model, _tokens(), progress=False)
+
+
+def _sink_attention(fn_module: str, sinks: torch.Tensor):
+    """Run ``fn_module``'s eager attention on random q/k/v (4 heads over 2 KV heads, causal): module, value, output."""
+    from types import SimpleNamespace
+
+    fn = importlib.import_module(f"transformers.models.{fn_module}").eager_attention_forward
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 6, 8, generator=g) * 2 for h in (4, 2, 2))
+    mask = torch.full((6, 6), float("-inf")).triu(1)[None, None]
+    module = SimpleNamespace(sinks=sinks, num_key_value_groups=2, training=False)
+    return module, q, k, v, mask, fn(module, q, k, v, mask, scaling=0.5)
+
+
+def test_sinks_applied_after_the_softmax_are_in_the_mixed_weights():
+    """Granite SWA returns the softmax without its sinks and scales the output by sigmoid(lse − sink); the weights its
+    values see are the softmax with one extra logit per head, written out here (as gpt-oss returns them)."""
+    from ropelens.plain import mixed_weights
+
+    sinks = torch.tensor([-1.0, 0.5, 2.0, 4.0])
+    module, q, k, v, mask, out = _sink_attention("granite_swa.modeling_granite_swa", sinks)
+    scores = q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.5 + mask
+    logits = torch.cat([scores, sinks.view(1, 4, 1, 1).expand(1, 4, 6, 1)], -1)
+    want = torch.softmax(logits.double(), -1)[..., :-1].float()
+    assert float((out[1] - want).abs().max()) > 0.1  # HF's returned probabilities leave the sinks out
+    # float32 softmax and matmul: the measured per-query scale is exact to ~1e-7 relative
+    assert float((mixed_weights(module, v, out) - want).abs().max()) < 1e-5
+    _, _, _, v2, _, gpt_oss = _sink_attention("gpt_oss.modeling_gpt_oss", sinks)
+    assert torch.equal(mixed_weights(module, v2, gpt_oss), gpt_oss[1])  # gpt-oss's probabilities hold the sinks
+    other = (out[0] + 0.3 * torch.randn(out[0].shape), out[1])  # an output no per-query multiple of the mix
+    assert torch.equal(mixed_weights(module, v, other), out[1])

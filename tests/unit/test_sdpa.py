@@ -1,5 +1,5 @@
-"""RoPE variants and plane ablations on the HF sdpa forward equal the bridge's, restore exactly, decode with a
-KV cache and honour the rotation direction."""
+"""RoPE variants, plane ablations and massive-value replacement on the HF sdpa forward equal the bridge's,
+restore exactly, decode with a KV cache and honour the rotation direction."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 import ropelens
 from ropelens import sdpa
+from ropelens.analyses.massive import massive_values, replace_massive
 from ropelens.analyses.passkey import greedy_continuation
 from ropelens.errors import UnsupportedModelError
 from ropelens.evaluate import loss_path, window_losses
@@ -79,6 +80,28 @@ def test_variants_and_ablation_equal_the_bridge_and_restore(family, loaded):
     assert mod.apply_rotary_pos_emb is rope_fn and sdpa.active_plan(model) == ()
     assert torch.equal(_sdpa_logits(model, toks), before_sdpa)
     assert torch.equal(_bridge_logits(model, toks), before_bridge)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi3"])  # plain, q/k norms before RoPE, partial
+@pytest.mark.parametrize("control", [False, True])
+def test_massive_replacement_on_sdpa_equals_the_bridge(family, control, loaded):
+    """The pre-RoPE entries replace_massive writes through the bridge's hooks are written at the sdpa
+    forward's rotation too: logits and losses agree with the bridge, under a variant as well, and restore."""
+    model = loaded(family)
+    toks = _tokens(3)
+    mv = massive_values(model, toks, progress=False, factor=1.3)  # a low factor: several dims per head
+    assert int(mv.mask("q").sum()) > 0 and int(mv.mask("k").sum()) > 0
+    before = _sdpa_logits(model, toks)
+    with replace_massive(model, mv, control=control, seed=1):
+        assert loss_path(model) == "sdpa"
+        ours, ref = _sdpa_logits(model, toks), _bridge_logits(model, toks)
+        losses = window_losses(model, toks, progress=False), window_losses(model, toks, progress=False, path="bridge")
+        with apply_rope_variant(model, PRoPE(0.5)):
+            assert _close(_sdpa_logits(model, toks), _bridge_logits(model, toks)) <= TOL
+    assert _close(ours, ref) <= TOL
+    assert _close(ours, before) > 1e-3  # the replacement changed the model
+    assert float((losses[0] - losses[1]).abs().max()) <= TOL
+    assert sdpa.active_plan(model) == () and torch.equal(_sdpa_logits(model, toks), before)
 
 
 def test_layer_kind_variant_on_gemma3_global_layers(loaded):

@@ -13,7 +13,14 @@ import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
 from ropelens.testing.families import FamilyCheck
-from ropelens.testing.sweep import TOL, classify, rope_model_types, shrink_config, sweep_one
+from ropelens.testing.sweep import (
+    TOL,
+    classify,
+    rope_model_types,
+    shrink_config,
+    sweep_one,
+    table_phase_steps,
+)
 
 
 def _defaults(model_type: str) -> dict:
@@ -108,7 +115,10 @@ def test_rope_types_are_found():
     ("deepseek_v32", "refused", "indexed_attention"),
     ("hunyuan_v1_dense", "exact", ""),  # q/k normed after RoPE: taken where they enter the score
     ("diffllama", "refused", "differential attention"),
+    ("gptj", "exact", ""),  # no inv_freq buffer: its frequencies checked against the phase steps of its sin|cos table
     ("gemma3", "not built", "text tower is 'gemma3_text'"),
+    ("granite_swa", "exact", ""),  # sinks scale the output after the softmax: HF's probabilities times that scale
+    ("jamba", "no RoPE", "apply_rotary_pos_emb defined, never called"),  # its attention never rotates
 ])
 def test_sweep_classifies_like_the_matrix(model_type, status, why, tmp_path):
     row = sweep_one(model_type, workdir=tmp_path)
@@ -125,3 +135,42 @@ def test_a_number_that_disagrees_is_wrong():
     assert status == "wrong" and "pattern_err" in detail
     assert classify(FamilyCheck("x", layers_checked=[0], **{**ok, "scores_err": math.nan}))[0] == "unverified"
     assert classify(FamilyCheck("x", refusal="no adapter\nmore"))[0:2] == ("refused", "no adapter")
+
+
+def test_table_phase_steps_recover_the_frequencies():
+    """HF's GPT-J table at rotary width 8: every step is θ_i = 10000^(-2i/8), written out here by hand."""
+    from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
+
+    theta = torch.tensor([1.0, 10000 ** -0.25, 10000 ** -0.5, 10000 ** -0.75], dtype=torch.float64)
+    steps = table_phase_steps(create_sinusoidal_positions(64, 8))
+    assert steps.shape == (24, 4)
+    # float32 table: m·θ rounds to ≤ 24·6e-8 rad; a frequency off by one plane is off by ≥ 0.8·θ
+    assert float((steps - theta).abs().max()) < 1e-5
+    shifted = table_phase_steps(create_sinusoidal_positions(64, 8)[1:])  # a table that is not one frequency per plane
+    assert float((shifted - theta).abs().max()) < 1e-5  # a shift of positions keeps each step
+    doubled = table_phase_steps(create_sinusoidal_positions(64, 8)[::2])
+    assert float((doubled - 2 * theta).abs().max()) < 1e-5
+
+
+def test_a_rotating_model_called_not_rotary_is_refused_not_dropped(monkeypatch, tmp_path):
+    """'no RoPE' needs HF's word too: a model whose forward rotates stays a refused RoPE family."""
+    import ropelens.reading
+    from ropelens.errors import NotRotaryError
+
+    def not_rotary(model):
+        raise NotRotaryError("LlamaForCausalLM uses 'none' position embeddings, not RoPE")
+
+    monkeypatch.setattr(ropelens.reading, "rope_spec", not_rotary)
+    row = sweep_one("llama", workdir=tmp_path)
+    assert row.status == "refused" and "not RoPE" in row.detail
+
+
+def test_lightning_attention_layers_are_listed_not_measured(tmp_path):
+    """MiniMax on the plain HF path: its lightning (linear) attention layers are kind 'linear', its softmax layers
+    exact; the layer kinds follow the config's layer_types."""
+    types = shrink_config("minimax").layer_types
+    row = sweep_one("minimax", workdir=tmp_path)
+    assert row.status == "exact", row.detail
+    assert row.kinds == {"full": [i for i, t in enumerate(types) if t == "full_attention"],
+                         "linear": [i for i, t in enumerate(types) if t == "linear_attention"]}
+    assert row.kinds["linear"]  # the shrunk stack kept both kinds

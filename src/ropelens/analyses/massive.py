@@ -11,7 +11,8 @@ result says which planes hold massive values, at what frequency, and in how many
 
 ``MassiveReducer`` streams sums and sums of squares per dimension (mergeable exactly);
 ``massive_values`` runs it over a corpus. ``replace_massive`` sets the massive dimensions of q and k
-to their corpus mean before RoPE, through the bridge's hooks, and its ``control=True`` form does the
+to their corpus mean before RoPE (through the bridge's hooks, or at the rotation of the HF sdpa
+forward that loss and passkey decoding run on), and its ``control=True`` form does the
 same to as many randomly chosen non-massive dimensions of each head.
 """
 
@@ -40,6 +41,7 @@ from ropelens.measure import RunOptions, corpus_analysis, measure
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
+from ropelens.sdpa import ReplaceStep, planned
 from ropelens.validate import check_number
 
 __all__ = ["MassiveReducer", "MassiveValues", "massive_values", "replace_massive"]
@@ -360,7 +362,9 @@ def replace_massive(
 
     Works through the bridge's pre-RoPE hooks (``hook_q``/``hook_k``, Gemma's ``hook_q_normed``/
     ``hook_k_normed``), so every forward inside the block, cached decoding included, sees the
-    replacement; the fast q/k path is skipped while it lasts. ``control=True`` replaces as many
+    replacement; the fast q/k path is skipped while it lasts. Loss and passkey decoding inside the
+    block run on the HF sdpa forward where the family allows it (:mod:`ropelens.sdpa`: the same
+    entries are written into the q and k entering its ``apply_rotary_pos_emb``), else on the bridge. ``control=True`` replaces as many
     randomly chosen non-massive dimensions per head instead (:meth:`MassiveValues.control_mask`,
     seeded). Yields ``{layer: {"q": mask, "k": mask}}``, the ``[head, d_head]`` entries replaced.
     Leaving the block, also on an exception, removes the hooks: the model is exactly as before.
@@ -384,6 +388,7 @@ def replace_massive(
                              "were measured on: measure this model with massive_values(model)")
     masks = {w: (mv.control_mask(w, seed) if control else mv.mask(w)) for w in parts}
     used: dict[int, dict[str, Tensor]] = {}
+    step: dict[int, dict[str, tuple[Tensor, Tensor]]] = {}
     removers: list[Callable[[], None]] = []
     try:
         for L in chosen:
@@ -397,7 +402,9 @@ def replace_massive(
                 value = mv.mean(w)[i].float()
                 fn = functools.partial(_replace_hook, mask=mask, value=value, heads_first=names.pre_heads_first)
                 removers.append(add_lens_hook(model.hook_dict[names.pre(w)], fn))
-        with intervened(model):  # the fast q/k path would bypass these hooks
+                step.setdefault(L, {})[w] = (mask.clone(), value)
+        # the fast q/k path would bypass these hooks; the sdpa forward reads the plan and writes them at the rotation
+        with intervened(model), planned(model, ReplaceStep(step, len(removers))):
             yield used
     finally:
         for remove in removers:

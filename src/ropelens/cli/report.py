@@ -27,8 +27,8 @@ def add_report(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="ropelens-report", metavar="DIR", help="output directory (default: ropelens-report)")
     AnalysisOptions.add_to(p)
     p.add_argument("--band-tokens", type=band_tokens, default=DEFAULT_BAND_TOKENS, metavar="N|all",
-                   help="tokens band statistics see, from evenly spread windows (default: all; each window "
-                        "costs about 0.5x a forward pass on top of frequency usage at 512 tokens)")
+                   help="tokens band statistics see, from evenly spread windows, or 'all' (default: 8192; each "
+                        "window costs about 0.8x a forward pass on top of frequency usage at 512 tokens)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 4 windows of 256 tokens over a few layers (about a minute on a laptop CPU)")
     p.add_argument("--experiments", default=None, metavar="DIR",

@@ -30,10 +30,10 @@ __all__ = ["DEFAULT_BAND_TOKENS", "QUICK", "build_report", "check_output_dir", "
            "resolve_corpus"]
 
 FORMAT = 1
-# Band statistics add ~0.6× a forward pass per window (benchmarks/core_bench.py), so by default they
-# see 16k of the tokens frequency usage sees (evenly spread windows), which keeps the default report
-# with its re-run sections within about three minutes on two CPU cores; None means every window.
-DEFAULT_BAND_TOKENS: int | None = None  # all windows: band statistics cost about half a forward pass
+# Band statistics add ~0.8× a forward pass per window in the report (benchmarks/report_bench.py), so by
+# default they see 8k evenly spread tokens of the 32k frequency usage sees: per-head means over 8,192
+# queries, and the report within 2× HF's own sdpa forward over its tokens; None means every window.
+DEFAULT_BAND_TOKENS: int | None = 8192
 QUICK = {"n_ctx": 256, "windows": 4, "layers": 6}
 _UNSET: Any = object()  # model_name= not passed
 

@@ -192,7 +192,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            dict(_no("max_position_embeddings", _BASE), num_hidden_layers=3, block_types=["recurrent", "attention"],
                 lru_width=64, attention_window_size=8, partial_rotary_factor=0.5,
                 rope_parameters=_rp(partial_rotary_factor=0.5)),
-           refused="wrapped whole", needs="RG-LRU recurrent layers beside local attention"),
+           rotary_fraction=0.5, windows={1: 8}, mixer_layers={0: "recurrent", 2: "recurrent"}, bridge=False,
+           needs="RG-LRU recurrent layers beside local attention, partial rotary 0.5; its adapter wraps attention "
+                 "whole (no q/k hooks), so the plain HF model"),
     Family("olmo_hybrid", "OlmoHybridConfig",
            dict(_BASE, layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=2,
                 linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, rope_parameters=_rp()),

@@ -8,16 +8,20 @@ soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding every k
 :func:`check_config` measures ropelens on it against HF's eager attention exactly as
 :func:`ropelens.testing.families.check_family` does, and :func:`classify` gives one status per
 family: ``exact``, ``refused``, ``wrong`` (ropelens gave a number HF disagrees with: a bug),
-``crashed`` (ropelens raised something other than a refusal: a bug) or ``not built``.
+``crashed`` (ropelens raised something other than a refusal: a bug), ``unverified``, ``no RoPE``
+(HF's forward rotates nothing, e.g. Jamba's attention layers, and ropelens says so: not a RoPE
+family, though its modeling code defines a rotation) or ``not built``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import math
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +40,8 @@ from ropelens.testing.families import (
     rotation_from_pre,
 )
 
-__all__ = ["NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "shrink_config",
-           "sweep_one"]
+__all__ = ["NoRope", "NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "shrink_config",
+           "sweep_one", "table_phase_steps"]
 
 TOL = 1e-4  # float32: captured and HF tensors come from the same ops (errors ~1e-6); a misreading moves them O(1)
 MAX_PARAMS = 20_000_000  # a shrunk config above this kept a full-size width somewhere: not built, say which
@@ -68,6 +72,10 @@ class NotBuilt(Exception):
     """This family's tiny model cannot be built here (the message says why, in one line)."""
 
 
+class NoRope(Exception):
+    """HF's model of this type rotates nothing in its forward, and ropelens says it is not rotary: not a RoPE family."""
+
+
 @dataclass(frozen=True)
 class SweepTarget:
     """One causal-LM model type whose modeling code applies rotary embeddings."""
@@ -83,7 +91,7 @@ class SweepRow:
     """One family's sweep result: its status, the reason or the measured errors, and the structure kept."""
 
     model_type: str
-    status: str  # exact | refused | wrong | crashed | not built
+    status: str  # exact | refused | wrong | crashed | unverified | no RoPE | not built
     detail: str = ""
     architecture: str = ""
     structure: str = ""
@@ -408,6 +416,10 @@ def _hf_model(config, seed: int):
         for pname, p in model.named_parameters():
             if p.ndim == 2 and any(s in pname for s in _SHARPEN):
                 p.mul_(4.0)
+        g = torch.Generator().manual_seed(seed + 2)
+        for m in model.modules():  # learned sinks start at 0 (Granite SWA): spread, so a sign or a sink misplaced shows
+            if isinstance(getattr(m, "sinks", None), torch.nn.Parameter):
+                m.sinks.copy_(torch.randn(m.sinks.shape, generator=g) * 2)
     return model.eval()
 
 
@@ -440,7 +452,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             _hf_model(config, seed).save_pretrained(path)
             tiny_tokenizer().save_pretrained(path)
             hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).eval()
-            with torch.no_grad(), hf_scores(hf) as scores:
+            with torch.no_grad(), hf_scores(hf) as scores, _hf_rotations(hf) as rotations:
                 probs = hf(toks, output_attentions=True).attentions
         except NotBuilt:
             raise
@@ -450,7 +462,13 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         try:
             model = load_model(path, device="cpu")
             spec = rope_spec(model)
-        except (UnsupportedModelError, NotRotaryError) as e:  # both are ropelens's one-line refusals
+        except NotRotaryError as e:
+            if not rotations:  # HF agrees: the forward calls no rotation and runs no rotary module
+                raise NoRope(res.architecture, f"HF's forward applies no rotary embedding ({_no_rotation(hf)}); ropelens agrees: "
+                             f"{str(e).split(':')[0]}") from None
+            res.refusal = str(e)  # HF rotates and ropelens says it does not: a refusal, shown as one
+            return res
+        except UnsupportedModelError as e:  # ropelens's one-line refusal
             res.refusal = str(e)
             return res
         try:  # the probe's verdict; the errors below are measured either way (they show what it caught)
@@ -462,17 +480,14 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
     res.layers_checked = rotary
     if not rotary:
         return res
-    try:
-        res.inv_freq_err = max(float((lr.inv_freq - hf_inv_freq(hf, lr)).abs().max()) for lr in (spec[i] for i in rotary))
-    except (InputError, RuntimeError):  # HF keeps no inv_freq buffer (or one of another width) to compare with
-        res.inv_freq_err = math.nan
+    res.inv_freq_err = _inv_freq_err(hf, spec, rotary)
     try:
         dec = decompose_attention(model, toks, bands=Bands.all(), layers=rotary, verify=False)
     except UnsupportedModelError as e:  # an analysis refusing in one line is a refusal too
         res.refusal = str(e)
         return res
     res.scores_err = res.pattern_err = 0.0
-    probs = probs_by_layer(probs, spec)
+    probs = _with_hf_sinks(hf, probs_by_layer(probs, spec), scores)
     for L in rotary:
         ours = dec.logits(L)
         ok = torch.isfinite(ours)
@@ -500,6 +515,98 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
     return res
+
+
+@contextlib.contextmanager
+def _hf_rotations(hf) -> Iterator[list[str]]:
+    """Every rotation HF's forward applies, by name: calls of its modeling module's ``apply_rotary*`` functions and
+    forwards of its rotary modules (a family that builds no rotary module and calls no rotation rotates nothing)."""
+    mod = importlib.import_module(type(hf).__module__)
+    seen: list[str] = []
+    fns = {n: f for n, f in vars(mod).items() if n.startswith("apply_rotary") and callable(f)}
+
+    def counted(name: str, fn):
+        def call(*args, **kwargs):
+            seen.append(name)
+            return fn(*args, **kwargs)
+
+        return call
+
+    handles = [m.register_forward_hook(lambda m, _a, _o: seen.append(type(m).__name__))
+               for m in hf.modules() if "rotary" in type(m).__name__.lower()]
+    for n, f in fns.items():
+        setattr(mod, n, counted(n, f))
+    try:
+        yield seen
+    finally:
+        for n, f in fns.items():
+            setattr(mod, n, f)
+        for h in handles:
+            h.remove()
+
+
+def _no_rotation(hf) -> str:
+    """What a non-rotating HF model has that looks rotary (why its modeling code matched), in a few words."""
+    mod = importlib.import_module(type(hf).__module__)
+    fns = sorted(n for n in vars(mod) if n.startswith("apply_rotary"))
+    return f"{', '.join(fns)} defined, never called" if fns else "no rotary module, no rotation called"
+
+
+def _with_hf_sinks(hf, probs: dict[int, torch.Tensor], scores: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """HF's probabilities as its values see them: where a layer's learned sinks are left out of the probabilities it
+    returns (rows summing to 1) and scale its output after the softmax instead (Granite SWA), times HF's own factor
+    ``sigmoid(logsumexp(scores) − sink)``, the log-sum-exp over the allowed keys read at each row's largest entry
+    (``p = exp(s − lse)`` there)."""
+    sinks = {m.layer_idx: m.sinks.detach().float() for m in hf.modules()
+             if isinstance(getattr(m, "sinks", None), torch.Tensor) and isinstance(getattr(m, "layer_idx", None), int)}
+    out = dict(probs)
+    for L, p in probs.items():
+        if L not in sinks or L not in scores or scores[L].shape != p.shape:
+            continue
+        if float((p.sum(-1) - 1).abs().max()) > 1e-5:  # the sink's mass is in the probabilities already (gpt-oss)
+            continue
+        top = p.argmax(-1, keepdim=True)
+        lse = (scores[L].gather(-1, top) - p.gather(-1, top).log()).squeeze(-1)
+        out[L] = p * torch.sigmoid(lse - sinks[L].view(1, -1, 1)).unsqueeze(-1)
+    return out
+
+
+def table_phase_steps(table: torch.Tensor, n_pos: int = N_CHECK) -> torch.Tensor:
+    """Each plane's angle step from position m to m + 1 (m < ``n_pos``) in a ``[n_pos, 2·half]`` sin|cos table.
+
+    GPT-J and CodeGen keep no ``inv_freq``: their attention holds ``embed_positions``, the table
+    ``[sin(m·θ) | cos(m·θ)]`` that HF's ``create_sinusoidal_positions`` builds and the forward reads.
+    The angle of ``z(m+1)·conj(z(m))`` with ``z = cos + i·sin`` is the step the model rotates a plane
+    by at each of the positions the check runs at: every row equals θ for a rotation at one frequency.
+    """
+    half = table.shape[1] // 2
+    t = table[: n_pos + 1].double()
+    z = torch.complex(t[:, half:], t[:, :half])
+    return torch.angle(z[1:] * z[:-1].conj())
+
+
+def _hf_tables(hf) -> list[torch.Tensor]:
+    return [m.embed_positions for m in hf.modules()
+            if isinstance(getattr(m, "embed_positions", None), torch.Tensor) and m.embed_positions.ndim == 2]
+
+
+def _inv_freq_err(hf, spec, rotary: list[int]) -> float:
+    """The spec's frequencies against HF's: its rotary buffers, else the phase steps of its sin|cos tables."""
+    try:
+        return max(float((spec[i].inv_freq - hf_inv_freq(hf, spec[i])).abs().max()) for i in rotary)
+    except (InputError, RuntimeError):  # HF keeps no inv_freq buffer (or one of another width) to compare with
+        pass
+    tables = _hf_tables(hf)
+    if not tables:
+        return math.nan
+    err = 0.0
+    for i in rotary:  # one table per attention layer (GPT-J, CodeGen), else one for the model
+        steps = table_phase_steps(tables[i] if len(tables) == spec.n_layers else tables[0])
+        if steps.shape[1] != spec[i].inv_freq.numel():
+            return math.nan
+        # float32 table: m·θ rounds to ~m·θ·6e-8 ≤ 2e-6 rad for m ≤ 24, so a match is ~1e-6 and a misread θ is O(θ)
+        err = max(err, float((steps - spec[i].inv_freq.double()).abs().max()))
+    return err
 
 
 _ERRORS = ("inv_freq_err", "scores_err", "pattern_err", "pairing_err")
@@ -530,6 +637,9 @@ def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = No
         check = check_config(model_type, cfg, seed=seed, workdir=workdir)
     except NotBuilt as e:
         row.detail = str(e)
+        return row
+    except NoRope as e:
+        row.status, (row.architecture, row.detail) = "no RoPE", e.args
         return row
     except Exception as e:  # noqa: BLE001 — ropelens raised something other than a refusal: a bug, reported
         row.status, row.detail = "crashed", _line(e)
