@@ -74,6 +74,7 @@ _KIND = {"sliding_attention": "sliding", "full_attention": "full", "hybrid": "fu
 # (a piece of the HF class name, the spec's kind) of the token mixers hybrid models put beside or
 # instead of softmax attention; a layer without attention that matches none is kind "none"
 _MIXERS = (("gateddeltanet", "linear"), ("linearattention", "linear"), ("lightningattention", "linear"),  # MiniMax
+           ("deltaattention", "linear"),  # Bailing and Kimi Linear: Kimi delta attention, a linear attention
            ("mamba", "mamba"), ("mixer", "mamba"),
            ("shortconv", "conv"), ("recurrentblock", "recurrent"), ("rglru", "recurrent"))
 
@@ -127,6 +128,11 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             "over two heads, so no head's attention is the softmax of its own scores that ropelens's patterns, "
             "band statistics and heads describe."
         )
+    if isinstance(getattr(cfg, "H_cycles", None), int) and isinstance(getattr(cfg, "L_cycles", None), int):
+        raise UnsupportedModelError(
+            f"{arch}: its two layer stacks run recurrently ({cfg.H_cycles} high-level cycles of {cfg.L_cycles} "
+            "low-level ones), so each layer attends several times per forward; ropelens measures a layer once."
+        )
     blocks = _blocks(model) or []
     for i, b in enumerate(blocks):
         hidden = None if hasattr(b, "attn") else softmax_attention_in(getattr(b, "original_component", None))
@@ -167,6 +173,8 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
 
 def is_mla(cfg) -> bool:
     """Whether ``cfg`` is multi-head latent attention (DeepSeek V2/V3 style: a decoupled rotary part per head)."""
+    if getattr(cfg, "is_heterogeneous", False):  # per-layer widths (Dots 3): HF raises on a global read of them
+        cfg = cfg.per_layer_config[0]
     return bool(getattr(cfg, "qk_rope_head_dim", None)) and getattr(cfg, "qk_nope_head_dim", None) is not None
 
 
@@ -176,7 +184,8 @@ def _mla_layout(hf, cfg) -> dict[str, Any]:
     pairs read, halves written), and the key's rotary part shared by every head."""
     mod = importlib.import_module(type(hf).__module__)
     complex_rot = not hasattr(mod, "apply_rotary_pos_emb") and hasattr(mod, "apply_rotary_emb")  # DeepSeek V2
-    # interleaved where the config says so, or where the interleaved rotation is the only one (LongCat-Flash)
+    # interleaved where the config says so, or where the interleaved rotation is the only one the module has
+    # (LongCat-Flash, Bailing: no rope_interleave flag, and every call is the interleaved one)
     interleave = hasattr(mod, "apply_rotary_pos_emb_interleave") and (
         bool(getattr(cfg, "rope_interleave", False)) or not hasattr(mod, "apply_rotary_pos_emb"))
     return {"rotary_offset": int(cfg.qk_nope_head_dim), "pre_interleaved": interleave and not complex_rot,

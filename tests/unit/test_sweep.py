@@ -174,3 +174,72 @@ def test_lightning_attention_layers_are_listed_not_measured(tmp_path):
     assert row.kinds == {"full": [i for i, t in enumerate(types) if t == "full_attention"],
                          "linear": [i for i, t in enumerate(types) if t == "linear_attention"]}
     assert row.kinds["linear"]  # the shrunk stack kept both kinds
+
+
+def test_unset_kv_heads_and_attention_free_defaults_still_build():
+    """Nemotron leaves num_key_value_heads unset (one per query head); Bamba's and Granite 4.0-H's default stacks
+    hold no attention layer, so the tiny stack ends in one (their checkpoints interleave them)."""
+    assert _defaults("nemotron")["num_key_value_heads"] is None
+    cfg = shrink_config("nemotron")
+    assert cfg.num_key_value_heads == cfg.num_attention_heads == 4
+    _builds(cfg)
+    assert _defaults("bamba")["attn_layer_indices"] is None
+    bamba = shrink_config("bamba")
+    assert bamba.attn_layer_indices == [bamba.num_hidden_layers - 1]
+    _builds(bamba)
+    assert set(_defaults("granitemoehybrid")["layer_types"]) == {"linear_attention"}
+    granite = shrink_config("granitemoehybrid")
+    assert granite.layer_types[-1] == "full_attention" and "linear_attention" in granite.layer_types
+    _builds(granite)
+
+
+def test_widths_hidden_under_other_names_shrink():
+    """Inkling 2's sliding layers' KV heads, Bailing's expert groups and top-k (num_expert_group,
+    num_experts_per_token) and Zamba 2's attention input (2 × hidden) shrink with the rest."""
+    d = _defaults("inkling2_text")
+    ink = shrink_config("inkling2_text")
+    assert d["swa_num_key_value_heads"] < d["swa_num_attention_heads"] and ink.swa_num_key_value_heads == 2
+    _builds(ink)
+    bailing = shrink_config("bailing_hybrid").to_dict()
+    assert bailing["num_experts"] == 4 and bailing["num_expert_group"] == 1 and bailing["num_experts_per_token"] == 2
+    _builds(shrink_config("bailing_hybrid"))
+    d = _defaults("zamba2")
+    zamba = shrink_config("zamba2")
+    assert d["attention_hidden_size"] == 2 * d["hidden_size"] and zamba.attention_hidden_size == 2 * zamba.hidden_size
+    _builds(zamba)
+
+
+def test_recurrent_stacks_keep_one_cache_slot_per_call():
+    """HRM's num_hidden_layers counts cache slots, num_layers_per_stack × H_cycles × (L_cycles + 1): the stacks shrink,
+    the cycles and that product stay."""
+    d = _defaults("hrm_text")
+    cfg = shrink_config("hrm_text")
+    assert d["num_hidden_layers"] == d["num_layers_per_stack"] * d["H_cycles"] * (d["L_cycles"] + 1)
+    assert (cfg.H_cycles, cfg.L_cycles) == (d["H_cycles"], d["L_cycles"]) and cfg.num_layers_per_stack == 2
+    assert cfg.num_hidden_layers == 2 * cfg.H_cycles * (cfg.L_cycles + 1)
+    _builds(cfg)
+
+
+def test_per_layer_mla_overrides_shrink_with_the_global_ranks():
+    """Dots 3's sliding layers override heads and MLA ranks; their head width stays the sum of its two parts."""
+    d = _defaults("dots3_note_text")
+    old = next(iter(d["per_layer_config"].values()))
+    assert d["head_dim"] == old["qk_nope_head_dim"] + d["qk_rope_head_dim"]  # 256 = 192 + 64
+    cfg = shrink_config("dots3_note_text").to_dict()
+    s = cfg["qk_rope_head_dim"] / d["qk_rope_head_dim"]
+    for v in cfg["per_layer_config"].values():
+        assert v["num_attention_heads"] == v["num_key_value_heads"] == 2  # 64 of 128 heads: half of 4
+        assert v["kv_lora_rank"] == old["kv_lora_rank"] * s and v["qk_nope_head_dim"] == old["qk_nope_head_dim"] * s
+        assert v["head_dim"] == v["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    _builds(shrink_config("dots3_note_text"))
+
+
+@pytest.mark.parametrize(("model_type", "status", "why"), [
+    ("hrm_text", "refused", "run recurrently"),  # each layer attends several times per forward
+    ("dots3_note_text", "refused", "indexed_attention"),  # per-layer widths read without HF's ambiguity error
+    ("bailing_hybrid", "exact", ""),  # Kimi delta attention listed as linear; its MLA rotation always interleaved
+])
+def test_newly_built_families_are_read_or_refused(model_type, status, why, tmp_path):
+    row = sweep_one(model_type, workdir=tmp_path)
+    assert row.status == status, row.detail
+    assert why in row.detail

@@ -53,12 +53,12 @@ _SHARPEN = ("q_proj", "k_proj", "qkv", "query_key_value", "q_a_proj", "q_b_proj"
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "swa_num_attention_heads")
-_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "num_query_groups", "multi_query_group_num")
+_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "num_query_groups", "multi_query_group_num", "swa_num_key_value_heads")
 _HEAD_DIMS = ("head_dim", "kv_channels", "attention_head_dim", "swa_head_dim", "index_head_dim",
               "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim")
 _LINEAR_HEADS = ("linear_num_key_heads", "linear_num_value_heads", "linear_num_heads", "index_n_heads")
 _EXPERTS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
-_TOPK = ("num_experts_per_tok", "moe_topk", "top_k", "moe_k")
+_TOPK = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "moe_k")
 _WINDOWS = ("sliding_window", "sliding_window_size", "attention_window_size", "local_attention_window_len",
             "attention_chunk_size", "local_attention", "window_size", "index_topk")  # index_topk: DSA picks keys
 _MLA = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "o_lora_rank")
@@ -207,7 +207,7 @@ def _shrink_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
             out[k] = [j for j, i in enumerate(sel) if i in d[k]]
     for k in _per_layer_dicts(d, d[key]):  # keys keep their format ("05"); widths inside scale like head_dim
         by_layer, width = {int(j): v for j, v in d[k].items()}, max(len(str(j)) for j in d[k])
-        out[k] = {str(j).zfill(width): _scale_widths(by_layer[i], d) for j, i in enumerate(sel) if i in by_layer}
+        out[k] = {str(j).zfill(width): _scale_widths(by_layer[i], d, out) for j, i in enumerate(sel) if i in by_layer}
     for k in _COUNTS_FROM_START:
         if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
             out[k] = sum(i < d[k] for i in sel)
@@ -217,11 +217,29 @@ def _shrink_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
         out["num_kv_shared_layers"] = sum(i >= d[key] - d["num_kv_shared_layers"] for i in sel)
 
 
-def _scale_widths(v: Any, d: dict[str, Any]) -> Any:
-    """A per-layer override's head width scaled as the global one was (Gemma 4: 512 over 256 → 32 over 16)."""
-    if isinstance(v, dict) and isinstance(v.get("head_dim"), int) and isinstance(d.get("head_dim"), int):
-        return {**v, "head_dim": _even(16 * v["head_dim"] / d["head_dim"])}
-    return v
+def _scale_widths(v: Any, d: dict[str, Any], out: dict[str, Any]) -> Any:
+    """A per-layer override's widths scaled as the global ones were (Gemma 4: head_dim 512 over 256 → 32 over 16;
+    Dots 3: its sliding layers' head counts and MLA ranks, and the head width those ranks sum to)."""
+    if not isinstance(v, dict):
+        return v
+    new = dict(v)
+    if isinstance(v.get("head_dim"), int) and isinstance(d.get("head_dim"), int):
+        new["head_dim"] = _even(16 * v["head_dim"] / d["head_dim"])
+    heads = d.get("num_attention_heads")
+    for k in ("num_attention_heads", "num_key_value_heads"):  # as the per-layer head lists are scaled
+        if isinstance(v.get(k), int) and isinstance(heads, int):
+            new[k] = (4 if v[k] >= heads else 1 if v[k] == 1 else 2) if "key_value" in k else max(1, round(4 * v[k] / heads))
+    rope = d.get("qk_rope_head_dim")
+    if isinstance(rope, int) and rope > 0 and any(k in v for k in _MLA):  # MLA: the global ranks' scale
+        for k in _MLA:
+            if isinstance(v.get(k), int) and v[k] > 0:
+                new[k] = _even(v[k] * 8 / rope)
+        def width(src: dict[str, Any], k: str) -> Any:
+            return src.get(k, (d if src is v else out).get(k))
+        old = [width(v, k) for k in ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim")]
+        if all(isinstance(x, int) for x in old) and old[0] == old[1] + old[2]:  # a head width the ranks sum to stays so
+            new["head_dim"] = width(new, "qk_nope_head_dim") + width(new, "qk_rope_head_dim")
+    return new
 
 
 def _shrink_rope(rp: Any, old_half: int, new_half: int) -> Any:
@@ -251,12 +269,16 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
     for k in _HIDDEN:
         if isinstance(d.get(k), int):
             out[k] = 64
+    if isinstance(d.get("attention_hidden_size"), int) and hidden:  # Zamba2: attention reads 2 × hidden (the
+        out["attention_hidden_size"] = d["attention_hidden_size"] * 64 // hidden  # input and the embeddings)
     for k in _HEADS:
         if isinstance(d.get(k), int):
             out[k] = 4
     for k in _KV_HEADS:
         if isinstance(d.get(k), int) and heads:
             out[k] = 4 if d[k] >= heads else 1 if d[k] == 1 else 2
+        elif k in d and d[k] is None and heads and k == "num_key_value_heads":
+            out[k] = 4  # unset: one KV head per query head (HF's convention), which some models do not derive (Nemotron)
     for k in _HEAD_DIMS:
         if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
             out[k] = 16
@@ -311,7 +333,8 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
             out[k] = 2
     if moe and "n_shared_experts" in d and d["n_shared_experts"] is None:
         out["n_shared_experts"] = 1
-    for k, lim in (("n_group", 1), ("topk_group", 1), ("n_shared_experts", 1), ("num_shared_experts", 1)):
+    for k, lim in (("n_group", 1), ("num_expert_group", 1), ("topk_group", 1), ("n_shared_experts", 1),
+                   ("num_shared_experts", 1)):  # num_expert_group: Bailing's name for n_group
         if isinstance(d.get(k), int) and d[k] > lim:
             out[k] = lim
     for k in _WINDOWS:
@@ -333,6 +356,18 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
         if isinstance(d.get(k), dict) and old_hd:
             out[k] = _shrink_rope(d[k], old_hd // 2, new_hd // 2)
     _shrink_layers(d, out)
+    if isinstance(d.get("num_layers_per_stack"), int) and isinstance(d.get("H_cycles"), int):
+        # HRM: num_hidden_layers counts cache slots (one per stack layer per cycle): the stacks shrink, the cycles stay
+        out["num_layers_per_stack"] = 2
+        out["num_hidden_layers"] = 2 * d["H_cycles"] * (d["L_cycles"] + 1)
+    # a hybrid whose default stack has no softmax attention (Bamba, Granite 4.0-H) would rotate nothing: its last
+    # layer becomes attention, as in its checkpoints
+    key, _ = _n_layers(out)
+    if "attn_layer_indices" in d and not d["attn_layer_indices"] and key is not None:
+        out["attn_layer_indices"] = [out[key] - 1]
+    types = out.get("layer_types")
+    if isinstance(types, list) and types and set(types) == {"linear_attention"}:
+        out["layer_types"] = [*types[:-1], "full_attention"]
     return out
 
 
@@ -347,6 +382,8 @@ def _describe(cfg) -> str:
         if k.endswith(("types", "layers")) or k == "layer_types":
             vals = d[k]
             parts.append(f"{k}={''.join(vals) if isinstance(vals, str) else vals}")
+    if isinstance(d.get("attn_layer_indices"), list):
+        parts.append(f"attn_layer_indices={d['attn_layer_indices']}")
     for k in (*_WINDOWS, *_EXPERTS, "partial_rotary_factor", "rotary_dim", "rotary_pct", *_MLA[:2], "num_kv_shared_layers",
               "attn_logit_softcapping", "first_k_dense_replace", "max_window_layers"):
         if d.get(k) not in (None, False) and not isinstance(d.get(k), (dict, list)):
