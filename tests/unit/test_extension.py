@@ -216,3 +216,17 @@ def test_longrope_search_must_match_the_study(model):
                        initial_best=1.0, baselines={}, history=(), settings={})
     with pytest.raises(InputError, match="search is for 64 → 256 tokens, the study for 64 → 512"):
         E.extension_variants(rope_spec(model)[0], NATIVE, TARGET, ["longrope"], longrope=s)
+
+
+def test_lengths_short_of_the_target_still_give_the_target_findings(model, tmp_path):
+    """Loss measured only below the target (long cells are the costly ones): the predictors' findings still
+    speak of the target, and the page is written."""
+    from ropelens.analyses.extrapolation import base_lower_bound
+
+    st = E.extension_study(model, TARGET, out=tmp_path, lengths=(64, 128), passkey_lengths=(), methods=("none", "yarn"),
+                           n_windows=1, progress=False)
+    assert TARGET not in st.lengths
+    fs = {f.key: f for f in st.findings()}
+    assert fs["base_bound"].values["men_lower_bound"] == pytest.approx(base_lower_bound(16, TARGET))
+    page = st.write(tmp_path)
+    assert page.exists() and (tmp_path / "study.json").exists()

@@ -317,7 +317,7 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
         for name, v in variants.items():
             view = _identity_view(spec[idx[0]], native, to) if v is None else plane_view(spec[idx[0]], v, native, to)
             planes.append({"kind": kind, "method": name, **view.to_dict(), "roles": list(plane_roles(view, to / native))})
-    pred = base_predictions(spec, sorted({*lengths, native}), train_ctx=native)
+    pred = base_predictions(spec, sorted({*lengths, native, to}), train_ctx=native)  # the findings speak of the target
     prov = Provenance(
         model=model_label(model), corpus=windows[lengths[0]][1], corpus_sha256=windows[lengths[0]][2],
         n_windows=n_windows, n_ctx=to, seconds=time.perf_counter() - t0,
