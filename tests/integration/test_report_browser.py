@@ -1,4 +1,5 @@
-"""The quick report on the real SmolLM2 renders in headless Chromium: no errors, every figure drawn, offline."""
+"""The quick report on the real SmolLM2 and the context-extension page render in headless Chromium: no errors,
+every figure drawn, offline."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def browser():
         b.close()
 
 
-def test_quick_report_renders(smollm2, browser, tmp_path):
-    out = build_report(smollm2, quick=True, out=tmp_path / "report", progress=False)
+def _render(browser, index: Path, shot: str) -> tuple[list[str], list[str], int, int]:
+    """Console errors, external requests, figures and drawn figures of a page opened offline; a screenshot."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     external: list[str] = []
@@ -44,15 +45,40 @@ def test_quick_report_renders(smollm2, browser, tmp_path):
             route.abort()
 
     page.route("**/*", only_local)
-    page.goto((out / "index.html").as_uri(), wait_until="load")
+    page.goto(index.as_uri(), wait_until="load")
     page.wait_for_function(
         "() => [...document.querySelectorAll('.plotly-graph-div')].every(d => d.querySelector('svg.main-svg'))",
         timeout=60_000)
     n_figures = page.evaluate("() => document.querySelectorAll('.plotly-graph-div').length")
     drawn = page.evaluate("() => document.querySelectorAll('.plotly-graph-div svg.main-svg').length")
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
+    page.close()
+    return errors, external, n_figures, drawn
+
+
+def test_quick_report_renders(smollm2, browser, tmp_path):
+    out = build_report(smollm2, quick=True, out=tmp_path / "report", progress=False)
+    errors, external, n_figures, drawn = _render(browser, out / "index.html", "report.png")
     assert errors == []
     assert external == []
     assert n_figures >= 10 and drawn >= n_figures
     assert os.path.getsize(ARTIFACTS / "report.png") > 50_000
+
+
+def test_extension_study_page_renders(browser, tmp_path):
+    """The extend page (loss by length, passkey grid, per-plane view, predictors) draws every figure offline."""
+    from ropelens.analyses.extension import extension_study
+    from ropelens.testing import tiny_model
+
+    model = tiny_model("llama", max_position_embeddings=64)
+    study = extension_study(model, 512, start=64, n_windows=1, depths=(0.5,), methods=("none", "pi", "yarn", "prope"),
+                            passkey_lengths=(512,), progress=False)
+    index = study.write(tmp_path / "extend")
+    errors, external, n_figures, drawn = _render(browser, index, "extend.png")
+    assert errors == []
+    assert external == []
+    assert n_figures >= 3 and drawn >= n_figures
+    html = index.read_text()
+    for method in ("PI", "YaRN", "p-RoPE"):
+        assert method in html
