@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ropelens.devices import device_of
 from ropelens.errors import UnsupportedModelError
 from ropelens.fastpath import hf_view, sdpa_attention
 from ropelens.rope import LayerRope, RopeSpec
@@ -180,6 +181,10 @@ def _tapped(hf, spec: RopeSpec, plan: tuple, seen: list | None = None) -> Iterat
         else:
             for L, qk in step.masks.items():
                 masks.setdefault(L, []).append(qk)
+    # on the model's device once, not in every layer of every decoding step (the tap's .to() is then a no-op)
+    dev = device_of(hf)  # skips offloaded (meta) weights
+    masks = {L: [tuple(None if m is None else m.to(dev) for m in qk) for qk in v] for L, v in masks.items()}
+    replaced = {L: [{w: (m.to(dev), x.to(dev)) for w, (m, x) in qk.items()} for qk in v] for L, v in replaced.items()}
     groups = {L: _group_key(spec[L]) for L in variant_of}
     state: dict[str, Any] = {"layer": -1, "pos": None, "tables": {}, "conv": {}}
 

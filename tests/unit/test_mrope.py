@@ -11,7 +11,6 @@ tokens is off by O(1e-2) or more.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 
@@ -26,7 +25,7 @@ from ropelens.mrope import as_plain_vl, capture_mrope, modality, mrope_angles, r
 from ropelens.reading import rope_spec
 from ropelens.result import load_result
 from ropelens.rope import LayerRope
-from ropelens.testing.families import probs_by_layer
+from ropelens.testing.families import hf_scores, probs_by_layer
 from ropelens.testing.vl import VL_FAMILIES, expected_axes, vl_hf_model, vl_inputs
 
 GRIDS = ((1, 4, 6), (1, 2, 4))  # two images: 2×3 and 1×2 merged tokens, h ≠ w for most of them
@@ -43,29 +42,10 @@ def _decomposed(name: str) -> MRopeDecomposition:
     return mrope_decompose(_model(name), **vl_inputs(_model(name), GRIDS))
 
 
-@contextlib.contextmanager
-def _hf_scores(hf):
-    """HF's pre-softmax scores q·kᵀ·scaling inside its eager_attention_forward, for the text tower's layers only."""
-    mod = importlib.import_module(type(hf).__module__)
-    orig, out = mod.eager_attention_forward, {}
-
-    def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
-        if hasattr(module, "layer_idx"):  # the vision tower's attention has none
-            k = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-            out[module.layer_idx] = (query @ k.transpose(-1, -2) * kwargs["scaling"]).detach()
-        return orig(module, query, key, value, attention_mask, *args, **kwargs)
-
-    mod.eager_attention_forward = wrapped
-    try:
-        yield out
-    finally:
-        mod.eager_attention_forward = orig
-
-
 def _hf_run(name: str):
     m = _model(name)
     inp = vl_inputs(m, GRIDS)
-    with torch.no_grad(), _hf_scores(m) as scores:
+    with torch.no_grad(), hf_scores(m) as scores:
         out = m(**inp, mm_token_type_ids=modality(m, inp["input_ids"]).int(), output_attentions=True)
     return inp, scores, out.attentions
 
@@ -180,7 +160,7 @@ def test_text_only_tower_is_measured_as_1d_rope(name):
     for L in spec.rotary_layers:
         assert torch.equal(spec[L].inv_freq, text_rot.inv_freq.float())
     toks = vl_inputs(m, ())["input_ids"]
-    with torch.no_grad(), _hf_scores(m) as scores:
+    with torch.no_grad(), hf_scores(m) as scores:
         probs = probs_by_layer(m(input_ids=toks, output_attentions=True).attentions, spec)
     dec = decompose_attention(model, toks, bands=Bands.quantiles(4))  # the verification probe runs first
     assert dec.provenance.config["verification"]["status"] == "passed"

@@ -324,9 +324,10 @@ def hf_scores(hf) -> Iterator[dict[int, torch.Tensor]]:
         return
 
     def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
-        scaling = kwargs.get("scaling", args[0] if args else None)
-        k = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-        out[module.layer_idx] = (query @ k.transpose(-1, -2) * scaling).detach()
+        if hasattr(module, "layer_idx"):  # a decoder layer's attention; a VL model's vision tower has no layer_idx
+            scaling = kwargs.get("scaling", args[0] if args else None)
+            k = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+            out[module.layer_idx] = (query @ k.transpose(-1, -2) * scaling).detach()
         return orig(module, query, key, value, attention_mask, *args, **kwargs)
 
     mod.eager_attention_forward = wrapped
