@@ -26,7 +26,8 @@ __all__ = ["DeviceSums", "LayerActs", "Reducer", "Moments", "stream", "capture_q
 
 # q_post/k_post: q and k where they enter the score; q_rot/k_rot: the rotation's own output (the same
 # tensors, unless the layer changes them after RoPE: LayerRope.norm_after_rope)
-NEEDS = frozenset({"q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post", "pattern"})
+# selected: [batch, q, k] the keys the model's indexer kept for each query (LayerRope.select_keys), where it drops some
+NEEDS = frozenset({"q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post", "pattern", "selected"})
 _ATTENTION = "<attention function>"  # a tensor taken from the HF attention function's query/key, not a hook
 
 
@@ -43,9 +44,27 @@ class LayerActs:
     def __getitem__(self, key: str) -> Tensor:
         return self.tensors[key]
 
+    def mask(self) -> Bool[Tensor, "batch q k"]:
+        """The keys each query attends to: the layer's causal (and sliding-window) mask over real tokens, and the
+        model's own key selection where its indexer drops keys (captured as ``"selected"``)."""
+        n = self.valid.shape[1]
+        m = self.rope.mask(n, self.valid.device)[None] & self.valid[:, None, :] & self.valid[:, :, None]
+        if not self.rope.selects(n):
+            return m
+        if "selected" not in self.tensors:
+            raise UnsupportedModelError(
+                f"layer {self.layer} keeps each query's top {self.rope.select_keys} keys, picked by the model's indexer, "
+                f"and its selection was not captured: capture with which=(..., 'selected')")
+        return m & self.tensors["selected"]
+
 
 class Reducer(Protocol):
-    """Folds per-layer activations into running statistics."""
+    """Folds per-layer activations into running statistics.
+
+    A reducer that builds attention masks from positions (causal, sliding window) names itself in a
+    ``static_mask`` attribute: :func:`stream` then refuses layers whose mask the model picks from the
+    input on the windows given (:meth:`LayerRope.require_static_mask`).
+    """
 
     needs: frozenset[str]
 
@@ -359,6 +378,11 @@ def stream(
             valid = torch.ones_like(toks, dtype=torch.bool) if valid is None else valid.to(device).bool()
             if valid.shape != toks.shape:
                 raise InputError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
+            n = toks.shape[1]
+            for L in chosen:  # an analysis that assumes the causal mask, on a layer whose indexer drops keys here
+                for r in reducers:
+                    if getattr(r, "static_mask", None):
+                        spec.layers[L].require_static_mask(n, r.static_mask)
             # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask), and is it
             # right padding (positions are indices in the window: anything else is refused, not measured wrong)
             col.valid, col.padded = valid, right_padded(valid)

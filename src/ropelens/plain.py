@@ -266,7 +266,12 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     The forward stops after the last layer. A family this cannot read raises UnsupportedModelError.
     """
     from ropelens.fastpath import attention_implementation, hf_view
-    from ropelens.reading import attention_tap
+    from ropelens.reading import (
+        attention_tap,
+        outside_indexers,
+        rotation_functions,
+        single_rotation,
+    )
 
     hf = hf_view(model)
     arch = type(hf).__name__
@@ -275,7 +280,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         return UnsupportedModelError(refusal(model.cfg, f"its queries and keys cannot be read from the HF forward ({why})"))
 
     mod = importlib.import_module(type(hf).__module__)
-    rot_fns = _rotations(mod)
+    rot_fns = rotation_functions(mod)
     att_fn = getattr(mod, "eager_attention_forward", None)
     if not rot_fns:
         raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) or (x, cos, sin, ...) to tap")
@@ -289,7 +294,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     done: set[int] = set()
 
     def rot_tap(rot_fn):
-        if _single(rot_fn):
+        if single_rotation(rot_fn):
             return _single_tap(rot_fn, current, rotated, got)
 
         def tapped(q, k, *args, **kwargs):
@@ -305,7 +310,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         out = att_fn(module, query, key, value, attention_mask, *args, **kwargs)
         L = current[0]
         if L in wanted and "att" not in got.setdefault(L, {}):
-            got[L]["att"] = (query, key, mixed_weights(module, value, out))
+            got[L]["att"] = (query, key, mixed_weights(module, value, out), attention_mask)
         return out
 
     def enter(i: int) -> Callable[..., None]:
@@ -332,22 +337,23 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     for i, a in enumerate(attns[: last + 1]):
         if a is not None:
             handles += [a.register_forward_pre_hook(enter(i)), a.register_forward_hook(leave(i))]
+    handles += outside_indexers(attns[: last + 1], current)  # a sparse-attention indexer's rotation is not the layer's
     for name, fn in rot_fns.items():
         setattr(mod, name, rot_tap(fn))
     # q/k alone: the family's sdpa attention, its inputs tapped (eager attention would build every [heads, n, n]
     # score matrix only to throw it away: 128 heads of DeepSeek V3)
     fast = "pattern" not in needs and att_fn is not None and bool(getattr(hf, "_supports_sdpa", False))
 
-    def seen(_module, query: Tensor, key: Tensor) -> None:
+    def seen(_module, query: Tensor, key: Tensor, attention_mask: Tensor | None) -> None:
         L = current[0]
         if L in wanted and "att" not in got.setdefault(L, {}):
-            got[L]["att"] = (query, key, None)
+            got[L]["att"] = (query, key, None, attention_mask)
 
     if att_fn is not None and not fast:
         mod.eager_attention_forward = att_tap
     try:
         with attention_implementation(hf, "sdpa" if fast else "eager"), torch.no_grad(), \
-                attention_tap([a for a in attns if a is not None], seen) if fast else contextlib.nullcontext():
+                attention_tap([a for a in attns if a is not None], seen, with_mask=True) if fast else contextlib.nullcontext():
             hf(input_ids=tokens, attention_mask=valid.long() if padded else None, use_cache=False,
                output_attentions=att_fn is None and "pattern" in needs)
     except _Stop:
@@ -362,28 +368,6 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     missing = sorted(wanted - done)
     if missing:
         raise cannot(f"layers {missing} ran no attention module ropelens could find")
-
-
-# the rotations a family's modeling module may apply to (q, k): Llama's form, DeepSeek V3's interleaved one, and
-# DeepSeek V2's complex product (xq, xk, freqs_cis)
-_ROTATION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
-
-
-def _rotations(mod) -> dict[str, Callable]:
-    """The (q, k, ...) -> (q, k) rotation functions ``mod`` defines, by name, and the one-tensor
-    (x, cos, sin, ...) -> x form Gemma 4 unified and Gemma 3n apply to q and k in turn."""
-    out = {}
-    for name in _ROTATION_NAMES:
-        fn = getattr(mod, name, None)
-        if fn is not None and (list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]) or _single(fn)):
-            out[name] = fn
-    return out
-
-
-def _single(fn: Callable) -> bool:
-    """Whether ``fn`` rotates one tensor by a (cos, sin) table: ``(x, cos, sin, ..., unsqueeze_dim=...)``."""
-    params = inspect.signature(fn).parameters
-    return list(params)[:3] == ["x", "cos", "sin"] and "unsqueeze_dim" in params
 
 
 def _single_tap(fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]) -> Callable:
@@ -429,7 +413,9 @@ def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:
 
 def can_tap(hf) -> bool:
     """Whether :func:`capture` finds a (q, k, ...) rotation to tap in ``hf``'s modeling module."""
-    return bool(_rotations(importlib.import_module(type(hf).__module__)))
+    from ropelens.reading import rotation_functions
+
+    return bool(rotation_functions(importlib.import_module(type(hf).__module__)))
 
 
 def _mla_tensors(lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: Tensor,
@@ -448,6 +434,17 @@ def _mla_tensors(lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: 
     return {"q_pre": placed(query, lr.pre_from_model(q)), "k_pre": placed(key, lr.pre_from_model(k)),
             "q_rot": placed(query, q_rot), "k_rot": placed(key, k_rot),
             "q_post": lr.from_model(query), "k_post": lr.from_model(key)}
+
+
+def _selection(mask: Tensor | None, batch: int, n: int, cannot: Callable[[str], Exception], L: int) -> Tensor:
+    """``[batch, q, k]`` the keys the model's attention function lets each query see (its indexer's top-k folded
+    into the causal mask): a boolean mask as given, an additive one where it is 0."""
+    if not isinstance(mask, Tensor) or mask.ndim != 4 or mask.shape[-2:] != (n, n) or mask.shape[1] != 1:
+        got = "none" if not isinstance(mask, Tensor) else f"shape {tuple(mask.shape)}"
+        raise cannot(f"layer {L} selects keys, but its attention function received no [batch, 1, {n}, {n}] mask "
+                     f"to read the selection from ({got})")
+    m = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0
+    return m.expand(batch, n, n).detach()
 
 
 def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
@@ -479,6 +476,8 @@ def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
     # q_rot/k_rot: the rotation's own output; q_post/k_post: what enters the score (they differ under a norm after RoPE)
     out = {"q_pre": q, "k_pre": k, "q_rot": q_rot, "k_rot": k_rot, "q_post": q_post, "k_post": k_post}
     tensors = {n: t.detach().transpose(1, 2) for n, t in out.items() if n in needs}
+    if "selected" in needs and lr.selects(q_post.shape[2]):
+        tensors["selected"] = _selection(att[3] if att is not None else None, q_post.shape[0], q_post.shape[2], cannot, L)
     if "pattern" in needs:
         pattern = att[2] if att is not None else (output[1] if isinstance(output, tuple) and len(output) > 1 else None)
         if not isinstance(pattern, Tensor):

@@ -70,7 +70,8 @@ def _attention_modules(model) -> list[torch.nn.Module | None]:
 
 
 # "hybrid": Falcon-H1's layers, softmax attention (causal, no window) beside a Mamba mixer
-_KIND = {"sliding_attention": "sliding", "full_attention": "full", "hybrid": "full"}
+# "indexed_attention": DeepSeek sparse attention, causal with the top-k keys an indexer picks (LayerRope.select_keys)
+_KIND = {"sliding_attention": "sliding", "full_attention": "full", "hybrid": "full", "indexed_attention": "full"}
 # (a piece of the HF class name, the spec's kind) of the token mixers hybrid models put beside or
 # instead of softmax attention; a layer without attention that matches none is kind "none"
 _MIXERS = (("gateddeltanet", "linear"), ("linearattention", "linear"), ("lightningattention", "linear"),  # MiniMax
@@ -171,6 +172,17 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
         )
 
 
+def _select_keys(attn: torch.nn.Module, cfg, arch: str, layer: int) -> int:
+    """The keys each query of an indexed-attention layer keeps: its indexer's ``index_topk`` (a layer reusing an
+    earlier layer's selection has no indexer of its own: the config's). The probe checks it on the model's mask."""
+    k = getattr(getattr(attn, "indexer", None), "index_topk", None) or getattr(cfg, "index_topk", None)
+    if not isinstance(k, int) or k < 1:
+        raise UnsupportedModelError(
+            f"{arch}: layer {layer} is an indexed-attention layer but neither its indexer nor its config gives the "
+            "number of keys each query keeps (index_topk): ropelens cannot say which keys its softmax runs over")
+    return k
+
+
 def is_mla(cfg) -> bool:
     """Whether ``cfg`` is multi-head latent attention (DeepSeek V2/V3 style: a decoupled rotary part per head)."""
     if getattr(cfg, "is_heterogeneous", False):  # per-layer widths (Dots 3): HF raises on a global read of them
@@ -178,16 +190,19 @@ def is_mla(cfg) -> bool:
     return bool(getattr(cfg, "qk_rope_head_dim", None)) and getattr(cfg, "qk_nope_head_dim", None) is not None
 
 
-def _mla_layout(hf, cfg) -> dict[str, Any]:
+def _mla_layout(hf, cfg, called: str | None = None) -> dict[str, Any]:
     """What an MLA layer's spec differs in: the rotary slice after the no-position dims, the plane layout the
     model's rotation writes (DeepSeek V2's complex product: adjacent pairs; V3's ``rope_interleave``: adjacent
-    pairs read, halves written), and the key's rotary part shared by every head."""
+    pairs read, halves written), and the key's rotary part shared by every head. ``called``: the rotation the
+    attention modules were seen calling (:func:`_called_rotation`), which decides where it is known."""
     mod = importlib.import_module(type(hf).__module__)
     complex_rot = not hasattr(mod, "apply_rotary_pos_emb") and hasattr(mod, "apply_rotary_emb")  # DeepSeek V2
-    # interleaved where the config says so, or where the interleaved rotation is the only one the module has
+    # interleaved where the attention calls the interleaved rotation (DeepSeek V3.2 always does; its indexer
+    # calls the other one), else where the config says so, or where it is the only one the module has
     # (LongCat-Flash, Bailing: no rope_interleave flag, and every call is the interleaved one)
-    interleave = hasattr(mod, "apply_rotary_pos_emb_interleave") and (
-        bool(getattr(cfg, "rope_interleave", False)) or not hasattr(mod, "apply_rotary_pos_emb"))
+    interleave = called == "apply_rotary_pos_emb_interleave" if called is not None else (
+        hasattr(mod, "apply_rotary_pos_emb_interleave") and (
+            bool(getattr(cfg, "rope_interleave", False)) or not hasattr(mod, "apply_rotary_pos_emb")))
     return {"rotary_offset": int(cfg.qk_nope_head_dim), "pre_interleaved": interleave and not complex_rot,
             "shared_rotary_key": True, "adjacent": complex_rot}
 
@@ -255,9 +270,7 @@ def rope_spec(model) -> RopeSpec:
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
     calls = _rotary_calls(model, attns)
     blocks = _blocks(model)
-    mla = _mla_layout(hf, cfg) if is_mla(cfg) else None
-    if mla is not None:
-        adjacent = mla.pop("adjacent")
+    called = _called_rotation(model, attns) if is_mla(cfg) else None
     layers = []
     for i, attn in enumerate(attns):
         decoder = getattr(blocks[i], "original_component", None)
@@ -280,6 +293,9 @@ def rope_spec(model) -> RopeSpec:
         lcfg = _layer_config(cfg, i)
         n_heads = _heads(attn, lcfg)
         head_dim = int(getattr(attn, "head_dim", None) or getattr(lcfg, "head_dim", None) or lcfg.hidden_size // n_heads)
+        # multi-head latent attention, read per layer (Dots 3's widths differ between layers)
+        mla = _mla_layout(hf, lcfg, called) if is_mla(lcfg) else None
+        pairs_adjacent = mla.pop("adjacent") if mla is not None else adjacent
         if mla is not None:  # the score's head: no-position dims, then the rotary ones
             head_dim = int(lcfg.qk_nope_head_dim) + int(lcfg.qk_rope_head_dim)
         n_kv = _kv_heads(attn, n_heads, int(getattr(lcfg, "num_key_value_heads", None) or n_heads))
@@ -295,6 +311,7 @@ def rope_spec(model) -> RopeSpec:
             kind, window = "sliding", int(cfg.sliding_window)
         if inv.numel() == 0:
             kind = "nope"
+        select = _select_keys(attn, cfg, arch, i) if ltype == "indexed_attention" else None
         base = params.get("rope_theta", getattr(cfg, "rope_theta", None))
         layers.append(
             LayerRope(
@@ -302,16 +319,17 @@ def rope_spec(model) -> RopeSpec:
                 inv_freq=inv,
                 head_dim=head_dim,
                 rotary_dim=2 * inv.numel(),
-                pairing="adjacent" if adjacent else "half",
+                pairing="adjacent" if pairs_adjacent else "half",
                 n_heads=n_heads,
                 n_kv_heads=n_kv,
                 score_scale=float(scale),
                 rope_type=str(params.get("rope_type", "default")),
-                base=float(base) if base is not None else (10000.0 if adjacent else None),
+                base=float(base) if base is not None else (10000.0 if pairs_adjacent else None),
                 rope_parameters={k: v for k, v in params.items() if _jsonable(v)},
                 attention_scaling=scaling,
                 kind=kind,  # type: ignore[arg-type]
                 window=int(window) if window else None,
+                select_keys=select,
                 n_ctx=n_ctx,
                 softcap=_softcap(attn, cfg),
                 sinks=_sinks(attn),
@@ -357,10 +375,11 @@ class _TappedFunctions:
 
 
 @contextlib.contextmanager
-def attention_tap(modules, on_call: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], object]) -> Iterator[None]:
+def attention_tap(modules, on_call: Callable[..., object], *, with_mask: bool = False) -> Iterator[None]:
     """Call ``on_call(attention module, query, key)`` at every call of the attention function (eager,
     sdpa or any registered one) of the modeling modules of ``modules`` (HF attention modules), with
-    the query ``[batch, head, pos, d]`` and key ``[batch, kv_head, pos, d]`` that enter its score.
+    the query ``[batch, head, pos, d]`` and key ``[batch, kv_head, pos, d]`` that enter its score
+    (``with_mask``: and the attention mask it receives, a tensor or None, as a fourth argument).
 
     The modeling module's ``eager_attention_forward`` and its ``ALL_ATTENTION_FUNCTIONS`` registry
     are swapped for tapped ones while the block runs (the registry is not changed: other modules
@@ -373,7 +392,10 @@ def attention_tap(modules, on_call: Callable[[torch.nn.Module, torch.Tensor, tor
 
         @functools.wraps(fn)
         def tapped(module, query, key, *args, **kwargs):
-            on_call(module, query, key)
+            if with_mask:  # HF calls (module, query, key, value, attention_mask, ...)
+                on_call(module, query, key, args[1] if len(args) > 1 else kwargs.get("attention_mask"))
+            else:
+                on_call(module, query, key)
             return fn(module, query, key, *args, **kwargs)
 
         setattr(tapped, _TAPPED, True)
@@ -470,6 +492,7 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
 
     handles = [m.register_forward_pre_hook(enter(i)) for i, m in zip(where, mods, strict=True)]
     handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
+    handles += outside_indexers(mods, current)
     mod.apply_rotary_pos_emb = tap
     try:
         vocab = int(getattr(_text_config(view), "vocab_size", 0) or 8)
@@ -492,6 +515,89 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
             result[i] = (q, q_rot, len(normed) == 2 and True in normed and None not in normed)
     object.__setattr__(model, "_ropelens_rotary_calls", (key, result))  # not a submodule: nothing registered
     return result
+
+
+# the rotations a family's modeling module may apply to (q, k): Llama's form, DeepSeek V3's interleaved one, and
+# DeepSeek V2's complex product (xq, xk, freqs_cis)
+_ROTATION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
+
+
+def rotation_functions(mod) -> dict[str, Callable]:
+    """The (q, k, ...) -> (q, k) rotation functions ``mod`` defines, by name, and the one-tensor
+    (x, cos, sin, ...) -> x form Gemma 4 unified and Gemma 3n apply to q and k in turn."""
+    out = {}
+    for name in _ROTATION_NAMES:
+        fn = getattr(mod, name, None)
+        if fn is not None and (list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]) or single_rotation(fn)):
+            out[name] = fn
+    return out
+
+
+def single_rotation(fn: Callable) -> bool:
+    """Whether ``fn`` rotates one tensor by a (cos, sin) table: ``(x, cos, sin, ..., unsqueeze_dim=...)``."""
+    params = inspect.signature(fn).parameters
+    return list(params)[:3] == ["x", "cos", "sin"] and "unsqueeze_dim" in params
+
+
+def outside_indexers(attns, current: list) -> list:
+    """Hooks that set ``current[0]`` (the layer a rotation tap files calls under) to None while a sparse-attention
+    indexer inside one of ``attns`` runs: its rotation of its own small q and k is not the layer's (DeepSeek V3.2's
+    indexer rotates after the attention's own rotation, with the other pairing), and it leaves the layer as it
+    found it. Returns the hook handles."""
+    saved: list = []
+
+    def enter(_m, _a) -> None:
+        saved.append(current[0])
+        current[0] = None
+
+    def leave(_m, _a, _o) -> None:
+        current[0] = saved.pop()
+
+    handles = []
+    for a in attns:
+        for m in a.modules() if a is not None else ():
+            if type(m).__name__.endswith("Indexer"):
+                handles += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
+    return handles
+
+
+def _called_rotation(model, attns) -> str | None:
+    """The rotation function (by name) the attention modules call first, outside their indexers, in one short
+    forward of the HF model; None where it cannot be seen (the forward fails, or no attention rotates)."""
+    from ropelens.devices import device_of
+
+    mod = importlib.import_module(type(hf_model_of(model)).__module__)
+    fns = {n: f for n, f in rotation_functions(mod).items() if n != "apply_rotary_emb"}
+    view = _hf_tree(hf_model_of(model))
+    kinds = {type(a) for a in attns if a is not None}
+    mods = [m for m in view.modules() if type(m) in kinds]
+    current: list = [None]
+    seen: list[str] = []
+
+    def tapped(name: str, fn: Callable) -> Callable:
+        def call(*args, **kwargs):
+            if current[0] is not None and not seen:
+                seen.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+    handles = [m.register_forward_pre_hook(lambda _m, _a: current.__setitem__(0, True)) for m in mods]
+    handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
+    handles += outside_indexers(mods, current)
+    for name, fn in fns.items():
+        setattr(mod, name, tapped(name, fn))
+    try:
+        vocab = int(getattr(_text_config(view), "vocab_size", 0) or 8)
+        with torch.no_grad():
+            view((torch.arange(_PROBE_TOKENS) % vocab).unsqueeze(0).to(device_of(model)))
+    except Exception:  # noqa: BLE001 - a forward this cannot run leaves the config's reading (the probe checks it)
+        return None
+    finally:
+        for name, fn in fns.items():
+            setattr(mod, name, fn)
+        for h in handles:
+            h.remove()
+    return seen[0] if seen else None
 
 
 def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:

@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ropelens.errors import InputError
+from ropelens.errors import InputError, UnsupportedModelError
 
 Pairing = Literal["half", "adjacent"]
 LayerKind = Literal["full", "sliding", "nope", "linear", "conv", "mamba", "recurrent", "none"]
@@ -129,6 +129,14 @@ class LayerRope:
     With ``rope_interleave`` (DeepSeek V3) the model's rotation reads adjacent pairs (2i, 2i+1) and
     writes them as (i, i + n) (``pre_interleaved``, pairing "half"): ropelens's pre-RoPE q and k are
     de-interleaved (:meth:`pre_from_model`), so :meth:`rotate` maps them onto the post-RoPE ones.
+
+    **Key selection** (DeepSeek V3.2's sparse attention, GLM-5): an indexer scores every key the mask
+    allows and keeps each query's top ``select_keys``; the attention's softmax runs over those alone.
+    The logits are still q·k times the scale, so their decomposition is unchanged; only the mask is
+    the input's. On windows of at most ``select_keys`` tokens no query is allowed more keys than it
+    keeps, so the mask is :meth:`mask` exactly (:meth:`selects` is False); on longer ones the capture
+    reads the selection from the mask the model hands its attention function (``"selected"``), and
+    analyses that assume :meth:`mask` refuse (:meth:`require_static_mask`).
     """
 
     layer: int
@@ -145,6 +153,9 @@ class LayerRope:
     attention_scaling: float = 1.0  # multiplies cos and sin (YaRN/LongRoPE mscale)
     kind: LayerKind = "full"  # "nope": attention without rotation (no planes); masks follow `window`
     window: int | None = None  # sliding window: a query at m sees keys n with m − window < n ≤ m
+    # DeepSeek sparse attention: an indexer keeps each query's top ``select_keys`` keys of those the mask allows,
+    # picked from the input at run time; see "Key selection" in the class docstring
+    select_keys: int | None = None
     n_ctx: int | None = None
     softcap: float | None = None  # attention-logit soft-capping c: scores become c·tanh(s/c) (Gemma 2)
     sinks: tuple[float, ...] | None = None  # learned per-head sink logits that join the softmax (gpt-oss)
@@ -193,6 +204,8 @@ class LayerRope:
                              f"do not fit in head_dim {self.head_dim}")
         if self.sinks is not None and len(self.sinks) != self.n_heads:
             raise InputError(f"sinks has {len(self.sinks)} entries for {self.n_heads} heads")
+        if self.select_keys is not None and self.select_keys < 1:
+            raise InputError(f"layer {self.layer}: select_keys must be ≥ 1 (the keys each query keeps), got {self.select_keys}")
         if self.axes and (len(self.axes) != self.n_planes or not set(self.axes) <= set(range(len(MROPE_AXES)))):
             raise InputError(f"layer {self.layer}: axes must give one of 0, 1, 2 ({', '.join(MROPE_AXES)}) for each of "
                              f"its {self.n_planes} planes, got {list(self.axes)}")
@@ -256,6 +269,20 @@ class LayerRope:
         if self.window:
             ok &= (q - k) < self.window
         return ok
+
+    def selects(self, n_pos: int) -> bool:
+        """Whether some query of an ``n_pos``-token window may lose a key its mask allows to the model's own
+        selection (more keys allowed than the ``select_keys`` it keeps): the mask is then the input's."""
+        return self.select_keys is not None and n_pos > self.select_keys
+
+    def require_static_mask(self, n_pos: int, what: str) -> None:
+        """UnsupportedModelError when ``what`` would assume :meth:`mask` but this layer selects keys at ``n_pos``."""
+        if self.selects(n_pos):
+            raise UnsupportedModelError(
+                f"layer {self.layer} keeps each query's top {self.select_keys} keys, picked from the input by the "
+                f"model's indexer (sparse attention), so on {n_pos}-token windows its mask depends on the text and "
+                f"{what} (which assumes the causal mask) would be wrong: use windows of at most {self.select_keys} "
+                "tokens (--n-ctx), where no key is dropped, or decompose_attention, which reads the selection")
 
     def probs(self, scores: Float[Tensor, "... k"], head_axis: int = 1) -> Float[Tensor, "... k"]:
         """The attention pattern this layer makes of pre-softmax ``scores`` (masked entries −inf).
@@ -505,6 +532,8 @@ class RopeSpec:
             )
             if any(x.shared_rotary_key for x in self.layers):  # multi-head latent attention: where the planes sit
                 rows[-1].update(rotary_offset=lr.rotary_offset, shared_rotary_key=lr.shared_rotary_key)
+            if any(x.select_keys for x in self.layers):  # sparse attention: the keys each query keeps
+                rows[-1].update(select_keys=lr.select_keys)
             if any(x.axes for x in self.layers):  # multimodal RoPE: which planes each position axis turns
                 rows[-1].update(mrope_axes=describe_axes(lr.axes))
         return pd.DataFrame(rows)

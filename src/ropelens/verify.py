@@ -218,7 +218,8 @@ _MEANING = {
           "after RoPE that the reading (or the bridge) misses, or {which} taken at the wrong place",
     "scale": "the spec's score scale is not the one the model's attention function uses",
     "scores": "scores carry a term that is not q·k: a bias or a norm after RoPE",
-    "mask": "the spec's mask is not the mask the model builds: a window off, or chunked attention",
+    "mask": "the spec's mask is not the mask the model builds: a window off, chunked attention, or keys selected "
+            "at run time (sparse attention) that the capture did not read or the spec's select_keys does not count",
     "probs": "the spec's softmax of the scores (mask, window, soft-cap, sinks) does not give the model's probabilities: "
              "a soft-cap, sinks or a score bias in the attention function the spec does not describe",
     "window edge": "the spec's sliding window is not the one HF's mask function builds from the config",
@@ -284,6 +285,8 @@ class _Probe:
         self._refuse_chunks()
         toks = self.tokens()
         which = ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post")
+        if any(self.spec[L].selects(self.n) for L in self.rotary):  # sparse attention: its selection is read too
+            which += ("selected",)
         intervened = bool(getattr(self.model, "_ropelens_interventions", 0))
         from ropelens.plain import is_plain
 
@@ -340,13 +343,21 @@ class _Probe:
         lr = self.spec[L]
         spec_mask = lr.mask(self.n, self.device)
         if allowed is not None:
-            diff = (allowed != spec_mask[None]).nonzero()
-            detail = ""
-            if len(diff):
-                _, q, k = diff[0].tolist()
-                detail = (f"{len(diff)} entries differ, first at query {q}, key {k}: the spec "
-                          f"{'allows' if spec_mask[q, k] else 'masks'} it (window {lr.window})")
-            self._note("mask", L, "the mask the model built", float(len(diff)), detail)
+            static = spec_mask[None].expand_as(allowed)
+            # a layer whose indexer drops keys: its mask is inside the spec's (no key the spec masks), and below it
+            # is exactly each path's captured selection
+            self._mask(L, allowed, allowed & static if lr.selects(self.n) else static, "the mask the model built")
+            if lr.selects(self.n):  # the indexer's top-k: exactly min(q + 1, select_keys) keys per query
+                want = (torch.arange(self.n, device=allowed.device) + 1).clamp(max=lr.select_keys)
+                wrong = int((allowed.sum(-1) != want).sum())
+                self._note("mask", L, "the keys the model's indexer keeps", float(wrong),
+                           f"{wrong} queries keep another number of keys than select_keys {lr.select_keys}")
+            for path, layers in acts.items():  # each path's captured selection is the model's
+                sel = layers[L].get("selected")
+                if lr.selects(self.n) and sel is not None and sel.shape == allowed.shape:
+                    self._mask(L, allowed, spec_mask[None] & sel.bool(), path)
+                elif lr.selects(self.n):
+                    self._note("mask", L, path, math.inf, "no selection captured")
         if scaling is not None:
             self._note("scale", L, "the scale the attention function uses",
                        abs(lr.score_scale - scaling) / abs(scaling), f"spec {lr.score_scale:.6g}, model {scaling:.6g}")
@@ -379,8 +390,22 @@ class _Probe:
                 m = spec_mask[None, None].expand_as(cap)
                 self._note("scores", L, path, float((cap - capped)[m].abs().max() / capped[m].abs().max().clamp_min(1e-30)))
             if probs is not None:
-                rebuilt = lr.probs(ours_s.masked_fill(~spec_mask, float("-inf")))
+                sel = layers[L].get("selected")
+                keep = spec_mask[None, None] & (sel.bool()[:, None] if sel is not None else True)
+                rebuilt = lr.probs(ours_s.masked_fill(~keep, float("-inf")))
                 self._note("probs", L, path, float((rebuilt - probs).abs().max()))
+
+    def _mask(self, L: int, allowed: Tensor, expected: Tensor, path: str) -> None:
+        """Note how many ``[batch, q, k]`` entries of the model's mask differ from ``expected``, and the first."""
+        diff = (allowed != expected).nonzero()
+        detail = ""
+        if len(diff):
+            _, q, k = diff[0].tolist()
+            lr = self.spec[L]
+            detail = (f"{len(diff)} entries differ, first at query {q}, key {k}: the spec "
+                      f"{'allows' if expected[diff[0][0], q, k] else 'masks'} it (window {lr.window}"
+                      + (f", select_keys {lr.select_keys})" if lr.select_keys else ")"))
+        self._note("mask", L, path, float(len(diff)), detail)
 
     def _hf_reference(self, toks: Tensor, acts) -> None:
         """Run the HF model under the bridge with eager attention, reading its attention function's inputs and output."""

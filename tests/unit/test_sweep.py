@@ -112,7 +112,7 @@ def test_rope_types_are_found():
     ("llama", "exact", ""),
     ("gemma3_text", "exact", ""),
     ("deepseek_v3", "exact", ""),
-    ("deepseek_v32", "refused", "indexed_attention"),
+    ("deepseek_v32", "exact", ""),  # the indexer's top-k read from the mask the model builds
     ("hunyuan_v1_dense", "exact", ""),  # q/k normed after RoPE: taken where they enter the score
     ("diffllama", "refused", "differential attention"),
     ("gptj", "exact", ""),  # no inv_freq buffer: its frequencies checked against the phase steps of its sin|cos table
@@ -236,7 +236,7 @@ def test_per_layer_mla_overrides_shrink_with_the_global_ranks():
 
 @pytest.mark.parametrize(("model_type", "status", "why"), [
     ("hrm_text", "refused", "run recurrently"),  # each layer attends several times per forward
-    ("dots3_note_text", "refused", "indexed_attention"),  # per-layer widths read without HF's ambiguity error
+    ("dots3_note_text", "exact", ""),  # per-layer MLA widths, indexed and sliding layers
     ("bailing_hybrid", "exact", ""),  # Kimi delta attention listed as linear; its MLA rotation always interleaved
 ])
 def test_newly_built_families_are_read_or_refused(model_type, status, why, tmp_path):

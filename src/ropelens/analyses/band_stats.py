@@ -54,6 +54,7 @@ class BandStatsReducer(DeviceSums):
     capture's.
     """
 
+    static_mask = "band statistics"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post"})
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, agreement: bool = True,

@@ -90,8 +90,8 @@ class AttentionDecomposition(Result):
         return list(self.resolved(layer).names)
 
     def mask(self, layer: int) -> Bool[Tensor, "batch q k"]:
-        a = self._acts(layer)
-        return attention_mask(a.rope, a.valid)
+        """The keys each query attends to (causal, window, padding, and the model's own key selection)."""
+        return self._acts(layer).mask()
 
     def band_logits(self, layer: int, *, masked: bool = True) -> Float[Tensor, "batch head band q k"]:
         """Band terms of every logit; masked entries are −inf (so they sum like the model's scores)."""
@@ -255,7 +255,10 @@ def decompose_attention(
     chosen = spec.layer_indices(layers)
     verified = verification(model, spec, verify=verify)
     t0 = time.perf_counter()
-    acts = capture_qk(model, tokens, layers=chosen, which=("q_post", "k_post", "pattern"), batch_size=batch_size)
+    # a layer whose indexer drops keys on windows this long: its selection is captured with q and k
+    selected = ("selected",) if any(spec.layers[L].selects(tokens.shape[1]) for L in chosen) else ()
+    acts = capture_qk(model, tokens, layers=chosen, which=("q_post", "k_post", "pattern", *selected),
+                      batch_size=batch_size)
     acts = {L: LayerActs(a.layer, a.rope, a.valid.cpu(), {k: v.cpu() for k, v in a.tensors.items()}) for L, a in acts.items()}
     bands = bands or Bands.planes()
     prov = Provenance(model=model_label(model), n_tokens=int(tokens.numel()), n_windows=int(tokens.shape[0]),

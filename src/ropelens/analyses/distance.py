@@ -124,6 +124,7 @@ class DistanceReducer(DeviceSums):
     always the farthest key, dominates the longest distances. Pass ``n_sink=0`` to keep them.
     """
 
+    static_mask = "attention by distance"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post"})
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands | None = None, *,

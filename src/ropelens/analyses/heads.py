@@ -55,6 +55,7 @@ class HeadScoresReducer(DeviceSums):
     is O(tile · n). Sums accumulate in float64 (float32 on MPS) on the device of the first
     activations, with no host synchronisation per update."""
 
+    static_mask = "head scores"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post"})
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, max_offset: int) -> None:

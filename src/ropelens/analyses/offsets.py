@@ -103,6 +103,8 @@ class OffsetReducer(DeviceSums):
     of about the device's element budget (:func:`ropelens.capture.query_tile`), so nothing of size ``[heads, n, n]`` is held for long n.
     """
 
+    static_mask = "rotary offsets"  # masks built from positions: refused where the model picks keys from the input
+
     def __init__(self, spec: RopeSpec, layers: Sequence[int], *, n_sink: int = 1, pre: bool = True,
                  tile: int | None = None) -> None:
         if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:

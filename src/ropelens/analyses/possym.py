@@ -86,6 +86,7 @@ class PosSymReducer(DeviceSums):
     Needs only post-RoPE queries and keys, so the model runs on its fast path. Query tiles hold all
     n keys (ℓ^σ reads keys past the query), so memory is O(tile · n) per head."""
 
+    static_mask = "the positional/semantic split"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post"})
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], *, seed: int = 0, min_keys: int = 8,

@@ -54,6 +54,7 @@ class SinkReducer(DeviceSums):
     logit at key 0 is q_b·k_b(0) and the row sum is q_b·Σ_j k_b(j), a prefix sum.
     """
 
+    static_mask = "attention sinks"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post", "k_pre"})
 
     def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands | None = None, *,

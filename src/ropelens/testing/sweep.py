@@ -40,8 +40,8 @@ from ropelens.testing.families import (
     rotation_from_pre,
 )
 
-__all__ = ["NoRope", "NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "shrink_config",
-           "sweep_one", "table_phase_steps"]
+__all__ = ["NoRope", "NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "save_tiny",
+           "shrink_config", "sweep_one", "table_phase_steps"]
 
 TOL = 1e-4  # float32: captured and HF tensors come from the same ops (errors ~1e-6); a misreading moves them O(1)
 MAX_PARAMS = 20_000_000  # a shrunk config above this kept a full-size width somewhere: not built, say which
@@ -458,6 +458,17 @@ def _hf_model(config, seed: int):
             if isinstance(getattr(m, "sinks", None), torch.nn.Parameter):
                 m.sinks.copy_(torch.randn(m.sinks.shape, generator=g) * 2)
     return model.eval()
+
+
+def save_tiny(model_type: str, path: str | Path, *, seed: int = 0) -> Path:
+    """Save the sweep's tiny random model of ``model_type`` (:func:`shrink_config`, attention sharpened) and a
+    tokenizer to ``path``, for ``ropelens.load_model(path)``; raises :class:`NotBuilt` where HF cannot build it."""
+    from ropelens.testing import tiny_tokenizer
+
+    path = Path(path)
+    _hf_model(shrink_config(model_type), seed).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
 
 
 def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None = None) -> FamilyCheck:
