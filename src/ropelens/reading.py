@@ -162,6 +162,18 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: layers {shared} reuse an earlier layer's keys (num_kv_shared_layers, Gemma 4 "
             "E2B/E4B) and compute none of their own, so ropelens cannot capture the keys their scores are made of."
         )
+    # Inkling's attention (hybrid_sliding and hybrid layers alike): its mask is causal or sliding-window, but a learned
+    # relative-position bias and a per-token sink logit join q·k before the softmax, and its text tower never rotates
+    biased = sorted({type(m).__name__ for m in hf_model_of(model).modules()
+                     if isinstance(getattr(m, "rel_logits_proj", None), torch.nn.Module)})
+    if biased:
+        why = (f"position enters its scores ({', '.join(biased)}) only as a learned relative-position bias, mixed "
+               "per backward distance from each query's hidden state (rel_logits_proj), added to q·k beside a per-token "
+               "sink logit")
+        if not _rotary_modules(hf_model_of(model)):
+            raise NotRotaryError(f"{arch} applies no RoPE to its text queries and keys: {why}, so there is no "
+                                 "rotation for ropelens to measure.")
+        raise UnsupportedModelError(f"{arch}: {why.replace(' only', '')}, so its scores are not q·k times one scale.")
     # the layer types of attention layers only: a hybrid's other layers have no mask to read
     types = {t for t, b in zip(getattr(cfg, "layer_types", None) or (), blocks) if hasattr(b, "attn")}
     unknown = types - set(_KIND)
