@@ -246,7 +246,7 @@ class _Collector:
 
     def attention_tap(self) -> contextlib.AbstractContextManager:
         """Where a layer's score q/k come from the HF attention function (no bridge hook fires there): tap it."""
-        from ropelens.reading import attention_tap
+        from ropelens.taps import attention_tap
 
         if not self.attention:
             return contextlib.nullcontext()

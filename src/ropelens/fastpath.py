@@ -82,10 +82,10 @@ def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callabl
     the first call that does not (Phi and StableLM rotate a slice of the head, a family that rotates
     twice per layer) raises :class:`_Unsupported`. The score q/k are the rotated ones, except in a
     layer with a norm after RoPE (``norm_after_rope``), where they are the query and key its
-    attention function receives next (:func:`ropelens.reading.attention_tap`). After the last
+    attention function receives next (:func:`ropelens.taps.attention_tap`). After the last
     expected layer's score q/k the forward stops (:class:`_Stop`).
     """
-    from ropelens.reading import attention_tap
+    from ropelens.taps import attention_tap
 
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "apply_rotary_pos_emb", None)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.models import device_of
-from ropelens.reading import attention_tap
+from ropelens.taps import attention_tap
 
 __all__ = ["AttnHooks", "attn_hooks", "to_bphd"]
 
@@ -33,7 +33,7 @@ class AttnHooks:
     sin: str | None = None  # with no post-RoPE hook, ropelens rotates with exactly these tables
     # q/k where they enter the score, for a model that changes them after the rotation (a norm after
     # RoPE), where the bridge fires a hook there (HunYuan: the q/k-norm hooks after hook_rot_q/k);
-    # None: taken from the HF attention function instead (ropelens.reading.attention_tap)
+    # None: taken from the HF attention function instead (ropelens.taps.attention_tap)
     q_score: str | None = None
     k_score: str | None = None
     calls_attention_function: bool = False  # the bridge runs the HF attention module's own attention function

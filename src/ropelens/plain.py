@@ -266,7 +266,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     The forward stops after the last layer. A family this cannot read raises UnsupportedModelError.
     """
     from ropelens.fastpath import attention_implementation, hf_view
-    from ropelens.reading import (
+    from ropelens.taps import (
         attention_tap,
         outside_indexers,
         rotation_functions,
@@ -413,7 +413,7 @@ def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:
 
 def can_tap(hf) -> bool:
     """Whether :func:`capture` finds a (q, k, ...) rotation to tap in ``hf``'s modeling module."""
-    from ropelens.reading import rotation_functions
+    from ropelens.taps import rotation_functions
 
     return bool(rotation_functions(importlib.import_module(type(hf).__module__)))
 

@@ -1,0 +1,127 @@
+"""Taps on an HF model's own forward: its attention function's inputs, and its rotation functions.
+
+ropelens reads q, k, masks and rotations where the model itself computes them: :func:`attention_tap`
+swaps a modeling module's attention functions for tapped ones while a block runs,
+:func:`rotation_functions` lists the rotations a modeling module may apply to q and k, and
+:func:`outside_indexers` keeps a sparse-attention indexer's own rotation from being filed as its layer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Iterator
+
+__all__ = ["attention_tap", "outside_indexers", "rotation_functions", "single_rotation"]
+
+_TAPPED = "_ropelens_attention_tap"
+
+
+class _TappedFunctions:
+    """A modeling module's attention-function registry whose functions are handed out tapped."""
+
+    def __init__(self, inner, wrap: Callable[[Callable], Callable]) -> None:
+        self._inner, self._wrap = inner, wrap
+
+    def get_interface(self, impl, default):
+        return self._wrap(self._inner.get_interface(impl, default))
+
+    def __getitem__(self, key):
+        return self._wrap(self._inner[key])
+
+    def get(self, key, default=None):
+        return self._wrap(self._inner.get(key, default))
+
+    def __contains__(self, key) -> bool:
+        return key in self._inner
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+@contextlib.contextmanager
+def attention_tap(modules, on_call: Callable[..., object], *, with_mask: bool = False) -> Iterator[None]:
+    """Call ``on_call(attention module, query, key)`` at every call of the attention function (eager,
+    sdpa or any registered one) of the modeling modules of ``modules`` (HF attention modules), with
+    the query ``[batch, head, pos, d]`` and key ``[batch, kv_head, pos, d]`` that enter its score
+    (``with_mask``: and the attention mask it receives, a tensor or None, as a fourth argument).
+
+    The modeling module's ``eager_attention_forward`` and its ``ALL_ATTENTION_FUNCTIONS`` registry
+    are swapped for tapped ones while the block runs (the registry is not changed: other modules
+    and later calls see the original functions).
+    """
+
+    def wrap(fn):
+        if fn is None or getattr(fn, _TAPPED, False):
+            return fn
+
+        @functools.wraps(fn)
+        def tapped(module, query, key, *args, **kwargs):
+            if with_mask:  # HF calls (module, query, key, value, attention_mask, ...)
+                on_call(module, query, key, args[1] if len(args) > 1 else kwargs.get("attention_mask"))
+            else:
+                on_call(module, query, key)
+            return fn(module, query, key, *args, **kwargs)
+
+        setattr(tapped, _TAPPED, True)
+        return tapped
+
+    saved = []
+    for mod in {type(m).__module__: importlib.import_module(type(m).__module__) for m in modules}.values():
+        for name, tapped in (("eager_attention_forward", wrap), ("ALL_ATTENTION_FUNCTIONS",
+                                                                 lambda reg: _TappedFunctions(reg, wrap))):
+            orig = mod.__dict__.get(name)
+            if orig is not None:
+                saved.append((mod, name, orig))
+                setattr(mod, name, tapped(orig))
+    try:
+        yield
+    finally:
+        for mod, name, orig in reversed(saved):
+            setattr(mod, name, orig)
+
+
+# the rotations a family's modeling module may apply to (q, k): Llama's form, DeepSeek V3's interleaved one, and
+# DeepSeek V2's complex product (xq, xk, freqs_cis)
+_ROTATION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
+
+
+def rotation_functions(mod) -> dict[str, Callable]:
+    """The (q, k, ...) -> (q, k) rotation functions ``mod`` defines, by name, and the one-tensor
+    (x, cos, sin, ...) -> x form Gemma 4 unified and Gemma 3n apply to q and k in turn."""
+    out = {}
+    for name in _ROTATION_NAMES:
+        fn = getattr(mod, name, None)
+        if fn is not None and (list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]) or single_rotation(fn)):
+            out[name] = fn
+    return out
+
+
+def single_rotation(fn: Callable) -> bool:
+    """Whether ``fn`` rotates one tensor by a (cos, sin) table: ``(x, cos, sin, ..., unsqueeze_dim=...)``."""
+    params = inspect.signature(fn).parameters
+    return list(params)[:3] == ["x", "cos", "sin"] and "unsqueeze_dim" in params
+
+
+def outside_indexers(attns, current: list) -> list:
+    """Hooks that set ``current[0]`` (the layer a rotation tap files calls under) to None while a sparse-attention
+    indexer inside one of ``attns`` runs: its rotation of its own small q and k is not the layer's (DeepSeek V3.2's
+    indexer rotates after the attention's own rotation, with the other pairing), and it leaves the layer as it
+    found it. Returns the hook handles."""
+    saved: list = []
+
+    def enter(_m, _a) -> None:
+        saved.append(current[0])
+        current[0] = None
+
+    def leave(_m, _a, _o) -> None:
+        current[0] = saved.pop()
+
+    handles = []
+    for a in attns:
+        for m in a.modules() if a is not None else ():
+            if type(m).__name__.endswith("Indexer"):
+                handles += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
+    return handles
