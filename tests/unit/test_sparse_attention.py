@@ -125,3 +125,28 @@ def test_the_indexer_rotation_is_not_the_layer_rotation(tiny):
     cfg = hf.config
     assert (lr.rotary_offset, lr.rotary_dim) == (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim)
     assert lr.n_heads == cfg.num_attention_heads  # the indexer's index_n_heads never enter the spec
+
+
+def test_real_deepseek_v32_shapes():
+    """DeepSeek V3.2's real attention and indexer shapes (DeepseekV32Config defaults: 128 heads of 128 + 64 dims,
+    an indexer of 64 heads × 128 dims keeping 2,048 keys), in one layer with a narrow residual stream."""
+    from transformers import DeepseekV32Config
+
+    from ropelens.models import wrap_hf_model
+    from ropelens.testing import tiny_tokenizer
+
+    d = DeepseekV32Config()
+    assert (d.num_attention_heads, d.qk_rope_head_dim, d.qk_nope_head_dim, d.index_topk) == (128, 64, 128, 2048)
+    cfg = DeepseekV32Config(vocab_size=101, hidden_size=64, intermediate_size=64, moe_intermediate_size=16,
+                            num_hidden_layers=1, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
+                            n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32, v_head_dim=8,
+                            layer_types=["indexed_attention"], bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    model = wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="dsv32")
+    lr = rope_spec(model)[0]
+    assert (lr.n_heads, lr.head_dim, lr.rotary_dim, lr.rotary_offset, lr.select_keys) == (128, 192, 64, 128, 2048)
+    assert lr.pre_interleaved and lr.shared_rotary_key
+    assert not lr.selects(2048) and lr.selects(2049)  # every causal key kept up to 2,048 tokens
+    v = verify_model(model)
+    assert v.passed and v.errors["mask"] == 0  # the probe's window is shorter than 2,048: the causal mask exactly
