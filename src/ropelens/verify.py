@@ -429,6 +429,13 @@ class _Probe:
                 if isinstance(attention_mask, Tensor):
                     m = attention_mask[..., : self.n, : self.n]
                     allowed = (m if m.dtype == torch.bool else m == 0).expand(toks.shape[0], -1, -1, -1)[:, 0]
+                    if m.is_floating_point():  # an additive mask is 0 or "minus infinity"; anything else is a bias
+                        bias = m.isfinite() & (m != 0) & (m > torch.finfo(m.dtype).min / 2)
+                        if bool(bias.any()):
+                            self._note("mask", L, "the mask the model adds to its scores", float(bias.sum()),
+                                       f"{int(bias.sum())} entries are finite and not 0, up to "
+                                       f"{float(m[bias].abs().max()):.3g}: a bias added to q·k (a learned or dynamic "
+                                       "mask), not a mask")
                 probs = mixed_weights(module, value, out)  # Granite SWA scales its output by sinks after the softmax
                 self._compare(L, acts, query.detach().float().transpose(1, 2), key.detach().float().transpose(1, 2),
                               scaling, allowed, probs.detach().float() if probs is not None else None)
