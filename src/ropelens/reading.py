@@ -173,6 +173,12 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             raise NotRotaryError(f"{arch} applies no RoPE to its text queries and keys: {why}, so there is no "
                                  "rotation for ropelens to measure.")
         raise UnsupportedModelError(f"{arch}: {why.replace(' only', '')}, so its scores are not q·k times one scale.")
+    compressed = sorted({t for t in types if "compressed" in str(t)})
+    if compressed and getattr(cfg, "compress_rates", None):  # DeepSeek V4
+        raise UnsupportedModelError(
+            f"{arch}: its {', '.join(compressed)} layers attend to compressed keys, each pooled by a learned "
+            f"compressor over a block of tokens (compress_rates {dict(cfg.compress_rates)}) beside a sliding window, "
+            "so a key is not one position's rotated key and no logit is one (query, key-position) q·k to decompose.")
     # the layer types of attention layers only: a hybrid's other layers have no mask to read
     types = {t for t, b in zip(getattr(cfg, "layer_types", None) or (), blocks) if hasattr(b, "attn")}
     unknown = types - set(_KIND)
