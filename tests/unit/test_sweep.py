@@ -245,3 +245,46 @@ def test_newly_built_families_are_read_or_refused(model_type, status, why, tmp_p
     row = sweep_one(model_type, workdir=tmp_path)
     assert row.status == status, row.detail
     assert why in row.detail
+
+
+def test_an_unsized_indexer_is_sized_so_it_selects():
+    """Qwen4-Exp's defaults make every 4th layer indexed but leave the indexer unsized (HF's own defaults do not
+    build): the tiny config sizes it, keeps the layer pattern, and its budget bites inside the 24-token input. The
+    last query sees 24 keys, 12 complete blocks of 2; the indexer keeps the top 4 blocks (budget 8) and no tail,
+    so exactly 8 of its probabilities are nonzero (the others are masked: exp underflows to exactly 0)."""
+    d = _defaults("qwen4_exp_text")
+    assert "indexed_attention" in d["layer_types"] and d["indexer_budget"] is None
+    cfg = shrink_config("qwen4_exp_text")
+    assert _kinds_in_order(cfg.layer_types) == _kinds_in_order(d["layer_types"]) == ["linear_attention",
+                                                                                     "indexed_attention"]
+    assert cfg.layer_types == d["layer_types"][: cfg.num_hidden_layers]  # the pattern's start: 3 linear, 1 indexed
+    assert cfg.indexer_kv_heads == 1 and cfg.indexer_budget % cfg.indexer_compress_ratio == 0
+    _builds(cfg)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        probs = model(torch.arange(4, 28)[None], output_attentions=True).attentions
+    assert len(probs) == cfg.layer_types.count("indexed_attention") == 1  # linear layers return no probabilities
+    last = probs[0][0, :, -1]  # [heads, keys]
+    assert ((last > 0).sum(-1) == 8).all()
+    assert ((probs[0][0, :, 8] > 0).sum(-1) == 9).all()  # 9 keys: 4 blocks, all kept, and a tail of 1
+
+
+@pytest.mark.parametrize(("model_type", "why"), [
+    ("lfm2_moe", "config.layer_types[layer_idx] != \"conv\"` (default layer_types=None)"),  # no default pattern
+    ("cohere_compass_text", "(default rope_parameters={})"),  # no rotary parameters for any layer type
+])
+def test_defaults_hf_cannot_build_are_named_as_such(model_type, why, tmp_path):
+    row = sweep_one(model_type, workdir=tmp_path)
+    assert row.status == "not built"
+    assert row.detail.startswith(f"HF's default config does not build: {type(shrink_config(model_type)).__name__}()")
+    assert why in row.detail, row.detail
+
+
+def test_a_config_the_shrinking_broke_says_so(tmp_path):
+    """HF's default Llama builds; a shrunk config missing a width it needs fails, and the reason blames the shrinking."""
+    from ropelens.testing.sweep import NotBuilt, check_config
+
+    cfg = shrink_config("llama")
+    vars(cfg)["intermediate_size"] = None  # a width the model needs left unset (past the config's type check)
+    with pytest.raises(NotBuilt, match=r"modeling_llama\.py:\d+ .*HF's default config builds: the shrinking broke it"):
+        check_config("llama", cfg, workdir=tmp_path)

@@ -10,7 +10,8 @@ soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding every k
 family: ``exact``, ``refused``, ``wrong`` (ropelens gave a number HF disagrees with: a bug),
 ``crashed`` (ropelens raised something other than a refusal: a bug), ``unverified``, ``no RoPE``
 (HF's forward rotates nothing, e.g. Jamba's attention layers, and ropelens says so: not a RoPE
-family, though its modeling code defines a rotation) or ``not built``.
+family, though its modeling code defines a rotation) or ``not built`` (where HF's modeling code failed, and
+whether HF's own default config fails the same way: a transformers bug, not the shrinking's).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import inspect
 import math
 import re
 import tempfile
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +68,10 @@ _INDEX_LISTS = ("full_attn_idxs", "moe_layers", "mlp_only_layers", "hybrid_layer
 _COUNTS_FROM_START = ("first_k_dense_replace", "max_window_layers", "moe_layer_start_index")
 _PERIODS = (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset"))
 _IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
+# Qwen4-Exp's QSA indexer, unset in its defaults though they make every 4th layer indexed: one key head (required),
+# a head as wide as the attention's (its rotary part must fit), a budget of 4 blocks of 2 keys, under the 24-token input
+_INDEXER = {"indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+            "indexer_compress_ratio": 2}
 
 
 class NotBuilt(Exception):
@@ -328,6 +334,11 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
     for k in _EXPERTS:  # defaults that leave the expert count unset (the model cannot build without it)
         if k in d and d[k] is None and moe:
             out[k] = 4
+    types = d.get("layer_types")
+    if isinstance(types, list) and "indexed_attention" in types and all(k in d and d[k] is None for k in _INDEXER):
+        # the indexer's sizes are the only part of that structure the defaults leave out (HF's default config does
+        # not build): filled as the experts' count is, under the names only this config uses
+        out.update(_INDEXER)
     for k in _TOPK:
         if isinstance(d.get(k), int) and d[k] > 2 or (k in d and d[k] is None and moe):
             out[k] = 2
@@ -384,8 +395,8 @@ def _describe(cfg) -> str:
             parts.append(f"{k}={''.join(vals) if isinstance(vals, str) else vals}")
     if isinstance(d.get("attn_layer_indices"), list):
         parts.append(f"attn_layer_indices={d['attn_layer_indices']}")
-    for k in (*_WINDOWS, *_EXPERTS, "partial_rotary_factor", "rotary_dim", "rotary_pct", *_MLA[:2], "num_kv_shared_layers",
-              "attn_logit_softcapping", "first_k_dense_replace", "max_window_layers"):
+    for k in (*_WINDOWS, "indexer_budget", *_EXPERTS, "partial_rotary_factor", "rotary_dim", "rotary_pct", *_MLA[:2],
+              "num_kv_shared_layers", "attn_logit_softcapping", "first_k_dense_replace", "max_window_layers"):
         if d.get(k) not in (None, False) and not isinstance(d.get(k), (dict, list)):
             if k == "max_window_layers" and not d.get("use_sliding_window"):
                 continue
@@ -443,7 +454,7 @@ def _hf_model(config, seed: int):
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     except Exception as e:  # noqa: BLE001 — HF cannot build it: not ropelens's business
-        raise NotBuilt(f"model init fails: {_line(e)}") from None
+        raise NotBuilt(_init_failure(config, e)) from None
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMS:
         big = max(model.named_parameters(), key=lambda kv: kv[1].numel())
@@ -469,6 +480,28 @@ def save_tiny(model_type: str, path: str | Path, *, seed: int = 0) -> Path:
     _hf_model(shrink_config(model_type), seed).save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return path
+
+
+def _init_failure(config, e: BaseException) -> str:
+    """Why HF cannot build ``config``'s model, in one line: where its modeling code failed, and whether its config
+    class's own defaults fail the same way (a transformers bug, not the shrinking's) or build (the shrinking's)."""
+    from transformers import AutoModelForCausalLM
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "/transformers/models/" in f.filename.replace("\\", "/")]
+    code = (frames[-1].line or "").strip() if frames else ""
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} `{code[:120]}`" if frames else ""
+    try:
+        default = type(config)()
+        with torch.device("meta"):  # full size, no memory: only whether it builds
+            AutoModelForCausalLM.from_config(default, attn_implementation="eager")
+    except Exception as d_e:  # noqa: BLE001 — HF's own defaults failing is the finding
+        if _line(d_e) != _line(e):
+            return f"model init fails: {_line(e)}{where}; HF's default config fails too: {_line(d_e)}"
+        unset = [f"{k}={v!r}" for k in dict.fromkeys(re.findall(r"config\.(\w+)", code))
+                 if (v := getattr(default, k, 0)) is None or v in ({}, [])]  # the defaults' unset fields it reads
+        return (f"HF's default config does not build: {type(config).__name__}() → {_line(e)}{where}"
+                + (f" (default {', '.join(unset)})" if unset else ""))
+    return f"model init fails: {_line(e)}{where} (HF's default config builds: the shrinking broke it)"
 
 
 def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None = None) -> FamilyCheck:
