@@ -53,7 +53,7 @@ class LayerActs:
             return m
         if "selected" not in self.tensors:
             raise UnsupportedModelError(
-                f"layer {self.layer} keeps each query's top {self.rope.select_keys} keys, picked by the model's indexer, "
+                f"layer {self.layer} keeps at most {self.rope.select_keys} keys per query, picked by the model's indexer, "
                 f"and its selection was not captured: capture with which=(..., 'selected')")
         return m & self.tensors["selected"]
 

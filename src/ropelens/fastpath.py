@@ -104,8 +104,8 @@ def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callabl
         if len(calls) == len(expected):
             raise _Stop
 
-    def tap(q, k, *args, **kwargs):
-        if waiting or len(calls) >= len(expected):
+    def tap(q, k=None, *args, **kwargs):
+        if waiting or len(calls) >= len(expected) or k is None:  # k None: a rotation of queries alone (an indexer's)
             raise _Unsupported
         lr = expected[len(calls)]
         if q.ndim != 4 or q.shape[1] != lr.n_heads or k.shape[1] != lr.n_kv_heads or q.shape[-1] != lr.head_dim \

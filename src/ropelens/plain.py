@@ -297,10 +297,11 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         if single_rotation(rot_fn):
             return _single_tap(rot_fn, current, rotated, got)
 
-        def tapped(q, k, *args, **kwargs):
+        def tapped(q, k=None, *args, **kwargs):
             out = rot_fn(q, k, *args, **kwargs)
             L = current[0]
-            if L in wanted and "rot" not in got.setdefault(L, {}):  # the first rotation of the layer
+            # the first rotation of the layer (k None: queries alone, Qwen4-Exp's indexer form, never the layer's)
+            if L in wanted and k is not None and "rot" not in got.setdefault(L, {}):
                 got[L]["rot"] = (q, k, *out)
             return out
 

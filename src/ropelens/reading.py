@@ -190,9 +190,16 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
 
 
 def _select_keys(attn: torch.nn.Module, cfg, arch: str, layer: int) -> int:
-    """The keys each query of an indexed-attention layer keeps: its indexer's ``index_topk`` (a layer reusing an
-    earlier layer's selection has no indexer of its own: the config's). The probe checks it on the model's mask."""
-    k = getattr(getattr(attn, "indexer", None), "index_topk", None) or getattr(cfg, "index_topk", None)
+    """The keys a query of an indexed-attention layer keeps (:attr:`LayerRope.select_keys`): its indexer's
+    ``index_topk`` (DeepSeek sparse attention; a layer reusing an earlier layer's selection has no indexer of its
+    own: the config's), or a block indexer's token budget plus the tail of an incomplete block (Qwen4-Exp's QSA:
+    ``token_budget`` in whole blocks of ``compress_ratio``, and the last ``compress_ratio − 1`` keys always kept).
+    The probe checks it on the model's own mask."""
+    indexer = getattr(attn, "indexer", None)
+    k = getattr(indexer, "index_topk", None) or getattr(cfg, "index_topk", None)
+    budget, ratio = getattr(indexer, "token_budget", None), getattr(indexer, "compress_ratio", None)
+    if k is None and isinstance(budget, int) and isinstance(ratio, int) and ratio >= 1:
+        k = budget + ratio - 1
     if not isinstance(k, int) or k < 1:
         raise UnsupportedModelError(
             f"{arch}: layer {layer} is an indexed-attention layer but neither its indexer nor its config gives the "
@@ -426,7 +433,9 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
 
     outside = [0]
 
-    def tap(q, k, *args, **kwargs):
+    def tap(q, k=None, *args, **kwargs):
+        if k is None:  # queries alone (Qwen4-Exp's indexer form): not a layer's rotation of q and k
+            return orig(q, k, *args, **kwargs)
         q_rot, k_rot = orig(q, k, *args, **kwargs)
         if current[0] is None:
             outside[0] += 1

@@ -130,8 +130,10 @@ class LayerRope:
     writes them as (i, i + n) (``pre_interleaved``, pairing "half"): ropelens's pre-RoPE q and k are
     de-interleaved (:meth:`pre_from_model`), so :meth:`rotate` maps them onto the post-RoPE ones.
 
-    **Key selection** (DeepSeek V3.2's sparse attention, GLM-5): an indexer scores every key the mask
-    allows and keeps each query's top ``select_keys``; the attention's softmax runs over those alone.
+    **Key selection** (DeepSeek V3.2's sparse attention, GLM-5; Qwen4-Exp's block selection): an indexer
+    scores the keys the mask allows and keeps at most ``select_keys`` of them per query (DeepSeek: its
+    top ``index_topk``; Qwen4-Exp: whole blocks up to its token budget, plus an incomplete block's
+    tail), and a query allowed at most ``select_keys`` keeps them all; the softmax runs over those alone.
     The logits are still q·k times the scale, so their decomposition is unchanged; only the mask is
     the input's. On windows of at most ``select_keys`` tokens no query is allowed more keys than it
     keeps, so the mask is :meth:`mask` exactly (:meth:`selects` is False); on longer ones the capture
@@ -153,8 +155,8 @@ class LayerRope:
     attention_scaling: float = 1.0  # multiplies cos and sin (YaRN/LongRoPE mscale)
     kind: LayerKind = "full"  # "nope": attention without rotation (no planes); masks follow `window`
     window: int | None = None  # sliding window: a query at m sees keys n with m − window < n ≤ m
-    # DeepSeek sparse attention: an indexer keeps each query's top ``select_keys`` keys of those the mask allows,
-    # picked from the input at run time; see "Key selection" in the class docstring
+    # sparse attention (DeepSeek's DSA, Qwen4-Exp's QSA): an indexer keeps at most ``select_keys`` of the keys the
+    # mask allows each query, picked from the input at run time; see "Key selection" in the class docstring
     select_keys: int | None = None
     n_ctx: int | None = None
     softcap: float | None = None  # attention-logit soft-capping c: scores become c·tanh(s/c) (Gemma 2)
@@ -279,7 +281,7 @@ class LayerRope:
         """UnsupportedModelError when ``what`` would assume :meth:`mask` but this layer selects keys at ``n_pos``."""
         if self.selects(n_pos):
             raise UnsupportedModelError(
-                f"layer {self.layer} keeps each query's top {self.select_keys} keys, picked from the input by the "
+                f"layer {self.layer} keeps at most {self.select_keys} keys per query, picked from the input by the "
                 f"model's indexer (sparse attention), so on {n_pos}-token windows its mask depends on the text and "
                 f"{what} (which assumes the causal mask) would be wrong: use windows of at most {self.select_keys} "
                 "tokens (--n-ctx), where no key is dropped, or decompose_attention, which reads the selection")

@@ -347,11 +347,13 @@ class _Probe:
             # a layer whose indexer drops keys: its mask is inside the spec's (no key the spec masks), and below it
             # is exactly each path's captured selection
             self._mask(L, allowed, allowed & static if lr.selects(self.n) else static, "the mask the model built")
-            if lr.selects(self.n):  # the indexer's top-k: exactly min(q + 1, select_keys) keys per query
-                want = (torch.arange(self.n, device=allowed.device) + 1).clamp(max=lr.select_keys)
-                wrong = int((allowed.sum(-1) != want).sum())
+            if lr.selects(self.n):  # a query allowed at most select_keys keys keeps them all; none keeps more
+                allowed_n = static.sum(-1)
+                kept = (allowed & static).sum(-1)
+                wrong = int(((allowed_n <= lr.select_keys) & (kept != allowed_n)).sum()
+                            + (kept > lr.select_keys).sum())
                 self._note("mask", L, "the keys the model's indexer keeps", float(wrong),
-                           f"{wrong} queries keep another number of keys than select_keys {lr.select_keys}")
+                           f"{wrong} queries keep keys select_keys {lr.select_keys} does not account for")
             for path, layers in acts.items():  # each path's captured selection is the model's
                 sel = layers[L].get("selected")
                 if lr.selects(self.n) and sel is not None and sel.shape == allowed.shape:

@@ -1,4 +1,4 @@
-"""DeepSeek sparse attention (DSA): each query's top-k keys, picked by an indexer from the input, measured exactly.
+"""Sparse attention: the keys an indexer picks for each query from the input (DeepSeek's top-k, Qwen4-Exp's blocks).
 
 The references are HF's own eager attention probabilities of tiny random models of the sweep (index_topk 8,
 inputs of 24 tokens, so most queries lose keys). The selection is read from the mask the model hands its
@@ -96,7 +96,7 @@ def test_static_mask_analyses_refuse_long_windows(tiny):
     model, _ = tiny("deepseek_v32")
     spec = rope_spec(model)
     red = BandStatsReducer(spec, spec.rotary_layers, Bands.all())
-    with pytest.raises(UnsupportedModelError, match=r"top 8 keys.*band statistics.*at most 8 tokens"):
+    with pytest.raises(UnsupportedModelError, match=r"at most 8 keys per query.*band statistics.*at most 8 tokens"):
         stream(model, [_tokens()], [red], spec=spec, progress=False)
     # within index_topk the causal mask is the model's: band statistics run
     assert stream(model, [_tokens(TOPK)], [BandStatsReducer(spec, spec.rotary_layers, Bands.all())], spec=spec,
@@ -104,7 +104,8 @@ def test_static_mask_analyses_refuse_long_windows(tiny):
 
 
 def _with_select(spec: RopeSpec, k: int | None) -> RopeSpec:
-    return dataclasses.replace(spec, layers=tuple(dataclasses.replace(lr, select_keys=k) for lr in spec.layers))
+    return dataclasses.replace(spec, layers=tuple(dataclasses.replace(lr, select_keys=k) if lr.attention else lr
+                                                  for lr in spec.layers))
 
 
 @pytest.mark.parametrize("k", [None, TOPK - 1, TOPK + 1])
@@ -150,3 +151,25 @@ def test_real_deepseek_v32_shapes():
     assert not lr.selects(2048) and lr.selects(2049)  # every causal key kept up to 2,048 tokens
     v = verify_model(model)
     assert v.passed and v.errors["mask"] == 0  # the probe's window is shorter than 2,048: the causal mask exactly
+
+
+def test_block_selection_is_exact(tiny):
+    """Qwen4-Exp's QSA keeps whole blocks of 2 keys up to a budget of 8, plus an incomplete block's tail: a query
+    allowed at most 9 keys keeps them all (select_keys 9), and longer rows keep 8 plus their tail."""
+    model, hf = tiny("qwen4_exp_text")
+    spec = rope_spec(model)
+    assert [lr.kind for lr in spec.layers] == ["linear", "linear", "linear", "full"]
+    lr = spec.layers[3]
+    assert lr.select_keys == 9 and not lr.selects(9) and lr.selects(10)
+    toks = _tokens()
+    dec = ropelens.decompose_attention(model, toks)
+    ref = next(a for a in _hf_probs(hf, toks) if a is not None)  # HF returns the attention layers' only
+    allowed = torch.arange(N_CHECK) + 1
+    want = torch.where(allowed <= 9, allowed, 8 + allowed % 2)  # the block rule, counted by hand
+    assert torch.equal(dec.mask(3)[0].sum(-1), want) and torch.equal(dec.mask(3)[1].sum(-1), want)
+    assert float((dec.rebuilt_pattern(3) - ref).abs().max()) < 1e-5
+    scores = dec.band_logits(3, masked=False).sum(2)
+    causal = torch.ones(N_CHECK, N_CHECK).tril().bool()
+    assert float((lr.probs(scores.masked_fill(~causal[None, None], float("-inf"))) - ref).abs().max()) > 0.05
+    with pytest.raises(UnsupportedModelError, match="fails the mask check"):  # one key too many or too few
+        verify_model(model, _with_select(spec, 8), force=True)

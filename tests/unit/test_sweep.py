@@ -239,6 +239,7 @@ def test_per_layer_mla_overrides_shrink_with_the_global_ranks():
 @pytest.mark.parametrize(("model_type", "status", "why"), [
     ("hrm_text", "refused", "run recurrently"),  # each layer attends several times per forward
     ("dots3_note_text", "exact", ""),  # per-layer MLA widths, indexed and sliding layers
+    ("qwen4_exp_text", "exact", ""),  # QSA block selection read from the model's mask, linear layers listed
     ("bailing_hybrid", "exact", ""),  # Kimi delta attention listed as linear; its MLA rotation always interleaved
 ])
 def test_newly_built_families_are_read_or_refused(model_type, status, why, tmp_path):
