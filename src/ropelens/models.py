@@ -315,6 +315,10 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
         return plain_model(model, tokenizer, label=label, why="bridge=False")
     if _mla(model):  # the q and k before RoPE, which every q/k analysis reads, are tapped on the plain HF model only
         return plain_model(model, tokenizer, label=label, why=_MLA_WHY)
+    from ropelens.reading import CHUNKED_WHY, is_chunked
+
+    if is_chunked(model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config):
+        return plain_model(model, tokenizer, label=label, why=CHUNKED_WHY)  # Llama 4: its own rotation is tapped there
     from transformer_lens.model_bridge import TransformerBridge
 
     try:

@@ -268,6 +268,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     from ropelens.fastpath import attention_implementation, hf_view
     from ropelens.taps import (
         attention_tap,
+        complex_positions_axis,
         outside_indexers,
         rotation_functions,
         single_rotation,
@@ -293,7 +294,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     got: dict[int, dict[str, tuple]] = {}
     done: set[int] = set()
 
-    def rot_tap(rot_fn):
+    def rot_tap(rot_fn, flip: bool = False):
         if single_rotation(rot_fn):
             return _single_tap(rot_fn, current, rotated, got)
 
@@ -302,7 +303,8 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
             L = current[0]
             # the first rotation of the layer (k None: queries alone, Qwen4-Exp's indexer form, never the layer's)
             if L in wanted and k is not None and "rot" not in got.setdefault(L, {}):
-                got[L]["rot"] = (q, k, *out)
+                # Llama 4 rotates [batch, pos, head, d]: kept heads first, as every other family's
+                got[L]["rot"] = tuple(t.transpose(1, 2) for t in (q, k, *out)) if flip else (q, k, *out)
             return out
 
         return tapped
@@ -340,7 +342,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
             handles += [a.register_forward_pre_hook(enter(i)), a.register_forward_hook(leave(i))]
     handles += outside_indexers(attns[: last + 1], current)  # a sparse-attention indexer's rotation is not the layer's
     for name, fn in rot_fns.items():
-        setattr(mod, name, rot_tap(fn))
+        setattr(mod, name, rot_tap(fn, name == "apply_rotary_emb" and complex_positions_axis(fn) == 1))
     # q/k alone: the family's sdpa attention, its inputs tapped (eager attention would build every [heads, n, n]
     # score matrix only to throw it away: 128 heads of DeepSeek V3)
     fast = "pattern" not in needs and att_fn is not None and bool(getattr(hf, "_supports_sdpa", False))

@@ -19,7 +19,12 @@ import torch
 
 from ropelens.errors import NotRotaryError, UnsupportedModelError
 from ropelens.rope import LayerRope, RopeSpec
-from ropelens.taps import attention_tap, outside_indexers, rotation_functions
+from ropelens.taps import (
+    attention_tap,
+    complex_positions_axis,
+    outside_indexers,
+    rotation_functions,
+)
 
 __all__ = ["hf_model_of", "is_mla", "model_label", "rope_spec"]
 
@@ -70,7 +75,9 @@ def _attention_modules(model) -> list[torch.nn.Module | None]:
 
 # "hybrid": Falcon-H1's layers, softmax attention (causal, no window) beside a Mamba mixer
 # "indexed_attention": DeepSeek sparse attention, causal with the top-k keys an indexer picks (LayerRope.select_keys)
-_KIND = {"sliding_attention": "sliding", "full_attention": "full", "hybrid": "full", "indexed_attention": "full"}
+# "chunked_attention": Llama 4's rotary layers, causal within chunks of attention_chunk_size tokens (LayerRope.chunk)
+_KIND = {"sliding_attention": "sliding", "full_attention": "full", "hybrid": "full", "indexed_attention": "full",
+         "chunked_attention": "chunked"}
 # (a piece of the HF class name, the spec's kind) of the token mixers hybrid models put beside or
 # instead of softmax attention; a layer without attention that matches none is kind "none"
 _MIXERS = (("gateddeltanet", "linear"), ("linearattention", "linear"), ("lightningattention", "linear"),  # MiniMax
@@ -109,14 +116,10 @@ def softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
 
 def _refuse_unsupported(model, cfg, arch: str) -> None:
     """Raise UnsupportedModelError for structures ropelens cannot measure exactly (never a wrong number)."""
-    if arch.startswith("Llama4"):
-        chunk = getattr(cfg, "attention_chunk_size", None)
+    if is_chunked(cfg) and hasattr(model, "blocks"):
         raise UnsupportedModelError(
-            f"{arch}: Llama 4 attention is not supported: its rotary layers use chunked attention (a query sees only "
-            f"the keys of its own {chunk or 'attention_chunk_size'}-token chunk), a mask ropelens's spec (causal and "
-            "sliding-window) does not describe, and its NoPE layers scale each query by a position-dependent "
-            "temperature, so their scores are not q·k times one scale."
-        )
+            f"{arch}: chunked attention is measured on the plain HF model ({CHUNKED_WHY}): load it with "
+            "ropelens.load_model, which runs it without the bridge.")
     if is_mla(cfg) and hasattr(model, "blocks"):
         raise UnsupportedModelError(
             f"{arch}: multi-head latent attention is measured on the plain HF model (TransformerLens's MLA bridge "
@@ -205,6 +208,16 @@ def _select_keys(attn: torch.nn.Module, cfg, arch: str, layer: int) -> int:
             f"{arch}: layer {layer} is an indexed-attention layer but neither its indexer nor its config gives the "
             "number of keys each query keeps (index_topk): ropelens cannot say which keys its softmax runs over")
     return k
+
+
+# why a model with chunked attention runs without the bridge (ropelens.models says it when loading one)
+CHUNKED_WHY = ("TransformerLens's Llama 4 adapter runs HF's attention whole and fires no hook on its rotated queries "
+               "and keys (hook_rot_q), so the probe could not check the rotation against the model's own")
+
+
+def is_chunked(cfg) -> bool:
+    """Whether ``cfg`` has chunked-attention layers (Llama 4: ``layer_types`` "chunked_attention", ``attention_chunk_size``)."""
+    return "chunked_attention" in (getattr(cfg, "layer_types", None) or ()) and bool(getattr(cfg, "attention_chunk_size", None))
 
 
 def is_mla(cfg) -> bool:
@@ -333,8 +346,9 @@ def rope_spec(model) -> RopeSpec:
         if layer_types is None and getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
             # Mistral, Mixtral, Starcoder2, Phi-3: one window for every layer, no layer_types
             kind, window = "sliding", int(cfg.sliding_window)
+        chunk = int(cfg.attention_chunk_size) if kind == "chunked" else None  # the size HF's chunked mask is built with
         if inv.numel() == 0:
-            kind = "nope"
+            kind = "nope"  # a NoPE layer keeps its chunk: its mask is still the chunked one
         select = _select_keys(attn, cfg, arch, i) if ltype == "indexed_attention" else None
         base = params.get("rope_theta", getattr(cfg, "rope_theta", None))
         layers.append(
@@ -353,6 +367,8 @@ def rope_spec(model) -> RopeSpec:
                 attention_scaling=scaling,
                 kind=kind,  # type: ignore[arg-type]
                 window=int(window) if window else None,
+                chunk=chunk,
+                query_temperature=_query_temperature(attn, inv.numel()),
                 select_keys=select,
                 n_ctx=n_ctx,
                 softcap=_softcap(attn, cfg),
@@ -411,9 +427,13 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
     import inspect
 
     mod = importlib.import_module(type(hf_model_of(model)).__module__)
-    orig = getattr(mod, "apply_rotary_pos_emb", None)
+    name, orig, flip = "apply_rotary_pos_emb", getattr(mod, "apply_rotary_pos_emb", None), False
+    complex_rot = rotation_functions(mod).get("apply_rotary_emb")
+    if orig is None and complex_rot is not None and not is_mla(_text_config(hf_model_of(model))):
+        # Llama 4's complex product of whole heads, on [batch, pos, head, d]: recorded heads first, as the others
+        name, orig, flip = "apply_rotary_emb", complex_rot, complex_positions_axis(complex_rot) == 1
     # Only the (q, k, cos, sin) -> (q, k) form; GPT-J's (tensor, sin, cos) -> tensor is read from its table.
-    if orig is None or list(inspect.signature(orig).parameters)[:2] != ["q", "k"]:
+    elif orig is None or list(inspect.signature(orig).parameters)[:2] != ["q", "k"]:
         return None
     key = (id(orig), id(getattr(mod, "rotate_half", None)), len(attns))
     cached = getattr(model, "_ropelens_rotary_calls", None)
@@ -440,7 +460,7 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
         if current[0] is None:
             outside[0] += 1
         elif current[0] not in calls:
-            calls[current[0]] = tuple(t.detach().float().cpu() for t in (q, q_rot, k_rot))
+            calls[current[0]] = tuple((t.transpose(1, 2) if flip else t).detach().float().cpu() for t in (q, q_rot, k_rot))
         return q_rot, k_rot
 
     def score(_module, query, key) -> None:
@@ -454,7 +474,7 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
     handles = [m.register_forward_pre_hook(enter(i)) for i, m in zip(where, mods, strict=True)]
     handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
     handles += outside_indexers(mods, current)
-    mod.apply_rotary_pos_emb = tap
+    setattr(mod, name, tap)
     try:
         vocab = int(getattr(_text_config(view), "vocab_size", 0) or 8)
         toks = (torch.arange(_PROBE_TOKENS) % vocab).unsqueeze(0).to(device_of(model))
@@ -463,7 +483,7 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
     except Exception:  # noqa: BLE001 - a family this forward cannot run keeps the config's reading (the probe still checks it)
         return None
     finally:
-        mod.apply_rotary_pos_emb = orig
+        setattr(mod, name, orig)
         for h in handles:
             h.remove()
     # a rotation outside the attention modules cannot be placed in a layer: keep the config's reading
@@ -620,6 +640,14 @@ def _uses_rope(attn, cfg, layer: int) -> bool:
         return bool(use)
     nope = getattr(cfg, "no_rope_layers", None)  # 1 = rotates, 0 = NoPE, one entry per layer
     return not (isinstance(nope, (list, tuple)) and layer < len(nope) and not nope[layer])
+
+
+def _query_temperature(attn, n_planes: int) -> tuple[float, int] | None:
+    """(attn_scale, floor_scale) of a NoPE layer that scales each query by a position-dependent temperature (Llama 4's
+    ``attn_temperature_tuning``, read from its attention module, which applies it to NoPE layers only), else None."""
+    if n_planes or not getattr(attn, "attn_temperature_tuning", False):
+        return None
+    return float(attn.attn_scale), int(attn.floor_scale)
 
 
 def _output_gate(attn, n_heads: int, head_dim: int) -> bool:

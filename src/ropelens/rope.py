@@ -21,7 +21,7 @@ from torch import Tensor
 from ropelens.errors import InputError, UnsupportedModelError
 
 Pairing = Literal["half", "adjacent"]
-LayerKind = Literal["full", "sliding", "nope", "linear", "conv", "mamba", "recurrent", "none"]
+LayerKind = Literal["full", "sliding", "chunked", "nope", "linear", "conv", "mamba", "recurrent", "none"]
 # Layers of a hybrid model with no softmax attention (Qwen3-Next's Gated DeltaNet, LFM2's short convolution,
 # Bamba's Mamba): listed in the spec so its layer numbers stay the model's, never measured.
 MIXER_KINDS = frozenset({"linear", "conv", "mamba", "recurrent", "none"})
@@ -139,6 +139,16 @@ class LayerRope:
     keeps, so the mask is :meth:`mask` exactly (:meth:`selects` is False); on longer ones the capture
     reads the selection from the mask the model hands its attention function (``"selected"``), and
     analyses that assume :meth:`mask` refuse (:meth:`require_static_mask`).
+
+    **Chunked attention** (Llama 4's rotary layers, ``attention_chunk_size``): the window is cut into
+    chunks of ``chunk`` tokens from its first token, and a query sees only the keys at or before it in
+    its own chunk (HF's ``chunked_causal_mask_function``; windows are right-padded, so chunks start at
+    index 0). :meth:`mask` applies it; analyses whose fast paths assume a causal or sliding mask refuse
+    windows longer than the chunk (:meth:`require_static_mask`), where inside one chunk the mask is causal.
+
+    **Query temperature** (``query_temperature``, Llama 4's NoPE layers with ``attn_temperature_tuning``):
+    each query at position m is multiplied by ``1 + attn_scale·ln(1 + ⌊(m + 1)/floor_scale⌋)`` before its
+    score, so the score is not q·k times one scale; such layers are listed (kind "nope") and never measured.
     """
 
     layer: int
@@ -155,6 +165,9 @@ class LayerRope:
     attention_scaling: float = 1.0  # multiplies cos and sin (YaRN/LongRoPE mscale)
     kind: LayerKind = "full"  # "nope": attention without rotation (no planes); masks follow `window`
     window: int | None = None  # sliding window: a query at m sees keys n with m − window < n ≤ m
+    # chunked attention (Llama 4): a query at m sees keys n ≤ m of its own chunk, ⌊n/chunk⌋ = ⌊m/chunk⌋; see
+    # "Chunked attention" in the class docstring
+    chunk: int | None = None
     # sparse attention (DeepSeek's DSA, Qwen4-Exp's QSA): an indexer keeps at most ``select_keys`` of the keys the
     # mask allows each query, picked from the input at run time; see "Key selection" in the class docstring
     select_keys: int | None = None
@@ -179,6 +192,8 @@ class LayerRope:
     # index into MROPE_AXES (time, height, width); () for 1-D RoPE. Text tokens have t = h = w, so on text alone
     # every plane turns by the token's position, as in 1-D RoPE; image tokens turn each plane by their own axis.
     axes: tuple[int, ...] = ()
+    # (attn_scale, floor_scale) of a query temperature that depends on position; see "Query temperature" above
+    query_temperature: tuple[float, int] | None = None
 
     def __post_init__(self) -> None:
         if self.direction not in (1, -1):
@@ -208,6 +223,9 @@ class LayerRope:
             raise InputError(f"sinks has {len(self.sinks)} entries for {self.n_heads} heads")
         if self.select_keys is not None and self.select_keys < 1:
             raise InputError(f"layer {self.layer}: select_keys must be ≥ 1 (the keys each query keeps), got {self.select_keys}")
+        if self.chunk is not None and (self.chunk < 1 or self.window):
+            raise InputError(f"layer {self.layer}: chunk must be ≥ 1 and not beside a sliding window, got chunk "
+                             f"{self.chunk}, window {self.window}")
         if self.axes and (len(self.axes) != self.n_planes or not set(self.axes) <= set(range(len(MROPE_AXES)))):
             raise InputError(f"layer {self.layer}: axes must give one of 0, 1, 2 ({', '.join(MROPE_AXES)}) for each of "
                              f"its {self.n_planes} planes, got {list(self.axes)}")
@@ -264,13 +282,21 @@ class LayerRope:
         return self.rotary_dim > 0
 
     def mask(self, n_pos: int, device: torch.device | None = None) -> Bool[Tensor, "q k"]:
-        """Keys each query may attend to: causal, and within the sliding window where there is one."""
+        """Keys each query may attend to: causal, and within the sliding window or the query's own chunk where
+        the layer has one."""
         q = torch.arange(n_pos, device=device)[:, None]
         k = torch.arange(n_pos, device=device)[None, :]
         ok = k <= q
         if self.window:
             ok &= (q - k) < self.window
+        if self.chunk:
+            ok &= (q // self.chunk) == (k // self.chunk)
         return ok
+
+    @property
+    def reach(self) -> int | None:
+        """The most keys one query sees (its sliding window or chunk), None where it sees every earlier key."""
+        return self.window or self.chunk
 
     def selects(self, n_pos: int) -> bool:
         """Whether some query of an ``n_pos``-token window may lose a key its mask allows to the model's own
@@ -278,7 +304,13 @@ class LayerRope:
         return self.select_keys is not None and n_pos > self.select_keys
 
     def require_static_mask(self, n_pos: int, what: str) -> None:
-        """UnsupportedModelError when ``what`` would assume :meth:`mask` but this layer selects keys at ``n_pos``."""
+        """UnsupportedModelError when ``what`` would assume :meth:`mask` but this layer selects keys at ``n_pos``,
+        or would assume a causal or sliding mask on ``n_pos``-token windows that this layer cuts into chunks."""
+        if self.chunk and n_pos > self.chunk:
+            raise UnsupportedModelError(
+                f"layer {self.layer} attends in chunks of {self.chunk} tokens (chunked attention: a query sees only "
+                f"the keys of its own chunk), which {what} does not model on {n_pos}-token windows: use windows of at "
+                f"most {self.chunk} tokens (--n-ctx), where the mask is causal, or decompose_attention, which applies it")
         if self.selects(n_pos):
             raise UnsupportedModelError(
                 f"layer {self.layer} keeps at most {self.select_keys} keys per query, picked from the input by the "
@@ -353,6 +385,8 @@ class LayerRope:
         if d.get("sinks") is not None:
             d["sinks"] = tuple(d["sinks"])
         d["axes"] = tuple(d.get("axes", ()))
+        if d.get("query_temperature") is not None:
+            d["query_temperature"] = tuple(d["query_temperature"])
         return cls(**d)
 
     def same_rotation(self, other: LayerRope) -> bool:
@@ -430,8 +464,9 @@ class RopeSpec:
         if kind in MIXER_KINDS:
             raise InputError(f"layer kind {kind!r} has no softmax attention (layers {_ranges(self.kinds[kind])}): "
                              f"nothing to measure; the attention layers are {_ranges(self.attention_layers) or 'none'}")
-        if layers is None:
-            chosen = self.rotary_layers if rotary_only else self.attention_layers
+        if layers is None:  # a NoPE layer whose queries carry a position-dependent temperature is measured by no one
+            chosen = self.rotary_layers if rotary_only else [L for L in self.attention_layers
+                                                             if not self.layers[L].query_temperature]
         else:
             chosen = []
             for idx in layers:
@@ -448,6 +483,14 @@ class RopeSpec:
                 raise InputError(
                     f"layer {lr.layer} is a {lr.kind!r} layer ({lr.mixer}) with no softmax attention: nothing to "
                     f"measure; the attention layers are {_ranges(self.attention_layers) or 'none'}")
+        tempered = [self.layers[i] for i in chosen if self.layers[i].query_temperature] if layers is not None else []
+        if tempered and not rotary_only:
+            lr = tempered[0]
+            scale, floor = lr.query_temperature  # type: ignore[misc]
+            raise UnsupportedModelError(
+                f"layer {lr.layer} is a NoPE layer with attn_temperature_tuning: each query at position m is scaled by "
+                f"1 + {scale:g}·ln(1 + ⌊(m + 1)/{floor}⌋) before its score, so its scores are not q·k times one scale "
+                f"and ropelens does not measure it; the rotary layers are {_ranges(self.rotary_layers) or 'none'}")
         if rotary_only and layers is not None:
             nope = [i for i in chosen if not self.layers[i].rotary]
             if nope:
@@ -523,6 +566,7 @@ class RopeSpec:
                     "score_scale": lr.score_scale,
                     "attention_scaling": lr.attention_scaling,
                     "window": lr.window,
+                    **({"chunk": lr.chunk} if any(x.chunk for x in self.layers) else {}),
                     "softcap": lr.softcap,
                     "sinks": lr.sinks is not None,
                     "mixer": lr.mixer,

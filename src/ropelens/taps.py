@@ -14,7 +14,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterator
 
-__all__ = ["attention_tap", "outside_indexers", "rotation_functions", "single_rotation"]
+__all__ = ["attention_tap", "complex_positions_axis", "outside_indexers", "rotation_functions", "single_rotation"]
 
 _TAPPED = "_ropelens_attention_tap"
 
@@ -103,6 +103,20 @@ def single_rotation(fn: Callable) -> bool:
     """Whether ``fn`` rotates one tensor by a (cos, sin) table: ``(x, cos, sin, ..., unsqueeze_dim=...)``."""
     params = inspect.signature(fn).parameters
     return list(params)[:3] == ["x", "cos", "sin"] and "unsqueeze_dim" in params
+
+
+@functools.lru_cache(maxsize=16)
+def complex_positions_axis(fn: Callable) -> int:
+    """The position axis of the q and k a complex-product rotation ``(xq, xk, freqs_cis)`` takes: 2 where they are
+    ``[batch, head, pos, d]`` (DeepSeek V2), 1 where ``[batch, pos, head, d]`` (Llama 4, which rotates before moving
+    heads forward). Found by one call on a 2 × 2 input whose ``freqs_cis`` (``[batch, pos, d/2]``) turns position 1
+    only: the output changes along the position axis alone."""
+    import torch
+
+    x = torch.ones(1, 2, 2, 2)
+    freqs = torch.polar(torch.ones(1, 2, 1), torch.tensor([0.0, 1.0]).view(1, 2, 1))
+    out, _ = fn(x, x, freqs)
+    return 1 if not torch.equal(out[0, 0], out[0, 1]) else 2
 
 
 def outside_indexers(attns, current: list) -> list:

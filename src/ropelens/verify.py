@@ -15,11 +15,13 @@ tokens) runs once per model, per layer that rotates:
   after RoPE the reading misses fails here, and the rotation is checked before the norm;
 - **scores**: the rebuilt pre-softmax scores (captured q·k times the spec's scale) equal q·k times
   the scale the attention function computes with;
-- **mask** and **probs**: the spec's causal / sliding-window mask is the mask the model built, and
-  the spec's softmax (soft-cap, sinks) of the rebuilt scores gives the model's probabilities;
-- **window edge**: windows longer than the probe are checked at their edge against HF's own
-  sliding-window mask function with the config's ``sliding_window`` (which layers slide is then
-  seen only through the config's layer types); chunked attention the spec does not describe is refused.
+- **mask** and **probs**: the spec's causal / sliding-window / chunked mask is the mask the model built
+  (the probe spans two chunks of a chunked layer), and the spec's softmax (soft-cap, sinks) of the
+  rebuilt scores gives the model's probabilities;
+- **window edge** and **chunk edge**: windows (chunks) longer than the probe are checked at their edge
+  against HF's own sliding-window (chunked) mask function with the config's ``sliding_window``
+  (``attention_chunk_size``); which layers slide or are chunked is then seen only through the
+  config's layer types.
 
 Both capture paths analyses use are checked: the fast q/k path (HF's ``apply_rotary_pos_emb``)
 and the bridge's hooks. The reference is the HF model under the bridge (:func:`ropelens.fastpath.hf_view`)
@@ -61,7 +63,7 @@ PROBE_CTX = 32  # probe length when no sliding window asks for more
 MAX_PROBED_WINDOW = 512  # windows up to this are seen whole by a longer probe; longer ones at their edge
 _CACHE = "_ropelens_verification"
 _SKIP = "_ropelens_skip_verification"
-_CHECKS = ("rotation", "qk", "scale", "scores", "mask", "probs", "window edge")
+_CHECKS = ("rotation", "qk", "scale", "scores", "mask", "probs", "window edge", "chunk edge")
 _TOKEN = 7  # the repeated token of the rotation row (any id: every position then has the same pre-RoPE q)
 
 
@@ -208,7 +210,7 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     t = max(1e-4, 16 * eps)
     return {"rotation": t, "qk": t, "scale": 1e-6, "scores": t, "mask": 0.0, "probs": max(1e-4, 32 * eps),
-            "window edge": 0.0}
+            "window edge": 0.0, "chunk edge": 0.0}
 
 
 _MEANING = {
@@ -223,6 +225,7 @@ _MEANING = {
     "probs": "the spec's softmax of the scores (mask, window, soft-cap, sinks) does not give the model's probabilities: "
              "a soft-cap, sinks or a score bias in the attention function the spec does not describe",
     "window edge": "the spec's sliding window is not the one HF's mask function builds from the config",
+    "chunk edge": "the spec's attention chunk is not the one HF's chunked mask function builds from the config",
 }
 
 
@@ -257,8 +260,12 @@ class _Probe:
         self.failures: list[_Failure] = []
         self.unchecked: list[str] = []
         windows = [lr.window for lr in spec.layers if lr.window]
-        self.n = max([PROBE_CTX] + [w + 8 for w in windows if w <= MAX_PROBED_WINDOW])
+        chunks = [lr.chunk for lr in spec.layers if lr.chunk]
+        # past every window, and across two chunk boundaries (a query's chunk starts after earlier keys it would see)
+        self.n = max([PROBE_CTX] + [w + 8 for w in windows if w <= MAX_PROBED_WINDOW]
+                     + [2 * c + 8 for c in chunks if 2 * c <= MAX_PROBED_WINDOW])
         self.long_windows = sorted({w for w in windows if w + 8 > self.n})
+        self.long_chunks = sorted({c for c in chunks if 2 * c + 8 > self.n})
 
     def _note(self, check: str, layer: int, path: str, err: float, detail: str = "") -> None:
         err = float(err) if math.isfinite(err) else math.inf
@@ -282,7 +289,6 @@ class _Probe:
         t0 = time.perf_counter()
         if not self.rotary:
             return Verification("passed", reference="none (no layer rotates)", seconds=time.perf_counter() - t0)
-        self._refuse_chunks()
         toks = self.tokens()
         which = ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post")
         if any(self.spec[L].selects(self.n) for L in self.rotary):  # sparse attention: its selection is read too
@@ -304,6 +310,7 @@ class _Probe:
             reference = "the model's own eager attention"
             self._hf_reference(toks, acts)
         self._window_edges()
+        self._chunk_edges()
         if self.failures:
             # the earliest layer first: a wrong reading there changes every later layer's input
             first = min(self.failures, key=lambda f: (f.layer, _CHECKS.index(f.check)))
@@ -406,6 +413,7 @@ class _Probe:
             lr = self.spec[L]
             detail = (f"{len(diff)} entries differ, first at query {q}, key {k}: the spec "
                       f"{'allows' if expected[diff[0][0], q, k] else 'masks'} it (window {lr.window}"
+                      + (f", chunk {lr.chunk}" if lr.chunk else "")
                       + (f", select_keys {lr.select_keys})" if lr.select_keys else ")"))
         self._note("mask", L, path, float(len(diff)), detail)
 
@@ -506,13 +514,33 @@ class _Probe:
                        f"spec window {w}, config sliding_window {hf_window}")
         self.unchecked.append("which layers slide, for windows longer than the probe (read from the config)")
 
-    def _refuse_chunks(self) -> None:
+    def _chunk_edges(self) -> None:
+        """Chunks longer than the probe: HF's own chunked mask function with the config's chunk size, at a chunk's edge."""
+        if not self.long_chunks:
+            return
+        try:
+            from transformers.masking_utils import chunked_causal_mask_function
+        except ImportError:
+            self.unchecked.append(f"chunks {self.long_chunks} (longer than the probe; no HF mask function)")
+            return
         from ropelens.reading import hf_model_of
 
         cfg = hf_model_of(self.model).config
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        chunk = getattr(cfg, "attention_chunk_size", None)
-        if chunk:
-            raise UnsupportedModelError(
-                f"{self.spec.architecture}: chunked attention (attention_chunk_size {chunk}) is not described by "
-                "ropelens's spec, which knows causal and sliding-window masks only: its numbers past a chunk would be wrong")
+        hf_chunk = getattr(cfg, "attention_chunk_size", None)
+        for L, lr in enumerate(self.spec.layers):
+            if not lr.chunk or lr.chunk not in self.long_chunks:
+                continue
+            if not hf_chunk:
+                self.unchecked.append(f"layer {L} chunk {lr.chunk} (longer than the probe, no attention_chunk_size "
+                                      "in the config)")
+                continue
+            fn = chunked_causal_mask_function(int(hf_chunk), torch.zeros(1, dtype=torch.long))
+            c = lr.chunk
+            # queries on both sides of the first chunk boundary, against keys on both sides of it
+            pairs = [(q, k) for q in (c - 1, c, c + 1) for k in (0, c - 1, c) if k <= q]
+            ours = lr.mask(c + 2)
+            wrong = sum(bool(fn(0, 0, torch.tensor(q), torch.tensor(k))) != bool(ours[q, k]) for q, k in pairs)
+            self._note("chunk edge", L, "HF's chunked mask function", float(wrong),
+                       f"spec chunk {c}, config attention_chunk_size {hf_chunk}")
+        self.unchecked.append("which layers are chunked, for chunks longer than the probe (read from the config)")

@@ -212,12 +212,13 @@ def test_multimodal_text_towers_are_measured_on_text(kind, arch, tmp_path):
     assert verify_model(model, spec).passed
 
 
-def test_llama4_multimodal_is_refused_as_llama4(tmp_path):
-    from ropelens.errors import UnsupportedModelError
-
+def test_llama4_multimodal_text_tower_is_measured(tmp_path):
+    """Llama 4 with a vision tower: its text tower's chunked rotary layers, read and verified on text."""
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(_multimodal("llama4"), attn_implementation="eager").save_pretrained(tmp_path / "l4")
     tiny_tokenizer().save_pretrained(tmp_path / "l4")
-    with pytest.raises(UnsupportedModelError, match="Llama 4 attention is not supported") as err:
-        rope_spec(ropelens.load_model(tmp_path / "l4", device="cpu"))
-    assert "\n" not in str(err.value)
+    model = ropelens.load_model(tmp_path / "l4", device="cpu")
+    spec = rope_spec(model)
+    assert isinstance(model, PlainModel) and spec.kinds == {"chunked": [0, 1, 2], "nope": [3]}
+    assert {spec[L].chunk for L in (0, 1, 2)} == {model.original_model.config.get_text_config().attention_chunk_size}
+    assert verify_model(model, spec).passed

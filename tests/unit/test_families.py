@@ -118,6 +118,12 @@ def _hand_plane_norms(x: torch.Tensor, rotary_dim: int, pairing: str) -> torch.T
     return (a**2 + b**2).sqrt()
 
 
+def _positional_len(spec) -> int:
+    """Input length for analyses that build masks from positions: N_CHECK, or the shortest chunk of a chunked layer
+    (Llama 4), which they refuse past and inside which the mask is causal."""
+    return min([N_CHECK] + [spec[L].chunk for L in spec.rotary_layers if spec[L].chunk])
+
+
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
 def test_analyses_run_and_are_right(family, loaded):
     """Usage equals hand plane norms of the captured queries; band statistics run on every rotary layer."""
@@ -139,6 +145,11 @@ def test_analyses_run_and_are_right(family, loaded):
             h, p = want.shape
             torch.testing.assert_close(got[:h, :p].float(), want.float(), rtol=1e-5, atol=1e-6)
             assert got[h:].isnan().all() and got[:, p:].isnan().all()
+    short = _positional_len(spec)
+    if short < N_CHECK:
+        with pytest.raises(UnsupportedModelError, match=f"chunks of {short} tokens .* band statistics"):
+            ropelens.band_statistics(model, toks, progress=False)
+        toks = toks[:, :short]
     with torch.no_grad():
         probs = probs_by_layer(loaded.hf(family)(toks, output_attentions=True).attentions, spec)
     for group in spec.width_groups().values():  # stacking analyses take one width at a time
@@ -335,7 +346,7 @@ def _model_dims(family: str, idx: torch.Tensor) -> torch.Tensor:
 def _band_inputs(family: str, loaded, layers: list[int] | None = None) -> tuple:
     """(tokens, bands, HF's layers, the dense float64 reference) of one short two-row input."""
     model, spec = loaded(family)
-    toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(4))
+    toks = torch.randint(4, 100, (2, _positional_len(spec)), generator=torch.Generator().manual_seed(4))
     toks[:, 0] = 1
     layers = spec.rotary_layers if layers is None else layers
     bands = Bands.quantiles(2) if spec[layers[0]].n_planes >= 2 else Bands.all()

@@ -258,7 +258,7 @@ def _layer_base(lr: LayerRope) -> float:
 def _prediction_row(kind: str, layers: list[int], lr: LayerRope, base: float, train_ctx: int,
                     length: int, men_cache: dict[tuple[int, int], float]) -> dict[str, Any]:
     d = lr.rotary_dim
-    eff = min(length, lr.window) if lr.window else length
+    eff = min(length, lr.reach) if lr.reach else length  # a window or chunk caps the distances a query meets
     key = (d, eff)
     if key not in men_cache:
         men_cache[key] = base_lower_bound(d, eff) if d > 2 or eff <= 2 else math.nan
@@ -356,7 +356,7 @@ def base_predictions(spec_or_model, lengths: Sequence[int], *, train_ctx: int | 
     for kind, idx in spec.rotary_kinds.items():
         lr = spec.layers[idx[0]]
         b = float(base) if base is not None else _layer_base(lr)
-        t_kind = min(t_train, lr.window) if lr.window else t_train
+        t_kind = min(t_train, lr.reach) if lr.reach else t_train
         _ctx_over_2pi(t_kind, "train_ctx")
         rows += [_prediction_row(kind, idx, lr, b, t_kind, L, men) for L in lens]
     label = spec.model_name if isinstance(spec_or_model, RopeSpec) else model_label(spec_or_model)

@@ -54,8 +54,8 @@ SOURCES = ("post", "pre")
 
 
 def layer_train_ctx(rope: LayerRope, train_ctx: int) -> int:
-    """The longest relative distance the layer met in training: ``train_ctx``, capped at its window."""
-    return min(int(train_ctx), rope.window) if rope.window else int(train_ctx)
+    """The longest relative distance the layer met in training: ``train_ctx``, capped at its window or chunk."""
+    return min(int(train_ctx), rope.reach) if rope.reach else int(train_ctx)
 
 
 def _train_ctx(spec: RopeSpec, train_ctx: int | None) -> int:

@@ -62,6 +62,7 @@ class Family:
     pairing: str = "half"
     rotary_fraction: float = 1.0
     windows: dict[int, int] = field(default_factory=dict)  # layer → sliding window
+    chunks: dict[int, int] = field(default_factory=dict)  # layer → attention chunk (chunked attention)
     softcap: float | None = None
     sinks: bool = False
     nope_layers: tuple[int, ...] = ()
@@ -204,7 +205,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("llama4", "Llama4TextConfig",
            dict(_BASE, head_dim=16, num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=128,
                 no_rope_layers=[1, 1, 1, 0], attention_chunk_size=8, rope_parameters=_rp()),
-           refused="Llama 4 attention", needs="chunked attention, NoPE layers with temperature tuning, L2 q/k norm"),
+           pairing="adjacent", chunks={0: 8, 1: 8, 2: 8}, nope_layers=(3,), bridge=False,
+           needs="chunked attention (rotary layers), complex adjacent-pair rotation, L2 q/k norm after RoPE; NoPE "
+                 "layers with a query temperature listed, not measured; its adapter fires no rotated-q hook, so the "
+                 "plain HF model"),
     Family("cohere2", "Cohere2Config", dict(_BASE, head_dim=16, sliding_window=8, layer_types=_HYBRID,
                                             rope_parameters=_rp()),
            pairing="adjacent", windows={0: 8, 1: 8, 2: 8}, nope_layers=(3,),
@@ -375,8 +379,10 @@ def _spec_errors(fam: Family, spec) -> list[str]:
         # planes that turn: all rotary planes, or the leading share of them under proportional RoPE
         want_turning = int(fam.turning[lr.layer] * d // 2) if lr.layer in fam.turning else want_rot // 2
         checks = {
-            "kind": (lr.kind, "nope" if nope else "sliding" if lr.layer in fam.windows else "full"),
+            "kind": (lr.kind, "nope" if nope else "sliding" if lr.layer in fam.windows else "chunked"
+                     if lr.layer in fam.chunks else "full"),
             "window": (lr.window, fam.windows.get(lr.layer)),
+            "chunk": (lr.chunk, fam.chunks.get(lr.layer)),
             "rotary_dim": (lr.rotary_dim, want_rot),
             "turning planes": ((lr.inv_freq > 0).tolist(), [True] * want_turning + [False] * (want_rot // 2 - want_turning)),
             "head_dim": (lr.head_dim, d),
