@@ -191,6 +191,11 @@ def plain_model(hf: torch.nn.Module, tokenizer: Any, *, label: str, why: str) ->
     from ropelens.devices import device_of
 
     cfg = _text_config(hf)
+    if not isinstance(getattr(cfg, "num_hidden_layers", None), int):  # BLT: a stack over bytes, one over patches, ...
+        raise UnsupportedModelError(
+            f"{type(hf).__name__}: its config counts no layers (num_hidden_layers): they are split over separate "
+            f"stacks ({', '.join(getattr(cfg, 'sub_configs', None) or ()) or 'sub-configs'}), not all over the "
+            "input's tokens; ropelens measures one stack of layers over the input's tokens.")
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 0)
     dtype = next((p.dtype for p in hf.parameters() if p.is_floating_point()), torch.float32)
     pc = PlainConfig(model_name=label, model_path=None, architecture=type(hf).__name__,

@@ -52,7 +52,7 @@ _SHARPEN = ("q_proj", "k_proj", "qkv", "query_key_value", "q_a_proj", "q_b_proj"
             "Wqkv", "c_attn", ".wq", ".wk", "query", "key")
 
 # Roles of config keys (the canonical names to_dict writes; older families keep their own).
-_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
+_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "hidden_size_global")  # _global: BLT's global stack, seen locally
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "swa_num_attention_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "num_query_groups", "multi_query_group_num", "swa_num_key_value_heads")
@@ -320,7 +320,7 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
     for k, v in d.items():
         if isinstance(v, bool):
             continue
-        if "vocab_size" in k and isinstance(v, int):
+        if ("vocab_size" in k or k.endswith("_vocab")) and isinstance(v, int):  # _vocab: BLT's hashed n-gram tables
             out[k] = VOCAB
         elif k in _IDS and v is not None:
             out[k] = [_IDS[k]] if isinstance(v, list) else _IDS[k]
