@@ -4,7 +4,8 @@
 embeddings; :func:`shrink_config` turns a config class's defaults into a tiny config that keeps the
 structure (layer-type patterns, sliding windows cut to at most 8 so a 24-token input is longer than
 any window, a few experts, the partial rotary factor, MLA ranks scaled together, NoPE layers,
-soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding every kind of layer;
+soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding every kind of layer, each
+sub-config of a composite config (DBRX's attention, Moshi's depth decoder, Mllama's vision tower) shrunk alike;
 :func:`check_config` measures ropelens on it against HF's eager attention exactly as
 :func:`ropelens.testing.families.check_family` does, and :func:`classify` gives one status per
 family: ``exact``, ``refused``, ``wrong`` (ropelens gave a number HF disagrees with: a bug),
