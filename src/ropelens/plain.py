@@ -98,8 +98,8 @@ def _attention_sublayers(hf, n: int) -> list[tuple[torch.nn.Module, torch.nn.Mod
 
 
 def attention_modules(hf) -> list[torch.nn.Module | None]:
-    """Each decoder layer's softmax-attention module (its first child whose class is an attention and no linear
-    attention, as MiniMax's lightning attention is), None where it has none; each attention sublayer where decoder
+    """Each decoder layer's softmax self-attention module (its first child whose class is an attention and no linear
+    attention, as MiniMax's lightning attention is, nor cross-attention), None where it has none; each attention sublayer where decoder
     layers hold several (:func:`decoder_layers`)."""
     from ropelens.reading import is_token_mixer
 
@@ -109,9 +109,10 @@ def attention_modules(hf) -> list[torch.nn.Module | None]:
         if sub is not None:
             return [attn for _, attn in sub]
     out: list[torch.nn.Module | None] = []
-    for layer in decoder_layers(hf):
+    for layer in decoder_layers(hf):  # cross-attention (Mllama's, to image states) is no self-attention: None
         out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()
-                         and not is_token_mixer(type(c).__name__)), None))
+                         and not is_token_mixer(type(c).__name__) and "crossattention" not in type(c).__name__.lower()),
+                        None))
     return out
 
 
@@ -190,6 +191,11 @@ def plain_model(hf: torch.nn.Module, tokenizer: Any, *, label: str, why: str) ->
     from ropelens.devices import device_of
 
     cfg = _text_config(hf)
+    if not isinstance(getattr(cfg, "num_hidden_layers", None), int):  # BLT: a stack over bytes, one over patches, ...
+        raise UnsupportedModelError(
+            f"{type(hf).__name__}: its config counts no layers (num_hidden_layers): they are split over separate "
+            f"stacks ({', '.join(getattr(cfg, 'sub_configs', None) or ()) or 'sub-configs'}), not all over the "
+            "input's tokens; ropelens measures one stack of layers over the input's tokens.")
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 0)
     dtype = next((p.dtype for p in hf.parameters() if p.is_floating_point()), torch.float32)
     pc = PlainConfig(model_name=label, model_path=None, architecture=type(hf).__name__,

@@ -91,8 +91,8 @@ def is_token_mixer(name: str) -> bool:
     return any(key in name.lower() for key, _ in _MIXERS)
 
 
-def _is_softmax_attention(name: str) -> bool:
-    return name.endswith("Attention") and not is_token_mixer(name)
+def _is_softmax_attention(name: str) -> bool:  # over the tokens themselves: cross-attention (Mllama's) is not
+    return name.endswith("Attention") and not is_token_mixer(name) and "crossattention" not in name.lower()
 
 
 def _mixer(layer: torch.nn.Module | None) -> tuple[str, str] | None:
@@ -112,6 +112,14 @@ def softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
         if _is_softmax_attention(type(m).__name__):
             return type(m).__name__
     return None
+
+
+def _masks_window(hf) -> bool:
+    """Whether HF's modeling code builds a sliding-window mask (Moshi's config names a window its mask never applies)."""
+    try:
+        return "sliding_window_causal_mask" in inspect.getsource(importlib.import_module(type(hf).__module__))
+    except (OSError, TypeError):  # no source to read: the config's window is taken, as before, and the probe checks it
+        return True
 
 
 def _refuse_unsupported(model, cfg, arch: str) -> None:
@@ -343,7 +351,8 @@ def rope_spec(model) -> RopeSpec:
         window = getattr(attn, "sliding_window", None) if kind == "sliding" else None
         if kind == "sliding" and window is None:
             window = getattr(cfg, "sliding_window", None)
-        if layer_types is None and getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        if layer_types is None and getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) \
+                and _masks_window(hf):
             # Mistral, Mixtral, Starcoder2, Phi-3: one window for every layer, no layer_types
             kind, window = "sliding", int(cfg.sliding_window)
         chunk = int(cfg.attention_chunk_size) if kind == "chunked" else None  # the size HF's chunked mask is built with

@@ -289,3 +289,116 @@ def test_a_config_the_shrinking_broke_says_so(tmp_path):
     vars(cfg)["intermediate_size"] = None  # a width the model needs left unset (past the config's type check)
     with pytest.raises(NotBuilt, match=r"modeling_llama\.py:\d+ .*HF's default config builds: the shrinking broke it"):
         check_config("llama", cfg, workdir=tmp_path)
+
+
+@pytest.mark.parametrize(("model_type", "status", "why"), [
+    ("emu3", "exact", ""),  # its text tower built alone by Emu3ForCausalLM, saved under the composite config
+    ("mllama", "exact", ""),  # its cross-attention layers listed without self-attention, never measured
+    ("phi4_multimodal", "exact", ""),  # the text model's fields are the top level; vision and audio towers shrunk too
+    ("moshi", "exact", ""),  # its config's window is never masked: full causal attention, read so
+    ("dbrx", "exact", ""),  # attention fields in attn_config, experts in ffn_config
+    ("blt", "not built", "'BltConfig' object has no attribute 'num_hidden_layers'"),  # HF's cache reads it: no forward
+])
+def test_composite_configs_are_built_and_read(model_type, status, why, tmp_path):
+    row = sweep_one(model_type, workdir=tmp_path)
+    assert row.status == status, row.detail
+    assert why in row.detail
+    if status == "exact":
+        assert all(0 <= v <= TOL for v in row.errors.values()), row.errors
+
+
+def _sub(d: dict, key: str) -> dict:
+    return {k: v for k, v in d[key].items() if k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                      "intermediate_size", "ffn_hidden_size", "kv_n_heads")}
+
+
+def test_sub_configs_shrink_like_the_top_level():
+    """Each sub-config keeps its keys and shrinks its widths as a top-level config would (a 64 hidden size, 4 heads,
+    at most 4 layers); the defaults are read from the config class, independently of the shrinking."""
+    for mt, subs in (("phi4_multimodal", ("vision_config", "audio_config")), ("moshi", ("depth_decoder_config",)),
+                     ("dbrx", ("attn_config", "ffn_config")), ("blt", ("encoder_config", "global_config"))):
+        d, cfg = _defaults(mt), shrink_config(mt).to_dict()
+        for k in subs:
+            assert set(_sub(cfg, k)) == set(_sub(d, k)), (mt, k)
+            small = _sub(cfg, k)
+            assert small.get("hidden_size", 64) == 64 and small.get("num_attention_heads", 4) == 4, (mt, k, small)
+            assert small.get("ffn_hidden_size", 128) == 128 and small.get("intermediate_size", 128) <= 128, (mt, k)
+            assert small.get("num_hidden_layers", 1) <= min(4, max(2, d[k].get("num_hidden_layers", 1))), (mt, k)
+    blt = shrink_config("blt")
+    assert blt.encoder_config.hidden_size_global == blt.global_config.hidden_size  # the local stacks read the global
+    assert blt.encoder_hash_byte_group_vocab == 101
+
+
+def test_dbrx_takes_its_checkpoints_attention_fields():
+    """HF's default DBRX neither builds (attn_config.rope_theta undeclared) nor runs (clip_qkv=None): the tiny one
+    carries its checkpoints' fields, the base equal to the one it rotates by."""
+    cfg = shrink_config("dbrx")
+    assert cfg.attn_config.rope_theta == cfg.rope_parameters["rope_theta"] == _defaults("dbrx")["rope_parameters"][
+        "rope_theta"]
+    assert cfg.attn_config.clip_qkv == 8.0 and cfg.attn_config.kv_n_heads == 1 and cfg.num_key_value_heads == 1
+    assert cfg.ffn_config.moe_num_experts == 4 and cfg.ffn_config.hidden_size == cfg.d_model == 64
+    _builds(cfg)
+
+
+def test_dbrx_clipped_queries_are_read_after_the_clip(tmp_path):
+    """With a clip that bites (±0.5: the tiny model's q, k, v reach ~2.4), HF rotates the clipped queries and keys, and
+    ropelens's scores match HF's (the clip is before the rotation, where ropelens taps)."""
+    from ropelens.testing.sweep import _hf_model, check_config
+
+    cfg = shrink_config("dbrx")
+    cfg.attn_config.clip_qkv = 0.5
+    seen = []
+    model = _hf_model(cfg, 0)
+    model.transformer.blocks[0].norm_attn_norm.attn.Wqkv.register_forward_hook(
+        lambda m, i, o: seen.append(float(o.abs().max())))
+    with torch.no_grad():
+        model(torch.arange(4, 28)[None])
+    assert seen[0] > 2 * 0.5  # the clip changes most of the largest entries
+    status, why = classify(check_config("dbrx", cfg, workdir=tmp_path))
+    assert status == "exact", why
+
+
+def test_mllama_cross_attention_layers_are_listed_not_measured(tmp_path):
+    """Mllama's cross-attention layers attend to image states and a text-only forward skips them: its pattern is kept
+    (layer 3 of 40 is the first, after three self-attention layers) and ropelens lists it as a layer without
+    self-attention (kind 'none', its HF decoder layer named), measuring only the rotary self-attention layers."""
+    from ropelens.models import load_model
+    from ropelens.reading import rope_spec
+    from ropelens.testing.sweep import save_tiny
+
+    d = _defaults("mllama")["text_config"]
+    assert d["cross_attention_layers"][0] == 3
+    cfg = shrink_config("mllama")
+    assert cfg.text_config.num_hidden_layers == 4 and cfg.text_config.cross_attention_layers == [3]
+    path = save_tiny("mllama", tmp_path / "mllama")
+    assert AutoModelForCausalLM.from_pretrained(path).config.model_type == "mllama_text_model"  # reloads from the
+    spec = rope_spec(load_model(path, device="cpu"))  # composite config.json its checkpoints carry
+    assert spec.kinds == {"full": [0, 1, 2], "none": [3]}
+    assert spec[3].mixer == "MllamaCrossAttentionDecoderLayer" and spec.rotary_layers == [0, 1, 2]
+
+
+def test_a_window_the_mask_never_applies_is_not_read(tmp_path):
+    """Moshi's config names a sliding window (3000, cut to 8) but its code builds a plain causal mask: ropelens reads
+    full attention, and HF's probabilities agree (the sweep's exact row above); Mistral's window is still read."""
+    from ropelens.models import load_model
+    from ropelens.reading import rope_spec
+    from ropelens.testing.sweep import save_tiny
+
+    assert shrink_config("moshi").sliding_window == 8
+    spec = rope_spec(load_model(save_tiny("moshi", tmp_path / "moshi"), device="cpu"))
+    assert spec.kinds == {"full": [0, 1, 2, 3]} and all(spec[i].window is None for i in range(4))
+    spec = rope_spec(load_model(save_tiny("mistral", tmp_path / "mistral"), device="cpu"))
+    assert spec.kinds == {"sliding": [0, 1, 2, 3]} and spec[0].window == 8
+
+
+def test_byte_latent_stacks_are_refused_in_one_line(tmp_path):
+    """BLT's layers run in separate stacks (bytes, patches) and its config counts none at the top: ropelens refuses it
+    on loading, naming the stacks, instead of failing on a missing attribute."""
+    from ropelens.errors import UnsupportedModelError
+    from ropelens.models import load_model
+    from ropelens.testing.sweep import save_tiny
+
+    path = save_tiny("blt", tmp_path / "blt")
+    with pytest.raises(UnsupportedModelError, match=r"BltForCausalLM: its config counts no layers .*patcher_config, "
+                                                     r"encoder_config, decoder_config, global_config"):
+        load_model(path, device="cpu")

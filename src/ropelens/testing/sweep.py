@@ -4,7 +4,8 @@
 embeddings; :func:`shrink_config` turns a config class's defaults into a tiny config that keeps the
 structure (layer-type patterns, sliding windows cut to at most 8 so a 24-token input is longer than
 any window, a few experts, the partial rotary factor, MLA ranks scaled together, NoPE layers,
-soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding every kind of layer;
+soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding every kind of layer, each
+sub-config of a composite config (DBRX's attention, Moshi's depth decoder, Mllama's vision tower) shrunk alike;
 :func:`check_config` measures ropelens on it against HF's eager attention exactly as
 :func:`ropelens.testing.families.check_family` does, and :func:`classify` gives one status per
 family: ``exact``, ``refused``, ``wrong`` (ropelens gave a number HF disagrees with: a bug),
@@ -52,7 +53,7 @@ _SHARPEN = ("q_proj", "k_proj", "qkv", "query_key_value", "q_a_proj", "q_b_proj"
             "Wqkv", "c_attn", ".wq", ".wk", "query", "key")
 
 # Roles of config keys (the canonical names to_dict writes; older families keep their own).
-_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
+_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "hidden_size_global")  # _global: BLT's global stack, seen locally
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "swa_num_attention_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "num_query_groups", "multi_query_group_num", "swa_num_key_value_heads")
@@ -64,7 +65,8 @@ _TOPK = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "m
 _WINDOWS = ("sliding_window", "sliding_window_size", "attention_window_size", "local_attention_window_len",
             "attention_chunk_size", "local_attention", "window_size", "index_topk")  # index_topk: DSA picks keys
 _MLA = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "o_lora_rank")
-_INDEX_LISTS = ("full_attn_idxs", "moe_layers", "mlp_only_layers", "hybrid_layer_ids", "attn_layer_indices")
+_INDEX_LISTS = ("full_attn_idxs", "moe_layers", "mlp_only_layers", "hybrid_layer_ids", "attn_layer_indices",
+                "cross_attention_layers")
 _COUNTS_FROM_START = ("first_k_dense_replace", "max_window_layers", "moe_layer_start_index")
 _PERIODS = (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset"))
 _IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
@@ -72,6 +74,9 @@ _IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
 # a head as wide as the attention's (its rotary part must fit), a budget of 4 blocks of 2 keys, under the 24-token input
 _INDEXER = {"indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
             "indexer_compress_ratio": 2}
+
+
+_DBRX_CLIP = 8.0  # dbrx-base/instruct's clip_qkv
 
 
 class NotBuilt(Exception):
@@ -316,7 +321,7 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
     for k, v in d.items():
         if isinstance(v, bool):
             continue
-        if "vocab_size" in k and isinstance(v, int):
+        if ("vocab_size" in k or k.endswith("_vocab")) and isinstance(v, int):  # _vocab: BLT's hashed n-gram tables
             out[k] = VOCAB
         elif k in _IDS and v is not None:
             out[k] = [_IDS[k]] if isinstance(v, list) else _IDS[k]
@@ -384,7 +389,7 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
 
 def _describe(cfg) -> str:
     """The structure fields the tiny config kept, in one line (layer types, windows, experts, rotary, MLA)."""
-    d = cfg.to_dict()
+    d = cfg.get_text_config().to_dict()
     parts = []
     key, n = _n_layers(d)
     if n is not None:
@@ -393,8 +398,9 @@ def _describe(cfg) -> str:
         if k.endswith(("types", "layers")) or k == "layer_types":
             vals = d[k]
             parts.append(f"{k}={''.join(vals) if isinstance(vals, str) else vals}")
-    if isinstance(d.get("attn_layer_indices"), list):
-        parts.append(f"attn_layer_indices={d['attn_layer_indices']}")
+    for k in ("attn_layer_indices", "cross_attention_layers"):
+        if isinstance(d.get(k), list):
+            parts.append(f"{k}={d[k]}")
     for k in (*_WINDOWS, "indexer_budget", *_EXPERTS, "partial_rotary_factor", "rotary_dim", "rotary_pct", *_MLA[:2],
               "num_kv_shared_layers", "attn_logit_softcapping", "first_k_dense_replace", "max_window_layers"):
         if d.get(k) not in (None, False) and not isinstance(d.get(k), (dict, list)):
@@ -417,24 +423,38 @@ def shrink_config(model_type: str):
     except Exception as e:  # noqa: BLE001 — a config class whose defaults do not build is reported, not raised
         raise NotBuilt(f"{cls.__name__}() fails: {_line(e)}") from None
     d = base.to_dict()
-    text = next((k for k, v in d.items() if isinstance(v, dict) and "model_type" in v and k == "text_config"), None)
-    if text is not None:
+    if isinstance(d.get("text_config"), dict) and "model_type" in d["text_config"]:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-        tt = d[text]["model_type"]
-        where = "checked on its own" if tt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else "no causal-LM class of its own"
-        raise NotBuilt(f"composite config: its text tower is {tt!r} ({where})")
-    subs = [k for k, v in d.items() if isinstance(v, dict) and "model_type" in v]
-    if subs:
-        raise NotBuilt(f"composite config without a text tower ({', '.join(subs)})")
-    small = _shrink_dict(d)
-    small.pop("transformers_version", None)
+        tt = d["text_config"]["model_type"]
+        if tt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise NotBuilt(f"composite config: its text tower is {tt!r} (checked on its own)")
+        # no causal-LM class of its own (Emu3, Mllama): the composite type's class builds the text tower alone
+    small = _shrink_nested(d)
+    attn = small.get("attn_config")
+    if isinstance(attn, dict) and "rope_theta" not in attn and "rope_theta" in (small.get("rope_parameters") or {}):
+        # DBRX: HF's default config neither builds (its attention stores attn_config.rope_theta, a field its config
+        # class no longer declares) nor runs (clamp(None, None) fails for clip_qkv=None); both are filled as its
+        # checkpoints set them: the base it rotates by (rope_parameters'), and q, k, v clipped to ±8
+        attn["rope_theta"] = small["rope_parameters"]["rope_theta"]
+        if "clip_qkv" in attn and attn["clip_qkv"] is None:
+            attn["clip_qkv"] = _DBRX_CLIP
     try:
         cfg = cls.from_dict(small)
     except Exception as e:  # noqa: BLE001
         raise NotBuilt(f"the shrunk {cls.__name__} fails: {_line(e)}") from None
     cfg._attn_implementation = "eager"
     return cfg
+
+
+def _shrink_nested(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` shrunk, and each sub-config in it shrunk the same way (DBRX's attention, Phi-4's audio tower, ...)."""
+    out = _shrink_dict(d)
+    out.pop("transformers_version", None)
+    for k, v in d.items():
+        if isinstance(v, dict) and "model_type" in v:
+            out[k] = _shrink_nested(v)
+    return out
 
 
 def _line(e: BaseException) -> str:
@@ -477,9 +497,19 @@ def save_tiny(model_type: str, path: str | Path, *, seed: int = 0) -> Path:
     from ropelens.testing import tiny_tokenizer
 
     path = Path(path)
-    _hf_model(shrink_config(model_type), seed).save_pretrained(path)
+    config = shrink_config(model_type)
+    _save(_hf_model(config, seed), config, path)
     tiny_tokenizer().save_pretrained(path)
     return path
+
+
+def _save(model, config, path: Path) -> None:
+    """Save ``model`` with ``config``: a text tower built alone from a composite config (Mllama, Emu3) keeps the
+    composite config.json, the one its checkpoints carry and the only one AutoModelForCausalLM maps to its class."""
+    model.save_pretrained(path)
+    if type(model.config) is not type(config):
+        config.architectures = [type(model).__name__]
+        config.save_pretrained(path)
 
 
 def _init_failure(config, e: BaseException) -> str:
@@ -530,7 +560,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / name
         try:
-            _hf_model(config, seed).save_pretrained(path)
+            _save(_hf_model(config, seed), config, path)
             tiny_tokenizer().save_pretrained(path)
             hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).eval()
             with torch.no_grad(), hf_scores(hf) as scores, _hf_rotations(hf) as rotations:
