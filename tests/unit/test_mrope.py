@@ -142,8 +142,8 @@ def test_rotation_of_pre_rope_q_k_rebuilds_hf_scores_only_with_the_right_axes(na
 def test_swapped_sections_are_refused(name, monkeypatch):
     import ropelens.reading as reading
 
-    read = reading._plane_axes
-    monkeypatch.setattr(reading, "_plane_axes", lambda *a: tuple({1: 2, 2: 1}.get(x, x) for x in read(*a)))
+    read = reading.plane_axes
+    monkeypatch.setattr(reading, "plane_axes", lambda *a: tuple({1: 2, 2: 1}.get(x, x) for x in read(*a)))
     m = _model(name)
     with pytest.raises(UnsupportedModelError, match=r"does not match the model \(rotation error"):
         mrope_decompose(m, **vl_inputs(m, GRIDS))
