@@ -173,3 +173,12 @@ def test_block_selection_is_exact(tiny):
     assert float((lr.probs(scores.masked_fill(~causal[None, None], float("-inf"))) - ref).abs().max()) > 0.05
     with pytest.raises(UnsupportedModelError, match="fails the mask check"):  # one key too many or too few
         verify_model(model, _with_select(spec, 8), force=True)
+
+
+def test_inspect_shows_the_keys_kept(tiny):
+    from ropelens.cli.inspect import inspect_table
+
+    model, _ = tiny("deepseek_v32")
+    table = inspect_table(rope_spec(model))
+    assert "keys kept            at most 8 per query, picked by an indexer" in table
+    assert "rotary slice" in table and "key shared by all heads" in table

@@ -108,6 +108,17 @@ _TABLE_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
 )
 
 
+# rows for structures only some models have, shown where the spec's summary has their column
+_OPTIONAL_ROWS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
+    ("chunk", "chunk", lambda r: "-" if _missing(r["chunk"]) else f"{int(r['chunk'])} tokens"),
+    ("select_keys", "keys kept", lambda r: "-" if _missing(r["select_keys"])
+     else f"at most {int(r['select_keys'])} per query, picked by an indexer"),
+    ("rotary_offset", "rotary slice", lambda r: f"dims {int(r['rotary_offset'])}+ of each head"
+     + (", key shared by all heads" if r.get("shared_rotary_key") else "")),
+    ("mrope_axes", "M-RoPE axes", lambda r: str(r["mrope_axes"]) or "-"),
+)
+
+
 def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
@@ -116,7 +127,8 @@ def inspect_table(spec: RopeSpec) -> str:
     """Readable table: one column per layer kind, one row per property."""
     rows = spec.summary().to_dict("records")
     header = [""] + [str(r["kind"]) for r in rows]
-    body = [[label] + [fmt(r) for r in rows] for label, fmt in _TABLE_ROWS]
+    extra = [(label, fmt) for key, label, fmt in _OPTIONAL_ROWS if rows and key in rows[0]]
+    body = [[label] + [fmt(r) for r in rows] for label, fmt in (*_TABLE_ROWS, *extra)]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = [
         f"{spec.model_name}  ({spec.architecture}, {spec.n_layers} layers, n_ctx {spec.n_ctx})",
