@@ -14,7 +14,7 @@ import torch
 
 from ropelens.errors import UnsupportedModelError
 
-__all__ = ["heads_of", "jsonable", "kv_heads_of", "layer_config", "output_gate", "plane_axes", "query_temperature",
+__all__ = ["heads_of", "jsonable", "kv_heads_of", "layer_config", "output_gate", "plane_axes", "query_scale",
            "sinks_of", "softcap_of", "uses_rope"]
 
 
@@ -87,12 +87,17 @@ def uses_rope(attn, cfg, layer: int) -> bool:
     return not (isinstance(nope, (list, tuple)) and layer < len(nope) and not nope[layer])
 
 
-def query_temperature(attn, n_planes: int) -> tuple[float, int] | None:
-    """(attn_scale, floor_scale) of a NoPE layer that scales each query by a position-dependent temperature (Llama 4's
-    ``attn_temperature_tuning``, read from its attention module, which applies it to NoPE layers only), else None."""
-    if n_planes or not getattr(attn, "attn_temperature_tuning", False):
+def query_scale(attn, n_planes: int, passed_in: bool = False) -> str | None:
+    """The factor a NoPE layer multiplies each query at position m by before its score, in words: Llama 4's
+    ``attn_temperature_tuning`` (read from its attention module, which applies it to NoPE layers only), or a factor
+    the model computes and passes to the layer (``passed_in``: Beam's ``attention_scaling``); None where there is none."""
+    if n_planes:
         return None
-    return float(attn.attn_scale), int(attn.floor_scale)
+    if getattr(attn, "attn_temperature_tuning", False):
+        return f"1 + {float(attn.attn_scale):g}·ln(1 + ⌊(m + 1)/{int(attn.floor_scale)}⌋) (attn_temperature_tuning)"
+    if passed_in:
+        return "a factor of m the model computes and passes in (attention_scaling)"
+    return None
 
 
 def output_gate(attn, n_heads: int, head_dim: int) -> bool:

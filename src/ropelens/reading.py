@@ -24,7 +24,7 @@ from ropelens.layer_fields import (
     layer_config,
     output_gate,
     plane_axes,
-    query_temperature,
+    query_scale,
     sinks_of,
     softcap_of,
     uses_rope,
@@ -169,14 +169,7 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: use_bidirectional_attention={cfg.use_bidirectional_attention!r}: every token attends both ways "
             "(an embedding model); ropelens measures causal attention only."
         )
-    rp, types = getattr(cfg, "rope_parameters", None), getattr(cfg, "layer_types", None) or ()
-    scaled = [i for i, (t, a) in enumerate(zip(types, attns, strict=False)) if a is not None and isinstance(rp, dict)
-              and t in rp and rp[t] is None and "attention_scaling" in inspect.signature(type(a).forward).parameters]
-    if scaled:  # Beam's full-attention layers
-        raise UnsupportedModelError(
-            f"{arch}: layers {scaled} ({types[scaled[0]]}) apply no RoPE and scale each query by a position-dependent "
-            "factor the model passes in (attention_scaling), so their scores are not q·k times one scale."
-        )
+    types = getattr(cfg, "layer_types", None) or ()
     shared = [i for i, a in enumerate(attns) if getattr(a, "is_kv_shared_layer", False)]
     if shared and hasattr(model, "blocks"):  # the plain HF model takes their keys from the layer that stored them
         raise UnsupportedModelError(
@@ -209,6 +202,14 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: layer types {sorted(unknown)} are not supported (ropelens knows {sorted(_KIND)}): "
             "their attention masks differ from causal and sliding-window masks."
         )
+
+
+def _passed_query_scale(attn, cfg, layer_type: str | None) -> bool:
+    """Whether a layer's attention takes a query factor the model passes in (Beam's NoPE layers: ``rope_parameters``
+    None for their layer type, and an ``attention_scaling`` argument in the attention's forward)."""
+    rp = getattr(cfg, "rope_parameters", None)
+    return (isinstance(rp, dict) and layer_type in rp and rp[layer_type] is None
+            and "attention_scaling" in inspect.signature(type(attn).forward).parameters)
 
 
 def _select_keys(attn: torch.nn.Module, cfg, arch: str, layer: int) -> int:
@@ -338,7 +339,11 @@ def rope_spec(model) -> RopeSpec:
                                     n_ctx=n_ctx))
             continue
         ltype = layer_types[i] if layer_types else None
-        inv, scaling = _inv_freq_for(rotaries, attn, ltype)
+        rp_all = getattr(cfg, "rope_parameters", None)
+        if isinstance(rp_all, dict) and ltype in rp_all and rp_all[ltype] is None:  # a layer type without RoPE (Beam)
+            inv, scaling = torch.zeros(0), 1.0
+        else:
+            inv, scaling = _inv_freq_for(rotaries, attn, ltype)
         # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
         # (the full-attention layers of Cohere 2 and EXAONE 4 skip apply_rotary_pos_emb)
         if not uses_rope(attn, cfg, i) or (calls is not None and i not in calls):
@@ -388,7 +393,7 @@ def rope_spec(model) -> RopeSpec:
                 kind=kind,  # type: ignore[arg-type]
                 window=int(window) if window else None,
                 chunk=chunk,
-                query_temperature=query_temperature(attn, inv.numel()),
+                query_scale=query_scale(attn, inv.numel(), _passed_query_scale(attn, cfg, ltype)),
                 select_keys=select,
                 n_ctx=n_ctx,
                 softcap=softcap_of(attn, cfg),

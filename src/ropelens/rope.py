@@ -146,9 +146,10 @@ class LayerRope:
     index 0). :meth:`mask` applies it; analyses whose fast paths assume a causal or sliding mask refuse
     windows longer than the chunk (:meth:`require_static_mask`), where inside one chunk the mask is causal.
 
-    **Query temperature** (``query_temperature``, Llama 4's NoPE layers with ``attn_temperature_tuning``):
-    each query at position m is multiplied by ``1 + attn_scale·ln(1 + ⌊(m + 1)/floor_scale⌋)`` before its
-    score, so the score is not q·k times one scale; such layers are listed (kind "nope") and never measured.
+    **Query scale** (``query_scale``): a NoPE layer that multiplies each query by a factor of its position
+    before the score (Llama 4's ``attn_temperature_tuning``: ``1 + attn_scale·ln(1 + ⌊(m + 1)/floor_scale⌋)``;
+    Beam's scalable softmax, passed in as ``attention_scaling``): its score is not q·k times one scale, so
+    such layers are listed (kind "nope") and never measured; ``query_scale`` says the factor, in words.
     """
 
     layer: int
@@ -192,8 +193,7 @@ class LayerRope:
     # index into MROPE_AXES (time, height, width); () for 1-D RoPE. Text tokens have t = h = w, so on text alone
     # every plane turns by the token's position, as in 1-D RoPE; image tokens turn each plane by their own axis.
     axes: tuple[int, ...] = ()
-    # (attn_scale, floor_scale) of a query temperature that depends on position; see "Query temperature" above
-    query_temperature: tuple[float, int] | None = None
+    query_scale: str | None = None  # a NoPE layer's position-dependent query factor, in words (see above)
 
     def __post_init__(self) -> None:
         if self.direction not in (1, -1):
@@ -385,8 +385,6 @@ class LayerRope:
         if d.get("sinks") is not None:
             d["sinks"] = tuple(d["sinks"])
         d["axes"] = tuple(d.get("axes", ()))
-        if d.get("query_temperature") is not None:
-            d["query_temperature"] = tuple(d["query_temperature"])
         return cls(**d)
 
     def same_rotation(self, other: LayerRope) -> bool:
@@ -466,7 +464,7 @@ class RopeSpec:
                              f"nothing to measure; the attention layers are {_ranges(self.attention_layers) or 'none'}")
         if layers is None:  # a NoPE layer whose queries carry a position-dependent temperature is measured by no one
             chosen = self.rotary_layers if rotary_only else [L for L in self.attention_layers
-                                                             if not self.layers[L].query_temperature]
+                                                             if not self.layers[L].query_scale]
         else:
             chosen = []
             for idx in layers:
@@ -483,14 +481,13 @@ class RopeSpec:
                 raise InputError(
                     f"layer {lr.layer} is a {lr.kind!r} layer ({lr.mixer}) with no softmax attention: nothing to "
                     f"measure; the attention layers are {_ranges(self.attention_layers) or 'none'}")
-        tempered = [self.layers[i] for i in chosen if self.layers[i].query_temperature] if layers is not None else []
+        tempered = [self.layers[i] for i in chosen if self.layers[i].query_scale] if layers is not None else []
         if tempered and not rotary_only:
             lr = tempered[0]
-            scale, floor = lr.query_temperature  # type: ignore[misc]
             raise UnsupportedModelError(
-                f"layer {lr.layer} is a NoPE layer with attn_temperature_tuning: each query at position m is scaled by "
-                f"1 + {scale:g}·ln(1 + ⌊(m + 1)/{floor}⌋) before its score, so its scores are not q·k times one scale "
-                f"and ropelens does not measure it; the rotary layers are {_ranges(self.rotary_layers) or 'none'}")
+                f"layer {lr.layer} is a NoPE layer that scales each query at position m by {lr.query_scale} before its "
+                "score, so its scores are not q·k times one scale and ropelens does not measure it; the rotary layers "
+                f"are {_ranges(self.rotary_layers) or 'none'}")
         if rotary_only and layers is not None:
             nope = [i for i in chosen if not self.layers[i].rotary]
             if nope:

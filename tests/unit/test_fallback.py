@@ -166,15 +166,23 @@ def test_attention_sublayers_are_layers(tiny_dir):
     assert verify_model(model, spec).passed  # rotation (interleaved pairs read, halves written), scores, patterns
 
 
-def test_position_scaled_nope_layers_are_refused_in_one_line(tiny_dir):
-    """Beam's full-attention layers rotate nothing and scale each query by a factor of its position: refused."""
+def test_position_scaled_nope_layers_are_listed_not_measured(tiny_dir):
+    """Beam's full-attention layers rotate nothing and scale each query by a factor of its position that the model
+    passes in: listed as NoPE layers with that factor, left out of every default selection and refused in one line
+    when named; its sliding rotary layers are measured and pass the probe."""
     from ropelens.errors import UnsupportedModelError
 
     model = ropelens.load_model(tiny_dir("beam"), device="cpu")
-    with pytest.raises(UnsupportedModelError, match=r"layers \[4\] \(full_attention\) apply no RoPE and scale each "
-                                                    r"query by a position-dependent factor") as err:
-        rope_spec(model)
-    assert "\n" not in str(err.value) and str(err.value).startswith("BeamForCausalLM: ")
+    spec = rope_spec(model)
+    assert spec.kinds == {"sliding": [0, 1, 2, 3], "nope": [4]}
+    assert spec[4].query_scale == "a factor of m the model computes and passes in (attention_scaling)"
+    assert [lr.query_scale for lr in spec.layers[:4]] == [None] * 4
+    assert spec.layer_indices(None, rotary_only=False) == [0, 1, 2, 3]
+    with pytest.raises(UnsupportedModelError, match=r"layer 4 is a NoPE layer that scales each query at position m "
+                                                    r"by a factor of m .*attention_scaling") as err:
+        spec.layer_indices([4], rotary_only=False)
+    assert "\n" not in str(err.value)
+    assert verify_model(model, spec).passed
 
 
 _VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)

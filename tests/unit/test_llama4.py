@@ -64,10 +64,11 @@ def test_reading(llama4):
     assert spec.kinds == {"chunked": [0, 1, 2], "nope": [3]}
     for L in (0, 1, 2):
         lr = spec[L]
-        assert (lr.chunk, lr.window, lr.pairing, lr.norm_after_rope, lr.query_temperature) == (CHUNK, None, "adjacent",
-                                                                                              True, None)
+        assert (lr.chunk, lr.window, lr.pairing, lr.norm_after_rope, lr.query_scale) == (CHUNK, None, "adjacent",
+                                                                                        True, None)
     attn = hf.model.layers[3].self_attn
-    assert spec[3].query_temperature == (attn.attn_scale, attn.floor_scale) == (0.1, 8192)
+    assert (attn.attn_scale, attn.floor_scale) == (0.1, 8192)
+    assert spec[3].query_scale == "1 + 0.1·ln(1 + ⌊(m + 1)/8192⌋) (attn_temperature_tuning)"
     assert spec.summary().set_index("kind")["chunk"].to_dict()["chunked"] == CHUNK
 
 
@@ -160,16 +161,16 @@ def test_nope_layers_with_a_query_temperature(llama4, tmp_path):
     attn_temperature_tuning they are plain NoPE layers that may be named."""
     _, spec, _ = llama4
     assert spec.layer_indices(None, rotary_only=False) == [0, 1, 2]
-    with pytest.raises(UnsupportedModelError, match=r"layer 3 is a NoPE layer with attn_temperature_tuning") as err:
+    with pytest.raises(UnsupportedModelError, match=r"layer 3 is a NoPE layer that scales each query .*attn_temperature_tuning") as err:
         spec.layer_indices([3], rotary_only=False)
     assert "\n" not in str(err.value)
     plain = rope_spec(ropelens.load_model(_save(tmp_path / "cold", attn_temperature_tuning=False), device="cpu"))
-    assert plain[3].kind == "nope" and plain[3].query_temperature is None
+    assert plain[3].kind == "nope" and plain[3].query_scale is None
     assert plain.layer_indices([3], rotary_only=False) == [3]
 
 
 def test_spec_round_trips(llama4):
     _, spec, _ = llama4
     back = type(spec).from_dict(__import__("json").loads(spec.to_json()))
-    assert [(lr.chunk, lr.query_temperature, lr.kind) for lr in back.layers] == \
-        [(lr.chunk, lr.query_temperature, lr.kind) for lr in spec.layers]
+    assert [(lr.chunk, lr.query_scale, lr.kind) for lr in back.layers] == \
+        [(lr.chunk, lr.query_scale, lr.kind) for lr in spec.layers]

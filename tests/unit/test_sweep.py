@@ -116,7 +116,8 @@ def test_rope_types_are_found():
     ("hunyuan_v1_dense", "exact", ""),  # q/k normed after RoPE: taken where they enter the score
     ("diffllama", "refused", "differential attention"),
     ("doge", "refused", "a bias added to q·k"),
-    ("deepseek_v4", "refused", "compressed keys"),  # keys pooled over blocks of tokens: no per-position logit  # its dynamic mask: finite values added to the scores
+    ("deepseek_v4", "refused", "compressed keys"),
+    ("beam", "exact", ""),  # its position-scaled NoPE layer listed, its sliding rotary layers measured  # keys pooled over blocks of tokens: no per-position logit  # its dynamic mask: finite values added to the scores
     ("gptj", "exact", ""),  # no inv_freq buffer: its frequencies checked against the phase steps of its sin|cos table
     ("gemma3", "not built", "text tower is 'gemma3_text'"),
     ("granite_swa", "exact", ""),  # sinks scale the output after the softmax: HF's probabilities times that scale
