@@ -106,14 +106,15 @@ def hf_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
 
 def _method_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
     """A family whose attention scores in its own ``_attn(query, key, value, attention_mask)`` method (GPT-J,
-    CodeGen): the query and key it receives, its mask, and ``1 / scale_attn`` (it divides the scores by that)."""
+    CodeGen, GPT-NeoX-Japanese): the query and key it receives, its mask, and one over the number it divides the
+    scores by (``scale_attn``; GPT-NeoX-Japanese's ``norm_factor``)."""
     got: dict[int, dict] = {}
     patched = [m for m in hf.modules() if callable(getattr(m, "_attn", None)) and isinstance(getattr(m, "layer_idx", None), int)]
 
     def tap(module, fn):
         def call(query, key, value, attention_mask=None, *args, **kwargs):
             got[module.layer_idx] = dict(q=query.detach().clone(), k=key.detach().clone(),
-                                         scale=1.0 / float(module.scale_attn), window=None, softcap=None, sinks=None,
+                                         scale=1.0 / _divisor(module), window=None, softcap=None, sinks=None,
                                          allowed=_allowed(attention_mask, query.shape[2]))
             return fn(query, key, value, attention_mask, *args, **kwargs)
 
@@ -129,6 +130,14 @@ def _method_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
             del m._attn  # the instance attribute goes; the class's method shows again
     by_layer = _probs_by_layer(probs, sorted(got))
     return {L: HFLayer(probs=by_layer[L], **got[L]) for L in sorted(got)}
+
+
+def _divisor(module) -> float:
+    """What an ``_attn`` method divides its scores by: ``scale_attn`` (GPT-J, CodeGen) or ``norm_factor``."""
+    for name in ("scale_attn", "norm_factor"):
+        if isinstance(getattr(module, name, None), (int, float, Tensor)):
+            return float(getattr(module, name))
+    raise ValueError(f"{type(module).__name__}._attn: no scale_attn or norm_factor to divide its scores by")
 
 
 def _inline_layers(hf, toks: Tensor, mod) -> dict[int, HFLayer]:
