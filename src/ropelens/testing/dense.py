@@ -34,9 +34,10 @@ __all__ = ["HFLayer", "allowed_keys", "band_logits", "dense_layer_sums", "dense_
            "keys_per_head", "pattern_of", "plane_norm_means"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class HFLayer:
-    """One layer as HF's eager attention sees it, for one batch."""
+    """One layer as HF's eager attention sees it, for one batch (mutable: a test builds one from other tensors and
+    sets its probabilities after computing them from it)."""
 
     q: Tensor  # [b, H, n, d] post-RoPE queries
     k: Tensor  # [b, KV, n, d] post-RoPE keys (KV heads)
