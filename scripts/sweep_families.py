@@ -124,12 +124,23 @@ def render(rows: list[dict], *, seconds: float, families: int, command: str) -> 
            "HF's rotary buffers (GPT-J and CodeGen keep none: against the angle step of each plane between "
            "consecutive positions of their `embed_positions` sin|cos tables), the summed band logits against HF's pre-softmax scores (relative), the rebuilt "
            "pattern against HF's attention probabilities, and on one token repeated the post-RoPE query against "
-           "the spec's rotation (relative). Errors are absolute in float32 unless marked relative; the tolerance "
-           "is 1e-4.\n",
+           "the spec's rotation (relative). Past the logits (`ropelens.testing.sweep_checks`): frequency usage, the "
+           "mean norm of every plane of the post-RoPE q and k, against the plane norms of the q and k HF's "
+           "attention function receives, its rotary `attention_scaling` divided out (relative); band statistics, "
+           "every sum `BandStatsReducer` streams (|logit|, covariance, margin, top-1, JS divergence, variance, "
+           "counts, Cauchy–Schwarz), against a dense float64 reference built from the q, k, scale, mask, cap, "
+           "sinks and probabilities HF's eager attention receives and returns (`ropelens.testing.dense`; "
+           "relative to each sum's largest value; layers whose mask the model picks at run time, sparse "
+           "attention's key selection and Llama 4's chunks, on the input cut into windows they keep causal); and "
+           "a RoPE variant, p-RoPE with p = 0.5 through `apply_rope_variant`: on one token repeated the rotated "
+           "query against the variant's rotation (relative), and the logits after leaving it equal to the ones "
+           "before bit for bit (a difference makes the family wrong). A plain HF model has no variants (\"–\", "
+           "noted), nor does a bridge whose attention rotates inside HF's module (refused in one line, noted): "
+           "neither is a fault. Errors are absolute in float32 unless marked relative; the tolerance is 1e-4.\n",
            "Statuses: **exact** (every error ≤ 1e-4), **refused** (ropelens raised `UnsupportedModelError`; its "
            "first line is shown), **wrong** (ropelens gave a number HF disagrees with: a bug), **crashed** "
            "(ropelens raised something other than a refusal: a bug), **unverified** (ropelens read it but HF gave "
-           "no reference for one of the checks), **no RoPE** (HF's forward calls no rotation and runs no rotary "
+           "no reference for one of the checks, the variant aside), **no RoPE** (HF's forward calls no rotation and runs no rotary "
            "module, and ropelens says the model is not rotary: its modeling code only defines a rotation, as "
            "Jamba's and Nemotron-H's attention layers do; not a RoPE family, so outside the counts of RoPE "
            "families built), **not built** (the tiny model could not be built or run here: the reason is shown).\n",
@@ -142,15 +153,16 @@ def render(rows: list[dict], *, seconds: float, families: int, command: str) -> 
            f"{counts['wrong']} | {counts['crashed']} | {counts['unverified']} | {counts['no RoPE']} | "
            f"{counts['not built']} |\n",
            "| model type | HF class | status | reason | layer kinds read | structure kept | freq err | scores err "
-           "(rel) | pattern err | pairing err (rel) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "(rel) | pattern err | pairing err (rel) | usage err (rel) | band stats err (rel) | variant err (rel) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         e = r.get("errors") or {}
         kinds = ", ".join(f"{k} {v}" for k, v in (r.get("kinds") or {}).items())
         status = r["status"] if r["status"] not in ("wrong", "crashed") else f"**{r['status'].upper()}**"
         out.append(f"| {r['model_type']} | {r.get('architecture', '')} | {status} | {_cell(r.get('detail', ''))} | "
                    f"{kinds} | {_cell(r.get('structure', ''))} | {_e(e.get('inv_freq_err'))} | "
-                   f"{_e(e.get('scores_err'))} | {_e(e.get('pattern_err'))} | {_e(e.get('pairing_err'))} |")
+                   f"{_e(e.get('scores_err'))} | {_e(e.get('pattern_err'))} | {_e(e.get('pairing_err'))} | "
+                   f"{_e(e.get('usage_err'))} | {_e(e.get('band_stats_err'))} | {_e(e.get('variant_err'))} |")
     return "\n".join(out) + "\n"
 
 

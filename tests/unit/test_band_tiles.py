@@ -2,23 +2,16 @@
 
 The reducer sees only post-RoPE queries and keys: it rebuilds each layer's scores tile by tile
 (``tile`` queries at a time) and applies the causal mask, sliding window, soft-capping and sinks
-itself. Here every one of its sums is recomputed densely, plainly and independently of that code:
-
-- queries, keys, score scale and sinks are what HF's own ``eager_attention_forward`` receives
-  (post-RoPE; keys in KV-head layout; ``scaling``; ``s_aux``), taken from an eager forward;
-- query head h reads KV head ``h // group``, written out as an index, and band logits are einsums
-  over each band's head dims on full ``[batch, head, q, k]`` tensors (float64);
-- the mask is ``torch.tril`` and ``q − k < window``, with the window from the family record (which
-  is checked against the window HF itself passes to its attention);
-- the attended key is the argmax of HF's attention probabilities (``output_attentions``), so the
-  soft-cap and the sinks choose it through HF's code, not ropelens's;
-- the model's pattern in the JS divergence is HF's probabilities; band-only patterns apply the cap
-  and the sinks with plain torch; plane pairs come from the family record, not from the spec.
+itself. Here every one of its sums is recomputed densely, plainly and independently of that code, by
+:mod:`ropelens.testing.dense` (which imports nothing of ropelens): from the queries, keys, score scale,
+mask, soft-cap and sinks HF's own ``eager_attention_forward`` receives and the probabilities it
+returns, in float64 over full ``[batch, head, q, k]`` tensors; plane pairs come from the family
+record here, not from the spec.
 
 Only the grouping of head dims into bands is taken from ropelens (``Bands.resolve``), and it is
 checked to partition the head into whole planes. ``test_reference_reproduces_hf_attention`` shows
-the reference is right: its summed band logits, through its own mask, cap and sinks, give HF's
-attention probabilities.
+the reference is right: HF passes the family's windows, and its summed band logits, through its own
+mask, cap and sinks, give HF's attention probabilities.
 
 ``gemma2_saturated`` is Gemma 2 with its query weights scaled up until the soft-cap saturates in
 float32: several keys of a row then share the capped maximum and the model attends to the first of
@@ -28,7 +21,6 @@ them, not to the key with the largest raw score, so the soft-cap decides the att
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.metadata
 from dataclasses import dataclass, field
 
@@ -44,6 +36,16 @@ from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.capture import stream
 from ropelens.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
+from ropelens.testing.dense import (  # noqa: F401 — HFLayer, hf_layers: the reference's parts other tests read from here
+    HFLayer,
+    allowed_keys,
+    band_logits,
+    dense_layer_sums,
+    dense_reference,
+    hf_layers,
+    keys_per_head,
+    pattern_of,
+)
 from ropelens.testing.families import FAMILIES, N_CHECK, VOCAB, family_hf_model
 
 N = N_CHECK + 5  # 29 tokens: not a multiple of any tile below, more than three windows of 8
@@ -70,148 +72,6 @@ def _case(name: str):
     cls = FAMILIES[CASES[name][0]].config_class
     why = f"transformers {importlib.metadata.version('transformers')} has no {cls}"
     return pytest.param(name, marks=pytest.mark.skipif(not hasattr(transformers, cls), reason=why))
-
-
-# ============================================================================ HF's own numbers
-@dataclass
-class HFLayer:
-    """One layer as HF's eager attention sees it, for one batch."""
-
-    q: Tensor  # [b, H, n, d] post-RoPE queries
-    k: Tensor  # [b, KV, n, d] post-RoPE keys (KV heads)
-    scale: float  # HF's ``scaling``
-    window: int | None  # the sliding window HF passes (None: full causal)
-    softcap: float | None  # the soft-cap HF passes
-    sinks: Tensor | None  # [H] the sink logits HF passes (``s_aux``)
-    probs: Tensor  # [b, H, n, n] HF's attention probabilities
-
-
-def hf_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
-    """Run HF's eager forward and record, per layer, what its ``eager_attention_forward`` received."""
-    mod = importlib.import_module(type(hf).__module__)
-    orig = getattr(mod, "eager_attention_forward", None)
-    if orig is None:
-        return _inline_layers(hf, toks, mod)
-    got: dict[int, dict] = {}
-
-    def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
-        got[module.layer_idx] = dict(
-            q=query.detach().clone(), k=key.detach().clone(), scale=float(kwargs.get("scaling", args[0] if args else 0)),
-            window=kwargs.get("sliding_window"), softcap=kwargs.get("softcap"),
-            sinks=None if kwargs.get("s_aux") is None else kwargs["s_aux"].detach().clone())
-        return orig(module, query, key, value, attention_mask, *args, **kwargs)
-
-    mod.eager_attention_forward = wrapped
-    try:
-        with torch.no_grad():
-            probs = hf(toks, output_attentions=True).attentions
-    finally:
-        mod.eager_attention_forward = orig
-    # output_attentions holds one map per attention layer, in order (a hybrid's other layers have none)
-    return {L: HFLayer(probs=p.detach(), **got[L]) for L, p in zip(sorted(got), probs, strict=True)}
-
-
-def _inline_layers(hf, toks: Tensor, mod) -> list[HFLayer]:
-    """A family that scores inline (Falcon: q·kᵀ / √head_dim right after the rotation, no attention function):
-    the q and k its ``apply_rotary_pos_emb`` returns, call i in layer i, keys as the score uses them."""
-    orig = mod.apply_rotary_pos_emb
-    got: list[dict] = []
-
-    def wrapped(q, k, *args, **kwargs):
-        q_rot, k_rot = orig(q, k, *args, **kwargs)
-        got.append(dict(q=q_rot.detach().clone(), k=k_rot.detach().clone()))
-        return q_rot, k_rot
-
-    mod.apply_rotary_pos_emb = wrapped
-    try:
-        with torch.no_grad():
-            probs = hf(toks, output_attentions=True).attentions
-    finally:
-        mod.apply_rotary_pos_emb = orig
-    scale = (hf.config.hidden_size // hf.config.num_attention_heads) ** -0.5  # Falcon divides by √head_dim in its code
-    return [HFLayer(probs=probs[L].detach(), scale=scale, window=None, softcap=None, sinks=None, **got[L])
-            for L in range(len(probs))]
-
-
-# ============================================================================ the dense reference
-def allowed_keys(n: int, window: int | None) -> Tensor:
-    """``[n, n]``: query m sees key j iff j ≤ m and (with a window) m − j < window."""
-    ok = torch.tril(torch.ones(n, n, dtype=torch.bool))
-    if window is not None:
-        m, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        ok &= (m - j) < window
-    return ok
-
-
-def keys_per_head(k: Tensor, n_heads: int) -> Tensor:
-    """``[b, KV, n, d]`` -> ``[b, H, n, d]``: query head h reads KV head h // (H / KV)."""
-    group = n_heads // k.shape[1]
-    return k[:, torch.arange(n_heads) // group]
-
-
-def band_logits(lay: HFLayer, dims: list[Tensor]) -> Tensor:
-    """``[b, H, band, q, k]``: each band's q·k terms times HF's score scale (float64, unmasked)."""
-    q, k = lay.q.double(), keys_per_head(lay.k.double(), lay.q.shape[1])
-    return torch.stack([torch.einsum("bhqd,bhkd->bhqk", q[..., d], k[..., d]) for d in dims], dim=2) * lay.scale
-
-
-def pattern_of(lay: HFLayer, logits: Tensor, ok: Tensor) -> Tensor:
-    """The layer's softmax of ``logits`` (head axis 1): soft-cap, mask, sinks joining the softmax."""
-    x = logits
-    if lay.softcap is not None:
-        x = lay.softcap * torch.tanh(x / lay.softcap)
-    x = x.masked_fill(~ok, float("-inf"))
-    if lay.sinks is None:
-        return torch.softmax(x, dim=-1)
-    sink = lay.sinks.double().view(1, -1, *[1] * (x.ndim - 2)).expand(*x.shape[:-1], 1)
-    return torch.softmax(torch.cat([x, sink], dim=-1), dim=-1)[..., :-1]
-
-
-def js(p: Tensor, r: Tensor) -> Tensor:
-    """Jensen–Shannon divergence in nats along the last axis (0·log 0 = 0)."""
-    m = (p + r) / 2
-    kl = lambda a: torch.where(a > 0, a * (a / m).log(), 0.0).sum(-1)  # noqa: E731
-    return (kl(p) + kl(r)) / 2
-
-
-def dense_layer_sums(lay: HFLayer, dims: list[Tensor], planes: Tensor) -> dict[str, Tensor]:
-    """Every sum the reducer streams, for one layer of one unpadded batch, computed over full tensors."""
-    X = band_logits(lay, dims)  # [b,H,B,n,n]
-    Y = X.sum(2)  # [b,H,n,n]: the model's (pre-cap) scores
-    b, H, B, n, _ = X.shape
-    ok = allowed_keys(n, lay.window)
-    okf = ok.double()
-    cnt = okf.sum(-1)  # keys per query [n]
-    two, one = (cnt >= 2).double(), (cnt >= 1).double()
-    att = lay.probs.argmax(-1)  # [b,H,n]: the key HF's own pattern attends to most
-
-    mean_x = (X * okf).sum(-1, keepdim=True) / cnt[:, None]
-    mean_y = (Y * okf).sum(-1, keepdim=True) / cnt[:, None]
-    dx, dy = (X - mean_x) * okf, (Y - mean_y) * okf
-    xa = X.gather(-1, att[:, :, None, :, None].expand(b, H, B, n, 1))[..., 0]  # [b,H,B,n] band logit at attended key
-    others = ((X * okf).sum(-1) - xa) / (cnt - 1).clamp(min=1)
-    band_max = X.masked_fill(~ok, float("-inf")).amax(-1)
-    band_pattern = pattern_of(lay, X, ok)
-    model_pattern = lay.probs.double()[:, :, None]
-
-    q, k = lay.q.double(), keys_per_head(lay.k.double(), H)
-    ka = k.gather(2, att[..., None].expand(-1, -1, -1, k.shape[-1]))  # [b,H,n,d] attended key
-    q0, q1, k0, k1 = q[..., planes[:, 0]], q[..., planes[:, 1]], ka[..., planes[:, 0]], ka[..., planes[:, 1]]
-    term = (q0 * k0 + q1 * k1) * lay.scale  # [b,H,n,P]
-    bound = torch.hypot(q0, q1) * torch.hypot(k0, k1) * lay.scale
-    return {
-        "abs_sum": (X.abs() * okf).sum((0, 3, 4)),
-        "cov": ((dx * dy[:, :, None]).sum(-1) * two).sum((0, 3)),
-        "margin": ((xa - others) * two).sum((0, 3)),
-        "top1": ((xa >= band_max).double() * one).sum((0, 3)),
-        "jsd": (js(band_pattern, model_pattern) * one).sum((0, 3)),
-        "var": ((dy**2).sum(-1) * two).sum((0, 2)),
-        "n_entries": cnt.sum() * b,
-        "n_rows": two.sum() * b,
-        "n_queries": one.sum() * b,
-        "cs_term": (term * two[:, None]).sum((0, 2)),
-        "cs_bound": (bound * two[:, None]).sum((0, 2)),
-    }
 
 
 # ============================================================================ fixtures
@@ -274,14 +134,7 @@ def _tokens() -> Tensor:
 
 def reference(c: Case, runs: list[Tensor]) -> dict[str, Tensor]:
     """Dense sums over separate unpadded runs (each a ``[b, n]`` token tensor), added up, ``[layer, ...]``."""
-    total: dict[str, Tensor] = {}
-    for toks in runs:
-        lays = hf_layers(c.hf, toks)
-        per_layer = [dense_layer_sums(lays[L], c.dims[L], c.planes) for L in c.layers]
-        for key in per_layer[0]:
-            v = torch.stack([s[key] for s in per_layer])
-            total[key] = total[key] + v if key in total else v
-    return total
+    return dense_reference(c.hf, runs, c.layers, c.dims, dict.fromkeys(c.layers, c.planes))
 
 
 def reducer_sums(c: Case, batches: list[tuple[Tensor, Tensor]], tile: int | tuple[int, int] | None,
@@ -363,6 +216,7 @@ def test_reference_reproduces_hf_attention(name, case):
         assert lay.window == fam.windows.get(L)
         assert lay.softcap == fam.softcap
         assert (lay.sinks is not None) == fam.sinks
+        assert lay.allowed is not None and torch.equal(lay.allowed, allowed_keys(N, lay.window))  # HF's own mask
         d = lay.q.shape[-1]
         assert sorted(torch.cat(c.dims[L]).tolist()) == list(range(d))  # bands sum to the whole score
         band_of = {int(i): j for j, dd in enumerate(c.dims[L]) for i in dd}

@@ -12,15 +12,16 @@ import pytest
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
-from ropelens.testing.families import FamilyCheck
 from ropelens.testing.sweep import (
     TOL,
+    check_config,
     classify,
     rope_model_types,
     shrink_config,
     sweep_one,
     table_phase_steps,
 )
+from ropelens.testing.sweep_checks import NO_VARIANTS, SweepCheck, static_len, sums_error
 
 
 def _defaults(model_type: str) -> dict:
@@ -128,16 +129,131 @@ def test_sweep_classifies_like_the_matrix(model_type, status, why, tmp_path):
     assert row.status == status, row.detail
     assert why in row.detail
     if status == "exact":
-        assert all(0 <= v <= TOL for v in row.errors.values()), row.errors
+        _assert_exact(row)
+
+
+def _assert_exact(row) -> None:
+    """Every error measured and within the tolerance (the logits restored bit for bit); the variant's only where
+    the model has variants (else the detail says why not)."""
+    errs = dict(row.errors)
+    if math.isnan(errs["variant_err"]):
+        assert row.detail == NO_VARIANTS or row.detail.startswith("no variants: "), row.detail
+        assert math.isnan(errs.pop("variant_err")) and math.isnan(errs.pop("restore_err"))
+    assert errs.pop("restore_err", 0.0) == 0.0, row.errors
+    assert all(0 <= v <= TOL for v in errs.values()), row.errors
+
+
+_OK = dict(inv_freq_err=0.0, scores_err=1e-7, pattern_err=1e-7, pairing_err=1e-7, usage_err=1e-7, band_stats_err=1e-7,
+           variant_err=1e-7, restore_err=0.0)
 
 
 def test_a_number_that_disagrees_is_wrong():
-    ok = dict(inv_freq_err=0.0, scores_err=1e-7, pattern_err=1e-7, pairing_err=1e-7)
-    assert classify(FamilyCheck("x", layers_checked=[0], **ok)) == ("exact", "")
-    status, detail = classify(FamilyCheck("x", layers_checked=[0], **{**ok, "pattern_err": 0.3}))
+    ok = _OK
+    assert classify(SweepCheck("x", layers_checked=[0], **ok)) == ("exact", "")
+    status, detail = classify(SweepCheck("x", layers_checked=[0], **{**ok, "pattern_err": 0.3}))
     assert status == "wrong" and "pattern_err" in detail
-    assert classify(FamilyCheck("x", layers_checked=[0], **{**ok, "scores_err": math.nan}))[0] == "unverified"
-    assert classify(FamilyCheck("x", refusal="no adapter\nmore"))[0:2] == ("refused", "no adapter")
+    assert classify(SweepCheck("x", layers_checked=[0], **{**ok, "scores_err": math.nan}))[0] == "unverified"
+    assert classify(SweepCheck("x", refusal="no adapter\nmore"))[0:2] == ("refused", "no adapter")
+
+
+def test_the_checks_past_the_logits_classify():
+    """Usage or band statistics off, a variant off its spec, or logits one ulp off after the variant: wrong. No
+    band or usage reference: unverified. No variants (a plain HF model, a one-line refusal): exact, noted."""
+    for key, v in (("usage_err", 0.01), ("band_stats_err", 2e-4), ("variant_err", 0.3), ("restore_err", 1e-8)):
+        status, detail = classify(SweepCheck("x", layers_checked=[0], **{**_OK, key: v}))
+        assert status == "wrong" and key in detail, (key, status, detail)
+    for key in ("usage_err", "band_stats_err"):
+        status, detail = classify(SweepCheck("x", layers_checked=[0], **{**_OK, key: math.nan}))
+        assert status == "unverified" and key in detail
+    none = {**_OK, "variant_err": math.nan, "restore_err": math.nan}
+    assert classify(SweepCheck("x", layers_checked=[0], **none, variant_note=NO_VARIANTS)) == ("exact", NO_VARIANTS)
+    assert classify(SweepCheck("x", layers_checked=[0], **none))[0] == "unverified"  # not run, and no reason why
+
+
+def test_band_window_stops_where_the_model_picks_its_mask():
+    """Llama 4's chunks and DeepSeek V3.2's top-k keys: band statistics run on windows of at most that many tokens
+    (8 in the tiny configs, under the 24-token input), where the mask is causal; other layers keep the input."""
+    from types import SimpleNamespace
+
+    spec = {0: SimpleNamespace(select_keys=None, chunk=None), 1: SimpleNamespace(select_keys=8, chunk=None),
+            2: SimpleNamespace(select_keys=None, chunk=6)}
+    assert static_len(spec, [0], 24) == 24
+    assert static_len(spec, [0, 1], 24) == 8
+    assert static_len(spec, [0, 1, 2], 24) == 6
+
+
+@pytest.mark.parametrize("model_type", ["llama4_text", "deepseek_v32"])
+def test_band_statistics_of_model_picked_masks_are_checked_on_short_windows(model_type, tmp_path):
+    """Without the short windows the band check would be refused (static_mask): here it runs and is exact."""
+    row = sweep_one(model_type, workdir=tmp_path)
+    assert row.status == "exact", row.detail
+    assert row.errors["band_stats_err"] <= TOL and row.errors["usage_err"] <= TOL
+    assert row.detail == NO_VARIANTS  # the plain HF path
+
+
+def test_a_broken_band_statistics_window_is_wrong(monkeypatch, tmp_path):
+    """BandStatsReducer ignoring the sliding window (Mistral's 8 keys of 24) disagrees with the dense reference,
+    which takes the mask HF's own attention receives: the family is wrong, every other check exact."""
+    import dataclasses
+
+    from ropelens.analyses.band_stats import BandStatsReducer
+
+    orig = BandStatsReducer._spans
+    monkeypatch.setattr(BandStatsReducer, "_spans", staticmethod(
+        lambda rope, *a: orig(dataclasses.replace(rope, window=None), *a)))
+    check = check_config("mistral", shrink_config("mistral"), workdir=tmp_path)
+    status, detail = classify(check)
+    assert status == "wrong" and detail.startswith("band_stats_err"), detail
+    assert check.band_stats_err > 0.01 and check.usage_err < 1e-5 and check.scores_err < 1e-5
+
+
+def test_usage_that_keeps_the_attention_scaling_is_wrong(monkeypatch, tmp_path):
+    """gpt-oss's YaRN multiplies cos and sin by its attention scaling; usage leaving it in the post-RoPE plane norms
+    is off by that factor against HF's attention inputs divided by HF's own attention_scaling."""
+    import dataclasses
+
+    from ropelens.analyses.usage import UsageReducer
+
+    orig = UsageReducer.update
+    monkeypatch.setattr(UsageReducer, "update", lambda self, acts: orig(self, dataclasses.replace(
+        acts, rope=dataclasses.replace(acts.rope, attention_scaling=1.0))))
+    check = check_config("gpt_oss", shrink_config("gpt_oss"), workdir=tmp_path)
+    status, detail = classify(check)
+    assert status == "wrong" and detail.startswith("usage_err"), detail
+    assert check.usage_err > 0.1 and check.band_stats_err < 1e-5
+
+
+def test_a_variant_that_stays_after_its_context_is_wrong(monkeypatch, tmp_path):
+    """Hooks left in place on exit: the logits after the context differ from the ones before."""
+    import ropelens.intervene as intervene
+
+    orig = intervene._install_variant
+
+    def leaky(*args, **kwargs):
+        spec, _handles, chosen = orig(*args, **kwargs)
+        return spec, [], chosen  # nothing to remove on exit
+
+    monkeypatch.setattr(intervene, "_install_variant", leaky)
+    check = check_config("llama", shrink_config("llama"), workdir=tmp_path)
+    status, detail = classify(check)
+    assert status == "wrong" and "restore_err" in detail, detail
+    assert check.restore_err > 0 and check.variant_err < 1e-5
+
+
+def test_a_variant_that_rotates_off_its_spec_is_wrong(monkeypatch, tmp_path):
+    """The model handed p-RoPE with p = 1 (its own rotation) while the spec says p = 0.5: the rotated query of one
+    token repeated does not turn by the spec's frequencies."""
+    import ropelens.intervene as intervene
+    import ropelens.sdpa as sdpa
+    from ropelens.variants import PRoPE
+
+    for mod in (intervene, sdpa):
+        orig = mod.variant_tables
+        monkeypatch.setattr(mod, "variant_tables", lambda v, *a, _o=orig, **k: _o(PRoPE(1.0), *a, **k))
+    check = check_config("llama", shrink_config("llama"), workdir=tmp_path)
+    status, detail = classify(check)
+    assert status == "wrong" and detail.startswith("variant_err"), detail
+    assert check.variant_err > 0.01 and check.restore_err == 0.0
 
 
 def test_table_phase_steps_recover_the_frequencies():
@@ -305,7 +421,7 @@ def test_composite_configs_are_built_and_read(model_type, status, why, tmp_path)
     assert row.status == status, row.detail
     assert why in row.detail
     if status == "exact":
-        assert all(0 <= v <= TOL for v in row.errors.values()), row.errors
+        assert all(math.isnan(v) or 0 <= v <= TOL for v in row.errors.values()), row.errors  # NaN: no variants
 
 
 def _sub(d: dict, key: str) -> dict:
@@ -403,3 +519,16 @@ def test_byte_latent_stacks_are_refused_in_one_line(tmp_path):
     with pytest.raises(UnsupportedModelError, match=r"BltForCausalLM: its config counts no layers .*patcher_config, "
                                                      r"encoder_config, decoder_config, global_config"):
         load_model(path, device="cpu")
+
+
+def test_sums_error_holds_jsd_to_its_float32_floor():
+    """A JS divergence of ~1e-5 a row (a band's pattern nearly the model's) off by float32 rounding, 1e-7 a row,
+    passes; off by 0.01 a row (a wrong mask or sink) fails; every other sum is relative to its own largest value."""
+    n = torch.tensor([24.0])
+    want = {"jsd": torch.full((1, 4, 2), 24 * 1e-5, dtype=torch.float64), "n_queries": n,
+            "cov": torch.tensor([[1.0, -2.0]], dtype=torch.float64)}
+    near = {**want, "jsd": want["jsd"] + 24 * 1e-7}
+    assert sums_error(near, want) < TOL
+    assert sums_error({**want, "jsd": want["jsd"] + 24 * 1e-2}, want) > TOL
+    assert sums_error({**want, "cov": want["cov"] * (1 + 1e-3)}, want) == pytest.approx(1e-3)
+    assert sums_error({**want, "cov": want["cov"][:, :1]}, want) == math.inf  # misshapen

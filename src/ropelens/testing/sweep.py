@@ -32,16 +32,17 @@ from typing import Any
 import torch
 
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
+from ropelens.testing.dense import hf_layers
 from ropelens.testing.families import (
     N_CHECK,
     VOCAB,
-    FamilyCheck,
     hf_inv_freq,
     hf_scores,
     probs_by_layer,
     rotation_error,
     rotation_from_pre,
 )
+from ropelens.testing.sweep_checks import SweepCheck, band_stats_error, usage_error, variant_error
 
 __all__ = ["NoRope", "NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "save_tiny",
            "shrink_config", "sweep_one", "table_phase_steps"]
@@ -534,13 +535,15 @@ def _init_failure(config, e: BaseException) -> str:
     return f"model init fails: {_line(e)}{where} (HF's default config builds: the shrinking broke it)"
 
 
-def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None = None) -> FamilyCheck:
+def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None = None) -> SweepCheck:
     """Save ``config``'s tiny model, load it through ``load_model(path)`` and measure ropelens against HF.
 
     The measurements are :func:`ropelens.testing.families.check_family`'s (rotary buffers, eager
     scores, probabilities, rotation of one token repeated), without a hand-written expected
-    structure: every reference number is HF's own. An error that cannot be taken (HF's attention
-    has no ``eager_attention_forward``, no rotary module with ``inv_freq``) stays NaN. Raises
+    structure: every reference number is HF's own; then frequency usage and band statistics against
+    dense references from HF's attention inputs, and a RoPE variant with its exact restore
+    (:mod:`ropelens.testing.sweep_checks`). An error that cannot be taken (HF's attention has no
+    ``eager_attention_forward``, no rotary module with ``inv_freq``) stays NaN. Raises
     :class:`NotBuilt` when HF itself cannot build, save, reload or run the model.
     """
     from transformers import AutoModelForCausalLM
@@ -553,7 +556,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
     from ropelens.testing import tiny_tokenizer
     from ropelens.verify import verify_model
 
-    res = FamilyCheck(name)
+    res = SweepCheck(name)
     g = torch.Generator().manual_seed(seed)
     toks = torch.randint(4, VOCAB, (1, N_CHECK), generator=g)
     toks[0, 0] = 1
@@ -625,6 +628,13 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             res.pairing_err = max(res.pairing_err, rotation_from_pre(lr, pre, q))
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
+    try:  # the analyses past the logits; one refusing in one line is a refusal, as decompose_attention's is
+        res.usage_err = usage_error(model, spec, hf, hf_layers(hf, toks), toks, rotary)
+        res.band_stats_err = band_stats_error(model, spec, hf, toks, rotary)
+    except UnsupportedModelError as e:
+        res.refusal = str(e)
+        return res
+    res.variant_err, res.restore_err, res.variant_note = variant_error(model, spec, toks, rotary)
     return res
 
 
@@ -720,23 +730,29 @@ def _inv_freq_err(hf, spec, rotary: list[int]) -> float:
     return err
 
 
-_ERRORS = ("inv_freq_err", "scores_err", "pattern_err", "pairing_err")
+_ERRORS = ("inv_freq_err", "scores_err", "pattern_err", "pairing_err", "usage_err", "band_stats_err", "variant_err",
+           "restore_err")
 
 
-def classify(check: FamilyCheck) -> tuple[str, str]:
-    """One status and its detail: ``refused`` (the refusal's first line), ``exact``, ``wrong`` or ``unverified``."""
+def classify(check: SweepCheck) -> tuple[str, str]:
+    """One status and its detail: ``refused`` (the refusal's first line), ``exact``, ``wrong`` or ``unverified``.
+
+    A variant that rotates off its spec or does not restore the logits bit for bit is ``wrong``; a model without
+    variants (a plain HF model, a one-line refusal) is not a fault: its note is the detail."""
     if check.refusal is not None:
         return "refused", check.refusal.strip().splitlines()[0]
-    errs = {k: getattr(check, k) for k in _ERRORS}
-    bad = {k: v for k, v in errs.items() if not math.isnan(v) and v > TOL}
+    errs = {k: getattr(check, k, math.nan) for k in _ERRORS}
+    tol = {"restore_err": 0.0}  # leaving the variant must give back the very same bits
+    bad = {k: v for k, v in errs.items() if not math.isnan(v) and v > tol.get(k, TOL)}
     if bad:
         return "wrong", ", ".join(f"{k} {v:.2e}" for k, v in bad.items())
     if not check.layers_checked:
         return "unverified", "no rotary layer read"
-    missing = [k for k, v in errs.items() if math.isnan(v)]
+    note = getattr(check, "variant_note", "")
+    missing = [k for k, v in errs.items() if math.isnan(v) and not (note and k in ("variant_err", "restore_err"))]
     if missing:
         return "unverified", "HF gave no reference for " + ", ".join(missing)
-    return "exact", ""
+    return "exact", note
 
 
 def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = None) -> SweepRow:
