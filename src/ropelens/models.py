@@ -429,17 +429,50 @@ def _bridge_errors(model) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_bridge() -> Iterator[None]:
+    """TransformerLens's boot without its log lines and warnings, and without package installs (see
+    :func:`_import_only`)."""
     import logging
 
     logger = logging.getLogger()
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _import_only():
             warnings.simplefilter("ignore")
             yield
     finally:
         logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _import_only() -> Iterator[None]:
+    """TransformerLens's boot with its on-the-fly ``pip install torchvision`` turned into an import check.
+
+    Booting a multimodal model, TransformerLens loads the checkpoint's processor and, where that fails,
+    pip-installs torchvision into the running environment, which pulls the newest (CUDA) torch over the
+    installed one. ropelens reads text attention and needs no processor: the boot keeps the packages as
+    they are, and a processor that needs a missing torchvision is simply not attached.
+    """
+    try:
+        from transformer_lens.model_bridge.sources.transformers import helpers
+    except ImportError:  # another TransformerLens layout: nothing to guard
+        yield
+        return
+    if not hasattr(helpers, "_ensure_torchvision"):
+        yield
+        return
+
+    import importlib.util
+
+    def importable() -> bool:
+        return importlib.util.find_spec("torchvision") is not None
+
+    saved = helpers._ensure_torchvision
+    helpers._ensure_torchvision = importable
+    try:
+        yield
+    finally:
+        helpers._ensure_torchvision = saved
 
 
 def load_model(

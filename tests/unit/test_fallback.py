@@ -204,14 +204,26 @@ def _multimodal(kind: str):
 
 @pytest.mark.parametrize(("kind", "arch"), [("gemma3", "Gemma3ForConditionalGeneration"),
                                             ("gemma4", "Gemma4ForConditionalGeneration")])
-def test_multimodal_text_towers_are_measured_on_text(kind, arch, tmp_path):
-    """Gemma 3 and 4 with a vision tower: text-only input, the text tower's RoPE (not the vision tower's), exact."""
+def test_multimodal_text_towers_are_measured_on_text(kind, arch, tmp_path, monkeypatch):
+    """Gemma 3 and 4 with a vision tower: text-only input, the text tower's RoPE (not the vision tower's), exact.
+    Booting them installs nothing: TransformerLens would pip-install torchvision (and a new torch with it) when the
+    checkpoint's processor cannot load, as here (a tokenizer, no image processor)."""
+    import subprocess
+
+    installs: list = []
+
+    def no_install(cmd, *args, **kwargs):
+        installs.append(cmd)
+        raise RuntimeError(f"a package install was attempted: {cmd}")
+
+    monkeypatch.setattr(subprocess, "check_call", no_install)
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(_multimodal(kind), attn_implementation="eager")
     assert type(hf).__name__ == arch
     hf.save_pretrained(tmp_path / kind)
     tiny_tokenizer().save_pretrained(tmp_path / kind)
     model = ropelens.load_model(tmp_path / kind, device="cpu")
+    assert installs == []
     spec = rope_spec(model)
     assert spec.kinds == {"sliding": [0, 1, 2], "full": [3]}
     text = hf.model.language_model.rotary_emb

@@ -150,7 +150,7 @@ def test_wrong_frequencies_are_caught(monkeypatch):
 
 def test_nope_layer_read_as_rotating_is_caught(monkeypatch):
     model = _fresh("smollm3")  # layers 1 and 3 apply no RoPE
-    monkeypatch.setattr(reading, "_uses_rope", lambda *_: True)
+    monkeypatch.setattr(reading, "uses_rope", lambda *_: True)
     monkeypatch.setattr(reading, "_rotary_calls", lambda *_: None)  # nor seen in the forward
     assert ropelens.rope_spec(model)[1].rotary
     _caught(model, "layer 1 fails the rotation check")
