@@ -310,7 +310,7 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
         model = model.eval()
     else:
         dev = resolve_device(device)
-        model = model.to(device=dev, dtype=dtype).eval()
+        model = _to_floats(model.to(device=dev), dtype).eval()
     if not bridge:
         return plain_model(model, tokenizer, label=label, why="bridge=False")
     if _mla(model):  # the q and k before RoPE, which every q/k analysis reads, are tapped on the plain HF model only
@@ -337,6 +337,13 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
         _strip_bridge(model)
         return plain_model(model, tokenizer, label=label, why=hookless)
     return _identify(wrapped, label)
+
+
+def _to_floats(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``model`` with its floating-point parameters and buffers in ``dtype``, and its complex ones left as they are:
+    ``Module.to(dtype)`` would cast a complex buffer to real and drop its imaginary part (Llama 4's vision rotary
+    keeps its frequencies as complex ``freqs_ci``)."""
+    return model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def _hookless_attention(bridge) -> str | None:

@@ -242,3 +242,21 @@ def test_llama4_multimodal_text_tower_is_measured(tmp_path):
     assert isinstance(model, PlainModel) and spec.kinds == {"chunked": [0, 1, 2], "nope": [3]}
     assert {spec[L].chunk for L in (0, 1, 2)} == {model.original_model.config.get_text_config().attention_chunk_size}
     assert verify_model(model, spec).passed
+
+
+
+def test_wrapping_keeps_complex_buffers(tmp_path):
+    """Wrapping Llama 4 with its vision tower casts its float weights to the dtype asked for and leaves the vision
+    rotary's complex frequencies as they are (Module.to(float64) would keep their real part only)."""
+    from transformers import Llama4ForConditionalGeneration
+
+    from ropelens.models import wrap_hf_model
+
+    torch.manual_seed(0)
+    hf = Llama4ForConditionalGeneration(_multimodal("llama4"))
+    want = hf.vision_model.rotary_embedding.freqs_ci.clone()
+    assert want.is_complex() and want.imag.abs().max() > 0.5
+    wrapped = wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="l4-mm", dtype=torch.float64)
+    got = dict(wrapped.original_model.named_buffers())["vision_model.rotary_embedding.freqs_ci"]
+    assert torch.equal(got, want)
+    assert all(p.dtype == torch.float64 for p in wrapped.original_model.parameters())
