@@ -525,11 +525,16 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
 
 def _called_rotation(model, attns) -> str | None:
     """The rotation function (by name) the attention modules call first, outside their indexers, in one short
-    forward of the HF model; None where it cannot be seen (the forward fails, or no attention rotates)."""
+    forward of the HF model (cached on the model, as :func:`_rotary_calls` is); None where it cannot be seen (the
+    forward fails, or no attention rotates)."""
     from ropelens.devices import device_of
 
     mod = importlib.import_module(type(hf_model_of(model)).__module__)
     fns = {n: f for n, f in rotation_functions(mod).items() if n != "apply_rotary_emb"}
+    key = (tuple(id(f) for f in fns.values()), len(attns))
+    cached = getattr(model, "_ropelens_called_rotation", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
     view = _hf_tree(hf_model_of(model))
     kinds = {type(a) for a in attns if a is not None}
     mods = [m for m in view.modules() if type(m) in kinds]
@@ -559,7 +564,9 @@ def _called_rotation(model, attns) -> str | None:
             setattr(mod, name, fn)
         for h in handles:
             h.remove()
-    return seen[0] if seen else None
+    result = seen[0] if seen else None
+    object.__setattr__(model, "_ropelens_called_rotation", (key, result))  # not a submodule: nothing registered
+    return result
 
 
 def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:

@@ -182,3 +182,18 @@ def test_inspect_shows_the_keys_kept(tiny):
     table = inspect_table(rope_spec(model))
     assert "keys kept            at most 8 per query, picked by an indexer" in table
     assert "rotary slice" in table and "key shared by all heads" in table
+
+
+def test_the_spec_reads_the_forward_once(tiny, monkeypatch):
+    """Which rotation the attention calls, and which layers rotate, come from one short forward cached on the model:
+    reading the spec again (every analysis does) runs no forward."""
+    import ropelens.reading as reading
+
+    model, _ = tiny("deepseek_v32")
+    first = rope_spec(model)
+
+    def no_forward(_module):
+        raise AssertionError("a second short forward of the model")
+
+    monkeypatch.setattr(reading, "_hf_tree", no_forward)
+    assert rope_spec(model).to_json() == first.to_json()
