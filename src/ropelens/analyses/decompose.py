@@ -29,7 +29,7 @@ from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import LayerRope, RopeSpec, expand_kv
 
-__all__ = ["AttentionDecomposition", "attention_mask", "band_terms", "decompose_attention", "js_divergence"]
+__all__ = ["AttentionDecomposition", "band_terms", "decompose_attention", "js_divergence"]
 
 
 def band_terms(
@@ -42,12 +42,6 @@ def band_terms(
     k = expand_kv(k, rope)
     out = torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., d], k[..., d]) for d in bands.dims], dim=2)
     return out * rope.score_scale
-
-
-def attention_mask(rope: LayerRope, valid: Bool[Tensor, "batch pos"]) -> Bool[Tensor, "batch q k"]:
-    """Causal (and sliding-window) mask restricted to real (unpadded) tokens."""
-    m = rope.mask(valid.shape[1], valid.device)
-    return m[None] & valid[:, None, :] & valid[:, :, None]
 
 
 def js_divergence(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:
