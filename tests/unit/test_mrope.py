@@ -203,10 +203,14 @@ def test_shares_frequencies_and_distance_against_loops():
     d = dec.by_distance(L)
     pos, mod, pat = dec.position_ids[:, 0], dec.modality[0], dec.pattern(L)[0, h]
     # causal pairs inside one image (every token from the key to the query is a vision token), one column left
-    vals = [float(pat[q, k]) for q in range(pos.shape[1]) for k in range(q + 1)
-            if bool((mod[k : q + 1] != 0).all()) and int(pos[2, q] - pos[2, k]) == -1]
+    w = dec.band_names(L).index("w")
+    pairs = [(q, k) for q in range(pos.shape[1]) for k in range(q + 1)
+             if bool((mod[k : q + 1] != 0).all()) and int(pos[2, q] - pos[2, k]) == -1]
+    vals = [float(pat[q, k]) for q, k in pairs]
     got = d[(d["head"] == h) & (d.axis == "w") & (d.distance == -1)]
     assert int(got.n_pairs.iloc[0]) == len(vals) and got.attention.iloc[0] == pytest.approx(sum(vals) / len(vals))
+    assert got.logit.iloc[0] == pytest.approx(sum(float(x[:, q, k].sum()) for q, k in pairs) / len(pairs))
+    assert got.axis_logit.iloc[0] == pytest.approx(sum(float(x[w, q, k]) for q, k in pairs) / len(pairs))
 
 
 def test_findings_figure_and_round_trip(tmp_path):

@@ -158,14 +158,14 @@ class MRopeDecomposition(AttentionDecomposition):
                 continue
             pos = self.position_ids[k]
             delta = pos[:, :, None] - pos[:, None, :]  # [b,q,k]
+            term = x[:, :, names.index(axis)]
             for d in delta[same].unique().tolist():
-                m = (same & (delta == d))[:, None].expand_as(full)
-                n = int(m[:, 0].sum())
-                for h in range(full.shape[1]):
-                    mh = m[:, h]
-                    rows.append({"layer": layer, "head": h, "axis": axis, "distance": int(d), "n_pairs": n,
-                                 "attention": float(prob[:, h][mh].mean()), "logit": float(full[:, h][mh].mean()),
-                                 "axis_logit": float(x[:, h, names.index(axis)][mh].mean())})
+                m = (same & (delta == d))[:, None].double()  # [b,1,q,k]: every head's mean in one reduction
+                n = m.sum()
+                means = [((t * m).sum((0, 2, 3)) / n).tolist() for t in (prob, full, term)]
+                rows += [{"layer": layer, "head": h, "axis": axis, "distance": int(d), "n_pairs": int(n),
+                          "attention": a, "logit": lg, "axis_logit": al}
+                         for h, (a, lg, al) in enumerate(zip(*means, strict=True))]
         return pd.DataFrame(rows)
 
     # ---------------------------------------------------------------- views
