@@ -332,11 +332,40 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
         why = str(e).split(": ", 1)[-1].split(" (")[0].split(", so ")[0]
         return plain_model(model, tokenizer, label=label, why=why)
     wrapped.eval()
+    broken = _bridge_fails(wrapped, model)
+    if broken is not None:  # an adapter written against another transformers release: the HF model runs as it is
+        _strip_bridge(model)
+        return plain_model(model, tokenizer, label=label, why=broken)
     hookless = _hookless_attention(wrapped)
     if hookless is not None and _plain_can_tap(model):  # the plain HF model's own rotation gives what the hooks cannot
         _strip_bridge(model)
         return plain_model(model, tokenizer, label=label, why=hookless)
     return _identify(wrapped, label)
+
+
+def _bridge_fails(bridge, hf) -> str | None:
+    """Why the booted bridge cannot run a forward, or None where it can: one forward of a few tokens, since an
+    adapter may read HF modules a newer transformers release has moved only when it runs (TransformerLens 4.3's
+    CodeGen attention reads ``embed_positions``, which transformers 5.24 moved to a model-level rotary module)."""
+    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    vocab = int(getattr(cfg, "vocab_size", 0) or 8)
+    toks = (torch.arange(4) % vocab).unsqueeze(0).to(device_of(hf))
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bridge(toks)
+    except Exception as e:  # noqa: BLE001 - any failure of the adapter's forward means: run the HF model instead
+        first = (str(e).splitlines() or [""])[0][:200]
+        return (f"TransformerLens's adapter for {type(hf).__name__} fails in its forward under transformers "
+                f"{_version('transformers')} ({type(e).__name__}: {first})")
+    return None
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "?"
 
 
 def _to_floats(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

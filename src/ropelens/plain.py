@@ -278,6 +278,7 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         outside_indexers,
         rotation_functions,
         single_rotation,
+        table_rotation,
     )
 
     hf = hf_view(model)
@@ -303,6 +304,8 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     def rot_tap(rot_fn, flip: bool = False):
         if single_rotation(rot_fn):
             return _single_tap(rot_fn, current, rotated, got)
+        if table_rotation(rot_fn):
+            return _table_tap(rot_fn, current, rotated, got)
 
         def tapped(q, k=None, *args, **kwargs):
             out = rot_fn(q, k, *args, **kwargs)
@@ -329,6 +332,8 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         def hook(_m, _a, output) -> None:
             current[0] = None
             rec = got.pop(i, {})
+            if "calls" in rec:  # GPT-J's form: which call rotated the queries is read off the attention's inputs
+                rec["rot"] = _queries_and_keys(rec.pop("calls"), rec.get("att"), cannot, i)
             if i in sources.values() and "rot" in rec:
                 keys[i] = (rec["rot"][1], rec["rot"][3])
             if i in sources and "q_only" in rec and sources[i] in keys:  # its keys: the source's, as they were stored
@@ -403,6 +408,48 @@ def _single_tap(fn: Callable, current: list[int | None], wanted: set[int], got: 
         return out
 
     return tapped
+
+
+def _table_tap(fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]) -> Callable:
+    """``fn`` (GPT-J's ``(tensor, sin, cos)`` form) tapped: a layer's first two calls are kept as (input, output)
+    pairs; :func:`_queries_and_keys` tells queries from keys once the attention function's inputs are seen."""
+
+    def tapped(x, *args, **kwargs):
+        out = fn(x, *args, **kwargs)
+        L = current[0]
+        if L in wanted:
+            calls = got.setdefault(L, {}).setdefault("calls", [])
+            if len(calls) < 2:
+                calls.append((x, out))
+        return out
+
+    return tapped
+
+
+def _queries_and_keys(calls: list, att: tuple | None, cannot: Callable[[str], Exception], L: int) -> tuple:
+    """``(q, k, q_rot, k_rot)`` ``[batch, heads, pos, d]`` from two calls of a rotation that takes no head axis:
+    each call's output, in either layout ([batch, pos, head, d] or [batch, head, pos, d]), is matched against the
+    rotated slice of the query and key the attention function received (the order of the calls is the model's)."""
+    if len(calls) != 2 or att is None:
+        raise cannot(f"layer {L} made {len(calls)} rotation calls and "
+                     f"{'no' if att is None else 'one'} attention-function call; ropelens reads q and k from two "
+                     "rotation calls (GPT-J's form) matched against the attention function's query and key")
+    query, key = att[0], att[1]
+
+    def match(x: Tensor, out: Tensor, target: Tensor) -> tuple[Tensor, Tensor] | None:
+        w = out.shape[-1]
+        for lay in (lambda t: t.transpose(1, 2), lambda t: t):
+            o = lay(out)
+            if o.shape == target[..., :w].shape and torch.allclose(o, target[..., :w], rtol=1e-3, atol=1e-5):
+                return lay(x), o
+        return None
+
+    for (qc, kc) in (calls, calls[::-1]):
+        q, k = match(*qc, query), match(*kc, key)
+        if q is not None and k is not None:
+            return (q[0], k[0], q[1], k[1])
+    raise cannot(f"layer {L}'s two rotation outputs are not the rotated slices of the query and key its attention "
+                 "function receives")
 
 
 def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:

@@ -178,12 +178,10 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
         )
     # Inkling's attention (hybrid_sliding and hybrid layers alike): its mask is causal or sliding-window, but a learned
     # relative-position bias and a per-token sink logit join q·k before the softmax, and its text tower never rotates
-    biased = sorted({type(m).__name__ for m in hf_model_of(model).modules()
-                     if isinstance(getattr(m, "rel_logits_proj", None), torch.nn.Module)})
+    biased = sorted({type(m).__name__ for m in hf_model_of(model).modules() if _relative_bias(m)})
     if biased:
         why = (f"position enters its scores ({', '.join(biased)}) only as a learned relative-position bias, mixed "
-               "per backward distance from each query's hidden state (rel_logits_proj), added to q·k beside a per-token "
-               "sink logit")
+               "per backward distance from each query's hidden state, added to q·k beside a per-token sink logit")
         if not _rotary_modules(hf_model_of(model)):
             raise NotRotaryError(f"{arch} applies no RoPE to its text queries and keys: {why}, so there is no "
                                  "rotation for ropelens to measure.")
@@ -202,6 +200,14 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: layer types {sorted(unknown)} are not supported (ropelens knows {sorted(_KIND)}): "
             "their attention masks differ from causal and sliding-window masks."
         )
+
+
+def _relative_bias(m: torch.nn.Module) -> bool:
+    """Whether an attention module adds a learned relative-position bias to q·k: Inkling's, kept as ``rel_logits_proj``
+    up to transformers 5.23 and as a ``RelativePositionBias`` submodule since 5.24."""
+    return isinstance(getattr(m, "rel_logits_proj", None), torch.nn.Module) or (
+        _is_softmax_attention(type(m).__name__)
+        and any("relativepositionbias" in type(c).__name__.lower() for c in m.children()))
 
 
 def _passed_query_scale(attn, cfg, layer_type: str | None) -> bool:
@@ -290,12 +296,49 @@ def _inv_freq_for(rotaries, attn, layer_type: str | None) -> tuple[torch.Tensor,
         rot = getattr(mod, "rotary_emb", None)
         if isinstance(rot, torch.nn.Module) and isinstance(getattr(rot, "inv_freq", None), torch.Tensor):
             return rot.inv_freq.detach().float().cpu().clone(), float(getattr(rot, "attention_scaling", 1.0))
-    table = getattr(attn, "embed_positions", None)  # GPT-J keeps a [n_pos, rotary_dim] sin|cos table
-    if isinstance(table, torch.Tensor) and table.shape[0] > 1:
-        half = table.shape[1] // 2
-        inv = torch.atan2(table[1, :half].double(), table[1, half:].double())
-        return inv.float().cpu(), 1.0
-    raise NotRotaryError("found no rotary frequencies (inv_freq) in the model's rotary modules")
+    raise _NoBuffer
+
+
+class _NoBuffer(Exception):
+    """No module the layer reaches holds an ``inv_freq`` buffer: its rotation is measured instead."""
+
+
+def _observed_rope(model, attns, layer: int, arch: str):
+    """(inv_freq, attention scaling, pairing, direction) of ``layer`` measured from the rotation its attention calls
+    in one short forward (:mod:`ropelens.observed`), for a family that keeps no ``inv_freq`` buffer where ropelens
+    looks (GPT-J and CodeGen hand their rotation sin|cos tables, kept on the attention up to transformers 5.23 and
+    on a model-level module since 5.24); None for a layer whose attention calls no rotation while others do."""
+    from ropelens.devices import device_of
+    from ropelens.observed import observe_rotations
+
+    seen = observe_rotations(model, attns, _hf_tree(hf_model_of(model)), device_of(model))
+    if seen is None:
+        raise NotRotaryError(
+            f"{arch}: no rotary module holds inv_freq, and a short forward of the HF model, run to observe the "
+            "rotation its attention calls, failed: ropelens cannot read its frequencies")
+    if not seen:
+        raise NotRotaryError(
+            f"{arch}: no rotary module holds inv_freq, and in a short forward no attention layer called a rotation "
+            "(an apply_rotary* function of its modeling module): it applies no RoPE that ropelens can see")
+    obs = seen.get(layer)
+    if obs is None:
+        return None
+    differs = obs.differs()
+    if differs is not None:
+        raise UnsupportedModelError(f"{arch}: layer {layer}: {differs}; ropelens measures rotations that turn plane i "
+                                    "by m·θ_i and multiply every position by one constant")
+    return obs.inv_freq.float(), float(obs.scale[0]), obs.pairing, obs.direction
+
+
+def _base_of(inv: torch.Tensor, rotary_dim: int) -> float | None:
+    """The base b of θ_i = b^(−2i/d) that measured frequencies follow (GPT-J's config names none), or None where
+    they follow no such law (then the spec says no base rather than a guessed one)."""
+    if inv.numel() < 2 or float(inv[0]) <= 0 or float(inv[-1]) <= 0:
+        return None
+    n = inv.numel()
+    base = float(f"{float(inv[0].double() / inv[-1].double()) ** (rotary_dim / (2 * (n - 1))):.5g}")
+    law = inv[0].double() * base ** (-2 * torch.arange(n, dtype=torch.float64) / rotary_dim)
+    return base if float(((law - inv.double()) / inv.double()).abs().max()) < 1e-4 else None
 
 
 def rope_spec(model) -> RopeSpec:
@@ -322,8 +365,7 @@ def rope_spec(model) -> RopeSpec:
     # GLM/ERNIE (rotary_adjacent_pairs) and Cohere (rotary_interleaved_cos_sin) rotate adjacent pairs,
     # as GPT-J does; the bridge's own flags say so.
     adjacent = (bool(getattr(tl_cfg, "rotary_adjacent_pairs", False))
-                or bool(getattr(tl_cfg, "rotary_interleaved_cos_sin", False))
-                or arch.startswith(("GPTJ", "CodeGen")))
+                or bool(getattr(tl_cfg, "rotary_interleaved_cos_sin", False)))
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
     calls = _rotary_calls(model, attns)
     blocks = _blocks(model)
@@ -340,10 +382,15 @@ def rope_spec(model) -> RopeSpec:
             continue
         ltype = layer_types[i] if layer_types else None
         rp_all = getattr(cfg, "rope_parameters", None)
+        observed = None  # (pairing, direction) where the rotation was measured rather than read from a buffer
         if isinstance(rp_all, dict) and ltype in rp_all and rp_all[ltype] is None:  # a layer type without RoPE (Beam)
             inv, scaling = torch.zeros(0), 1.0
         else:
-            inv, scaling = _inv_freq_for(rotaries, attn, ltype)
+            try:
+                inv, scaling = _inv_freq_for(rotaries, attn, ltype)
+            except _NoBuffer:
+                got = _observed_rope(model, attns, i, arch)
+                inv, scaling, observed = (torch.zeros(0), 1.0, None) if got is None else (got[0], got[1], got[2:])
         # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
         # (the full-attention layers of Cohere 2 and EXAONE 4 skip apply_rotary_pos_emb)
         if not uses_rope(attn, cfg, i) or (calls is not None and i not in calls):
@@ -357,6 +404,8 @@ def rope_spec(model) -> RopeSpec:
         # multi-head latent attention, read per layer (Dots 3's widths differ between layers)
         mla = _mla_layout(hf, lcfg, called) if is_mla(lcfg) else None
         pairs_adjacent = mla.pop("adjacent") if mla is not None else adjacent
+        if observed is not None:
+            pairs_adjacent = observed[0] == "adjacent"
         if mla is not None:  # the score's head: no-position dims, then the rotary ones
             head_dim = int(lcfg.qk_nope_head_dim) + int(lcfg.qk_rope_head_dim)
         n_kv = kv_heads_of(attn, n_heads, int(getattr(lcfg, "num_key_value_heads", None) or n_heads))
@@ -387,7 +436,7 @@ def rope_spec(model) -> RopeSpec:
                 n_kv_heads=n_kv,
                 score_scale=float(scale),
                 rope_type=str(params.get("rope_type", "default")),
-                base=float(base) if base is not None else (10000.0 if pairs_adjacent else None),
+                base=float(base) if base is not None else _base_of(inv, 2 * inv.numel()),
                 rope_parameters={k: v for k, v in params.items() if jsonable(v)},
                 attention_scaling=scaling,
                 kind=kind,  # type: ignore[arg-type]
@@ -401,6 +450,7 @@ def rope_spec(model) -> RopeSpec:
                 axes=plane_axes(rotaries, inv),
                 mixer=mixer[1] if mixer else None,
                 output_gate=output_gate(attn, n_heads, head_dim),
+                direction=observed[1] if observed is not None else 1,
                 **(mla if mla is not None and inv.numel() else {}),
             )
         )

@@ -14,7 +14,8 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterator
 
-__all__ = ["attention_tap", "complex_positions_axis", "outside_indexers", "rotation_functions", "single_rotation"]
+__all__ = ["attention_tap", "complex_positions_axis", "outside_indexers", "rotation_functions", "single_rotation",
+           "table_rotation"]
 
 _TAPPED = "_ropelens_attention_tap"
 
@@ -94,9 +95,17 @@ def rotation_functions(mod) -> dict[str, Callable]:
     out = {}
     for name in _ROTATION_NAMES:
         fn = getattr(mod, name, None)
-        if fn is not None and (list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"]) or single_rotation(fn)):
+        if fn is not None and (list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"])
+                               or single_rotation(fn) or table_rotation(fn)):
             out[name] = fn
     return out
+
+
+def table_rotation(fn: Callable) -> bool:
+    """Whether ``fn`` rotates one tensor by a sin and cos table and takes no head axis: GPT-J's and CodeGen's
+    ``(tensor, sin, cos)``, applied to keys and then queries, ``[batch, pos, head, rotary_dim]``."""
+    params = list(inspect.signature(fn).parameters)
+    return len(params) == 3 and params[1:] in (["sin", "cos"], ["cos", "sin"])
 
 
 def single_rotation(fn: Callable) -> bool:

@@ -36,6 +36,8 @@ def _eager_calls(hf) -> dict[int, dict]:
 
     def tap(module, query, key, value, attention_mask, scaling, *args, **kwargs):
         out = orig(module, query, key, value, attention_mask, scaling, *args, **kwargs)
+        if not type(module).__name__.endswith("Attention"):  # 5.24's block attention residual calls it too
+            return out
         seen[module.layer_idx] = dict(q=query, k=key, mask=attention_mask, scaling=scaling, probs=out[1], **kwargs)
         return out
 
