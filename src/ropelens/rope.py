@@ -475,6 +475,9 @@ class RopeSpec:
                         f"layer {idx} out of range: the model has {self.n_layers} layers (0..{self.n_layers - 1})"
                     )
                 chosen.append(idx % self.n_layers)
+            # a layer named twice (0,0) or by two names (-1 and n−1) is measured once: a repeated row would
+            # halve every share across layers and add a row of zeros
+            chosen = list(dict.fromkeys(chosen))
             mixers = [self.layers[i] for i in chosen if not self.layers[i].attention]
             if mixers:
                 lr = mixers[0]

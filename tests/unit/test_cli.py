@@ -463,3 +463,23 @@ def test_retrieval_command(tiny_dir, tmp_path, capsys):
     assert [r["recall"] for r in out["recall"]] == saved.to_frame()["recall"].tolist()
     assert main(["retrieval", path, *common, "--threshold", "1.5"]) == 2
     assert "--threshold must lie in [0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["decompose-stats", "usage", "sinks", "entropy"])
+def test_a_repeated_or_aliased_layer_is_measured_once(command, tiny_dir, tmp_path, capsys):
+    """``--layers 0,0`` and ``--layers -1,1`` (two names of one layer) give the single layer's numbers: no row
+    twice, shares that still sum to one, no zero or NaN row."""
+    import json as _json
+
+    path = str(tiny_dir("llama"))
+    common = ["--n-ctx", "32", "--tokens", "64", "--device", "cpu", "--json"]
+    outs = {}
+    for layers in ("1", "1,1", "-1,1"):
+        assert main([command, path, *common, f"--layers={layers}"]) == 0
+        outs[layers] = _json.loads(capsys.readouterr().out)
+    drop = {"provenance", "seconds", "created", "elapsed"}
+
+    def clean(o):
+        return {k: v for k, v in o.items() if k not in drop} if isinstance(o, dict) else o
+
+    assert clean(outs["1,1"]) == clean(outs["1"]) == clean(outs["-1,1"])

@@ -95,7 +95,7 @@ def layer_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer indices such as 0,5,11, got {text!r}") from None
     if not out:
         raise argparse.ArgumentTypeError("expected at least one layer index, e.g. --layers 0,5,11")
-    return out
+    return list(dict.fromkeys(out))  # 0,0 is layer 0 once (aliases such as -1 and n−1 meet in layer_indices)
 
 
 def band_tokens(text: str) -> int | None:
