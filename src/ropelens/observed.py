@@ -65,7 +65,8 @@ class ObservedRotation:
     @property
     def scale_spread(self) -> float:
         """Relative spread of the norm ratio over positions: 0 when one constant multiplies every position."""
-        return float((self.scale.max() - self.scale.min()) / self.scale.abs().max().clamp_min(1e-30))
+        s = self.scale[~self.scale.isnan()]
+        return float((s.max() - s.min()) / s.abs().max().clamp_min(1e-30)) if s.numel() else math.inf
 
     def differs(self) -> str | None:
         """What makes this rotation not RoPE, as observed, or None where it is RoPE with one constant scaling."""
@@ -73,7 +74,7 @@ class ObservedRotation:
             return (f"its rotation of a {self.width}-dim slice turns no pairing of dims as planes (half-split and "
                     f"adjacent pairs both off by {self.fit_error:.2g} relative): it mixes dims across planes")
         if self.scale_spread > _FIT_TOL:
-            s = self.scale.tolist()
+            s = self.scale[~self.scale.isnan()].tolist()
             return (f"its rotation multiplies the norm by a factor that changes with position ({s[0]:.6g} at position "
                     f"0, {s[-1]:.6g} at position {len(s) - 1})")
         if self.linear_error > 1e-3:
@@ -95,9 +96,11 @@ def _fit(x: Tensor, y: Tensor, pairing: str) -> tuple[Tensor, Tensor, float]:
     # a consensus angle per (position, plane), weighted by each vector's norm in the plane
     cross, dot = xa * yb - xb * ya, xa * ya + xb * yb
     angles = torch.atan2(cross.sum(1), dot.sum(1))  # [pos, plane]
-    scale = torch.hypot(ya, yb).sum((1, 2)) / norm.sum((1, 2)).clamp_min(1e-300)  # [pos]
+    total = norm.sum((1, 2))
+    # a position whose input is zero (a padding token's zero embedding) shows no rotation: its scale is undefined
+    scale = torch.where(total > 0, torch.hypot(ya, yb).sum((1, 2)) / total.clamp_min(1e-300), torch.nan)  # [pos]
     c, s = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
-    k = scale.view(-1, 1, 1)
+    k = scale.nan_to_num(0.0).view(-1, 1, 1)
     pa, pb = k * (xa * c - xb * s), k * (xa * s + xb * c)
     err = float(torch.maximum((pa - ya).abs().max(), (pb - yb).abs().max()) / y.abs().max().clamp_min(1e-30))
     return angles, scale, err
@@ -178,7 +181,8 @@ def observe_rotations(model, attns: list[torch.nn.Module | None], view: torch.nn
     try:
         cfg = view.config.get_text_config() if hasattr(view.config, "get_text_config") else view.config
         vocab = int(getattr(cfg, "vocab_size", 0) or 8)
-        toks = ((torch.arange(PROBE_TOKENS) * 5 + 3) % vocab).unsqueeze(0).to(device)
+        # ids past the few special tokens a tokenizer puts first (a padding id may embed to zero)
+        toks = (4 + (torch.arange(PROBE_TOKENS) * 5 + 3) % max(vocab - 4, 1)).clamp_max(vocab - 1).unsqueeze(0).to(device)
         with torch.no_grad():
             view(toks)
     except Exception:  # noqa: BLE001 - a forward this cannot run observes nothing; the caller says so

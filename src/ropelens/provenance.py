@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Provenance", "git_commit", "versions"]
+__all__ = ["Provenance", "git_commit", "tested_versions", "untested_versions", "version_report", "versions"]
 
 _PACKAGES = ("ropelens", "torch", "transformers", "transformer-lens", "numpy", "pandas", "plotly")
 
@@ -26,6 +26,50 @@ def versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             out[name] = "missing"
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def tested_versions() -> dict[str, str]:
+    """The versions ropelens was tested with (``tested_versions.txt``, the constraints ``scripts/setup.sh``
+    installs by default), by distribution name; empty where the file is not shipped."""
+    path = Path(__file__).with_name("tested_versions.txt")
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep and not name.startswith("#"):
+            out[_canonical(name)] = version
+    return out
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def untested_versions() -> dict[str, tuple[str, str]]:
+    """Packages whose installed version is not the tested one: name → (installed, tested)."""
+    tested = tested_versions()
+    out = {}
+    for name, have in versions().items():
+        want = tested.get(_canonical(name))
+        if want is not None and have.split("+")[0] != want.split("+")[0]:
+            out[name] = (have, want)
+    return out
+
+
+def version_report() -> str:
+    """What ``ropelens --version`` prints: the versions in use, and which differ from the tested stack."""
+    v = versions()
+    lines = [f"ropelens {v['ropelens']} (commit {git_commit() or 'unknown'})",
+             "  " + ", ".join(f"{k} {x}" for k, x in v.items() if k != "ropelens")]
+    off = untested_versions()
+    if off:
+        lines.append("  not the tested stack: " + ", ".join(f"{k} {have} (tested {want})" for k, (have, want) in off.items())
+                     + "; bash scripts/setup.sh installs the tested versions")
+    elif tested_versions():
+        lines.append("  the tested stack (tested_versions.txt)")
+    return "\n".join(lines)
 
 
 @functools.lru_cache(maxsize=1)

@@ -155,6 +155,13 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             f"{arch}: its two layer stacks run recurrently ({cfg.H_cycles} high-level cycles of {cfg.L_cycles} "
             "low-level ones), so each layer attends several times per forward; ropelens measures a layer once."
         )
+    loops = getattr(cfg, "n_recurrent_loops", None)
+    if isinstance(loops, int) and loops > 1 and getattr(cfg, "n_recurrent_layers", None):
+        first = int(getattr(cfg, "n_input_layers", 0) or 0)
+        raise UnsupportedModelError(
+            f"{arch}: its recurrent section (layers {first}..{first + int(cfg.n_recurrent_layers) - 1}) runs "
+            f"{loops} times per forward (n_recurrent_loops), so each of those layers attends {loops} times; "
+            "ropelens measures a layer once.")
     blocks = _blocks(model) or []
     for i, b in enumerate(blocks):
         hidden = None if hasattr(b, "attn") else softmax_attention_in(getattr(b, "original_component", None))
@@ -327,7 +334,8 @@ def _observed_rope(model, attns, layer: int, arch: str):
     if differs is not None:
         raise UnsupportedModelError(f"{arch}: layer {layer}: {differs}; ropelens measures rotations that turn plane i "
                                     "by m·θ_i and multiply every position by one constant")
-    return obs.inv_freq.float(), float(obs.scale[0]), obs.pairing, obs.direction
+    scale = obs.scale[~obs.scale.isnan()]
+    return obs.inv_freq.float(), float(scale[0]), obs.pairing, obs.direction
 
 
 def _base_of(inv: torch.Tensor, rotary_dim: int) -> float | None:

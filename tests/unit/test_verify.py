@@ -8,10 +8,9 @@ unverified, with ``verify=False``.
 
 from __future__ import annotations
 
-import importlib
-
 import dataclasses
 import functools
+import importlib
 import json
 
 import pytest

@@ -13,7 +13,6 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from ropelens import __version__
 from ropelens.cli.analysis import (
     add_bands,
     add_decompose,
@@ -56,13 +55,27 @@ SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 )
 
 
+class _Version(argparse.Action):
+    """``--version``: the versions in use, read when asked (not at import)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):  # noqa: A002
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse.Action signature
+        from ropelens.provenance import version_report
+
+        print(version_report())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand in :data:`SUBCOMMANDS`."""
     parser = Parser(
         prog="ropelens",
         description="Mechanistic interpretability of rotary position embeddings (RoPE).",
     )
-    parser.add_argument("--version", action="version", version=f"ropelens {__version__}")
+    parser.add_argument("--version", action=_Version, help="print the versions in use (ropelens, torch, transformers, "
+                        "TransformerLens, ...) and which differ from the tested stack, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in SUBCOMMANDS:
         add(sub)

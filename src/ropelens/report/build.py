@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from ropelens.bands import Bands
 from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance, git_commit, versions
+from ropelens.provenance import Provenance, git_commit, untested_versions, versions
 from ropelens.report import html as H
 from ropelens.report import registry as _sections
 from ropelens.report.collect import ReportData, collect, evenly_spaced
@@ -314,7 +314,8 @@ def _report_json(data: ReportData, sections: list[Section], steps: dict[str, flo
         "findings": [f.to_dict() for s in sections for f in s.findings],
         "sections": [{"key": s.key, "title": s.title, "available": s.available, "numbers": s.numbers,
                       "tables": [f"{name}.csv" for name in s.tables]} for s in sections],
-        "provenance": {**prov.to_dict(), "steps_seconds": steps},
+        "provenance": {**prov.to_dict(), "steps_seconds": steps,
+                       "untested_versions": {k: {"installed": a, "tested": b} for k, (a, b) in untested_versions().items()}},
     })
 
 
@@ -338,6 +339,16 @@ def _findings_html(sections: list[Section]) -> str:
             '(also in <code>report.json</code>).</p>' + body + "</section>")
 
 
+def _untested_html(p: dict[str, Any]) -> str:
+    """A warning beside the versions where some differ from the stack ropelens was tested with."""
+    off = p.get("untested_versions") or {}
+    if not off:
+        return ""
+    what = ", ".join(f"{k} {v['installed']} (tested {v['tested']})" for k, v in off.items())
+    return (f'<br><strong>Not the tested stack:</strong> {H.esc(what)}; <code>bash scripts/setup.sh</code> '
+            "installs the tested versions.")
+
+
 def _provenance_html(report: dict[str, Any]) -> str:
     p = report["provenance"]
     c = report["corpus"]
@@ -350,7 +361,7 @@ def _provenance_html(report: dict[str, Any]) -> str:
                                  f"{H.esc(_short_list(report['measured']['band_statistics']['windows']))}"),
              ("settings", "<code>" + H.esc(json.dumps({k: v for k, v in p["config"].items() if k != "layers"})) + "</code>"),
              ("layers", H.esc(_short_list(p["config"]["layers"]))),
-             ("versions", H.esc(vers)), ("commit", f"<code>{H.esc(p['commit'] or '–')}</code>"),
+             ("versions", H.esc(vers) + _untested_html(p)), ("commit", f"<code>{H.esc(p['commit'] or '–')}</code>"),
              ("created", H.esc(p["created"])),
              ("run time", " · ".join(f"{H.esc(k)} {v:.1f} s" for k, v in p["steps_seconds"].items())
               + f" · total {p['seconds']:.1f} s"),

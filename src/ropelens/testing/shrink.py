@@ -293,6 +293,15 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
         # HRM: num_hidden_layers counts cache slots (one per stack layer per cycle): the stacks shrink, the cycles stay
         out["num_layers_per_stack"] = 2
         out["num_hidden_layers"] = 2 * d["H_cycles"] * (d["L_cycles"] + 1)
+    if all(isinstance(d.get(k), int) for k in ("n_input_layers", "n_output_layers", "n_recurrent_loops")):
+        # Dory: input, recurrent (run n_recurrent_loops times) and output sections that sum to num_hidden_layers
+        out.update(n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, num_hidden_layers=4)
+        types = d.get("layer_types")
+        if isinstance(types, list) and "mlp" in types:  # its saved form lists (attention, mlp) blocks: counts doubled
+            kinds = [t for t in types if t != "mlp"]
+            attn = [kinds[0]] * 3 + [kinds[-1]]  # the first and last kinds of its stack (sliding ×3, then full)
+            out.update(layer_types=[x for t in attn for x in (t, "mlp")], n_input_layers=2, n_recurrent_layers=4,
+                       n_output_layers=2, num_hidden_layers=8)
     # a hybrid whose default stack has no softmax attention (Bamba, Granite 4.0-H) would rotate nothing: its last
     # layer becomes attention, as in its checkpoints
     key, _ = _n_layers(out)

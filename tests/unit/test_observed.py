@@ -1,0 +1,98 @@
+"""The rotation measured from the model's own forward: exact where a release moves the tables, and a rotation that
+is not RoPE described as observed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import ropelens
+from ropelens.errors import UnsupportedModelError
+from ropelens.models import wrap_hf_model
+from ropelens.observed import measure_rotation
+from ropelens.rope import LayerRope
+from ropelens.testing import tiny_hf_model, tiny_tokenizer
+from ropelens.verify import verify_model
+
+
+def _layer(pairing: str, d: int = 16, base: float = 100.0, direction: int = 1) -> LayerRope:
+    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return LayerRope(layer=0, inv_freq=inv.float(), head_dim=d, rotary_dim=d, pairing=pairing, n_heads=3, n_kv_heads=3,
+                     score_scale=1.0, direction=direction)
+
+
+@pytest.mark.parametrize("pairing", ["half", "adjacent"])
+@pytest.mark.parametrize("direction", [1, -1])
+def test_measured_rotation_gives_pairing_frequencies_and_direction(pairing, direction):
+    lr = _layer(pairing, direction=direction)
+    x = torch.randn(2, 3, 7, 16, generator=torch.Generator().manual_seed(0))
+    y = lr.rotate(x, torch.arange(7)) * 1.25  # an attention scaling folded into cos and sin
+    obs = measure_rotation(x, y, 2)
+    assert obs.pairing == pairing and obs.direction == direction and obs.differs() is None
+    torch.testing.assert_close(obs.inv_freq.float(), lr.inv_freq, rtol=1e-6, atol=1e-7)
+    assert math.isclose(float(obs.scale[0]), 1.25, rel_tol=1e-6)
+
+
+def test_a_rotation_that_is_not_rope_is_described_as_observed():
+    lr = _layer("half")
+    x = torch.randn(1, 7, 3, 16, generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(7)
+    rotated = lr.rotate(x.transpose(1, 2), pos).transpose(1, 2)
+    temperature = (1 + 0.1 * torch.log1p(torch.floor(pos / 3.0))).view(1, 7, 1, 1)
+    assert "changes with position" in measure_rotation(x, rotated * temperature, 1).differs()
+    mixed = rotated @ torch.randn(16, 16, generator=torch.Generator().manual_seed(2))
+    assert "mixes dims across planes" in measure_rotation(x, mixed, 1).differs()
+    squared = lr.rotate(x.transpose(1, 2), pos ** 2).transpose(1, 2)
+    assert "not proportional to position" in measure_rotation(x, squared, 1).differs()
+
+
+class _MovedTables(torch.nn.Module):
+    """A model-level module, named nothing like "rotary", that hands the attention its (cos, sin) from a table: what a
+    release that moves the buffers looks like to a reader that looks for them by name."""
+
+    def __init__(self, inv_freq: torch.Tensor, n: int = 512) -> None:
+        super().__init__()
+        ang = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq.float()[None]
+        self.register_buffer("table", torch.cat([ang, ang], -1), persistent=False)
+
+    def forward(self, x, position_ids):
+        a = self.table[position_ids]
+        return a.cos().to(x.dtype), a.sin().to(x.dtype)
+
+
+@pytest.mark.parametrize("bridge", [True, False])
+def test_tables_moved_to_another_module_keep_the_reading_exact(bridge):
+    hf = tiny_hf_model("llama")
+    expected = hf.model.rotary_emb.inv_freq.clone()
+    hf.model.rotary_emb = _MovedTables(expected)  # no inv_freq left where ropelens looked for it
+    model = wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="moved", bridge=bridge)
+    spec = ropelens.rope_spec(model)
+    for lr in spec.layers:
+        torch.testing.assert_close(lr.inv_freq, expected.float(), rtol=1e-6, atol=1e-7)
+        assert lr.pairing == "half" and lr.direction == 1
+    v = verify_model(model)
+    assert v.passed and v.errors["rotation"] < 1e-5 and v.errors["probs"] < 1e-5
+
+
+def test_a_moved_table_that_is_not_rope_is_refused_with_what_was_seen():
+    hf = tiny_hf_model("llama")
+    inv = hf.model.rotary_emb.inv_freq.clone()
+    tables = _MovedTables(inv)
+    tables.table[:, : inv.numel()] = tables.table[:, : inv.numel()] ** 1.5  # angles not m·θ: first half only
+    hf.model.rotary_emb = tables
+    model = wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="moved", bridge=False)
+    with pytest.raises(UnsupportedModelError, match="layer 0: its rotation") as err:
+        ropelens.rope_spec(model)
+    assert "\n" not in str(err.value)
+
+
+def test_a_recurrent_section_is_refused_with_its_loop_count(tmp_path):
+    """Dory (transformers ≥ 5.24) runs its middle layers n_recurrent_loops times per forward: refused, and why."""
+    pytest.importorskip("transformers.models.dory")
+    from ropelens.testing.sweep import sweep_one
+
+    row = sweep_one("dory", workdir=tmp_path)
+    assert row.status == "refused", row.detail
+    assert "runs 2 times per forward (n_recurrent_loops)" in row.detail
