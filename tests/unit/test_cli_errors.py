@@ -159,6 +159,9 @@ def test_outputs_are_not_created_when_the_model_fails(argv, tmp_path, monkeypatc
     (["passkey", "--lengths", "5", "--save", "{tmp}/p.json"], "length 5 is too short"),
     (["decompose", "--window", "99999", "--n-ctx", "32"], "--window 99999 does not exist: pick 0.."),
     (["context", "--target", "100"], "--target 100 must exceed the original context 256: pass --original N"),
+    # sizes checked against what the computation needs before anything is allocated
+    (["passkey", "--lengths", "100000000"], "a passkey prompt of 100,000,000 tokens needs about"),
+    (["predict-base", "--lengths", "1e10"], "context length 10,000,000,000 is past 262,144 tokens"),
 ])
 def test_bad_value_for_this_model(argv, message, tiny_dir, tmp_path, capsys):
     """Checks that need the model's own layers, context or tokenizer: still one line, nothing saved."""
@@ -336,3 +339,19 @@ def test_compare_bad_input(two_reports, tmp_path, capsys):
         assert message in fails(["compare", *argv, *(["--out", str(tmp_path / "cmp")] if "--out" not in argv else [])],
                                 tmp_path, capsys)
     assert {p: tree(p) for p in (a, b)} == before  # the reports are untouched
+
+
+def test_similarity_too_large_for_memory_is_refused_by_its_flag(tmp_path, capsys):
+    got = fails(["pe-geometry", "--n-pos", "100000000"], tmp_path, capsys)
+    assert got.startswith("--n-pos 100,000,000 (an n × n similarity matrix) needs about") and "pass a smaller --n-pos" in got
+    assert fails(["pe-geometry", "--d", "7"], tmp_path, capsys).startswith("--d 7 must be even")
+
+
+def test_context_past_the_certified_bound_still_answers(tiny_dir, capsys):
+    """A target far past any context (1e20 tokens) gets the per-plane view at once, and the base bound says why it is
+    not given; nothing is allocated by the target's size."""
+    started = time.perf_counter()
+    assert main(["context", str(tiny_dir("llama")), "--target", str(10**20), "--json"]) == 0
+    assert time.perf_counter() - started < 30
+    out = json.loads(capsys.readouterr().out)
+    assert out["target_ctx"] == 10**20 and out["base_lower_bound_target"] is None and out["views"]

@@ -126,6 +126,9 @@ def _violation_steps(m: np.ndarray, a: np.ndarray, theta: np.ndarray) -> np.ndar
     return out
 
 
+MAX_BOUND_CONTEXT = 1 << 18  # 262,144 tokens: the exact base bound's scan over every m < L takes about a minute there
+
+
 def base_lower_bound(rotary_dim: int, context_len: int, *, max_base: float = 1e15) -> float:
     """Smallest base with Σ_i cos(m·θ_i) ≥ 0 for all m < L (arXiv 2405.14591), exact to float64.
 
@@ -141,6 +144,10 @@ def base_lower_bound(rotary_dim: int, context_len: int, *, max_base: float = 1e1
     """
     d = check_positive_int(rotary_dim, "rotary_dim")
     context_len = check_positive_int(context_len, "context_len")
+    if context_len > MAX_BOUND_CONTEXT:
+        raise InputError(f"context length {context_len:,} is past {MAX_BOUND_CONTEXT:,} tokens, the longest whose base "
+                         "lower bound ropelens certifies (the search evaluates B(m) at every m < L, minutes beyond "
+                         "that): pass a shorter length")
     if d % 2:
         raise InputError(f"rotary_dim must be even (RoPE rotates pairs), got {d}")
     if context_len <= 2 or bound_holds(1.0 + 1e-9, d, context_len):

@@ -456,6 +456,10 @@ def passkey_retrieval(
                          f"got {type(variant).__name__}")
     if getattr(model, "tokenizer", None) is None:
         raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
+    from ropelens.devices import device_of, forward_bytes, require_memory
+
+    require_memory(forward_bytes(model, max(lengths)), f"a passkey prompt of {max(lengths):,} tokens",
+                   "pass shorter lengths", device_of(model))
     # A rotation that depends on the input's length must see the whole input at once.
     exact = isinstance(variant, (DynamicNTK, LongRoPE))
     grid = [(L, d, t) for L in lengths for d in depths for t in range(n_trials)]

@@ -158,6 +158,11 @@ def pe_similarity(
     e = _check_embeddings(embeddings)
     n = e.shape[0]
     max_distance = max_distance_arg(max_distance, n)
+    from ropelens.devices import require_memory
+
+    # the float64 similarity matrix, its float32 copy and one diagonal at a time
+    require_memory(12.0 * e.shape[0] ** 2, f"the {e.shape[0]:,} × {e.shape[0]:,} similarity matrix",
+                   "pass fewer positions")
     u = e / e.norm(dim=1, keepdim=True)
     sim = u @ u.T
     diags = [sim.diagonal(-k) for k in range(max_distance + 1)]  # symmetric: one side covers |m − n|

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from ropelens.cli.common import ModelOptions, OutputOptions, add_command, load_from_args
+from ropelens.cli.common import (
+    ModelOptions,
+    OutputOptions,
+    add_command,
+    load_from_args,
+    positive_int,
+)
+from ropelens.errors import InputError
 
 __all__ = ["add_pe_geometry"]
 
@@ -13,8 +20,8 @@ def add_pe_geometry(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens pe-geometry [--model M]``: period and strength of position-embedding similarity."""
     p = add_command(subparsers, "pe-geometry", run_pe_geometry)
     ModelOptions.add_to(p, flag_help="HF model directory or hub name with learned position embeddings")
-    p.add_argument("--n-pos", type=int, default=512, help="positions of the sinusoidal reference (default 512)")
-    p.add_argument("--d", type=int, default=128, help="width of the sinusoidal reference (even; default 128)")
+    p.add_argument("--n-pos", type=positive_int, default=512, help="positions of the sinusoidal reference (default 512)")
+    p.add_argument("--d", type=positive_int, default=128, help="width of the sinusoidal reference (even; default 128)")
     p.add_argument("--base", type=float, default=10000.0, help="sinusoidal base (default 10000)")
     OutputOptions.add_to(p)
 
@@ -26,7 +33,13 @@ def run_pe_geometry(args: argparse.Namespace) -> int:
     OPT, BERT-like): the by-distance cosine similarity and its dominant period.
     """
     from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
+    from ropelens.devices import require_memory
 
+    if args.n_pos < 2:
+        raise InputError(f"--n-pos {args.n_pos}: the similarity by distance needs at least 2 positions")
+    if args.d % 2:
+        raise InputError(f"--d {args.d} must be even: sinusoidal embeddings pair a sine and a cosine per frequency")
+    require_memory(12.0 * args.n_pos ** 2, f"--n-pos {args.n_pos:,} (an n × n similarity matrix)", "pass a smaller --n-pos")
     sims = [pe_similarity(sinusoidal_pe(args.n_pos, args.d, args.base), name=f"sinusoidal {args.n_pos}x{args.d}")]
     if args.model is not None:
         sims.append(pe_similarity(learned_pe(load_from_args(args)), name=str(args.model)))

@@ -200,15 +200,18 @@ def run_context(args: argparse.Namespace) -> int:
             "yarn": lambda: V.YaRN(s, l0), "llama3": lambda: V.Llama3(s, 1.0, 4.0, l0)}
     views = [ctx.plane_view(layer, make[n](), l0, args.target) for n in names]
     bounds = {"critical_dimension": ext.critical_dimension(layer.base, layer.rotary_dim, l0),
-              "base": layer.base, "base_lower_bound_target": ext.base_lower_bound(layer.rotary_dim, args.target)}
+              "base": layer.base, "base_lower_bound_target": (ext.base_lower_bound(layer.rotary_dim, args.target)
+                                                              if args.target <= ext.MAX_BOUND_CONTEXT else None)}
     output = OutputOptions.from_args(args)
     if output.json:
         return output.emit({"layer": args.layer, "original_ctx": l0, "target_ctx": args.target, **bounds,
                             "views": [{**v.counts(), "variant": v.variant, "attention_scaling": v.attention_scaling,
                                        "planes": v.to_frame().to_dict("records")} for v in views]})
     print(f"layer {args.layer}: base {layer.base:g}, {layer.n_planes} planes, {l0} -> {args.target} tokens (x{s:g})")
+    bound = bounds["base_lower_bound_target"]
+    bound = f"{bound:.4g}" if bound is not None else f"not certified past {ext.MAX_BOUND_CONTEXT:,} tokens"
     print(f"critical dimension at {l0}: {bounds['critical_dimension']} of {layer.rotary_dim} dims; base lower bound "
-          f"for {args.target}: {bounds['base_lower_bound_target']:.4g}")
+          f"for {args.target}: {bound}")
     print(f"{'variant':10s} {'kept':>5s} {'interp':>6s} {'extrap':>6s} {'min scale':>9s} {'max scale':>9s} {'attn':>6s}")
     for n, v in zip(names, views, strict=True):
         c, sc = v.counts(), v.scale
