@@ -126,7 +126,9 @@ def _violation_steps(m: np.ndarray, a: np.ndarray, theta: np.ndarray) -> np.ndar
     return out
 
 
-MAX_BOUND_CONTEXT = 1 << 18  # 262,144 tokens: the exact base bound's scan over every m < L takes about a minute there
+# 262,144 tokens: the exact search's cost grows about 4× per doubling of L (rotary_dim 128 on 2 CPU cores: 4.7 s at
+# 65,536, 18.7 s at 131,072, 122 s at 262,144), so past this it would run for many minutes
+MAX_BOUND_CONTEXT = 1 << 18
 
 
 def base_lower_bound(rotary_dim: int, context_len: int, *, max_base: float = 1e15) -> float:
@@ -146,8 +148,8 @@ def base_lower_bound(rotary_dim: int, context_len: int, *, max_base: float = 1e1
     context_len = check_positive_int(context_len, "context_len")
     if context_len > MAX_BOUND_CONTEXT:
         raise InputError(f"context length {context_len:,} is past {MAX_BOUND_CONTEXT:,} tokens, the longest whose base "
-                         "lower bound ropelens certifies (the search evaluates B(m) at every m < L, minutes beyond "
-                         "that): pass a shorter length")
+                         "lower bound ropelens certifies (the search evaluates B(m) at every m < L: 2 minutes at that "
+                         "length, about 4× longer per doubling): pass a shorter length")
     if d % 2:
         raise InputError(f"rotary_dim must be even (RoPE rotates pairs), got {d}")
     if context_len <= 2 or bound_holds(1.0 + 1e-9, d, context_len):
