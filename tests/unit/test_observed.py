@@ -96,3 +96,20 @@ def test_a_recurrent_section_is_refused_with_its_loop_count(tmp_path):
     row = sweep_one("dory", workdir=tmp_path)
     assert row.status == "refused", row.detail
     assert "runs 2 times per forward (n_recurrent_loops)" in row.detail
+
+
+def test_an_adapter_whose_forward_fails_falls_back_to_the_hf_model(monkeypatch):
+    """An adapter written against another transformers release can boot and then fail when it runs (TransformerLens
+    4.3's CodeGen attention reads a buffer transformers 5.24 moved): the HF model is measured instead."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from ropelens.plain import is_plain
+
+    def broken(self, *args, **kwargs):
+        raise AttributeError("'LlamaAttention' object has no attribute 'moved_buffer'")
+
+    monkeypatch.setattr(TransformerBridge, "forward", broken)
+    model = wrap_hf_model(tiny_hf_model("llama"), tiny_tokenizer(), device="cpu", label="fallback")
+    assert is_plain(model)
+    assert "fails in its forward" in model.cfg.why and "moved_buffer" in model.cfg.why
+    assert verify_model(model).passed
