@@ -47,7 +47,7 @@ import hashlib
 import importlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -237,13 +237,45 @@ class _Failure:
     error: float
     tol: float
     detail: str = ""
+    seen: str | None = None  # what the model's rotation was measured to do differently (rotation check)
 
     def message(self, arch: str) -> str:
         which = self.detail if self.check in ("rotation", "qk") else ""
         extra = f" ({self.detail})" if self.detail and not which else ""
+        meaning = (f"measured on the model's own rotated {which or 'q'}, {self.seen}" if self.seen
+                   else _MEANING[self.check].format(which=which or "q"))
         return (f"{arch}: layer {self.layer} fails the {self.check} check ({self.path}): error {self.error:.3g} > "
-                f"{self.tol:.1g}{extra}: {_MEANING[self.check].format(which=which or 'q')}; ropelens's reading "
+                f"{self.tol:.1g}{extra}: {meaning}; ropelens's reading "
                 "does not describe this model (pass verify=False or --no-verify to measure it anyway, unverified)")
+
+
+def rotation_mismatch(lr: LayerRope, pre: Tensor, post: Tensor) -> str | None:
+    """What the rotation that took ``pre`` to ``post`` (``[pos, head, d]``, positions from 0) does that ``lr`` does not,
+    measured (:func:`ropelens.observed.measure_rotation`), in words; None where nothing measurable differs."""
+    from ropelens.observed import measure_rotation
+
+    dims = slice(lr.rotary_offset, lr.rotary_offset + lr.rotary_dim)
+    if pre.shape != post.shape or pre.shape[0] < 3 or not lr.rotary_dim:
+        return None
+    obs = measure_rotation(pre[..., dims], post[..., dims], 0)
+    differs = obs.differs()
+    if differs is not None:
+        return differs.removeprefix("its ")
+    if obs.pairing != lr.pairing:
+        return f"the rotation pairs dims {obs.pairing} where the reading pairs them {lr.pairing}"
+    if obs.direction != lr.direction:
+        return "the rotation turns the planes the other way from the reading's"
+    spec = lr.inv_freq.double()
+    rel = (obs.inv_freq - spec).abs() / spec.abs().clamp_min(1e-30)
+    if float(rel.max()) > 1e-4:
+        i = int(rel.argmax())
+        return (f"the rotation turns plane {i} by θ = {float(obs.inv_freq[i]):.6g} per token where the reading says "
+                f"{float(spec[i]):.6g}")
+    scale = obs.scale[~obs.scale.isnan()]
+    if scale.numel() and abs(float(scale[0]) - lr.attention_scaling) > 1e-4 * max(1.0, lr.attention_scaling):
+        return (f"the rotation multiplies the norm by {float(scale[0]):.6g} where the reading says "
+                f"{lr.attention_scaling:.6g}")
+    return None
 
 
 class _Probe:
@@ -267,11 +299,12 @@ class _Probe:
         self.long_windows = sorted({w for w in windows if w + 8 > self.n})
         self.long_chunks = sorted({c for c in chunks if 2 * c + 8 > self.n})
 
-    def _note(self, check: str, layer: int, path: str, err: float, detail: str = "") -> None:
+    def _note(self, check: str, layer: int, path: str, err: float, detail: str = "",
+              seen: Callable[[], str | None] | None = None) -> None:
         err = float(err) if math.isfinite(err) else math.inf
         self.errors[check] = max(self.errors.get(check, 0.0), err)
         if err > self.tol[check]:
-            self.failures.append(_Failure(check, layer, path, err, self.tol[check], detail))
+            self.failures.append(_Failure(check, layer, path, err, self.tol[check], detail, seen() if seen else None))
 
     def tokens(self) -> Tensor:
         vocab = int(getattr(getattr(self.model, "cfg", None), "d_vocab", 0) or len(self.model.tokenizer))
@@ -330,7 +363,7 @@ class _Probe:
                 same = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(pre.abs().max().clamp_min(1e-30))
                 ablated = bool(getattr(self.model, "_ropelens_interventions", 0))
                 err = rotation_error(lr, post) if same else rotation_from_pre(lr, pre, post, ablated)
-                self._note("rotation", L, path, err, which)
+                self._note("rotation", L, path, err, which, lambda lr=lr, pre=pre, post=post: rotation_mismatch(lr, pre, post))
                 if lr.shared_rotary_key and not lr.norm_after_rope:
                     # MLA builds each head around the rotation's output: placed at the spec's rotary dims, it must
                     # be the q/k that enter the score (a wrong offset puts it over the no-position dims)

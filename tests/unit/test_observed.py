@@ -113,3 +113,34 @@ def test_an_adapter_whose_forward_fails_falls_back_to_the_hf_model(monkeypatch):
     assert is_plain(model)
     assert "fails in its forward" in model.cfg.why and "moved_buffer" in model.cfg.why
     assert verify_model(model).passed
+
+
+def test_a_failed_rotation_check_says_what_the_rotation_was_measured_to_do(tmp_path):
+    """Ministral 3 multiplies its rotated queries by 1 + β·ln(1 + ⌊m/L₀⌋) past L₀ (llama_4_scaling_beta): past that
+    point the probe's refusal names a norm factor that changes with position, measured, not a guessed cause."""
+    from transformers import AutoModelForCausalLM
+
+    from ropelens.testing.shrink import shrink_config
+
+    cfg = shrink_config("ministral3")
+    cfg.rope_parameters["original_max_position_embeddings"] = 8  # the probe's 32 tokens pass it
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    model = ropelens.load_model(str(tmp_path), device="cpu")
+    with pytest.raises(UnsupportedModelError, match=r"layer 0 fails the rotation check .*factor that changes with "
+                                                    r"position \(1 at position 0, 1\.13863 at position 31\)"):
+        verify_model(model)
+
+
+def test_a_misread_frequency_is_named_with_both_values():
+    from ropelens.verify import rotation_mismatch
+
+    lr = _layer("half")
+    x = torch.randn(7, 3, 16, generator=torch.Generator().manual_seed(3))
+    true = _layer("half", base=200.0)
+    post = true.rotate(x.transpose(0, 1), torch.arange(7)).transpose(0, 1)
+    assert rotation_mismatch(lr, x, post) == ("the rotation turns plane 7 by θ = 0.00969613 per token where the reading "
+                                              "says 0.0177828")
+    assert "pairs dims adjacent" in rotation_mismatch(lr, x, _layer("adjacent").rotate(x.transpose(0, 1), torch.arange(7)).transpose(0, 1))
