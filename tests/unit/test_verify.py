@@ -126,7 +126,8 @@ def _spec_patch(monkeypatch, **change) -> None:
 def test_wrong_pairing_is_caught(monkeypatch):
     model = tiny_model("llama")
     _spec_patch(monkeypatch, pairing="adjacent")
-    _caught(model, r"layer 0 fails the rotation check .*wrong frequencies, pairing or direction")
+    _caught(model, r"layer 0 fails the rotation check .*measured on the model.s own rotated q, the rotation pairs dims "
+                   r"half where the reading pairs them adjacent")
 
 
 def test_wrong_pairing_the_other_way_is_caught(monkeypatch):
