@@ -34,12 +34,14 @@ def test_smollm2_two_ranks_equal_one_process(smollm2, tmp_path):
                                    batch_size=2, progress=False)
     two = BandStatistics.load(tmp_path / "s.json")
     assert two.provenance.config["world_size"] == 2
+    # each rank batches its own windows, and a float32 forward of a window rounds differently in another batch
+    # (5.4e-8 relative measured under torch 2.13 / transformers 5.24); the merge itself adds float64 sums exactly
     for k, v in one.sums.items():
-        assert _rel(two.sums[k], v) <= 1e-9, k
+        assert _rel(two.sums[k], v) <= 1e-6, k
     u1 = ropelens.frequency_usage(smollm2, "english", n_ctx=64, max_tokens=64 * 5, layers=[0, 14, 29], progress=False)
     u2 = FrequencyUsage.load(tmp_path / "u.json")
     for key, m in u1.token.items():
-        assert _rel(u2.token[key].total, m.total) <= 1e-9, key
+        assert _rel(u2.token[key].total, m.total) <= 1e-6, key
 
 
 def test_smollm2_killed_run_resumes_to_the_identical_result(smollm2, tmp_path):
