@@ -69,7 +69,7 @@ def require_memory(nbytes: float, what: str, fix: str, device: torch.device | st
 def forward_bytes(model: Any, n_tokens: int) -> float:
     """A lower bound on the memory one forward over ``n_tokens`` tokens holds: each layer's keys and values (the
     cache a long prompt keeps) and a few hidden and MLP activations, in the model's dtype."""
-    hf = getattr(model, "original_model", None) or getattr(model, "hf", None) or model
+    hf = getattr(model, "original_model", None) or model  # a bridge's or a plain model's HF model, or an HF model
     cfg = getattr(hf, "config", None)
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     hidden = int(getattr(cfg, "hidden_size", 0) or 0)

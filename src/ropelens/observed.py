@@ -15,6 +15,7 @@ keep theirs on a model-level module since transformers 5.24) without knowing whe
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable
@@ -39,7 +40,7 @@ class ObservedRotation:
     scale: Tensor  # [pos] norm ratio |out| / |in| per position
     fit_error: float  # relative max error of "rotate each plane, times scale[pos]" against the output
 
-    @property
+    @functools.cached_property
     def inv_freq(self) -> Tensor:
         """θ_i from the angle at position 1, refined along later positions by unwrapping (float64)."""
         a = self.angles
@@ -122,11 +123,6 @@ def measure_rotation(x: Tensor, y: Tensor, pos_axis: int) -> ObservedRotation:
                             fit_error=err)
 
 
-def _position_axis(x: Tensor, n: int) -> int | None:
-    axes = [a for a in (1, 2) if x.ndim == 4 and x.shape[a] == n]
-    return axes[0] if len(axes) == 1 else (2 if axes else None)
-
-
 def _rotation_names(mod) -> list[str]:
     return [n for n, f in vars(mod).items() if n.startswith("apply_rotary") and callable(f)]
 
@@ -136,7 +132,7 @@ def observe_rotations(model, attns: list[torch.nn.Module | None], view: torch.nn
     """Layer → what its attention's first rotation call did, in one forward of ``view`` (the HF module tree) on
     :data:`PROBE_TOKENS` tokens; None where the forward cannot run. Layers whose attention calls no
     ``apply_rotary*`` function of the modeling module are absent. Cached on ``model``."""
-    from ropelens.taps import outside_indexers
+    from ropelens.taps import layer_taps, probe_forward
 
     mod = importlib.import_module(type(view).__module__)
     names = _rotation_names(mod)
@@ -144,11 +140,6 @@ def observe_rotations(model, attns: list[torch.nn.Module | None], view: torch.nn
     cached = getattr(model, "_ropelens_observed_rotations", None)
     if cached is not None and cached[0] == key:
         return cached[1]
-    kinds = {type(a) for a in attns if a is not None}
-    mods = [m for m in view.modules() if type(m) in kinds]
-    where = [i for i, a in enumerate(attns) if a is not None]
-    if len(mods) != len(where):
-        return None
     current: list = [None]
     depth = [0]
     seen: dict[int, tuple[Tensor, Tensor]] = {}
@@ -169,33 +160,15 @@ def observe_rotations(model, attns: list[torch.nn.Module | None], view: torch.nn
             return out
         return call
 
-    def enter(i):
-        return lambda _m, _a: current.__setitem__(0, i)
-
-    handles = [m.register_forward_pre_hook(enter(i)) for i, m in zip(where, mods, strict=True)]
-    handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
-    handles += outside_indexers(mods, current)
-    saved = {n: getattr(mod, n) for n in names}
-    for n, fn in saved.items():
-        setattr(mod, n, tapped(fn))
-    try:
-        cfg = view.config.get_text_config() if hasattr(view.config, "get_text_config") else view.config
-        vocab = int(getattr(cfg, "vocab_size", 0) or 8)
-        # ids past the few special tokens a tokenizer puts first (a padding id may embed to zero)
-        toks = (4 + (torch.arange(PROBE_TOKENS) * 5 + 3) % max(vocab - 4, 1)).clamp_max(vocab - 1).unsqueeze(0).to(device)
-        with torch.no_grad():
-            view(toks)
-    except Exception:  # noqa: BLE001 - a forward this cannot run observes nothing; the caller says so
-        return None
-    finally:
-        for n, fn in saved.items():
-            setattr(mod, n, fn)
-        for h in handles:
-            h.remove()
+    with layer_taps(view, attns, current, mod, {n: tapped(getattr(mod, n)) for n in names}) as tapping:
+        if not tapping or not probe_forward(view, device, PROBE_TOKENS):
+            return None
     result = {}
     for layer, (x, y) in seen.items():
-        axis = _position_axis(x, PROBE_TOKENS)
-        if axis is not None:
-            result[layer] = measure_rotation(x, y, axis)
+        # positions on axis 1 ([batch, pos, head, d]: GPT-J) or 2 ([batch, head, pos, d]); where heads are as many as
+        # the probe's tokens, both are measured and the reading that is RoPE (else fits best) is kept
+        fits = [measure_rotation(x, y, a) for a in (1, 2) if x.ndim == 4 and x.shape[a] == PROBE_TOKENS]
+        if fits:
+            result[layer] = min(fits, key=lambda o: (o.differs() is not None, o.fit_error))
     object.__setattr__(model, "_ropelens_observed_rotations", (key, result))
     return result

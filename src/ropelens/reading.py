@@ -33,7 +33,8 @@ from ropelens.rope import LayerRope, RopeSpec
 from ropelens.taps import (
     attention_tap,
     complex_positions_axis,
-    outside_indexers,
+    layer_taps,
+    probe_forward,
     rotation_functions,
 )
 
@@ -525,11 +526,6 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
     from ropelens.devices import device_of
 
     view = _hf_tree(hf_model_of(model))
-    kinds = {type(a) for a in attns if a is not None}
-    mods = [m for m in view.modules() if type(m) in kinds]
-    where = [i for i, a in enumerate(attns) if a is not None]  # the layer of each attention module, in order
-    if len(mods) != len(where):
-        return None
     current: list[int | None] = [None]
     calls: dict[int, tuple[torch.Tensor, ...]] = {}
     scored: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -551,24 +547,11 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
         if current[0] in calls and current[0] not in scored:
             scored[current[0]] = (query.detach().float().cpu(), key.detach().float().cpu())
 
-    def enter(i):
-        return lambda _m, _a: current.__setitem__(0, i)
-
-    handles = [m.register_forward_pre_hook(enter(i)) for i, m in zip(where, mods, strict=True)]
-    handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
-    handles += outside_indexers(mods, current)
-    setattr(mod, name, tap)
-    try:
-        vocab = int(getattr(_text_config(view), "vocab_size", 0) or 8)
-        toks = (torch.arange(_PROBE_TOKENS) % vocab).unsqueeze(0).to(device_of(model))
-        with torch.no_grad(), attention_tap(mods, score):
-            view(toks)
-    except Exception:  # noqa: BLE001 - a family this forward cannot run keeps the config's reading (the probe still checks it)
-        return None
-    finally:
-        setattr(mod, name, orig)
-        for h in handles:
-            h.remove()
+    attn_mods = [m for m in view.modules() if type(m) in {type(a) for a in attns if a is not None}]
+    with layer_taps(view, attns, current, mod, {name: tap}) as tapping:
+        # a family this forward cannot run keeps the config's reading (the probe still checks it)
+        if not tapping or not probe_forward(view, device_of(model), _PROBE_TOKENS, attention_tap(attn_mods, score)):
+            return None
     # a rotation outside the attention modules cannot be placed in a layer: keep the config's reading
     result = None
     if calls and not outside[0]:
@@ -594,8 +577,6 @@ def _called_rotation(model, attns) -> str | None:
     if cached is not None and cached[0] == key:
         return cached[1]
     view = _hf_tree(hf_model_of(model))
-    kinds = {type(a) for a in attns if a is not None}
-    mods = [m for m in view.modules() if type(m) in kinds]
     current: list = [None]
     seen: list[str] = []
 
@@ -606,22 +587,10 @@ def _called_rotation(model, attns) -> str | None:
             return fn(*args, **kwargs)
         return call
 
-    handles = [m.register_forward_pre_hook(lambda _m, _a: current.__setitem__(0, True)) for m in mods]
-    handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
-    handles += outside_indexers(mods, current)
-    for name, fn in fns.items():
-        setattr(mod, name, tapped(name, fn))
-    try:
-        vocab = int(getattr(_text_config(view), "vocab_size", 0) or 8)
-        with torch.no_grad():
-            view((torch.arange(_PROBE_TOKENS) % vocab).unsqueeze(0).to(device_of(model)))
-    except Exception:  # noqa: BLE001 - a forward this cannot run leaves the config's reading (the probe checks it)
-        return None
-    finally:
-        for name, fn in fns.items():
-            setattr(mod, name, fn)
-        for h in handles:
-            h.remove()
+    with layer_taps(view, attns, current, mod, {name: tapped(name, fn) for name, fn in fns.items()}) as tapping:
+        # a forward this cannot run leaves the config's reading (the probe checks it)
+        if not tapping or not probe_forward(view, device_of(model), _PROBE_TOKENS):
+            return None
     result = seen[0] if seen else None
     object.__setattr__(model, "_ropelens_called_rotation", (key, result))  # not a submodule: nothing registered
     return result

@@ -14,8 +14,8 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterator
 
-__all__ = ["attention_tap", "complex_positions_axis", "outside_indexers", "rotation_functions", "single_rotation",
-           "table_rotation"]
+__all__ = ["attention_tap", "complex_positions_axis", "layer_taps", "outside_indexers", "probe_forward",
+           "rotation_functions", "single_rotation", "table_rotation"]
 
 _TAPPED = "_ropelens_attention_tap"
 
@@ -148,3 +148,52 @@ def outside_indexers(attns, current: list) -> list:
             if type(m).__name__.endswith("Indexer"):
                 handles += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
     return handles
+
+
+@contextlib.contextmanager
+def layer_taps(view, attns, current: list, mod=None, patches: dict[str, Callable] | None = None) -> Iterator[bool]:
+    """While the block runs, ``current[0]`` is the layer of the attention module of ``view`` (an HF module tree) that
+    is running (None outside them and inside a sparse-attention indexer), and ``mod``'s functions named in
+    ``patches`` are the given ones; everything is undone on exit. ``attns`` lists each layer's attention module
+    (None for a layer without one), whose classes find their copies in ``view``. Yields False (and taps nothing)
+    where ``view`` does not hold one such module per attention layer."""
+    kinds = {type(a) for a in attns if a is not None}
+    mods = [m for m in view.modules() if type(m) in kinds]
+    where = [i for i, a in enumerate(attns) if a is not None]
+    if len(mods) != len(where):
+        yield False
+        return
+
+    def enter(i):
+        return lambda _m, _a: current.__setitem__(0, i)
+
+    handles = [m.register_forward_pre_hook(enter(i)) for i, m in zip(where, mods, strict=True)]
+    handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
+    handles += outside_indexers(mods, current)
+    saved = {n: getattr(mod, n) for n in patches or {}}
+    for n, fn in (patches or {}).items():
+        setattr(mod, n, fn)
+    try:
+        yield True
+    finally:
+        for n, fn in saved.items():
+            setattr(mod, n, fn)
+        for h in handles:
+            h.remove()
+
+
+def probe_forward(view, device, n: int, context: contextlib.AbstractContextManager | None = None) -> bool:
+    """One forward of ``view`` (an HF causal LM) on ``n`` token ids past the few special ids a tokenizer puts first
+    (a padding id may embed to zero, and a zero query shows no rotation), without gradients and inside
+    ``context``; False where the forward raises (a family this cannot run)."""
+    import torch
+
+    cfg = view.config.get_text_config() if hasattr(view.config, "get_text_config") else view.config
+    vocab = int(getattr(cfg, "vocab_size", 0) or 8)
+    ids = (4 + (torch.arange(n) * 5 + 3) % max(vocab - 4, 1)).clamp_max(vocab - 1).unsqueeze(0).to(device)
+    try:
+        with torch.no_grad(), context or contextlib.nullcontext():
+            view(ids)
+    except Exception:  # noqa: BLE001 - the callers keep what the config says, or say the forward failed
+        return False
+    return True

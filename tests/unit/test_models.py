@@ -52,6 +52,8 @@ def test_gptj_spec_is_partial_adjacent(tiny):
     spec = rope_spec(tiny("gptj"))
     assert all(lr.rotary_dim == 8 and lr.head_dim == 16 for lr in spec.layers)
     assert all(lr.pairing == "adjacent" for lr in spec.layers)
+    # GPT-J's config names no base: the one its measured frequencies follow, θ_i = 10000^(−2i/d)
+    assert all(lr.base == 10000.0 for lr in spec.layers)
 
 
 @pytest.mark.parametrize("family", ["llama", "llama-gqa", "gemma3"])

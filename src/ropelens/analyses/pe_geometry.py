@@ -162,7 +162,7 @@ def pe_similarity(
 
     # the float64 similarity matrix, its float32 copy and one diagonal at a time
     require_memory(12.0 * e.shape[0] ** 2, f"the {e.shape[0]:,} × {e.shape[0]:,} similarity matrix",
-                   "pass fewer positions")
+                   "pass fewer positions", e.device)
     u = e / e.norm(dim=1, keepdim=True)
     sim = u @ u.T
     diags = [sim.diagonal(-k) for k in range(max_distance + 1)]  # symmetric: one side covers |m − n|
