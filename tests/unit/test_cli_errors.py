@@ -161,7 +161,7 @@ def test_outputs_are_not_created_when_the_model_fails(argv, tmp_path, monkeypatc
     (["context", "--target", "100"], "--target 100 must exceed the original context 256: pass --original N"),
     # sizes checked against what the computation needs before anything is allocated
     (["passkey", "--lengths", "100000000"], "a passkey prompt of 100,000,000 tokens needs about"),
-    (["predict-base", "--lengths", "1e10"], "context length 10,000,000,000 is past 262,144 tokens"),
+    (["predict-base", "--lengths", "10000000000"], "context length 10,000,000,000 is past 262,144 tokens"),
 ])
 def test_bad_value_for_this_model(argv, message, tiny_dir, tmp_path, capsys):
     """Checks that need the model's own layers, context or tokenizer: still one line, nothing saved."""
