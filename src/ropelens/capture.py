@@ -301,6 +301,11 @@ class _Collector:
                 t = rope.rotate(t, torch.arange(t.shape[2], device=t.device))
             for key in keys:
                 got[key] = t.transpose(1, 2)
+            if which == "q" and "q_post" in keys:  # rotated here: the query temperature is still to apply
+                got["q_post"] = rope.tempered(got["q_post"])
+        if rope.temperature is not None and "q_rot" in got and h.post("q") is not None and plan["q_rot"] == h.post("q"):
+            # the bridge's hook_rot_q is the query entering the score: the rotation's own output is it untempered
+            got["q_rot"] = rope.tempered(got["q_rot"], inverse=True)
 
     def _dispatch(self, layer: int) -> None:
         acts = LayerActs(layer=layer, rope=self.spec.layers[layer], valid=self.valid, tensors=self.pending.pop(layer),

@@ -114,8 +114,8 @@ def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callabl
         q_rot, k_rot = orig(q, k, *args, **kwargs)
         if lr.norm_after_rope:
             waiting.append((q, k, q_rot, k_rot))
-        else:
-            done((q, k, q_rot, k_rot, q_rot, k_rot))
+        else:  # a query temperature (Ministral 3) multiplies the rotated queries before the score
+            done((q, k, q_rot, k_rot, lr.tempered(q_rot, pos_axis=2), k_rot))
         return q_rot, k_rot
 
     def scored(_module, query: Tensor, key: Tensor) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["ObservedRotation", "measure_rotation", "observe_rotations"]
+__all__ = ["ObservedRotation", "measure_query_factors", "measure_rotation", "observe_rotations"]
 
 PROBE_TOKENS = 7  # positions 0..6: odd, so the position axis is rarely confused with a head axis of the same size
 _FIT_TOL = 1e-4  # float32 rotation of O(1) values fits to ~1e-6; a wrong pairing or a mixing is O(1) off
@@ -172,3 +172,50 @@ def observe_rotations(model, attns: list[torch.nn.Module | None], view: torch.nn
             result[layer] = min(fits, key=lambda o: (o.differs() is not None, o.fit_error))
     object.__setattr__(model, "_ropelens_observed_rotations", (key, result))
     return result
+
+
+def measure_query_factors(attns: list[torch.nn.Module | None], view: torch.nn.Module, device: torch.device,
+                          positions: list[int]) -> dict[int, Tensor | None] | None:
+    """Layer → the factor each position's rotated query is multiplied by before the score, ``[len(positions)]``, in
+    one forward of ``view`` (the HF module tree) at ``positions`` (increasing position ids): the query its attention
+    function receives divided by the output of its first ``apply_rotary*`` call (for multi-head latent attention,
+    the query's trailing rotary dims). None for a layer where that query is not one factor per position times the
+    rotated one; None overall where the forward cannot run. Layers that call no rotation are absent."""
+    from ropelens.taps import attention_tap, layer_taps, probe_forward
+
+    mod = importlib.import_module(type(view).__module__)
+    current: list = [None]
+    rotated: dict[int, Tensor] = {}
+    scored: dict[int, Tensor] = {}
+
+    def tapped(fn: Callable) -> Callable:
+        def call(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            layer = current[0]
+            y = out[0] if isinstance(out, tuple) else out
+            if layer is not None and layer not in rotated and isinstance(y, Tensor) and not y.is_complex():
+                rotated[layer] = y.detach().double().cpu()
+            return out
+        return call
+
+    def score(_module, query: Tensor, _key: Tensor) -> None:
+        if current[0] in rotated and current[0] not in scored:
+            scored[current[0]] = query.detach().double().cpu()
+
+    kinds = {type(a) for a in attns if a is not None}
+    mods = [m for m in view.modules() if type(m) in kinds]
+    patches = {n: tapped(getattr(mod, n)) for n in _rotation_names(mod)}
+    with layer_taps(view, attns, current, mod, patches) as tapping:
+        if not tapping or not probe_forward(view, device, len(positions), attention_tap(mods, score), positions):
+            return None
+    out: dict[int, Tensor | None] = {}
+    for layer, y in rotated.items():
+        q = scored.get(layer)
+        out[layer] = None
+        if q is None or q.ndim != 4 or y.ndim != 4 or q.shape[:3] != y.shape[:3] or q.shape[-1] < y.shape[-1]:
+            continue
+        q = q[..., q.shape[-1] - y.shape[-1]:]  # [batch, head, pos, d]; MLA's rotary dims come last
+        f = (q * y).sum((0, 1, 3)) / (y * y).sum((0, 1, 3)).clamp_min(1e-300)
+        if float((q - f[None, None, :, None] * y).abs().max()) <= _FIT_TOL * float(q.abs().max().clamp_min(1e-30)):
+            out[layer] = f
+    return out

@@ -469,7 +469,47 @@ def rope_spec(model) -> RopeSpec:
             layers[-1] = _with_direction(layers[-1], q, q_rot, pairing=not hasattr(model, "blocks"))
             if normed:
                 layers[-1] = dataclasses.replace(layers[-1], norm_after_rope=True)
+    layers = _with_temperature(model, attns, cfg, layers)
     return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
+
+
+def _with_temperature(model, attns, cfg, layers: list[LayerRope]) -> list[LayerRope]:
+    """``layers`` with the query temperature the model applies after its rotation (:attr:`LayerRope.temperature`):
+    where the config names one (``llama_4_scaling_beta`` β, ``original_max_position_embeddings`` L₀: Ministral 3,
+    Mistral 4), the model's own forward at positions 0, L₀ − 1, L₀ and 3·L₀ must multiply each rotated query by
+    1, 1, 1 + β·ln 2 and 1 + β·ln 4 (all 1: a forward that does not apply it); a layer that does something else
+    is refused with the factors measured."""
+    from ropelens.devices import device_of
+    from ropelens.observed import measure_query_factors
+
+    rp = getattr(cfg, "rope_parameters", None)
+    beta = rp.get("llama_4_scaling_beta") if isinstance(rp, dict) else None
+    l0 = rp.get("original_max_position_embeddings") if isinstance(rp, dict) else None
+    if not beta or not isinstance(l0, int) or l0 < 2:
+        return layers
+    positions = [0, l0 - 1, l0, 3 * l0]
+    expected = 1 + float(beta) * torch.log(1 + torch.floor(torch.tensor(positions, dtype=torch.float64) / l0))
+    measured = measure_query_factors(attns, _hf_tree(hf_model_of(model)), device_of(model), positions)
+    out = []
+    for lr in layers:
+        if lr.rotary and measured is not None and lr.layer in measured:
+            f = measured[lr.layer]
+            if f is not None and torch.allclose(f, torch.ones_like(f), rtol=0, atol=1e-6):
+                out.append(lr)  # the config names a temperature this model's forward does not apply
+                continue
+            if f is None or not torch.allclose(f, expected, rtol=1e-4, atol=0):
+                seen = ("not one factor per position times the rotated query" if f is None else
+                        "factors " + ", ".join(f"{float(x):.6g}" for x in f))
+                raise UnsupportedModelError(
+                    f"{type(hf_model_of(model)).__name__}: layer {lr.layer}'s config names a query temperature "
+                    f"1 + {float(beta):g}·ln(1 + ⌊m/{l0}⌋) (llama_4_scaling_beta, original_max_position_embeddings), "
+                    f"but at positions {positions} the query entering its score is {seen} "
+                    f"(expected {', '.join(f'{float(x):.6g}' for x in expected)}): ropelens does not read this layer")
+            lr = dataclasses.replace(lr, temperature=(float(beta), l0))
+        elif lr.rotary and measured is None:  # a forward the probe cannot run: HF's code applies the config's
+            lr = dataclasses.replace(lr, temperature=(float(beta), l0))
+        out.append(lr)
+    return out
 
 
 _PROBE_TOKENS = 4  # a short forward: which layers rotate, which way, and whether q/k change after the rotation

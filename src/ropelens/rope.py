@@ -150,6 +150,13 @@ class LayerRope:
     before the score (Llama 4's ``attn_temperature_tuning``: ``1 + attn_scale·ln(1 + ⌊(m + 1)/floor_scale⌋)``;
     Beam's scalable softmax, passed in as ``attention_scaling``): its score is not q·k times one scale, so
     such layers are listed (kind "nope") and never measured; ``query_scale`` says the factor, in words.
+
+    **Query temperature** (``temperature``): a rotary layer that multiplies each *rotated* query at position m
+    by ``1 + β·ln(1 + ⌊m/L₀⌋)`` before the score (Ministral 3 and Mistral 4: ``llama_4_scaling_beta`` β and
+    ``original_max_position_embeddings`` L₀; the factor is 1 below L₀). ``temperature`` is ``(β, L₀)``, read from
+    the config and confirmed on the model's own forward at positions past L₀ (:mod:`ropelens.reading`). ``q_rot`` is
+    the rotation's output and ``q_post`` the query entering the score, ``query_temperature(m)·q_rot``, so the plane
+    terms of ``q_post·k_post`` still sum to the model's score; a plane's term then depends on m as well as m − n.
     """
 
     layer: int
@@ -194,6 +201,7 @@ class LayerRope:
     # every plane turns by the token's position, as in 1-D RoPE; image tokens turn each plane by their own axis.
     axes: tuple[int, ...] = ()
     query_scale: str | None = None  # a NoPE layer's position-dependent query factor, in words (see above)
+    temperature: tuple[float, int] | None = None  # (β, L₀): rotated queries × 1 + β·ln(1 + ⌊m/L₀⌋) (see above)
 
     def __post_init__(self) -> None:
         if self.direction not in (1, -1):
@@ -226,6 +234,9 @@ class LayerRope:
         if self.chunk is not None and (self.chunk < 1 or self.window):
             raise InputError(f"layer {self.layer}: chunk must be ≥ 1 and not beside a sliding window, got chunk "
                              f"{self.chunk}, window {self.window}")
+        if self.temperature is not None and (self.temperature[1] < 1 or not self.rotary):
+            raise InputError(f"layer {self.layer}: a query temperature needs a rotary layer and L₀ ≥ 1, got "
+                             f"{self.temperature}")
         if self.axes and (len(self.axes) != self.n_planes or not set(self.axes) <= set(range(len(MROPE_AXES)))):
             raise InputError(f"layer {self.layer}: axes must give one of 0, 1, 2 ({', '.join(MROPE_AXES)}) for each of "
                              f"its {self.n_planes} planes, got {list(self.axes)}")
@@ -233,6 +244,26 @@ class LayerRope:
     @property
     def n_planes(self) -> int:
         return self.rotary_dim // 2
+
+    def query_temperature(self, positions: Tensor) -> Tensor | None:
+        """The factor of each position's rotated query, ``1 + β·ln(1 + ⌊m/L₀⌋)`` (float32, as the model computes
+        it), or None for a layer without a query temperature."""
+        if self.temperature is None:
+            return None
+        beta, l0 = self.temperature
+        return 1 + beta * torch.log(1 + torch.floor(positions / l0))
+
+    def tempered(self, q_rot: Float[Tensor, "batch pos head d"], pos_axis: int = 1, inverse: bool = False) -> Tensor:
+        """The queries entering the score from the rotated ones (positions 0, 1, … on ``pos_axis`` of a 4-D tensor):
+        ``q_rot`` itself unless the layer has a query temperature; ``inverse``: the rotated queries from the ones
+        entering the score."""
+        factor = self.query_temperature(torch.arange(q_rot.shape[pos_axis], device=q_rot.device))
+        if factor is None:
+            return q_rot
+        shape = [1] * q_rot.ndim
+        shape[pos_axis] = -1
+        factor = factor.to(q_rot.dtype).view(shape)
+        return q_rot / factor if inverse else q_rot * factor
 
     @property
     def group_size(self) -> int:
@@ -385,6 +416,8 @@ class LayerRope:
         if d.get("sinks") is not None:
             d["sinks"] = tuple(d["sinks"])
         d["axes"] = tuple(d.get("axes", ()))
+        if d.get("temperature") is not None:
+            d["temperature"] = (float(d["temperature"][0]), int(d["temperature"][1]))
         return cls(**d)
 
     def same_rotation(self, other: LayerRope) -> bool:
@@ -396,6 +429,7 @@ class LayerRope:
             and self.direction == other.direction
             and self.pre_interleaved == other.pre_interleaved
             and self.axes == other.axes
+            and self.temperature == other.temperature
             and torch.equal(self.inv_freq, other.inv_freq)
         )
 
@@ -580,6 +614,8 @@ class RopeSpec:
                 rows[-1].update(rotary_offset=lr.rotary_offset, shared_rotary_key=lr.shared_rotary_key)
             if any(x.select_keys for x in self.layers):  # sparse attention: the keys each query keeps
                 rows[-1].update(select_keys=lr.select_keys)
+            if any(x.temperature for x in self.layers):  # a query temperature after the rotation (Ministral 3)
+                rows[-1].update(temperature=lr.temperature)
             if any(x.axes for x in self.layers):  # multimodal RoPE: which planes each position axis turns
                 rows[-1].update(mrope_axes=describe_axes(lr.axes))
         return pd.DataFrame(rows)

@@ -182,18 +182,21 @@ def layer_taps(view, attns, current: list, mod=None, patches: dict[str, Callable
             h.remove()
 
 
-def probe_forward(view, device, n: int, context: contextlib.AbstractContextManager | None = None) -> bool:
+def probe_forward(view, device, n: int, context: contextlib.AbstractContextManager | None = None,
+                  positions: list[int] | None = None) -> bool:
     """One forward of ``view`` (an HF causal LM) on ``n`` token ids past the few special ids a tokenizer puts first
-    (a padding id may embed to zero, and a zero query shows no rotation), without gradients and inside
-    ``context``; False where the forward raises (a family this cannot run)."""
+    (a padding id may embed to zero, and a zero query shows no rotation), at ``positions`` (``n`` increasing
+    position ids; default 0..n−1), without gradients and inside ``context``; False where the forward raises (a
+    family this cannot run)."""
     import torch
 
     cfg = view.config.get_text_config() if hasattr(view.config, "get_text_config") else view.config
     vocab = int(getattr(cfg, "vocab_size", 0) or 8)
     ids = (4 + (torch.arange(n) * 5 + 3) % max(vocab - 4, 1)).clamp_max(vocab - 1).unsqueeze(0).to(device)
+    kwargs = {} if positions is None else {"position_ids": torch.tensor([positions], device=device)}
     try:
         with torch.no_grad(), context or contextlib.nullcontext():
-            view(ids)
+            view(ids, **kwargs)
     except Exception:  # noqa: BLE001 - the callers keep what the config says, or say the forward failed
         return False
     return True

@@ -115,23 +115,74 @@ def test_an_adapter_whose_forward_fails_falls_back_to_the_hf_model(monkeypatch):
     assert verify_model(model).passed
 
 
-def test_a_failed_rotation_check_says_what_the_rotation_was_measured_to_do(tmp_path):
-    """Ministral 3 multiplies its rotated queries by 1 + β·ln(1 + ⌊m/L₀⌋) past L₀ (llama_4_scaling_beta): past that
-    point the probe's refusal names a norm factor that changes with position, measured, not a guessed cause."""
+def _ministral3(tmp_path, beta: float = 0.5, l0: int = 8):
     from transformers import AutoModelForCausalLM
 
     from ropelens.testing.shrink import shrink_config
 
     cfg = shrink_config("ministral3")
-    cfg.rope_parameters["original_max_position_embeddings"] = 8  # the probe's 32 tokens pass it
+    cfg.rope_parameters["original_max_position_embeddings"] = l0  # the probe's 32 tokens pass it
+    cfg.rope_parameters["llama_4_scaling_beta"] = beta
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cfg).eval()
     hf.save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)
+    return cfg
+
+
+def test_ministral3_query_temperature_is_read_and_exact_past_its_original_context(tmp_path):
+    """Ministral 3 multiplies its rotated queries by 1 + β·ln(1 + ⌊m/L₀⌋): read as the layer's temperature, confirmed
+    on the model's own forward past L₀, and every logit past L₀ is the model's own on both capture paths."""
+    from ropelens.testing.sweep import check_config, classify
+
+    cfg = _ministral3(tmp_path)
     model = ropelens.load_model(str(tmp_path), device="cpu")
-    with pytest.raises(UnsupportedModelError, match=r"layer 0 fails the rotation check .*factor that changes with "
-                                                    r"position \(1 at position 0, 1\.13863 at position 31\)"):
-        verify_model(model)
+    spec = ropelens.rope_spec(model)
+    assert all(spec[L].temperature == (0.5, 8) for L in spec.rotary_layers)
+    factor = spec[0].query_temperature(torch.arange(24))
+    assert float(factor[7]) == 1.0 and math.isclose(float(factor[8]), 1 + 0.5 * math.log(2), rel_tol=1e-6)
+    assert verify_model(model).passed
+    toks = torch.randint(4, 100, (1, 24), generator=torch.Generator().manual_seed(0))
+    fast, bridge = (ropelens.capture_qk(model, toks, layers=[0], which=("q_pre", "q_rot", "q_post"), fast=f)[0]
+                    for f in (True, False))
+    for acts in (fast, bridge):  # q_rot: the rotation alone; q_post: the query entering the score
+        rot = spec[0].rotate(acts["q_pre"].transpose(1, 2), torch.arange(24)).transpose(1, 2)
+        torch.testing.assert_close(acts["q_rot"], rot, rtol=0, atol=1e-6)
+        torch.testing.assert_close(acts["q_post"], rot * factor[None, :, None, None], rtol=0, atol=1e-6)
+    # logits, pattern, usage, band statistics and a variant against HF's own eager attention, past L₀
+    status, detail = classify(check_config("ministral3", cfg))
+    assert status == "exact", detail
+
+
+def test_a_query_temperature_the_forward_does_not_apply_as_configured_is_refused_with_the_factors(tmp_path, monkeypatch):
+    """A forward (patched by its user) whose query factor is not the config's formula is refused naming the factors
+    measured at positions past L₀; one that applies no factor at all is read without a temperature."""
+    import transformers.models.ministral3.modeling_ministral3 as mm
+
+    _ministral3(tmp_path)
+    linear = lambda pos, beta, l0: (1 + beta * pos / l0)[:, None, :, None]  # noqa: E731
+    monkeypatch.setattr(mm, "get_llama_4_attn_scale", linear)
+    model = ropelens.load_model(str(tmp_path), device="cpu")
+    with pytest.raises(UnsupportedModelError, match=r"layer 0's config names a query temperature 1 \+ 0\.5·ln\(1 \+ "
+                       r"⌊m/8⌋\).* at positions \[0, 7, 8, 24\] the query entering its score is factors 1, 1\.4375, "
+                       r"1\.5, 2\.5 \(expected 1, 1, 1\.34657, 1\.69315\)"):
+        ropelens.rope_spec(model)
+    monkeypatch.setattr(mm, "get_llama_4_attn_scale", lambda pos, beta, l0: torch.ones(1)[:, None, None, None])
+    model = ropelens.load_model(str(tmp_path), device="cpu")
+    assert ropelens.rope_spec(model)[0].temperature is None
+
+
+def test_a_failed_rotation_check_says_what_the_rotation_was_measured_to_do():
+    """A rotation whose norm factor grows with position (a temperature the reading missed) is described by the
+    factor measured, not a guessed cause."""
+    from ropelens.verify import rotation_mismatch
+
+    lr = _layer("half")
+    x = torch.randn(32, 3, 16, generator=torch.Generator().manual_seed(2))
+    scale = 1 + 0.1 * torch.log(1 + torch.floor(torch.arange(32) / 8.0))
+    post = lr.rotate(x.transpose(0, 1), torch.arange(32)).transpose(0, 1) * scale[:, None, None]
+    assert rotation_mismatch(lr, x, post) == ("rotation multiplies the norm by a factor that changes with "
+                                              "position (1 at position 0, 1.13863 at position 31)")
 
 
 def test_a_misread_frequency_is_named_with_both_values():

@@ -116,6 +116,8 @@ _OPTIONAL_ROWS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
     ("rotary_offset", "rotary slice", lambda r: f"dims {int(r['rotary_offset'])}+ of each head"
      + (", key shared by all heads" if r.get("shared_rotary_key") else "")),
     ("mrope_axes", "M-RoPE axes", lambda r: str(r["mrope_axes"]) or "-"),
+    ("temperature", "query temperature", lambda r: "-" if not isinstance(r["temperature"], (tuple, list)) else
+     f"1 + {r['temperature'][0]:g}·ln(1 + ⌊m/{int(r['temperature'][1])}⌋) after RoPE"),
 )
 
 

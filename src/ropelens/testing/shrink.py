@@ -336,6 +336,9 @@ def describe_config(cfg) -> str:
     return "; ".join(parts)
 
 
+_TEMPERATURE_L0 = 8
+
+
 def shrink_config(model_type: str):
     """The tiny config of ``model_type``: its config class's defaults shrunk (see module doc); raises :class:`NotBuilt`."""
     from transformers import CONFIG_MAPPING
@@ -365,6 +368,11 @@ def shrink_config(model_type: str):
         attn["rope_theta"] = small["rope_parameters"]["rope_theta"]
         if "clip_qkv" in attn and attn["clip_qkv"] is None:
             attn["clip_qkv"] = _DBRX_CLIP
+    rp = small.get("rope_parameters")
+    if isinstance(rp, dict) and rp.get("llama_4_scaling_beta") and rp.get("original_max_position_embeddings"):
+        # a query temperature that starts at L₀ (Ministral 3: 16,384): L₀ = 8, so the sweep's 24-token input
+        # crosses it twice and its β·ln(1 + ⌊m/L₀⌋) is measured, not left at 1
+        rp["original_max_position_embeddings"] = _TEMPERATURE_L0
     try:
         cfg = cls.from_dict(small)
     except Exception as e:  # noqa: BLE001
