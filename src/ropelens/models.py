@@ -276,10 +276,9 @@ def _unknown_model_error(name: str, cause: BaseException | None = None) -> Input
 
 def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, label: str, hub_name: str,
                  placement: dict[str, Any] | None = None, bridge: bool = True):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from ropelens.hf_dir import load_hf_dir
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **(placement or {}))
-    tok = AutoTokenizer.from_pretrained(path)
+    model, tok = load_hf_dir(Path(path), dtype, placement)
     if placement is not None:  # accelerate placed every module: the bridge must not move them
         return wrap_hf_model(model, tok, device=None, label=label, hub_name=hub_name, dtype=dtype, placed=True,
                              bridge=bridge)
@@ -573,8 +572,6 @@ def load_model(
         model = _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem, placement, bridge)
         return _identify(model, path.stem, path)
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise InputError(f"{path} is a directory without config.json: pass an HF model directory")
         return _identify(_from_hf_dir(path, dtype, dev, str(path), str(path), placement, bridge), str(path), path)
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
         raise FileNotFoundError(f"{name} does not exist: check the path")
