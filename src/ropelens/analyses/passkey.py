@@ -16,6 +16,8 @@ decode with full forwards instead, so every step sees the whole sequence at its 
 
 from __future__ import annotations
 
+import inspect
+
 import contextlib
 import dataclasses
 import math
@@ -256,14 +258,16 @@ def greedy_continuation(
 def _stepper(run: Any, path: str, cache: bool, chunk: int | None):
     """``step(new, seq)``: the logits after ``seq``, whose last tokens ``new`` the model has not seen yet."""
     kv: list[Any] = [None]
+    # the HF forward's cache argument: ``cache`` since transformers 5.24, ``past_key_values`` before
+    name = "cache" if path == "sdpa" and "cache" in inspect.signature(type(run).forward).parameters else "past_key_values"
 
     def cached(new: Tensor, _seq: Tensor) -> Tensor:
         logits = None
         for s in range(0, new.shape[1], chunk or new.shape[1]):
             part = new[:, s : s + (chunk or new.shape[1])]
             if path == "sdpa":
-                res = run(input_ids=part, past_key_values=kv[0], use_cache=True, logits_to_keep=1)
-                logits, kv[0] = res.logits, res.past_key_values
+                res = run(input_ids=part, use_cache=True, logits_to_keep=1, **{name: kv[0]})
+                logits, kv[0] = res.logits, getattr(res, name)
             else:
                 logits, kv[0] = run(part, return_type="logits_and_cache", past_key_values=kv[0], logits_to_keep=1)
         return logits[0, -1]
