@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from ropelens.devices import device_of
 from ropelens.errors import UnsupportedModelError
 from ropelens.fastpath import hf_view, sdpa_attention
 from ropelens.rope import LayerRope, RopeSpec
@@ -141,20 +138,6 @@ def variant_tables(variant: RopeVariant, layer: LayerRope, position_ids: Tensor,
 # --------------------------------------------------------------------------------------------
 # the tap
 # --------------------------------------------------------------------------------------------
-def hf_decoder_layers(hf) -> torch.nn.ModuleList | None:
-    layers = getattr(getattr(hf, "base_model", None), "layers", None)
-    return layers if isinstance(layers, torch.nn.ModuleList) else None
-
-
-def _rope_function(hf):
-    """The family's modeling module and its ``apply_rotary_pos_emb(q, k, cos, sin, ...)``, or (module, None)."""
-    mod = importlib.import_module(type(hf).__module__)
-    orig = getattr(mod, "apply_rotary_pos_emb", None)
-    if orig is None or list(inspect.signature(orig).parameters)[:4] != ["q", "k", "cos", "sin"]:
-        return mod, None
-    return mod, orig
-
-
 def _group_key(lr: LayerRope) -> tuple:
     """Layers with equal keys get equal tables from any variant."""
     return (lr.rotary_dim, lr.pairing, lr.attention_scaling, lr.base, lr.n_ctx, lr.kind, lr.window,
@@ -162,88 +145,12 @@ def _group_key(lr: LayerRope) -> tuple:
 
 
 @contextlib.contextmanager
-def _tapped(hf, spec: RopeSpec, plan: tuple, seen: list | None = None) -> Iterator[None]:
-    """Apply ``plan`` inside ``hf``'s forward; with ``seen``, record (layer, q, k, cos, sin, position_ids) per call."""
-    mod, orig = _rope_function(hf)
-    blocks = hf_decoder_layers(hf)
-    if orig is None or blocks is None or len(blocks) != spec.n_layers:
-        raise UnsupportedModelError(f"{type(hf).__name__} rotates outside a (q, k, cos, sin) apply_rotary_pos_emb "
-                                    "in its decoder layers: run the bridge path (path='bridge')")
-    variant_of: dict[int, RopeVariant] = {}
-    masks: dict[int, list[tuple[Tensor | None, Tensor | None]]] = {}
-    replaced: dict[int, list[dict[str, tuple[Tensor, Tensor]]]] = {}
-    for step in plan:
-        if isinstance(step, VariantStep):
-            variant_of.update(dict.fromkeys(step.layers, step.variant))  # the innermost variant wins, as on the bridge
-        elif isinstance(step, ReplaceStep):
-            for L, qk in step.values.items():
-                replaced.setdefault(L, []).append(qk)
-        else:
-            for L, qk in step.masks.items():
-                masks.setdefault(L, []).append(qk)
-    # on the model's device once, not in every layer of every decoding step (the tap's .to() is then a no-op)
-    dev = device_of(hf)  # skips offloaded (meta) weights
-    masks = {L: [tuple(None if m is None else m.to(dev) for m in qk) for qk in v] for L, v in masks.items()}
-    replaced = {L: [{w: (m.to(dev), x.to(dev)) for w, (m, x) in qk.items()} for qk in v] for L, v in replaced.items()}
-    groups = {L: _group_key(spec[L]) for L in variant_of}
-    state: dict[str, Any] = {"layer": -1, "pos": None, "tables": {}, "conv": {}}
+def _tapped(hf, spec: RopeSpec, plan: tuple) -> Iterator[None]:
+    """Apply ``plan`` inside ``hf``'s forward, at the rotation it calls (:func:`ropelens.engine.rotation_plan`)."""
+    from ropelens.engine import rotation_plan
 
-    def enter(i: int):
-        def pre(*_: object) -> None:
-            state["layer"] = i
-        return pre
-
-    def positions(_module, args, kwargs) -> None:
-        pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-        state["pos"], state["tables"] = pos, {}
-
-    def tables(L: int, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        lr, pos, g = spec[L], state["pos"], groups[L]
-        if not isinstance(pos, Tensor) or pos.shape[-1] != cos.shape[-2]:
-            raise UnsupportedModelError(f"layer {L}: the rotary module's position ids do not match the tables it "
-                                        "made; run the bridge path (path='bridge')")
-        conv = state["conv"].get(g)
-        if conv is None:
-            conv = model_tables(cos, sin, lr, pos)
-            if conv is not None:
-                state["conv"][g] = conv
-        key = (g, id(variant_of[L]))
-        if key not in state["tables"]:
-            layout, sign = (conv[0], conv[1]) if conv is not None else ("cat", 1.0)
-            state["tables"][key] = variant_tables(variant_of[L], lr, pos, cos, layout, sign)
-        return state["tables"][key]
-
-    def tap(q, k, cos, sin, *args, **kwargs):
-        L = state["layer"]
-        lr = spec[L] if 0 <= L < spec.n_layers else None
-        if lr is None or not lr.rotary or q.ndim != 4 or q.shape[1] != lr.n_heads or k.shape[1] != lr.n_kv_heads \
-                or q.shape[-1] != lr.head_dim or k.shape[-1] != lr.head_dim:
-            raise UnsupportedModelError(f"{type(hf).__name__}: a rotation in layer {L} does not rotate whole heads as "
-                                        "the spec says; run the bridge path (path='bridge')")
-        if seen is not None:
-            seen.append((L, q, k, cos, sin, state["pos"]))
-        for rep in replaced.get(L, ()):  # before the rotation, where the bridge's pre-RoPE hooks write them
-            q, k = _replace(q, rep.get("q")), _replace(k, rep.get("k"))
-        if L in variant_of:
-            cos, sin = tables(L, cos, sin)
-        q_rot, k_rot = orig(q, k, cos, sin, *args, **kwargs)
-        for qm, km in masks.get(L, ()):
-            if qm is not None:
-                q_rot = q_rot.masked_fill(qm.to(q_rot.device)[:, None], 0)
-            if km is not None:
-                k_rot = k_rot.masked_fill(km.to(k_rot.device)[:, None], 0)
-        return q_rot, k_rot
-
-    rotaries = [m for m in hf.modules() if "rotary" in type(m).__name__.lower()]
-    handles = [b.register_forward_pre_hook(enter(i)) for i, b in enumerate(blocks)]
-    handles += [m.register_forward_pre_hook(positions, with_kwargs=True) for m in rotaries]
-    mod.apply_rotary_pos_emb = tap
-    try:
+    with rotation_plan(hf, spec, plan):
         yield
-    finally:
-        mod.apply_rotary_pos_emb = orig
-        for h in handles:
-            h.remove()
 
 
 def _replace(x: Tensor, entry: tuple[Tensor, Tensor] | None) -> Tensor:
@@ -267,25 +174,10 @@ def _n_hooks(model) -> int:
 
 
 def _probe(model, spec: RopeSpec) -> str | None:
-    """Why ``model`` cannot take this path (None: it can): one short forward with the tap recording."""
-    hf = hf_view(model)
-    seen: list = []
-    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
-    toks = torch.arange(4, 4 + _PROBE).remainder(int(getattr(cfg, "vocab_size", 0) or 8))[None]
-    toks = toks.to(next(iter(hf.parameters())).device)
-    try:
-        with _tapped(hf, spec, (), seen), sdpa_attention(hf), torch.no_grad():
-            hf(input_ids=toks, use_cache=False)
-    except UnsupportedModelError as e:
-        return str(e)
-    if [c[0] for c in seen] != spec.rotary_layers:
-        return f"the rotations ran in layers {[c[0] for c in seen]}, the spec's rotary layers are {spec.rotary_layers}"
-    for L, _q, _k, cos, sin, pos in seen:
-        conv = model_tables(cos, sin, spec[L], pos)
-        # float32 tables of O(1) values: the model's own match the spec to ~1e-6; a wrong frequency is far off
-        if conv is None or conv[2] > 1e-4:
-            return f"layer {L}'s (cos, sin) tables are not the spec's rotation"
-    return None
+    """Why ``model`` cannot take this path (None: it can): one short forward with its rotations recorded."""
+    from ropelens.engine import engine_problem
+
+    return engine_problem(hf_view(model), spec)
 
 
 def sdpa_ready(model) -> bool:
@@ -296,14 +188,19 @@ def sdpa_ready(model) -> bool:
     intervention is a RoPE variant, a plane ablation or a massive-value replacement and no other hook
     is on the bridge.
     """
-    if not (hasattr(model, "original_model") and hasattr(model, "blocks")):
+    from ropelens.plain import is_plain
+
+    plain = is_plain(model)
+    if not (hasattr(model, "original_model") and (plain or hasattr(model, "blocks"))):
         return False
     plan = active_plan(model)
-    if getattr(model, _MARK, 0) != len(plan) or _n_hooks(model) != sum(s.n_hooks for s in plan):
+    if getattr(model, _MARK, 0) != len(plan) or (not plain and _n_hooks(model) != sum(s.n_hooks for s in plan)):
         return False
     cached = getattr(model, _READY, None)
-    mod, orig = _rope_function(hf_view(model))
-    key = (id(orig), id(getattr(mod, "rotate_half", None)))
+    from ropelens.engine import rotation_forms
+
+    mod = importlib.import_module(type(hf_view(model)).__module__)
+    key = (tuple(id(f) for f, _ in rotation_forms(mod).values()), id(getattr(mod, "rotate_half", None)))
     if cached is None or cached[0] != key:
         from ropelens.reading import rope_spec
 
