@@ -37,8 +37,9 @@ _NOT_COUNTED = ("no RoPE", "not built")  # outside the RoPE families built
 _MARK = "@@ropelens-sweep "  # worker lines that carry a result (HF prints its own lines too)
 
 
-def worker() -> int:
-    """Read model types from stdin, one a line; write one JSON result line for each."""
+def worker(report: bool = False) -> int:
+    """Read model types from stdin, one a line; write one JSON result line for each (with ``report``, each family's
+    ``ropelens report --quick`` is built too)."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -50,7 +51,7 @@ def worker() -> int:
     for line in sys.stdin:
         mt = line.strip()
         t0 = time.perf_counter()
-        row = sweep_one(mt)
+        row = sweep_one(mt, report=report)
         row.seconds = time.perf_counter() - t0
         print(_MARK + json.dumps(dataclasses.asdict(row)), flush=True)
     return 0
@@ -59,11 +60,12 @@ def worker() -> int:
 class _Worker:
     """A worker process fed one model type at a time, restarted after a timeout or a crash."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: bool = False) -> None:
         self.proc: subprocess.Popen | None = None
+        self.report = report
 
     def _start(self) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        return subprocess.Popen([sys.executable, __file__, "--worker", *(["--report"] if self.report else [])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True, bufsize=1)
 
     def run(self, mt: str, timeout: float) -> dict:
@@ -101,7 +103,7 @@ def _cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def render(rows: list[dict], *, seconds: float, families: int, command: str) -> str:
+def render(rows: list[dict], *, seconds: float, families: int, command: str, report: bool = False) -> str:
     """docs/sweep.md: header, counts, one row per family (status, then reason or errors)."""
     import torch
     import transformers
@@ -134,9 +136,14 @@ def render(rows: list[dict], *, seconds: float, families: int, command: str) -> 
            "attention's key selection and Llama 4's chunks, on the input cut into windows they keep causal); and "
            "a RoPE variant, p-RoPE with p = 0.5 through `apply_rope_variant`: on one token repeated the rotated "
            "query against the variant's rotation (relative), and the logits after leaving it equal to the ones "
-           "before bit for bit (a difference makes the family wrong). A plain HF model has no variants (\"–\", "
-           "noted), nor does a bridge whose attention rotates inside HF's module (refused in one line, noted): "
-           "neither is a fault. Errors are absolute in float32 unless marked relative; the tolerance is 1e-4.\n",
+           "before bit for bit (a difference makes the family wrong); every engine takes variants: the bridge's "
+           "hooks, and the HF forward's own rotation (`ropelens.engine`) on a plain HF model or a bridge whose "
+           "attention rotates inside HF's module. Then the variant against HF's own implementation: the logits "
+           "under PI (`Linear(2)`) in the layers with default RoPE against the same weights reloaded with HF's "
+           "`linear` rope type, factor 2, in their config (relative; \"–\" where HF's config takes no other rope "
+           "type for them). With `--report`, each exact family's `ropelens report --quick` is built too (a family "
+           "whose report does not build is a crash). Errors are absolute in float32 unless marked relative; the "
+           "tolerance is 1e-4.\n",
            "Statuses: **exact** (every error ≤ 1e-4), **refused** (ropelens raised `UnsupportedModelError`; its "
            "first line is shown), **wrong** (ropelens gave a number HF disagrees with: a bug), **crashed** "
            "(ropelens raised something other than a refusal: a bug), **unverified** (ropelens read it but HF gave "
@@ -153,8 +160,9 @@ def render(rows: list[dict], *, seconds: float, families: int, command: str) -> 
            f"{counts['wrong']} | {counts['crashed']} | {counts['unverified']} | {counts['no RoPE']} | "
            f"{counts['not built']} |\n",
            "| model type | HF class | status | reason | layer kinds read | structure kept | freq err | scores err "
-           "(rel) | pattern err | pairing err (rel) | usage err (rel) | band stats err (rel) | variant err (rel) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "(rel) | pattern err | pairing err (rel) | usage err (rel) | band stats err (rel) | variant err (rel) | "
+           "PI vs HF's linear (rel) |" + (" report |" if report else ""),
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if report else "")]
     for r in rows:
         e = r.get("errors") or {}
         kinds = ", ".join(f"{k} {v}" for k, v in (r.get("kinds") or {}).items())
@@ -162,7 +170,8 @@ def render(rows: list[dict], *, seconds: float, families: int, command: str) -> 
         out.append(f"| {r['model_type']} | {r.get('architecture', '')} | {status} | {_cell(r.get('detail', ''))} | "
                    f"{kinds} | {_cell(r.get('structure', ''))} | {_e(e.get('inv_freq_err'))} | "
                    f"{_e(e.get('scores_err'))} | {_e(e.get('pattern_err'))} | {_e(e.get('pairing_err'))} | "
-                   f"{_e(e.get('usage_err'))} | {_e(e.get('band_stats_err'))} | {_e(e.get('variant_err'))} |")
+                   f"{_e(e.get('usage_err'))} | {_e(e.get('band_stats_err'))} | {_e(e.get('variant_err'))} | "
+                   f"{_e(e.get('hf_variant_err'))} |" + (f" {_cell(r.get('report', '')) or '–'} |" if report else ""))
     return "\n".join(out) + "\n"
 
 
@@ -171,10 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model_types", nargs="*", help="sweep only these model types (default: every RoPE causal LM)")
     p.add_argument("--out", default=str(ROOT / "docs" / "sweep.md"), help="where the table goes ('-': stdout)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds one family may take")
+    p.add_argument("--report", action="store_true",
+                   help="also build each exact family's `ropelens report --quick` (about 5 s a family)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
-        return worker()
+        return worker(a.report)
     from ropelens.testing.sweep import rope_model_types
 
     t0 = time.perf_counter()
@@ -184,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"not a RoPE causal-LM model type here: {', '.join(unknown)}")
         types = [t for t in types if t in a.model_types]
-    w = _Worker()
+    w = _Worker(a.report)
     rows = []
     try:
         for i, mt in enumerate(types, 1):
@@ -195,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         w.stop()
     seconds = time.perf_counter() - t0
     text = render(rows, seconds=seconds, families=len(types),
-                  command="python scripts/sweep_families.py" + "".join(f" {t}" for t in a.model_types))
+                  command="python scripts/sweep_families.py" + (" --report" if a.report else "")
+                  + "".join(f" {t}" for t in a.model_types), report=a.report)
     if a.out == "-":
         sys.stdout.write(text)
     else:

@@ -213,7 +213,8 @@ def _hook_plan(hooks: AttnHooks, needs: frozenset[str], rope: LayerRope) -> dict
 class _Collector:
     """Gathers a layer's tensors from its hooks and hands them to the reducers once complete."""
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer], model) -> None:
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer], model,
+                 hooks: bool = True) -> None:
         self.spec, self.reducers = spec, reducers
         self.needs = frozenset().union(*(r.needs for r in reducers))
         unknown = self.needs - NEEDS
@@ -222,7 +223,7 @@ class _Collector:
         from ropelens.plain import is_plain
 
         # a plain HF model has no bridge hooks: stream taps its forward instead
-        self.hooks = {} if is_plain(model) else {L: attn_hooks(model, L, norm_after_rope=spec.layers[L].norm_after_rope)
+        self.hooks = {} if is_plain(model) or not hooks else {L: attn_hooks(model, L, norm_after_rope=spec.layers[L].norm_after_rope)
                                                   for L in layers}
         self.plans = {L: _hook_plan(h, self.needs, spec.layers[L]) for L, h in self.hooks.items()}
         self.attention = {id(model.blocks[L].attn.original_component): L for L, plan in self.plans.items()
@@ -360,16 +361,20 @@ def stream(
     keep them). One host synchronisation per batch asks whether it holds padding; reducers read the
     answer from :attr:`LayerActs.padded`.
     """
-    from ropelens.fastpath import QK_NEEDS, fast_qk, right_padded
+    from ropelens.fastpath import QK_NEEDS, fast_qk, hf_view, right_padded
     from ropelens.plain import capture as plain_capture
-    from ropelens.plain import is_plain
+    from ropelens.plain import is_plain, planned_forward
     from ropelens.reading import rope_spec
+    from ropelens.sdpa import engine_plan
+
+    # a plain HF model, or a bridge under an intervention only the engine applies: no bridge hook sees it
+    on_engine = is_plain(model) or engine_plan(model)
 
     spec = spec if spec is not None else rope_spec(model)
     chosen = spec.layer_indices(layers, rotary_only=layers is None)  # NoPE layers only when named
     if not chosen:
         raise InputError("no layers selected: pass layer indices the model has")
-    col = _Collector(spec, chosen, reducers, model)
+    col = _Collector(spec, chosen, reducers, model, hooks=not on_engine)
     # the fast path taps rotations, which NoPE layers never make: those go through the bridge's hooks
     use_fast = fast and col.needs <= QK_NEEDS and all(spec.layers[L].rotary for L in chosen)
     stop = max(chosen) + 1
@@ -407,8 +412,9 @@ def stream(
                         fold(L, got[L])
                     continue
             use_fast = False  # this model cannot take the fast path: every batch goes through the bridge
-            if is_plain(model):  # no bridge: the HF model's own rotation and attention function, tapped
-                plain_capture(model, spec, toks, valid, chosen, col.needs, fold, padded=col.padded)
+            if on_engine:  # the HF model's own rotation and attention function, tapped, with the plan in force
+                with planned_forward(model, hf_view(model)):
+                    plain_capture(model, spec, toks, valid, chosen, col.needs, fold, padded=col.padded)
                 continue
             if not hooked:
                 bridge.enter_context(model.hooks(fwd_hooks=col.fwd_hooks()))

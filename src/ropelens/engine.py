@@ -15,7 +15,9 @@ frequencies) the function receives with the variant's, in the layout and sign of
 the positions the model is at (its rotary module's or its attention's ``position_ids``: a key/value cache
 included); a plane ablation zeroes planes of the rotated q and k; a massive-value replacement writes
 entries of the q and k entering the rotation. The layer a call belongs to is the attention module
-running; a sparse-attention indexer's own rotation inside it is left as the model does it. :func:`engine_problem` checks on one short forward
+running; a sparse-attention indexer inside it rotates by its layer's variant too (the rows of the rotary
+tables it picks are found by value and replaced by the variant's rows at the same positions), and by
+nothing else of the plan. :func:`engine_problem` checks on one short forward
 that a model's rotation can be reached this way and that its own tables are the spec's rotation.
 
 It works the same under a TransformerLens bridge (the HF modules the bridge wraps call the same
@@ -156,7 +158,8 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
     from ropelens.sdpa import _group_key
 
     groups = {L: _group_key(spec[L]) for L in variant_of}
-    state: dict[str, Any] = {"layer": None, "pos": None, "tables": {}, "conv": {}, "calls": {}}
+    state: dict[str, Any] = {"layer": None, "pos": None, "tables": {}, "conv": {}, "calls": {}, "outputs": [],
+                             "indexer": None, "rows": {}}
 
     def set_pos(pos: Any) -> None:
         if isinstance(pos, Tensor) and pos is not state["pos"]:
@@ -164,6 +167,14 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
 
     def rotary_pre(_module, args, kwargs) -> None:
         set_pos(kwargs.get("position_ids", args[1] if len(args) > 1 else None))
+
+    def rotary_post(_module, args, kwargs, out) -> None:
+        # the tables this forward's rotary modules made, with their positions: an indexer rotating rows of them
+        # (picked, pooled) gets the variant's rows at the same positions (:func:`indexer_tables`)
+        pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        if variant_of and isinstance(out, tuple) and len(out) == 2 and isinstance(pos, Tensor):
+            state["outputs"] = [*state["outputs"][-3:], (out[0], out[1], pos)]
+            state["rows"] = {}
 
     def attn_pre(i: int):
         def pre(_module, _args, kwargs) -> None:
@@ -202,6 +213,42 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
             state["tables"][key] = variant_tables(variant_of[L], lr, pos, cos, layout, sign)
         return state["tables"][key]
 
+    def indexer_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Inside layer L's sparse-attention indexer, where L runs a variant: the variant's tables for the rows of this
+        forward's rotary tables that the indexer rotates by (found by value: the rows it picked or pooled)."""
+        L = state["indexer"]
+        if L is None or L not in variant_of or not state["outputs"]:
+            return cos, sin
+        lr, w = spec[L], cos.shape[-1]
+        rows = state["rows"].get(w)
+        if rows is None:
+            rows = {}
+            for oc, os_, pos in state["outputs"]:
+                if oc.shape[-1] != w:
+                    continue
+                p = pos.reshape(-1, pos.shape[-1]) if pos.ndim < 3 else pos[:, :1].reshape(pos.shape[0], -1)
+                for j, (c, sn) in enumerate(zip(oc.reshape(-1, *oc.shape[-2:])[0], os_.reshape(-1, *os_.shape[-2:])[0],
+                                                strict=True)):
+                    rows.setdefault(c.numpy().tobytes() + sn.numpy().tobytes() if c.device.type == "cpu"
+                                    else bytes(c.cpu().numpy()) + bytes(sn.cpu().numpy()), p[:, j] if pos.ndim == 3
+                                    else p[0, j])
+            state["rows"][w] = rows
+        flat_c, flat_s = cos.reshape(-1, w), sin.reshape(-1, w)
+        found = []
+        for c, sn in zip(flat_c.cpu(), flat_s.cpu(), strict=True):
+            key = c.numpy().tobytes() + sn.numpy().tobytes()
+            if key not in rows:
+                raise UnsupportedModelError(
+                    f"layer {L}'s indexer rotates by a table row that is none of this forward's rotary tables, so the "
+                    "variant's tables cannot be placed at its positions")
+            found.append(rows[key])
+        pos = torch.stack(found, dim=-1) if found[0].ndim else torch.stack(found)
+        pos = pos.view(pos.shape[0], 1, -1) if pos.ndim == 2 else pos.view(1, -1)
+        conv = model_tables(*state["outputs"][-1][:2], lr, state["outputs"][-1][2])
+        layout, sign = (conv[0], conv[1]) if conv is not None else ("cat", 1.0)
+        c2, s2 = variant_tables(variant_of[L], lr, pos.to(cos.device), flat_c, layout, sign)
+        return c2.reshape(cos.shape), s2.reshape(sin.shape)
+
     def check(lr: LayerRope, x: Tensor, heads_axis: int, what: str) -> None:
         if x.ndim != 4 or x.shape[heads_axis] not in (lr.n_heads, lr.n_kv_heads, 1) \
                 or x.shape[-1] not in (lr.head_dim, lr.rotary_dim):
@@ -211,9 +258,12 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
 
     def tapped_qk(fn: Callable) -> Callable:
         @functools.wraps(fn)
-        def call(q, k, cos, sin, *args, **kwargs):
+        def call(q, k=None, cos=None, sin=None, *args, **kwargs):
             lr = layer_of()
-            if lr is None:  # outside the attention layers, or inside an indexer: the model's own rotation
+            if state["indexer"] is not None and cos is not None:  # an indexer's own rotation: its layer's variant
+                cos, sin = indexer_tables(cos, sin)
+                return fn(q, k, cos, sin, *args, **kwargs)
+            if lr is None or k is None:  # outside the attention layers, or queries alone (an indexer's form)
                 return fn(q, k, cos, sin, *args, **kwargs)
             check(lr, q, 1, "queries")
             lm, lrep = masks.get(lr.layer, ()), replaced.get(lr.layer, ())
@@ -291,7 +341,9 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
     rotaries = [m for m in hf.modules() if "rotary" in type(m).__name__.lower() and "bridge" not in type(m).__name__.lower()]
     rotaries += [_unwrap(m) for m in hf.modules() if "rotary" in type(m).__name__.lower()
                  and "bridge" in type(m).__name__.lower()]
-    handles = [m.register_forward_pre_hook(rotary_pre, with_kwargs=True) for m in {id(r): r for r in rotaries}.values()]
+    unique = {id(r): r for r in rotaries}.values()
+    handles = [m.register_forward_pre_hook(rotary_pre, with_kwargs=True) for m in unique]
+    handles += [m.register_forward_hook(rotary_post, with_kwargs=True) for m in unique]
     for i, a in enumerate(attns):
         if a is not None:
             handles.append(a.register_forward_pre_hook(attn_pre(i), with_kwargs=True))
@@ -299,12 +351,12 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
     indexers = [m for a in attns if a is not None for m in a.modules() if type(m).__name__.endswith("Indexer")]
     saved_layer: list = []
 
-    def enter_indexer(_m, _a) -> None:  # an indexer's own rotation: passed through untouched
-        saved_layer.append(state["layer"])
-        state["layer"] = None
+    def enter_indexer(_m, _a) -> None:  # an indexer's own rotation: its layer's variant, no ablation or replacement
+        saved_layer.append((state["layer"], state["indexer"]))
+        state["indexer"], state["layer"] = state["layer"], None
 
     def leave_indexer(_m, _a, _o) -> None:
-        state["layer"] = saved_layer.pop()
+        state["layer"], state["indexer"] = saved_layer.pop()
 
     for m in indexers:
         handles += [m.register_forward_pre_hook(enter_indexer), m.register_forward_hook(leave_indexer)]

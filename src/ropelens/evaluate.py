@@ -113,8 +113,14 @@ def loss_path(model: Any, path: str = "auto") -> str:
     """
     if path not in ("auto", "sdpa", "bridge"):
         raise InputError(f"path must be 'auto', 'sdpa' or 'bridge', got {path!r}")
-    if not is_bridge(model):
+    from ropelens.plain import is_plain
+
+    if not is_bridge(model) and not (is_plain(model) and path != "bridge"):
         return "hf"
+    if is_plain(model):  # its plan runs on the engine either way; sdpa where the engine reaches its rotation
+        from ropelens.sdpa import sdpa_ready
+
+        return "sdpa" if sdpa_ready(model) else "hf"
     if path == "auto":
         from ropelens.sdpa import sdpa_ready
 

@@ -120,14 +120,33 @@ def _swap_tables_hook(
     return args, {**kwargs, "position_embeddings": new}
 
 
-def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[RopeSpec, list[Any], list[int]]:
-    """Register the per-layer table swap; returns the resulting spec, the hook handles and the layers."""
+def _on_engine(model, layers: Sequence[int], what: str) -> bool:
+    """Whether ``what`` runs on the engine (:mod:`ropelens.engine`: at the rotation the HF forward calls) rather than
+    on bridge hooks: a plain HF model, or a bridge whose attention in ``layers`` rotates inside the HF module (no
+    (cos, sin) handed to it, no post-RoPE hooks). Raises UnsupportedModelError, with what was seen, where neither
+    can reach the model's rotation."""
+    from ropelens.plain import is_plain
+    from ropelens.sdpa import engine_ready
+
+    if not is_plain(model) and all(hasattr(model.blocks[i].attn, "hook_cos") for i in layers):
+        return False
+    why = engine_ready(model)
+    if why is not None:
+        raise UnsupportedModelError(f"{what} cannot reach this model's rotation: {why}")
+    return True
+
+
+def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[RopeSpec, list[Any], list[int], bool]:
+    """Register the per-layer table swap; returns the resulting spec, the hook handles, the layers and whether the
+    engine applies it (no hooks then)."""
     _check_variant(variant)
     spec = rope_spec(model)  # NotRotaryError for models without RoPE
     chosen = spec.layer_indices(layers, layer_kind)
     new_spec = spec_with_variant(
         spec, variant, chosen
     )  # also validates the variant against each layer
+    if _on_engine(model, chosen, "apply_rope_variant"):
+        return new_spec, [], chosen, True
     attns = _attention_with_tables(model, chosen, "apply_rope_variant")
     interleaved = bool(getattr(model.cfg, "rotary_interleaved_cos_sin", False))
     handles = []
@@ -139,7 +158,7 @@ def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[R
             convention={},
         )
         handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
-    return new_spec, handles, chosen
+    return new_spec, handles, chosen, False
 
 
 @contextlib.contextmanager
@@ -155,9 +174,9 @@ def apply_rope_variant(
     """
     handles: list[Any] = []
     try:
-        new_spec, handles, chosen = _install_variant(model, variant, layers, layer_kind)
+        new_spec, handles, chosen, engine = _install_variant(model, variant, layers, layer_kind)
         # the fast q/k path would bypass the bridge hooks; the sdpa forward reads the plan instead
-        with intervened(model), planned(model, VariantStep(variant, tuple(chosen), len(handles))):
+        with intervened(model), planned(model, VariantStep(variant, tuple(chosen), len(handles), engine)):
             yield new_spec
     finally:
         for h in handles:
@@ -188,9 +207,9 @@ def with_rope_variant(
     _check_variant(variant)
     chosen = rope_spec(model).layer_indices(layers, layer_kind)  # fail before copying
     out = copy.deepcopy(model)
-    _, handles, _ = _install_variant(out, variant, chosen, None)
+    _, handles, _, engine = _install_variant(out, variant, chosen, None)
     intervened(out).__enter__()  # for good: the copy always runs the variant (bridge hooks, sdpa plan)
-    planned(out, VariantStep(variant, tuple(chosen), len(handles))).__enter__()
+    planned(out, VariantStep(variant, tuple(chosen), len(handles), engine)).__enter__()
     out.ropelens_rope_variant = {"variant": variant.to_dict(), "layers": chosen}
     return out
 
@@ -255,7 +274,9 @@ def ablate_planes(
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers, layer_kind)
     plane_list = check_indices(planes, "plane")
-    _attention_with_tables(model, chosen, "ablate_planes")  # the post-RoPE hooks fire there
+    engine = _on_engine(model, chosen, "ablate_planes")
+    if not engine:
+        _attention_with_tables(model, chosen, "ablate_planes")  # the post-RoPE hooks fire there
     removers: list[Callable[[], None]] = []
     step_masks: dict[int, tuple[Tensor | None, Tensor | None]] = {}
     try:
@@ -263,12 +284,12 @@ def ablate_planes(
             lr = spec[i]
             check_indices(plane_list, "plane", lr.n_planes, f"layer {i}")
             head_set = None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
-            names = attn_hooks(model, i)
+            names = None if engine else attn_hooks(model, i)
             qk = []
             for which, n, per_kv in (("q", lr.n_heads, False), ("k", lr.n_kv_heads, True)):
                 mask = _head_mask(lr, plane_list, head_set, n, per_kv)
                 qk.append(mask)
-                if mask is None:
+                if mask is None or names is None:
                     continue
                 # Rotation maps a zero plane to zero, so where no post-RoPE hook fires (Phi-3, GPT-NeoX)
                 # zeroing the plane before RoPE removes the same term.
@@ -278,7 +299,7 @@ def ablate_planes(
                 removers.append(add_lens_hook(model.hook_dict[name], fn))
             step_masks[i] = (qk[0], qk[1])
         # the fast q/k path would bypass the ablation hooks; the sdpa forward reads the plan instead
-        with intervened(model), planned(model, AblationStep(step_masks, len(removers))):
+        with intervened(model), planned(model, AblationStep(step_masks, len(removers), engine)):
             yield
     finally:
         for remove in removers:

@@ -10,9 +10,10 @@ that declines or a pattern is needed, from :func:`capture`, which runs the HF mo
 attention and taps the family's ``apply_rotary_pos_emb`` (pre-RoPE q and k) and
 ``eager_attention_forward`` (the q and k that enter the score, and the probabilities).
 
-Lost without the bridge: everything that edits the forward through TransformerLens hooks, i.e. RoPE
-variants and plane ablations (:mod:`ropelens.intervene`), massive-value replacement, and the
-report's p-RoPE sweep. Asking for them raises :class:`BridgeOnlyError` in one line.
+RoPE variants, plane ablations and massive-value replacement run on a plain model as on any other, at the
+rotation its forward calls (:mod:`ropelens.engine`): :class:`PlainModel`'s forward and :func:`capture` apply
+the interventions in force. Only TransformerLens's own surface (hook points, ``run_with_cache``) needs the
+bridge; asking a plain model for it raises :class:`BridgeOnlyError` in one line.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from ropelens.errors import InputError, UnsupportedModelError
 __all__ = ["BridgeOnlyError", "PlainConfig", "PlainModel", "attention_modules", "capture", "is_plain", "what_works"]
 
 # what still runs on a plain model (said in every refusal, so a user knows where to go instead)
-WORKS = ("rope_spec and verification, frequency usage, band statistics, decomposition, heads, sinks, distance, "
-         "offsets, massive values (found, not replaced), loss and passkey without a variant")
+WORKS = ("every ropelens analysis, intervention (RoPE variants, plane ablations, massive-value replacement) and the "
+         "report")
 # TransformerLens's surface: asking a plain model for it means the caller needs the bridge's hooks
 _BRIDGE_ONLY = frozenset({"blocks", "hook_dict", "hooks", "run_with_cache", "run_with_hooks", "add_hook",
                           "reset_hooks", "mod_dict"})
@@ -128,8 +129,8 @@ class PlainModel(torch.nn.Module):
     def __getattr__(self, name: str) -> Any:
         if name in _BRIDGE_ONLY:
             cfg = self.__dict__.get("cfg")
-            raise BridgeOnlyError(refusal(cfg, f"this needs TransformerLens's hooks (model.{name}): RoPE variants, "
-                                               "plane ablations and massive-value replacement cannot run"))
+            raise BridgeOnlyError(refusal(cfg, f"model.{name} is TransformerLens's hook surface, which only the bridge "
+                                               "has"))
         return super().__getattr__(name)
 
     @property
@@ -159,13 +160,33 @@ class PlainModel(torch.nn.Module):
 
         hf = self.original_model
         if input_ids is not None:
-            return hf(input_ids=input_ids, **kwargs)
+            with self._planned(hf):
+                return hf(input_ids=input_ids, **kwargs)
         if return_type not in ("logits", None):
             raise InputError(f"return_type {return_type!r} is not supported on a plain HF model: use 'logits' or None")
         toks = self.to_tokens(input) if isinstance(input, str) else input
-        with sdpa_attention(hf):  # the logits of eager attention, without its [heads, n, n] matrices
+        with sdpa_attention(hf), self._planned(hf):  # the logits of eager attention, without its [heads, n, n] matrices
             out = hf(input_ids=toks.to(self.cfg.device), use_cache=False, **kwargs)
         return None if return_type is None else out.logits
+
+    def _planned(self, hf: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """The RoPE variants, plane ablations and replacements in force on this model, applied at the rotations its
+        forward calls (:mod:`ropelens.engine`)."""
+        return planned_forward(self, hf)
+
+
+def planned_forward(model: Any, hf: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """A block in which ``hf`` (the HF model under ``model``, or its view) runs with ``model``'s plan applied (the
+    variants, ablations and replacements in force); nothing where none is."""
+    from ropelens.sdpa import active_plan
+
+    plan = active_plan(model)
+    if not plan:
+        return contextlib.nullcontext()
+    from ropelens.engine import rotation_plan
+    from ropelens.reading import rope_spec
+
+    return rotation_plan(hf, rope_spec(model), plan)
 
 
 def is_plain(model: Any) -> bool:
@@ -175,9 +196,9 @@ def is_plain(model: Any) -> bool:
 
 def refusal(cfg: PlainConfig | None, what: str) -> str:
     """One line: the architecture, that it runs without the bridge and why, what cannot run, and what can."""
-    arch = cfg.architecture if cfg is not None else "model"
-    why = ("loaded without the TransformerLens bridge (bridge=False)" if cfg is None or cfg.why == "bridge=False"
-           else cfg.why)
+    arch = getattr(cfg, "architecture", None) or "model"
+    why = getattr(cfg, "why", None)
+    why = "loaded without the TransformerLens bridge (bridge=False)" if why in (None, "bridge=False") else why
     return f"{arch}: {why}, so ropelens runs the plain HF model; {what}. What works: {WORKS}"
 
 

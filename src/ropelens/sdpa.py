@@ -28,7 +28,7 @@ from ropelens.fastpath import hf_view, sdpa_attention
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.variants import RopeVariant
 
-__all__ = ["AblationStep", "ReplaceStep", "Step", "VariantStep", "active_plan", "model_tables", "on_sdpa", "planned", "sdpa_ready",
+__all__ = ["AblationStep", "ReplaceStep", "Step", "VariantStep", "active_plan", "engine_plan", "engine_ready", "model_tables", "on_sdpa", "planned", "sdpa_ready",
            "variant_tables"]
 
 _PLAN = "_ropelens_sdpa_plan"
@@ -45,6 +45,7 @@ class VariantStep:
     variant: RopeVariant
     layers: tuple[int, ...]
     n_hooks: int
+    engine: bool = False  # applied by the engine alone (:mod:`ropelens.engine`), no bridge hook
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,6 +54,7 @@ class AblationStep:
 
     masks: dict[int, tuple[Tensor | None, Tensor | None]]
     n_hooks: int
+    engine: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +64,7 @@ class ReplaceStep:
 
     values: dict[int, dict[str, tuple[Tensor, Tensor]]]
     n_hooks: int
+    engine: bool = False
 
 
 Step = VariantStep | AblationStep | ReplaceStep
@@ -69,12 +72,68 @@ Step = VariantStep | AblationStep | ReplaceStep
 
 @contextlib.contextmanager
 def planned(model, step: Step) -> Iterator[None]:
-    """Record ``step`` in the model's plan while the block runs."""
+    """Record ``step`` in the model's plan while the block runs. A step the engine applies (``step.engine``) on a
+    bridge also has every forward of the bridge run with the plan applied at the rotations its HF modules call."""
     object.__setattr__(model, _PLAN, (*active_plan(model), step))
+    hooks = _bridge_engine(model) if step.engine and not _is_plain(model) else contextlib.nullcontext()
+    try:
+        with hooks:
+            yield
+    finally:
+        object.__setattr__(model, _PLAN, tuple(s for s in active_plan(model) if s is not step))
+
+
+def engine_plan(model) -> bool:
+    """Whether a step in force on ``model`` is applied by the engine alone (no bridge hook applies it): captures and
+    references then run the HF forward with the plan (a plain HF model's plan is always the engine's)."""
+    return any(s.engine for s in active_plan(model))
+
+
+def _is_plain(model) -> bool:
+    from ropelens.plain import is_plain
+
+    return is_plain(model)
+
+
+_ENGINE_HOOKS = "_ropelens_engine_hooks"
+
+
+@contextlib.contextmanager
+def _bridge_engine(model) -> Iterator[None]:
+    """While the block runs, every forward of bridge ``model`` applies its plan at the rotations the HF modules under it
+    call (installed once however many engine steps nest)."""
+    from ropelens.engine import rotation_plan
+    from ropelens.reading import hf_model_of, rope_spec
+
+    count = getattr(model, _ENGINE_HOOKS, None)
+    if count is not None:
+        object.__setattr__(model, _ENGINE_HOOKS, (count[0] + 1, count[1]))
+    else:
+        spec = rope_spec(model)
+        attns = [getattr(getattr(b, "attn", None), "original_component", None) for b in model.blocks]
+        stack: list[contextlib.ExitStack] = []
+
+        def enter(*_: object) -> None:
+            es = contextlib.ExitStack()
+            es.enter_context(rotation_plan(hf_model_of(model), spec, active_plan(model), attns=attns))
+            stack.append(es)
+
+        def leave(*_: object) -> None:
+            if stack:
+                stack.pop().close()
+
+        handles = [model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True)]
+        object.__setattr__(model, _ENGINE_HOOKS, (1, handles))
     try:
         yield
     finally:
-        object.__setattr__(model, _PLAN, tuple(s for s in active_plan(model) if s is not step))
+        n, handles = getattr(model, _ENGINE_HOOKS)
+        if n == 1:
+            for h in handles:
+                h.remove()
+            object.__delattr__(model, _ENGINE_HOOKS)
+        else:
+            object.__setattr__(model, _ENGINE_HOOKS, (n - 1, handles))
 
 
 def active_plan(model) -> tuple[Step, ...]:
@@ -120,12 +179,25 @@ def model_tables(cos: Tensor, sin: Tensor, layer: LayerRope, position_ids: Tenso
     return best
 
 
+def _angles(variant: RopeVariant, layer: LayerRope, position_ids: Tensor) -> Tensor:
+    """The variant's angle of each plane at ``position_ids`` ``[..., pos, plane]``; multimodal position ids
+    ``[axis, batch, pos]`` (M-RoPE) turn each plane by its own axis's position (:attr:`LayerRope.axes`; a layer read
+    without axes, text alone, by the first)."""
+    if position_ids.ndim == 3 and position_ids.shape[0] in (3, 4):
+        if not layer.axes:
+            return variant.angles(layer, position_ids[0])
+        per = torch.stack([variant.angles(layer, position_ids[a]) for a in range(position_ids.shape[0])])
+        idx = torch.tensor(layer.axes, device=per.device).view(1, 1, 1, -1).expand(1, *per.shape[1:])
+        return per.gather(0, idx)[0]
+    return variant.angles(layer, position_ids)
+
+
 def variant_tables(variant: RopeVariant, layer: LayerRope, position_ids: Tensor, like: Tensor, layout: str,
                    sign: float, scale: float | None = None) -> tuple[Tensor, Tensor]:
     """The variant's (cos, sin) for ``layer`` at ``position_ids``, in the layout, sign and dtype of the model's
     table ``like``, with the ops of HF's rotary forward (so an identity variant gives the model's tables to the bit)."""
     with torch.no_grad():
-        ang = _lay(variant.angles(layer, position_ids.to(like.device)), like.shape[-1], layer.n_planes, layout)
+        ang = _lay(_angles(variant, layer, position_ids.to(like.device)), like.shape[-1], layer.n_planes, layout)
         if ang.shape[-1] != like.shape[-1]:
             raise UnsupportedModelError(
                 f"layer {layer.layer}: the model's cos table is {like.shape[-1]} wide but the spec has "
@@ -180,6 +252,22 @@ def _probe(model, spec: RopeSpec) -> str | None:
     return engine_problem(hf_view(model), spec)
 
 
+def engine_ready(model) -> str | None:
+    """Why the engine cannot apply interventions to ``model`` (None: it can), checked once per modeling functions
+    on a short forward (:func:`ropelens.engine.engine_problem`)."""
+    from ropelens.engine import rotation_forms
+
+    mod = importlib.import_module(type(hf_view(model)).__module__)
+    key = (tuple(id(f) for f, _ in rotation_forms(mod).values()), id(getattr(mod, "rotate_half", None)))
+    cached = getattr(model, _READY, None)
+    if cached is None or cached[0] != key:
+        from ropelens.reading import rope_spec
+
+        cached = (key, _probe(model, rope_spec(model)))
+        object.__setattr__(model, _READY, cached)
+    return cached[1]
+
+
 def sdpa_ready(model) -> bool:
     """Whether ``model``'s forward, with every intervention in force, can run as the HF model with sdpa.
 
@@ -196,17 +284,7 @@ def sdpa_ready(model) -> bool:
     plan = active_plan(model)
     if getattr(model, _MARK, 0) != len(plan) or (not plain and _n_hooks(model) != sum(s.n_hooks for s in plan)):
         return False
-    cached = getattr(model, _READY, None)
-    from ropelens.engine import rotation_forms
-
-    mod = importlib.import_module(type(hf_view(model)).__module__)
-    key = (tuple(id(f) for f, _ in rotation_forms(mod).values()), id(getattr(mod, "rotate_half", None)))
-    if cached is None or cached[0] != key:
-        from ropelens.reading import rope_spec
-
-        cached = (key, _probe(model, rope_spec(model)))
-        object.__setattr__(model, _READY, cached)
-    return cached[1] is None
+    return engine_ready(model) is None
 
 
 @contextlib.contextmanager

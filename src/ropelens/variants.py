@@ -88,14 +88,29 @@ class _RopeConfig:
 
     def __init__(self, layer: LayerRope, rope_parameters: dict[str, Any], max_position: int | None):
         # head_dim = rotary_dim: frequencies span the rotary part, as HF's partial_rotary_factor does.
-        self.head_dim = layer.rotary_dim
-        self.hidden_size = layer.rotary_dim  # some functions evaluate hidden_size // heads eagerly
+        self.head_dim = freq_dim(layer)
+        self.hidden_size = self.head_dim  # some functions evaluate hidden_size // heads eagerly
         self.num_attention_heads = 1
         self.max_position_embeddings = max_position
         self.rope_parameters = {"rope_theta": _base(layer), **rope_parameters}
 
     def standardize_rope_params(self) -> None:
         """Nothing to standardise: the parameters are complete and flat."""
+
+
+def freq_dim(layer: LayerRope) -> int:
+    """The width d of the default formula θ_i = base^(−2i/d) the layer's frequencies follow: its rotary dim, except
+    where its own default frequencies were computed over another width with as many planes (MiMo-V2-Flash rounds
+    ``head_dim · partial_rotary_factor`` down to an odd 5 for 6 rotary dims); variants recompute over the same d."""
+    d = layer.rotary_dim
+    if layer.base is None or layer.rope_type != "default" or not layer.n_planes:
+        return d
+    own = layer.inv_freq.float()
+    for cand in (d, d - 1):
+        if cand > 0 and (cand + 1) // 2 == layer.n_planes and torch.allclose(
+                _default_inv_freq(float(layer.base), cand), own, rtol=1e-6, atol=0):
+            return cand
+    return d
 
 
 def _default_inv_freq(base: float, rotary_dim: int) -> Float[Tensor, " n_planes"]:
@@ -211,7 +226,7 @@ class Default(RopeVariant):
     """Plain RoPE θ_i = base^(−2i/d_r) (undoes any scaling the model itself applies)."""
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
-        return _default_inv_freq(_base(layer), layer.rotary_dim)
+        return _default_inv_freq(_base(layer), freq_dim(layer))
 
 
 @dataclass(frozen=True)
@@ -231,6 +246,15 @@ class PRoPE(_HF):
     p: float
     rope_type: ClassVar[str] = "proportional"
 
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        d = freq_dim(layer)
+        if d == layer.rotary_dim:
+            return self._hf(layer)[0]  # HF's proportional, bit for bit
+        # frequencies over another width than the rotary dims (an odd one): the layer's own, the rest unrotated
+        inv = _default_inv_freq(_base(layer), d)
+        inv[kept_planes(self.p, layer.n_planes):] = 0.0
+        return inv
+
 
 @dataclass(frozen=True)
 class PRoPEReversed(RopeVariant):
@@ -240,7 +264,7 @@ class PRoPEReversed(RopeVariant):
     rope_type: ClassVar[str] = "p-rope-reversed"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
-        inv = _default_inv_freq(_base(layer), layer.rotary_dim)
+        inv = _default_inv_freq(_base(layer), freq_dim(layer))
         inv[: layer.n_planes - kept_planes(self.p, layer.n_planes)] = 0.0
         return inv
 
@@ -274,7 +298,7 @@ class BaseChange(RopeVariant):
     base: float
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
-        return _default_inv_freq(self.base, layer.rotary_dim)
+        return _default_inv_freq(self.base, freq_dim(layer))
 
 
 @dataclass(frozen=True)
@@ -286,7 +310,7 @@ class PlaneMask(RopeVariant):
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
         check_indices(self.planes, "plane", layer.n_planes, f"layer {layer.layer}")
-        inv = _default_inv_freq(_base(layer), layer.rotary_dim)
+        inv = _default_inv_freq(_base(layer), freq_dim(layer))
         inv[list(self.planes)] = 0.0
         return inv
 
@@ -450,6 +474,6 @@ class LongRoPE(_HF):
         scaled = pos * self.inv_freq(layer, seq_len).to(positions.device)
         if not self.n_hat:
             return scaled
-        plain = pos * _default_inv_freq(_base(layer), layer.rotary_dim).to(positions.device)
+        plain = pos * _default_inv_freq(_base(layer), freq_dim(layer)).to(positions.device)
         return torch.where(positions[..., None] < self.n_hat, plain, scaled)
 

@@ -328,19 +328,21 @@ class _Probe:
             which += ("selected",)
         intervened = bool(getattr(self.model, "_ropelens_interventions", 0))
         from ropelens.plain import is_plain
+        from ropelens.sdpa import engine_plan
 
-        slow = "plain HF forward" if is_plain(self.model) else "bridge"  # the path analyses take off the fast one
+        engine = is_plain(self.model) or engine_plan(self.model)  # the plan, if any, is applied by the engine
+        slow = "plain HF forward" if engine else "bridge"  # the path analyses take off the fast one
         paths = {slow: capture_qk(self.model, toks, layers=self.rotary, which=which, fast=False, spec=self.spec)}
         if not intervened:  # the fast path is off under an intervention: analyses then use the bridge alone
             paths["fast q/k path"] = capture_qk(self.model, toks, layers=self.rotary, which=which, fast=True, spec=self.spec)
         acts = {p: {L: {k: v.float() for k, v in a.tensors.items()} for L, a in got.items()} for p, got in paths.items()}
         for path, layers in acts.items():
             self._rotation(path, layers)
-        if intervened:
+        if intervened and not engine:
             reference = "the bridge's own attention (a ropelens intervention is active)"
             self._bridge_reference(toks, acts)
         else:
-            reference = "the model's own eager attention"
+            reference = "the model's own eager attention" + (" under the intervention in force" if intervened else "")
             self._hf_reference(toks, acts)
         self._window_edges()
         self._chunk_edges()
@@ -374,7 +376,7 @@ class _Probe:
                     # the model's rotation reads another layout than it writes, or a slice inside the head: its
                     # own input, as ropelens lays it out, rotated by the spec must give its output, in both rows
                     for row in range(t[f"{which}_pre"].shape[0]):
-                        err = rotation_from_pre(lr, t[f"{which}_pre"][row], t[f"{which}_rot"][row])
+                        err = rotation_from_pre(lr, t[f"{which}_pre"][row], t[f"{which}_rot"][row], ablated)
                         self._note("rotation", L, path, err, which)
 
     def _compare(self, L: int, acts: dict[str, dict[int, dict[str, Tensor]]], query: Tensor | None, key: Tensor | None,
@@ -484,7 +486,9 @@ class _Probe:
                               scaling, allowed, probs.detach().float() if probs is not None else None)
             return out
 
-        with attention_implementation(hf, "eager"), torch.no_grad():
+        from ropelens.plain import planned_forward
+
+        with attention_implementation(hf, "eager"), torch.no_grad(), planned_forward(self.model, hf):
             if orig is None:
                 self.unchecked.append("q/k, scale and scores (the model calls no eager_attention_forward: "
                                       "probabilities only, from output_attentions)")

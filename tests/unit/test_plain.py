@@ -129,23 +129,20 @@ def _one_line(err: pytest.ExceptionInfo, arch: str) -> str:
     return msg
 
 
-def test_what_needs_the_bridge_is_refused_in_one_line(model_dir, llama_both, tmp_path):
-    """Variants, plane ablations and the report need the bridge's hooks: one line naming the architecture."""
-    from ropelens.intervene import ablate_planes, apply_rope_variant
-    from ropelens.report.build import build_report
+def test_transformerlens_hook_points_are_refused_in_one_line(model_dir):
+    """A plain model runs every ropelens intervention on the engine (tests/unit/test_engine.py); only TransformerLens's
+    own surface (hook points, run_with_cache) needs the bridge: one line naming the architecture."""
+    from ropelens.intervene import apply_rope_variant
     from ropelens.variants import PRoPE
 
     model = ropelens.load_model(model_dir("ministral"), device="cpu")
-    with pytest.raises(BridgeOnlyError) as err, apply_rope_variant(model, PRoPE(0.5)):
-        pass
+    with pytest.raises(BridgeOnlyError) as err:
+        model.run_with_cache(_tokens())
     assert "no adapter" in _one_line(err, "MinistralForCausalLM")
-    with pytest.raises(UnsupportedModelError) as err, ablate_planes(model, [0]):
-        pass
-    _one_line(err, "MinistralForCausalLM")
-    assert not getattr(model, "_ropelens_interventions", 0)  # a refused intervention leaves no mark behind
-    with pytest.raises(UnsupportedModelError) as err:
-        build_report(llama_both[1], out=tmp_path / "report", progress=False)
-    assert "bridge=False" in _one_line(err, "LlamaForCausalLM")
+    assert not hasattr(model, "hook_dict")
+    with apply_rope_variant(model, PRoPE(0.5)):
+        assert getattr(model, "_ropelens_interventions", 0) == 1
+    assert not getattr(model, "_ropelens_interventions", 0)  # leaving it leaves no mark behind
 
 
 def test_refusals_name_what_cannot_be_measured(model_dir):

@@ -699,14 +699,19 @@ def test_bad_application_raises(llama, toks):
 def test_models_without_usable_rope_raise():
     with pytest.raises(NotRotaryError), apply_rope_variant(tiny_model("gpt2"), NoPE()):
         pass
+
+
+
+def test_a_model_rotating_inside_its_hf_module_takes_variants():
+    """GPT-J rotates inside its HF attention module (no (cos, sin) handed to the bridge's attention): the engine
+    applies the variant at that rotation. Under NoPE the rotated queries are the pre-RoPE ones."""
+    from ropelens.capture import capture_qk
+
     gptj = tiny_model("gptj")
-    with (
-        pytest.raises(ValueError, match="rotates inside the HF module"),
-        apply_rope_variant(gptj, NoPE()),
-    ):
-        pass
-    with pytest.raises(ValueError, match="rotates inside the HF module"), ablate_planes(gptj, [0]):
-        pass
+    toks = torch.randint(4, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+    with apply_rope_variant(gptj, NoPE()):
+        acts = capture_qk(gptj, toks, layers=[0], which=("q_pre", "q_rot"))[0]
+    torch.testing.assert_close(acts["q_rot"], acts["q_pre"], rtol=0, atol=1e-6)
 
 
 def test_variant_base_class_is_abstract(layer):

@@ -390,9 +390,12 @@ def replace_massive(
     used: dict[int, dict[str, Tensor]] = {}
     step: dict[int, dict[str, tuple[Tensor, Tensor]]] = {}
     removers: list[Callable[[], None]] = []
+    from ropelens.intervene import _on_engine
+
+    engine = _on_engine(model, chosen, "replace_massive")  # a plain HF model, or rotation inside the HF module
     try:
         for L in chosen:
-            i, names = mv.layers.index(L), attn_hooks(model, L)
+            i, names = mv.layers.index(L), (None if engine else attn_hooks(model, L))
             used[L] = {}
             for w in parts:
                 mask = masks[w][i]
@@ -400,11 +403,13 @@ def replace_massive(
                 if not bool(mask.any()):
                     continue
                 value = mv.mean(w)[i].float()
+                step.setdefault(L, {})[w] = (mask.clone(), value)
+                if names is None:
+                    continue
                 fn = functools.partial(_replace_hook, mask=mask, value=value, heads_first=names.pre_heads_first)
                 removers.append(add_lens_hook(model.hook_dict[names.pre(w)], fn))
-                step.setdefault(L, {})[w] = (mask.clone(), value)
         # the fast q/k path would bypass these hooks; the sdpa forward reads the plan and writes them at the rotation
-        with intervened(model), planned(model, ReplaceStep(step, len(removers))):
+        with intervened(model), planned(model, ReplaceStep(step, len(removers), engine)):
             yield used
     finally:
         for remove in removers:

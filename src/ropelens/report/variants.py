@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from torch import Tensor
 
+from ropelens.analyses.extrapolation import MAX_BOUND_CONTEXT
 from ropelens.errors import InputError
 from ropelens.evaluate import bootstrap_ci, window_losses
 from ropelens.report.collect import ReportData
@@ -174,9 +175,14 @@ def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
     if layer.base is None or layer.base <= 1:
         return out
     out["critical_dim"] = critical_dimension(layer.base, layer.rotary_dim, l0)
-    out["bound_native"] = base_lower_bound(layer.rotary_dim, l0)
-    out["bound_extended"] = base_lower_bound(layer.rotary_dim, factor * l0)
+    # None past the longest length whose bound ropelens certifies (the search is quadratic in it)
+    out["bound_native"] = base_lower_bound(layer.rotary_dim, l0) if l0 <= MAX_BOUND_CONTEXT else None
+    out["bound_extended"] = base_lower_bound(layer.rotary_dim, factor * l0) if factor * l0 <= MAX_BOUND_CONTEXT else None
     return out
+
+
+def _bound(v: float | None) -> str:
+    return f"{v:,.0f}" if v is not None else f"not certified past {MAX_BOUND_CONTEXT:,} tokens"
 
 
 @dataclass(frozen=True)
@@ -246,10 +252,12 @@ def render_context(data: ReportData, ext: ContextExtension) -> Section:
             f"{factor}× that context, PI interpolates {cost['PI']['interpolated']} planes and costs "
             f"{cost['PI']['Δ loss']:+.2f} nats in distribution; YaRN interpolates {cost['YaRN']['interpolated']} and "
             f"costs {cost['YaRN']['Δ loss']:+.2f}; cheapest: {order[0]} ({cost[order[0]]['Δ loss']:+.2f}).")
-    if "bound_native" in bounds:
+    if bounds.get("bound_native") is not None:
         text += (f" The base {bounds['base']:,.0f} is {'above' if bounds['base'] >= bounds['bound_native'] else 'BELOW'} "
-                 f"Men et al.'s lower bound for {l0:,} tokens ({bounds['bound_native']:,.0f}); {factor * l0:,} tokens "
-                 f"need {bounds['bound_extended']:,.0f}.")
+                 f"Men et al.'s lower bound for {l0:,} tokens ({bounds['bound_native']:,.0f}); "
+                 + (f"{factor * l0:,} tokens need {bounds['bound_extended']:,.0f}." if bounds["bound_extended"] is not None
+                    else f"the bound for {factor * l0:,} tokens is past the {MAX_BOUND_CONTEXT:,} tokens ropelens "
+                         "certifies."))
     finding = Finding("context", "context-extension", text,
                       {"layer": idx, "rescaled_kind": kind, "beyond_native": beyond, "n_planes": n, "factor": factor, "native_ctx": l0,
                        **{k: v if v is None else round(v) for k, v in bounds.items()},
@@ -260,8 +268,8 @@ def render_context(data: ReportData, ext: ContextExtension) -> Section:
                   ("planes with wavelength > L₀", f"{beyond} of {n}")]
     if "bound_native" in bounds:
         bound_rows += [("critical dimension (Liu et al.)", f"{bounds['critical_dim']} of {layer.rotary_dim} dims"),
-                       (f"base lower bound for {l0:,} (Men et al.)", f"{bounds['bound_native']:,.0f}"),
-                       (f"base lower bound for {factor * l0:,}", f"{bounds['bound_extended']:,.0f}")]
+                       (f"base lower bound for {l0:,} (Men et al.)", _bound(bounds["bound_native"])),
+                       (f"base lower bound for {factor * l0:,}", _bound(bounds["bound_extended"]))]
     extra, extra_tables = context_block(data.experiments)
     body = (_lead(data, f"Each method configured to stretch the native {l0:,}-token context {factor}×. A plane is "
                         "<i>interpolated</i> when every angle it meets at the target length was seen in training, "

@@ -42,7 +42,14 @@ from ropelens.testing.families import (
     rotation_from_pre,
 )
 from ropelens.testing.shrink import NotBuilt, describe_config, one_line, shrink_config
-from ropelens.testing.sweep_checks import SweepCheck, band_stats_error, usage_error, variant_error
+from ropelens.testing.sweep_checks import (
+    SweepCheck,
+    band_stats_error,
+    hf_variant_error,
+    report_status,
+    usage_error,
+    variant_error,
+)
 
 __all__ = ["NoRope", "NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "save_tiny",
            "shrink_config", "sweep_one", "table_phase_steps"]
@@ -80,6 +87,7 @@ class SweepRow:
     kinds: dict[str, list[int]] = field(default_factory=dict)
     errors: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    report: str = ""  # "ok", or what stopped `ropelens report --quick` (only when asked for)
 
 
 def _module_source(module: str) -> str:
@@ -179,7 +187,8 @@ def _init_failure(config, e: BaseException) -> str:
     return f"model init fails: {one_line(e)}{where} (HF's default config builds: the shrinking broke it)"
 
 
-def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None = None) -> SweepCheck:
+def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None = None,
+                 report: bool = False) -> SweepCheck:
     """Save ``config``'s tiny model, load it through ``load_model(path)`` and measure ropelens against HF.
 
     The measurements are :func:`ropelens.testing.families.check_family`'s (rotary buffers, eager
@@ -279,6 +288,10 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         res.refusal = str(e)
         return res
     res.variant_err, res.restore_err, res.variant_note = variant_error(model, spec, toks, rotary)
+    if not res.variant_note:
+        res.hf_variant_err = hf_variant_error(model, spec, hf, toks)
+    if report:
+        res.report = report_status(model)
     return res
 
 
@@ -375,7 +388,7 @@ def _inv_freq_err(hf, spec, rotary: list[int]) -> float:
 
 
 _ERRORS = ("inv_freq_err", "scores_err", "pattern_err", "pairing_err", "usage_err", "band_stats_err", "variant_err",
-           "restore_err")
+           "restore_err", "hf_variant_err")
 
 
 def classify(check: SweepCheck) -> tuple[str, str]:
@@ -393,19 +406,21 @@ def classify(check: SweepCheck) -> tuple[str, str]:
     if not check.layers_checked:
         return "unverified", "no rotary layer read"
     note = getattr(check, "variant_note", "")
-    missing = [k for k, v in errs.items() if math.isnan(v) and not (note and k in ("variant_err", "restore_err"))]
+    # the HF rope-type reference exists only where HF's config takes another rope type for these layers
+    missing = [k for k, v in errs.items() if math.isnan(v) and k != "hf_variant_err"
+               and not (note and k in ("variant_err", "restore_err"))]
     if missing:
         return "unverified", "HF gave no reference for " + ", ".join(missing)
     return "exact", note
 
 
-def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = None) -> SweepRow:
+def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = None, report: bool = False) -> SweepRow:
     """Shrink, build and check ``model_type``; every outcome becomes a row (ropelens's own errors as ``crashed``)."""
     row = SweepRow(model_type, "not built")
     try:
         cfg = shrink_config(model_type)
         row.structure = describe_config(cfg)
-        check = check_config(model_type, cfg, seed=seed, workdir=workdir)
+        check = check_config(model_type, cfg, seed=seed, workdir=workdir, report=report)
     except NotBuilt as e:
         row.detail = str(e)
         return row
@@ -419,4 +434,7 @@ def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = No
     row.status, row.detail = classify(check)
     row.kinds = check.kinds
     row.errors = {k: getattr(check, k) for k in _ERRORS}
+    row.report = check.report
+    if report and check.report != "ok" and row.status == "exact":  # an exact family whose report does not build
+        row.status, row.detail = "crashed", f"report: {check.report}"
     return row

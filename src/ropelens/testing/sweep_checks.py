@@ -13,7 +13,10 @@ what HF's eager attention receives, and a RoPE variant with its exact restore.
 - **Variant and restore**: p-RoPE (p = 0.5; a base change where a layer has one plane) applied with
   :func:`ropelens.intervene.apply_rope_variant`: on one token repeated the rotated query turns by the
   variant's frequencies, and the logits after leaving the context equal the ones before, bit for bit.
-  A plain HF model has no variants (``BridgeOnlyError``): not applicable, not a fault.
+  Every engine applies it (a plain HF model and a bridge rotating inside HF's module through :mod:`ropelens.engine`).
+- **Variant against HF's own rope type**: the logits under ``Linear(2)`` (PI) in the layers with default RoPE
+  against HF's own ``"linear"`` rope type, factor 2, set in the config of the same weights (relative): the
+  variant's tables checked against an implementation that shares none of ropelens's code.
 
 The bands' grouping of head dims and the plane pairs come from the spec (in HF's head layout: multi-head
 latent attention puts its rotary dims after the no-position ones); the sweep's rotation check
@@ -34,7 +37,7 @@ from ropelens.testing.families import FamilyCheck
 from ropelens.verify import rotation_error, rotation_from_pre
 
 __all__ = ["SweepCheck", "band_stats_error", "hf_attention_scaling", "hf_dims", "static_len", "sums_error",
-           "usage_error", "variant_error"]
+           "hf_variant_error", "report_status", "usage_error", "variant_error"]
 
 NO_VARIANTS = "plain HF model: no variants"
 
@@ -48,6 +51,8 @@ class SweepCheck(FamilyCheck):
     variant_err: float = math.nan  # rotation under the variant vs its spec; NaN with variant_note: no variants
     restore_err: float = math.nan  # largest |logit change| after leaving the variant (absolute; must be 0)
     variant_note: str = ""  # why no variant ran (a plain HF model; a one-line refusal)
+    hf_variant_err: float = math.nan  # logits under Linear(2) vs HF's own "linear" rope type, same weights (relative)
+    report: str = ""  # "ok" or the first line of what stopped `ropelens report --quick` (only when asked for)
 
 
 def hf_dims(lr, idx: Tensor) -> Tensor:
@@ -190,3 +195,55 @@ def variant_error(model, spec, toks: Tensor, layers: list[int]) -> tuple[float, 
             continue
         err = max(err, rotation_error(lr, q))
     return err, restore, ""
+
+
+def hf_variant_error(model, spec, hf, toks: Tensor) -> float:
+    """Relative max difference of the logits of ``model`` under ``Linear(2)`` in its layers with default RoPE and
+    HF's own ``"linear"`` rope type (factor 2) set in the config of ``hf``'s weights (per layer type where the config
+    has one entry per type); NaN where HF's config sets no rope type or changes nothing under it."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from ropelens.intervene import apply_rope_variant
+    from ropelens.variants import Linear
+
+    default = [L for L in spec.rotary_layers if spec[L].rope_type == "default"]
+    cfg = copy.deepcopy(hf.config)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    rp = getattr(text, "rope_parameters", None)
+    if not default or not isinstance(rp, dict):
+        return math.nan
+    linear = {"rope_type": "linear", "factor": 2.0}
+    if any(isinstance(v, dict) for v in rp.values()):
+        text.rope_parameters = {k: ({**v, **linear} if isinstance(v, dict) and v.get("rope_type", "default") == "default"
+                                    else v) for k, v in rp.items()}
+    else:
+        text.rope_parameters = {**rp, **linear}
+    try:
+        ref_model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+        ref_model.load_state_dict(hf.state_dict())
+        with torch.no_grad():
+            ref = ref_model(toks).logits
+            plain = hf(toks).logits
+    except Exception:  # noqa: BLE001 - HF cannot build this family with another rope type: no reference
+        return math.nan
+    if torch.equal(ref, plain):  # HF's forward ignores the config's rope type here
+        return math.nan
+    with apply_rope_variant(model, Linear(2.0), layers=default), torch.no_grad():
+        ours = model(toks)
+    return float((ours - ref).abs().max() / ref.abs().max())
+
+
+def report_status(model) -> str:
+    """``"ok"`` when ``ropelens report --quick`` builds on ``model``, else the first line of what stopped it."""
+    import tempfile
+
+    from ropelens.report.build import build_report
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            build_report(model, out=f"{tmp}/report", quick=True, progress=False)
+        except Exception as e:  # noqa: BLE001 - reported, one line
+            return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+    return "ok"
