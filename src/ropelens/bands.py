@@ -118,24 +118,53 @@ class Bands:
         return cls("explicit", (("groups", tuple(items)),), require_cover)
 
     @classmethod
-    def parse(cls, text: str) -> Bands:
-        """Parse a CLI band spec: ``planes``, ``all``, ``quantiles:4``, ``wavelength:10,100,1000``, ``context``."""
+    def parse(cls, text: str, flag: str | None = None) -> Bands:
+        """Parse a CLI band spec: ``planes``, ``all``, ``quantiles:4``, ``wavelength:10,100,1000``, ``context``.
+
+        Errors name the spec's form and an example that parses (``flag``, the option it came from, leads).
+        """
         head, _, arg = text.partition(":")
+        lead = f"{flag}: " if flag else ""
+        eg = f"e.g. {flag} " if flag else "e.g. "
+        forms = {"quantiles": ("quantiles:N with N a positive integer", "quantiles:4"),
+                 "wavelength": ("wavelength:E1,E2,... with E strictly increasing wavelengths in tokens",
+                                "wavelength:10,100,1000"),
+                 "context": ("context[:FACTOR] with FACTOR a positive number", "context:2")}
+
+        def bad(token: str, why: str = "") -> InputError:
+            form, example = forms[head]
+            return InputError(f"{lead}bad band spec {text!r}: {why or f'{token!r} is not a number'}: write {form}, "
+                              f"{eg}{example}")
+
+        def number(token: str, kind: type) -> Any:
+            try:
+                value = kind(token)
+            except ValueError:
+                value = None
+            if value is None or not math.isfinite(value):
+                raise bad(token, f"{token!r} is not {'an integer' if kind is int else 'a finite number'}")
+            return value
+
         try:
-            if head == "planes":
+            if head == "planes" and not arg:
                 return cls.planes()
-            if head == "all":
+            if head == "all" and not arg:
                 return cls.all()
             if head == "quantiles":
-                return cls.quantiles(int(arg or 4))
+                return cls.quantiles(number(arg, int) if arg else 4)
             if head == "wavelength":
-                return cls.by_wavelength([float(x) for x in arg.split(",") if x])
+                if not arg.strip(", "):
+                    raise bad(arg, "no wavelengths given")
+                return cls.by_wavelength([number(x.strip(), float) for x in arg.split(",") if x.strip()])
             if head == "context":
-                return cls.by_context(factor=float(arg) if arg else 1.0)
-        except ValueError as e:
-            raise InputError(f"bad band spec {text!r}: {e}") from e
+                return cls.by_context(factor=number(arg, float) if arg else 1.0)
+        except InputError as e:
+            if str(e).startswith(f"{lead}bad band spec"):
+                raise
+            raise bad(arg, str(e)) from e
         raise InputError(
-            f"unknown band spec {text!r}: use planes, all, quantiles:N, wavelength:E1,E2,... or context[:FACTOR]"
+            f"{lead}unknown band spec {text!r}: use planes, all, quantiles:N, wavelength:E1,E2,... or context[:FACTOR], "
+            f"{eg}quantiles:4"
         )
 
     # ---------------------------------------------------------------- resolution
@@ -174,6 +203,41 @@ class Bands:
             rest_dims = pd_[list(rest)].flatten() if rest else torch.zeros(0, dtype=torch.long)
             dims.append(torch.cat([rest_dims, extra]))
         return ResolvedBands(names=names, planes=groups, dims=tuple(d.sort().values for d in dims), n_planes=n)
+
+    def empty_bands(self, layer: LayerRope) -> tuple[str, ...]:
+        """The bands that hold no head dimension in ``layer``: their band-only logits are all 0 there, so what a band
+        does alone (its top-1 agreement, its pattern) cannot be measured in that layer."""
+        rb = self.resolve(layer)
+        return tuple(name for name, dims in zip(rb.names, rb.dims, strict=True) if not len(dims))
+
+    def require_planes(self, layers: Sequence[LayerRope]) -> None:
+        """InputError when a band holds no plane in any of ``layers``: nothing of it could be measured anywhere.
+
+        The message names the band, the planes the layers have (count and wavelength range) and a spec
+        that fits them. A band empty in some of the layers only (Gemma's local and global layers, say)
+        is measured where it has planes; its band-only agreement reads NaN in the others.
+        """
+        layers = list(layers)
+        if not layers:
+            return
+        empty = set(self.empty_bands(layers[0]))
+        for lr in layers[1:]:
+            empty &= set(self.empty_bands(lr))
+        if not empty:
+            return
+        name = next(n for n in self.resolve(layers[0]).names if n in empty)
+        wl = [float(w) for lr in layers for w in lr.wavelength.tolist()]
+        finite = [w for w in wl if math.isfinite(w)] or [math.inf]
+        counts = sorted({lr.n_planes for lr in layers})
+        where = f"layer {layers[0].layer}" if len(layers) == 1 else \
+            f"any of the {len(layers)} layers measured ({_span_text([lr.layer for lr in layers])})"
+        have = (f"they have {'/'.join(map(str, counts))} planes, with wavelengths from {min(finite):.4g} to "
+                f"{max(finite):.4g} tokens" if wl else "they have no rotary planes")
+        fixes = {"wavelength": "pass edges inside that range (--bands wavelength:E1,E2,...)",
+                 "context": "pass another factor (--bands context:F)"}
+        fix = fixes.get(self.kind, "pass a spec whose every band holds a plane")
+        raise InputError(f"band {name!r} of --bands {self.describe()} holds no plane in {where}, so its band-only statistics "
+                         f"cannot be measured: {have}; {fix}, or use --bands quantiles:N")
 
     def _groups(self, layer: LayerRope) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
         n = layer.n_planes
@@ -218,3 +282,10 @@ class Bands:
 def _tupled(v: Any) -> Any:
     """JSON lists back to the tuples a frozen Bands holds."""
     return tuple(_tupled(x) for x in v) if isinstance(v, list) else v
+
+
+def _span_text(layers: Sequence[int]) -> str:
+    """Layer indices as a message names them: ``0..11`` when contiguous, else the list."""
+    if len(layers) > 2 and list(layers) == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}..{layers[-1]}"
+    return ", ".join(map(str, layers))

@@ -151,15 +151,17 @@ def test_base_predictions_llama2_table(tmp_path):
 
 def test_base_predictions_per_layer_kind(tiny):
     spec = rope_spec(tiny("gemma3"))
-    df = base_predictions(tiny("gemma3"), [4, 16, 256]).to_frame()
+    df = base_predictions(tiny("gemma3"), [7, 16, 256]).to_frame()
     assert set(df["kind"]) == {"sliding", "full"} and len(df) == 6
     full = df[df["kind"] == "full"].set_index("length")
     assert (full["base"] == 1e6).all() and (full["train_ctx"] == spec.n_ctx).all()
     assert full.loc[256, "t_extra"] == extrapolation_limit(1e6, 16, 256)
-    assert math.isnan(full.loc[4, "critical_base"])  # β₀ needs a length above 2π
+    assert full.loc[7, "critical_base"] == critical_base(spec.n_ctx, 7, 1e6)  # the shortest length above 2π
+    with pytest.raises(InputError, match=r"length 6 is too short .* shortest length with a critical base is 7"):
+        base_predictions(spec, [6, 16])  # β₀ needs a length above 2π: refused, never NaN
     # sliding layers never see a distance past their window: lengths and T_train are capped there
     local = df[df["kind"] == "sliding"].set_index("length")
-    assert (local["train_ctx"] == 8).all() and local["effective_length"].tolist() == [4, 8, 8]
+    assert (local["train_ctx"] == 8).all() and local["effective_length"].tolist() == [7, 8, 8]
     assert local.loc[256, "men_bound_holds"] == bound_holds(1e4, 16, 8)
     # a base given overrides every kind's
     assert (base_predictions(spec, [64], base=5e5).to_frame()["base"] == 5e5).all()

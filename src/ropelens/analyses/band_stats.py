@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pandas as pd
 import plotly.graph_objects as go
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
@@ -68,6 +68,7 @@ class BandStatsReducer(DeviceSums):
         self.jsd = jsd
         self.agreement = agreement or jsd
         self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}
+        bands.require_planes([spec.layers[L] for L in self.layers])  # a band with no plane anywhere: refused now
         names = {self.resolved[L].names for L in self.layers}
         if len(names) != 1:
             raise InputError(f"bands {bands.describe()} resolve to different band names across layers: {names}")
@@ -298,6 +299,16 @@ class BandStatsReducer(DeviceSums):
         return BandStatistics(tuple(self.layers), self.names, self.bands, self.spec, sums, provenance)
 
 
+def _rounded(x: float) -> float | None:
+    """A band-only agreement as findings keep it: two decimals, None where not measurable (NaN: no plane there)."""
+    return None if x != x else round(x, 2)
+
+
+def _agreement_text(x: float | None) -> str:
+    """A band-only agreement as findings quote it: two decimals, or "not measurable" (the band has no plane there)."""
+    return "not measurable" if x is None or x != x else f"{x:.2f}"
+
+
 def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor, "b h pos d"]:
     """Σ of keys each query may attend to: a prefix sum, minus the part before a sliding window."""
     csum = k.cumsum(2)
@@ -393,17 +404,29 @@ class BandStatistics(Result):
         m = self.sums["margin"]
         return (m / m.sum(-1, keepdim=True)).float()
 
+    def measurable(self) -> Bool[Tensor, "layer band"]:
+        """Whether each band holds a dimension in each layer. A band with none there has no logits of its own (all 0),
+        so what it does alone (:meth:`top1`, :meth:`jsd`) is not measurable in that layer and reads NaN."""
+        rows = [[len(d) > 0 for d in self.bands.resolve(self.spec.layers[L]).dims] for L in self.layers]
+        return torch.tensor(rows, dtype=torch.bool).reshape(len(self.layers), len(self.band_names))
+
+    def _band_only(self, key: str) -> Float[Tensor, "layer head band"]:
+        x = (self.sums[key] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
+        return torch.where(self.measurable()[:, None, :], x, torch.nan)
+
     def top1(self) -> Float[Tensor, "layer head band"]:
-        """Fraction of queries whose band-only argmax is the key the model attends to most."""
+        """Fraction of queries whose band-only argmax is the key the model attends to most (NaN where the band holds
+        no plane in the layer: its all-zero logits would tie every key, not agree)."""
         if not self.provenance.config.get("agreement", True):
             raise InputError("band-only agreement was not streamed: run band_statistics(..., agreement=True)")
-        return (self.sums["top1"] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
+        return self._band_only("top1")
 
     def jsd(self) -> Float[Tensor, "layer head band"]:
-        """Mean JS divergence (nats) of the band-only pattern from the model's (needs jsd=True)."""
+        """Mean JS divergence (nats) of the band-only pattern from the model's (needs jsd=True; NaN where the band
+        holds no plane in the layer)."""
         if not self.provenance.config.get("jsd", False):
             raise InputError("JS divergence was not streamed: run band_statistics(..., jsd=True)")
-        return (self.sums["jsd"] / self.sums["n_queries"][:, None, None].clamp_min(1)).float()
+        return self._band_only("jsd")
 
     def tightness(self) -> Float[Tensor, "layer head plane"]:
         """Per plane at the attended key: Σ term / Σ ‖q‖‖k‖ (1 = q and k perfectly aligned)."""
@@ -439,9 +462,9 @@ class BandStatistics(Result):
                       key=lambda t: -t[0])
         major = [t for t in flat if t[0] > MARGIN_MAJORITY]
         listed = major[:MAX_LISTED] if major else flat[:1]  # only what the sentence quotes
-        heads = [{"layer": lay, "head": h, "margin_share": round(s, 2), "top1": round(t, 2)} for s, lay, h, t in listed]
-        shown = ", ".join(f"{head_name(x['layer'], x['head'])} {x['margin_share']:.2f} (band-only top-1 {x['top1']:.2f})"
-                          for x in heads)
+        heads = [{"layer": lay, "head": h, "margin_share": round(s, 2), "top1": _rounded(t)} for s, lay, h, t in listed]
+        shown = ", ".join(f"{head_name(x['layer'], x['head'])} {x['margin_share']:.2f} (band-only top-1 "
+                          f"{_agreement_text(x['top1'])})" for x in heads)
         vals = {"band": band, "n_heads": L * H, "n_majority": len(major), "heads": heads}
         if major:
             verb, their = ("gets", "its") if len(major) == 1 else ("get", "their")
@@ -450,21 +473,22 @@ class BandStatistics(Result):
         else:
             top = heads[0]
             text = (f"No head gets more than half of its attended-key margin from band {band}; the largest share is "
-                    f"{top['margin_share']:.2f} ({head_name(top['layer'], top['head'])}, band-only top-1 {top['top1']:.2f}).")
+                    f"{top['margin_share']:.2f} ({head_name(top['layer'], top['head'])}, band-only top-1 "
+                    f"{_agreement_text(top['top1'])}).")
         return Finding("margin", "bands", text, vals)
 
     def _top1_finding(self) -> Finding | None:
         if len(self.band_names) < 2:
             return None
-        top1 = self.top1()  # [L, H, B]
-        band, n, _ = band_winners(top1.mean(1), self.band_names)
-        overall = top1.mean((0, 1))
+        top1 = self.top1()  # [L, H, B]; NaN where a band holds no plane in the layer
+        band, n, _ = band_winners(top1.mean(1).nan_to_num(nan=-1.0), self.band_names)  # an empty band never leads
+        overall = top1.nanmean((0, 1))
         b = self.band_names.index(band)
         vals = {"band": band, "layers": n, "n_layers": len(self.layers), "mean_top1": round(float(overall[b]), 2),
-                "first_band": self.band_names[0], "first_top1": round(float(overall[0]), 2)}
+                "first_band": self.band_names[0], "first_top1": _rounded(float(overall[0]))}
         text = (f"Alone, band {band} most often picks the key the model attends to most: it leads in {n} of "
                 f"{len(self.layers)} layers, with top-1 agreement {vals['mean_top1']:.2f} over all heads")
-        text += "." if b == 0 else f", against {vals['first_top1']:.2f} for band {vals['first_band']}."
+        text += "." if b == 0 else f", against {_agreement_text(vals['first_top1'])} for band {vals['first_band']}."
         return Finding("top1", "bands", text, vals)
 
     def _tightness_finding(self) -> Finding:
@@ -532,9 +556,14 @@ def band_statistics(
     rank returns the whole corpus's statistics; ``checkpoint`` (a directory) saves progress to
     resume a killed run (see :mod:`ropelens.distributed`).
     """
+    from ropelens.reading import rope_spec
+
     bands = bands or Bands.quantiles(4)
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(run.layers)
+    bands.require_planes([spec.layers[L] for L in chosen])  # a band with no plane anywhere: refused before the model runs
     m = measure(model, corpus, lambda spec, chosen, _: BandStatsReducer(spec, chosen, bands, agreement=agreement,
                                                                         jsd=jsd),
                 run, analysis="band statistics", config={"bands": bands.describe(), "agreement": agreement or jsd, "jsd": jsd},
-                desc="band statistics")
+                desc="band statistics", spec=spec)
     return m.reducer.result(m.provenance)

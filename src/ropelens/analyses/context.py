@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,6 +260,49 @@ class LongRopeSearch(Result):
         return cls(**{**d, "factors": tuple(d["factors"]), "history": tuple(d["history"]),
                       "provenance": Provenance.from_dict(d["provenance"])})
 
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LongRopeSearch:
+        """Read a search saved by :meth:`save`, or a hand-written factors file (:data:`LONGROPE_FILE` says what it
+        holds); every problem with the file is one InputError naming it and ``--longrope``."""
+        p = Path(path)
+        what = f"the LongRoPE factors file {path} (--longrope)"
+        if not p.exists():
+            raise InputError(f"{what} does not exist: check the path, or pass {LONGROPE_FILE}")
+        if p.is_dir():
+            raise InputError(f"{what} is a directory: pass {LONGROPE_FILE}")
+        try:
+            d = json.loads(p.read_bytes())
+        except OSError as e:
+            raise InputError(f"{what} cannot be read ({e.strerror or e}): pass a readable file") from e
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            where = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+            raise InputError(f"{what} is not JSON ({where}): pass {LONGROPE_FILE}") from e
+        return cls._from_file(d, path)
+
+    @classmethod
+    def _from_file(cls, d: Any, path: str | os.PathLike[str]) -> LongRopeSearch:
+        what = f"the LongRoPE factors file {path} (--longrope)"
+        if not isinstance(d, dict):
+            raise InputError(f"{what} holds a JSON {type(d).__name__}, not an object: pass {LONGROPE_FILE}")
+        kind, fmt = d.get("type", cls.KIND), d.get("format", cls.FORMAT)
+        if kind != cls.KIND:
+            raise InputError(f"{what} holds a {kind!r} result, not {cls.KIND}: pass {LONGROPE_FILE}")
+        if fmt != cls.FORMAT:
+            raise InputError(f"{what} has {cls.KIND} format {fmt!r}; this ropelens reads format {cls.FORMAT}: "
+                             "write it again with this version")
+        d = {**_LONGROPE_OPTIONAL, **d}
+        fields = {f.name for f in dataclasses.fields(cls)} | {"type", "format"}
+        missing, unknown = [k for k in _LONGROPE_NEEDS if k not in d], sorted(set(d) - fields)
+        if missing or unknown:
+            wrong = "; ".join(s for s in (f"lacks {', '.join(missing)}" * bool(missing),
+                                          f"has unknown keys {', '.join(unknown)}" * bool(unknown)) if s)
+            raise InputError(f"{what} {wrong}: pass {LONGROPE_FILE}")
+        _check_longrope_file(d, what)
+        try:
+            return super()._from_file(d, path)
+        except (TypeError, KeyError) as e:  # a malformed provenance or history entry
+            raise InputError(f"{what} holds a malformed {e}: pass {LONGROPE_FILE}") from e
+
     def figure(self):
         """Best and mean perplexity per generation, with PI and YaRN as horizontal lines."""
         import plotly.graph_objects as go
@@ -271,6 +315,43 @@ class LongRopeSearch(Result):
         fig.update_layout(title=f"LongRoPE factor search, {self.original_ctx} → {self.target_len} tokens",
                           xaxis_title="generation", yaxis_title="perplexity (search windows)")
         return fig
+
+
+# What a LongRoPE factors file (``ropelens extend --longrope``) holds; the other LongRopeSearch fields may be left out.
+LONGROPE_FILE = ("a JSON object with target_len and original_ctx (token counts, target_len > original_ctx), factors "
+                 "(one positive rescale factor per rotary plane, highest frequency first) and n_hat (leading positions "
+                 "left unscaled, ≥ 0), as LongRopeSearch.save writes, e.g. {\"target_len\": 8192, \"original_ctx\": 2048, "
+                 "\"factors\": [1.0, 1.5, 2.0, 4.0], \"n_hat\": 0}")
+_LONGROPE_NEEDS = ("target_len", "original_ctx", "factors", "n_hat")
+_LONGROPE_OPTIONAL: dict[str, Any] = {"perplexity": math.nan, "initial_best": math.nan, "baselines": {},
+                                      "history": [], "settings": {}, "provenance": {"model": "?"}}
+
+
+def _check_longrope_file(d: dict[str, Any], what: str) -> None:
+    """Each field of a LongRoPE factors file has the type and range :data:`LONGROPE_FILE` names."""
+    def whole(key: str, least: int) -> int:
+        v = d[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise InputError(f"{what}: {key} must be an integer ≥ {least}, got {v!r}: pass {LONGROPE_FILE}")
+        return v
+
+    target, original = whole("target_len", 2), whole("original_ctx", 1)
+    whole("n_hat", 0)
+    if target <= original:
+        raise InputError(f"{what}: target_len {target} must exceed original_ctx {original}: pass {LONGROPE_FILE}")
+    f = d["factors"]
+    bad = [x for x in f if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0] \
+        if isinstance(f, list) else None
+    if bad is None or bad or not f:
+        shown = f"{len(f)} entries, {len(bad)} of them not positive numbers (first {bad[0]!r})" if bad else \
+            ("an empty list" if f == [] else f"a JSON {type(f).__name__}")
+        raise InputError(f"{what}: factors must be a non-empty list of positive numbers, got {shown}: "
+                         f"pass {LONGROPE_FILE}")
+    for key, kind in (("perplexity", (int, float)), ("initial_best", (int, float)), ("baselines", dict),
+                      ("history", list), ("settings", dict), ("provenance", dict)):
+        if isinstance(d[key], bool) or not isinstance(d[key], kind):
+            raise InputError(f"{what}: {key} must be a JSON {'number' if kind not in (dict, list) else kind.__name__}, "
+                             f"got {d[key]!r}: leave it out, or pass {LONGROPE_FILE}")
 
 
 def _longrope(factors: Sequence[float], n_hat: int, original_ctx: int, target_len: int) -> LongRoPE:

@@ -126,17 +126,23 @@ class AttentionDecomposition(Result):
         return torch.einsum("bqhp,bkhp->bhpqk", qn, kn) * a.rope.score_scale
 
     def agreement(self, layer: int) -> pd.DataFrame:
-        """Per head × band: mean JS divergence of the band-only pattern from the model's, and top-1 agreement."""
+        """Per head × band: mean JS divergence of the band-only pattern from the model's, and top-1 agreement.
+
+        Both are NaN for a band that holds no plane in this layer: its logits are all 0, so its pattern
+        is uniform and its argmax an arbitrary tie, not a measurement."""
         pat = self.pattern(layer)[:, :, None]  # [b,h,1,q,k]
         bp = self.band_patterns(layer)
         jsd = js_divergence(bp, pat)  # [b,h,B,q]
         top1 = (bp.argmax(-1) == pat.argmax(-1)).double()
         rows = []
         names = self.band_names(layer)
+        empty = set(self.bands.empty_bands(self.spec.layers[layer]))
         for h in range(jsd.shape[1]):
             for b, name in enumerate(names):
+                none = name in empty
                 rows.append({"layer": layer, "head": h, "band": name,
-                             "jsd": float(jsd[:, h, b].mean()), "top1": float(top1[:, h, b].mean())})
+                             "jsd": float("nan") if none else float(jsd[:, h, b].mean()),
+                             "top1": float("nan") if none else float(top1[:, h, b].mean())})
         return pd.DataFrame(rows)
 
     def to_frame(self, layer: int, head: int, batch: int = 0) -> pd.DataFrame:

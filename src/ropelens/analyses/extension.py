@@ -102,13 +102,21 @@ def _longrope_of(longrope: Any, layer, native: int, target: int) -> LongRoPE:
     if longrope is None:
         return default_longrope(layer, native, target)
     if isinstance(longrope, LongRoPE):
+        if len(longrope.long_factor) != layer.n_planes:
+            raise InputError(f"the LongRoPE variant holds {len(longrope.long_factor)} factors but layer {layer.layer} "
+                             f"has {layer.n_planes} rotary planes: pass one factor per plane")
         return longrope
     from ropelens.analyses.context import LongRopeSearch
 
     if isinstance(longrope, LongRopeSearch):
         if (longrope.original_ctx, longrope.target_len) != (native, target):
             raise InputError(f"the LongRoPE search is for {longrope.original_ctx} → {longrope.target_len} tokens, "
-                             f"the study for {native} → {target}: search for this target or leave longrope unset")
+                             f"the study for {native} → {target}: search for this target (--to {longrope.target_len} "
+                             f"--native {longrope.original_ctx} match it) or leave longrope (--longrope) unset")
+        if len(longrope.factors) != layer.n_planes:  # checked before any cell runs, not when LongRoPE's cells come
+            raise InputError(f"the LongRoPE search (--longrope) holds {len(longrope.factors)} factors but layer "
+                             f"{layer.layer} has {layer.n_planes} rotary planes: pass factors searched on this model, "
+                             "one per plane")
         return longrope.variant
     raise InputError(f"longrope must be a LongRoPE variant or a LongRopeSearch, got {type(longrope).__name__}")
 
@@ -198,14 +206,36 @@ def _tokens_sha(tokens: torch.Tensor) -> str:
     return hashlib.sha256(tokens.long().numpy().tobytes()).hexdigest()[:16]
 
 
-def _prompt_fits(tokenizer, length: int) -> bool:
+def _prompt_fits(tokenizer, length: int, depth: float = 0.5, passkey: str = "12345") -> bool:
     from ropelens.analyses.passkey import passkey_prompt
 
     try:
-        passkey_prompt(tokenizer, length, 0.5, "12345")
+        passkey_prompt(tokenizer, length, depth, passkey)
     except InputError:
         return False
     return True
+
+
+def _check_passkey_lengths(model, lengths: Sequence[int], depths: Sequence[float], seed: int) -> None:
+    """InputError, before anything runs, when a passkey prompt cannot fit the shortest of ``lengths`` (its fixed
+    parts alone are longer) or the longest would not fit in memory; each names ``--passkey-lengths``."""
+    from ropelens.analyses.passkey import make_passkey, passkey_prompt
+    from ropelens.devices import device_of, forward_bytes, require_memory
+
+    # memory first: building a prompt of an impossible length would itself take the machine
+    require_memory(forward_bytes(model, max(lengths)), f"a passkey prompt of {max(lengths):,} tokens",
+                   "pass shorter --passkey-lengths", device_of(model))
+    # the fixed parts (task line, needle, question) set the shortest prompt, so a prompt that fits a length fits every
+    # longer one: a long shortest length is tried at 4,096 tokens first (cheap), and itself only if that fails
+    shortest = min(lengths)
+    for d in depths or (0.5,):
+        try:
+            if shortest > 4096 and _prompt_fits(model.tokenizer, 4096, d, make_passkey(seed, 0)):
+                continue
+            passkey_prompt(model.tokenizer, shortest, d, make_passkey(seed, 0))
+        except InputError as e:
+            raise InputError(f"--passkey-lengths: passkey {e} (or pass --passkey-lengths none to skip passkey; "
+                             "passkey_lengths=[] in Python)") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,7 +259,7 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     from tqdm.auto import tqdm
 
     from ropelens.analyses.context import plane_view
-    from ropelens.analyses.extrapolation import base_predictions
+    from ropelens.analyses.extrapolation import MIN_PREDICTION_LENGTH, base_predictions
     from ropelens.data import analysis_windows
     from ropelens.evaluate import bootstrap_ci, is_bridge, loss_path
     from ropelens.intervene import apply_rope_variant, is_identity
@@ -240,7 +270,6 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     if getattr(model, "tokenizer", None) is None:
         raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
     spec = rope_spec(model)
-    verified = verification(model, spec, verify=verify)  # the variants rebuild the spec's rotation: prove it first
     to = check_number(to, "to", at_least=2, integer=True, hint=" (the target context in tokens)")
     native = spec.n_ctx if native is None else check_number(native, "native", at_least=2, integer=True)
     if not native:
@@ -261,6 +290,12 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     methods = sorted(dict.fromkeys(methods), key=lambda n: list(METHODS).index(n) if n in METHODS else -1)
     # the unmodified model first: methods that rotate as it does at a length reuse its cells
     variants = extension_variants(layer0, native, to, methods, p=p, longrope=longrope)
+    if passkey_lengths is not None:  # given ones are checked now, before the loss phase a prompt that cannot fit follows
+        passkey_lengths = tuple(sorted({check_number(n, "each passkey length", at_least=2, integer=True,
+                                                     hint=" (--passkey-lengths: prompt lengths in tokens)")
+                                        for n in passkey_lengths}))
+        if passkey_lengths:
+            _check_passkey_lengths(model, passkey_lengths, depths, seed)
     t0 = time.perf_counter()
     windows: dict[int, tuple[torch.Tensor, str, str | None]] = {}
     for n in lengths:  # cut first: a target the corpus cannot fill fails before anything runs
@@ -269,12 +304,23 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
             raise InputError(f"the corpus holds {tokens.shape[0]} window(s) of {n} tokens, fewer than n_windows="
                              f"{n_windows}: lower --windows or --to, or pass a larger corpus")
         windows[n] = (tokens, cname, csha)
-    if passkey_lengths is None:
-        passkey_lengths = tuple(n for n in lengths if _prompt_fits(model.tokenizer, n))
-    passkey_lengths = tuple(sorted({check_number(n, "each passkey length", at_least=2, integer=True)
-                                    for n in passkey_lengths}))
+    if passkey_lengths is None:  # every length a prompt fits (after the cut: no prompt of an impossible length is built)
+        passkey_lengths = tuple(n for n in lengths if (n > 4096 and _prompt_fits(model.tokenizer, 4096))
+                                or _prompt_fits(model.tokenizer, n))
+    passkey_lengths = tuple(sorted(passkey_lengths))
     if passkey_lengths and not depths:
         raise InputError("depths is empty: pass passkey depths, e.g. (0.1, 0.5, 0.9), or no passkey lengths")
+    # the per-plane view and the base's predictions need no model run: computed now, so what they refuse
+    # (a target past the longest certified base bound, say) fails before any cell is measured
+    planes = []
+    for kind, idx in spec.rotary_kinds.items():
+        for name, v in variants.items():
+            view = _identity_view(spec[idx[0]], native, to) if v is None else plane_view(spec[idx[0]], v, native, to)
+            planes.append({"kind": kind, "method": name, **view.to_dict(), "roles": list(plane_roles(view, to / native))})
+    # the findings speak of the target; lengths too short for Liu's formulas (at most 2π tokens) have no prediction
+    pred = base_predictions(spec, sorted(n for n in {*lengths, native, to} if n >= MIN_PREDICTION_LENGTH),
+                            train_ctx=native)
+    verified = verification(model, spec, verify=verify)  # the variants rebuild the spec's rotation: prove it first
 
     fp = weights_fingerprint(model)["weights_sha256"]
     base_cfg = {"model": model_label(model), "weights": fp, "native": native, "target": to}
@@ -312,12 +358,6 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
         (loss_cells if kind == "loss" else key_cells)[(name, L)] = cell
     bar.close()
 
-    planes = []
-    for kind, idx in spec.rotary_kinds.items():
-        for name, v in variants.items():
-            view = _identity_view(spec[idx[0]], native, to) if v is None else plane_view(spec[idx[0]], v, native, to)
-            planes.append({"kind": kind, "method": name, **view.to_dict(), "roles": list(plane_roles(view, to / native))})
-    pred = base_predictions(spec, sorted({*lengths, native, to}), train_ctx=native)  # the findings speak of the target
     prov = Provenance(
         model=model_label(model), corpus=windows[lengths[0]][1], corpus_sha256=windows[lengths[0]][2],
         n_windows=n_windows, n_ctx=to, seconds=time.perf_counter() - t0,

@@ -40,6 +40,7 @@ from ropelens.rope import LayerRope
 from ropelens.validate import check_positive_int
 
 __all__ = [
+    "MIN_PREDICTION_LENGTH",
     "BasePredictions",
     "MeasuredExtrapolation",
     "base_lower_bound",
@@ -198,6 +199,10 @@ def _new_witnesses(centre: int, n: int, a: np.ndarray, theta: np.ndarray, keep: 
 # --------------------------------------------------------------------------------------------
 # base predictions (Liu et al., "Scaling Laws of RoPE-based Extrapolation", arXiv 2310.05209)
 # --------------------------------------------------------------------------------------------
+# The shortest context length Liu et al.'s formulas take: they use log(T/2π), so T must exceed 2π ≈ 6.28 tokens.
+MIN_PREDICTION_LENGTH = math.floor(2 * math.pi) + 1
+
+
 def _ctx_over_2pi(x: Any, what: str) -> float:
     n = check_positive_int(x, what, " (a context length in tokens)")
     if n <= 2 * math.pi:
@@ -224,7 +229,10 @@ def critical_base(train_ctx: int, tune_ctx: int, base: float = 10000.0) -> float
     """
     b = _check_base(base)
     a, t = _ctx_over_2pi(train_ctx, "train_ctx"), _ctx_over_2pi(tune_ctx, "tune_ctx")
-    return b ** (math.log(t) / math.log(a))
+    try:
+        return b ** (math.log(t) / math.log(a))
+    except OverflowError:  # a training length just above 2π tuned far beyond it: past float64's range
+        return math.inf
 
 
 def extrapolation_limit(base: float, rotary_dim: int, train_ctx: int, *, train_base: float | None = None) -> float:
@@ -272,7 +280,7 @@ def _prediction_row(kind: str, layers: list[int], lr: LayerRope, base: float, tr
     if key not in men_cache:
         men_cache[key] = base_lower_bound(d, eff) if d > 2 or eff <= 2 else math.nan
     t_extra = extrapolation_limit(base, d, train_ctx)
-    beta0 = critical_base(train_ctx, eff, base) if eff > 2 * math.pi else math.nan
+    beta0 = critical_base(train_ctx, eff, base)  # eff > 2π: base_predictions refuses shorter lengths and windows
     return {
         "kind": kind, "layers": ",".join(map(str, layers)), "rope_type": lr.rope_type, "base": base,
         "rotary_dim": d, "window": lr.window, "train_ctx": train_ctx, "length": length, "effective_length": eff,
@@ -356,8 +364,15 @@ def base_predictions(spec_or_model, lengths: Sequence[int], *, train_ctx: int | 
     from ropelens.reading import model_label, rope_spec
     from ropelens.rope import RopeSpec
 
-    spec = spec_or_model if isinstance(spec_or_model, RopeSpec) else rope_spec(spec_or_model)
     lens = _lengths(lengths)
+    short = sorted({L for L in lens if L < MIN_PREDICTION_LENGTH})
+    if short:  # Liu's critical base at such a length would be NaN: log(L/2π) < 0 for it, and for its training length
+        raise InputError(f"length{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} "
+                         f"{'are' if len(short) > 1 else 'is'} too short for the "
+                         f"base's predictions: Liu et al.'s critical base takes log(L/2π), defined only for lengths "
+                         f"above 2π ≈ 6.28 tokens, so the shortest length with a critical base is "
+                         f"{MIN_PREDICTION_LENGTH}: pass lengths of {MIN_PREDICTION_LENGTH} tokens or more (--lengths)")
+    spec = spec_or_model if isinstance(spec_or_model, RopeSpec) else rope_spec(spec_or_model)
     t_train = check_positive_int(spec.n_ctx if train_ctx is None else train_ctx, "train_ctx", " (pass the trained context length)")
     if base is not None:
         _check_base(base)

@@ -16,10 +16,9 @@ decode with full forwards instead, so every step sees the whole sequence at its 
 
 from __future__ import annotations
 
-import inspect
-
 import contextlib
 import dataclasses
+import inspect
 import math
 import re
 import time

@@ -55,13 +55,29 @@ from ropelens.result import Result
 from ropelens.rope import LayerRope, RopeSpec
 from ropelens.validate import check_number
 
-__all__ = ["MARGIN", "MEASURES", "PosSymReducer", "PositionalSymbolic", "TaxonomyAgreement", "agreement",
-           "cohen_kappa", "key_permutation", "positional_symbolic", "rank_correlation"]
+__all__ = ["MARGIN", "MEASURES", "MIN_KEYS", "PosSymReducer", "PositionalSymbolic", "TaxonomyAgreement", "agreement",
+           "cohen_kappa", "key_permutation", "positional_symbolic", "rank_correlation", "shortest_window"]
 
 MARGIN = 0.25  # P − S beyond this calls a head; a quarter of the attention measure's range [0, 1]
 MEASURES = ("logit", "attention")
 Measure = Literal["logit", "attention"]
 CALLS = ("positional", "mixed", "symbolic")
+MIN_KEYS = 8  # keys (BOS left out) a query must see to be scored, by default
+
+
+def shortest_window(min_keys: int = MIN_KEYS) -> int:
+    """The fewest tokens a window needs for any query to be scored: BOS and ``min_keys`` keys after it.
+
+    A query at position i sees the keys 1 … i (position 0, the sink, is left out), so only the queries at
+    i ≥ ``min_keys`` are scored, and a window of n tokens holds one only when n − 1 ≥ ``min_keys``.
+    """
+    return int(min_keys) + 1
+
+
+def _too_short(n: int, min_keys: int, flag: str) -> str:
+    return (f"windows of {n} tokens are too short for positional/symbolic scoring: a query is scored only when it "
+            f"sees {min_keys} keys besides BOS (min_keys={min_keys}), so a window needs at least "
+            f"{shortest_window(min_keys)} tokens: {flag}")
 
 
 def key_permutation(n: int, seed: int) -> Tensor:
@@ -89,8 +105,8 @@ class PosSymReducer(DeviceSums):
     static_mask = "the positional/semantic split"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post"})
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, seed: int = 0, min_keys: int = 8,
-                 tile: int | None = None) -> None:
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, seed: int = 0, min_keys: int = MIN_KEYS,
+                 tile: int | None = None, n_ctx: int | None = None) -> None:
         self.layers = list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
@@ -100,6 +116,16 @@ class PosSymReducer(DeviceSums):
                                          hint=" (queries seeing fewer keys are left out: a correlation needs two)"))
         if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
             raise InputError(f"tile must be a positive number of queries or None for automatic, got {tile!r}")
+        if n_ctx is not None and n_ctx < shortest_window(self.min_keys):
+            raise InputError(_too_short(n_ctx, self.min_keys, f"pass n_ctx={shortest_window(self.min_keys)} or "
+                                                               "more (--n-ctx), or a smaller min_keys"))
+        narrow = {L: spec.layers[L].reach for L in self.layers
+                  if spec.layers[L].reach is not None and spec.layers[L].reach < self.min_keys}
+        if narrow:  # no query of these layers ever sees min_keys keys: their scores would all be NaN
+            raise InputError(f"layer(s) {list(narrow)} let a query see at most {min(narrow.values())} keys (a sliding "
+                             f"window or chunk), fewer than the {self.min_keys} a query needs to be scored (min_keys="
+                             f"{self.min_keys}), so none of their heads could be scored: leave them out (layers=, "
+                             f"--layers) or pass min_keys={max(2, min(narrow.values()))}")
         self.tile = tile
         self.pos = {L: i for i, L in enumerate(self.layers)}
         H = spec.layers[self.layers[0]].n_heads
@@ -311,18 +337,33 @@ def positional_symbolic(
     run: RunOptions,
     *,
     seed: int = 0,
-    min_keys: int = 8,
+    min_keys: int = MIN_KEYS,
     margin: float = MARGIN,
     tile: int | None = None,
 ) -> PositionalSymbolic:
-    """Score every head as positional or symbolic over a corpus (see :mod:`ropelens.analyses.possym`)."""
+    """Score every head as positional or symbolic over a corpus (see :mod:`ropelens.analyses.possym`).
+
+    A query is scored only when it sees ``min_keys`` keys besides BOS, so windows need at least
+    :func:`shortest_window` tokens (``min_keys`` + 1); shorter ones are refused before the model runs.
+    """
     margin = float(check_number(margin, "margin", at_least=0, at_most=1,
                                 hint=" (the P − S difference that calls a head; default 0.25)"))
-    m = measure(model, corpus, lambda spec, chosen, _: PosSymReducer(spec, chosen, seed=seed, min_keys=min_keys,
-                                                                      tile=tile),
+    min_keys = int(check_number(min_keys, "min_keys", at_least=2, integer=True,
+                                hint=" (queries seeing fewer keys are left out: a correlation needs two)"))
+    if not isinstance(corpus, Tensor) and run.n_ctx < shortest_window(min_keys):  # ready tokens: checked per window
+        raise InputError(_too_short(run.n_ctx, min_keys, f"pass n_ctx={shortest_window(min_keys)} or more "
+                                                         "(--n-ctx), or a smaller min_keys"))
+    m = measure(model, corpus, lambda spec, chosen, win: PosSymReducer(spec, chosen, seed=seed, min_keys=min_keys,
+                                                                        tile=tile, n_ctx=win.n_ctx),
                 run, analysis="positional/symbolic heads", config=lambda reds: {**reds[0].config(), "margin": margin},
                 resume={"tile": tile})
-    return m.reducer.result(m.provenance, margin)
+    result = m.reducer.result(m.provenance, margin)
+    unscored = [L for L, n in zip(result.layers, result.sums["n_queries"].tolist(), strict=True) if n == 0]
+    if unscored:  # padding can leave a layer no query with min_keys keys: its scores would all be NaN
+        raise InputError(f"no query of layer(s) {unscored} saw {min_keys} keys besides BOS (min_keys={min_keys}), so "
+                         f"their heads cannot be scored: pass longer windows of real tokens (at least "
+                         f"{shortest_window(min_keys)}, --n-ctx) or a smaller min_keys")
+    return result
 
 
 # ============================================================================ comparison

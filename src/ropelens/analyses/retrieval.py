@@ -281,7 +281,8 @@ def retrieval_heads(
     verify: bool = True,
 ) -> RetrievalHeads:
     """Score every head, then passkey recall with the ``top_k`` heads' lowest ``fraction`` of planes zeroed,
-    with as many random planes per head zeroed (seeded), and unmodified, on held-out passkeys."""
+    with as many random planes per head zeroed (seeded), and unmodified, on held-out passkeys. A ``top_k`` past
+    the model's rotary heads takes all of them; the provenance records the count used."""
     from ropelens.reading import model_label, rope_spec
     from ropelens.verify import verification
 
@@ -299,6 +300,7 @@ def retrieval_heads(
     rotary = set(spec.rotary_layers)
     ranked = sorted(((float(scores[L, h]), L, h) for L in rotary for h in range(scores.shape[1])),
                     key=lambda x: (-x[0], x[1], x[2]))
+    top_k = min(top_k, len(ranked))  # past the model's rotary heads: all of them, and the provenance says so
     heads = tuple((L, h) for _, L, h in ranked[:top_k])
     band = {(L, h): tuple(lowest_planes(spec[L].inv_freq, fraction)) for L, h in heads}
     counts = {len(v) for v in band.values()}

@@ -14,7 +14,10 @@ from ropelens.cli.common import (
     ModelOptions,
     OutputOptions,
     add_command,
+    check_windows_fit,
     load_from_args,
+    note,
+    note_windows,
     positive_int,
     window_length,
 )
@@ -24,7 +27,8 @@ __all__ = ["add_bands", "add_decompose", "add_decompose_stats", "add_entropy", "
 
 
 def _fmt(x: float) -> str:
-    return "    –" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:5.2f}"
+    """Two decimals, or n/a where the value is not measurable (a band with no plane in the layer)."""
+    return "  n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:5.2f}"
 
 
 # ---------------------------------------------------------------------------------------- usage
@@ -45,6 +49,7 @@ def run_usage(args: argparse.Namespace) -> int:
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(frequency_usage)
     u = frequency_usage(load_from_args(args), corpus, **kw)
+    used = run.measured(u)
     run.output.save_result(u)
     bands = run.analysis.parsed_bands()
     names, q = u.band_share(bands, "q", "no_sink")
@@ -53,7 +58,7 @@ def run_usage(args: argparse.Namespace) -> int:
     if run.output.json:
         prov = u.provenance
         return run.output.emit({
-            "model": prov.model, "corpus": prov.corpus, "n_tokens": prov.n_tokens, "n_ctx": prov.n_ctx,
+            "model": prov.model, "corpus": prov.corpus, **used,
             "layers": list(u.layers), "bands": list(names), "scope": "no_sink",
             "q_energy_share": q.tolist(), "k_energy_share": k.tolist(),
             "q_norm": u.norm("q", "no_sink").nanmean(1).tolist(), "k_norm": u.norm("k", "no_sink").nanmean(1).tolist()})
@@ -88,16 +93,18 @@ def run_decompose_stats(args: argparse.Namespace) -> int:
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(band_statistics)
     st = band_statistics(load_from_args(args), corpus, **kw, batch_size=args.batch_size, jsd=args.jsd)
+    used = run.measured(st)
     run.output.save_result(st)
     df = st.to_frame().drop(columns="head").groupby(["layer", "band"], sort=False).mean().reset_index()
     if run.output.json:
-        return run.output.emit({"model": st.provenance.model, "n_tokens": st.provenance.n_tokens,
+        return run.output.emit({"model": st.provenance.model, **used,
                                 "bands": list(st.band_names), "rows": df.to_dict("records")})
     prov = st.provenance
     print(f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
           f"bands {st.bands.describe()}, heads averaged")
     cols = [c for c in ("margin_share", "var_share", "abs_share", "top1", "jsd") if c in df.columns]
-    print(df[["layer", "band", *cols]].to_string(index=False, float_format="%.3f"))
+    # n/a: a band with no plane in that layer, whose band-only agreement is not measurable
+    print(df[["layer", "band", *cols]].to_string(index=False, float_format="%.3f", na_rep="n/a"))
     return 0
 
 
@@ -114,11 +121,24 @@ def add_decompose(subparsers: argparse._SubParsersAction) -> None:
     OutputOptions.add_to(p)
 
 
+def _text_tokens(model, text: str):
+    """``--text`` as ``[1, pos]`` tokens, BOS first; past the model's context only its first n_ctx tokens, with a note."""
+    import inspect
+
+    whole = {"truncate": False} if "truncate" in inspect.signature(model.to_tokens).parameters else {}
+    toks = model.to_tokens(text, **whole)
+    n, limit = int(toks.shape[1]), int(getattr(model.cfg, "n_ctx", 0) or 0)
+    if limit and n > limit:
+        note(f"--text is {n:,} tokens, longer than the model's context of {limit:,}: decomposed its first {limit:,}")
+        return toks[:, :limit], f"text (first {limit:,} of {n:,} tokens)"
+    return toks, "text"
+
+
 def _one_window(model, args: argparse.Namespace, corpus):
     from ropelens.data import windows
 
     if corpus is None:
-        return model.to_tokens(args.text), "text"
+        return _text_tokens(model, args.text)
     toks = windows(corpus, model.tokenizer, args.n_ctx, n_windows=args.window + 1)
     if toks.shape[0] <= args.window:
         raise InputError(f"corpus {corpus.name!r} has {toks.shape[0]} windows of {args.n_ctx} tokens; "
@@ -181,17 +201,22 @@ def run_heads(args: argparse.Namespace) -> int:
     Score each head's attention at fixed offsets on text and random tokens.
     """
     from ropelens.analyses.heads import classify_heads
+    from ropelens.data import load_corpus
 
     output = OutputOptions.from_args(args)
     output.check()
     checkpoint = CheckpointOptions.from_args(args).kwargs()  # a bad --checkpoint fails before the model loads
     analysis = AnalysisOptions.from_args(args)
+    check_windows_fit(load_corpus("english"), args.n_ctx, args.windows, "--windows", other_corpus=False)
     tx = classify_heads(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, layers=analysis.layers,
                         verify=not analysis.no_verify, progress=False, **checkpoint)
+    prov = tx.provenance
+    note_windows(prov.corpus, prov.n_windows, args.n_ctx, args.windows, "--windows")
     output.save_result(tx)
     df = tx.to_frame()
     if output.json:
-        return output.emit({"tau": tx.tau, "heads": df.to_dict("records")})
+        return output.emit({"n_ctx": prov.n_ctx, "n_windows": prov.n_windows, "tau": tx.tau,
+                            "heads": df.to_dict("records")})
     pos = df[df.positional].sort_values("robust_mass", ascending=False)
     print(f"tau {tx.tau:.3f}; {len(pos)} positional heads of {len(df)}")
     cols = ["layer", "head", "kind", "best_offset", "mass_text", "mass_random", "sink_text"]
@@ -225,12 +250,13 @@ def run_bands(args: argparse.Namespace) -> int:
     corpus, kw = run.prepare(frequency_bands)
     r = frequency_bands(load_from_args(args), corpus, **kw, which=args.which, intervene=not args.no_intervene,
                         eval_windows=args.eval_windows, seed=args.seed)
+    used = run.measured(r)
     run.output.save_result(r)
     df = r.to_frame()
     layers = df[df["head"] == -1].drop(columns="head")
     found = r.findings()
     if run.output.json:
-        return run.output.emit({"model": r.provenance.model, "train_ctx": r.spec.n_ctx, "which": r.which,
+        return run.output.emit({"model": r.provenance.model, **used, "train_ctx": r.spec.n_ctx, "which": r.which,
                                 "layers": layers.to_dict("records"), "findings": [f.to_dict() for f in found],
                                 "intervention": None if r.intervention is None else r.intervention.to_dict()})
     prov = r.provenance
@@ -265,13 +291,14 @@ def run_entropy(args: argparse.Namespace) -> int:
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(frequency_entropy)
     r = frequency_entropy(load_from_args(args), corpus, **kw, skip=args.skip, seed=args.seed)
+    used = run.measured(r)
     run.output.save_result(r)
     h, s = r.entropy().nanmean((1, 2)), r.entropy(shuffled=True).nanmean((1, 2))
     rows = [{"layer": L, "kind": r.kind(L), "entropy": float(h[i]), "shuffled": float(s[i]),
              "gap": float(s[i] - h[i])} for i, L in enumerate(r.layers)]
     found = r.findings()
     if run.output.json:
-        return run.output.emit({"model": r.provenance.model, "n_pos": r.n_pos, "layers": rows,
+        return run.output.emit({"model": r.provenance.model, **used, "n_pos": r.n_pos, "layers": rows,
                                 "by_kind": r.by_kind(), "findings": [f.to_dict() for f in found]})
     prov = r.provenance
     print(f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "

@@ -11,6 +11,7 @@ from ropelens.cli.common import (
     add_command,
     load_from_args,
     non_negative_int,
+    note,
     positive_int,
 )
 from ropelens.errors import InputError
@@ -38,10 +39,11 @@ def run_sinks(args: argparse.Namespace) -> int:
         raise InputError(f"--epsilon must lie in (0, 1), got {args.epsilon}: e.g. --epsilon 0.3")
     corpus, kw = run.prepare(attention_sinks)
     r = attention_sinks(load_from_args(args), corpus, **kw, epsilon=args.epsilon)
+    used = run.measured(r)
     run.output.save_result(r)
     frame = r.layers_frame()
     if run.output.json:
-        return run.output.emit({"findings": [f.text for f in r.findings()], "layers": frame.to_dict("records")})
+        return run.output.emit({**used, "findings": [f.text for f in r.findings()], "layers": frame.to_dict("records")})
     for f in r.findings():
         print(f.text)
     print(frame.to_string(index=False, float_format="%.3f"))
@@ -72,10 +74,11 @@ def run_distance(args: argparse.Namespace) -> int:
     corpus, kw = run.prepare(attention_by_distance)
     r = attention_by_distance(load_from_args(args), corpus, **kw,
                               n_sink=0 if args.keep_bos else 1)
+    used = run.measured(r)
     run.output.save_result(r)
     shapes = r.shapes()
     if run.output.json:
-        return run.output.emit({"shapes": shapes.to_dict("records")})
+        return run.output.emit({**used, "shapes": shapes.to_dict("records")})
     full = shapes[shapes.curve == "logit"]
     print(full[["layer", "kind", "shape", "text"]].to_string(index=False))
     return 0
@@ -102,11 +105,12 @@ def run_massive(args: argparse.Namespace) -> int:
         raise InputError(f"--factor must exceed 1 (a multiple of the head's mean dimension norm), got {args.factor}")
     corpus, kw = run.prepare(massive_values)
     r = massive_values(load_from_args(args), corpus, **kw, factor=args.factor)
+    used = run.measured(r)
     run.output.save_result(r)
     planes = r.planes_frame()
     planes = planes[planes.n_massive > 0]
     if run.output.json:
-        return run.output.emit({"planes": planes.to_dict("records"),
+        return run.output.emit({**used, "planes": planes.to_dict("records"),
                                 "massive": r.massive_frame().head(50).to_dict("records")})
     print(planes.to_string(index=False, float_format="%.3f") if len(planes) else "no massive dimension")
     return 0
@@ -130,10 +134,11 @@ def run_offsets(args: argparse.Namespace) -> int:
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(rotary_offsets)
     r = rotary_offsets(load_from_args(args), corpus, **kw)
+    used = run.measured(r)
     run.output.save_result(r)
     summary = r.summary().rename_axis("cycle").reset_index()  # partial-cycle planes against the others
     if run.output.json:
-        return run.output.emit({"summary": summary.to_dict("records")})
+        return run.output.emit({**used, "summary": summary.to_dict("records")})
     print(summary.to_string(index=False, float_format="%.3f"))
     return 0
 
@@ -153,17 +158,22 @@ def run_possym(args: argparse.Namespace) -> int:
     Moves key contents to other positions (one seeded permutation, the model's own RoPE) and asks per head
     whether its logits stay put (positional, P) or follow the content (symbolic, S), on logits and on attention.
     """
-    from ropelens.analyses.possym import positional_symbolic
+    from ropelens.analyses.possym import MIN_KEYS, positional_symbolic, shortest_window
 
     run = CorpusCommand.from_args(args)
+    if args.n_ctx < shortest_window():  # no query of a shorter window sees enough keys: every score would be NaN
+        raise InputError(f"--n-ctx {args.n_ctx} is too short for positional/symbolic scoring: a query is scored only "
+                         f"when it sees {MIN_KEYS} keys besides BOS, so a window needs {shortest_window()} tokens: "
+                         f"use --n-ctx {shortest_window()} or more")
     if not 0 <= args.margin <= 1:
         raise InputError(f"--margin must lie in [0, 1], got {args.margin}: e.g. --margin 0.25")
     corpus, kw = run.prepare(positional_symbolic)
     r = positional_symbolic(load_from_args(args), corpus, **kw, margin=args.margin, seed=args.seed)
+    used = run.measured(r)
     run.output.save_result(r)
     frame = r.to_frame()
     if run.output.json:
-        return run.output.emit({"findings": [f.text for f in r.findings()], "heads": frame.to_dict("records")})
+        return run.output.emit({**used, "findings": [f.text for f in r.findings()], "heads": frame.to_dict("records")})
     for f in r.findings():
         print(f.text)
     print(frame.to_string(index=False, float_format="%.3f"))
@@ -195,17 +205,22 @@ def run_retrieval(args: argparse.Namespace) -> int:
     from ropelens.analyses.retrieval import retrieval_heads
     from ropelens.cli.variants import number_list
 
-    lengths, depths = number_list(args.lengths, int, "--lengths"), number_list(args.depths, float, "--depths")
+    lengths = number_list(args.lengths, int, "--lengths", example="256,512")
+    depths = number_list(args.depths, float, "--depths", example="0.25,0.75")
     if not 0 <= args.threshold <= 1:
         raise InputError(f"--threshold must lie in [0, 1], got {args.threshold}: e.g. --threshold 0.1")
     output = OutputOptions.from_args(args)
     output.check()
     r = retrieval_heads(load_from_args(args), lengths, depths, n_trials=args.trials, seed=args.seed, top_k=args.top_k,
                         threshold=args.threshold, progress=output.progress)
+    if len(r.heads) < args.top_k:
+        note(f"--top-k {args.top_k:,} is more than the model's {len(r.heads):,} rotary heads: ablated all "
+             f"{len(r.heads):,}")
     output.save_result(r)
     frame = r.to_frame()
     if output.json:
-        return output.emit({"findings": [f.text for f in r.findings()], "recall": frame.to_dict("records"),
+        return output.emit({"top_k": len(r.heads), "findings": [f.text for f in r.findings()],
+                            "recall": frame.to_dict("records"),
                             "heads": [list(h) for h in r.heads],
                             "scores": [float(r.scores[L, h]) for L, h in r.heads]})
     for f in r.findings():

@@ -37,7 +37,8 @@ DTYPES = {name: MODEL_DTYPES[name] for name in ("float32", "bfloat16", "float16"
 __all__ = [
     "DTYPES", "AnalysisOptions", "CheckpointOptions", "CorpusCommand", "CorpusOptions", "ModelOptions",
     "OutputOptions", "Parser", "add_command", "band_tokens", "emit", "jsonable", "layer_list",
-    "load_from_args", "non_negative_int", "positive_int", "window_length",
+    "check_windows_fit", "load_from_args", "most_windows", "non_negative_int", "note", "note_windows",
+    "positive_int", "window_length",
 ]  # fmt: skip
 
 
@@ -101,6 +102,51 @@ def layer_list(text: str) -> list[int]:
 def band_tokens(text: str) -> int | None:
     """``argparse`` type: a token count, or ``all`` (None)."""
     return None if text.strip().lower() == "all" else positive_int(text)
+
+
+# ---------------------------------------------------------------------------------------- notes and limits
+def note(message: str) -> None:
+    """Say ``ropelens: note: MESSAGE`` once on stderr (on the main process only): a value was adjusted, not refused."""
+    from ropelens.distributed import is_main
+
+    if is_main():
+        print(f"ropelens: note: {' '.join(message.split())}", file=sys.stderr)
+
+
+def most_windows(corpus: Any, n_ctx: int) -> int:
+    """An upper bound on the windows of ``n_ctx`` tokens (BOS first) any tokenizer can cut from ``corpus``.
+
+    A token spans at least one byte of text for every tokenizer in use (byte-level BPE, SentencePiece with
+    byte fallback, WordPiece), and a document adds a separator and a prefix at most; twice that, for
+    normalisers that expand a character, is a bound no real tokenizer reaches.
+    """
+    capacity = 2 * (sum(len(d.encode("utf-8")) for d in corpus.documents) + 2 * corpus.n_documents)
+    return capacity // max(1, n_ctx - 1)
+
+
+def check_windows_fit(corpus: Any, n_ctx: int, asked: int, flag: str, per_window: int = 1,
+                      other_corpus: bool = True) -> None:
+    """Refuse ``flag asked`` (``per_window`` of it per window) when ``corpus`` cannot hold that many windows.
+
+    A value the corpus merely falls short of is measured on what it holds, with a :func:`note_windows`.
+    """
+    most = most_windows(corpus, n_ctx)
+    if most and asked // per_window > most:
+        size = sum(len(d.encode("utf-8")) for d in corpus.documents)
+        raise InputError(
+            f"{flag} {asked:,} is more than corpus {corpus.name!r} can hold: its {size:,} bytes of text make at "
+            f"most {most:,} windows of --n-ctx {n_ctx} with any tokenizer: pass {flag} {most * per_window} or "
+            f"fewer{', or a larger --corpus' if other_corpus else ''}")
+
+
+def note_windows(corpus: str | None, used: int, n_ctx: int, asked: int, flag: str, per_window: int = 1,
+                 default: bool = False) -> None:
+    """:func:`note` that ``corpus`` held ``used`` windows where ``flag asked`` (the command's default, with
+    ``default``) wanted more."""
+    if used < asked // per_window:
+        said = f"the default {flag} {asked:,}" if default else f"{flag} {asked:,}"
+        note(f"{said} asks for {asked // per_window:,} windows of {n_ctx} tokens but corpus {corpus!r} holds "
+             f"{used:,}: measured all {used:,} ({used * n_ctx:,} tokens)")
 
 
 # ---------------------------------------------------------------------------------------- option groups
@@ -241,7 +287,7 @@ class AnalysisOptions(OptionGroup):
         """The :class:`ropelens.bands.Bands` of ``--bands`` (None without the flag)."""
         from ropelens.bands import Bands
 
-        return None if self.bands is None else Bands.parse(self.bands)
+        return None if self.bands is None else Bands.parse(self.bands, flag="--bands")
 
     def __post_init__(self) -> None:
         if isinstance(self.bands, str):
@@ -327,12 +373,14 @@ class CorpusCommand:
     analysis: AnalysisOptions
     checkpoint: CheckpointOptions
     output: OutputOptions
+    tokens_default: int | None = None  # the command's --tokens when none is given
 
     @staticmethod
     def add_to(parser: argparse.ArgumentParser, *, tokens: int, n_ctx: int, save: str, bands: bool = True) -> None:
         """Model, corpus, analysis, checkpoint and output flags; ``save`` names the saved result."""
         ModelOptions.add_to(parser)
         CorpusOptions.add_to(parser, tokens=tokens, n_ctx=n_ctx)
+        parser.set_defaults(tokens_default=tokens)
         AnalysisOptions.add_to(parser, bands=bands)
         CheckpointOptions.add_to(parser)
         OutputOptions.add_to(parser, save=save)
@@ -340,12 +388,19 @@ class CorpusCommand:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CorpusCommand:
         """Every group but the model's (:func:`load_from_args` loads it) as parsed; a bad ``--bands`` fails here."""
-        return cls(args.command, CorpusOptions.from_args(args),
-                   AnalysisOptions.from_args(args), CheckpointOptions.from_args(args), OutputOptions.from_args(args))
+        return cls(args.command, CorpusOptions.from_args(args), AnalysisOptions.from_args(args),
+                   CheckpointOptions.from_args(args), OutputOptions.from_args(args), getattr(args, "tokens_default", None))
 
     def prepare(self, analysis: Callable[..., Any]) -> tuple[Any, dict[str, Any]]:
-        """The checked corpus and the keyword arguments of ``analysis``: all that can fail before the model loads."""
+        """The checked corpus and the keyword arguments of ``analysis``: all that can fail before the model loads.
+
+        A ``--tokens`` no tokenizer could cut from the corpus is refused; one the corpus falls short of is
+        measured on the whole corpus, and :meth:`measured` says so.
+        """
         corpus = self.corpus.load()
+        tokens = self.corpus.tokens
+        if tokens is not None and tokens != self.tokens_default:  # the default is not the user's request
+            check_windows_fit(corpus, self.corpus.n_ctx, tokens, "--tokens", per_window=self.corpus.n_ctx)
         self.output.check()
         kw: dict[str, Any] = {"n_ctx": self.corpus.n_ctx, "max_tokens": self.corpus.tokens,
                               "layers": self.analysis.layers, "progress": self.output.progress}
@@ -356,6 +411,16 @@ class CorpusCommand:
         if self.analysis.no_verify:
             kw["verify"] = False
         return corpus, {**kw, **self.checkpoint.kwargs()}
+
+    def measured(self, result: Any) -> dict[str, Any]:
+        """What ``result`` ran on (``n_ctx``, ``n_windows``, ``n_tokens`` from its provenance), for the JSON; a
+        corpus that held fewer windows than ``--tokens`` asked for gets one note."""
+        prov = result.provenance
+        tokens = self.corpus.tokens
+        if tokens is not None and prov.n_windows is not None:
+            note_windows(prov.corpus, prov.n_windows, self.corpus.n_ctx, tokens, "--tokens",
+                         per_window=self.corpus.n_ctx, default=tokens == self.tokens_default)
+        return {"n_ctx": prov.n_ctx, "n_windows": prov.n_windows, "n_tokens": prov.n_tokens}
 
 
 # ---------------------------------------------------------------------------------------- JSON output

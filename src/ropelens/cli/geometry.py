@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from ropelens.cli.common import (
     ModelOptions,
@@ -36,10 +37,18 @@ def run_pe_geometry(args: argparse.Namespace) -> int:
     from ropelens.devices import require_memory
 
     if args.n_pos < 2:
-        raise InputError(f"--n-pos {args.n_pos}: the similarity by distance needs at least 2 positions")
+        raise InputError(f"--n-pos {args.n_pos}: the similarity by distance needs at least 2 positions: "
+                         "pass --n-pos 2 or more, e.g. --n-pos 512")
     if args.d % 2:
-        raise InputError(f"--d {args.d} must be even: sinusoidal embeddings pair a sine and a cosine per frequency")
+        raise InputError(f"--d {args.d} must be even: sinusoidal embeddings pair a sine and a cosine per frequency: "
+                         f"e.g. --d {args.d + 1}")
+    if not (math.isfinite(args.base) and args.base > 1):
+        raise InputError(f"--base {args.base:g} must be a finite number > 1 (θ_i = base^(−2i/d) must fall with i): "
+                         "e.g. --base 10000")
     require_memory(12.0 * args.n_pos ** 2, f"--n-pos {args.n_pos:,} (an n × n similarity matrix)", "pass a smaller --n-pos")
+    # the float64 angles, their sine and cosine and the float32 table: about 24 bytes per (position, dimension)
+    require_memory(24.0 * args.n_pos * args.d, f"--d {args.d:,} at --n-pos {args.n_pos:,} (the n × d sinusoidal table)",
+                   "pass a smaller --d, e.g. --d 128")
     sims = [pe_similarity(sinusoidal_pe(args.n_pos, args.d, args.base), name=f"sinusoidal {args.n_pos}x{args.d}")]
     if args.model is not None:
         sims.append(pe_similarity(learned_pe(load_from_args(args)), name=str(args.model)))

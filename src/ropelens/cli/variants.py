@@ -13,14 +13,17 @@ from ropelens.cli.common import (
     ModelOptions,
     OutputOptions,
     add_command,
+    check_windows_fit,
     load_from_args,
     non_negative_int,
+    note_windows,
     positive_int,
     window_length,
 )
 from ropelens.errors import InputError
 from ropelens.intervene import apply_rope_variant
 from ropelens.reading import rope_spec
+from ropelens.validate import check_number
 
 __all__ = ["add_context", "add_passkey", "add_predict_base", "add_truncate", "add_variants", "parse_variant",
            "variant_help"]
@@ -39,47 +42,93 @@ def _params(cls: type[V.RopeVariant]) -> list[dataclasses.Field]:
 
 def variant_help() -> str:
     """The variant forms ``--variant`` accepts, e.g. ``prope:P``; values in [brackets] have defaults."""
-    forms = []
-    for name, cls in _variant_classes().items():
-        parts = [name]
-        for f in _params(cls):
-            value = f.name.upper()
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            parts.append(value if required else f"[{value}]")
-        forms.append(":".join(parts))
-    return ", ".join(forms)
+    return ", ".join(_form(name, cls) for name, cls in _variant_classes().items())
 
 
-def _value(text: str, f: dataclasses.Field, spec: str):
+def _form(name: str, cls: type[V.RopeVariant]) -> str:
+    parts = [name]
+    for f in _params(cls):
+        value = f.name.upper()
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        parts.append(value if required else f"[{value}]")
+    return ":".join(parts)
+
+
+# A value of each variant that parse_variant accepts, shown in its error messages (tested to parse).
+VARIANT_EXAMPLES = {
+    "default": "default", "prope": "prope:0.75", "propereversed": "propereversed:0.75",
+    "propepartial": "propepartial:0.75", "nope": "nope", "basechange": "basechange:500000",
+    "planemask": "planemask:0,1,2,3", "linear": "linear:4", "ntk": "ntk:4", "dynamicntk": "dynamicntk:2:2048",
+    "yarn": "yarn:4:2048", "llama3": "llama3:8:1:4:8192", "longrope": "longrope:1,1,1,1:1,2,4,8:2048",
+}
+
+
+def _example(name: str) -> str:
+    return VARIANT_EXAMPLES.get(name, name)
+
+
+def _value(text: str, f: dataclasses.Field, spec: str, name: str, flag: str):
     kind = str(f.type)
+    if "None" in kind and text == "none":  # an optional value left at its default, to reach a later one
+        return None
+    if "tuple" in kind or "list" in kind:  # per-plane lists: comma-separated
+        item, want = (int, "a comma-separated list of integers") if "int" in kind else \
+            (float, "a comma-separated list of numbers")
+    elif kind.startswith("bool"):
+        item, want = None, "true or false"
+    elif kind.startswith("int"):
+        item, want = int, "an integer"
+    else:
+        item, want = float, "a number"
+    listed = "tuple" in kind or "list" in kind
+    tokens = [x.strip() for x in text.split(",") if x.strip()] if listed else [text]
+    bad = next((t for t in tokens if not _parses(t, item)), None if tokens else text)
+    if bad is not None:
+        where = f"{bad!r} in {text!r}" if listed and bad != text else repr(text)
+        raise InputError(f"{flag} {spec!r}: bad {f.name.upper()} {where}: {f.name.upper()} must be {want}: "
+                         f"write {_form(name, _variant_classes()[name])}, e.g. {flag} {_example(name)}")
+    if item is None:
+        return text == "true"
+    values = tuple(item(t) for t in tokens)
+    return values if listed else values[0]
+
+
+def _parses(token: str, item: type | None) -> bool:
+    """Whether ``token`` reads as ``item`` (None: a bool written true or false)."""
+    if item is None:
+        return token in ("true", "false")
     try:
-        if "tuple" in kind or "list" in kind:  # per-plane lists: comma-separated
-            item = int if "int" in kind else float
-            return tuple(item(x) for x in text.split(",") if x.strip())
-        if kind.startswith("bool"):
-            if text not in ("true", "false"):
-                raise ValueError(f"{f.name} must be true or false, got {text!r}")
-            return text == "true"
-        return int(text) if kind.startswith("int") else float(text)
-    except ValueError as e:
-        raise InputError(f"variant {spec!r}: bad {f.name.upper()} {text!r} ({e}): use one of {variant_help()}") from e
+        item(token)
+    except ValueError:
+        return False
+    return True
 
 
-def parse_variant(text: str) -> V.RopeVariant:
-    """``"prope:0.75"`` → ``PRoPE(0.75)``: a class name (any case, '-' ignored, or a unique prefix) and its values."""
+def parse_variant(text: str, flag: str = "--variant") -> V.RopeVariant:
+    """``"prope:0.75"`` → ``PRoPE(0.75)``: a class name (any case, '-' ignored, or a unique prefix) and its values.
+
+    Errors name ``flag``, the bad token and the form of the variant, with an example that parses.
+    """
     name, *values = text.strip().lower().split(":")
     classes = _variant_classes()
     key = name.replace("-", "").replace("_", "")
     matches = [key] if key in classes else [n for n in classes if key and n.startswith(key)]
     if len(matches) != 1:
-        raise InputError(f"unknown variant {text!r}: use one of {variant_help()}")
-    cls = classes[matches[0]]
+        raise InputError(f"{flag}: unknown variant {text!r}: write NAME:VALUE:..., e.g. {flag} {_example('yarn')}; "
+                         f"use one of {variant_help()}")
+    name = matches[0]
+    cls = classes[name]
     params = _params(cls)
     required = [f for f in params if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if not len(required) <= len(values) <= len(params):
         counts = f"{len(required)}" if len(required) == len(params) else f"{len(required)} to {len(params)}"
-        raise InputError(f"variant {text!r} takes {counts} value(s) after the name: use one of {variant_help()}")
-    return cls(*(_value(v, f, text) for v, f in zip(values, params)))
+        raise InputError(f"{flag} {text!r}: {name} takes {counts} value(s) after the name, got {len(values)}: "
+                         f"write {_form(name, cls)}, e.g. {flag} {_example(name)}")
+    parsed = [_value(v, f, text, name, flag) for v, f in zip(values, params)]
+    try:
+        return cls(*parsed)
+    except InputError as e:  # a value out of its range (p > 1, a factor ≤ 0, lists of different lengths)
+        raise InputError(f"{flag} {text!r}: {e}: e.g. {flag} {_example(name)}") from e
 
 
 def add_variants(subparsers: argparse._SubParsersAction) -> None:
@@ -138,11 +187,16 @@ def run_truncate(args: argparse.Namespace) -> int:
     from ropelens import data
     from ropelens.evaluate import bootstrap_ci, window_losses
 
-    ps = number_list(args.p, float, "--p")
-    variants = [V.PRoPE(p) for p in ps]  # validates p before the model loads
-    model = load_from_args(args)
+    ps = number_list(args.p, float, "--p", example="0,0.5,1")
+    for p in ps:
+        check_number(p, "each of --p", at_least=0, at_most=1,
+                     hint=": pass the share of planes that rotate, 0 (NoPE) to 1 (the model's RoPE), e.g. --p 0,0.5,1")
+    variants = [V.PRoPE(p) for p in ps]
     _, val = data.english().split()
+    check_windows_fit(val, args.n_ctx, args.windows, "--windows", other_corpus=False)
+    model = load_from_args(args)
     toks = data.windows(val, model.tokenizer, args.n_ctx, n_windows=args.windows)
+    note_windows(val.name, int(toks.shape[0]), args.n_ctx, args.windows, "--windows")
     rows = []
     for p, v in zip(ps, variants):
         with apply_rope_variant(model, v, layer_kind=args.layer_kind):
@@ -232,14 +286,15 @@ def add_passkey(subparsers: argparse._SubParsersAction) -> None:
     OutputOptions.add_to(p, save="PasskeyResult JSON")
 
 
-def number_list(text: str, kind, what: str) -> list:
+def number_list(text: str, kind, what: str, *, example: str) -> list:
+    """``"1,2"`` → ``[1, 2]`` of ``kind`` for the flag ``what``; ``example`` is a value the flag accepts."""
     noun = "integers" if kind is int else "numbers"
     try:
         out = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError as e:
-        raise InputError(f"{what} must be a comma-separated list of {noun}, got {text!r}") from e
+        raise InputError(f"{what} must be a comma-separated list of {noun}, got {text!r}: e.g. {what} {example}") from e
     if not out:
-        raise InputError(f"{what} is empty: pass a comma-separated list of {noun}, e.g. {what} 1,2")
+        raise InputError(f"{what} is empty: pass a comma-separated list of {noun}, e.g. {what} {example}")
     return out
 
 
@@ -250,9 +305,9 @@ def run_passkey(args: argparse.Namespace) -> int:
     score the first number (the YaRN/LongRoPE harness); seeded.
     """
     from ropelens.analyses.passkey import passkey_retrieval
-    from ropelens.validate import check_number
 
-    lengths, depths = number_list(args.lengths, int, "--lengths"), number_list(args.depths, float, "--depths")
+    lengths = number_list(args.lengths, int, "--lengths", example="1024,4096")
+    depths = number_list(args.depths, float, "--depths", example="0.1,0.5,0.9")
     for n in lengths:  # the model-specific minimum (the prompt's own tokens) is checked once it loads
         check_number(n, "each of --lengths", at_least=2, integer=True, hint=": pass prompt lengths in tokens")
     for d in depths:
@@ -292,7 +347,7 @@ def run_predict_base(args: argparse.Namespace) -> int:
     """
     from ropelens.analyses.extrapolation import base_predictions, measured_extrapolation
 
-    lengths = number_list(args.lengths, int, "--lengths")
+    lengths = number_list(args.lengths, int, "--lengths", example="2048,8192")
     if min(lengths) < 2:
         raise InputError(f"--lengths needs token counts ≥ 2, got {args.lengths!r}")
     output = OutputOptions.from_args(args)

@@ -48,17 +48,38 @@ def _timed(steps: dict[str, float], name: str) -> Iterator[None]:
 
 
 def check_output_dir(out: str | os.PathLike[str]) -> Path:
-    """Create the output directory (or check the existing one) and prove it is writable."""
+    """Check that the output directory can be written, creating nothing: a probe folder is made in the
+    directory (or, where it does not exist yet, in its nearest existing parent) and removed at once.
+    The directory itself is created only when the finished report is written."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"output path {path} is a file: pass a directory for the report")
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NotADirectoryError(f"cannot write the report to {path} ({ancestor} is a file, not a directory): choose "
+                                 "a writable output directory")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.mkdtemp(prefix=".ropelens-probe-", dir=path)
-        os.rmdir(probe)
+        os.rmdir(tempfile.mkdtemp(prefix=".ropelens-probe-", dir=ancestor))
     except OSError as e:
         raise PermissionError(f"cannot write the report to {path} ({e.strerror or e}): choose a writable output directory") from e
     return path
+
+
+def _make_dir(path: Path) -> Path | None:
+    """Create ``path`` and its missing parents; the topmost folder this created (None: ``path`` existed)."""
+    top = None
+    p = path
+    while not p.exists() and p != p.parent:
+        top, p = p, p.parent
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        if top is not None:
+            shutil.rmtree(top, ignore_errors=True)
+        raise
+    return top
 
 
 def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
@@ -91,8 +112,9 @@ def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
     dt = None if dtype is None else resolve_dtype(dtype)
     if model is None or isinstance(model, (str, os.PathLike)):
         return dev, dt
-    _refuse_plain(model)
-    if not is_bridge(model):
+    from ropelens.plain import is_plain
+
+    if not is_bridge(model) and not is_plain(model):
         raise InputError(f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
                          f"{type(model).__name__}: wrap an HF model with ropelens.models.wrap_hf_model")
     # A loaded model stays where it is: moving it would change the caller's model (and a device-mapped
@@ -114,20 +136,7 @@ def _load(model: Any, device: Any, dtype: Any) -> tuple[Any, str]:
 
     if model is None or isinstance(model, (str, os.PathLike)):
         model = load_model(model, device=device, **({} if dtype is None else {"dtype": dtype}))
-        _refuse_plain(model)
     return model, model_label(model)
-
-
-def _refuse_plain(model: Any) -> None:
-    """The report needs the bridge (its p-RoPE sweep runs the model under RoPE variants): refuse a plain HF model
-    in one line before anything is measured, naming the commands that run on it."""
-    from ropelens.errors import UnsupportedModelError
-    from ropelens.plain import is_plain, refusal
-
-    if is_plain(model):
-        raise UnsupportedModelError(refusal(model.cfg, "ropelens report needs the bridge (its p-RoPE sweep runs the "
-                                                       "model under RoPE variants); run the q/k commands instead: "
-                                                       "inspect, usage, decompose-stats, heads, sinks, distance"))
 
 
 def _choose_layers(spec, layers: Sequence[int] | None, quick: bool) -> list[int]:
@@ -215,6 +224,7 @@ def build_report(
     spec.require_one_width(chosen, "the report")  # its band statistics and heads do (Gemma 4): refuse before any pass
     for L in chosen:
         bands.resolve(spec.layers[L])  # an impossible band spec fails now, not after the pass
+    bands.require_planes([spec.layers[L] for L in chosen])  # so does a band holding no plane in any layer
     with _timed(steps, "verify"):
         verified = verification(model, spec, verify=verify)
     with contextlib.nullcontext() if verify else skip_verification(model):  # every step measures unverified too
@@ -394,9 +404,14 @@ def _render_page(data: ReportData, sections: list[Section], report: dict[str, An
 
 
 def _write(out_dir: Path, data: ReportData, sections: list[Section], steps: dict[str, float], t_start: float) -> None:
-    """Write every file into a temp directory, then rename them into place, index.html last."""
-    tmp = Path(tempfile.mkdtemp(prefix=".ropelens-report-", dir=out_dir))
+    """Write every file into a temp directory, then rename them into place, index.html last.
+
+    ``out_dir`` (and missing parents) is created here; if writing fails, the folders this created are removed
+    again, so a failed report leaves nothing behind. A folder that existed before is never removed."""
+    created = _make_dir(out_dir)
+    tmp, done = None, False
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=".ropelens-report-", dir=out_dir))
         names = []
         for s in sections:
             for name, frame in s.tables.items():
@@ -407,5 +422,9 @@ def _write(out_dir: Path, data: ReportData, sections: list[Section], steps: dict
         (tmp / "index.html").write_text(_render_page(data, sections, report), encoding="utf-8")
         for name in [*names, "report.json", "index.html"]:
             os.replace(tmp / name, out_dir / name)
+        done = True
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not done and created is not None:
+            shutil.rmtree(created, ignore_errors=True)

@@ -8,6 +8,8 @@ difference table. B − A throughout.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
@@ -35,18 +37,103 @@ def _read(folder: Path) -> dict[str, Any]:
         raise InputError(f"{folder} holds no report.json: pass two directories written by `ropelens report`")
     try:
         out: dict[str, Any] = {"report": json.loads(report.read_text())}
-        for name in ("energy", "band_stats", "heads", "sinks_layers"):
-            f = folder / f"{name}.csv"
-            out[name] = pd.read_csv(f) if f.is_file() else None
-    except (ValueError, pd.errors.ParserError) as e:  # a damaged report.json or CSV
-        raise InputError(f"{folder} holds a damaged report ({type(e).__name__}: {e}): write it again with "
+    except (ValueError, UnicodeDecodeError) as e:  # a damaged report.json
+        raise InputError(f"{report} is damaged ({type(e).__name__}: {e}): write the report again with "
                          "`ropelens report`") from e
     if not isinstance(out["report"], dict) or not {"model", "corpus"} <= set(out["report"]):
         raise InputError(f"{folder / 'report.json'} is not a ropelens report: pass directories written by "
                          "`ropelens report`")
+    for name in ("energy", "band_stats", "heads", "sinks_layers"):
+        f = folder / f"{name}.csv"
+        out[name] = _read_table(f) if f.is_file() else None
     if out["energy"] is None or out["band_stats"] is None:
         raise InputError(f"{folder} lacks energy.csv or band_stats.csv: re-run `ropelens report` with this version")
+    layers = ((out["report"].get("provenance") or {}).get("config") or {}).get("layers")
+    for name in ("energy", "band_stats"):
+        _check_complete(folder / f"{name}.csv", out[name], layers)
     return out
+
+
+# The columns compare reads from each table of a report, and those of them that hold numbers (True/False for bools).
+_COLUMNS = {"energy": ("which", "scope", "layer", "head", "band", "energy_share"),
+            "band_stats": ("layer", "head", "band", "margin_share"),
+            "heads": ("layer", "head", "positional", "kind"),
+            "sinks_layers": ("layer", "sinking_share")}
+_NUMBERS = {"layer", "head", "energy_share", "margin_share", "sinking_share"}
+_BOOLS = {"positional"}
+
+
+def _read_table(f: Path) -> pd.DataFrame:
+    """A report's CSV, checked whole first: a row cut short or a missing column is named, with its row and line."""
+    fix = "write the report again with `ropelens report`"
+    try:
+        text = f.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{f} is not UTF-8 text (byte {e.start}): the file is damaged; {fix}") from e
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader, None)
+        if not header:
+            raise InputError(f"{f} is empty (no header row): {fix}")
+        missing = [c for c in _COLUMNS[f.stem] if c not in header]
+        if missing:
+            raise InputError(f"{f} lacks the column{'s' * (len(missing) > 1)} {', '.join(missing)} (its header: "
+                             f"{', '.join(header)}): {fix}")
+        n = 0
+        for row in reader:
+            if not row:  # a blank line
+                continue
+            n += 1
+            if len(row) != len(header):
+                raise InputError(f"{f} is truncated or damaged: row {n} (line {reader.line_num}) has {len(row)} of "
+                                 f"the header's {len(header)} fields: {fix}")
+    except csv.Error as e:
+        raise InputError(f"{f} is damaged at line {reader.line_num} ({e}): {fix}") from e
+    if n and not text.endswith("\n"):
+        raise InputError(f"{f} is truncated: its last row (row {n}, line {reader.line_num}) ends without a newline, "
+                         f"so it was cut short: {fix}")
+    df = pd.read_csv(io.StringIO(text))
+    for c in _COLUMNS[f.stem]:
+        want = "True or False" if c in _BOOLS else "a number" if c in _NUMBERS else None
+        ok = pd.api.types.is_bool_dtype(df[c]) if c in _BOOLS else pd.api.types.is_numeric_dtype(df[c])
+        if want is not None and not ok:
+            bad = next(i for i, v in enumerate(df[c]) if not (str(v) in ("True", "False") if c in _BOOLS
+                                                              else _is_number(v)))
+            raise InputError(f"{f}: column {c} holds {df[c].iloc[bad]!r} at row {bad + 1}, not {want}: {fix}")
+    return df
+
+
+def _check_complete(f: Path, df: pd.DataFrame, layers: Any) -> None:
+    """A table cut short at a row boundary: a layer the report measured has no rows, or the last rows' (layer,
+    head, ...) group lacks bands the other groups of its layer have."""
+    fix = "write the report again with `ropelens report`"
+    if isinstance(layers, list) and layers and all(isinstance(L, int) for L in layers):
+        absent = sorted(set(layers) - {int(L) for L in df["layer"].unique()})
+        if absent:
+            raise InputError(f"{f} is truncated: it has no rows for layer{'s' * (len(absent) > 1)} "
+                             f"{', '.join(map(str, absent))} though the report measured layers "
+                             f"{', '.join(map(str, layers))} (its last row is row {len(df)}): {fix}")
+    keys = [k for k in _COLUMNS[f.stem] if k not in ("band", "energy_share", "margin_share")]
+    if not len(df):
+        return
+    groups = df.groupby(keys, sort=False)["band"].apply(frozenset)
+    last = tuple(df.iloc[-1][k] for k in keys)
+    layer = df.iloc[-1]["layer"]
+    others = [g for key, g in groups.items() if key != last and key[keys.index("layer")] == layer]
+    full = max(others, key=len, default=frozenset())
+    if groups[last] < full:
+        where = ", ".join(f"{k} {v}" for k, v in zip(keys, last))
+        raise InputError(f"{f} is truncated: its last rows ({where}) lack band{'s' * (len(full - groups[last]) > 1)} "
+                         f"{', '.join(sorted(full - groups[last]))} that the rest of layer {layer} has (its last row is "
+                         f"row {len(df)}): {fix}")
+
+
+def _is_number(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _layer_band(df: pd.DataFrame, value: str, **where: str) -> pd.DataFrame:

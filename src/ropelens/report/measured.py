@@ -49,7 +49,7 @@ def _summary_table(data: ReportData) -> pd.DataFrame:
             "base": "–" if r["base"] is None or (isinstance(r["base"], float) and math.isnan(r["base"])) else f"{r['base']:g}",
             "rope type": r["rope_type"], "rotary / head dim": f"{r['rotary_dim']} / {r['head_dim']}",
             "planes": r["n_planes"], "pairing": r["pairing"], "heads / kv": f"{r['heads']} / {r['kv_heads']}",
-            "score scale": f"1/{1 / r['score_scale']:.4g}",
+            "score scale": f"1/{1 / r['score_scale']:.4g}" if r["score_scale"] else "– (no softmax attention)",
             "window": "–" if lr.window is None else f"{lr.window:,}",
             "softcap / sinks": f"{'–' if lr.softcap is None else f'{lr.softcap:g}'} / {'learned' if lr.sinks else '–'}",
             "λ range (tokens)": f"{number(r['shortest_wavelength'])} – {number(r['longest_wavelength'])}",
@@ -95,8 +95,8 @@ def _wavelength_figure(data: ReportData) -> go.Figure:
         w = spec.layers[idx[0]].window
         if w:
             marks.setdefault(w, []).append(f"{kind} window {w:,}")
-    for i, (y, labels) in enumerate(sorted(marks.items())):
-        _hline_log(fig, y, " · ".join(labels), "dash" if i % 2 == 0 else "dot")
+    for i, (y, labels) in enumerate(sorted((y, v) for y, v in marks.items() if y and y > 0)):  # a model with no
+        _hline_log(fig, y, " · ".join(labels), "dash" if i % 2 == 0 else "dot")  # configured context: none drawn
     fig.update_yaxes(type="log", title_text="wavelength λ = 2π/θ (tokens)")
     fig.update_xaxes(title_text="plane (0 = highest frequency)")
     fig.update_layout(title="Wavelength of every plane against the context (shading: bands)",
