@@ -23,6 +23,7 @@ from ropelens.rope import LayerRope
 __all__ = ["Bands", "ResolvedBands"]
 
 REST = "rest"
+DEFAULT_QUANTILES = 4  # bands of the default split (Bands.default)
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,21 @@ class Bands:
         return cls("all")
 
     @classmethod
-    def quantiles(cls, n: int) -> Bands:
-        """``n`` contiguous bands of (nearly) equal plane count, highest frequencies first."""
+    def quantiles(cls, n: int, *, fit: bool = False) -> Bands:
+        """``n`` contiguous bands of (nearly) equal plane count, highest frequencies first.
+
+        ``fit``: a layer with fewer than ``n`` planes gets one band per plane instead of an error
+        (written ``quantiles:<=N``); without it such a layer is refused.
+        """
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise InputError(f"quantiles needs a positive integer number of bands, got {n!r}")
-        return cls("quantiles", (("n", n),))
+        return cls("quantiles", (("n", n), ("fit", True)) if fit else (("n", n),))
+
+    @classmethod
+    def default(cls) -> Bands:
+        """The bands every analysis uses when none are given: four quantiles, or one band per plane in a
+        layer with fewer than four planes (a GPT-NeoX or Qwen3-Next with a narrow rotary slice)."""
+        return cls.quantiles(DEFAULT_QUANTILES, fit=True)
 
     @classmethod
     def by_wavelength(cls, edges: Sequence[float]) -> Bands:
@@ -126,7 +137,8 @@ class Bands:
         head, _, arg = text.partition(":")
         lead = f"{flag}: " if flag else ""
         eg = f"e.g. {flag} " if flag else "e.g. "
-        forms = {"quantiles": ("quantiles:N with N a positive integer", "quantiles:4"),
+        forms = {"quantiles": ("quantiles:N or quantiles:<=N (fewer bands in a layer with fewer planes) with N a positive "
+                               "integer", "quantiles:4"),
                  "wavelength": ("wavelength:E1,E2,... with E strictly increasing wavelengths in tokens",
                                 "wavelength:10,100,1000"),
                  "context": ("context[:FACTOR] with FACTOR a positive number", "context:2")}
@@ -151,7 +163,9 @@ class Bands:
             if head == "all" and not arg:
                 return cls.all()
             if head == "quantiles":
-                return cls.quantiles(number(arg, int) if arg else 4)
+                fit = arg.startswith(("<=", "≤"))
+                arg = arg.removeprefix("<=").removeprefix("≤")
+                return cls.quantiles(number(arg, int) if arg else DEFAULT_QUANTILES, fit=fit)
             if head == "wavelength":
                 if not arg.strip(", "):
                     raise bad(arg, "no wavelengths given")
@@ -171,7 +185,7 @@ class Bands:
     def describe(self) -> str:
         p = dict(self.params)
         if self.kind == "quantiles":
-            return f"quantiles:{p['n']}"
+            return f"quantiles:{'<=' if p.get('fit') else ''}{p['n']}"
         if self.kind == "wavelength":
             return "wavelength:" + ",".join(f"{e:g}" for e in p["edges"])
         if self.kind == "context":
@@ -247,9 +261,11 @@ class Bands:
         if self.kind == "all":
             return ("all",), (tuple(range(n)),)
         if self.kind == "quantiles":
-            k = p["n"]
+            k = min(p["n"], n) if p.get("fit") else p["n"]
             if k > n:
-                raise InputError(f"quantiles({k}) needs at least {k} planes; layer {layer.layer} has {n}")
+                raise InputError(f"quantiles:{k} needs at least {k} planes but layer {layer.layer} has {n}: pass "
+                                 f"--bands quantiles:{n} (or quantiles:<={k}, one band per plane where fewer; "
+                                 f"Bands.quantiles({k}, fit=True) in Python)")
             cuts = [round(j * n / k) for j in range(k + 1)]
             names = tuple(f"Q{j + 1}" + (" (highest)" if j == 0 else " (lowest)" if j == k - 1 else "") for j in range(k))
             return names, tuple(tuple(range(cuts[j], cuts[j + 1])) for j in range(k))

@@ -107,3 +107,30 @@ def test_dim_membership_puts_every_head_dim_in_its_band(pairing):
     for p, band in ((0, 0), (1, 0), (2, 0), (4, 1), (3, 2), (5, 2)):
         assert m[dims[p], band].tolist() == [1.0, 1.0], (p, band)
     assert m[12:, 2].tolist() == [1.0] * 8
+
+
+@pytest.mark.parametrize(("n_planes", "names"), [
+    (1, ["Q1 (highest)"]), (2, ["Q1 (highest)", "Q2 (lowest)"]), (3, ["Q1 (highest)", "Q2", "Q3 (lowest)"]),
+    (4, ["Q1 (highest)", "Q2", "Q3", "Q4 (lowest)"]), (9, ["Q1 (highest)", "Q2", "Q3", "Q4 (lowest)"]),
+])
+def test_default_bands_fit_a_layer_with_few_planes(n_planes, names):
+    """Four quantiles where a layer has four planes or more, one band per plane where it has fewer."""
+    rb = Bands.default().resolve(layer(n_planes))
+    assert list(rb.names) == names
+    assert [p for g in rb.planes for p in g] == list(range(n_planes))
+    if n_planes >= 4:
+        assert rb.planes == Bands.quantiles(4).resolve(layer(n_planes)).planes
+    else:
+        assert rb.planes == tuple((i,) for i in range(n_planes))
+
+
+def test_fitted_quantiles_parse_describe_and_round_trip():
+    assert Bands.parse("quantiles:<=4") == Bands.parse("quantiles:≤4") == Bands.default()
+    assert Bands.default().describe() == "quantiles:<=4" and Bands.quantiles(4).describe() == "quantiles:4"
+    assert Bands.from_dict(Bands.default().to_dict()) == Bands.default()
+    assert Bands.parse(Bands.default().describe()) == Bands.default()
+
+
+def test_strict_quantiles_name_the_fitted_form():
+    with pytest.raises(ValueError, match=r"layer 0 has 2: pass --bands quantiles:2 \(or quantiles:<=4"):
+        Bands.quantiles(4).resolve(layer(2))

@@ -336,3 +336,16 @@ def test_compare_reports(gemma_report, tmp_path):
     assert html.count("Plotly.newPlot(") >= 2
     with pytest.raises(InputError, match="no report.json"):
         compare_reports(tmp_path, gemma_report, tmp_path / "x")
+
+
+def test_report_on_a_model_with_two_rotary_planes(tmp_path):
+    """A rotary slice of two planes (a GPT-NeoX or Qwen3-Next with partial rotary): the default bands are one
+    per plane, and every section is built."""
+    from ropelens.testing import tiny_model
+
+    model = tiny_model("gptj", rotary_dim=4)
+    out = build_report(model, quick=True, n_ctx=N_CTX, out=tmp_path / "r", progress=False)
+    r = json.loads((out / "report.json").read_text())
+    assert r["provenance"]["config"]["bands"] == "quantiles:<=4"
+    bands = pd.read_csv(out / "band_stats.csv")
+    assert set(bands["band"]) >= {"Q1 (highest)", "Q2 (lowest)"} and "Q3" not in set(bands["band"])

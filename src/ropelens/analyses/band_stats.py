@@ -558,7 +558,7 @@ def band_statistics(
     """
     from ropelens.reading import rope_spec
 
-    bands = bands or Bands.quantiles(4)
+    bands = bands or Bands.default()
     spec = rope_spec(model)
     chosen = spec.layer_indices(run.layers)
     bands.require_planes([spec.layers[L] for L in chosen])  # a band with no plane anywhere: refused before the model runs

@@ -134,7 +134,7 @@ class DistanceReducer(DeviceSums):
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
         spec.require_one_width(self.layers, "attention by distance")
-        self.bands = bands or Bands.quantiles(4)
+        self.bands = bands or Bands.default()
         self.tile = _check_tile(tile)
         self.n_sink = check_number(n_sink, "n_sink", at_least=0, integer=True,
                                    hint=" (keys at positions below it are left out of the curves)")
@@ -538,7 +538,7 @@ def attention_by_distance(
 ) -> AttentionByDistance:
     """Stream mean band logits, full logit and attention probability by distance over a corpus
     (see :class:`DistanceReducer`); bins run to the window length ``n_ctx`` − 1."""
-    bands = bands or Bands.quantiles(4)
+    bands = bands or Bands.default()
     build = lambda spec, chosen, win: DistanceReducer(spec, chosen, bands, n_bins=n_bins,  # noqa: E731
                                                       max_distance=win.n_ctx - 1, n_sink=n_sink, tile=tile)
     m = measure(model, corpus, build, run, analysis="attention by distance", config=lambda reds: reds[0].config(),

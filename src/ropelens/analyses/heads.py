@@ -369,7 +369,7 @@ def classify_heads(
     from ropelens.measure import RunOptions, Windows, measure
     from ropelens.reading import hf_model_of, rope_spec
 
-    bands = bands or Bands.quantiles(4)
+    bands = bands or Bands.default()
     spec = rope_spec(model)
     if isinstance(corpus, Tensor):
         text = Windows(corpus.long(), "tokens", None)

@@ -63,7 +63,7 @@ class SinkReducer(DeviceSums):
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
         spec.require_one_width(self.layers, "attention-sink statistics")
-        self.bands = bands or Bands.quantiles(4)
+        self.bands = bands or Bands.default()
         self.epsilon = check_number(epsilon, "epsilon", above=0, at_most=1,
                                     hint=" (the attention share that makes a head sink; Gu et al. use 0.3)")
         self.skip_queries = check_number(skip_queries, "skip_queries", at_least=1, integer=True,
@@ -392,7 +392,7 @@ def attention_sinks(
 ) -> AttentionSinks:
     """Stream attention to the first position, its band decomposition and the sink key's norms over a
     corpus (see :class:`SinkReducer`). Windows start with BOS, so position 0 is the BOS token."""
-    bands = bands or Bands.quantiles(4)
+    bands = bands or Bands.default()
     m = measure(model, corpus, lambda spec, chosen, _: SinkReducer(spec, chosen, bands, epsilon=epsilon,
                                                                    skip_queries=skip_queries, tile=tile),
                 run, analysis="attention sinks", config=lambda reds: reds[0].config(), resume={"tile": tile})

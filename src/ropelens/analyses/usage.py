@@ -216,7 +216,7 @@ class FrequencyUsage(Result):
     def findings(self, bands: Bands | None = None) -> list[Finding]:
         """Which band holds the most energy (over ``bands``, default quartiles), and the layer whose sink
         positions stand out most (when every layer saw one)."""
-        out = [self._energy_finding(bands or Bands.quantiles(4))]
+        out = [self._energy_finding(bands or Bands.default())]
         sink = self._sink_finding()
         return out if sink is None else [*out, sink]
 

@@ -272,7 +272,8 @@ class AnalysisOptions(OptionGroup):
 
     title: ClassVar[str] = "analysis"
     bands: str | None = option(None, "how planes group into bands: planes, all, quantiles:N, wavelength:E1,E2,..., "
-                                     "context[:F] (default: quantiles:4)", metavar="SPEC")
+                                     "context[:F] (default: quantiles:<=4, four bands or one per plane where a layer has fewer)",
+                                     metavar="SPEC")
     layers: list[int] | None = option(None, "layer indices to analyse (default: all)", type=layer_list,
                                       metavar="0,5,11")
     no_verify: bool = option(False, "measure without first checking ropelens's reading against the model's own "
@@ -281,7 +282,7 @@ class AnalysisOptions(OptionGroup):
     @classmethod
     def add_to(cls, parser: argparse.ArgumentParser, *, bands: bool = True) -> argparse._ArgumentGroup:
         """``--layers``, and ``--bands`` unless ``bands=False``."""
-        return super().add_to(parser, omit=() if bands else ("bands",), bands="quantiles:4")
+        return super().add_to(parser, omit=() if bands else ("bands",), bands="quantiles:<=4")
 
     def parsed_bands(self):
         """The :class:`ropelens.bands.Bands` of ``--bands`` (None without the flag)."""

@@ -159,7 +159,7 @@ def build_report(
     tokens: int = 32_768,
     n_ctx: int = 512,
     out: str | os.PathLike[str] = "ropelens-report",
-    bands: str | Bands = "quantiles:4",
+    bands: str | Bands | None = None,
     layers: Sequence[int] | None = None,
     device: str | None = None,
     quick: bool = False,
@@ -197,7 +197,7 @@ def build_report(
     tokens = check_positive_int(tokens, "tokens")
     n_ctx = check_positive_int(n_ctx, "n_ctx")
     batch_size = check_positive_int(batch_size, "batch_size")
-    bands = Bands.parse(bands) if isinstance(bands, str) else bands
+    bands = Bands.default() if bands is None else Bands.parse(bands) if isinstance(bands, str) else bands
     if not isinstance(bands, Bands):
         raise TypeError(f"bands must be a spec such as 'quantiles:4' or a Bands, got {type(bands).__name__}")
     if quick:
