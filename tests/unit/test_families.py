@@ -24,7 +24,7 @@ from ropelens.analyses import band_stats
 from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.heads import HeadScoresReducer
 from ropelens.capture import batches, capture_qk, stream
-from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.errors import UnsupportedModelError
 from ropelens.hooks import attn_hooks
 from ropelens.intervene import apply_rope_variant, spec_with_variant
 from ropelens.reading import rope_spec
@@ -46,10 +46,9 @@ EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None and fam.refused_at == "spec"]
 BRIDGED = [f for f in EXACT if FAMILIES[f].bridge]  # interventions run through the bridge's hooks
 # q/k normalised after RoPE: an ablation of the rotated q/k is renormalised by the norm, so it does not remove
-# exactly that plane's term of the score; NanoChat's bridge runs the HF attention whole (no cos/sin hooks), so
-# interventions there are refused in one line
+# exactly that plane's term of the score (NanoChat's bridge runs the HF attention whole: its variants and
+# ablations are applied at the rotation that attention calls, by ropelens.engine)
 NORM_AFTER_ROPE = ("hunyuan_v1_dense", "nanochat")
-NO_TABLES = ("nanochat",)
 
 
 def _available(name: str) -> bool:
@@ -168,26 +167,11 @@ def test_analyses_run_and_are_right(family, loaded):
                 torch.testing.assert_close(mass[i, :, d].float(), diag.mean((0, 2)), rtol=1e-4, atol=1e-6)
 
 
-# the bridge leaves attention to HF and rotates inside it: no (cos, sin) to swap, interventions refuse in one line
-ROTATES_INSIDE = ("gemma4_text", "olmo_hybrid")
-
-
-def _refused_inside(family: str, run) -> bool:
-    """True (after checking the one-line refusal) for a family whose bridge rotates inside HF's attention."""
-    if family not in ROTATES_INSIDE:
-        return False
-    with pytest.raises(InputError, match=r"receives \(cos, sin\)"):
-        run()
-    return True
-
-
 @pytest.mark.parametrize("family", [_param(f) for f in BRIDGED])
 def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
     """Under a variant the captured rotated query (before a norm after RoPE) turns by the variant's frequencies;
     exit restores."""
     model, spec = loaded(family)
-    if _refused_inside(family, lambda: apply_rope_variant(model, BaseChange(1e3)).__enter__()):
-        return
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         before = model(toks)
@@ -195,10 +179,6 @@ def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
     lr0 = spec[L]
     variant = PRoPE(0.5) if lr0.n_planes >= 2 else BaseChange(1e3)
     same = torch.full((1, N_CHECK), 7)
-    if family in NO_TABLES:
-        with pytest.raises(InputError, match="needs attention that receives"), apply_rope_variant(model, variant):
-            pass
-        return
     if family == "granitemoehybrid":  # its attention gets no position_ids: variants refuse it in one line
         with pytest.raises(UnsupportedModelError, match="cannot be applied to this model"), \
                 apply_rope_variant(model, variant):
@@ -291,8 +271,6 @@ def test_ablating_a_plane_removes_exactly_its_term(family, loaded):
 
     model, spec = loaded(family)
     L = spec.rotary_layers[0]
-    if _refused_inside(family, lambda: ablate_planes(model, [0], layers=[L]).__enter__()):
-        return
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(3))
     dec = ropelens.decompose_attention(model, toks, bands=Bands.planes(), layers=[L])
     want = dec.logits(L) - dec.plane_logits(L)[:, :, 0]
