@@ -347,6 +347,18 @@ def _replace_hook(x: Tensor, *, hook: Any, mask: Tensor, value: Tensor, heads_fi
     return out.flatten(-2) if flat else out
 
 
+def _pre_hooks(model, layers: Sequence[int], parts: Sequence[str]) -> bool:
+    """Whether ``model`` is a bridge with a pre-RoPE hook for each of ``parts`` ("q", "k") in every one of ``layers``."""
+    from ropelens.plain import is_plain
+
+    if is_plain(model):
+        return False
+    try:
+        return all(attn_hooks(model, L).pre(w) in model.hook_dict for L in layers for w in parts)
+    except (AttributeError, KeyError, TypeError):
+        return False
+
+
 @contextlib.contextmanager
 def replace_massive(
     model,
@@ -392,7 +404,9 @@ def replace_massive(
     removers: list[Callable[[], None]] = []
     from ropelens.intervene import _on_engine
 
-    engine = _on_engine(model, chosen, "replace_massive")  # a plain HF model, or rotation inside the HF module
+    # the entries are replaced before the rotation: a bridge's pre-RoPE hooks reach them wherever its attention
+    # rotates; the engine (at the rotation the HF forward calls) serves a plain HF model and bridges without them
+    engine = not _pre_hooks(model, chosen, parts) and _on_engine(model, chosen, "replace_massive")
     try:
         for L in chosen:
             i, names = mv.layers.index(L), (None if engine else attn_hooks(model, L))
