@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ropelens.errors import UnsupportedModelError
+from ropelens.plan import ReplaceStep, VariantStep, group_key, model_tables, variant_tables
 from ropelens.rope import LayerRope, RopeSpec
 
 __all__ = ["engine_problem", "rotation_forms", "rotation_plan"]
@@ -68,7 +69,6 @@ def _unwrap(m: torch.nn.Module) -> torch.nn.Module:
 
 
 def _compile(plan: tuple) -> tuple[dict, dict, dict]:
-    from ropelens.sdpa import ReplaceStep, VariantStep
 
     variant_of: dict[int, Any] = {}
     masks: dict[int, list] = {}
@@ -133,14 +133,12 @@ def _apply(x: Tensor, heads_axis: int, lr: LayerRope, masks: list, replaced: lis
 
 
 @contextlib.contextmanager
-def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list | None = None,
-                  attns: list | None = None) -> Iterator[None]:
+def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list | None = None, *,
+                  attns: list) -> Iterator[None]:
     """Apply ``plan`` inside every forward of ``hf`` (an HF causal LM, or the HF model under a bridge) while the block
     runs; with ``seen``, record ``(layer, form, cos, sin, position_ids)`` for each layer's first rotation call.
-    ``attns``: each layer's attention module (default: :func:`ropelens.plain.attention_modules` of ``hf``, each
-    unwrapped from a bridge component). Raises UnsupportedModelError where the model rotates some other way."""
-    from ropelens.plain import attention_modules
-    from ropelens.sdpa import model_tables, variant_tables
+    ``attns``: each layer's attention module (:func:`ropelens.plain.attention_modules` of ``hf``, or a bridge's
+    components, each unwrapped). Raises UnsupportedModelError where the model rotates some other way."""
     from ropelens.taps import complex_positions_axis
 
     mod = importlib.import_module(type(_unwrap(hf)).__module__)
@@ -148,16 +146,14 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
     if not forms:
         raise UnsupportedModelError(f"{type(_unwrap(hf)).__name__} calls no rotation function ropelens can tap "
                                     "(apply_rotary_pos_emb and its forms): interventions cannot reach its RoPE")
-    attns = [None if a is None else _unwrap(a) for a in (attns if attns is not None else attention_modules(hf))]
+    attns = [None if a is None else _unwrap(a) for a in attns]
     variant_of, masks, replaced = _compile(plan)
     from ropelens.devices import device_of
 
     dev = device_of(hf)
     masks = {L: [tuple(None if m is None else m.to(dev) for m in qk) for qk in v] for L, v in masks.items()}
     replaced = {L: [{w: (m.to(dev), x.to(dev)) for w, (m, x) in qk.items()} for qk in v] for L, v in replaced.items()}
-    from ropelens.sdpa import _group_key
-
-    groups = {L: _group_key(spec[L]) for L in variant_of}
+    groups = {L: group_key(spec[L]) for L in variant_of}
     state: dict[str, Any] = {"layer": None, "pos": None, "tables": {}, "conv": {}, "calls": {}, "outputs": [],
                              "indexer": None, "rows": {}}
 
@@ -372,18 +368,17 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
             h.remove()
 
 
-def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list | None = None) -> str | None:
+def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | None:
     """Why the engine cannot apply interventions to ``hf`` (None: it can): one short forward of 8 tokens with the
     rotations recorded; every rotary layer must call one, with tables that are the spec's rotation."""
     from ropelens.fastpath import sdpa_attention
-    from ropelens.sdpa import model_tables
 
     seen: list = []
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     vocab = int(getattr(cfg, "vocab_size", 0) or 8)
     ids = (4 + (torch.arange(8) * 5 + 3) % max(vocab - 4, 1)).clamp_max(vocab - 1)[None]
     try:
-        with rotation_plan(hf, spec, (), seen, attns), sdpa_attention(hf), torch.no_grad():
+        with rotation_plan(hf, spec, (), seen, attns=attns), sdpa_attention(hf), torch.no_grad():
             hf(input_ids=ids.to(next(iter(hf.parameters())).device), use_cache=False)
     except UnsupportedModelError as e:
         return str(e)

@@ -23,22 +23,15 @@ from torch import Tensor
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
+from ropelens.plan import AblationStep, VariantStep, model_tables, variant_tables
 from ropelens.reading import rope_spec
 from ropelens.rope import LayerRope, RopeSpec
-from ropelens.sdpa import (
-    AblationStep,
-    VariantStep,
-    model_tables,
-    on_sdpa,
-    planned,
-    sdpa_ready,
-    variant_tables,
-)
+from ropelens.sdpa import on_sdpa, planned, sdpa_ready
 from ropelens.validate import check_indices
 from ropelens.variants import RopeVariant
 
 __all__ = ["ablate_planes", "add_lens_hook", "apply_rope_variant", "is_identity", "on_sdpa", "sdpa_ready",
-           "spec_with_variant", "with_rope_variant"]
+           "spec_with_variant", "uses_engine", "with_rope_variant"]
 
 # --------------------------------------------------------------------------------------------
 # running a model under a variant
@@ -120,7 +113,7 @@ def _swap_tables_hook(
     return args, {**kwargs, "position_embeddings": new}
 
 
-def _on_engine(model, layers: Sequence[int], what: str) -> bool:
+def uses_engine(model, layers: Sequence[int], what: str) -> bool:
     """Whether ``what`` runs on the engine (:mod:`ropelens.engine`: at the rotation the HF forward calls) rather than
     on bridge hooks: a plain HF model, or a bridge whose attention in ``layers`` rotates inside the HF module (no
     (cos, sin) handed to it, no post-RoPE hooks). Raises UnsupportedModelError, with what was seen, where neither
@@ -145,7 +138,7 @@ def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[R
     new_spec = spec_with_variant(
         spec, variant, chosen
     )  # also validates the variant against each layer
-    if _on_engine(model, chosen, "apply_rope_variant"):
+    if uses_engine(model, chosen, "apply_rope_variant"):
         return new_spec, [], chosen, True
     attns = _attention_with_tables(model, chosen, "apply_rope_variant")
     interleaved = bool(getattr(model.cfg, "rotary_interleaved_cos_sin", False))
@@ -274,7 +267,7 @@ def ablate_planes(
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers, layer_kind)
     plane_list = check_indices(planes, "plane")
-    engine = _on_engine(model, chosen, "ablate_planes")
+    engine = uses_engine(model, chosen, "ablate_planes")
     if not engine:
         _attention_with_tables(model, chosen, "ablate_planes")  # the post-RoPE hooks fire there
     removers: list[Callable[[], None]] = []

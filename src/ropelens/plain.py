@@ -178,7 +178,7 @@ class PlainModel(torch.nn.Module):
 def planned_forward(model: Any, hf: torch.nn.Module) -> contextlib.AbstractContextManager:
     """A block in which ``hf`` (the HF model under ``model``, or its view) runs with ``model``'s plan applied (the
     variants, ablations and replacements in force); nothing where none is."""
-    from ropelens.sdpa import active_plan
+    from ropelens.plan import active_plan
 
     plan = active_plan(model)
     if not plan:
@@ -186,7 +186,7 @@ def planned_forward(model: Any, hf: torch.nn.Module) -> contextlib.AbstractConte
     from ropelens.engine import rotation_plan
     from ropelens.reading import rope_spec
 
-    return rotation_plan(hf, rope_spec(model), plan)
+    return rotation_plan(hf, rope_spec(model), plan, attns=attention_modules(hf))
 
 
 def is_plain(model: Any) -> bool:

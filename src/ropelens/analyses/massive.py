@@ -38,10 +38,11 @@ from ropelens.fastpath import intervened
 from ropelens.hooks import attn_hooks
 from ropelens.intervene import add_lens_hook
 from ropelens.measure import RunOptions, corpus_analysis, measure
+from ropelens.plan import ReplaceStep
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec
-from ropelens.sdpa import ReplaceStep, planned
+from ropelens.sdpa import planned
 from ropelens.validate import check_number
 
 __all__ = ["MassiveReducer", "MassiveValues", "massive_values", "replace_massive"]
@@ -402,11 +403,11 @@ def replace_massive(
     used: dict[int, dict[str, Tensor]] = {}
     step: dict[int, dict[str, tuple[Tensor, Tensor]]] = {}
     removers: list[Callable[[], None]] = []
-    from ropelens.intervene import _on_engine
+    from ropelens.intervene import uses_engine
 
     # the entries are replaced before the rotation: a bridge's pre-RoPE hooks reach them wherever its attention
     # rotates; the engine (at the rotation the HF forward calls) serves a plain HF model and bridges without them
-    engine = not _pre_hooks(model, chosen, parts) and _on_engine(model, chosen, "replace_massive")
+    engine = not _pre_hooks(model, chosen, parts) and uses_engine(model, chosen, "replace_massive")
     try:
         for L in chosen:
             i, names = mv.layers.index(L), (None if engine else attn_hooks(model, L))
