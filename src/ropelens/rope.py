@@ -21,6 +21,8 @@ from torch import Tensor
 from ropelens.errors import InputError, UnsupportedModelError
 
 Pairing = Literal["half", "adjacent"]
+# the axes along which layers of one model may differ in width, and the LayerRope count each is as long as
+_WIDTH_AXES = {"head": "n_heads", "kv_head": "n_kv_heads", "plane": "n_planes", "dim": "head_dim"}
 LayerKind = Literal["full", "sliding", "chunked", "nope", "linear", "conv", "mamba", "recurrent", "none"]
 # Layers of a hybrid model with no softmax attention (Qwen3-Next's Gated DeltaNet, LFM2's short convolution,
 # Bamba's Mamba): listed in the spec so its layer numbers stay the model's, never measured.
@@ -547,8 +549,42 @@ class RopeSpec:
             out.setdefault((lr.head_dim, lr.n_heads, lr.n_kv_heads, lr.n_planes), []).append(L)
         return out
 
+    def present(self, layers: Sequence[int], *axes: str | int) -> Bool[Tensor, "layer ..."]:
+        """``[layer, *axes]``: True at the entries each of ``layers`` has, where layers of different widths
+        (Gemma 4's wider global heads) share one array.
+
+        An axis named "head", "kv_head", "plane" or "dim" is as long as the largest n_heads, n_kv_heads,
+        n_planes or head_dim among ``layers``, and each layer has its leading ones; an int axis is one every
+        layer has in full (bands, distance bins, offsets). All True when the layers share one width.
+        """
+        bad = [ax for ax in axes if not isinstance(ax, int) and ax not in _WIDTH_AXES]
+        if bad:
+            raise InputError(f"unknown width axes {bad}: name one of {sorted(_WIDTH_AXES)}, or give a size")
+        width = lambda L, ax: ax if isinstance(ax, int) else getattr(self.layers[L], _WIDTH_AXES[ax])  # noqa: E731
+        sizes = [max(width(L, ax) for L in layers) if layers else 0 for ax in axes]
+        out = torch.zeros(len(layers), *sizes, dtype=torch.bool)
+        for i, L in enumerate(layers):
+            out[(i, *(slice(0, width(L, ax)) for ax in axes))] = True
+        return out
+
+    def padded_zeros(self, layers: Sequence[int], *axes: str | int, dtype: torch.dtype = torch.float64) -> Tensor:
+        """Running sums laid out ``[layer, *axes]`` as :meth:`present`: 0 at a layer's own entries, NaN past them.
+
+        The analyses that stack layers (band statistics, head scores, sinks, attention by distance, massive
+        values, positional/symbolic scores, rotary offsets) keep their sums this way: each layer adds into its
+        leading slice ``[i, :n_heads, ..., :n_planes]``, so every number read from the sums is NaN where the
+        layer has no such head, plane or dimension, sums merge and save as before, and a layer's numbers
+        are those it has when its width group is measured alone.
+        """
+        have = self.present(layers, *axes)
+        return torch.zeros(have.shape, dtype=dtype).masked_fill_(~have, math.nan)
+
     def require_one_width(self, layers: Sequence[int], what: str) -> None:
-        """InputError naming the width groups when ``layers`` differ in width (``what`` stacks them in one array)."""
+        """InputError naming the width groups when ``layers`` differ in width (``what`` stacks them in one array).
+
+        ropelens's own analyses take layers of different widths in one run (:meth:`padded_zeros`); this is for
+        code that needs one ``[layer, head, ...]`` shape without padding.
+        """
         groups = self.width_groups(layers)
         if len(groups) < 2:
             return
