@@ -443,8 +443,8 @@ def rotary_offsets(
 
     ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name or path, or a ready
     ``[n_windows, n_ctx]`` token tensor; windows start with BOS. ``train_ctx`` (default: the
-    model's context length) decides which planes are partial-cycle. ``layers`` must share one
-    head and plane layout (select one layer kind of a model that mixes them).
+    model's context length) decides which planes are partial-cycle. ``layers`` may differ in heads
+    and planes (Gemma 4): each layer's numbers are those it has measured alone.
     """
     from ropelens.reading import rope_spec
 
