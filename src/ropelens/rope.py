@@ -21,6 +21,8 @@ from torch import Tensor
 from ropelens.errors import InputError, UnsupportedModelError
 
 Pairing = Literal["half", "adjacent"]
+# the axes along which layers of one model may differ in width, and the LayerRope count each is as long as
+_WIDTH_AXES = {"head": "n_heads", "kv_head": "n_kv_heads", "plane": "n_planes", "dim": "head_dim"}
 LayerKind = Literal["full", "sliding", "chunked", "nope", "linear", "conv", "mamba", "recurrent", "none"]
 # Layers of a hybrid model with no softmax attention (Qwen3-Next's Gated DeltaNet, LFM2's short convolution,
 # Bamba's Mamba): listed in the spec so its layer numbers stay the model's, never measured.
@@ -28,7 +30,7 @@ MIXER_KINDS = frozenset({"linear", "conv", "mamba", "recurrent", "none"})
 # The position axes of multimodal RoPE (M-RoPE, Qwen2-VL): a plane labelled with axis a turns by position_ids[a]·θ_i.
 MROPE_AXES = ("t", "h", "w")
 
-__all__ = ["MIXER_KINDS", "MROPE_AXES", "LayerRope", "RopeSpec", "describe_axes", "expand_kv", "merge_planes", "plane_dims", "plane_norms", "split_planes"]
+__all__ = ["MIXER_KINDS", "MROPE_AXES", "LayerRope", "RopeSpec", "describe_axes", "layer_ranges", "expand_kv", "merge_planes", "plane_dims", "plane_norms", "split_planes"]
 
 
 def plane_dims(rotary_dim: int, pairing: Pairing) -> Int[Tensor, "n_planes 2"]:
@@ -494,8 +496,8 @@ class RopeSpec:
         if kind is not None and kind not in self.kinds:
             raise InputError(f"layer kind {kind!r} not in this model; it has {sorted(self.kinds)}")
         if kind in MIXER_KINDS:
-            raise InputError(f"layer kind {kind!r} has no softmax attention (layers {_ranges(self.kinds[kind])}): "
-                             f"nothing to measure; the attention layers are {_ranges(self.attention_layers) or 'none'}")
+            raise InputError(f"layer kind {kind!r} has no softmax attention (layers {layer_ranges(self.kinds[kind])}): "
+                             f"nothing to measure; the attention layers are {layer_ranges(self.attention_layers) or 'none'}")
         if layers is None:  # a NoPE layer whose queries carry a position-dependent temperature is measured by no one
             chosen = self.rotary_layers if rotary_only else [L for L in self.attention_layers
                                                              if not self.layers[L].query_scale]
@@ -517,20 +519,20 @@ class RopeSpec:
                 lr = mixers[0]
                 raise InputError(
                     f"layer {lr.layer} is a {lr.kind!r} layer ({lr.mixer}) with no softmax attention: nothing to "
-                    f"measure; the attention layers are {_ranges(self.attention_layers) or 'none'}")
+                    f"measure; the attention layers are {layer_ranges(self.attention_layers) or 'none'}")
         tempered = [self.layers[i] for i in chosen if self.layers[i].query_scale] if layers is not None else []
         if tempered and not rotary_only:
             lr = tempered[0]
             raise UnsupportedModelError(
                 f"layer {lr.layer} is a NoPE layer that scales each query at position m by {lr.query_scale} before its "
                 "score, so its scores are not q·k times one scale and ropelens does not measure it; the rotary layers "
-                f"are {_ranges(self.rotary_layers) or 'none'}")
+                f"are {layer_ranges(self.rotary_layers) or 'none'}")
         if rotary_only and layers is not None:
             nope = [i for i in chosen if not self.layers[i].rotary]
             if nope:
                 raise InputError(
                     f"layers {nope} apply no RoPE (NoPE layers: no planes to measure); "
-                    f"the rotary layers are {_ranges(self.rotary_layers) or 'none'}"
+                    f"the rotary layers are {layer_ranges(self.rotary_layers) or 'none'}"
                 )
         if kind is not None:
             chosen = [i for i in chosen if self.layers[i].kind == kind]
@@ -547,12 +549,46 @@ class RopeSpec:
             out.setdefault((lr.head_dim, lr.n_heads, lr.n_kv_heads, lr.n_planes), []).append(L)
         return out
 
+    def present(self, layers: Sequence[int], *axes: str | int) -> Bool[Tensor, "layer ..."]:
+        """``[layer, *axes]``: True at the entries each of ``layers`` has, where layers of different widths
+        (Gemma 4's wider global heads) share one array.
+
+        An axis named "head", "kv_head", "plane" or "dim" is as long as the largest n_heads, n_kv_heads,
+        n_planes or head_dim among ``layers``, and each layer has its leading ones; an int axis is one every
+        layer has in full (bands, distance bins, offsets). All True when the layers share one width.
+        """
+        bad = [ax for ax in axes if not isinstance(ax, int) and ax not in _WIDTH_AXES]
+        if bad:
+            raise InputError(f"unknown width axes {bad}: name one of {sorted(_WIDTH_AXES)}, or give a size")
+        width = lambda L, ax: ax if isinstance(ax, int) else getattr(self.layers[L], _WIDTH_AXES[ax])  # noqa: E731
+        sizes = [max(width(L, ax) for L in layers) if layers else 0 for ax in axes]
+        out = torch.zeros(len(layers), *sizes, dtype=torch.bool)
+        for i, L in enumerate(layers):
+            out[(i, *(slice(0, width(L, ax)) for ax in axes))] = True
+        return out
+
+    def padded_zeros(self, layers: Sequence[int], *axes: str | int, dtype: torch.dtype = torch.float64) -> Tensor:
+        """Running sums laid out ``[layer, *axes]`` as :meth:`present`: 0 at a layer's own entries, NaN past them.
+
+        The analyses that stack layers (band statistics, head scores, sinks, attention by distance, massive
+        values, positional/symbolic scores, rotary offsets) keep their sums this way: each layer adds into its
+        leading slice ``[i, :n_heads, ..., :n_planes]``, so every number read from the sums is NaN where the
+        layer has no such head, plane or dimension, sums merge and save as before, and a layer's numbers
+        are those it has when its width group is measured alone.
+        """
+        have = self.present(layers, *axes)
+        return torch.zeros(have.shape, dtype=dtype).masked_fill_(~have, math.nan)
+
     def require_one_width(self, layers: Sequence[int], what: str) -> None:
-        """InputError naming the width groups when ``layers`` differ in width (``what`` stacks them in one array)."""
+        """InputError naming the width groups when ``layers`` differ in width (``what`` stacks them in one array).
+
+        ropelens's own analyses take layers of different widths in one run (:meth:`padded_zeros`); this is for
+        code that needs one ``[layer, head, ...]`` shape without padding.
+        """
         groups = self.width_groups(layers)
         if len(groups) < 2:
             return
-        per = "; ".join(f"head dim {d}, {h} heads / {kv} KV heads, {p} planes in layers {_ranges(ls)}"
+        per = "; ".join(f"head dim {d}, {h} heads / {kv} KV heads, {p} planes in layers {layer_ranges(ls)}"
                         for (d, h, kv, p), ls in groups.items())
         fix = " or ".join(f"layers={ls}" for ls in groups.values())
         raise InputError(f"{what} stacks layers of one width, and these differ ({per}): measure one width at a time, "
@@ -587,7 +623,7 @@ class RopeSpec:
             rows.append(
                 {
                     "kind": kind,
-                    "layers": _ranges(idx),
+                    "layers": layer_ranges(idx),
                     "n_layers": len(idx),
                     "rope_type": lr.rope_type,
                     "base": lr.base,
@@ -647,11 +683,11 @@ class RopeSpec:
 
 def describe_axes(axes: Sequence[int]) -> str:
     """The planes of each M-RoPE axis in compact form, e.g. ``t 0-15; h 16-39; w 40-63`` ('' for 1-D RoPE)."""
-    return "; ".join(f"{name} {_ranges([i for i, a in enumerate(axes) if a == k])}"
+    return "; ".join(f"{name} {layer_ranges([i for i, a in enumerate(axes) if a == k])}"
                      for k, name in enumerate(MROPE_AXES) if k in axes)
 
 
-def _ranges(idx: Sequence[int]) -> str:
+def layer_ranges(idx: Sequence[int]) -> str:
     """Compact '0-4,6-10' form of a sorted index list."""
     parts: list[str] = []
     start = prev = idx[0]

@@ -151,7 +151,7 @@ def test_analyses_run_and_are_right(family, loaded):
         toks = toks[:, :short]
     with torch.no_grad():
         probs = probs_by_layer(loaded.hf(family)(toks, output_attentions=True).attentions, spec)
-    for group in spec.width_groups().values():  # stacking analyses take one width at a time
+    for group in spec.width_groups().values():  # bands fitted to each width's planes
         st = ropelens.band_statistics(model, toks, layers=group, progress=False,
                                       bands=Bands.quantiles(2) if spec[group[0]].n_planes >= 2 else Bands.all())
         assert list(st.layers) == group
@@ -351,7 +351,7 @@ def test_band_statistics_match_hf_dense_reference(family, loaded, monkeypatch):
     through query tiles, key tiles, and the running Σ k kᵀ wherever a tile has keys all its queries see."""
     monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1)
     model, spec = loaded(family)
-    for group in spec.width_groups().values():  # one width at a time (Gemma 4's global layers are wider)
+    for group in spec.width_groups().values():  # the dense reference takes one width at a time (Gemma 4)
         toks, bands, _, want = _band_inputs(family, loaded, group)
         for tile, jsd in BAND_TILES:
             got = _band_sums(model, spec, toks, bands, tile, jsd, layers=group)

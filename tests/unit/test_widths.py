@@ -1,4 +1,4 @@
-"""Layers of different widths in one model (Gemma 4): the spec, frequency usage over them, and the refusals.
+"""Layers of different widths in one model (Gemma 4): the spec, and every analysis that stacks layers over them.
 
 Gemma 4's global (full-attention) layers have wider heads (``global_head_dim``), may have fewer KV
 heads, and rotate with "proportional" RoPE: every dim pair (i, i + d/2) of the wide head is a plane,
@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -133,18 +134,164 @@ def test_mixed_width_usage_saves_loads_and_merges(gemma4, tmp_path):
     torch.testing.assert_close(merged.q_norm, whole.q_norm, rtol=1e-6, atol=0, equal_nan=True)
 
 
-def test_stacking_analyses_refuse_mixed_widths_naming_the_groups(gemma4, tmp_path):
+def _massive(model, toks, **kw):
+    from ropelens.analyses.massive import massive_values
+
+    return massive_values(model, toks, progress=False, **kw)
+
+
+def _offsets(model, toks, **kw):
+    from ropelens.analyses.offsets import rotary_offsets
+
+    return rotary_offsets(model, toks, progress=False, **kw)
+
+
+def _heads(model, toks, **kw):
+    from ropelens.analyses.heads import classify_heads
+
+    # τ given: Otsu's threshold is taken over every measured head, so it is not a per-layer number
+    return classify_heads(model, toks, max_offset=4, tau=0.5, progress=False, **kw)
+
+
+STACKING = {
+    "band_statistics": lambda model, toks, **kw: ropelens.band_statistics(model, toks, progress=False, **kw),
+    "classify_heads": _heads,
+    "attention_sinks": lambda model, toks, **kw: ropelens.attention_sinks(model, toks, progress=False, **kw),
+    "attention_by_distance": lambda model, toks, **kw: ropelens.attention_by_distance(model, toks, progress=False, **kw),
+    "massive_values": _massive,
+    "positional_symbolic": lambda model, toks, **kw: ropelens.positional_symbolic(model, toks, progress=False, **kw),
+    "rotary_offsets": _offsets,
+}
+
+
+def _per_layer_arrays(result) -> dict[str, torch.Tensor]:
+    """Every ``[layer, ...]`` array a result holds: its sums, scores or moments, by name."""
+    out = {}
+    for field in ("sums", "scores"):
+        held = getattr(result, field, None)
+        if isinstance(held, dict):
+            out.update({f"{field}/{k}": v for k, v in held.items()})
+    moments = dict(getattr(result, "moments", {}))
+    moments.update({w: getattr(result, w) for w in ("q", "k") if hasattr(result, w)})
+    for w, m in moments.items():
+        out.update({f"{w}/{f}": getattr(m, f) for f in ("count", "total", "total_sq")})
+    return out
+
+
+def _frames(result) -> dict[str, "pd.DataFrame"]:
+    frames = {"to_frame": result.to_frame()}
+    if hasattr(result, "heads_frame"):
+        frames["heads_frame"] = result.heads_frame()
+    return frames
+
+
+@pytest.fixture(scope="module")
+def stacked(gemma4):
+    """Each stacking analysis over every rotary layer in one run, and over each width group alone."""
     model, spec, _ = gemma4
-    toks = _tokens()
-    fix = r"layers=\[0, 1, 2\] or layers=\[3\]"
-    with pytest.raises(InputError, match=r"band statistics .*head dim 32, 4 heads / 1 KV heads, 16 planes in layers 3.*" + fix):
-        ropelens.band_statistics(model, toks, progress=False)
-    with pytest.raises(InputError, match="the report stacks .*" + fix) as err:
-        build_report(model, quick=True, progress=False, out=tmp_path / "report")
-    assert "\n" not in str(err.value)
-    st = ropelens.band_statistics(model, toks, layers=[3], bands=Bands.quantiles(2), progress=False)
-    assert list(st.layers) == [3]
-    assert not (tmp_path / "report" / "index.html").exists()
+    toks = _tokens()  # longer than the sliding window: the sliding layers see their window's edge
+    assert toks.shape[1] > spec[0].window
+    groups = list(spec.width_groups().values())
+    return {name: (fn(model, toks), [(g, fn(model, toks, layers=g)) for g in groups]) for name, fn in STACKING.items()}
+
+
+@pytest.mark.parametrize("name", list(STACKING))
+def test_mixed_widths_give_each_layer_its_own_groups_numbers(gemma4, stacked, name):
+    """Over layers of two widths in one run, every layer's arrays equal those of its width group measured alone
+    in the layer's own leading heads, planes and dims; the padding past them is NaN; the tables hold exactly
+    the group's rows, and no padding."""
+    _, spec, _ = gemma4
+    whole, alone = stacked[name]
+    assert list(whole.layers) == spec.rotary_layers
+    arrays = _per_layer_arrays(whole)
+    assert arrays
+    padded = 0
+    for group, one in alone:
+        idx = [whole.layers.index(L) for L in group]
+        for key, want in _per_layer_arrays(one).items():
+            got = arrays[key][idx]
+            assert got.ndim == want.ndim and all(g >= w for g, w in zip(got.shape, want.shape)), key
+            own = tuple(slice(0, n) for n in want.shape)
+            torch.testing.assert_close(got[own], want, rtol=1e-6, atol=1e-12, equal_nan=True, msg=key)
+            rest = got.clone()
+            rest[own] = math.nan
+            assert rest.isnan().all(), f"{key}: entries past the group's own width are not NaN"
+            padded += got.numel() - want.numel()
+        for kind, frame in _frames(whole).items():
+            want = _frames(one)[kind].reset_index(drop=True)
+            got = frame[frame["layer"].isin(group)].reset_index(drop=True)
+            pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-6, atol=1e-12)
+    # both widths have 4 query heads: arrays over query heads alone (head scores, distance, positional/symbolic)
+    # need no padding; those over KV heads, planes or dims do
+    assert (padded > 0) == (name in {"band_statistics", "attention_sinks", "massive_values", "rotary_offsets"})
+    for frame in _frames(whole).values():
+        assert sorted(set(frame["layer"])) == spec.rotary_layers
+    assert whole.findings() is not None and whole.figure() is not None
+
+
+def test_mixed_widths_pad_heads_planes_and_dims_with_nan(gemma4, stacked):
+    """The global layer has one KV head where the sliding ones have two, the sliding layers 8 planes and
+    16 dims where the global one has 16 and 32: those entries read NaN and have no row."""
+    _, spec, _ = gemma4
+    band = stacked["band_statistics"][0]
+    tight = band.tightness()
+    assert tight.shape == (4, 4, 16)
+    assert tight[:3, :, 8:].isnan().all() and not tight[:3, :, :8].isnan().any() and not tight[3].isnan().any()
+    sinks = stacked["attention_sinks"][0]
+    ratio = sinks.key_norm_ratio()  # [layer, kv_head, band]
+    assert ratio[3, 1].isnan().all() and not ratio[3, 0].isnan().any() and not ratio[:3].isnan().any()
+    assert not sinks.plane_key_ratio().isnan().any()
+    mv = stacked["massive_values"][0]
+    assert mv.norm("q").shape == (4, 4, 32) and mv.norm("q")[:3, :, 16:].isnan().all()
+    assert not mv.mask("q")[:3, :, 16:].any() and not mv.ratio("q")[:3, :, :16].isnan().any()
+    frame = mv.to_frame()
+    assert frame.groupby(["which", "layer"]).size().to_dict() == {
+        ("k", 0): 32, ("k", 1): 32, ("k", 2): 32, ("k", 3): 32, ("q", 0): 64, ("q", 1): 64, ("q", 2): 64, ("q", 3): 128}
+    planes = mv.planes_frame()
+    assert planes.groupby("layers").size().to_dict() == {"0-2": 2 * 8, "3": 2 * 16}
+    off = stacked["rotary_offsets"][0]
+    assert off.norm("k")[3, 1].isnan().all() and off.norm("q")[:3, :, 8:].isnan().all()
+    rows = off.to_frame()
+    assert rows.groupby("layer").size().to_dict() == {0: 4 * 8, 1: 4 * 8, 2: 4 * 8, 3: 4 * 16}
+    assert not rows[["q_norm", "k_norm", "q_ratio", "k_ratio"]].isna().any().any()
+
+
+def test_mixed_width_results_save_and_load_with_their_padding(gemma4, stacked, tmp_path):
+    for name, (whole, _) in stacked.items():
+        whole.save(tmp_path / f"{name}.json")
+        back = load_result(tmp_path / f"{name}.json")
+        for key, want in _per_layer_arrays(whole).items():
+            torch.testing.assert_close(_per_layer_arrays(back)[key], want, rtol=0, atol=0, equal_nan=True, msg=key)
+        pd.testing.assert_frame_equal(back.to_frame(), whole.to_frame())
+
+
+def test_band_names_that_differ_across_widths_are_refused(gemma4):
+    """Up to 16 quantiles name 8 bands in a sliding layer (8 planes) and 16 in the global one: refused."""
+    model, _, _ = gemma4
+    bands = Bands.quantiles(16, fit=True)
+    with pytest.raises(InputError, match="resolve to different band names across layers"):
+        ropelens.band_statistics(model, _tokens(), bands=bands, progress=False)
+    st = ropelens.band_statistics(model, _tokens(), layers=[3], bands=bands, progress=False)
+    assert len(st.band_names) == 16
+
+
+def test_report_over_mixed_widths(gemma4, tmp_path):
+    """The quick report measures both widths in one run: band statistics and heads hold rows of each layer, its
+    own heads only."""
+    model, spec, _ = gemma4
+    out = build_report(model, quick=True, n_ctx=32, out=tmp_path / "r", progress=False)
+    assert (out / "index.html").exists()
+    bands = pd.read_csv(out / "band_stats.csv")
+    heads = pd.read_csv(out / "heads.csv")
+    groups = spec.width_groups()
+    assert len(groups) == 2
+    for frame in (bands, heads):
+        for layers in groups.values():
+            assert set(layers) <= set(frame["layer"])
+    assert heads.groupby("layer").size().to_dict() == {L: spec[L].n_heads for L in spec.rotary_layers}
+    tight = pd.read_csv(out / "tightness.csv")
+    assert tight.groupby("layer").size().to_dict() == {L: spec[L].n_heads * spec[L].n_planes for L in spec.rotary_layers}
+    assert not tight["tightness"].isna().any()
 
 
 @pytest.mark.parametrize("k_eq_v", [False, True])

@@ -3,6 +3,8 @@ from q and k in query × key tiles (the model's scores rebuilt per tile as the s
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -64,7 +66,6 @@ class BandStatsReducer(DeviceSums):
             raise InputError(f"tile must be a positive number of queries, a (queries, keys) pair, or None for "
                              f"automatic; got {tile!r}")
         self.spec, self.layers, self.bands, self.tile = spec, list(layers), bands, tile
-        spec.require_one_width(self.layers, "band statistics")
         self.jsd = jsd
         self.agreement = agreement or jsd
         self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}
@@ -73,18 +74,18 @@ class BandStatsReducer(DeviceSums):
         if len(names) != 1:
             raise InputError(f"bands {bands.describe()} resolve to different band names across layers: {names}")
         self.names = next(iter(names))
-        lr = spec.layers[self.layers[0]]
-        self.shape = (len(self.layers), lr.n_heads, len(self.names), lr.n_planes)
-        self.sums = self._zeros(torch.device("cpu"))
+        self.sums = self._zeros()
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
         self._index: dict[tuple, Tensor] = {}
         self._padded: tuple[Tensor, bool] | None = None
 
-    def _zeros(self, device: torch.device) -> dict[str, Tensor]:
-        L, H, B, P = self.shape
-        z = lambda *s: torch.zeros(s, dtype=sum_dtype(device), device=device)  # noqa: E731
-        sums = {k: z(L, H, B) for k in _SUMS_LHB}
-        sums.update(var=z(L, H), n_entries=z(L), n_rows=z(L), n_queries=z(L), cs_term=z(L, H, P), cs_bound=z(L, H, P))
+    def _zeros(self) -> dict[str, Tensor]:
+        """The running sums on the CPU: layers of different widths padded to the widest, NaN past their own
+        heads and planes (:meth:`RopeSpec.padded_zeros`)."""
+        z = functools.partial(self.spec.padded_zeros, self.layers)
+        sums = {k: z("head", len(self.names)) for k in _SUMS_LHB}
+        sums.update(var=z("head"), n_entries=z(), n_rows=z(), n_queries=z(), cs_term=z("head", "plane"),
+                    cs_bound=z("head", "plane"))
         return sums
 
     def _has_padding(self, valid: Tensor, known: bool | None = None) -> bool:
@@ -284,14 +285,15 @@ class BandStatsReducer(DeviceSums):
             acc_cs["term"] += per_window(torch.where(w, rope.plane_sums(qt * ka), 0), 3)
             acc_cs["bound"] += per_window(torch.where(w, rope.plane_norms(qt) * rope.plane_norms(ka), 0), 3)
         to_hb = lambda t: t.permute(0, 2, 1).reshape(H, B).to(here, torch.float64)  # noqa: E731  [KV,B,G] -> [H,B], h = kv·G + g
-        s["abs_sum"][i] += to_hb(acc["abs"])
-        s["cov"][i] += to_hb(acc["cov"])
-        s["margin"][i] += to_hb(acc["margin"])
-        s["top1"][i] += to_hb(acc["top1"])
-        s["jsd"][i] += to_hb(acc["jsd"])
-        s["var"][i] += acc_var.reshape(H).to(here, torch.float64)
-        s["cs_term"][i] += acc_cs["term"].reshape(H, -1).to(here, torch.float64)
-        s["cs_bound"][i] += acc_cs["bound"].reshape(H, -1).to(here, torch.float64)
+        P = rope.n_planes  # a layer narrower than the widest adds into its leading heads and planes
+        s["abs_sum"][i, :H] += to_hb(acc["abs"])
+        s["cov"][i, :H] += to_hb(acc["cov"])
+        s["margin"][i, :H] += to_hb(acc["margin"])
+        s["top1"][i, :H] += to_hb(acc["top1"])
+        s["jsd"][i, :H] += to_hb(acc["jsd"])
+        s["var"][i, :H] += acc_var.reshape(H).to(here, torch.float64)
+        s["cs_term"][i, :H, :P] += acc_cs["term"].reshape(H, -1).to(here, torch.float64)
+        s["cs_bound"][i, :H, :P] += acc_cs["bound"].reshape(H, -1).to(here, torch.float64)
 
     def result(self, provenance: Provenance) -> BandStatistics:
         """The streamed sums as :class:`BandStatistics` (on the CPU, float64)."""
@@ -363,7 +365,12 @@ def _masked_spans_of(c0: int, c1: int, j0: int, j1: int, window: int | None) -> 
 
 @dataclass(frozen=True)
 class BandStatistics(Result):
-    """Corpus statistics of the band decomposition, per layer × head × band."""
+    """Corpus statistics of the band decomposition, per layer × head × band.
+
+    Layers of different widths (Gemma 4's wider global heads) share one ``[layer, head, ...]`` array: each
+    fills its leading heads and planes, and every number past them reads NaN (:meth:`present` marks a
+    layer's own heads); tables leave those rows out, and findings skip them.
+    """
 
     layers: tuple[int, ...]
     band_names: tuple[str, ...]
@@ -381,6 +388,10 @@ class BandStatistics(Result):
     def __post_init__(self) -> None:
         self._check_shape("abs_sum", self.sums["abs_sum"], (len(self.layers), None, len(self.band_names)),
                           " [layer, head, band]")
+
+    def present(self) -> Bool[Tensor, "layer head"]:
+        """The heads each layer has (all True when the measured layers share one width)."""
+        return ~self.sums["var"].isnan()
 
     def abs_share(self) -> Float[Tensor, "layer head band"]:
         """Each band's share of the mean |logit| (sums to 1 over bands)."""
@@ -433,7 +444,7 @@ class BandStatistics(Result):
         return (self.sums["cs_term"] / self.sums["cs_bound"].clamp_min(1e-30)).float()
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy: one row per (layer, head, band)."""
+        """Tidy: one row per (layer, head, band) of the layer's own heads."""
         metrics = {"abs_share": self.abs_share(), "mean_abs": self.mean_abs(), "var_share": self.var_share(),
                    "margin": self.margin(), "margin_share": self.margin_share()}
         if self.provenance.config.get("agreement", True):
@@ -442,7 +453,9 @@ class BandStatistics(Result):
             metrics["jsd"] = self.jsd()
         L, H, B = metrics["abs_share"].shape
         idx = pd.MultiIndex.from_product([self.layers, range(H), self.band_names], names=["layer", "head", "band"])
-        return pd.DataFrame({k: v.reshape(-1).numpy() for k, v in metrics.items()}, index=idx).reset_index()
+        have = self.present()[..., None].expand(L, H, B).reshape(-1).numpy()
+        df = pd.DataFrame({k: v.reshape(-1).numpy() for k, v in metrics.items()}, index=idx).reset_index()
+        return df[have].reset_index(drop=True)
 
     # ---------------------------------------------------------------- findings
     def findings(self) -> list[Finding]:
@@ -457,18 +470,19 @@ class BandStatistics(Result):
         share = self.margin_share()[..., 0]  # band 0: the highest frequencies
         top1 = self.top1()[..., 0]
         band = self.band_names[0]
-        L, H = share.shape
-        flat = sorted(((float(share[i, h]), self.layers[i], h, float(top1[i, h])) for i in range(L) for h in range(H)),
-                      key=lambda t: -t[0])
+        have = self.present()
+        flat = sorted(((float(share[i, h]), self.layers[i], h, float(top1[i, h]))
+                       for i, h in have.nonzero().tolist()), key=lambda t: -t[0])
+        n_heads = len(flat)
         major = [t for t in flat if t[0] > MARGIN_MAJORITY]
         listed = major[:MAX_LISTED] if major else flat[:1]  # only what the sentence quotes
         heads = [{"layer": lay, "head": h, "margin_share": round(s, 2), "top1": _rounded(t)} for s, lay, h, t in listed]
         shown = ", ".join(f"{head_name(x['layer'], x['head'])} {x['margin_share']:.2f} (band-only top-1 "
                           f"{_agreement_text(x['top1'])})" for x in heads)
-        vals = {"band": band, "n_heads": L * H, "n_majority": len(major), "heads": heads}
+        vals = {"band": band, "n_heads": n_heads, "n_majority": len(major), "heads": heads}
         if major:
             verb, their = ("gets", "its") if len(major) == 1 else ("get", "their")
-            text = (f"{len(major)} of {L * H} heads {verb} more than half of {their} attended-key margin from band "
+            text = (f"{len(major)} of {n_heads} heads {verb} more than half of {their} attended-key margin from band "
                     f"{band}: {shown}.")
         else:
             top = heads[0]
@@ -481,7 +495,8 @@ class BandStatistics(Result):
         if len(self.band_names) < 2:
             return None
         top1 = self.top1()  # [L, H, B]; NaN where a band holds no plane in the layer
-        band, n, _ = band_winners(top1.mean(1).nan_to_num(nan=-1.0), self.band_names)  # an empty band never leads
+        # an empty band never leads; heads a layer lacks (layers of other widths) are NaN and left out
+        band, n, _ = band_winners(top1.nanmean(1).nan_to_num(nan=-1.0), self.band_names)
         overall = top1.nanmean((0, 1))
         b = self.band_names.index(band)
         vals = {"band": band, "layers": n, "n_layers": len(self.layers), "mean_top1": round(float(overall[b]), 2),
@@ -492,17 +507,26 @@ class BandStatistics(Result):
         return Finding("top1", "bands", text, vals)
 
     def _tightness_finding(self) -> Finding:
-        t = self.tightness()  # [L, H, P]
-        L, H, P = t.shape
+        t = self.tightness()  # [L, H, P]; NaN past a layer's own heads and planes
+        H = t.shape[1]
         top = t[..., 0]
-        i, h = divmod(int(top.argmax()), H)
-        wl = float(self.spec.layers[self.layers[0]].wavelength[0])
-        vals = {"plane": 0, "wavelength": round(wl, 2), "mean": round(float(top.mean()), 2),
+        i, h = divmod(int(top.nan_to_num(nan=-math.inf).argmax()), H)
+        wls = [float(self.spec.layers[L].wavelength[0]) for L in self.layers]
+        # each layer's own lowest-frequency plane (layers of other widths have other counts)
+        last = [self.spec.layers[L].n_planes - 1 for L in self.layers]
+        lowest = torch.stack([t[j, :, p] for j, p in enumerate(last)])  # [L, H]
+        n_heads = int(self.present().sum())
+        vals = {"plane": 0, "wavelength": round(wls[0], 2), "mean": round(float(top.nanmean()), 2),
                 "best_layer": self.layers[i], "best_head": h, "best": round(float(top[i, h]), 2),
-                "lowest_plane": P - 1, "lowest_mean": round(float(t[..., P - 1].mean()), 2), "n_heads": L * H}
-        text = (f"At the attended key, plane 0 (highest frequency, λ = {vals['wavelength']:.2f} tokens) reaches on average "
-                f"{vals['mean']:.2f} of its Cauchy–Schwarz bound over {L * H} heads (1 = q and k aligned); tightest "
-                f"{head_name(vals['best_layer'], h)} at {vals['best']:.2f}. The lowest-frequency plane ({P - 1}) "
+                "lowest_plane": last[0] if len(set(last)) == 1 else sorted(set(last)),
+                "lowest_mean": round(float(lowest.nanmean()), 2), "n_heads": n_heads}
+        wl = (f"{vals['wavelength']:.2f}" if len({round(w, 2) for w in wls}) == 1
+              else f"{min(wls):.2f} to {max(wls):.2f}")
+        planes = (f"plane ({last[0]})" if len(set(last)) == 1
+                  else "plane of each layer (" + ", ".join(map(str, sorted(set(last)))) + ")")
+        text = (f"At the attended key, plane 0 (highest frequency, λ = {wl} tokens) reaches on average "
+                f"{vals['mean']:.2f} of its Cauchy–Schwarz bound over {n_heads} heads (1 = q and k aligned); tightest "
+                f"{head_name(vals['best_layer'], h)} at {vals['best']:.2f}. The lowest-frequency {planes} "
                 f"averages {vals['lowest_mean']:.2f}.")
         return Finding("tightness", "bands", text, vals)
 
@@ -522,9 +546,11 @@ class BandStatistics(Result):
         """Layer × band (head-averaged) or, for one layer, head × band."""
         z = getattr(self, metric)()
         if layer is None:
-            z2, y = z.mean(1), list(self.layers)
+            z2, y = z.nanmean(1), list(self.layers)  # heads a layer lacks (NaN) left out
         else:
-            z2, y = z[self.layers.index(layer)], list(range(z.shape[1]))
+            li = self.layers.index(layer)
+            n_heads = int(self.present()[li].sum())
+            z2, y = z[li, :n_heads], list(range(n_heads))
         return go.Heatmap(z=z2.numpy(), x=list(self.band_names), y=y, coloraxis=coloraxis,
                           hovertemplate=f"%{{y}} · %{{x}}<br>{metric} %{{z:.3f}}<extra></extra>")
 

@@ -14,6 +14,7 @@ Bins are log-spaced: bin 0 is δ = 0 exactly, then δ = 1, 2–3, 4–7, … (oc
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
@@ -98,9 +99,6 @@ def _resolve_all(spec: RopeSpec, layers: Sequence[int], bands: Bands) -> tuple[d
     if len(names) != 1:
         raise InputError(f"bands {bands.describe()} resolve to different band names across layers: {names}; "
                          "pick layers of one kind (layers=...) or bands that name the same groups everywhere")
-    heads = {(spec.layers[L].n_heads, spec.layers[L].n_kv_heads) for L in layers}
-    if len(heads) != 1:
-        raise InputError(f"selected layers have different head counts {sorted(heads)}; analyse them separately")
     return resolved, next(iter(names))
 
 
@@ -133,7 +131,6 @@ class DistanceReducer(DeviceSums):
         self.spec, self.layers = spec, list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
-        spec.require_one_width(self.layers, "attention by distance")
         self.bands = bands or Bands.default()
         self.tile = _check_tile(tile)
         self.n_sink = check_number(n_sink, "n_sink", at_least=0, integer=True,
@@ -144,11 +141,11 @@ class DistanceReducer(DeviceSums):
         self.max_distance = int(self.edges[-1]) - 1
         self.resolved, self.names = _resolve_all(spec, self.layers, self.bands)
         self.pos = {L: i for i, L in enumerate(self.layers)}
-        lr = spec.layers[self.layers[0]]
-        L, H, B, nb = len(self.layers), lr.n_heads, len(self.names), len(self.edges) - 1
-        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
-        self.sums: dict[str, Tensor] = {"band_sum": z(L, H, B, nb), "prob_sum": z(L, H, nb), "count": z(L, nb),
-                                        "dist_sum": z(L, nb), "n_queries": z(L)}
+        B, nb = len(self.names), len(self.edges) - 1
+        # layers of different widths padded to the most heads: NaN past a layer's own (RopeSpec.padded_zeros)
+        z = functools.partial(spec.padded_zeros, self.layers)
+        self.sums: dict[str, Tensor] = {"band_sum": z("head", B, nb), "prob_sum": z("head", nb), "count": z(nb),
+                                        "dist_sum": z(nb), "n_queries": z()}
         self._cache: dict[tuple, Tensor] = {}
 
     def _cached(self, key: tuple, make) -> Tensor:
@@ -212,7 +209,7 @@ class DistanceReducer(DeviceSums):
             # in float64: a bin's key sum is large and its product with q cancels, so float32 would
             # leave an error of eps32·|q||Σk| on a small mean
             acc += torch.matmul(qg[:, c0:c1, None].to(dt) * run[:, :, :, :, None], member).sum((0, 1))  # [nb,KV,G,B]
-        s["band_sum"][i] += acc.permute(1, 2, 3, 0).reshape(H, -1, nb).to(here, sdt)
+        s["band_sum"][i, :H] += acc.permute(1, 2, 3, 0).reshape(H, -1, nb).to(here, sdt)
 
         # probabilities: query tiles holding whole rows, the pattern rebuilt, summed into bins
         qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
@@ -239,7 +236,7 @@ class DistanceReducer(DeviceSums):
             oh = torch.nn.functional.one_hot(bin_of[delta.clamp(0, self.max_distance)].reshape(-1), nb).to(p.dtype)
             prob += torch.matmul(p.reshape(b, KV, G, c * kt), oh * keep).to(dt).sum(0)
             del p
-        s["prob_sum"][i] += prob.reshape(H, nb).to(here, sdt)
+        s["prob_sum"][i, :H] += prob.reshape(H, nb).to(here, sdt)
 
     def config(self) -> dict[str, Any]:
         return {"bands": self.bands.describe(), "layers": list(self.layers), "n_bins": self.n_bins_arg,
@@ -258,7 +255,9 @@ class AttentionByDistance(Result):
     """Mean band logit, full logit and attention probability per layer × head × distance bin.
 
     ``edges`` are the bin edges (bin j: ``edges[j] ≤ δ < edges[j + 1]``); bins a layer never sees
-    (beyond its sliding window) have count 0 and NaN means.
+    (beyond its sliding window) have count 0 and NaN means. Layers of different widths (Gemma 4) share one
+    array padded to the most heads: the curves of a head a layer lacks are NaN (:meth:`present`), head
+    averages and tables leave them out.
     """
 
     layers: tuple[int, ...]
@@ -283,6 +282,10 @@ class AttentionByDistance(Result):
         self._check_shape("band_sum", self.sums["band_sum"], (L, None, B, nb), " [layer, head, band, bin]")
 
     # ---------------------------------------------------------------- numbers
+    def present(self) -> Bool[Tensor, "layer head"]:
+        """The heads each layer has (all True when the measured layers share one width)."""
+        return ~self.sums["prob_sum"][..., 0].isnan()
+
     @property
     def n_bins(self) -> int:
         return len(self.edges) - 1
@@ -343,10 +346,11 @@ class AttentionByDistance(Result):
             t = self.prob()[li]
         else:
             t = self.band_logit()[li, :, self._band(curve)]
+        n_heads = int(self.present()[li].sum())
         if head is None:
-            return t.mean(0)
-        if not 0 <= head < t.shape[0]:
-            raise InputError(f"head {head} out of range: layer {layer} has heads 0..{t.shape[0] - 1}")
+            return t[:n_heads].mean(0)  # the layer's own heads
+        if not 0 <= head < n_heads:
+            raise InputError(f"head {head} out of range: layer {layer} has heads 0..{n_heads - 1}")
         return t[head]
 
     # ---------------------------------------------------------------- shapes
@@ -392,8 +396,9 @@ class AttentionByDistance(Result):
         """One row per layer (× head with ``heads``) × curve (each band, "logit", "prob"): the shape,
         its sentence, and for a U-shaped full logit the band that causes the rise."""
         rows = []
-        for layer in self.layers:
-            for head in (range(self.sums["band_sum"].shape[1]) if heads else [None]):
+        n_heads = self.present().sum(1).tolist()
+        for li, layer in enumerate(self.layers):
+            for head in (range(n_heads[li]) if heads else [None]):
                 for curve in (*self.band_names, "logit", "prob"):
                     v = self.curve(layer, curve, head)
                     if int(torch.isfinite(v).sum()) < 3:
@@ -452,7 +457,8 @@ class AttentionByDistance(Result):
 
     # ---------------------------------------------------------------- tables and persistence
     def to_frame(self) -> pd.DataFrame:
-        """Tidy: one row per (layer, head, curve, bin); curve is a band name, "logit" or "prob"."""
+        """Tidy: one row per (layer, head, curve, bin) of the layer's own heads; curve is a band name, "logit" or
+        "prob"."""
         L, H, B, nb = self.sums["band_sum"].shape
         e = self.edges
         frames = []
@@ -461,12 +467,13 @@ class AttentionByDistance(Result):
         curves["prob"] = self.prob()
         layer, head, bin_ = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(nb), indexing="ij")
         count = self.sums["count"][:, None, :].expand(L, H, nb)
+        have = self.present()[..., None].expand(L, H, nb).reshape(-1).numpy()
         for name, mean in curves.items():
             frames.append(pd.DataFrame({
                 "layer": layer.ravel(), "head": head.ravel(), "curve": name, "bin": bin_.ravel(),
                 "d_lo": e[:-1][bin_.ravel()].numpy(), "d_hi": (e[1:] - 1)[bin_.ravel()].numpy(),
                 "centre": self.centres[bin_.ravel()].numpy(), "count": count.reshape(-1).numpy(),
-                "mean": mean.reshape(-1).numpy()}))
+                "mean": mean.reshape(-1).numpy()})[have])
         return pd.concat(frames, ignore_index=True)
 
     def to_dict(self) -> dict[str, Any]:

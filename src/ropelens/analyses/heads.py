@@ -18,6 +18,8 @@ position_share 1, one whose logit is content noise around a constant has 0.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -61,18 +63,18 @@ class HeadScoresReducer(DeviceSums):
     def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, max_offset: int) -> None:
         if not isinstance(max_offset, int) or max_offset < 1:
             raise InputError(f"max_offset must be an int ≥ 1 (1 = previous token), got {max_offset!r}")
-        self.layers, self.max_offset = list(layers), max_offset
-        spec.require_one_width(self.layers, "positional-head scoring")
+        self.spec, self.layers, self.max_offset = spec, list(layers), max_offset
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
         rbs = [bands.resolve(spec.layers[L]) for L in self.layers]
         self.band_names = rbs[0].names
         if any(rb.names != self.band_names for rb in rbs):
             raise InputError(f"bands {bands.describe()} resolve to different band names across layers")
         self.member = {L: rb.dim_membership() for L, rb in zip(self.layers, rbs, strict=True)}  # dims → bands
-        n_l, n_h, n_b, n_d = len(self.layers), spec.layers[self.layers[0]].n_heads, rbs[0].n_bands, max_offset + 1
-        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
-        self.sums = {"mass": z(n_l, n_h, n_d), "n_offset": z(n_l, n_d), "sink": z(n_l, n_h), "n_sink": z(n_l),
-                     "band_sum": z(n_l, n_h, n_b, n_d), "band_sq": z(n_l, n_h, n_b, n_d)}
+        n_b, n_d = rbs[0].n_bands, max_offset + 1
+        # layers of different widths padded to the most heads: NaN past a layer's own (RopeSpec.padded_zeros)
+        z = functools.partial(spec.padded_zeros, self.layers)
+        self.sums = {"mass": z("head", n_d), "n_offset": z(n_d), "sink": z("head"), "n_sink": z(),
+                     "band_sum": z("head", n_b, n_d), "band_sq": z("head", n_b, n_d)}
         self._member: dict[tuple[int, torch.device], Tensor] = {}
 
     def _members(self, layer: int, device: torch.device) -> Tensor:
@@ -126,26 +128,26 @@ class HeadScoresReducer(DeviceSums):
         s = self._on(dev)
         here, sdt, dt = s["mass"].device, s["mass"].dtype, sum_dtype(dev)
         member = self._members(acts.layer, dev)
-        n = q.shape[1]
+        n, H = q.shape[1], q.shape[2]  # a layer narrower than the widest adds into its leading heads
         sink, diag = self._attention(q, acts["k_post"].float(), valid, rope)
         k = expand_kv(acts["k_post"].float(), rope)
         w0 = (valid[:, 1:] & valid[:, :1]).float()  # queries ≥ 1 that are real
-        s["sink"][i] += (sink * w0[:, None]).to(dt).sum((0, 2)).to(here, sdt)
+        s["sink"][i, :H] += (sink * w0[:, None]).to(dt).sum((0, 2)).to(here, sdt)
         s["n_sink"][i] += w0.sum().to(here, sdt)
         for d in self._offsets(rope, n):
             # keys at position 0 are excluded: mass there is the sink, not an offset
             w = (valid[:, d + 1 :] & valid[:, 1 : n - d]).float()  # [b, n-1-d]: (q=i+d, k=i), i ≥ 1
-            s["mass"][i, :, d] += (diag[d][..., d:] * w[:, None]).to(dt).sum((0, 2)).to(here, sdt)
+            s["mass"][i, :H, d] += (diag[d][..., d:] * w[:, None]).to(dt).sum((0, 2)).to(here, sdt)
             s["n_offset"][i, d] += w.sum().to(here, sdt)
             # float64 sums: content variance is E[x²] − E[x]², which cancels for positional bands
             x = ((q[:, d + 1 :] * k[:, 1 : n - d]) @ member).to(dt)  # [b, n-1-d, h, B]
             wd = w.to(dt)[..., None, None]
-            s["band_sum"][i, :, :, d] += (x * wd).sum((0, 1)).to(here, sdt)
-            s["band_sq"][i, :, :, d] += (x * x * wd).sum((0, 1)).to(here, sdt)
+            s["band_sum"][i, :H, :, d] += (x * wd).sum((0, 1)).to(here, sdt)
+            s["band_sq"][i, :H, :, d] += (x * x * wd).sum((0, 1)).to(here, sdt)
 
     def scores(self, prefix: str) -> dict[str, Tensor]:
         """Mean offset mass, sink mass, band position share and content variance, keys prefixed (on the
-        CPU, float64)."""
+        CPU, float64; NaN past a layer's own heads)."""
         s = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
         cnt = s["n_offset"][:, None, :].clamp_min(1)
         mean = s["band_sum"] / cnt[:, :, None]
@@ -180,7 +182,12 @@ def otsu_threshold(values: Float[Tensor, " n"]) -> float:
 # ============================================================================ result
 @dataclass(frozen=True)
 class HeadTaxonomy(Result):
-    """Per-head positional scores (text and random tokens), τ, and band profiles."""
+    """Per-head positional scores (text and random tokens), τ, and band profiles.
+
+    Layers of different widths (Gemma 4) share one ``[layer, head, ...]`` array per score, padded to the
+    most heads: every score of a head a layer lacks is NaN (:meth:`present`), and the classification, the
+    tables and τ's threshold leave those heads out.
+    """
 
     layers: tuple[int, ...]
     band_names: tuple[str, ...]
@@ -199,13 +206,17 @@ class HeadTaxonomy(Result):
         if not 0.0 <= self.tau <= 1.0:
             raise InputError(f"tau is an attention mass in [0, 1], got {self.tau}")
 
+    def present(self) -> Bool[Tensor, "layer head"]:
+        """The heads each layer has (all True when the measured layers share one width)."""
+        return ~self.scores["sink_text"].isnan()
+
     @property
     def max_offset(self) -> int:
         return self.scores["mass_text"].shape[-1] - 1
 
     def best_offset(self) -> Int[Tensor, "layer head"]:
-        """Offset with the most mass on real text."""
-        return self.scores["mass_text"].argmax(-1)
+        """Offset with the most mass on real text (0 for heads a layer lacks)."""
+        return self.scores["mass_text"].nan_to_num(nan=-math.inf).argmax(-1)
 
     def offset_mass(self) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
         """Mass at the text-best offset on text and on random tokens."""
@@ -213,23 +224,27 @@ class HeadTaxonomy(Result):
         return self.scores["mass_text"].gather(-1, best)[..., 0], self.scores["mass_random"].gather(-1, best)[..., 0]
 
     def robust_mass(self) -> Float[Tensor, "layer head"]:
-        """min(text, random) mass at the text-best offset; 0 where random tokens prefer another offset."""
+        """min(text, random) mass at the text-best offset; 0 where random tokens prefer another offset (NaN for
+        heads a layer lacks)."""
         text, rand = self.offset_mass()
-        agree = self.best_offset() == self.scores["mass_random"].argmax(-1)
-        return torch.where(agree, torch.minimum(text, rand), torch.zeros_like(text))
+        agree = self.best_offset() == self.scores["mass_random"].nan_to_num(nan=-math.inf).argmax(-1)
+        robust = torch.where(agree, torch.minimum(text, rand), torch.zeros_like(text))
+        return robust.masked_fill(~self.present(), math.nan)
 
     def positional(self) -> Bool[Tensor, "layer head"]:
         return self.robust_mass() >= self.tau
 
     def kinds(self) -> list[list[str]]:
-        """diagonal / previous-token / offset-δ / sink / content for each (layer, head)."""
+        """diagonal / previous-token / offset-δ / sink / content for each (layer, head), each layer's row
+        as long as its own heads."""
         pos, best, (text, _) = self.positional(), self.best_offset(), self.offset_mass()
         sink = self.scores["sink_text"]
         names = {0: "diagonal", 1: "previous-token"}
+        n_heads = self.present().sum(1).tolist()
         out = []
         for li in range(len(self.layers)):
             row = []
-            for h in range(pos.shape[1]):
+            for h in range(n_heads[li]):
                 if pos[li, h]:
                     row.append(names.get(int(best[li, h]), f"offset-{int(best[li, h])}"))
                 elif sink[li, h] >= self.tau and sink[li, h] >= text[li, h]:
@@ -244,13 +259,14 @@ class HeadTaxonomy(Result):
         return replace(self, tau=float(tau))
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per (layer, head): offset masses, flag, kind, band profiles, top-plane tightness."""
+        """One row per (layer, head) of the layer's own heads: offset masses, flag, kind, band profiles,
+        top-plane tightness."""
         s, (text, rand) = self.scores, self.offset_mass()
         n_l, n_h = text.shape
-        kinds = self.kinds()
+        have = self.present().flatten().numpy()
         cols: dict[str, Any] = {
             "layer": [L for L in self.layers for _ in range(n_h)], "head": list(range(n_h)) * n_l,
-            "kind": [k for row in kinds for k in row], "positional": self.positional().flatten().tolist(),
+            "positional": self.positional().flatten().tolist(),
             "best_offset": self.best_offset().flatten().tolist(), "mass_text": text.flatten().tolist(),
             "mass_random": rand.flatten().tolist(), "robust_mass": self.robust_mass().flatten().tolist(),
             "sink_text": s["sink_text"].flatten().tolist(), "sink_random": s["sink_random"].flatten().tolist(),
@@ -263,7 +279,9 @@ class HeadTaxonomy(Result):
         for key in ("margin_share", "var_share", "position_share_text", "position_share_random", "content_var_text"):
             for b, name in enumerate(self.band_names):
                 cols[f"{key}[{name}]"] = s[key][..., b].flatten().tolist()
-        return pd.DataFrame(cols)
+        df = pd.DataFrame(cols)[have].reset_index(drop=True)
+        df.insert(2, "kind", [k for row in self.kinds() for k in row])
+        return df
 
     def to_dict(self) -> dict[str, Any]:
         return {"layers": list(self.layers), "band_names": list(self.band_names),
@@ -294,8 +312,10 @@ class HeadTaxonomy(Result):
             fig.add_trace(tr, row=1, col=1)
         fig.add_vline(x=self.tau, line_dash="dot", row=1, col=1)
         fig.add_hline(y=self.tau, line_dash="dot", row=1, col=1)
-        z = self.scores["margin_share"].flatten(0, 1)
+        have = self.present().flatten()
+        z = self.scores["margin_share"].flatten(0, 1)[have]
         ylab = [f"{L}.{h}" for L in self.layers for h in range(self.scores["margin_share"].shape[1])]
+        ylab = [y for y, h in zip(ylab, have.tolist(), strict=True) if h]
         fig.add_trace(go.Heatmap(z=z.numpy(), x=list(self.band_names), y=ylab, colorscale="RdBu", zmid=0,
                                  colorbar={"title": "margin share"}), row=1, col=2)
         fig.update_yaxes(autorange="reversed", row=1, col=2)
@@ -332,9 +352,11 @@ def _band_profile(band: BandStatsReducer, prov: Provenance) -> dict[str, Tensor]
     rb = [band.resolved[L] for L in band.layers]
     per_band = lambda x: torch.stack([torch.stack([x[i][:, list(p)].sum(-1) for p in r.planes], -1)  # noqa: E731
                                       for i, r in enumerate(rb)])
-    top = term.argmax(-1)
+    top = term.nan_to_num(nan=-math.inf).argmax(-1)  # over the layer's own planes (the rest are NaN)
+    missing = ~st.present()
     return {"margin_share": st.margin_share().double(), "var_share": st.var_share().double(),
-            "cs_term": per_band(term / n), "cs_bound": per_band(bound / n), "top_plane": top.double(),
+            "cs_term": per_band(term / n), "cs_bound": per_band(bound / n),
+            "top_plane": top.double().masked_fill(missing, math.nan),
             "top_plane_tightness": st.tightness().double().gather(-1, top[..., None])[..., 0]}
 
 
@@ -399,7 +421,7 @@ def classify_heads(
     scores = {**heads_text.scores("text"), **heads_rand.scores("random"), **_band_profile(band, prov)}
     tx = HeadTaxonomy(tuple(chosen), tuple(heads_text.band_names), scores, 0.0, prov)
     if tau is None:
-        robust = tx.robust_mass()
+        robust = tx.robust_mass()[tx.present()]  # heads a layer lacks (layers of other widths) take no part
         otsu = otsu_threshold(robust) if robust.unique().numel() > 1 else None
         prov.config["otsu"] = otsu  # reported even when the floor wins
         tau = TAU_FLOOR if otsu is None else max(TAU_FLOOR, otsu)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
@@ -41,7 +42,7 @@ from ropelens.measure import RunOptions, corpus_analysis, measure
 from ropelens.plan import ReplaceStep
 from ropelens.provenance import Provenance
 from ropelens.result import Result
-from ropelens.rope import RopeSpec
+from ropelens.rope import RopeSpec, layer_ranges
 from ropelens.sdpa import planned
 from ropelens.validate import check_number
 
@@ -62,18 +63,13 @@ def _check_factor(factor: Any) -> float:
                         hint=" (a dimension is massive when its norm exceeds factor × its head's mean; 5 is usual)")
 
 
-def _common_shape(spec: RopeSpec, layers: Sequence[int]) -> tuple[int, int, int]:
-    """(head_dim, n_heads, n_kv_heads) shared by ``layers``, or an InputError naming the mismatch."""
-    first = spec.layers[layers[0]]
-    shape = (first.head_dim, first.n_heads, first.n_kv_heads)
-    for L in layers:
-        lr = spec.layers[L]
-        if (lr.head_dim, lr.n_heads, lr.n_kv_heads, lr.rotary_dim, lr.pairing) != (*shape, first.rotary_dim, first.pairing):
-            raise InputError(
-                f"layer {L} has a different head layout from layer {layers[0]} (head dim, heads, rotary "
-                "dims or pairing): measure those layers separately with layers=[...]"
-            )
-    return shape
+_HEADS = {"q": "head", "k": "kv_head"}  # the width axis of each one's heads
+
+
+def _zero_moments(spec: RopeSpec, layers: Sequence[int], which: str) -> Moments:
+    """``[layer, head, dim]`` moments (KV heads for keys), padded to the widest layer: NaN past a layer's own."""
+    z = lambda: spec.padded_zeros(layers, _HEADS[which], "dim")  # noqa: E731
+    return Moments(z(), z(), z())
 
 
 def _dim_planes(spec: RopeSpec, layer: int) -> Int[Tensor, " d_head"]:
@@ -97,11 +93,9 @@ class MassiveReducer:
         self.spec, self.layers = spec, list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
-        spec.require_one_width(self.layers, "massive-value statistics")
-        d, h, kv = _common_shape(spec, self.layers)
         self.needs = frozenset({"q_pre", "k_pre"})
         self.pos = {L: i for i, L in enumerate(self.layers)}
-        self.moments = {"q": Moments.zeros((len(self.layers), h, d)), "k": Moments.zeros((len(self.layers), kv, d))}
+        self.moments = {w: _zero_moments(spec, self.layers, w) for w in _WHICH}
         self._placed = False
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -119,9 +113,10 @@ class MassiveReducer:
             x = acts[f"{w}_pre"].to(dt)  # [b, pos, head, d]
             valid = acts.valid.to(dt)[:, :, None, None]  # [b, pos, 1, 1]
             xv = x * valid
-            mom.count[i] += valid.sum().to(here)
-            mom.total[i] += xv.sum((0, 1)).to(here)
-            mom.total_sq[i] += (xv * x).sum((0, 1)).to(here)
+            at = (i, slice(0, x.shape[2]), slice(0, x.shape[3]))  # a narrower layer fills its leading heads and dims
+            mom.count[at] += valid.sum().to(here)
+            mom.total[at] += xv.sum((0, 1)).to(here)
+            mom.total_sq[at] += (xv * x).sum((0, 1)).to(here)
 
     def result(self, provenance: Provenance, factor: float = 5.0) -> MassiveValues:
         """The streamed sums as :class:`MassiveValues` thresholded at ``factor``."""
@@ -137,6 +132,10 @@ class MassiveValues(Result):
     ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer, head, dim]`` (keys: KV heads) the
     token count, the sum and the sum of squares over the corpus. A dimension is massive when its
     L2 norm over tokens exceeds ``factor`` × the mean of its head's dimension norms.
+
+    Layers of different widths (Gemma 4's wider global heads) share one array padded to the most heads and
+    dimensions: every number past a layer's own reads NaN (:meth:`present`), is never massive, and tables
+    leave it out; each layer's dimensions map to its own planes.
     """
 
     layers: tuple[int, ...]
@@ -154,8 +153,7 @@ class MassiveValues(Result):
     def __post_init__(self) -> None:
         if not self.layers:
             raise InputError("MassiveValues needs at least one layer")
-        d, h, kv = _common_shape(self.spec, self.layers)
-        want = {"q": (len(self.layers), h, d), "k": (len(self.layers), kv, d)}
+        want = {w: tuple(self.spec.present(self.layers, _HEADS[w], "dim").shape) for w in _WHICH}
         if set(self.moments) != set(_WHICH):
             raise InputError(f"moments must hold 'q' and 'k', got {sorted(self.moments)}")
         for w, mom in self.moments.items():
@@ -164,6 +162,10 @@ class MassiveValues(Result):
         object.__setattr__(self, "factor", _check_factor(self.factor))
 
     # ---------------------------------------------------------------- numbers
+    def present(self, which: Which = "q") -> Bool[Tensor, "layer head d_head"]:
+        """The (head, dim) entries each layer has (all True when the measured layers share one width)."""
+        return ~self.moments[_check_which(which)].count.isnan()
+
     @property
     def n_tokens(self) -> int:
         """Tokens the statistics are over (per layer; the same in every layer of one run)."""
@@ -185,7 +187,7 @@ class MassiveValues(Result):
     def ratio(self, which: Which = "q") -> Float[Tensor, "layer head d_head"]:
         """Each dimension's norm over the mean dimension norm of its head (massive where > factor)."""
         n = self.norm(which)
-        return n / n.mean(-1, keepdim=True).clamp_min(1e-300)
+        return n / n.nanmean(-1, keepdim=True).clamp_min(1e-300)  # the head's own dimensions
 
     def mask(self, which: Which = "q") -> Bool[Tensor, "layer head d_head"]:
         """Massive dimensions: norm > factor × the head's mean dimension norm."""
@@ -195,21 +197,36 @@ class MassiveValues(Result):
         """The same statistics thresholded at another ``factor`` (nothing is re-run)."""
         return replace(self, factor=_check_factor(factor))
 
-    def dim_planes(self) -> Int[Tensor, " d_head"]:
-        """Plane of each head dimension (0 = highest frequency; −1 for unrotated dimensions)."""
-        return _dim_planes(self.spec, self.layers[0])
+    def dim_planes(self, layer: int | None = None) -> Int[Tensor, " d_head"]:
+        """Plane of each head dimension of ``layer`` (default: the first measured; 0 = highest frequency; −1 for
+        unrotated dimensions)."""
+        return _dim_planes(self.spec, self.layers[0] if layer is None else layer)
+
+    def _dim_plane_table(self) -> Int[Tensor, "layer d_head"]:
+        """Each measured layer's :meth:`dim_planes`, padded with −1 to the widest head."""
+        out = torch.full(tuple(self.spec.present(self.layers, "dim").shape), -1, dtype=torch.long)
+        for i, L in enumerate(self.layers):
+            planes = _dim_planes(self.spec, L)
+            out[i, : planes.numel()] = planes
+        return out
 
     def plane_mask(self, which: Which = "q") -> Bool[Tensor, "layer head plane"]:
-        """Planes holding at least one massive dimension."""
+        """Planes holding at least one massive dimension (each layer's own planes; False past them)."""
         m = self.mask(which)
-        dims = self.spec.layers[self.layers[0]].plane_dims  # [P, 2]
-        return m[..., dims[:, 0]] | m[..., dims[:, 1]]
+        out = torch.zeros(*m.shape[:2], self.spec.present(self.layers, "plane").shape[1], dtype=torch.bool)
+        for i, L in enumerate(self.layers):
+            dims = self.spec.layers[L].plane_dims  # [P, 2]
+            out[i, :, : dims.shape[0]] = m[i][..., dims[:, 0]] | m[i][..., dims[:, 1]]
+        return out
 
     def persistence(self, which: Which = "q", per_head: bool = False) -> Tensor:
         """Fraction of the measured layers in which each plane is massive: ``[plane]`` (in any head
-        of the layer) or, with ``per_head``, ``[head, plane]`` (in that head index)."""
+        of the layer) or, with ``per_head``, ``[head, plane]`` (in that head index); over the layers that
+        have the plane (and head), where layers of different widths are measured together."""
         pm = self.plane_mask(which).double()  # [L, H, P]
-        return pm.mean(0) if per_head else pm.amax(1).mean(0)
+        if per_head:
+            return pm.sum(0) / self.spec.present(self.layers, _HEADS[which], "plane").double().sum(0).clamp_min(1)
+        return pm.amax(1).sum(0) / self.spec.present(self.layers, "plane").double().sum(0).clamp_min(1)
 
     def control_mask(self, which: Which = "q", seed: int = 0) -> Bool[Tensor, "layer head d_head"]:
         """As many dimensions per layer and head as :meth:`mask` has, drawn at random among the
@@ -217,37 +234,39 @@ class MassiveValues(Result):
         m = self.mask(which)
         out = torch.zeros_like(m)
         rng = np.random.default_rng([int(seed), _WHICH.index(_check_which(which))])
+        have = self.present(which)
         for i in range(m.shape[0]):
             for h in range(m.shape[1]):
                 n = int(m[i, h].sum())
                 if n:
-                    pool = torch.nonzero(~m[i, h]).flatten().numpy()
+                    pool = torch.nonzero(~m[i, h] & have[i, h]).flatten().numpy()  # the layer's own dimensions
                     out[i, h, torch.from_numpy(rng.choice(pool, size=min(n, len(pool)), replace=False))] = True
         return out
 
     # ---------------------------------------------------------------- tables
     def to_frame(self) -> pd.DataFrame:
-        """Tidy table: one row per (which, layer, head, dim) with its plane, the plane's frequency and
-        wavelength, the dimension's norm, rms, mean, ratio to the head's mean norm, and massive."""
+        """Tidy table: one row per (which, layer, head, dim) of the layer's own heads and dimensions, with its
+        plane, the plane's frequency and wavelength, the dimension's norm, rms, mean, ratio to the head's mean
+        norm, and massive."""
         frames = []
-        planes = self.dim_planes()
+        planes = self._dim_plane_table()  # [L, D]
         for w in _WHICH:
             L, H, D = self.moments[w].total.shape
             layer, head, dim = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(D), indexing="ij")
             freq = torch.full((L, D), float("nan"), dtype=torch.float64)
             for i, lay in enumerate(self.layers):
                 inv = self.spec.layers[lay].inv_freq.double()
-                rot = planes >= 0
-                freq[i, rot] = inv[planes[rot]]
+                rot = planes[i] >= 0
+                freq[i, rot] = inv[planes[i][rot]]
             freq = freq[:, None, :].expand(L, H, D)
             frames.append(pd.DataFrame({
                 "which": w, "layer": layer.ravel(), "head": head.ravel(), "dim": dim.ravel(),
-                "plane": planes[None, None, :].expand(L, H, D).flatten().numpy(),
+                "plane": planes[:, None, :].expand(L, H, D).flatten().numpy(),
                 "inv_freq": freq.flatten().numpy(), "wavelength": (2 * np.pi / freq).flatten().numpy(),
                 "norm": self.norm(w).flatten().numpy(), "rms": self.rms(w).flatten().numpy(),
                 "mean": self.mean(w).flatten().numpy(), "ratio": self.ratio(w).flatten().numpy(),
                 "massive": self.mask(w).flatten().numpy(),
-            }))
+            })[self.present(w).flatten().numpy()])
         return pd.concat(frames, ignore_index=True)
 
     def massive_frame(self) -> pd.DataFrame:
@@ -257,18 +276,30 @@ class MassiveValues(Result):
 
     def planes_frame(self) -> pd.DataFrame:
         """One row per (which, plane): wavelength (first measured layer), how many (layer, head) pairs
-        hold a massive dimension there, and the plane's persistence across layers."""
+        hold a massive dimension there, and the plane's persistence across layers. Layers of different
+        widths (Gemma 4) get rows per width group, each over that group's layers (``layers``)."""
         rows = []
-        lr = self.spec.layers[self.layers[0]]
-        wl = lr.wavelength.tolist()
-        for w in _WHICH:
-            pm = self.plane_mask(w)
-            pers, pers_head = self.persistence(w), self.persistence(w, per_head=True)
-            for p in range(lr.n_planes):
-                rows.append({"which": w, "plane": p, "inv_freq": float(lr.inv_freq[p]), "wavelength": wl[p],
-                             "n_massive": int(pm[..., p].sum()), "persistence": float(pers[p]),
-                             "max_head_persistence": float(pers_head[:, p].max())})
+        for group in self.spec.width_groups(self.layers).values():
+            sub = self._subset(group)
+            lr = self.spec.layers[group[0]]
+            wl = lr.wavelength.tolist()
+            for w in _WHICH:
+                pm = sub.plane_mask(w)
+                pers, pers_head = sub.persistence(w), sub.persistence(w, per_head=True)
+                for p in range(lr.n_planes):
+                    rows.append({"which": w, "layers": layer_ranges(group), "plane": p, "inv_freq": float(lr.inv_freq[p]),
+                                 "wavelength": wl[p], "n_massive": int(pm[..., p].sum()), "persistence": float(pers[p]),
+                                 "max_head_persistence": float(pers_head[:, p].max())})
         return pd.DataFrame(rows)
+
+    def _subset(self, layers: Sequence[int]) -> MassiveValues:
+        """The statistics of some of the measured layers (those of one width: the padding dropped)."""
+        idx = [self.layers.index(L) for L in layers]
+        moments = {}
+        for w, m in self.moments.items():
+            h, d = self.spec.present(list(layers), _HEADS[w], "dim").shape[1:]
+            moments[w] = Moments(*(t[idx][:, :h, :d] for t in (m.count, m.total, m.total_sq)))
+        return replace(self, layers=tuple(layers), moments=moments)
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
@@ -287,18 +318,23 @@ class MassiveValues(Result):
     # ---------------------------------------------------------------- figures
     def figure(self) -> go.Figure:
         """Layer × plane heatmaps of q and k: the largest norm ratio over the plane's dims and the
-        heads (log colour scale); massive planes are marked with a cross."""
-        P = self.spec.layers[self.layers[0]].n_planes
-        dims = self.spec.layers[self.layers[0]].plane_dims
-        wl = self.spec.layers[self.layers[0]].wavelength.tolist()
+        heads (log colour scale); massive planes are marked with a cross. Each layer's own planes (empty past them)."""
+        P = int(self.spec.present(self.layers, "plane").shape[1])
+        wl = torch.full((len(self.layers), P), float("nan"), dtype=torch.float64)
+        for i, L in enumerate(self.layers):
+            wl[i, : self.spec.layers[L].n_planes] = self.spec.layers[L].wavelength.double()
         fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
                             subplot_titles=["queries: layer × plane", "keys: layer × plane"])
         for col, w in ((1, "q"), (2, "k")):
             r = self.ratio(w)
-            z = torch.maximum(r[..., dims[:, 0]], r[..., dims[:, 1]]).amax(1)  # [L, P]
+            z = torch.full((len(self.layers), P), float("nan"), dtype=torch.float64)
+            for i, L in enumerate(self.layers):
+                dims = self.spec.layers[L].plane_dims
+                z[i, : dims.shape[0]] = torch.maximum(r[i][..., dims[:, 0]], r[i][..., dims[:, 1]]).nan_to_num(
+                    nan=-math.inf).amax(0)
             fig.add_trace(go.Heatmap(
                 z=z.clamp_min(1e-6).log10().numpy(), x=list(range(P)), y=list(self.layers), coloraxis="coloraxis",
-                customdata=np.stack([z.numpy(), np.broadcast_to(np.array(wl), z.shape)], axis=-1),
+                customdata=np.stack([z.numpy(), wl.numpy()], axis=-1),
                 hovertemplate="layer %{y} plane %{x} (λ=%{customdata[1]:.1f} tokens)<br>"
                               f"max norm ratio %{{customdata[0]:.2f}}<extra>{w}</extra>"), row=1, col=col)
             li, pi = torch.nonzero(self.plane_mask(w).any(1), as_tuple=True)
@@ -411,13 +447,15 @@ def replace_massive(
     try:
         for L in chosen:
             i, names = mv.layers.index(L), (None if engine else attn_hooks(model, L))
+            lr = mv.spec.layers[L]
             used[L] = {}
             for w in parts:
-                mask = masks[w][i]
+                own = (slice(0, lr.n_heads if w == "q" else lr.n_kv_heads), slice(0, lr.head_dim))  # padding dropped
+                mask = masks[w][i][own]
                 used[L][w] = mask.clone()
                 if not bool(mask.any()):
                     continue
-                value = mv.mean(w)[i].float()
+                value = mv.mean(w)[i][own].float()
                 step.setdefault(L, {})[w] = (mask.clone(), value)
                 if names is None:
                     continue

@@ -25,6 +25,7 @@ window where that is shorter than the context (as in :func:`ropelens.analyses.ex
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,15 +71,16 @@ def partial_cycle_planes(spec: RopeSpec, layers: Sequence[int] | None = None, *,
     """``[layer, plane]``: True where θ_i·L_train < 2π (the plane never completes a turn in training).
 
     L_train is ``train_ctx`` (default the spec's context length), capped at a sliding window.
-    Unrotated planes (θ = 0) count as partial: they never turn at all.
+    Unrotated planes (θ = 0) count as partial: they never turn at all. Layers of different widths
+    (Gemma 4) are padded to the most planes with False.
     """
     chosen = spec.layer_indices(layers)
     t = _train_ctx(spec, train_ctx)
-    P = {spec.layers[L].n_planes for L in chosen}
-    if len(P) != 1:
-        raise InputError(f"selected layers have different plane counts {sorted(P)}; select layers of one kind")
-    rows = [spec.layers[L].inv_freq.double() * layer_train_ctx(spec.layers[L], t) < 2 * math.pi for L in chosen]
-    return torch.stack(rows)
+    out = torch.zeros(spec.present(chosen, "plane").shape, dtype=torch.bool)
+    for i, L in enumerate(chosen):
+        row = spec.layers[L].inv_freq.double() * layer_train_ctx(spec.layers[L], t) < 2 * math.pi
+        out[i, : row.numel()] = row
+    return out
 
 
 def _median_of_others(x: Float[Tensor, "... plane"]) -> Float[Tensor, "... plane"]:
@@ -89,7 +91,7 @@ def _median_of_others(x: Float[Tensor, "... plane"]) -> Float[Tensor, "... plane
     out = torch.empty_like(x)
     for i in range(P):
         others = torch.cat([x[..., :i], x[..., i + 1 :]], dim=-1)
-        out[..., i] = others.median(dim=-1).values
+        out[..., i] = others.nanmedian(dim=-1).values  # NaN: planes a layer lacks (layers of other widths)
     return out
 
 
@@ -114,22 +116,18 @@ class OffsetReducer(DeviceSums):
         self.spec, self.layers, self.n_sink, self.pre, self.tile = spec, list(layers), n_sink, pre, tile
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
-        spec.require_one_width(self.layers, "q–k offset statistics")
-        lr = spec.layers[self.layers[0]]
-        shapes = {(spec.layers[L].n_heads, spec.layers[L].n_kv_heads, spec.layers[L].n_planes) for L in self.layers}
-        if len(shapes) != 1:
-            raise InputError(f"selected layers differ in heads or planes {sorted(shapes)}; select layers of one kind")
         self.needs = frozenset({"q_post", "k_post"} | ({"q_pre", "k_pre"} if pre else set()))
-        L, H, KV, P = len(self.layers), lr.n_heads, lr.n_kv_heads, lr.n_planes
         self.pos = {layer: i for i, layer in enumerate(self.layers)}
-        self.q, self.k = Moments.zeros((L, H, P)), Moments.zeros((L, KV, P))
-        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
-        self.sums: dict[str, Tensor] = {f"n/{sc}": z(L, H) for sc in SCOPES}
+        # layers of different widths padded to the widest: NaN past a layer's own heads and planes
+        z = functools.partial(spec.padded_zeros, self.layers)
+        self.q = Moments(z("head", "plane"), z("head", "plane"), z("head", "plane"))
+        self.k = Moments(z("kv_head", "plane"), z("kv_head", "plane"), z("kv_head", "plane"))
+        self.sums: dict[str, Tensor] = {f"n/{sc}": z("head") for sc in SCOPES}
         for sc in SCOPES:
-            self.sums[f"term/{sc}"] = z(L, H, P)
+            self.sums[f"term/{sc}"] = z("head", "plane")
             for src in SOURCES if pre else ("post",):
                 for stat in ("count", "cos", "sin"):
-                    self.sums[f"{src}/{sc}/{stat}"] = z(L, H, P)
+                    self.sums[f"{src}/{sc}/{stat}"] = z("head", "plane")
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every running sum by name, the q and k norm moments with them (the tensors themselves)."""
@@ -152,16 +150,18 @@ class OffsetReducer(DeviceSums):
         keep = (valid & (pos >= self.n_sink)[None]).float()  # [b, n] tokens that count
         # per-window sums in float32 (≤ n_ctx terms), accumulated across windows in float64
         win = lambda x: x.to(dt).sum(0).to(here)  # noqa: E731
+        P = rope.n_planes  # a layer narrower than the widest adds into its leading heads and planes
         for mom, x in ((self.q, q_post), (self.k, k_post)):
             norms = rope.plane_norms(x) / rope.attention_scaling  # cos/sin carry the scaling
-            mom.count[i] += keep.sum().to(here, dt)
-            mom.total[i] += win(torch.einsum("bnhp,bn->bhp", norms, keep))
-            mom.total_sq[i] += win(torch.einsum("bnhp,bn->bhp", norms * norms, keep))
+            at = (i, slice(0, x.shape[2]), slice(0, P))
+            mom.count[at] += keep.sum().to(here, dt)
+            mom.total[at] += win(torch.einsum("bnhp,bn->bhp", norms, keep))
+            mom.total_sq[at] += win(torch.einsum("bnhp,bn->bhp", norms * norms, keep))
         att = self.attended(rope, q_post, k_post, valid)  # [b, n, H]
         sink = att < self.n_sink
         w = torch.stack([sink, ~sink], -1).float() * keep[..., None, None]  # [b, n, H, scope]
         for j, sc in enumerate(SCOPES):
-            self.sums[f"n/{sc}"][i] += win(w[..., j].sum(1))
+            self.sums[f"n/{sc}"][i, :H] += win(w[..., j].sum(1))
         sources = {"post": (q_post, k_post)}
         if self.pre:
             sources["pre"] = (acts["q_pre"].float(), acts["k_pre"].float())
@@ -170,7 +170,7 @@ class OffsetReducer(DeviceSums):
             for stat, t in stats.items():
                 for j, sc in enumerate(SCOPES):
                     key = f"term/{sc}" if stat == "term" else f"{src}/{sc}/{stat}"
-                    self.sums[key][i] += win(t[:, j])
+                    self.sums[key][i, :H, :P] += win(t[:, j])
 
     @staticmethod
     def _angles(rope: LayerRope, q: Tensor, k: Tensor, att: Tensor, w: Tensor, term: bool = False) -> dict[str, Tensor]:
@@ -232,7 +232,9 @@ class RotaryOffsets(Result):
     holds, per scope ("sink": the attended key is one of the first ``n_sink`` positions, "content":
     any other), the number of queries ``n/<scope>`` ``[layer, head]``, the plane's summed logit at
     the attended key ``term/<scope>`` and, per source ("post", "pre" RoPE), the count and summed
-    cos and sin of the angle ``<source>/<scope>/<stat>`` ``[layer, head, plane]``.
+    cos and sin of the angle ``<source>/<scope>/<stat>`` ``[layer, head, plane]``. Layers of different
+    widths (Gemma 4) share these arrays padded to the most heads and planes: every number past a layer's
+    own reads NaN (:meth:`present`), and tables and medians leave it out.
     """
 
     layers: tuple[int, ...]
@@ -250,8 +252,8 @@ class RotaryOffsets(Result):
     MERGE_SUMS: ClassVar[tuple[str, ...]] = ("q", "k", "sums")
 
     def __post_init__(self) -> None:
-        lr = self.spec.layers[self.layers[0]]
-        L, H, KV, P = len(self.layers), lr.n_heads, lr.n_kv_heads, lr.n_planes
+        L, H, P = self.spec.present(self.layers, "head", "plane").shape
+        KV = self.spec.present(self.layers, "kv_head").shape[1]
         if tuple(self.q.total.shape) != (L, H, P) or tuple(self.k.total.shape) != (L, KV, P):
             raise InputError(f"q moments {tuple(self.q.total.shape)} and k moments {tuple(self.k.total.shape)} "
                              f"must be {(L, H, P)} and {(L, KV, P)}: [layer, head, plane]")
@@ -261,6 +263,10 @@ class RotaryOffsets(Result):
                 raise InputError(f"sums[{key!r}] has shape {tuple(t.shape)}, expected {want}")
 
     # ---------------------------------------------------------------- numbers
+    def present(self) -> Bool[Tensor, "layer head plane"]:
+        """The (head, plane) entries each layer has (all True when the measured layers share one width)."""
+        return ~self.q.count.isnan()
+
     @property
     def has_pre(self) -> bool:
         return "pre/sink/count" in self.sums
@@ -285,8 +291,13 @@ class RotaryOffsets(Result):
         return (m / _median_of_others(m).clamp_min(1e-30)).float()
 
     def by_head(self, x: Float[Tensor, "layer kv_head plane"]) -> Float[Tensor, "layer head plane"]:
-        """A KV-head statistic as seen by each query head (query head h reads KV head h // group)."""
-        return x.repeat_interleave(self.spec.layers[self.layers[0]].group_size, dim=1)
+        """A KV-head statistic as seen by each query head (query head h reads KV head h // group, the group of
+        its own layer; NaN for heads a layer lacks)."""
+        H = self.q.total.shape[1]
+        kv = torch.stack([(torch.arange(H) // self.spec.layers[L].group_size).clamp_max(x.shape[1] - 1)
+                          for L in self.layers])  # [L, H]
+        out = x.gather(1, kv[..., None].expand(-1, -1, x.shape[-1]))
+        return out.masked_fill(~self.present(), math.nan)
 
     def _scoped(self, key: str, scope: Scope) -> Tensor:
         if scope not in ("all", *SCOPES):
@@ -334,16 +345,19 @@ class RotaryOffsets(Result):
         return out.rename(index={True: "partial cycle", False: "full cycle"}).rename_axis("planes")
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy table: one row per (layer, head, plane); k columns are the head's KV head."""
-        lr = self.spec.layers[self.layers[0]]
-        L, H, P = len(self.layers), lr.n_heads, lr.n_planes
+        """Tidy table: one row per (layer, head, plane) of the layer's own heads and planes; k columns are the
+        head's KV head."""
+        L, H, P = self.q.total.shape
         layer, head, plane = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(P), indexing="ij")
         flat = lambda t: t.double().reshape(-1).numpy()  # noqa: E731
         per_lp = lambda t: flat(t[:, None, :].expand(L, H, P))  # noqa: E731
-        inv = torch.stack([self.spec.layers[i].inv_freq.double() for i in self.layers])
+        inv = torch.full((L, P), math.nan, dtype=torch.float64)
+        for j, i in enumerate(self.layers):
+            inv[j, : self.spec.layers[i].n_planes] = self.spec.layers[i].inv_freq.double()
+        group = np.repeat([self.spec.layers[i].group_size for i in self.layers], H * P)
         cols = {
             "layer": layer.ravel(), "kind": np.repeat([self.spec.layers[i].kind for i in self.layers], H * P),
-            "head": head.ravel(), "kv_head": head.ravel() // lr.group_size, "plane": plane.ravel(),
+            "head": head.ravel(), "kv_head": head.ravel() // group, "plane": plane.ravel(),
             "inv_freq": per_lp(inv), "wavelength": per_lp(2 * math.pi / inv),
             "train_ctx": np.repeat([layer_train_ctx(self.spec.layers[i], self.train_ctx) for i in self.layers], H * P),
             "partial_cycle": per_lp(self.partial_cycle).astype(bool),
@@ -358,7 +372,7 @@ class RotaryOffsets(Result):
         cols["mean_term"] = flat(self.mean_term())
         cols["sink_fraction"] = flat(self.sink_fraction()[..., None].expand(L, H, P))
         cols["n_queries"] = flat(self._scoped("n/{}", "all")[..., None].expand(L, H, P))
-        return pd.DataFrame(cols)
+        return pd.DataFrame(cols)[self.present().reshape(-1).numpy()].reset_index(drop=True)
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
@@ -429,8 +443,8 @@ def rotary_offsets(
 
     ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name or path, or a ready
     ``[n_windows, n_ctx]`` token tensor; windows start with BOS. ``train_ctx`` (default: the
-    model's context length) decides which planes are partial-cycle. ``layers`` must share one
-    head and plane layout (select one layer kind of a model that mixes them).
+    model's context length) decides which planes are partial-cycle. ``layers`` may differ in heads
+    and planes (Gemma 4): each layer's numbers are those it has measured alone.
     """
     from ropelens.reading import rope_spec
 

@@ -110,7 +110,6 @@ class PosSymReducer(DeviceSums):
         self.layers = list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
-        spec.require_one_width(self.layers, "positional/symbolic scoring")
         self.seed = int(check_number(seed, "seed", at_least=0, integer=True, hint=" (seeds the key permutation)"))
         self.min_keys = int(check_number(min_keys, "min_keys", at_least=2, integer=True,
                                          hint=" (queries seeing fewer keys are left out: a correlation needs two)"))
@@ -128,10 +127,10 @@ class PosSymReducer(DeviceSums):
                              f"--layers) or pass min_keys={max(2, min(narrow.values()))}")
         self.tile = tile
         self.pos = {L: i for i, L in enumerate(self.layers)}
-        H = spec.layers[self.layers[0]].n_heads
-        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
-        self.sums: dict[str, Tensor] = {"n_queries": z(len(self.layers)),
-                                        **{f"{w}_{m}": z(len(self.layers), H) for w in ("pos", "sym") for m in MEASURES}}
+        # layers of different widths padded to the most heads: NaN past a layer's own (RopeSpec.padded_zeros)
+        self.sums: dict[str, Tensor] = {"n_queries": spec.padded_zeros(self.layers),
+                                        **{f"{w}_{m}": spec.padded_zeros(self.layers, "head")
+                                           for w in ("pos", "sym") for m in MEASURES}}
         self._perms: dict[tuple[int, str], Tensor] = {}
 
     def _perm(self, n: int, device: torch.device) -> Tensor:
@@ -191,7 +190,7 @@ class PosSymReducer(DeviceSums):
             used_total += used.to(dt).sum()
             del sc, sp, ss, pp, p0, psg
         for name, v in acc.items():
-            s[name][i] += v.to(here, sdt)
+            s[name][i, :H] += v.to(here, sdt)  # a narrower layer fills its leading heads
         s["n_queries"][i] += used_total.to(here, sdt)
 
     def config(self) -> dict[str, Any]:
@@ -205,7 +204,11 @@ class PosSymReducer(DeviceSums):
 
 @dataclass(frozen=True)
 class PositionalSymbolic(Result):
-    """Per layer × head: positional and symbolic scores under a key-content permutation, and the calls."""
+    """Per layer × head: positional and symbolic scores under a key-content permutation, and the calls.
+
+    Layers of different widths (Gemma 4) share one ``[layer, head]`` array padded to the most heads: the
+    scores of a head a layer lacks are NaN (:meth:`present`), and calls, shares and tables leave it out.
+    """
 
     layers: tuple[int, ...]
     seed: int
@@ -225,6 +228,10 @@ class PositionalSymbolic(Result):
             raise InputError(f"margin is a difference of scores in [0, 1], got {self.margin}")
 
     # ---------------------------------------------------------------- numbers
+    def present(self) -> Bool[Tensor, "layer head"]:
+        """The heads each layer has (all True when the measured layers share one width)."""
+        return ~self.sums["pos_logit"].isnan()
+
     def scores(self, measure: Measure = "logit") -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
         """Mean positional score P and symbolic score S per head under ``measure`` ("logit" or "attention")."""
         if measure not in MEASURES:
@@ -247,10 +254,11 @@ class PositionalSymbolic(Result):
         return self.positionality(measure) <= -self.margin
 
     def calls(self, measure: Measure = "logit") -> list[list[str]]:
-        """positional / symbolic / mixed for each (layer, head)."""
+        """positional / symbolic / mixed for each (layer, head), each layer's row as long as its own heads."""
         pos, sym = self.positional(measure), self.symbolic(measure)
-        return [["positional" if p else "symbolic" if s_ else "mixed" for p, s_ in zip(pr, sr)]
-                for pr, sr in zip(pos.tolist(), sym.tolist())]
+        n_heads = self.present().sum(1).tolist()
+        return [["positional" if p else "symbolic" if s_ else "mixed" for p, s_ in zip(pr[:n], sr[:n])]
+                for pr, sr, n in zip(pos.tolist(), sym.tolist(), n_heads)]
 
     def fractions(self, measure: Measure = "logit") -> dict[str, float]:
         """Share of heads given each call under ``measure``."""
@@ -258,16 +266,18 @@ class PositionalSymbolic(Result):
         return {c: flat.count(c) / len(flat) for c in CALLS}
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per (layer, head): both measures' P, S, P − S and call, and the queries scored."""
+        """One row per (layer, head) of the layer's own heads: both measures' P, S, P − S and call, and the
+        queries scored."""
         L, H = self.sums["pos_logit"].shape
+        have = self.present().reshape(-1).numpy()
         layer, head = np.meshgrid(np.array(self.layers), np.arange(H), indexing="ij")
-        cols: dict[str, Any] = {"layer": layer.ravel(), "head": head.ravel()}
+        cols: dict[str, Any] = {"layer": layer.ravel()[have], "head": head.ravel()[have]}
         for m in MEASURES:
             p, s = self.scores(m)
-            cols[f"positional_{m}"], cols[f"symbolic_{m}"] = p.reshape(-1).numpy(), s.reshape(-1).numpy()
-            cols[f"p_minus_s_{m}"] = (p - s).reshape(-1).numpy()
+            cols[f"positional_{m}"], cols[f"symbolic_{m}"] = p.reshape(-1).numpy()[have], s.reshape(-1).numpy()[have]
+            cols[f"p_minus_s_{m}"] = (p - s).reshape(-1).numpy()[have]
             cols[f"call_{m}"] = [c for row in self.calls(m) for c in row]
-        cols["n_queries"] = self.sums["n_queries"][:, None].expand(L, H).reshape(-1).numpy()
+        cols["n_queries"] = self.sums["n_queries"][:, None].expand(L, H).reshape(-1).numpy()[have]
         return pd.DataFrame(cols)
 
     def findings(self) -> list[Finding]:
@@ -315,12 +325,14 @@ class PositionalSymbolic(Result):
             fig.update_yaxes(autorange="reversed", title_text="layer", row=1, col=col)
             fig.update_xaxes(title_text="head", row=1, col=col)
         p, s = self.scores("logit")
+        have = self.present().reshape(-1)
+        p, s = p.reshape(-1)[have], s.reshape(-1)[have]  # the layers' own heads
         calls = [c for row in self.calls("logit") for c in row]
-        names = [f"L{L}.H{h}" for L in self.layers for h in range(H)]
+        names = [f"L{L}.H{h}" for L, n in zip(self.layers, self.present().sum(1).tolist()) for h in range(n)]
         colours = {"positional": "#e45756", "mixed": "#bab0ac", "symbolic": "#4c78a8"}
         for c in CALLS:
             idx = [k for k, v in enumerate(calls) if v == c]
-            fig.add_trace(go.Scatter(x=s.reshape(-1)[idx].numpy(), y=p.reshape(-1)[idx].numpy(), mode="markers",
+            fig.add_trace(go.Scatter(x=s[idx].numpy(), y=p[idx].numpy(), mode="markers",
                                      name=c, marker={"color": colours[c], "size": 6}, text=[names[k] for k in idx],
                                      hovertemplate="%{text}<br>S %{x:.3f}, P %{y:.3f}<extra></extra>"), row=1, col=3)
         fig.update_xaxes(title_text="symbolic S", row=1, col=3)
@@ -410,7 +422,7 @@ def agreement(result: PositionalSymbolic, taxonomy: Any, measure: Measure = "log
     calls = [c for row in result.calls(measure) for c in row]
     if len(kinds) != len(calls):
         raise InputError(f"the results have different head counts ({len(calls)} vs {len(kinds)}): pass one model's")
-    tax_pos = taxonomy.positional().flatten().tolist()
+    tax_pos = taxonomy.positional()[taxonomy.present()].tolist()  # the layers' own heads, in order
     call_pos = [c == "positional" for c in calls]
     confusion = pd.crosstab(pd.Series(kinds, name="taxonomy"), pd.Series(calls, name="call")).reindex(
         columns=list(CALLS), fill_value=0)

@@ -11,6 +11,7 @@ ratio is the sink-key norm ratio :class:`ropelens.analyses.usage.FrequencyUsage`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -62,7 +63,6 @@ class SinkReducer(DeviceSums):
         self.spec, self.layers = spec, list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
-        spec.require_one_width(self.layers, "attention-sink statistics")
         self.bands = bands or Bands.default()
         self.epsilon = check_number(epsilon, "epsilon", above=0, at_most=1,
                                     hint=" (the attention share that makes a head sink; Gu et al. use 0.3)")
@@ -77,17 +77,14 @@ class SinkReducer(DeviceSums):
             raise InputError(f"bands {self.bands.describe()} resolve to different band names across layers: {names}; "
                              "pick layers of one kind (layers=...) or bands that name the same groups everywhere")
         self.names = next(iter(names))
-        shapes = {(spec.layers[L].n_heads, spec.layers[L].n_kv_heads, spec.layers[L].n_planes) for L in self.layers}
-        if len(shapes) != 1:
-            raise InputError(f"selected layers differ in heads or planes {sorted(shapes)}; analyse them separately")
-        H, KV, P = next(iter(shapes))
-        L, B = len(self.layers), len(self.names)
-        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
+        B = len(self.names)
+        # layers of different widths padded to the widest: NaN past a layer's own heads and planes
+        z = functools.partial(spec.padded_zeros, self.layers)
         self.sums: dict[str, Tensor] = {
-            "n_queries": z(L), "p0_sum": z(L, H), "p0_over": z(L, H), "sink_mass": z(L, H),
-            "x0_sum": z(L, H, B), "xo_sum": z(L, H, B),
-            "n_k0": z(L), "n_kother": z(L), "k0_band": z(L, KV, B), "kother_band": z(L, KV, B),
-            "k0_plane": z(L, KV, P), "kother_plane": z(L, KV, P),
+            "n_queries": z(), "p0_sum": z("head"), "p0_over": z("head"), "sink_mass": z("head"),
+            "x0_sum": z("head", B), "xo_sum": z("head", B),
+            "n_k0": z(), "n_kother": z(), "k0_band": z("kv_head", B), "kother_band": z("kv_head", B),
+            "k0_plane": z("kv_head", "plane"), "kother_plane": z("kv_head", "plane"),
         }
         self.pos = {L: i for i, L in enumerate(self.layers)}
         self._member: dict[tuple[int, str], Tensor] = {}
@@ -128,8 +125,9 @@ class SinkReducer(DeviceSums):
         xrow = torch.matmul(qg * ksum[:, :, :, None, :], member)
         xo = (xrow - x0) / (n_keys - 1).clamp_min(1)[:, :, None, None, None].float()
         w = uf[:, :, None, None, None]
-        s["x0_sum"][i] += (x0 * w).to(dt).sum((0, 1)).reshape(H, -1).to(here, sdt)
-        s["xo_sum"][i] += (xo * w).to(dt).sum((0, 1)).reshape(H, -1).to(here, sdt)
+        P = rope.n_planes  # a layer narrower than the widest adds into its leading heads and planes
+        s["x0_sum"][i, :H] += (x0 * w).to(dt).sum((0, 1)).reshape(H, -1).to(here, sdt)
+        s["xo_sum"][i, :H] += (xo * w).to(dt).sum((0, 1)).reshape(H, -1).to(here, sdt)
 
         # the model's attention to position 0, rebuilt in query tiles that hold whole rows
         kh = k.permute(0, 2, 3, 1)  # [b,KV,d,n]
@@ -149,9 +147,9 @@ class SinkReducer(DeviceSums):
             if rope.sinks is not None:
                 mass += ((1 - p.sum(-1)).clamp_min(0) * u).to(dt).sum((0, 2))
             del y, p
-        s["p0_sum"][i] += p0_sum.to(here, sdt)
-        s["p0_over"][i] += p0_over.to(here, sdt)
-        s["sink_mass"][i] += mass.to(here, sdt)
+        s["p0_sum"][i, :H] += p0_sum.to(here, sdt)
+        s["p0_over"][i, :H] += p0_over.to(here, sdt)
+        s["sink_mass"][i, :H] += mass.to(here, sdt)
 
         # key norms (pre-RoPE, as frequency usage measures them): position 0 against the rest
         kp = k_pre.float() * vf[:, :, None, None]
@@ -160,10 +158,10 @@ class SinkReducer(DeviceSums):
         v0 = vf[:, 0]
         s["n_k0"][i] += v0.sum().to(here, sdt)
         s["n_kother"][i] += vf[:, 1:].sum().to(here, sdt)
-        s["k0_band"][i] += (bandn[:, 0] * v0[:, None, None]).to(dt).sum(0).to(here, sdt)
-        s["kother_band"][i] += bandn[:, 1:].to(dt).sum((0, 1)).to(here, sdt)
-        s["k0_plane"][i] += (planes[:, 0] * v0[:, None, None]).to(dt).sum(0).to(here, sdt)
-        s["kother_plane"][i] += planes[:, 1:].to(dt).sum((0, 1)).to(here, sdt)
+        s["k0_band"][i, :KV] += (bandn[:, 0] * v0[:, None, None]).to(dt).sum(0).to(here, sdt)
+        s["kother_band"][i, :KV] += bandn[:, 1:].to(dt).sum((0, 1)).to(here, sdt)
+        s["k0_plane"][i, :KV, :P] += (planes[:, 0] * v0[:, None, None]).to(dt).sum(0).to(here, sdt)
+        s["kother_plane"][i, :KV, :P] += planes[:, 1:].to(dt).sum((0, 1)).to(here, sdt)
 
     def config(self) -> dict[str, Any]:
         return {"bands": self.bands.describe(), "layers": list(self.layers), "epsilon": self.epsilon,
@@ -178,7 +176,12 @@ class SinkReducer(DeviceSums):
 
 @dataclass(frozen=True)
 class AttentionSinks(Result):
-    """Attention to the first position per layer × head, its band decomposition and the sink key's norms."""
+    """Attention to the first position per layer × head, its band decomposition and the sink key's norms.
+
+    Layers of different widths (Gemma 4's wider global heads) share one array per sum, padded to the most
+    heads, KV heads and planes: every number past a layer's own reads NaN (:meth:`present`), tables leave
+    those rows out, and findings and per-layer means skip them.
+    """
 
     layers: tuple[int, ...]
     band_names: tuple[str, ...]
@@ -199,6 +202,10 @@ class AttentionSinks(Result):
                           " [layer, head, band]")
 
     # ---------------------------------------------------------------- numbers
+    def present(self) -> Bool[Tensor, "layer head"]:
+        """The heads each layer has (all True when the measured layers share one width)."""
+        return ~self.sums["p0_sum"].isnan()
+
     def _per_query(self, key: str) -> Tensor:
         n = self.sums["n_queries"]
         n = torch.where(n > 0, n, torch.nan)
@@ -222,8 +229,8 @@ class AttentionSinks(Result):
         return self.mean_attention() > self.epsilon
 
     def head_share(self) -> Float[Tensor, " layer"]:
-        """Per layer, the share of heads that sink on position 0."""
-        return self.sinking().double().mean(1)
+        """Per layer, the share of its heads that sink on position 0."""
+        return self.sinking().double().sum(1) / self.present().sum(1)
 
     def sink_logit(self) -> Float[Tensor, "layer head band"]:
         """Per band: mean band logit at key 0 minus the mean band logit over the query's other keys.
@@ -254,7 +261,7 @@ class AttentionSinks(Result):
         n0, no = self.sums["n_k0"], self.sums["n_kother"]
         sink = self.sums["k0_plane"] / torch.where(n0 > 0, n0, torch.nan)[:, None, None]
         other = self.sums["kother_plane"] / torch.where(no > 0, no, torch.nan)[:, None, None]
-        return sink.mean((1, 2)) / other.mean((1, 2))
+        return sink.nanmean((1, 2)) / other.nanmean((1, 2))  # the layer's own KV heads and planes
 
     def _li(self, layer: int) -> int:
         if layer not in self.layers:
@@ -263,12 +270,13 @@ class AttentionSinks(Result):
 
     # ---------------------------------------------------------------- tables
     def heads_frame(self) -> pd.DataFrame:
-        """One row per (layer, head): attention to position 0, query share, sinking, learned sink, full sink
-        logit and the band with the largest share of it."""
+        """One row per (layer, head) of the layer's own heads: attention to position 0, query share, sinking,
+        learned sink, full sink logit and the band with the largest share of it."""
         L, H = self.sums["p0_sum"].shape
         x = self.sink_logit()
         top = x.nan_to_num(float("-inf")).argmax(-1)
         layer, head = np.meshgrid(np.array(self.layers), np.arange(H), indexing="ij")
+        have = self.present().reshape(-1).numpy()
         return pd.DataFrame({
             "layer": layer.ravel(), "head": head.ravel(),
             "kind": [self.spec.layers[int(lay)].kind for lay in layer.ravel()],
@@ -276,23 +284,26 @@ class AttentionSinks(Result):
             "query_share": self.query_share().reshape(-1).numpy(), "sinking": self.sinking().reshape(-1).numpy(),
             "learned_sink": self.learned_sink().reshape(-1).numpy(), "sink_logit": x.sum(-1).reshape(-1).numpy(),
             "top_band": [self.band_names[int(j)] for j in top.reshape(-1)],
-            "n_queries": self.sums["n_queries"][:, None].expand(L, H).reshape(-1).numpy()})
+            "n_queries": self.sums["n_queries"][:, None].expand(L, H).reshape(-1).numpy()})[have].reset_index(drop=True)
 
     def layers_frame(self) -> pd.DataFrame:
         """One row per layer: share of sinking heads, mean attention to position 0, key ratio."""
         return pd.DataFrame({"layer": list(self.layers), "kind": [self.spec.layers[lay].kind for lay in self.layers],
                              "sinking_share": self.head_share().numpy(),
-                             "mean_attention": self.mean_attention().mean(1).numpy(),
-                             "query_share": self.query_share().mean(1).numpy(),
+                             "mean_attention": self.mean_attention().nanmean(1).numpy(),
+                             "query_share": self.query_share().nanmean(1).numpy(),
                              "plane_key_ratio": self.plane_key_ratio().numpy()})
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy: one row per (layer, head, band) with the band's sink logit and share, the band's key-norm
-        ratio of the head's KV head, and the head's attention to position 0."""
+        """Tidy: one row per (layer, head, band) of the layer's own heads with the band's sink logit and share,
+        the band's key-norm ratio of the head's KV head, and the head's attention to position 0."""
         L, H, B = self.sums["x0_sum"].shape
-        G = H // self.sums["k0_band"].shape[1]
         layer, head, band = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(B), indexing="ij")
-        ratio = self.key_norm_ratio()[:, torch.arange(H) // G]  # [L,H,B]
+        # query head h reads KV head h // group, the group of its own layer (layers of other widths differ)
+        kv = torch.stack([(torch.arange(H) // self.spec.layers[lay].group_size).clamp_max(self.sums["k0_band"].shape[1] - 1)
+                          for lay in self.layers])  # [L,H]
+        ratio = self.key_norm_ratio().gather(1, kv[..., None].expand(L, H, B))  # [L,H,B]
+        have = self.present()[..., None].expand(L, H, B).reshape(-1).numpy()
         return pd.DataFrame({
             "layer": layer.ravel(), "head": head.ravel(), "band": [self.band_names[j] for j in band.ravel()],
             "sink_logit": self.sink_logit().reshape(-1).numpy(),
@@ -300,13 +311,13 @@ class AttentionSinks(Result):
             "key_norm_ratio": ratio.reshape(-1).numpy(),
             "mean_attention": self.mean_attention()[:, :, None].expand(L, H, B).reshape(-1).numpy(),
             "query_share": self.query_share()[:, :, None].expand(L, H, B).reshape(-1).numpy(),
-            "sinking": self.sinking()[:, :, None].expand(L, H, B).reshape(-1).numpy()})
+            "sinking": self.sinking()[:, :, None].expand(L, H, B).reshape(-1).numpy()})[have].reset_index(drop=True)
 
     def findings(self) -> list[Finding]:
         """How many heads sink and where; which band makes position 0 attractive in them (when any sink);
         how the key at position 0 compares with the other keys."""
-        sink = self.sinking()
-        n, total = int(sink.sum()), sink.numel()
+        sink = self.sinking()  # False for heads a layer lacks
+        n, total = int(sink.sum()), int(self.present().sum())
         share = self.head_share()
         lo, hi = int(share.nan_to_num(2).argmin()), int(share.nan_to_num(-1).argmax())
         vals = {"sinking_heads": n, "heads": total, "mean_attention": round(float(self.mean_attention().nanmean()), 2)}
@@ -354,7 +365,7 @@ class AttentionSinks(Result):
                   "sink logit by band, heads averaged", "key norm at position 0 ÷ other positions, by band"]
         fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.16)
         H = self.sums["p0_sum"].shape[1]
-        fig.add_trace(go.Heatmap(z=self.mean_attention().numpy(), x=list(range(H)), y=list(self.layers), zmin=0, zmax=1,
+        fig.add_trace(go.Heatmap(z=self.mean_attention().numpy(), x=list(range(H)),  # NaN (heads a layer lacks): empty y=list(self.layers), zmin=0, zmax=1,
                                  colorscale="Viridis", colorbar={"x": 0.44, "len": 0.4, "y": 0.8},
                                  hovertemplate="layer %{y} head %{x}<br>attention to 0: %{z:.3f}<extra></extra>"),
                       row=1, col=1)

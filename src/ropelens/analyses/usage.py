@@ -109,8 +109,7 @@ class UsageReducer:
 
 def _padded_shape(spec: RopeSpec, layers: Sequence[int], which: str) -> tuple[int, int, int]:
     """``[layer, head, plane]`` wide enough for every layer's heads (KV heads for keys) and planes."""
-    heads = [spec.layers[L].n_heads if which == "q" else spec.layers[L].n_kv_heads for L in layers]
-    return len(layers), max(heads), max(spec.layers[L].n_planes for L in layers)
+    return tuple(spec.present(layers, "head" if which == "q" else "kv_head", "plane").shape)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -147,11 +146,7 @@ class FrequencyUsage(Result):
     # ---------------------------------------------------------------- numbers
     def present(self, which: Which = "q") -> Tensor:
         """``[layer, head, plane]`` bool: the entries a layer has (all True when every layer has one width)."""
-        out = torch.zeros(_padded_shape(self.spec, self.layers, which), dtype=torch.bool)
-        for i, L in enumerate(self.layers):
-            lr = self.spec.layers[L]
-            out[i, : lr.n_heads if which == "q" else lr.n_kv_heads, : lr.n_planes] = True
-        return out
+        return self.spec.present(self.layers, "head" if which == "q" else "kv_head", "plane")
 
     def _masked(self, x: Tensor, which: Which) -> Tensor:
         return x.masked_fill(~self.present(which), float("nan"))

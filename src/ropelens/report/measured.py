@@ -13,6 +13,7 @@ from ropelens.report import findings as fnd
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, number, style_figure, table_html
 from ropelens.report.registry import Section
+from ropelens.rope import layer_ranges
 
 __all__ = ["render_bands", "render_spec", "render_usage", "showcase_layers"]
 
@@ -124,8 +125,10 @@ def render_spec(data: ReportData) -> Section:
     """Spec per layer kind, the bands, and every plane's wavelength against the context."""
     spec = data.spec
     lr = spec.layers[data.layers[0]]
-    intro = (f"<p><b>{esc(data.label)}</b> ({esc(spec.architecture)}): {spec.n_layers} layers, {lr.n_heads} query heads "
-             f"over {lr.n_kv_heads} KV heads, head dim {lr.head_dim}, {lr.n_planes} rotary planes per head "
+    widths = [(f"{h} query heads over {kv} KV heads, head dim {d}, {p} rotary planes per head", ls)
+              for (d, h, kv, p), ls in spec.width_groups(data.layers).items()]
+    shape = widths[0][0] if len(widths) == 1 else "; ".join(f"layers {layer_ranges(ls)}: {w}" for w, ls in widths)
+    intro = (f"<p><b>{esc(data.label)}</b> ({esc(spec.architecture)}): {spec.n_layers} layers, {shape} "
              f"({esc(lr.pairing)} pairing), trained context {spec.n_ctx:,} tokens. Analysed here: "
              f"{len(data.layers)} layers, windows of {data.n_ctx:,} tokens.</p>")
     intro = _verification_html(data.settings.get("verification")) + intro
@@ -163,10 +166,11 @@ def _energy_figure(data: ReportData) -> tuple[go.Figure, pd.DataFrame]:
             names, share = u.band_share(bands, w, scope)  # [L, H, B]
             L, H, B = share.shape
             idx = pd.MultiIndex.from_product([list(u.layers), range(H), names], names=["layer", "head", "band"])
+            have = u.present(w)[..., :1].expand(L, H, B).reshape(-1).numpy()  # heads a layer lacks: no rows
             frames.append(pd.DataFrame({"which": w, "scope": scope, "energy_share": share.reshape(-1).numpy()},
-                                       index=idx).reset_index())
+                                       index=idx).reset_index()[have])
             if scope == "no_sink":
-                fig.add_trace(go.Heatmap(z=share.mean(1).numpy(), x=list(names), y=list(u.layers), coloraxis="coloraxis",
+                fig.add_trace(go.Heatmap(z=share.nanmean(1).numpy(), x=list(names), y=list(u.layers), coloraxis="coloraxis",
                                          hovertemplate="layer %{y} · %{x}<br>energy share %{z:.3f}<extra>" + w + "</extra>"),
                               row=1, col=col)
     fig.update_yaxes(autorange="reversed")
@@ -282,7 +286,7 @@ def _per_head_figure(data: ReportData) -> go.Figure:
 
 
 def _tightness_figure(data: ReportData) -> go.Figure:
-    t = data.band_stats.tightness().mean(1)  # [L, P]
+    t = data.band_stats.tightness().nanmean(1)  # [L, P]; NaN past a layer's own heads and planes
     fig = go.Figure(go.Heatmap(z=t.numpy(), x=list(range(t.shape[1])), y=list(data.band_stats.layers),
                                colorscale="RdBu", zmid=0, zmin=-1, zmax=1, colorbar={"title": "tightness"},
                                hovertemplate="layer %{y} plane %{x}<br>Σ term ÷ Σ ‖q‖‖k‖ = %{z:.3f}<extra></extra>"))
@@ -326,6 +330,8 @@ def render_bands(data: ReportData) -> Section:
     tight_frame = pd.DataFrame({"layer": [st.layers[i] for i in range(L) for _ in range(H * P)],
                                 "head": [h for _ in range(L) for h in range(H) for _ in range(P)],
                                 "plane": list(range(P)) * (L * H), "tightness": t.reshape(-1).numpy()})
+    # layers of different widths (Gemma 4): no rows past a layer's own heads and planes
+    tight_frame = tight_frame[st.spec.present(st.layers, "head", "plane").reshape(-1).numpy()].reset_index(drop=True)
     numbers = {f.key: f.values for f in findings}
     numbers["windows"] = list(data.band_windows)
     return Section("bands", "Band decomposition of attention", "".join(parts),
