@@ -169,19 +169,24 @@ def measure(
     ``rotary_only=False`` lets ``run.layers`` name NoPE layers too (None then selects every layer),
     for analyses that measure what a layer does without rotating.
     """
-    from ropelens.reading import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec, spec_at_length
     from ropelens.verify import verification
 
     spec = spec if spec is not None else rope_spec(model)
     chosen = spec.layer_indices(run.layers, rotary_only=rotary_only)
     if not chosen:
         raise InputError(f"no layers selected (layers={run.layers!r}): pass layer indices the model has")
-    verified = verification(model, spec, verify=run.verify)
     win = windows if windows is not None else Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)
+    at_length = spec_at_length(model, spec, win.n_ctx)  # frequencies that change with the input's length, as applied
+    length = None if at_length is spec else win.n_ctx
+    spec = at_length
+    verified = verification(model, spec, verify=run.verify, length=length)
     built = build(spec, chosen, win)
     reducers = tuple(built) if isinstance(built, Sequence) else (built,)
     settings = dict(config(reducers) if callable(config) else config or {})
     settings["layers"] = list(chosen)  # every analysis records them; the same key where it already did
+    if length is not None:  # the rotary frequencies were read as a forward of this many tokens applies them
+        settings["rope_read_at_length"] = length
     settings.setdefault("batch_size", run.batch_size)
     t0 = time.perf_counter()
     info = run_windows(model, win.tokens, reducers, batch_size=run.batch_size, layers=chosen, spec=spec,

@@ -670,3 +670,110 @@ def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing
     if err(lr) <= 1e-3:
         return lr
     return next((c for c in candidates if err(c) < 1e-3), lr)
+
+
+# ---------------------------------------------------------------------------------------- length-dependent RoPE
+LENGTH_PROBE = 8  # positions compared between a short call of a rotary module and one at the analysed length
+
+
+def _rotary_tables(rot: torch.nn.Module, cfg, n: int, last: int | None = None) -> list[tuple[torch.Tensor, ...]] | None:
+    """The (cos, sin) ``rot`` returns for positions 0..n−1 (and ``last`` after them: an input that long, without
+    its positions between), once per layer type it takes; None where it cannot be called as HF's rotary modules
+    are (``forward(x, position_ids[, layer_type])``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(rot.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    buf = next((b for b in rot.buffers() if b.is_floating_point()), None)
+    device = buf.device if buf is not None else torch.device("cpu")
+    pos = torch.arange(n, device=device)
+    if last is not None:
+        pos = torch.cat([pos, pos.new_tensor([last])])
+    pos = pos[None]
+    x = torch.zeros(1, 1, pos.shape[1], 1, device=device)
+    types = [None]
+    if "layer_type" in params:
+        types = sorted(set(getattr(cfg, "layer_types", None) or [])) or [None]
+    out = []
+    for lt in types:
+        try:
+            with torch.no_grad():
+                got = rot(x, pos) if lt is None else rot(x, pos, lt)
+        except Exception:  # noqa: BLE001 - a module this cannot call: the length is not proven to matter
+            return None
+        if not (isinstance(got, tuple) and all(isinstance(t, torch.Tensor) for t in got)):
+            return None
+        out.append(tuple(t.detach().float().cpu() for t in got))
+    return out
+
+
+def length_dependent(model) -> bool:
+    """Whether the model's rotary modules give other tables to the first positions of a long input than of a short
+    one (dynamic NTK past the native context, LongRoPE's short and long factors): measured by calling each rotary
+    module on :data:`LENGTH_PROBE` positions, alone and followed by one position past twice the model's context
+    (an input that long), not read from its config."""
+    hf = hf_model_of(model)
+    cfg = _text_config(hf)
+    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or 0)
+    for rot in _rotary_modules(hf):
+        short = _rotary_tables(rot, cfg, LENGTH_PROBE)
+        long = _rotary_tables(rot, cfg, LENGTH_PROBE, last=max(2 * n_ctx, 2 * LENGTH_PROBE)) if short is not None else None
+        _rotary_tables(rot, cfg, LENGTH_PROBE)  # leave the module as a short input leaves it
+        if long is None:
+            continue
+        for s, lg in zip(short, long, strict=True):
+            if any(not torch.equal(a, b[..., :LENGTH_PROBE, :]) for a, b in zip(s, lg, strict=True)):
+                return True
+    return False
+
+
+def spec_at_length(model, spec: RopeSpec, n: int) -> RopeSpec:
+    """``spec`` as the model rotates an input of ``n`` tokens.
+
+    A model whose rotary frequencies depend on the input's length (dynamic NTK past the native context,
+    LongRoPE's long factors past ``original_max_position_embeddings``) applies other frequencies to a
+    long window than the short forward :func:`rope_spec` reads: its rotary modules are run at ``n``
+    positions and each layer's frequencies and attention scaling read again, as its forward on ``n``
+    tokens applies them. Unchanged where the tables do not depend on the length (most models: checked by
+    :func:`length_dependent`, once per model). HF's dynamic NTK keeps the frequencies of the longest input
+    past the native context it has seen, until an input within it resets them: these are the frequencies the
+    model applies now, to inputs of ``n`` tokens. The verification then probes at ``n`` tokens
+    (:func:`ropelens.verify.verification` with ``length=n``), so the reading is proven at that length.
+    """
+    from dataclasses import replace
+
+    from ropelens.errors import UnsupportedModelError
+
+    flag = getattr(model, "_ropelens_length_dependent", None)
+    if flag is None:
+        flag = length_dependent(model)
+        object.__setattr__(model, "_ropelens_length_dependent", flag)
+    if not flag:
+        return spec
+    hf = hf_model_of(model)
+    cfg = _text_config(hf)
+    rotaries = _rotary_modules(hf)
+    for rot in rotaries:
+        _rotary_tables(rot, cfg, n)  # the module now holds what a forward on n tokens holds
+    attns = _attention_modules(model)
+    layer_types = getattr(cfg, "layer_types", None)
+    layers = []
+    for lr in spec.layers:
+        if not lr.rotary or attns[lr.layer] is None:
+            layers.append(lr)
+            continue
+        ltype = layer_types[lr.layer] if layer_types else None
+        try:
+            inv, scaling = _inv_freq_for(rotaries, attns[lr.layer], ltype)
+        except _NoBuffer:
+            inv, scaling = None, None
+        if inv is None or inv.shape != lr.inv_freq.shape:
+            raise UnsupportedModelError(
+                f"{spec.architecture}: the rotary tables of layer {lr.layer} change with the input's length, and ropelens "
+                f"cannot read the frequencies a forward of {n} tokens applies (its rotary module holds "
+                f"{'no inv_freq' if inv is None else f'{inv.numel()} frequencies, the reading {lr.inv_freq.numel()}'}): "
+                f"measure windows within the native context of {spec.n_ctx:,} tokens (--n-ctx), where the reading holds")
+        layers.append(replace(lr, inv_freq=inv.to(lr.inv_freq.dtype), attention_scaling=scaling))
+    return replace(spec, layers=tuple(layers))

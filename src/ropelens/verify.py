@@ -115,11 +115,14 @@ def skip_verification(model) -> Iterator[None]:
         object.__setattr__(model, _SKIP, getattr(model, _SKIP, 1) - 1)
 
 
-def verification(model, spec: RopeSpec, *, verify: bool = True) -> Verification:
-    """The probe's verdict for ``model`` read as ``spec`` (cached), or :data:`UNVERIFIED` when opted out."""
+def verification(model, spec: RopeSpec, *, verify: bool = True, length: int | None = None) -> Verification:
+    """The probe's verdict for ``model`` read as ``spec`` (cached), or :data:`UNVERIFIED` when opted out.
+
+    ``length``: probe at that many tokens instead of the default (a spec read at the analysed length by
+    :func:`ropelens.reading.spec_at_length`, whose frequencies hold for inputs of that length)."""
     if not verify or getattr(model, _SKIP, 0):
         return UNVERIFIED
-    return verify_model(model, spec)
+    return verify_model(model, spec, length=length)
 
 
 def rotation_error(lr: LayerRope, q_post: Tensor) -> float:
@@ -179,20 +182,20 @@ def fingerprint(model, spec: RopeSpec) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def verify_model(model, spec: RopeSpec | None = None, *, force: bool = False) -> Verification:
+def verify_model(model, spec: RopeSpec | None = None, *, force: bool = False, length: int | None = None) -> Verification:
     """Run the probe (see module doc) unless this model and spec already passed it; raise
     :class:`UnsupportedModelError` naming the layer, the check and the size of the error on a mismatch."""
     from ropelens.reading import rope_spec
 
     spec = spec if spec is not None else rope_spec(model)
-    key = fingerprint(model, spec)
+    key = fingerprint(model, spec) + ("" if length is None else f"@{int(length)}")
     cache = getattr(model, _CACHE, None)
     if cache is None:
         cache = {}
         object.__setattr__(model, _CACHE, cache)  # not a submodule attribute: nothing registered
     if not force and key in cache:
         return cache[key]
-    result = _Probe(model, spec).run()
+    result = _Probe(model, spec, length).run()
     cache[key] = result
     return result
 
@@ -281,7 +284,7 @@ def rotation_mismatch(lr: LayerRope, pre: Tensor, post: Tensor) -> str | None:
 class _Probe:
     """One run of the probe over a model read as a spec."""
 
-    def __init__(self, model, spec: RopeSpec) -> None:
+    def __init__(self, model, spec: RopeSpec, length: int | None = None) -> None:
         from ropelens.models import device_of
 
         self.model, self.spec = model, spec
@@ -296,6 +299,8 @@ class _Probe:
         # past every window, and across two chunk boundaries (a query's chunk starts after earlier keys it would see)
         self.n = max([PROBE_CTX] + [w + 8 for w in windows if w <= MAX_PROBED_WINDOW]
                      + [2 * c + 8 for c in chunks if 2 * c <= MAX_PROBED_WINDOW])
+        if length is not None:  # frequencies that hold at this length only: probed there
+            self.n = int(length)
         self.long_windows = sorted({w for w in windows if w + 8 > self.n})
         self.long_chunks = sorted({c for c in chunks if 2 * c + 8 > self.n})
 

@@ -244,21 +244,22 @@ def decompose_attention(
     ``verify``: first check the reading against the model's own attention (:mod:`ropelens.verify`);
     False runs anyway and the provenance says "unverified".
     """
-    from ropelens.reading import model_label, rope_spec
+    from ropelens.reading import model_label, rope_spec, spec_at_length
     from ropelens.verify import verification
 
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
         raise InputError("tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))")
-    spec = rope_spec(model)
+    read = rope_spec(model)
+    spec = spec_at_length(model, read, int(tokens.shape[1]))  # frequencies that change with the length, as applied
     chosen = spec.layer_indices(layers)
-    verified = verification(model, spec, verify=verify)
+    verified = verification(model, spec, verify=verify, length=None if spec is read else int(tokens.shape[1]))
     t0 = time.perf_counter()
     # a layer whose indexer drops keys on windows this long: its selection is captured with q and k
     selected = ("selected",) if any(spec.layers[L].selects(tokens.shape[1]) for L in chosen) else ()
     acts = capture_qk(model, tokens, layers=chosen, which=("q_post", "k_post", "pattern", *selected),
-                      batch_size=batch_size)
+                      batch_size=batch_size, spec=spec)
     acts = {L: LayerActs(a.layer, a.rope, a.valid.cpu(), {k: v.cpu() for k, v in a.tensors.items()}) for L, a in acts.items()}
     bands = bands or Bands.planes()
     prov = Provenance(model=model_label(model), n_tokens=int(tokens.numel()), n_windows=int(tokens.shape[0]),
