@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -349,3 +350,21 @@ def test_report_on_a_model_with_two_rotary_planes(tmp_path):
     assert r["provenance"]["config"]["bands"] == "quantiles:<=4"
     bands = pd.read_csv(out / "band_stats.csv")
     assert set(bands["band"]) >= {"Q1 (highest)", "Q2 (lowest)"} and "Q3" not in set(bands["band"])
+
+
+def test_report_cuts_windows_to_a_chunked_layer(tmp_path):
+    """A layer that attends in chunks: band statistics model its mask on windows up to one chunk, so the report
+    measures windows of that length and says so."""
+    from ropelens.testing import tiny_model
+
+    model = tiny_model("llama")
+    from ropelens.reading import rope_spec
+
+    spec = rope_spec(model)
+    chunked = replace(spec, layers=tuple(replace(lr, chunk=16) if lr.layer == 1 else lr for lr in spec.layers))
+    from ropelens.report.build import _fit_windows
+
+    assert _fit_windows(spec, spec.layer_indices(), 64) == (64, None)
+    n, note = _fit_windows(chunked, chunked.layer_indices(), 64)
+    assert n == 16 and "layer(s) [1]" in note and "from 64 to 16 tokens" in note
+    assert _fit_windows(chunked, [0], 64) == (64, None)  # only the layers measured count

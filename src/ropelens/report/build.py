@@ -224,6 +224,7 @@ def build_report(
     for L in chosen:
         bands.resolve(spec.layers[L])  # an impossible band spec fails now, not after the pass
     bands.require_planes([spec.layers[L] for L in chosen])  # so does a band holding no plane in any layer
+    n_ctx, window_note = _fit_windows(spec, chosen, n_ctx)
     with _timed(steps, "verify"):
         verified = verification(model, spec, verify=verify)
     with contextlib.nullcontext() if verify else skip_verification(model):  # every step measures unverified too
@@ -233,7 +234,7 @@ def build_report(
         settings = {"tokens": tokens, "n_ctx": n_ctx, "bands": bands.describe(), "layers": chosen, "quick": quick,
                     "band_tokens": band_tokens, "batch_size": batch_size, "device": str(device_of(model)),
                     "experiments": None if experiments is None else str(experiments),
-                    "verification": verified.to_dict()}
+                    "verification": verified.to_dict(), **({"n_ctx_note": window_note} if window_note else {})}
         band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
         data = collect(model, toks, label=label, spec=spec, layers=chosen, bands=bands, band_windows=band_windows,
                        corpus=corpus_info, settings=settings, batch_size=batch_size, progress=progress)
@@ -249,6 +250,20 @@ def build_report(
     with _timed(steps, "write"):
         _write(out_dir, data, sections, steps, t_start)
     return out_dir
+
+
+def _fit_windows(spec, layers: Sequence[int], n_ctx: int) -> tuple[int, str | None]:
+    """``n_ctx`` cut to the longest windows whose masks band statistics and the head scores model in every layer
+    measured (a chunked layer's chunk; a sparse-attention layer's key budget, past which its indexer picks keys
+    from the text), and the note that says so (None: uncut)."""
+    limits = {L: min(x for x in (spec[L].chunk, spec[L].select_keys) if x) for L in layers
+              if spec[L].chunk or spec[L].select_keys}
+    if not limits or n_ctx <= min(limits.values()):
+        return n_ctx, None
+    cut = min(limits.values())
+    which = sorted(L for L, x in limits.items() if x == cut)
+    return cut, (f"windows cut from {n_ctx:,} to {cut:,} tokens: layer(s) {which} attend in chunks of, or pick from the "
+                 f"text at most, {cut:,} keys, so on longer windows their mask depends on more than positions")
 
 
 def measure_sections(data: ReportData, progress: bool = False) -> None:

@@ -131,6 +131,8 @@ def render_spec(data: ReportData) -> Section:
     intro = (f"<p><b>{esc(data.label)}</b> ({esc(spec.architecture)}): {spec.n_layers} layers, {shape} "
              f"({esc(lr.pairing)} pairing), trained context {spec.n_ctx:,} tokens. Analysed here: "
              f"{len(data.layers)} layers, windows of {data.n_ctx:,} tokens.</p>")
+    if data.settings.get("n_ctx_note"):
+        intro += f"<p>{esc(data.settings['n_ctx_note'][0].upper() + data.settings['n_ctx_note'][1:])}.</p>"
     intro = _verification_html(data.settings.get("verification")) + intro
     nope = [L for L in range(spec.n_layers) if not spec.layers[L].rotary]
     if nope:

@@ -169,20 +169,37 @@ def _methods(factor: float, l0: int) -> dict[str, Any]:
 
 
 def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
-    from ropelens.analyses.extrapolation import base_lower_bound, critical_dimension
+    from ropelens.analyses.extrapolation import critical_dimension
 
     out: dict[str, Any] = {"base": layer.base}
     if layer.base is None or layer.base <= 1:
         return out
     out["critical_dim"] = critical_dimension(layer.base, layer.rotary_dim, l0)
-    # None past the longest length whose bound ropelens certifies (the search is quadratic in it)
-    out["bound_native"] = base_lower_bound(layer.rotary_dim, l0) if l0 <= MAX_BOUND_CONTEXT else None
-    out["bound_extended"] = base_lower_bound(layer.rotary_dim, factor * l0) if factor * l0 <= MAX_BOUND_CONTEXT else None
+    for key, length in (("bound_native", l0), ("bound_extended", factor * l0)):
+        out[key], why = _certified_bound(layer.rotary_dim, length)
+        if why:
+            out[f"{key}_note"] = why
     return out
 
 
-def _bound(v: float | None) -> str:
-    return f"{v:,.0f}" if v is not None else f"not certified past {MAX_BOUND_CONTEXT:,} tokens"
+def _certified_bound(rotary_dim: int, length: int) -> tuple[float | None, str | None]:
+    """Men et al.'s base lower bound for ``length`` tokens, or None and why there is none: past the longest length
+    whose bound ropelens certifies (the search is quadratic in it), or no base up to the search's limit satisfies it
+    (a rotary slice of few planes)."""
+    from ropelens.analyses.extrapolation import base_lower_bound
+
+    if length > MAX_BOUND_CONTEXT:
+        return None, f"not certified past {MAX_BOUND_CONTEXT:,} tokens"
+    if rotary_dim < 4:
+        return None, f"none: {rotary_dim} rotary dims hold one frequency, which no base moves"
+    try:
+        return base_lower_bound(rotary_dim, length), None
+    except InputError as e:  # no base up to the search's limit: the bound cannot be met with so few planes
+        return None, str(e).split(":")[0].replace("no base", "none: no base")
+
+
+def _bound(v: float | None, why: str | None = None) -> str:
+    return f"{v:,.0f}" if v is not None else (why or f"not certified past {MAX_BOUND_CONTEXT:,} tokens")
 
 
 @dataclass(frozen=True)
@@ -256,11 +273,10 @@ def render_context(data: ReportData, ext: ContextExtension) -> Section:
         text += (f" The base {bounds['base']:,.0f} is {'above' if bounds['base'] >= bounds['bound_native'] else 'BELOW'} "
                  f"Men et al.'s lower bound for {l0:,} tokens ({bounds['bound_native']:,.0f}); "
                  + (f"{factor * l0:,} tokens need {bounds['bound_extended']:,.0f}." if bounds["bound_extended"] is not None
-                    else f"the bound for {factor * l0:,} tokens is past the {MAX_BOUND_CONTEXT:,} tokens ropelens "
-                         "certifies."))
+                    else f"for {factor * l0:,} tokens the bound is {bounds.get('bound_extended_note', 'not certified')}."))
     finding = Finding("context", "context-extension", text,
                       {"layer": idx, "rescaled_kind": kind, "beyond_native": beyond, "n_planes": n, "factor": factor, "native_ctx": l0,
-                       **{k: v if v is None else round(v) for k, v in bounds.items()},
+                       **{k: v if v is None or isinstance(v, str) else round(v) for k, v in bounds.items()},
                        "delta_pi": float(cost["PI"]["Δ loss"]), "delta_yarn": float(cost["YaRN"]["Δ loss"]),
                        "cheapest": order[0], "delta_cheapest": float(cost[order[0]]["Δ loss"])})
     bound_rows = [("layer shown", f"{idx} ({esc(layer.kind)}), {n} planes, base {esc(layer.base)}"),
@@ -268,8 +284,8 @@ def render_context(data: ReportData, ext: ContextExtension) -> Section:
                   ("planes with wavelength > L₀", f"{beyond} of {n}")]
     if "bound_native" in bounds:
         bound_rows += [("critical dimension (Liu et al.)", f"{bounds['critical_dim']} of {layer.rotary_dim} dims"),
-                       (f"base lower bound for {l0:,} (Men et al.)", _bound(bounds["bound_native"])),
-                       (f"base lower bound for {factor * l0:,}", _bound(bounds["bound_extended"]))]
+                       (f"base lower bound for {l0:,} (Men et al.)", _bound(bounds["bound_native"], bounds.get("bound_native_note"))),
+                       (f"base lower bound for {factor * l0:,}", _bound(bounds["bound_extended"], bounds.get("bound_extended_note")))]
     extra, extra_tables = context_block(data.experiments)
     body = (_lead(data, f"Each method configured to stretch the native {l0:,}-token context {factor}×. A plane is "
                         "<i>interpolated</i> when every angle it meets at the target length was seen in training, "
