@@ -207,7 +207,20 @@ class _HF(RopeVariant):
         params = {self._HF_NAMES.get(k, k): v for k, v in self.to_dict().items() if v is not None}
         params = {k: v for k, v in params.items() if k not in ("variant", "n_hat")}
         cfg = _RopeConfig(layer, {**params, "rope_type": self.rope_type}, self._max_position(layer))
-        inv, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](cfg, None, seq_len=seq_len)
+        try:
+            inv, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](cfg, None, seq_len=seq_len)
+        except RuntimeError:
+            d = cfg.head_dim
+            if d % 2 == 0:
+                raise
+            # an odd frequency width (MiMo-V2-Flash's 5): HF's per-plane ramps and factors have d // 2 entries for
+            # (d + 1) // 2 frequencies. The same frequencies base^(−2i/d) are base'^(−2i/d') over the even width
+            # d' = 2·planes with base' = base^(d'/d), and YaRN's correction range d·log(·)/(2·log base) is unchanged
+            # by that change of variables: computed so, over every plane.
+            even = 2 * ((d + 1) // 2)
+            cfg.head_dim = cfg.hidden_size = even
+            cfg.rope_parameters = {**cfg.rope_parameters, "rope_theta": _base(layer) ** (even / d)}
+            inv, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](cfg, None, seq_len=seq_len)
         return inv.float(), float(scaling)
 
     def _max_position(self, layer: LayerRope) -> int | None:

@@ -738,3 +738,20 @@ def test_is_identity_only_for_variants_that_change_nothing(tiny, family):
             same = torch.equal(model(toks), before)
         assert same is expected, variant
     assert not is_identity(spec, DynamicNTK(4.0, n // 4), layers, n)  # past its original length it scales
+
+
+def test_yarn_on_an_odd_frequency_width():
+    """MiMo-V2-Flash's rotary frequencies follow base^(−2i/5) over 3 planes: YaRN keeps the fast plane and
+    interpolates the slow ones, over every plane (HF's own ramp has d // 2 = 2 entries there)."""
+    from ropelens.rope import LayerRope
+    from ropelens.variants import YaRN, freq_dim
+
+    base, d = 10000.0, 5
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    lr = LayerRope(layer=0, inv_freq=theta.float(), head_dim=8, rotary_dim=6, pairing="half", n_heads=2,
+                   n_kv_heads=2, score_scale=8**-0.5, base=base, n_ctx=16)
+    assert freq_dim(lr) == 5
+    # YaRN's correction range at 16 tokens (β_fast 32, β_slow 1): planes below d·ln(16/2π)/(2·ln base) ≈ 0.25 keep
+    # their frequency, the rest are interpolated by the factor
+    got = YaRN(4.0, 16).inv_freq(lr).double()
+    torch.testing.assert_close(got, torch.stack([theta[0], theta[1] / 4, theta[2] / 4]), rtol=1e-6, atol=0)
