@@ -3,14 +3,15 @@
 Times, side by side on the same windows of the embedded English corpus and interleaved, the mean
 next-token loss by HF's own sdpa forward (``sdpa``: the HF model the bridge wraps, nothing applied),
 under p-RoPE 0.75 and under a band ablation (the highest quarter of the planes zeroed in every layer)
-on the sdpa path (``prope_sdpa``, ``ablate_sdpa``) and, where its [heads, n, n] scores fit, through
-the bridge (``prope_bridge``); prints the median of each and its ratio to ``sdpa``. ``--rss N``
+on the sdpa path (``prope_sdpa``, ``ablate_sdpa``), with ``--plain`` the same on the weights loaded
+as a plain HF model (``prope_plain``, ``ablate_plain``: no bridge at all) and, where its [heads, n, n]
+scores fit, through the bridge (``prope_bridge``); prints the median of each and its ratio to ``sdpa``. ``--rss N``
 instead measures the peak RSS one forward of N tokens adds over the loaded model, plain and under
 p-RoPE 0.75, each in a fresh process (VmHWM after resetting it, and ru_maxrss). ``--passkey N``
 times one passkey trial at N tokens under the sdpa path (KV cache, prefill in chunks of 4,096), with
 its peak RSS, for the unmodified model or a ``--variant``.
 
-    python benchmarks/intervene_bench.py [--windows 8] [--n-ctx 512] [--repeats 3] [--bridge]
+    python benchmarks/intervene_bench.py [--windows 8] [--n-ctx 512] [--repeats 3] [--bridge] [--plain]
     python benchmarks/intervene_bench.py --rss 16384
     python benchmarks/intervene_bench.py --passkey 32768 [--variant yarn:4:8192]
 """
@@ -60,15 +61,19 @@ def run(model, toks, what: str, batch_size: int) -> tuple[float, torch.Tensor]:
 
 def timing(args) -> None:
     model = ropelens.load_model(args.model)
+    # the same weights loaded without the bridge: the engine applies the variant at the rotation the HF forward calls
+    plain = ropelens.load_model(args.model, bridge=False) if args.plain else None
     toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
-    whats = ["sdpa", "prope_sdpa", "ablate_sdpa"] + (["prope_bridge"] if args.bridge else [])
+    whats = (["sdpa", "prope_sdpa", "ablate_sdpa"] + (["prope_plain", "ablate_plain"] if args.plain else [])
+             + (["prope_bridge"] if args.bridge else []))
+    on = {w: plain if w.endswith("_plain") else model for w in whats}
     for w in whats:  # warm-up: first-call costs (probes, allocations) out of the medians
-        run(model, toks[:1, :64], w, 1)
+        run(on[w], toks[:1, :64], w, 1)
     times: dict[str, list[float]] = {w: [] for w in whats}
     losses: dict[str, float] = {}
     for _ in range(args.repeats):
         for w in whats:
-            t, loss = run(model, toks, w, args.batch_size)
+            t, loss = run(on[w], toks, w, args.batch_size)
             times[w].append(t)
             losses[w] = float(loss.mean())
     base = statistics.median(times["sdpa"])
@@ -138,6 +143,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bridge", action="store_true", help="also time the bridge path (eager [heads, n, n] scores)")
+    p.add_argument("--plain", action="store_true", help="also time p-RoPE and the band ablation on the same weights "
+                                                        "loaded without the bridge (a plain HF model)")
     p.add_argument("--rss", type=int, default=0, help="measure peak RSS at this many tokens")
     p.add_argument("--passkey", type=int, default=0, help="time one passkey trial at this many tokens")
     p.add_argument("--variant", default=None, help="with --passkey: a RoPE variant, e.g. yarn:4:8192")

@@ -130,8 +130,8 @@ def test_band_examples_parse():
      "positive number, e.g. --bands context:2"),
     (["distance", "--bands", "context:nan"], "'nan' is not a finite number"),
     (["distance", "--bands", "quantiles:2.5"],
-     "--bands: bad band spec 'quantiles:2.5': '2.5' is not an integer: write quantiles:N with N a positive integer, "
-     "e.g. --bands quantiles:4"),
+     "--bands: bad band spec 'quantiles:2.5': '2.5' is not an integer: write quantiles:N or quantiles:<=N (fewer "
+     "bands in a layer with fewer planes) with N a positive integer, e.g. --bands quantiles:4"),
     (["variants", "--variant", "prope:x"],
      "--variant 'prope:x': bad P 'x': P must be a number: write prope:P, e.g. --variant prope:0.75"),
     (["variants", "--variant", "yarn:abc:2048"],

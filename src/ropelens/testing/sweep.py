@@ -289,7 +289,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         return res
     res.variant_err, res.restore_err, res.variant_note = variant_error(model, spec, toks, rotary)
     if not res.variant_note:
-        res.hf_variant_err = hf_variant_error(model, spec, hf, toks)
+        res.hf_variant_err, res.hf_variant_note = hf_variant_error(model, spec, hf, toks)
     if report:
         res.report = report_status(model)
     return res
@@ -411,7 +411,7 @@ def classify(check: SweepCheck) -> tuple[str, str]:
                and not (note and k in ("variant_err", "restore_err"))]
     if missing:
         return "unverified", "HF gave no reference for " + ", ".join(missing)
-    return "exact", note
+    return "exact", "; ".join(x for x in (note, getattr(check, "hf_variant_note", "")) if x)
 
 
 def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = None, report: bool = False) -> SweepRow:

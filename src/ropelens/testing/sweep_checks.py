@@ -52,6 +52,7 @@ class SweepCheck(FamilyCheck):
     restore_err: float = math.nan  # largest |logit change| after leaving the variant (absolute; must be 0)
     variant_note: str = ""  # why no variant ran (a plain HF model; a one-line refusal)
     hf_variant_err: float = math.nan  # logits under Linear(2) vs HF's own "linear" rope type, same weights (relative)
+    hf_variant_note: str = ""  # why there is no such reference
     report: str = ""  # "ok" or the first line of what stopped `ropelens report --quick` (only when asked for)
 
 
@@ -197,42 +198,40 @@ def variant_error(model, spec, toks: Tensor, layers: list[int]) -> tuple[float, 
     return err, restore, ""
 
 
-def hf_variant_error(model, spec, hf, toks: Tensor) -> float:
-    """Relative max difference of the logits of ``model`` under ``Linear(2)`` in its layers with default RoPE and
-    HF's own ``"linear"`` rope type (factor 2) set in the config of ``hf``'s weights (per layer type where the config
-    has one entry per type); NaN where HF's config sets no rope type or changes nothing under it."""
+def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
+    """Relative max difference of the logits of ``model`` under ``Linear(2)`` in every rotary layer and HF's own
+    ``"linear"`` rope type (factor 2) set in the config of ``hf``'s weights (per layer type where the config has one
+    entry per type; the other rope parameters kept, so a query temperature stays), and ``""``; NaN and why there is
+    no reference where HF's config takes no rope type, HF cannot build the family with it, or its forward ignores it."""
     import copy
-
-    from transformers import AutoModelForCausalLM
 
     from ropelens.intervene import apply_rope_variant
     from ropelens.variants import Linear
 
-    default = [L for L in spec.rotary_layers if spec[L].rope_type == "default"]
     cfg = copy.deepcopy(hf.config)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     rp = getattr(text, "rope_parameters", None)
-    if not default or not isinstance(rp, dict):
-        return math.nan
+    if not isinstance(rp, dict) or not rp:
+        return math.nan, "no HF reference for PI: HF's config of this family holds no rope_parameters"
     linear = {"rope_type": "linear", "factor": 2.0}
     if any(isinstance(v, dict) for v in rp.values()):
-        text.rope_parameters = {k: ({**v, **linear} if isinstance(v, dict) and v.get("rope_type", "default") == "default"
-                                    else v) for k, v in rp.items()}
+        text.rope_parameters = {k: ({**v, **linear} if isinstance(v, dict) else v) for k, v in rp.items()}
     else:
         text.rope_parameters = {**rp, **linear}
     try:
-        ref_model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+        ref_model = type(hf)._from_config(cfg, attn_implementation="eager").eval()  # the class under test itself
         ref_model.load_state_dict(hf.state_dict())
         with torch.no_grad():
             ref = ref_model(toks).logits
             plain = hf(toks).logits
-    except Exception:  # noqa: BLE001 - HF cannot build this family with another rope type: no reference
-        return math.nan
-    if torch.equal(ref, plain):  # HF's forward ignores the config's rope type here
-        return math.nan
-    with apply_rope_variant(model, Linear(2.0), layers=default), torch.no_grad():
+    except Exception as e:  # noqa: BLE001 - HF cannot build this family with another rope type: no reference
+        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
+        return math.nan, f"no HF reference for PI: HF cannot build it with rope type linear ({type(e).__name__}: {first})"
+    if torch.equal(ref, plain):
+        return math.nan, "no HF reference for PI: HF's forward ignores the rope type its config sets"
+    with apply_rope_variant(model, Linear(2.0), layers=spec.rotary_layers), torch.no_grad():
         ours = model(toks)
-    return float((ours - ref).abs().max() / ref.abs().max())
+    return float((ours - ref).abs().max() / ref.abs().max()), ""
 
 
 def report_status(model) -> str:
