@@ -17,9 +17,9 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.hooks import AttnHooks, attn_hooks, to_bphd
-from ropelens.models import device_of
 from ropelens.rope import LayerRope, RopeSpec
 
 __all__ = ["DeviceSums", "LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "sum_dtype"]

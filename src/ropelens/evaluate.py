@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ropelens.devices import device_of
 from ropelens.errors import InputError
-from ropelens.models import device_of
 from ropelens.serialize import dump_json
 
 __all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "is_bridge", "loss_estimate",

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.models import device_of
 from ropelens.taps import attention_tap
 
 __all__ = ["AttnHooks", "attn_hooks", "to_bphd"]

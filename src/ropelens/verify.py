@@ -285,7 +285,7 @@ class _Probe:
     """One run of the probe over a model read as a spec."""
 
     def __init__(self, model, spec: RopeSpec, length: int | None = None) -> None:
-        from ropelens.models import device_of
+        from ropelens.devices import device_of
 
         self.model, self.spec = model, spec
         self.rotary = spec.rotary_layers

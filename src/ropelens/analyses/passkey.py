@@ -33,9 +33,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.evaluate import is_bridge
-from ropelens.models import device_of
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.validate import check_number

@@ -87,8 +87,8 @@ def copy_case(tokenizer: Any, prompt: PasskeyPrompt) -> CopyCase:
 
 def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> Int[Tensor, "layer head query"]:
     """The most attended key of every head at each of ``queries``, from one eager forward over ``tokens``."""
+    from ropelens.devices import device_of
     from ropelens.fastpath import attention_implementation, hf_decoder_layers, hf_view
-    from ropelens.models import device_of
 
     hf = hf_view(model)
     blocks = hf_decoder_layers(hf)

@@ -214,8 +214,8 @@ def build_report(
     corpus_obj, corpus_info = resolve_corpus(corpus)
     with _timed(steps, "load_model"):
         model, label = _load(model, device, dtype)
+    from ropelens.devices import device_of
     from ropelens.distributed import is_main, local
-    from ropelens.models import device_of
     from ropelens.reading import rope_spec
     from ropelens.verify import skip_verification, verification
 

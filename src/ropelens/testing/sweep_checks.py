@@ -208,30 +208,39 @@ def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
     from ropelens.intervene import apply_rope_variant
     from ropelens.variants import Linear
 
-    cfg = copy.deepcopy(hf.config)
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    rp = getattr(text, "rope_parameters", None)
+    rp = getattr(hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config,
+                 "rope_parameters", None)
     if not isinstance(rp, dict) or not rp:
         return math.nan, "no HF reference for PI: HF's config of this family holds no rope_parameters"
     linear = {"rope_type": "linear", "factor": 2.0}
-    if any(isinstance(v, dict) for v in rp.values()):
-        text.rope_parameters = {k: ({**v, **linear} if isinstance(v, dict) else v) for k, v in rp.items()}
-    else:
-        text.rope_parameters = {**rp, **linear}
-    try:
-        ref_model = type(hf)._from_config(cfg, attn_implementation="eager").eval()  # the class under test itself
-        ref_model.load_state_dict(hf.state_dict())
-        with torch.no_grad():
-            ref = ref_model(toks).logits
-            plain = hf(toks).logits
-    except Exception as e:  # noqa: BLE001 - HF cannot build this family with another rope type: no reference
-        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
-        return math.nan, f"no HF reference for PI: HF cannot build it with rope type linear ({type(e).__name__}: {first})"
-    if torch.equal(ref, plain):
-        return math.nan, "no HF reference for PI: HF's forward ignores the rope type its config sets"
-    with apply_rope_variant(model, Linear(2.0), layers=spec.rotary_layers), torch.no_grad():
-        ours = model(toks)
-    return float((ours - ref).abs().max() / ref.abs().max()), ""
+    per_type = any(isinstance(v, dict) for v in rp.values())
+    default = [L for L in spec.rotary_layers if spec[L].rope_type == "default"]
+    # every rope type set to linear; where HF cannot build that (Gemma 4's proportional layers), its default ones only
+    tries = [(spec.rotary_layers, lambda _: True)]
+    if per_type and default and len(default) < len(spec.rotary_layers):
+        tries.append((default, lambda v: v.get("rope_type", "default") == "default"))
+    why = ""
+    for layers, keep in tries:
+        cfg = copy.deepcopy(hf.config)
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        text.rope_parameters = ({k: ({**v, **linear} if isinstance(v, dict) and keep(v) else v) for k, v in rp.items()}
+                                if per_type else {**rp, **linear})
+        try:
+            ref_model = type(hf)._from_config(cfg, attn_implementation="eager").eval()  # the class under test itself
+            ref_model.load_state_dict(hf.state_dict())
+            with torch.no_grad():
+                ref = ref_model(toks).logits
+                plain = hf(toks).logits
+        except Exception as e:  # noqa: BLE001 - HF cannot build this family with another rope type: no reference
+            first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
+            why = why or f"no HF reference for PI: HF cannot build it with rope type linear ({type(e).__name__}: {first})"
+            continue
+        if torch.equal(ref, plain):
+            return math.nan, "no HF reference for PI: HF's forward ignores the rope type its config sets"
+        with apply_rope_variant(model, Linear(2.0), layers=layers), torch.no_grad():
+            ours = model(toks)
+        return float((ours - ref).abs().max() / ref.abs().max()), ""
+    return math.nan, why
 
 
 def report_status(model) -> str:
