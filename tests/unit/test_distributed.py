@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 import torch
+from tests.unit.test_measure import _run_ranks
 
 import ropelens
 from ropelens import Bands, capture
@@ -33,7 +34,7 @@ def launch(nproc: int, args: list[str], timeout: int = 240) -> subprocess.Comple
     """``torchrun --standalone --nproc-per-node N ARGS`` on loopback, one thread per rank."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "127.0.0.1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return _run_ranks(cmd, timeout, env)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
