@@ -745,7 +745,10 @@ def spec_at_length(model, spec: RopeSpec, n: int) -> RopeSpec:
     from dataclasses import replace
 
     from ropelens.errors import UnsupportedModelError
+    from ropelens.plan import active_plan
 
+    if active_plan(model):  # a variant in force sets the frequencies itself; the model's buffers are not the spec's
+        return spec
     flag = getattr(model, "_ropelens_length_dependent", None)
     if flag is None:
         flag = length_dependent(model)

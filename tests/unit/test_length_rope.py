@@ -102,3 +102,13 @@ def test_fixed_frequencies_are_left_alone(tiny):
     assert spec_at_length(model, spec, 64) is spec
     st = band_statistics(model, _tokens(24), n_ctx=24, progress=False)
     assert "rope_read_at_length" not in st.provenance.config
+
+
+def test_a_variant_in_force_keeps_its_own_frequencies(dynamic):
+    """Under a RoPE variant the spec is the variant's: the model's rotary buffers at the length do not replace it."""
+    from ropelens.intervene import apply_rope_variant
+    from ropelens.variants import PRoPE
+
+    with apply_rope_variant(dynamic, PRoPE(0.5)):
+        spec = rope_spec(dynamic)
+        assert spec_at_length(dynamic, spec, 48) is spec
