@@ -27,7 +27,7 @@ from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.usage import UsageReducer
 from ropelens.bands import Bands
 from ropelens.capture import batches, stream
-from ropelens.fastpath import hf_view, sdpa_attention
+from ropelens.backends.fastpath import hf_view, sdpa_attention
 
 args_tile: int | None = None
 WHAT = ("sdpa", "forward", "usage", "usage_bridge", "band_stats", "band_stats+top1")

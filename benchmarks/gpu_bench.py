@@ -23,7 +23,7 @@ from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.usage import UsageReducer
 from ropelens.bands import Bands
 from ropelens.capture import batches, stream
-from ropelens.fastpath import hf_view, sdpa_attention
+from ropelens.backends.fastpath import hf_view, sdpa_attention
 from ropelens.models import wrap_hf_model
 from ropelens.reading import rope_spec
 from ropelens.testing import tiny_tokenizer

@@ -32,7 +32,7 @@ import torch
 import ropelens
 from ropelens import data
 from ropelens.evaluate import _hf_losses, window_losses
-from ropelens.fastpath import hf_view, sdpa_attention
+from ropelens.backends.fastpath import hf_view, sdpa_attention
 from ropelens.intervene import ablate_planes, apply_rope_variant
 from ropelens.variants import PRoPE
 

@@ -25,7 +25,7 @@ import torch
 
 import ropelens
 from ropelens.data import analysis_windows, english
-from ropelens.fastpath import hf_view, sdpa_attention
+from ropelens.backends.fastpath import hf_view, sdpa_attention
 from ropelens.report import DEFAULT_BAND_TOKENS, build_report
 
 TARGET_SECONDS = 180

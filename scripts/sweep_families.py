@@ -137,7 +137,7 @@ def render(rows: list[dict], *, seconds: float, families: int, command: str, rep
            "a RoPE variant, p-RoPE with p = 0.5 through `apply_rope_variant`: on one token repeated the rotated "
            "query against the variant's rotation (relative), and the logits after leaving it equal to the ones "
            "before bit for bit (a difference makes the family wrong); every engine takes variants: the bridge's "
-           "hooks, and the HF forward's own rotation (`ropelens.engine`) on a plain HF model or a bridge whose "
+           "hooks, and the HF forward's own rotation (`ropelens.backends.engine`) on a plain HF model or a bridge whose "
            "attention rotates inside HF's module. Then the variant against HF's own implementation: the logits "
            "under PI (`Linear(2)`) in the layers with default RoPE against the same weights reloaded with HF's "
            "`linear` rope type, factor 2, in their config (relative; \"–\" where HF's config takes no other rope "

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -43,96 +42,24 @@ def _check_tokens(tokens: Any) -> Tensor:
 
 
 def is_bridge(model: Any) -> bool:
-    """Whether ``model`` is a TransformerLens bridge (else a plain HF causal LM)."""
-    return hasattr(model, "original_model") and hasattr(model, "blocks")
+    """Whether ``model`` is a TransformerLens bridge (deprecated: ``ropelens.backends.backend_of(model).tl_view``)."""
+    from ropelens.backends import backend_of
 
-
-_LOGIT_CHUNK = 1024  # positions whose logits exist at once: [chunk, vocab] instead of [n, vocab]
-
-
-def _head(hf: Any, hidden: Tensor) -> Tensor:
-    """The causal LM's logits of ``hidden`` (lm_head and the family's final logit transform)."""
-    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
-    logits = hf.lm_head(hidden)
-    if getattr(hf, "logit_scale", None) is not None:  # Cohere
-        logits = logits * hf.logit_scale
-    if getattr(cfg, "logits_scaling", None):  # Granite
-        logits = logits / cfg.logits_scaling
-    cap = getattr(cfg, "final_logit_softcapping", None)
-    if cap:  # Gemma 2/3
-        logits = torch.tanh(logits / cap) * cap
-    return logits
-
-
-def _chunked_head(hf: Any) -> bool:
-    """Whether :func:`_head` on the base model's hidden states gives the model's own logits (checked once on
-    8 tokens); where it does not, losses take the model's full logits."""
-    known = getattr(hf, "_ropelens_chunked_head", None)
-    if known is None:
-        toks = torch.arange(4, 12, device=device_of(hf))[None]
-        try:
-            hidden = hf.base_model(input_ids=toks, use_cache=False).last_hidden_state
-            known = torch.equal(_head(hf, hidden), hf(input_ids=toks, use_cache=False).logits)
-        except (AttributeError, TypeError):
-            known = False
-        object.__setattr__(hf, "_ropelens_chunked_head", known)
-    return known
-
-
-def _hf_losses(hf: Any, batch: Int[Tensor, "b pos"]) -> Float[Tensor, " b"]:
-    """Mean next-token loss of each window from an HF causal LM, with logits made a chunk of positions at a time."""
-    if not _chunked_head(hf):
-        return _losses_of(hf(input_ids=batch, use_cache=False).logits, batch)
-    hidden = hf.base_model(input_ids=batch, use_cache=False).last_hidden_state
-    total = torch.zeros(batch.shape[0], dtype=torch.float64, device=batch.device)
-    for s in range(0, batch.shape[1] - 1, _LOGIT_CHUNK):
-        e = min(s + _LOGIT_CHUNK, batch.shape[1] - 1)
-        per_token = _token_losses(_head(hf, hidden[:, s:e]).float(), batch[:, s + 1 : e + 1])
-        total += per_token.double().sum(-1)
-    return (total / (batch.shape[1] - 1)).float()
-
-
-def _losses_of(logits: Tensor, batch: Tensor) -> Tensor:
-    # float32 softmax: bf16 logits lose the last digits of the loss a CI is built from.
-    return _token_losses(logits[:, :-1].float(), batch[:, 1:]).mean(dim=-1)
-
-
-def _token_losses(logits: Float[Tensor, "b pos vocab"], targets: Int[Tensor, "b pos"]) -> Float[Tensor, "b pos"]:
-    """Next-token loss at every position; rows of [b·pos, vocab] keep the vocabulary contiguous, which on a
-    CPU is ~4× faster than cross_entropy over a [b, vocab, pos] view."""
-    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-    return flat.view(targets.shape)
+    return backend_of(model).tl_view
 
 
 def loss_path(model: Any, path: str = "auto") -> str:
     """Which forward :func:`window_losses` runs: ``"sdpa"`` (the HF model with sdpa attention and every RoPE
-    variant and plane ablation in force, :func:`ropelens.sdpa.on_sdpa`), ``"bridge"`` or ``"hf"`` (a plain HF model).
+    variant and plane ablation in force, :func:`ropelens.backends.sdpa.on_sdpa`), ``"bridge"`` or ``"hf"`` (a plain HF model).
 
-    ``"auto"`` takes sdpa for a bridge where :func:`ropelens.sdpa.sdpa_ready` holds, else the bridge (another
+    ``"auto"`` takes sdpa for a bridge where :func:`ropelens.backends.sdpa.sdpa_ready` holds, else the bridge (another
     hook or intervention is in force, or the family rotates where the sdpa path cannot reach).
     """
     if path not in ("auto", "sdpa", "bridge"):
         raise InputError(f"path must be 'auto', 'sdpa' or 'bridge', got {path!r}")
-    from ropelens.plain import is_plain
+    from ropelens.backends import backend_of
 
-    if not is_bridge(model) and not (is_plain(model) and path != "bridge"):
-        return "hf"
-    if is_plain(model):  # its plan runs on the engine either way; sdpa where the engine reaches its rotation
-        from ropelens.sdpa import sdpa_ready
-
-        return "sdpa" if sdpa_ready(model) else "hf"
-    if path == "auto":
-        from ropelens.sdpa import sdpa_ready
-
-        return "sdpa" if sdpa_ready(model) else "bridge"
-    return path
-
-
-def _batch_losses(model: Any, batch: Int[Tensor, "b pos"]) -> Float[Tensor, " b"]:
-    """Mean next-token loss of each window of ``batch`` (bridge or plain HF causal LM)."""
-    if not is_bridge(model):
-        return _losses_of(model(input_ids=batch).logits, batch)
-    return model(batch, return_type="loss", loss_per_token=True).float().mean(dim=-1)
+    return backend_of(model).loss_path(path)
 
 
 def window_losses(
@@ -156,17 +83,11 @@ def window_losses(
 
         starts = tqdm(starts, desc="windows", unit="batch", leave=False)
     out = []
-    chosen = loss_path(model, path)
-    if chosen == "sdpa":
-        from ropelens.sdpa import on_sdpa
+    from ropelens.backends import backend_of
 
-        with torch.no_grad(), on_sdpa(model) as hf:
-            for s in starts:
-                out.append(_hf_losses(hf, tokens[s : s + batch_size].to(device)).cpu())
-        return torch.cat(out)
-    with torch.no_grad():
+    with torch.no_grad(), backend_of(model).loss_forward(loss_path(model, path)) as losses:
         for s in starts:
-            out.append(_batch_losses(model, tokens[s : s + batch_size].to(device)).cpu())
+            out.append(losses(tokens[s : s + batch_size].to(device)).cpu())
     return torch.cat(out)
 
 

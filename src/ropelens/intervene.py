@@ -12,21 +12,19 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool
 from torch import Tensor
 
-from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.fastpath import intervened
-from ropelens.hooks import attn_hooks
-from ropelens.plan import AblationStep, VariantStep, model_tables, variant_tables
+from ropelens.backends.bridge_interventions import add_lens_hook
+from ropelens.backends.fastpath import intervened
+from ropelens.backends.sdpa import on_sdpa, planned, sdpa_ready
+from ropelens.plan import AblationStep, VariantStep
 from ropelens.reading import rope_spec
 from ropelens.rope import LayerRope, RopeSpec
-from ropelens.sdpa import on_sdpa, planned, sdpa_ready
 from ropelens.validate import check_indices
 from ropelens.variants import RopeVariant
 
@@ -67,91 +65,27 @@ def spec_with_variant(
     return dataclasses.replace(spec, layers=tuple(new))
 
 
-def _attention_with_tables(model, layers: Sequence[int], what: str) -> list[torch.nn.Module]:
-    """Attention bridges of ``layers``, checking each receives (cos, sin) and fires the rotary hooks."""
-    attns = [model.blocks[i].attn for i in layers]
-    for i, attn in zip(layers, attns, strict=True):
-        if not hasattr(attn, "hook_cos"):
-            raise InputError(
-                f"{what} needs attention that receives (cos, sin) position embeddings, as in Llama, "
-                f"Gemma, Qwen or SmolLM; layer {i} is a {type(attn).__name__} "
-                f"({type(attn.original_component).__name__}), which rotates inside the HF module "
-                "and exposes neither its tables nor hook_rot_q/hook_rot_k"
-            )
-    return attns
-
-
-def _swap_tables_hook(
-    module: torch.nn.Module,  # noqa: ARG001 - torch's pre-hook signature
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    variant: RopeVariant,
-    layer: LayerRope,
-    scale: float,
-    interleaved: bool,
-    convention: dict[str, tuple[str, float, float]],
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Forward pre-hook: replace the (cos, sin) this attention layer receives with the variant's.
-
-    The variant's tables take the layout and sign of the model's own (read once, from the first
-    input past position 0), so a model whose tables turn the other way (``direction`` −1) turns the
-    other way under the variant too.
-    """
-    tables, position_ids = kwargs.get("position_embeddings"), kwargs.get("position_ids")
-    if not isinstance(tables, tuple) or len(tables) != 2 or position_ids is None:
-        raise UnsupportedModelError(
-            f"layer {layer.layer}: attention was called without (cos, sin) position_embeddings and "
-            "position_ids keyword arguments, so the RoPE variant cannot be applied to this model"
-        )
-    if "read" not in convention:
-        got = model_tables(tables[0], tables[1], layer, position_ids)
-        if got is not None:
-            convention["read"] = got
-    layout, sign = convention.get("read", ("interleaved" if interleaved else "cat", 1.0, 0.0))[:2]
-    new = variant_tables(variant, layer, position_ids, tables[0], layout, sign, scale)
-    return args, {**kwargs, "position_embeddings": new}
-
-
 def uses_engine(model, layers: Sequence[int], what: str) -> bool:
-    """Whether ``what`` runs on the engine (:mod:`ropelens.engine`: at the rotation the HF forward calls) rather than
+    """Whether ``what`` runs on the engine (:mod:`ropelens.backends.engine`: at the rotation the HF forward calls) rather than
     on bridge hooks: a plain HF model, or a bridge whose attention in ``layers`` rotates inside the HF module (no
     (cos, sin) handed to it, no post-RoPE hooks). Raises UnsupportedModelError, with what was seen, where neither
     can reach the model's rotation."""
-    from ropelens.plain import is_plain
-    from ropelens.sdpa import engine_ready
+    from ropelens.backends import backend_of
 
-    if not is_plain(model) and all(hasattr(model.blocks[i].attn, "hook_cos") for i in layers):
-        return False
-    why = engine_ready(model)
-    if why is not None:
-        raise UnsupportedModelError(f"{what} cannot reach this model's rotation: {why}")
-    return True
+    return backend_of(model).uses_engine(layers, what)
 
 
 def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[RopeSpec, list[Any], list[int], bool]:
-    """Register the per-layer table swap; returns the resulting spec, the hook handles, the layers and whether the
-    engine applies it (no hooks then)."""
+    """Install the variant where the model's backend applies it; returns the resulting spec, the removers of any
+    hooks, the layers and whether the engine applies it (no hooks then)."""
+    from ropelens.backends import backend_of
+
     _check_variant(variant)
     spec = rope_spec(model)  # NotRotaryError for models without RoPE
     chosen = spec.layer_indices(layers, layer_kind)
-    new_spec = spec_with_variant(
-        spec, variant, chosen
-    )  # also validates the variant against each layer
-    if uses_engine(model, chosen, "apply_rope_variant"):
-        return new_spec, [], chosen, True
-    attns = _attention_with_tables(model, chosen, "apply_rope_variant")
-    interleaved = bool(getattr(model.cfg, "rotary_interleaved_cos_sin", False))
-    handles = []
-    for i, attn in zip(chosen, attns, strict=True):
-        # The multiplier does not depend on the input, so it is computed once, not per forward.
-        scale = new_spec[i].attention_scaling
-        hook = functools.partial(
-            _swap_tables_hook, variant=variant, layer=spec[i], scale=scale, interleaved=interleaved,
-            convention={},
-        )
-        handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
-    return new_spec, handles, chosen, False
+    new_spec = spec_with_variant(spec, variant, chosen)  # also validates the variant against each layer
+    removers, engine = backend_of(model).variant_hooks(spec, new_spec, variant, chosen)
+    return new_spec, removers, chosen, engine
 
 
 @contextlib.contextmanager
@@ -165,15 +99,15 @@ def apply_rope_variant(
     rotary module, its buffers and its dynamic-update state are never touched; leaving the context
     (also on an exception) removes the hooks, so the model is exactly as before.
     """
-    handles: list[Any] = []
+    removers: list[Callable[[], None]] = []
     try:
-        new_spec, handles, chosen, engine = _install_variant(model, variant, layers, layer_kind)
+        new_spec, removers, chosen, engine = _install_variant(model, variant, layers, layer_kind)
         # the fast q/k path would bypass the bridge hooks; the sdpa forward reads the plan instead
-        with intervened(model), planned(model, VariantStep(variant, tuple(chosen), len(handles), engine)):
+        with intervened(model), planned(model, VariantStep(variant, tuple(chosen), len(removers), engine)):
             yield new_spec
     finally:
-        for h in handles:
-            h.remove()
+        for remove in removers:
+            remove()
 
 
 def is_identity(spec: RopeSpec, variant: RopeVariant, layers: Sequence[int], n_ctx: int) -> bool:
@@ -230,26 +164,6 @@ def _head_mask(
     return mask
 
 
-def _zero_hook(x: Float[Tensor, "batch pos head d_head"], *, hook: Any, mask: Tensor,  # noqa: ARG001
-               heads_first: bool = False) -> Tensor:
-    """Zero the masked (head, dim) entries of queries or keys (``[batch, head, pos, d]`` if ``heads_first``)."""
-    m = mask.to(x.device)
-    return torch.where(m[:, None] if heads_first else m, torch.zeros((), dtype=x.dtype, device=x.device), x)
-
-
-def add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
-    """Add a TransformerLens hook that survives ``reset_hooks()``; returns its remover."""
-    # Permanent, so run_with_hooks/reset_hooks inside the context leave it; prepended, so user
-    # hooks on the same point see the ablated tensor.
-    handle = hook_point.add_hook(fn, is_permanent=True, prepend=True)
-
-    def remove() -> None:
-        handle.hook.remove()
-        hook_point.fwd_hooks = [h for h in hook_point.fwd_hooks if h is not handle]
-
-    return remove
-
-
 @contextlib.contextmanager
 def ablate_planes(
     model,
@@ -267,9 +181,8 @@ def ablate_planes(
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers, layer_kind)
     plane_list = check_indices(planes, "plane")
-    engine = uses_engine(model, chosen, "ablate_planes")
-    if not engine:
-        _attention_with_tables(model, chosen, "ablate_planes")  # the post-RoPE hooks fire there
+    from ropelens.backends import backend_of
+
     removers: list[Callable[[], None]] = []
     step_masks: dict[int, tuple[Tensor | None, Tensor | None]] = {}
     try:
@@ -277,20 +190,10 @@ def ablate_planes(
             lr = spec[i]
             check_indices(plane_list, "plane", lr.n_planes, f"layer {i}")
             head_set = None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
-            names = None if engine else attn_hooks(model, i)
-            qk = []
-            for which, n, per_kv in (("q", lr.n_heads, False), ("k", lr.n_kv_heads, True)):
-                mask = _head_mask(lr, plane_list, head_set, n, per_kv)
-                qk.append(mask)
-                if mask is None or names is None:
-                    continue
-                # Rotation maps a zero plane to zero, so where no post-RoPE hook fires (Phi-3, GPT-NeoX)
-                # zeroing the plane before RoPE removes the same term.
-                name = names.post(which) or names.pre(which)
-                first = names.post(which) is None and names.pre_heads_first
-                fn = functools.partial(_zero_hook, mask=mask, heads_first=first)
-                removers.append(add_lens_hook(model.hook_dict[name], fn))
+            qk = [_head_mask(lr, plane_list, head_set, n, per_kv)
+                  for n, per_kv in ((lr.n_heads, False), (lr.n_kv_heads, True))]
             step_masks[i] = (qk[0], qk[1])
+        removers, engine = backend_of(model).ablation_hooks(step_masks)
         # the fast q/k path would bypass the ablation hooks; the sdpa forward reads the plan instead
         with intervened(model), planned(model, AblationStep(step_masks, len(removers), engine)):
             yield

@@ -297,12 +297,12 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
 
     Where TransformerLens has no adapter for the architecture, or its adapter cannot wrap this
     configuration (Falcon's grouped KV heads), and with ``bridge=False`` for any model, the result is
-    a :class:`ropelens.plain.PlainModel`: the HF model itself, on which the q/k analyses run and
-    interventions are refused in one line (see :mod:`ropelens.plain`).
+    a :class:`ropelens.backends.hf.PlainModel`: the HF model itself, on which the q/k analyses run and
+    interventions are refused in one line (see :mod:`ropelens.backends.hf`).
     """
     hub_name = hub_name or label
     dtype = resolve_dtype(dtype)
-    from ropelens.plain import plain_model
+    from ropelens.backends.hf import plain_model
 
     if placed:  # layers already on their devices (a device map): keep them there
         dev = device_of(model)
@@ -388,7 +388,7 @@ def _hookless_attention(bridge) -> str | None:
 
 
 def _plain_can_tap(hf) -> bool:
-    from ropelens.plain import can_tap
+    from ropelens.backends.hf import can_tap
 
     return can_tap(hf)
 
@@ -424,17 +424,9 @@ def _identify(bridge, label: str, path: Path | None = None):
     booted), so ropelens' name goes there and travels with the config; ``cfg.model_path`` is the
     resolved file or directory for weights loaded from a path, else None.
     """
-    resolved = None if path is None else str(path.expanduser().resolve())
-    from ropelens.plain import is_plain
+    from ropelens.backends import backend_of
 
-    if is_plain(bridge):  # its config is frozen: a renamed copy
-        import dataclasses
-
-        bridge.cfg = dataclasses.replace(bridge.cfg, model_name=label, model_path=resolved)
-        return bridge
-    bridge.cfg.model_name = label
-    bridge.cfg.model_path = resolved
-    return bridge
+    return backend_of(bridge).named(label, path)
 
 
 @contextlib.contextmanager
@@ -519,9 +511,9 @@ def load_model(
     max_memory: dict[Any, str | int] | None = None,
     bridge: bool = True,
 ):
-    """Load a model as a ``TransformerBridge`` (a :class:`ropelens.plain.PlainModel` where TransformerLens cannot wrap it).
+    """Load a model as a ``TransformerBridge`` (a :class:`ropelens.backends.hf.PlainModel` where TransformerLens cannot wrap it).
 
-    ``bridge=False`` loads any model as the plain HF model (:mod:`ropelens.plain`): the q/k
+    ``bridge=False`` loads any model as the plain HF model (:mod:`ropelens.backends.hf`): the q/k
     analyses give the bridge's numbers; interventions need the bridge and are refused.
 
     ``device_map`` ("auto" or a module → device dict) and ``max_memory`` split a model too large
@@ -653,14 +645,14 @@ def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool =
         raise _unknown_model_error(name, e) from e
     hf = bridge.original_model
     if _mla(hf):  # measured on the plain HF model (see wrap_hf_model): the bridge's modules taken off again
-        from ropelens.plain import plain_model
+        from ropelens.backends.hf import plain_model
 
         _strip_bridge(hf)
         return _identify(plain_model(hf.eval(), bridge.tokenizer, label=name, why=_MLA_WHY), name)
     bridge.eval()
     hookless = _hookless_attention(bridge)
     if hookless is not None and _plain_can_tap(hf):  # as in wrap_hf_model
-        from ropelens.plain import plain_model
+        from ropelens.backends.hf import plain_model
 
         _strip_bridge(hf)
         return _identify(plain_model(hf.eval(), bridge.tokenizer, label=name, why=hookless), name)
@@ -668,10 +660,10 @@ def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool =
 
 
 def _plain_from_hub(name: str, dtype: torch.dtype, dev: torch.device, why: str):
-    """The hub model as a :class:`ropelens.plain.PlainModel` (no TransformerLens adapter, or ``bridge=False``)."""
+    """The hub model as a :class:`ropelens.backends.hf.PlainModel` (no TransformerLens adapter, or ``bridge=False``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ropelens.plain import plain_model
+    from ropelens.backends.hf import plain_model
 
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="eager")

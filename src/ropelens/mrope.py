@@ -112,16 +112,10 @@ def _text_rotary(lm: torch.nn.Module) -> torch.nn.Module:
 
 
 def as_plain_vl(model_or_hf, label: str | None = None):
-    """A :class:`ropelens.plain.PlainModel` of an HF vision-language model (TransformerLens has no adapter for it)."""
-    from ropelens.plain import is_plain, plain_model
+    """A :class:`ropelens.backends.hf.PlainModel` of an HF vision-language model (TransformerLens has no adapter for it)."""
+    from ropelens.backends.hf import vl_model
 
-    if is_plain(model_or_hf):
-        return model_or_hf
-    if hasattr(model_or_hf, "original_model") or not hasattr(model_or_hf, "config"):
-        raise UnsupportedModelError(f"{type(model_or_hf).__name__}: M-RoPE is measured on the plain HF model: pass the HF "
-                                    "vision-language model itself, or ropelens.mrope.load_vl_model(path)")
-    name = label or getattr(model_or_hf.config, "_name_or_path", "") or type(model_or_hf).__name__
-    return plain_model(model_or_hf, None, label=str(name), why="a vision-language model, measured on its text tower")
+    return vl_model(model_or_hf, label)
 
 
 def load_vl_model(path: str, *, device: str | torch.device | None = None, dtype: str | torch.dtype = torch.float32):
@@ -154,7 +148,7 @@ def capture_mrope(model, spec: RopeSpec, input_ids: Int[Tensor, "batch pos"], la
     rotary receives. ``verify`` checks the spec's 3-D rotation of the pre-RoPE q/k against the model's rotated
     ones and the pattern rebuilt from them against the model's, raising UnsupportedModelError on a mismatch.
     """
-    from ropelens.fastpath import attention_implementation
+    from ropelens.backends.fastpath import attention_implementation
     from ropelens.reading import hf_model_of
 
     hf = hf_model_of(model)

@@ -3,7 +3,7 @@
 Each intervention context (:func:`ropelens.intervene.apply_rope_variant`,
 :func:`ropelens.intervene.ablate_planes`, :func:`ropelens.analyses.massive.replace_massive`) records a
 *step* on the model while it lasts; :func:`active_plan` lists them, outermost first. The engine
-(:mod:`ropelens.engine`) applies the plan at the rotation the HF forward calls, with the variant's
+(:mod:`ropelens.backends.engine`) applies the plan at the rotation the HF forward calls, with the variant's
 (cos, sin) laid out as the model lays out its own (:func:`model_tables`, :func:`variant_tables`).
 """
 
@@ -32,7 +32,7 @@ class VariantStep:
     variant: RopeVariant
     layers: tuple[int, ...]
     n_hooks: int
-    engine: bool = False  # applied by the engine alone (:mod:`ropelens.engine`), no bridge hook
+    engine: bool = False  # applied by the engine alone (:mod:`ropelens.backends.engine`), no bridge hook
 
 
 @dataclass(frozen=True, eq=False)

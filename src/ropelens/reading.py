@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ropelens.backends.bridge_hooks import bridge_refusal, declared_adjacent_pairs
 from ropelens.errors import NotRotaryError, UnsupportedModelError
 from ropelens.layer_fields import (
     heads_of,
@@ -136,15 +137,9 @@ def _masks_window(hf) -> bool:
 
 def _refuse_unsupported(model, cfg, arch: str) -> None:
     """Raise UnsupportedModelError for structures ropelens cannot measure exactly (never a wrong number)."""
-    if is_chunked(cfg) and hasattr(model, "blocks"):
-        raise UnsupportedModelError(
-            f"{arch}: chunked attention is measured on the plain HF model ({CHUNKED_WHY}): load it with "
-            "ropelens.load_model, which runs it without the bridge.")
-    if is_mla(cfg) and hasattr(model, "blocks"):
-        raise UnsupportedModelError(
-            f"{arch}: multi-head latent attention is measured on the plain HF model (TransformerLens's MLA bridge "
-            "fires no pre-RoPE q/k hook): load it with ropelens.load_model, which runs it without the bridge."
-        )
+    why = bridge_refusal(model, arch, chunked=CHUNKED_WHY if is_chunked(cfg) else None, mla=is_mla(cfg))
+    if why is not None:
+        raise UnsupportedModelError(why)
     if any(hasattr(m, "lambda_init") for m in hf_model_of(model).modules()):
         raise UnsupportedModelError(
             f"{arch}: differential attention is not supported: each head's output is softmax(q1·k1) − λ·softmax(q2·k2) "
@@ -179,11 +174,9 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
         )
     types = getattr(cfg, "layer_types", None) or ()
     shared = [i for i, a in enumerate(attns) if getattr(a, "is_kv_shared_layer", False)]
-    if shared and hasattr(model, "blocks"):  # the plain HF model takes their keys from the layer that stored them
-        raise UnsupportedModelError(
-            f"{arch}: layers {shared} reuse an earlier layer's keys (num_kv_shared_layers, Gemma 4 "
-            "E2B/E4B) and compute none of their own, so ropelens cannot capture the keys their scores are made of."
-        )
+    why = bridge_refusal(model, arch, kv_shared=shared)  # the plain HF model takes them from the layer that stored them
+    if why is not None:
+        raise UnsupportedModelError(why)
     # Inkling's attention (hybrid_sliding and hybrid layers alike): its mask is causal or sliding-window, but a learned
     # relative-position bias and a per-token sink logit join q·k before the softmax, and its text tower never rotates
     biased = sorted({type(m).__name__ for m in hf_model_of(model).modules() if _relative_bias(m)})
@@ -373,8 +366,8 @@ def rope_spec(model) -> RopeSpec:
     layer_types = getattr(cfg, "layer_types", None)
     # GLM/ERNIE (rotary_adjacent_pairs) and Cohere (rotary_interleaved_cos_sin) rotate adjacent pairs,
     # as GPT-J does; the bridge's own flags say so.
-    adjacent = (bool(getattr(tl_cfg, "rotary_adjacent_pairs", False))
-                or bool(getattr(tl_cfg, "rotary_interleaved_cos_sin", False)))
+    declared = declared_adjacent_pairs(model)  # None: no flag says, the rotation is measured
+    adjacent = bool(declared)
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
     calls = _rotary_calls(model, attns)
     blocks = _blocks(model)
@@ -465,8 +458,8 @@ def rope_spec(model) -> RopeSpec:
         )
         if calls is not None and i in calls and inv.numel():
             q, q_rot, normed = calls[i]
-            # a plain HF model has no bridge flag for adjacent pairs (Helium): its own rotation says which
-            layers[-1] = _with_direction(layers[-1], q, q_rot, pairing=not hasattr(model, "blocks"))
+            # where no flag declares adjacent pairs (a plain HF model: Helium), its own rotation says which
+            layers[-1] = _with_direction(layers[-1], q, q_rot, pairing=declared is None)
             if normed:
                 layers[-1] = dataclasses.replace(layers[-1], norm_after_rope=True)
     layers = _with_temperature(model, attns, cfg, layers)

@@ -24,7 +24,7 @@ tokens) runs once per model, per layer that rotates:
   config's layer types.
 
 Both capture paths analyses use are checked: the fast q/k path (HF's ``apply_rotary_pos_emb``)
-and the bridge's hooks. The reference is the HF model under the bridge (:func:`ropelens.fastpath.hf_view`)
+and the bridge's hooks. The reference is the HF model under the bridge (:func:`ropelens.backends.fastpath.hf_view`)
 run with eager attention, its ``eager_attention_forward`` wrapped to read its inputs (query, key,
 mask, scaling) and output (probabilities); a family without one (GPT-J) gives its probabilities
 through ``output_attentions``, and its q/k, scale and score checks are listed as unchecked. Under a
@@ -43,7 +43,6 @@ made after the first probe (the HF view is built once); call :func:`verify_model
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import math
 import time
@@ -54,6 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ropelens.backends.base import fingerprint
 from ropelens.errors import UnsupportedModelError
 from ropelens.rope import LayerRope, RopeSpec
 
@@ -153,35 +153,6 @@ def rotation_from_pre(lr: LayerRope, pre: Tensor, post: Tensor, ablated: bool = 
 
 
 # -------------------------------------------------------------------------------------- cache key
-def _modeling_module(model):
-    from ropelens.reading import hf_model_of
-
-    return importlib.import_module(type(hf_model_of(model)).__module__)
-
-
-def fingerprint(model, spec: RopeSpec) -> str:
-    """What the verification of ``model`` depends on: the spec, the code that rotates and scores, the hooks."""
-    from ropelens.reading import hf_model_of
-
-    parts = [spec.to_json()]
-    mod = _modeling_module(model)
-    parts += [f"{n}:{id(getattr(mod, n, None))}" for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward",
-                                                            "repeat_kv")]
-    for m in hf_model_of(model).modules():
-        name = type(m).__name__.lower()
-        if ("attention" in name or "rotary" in name) and "bridge" not in name:
-            parts.append(f"{type(m).__qualname__}:{id(type(m).forward)}:{id(m.__dict__.get('forward'))}")
-    for b in getattr(model, "blocks", ()):
-        attn = getattr(b, "attn", None)
-        if attn is not None:
-            parts.append(str([id(h) for h in (*attn._forward_pre_hooks.values(), *attn._forward_hooks.values())]))
-    for name, hp in getattr(model, "hook_dict", {}).items():
-        if ".attn." in name and getattr(hp, "fwd_hooks", None):
-            parts.append(f"{name}:{[id(h) for h in hp.fwd_hooks]}")
-    parts.append(str(getattr(model, "_ropelens_interventions", 0)))
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
 def verify_model(model, spec: RopeSpec | None = None, *, force: bool = False, length: int | None = None) -> Verification:
     """Run the probe (see module doc) unless this model and spec already passed it; raise
     :class:`UnsupportedModelError` naming the layer, the check and the size of the error on a mismatch."""
@@ -332,11 +303,11 @@ class _Probe:
         if any(self.spec[L].selects(self.n) for L in self.rotary):  # sparse attention: its selection is read too
             which += ("selected",)
         intervened = bool(getattr(self.model, "_ropelens_interventions", 0))
-        from ropelens.plain import is_plain
-        from ropelens.sdpa import engine_plan
+        from ropelens.backends import backend_of
 
-        engine = is_plain(self.model) or engine_plan(self.model)  # the plan, if any, is applied by the engine
-        slow = "plain HF forward" if engine else "bridge"  # the path analyses take off the fast one
+        backend = backend_of(self.model)
+        engine = backend.on_engine()  # the plan, if any, is applied by the engine
+        slow = backend.capture_path()  # the path analyses take off the fast one
         paths = {slow: capture_qk(self.model, toks, layers=self.rotary, which=which, fast=False, spec=self.spec)}
         if not intervened:  # the fast path is off under an intervention: analyses then use the bridge alone
             paths["fast q/k path"] = capture_qk(self.model, toks, layers=self.rotary, which=which, fast=True, spec=self.spec)
@@ -459,11 +430,11 @@ class _Probe:
 
     def _hf_reference(self, toks: Tensor, acts) -> None:
         """Run the HF model under the bridge with eager attention, reading its attention function's inputs and output."""
-        from ropelens.fastpath import attention_implementation, hf_view
-        from ropelens.plain import mixed_weights
+        from ropelens.backends.fastpath import attention_implementation, hf_view
+        from ropelens.backends.hf import mixed_weights
 
         hf = hf_view(self.model)
-        mod = _modeling_module(self.model)
+        mod = importlib.import_module(type(hf).__module__)
         orig = getattr(mod, "eager_attention_forward", None)
         calls = [0]
 
@@ -491,7 +462,7 @@ class _Probe:
                               scaling, allowed, probs.detach().float() if probs is not None else None)
             return out
 
-        from ropelens.plain import planned_forward
+        from ropelens.backends.hf import planned_forward
 
         with attention_implementation(hf, "eager"), torch.no_grad(), planned_forward(self.model, hf):
             if orig is None:

@@ -15,9 +15,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import ropelens
+from ropelens.backends.hf import is_plain
 from ropelens.capture import capture_qk
 from ropelens.intervene import ablate_planes, apply_rope_variant
-from ropelens.plain import is_plain
 from ropelens.testing.sweep import save_tiny
 from ropelens.variants import Linear, YaRN
 from ropelens.verify import verify_model
@@ -102,7 +102,7 @@ def test_plane_ablation_zeroes_exactly_those_planes(saved, family):
 def test_the_bridge_forward_applies_an_engine_variant(saved):
     """A bridge whose attention rotates inside the HF module: its own forward (not only ropelens's captures) runs
     under the variant, as the HF sdpa forward does."""
-    from ropelens.sdpa import on_sdpa
+    from ropelens.backends.sdpa import on_sdpa
 
     model = ropelens.load_model(str(saved("gemma4_text")), device="cpu")
     assert not is_plain(model)

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ropelens
+from ropelens.backends.hf import PlainModel
 from ropelens.capture import capture_qk
-from ropelens.plain import PlainModel
 from ropelens.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
 from ropelens.testing.families import N_CHECK
@@ -153,7 +153,7 @@ def test_shared_kv_layers_read_their_source_layers_keys(tiny_dir, tmp_path):
 def test_attention_sublayers_are_layers(tiny_dir):
     """LongCat-Flash's decoder layers hold two attention sublayers each; HF numbers them 0..2n-1 (layer_idx, as its
     cache does), and so does ropelens: layer L is sublayer L % 2 of decoder layer L // 2, read exactly."""
-    from ropelens.plain import attention_modules
+    from ropelens.backends.hf import attention_modules
 
     model = ropelens.load_model(tiny_dir("longcat_flash"), device="cpu")
     hf = model.original_model

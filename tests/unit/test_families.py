@@ -23,9 +23,9 @@ from ropelens import Bands
 from ropelens.analyses import band_stats
 from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.heads import HeadScoresReducer
+from ropelens.backends.bridge_hooks import attn_hooks
 from ropelens.capture import batches, capture_qk, stream
 from ropelens.errors import UnsupportedModelError
-from ropelens.hooks import attn_hooks
 from ropelens.intervene import apply_rope_variant, spec_with_variant
 from ropelens.reading import rope_spec
 from ropelens.testing.families import (
@@ -47,7 +47,7 @@ REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None and fam.r
 BRIDGED = [f for f in EXACT if FAMILIES[f].bridge]  # interventions run through the bridge's hooks
 # q/k normalised after RoPE: an ablation of the rotated q/k is renormalised by the norm, so it does not remove
 # exactly that plane's term of the score (NanoChat's bridge runs the HF attention whole: its variants and
-# ablations are applied at the rotation that attention calls, by ropelens.engine)
+# ablations are applied at the rotation that attention calls, by ropelens.backends.engine)
 NORM_AFTER_ROPE = ("hunyuan_v1_dense", "nanochat")
 
 

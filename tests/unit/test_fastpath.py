@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ropelens
-from ropelens import fastpath
+from ropelens.backends import fastpath
 from ropelens.capture import capture_qk
 from ropelens.intervene import ablate_planes, apply_rope_variant
 from ropelens.reading import rope_spec

@@ -15,8 +15,8 @@ import torch
 
 import ropelens
 from ropelens import Bands
+from ropelens.backends.fastpath import fast_qk
 from ropelens.errors import InputError
-from ropelens.fastpath import fast_qk
 from ropelens.reading import rope_spec
 from ropelens.rope import MIXER_KINDS, LayerRope, RopeSpec
 from ropelens.testing.families import N_CHECK, family_hf_model, family_model_dir

@@ -15,9 +15,9 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 import ropelens
+from ropelens.backends.hf import PlainModel
 from ropelens.bands import Bands
 from ropelens.errors import UnsupportedModelError
-from ropelens.plain import PlainModel
 from ropelens.reading import CHUNKED_WHY, rope_spec
 from ropelens.testing import spread_weights, tiny_tokenizer
 from ropelens.testing.families import FAMILIES, hf_scores, probs_by_layer

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import ropelens
+from ropelens.backends.hf import is_plain
 from ropelens.errors import UnsupportedModelError
 from ropelens.models import wrap_hf_model
-from ropelens.plain import is_plain
 from ropelens.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
 from ropelens.testing.families import FAMILIES, N_CHECK, check_family, family_model_dir

@@ -103,7 +103,7 @@ def test_an_adapter_whose_forward_fails_falls_back_to_the_hf_model(monkeypatch):
     4.3's CodeGen attention reads a buffer transformers 5.24 moved): the HF model is measured instead."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    from ropelens.plain import is_plain
+    from ropelens.backends.hf import is_plain
 
     def broken(self, *args, **kwargs):
         raise AttributeError("'LlamaAttention' object has no attribute 'moved_buffer'")

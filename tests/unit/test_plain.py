@@ -1,7 +1,7 @@
 """The plain HF model (no TransformerLens bridge): the bridge's numbers, HF's own numbers, one-line refusals.
 
 A Llama loaded both ways must give the same spec, usage and band statistics; families TransformerLens
-cannot wrap load as a :class:`ropelens.plain.PlainModel` and match HF's dense reference
+cannot wrap load as a :class:`ropelens.backends.hf.PlainModel` and match HF's dense reference
 (``test_families.py`` runs the full matrix on them); everything that needs the bridge's hooks is
 refused in one line naming the architecture.
 """
@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands
+from ropelens.backends.hf import BridgeOnlyError, PlainModel, is_plain
 from ropelens.capture import capture_qk
 from ropelens.errors import UnsupportedModelError
-from ropelens.plain import BridgeOnlyError, PlainModel, is_plain
 from ropelens.reading import rope_spec
 from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir
 from ropelens.verify import verify_model
@@ -171,7 +171,7 @@ def _sink_attention(fn_module: str, sinks: torch.Tensor):
 def test_sinks_applied_after_the_softmax_are_in_the_mixed_weights():
     """Granite SWA returns the softmax without its sinks and scales the output by sigmoid(lse − sink); the weights its
     values see are the softmax with one extra logit per head, written out here (as gpt-oss returns them)."""
-    from ropelens.plain import mixed_weights
+    from ropelens.backends.hf import mixed_weights
 
     sinks = torch.tensor([-1.0, 0.5, 2.0, 4.0])
     module, q, k, v, mask, out = _sink_attention("granite_swa.modeling_granite_swa", sinks)

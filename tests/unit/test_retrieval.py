@@ -111,7 +111,7 @@ def test_ablation_removes_exactly_the_planes_terms_in_the_chosen_heads(tiny, cho
     chosen planes' terms in the chosen heads only (heads 1 and 2 read different KV heads, so k stays); every
     other head and every earlier layer keeps its logits; the sdpa forward the passkey harness decodes with
     gives the bridge's logits. (Later layers see a changed residual stream, so they are not compared.)"""
-    from ropelens.sdpa import on_sdpa
+    from ropelens.backends.sdpa import on_sdpa
 
     model = tiny("llama-gqa")
     spec = ropelens.rope_spec(model)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import ropelens
-from ropelens import sdpa
 from ropelens.analyses.massive import massive_values, replace_massive
 from ropelens.analyses.passkey import greedy_continuation
+from ropelens.backends import sdpa
 from ropelens.errors import UnsupportedModelError
 from ropelens.evaluate import loss_path, window_losses
 from ropelens.intervene import ablate_planes, apply_rope_variant

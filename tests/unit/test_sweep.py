@@ -245,8 +245,8 @@ def test_a_variant_that_stays_after_its_context_is_wrong(monkeypatch, tmp_path):
 def test_a_variant_that_rotates_off_its_spec_is_wrong(monkeypatch, tmp_path):
     """The model handed p-RoPE with p = 1 (its own rotation) while the spec says p = 0.5: the rotated query of one
     token repeated does not turn by the spec's frequencies."""
+    import ropelens.backends.sdpa as sdpa
     import ropelens.intervene as intervene
-    import ropelens.sdpa as sdpa
     from ropelens.variants import PRoPE
 
     for mod in (intervene, sdpa):

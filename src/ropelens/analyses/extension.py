@@ -261,7 +261,7 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     from ropelens.analyses.context import plane_view
     from ropelens.analyses.extrapolation import MIN_PREDICTION_LENGTH, base_predictions
     from ropelens.data import analysis_windows
-    from ropelens.evaluate import bootstrap_ci, is_bridge, loss_path
+    from ropelens.evaluate import bootstrap_ci, loss_path
     from ropelens.intervene import apply_rope_variant, is_identity
     from ropelens.models import weights_fingerprint
     from ropelens.reading import model_label, rope_spec
@@ -364,7 +364,7 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
         config={"native": native, "target": to, "lengths": list(lengths), "passkey_lengths": list(passkey_lengths),
                 "depths": list(depths), "n_trials": n_trials, "seed": seed, "p": p, "tolerance": tolerance,
                 "weights_sha256": fp, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-                "forward": loss_path(model) if is_bridge(model) else "hf", "cells_reused": cells.reused,
+                "forward": loss_path(model), "cells_reused": cells.reused,
                 "out": None if out is None else str(out), "verification": verified.to_dict()},
     )
     rows = []

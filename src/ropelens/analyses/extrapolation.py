@@ -456,17 +456,9 @@ def _loss_model(model, fast: bool):
     SmolLM2; the HF model it wraps, with its sdpa attention, computes the same loss in O(n) memory.
     Under an intervention (a RoPE variant, an ablation: bridge hooks) the bridge runs as it is.
     """
-    import contextlib
-    import functools
+    from ropelens.backends import backend_of
 
-    from ropelens.fastpath import hf_view, sdpa_attention
-
-    is_bridge = hasattr(model, "original_model") and hasattr(model, "blocks")
-    # the marker ropelens.fastpath.intervened sets while a variant or an ablation is applied
-    if not (fast and is_bridge) or getattr(model, "_ropelens_interventions", 0):
-        return model, contextlib.nullcontext
-    hf = hf_view(model)
-    return hf, functools.partial(sdpa_attention, hf)
+    return backend_of(model).fast_forward(fast)
 
 
 def measured_extrapolation(model, lengths: Sequence[int], *, n_windows: int = 4, corpus=None,

@@ -19,7 +19,6 @@ same to as many randomly chosen non-massive dimensions of each head.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -33,17 +32,15 @@ from jaxtyping import Bool, Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from ropelens.backends.fastpath import intervened
+from ropelens.backends.sdpa import planned
 from ropelens.capture import LayerActs, Moments
 from ropelens.errors import InputError
-from ropelens.fastpath import intervened
-from ropelens.hooks import attn_hooks
-from ropelens.intervene import add_lens_hook
 from ropelens.measure import RunOptions, corpus_analysis, measure
 from ropelens.plan import ReplaceStep
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.rope import RopeSpec, layer_ranges
-from ropelens.sdpa import planned
 from ropelens.validate import check_number
 
 __all__ = ["MassiveReducer", "MassiveValues", "massive_values", "replace_massive"]
@@ -373,29 +370,6 @@ def massive_values(
 # --------------------------------------------------------------------------------------------
 # the intervention
 # --------------------------------------------------------------------------------------------
-def _replace_hook(x: Tensor, *, hook: Any, mask: Tensor, value: Tensor, heads_first: bool) -> Tensor:  # noqa: ARG001
-    """Write ``value`` into the masked (head, dim) entries of a pre-RoPE q or k at every position."""
-    flat = x.ndim == 3
-    y = x.unflatten(-1, (mask.shape[0], mask.shape[1])) if flat else x
-    m, v = mask.to(y.device), value.to(y.device, y.dtype)
-    if heads_first:  # [b, head, pos, d]
-        m, v = m[:, None], v[:, None]
-    out = torch.where(m, v, y)
-    return out.flatten(-2) if flat else out
-
-
-def _pre_hooks(model, layers: Sequence[int], parts: Sequence[str]) -> bool:
-    """Whether ``model`` is a bridge with a pre-RoPE hook for each of ``parts`` ("q", "k") in every one of ``layers``."""
-    from ropelens.plain import is_plain
-
-    if is_plain(model):
-        return False
-    try:
-        return all(attn_hooks(model, L).pre(w) in model.hook_dict for L in layers for w in parts)
-    except (AttributeError, KeyError, TypeError):
-        return False
-
-
 @contextlib.contextmanager
 def replace_massive(
     model,
@@ -412,7 +386,7 @@ def replace_massive(
     Works through the bridge's pre-RoPE hooks (``hook_q``/``hook_k``, Gemma's ``hook_q_normed``/
     ``hook_k_normed``), so every forward inside the block, cached decoding included, sees the
     replacement; the fast q/k path is skipped while it lasts. Loss and passkey decoding inside the
-    block run on the HF sdpa forward where the family allows it (:mod:`ropelens.sdpa`: the same
+    block run on the HF sdpa forward where the family allows it (:mod:`ropelens.backends.sdpa`: the same
     entries are written into the q and k entering its ``apply_rotary_pos_emb``), else on the bridge. ``control=True`` replaces as many
     randomly chosen non-massive dimensions per head instead (:meth:`MassiveValues.control_mask`,
     seeded). Yields ``{layer: {"q": mask, "k": mask}}``, the ``[head, d_head]`` entries replaced.
@@ -439,28 +413,19 @@ def replace_massive(
     used: dict[int, dict[str, Tensor]] = {}
     step: dict[int, dict[str, tuple[Tensor, Tensor]]] = {}
     removers: list[Callable[[], None]] = []
-    from ropelens.intervene import uses_engine
+    from ropelens.backends import backend_of
 
-    # the entries are replaced before the rotation: a bridge's pre-RoPE hooks reach them wherever its attention
-    # rotates; the engine (at the rotation the HF forward calls) serves a plain HF model and bridges without them
-    engine = not _pre_hooks(model, chosen, parts) and uses_engine(model, chosen, "replace_massive")
     try:
         for L in chosen:
-            i, names = mv.layers.index(L), (None if engine else attn_hooks(model, L))
-            lr = mv.spec.layers[L]
+            i, lr = mv.layers.index(L), mv.spec.layers[L]
             used[L] = {}
             for w in parts:
                 own = (slice(0, lr.n_heads if w == "q" else lr.n_kv_heads), slice(0, lr.head_dim))  # padding dropped
                 mask = masks[w][i][own]
                 used[L][w] = mask.clone()
-                if not bool(mask.any()):
-                    continue
-                value = mv.mean(w)[i][own].float()
-                step.setdefault(L, {})[w] = (mask.clone(), value)
-                if names is None:
-                    continue
-                fn = functools.partial(_replace_hook, mask=mask, value=value, heads_first=names.pre_heads_first)
-                removers.append(add_lens_hook(model.hook_dict[names.pre(w)], fn))
+                if bool(mask.any()):
+                    step.setdefault(L, {})[w] = (mask.clone(), mv.mean(w)[i][own].float())
+        removers, engine = backend_of(model).replacement_hooks(step, chosen, parts)
         # the fast q/k path would bypass these hooks; the sdpa forward reads the plan and writes them at the rotation
         with intervened(model), planned(model, ReplaceStep(step, len(removers), engine)):
             yield used

@@ -9,16 +9,14 @@ its answer is the passkey (the harness's rule).
 
 Decoding runs on the HF model the bridge wraps with sdpa attention, with any RoPE variant
 (``apply_rope_variant``) or plane ablation (``ablate_planes``) in force applied where it rotates
-(:func:`ropelens.sdpa.on_sdpa`); under any other hook intervention it runs on the bridge. The prompt
+(:func:`ropelens.backends.sdpa.on_sdpa`); under any other hook intervention it runs on the bridge. The prompt
 is prefilled in chunks into the HF key/value cache, then decoded one token at a time. Variants whose rotation depends on the input's length (dynamic NTK, LongRoPE)
 decode with full forwards instead, so every step sees the whole sequence at its own length.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import inspect
 import math
 import re
 import time
@@ -35,7 +33,6 @@ from torch import Tensor
 
 from ropelens.devices import device_of
 from ropelens.errors import InputError
-from ropelens.evaluate import is_bridge
 from ropelens.provenance import Provenance
 from ropelens.result import Result
 from ropelens.validate import check_number
@@ -189,14 +186,6 @@ def passkey_prompt(tokenizer: Any, length: int, depth: float, passkey: str, *, b
 # --------------------------------------------------------------------------------------------
 # greedy decoding
 # --------------------------------------------------------------------------------------------
-def _last_logits(model: Any, ids: Tensor) -> Tensor:
-    """Logits after the last token of ``ids`` (``[1, pos]``), from one full forward."""
-    if is_bridge(model):
-        return model(ids, logits_to_keep=1)[0, -1]
-    out = model(input_ids=ids)
-    return getattr(out, "logits", out)[0, -1]
-
-
 def greedy_continuation(
     model: Any,
     tokens: Int[Tensor, " pos"],
@@ -214,7 +203,7 @@ def greedy_continuation(
     other model: an HF causal LM, or a callable taking ``input_ids`` and returning logits) every step
     is a full forward. ``path`` (:func:`ropelens.evaluate.loss_path`): by default a bridge decodes as
     its HF model with sdpa attention, every RoPE variant and plane ablation in force applied where it
-    rotates (:func:`ropelens.sdpa.on_sdpa`), so long prompts need memory linear in their length; the
+    rotates (:func:`ropelens.backends.sdpa.on_sdpa`), so long prompts need memory linear in their length; the
     bridge where that cannot be. Stops early at EOS and, with ``stop_after_number``, once a whole
     number has been written.
     """
@@ -230,16 +219,9 @@ def greedy_continuation(
     eos = getattr(tok, "eos_token_id", None)
     seq = tokens.long().to(device_of(model))[None]
     out: list[int] = []
-    chosen = loss_path(model, path)
-    use_cache = cache and chosen != "hf"
-    if chosen == "sdpa":
-        from ropelens.sdpa import on_sdpa
+    from ropelens.backends import backend_of
 
-        runner = on_sdpa(model)
-    else:
-        runner = contextlib.nullcontext(model)
-    with torch.no_grad(), runner as run:
-        step = _stepper(run, chosen, use_cache, prefill_chunk)
+    with torch.no_grad(), backend_of(model).decoding(loss_path(model, path), cache, prefill_chunk) as (step, _):
         logits = step(seq, seq)
         for i in range(max_new_tokens):
             nxt = int(logits.argmax())
@@ -252,31 +234,6 @@ def greedy_continuation(
             seq = torch.cat([seq, new], dim=1)
             logits = step(new, seq)
     return out
-
-
-def _stepper(run: Any, path: str, cache: bool, chunk: int | None):
-    """``step(new, seq)``: the logits after ``seq``, whose last tokens ``new`` the model has not seen yet."""
-    kv: list[Any] = [None]
-    # the HF forward's cache argument: ``cache`` since transformers 5.24, ``past_key_values`` before
-    name = "cache" if path == "sdpa" and "cache" in inspect.signature(type(run).forward).parameters else "past_key_values"
-
-    def cached(new: Tensor, _seq: Tensor) -> Tensor:
-        logits = None
-        for s in range(0, new.shape[1], chunk or new.shape[1]):
-            part = new[:, s : s + (chunk or new.shape[1])]
-            if path == "sdpa":
-                res = run(input_ids=part, use_cache=True, logits_to_keep=1, **{name: kv[0]})
-                logits, kv[0] = res.logits, getattr(res, name)
-            else:
-                logits, kv[0] = run(part, return_type="logits_and_cache", past_key_values=kv[0], logits_to_keep=1)
-        return logits[0, -1]
-
-    def full(_new: Tensor, seq: Tensor) -> Tensor:
-        if path == "sdpa":
-            return run(input_ids=seq, use_cache=False, logits_to_keep=1).logits[0, -1]
-        return _last_logits(run, seq)
-
-    return cached if cache else full
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,8 +405,9 @@ def passkey_retrieval(
     applied around the call, and ``note`` records them in the provenance. ``path`` is
     :func:`greedy_continuation`'s (the HF sdpa forward by default, the bridge where it cannot be).
     """
-    from ropelens.reading import model_label
+    from ropelens.backends import backend_of
 
+    backend = backend_of(model)
     lengths = _check_list(lengths, "lengths", at_least=2, integer=True)
     depths = _check_list(depths, "depths", at_least=0, at_most=1)
     n_trials = check_number(n_trials, "n_trials", at_least=1, integer=True)
@@ -493,13 +451,13 @@ def passkey_retrieval(
             forward = loss_path(model, path)
             run()
     prov = Provenance(
-        model=model_label(model) if is_bridge(model) else type(model).__name__, corpus="passkey filler",
+        model=backend.label, corpus="passkey filler",
         n_tokens=sum(t.n_tokens for t in trials), n_windows=len(trials), n_ctx=max(lengths),
         config={"lengths": list(lengths), "depths": list(depths), "n_trials": n_trials, "seed": seed,
                 "variant": None if variant is None else variant.to_dict(),
                 "variant_name": None if variant is None else variant.name,
                 "max_new_tokens": max_new_tokens, "prefill_chunk": None if exact else prefill_chunk,
-                "cached_decoding": not exact and is_bridge(model), "forward": forward, "note": note,
+                "cached_decoding": not exact and forward != "hf", "forward": forward, "note": note,
                 "filler": FILLER, "question": QUESTION},
         seconds=time.perf_counter() - t0,
     )

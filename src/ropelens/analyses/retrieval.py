@@ -3,7 +3,7 @@
 *Score.* A head is a retrieval head when, while the model copies the needle into its answer, its most
 attended key is the needle token being copied. ropelens measures this teacher-forced on the passkey
 harness (:mod:`ropelens.analyses.passkey`): one forward over the prompt followed by the correct answer
-(`` 12345``), run on the HF model the bridge wraps (:func:`ropelens.fastpath.hf_view`) with eager
+(`` 12345``), run on the HF model the bridge wraps (:func:`ropelens.backends.fastpath.hf_view`) with eager
 attention, whose attention modules hand back their probabilities; a hook keeps only the rows of the
 queries that predict a passkey token. For the answer token at index i (one holding a digit) the query
 is the position before it and its sources are the positions of the same token in every occurrence of
@@ -87,8 +87,8 @@ def copy_case(tokenizer: Any, prompt: PasskeyPrompt) -> CopyCase:
 
 def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> Int[Tensor, "layer head query"]:
     """The most attended key of every head at each of ``queries``, from one eager forward over ``tokens``."""
+    from ropelens.backends.fastpath import attention_implementation, hf_decoder_layers, hf_view
     from ropelens.devices import device_of
-    from ropelens.fastpath import attention_implementation, hf_decoder_layers, hf_view
 
     hf = hf_view(model)
     blocks = hf_decoder_layers(hf)

@@ -105,16 +105,15 @@ def _same_device(a, b) -> bool:
 
 def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
     """The device and dtype to load with, checked before anything loads; for a loaded model, that they match it."""
-    from ropelens.evaluate import is_bridge
     from ropelens.models import device_of, resolve_device, resolve_dtype
 
     dev = None if device is None else resolve_device(device)
     dt = None if dtype is None else resolve_dtype(dtype)
     if model is None or isinstance(model, (str, os.PathLike)):
         return dev, dt
-    from ropelens.plain import is_plain
+    from ropelens.backends import backend_of
 
-    if not is_bridge(model) and not is_plain(model):
+    if not backend_of(model).runs_analyses:
         raise InputError(f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
                          f"{type(model).__name__}: wrap an HF model with ropelens.models.wrap_hf_model")
     # A loaded model stays where it is: moving it would change the caller's model (and a device-mapped

@@ -13,7 +13,7 @@ what HF's eager attention receives, and a RoPE variant with its exact restore.
 - **Variant and restore**: p-RoPE (p = 0.5; a base change where a layer has one plane) applied with
   :func:`ropelens.intervene.apply_rope_variant`: on one token repeated the rotated query turns by the
   variant's frequencies, and the logits after leaving the context equal the ones before, bit for bit.
-  Every engine applies it (a plain HF model and a bridge rotating inside HF's module through :mod:`ropelens.engine`).
+  Every engine applies it (a plain HF model and a bridge rotating inside HF's module through :mod:`ropelens.backends.engine`).
 - **Variant against HF's own rope type**: the logits under ``Linear(2)`` (PI) in the layers with default RoPE
   against HF's own ``"linear"`` rope type, factor 2, set in the config of the same weights (relative): the
   variant's tables checked against an implementation that shares none of ropelens's code.
@@ -166,9 +166,9 @@ def band_stats_error(model, spec, hf, toks: Tensor, layers: list[int]) -> float:
 def variant_error(model, spec, toks: Tensor, layers: list[int]) -> tuple[float, float, str]:
     """``(rotation error under the variant, largest |logit change| after leaving it, note)``: p-RoPE with p = 0.5
     (a base change where the first layer has one plane); NaN and a note where the model has no variants."""
+    from ropelens.backends.hf import BridgeOnlyError
     from ropelens.capture import capture_qk
     from ropelens.intervene import apply_rope_variant
-    from ropelens.plain import BridgeOnlyError
     from ropelens.variants import BaseChange, PRoPE
 
     variant = PRoPE(0.5) if spec[layers[0]].n_planes >= 2 else BaseChange(1e3)

@@ -1,0 +1,453 @@
+"""The backend a loaded model runs on, chosen once, and the handle every layer above reads the model through.
+
+ropelens runs every model on the HF model's own forward (:mod:`ropelens.backends.engine` applies RoPE variants,
+plane ablations and massive-value replacement at the rotation that forward calls). What differs between models
+is only the surface around that forward, and this module is the one place that asks which surface a model has:
+
+- :class:`HFBackend`: an HF causal LM ropelens wraps itself (:class:`ropelens.backends.hf.PlainModel`, for the
+  families TransformerLens has no adapter for, and for ``bridge=False``);
+- :class:`BridgeBackend`: a TransformerLens bridge, the TL view (hook points, ``run_with_cache``) on the same HF
+  model; analyses read its hook points only where the plan in force is one its hooks see;
+- :class:`CallableBackend`: an HF causal LM (or any callable taking ``input_ids`` and returning logits) passed
+  as it is, for the functions that only need its forward (losses, greedy decoding).
+
+:func:`backend_of` picks one per model and keeps it on the model; :func:`handle` adds what every layer used to
+ask the raw model for again (label, device, dtype, the HF view, the spec read at the plan in force, the
+verification fingerprint). Code outside ``ropelens.backends`` asks the backend (``backend_of(model).loss_path()``,
+``.capture_session(...)``, ``.uses_engine(...)``) and never which backend it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ropelens.acts import Reducer
+from ropelens.devices import device_of
+from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.losses import hf_losses, losses_of
+from ropelens.rope import RopeSpec
+
+__all__ = ["Backend", "BridgeBackend", "CallableBackend", "HFBackend", "ModelHandle", "backend_of", "fingerprint", "handle"]
+
+_ATTR = "_ropelens_backend"
+_HANDLE = "_ropelens_handle"
+Fold = Callable[[int, dict[str, Tensor]], None]
+Run = Callable[[Tensor, Tensor, bool, Fold], None]
+
+
+class Backend:
+    """How ropelens runs one loaded model: capture, interventions, losses and decoding on its HF forward.
+
+    ``name`` says which surface the model has; ``tl_view`` whether it has TransformerLens hook points and
+    ``run_with_cache``. Every method answers for this model; callers never branch on the name.
+    """
+
+    name: ClassVar[str] = "hf"
+    tl_view: ClassVar[bool] = False
+    runs_analyses: ClassVar[bool] = True  # a model from ropelens.load_model (spec, capture, report)
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self.model).__name__})"
+
+    # ------------------------------------------------------------------ the HF model under it
+    @property
+    def hf(self) -> torch.nn.Module:
+        """The HF causal LM the model runs (without a bridge's components; weights shared)."""
+        from ropelens.backends.fastpath import hf_view
+
+        return hf_view(self.model)
+
+    @property
+    def label(self) -> str:
+        """The name the model was loaded under."""
+        from ropelens.reading import model_label
+
+        return model_label(self.model)
+
+    # ------------------------------------------------------------------ capture
+    def on_engine(self) -> bool:
+        """Whether q/k captures with the plan in force are read from the HF forward's own rotation (else from
+        the bridge's hook points)."""
+        return True
+
+    def capture_path(self) -> str:
+        """The name of the path analyses take off the fast q/k path."""
+        return "plain HF forward" if self.on_engine() else "bridge"
+
+    @contextlib.contextmanager
+    def capture_session(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]) -> Iterator[Run]:
+        """A block in which ``run(tokens, valid, padded, fold)`` captures one batch of ``layers``: each layer's
+        tensors go to ``fold(layer, tensors)`` (read at the HF forward's rotation and attention function, with
+        the plan in force) or straight to ``reducers`` (read from a bridge's hook points)."""
+        from ropelens.backends.hf import capture, planned_forward
+
+        needs = frozenset().union(*(r.needs for r in reducers))
+
+        def run(toks: Tensor, valid: Tensor, padded: bool, fold: Fold) -> None:
+            with planned_forward(self.model, self.hf):
+                capture(self.model, spec, toks, valid, layers, needs, fold, padded=padded)
+
+        yield run
+
+    # ------------------------------------------------------------------ interventions
+    def uses_engine(self, layers: Sequence[int], what: str) -> bool:  # noqa: ARG002
+        """Whether ``what`` is applied by the engine (at the rotation the HF forward calls) rather than by bridge
+        hooks; raises UnsupportedModelError, with what was seen, where neither reaches the model's rotation."""
+        from ropelens.backends.sdpa import engine_ready
+
+        why = engine_ready(self.model)
+        if why is not None:
+            raise UnsupportedModelError(f"{what} cannot reach this model's rotation: {why}")
+        return True
+
+    def pre_rope_hooks(self, layers: Sequence[int], parts: Sequence[str]) -> bool:  # noqa: ARG002
+        """Whether a hook point before the rotation exists for each of ``parts`` ("q", "k") in every layer."""
+        return False
+
+    def variant_hooks(self, spec: RopeSpec, new_spec: RopeSpec, variant: Any,  # noqa: ARG002
+                      layers: Sequence[int]) -> tuple[list[Callable[[], None]], bool]:
+        """Install RoPE ``variant`` in ``layers`` where hooks apply it: (hook removers, whether the engine applies it
+        instead, from the plan)."""
+        return [], self.uses_engine(layers, "apply_rope_variant")
+
+    def ablation_hooks(self, masks: dict[int, tuple[Tensor | None, Tensor | None]]) -> tuple[list[Callable[[], None]], bool]:
+        """Install the zeroing of ``masks[layer] = (q, k)`` entries of the rotated q and k: (removers, engine)."""
+        return [], self.uses_engine(list(masks), "ablate_planes")
+
+    def replacement_hooks(self, step: dict[int, dict[str, tuple[Tensor, Tensor]]], layers: Sequence[int],  # noqa: ARG002
+                          parts: Sequence[str]) -> tuple[list[Callable[[], None]], bool]:  # noqa: ARG002
+        """Install writing ``step[layer][w] = (mask, value)`` into the q and k entering the rotation: (removers,
+        engine)."""
+        return [], self.uses_engine(layers, "replace_massive")
+
+    # ------------------------------------------------------------------ forward, losses, decoding
+    def loss_path(self, path: str = "auto") -> str:
+        """The forward losses take: ``"sdpa"`` (the HF model with sdpa attention and the plan applied at its
+        rotation) where the engine reaches it, else ``"hf"`` (the model's own forward, the plan applied)."""
+        from ropelens.backends.sdpa import sdpa_ready
+
+        return "sdpa" if path != "bridge" and sdpa_ready(self.model) else "hf"
+
+    @contextlib.contextmanager
+    def loss_forward(self, path: str) -> Iterator[Callable[[Tensor], Tensor]]:
+        """A block in which ``losses(batch)`` gives each window's mean next-token loss on forward ``path``."""
+        if path == "sdpa":
+            from ropelens.backends.sdpa import on_sdpa
+
+            with on_sdpa(self.model) as hf:
+                yield lambda batch: hf_losses(hf, batch)
+            return
+        yield self._losses
+
+    def _losses(self, batch: Tensor) -> Tensor:
+        return losses_of(self.model(input_ids=batch).logits, batch)
+
+    def fast_forward(self, fast: bool = True) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:  # noqa: ARG002
+        """The module a long forward runs (called as ``module(tokens)``) and a context to run it in."""
+        return self.model, contextlib.nullcontext
+
+    def last_logits(self, ids: Tensor) -> Tensor:
+        """Logits after the last token of ``ids`` (``[1, pos]``), from one full forward."""
+        out = self.model(input_ids=ids)
+        return getattr(out, "logits", out)[0, -1]
+
+    @contextlib.contextmanager
+    def decoding(self, path: str, cache: bool, chunk: int | None) -> Iterator[tuple[Callable[[Tensor, Tensor], Tensor], bool]]:
+        """A block in which ``step(new, seq)`` gives the logits after ``seq``, whose last tokens ``new`` the model
+        has not seen yet (a key/value cache where ``cache`` and the path has one, prefilled ``chunk`` tokens at a
+        time); yields ``(step, cached)``."""
+        use_cache = cache and path != "hf"
+        if path == "sdpa":
+            from ropelens.backends.sdpa import on_sdpa
+
+            with on_sdpa(self.model) as hf:
+                yield _hf_stepper(hf, use_cache, chunk), use_cache
+            return
+        yield self._stepper(use_cache, chunk), use_cache
+
+    def _stepper(self, cache: bool, chunk: int | None) -> Callable[[Tensor, Tensor], Tensor]:  # noqa: ARG002
+        return lambda _new, seq: self.last_logits(seq)
+
+    # ------------------------------------------------------------------ identity
+    def named(self, label: str, path: Path | None) -> Any:
+        """The model with ``label`` (and the resolved ``path`` its weights came from) on its config."""
+        import dataclasses
+
+        resolved = None if path is None else str(path.expanduser().resolve())
+        self.model.cfg = dataclasses.replace(self.model.cfg, model_name=label, model_path=resolved)  # frozen config
+        return self.model
+
+
+class HFBackend(Backend):
+    """An HF causal LM ropelens wraps itself (:class:`ropelens.backends.hf.PlainModel`)."""
+
+    name = "hf"
+
+
+class BridgeBackend(Backend):
+    """A TransformerLens bridge: the TL view (hook points, ``run_with_cache``) on the HF model it wraps."""
+
+    name = "bridge"
+    tl_view = True
+
+    def on_engine(self) -> bool:
+        from ropelens.backends.sdpa import engine_plan
+
+        return engine_plan(self.model)  # a step only the engine applies: no bridge hook sees it
+
+    @contextlib.contextmanager
+    def capture_session(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]) -> Iterator[Run]:
+        if self.on_engine():
+            with super().capture_session(spec, layers, reducers) as run:
+                yield run
+            return
+        from ropelens.backends.bridge_capture import hooked_capture
+
+        with hooked_capture(self.model, spec, layers, reducers) as hooked:
+            yield lambda toks, valid, padded, _fold: hooked(toks, valid, padded)
+
+    def uses_engine(self, layers: Sequence[int], what: str) -> bool:
+        if all(hasattr(self.model.blocks[i].attn, "hook_cos") for i in layers):
+            return False  # the attention receives (cos, sin): bridge hooks apply it
+        return super().uses_engine(layers, what)
+
+    def pre_rope_hooks(self, layers: Sequence[int], parts: Sequence[str]) -> bool:
+        from ropelens.backends.bridge_hooks import attn_hooks
+
+        try:
+            return all(attn_hooks(self.model, L).pre(w) in self.model.hook_dict for L in layers for w in parts)
+        except (AttributeError, KeyError, TypeError):
+            return False
+
+    def variant_hooks(self, spec: RopeSpec, new_spec: RopeSpec, variant: Any,
+                      layers: Sequence[int]) -> tuple[list[Callable[[], None]], bool]:
+        if self.uses_engine(layers, "apply_rope_variant"):
+            return [], True
+        from ropelens.backends.bridge_interventions import install_variant
+
+        return [h.remove for h in install_variant(self.model, spec, new_spec, variant, layers)], False
+
+    def ablation_hooks(self, masks: dict[int, tuple[Tensor | None, Tensor | None]]) -> tuple[list[Callable[[], None]], bool]:
+        if self.uses_engine(list(masks), "ablate_planes"):
+            return [], True
+        from ropelens.backends.bridge_interventions import install_ablation
+
+        return install_ablation(self.model, masks), False
+
+    def replacement_hooks(self, step: dict[int, dict[str, tuple[Tensor, Tensor]]], layers: Sequence[int],
+                          parts: Sequence[str]) -> tuple[list[Callable[[], None]], bool]:
+        # entries are replaced before the rotation: the bridge's pre-RoPE hooks reach them wherever it rotates
+        if not self.pre_rope_hooks(layers, parts) and self.uses_engine(layers, "replace_massive"):
+            return [], True
+        from ropelens.backends.bridge_interventions import install_replacement
+
+        return install_replacement(self.model, step), False
+
+    def loss_path(self, path: str = "auto") -> str:
+        if path != "auto":
+            return path
+        from ropelens.backends.sdpa import sdpa_ready
+
+        return "sdpa" if sdpa_ready(self.model) else "bridge"
+
+    def _losses(self, batch: Tensor) -> Tensor:
+        return self.model(batch, return_type="loss", loss_per_token=True).float().mean(dim=-1)
+
+    def fast_forward(self, fast: bool = True) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
+        import functools
+
+        from ropelens.backends.fastpath import sdpa_attention
+
+        if not fast or getattr(self.model, "_ropelens_interventions", 0):  # bridge hooks in force: run it as it is
+            return self.model, contextlib.nullcontext
+        return self.hf, functools.partial(sdpa_attention, self.hf)
+
+    def last_logits(self, ids: Tensor) -> Tensor:
+        return self.model(ids, logits_to_keep=1)[0, -1]
+
+    def _stepper(self, cache: bool, chunk: int | None) -> Callable[[Tensor, Tensor], Tensor]:
+        if not cache:
+            return super()._stepper(cache, chunk)
+        kv: list[Any] = [None]
+
+        def cached(new: Tensor, _seq: Tensor) -> Tensor:
+            logits = None
+            for s in range(0, new.shape[1], chunk or new.shape[1]):
+                part = new[:, s : s + (chunk or new.shape[1])]
+                logits, kv[0] = self.model(part, return_type="logits_and_cache", past_key_values=kv[0],
+                                           logits_to_keep=1)
+            return logits[0, -1]
+
+        return cached
+
+    def named(self, label: str, path: Path | None) -> Any:
+        self.model.cfg.model_name = label  # TransformerLens keeps a model's name there
+        self.model.cfg.model_path = None if path is None else str(path.expanduser().resolve())
+        return self.model
+
+
+class CallableBackend(Backend):
+    """An HF causal LM or a callable taking ``input_ids`` and returning logits, passed as it is: its forward only."""
+
+    name = "callable"
+    runs_analyses = False
+
+    @property
+    def label(self) -> str:
+        return type(self.model).__name__
+
+    def loss_path(self, path: str = "auto") -> str:  # noqa: ARG002
+        return "hf"
+
+    def _refuse(self) -> InputError:
+        return InputError(f"a {type(self.model).__name__} is not a model from ropelens.load_model: load it with "
+                          "ropelens.load_model, or wrap an HF model with ropelens.models.wrap_hf_model")
+
+    def capture_session(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]) -> Iterator[Run]:  # noqa: ARG002
+        raise self._refuse()
+
+    def uses_engine(self, layers: Sequence[int], what: str) -> bool:  # noqa: ARG002
+        raise self._refuse()
+
+    def named(self, label: str, path: Path | None) -> Any:  # noqa: ARG002
+        raise self._refuse()
+
+
+def _hf_stepper(hf: Any, cache: bool, chunk: int | None) -> Callable[[Tensor, Tensor], Tensor]:
+    """Decoding steps on an HF causal LM: a key/value cache prefilled ``chunk`` tokens at a time, or full forwards."""
+    if not cache:
+        return lambda _new, seq: hf(input_ids=seq, use_cache=False, logits_to_keep=1).logits[0, -1]
+    kv: list[Any] = [None]
+    # the HF forward's cache argument: ``cache`` since transformers 5.24, ``past_key_values`` before
+    name = "cache" if "cache" in inspect.signature(type(hf).forward).parameters else "past_key_values"
+
+    def cached(new: Tensor, _seq: Tensor) -> Tensor:
+        logits = None
+        for s in range(0, new.shape[1], chunk or new.shape[1]):
+            res = hf(input_ids=new[:, s : s + (chunk or new.shape[1])], use_cache=True, logits_to_keep=1,
+                     **{name: kv[0]})
+            logits, kv[0] = res.logits, getattr(res, name)
+        return logits[0, -1]
+
+    return cached
+
+
+def backend_of(model: Any) -> Backend:
+    """The backend ``model`` runs on, chosen on first use and kept on the model."""
+    known = getattr(model, "__dict__", {}).get(_ATTR)
+    if known is not None and known.model is model:
+        return known
+    from ropelens.backends.hf import PlainModel
+
+    if isinstance(model, PlainModel):
+        backend: Backend = HFBackend(model)
+    elif hasattr(model, "original_model") and hasattr(model, "blocks"):
+        backend = BridgeBackend(model)
+    else:
+        backend = CallableBackend(model)
+    with contextlib.suppress(AttributeError, TypeError):  # a callable may refuse attributes: choose again next time
+        object.__setattr__(model, _ATTR, backend)
+    return backend
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """A loaded model with what every layer reads from it: its backend (chosen once), label, device, dtype, the HF
+    model it runs, and its spec (read once, and again only when the plan in force or the rotary buffers change)."""
+
+    model: Any
+    backend: Backend
+
+    @property
+    def label(self) -> str:
+        return self.backend.label
+
+    @property
+    def device(self) -> torch.device:
+        return device_of(self.model)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+
+    @property
+    def hf(self) -> torch.nn.Module:
+        return self.backend.hf
+
+    @property
+    def spec(self) -> RopeSpec:
+        """What each attention layer rotates, at the plan in force (:func:`ropelens.reading.rope_spec`)."""
+        from ropelens.plan import active_plan
+        from ropelens.reading import rope_spec
+
+        key = (tuple(id(s) for s in active_plan(self.model)), getattr(self.model, "_ropelens_interventions", 0),
+               tuple((id(b), b._version) for n, b in self.hf.named_buffers() if "inv_freq" in n or "freqs" in n))
+        cached = self.__dict__.get("_spec")
+        if cached is None or cached[0] != key:
+            cached = (key, rope_spec(self.model))
+            object.__setattr__(self, "_spec", cached)
+        return cached[1]
+
+    @property
+    def fingerprint(self) -> str:
+        """What a verification of the model depends on (:func:`fingerprint`)."""
+        return fingerprint(self.model, self.spec)
+
+
+def handle(model: Any) -> ModelHandle:
+    """The :class:`ModelHandle` of a model from :func:`ropelens.load_model` (made once, kept on the model); raises
+    InputError, naming the fix, for anything else."""
+    if isinstance(model, ModelHandle):
+        return model
+    known = getattr(model, "__dict__", {}).get(_HANDLE)
+    if known is not None and known.model is model:
+        return known
+    backend = backend_of(model)
+    if not backend.runs_analyses:
+        raise InputError(f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
+                         f"{type(model).__name__}: wrap an HF model with ropelens.models.wrap_hf_model")
+    h = ModelHandle(model=model, backend=backend)
+    object.__setattr__(model, _HANDLE, h)
+    return h
+
+
+def _modeling_module(model):
+    from ropelens.reading import hf_model_of
+
+    return importlib.import_module(type(hf_model_of(model)).__module__)
+
+
+def fingerprint(model, spec: RopeSpec) -> str:
+    """What the verification of ``model`` depends on: the spec, the code that rotates and scores, the hooks."""
+    from ropelens.reading import hf_model_of
+
+    parts = [spec.to_json()]
+    mod = _modeling_module(model)
+    parts += [f"{n}:{id(getattr(mod, n, None))}" for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward",
+                                                            "repeat_kv")]
+    for m in hf_model_of(model).modules():
+        name = type(m).__name__.lower()
+        if ("attention" in name or "rotary" in name) and "bridge" not in name:
+            parts.append(f"{type(m).__qualname__}:{id(type(m).forward)}:{id(m.__dict__.get('forward'))}")
+    for b in getattr(model, "blocks", ()):
+        attn = getattr(b, "attn", None)
+        if attn is not None:
+            parts.append(str([id(h) for h in (*attn._forward_pre_hooks.values(), *attn._forward_hooks.values())]))
+    for name, hp in getattr(model, "hook_dict", {}).items():
+        if ".attn." in name and getattr(hp, "fwd_hooks", None):
+            parts.append(f"{name}:{[id(h) for h in hp.fwd_hooks]}")
+    parts.append(str(getattr(model, "_ropelens_interventions", 0)))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()

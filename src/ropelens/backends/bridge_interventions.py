@@ -1,0 +1,146 @@
+"""RoPE variants, plane ablations and massive-value replacement through the TransformerLens bridge's hooks.
+
+Where a bridge's attention receives (cos, sin) and fires post-RoPE hooks, an intervention is applied there, so the
+bridge's own hook points (``hook_cos``, ``hook_rot_q``, ...) see it; everywhere else the engine applies it at the
+rotation the HF forward calls (:mod:`ropelens.backends.engine`). :class:`ropelens.backends.base.BridgeBackend`
+chooses; these functions install the hooks and return their removers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ropelens.backends.bridge_hooks import attn_hooks
+from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.plan import model_tables, variant_tables
+from ropelens.rope import LayerRope, RopeSpec
+from ropelens.variants import RopeVariant
+
+__all__ = ["add_lens_hook", "attention_with_tables", "install_ablation", "install_replacement", "install_variant"]
+
+
+def attention_with_tables(model, layers: Sequence[int], what: str) -> list[torch.nn.Module]:
+    """Attention bridges of ``layers``, checking each receives (cos, sin) and fires the rotary hooks."""
+    attns = [model.blocks[i].attn for i in layers]
+    for i, attn in zip(layers, attns, strict=True):
+        if not hasattr(attn, "hook_cos"):
+            raise InputError(
+                f"{what} needs attention that receives (cos, sin) position embeddings, as in Llama, "
+                f"Gemma, Qwen or SmolLM; layer {i} is a {type(attn).__name__} "
+                f"({type(attn.original_component).__name__}), which rotates inside the HF module "
+                "and exposes neither its tables nor hook_rot_q/hook_rot_k"
+            )
+    return attns
+
+
+def _swap_tables_hook(
+    module: torch.nn.Module,  # noqa: ARG001 - torch's pre-hook signature
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    variant: RopeVariant,
+    layer: LayerRope,
+    scale: float,
+    interleaved: bool,
+    convention: dict[str, tuple[str, float, float]],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Forward pre-hook: replace the (cos, sin) this attention layer receives with the variant's.
+
+    The variant's tables take the layout and sign of the model's own (read once, from the first
+    input past position 0), so a model whose tables turn the other way (``direction`` −1) turns the
+    other way under the variant too.
+    """
+    tables, position_ids = kwargs.get("position_embeddings"), kwargs.get("position_ids")
+    if not isinstance(tables, tuple) or len(tables) != 2 or position_ids is None:
+        raise UnsupportedModelError(
+            f"layer {layer.layer}: attention was called without (cos, sin) position_embeddings and "
+            "position_ids keyword arguments, so the RoPE variant cannot be applied to this model"
+        )
+    if "read" not in convention:
+        got = model_tables(tables[0], tables[1], layer, position_ids)
+        if got is not None:
+            convention["read"] = got
+    layout, sign = convention.get("read", ("interleaved" if interleaved else "cat", 1.0, 0.0))[:2]
+    new = variant_tables(variant, layer, position_ids, tables[0], layout, sign, scale)
+    return args, {**kwargs, "position_embeddings": new}
+
+
+def _zero_hook(x: Tensor, *, hook: Any, mask: Tensor,  # noqa: ARG001
+               heads_first: bool = False) -> Tensor:
+    """Zero the masked (head, dim) entries of queries or keys (``[batch, head, pos, d]`` if ``heads_first``)."""
+    m = mask.to(x.device)
+    return torch.where(m[:, None] if heads_first else m, torch.zeros((), dtype=x.dtype, device=x.device), x)
+
+
+def add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
+    """Add a TransformerLens hook that survives ``reset_hooks()``; returns its remover."""
+    # Permanent, so run_with_hooks/reset_hooks inside the context leave it; prepended, so user
+    # hooks on the same point see the ablated tensor.
+    handle = hook_point.add_hook(fn, is_permanent=True, prepend=True)
+
+    def remove() -> None:
+        handle.hook.remove()
+        hook_point.fwd_hooks = [h for h in hook_point.fwd_hooks if h is not handle]
+
+    return remove
+
+
+def _replace_hook(x: Tensor, *, hook: Any, mask: Tensor, value: Tensor, heads_first: bool) -> Tensor:  # noqa: ARG001
+    """Write ``value`` into the masked (head, dim) entries of a pre-RoPE q or k at every position."""
+    flat = x.ndim == 3
+    y = x.unflatten(-1, (mask.shape[0], mask.shape[1])) if flat else x
+    m, v = mask.to(y.device), value.to(y.device, y.dtype)
+    if heads_first:  # [b, head, pos, d]
+        m, v = m[:, None], v[:, None]
+    out = torch.where(m, v, y)
+    return out.flatten(-2) if flat else out
+
+
+
+
+def install_variant(model, spec: RopeSpec, new_spec: RopeSpec, variant: RopeVariant, layers: Sequence[int]) -> list[Any]:
+    """Hand each of ``layers``' attention the variant's (cos, sin) through a forward pre-hook; the hook handles."""
+    attns = attention_with_tables(model, layers, "apply_rope_variant")
+    interleaved = bool(getattr(model.cfg, "rotary_interleaved_cos_sin", False))
+    handles = []
+    for i, attn in zip(layers, attns, strict=True):
+        # The multiplier does not depend on the input, so it is computed once, not per forward.
+        hook = functools.partial(_swap_tables_hook, variant=variant, layer=spec[i], scale=new_spec[i].attention_scaling,
+                                 interleaved=interleaved, convention={})
+        handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
+    return handles
+
+
+def install_ablation(model, masks: dict[int, tuple[Tensor | None, Tensor | None]]) -> list[Callable[[], None]]:
+    """Zero the masked (head, dim) entries of each layer's rotated q and k (``masks[layer] = (q, k)``); removers."""
+    attention_with_tables(model, list(masks), "ablate_planes")  # the post-RoPE hooks fire there
+    removers: list[Callable[[], None]] = []
+    for i, qk in masks.items():
+        names = attn_hooks(model, i)
+        for which, mask in zip("qk", qk, strict=True):
+            if mask is None:
+                continue
+            # Rotation maps a zero plane to zero, so where no post-RoPE hook fires (Phi-3, GPT-NeoX)
+            # zeroing the plane before RoPE removes the same term.
+            name = names.post(which) or names.pre(which)
+            first = names.post(which) is None and names.pre_heads_first
+            fn = functools.partial(_zero_hook, mask=mask, heads_first=first)
+            removers.append(add_lens_hook(model.hook_dict[name], fn))
+    return removers
+
+
+def install_replacement(model, step: dict[int, dict[str, tuple[Tensor, Tensor]]]) -> list[Callable[[], None]]:
+    """Write ``value`` into the masked entries of each layer's pre-RoPE q and k (``step[layer][w] = (mask, value)``)
+    at their pre-RoPE hook points; removers."""
+    removers: list[Callable[[], None]] = []
+    for L, parts in step.items():
+        names = attn_hooks(model, L)
+        for w, (mask, value) in parts.items():
+            fn = functools.partial(_replace_hook, mask=mask, value=value, heads_first=names.pre_heads_first)
+            removers.append(add_lens_hook(model.hook_dict[names.pre(w)], fn))
+    return removers
