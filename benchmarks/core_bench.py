@@ -25,9 +25,9 @@ import ropelens
 from ropelens import data
 from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.usage import UsageReducer
-from ropelens.bands import Bands
-from ropelens.capture import batches, stream
-from ropelens.backends.fastpath import hf_view, sdpa_attention
+from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
+from ropelens.run.capture import batches, stream
+from ropelens.spec.bands import Bands
 
 args_tile: int | None = None
 WHAT = ("sdpa", "forward", "usage", "usage_bridge", "band_stats", "band_stats+top1")

@@ -21,11 +21,11 @@ import torch
 
 from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.usage import UsageReducer
-from ropelens.bands import Bands
-from ropelens.capture import batches, stream
-from ropelens.backends.fastpath import hf_view, sdpa_attention
-from ropelens.models import wrap_hf_model
-from ropelens.reading import rope_spec
+from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
+from ropelens.loading.models import wrap_hf_model
+from ropelens.run.capture import batches, stream
+from ropelens.spec.bands import Bands
+from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,

@@ -31,10 +31,10 @@ import torch
 
 import ropelens
 from ropelens import data
-from ropelens.evaluate import _hf_losses, window_losses
-from ropelens.backends.fastpath import hf_view, sdpa_attention
-from ropelens.intervene import ablate_planes, apply_rope_variant
-from ropelens.variants import PRoPE
+from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
+from ropelens.run.evaluate import _hf_losses, window_losses
+from ropelens.run.intervene import ablate_planes, apply_rope_variant
+from ropelens.spec.variants import PRoPE
 
 
 def _context(model, what: str):

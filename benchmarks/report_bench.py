@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 import ropelens
-from ropelens.data import analysis_windows, english
-from ropelens.backends.fastpath import hf_view, sdpa_attention
+from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
 from ropelens.report import DEFAULT_BAND_TOKENS, build_report
+from ropelens.run.data import analysis_windows, english
 
 TARGET_SECONDS = 180
 TARGET_RATIO = 2.0  # report wall time against HF's sdpa forward over the same tokens

@@ -9,9 +9,9 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import ropelens  # noqa: E402
-from ropelens.reading import model_label  # noqa: E402
+from ropelens.spec.reading import model_label  # noqa: E402
 
-# --layer-kind → the layer_kind ropelens.variants takes (None: every layer).
+# --layer-kind → the layer_kind ropelens.spec.variants takes (None: every layer).
 LAYER_KINDS = {"global": "full", "local": "sliding", "both": None, "all": None}
 
 

@@ -23,11 +23,11 @@ import _common  # noqa: E402
 
 import ropelens  # noqa: E402
 from ropelens import data  # noqa: E402
-from ropelens.bands import Bands  # noqa: E402
-from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
-from ropelens.intervene import ablate_planes  # noqa: E402
-from ropelens.provenance import Provenance  # noqa: E402
-from ropelens.serialize import atomic_write_text, dump_json  # noqa: E402
+from ropelens.results.provenance import Provenance  # noqa: E402
+from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
+from ropelens.run.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
+from ropelens.run.intervene import ablate_planes  # noqa: E402
+from ropelens.spec.bands import Bands  # noqa: E402
 
 N_BANDS = 4
 

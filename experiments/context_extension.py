@@ -1,6 +1,6 @@
 """Context extension without (and with a little) fine-tuning: PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE.
 
-A small Llama-style model trained at length L (``ropelens.train``'s model and data) is evaluated at
+A small Llama-style model trained at length L (``ropelens.training.train``'s model and data) is evaluated at
 L, 2L, 4L and 8L under each method, applied at inference through ``apply_rope_variant`` (so YaRN's
 and LongRoPE's attention factors and LongRoPE's n̂ are honoured). LongRoPE's factors come from
 ``search_longrope_factors`` at each target length, on held-out windows disjoint from the evaluation
@@ -36,11 +36,11 @@ from ropelens.analyses.context import (  # noqa: E402
     plane_view,
     search_longrope_factors,
 )
-from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
-from ropelens.intervene import apply_rope_variant  # noqa: E402
-from ropelens.provenance import Provenance  # noqa: E402
-from ropelens.serialize import atomic_write_text, dump_json  # noqa: E402
-from ropelens.variants import (  # noqa: E402
+from ropelens.results.provenance import Provenance  # noqa: E402
+from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
+from ropelens.run.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
+from ropelens.run.intervene import apply_rope_variant  # noqa: E402
+from ropelens.spec.variants import (  # noqa: E402
     NTK,
     Default,
     DynamicNTK,
@@ -104,7 +104,7 @@ def trained_model(config: T.TrainConfig, out: Path) -> tuple[Any, dict[str, Any]
 
 
 def _fit(model, batches: torch.Tensor, config: T.TrainConfig, steps: int, lr: float, variant=None) -> None:
-    """ropelens.train.fit with a 10% warm-up; through the bridge under ``variant`` when given."""
+    """ropelens.training.train.fit with a 10% warm-up; through the bridge under ``variant`` when given."""
 
     def under_variant(m, batch):
         with apply_rope_variant(m, variant):
@@ -115,7 +115,7 @@ def _fit(model, batches: torch.Tensor, config: T.TrainConfig, steps: int, lr: fl
 
 
 def _bridge(hf) -> Any:
-    from ropelens.models import wrap_hf_model
+    from ropelens.loading.models import wrap_hf_model
     from ropelens.testing import tiny_tokenizer
 
     # The tokenizer is a stand-in: inputs are the compact training ids, never text.

@@ -37,12 +37,12 @@ from ropelens.analyses.decay import (  # noqa: E402
     rope_gaussian_expectation,
 )
 from ropelens.analyses.pe_geometry import PESimilarity, pe_similarity, sinusoidal_pe  # noqa: E402
-from ropelens.capture import capture_qk  # noqa: E402
-from ropelens.curves import decay_verdict, overlay  # noqa: E402
-from ropelens.evaluate import RunStore  # noqa: E402
-from ropelens.pe_train import ORDERS, PETrainConfig, PETrainResult, train_pe_model  # noqa: E402
-from ropelens.provenance import Provenance  # noqa: E402
-from ropelens.serialize import atomic_write_text, dump_json  # noqa: E402
+from ropelens.results.curves import decay_verdict, overlay  # noqa: E402
+from ropelens.results.provenance import Provenance  # noqa: E402
+from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
+from ropelens.run.capture import capture_qk  # noqa: E402
+from ropelens.run.evaluate import RunStore  # noqa: E402
+from ropelens.training.pe_train import ORDERS, PETrainConfig, PETrainResult, train_pe_model  # noqa: E402
 
 QUICK = PETrainConfig(n_positions=64, d_model=32, n_layers=1, n_heads=2, batch_size=4, steps=30, warmup=5,
                       val_windows=4)

@@ -28,11 +28,11 @@ import torch  # noqa: E402
 import ropelens  # noqa: E402
 from ropelens import data  # noqa: E402
 from ropelens.analyses.heads import HeadTaxonomy, classify_heads  # noqa: E402
-from ropelens.bands import REST, Bands  # noqa: E402
-from ropelens.capture import batches, stream  # noqa: E402
-from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
-from ropelens.intervene import ablate_planes  # noqa: E402
-from ropelens.serialize import dump_json  # noqa: E402
+from ropelens.results.serialize import dump_json  # noqa: E402
+from ropelens.run.capture import batches, stream  # noqa: E402
+from ropelens.run.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
+from ropelens.run.intervene import ablate_planes  # noqa: E402
+from ropelens.spec.bands import REST, Bands  # noqa: E402
 
 BANDS = Bands.quantiles(4)
 

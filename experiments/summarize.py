@@ -17,7 +17,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ropelens.report.experiments import load_experiments, main_result  # noqa: E402
-from ropelens.serialize import atomic_write_text  # noqa: E402
+from ropelens.results.serialize import atomic_write_text  # noqa: E402
 
 
 def _ci(mean: float, lo: float, hi: float, digits: int = 4) -> str:

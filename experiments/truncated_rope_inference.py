@@ -24,11 +24,11 @@ from ropelens import (
     data,  # noqa: E402
     rope_spec,  # noqa: E402
 )
-from ropelens.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
-from ropelens.intervene import apply_rope_variant, is_identity  # noqa: E402
-from ropelens.provenance import Provenance  # noqa: E402
-from ropelens.serialize import atomic_write_text  # noqa: E402
-from ropelens.variants import PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402
+from ropelens.results.provenance import Provenance  # noqa: E402
+from ropelens.results.serialize import atomic_write_text  # noqa: E402
+from ropelens.run.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
+from ropelens.run.intervene import apply_rope_variant, is_identity  # noqa: E402
+from ropelens.spec.variants import PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402
 
 P_VALUES = (0.0, 0.125, 0.25, 0.5, 0.75, 0.875, 1.0)
 VARIANTS = tuple(PRoPE(p) for p in P_VALUES) + (PRoPEReversed(0.75), PRoPEPartial(0.75))
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None, model: Any = None) -> Path:
     result = {"table": rows, "provenance": Provenance(
         model=",".join(sorted({r["model"] for r in rows})), corpus="english[val]",
         n_windows=args.n_windows, config=vars(args)).to_dict()}
-    from ropelens.serialize import dump_json
+    from ropelens.results.serialize import dump_json
 
     dump_json(out / "result.json", result)
     atomic_write_text(out / "perplexity_vs_p.html", figure(rows).to_html(include_plotlyjs="cdn"))

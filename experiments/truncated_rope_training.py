@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402, F401 - sets HF_HUB_OFFLINE
 
-from ropelens.evaluate import RunStore  # noqa: E402
-from ropelens.provenance import Provenance  # noqa: E402
-from ropelens.serialize import atomic_write_text, dump_json  # noqa: E402
-from ropelens.train import TrainConfig, TrainResult, train  # noqa: E402
-from ropelens.variants import BaseChange, NoPE, PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402
+from ropelens.results.provenance import Provenance  # noqa: E402
+from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
+from ropelens.run.evaluate import RunStore  # noqa: E402
+from ropelens.spec.variants import BaseChange, NoPE, PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402
+from ropelens.training.train import TrainConfig, TrainResult, train  # noqa: E402
 
 # label → (variant, base the variant starts from, Table 2 Wiki perplexity, FlanV2 perplexity)
 PAPER = {

@@ -1,7 +1,18 @@
-"""ropelens: which RoPE frequencies a model uses, and for what."""
+"""ropelens: which RoPE frequencies a model uses, and for what.
 
-# every result module, so that ropelens.result.load_result knows every kind
-from ropelens import data, distributed, train, variants
+The package is built in layers, each importing only from those below it: ``spec`` (RoPE math, reading a model,
+bands, variants), ``results`` (the result base class, files, provenance, findings), ``backends`` (how a model
+runs), ``loading``, ``run`` (data, capture, measurement, losses, interventions), ``analyses``, ``plots``,
+``report``, ``cli``, ``training``. This namespace is the curated API; modules that moved keep their old names
+for one release (importing one warns and gives the module at its new place).
+"""
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+
 from ropelens.analyses import context, extrapolation, heads, massive, offsets, passkey
 from ropelens.analyses.band_stats import BandStatistics, band_statistics
 from ropelens.analyses.decay import (
@@ -14,23 +25,67 @@ from ropelens.analyses.distance import AttentionByDistance, attention_by_distanc
 from ropelens.analyses.extension import ExtensionStudy, extension_study
 from ropelens.analyses.mrope import MRopeDecomposition, mrope_decompose
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
-from ropelens.analyses.possym import PositionalSymbolic, positional_symbolic
+from ropelens.analyses.positional_symbolic import PositionalSymbolic, positional_symbolic
 from ropelens.analyses.retrieval import RetrievalHeads, retrieval_heads
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
-from ropelens.bands import Bands
-from ropelens.capture import capture_qk
-from ropelens.curves import describe_curve
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
-from ropelens.intervene import ablate_planes, apply_rope_variant, with_rope_variant
-from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
-from ropelens.provenance import Provenance
-from ropelens.reading import rope_spec
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
+from ropelens.results.curves import describe_curve
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import load_result
+from ropelens.run import data, distributed
+from ropelens.run.capture import capture_qk
+from ropelens.run.intervene import ablate_planes, apply_rope_variant, with_rope_variant
+from ropelens.spec import variants
+from ropelens.spec.bands import Bands
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.training import train
+
+# old module name -> where it lives now (kept for one release)
+MOVED = {
+    "serialize": "results.serialize", "provenance": "results.provenance", "findings": "results.findings",
+    "display": "results.display", "result": "results.result", "curves": "results.curves",
+    "rope": "spec.rope", "layer_fields": "spec.attention_fields", "bands": "spec.bands", "variants": "spec.variants",
+    "taps": "spec.forward_taps", "observed": "spec.observed", "plan": "spec.plan", "reading": "spec.reading",
+    "acts": "backends.acts", "losses": "backends.losses",
+    "models": "loading.models", "hf_dir": "loading.hf_dir", "mrope": "loading.vision_language",
+    "data": "run.data", "capture": "run.capture", "measure": "run.measure", "distributed": "run.distributed",
+    "evaluate": "run.evaluate", "verify": "run.verify", "intervene": "run.intervene",
+    "train": "training.train", "pe_train": "training.pe_train",
+    "plain": "backends.hf", "sdpa": "backends.sdpa", "engine": "backends.engine", "fastpath": "backends.sdpa_capture",
+    "hooks": "backends.bridge_hooks", "backends.fastpath": "backends.sdpa_capture",
+    "analyses.possym": "analyses.positional_symbolic", "analyses.bandloc": "analyses.band_location",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a moved module under its old name: a deprecation warning, and the module at its new place."""
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ARG002
+        old = fullname.removeprefix("ropelens.")
+        if fullname.startswith("ropelens.") and old in MOVED:
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec):  # noqa: ANN001
+        new = "ropelens." + MOVED[spec.name.removeprefix("ropelens.")]
+        warnings.warn(f"{spec.name} moved to {new}; import it from there (the old name goes in the next release)",
+                      DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module):  # noqa: ANN001, ARG002
+        return None
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "load_result",
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
     "AttentionByDistance",

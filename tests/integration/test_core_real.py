@@ -9,7 +9,7 @@ import ropelens
 from ropelens import data
 from ropelens.analyses.decompose import decompose_attention
 from ropelens.analyses.usage import frequency_usage
-from ropelens.bands import Bands
+from ropelens.spec.bands import Bands
 
 pytestmark = pytest.mark.integration
 

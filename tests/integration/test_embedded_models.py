@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 import ropelens
 from ropelens import load_model, rope_spec
 from ropelens.cli import main
-from ropelens.models import _cache_ok
+from ropelens.loading.models import _cache_ok
 
 pytestmark = pytest.mark.integration
 

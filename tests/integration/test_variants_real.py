@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from ropelens import rope_spec
-from ropelens.intervene import apply_rope_variant
-from ropelens.variants import Linear, PRoPE, YaRN
+from ropelens.run.intervene import apply_rope_variant
+from ropelens.spec.variants import Linear, PRoPE, YaRN
 
 pytestmark = pytest.mark.integration
 

@@ -114,7 +114,7 @@ def test_variant_examples_parse_to_every_variant():
 
 
 def test_band_examples_parse():
-    from ropelens.bands import Bands
+    from ropelens.spec.bands import Bands
 
     for spec in ("quantiles:4", "wavelength:10,100,1000", "context:2"):
         assert Bands.parse(spec, flag="--bands").describe().startswith(spec.split(":")[0])
@@ -270,7 +270,7 @@ def test_tokens_past_the_corpus_are_measured_with_one_note(tiny_dir, small_corpu
 def test_tokens_no_corpus_could_hold_are_refused_with_the_maximum(tiny_dir, small_corpus, tmp_path, capsys):
     got = fails(["sinks", "no-such-model", "--corpus", str(small_corpus), "--n-ctx", "32", "--tokens", "1000000"],
                 tmp_path, capsys)
-    from ropelens.data import load_corpus
+    from ropelens.run.data import load_corpus
 
     corpus = load_corpus(str(small_corpus))
     size = sum(len(d.encode()) for d in corpus.documents)

@@ -23,11 +23,11 @@ from ropelens.analyses import extension as extension_module
 from ropelens.analyses.band_stats import band_statistics
 from ropelens.analyses.decompose import decompose_attention
 from ropelens.analyses.extrapolation import MIN_PREDICTION_LENGTH, base_predictions, critical_base
-from ropelens.analyses.possym import MIN_KEYS, positional_symbolic, shortest_window
-from ropelens.bands import Bands
+from ropelens.analyses.positional_symbolic import MIN_KEYS, positional_symbolic, shortest_window
 from ropelens.cli import main
 from ropelens.errors import InputError
-from ropelens.reading import rope_spec
+from ropelens.spec.bands import Bands
+from ropelens.spec.reading import rope_spec
 
 
 @pytest.fixture(autouse=True)
@@ -136,12 +136,12 @@ def test_empty_band_is_refused_by_the_commands(command, tiny_dir, tmp_path, monk
 
 
 def test_band_statistics_refuses_an_empty_band_before_the_model_runs(tiny, monkeypatch):
-    import ropelens.verify
+    import ropelens.run.verify
 
     def ran(*_a, **_k):
         raise AssertionError("the model ran before the band spec was checked")
 
-    monkeypatch.setattr(ropelens.verify, "verification", ran)
+    monkeypatch.setattr(ropelens.run.verify, "verification", ran)
     with pytest.raises(InputError, match="holds no plane"):
         band_statistics(tiny("llama"), "english", n_ctx=16, max_tokens=32, bands=Bands.by_wavelength([1e9]),
                         progress=False)

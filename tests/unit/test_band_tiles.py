@@ -33,8 +33,8 @@ import ropelens
 from ropelens import Bands
 from ropelens.analyses import band_stats
 from ropelens.analyses.band_stats import BandStatsReducer
-from ropelens.capture import stream
-from ropelens.reading import rope_spec
+from ropelens.run.capture import stream
+from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
 from ropelens.testing.dense import (  # noqa: F401 — HFLayer, hf_layers: the reference's parts other tests read from here
     HFLayer,

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ropelens.analyses.bandloc import (
+from ropelens.analyses.band_location import (
     FrequencyBands,
     control_planes,
     frequency_bands,
@@ -16,10 +16,10 @@ from ropelens.analyses.bandloc import (
     nope_below_band,
 )
 from ropelens.analyses.extrapolation import critical_dimension
-from ropelens.capture import Moments
 from ropelens.errors import InputError
-from ropelens.evaluate import window_losses
-from ropelens.result import load_result
+from ropelens.results.result import load_result
+from ropelens.run.capture import Moments
+from ropelens.run.evaluate import window_losses
 from ropelens.testing import tiny_hf_model, tiny_tokenizer, wrap_hf_model
 
 # median 2, peak 6: the level is 4, so planes 4–6 are the band; plane 3 (3.5) lies above peak/2 but

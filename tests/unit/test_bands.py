@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ropelens.bands import Bands
-from ropelens.rope import LayerRope
+from ropelens.spec.bands import Bands
+from ropelens.spec.rope import LayerRope
 
 
 def layer(n_planes=8, head_dim=None, pairing="half", base=10000.0, n_ctx=256) -> LayerRope:

@@ -19,7 +19,7 @@ import ropelens
 from ropelens import capture
 from ropelens.analyses.usage import FrequencyUsage
 from ropelens.errors import InputError
-from ropelens.models import weights_fingerprint
+from ropelens.loading.models import weights_fingerprint
 from ropelens.testing import tiny_model_dir
 
 N_CTX, N_WINDOWS = 16, 6
@@ -34,7 +34,7 @@ def _tokens() -> torch.Tensor:
 
 def _killed_after(monkeypatch, n: int) -> None:
     """Make the run die (KeyboardInterrupt) in its (n+1)-th batch, as a run killed there."""
-    import ropelens.distributed as D
+    import ropelens.run.distributed as D
 
     real, calls = capture.stream, {"n": 0}
 
@@ -127,7 +127,7 @@ def test_a_crash_between_write_and_rename_resumes_from_the_last_good_state(tmp_p
     script = tmp_path / "crash.py"
     script.write_text(textwrap.dedent(f"""
         import os, torch, ropelens
-        import ropelens.serialize as S
+        import ropelens.results.serialize as S
         writes = {{"n": 0}}
         real = os.replace
 
@@ -174,8 +174,8 @@ def test_checkpoint_under_torchrun_resumes_to_the_uninterrupted_result(tmp_path)
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import os, sys, torch, torch.distributed as dist, ropelens
-        import ropelens.distributed as D
-        from ropelens.distributed import init_from_env, is_main
+        import ropelens.run.distributed as D
+        from ropelens.run.distributed import init_from_env, is_main
         init_from_env("cpu")
         if sys.argv[1] == "kill":
             real, calls = D.stream, {{"n": 0}}

@@ -207,7 +207,7 @@ def test_massive_and_passkey_commands(tiny_dir, tmp_path, capsys):
 
 def test_bands_and_entropy_commands(tiny_dir, tmp_path, capsys):
     """bands prints each layer's band and the intervention; entropy covers the NoPE layers of a SmolLM3."""
-    from ropelens.analyses.bandloc import FrequencyBands
+    from ropelens.analyses.band_location import FrequencyBands
     from ropelens.analyses.entropy import FrequencyEntropy
     from ropelens.testing.families import family_model_dir
 
@@ -316,7 +316,7 @@ def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv", [["variants", "--variant", "warp:3"], ["passkey", "--variant", "warp:3"]])
 def test_unknown_variant_lists_the_registry(argv, capsys):
-    """One error line naming every variant class ropelens.variants exports (before any model loads)."""
+    """One error line naming every variant class ropelens.spec.variants exports (before any model loads)."""
     from ropelens import variants as V
 
     assert main([argv[0], "no-such-model", *argv[1:]]) == 2
@@ -395,7 +395,7 @@ def test_possym_command(tiny_dir, tmp_path, capsys):
     """possym prints JSON that agrees with the saved result and refuses a bad margin."""
     import json as _json
 
-    from ropelens.analyses.possym import PositionalSymbolic
+    from ropelens.analyses.positional_symbolic import PositionalSymbolic
 
     path = str(tiny_dir("llama-gqa"))
     common = ["--n-ctx", "32", "--tokens", "64", "--device", "cpu"]

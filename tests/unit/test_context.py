@@ -16,8 +16,8 @@ from ropelens.analyses.context import (
     plane_view,
     search_longrope_factors,
 )
+from ropelens.spec.variants import NTK, Default, DynamicNTK, Linear, Llama3, LongRoPE, YaRN
 from ropelens.testing import tiny_hf_model
-from ropelens.variants import NTK, Default, DynamicNTK, Linear, Llama3, LongRoPE, YaRN
 
 L0, L = 32, 128
 LONG = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0)

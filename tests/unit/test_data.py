@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ropelens import data
-from ropelens.data import Corpus
+from ropelens.run.data import Corpus
 from ropelens.testing import tiny_tokenizer
 
 

@@ -18,8 +18,8 @@ from ropelens.analyses.decompose import (
     decompose_attention,
     js_divergence,
 )
-from ropelens.bands import Bands
-from ropelens.rope import LayerRope
+from ropelens.spec.bands import Bands
+from ropelens.spec.rope import LayerRope
 
 # Sliding window of the tiny gemma3 is 8: 40 tokens are well past it.
 SEQ = 40

@@ -14,9 +14,9 @@ import ropelens
 from ropelens import Bands
 from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.heads import classify_heads
-from ropelens.intervene import ablate_planes, apply_rope_variant
+from ropelens.run.intervene import ablate_planes, apply_rope_variant
+from ropelens.spec.variants import PRoPE
 from ropelens.testing import tiny_model
-from ropelens.variants import PRoPE
 
 
 def _accelerators() -> list:
@@ -81,7 +81,7 @@ def test_reducer_sums_stay_on_the_device(device, models):
     model = models("llama-gqa", device)
     spec = ropelens.rope_spec(model)
     red = BandStatsReducer(spec, spec.rotary_layers, Bands.quantiles(2))
-    ropelens.capture.stream(model, [_tokens()], [red], spec=spec, progress=False)
+    ropelens.run.capture.stream(model, [_tokens()], [red], spec=spec, progress=False)
     assert {v.device.type for v in red.sums.values()} == {torch.device(device).type}
 
 

@@ -27,11 +27,11 @@ from ropelens.analyses.distance import (
     describe_curve,
     distance_bins,
 )
-from ropelens.capture import LayerActs, capture_qk, stream
-from ropelens.curves import decay_verdict
 from ropelens.errors import InputError
-from ropelens.reading import rope_spec
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.results.curves import decay_verdict
+from ropelens.run.capture import LayerActs, capture_qk, stream
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.testing import tiny_model_dir
 from ropelens.testing.families import family_model_dir
 

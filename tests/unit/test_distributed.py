@@ -19,7 +19,7 @@ import ropelens
 from ropelens import Bands, capture
 from ropelens.analyses.band_stats import BandStatistics
 from ropelens.analyses.usage import FrequencyUsage, UsageReducer
-from ropelens.distributed import RunInfo, run_windows, shard
+from ropelens.run.distributed import RunInfo, run_windows, shard
 from ropelens.testing import tiny_model_dir
 
 N_CTX, N_WINDOWS = 32, 7  # 7 windows: not divisible by 2 or 3
@@ -87,7 +87,7 @@ def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, model_dir):
     script = tmp_path / "fail.py"
     script.write_text(textwrap.dedent(f"""
         import torch, torch.distributed as dist, ropelens
-        from ropelens.distributed import init_from_env, run_windows
+        from ropelens.run.distributed import init_from_env, run_windows
         from ropelens.analyses.usage import UsageReducer
         init_from_env("cpu")
         model = ropelens.load_model({str(model_dir)!r}, device="cpu")
@@ -127,7 +127,7 @@ def test_checkpoint_resume_gives_the_identical_result(tmp_path, tiny, monkeypatc
             raise KeyboardInterrupt("killed")
         return real(*a, **k)
 
-    import ropelens.distributed as D
+    import ropelens.run.distributed as D
 
     monkeypatch.setattr(D, "stream", dies_after_four)
     with pytest.raises(KeyboardInterrupt):

@@ -16,11 +16,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import ropelens
 from ropelens.backends.hf import is_plain
-from ropelens.capture import capture_qk
-from ropelens.intervene import ablate_planes, apply_rope_variant
+from ropelens.run.capture import capture_qk
+from ropelens.run.intervene import ablate_planes, apply_rope_variant
+from ropelens.run.verify import verify_model
+from ropelens.spec.variants import Linear, YaRN
 from ropelens.testing.sweep import save_tiny
-from ropelens.variants import Linear, YaRN
-from ropelens.verify import verify_model
 
 # plain HF model; bridge rotating inside the HF module; MLA (complex product) on the plain model; bridge with (cos, sin)
 FAMILIES = ["ministral", "gemma4_text", "deepseek_v2", "llama"]

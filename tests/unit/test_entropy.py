@@ -16,9 +16,9 @@ from ropelens.analyses.entropy import (
     spectral_entropy,
 )
 from ropelens.analyses.usage import frequency_usage
-from ropelens.capture import capture_qk
 from ropelens.errors import InputError
-from ropelens.result import load_result
+from ropelens.results.result import load_result
+from ropelens.run.capture import capture_qk
 from ropelens.testing import tiny_tokenizer, wrap_hf_model
 from ropelens.testing.families import family_hf_model
 

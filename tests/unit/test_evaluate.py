@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ropelens.evaluate import LossEstimate, bootstrap_ci, loss_estimate, window_losses
+from ropelens.run.evaluate import LossEstimate, bootstrap_ci, loss_estimate, window_losses
 from ropelens.testing import tiny_hf_model
 
 
@@ -127,7 +127,7 @@ def test_bootstrap_ci_matches_hand_bootstrap_on_skewed_values():
 
 
 def test_run_store_resumes_and_keeps_other_writers_runs(tmp_path):
-    from ropelens.evaluate import RunStore
+    from ropelens.run.evaluate import RunStore
 
     path = tmp_path / "runs.json"
     a, b = RunStore(path), RunStore(path)  # two sweeps writing one file

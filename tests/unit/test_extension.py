@@ -11,13 +11,13 @@ import torch
 
 from ropelens.analyses import extension as E
 from ropelens.analyses.passkey import passkey_retrieval
-from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.evaluate import window_losses
-from ropelens.intervene import apply_rope_variant
-from ropelens.result import load_result
+from ropelens.results.result import load_result
+from ropelens.run.data import analysis_windows
+from ropelens.run.evaluate import window_losses
+from ropelens.run.intervene import apply_rope_variant
+from ropelens.spec.variants import NTK, DynamicNTK, Linear, Llama3, LongRoPE, PRoPE, YaRN
 from ropelens.testing import tiny_model
-from ropelens.variants import NTK, DynamicNTK, Linear, Llama3, LongRoPE, PRoPE, YaRN
 
 NATIVE, TARGET = 64, 512
 SMALL = {"start": 64, "n_windows": 2, "depths": (0.5,), "progress": False}

@@ -17,12 +17,12 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens.backends.hf import PlainModel
-from ropelens.capture import capture_qk
-from ropelens.reading import rope_spec
+from ropelens.run.capture import capture_qk
+from ropelens.run.verify import verify_model
+from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
 from ropelens.testing.families import N_CHECK
 from ropelens.testing.sweep import TOL, check_config, classify, shrink_config
-from ropelens.verify import verify_model
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +250,7 @@ def test_wrapping_keeps_complex_buffers(tmp_path):
     rotary's complex frequencies as they are (Module.to(float64) would keep their real part only)."""
     from transformers import Llama4ForConditionalGeneration
 
-    from ropelens.models import wrap_hf_model
+    from ropelens.loading.models import wrap_hf_model
 
     torch.manual_seed(0)
     hf = Llama4ForConditionalGeneration(_multimodal("llama4"))

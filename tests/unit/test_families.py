@@ -24,10 +24,12 @@ from ropelens.analyses import band_stats
 from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.analyses.heads import HeadScoresReducer
 from ropelens.backends.bridge_hooks import attn_hooks
-from ropelens.capture import batches, capture_qk, stream
 from ropelens.errors import UnsupportedModelError
-from ropelens.intervene import apply_rope_variant, spec_with_variant
-from ropelens.reading import rope_spec
+from ropelens.run.capture import batches, capture_qk, stream
+from ropelens.run.intervene import apply_rope_variant, spec_with_variant
+from ropelens.run.verify import rotation_from_pre
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.variants import BaseChange, PRoPE
 from ropelens.testing.families import (
     FAMILIES,
     N_CHECK,
@@ -36,8 +38,6 @@ from ropelens.testing.families import (
     probs_by_layer,
     rotation_error,
 )
-from ropelens.variants import BaseChange, PRoPE
-from ropelens.verify import rotation_from_pre
 
 sys.path.insert(0, str(Path(__file__).parent))  # the dense band-statistics reference lives beside this file
 from test_band_tiles import _hand_planes, assert_sums_match, dense_layer_sums, hf_layers  # noqa: E402
@@ -210,7 +210,7 @@ def test_pairing_check_catches_a_wrong_pairing(loaded, monkeypatch):
     """Cohere rotates adjacent pairs: a spec that says "half" fails the pairing check (logits do not)."""
     import dataclasses
 
-    import ropelens.reading as spec_mod
+    import ropelens.spec.reading as spec_mod
 
     orig = spec_mod.rope_spec
 
@@ -246,7 +246,7 @@ def test_real_scaling_configs_read_as_hf_initialises_them(case):
     from transformers import AutoModelForCausalLM
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from ropelens.models import wrap_hf_model
+    from ropelens.loading.models import wrap_hf_model
     from ropelens.testing import tiny_tokenizer
     from ropelens.testing.families import _BASE
 
@@ -267,7 +267,7 @@ def test_real_scaling_configs_read_as_hf_initialises_them(case):
 @pytest.mark.parametrize("family", [_param(f) for f in BRIDGED if f not in NORM_AFTER_ROPE])
 def test_ablating_a_plane_removes_exactly_its_term(family, loaded):
     """In the first rotary layer, logits under ablate_planes([0]) = logits − plane 0's term, on every family."""
-    from ropelens.intervene import ablate_planes
+    from ropelens.run.intervene import ablate_planes
 
     model, spec = loaded(family)
     L = spec.rotary_layers[0]

@@ -9,11 +9,11 @@ import torch
 
 import ropelens
 from ropelens.backends import fastpath
-from ropelens.capture import capture_qk
-from ropelens.intervene import ablate_planes, apply_rope_variant
-from ropelens.reading import rope_spec
+from ropelens.run.capture import capture_qk
+from ropelens.run.intervene import ablate_planes, apply_rope_variant
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.variants import PRoPE
 from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir
-from ropelens.variants import PRoPE
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 SLICED = {"phi", "stablelm"}  # HF rotates a slice of the head there: the bridge path runs
@@ -61,11 +61,11 @@ def test_fast_path_equals_bridge(family, loaded):
 def test_usage_takes_the_fast_path_and_matches_the_bridge(loaded, monkeypatch):
     """frequency_usage goes through the fast path batch by batch and equals usage streamed through the bridge."""
     from ropelens.analyses.usage import UsageReducer
-    from ropelens.capture import batches, stream
+    from ropelens.run.capture import batches, stream
 
     model, spec = loaded("llama")
     toks = _tokens(1)
-    ropelens.verify.verify_model(model)  # the probe (cached) tries the fast path too: count the analysis alone
+    ropelens.run.verify.verify_model(model)  # the probe (cached) tries the fast path too: count the analysis alone
     taken = []
     orig = fastpath.fast_qk
 
@@ -158,9 +158,9 @@ def test_one_host_sync_per_batch(loaded, monkeypatch):
 
     from ropelens.analyses.band_stats import BandStatsReducer
     from ropelens.analyses.usage import UsageReducer
-    from ropelens.bands import Bands
-    from ropelens.capture import batches, stream
-    from ropelens.distributed import run_windows
+    from ropelens.run.capture import batches, stream
+    from ropelens.run.distributed import run_windows
+    from ropelens.spec.bands import Bands
 
     model, spec = loaded("llama")
     toks = torch.randint(4, 100, (4, 40), generator=torch.Generator().manual_seed(6))

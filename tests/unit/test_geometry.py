@@ -22,8 +22,8 @@ from ropelens.analyses.pe_geometry import (
     periodicity,
     sinusoidal_pe,
 )
-from ropelens.curves import DecayCurve, decay_verdict, overlay
-from ropelens.rope import LayerRope
+from ropelens.results.curves import DecayCurve, decay_verdict, overlay
+from ropelens.spec.rope import LayerRope
 
 
 def default_inv_freq(head_dim: int = 64, base: float = 10000.0) -> torch.Tensor:

@@ -14,10 +14,10 @@ from ropelens.analyses.heads import (
     otsu_threshold,
     random_tokens,
 )
-from ropelens.bands import Bands
-from ropelens.capture import batches, stream
-from ropelens.models import wrap_hf_model
-from ropelens.reading import rope_spec
+from ropelens.loading.models import wrap_hf_model
+from ropelens.run.capture import batches, stream
+from ropelens.spec.bands import Bands
+from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_hf_model, tiny_tokenizer
 
 N_CTX = 20  # short: plane 0 (θ₀ = 1 rad) nearly repeats after 2π ≈ 6.3 tokens, so keep few periods

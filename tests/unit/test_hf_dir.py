@@ -15,7 +15,7 @@ from tests.unit.test_cli_errors import fails
 
 import ropelens
 from ropelens.errors import InputError
-from ropelens.hf_dir import safetensors_problem
+from ropelens.loading.hf_dir import safetensors_problem
 
 
 @pytest.fixture

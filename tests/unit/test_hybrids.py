@@ -15,12 +15,12 @@ import torch
 
 import ropelens
 from ropelens import Bands
-from ropelens.backends.fastpath import fast_qk
+from ropelens.backends.sdpa_capture import fast_qk
 from ropelens.errors import InputError
-from ropelens.reading import rope_spec
-from ropelens.rope import MIXER_KINDS, LayerRope, RopeSpec
+from ropelens.run.verify import verify_model
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import MIXER_KINDS, LayerRope, RopeSpec
 from ropelens.testing.families import N_CHECK, family_hf_model, family_model_dir
-from ropelens.verify import verify_model
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_asking_for_a_layer_without_attention_names_it(run, loaded):
     call = {"usage": lambda: ropelens.frequency_usage(model, toks, layers=[0], progress=False),
             "decompose": lambda: ropelens.decompose_attention(model, toks, layers=[0]),
             "band_statistics": lambda: ropelens.band_statistics(model, toks, layers=[0], progress=False),
-            "capture": lambda: ropelens.capture.capture_qk(model, toks, layers=[2])}[run]
+            "capture": lambda: ropelens.run.capture.capture_qk(model, toks, layers=[2])}[run]
     with pytest.raises(InputError, match=r"layer [02] is a 'linear' layer \(Qwen3NextGatedDeltaNet\) with no softmax "
                                          r"attention.*the attention layers are 1,3") as err:
         call()
@@ -114,7 +114,7 @@ def test_usage_verification_and_fast_path_skip_the_linear_layers(loaded):
     assert usage.q_norm.shape[-1] == spec[1].n_planes == 2  # partial rotary 0.25 of 16 dims: 2 planes
     fast = fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), [1, 3])
     assert fast is not None and set(fast) == {1, 3}
-    bridge = ropelens.capture.capture_qk(model, toks, fast=False)
+    bridge = ropelens.run.capture.capture_qk(model, toks, fast=False)
     assert set(bridge) == {1, 3}
     for L in (1, 3):
         for k in ("q_pre", "k_pre", "q_post", "k_post"):
@@ -170,7 +170,7 @@ def test_real_config_partial_rotary_is_read(config_class):
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from ropelens.models import wrap_hf_model
+    from ropelens.loading.models import wrap_hf_model
     from ropelens.testing import tiny_tokenizer
 
     real = getattr(transformers, config_class)()

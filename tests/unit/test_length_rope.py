@@ -10,9 +10,9 @@ import torch
 from ropelens.analyses.band_stats import band_statistics
 from ropelens.analyses.decompose import decompose_attention
 from ropelens.errors import UnsupportedModelError
-from ropelens.reading import length_dependent, rope_spec, spec_at_length
+from ropelens.run.verify import verify_model
+from ropelens.spec.reading import length_dependent, rope_spec, spec_at_length
 from ropelens.testing import tiny_model
-from ropelens.verify import verify_model
 
 NATIVE = 16
 DIM = 16  # the tiny Llama's head (and rotary) width
@@ -106,8 +106,8 @@ def test_fixed_frequencies_are_left_alone(tiny):
 
 def test_a_variant_in_force_keeps_its_own_frequencies(dynamic):
     """Under a RoPE variant the spec is the variant's: the model's rotary buffers at the length do not replace it."""
-    from ropelens.intervene import apply_rope_variant
-    from ropelens.variants import PRoPE
+    from ropelens.run.intervene import apply_rope_variant
+    from ropelens.spec.variants import PRoPE
 
     with apply_rope_variant(dynamic, PRoPE(0.5)):
         spec = rope_spec(dynamic)

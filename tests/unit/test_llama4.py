@@ -16,12 +16,12 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens.backends.hf import PlainModel
-from ropelens.bands import Bands
 from ropelens.errors import UnsupportedModelError
-from ropelens.reading import CHUNKED_WHY, rope_spec
+from ropelens.run.verify import verify_model
+from ropelens.spec.bands import Bands
+from ropelens.spec.reading import CHUNKED_WHY, rope_spec
 from ropelens.testing import spread_weights, tiny_tokenizer
 from ropelens.testing.families import FAMILIES, hf_scores, probs_by_layer
-from ropelens.verify import verify_model
 
 pytestmark = pytest.mark.skipif(not hasattr(transformers, "Llama4TextConfig"), reason="transformers has no Llama 4")
 
@@ -76,7 +76,7 @@ def test_mask_is_hf_chunked_mask():
     """LayerRope.mask with a chunk is HF's chunked_causal_mask_function (no padding), entry by entry."""
     from transformers.masking_utils import chunked_causal_mask_function
 
-    from ropelens.rope import LayerRope
+    from ropelens.spec.rope import LayerRope
 
     for chunk, n in ((1, 5), (3, 11), (8, 29), (8, 8)):
         lr = LayerRope(layer=0, inv_freq=torch.ones(2), head_dim=4, rotary_dim=4, pairing="half", n_heads=1,

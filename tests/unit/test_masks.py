@@ -9,9 +9,9 @@ import torch
 
 import ropelens
 from ropelens.analyses.usage import UsageReducer
-from ropelens.backends.fastpath import fast_qk, right_padded
-from ropelens.capture import stream
+from ropelens.backends.sdpa_capture import fast_qk, right_padded
 from ropelens.errors import InputError
+from ropelens.run.capture import stream
 
 N = 16
 LENGTHS = (16, 11, 7)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from ropelens.analyses.massive import MassiveValues, massive_values, replace_massive
-from ropelens.capture import capture_qk
 from ropelens.errors import InputError
-from ropelens.models import wrap_hf_model
+from ropelens.loading.models import wrap_hf_model
+from ropelens.run.capture import capture_qk
 from ropelens.testing import tiny_hf_model, tiny_tokenizer
 
 # Planted dimensions, and the plane each sits in, written out from the tiny configs (not read from
@@ -69,9 +69,9 @@ def test_reducer_equals_hand_computation(tiny, family):
 def test_valid_mask_and_merge_are_exact(tiny):
     """Two halves merged equal the whole; right padding (valid=False) is left out of the sums."""
     from ropelens.analyses.massive import MassiveReducer
-    from ropelens.capture import stream
-    from ropelens.provenance import Provenance
-    from ropelens.reading import rope_spec
+    from ropelens.results.provenance import Provenance
+    from ropelens.run.capture import stream
+    from ropelens.spec.reading import rope_spec
 
     model = tiny("llama-gqa")
     toks = tokens(4)
@@ -127,9 +127,9 @@ def test_planted_massive_dimension_is_found_in_its_plane(family):
 
 def test_persistence_counts_layers(tiny):
     """Synthetic sums: plane 3 massive in both layers (different heads), plane 0 in one of two."""
-    from ropelens.capture import Moments
-    from ropelens.provenance import Provenance
-    from ropelens.reading import rope_spec
+    from ropelens.results.provenance import Provenance
+    from ropelens.run.capture import Moments
+    from ropelens.spec.reading import rope_spec
 
     spec = rope_spec(tiny("llama-gqa"))  # 2 layers, 4 q heads, 2 KV heads, 8 planes in half pairs
     moments = {"q": Moments.zeros((2, 4, HEAD_DIM)), "k": Moments.zeros((2, 2, HEAD_DIM))}

@@ -23,7 +23,7 @@ from ropelens.analyses.massive import MassiveValues, massive_values
 from ropelens.analyses.offsets import RotaryOffsets, rotary_offsets
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import UsageReducer
-from ropelens.measure import Measured, RunOptions, Windows, measure
+from ropelens.run.measure import Measured, RunOptions, Windows, measure
 from ropelens.testing import tiny_model_dir
 
 N_CTX, N_WINDOWS, BATCH = 24, 7, 2  # 4 batches: 2 ranks take 2 + 2, 3 ranks 2 + 1 + 1
@@ -107,7 +107,7 @@ def test_ranks_equal_one_process(nproc, model_dir, one_process, tmp_path):
     script.write_text(textwrap.dedent(f"""
         import torch, torch.distributed as dist, ropelens
         from ropelens import Bands
-        from ropelens.distributed import init_from_env, is_main
+        from ropelens.run.distributed import init_from_env, is_main
         from ropelens.analyses.distance import attention_by_distance
         from ropelens.analyses.massive import massive_values
         from ropelens.analyses.offsets import rotary_offsets
@@ -142,7 +142,7 @@ def test_ranks_equal_one_process(nproc, model_dir, one_process, tmp_path):
 def test_checkpoint_resume_gives_the_identical_result(name, tiny, tmp_path, monkeypatch):
     """A run killed after three batches, started again, resumes from its checkpoint and ends with
     exactly the uninterrupted sums; a changed setting refuses to resume."""
-    import ropelens.distributed as D
+    import ropelens.run.distributed as D
 
     run, kw, _, changed = ANALYSES[name]
     model, toks = tiny("llama-gqa"), _tokens()[:5, :16]
@@ -193,8 +193,8 @@ def test_measure_records_the_run(tiny):
     m = measure(model, "english", build, run, analysis="usage", config={"n_sink": 1})
     assert isinstance(m, Measured) and m.reducers == tuple(built) and m.reducer is built[0]
     p = m.provenance
-    corpus = ropelens.data.load_corpus("english")
-    assert (p.model, p.corpus, p.corpus_sha256) == (ropelens.reading.model_label(model), corpus.name, corpus.sha256)
+    corpus = ropelens.run.data.load_corpus("english")
+    assert (p.model, p.corpus, p.corpus_sha256) == (ropelens.spec.reading.model_label(model), corpus.name, corpus.sha256)
     assert (p.n_tokens, p.n_windows, p.n_ctx) == (64, 4, 16)
     verified = p.config.pop("verification")
     assert verified["status"] == "passed" and verified["layers"] == [0, 1]  # the probe ran before the windows
@@ -213,7 +213,7 @@ def test_corpus_analyses_share_one_signature():
     """Every corpus analysis takes the run options as keywords, with its own window defaults."""
     import inspect
 
-    from ropelens.measure import corpus_analysis
+    from ropelens.run.measure import corpus_analysis
 
     fns = [ropelens.frequency_usage, ropelens.band_statistics, ropelens.attention_sinks, ropelens.attention_by_distance,
            ropelens.massive.massive_values, ropelens.offsets.rotary_offsets]
@@ -243,7 +243,7 @@ def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
     scope = {"model": model}
     exec(code.replace('max_tokens=4096', 'max_tokens=256'), scope)  # noqa: S102 - the README's code, a smaller corpus
     norms, prov = scope["norms"], scope["provenance"]
-    tokens = ropelens.data.analysis_windows(model.tokenizer, "english", 256, 256)[0]
+    tokens = ropelens.run.data.analysis_windows(model.tokenizer, "english", 256, 256)[0]
     acts = ropelens.capture_qk(model, tokens, layers=[0, 1], which=("k_post",))
     want = torch.stack([acts[L]["k_post"].double().norm(dim=-1).mean() for L in (0, 1)])
     torch.testing.assert_close(norms, want, rtol=1e-6, atol=0)
@@ -256,7 +256,7 @@ def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
 def test_heads_resume_from_a_checkpoint(tiny, tmp_path, monkeypatch):
     """classify_heads checkpoints both its passes; a run killed in the random-token pass resumes to the
     uninterrupted scores."""
-    import ropelens.distributed as D
+    import ropelens.run.distributed as D
     from ropelens.analyses.heads import classify_heads
 
     model = tiny("llama")

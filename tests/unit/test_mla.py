@@ -18,11 +18,11 @@ import torch
 import ropelens
 from ropelens.backends.hf import is_plain
 from ropelens.errors import UnsupportedModelError
-from ropelens.models import wrap_hf_model
-from ropelens.reading import rope_spec
+from ropelens.loading.models import wrap_hf_model
+from ropelens.run.verify import verify_model
+from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
 from ropelens.testing.families import FAMILIES, N_CHECK, check_family, family_model_dir
-from ropelens.verify import verify_model
 
 MLA = ["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "minicpm3"]
 
@@ -73,7 +73,7 @@ def test_layout_against_hf_rotations():
     from transformers.models.deepseek_v2 import modeling_deepseek_v2 as v2
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3
 
-    from ropelens.rope import LayerRope
+    from ropelens.spec.rope import LayerRope
 
     g = torch.Generator().manual_seed(0)
     n, r = 6, 8
@@ -98,7 +98,7 @@ def test_layout_against_hf_rotations():
 
 
 def test_from_model_puts_rotary_dims_first_and_keeps_scores():
-    from ropelens.rope import LayerRope
+    from ropelens.spec.rope import LayerRope
 
     lr = LayerRope(layer=0, inv_freq=torch.ones(2), head_dim=7, rotary_dim=4, pairing="half", n_heads=1,
                    n_kv_heads=1, score_scale=1.0, rotary_offset=3)
@@ -213,7 +213,7 @@ def test_mla_bridge_is_refused_in_one_line(model_dir):
     """A bridge booted around an MLA model (not by ropelens) is refused: its hooks give no pre-RoPE q/k."""
     from types import SimpleNamespace
 
-    from ropelens.reading import _refuse_unsupported
+    from ropelens.spec.reading import _refuse_unsupported
 
     model = ropelens.load_model(model_dir("minicpm3"), device="cpu")
     bridge = SimpleNamespace(original_model=model.original_model, blocks=[], cfg=model.cfg)

@@ -11,7 +11,7 @@ import torch
 import ropelens
 from ropelens import NotRotaryError, load_model, rope_spec
 from ropelens.errors import InputError
-from ropelens.models import device_of, resolve_device
+from ropelens.loading.models import device_of, resolve_device
 from ropelens.testing import tiny_hf_model
 
 # family -> (bases by kind, n_planes, pairing, heads, kv_heads, head_dim)
@@ -226,21 +226,21 @@ def _recorded(model) -> tuple[str, str]:
 def test_identity_by_path_travels_on_the_config(tiny_dir):
     path = tiny_dir("llama")
     model = load_model(path, device="cpu")
-    assert model.cfg.model_name == ropelens.reading.model_label(model) == str(path)
+    assert model.cfg.model_name == ropelens.spec.reading.model_label(model) == str(path)
     assert model.cfg.model_path == str(path.resolve())
     assert _recorded(model) == (str(path), str(path))
 
 
 def test_identity_by_name_travels_on_the_config(tiny_embedded):
     model = load_model(tiny_embedded, device="cpu")
-    assert model.cfg.model_name == ropelens.reading.model_label(model) == tiny_embedded
+    assert model.cfg.model_name == ropelens.spec.reading.model_label(model) == tiny_embedded
     assert model.cfg.model_path is None
     assert _recorded(model) == (tiny_embedded, tiny_embedded)
 
 
 def test_wrapped_model_keeps_its_label(tiny):
     model = tiny("gemma3")
-    assert ropelens.reading.model_label(model) == model.cfg.model_name == "tiny-gemma3"
+    assert ropelens.spec.reading.model_label(model) == model.cfg.model_name == "tiny-gemma3"
     assert not hasattr(model, "ropelens_name")
 
 

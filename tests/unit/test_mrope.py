@@ -21,10 +21,16 @@ from ropelens import Bands
 from ropelens.analyses.decompose import decompose_attention
 from ropelens.analyses.mrope import MRopeDecomposition, mrope_decompose
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.mrope import as_plain_vl, capture_mrope, modality, mrope_angles, rotate_mrope
-from ropelens.reading import rope_spec
-from ropelens.result import load_result
-from ropelens.rope import LayerRope
+from ropelens.loading.vision_language import (
+    as_plain_vl,
+    capture_mrope,
+    modality,
+    mrope_angles,
+    rotate_mrope,
+)
+from ropelens.results.result import load_result
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import LayerRope
 from ropelens.testing.families import hf_scores, probs_by_layer
 from ropelens.testing.vl import VL_FAMILIES, expected_axes, vl_hf_model, vl_inputs
 
@@ -140,7 +146,7 @@ def test_rotation_of_pre_rope_q_k_rebuilds_hf_scores_only_with_the_right_axes(na
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen3_vl"])
 def test_swapped_sections_are_refused(name, monkeypatch):
-    import ropelens.reading as reading
+    import ropelens.spec.reading as reading
 
     read = reading.plane_axes
     monkeypatch.setattr(reading, "plane_axes", lambda *a: tuple({1: 2, 2: 1}.get(x, x) for x in read(*a)))

@@ -18,8 +18,9 @@ from transformers import AutoConfig
 
 import ropelens
 from ropelens.errors import UnsupportedModelError
-from ropelens.reading import rope_spec
-from ropelens.rope import LayerRope
+from ropelens.run.verify import rotation_error, verify_model
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import LayerRope
 from ropelens.testing.families import (
     FAMILIES,
     N_CHECK,
@@ -27,7 +28,6 @@ from ropelens.testing.families import (
     family_hf_model,
     family_model_dir,
 )
-from ropelens.verify import rotation_error, verify_model
 
 NEW = ["cohere2", "exaone4", "gemma4_text", "hunyuan_v1_dense", "nanochat", "falcon", "ministral", "helium",
        "persimmon", "phimoe", "diffllama", "minicpm3"]
@@ -177,7 +177,7 @@ def test_norm_after_rope_is_read_from_the_forward(family, model_dir):
 @pytest.mark.parametrize("family", NORMED)
 def test_norm_after_rope_read_as_absent_is_caught(family, model_dir, monkeypatch):
     """A reading that misses the norm takes the rotated q/k as the score's: the probe's q/k check refuses it."""
-    import ropelens.reading as reading
+    import ropelens.spec.reading as reading
 
     monkeypatch.setattr(reading, "_norm_after_rope", lambda *_: False)
     model = _fresh(family, model_dir)
@@ -213,7 +213,7 @@ def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, model_d
     """Post-RoPE frequency usage equals the plane norms of the q and k HF's attention function receives (after
     the norm), on both capture paths; the pairing is written out by hand ((i, i + d/2))."""
     from ropelens.analyses.usage import UsageReducer
-    from ropelens.capture import stream
+    from ropelens.run.capture import stream
 
     model = _fresh(family, model_dir)
     toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(5))
@@ -237,7 +237,7 @@ def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, model_d
 def test_norm_after_rope_classifier_on_known_transforms():
     """Same tensors: no norm; an RMS norm with a per-dim gain, or an L2 norm, in float32 or rounded to bf16: a norm;
     a mean-subtracting layer norm or a mixing of dims: neither (left to the probe's q/k check to refuse)."""
-    from ropelens.reading import _norm_after_rope
+    from ropelens.spec.reading import _norm_after_rope
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 4, 6, 16, generator=g)  # [batch, head, pos, d]

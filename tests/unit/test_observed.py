@@ -10,11 +10,11 @@ import torch
 
 import ropelens
 from ropelens.errors import UnsupportedModelError
-from ropelens.models import wrap_hf_model
-from ropelens.observed import measure_rotation
-from ropelens.rope import LayerRope
+from ropelens.loading.models import wrap_hf_model
+from ropelens.run.verify import verify_model
+from ropelens.spec.observed import measure_rotation
+from ropelens.spec.rope import LayerRope
 from ropelens.testing import tiny_hf_model, tiny_tokenizer
-from ropelens.verify import verify_model
 
 
 def _layer(pairing: str, d: int = 16, base: float = 100.0, direction: int = 1) -> LayerRope:
@@ -175,7 +175,7 @@ def test_a_query_temperature_the_forward_does_not_apply_as_configured_is_refused
 def test_a_failed_rotation_check_says_what_the_rotation_was_measured_to_do():
     """A rotation whose norm factor grows with position (a temperature the reading missed) is described by the
     factor measured, not a guessed cause."""
-    from ropelens.verify import rotation_mismatch
+    from ropelens.run.verify import rotation_mismatch
 
     lr = _layer("half")
     x = torch.randn(32, 3, 16, generator=torch.Generator().manual_seed(2))
@@ -186,7 +186,7 @@ def test_a_failed_rotation_check_says_what_the_rotation_was_measured_to_do():
 
 
 def test_a_misread_frequency_is_named_with_both_values():
-    from ropelens.verify import rotation_mismatch
+    from ropelens.run.verify import rotation_mismatch
 
     lr = _layer("half")
     x = torch.randn(7, 3, 16, generator=torch.Generator().manual_seed(3))

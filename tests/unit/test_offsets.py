@@ -16,10 +16,10 @@ from ropelens.analyses.offsets import (
     partial_cycle_planes,
     rotary_offsets,
 )
-from ropelens.capture import LayerActs
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.results.provenance import Provenance
+from ropelens.run.capture import LayerActs
+from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.testing import tiny_hf_model
 
 TWO_PI = 2 * math.pi

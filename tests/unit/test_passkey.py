@@ -19,9 +19,9 @@ from ropelens.analyses.passkey import (
     score_answer,
 )
 from ropelens.errors import InputError
-from ropelens.intervene import apply_rope_variant
+from ropelens.run.intervene import apply_rope_variant
+from ropelens.spec.variants import DynamicNTK, YaRN
 from ropelens.testing import tiny_tokenizer
-from ropelens.variants import DynamicNTK, YaRN
 
 SENTENCES = ["The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again."]
 LONGEST = max(len(s) for s in SENTENCES) + 1  # characters (= tokens for the tiny tokenizer), with its space

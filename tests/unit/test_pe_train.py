@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from ropelens.pe_train import (
+from ropelens.training.pe_train import (
     PETrainConfig,
     PETrainResult,
     order_permutation,

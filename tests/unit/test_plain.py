@@ -18,11 +18,11 @@ from transformers import AutoModelForCausalLM
 import ropelens
 from ropelens import Bands
 from ropelens.backends.hf import BridgeOnlyError, PlainModel, is_plain
-from ropelens.capture import capture_qk
 from ropelens.errors import UnsupportedModelError
-from ropelens.reading import rope_spec
+from ropelens.run.capture import capture_qk
+from ropelens.run.verify import verify_model
+from ropelens.spec.reading import rope_spec
 from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir
-from ropelens.verify import verify_model
 
 PLAIN = [f for f, fam in FAMILIES.items() if not fam.bridge and fam.refused is None]
 
@@ -132,8 +132,8 @@ def _one_line(err: pytest.ExceptionInfo, arch: str) -> str:
 def test_transformerlens_hook_points_are_refused_in_one_line(model_dir):
     """A plain model runs every ropelens intervention on the engine (tests/unit/test_engine.py); only TransformerLens's
     own surface (hook points, run_with_cache) needs the bridge: one line naming the architecture."""
-    from ropelens.intervene import apply_rope_variant
-    from ropelens.variants import PRoPE
+    from ropelens.run.intervene import apply_rope_variant
+    from ropelens.spec.variants import PRoPE
 
     model = ropelens.load_model(model_dir("ministral"), device="cpu")
     with pytest.raises(BridgeOnlyError) as err:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ropelens.analyses.heads import classify_heads
-from ropelens.analyses.possym import (
+from ropelens.analyses.positional_symbolic import (
     PositionalSymbolic,
     agreement,
     cohen_kappa,
@@ -16,11 +16,11 @@ from ropelens.analyses.possym import (
     positional_symbolic,
     rank_correlation,
 )
-from ropelens.capture import capture_qk
 from ropelens.errors import InputError
-from ropelens.models import wrap_hf_model
-from ropelens.reading import rope_spec
-from ropelens.result import load_result
+from ropelens.loading.models import wrap_hf_model
+from ropelens.results.result import load_result
+from ropelens.run.capture import capture_qk
+from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_hf_model, tiny_model, tiny_tokenizer
 
 N_CTX = 20

@@ -43,9 +43,9 @@ from ropelens.analyses.distance import DistanceReducer
 from ropelens.analyses.massive import MassiveReducer
 from ropelens.analyses.offsets import OffsetReducer
 from ropelens.analyses.usage import UsageReducer
-from ropelens.capture import LayerActs, capture_qk, stream
-from ropelens.reading import rope_spec
-from ropelens.rope import RopeSpec
+from ropelens.run.capture import LayerActs, capture_qk, stream
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import RopeSpec
 from ropelens.testing import tiny_model
 
 N, BATCH = 24, 3  # three windows of 8 in Gemma 3's sliding layers; its layer 3 is global
@@ -279,7 +279,7 @@ def test_streamed_half_model_gives_the_captured_sums(dtype, captured):
 # contributes windows · u64 ≈ 7e-16 of it, nothing at this tolerance.
 @pytest.mark.parametrize("name", NAMES)
 def test_batch_split_does_not_change_sums(name):
-    from ropelens.distributed import run_windows
+    from ropelens.run.distributed import run_windows
 
     model = tiny_model("gemma3")
     spec = rope_spec(model)

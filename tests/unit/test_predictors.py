@@ -21,8 +21,8 @@ from ropelens.analyses.extrapolation import (
     measured_extrapolation,
 )
 from ropelens.errors import InputError
-from ropelens.evaluate import window_losses
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.run.evaluate import window_losses
+from ropelens.spec.rope import LayerRope, RopeSpec
 
 TWO_PI = 2 * math.pi
 

@@ -15,15 +15,15 @@ import pytest
 import torch
 from torch import Tensor
 
-import ropelens.distributed as D
+import ropelens.run.distributed as D
 from ropelens import Bands, capture
 from ropelens.analyses.distance import DistanceReducer
 from ropelens.analyses.heads import HeadScoresReducer
 from ropelens.analyses.sinks import SinkReducer
-from ropelens.capture import LayerActs, capture_qk
-from ropelens.distributed import reducer_state, run_windows
-from ropelens.reading import rope_spec
-from ropelens.rope import RopeSpec
+from ropelens.run.capture import LayerActs, capture_qk
+from ropelens.run.distributed import reducer_state, run_windows
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import RopeSpec
 from ropelens.testing import tiny_model
 
 N = 20

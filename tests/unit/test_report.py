@@ -212,7 +212,7 @@ def test_accepts_a_model_path_and_quick(tiny_dir, tmp_path):
 def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     """Band statistics over evenly spread windows equal band_statistics run on those windows alone."""
     from ropelens.analyses.band_stats import band_statistics
-    from ropelens.bands import Bands
+    from ropelens.spec.bands import Bands
 
     model = tiny("llama-gqa")
     out = build_report(model, tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "r", band_tokens=2 * N_CTX, progress=False)
@@ -358,7 +358,7 @@ def test_report_cuts_windows_to_a_chunked_layer(tmp_path):
     from ropelens.testing import tiny_model
 
     model = tiny_model("llama")
-    from ropelens.reading import rope_spec
+    from ropelens.spec.reading import rope_spec
 
     spec = rope_spec(model)
     chunked = replace(spec, layers=tuple(replace(lr, chunk=16) if lr.layer == 1 else lr for lr in spec.layers))

@@ -16,7 +16,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from ropelens import data, rope_spec
 from ropelens.analyses.context import plane_view
 from ropelens.report import build_report
-from ropelens.variants import Linear, PRoPE, PRoPEReversed
+from ropelens.spec.variants import Linear, PRoPE, PRoPEReversed
 
 N_CTX = 64
 TOKENS = 6 * N_CTX
@@ -169,8 +169,8 @@ def test_a_full_run_is_shown_over_a_quick_one():
 
 def test_context_rescales_only_the_global_layers_of_a_two_kind_model(tiny, tmp_path):
     """Gemma-style models: the context section's costs come from the global (full) layers alone."""
-    from ropelens.evaluate import window_losses
-    from ropelens.intervene import apply_rope_variant
+    from ropelens.run.evaluate import window_losses
+    from ropelens.run.intervene import apply_rope_variant
 
     gemma = tiny("gemma3")
     out = build_report(gemma, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False)

@@ -22,10 +22,10 @@ from ropelens.analyses.pe_geometry import pe_similarity, sinusoidal_pe
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.errors import InputError
-from ropelens.findings import Finding
-from ropelens.reading import rope_spec
-from ropelens.result import Result, load_result, registered
-from ropelens.variants import Linear
+from ropelens.results.findings import Finding
+from ropelens.results.result import Result, load_result, registered
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.variants import Linear
 
 BANDS = Bands.quantiles(2)
 SAFETENSORS = ("AttentionDecomposition", "MRopeDecomposition")  # kinds that save q/k as safetensors, not JSON
@@ -40,11 +40,11 @@ def _tokens(n: int = 2, seq: int = 16, seed: int = 0) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def results(tiny, tmp_path_factory) -> dict[str, Result]:
     """One of every registered result, as small as each can be."""
-    from ropelens.analyses.bandloc import frequency_bands
+    from ropelens.analyses.band_location import frequency_bands
     from ropelens.analyses.entropy import frequency_entropy
     from ropelens.analyses.extension import extension_study
     from ropelens.analyses.mrope import mrope_decompose
-    from ropelens.analyses.possym import positional_symbolic
+    from ropelens.analyses.positional_symbolic import positional_symbolic
     from ropelens.analyses.retrieval import retrieval_heads
     from ropelens.testing import tiny_model
     from ropelens.testing.vl import vl_hf_model, vl_inputs

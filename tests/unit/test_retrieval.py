@@ -18,8 +18,8 @@ from ropelens.analyses.retrieval import (
     random_planes,
     retrieval_heads,
 )
-from ropelens.bands import Bands
 from ropelens.errors import InputError
+from ropelens.spec.bands import Bands
 from ropelens.testing import tiny_tokenizer
 
 KEY = "40123"  # distinct digits, none in the filler or the question

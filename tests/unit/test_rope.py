@@ -14,7 +14,14 @@ from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions, 
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply_rotary
 from transformers.models.llama.modeling_llama import rotate_half
 
-from ropelens.rope import LayerRope, RopeSpec, merge_planes, plane_dims, plane_norms, split_planes
+from ropelens.spec.rope import (
+    LayerRope,
+    RopeSpec,
+    merge_planes,
+    plane_dims,
+    plane_norms,
+    split_planes,
+)
 
 PAIRINGS = ("half", "adjacent")
 
@@ -322,7 +329,7 @@ def test_plane_norms_equal_norms_of_split_planes(pairing):
 def test_plane_sums_and_norms_match_the_split_planes(pairing):
     """plane_sums(q * k) is each plane's q^(i)·k^(i) and plane_norms each plane's 2-norm, as from split_planes,
     with the non-rotary dims of a partial-rotary head left out."""
-    from ropelens.rope import plane_norms, plane_sums, split_planes
+    from ropelens.spec.rope import plane_norms, plane_sums, split_planes
 
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(3, 5, 40, generator=g, dtype=torch.float64), torch.randn(3, 5, 40, generator=g, dtype=torch.float64)

@@ -14,11 +14,11 @@ from ropelens.analyses.massive import massive_values, replace_massive
 from ropelens.analyses.passkey import greedy_continuation
 from ropelens.backends import sdpa
 from ropelens.errors import UnsupportedModelError
-from ropelens.evaluate import loss_path, window_losses
-from ropelens.intervene import ablate_planes, apply_rope_variant
-from ropelens.reading import hf_model_of, rope_spec
+from ropelens.run.evaluate import loss_path, window_losses
+from ropelens.run.intervene import ablate_planes, apply_rope_variant
+from ropelens.spec.reading import hf_model_of, rope_spec
+from ropelens.spec.variants import NoPE, PlaneMask, PRoPE, YaRN
 from ropelens.testing.families import N_CHECK, family_model_dir
-from ropelens.variants import NoPE, PlaneMask, PRoPE, YaRN
 
 FAMILIES = ["llama", "qwen2", "gemma3_text", "phi3", "smollm3"]  # GQA, windows, local/global, partial, NoPE layers
 VARIANTS = [PRoPE(0.5), YaRN(4.0, 8), NoPE(), PlaneMask((0, 2))]

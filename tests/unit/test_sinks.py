@@ -21,10 +21,10 @@ import ropelens
 from ropelens import Bands, Provenance
 from ropelens.analyses.sinks import AttentionSinks, SinkReducer, attention_sinks
 from ropelens.analyses.usage import frequency_usage
-from ropelens.capture import LayerActs, capture_qk, stream
 from ropelens.errors import InputError
-from ropelens.reading import rope_spec
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.run.capture import LayerActs, capture_qk, stream
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.testing import tiny_model_dir
 from ropelens.testing.families import family_model_dir
 

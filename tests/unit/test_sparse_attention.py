@@ -16,14 +16,14 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens.analyses.band_stats import BandStatsReducer
-from ropelens.bands import Bands
-from ropelens.capture import stream
 from ropelens.errors import UnsupportedModelError
-from ropelens.reading import rope_spec
-from ropelens.rope import RopeSpec
+from ropelens.run.capture import stream
+from ropelens.run.verify import verify_model
+from ropelens.spec.bands import Bands
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import RopeSpec
 from ropelens.testing.families import N_CHECK
 from ropelens.testing.sweep import save_tiny
-from ropelens.verify import verify_model
 
 # DeepSeek V3.2 (half-split indexer rotation, interleaved attention rotation), GLM-5 (interleaved indexer),
 # HunYuan V4 (layers reusing an earlier layer's selection: indexer_types "shared")
@@ -133,7 +133,7 @@ def test_real_deepseek_v32_shapes():
     an indexer of 64 heads × 128 dims keeping 2,048 keys), in one layer with a narrow residual stream."""
     from transformers import DeepseekV32Config
 
-    from ropelens.models import wrap_hf_model
+    from ropelens.loading.models import wrap_hf_model
     from ropelens.testing import tiny_tokenizer
 
     d = DeepseekV32Config()
@@ -187,7 +187,7 @@ def test_inspect_shows_the_keys_kept(tiny):
 def test_the_spec_reads_the_forward_once(tiny, monkeypatch):
     """Which rotation the attention calls, and which layers rotate, come from one short forward cached on the model:
     reading the spec again (every analysis does) runs no forward."""
-    import ropelens.reading as reading
+    import ropelens.spec.reading as reading
 
     model, _ = tiny("deepseek_v32")
     first = rope_spec(model)

@@ -114,11 +114,11 @@ def test_library_never_imports_the_command_line():
             assert "ropelens.cli.main" not in targets and "ropelens.cli" not in targets, module
 
 
-@pytest.mark.parametrize("leaf", ["ropelens.errors", "ropelens.serialize", "ropelens.validate", "ropelens.curves",
-                                  "ropelens.rope", "ropelens.data"])
+@pytest.mark.parametrize("leaf", ["ropelens.errors", "ropelens.results.serialize", "ropelens.validate", "ropelens.results.curves",
+                                  "ropelens.spec.rope", "ropelens.run.data"])
 def test_leaf_modules_import_nothing_above_them(leaf):
     graph, _ = import_graph()
-    allowed = {"ropelens.errors", "ropelens.serialize", "ropelens.validate", "ropelens.rope"}
+    allowed = {"ropelens.errors", "ropelens.results.serialize", "ropelens.validate", "ropelens.spec.rope"}
     assert graph[leaf] <= allowed, graph[leaf] - allowed
 
 
@@ -147,3 +147,29 @@ def test_errors_are_value_errors():
     for cls in (errors.NotRotaryError, errors.UnsupportedModelError, errors.UsageError):
         assert issubclass(cls, errors.InputError)
     assert issubclass(errors.InputError, ValueError)
+
+
+# the layers, bottom to top: a module imports only from its own layer and those below
+LAYERS = ("errors", "validate", "devices", "results", "spec", "backends", "loading", "run", "analyses", "plots",
+          "report", "testing", "training", "cli", "__main__")
+# the one import still running up the layers (the extension study draws its own page)
+UPWARD = {("ropelens.analyses.extension", "ropelens.report.extension")}
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return -1 if len(parts) == 1 else LAYERS.index(parts[1])
+
+
+def test_package_root_holds_a_handful_of_modules():
+    root = sorted(p.stem for p in SRC.glob("*.py"))
+    assert root == ["__init__", "__main__", "devices", "errors", "validate"]
+    assert sorted(p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()) == sorted(
+        layer for layer in LAYERS if (SRC / layer).is_dir())
+
+
+def test_no_import_runs_back_up_the_layers():
+    graph, _ = import_graph()
+    upward = {(m, t) for m, targets in graph.items() for t in targets
+              if m != "ropelens" and _layer(t) > _layer(m)}
+    assert upward == UPWARD

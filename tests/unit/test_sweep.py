@@ -227,7 +227,7 @@ def test_usage_that_keeps_the_attention_scaling_is_wrong(monkeypatch, tmp_path):
 
 def test_a_variant_that_stays_after_its_context_is_wrong(monkeypatch, tmp_path):
     """Hooks left in place on exit: the logits after the context differ from the ones before."""
-    import ropelens.intervene as intervene
+    import ropelens.run.intervene as intervene
 
     orig = intervene._install_variant
 
@@ -246,8 +246,8 @@ def test_a_variant_that_rotates_off_its_spec_is_wrong(monkeypatch, tmp_path):
     """The model handed p-RoPE with p = 1 (its own rotation) while the spec says p = 0.5: the rotated query of one
     token repeated does not turn by the spec's frequencies."""
     import ropelens.backends.sdpa as sdpa
-    import ropelens.intervene as intervene
-    from ropelens.variants import PRoPE
+    import ropelens.run.intervene as intervene
+    from ropelens.spec.variants import PRoPE
 
     for mod in (intervene, sdpa):
         orig = mod.variant_tables
@@ -275,13 +275,13 @@ def test_table_phase_steps_recover_the_frequencies():
 
 def test_a_rotating_model_called_not_rotary_is_refused_not_dropped(monkeypatch, tmp_path):
     """'no RoPE' needs HF's word too: a model whose forward rotates stays a refused RoPE family."""
-    import ropelens.reading
+    import ropelens.spec.reading
     from ropelens.errors import NotRotaryError
 
     def not_rotary(model):
         raise NotRotaryError("LlamaForCausalLM uses 'none' position embeddings, not RoPE")
 
-    monkeypatch.setattr(ropelens.reading, "rope_spec", not_rotary)
+    monkeypatch.setattr(ropelens.spec.reading, "rope_spec", not_rotary)
     row = sweep_one("llama", workdir=tmp_path)
     assert row.status == "refused" and "not RoPE" in row.detail
 
@@ -481,8 +481,8 @@ def test_mllama_cross_attention_layers_are_listed_not_measured(tmp_path):
     """Mllama's cross-attention layers attend to image states and a text-only forward skips them: its pattern is kept
     (layer 3 of 40 is the first, after three self-attention layers) and ropelens lists it as a layer without
     self-attention (kind 'none', its HF decoder layer named), measuring only the rotary self-attention layers."""
-    from ropelens.models import load_model
-    from ropelens.reading import rope_spec
+    from ropelens.loading.models import load_model
+    from ropelens.spec.reading import rope_spec
     from ropelens.testing.sweep import save_tiny
 
     d = _defaults("mllama")["text_config"]
@@ -499,8 +499,8 @@ def test_mllama_cross_attention_layers_are_listed_not_measured(tmp_path):
 def test_a_window_the_mask_never_applies_is_not_read(tmp_path):
     """Moshi's config names a sliding window (3000, cut to 8) but its code builds a plain causal mask: ropelens reads
     full attention, and HF's probabilities agree (the sweep's exact row above); Mistral's window is still read."""
-    from ropelens.models import load_model
-    from ropelens.reading import rope_spec
+    from ropelens.loading.models import load_model
+    from ropelens.spec.reading import rope_spec
     from ropelens.testing.sweep import save_tiny
 
     assert shrink_config("moshi").sliding_window == 8
@@ -514,7 +514,7 @@ def test_byte_latent_stacks_are_refused_in_one_line(tmp_path):
     """BLT's layers run in separate stacks (bytes, patches) and its config counts none at the top: ropelens refuses it
     on loading, naming the stacks, instead of failing on a missing attribute."""
     from ropelens.errors import UnsupportedModelError
-    from ropelens.models import load_model
+    from ropelens.loading.models import load_model
     from ropelens.testing.sweep import save_tiny
 
     path = save_tiny("blt", tmp_path / "blt")

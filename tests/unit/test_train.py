@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from ropelens.train import TrainConfig, TrainResult, build_model, layer_rope, train
-from ropelens.variants import NTK, BaseChange, NoPE, PRoPE, PRoPEPartial, PRoPEReversed, YaRN
+from ropelens.spec.variants import NTK, BaseChange, NoPE, PRoPE, PRoPEPartial, PRoPEReversed, YaRN
+from ropelens.training.train import TrainConfig, TrainResult, build_model, layer_rope, train
 
 MICRO = TrainConfig(d_model=32, n_layers=1, n_heads=2, head_dim=16, seq_len=32, batch_size=4,
                     steps=12, lr=1e-2, warmup=2, tokenizer="tiny-char", val_windows=4,
@@ -91,7 +91,7 @@ def test_bad_input_errors():
         dataclasses.replace(MICRO, steps=0)
     with pytest.raises(ValueError, match="steps must be a positive int"):
         dataclasses.replace(MICRO, steps=-3)
-    with pytest.raises(TypeError, match="ropelens.variants"):
+    with pytest.raises(TypeError, match="ropelens.spec.variants"):
         dataclasses.replace(MICRO, variant=0.75)
     with pytest.raises(ValueError, match="fixed frequency vector"):
         dataclasses.replace(MICRO, variant=YaRN(factor=4.0, original_max_position=32))
@@ -126,7 +126,7 @@ def test_train_is_a_hand_written_adamw_loop():
 
     import torch.nn.functional as F
 
-    from ropelens.train import cut_windows, token_streams
+    from ropelens.training.train import cut_windows, token_streams
 
     cfg = TrainConfig(d_model=32, n_layers=1, n_heads=2, head_dim=16, seq_len=32, batch_size=4, steps=6, lr=1e-2,
                       warmup=2, tokenizer="tiny-char", val_windows=4)

@@ -7,8 +7,8 @@ import torch
 
 import ropelens
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
-from ropelens.bands import Bands
-from ropelens.capture import capture_qk
+from ropelens.run.capture import capture_qk
+from ropelens.spec.bands import Bands
 
 
 def tokens(batch=4, seq=24, seed=0):
@@ -199,7 +199,7 @@ def test_merged_halves_equal_one_pass(tiny, tmp_path):
 def test_padding_is_ignored(tiny):
     """Right padding: padded positions are excluded, so results equal the unpadded run."""
     from ropelens.analyses.usage import UsageReducer
-    from ropelens.capture import stream
+    from ropelens.run.capture import stream
 
     model = tiny("llama")
     spec = ropelens.rope_spec(model)

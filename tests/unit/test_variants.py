@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from ropelens import NotRotaryError, rope_spec
-from ropelens.intervene import (
+from ropelens.run.intervene import (
     ablate_planes,
     apply_rope_variant,
     spec_with_variant,
     with_rope_variant,
 )
-from ropelens.testing import tiny_hf_model, tiny_model
-from ropelens.variants import (
+from ropelens.spec.variants import (
     NTK,
     BaseChange,
     Default,
@@ -35,6 +34,7 @@ from ropelens.variants import (
     kept_planes,
     variant_from_dict,
 )
+from ropelens.testing import tiny_hf_model, tiny_model
 
 THETA = 10000.0
 SHORT = [1.0, 1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0]
@@ -705,7 +705,7 @@ def test_models_without_usable_rope_raise():
 def test_a_model_rotating_inside_its_hf_module_takes_variants():
     """GPT-J rotates inside its HF attention module (no (cos, sin) handed to the bridge's attention): the engine
     applies the variant at that rotation. Under NoPE the rotated queries are the pre-RoPE ones."""
-    from ropelens.capture import capture_qk
+    from ropelens.run.capture import capture_qk
 
     gptj = tiny_model("gptj")
     toks = torch.randint(4, 100, (1, 12), generator=torch.Generator().manual_seed(0))
@@ -723,7 +723,7 @@ def test_variant_base_class_is_abstract(layer):
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_is_identity_only_for_variants_that_change_nothing(tiny, family):
     """Exactly the variants whose logits equal the unmodified model's are identities."""
-    from ropelens.intervene import is_identity
+    from ropelens.run.intervene import is_identity
 
     model = tiny(family)
     spec = rope_spec(model)
@@ -743,8 +743,8 @@ def test_is_identity_only_for_variants_that_change_nothing(tiny, family):
 def test_yarn_on_an_odd_frequency_width():
     """MiMo-V2-Flash's rotary frequencies follow base^(−2i/5) over 3 planes: YaRN keeps the fast plane and
     interpolates the slow ones, over every plane (HF's own ramp has d // 2 = 2 entries there)."""
-    from ropelens.rope import LayerRope
-    from ropelens.variants import YaRN, freq_dim
+    from ropelens.spec.rope import LayerRope
+    from ropelens.spec.variants import YaRN, freq_dim
 
     base, d = 10000.0, 5
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)

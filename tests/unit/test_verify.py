@@ -18,14 +18,14 @@ import torch
 import transformers.models.llama.modeling_llama as llama_mod
 
 import ropelens
-import ropelens.reading as reading
+import ropelens.spec.reading as reading
 from ropelens.errors import UnsupportedModelError
-from ropelens.intervene import ablate_planes, apply_rope_variant
-from ropelens.models import wrap_hf_model
+from ropelens.loading.models import wrap_hf_model
+from ropelens.run.intervene import ablate_planes, apply_rope_variant
+from ropelens.run.verify import PROBE_CTX, fingerprint, verification, verify_model
+from ropelens.spec.variants import PRoPE
 from ropelens.testing import tiny_model, tiny_tokenizer
 from ropelens.testing.families import FAMILIES, family_hf_model
-from ropelens.variants import PRoPE
-from ropelens.verify import PROBE_CTX, fingerprint, verification, verify_model
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 TOKS = torch.randint(4, 100, (1, 24), generator=torch.Generator().manual_seed(0))

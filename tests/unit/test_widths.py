@@ -18,11 +18,11 @@ import torch
 
 import ropelens
 from ropelens import Bands
-from ropelens.capture import capture_qk
 from ropelens.errors import InputError
-from ropelens.reading import rope_spec
 from ropelens.report.build import build_report
-from ropelens.result import load_result
+from ropelens.results.result import load_result
+from ropelens.run.capture import capture_qk
+from ropelens.spec.reading import rope_spec
 from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir, rotation_error
 
 transformers = pytest.importorskip("transformers")
@@ -301,7 +301,7 @@ def test_real_gemma4_shapes_are_read(k_eq_v):
     the 31B's shared key/value global layers with 4 KV heads) at a tiny hidden size."""
     from transformers import AutoModelForCausalLM, Gemma4TextConfig
 
-    from ropelens.models import wrap_hf_model
+    from ropelens.loading.models import wrap_hf_model
     from ropelens.testing import tiny_tokenizer
 
     extra = dict(attention_k_eq_v=True, num_global_key_value_heads=2) if k_eq_v else {}
@@ -330,7 +330,7 @@ def test_shared_key_layers_are_refused():
     from transformers import AutoModelForCausalLM, Gemma4TextConfig
 
     from ropelens.errors import UnsupportedModelError
-    from ropelens.models import wrap_hf_model
+    from ropelens.loading.models import wrap_hf_model
     from ropelens.testing import tiny_tokenizer
 
     fam = FAMILIES["gemma4_text"]

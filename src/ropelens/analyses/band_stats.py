@@ -17,14 +17,14 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.analyses.decompose import js_divergence
-from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.errors import InputError
-from ropelens.findings import Finding, band_winners, head_name
-from ropelens.measure import RunOptions, corpus_analysis, measure
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.results.findings import Finding, band_winners, head_name
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
+from ropelens.run.measure import RunOptions, corpus_analysis, measure
+from ropelens.spec.bands import Bands, ResolvedBands
+from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = ["BandStatistics", "BandStatsReducer", "band_statistics"]
 
@@ -580,9 +580,9 @@ def band_statistics(
 
     Inside a ``torch.distributed`` process group each rank takes a share of the windows and every
     rank returns the whole corpus's statistics; ``checkpoint`` (a directory) saves progress to
-    resume a killed run (see :mod:`ropelens.distributed`).
+    resume a killed run (see :mod:`ropelens.run.distributed`).
     """
-    from ropelens.reading import rope_spec
+    from ropelens.spec.reading import rope_spec
 
     bands = bands or Bands.default()
     spec = rope_spec(model)

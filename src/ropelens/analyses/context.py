@@ -38,13 +38,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ropelens.errors import InputError
-from ropelens.intervene import apply_rope_variant
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import LayerRope
-from ropelens.serialize import dump_json
-from ropelens.validate import check_positive_int
-from ropelens.variants import (
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.results.serialize import dump_json
+from ropelens.run.intervene import apply_rope_variant
+from ropelens.spec.rope import LayerRope
+from ropelens.spec.variants import (
     NTK,
     Default,
     DynamicNTK,
@@ -53,6 +52,7 @@ from ropelens.variants import (
     RopeVariant,
     YaRN,
 )
+from ropelens.validate import check_positive_int
 
 __all__ = [
     "CATEGORIES",
@@ -396,15 +396,15 @@ def _key(c: dict[str, Any]) -> str:
 
 
 def _evaluate(model, variant: RopeVariant, tokens: Tensor) -> float:
-    from ropelens.evaluate import window_losses
+    from ropelens.run.evaluate import window_losses
 
     with apply_rope_variant(model, variant):
         return float(torch.exp(window_losses(model, tokens, batch_size=4, progress=False).mean()))
 
 
 def _search_setup(model, target_len, original_ctx, n_windows, tokens) -> tuple[LayerRope, int, Tensor]:
-    from ropelens import data
-    from ropelens.reading import rope_spec
+    from ropelens.run import data
+    from ropelens.spec.reading import rope_spec
 
     spec = rope_spec(model)
     layer = spec[spec.layer_indices()[0]]
@@ -504,7 +504,7 @@ def search_longrope_factors(model, target_len: int, *, population: int = 8, gene
 
 
 def _model_name(model) -> str:
-    from ropelens.reading import model_label
+    from ropelens.spec.reading import model_label
 
     try:
         return model_label(model)

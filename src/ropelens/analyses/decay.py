@@ -14,9 +14,9 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ropelens.curves import DecayCurve, max_distance_arg, vector
 from ropelens.errors import InputError
-from ropelens.rope import LayerRope
+from ropelens.results.curves import DecayCurve, max_distance_arg, vector
+from ropelens.spec.rope import LayerRope
 
 __all__ = ["roformer_bound", "rope_decay_by_distance", "rope_decay_constant",
            "rope_gaussian_expectation"]

@@ -22,12 +22,12 @@ from jaxtyping import Bool, Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import LayerActs, capture_qk
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import LayerRope, RopeSpec, expand_kv
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import LayerActs, capture_qk
+from ropelens.spec.bands import Bands, ResolvedBands
+from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
 
 __all__ = ["AttentionDecomposition", "band_terms", "decompose_attention", "js_divergence"]
 
@@ -185,7 +185,7 @@ class AttentionDecomposition(Result):
         """Save tokens, captured q/k and metadata (safetensors, atomic)."""
         from safetensors.torch import save
 
-        from ropelens.serialize import atomic_write
+        from ropelens.results.serialize import atomic_write
 
         meta = {"type": self.KIND, "format": str(self.FORMAT),
                 "spec": json.dumps(self.spec.to_dict()), "bands": json.dumps(self.bands.to_dict()),
@@ -210,7 +210,7 @@ class AttentionDecomposition(Result):
         kind, fmt = meta.get("type", cls.KIND), meta.get("format", str(cls.FORMAT))
         if kind != cls.KIND or fmt != str(cls.FORMAT):
             raise InputError(f"{path} holds a {kind!r} result of format {fmt}, not {cls.KIND!r} format {cls.FORMAT}: "
-                             "load it with ropelens.result.load_result(path)")
+                             "load it with ropelens.results.result.load_result(path)")
         spec = RopeSpec.from_dict(json.loads(meta["spec"]))
         acts: dict[int, LayerActs] = {}
         for key, v in t.items():
@@ -241,11 +241,11 @@ def decompose_attention(
 ) -> AttentionDecomposition:
     """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands.
 
-    ``verify``: first check the reading against the model's own attention (:mod:`ropelens.verify`);
+    ``verify``: first check the reading against the model's own attention (:mod:`ropelens.run.verify`);
     False runs anyway and the provenance says "unverified".
     """
-    from ropelens.reading import model_label, rope_spec, spec_at_length
-    from ropelens.verify import verification
+    from ropelens.run.verify import verification
+    from ropelens.spec.reading import model_label, rope_spec, spec_at_length
 
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)

@@ -27,15 +27,15 @@ from jaxtyping import Bool, Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.bands import Bands, ResolvedBands
-from ropelens.capture import DeviceSums, LayerActs, query_tile, sum_dtype
-from ropelens.curves import MARGIN, CurveShape, at_distance, describe_curve
 from ropelens.errors import InputError
-from ropelens.findings import Finding
-from ropelens.measure import RunOptions, corpus_analysis, measure
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import RopeSpec
+from ropelens.results.curves import MARGIN, CurveShape, at_distance, describe_curve
+from ropelens.results.findings import Finding
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
+from ropelens.run.measure import RunOptions, corpus_analysis, measure
+from ropelens.spec.bands import Bands, ResolvedBands
+from ropelens.spec.rope import RopeSpec
 from ropelens.validate import check_number
 
 __all__ = [

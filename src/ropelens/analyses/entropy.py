@@ -35,13 +35,13 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.capture import DeviceSums, LayerActs
 from ropelens.errors import InputError
-from ropelens.findings import Finding
-from ropelens.measure import RunOptions, corpus_analysis, measure
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import LayerRope, RopeSpec, plane_norms
+from ropelens.results.findings import Finding
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import DeviceSums, LayerActs
+from ropelens.run.measure import RunOptions, corpus_analysis, measure
+from ropelens.spec.rope import LayerRope, RopeSpec, plane_norms
 from ropelens.validate import check_number
 
 __all__ = ["EntropyReducer", "FrequencyEntropy", "frequency_entropy", "plane_layout", "spectral_entropy"]

@@ -3,7 +3,7 @@
 :func:`extension_study` runs the model unmodified and under each context-extension method (PI, NTK, dynamic
 NTK, YaRN, Llama 3, LongRoPE, p-RoPE), each set for ``to / native`` where it takes a factor, and measures
 
-- the mean next-token loss at every length from a short one to ``to`` (:func:`ropelens.evaluate.window_losses`
+- the mean next-token loss at every length from a short one to ``to`` (:func:`ropelens.run.evaluate.window_losses`
   on the same windows for every method);
 - passkey retrieval over length × depth (:func:`ropelens.analyses.passkey.passkey_retrieval`);
 - what the method does to every plane at ``to`` (:func:`ropelens.analyses.context.plane_view`);
@@ -37,11 +37,10 @@ from ropelens.analyses.extension_findings import (
     METHODS,  # the one list of methods, re-exported here
 )
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.serialize import dump_json
-from ropelens.validate import check_number
-from ropelens.variants import (
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.results.serialize import dump_json
+from ropelens.spec.variants import (
     NTK,
     Default,
     DynamicNTK,
@@ -53,6 +52,7 @@ from ropelens.variants import (
     YaRN,
     variant_from_dict,
 )
+from ropelens.validate import check_number
 
 __all__ = ["METHODS", "ROLES", "ExtensionStudy", "default_longrope", "doubling_lengths", "extension_study",
            "extension_variants", "plane_roles"]
@@ -260,12 +260,12 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
 
     from ropelens.analyses.context import plane_view
     from ropelens.analyses.extrapolation import MIN_PREDICTION_LENGTH, base_predictions
-    from ropelens.data import analysis_windows
-    from ropelens.evaluate import bootstrap_ci, loss_path
-    from ropelens.intervene import apply_rope_variant, is_identity
-    from ropelens.models import weights_fingerprint
-    from ropelens.reading import model_label, rope_spec
-    from ropelens.verify import verification
+    from ropelens.loading.models import weights_fingerprint
+    from ropelens.run.data import analysis_windows
+    from ropelens.run.evaluate import bootstrap_ci, loss_path
+    from ropelens.run.intervene import apply_rope_variant, is_identity
+    from ropelens.run.verify import verification
+    from ropelens.spec.reading import model_label, rope_spec
 
     if getattr(model, "tokenizer", None) is None:
         raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
@@ -388,7 +388,7 @@ def _measure(model, kind, v, L, windows, depths, n_trials, seed, batch_size, app
     import contextlib
 
     from ropelens.analyses.passkey import passkey_retrieval
-    from ropelens.evaluate import bootstrap_ci, window_losses
+    from ropelens.run.evaluate import bootstrap_ci, window_losses
 
     if kind == "passkey":
         r = passkey_retrieval(model, [L], depths, n_trials=n_trials, seed=seed, variant=v, progress=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ropelens.findings import Finding
+from ropelens.results.findings import Finding
 
 __all__ = ["METHODS", "held_up_to", "ranking", "study_findings"]
 

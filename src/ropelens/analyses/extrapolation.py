@@ -34,9 +34,9 @@ import pandas as pd
 from torch import Tensor
 
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import LayerRope
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.spec.rope import LayerRope
 from ropelens.validate import check_positive_int
 
 __all__ = [
@@ -361,8 +361,8 @@ def base_predictions(spec_or_model, lengths: Sequence[int], *, train_ctx: int | 
     the spec records none). The formulas assume plain RoPE, θ_i = base^(−2i/d); a scaled layer
     (``rope_type`` not "default") is tabulated from its base all the same, and says so in its row.
     """
-    from ropelens.reading import model_label, rope_spec
-    from ropelens.rope import RopeSpec
+    from ropelens.spec.reading import model_label, rope_spec
+    from ropelens.spec.rope import RopeSpec
 
     lens = _lengths(lengths)
     short = sorted({L for L in lens if L < MIN_PREDICTION_LENGTH})
@@ -467,22 +467,22 @@ def measured_extrapolation(model, lengths: Sequence[int], *, n_windows: int = 4,
     """Mean next-token loss at each length over ``n_windows`` windows of real text.
 
     Windows come from ``corpus`` (default: the embedded English text) through
-    :func:`ropelens.data.analysis_windows`; at every length window i starts at the same token,
+    :func:`ropelens.run.data.analysis_windows`; at every length window i starts at the same token,
     so lengths differ only in how much context each prediction has. Each window starts with BOS.
     The loss is averaged over all positions of a window, with a bootstrap CI over windows
-    (:func:`ropelens.evaluate.loss_estimate`). With ``fast`` a bridge is measured through the HF
+    (:func:`ropelens.run.evaluate.loss_estimate`). With ``fast`` a bridge is measured through the HF
     model it wraps with sdpa attention (same weights, same loss, memory linear in the length).
     """
-    from ropelens.data import analysis_windows
-    from ropelens.evaluate import loss_estimate
-    from ropelens.reading import model_label, rope_spec
+    from ropelens.run.data import analysis_windows
+    from ropelens.run.evaluate import loss_estimate
+    from ropelens.spec.reading import model_label, rope_spec
 
     lens = _lengths(lengths)
     n_windows = check_positive_int(n_windows, "n_windows")
     spec = rope_spec(model)
     t_train = check_positive_int(spec.n_ctx if train_ctx is None else train_ctx, "train_ctx")
     if isinstance(corpus, Tensor):
-        raise InputError("corpus must be a corpus name, path or ropelens.data.Corpus: windows are cut per length")
+        raise InputError("corpus must be a corpus name, path or ropelens.run.data.Corpus: windows are cut per length")
     runner, ctx = _loss_model(model, fast)
     estimates, per_window, name, sha = [], [], None, None
     for L in lens:

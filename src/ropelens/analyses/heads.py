@@ -33,12 +33,12 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.analyses.band_stats import BandStatsReducer
-from ropelens.bands import Bands
-from ropelens.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import LayerRope, RopeSpec, expand_kv
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
+from ropelens.spec.bands import Bands
+from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
 
 __all__ = ["HeadScoresReducer", "HeadTaxonomy", "TAU_FLOOR", "classify_heads", "otsu_threshold", "random_tokens"]
 
@@ -387,9 +387,9 @@ def classify_heads(
     (a directory) saves both passes' progress to resume a killed run (``text/`` and ``random/`` in it).
     ``verify``: check the reading against the model's own attention first (False: results say unverified).
     """
-    from ropelens import data
-    from ropelens.measure import RunOptions, Windows, measure
-    from ropelens.reading import hf_model_of, rope_spec
+    from ropelens.run import data
+    from ropelens.run.measure import RunOptions, Windows, measure
+    from ropelens.spec.reading import hf_model_of, rope_spec
 
     bands = bands or Bands.default()
     spec = rope_spec(model)

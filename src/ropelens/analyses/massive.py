@@ -32,15 +32,15 @@ from jaxtyping import Bool, Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.backends.fastpath import intervened
 from ropelens.backends.sdpa import planned
-from ropelens.capture import LayerActs, Moments
+from ropelens.backends.sdpa_capture import intervened
 from ropelens.errors import InputError
-from ropelens.measure import RunOptions, corpus_analysis, measure
-from ropelens.plan import ReplaceStep
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import RopeSpec, layer_ranges
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import LayerActs, Moments
+from ropelens.run.measure import RunOptions, corpus_analysis, measure
+from ropelens.spec.plan import ReplaceStep
+from ropelens.spec.rope import RopeSpec, layer_ranges
 from ropelens.validate import check_number
 
 __all__ = ["MassiveReducer", "MassiveValues", "massive_values", "replace_massive"]
@@ -356,7 +356,7 @@ def massive_values(
 ) -> MassiveValues:
     """Per-dimension norms of the pre-RoPE q and k over a corpus, and the massive dimensions.
 
-    ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name ("english", "python", a path), or
+    ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name ("english", "python", a path), or
     a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Streamed: memory does not
     grow with the corpus.
     """
@@ -392,7 +392,7 @@ def replace_massive(
     seeded). Yields ``{layer: {"q": mask, "k": mask}}``, the ``[head, d_head]`` entries replaced.
     Leaving the block, also on an exception, removes the hooks: the model is exactly as before.
     """
-    from ropelens.reading import rope_spec
+    from ropelens.spec.reading import rope_spec
 
     if not isinstance(mv, MassiveValues):
         raise TypeError(f"expected MassiveValues from ropelens.analyses.massive.massive_values, got {type(mv).__name__}")

@@ -26,13 +26,13 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.analyses.decompose import AttentionDecomposition, band_terms
-from ropelens.bands import Bands
-from ropelens.capture import LayerActs
 from ropelens.errors import InputError
-from ropelens.findings import Finding
-from ropelens.mrope import TEXT, as_plain_vl, capture_mrope, mrope_tolerance
-from ropelens.provenance import Provenance
-from ropelens.rope import MROPE_AXES, LayerRope, describe_axes
+from ropelens.loading.vision_language import TEXT, as_plain_vl, capture_mrope, mrope_tolerance
+from ropelens.results.findings import Finding
+from ropelens.results.provenance import Provenance
+from ropelens.run.capture import LayerActs
+from ropelens.spec.bands import Bands
+from ropelens.spec.rope import MROPE_AXES, LayerRope, describe_axes
 
 __all__ = ["MRopeDecomposition", "axis_bands", "mrope_decompose"]
 
@@ -235,13 +235,13 @@ def mrope_decompose(
     """Decompose every logit of an image-and-text input into one term per M-RoPE axis (and plane).
 
     ``model_or_hf``: an HF vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), or one loaded with
-    :func:`ropelens.mrope.load_vl_model`. ``input_ids`` hold the model's image (video) placeholder tokens where
+    :func:`ropelens.loading.vision_language.load_vl_model`. ``input_ids`` hold the model's image (video) placeholder tokens where
     its processor puts them, ``pixel_values`` and ``image_grid_thw`` as its processor makes them; other processor
     outputs go in ``model_inputs``. Rows must be unpadded (one length). The 3-D position ids are the ones the
     model builds; ``verify`` checks the spec's per-axis rotation and the rebuilt pattern against the model's
     and refuses (UnsupportedModelError) on a mismatch.
     """
-    from ropelens.reading import model_label, rope_spec
+    from ropelens.spec.reading import model_label, rope_spec
 
     if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
         raise InputError("input_ids must be an integer [batch, pos] tensor with the model's image placeholder tokens")

@@ -39,12 +39,12 @@ from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.capture import DeviceSums, LayerActs, Moments, query_tile
 from ropelens.errors import InputError
-from ropelens.measure import RunOptions, corpus_analysis, measure
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import DeviceSums, LayerActs, Moments, query_tile
+from ropelens.run.measure import RunOptions, corpus_analysis, measure
+from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = ["OffsetReducer", "RotaryOffsets", "layer_train_ctx", "partial_cycle_planes", "rotary_offsets"]
 
@@ -102,7 +102,7 @@ class OffsetReducer(DeviceSums):
     pre-RoPE ones (the content angles); all come from the fast q/k path. Queries at positions below
     ``n_sink`` (BOS: it can only attend to itself) and padding are left out of every statistic;
     norms are over the same tokens. Sums are float64 on the CPU; scores are rebuilt in query tiles
-    of about the device's element budget (:func:`ropelens.capture.query_tile`), so nothing of size ``[heads, n, n]`` is held for long n.
+    of about the device's element budget (:func:`ropelens.run.capture.query_tile`), so nothing of size ``[heads, n, n]`` is held for long n.
     """
 
     static_mask = "rotary offsets"  # masks built from positions: refused where the model picks keys from the input
@@ -441,12 +441,12 @@ def rotary_offsets(
 ) -> RotaryOffsets:
     """Rotary outliers and offset angles per plane over a corpus (streamed; see :class:`OffsetReducer`).
 
-    ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name or path, or a ready
+    ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name or path, or a ready
     ``[n_windows, n_ctx]`` token tensor; windows start with BOS. ``train_ctx`` (default: the
     model's context length) decides which planes are partial-cycle. ``layers`` may differ in heads
     and planes (Gemma 4): each layer's numbers are those it has measured alone.
     """
-    from ropelens.reading import rope_spec
+    from ropelens.spec.reading import rope_spec
 
     spec = rope_spec(model)  # read once: train_ctx needs it before the run
     t = _train_ctx(spec, train_ctx)

@@ -33,10 +33,10 @@ from torch import Tensor
 
 from ropelens.devices import device_of
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance
-from ropelens.result import Result
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.spec.variants import DynamicNTK, LongRoPE, RopeVariant
 from ropelens.validate import check_number
-from ropelens.variants import DynamicNTK, LongRoPE, RopeVariant
 
 __all__ = [
     "FILLER",
@@ -201,13 +201,13 @@ def greedy_continuation(
     On a bridge with ``cache`` the prompt is prefilled in chunks of ``prefill_chunk`` tokens (None:
     one forward) into HF's key/value cache and then decoded a token at a time; otherwise (or for any
     other model: an HF causal LM, or a callable taking ``input_ids`` and returning logits) every step
-    is a full forward. ``path`` (:func:`ropelens.evaluate.loss_path`): by default a bridge decodes as
+    is a full forward. ``path`` (:func:`ropelens.run.evaluate.loss_path`): by default a bridge decodes as
     its HF model with sdpa attention, every RoPE variant and plane ablation in force applied where it
     rotates (:func:`ropelens.backends.sdpa.on_sdpa`), so long prompts need memory linear in their length; the
     bridge where that cannot be. Stops early at EOS and, with ``stop_after_number``, once a whole
     number has been written.
     """
-    from ropelens.evaluate import loss_path
+    from ropelens.run.evaluate import loss_path
 
     max_new_tokens = check_number(max_new_tokens, "max_new_tokens", at_least=1, integer=True)
     if prefill_chunk is not None:
@@ -413,7 +413,7 @@ def passkey_retrieval(
     n_trials = check_number(n_trials, "n_trials", at_least=1, integer=True)
     seed = check_number(seed, "seed", integer=True)
     if variant is not None and not isinstance(variant, RopeVariant):
-        raise InputError(f"variant must be a ropelens.variants RopeVariant (e.g. YaRN(2.0, 8192)) or None, "
+        raise InputError(f"variant must be a ropelens.spec.variants RopeVariant (e.g. YaRN(2.0, 8192)) or None, "
                          f"got {type(variant).__name__}")
     if getattr(model, "tokenizer", None) is None:
         raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
@@ -439,13 +439,13 @@ def passkey_retrieval(
             trials.append(PasskeyTrial(length=L, depth=d, trial=t, passkey=p.passkey, n_tokens=p.n_tokens,
                                        token_depth=p.token_depth, response=response, answer=answer, correct=ok))
 
-    from ropelens.evaluate import loss_path
+    from ropelens.run.evaluate import loss_path
 
     if variant is None:
         forward = loss_path(model, path)
         run()
     else:
-        from ropelens.intervene import apply_rope_variant
+        from ropelens.run.intervene import apply_rope_variant
 
         with apply_rope_variant(model, variant):
             forward = loss_path(model, path)

@@ -3,7 +3,7 @@
 Learned and sinusoidal absolute embeddings (Luo & Love): cosine similarity of every pair of
 position rows, averaged by distance |m − n|, and the dominant period of that curve.
 
-:class:`PESimilarity` is a by-distance curve (:mod:`ropelens.curves`), like RoPE's decay curves
+:class:`PESimilarity` is a by-distance curve (:mod:`ropelens.results.curves`), like RoPE's decay curves
 (:mod:`ropelens.analyses.decay`), so both are judged by ``decay_verdict`` and drawn together by ``overlay``.
 Distance convention: δ = m − n ≥ 0 for a query at m and a key at n; the logit is qᵀR((n − m)θ)k.
 """
@@ -21,7 +21,8 @@ from jaxtyping import Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.curves import (
+from ropelens.errors import InputError
+from ropelens.results.curves import (
     ByDistance,
     check_curve,
     curve_from_json,
@@ -29,10 +30,9 @@ from ropelens.curves import (
     max_distance_arg,
     vector,
 )
-from ropelens.errors import InputError
-from ropelens.reading import hf_model_of, model_label
-from ropelens.result import Result
-from ropelens.serialize import tensor_from_json, tensor_to_json
+from ropelens.results.result import Result
+from ropelens.results.serialize import tensor_from_json, tensor_to_json
+from ropelens.spec.reading import hf_model_of, model_label
 
 __all__ = [
     "PESimilarity", "learned_pe", "pe_similarity", "periodicity", "sinusoidal_pe",

@@ -3,7 +3,7 @@
 *Score.* A head is a retrieval head when, while the model copies the needle into its answer, its most
 attended key is the needle token being copied. ropelens measures this teacher-forced on the passkey
 harness (:mod:`ropelens.analyses.passkey`): one forward over the prompt followed by the correct answer
-(`` 12345``), run on the HF model the bridge wraps (:func:`ropelens.backends.fastpath.hf_view`) with eager
+(`` 12345``), run on the HF model the bridge wraps (:func:`ropelens.backends.sdpa_capture.hf_view`) with eager
 attention, whose attention modules hand back their probabilities; a hook keeps only the rows of the
 queries that predict a passkey token. For the answer token at index i (one holding a digit) the query
 is the position before it and its sources are the positions of the same token in every occurrence of
@@ -14,7 +14,7 @@ the correct answer, the same steps where the model answers right.
 
 *Ablation.* In the ``top_k`` highest-scoring heads the lowest-frequency quarter of the rotary planes
 (Bayram's 32 of 128 dims; smallest ``inv_freq``) is zeroed in q and k
-(:func:`ropelens.intervene.ablate_planes` per head, so exactly those heads lose those planes' logit
+(:func:`ropelens.run.intervene.ablate_planes` per head, so exactly those heads lose those planes' logit
 terms), against a control of as many planes drawn at random per head (seeded) in the same heads;
 passkey recall is measured under each, on passkeys not used for scoring.
 """
@@ -41,9 +41,9 @@ from ropelens.analyses.passkey import (
     passkey_retrieval,
 )
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.findings import Finding, head_name
-from ropelens.provenance import Provenance
-from ropelens.result import Result
+from ropelens.results.findings import Finding, head_name
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
 from ropelens.validate import check_number
 
 __all__ = ["CONDITIONS", "CopyCase", "RetrievalHeads", "ablate_head_planes", "argmax_keys", "copy_case",
@@ -87,7 +87,7 @@ def copy_case(tokenizer: Any, prompt: PasskeyPrompt) -> CopyCase:
 
 def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> Int[Tensor, "layer head query"]:
     """The most attended key of every head at each of ``queries``, from one eager forward over ``tokens``."""
-    from ropelens.backends.fastpath import attention_implementation, hf_decoder_layers, hf_view
+    from ropelens.backends.sdpa_capture import attention_implementation, hf_decoder_layers, hf_view
     from ropelens.devices import device_of
 
     hf = hf_view(model)
@@ -167,7 +167,7 @@ def random_planes(n_planes: int, k: int, heads: Sequence[tuple[int, int]], seed:
 @contextlib.contextmanager
 def ablate_head_planes(model, planes: dict[tuple[int, int], Sequence[int]]) -> Iterator[None]:
     """Zero each ``(layer, head)``'s own planes of its rotated q and k while the block runs."""
-    from ropelens.intervene import ablate_planes
+    from ropelens.run.intervene import ablate_planes
 
     with contextlib.ExitStack() as stack:
         for (L, h), ps in planes.items():
@@ -283,8 +283,8 @@ def retrieval_heads(
     """Score every head, then passkey recall with the ``top_k`` heads' lowest ``fraction`` of planes zeroed,
     with as many random planes per head zeroed (seeded), and unmodified, on held-out passkeys. A ``top_k`` past
     the model's rotary heads takes all of them; the provenance records the count used."""
-    from ropelens.reading import model_label, rope_spec
-    from ropelens.verify import verification
+    from ropelens.run.verify import verification
+    from ropelens.spec.reading import model_label, rope_spec
 
     top_k = check_number(top_k, "top_k", at_least=1, integer=True, hint=" (heads to ablate)")
     threshold = check_number(threshold, "threshold", at_least=0, at_most=1)

@@ -15,14 +15,14 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from ropelens.bands import Bands
-from ropelens.capture import LayerActs, Moments
 from ropelens.errors import InputError
-from ropelens.findings import Finding, band_winners
-from ropelens.measure import RunOptions, corpus_analysis, measure
-from ropelens.provenance import Provenance
-from ropelens.result import Result
-from ropelens.rope import RopeSpec
+from ropelens.results.findings import Finding, band_winners
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import LayerActs, Moments
+from ropelens.run.measure import RunOptions, corpus_analysis, measure
+from ropelens.spec.bands import Bands
+from ropelens.spec.rope import RopeSpec
 
 __all__ = ["FrequencyUsage", "UsageReducer", "frequency_usage"]
 
@@ -344,11 +344,11 @@ def frequency_usage(
 ) -> FrequencyUsage:
     """Mean per-plane norms of q and k over a corpus (streamed; memory independent of its size).
 
-    ``corpus`` is a :class:`ropelens.data.Corpus`, a corpus name ("english", "python", a path),
+    ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name ("english", "python", a path),
     or a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Inside a
     ``torch.distributed`` process group each rank takes a share of the windows and every rank
     returns the whole corpus's result; ``checkpoint`` (a directory) saves progress to resume a
-    killed run (see :mod:`ropelens.distributed`).
+    killed run (see :mod:`ropelens.run.distributed`).
     """
     m = measure(model, corpus, lambda spec, chosen, _: UsageReducer(spec, chosen, source=source, n_sink=n_sink),
                 run, analysis="usage", config={"n_sink": n_sink, "source": source}, desc="frequency usage")

@@ -6,7 +6,7 @@ Every model runs on the HF model's own forward; the modules here are the only on
   every layer above reads a model through (:func:`handle`);
 - :mod:`~ropelens.backends.engine`: RoPE variants, plane ablations and massive-value replacement applied at the
   rotation the HF forward calls; :mod:`~ropelens.backends.sdpa`: that forward with sdpa attention;
-- :mod:`~ropelens.backends.fastpath`: pre- and post-RoPE q and k from the HF forward with sdpa, stopped at the
+- :mod:`~ropelens.backends.sdpa_capture`: pre- and post-RoPE q and k from the HF forward with sdpa, stopped at the
   last rotation asked for;
 - :mod:`~ropelens.backends.hf`: :class:`~ropelens.backends.hf.PlainModel`, an HF causal LM behind ropelens's
   surface, and the capture of q, k and patterns from its own eager attention;

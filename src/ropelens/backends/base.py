@@ -31,11 +31,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ropelens.acts import Reducer
+from ropelens.backends.acts import Reducer
+from ropelens.backends.losses import hf_losses, losses_of
 from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.losses import hf_losses, losses_of
-from ropelens.rope import RopeSpec
+from ropelens.spec.rope import RopeSpec
+from ropelens.spec.surface import is_bridge
 
 __all__ = ["Backend", "BridgeBackend", "CallableBackend", "HFBackend", "ModelHandle", "backend_of", "fingerprint", "handle"]
 
@@ -66,14 +67,14 @@ class Backend:
     @property
     def hf(self) -> torch.nn.Module:
         """The HF causal LM the model runs (without a bridge's components; weights shared)."""
-        from ropelens.backends.fastpath import hf_view
+        from ropelens.backends.sdpa_capture import hf_view
 
         return hf_view(self.model)
 
     @property
     def label(self) -> str:
         """The name the model was loaded under."""
-        from ropelens.reading import model_label
+        from ropelens.spec.reading import model_label
 
         return model_label(self.model)
 
@@ -269,7 +270,7 @@ class BridgeBackend(Backend):
     def fast_forward(self, fast: bool = True) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
         import functools
 
-        from ropelens.backends.fastpath import sdpa_attention
+        from ropelens.backends.sdpa_capture import sdpa_attention
 
         if not fast or getattr(self.model, "_ropelens_interventions", 0):  # bridge hooks in force: run it as it is
             return self.model, contextlib.nullcontext
@@ -314,7 +315,7 @@ class CallableBackend(Backend):
 
     def _refuse(self) -> InputError:
         return InputError(f"a {type(self.model).__name__} is not a model from ropelens.load_model: load it with "
-                          "ropelens.load_model, or wrap an HF model with ropelens.models.wrap_hf_model")
+                          "ropelens.load_model, or wrap an HF model with ropelens.loading.models.wrap_hf_model")
 
     def capture_session(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]) -> Iterator[Run]:  # noqa: ARG002
         raise self._refuse()
@@ -354,7 +355,7 @@ def backend_of(model: Any) -> Backend:
 
     if isinstance(model, PlainModel):
         backend: Backend = HFBackend(model)
-    elif hasattr(model, "original_model") and hasattr(model, "blocks"):
+    elif is_bridge(model):
         backend = BridgeBackend(model)
     else:
         backend = CallableBackend(model)
@@ -389,9 +390,9 @@ class ModelHandle:
 
     @property
     def spec(self) -> RopeSpec:
-        """What each attention layer rotates, at the plan in force (:func:`ropelens.reading.rope_spec`)."""
-        from ropelens.plan import active_plan
-        from ropelens.reading import rope_spec
+        """What each attention layer rotates, at the plan in force (:func:`ropelens.spec.reading.rope_spec`)."""
+        from ropelens.spec.plan import active_plan
+        from ropelens.spec.reading import rope_spec
 
         key = (tuple(id(s) for s in active_plan(self.model)), getattr(self.model, "_ropelens_interventions", 0),
                tuple((id(b), b._version) for n, b in self.hf.named_buffers() if "inv_freq" in n or "freqs" in n))
@@ -418,21 +419,21 @@ def handle(model: Any) -> ModelHandle:
     backend = backend_of(model)
     if not backend.runs_analyses:
         raise InputError(f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
-                         f"{type(model).__name__}: wrap an HF model with ropelens.models.wrap_hf_model")
+                         f"{type(model).__name__}: wrap an HF model with ropelens.loading.models.wrap_hf_model")
     h = ModelHandle(model=model, backend=backend)
     object.__setattr__(model, _HANDLE, h)
     return h
 
 
 def _modeling_module(model):
-    from ropelens.reading import hf_model_of
+    from ropelens.spec.reading import hf_model_of
 
     return importlib.import_module(type(hf_model_of(model)).__module__)
 
 
 def fingerprint(model, spec: RopeSpec) -> str:
     """What the verification of ``model`` depends on: the spec, the code that rotates and scores, the hooks."""
-    from ropelens.reading import hf_model_of
+    from ropelens.spec.reading import hf_model_of
 
     parts = [spec.to_json()]
     mod = _modeling_module(model)

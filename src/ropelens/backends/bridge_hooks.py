@@ -12,9 +12,9 @@ from torch import Tensor
 
 from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.taps import attention_tap
+from ropelens.spec.forward_taps import attention_tap
 
-__all__ = ["AttnHooks", "attn_hooks", "bridge_refusal", "declared_adjacent_pairs", "to_bphd"]
+__all__ = ["AttnHooks", "attn_hooks", "to_bphd"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class AttnHooks:
     sin: str | None = None  # with no post-RoPE hook, ropelens rotates with exactly these tables
     # q/k where they enter the score, for a model that changes them after the rotation (a norm after
     # RoPE), where the bridge fires a hook there (HunYuan: the q/k-norm hooks after hook_rot_q/k);
-    # None: taken from the HF attention function instead (ropelens.taps.attention_tap)
+    # None: taken from the HF attention function instead (ropelens.spec.forward_taps.attention_tap)
     q_score: str | None = None
     k_score: str | None = None
     calls_attention_function: bool = False  # the bridge runs the HF attention module's own attention function
@@ -146,30 +146,3 @@ def to_bphd(x: Tensor, heads_first: bool, n_heads: int | None = None) -> Tensor:
         raise InputError(f"expected a 4-D per-head tensor, got shape {tuple(x.shape)}")
     return x.transpose(1, 2) if heads_first else x
 
-
-def bridge_refusal(model, arch: str, *, chunked: str | None = None, mla: bool = False,
-                   kv_shared: list[int] | tuple[int, ...] = ()) -> str | None:
-    """Why TransformerLens bridge ``model`` cannot capture an architecture's q and k exactly (None: it can, or
-    ``model`` is not a bridge): chunked attention (``chunked``: why), multi-head latent attention, layers reusing
-    an earlier layer's keys (``kv_shared``). The plain HF model measures all three."""
-    if not hasattr(model, "blocks"):
-        return None
-    if chunked:
-        return (f"{arch}: chunked attention is measured on the plain HF model ({chunked}): load it with "
-                "ropelens.load_model, which runs it without the bridge.")
-    if mla:
-        return (f"{arch}: multi-head latent attention is measured on the plain HF model (TransformerLens's MLA bridge "
-                "fires no pre-RoPE q/k hook): load it with ropelens.load_model, which runs it without the bridge.")
-    if kv_shared:
-        return (f"{arch}: layers {list(kv_shared)} reuse an earlier layer's keys (num_kv_shared_layers, Gemma 4 "
-                "E2B/E4B) and compute none of their own, so ropelens cannot capture the keys their scores are made of.")
-    return None
-
-
-def declared_adjacent_pairs(model) -> bool | None:
-    """Whether a bridge's config declares that its RoPE rotates adjacent pairs (GLM/ERNIE ``rotary_adjacent_pairs``,
-    Cohere ``rotary_interleaved_cos_sin``); None where no such flags exist (a plain HF model): measure it then."""
-    if not hasattr(model, "blocks"):
-        return None
-    cfg = getattr(model, "cfg", None)
-    return bool(getattr(cfg, "rotary_adjacent_pairs", False)) or bool(getattr(cfg, "rotary_interleaved_cos_sin", False))

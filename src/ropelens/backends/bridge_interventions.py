@@ -17,9 +17,9 @@ from torch import Tensor
 
 from ropelens.backends.bridge_hooks import attn_hooks
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.plan import model_tables, variant_tables
-from ropelens.rope import LayerRope, RopeSpec
-from ropelens.variants import RopeVariant
+from ropelens.spec.plan import model_tables, variant_tables
+from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.spec.variants import RopeVariant
 
 __all__ = ["add_lens_hook", "attention_with_tables", "install_ablation", "install_replacement", "install_variant"]
 

@@ -38,15 +38,15 @@ import torch
 from torch import Tensor
 
 from ropelens.errors import UnsupportedModelError
-from ropelens.plan import ReplaceStep, VariantStep, group_key, model_tables, variant_tables
-from ropelens.rope import LayerRope, RopeSpec
+from ropelens.spec.plan import ReplaceStep, VariantStep, group_key, model_tables, variant_tables
+from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = ["engine_problem", "rotation_forms", "rotation_plan"]
 
 
 def rotation_forms(mod) -> dict[str, tuple[Callable, str]]:
     """``{name: (function, form)}`` of the rotations modeling module ``mod`` defines (see the module doc)."""
-    from ropelens.taps import rotation_functions, single_rotation, table_rotation
+    from ropelens.spec.forward_taps import rotation_functions, single_rotation, table_rotation
 
     out = {}
     for name, fn in rotation_functions(mod).items():
@@ -139,7 +139,7 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
     runs; with ``seen``, record ``(layer, form, cos, sin, position_ids)`` for each layer's first rotation call.
     ``attns``: each layer's attention module (:func:`ropelens.backends.hf.attention_modules` of ``hf``, or a bridge's
     components, each unwrapped). Raises UnsupportedModelError where the model rotates some other way."""
-    from ropelens.taps import complex_positions_axis
+    from ropelens.spec.forward_taps import complex_positions_axis
 
     mod = importlib.import_module(type(_unwrap(hf)).__module__)
     forms = rotation_forms(mod)
@@ -371,7 +371,7 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
 def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | None:
     """Why the engine cannot apply interventions to ``hf`` (None: it can): one short forward of 8 tokens with the
     rotations recorded; every rotary layer must call one, with tables that are the spec's rotation."""
-    from ropelens.backends.fastpath import sdpa_attention
+    from ropelens.backends.sdpa_capture import sdpa_attention
 
     seen: list = []
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config

@@ -5,7 +5,7 @@ and cannot wrap others (Falcon's grouped KV heads in a fused projection). :func:
 returns a :class:`PlainModel` for those (and for any model with ``bridge=False``): the HF causal LM
 and its tokenizer behind the small surface ropelens reads from a bridge (``cfg``, ``tokenizer``,
 ``to_tokens``, a forward that returns logits, ``parameters``). Its RoPE is read from the HF modules
-as a bridge's is; queries and keys come from the fast q/k path (:mod:`ropelens.backends.fastpath`) or, where
+as a bridge's is; queries and keys come from the fast q/k path (:mod:`ropelens.backends.sdpa_capture`) or, where
 that declines or a pattern is needed, from :func:`capture`, which runs the HF model with eager
 attention and taps the family's ``apply_rotary_pos_emb`` (pre-RoPE q and k) and
 ``eager_attention_forward`` (the q and k that enter the score, and the probabilities).
@@ -102,7 +102,7 @@ def attention_modules(hf) -> list[torch.nn.Module | None]:
     """Each decoder layer's softmax self-attention module (its first child whose class is an attention and no linear
     attention, as MiniMax's lightning attention is, nor cross-attention), None where it has none; each attention sublayer where decoder
     layers hold several (:func:`decoder_layers`)."""
-    from ropelens.reading import is_token_mixer
+    from ropelens.spec.reading import is_token_mixer
 
     n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
     if not any(isinstance(m, torch.nn.ModuleList) and len(m) == n for m in hf.modules()):
@@ -122,7 +122,7 @@ class PlainModel(torch.nn.Module):
 
     def __init__(self, hf: torch.nn.Module, tokenizer: Any, cfg: PlainConfig) -> None:
         super().__init__()
-        self.original_model = hf  # where ropelens.reading.hf_model_of looks, as on a bridge
+        self.original_model = hf  # where ropelens.spec.reading.hf_model_of looks, as on a bridge
         self.tokenizer = tokenizer
         self.cfg = cfg
 
@@ -156,7 +156,7 @@ class PlainModel(torch.nn.Module):
                 input_ids: Tensor | None = None, **kwargs: Any) -> Any:
         """``model(tokens)`` → logits ``[batch, pos, vocab]`` as a bridge gives (``return_type=None``: nothing);
         ``model(input_ids=...)`` → the HF model's own output, as an HF causal LM gives."""
-        from ropelens.backends.fastpath import sdpa_attention
+        from ropelens.backends.sdpa_capture import sdpa_attention
 
         hf = self.original_model
         if input_ids is not None:
@@ -178,13 +178,13 @@ class PlainModel(torch.nn.Module):
 def planned_forward(model: Any, hf: torch.nn.Module) -> contextlib.AbstractContextManager:
     """A block in which ``hf`` (the HF model under ``model``, or its view) runs with ``model``'s plan applied (the
     variants, ablations and replacements in force); nothing where none is."""
-    from ropelens.plan import active_plan
+    from ropelens.spec.plan import active_plan
 
     plan = active_plan(model)
     if not plan:
         return contextlib.nullcontext()
     from ropelens.backends.engine import rotation_plan
-    from ropelens.reading import rope_spec
+    from ropelens.spec.reading import rope_spec
 
     return rotation_plan(hf, rope_spec(model), plan, attns=attention_modules(hf))
 
@@ -232,7 +232,7 @@ def vl_model(model_or_hf: Any, label: str | None = None) -> PlainModel:
         return model_or_hf
     if hasattr(model_or_hf, "original_model") or not hasattr(model_or_hf, "config"):
         raise UnsupportedModelError(f"{type(model_or_hf).__name__}: M-RoPE is measured on the plain HF model: pass the HF "
-                                    "vision-language model itself, or ropelens.mrope.load_vl_model(path)")
+                                    "vision-language model itself, or ropelens.loading.vision_language.load_vl_model(path)")
     name = label or getattr(model_or_hf.config, "_name_or_path", "") or type(model_or_hf).__name__
     return plain_model(model_or_hf, None, label=str(name), why="a vision-language model, measured on its text tower")
 
@@ -304,8 +304,8 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     the pattern the model runs its sdpa attention where it has one, q and k read where they enter it.
     The forward stops after the last layer. A family this cannot read raises UnsupportedModelError.
     """
-    from ropelens.backends.fastpath import attention_implementation, hf_view
-    from ropelens.taps import (
+    from ropelens.backends.sdpa_capture import attention_implementation, hf_view
+    from ropelens.spec.forward_taps import (
         attention_tap,
         complex_positions_axis,
         outside_indexers,
@@ -502,7 +502,7 @@ def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:
 
 def can_tap(hf) -> bool:
     """Whether :func:`capture` finds a (q, k, ...) rotation to tap in ``hf``'s modeling module."""
-    from ropelens.taps import rotation_functions
+    from ropelens.spec.forward_taps import rotation_functions
 
     return bool(rotation_functions(importlib.import_module(type(hf).__module__)))
 

@@ -1,9 +1,9 @@
 """RoPE variants and plane ablations on the HF model's own forward, with its sdpa attention.
 
-The bridge applies :func:`ropelens.intervene.apply_rope_variant` and
-:func:`ropelens.intervene.ablate_planes` through hooks on its eager attention, which builds
+The bridge applies :func:`ropelens.run.intervene.apply_rope_variant` and
+:func:`ropelens.run.intervene.ablate_planes` through hooks on its eager attention, which builds
 ``[batch, heads, n, n]`` scores. Each of those contexts also records what it does on the model (a
-*plan*). :func:`on_sdpa` runs the HF model the bridge wraps (:func:`ropelens.backends.fastpath.hf_view`,
+*plan*). :func:`on_sdpa` runs the HF model the bridge wraps (:func:`ropelens.backends.sdpa_capture.hf_view`,
 weights shared) with sdpa attention and applies the plan where the model rotates, at its family's
 ``apply_rotary_pos_emb``: the variant's (cos, sin) for the positions the model is at (key/value
 cache included) replace the model's own, ablated planes of the rotated q and k are zeroed, and
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 
 import torch
 
-from ropelens.backends.fastpath import hf_view, sdpa_attention
+from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
 from ropelens.errors import UnsupportedModelError
-from ropelens.plan import (
+from ropelens.spec.plan import (
     PLAN_ATTR,
     AblationStep,
     ReplaceStep,
@@ -33,13 +33,13 @@ from ropelens.plan import (
     model_tables,
     variant_tables,
 )
-from ropelens.rope import RopeSpec
+from ropelens.spec.rope import RopeSpec
 
 __all__ = ["AblationStep", "ReplaceStep", "Step", "VariantStep", "active_plan", "engine_plan", "engine_ready", "model_tables", "on_sdpa", "planned", "sdpa_ready",
            "variant_tables"]
 
 _READY = "_ropelens_sdpa_ready"
-_MARK = "_ropelens_interventions"  # ropelens.backends.fastpath.intervened's counter
+_MARK = "_ropelens_interventions"  # ropelens.backends.sdpa_capture.intervened's counter
 _PROBE = 8  # tokens of the forward that checks a model can take this path
 
 
@@ -76,7 +76,7 @@ def _bridge_engine(model) -> Iterator[None]:
     """While the block runs, every forward of bridge ``model`` applies its plan at the rotations the HF modules under it
     call (installed once however many engine steps nest)."""
     from ropelens.backends.engine import rotation_plan
-    from ropelens.reading import hf_model_of, rope_spec
+    from ropelens.spec.reading import hf_model_of, rope_spec
 
     count = getattr(model, _ENGINE_HOOKS, None)
     if count is not None:
@@ -152,7 +152,7 @@ def engine_ready(model) -> str | None:
     key = (tuple(id(f) for f, _ in rotation_forms(mod).values()), id(getattr(mod, "rotate_half", None)))
     cached = getattr(model, _READY, None)
     if cached is None or cached[0] != key:
-        from ropelens.reading import rope_spec
+        from ropelens.spec.reading import rope_spec
 
         cached = (key, _probe(model, rope_spec(model)))
         object.__setattr__(model, _READY, cached)
@@ -194,7 +194,7 @@ def on_sdpa(model) -> Iterator[torch.nn.Module]:
         raise UnsupportedModelError(
             f"this model cannot run its interventions on the HF sdpa forward ({why or 'a hook or intervention other than a RoPE variant or plane ablation is in force'}): "
             "run it through the bridge")
-    from ropelens.reading import rope_spec
+    from ropelens.spec.reading import rope_spec
 
     hf = hf_view(model)
     with _tapped(hf, rope_spec(model), active_plan(model)), sdpa_attention(hf):

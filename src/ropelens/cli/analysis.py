@@ -135,7 +135,7 @@ def _text_tokens(model, text: str):
 
 
 def _one_window(model, args: argparse.Namespace, corpus):
-    from ropelens.data import windows
+    from ropelens.run.data import windows
 
     if corpus is None:
         return _text_tokens(model, args.text)
@@ -201,7 +201,7 @@ def run_heads(args: argparse.Namespace) -> int:
     Score each head's attention at fixed offsets on text and random tokens.
     """
     from ropelens.analyses.heads import classify_heads
-    from ropelens.data import load_corpus
+    from ropelens.run.data import load_corpus
 
     output = OutputOptions.from_args(args)
     output.check()
@@ -244,7 +244,7 @@ def run_bands(args: argparse.Namespace) -> int:
     or above half-way from the median to the peak), its wavelengths against the training length and the
     critical plane; then the loss with the planes below the band unrotated, against as many random planes.
     """
-    from ropelens.analyses.bandloc import frequency_bands
+    from ropelens.analyses.band_location import frequency_bands
 
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(frequency_bands)

@@ -158,7 +158,7 @@ def run_possym(args: argparse.Namespace) -> int:
     Moves key contents to other positions (one seeded permutation, the model's own RoPE) and asks per head
     whether its logits stay put (positional, P) or follow the content (symbolic, S), on logits and on attention.
     """
-    from ropelens.analyses.possym import MIN_KEYS, positional_symbolic, shortest_window
+    from ropelens.analyses.positional_symbolic import MIN_KEYS, positional_symbolic, shortest_window
 
     run = CorpusCommand.from_args(args)
     if args.n_ctx < shortest_window():  # no query of a shorter window sees enough keys: every score would be NaN

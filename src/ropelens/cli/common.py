@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ropelens.errors import InputError, UsageError
-from ropelens.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
-from ropelens.models import DTYPES as MODEL_DTYPES
+from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
+from ropelens.loading.models import DTYPES as MODEL_DTYPES
 from ropelens.validate import check_output_path
 
 DTYPES = {name: MODEL_DTYPES[name] for name in ("float32", "bfloat16", "float16")}  # what --dtype offers
@@ -107,7 +107,7 @@ def band_tokens(text: str) -> int | None:
 # ---------------------------------------------------------------------------------------- notes and limits
 def note(message: str) -> None:
     """Say ``ropelens: note: MESSAGE`` once on stderr (on the main process only): a value was adjusted, not refused."""
-    from ropelens.distributed import is_main
+    from ropelens.run.distributed import is_main
 
     if is_main():
         print(f"ropelens: note: {' '.join(message.split())}", file=sys.stderr)
@@ -211,7 +211,7 @@ class ModelOptions(OptionGroup):
         return group
 
     def load(self):
-        """The model, loaded by :func:`ropelens.models.load_model` without transformers' progress bar."""
+        """The model, loaded by :func:`ropelens.loading.models.load_model` without transformers' progress bar."""
         from transformers.utils import logging as hf_logging
 
         # transformers draws a "Loading weights" bar on every load; ropelens' own bar (first
@@ -260,7 +260,7 @@ class CorpusOptions(OptionGroup):
 
     def load(self):
         """The corpus, after :meth:`check` (both fail before any model loads)."""
-        from ropelens.data import load_corpus
+        from ropelens.run.data import load_corpus
 
         self.check()
         return load_corpus(self.corpus)
@@ -285,8 +285,8 @@ class AnalysisOptions(OptionGroup):
         return super().add_to(parser, omit=() if bands else ("bands",), bands="quantiles:<=4")
 
     def parsed_bands(self):
-        """The :class:`ropelens.bands.Bands` of ``--bands`` (None without the flag)."""
-        from ropelens.bands import Bands
+        """The :class:`ropelens.spec.bands.Bands` of ``--bands`` (None without the flag)."""
+        from ropelens.spec.bands import Bands
 
         return None if self.bands is None else Bands.parse(self.bands, flag="--bands")
 
@@ -346,7 +346,7 @@ class OutputOptions(OptionGroup):
 
     def save_result(self, result: Any) -> None:
         """``result.save(--save)`` on the main process, when ``--save`` is given."""
-        from ropelens.distributed import is_main
+        from ropelens.run.distributed import is_main
 
         if self.save and is_main():
             result.save(self.save)

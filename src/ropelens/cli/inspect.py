@@ -10,8 +10,8 @@ from typing import Any
 
 from ropelens.cli.common import ModelOptions, OutputOptions, add_command, jsonable, load_from_args
 from ropelens.errors import UsageError
-from ropelens.reading import rope_spec
-from ropelens.rope import RopeSpec
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import RopeSpec
 
 __all__ = ["add_inspect", "families_json", "families_table", "inspect_json", "inspect_table"]
 

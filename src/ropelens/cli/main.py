@@ -41,8 +41,8 @@ from ropelens.cli.variants import (
     add_truncate,
     add_variants,
 )
-from ropelens.distributed import RankFailedError, init_from_env, is_main
 from ropelens.errors import InputError
+from ropelens.run.distributed import RankFailedError, init_from_env, is_main
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -62,7 +62,7 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse.Action signature
-        from ropelens.provenance import version_report
+        from ropelens.results.provenance import version_report
 
         print(version_report())
         parser.exit()

@@ -8,7 +8,6 @@ import argparse
 import dataclasses
 import math
 
-from ropelens import variants as V
 from ropelens.cli.common import (
     ModelOptions,
     OutputOptions,
@@ -21,8 +20,9 @@ from ropelens.cli.common import (
     window_length,
 )
 from ropelens.errors import InputError
-from ropelens.intervene import apply_rope_variant
-from ropelens.reading import rope_spec
+from ropelens.run.intervene import apply_rope_variant
+from ropelens.spec import variants as V
+from ropelens.spec.reading import rope_spec
 from ropelens.validate import check_number
 
 __all__ = ["add_context", "add_passkey", "add_predict_base", "add_truncate", "add_variants", "parse_variant",
@@ -30,7 +30,7 @@ __all__ = ["add_context", "add_passkey", "add_predict_base", "add_truncate", "ad
 
 
 def _variant_classes() -> dict[str, type[V.RopeVariant]]:
-    """The variant classes :mod:`ropelens.variants` exports, by lower-case class name, in its order."""
+    """The variant classes :mod:`ropelens.spec.variants` exports, by lower-case class name, in its order."""
     exported = (getattr(V, n) for n in V.__all__)
     return {c.__name__.lower(): c for c in exported
             if isinstance(c, type) and issubclass(c, V.RopeVariant) and c is not V.RopeVariant}
@@ -184,8 +184,8 @@ def run_truncate(args: argparse.Namespace) -> int:
     RoPE, p = 0 NoPE), with bootstrap CIs over windows. experiments/truncated_rope_inference.py runs the full
     resumable sweep.
     """
-    from ropelens import data
-    from ropelens.evaluate import bootstrap_ci, window_losses
+    from ropelens.run import data
+    from ropelens.run.evaluate import bootstrap_ci, window_losses
 
     ps = number_list(args.p, float, "--p", example="0,0.5,1")
     for p in ps:

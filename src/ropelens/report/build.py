@@ -16,14 +16,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ropelens.bands import Bands
-from ropelens.data import analysis_windows
 from ropelens.errors import InputError
-from ropelens.provenance import Provenance, git_commit, untested_versions, versions
 from ropelens.report import html as H
 from ropelens.report import registry as _sections
 from ropelens.report.collect import ReportData, collect, evenly_spaced
 from ropelens.report.registry import Section
+from ropelens.results.provenance import Provenance, git_commit, untested_versions, versions
+from ropelens.run.data import analysis_windows
+from ropelens.spec.bands import Bands
 from ropelens.validate import check_positive_int
 
 __all__ = ["DEFAULT_BAND_TOKENS", "QUICK", "build_report", "check_output_dir", "measure_sections", "render_sections",
@@ -86,7 +86,7 @@ def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
     """A Corpus (or token tensor) and its description; fails before any model is loaded."""
     import torch
 
-    from ropelens import data
+    from ropelens.run import data
 
     if isinstance(corpus, torch.Tensor):
         return corpus, {"name": "tokens", "sha256": None, "source": f"token tensor {tuple(corpus.shape)}"}
@@ -105,7 +105,7 @@ def _same_device(a, b) -> bool:
 
 def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
     """The device and dtype to load with, checked before anything loads; for a loaded model, that they match it."""
-    from ropelens.models import device_of, resolve_device, resolve_dtype
+    from ropelens.loading.models import device_of, resolve_device, resolve_dtype
 
     dev = None if device is None else resolve_device(device)
     dt = None if dtype is None else resolve_dtype(dtype)
@@ -115,7 +115,7 @@ def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
 
     if not backend_of(model).runs_analyses:
         raise InputError(f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
-                         f"{type(model).__name__}: wrap an HF model with ropelens.models.wrap_hf_model")
+                         f"{type(model).__name__}: wrap an HF model with ropelens.loading.models.wrap_hf_model")
     # A loaded model stays where it is: moving it would change the caller's model (and a device-mapped
     # one cannot move), so a placement that disagrees with it is refused.
     have = device_of(model)
@@ -130,8 +130,8 @@ def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
 
 
 def _load(model: Any, device: Any, dtype: Any) -> tuple[Any, str]:
-    from ropelens.models import load_model
-    from ropelens.reading import model_label
+    from ropelens.loading.models import load_model
+    from ropelens.spec.reading import model_label
 
     if model is None or isinstance(model, (str, os.PathLike)):
         model = load_model(model, device=device, **({} if dtype is None else {"dtype": dtype}))
@@ -181,7 +181,7 @@ def build_report(
     the folder the experiment scripts wrote (``results/``); their tables for this model join the
     p-RoPE and context sections. Every input is checked before the model loads; nothing in OUT
     changes unless the whole report succeeds. ``verify``: check ropelens's reading against the
-    model's own attention before measuring (:mod:`ropelens.verify`); False measures anyway and the
+    model's own attention before measuring (:mod:`ropelens.run.verify`); False measures anyway and the
     report says, in its first section, that it is unverified. ``model_name`` is the former name of
     ``model`` (deprecated).
     """
@@ -214,9 +214,9 @@ def build_report(
     with _timed(steps, "load_model"):
         model, label = _load(model, device, dtype)
     from ropelens.devices import device_of
-    from ropelens.distributed import is_main, local
-    from ropelens.reading import rope_spec
-    from ropelens.verify import skip_verification, verification
+    from ropelens.run.distributed import is_main, local
+    from ropelens.run.verify import skip_verification, verification
+    from ropelens.spec.reading import rope_spec
 
     spec = rope_spec(model)
     chosen = _choose_layers(spec, layers, quick)

@@ -10,9 +10,9 @@ from torch import Tensor
 
 from ropelens.analyses.band_stats import BandStatistics, BandStatsReducer
 from ropelens.analyses.usage import FrequencyUsage, UsageReducer
-from ropelens.bands import Bands
-from ropelens.measure import RunOptions, Windows, measure
-from ropelens.rope import RopeSpec
+from ropelens.run.measure import RunOptions, Windows, measure
+from ropelens.spec.bands import Bands
+from ropelens.spec.rope import RopeSpec
 
 __all__ = ["ReportData", "collect", "evenly_spaced"]
 

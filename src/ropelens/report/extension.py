@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from ropelens.analyses.extension_findings import METHODS
 from ropelens.report import html as H
-from ropelens.serialize import atomic_write_text
+from ropelens.results.serialize import atomic_write_text
 
 ExtensionStudy = Any  # ropelens.analyses.extension.ExtensionStudy, not imported: it imports this module
 

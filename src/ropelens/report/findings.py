@@ -1,5 +1,5 @@
 """Findings: sentences written from the measured numbers; each result writes its own (``result.findings()``)."""
 
-from ropelens.findings import Finding, head_name
+from ropelens.results.findings import Finding, head_name
 
 __all__ = ["Finding", "head_name"]

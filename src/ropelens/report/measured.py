@@ -13,7 +13,7 @@ from ropelens.report import findings as fnd
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, number, style_figure, table_html
 from ropelens.report.registry import Section
-from ropelens.rope import layer_ranges
+from ropelens.spec.rope import layer_ranges
 
 __all__ = ["render_bands", "render_spec", "render_usage", "showcase_layers"]
 

@@ -123,7 +123,7 @@ SHARED_STEPS: dict[str, str] = {
 }
 
 SECTIONS: list[SectionSpec] = [
-    SectionSpec("spec", "Model and RoPE", "ropelens.report.measured:render_spec", ("ropelens.rope:RopeSpec",)),
+    SectionSpec("spec", "Model and RoPE", "ropelens.report.measured:render_spec", ("ropelens.spec.rope:RopeSpec",)),
     SectionSpec("usage", "Frequency usage", "ropelens.report.measured:render_usage", ("ropelens.analyses.usage:FrequencyUsage",)),
     SectionSpec("bands", "Band decomposition of attention", "ropelens.report.measured:render_bands",
                 ("ropelens.analyses.band_stats:BandStatistics",)),
@@ -143,7 +143,7 @@ SECTIONS: list[SectionSpec] = [
                 ("ropelens.analyses.massive:massive_values",),
                 "Dimensions of the pre-RoPE queries and keys with outsized norms, and the planes they sit in.",
                 measure="ropelens.report.rerun:measure_massive"),
-    SectionSpec("prope-sweep", "p-RoPE inference sweep", "ropelens.report.variants:render_prope", ("ropelens.evaluate:window_losses", "ropelens.variants:PRoPE"),
+    SectionSpec("prope-sweep", "p-RoPE inference sweep", "ropelens.report.variants:render_prope", ("ropelens.run.evaluate:window_losses", "ropelens.spec.variants:PRoPE"),
                 "Perplexity when only the fraction p of the highest frequencies keeps rotating at inference "
                 "(p = 1 is RoPE, p = 0 NoPE), with the reversed and partial variants.",
                 measure="ropelens.report.variants:measure_prope", needs=("variants_baseline",)),

@@ -50,7 +50,7 @@ def measure_geometry(data: ReportData) -> DecayCurves:
         rope_decay_constant,
         rope_gaussian_expectation,
     )
-    from ropelens.curves import decay_verdict, describe_curve
+    from ropelens.results.curves import decay_verdict, describe_curve
 
     spec, n_ctx = data.spec, data.n_ctx
     D = max(min(spec.n_ctx, MAX_DISTANCE), n_ctx)

@@ -18,12 +18,12 @@ from torch import Tensor
 
 from ropelens.analyses.extrapolation import MAX_BOUND_CONTEXT
 from ropelens.errors import InputError
-from ropelens.evaluate import bootstrap_ci, window_losses
 from ropelens.report.collect import ReportData
 from ropelens.report.experiments import context_block, prope_block
 from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, kv_table, style_figure, table_html
 from ropelens.report.registry import Section
+from ropelens.run.evaluate import bootstrap_ci, window_losses
 
 __all__ = ["EXTENSION_FACTOR", "NEGLIGIBLE_NATS", "ContextExtension", "eval_windows", "measure_baseline",
            "measure_context", "measure_prope", "render_context", "render_prope", "variant_losses"]
@@ -56,7 +56,7 @@ def _baseline(data: ReportData) -> Tensor:
 def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None) -> dict[str, Any]:
     """Perplexity and the paired loss change against the unmodified model for one variant (no forward
     pass when the variant rotates the chosen layers exactly as the model does)."""
-    from ropelens.intervene import apply_rope_variant, is_identity
+    from ropelens.run.intervene import apply_rope_variant, is_identity
 
     base = _baseline(data)
     tokens = eval_windows(data)
@@ -83,7 +83,7 @@ def _lead(data: ReportData, what: str) -> str:
 # p-RoPE
 # --------------------------------------------------------------------------------------------
 def _prope_variants() -> list[Any]:
-    from ropelens.variants import PRoPE, PRoPEPartial, PRoPEReversed
+    from ropelens.spec.variants import PRoPE, PRoPEPartial, PRoPEReversed
 
     return [*(PRoPE(p) for p in (1.0, 0.0, 0.125, 0.25, 0.5, 0.75, 0.875)), PRoPEReversed(0.75), PRoPEPartial(0.75)]
 
@@ -96,7 +96,7 @@ def _variant_name(v: Any) -> str:
 
 def measure_prope(data: ReportData) -> pd.DataFrame:
     """Perplexity and loss change of every p-RoPE variant, one row each (reads the baseline step)."""
-    from ropelens.variants import kept_planes
+    from ropelens.spec.variants import kept_planes
 
     n_planes = data.spec.layers[data.layers[0]].n_planes
     rows = []
@@ -108,7 +108,7 @@ def measure_prope(data: ReportData) -> pd.DataFrame:
 
 def render_prope(data: ReportData, frame: pd.DataFrame) -> Section:
     """Perplexity when only the highest fraction p of frequencies keeps rotating, in every layer."""
-    from ropelens.variants import kept_planes
+    from ropelens.spec.variants import kept_planes
 
     n_planes = data.spec.layers[data.layers[0]].n_planes
     fig = go.Figure()
@@ -162,7 +162,7 @@ def render_prope(data: ReportData, frame: pd.DataFrame) -> Section:
 # context extension
 # --------------------------------------------------------------------------------------------
 def _methods(factor: float, l0: int) -> dict[str, Any]:
-    from ropelens.variants import NTK, DynamicNTK, Linear, Llama3, YaRN
+    from ropelens.spec.variants import NTK, DynamicNTK, Linear, Llama3, YaRN
 
     return {"PI": Linear(factor), "NTK": NTK(factor), "dynamic NTK": DynamicNTK(factor, l0),
             "YaRN": YaRN(factor, l0), "Llama 3": Llama3(factor, 1.0, 4.0, l0)}
@@ -219,7 +219,7 @@ class ContextExtension:
 def measure_context(data: ReportData) -> ContextExtension:
     """Plane views and in-distribution cost of PI, NTK, dynamic NTK, YaRN and Llama 3 (reads the baseline step)."""
     from ropelens.analyses.context import plane_view
-    from ropelens.variants import Linear
+    from ropelens.spec.variants import Linear
 
     spec = data.spec
     # The layer kind with the longest wavelengths is the one a longer context strains.

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 
 from ropelens.errors import InputError
-from ropelens.models import wrap_hf_model
+from ropelens.loading.models import wrap_hf_model
 
 __all__ = ["TINY_FAMILIES", "spread_weights", "tiny_hf_model", "tiny_model", "tiny_model_dir", "tiny_tokenizer"]
 

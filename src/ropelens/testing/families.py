@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ropelens.errors import InputError, UnsupportedModelError
-from ropelens.verify import rotation_error, rotation_from_pre, verify_model
+from ropelens.run.verify import rotation_error, rotation_from_pre, verify_model
 
 __all__ = ["FAMILIES", "Family", "FamilyCheck", "check_family", "family_model_dir", "rotation_error"]
 
@@ -428,10 +428,10 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
     from transformers import AutoModelForCausalLM
 
     from ropelens.analyses.decompose import decompose_attention
-    from ropelens.bands import Bands
-    from ropelens.capture import capture_qk
-    from ropelens.models import load_model
-    from ropelens.reading import rope_spec
+    from ropelens.loading.models import load_model
+    from ropelens.run.capture import capture_qk
+    from ropelens.spec.bands import Bands
+    from ropelens.spec.reading import rope_spec
 
     fam = _family(name)
     res = FamilyCheck(name)

@@ -202,12 +202,12 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
     from transformers import AutoModelForCausalLM
 
     from ropelens.analyses.decompose import decompose_attention
-    from ropelens.bands import Bands
-    from ropelens.capture import capture_qk
-    from ropelens.models import load_model
-    from ropelens.reading import rope_spec
+    from ropelens.loading.models import load_model
+    from ropelens.run.capture import capture_qk
+    from ropelens.run.verify import verify_model
+    from ropelens.spec.bands import Bands
+    from ropelens.spec.reading import rope_spec
     from ropelens.testing import tiny_tokenizer
-    from ropelens.verify import verify_model
 
     res = SweepCheck(name)
     g = torch.Generator().manual_seed(seed)

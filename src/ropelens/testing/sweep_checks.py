@@ -11,7 +11,7 @@ what HF's eager attention receives, and a RoPE variant with its exact restore.
   Llama 4's chunks) refuse band statistics on longer windows, so the input is cut into windows of at
   most that many tokens, where their mask is causal.
 - **Variant and restore**: p-RoPE (p = 0.5; a base change where a layer has one plane) applied with
-  :func:`ropelens.intervene.apply_rope_variant`: on one token repeated the rotated query turns by the
+  :func:`ropelens.run.intervene.apply_rope_variant`: on one token repeated the rotated query turns by the
   variant's frequencies, and the logits after leaving the context equal the ones before, bit for bit.
   Every engine applies it (a plain HF model and a bridge rotating inside HF's module through :mod:`ropelens.backends.engine`).
 - **Variant against HF's own rope type**: the logits under ``Linear(2)`` (PI) in the layers with default RoPE
@@ -32,9 +32,9 @@ import torch
 from torch import Tensor
 
 from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.run.verify import rotation_error, rotation_from_pre
 from ropelens.testing.dense import HFLayer, dense_layer_sums, hf_layers, plane_norm_means
 from ropelens.testing.families import FamilyCheck
-from ropelens.verify import rotation_error, rotation_from_pre
 
 __all__ = ["SweepCheck", "band_stats_error", "hf_attention_scaling", "hf_dims", "static_len", "sums_error",
            "hf_variant_error", "report_status", "usage_error", "variant_error"]
@@ -113,7 +113,7 @@ def usage_error(model, spec, hf, lays: dict[int, HFLayer], toks: Tensor, layers:
     """Largest relative error of the mean per-plane q and k norms (every head, plane and layer) against the
     norms of the q and k HF's attention received on ``toks`` (``lays``), its attention scaling divided out."""
     from ropelens.analyses.usage import UsageReducer
-    from ropelens.capture import stream
+    from ropelens.run.capture import stream
 
     if any(L not in lays for L in layers):
         return math.nan
@@ -138,8 +138,8 @@ def band_stats_error(model, spec, hf, toks: Tensor, layers: list[int]) -> float:
     """Largest relative error of every band-statistics sum (one width group at a time) against the dense
     reference, over ``toks`` cut into windows no layer's model-picked mask reaches past (:func:`static_len`)."""
     from ropelens.analyses.band_stats import BandStatsReducer
-    from ropelens.bands import Bands
-    from ropelens.capture import stream
+    from ropelens.run.capture import stream
+    from ropelens.spec.bands import Bands
 
     n = static_len(spec, layers, toks.shape[1])
     rows = toks[0, : toks.shape[1] // n * n].reshape(-1, n)
@@ -167,9 +167,9 @@ def variant_error(model, spec, toks: Tensor, layers: list[int]) -> tuple[float, 
     """``(rotation error under the variant, largest |logit change| after leaving it, note)``: p-RoPE with p = 0.5
     (a base change where the first layer has one plane); NaN and a note where the model has no variants."""
     from ropelens.backends.hf import BridgeOnlyError
-    from ropelens.capture import capture_qk
-    from ropelens.intervene import apply_rope_variant
-    from ropelens.variants import BaseChange, PRoPE
+    from ropelens.run.capture import capture_qk
+    from ropelens.run.intervene import apply_rope_variant
+    from ropelens.spec.variants import BaseChange, PRoPE
 
     variant = PRoPE(0.5) if spec[layers[0]].n_planes >= 2 else BaseChange(1e3)
     same = torch.full((1, toks.shape[1]), 7)
@@ -205,8 +205,8 @@ def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
     no reference where HF's config takes no rope type, HF cannot build the family with it, or its forward ignores it."""
     import copy
 
-    from ropelens.intervene import apply_rope_variant
-    from ropelens.variants import Linear
+    from ropelens.run.intervene import apply_rope_variant
+    from ropelens.spec.variants import Linear
 
     rp = getattr(hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config,
                  "rope_parameters", None)

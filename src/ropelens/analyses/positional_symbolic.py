@@ -1,0 +1,430 @@
+"""Positional versus symbolic heads (after Urrutia et al., ICLR 2026, "Decoupling Positional and Symbolic
+Attention in Transformers", arXiv 2511.11579).
+
+Urrutia et al. call a head *positional* when its logit sequence is invariant under a permutation of
+the key vectors (attention depends on where keys are, not what they hold) and *symbolic* when the
+logits move with the keys (attention depends on what keys hold, not where), and prove the two
+exclusive unless attention is uniform. Their exact scoring formula was not available here; this
+module is ropelens's operationalisation of those two definitions, measured with the model's own RoPE.
+
+**Perturbation.** One seeded permutation σ of the positions 1 … n−1 (position 0, the BOS/sink
+key, stays put) moves key contents while positions stay fixed: the key at position j becomes the
+content of position σ(j) rotated for position j, k'_j = R(j − σ(j)) k_post[σ(j)] (so that it is
+R(j) applied to the pre-RoPE key of σ(j)). The query is not touched. For the query at i, over its
+keys K_i = {j : 1 ≤ j ≤ i, inside the layer's window, j and σ(j) both real tokens}:
+
+- ℓ_ij = q_i·k_j, the original logit at position j;
+- ℓ'_ij = q_i·k'_j, the logit after the permutation;
+- ℓ^σ_ij = q_i·k_σ(j), the original logit of the content now at j (at its own position σ(j), which
+  may lie after i: the score is taken unmasked there).
+
+A positional head has ℓ' = ℓ; a symbolic head has ℓ' = ℓ^σ. Logits are scaled by the layer's
+score scale and soft-capped as the model does. Two measures of closeness, per query, averaged over
+queries with |K_i| ≥ ``min_keys``:
+
+- **logit**: P = Pearson corr(ℓ', ℓ), S = Pearson corr(ℓ', ℓ^σ) over K_i, in [−1, 1] (0 where the
+  logits over K_i are constant, for which correlation is undefined);
+- **attention**: the softmax of each over K_i (the sink at position 0 left out), P = 1 − TV(p', p),
+  S = 1 − TV(p', p^σ), in [0, 1]. Uniform attention gets P = S = 1, Urrutia et al.'s exclusion case.
+
+A head is *called* positional when P − S ≥ ``margin``, symbolic when S − P ≥ ``margin``, mixed
+otherwise (``margin`` is ropelens's choice, default :data:`MARGIN`). A fixed σ per window length,
+the same for every window and layer, keeps results mergeable and independent of batching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Bool, Float
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from ropelens.errors import InputError
+from ropelens.results.findings import Finding
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
+from ropelens.run.measure import RunOptions, corpus_analysis, measure
+from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.validate import check_number
+
+__all__ = ["MARGIN", "MEASURES", "MIN_KEYS", "PosSymReducer", "PositionalSymbolic", "TaxonomyAgreement", "agreement",
+           "cohen_kappa", "key_permutation", "positional_symbolic", "rank_correlation", "shortest_window"]
+
+MARGIN = 0.25  # P − S beyond this calls a head; a quarter of the attention measure's range [0, 1]
+MEASURES = ("logit", "attention")
+Measure = Literal["logit", "attention"]
+CALLS = ("positional", "mixed", "symbolic")
+MIN_KEYS = 8  # keys (BOS left out) a query must see to be scored, by default
+
+
+def shortest_window(min_keys: int = MIN_KEYS) -> int:
+    """The fewest tokens a window needs for any query to be scored: BOS and ``min_keys`` keys after it.
+
+    A query at position i sees the keys 1 … i (position 0, the sink, is left out), so only the queries at
+    i ≥ ``min_keys`` are scored, and a window of n tokens holds one only when n − 1 ≥ ``min_keys``.
+    """
+    return int(min_keys) + 1
+
+
+def _too_short(n: int, min_keys: int, flag: str) -> str:
+    return (f"windows of {n} tokens are too short for positional/symbolic scoring: a query is scored only when it "
+            f"sees {min_keys} keys besides BOS (min_keys={min_keys}), so a window needs at least "
+            f"{shortest_window(min_keys)} tokens: {flag}")
+
+
+def key_permutation(n: int, seed: int) -> Tensor:
+    """The permutation σ of positions 0 … n−1 that keeps 0 and shuffles 1 … n−1, from ``(seed, n)``."""
+    g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(n))
+    return torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(n - 1, generator=g) + 1])
+
+
+def _corr(x: Tensor, y: Tensor, w: Tensor, nk: Tensor) -> Tensor:
+    """Weighted (0/1) Pearson correlation along the last axis; 0 where either side is constant."""
+    mx = (x * w).sum(-1, keepdim=True) / nk[..., None]
+    my = (y * w).sum(-1, keepdim=True) / nk[..., None]
+    xc, yc = (x - mx) * w, (y - my) * w
+    vx, vy = (xc * xc).sum(-1), (yc * yc).sum(-1)
+    ok = (vx > 0) & (vy > 0)
+    return torch.where(ok, (xc * yc).sum(-1) / (vx * vy).clamp_min(1e-30).sqrt(), torch.zeros_like(vx))
+
+
+class PosSymReducer(DeviceSums):
+    """Streams per layer × head the positional and symbolic scores (logit and attention measures).
+
+    Needs only post-RoPE queries and keys, so the model runs on its fast path. Query tiles hold all
+    n keys (ℓ^σ reads keys past the query), so memory is O(tile · n) per head."""
+
+    static_mask = "the positional/semantic split"  # masks built from positions: refused where the model picks keys from the input
+    needs = frozenset({"q_post", "k_post"})
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, seed: int = 0, min_keys: int = MIN_KEYS,
+                 tile: int | None = None, n_ctx: int | None = None) -> None:
+        self.layers = list(layers)
+        if not self.layers:
+            raise InputError("no layers selected: pass layer indices the model has")
+        self.seed = int(check_number(seed, "seed", at_least=0, integer=True, hint=" (seeds the key permutation)"))
+        self.min_keys = int(check_number(min_keys, "min_keys", at_least=2, integer=True,
+                                         hint=" (queries seeing fewer keys are left out: a correlation needs two)"))
+        if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
+            raise InputError(f"tile must be a positive number of queries or None for automatic, got {tile!r}")
+        if n_ctx is not None and n_ctx < shortest_window(self.min_keys):
+            raise InputError(_too_short(n_ctx, self.min_keys, f"pass n_ctx={shortest_window(self.min_keys)} or "
+                                                               "more (--n-ctx), or a smaller min_keys"))
+        narrow = {L: spec.layers[L].reach for L in self.layers
+                  if spec.layers[L].reach is not None and spec.layers[L].reach < self.min_keys}
+        if narrow:  # no query of these layers ever sees min_keys keys: their scores would all be NaN
+            raise InputError(f"layer(s) {list(narrow)} let a query see at most {min(narrow.values())} keys (a sliding "
+                             f"window or chunk), fewer than the {self.min_keys} a query needs to be scored (min_keys="
+                             f"{self.min_keys}), so none of their heads could be scored: leave them out (layers=, "
+                             f"--layers) or pass min_keys={max(2, min(narrow.values()))}")
+        self.tile = tile
+        self.pos = {L: i for i, L in enumerate(self.layers)}
+        # layers of different widths padded to the most heads: NaN past a layer's own (RopeSpec.padded_zeros)
+        self.sums: dict[str, Tensor] = {"n_queries": spec.padded_zeros(self.layers),
+                                        **{f"{w}_{m}": spec.padded_zeros(self.layers, "head")
+                                           for w in ("pos", "sym") for m in MEASURES}}
+        self._perms: dict[tuple[int, str], Tensor] = {}
+
+    def _perm(self, n: int, device: torch.device) -> Tensor:
+        key = (n, str(device))
+        if key not in self._perms:
+            self._perms[key] = key_permutation(n, self.seed).to(device)
+        return self._perms[key]
+
+    @staticmethod
+    def _cap(x: Tensor, rope: LayerRope) -> Tensor:
+        return torch.tanh(x / rope.softcap) * rope.softcap if rope.softcap else x
+
+    @torch.no_grad()
+    def update(self, acts: LayerActs) -> None:
+        i, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
+        q = acts["q_post"].float() * rope.score_scale
+        k = acts["k_post"].float()
+        dev = q.device
+        s = self._on(dev)
+        here, sdt, dt = s["n_queries"].device, s["n_queries"].dtype, sum_dtype(dev)
+        b, n, H, d = q.shape
+        KV, G = rope.n_kv_heads, rope.group_size
+        if n < 2:
+            return
+        perm = self._perm(n, dev)
+        pos = torch.arange(n, device=dev)
+        # k'_j = R(j − σ(j)) k_post[σ(j)]: σ(j)'s content, rotated to position j (no second attention scaling)
+        ang = rope.angles(pos - perm).to(dev, torch.float32)  # [n, P]
+        kp = rope.rotate_by(k[:, perm], ang.cos()[:, None], ang.sin()[:, None])
+        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
+        kh, kph = k.permute(0, 2, 3, 1), kp.permute(0, 2, 3, 1)  # [b,KV,d,n]
+        key_ok = valid & valid[:, perm] & (pos >= 1)[None]  # [b, n]
+        acc = {name: q.new_zeros(H, dtype=dt) for name in ("pos_logit", "sym_logit", "pos_attention", "sym_attention")}
+        used_total = q.new_zeros((), dtype=dt)
+        tq = self.tile or query_tile(dev, 4 * b * H * n)
+        for c0 in range(1, n, tq):
+            c1 = min(n, c0 + tq)
+            c = c1 - c0
+            qt = qh[:, :, :, c0:c1].reshape(b, KV, G * c, d)
+            sc = self._cap(torch.matmul(qt, kh).view(b, H, c, n), rope)
+            sp = self._cap(torch.matmul(qt, kph).view(b, H, c, n), rope)
+            ss = sc[..., perm]
+            qp, kpos = pos[c0:c1, None], pos[None, :]
+            ok = (kpos <= qp) & ((qp - kpos) < rope.window if rope.window else True)
+            ok = ok[None] & key_ok[:, None, :] & valid[:, c0:c1, None]  # [b,c,n]
+            nk = ok.sum(-1)  # [b,c]
+            used = nk >= self.min_keys
+            w = ok[:, None].float()  # [b,1,c,n]
+            nkf = nk.clamp_min(1).float()[:, None].expand(b, H, c)
+            u = used[:, None].float()  # [b,1,c]
+            acc["pos_logit"] += (_corr(sp, sc, w, nkf) * u).to(dt).sum((0, 2))
+            acc["sym_logit"] += (_corr(sp, ss, w, nkf) * u).to(dt).sum((0, 2))
+            neg = ~ok[:, None]
+            pp, p0, psg = (torch.softmax(x.masked_fill(neg, float("-inf")), -1).nan_to_num(0.0) for x in (sp, sc, ss))
+            acc["pos_attention"] += ((1 - 0.5 * (pp - p0).abs().sum(-1)) * u).to(dt).sum((0, 2))
+            acc["sym_attention"] += ((1 - 0.5 * (pp - psg).abs().sum(-1)) * u).to(dt).sum((0, 2))
+            used_total += used.to(dt).sum()
+            del sc, sp, ss, pp, p0, psg
+        for name, v in acc.items():
+            s[name][i, :H] += v.to(here, sdt)  # a narrower layer fills its leading heads
+        s["n_queries"][i] += used_total.to(here, sdt)
+
+    def config(self) -> dict[str, Any]:
+        return {"seed": self.seed, "min_keys": self.min_keys}
+
+    def result(self, provenance: Provenance, margin: float = MARGIN) -> PositionalSymbolic:
+        """The streamed sums as :class:`PositionalSymbolic` (on the CPU, float64)."""
+        sums = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
+        return PositionalSymbolic(tuple(self.layers), self.seed, self.min_keys, float(margin), sums, provenance)
+
+
+@dataclass(frozen=True)
+class PositionalSymbolic(Result):
+    """Per layer × head: positional and symbolic scores under a key-content permutation, and the calls.
+
+    Layers of different widths (Gemma 4) share one ``[layer, head]`` array padded to the most heads: the
+    scores of a head a layer lacks are NaN (:meth:`present`), and calls, shares and tables leave it out.
+    """
+
+    layers: tuple[int, ...]
+    seed: int
+    min_keys: int
+    margin: float
+    sums: dict[str, Tensor]
+    provenance: Provenance
+
+    KIND: ClassVar[str] = "PositionalSymbolic"
+    FORMAT: ClassVar[int] = 1
+    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "seed", "min_keys", "margin")
+    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
+
+    def __post_init__(self) -> None:
+        self._check_shape("pos_logit", self.sums["pos_logit"], (len(self.layers), None), " [layer, head]")
+        if not 0 <= self.margin <= 1:
+            raise InputError(f"margin is a difference of scores in [0, 1], got {self.margin}")
+
+    # ---------------------------------------------------------------- numbers
+    def present(self) -> Bool[Tensor, "layer head"]:
+        """The heads each layer has (all True when the measured layers share one width)."""
+        return ~self.sums["pos_logit"].isnan()
+
+    def scores(self, measure: Measure = "logit") -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
+        """Mean positional score P and symbolic score S per head under ``measure`` ("logit" or "attention")."""
+        if measure not in MEASURES:
+            raise InputError(f"measure must be one of {MEASURES}, got {measure!r}")
+        n = self.sums["n_queries"]
+        n = torch.where(n > 0, n, torch.nan)[:, None]
+        return self.sums[f"pos_{measure}"] / n, self.sums[f"sym_{measure}"] / n
+
+    def positionality(self, measure: Measure = "logit") -> Float[Tensor, "layer head"]:
+        """P − S: positive for positional heads, negative for symbolic ones."""
+        p, s = self.scores(measure)
+        return p - s
+
+    def positional(self, measure: Measure = "logit") -> Bool[Tensor, "layer head"]:
+        """Heads called positional: P − S ≥ margin."""
+        return self.positionality(measure) >= self.margin
+
+    def symbolic(self, measure: Measure = "logit") -> Bool[Tensor, "layer head"]:
+        """Heads called symbolic: S − P ≥ margin."""
+        return self.positionality(measure) <= -self.margin
+
+    def calls(self, measure: Measure = "logit") -> list[list[str]]:
+        """positional / symbolic / mixed for each (layer, head), each layer's row as long as its own heads."""
+        pos, sym = self.positional(measure), self.symbolic(measure)
+        n_heads = self.present().sum(1).tolist()
+        return [["positional" if p else "symbolic" if s_ else "mixed" for p, s_ in zip(pr[:n], sr[:n])]
+                for pr, sr, n in zip(pos.tolist(), sym.tolist(), n_heads)]
+
+    def fractions(self, measure: Measure = "logit") -> dict[str, float]:
+        """Share of heads given each call under ``measure``."""
+        flat = [c for row in self.calls(measure) for c in row]
+        return {c: flat.count(c) / len(flat) for c in CALLS}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (layer, head) of the layer's own heads: both measures' P, S, P − S and call, and the
+        queries scored."""
+        L, H = self.sums["pos_logit"].shape
+        have = self.present().reshape(-1).numpy()
+        layer, head = np.meshgrid(np.array(self.layers), np.arange(H), indexing="ij")
+        cols: dict[str, Any] = {"layer": layer.ravel()[have], "head": head.ravel()[have]}
+        for m in MEASURES:
+            p, s = self.scores(m)
+            cols[f"positional_{m}"], cols[f"symbolic_{m}"] = p.reshape(-1).numpy()[have], s.reshape(-1).numpy()[have]
+            cols[f"p_minus_s_{m}"] = (p - s).reshape(-1).numpy()[have]
+            cols[f"call_{m}"] = [c for row in self.calls(m) for c in row]
+        cols["n_queries"] = self.sums["n_queries"][:, None].expand(L, H).reshape(-1).numpy()[have]
+        return pd.DataFrame(cols)
+
+    def findings(self) -> list[Finding]:
+        """The share of heads each measure calls positional, symbolic or mixed, and the exclusion check."""
+        out = []
+        for j, m in enumerate(MEASURES):
+            fr = self.fractions(m)
+            p, s = self.scores(m)
+            vals = {**{c: round(v, 3) for c, v in fr.items()}, "mean_positional": round(float(p.nanmean()), 3),
+                    "mean_symbolic": round(float(s.nanmean()), 3)}
+            out.append(Finding(f"possym-{j}", "positional-symbolic",
+                               f"Under the {m} measure {fr['positional']:.0%} of heads are positional, "
+                               f"{fr['symbolic']:.0%} symbolic and {fr['mixed']:.0%} mixed (|P − S| < "
+                               f"{self.margin:g}); mean P {vals['mean_positional']:.2f}, mean S "
+                               f"{vals['mean_symbolic']:.2f}.", vals))
+        p, s = self.scores("attention")
+        both = int(((p >= 0.9) & (s >= 0.9)).sum())
+        out.append(Finding("possym-2", "positional-symbolic",
+                           f"{both} heads score both P and S ≥ 0.9 on attention: by Urrutia et al.'s exclusion "
+                           "principle only near-uniform attention can.", {"both": both}))
+        return out
+
+    # ---------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "seed": self.seed, "min_keys": self.min_keys, "margin": self.margin,
+                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PositionalSymbolic:
+        return cls(tuple(d["layers"]), int(d["seed"]), int(d["min_keys"]), float(d["margin"]),
+                   {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+                   Provenance.from_dict(d["provenance"]))
+
+    # ---------------------------------------------------------------- figures
+    def figure(self) -> go.Figure:
+        """Layer × head P − S for both measures, and every head on the positional–symbolic plane."""
+        titles = ["P − S, logit (layer × head)", "P − S, attention (layer × head)", "positional–symbolic plane (logit)"]
+        fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.08)
+        H = self.sums["pos_logit"].shape[1]
+        for col, m in ((1, "logit"), (2, "attention")):
+            fig.add_trace(go.Heatmap(z=self.positionality(m).numpy(), x=list(range(H)), y=list(self.layers),
+                                     colorscale="RdBu", zmid=0, showscale=col == 2,
+                                     hovertemplate="layer %{y} head %{x}<br>P − S %{z:.3f}<extra></extra>"),
+                          row=1, col=col)
+            fig.update_yaxes(autorange="reversed", title_text="layer", row=1, col=col)
+            fig.update_xaxes(title_text="head", row=1, col=col)
+        p, s = self.scores("logit")
+        have = self.present().reshape(-1)
+        p, s = p.reshape(-1)[have], s.reshape(-1)[have]  # the layers' own heads
+        calls = [c for row in self.calls("logit") for c in row]
+        names = [f"L{L}.H{h}" for L, n in zip(self.layers, self.present().sum(1).tolist()) for h in range(n)]
+        colours = {"positional": "#e45756", "mixed": "#bab0ac", "symbolic": "#4c78a8"}
+        for c in CALLS:
+            idx = [k for k, v in enumerate(calls) if v == c]
+            fig.add_trace(go.Scatter(x=s[idx].numpy(), y=p[idx].numpy(), mode="markers",
+                                     name=c, marker={"color": colours[c], "size": 6}, text=[names[k] for k in idx],
+                                     hovertemplate="%{text}<br>S %{x:.3f}, P %{y:.3f}<extra></extra>"), row=1, col=3)
+        fig.update_xaxes(title_text="symbolic S", row=1, col=3)
+        fig.update_yaxes(title_text="positional P", row=1, col=3)
+        fig.update_layout(title=f"Positional vs symbolic heads — {self.provenance.model} (margin {self.margin:g})",
+                          height=520, legend={"orientation": "h", "x": 0.7, "y": -0.15})
+        return fig
+
+
+@corpus_analysis(n_ctx=256, max_tokens=8_192)
+def positional_symbolic(
+    model,
+    corpus,
+    run: RunOptions,
+    *,
+    seed: int = 0,
+    min_keys: int = MIN_KEYS,
+    margin: float = MARGIN,
+    tile: int | None = None,
+) -> PositionalSymbolic:
+    """Score every head as positional or symbolic over a corpus (see :mod:`ropelens.analyses.positional_symbolic`).
+
+    A query is scored only when it sees ``min_keys`` keys besides BOS, so windows need at least
+    :func:`shortest_window` tokens (``min_keys`` + 1); shorter ones are refused before the model runs.
+    """
+    margin = float(check_number(margin, "margin", at_least=0, at_most=1,
+                                hint=" (the P − S difference that calls a head; default 0.25)"))
+    min_keys = int(check_number(min_keys, "min_keys", at_least=2, integer=True,
+                                hint=" (queries seeing fewer keys are left out: a correlation needs two)"))
+    if not isinstance(corpus, Tensor) and run.n_ctx < shortest_window(min_keys):  # ready tokens: checked per window
+        raise InputError(_too_short(run.n_ctx, min_keys, f"pass n_ctx={shortest_window(min_keys)} or more "
+                                                         "(--n-ctx), or a smaller min_keys"))
+    m = measure(model, corpus, lambda spec, chosen, win: PosSymReducer(spec, chosen, seed=seed, min_keys=min_keys,
+                                                                        tile=tile, n_ctx=win.n_ctx),
+                run, analysis="positional/symbolic heads", config=lambda reds: {**reds[0].config(), "margin": margin},
+                resume={"tile": tile})
+    result = m.reducer.result(m.provenance, margin)
+    unscored = [L for L, n in zip(result.layers, result.sums["n_queries"].tolist(), strict=True) if n == 0]
+    if unscored:  # padding can leave a layer no query with min_keys keys: its scores would all be NaN
+        raise InputError(f"no query of layer(s) {unscored} saw {min_keys} keys besides BOS (min_keys={min_keys}), so "
+                         f"their heads cannot be scored: pass longer windows of real tokens (at least "
+                         f"{shortest_window(min_keys)}, --n-ctx) or a smaller min_keys")
+    return result
+
+
+# ============================================================================ comparison
+def cohen_kappa(a: Sequence[Any], b: Sequence[Any]) -> float:
+    """Cohen's κ of two labelings of the same items: (p_o − p_e) / (1 − p_e); 1.0 where both are one constant label."""
+    if len(a) != len(b) or not len(a):
+        raise InputError(f"cohen_kappa needs two labelings of the same non-empty items, got {len(a)} and {len(b)}")
+    labels = sorted(set(a) | set(b), key=str)
+    n = len(a)
+    po = sum(x == y for x, y in zip(a, b)) / n
+    pe = sum((list(a).count(c) / n) * (list(b).count(c) / n) for c in labels)
+    return 1.0 if pe == 1 else (po - pe) / (1 - pe)
+
+
+def rank_correlation(x: Tensor, y: Tensor) -> float:
+    """Spearman's ρ (Pearson correlation of average ranks) over the entries finite in both."""
+    x, y = torch.as_tensor(x, dtype=torch.float64).flatten(), torch.as_tensor(y, dtype=torch.float64).flatten()
+    if x.shape != y.shape:
+        raise InputError(f"rank_correlation needs equal sizes, got {tuple(x.shape)} and {tuple(y.shape)}")
+    ok = x.isfinite() & y.isfinite()
+    rx, ry = (pd.Series(v[ok].numpy()).rank().to_numpy() for v in (x, y))
+    if len(rx) < 2 or rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+@dataclass(frozen=True)
+class TaxonomyAgreement:
+    """How the positional/symbolic calls line up with :func:`ropelens.analyses.heads.classify_heads`'s kinds."""
+
+    confusion: pd.DataFrame  # rows: taxonomy kinds; columns: positional / mixed / symbolic
+    kappa: float  # Cohen's κ of "positional" by the calls against the taxonomy's positional flag
+    positional_calls: float  # share of heads the calls make positional
+    positional_taxonomy: float  # share the taxonomy makes positional
+    measure: str
+
+
+def agreement(result: PositionalSymbolic, taxonomy: Any, measure: Measure = "logit") -> TaxonomyAgreement:
+    """Confusion table of taxonomy kinds × calls, and Cohen's κ on the binary positional flag."""
+    if tuple(result.layers) != tuple(taxonomy.layers):
+        raise InputError(f"the results cover different layers ({list(result.layers)} vs {list(taxonomy.layers)}): "
+                         "measure both with the same layers=")
+    kinds = [k for row in taxonomy.kinds() for k in row]
+    calls = [c for row in result.calls(measure) for c in row]
+    if len(kinds) != len(calls):
+        raise InputError(f"the results have different head counts ({len(calls)} vs {len(kinds)}): pass one model's")
+    tax_pos = taxonomy.positional()[taxonomy.present()].tolist()  # the layers' own heads, in order
+    call_pos = [c == "positional" for c in calls]
+    confusion = pd.crosstab(pd.Series(kinds, name="taxonomy"), pd.Series(calls, name="call")).reindex(
+        columns=list(CALLS), fill_value=0)
+    return TaxonomyAgreement(confusion, cohen_kappa(call_pos, tax_pos), sum(call_pos) / len(calls),
+                             sum(tax_pos) / len(calls), measure)

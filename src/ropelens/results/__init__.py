@@ -1,0 +1,1 @@
+"""Results: the base class every result derives from, files, provenance, findings and display."""

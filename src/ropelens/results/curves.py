@@ -1,0 +1,425 @@
+"""Curves over distance: the result type RoPE's decay and position-embedding similarity share.
+
+A by-distance curve holds the mean (and, when it is an estimate, the std and count) of a quantity
+at each distance δ = m − n ≥ 0 between a query at m and a key at n. :func:`decay_verdict` calls a
+curve "decays", "flat" or "grows"; :func:`overlay` draws several on one axis.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ropelens.errors import InputError
+from ropelens.results.serialize import dump_json, read_result_json
+from ropelens.validate import check_number
+
+__all__ = [
+    "MARGIN", "ByDistance", "CurveShape", "DecayCurve", "DecayVerdict", "at_distance", "check_curve", "curve_from_json", "curve_to_json",
+    "decay_verdict", "describe_curve", "max_distance_arg", "overlay", "vector",
+]  # fmt: skip
+
+MARGIN = 0.1  # a rise or fall counts when it exceeds this fraction of the curve's range (and the noise)
+Shape = Literal["flat", "decays", "grows", "U-shaped", "peaked", "oscillating"]
+MIN_SPEARMAN = 0.3  # |ρ| for a monotone trend; default RoPE constant curves give ρ ≈ −0.6 … −0.8
+_FORMAT = 1
+
+
+def vector(x: Any, what: str, dtype: torch.dtype = torch.float64) -> Tensor:
+    t = torch.as_tensor(x).detach().cpu()
+    if t.ndim != 1:
+        raise InputError(f"{what} must be 1-D, got shape {tuple(t.shape)}")
+    return t.to(dtype)
+
+
+def max_distance_arg(max_distance: int | None, n_pos: int) -> int:
+    """Default (n_pos − 1) or validate the largest distance to average over."""
+    if max_distance is None:
+        return n_pos - 1
+    if not isinstance(max_distance, int) or isinstance(max_distance, bool) or not 0 <= max_distance < n_pos:
+        raise InputError(f"max_distance must be an int in [0, {n_pos - 1}] for {n_pos} positions, got {max_distance!r}")
+    return max_distance
+
+
+def check_curve(distance: Tensor, arrays: dict[str, Tensor | None]) -> None:
+    if not isinstance(distance, Tensor) or distance.ndim != 1 or distance.numel() == 0 or distance.is_floating_point():
+        raise InputError(f"distance must be a non-empty 1-D integer tensor, got {distance!r}")
+    if (distance < 0).any() or (distance.diff() <= 0).any():
+        raise InputError("distance must be non-negative and strictly increasing")
+    for name, t in arrays.items():
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != tuple(distance.shape):
+            raise InputError(f"{name} has shape {tuple(t.shape)}, distance {tuple(distance.shape)}")
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise InputError(f"{name} has NaN or inf entries: check the input vectors")
+        if not t.is_floating_point() and (t < 1).any():
+            raise InputError(f"{name} must be ≥ 1 at every distance, got {t.tolist()[:8]}…")
+
+
+def curve_to_json(c: Any) -> dict[str, Any]:
+    opt = {k: (None if getattr(c, k) is None else getattr(c, k).tolist()) for k in ("std", "count")}
+    return {"distance": c.distance.tolist(), "mean": c.mean.tolist(), **opt}
+
+
+def curve_from_json(d: dict[str, Any]) -> dict[str, Any]:
+    f64 = lambda k: None if d[k] is None else torch.tensor(d[k], dtype=torch.float64)  # noqa: E731
+    count = None if d["count"] is None else torch.tensor(d["count"], dtype=torch.int64)
+    return {"distance": torch.tensor(d["distance"], dtype=torch.int64), "mean": f64("mean"),
+            "std": f64("std"), "count": count}
+
+
+class ByDistance:
+    """Methods shared by results that hold a curve over distance (mean, std, count per distance)."""
+
+    name: str
+    distance: Int[Tensor, " n_dist"]
+    mean: Float[Tensor, " n_dist"]
+    std: Float[Tensor, " n_dist"] | None
+    count: Int[Tensor, " n_dist"] | None
+
+    @property
+    def sem(self) -> Float[Tensor, " n_dist"] | None:
+        """Standard error of the mean at each distance (None when the curve is exact)."""
+        if self.std is None or self.count is None:
+            return None
+        return self.std / self.count.clamp(min=1).double().sqrt()
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy by-distance curve: one row per distance."""
+        cols = {"name": self.name, "distance": self.distance.numpy(), "mean": self.mean.numpy()}
+        for key, t in (("std", self.std), ("count", self.count), ("sem", self.sem)):
+            if t is not None:
+                cols[key] = t.numpy()
+        return pd.DataFrame(cols)
+
+    def line(self, name: str | None = None) -> go.Scatter:
+        """The by-distance mean as a plotly line trace (for overlays and subplots)."""
+        return go.Scatter(x=self.distance.tolist(), y=self.mean.tolist(), mode="lines",
+                          name=name or self.name or type(self).__name__)
+
+    def _band(self) -> list[go.Scatter]:
+        """±2 SEM band (about 95%) around the mean; empty when the curve is exact."""
+        sem = self.sem
+        if sem is None or not (sem > 0).any():
+            return []
+        x = self.distance.tolist()
+        lo, hi = (self.mean - 2 * sem).tolist(), (self.mean + 2 * sem).tolist()
+        return [go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", line={"width": 0},
+                           opacity=0.25, hoverinfo="skip", showlegend=False, name="±2 SEM")]
+
+
+@dataclass(frozen=True)
+class DecayCurve(ByDistance):
+    """A logit (or similarity) curve over distance δ = m − n; std and count when it is an estimate."""
+
+    name: str
+    kind: str  # "constant", "roformer_bound", "gaussian", "gaussian_mc", "measured", ...
+    distance: Int[Tensor, " n_dist"]
+    mean: Float[Tensor, " n_dist"]
+    std: Float[Tensor, " n_dist"] | None = None
+    count: Int[Tensor, " n_dist"] | None = None
+
+    def __post_init__(self) -> None:
+        check_curve(self.distance, {"mean": self.mean, "std": self.std, "count": self.count})
+
+    def normalised(self) -> DecayCurve:
+        """A copy divided by its value at δ = 0."""
+        if int(self.distance[0]) != 0:
+            raise InputError(f"{self.name!r} starts at distance {int(self.distance[0])}, not 0")
+        v0 = float(self.mean[0])
+        if v0 == 0.0:
+            raise InputError(f"{self.name!r} is 0 at distance 0 (e.g. a μ = 0 Gaussian): plot it raw")
+        std = None if self.std is None else self.std / abs(v0)
+        return replace(self, mean=self.mean / v0, std=std, name=f"{self.name} (÷ value at 0)")
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write JSON atomically."""
+        dump_json(path, {"type": "DecayCurve", "format": _FORMAT, "name": self.name,
+                                  "kind": self.kind, **curve_to_json(self)}, indent=None, allow_nan=False)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> DecayCurve:
+        """Read a result written by :meth:`save`."""
+        d = read_result_json(path, "DecayCurve", _FORMAT)
+        return cls(name=d["name"], kind=d["kind"], **curve_from_json(d))
+
+    def figure(self) -> go.Figure:
+        """The curve over distance, with a ±2 SEM band when it is an estimate."""
+        fig = go.Figure([*self._band(), self.line()])
+        fig.update_layout(title=f"{self.name} [{self.kind}]", xaxis_title="distance δ = m − n (tokens)",
+                          yaxis_title="mean logit q·k", showlegend=False)
+        return fig
+
+    def _repr_html_(self) -> str:
+        head = f"<b>{self.name}</b> [{self.kind}], distances {int(self.distance[0])}…{int(self.distance[-1])}"
+        if int((self.distance > 0).sum()) >= 4:
+            v = decay_verdict(self)
+            head += f": {v.verdict} (Spearman {v.spearman:.2f}, far/near {v.far_near_ratio:.2f})"
+        return head + self.to_frame().head(8).to_html(index=False)
+
+
+@dataclass(frozen=True)
+class DecayVerdict:
+    """Whether a by-distance curve decays, stays flat or grows, and the statistics behind it."""
+
+    verdict: Literal["decays", "flat", "grows"]
+    spearman: float  # rank correlation of mean with distance over δ ≥ 1 (NaN for a constant curve)
+    near_mean: float  # mean over the nearest quarter of distances δ ≥ 1
+    far_mean: float  # mean over the farthest quarter
+    far_near_ratio: float  # far_mean / near_mean (NaN when near_mean is 0)
+    noise: float  # |far − near| must exceed this: 2·(mean SEM near + mean SEM far); 0 if exact
+    n_distances: int
+
+
+def decay_verdict(curve: ByDistance, *, min_spearman: float = MIN_SPEARMAN) -> DecayVerdict:
+    """Call a curve "decays", "flat" or "grows" from its rank trend and near-vs-far change.
+
+    "decays": Spearman ρ(δ, mean) ≤ −min_spearman and far − near < −noise; "grows" mirrors it;
+    otherwise "flat". δ = 0 is left out: it is the self-pair, special in every scheme. ``noise`` uses
+    the mean SEM, not SEM/√n, because estimates at nearby δ share samples and are correlated.
+    """
+    keep = curve.distance > 0
+    x, y = curve.distance[keep].double().numpy(), curve.mean[keep].double().numpy()
+    if len(y) < 4:
+        raise InputError(f"need at least 4 distances δ ≥ 1 for a verdict, got {len(y)}: raise max_distance")
+    ry = pd.Series(y).rank().to_numpy()  # average ranks for ties, as Spearman's ρ wants
+    rho = float("nan") if ry.std() == 0 else float(np.corrcoef(pd.Series(x).rank(), ry)[0, 1])
+    q = max(1, len(y) // 4)
+    near, far = float(y[:q].mean()), float(y[-q:].mean())
+    sem = curve.sem
+    noise = 0.0 if sem is None else 2 * float(sem[keep][:q].mean() + sem[keep][-q:].mean())
+    verdict: Literal["decays", "flat", "grows"] = "flat"
+    if rho <= -min_spearman and far - near < -noise:
+        verdict = "decays"
+    elif rho >= min_spearman and far - near > noise:
+        verdict = "grows"
+    ratio = far / near if near != 0 else float("nan")
+    return DecayVerdict(verdict, rho, near, far, ratio, noise, len(y))
+
+
+def overlay(
+    results: list[ByDistance] | tuple[ByDistance, ...],
+    *,
+    normalised: bool = False,
+    title: str | None = None,
+) -> go.Figure:
+    """Several by-distance curves on one axis (models, schemes or heads side by side)."""
+    if not results:
+        raise InputError("overlay needs at least one by-distance curve (PESimilarity or DecayCurve)")
+    fig = go.Figure()
+    for i, r in enumerate(results):
+        if not isinstance(r, ByDistance):
+            raise TypeError(f"overlay draws PESimilarity or DecayCurve results, got {type(r).__name__} at {i}")
+        if normalised and isinstance(r, DecayCurve):
+            r = r.normalised()
+        fig.add_trace(r.line(name=r.name or f"curve {i}"))
+    y_title = "value ÷ value at δ = 0" if normalised else "mean by distance"
+    fig.update_layout(title=title or "by distance", xaxis_title="distance (tokens)", yaxis_title=y_title)
+    return fig
+
+
+# ============================================================================ the curve-shape verdict
+@dataclass(frozen=True)
+class CurveShape:
+    """What a curve over distance does, with the numbers behind the sentence in :attr:`text`.
+
+    A *leg* is a run between two turning points that moves by more than :attr:`threshold`
+    (``margin`` × the curve's range, and at least the noise); smaller wiggles are ignored. One leg
+    is a monotone curve, two legs a U (fall then rise) or a peak (rise then fall), three or more
+    an oscillation.
+    """
+
+    shape: Shape
+    text: str
+    start: float
+    end: float
+    start_at: float
+    end_at: float
+    min_value: float
+    min_at: float
+    max_value: float
+    max_at: float
+    range: float
+    threshold: float
+    turns: tuple[float, ...] = ()  # distances of the interior turning points
+    swings: tuple[float, ...] = ()  # |change| of every leg, in order
+    upper: tuple[float, float] | None = None  # oscillating: first and last maximum between turns
+    lower: tuple[float, float] | None = None  # oscillating: first and last minimum between turns
+    midline: tuple[float, float] | None = None  # oscillating: mean of the first and of the last two pivots
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fmt(x: float) -> str:
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    a = abs(x)
+    if a >= 1000 or a < 0.01:
+        return f"{x:.3g}"
+    return f"{x:.3f}" if a < 1 else f"{x:.2f}"
+
+
+def at_distance(x: float) -> str:
+    return f"δ = {x:g}" if float(x).is_integer() else f"δ ≈ {x:.0f}" if x >= 10 else f"δ ≈ {x:.1f}"
+
+
+def _pivots(v: np.ndarray, h: float) -> list[int]:
+    """Turning points that bound moves larger than ``h`` (a zigzag with hysteresis), first and last included."""
+    hi = lo = 0
+    direction = 0
+    ext = 0
+    pivots: list[int] = []
+    for i in range(1, len(v)):
+        if direction == 0:
+            hi = i if v[i] > v[hi] else hi
+            lo = i if v[i] < v[lo] else lo
+            if v[hi] - v[lo] > h:
+                if lo < hi:
+                    pivots.append(lo)
+                    direction, ext = 1, hi
+                else:
+                    pivots.append(hi)
+                    direction, ext = -1, lo
+        elif direction > 0:
+            if v[i] > v[ext]:
+                ext = i
+            elif v[ext] - v[i] > h:
+                pivots.append(ext)
+                direction, ext = -1, i
+        else:
+            if v[i] < v[ext]:
+                ext = i
+            elif v[i] - v[ext] > h:
+                pivots.append(ext)
+                direction, ext = 1, i
+    if direction != 0:
+        pivots.append(ext)
+    return pivots
+
+
+def describe_curve(
+    values: Any,
+    distances: Any,
+    *,
+    margin: float = MARGIN,
+    noise: Any = None,
+    scale: float | None = None,
+    log: bool = False,
+    atol: float = 1e-9,
+) -> CurveShape:
+    """The shape of a curve over distance, described as it is.
+
+    - **flat**: its range is within ``margin`` × ``scale`` (default: its largest |value|), or below
+      ``atol`` or the noise;
+    - **decays** / **grows**: one leg (wiggles smaller than the threshold ignored);
+    - **U-shaped**: falls, then rises again by more than the threshold; its minimum is named;
+    - **peaked**: rises, then falls;
+    - **oscillating**: three or more legs; the sentence gives the number of turns, the swings
+      (first, last, median) and the midline the curve oscillates around, from its start to its end,
+      and the envelope (first and last maximum and minimum).
+
+    The threshold a leg must exceed is ``margin`` × the curve's range, and at least twice the mean
+    of ``noise`` (a standard error per point, or one number) when given. With ``log`` the shape is
+    read from log10 of the (positive) values — for probabilities, which span orders of magnitude —
+    so a leg must change the value by a factor, and flat means max ÷ min ≤ 1 + ``margin``; the
+    sentence still quotes the values. NaN points are dropped. Unlike a rank-trend verdict, an
+    oscillating curve is never called flat or monotone.
+    """
+    raw = torch.as_tensor(values, dtype=torch.float64).detach().cpu().flatten().numpy()
+    x = torch.as_tensor(distances, dtype=torch.float64).detach().cpu().flatten().numpy()
+    if raw.shape != x.shape:
+        raise InputError(f"values ({raw.size}) and distances ({x.size}) must have the same length")
+    margin = check_number(margin, "margin", above=0, at_most=1, hint=" (a fraction of the curve's range)")
+    ns = None
+    if noise is not None:
+        ns = np.broadcast_to(torch.as_tensor(noise, dtype=torch.float64).detach().cpu().numpy(), raw.shape)
+    keep = np.isfinite(raw) & np.isfinite(x)
+    raw, x = raw[keep], x[keep]
+    if raw.size < 3:
+        raise InputError(f"need at least 3 finite points to describe a curve, got {raw.size}")
+    if np.any(np.diff(x) <= 0):
+        raise InputError("distances must increase strictly")
+    if log and np.any(raw <= 0):
+        raise InputError("log=True needs positive values (probabilities, norms): drop log for signed curves")
+    v = np.log10(raw) if log else raw
+    noise_level = 0.0
+    if ns is not None:
+        per = ns[keep] / raw / math.log(10) if log else ns[keep]
+        noise_level = 2 * float(np.nanmean(np.abs(per)))
+    vmin, vmax = float(v.min()), float(v.max())
+    rng = vmax - vmin
+    threshold = max(margin * rng, noise_level)
+    imin, imax = int(v.argmin()), int(v.argmax())
+    base = dict(start=float(raw[0]), end=float(raw[-1]), start_at=float(x[0]), end_at=float(x[-1]),
+                min_value=float(raw[imin]), min_at=float(x[imin]), max_value=float(raw[imax]), max_at=float(x[imax]),
+                range=float(raw[imax] - raw[imin]), threshold=threshold)
+    val = lambda i: f"{_fmt(raw[i])} at {at_distance(x[i])}"  # noqa: E731
+    swing = (lambda d: f"×{10 ** d:.2f}") if log else _fmt  # noqa: E731
+    span = f"from {at_distance(x[0])} to {at_distance(x[-1])}"
+    if log:
+        flat = rng <= max(math.log10(1 + margin), noise_level)
+    else:
+        s = float(np.abs(v).max()) if scale is None else abs(float(scale))
+        flat = rng <= max(atol, margin * s, noise_level)
+    if flat:
+        text = f"flat: stays within {_fmt(vmin if not log else raw[imin])} … {_fmt(raw[imax])} " \
+               f"(mean {_fmt(float(raw.mean()))}) {span}"
+        if log:
+            text += f", max ÷ min {raw[imax] / raw[imin]:.2f}"
+        elif rng > atol and s > 0:
+            text += f", a range of {rng / s:.0%} of its largest magnitude"
+        return CurveShape("flat", text, **base)
+    piv = _pivots(v, threshold)
+    swings = tuple(float(abs(v[b] - v[a])) for a, b in zip(piv, piv[1:]))
+    turns = tuple(float(x[i]) for i in piv[1:-1])
+    legs = len(piv) - 1
+    rule = f"threshold {margin:.0%} of the {'log-' if log else ''}range"
+    if legs <= 1:
+        a, b = (piv[0], piv[-1]) if legs == 1 else (0, len(v) - 1)
+        shape: Shape = "decays" if v[b] < v[a] else "grows"
+        text = f"monotone, {shape}: {'falls' if shape == 'decays' else 'rises'} from {val(a)} to {val(b)}"
+        if raw[a] > 0 and raw[b] > 0:
+            text += f" ({_fmt(raw[b] / raw[a])}× its value at {at_distance(x[a])})"
+        if b < len(v) - 1:
+            text += f", then changes by less than the threshold to {val(len(v) - 1)}"
+        return CurveShape(shape, text, turns=turns, swings=swings, **base)
+    if legs == 2:
+        a, t, b = piv
+        if v[t] < v[a]:
+            text = (f"U-shaped: falls from {val(a)} to its minimum {val(t)}, then rises again to {val(b)} "
+                    f"(the rise is {swings[1] / swings[0]:.0%} of the fall and {swings[1] / rng:.0%} of the "
+                    f"{'log-' if log else ''}range; {rule})")
+            return CurveShape("U-shaped", text, turns=turns, swings=swings, **base)
+        text = (f"peaked: rises from {val(a)} to its maximum {val(t)}, then falls to {val(b)} "
+                f"(the fall is {swings[1] / swings[0]:.0%} of the rise; {rule})")
+        return CurveShape("peaked", text, turns=turns, swings=swings, **base)
+    # pivots alternate between maxima and minima; the first one only starts the first leg
+    is_max = [bool(v[p] > v[piv[j - 1]]) for j, p in enumerate(piv) if j > 0]
+    maxima = [p for p, m in zip(piv[1:], is_max) if m]
+    minima = [p for p, m in zip(piv[1:], is_max) if not m]
+    upper = (float(raw[maxima[0]]), float(raw[maxima[-1]])) if maxima else None
+    lower = (float(raw[minima[0]]), float(raw[minima[-1]])) if minima else None
+    mid = lambda ix: float(10 ** v[ix].mean()) if log else float(v[ix].mean())  # noqa: E731
+    midline = (mid(piv[:2]), mid(piv[-2:]))
+    m0, m1 = v[piv[:2]].mean(), v[piv[-2:]].mean()
+    trend = "falls" if m1 < m0 - threshold else "rises" if m1 > m0 + threshold else "stays level"
+    text = (f"oscillating: {len(turns)} turns between {at_distance(turns[0])} and {at_distance(turns[-1])} (starting from {val(piv[0])}); "
+            f"swings from {swing(swings[0])} to {swing(swings[-1])} (median {swing(float(np.median(swings)))}) around "
+            f"a midline that {trend} from {_fmt(midline[0])} to {_fmt(midline[1])}")
+    if upper and lower:
+        text += f"; envelope: maxima {_fmt(upper[0])} → {_fmt(upper[1])}, minima {_fmt(lower[0])} → {_fmt(lower[1])}"
+    return CurveShape("oscillating", text, turns=turns, swings=swings, upper=upper, lower=lower, midline=midline,
+                      **base)

@@ -1,0 +1,129 @@
+"""Provenance of results: model, data, config, package versions and git commit."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import importlib.metadata as md
+import platform
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Provenance", "git_commit", "tested_versions", "untested_versions", "version_report", "versions"]
+
+_PACKAGES = ("ropelens", "torch", "transformers", "transformer-lens", "numpy", "pandas", "plotly")
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """Installed versions of the packages a result depends on, and Python's."""
+    out = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def tested_versions() -> dict[str, str]:
+    """The versions ropelens was tested with (``tested_versions.txt``, the constraints ``scripts/setup.sh``
+    installs by default), by distribution name; empty where the file is not shipped."""
+    path = Path(__file__).parents[1] / "tested_versions.txt"  # at the package root
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep and not name.startswith("#"):
+            out[_canonical(name)] = version
+    return out
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def untested_versions() -> dict[str, tuple[str, str]]:
+    """Packages whose installed version is not the tested one: name → (installed, tested)."""
+    tested = tested_versions()
+    out = {}
+    for name, have in versions().items():
+        want = tested.get(_canonical(name))
+        if want is not None and have.split("+")[0] != want.split("+")[0]:
+            out[name] = (have, want)
+    return out
+
+
+def version_report() -> str:
+    """What ``ropelens --version`` prints: the versions in use, and which differ from the tested stack."""
+    v = versions()
+    lines = [f"ropelens {v['ropelens']} (commit {git_commit() or 'unknown'})",
+             "  " + ", ".join(f"{k} {x}" for k, x in v.items() if k != "ropelens")]
+    off = untested_versions()
+    if off:
+        lines.append("  not the tested stack: " + ", ".join(f"{k} {have} (tested {want})" for k, (have, want) in off.items())
+                     + "; bash scripts/setup.sh installs the tested versions")
+    elif tested_versions():
+        lines.append("  the tested stack (tested_versions.txt)")
+    return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """The commit of the ropelens checkout in use (with '+dirty' for local changes), if any."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here, capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "") if sha else None
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a result came from: enough to reproduce it."""
+
+    model: str
+    corpus: str | None = None
+    corpus_sha256: str | None = None
+    n_tokens: int | None = None
+    n_windows: int | None = None
+    n_ctx: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=versions)
+    commit: str | None = field(default_factory=git_commit)
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Provenance:
+        return cls(**d)
+
+    def merged(self, other: Provenance) -> Provenance:
+        """Provenance of the merge of two partial results over the same model and config."""
+        add = lambda a, b: None if a is None or b is None else a + b  # noqa: E731
+        return Provenance(
+            model=self.model,
+            corpus=self.corpus if self.corpus == other.corpus else f"{self.corpus}+{other.corpus}",
+            corpus_sha256=self.corpus_sha256 if self.corpus_sha256 == other.corpus_sha256 else None,
+            n_tokens=add(self.n_tokens, other.n_tokens),
+            n_windows=add(self.n_windows, other.n_windows),
+            n_ctx=self.n_ctx,
+            config=self.config,
+            versions=self.versions,
+            commit=self.commit,
+            seconds=add(self.seconds, other.seconds),
+        )

@@ -1,0 +1,203 @@
+"""The base of every ropelens result: one file format, one loader, one merge, one Jupyter view.
+
+A result class declares its file's kind and format once (``KIND = "FrequencyUsage"; FORMAT = 1``)
+and gives ``to_dict``/``from_dict``; :class:`Result` writes ``{"type": KIND, "format": FORMAT, ...}``
+atomically, checks both on reading, and registers the class under its kind so that
+:func:`load_result` reads any result file without being told its class.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from torch import Tensor
+
+from ropelens.errors import InputError
+from ropelens.results.display import plotly_bundle
+from ropelens.results.findings import Finding
+from ropelens.results.serialize import dump_json
+
+__all__ = ["Result", "load_result", "registered"]
+
+R = TypeVar("R", bound="Result")
+_REGISTRY: dict[str, type[Result]] = {}
+
+
+class Result:
+    """Base of every result: save/load, merge of summed results, findings and the Jupyter repr.
+
+    Subclasses (frozen dataclasses) set ``KIND`` and ``FORMAT`` and implement ``to_dict`` (without
+    the type and format keys), ``from_dict``, ``to_frame`` and ``figure``. Results made of sums set
+    ``MERGE_SAME`` (fields two partial results must share) and ``MERGE_SUMS`` (fields that add: a
+    tensor, a value with a ``merge`` method, or a dict of them) and get :meth:`merge` for free.
+    """
+
+    KIND: ClassVar[str]
+    FORMAT: ClassVar[int]
+    # Files written before the result base carried no format (and some no type): a missing key reads as this class's.
+    UNVERSIONED: ClassVar[bool] = False
+    JSON_OPTIONS: ClassVar[dict[str, Any]] = {}  # extra dump_json arguments (indent, allow_nan)
+    MERGE_SAME: ClassVar[tuple[str, ...]] = ()
+    MERGE_SUMS: ClassVar[tuple[str, ...]] = ()
+    MERGE_HINT: ClassVar[str] = "measure both with the same settings"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("KIND")
+        if kind is None:
+            return
+        known = _REGISTRY.get(kind)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise TypeError(f"result kind {kind!r} is taken by {known.__module__}.{known.__qualname__}")
+        _REGISTRY[kind] = cls
+
+    # ---------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        """The result's content as JSON-ready values (the file without its type and format keys)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement to_dict")
+
+    @classmethod
+    def from_dict(cls: type[R], d: dict[str, Any]) -> R:
+        """Inverse of :meth:`to_dict`."""
+        raise NotImplementedError(f"{cls.__name__} must implement from_dict")
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the result as JSON atomically (a temp file renamed into place)."""
+        dump_json(path, {"type": self.KIND, "format": self.FORMAT, **self.to_dict()}, **self.JSON_OPTIONS)
+
+    @classmethod
+    def load(cls: type[R], path: str | os.PathLike[str]) -> R:
+        """Read a file written by :meth:`save`, checking its kind and format."""
+        return cls._from_file(_read_json(path), path)
+
+    @classmethod
+    def _from_file(cls: type[R], d: dict[str, Any], path: str | os.PathLike[str]) -> R:
+        default = cls.KIND if cls.UNVERSIONED else None
+        kind = d.pop("type", default)
+        fmt = d.pop("format", cls.FORMAT if cls.UNVERSIONED else None)
+        if kind != cls.KIND:
+            raise InputError(f"{path} does not hold {cls.KIND}: it holds a {kind!r} result, not {cls.KIND!r}; "
+                             "load it with ropelens.results.result.load_result(path)")
+        if fmt != cls.FORMAT:
+            raise InputError(f"{path} has {cls.KIND} format {fmt!r}; this ropelens reads format {cls.FORMAT}: "
+                             "write it again with this version")
+        return cls.from_dict(d)
+
+    # ---------------------------------------------------------------- merge
+    def merge(self: R, other: R) -> R:
+        """Exact merge of two partial results over the same settings: their sums add."""
+        if not self.MERGE_SUMS:
+            raise InputError(f"{self.KIND} results do not merge: measure once over all the input")
+        if type(other) is not type(self):
+            raise TypeError(f"can only merge {type(self).__name__} with {type(self).__name__}, got {type(other).__name__}")
+        self._check_mergeable(other)
+        sums = {name: _add(getattr(self, name), getattr(other, name)) for name in self.MERGE_SUMS}
+        return replace(self, **sums, provenance=self.provenance.merged(other.provenance))  # type: ignore[attr-defined,type-var]
+
+    def _check_mergeable(self, other: Result) -> None:
+        """Raise naming the first setting (or set of sums) the two results do not share."""
+        keyed = [s for s in self.MERGE_SUMS if isinstance(getattr(self, s), dict)]
+        names = ", ".join((*self.MERGE_SAME, *(f"{s} keys" for s in keyed)))
+        pairs = [(n, _comparable(getattr(self, n)), _comparable(getattr(other, n))) for n in self.MERGE_SAME]
+        pairs += [(f"{s} keys", sorted(getattr(self, s)), sorted(getattr(other, s))) for s in keyed]
+        for name, a, b in pairs:
+            if a != b:
+                shown = f" ({a!r} vs {b!r})" if len(repr(a)) + len(repr(b)) < 120 else ""
+                raise InputError(f"can only merge {self.KIND} results with the same {names}: {name} differs{shown}; "
+                                 f"{self.MERGE_HINT}")
+
+    @staticmethod
+    def _check_shape(name: str, tensor: Tensor, expected: tuple[int | None, ...], labels: str = "") -> None:
+        """Raise unless ``tensor`` has ``expected`` shape (None: any size on that axis)."""
+        got = tuple(tensor.shape)
+        if len(got) != len(expected) or any(e is not None and g != e for g, e in zip(got, expected)):
+            want = ", ".join("any" if e is None else str(e) for e in expected)
+            raise InputError(f"{name} has shape {got}, expected ({want}){labels}: pass sums from the same reducer")
+
+    # ---------------------------------------------------------------- views
+    def to_frame(self) -> Any:
+        """The result as a tidy pandas table."""
+        raise NotImplementedError(f"{type(self).__name__} must implement to_frame")
+
+    def figure(self) -> Any:
+        """The result's plotly figure."""
+        raise NotImplementedError(f"{type(self).__name__} must implement figure")
+
+    def findings(self) -> list[Finding]:
+        """Sentences written from the measured numbers (none unless the result writes some)."""
+        return []
+
+    def _repr_text(self) -> str:
+        name = getattr(self, "name", None)
+        parts = [name] if isinstance(name, str) else []
+        prov = getattr(self, "provenance", None)
+        if prov is not None:
+            parts.append(str(prov.model))
+        layers = getattr(self, "layers", None)
+        if layers is not None:
+            parts.append(f"layers {list(layers)}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
+        """Jupyter shows the plotly figure (offline: no CDN script); plain text names the result."""
+        return plotly_bundle(self.figure(), self._repr_text())
+
+
+def _add(a: Any, b: Any) -> Any:
+    if isinstance(a, dict):
+        return {k: _add(v, b[k]) for k, v in a.items()}
+    return a.merge(b) if hasattr(a, "merge") else a + b
+
+
+def _comparable(v: Any) -> Any:
+    if hasattr(v, "to_dict"):
+        return v.to_dict()
+    if isinstance(v, Tensor):
+        return v.tolist()
+    return v
+
+
+def _read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        d = json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path} is not a ropelens JSON result ({e}): pass a file written by .save()") from e
+    if not isinstance(d, dict):
+        raise InputError(f"{path} holds JSON {type(d).__name__}, not a ropelens result: pass a file written by .save()")
+    return d
+
+
+def registered() -> dict[str, type[Result]]:
+    """Every result class by the kind its files carry."""
+    return dict(_REGISTRY)
+
+
+def load_result(path: str | os.PathLike[str]) -> Result:
+    """Read any result file, whichever class wrote it (dispatched on the file's ``type``)."""
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    if head[:1] not in (b"{", b"["):
+        # safetensors files open with their header's length, not JSON; only attention decompositions write them
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), "pt") as st:
+                kind = (st.metadata() or {}).get("type", "AttentionDecomposition")
+        except (SafetensorError, OSError) as e:
+            raise InputError(f"{path} is neither a ropelens JSON result nor a safetensors file ({e}): "
+                             "pass a file written by .save()") from e
+        return _class_of(kind, path).load(path)
+    d = _read_json(path)
+    return _class_of(d.get("type"), path)._from_file(d, path)
+
+
+def _class_of(kind: Any, path: str | os.PathLike[str]) -> type[Result]:
+    if kind not in _REGISTRY:
+        raise InputError(f"{path} holds a {kind!r} result, which ropelens does not know (known: {sorted(_REGISTRY)}): "
+                         "load a file written by a ropelens result's .save(), or load an untyped file with its class")
+    return _REGISTRY[kind]
+

@@ -1,0 +1,243 @@
+"""Streaming per-head query/key capture.
+
+One forward pass per batch; hooks hand each layer's tensors to *reducers*, which fold them into
+running sums and drop them, so memory does not grow with the corpus. Reducers are mergeable:
+partial results from separate runs add up exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ropelens.backends.acts import NEEDS, LayerActs, Reducer
+from ropelens.devices import device_of
+from ropelens.errors import InputError
+from ropelens.spec.rope import RopeSpec
+
+__all__ = ["DeviceSums", "LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "sum_dtype"]
+
+
+
+def sum_dtype(device: torch.device) -> torch.dtype:
+    """What running sums accumulate in on ``device``: float64, or float32 on MPS (which has no float64)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+# band-logit entries per tile: 2^21 (8 MiB of float32) measured best on the CPU (benchmarks/core_bench.py
+# --tile); on accelerators larger tiles amortise kernel launches
+TILE_ELEMENTS = {"cpu": 1 << 21}
+TILE_ELEMENTS_ACCELERATOR = 1 << 26
+MIN_TILE = 16  # queries: below this, per-tile overhead dominates whatever the memory
+def query_tile(device: torch.device, entries_per_query: int) -> int:
+    """Queries per tile, so one tile holds about the device's element budget (at least MIN_TILE): the
+    tiling policy of every tiled reducer (band statistics, sinks, distance, offsets)."""
+    budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
+    return max(MIN_TILE, budget // max(1, entries_per_query))
+
+
+class DeviceSums:
+    """Base of reducers whose running sums ``self.sums`` (built on the CPU) live where the activations
+    do: moved once, to the device the first activations live on, in :func:`sum_dtype` of it; layers a
+    device map puts elsewhere send their per-batch results there. No host round trip per update."""
+
+    sums: dict[str, Tensor]
+    _placed = False
+
+    def _on(self, device: torch.device) -> dict[str, Tensor]:
+        """The running sums, moved once to the device the first activations live on (layers a device
+        map puts elsewhere send their per-batch results there)."""
+        if not self._placed:
+            self.sums = {k: v.to(device, sum_dtype(device)) for k, v in self.sums.items()}
+            self._placed = True
+        return self.sums
+
+
+@dataclass
+class Moments:
+    """Mergeable running count, sum and sum of squares of a tensor-valued statistic."""
+
+    count: Tensor
+    total: Tensor
+    total_sq: Tensor
+
+    @classmethod
+    def zeros(cls, shape: Sequence[int]) -> Moments:
+        z = lambda: torch.zeros(tuple(shape), dtype=torch.float64)  # noqa: E731
+        return cls(z(), z(), z())
+
+    def add(self, x: Tensor, weight: Tensor | float = 1.0, dim: int | Sequence[int] = 0) -> None:
+        """Add samples ``x`` (weighted 0/1 to mask) summed over ``dim``."""
+        x = x.double()
+        w = torch.as_tensor(weight, dtype=torch.float64, device=x.device).expand_as(x)
+        self.count += w.sum(dim).cpu()
+        self.total += (x * w).sum(dim).cpu()
+        self.total_sq += (x * x * w).sum(dim).cpu()
+
+    def merge(self, other: Moments) -> Moments:
+        return Moments(self.count + other.count, self.total + other.total, self.total_sq + other.total_sq)
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Moments:
+        """The same sums on ``device`` (in :func:`sum_dtype` of it unless ``dtype`` is given)."""
+        device = torch.device(device)
+        dtype = dtype or sum_dtype(device)
+        return Moments(self.count.to(device, dtype), self.total.to(device, dtype), self.total_sq.to(device, dtype))
+
+    @property
+    def mean(self) -> Tensor:
+        return self.total / self.count.clamp_min(1)
+
+    @property
+    def std(self) -> Tensor:
+        """Sample standard deviation (n − 1 denominator)."""
+        n = self.count
+        var = (self.total_sq - self.total**2 / n.clamp_min(1)) / (n - 1).clamp_min(1)
+        return var.clamp_min(0).sqrt()
+
+    def sem(self) -> Tensor:
+        """Standard error of the mean."""
+        return self.std / self.count.clamp_min(1).sqrt()
+
+    def to_dict(self) -> dict[str, list]:
+        return {"count": self.count.tolist(), "total": self.total.tolist(), "total_sq": self.total_sq.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, list]) -> Moments:
+        t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+        return cls(t(d["count"]), t(d["total"]), t(d["total_sq"]))
+
+
+def batches(
+    tokens: Int[Tensor, "n pos"], batch_size: int
+) -> Iterator[Int[Tensor, "b pos"]]:
+    """Split a window tensor into batches."""
+    if tokens.ndim != 2:
+        raise InputError(f"tokens must be [n_windows, n_ctx], got shape {tuple(tokens.shape)}")
+    if batch_size < 1:
+        raise InputError(f"batch_size must be ≥ 1, got {batch_size}")
+    for i in range(0, tokens.shape[0], batch_size):
+        yield tokens[i : i + batch_size]
+
+
+def stream(
+    model,
+    data: Iterable[Tensor | tuple[Tensor, Tensor]],
+    reducers: Sequence[Reducer],
+    *,
+    layers: Sequence[int] | None = None,
+    spec: RopeSpec | None = None,
+    progress: bool = True,
+    desc: str = "ropelens",
+    total: int | None = None,
+    fast: bool = True,
+) -> int:
+    """Run the model over ``data`` (token batches, or ``(tokens, valid)`` pairs for right padding).
+
+    ``valid`` marks each row's real tokens, which must come first (right padding): positions are
+    indices in the window, so left padding or a gap is refused (:func:`ropelens.backends.sdpa_capture.right_padded`).
+
+    Calls every reducer once per layer per batch; returns the number of valid tokens seen. The
+    forward stops after the last requested layer (on the fast path, at its rotation). When the
+    reducers need only queries and keys and ``fast`` is on, the HF model runs with its own sdpa
+    attention (:mod:`ropelens.backends.sdpa_capture`) instead of the bridge, where the family allows it; the
+    numbers are the same (your own bridge hooks do not fire on that path: pass ``fast=False`` to
+    keep them). One host synchronisation per batch asks whether it holds padding; reducers read the
+    answer from :attr:`LayerActs.padded`.
+    """
+    from ropelens.backends import backend_of
+    from ropelens.backends.sdpa_capture import QK_NEEDS, fast_qk, right_padded
+    from ropelens.spec.reading import rope_spec
+
+    spec = spec if spec is not None else rope_spec(model)
+    chosen = spec.layer_indices(layers, rotary_only=layers is None)  # NoPE layers only when named
+    if not chosen:
+        raise InputError("no layers selected: pass layer indices the model has")
+    needs = frozenset().union(*(r.needs for r in reducers))
+    unknown = needs - NEEDS
+    if unknown:
+        raise InputError(f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}")
+    backend = backend_of(model)
+    # the fast path taps rotations, which NoPE layers never make: those go through the backend's capture
+    use_fast = fast and needs <= QK_NEEDS and all(spec.layers[L].rotary for L in chosen)
+    n_tok, padded_tok = 0, None  # tokens of unpadded batches (known on the host), of padded ones (on the device)
+    device = device_of(model)
+    with torch.no_grad(), contextlib.ExitStack() as session:
+        run = None
+        for item in tqdm(data, desc=desc, total=total, disable=not progress, unit="batch"):
+            toks, valid = item if isinstance(item, tuple) else (item, None)
+            toks = toks.to(device)
+            valid = torch.ones_like(toks, dtype=torch.bool) if valid is None else valid.to(device).bool()
+            if valid.shape != toks.shape:
+                raise InputError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
+            n = toks.shape[1]
+            for L in chosen:  # an analysis that assumes the causal mask, on a layer whose indexer drops keys here
+                for r in reducers:
+                    if getattr(r, "static_mask", None):
+                        spec.layers[L].require_static_mask(n, r.static_mask)
+            # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask), and is it
+            # right padding (positions are indices in the window: anything else is refused, not measured wrong)
+            padded = right_padded(valid)
+            if padded:
+                padded_tok = valid.sum() if padded_tok is None else padded_tok + valid.sum()
+            else:
+                n_tok += valid.numel()
+            def fold(L: int, tensors: dict[str, Tensor], valid: Tensor = valid, padded: bool = padded) -> None:
+                acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid, tensors=tensors, padded=padded)
+                for r in reducers:
+                    r.update(acts)
+
+            if use_fast:
+                got = fast_qk(model, spec, toks, valid, chosen, keep=needs, on_layer=fold, padded=padded)
+                if got is not None:
+                    for L in sorted(got):  # layers not handed over while the forward ran (first batch)
+                        fold(L, got[L])
+                    continue
+            use_fast = False  # this model cannot take the fast path: every batch takes the backend's capture
+            if run is None:
+                run = session.enter_context(backend.capture_session(spec, chosen, reducers))
+            run(toks, valid, padded, fold)
+    return n_tok + (0 if padded_tok is None else int(padded_tok))
+
+
+@dataclass
+class _Keep:
+    """Reducer that keeps the tensors (for small inputs: decomposition of given tokens)."""
+
+    needs: frozenset[str]
+    kept: dict[int, LayerActs] = field(default_factory=dict)
+
+    def update(self, acts: LayerActs) -> None:
+        prev = self.kept.get(acts.layer)
+        if prev is None:
+            self.kept[acts.layer] = acts
+            return
+        for k, v in acts.tensors.items():
+            prev.tensors[k] = torch.cat([prev.tensors[k], v])
+        prev.valid = torch.cat([prev.valid, acts.valid])
+
+
+def capture_qk(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    *,
+    layers: Sequence[int] | None = None,
+    which: Iterable[str] = ("q_pre", "k_pre", "q_post", "k_post"),
+    batch_size: int = 8,
+    progress: bool = False,
+    fast: bool = True,
+    spec: RopeSpec | None = None,
+) -> dict[int, LayerActs]:
+    """Capture per-head tensors for ``tokens`` and keep them: ``{layer: LayerActs}``.
+
+    Keys are KV heads (query head h reads KV head ``h // rope.group_size``). ``spec`` (default: read
+    from the model) says how the tensors are laid out (the probe passes the reading it checks).
+    """
+    keep = _Keep(needs=frozenset(which))
+    stream(model, batches(tokens, batch_size), [keep], layers=layers, progress=progress, fast=fast, spec=spec)
+    return keep.kept

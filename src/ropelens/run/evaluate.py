@@ -1,0 +1,247 @@
+"""Next-token loss per window and bootstrap confidence intervals over windows.
+
+Windows are the unit of resampling: tokens inside one window are correlated, windows cut from
+different stretches of text far less so, so the CI of a mean loss is taken over windows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ropelens.devices import device_of
+from ropelens.errors import InputError
+from ropelens.results.serialize import dump_json
+
+__all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "is_bridge", "loss_estimate",
+           "loss_path", "window_losses"]
+
+
+def _check_tokens(tokens: Any) -> Tensor:
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int):
+        got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise InputError(
+            f"tokens must be an integer tensor [n_windows, n_ctx], got {got}: build it with "
+            "ropelens.run.data.windows(corpus, tokenizer, n_ctx)"
+        )
+    if tokens.shape[0] < 1 or tokens.shape[1] < 2:
+        raise InputError(
+            f"tokens has shape {tuple(tokens.shape)}: need at least one window of at least 2 tokens"
+        )
+    return tokens.long()
+
+
+def is_bridge(model: Any) -> bool:
+    """Whether ``model`` is a TransformerLens bridge (deprecated: ``ropelens.backends.backend_of(model).tl_view``)."""
+    from ropelens.backends import backend_of
+
+    return backend_of(model).tl_view
+
+
+def loss_path(model: Any, path: str = "auto") -> str:
+    """Which forward :func:`window_losses` runs: ``"sdpa"`` (the HF model with sdpa attention and every RoPE
+    variant and plane ablation in force, :func:`ropelens.backends.sdpa.on_sdpa`), ``"bridge"`` or ``"hf"`` (a plain HF model).
+
+    ``"auto"`` takes sdpa for a bridge where :func:`ropelens.backends.sdpa.sdpa_ready` holds, else the bridge (another
+    hook or intervention is in force, or the family rotates where the sdpa path cannot reach).
+    """
+    if path not in ("auto", "sdpa", "bridge"):
+        raise InputError(f"path must be 'auto', 'sdpa' or 'bridge', got {path!r}")
+    from ropelens.backends import backend_of
+
+    return backend_of(model).loss_path(path)
+
+
+def window_losses(
+    model: Any, tokens: Int[Tensor, "n_windows n_ctx"], batch_size: int = 4, progress: bool = True,
+    path: str = "auto",
+) -> Float[Tensor, " n_windows"]:
+    """Mean next-token loss (nats) of each window, without gradients, on CPU.
+
+    ``model`` is a TransformerLens bridge (``ropelens.load_model``) or an HF causal LM; any RoPE
+    variant or ablation context active around the call applies. ``path`` chooses the forward
+    (:func:`loss_path`): by default a bridge runs as its HF model with sdpa attention, the
+    interventions applied where it rotates, in memory linear in the length.
+    """
+    tokens = _check_tokens(tokens)
+    if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive int, got {batch_size!r}")
+    device = device_of(model)
+    starts = range(0, tokens.shape[0], int(batch_size))
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="windows", unit="batch", leave=False)
+    out = []
+    from ropelens.backends import backend_of
+
+    with torch.no_grad(), backend_of(model).loss_forward(loss_path(model, path)) as losses:
+        for s in starts:
+            out.append(losses(tokens[s : s + batch_size].to(device)).cpu())
+    return torch.cat(out)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate with a percentile bootstrap interval [lo, hi] at level 1 − alpha."""
+
+    mean: float
+    lo: float
+    hi: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "lo": self.lo, "hi": self.hi}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, float]) -> Estimate:
+        return cls(float(d["mean"]), float(d["lo"]), float(d["hi"]))
+
+    def __str__(self) -> str:
+        return f"{self.mean:.4g} [{self.lo:.4g}, {self.hi:.4g}]"
+
+
+@dataclass(frozen=True)
+class LossEstimate:
+    """Mean loss over windows and the perplexity exp(loss), each with its bootstrap CI."""
+
+    loss: Estimate
+    perplexity: Estimate
+    n_windows: int
+    n_boot: int
+    alpha: float
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "loss": self.loss.to_dict(),
+            "perplexity": self.perplexity.to_dict(),
+            "n_windows": self.n_windows,
+            "n_boot": self.n_boot,
+            "alpha": self.alpha,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LossEstimate:
+        return cls(
+            Estimate.from_dict(d["loss"]),
+            Estimate.from_dict(d["perplexity"]),
+            int(d["n_windows"]),
+            int(d["n_boot"]),
+            float(d["alpha"]),
+            int(d["seed"]),
+        )
+
+
+def _as_values(values: Any) -> Tensor:
+    try:
+        v = torch.as_tensor(values, dtype=torch.float64).flatten()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InputError(f"values must be a 1-D sequence of numbers, got {type(values).__name__}") from e
+    if v.numel() == 0:
+        raise InputError("values is empty: the bootstrap needs at least one window's loss")
+    if not torch.isfinite(v).all():
+        raise InputError(
+            f"values holds non-finite entries (e.g. {v[~torch.isfinite(v)][0].item()}): a window "
+            "diverged; check the model or drop those windows"
+        )
+    return v
+
+
+def bootstrap_ci(
+    values: Float[Tensor, " n"] | Sequence[float],
+    n_boot: int = 2000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> LossEstimate:
+    """Mean of ``values`` (per-window losses) with a percentile bootstrap CI, and of exp(mean).
+
+    The perplexity CI is the loss CI mapped through exp, which is monotone, so it is exactly the
+    percentile interval of the resampled perplexities. Seeded: the same inputs give the same CI.
+    """
+    v = _as_values(values)
+    if not isinstance(n_boot, numbers.Integral) or isinstance(n_boot, bool) or n_boot < 1:
+        raise InputError(f"n_boot must be a positive int, got {n_boot!r} (2000 is usual)")
+    if not isinstance(alpha, numbers.Real) or not 0 < alpha < 1:
+        raise InputError(f"alpha must be strictly between 0 and 1, got {alpha!r} (0.05 for a 95% CI)")
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise InputError(f"seed must be an int, got {seed!r}")
+    g = torch.Generator().manual_seed(int(seed))
+    idx = torch.randint(0, v.numel(), (int(n_boot), v.numel()), generator=g)
+    means = v[idx].mean(dim=1)
+    mean = v.mean().item()
+    lo, hi = torch.quantile(means, torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64)).tolist()
+    # Percentile intervals of very skewed samples can exclude the sample mean; widen to keep it.
+    lo, hi = min(lo, mean), max(hi, mean)
+    return LossEstimate(
+        loss=Estimate(mean, lo, hi),
+        perplexity=Estimate(math.exp(mean), math.exp(lo), math.exp(hi)),
+        n_windows=int(v.numel()),
+        n_boot=int(n_boot),
+        alpha=float(alpha),
+        seed=int(seed),
+    )
+
+
+def loss_estimate(
+    model: Any,
+    tokens: Int[Tensor, "n_windows n_ctx"],
+    batch_size: int = 4,
+    progress: bool = True,
+    path: str = "auto",
+    **bootstrap: Any,
+) -> tuple[LossEstimate, Float[Tensor, " n_windows"]]:
+    """``bootstrap_ci(window_losses(model, tokens))`` and the per-window losses."""
+    losses = window_losses(model, tokens, batch_size=batch_size, progress=progress, path=path)
+    return bootstrap_ci(losses, **bootstrap), losses
+
+
+class RunStore:
+    """Finished runs keyed by their config in one JSON file, rewritten atomically after each run.
+
+    Experiments call :meth:`get` before a run and :meth:`put` after it, so a rerun skips what is
+    done and a killed sweep loses at most the run in progress. Two sweeps writing one file keep
+    each other's runs (each write merges what is on disk), though not across a simultaneous write.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None):
+        self.path = Path(path)
+        self.meta = dict(meta or {})
+        self.runs: dict[str, dict[str, Any]] = self._saved()
+
+    def _saved(self) -> dict[str, dict[str, Any]]:
+        if not self.path.exists():
+            return {}
+        try:
+            saved = json.loads(self.path.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(
+                f"{self.path} is not valid JSON ({e.msg} at line {e.lineno}): move it aside to start over"
+            ) from e
+        return dict(saved.get("runs", {}))
+
+    @staticmethod
+    def key(config: dict[str, Any]) -> str:
+        """The canonical key of a run config (sorted JSON)."""
+        return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+    def get(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        return self.runs.get(self.key(config))
+
+    def put(self, config: dict[str, Any], result: dict[str, Any]) -> None:
+        """Store one run; runs another process saved to the same file since are kept, not overwritten."""
+        self.runs = {**self._saved(), **self.runs, self.key(config): {"config": config, **result}}
+        dump_json(self.path, {"meta": self.meta, "runs": self.runs})
+
+    def __len__(self) -> int:
+        return len(self.runs)

@@ -1,0 +1,202 @@
+"""Running a model under a RoPE variant, and zeroing RoPE planes of its queries and keys.
+
+``apply_rope_variant`` hands each chosen attention layer the variant's (cos, sin) tables through a
+forward pre-hook and removes it on exit, so the model is bit-for-bit what it was; ``with_rope_variant``
+is the same on a deep copy, for long runs. ``ablate_planes`` zeroes planes of the rotated queries and
+keys, which removes their logit contribution (unlike NoPE/PlaneMask, which keep the planes but stop
+rotating them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from ropelens.backends.bridge_interventions import add_lens_hook
+from ropelens.backends.sdpa import on_sdpa, planned, sdpa_ready
+from ropelens.backends.sdpa_capture import intervened
+from ropelens.spec.plan import AblationStep, VariantStep
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.spec.variants import RopeVariant
+from ropelens.validate import check_indices
+
+__all__ = ["ablate_planes", "add_lens_hook", "apply_rope_variant", "is_identity", "on_sdpa", "sdpa_ready",
+           "spec_with_variant", "uses_engine", "with_rope_variant"]
+
+# --------------------------------------------------------------------------------------------
+# running a model under a variant
+# --------------------------------------------------------------------------------------------
+def _check_variant(variant: Any) -> RopeVariant:
+    if not isinstance(variant, RopeVariant):
+        raise TypeError(
+            f"expected a RoPE variant such as ropelens.spec.variants.PRoPE(0.75), got {type(variant).__name__}"
+        )
+    return variant
+
+
+def spec_with_variant(
+    spec: RopeSpec,
+    variant: RopeVariant,
+    layers: Sequence[int] | None = None,
+    layer_kind: str | None = None,
+) -> RopeSpec:
+    """The spec a model has under ``variant`` in the chosen layers (frequencies at the original length)."""
+    _check_variant(variant)
+    chosen = set(spec.layer_indices(layers, layer_kind))
+    new = []
+    for lr in spec.layers:
+        if lr.layer in chosen:
+            lr = dataclasses.replace(
+                lr,
+                inv_freq=variant.inv_freq(lr),
+                attention_scaling=variant.attention_scaling(lr),
+                rope_type=variant.rope_type,
+                rope_parameters=variant.to_dict(),
+            )
+        new.append(lr)
+    return dataclasses.replace(spec, layers=tuple(new))
+
+
+def uses_engine(model, layers: Sequence[int], what: str) -> bool:
+    """Whether ``what`` runs on the engine (:mod:`ropelens.backends.engine`: at the rotation the HF forward calls) rather than
+    on bridge hooks: a plain HF model, or a bridge whose attention in ``layers`` rotates inside the HF module (no
+    (cos, sin) handed to it, no post-RoPE hooks). Raises UnsupportedModelError, with what was seen, where neither
+    can reach the model's rotation."""
+    from ropelens.backends import backend_of
+
+    return backend_of(model).uses_engine(layers, what)
+
+
+def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[RopeSpec, list[Any], list[int], bool]:
+    """Install the variant where the model's backend applies it; returns the resulting spec, the removers of any
+    hooks, the layers and whether the engine applies it (no hooks then)."""
+    from ropelens.backends import backend_of
+
+    _check_variant(variant)
+    spec = rope_spec(model)  # NotRotaryError for models without RoPE
+    chosen = spec.layer_indices(layers, layer_kind)
+    new_spec = spec_with_variant(spec, variant, chosen)  # also validates the variant against each layer
+    removers, engine = backend_of(model).variant_hooks(spec, new_spec, variant, chosen)
+    return new_spec, removers, chosen, engine
+
+
+@contextlib.contextmanager
+def apply_rope_variant(
+    model, variant: RopeVariant, layers: Sequence[int] | None = None, layer_kind: str | None = None
+) -> Iterator[RopeSpec]:
+    """Run ``model`` with ``variant`` in the chosen layers (all by default); yields the spec it now has.
+
+    Each chosen layer's attention receives the variant's (cos, sin) in place of the shared rotary
+    module's, so ``hook_cos``/``hook_sin`` and everything after see the variant. The model's own
+    rotary module, its buffers and its dynamic-update state are never touched; leaving the context
+    (also on an exception) removes the hooks, so the model is exactly as before.
+    """
+    removers: list[Callable[[], None]] = []
+    try:
+        new_spec, removers, chosen, engine = _install_variant(model, variant, layers, layer_kind)
+        # the fast q/k path would bypass the bridge hooks; the sdpa forward reads the plan instead
+        with intervened(model), planned(model, VariantStep(variant, tuple(chosen), len(removers), engine)):
+            yield new_spec
+    finally:
+        for remove in removers:
+            remove()
+
+
+def is_identity(spec: RopeSpec, variant: RopeVariant, layers: Sequence[int], n_ctx: int) -> bool:
+    """Whether ``variant`` leaves every one of ``layers`` rotating exactly as the model does, to the bit,
+    for inputs of ``n_ctx`` tokens (p-RoPE with p = 1; dynamic NTK within the native context).
+
+    Callers can then reuse the unmodified model's numbers instead of running it again; a variant
+    that differs in the last bit is simply run.
+    """
+    positions = torch.arange(int(n_ctx))
+    for i in layers:
+        lr = spec[i]
+        if variant.attention_scaling(lr) != lr.attention_scaling:
+            return False
+        if not torch.equal(variant.angles(lr, positions), positions[:, None].float() * lr.inv_freq.float()):
+            return False
+    return True
+
+
+def with_rope_variant(
+    model, variant: RopeVariant, layers: Sequence[int] | None = None, layer_kind: str | None = None
+):
+    """A deep copy of ``model`` that always runs ``variant`` (for long runs); ``model`` is untouched."""
+    _check_variant(variant)
+    chosen = rope_spec(model).layer_indices(layers, layer_kind)  # fail before copying
+    out = copy.deepcopy(model)
+    _, handles, _, engine = _install_variant(out, variant, chosen, None)
+    intervened(out).__enter__()  # for good: the copy always runs the variant (bridge hooks, sdpa plan)
+    planned(out, VariantStep(variant, tuple(chosen), len(handles), engine)).__enter__()
+    out.ropelens_rope_variant = {"variant": variant.to_dict(), "layers": chosen}
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# band ablation
+# --------------------------------------------------------------------------------------------
+def _head_mask(
+    layer: LayerRope, planes: Sequence[int], heads: Sequence[int] | None, n: int, per_kv: bool
+) -> Bool[Tensor, "head d_head"] | None:
+    """Which (head, dim) entries to zero in q (``per_kv`` False) or k; None when nothing."""
+    dims = layer.plane_dims[list(planes)].flatten()
+    if heads is None:
+        chosen = list(range(n))
+    elif per_kv:
+        # Zero a KV head only when every query head reading it is ablated: others must keep it.
+        g = layer.group_size
+        chosen = [kv for kv in range(n) if all(kv * g + j in heads for j in range(g))]
+    else:
+        chosen = list(heads)
+    if not chosen or not len(dims):
+        return None
+    mask = torch.zeros(n, layer.head_dim, dtype=torch.bool)
+    mask[torch.tensor(chosen)[:, None], dims[None, :]] = True
+    return mask
+
+
+@contextlib.contextmanager
+def ablate_planes(
+    model,
+    planes: Sequence[int] | Tensor | int,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    layer_kind: str | None = None,
+) -> Iterator[None]:
+    """Zero ``planes`` of the rotated q and k, removing their term from the attention logits.
+
+    ``heads`` are query heads. With grouped-query attention a KV head is zeroed only when all the
+    query heads sharing it are ablated; zeroing the query planes alone already removes the planes'
+    term from those heads' logits, and leaves the other heads exactly as they were.
+    """
+    spec = rope_spec(model)
+    chosen = spec.layer_indices(layers, layer_kind)
+    plane_list = check_indices(planes, "plane")
+    from ropelens.backends import backend_of
+
+    removers: list[Callable[[], None]] = []
+    step_masks: dict[int, tuple[Tensor | None, Tensor | None]] = {}
+    try:
+        for i in chosen:
+            lr = spec[i]
+            check_indices(plane_list, "plane", lr.n_planes, f"layer {i}")
+            head_set = None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
+            qk = [_head_mask(lr, plane_list, head_set, n, per_kv)
+                  for n, per_kv in ((lr.n_heads, False), (lr.n_kv_heads, True))]
+            step_masks[i] = (qk[0], qk[1])
+        removers, engine = backend_of(model).ablation_hooks(step_masks)
+        # the fast q/k path would bypass the ablation hooks; the sdpa forward reads the plan instead
+        with intervened(model), planned(model, AblationStep(step_masks, len(removers), engine)):
+            yield
+    finally:
+        for remove in removers:
+            remove()

@@ -1,0 +1,199 @@
+"""One entry point for every corpus analysis: windows, reducers, the run and its provenance.
+
+A corpus analysis is a set of reducers folded over token windows. :func:`measure` does everything
+around them the same way for every analysis: the model's RoPE spec and the chosen layers, the
+windows (:func:`ropelens.run.data.analysis_windows`, or ready ones), the run
+(:func:`ropelens.run.distributed.run_windows`: split across ranks inside a process group, checkpointed
+and resumable, with progress), its timing and the result's :class:`Provenance`. An analysis builds
+its reducers from the spec, layers and windows, calls :func:`measure`, and turns the filled
+reducer into its result.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
+
+from torch import Tensor
+
+from ropelens.errors import InputError
+from ropelens.results.provenance import Provenance
+from ropelens.run.capture import Reducer
+from ropelens.run.data import analysis_windows
+from ropelens.run.distributed import RunInfo, run_windows
+from ropelens.spec.rope import RopeSpec
+
+__all__ = ["Build", "Measured", "RunOptions", "Windows", "corpus_analysis", "measure"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a corpus analysis runs: its windows, layers, batches, progress bar, checkpoints and verification.
+
+    Every corpus analysis takes these as keyword arguments (with its own defaults for ``n_ctx``
+    and ``max_tokens``); :func:`corpus_analysis` gathers them into one ``RunOptions``.
+    """
+
+    n_ctx: int = 512  # tokens per window; every window starts with BOS
+    max_tokens: int | None = 32_768  # corpus tokens to read (None: all of it)
+    layers: Sequence[int] | None = None  # layer indices (None: every rotary layer)
+    batch_size: int = 4  # windows per forward pass
+    progress: bool = True  # a progress bar (rank 0 only under torchrun)
+    checkpoint: str | os.PathLike[str] | None = None  # directory to save progress to and resume from
+    checkpoint_every: int = 8  # batches between checkpoints
+    verify: bool = True  # check the reading against the model's own attention first (False: results say unverified)
+
+
+_RUN_FIELDS = tuple(f.name for f in fields(RunOptions))
+_LATE = ("batch_size", "progress", "checkpoint", "checkpoint_every", "verify")  # listed after the analysis's own settings
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def corpus_analysis(**defaults: Any) -> Callable[[F], F]:
+    """Give ``fn(model, corpus, run: RunOptions, *, settings...)`` the run options as keyword arguments.
+
+    The public function takes ``(model, corpus=None, *, n_ctx, max_tokens, layers, settings...,
+    batch_size, progress, checkpoint, checkpoint_every, verify)`` with ``defaults`` overriding
+    :class:`RunOptions`'s, and its signature (``help()``, Jupyter's ``?``) says so.
+    """
+    unknown = set(defaults) - set(_RUN_FIELDS)
+    if unknown:
+        raise TypeError(f"corpus_analysis: {sorted(unknown)} are not RunOptions fields ({list(_RUN_FIELDS)})")
+    base = RunOptions(**defaults)
+
+    def wrap(fn: F) -> F:
+        own = list(inspect.signature(fn).parameters.values())
+        if [p.name for p in own[:3]] != ["model", "corpus", "run"]:
+            raise TypeError(f"{fn.__name__} must take (model, corpus, run, *, settings...)")
+        settings = own[3:]
+        kw = lambda name: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,  # noqa: E731
+                                            default=getattr(base, name), annotation=RunOptions.__annotations__[name])
+        params = [own[0], own[1].replace(default=None),
+                  *(kw(n) for n in _RUN_FIELDS if n not in _LATE), *settings, *(kw(n) for n in _LATE)]
+        sig = inspect.Signature(params, return_annotation=inspect.signature(fn).return_annotation)
+
+        @functools.wraps(fn)
+        def analysis(*args: Any, **kwargs: Any) -> Any:
+            bound = sig.bind(*args, **kwargs)  # a misspelt keyword fails here, naming it
+            given = bound.arguments
+            run = replace(base, **{k: given.pop(k) for k in _RUN_FIELDS if k in given})
+            return fn(given.pop("model"), given.pop("corpus", None), run, **given)
+
+        analysis.__signature__ = sig  # type: ignore[attr-defined]
+        return analysis  # type: ignore[return-value]
+
+    return wrap
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Token windows ``[n_windows, n_ctx]`` and the corpus they came from (name and sha256)."""
+
+    tokens: Tensor
+    corpus: str | None = None
+    sha256: str | None = None
+
+    @classmethod
+    def of(cls, tokenizer: Any, corpus: Any, n_ctx: int, max_tokens: int | None) -> Windows:
+        """The windows every corpus analysis runs on (see :func:`ropelens.run.data.analysis_windows`)."""
+        return cls(*analysis_windows(tokenizer, corpus, n_ctx, max_tokens))
+
+    @property
+    def n_windows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def subset(self, indices: Sequence[int]) -> Windows:
+        """The windows at ``indices`` (same corpus)."""
+        return Windows(self.tokens[list(indices)], self.corpus, self.sha256)
+
+
+Build = Callable[[RopeSpec, list[int], Windows], "Reducer | Sequence[Reducer]"]
+Config = Mapping[str, Any] | Callable[[tuple[Reducer, ...]], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A finished corpus run: the filled reducers, what they ran on, and the result's provenance."""
+
+    reducers: tuple[Reducer, ...]
+    provenance: Provenance
+    run: RunInfo
+    spec: RopeSpec
+    layers: tuple[int, ...]
+    windows: Windows
+
+    @property
+    def reducer(self) -> Reducer:
+        """The first reducer (the only one, for most analyses)."""
+        return self.reducers[0]
+
+
+def measure(
+    model,
+    corpus: Any,
+    build: Build,
+    run: RunOptions = RunOptions(),  # noqa: B008 - frozen, so one shared default is safe
+    *,
+    analysis: str,
+    config: Config | None = None,
+    resume: Mapping[str, Any] | None = None,
+    desc: str | None = None,
+    windows: Windows | None = None,
+    spec: RopeSpec | None = None,
+    label: str | None = None,
+    rotary_only: bool = True,
+) -> Measured:
+    """Run the reducers ``build(spec, layers, windows)`` makes over a corpus; return them filled, with provenance.
+
+    ``corpus`` (a Corpus, a corpus name or path, or a ready ``[n_windows, n_ctx]`` token tensor) is
+    cut into windows of ``run.n_ctx`` up to ``run.max_tokens``, unless ready ``windows`` are given.
+    ``config`` (a dict, or a function of the built reducers) holds the analysis's settings: the
+    provenance records them with the chosen ``layers``, the batch size and how the run was split; a checkpoint
+    resumes only a run with the same ``analysis``, settings and ``resume`` (settings that change
+    the sums but are not recorded, such as tile sizes). Inside a ``torch.distributed`` process
+    group each rank takes a share of the windows and every rank gets the whole corpus's sums.
+
+    Before any window runs, :func:`ropelens.run.verify.verification` checks that ``spec`` describes the
+    model's own attention (once per model; UnsupportedModelError when it does not); the provenance
+    records the outcome under ``config["verification"]``, or "unverified" with ``run.verify`` False.
+
+    ``rotary_only=False`` lets ``run.layers`` name NoPE layers too (None then selects every layer),
+    for analyses that measure what a layer does without rotating.
+    """
+    from ropelens.run.verify import verification
+    from ropelens.spec.reading import model_label, rope_spec, spec_at_length
+
+    spec = spec if spec is not None else rope_spec(model)
+    chosen = spec.layer_indices(run.layers, rotary_only=rotary_only)
+    if not chosen:
+        raise InputError(f"no layers selected (layers={run.layers!r}): pass layer indices the model has")
+    win = windows if windows is not None else Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)
+    at_length = spec_at_length(model, spec, win.n_ctx)  # frequencies that change with the input's length, as applied
+    length = None if at_length is spec else win.n_ctx
+    spec = at_length
+    verified = verification(model, spec, verify=run.verify, length=length)
+    built = build(spec, chosen, win)
+    reducers = tuple(built) if isinstance(built, Sequence) else (built,)
+    settings = dict(config(reducers) if callable(config) else config or {})
+    settings["layers"] = list(chosen)  # every analysis records them; the same key where it already did
+    if length is not None:  # the rotary frequencies were read as a forward of this many tokens applies them
+        settings["rope_read_at_length"] = length
+    settings.setdefault("batch_size", run.batch_size)
+    t0 = time.perf_counter()
+    info = run_windows(model, win.tokens, reducers, batch_size=run.batch_size, layers=chosen, spec=spec,
+                       progress=run.progress, desc=desc or analysis, checkpoint=run.checkpoint,
+                       every=run.checkpoint_every, config={"analysis": analysis, **settings, **(resume or {})})
+    prov = Provenance(model=label or model_label(model), corpus=win.corpus, corpus_sha256=win.sha256,
+                      n_tokens=info.n_tokens, n_windows=win.n_windows, n_ctx=win.n_ctx,
+                      config={**settings, **info.to_config(), "verification": verified.to_dict()},
+                      seconds=time.perf_counter() - t0)
+    return Measured(reducers, prov, info, spec, tuple(chosen), win)

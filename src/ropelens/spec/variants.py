@@ -1,0 +1,492 @@
+"""RoPE variants (p-RoPE, NoPE, context extension) as value objects: per-plane frequencies and scaling.
+
+A variant is a small frozen value object that says what one layer rotates: ``inv_freq(layer)`` (radians
+per token per plane, highest frequency first, as many planes as the layer), ``attention_scaling(layer)``
+(the multiplier of cos and sin) and, for everything the frequencies cannot express (LongRoPE's
+uninterpolated first positions, length-dependent scaling), ``angles(layer, positions)``.
+
+Where HF transformers implements a method (``ROPE_INIT_FUNCTIONS``: linear, dynamic, yarn, longrope,
+llama3, proportional) the variant calls it on a minimal config built from the layer's spec, so the
+frequencies are HF's to the bit; the rest are closed forms written on top of HF's default formula.
+
+Running a model under a variant (``apply_rope_variant``, ``with_rope_variant``) and zeroing planes
+(``ablate_planes``) live in :mod:`ropelens.run.intervene`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ropelens.errors import InputError
+from ropelens.spec.rope import LayerRope
+from ropelens.validate import check_factors, check_flag, check_indices, check_number
+
+__all__ = [
+    "RopeVariant",
+    "Default",
+    "PRoPE",
+    "PRoPEReversed",
+    "PRoPEPartial",
+    "NoPE",
+    "BaseChange",
+    "PlaneMask",
+    "Linear",
+    "NTK",
+    "DynamicNTK",
+    "YaRN",
+    "Llama3",
+    "LongRoPE",
+    "kept_planes",
+    "variant_from_dict",
+]
+
+
+
+def _base(layer: LayerRope) -> float:
+    if layer.base is None:
+        raise InputError(
+            f"layer {layer.layer} records no RoPE base (LayerRope.base is None), so its frequencies "
+            "cannot be recomputed: build the LayerRope with base=<the model's rope_theta>"
+        )
+    return float(layer.base)
+
+
+# How each parameter is checked and normalised; any other parameter is a positive number.
+_COERCE: dict[str, Callable[[Any, str], Any]] = {
+    "p": functools.partial(
+        check_number, at_least=0, at_most=1, hint=" (p is the share of planes that rotate)"
+    ),
+    "base": functools.partial(check_number, above=1, hint=" (θ_i = base^(−2i/d) must fall with i)"),
+    "factor": functools.partial(check_number, above=0, hint=" (the context-extension ratio, e.g. 4)"),
+    "original_max_position": functools.partial(
+        check_number, at_least=1, integer=True, hint=" (a length in tokens)"
+    ),
+    "n_hat": functools.partial(
+        check_number, at_least=0, integer=True, hint=" (positions left uninterpolated)"
+    ),
+    "planes": lambda v, what: check_indices(v, what[:-1]),
+    "truncate": check_flag,
+    "short_factor": check_factors,
+    "long_factor": check_factors,
+}
+_POSITIVE = functools.partial(check_number, above=0)
+
+
+# --------------------------------------------------------------------------------------------
+# frequencies: HF's functions on a minimal config, and HF's default formula
+# --------------------------------------------------------------------------------------------
+class _RopeConfig:
+    """The config fields HF's ``ROPE_INIT_FUNCTIONS`` read, describing one layer's rotary part."""
+
+    def __init__(self, layer: LayerRope, rope_parameters: dict[str, Any], max_position: int | None):
+        # head_dim = rotary_dim: frequencies span the rotary part, as HF's partial_rotary_factor does.
+        self.head_dim = freq_dim(layer)
+        self.hidden_size = self.head_dim  # some functions evaluate hidden_size // heads eagerly
+        self.num_attention_heads = 1
+        self.max_position_embeddings = max_position
+        self.rope_parameters = {"rope_theta": _base(layer), **rope_parameters}
+
+    def standardize_rope_params(self) -> None:
+        """Nothing to standardise: the parameters are complete and flat."""
+
+
+def freq_dim(layer: LayerRope) -> int:
+    """The width d of the default formula θ_i = base^(−2i/d) the layer's frequencies follow: its rotary dim, except
+    where its own default frequencies were computed over another width with as many planes (MiMo-V2-Flash rounds
+    ``head_dim · partial_rotary_factor`` down to an odd 5 for 6 rotary dims); variants recompute over the same d."""
+    d = layer.rotary_dim
+    if layer.base is None or layer.rope_type != "default" or not layer.n_planes:
+        return d
+    own = layer.inv_freq.float()
+    for cand in (d, d - 1):
+        if cand > 0 and (cand + 1) // 2 == layer.n_planes and torch.allclose(
+                _default_inv_freq(float(layer.base), cand), own, rtol=1e-6, atol=0):
+            return cand
+    return d
+
+
+def _default_inv_freq(base: float, rotary_dim: int) -> Float[Tensor, " n_planes"]:
+    """θ_i = base^(−2i/d), written exactly as HF's ``compute_default_rope_parameters`` (bit-identical)."""
+    return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+
+
+def kept_planes(p: float, n_planes: int) -> int:
+    """Planes a p-RoPE keeps: ``int(p · 2n // 2)``, HF ``proportional``'s rounding.
+
+    In exact arithmetic this is ⌊p·n⌋ (0.7 of 8 planes keeps 5). HF evaluates p·d in floating point
+    first, so where p·d lands just below an even integer it keeps one plane fewer: 0.58 of 50 planes
+    keeps 28, not 29 (0.58·100 = 57.99999999999999). ropelens follows HF so that PRoPE(p) is HF's.
+    """
+    return int(_COERCE["p"](p, "p") * (2 * n_planes) // 2)
+
+
+# --------------------------------------------------------------------------------------------
+# variants
+# --------------------------------------------------------------------------------------------
+_REGISTRY: dict[str, type[RopeVariant]] = {}
+
+
+@dataclass(frozen=True)
+class RopeVariant:
+    """What a RoPE variant rotates in one layer: frequencies, cos/sin multiplier, angles."""
+
+    rope_type: ClassVar[str] = "default"  # HF's name where HF implements the method
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.__name__] = cls
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None or f.default is not None:
+                object.__setattr__(self, f.name, _COERCE.get(f.name, _POSITIVE)(value, f.name))
+        self._check()
+
+    def _check(self) -> None:
+        """Checks across parameters (none by default)."""
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """Radians per token of each plane of ``layer``, highest frequency first (float32)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define inv_freq")
+
+    def attention_scaling(self, layer: LayerRope) -> float:  # noqa: ARG002 - most variants have none
+        """Multiplier of cos and sin (YaRN/LongRoPE attention factor); 1.0 where the method has none."""
+        return 1.0
+
+    def angles(
+        self, layer: LayerRope, positions: Int[Tensor, "*batch pos"]
+    ) -> Float[Tensor, "*batch pos n_planes"]:
+        """Rotation angle of each plane at each position, in float32 as HF's rotary modules compute it."""
+        return positions[..., None].float() * self.inv_freq(layer).to(positions.device)
+
+    @property
+    def name(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "variant")
+        return f"{type(self).__name__}({args})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready provenance: ``{"variant": class name, **parameters}``."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {
+            "variant": type(self).__name__,
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()},
+        }
+
+
+def variant_from_dict(d: dict[str, Any]) -> RopeVariant:
+    """Rebuild a variant from :meth:`RopeVariant.to_dict`."""
+    d = dict(d)
+    name = d.pop("variant", None)
+    if name not in _REGISTRY or name.startswith("_"):
+        raise InputError(
+            f"unknown variant {name!r}: expected one of {sorted(k for k in _REGISTRY if k[0] != '_')}"
+        )
+    return _REGISTRY[name](**d)
+
+
+class _HF(RopeVariant):
+    """A variant HF implements: frequencies and attention factor from ``ROPE_INIT_FUNCTIONS``."""
+
+    _HF_NAMES: ClassVar[dict[str, str]] = {
+        "p": "partial_rotary_factor",
+        "original_max_position": "original_max_position_embeddings",
+    }
+
+    def _hf(self, layer: LayerRope, seq_len: int | Tensor | None = None) -> tuple[Tensor, float]:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        params = {self._HF_NAMES.get(k, k): v for k, v in self.to_dict().items() if v is not None}
+        params = {k: v for k, v in params.items() if k not in ("variant", "n_hat")}
+        cfg = _RopeConfig(layer, {**params, "rope_type": self.rope_type}, self._max_position(layer))
+        try:
+            inv, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](cfg, None, seq_len=seq_len)
+        except RuntimeError:
+            d = cfg.head_dim
+            if d % 2 == 0:
+                raise
+            # an odd frequency width (MiMo-V2-Flash's 5): HF's per-plane ramps and factors have d // 2 entries for
+            # (d + 1) // 2 frequencies. The same frequencies base^(−2i/d) are base'^(−2i/d') over the even width
+            # d' = 2·planes with base' = base^(d'/d), and YaRN's correction range d·log(·)/(2·log base) is unchanged
+            # by that change of variables: computed so, over every plane.
+            even = 2 * ((d + 1) // 2)
+            cfg.head_dim = cfg.hidden_size = even
+            cfg.rope_parameters = {**cfg.rope_parameters, "rope_theta": _base(layer) ** (even / d)}
+            inv, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](cfg, None, seq_len=seq_len)
+        return inv.float(), float(scaling)
+
+    def _max_position(self, layer: LayerRope) -> int | None:
+        """HF's ``max_position_embeddings``: what dynamic and derived factors are relative to."""
+        return layer.n_ctx
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        return self._hf(layer)[0]
+
+    def attention_scaling(self, layer: LayerRope) -> float:
+        return self._hf(layer)[1]
+
+
+@dataclass(frozen=True)
+class Default(RopeVariant):
+    """Plain RoPE θ_i = base^(−2i/d_r) (undoes any scaling the model itself applies)."""
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        return _default_inv_freq(_base(layer), freq_dim(layer))
+
+
+@dataclass(frozen=True)
+class NoPE(RopeVariant):
+    """No rotation at all: every θ_i = 0 (planes keep their content, lose position)."""
+
+    rope_type: ClassVar[str] = "nope"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        return torch.zeros(layer.n_planes, dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class PRoPE(_HF):
+    """p-RoPE: keep the highest ``kept_planes(p)`` frequencies, θ = 0 for the rest (HF ``proportional``)."""
+
+    p: float
+    rope_type: ClassVar[str] = "proportional"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        d = freq_dim(layer)
+        if d == layer.rotary_dim:
+            return self._hf(layer)[0]  # HF's proportional, bit for bit
+        # frequencies over another width than the rotary dims (an odd one): the layer's own, the rest unrotated
+        inv = _default_inv_freq(_base(layer), d)
+        inv[kept_planes(self.p, layer.n_planes):] = 0.0
+        return inv
+
+
+@dataclass(frozen=True)
+class PRoPEReversed(RopeVariant):
+    """Reversed p-RoPE: keep the lowest ``kept_planes(p)`` frequencies, θ = 0 for the highest ones."""
+
+    p: float
+    rope_type: ClassVar[str] = "p-rope-reversed"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        inv = _default_inv_freq(_base(layer), freq_dim(layer))
+        inv[: layer.n_planes - kept_planes(self.p, layer.n_planes)] = 0.0
+        return inv
+
+
+@dataclass(frozen=True)
+class PRoPEPartial(RopeVariant):
+    """Partial-rotary ablation: the first k = ``kept_planes(p)`` planes rotate with θ_i = base^(−2i/(2k)).
+
+    This is ordinary partial rotary over a rotary sub-dimension of 2k (Barbero et al.'s "partial"
+    0.75-RoPE): frequencies are recomputed over 2k dims, so they span the whole range base^0 …
+    base^(−(k−1)/k), unlike p-RoPE, which keeps the first k of the full-dimension frequencies.
+    The planes are the layer's own (plane i pairs dims (i, i + d/2) in the half layout), so the
+    rotated dimensions are those of planes 0..k−1, not dims 0..2k−1 as in a NeoX checkpoint.
+    """
+
+    p: float
+    rope_type: ClassVar[str] = "p-rope-partial"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        k = kept_planes(self.p, layer.n_planes)
+        inv = torch.zeros(layer.n_planes, dtype=torch.float32)
+        if k:
+            inv[:k] = _default_inv_freq(_base(layer), 2 * k)
+        return inv
+
+
+@dataclass(frozen=True)
+class BaseChange(RopeVariant):
+    """Plain RoPE with another base (rope_theta)."""
+
+    base: float
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        return _default_inv_freq(self.base, freq_dim(layer))
+
+
+@dataclass(frozen=True)
+class PlaneMask(RopeVariant):
+    """Plain RoPE with the given planes left unrotated (θ = 0); 0 is the highest frequency."""
+
+    planes: tuple[int, ...]
+    rope_type: ClassVar[str] = "plane-mask"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        check_indices(self.planes, "plane", layer.n_planes, f"layer {layer.layer}")
+        inv = _default_inv_freq(_base(layer), freq_dim(layer))
+        inv[list(self.planes)] = 0.0
+        return inv
+
+
+@dataclass(frozen=True)
+class Linear(_HF):
+    """Position interpolation (Chen et al.): θ_i / factor (HF ``linear``)."""
+
+    factor: float
+    rope_type: ClassVar[str] = "linear"
+
+
+@dataclass(frozen=True)
+class NTK(RopeVariant):
+    """Static NTK-aware scaling: plain RoPE with base · factor^(d/(d−2)) (HF has only the dynamic form)."""
+
+    factor: float
+    rope_type: ClassVar[str] = "ntk"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        d = layer.rotary_dim
+        if d <= 2:
+            raise InputError(
+                f"NTK scaling needs rotary_dim > 2 (exponent d/(d−2)); layer {layer.layer} has {d}"
+            )
+        return _default_inv_freq(_base(layer) * self.factor ** (d / (d - 2)), d)
+
+
+@dataclass(frozen=True)
+class DynamicNTK(_HF):
+    """Dynamic NTK (HF ``dynamic``): NTK base scaling that grows with the sequence length.
+
+    Stateless: the frequencies are those for the current input's length (max position + 1). HF's
+    module is stateful: after a long input it keeps the long-input frequencies for later inputs
+    until one is shorter than ``original_max_position``.
+    """
+
+    factor: float
+    original_max_position: int
+    rope_type: ClassVar[str] = "dynamic"
+
+    def _max_position(self, layer: LayerRope) -> int | None:  # noqa: ARG002 - HF's "original" length
+        return self.original_max_position
+
+    def inv_freq(
+        self, layer: LayerRope, seq_len: int | Tensor | None = None
+    ) -> Float[Tensor, " n_planes"]:
+        """Frequencies at ``seq_len`` tokens (None: the original context, i.e. plain RoPE)."""
+        if seq_len is not None and int(seq_len) <= self.original_max_position:
+            seq_len = None  # HF keeps its init-time frequencies up to the original length
+        return self._hf(layer, seq_len)[0]
+
+    def angles(
+        self,
+        layer: LayerRope,
+        positions: Int[Tensor, "*batch pos"],
+        seq_len: int | Tensor | None = None,
+    ) -> Float[Tensor, "*batch pos n_planes"]:
+        """Angles with the frequencies for ``seq_len`` (default: max position + 1, as HF's forward)."""
+        # A tensor seq_len takes HF's runtime (float32 tensor) path, so the base matches HF's bit for bit.
+        seq_len = positions.max() + 1 if seq_len is None else seq_len
+        return positions[..., None].float() * self.inv_freq(layer, seq_len).to(positions.device)
+
+
+@dataclass(frozen=True)
+class YaRN(_HF):
+    """YaRN (HF ``yarn``): interpolate low frequencies, keep high ones, ramp between β_slow and β_fast.
+
+    ``attention_factor`` overrides the cos/sin multiplier (default 0.1·ln s + 1). ``mscale`` and
+    ``mscale_all_dim`` are DeepSeek's form, ratio of the two mscales; HF ignores ``mscale`` alone.
+    """
+
+    factor: float
+    original_max_position: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+    rope_type: ClassVar[str] = "yarn"
+
+    def _check(self) -> None:
+        # Checked here because HF reads `beta or default`: a 0 would silently become 32 or 1.
+        if self.beta_fast <= self.beta_slow:
+            raise InputError(
+                f"beta_fast ({self.beta_fast}) must exceed beta_slow ({self.beta_slow}): defaults are 32 and 1"
+            )
+        if (self.mscale is None) != (self.mscale_all_dim is None):
+            raise InputError(
+                f"pass mscale and mscale_all_dim together (got {self.mscale!r}, {self.mscale_all_dim!r}): "
+                "HF ignores one without the other; to set the cos/sin multiplier pass attention_factor="
+            )
+
+
+@dataclass(frozen=True)
+class Llama3(_HF):
+    """Llama 3.1 scaling (HF ``llama3``): θ/factor beyond wavelength L₀/low, θ below L₀/high, smooth between."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+    rope_type: ClassVar[str] = "llama3"
+
+    def _check(self) -> None:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise InputError(
+                f"high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
+                f"({self.low_freq_factor}): defaults are 4 and 1"
+            )
+
+
+@dataclass(frozen=True)
+class LongRoPE(_HF):
+    """LongRoPE (HF ``longrope``): θ_i / λ_i per plane, short or long λ by input length, attention factor.
+
+    The attention factor is √(1 + ln s / ln L₀) with s = ``factor`` (default: the layer's n_ctx / L₀,
+    as HF does for Phi-3), applied at every length as HF does. ``n_hat`` > 0 adds the paper's
+    uninterpolated start: positions < n_hat rotate with plain RoPE θ_i, later ones with θ_i / λ_i;
+    that cannot be one frequency vector, so it lives in :meth:`angles`.
+    """
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position: int
+    factor: float | None = None
+    attention_factor: float | None = None
+    n_hat: int = 0
+    rope_type: ClassVar[str] = "longrope"
+
+    def _check(self) -> None:
+        if len(self.short_factor) != len(self.long_factor):
+            raise InputError(
+                f"short_factor has {len(self.short_factor)} entries but long_factor {len(self.long_factor)}: "
+                "give one rescale factor per plane in both"
+            )
+
+    def _hf(self, layer: LayerRope, seq_len: int | Tensor | None = None) -> tuple[Tensor, float]:
+        if len(self.short_factor) != layer.n_planes:
+            raise InputError(
+                f"LongRoPE has {len(self.short_factor)} rescale factors but layer {layer.layer} has "
+                f"{layer.n_planes} planes: pass one factor per plane (short_factor and long_factor)"
+            )
+        if self.factor is None and layer.n_ctx is None:
+            raise InputError(
+                "LongRoPE needs factor= (the layer spec records no n_ctx to derive it from)"
+            )
+        return super()._hf(layer, seq_len)
+
+    def inv_freq(self, layer: LayerRope, seq_len: int | None = None) -> Float[Tensor, " n_planes"]:
+        """Frequencies for an input of ``seq_len`` tokens: long factors beyond L₀, else short."""
+        return self._hf(layer, None if seq_len is None else int(seq_len))[0]
+
+    def angles(
+        self, layer: LayerRope, positions: Int[Tensor, "*batch pos"], seq_len: int | None = None
+    ) -> Float[Tensor, "*batch pos n_planes"]:
+        """Angles for an input of ``seq_len`` tokens (default max position + 1), first n_hat uninterpolated."""
+        seq_len = int(positions.max()) + 1 if seq_len is None else seq_len
+        pos = positions[..., None].float()
+        scaled = pos * self.inv_freq(layer, seq_len).to(positions.device)
+        if not self.n_hat:
+            return scaled
+        plain = pos * _default_inv_freq(_base(layer), freq_dim(layer)).to(positions.device)
+        return torch.where(positions[..., None] < self.n_hat, plain, scaled)
+
