@@ -18,8 +18,8 @@ NTK, YaRN, Llama 3, LongRoPE, p-RoPE), each set for ``to / native`` where it tak
 Resonance-YaRN (``resonance``), CoPE (``cope``) and FoPE's zeroing (``fope``) run when asked for in ``methods``;
 the others by default (:data:`DEFAULT_METHODS`).
 
-Each (method, length) loss and passkey measurement is one *cell*, saved atomically as its own JSON file
-in ``out/cells`` with the settings it was measured under, so a rerun skips finished cells and a killed run
+Each (method, length) loss, passkey and attention measurement is one *cell*, saved atomically as its own JSON
+file in ``out/cells`` (attention cells in ``out/cells/attention``) with the settings it was measured under, so a rerun skips finished cells and a killed run
 resumes. The page and the tables are written by :mod:`ropelens.report.extension`; the findings
 (:meth:`ExtensionStudy.findings`) by :mod:`ropelens.analyses.extension_findings`.
 """
@@ -350,7 +350,7 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     jobs += [("passkey", n, L) for n in variants for L in passkey_lengths]
     # attention length by length: one length's reference (the unmodified model's queries and keys) at a time
     jobs += [("attention", n, L) for L in (lengths if attention else ()) for n in variants]
-    att_cells = _Cells(cells.folder)
+    att_cells = _Cells(None if cells.folder is None else cells.folder / "attention")
     att: dict[tuple[str, int], dict[str, Any]] = {}
     reference: dict[str, Any] = {}
     loss_cells: dict[tuple[str, int], dict[str, Any]] = {}
