@@ -270,3 +270,18 @@ def test_extend_command_prints_attention(tmp_path, capsys):
     assert "divergence from the unmodified model's attention within the native 32 tokens" in printed
     assert main([*argv[:-2], "--methods", "cope,dope", "--out", str(tmp_path / "e2")]) == 2
     assert "unknown ['dope']" in capsys.readouterr().err
+
+
+def test_plain_model_gives_the_bridges_numbers():
+    """The study's attention on the plain HF model (no bridge) equals the bridge's."""
+    from ropelens.models import wrap_hf_model
+    from ropelens.testing import tiny_hf_model, tiny_tokenizer
+
+    plain = wrap_hf_model(tiny_hf_model("llama", max_position_embeddings=32), tiny_tokenizer(), device="cpu",
+                          label="tiny-llama", bridge=False)
+    kw = {"start": 32, "n_windows": 1, "passkey_lengths": (), "progress": False, "methods": ("none", "fope")}
+    a = E.extension_study(plain, 64, **kw).attention_frame()
+    b = E.extension_study(tiny_model("llama", max_position_embeddings=32), 64, **kw).attention_frame()
+    cols = ["entropy", "kl", "js", "matrix_entropy"]
+    np.testing.assert_allclose(a[cols].to_numpy(), b[cols].to_numpy(), rtol=1e-6, atol=1e-9)
+    assert a.loc[(a["method"] == "fope") & (a["length"] == 32), "kl"].item() > 0
