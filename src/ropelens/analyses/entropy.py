@@ -1,4 +1,27 @@
-"""Frequency entropy: how periodic each plane's query norm is along the sequence.
+"""Entropies of RoPE models: how periodic each plane's query norm is along the sequence (frequency entropy), and
+how spread each head's attention is (attention entropy, divergence from another model's attention, matrix entropy).
+
+**Attention entropy, divergence, matrix entropy** (:class:`AttentionStatsReducer`; used by the context-extension
+study, :mod:`ropelens.analyses.extension`): from the post-RoPE queries and keys, each head's attention
+probabilities are rebuilt in query tiles (memory linear in the length), as the model makes them (score scale,
+mask, soft-capping, learned sinks: a sink's share is one more outcome of the row). Per layer × head it sums
+
+- the Shannon entropy of every query row, H = −Σ_k p_k ln p_k in nats (:func:`attention_entropy`; a row spread
+  evenly over n keys has ln n);
+- with a reference model's queries and keys on the same tokens (the unmodified model, for an extension
+  method), the Kullback–Leibler divergence KL(P ‖ P_ref) = Σ_k p_k ln(p_k / p_ref,k) of each row from the
+  reference's row, and the Jensen–Shannon divergence ½KL(P ‖ M) + ½KL(P_ref ‖ M), M = ½(P + P_ref), in nats
+  (:func:`kl_divergence`, :func:`js_divergence`): the attention view of Zhong et al. (COLING 2025, "Understanding
+  the RoPE Extensions of Long-Context LLMs: An Attention Perspective"), which compares an extension method's
+  attention with the original model's within the trained context;
+- the Gram matrix Σ_t q_t q_tᵀ of the head's post-RoPE queries, whose eigenvalues are the squared singular values
+  of the query matrix Q (positions × head dim): its matrix entropy (:func:`matrix_entropy`) is the Shannon
+  entropy of the eigenvalues normalised to sum to 1, −Σ_i λ̂_i ln λ̂_i (nats; exp of it is the effective rank).
+  This is the spectral quantity "DoPE: Denoising Rotary Position Embedding" (arXiv 2511.09146) reads per head
+  with its *truncated* matrix entropy; ropelens takes the whole spectrum (``top`` keeps the r largest
+  eigenvalues, renormalised), of the queries' Gram.
+
+**Frequency entropy** (the rest of this module):
 
 A 2026 proposal reads, per RoPE plane, the norm of the query's 2-D component at every position of a
 window, ‖q_t^(i)‖, as a signal over positions t; takes its power spectrum (FFT with the mean
@@ -39,12 +62,13 @@ from ropelens.errors import InputError
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
-from ropelens.run.capture import DeviceSums, LayerActs
+from ropelens.run.capture import DeviceSums, LayerActs, query_tile
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
-from ropelens.spec.rope import LayerRope, RopeSpec, plane_norms
+from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv, plane_norms
 from ropelens.validate import check_number
 
-__all__ = ["EntropyReducer", "FrequencyEntropy", "frequency_entropy", "plane_layout", "spectral_entropy"]
+__all__ = ["AttentionStatsReducer", "EntropyReducer", "FrequencyEntropy", "attention_entropy", "frequency_entropy",
+           "js_divergence", "kl_divergence", "matrix_entropy", "plane_layout", "spectral_entropy"]
 
 
 def plane_layout(spec: RopeSpec, layer: int) -> tuple[int, str]:
@@ -72,6 +96,128 @@ def spectral_entropy(signal: Float[Tensor, "... pos"]) -> tuple[Tensor, Tensor]:
     p = power / power.sum(-1, keepdim=True)  # 0/0 → NaN for a constant signal, kept as "no spectrum"
     h = -torch.xlogy(p, p).sum(-1) / math.log(F)
     return h, p
+
+
+# --------------------------------------------------------------------------------------------
+# attention entropy, divergence, matrix entropy
+# --------------------------------------------------------------------------------------------
+def attention_entropy(p: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
+    """Shannon entropy −Σ_k p_k ln p_k (nats) of distributions along the last axis (0 ln 0 = 0)."""
+    return -torch.xlogy(p, p).sum(-1)
+
+
+def kl_divergence(p: Float[Tensor, "... k"], q: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
+    """KL(p ‖ q) = Σ_k p_k ln(p_k / q_k) in nats along the last axis (terms with p_k = 0 are 0; inf where q_k = 0 < p_k)."""
+    return (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(-1)
+
+
+def js_divergence(p: Float[Tensor, "... k"], q: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
+    """Jensen–Shannon divergence ½KL(p ‖ m) + ½KL(q ‖ m), m = ½(p + q), in nats (at most ln 2)."""
+    m = 0.5 * (p + q)
+    return 0.5 * kl_divergence(p, m) + 0.5 * kl_divergence(q, m)
+
+
+def matrix_entropy(gram: Float[Tensor, "... d d"], top: int | None = None) -> Float[Tensor, "..."]:
+    """Entropy (nats) of the normalised eigenvalue spectrum of symmetric positive semi-definite ``gram``: λ̂ = λ/Σλ,
+    −Σ λ̂ ln λ̂, over the ``top`` largest eigenvalues only (renormalised) where given. For a Gram QᵀQ the
+    eigenvalues are the squared singular values of Q. NaN for a zero matrix."""
+    lam = torch.linalg.eigvalsh(gram.double()).clamp_min(0).flip(-1)  # largest first
+    if top is not None:
+        top = int(check_number(top, "top", at_least=1, integer=True, hint=" (eigenvalues kept)"))
+        lam = lam[..., :top]
+    p = lam / lam.sum(-1, keepdim=True)
+    return attention_entropy(p)
+
+
+def _with_rest(p: Tensor, rope: LayerRope) -> Tensor:
+    """Rows with the mass they leave to the layer's learned sinks as one more outcome (rows as they are without)."""
+    if rope.sinks is None:
+        return p
+    return torch.cat([p, (1 - p.sum(-1, keepdim=True)).clamp_min(0)], dim=-1)
+
+
+class AttentionStatsReducer(DeviceSums):
+    """Streams, per layer × query head: query rows, summed row entropy, summed KL and JS divergence from a
+    reference's attention on the same windows (``reference``: :func:`ropelens.run.capture.capture_qk` of the reference
+    model on the same tokens, with ``q_post`` and ``k_post``), and the Gram matrix of the post-RoPE queries.
+
+    Attention is rebuilt in query tiles holding whole rows, in float64.
+    """
+
+    static_mask = "attention entropy"  # masks built from positions: refused where the model picks keys from the input
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, reference: dict[int, LayerActs] | None = None) -> None:
+        self.spec, self.layers, self.reference = spec, list(layers), reference
+        self.needs = frozenset({"q_post", "k_post"})
+        if reference is not None and (missing := [L for L in self.layers if L not in reference]):
+            raise InputError(f"the reference holds no queries and keys of layer(s) {missing}: capture every layer "
+                             "measured (capture_qk(..., which=('q_post', 'k_post')))")
+        self.pos = {L: i for i, L in enumerate(self.layers)}
+        self.offset = dict.fromkeys(self.layers, 0)  # windows seen per layer: where the reference's rows are
+        n, H = len(self.layers), max(spec.layers[L].n_heads for L in self.layers)
+        d = max(spec.layers[L].head_dim for L in self.layers)
+        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
+        self.sums = {"rows": z(n, H), "entropy": z(n, H), "kl": z(n, H), "js": z(n, H), "gram": z(n, H, d, d)}
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Every running sum by name: they add across runs."""
+        return self.sums
+
+    def _probs(self, rope: LayerRope, q: Tensor, k: Tensor, ok: Tensor, c0: int, c1: int) -> Tensor:
+        """[b, head, c1 − c0, keys]: rows c0 … c1 − 1 of the attention (and the sinks' share last, where the layer has sinks)."""
+        y = torch.einsum("bqhd,bkhd->bhqk", q[:, c0:c1], k[:, :c1]) * rope.score_scale
+        return _with_rest(rope.probs(y.masked_fill(~ok[:, None], float("-inf"))), rope)
+
+    def update(self, acts: LayerActs) -> None:
+        s = self._on(acts.valid.device)
+        i, rope = self.pos[acts.layer], acts.rope
+        here, sdt = s["rows"].device, s["rows"].dtype
+        q = acts["q_post"].double()
+        k = expand_kv(acts["k_post"].double(), rope)
+        b, n, H, d = q.shape
+        mask = acts.mask()  # [b, q, k]
+        rows = mask.any(-1)  # [b, q]: queries with a key (every real token)
+        ref = None
+        if self.reference is not None:
+            o = self.offset[acts.layer]
+            r = self.reference[acts.layer]
+            if r["q_post"].shape[0] < o + b or r["q_post"].shape[1] != n:
+                raise InputError(f"the reference's queries of layer {acts.layer} are {tuple(r['q_post'].shape)}, not "
+                                 f"windows {o}…{o + b - 1} of {n} tokens: capture the reference on the same tokens")
+            ref = (r["q_post"][o:o + b].to(q.device, torch.float64),
+                   expand_kv(r["k_post"][o:o + b].to(q.device, torch.float64), rope))
+            self.offset[acts.layer] = o + b
+        tq = query_tile(q.device, b * H * n)
+        for c0 in range(0, n, tq):
+            c1 = min(n, c0 + tq)
+            ok = mask[:, c0:c1, :c1]
+            w = rows[:, None, c0:c1].double()  # [b, 1, c]
+            p = self._probs(rope, q, k, ok, c0, c1)
+            s["entropy"][i, :H] += (attention_entropy(p) * w).sum((0, 2)).to(here, sdt)
+            s["rows"][i, :H] += w.expand(b, H, c1 - c0).sum((0, 2)).to(here, sdt)
+            if ref is not None:
+                pr = self._probs(rope, ref[0], ref[1], ok, c0, c1)
+                s["kl"][i, :H] += (kl_divergence(p, pr) * w).sum((0, 2)).to(here, sdt)
+                s["js"][i, :H] += (js_divergence(p, pr) * w).sum((0, 2)).to(here, sdt)
+        qv = q * rows[:, :, None, None].double()
+        s["gram"][i, :H, :d, :d] += torch.einsum("bnhd,bnhe->hde", qv, qv).to(here, sdt)
+
+    def table(self, top: int | None = None) -> list[dict[str, Any]]:
+        """One row per (layer, head): kind, query rows, mean row entropy, mean KL and JS (None without a
+        reference), and the matrix entropy of the query Gram (``top``: of its largest eigenvalues)."""
+        s = {k: v.to("cpu", torch.float64) for k, v in self.sums.items()}
+        n = s["rows"]
+        mean = {k: torch.where(n > 0, s[k] / n.clamp_min(1), math.nan) for k in ("entropy", "kl", "js")}
+        out = []
+        for i, L in enumerate(self.layers):
+            lr = self.spec.layers[L]
+            me = matrix_entropy(s["gram"][i, :lr.n_heads, :lr.head_dim, :lr.head_dim], top)
+            for h in range(lr.n_heads):
+                ref = self.reference is not None
+                out.append({"layer": L, "kind": lr.kind, "head": h, "rows": float(n[i, h]),
+                            "entropy": float(mean["entropy"][i, h]), "kl": float(mean["kl"][i, h]) if ref else None,
+                            "js": float(mean["js"][i, h]) if ref else None, "matrix_entropy": float(me[h])})
+        return out
 
 
 class EntropyReducer(DeviceSums):

@@ -8,10 +8,18 @@ NTK, YaRN, Llama 3, LongRoPE, p-RoPE), each set for ``to / native`` where it tak
 - passkey retrieval over length × depth (:func:`ropelens.analyses.passkey.passkey_retrieval`);
 - what the method does to every plane at ``to`` (:func:`ropelens.analyses.context.plane_view`);
 - what the base predicts (:func:`ropelens.analyses.extrapolation.base_predictions`: Liu et al.'s critical
-  dimension and extrapolation limit, Men et al.'s lower bound on the base).
+  dimension and extrapolation limit, Men et al.'s lower bound on the base);
+- the attention at every length, on the loss windows (:class:`ropelens.analyses.entropy.AttentionStatsReducer`):
+  the mean entropy of the query rows (nats), by layer kind; within the native context, the mean KL and
+  Jensen–Shannon divergence of each method's attention rows from the unmodified model's on the same tokens
+  (Zhong et al., COLING 2025: an extension method should leave the attention inside the trained context as
+  it was); and per head the matrix entropy of the post-RoPE queries' Gram (the spectrum DoPE reads).
 
-Each (method, length) loss and passkey measurement is one *cell*, saved atomically as its own JSON file
-in ``out/cells`` with the settings it was measured under, so a rerun skips finished cells and a killed run
+Resonance-YaRN (``resonance``), CoPE (``cope``) and FoPE's zeroing (``fope``) run when asked for in ``methods``;
+the others by default (:data:`DEFAULT_METHODS`).
+
+Each (method, length) loss, passkey and attention measurement is one *cell*, saved atomically as its own JSON
+file in ``out/cells`` (attention cells in ``out/cells/attention``) with the settings it was measured under, so a rerun skips finished cells and a killed run
 resumes. The page and the tables are written by :mod:`ropelens.report.extension`; the findings
 (:meth:`ExtensionStudy.findings`) by :mod:`ropelens.analyses.extension_findings`.
 """
@@ -33,8 +41,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ropelens.analyses.extension_findings import (
-    METHODS,  # the one list of methods, re-exported here
+from ropelens.analyses.extension_findings import (  # the one list of methods, re-exported here
+    DEFAULT_METHODS,
+    METHODS,
 )
 from ropelens.errors import InputError
 from ropelens.results.provenance import Provenance
@@ -42,19 +51,22 @@ from ropelens.results.result import Result
 from ropelens.results.serialize import dump_json
 from ropelens.spec.variants import (
     NTK,
+    CoPE,
     Default,
     DynamicNTK,
+    FoPEZero,
     Linear,
     Llama3,
     LongRoPE,
     PRoPE,
+    Resonance,
     RopeVariant,
     YaRN,
     variant_from_dict,
 )
 from ropelens.validate import check_number
 
-__all__ = ["METHODS", "ROLES", "ExtensionStudy", "default_longrope", "doubling_lengths", "extension_study",
+__all__ = ["DEFAULT_METHODS", "METHODS", "ROLES", "ExtensionStudy", "default_longrope", "doubling_lengths", "extension_study",
            "extension_variants", "plane_roles"]
 
 # METHODS (from extension_findings): short names (CLI and cell files) and their labels; "none" is the unmodified model.
@@ -75,13 +87,15 @@ def default_longrope(layer, native: int, target: int) -> LongRoPE:
                     original_max_position=native, factor=s)
 
 
-def extension_variants(layer, native: int, target: int, names: Sequence[str] = tuple(METHODS), *,
+def extension_variants(layer, native: int, target: int, names: Sequence[str] = DEFAULT_METHODS, *,
                        p: float = 0.75, longrope: Any = None) -> dict[str, RopeVariant | None]:
     """The variant of each method name for ``native`` → ``target`` (None for "none").
 
     Factor-taking methods get s = target / native: ``Linear(s)``, ``NTK(s)``, ``DynamicNTK(s, native)``,
     ``YaRN(s, native)``, ``Llama3(s, 1, 4, native)``; LongRoPE is ``longrope`` (a LongRoPE variant or a
-    LongRopeSearch for this native → target) or :func:`default_longrope`; p-RoPE is ``PRoPE(p)``.
+    LongRopeSearch for this native → target) or :func:`default_longrope`; p-RoPE is ``PRoPE(p)``;
+    ``resonance`` is Resonance-YaRN ``Resonance(s, native)``, ``cope`` CoPE's taper ``CoPE()`` (its 20 lowest
+    planes) and ``fope`` FoPE's zeroing ``FoPEZero(native)``.
     """
     unknown = [n for n in names if n not in METHODS]
     if unknown or not names:
@@ -94,7 +108,9 @@ def extension_variants(layer, native: int, target: int, names: Sequence[str] = t
         else:
             out[n] = {"none": lambda: None, "pi": lambda: Linear(s), "ntk": lambda: NTK(s),
                       "dynamic": lambda: DynamicNTK(s, native), "yarn": lambda: YaRN(s, native),
-                      "llama3": lambda: Llama3(s, 1.0, 4.0, native), "prope": lambda: PRoPE(p)}[n]()
+                      "llama3": lambda: Llama3(s, 1.0, 4.0, native), "prope": lambda: PRoPE(p),
+                      "resonance": lambda: Resonance(s, native), "cope": lambda: CoPE(),
+                      "fope": lambda: FoPEZero(native)}[n]()
     return out
 
 
@@ -242,11 +258,12 @@ def _check_passkey_lengths(model, lengths: Sequence[int], depths: Sequence[float
 # the study
 # --------------------------------------------------------------------------------------------
 def extension_study(model, to: int, *, native: int | None = None, lengths: Sequence[int] | None = None,
-                    start: int | None = None, methods: Sequence[str] = tuple(METHODS), n_windows: int = 2,
+                    start: int | None = None, methods: Sequence[str] = DEFAULT_METHODS, n_windows: int = 2,
                     corpus: Any = None, passkey_lengths: Sequence[int] | None = None,
                     depths: Sequence[float] = (0.1, 0.5, 0.9), n_trials: int = 1, seed: int = 0,
                     p: float = 0.75, longrope: Any = None, tolerance: float = 0.1, batch_size: int = 1,
-                    out: str | Path | None = None, progress: bool = True, verify: bool = True) -> ExtensionStudy:
+                    out: str | Path | None = None, progress: bool = True, verify: bool = True,
+                    attention: bool = True) -> ExtensionStudy:
     """Loss by length, passkey retrieval, per-plane effect and base predictions of each extension method.
 
     ``to`` is the target context; ``native`` the trained one (default: the model's). ``lengths`` default to
@@ -255,6 +272,10 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     ``passkey_lengths`` default to the lengths at which a passkey prompt fits (an empty list skips passkey).
     ``tolerance`` (nats) is what the findings call keeping the loss. With ``out``, every cell is saved in
     ``out/cells`` as it finishes, and cells already there (same settings) are read instead of measured.
+    ``attention`` (default on) adds, per method and length, the attention entropy, the divergence from the
+    unmodified model's attention (lengths within ``native``) and the heads' matrix entropy, on the loss windows;
+    the divergence holds the unmodified model's post-RoPE queries and keys of every layer for the windows of
+    one length at a time (n_windows × length × layers × (heads + KV heads) × head_dim floats).
     """
     from tqdm.auto import tqdm
 
@@ -327,6 +348,11 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     cells = _Cells(None if out is None else Path(out) / "cells")
     jobs = [("loss", n, L) for n in variants for L in lengths]
     jobs += [("passkey", n, L) for n in variants for L in passkey_lengths]
+    # attention length by length: one length's reference (the unmodified model's queries and keys) at a time
+    jobs += [("attention", n, L) for L in (lengths if attention else ()) for n in variants]
+    att_cells = _Cells(None if cells.folder is None else cells.folder / "attention")
+    att: dict[tuple[str, int], dict[str, Any]] = {}
+    reference: dict[str, Any] = {}
     loss_cells: dict[tuple[str, int], dict[str, Any]] = {}
     key_cells: dict[tuple[str, int], dict[str, Any]] = {}
     bar = tqdm(jobs, desc="extend", unit="cell", disable=not progress)
@@ -334,6 +360,10 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
         v = variants[name]
         bar.set_postfix_str(f"{kind} {METHODS[name]} {L}")
         vcfg = None if v is None else v.to_dict()
+        if kind == "attention":
+            att[(name, L)] = _attention_cell(model, spec, name, v, L, native, windows[L][0], base_cfg, vcfg,
+                                             att_cells, att, reference, batch_size, is_identity)
+            continue
         if kind == "loss":
             tokens, cname, csha = windows[L]
             cfg = {**base_cfg, "kind": "loss", "variant": vcfg, "length": L, "n_windows": n_windows,
@@ -365,6 +395,7 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
                 "depths": list(depths), "n_trials": n_trials, "seed": seed, "p": p, "tolerance": tolerance,
                 "weights_sha256": fp, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                 "forward": loss_path(model), "cells_reused": cells.reused,
+                "attention": bool(attention), "attention_cells_reused": att_cells.reused,
                 "out": None if out is None else str(out), "verification": verified.to_dict()},
     )
     rows = []
@@ -380,7 +411,50 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
         passkey_cells=tuple({"method": n, "length": L, "trials": c["trials"], "same_as": c.get("same_as")}
                             for (n, L), c in key_cells.items()),
         planes=tuple(planes), predictions=pred.to_dict(), provenance=prov,
+        attention_cells=tuple({"method": n, "length": L, "heads": c["heads"], "same_as": c.get("same_as")}
+                              for (n, L), c in att.items()),
     )
+
+
+def _attention_cell(model, spec, name, v, L, native, tokens, base_cfg, vcfg, cells, done, reference, batch_size,
+                    is_identity) -> dict[str, Any]:
+    """One attention cell: per (layer, head) the mean row entropy, the divergence from the unmodified model within
+    the native context, and the matrix entropy of the query Gram (:class:`AttentionStatsReducer`)."""
+    from ropelens.run.capture import capture_qk
+
+    layers = spec.attention_layers
+    diverge = native >= L
+    cfg = {**base_cfg, "kind": "attention", "variant": vcfg, "length": L, "n_windows": int(tokens.shape[0]),
+           "tokens_sha256": _tokens_sha(tokens), "divergence": diverge}
+    cell = cells.get("attention", name, L, cfg)
+    if cell is not None:
+        return cell
+    if v is not None and ("none", L) in done and is_identity(spec, v, spec.rotary_layers, L):
+        cell = {**done[("none", L)], "same_as": "none"}
+    else:
+        if diverge and reference.get("length") != L:  # the unmodified model's queries and keys on these windows
+            reference.clear()
+            reference.update(length=L, acts=capture_qk(model, tokens, layers=layers, which=("q_post", "k_post"),
+                                                       batch_size=batch_size))
+        t1 = time.perf_counter()
+        cell = _measure_attention(model, spec, v, tokens, layers, reference["acts"] if diverge else None, batch_size)
+        cell["seconds"] = time.perf_counter() - t1
+    cells.put("attention", name, L, cfg, cell)
+    return cell
+
+
+def _measure_attention(model, spec, v, tokens, layers, reference, batch_size) -> dict[str, Any]:
+    """The per-head attention statistics of ``v`` (None: the unmodified model) on ``tokens``."""
+    import contextlib
+
+    from ropelens.analyses.entropy import AttentionStatsReducer
+    from ropelens.run.capture import batches, stream
+    from ropelens.run.intervene import apply_rope_variant
+
+    red = AttentionStatsReducer(spec, layers, reference=reference)
+    with contextlib.nullcontext() if v is None else apply_rope_variant(model, v):
+        stream(model, batches(tokens, batch_size), [red], layers=layers, progress=False)
+    return {"heads": red.table()}
 
 
 def _measure(model, kind, v, L, windows, depths, n_trials, seed, batch_size, apply_rope_variant, loss_path):
@@ -420,6 +494,8 @@ class ExtensionStudy(Result):
     planes: tuple[dict[str, Any], ...]  # kind, method and PlaneView.to_dict() at the target
     predictions: dict[str, Any]  # BasePredictions.to_dict()
     provenance: Provenance
+    # method, length, heads (one AttentionStatsReducer.table() row per layer × head), same_as
+    attention_cells: tuple[dict[str, Any], ...] = ()
 
     KIND: ClassVar[str] = "ExtensionStudy"
     FORMAT: ClassVar[int] = 1
@@ -448,6 +524,30 @@ class ExtensionStudy(Result):
             first = df.loc[df.groupby("method")["length"].idxmin()].set_index("method")["loss"]
             df["delta_vs_shortest"] = df["loss"] - df["method"].map(first)
         return df
+
+    def attention_heads_frame(self) -> pd.DataFrame:
+        """One row per (method, length, layer, head): query rows, mean row entropy (nats), mean KL and JS divergence
+        from the unmodified model's attention (NaN past the native context) and the query Gram's matrix entropy."""
+        rows = [{"method": c["method"], "label": METHODS.get(c["method"], c["method"]), "length": c["length"], **h}
+                for c in self.attention_cells for h in c["heads"]]
+        return pd.DataFrame(rows).astype({"kl": float, "js": float}) if rows else pd.DataFrame()
+
+    def attention_frame(self) -> pd.DataFrame:
+        """One row per (method, length, layer kind): the mean over the kind's layers, heads and query rows of the
+        row entropy (nats), the KL(method ‖ unmodified) and Jensen–Shannon divergences (nats; NaN past the native
+        context), and the mean matrix entropy of the heads' query Gram."""
+        df = self.attention_heads_frame()
+        if df.empty:
+            return df
+        same = {(c["method"], c["length"]): c.get("same_as") for c in self.attention_cells}
+        out = []
+        for (method, length, kind), g in df.groupby(["method", "length", "kind"], sort=False):
+            w = g["rows"] / g["rows"].sum()
+            out.append({"method": method, "label": METHODS.get(method, method), "length": length, "kind": kind,
+                        "n_heads": len(g), "entropy": float((g["entropy"] * w).sum()),
+                        "kl": float((g["kl"] * w).sum(min_count=1)), "js": float((g["js"] * w).sum(min_count=1)),
+                        "matrix_entropy": float(g["matrix_entropy"].mean()), "same_as": same[(method, length)]})
+        return pd.DataFrame(out)
 
     def passkey_frame(self) -> pd.DataFrame:
         """One row per (method, length, depth): trials, correct ones and accuracy."""
@@ -511,6 +611,7 @@ class ExtensionStudy(Result):
         return {**d, "lengths": list(self.lengths), "passkey_lengths": list(self.passkey_lengths),
                 "depths": list(self.depths), "loss_cells": list(self.loss_cells),
                 "passkey_cells": list(self.passkey_cells), "planes": list(self.planes),
+                "attention_cells": list(self.attention_cells),
                 "provenance": self.provenance.to_dict(), "findings": [f.to_dict() for f in self.findings()]}
 
     @classmethod
@@ -519,6 +620,7 @@ class ExtensionStudy(Result):
         return cls(**{**d, "lengths": tuple(d["lengths"]), "passkey_lengths": tuple(d["passkey_lengths"]),
                       "depths": tuple(d["depths"]), "loss_cells": tuple(d["loss_cells"]),
                       "passkey_cells": tuple(d["passkey_cells"]), "planes": tuple(d["planes"]),
+                      "attention_cells": tuple(d.get("attention_cells", ())),
                       "provenance": Provenance.from_dict(d["provenance"])})
 
     # ---------------------------------------------------------------- views

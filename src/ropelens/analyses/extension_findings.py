@@ -7,12 +7,15 @@ from typing import Any
 
 from ropelens.results.findings import Finding
 
-__all__ = ["METHODS", "held_up_to", "ranking", "study_findings"]
+__all__ = ["DEFAULT_METHODS", "METHODS", "held_up_to", "ranking", "study_findings"]
 
 # the methods an extension study compares: key → label (defined here, below the study, so that the study,
 # its findings and its page read one list without importing each other in a circle)
 METHODS: dict[str, str] = {"none": "unmodified", "pi": "PI", "ntk": "NTK", "dynamic": "dynamic NTK",
-                           "yarn": "YaRN", "llama3": "Llama 3", "longrope": "LongRoPE", "prope": "p-RoPE"}
+                           "yarn": "YaRN", "llama3": "Llama 3", "longrope": "LongRoPE", "prope": "p-RoPE",
+                           "resonance": "Resonance-YaRN", "cope": "CoPE", "fope": "FoPE zeroing"}
+# the methods a study runs unless others are asked for (Resonance-YaRN, CoPE and FoPE's zeroing when asked)
+DEFAULT_METHODS: tuple[str, ...] = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope", "prope")
 ExtensionStudy = Any  # ropelens.analyses.extension.ExtensionStudy, not imported: it imports this module
 
 

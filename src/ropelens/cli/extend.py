@@ -26,7 +26,7 @@ def _ints(text: str, what: str) -> list[int]:
 
 def add_extend(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens extend [MODEL] --to N``: the context-extension study and its page."""
-    from ropelens.analyses.extension import METHODS
+    from ropelens.analyses.extension import DEFAULT_METHODS, METHODS
 
     p = add_command(subparsers, "extend", run_extend)
     ModelOptions.add_to(p)
@@ -38,8 +38,8 @@ def add_extend(subparsers: argparse._SubParsersAction) -> None:
                    help="loss lengths (default: doubling from --start up to --to)")
     g.add_argument("--start", type=positive_int, default=None, metavar="N",
                    help="the shortest length when doubling (default: native / 4)")
-    g.add_argument("--methods", default=",".join(METHODS), metavar="M,M,...",
-                   help=f"of {','.join(METHODS)} (default: all)")
+    g.add_argument("--methods", default=",".join(DEFAULT_METHODS), metavar="M,M,...",
+                   help=f"of {','.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})")
     g.add_argument("--windows", type=positive_int, default=2, metavar="N", help="windows per length (default: 2)")
     g.add_argument("--corpus", default="english", metavar="PATH|english|python", help="text for the loss (default: english)")
     g.add_argument("--passkey-lengths", default=None, metavar="N,N,...|none",
@@ -52,6 +52,8 @@ def add_extend(subparsers: argparse._SubParsersAction) -> None:
                    help="a saved LongRopeSearch for this native -> target (default: YaRN's factors as LongRoPE)")
     g.add_argument("--tolerance", type=float, default=0.1, metavar="NATS",
                    help="loss rise the findings count as kept (default: 0.1)")
+    g.add_argument("--no-attention", dest="attention", action="store_false",
+                   help="skip the attention entropy, divergence and matrix entropy per method and length")
     g.add_argument("--out", default="ropelens-extend", metavar="DIR",
                    help="page, tables and one saved cell per (method, length); rerun to resume (default: ropelens-extend)")
     OutputOptions.add_to(p)
@@ -61,9 +63,11 @@ def run_extend(args: argparse.Namespace) -> int:
     """Context-extension study: loss by length, passkey, per-plane view and base predictions per method
 
     Run the model unmodified and under PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE and p-RoPE (each set for
-    --to / native), measure the loss at every length and passkey retrieval over length x depth, and write one
-    page (index.html) with findings, study.json and a CSV per table. Every (method, length) cell is saved as
-    it finishes, so the same command started again resumes.
+    --to / native; Resonance-YaRN, CoPE and FoPE zeroing when named in --methods), measure the loss at every
+    length, passkey retrieval over length x depth and the attention (mean entropy of the query rows by layer
+    kind, KL and Jensen-Shannon divergence from the unmodified model's attention within the native context,
+    the heads' query matrix entropy), and write one page (index.html) with findings, study.json and a CSV per
+    table. Every (method, length) cell is saved as it finishes, so the same command started again resumes.
     """
     from ropelens.analyses.extension import METHODS, extension_study
     from ropelens.validate import check_output_path
@@ -91,14 +95,25 @@ def run_extend(args: argparse.Namespace) -> int:
     study = extension_study(load_from_args(args), args.to, native=args.native, lengths=lengths, start=args.start,
                             methods=methods, n_windows=args.windows, corpus=args.corpus, passkey_lengths=passkey,
                             depths=depths, n_trials=args.trials, seed=args.seed, p=args.p, longrope=longrope,
-                            tolerance=args.tolerance, out=args.out, progress=output.progress)
+                            tolerance=args.tolerance, out=args.out, progress=output.progress,
+                            attention=args.attention)
     page = study.write(args.out)
     findings = study.findings()
     if output.json:
         return output.emit({"page": str(page), "findings": [f.to_dict() for f in findings],
                             "loss": study.loss_frame().to_dict("records"),
-                            "passkey": study.passkey_frame().to_dict("records")})
+                            "passkey": study.passkey_frame().to_dict("records"),
+                            "attention": study.attention_frame().to_dict("records")})
     print(study.loss_frame().pivot(index="label", columns="length", values="loss").to_string(float_format="%.4f"))
+    att = study.attention_frame()
+    if not att.empty:
+        print("\nmean attention entropy of the query rows (nats), by layer kind:")
+        print(att.pivot(index=["label", "kind"], columns="length", values="entropy").to_string(float_format="%.4f"))
+        near = att[att["length"] <= study.native]
+        print(f"\ndivergence from the unmodified model's attention within the native {study.native:,} tokens (nats; "
+              "KL(method || unmodified), JS) and mean matrix entropy of the heads' query Gram:")
+        print(near[["label", "length", "kind", "kl", "js", "matrix_entropy"]].to_string(index=False,
+                                                                                       float_format="%.6f"))
     for f in findings:
         print(f"- {f.text}")
     print(f"wrote {page}")

@@ -60,6 +60,7 @@ VARIANT_EXAMPLES = {
     "propepartial": "propepartial:0.75", "nope": "nope", "basechange": "basechange:500000",
     "planemask": "planemask:0,1,2,3", "linear": "linear:4", "ntk": "ntk:4", "dynamicntk": "dynamicntk:2:2048",
     "yarn": "yarn:4:2048", "llama3": "llama3:8:1:4:8192", "longrope": "longrope:1,1,1,1:1,2,4,8:2048",
+    "resonance": "resonance:4:2048", "cope": "cope:20", "fopezero": "fopezero:2048",
 }
 
 

@@ -16,12 +16,14 @@ from ropelens.results.serialize import atomic_write_text
 
 ExtensionStudy = Any  # ropelens.analyses.extension.ExtensionStudy, not imported: it imports this module
 
-__all__ = ["SECTIONS", "loss_figure", "passkey_figure", "planes_figure", "study_page", "write_study"]
+__all__ = ["SECTIONS", "attention_figure", "loss_figure", "passkey_figure", "planes_figure", "study_page",
+           "write_study"]
 
 SECTIONS = (("summary", "Summary"), ("loss", "Loss by length"), ("passkey", "Passkey retrieval"),
+            ("attention", "Attention entropy and divergence"),
             ("planes", "What each method does to every plane"), ("predictors", "What the base predicts"),
             ("provenance", "Provenance"))
-TABLES = ("loss", "passkey", "planes", "predictors", "ranking")
+TABLES = ("loss", "passkey", "attention", "attention_heads", "planes", "predictors", "ranking")
 _ROLE_COLOURS = {"kept": "#2e7d32", "interpolated": "#1f5fbf", "blended": "#8e6bd1", "extrapolated": "#c62828",
                  "stopped": "#9e9e9e", "unrotated": "#d9d9d9"}
 
@@ -73,6 +75,31 @@ def loss_figure(study: ExtensionStudy) -> go.Figure:
                       xaxis_type="log", xaxis_title="context length (tokens)", yaxis_title="mean loss (nats)",
                       xaxis={"tickvals": list(study.lengths), "ticktext": [f"{n:,}" for n in study.lengths]})
     return H.style_figure(fig, height=460)
+
+
+def attention_figure(study: ExtensionStudy) -> go.Figure:
+    """Per layer kind: mean attention entropy of the query rows by length per method (left), and the Jensen–Shannon
+    divergence from the unmodified model's attention at the lengths within the native context (right)."""
+    df = study.attention_frame()
+    kinds = list(dict.fromkeys(df["kind"])) if not df.empty else []
+    fig = make_subplots(rows=max(1, len(kinds)), cols=2, horizontal_spacing=0.1, vertical_spacing=0.12,
+                        subplot_titles=[t for k in kinds for t in (f"{k} layers: entropy (nats)",
+                                                                    f"{k} layers: JS from unmodified (nats)")])
+    for r, kind in enumerate(kinds, start=1):
+        for m in study.methods:
+            g = df[(df["method"] == m) & (df["kind"] == kind)].sort_values("length")
+            near = g[g["length"] <= study.native]
+            fig.add_trace(go.Scatter(x=g["length"], y=g["entropy"], mode="lines+markers", name=_label(m),
+                                     legendgroup=m, showlegend=r == 1,
+                                     hovertemplate=f"{_label(m)}<br>%{{x:,}} tokens<br>entropy %{{y:.4f}}<extra></extra>"),
+                          row=r, col=1)
+            fig.add_trace(go.Scatter(x=near["length"], y=near["js"], mode="lines+markers", name=_label(m),
+                                     legendgroup=m, showlegend=False,
+                                     hovertemplate=f"{_label(m)}<br>%{{x:,}} tokens<br>JS %{{y:.3g}}<extra></extra>"),
+                          row=r, col=2)
+        fig.update_xaxes(type="log", title_text="context length (tokens)", row=r)
+    fig.update_layout(title=f"Attention per method — {study.provenance.model}")
+    return H.style_figure(fig, height=320 * max(1, len(kinds)) + 80)
 
 
 def passkey_figure(study: ExtensionStudy) -> go.Figure:
@@ -139,7 +166,8 @@ def _tables(study: ExtensionStudy) -> dict:
     if not rank.empty:
         rank.insert(0, "rank", range(1, len(rank) + 1))
         rank["limit"] = [study.in_distribution_limit(m) for m in rank["method"]]
-    return {"loss": study.loss_frame(), "passkey": study.passkey_frame(), "planes": study.planes_frame(),
+    return {"loss": study.loss_frame(), "passkey": study.passkey_frame(), "attention": study.attention_frame(),
+            "attention_heads": study.attention_heads_frame(), "planes": study.planes_frame(),
             "predictors": study.predictors_frame(), "ranking": rank}
 
 
@@ -177,6 +205,17 @@ def study_page(study: ExtensionStudy) -> str:
                     + H.table_html(pk.drop(columns=["method"]).rename(columns={"label": "method"}),
                                    text_cols=("method", "answers")))
                    if study.passkey_cells else '<p class="note">No passkey lengths were measured.</p>',
+        "attention": (items("attention") + H.figure_html(
+            attention_figure(study), "Entropy: −Σ p ln p of every query row, averaged over the layers, heads and "
+            "rows of a kind. JS: the Jensen–Shannon divergence of each row from the unmodified model's row on the same "
+            "tokens, within the native context.")
+            + "<p class=\"lead\">Per method, length and layer kind: mean row entropy, KL(method ‖ unmodified) and JS "
+              "divergence from the unmodified model's attention (nats; lengths within the native context), and the mean "
+              "matrix entropy of the heads' post-RoPE query Gram (entropy of its normalised eigenvalues; per head in "
+              "<code>attention_heads.csv</code>).</p>"
+            + H.table_html(tables["attention"].drop(columns=["method"]).rename(columns={"label": "method"}),
+                           text_cols=("method", "kind", "same_as")))
+                     if study.attention_cells else '<p class="note">No attention was measured.</p>',
         "planes": items("planes") + "".join(H.figure_html(planes_figure(study, k))
                                             for k in dict.fromkeys(p["kind"] for p in study.planes))
                   + H.table_html(planes_counts, text_cols=("kind", "variant")),

@@ -1,4 +1,4 @@
-"""RoPE variants (p-RoPE, NoPE, context extension) as value objects: per-plane frequencies and scaling.
+"""RoPE variants (p-RoPE, NoPE, context extension, Resonance, CoPE, FoPE's zeroing) as value objects: per-plane frequencies and scaling.
 
 A variant is a small frozen value object that says what one layer rotates: ``inv_freq(layer)`` (radians
 per token per plane, highest frequency first, as many planes as the layer), ``attention_scaling(layer)``
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -44,6 +45,9 @@ __all__ = [
     "YaRN",
     "Llama3",
     "LongRoPE",
+    "Resonance",
+    "CoPE",
+    "FoPEZero",
     "kept_planes",
     "variant_from_dict",
 ]
@@ -71,6 +75,9 @@ _COERCE: dict[str, Callable[[Any, str], Any]] = {
     ),
     "n_hat": functools.partial(
         check_number, at_least=0, integer=True, hint=" (positions left uninterpolated)"
+    ),
+    "n_low": functools.partial(
+        check_number, at_least=0, integer=True, hint=" (how many of the lowest-frequency planes CoPE tapers)"
     ),
     "planes": lambda v, what: check_indices(v, what[:-1]),
     "truncate": check_flag,
@@ -490,3 +497,106 @@ class LongRoPE(_HF):
         plain = pos * _default_inv_freq(_base(layer), freq_dim(layer)).to(positions.device)
         return torch.where(positions[..., None] < self.n_hat, plain, scaled)
 
+
+
+# --------------------------------------------------------------------------------------------
+# frequency rounding, soft clipping and zeroing
+# --------------------------------------------------------------------------------------------
+def _native(layer: LayerRope, given: int | None, what: str) -> int:
+    """The trained context length: ``given``, else the layer's ``n_ctx``."""
+    if given is not None:
+        return int(given)
+    if layer.n_ctx is None:
+        raise InputError(
+            f"{what} needs the trained context length and layer {layer.layer} records none (LayerRope.n_ctx "
+            f"is None): pass original_max_position=<the trained length in tokens>"
+        )
+    return int(layer.n_ctx)
+
+
+@dataclass(frozen=True)
+class Resonance(RopeVariant):
+    """Resonance RoPE (Wang et al. 2024, "Resonance RoPE: Improving Context Length Generalization of Large
+    Language Models", arXiv 2403.00287): every plane's wavelength λ_i = 2π/θ_i is rounded to the nearest
+    integer, θ̃_i = 2π / round(λ_i), so that each plane's angles repeat exactly every round(λ_i) tokens.
+
+    The rounding is the authors' code's: ``torch.round(2π / θ)`` in float32 (halves to even), on every plane.
+    Without ``factor`` it rounds plain RoPE's θ_i = base^(−2i/d). With ``factor`` (and ``original_max_position``,
+    default the layer's n_ctx) it is the paper's Resonance-YaRN: the wavelengths of ``YaRN(factor,
+    original_max_position)`` rounded, with YaRN's cos/sin multiplier.
+    """
+
+    factor: float | None = None
+    original_max_position: int | None = None
+    rope_type: ClassVar[str] = "resonance"
+    # YaRN's β_fast and β_slow are HF's defaults (32 and 1)
+
+    def _check(self) -> None:
+        if self.factor is None and self.original_max_position is not None:
+            raise InputError(
+                f"Resonance: original_max_position={self.original_max_position} is only read by Resonance-YaRN: "
+                "pass factor= too (e.g. Resonance(4.0, 2048)), or leave both unset for plain Resonance RoPE"
+            )
+
+    def _yarn(self, layer: LayerRope) -> YaRN:
+        assert self.factor is not None
+        return YaRN(self.factor, _native(layer, self.original_max_position, "Resonance-YaRN"))
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        inv = _default_inv_freq(_base(layer), freq_dim(layer)) if self.factor is None \
+            else self._yarn(layer).inv_freq(layer)
+        wavelengths = torch.round(2 * math.pi / inv)
+        if bool((wavelengths == 0).any()):
+            raise InputError(
+                f"Resonance: a plane of layer {layer.layer} has a wavelength below half a token, which rounds to 0: "
+                "its frequency exceeds π per token (a YaRN factor far below 1); pass a factor ≥ 1"
+            )
+        return (2 * math.pi / wavelengths).float()
+
+    def attention_scaling(self, layer: LayerRope) -> float:
+        return 1.0 if self.factor is None else self._yarn(layer).attention_scaling(layer)
+
+
+@dataclass(frozen=True)
+class CoPE(RopeVariant):
+    """CoPE ("CoPE: Clipped RoPE as A Scalable Free Lunch for Long Context LLMs",
+    arXiv 2602.05258): soft clipping of the lowest frequencies with a raised-cosine taper.
+
+    Of plain RoPE's θ_i = base^(−2i/d), the last c = min(``n_low``, planes) planes (the lowest frequencies)
+    are multiplied by m_j = ½(1 + cos(π·j/(c − 1))), j = 0 … c − 1: the first tapered plane keeps its
+    frequency, the last is stopped (θ = 0), the ones between fall smoothly. This is the taper of the authors'
+    code (``torch.linspace(0, π, c)`` in float32; c = 1 leaves the plane as it is), with their default
+    ``n_low`` = 20 (of Llama-3-8B's 64 planes). ``n_low`` = 0 is plain RoPE.
+    """
+
+    n_low: int = 20
+    rope_type: ClassVar[str] = "cope"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        inv = _default_inv_freq(_base(layer), freq_dim(layer))
+        c = min(self.n_low, inv.numel())
+        if c > 0:
+            mask = 0.5 * (1.0 + torch.cos(torch.linspace(0.0, math.pi, steps=c, dtype=torch.float32)))
+            inv[inv.numel() - c:] = inv[inv.numel() - c:] * mask
+        return inv
+
+
+@dataclass(frozen=True)
+class FoPEZero(RopeVariant):
+    """FoPE's zeroing of under-trained frequencies (Hua et al. 2024, "Fourier Position Embedding: Enhancing
+    Attention's Periodic Extension for Length Generalization", arXiv 2412.17739).
+
+    Of plain RoPE's θ_i = base^(−2i/d), every plane that does not complete one full turn within the trained
+    context, θ_i · L < 2π (wavelength 2π/θ_i longer than L tokens), gets θ_i = 0: it becomes a NoPE plane. L is
+    ``original_max_position``, by default the layer's trained context (its n_ctx). Only this zeroing is
+    implemented, not FoPE's Fourier-series mixing of frequencies within a plane.
+    """
+
+    original_max_position: int | None = None
+    rope_type: ClassVar[str] = "fope-zero"
+
+    def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        inv = _default_inv_freq(_base(layer), freq_dim(layer))
+        L = _native(layer, self.original_max_position, "FoPEZero")
+        inv[inv.double() * L < 2 * math.pi] = 0.0
+        return inv
