@@ -14,10 +14,6 @@ import math
 
 import pytest
 import torch
-from tests.unit.test_cli_errors import (  # one line, exit 2, the folder as it was
-    fails,
-    tree,
-)
 
 from ropelens.analyses import extension as extension_module
 from ropelens.analyses.band_stats import band_statistics
@@ -28,6 +24,10 @@ from ropelens.cli import main
 from ropelens.errors import InputError
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import rope_spec
+from tests.unit.cli.test_cli_errors import (  # one line, exit 2, the folder as it was
+    fails,
+    tree,
+)
 
 
 @pytest.fixture(autouse=True)

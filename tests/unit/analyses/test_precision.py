@@ -26,16 +26,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_band_tiles import HFLayer, allowed_keys, band_logits, dense_layer_sums, pattern_of
-from test_reducer_placement import (
-    BANDS,
-    EPS,
-    REDUCERS,
-    SKIP,
-    _distance_ref,
-    _heads_ref,
-    _sinks_ref,
-)
 from torch import Tensor
 
 from ropelens.analyses.band_stats import BandStatsReducer
@@ -47,6 +37,22 @@ from ropelens.run.capture import LayerActs, capture_qk, stream
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec
 from ropelens.testing import tiny_model
+from tests.unit.analyses.test_band_tiles import (
+    HFLayer,
+    allowed_keys,
+    band_logits,
+    dense_layer_sums,
+    pattern_of,
+)
+from tests.unit.run.test_reducer_placement import (
+    BANDS,
+    EPS,
+    REDUCERS,
+    SKIP,
+    _distance_ref,
+    _heads_ref,
+    _sinks_ref,
+)
 
 N, BATCH = 24, 3  # three windows of 8 in Gemma 3's sliding layers; its layer 3 is global
 TOL = 2e-5  # float32 rounding growth over the reductions, with margin (see the module docstring)

@@ -13,7 +13,6 @@ import textwrap
 
 import pytest
 import torch
-from tests.unit.test_measure import _run_ranks
 
 import ropelens
 from ropelens import Bands, capture
@@ -21,6 +20,7 @@ from ropelens.analyses.band_stats import BandStatistics
 from ropelens.analyses.usage import FrequencyUsage, UsageReducer
 from ropelens.run.distributed import RunInfo, run_windows, shard
 from ropelens.testing import tiny_model_dir
+from tests.unit.run.test_measure import _run_ranks
 
 N_CTX, N_WINDOWS = 32, 7  # 7 windows: not divisible by 2 or 3
 

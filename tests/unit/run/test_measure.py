@@ -236,7 +236,7 @@ def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
     code = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "class KeyNorm" in b)
     monkeypatch.chdir(tmp_path)
     model = tiny("llama")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -38,9 +36,12 @@ from ropelens.testing.families import (
     probs_by_layer,
     rotation_error,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))  # the dense band-statistics reference lives beside this file
-from test_band_tiles import _hand_planes, assert_sums_match, dense_layer_sums, hf_layers  # noqa: E402
+from tests.unit.analyses.test_band_tiles import (
+    _hand_planes,
+    assert_sums_match,
+    dense_layer_sums,
+    hf_layers,
+)
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None and fam.refused_at == "spec"]

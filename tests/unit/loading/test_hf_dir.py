@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tests.unit.test_cli_errors import fails
 
 import ropelens
 from ropelens.errors import InputError
 from ropelens.loading.hf_dir import safetensors_problem
+from tests.unit.cli.test_cli_errors import fails
 
 
 @pytest.fixture

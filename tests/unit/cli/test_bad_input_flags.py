@@ -15,11 +15,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.unit.test_cli_errors import fails, tree
 
 from ropelens.cli import main
+from tests.unit.cli.test_cli_errors import fails, tree
 
-CLI = Path(__file__).resolve().parents[2] / "src" / "ropelens" / "cli"
+CLI = Path(__file__).resolve().parents[3] / "src" / "ropelens" / "cli"
 NO_MODEL = "cannot load model 'no-such-model'"
 
 

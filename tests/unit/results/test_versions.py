@@ -8,7 +8,7 @@ from ropelens import provenance
 from ropelens.cli import main
 from ropelens.report.build import _untested_html
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_lock_pins_the_stack_and_setup_installs_from_it():

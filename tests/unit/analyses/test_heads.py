@@ -162,7 +162,7 @@ def test_experiment_main_on_handset(handset, tmp_path, capsys, monkeypatch):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "experiments" / "positional_vs_semantic.py"
+    path = Path(__file__).resolve().parents[3] / "experiments" / "positional_vs_semantic.py"
     spec = importlib.util.spec_from_file_location("positional_vs_semantic", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,0 +1,1 @@
+"""Integration tests on the real embedded models."""

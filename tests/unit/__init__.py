@@ -1,0 +1,1 @@
+"""Unit tests on tiny random models, one folder per layer of the package."""
