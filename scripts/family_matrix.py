@@ -62,7 +62,7 @@ def main() -> int:
           "scores (relative error); the pattern rebuilt from them (soft-capping, sinks and windows applied) against "
           "HF's attention probabilities; and, on one token repeated, the captured post-RoPE query at every position "
           "against the spec's rotation of position 0 (relative error; this is what catches a wrong plane pairing). "
-          "The same checks run in `tests/unit/test_families.py` and `tests/unit/test_new_families.py`. Layers "
+          "The same checks run in `tests/unit/spec/test_families.py` and `tests/unit/spec/test_new_families.py`. Layers "
           "without RoPE are read from the model's own forward (the layers whose attention never calls "
           "`apply_rotary_pos_emb`), and so is the rotation direction. So is a norm after RoPE (HunYuan dense, "
           "NanoChat: q and k normalised per head, with a gain, after `apply_rotary_pos_emb`): ropelens then takes "

@@ -8,7 +8,7 @@ stops at the last rotation asked for (that layer's attention, MLP and every late
 skipped). In a layer that normalises q and k after RoPE (``LayerRope.norm_after_rope``), the
 post-RoPE q and k are those its attention function receives, and the forward stops there. Families that rotate elsewhere or only a slice of the head
 (GPT-J, Phi, StableLM), a model under a RoPE variant or plane ablation, and any mismatch with the
-spec fall back to the bridge, which gives the same numbers (``tests/unit/test_fastpath.py``).
+spec fall back to the bridge, which gives the same numbers (``tests/unit/backends/test_fastpath.py``).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def _one_line(err: pytest.ExceptionInfo, arch: str) -> str:
 
 
 def test_transformerlens_hook_points_are_refused_in_one_line(model_dir):
-    """A plain model runs every ropelens intervention on the engine (tests/unit/test_engine.py); only TransformerLens's
+    """A plain model runs every ropelens intervention on the engine (tests/unit/backends/test_engine.py); only TransformerLens's
     own surface (hook points, run_with_cache) needs the bridge: one line naming the architecture."""
     from ropelens.run.intervene import apply_rope_variant
     from ropelens.spec.variants import PRoPE
@@ -147,7 +147,7 @@ def test_transformerlens_hook_points_are_refused_in_one_line(model_dir):
 
 def test_refusals_name_what_cannot_be_measured(model_dir):
     """DiffLlama (two softmax maps subtracted) is refused by rope_spec (MiniCPM3's latent attention is measured:
-    tests/unit/test_mla.py)."""
+    tests/unit/spec/test_mla.py)."""
     for family, why in (("diffllama", "differential attention"),):
         model = ropelens.load_model(model_dir(family), device="cpu")
         with pytest.raises(UnsupportedModelError, match=why):
