@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models (unit tests) and the real embedded models (integration)."""
+"""Shared fixtures: tiny random models and the family matrix's tiny models (unit tests), the real embedded
+models (integration)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 
 import ropelens  # noqa: E402
+from ropelens.spec.reading import rope_spec  # noqa: E402
 from ropelens.testing import tiny_model, tiny_model_dir  # noqa: E402
+from ropelens.testing.families import family_model_dir  # noqa: E402
 
 ROPE_FAMILIES = ("llama", "llama-gqa", "gemma3", "gptj")
 
@@ -41,6 +44,31 @@ def tiny_dir(tmp_path_factory):
         return tiny_model_dir(family, tmp_path_factory.mktemp(f"tiny-{family}"))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory):
+    """``family_dir(name)``: the family's tiny model (:mod:`ropelens.testing.families`) saved as an HF
+    directory, once per family per session. Tests only read it: one that edits a model saves its own."""
+
+    @functools.cache
+    def make(name: str) -> Path:
+        return family_model_dir(name, tmp_path_factory.mktemp(name) / name)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def family_model(family_dir):
+    """``family_model(name)``: (model, spec) of the family's tiny model, loaded with ``load_model(path)``
+    from :func:`family_dir`, once per family per module."""
+
+    @functools.cache
+    def load(name: str):
+        model = ropelens.load_model(family_dir(name), device="cpu")
+        return model, rope_spec(model)
+
+    return load
 
 
 @pytest.fixture

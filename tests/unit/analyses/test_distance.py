@@ -32,8 +32,6 @@ from ropelens.results.curves import decay_verdict
 from ropelens.run.capture import LayerActs, capture_qk, stream
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
-from ropelens.testing import tiny_model_dir
-from ropelens.testing.families import family_model_dir
 
 N = 29  # not a multiple of any tile below; more than three sliding windows of 8
 BANDS = Bands.quantiles(3)
@@ -49,13 +47,12 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def case(tmp_path_factory):
+def case(tiny_dir, family_dir):
     """``case(name)``: (ropelens model, HF eager model) loaded from one saved directory."""
 
     @functools.cache
     def load(name: str):
-        dest = tmp_path_factory.mktemp(name) / name
-        path = tiny_model_dir(name, dest) if CASES[name] == "tiny" else family_model_dir(name, dest)
+        path = tiny_dir(name) if CASES[name] == "tiny" else family_dir(name)
         model = ropelens.load_model(path, device="cpu")
         hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
         return model, hf

@@ -25,8 +25,6 @@ from ropelens.errors import InputError
 from ropelens.run.capture import LayerActs, capture_qk, stream
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
-from ropelens.testing import tiny_model_dir
-from ropelens.testing.families import family_model_dir
 
 N = 29
 EPS = 0.3
@@ -36,13 +34,12 @@ CASES = {"llama-gqa": "tiny", "gemma3": "tiny", "gemma2": "family", "gpt_oss": "
 
 
 @pytest.fixture(scope="module")
-def case(tmp_path_factory):
+def case(tiny_dir, family_dir):
     """``case(name)``: (ropelens model, HF eager model) loaded from one saved directory."""
 
     @functools.cache
     def load(name: str):
-        dest = tmp_path_factory.mktemp(name) / name
-        path = tiny_model_dir(name, dest) if CASES[name] == "tiny" else family_model_dir(name, dest)
+        path = tiny_dir(name) if CASES[name] == "tiny" else family_dir(name)
         return ropelens.load_model(path, device="cpu"), AutoModelForCausalLM.from_pretrained(
             path, attn_implementation="eager").eval()
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -26,16 +24,6 @@ DECLINED |= {f for f, fam in FAMILIES.items() if fam.config.get("qk_rope_head_di
 DECLINED |= {"llama4"}  # a complex product (apply_rotary_emb), which the tap does not take: the plain HF forward's
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    @functools.cache
-    def load(name: str):
-        model = ropelens.load_model(family_model_dir(name, tmp_path_factory.mktemp(name) / name), device="cpu")
-        return model, rope_spec(model)
-
-    return load
-
-
 def _tokens(seed: int = 0) -> torch.Tensor:
     toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(seed))
     toks[:, 0] = 1
@@ -43,8 +31,8 @@ def _tokens(seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", EXACT)
-def test_fast_path_equals_bridge(family, loaded):
-    model, spec = loaded(family)
+def test_fast_path_equals_bridge(family, family_model):
+    model, spec = family_model(family)
     toks = _tokens()
     taken = fastpath.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers)
     assert (taken is None) == (family in DECLINED)
@@ -58,12 +46,12 @@ def test_fast_path_equals_bridge(family, loaded):
             assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), (L, key)
 
 
-def test_usage_takes_the_fast_path_and_matches_the_bridge(loaded, monkeypatch):
+def test_usage_takes_the_fast_path_and_matches_the_bridge(family_model, monkeypatch):
     """frequency_usage goes through the fast path batch by batch and equals usage streamed through the bridge."""
     from ropelens.analyses.usage import UsageReducer
     from ropelens.run.capture import batches, stream
 
-    model, spec = loaded("llama")
+    model, spec = family_model("llama")
     toks = _tokens(1)
     ropelens.run.verify.verify_model(model)  # the probe (cached) tries the fast path too: count the analysis alone
     taken = []
@@ -85,9 +73,9 @@ def test_usage_takes_the_fast_path_and_matches_the_bridge(loaded, monkeypatch):
         torch.testing.assert_close(fast.norm(which, "all"), bridge.norm(which, "all"), rtol=1e-5, atol=1e-6)
 
 
-def test_a_family_that_rotates_a_head_slice_is_tried_once(loaded, monkeypatch):
+def test_a_family_that_rotates_a_head_slice_is_tried_once(family_model, monkeypatch):
     """Phi rotates a slice of each head: the first rotation stops the forward and the verdict is kept."""
-    model, spec = loaded("phi")
+    model, spec = family_model("phi")
     toks = _tokens(3)
     ones = torch.ones_like(toks, dtype=torch.bool)
     assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
@@ -96,9 +84,9 @@ def test_a_family_that_rotates_a_head_slice_is_tried_once(loaded, monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["llama", "phi3"])
-def test_interventions_keep_the_bridge(family, loaded):
+def test_interventions_keep_the_bridge(family, family_model):
     """Under a RoPE variant or plane ablation the fast path is not taken (it would bypass them)."""
-    model, spec = loaded(family)
+    model, spec = family_model(family)
     toks = _tokens(2)
     ones = torch.ones_like(toks, dtype=torch.bool)
     with apply_rope_variant(model, PRoPE(0.5)):
@@ -112,9 +100,9 @@ def test_interventions_keep_the_bridge(family, loaded):
     assert not torch.allclose(under[L]["q_post"], plain[L]["q_post"])
 
 
-def test_the_forward_stops_at_the_last_rotation(loaded):
+def test_the_forward_stops_at_the_last_rotation(family_model):
     """Nothing after the last layer's rotation runs: not its MLP, not its attention output."""
-    model, spec = loaded("llama")
+    model, spec = family_model("llama")
     toks = _tokens(4)
     blocks = fastpath.hf_view(model).base_model.layers
     ran: list[str] = []
@@ -151,7 +139,7 @@ def test_a_family_that_rotates_twice_per_layer_is_refused(tmp_path, monkeypatch)
     assert fastpath.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers) is None
 
 
-def test_one_host_sync_per_batch(loaded, monkeypatch):
+def test_one_host_sync_per_batch(family_model, monkeypatch):
     """Usage and band statistics streamed on the fast path ask the device one thing per batch (whether it
     holds padding), alone or through run_windows; with padding, the token count at the end as well."""
     import sys
@@ -162,7 +150,7 @@ def test_one_host_sync_per_batch(loaded, monkeypatch):
     from ropelens.run.distributed import run_windows
     from ropelens.spec.bands import Bands
 
-    model, spec = loaded("llama")
+    model, spec = family_model("llama")
     toks = torch.randint(4, 100, (4, 40), generator=torch.Generator().manual_seed(6))
     reducers = [UsageReducer(spec, spec.rotary_layers), BandStatsReducer(spec, spec.rotary_layers, Bands.quantiles(2))]
     stream(model, batches(toks[:1], 1), reducers, spec=spec, progress=False)  # the first batch probes the model

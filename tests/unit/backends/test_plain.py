@@ -8,7 +8,6 @@ refused in one line naming the architecture.
 
 from __future__ import annotations
 
-import functools
 import importlib
 
 import pytest
@@ -22,24 +21,15 @@ from ropelens.errors import UnsupportedModelError
 from ropelens.run.capture import capture_qk
 from ropelens.run.verify import verify_model
 from ropelens.spec.reading import rope_spec
-from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir
+from ropelens.testing.families import FAMILIES, N_CHECK
 
 PLAIN = [f for f, fam in FAMILIES.items() if not fam.bridge and fam.refused is None]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    @functools.cache
-    def make(name: str):
-        return family_model_dir(name, tmp_path_factory.mktemp(name) / name)
-
-    return make
-
-
-@pytest.fixture(scope="module")
-def llama_both(model_dir):
+def llama_both(family_dir):
     """The family matrix's Llama loaded through the bridge and as the plain HF model, from one directory."""
-    path = model_dir("llama")
+    path = family_dir("llama")
     return ropelens.load_model(path, device="cpu"), ropelens.load_model(path, device="cpu", bridge=False)
 
 
@@ -86,19 +76,19 @@ def test_plain_patterns_are_the_bridges(llama_both):
 
 
 @pytest.mark.parametrize("family", PLAIN)
-def test_families_without_an_adapter_load_as_the_plain_model(family, model_dir):
+def test_families_without_an_adapter_load_as_the_plain_model(family, family_dir):
     """TransformerLens cannot wrap them: load_model returns the plain HF model, which passes the probe."""
-    model = ropelens.load_model(model_dir(family), device="cpu")
+    model = ropelens.load_model(family_dir(family), device="cpu")
     assert isinstance(model, PlainModel)
     assert verify_model(model).passed
     assert not hasattr(model, "blocks") and not hasattr(model, "hook_dict")
 
 
-def test_falcon_keys_are_its_kv_heads(model_dir):
+def test_falcon_keys_are_its_kv_heads(family_dir):
     """Falcon broadcasts each group's key to its query heads; ropelens keeps one key per KV head, and query head h
     reads group h // group size, as HF's own broadcast does."""
-    model = ropelens.load_model(model_dir("falcon"), device="cpu")
-    hf = AutoModelForCausalLM.from_pretrained(model_dir("falcon"), attn_implementation="eager").eval()
+    model = ropelens.load_model(family_dir("falcon"), device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(family_dir("falcon"), attn_implementation="eager").eval()
     mod = importlib.import_module(type(hf).__module__)
     orig, seen = mod.apply_rotary_pos_emb, []
 
@@ -129,13 +119,13 @@ def _one_line(err: pytest.ExceptionInfo, arch: str) -> str:
     return msg
 
 
-def test_transformerlens_hook_points_are_refused_in_one_line(model_dir):
+def test_transformerlens_hook_points_are_refused_in_one_line(family_dir):
     """A plain model runs every ropelens intervention on the engine (tests/unit/backends/test_engine.py); only TransformerLens's
     own surface (hook points, run_with_cache) needs the bridge: one line naming the architecture."""
     from ropelens.run.intervene import apply_rope_variant
     from ropelens.spec.variants import PRoPE
 
-    model = ropelens.load_model(model_dir("ministral"), device="cpu")
+    model = ropelens.load_model(family_dir("ministral"), device="cpu")
     with pytest.raises(BridgeOnlyError) as err:
         model.run_with_cache(_tokens())
     assert "no adapter" in _one_line(err, "MinistralForCausalLM")
@@ -145,11 +135,11 @@ def test_transformerlens_hook_points_are_refused_in_one_line(model_dir):
     assert not getattr(model, "_ropelens_interventions", 0)  # leaving it leaves no mark behind
 
 
-def test_refusals_name_what_cannot_be_measured(model_dir):
+def test_refusals_name_what_cannot_be_measured(family_dir):
     """DiffLlama (two softmax maps subtracted) is refused by rope_spec (MiniCPM3's latent attention is measured:
     tests/unit/spec/test_mla.py)."""
     for family, why in (("diffllama", "differential attention"),):
-        model = ropelens.load_model(model_dir(family), device="cpu")
+        model = ropelens.load_model(family_dir(family), device="cpu")
         with pytest.raises(UnsupportedModelError, match=why):
             rope_spec(model)
         with pytest.raises(UnsupportedModelError, match=why):

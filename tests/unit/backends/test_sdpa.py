@@ -3,7 +3,6 @@ restore exactly, decode with a KV cache and honour the rotation direction."""
 
 from __future__ import annotations
 
-import functools
 import importlib
 
 import pytest
@@ -24,15 +23,6 @@ FAMILIES = ["llama", "qwen2", "gemma3_text", "phi3", "smollm3"]  # GQA, windows,
 VARIANTS = [PRoPE(0.5), YaRN(4.0, 8), NoPE(), PlaneMask((0, 2))]
 # float32 forwards of a 4-layer model; sdpa and the bridge's eager attention sum in different orders, ~1e-6 apart
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    @functools.cache
-    def load(name: str):
-        return ropelens.load_model(family_model_dir(name, tmp_path_factory.mktemp(name) / name), device="cpu")
-
-    return load
 
 
 def _tokens(seed: int = 0, n: int = N_CHECK) -> torch.Tensor:
@@ -56,8 +46,8 @@ def _close(a, b) -> float:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_variants_and_ablation_equal_the_bridge_and_restore(family, loaded):
-    model = loaded(family)
+def test_variants_and_ablation_equal_the_bridge_and_restore(family, family_model):
+    model, _ = family_model(family)
     toks = _tokens()
     mod = importlib.import_module(type(hf_model_of(model)).__module__)
     rope_fn = mod.apply_rotary_pos_emb
@@ -84,10 +74,10 @@ def test_variants_and_ablation_equal_the_bridge_and_restore(family, loaded):
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi3"])  # plain, q/k norms before RoPE, partial
 @pytest.mark.parametrize("control", [False, True])
-def test_massive_replacement_on_sdpa_equals_the_bridge(family, control, loaded):
+def test_massive_replacement_on_sdpa_equals_the_bridge(family, control, family_model):
     """The pre-RoPE entries replace_massive writes through the bridge's hooks are written at the sdpa
     forward's rotation too: logits and losses agree with the bridge, under a variant as well, and restore."""
-    model = loaded(family)
+    model, _ = family_model(family)
     toks = _tokens(3)
     mv = massive_values(model, toks, progress=False, factor=1.3)  # a low factor: several dims per head
     assert int(mv.mask("q").sum()) > 0 and int(mv.mask("k").sum()) > 0
@@ -104,16 +94,16 @@ def test_massive_replacement_on_sdpa_equals_the_bridge(family, control, loaded):
     assert sdpa.active_plan(model) == () and torch.equal(_sdpa_logits(model, toks), before)
 
 
-def test_layer_kind_variant_on_gemma3_global_layers(loaded):
-    model = loaded("gemma3_text")
+def test_layer_kind_variant_on_gemma3_global_layers(family_model):
+    model, _ = family_model("gemma3_text")
     toks = _tokens(1)
     with apply_rope_variant(model, PRoPE(0.25), layer_kind="full"):
         assert _close(_sdpa_logits(model, toks), _bridge_logits(model, toks)) <= TOL
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
-def test_cached_decoding_under_a_variant_equals_full_forwards(family, loaded):
-    model = loaded(family)
+def test_cached_decoding_under_a_variant_equals_full_forwards(family, family_model):
+    model, _ = family_model(family)
     prompt = _tokens(2, 21)[0]
     with apply_rope_variant(model, YaRN(4.0, 8)), ablate_planes(model, [1]):
         cached = greedy_continuation(model, prompt, 10, prefill_chunk=5, stop_after_number=False)
@@ -126,8 +116,8 @@ def test_cached_decoding_under_a_variant_equals_full_forwards(family, loaded):
     assert cached == full == bridge == forward
 
 
-def test_other_hooks_keep_the_bridge(loaded):
-    model = loaded("llama")
+def test_other_hooks_keep_the_bridge(family_model):
+    model, _ = family_model("llama")
     toks = _tokens(3)
     with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x * 0.5)]):  # noqa: ARG005
         assert loss_path(model) == "bridge"

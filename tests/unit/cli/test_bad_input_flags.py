@@ -23,11 +23,6 @@ CLI = Path(__file__).resolve().parents[3] / "src" / "ropelens" / "cli"
 NO_MODEL = "cannot load model 'no-such-model'"
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("ROPELENS_DEBUG", raising=False)  # it turns error lines into tracebacks
-
-
 def _argv(command: str, *rest: str) -> list[str]:
     """``command`` on the model "no-such-model" (pe-geometry names its model with --model)."""
     return [command, "--model", "no-such-model", *rest] if command == "pe-geometry" else [command, "no-such-model", *rest]

@@ -30,11 +30,6 @@ from tests.unit.cli.test_cli_errors import (  # one line, exit 2, the folder as 
 )
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("ROPELENS_DEBUG", raising=False)  # it turns error lines into tracebacks
-
-
 # ---------------------------------------------------------------------------------------- possym
 def test_shortest_possym_window_is_bos_and_min_keys():
     """A query at i sees the keys 1..i (BOS left out), so only windows of min_keys + 1 tokens hold a scored query."""

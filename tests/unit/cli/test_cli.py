@@ -13,11 +13,6 @@ from ropelens import RopeSpec, rope_spec
 from ropelens.cli import main
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("ROPELENS_DEBUG", raising=False)  # it turns error lines into tracebacks
-
-
 def error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("ropelens: error:")]
 

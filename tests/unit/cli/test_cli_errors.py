@@ -24,11 +24,6 @@ from ropelens.cli.main import build_parser
 N_CTX = 32
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("ROPELENS_DEBUG", raising=False)  # it turns error lines into tracebacks
-
-
 def tree(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 

@@ -19,15 +19,9 @@ from ropelens import Bands, capture
 from ropelens.analyses.band_stats import BandStatistics
 from ropelens.analyses.usage import FrequencyUsage, UsageReducer
 from ropelens.run.distributed import RunInfo, run_windows, shard
-from ropelens.testing import tiny_model_dir
 from tests.unit.run.test_measure import _run_ranks
 
 N_CTX, N_WINDOWS = 32, 7  # 7 windows: not divisible by 2 or 3
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model_dir("llama-gqa", tmp_path_factory.mktemp("dist") / "tiny")
 
 
 def launch(nproc: int, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
@@ -51,19 +45,19 @@ def test_shard_takes_every_item_once():
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
-def test_ranks_equal_one_process(nproc, model_dir, tmp_path):
+def test_ranks_equal_one_process(nproc, gqa_dir, tmp_path):
     """usage and band statistics under N ranks equal one process's: sums to float64 rounding."""
     tokens = str(N_CTX * N_WINDOWS)
     common = ["--corpus", "english", "--n-ctx", str(N_CTX), "--tokens", tokens, "--device", "cpu"]
     u_path, s_path = tmp_path / "usage.json", tmp_path / "stats.json"
-    r = launch(nproc, ["-m", "ropelens", "usage", str(model_dir), *common, "--save", str(u_path)])
+    r = launch(nproc, ["-m", "ropelens", "usage", str(gqa_dir), *common, "--save", str(u_path)])
     assert r.returncode == 0, r.stderr[-3000:]
-    r = launch(nproc, ["-m", "ropelens", "decompose-stats", str(model_dir), *common, "--batch-size", "2",
+    r = launch(nproc, ["-m", "ropelens", "decompose-stats", str(gqa_dir), *common, "--batch-size", "2",
                        "--save", str(s_path)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("windows of 32") == 1, r.stdout
 
-    model = ropelens.load_model(model_dir, device="cpu")
+    model = ropelens.load_model(gqa_dir, device="cpu")
     u1 = ropelens.frequency_usage(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), progress=False)
     s1 = ropelens.band_statistics(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), batch_size=2,
                                   progress=False)
@@ -82,7 +76,7 @@ def test_ranks_equal_one_process(nproc, model_dir, tmp_path):
     assert uN.provenance.config["world_size"] == nproc
 
 
-def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, model_dir):
+def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, gqa_dir):
     """Rank 1 raises mid-run: both ranks exit non-zero, promptly, and rank 0 names rank 1's error."""
     script = tmp_path / "fail.py"
     script.write_text(textwrap.dedent(f"""
@@ -90,7 +84,7 @@ def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, model_dir):
         from ropelens.run.distributed import init_from_env, run_windows
         from ropelens.analyses.usage import UsageReducer
         init_from_env("cpu")
-        model = ropelens.load_model({str(model_dir)!r}, device="cpu")
+        model = ropelens.load_model({str(gqa_dir)!r}, device="cpu")
         spec = ropelens.rope_spec(model)
 
         class Boom(UsageReducer):
@@ -161,18 +155,18 @@ def test_single_process_run_info(tiny):
         run_windows(model, toks, [red], batch_size=2, spec=spec, progress=False, every=0)
 
 
-def test_device_map_naming_cpu_loads_and_runs(model_dir):
+def test_device_map_naming_cpu_loads_and_runs(gqa_dir):
     """A device map that names the CPU explicitly (the accelerate path) gives the plain load's numbers."""
-    plain = ropelens.load_model(model_dir, device="cpu")
-    mapped = ropelens.load_model(model_dir, device_map={"": "cpu"})
+    plain = ropelens.load_model(gqa_dir, device="cpu")
+    mapped = ropelens.load_model(gqa_dir, device_map={"": "cpu"})
     toks = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(2))
     a = ropelens.frequency_usage(plain, toks, progress=False)
     b = ropelens.frequency_usage(mapped, toks, progress=False)
     torch.testing.assert_close(b.q_norm, a.q_norm, rtol=0, atol=0)
     with pytest.raises(ValueError, match="either device or device_map"):
-        ropelens.load_model(model_dir, device="cpu", device_map={"": "cpu"})
+        ropelens.load_model(gqa_dir, device="cpu", device_map={"": "cpu"})
     with pytest.raises(ValueError, match="max_memory only applies"):
-        ropelens.load_model(model_dir, max_memory={"cpu": "1GB"})
+        ropelens.load_model(gqa_dir, max_memory={"cpu": "1GB"})
 
 
 def assert_same_frame(a, b, where: str) -> None:
@@ -197,7 +191,7 @@ def assert_same_frame(a, b, where: str) -> None:
             assert x.astype(str).tolist() == y.astype(str).tolist(), f"{where}: {col}"
 
 
-def test_report_under_torchrun_equals_one_process(model_dir, tmp_path):
+def test_report_under_torchrun_equals_one_process(gqa_dir, tmp_path):
     """Two ranks measure, rank 0 alone renders (its sections re-run the model locally) and writes;
     every CSV equals a one-process report's in every column. The CSVs hold no timing column; the
     timings (report.json's provenance seconds and steps_seconds) are the only numbers left out."""
@@ -207,11 +201,11 @@ def test_report_under_torchrun_equals_one_process(model_dir, tmp_path):
 
     from ropelens.report.build import build_report
 
-    r = launch(2, ["-m", "ropelens", "report", str(model_dir), "--quick", "--out", str(tmp_path / "two"),
+    r = launch(2, ["-m", "ropelens", "report", str(gqa_dir), "--quick", "--out", str(tmp_path / "two"),
                    "--device", "cpu"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("report: ") == 1  # rank 0 only
-    one = build_report(ropelens.load_model(model_dir, device="cpu"), quick=True, out=tmp_path / "one", progress=False)
+    one = build_report(ropelens.load_model(gqa_dir, device="cpu"), quick=True, out=tmp_path / "one", progress=False)
     names = sorted(p.name for p in one.glob("*.csv"))
     assert names == sorted(p.name for p in (tmp_path / "two").glob("*.csv"))
     assert {"usage.csv", "band_stats.csv", "energy.csv", "heads.csv", "sinks_heads.csv", "distance_shapes.csv"} <= set(names)
@@ -221,32 +215,32 @@ def test_report_under_torchrun_equals_one_process(model_dir, tmp_path):
     assert [f["text"] for f in a["findings"]] == [f["text"] for f in b["findings"]]
 
 
-def test_heads_under_torchrun_equals_one_process(model_dir, tmp_path):
+def test_heads_under_torchrun_equals_one_process(gqa_dir, tmp_path):
     """heads on two gloo ranks: the saved taxonomy equals classify_heads in one process, every score and class."""
     from ropelens.analyses.heads import HeadTaxonomy, classify_heads
 
     saved = tmp_path / "heads.json"
-    r = launch(2, ["-m", "ropelens", "heads", str(model_dir), "--windows", "3", "--n-ctx", str(N_CTX),
+    r = launch(2, ["-m", "ropelens", "heads", str(gqa_dir), "--windows", "3", "--n-ctx", str(N_CTX),
                    "--device", "cpu", "--save", str(saved)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("positional heads of") == 1, r.stdout  # rank 0 prints, alone
     two = HeadTaxonomy.load(saved)
     cfg = two.provenance.config
     assert cfg["world_size"] == 2 and sorted(w for ws in cfg["windows_by_rank"] for w in ws) == [0, 1, 2]
-    one = classify_heads(ropelens.load_model(model_dir, device="cpu"), n_ctx=N_CTX, n_windows=3, progress=False)
+    one = classify_heads(ropelens.load_model(gqa_dir, device="cpu"), n_ctx=N_CTX, n_windows=3, progress=False)
     assert two.tau == one.tau
     assert_same_frame(one.to_frame(), two.to_frame(), "heads")
 
 
-def test_commands_that_do_not_split_refuse_torchrun(model_dir, monkeypatch, capsys):
+def test_commands_that_do_not_split_refuse_torchrun(gqa_dir, monkeypatch, capsys):
     """Under torchrun a command without a distributed implementation says so, instead of every rank
     repeating the whole job and writing the same file."""
     from ropelens.cli import main
     from ropelens.cli.main import build_parser
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["predict-base", str(model_dir), "--lengths", "64"]) == 2
+    assert main(["predict-base", str(gqa_dir), "--lengths", "64"]) == 2
     assert "does not split its work across processes" in capsys.readouterr().err
     for command in ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets"):  # these split
-        args = build_parser().parse_args([command, str(model_dir), "--checkpoint", "ck"])
+        args = build_parser().parse_args([command, str(gqa_dir), "--checkpoint", "ck"])
         assert args.distributed and args.checkpoint == "ck", command

@@ -24,7 +24,6 @@ from ropelens.analyses.offsets import RotaryOffsets, rotary_offsets
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import UsageReducer
 from ropelens.run.measure import Measured, RunOptions, Windows, measure
-from ropelens.testing import tiny_model_dir
 
 N_CTX, N_WINDOWS, BATCH = 24, 7, 2  # 4 batches: 2 ranks take 2 + 2, 3 ranks 2 + 1 + 1
 BANDS = Bands.quantiles(2)
@@ -86,20 +85,15 @@ def assert_same_sums(got, want, tol: float = 0.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model_dir("llama-gqa", tmp_path_factory.mktemp("measure") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def one_process(model_dir):
+def one_process(gqa_dir):
     """Each analysis's result in one process: the reference every world size is held to."""
-    model = ropelens.load_model(model_dir, device="cpu")
+    model = ropelens.load_model(gqa_dir, device="cpu")
     return {name: run(model, _tokens(), batch_size=BATCH, progress=False, **kw)
             for name, (run, kw, _, _) in ANALYSES.items()}
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
-def test_ranks_equal_one_process(nproc, model_dir, one_process, tmp_path):
+def test_ranks_equal_one_process(nproc, gqa_dir, one_process, tmp_path):
     """sinks, distance, massive and offsets under N gloo ranks (one launch for all four) equal one process's."""
     tok_path = tmp_path / "tokens.pt"
     torch.save(_tokens(), tok_path)
@@ -114,7 +108,7 @@ def test_ranks_equal_one_process(nproc, model_dir, one_process, tmp_path):
         from ropelens.analyses.sinks import attention_sinks
 
         init_from_env("cpu")
-        model = ropelens.load_model({str(model_dir)!r}, device="cpu")
+        model = ropelens.load_model({str(gqa_dir)!r}, device="cpu")
         toks, bands = torch.load({str(tok_path)!r}), Bands.quantiles(2)
         runs = {{"sinks": (attention_sinks, {{"bands": bands}}), "distance": (attention_by_distance, {{"bands": bands}}),
                  "massive": (massive_values, {{}}), "offsets": (rotary_offsets, {{}})}}

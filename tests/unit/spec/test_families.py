@@ -64,19 +64,10 @@ def _param(name: str):
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    """``loaded(family)``: (bridge, spec) of the family's tiny model, loaded through load_model(path)."""
-
-    @functools.cache
-    def load(name: str):
-        path = family_model_dir(name, tmp_path_factory.mktemp(name) / name)
-        model = ropelens.load_model(path, device="cpu")
-        return model, rope_spec(model)
-
-    load.hf = functools.cache(lambda name: AutoModelForCausalLM.from_pretrained(
-        family_model_dir(name, tmp_path_factory.mktemp(f"{name}-hf") / name), attn_implementation="eager").eval())
-
-    return load
+def hf_eager(family_dir):
+    """``hf_eager(family)``: HF's own model of the family (eager attention), from the directory ropelens loads."""
+    return functools.cache(lambda name: AutoModelForCausalLM.from_pretrained(
+        family_dir(name), attn_implementation="eager").eval())
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
@@ -125,9 +116,9 @@ def _positional_len(spec) -> int:
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
-def test_analyses_run_and_are_right(family, loaded):
+def test_analyses_run_and_are_right(family, family_model, hf_eager):
     """Usage equals hand plane norms of the captured queries; band statistics run on every rotary layer."""
-    model, spec = loaded(family)
+    model, spec = family_model(family)
     fam = FAMILIES[family]
     g = torch.Generator().manual_seed(1)
     toks = torch.randint(4, 100, (2, N_CHECK), generator=g)
@@ -151,7 +142,7 @@ def test_analyses_run_and_are_right(family, loaded):
             ropelens.band_statistics(model, toks, progress=False)
         toks = toks[:, :short]
     with torch.no_grad():
-        probs = probs_by_layer(loaded.hf(family)(toks, output_attentions=True).attentions, spec)
+        probs = probs_by_layer(hf_eager(family)(toks, output_attentions=True).attentions, spec)
     for group in spec.width_groups().values():  # bands fitted to each width's planes
         st = ropelens.band_statistics(model, toks, layers=group, progress=False,
                                       bands=Bands.quantiles(2) if spec[group[0]].n_planes >= 2 else Bands.all())
@@ -169,10 +160,10 @@ def test_analyses_run_and_are_right(family, loaded):
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in BRIDGED])
-def test_variants_rotate_what_the_spec_says_and_restore(family, loaded):
+def test_variants_rotate_what_the_spec_says_and_restore(family, family_model):
     """Under a variant the captured rotated query (before a norm after RoPE) turns by the variant's frequencies;
     exit restores."""
-    model, spec = loaded(family)
+    model, spec = family_model(family)
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         before = model(toks)
@@ -207,7 +198,7 @@ def test_matrix_covers_the_issue_families():
     assert len(REFUSED) <= 6
 
 
-def test_pairing_check_catches_a_wrong_pairing(loaded, monkeypatch):
+def test_pairing_check_catches_a_wrong_pairing(family_model, monkeypatch):
     """Cohere rotates adjacent pairs: a spec that says "half" fails the pairing check (logits do not)."""
     import dataclasses
 
@@ -266,11 +257,11 @@ def test_real_scaling_configs_read_as_hf_initialises_them(case):
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in BRIDGED if f not in NORM_AFTER_ROPE])
-def test_ablating_a_plane_removes_exactly_its_term(family, loaded):
+def test_ablating_a_plane_removes_exactly_its_term(family, family_model):
     """In the first rotary layer, logits under ablate_planes([0]) = logits − plane 0's term, on every family."""
     from ropelens.run.intervene import ablate_planes
 
-    model, spec = loaded(family)
+    model, spec = family_model(family)
     L = spec.rotary_layers[0]
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(3))
     dec = ropelens.decompose_attention(model, toks, bands=Bands.planes(), layers=[L])
@@ -322,14 +313,14 @@ def _model_dims(family: str, idx: torch.Tensor) -> torch.Tensor:
     return torch.where(idx < c["qk_rope_head_dim"], idx + c["qk_nope_head_dim"], idx - c["qk_rope_head_dim"])
 
 
-def _band_inputs(family: str, loaded, layers: list[int] | None = None) -> tuple:
+def _band_inputs(family: str, family_model, hf_eager, layers: list[int] | None = None) -> tuple:
     """(tokens, bands, HF's layers, the dense float64 reference) of one short two-row input."""
-    model, spec = loaded(family)
+    model, spec = family_model(family)
     toks = torch.randint(4, 100, (2, _positional_len(spec)), generator=torch.Generator().manual_seed(4))
     toks[:, 0] = 1
     layers = spec.rotary_layers if layers is None else layers
     bands = Bands.quantiles(2) if spec[layers[0]].n_planes >= 2 else Bands.all()
-    lays = hf_layers(loaded.hf(family), toks)
+    lays = hf_layers(hf_eager(family), toks)
     per = []
     for L in layers:
         dims = list(bands.resolve(spec[L]).dims)
@@ -346,14 +337,14 @@ def _band_sums(model, spec, toks, bands, tile, jsd: bool, fast: bool = True, lay
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
-def test_band_statistics_match_hf_dense_reference(family, loaded, monkeypatch):
+def test_band_statistics_match_hf_dense_reference(family, family_model, hf_eager, monkeypatch):
     """Every band-statistics sum equals the dense float64 reference built from the q, k, scale, window,
     cap, sinks and probabilities HF's own eager attention receives and returns (``test_band_tiles``),
     through query tiles, key tiles, and the running Σ k kᵀ wherever a tile has keys all its queries see."""
     monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1)
-    model, spec = loaded(family)
+    model, spec = family_model(family)
     for group in spec.width_groups().values():  # the dense reference takes one width at a time (Gemma 4)
-        toks, bands, _, want = _band_inputs(family, loaded, group)
+        toks, bands, _, want = _band_inputs(family, family_model, hf_eager, group)
         for tile, jsd in BAND_TILES:
             got = _band_sums(model, spec, toks, bands, tile, jsd, layers=group)
             # float32 scores carry ~1e-7 of the largest one; a sum that cancels near 0 keeps that (Persimmon's
@@ -388,16 +379,16 @@ def _post_rope_error(model, spec, toks, lays) -> float:
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in NO_POST_HOOK])
-def test_wrong_pairing_is_caught_where_ropelens_rotates_itself(family, loaded, monkeypatch):
+def test_wrong_pairing_is_caught_where_ropelens_rotates_itself(family, family_model, hf_eager, monkeypatch):
     """Without a post-RoPE hook the bridge path's post-RoPE q and k are ropelens's own rotation of the
     pre-RoPE ones, so comparing them with the spec's rotation compares ropelens with itself (the fast
     path taps the model's own rotation instead). Against the model's own output (the q and k HF's
     attention receives) they agree under the family's pairing, and the band statistics match the
     dense reference; a spec with the pairing flipped fails both."""
     monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1)
-    model, spec = loaded(family)
+    model, spec = family_model(family)
     assert all(attn_hooks(model, L).q_post is None for L in spec.rotary_layers)
-    toks, bands, lays, want = _band_inputs(family, loaded)
+    toks, bands, lays, want = _band_inputs(family, family_model, hf_eager)
     assert _post_rope_error(model, spec, toks, lays) < 1e-5  # float32 rotations of the same numbers
     tile, jsd = BAND_TILES[0]
     no_jsd = {k: v for k, v in want.items() if k != "jsd"}

@@ -8,8 +8,6 @@ analyses measure the attention layers only, and asking for another layer is an e
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -20,17 +18,7 @@ from ropelens.errors import InputError
 from ropelens.run.verify import verify_model
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import MIXER_KINDS, LayerRope, RopeSpec
-from ropelens.testing.families import N_CHECK, family_hf_model, family_model_dir
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    @functools.cache
-    def load(name: str):
-        model = ropelens.load_model(family_model_dir(name, tmp_path_factory.mktemp(name) / name), device="cpu")
-        return model, rope_spec(model)
-
-    return load
+from ropelens.testing.families import N_CHECK, family_hf_model
 
 
 def _toks(seed: int = 0, n: int = N_CHECK) -> torch.Tensor:
@@ -46,9 +34,9 @@ def _toks(seed: int = 0, n: int = N_CHECK) -> torch.Tensor:
     ("bamba", {"mamba": [0, 2], "full": [1, 3]}, "BambaMixer"),
     ("granitemoehybrid", {"mamba": [0, 2], "full": [1, 3]}, "GraniteMoeHybridMambaLayer"),
 ])
-def test_spec_lists_the_layers_without_attention(family, kinds, mixer, loaded):
+def test_spec_lists_the_layers_without_attention(family, kinds, mixer, family_model):
     """Every layer keeps the model's number; the others carry their kind and HF class, and no heads or planes."""
-    model, spec = loaded(family)
+    model, spec = family_model(family)
     assert spec.kinds == kinds
     other = [k for k in kinds if k in MIXER_KINDS]
     for L in kinds[other[0]]:
@@ -65,8 +53,8 @@ def test_spec_lists_the_layers_without_attention(family, kinds, mixer, loaded):
     assert (row["mixer"], row["n_planes"]) == (mixer, 0)
 
 
-def test_falcon_h1_attention_is_listed_with_the_mamba_beside_it(loaded):
-    model, spec = loaded("falcon_h1")
+def test_falcon_h1_attention_is_listed_with_the_mamba_beside_it(family_model):
+    model, spec = family_model("falcon_h1")
     assert spec.kinds == {"full": [0, 1, 2, 3]}
     assert {lr.mixer for lr in spec.layers} == {"FalconH1Mixer"}
     hf = family_hf_model("falcon_h1")  # the plain HF model: every layer runs both
@@ -74,9 +62,9 @@ def test_falcon_h1_attention_is_listed_with_the_mamba_beside_it(loaded):
 
 
 @pytest.mark.parametrize("run", ["usage", "decompose", "band_statistics", "capture"])
-def test_asking_for_a_layer_without_attention_names_it(run, loaded):
+def test_asking_for_a_layer_without_attention_names_it(run, family_model):
     """layers=[0] on Qwen3-Next: a one-line InputError naming layer 0, its kind and the attention layers."""
-    model, _ = loaded("qwen3_next")
+    model, _ = family_model("qwen3_next")
     toks = _toks()
     call = {"usage": lambda: ropelens.frequency_usage(model, toks, layers=[0], progress=False),
             "decompose": lambda: ropelens.decompose_attention(model, toks, layers=[0]),
@@ -88,8 +76,8 @@ def test_asking_for_a_layer_without_attention_names_it(run, loaded):
     assert "\n" not in str(err.value)
 
 
-def test_a_layer_kind_without_attention_is_refused(loaded):
-    _, spec = loaded("qwen3_next")
+def test_a_layer_kind_without_attention_is_refused(family_model):
+    _, spec = family_model("qwen3_next")
     with pytest.raises(InputError, match=r"layer kind 'linear' has no softmax attention \(layers 0,2\)"):
         spec.layer_indices(None, "linear")
     assert spec.layer_indices(None, "full") == [1, 3]
@@ -101,10 +89,10 @@ def test_mixer_layers_carry_no_heads():
                   n_kv_heads=2, score_scale=0.25, kind="linear")
 
 
-def test_usage_verification_and_fast_path_skip_the_linear_layers(loaded):
+def test_usage_verification_and_fast_path_skip_the_linear_layers(family_model):
     """Usage measures layers 1 and 3 only, the probe checks them (both paths), and the fast path's
     rotation taps (checked to run inside decoder layers 1 and 3) give the bridge's q and k."""
-    model, spec = loaded("qwen3_next")
+    model, spec = family_model("qwen3_next")
     v = verify_model(model, spec, force=True)
     assert v.passed and v.layers == (1, 3) and set(v.paths) == {"bridge", "fast q/k path"}
     assert max(v.errors[k] for k in ("rotation", "qk", "scores", "probs")) < 1e-4
@@ -158,8 +146,8 @@ def test_output_gate_changes_neither_logits_nor_pattern(tmp_path):
         torch.testing.assert_close(dec_a.rebuilt_pattern(L), p_a[i], rtol=0, atol=1e-4)
 
 
-def test_a_plain_attention_has_no_output_gate(loaded):
-    _, spec = loaded("falcon_h1")
+def test_a_plain_attention_has_no_output_gate(family_model):
+    _, spec = family_model("falcon_h1")
     assert not any(lr.output_gate for lr in spec.layers)
 
 

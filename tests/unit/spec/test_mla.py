@@ -9,7 +9,6 @@ its eager attention (through ``check_family``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import pytest
@@ -22,18 +21,9 @@ from ropelens.loading.models import wrap_hf_model
 from ropelens.run.verify import verify_model
 from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
-from ropelens.testing.families import FAMILIES, N_CHECK, check_family, family_model_dir
+from ropelens.testing.families import FAMILIES, N_CHECK, check_family
 
 MLA = ["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "minicpm3"]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    @functools.cache
-    def make(name: str):
-        return family_model_dir(name, tmp_path_factory.mktemp(name) / name)
-
-    return make
 
 
 def _tokens(seed: int = 3) -> torch.Tensor:
@@ -43,8 +33,8 @@ def _tokens(seed: int = 3) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", MLA)
-def test_mla_family_is_exact(family, model_dir):
-    model = ropelens.load_model(model_dir(family), device="cpu")
+def test_mla_family_is_exact(family, family_dir):
+    model = ropelens.load_model(family_dir(family), device="cpu")
     assert is_plain(model)  # the MLA bridge hooks no pre-RoPE q/k: measured on the plain HF model
     spec = rope_spec(model)
     cfg = FAMILIES[family].config
@@ -108,10 +98,10 @@ def test_from_model_puts_rotary_dims_first_and_keeps_scores():
     assert torch.allclose(lr.from_model(a) @ lr.from_model(b), a @ b)  # a permutation of q's and k's dims alike
 
 
-def test_shared_rotary_key_has_equal_plane_norms_across_heads(model_dir):
+def test_shared_rotary_key_has_equal_plane_norms_across_heads(family_dir):
     """k_pe is one vector for every head: usage's key norm of each plane is the same in every head; the
     no-position dims are per head, so the whole key is not."""
-    model = ropelens.load_model(model_dir("deepseek_v3"), device="cpu")
+    model = ropelens.load_model(family_dir("deepseek_v3"), device="cpu")
     usage = ropelens.frequency_usage(model, _tokens(), progress=False)
     k = usage.k_norm  # [layer, head, plane]
     assert k.shape[1] == 4 and (k > 0).all()
@@ -122,14 +112,14 @@ def test_shared_rotary_key_has_equal_plane_norms_across_heads(model_dir):
     assert (rest[:, :, 0] - rest[:, :, 1]).abs().max() > 1e-2
 
 
-def test_decomposition_sums_to_hf_scores_with_a_no_position_term(model_dir):
+def test_decomposition_sums_to_hf_scores_with_a_no_position_term(family_dir):
     """The rotary planes (band "all") and the no-position term (band "rest") are HF's own q·k over the config's
     rotary dims (the last qk_rope_head_dim of each head) and no-position dims (the first qk_nope_head_dim)."""
     import importlib
 
     from transformers import AutoModelForCausalLM
 
-    path = model_dir("glm4_moe_lite")
+    path = family_dir("glm4_moe_lite")
     cfg = FAMILIES["glm4_moe_lite"].config
     nope = cfg["qk_nope_head_dim"]
     model = ropelens.load_model(path, device="cpu")
@@ -199,9 +189,9 @@ def test_real_deepseek_v3_shapes_and_yarn_scale():
     assert verify_model(model).passed
 
 
-def test_wrong_layout_readings_fail_the_probe(model_dir):
+def test_wrong_layout_readings_fail_the_probe(family_dir):
     """A spec without the de-interleave, or with the rotary dims read in place (offset 0), is refused by the probe."""
-    model = ropelens.load_model(model_dir("deepseek_v3"), device="cpu")
+    model = ropelens.load_model(family_dir("deepseek_v3"), device="cpu")
     spec = rope_spec(model)
     for change, check in (({"pre_interleaved": False}, "rotation"), ({"rotary_offset": 0}, "qk")):
         wrong = dataclasses.replace(spec, layers=tuple(dataclasses.replace(lr, **change) for lr in spec.layers))
@@ -209,32 +199,32 @@ def test_wrong_layout_readings_fail_the_probe(model_dir):
             verify_model(model, wrong)
 
 
-def test_mla_bridge_is_refused_in_one_line(model_dir):
+def test_mla_bridge_is_refused_in_one_line(family_dir):
     """A bridge booted around an MLA model (not by ropelens) is refused: its hooks give no pre-RoPE q/k."""
     from types import SimpleNamespace
 
     from ropelens.spec.reading import _refuse_unsupported
 
-    model = ropelens.load_model(model_dir("minicpm3"), device="cpu")
+    model = ropelens.load_model(family_dir("minicpm3"), device="cpu")
     bridge = SimpleNamespace(original_model=model.original_model, blocks=[], cfg=model.cfg)
     with pytest.raises(UnsupportedModelError, match="plain HF model"):
         _refuse_unsupported(bridge, model.original_model.config, "MiniCPM3ForCausalLM")
 
 
-def test_summary_shows_where_the_planes_sit(model_dir):
-    spec = rope_spec(ropelens.load_model(model_dir("glm4_moe_lite"), device="cpu"))
+def test_summary_shows_where_the_planes_sit(family_dir):
+    spec = rope_spec(ropelens.load_model(family_dir("glm4_moe_lite"), device="cpu"))
     row = spec.summary().iloc[0]
     assert (row["rotary_offset"], row["shared_rotary_key"], row["rotary_dim"], row["head_dim"]) == (12, True, 4, 16)
     again = type(spec).from_dict(spec.to_dict())  # the MLA fields round-trip through the spec's JSON
     assert again.to_json() == spec.to_json() and again.layers[0].rotary_offset == 12
 
 
-def test_qk_capture_runs_sdpa_not_eager(model_dir, monkeypatch):
+def test_qk_capture_runs_sdpa_not_eager(family_dir, monkeypatch):
     """q/k alone never build eager attention's [heads, n, n] matrices: the family's sdpa runs, and its q/k equal
     the ones eager attention receives (captured with the pattern)."""
     import importlib
 
-    model = ropelens.load_model(model_dir("deepseek_v3"), device="cpu")
+    model = ropelens.load_model(family_dir("deepseek_v3"), device="cpu")
     toks = _tokens()
     with_pattern = ropelens.capture_qk(model, toks, which=("q_pre", "k_pre", "q_post", "k_post", "pattern"))
     mod = importlib.import_module(type(model.original_model).__module__)

@@ -39,15 +39,6 @@ def _param(name: str):
     return pytest.param(name, id=name)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    @functools.cache
-    def make(name: str):
-        return family_model_dir(name, tmp_path_factory.mktemp(name) / name)
-
-    return make
-
-
 def _analyses(model):
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(3))
     toks[0, 0] = 1
@@ -57,10 +48,10 @@ def _analyses(model):
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in NEW])
-def test_family_is_exact_or_refused_in_one_line(family, model_dir):
+def test_family_is_exact_or_refused_in_one_line(family, family_dir):
     """With the probe on, a family passes (and every analysis runs) or every step raises one clear line."""
     fam = FAMILIES[family]
-    path = model_dir(family)
+    path = family_dir(family)
     if fam.refused_at == "load":
         with pytest.raises(UnsupportedModelError, match=fam.refused) as err:
             ropelens.load_model(path, device="cpu")
@@ -163,34 +154,34 @@ def test_direction_defaults_and_round_trips():
 NORMED = ["hunyuan_v1_dense", "nanochat"]  # q/k RMS-normed (HunYuan: with a gain) after apply_rotary_pos_emb
 
 
-def _fresh(family: str, model_dir):
-    return ropelens.load_model(model_dir(family), device="cpu")
+def _fresh(family: str, family_dir):
+    return ropelens.load_model(family_dir(family), device="cpu")
 
 
 @pytest.mark.parametrize("family", ["hunyuan_v1_dense", "nanochat", "llama", "qwen3", "gemma3_text"])
-def test_norm_after_rope_is_read_from_the_forward(family, model_dir):
+def test_norm_after_rope_is_read_from_the_forward(family, family_dir):
     """Read on the model at run time: set where q/k change after the rotation, unset where a norm comes before it."""
-    spec = rope_spec(_fresh(family, model_dir))
+    spec = rope_spec(_fresh(family, family_dir))
     assert {lr.norm_after_rope for lr in spec.layers} == {family in NORMED}
 
 
 @pytest.mark.parametrize("family", NORMED)
-def test_norm_after_rope_read_as_absent_is_caught(family, model_dir, monkeypatch):
+def test_norm_after_rope_read_as_absent_is_caught(family, family_dir, monkeypatch):
     """A reading that misses the norm takes the rotated q/k as the score's: the probe's q/k check refuses it."""
     import ropelens.spec.reading as reading
 
     monkeypatch.setattr(reading, "_norm_after_rope", lambda *_: False)
-    model = _fresh(family, model_dir)
+    model = _fresh(family, family_dir)
     assert not any(lr.norm_after_rope for lr in rope_spec(model).layers)
     with pytest.raises(UnsupportedModelError, match=r"layer 0 fails the qk check .*a norm or gain after RoPE"):
         verify_model(model)
 
 
-def _hf_attention_inputs(family: str, model_dir, toks: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+def _hf_attention_inputs(family: str, family_dir, toks: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Layer → (query, key) HF's own eager attention function receives, ``[batch, head, pos, d]``."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(model_dir(family), attn_implementation="eager").eval()
+    hf = AutoModelForCausalLM.from_pretrained(family_dir(family), attn_implementation="eager").eval()
     mod = importlib.import_module(type(hf).__module__)
     orig, seen = mod.eager_attention_forward, {}
 
@@ -209,20 +200,20 @@ def _hf_attention_inputs(family: str, model_dir, toks: torch.Tensor) -> dict[int
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast path", "bridge"])
 @pytest.mark.parametrize("family", NORMED)
-def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, model_dir):
+def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, family_dir):
     """Post-RoPE frequency usage equals the plane norms of the q and k HF's attention function receives (after
     the norm), on both capture paths; the pairing is written out by hand ((i, i + d/2))."""
     from ropelens.analyses.usage import UsageReducer
     from ropelens.run.capture import stream
 
-    model = _fresh(family, model_dir)
+    model = _fresh(family, family_dir)
     toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(5))
     toks[:, 0] = 1
     usage = ropelens.frequency_usage(model, toks, progress=False, n_sink=0, source="post")  # the probe passes
     spec = rope_spec(model)
     red = UsageReducer(spec, spec.rotary_layers, source="post", n_sink=0)
     stream(model, [toks], [red], spec=spec, progress=False, fast=fast)
-    seen = _hf_attention_inputs(family, model_dir, toks)
+    seen = _hf_attention_inputs(family, family_dir, toks)
     for i, L in enumerate(usage.layers):
         # the bridge rebuilds the norm in its own float32 ops: ~1e-7 relative from the fast path's
         torch.testing.assert_close(usage.q_norm[i].double(), red.tok[("q", "all")].mean[i].double(), rtol=1e-5, atol=1e-6)
