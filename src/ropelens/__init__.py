@@ -13,7 +13,7 @@ import importlib.machinery
 import sys
 import warnings
 
-from ropelens.analyses import context, extrapolation, heads, massive, offsets, passkey
+from ropelens.analyses import context, extrapolation, heads, load_result, massive, offsets, passkey
 from ropelens.analyses.band_stats import BandStatistics, band_statistics
 from ropelens.analyses.decay import (
     rope_decay_by_distance,
@@ -33,7 +33,6 @@ from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
 from ropelens.results.curves import describe_curve
 from ropelens.results.provenance import Provenance
-from ropelens.results.result import load_result
 from ropelens.run import data, distributed
 from ropelens.run.capture import capture_qk
 from ropelens.run.intervene import ablate_planes, apply_rope_variant, with_rope_variant

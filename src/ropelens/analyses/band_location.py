@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -130,18 +130,13 @@ class BandIntervention:
 
 
 @dataclass(frozen=True)
-class FrequencyBands(Result):
+class FrequencyBands(Result, merge_same=("which",), merge_sums=("usage",)):
     """The high-norm band per layer and head, from measured per-plane norms, and optionally the loss
     of making the planes below it NoPE against a random control."""
 
     usage: FrequencyUsage
     which: str = "q"
     intervention: BandIntervention | None = None
-
-    KIND: ClassVar[str] = "FrequencyBands"
-    FORMAT: ClassVar[int] = 1
-    MERGE_SAME: ClassVar[tuple[str, ...]] = ("which",)
-    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("usage",)
 
     def __post_init__(self) -> None:
         if self.which not in ("q", "k"):

@@ -7,7 +7,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -363,8 +363,10 @@ def _masked_spans_of(c0: int, c1: int, j0: int, j1: int, window: int | None) -> 
     return spans
 
 
+# unversioned: files from before the result base carry a type but no format
 @dataclass(frozen=True)
-class BandStatistics(Result):
+class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names", "spec"),
+                     merge_sums=("sums",)):
     """Corpus statistics of the band decomposition, per layer × head × band.
 
     Layers of different widths (Gemma 4's wider global heads) share one ``[layer, head, ...]`` array: each
@@ -378,12 +380,6 @@ class BandStatistics(Result):
     spec: RopeSpec
     sums: dict[str, Tensor]
     provenance: Provenance
-
-    KIND: ClassVar[str] = "BandStatistics"
-    FORMAT: ClassVar[int] = 1
-    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry a type but no format
-    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "band_names", "spec")
-    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
 
     def __post_init__(self) -> None:
         self._check_shape("abs_sum", self.sums["abs_sum"], (len(self.layers), None, len(self.band_names)),

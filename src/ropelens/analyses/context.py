@@ -29,7 +29,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -90,8 +90,9 @@ def plane_categories(before: Tensor, after: Tensor, original_ctx: int, target_ct
     return tuple(out)
 
 
+# unversioned: files from before the result base carry neither type nor format
 @dataclass(frozen=True)
-class PlaneView(Result):
+class PlaneView(Result, unversioned=True):
     """One layer's planes before and after a context-extension method, highest frequency first."""
 
     variant: dict[str, Any]  # RopeVariant.to_dict()
@@ -102,10 +103,6 @@ class PlaneView(Result):
     inv_freq_after: Float[Tensor, " n_planes"]
     attention_scaling: float
     categories: tuple[str, ...]
-
-    KIND: ClassVar[str] = "PlaneView"
-    FORMAT: ClassVar[int] = 1
-    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry neither type nor format
 
     def __post_init__(self) -> None:
         n = self.inv_freq_before.shape
@@ -218,8 +215,9 @@ def compare_figure(views: Sequence[PlaneView]):
 # --------------------------------------------------------------------------------------------
 # LongRoPE factor search
 # --------------------------------------------------------------------------------------------
+# unversioned: files from before the result base carry neither type nor format
 @dataclass(frozen=True)
-class LongRopeSearch(Result):
+class LongRopeSearch(Result, unversioned=True):
     """Best LongRoPE factors found for ``target_len`` and how they compare with PI and YaRN."""
 
     target_len: int
@@ -232,10 +230,6 @@ class LongRopeSearch(Result):
     history: tuple[dict[str, Any], ...]  # per generation: best, mean, n_evaluated
     settings: dict[str, Any]
     provenance: Provenance = field(default_factory=lambda: Provenance(model="?"))
-
-    KIND: ClassVar[str] = "LongRopeSearch"
-    FORMAT: ClassVar[int] = 1
-    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry neither type nor format
 
     @property
     def variant(self) -> LongRoPE:

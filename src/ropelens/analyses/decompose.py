@@ -13,7 +13,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -64,9 +63,6 @@ class AttentionDecomposition(Result):
     bands: Bands
     acts: dict[int, LayerActs]
     provenance: Provenance
-
-    KIND: ClassVar[str] = "AttentionDecomposition"
-    FORMAT: ClassVar[int] = 1
 
     @property
     def layers(self) -> list[int]:
@@ -210,7 +206,7 @@ class AttentionDecomposition(Result):
         kind, fmt = meta.get("type", cls.KIND), meta.get("format", str(cls.FORMAT))
         if kind != cls.KIND or fmt != str(cls.FORMAT):
             raise InputError(f"{path} holds a {kind!r} result of format {fmt}, not {cls.KIND!r} format {cls.FORMAT}: "
-                             "load it with ropelens.results.result.load_result(path)")
+                             "load it with ropelens.load_result(path)")
         spec = RopeSpec.from_dict(json.loads(meta["spec"]))
         acts: dict[int, LayerActs] = {}
         for key, v in t.items():

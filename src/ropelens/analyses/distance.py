@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -251,7 +251,8 @@ class DistanceReducer(DeviceSums):
 
 # ============================================================================ the result
 @dataclass(frozen=True)
-class AttentionByDistance(Result):
+class AttentionByDistance(Result, merge_same=("layers", "band_names", "edges", "n_sink", "spec"),
+                          merge_sums=("sums",)):
     """Mean band logit, full logit and attention probability per layer × head × distance bin.
 
     ``edges`` are the bin edges (bin j: ``edges[j] ≤ δ < edges[j + 1]``); bins a layer never sees
@@ -270,11 +271,6 @@ class AttentionByDistance(Result):
     provenance: Provenance
     # a cache of described curves: not an argument, so a merged or replaced copy starts empty
     _shapes: dict = field(init=False, repr=False, compare=False)
-
-    KIND: ClassVar[str] = "AttentionByDistance"
-    FORMAT: ClassVar[int] = 1
-    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "band_names", "edges", "n_sink", "spec")
-    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_shapes", {})

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -280,7 +280,7 @@ class EntropyReducer(DeviceSums):
 
 
 @dataclass(frozen=True)
-class FrequencyEntropy(Result):
+class FrequencyEntropy(Result, merge_same=("layers", "skip", "seed", "n_pos", "spec"), merge_sums=("sums",)):
     """Spectral entropy of each plane's query norm along the sequence, per layer × head × plane.
 
     ``sums`` holds, over windows, the count, sum and sum of squares of the normalised entropy, in
@@ -296,11 +296,6 @@ class FrequencyEntropy(Result):
     n_pos: int
     sums: dict[str, Tensor]
     provenance: Provenance
-
-    KIND: ClassVar[str] = "FrequencyEntropy"
-    FORMAT: ClassVar[int] = 1
-    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "skip", "seed", "n_pos", "spec")
-    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
 
     def __post_init__(self) -> None:
         L, H = len(self.layers), self.spec.layers[self.layers[0]].n_heads

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -496,9 +496,6 @@ class ExtensionStudy(Result):
     provenance: Provenance
     # method, length, heads (one AttentionStatsReducer.table() row per layer × head), same_as
     attention_cells: tuple[dict[str, Any], ...] = ()
-
-    KIND: ClassVar[str] = "ExtensionStudy"
-    FORMAT: ClassVar[int] = 1
 
     @property
     def methods(self) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -311,9 +311,6 @@ class BasePredictions(Result):
     lengths: tuple[int, ...]
     provenance: Provenance = field(default_factory=lambda: Provenance(model="?"))
 
-    KIND: ClassVar[str] = "BasePredictions"
-    FORMAT: ClassVar[int] = 1
-
     def to_frame(self) -> pd.DataFrame:
         """One row per (kind, length)."""
         return pd.DataFrame(list(self.rows))
@@ -400,9 +397,6 @@ class MeasuredExtrapolation(Result):
     window_losses: tuple[tuple[float, ...], ...]  # per length, each window's mean loss
     train_ctx: int
     provenance: Provenance = field(default_factory=lambda: Provenance(model="?"))
-
-    KIND: ClassVar[str] = "MeasuredExtrapolation"
-    FORMAT: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         if not len(self.lengths) == len(self.estimates) == len(self.window_losses):

@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -180,8 +180,9 @@ def otsu_threshold(values: Float[Tensor, " n"]) -> float:
 
 
 # ============================================================================ result
+# unversioned: files from before the result base carry a type but no format
 @dataclass(frozen=True)
-class HeadTaxonomy(Result):
+class HeadTaxonomy(Result, unversioned=True):
     """Per-head positional scores (text and random tokens), τ, and band profiles.
 
     Layers of different widths (Gemma 4) share one ``[layer, head, ...]`` array per score, padded to the
@@ -194,10 +195,6 @@ class HeadTaxonomy(Result):
     scores: dict[str, Tensor]  # see classify_heads for the keys and shapes
     tau: float
     provenance: Provenance
-
-    KIND: ClassVar[str] = "HeadTaxonomy"
-    FORMAT: ClassVar[int] = 1
-    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry a type but no format
 
     def __post_init__(self) -> None:
         shape = tuple(self.scores["mass_text"].shape)

@@ -22,7 +22,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -123,7 +123,8 @@ class MassiveReducer:
 
 
 @dataclass(frozen=True)
-class MassiveValues(Result):
+class MassiveValues(Result, merge_same=("layers", "factor", "spec"), merge_sums=("moments",),
+                    merge_hint="use .with_factor(f) to align the factors, or measure both with the same settings"):
     """Per-dimension norms of the pre-RoPE queries and keys, and which dimensions are massive.
 
     ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer, head, dim]`` (keys: KV heads) the
@@ -140,12 +141,6 @@ class MassiveValues(Result):
     moments: dict[str, Moments]
     factor: float
     provenance: Provenance
-
-    KIND: ClassVar[str] = "MassiveValues"
-    FORMAT: ClassVar[int] = 1
-    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "factor", "spec")
-    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("moments",)
-    MERGE_HINT: ClassVar[str] = "use .with_factor(f) to align the factors, or measure both with the same settings"
 
     def __post_init__(self) -> None:
         if not self.layers:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -58,9 +58,6 @@ class MRopeDecomposition(AttentionDecomposition):
 
     position_ids: Int[Tensor, "3 batch pos"]
     modality: Int[Tensor, "batch pos"]
-
-    KIND: ClassVar[str] = "MRopeDecomposition"
-    FORMAT: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         b, n = self.tokens.shape

@@ -29,7 +29,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -225,7 +225,8 @@ class OffsetReducer(DeviceSums):
 
 
 @dataclass(frozen=True)
-class RotaryOffsets(Result):
+class RotaryOffsets(Result, merge_same=("layers", "n_sink", "train_ctx", "spec"),
+                    merge_sums=("q", "k", "sums")):
     """Per layer × head × plane: q/k plane norms and the q–k angle at the attended key; highest frequency first.
 
     ``q`` moments are ``[layer, head, plane]``, ``k`` moments ``[layer, kv_head, plane]``. ``sums``
@@ -245,11 +246,6 @@ class RotaryOffsets(Result):
     k: Moments
     sums: dict[str, Tensor]
     provenance: Provenance
-
-    KIND: ClassVar[str] = "RotaryOffsets"
-    FORMAT: ClassVar[int] = 1
-    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "n_sink", "train_ctx", "spec")
-    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("q", "k", "sums")
 
     def __post_init__(self) -> None:
         L, H, P = self.spec.present(self.layers, "head", "plane").shape

@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -265,9 +265,6 @@ class PasskeyResult(Result):
     depths: tuple[float, ...]
     trials: tuple[PasskeyTrial, ...]
     provenance: Provenance
-
-    KIND: ClassVar[str] = "PasskeyResult"
-    FORMAT: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         cells = {(t.length, t.depth) for t in self.trials}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -46,8 +46,9 @@ _HEATMAP_MAX_SIDE = 512  # browsers choke on multi-million-cell heatmaps; the ma
 # --------------------------------------------------------------------------------------------
 # result types
 # --------------------------------------------------------------------------------------------
+# json_options: compact JSON, since the matrix is base64 already
 @dataclass(frozen=True)
-class PESimilarity(ByDistance, Result):
+class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan": False}):
     """Cosine similarity of position-embedding rows: pairwise, by distance, and its dominant period."""
 
     name: str
@@ -60,10 +61,6 @@ class PESimilarity(ByDistance, Result):
     period: float | None  # tokens; None when strength < period_threshold
     period_strength: float  # fraction of detrended by-distance variance one sinusoid explains
     period_threshold: float  # max(min_strength, white-noise floor for this curve length)
-
-    KIND: ClassVar[str] = "PESimilarity"
-    FORMAT: ClassVar[int] = 1
-    JSON_OPTIONS: ClassVar[dict[str, Any]] = {"indent": None, "allow_nan": False}  # the matrix is base64: keep it compact
 
     def __post_init__(self) -> None:
         s = self.similarity

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -203,7 +203,7 @@ class PosSymReducer(DeviceSums):
 
 
 @dataclass(frozen=True)
-class PositionalSymbolic(Result):
+class PositionalSymbolic(Result, merge_same=("layers", "seed", "min_keys", "margin"), merge_sums=("sums",)):
     """Per layer × head: positional and symbolic scores under a key-content permutation, and the calls.
 
     Layers of different widths (Gemma 4) share one ``[layer, head]`` array padded to the most heads: the
@@ -216,11 +216,6 @@ class PositionalSymbolic(Result):
     margin: float
     sums: dict[str, Tensor]
     provenance: Provenance
-
-    KIND: ClassVar[str] = "PositionalSymbolic"
-    FORMAT: ClassVar[int] = 1
-    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "seed", "min_keys", "margin")
-    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
 
     def __post_init__(self) -> None:
         self._check_shape("pos_logit", self.sums["pos_logit"], (len(self.layers), None), " [layer, head]")

@@ -25,7 +25,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -191,9 +191,6 @@ class RetrievalHeads(Result):
     control: dict[tuple[int, int], tuple[int, ...]]
     recall: dict[str, PasskeyResult]
     provenance: Provenance
-
-    KIND: ClassVar[str] = "RetrievalHeads"
-    FORMAT: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         if set(self.recall) != set(CONDITIONS):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -175,7 +175,8 @@ class SinkReducer(DeviceSums):
 
 
 @dataclass(frozen=True)
-class AttentionSinks(Result):
+class AttentionSinks(Result, merge_same=("layers", "band_names", "epsilon", "skip_queries", "spec"),
+                     merge_sums=("sums",)):
     """Attention to the first position per layer × head, its band decomposition and the sink key's norms.
 
     Layers of different widths (Gemma 4's wider global heads) share one array per sum, padded to the most
@@ -191,11 +192,6 @@ class AttentionSinks(Result):
     skip_queries: int
     sums: dict[str, Tensor]
     provenance: Provenance
-
-    KIND: ClassVar[str] = "AttentionSinks"
-    FORMAT: ClassVar[int] = 1
-    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "band_names", "epsilon", "skip_queries", "spec")
-    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("sums",)
 
     def __post_init__(self) -> None:
         self._check_shape("x0_sum", self.sums["x0_sum"], (len(self.layers), None, len(self.band_names)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -112,8 +112,10 @@ def _padded_shape(spec: RopeSpec, layers: Sequence[int], which: str) -> tuple[in
     return tuple(spec.present(layers, "head" if which == "q" else "kv_head", "plane").shape)  # type: ignore[return-value]
 
 
+# unversioned: files from before the result base carry a type but no format
 @dataclass(frozen=True)
-class FrequencyUsage(Result):
+class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "source", "spec"),
+                     merge_sums=("token", "window")):
     """Per-plane norms of queries and keys, highest frequency first.
 
     ``token`` moments are over tokens; ``window`` moments over per-window means (their spread
@@ -132,12 +134,6 @@ class FrequencyUsage(Result):
     n_sink: int
     source: str
     provenance: Provenance
-
-    KIND: ClassVar[str] = "FrequencyUsage"
-    FORMAT: ClassVar[int] = 1
-    UNVERSIONED: ClassVar[bool] = True  # files from before the result base carry a type but no format
-    MERGE_SAME: ClassVar[tuple[str, ...]] = ("layers", "n_sink", "source", "spec")
-    MERGE_SUMS: ClassVar[tuple[str, ...]] = ("token", "window")
 
     def __post_init__(self) -> None:
         for (w, s), mom in {**self.token, **self.window}.items():

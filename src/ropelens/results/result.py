@@ -1,9 +1,11 @@
 """The base of every ropelens result: one file format, one loader, one merge, one Jupyter view.
 
-A result class declares its file's kind and format once (``KIND = "FrequencyUsage"; FORMAT = 1``)
-and gives ``to_dict``/``from_dict``; :class:`Result` writes ``{"type": KIND, "format": FORMAT, ...}``
-atomically, checks both on reading, and registers the class under its kind so that
-:func:`load_result` reads any result file without being told its class.
+A result class declares its file once, in its class statement
+(``class FrequencyUsage(Result, merge_same=(...), merge_sums=(...))``: the kind defaults to the class
+name, the format to 1) and gives ``to_dict``/``from_dict``; :class:`Result` writes
+``{"type": KIND, "format": FORMAT, ...}`` atomically, checks both on reading, and registers the class
+under its kind when the class is created, so that :func:`load_result` reads any result file whose
+class is imported without being told its class (``ropelens.load_result`` imports every one first).
 """
 
 from __future__ import annotations
@@ -25,34 +27,55 @@ __all__ = ["Result", "load_result", "registered"]
 
 R = TypeVar("R", bound="Result")
 _REGISTRY: dict[str, type[Result]] = {}
+# what a result class declares in its class statement (the keyword arguments of Result.__init_subclass__)
+_DECLARED = ("KIND", "FORMAT", "UNVERSIONED", "JSON_OPTIONS", "MERGE_SAME", "MERGE_SUMS", "MERGE_HINT")
 
 
 class Result:
     """Base of every result: save/load, merge of summed results, findings and the Jupyter repr.
 
-    Subclasses (frozen dataclasses) set ``KIND`` and ``FORMAT`` and implement ``to_dict`` (without
-    the type and format keys), ``from_dict``, ``to_frame`` and ``figure``. Results made of sums set
-    ``MERGE_SAME`` (fields two partial results must share) and ``MERGE_SUMS`` (fields that add: a
-    tensor, a value with a ``merge`` method, or a dict of them) and get :meth:`merge` for free.
+    Subclasses (frozen dataclasses) declare their file in the class statement and implement
+    ``to_dict`` (without the type and format keys), ``from_dict``, ``to_frame`` and ``figure``::
+
+        @dataclass(frozen=True)
+        class AttentionSinks(Result, merge_same=("layers", "band_names", "spec"), merge_sums=("sums",)):
+
+    ``kind`` (default: the class name) and ``format`` (default 1) are the file's ``type`` and
+    ``format``, read back as ``KIND`` and ``FORMAT``. Results made of sums name ``merge_same`` (fields
+    two partial results must share) and ``merge_sums`` (fields that add: a tensor, a value with a
+    ``merge`` method, or a dict of them) and get :meth:`merge` for free; ``merge_hint`` ends the error
+    of a refused merge. ``unversioned=True`` reads a file without a format (and without a type) as
+    this class's: files written before the result base carried none. ``json_options`` are extra
+    :func:`~ropelens.results.serialize.dump_json` arguments. Kind, format and ``unversioned`` belong to
+    the class that declares them; the merge fields, the hint and the JSON options pass to subclasses.
     """
 
     KIND: ClassVar[str]
     FORMAT: ClassVar[int]
-    # Files written before the result base carried no format (and some no type): a missing key reads as this class's.
     UNVERSIONED: ClassVar[bool] = False
-    JSON_OPTIONS: ClassVar[dict[str, Any]] = {}  # extra dump_json arguments (indent, allow_nan)
+    JSON_OPTIONS: ClassVar[dict[str, Any]] = {}
     MERGE_SAME: ClassVar[tuple[str, ...]] = ()
     MERGE_SUMS: ClassVar[tuple[str, ...]] = ()
     MERGE_HINT: ClassVar[str] = "measure both with the same settings"
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, *, kind: str | None = None, format: int = 1,
+                          merge_same: tuple[str, ...] | None = None, merge_sums: tuple[str, ...] | None = None,
+                          merge_hint: str | None = None, unversioned: bool = False,
+                          json_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        kind = cls.__dict__.get("KIND")
-        if kind is None:
-            return
+        written = sorted(set(cls.__dict__) & set(_DECLARED))
+        if written:
+            raise TypeError(f"{cls.__qualname__} sets {', '.join(written)} in its body: declare them in the class "
+                            f"statement, e.g. class {cls.__name__}(Result, kind=..., merge_sums=(...))")
+        kind = cls.__name__ if kind is None else kind
         known = _REGISTRY.get(kind)
         if known is not None and known.__qualname__ != cls.__qualname__:
             raise TypeError(f"result kind {kind!r} is taken by {known.__module__}.{known.__qualname__}")
+        cls.KIND, cls.FORMAT, cls.UNVERSIONED = kind, format, unversioned
+        for name, value in (("MERGE_SAME", merge_same), ("MERGE_SUMS", merge_sums), ("MERGE_HINT", merge_hint),
+                            ("JSON_OPTIONS", json_options)):
+            if value is not None:
+                setattr(cls, name, tuple(value) if name in ("MERGE_SAME", "MERGE_SUMS") else value)
         _REGISTRY[kind] = cls
 
     # ---------------------------------------------------------------- persistence
@@ -81,7 +104,7 @@ class Result:
         fmt = d.pop("format", cls.FORMAT if cls.UNVERSIONED else None)
         if kind != cls.KIND:
             raise InputError(f"{path} does not hold {cls.KIND}: it holds a {kind!r} result, not {cls.KIND!r}; "
-                             "load it with ropelens.results.result.load_result(path)")
+                             "load it with ropelens.load_result(path)")
         if fmt != cls.FORMAT:
             raise InputError(f"{path} has {cls.KIND} format {fmt!r}; this ropelens reads format {cls.FORMAT}: "
                              "write it again with this version")
@@ -177,7 +200,10 @@ def registered() -> dict[str, type[Result]]:
 
 
 def load_result(path: str | os.PathLike[str]) -> Result:
-    """Read any result file, whichever class wrote it (dispatched on the file's ``type``)."""
+    """Read any result file whose class is imported, whichever class wrote it (dispatched on the file's ``type``).
+
+    ``ropelens.load_result`` imports every result class first, so it reads every kind ropelens writes.
+    """
     with open(path, "rb") as f:
         head = f.read(64).lstrip()
     if head[:1] not in (b"{", b"["):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import ropelens
 from ropelens import Bands, Provenance
+from ropelens.analyses import result_classes
 from ropelens.analyses.band_stats import band_statistics
 from ropelens.analyses.context import LongRopeSearch, plane_view
 from ropelens.analyses.decompose import decompose_attention
@@ -22,6 +26,7 @@ from ropelens.analyses.pe_geometry import pe_similarity, sinusoidal_pe
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.errors import InputError
+from ropelens.results import result as result_base
 from ropelens.results.findings import Finding
 from ropelens.results.result import Result, load_result, registered
 from ropelens.spec.reading import rope_spec
@@ -29,6 +34,8 @@ from ropelens.spec.variants import Linear
 
 BANDS = Bands.quantiles(2)
 SAFETENSORS = ("AttentionDecomposition", "MRopeDecomposition")  # kinds that save q/k as safetensors, not JSON
+# files written by ropelens while each result class still set KIND, FORMAT and its merge fields in its body
+SAVED = Path(__file__).parent / "saved"
 
 
 def _tokens(n: int = 2, seq: int = 16, seed: int = 0) -> torch.Tensor:
@@ -86,9 +93,57 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
 
 
 def test_every_result_kind_is_registered_and_tested(results):
-    assert set(results) == set(registered())
+    assert set(results) == set(result_classes()) == set(registered())
     for kind, cls in registered().items():
-        assert kind == cls.KIND and isinstance(cls.FORMAT, int)
+        assert kind == cls.KIND == cls.__name__ and cls.FORMAT == 1
+
+
+def test_class_statement_declares_the_file(monkeypatch):
+    """Kind (the class name unless given) and format 1 by default, registered at creation; merge fields, hint and
+    JSON options pass to subclasses, kind, format and unversioned do not."""
+    monkeypatch.setattr(result_base, "_REGISTRY", dict(result_base.registered()))  # the probes below leave no trace
+
+    class Probe(Result, merge_same=("layers",), merge_sums=("sums",), merge_hint="align them", unversioned=True,
+                json_options={"indent": None}):
+        pass
+
+    class Renamed(Probe, kind="ProbeV2", format=2):
+        pass
+
+    assert (Probe.KIND, Probe.FORMAT, Probe.UNVERSIONED) == ("Probe", 1, True)
+    assert (Renamed.KIND, Renamed.FORMAT, Renamed.UNVERSIONED) == ("ProbeV2", 2, False)
+    assert (Renamed.MERGE_SAME, Renamed.MERGE_SUMS, Renamed.MERGE_HINT) == (("layers",), ("sums",), "align them")
+    assert Renamed.JSON_OPTIONS == {"indent": None}
+    assert registered()["Probe"] is Probe and registered()["ProbeV2"] is Renamed
+    assert (FrequencyUsage.MERGE_SAME, FrequencyUsage.MERGE_SUMS) == (("layers", "n_sink", "source", "spec"),
+                                                                      ("token", "window"))
+    with pytest.raises(TypeError, match="'FrequencyUsage' is taken by ropelens.analyses.usage.FrequencyUsage"):
+        class Clash(Result, kind="FrequencyUsage"):
+            pass
+    with pytest.raises(TypeError, match="sets FORMAT, KIND in its body: declare them in the class statement"):
+        class InBody(Result):
+            KIND = "InBody"
+            FORMAT = 1
+    assert "Clash" not in registered() and "InBody" not in registered()
+
+
+@pytest.mark.parametrize("path", sorted(SAVED.glob("*.json")), ids=lambda p: p.stem)
+def test_files_saved_before_load_and_save_back_identical(path, tmp_path):
+    """The declaration moved to the class statement; the files did not change: each loads and saves back byte for
+    byte."""
+    r = ropelens.load_result(path)
+    assert path.stem == type(r).KIND
+    r.save(tmp_path / path.name)
+    assert (tmp_path / path.name).read_bytes() == path.read_bytes()
+
+
+def test_load_result_knows_every_kind_in_a_fresh_process():
+    """ropelens.load_result reads a kind whose module the caller never imported."""
+    code = "import sys, ropelens; print(type(ropelens.load_result(sys.argv[1])).__name__)"
+    for kind in ("FrequencyEntropy", "PositionalSymbolic"):
+        out = subprocess.run([sys.executable, "-c", code, str(SAVED / f"{kind}.json")], capture_output=True,
+                             text=True, check=True)
+        assert out.stdout.split()[-1] == kind
 
 
 def test_load_result_dispatches_on_kind(results, tmp_path):
