@@ -40,14 +40,7 @@ def run_sinks(args: argparse.Namespace) -> int:
     corpus, kw = run.prepare(attention_sinks)
     r = attention_sinks(load_from_args(args), corpus, **kw, epsilon=args.epsilon)
     used = run.measured(r)
-    run.output.save_result(r)
-    frame = r.layers_frame()
-    if run.output.json:
-        return run.output.emit({**used, "findings": [f.text for f in r.findings()], "layers": frame.to_dict("records")})
-    for f in r.findings():
-        print(f.text)
-    print(frame.to_string(index=False, float_format="%.3f"))
-    return 0
+    return run.output.save_and_show(r, r.layers_frame(), "layers", head=used)
 
 
 def add_distance(subparsers: argparse._SubParsersAction) -> None:
@@ -170,14 +163,7 @@ def run_possym(args: argparse.Namespace) -> int:
     corpus, kw = run.prepare(positional_symbolic)
     r = positional_symbolic(load_from_args(args), corpus, **kw, margin=args.margin, seed=args.seed)
     used = run.measured(r)
-    run.output.save_result(r)
-    frame = r.to_frame()
-    if run.output.json:
-        return run.output.emit({**used, "findings": [f.text for f in r.findings()], "heads": frame.to_dict("records")})
-    for f in r.findings():
-        print(f.text)
-    print(frame.to_string(index=False, float_format="%.3f"))
-    return 0
+    return run.output.save_and_show(r, r.to_frame(), "heads", head=used)
 
 
 def add_retrieval(subparsers: argparse._SubParsersAction) -> None:
@@ -216,14 +202,6 @@ def run_retrieval(args: argparse.Namespace) -> int:
     if len(r.heads) < args.top_k:
         note(f"--top-k {args.top_k:,} is more than the model's {len(r.heads):,} rotary heads: ablated all "
              f"{len(r.heads):,}")
-    output.save_result(r)
-    frame = r.to_frame()
-    if output.json:
-        return output.emit({"top_k": len(r.heads), "findings": [f.text for f in r.findings()],
-                            "recall": frame.to_dict("records"),
-                            "heads": [list(h) for h in r.heads],
-                            "scores": [float(r.scores[L, h]) for L, h in r.heads]})
-    for f in r.findings():
-        print(f.text)
-    print(frame.to_string(index=False, float_format="%.3f"))
-    return 0
+    return output.save_and_show(r, r.to_frame(), "recall", head={"top_k": len(r.heads)},
+                                tail={"heads": [list(h) for h in r.heads],
+                                      "scores": [float(r.scores[L, h]) for L, h in r.heads]})

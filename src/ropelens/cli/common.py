@@ -351,6 +351,20 @@ class OutputOptions(OptionGroup):
         if self.save and is_main():
             result.save(self.save)
 
+    def save_and_show(self, result: Any, frame: Any, rows: str, head: dict[str, Any] | None = None,
+                      tail: dict[str, Any] | None = None) -> int:
+        """Save ``result`` (when ``--save`` is given), then print its findings and ``frame`` as a table; with
+        ``--json``, one object instead: ``head``, the findings, ``frame``'s records under ``rows``, ``tail``.
+        0, the command's exit code."""
+        self.save_result(result)
+        findings = [f.text for f in result.findings()]
+        if self.json:
+            return self.emit({**(head or {}), "findings": findings, rows: frame.to_dict("records"), **(tail or {})})
+        for text in findings:
+            print(text)
+        print(frame.to_string(index=False, float_format="%.3f"))
+        return 0
+
     def emit(self, obj: Any, indent: int = 2) -> int:
         """Print ``obj`` as strict JSON (:func:`emit`); 0, the command's exit code."""
         emit(obj, indent=indent)

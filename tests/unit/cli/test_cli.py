@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -478,3 +479,24 @@ def test_a_repeated_or_aliased_layer_is_measured_once(command, tiny_dir, tmp_pat
         return {k: v for k, v in o.items() if k not in drop} if isinstance(o, dict) else o
 
     assert clean(outs["1,1"]) == clean(outs["1"]) == clean(outs["-1,1"])
+
+
+def test_save_and_show_saves_then_prints_findings_and_table_or_one_json_object(tmp_path, capsys):
+    """The tail of sinks, possym and retrieval: the result saved as it was, its findings, then its table; or, with
+    --json, the leading fields, the findings, the rows and the trailing fields in that order."""
+    import ropelens
+    from ropelens.cli.common import OutputOptions
+
+    saved = Path(__file__).parents[1] / "results" / "saved" / "AttentionSinks.json"
+    r = ropelens.load_result(saved)
+    frame = r.layers_frame()
+    texts = [f.text for f in r.findings()]
+    assert OutputOptions(save=str(tmp_path / "s.json")).save_and_show(r, frame, "layers") == 0
+    assert (tmp_path / "s.json").read_bytes() == saved.read_bytes()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:len(texts)] == texts and len(texts) >= 2
+    assert lines[len(texts)].split() == list(frame.columns) and len(lines) == len(texts) + 1 + len(frame)
+    assert OutputOptions(json=True).save_and_show(r, frame, "layers", head={"n": 1}, tail={"last": True}) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["n", "findings", "layers", "last"]
+    assert out["findings"] == texts and [row["layer"] for row in out["layers"]] == frame["layer"].tolist()
