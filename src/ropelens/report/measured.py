@@ -9,10 +9,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ropelens.report import findings as fnd
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, number, style_figure, table_html
-from ropelens.report.registry import Section
+from ropelens.report.section import Section
+from ropelens.results import findings as fnd
 from ropelens.spec.rope import layer_ranges
 
 __all__ = ["render_bands", "render_spec", "render_usage", "showcase_layers"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ropelens.report.collect import ReportData, evenly_spaced
-from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, style_figure, table_html
-from ropelens.report.registry import Measured, Section
+from ropelens.report.section import Measured, Section
+from ropelens.results.findings import Finding
 
 __all__ = ["measure_distance", "measure_heads", "measure_massive", "measure_sinks", "render_distance", "render_heads",
            "render_massive", "render_sinks"]

@@ -11,9 +11,9 @@ import plotly.graph_objects as go
 import torch
 
 from ropelens.report.collect import ReportData
-from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, style_figure, table_html
-from ropelens.report.registry import Section
+from ropelens.report.section import Section
+from ropelens.results.findings import Finding
 
 __all__ = ["DecayCurves", "measure_geometry", "render_geometry"]
 
