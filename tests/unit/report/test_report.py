@@ -16,7 +16,6 @@ import pytest
 from ropelens import data
 from ropelens.cli import main
 from ropelens.report import SECTIONS, Section, SectionSpec, build_report, register_section
-from ropelens.report import measured as core_sections
 
 N_CTX = 64
 TOKENS = 4 * N_CTX
@@ -158,11 +157,18 @@ def test_report_json_provenance(report):
 
 
 # ---------------------------------------------------------------------------------------- writing
+def _laid_out_by(monkeypatch, key: str, render) -> None:
+    """The registry with section ``key`` laid out by ``render`` (each entry holds its own step functions)."""
+    from ropelens.report import registry
+
+    monkeypatch.setattr(registry, "SECTIONS", [replace(s, render=render) if s.key == key else s for s in registry.SECTIONS])
+
+
 def test_interrupted_run_leaves_no_index(tiny, tmp_path, monkeypatch):
     def boom(_data):
         raise RuntimeError("section failed")
 
-    monkeypatch.setattr(core_sections, "render_bands", boom)
+    _laid_out_by(monkeypatch, "bands", boom)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="section failed"):
         build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=out, progress=False)
@@ -175,7 +181,7 @@ def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, monkeypatch)
     def boom(_data):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(core_sections, "render_usage", boom)
+    _laid_out_by(monkeypatch, "usage", boom)
     with pytest.raises(KeyboardInterrupt):
         build_report(tiny("gemma3"), tokens=TOKENS, n_ctx=N_CTX, out=gemma_report, progress=False)
     assert (gemma_report / "index.html").read_bytes() == before
