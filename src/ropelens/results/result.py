@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.results.display import plotly_bundle
+from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
 from ropelens.results.serialize import dump_json
 
@@ -31,7 +32,9 @@ class Result:
     """Base of every result: save/load, merge of summed results, findings and the Jupyter repr.
 
     Subclasses (frozen dataclasses) set ``KIND`` and ``FORMAT`` and implement ``to_dict`` (without
-    the type and format keys), ``from_dict``, ``to_frame`` and ``figure``. Results made of sums set
+    the type and format keys), ``from_dict`` and ``to_frame``; their figures are drawn by
+    :mod:`ropelens.plots`, which registers a function per class (:func:`ropelens.results.figures.register_figure`)
+    that :meth:`figure` calls. Results made of sums set
     ``MERGE_SAME`` (fields two partial results must share) and ``MERGE_SUMS`` (fields that add: a
     tensor, a value with a ``merge`` method, or a dict of them) and get :meth:`merge` for free.
     """
@@ -123,9 +126,9 @@ class Result:
         """The result as a tidy pandas table."""
         raise NotImplementedError(f"{type(self).__name__} must implement to_frame")
 
-    def figure(self) -> Any:
-        """The result's plotly figure."""
-        raise NotImplementedError(f"{type(self).__name__} must implement figure")
+    def figure(self, *args: Any, **kwargs: Any) -> Any:
+        """The result's plotly figure, drawn by the function :mod:`ropelens.plots` registered for its class."""
+        return figure_of(type(self))(self, *args, **kwargs)
 
     def findings(self) -> list[Finding]:
         """Sentences written from the measured numbers (none unless the result writes some)."""
