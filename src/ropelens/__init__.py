@@ -13,6 +13,7 @@ import importlib.machinery
 import sys
 import warnings
 
+from ropelens import plots  # the figures: importing them registers every result's drawing
 from ropelens.analyses import context, extrapolation, heads, massive, offsets, passkey
 from ropelens.analyses.band_stats import BandStatistics, band_statistics
 from ropelens.analyses.decay import (
@@ -126,6 +127,7 @@ __all__ = [
     "mrope_decompose",
     "offsets",
     "passkey",
+    "plots",
     "pe_similarity",
     "positional_symbolic",
     "retrieval_heads",

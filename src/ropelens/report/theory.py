@@ -10,9 +10,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
 from ropelens.report.findings import Finding
-from ropelens.report.html import esc, figure_html, style_figure, table_html
+from ropelens.report.html import esc, figure_html, table_html
 from ropelens.report.registry import Section
 
 __all__ = ["DecayCurves", "measure_geometry", "render_geometry"]

@@ -18,10 +18,11 @@ from torch import Tensor
 
 from ropelens.analyses.extrapolation import MAX_BOUND_CONTEXT
 from ropelens.errors import InputError
+from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
 from ropelens.report.experiments import context_block, prope_block
 from ropelens.report.findings import Finding
-from ropelens.report.html import esc, figure_html, kv_table, style_figure, table_html
+from ropelens.report.html import esc, figure_html, kv_table, table_html
 from ropelens.report.registry import Section
 from ropelens.run.evaluate import bootstrap_ci, window_losses
 
