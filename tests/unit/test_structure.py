@@ -175,3 +175,52 @@ def test_no_import_runs_back_up_the_layers():
               if m != "ropelens" and _layer(t) > _layer(m)}
     assert upward == UPWARD
 
+
+# the layers that hold numbers draw nothing: figures live in ropelens.plots
+UNPLOTTED = ("analyses", "spec", "results", "backends", "loading", "run")
+
+
+def _imports_plotly(path: Path) -> bool:
+    """Whether a file imports plotly anywhere (at the top or inside a function)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "plotly" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "plotly":
+            return True
+    return False
+
+
+def test_only_the_plots_and_above_import_plotly(tmp_path):
+    drawing = sorted(_module_name(p) for layer in UNPLOTTED for p in (SRC / layer).rglob("*.py") if _imports_plotly(p))
+    assert drawing == []
+    assert all(_imports_plotly(p) for p in (SRC / "plots").glob("*.py") if p.name != "__init__.py")
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from plotly.subplots import make_subplots\n")
+    assert _imports_plotly(planted)
+
+
+# drawings besides figure(), by result class (a by-distance curve's line() is drawn by ropelens.plots.curves)
+NAMED_DRAWINGS = {"FrequencyUsage": ("heatmap",), "BandStatistics": ("heatmap",), "RotaryOffsets": ("heatmap",),
+                  "PESimilarity": ("heatmap",), "HeadTaxonomy": ("scatter",)}
+
+
+def test_every_analysis_result_draws_through_its_plots_module():
+    """Each result class of ropelens.analyses keeps figure() (and its other drawings), drawn by the module of
+    ropelens.plots named after its analysis."""
+    from ropelens.results.figures import figure_of
+    from ropelens.results.result import Result, registered
+
+    analyses = {cls for cls in registered().values() if cls.__module__.startswith("ropelens.analyses.")}
+    assert len(analyses) >= 18
+    for cls in analyses:
+        plots = cls.__module__.replace("ropelens.analyses.", "ropelens.plots.")
+        for name in ("figure", *NAMED_DRAWINGS.get(cls.__name__, ())):
+            assert callable(getattr(cls, name)), (cls, name)
+            assert figure_of(cls, name).__module__ == plots, (cls, name)
+    assert {c.__name__ for c in analyses} >= set(NAMED_DRAWINGS)
+
+    class Undrawn(Result):
+        pass
+
+    with pytest.raises(NotImplementedError, match="import ropelens.plots"):
+        Undrawn().figure()
