@@ -58,6 +58,7 @@ MOVED = {
     "plain": "backends.hf", "sdpa": "backends.sdpa", "engine": "backends.engine", "fastpath": "backends.sdpa_capture",
     "hooks": "backends.bridge_hooks", "backends.fastpath": "backends.sdpa_capture",
     "analyses.possym": "analyses.positional_symbolic", "analyses.bandloc": "analyses.band_location",
+    "report.findings": "results.findings",
 }
 
 

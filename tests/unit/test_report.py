@@ -192,8 +192,7 @@ def test_registry_plugs_in_a_section(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr("ropelens.report.registry.SECTIONS", list(SECTIONS))
     from ropelens.report import registry as sections
 
-    register_section(SectionSpec("positional-heads", "Positional heads", f"{__name__}:_positional_heads",
-                                 ("ropelens.report.measured:render_bands",)))
+    register_section(SectionSpec("positional-heads", "Positional heads", _positional_heads))
     assert [s.key for s in sections.SECTIONS] == [s.key for s in SECTIONS]  # same place in the layout
     out = build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "out", progress=False)
     html = (out / "index.html").read_text()

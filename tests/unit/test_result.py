@@ -208,6 +208,10 @@ def test_findings_quote_their_values(results):
 
 
 def test_finding_is_importable_from_the_report():
-    from ropelens.report.findings import Finding as ReportFinding
+    import sys
+
+    sys.modules.pop("ropelens.report.findings", None)
+    with pytest.warns(DeprecationWarning, match="ropelens.results.findings"):
+        from ropelens.report.findings import Finding as ReportFinding
 
     assert ReportFinding is Finding and "massive" in ropelens.__all__

@@ -513,8 +513,9 @@ def load_model(
 ):
     """Load a model as a ``TransformerBridge`` (a :class:`ropelens.backends.hf.PlainModel` where TransformerLens cannot wrap it).
 
-    ``bridge=False`` loads any model as the plain HF model (:mod:`ropelens.backends.hf`): the q/k
-    analyses give the bridge's numbers; interventions need the bridge and are refused.
+    ``bridge=False`` loads any model as the plain HF model (:mod:`ropelens.backends.hf`): every analysis,
+    intervention and the report run on it with the bridge's numbers; only TransformerLens's hook points
+    (``run_with_cache``, ``hook_rot_q``) need the bridge.
 
     ``device_map`` ("auto" or a module → device dict) and ``max_memory`` split a model too large
     for one device across several (and the CPU) through accelerate, as ``from_pretrained`` does;

@@ -20,7 +20,7 @@ from ropelens.errors import InputError
 from ropelens.report import html as H
 from ropelens.report import registry as _sections
 from ropelens.report.collect import ReportData, collect, evenly_spaced
-from ropelens.report.registry import Section
+from ropelens.report.section import Section
 from ropelens.results.provenance import Provenance, git_commit, untested_versions, versions
 from ropelens.run.data import analysis_windows
 from ropelens.spec.bands import Bands
@@ -268,35 +268,31 @@ def _fit_windows(spec, layers: Sequence[int], n_ctx: int) -> tuple[int, str | No
 def measure_sections(data: ReportData, progress: bool = False) -> None:
     """Run each available section's measure step into ``data.results[key]``, and the shared steps they
     need (once each) into ``data.results[step]``, every step timed into ``data.steps``."""
-    todo = [s for s in _sections.SECTIONS if s.measure is not None and s.available()]
+    todo = [s for s in _sections.SECTIONS if s.measure is not None]
     for spec in tqdm(todo, desc="ropelens report: measuring", disable=not progress, unit="section"):
         for name in spec.needs:
             if name in data.results:
                 continue
-            path = _sections.SHARED_STEPS.get(name)
-            step = None if path is None else _sections.resolve(path)
+            step = _sections.SHARED_STEPS.get(name)
             if step is None:
-                raise InputError(f"section {spec.key!r} needs the shared step {name!r}, which has no importable "
-                                 f"measure ({path!r}): name one of {sorted(_sections.SHARED_STEPS)}")
+                raise InputError(f"section {spec.key!r} needs the shared step {name!r}: name one of "
+                                 f"{sorted(_sections.SHARED_STEPS)}")
             with _timed(data.steps, name):
                 data.results[name] = step(data)
-        measure = spec.measurer()
         with _timed(data.steps, spec.step):
-            data.results[spec.key] = measure(data)
+            data.results[spec.key] = spec.measure(data)
 
 
 def render_sections(data: ReportData, progress: bool = False) -> list[Section]:
-    """Lay out every section from what was measured (a placeholder for one that is not available)."""
+    """Lay out every section from what was measured."""
     out = []
     for spec in tqdm(list(_sections.SECTIONS), desc="ropelens report: sections", disable=not progress, unit="section"):
-        if not spec.available():
-            out.append(spec.placeholder())
-        elif spec.measure is None:
-            out.append(spec.renderer()(data))
+        if spec.measure is None:
+            out.append(spec.render(data))
         elif spec.key not in data.results:
             raise InputError(f"section {spec.key!r} has not been measured: run measure_sections(data) before rendering")
         else:
-            out.append(spec.renderer()(data, data.results[spec.key]))
+            out.append(spec.render(data, data.results[spec.key]))
     return out
 
 

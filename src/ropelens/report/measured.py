@@ -12,10 +12,10 @@ from plotly.subplots import make_subplots
 from ropelens.plots.band_stats import band_stats_figure
 from ropelens.plots.style import style_figure
 from ropelens.plots.usage import usage_figure
-from ropelens.report import findings as fnd
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, number, table_html
-from ropelens.report.registry import Section
+from ropelens.report.section import Section
+from ropelens.results import findings as fnd
 from ropelens.spec.rope import layer_ranges
 
 __all__ = ["render_bands", "render_spec", "render_usage", "showcase_layers"]

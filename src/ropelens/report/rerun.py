@@ -10,9 +10,9 @@ from ropelens.plots.massive import massive_figure
 from ropelens.plots.sinks import sinks_figure
 from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData, evenly_spaced
-from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, table_html
-from ropelens.report.registry import Measured, Section
+from ropelens.report.section import Measured, Section
+from ropelens.results.findings import Finding
 
 __all__ = ["measure_distance", "measure_heads", "measure_massive", "measure_sinks", "render_distance", "render_heads",
            "render_massive", "render_sinks"]

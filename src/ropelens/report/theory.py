@@ -12,9 +12,9 @@ import torch
 
 from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
-from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, table_html
-from ropelens.report.registry import Section
+from ropelens.report.section import Section
+from ropelens.results.findings import Finding
 
 __all__ = ["DecayCurves", "measure_geometry", "render_geometry"]
 

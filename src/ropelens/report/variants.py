@@ -21,9 +21,9 @@ from ropelens.errors import InputError
 from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
 from ropelens.report.experiments import context_block, prope_block
-from ropelens.report.findings import Finding
 from ropelens.report.html import esc, figure_html, kv_table, table_html
-from ropelens.report.registry import Section
+from ropelens.report.section import Section
+from ropelens.results.findings import Finding
 from ropelens.run.evaluate import bootstrap_ci, window_losses
 
 __all__ = ["EXTENSION_FACTOR", "NEGLIGIBLE_NATS", "ContextExtension", "eval_windows", "measure_baseline",
