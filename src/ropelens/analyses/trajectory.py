@@ -247,7 +247,8 @@ def _step(source: str, revision: str | None) -> int:
 # measuring
 # ------------------------------------------------------------------------------------------------
 def _median(x: torch.Tensor) -> float:
-    return float(x.double().nanmedian())
+    """The median over layers, the two middle values averaged for an even count (torch's median takes the lower)."""
+    return float(x.double().nanquantile(0.5))
 
 
 def _bands(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
