@@ -613,7 +613,12 @@ def _check_hub_name(name: str, revision: str | None = None) -> None:
     cache lacks; otherwise the hub is asked once, with a short timeout, whether the model exists.
     """
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     embedded = ", ".join(f"{n!r}" for n in EMBEDDED_MODELS)
@@ -633,6 +638,9 @@ def _check_hub_name(name: str, revision: str | None = None) -> None:
     try:
         HfApi(endpoint=constants.ENDPOINT).model_info(name, revision=revision, timeout=timeout)
     except HfHubHTTPError as e:
+        if isinstance(e, RevisionNotFoundError):
+            raise InputError(f"the hub ({constants.ENDPOINT}) has model {name!r} but no revision {revision!r}: its "
+                             f"branches and tags are listed by huggingface_hub.list_repo_refs({name!r})") from None
         if isinstance(e, RepositoryNotFoundError) and not isinstance(e, GatedRepoError):
             raise InputError(f"{tried}, and the hub ({constants.ENDPOINT}) has no model {name!r} (or it is "
                              f"private: log in with `hf auth login`): {fix}") from None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.trajectory import Trajectory
+from ropelens.errors import InputError
 
 __all__ = ["trajectory_figure"]
 
@@ -20,7 +22,8 @@ def trajectory_figure(traj: Trajectory, thresholds: dict[str, float] | None = No
     """
     em = traj.emergence(thresholds)
     if em.empty:
-        raise ValueError("this trajectory measured none of the tracked structures' metrics")
+        raise InputError("this trajectory measured none of the tracked structures' metrics: measure one of "
+                         f"{', '.join(s.analysis for s in traj.structures)}")
     steps = traj.steps
     if log_steps is None:
         log_steps = steps[0] > 0 and steps[-1] >= 100 * steps[0]
@@ -33,19 +36,13 @@ def trajectory_figure(traj: Trajectory, thresholds: dict[str, float] | None = No
                       row=i, col=1)
         fig.add_hline(y=r.threshold, line={"dash": "dot", "color": "#888", "width": 1}, row=i, col=1,
                       annotation_text=f"threshold {r.threshold:g}", annotation_position="top left")
-        if r.step is not None and not _missing(r.step):
+        if not pd.isna(r.step):
             fig.add_vline(x=int(r.step), line={"dash": "dash", "color": "#c0392b", "width": 1.5}, row=i, col=1,
                           annotation_text=f"appears at step {int(r.step):,}", annotation_position="top right")
         fig.update_yaxes(title_text=r.metric, row=i, col=1)
-    fig.update_xaxes(title_text="training step", type="log" if log_steps else "linear", row=len(em), col=1)
-    if log_steps:
-        fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log" if log_steps else "linear")
+    fig.update_xaxes(title_text="training step", row=len(em), col=1)
     fig.update_layout(height=230 * len(em) + 80, showlegend=False,
                       title=f"Structures over training — {traj.provenance.model}")
     return fig
 
-
-def _missing(x: object) -> bool:
-    import pandas as pd
-
-    return bool(pd.isna(x))
