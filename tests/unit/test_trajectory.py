@@ -213,6 +213,8 @@ def test_trajectory_has_one_model_wide_row_per_checkpoint_and_metric(traj, run):
     assert traj.provenance.model == str(d.resolve()) and traj.provenance.corpus == "english"
     assert traj.provenance.n_tokens == 96 and {"torch", "transformers", "ropelens"} <= set(traj.provenance.versions)
     assert list(traj.emergence()["metric"]) == [s.metric for s in STRUCTURES]
+    weights = [c["weights_sha256"] for c in traj.provenance.config["checkpoints"]]
+    assert len(set(weights)) == 3  # each checkpoint's own weights
     assert 0 <= traj.series("sink_head_share").max() <= 1
 
 

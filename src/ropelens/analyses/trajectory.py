@@ -36,7 +36,7 @@ import torch
 
 from ropelens.errors import InputError
 from ropelens.loading.checkpoints import read_info, step_of
-from ropelens.loading.models import load_model
+from ropelens.loading.models import load_model, weights_fingerprint
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
@@ -246,6 +246,11 @@ def _step(source: str, revision: str | None) -> int:
 # ------------------------------------------------------------------------------------------------
 # measuring
 # ------------------------------------------------------------------------------------------------
+def _run(kw: dict[str, Any]) -> dict[str, Any]:
+    """The run options a corpus analysis takes (the heads analysis's seed left out)."""
+    return {k: v for k, v in kw.items() if k != "seed"}
+
+
 def _median(x: torch.Tensor) -> float:
     """The median over layers, the two middle values averaged for an even count (torch's median takes the lower)."""
     return float(x.double().nanquantile(0.5))
@@ -254,7 +259,7 @@ def _median(x: torch.Tensor) -> float:
 def _bands(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
     from ropelens.analyses.band_location import frequency_bands
 
-    r = frequency_bands(model, corpus, intervene=False, **kw)
+    r = frequency_bands(model, corpus, intervene=False, **_run(kw))
     b = r.bands()
     rows = []
     for name, t in (("band_peak", b.peak), ("band_width", b.width), ("band_prominence", b.prominence)):
@@ -265,7 +270,7 @@ def _bands(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, floa
 def _sinks(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
     from ropelens.analyses.sinks import attention_sinks
 
-    r = attention_sinks(model, corpus, **kw)
+    r = attention_sinks(model, corpus, **_run(kw))
     present, sinking, att = r.present(), r.sinking(), r.mean_attention()
     share = r.head_share()
     rows = [("sink_head_share", L, float(share[i])) for i, L in enumerate(r.layers)]
@@ -277,24 +282,27 @@ def _sinks(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, floa
 def _massive(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
     from ropelens.analyses.massive import massive_values
 
-    r = massive_values(model, corpus, **kw)
+    r = massive_values(model, corpus, **_run(kw))
     mask, ratio = r.mask("q"), r.ratio("q").nan_to_num(nan=0.0)
     rows = [("massive_dims", L, float(mask[i].sum())) for i, L in enumerate(r.layers)]
     rows += [("massive_dims", -1, float(mask.sum())), ("massive_max_ratio", -1, float(ratio.max()))]
     return rows, r.provenance
 
 
-def _heads(model, corpus, kw: dict[str, Any], seed: int) -> tuple[list[tuple[str, int, float]], Provenance]:
+def _heads(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
     from ropelens.analyses.heads import classify_heads
 
     n_windows = max(1, kw["max_tokens"] // kw["n_ctx"])
-    r = classify_heads(model, corpus, n_ctx=kw["n_ctx"], n_windows=n_windows, seed=seed, progress=kw["progress"],
+    r = classify_heads(model, corpus, n_ctx=kw["n_ctx"], n_windows=n_windows, seed=kw["seed"], progress=kw["progress"],
                        verify=kw["verify"])
     pos, present = r.positional(), r.present()
     rows = [("positional_heads", L, float(pos[i].sum())) for i, L in enumerate(r.layers)]
     rows += [("positional_heads", -1, float(pos.sum())),
              ("positional_share", -1, float(pos[present].double().mean()))]
     return rows, r.provenance
+
+
+_MEASURE = {"bands": _bands, "sinks": _sinks, "massive": _massive, "heads": _heads}
 
 
 def _setting(ck: Checkpoint, key: str) -> Any:
@@ -339,13 +347,14 @@ def trajectory(
     records: list[tuple[int, str, str, str, int, float]] = []
     seconds: list[float] = []
     provs: list[Provenance] = []
+    weights: list[str] = []
     start = time.perf_counter()
     for ck in cks:
         t0 = time.perf_counter()
         model = load_model(ck.source, device=device, revision=ck.revision)
+        weights.append(weights_fingerprint(model)["weights_sha256"])
         for name in analyses:
-            rows, prov = _heads(model, corpus, kw, seed) if name == "heads" else \
-                {"bands": _bands, "sinks": _sinks, "massive": _massive}[name](model, corpus, kw)
+            rows, prov = _MEASURE[name](model, corpus, {**kw, "seed": seed})
             provs.append(prov)
             records += [(ck.step, ck.label, name, metric, layer, value) for metric, layer, value in rows]
         del model
@@ -354,7 +363,8 @@ def trajectory(
         model=_model_name(cks), corpus=provs[0].corpus, corpus_sha256=provs[0].corpus_sha256, n_tokens=n_tokens,
         n_ctx=n_ctx, seconds=time.perf_counter() - start,
         config={"analyses": list(analyses), "seed": seed, "verify": verify,
-                "checkpoints": [{"step": c.step, "source": c.source, "revision": c.revision} for c in cks],
+                "checkpoints": [{"step": c.step, "source": c.source, "revision": c.revision, "weights_sha256": w}
+                                for c, w in zip(cks, weights, strict=True)],
                 "thresholds": {s.metric: s.threshold for s in STRUCTURES}},
     )
     return Trajectory(records=tuple(records), checkpoints=tuple(cks), analyses=analyses, structures=STRUCTURES,
