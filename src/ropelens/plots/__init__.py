@@ -1,0 +1,1 @@
+"""Plotly figures drawn from ropelens results (the analyses compute; these draw)."""
