@@ -29,6 +29,7 @@ from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_
 from ropelens.analyses.positional_symbolic import PositionalSymbolic, positional_symbolic
 from ropelens.analyses.retrieval import RetrievalHeads, retrieval_heads
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.trajectory import Trajectory, trajectory
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
@@ -101,6 +102,7 @@ __all__ = [
     "MRopeDecomposition",
     "PositionalSymbolic",
     "RetrievalHeads",
+    "Trajectory",
     "InputError",
     "NotRotaryError",
     "UnsupportedModelError",
@@ -138,6 +140,7 @@ __all__ = [
     "rope_spec",
     "sinusoidal_pe",
     "train",
+    "trajectory",
     "variants",
     "with_rope_variant",
 ]

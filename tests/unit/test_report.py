@@ -3,6 +3,7 @@ tidy CSVs, atomic writes, the section registry, and the report/usage/decompose c
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -16,7 +17,6 @@ import pytest
 from ropelens import data
 from ropelens.cli import main
 from ropelens.report import SECTIONS, Section, SectionSpec, build_report, register_section
-from ropelens.report import measured as core_sections
 
 N_CTX = 64
 TOKENS = 4 * N_CTX
@@ -162,7 +162,8 @@ def test_interrupted_run_leaves_no_index(tiny, tmp_path, monkeypatch):
     def boom(_data):
         raise RuntimeError("section failed")
 
-    monkeypatch.setattr(core_sections, "render_bands", boom)
+    monkeypatch.setattr("ropelens.report.registry.SECTIONS",
+                        [dataclasses.replace(s, render=boom) if s.key == "bands" else s for s in SECTIONS])
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="section failed"):
         build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=out, progress=False)
@@ -175,7 +176,8 @@ def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, monkeypatch)
     def boom(_data):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(core_sections, "render_usage", boom)
+    monkeypatch.setattr("ropelens.report.registry.SECTIONS",
+                        [dataclasses.replace(s, render=boom) if s.key == "usage" else s for s in SECTIONS])
     with pytest.raises(KeyboardInterrupt):
         build_report(tiny("gemma3"), tokens=TOKENS, n_ctx=N_CTX, out=gemma_report, progress=False)
     assert (gemma_report / "index.html").read_bytes() == before

@@ -27,9 +27,10 @@ from ropelens.plots import (
     retrieval,
     sinks,
     style,
+    trajectory,
     usage,
 )
 
 __all__ = ["band_location", "band_stats", "context", "curves", "decompose", "distance", "entropy", "extension",
            "extrapolation", "heads", "massive", "mrope", "offsets", "passkey", "pe_geometry",
-           "positional_symbolic", "retrieval", "sinks", "style", "usage"]
+           "positional_symbolic", "retrieval", "sinks", "style", "trajectory", "usage"]
