@@ -178,12 +178,6 @@ class Trajectory(Result):
                    analyses=tuple(d["analyses"]), structures=tuple(Structure(**s) for s in d["structures"]),
                    provenance=Provenance.from_dict(d["provenance"]), seconds=tuple(d.get("seconds", ())))
 
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
-        """Jupyter shows the emergence table (the figure is ``figure()``, drawn by ropelens.plots.trajectory)."""
-        table = self.emergence()
-        return {"text/plain": f"{self._repr_text()}\n{table.to_string(index=False)}",
-                "text/html": table.to_html(index=False)}
-
 
 # ------------------------------------------------------------------------------------------------
 # the checkpoints

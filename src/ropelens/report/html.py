@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from ropelens.plots.style import FONT
+from ropelens.plots.style import FONT, style_figure  # noqa: F401 - style_figure: its old home, kept for one release
 
 __all__ = ["esc", "figure_html", "number", "page", "table_html"]
 
