@@ -244,5 +244,5 @@ def test_moved_functions_keep_their_old_names_for_one_release(tmp_path):
         with pytest.warns(DeprecationWarning, match=f"ropelens.plots.*{name}"):
             assert getattr(module, name) is moved
         with pytest.raises(AttributeError):
-            module.no_such_name
+            _ = module.no_such_name
     assert html.style_figure is style_figure
