@@ -31,8 +31,9 @@ import torch
 
 import ropelens
 from ropelens import data
+from ropelens.backends.losses import hf_losses
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
-from ropelens.run.evaluate import _hf_losses, window_losses
+from ropelens.run.evaluate import window_losses
 from ropelens.run.intervene import ablate_planes, apply_rope_variant
 from ropelens.spec.variants import PRoPE
 
@@ -51,7 +52,7 @@ def run(model, toks, what: str, batch_size: int) -> tuple[float, torch.Tensor]:
     if what == "sdpa":
         view = hf_view(model)
         with torch.no_grad(), sdpa_attention(view):
-            losses = torch.cat([_hf_losses(view, toks[s: s + batch_size]) for s in range(0, len(toks), batch_size)])
+            losses = torch.cat([hf_losses(view, toks[s: s + batch_size]) for s in range(0, len(toks), batch_size)])
     else:
         with _context(model, what):
             losses = window_losses(model, toks, batch_size=batch_size, progress=False,

@@ -32,10 +32,10 @@ from ropelens import data, rope_spec  # noqa: E402
 from ropelens import train as T  # noqa: E402
 from ropelens.analyses.context import (  # noqa: E402
     LongRopeSearch,
-    compare_figure,
     plane_view,
     search_longrope_factors,
 )
+from ropelens.plots.context import compare_figure  # noqa: E402
 from ropelens.results.provenance import Provenance  # noqa: E402
 from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
 from ropelens.run.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402

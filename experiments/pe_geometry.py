@@ -37,7 +37,8 @@ from ropelens.analyses.decay import (  # noqa: E402
     rope_gaussian_expectation,
 )
 from ropelens.analyses.pe_geometry import PESimilarity, pe_similarity, sinusoidal_pe  # noqa: E402
-from ropelens.results.curves import decay_verdict, overlay  # noqa: E402
+from ropelens.plots.curves import overlay  # noqa: E402
+from ropelens.results.curves import decay_verdict  # noqa: E402
 from ropelens.results.provenance import Provenance  # noqa: E402
 from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
 from ropelens.run.capture import capture_qk  # noqa: E402

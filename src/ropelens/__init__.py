@@ -13,6 +13,7 @@ import importlib.machinery
 import sys
 import warnings
 
+from ropelens import plots  # the figures: importing them registers every result's drawing
 from ropelens.analyses import context, extrapolation, heads, load_result, massive, offsets, passkey
 from ropelens.analyses.band_stats import BandStatistics, band_statistics
 from ropelens.analyses.decay import (
@@ -28,6 +29,7 @@ from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_
 from ropelens.analyses.positional_symbolic import PositionalSymbolic, positional_symbolic
 from ropelens.analyses.retrieval import RetrievalHeads, retrieval_heads
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.trajectory import Trajectory, trajectory
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
@@ -99,6 +101,7 @@ __all__ = [
     "MRopeDecomposition",
     "PositionalSymbolic",
     "RetrievalHeads",
+    "Trajectory",
     "InputError",
     "NotRotaryError",
     "UnsupportedModelError",
@@ -126,6 +129,7 @@ __all__ = [
     "mrope_decompose",
     "offsets",
     "passkey",
+    "plots",
     "pe_similarity",
     "positional_symbolic",
     "retrieval_heads",
@@ -135,6 +139,7 @@ __all__ = [
     "rope_spec",
     "sinusoidal_pe",
     "train",
+    "trajectory",
     "variants",
     "with_rope_variant",
 ]

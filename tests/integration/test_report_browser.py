@@ -69,12 +69,13 @@ def test_quick_report_renders(smollm2, browser, tmp_path):
 def test_extension_study_page_renders(browser, tmp_path):
     """The extend page (loss by length, passkey grid, per-plane view, predictors) draws every figure offline."""
     from ropelens.analyses.extension import extension_study
+    from ropelens.report.extension import write_study
     from ropelens.testing import tiny_model
 
     model = tiny_model("llama", max_position_embeddings=64)
     study = extension_study(model, 512, start=64, n_windows=1, depths=(0.5,), methods=("none", "pi", "yarn", "prope"),
                             passkey_lengths=(512,), progress=False)
-    index = study.write(tmp_path / "extend")
+    index = write_study(study, tmp_path / "extend")
     errors, external, n_figures, drawn = _render(browser, index, "extend.png")
     assert errors == []
     assert external == []

@@ -39,6 +39,7 @@ def result_classes() -> dict[str, type[_result_base.Result]]:
         positional_symbolic,
         retrieval,
         sinks,
+        trajectory,
         usage,
     )
 

@@ -32,10 +32,8 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Float
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
@@ -244,41 +242,6 @@ class FrequencyBands(Result, merge_same=("which",), merge_sums=("usage",)):
         iv = d.get("intervention")
         return cls(usage=FrequencyUsage.from_dict(d["usage"]), which=d["which"],
                    intervention=None if iv is None else BandIntervention.from_dict(iv))
-
-    # ---------------------------------------------------------------- figures
-    def figure(self) -> go.Figure:
-        """Layer × plane norms (each layer scaled to its peak) with the band and critical plane marked;
-        the intervention's losses beside them when there is one."""
-        prof = self.profile()
-        z = prof / prof.amax(-1, keepdim=True).clamp_min(1e-30)
-        b, crit = self.bands(), self.critical_plane()
-        cols = 2 if self.intervention is not None else 1
-        fig = make_subplots(rows=1, cols=cols, column_widths=[0.65, 0.35][:cols] if cols == 2 else None,
-                            subplot_titles=["norm ÷ layer peak, band and critical plane",
-                                            "loss change vs RoPE (nats)"][:cols])
-        fig.add_trace(go.Heatmap(z=z.numpy(), x=list(range(z.shape[-1])), y=list(self.layers), colorscale="Viridis",
-                                 colorbar={"title": "‖·‖ / peak"}, hovertemplate="layer %{y}<br>plane %{x}<br>%{z:.2f}<extra></extra>"),
-                      row=1, col=1)
-        y = list(self.layers)
-        for edge, name, sym in ((b.lo, "band start", "triangle-right"), (b.hi, "band end", "triangle-left"),
-                                (b.peak, "peak", "x")):
-            fig.add_trace(go.Scatter(x=edge.tolist(), y=y, mode="markers", name=name, marker={"symbol": sym, "color": "red"}),
-                          row=1, col=1)
-        fig.add_trace(go.Scatter(x=[c - 0.5 for c in crit], y=y, mode="lines", name="critical plane (λ = T_train)",
-                                 line={"color": "white", "dash": "dash"}), row=1, col=1)
-        if self.intervention is not None:
-            e = self.intervention.estimates
-            keys = ("nope_below-rope", "control-rope")
-            fig.add_trace(go.Bar(x=["NoPE below band", "random control"], y=[e[k].loss.mean for k in keys],
-                                 error_y={"type": "data", "symmetric": False,
-                                          "array": [e[k].loss.hi - e[k].loss.mean for k in keys],
-                                          "arrayminus": [e[k].loss.mean - e[k].loss.lo for k in keys]},
-                                 name="Δ loss"), row=1, col=2)
-        fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=1)
-        fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
-        fig.update_layout(title=f"Frequency bands ({'queries' if self.which == 'q' else 'keys'}) — {self.provenance.model}",
-                          height=440, margin={"t": 70, "l": 60, "r": 20, "b": 50})
-        return fig
 
 
 def nope_below_band(model, bands: FrequencyBands, tokens: Tensor, *, seed: int = 0, batch_size: int = 4,

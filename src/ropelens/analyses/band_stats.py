@@ -10,14 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Float
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.analyses.decompose import js_divergence
 from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding, band_winners, head_name
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
@@ -526,7 +525,7 @@ class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names
                 f"averages {vals['lowest_mean']:.2f}.")
         return Finding("tightness", "bands", text, vals)
 
-    # ---------------------------------------------------------------- persistence and figures
+    # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
         return {"layers": list(self.layers), "band_names": list(self.band_names),
                 "bands": self.bands.to_dict(), "spec": self.spec.to_dict(),
@@ -538,28 +537,12 @@ class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names
                    RopeSpec.from_dict(d["spec"]), {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
                    Provenance.from_dict(d["provenance"]))
 
-    def heatmap(self, metric: str = "margin_share", layer: int | None = None, coloraxis: str | None = None) -> go.Heatmap:
+    def heatmap(self, metric: str = "margin_share", layer: int | None = None, coloraxis: str | None = None) -> Any:
         """Layer × band (head-averaged) or, for one layer, head × band."""
-        z = getattr(self, metric)()
-        if layer is None:
-            z2, y = z.nanmean(1), list(self.layers)  # heads a layer lacks (NaN) left out
-        else:
-            li = self.layers.index(layer)
-            n_heads = int(self.present()[li].sum())
-            z2, y = z[li, :n_heads], list(range(n_heads))
-        return go.Heatmap(z=z2.numpy(), x=list(self.band_names), y=y, coloraxis=coloraxis,
-                          hovertemplate=f"%{{y}} · %{{x}}<br>{metric} %{{z:.3f}}<extra></extra>")
+        return figure_of(BandStatistics, "heatmap")(self, metric, layer, coloraxis)
 
-    def figure(self, layer: int | None = None) -> go.Figure:
-        titles = ["share of mean |logit|", "share of within-query variance", "share of attended-key margin"]
-        fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
-        for c, metric in enumerate(("abs_share", "var_share", "margin_share"), start=1):
-            fig.add_trace(self.heatmap(metric, layer, coloraxis="coloraxis"), row=1, col=c)
-        fig.update_yaxes(autorange="reversed")  # every panel: first layer (or head) at the top
-        fig.update_yaxes(title_text="layer" if layer is None else "head", col=1)
-        fig.update_layout(coloraxis={"colorscale": "RdBu", "cmid": 0}, height=460,
-                          title=f"Band decomposition — {self.provenance.model} ({self.bands.describe()})")
-        return fig
+    def figure(self, layer: int | None = None) -> Any:
+        return figure_of(BandStatistics)(self, layer)
 
 
 @corpus_analysis()

@@ -58,7 +58,6 @@ __all__ = [
     "CATEGORIES",
     "LongRopeSearch",
     "PlaneView",
-    "compare_figure",
     "inv_freq_at",
     "plane_view",
     "search_longrope_factors",
@@ -155,10 +154,6 @@ class PlaneView(Result, unversioned=True):
                       "inv_freq_after": torch.tensor(d["inv_freq_after"], dtype=torch.float32),
                       "categories": tuple(d["categories"])})
 
-    def figure(self):
-        """Wavelength before and after per plane, with the original and target context as lines."""
-        return compare_figure([self])
-
     def _repr_html_(self) -> str:
         return self.to_frame().to_html(max_rows=40)
 
@@ -184,32 +179,6 @@ def plane_view(layer_rope: LayerRope, variant: RopeVariant, original_ctx: int, t
         categories=plane_categories(before, after, original_ctx, target_ctx),
     )
 
-
-def compare_figure(views: Sequence[PlaneView]):
-    """Wavelength per plane (log scale) before and after each view's method, with the context lines."""
-    import plotly.graph_objects as go
-
-    if not views:
-        raise InputError("views is empty: pass one PlaneView per method, e.g. [plane_view(lr, Linear(4), L, 4 * L)]")
-    fig = go.Figure()
-    v0 = views[0]
-    planes = list(range(len(v0.categories)))
-    fig.add_trace(go.Scatter(x=planes, y=v0.wavelength_before.tolist(), name="before (trained)",
-                             mode="lines+markers", line={"color": "black", "dash": "dot"}))
-    for v in views:
-        fig.add_trace(go.Scatter(x=planes, y=v.wavelength_after.tolist(), name=v.label, mode="lines+markers",
-                                 text=list(v.categories), hovertemplate="plane %{x}: λ=%{y:.4g} (%{text})"))
-    for ctx, name in ((v0.original_ctx, "original context"), (v0.target_ctx, "target context")):
-        # On a log axis shapes take data values but annotations take log10 values (add_hline's
-        # own annotation would land at 10^ctx).
-        fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=ctx, y1=ctx,
-                      line={"dash": "dash", "color": "#7a8294", "width": 1})
-        fig.add_annotation(xref="paper", x=0, yref="y", y=math.log10(ctx), text=f"{name} {ctx:,}",
-                           showarrow=False, xanchor="left", yanchor="bottom", font={"size": 11})
-    fig.update_layout(title=f"Wavelength per plane, layer {v0.layer}: {v0.original_ctx} → {v0.target_ctx} tokens",
-                      xaxis_title="plane (0 = highest frequency)", yaxis_title="wavelength 2π/θ (tokens)",
-                      yaxis_type="log")
-    return fig
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,19 +265,6 @@ class LongRopeSearch(Result, unversioned=True):
             return super()._from_file(d, path)
         except (TypeError, KeyError) as e:  # a malformed provenance or history entry
             raise InputError(f"{what} holds a malformed {e}: pass {LONGROPE_FILE}") from e
-
-    def figure(self):
-        """Best and mean perplexity per generation, with PI and YaRN as horizontal lines."""
-        import plotly.graph_objects as go
-
-        gens = [h["generation"] for h in self.history]
-        fig = go.Figure([go.Scatter(x=gens, y=[h[k] for h in self.history], name=k, mode="lines+markers")
-                         for k in ("best", "mean")])
-        for name, ppl in self.baselines.items():
-            fig.add_hline(y=ppl, line_dash="dash", annotation_text=f"{name} {ppl:.4g}")
-        fig.update_layout(title=f"LongRoPE factor search, {self.original_ctx} → {self.target_len} tokens",
-                          xaxis_title="generation", yaxis_title="perplexity (search windows)")
-        return fig
 
 
 # What a LongRoPE factors file (``ropelens extend --longrope``) holds; the other LongRopeSearch fields may be left out.
@@ -504,3 +460,15 @@ def _model_name(model) -> str:
         return model_label(model)
     except Exception:  # noqa: BLE001 - a label is provenance, never worth failing a search over
         return type(model).__name__
+
+
+def __getattr__(name: str):
+    """Names that moved to the plots layer, kept for one release (a deprecation warning, then the function)."""
+    if name == "compare_figure":
+        import warnings
+
+        from ropelens.plots.context import compare_figure as moved
+
+        warnings.warn("ropelens.analyses.context.compare_figure moved to ropelens.plots.context.compare_figure; import it from there", DeprecationWarning, stacklevel=2)
+        return moved
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,15 +13,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Float, Int
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.run.capture import LayerActs, capture_qk
@@ -150,23 +150,9 @@ class AttentionDecomposition(Result):
                   for b, name in enumerate(self.band_names(layer))]
         return pd.concat(frames, ignore_index=True).assign(layer=layer, head=head)
 
-    def figure(self, layer: int | None = None, head: int = 0, batch: int = 0) -> go.Figure:
+    def figure(self, layer: int | None = None, head: int = 0, batch: int = 0) -> Any:
         """One head (default: head 0 of the first layer): each band's logits as a heatmap, and the model's pattern."""
-        layer = self.layers[0] if layer is None else layer
-        x = self.band_logits(layer)[batch, head]
-        names = self.band_names(layer)
-        fig = make_subplots(rows=1, cols=len(names) + 1, subplot_titles=[*names, "pattern"], horizontal_spacing=0.02)
-        lim = float(x[torch.isfinite(x)].abs().max()) if torch.isfinite(x).any() else 1.0
-        for b in range(len(names)):
-            z = x[b].masked_fill(~torch.isfinite(x[b]), float("nan")).numpy()
-            fig.add_trace(go.Heatmap(z=z, coloraxis="coloraxis",
-                                     hovertemplate="q %{y} k %{x}<br>logit %{z:.3f}<extra></extra>"), row=1, col=b + 1)
-        fig.add_trace(go.Heatmap(z=self.pattern(layer)[batch, head].numpy(), colorscale="Greys", showscale=False,
-                                 hovertemplate="q %{y} k %{x}<br>p %{z:.3f}<extra></extra>"), row=1, col=len(names) + 1)
-        fig.update_yaxes(autorange="reversed")
-        fig.update_layout(coloraxis={"colorscale": "RdBu", "cmin": -lim, "cmax": lim, "cmid": 0},
-                          title=f"Layer {layer} head {head}: logit by band", height=330)
-        return fig
+        return figure_of(AttentionDecomposition)(self, layer, head, batch)
 
     def _file_tensors(self) -> dict[str, Tensor]:
         """The tensors the file holds: tokens, and each layer's captured tensors under ``"{layer}/{name}"``."""

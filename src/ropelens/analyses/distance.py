@@ -21,14 +21,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Float, Int
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.results.curves import MARGIN, CurveShape, at_distance, describe_curve
+from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
@@ -328,14 +327,15 @@ class AttentionByDistance(Result, merge_same=("layers", "band_names", "edges", "
             raise InputError(f"unknown curve {name!r}: choose a band {list(self.band_names)}, 'logit' or 'prob'")
         return self.band_names.index(name)
 
-    def _li(self, layer: int) -> int:
+    def layer_index(self, layer: int) -> int:
+        """Where ``layer`` sits among the measured layers (an error naming them when it was not measured)."""
         if layer not in self.layers:
             raise InputError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
         return self.layers.index(layer)
 
     def curve(self, layer: int, curve: str = "logit", head: int | None = None) -> Float[Tensor, " bin"]:
         """One curve over the bins: a band's mean logit, "logit" or "prob"; heads averaged unless ``head``."""
-        li = self._li(layer)
+        li = self.layer_index(layer)
         if curve == "logit":
             t = self.logit()[li]
         elif curve == "prob":
@@ -484,48 +484,11 @@ class AttentionByDistance(Result, merge_same=("layers", "band_names", "edges", "
                    {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
                    Provenance.from_dict(d["provenance"]))
 
-    # ---------------------------------------------------------------- figures
-    def figure(self, layers: Sequence[int] | None = None, head: int | None = None) -> go.Figure:
+    # ---------------------------------------------------------------- figures (drawn by ropelens.plots.distance)
+    def figure(self, layers: Sequence[int] | None = None, head: int | None = None) -> Any:
         """Per layer (default: up to four spread over the measured ones): mean band logits and the full
         logit by distance (left), and the mean attention probability (right), log-x; δ = 0 sits at ½."""
-        if layers is None:
-            k = min(4, len(self.layers))
-            layers = [self.layers[round(j * (len(self.layers) - 1) / max(1, k - 1))] for j in range(k)]
-        layers = list(dict.fromkeys(layers))
-        for layer in layers:
-            self._li(layer)
-        titles = []
-        for layer in layers:
-            kind = self.spec.layers[layer].kind
-            titles += [f"layer {layer} ({kind}): mean logit by band", f"layer {layer}: mean attention probability"]
-        fig = make_subplots(rows=len(layers), cols=2, subplot_titles=titles, horizontal_spacing=0.1,
-                            vertical_spacing=0.5 / max(1, len(layers)))
-        x = self.centres.clone()
-        x[0] = 0.5  # δ = 0 on a log axis
-        labels = self.bin_labels()
-        palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-        for r, layer in enumerate(layers, start=1):
-            for j, name in enumerate(self.band_names):
-                fig.add_trace(go.Scatter(
-                    x=x.tolist(), y=self.curve(layer, name, head).tolist(), mode="lines+markers", name=name,
-                    legendgroup=name, showlegend=r == 1, line={"color": palette[j % len(palette)]}, customdata=labels,
-                    hovertemplate="δ %{customdata}<br>%{y:.4f}<extra>" + name + "</extra>"), row=r, col=1)
-            fig.add_trace(go.Scatter(
-                x=x.tolist(), y=self.curve(layer, "logit", head).tolist(), mode="lines+markers", name="full logit",
-                legendgroup="logit", showlegend=r == 1, line={"color": "black", "dash": "dash"}, customdata=labels,
-                hovertemplate="δ %{customdata}<br>%{y:.4f}<extra>full logit</extra>"), row=r, col=1)
-            fig.add_trace(go.Scatter(
-                x=x.tolist(), y=self.curve(layer, "prob", head).tolist(), mode="lines+markers", name="probability",
-                legendgroup="prob", showlegend=r == 1, line={"color": "black"}, customdata=labels,
-                hovertemplate="δ %{customdata}<br>p %{y:.4g}<extra></extra>"), row=r, col=2)
-        ticks = [v for v in (0.5, 1, 10, 100, 1000, 10000) if v <= max(1.0, float(x[-1]) * 1.5)]
-        fig.update_xaxes(type="log", tickvals=ticks, ticktext=["0" if t == 0.5 else f"{t:g}" for t in ticks],
-                         title_text="distance δ = m − n (tokens)")
-        fig.update_yaxes(type="log", col=2)
-        who = "heads averaged" if head is None else f"head {head}"
-        fig.update_layout(title=f"Attention by distance — {self.provenance.model} ({self.bands.describe()}, {who})",
-                          height=300 * len(layers) + 80)
-        return fig
+        return figure_of(AttentionByDistance)(self, layers, head)
 
 
 @corpus_analysis()

@@ -52,10 +52,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Float
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.errors import InputError
@@ -382,27 +380,6 @@ class FrequencyEntropy(Result, merge_same=("layers", "skip", "seed", "n_pos", "s
                    seed=int(d["seed"]), n_pos=int(d["n_pos"]),
                    sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
                    provenance=Provenance.from_dict(d["provenance"]))
-
-    # ---------------------------------------------------------------- figures
-    def figure(self) -> go.Figure:
-        """Layer × plane entropy (heads averaged), and per layer the mean entropy in order and shuffled."""
-        h = self.entropy().nanmean(1)
-        names = [f"{L} ({self.kind(L)})" for L in self.layers]
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
-                            subplot_titles=["entropy: layer × plane (heads averaged)", "per layer: in order vs shuffled"])
-        fig.add_trace(go.Heatmap(z=h.numpy(), x=list(range(h.shape[-1])), y=names, colorscale="Viridis",
-                                 colorbar={"title": "H / ln F", "x": 0.5},
-                                 hovertemplate="layer %{y}<br>plane %{x}<br>entropy %{z:.3f}<extra></extra>"),
-                      row=1, col=1)
-        per = self.entropy().nanmean((1, 2)).numpy(), self.entropy(True).nanmean((1, 2)).numpy()
-        for vals, name in zip(per, ("in order", "shuffled"), strict=True):
-            fig.add_trace(go.Scatter(x=vals, y=names, mode="markers", name=name), row=1, col=2)
-        fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=1)
-        fig.update_xaxes(title_text="mean entropy", row=1, col=2)
-        fig.update_yaxes(autorange="reversed")
-        fig.update_layout(title=f"Frequency entropy — {self.provenance.model}", height=420,
-                          margin={"t": 70, "l": 80, "r": 20, "b": 50})
-        return fig
 
 
 def _wavelengths(lr: LayerRope, n_planes: int) -> Tensor:

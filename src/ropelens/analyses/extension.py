@@ -20,7 +20,8 @@ the others by default (:data:`DEFAULT_METHODS`).
 
 Each (method, length) loss, passkey and attention measurement is one *cell*, saved atomically as its own JSON
 file in ``out/cells`` (attention cells in ``out/cells/attention``) with the settings it was measured under, so a rerun skips finished cells and a killed run
-resumes. The page and the tables are written by :mod:`ropelens.report.extension`; the findings
+resumes. The page and the tables are written by :func:`ropelens.report.extension.write_study`, the
+figures drawn by :mod:`ropelens.plots.extension`; the findings
 (:meth:`ExtensionStudy.findings`) by :mod:`ropelens.analyses.extension_findings`.
 """
 
@@ -497,6 +498,19 @@ class ExtensionStudy(Result):
     # method, length, heads (one AttentionStatsReducer.table() row per layer × head), same_as
     attention_cells: tuple[dict[str, Any], ...] = ()
 
+    def __getattr__(self, name: str):
+        """``write(out)``, which moved to :func:`ropelens.report.extension.write_study`, kept for one release."""
+        if name == "write":
+            import functools
+            import warnings
+
+            from ropelens.report.extension import write_study
+
+            warnings.warn("ExtensionStudy.write(out) moved to ropelens.report.extension.write_study(study, out)",
+                          DeprecationWarning, stacklevel=2)
+            return functools.partial(write_study, self)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def methods(self) -> tuple[str, ...]:
         return tuple(self.variants)
@@ -625,18 +639,6 @@ class ExtensionStudy(Result):
         from ropelens.analyses.extension_findings import study_findings
 
         return study_findings(self)
-
-    def figure(self):
-        """Loss by length per method, with the native context and the base's predicted limits."""
-        from ropelens.report.extension import loss_figure
-
-        return loss_figure(self)
-
-    def write(self, out: str | Path) -> Path:
-        """``out/index.html`` (the page), ``study.json`` and a CSV per table; returns the page's path."""
-        from ropelens.report.extension import write_study
-
-        return write_study(self, out)
 
     def _repr_text(self) -> str:
         return f"ExtensionStudy({self.provenance.model}, {self.native} → {self.target})"

@@ -34,6 +34,7 @@ import pandas as pd
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.spec.rope import LayerRope
@@ -328,23 +329,6 @@ class BasePredictions(Result):
     def from_dict(cls, d: dict[str, Any]) -> BasePredictions:
         return cls(rows=tuple(d["rows"]), lengths=tuple(d["lengths"]), provenance=Provenance.from_dict(d["provenance"]))
 
-    def figure(self):
-        """Base each length needs (Liu's β₀, Men's bound) against the layer's base, log-log."""
-        import plotly.graph_objects as go
-
-        fig = go.Figure()
-        df = self.to_frame()
-        for kind, g in df.groupby("kind", sort=False):
-            fig.add_trace(go.Scatter(x=g["length"], y=g["critical_base"], mode="lines+markers",
-                                     name=f"{kind}: Liu critical base β₀"))
-            fig.add_trace(go.Scatter(x=g["length"], y=g["men_lower_bound"], mode="lines+markers",
-                                     name=f"{kind}: Men lower bound", line={"dash": "dot"}))
-            fig.add_trace(go.Scatter(x=g["length"], y=g["base"], mode="lines", name=f"{kind}: model base",
-                                     line={"color": "black", "dash": "dash", "width": 1}))
-        fig.update_layout(title=f"Base needed per context length — {self.provenance.model}", xaxis_type="log",
-                          yaxis_type="log", xaxis_title="context length (tokens)", yaxis_title="RoPE base")
-        return fig
-
     def _repr_html_(self) -> str:
         return self.to_frame().to_html(max_rows=60)
 
@@ -426,21 +410,7 @@ class MeasuredExtrapolation(Result):
 
     def figure(self, predictions: BasePredictions | None = None):
         """Perplexity by length (CI as error bars), the trained context and, given, Liu's T_extra."""
-        import plotly.graph_objects as go
-
-        df = self.to_frame()
-        fig = go.Figure(go.Scatter(
-            x=df["length"], y=df["perplexity"], mode="lines+markers", name="measured perplexity",
-            error_y={"type": "data", "symmetric": False, "array": df["perplexity_hi"] - df["perplexity"],
-                     "arrayminus": df["perplexity"] - df["perplexity_lo"]}))
-        fig.add_vline(x=self.train_ctx, line_dash="dash", annotation_text=f"trained {self.train_ctx:,}")
-        if predictions is not None:
-            for kind, t in {r["kind"]: r["t_extra"] for r in predictions.rows}.items():
-                if math.isfinite(t):
-                    fig.add_vline(x=t, line_dash="dot", annotation_text=f"T_extra ({kind}) {t:,.0f}")
-        fig.update_layout(title=f"Perplexity by context length — {self.provenance.model}", xaxis_type="log",
-                          xaxis_title="context length (tokens)", yaxis_title="perplexity")
-        return fig
+        return figure_of(MeasuredExtrapolation)(self, predictions)
 
 
 def _loss_model(model, fast: bool):

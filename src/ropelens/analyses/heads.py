@@ -26,14 +26,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Float, Int
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.analyses.band_stats import BandStatsReducer
 from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
@@ -291,39 +290,9 @@ class HeadTaxonomy(Result, unversioned=True):
                    {k: torch.tensor(v, dtype=torch.float64) for k, v in d["scores"].items()}, float(d["tau"]),
                    Provenance.from_dict(d["provenance"]))
 
-    def scatter(self) -> list[go.Scatter]:
+    def scatter(self) -> Any:
         """Offset mass on text vs random tokens, one trace per kind."""
-        df = self.to_frame()
-        df["family"] = df["kind"].where(~df["kind"].str.startswith("offset-"), "offset-δ")
-        return [go.Scatter(x=g["mass_text"], y=g["mass_random"], mode="markers", name=kind,
-                           text=[f"L{r.layer} H{r.head} δ*={r.best_offset}" for r in g.itertuples()],
-                           hovertemplate="%{text}<br>text %{x:.3f}, random %{y:.3f}<extra></extra>")
-                for kind, g in df.groupby("family")]
-
-    def figure(self) -> go.Figure:
-        """Heads scatter (text vs random offset mass, τ lines) beside the band margin-share heatmap."""
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.1,
-                            subplot_titles=["offset mass at δ*: text vs random tokens",
-                                            "margin share per band (rows: layer.head)"])
-        for tr in self.scatter():
-            fig.add_trace(tr, row=1, col=1)
-        fig.add_vline(x=self.tau, line_dash="dot", row=1, col=1)
-        fig.add_hline(y=self.tau, line_dash="dot", row=1, col=1)
-        have = self.present().flatten()
-        z = self.scores["margin_share"].flatten(0, 1)[have]
-        ylab = [f"{L}.{h}" for L in self.layers for h in range(self.scores["margin_share"].shape[1])]
-        ylab = [y for y, h in zip(ylab, have.tolist(), strict=True) if h]
-        fig.add_trace(go.Heatmap(z=z.numpy(), x=list(self.band_names), y=ylab, colorscale="RdBu", zmid=0,
-                                 colorbar={"title": "margin share"}), row=1, col=2)
-        fig.update_yaxes(autorange="reversed", row=1, col=2)
-        fig.update_xaxes(title_text="text", range=[0, 1.02], row=1, col=1)
-        fig.update_yaxes(title_text="random tokens", range=[0, 1.02], row=1, col=1)
-        # The legend goes under the plots, so it never covers the heatmap's colorbar on the right.
-        fig.update_layout(height=max(460, 8 * len(ylab)),
-                          title=f"Head taxonomy — {self.provenance.model} (τ = {self.tau:.3f})",
-                          legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.12, "yanchor": "top"},
-                          margin={"b": 110})
-        return fig
+        return figure_of(HeadTaxonomy, "scatter")(self)
 
     def _repr_html_(self) -> str:
         return self.figure().to_html(include_plotlyjs="cdn", full_html=False)

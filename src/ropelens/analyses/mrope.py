@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Float, Int
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.analyses.decompose import AttentionDecomposition, band_terms
 from ropelens.errors import InputError
 from ropelens.loading.vision_language import TEXT, as_plain_vl, capture_mrope, mrope_tolerance
+from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.run.capture import LayerActs
@@ -186,25 +185,10 @@ class MRopeDecomposition(AttentionDecomposition):
                                     f"{self.layers}): " + "; ".join(parts) + ".", values=values))
         return out
 
-    def figure(self, layer: int | None = None, head: int | None = None, batch: int = 0) -> go.Figure:
+    def figure(self, layer: int | None = None, head: int | None = None, batch: int = 0) -> Any:
         """Each axis's share of |logit| per head on vision pairs, and attention by distance along each axis
         (``head``: one head; default the mean over heads); ``figure(layer, head=h)`` of the base class draws logits."""
-        layer = self.layers[0] if layer is None else layer
-        s = self.axis_shares()
-        s = s[(s.layer == layer) & (s.pair == "vision→vision")]
-        d = self.by_distance(layer)
-        if head is not None:
-            d = d[d["head"] == head]
-        d = d.groupby(["axis", "distance"], as_index=False).attention.mean()
-        fig = make_subplots(rows=1, cols=2, subplot_titles=["share of |logit| on vision pairs",
-                                                            "attention by distance along each axis"])
-        for axis, g in s.groupby("axis", sort=False):
-            fig.add_trace(go.Bar(x=g["head"], y=g.abs_share, name=f"{axis} share"), row=1, col=1)
-        for axis, g in d.groupby("axis", sort=False):
-            fig.add_trace(go.Scatter(x=g.distance, y=g.attention, mode="lines+markers", name=f"{axis} distance"),
-                          row=1, col=2)
-        fig.update_layout(barmode="stack", title=f"Layer {layer}: M-RoPE axes (batch {batch})", height=360)
-        return fig
+        return figure_of(MRopeDecomposition)(self, layer, head, batch)
 
 
 def _span(planes: Sequence[int]) -> str:

@@ -33,13 +33,12 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Float
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.run.capture import DeviceSums, LayerActs, Moments, query_tile
@@ -383,46 +382,16 @@ class RotaryOffsets(Result, merge_same=("layers", "n_sink", "train_ctx", "spec")
                    sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
                    provenance=Provenance.from_dict(d["provenance"]))
 
-    # ---------------------------------------------------------------- figures
-    def heatmap(self, what: str = "q_ratio", layer: int | None = None, coloraxis: str | None = None) -> go.Heatmap:
+    # ---------------------------------------------------------------- figures (drawn by ropelens.plots.offsets)
+    def heatmap(self, what: str = "q_ratio", layer: int | None = None, coloraxis: str | None = None) -> Any:
         """Layer × plane (head mean) or, for ``layer``, head × plane of one statistic:
         ``q_ratio``, ``k_ratio``, ``resultant_post``, ``resultant_pre`` or ``mean_term``."""
-        stats = {"q_ratio": lambda: self.outlier_ratio("q"), "k_ratio": lambda: self.by_head(self.outlier_ratio("k")),
-                 "resultant_post": lambda: self.resultant_length("post"),
-                 "resultant_pre": lambda: self.resultant_length("pre"), "mean_term": self.mean_term}
-        if what not in stats:
-            raise InputError(f"what must be one of {sorted(stats)}, got {what!r}")
-        z = stats[what]().float()
-        if layer is None:
-            z2, y, ylab = z.nanmean(1), list(self.layers), "layer"
-        else:
-            if layer not in self.layers:
-                raise InputError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
-            z2, y, ylab = z[self.layers.index(layer)], list(range(z.shape[1])), "head"
-        return go.Heatmap(z=z2.numpy(), x=list(range(z.shape[-1])), y=y, coloraxis=coloraxis,
-                          hovertemplate=f"{ylab} %{{y}}<br>plane %{{x}}<br>{what} %{{z:.3g}}<extra></extra>")
+        return figure_of(RotaryOffsets, "heatmap")(self, what, layer, coloraxis)
 
-    def figure(self, layer: int | None = None) -> go.Figure:
+    def figure(self, layer: int | None = None) -> Any:
         """Query and key outlier ratios and the post-RoPE resultant length, with the first
         partial-cycle plane marked (dashed line)."""
-        what = ("q_ratio", "k_ratio", "resultant_post")
-        titles = ("q norm / median of other planes", "k norm / median of other planes", "resultant length R (post-RoPE)")
-        fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
-        for col, w in enumerate(what, start=1):
-            fig.add_trace(self.heatmap(w, layer, coloraxis=f"coloraxis{col if col > 1 else ''}"), row=1, col=col)
-            fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=col)
-        partial = self.partial_cycle.any(0).nonzero().flatten()
-        if partial.numel():
-            for col in (1, 2, 3):
-                fig.add_vline(x=int(partial[0]) - 0.5, line_dash="dash", line_color="white", row=1, col=col)
-        fig.update_yaxes(title_text="layer" if layer is None else "head", autorange="reversed")
-        fig.update_layout(
-            coloraxis={"colorscale": "Viridis", "colorbar": {"x": 0.29, "len": 0.8}},
-            coloraxis2={"colorscale": "Viridis", "colorbar": {"x": 0.645, "len": 0.8}},
-            coloraxis3={"colorscale": "Viridis", "cmin": 0, "cmax": 1, "colorbar": {"x": 1.0, "len": 0.8}},
-            title=f"Rotary outliers and offsets — {self.provenance.model} (partial-cycle planes right of the line)",
-            height=420 if layer is None else 320)
-        return fig
+        return figure_of(RotaryOffsets)(self, layer)
 
 
 @corpus_analysis(max_tokens=16_384)

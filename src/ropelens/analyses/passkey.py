@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Int
 from torch import Tensor
@@ -341,24 +340,6 @@ class PasskeyResult(Result):
         return cls(lengths=tuple(d["lengths"]), depths=tuple(d["depths"]),
                    trials=tuple(PasskeyTrial(**t) for t in d["trials"]),
                    provenance=Provenance.from_dict(d["provenance"]))
-
-    # ---------------------------------------------------------------- figures
-    def figure(self) -> go.Figure:
-        """Accuracy heatmap: depth (rows) × length (columns), 0 red to 1 green."""
-        acc = self.accuracy()
-        x = [f"{L:,}" for L in self.lengths]
-        text = [["–" if np.isnan(v) else f"{v:.0%}" for v in row] for row in acc]
-        fig = go.Figure(go.Heatmap(
-            z=acc, x=x, y=[f"{d:g}" for d in self.depths], zmin=0, zmax=1, colorscale="RdYlGn",
-            text=text, texttemplate="%{text}", colorbar={"title": "accuracy"},
-            hovertemplate="length %{x} tokens<br>depth %{y}<br>accuracy %{z:.2f}<extra></extra>"))
-        name = self.provenance.config.get("variant_name") or "unmodified"
-        n = self.provenance.config.get("n_trials")
-        fig.update_layout(title=f"Passkey retrieval — {self.provenance.model}, {name} ({n} trials per cell)",
-                          xaxis_title="prompt length (tokens)", yaxis_title="depth of the passkey",
-                          height=360, margin={"t": 60, "l": 70, "r": 20, "b": 50})
-        fig.update_yaxes(autorange="reversed")
-        return fig
 
     def _repr_text(self) -> str:
         return f"PasskeyResult({self.provenance.model}, accuracy {self.mean_accuracy():.2f})"

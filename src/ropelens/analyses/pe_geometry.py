@@ -4,21 +4,19 @@ Learned and sinusoidal absolute embeddings (Luo & Love): cosine similarity of ev
 position rows, averaged by distance |m − n|, and the dominant period of that curve.
 
 :class:`PESimilarity` is a by-distance curve (:mod:`ropelens.results.curves`), like RoPE's decay curves
-(:mod:`ropelens.analyses.decay`), so both are judged by ``decay_verdict`` and drawn together by ``overlay``.
+(:mod:`ropelens.analyses.decay`), so both are judged by ``decay_verdict`` and drawn together by
+:func:`ropelens.plots.curves.overlay`.
 Distance convention: δ = m − n ≥ 0 for a query at m and a key at n; the logit is qᵀR((n − m)θ)k.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Float, Int
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.errors import InputError
@@ -30,6 +28,7 @@ from ropelens.results.curves import (
     max_distance_arg,
     vector,
 )
+from ropelens.results.figures import figure_of
 from ropelens.results.result import Result
 from ropelens.results.serialize import tensor_from_json, tensor_to_json
 from ropelens.spec.reading import hf_model_of, model_label
@@ -40,7 +39,6 @@ __all__ = [
 
 MIN_PERIOD_STRENGTH = 0.3  # smooth decays reach ~0.2 after detrending; clean periods exceed 0.8
 PERIOD_FALSE_ALARM = 0.01  # chance that white noise alone clears the length-dependent noise floor
-_HEATMAP_MAX_SIDE = 512  # browsers choke on multi-million-cell heatmaps; the matrix is kept whole
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,34 +89,18 @@ class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan"
                    period=d["period"], period_strength=d["period_strength"],
                    period_threshold=d["period_threshold"], **curve_from_json(d))
 
-    def heatmap(self) -> go.Heatmap:
+    def heatmap(self) -> Any:
         """Pairwise cosine similarity, strided to at most 512 positions a side for display."""
-        step = max(1, math.ceil(self.n_pos / _HEATMAP_MAX_SIDE))
-        pos = list(range(0, self.n_pos, step))
-        z = self.similarity[::step, ::step].tolist()
-        return go.Heatmap(z=z, x=pos, y=pos, zmin=-1, zmax=1, colorscale="RdBu_r",
-                          colorbar={"title": "cos"}, name=self.name)
+        return figure_of(PESimilarity, "heatmap")(self)
 
-    def figure(self) -> go.Figure:
-        """Pairwise heatmap beside the by-distance curve."""
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("pairwise", "by distance |m − n|"))
-        fig.add_trace(self.heatmap(), row=1, col=1)
-        for tr in [*self._band(), self.line()]:
-            fig.add_trace(tr, row=1, col=2)
-        fig.update_layout(
-            title=f"{self.name or 'position embeddings'}: {self._period_text()}", showlegend=False,
-            xaxis={"title": "position n"}, yaxis={"title": "position m", "autorange": "reversed"},
-            xaxis2={"title": "distance (tokens)"}, yaxis2={"title": "mean cosine similarity"},
-        )
-        return fig
-
-    def _period_text(self) -> str:
+    def period_text(self) -> str:
+        """The periodicity found (its period in tokens) or its absence, with the strength against the threshold."""
         s = f"strength {self.period_strength:.2f} vs threshold {self.period_threshold:.2f}"
         return f"period {self.period:.1f} tokens ({s})" if self.period else f"no periodicity ({s})"
 
     def _repr_html_(self) -> str:
         head = f"<b>{self.name or 'PESimilarity'}</b>: {self.n_pos} positions × {self.d_model} dims, "
-        return head + self._period_text() + self.to_frame().head(8).to_html(index=False)
+        return head + self.period_text() + self.to_frame().head(8).to_html(index=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,10 +40,8 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Float
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.errors import InputError
@@ -305,36 +303,6 @@ class PositionalSymbolic(Result, merge_same=("layers", "seed", "min_keys", "marg
         return cls(tuple(d["layers"]), int(d["seed"]), int(d["min_keys"]), float(d["margin"]),
                    {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
                    Provenance.from_dict(d["provenance"]))
-
-    # ---------------------------------------------------------------- figures
-    def figure(self) -> go.Figure:
-        """Layer × head P − S for both measures, and every head on the positional–symbolic plane."""
-        titles = ["P − S, logit (layer × head)", "P − S, attention (layer × head)", "positional–symbolic plane (logit)"]
-        fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.08)
-        H = self.sums["pos_logit"].shape[1]
-        for col, m in ((1, "logit"), (2, "attention")):
-            fig.add_trace(go.Heatmap(z=self.positionality(m).numpy(), x=list(range(H)), y=list(self.layers),
-                                     colorscale="RdBu", zmid=0, showscale=col == 2,
-                                     hovertemplate="layer %{y} head %{x}<br>P − S %{z:.3f}<extra></extra>"),
-                          row=1, col=col)
-            fig.update_yaxes(autorange="reversed", title_text="layer", row=1, col=col)
-            fig.update_xaxes(title_text="head", row=1, col=col)
-        p, s = self.scores("logit")
-        have = self.present().reshape(-1)
-        p, s = p.reshape(-1)[have], s.reshape(-1)[have]  # the layers' own heads
-        calls = [c for row in self.calls("logit") for c in row]
-        names = [f"L{L}.H{h}" for L, n in zip(self.layers, self.present().sum(1).tolist()) for h in range(n)]
-        colours = {"positional": "#e45756", "mixed": "#bab0ac", "symbolic": "#4c78a8"}
-        for c in CALLS:
-            idx = [k for k, v in enumerate(calls) if v == c]
-            fig.add_trace(go.Scatter(x=s[idx].numpy(), y=p[idx].numpy(), mode="markers",
-                                     name=c, marker={"color": colours[c], "size": 6}, text=[names[k] for k in idx],
-                                     hovertemplate="%{text}<br>S %{x:.3f}, P %{y:.3f}<extra></extra>"), row=1, col=3)
-        fig.update_xaxes(title_text="symbolic S", row=1, col=3)
-        fig.update_yaxes(title_text="positional P", row=1, col=3)
-        fig.update_layout(title=f"Positional vs symbolic heads — {self.provenance.model} (margin {self.margin:g})",
-                          height=520, legend={"orientation": "h", "x": 0.7, "y": -0.15})
-        return fig
 
 
 @corpus_analysis(n_ctx=256, max_tokens=8_192)

@@ -250,16 +250,6 @@ class RetrievalHeads(Result):
                    recall={c: PasskeyResult.from_dict(r) for c, r in d["recall"].items()},
                    provenance=Provenance.from_dict(d["provenance"]))
 
-    def figure(self):
-        """Retrieval score heatmap, layer × head."""
-        import plotly.graph_objects as go
-
-        fig = go.Figure(go.Heatmap(z=self.scores.numpy(), colorscale="Viridis", zmin=0, zmax=1,
-                                   colorbar={"title": "score"}))
-        fig.update_layout(title=f"Retrieval scores — {self.provenance.model}", xaxis_title="head",
-                          yaxis_title="layer")
-        return fig
-
     def _repr_text(self) -> str:
         return f"RetrievalHeads({self.provenance.model}, {self.n_retrieval()} retrieval heads)"
 

@@ -18,10 +18,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Bool, Float
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.errors import InputError
@@ -352,38 +350,6 @@ class AttentionSinks(Result, merge_same=("layers", "band_names", "epsilon", "ski
                    float(d["epsilon"]), int(d["skip_queries"]),
                    {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
                    Provenance.from_dict(d["provenance"]))
-
-    # ---------------------------------------------------------------- figures
-    def figure(self) -> go.Figure:
-        """Layer × head attention to position 0; per layer the share of sinking heads; layer × band sink
-        logit (heads averaged); layer × band key-norm ratio (KV heads averaged)."""
-        titles = ["mean attention to position 0 (layer × head)", f"share of heads that sink (> ε = {self.epsilon:g})",
-                  "sink logit by band, heads averaged", "key norm at position 0 ÷ other positions, by band"]
-        fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.16)
-        H = self.sums["p0_sum"].shape[1]
-        fig.add_trace(go.Heatmap(z=self.mean_attention().numpy(), x=list(range(H)),  # NaN (heads a layer lacks): empty y=list(self.layers), zmin=0, zmax=1,
-                                 colorscale="Viridis", colorbar={"x": 0.44, "len": 0.4, "y": 0.8},
-                                 hovertemplate="layer %{y} head %{x}<br>attention to 0: %{z:.3f}<extra></extra>"),
-                      row=1, col=1)
-        fig.add_trace(go.Bar(x=list(self.layers), y=self.head_share().numpy(), marker_color="#4c78a8",
-                             hovertemplate="layer %{x}<br>%{y:.0%} of heads sink<extra></extra>"), row=1, col=2)
-        x = self.sink_logit().nanmean(1)
-        lim = float(x.abs().nan_to_num(0).max()) or 1.0
-        fig.add_trace(go.Heatmap(z=x.numpy(), x=list(self.band_names), y=list(self.layers), colorscale="RdBu",
-                                 zmid=0, zmin=-lim, zmax=lim, colorbar={"x": 0.44, "len": 0.4, "y": 0.2},
-                                 hovertemplate="layer %{y} · %{x}<br>sink logit %{z:.3f}<extra></extra>"), row=2, col=1)
-        r = self.key_norm_ratio().nanmean(1)
-        fig.add_trace(go.Heatmap(z=r.log2().numpy(), x=list(self.band_names), y=list(self.layers), colorscale="PuOr",
-                                 zmid=0, customdata=r.numpy(), colorbar={"title": "log₂", "len": 0.4, "y": 0.2},
-                                 hovertemplate="layer %{y} · %{x}<br>%{customdata:.2f}×<extra></extra>"), row=2, col=2)
-        for rr, cc in ((1, 1), (2, 1), (2, 2)):
-            fig.update_yaxes(autorange="reversed", title_text="layer", row=rr, col=cc)
-        fig.update_xaxes(title_text="head", row=1, col=1)
-        fig.update_xaxes(title_text="layer", row=1, col=2)
-        fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=2)
-        fig.update_layout(title=f"Attention sinks — {self.provenance.model} ({self.bands.describe()})", height=760,
-                          showlegend=False)
-        return fig
 
 
 @corpus_analysis(n_ctx=256, max_tokens=16_384)

@@ -9,13 +9,12 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Float
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding, band_winners
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
@@ -246,7 +245,7 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
         for (w, s), mom in self.token.items():
             L, H, P = mom.mean.shape
             layer, head, plane = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(P), indexing="ij")
-            wl = self._wavelengths()  # [L, P]
+            wl = self.wavelengths()  # [L, P]
             have = self.present(w).flatten().numpy()  # type: ignore[arg-type]
             frames.append(pd.DataFrame({
                 "which": w, "scope": s, "layer": layer.ravel(), "head": head.ravel(), "plane": plane.ravel(),
@@ -256,7 +255,7 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
             })[have])
         return pd.concat(frames, ignore_index=True)
 
-    def _wavelengths(self) -> Tensor:
+    def wavelengths(self) -> Tensor:
         """``[layer, plane]`` wavelengths, NaN past a layer's planes."""
         P = max(self.spec.layers[L].n_planes for L in self.layers)
         out = torch.full((len(self.layers), P), float("nan"), dtype=torch.float64)
@@ -291,42 +290,15 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
             provenance=Provenance.from_dict(d["provenance"]),
         )
 
-    # ---------------------------------------------------------------- figures
+    # ---------------------------------------------------------------- figures (drawn by ropelens.plots.usage)
     def heatmap(self, which: Which = "q", scope: Scope = "all", *, layer: int | None = None,
-                coloraxis: str | None = None) -> go.Heatmap:
+                coloraxis: str | None = None) -> Any:
         """Layer × plane heatmap (head-averaged), or head × plane for one ``layer``."""
-        z = self.norm(which, scope)
-        wl = self._wavelengths()
-        if layer is None:
-            z2, ylab, y = z.nanmean(1), "layer", list(self.layers)  # heads a layer lacks are NaN: left out
-        else:
-            if layer not in self.layers:
-                raise InputError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
-            i = self.layers.index(layer)
-            lr = self.spec.layers[layer]
-            heads = lr.n_heads if which == "q" else lr.n_kv_heads
-            z2, ylab, y = z[i, :heads, : lr.n_planes], "head" if which == "q" else "kv head", list(range(heads))
-            wl = wl[i : i + 1, : lr.n_planes].expand(heads, -1)
-        return go.Heatmap(
-            z=z2.numpy(), x=list(range(z2.shape[-1])), y=y, coloraxis=coloraxis,  # NaN cells draw empty
-            customdata=[[f"{w:.1f}" for w in row] for row in wl.tolist()],
-            hovertemplate=f"{ylab} %{{y}}<br>plane %{{x}} (λ=%{{customdata}} tokens)<br>mean norm %{{z:.3f}}<extra>{which}</extra>",
-            colorbar={"title": "mean ‖·‖"} if coloraxis is None else None,
-        )
+        return figure_of(FrequencyUsage, "heatmap")(self, which, scope, layer=layer, coloraxis=coloraxis)
 
-    def figure(self, scope: Scope = "all", layer: int | None = None) -> go.Figure:
+    def figure(self, scope: Scope = "all", layer: int | None = None) -> Any:
         """q and k heatmaps side by side: layer × plane, or head × plane for ``layer``."""
-        what = "layer" if layer is None else f"head (layer {layer})"
-        fig = make_subplots(rows=1, cols=2, subplot_titles=[f"queries: {what} × plane", f"keys: {what} × plane"],
-                            horizontal_spacing=0.08)
-        for col, w in ((1, "q"), (2, "k")):
-            fig.add_trace(self.heatmap(w, scope, layer=layer, coloraxis="coloraxis"), row=1, col=col)  # type: ignore[arg-type]
-            fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=col)
-        fig.update_yaxes(title_text="layer" if layer is None else "head", autorange="reversed")
-        fig.update_layout(coloraxis={"colorscale": "Viridis", "colorbar": {"title": "mean ‖·‖"}},
-                          title=f"Frequency usage — {self.provenance.model} ({'all tokens' if scope == 'all' else 'sink positions excluded'})",
-                          height=420 if layer is None else 320, margin={"t": 70, "l": 60, "r": 20, "b": 50})
-        return fig
+        return figure_of(FrequencyUsage)(self, scope, layer)
 
 
 @corpus_analysis()

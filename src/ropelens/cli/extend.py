@@ -70,6 +70,7 @@ def run_extend(args: argparse.Namespace) -> int:
     table. Every (method, length) cell is saved as it finishes, so the same command started again resumes.
     """
     from ropelens.analyses.extension import METHODS, extension_study
+    from ropelens.report.extension import write_study
     from ropelens.validate import check_output_path
 
     methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
@@ -97,7 +98,7 @@ def run_extend(args: argparse.Namespace) -> int:
                             depths=depths, n_trials=args.trials, seed=args.seed, p=args.p, longrope=longrope,
                             tolerance=args.tolerance, out=args.out, progress=output.progress,
                             attention=args.attention)
-    page = study.write(args.out)
+    page = write_study(study, args.out)
     findings = study.findings()
     if output.json:
         return output.emit({"page": str(page), "findings": [f.to_dict() for f in findings],

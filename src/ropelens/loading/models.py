@@ -510,6 +510,7 @@ def load_model(
     device_map: str | dict[str, Any] | None = None,
     max_memory: dict[Any, str | int] | None = None,
     bridge: bool = True,
+    revision: str | None = None,
 ):
     """Load a model as a ``TransformerBridge`` (a :class:`ropelens.backends.hf.PlainModel` where TransformerLens cannot wrap it).
 
@@ -530,8 +531,14 @@ def load_model(
     ``"float16"``, ``"float64"``). The name the model was loaded under is ``model.cfg.model_name``
     (what results' provenance records, :func:`ropelens.spec.reading.model_label`); for a path it is the
     directory as given or the GGUF file's stem, and ``model.cfg.model_path`` is the resolved path.
+
+    ``revision`` (hub ids only) is a branch, tag or commit of the hub repository (Pythia's ``"step1000"``),
+    passed to ``from_pretrained``; the model's name becomes ``"owner/name@revision"``. Embedded models and
+    local paths have one version each, so a revision there is refused.
     """
     dtype = resolve_dtype(dtype)
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise InputError(f"revision must be a non-empty string (a hub branch, tag or commit), got {revision!r}")
     if device_map is not None and device is not None:
         raise InputError("pass either device or device_map, not both (a device map places every layer itself)")
     if max_memory is not None and device_map is None:
@@ -540,6 +547,10 @@ def load_model(
     name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
     placement = None if device_map is None else {"device_map": device_map, "max_memory": max_memory}
 
+    if revision is not None and (name in EMBEDDED_MODELS or Path(name).expanduser().exists()):
+        what = "an embedded model" if name in EMBEDDED_MODELS else "a local path"
+        raise InputError(f"revision {revision!r} given for {name!r}, which is {what}: a revision picks a version of a "
+                         "hub repository (owner/name); pass a hub id, or leave the revision out")
     if name in EMBEDDED_MODELS:
         em = EMBEDDED_MODELS[name]
         if em.version() == "missing":
@@ -567,8 +578,11 @@ def load_model(
     if path.is_dir():
         return _identify(_from_hf_dir(path, dtype, dev, str(path), str(path), placement, bridge), str(path), path)
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
+        if revision is not None:
+            raise InputError(f"revision {revision!r} given for {name!r}, which is a local path (and does not exist): "
+                             "a revision picks a version of a hub repository (owner/name)")
         raise FileNotFoundError(f"{name} does not exist: check the path")
-    return _from_hub(name, dtype, dev, bridge)
+    return _from_hub(name, dtype, dev, bridge, revision)
 
 
 def _load_cached(hf_dir, key, gguf, source, dtype, dev, label, hub_name, placement=None, bridge=True):
@@ -593,14 +607,19 @@ def _looks_like_hub_id(name: str) -> bool:
 HUB_TIMEOUT = 3.0  # seconds the hub gets to answer before an unknown name fails (ROPELENS_HUB_TIMEOUT overrides)
 
 
-def _check_hub_name(name: str) -> None:
+def _check_hub_name(name: str, revision: str | None = None) -> None:
     """Fail within seconds when ``name`` cannot come from the hub, instead of after transformers' retries.
 
     A name that is not a valid hub id fails at once; with HF_HUB_OFFLINE set, so does one the local hub
     cache lacks; otherwise the hub is asked once, with a short timeout, whether the model exists.
     """
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     embedded = ", ".join(f"{n!r}" for n in EMBEDDED_MODELS)
@@ -611,15 +630,18 @@ def _check_hub_name(name: str) -> None:
         validate_repo_id(name)
     except HFValidationError:
         raise InputError(f"{tried}, and it is not a hub id (owner/name of letters, digits, '-', '_', '.'): {fix}") from None
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+    if isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
         return  # in the local hub cache: transformers reads it there
     if constants.HF_HUB_OFFLINE:
         raise InputError(f"{tried}, and HF_HUB_OFFLINE is set while the local hub cache lacks it: {fix} "
                          "(or unset HF_HUB_OFFLINE to download it)")
     timeout = float(os.environ.get("ROPELENS_HUB_TIMEOUT", HUB_TIMEOUT))
     try:
-        HfApi(endpoint=constants.ENDPOINT).model_info(name, timeout=timeout)
+        HfApi(endpoint=constants.ENDPOINT).model_info(name, revision=revision, timeout=timeout)
     except HfHubHTTPError as e:
+        if isinstance(e, RevisionNotFoundError):
+            raise InputError(f"the hub ({constants.ENDPOINT}) has model {name!r} but no revision {revision!r}: its "
+                             f"branches and tags are listed by huggingface_hub.list_repo_refs({name!r})") from None
         if isinstance(e, RepositoryNotFoundError) and not isinstance(e, GatedRepoError):
             raise InputError(f"{tried}, and the hub ({constants.ENDPOINT}) has no model {name!r} (or it is "
                              f"private: log in with `hf auth login`): {fix}") from None
@@ -629,46 +651,49 @@ def _check_hub_name(name: str) -> None:
                          f"({type(e).__name__}: {e}): {fix}, or connect to the network") from None
 
 
-def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool = True):
-    _check_hub_name(name)  # before the bridge's import, which alone takes seconds
+def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool = True, revision: str | None = None):
+    _check_hub_name(name, revision)  # before the bridge's import, which alone takes seconds
     from transformer_lens.model_bridge import TransformerBridge
 
+    label = name if revision is None else f"{name}@{revision}"
     if not plain_ok:
-        return _plain_from_hub(name, dtype, dev, "bridge=False")
+        return _plain_from_hub(name, dtype, dev, "bridge=False", revision)
     try:
         with _quiet_bridge():
-            bridge = TransformerBridge.boot_transformers(name, device=dev, dtype=dtype)
+            bridge = TransformerBridge.boot_transformers(name, device=dev, dtype=dtype, revision=revision)
     except ValueError as e:
         if "Could not determine supported architecture" not in str(e):
-            raise _unknown_model_error(name, e) from e
-        return _plain_from_hub(name, dtype, dev, "TransformerLens has no adapter for this architecture")
-    except Exception as e:  # offline, unknown repo, gated repo: all surface here
-        raise _unknown_model_error(name, e) from e
+            raise _unknown_model_error(label, e) from e
+        return _plain_from_hub(name, dtype, dev, "TransformerLens has no adapter for this architecture", revision)
+    except Exception as e:  # offline, unknown repo or revision, gated repo: all surface here
+        raise _unknown_model_error(label, e) from e
     hf = bridge.original_model
     if _mla(hf):  # measured on the plain HF model (see wrap_hf_model): the bridge's modules taken off again
         from ropelens.backends.hf import plain_model
 
         _strip_bridge(hf)
-        return _identify(plain_model(hf.eval(), bridge.tokenizer, label=name, why=_MLA_WHY), name)
+        return _identify(plain_model(hf.eval(), bridge.tokenizer, label=label, why=_MLA_WHY), label)
     bridge.eval()
     hookless = _hookless_attention(bridge)
     if hookless is not None and _plain_can_tap(hf):  # as in wrap_hf_model
         from ropelens.backends.hf import plain_model
 
         _strip_bridge(hf)
-        return _identify(plain_model(hf.eval(), bridge.tokenizer, label=name, why=hookless), name)
-    return _identify(bridge, name)
+        return _identify(plain_model(hf.eval(), bridge.tokenizer, label=label, why=hookless), label)
+    return _identify(bridge, label)
 
 
-def _plain_from_hub(name: str, dtype: torch.dtype, dev: torch.device, why: str):
+def _plain_from_hub(name: str, dtype: torch.dtype, dev: torch.device, why: str, revision: str | None = None):
     """The hub model as a :class:`ropelens.backends.hf.PlainModel` (no TransformerLens adapter, or ``bridge=False``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ropelens.backends.hf import plain_model
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="eager")
-        tok = AutoTokenizer.from_pretrained(name)
-    except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated repo: all surface here
-        raise _unknown_model_error(name, e) from e
-    return _identify(plain_model(model.to(dev).eval(), tok, label=name, why=why), name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="eager", revision=revision)
+        tok = AutoTokenizer.from_pretrained(name, revision=revision)
+    except Exception as e:  # noqa: BLE001 - offline, unknown repo or revision, gated repo: all surface here
+        label = name if revision is None else f"{name}@{revision}"
+        raise _unknown_model_error(label, e) from e
+    label = name if revision is None else f"{name}@{revision}"
+    return _identify(plain_model(model.to(dev).eval(), tok, label=label, why=why), label)

@@ -22,7 +22,8 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from ropelens.errors import InputError
-from ropelens.report.html import esc, figure_html, page, style_figure, table_html
+from ropelens.plots.style import style_figure
+from ropelens.report.html import esc, figure_html, page, table_html
 
 __all__ = ["compare_reports"]
 

@@ -15,7 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ropelens.errors import InputError
-from ropelens.report.html import esc, figure_html, style_figure, table_html
+from ropelens.plots.style import style_figure
+from ropelens.report.html import esc, figure_html, table_html
 
 __all__ = ["context_block", "load_experiments", "main_result", "prope_block"]
 

@@ -10,10 +10,10 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-__all__ = ["esc", "figure_html", "number", "page", "style_figure", "table_html"]
+from ropelens.plots.style import FONT, style_figure  # noqa: F401 - style_figure: its old home, kept for one release
 
-# System fonts only: the report must look right offline, with nothing fetched.
-FONT = '-apple-system, BlinkMacSystemFont, "Segoe UI", "Helvetica Neue", Helvetica, Arial, "Noto Sans", sans-serif'
+__all__ = ["esc", "figure_html", "number", "page", "table_html"]
+
 MONO = 'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", "Liberation Mono", monospace'
 
 CSS = """
@@ -95,16 +95,6 @@ def number(x: Any, digits: int = 3) -> str:
     if v == int(v) and abs(v) < 1e6:
         return f"{int(v):,}"
     return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:.{digits}e}"
-
-
-def style_figure(fig: go.Figure, *, height: int | None = None) -> go.Figure:
-    """The report's look for a figure: white template, system font, compact margins."""
-    fig.update_layout(template="plotly_white", font={"family": FONT, "size": 12, "color": "#1f2430"},
-                      title={"font": {"size": 14}, "x": 0.0, "xanchor": "left"},
-                      margin={"t": 60, "l": 60, "r": 20, "b": 50})
-    if height is not None:
-        fig.update_layout(height=height)
-    return fig
 
 
 def figure_html(fig: go.Figure, caption: str | None = None) -> str:

@@ -9,8 +9,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ropelens.plots.band_stats import band_stats_figure
+from ropelens.plots.style import style_figure
+from ropelens.plots.usage import usage_figure
 from ropelens.report.collect import ReportData
-from ropelens.report.html import esc, figure_html, number, style_figure, table_html
+from ropelens.report.html import esc, figure_html, number, table_html
 from ropelens.report.section import Section
 from ropelens.results import findings as fnd
 from ropelens.spec.rope import layer_ranges
@@ -214,7 +217,7 @@ def _hline_log(fig: go.Figure, y: float, label: str, dash: str) -> None:
 
 
 def _layer_plane(u, scope: str) -> go.Figure:
-    fig = style_figure(u.figure(scope), height=max(320, 11 * len(u.layers) + 140))
+    fig = style_figure(usage_figure(u, scope), height=max(320, 11 * len(u.layers) + 140))
     _integer_ticks(fig, len(u.layers))
     return fig
 
@@ -241,7 +244,7 @@ def render_usage(data: ReportData) -> Section:
              figure_html(_layer_plane(u, "all")), figure_html(_layer_plane(u, "no_sink")),
              "<h3>Head × plane, selected layers (sink excluded)</h3>"]
     for L in showcase_layers(data):
-        fig = style_figure(u.figure("no_sink", layer=L), height=300)
+        fig = style_figure(usage_figure(u, "no_sink", layer=L), height=300)
         fig.update_layout(title_text=f"Layer {L} ({data.spec.layers[L].kind}): head × plane, sink positions excluded")
         fig.update_yaxes(dtick=1)  # one tick per head
         parts.append(figure_html(fig))
@@ -319,7 +322,7 @@ def render_bands(data: ReportData) -> Section:
              f"across keys of a query, and of the <i>margin</i> of the key the model attends to most (its logit minus "
              f"the mean over the other allowed keys); and how often the band's logits alone pick that key.</p>")
     findings = st.findings()
-    per_layer = style_figure(st.figure(), height=max(360, 11 * len(st.layers) + 150))
+    per_layer = style_figure(band_stats_figure(st), height=max(360, 11 * len(st.layers) + 150))
     per_layer.update_yaxes(autorange="reversed")  # every panel, not only the first
     _integer_ticks(per_layer, len(st.layers))
     parts = [intro, "<h3>Per layer (heads averaged)</h3>", figure_html(per_layer),

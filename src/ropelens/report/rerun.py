@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ropelens.plots.distance import distance_figure
+from ropelens.plots.heads import heads_figure
+from ropelens.plots.massive import massive_figure
+from ropelens.plots.sinks import sinks_figure
+from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData, evenly_spaced
-from ropelens.report.html import esc, figure_html, style_figure, table_html
+from ropelens.report.html import esc, figure_html, table_html
 from ropelens.report.section import Measured, Section
 from ropelens.results.findings import Finding
 
@@ -45,7 +50,7 @@ def render_sinks(_data: ReportData, sinks: Measured) -> Section:
             f"ε = {r.epsilon:g} (Gu et al. 2024). The sink logit (position 0 against the mean of the other keys) splits "
             f"exactly into bands, which says which planes make position 0 attractive. Measured on {n_win} window(s) of "
             f"{n_ctx} tokens.</p>" + "".join(f"<p>{esc(s)}</p>" for s in sentences)
-            + figure_html(style_figure(r.figure(), height=460)) + table_html(layers))
+            + figure_html(style_figure(sinks_figure(r), height=460)) + table_html(layers))
     return Section("attention-sinks", "Attention sinks by band", body, tables={"sinks_heads": r.heads_frame(),
                    "sinks_layers": layers}, numbers={"sentences": sentences},
                    findings=[f for f in found if f.key != "sinks-2"])  # the key-norm ratio: frequency usage's sink finding
@@ -69,7 +74,7 @@ def render_distance(_data: ReportData, distance: Measured) -> Section:
             "through its low-frequency components. Mean band logit and attention probability in log-spaced distance "
             f"bins; each curve is described as it is (decay, flat, U-shaped, peaked, oscillating). Measured on {n_win} "
             f"window(s) of {n_ctx} tokens.</p><p>{esc(text)}</p>"
-            + figure_html(style_figure(r.figure(), height=480)) + table_html(table, text_cols=("kind", "curve", "shape", "text")))
+            + figure_html(style_figure(distance_figure(r), height=480)) + table_html(table, text_cols=("kind", "curve", "shape", "text")))
     return Section("attention-distance", "Attention by distance", body,
                    tables={"distance_shapes": pd.DataFrame(shapes)}, numbers={"full_logit_shapes": counts},
                    findings=[finding])
@@ -107,7 +112,7 @@ def render_massive(data: ReportData, massive: Measured) -> Section:
             "the rest, concentrated in low-frequency planes, and contextual knowledge depends on them. Measured before "
             f"RoPE on {n_win} window(s) of {n_ctx} tokens. Replace them with their mean "
             "(<code>ropelens.analyses.massive.replace_massive</code>) to test what they do.</p>"
-            f"<p>{esc(text)}</p>" + figure_html(style_figure(mv.figure(), height=460)) + table_html(hit, text_cols=("which",)))
+            f"<p>{esc(text)}</p>" + figure_html(style_figure(massive_figure(mv), height=460)) + table_html(hit, text_cols=("which",)))
     return Section("massive-values", "Massive values", body, tables={"massive_planes": planes},
                    numbers=finding.values, findings=[finding])
 
@@ -151,6 +156,6 @@ def render_heads(_data: ReportData, heads: Measured) -> Section:
             "attention on real text and on seeded random tokens (content removed); τ is Otsu's threshold on that "
             f"mass over all heads, floored at 0.3. Scored on {n_windows} windows of {n_ctx} tokens. Kinds: "
             + esc(", ".join(f"{k} {v}" for k, v in counts.items())) + ".</p>"
-            + figure_html(style_figure(tx.figure(), height=460)) + table_html(table, text_cols=("kind",)))
+            + figure_html(style_figure(heads_figure(tx), height=460)) + table_html(table, text_cols=("kind",)))
     return Section("positional-heads", "Positional heads", body, tables={"heads": df},
                    numbers={"tau": tx.tau, "kinds": counts, "positional": table.to_dict("records")}, findings=[finding])

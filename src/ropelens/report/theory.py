@@ -10,8 +10,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
-from ropelens.report.html import esc, figure_html, style_figure, table_html
+from ropelens.report.html import esc, figure_html, table_html
 from ropelens.report.section import Section
 from ropelens.results.findings import Finding
 

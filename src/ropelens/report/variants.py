@@ -18,9 +18,11 @@ from torch import Tensor
 
 from ropelens.analyses.extrapolation import MAX_BOUND_CONTEXT
 from ropelens.errors import InputError
+from ropelens.plots.context import compare_figure
+from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
 from ropelens.report.experiments import context_block, prope_block
-from ropelens.report.html import esc, figure_html, kv_table, style_figure, table_html
+from ropelens.report.html import esc, figure_html, kv_table, table_html
 from ropelens.report.section import Section
 from ropelens.results.findings import Finding
 from ropelens.run.evaluate import bootstrap_ci, window_losses
@@ -246,8 +248,6 @@ def measure_context(data: ReportData) -> ContextExtension:
 
 def render_context(data: ReportData, ext: ContextExtension) -> Section:
     """What PI, NTK, dynamic NTK, YaRN and Llama 3 do to each plane at 4× the native context, and their cost."""
-    from ropelens.analyses.context import compare_figure
-
     idx, kind, l0, factor, views, rows, bounds = (ext.layer, ext.kind, ext.native_ctx, ext.factor, ext.views,
                                                   list(ext.rows), ext.bounds)
     layer = data.spec.layers[idx]

@@ -1,1 +1,1 @@
-"""Results: the base class every result derives from, files, provenance, findings and display."""
+"""Results: the base class every result derives from, files, provenance, findings, display and where figures are found."""

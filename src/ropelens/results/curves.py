@@ -2,7 +2,7 @@
 
 A by-distance curve holds the mean (and, when it is an estimate, the std and count) of a quantity
 at each distance δ = m − n ≥ 0 between a query at m and a key at n. :func:`decay_verdict` calls a
-curve "decays", "flat" or "grows"; :func:`overlay` draws several on one axis.
+curve "decays", "flat" or "grows"; :func:`ropelens.plots.curves.overlay` draws several on one axis.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
 from ropelens.results.serialize import dump_json, read_result_json
 from ropelens.validate import check_number
 
 __all__ = [
     "MARGIN", "ByDistance", "CurveShape", "DecayCurve", "DecayVerdict", "at_distance", "check_curve", "curve_from_json", "curve_to_json",
-    "decay_verdict", "describe_curve", "max_distance_arg", "overlay", "vector",
+    "decay_verdict", "describe_curve", "max_distance_arg", "vector",
 ]  # fmt: skip
 
 MARGIN = 0.1  # a rise or fall counts when it exceeds this fraction of the curve's range (and the noise)
@@ -104,20 +104,9 @@ class ByDistance:
                 cols[key] = t.numpy()
         return pd.DataFrame(cols)
 
-    def line(self, name: str | None = None) -> go.Scatter:
+    def line(self, name: str | None = None) -> Any:
         """The by-distance mean as a plotly line trace (for overlays and subplots)."""
-        return go.Scatter(x=self.distance.tolist(), y=self.mean.tolist(), mode="lines",
-                          name=name or self.name or type(self).__name__)
-
-    def _band(self) -> list[go.Scatter]:
-        """±2 SEM band (about 95%) around the mean; empty when the curve is exact."""
-        sem = self.sem
-        if sem is None or not (sem > 0).any():
-            return []
-        x = self.distance.tolist()
-        lo, hi = (self.mean - 2 * sem).tolist(), (self.mean + 2 * sem).tolist()
-        return [go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", line={"width": 0},
-                           opacity=0.25, hoverinfo="skip", showlegend=False, name="±2 SEM")]
+        return figure_of(ByDistance, "line")(self, name)
 
 
 @dataclass(frozen=True)
@@ -155,12 +144,9 @@ class DecayCurve(ByDistance):
         d = read_result_json(path, "DecayCurve", _FORMAT)
         return cls(name=d["name"], kind=d["kind"], **curve_from_json(d))
 
-    def figure(self) -> go.Figure:
+    def figure(self) -> Any:
         """The curve over distance, with a ±2 SEM band when it is an estimate."""
-        fig = go.Figure([*self._band(), self.line()])
-        fig.update_layout(title=f"{self.name} [{self.kind}]", xaxis_title="distance δ = m − n (tokens)",
-                          yaxis_title="mean logit q·k", showlegend=False)
-        return fig
+        return figure_of(DecayCurve)(self)
 
     def _repr_html_(self) -> str:
         head = f"<b>{self.name}</b> [{self.kind}], distances {int(self.distance[0])}…{int(self.distance[-1])}"
@@ -208,26 +194,6 @@ def decay_verdict(curve: ByDistance, *, min_spearman: float = MIN_SPEARMAN) -> D
     ratio = far / near if near != 0 else float("nan")
     return DecayVerdict(verdict, rho, near, far, ratio, noise, len(y))
 
-
-def overlay(
-    results: list[ByDistance] | tuple[ByDistance, ...],
-    *,
-    normalised: bool = False,
-    title: str | None = None,
-) -> go.Figure:
-    """Several by-distance curves on one axis (models, schemes or heads side by side)."""
-    if not results:
-        raise InputError("overlay needs at least one by-distance curve (PESimilarity or DecayCurve)")
-    fig = go.Figure()
-    for i, r in enumerate(results):
-        if not isinstance(r, ByDistance):
-            raise TypeError(f"overlay draws PESimilarity or DecayCurve results, got {type(r).__name__} at {i}")
-        if normalised and isinstance(r, DecayCurve):
-            r = r.normalised()
-        fig.add_trace(r.line(name=r.name or f"curve {i}"))
-    y_title = "value ÷ value at δ = 0" if normalised else "mean by distance"
-    fig.update_layout(title=title or "by distance", xaxis_title="distance (tokens)", yaxis_title=y_title)
-    return fig
 
 
 # ============================================================================ the curve-shape verdict
@@ -423,3 +389,15 @@ def describe_curve(
         text += f"; envelope: maxima {_fmt(upper[0])} → {_fmt(upper[1])}, minima {_fmt(lower[0])} → {_fmt(lower[1])}"
     return CurveShape("oscillating", text, turns=turns, swings=swings, upper=upper, lower=lower, midline=midline,
                       **base)
+
+
+def __getattr__(name: str):
+    """Names that moved to the plots layer, kept for one release (a deprecation warning, then the function)."""
+    if name == "overlay":
+        import warnings
+
+        from ropelens.plots.curves import overlay as moved
+
+        warnings.warn("ropelens.results.curves.overlay moved to ropelens.plots.curves.overlay; import it from there", DeprecationWarning, stacklevel=2)
+        return moved
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

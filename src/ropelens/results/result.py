@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.results.display import plotly_bundle
+from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
 from ropelens.results.serialize import dump_json
 
@@ -35,10 +36,13 @@ class Result:
     """Base of every result: save/load, merge of summed results, findings and the Jupyter repr.
 
     Subclasses (frozen dataclasses) declare their file in the class statement and implement
-    ``to_dict`` (without the type and format keys), ``from_dict``, ``to_frame`` and ``figure``::
+    ``to_dict`` (without the type and format keys), ``from_dict`` and ``to_frame``::
 
         @dataclass(frozen=True)
         class AttentionSinks(Result, merge_same=("layers", "band_names", "spec"), merge_sums=("sums",)):
+
+    Their figures are drawn by :mod:`ropelens.plots`, which registers a function per class
+    (:func:`ropelens.results.figures.register_figure`) that :meth:`figure` calls.
 
     ``kind`` (default: the class name) and ``format`` (default 1) are the file's ``type`` and
     ``format``, read back as ``KIND`` and ``FORMAT``. Results made of sums name ``merge_same`` (fields
@@ -146,9 +150,9 @@ class Result:
         """The result as a tidy pandas table."""
         raise NotImplementedError(f"{type(self).__name__} must implement to_frame")
 
-    def figure(self) -> Any:
-        """The result's plotly figure."""
-        raise NotImplementedError(f"{type(self).__name__} must implement figure")
+    def figure(self, *args: Any, **kwargs: Any) -> Any:
+        """The result's plotly figure, drawn by the function :mod:`ropelens.plots` registered for its class."""
+        return figure_of(type(self))(self, *args, **kwargs)
 
     def findings(self) -> list[Finding]:
         """Sentences written from the measured numbers (none unless the result writes some)."""

@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import numbers
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from ropelens.run import data
 from ropelens.run.evaluate import LossEstimate, bootstrap_ci, window_losses
 from ropelens.spec.rope import LayerRope
 from ropelens.spec.variants import BaseChange, RopeVariant, variant_from_dict
+from ropelens.training.checkpoints import CheckpointWriter, plain_rope_theta
 from ropelens.validate import check_positive_int
 
 __all__ = ["TrainConfig", "TrainResult", "build_model", "cut_windows", "fit", "layer_rope", "lr_at",
@@ -215,13 +217,19 @@ def _tokenizer(name: str):
     return load_model(name, device="cpu").tokenizer
 
 
-@functools.lru_cache(maxsize=8)
 def token_streams(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Tensor, Tensor, int, int]:
     """(train ids, val ids, compact vocab size, compact BOS id), relabelled to the corpus's ids.
 
     ``tokenizer`` is an embedded model name or ``"tiny-char"``; the ids are those the corpus uses,
     relabelled 0 … vocab − 1 (see the module docstring).
     """
+    train_ids, val_ids, used, bos = _relabelled(corpus, tokenizer, val_fraction)
+    return train_ids, val_ids, int(used.numel()), bos
+
+
+@functools.lru_cache(maxsize=8)
+def _relabelled(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Tensor, Tensor, Tensor, int]:
+    """:func:`token_streams`, with the original id of each compact id in place of the vocab size."""
     tok = _tokenizer(tokenizer)
     train_c, val_c = data.load_corpus(corpus).split(val_fraction)
     train_ids = data.token_stream(train_c, tok)
@@ -230,7 +238,7 @@ def token_streams(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Ten
     used = torch.unique(torch.cat([train_ids, val_ids, torch.tensor([tok.bos_token_id])]))
     remap = torch.full((int(used.max()) + 1,), -1, dtype=torch.long)
     remap[used] = torch.arange(used.numel())
-    return remap[train_ids], remap[val_ids], int(used.numel()), int(remap[tok.bos_token_id])
+    return remap[train_ids], remap[val_ids], used, int(remap[tok.bos_token_id])
 
 
 def cut_windows(ids: Tensor, n_ctx: int, bos: int, n: int | None = None) -> Int[Tensor, "n n_ctx"]:
@@ -272,13 +280,15 @@ def fit(
     loss_fn: Callable[[Any, Tensor], Tensor] | None = None,
     device: str | torch.device | None = None,
     progress: str | None = None,
+    on_step: Callable[[int, Any, list[float]], None] | None = None,
 ) -> list[float]:
     """Train ``model`` in place; returns the loss per step (the one loop every ropelens trainer uses).
 
     AdamW (β 0.9/0.95, weight decay 0.1), :func:`lr_at`'s schedule, gradient norm clipped at 1, and
     ``batch_size`` windows drawn at random from ``batches`` by a generator seeded with ``seed``: the
     same arguments give the same numbers. ``loss_fn(model, batch)`` (None: the HF causal-LM loss); pass one that runs a bridge under a RoPE variant to fine-tune through it. ``progress``: a
-    tqdm label, or None for none. Leaves the model in eval mode.
+    tqdm label, or None for none. ``on_step(steps_done, model, losses)`` runs after every optimiser step (to
+    save checkpoints). Leaves the model in eval mode.
     """
     loss_fn = loss_fn or _hf_loss
     model.train()
@@ -304,6 +314,8 @@ def fit(
         curve.append(float(loss.detach()))
         if not math.isfinite(curve[-1]):
             raise FloatingPointError(f"training loss became {curve[-1]} at step {step} with lr={lr}: lower lr")
+        if on_step is not None:
+            on_step(step + 1, model, curve)
     model.eval()
     return curve
 
@@ -313,20 +325,47 @@ def _validate(model, val_ids: Tensor, bos: int, config: TrainConfig, n_ctx: int)
     return bootstrap_ci(window_losses(model, tokens, batch_size=8, progress=False), seed=config.seed)
 
 
-def train(config: TrainConfig, progress: bool = True, *, return_model: bool = False):
+def train(config: TrainConfig, progress: bool = True, *, return_model: bool = False,
+          checkpoint_dir: str | os.PathLike[str] | None = None, checkpoint_every: int | None = None):
     """Train one model from scratch; deterministic given ``config`` (seeded init and data order).
 
     Returns the :class:`TrainResult`, or ``(result, model)`` with ``return_model=True`` (the trained
     HF ``LlamaForCausalLM``, in eval mode).
+
+    ``checkpoint_dir`` and ``checkpoint_every``: save the model at step 0, every ``checkpoint_every`` steps
+    and at the last step, each as ``checkpoint_dir/step-NNNNNN/``, an HF model directory that
+    ``ropelens.load_model`` reads (see :mod:`ropelens.training.checkpoints`). Saving does not change the
+    training: the same config gives the same numbers with or without checkpoints.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"expected a TrainConfig, got {type(config).__name__}")
+    if (checkpoint_dir is None) != (checkpoint_every is None):
+        raise InputError("pass checkpoint_dir and checkpoint_every together (where to save, and every how many steps)")
+    if checkpoint_every is not None:
+        check_positive_int(checkpoint_every, "checkpoint_every", " (steps between checkpoints)")
     start = time.perf_counter()
-    train_ids, val_ids, vocab, bos = token_streams(config.corpus, config.tokenizer, config.val_fraction)
+    train_ids, val_ids, used, bos = _relabelled(config.corpus, config.tokenizer, config.val_fraction)
+    vocab = int(used.numel())
     batches = cut_windows(train_ids, config.seq_len, bos)
     model = build_model(config, vocab)
-    curve = fit(model, batches, steps=config.steps, batch_size=config.batch_size, lr=config.lr,
-                warmup=config.warmup, seed=config.seed, progress=config.variant.name if progress else None)
+    writer = None if checkpoint_dir is None else _checkpoint_writer(config, model, used, checkpoint_dir,
+                                                                     checkpoint_every)
+    on_step = None
+    if writer is not None:
+        saved_at = set(writer.steps(config.steps))
+        writer.save(model, 0, [])
+
+        def on_step(done: int, m: Any, losses: list[float]) -> None:
+            if done in saved_at:
+                writer.save(m, done, losses)
+
+    try:
+        curve = fit(model, batches, steps=config.steps, batch_size=config.batch_size, lr=config.lr,
+                    warmup=config.warmup, seed=config.seed, progress=config.variant.name if progress else None,
+                    on_step=on_step)
+    finally:
+        if writer is not None:
+            writer.close()
     val = _validate(model, val_ids, bos, config, config.seq_len)
     val_2x = _validate(model, val_ids, bos, config, 2 * config.seq_len)
     wall = time.perf_counter() - start
@@ -350,3 +389,18 @@ def train(config: TrainConfig, progress: bool = True, *, return_model: bool = Fa
         ),
     )
     return (result, model) if return_model else result
+
+
+def _checkpoint_writer(config: TrainConfig, model: Any, used: Tensor, directory: str | os.PathLike[str],
+                       every: int) -> CheckpointWriter:
+    """The run's checkpoint writer; refuses a variant an HF config cannot state (its checkpoints would load
+    with other frequencies)."""
+    base = getattr(config.variant, "base", None)
+    inv = model.model.rotary_emb.inv_freq
+    theta = plain_rope_theta(inv, config.head_dim, [b for b in (base, config.rope_theta) if b is not None])
+    if theta is None:
+        raise InputError(f"{config.variant.name} is not plain RoPE with one base, which is all an HF config can "
+                         "state, so its checkpoints would load with other frequencies: save checkpoints of "
+                         "Default or BaseChange runs")
+    return CheckpointWriter(directory, every, tokenizer=_tokenizer(config.tokenizer), used=used,
+                            config=config.to_dict(), rope_theta=theta)

@@ -20,6 +20,7 @@ from ropelens.analyses.entropy import (
     matrix_entropy,
 )
 from ropelens.errors import InputError
+from ropelens.report.extension import write_study
 from ropelens.run.capture import batches, capture_qk, stream
 from ropelens.run.data import analysis_windows
 from ropelens.run.intervene import apply_rope_variant
@@ -221,7 +222,7 @@ def test_attention_table(study):
         even = sum(math.log(m + 1) for m in range(L)) / L
         assert df.loc[("none", L, "full"), "entropy"] == pytest.approx(even, abs=0.01)
     # the study's numbers are saved and read back; the attention cells are read on a rerun
-    page = st.write(out)
+    page = write_study(st, out)
     back = E.ExtensionStudy.load(out / "study.json")
     assert back.attention_cells == st.attention_cells
     text = page.read_text()

@@ -12,10 +12,10 @@ from ropelens import data, rope_spec
 from ropelens.analyses.context import (
     LongRopeSearch,
     PlaneView,
-    compare_figure,
     plane_view,
     search_longrope_factors,
 )
+from ropelens.plots.context import compare_figure
 from ropelens.spec.variants import NTK, Default, DynamicNTK, Linear, Llama3, LongRoPE, YaRN
 from ropelens.testing import tiny_hf_model
 

@@ -12,6 +12,7 @@ import torch
 from ropelens.analyses import extension as E
 from ropelens.analyses.passkey import passkey_retrieval
 from ropelens.errors import InputError
+from ropelens.report.extension import write_study
 from ropelens.results.result import load_result
 from ropelens.run.data import analysis_windows
 from ropelens.run.evaluate import window_losses
@@ -191,7 +192,7 @@ def test_page_is_well_formed_with_every_section(study):
     from ropelens.report.html import esc
 
     st, out = study
-    page = st.write(out)
+    page = write_study(st, out)
     text = page.read_text()
     parser = _Collect()
     parser.feed(text)
@@ -228,5 +229,5 @@ def test_lengths_short_of_the_target_still_give_the_target_findings(model, tmp_p
     assert TARGET not in st.lengths
     fs = {f.key: f for f in st.findings()}
     assert fs["base_bound"].values["men_lower_bound"] == pytest.approx(base_lower_bound(16, TARGET))
-    page = st.write(tmp_path)
+    page = write_study(st, tmp_path)
     assert page.exists() and (tmp_path / "study.json").exists()

@@ -22,7 +22,8 @@ from ropelens.analyses.pe_geometry import (
     periodicity,
     sinusoidal_pe,
 )
-from ropelens.results.curves import DecayCurve, decay_verdict, overlay
+from ropelens.plots.curves import overlay
+from ropelens.results.curves import DecayCurve, decay_verdict
 from ropelens.spec.rope import LayerRope
 
 

@@ -249,14 +249,14 @@ def _refusing() -> dict[str, list[str]]:
     """Every subcommand that does not split across processes, with the least argv that parses."""
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     extra = {"compare": ["a", "b"], "variants": ["--variant", "nope"], "context": ["--target", "8192"],
-             "extend": ["--to", "16384"]}
+             "extend": ["--to", "16384"], "trajectory": ["step-000100"]}
     return {name: [name, *extra.get(name, [])] for name, p in sub.choices.items()
             if not p.get_default("distributed")}
 
 
 def test_the_refusing_commands_are_these():
     assert sorted(_refusing()) == ["bands", "compare", "context", "decompose", "extend", "inspect", "passkey",
-                                   "pe-geometry", "predict-base", "retrieval", "truncate", "variants"]
+                                   "pe-geometry", "predict-base", "retrieval", "trajectory", "truncate", "variants"]
 
 
 @pytest.mark.parametrize("command", sorted(_refusing()))

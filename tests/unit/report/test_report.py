@@ -3,6 +3,7 @@ tidy CSVs, atomic writes, the section registry, and the report/usage/decompose c
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -157,18 +158,12 @@ def test_report_json_provenance(report):
 
 
 # ---------------------------------------------------------------------------------------- writing
-def _laid_out_by(monkeypatch, key: str, render) -> None:
-    """The registry with section ``key`` laid out by ``render`` (each entry holds its own step functions)."""
-    from ropelens.report import registry
-
-    monkeypatch.setattr(registry, "SECTIONS", [replace(s, render=render) if s.key == key else s for s in registry.SECTIONS])
-
-
 def test_interrupted_run_leaves_no_index(tiny, tmp_path, monkeypatch):
     def boom(_data):
         raise RuntimeError("section failed")
 
-    _laid_out_by(monkeypatch, "bands", boom)
+    monkeypatch.setattr("ropelens.report.registry.SECTIONS",
+                        [dataclasses.replace(s, render=boom) if s.key == "bands" else s for s in SECTIONS])
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="section failed"):
         build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=out, progress=False)
@@ -181,7 +176,8 @@ def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, monkeypatch)
     def boom(_data):
         raise KeyboardInterrupt
 
-    _laid_out_by(monkeypatch, "usage", boom)
+    monkeypatch.setattr("ropelens.report.registry.SECTIONS",
+                        [dataclasses.replace(s, render=boom) if s.key == "usage" else s for s in SECTIONS])
     with pytest.raises(KeyboardInterrupt):
         build_report(tiny("gemma3"), tokens=TOKENS, n_ctx=N_CTX, out=gemma_report, progress=False)
     assert (gemma_report / "index.html").read_bytes() == before

@@ -24,6 +24,7 @@ from ropelens.analyses.offsets import rotary_offsets
 from ropelens.analyses.passkey import PasskeyResult, PasskeyTrial
 from ropelens.analyses.pe_geometry import pe_similarity, sinusoidal_pe
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.trajectory import ANALYSES, STRUCTURES, Checkpoint, Trajectory
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.errors import InputError
 from ropelens.results import result as result_base
@@ -89,6 +90,10 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
         retrieval_heads(model, lengths=[300], depths=[0.5], n_trials=1, top_k=2, seed=2),
         extension_study(tiny_model("llama", max_position_embeddings=64), 128, methods=("none", "pi"), start=64,
                         n_windows=1, depths=(0.5,), out=tmp_path_factory.mktemp("study"), **kw),
+        Trajectory(records=tuple((s, f"step-{s}", st.analysis, st.metric, -1, float(v))
+                                 for st in STRUCTURES for s, v in ((0, 0.0), (100, 3.0))),
+                   checkpoints=(Checkpoint(0, "step-0"), Checkpoint(100, "step-100")), analyses=ANALYSES,
+                   structures=STRUCTURES, provenance=prov),
     )}
 
 

@@ -1,0 +1,36 @@
+"""The figures: one module per analysis, each drawing its results with plotly and registering the drawing.
+
+The analyses hold the numbers and import no plotting library; a module here draws one analysis's
+results (``ropelens.plots.usage.usage_figure(u)``) and registers each drawing function under its
+result class (:func:`ropelens.results.figures.register_figure`), so ``u.figure()``, ``u.heatmap()`` and
+Jupyter's display keep working. Importing :mod:`ropelens` imports this package; ``style`` holds the
+look the report pages give their figures.
+"""
+
+from ropelens.plots import (
+    band_location,
+    band_stats,
+    context,
+    curves,
+    decompose,
+    distance,
+    entropy,
+    extension,
+    extrapolation,
+    heads,
+    massive,
+    mrope,
+    offsets,
+    passkey,
+    pe_geometry,
+    positional_symbolic,
+    retrieval,
+    sinks,
+    style,
+    trajectory,
+    usage,
+)
+
+__all__ = ["band_location", "band_stats", "context", "curves", "decompose", "distance", "entropy", "extension",
+           "extrapolation", "heads", "massive", "mrope", "offsets", "passkey", "pe_geometry",
+           "positional_symbolic", "retrieval", "sinks", "style", "trajectory", "usage"]

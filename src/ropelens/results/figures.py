@@ -1,0 +1,39 @@
+"""Where a result finds its figures: the numbers live in ``ropelens.analyses``, the drawing in ``ropelens.plots``.
+
+Each module of :mod:`ropelens.plots` registers its drawing functions at import, one per class and name
+(``register_figure(FrequencyUsage, usage_figure)``, ``register_figure(FrequencyUsage, usage_heatmap,
+"heatmap")``); a result's ``figure()`` (and any other drawing method it has) looks the function up here
+and calls it with the result first. Importing :mod:`ropelens` imports :mod:`ropelens.plots`, so the
+figures are always registered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["figure_of", "register_figure", "registered_figures"]
+
+_FIGURES: dict[tuple[type, str], Callable[..., Any]] = {}
+
+
+def register_figure(cls: type, fn: Callable[..., Any], name: str = "figure") -> None:
+    """Draw ``cls``'s ``name`` figure (its ``figure()`` by default) with ``fn(result, *args, **kwargs)``."""
+    if not isinstance(cls, type) or not callable(fn) or not isinstance(name, str):
+        raise TypeError(f"register_figure takes a class, a function and a name, got {cls!r}, {fn!r}, {name!r}")
+    _FIGURES[(cls, name)] = fn
+
+
+def figure_of(cls: type, name: str = "figure") -> Callable[..., Any]:
+    """The function registered for ``cls``'s ``name`` figure, or for the nearest base class that has one."""
+    for klass in cls.__mro__:
+        fn = _FIGURES.get((klass, name))
+        if fn is not None:
+            return fn
+    raise NotImplementedError(f"{cls.__name__} has no {name!r} figure registered: the figures are drawn by "
+                              "ropelens.plots; `import ropelens.plots` (importing ropelens does it) registers them")
+
+
+def registered_figures() -> dict[tuple[type, str], Callable[..., Any]]:
+    """Every registered drawing function by (class, figure name)."""
+    return dict(_FIGURES)
