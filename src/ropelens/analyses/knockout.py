@@ -101,10 +101,9 @@ def head_sets(model, names: Sequence[str], text: Tensor, *, retrieval_threshold:
         found["positional"] = {(L, h) for i, L in enumerate(tx.layers) for h in range(pos.shape[1]) if pos[i, h]}
     if "sinks" in need:
         from ropelens.analyses.sinks import attention_sinks
-        from ropelens.measure import RunOptions
 
-        run = RunOptions(n_ctx=text.shape[1], max_tokens=None, layers=spec.rotary_layers, progress=False, verify=verify)
-        s = attention_sinks(model, text, run)
+        s = attention_sinks(model, text, n_ctx=text.shape[1], max_tokens=None, layers=spec.rotary_layers,
+                            progress=False, verify=verify)
         sink = s.sinking()
         found["sinks"] = {(L, h) for i, L in enumerate(s.layers) for h in range(sink.shape[1]) if sink[i, h]}
     if "retrieval" in need:
