@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import math
 
-from ropelens.cli.common import ModelOptions, OutputOptions, add_command, load_from_args, non_negative_int, positive_int
+from ropelens.cli.common import (
+    ModelOptions,
+    OutputOptions,
+    add_command,
+    load_from_args,
+    non_negative_int,
+    positive_int,
+)
 from ropelens.errors import InputError
 
 __all__ = ["add_knockout", "parse_heads"]
