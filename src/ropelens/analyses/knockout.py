@@ -457,6 +457,8 @@ def knockout(
     if prompt_len is not None:
         prompt_len = check_number(prompt_len, "prompt_len", at_least=2, integer=True, hint=" (tokens per prompt)")
     level = check_number(level, "level", above=0, at_most=0.999)
+    directions = (directions,) if isinstance(directions, str) else tuple(directions)
+    metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics)
     bad = [d for d in directions if d not in ("high", "low")]
     if bad or not directions:
         raise InputError(f"directions must be 'high' and/or 'low', got {list(directions)}; random planes and "

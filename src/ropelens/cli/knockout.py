@@ -34,6 +34,16 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _names(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
+    """A comma-separated list of names, each one of ``allowed``."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise InputError(f"{flag} takes names from {', '.join(allowed)} separated by commas, got {text!r}: "
+                         f"e.g. {flag} {','.join(allowed[:2])}")
+    return names
+
+
 def add_knockout(subparsers: argparse._SubParsersAction) -> None:
     """``ropelens knockout [MODEL]``: zero 0..K planes of head sets and measure loss, positional probe, retrieval."""
     p = add_command(subparsers, "knockout", run_knockout)
@@ -72,17 +82,18 @@ def run_knockout(args: argparse.Namespace) -> int:
     probe (previous-token and diagonal attention on random tokens) and retrieval (passkey copy steps) with bootstrap
     CIs over windows, and layer-clustered permutation p-values against random planes and random head sets.
     """
-    from ropelens.analyses.knockout import knockout
+    from ropelens.analyses.knockout import HEAD_SETS, METRIC_GROUPS, knockout
     from ropelens.cli.variants import number_list
 
     output = OutputOptions.from_args(args)
     output.check()
-    sets = {"custom": parse_heads(args.heads)} if args.heads else [s.strip() for s in args.sets.split(",") if s.strip()]
+    sets = {"custom": parse_heads(args.heads)} if args.heads else _names(args.sets, "--sets", HEAD_SETS)
+    directions = _names(args.directions, "--directions", ("high", "low"))
+    metrics = _names(args.metrics, "--metrics", tuple(METRIC_GROUPS))
     doses = number_list(args.doses, int, "--doses", example="0,2,4,8") if args.doses else None
     control = number_list(args.control_doses, int, "--control-doses", example="8") if args.control_doses else None
-    r = knockout(load_from_args(args), sets, doses=doses, control_doses=control,
-                 directions=[d.strip() for d in args.directions.split(",") if d.strip()],
-                 metrics=[m.strip() for m in args.metrics.split(",") if m.strip()], n_ctx=args.n_ctx,
+    r = knockout(load_from_args(args), sets, doses=doses, control_doses=control, directions=directions,
+                 metrics=metrics, n_ctx=args.n_ctx,
                  n_windows=args.windows, prompt_len=args.prompt_len, n_random=args.random, n_control=args.controls,
                  whole_head=not args.no_whole_head,
                  probe_heads=parse_heads(args.probe_heads) if args.probe_heads else None, n_boot=args.boot,

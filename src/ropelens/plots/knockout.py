@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.errors import InputError
-
-if TYPE_CHECKING:
-    from ropelens.analyses.knockout import Knockout
 
 __all__ = ["knockout_figure"]
 
@@ -22,9 +19,12 @@ def _rgba(hex_color: str, alpha: float) -> str:
     return f"rgba({int(h[0:2], 16)}, {int(h[2:4], 16)}, {int(h[4:6], 16)}, {alpha})"
 
 
-def knockout_figure(result: Knockout, metric: str | None = None) -> go.Figure:
+def knockout_figure(result: Any, metric: str | None = None) -> go.Figure:
     """One panel per metric (or only ``metric``): mean paired effect vs dose with its CI band for each head set's
-    high/low/random curves; whole-head knockouts and their random-head controls as points with error bars."""
+    high/low/random curves; whole-head knockouts and their random-head controls as points with error bars.
+
+    ``result`` is a :class:`ropelens.analyses.knockout.Knockout` (not imported here: the result imports this module).
+    """
     df = result.to_frame()
     metrics = list(dict.fromkeys(df["metric"]))
     if metric is not None:
