@@ -12,6 +12,7 @@ from ropelens.analyses.decay import (
 from ropelens.analyses.decompose import AttentionDecomposition, decompose_attention
 from ropelens.analyses.distance import AttentionByDistance, attention_by_distance
 from ropelens.analyses.extension import ExtensionStudy, extension_study
+from ropelens.analyses.knockout import Knockout, knockout
 from ropelens.analyses.mrope import MRopeDecomposition, mrope_decompose
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.possym import PositionalSymbolic, positional_symbolic
@@ -45,6 +46,7 @@ __all__ = [
     "PositionalSymbolic",
     "RetrievalHeads",
     "InputError",
+    "Knockout",
     "NotRotaryError",
     "UnsupportedModelError",
     "Provenance",
@@ -64,6 +66,7 @@ __all__ = [
     "extension_study",
     "extrapolation",
     "frequency_usage",
+    "knockout",
     "heads",
     "learned_pe",
     "load_model",
