@@ -411,6 +411,26 @@ class _Experiment:
         return out
 
 
+def _check_settings(n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics):
+    """The run's settings checked (an InputError naming the first bad one) and normalised."""
+    for x, what in ((n_ctx, "n_ctx"), (n_windows, "n_windows"), (n_boot, "n_boot")):
+        check_number(x, what, at_least=2 if what != "n_boot" else 1, integer=True)
+    n_random = check_number(n_random, "n_random", at_least=0, integer=True, hint=" (random plane draws per dose)")
+    n_control = check_number(n_control, "n_control", at_least=0, integer=True, hint=" (random head sets per dose)")
+    seed = check_number(seed, "seed", integer=True)
+    if prompt_len is not None:
+        prompt_len = check_number(prompt_len, "prompt_len", at_least=2, integer=True, hint=" (tokens per prompt)")
+    level = check_number(level, "level", above=0, at_most=0.999)
+    directions = (directions,) if isinstance(directions, str) else tuple(directions)
+    metrics = tuple(dict.fromkeys((metrics,) if isinstance(metrics, str) else metrics))
+    if not directions or any(d not in ("high", "low") for d in directions):
+        raise InputError(f"directions must be 'high' and/or 'low', got {list(directions)}; random planes and "
+                         "whole heads are the controls every run adds")
+    if not metrics or any(m not in METRIC_GROUPS for m in metrics):
+        raise InputError(f"metrics must be chosen from {tuple(METRIC_GROUPS)}, got {list(metrics)}")
+    return directions, metrics, prompt_len, n_random, n_control, seed, level
+
+
 def knockout(
     model,
     sets: Sequence[str] | Mapping[str, Sequence[tuple[int, int]]] = ("positional",),
@@ -449,23 +469,15 @@ def knockout(
     from ropelens.verify import verification
 
     t0 = time.perf_counter()
-    for x, what in ((n_ctx, "n_ctx"), (n_windows, "n_windows"), (n_boot, "n_boot")):
-        check_number(x, what, at_least=2 if what != "n_boot" else 1, integer=True)
-    n_random = check_number(n_random, "n_random", at_least=0, integer=True, hint=" (random plane draws per dose)")
-    n_control = check_number(n_control, "n_control", at_least=0, integer=True, hint=" (random head sets per dose)")
-    seed = check_number(seed, "seed", integer=True)
-    if prompt_len is not None:
-        prompt_len = check_number(prompt_len, "prompt_len", at_least=2, integer=True, hint=" (tokens per prompt)")
-    level = check_number(level, "level", above=0, at_most=0.999)
-    directions = (directions,) if isinstance(directions, str) else tuple(directions)
-    metrics = (metrics,) if isinstance(metrics, str) else tuple(metrics)
-    bad = [d for d in directions if d not in ("high", "low")]
-    if bad or not directions:
-        raise InputError(f"directions must be 'high' and/or 'low', got {list(directions)}; random planes and "
-                         "whole heads are the controls every run adds")
-    metrics = tuple(dict.fromkeys(metrics))
-    if not metrics or any(m not in METRIC_GROUPS for m in metrics):
-        raise InputError(f"metrics must be chosen from {tuple(METRIC_GROUPS)}, got {list(metrics)}")
+    directions, metrics, prompt_len, n_random, n_control, seed, level = _check_settings(
+        n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics)
+    if not isinstance(sets, Mapping):
+        sets = [sets] if isinstance(sets, str) else list(sets)
+        bad = [n for n in sets if n not in HEAD_SETS]
+        if bad:
+            raise InputError(f"unknown head set {bad[0]!r}: choose from {HEAD_SETS} or pass {{name: [(layer, head), ...]}}")
+    if not sets:
+        raise InputError("sets is empty: name a head set or pass {name: [(layer, head), ...]}")
     if getattr(model, "tokenizer", None) is None:
         raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
     spec = rope_spec(model)
@@ -473,21 +485,16 @@ def knockout(
     text, rand, cases = _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len)
     if isinstance(sets, Mapping):
         chosen = {str(k): _as_heads(v, spec, f"head set {k!r}") for k, v in sets.items()}
-    else:
-        named = [sets] if isinstance(sets, str) else list(sets)
-        want = named + (["positional"] if "probe" in metrics and probe_heads is None and "positional" not in named else [])
-        found = head_sets(model, want, text, retrieval_threshold=retrieval_threshold, retrieval_ctx=text.shape[1],
-                          seed=seed, verify=False)
-        chosen = {n: found[n] for n in named}
         if "probe" in metrics and probe_heads is None:
-            probe_heads = found["positional"]
-    if not chosen:
-        raise InputError("sets is empty: name a head set or pass {name: [(layer, head), ...]}")
-    if "probe" in metrics and probe_heads is None:
-        probe_heads = chosen.get("positional")
-        if probe_heads is None:
             raise InputError("the probe reads the positional heads: pass probe_heads=[(layer, head), ...] with your "
                              "own head sets, or drop 'probe' from metrics")
+    else:
+        want = sets + (["positional"] if "probe" in metrics and probe_heads is None else [])
+        found = head_sets(model, list(dict.fromkeys(want)), text, retrieval_threshold=retrieval_threshold,
+                          retrieval_ctx=text.shape[1], seed=seed, verify=False)
+        chosen = {n: found[n] for n in sets}
+        if "probe" in metrics and probe_heads is None:
+            probe_heads = found["positional"]
     probe = KnockoutProbe(text, rand, cases, _as_heads(probe_heads, spec, "probe_heads") if probe_heads else (),
                           tuple(m for g in metrics for m in METRIC_GROUPS[g]))
     counts = {spec[L].n_planes for hs in chosen.values() for L, _ in hs}
