@@ -218,8 +218,8 @@ def test_findings_quote_their_values(results):
 def test_finding_is_importable_from_the_report():
     import sys
 
-    sys.modules.pop("ropelens.results.findings", None)
+    sys.modules.pop("ropelens.report.findings", None)
     with pytest.warns(DeprecationWarning, match="ropelens.results.findings"):
-        from ropelens.results.findings import Finding as ReportFinding
+        from ropelens.report.findings import Finding as ReportFinding
 
     assert ReportFinding is Finding and "massive" in ropelens.__all__

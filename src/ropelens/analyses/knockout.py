@@ -345,7 +345,7 @@ def _p(observed: Tensor, draws: list[Tensor], metric: str) -> float:
 
 
 def _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len) -> tuple[Tensor, Tensor, list[Any]]:
-    from ropelens import data
+    from ropelens.run import data
     from ropelens.analyses.heads import random_tokens
     from ropelens.analyses.passkey import make_passkey, passkey_prompt
     from ropelens.analyses.retrieval import copy_case
