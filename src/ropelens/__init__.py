@@ -24,6 +24,7 @@ from ropelens.analyses.decay import (
 from ropelens.analyses.decompose import AttentionDecomposition, decompose_attention
 from ropelens.analyses.distance import AttentionByDistance, attention_by_distance
 from ropelens.analyses.extension import ExtensionStudy, extension_study
+from ropelens.analyses.knockout import Knockout, knockout
 from ropelens.analyses.mrope import MRopeDecomposition, mrope_decompose
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.positional_symbolic import PositionalSymbolic, positional_symbolic
@@ -103,6 +104,7 @@ __all__ = [
     "RetrievalHeads",
     "Trajectory",
     "InputError",
+    "Knockout",
     "NotRotaryError",
     "UnsupportedModelError",
     "Provenance",
@@ -122,6 +124,7 @@ __all__ = [
     "extension_study",
     "extrapolation",
     "frequency_usage",
+    "knockout",
     "heads",
     "learned_pe",
     "load_model",

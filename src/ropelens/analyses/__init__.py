@@ -31,6 +31,7 @@ def result_classes() -> dict[str, type[_result_base.Result]]:
         extension,
         extrapolation,
         heads,
+        knockout,
         massive,
         mrope,
         offsets,

@@ -33,6 +33,7 @@ from ropelens.cli.common import Parser
 from ropelens.cli.extend import add_extend
 from ropelens.cli.geometry import add_pe_geometry
 from ropelens.cli.inspect import add_inspect
+from ropelens.cli.knockout import add_knockout
 from ropelens.cli.report import add_compare, add_report
 from ropelens.cli.trajectory import add_trajectory
 from ropelens.cli.variants import (
@@ -53,6 +54,7 @@ SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_inspect, add_report, add_usage, add_decompose, add_decompose_stats, add_heads, add_variants, add_truncate,
     add_context, add_sinks, add_distance, add_massive, add_offsets, add_predict_base, add_passkey,
     add_pe_geometry, add_compare, add_bands, add_entropy, add_possym, add_extend, add_retrieval, add_trajectory,
+    add_knockout,
 )
 
 

@@ -18,6 +18,7 @@ from ropelens.plots import (
     extension,
     extrapolation,
     heads,
+    knockout,
     massive,
     mrope,
     offsets,
@@ -32,5 +33,5 @@ from ropelens.plots import (
 )
 
 __all__ = ["band_location", "band_stats", "context", "curves", "decompose", "distance", "entropy", "extension",
-           "extrapolation", "heads", "massive", "mrope", "offsets", "passkey", "pe_geometry",
+           "extrapolation", "heads", "knockout", "massive", "mrope", "offsets", "passkey", "pe_geometry",
            "positional_symbolic", "retrieval", "sinks", "style", "trajectory", "usage"]

@@ -24,7 +24,7 @@ from ropelens.errors import InputError
 from ropelens.results.serialize import dump_json
 
 __all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "is_bridge", "loss_estimate",
-           "loss_path", "window_losses"]
+           "loss_path", "percentile_ci", "window_losses"]
 
 
 def _check_tokens(tokens: Any) -> Tensor:
@@ -158,6 +158,32 @@ def _as_values(values: Any) -> Tensor:
     return v
 
 
+def percentile_ci(
+    values: Float[Tensor, " n"] | Sequence[float],
+    n_boot: int = 2000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> Estimate:
+    """Mean of ``values`` with its percentile bootstrap CI at level 1 − ``alpha`` (windows resampled with
+    replacement, ``n_boot`` times, from a generator seeded with ``seed``).
+
+    Percentile intervals of very skewed samples can exclude the sample mean; the interval is widened to keep it.
+    """
+    v = _as_values(values)
+    if not isinstance(n_boot, numbers.Integral) or isinstance(n_boot, bool) or n_boot < 1:
+        raise InputError(f"n_boot must be a positive int, got {n_boot!r} (2000 is usual)")
+    if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not 0 < alpha < 1:
+        raise InputError(f"alpha must be strictly between 0 and 1, got {alpha!r} (0.05 for a 95% CI)")
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise InputError(f"seed must be an int, got {seed!r}")
+    g = torch.Generator().manual_seed(int(seed))
+    idx = torch.randint(0, v.numel(), (int(n_boot), v.numel()), generator=g)
+    means = v[idx].mean(dim=1)
+    mean = v.mean().item()
+    lo, hi = torch.quantile(means, torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64)).tolist()
+    return Estimate(mean, min(lo, mean), max(hi, mean))
+
+
 def bootstrap_ci(
     values: Float[Tensor, " n"] | Sequence[float],
     n_boot: int = 2000,
@@ -169,24 +195,12 @@ def bootstrap_ci(
     The perplexity CI is the loss CI mapped through exp, which is monotone, so it is exactly the
     percentile interval of the resampled perplexities. Seeded: the same inputs give the same CI.
     """
-    v = _as_values(values)
-    if not isinstance(n_boot, numbers.Integral) or isinstance(n_boot, bool) or n_boot < 1:
-        raise InputError(f"n_boot must be a positive int, got {n_boot!r} (2000 is usual)")
-    if not isinstance(alpha, numbers.Real) or not 0 < alpha < 1:
-        raise InputError(f"alpha must be strictly between 0 and 1, got {alpha!r} (0.05 for a 95% CI)")
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise InputError(f"seed must be an int, got {seed!r}")
-    g = torch.Generator().manual_seed(int(seed))
-    idx = torch.randint(0, v.numel(), (int(n_boot), v.numel()), generator=g)
-    means = v[idx].mean(dim=1)
-    mean = v.mean().item()
-    lo, hi = torch.quantile(means, torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64)).tolist()
-    # Percentile intervals of very skewed samples can exclude the sample mean; widen to keep it.
-    lo, hi = min(lo, mean), max(hi, mean)
+    est = percentile_ci(values, n_boot, seed, alpha)
+    mean, lo, hi = est.mean, est.lo, est.hi
     return LossEstimate(
-        loss=Estimate(mean, lo, hi),
+        loss=est,
         perplexity=Estimate(math.exp(mean), math.exp(lo), math.exp(hi)),
-        n_windows=int(v.numel()),
+        n_windows=int(_as_values(values).numel()),
         n_boot=int(n_boot),
         alpha=float(alpha),
         seed=int(seed),

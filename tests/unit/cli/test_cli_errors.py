@@ -94,6 +94,15 @@ BEFORE_THE_MODEL = [
     (["passkey", "--seed", "-1"], "argument --seed: expected an integer ≥ 0, got -1"),
     (["passkey", "--variant", "prope:1.5"], "p must be >= 0 and <= 1, got 1.5"),
     (["passkey", "--save", "{tmp}"], "is a directory: pass a file path"),
+    # knockout
+    (["knockout", "--heads", "3:1"], "--heads takes LAYER.HEAD pairs separated by commas, got '3:1': e.g. --heads 3.1,5.0"),
+    (["knockout", "--sets", "copying"], "--sets takes names from positional, retrieval, sinks, others separated by "
+                                        "commas, got 'copying'"),
+    (["knockout", "--directions", "random"], "--directions takes names from high, low separated by commas"),
+    (["knockout", "--metrics", "ppl"], "--metrics takes names from loss, probe, retrieval separated by commas"),
+    (["knockout", "--doses", "0,x"], "--doses must be a comma-separated list of integers, got '0,x'"),
+    (["knockout", "--random", "-1"], "argument --random: expected an integer ≥ 0, got -1"),
+    (["knockout", "--save", "{tmp}"], "is a directory: pass a file path"),
     # heads, truncate, context, the other corpus commands, decompose
     (["heads", "--windows", "0"], "argument --windows: expected a positive integer, got 0"),
     (["heads", "--n-ctx", "1"], "argument --n-ctx: a window needs at least 2 tokens"),
@@ -255,8 +264,9 @@ def _refusing() -> dict[str, list[str]]:
 
 
 def test_the_refusing_commands_are_these():
-    assert sorted(_refusing()) == ["bands", "compare", "context", "decompose", "extend", "inspect", "passkey",
-                                   "pe-geometry", "predict-base", "retrieval", "trajectory", "truncate", "variants"]
+    assert sorted(_refusing()) == ["bands", "compare", "context", "decompose", "extend", "inspect", "knockout",
+                                   "passkey", "pe-geometry", "predict-base", "retrieval", "trajectory", "truncate",
+                                   "variants"]
 
 
 @pytest.mark.parametrize("command", sorted(_refusing()))

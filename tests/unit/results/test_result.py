@@ -51,6 +51,7 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
     from ropelens.analyses.band_location import frequency_bands
     from ropelens.analyses.entropy import frequency_entropy
     from ropelens.analyses.extension import extension_study
+    from ropelens.analyses.knockout import knockout
     from ropelens.analyses.mrope import mrope_decompose
     from ropelens.analyses.positional_symbolic import positional_symbolic
     from ropelens.analyses.retrieval import retrieval_heads
@@ -88,6 +89,8 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
         frequency_bands(model, toks, n_ctx=16, intervene=False, **kw),
         positional_symbolic(model, toks, n_ctx=16, min_keys=4, layers=[0], **kw),
         retrieval_heads(model, lengths=[300], depths=[0.5], n_trials=1, top_k=2, seed=2),
+        knockout(model, {"set": [(0, 0), (1, 2)]}, doses=[0, 2], metrics=("loss",), corpus=toks, n_random=1,
+                 n_control=1, n_boot=50, verify=False),
         extension_study(tiny_model("llama", max_position_embeddings=64), 128, methods=("none", "pi"), start=64,
                         n_windows=1, depths=(0.5,), out=tmp_path_factory.mktemp("study"), **kw),
         Trajectory(records=tuple((s, f"step-{s}", st.analysis, st.metric, -1, float(v))

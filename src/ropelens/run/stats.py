@@ -1,0 +1,210 @@
+"""Statistics for intervention experiments: paired bootstrap CIs over windows and layer-clustered permutation tests.
+
+*Paired bootstrap.* An intervention and its baseline run on the same windows, so the effect of window i is
+d_i = a_i − b_i and the windows are resampled as pairs: :func:`paired_bootstrap_ci` is the percentile bootstrap
+of mean(d) (:func:`ropelens.run.evaluate.percentile_ci` on the differences).
+
+*Layer-clustered permutation test.* Units (heads, or planes of heads) carry a cluster label (their layer) and a
+treatment label (in the chosen set or not). The null hypothesis is that the treatment labels are exchangeable
+within clusters: the treated set's statistic is distributed as that of a set drawn uniformly at random with the
+same number of units in each cluster. A layer is never compared with another layer, so depth effects (late layers
+matter more for the loss) cannot make a set look special. :func:`clustered_permutation_test` computes the null by
+permuting labels within clusters (all assignments when they are few, else ``n_perm`` seeded draws) and
+:func:`matched_random_sets` draws such control sets for experiments that must run the model once per set.
+Monte Carlo p-values are (1 + #{null ≥ observed}) / (1 + n) (:func:`permutation_p_value`): the observed set
+counts as one draw of the null, so the test is valid at every n and never returns 0. See docs/statistics.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ropelens.errors import InputError
+from ropelens.run.evaluate import Estimate, percentile_ci
+
+__all__ = ["MAX_EXACT", "PermutationTest", "clustered_permutation_test", "matched_random_sets",
+           "paired_bootstrap_ci", "permutation_p_value"]
+
+MAX_EXACT = 200_000  # within-cluster assignments enumerated exactly; past this, pass n_perm
+_ALTERNATIVES = ("greater", "less")
+
+
+def _vector(x: Any, what: str) -> Tensor:
+    try:
+        v = torch.as_tensor(x, dtype=torch.float64).flatten()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InputError(f"{what} must be a 1-D sequence of numbers, got {type(x).__name__}") from e
+    if v.numel() == 0:
+        raise InputError(f"{what} is empty: pass at least one value")
+    if not torch.isfinite(v).all():
+        raise InputError(f"{what} holds non-finite entries (e.g. {v[~torch.isfinite(v)][0].item()}): drop those "
+                         "windows or fix the run that produced them")
+    return v
+
+
+def _level(level: Any) -> float:
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
+        raise InputError(f"level must be strictly between 0 and 1, got {level!r} (0.95 for a 95% CI)")
+    return float(level)
+
+
+def paired_bootstrap_ci(
+    a: Float[Tensor, " n"] | Sequence[float],
+    b: Float[Tensor, " n"] | Sequence[float],
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Estimate:
+    """Mean of the paired differences ``a − b`` (one pair per window) with its percentile bootstrap CI.
+
+    Windows are resampled as pairs, so what the two conditions share (the text of a window) cancels.
+    Returns an :class:`ropelens.run.evaluate.Estimate` (``mean``: the estimate, ``lo``, ``hi``).
+    """
+    va, vb = _vector(a, "a"), _vector(b, "b")
+    if va.numel() != vb.numel():
+        raise InputError(f"a has {va.numel()} values and b {vb.numel()}: a paired CI needs one value of each per window")
+    return percentile_ci(va - vb, n_boot=n_boot, seed=seed, alpha=1 - _level(level))
+
+
+def permutation_p_value(observed: float, null: Sequence[float] | Tensor, alternative: str = "greater") -> float:
+    """(1 + #{null ≥ observed}) / (1 + n) for ``alternative="greater"`` (≤ for ``"less"``): the Monte Carlo
+    p-value of ``observed`` against ``n`` statistics drawn under the null."""
+    if alternative not in _ALTERNATIVES:
+        raise InputError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
+    obs = float(observed)
+    if not math.isfinite(obs):
+        raise InputError(f"observed must be a finite number, got {observed!r}")
+    v = _vector(null, "null")
+    return (1 + _count_extreme(v, obs, alternative)) / (1 + v.numel())
+
+
+def _count_extreme(null: Tensor, observed: float, alternative: str) -> int:
+    # a tolerance of a few ulps: a null draw equal to the observed set must count even after re-summation
+    tol = 1e-12 * max(1.0, abs(observed))
+    hit = null >= observed - tol if alternative == "greater" else null <= observed + tol
+    return int(hit.sum())
+
+
+@dataclass(frozen=True)
+class PermutationTest:
+    """A permutation test's observed statistic (mean over treated units), its p-value and how the null was made."""
+
+    observed: float
+    p_value: float
+    n_perm: int  # null draws, or the number of assignments when exact
+    exact: bool
+    alternative: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"observed": self.observed, "p_value": self.p_value, "n_perm": self.n_perm, "exact": self.exact,
+                "alternative": self.alternative}
+
+
+def _clusters(clusters: Sequence[Hashable], treated: Any, n: int) -> list[tuple[np.ndarray, int]]:
+    """Per cluster: its units' indices and how many of them are treated."""
+    if len(clusters) != n:
+        raise InputError(f"clusters has {len(clusters)} labels for {n} values: give one cluster label per unit")
+    t = np.asarray(treated)
+    if t.shape != (n,) or t.dtype != bool:
+        raise InputError(f"treated must be {n} booleans (one per unit), got shape {t.shape} dtype {t.dtype}")
+    if not t.any():
+        raise InputError("treated marks no unit: the test needs at least one treated unit")
+    out = []
+    for c in dict.fromkeys(clusters):
+        idx = np.array([i for i, ci in enumerate(clusters) if ci == c])
+        k = int(t[idx].sum())
+        if k:
+            out.append((idx, k))
+    return out
+
+
+def clustered_permutation_test(
+    values: Float[Tensor, " n"] | Sequence[float],
+    clusters: Sequence[Hashable],
+    treated: Sequence[bool] | np.ndarray | Tensor,
+    n_perm: int | None = None,
+    seed: int = 0,
+    alternative: str = "greater",
+) -> PermutationTest:
+    """Is the mean of ``values`` over the ``treated`` units larger (``"less"``: smaller) than for random sets with
+    as many units in every cluster?
+
+    Null: the treatment labels are exchangeable within clusters (layers). ``n_perm=None`` enumerates every
+    within-cluster assignment (at most :data:`MAX_EXACT`) and returns the exact p-value #{stat ≥ observed} / N;
+    an int draws ``n_perm`` assignments from a generator seeded with ``seed`` and returns
+    (1 + #{stat ≥ observed}) / (1 + n_perm).
+    """
+    v = _vector(values, "values")
+    t = np.asarray(treated.cpu() if isinstance(treated, Tensor) else treated)
+    groups = _clusters(list(clusters), t, v.numel())
+    if alternative not in _ALTERNATIVES:
+        raise InputError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
+    total = sum(k for _, k in groups)
+    observed = float(v[torch.from_numpy(np.flatnonzero(t))].sum()) / total
+    if n_perm is None:
+        n_exact = math.prod(math.comb(len(idx), k) for idx, k in groups)
+        if n_exact > MAX_EXACT:
+            raise InputError(f"{n_exact:,} within-cluster assignments are too many to enumerate (limit {MAX_EXACT:,}): "
+                             "pass n_perm (e.g. 9999) for a Monte Carlo test")
+        sums = [torch.tensor([float(v[list(c)].sum()) for c in itertools.combinations(idx.tolist(), k)],
+                             dtype=torch.float64) for idx, k in groups]
+        null = sums[0]
+        for s in sums[1:]:
+            null = (null[:, None] + s[None, :]).flatten()
+        null = null / total
+        return PermutationTest(observed, _count_extreme(null, observed, alternative) / null.numel(), int(null.numel()),
+                               True, alternative)
+    if isinstance(n_perm, bool) or not isinstance(n_perm, numbers.Integral) or n_perm < 1:
+        raise InputError(f"n_perm must be a positive int or None (exact), got {n_perm!r} (9999 is usual)")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise InputError(f"seed must be an int, got {seed!r}")
+    g = torch.Generator().manual_seed(int(seed))
+    null = torch.zeros(int(n_perm), dtype=torch.float64)
+    for idx, k in groups:
+        # a uniform random k-subset of the cluster per draw: the first k of a random permutation
+        pick = torch.rand(int(n_perm), len(idx), generator=g).argsort(dim=1)[:, :k]
+        null += v[torch.from_numpy(idx)][pick].sum(dim=1)
+    null = null / total
+    return PermutationTest(observed, permutation_p_value(observed, null, alternative), int(n_perm), False, alternative)
+
+
+def matched_random_sets(
+    treated: Sequence[tuple[int, int]],
+    population: Mapping[int, Sequence[int]],
+    n_sets: int,
+    seed: int = 0,
+) -> list[tuple[tuple[int, int], ...]]:
+    """``n_sets`` random sets of (cluster, unit) pairs with as many units in each cluster as ``treated`` has, each
+    drawn uniformly without replacement from ``population[cluster]`` (one seeded generator, in cluster order).
+
+    These are draws of the within-cluster permutation null of :func:`clustered_permutation_test`: a draw may
+    coincide with the treated set, as the null allows.
+    """
+    if isinstance(n_sets, bool) or not isinstance(n_sets, numbers.Integral) or n_sets < 1:
+        raise InputError(f"n_sets must be a positive int, got {n_sets!r}")
+    counts: dict[int, int] = {}
+    for c, _ in treated:
+        counts[c] = counts.get(c, 0) + 1
+    if not counts:
+        raise InputError("treated is empty: pass at least one (layer, head)")
+    for c, k in counts.items():
+        have = len(population.get(c, ()))
+        if have < k:
+            raise InputError(f"cluster {c} has {k} treated units but only {have} to draw from: the population must "
+                             "hold every unit of the cluster, treated ones included")
+    rng = np.random.default_rng(int(seed))
+    out = []
+    for _ in range(int(n_sets)):
+        drawn = [(c, int(u)) for c in sorted(counts) for u in rng.choice(list(population[c]), counts[c], replace=False)]
+        out.append(tuple(sorted(drawn)))
+    return out
