@@ -36,7 +36,6 @@ from ropelens.backends.losses import hf_losses, losses_of
 from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.spec.rope import RopeSpec
-from ropelens.spec.surface import is_bridge
 
 __all__ = ["Backend", "BridgeBackend", "CallableBackend", "HFBackend", "ModelHandle", "backend_of", "fingerprint", "handle"]
 
@@ -355,7 +354,7 @@ def backend_of(model: Any) -> Backend:
 
     if isinstance(model, PlainModel):
         backend: Backend = HFBackend(model)
-    elif is_bridge(model):
+    elif hasattr(model, "original_model"):  # a TransformerBridge (its blocks may be missing for an unadapted family)
         backend = BridgeBackend(model)
     else:
         backend = CallableBackend(model)

@@ -73,10 +73,12 @@ HINTED = [
     ["pe-geometry", "--n-pos", "1"],
     ["pe-geometry", "--d", "1000000000"],
     ["variants", "--variant", "warp:3"],
+    ["knockout", "--heads", "x"],
+    ["knockout", "--heads", ","],
     # each variant with too many values: the message shows that variant's form and example
     *(["variants", "--variant", f"{name}:{':'.join(['1'] * 9)}"] for name in (
         "default", "prope", "propereversed", "propepartial", "nope", "basechange", "planemask", "linear", "ntk",
-        "dynamicntk", "yarn", "llama3", "longrope")),
+        "dynamicntk", "yarn", "llama3", "longrope", "resonance", "cope", "fopezero")),
 ]
 
 

@@ -245,11 +245,11 @@ def test_a_variant_that_stays_after_its_context_is_wrong(monkeypatch, tmp_path):
 def test_a_variant_that_rotates_off_its_spec_is_wrong(monkeypatch, tmp_path):
     """The model handed p-RoPE with p = 1 (its own rotation) while the spec says p = 0.5: the rotated query of one
     token repeated does not turn by the spec's frequencies."""
-    import ropelens.backends.sdpa as sdpa
-    import ropelens.run.intervene as intervene
+    import ropelens.backends.bridge_interventions as hooks
+    import ropelens.backends.engine as engine
     from ropelens.spec.variants import PRoPE
 
-    for mod in (intervene, sdpa):
+    for mod in (hooks, engine):
         orig = mod.variant_tables
         monkeypatch.setattr(mod, "variant_tables", lambda v, *a, _o=orig, **k: _o(PRoPE(1.0), *a, **k))
     check = check_config("llama", shrink_config("llama"), workdir=tmp_path)
