@@ -366,7 +366,8 @@ def backend_of(model: Any) -> Backend:
 @dataclass(frozen=True)
 class ModelHandle:
     """A loaded model with what every layer reads from it: its backend (chosen once), label, device, dtype, the HF
-    model it runs, and its spec (read once, and again only when the plan in force or the rotary buffers change)."""
+    model it runs, and its spec (read once, and again only when the plan in force, a buffer, or a rotation or
+    attention function the model calls changes). :func:`ropelens.run.measure.measure` reads models through it."""
 
     model: Any
     backend: Backend
@@ -393,8 +394,13 @@ class ModelHandle:
         from ropelens.spec.plan import active_plan
         from ropelens.spec.reading import rope_spec
 
+        # what a reading depends on: the plan in force, every buffer (rotary tables included) and its in-place
+        # version, and the rotation and attention functions the modeling module and its modules call
+        mod = importlib.import_module(type(self.hf).__module__)
         key = (tuple(id(s) for s in active_plan(self.model)), getattr(self.model, "_ropelens_interventions", 0),
-               tuple((id(b), b._version) for n, b in self.hf.named_buffers() if "inv_freq" in n or "freqs" in n))
+               tuple((id(b), b._version) for b in self.hf.buffers()),
+               tuple(id(getattr(mod, n, None)) for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward")),
+               tuple(id(m.__dict__.get("forward")) for m in self.hf.modules()))
         cached = self.__dict__.get("_spec")
         if cached is None or cached[0] != key:
             cached = (key, rope_spec(self.model))

@@ -169,10 +169,12 @@ def measure(
     ``rotary_only=False`` lets ``run.layers`` name NoPE layers too (None then selects every layer),
     for analyses that measure what a layer does without rotating.
     """
+    from ropelens.backends import handle
     from ropelens.run.verify import verification
-    from ropelens.spec.reading import model_label, rope_spec, spec_at_length
+    from ropelens.spec.reading import spec_at_length
 
-    spec = spec if spec is not None else rope_spec(model)
+    h = handle(model)  # the spec read once per model, not once per analysis
+    spec = spec if spec is not None else h.spec
     chosen = spec.layer_indices(run.layers, rotary_only=rotary_only)
     if not chosen:
         raise InputError(f"no layers selected (layers={run.layers!r}): pass layer indices the model has")
@@ -192,7 +194,7 @@ def measure(
     info = run_windows(model, win.tokens, reducers, batch_size=run.batch_size, layers=chosen, spec=spec,
                        progress=run.progress, desc=desc or analysis, checkpoint=run.checkpoint,
                        every=run.checkpoint_every, config={"analysis": analysis, **settings, **(resume or {})})
-    prov = Provenance(model=label or model_label(model), corpus=win.corpus, corpus_sha256=win.sha256,
+    prov = Provenance(model=label or h.label, corpus=win.corpus, corpus_sha256=win.sha256,
                       n_tokens=info.n_tokens, n_windows=win.n_windows, n_ctx=win.n_ctx,
                       config={**settings, **info.to_config(), "verification": verified.to_dict()},
                       seconds=time.perf_counter() - t0)

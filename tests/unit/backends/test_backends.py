@@ -176,3 +176,31 @@ def test_no_module_outside_the_backends_asks_which_backend_a_model_has():
                     and getattr(node.value.func, "id", None) == "backend_of":
                 found.append(f"{rel}:{node.lineno} backend_of(...).name")
     assert found == []
+
+
+def test_handle_spec_follows_a_patched_rotation(both, monkeypatch):
+    """A user who swaps the modeling module's rotation gets a new reading, not the cached one."""
+    bridge, _ = both
+    h = handle(bridge)
+    before = h.spec
+    mod = importlib.import_module(type(h.hf).__module__)
+    orig = mod.apply_rotary_pos_emb
+    monkeypatch.setattr(mod, "apply_rotary_pos_emb", lambda *a, **k: orig(*a, **k))
+    after = h.spec
+    assert after is not before and after.to_json() == before.to_json()
+
+
+def test_corpus_analyses_read_the_spec_once_per_model(tiny_dir, monkeypatch):
+    """measure() reads a model through its handle: a second analysis of the same model reads no spec again."""
+    import ropelens.spec.reading as reading
+    from ropelens.analyses.usage import frequency_usage
+
+    model = ropelens.load_model(tiny_dir("llama"), device="cpu")
+    calls = []
+    orig = reading.rope_spec
+    monkeypatch.setattr(reading, "rope_spec", lambda m: calls.append(1) or orig(m))
+    first = frequency_usage(model, _tokens(), progress=False)
+    n = len(calls)
+    second = frequency_usage(model, _tokens(), progress=False)
+    assert n >= 1 and len(calls) == n
+    assert first.to_frame().equals(second.to_frame())  # the same numbers from the cached reading
