@@ -120,8 +120,9 @@ def rss(args) -> None:
 
 
 def passkey(args) -> None:
+    from ropelens.cli.variant_syntax import parse_variant
+
     from ropelens.analyses.passkey import passkey_retrieval
-    from ropelens.cli.variants import parse_variant
 
     variant = parse_variant(args.variant) if args.variant else None
     model = ropelens.load_model(args.model)

@@ -111,3 +111,36 @@ def experiment():
         return mod
 
     return load
+
+
+class Registry:
+    """The analysis registry during one test: what a test registers, replaces or drops is undone after it."""
+
+    def __init__(self, monkeypatch):
+        from ropelens.analyses import registry
+        from ropelens.results import figures
+
+        monkeypatch.setattr(registry, "ANALYSES", dict(registry.ANALYSES))
+        monkeypatch.setattr(figures, "_FIGURES", dict(figures._FIGURES))
+        self.module = registry
+
+    def replace_section(self, key: str, **changes) -> None:
+        """The section ``key`` with ``changes`` (e.g. ``render=boom``), in its place."""
+        import dataclasses
+
+        owner = next(a for a in self.module.analyses() if a.section is not None and a.section.key == key)
+        self.module.ANALYSES[owner.name] = dataclasses.replace(owner, section=dataclasses.replace(owner.section, **changes))
+
+    def keep_sections(self, keep) -> None:
+        """Only the sections for which ``keep(section)`` is true (the analyses keep their commands)."""
+        import dataclasses
+
+        for a in self.module.analyses():
+            if a.section is not None and not keep(a.section):
+                self.module.ANALYSES[a.name] = dataclasses.replace(a, section=None)
+
+
+@pytest.fixture
+def registry(monkeypatch) -> Registry:
+    """The analysis registry, restored after the test."""
+    return Registry(monkeypatch)

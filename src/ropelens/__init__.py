@@ -3,7 +3,8 @@
 The package is built in layers, each importing only from those below it: ``spec`` (RoPE math, reading a model,
 bands, variants), ``results`` (the result base class, files, provenance, findings), ``backends`` (how a model
 runs), ``loading``, ``run`` (data, capture, measurement, losses, interventions), ``analyses``, ``plots``,
-``report``, ``cli``, ``training``. This namespace is the curated API; modules that moved keep their old names
+``report``, ``testing``, ``training``, ``cli``, and ``catalog``, which declares every analysis once (its function,
+result, figures, command and report section) and registers it. This namespace is the curated API; modules that moved keep their old names
 for one release (importing one warns and gives the module at its new place).
 """
 
@@ -11,9 +12,10 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import types
 import warnings
 
-from ropelens import plots  # the figures: importing them registers every result's drawing
+from ropelens import catalog, plots
 from ropelens.analyses import context, extrapolation, heads, load_result, massive, offsets, passkey
 from ropelens.analyses.band_stats import BandStatistics, band_statistics
 from ropelens.analyses.decay import (
@@ -28,6 +30,7 @@ from ropelens.analyses.knockout import Knockout, knockout
 from ropelens.analyses.mrope import MRopeDecomposition, mrope_decompose
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.positional_symbolic import PositionalSymbolic, positional_symbolic
+from ropelens.analyses.registry import Analysis, analyses, register_analysis
 from ropelens.analyses.retrieval import RetrievalHeads, retrieval_heads
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.trajectory import Trajectory, trajectory
@@ -61,6 +64,48 @@ MOVED = {
     "analyses.possym": "analyses.positional_symbolic", "analyses.bandloc": "analyses.band_location",
     "report.findings": "results.findings",
 }
+# old command and section modules, split into one ropelens.catalog module per analysis (kept for one release): a
+# name is looked up in the new modules; a command's add_NAME/run_NAME and a section's measure_NAME/render_NAME are
+# the options/run/measure/render of the catalog module NAME maps to
+SPLIT = {
+    "cli.inspect": {"inspect": "spec"},
+    "cli.analysis": {"usage": "usage", "decompose_stats": "band_statistics", "decompose": "decompose", "heads": "heads",
+                     "bands": "band_location", "entropy": "entropy"},
+    "cli.attention": {"sinks": "sinks", "distance": "distance", "massive": "massive", "offsets": "offsets",
+                      "possym": "positional_symbolic", "retrieval": "retrieval"},
+    "cli.variants": {"variants": "variant_frequencies", "truncate": "truncate", "context": "context",
+                     "passkey": "passkey", "predict_base": "extrapolation"},
+    "cli.extend": {"extend": "extension"}, "cli.geometry": {"pe_geometry": "pe_geometry"},
+    "cli.knockout": {"knockout": "knockout"}, "cli.trajectory": {"trajectory": "trajectory"},
+    "cli.report": {"report": "report", "compare": "compare"},
+    "report.measured": {"spec": "spec", "usage": "usage", "bands": "band_statistics"},
+    "report.rerun": {"heads": "heads", "sinks": "sinks", "distance": "distance", "massive": "massive"},
+    "report.variants": {"prope": "truncate", "context": "context"},
+    "report.theory": {"geometry": "pe_geometry"},
+}
+_SHARED = ("cli.variant_syntax", "cli.common", "report.steps", "plots.style")  # helpers that moved there
+
+
+def _split_module(old: str) -> types.ModuleType:
+    """A stand-in for the split module ``old``: each name it held, found where it lives now."""
+    module = types.ModuleType(f"ropelens.{old}")
+    places = {**{f"catalog.{m}": None for m in SPLIT[old].values()}, **dict.fromkeys(_SHARED)}
+
+    def __getattr__(name: str):  # noqa: N807 - the module's attribute hook
+        for place in places:
+            new = importlib.import_module(f"ropelens.{place}")
+            if not name.startswith("__") and hasattr(new, name):
+                return getattr(new, name)
+        verb, _, what = name.partition("_")
+        if verb in ("add", "run", "measure", "render") and what in SPLIT[old]:
+            new = importlib.import_module(f"ropelens.catalog.{SPLIT[old][what]}")
+            if verb == "add":
+                return new.ANALYSIS.command.add_to
+            return getattr(new, "options" if verb == "add" else verb)
+        raise AttributeError(f"module ropelens.{old} has no attribute {name!r}")
+
+    module.__getattr__ = __getattr__  # type: ignore[method-assign]
+    return module
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -68,12 +113,18 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ARG002
         old = fullname.removeprefix("ropelens.")
-        if fullname.startswith("ropelens.") and old in MOVED:
+        if fullname.startswith("ropelens.") and (old in MOVED or old in SPLIT):
             return importlib.machinery.ModuleSpec(fullname, self)
         return None
 
     def create_module(self, spec):  # noqa: ANN001
-        new = "ropelens." + MOVED[spec.name.removeprefix("ropelens.")]
+        old = spec.name.removeprefix("ropelens.")
+        if old in SPLIT:
+            places = ", ".join(f"ropelens.catalog.{m}" for m in dict.fromkeys(SPLIT[old].values()))
+            warnings.warn(f"{spec.name} was split into one module per analysis ({places}); import from there (the "
+                          "old name goes in the next release)", DeprecationWarning, stacklevel=2)
+            return _split_module(old)
+        new = "ropelens." + MOVED[old]
         warnings.warn(f"{spec.name} moved to {new}; import it from there (the old name goes in the next release)",
                       DeprecationWarning, stacklevel=2)
         return importlib.import_module(new)
@@ -89,6 +140,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "load_result",
+    "Analysis",
+    "analyses",
+    "catalog",
+    "register_analysis",
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
     "AttentionByDistance",

@@ -7,9 +7,9 @@ layers, :class:`CheckpointOptions` resumes, :class:`OutputOptions` saves and pri
 ``Group.add_to(parser)`` declares the flags and ``Group.from_args(args)`` reads them back.
 :class:`CorpusCommand` bundles the groups of the commands that stream a corpus.
 
-Command modules (``ropelens.cli.inspect``, ``.analysis``, ``.attention``, ``.report``,
-``.variants``, ``.geometry``) import this module and nothing else of the CLI;
-:mod:`ropelens.cli.main` imports them. Bad input raises :class:`ropelens.errors.InputError` (or
+A :class:`Command` is one subcommand: its name, ``options(parser)`` (which declares its flags from these
+groups) and ``run(args) -> int``. Each analysis declares its command (``ropelens.catalog``) and
+:mod:`ropelens.cli.main` adds every registered one. Bad input raises :class:`ropelens.errors.InputError` (or
 ``OSError`` for files), which ``main`` reports as one line with exit code 2.
 """
 
@@ -35,9 +35,9 @@ from ropelens.validate import check_output_path
 DTYPES = {name: MODEL_DTYPES[name] for name in ("float32", "bfloat16", "float16")}  # what --dtype offers
 
 __all__ = [
-    "DTYPES", "AnalysisOptions", "CheckpointOptions", "CorpusCommand", "CorpusOptions", "ModelOptions",
+    "DTYPES", "AnalysisOptions", "CheckpointOptions", "Command", "CorpusCommand", "CorpusOptions", "ModelOptions",
     "OutputOptions", "Parser", "add_command", "band_tokens", "emit", "jsonable", "layer_list",
-    "check_windows_fit", "load_from_args", "most_windows", "non_negative_int", "note", "note_windows",
+    "check_windows_fit", "load_from_args", "most_windows", "non_negative_int", "note", "note_windows", "number_list",
     "positive_int", "window_length",
 ]  # fmt: skip
 
@@ -57,6 +57,33 @@ def add_command(subparsers: argparse._SubParsersAction, name: str, run: Callable
     p = subparsers.add_parser(name, help=summary, description=description.replace("\n", " ") or summary)
     p.set_defaults(func=run, distributed=distributed)
     return p
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``ropelens NAME`` subcommand: ``options(parser)`` declares its flags, ``run(args) -> int`` runs it.
+
+    ``run``'s docstring is the help (first paragraph: the one-line summary in ``ropelens --help``; the rest: the
+    description in ``ropelens NAME --help``). ``distributed``: the command splits its work under torchrun.
+    An analysis declares its command (:class:`ropelens.analyses.registry.Analysis`); ``ropelens.cli.main`` adds
+    every registered one to the parser.
+    """
+
+    name: str
+    run: Callable[[argparse.Namespace], int]
+    options: Callable[[argparse.ArgumentParser], Any]
+    distributed: bool = False
+
+    def __post_init__(self) -> None:
+        if not callable(self.run) or not callable(self.options):
+            raise InputError(f"command {self.name!r}: run and options must be functions, got {self.run!r}, "
+                             f"{self.options!r}")
+
+    def add_to(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        """Add this subcommand and its flags to ``subparsers``."""
+        p = add_command(subparsers, self.name, self.run, distributed=self.distributed)
+        self.options(p)
+        return p
 
 
 # ---------------------------------------------------------------------------------------- argument types
@@ -97,6 +124,18 @@ def layer_list(text: str) -> list[int]:
     if not out:
         raise argparse.ArgumentTypeError("expected at least one layer index, e.g. --layers 0,5,11")
     return list(dict.fromkeys(out))  # 0,0 is layer 0 once (aliases such as -1 and n−1 meet in layer_indices)
+
+
+def number_list(text: str, kind, what: str, *, example: str) -> list:
+    """``"1,2"`` → ``[1, 2]`` of ``kind`` for the flag ``what``; ``example`` is a value the flag accepts."""
+    noun = "integers" if kind is int else "numbers"
+    try:
+        out = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise InputError(f"{what} must be a comma-separated list of {noun}, got {text!r}: e.g. {what} {example}") from e
+    if not out:
+        raise InputError(f"{what} is empty: pass a comma-separated list of {noun}, e.g. {what} {example}")
+    return out
 
 
 def band_tokens(text: str) -> int | None:

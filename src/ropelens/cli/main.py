@@ -1,9 +1,10 @@
-"""``ropelens COMMAND``: the entry point. It imports the command modules; none of them imports it.
+"""``ropelens COMMAND``: the entry point. Its subcommands are the commands of the registered analyses.
 
-To add a subcommand, write ``add_NAME(subparsers)`` in a command module (building its parser from
-the option groups in :mod:`ropelens.cli.common` with ``add_command``, whose ``run`` is ``(args) -> int``) and list it
-in :data:`SUBCOMMANDS`. Bad input raises :class:`ropelens.errors.InputError` (or ``OSError`` for a
-file): ``main`` prints it as ``ropelens: error: ...`` and returns 2.
+An analysis declares its command (:class:`ropelens.cli.common.Command`: a name, an ``options(parser)`` that
+declares its flags from the option groups in :mod:`ropelens.cli.common`, and a ``run(args) -> int``) in its
+:class:`ropelens.analyses.registry.Analysis`; ropelens's own are in ``ropelens.catalog``. Bad input raises
+:class:`ropelens.errors.InputError` (or ``OSError`` for a file): ``main`` prints it as ``ropelens: error: ...`` and
+returns 2.
 """
 
 from __future__ import annotations
@@ -11,52 +12,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from ropelens.cli.analysis import (
-    add_bands,
-    add_decompose,
-    add_decompose_stats,
-    add_entropy,
-    add_heads,
-    add_usage,
-)
-from ropelens.cli.attention import (
-    add_distance,
-    add_massive,
-    add_offsets,
-    add_possym,
-    add_retrieval,
-    add_sinks,
-)
+from ropelens.analyses.registry import parts
 from ropelens.cli.common import Parser
-from ropelens.cli.extend import add_extend
-from ropelens.cli.geometry import add_pe_geometry
-from ropelens.cli.inspect import add_inspect
-from ropelens.cli.knockout import add_knockout
-from ropelens.cli.report import add_compare, add_report
-from ropelens.cli.trajectory import add_trajectory
-from ropelens.cli.variants import (
-    add_context,
-    add_passkey,
-    add_predict_base,
-    add_truncate,
-    add_variants,
-)
 from ropelens.errors import InputError
 from ropelens.run.distributed import RankFailedError, init_from_env, is_main
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["build_parser", "main"]
 
 EXIT_USAGE = 2
-
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    add_inspect, add_report, add_usage, add_decompose, add_decompose_stats, add_heads, add_variants, add_truncate,
-    add_context, add_sinks, add_distance, add_massive, add_offsets, add_predict_base, add_passkey,
-    add_pe_geometry, add_compare, add_bands, add_entropy, add_possym, add_extend, add_retrieval, add_trajectory,
-    add_knockout,
-)
-
 
 class _Version(argparse.Action):
     """``--version``: the versions in use, read when asked (not at import)."""
@@ -72,7 +37,7 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand in :data:`SUBCOMMANDS`."""
+    """The top-level parser, with the command of every registered analysis (:mod:`ropelens.analyses.registry`)."""
     parser = Parser(
         prog="ropelens",
         description="Mechanistic interpretability of rotary position embeddings (RoPE).",
@@ -80,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="print the versions in use (ropelens, torch, transformers, "
                         "TransformerLens, ...) and which differ from the tested stack, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in SUBCOMMANDS:
-        add(sub)
+    for command in parts("command"):
+        command.add_to(sub)
     return parser
 
 

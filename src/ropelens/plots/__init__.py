@@ -1,10 +1,9 @@
-"""The figures: one module per analysis, each drawing its results with plotly and registering the drawing.
+"""The figures: one module per analysis, each drawing its results with plotly.
 
 The analyses hold the numbers and import no plotting library; a module here draws one analysis's
-results (``ropelens.plots.usage.usage_figure(u)``) and registers each drawing function under its
-result class (:func:`ropelens.results.figures.register_figure`), so ``u.figure()``, ``u.heatmap()`` and
-Jupyter's display keep working. Importing :mod:`ropelens` imports this package; ``style`` holds the
-look the report pages give their figures.
+results (``ropelens.plots.usage.usage_figure(u)``). Each analysis's declaration (``ropelens.catalog``) names
+its drawing functions by result class and figure name, so ``u.figure()``, ``u.heatmap()`` and Jupyter's
+display find them; ``style`` holds the look the report pages give their figures.
 """
 
 from ropelens.plots import (

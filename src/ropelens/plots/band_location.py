@@ -6,7 +6,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.band_location import FrequencyBands
-from ropelens.results.figures import register_figure
 
 __all__ = ["frequency_bands_figure"]
 
@@ -44,6 +43,3 @@ def frequency_bands_figure(fb: FrequencyBands) -> go.Figure:
     fig.update_layout(title=f"Frequency bands ({'queries' if fb.which == 'q' else 'keys'}) — {fb.provenance.model}",
                       height=440, margin={"t": 70, "l": 60, "r": 20, "b": 50})
     return fig
-
-
-register_figure(FrequencyBands, frequency_bands_figure)

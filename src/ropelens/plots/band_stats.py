@@ -6,7 +6,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.band_stats import BandStatistics
-from ropelens.results.figures import register_figure
 
 __all__ = ["band_stats_figure", "band_stats_heatmap"]
 
@@ -37,7 +36,3 @@ def band_stats_figure(st: BandStatistics, layer: int | None = None) -> go.Figure
     fig.update_layout(coloraxis={"colorscale": "RdBu", "cmid": 0}, height=460,
                       title=f"Band decomposition — {st.provenance.model} ({st.bands.describe()})")
     return fig
-
-
-register_figure(BandStatistics, band_stats_figure)
-register_figure(BandStatistics, band_stats_heatmap, "heatmap")

@@ -9,7 +9,6 @@ import plotly.graph_objects as go
 
 from ropelens.analyses.context import LongRopeSearch, PlaneView
 from ropelens.errors import InputError
-from ropelens.results.figures import register_figure
 
 __all__ = ["compare_figure", "longrope_search_figure", "plane_view_figure"]
 
@@ -54,7 +53,3 @@ def compare_figure(views: Sequence[PlaneView]) -> go.Figure:
                       xaxis_title="plane (0 = highest frequency)", yaxis_title="wavelength 2π/θ (tokens)",
                       yaxis_type="log")
     return fig
-
-
-register_figure(PlaneView, plane_view_figure)
-register_figure(LongRopeSearch, longrope_search_figure)

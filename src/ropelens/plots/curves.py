@@ -6,7 +6,6 @@ import plotly.graph_objects as go
 
 from ropelens.errors import InputError
 from ropelens.results.curves import ByDistance, DecayCurve
-from ropelens.results.figures import register_figure
 
 __all__ = ["curve_line", "decay_curve_figure", "overlay", "sem_band"]
 
@@ -55,7 +54,3 @@ def overlay(
     y_title = "value ÷ value at δ = 0" if normalised else "mean by distance"
     fig.update_layout(title=title or "by distance", xaxis_title="distance (tokens)", yaxis_title=y_title)
     return fig
-
-
-register_figure(ByDistance, curve_line, "line")
-register_figure(DecayCurve, decay_curve_figure)

@@ -7,7 +7,6 @@ import torch
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.decompose import AttentionDecomposition
-from ropelens.results.figures import register_figure
 
 __all__ = ["decomposition_figure"]
 
@@ -30,6 +29,3 @@ def decomposition_figure(dec: AttentionDecomposition, layer: int | None = None, 
     fig.update_layout(coloraxis={"colorscale": "RdBu", "cmin": -lim, "cmax": lim, "cmid": 0},
                       title=f"Layer {layer} head {head}: logit by band", height=330)
     return fig
-
-
-register_figure(AttentionDecomposition, decomposition_figure)

@@ -8,7 +8,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.distance import AttentionByDistance
-from ropelens.results.figures import register_figure
 
 __all__ = ["distance_figure"]
 
@@ -55,6 +54,3 @@ def distance_figure(res: AttentionByDistance, layers: Sequence[int] | None = Non
     fig.update_layout(title=f"Attention by distance — {res.provenance.model} ({res.bands.describe()}, {who})",
                       height=300 * len(layers) + 80)
     return fig
-
-
-register_figure(AttentionByDistance, distance_figure)

@@ -6,7 +6,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.entropy import FrequencyEntropy
-from ropelens.results.figures import register_figure
 
 __all__ = ["entropy_figure"]
 
@@ -30,6 +29,3 @@ def entropy_figure(fe: FrequencyEntropy) -> go.Figure:
     fig.update_layout(title=f"Frequency entropy — {fe.provenance.model}", height=420,
                       margin={"t": 70, "l": 80, "r": 20, "b": 50})
     return fig
-
-
-register_figure(FrequencyEntropy, entropy_figure)

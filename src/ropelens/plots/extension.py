@@ -11,7 +11,6 @@ from plotly.subplots import make_subplots
 from ropelens.analyses.extension import ExtensionStudy
 from ropelens.analyses.extension_findings import METHODS
 from ropelens.plots.style import style_figure
-from ropelens.results.figures import register_figure
 
 __all__ = ["attention_figure", "loss_figure", "method_label", "passkey_figure", "planes_figure"]
 
@@ -147,6 +146,3 @@ def planes_figure(study: ExtensionStudy, kind: str | None = None) -> go.Figure:
     fig.update_xaxes(title_text="plane (0 = highest frequency)", row=2, col=1)
     fig.update_layout(title=f"Planes of the {kind} layers at {study.target:,} tokens")
     return style_figure(fig, height=640)
-
-
-register_figure(ExtensionStudy, loss_figure)

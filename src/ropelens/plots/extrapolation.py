@@ -7,7 +7,6 @@ import math
 import plotly.graph_objects as go
 
 from ropelens.analyses.extrapolation import BasePredictions, MeasuredExtrapolation
-from ropelens.results.figures import register_figure
 
 __all__ = ["base_predictions_figure", "measured_extrapolation_figure"]
 
@@ -44,7 +43,3 @@ def measured_extrapolation_figure(meas: MeasuredExtrapolation,
     fig.update_layout(title=f"Perplexity by context length — {meas.provenance.model}", xaxis_type="log",
                       xaxis_title="context length (tokens)", yaxis_title="perplexity")
     return fig
-
-
-register_figure(BasePredictions, base_predictions_figure)
-register_figure(MeasuredExtrapolation, measured_extrapolation_figure)

@@ -6,7 +6,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.heads import HeadTaxonomy
-from ropelens.results.figures import register_figure
 
 __all__ = ["heads_figure", "heads_scatter"]
 
@@ -45,7 +44,3 @@ def heads_figure(tax: HeadTaxonomy) -> go.Figure:
                       legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.12, "yanchor": "top"},
                       margin={"b": 110})
     return fig
-
-
-register_figure(HeadTaxonomy, heads_figure)
-register_figure(HeadTaxonomy, heads_scatter, "scatter")

@@ -7,9 +7,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ropelens.analyses.knockout import Knockout
 from ropelens.errors import InputError
-from ropelens.results.figures import register_figure
 
 __all__ = ["knockout_figure"]
 
@@ -63,6 +61,3 @@ def knockout_figure(result: Any, metric: str | None = None) -> go.Figure:
                       title=f"Knockout dose-response — {result.provenance.model} (paired effect, "
                             f"{100 * result.provenance.config.get('level', 0.95):.0f}% CI over windows)")
     return fig
-
-
-register_figure(Knockout, knockout_figure)

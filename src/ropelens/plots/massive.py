@@ -10,7 +10,6 @@ import torch
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.massive import MassiveValues
-from ropelens.results.figures import register_figure
 
 __all__ = ["massive_figure"]
 
@@ -46,6 +45,3 @@ def massive_figure(mv: MassiveValues) -> go.Figure:
                       title=f"Massive values — {mv.provenance.model} (× = norm > {mv.factor:g}× head mean)",
                       height=420, margin={"t": 70, "l": 60, "r": 20, "b": 50})
     return fig
-
-
-register_figure(MassiveValues, massive_figure)

@@ -6,7 +6,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.mrope import MRopeDecomposition
-from ropelens.results.figures import register_figure
 
 __all__ = ["mrope_figure"]
 
@@ -31,6 +30,3 @@ def mrope_figure(dec: MRopeDecomposition, layer: int | None = None, head: int | 
                       row=1, col=2)
     fig.update_layout(barmode="stack", title=f"Layer {layer}: M-RoPE axes (batch {batch})", height=360)
     return fig
-
-
-register_figure(MRopeDecomposition, mrope_figure)

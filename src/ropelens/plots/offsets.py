@@ -7,7 +7,6 @@ from plotly.subplots import make_subplots
 
 from ropelens.analyses.offsets import RotaryOffsets
 from ropelens.errors import InputError
-from ropelens.results.figures import register_figure
 
 __all__ = ["offsets_figure", "offsets_heatmap"]
 
@@ -53,7 +52,3 @@ def offsets_figure(off: RotaryOffsets, layer: int | None = None) -> go.Figure:
         title=f"Rotary outliers and offsets — {off.provenance.model} (partial-cycle planes right of the line)",
         height=420 if layer is None else 320)
     return fig
-
-
-register_figure(RotaryOffsets, offsets_figure)
-register_figure(RotaryOffsets, offsets_heatmap, "heatmap")

@@ -6,7 +6,6 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ropelens.analyses.passkey import PasskeyResult
-from ropelens.results.figures import register_figure
 
 __all__ = ["passkey_figure"]
 
@@ -27,6 +26,3 @@ def passkey_figure(res: PasskeyResult) -> go.Figure:
                       height=360, margin={"t": 60, "l": 70, "r": 20, "b": 50})
     fig.update_yaxes(autorange="reversed")
     return fig
-
-
-register_figure(PasskeyResult, passkey_figure)

@@ -9,7 +9,6 @@ from plotly.subplots import make_subplots
 
 from ropelens.analyses.pe_geometry import PESimilarity
 from ropelens.plots.curves import curve_line, sem_band
-from ropelens.results.figures import register_figure
 
 __all__ = ["pe_heatmap", "pe_similarity_figure"]
 
@@ -37,7 +36,3 @@ def pe_similarity_figure(sim: PESimilarity) -> go.Figure:
         xaxis2={"title": "distance (tokens)"}, yaxis2={"title": "mean cosine similarity"},
     )
     return fig
-
-
-register_figure(PESimilarity, pe_similarity_figure)
-register_figure(PESimilarity, pe_heatmap, "heatmap")

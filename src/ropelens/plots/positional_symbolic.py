@@ -6,7 +6,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.positional_symbolic import CALLS, PositionalSymbolic
-from ropelens.results.figures import register_figure
 
 __all__ = ["positional_symbolic_figure"]
 
@@ -39,6 +38,3 @@ def positional_symbolic_figure(ps: PositionalSymbolic) -> go.Figure:
     fig.update_layout(title=f"Positional vs symbolic heads — {ps.provenance.model} (margin {ps.margin:g})",
                       height=520, legend={"orientation": "h", "x": 0.7, "y": -0.15})
     return fig
-
-
-register_figure(PositionalSymbolic, positional_symbolic_figure)

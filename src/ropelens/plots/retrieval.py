@@ -5,7 +5,6 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ropelens.analyses.retrieval import RetrievalHeads
-from ropelens.results.figures import register_figure
 
 __all__ = ["retrieval_figure"]
 
@@ -17,6 +16,3 @@ def retrieval_figure(rh: RetrievalHeads) -> go.Figure:
     fig.update_layout(title=f"Retrieval scores — {rh.provenance.model}", xaxis_title="head",
                       yaxis_title="layer")
     return fig
-
-
-register_figure(RetrievalHeads, retrieval_figure)

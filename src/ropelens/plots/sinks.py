@@ -6,7 +6,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.sinks import AttentionSinks
-from ropelens.results.figures import register_figure
 
 __all__ = ["sinks_figure"]
 
@@ -41,6 +40,3 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
     fig.update_layout(title=f"Attention sinks — {snk.provenance.model} ({snk.bands.describe()})", height=760,
                       showlegend=False)
     return fig
-
-
-register_figure(AttentionSinks, sinks_figure)

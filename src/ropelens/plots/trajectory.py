@@ -8,7 +8,6 @@ from plotly.subplots import make_subplots
 
 from ropelens.analyses.trajectory import Trajectory
 from ropelens.errors import InputError
-from ropelens.results.figures import register_figure
 
 __all__ = ["trajectory_figure"]
 
@@ -46,6 +45,3 @@ def trajectory_figure(traj: Trajectory, thresholds: dict[str, float] | None = No
     fig.update_layout(height=230 * len(em) + 80, showlegend=False,
                       title=f"Structures over training — {traj.provenance.model}")
     return fig
-
-
-register_figure(Trajectory, trajectory_figure)

@@ -7,7 +7,6 @@ from plotly.subplots import make_subplots
 
 from ropelens.analyses.usage import FrequencyUsage, Scope, Which
 from ropelens.errors import InputError
-from ropelens.results.figures import register_figure
 
 __all__ = ["usage_figure", "usage_heatmap"]
 
@@ -48,7 +47,3 @@ def usage_figure(u: FrequencyUsage, scope: Scope = "all", layer: int | None = No
                       title=f"Frequency usage — {u.provenance.model} ({'all tokens' if scope == 'all' else 'sink positions excluded'})",
                       height=420 if layer is None else 320, margin={"t": 70, "l": 60, "r": 20, "b": 50})
     return fig
-
-
-register_figure(FrequencyUsage, usage_figure)
-register_figure(FrequencyUsage, usage_heatmap, "heatmap")

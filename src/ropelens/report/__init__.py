@@ -5,6 +5,14 @@ then lay out what was measured and never run the model.
 """
 
 from ropelens.report.build import DEFAULT_BAND_TOKENS, build_report
-from ropelens.report.registry import SECTIONS, Section, SectionSpec, register_section
+from ropelens.report.registry import Section, SectionSpec, register_section, sections
 
-__all__ = ["DEFAULT_BAND_TOKENS", "SECTIONS", "Section", "SectionSpec", "build_report", "register_section"]
+__all__ = ["DEFAULT_BAND_TOKENS", "Section", "SectionSpec", "build_report", "register_section", "sections"]
+
+
+def __getattr__(name: str):
+    if name == "SECTIONS":  # now sections(), for one release
+        from ropelens.report import registry
+
+        return registry.SECTIONS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

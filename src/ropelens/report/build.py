@@ -268,7 +268,7 @@ def _fit_windows(spec, layers: Sequence[int], n_ctx: int) -> tuple[int, str | No
 def measure_sections(data: ReportData, progress: bool = False) -> None:
     """Run each available section's measure step into ``data.results[key]``, and the shared steps they
     need (once each) into ``data.results[step]``, every step timed into ``data.steps``."""
-    todo = [s for s in _sections.SECTIONS if s.measure is not None]
+    todo = [s for s in _sections.sections() if s.measure is not None]
     for spec in tqdm(todo, desc="ropelens report: measuring", disable=not progress, unit="section"):
         for name in spec.needs:
             if name in data.results:
@@ -286,7 +286,7 @@ def measure_sections(data: ReportData, progress: bool = False) -> None:
 def render_sections(data: ReportData, progress: bool = False) -> list[Section]:
     """Lay out every section from what was measured."""
     out = []
-    for spec in tqdm(list(_sections.SECTIONS), desc="ropelens report: sections", disable=not progress, unit="section"):
+    for spec in tqdm(_sections.sections(), desc="ropelens report: sections", disable=not progress, unit="section"):
         if spec.measure is None:
             out.append(spec.render(data))
         elif spec.key not in data.results:

@@ -1,10 +1,11 @@
 """Where a result finds its figures: the numbers live in ``ropelens.analyses``, the drawing in ``ropelens.plots``.
 
-Each module of :mod:`ropelens.plots` registers its drawing functions at import, one per class and name
-(``register_figure(FrequencyUsage, usage_figure)``, ``register_figure(FrequencyUsage, usage_heatmap,
-"heatmap")``); a result's ``figure()`` (and any other drawing method it has) looks the function up here
-and calls it with the result first. Importing :mod:`ropelens` imports :mod:`ropelens.plots`, so the
-figures are always registered.
+Drawing functions are registered one per class and name (``register_figure(FrequencyUsage, usage_figure)``,
+``register_figure(FrequencyUsage, usage_heatmap, "heatmap")``); a result's ``figure()`` (and any other drawing
+method it has) looks the function up here and calls it with the result first. Each analysis declares its
+figures (``Analysis(figures=draw(FrequencyUsage, figure=usage_figure, heatmap=usage_heatmap))``) and
+registering the analysis registers them; ``ropelens`` registers its own analyses when it is imported
+(``ropelens/catalog/__init__.py``).
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def test_the_hints_table_covers_every_example_written_in_the_cli():
 
 def test_variant_examples_parse_to_every_variant():
     """Each variant the CLI knows has an example, and it parses to that variant."""
-    from ropelens.cli.variants import VARIANT_EXAMPLES, _variant_classes, parse_variant
+    from ropelens.cli.variant_syntax import VARIANT_EXAMPLES, _variant_classes, parse_variant
 
     classes = _variant_classes()
     assert set(VARIANT_EXAMPLES) == set(classes)
@@ -150,7 +150,7 @@ def test_numbers_in_specs_name_the_flag_token_and_syntax(argv, expected, tmp_pat
 
 def test_optional_variant_values_take_none():
     """An optional value left at its default (to set a later one) is written none."""
-    from ropelens.cli.variants import parse_variant
+    from ropelens.cli.variant_syntax import parse_variant
 
     v = parse_variant("yarn:4:2048:32:1:none:none:1.2")
     assert v.mscale is None and v.attention_factor == 1.2

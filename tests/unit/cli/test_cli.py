@@ -328,7 +328,7 @@ def test_unknown_variant_lists_the_registry(argv, capsys):
     ("yarn:4:2048", "YaRN(factor=4.0, original_max_position=2048"), ("llama3:8:1:4:8192", "Llama3(factor=8.0"),
 ])
 def test_variant_spellings(spec, expected):
-    from ropelens.cli.variants import parse_variant
+    from ropelens.cli.variant_syntax import parse_variant
 
     assert parse_variant(spec).name.startswith(expected)
 

@@ -3,7 +3,6 @@ tidy CSVs, atomic writes, the section registry, and the report/usage/decompose c
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import json
 import re
@@ -16,7 +15,7 @@ import pytest
 
 from ropelens import data
 from ropelens.cli import main
-from ropelens.report import SECTIONS, Section, SectionSpec, build_report, register_section
+from ropelens.report import Section, SectionSpec, build_report, register_section, sections
 
 N_CTX = 64
 TOKENS = 4 * N_CTX
@@ -61,7 +60,7 @@ def test_page_fetches_nothing(page):
 
 
 def test_every_section_present(page, report):
-    for anchor in ("findings", "provenance", *(s.key for s in SECTIONS)):
+    for anchor in ("findings", "provenance", *(s.key for s in sections())):
         assert f'<section id="{anchor}">' in page
     available = {s["key"]: s["available"] for s in report["sections"]}
     assert available == {"spec": True, "usage": True, "bands": True, "positional-heads": True,
@@ -158,26 +157,24 @@ def test_report_json_provenance(report):
 
 
 # ---------------------------------------------------------------------------------------- writing
-def test_interrupted_run_leaves_no_index(tiny, tmp_path, monkeypatch):
+def test_interrupted_run_leaves_no_index(tiny, tmp_path, registry):
     def boom(_data):
         raise RuntimeError("section failed")
 
-    monkeypatch.setattr("ropelens.report.registry.SECTIONS",
-                        [dataclasses.replace(s, render=boom) if s.key == "bands" else s for s in SECTIONS])
+    registry.replace_section("bands", render=boom)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="section failed"):
         build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=out, progress=False)
     assert not out.exists()  # no index.html, no report.json, no temp directory, not even the empty folder
 
 
-def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, monkeypatch):
+def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, registry):
     before = (gemma_report / "index.html").read_bytes()
 
     def boom(_data):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("ropelens.report.registry.SECTIONS",
-                        [dataclasses.replace(s, render=boom) if s.key == "usage" else s for s in SECTIONS])
+    registry.replace_section("usage", render=boom)
     with pytest.raises(KeyboardInterrupt):
         build_report(tiny("gemma3"), tokens=TOKENS, n_ctx=N_CTX, out=gemma_report, progress=False)
     assert (gemma_report / "index.html").read_bytes() == before
@@ -190,12 +187,10 @@ def _positional_heads(data) -> Section:
                    numbers={"n": len(data.layers)})
 
 
-def test_registry_plugs_in_a_section(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr("ropelens.report.registry.SECTIONS", list(SECTIONS))
-    from ropelens.report import registry as sections
-
+def test_registry_plugs_in_a_section(tiny, tmp_path, registry):
+    before = [s.key for s in sections()]
     register_section(SectionSpec("positional-heads", "Positional heads", _positional_heads))
-    assert [s.key for s in sections.SECTIONS] == [s.key for s in SECTIONS]  # same place in the layout
+    assert [s.key for s in sections()] == before  # same place in the layout
     out = build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "out", progress=False)
     html = (out / "index.html").read_text()
     body = html.split('<section id="positional-heads">')[1].split("</section>")[0]

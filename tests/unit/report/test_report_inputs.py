@@ -10,16 +10,16 @@ import torch
 
 import ropelens
 from ropelens.errors import InputError
-from ropelens.report import SECTIONS, build_report
 from ropelens.report import build as build_module
+from ropelens.report import build_report, sections
 
 N_CTX = 64
 
 
 @pytest.fixture
-def core_only(monkeypatch):
+def core_only(registry):
     """Only the sections drawn from the streaming pass: enough to see what model a report was made of."""
-    monkeypatch.setattr("ropelens.report.registry.SECTIONS", [s for s in SECTIONS if s.measure is None])
+    registry.keep_sections(lambda s: s.measure is None)
 
 
 def _model_name(out) -> str:
@@ -88,7 +88,7 @@ def test_renderers_only_read_what_was_measured(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(build_module, "measure_sections", measure_then_lock)
     out = build_report(model, tokens=4 * N_CTX, n_ctx=N_CTX, out=tmp_path / "r", progress=False)
     data = captured["data"]
-    measured = [s for s in SECTIONS if s.measure is not None]
+    measured = [s for s in sections() if s.measure is not None]
     assert set(data.results) == {s.key for s in measured} | {"variants_baseline"}
     assert {s.step for s in measured} | {"variants_baseline"} <= set(data.steps)
     with pytest.raises(AssertionError, match="a renderer ran the model"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ropelens import rope_spec
-from ropelens.cli.variants import parse_variant
+from ropelens.cli.variant_syntax import parse_variant
 from ropelens.errors import InputError
 from ropelens.loading.models import wrap_hf_model
 from ropelens.run.capture import capture_qk

@@ -176,7 +176,7 @@ def test_block_selection_is_exact(tiny):
 
 
 def test_inspect_shows_the_keys_kept(tiny):
-    from ropelens.cli.inspect import inspect_table
+    from ropelens.catalog.spec import inspect_table
 
     model, _ = tiny("deepseek_v32")
     table = inspect_table(rope_spec(model))

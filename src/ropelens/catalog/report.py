@@ -1,27 +1,25 @@
-"""``ropelens report [MODEL]``: the self-contained HTML frequency-usage report."""
+"""The frequency-usage report: ``build_report`` and ``ropelens report``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from ropelens.analyses.registry import Analysis
 from ropelens.cli.common import (
     AnalysisOptions,
+    Command,
     CorpusOptions,
     ModelOptions,
     OutputOptions,
-    add_command,
     band_tokens,
     load_from_args,
 )
-from ropelens.report.build import DEFAULT_BAND_TOKENS
-
-__all__ = ["add_compare", "add_report"]
+from ropelens.report.build import DEFAULT_BAND_TOKENS, build_report
 
 
-def add_report(subparsers: argparse._SubParsersAction) -> None:
+def options(p: argparse.ArgumentParser) -> None:
     """``ropelens report [MODEL]``: the HTML report."""
-    p = add_command(subparsers, "report", run_report, distributed=True)
     ModelOptions.add_to(p)
     CorpusOptions.add_to(p, tokens=32_768, n_ctx=512)
     p.add_argument("--out", default="ropelens-report", metavar="DIR", help="output directory (default: ropelens-report)")
@@ -37,7 +35,7 @@ def add_report(subparsers: argparse._SubParsersAction) -> None:
     OutputOptions.add_to(p)
 
 
-def run_report(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Write a self-contained HTML report (usage, band decomposition, findings)
 
     Measure frequency usage and the band decomposition of attention in one pass over a corpus, and write
@@ -72,25 +70,7 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_compare(subparsers: argparse._SubParsersAction) -> None:
-    """``ropelens compare A B``: two saved reports side by side."""
-    p = add_command(subparsers, "compare", run_compare)
-    p.add_argument("a", metavar="A", help="the first report directory")
-    p.add_argument("b", metavar="B", help="the second report directory")
-    p.add_argument("--out", default="ropelens-compare", metavar="DIR", help="output directory (default: ropelens-compare)")
-
-
-def run_compare(args: argparse.Namespace) -> int:
-    """Compare two saved reports: difference maps and what changed (B - A)
-
-    Read two directories written by `ropelens report` (two models, a model and a variant of it, or two corpora)
-    and write OUT/index.html with difference maps of frequency usage and the band decomposition, positional
-    heads gained and lost, sinking heads per layer, and findings.
-    """
-    from ropelens.report.compare import compare_reports
-
-    out = compare_reports(args.a, args.b, args.out)
-    for f in json.loads((out / "compare.json").read_text())["findings"]:
-        print(f)
-    print(f"comparison: {out / 'index.html'}")
-    return 0
+ANALYSIS = Analysis(
+    "report", build_report, command=Command("report", run, options, distributed=True),
+    summary="One page of every registered section on one model, with generated findings, report.json and CSVs.",
+)

@@ -1,21 +1,23 @@
-"""``ropelens knockout``: dose-response of zeroing RoPE planes in head sets, against random controls."""
+"""Dose-response knockouts of rotary planes in head sets, with controls: ``knockout`` and ``ropelens knockout``."""
 
 from __future__ import annotations
 
 import argparse
 import math
 
+from ropelens.analyses.knockout import Knockout, knockout
+from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
+    Command,
     ModelOptions,
     OutputOptions,
-    add_command,
     load_from_args,
     non_negative_int,
+    number_list,
     positive_int,
 )
 from ropelens.errors import InputError
-
-__all__ = ["add_knockout", "parse_heads"]
+from ropelens.plots.knockout import knockout_figure
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:
@@ -44,9 +46,8 @@ def _names(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
     return names
 
 
-def add_knockout(subparsers: argparse._SubParsersAction) -> None:
+def options(p: argparse.ArgumentParser) -> None:
     """``ropelens knockout [MODEL]``: zero 0..K planes of head sets and measure loss, positional probe, retrieval."""
-    p = add_command(subparsers, "knockout", run_knockout)
     ModelOptions.add_to(p)
     p.add_argument("--sets", default="positional", metavar="NAME,...",
                    help="head sets: positional, retrieval, sinks, others (default: positional)")
@@ -74,7 +75,7 @@ def add_knockout(subparsers: argparse._SubParsersAction) -> None:
     OutputOptions.add_to(p, save="Knockout JSON")
 
 
-def run_knockout(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Dose-response knockouts of RoPE planes in head sets
 
     Zeroes k planes (highest frequencies first, lowest first, or random: the control) of the rotated queries and
@@ -82,8 +83,8 @@ def run_knockout(args: argparse.Namespace) -> int:
     probe (previous-token and diagonal attention on random tokens) and retrieval (passkey copy steps) with bootstrap
     CIs over windows, and layer-clustered permutation p-values against random planes and random head sets.
     """
+
     from ropelens.analyses.knockout import HEAD_SETS, METRIC_GROUPS, knockout
-    from ropelens.cli.variants import number_list
 
     output = OutputOptions.from_args(args)
     output.check()
@@ -109,3 +110,10 @@ def run_knockout(args: argparse.Namespace) -> int:
         print(f"{name} heads ({len(heads)}): {', '.join(f'{L}.{h}' for L, h in heads)}")
     print(frame.drop(columns=["n_heads"]).to_string(index=False, float_format="%.4g"))
     return 0
+
+
+ANALYSIS = Analysis(
+    "knockout", knockout, Knockout, draw(Knockout, figure=knockout_figure),
+    Command("knockout", run, options),
+    summary="Loss, positional probe and passkey copy as planes are removed from head sets, against matched controls.",
+)

@@ -1,168 +1,100 @@
-"""Sections that run the model again under RoPE variants: the p-RoPE sweep and context extension.
-
-Both score the same held-out windows (the first few of the report's, cut to at most 256 tokens) and
-compare each variant with the unmodified model window by window: the loss change Δ has a paired
-bootstrap CI, far tighter than the CIs of two perplexities side by side. The unmodified model's
-losses are a measured step of their own (``variants_baseline``), which both sections' measure
-steps read from ``data.results``.
-"""
+"""Context extension, plane by plane: ``ropelens context`` and the report's "Context extension" section."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
-from torch import Tensor
 
+from ropelens.analyses.context import LongRopeSearch, PlaneView, plane_view
 from ropelens.analyses.extrapolation import MAX_BOUND_CONTEXT
+from ropelens.analyses.registry import Analysis, draw
+from ropelens.cli.common import (
+    Command,
+    ModelOptions,
+    OutputOptions,
+    load_from_args,
+    positive_int,
+)
 from ropelens.errors import InputError
-from ropelens.plots.context import compare_figure
+from ropelens.plots.context import compare_figure, longrope_search_figure, plane_view_figure
 from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
-from ropelens.report.experiments import context_block, prope_block
+from ropelens.report.experiments import context_block
 from ropelens.report.html import esc, figure_html, kv_table, table_html
+from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
+from ropelens.report.steps import baseline, variant_lead, variant_losses
 from ropelens.results.findings import Finding
-from ropelens.run.evaluate import bootstrap_ci, window_losses
+from ropelens.run.evaluate import bootstrap_ci
+from ropelens.spec import variants as V
+from ropelens.spec.reading import rope_spec
 
-__all__ = ["EXTENSION_FACTOR", "NEGLIGIBLE_NATS", "ContextExtension", "eval_windows", "measure_baseline",
-           "measure_context", "measure_prope", "render_context", "render_prope", "variant_losses"]
+_CONTEXT_VARIANTS = ("pi", "ntk", "dynamic", "yarn", "llama3")
 
-NEGLIGIBLE_NATS = 0.05  # a loss change below this (upper CI end) counts as "keeps its perplexity"
+
+def options(p: argparse.ArgumentParser) -> None:
+    """``ropelens context [MODEL] --target N``: what each context-extension method does per plane."""
+    ModelOptions.add_to(p)
+    p.add_argument("--target", type=positive_int, required=True, metavar="N", help="the extended context length in tokens")
+    p.add_argument("--original", type=positive_int, default=None, metavar="N",
+                   help="the trained context length (default: the model's n_ctx)")
+    p.add_argument("--variants", default="pi,ntk,yarn,llama3", help=f"comma-separated, of {','.join(_CONTEXT_VARIANTS)}")
+    p.add_argument("--layer", type=int, default=0, help="which layer's RoPE to show (default 0; -1 is the last)")
+    OutputOptions.add_to(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Per-plane view of context-extension methods and RoPE's base bounds
+
+    Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, dynamic NTK (factor 2), YaRN and Llama
+    3 scaling, with the critical dimension (arXiv 2310.05209) and the base lower bound (arXiv 2405.14591).
+    """
+    from ropelens.analyses import context as ctx
+    from ropelens.analyses import extrapolation as ext
+
+    names = [n.strip().lower() for n in args.variants.split(",") if n.strip()]
+    bad = [n for n in names if n not in _CONTEXT_VARIANTS]
+    if bad or not names:
+        raise InputError(f"--variants {args.variants!r}: unknown {bad}; choose from {','.join(_CONTEXT_VARIANTS)}")
+    if args.original is not None and args.target <= args.original:
+        raise InputError(f"--target {args.target} must exceed --original {args.original}: "
+                         "pass the extended length as --target")
+    spec = rope_spec(load_from_args(args))
+    layer = spec.layers[spec.layer_indices([args.layer], rotary_only=False)[0]]  # names the range when out of it
+    l0 = args.original or layer.n_ctx
+    if not l0 or args.target <= l0:
+        raise InputError(f"--target {args.target} must exceed the original context {l0}: pass --original N")
+    s = args.target / l0
+    make = {"pi": lambda: V.Linear(s), "ntk": lambda: V.NTK(s), "dynamic": lambda: V.DynamicNTK(2.0, l0),
+            "yarn": lambda: V.YaRN(s, l0), "llama3": lambda: V.Llama3(s, 1.0, 4.0, l0)}
+    views = [ctx.plane_view(layer, make[n](), l0, args.target) for n in names]
+    bounds = {"critical_dimension": ext.critical_dimension(layer.base, layer.rotary_dim, l0),
+              "base": layer.base, "base_lower_bound_target": (ext.base_lower_bound(layer.rotary_dim, args.target)
+                                                              if args.target <= ext.MAX_BOUND_CONTEXT else None)}
+    output = OutputOptions.from_args(args)
+    if output.json:
+        return output.emit({"layer": args.layer, "original_ctx": l0, "target_ctx": args.target, **bounds,
+                            "views": [{**v.counts(), "variant": v.variant, "attention_scaling": v.attention_scaling,
+                                       "planes": v.to_frame().to_dict("records")} for v in views]})
+    print(f"layer {args.layer}: base {layer.base:g}, {layer.n_planes} planes, {l0} -> {args.target} tokens (x{s:g})")
+    bound = bounds["base_lower_bound_target"]
+    bound = f"{bound:.4g}" if bound is not None else f"not certified past {ext.MAX_BOUND_CONTEXT:,} tokens"
+    print(f"critical dimension at {l0}: {bounds['critical_dimension']} of {layer.rotary_dim} dims; base lower bound "
+          f"for {args.target}: {bound}")
+    print(f"{'variant':10s} {'kept':>5s} {'interp':>6s} {'extrap':>6s} {'min scale':>9s} {'max scale':>9s} {'attn':>6s}")
+    for n, v in zip(names, views, strict=True):
+        c, sc = v.counts(), v.scale
+        print(f"{n:10s} {c['kept']:5d} {c['interpolated']:6d} {c['extrapolated']:6d} {float(sc.min()):9.4g} "
+              f"{float(sc.max()):9.4g} {v.attention_scaling:6.4g}")
+    return 0
+
+
 EXTENSION_FACTOR = 4  # the context-extension section configures every method for 4× the native context
-_EVAL = {"windows": 4, "n_ctx": 256}
-_EVAL_QUICK = {"windows": 2, "n_ctx": 128}
 
 
-def eval_windows(data: ReportData) -> Tensor:
-    """The windows both sections score: the report's first few, cut to at most 256 tokens."""
-    e = _EVAL_QUICK if data.settings.get("quick") else _EVAL
-    return data.tokens[: e["windows"], : min(data.n_ctx, e["n_ctx"])]
-
-
-def measure_baseline(data: ReportData) -> Tensor:
-    """Per-window losses of the unmodified model on the windows both sections score."""
-    return window_losses(data.model, eval_windows(data), batch_size=4, progress=False)
-
-
-def _baseline(data: ReportData) -> Tensor:
-    """The baseline losses the ``variants_baseline`` step measured."""
-    if "variants_baseline" not in data.results:
-        raise InputError("the variants_baseline step has not run: measure it first (measure_baseline) "
-                         "and keep its losses in data.results['variants_baseline']")
-    return data.results["variants_baseline"]
-
-
-def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None) -> dict[str, Any]:
-    """Perplexity and the paired loss change against the unmodified model for one variant (no forward
-    pass when the variant rotates the chosen layers exactly as the model does)."""
-    from ropelens.run.intervene import apply_rope_variant, is_identity
-
-    base = _baseline(data)
-    tokens = eval_windows(data)
-    identity = is_identity(data.spec, variant, data.spec.layer_indices(None, layer_kind), int(tokens.shape[1]))
-    if identity:
-        losses = base
-    else:
-        with apply_rope_variant(data.model, variant, layer_kind=layer_kind):
-            losses = window_losses(data.model, tokens, batch_size=4, progress=False)
-    est = bootstrap_ci(losses)
-    delta = bootstrap_ci(losses - base).loss
-    return {"ppl": est.perplexity.mean, "ppl_lo": est.perplexity.lo, "ppl_hi": est.perplexity.hi,
-            "Δ loss": delta.mean, "Δ lo": delta.lo, "Δ hi": delta.hi, "identity": identity}
-
-
-def _lead(data: ReportData, what: str) -> str:
-    t = eval_windows(data)
-    return (f'<p class="lead">{what} Scored on {t.shape[0]} held-out windows of {t.shape[1]} tokens of the '
-            "report's corpus; Δ loss is the change in mean next-token loss (nats) against the unmodified model "
-            "on the same windows, with a paired 95% bootstrap CI over windows.</p>")
-
-
-# --------------------------------------------------------------------------------------------
-# p-RoPE
-# --------------------------------------------------------------------------------------------
-def _prope_variants() -> list[Any]:
-    from ropelens.spec.variants import PRoPE, PRoPEPartial, PRoPEReversed
-
-    return [*(PRoPE(p) for p in (1.0, 0.0, 0.125, 0.25, 0.5, 0.75, 0.875)), PRoPEReversed(0.75), PRoPEPartial(0.75)]
-
-
-def _variant_name(v: Any) -> str:
-    return {"PRoPE": "RoPE (p = 1)" if v.p == 1 else f"p-RoPE p = {v.p:g}",
-            "PRoPEReversed": f"reversed p = {v.p:g} (lowest kept)",
-            "PRoPEPartial": f"partial p = {v.p:g} (first dims)"}[type(v).__name__]
-
-
-def measure_prope(data: ReportData) -> pd.DataFrame:
-    """Perplexity and loss change of every p-RoPE variant, one row each (reads the baseline step)."""
-    from ropelens.spec.variants import kept_planes
-
-    n_planes = data.spec.layers[data.layers[0]].n_planes
-    rows = []
-    for v in _prope_variants():  # p = 1 is the model itself: variant_losses reuses the baseline for it
-        rows.append({"variant": _variant_name(v), "p": v.p, "planes rotating": kept_planes(v.p, n_planes)}
-                    | {k: x for k, x in variant_losses(data, v).items() if k != "identity"})
-    return pd.DataFrame(rows)
-
-
-def render_prope(data: ReportData, frame: pd.DataFrame) -> Section:
-    """Perplexity when only the highest fraction p of frequencies keeps rotating, in every layer."""
-    from ropelens.spec.variants import kept_planes
-
-    n_planes = data.spec.layers[data.layers[0]].n_planes
-    fig = go.Figure()
-    kinds = {"p-RoPE": frame[frame.variant.str.startswith(("p-RoPE", "RoPE"))].sort_values("p"),
-             "reversed": frame[frame.variant.str.startswith("reversed")],
-             "partial": frame[frame.variant.str.startswith("partial")]}
-    for (label, sel), sym in zip(kinds.items(), ("circle", "triangle-down", "square"), strict=True):
-        fig.add_trace(go.Scatter(
-            x=sel.p, y=sel.ppl, name=label, mode="lines+markers" if label == "p-RoPE" else "markers",
-            marker={"symbol": sym, "size": 9}, text=sel.variant,
-            hovertemplate="%{text}<br>perplexity %{y:.4g}<extra></extra>",
-            error_y={"type": "data", "symmetric": False, "array": (sel.ppl_hi - sel.ppl).tolist(),
-                     "arrayminus": (sel.ppl - sel.ppl_lo).tolist()}))
-    fig.update_xaxes(title_text="p: share of the highest frequencies that keep rotating (p = 0 is NoPE)")
-    fig.update_yaxes(title_text="perplexity (95% CI over windows)", type="log")
-    fig.update_layout(title="p-RoPE at inference: every layer, no retraining")
-
-    prope = frame[frame.variant.str.startswith("p-RoPE")]
-    ok = prope[prope["Δ hi"] < NEGLIGIBLE_NATS]
-    p_min = float(ok.p.min()) if len(ok) else None
-    nope = float(frame.loc[frame.p == 0.0, "Δ loss"].iloc[0])
-    rev = frame[frame.variant.str.startswith("reversed")].iloc[0]
-    part = frame[frame.variant.str.startswith("partial")].iloc[0]
-    p75 = prope[prope.p == 0.75].iloc[0]
-    if p_min is None:
-        keeps = f"every truncation tested costs at least {NEGLIGIBLE_NATS} nats"
-    else:
-        keeps = (f"the model keeps its perplexity (Δ loss under {NEGLIGIBLE_NATS} nats, upper CI end) down to "
-                 f"p = {p_min:.3f}, {kept_planes(p_min, n_planes)} of {n_planes} planes rotating")
-    text = (f"Truncating RoPE at inference, {keeps}; NoPE (p = 0) costs {nope:+.2f} nats. At 0.75 of the planes, "
-            f"keeping the highest frequencies costs {p75['Δ loss']:+.2f}, the lowest (reversed) {rev['Δ loss']:+.2f}, "
-            f"and re-spread frequencies over the first dims (partial) {part['Δ loss']:+.2f}.")
-    finding = Finding("prope", "prope-sweep", text,
-                      {"p_min_negligible": p_min, "nope_delta": nope, "p075_delta": float(p75["Δ loss"]),
-                       "reversed_delta": float(rev["Δ loss"]), "partial_delta": float(part["Δ loss"]),
-                       "threshold_nats": NEGLIGIBLE_NATS})  # every float is quoted to 2 decimals
-    extra, extra_tables = prope_block(data.experiments, data.label)
-    body = (_lead(data, "Barbero et al.'s p-RoPE keeps rotating only the fraction p of the highest frequencies "
-                        "and leaves the rest unrotated (θ = 0), in every layer, here without any retraining. "
-                        "Reversed keeps the lowest frequencies instead; partial rotates the first dims with "
-                        "frequencies re-spread over them, as in the paper's ablations.")
-            + figure_html(style_figure(fig, height=420))
-            + table_html(frame, text_cols=("variant",), formats={"planes rotating": lambda v: str(int(v))})
-            + extra)
-    return Section("prope-sweep", "p-RoPE inference sweep", body, tables={"prope_sweep": frame} | extra_tables,
-                   numbers={"rows": frame.to_dict("records"), "n_windows": int(eval_windows(data).shape[0]),
-                            "n_ctx": int(eval_windows(data).shape[1])}, findings=[finding])
-
-
-# --------------------------------------------------------------------------------------------
-# context extension
-# --------------------------------------------------------------------------------------------
 def _methods(factor: float, l0: int) -> dict[str, Any]:
     from ropelens.spec.variants import NTK, DynamicNTK, Linear, Llama3, YaRN
 
@@ -218,9 +150,8 @@ class ContextExtension:
     bounds: dict[str, Any]  # base, critical dimension and Men et al.'s base lower bounds
 
 
-def measure_context(data: ReportData) -> ContextExtension:
+def measure(data: ReportData) -> ContextExtension:
     """Plane views and in-distribution cost of PI, NTK, dynamic NTK, YaRN and Llama 3 (reads the baseline step)."""
-    from ropelens.analyses.context import plane_view
     from ropelens.spec.variants import Linear
 
     spec = data.spec
@@ -235,7 +166,7 @@ def measure_context(data: ReportData) -> ContextExtension:
     methods = _methods(float(factor), l0)
     views = {name: plane_view(layer, v, l0, factor * l0) for name, v in methods.items()}
     none_view = plane_view(layer, Linear(1.0), l0, factor * l0)  # the trained frequencies, unscaled
-    b = bootstrap_ci(_baseline(data))
+    b = bootstrap_ci(baseline(data))
     rows = [{"method": "none (RoPE as trained)", **_counts(none_view), "attention ×": 1.0,
              "ppl": b.perplexity.mean, "Δ loss": 0.0, "Δ lo": 0.0, "Δ hi": 0.0}]
     costs = {name: variant_losses(data, v, layer_kind=kind) for name, v in methods.items()}
@@ -246,7 +177,7 @@ def measure_context(data: ReportData) -> ContextExtension:
                             tuple(rows), _base_bounds(layer, l0, factor))
 
 
-def render_context(data: ReportData, ext: ContextExtension) -> Section:
+def render(data: ReportData, ext: ContextExtension) -> Section:
     """What PI, NTK, dynamic NTK, YaRN and Llama 3 do to each plane at 4× the native context, and their cost."""
     idx, kind, l0, factor, views, rows, bounds = (ext.layer, ext.kind, ext.native_ctx, ext.factor, ext.views,
                                                   list(ext.rows), ext.bounds)
@@ -287,7 +218,7 @@ def render_context(data: ReportData, ext: ContextExtension) -> Section:
                        (f"base lower bound for {l0:,} (Men et al.)", _bound(bounds["bound_native"], bounds.get("bound_native_note"))),
                        (f"base lower bound for {factor * l0:,}", _bound(bounds["bound_extended"], bounds.get("bound_extended_note")))]
     extra, extra_tables = context_block(data.experiments)
-    body = (_lead(data, f"Each method configured to stretch the native {l0:,}-token context {factor}×. A plane is "
+    body = (variant_lead(data, f"Each method configured to stretch the native {l0:,}-token context {factor}×. A plane is "
                         "<i>interpolated</i> when every angle it meets at the target length was seen in training, "
                         "<i>extrapolated</i> when it meets angles never seen (it had not completed a turn by L₀), "
                         "<i>kept</i> when it is unchanged and already turned within L₀. The cost is measured in "
@@ -305,3 +236,14 @@ def render_context(data: ReportData, ext: ContextExtension) -> Section:
 def _counts(view) -> dict[str, int]:
     c = view.counts()
     return {k: int(c.get(k, 0)) for k in ("kept", "interpolated", "extrapolated", "unrotated")}
+
+
+ANALYSIS = Analysis(
+    "context", plane_view, PlaneView,
+    draw(PlaneView, figure=plane_view_figure) + draw(LongRopeSearch, figure=longrope_search_figure),
+    Command("context", run, options),
+    SectionSpec("context-extension", "Context extension", render, measure, needs=("variants_baseline",),
+                summary="Perplexity beyond the trained context under position interpolation, NTK, YaRN, Llama 3 "
+                        "and LongRoPE scaling of these frequencies."),
+    summary="What each context-extension method does to each plane, and RoPE's base bounds.",
+)

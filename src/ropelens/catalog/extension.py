@@ -1,20 +1,21 @@
-"""``ropelens extend MODEL --to N``: which context-extension method to use for a model, measured up to N tokens."""
+"""The context-extension study: ``extension_study`` and ``ropelens extend``."""
 
 from __future__ import annotations
 
 import argparse
 
+from ropelens.analyses.extension import ExtensionStudy, extension_study
+from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
+    Command,
     ModelOptions,
     OutputOptions,
-    add_command,
     load_from_args,
     non_negative_int,
     positive_int,
 )
 from ropelens.errors import InputError
-
-__all__ = ["add_extend"]
+from ropelens.plots.extension import loss_figure
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -24,11 +25,10 @@ def _ints(text: str, what: str) -> list[int]:
         raise InputError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
 
 
-def add_extend(subparsers: argparse._SubParsersAction) -> None:
+def options(p: argparse.ArgumentParser) -> None:
     """``ropelens extend [MODEL] --to N``: the context-extension study and its page."""
     from ropelens.analyses.extension import DEFAULT_METHODS, METHODS
 
-    p = add_command(subparsers, "extend", run_extend)
     ModelOptions.add_to(p)
     g = p.add_argument_group("study")
     g.add_argument("--to", type=positive_int, required=True, metavar="N", help="the target context length in tokens")
@@ -59,7 +59,7 @@ def add_extend(subparsers: argparse._SubParsersAction) -> None:
     OutputOptions.add_to(p)
 
 
-def run_extend(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Context-extension study: loss by length, passkey, per-plane view and base predictions per method
 
     Run the model unmodified and under PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE and p-RoPE (each set for
@@ -119,3 +119,10 @@ def run_extend(args: argparse.Namespace) -> int:
         print(f"- {f.text}")
     print(f"wrote {page}")
     return 0
+
+
+ANALYSIS = Analysis(
+    "extend", extension_study, ExtensionStudy, draw(ExtensionStudy, figure=loss_figure),
+    Command("extend", run, options),
+    summary="Loss, passkey recall and attention of each context-extension method at lengths past the native context.",
+)

@@ -1,19 +1,19 @@
-"""``ropelens trajectory CKPT...``: when the high-norm band, sinks, massive values and positional heads appear in training."""
+"""When each structure appears over training: ``trajectory`` and ``ropelens trajectory``."""
 
 from __future__ import annotations
 
 import argparse
 
-from ropelens.cli.common import OutputOptions, add_command, positive_int, window_length
+from ropelens.analyses.registry import Analysis, draw
+from ropelens.analyses.trajectory import Trajectory, trajectory
+from ropelens.cli.common import Command, OutputOptions, positive_int, window_length
+from ropelens.plots.trajectory import trajectory_figure
 
-__all__ = ["add_trajectory"]
 
-
-def add_trajectory(subparsers: argparse._SubParsersAction) -> None:
+def options(p: argparse.ArgumentParser) -> None:
     """``ropelens trajectory CKPT... [--revisions R...]``: structures over training checkpoints, and their page."""
     from ropelens.analyses.trajectory import ANALYSES
 
-    p = add_command(subparsers, "trajectory", run_trajectory)
     p.add_argument("checkpoints", nargs="+", metavar="CKPT",
                    help="checkpoint directories (step-N/, as ropelens.training.train saves them), or one hub id "
                         "with --revisions")
@@ -37,7 +37,7 @@ def add_trajectory(subparsers: argparse._SubParsersAction) -> None:
     OutputOptions.add_to(p)
 
 
-def run_trajectory(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Structures over training: when the high-norm band, attention sinks, massive values and positional heads appear
 
     Load each checkpoint (a directory, or the hub id at each of --revisions), measure the chosen analyses on
@@ -46,7 +46,6 @@ def run_trajectory(args: argparse.Namespace) -> int:
     checkpoint from which its metric stays at or above its threshold) and writes trajectory.json,
     trajectory.csv and trajectory.html into --out.
     """
-    from ropelens.analyses.trajectory import trajectory
     from ropelens.report.trajectory import write_trajectory
     from ropelens.validate import check_output_path
 
@@ -65,3 +64,10 @@ def run_trajectory(args: argparse.Namespace) -> int:
         print(f"- {f.text}")
     print(f"wrote {page} (and trajectory.json, trajectory.csv beside it)")
     return 0
+
+
+ANALYSIS = Analysis(
+    "trajectory", trajectory, Trajectory, draw(Trajectory, figure=trajectory_figure),
+    Command("trajectory", run, options),
+    summary="The high-norm band, sinks, massive dimensions and positional heads across training checkpoints.",
+)

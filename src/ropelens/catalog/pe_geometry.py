@@ -1,7 +1,8 @@
-"""Sections computed from the spec alone: PE geometry (RoPE's "long-term decay" for this model's frequencies)."""
+"""Geometry of positional embeddings: ``pe_similarity``, ``ropelens pe-geometry`` and the report's "PE geometry" section."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -10,16 +11,79 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from ropelens.analyses.pe_geometry import PESimilarity, pe_similarity
+from ropelens.analyses.registry import Analysis, draw
+from ropelens.cli.common import (
+    Command,
+    ModelOptions,
+    OutputOptions,
+    load_from_args,
+    positive_int,
+)
+from ropelens.errors import InputError
+from ropelens.plots.curves import decay_curve_figure
+from ropelens.plots.pe_geometry import pe_heatmap, pe_similarity_figure
 from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, table_html
+from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
+from ropelens.results.curves import DecayCurve
 from ropelens.results.findings import Finding
 
-__all__ = ["DecayCurves", "measure_geometry", "render_geometry"]
+
+def options(p: argparse.ArgumentParser) -> None:
+    """``ropelens pe-geometry [--model M]``: period and strength of position-embedding similarity."""
+    ModelOptions.add_to(p, flag_help="HF model directory or hub name with learned position embeddings")
+    p.add_argument("--n-pos", type=positive_int, default=512, help="positions of the sinusoidal reference (default 512)")
+    p.add_argument("--d", type=positive_int, default=128, help="width of the sinusoidal reference (even; default 128)")
+    p.add_argument("--base", type=float, default=10000.0, help="sinusoidal base (default 10000)")
+    OutputOptions.add_to(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Cosine similarity of position embeddings by distance: dominant period and strength
+
+    Sinusoidal reference and, with --model, the learned absolute position table of a model that has one (GPT-2,
+    OPT, BERT-like): the by-distance cosine similarity and its dominant period.
+    """
+    from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
+    from ropelens.devices import require_memory
+
+    if args.n_pos < 2:
+        raise InputError(f"--n-pos {args.n_pos}: the similarity by distance needs at least 2 positions: "
+                         "pass --n-pos 2 or more, e.g. --n-pos 512")
+    if args.d % 2:
+        raise InputError(f"--d {args.d} must be even: sinusoidal embeddings pair a sine and a cosine per frequency: "
+                         f"e.g. --d {args.d + 1}")
+    if not (math.isfinite(args.base) and args.base > 1):
+        raise InputError(f"--base {args.base:g} must be a finite number > 1 (θ_i = base^(−2i/d) must fall with i): "
+                         "e.g. --base 10000")
+    require_memory(12.0 * args.n_pos ** 2, f"--n-pos {args.n_pos:,} (an n × n similarity matrix)", "pass a smaller --n-pos")
+    # the float64 angles, their sine and cosine and the float32 table: about 24 bytes per (position, dimension)
+    require_memory(24.0 * args.n_pos * args.d, f"--d {args.d:,} at --n-pos {args.n_pos:,} (the n × d sinusoidal table)",
+                   "pass a smaller --d, e.g. --d 128")
+    sims = [pe_similarity(sinusoidal_pe(args.n_pos, args.d, args.base), name=f"sinusoidal {args.n_pos}x{args.d}")]
+    if args.model is not None:
+        sims.append(pe_similarity(learned_pe(load_from_args(args)), name=str(args.model)))
+    rows = [{"name": s.name, "n_pos": s.n_pos, "d_model": s.d_model, "period": s.period,
+             "period_strength": s.period_strength, "period_threshold": s.period_threshold} for s in sims]
+    output = OutputOptions.from_args(args)
+    if output.json:
+        return output.emit(rows)
+    for r in rows:
+        period = f"{r['period']:.1f} tokens" if r["period"] else "none"
+        print(f"{r['name']}: {r['n_pos']} positions x {r['d_model']} dims, period {period}, "
+              f"strength {r['period_strength']:.3f} (threshold {r['period_threshold']:.3f})")
+    return 0
+
 
 MAX_DISTANCE = 32_768
+
+
 POINTS = 1_500  # per curve: more than a log axis resolves, and the page stays small
+
+
 _DASH = {"constant": "solid", "roformer_bound": "dash", "gaussian": "dot"}
 
 
@@ -44,7 +108,7 @@ class DecayCurves:
     rows: tuple[dict[str, Any], ...]  # one per curve, in that order: verdict, shape, value at the window
 
 
-def measure_geometry(data: ReportData) -> DecayCurves:
+def measure(data: ReportData) -> DecayCurves:
     """Constant-vector decay, RoFormer's bound and the Gaussian expectation for this model's frequencies."""
     from ropelens.analyses.decay import (
         roformer_bound,
@@ -70,7 +134,7 @@ def measure_geometry(data: ReportData) -> DecayCurves:
     return DecayCurves(D, curves, tuple(rows))
 
 
-def render_geometry(data: ReportData, decay: DecayCurves) -> Section:
+def render(data: ReportData, decay: DecayCurves) -> Section:
     """The decay curves on a log axis, their verdicts, and the finding on constant versus Gaussian q and k."""
     n_ctx, D = data.n_ctx, decay.max_distance
     fig, at_ctx = go.Figure(), {}
@@ -105,3 +169,13 @@ def render_geometry(data: ReportData, decay: DecayCurves) -> Section:
             + table_html(frame, text_cols=("kind", "curve", "verdict", "shape", "description")))
     return Section("pe-geometry", "PE geometry", body, tables={"geometry": frame},
                    numbers={"verdicts": frame.to_dict("records")}, findings=[finding])
+
+
+ANALYSIS = Analysis(
+    "pe-geometry", pe_similarity, PESimilarity,
+    draw(PESimilarity, figure=pe_similarity_figure, heatmap=pe_heatmap) + draw(DecayCurve, figure=decay_curve_figure),
+    Command("pe-geometry", run, options),
+    SectionSpec("pe-geometry", "PE geometry", render, measure,
+                summary="RoPE's \"long-term decay\" for this model's frequencies: constant versus Gaussian q and k."),
+    summary="Similarity of positional embeddings by distance: learned, sinusoidal, and RoPE's decay.",
+)

@@ -1,0 +1,51 @@
+"""Positional versus symbolic heads: ``positional_symbolic`` and ``ropelens possym``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ropelens.analyses.positional_symbolic import PositionalSymbolic, positional_symbolic
+from ropelens.analyses.registry import Analysis, draw
+from ropelens.cli.common import (
+    Command,
+    CorpusCommand,
+    load_from_args,
+)
+from ropelens.errors import InputError
+from ropelens.plots.positional_symbolic import positional_symbolic_figure
+
+
+def options(p: argparse.ArgumentParser) -> None:
+    """``ropelens possym [MODEL]``: positional versus symbolic heads under a key-content permutation."""
+    CorpusCommand.add_to(p, tokens=2_048, n_ctx=256, save="PositionalSymbolic JSON", bands=False)
+    p.add_argument("--margin", type=float, default=0.25,
+                   help="P - S that calls a head positional (or S - P symbolic) (default: 0.25)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the key permutation (default: 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Positional versus symbolic heads (after Urrutia et al., ICLR 2026)
+
+    Moves key contents to other positions (one seeded permutation, the model's own RoPE) and asks per head
+    whether its logits stay put (positional, P) or follow the content (symbolic, S), on logits and on attention.
+    """
+    from ropelens.analyses.positional_symbolic import MIN_KEYS, positional_symbolic, shortest_window
+
+    run = CorpusCommand.from_args(args)
+    if args.n_ctx < shortest_window():  # no query of a shorter window sees enough keys: every score would be NaN
+        raise InputError(f"--n-ctx {args.n_ctx} is too short for positional/symbolic scoring: a query is scored only "
+                         f"when it sees {MIN_KEYS} keys besides BOS, so a window needs {shortest_window()} tokens: "
+                         f"use --n-ctx {shortest_window()} or more")
+    if not 0 <= args.margin <= 1:
+        raise InputError(f"--margin must lie in [0, 1], got {args.margin}: e.g. --margin 0.25")
+    corpus, kw = run.prepare(positional_symbolic)
+    r = positional_symbolic(load_from_args(args), corpus, **kw, margin=args.margin, seed=args.seed)
+    used = run.measured(r)
+    return run.output.save_and_show(r, r.to_frame(), "heads", head=used)
+
+
+ANALYSIS = Analysis(
+    "possym", positional_symbolic, PositionalSymbolic, draw(PositionalSymbolic, figure=positional_symbolic_figure),
+    Command("possym", run, options, distributed=True),
+    summary="Whether each head's logits stay with positions or follow the content when keys move.",
+)
