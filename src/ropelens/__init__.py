@@ -30,7 +30,7 @@ from ropelens.analyses.knockout import Knockout, knockout
 from ropelens.analyses.mrope import MRopeDecomposition, mrope_decompose
 from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.positional_symbolic import PositionalSymbolic, positional_symbolic
-from ropelens.analyses.registry import Analysis, analyses, register_analysis
+from ropelens.analyses.registry import Analysis, register_analysis
 from ropelens.analyses.retrieval import RetrievalHeads, retrieval_heads
 from ropelens.analyses.sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.trajectory import Trajectory, trajectory
@@ -62,7 +62,7 @@ MOVED = {
     "plain": "backends.hf", "sdpa": "backends.sdpa", "engine": "backends.engine", "fastpath": "backends.sdpa_capture",
     "hooks": "backends.bridge_hooks", "backends.fastpath": "backends.sdpa_capture",
     "analyses.possym": "analyses.positional_symbolic", "analyses.bandloc": "analyses.band_location",
-    "report.findings": "results.findings",
+    "report.findings": "results.findings", "analyses.extension_findings": "analyses.extension",
 }
 # old command and section modules, split into one ropelens.catalog module per analysis (kept for one release): a
 # name is looked up in the new modules; a command's add_NAME/run_NAME and a section's measure_NAME/render_NAME are
@@ -141,7 +141,6 @@ __version__ = "0.1.0"
 __all__ = [
     "load_result",
     "Analysis",
-    "analyses",
     "catalog",
     "register_analysis",
     "DEFAULT_MODEL",

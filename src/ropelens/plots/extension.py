@@ -8,8 +8,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ropelens.analyses.extension import ExtensionStudy
-from ropelens.analyses.extension_findings import METHODS
+from ropelens.analyses.extension import METHODS, ExtensionStudy
 from ropelens.plots.style import style_figure
 
 __all__ = ["attention_figure", "loss_figure", "method_label", "passkey_figure", "planes_figure"]

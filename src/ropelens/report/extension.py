@@ -28,7 +28,7 @@ TABLES = ("loss", "passkey", "attention", "attention_heads", "planes", "predicto
 def _tables(study: ExtensionStudy) -> dict:
     import pandas as pd
 
-    from ropelens.analyses.extension_findings import ranking
+    from ropelens.analyses.extension import ranking
 
     rank = pd.DataFrame(ranking(study))
     if not rank.empty:
