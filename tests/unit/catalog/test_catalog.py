@@ -91,8 +91,8 @@ def test_every_result_is_declared_with_its_figures():
 
 def test_public_namespace_offers_the_registry():
     assert ropelens.catalog.analyses is analyses and ropelens.register_analysis is register_analysis
-    import ropelens.analyses.sinks  # the subpackage keeps its name: nothing in the namespace shadows it
-
+    # the subpackage keeps its name: nothing in the namespace shadows it
+    assert importlib.import_module("ropelens.analyses.sinks") is ropelens.analyses.sinks
     assert ropelens.analyses.sinks.attention_sinks is ropelens.attention_sinks
     assert [a.name for a in ropelens.catalog.analyses()][:3] == ["inspect", "report", "usage"]
 
