@@ -139,7 +139,6 @@ def _bound(v: float | None, why: str | None = None) -> str:
 @dataclass(frozen=True)
 class ContextExtension:
     """What each scaling method does to one layer's planes at ``factor``× the native context, and its cost."""
-
     layer: int  # the layer shown: of the kind with the longest wavelengths
     kind: str | None  # the layer kind rescaled (None: every layer)
     native_ctx: int

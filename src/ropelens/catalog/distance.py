@@ -59,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(data: ReportData) -> Measured:
     """Mean band logit and attention probability by query–key distance, on a few of the report's windows."""
-
     return rerun(data, attention_by_distance)
 
 

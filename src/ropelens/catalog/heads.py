@@ -68,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(data: ReportData) -> Measured:
     """Positional heads scored on the report's first few windows and on seeded random tokens."""
-
     n_ctx = min(data.n_ctx, 256)
     n_windows = 2 if data.settings.get("quick") else 4
     tx = classify_heads(data.model, data.tokens[:n_windows, :n_ctx], n_ctx=n_ctx, n_windows=n_windows,

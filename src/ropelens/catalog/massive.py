@@ -54,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(data: ReportData) -> Measured:
     """Norms of each pre-RoPE query and key dimension, on a few of the report's windows."""
-
     return rerun(data, massive_values)
 
 

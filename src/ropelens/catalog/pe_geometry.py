@@ -102,7 +102,6 @@ def _shape_words(shape: str) -> str:
 @dataclass(frozen=True)
 class DecayCurves:
     """RoPE's decay curves for each layer kind's frequencies, with each curve's verdict and shape."""
-
     max_distance: int
     curves: dict[str, tuple[Any, ...]]  # kind -> its (constant, RoFormer bound, Gaussian) curves
     rows: tuple[dict[str, Any], ...]  # one per curve, in that order: verdict, shape, value at the window

@@ -45,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(data: ReportData) -> Measured:
     """Attention to position 0 per head and its band split, on a few of the report's windows."""
-
     return rerun(data, attention_sinks)
 
 

@@ -148,9 +148,10 @@ def test_bad_arguments_name_the_value(handset):
 def test_cli_heads_json(handset, monkeypatch, capsys, tmp_path):
     import json
 
-    from ropelens.cli import analysis, main
+    from ropelens.catalog import heads
+    from ropelens.cli import main
 
-    monkeypatch.setattr(analysis, "load_from_args", lambda args: handset)  # noqa: ARG005
+    monkeypatch.setattr(heads, "load_from_args", lambda args: handset)  # noqa: ARG005
     out = tmp_path / "tx.json"
     assert main(["heads", "--windows", "2", "--n-ctx", str(N_CTX), "--json", "--out", str(out)]) == 0
     got = json.loads(capsys.readouterr().out)
