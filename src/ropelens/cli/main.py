@@ -92,3 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+
+
+def __getattr__(name: str):
+    if name == "SUBCOMMANDS":  # the tuple of add_NAME functions this module listed before commands were declared
+        import warnings
+
+        warnings.warn("ropelens.cli.main.SUBCOMMANDS is gone: the subcommands are the registered analyses' commands "
+                      "(ropelens.analyses.registry.parts('command')); SUBCOMMANDS goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return tuple(command.add_to for command in parts("command"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
