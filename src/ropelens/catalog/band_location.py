@@ -33,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
     or above half-way from the median to the peak), its wavelengths against the training length and the
     critical plane; then the loss with the planes below the band unrotated, against as many random planes.
     """
-
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(frequency_bands)
     r = frequency_bands(load_from_args(args), corpus, **kw, which=args.which, intervene=not args.no_intervene,

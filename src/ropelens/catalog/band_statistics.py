@@ -39,7 +39,6 @@ def run(args: argparse.Namespace) -> int:
     band (heads averaged), the share of the attended-key margin, of the within-query logit variance and of the
     mean |logit|, and band-only top-1 agreement.
     """
-
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(band_statistics)
     st = band_statistics(load_from_args(args), corpus, **kw, batch_size=args.batch_size, jsd=args.jsd)

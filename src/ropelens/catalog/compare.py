@@ -24,7 +24,6 @@ def run(args: argparse.Namespace) -> int:
     and write OUT/index.html with difference maps of frequency usage and the band decomposition, positional
     heads gained and lost, sinking heads per layer, and findings.
     """
-
     out = compare_reports(args.a, args.b, args.out)
     for f in json.loads((out / "compare.json").read_text())["findings"]:
         print(f)

@@ -8,8 +8,10 @@ from typing import Any
 
 import pandas as pd
 
+from ropelens.analyses import context as ctx
+from ropelens.analyses import extrapolation as ext
 from ropelens.analyses.context import LongRopeSearch, PlaneView, plane_view
-from ropelens.analyses.extrapolation import MAX_BOUND_CONTEXT
+from ropelens.analyses.extrapolation import MAX_BOUND_CONTEXT, base_lower_bound, critical_dimension
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
@@ -31,6 +33,7 @@ from ropelens.results.findings import Finding
 from ropelens.run.evaluate import bootstrap_ci
 from ropelens.spec import variants as V
 from ropelens.spec.reading import rope_spec
+from ropelens.spec.variants import NTK, DynamicNTK, Linear, Llama3, YaRN
 
 _CONTEXT_VARIANTS = ("pi", "ntk", "dynamic", "yarn", "llama3")
 
@@ -52,9 +55,6 @@ def run(args: argparse.Namespace) -> int:
     Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, dynamic NTK (factor 2), YaRN and Llama
     3 scaling, with the critical dimension (arXiv 2310.05209) and the base lower bound (arXiv 2405.14591).
     """
-    from ropelens.analyses import context as ctx
-    from ropelens.analyses import extrapolation as ext
-
     names = [n.strip().lower() for n in args.variants.split(",") if n.strip()]
     bad = [n for n in names if n not in _CONTEXT_VARIANTS]
     if bad or not names:
@@ -96,14 +96,12 @@ EXTENSION_FACTOR = 4  # the context-extension section configures every method fo
 
 
 def _methods(factor: float, l0: int) -> dict[str, Any]:
-    from ropelens.spec.variants import NTK, DynamicNTK, Linear, Llama3, YaRN
 
     return {"PI": Linear(factor), "NTK": NTK(factor), "dynamic NTK": DynamicNTK(factor, l0),
             "YaRN": YaRN(factor, l0), "Llama 3": Llama3(factor, 1.0, 4.0, l0)}
 
 
 def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
-    from ropelens.analyses.extrapolation import critical_dimension
 
     out: dict[str, Any] = {"base": layer.base}
     if layer.base is None or layer.base <= 1:
@@ -120,8 +118,6 @@ def _certified_bound(rotary_dim: int, length: int) -> tuple[float | None, str | 
     """Men et al.'s base lower bound for ``length`` tokens, or None and why there is none: past the longest length
     whose bound ropelens certifies (the search is quadratic in it), or no base up to the search's limit satisfies it
     (a rotary slice of few planes)."""
-    from ropelens.analyses.extrapolation import base_lower_bound
-
     if length > MAX_BOUND_CONTEXT:
         return None, f"not certified past {MAX_BOUND_CONTEXT:,} tokens"
     if rotary_dim < 4:
@@ -151,8 +147,6 @@ class ContextExtension:
 
 def measure(data: ReportData) -> ContextExtension:
     """Plane views and in-distribution cost of PI, NTK, dynamic NTK, YaRN and Llama 3 (reads the baseline step)."""
-    from ropelens.spec.variants import Linear
-
     spec = data.spec
     # The layer kind with the longest wavelengths is the one a longer context strains.
     idx = max((i[0] for i in spec.rotary_kinds.values()), key=lambda i: float(spec.layers[i].wavelength.max()))

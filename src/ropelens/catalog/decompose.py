@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from ropelens.analyses.band_stats import band_statistics
 from ropelens.analyses.decompose import AttentionDecomposition, decompose_attention
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
@@ -18,6 +19,7 @@ from ropelens.cli.common import (
 )
 from ropelens.errors import InputError
 from ropelens.plots.decompose import decomposition_figure
+from ropelens.run.data import windows
 
 
 def _fmt(x: float) -> str:
@@ -50,7 +52,6 @@ def _text_tokens(model, text: str):
 
 
 def _one_window(model, args: argparse.Namespace, corpus):
-    from ropelens.run.data import windows
 
     if corpus is None:
         return _text_tokens(model, args.text)
@@ -67,8 +68,6 @@ def run(args: argparse.Namespace) -> int:
     Decompose every attention logit of one input into bands and print, per head, each band's share of the
     attended-key margin and how often the band alone picks the attended key.
     """
-    from ropelens.analyses.band_stats import band_statistics
-
     analysis, output = AnalysisOptions.from_args(args), OutputOptions.from_args(args)
     if args.text is not None and not args.text.strip():
         raise InputError("--text is empty: pass the text to decompose, e.g. --text 'The cat sat on the mat.'")

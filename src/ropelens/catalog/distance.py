@@ -38,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     distance bins; each curve described as it is (decay, flat, U-shaped, peaked, oscillating), and the band that
     makes a U-shaped logit rise again.
     """
-
     run = CorpusCommand.from_args(args)
     shortest = 3 if args.keep_bos else 4  # distances 0, 1 and 2: the three bins a curve's shape needs
     if args.n_ctx < shortest:

@@ -29,7 +29,6 @@ def run(args: argparse.Namespace) -> int:
     over positions (1 = flat), against the same values in a shuffled order; printed per layer, heads and
     planes averaged.
     """
-
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(frequency_entropy)
     r = frequency_entropy(load_from_args(args), corpus, **kw, skip=args.skip, seed=args.seed)

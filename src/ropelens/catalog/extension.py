@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ropelens.analyses.extension import ExtensionStudy, extension_study
+from ropelens.analyses.context import LongRopeSearch
+from ropelens.analyses.extension import DEFAULT_METHODS, METHODS, ExtensionStudy, extension_study
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
@@ -16,6 +17,8 @@ from ropelens.cli.common import (
 )
 from ropelens.errors import InputError
 from ropelens.plots.extension import loss_figure
+from ropelens.report.extension import write_study
+from ropelens.validate import check_output_path
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -27,8 +30,6 @@ def _ints(text: str, what: str) -> list[int]:
 
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens extend [MODEL] --to N``: the context-extension study and its page."""
-    from ropelens.analyses.extension import DEFAULT_METHODS, METHODS
-
     ModelOptions.add_to(p)
     g = p.add_argument_group("study")
     g.add_argument("--to", type=positive_int, required=True, metavar="N", help="the target context length in tokens")
@@ -69,10 +70,6 @@ def run(args: argparse.Namespace) -> int:
     the heads' query matrix entropy), and write one page (index.html) with findings, study.json and a CSV per
     table. Every (method, length) cell is saved as it finishes, so the same command started again resumes.
     """
-    from ropelens.analyses.extension import METHODS, extension_study
-    from ropelens.report.extension import write_study
-    from ropelens.validate import check_output_path
-
     methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
@@ -88,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--depths must be a comma-separated list of numbers, got {args.depths!r}") from None
     longrope = None
     if args.longrope:
-        from ropelens.analyses.context import LongRopeSearch
 
         longrope = LongRopeSearch.load(args.longrope)
     check_output_path(args.out, "--out", directory=True)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from ropelens.analyses.extrapolation import BasePredictions, MeasuredExtrapolation, base_predictions
+from ropelens.analyses.extrapolation import (
+    BasePredictions,
+    MeasuredExtrapolation,
+    base_predictions,
+    measured_extrapolation,
+)
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
@@ -34,8 +39,6 @@ def run(args: argparse.Namespace) -> int:
     and critical base for tuning to that length, Men et al.'s lower bound on the base, and whether the model's
     base satisfies each; --measure adds the measured loss by length.
     """
-    from ropelens.analyses.extrapolation import base_predictions, measured_extrapolation
-
     lengths = number_list(args.lengths, int, "--lengths", example="2048,8192")
     if min(lengths) < 2:
         raise InputError(f"--lengths needs token counts ≥ 2, got {args.lengths!r}")

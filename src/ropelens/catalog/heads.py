@@ -25,6 +25,7 @@ from ropelens.report.html import esc, figure_html, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Measured, Section
 from ropelens.results.findings import Finding
+from ropelens.run.data import load_corpus
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -43,8 +44,6 @@ def run(args: argparse.Namespace) -> int:
 
     Score each head's attention at fixed offsets on text and random tokens.
     """
-    from ropelens.run.data import load_corpus
-
     output = OutputOptions.from_args(args)
     output.check()
     checkpoint = CheckpointOptions.from_args(args).kwargs()  # a bad --checkpoint fails before the model loads

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ropelens.analyses.knockout import Knockout, knockout
+from ropelens.analyses.knockout import HEAD_SETS, METRIC_GROUPS, Knockout, knockout
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
@@ -84,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
     CIs over windows, and layer-clustered permutation p-values against random planes and random head sets.
     """
 
-    from ropelens.analyses.knockout import HEAD_SETS, METRIC_GROUPS, knockout
 
     output = OutputOptions.from_args(args)
     output.check()

@@ -35,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
     it exceeds FACTOR x its head's mean dimension norm (Jin et al. 2025). Prints the planes holding massive
     dimensions, their wavelength and persistence across layers.
     """
-
     run = CorpusCommand.from_args(args)
     if not args.factor > 1:
         raise InputError(f"--factor must exceed 1 (a multiple of the head's mean dimension norm), got {args.factor}")

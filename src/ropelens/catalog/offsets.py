@@ -26,7 +26,6 @@ def run(args: argparse.Namespace) -> int:
     plane the q/k outlier ratio and the circular mean angle between q and k at the key each query attends to
     (sink and content keys apart).
     """
-
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(rotary_offsets)
     r = rotary_offsets(load_from_args(args), corpus, **kw)

@@ -37,7 +37,6 @@ def run(args: argparse.Namespace) -> int:
     Hide a random 5-digit passkey in filler text at each depth, ask it back at the end, decode greedily and
     score the first number (the YaRN/LongRoPE harness); seeded.
     """
-
     lengths = number_list(args.lengths, int, "--lengths", example="1024,4096")
     depths = number_list(args.depths, float, "--depths", example="0.1,0.5,0.9")
     for n in lengths:  # the model-specific minimum (the prompt's own tokens) is checked once it loads

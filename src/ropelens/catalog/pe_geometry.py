@@ -11,7 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from ropelens.analyses.pe_geometry import PESimilarity, pe_similarity
+from ropelens.analyses.decay import roformer_bound, rope_decay_constant, rope_gaussian_expectation
+from ropelens.analyses.pe_geometry import PESimilarity, learned_pe, pe_similarity, sinusoidal_pe
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
@@ -20,6 +21,7 @@ from ropelens.cli.common import (
     load_from_args,
     positive_int,
 )
+from ropelens.devices import require_memory
 from ropelens.errors import InputError
 from ropelens.plots.curves import decay_curve_figure
 from ropelens.plots.pe_geometry import pe_heatmap, pe_similarity_figure
@@ -28,7 +30,7 @@ from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
-from ropelens.results.curves import DecayCurve
+from ropelens.results.curves import DecayCurve, decay_verdict, describe_curve
 from ropelens.results.findings import Finding
 
 
@@ -47,9 +49,6 @@ def run(args: argparse.Namespace) -> int:
     Sinusoidal reference and, with --model, the learned absolute position table of a model that has one (GPT-2,
     OPT, BERT-like): the by-distance cosine similarity and its dominant period.
     """
-    from ropelens.analyses.pe_geometry import learned_pe, pe_similarity, sinusoidal_pe
-    from ropelens.devices import require_memory
-
     if args.n_pos < 2:
         raise InputError(f"--n-pos {args.n_pos}: the similarity by distance needs at least 2 positions: "
                          "pass --n-pos 2 or more, e.g. --n-pos 512")
@@ -109,13 +108,6 @@ class DecayCurves:
 
 def measure(data: ReportData) -> DecayCurves:
     """Constant-vector decay, RoFormer's bound and the Gaussian expectation for this model's frequencies."""
-    from ropelens.analyses.decay import (
-        roformer_bound,
-        rope_decay_constant,
-        rope_gaussian_expectation,
-    )
-    from ropelens.results.curves import decay_verdict, describe_curve
-
     spec, n_ctx = data.spec, data.n_ctx
     D = max(min(spec.n_ctx, MAX_DISTANCE), n_ctx)
     curves, rows = {}, []

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from ropelens.analyses.positional_symbolic import PositionalSymbolic, positional_symbolic
+from ropelens.analyses.positional_symbolic import (
+    MIN_KEYS,
+    PositionalSymbolic,
+    positional_symbolic,
+    shortest_window,
+)
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
@@ -29,8 +34,6 @@ def run(args: argparse.Namespace) -> int:
     Moves key contents to other positions (one seeded permutation, the model's own RoPE) and asks per head
     whether its logits stay put (positional, P) or follow the content (symbolic, S), on logits and on attention.
     """
-    from ropelens.analyses.positional_symbolic import MIN_KEYS, positional_symbolic, shortest_window
-
     run = CorpusCommand.from_args(args)
     if args.n_ctx < shortest_window():  # no query of a shorter window sees enough keys: every score would be NaN
         raise InputError(f"--n-ctx {args.n_ctx} is too short for positional/symbolic scoring: a query is scored only "

@@ -15,7 +15,10 @@ from ropelens.cli.common import (
     band_tokens,
     load_from_args,
 )
-from ropelens.report.build import DEFAULT_BAND_TOKENS, build_report
+from ropelens.report.build import DEFAULT_BAND_TOKENS, build_report, resolve_corpus
+from ropelens.report.experiments import load_experiments
+from ropelens.run.distributed import is_main
+from ropelens.validate import check_output_path
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -41,21 +44,16 @@ def run(args: argparse.Namespace) -> int:
     Measure frequency usage and the band decomposition of attention in one pass over a corpus, and write
     OUT/index.html (works offline), report.json and one CSV per table.
     """
-    from ropelens.report.build import build_report, resolve_corpus
-    from ropelens.validate import check_output_path
-
     output = OutputOptions.from_args(args)
     AnalysisOptions.from_args(args)  # bad bands, output or corpus fail before the model loads
     out = check_output_path(args.out, "--out", directory=True)  # created once the model has loaded
     corpus, _ = resolve_corpus(args.corpus)
-    from ropelens.report.experiments import load_experiments
 
     load_experiments(args.experiments)
     model = load_from_args(args)
     path = build_report(model, corpus=corpus, tokens=args.tokens, n_ctx=args.n_ctx, out=out, bands=args.bands,
                         layers=args.layers, quick=args.quick, band_tokens=args.band_tokens,
                         experiments=args.experiments, verify=not args.no_verify)
-    from ropelens.run.distributed import is_main
 
     if not is_main():  # under torchrun rank 0 writes the report; the other ranks only measured
         return 0

@@ -33,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
     Per layer and head: mean attention to position 0 (BOS), whether the head sinks (mean above epsilon, Gu et
     al. 2024), the band decomposition of the sink logit and the sink key's norm.
     """
-
     run = CorpusCommand.from_args(args)
     if not 0 < args.epsilon < 1:
         raise InputError(f"--epsilon must lie in (0, 1), got {args.epsilon}: e.g. --epsilon 0.3")

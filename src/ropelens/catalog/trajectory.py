@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 
 from ropelens.analyses.registry import Analysis, draw
-from ropelens.analyses.trajectory import Trajectory, trajectory
+from ropelens.analyses.trajectory import ANALYSES, Trajectory, trajectory
 from ropelens.cli.common import Command, OutputOptions, positive_int, window_length
 from ropelens.plots.trajectory import trajectory_figure
+from ropelens.report.trajectory import write_trajectory
+from ropelens.validate import check_output_path
 
 
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens trajectory CKPT... [--revisions R...]``: structures over training checkpoints, and their page."""
-    from ropelens.analyses.trajectory import ANALYSES
-
     p.add_argument("checkpoints", nargs="+", metavar="CKPT",
                    help="checkpoint directories (step-N/, as ropelens.training.train saves them), or one hub id "
                         "with --revisions")
@@ -46,9 +46,6 @@ def run(args: argparse.Namespace) -> int:
     checkpoint from which its metric stays at or above its threshold) and writes trajectory.json,
     trajectory.csv and trajectory.html into --out.
     """
-    from ropelens.report.trajectory import write_trajectory
-    from ropelens.validate import check_output_path
-
     check_output_path(args.out, "--out", directory=True)
     output = OutputOptions.from_args(args)
     traj = trajectory(args.checkpoints, revisions=args.revisions, steps=args.steps, analyses=args.analyses,

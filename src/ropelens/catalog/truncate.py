@@ -31,6 +31,7 @@ from ropelens.results.findings import Finding
 from ropelens.run.evaluate import bootstrap_ci, window_losses
 from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec import variants as V
+from ropelens.spec.variants import PRoPE, PRoPEPartial, PRoPEReversed, kept_planes
 from ropelens.validate import check_number
 
 
@@ -82,7 +83,6 @@ NEGLIGIBLE_NATS = 0.05  # a loss change below this (upper CI end) counts as "kee
 
 
 def _prope_variants() -> list[Any]:
-    from ropelens.spec.variants import PRoPE, PRoPEPartial, PRoPEReversed
 
     return [*(PRoPE(p) for p in (1.0, 0.0, 0.125, 0.25, 0.5, 0.75, 0.875)), PRoPEReversed(0.75), PRoPEPartial(0.75)]
 
@@ -95,8 +95,6 @@ def _variant_name(v: Any) -> str:
 
 def measure(data: ReportData) -> pd.DataFrame:
     """Perplexity and loss change of every p-RoPE variant, one row each (reads the baseline step)."""
-    from ropelens.spec.variants import kept_planes
-
     n_planes = data.spec.layers[data.layers[0]].n_planes
     rows = []
     for v in _prope_variants():  # p = 1 is the model itself: variant_losses reuses the baseline for it
@@ -107,8 +105,6 @@ def measure(data: ReportData) -> pd.DataFrame:
 
 def render(data: ReportData, frame: pd.DataFrame) -> Section:
     """Perplexity when only the highest fraction p of frequencies keeps rotating, in every layer."""
-    from ropelens.spec.variants import kept_planes
-
     n_planes = data.spec.layers[data.layers[0]].n_planes
     fig = go.Figure()
     kinds = {"p-RoPE": frame[frame.variant.str.startswith(("p-RoPE", "RoPE"))].sort_values("p"),

@@ -36,7 +36,6 @@ def run(args: argparse.Namespace) -> int:
     Mean 2-norm of every RoPE plane of the queries and keys over a corpus; prints each band's share of the
     energy per layer (sink positions excluded).
     """
-
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(frequency_usage)
     u = frequency_usage(load_from_args(args), corpus, **kw)
