@@ -8,6 +8,7 @@ result, figures, command and report section) and registers it. This namespace is
 for one release (importing one warns and gives the module at its new place).
 """
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -37,6 +38,8 @@ from ropelens.analyses.trajectory import Trajectory, trajectory
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
+from ropelens.report.extension import write_study
+from ropelens.results import curves as _curves
 from ropelens.results.curves import describe_curve
 from ropelens.results.provenance import Provenance
 from ropelens.run import data, distributed
@@ -135,6 +138,27 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
     sys.meta_path.insert(0, _MovedModules())
+
+
+def _moved(fn, old: str, new: str):
+    """``fn`` at its old place ``old``, for one release: a call warns that it moved to ``new``, then runs it."""
+
+    @functools.wraps(fn)
+    def moved(*args, **kwargs):
+        warnings.warn(f"{old} moved to {new}; use it from there (the old name goes in the next release)",
+                      DeprecationWarning, stacklevel=2)
+        return fn(*args, **kwargs)
+
+    return moved
+
+
+# functions that moved up the layers (figures to plots, pages to report), kept at their old places for one release;
+# set here, at the top, so that no module imports from a layer above its own
+context.compare_figure = _moved(plots.context.compare_figure, "ropelens.analyses.context.compare_figure",
+                                "ropelens.plots.context.compare_figure")
+_curves.overlay = _moved(plots.curves.overlay, "ropelens.results.curves.overlay", "ropelens.plots.curves.overlay")
+ExtensionStudy.write = _moved(write_study, "ExtensionStudy.write(out)",
+                              "ropelens.report.extension.write_study(study, out)")
 
 __version__ = "0.1.0"
 

@@ -460,15 +460,3 @@ def _model_name(model) -> str:
         return model_label(model)
     except Exception:  # noqa: BLE001 - a label is provenance, never worth failing a search over
         return type(model).__name__
-
-
-def __getattr__(name: str):
-    """Names that moved to the plots layer, kept for one release (a deprecation warning, then the function)."""
-    if name == "compare_figure":
-        import warnings
-
-        from ropelens.plots.context import compare_figure as moved
-
-        warnings.warn("ropelens.analyses.context.compare_figure moved to ropelens.plots.context.compare_figure; import it from there", DeprecationWarning, stacklevel=2)
-        return moved
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -501,19 +501,6 @@ class ExtensionStudy(Result):
     # method, length, heads (one AttentionStatsReducer.table() row per layer × head), same_as
     attention_cells: tuple[dict[str, Any], ...] = ()
 
-    def __getattr__(self, name: str):
-        """``write(out)``, which moved to :func:`ropelens.report.extension.write_study`, kept for one release."""
-        if name == "write":
-            import functools
-            import warnings
-
-            from ropelens.report.extension import write_study
-
-            warnings.warn("ExtensionStudy.write(out) moved to ropelens.report.extension.write_study(study, out)",
-                          DeprecationWarning, stacklevel=2)
-            return functools.partial(write_study, self)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     @property
     def methods(self) -> tuple[str, ...]:
         return tuple(self.variants)

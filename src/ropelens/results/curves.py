@@ -389,15 +389,3 @@ def describe_curve(
         text += f"; envelope: maxima {_fmt(upper[0])} → {_fmt(upper[1])}, minima {_fmt(lower[0])} → {_fmt(lower[1])}"
     return CurveShape("oscillating", text, turns=turns, swings=swings, upper=upper, lower=lower, midline=midline,
                       **base)
-
-
-def __getattr__(name: str):
-    """Names that moved to the plots layer, kept for one release (a deprecation warning, then the function)."""
-    if name == "overlay":
-        import warnings
-
-        from ropelens.plots.curves import overlay as moved
-
-        warnings.warn("ropelens.results.curves.overlay moved to ropelens.plots.curves.overlay; import it from there", DeprecationWarning, stacklevel=2)
-        return moved
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

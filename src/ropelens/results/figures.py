@@ -31,8 +31,9 @@ def figure_of(cls: type, name: str = "figure") -> Callable[..., Any]:
         fn = _FIGURES.get((klass, name))
         if fn is not None:
             return fn
-    raise NotImplementedError(f"{cls.__name__} has no {name!r} figure registered: the figures are drawn by "
-                              "ropelens.plots; `import ropelens.plots` (importing ropelens does it) registers them")
+    raise NotImplementedError(f"{cls.__name__} has no {name!r} figure registered: an analysis declares its figures "
+                              "(Analysis(figures=draw(ResultClass, figure=fn))) and registering it registers them, or "
+                              "call register_figure(ResultClass, fn, name)")
 
 
 def registered_figures() -> dict[tuple[type, str], Callable[..., Any]]:
