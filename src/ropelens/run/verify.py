@@ -320,8 +320,7 @@ class _Probe:
         else:
             reference = "the model's own eager attention" + (" under the intervention in force" if intervened else "")
             self._hf_reference(toks, acts)
-        self._window_edges()
-        self._chunk_edges()
+        self._mask_edges()
         if self.failures:
             # the earliest layer first: a wrong reading there changes every later layer's input
             first = min(self.failures, key=lambda f: (f.layer, _CHECKS.index(f.check)))
@@ -499,61 +498,45 @@ class _Probe:
                 continue
             self._compare(L, acts, None, None, None, None, pattern, scores)
 
-    def _window_edges(self) -> None:
-        """Windows longer than the probe: HF's own mask function with the config's window, at the window's edge."""
-        if not self.long_windows:
-            return
+    def _mask_edges(self) -> None:
+        """Windows and chunks longer than the probe: HF's own mask function, built with the config's size, checked
+        against the spec's mask on both sides of the first edge."""
         try:
-            from transformers.masking_utils import sliding_window_causal_mask_function
+            from transformers.masking_utils import (
+                chunked_causal_mask_function,
+                sliding_window_causal_mask_function,
+            )
         except ImportError:
-            self.unchecked.append(f"windows {self.long_windows} (longer than the probe; no HF mask function)")
+            for what, long in (("windows", self.long_windows), ("chunks", self.long_chunks)):
+                if long:
+                    self.unchecked.append(f"{what} {long} (longer than the probe; no HF mask function)")
             return
         from ropelens.spec.reading import hf_model_of
 
         cfg = hf_model_of(self.model).config
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        hf_window = getattr(cfg, "sliding_window", None)
-        for L, lr in enumerate(self.spec.layers):
-            if not lr.window or lr.window not in self.long_windows:
+        kinds = (  # (name, long sizes, LayerRope field, config key, HF mask function of a size, (q, k) at the edge)
+            ("window", self.long_windows, "window", "sliding_window", sliding_window_causal_mask_function,
+             lambda w: [(q, 0) for q in (w - 1, w, w + 1)]),
+            ("chunk", self.long_chunks, "chunk", "attention_chunk_size",
+             lambda c: chunked_causal_mask_function(c, torch.zeros(1, dtype=torch.long)),
+             lambda c: [(q, k) for q in (c - 1, c, c + 1) for k in (0, c - 1, c) if k <= q]),
+        )
+        for name, long, attr, key, mask_function, edge in kinds:
+            if not long:
                 continue
-            if not hf_window:
-                self.unchecked.append(f"layer {L} window {lr.window} (longer than the probe, no sliding_window in the config)")
-                continue
-            fn = sliding_window_causal_mask_function(int(hf_window))
-            w = lr.window
-            edge = [torch.tensor(q) for q in (w - 1, w, w + 1)]  # HF's mask functions take tensor indices
-            wrong = sum(bool(fn(0, 0, q, torch.tensor(0))) != bool(lr.mask(int(q) + 1)[q, 0]) for q in edge)
-            self._note("window edge", L, "HF's sliding-window mask function", float(wrong),
-                       f"spec window {w}, config sliding_window {hf_window}")
-        self.unchecked.append("which layers slide, for windows longer than the probe (read from the config)")
-
-    def _chunk_edges(self) -> None:
-        """Chunks longer than the probe: HF's own chunked mask function with the config's chunk size, at a chunk's edge."""
-        if not self.long_chunks:
-            return
-        try:
-            from transformers.masking_utils import chunked_causal_mask_function
-        except ImportError:
-            self.unchecked.append(f"chunks {self.long_chunks} (longer than the probe; no HF mask function)")
-            return
-        from ropelens.spec.reading import hf_model_of
-
-        cfg = hf_model_of(self.model).config
-        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        hf_chunk = getattr(cfg, "attention_chunk_size", None)
-        for L, lr in enumerate(self.spec.layers):
-            if not lr.chunk or lr.chunk not in self.long_chunks:
-                continue
-            if not hf_chunk:
-                self.unchecked.append(f"layer {L} chunk {lr.chunk} (longer than the probe, no attention_chunk_size "
-                                      "in the config)")
-                continue
-            fn = chunked_causal_mask_function(int(hf_chunk), torch.zeros(1, dtype=torch.long))
-            c = lr.chunk
-            # queries on both sides of the first chunk boundary, against keys on both sides of it
-            pairs = [(q, k) for q in (c - 1, c, c + 1) for k in (0, c - 1, c) if k <= q]
-            ours = lr.mask(c + 2)
-            wrong = sum(bool(fn(0, 0, torch.tensor(q), torch.tensor(k))) != bool(ours[q, k]) for q, k in pairs)
-            self._note("chunk edge", L, "HF's chunked mask function", float(wrong),
-                       f"spec chunk {c}, config attention_chunk_size {hf_chunk}")
-        self.unchecked.append("which layers are chunked, for chunks longer than the probe (read from the config)")
+            hf_size = getattr(cfg, key, None)
+            for L, lr in enumerate(self.spec.layers):
+                size = getattr(lr, attr)
+                if not size or size not in long:
+                    continue
+                if not hf_size:
+                    self.unchecked.append(f"layer {L} {name} {size} (longer than the probe, no {key} in the config)")
+                    continue
+                fn, ours = mask_function(int(hf_size)), lr.mask(size + 2)
+                # HF's mask functions take tensor indices
+                wrong = sum(bool(fn(0, 0, torch.tensor(q), torch.tensor(k))) != bool(ours[q, k]) for q, k in edge(size))
+                self._note(f"{name} edge", L, f"HF's {'sliding-window' if name == 'window' else 'chunked'} mask function",
+                           float(wrong), f"spec {name} {size}, config {key} {hf_size}")
+            self.unchecked.append(f"which layers {'slide' if name == 'window' else 'are chunked'}, for "
+                                  f"{name}s longer than the probe (read from the config)")
