@@ -144,3 +144,57 @@ class Registry:
 def registry(monkeypatch) -> Registry:
     """The analysis registry, restored after the test."""
     return Registry(monkeypatch)
+
+
+class Hub:
+    """A local stand-in for the model hub, for tests of what ropelens says when the hub answers (or does not)."""
+
+    def __init__(self, monkeypatch):
+        from huggingface_hub import constants
+
+        self._monkeypatch, self._constants, self._servers = monkeypatch, constants, []
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def point(self, endpoint: str, timeout: str = "0.5") -> str:
+        """Send the hub client to ``endpoint`` with a short timeout; returns the endpoint."""
+        self._monkeypatch.setattr(self._constants, "ENDPOINT", endpoint)
+        self._monkeypatch.setenv("ROPELENS_HUB_TIMEOUT", timeout)
+        return endpoint
+
+    def not_found(self, code: str, error: str, timeout: str = "0.5") -> str:
+        """Serve 404 with the hub's error code ``code`` (``RepoNotFound``, ``RevisionNotFound``) to every request,
+        and point the client there; returns the endpoint."""
+        import http.server
+        import json
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                body = json.dumps({"error": error}).encode()
+                self.send_response(404)
+                self.send_header("X-Error-Code", code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._servers.append(server)
+        return self.point(f"http://127.0.0.1:{server.server_port}", timeout)
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """A local model hub (:class:`Hub`), its servers shut down after the test."""
+    h = Hub(monkeypatch)
+    yield h
+    h.close()

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import http.server
-import json
-import threading
 
 import pytest
 import torch
@@ -98,36 +95,10 @@ def test_revision_reaches_from_pretrained(monkeypatch):
     assert model.cfg.model_name == "EleutherAI/pythia-160m@step1000"
 
 
-class _HubWithoutRevision(http.server.BaseHTTPRequestHandler):
-    """A hub that has the repository but not the revision asked for (404 with the hub's error code)."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = json.dumps({"error": "Invalid rev id: step999"}).encode()
-        self.send_response(404)
-        self.send_header("X-Error-Code", "RevisionNotFound")
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):  # quiet
-        pass
-
-
-def test_unknown_revision_is_named(monkeypatch):
-    from huggingface_hub import constants
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), _HubWithoutRevision)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_port}"
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-    monkeypatch.setenv("ROPELENS_HUB_TIMEOUT", "2")
-    try:
-        with pytest.raises(InputError, match=f"the hub \\({endpoint}\\) has model 'owner/model' but no revision 'step999'"):
-            load_model("owner/model", revision="step999", device="cpu")
-    finally:
-        server.shutdown()
+def test_unknown_revision_is_named(hub):
+    endpoint = hub.not_found("RevisionNotFound", "Invalid rev id: step999", timeout="2")
+    with pytest.raises(InputError, match=f"the hub \\({endpoint}\\) has model 'owner/model' but no revision 'step999'"):
+        load_model("owner/model", revision="step999", device="cpu")
 
 
 # ------------------------------------------------------------------------------------------ checkpoints from train

@@ -8,10 +8,8 @@ tiny model directory. No test here loads an embedded model.
 
 from __future__ import annotations
 
-import http.server
 import json
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -188,44 +186,14 @@ def test_unknown_model_name_says_what_was_tried(name, message, tmp_path, capsys)
     assert "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), or a hub id" in got
 
 
-class _Hub(http.server.BaseHTTPRequestHandler):
-    """A hub that knows no model (404 with the hub's error code)."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = json.dumps({"error": "Repository not found"}).encode()
-        self.send_response(404)
-        self.send_header("X-Error-Code", "RepoNotFound")
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):  # quiet
-        pass
-
-
-@pytest.fixture
-def online(monkeypatch):
-    """The hub client out of offline mode, pointed at ``endpoint``; a short timeout."""
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("ROPELENS_HUB_TIMEOUT", "0.5")
-
-    def point(endpoint: str) -> None:
-        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-
-    return point
-
-
-def test_unreachable_hub_fails_fast(online, tmp_path, capsys):
+def test_unreachable_hub_fails_fast(hub, tmp_path, capsys):
     """A hub that accepts the connection and never answers: the name fails after the timeout, not after retries."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(4)  # accepts (the kernel does) and never answers
     endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
     try:
-        online(endpoint)
+        hub.point(endpoint)
         started = time.perf_counter()
         got = fails(["inspect", "nosuchmodel"], tmp_path, capsys)
         assert time.perf_counter() - started < 10  # 0.5 s timeout; transformers' retries took 30 s
@@ -235,22 +203,17 @@ def test_unreachable_hub_fails_fast(online, tmp_path, capsys):
     assert "did not answer within 0.5 s" in got and "or connect to the network" in got
 
 
-def test_refused_connection_and_unknown_repository(online, tmp_path, capsys):
+def test_refused_connection_and_unknown_repository(hub, tmp_path, capsys):
     free = socket.socket()
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()  # nothing listens there now: the connection is refused at once
-    online(f"http://127.0.0.1:{port}")
+    hub.point(f"http://127.0.0.1:{port}")
     assert "did not answer within 0.5 s (ConnectError" in fails(["inspect", "nosuchmodel"], tmp_path, capsys)
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Hub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        online(f"http://127.0.0.1:{server.server_port}")
-        got = fails(["inspect", "owner/nosuchmodel"], tmp_path, capsys)
-    finally:
-        server.shutdown()
-    assert f"the hub (http://127.0.0.1:{server.server_port}) has no model 'owner/nosuchmodel'" in got
+    endpoint = hub.not_found("RepoNotFound", "Repository not found")
+    got = fails(["inspect", "owner/nosuchmodel"], tmp_path, capsys)
+    assert f"the hub ({endpoint}) has no model 'owner/nosuchmodel'" in got
 
 
 # ---------------------------------------------------------------------------------------- torchrun
