@@ -102,9 +102,7 @@ def _split_module(old: str) -> types.ModuleType:
         verb, _, what = name.partition("_")
         if verb in ("add", "run", "measure", "render") and what in SPLIT[old]:
             new = importlib.import_module(f"ropelens.catalog.{SPLIT[old][what]}")
-            if verb == "add":
-                return new.ANALYSIS.command.add_to
-            return getattr(new, "options" if verb == "add" else verb)
+            return new.ANALYSIS.command.add_to if verb == "add" else getattr(new, verb)
         raise AttributeError(f"module ropelens.{old} has no attribute {name!r}")
 
     module.__getattr__ = __getattr__  # type: ignore[method-assign]

@@ -170,13 +170,16 @@ def test_figures_register_with_their_analysis(registry):
     ("report.variants", "measure_baseline", "report.steps:measure_baseline"),
     ("report.theory", "DecayCurves", "catalog.pe_geometry:DecayCurves"),
 ])
-def test_split_modules_keep_their_names_for_a_release(old, name, new):
+def test_split_modules_keep_their_names_for_a_release(old, name, new, monkeypatch):
+    import sys
+
     module, _, attr = new.partition(":")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = getattr(importlib.import_module(f"ropelens.{old}"), name)
-    assert got is getattr(importlib.import_module(f"ropelens.{module}"), attr)
-    assert any(issubclass(w.category, DeprecationWarning) for w in caught) or f"ropelens.{old}" in __import__("sys").modules
+    monkeypatch.delitem(sys.modules, f"ropelens.{old}", raising=False)  # imported afresh: it warns
+    with pytest.warns(DeprecationWarning, match=f"ropelens.{old} was split into one module per analysis"):
+        stand_in = importlib.import_module(f"ropelens.{old}")
+    assert getattr(stand_in, name) is getattr(importlib.import_module(f"ropelens.{module}"), attr)
+    with pytest.raises(AttributeError, match=f"ropelens.{old} has no attribute 'no_such_name'"):
+        _ = stand_in.no_such_name
 
 
 def test_old_add_functions_add_the_declared_command():
