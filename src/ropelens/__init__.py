@@ -38,7 +38,7 @@ from ropelens.analyses.trajectory import Trajectory, trajectory
 from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
-from ropelens.report.extension import write_study
+from ropelens.report import extension as _extension_page
 from ropelens.results import curves as _curves
 from ropelens.results.curves import describe_curve
 from ropelens.results.provenance import Provenance
@@ -155,7 +155,7 @@ def _moved(fn, old: str, new: str):
 context.compare_figure = _moved(plots.context.compare_figure, "ropelens.analyses.context.compare_figure",
                                 "ropelens.plots.context.compare_figure")
 _curves.overlay = _moved(plots.curves.overlay, "ropelens.results.curves.overlay", "ropelens.plots.curves.overlay")
-ExtensionStudy.write = _moved(write_study, "ExtensionStudy.write(out)",
+ExtensionStudy.write = _moved(_extension_page.write_study, "ExtensionStudy.write(out)",
                               "ropelens.report.extension.write_study(study, out)")
 
 __version__ = "0.1.0"
