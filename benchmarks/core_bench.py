@@ -22,10 +22,10 @@ import time
 import torch
 
 import ropelens
-from ropelens import data
-from ropelens.analyses.band_stats import BandStatsReducer
-from ropelens.analyses.usage import UsageReducer
+from ropelens.analyses.band_statistics import BandStatsReducer
+from ropelens.analyses.frequency_usage import UsageReducer
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
+from ropelens.run import data
 from ropelens.run.capture import batches, stream
 from ropelens.spec.bands import Bands
 

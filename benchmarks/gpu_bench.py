@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from ropelens.analyses.band_stats import BandStatsReducer
-from ropelens.analyses.usage import UsageReducer
+from ropelens.analyses.band_statistics import BandStatsReducer
+from ropelens.analyses.frequency_usage import UsageReducer
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
 from ropelens.loading.models import wrap_hf_model
 from ropelens.run.capture import batches, stream

@@ -30,9 +30,9 @@ import time
 import torch
 
 import ropelens
-from ropelens import data
 from ropelens.backends.losses import hf_losses
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
+from ropelens.run import data
 from ropelens.run.evaluate import window_losses
 from ropelens.run.intervene import ablate_planes, apply_rope_variant
 from ropelens.spec.variants import PRoPE
@@ -120,9 +120,8 @@ def rss(args) -> None:
 
 
 def passkey(args) -> None:
+    from ropelens.analyses.passkey_retrieval import passkey_retrieval
     from ropelens.cli.variant_syntax import parse_variant
-
-    from ropelens.analyses.passkey import passkey_retrieval
 
     variant = parse_variant(args.variant) if args.variant else None
     model = ropelens.load_model(args.model)

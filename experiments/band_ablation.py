@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 import ropelens  # noqa: E402
-from ropelens import data  # noqa: E402
 from ropelens.results.provenance import Provenance  # noqa: E402
 from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
+from ropelens.run import data  # noqa: E402
 from ropelens.run.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
 from ropelens.run.intervene import ablate_planes  # noqa: E402
 from ropelens.spec.bands import Bands  # noqa: E402

@@ -28,16 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 import torch  # noqa: E402
 
-from ropelens import data, rope_spec  # noqa: E402
-from ropelens import train as T  # noqa: E402
-from ropelens.analyses.context import (  # noqa: E402
+from ropelens import rope_spec
+from ropelens.analyses.extension_planes import (  # noqa: E402
     LongRopeSearch,
-    plane_view,
+    extension_planes,
     search_longrope_factors,
 )
-from ropelens.plots.context import compare_figure  # noqa: E402
+from ropelens.plots.extension_planes import compare_figure  # noqa: E402
 from ropelens.results.provenance import Provenance  # noqa: E402
 from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
+from ropelens.run import data  # noqa: E402
 from ropelens.run.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
 from ropelens.run.intervene import apply_rope_variant  # noqa: E402
 from ropelens.spec.variants import (  # noqa: E402
@@ -49,6 +49,7 @@ from ropelens.spec.variants import (  # noqa: E402
     LongRoPE,
     YaRN,
 )
+from ropelens.training import train as T  # noqa: E402
 
 METHODS = ("none", "PI", "NTK", "DynamicNTK", "YaRN", "Llama3", "LongRoPE")
 # Character tokens: a tiny model learns them in minutes and leans on position (spelling) far more
@@ -190,7 +191,7 @@ def extrapolation(bridge, hf, info, config: T.TrainConfig, args, store: RunStore
                 _fit(tuned, batches, config, args.finetune_steps, config.lr / 4, variant=v)
                 _run(store, cfg, tuned, v, tokens, args.n_boot)
     layer = rope_spec(bridge)[0]
-    views = [plane_view(layer, method_variant(n, 4.0, l0, found, n_ft), l0, n_ft)
+    views = [extension_planes(layer, method_variant(n, 4.0, l0, found, n_ft), l0, n_ft)
              for n in METHODS[1:] if method_variant(n, 4.0, l0, found, n_ft) is not None]
     dump_json(out / "plane_views_4x.json", [v.to_dict() for v in views])
     atomic_write_text(out / "wavelengths_4x.html", compare_figure(views).to_html(include_plotlyjs="cdn"))

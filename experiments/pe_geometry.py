@@ -29,7 +29,6 @@ import plotly.graph_objects as go  # noqa: E402
 from plotly.subplots import make_subplots  # noqa: E402
 
 import ropelens  # noqa: E402
-from ropelens import data  # noqa: E402
 from ropelens.analyses.decay import (  # noqa: E402
     roformer_bound,
     rope_decay_by_distance,
@@ -41,6 +40,7 @@ from ropelens.plots.curves import overlay  # noqa: E402
 from ropelens.results.curves import decay_verdict  # noqa: E402
 from ropelens.results.provenance import Provenance  # noqa: E402
 from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
+from ropelens.run import data  # noqa: E402
 from ropelens.run.capture import capture_qk  # noqa: E402
 from ropelens.run.evaluate import RunStore  # noqa: E402
 from ropelens.training.pe_train import ORDERS, PETrainConfig, PETrainResult, train_pe_model  # noqa: E402

@@ -26,9 +26,9 @@ import _common  # noqa: E402
 import torch  # noqa: E402
 
 import ropelens  # noqa: E402
-from ropelens import data  # noqa: E402
-from ropelens.analyses.heads import HeadTaxonomy, classify_heads  # noqa: E402
+from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy  # noqa: E402
 from ropelens.results.serialize import dump_json  # noqa: E402
+from ropelens.run import data  # noqa: E402
 from ropelens.run.capture import batches, stream  # noqa: E402
 from ropelens.run.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
 from ropelens.run.intervene import ablate_planes  # noqa: E402
@@ -177,9 +177,9 @@ def cs_table(model, heads: list[tuple[int, int, int]], toks: torch.Tensor) -> li
     (the key at q − δ*, as Barbero et al.'s 383.00 vs 483.97 for a diagonal head), keys past BOS."""
     if not heads:
         return []
-    from ropelens.analyses.decompose import decompose_attention
+    from ropelens.analyses.attention_decomposition import attention_decomposition
 
-    dec = decompose_attention(model, toks, bands=BANDS, layers=sorted({L for L, _, _ in heads}))
+    dec = attention_decomposition(model, toks, bands=BANDS, layers=sorted({L for L, _, _ in heads}))
     out = []
     for L, h, d in heads:
         x = dec.band_logits(L, masked=False)[:, h]  # [b,B,q,k]
@@ -200,7 +200,7 @@ def taxonomy(model, name, args, out: Path) -> HeadTaxonomy:
     path = out / f"taxonomy-{name}-{args.n_ctx}x{args.n_windows}-s{args.seed}.json"
     if path.exists():
         return HeadTaxonomy.load(path)
-    tx = classify_heads(model, n_ctx=args.n_ctx, n_windows=args.n_windows, seed=args.seed, bands=BANDS)
+    tx = head_taxonomy(model, n_ctx=args.n_ctx, n_windows=args.n_windows, seed=args.seed, bands=BANDS)
     tx.save(path)
     return tx
 

@@ -20,12 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
 
-from ropelens import (
-    data,  # noqa: E402
-    rope_spec,  # noqa: E402
-)
+from ropelens import rope_spec  # noqa: E402
 from ropelens.results.provenance import Provenance  # noqa: E402
 from ropelens.results.serialize import atomic_write_text  # noqa: E402
+from ropelens.run import data  # noqa: E402
 from ropelens.run.evaluate import RunStore, bootstrap_ci, window_losses  # noqa: E402
 from ropelens.run.intervene import apply_rope_variant, is_identity  # noqa: E402
 from ropelens.spec.variants import PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402

@@ -70,7 +70,7 @@ def main() -> int:
           "the plane terms stay an exact decomposition of each logit; a plane's frequency is the one its rotation "
           "had before the norm; relative-position invariance no longer holds exactly (the norm rescales each "
           "position, and a gain that differs between a plane's two dims breaks it within the plane); and the "
-          "pairing column checks the rotation's own output, before the norm. `ropelens inspect --families` lists "
+          "pairing column checks the rotation's own output, before the norm. `ropelens rope-spec --families` lists "
           "the families below, exact or refused and why, without building a model. "
           "A family ropelens cannot measure exactly "
           "raises `ropelens.errors.UnsupportedModelError` in one line, never a number: at load (TransformerLens has "

@@ -74,7 +74,7 @@ def family_model(family_dir):
 @pytest.fixture
 def tiny_embedded(tiny_dir, monkeypatch):
     """The name of a stand-in embedded model whose converted weights are the tiny Llama's directory."""
-    from ropelens import models
+    from ropelens.loading import models
 
     entry = models.EmbeddedModel(name="tiny-embedded", hub_name="ropelens/tiny-llama", distribution="torch",
                                  install="(installed)", gguf=lambda _scratch: Path("unused.gguf"),

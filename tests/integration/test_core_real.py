@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import ropelens
-from ropelens import data
-from ropelens.analyses.decompose import decompose_attention
-from ropelens.analyses.usage import frequency_usage
+from ropelens.analyses.attention_decomposition import attention_decomposition
+from ropelens.analyses.frequency_usage import frequency_usage
+from ropelens.run import data
 from ropelens.spec.bands import Bands
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,7 @@ def english_window(model, n_ctx: int) -> torch.Tensor:
 
 
 def assert_sums_to_scores(model, toks, layers, bands):
-    dec = decompose_attention(model, toks, bands=bands, layers=layers)
+    dec = attention_decomposition(model, toks, bands=bands, layers=layers)
     _, cache = model.run_with_cache(toks, names_filter=lambda n: n.endswith(("hook_attn_scores", "hook_pattern")))
     for L in layers:
         scores = cache[f"blocks.{L}.attn.hook_attn_scores"]

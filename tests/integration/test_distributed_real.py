@@ -11,8 +11,8 @@ import time
 import torch
 
 import ropelens
-from ropelens.analyses.band_stats import BandStatistics
-from ropelens.analyses.usage import FrequencyUsage
+from ropelens.analyses.band_statistics import BandStatistics
+from ropelens.analyses.frequency_usage import FrequencyUsage
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
@@ -30,7 +30,7 @@ def test_smollm2_two_ranks_equal_one_process(smollm2, tmp_path):
     r = subprocess.run([*cmd, "usage", "smollm2-135m", *args, "--save", str(tmp_path / "u.json")],
                        capture_output=True, text=True, timeout=600, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
-    one = ropelens.band_statistics(smollm2, "english", n_ctx=64, max_tokens=64 * 5, layers=[0, 14, 29],
+    one = ropelens.analyses.band_statistics(smollm2, "english", n_ctx=64, max_tokens=64 * 5, layers=[0, 14, 29],
                                    batch_size=2, progress=False)
     two = BandStatistics.load(tmp_path / "s.json")
     assert two.provenance.config["world_size"] == 2
@@ -38,7 +38,7 @@ def test_smollm2_two_ranks_equal_one_process(smollm2, tmp_path):
     # (5.4e-8 relative measured under torch 2.13 / transformers 5.24); the merge itself adds float64 sums exactly
     for k, v in one.sums.items():
         assert _rel(two.sums[k], v) <= 1e-6, k
-    u1 = ropelens.frequency_usage(smollm2, "english", n_ctx=64, max_tokens=64 * 5, layers=[0, 14, 29], progress=False)
+    u1 = ropelens.analyses.frequency_usage(smollm2, "english", n_ctx=64, max_tokens=64 * 5, layers=[0, 14, 29], progress=False)
     u2 = FrequencyUsage.load(tmp_path / "u.json")
     for key, m in u1.token.items():
         assert _rel(u2.token[key].total, m.total) <= 1e-6, key

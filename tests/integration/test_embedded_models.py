@@ -225,14 +225,14 @@ def test_bos(smollm2, gemma3):
 
 
 def test_cli_inspect_default_model(capsys):
-    assert main(["inspect", "--device", "cpu"]) == 0
+    assert main(["rope-spec", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("smollm2-135m  (LlamaForCausalLM, 30 layers, n_ctx 8192)")
     assert "100000" in out and "9 / 3" in out and "0.125 (1/8)" in out
 
 
 def test_cli_inspect_gemma_json(capsys):
-    assert main(["inspect", "gemma-3-270m", "--json"]) == 0
+    assert main(["rope-spec", "gemma-3-270m", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     summary = {row["kind"]: row for row in data["summary"]}
     assert summary["full"]["layers"] == "5,11,17"

@@ -68,8 +68,8 @@ def test_quick_report_renders(smollm2, browser, tmp_path):
 
 def test_extension_study_page_renders(browser, tmp_path):
     """The extend page (loss by length, passkey grid, per-plane view, predictors) draws every figure offline."""
-    from ropelens.analyses.extension import extension_study
-    from ropelens.report.extension import write_study
+    from ropelens.analyses.extension_study import extension_study
+    from ropelens.report.extension_study import write_study
     from ropelens.testing import tiny_model
 
     model = tiny_model("llama", max_position_embeddings=64)

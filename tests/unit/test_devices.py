@@ -12,8 +12,8 @@ import torch
 
 import ropelens
 from ropelens import Bands
-from ropelens.analyses.band_stats import BandStatsReducer
-from ropelens.analyses.heads import classify_heads
+from ropelens.analyses.band_statistics import BandStatsReducer
+from ropelens.analyses.head_taxonomy import head_taxonomy
 from ropelens.run.intervene import ablate_planes, apply_rope_variant
 from ropelens.spec.variants import PRoPE
 from ropelens.testing import tiny_model
@@ -64,12 +64,12 @@ def models():
 def test_usage_and_band_statistics_on_device(family, device, models):
     cpu, dev = models(family, "cpu"), models(family, device)
     toks = _tokens()
-    u_cpu = ropelens.frequency_usage(cpu, toks, progress=False)
-    u_dev = ropelens.frequency_usage(dev, toks, progress=False)
+    u_cpu = ropelens.analyses.frequency_usage(cpu, toks, progress=False)
+    u_dev = ropelens.analyses.frequency_usage(dev, toks, progress=False)
     _close(u_dev.q_norm, u_cpu.q_norm)
     _close(u_dev.k_norm, u_cpu.k_norm)
-    s_cpu = ropelens.band_statistics(cpu, toks, bands=Bands.quantiles(2), progress=False, jsd=True)
-    s_dev = ropelens.band_statistics(dev, toks, bands=Bands.quantiles(2), progress=False, jsd=True)
+    s_cpu = ropelens.analyses.band_statistics(cpu, toks, bands=Bands.quantiles(2), progress=False, jsd=True)
+    s_dev = ropelens.analyses.band_statistics(dev, toks, bands=Bands.quantiles(2), progress=False, jsd=True)
     for k in s_cpu.sums:
         assert s_dev.sums[k].device.type == "cpu" and s_dev.sums[k].dtype == torch.float64, k
         _close(s_dev.sums[k], s_cpu.sums[k], rtol=1e-4, atol=1e-4)
@@ -90,12 +90,12 @@ def test_reducer_sums_stay_on_the_device(device, models):
 def test_decomposition_heads_variants_and_ablation_on_device(family, device, models):
     cpu, dev = models(family, "cpu"), models(family, device)
     toks = _tokens(2, 24)
-    d_cpu, d_dev = ropelens.decompose_attention(cpu, toks), ropelens.decompose_attention(dev, toks)
+    d_cpu, d_dev = ropelens.analyses.attention_decomposition(cpu, toks), ropelens.analyses.attention_decomposition(dev, toks)
     L = d_cpu.layers[-1]
     _close(d_dev.band_logits(L, masked=False), d_cpu.band_logits(L, masked=False))
     _close(d_dev.rebuilt_pattern(L), d_cpu.pattern(L), atol=1e-5)
-    h_cpu = classify_heads(cpu, toks, n_ctx=24, progress=False, max_offset=4)
-    h_dev = classify_heads(dev, toks, n_ctx=24, progress=False, max_offset=4)
+    h_cpu = head_taxonomy(cpu, toks, n_ctx=24, progress=False, max_offset=4)
+    h_dev = head_taxonomy(dev, toks, n_ctx=24, progress=False, max_offset=4)
     for k, v in h_cpu.scores.items():
         _close(h_dev.scores[k], v, rtol=1e-4, atol=1e-5)
     with torch.no_grad():

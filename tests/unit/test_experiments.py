@@ -15,7 +15,7 @@ import torch
 
 def english_val_windows(n_ctx, n_windows):
     """The held-out windows the scripts evaluate on, cut with the tiny models' tokenizer."""
-    from ropelens import data
+    from ropelens.run import data
     from ropelens.testing import tiny_tokenizer
 
     _, val = data.english().split()

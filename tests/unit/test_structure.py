@@ -7,6 +7,8 @@ or a reach into another module's private helper fails here, whatever order modul
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,8 +141,49 @@ def test_checks_catch_what_they_look_for(tmp_path):
 def test_public_api_exports_exist():
     for name in ropelens.__all__:
         assert hasattr(ropelens, name), name
-    for module in ("heads", "context", "extrapolation", "train", "variants", "data"):
-        assert module in ropelens.__all__
+    assert len(ropelens.__all__) <= 20  # the root is the core: loading, reading, bands, results, errors
+
+
+def test_every_analysis_exports_its_function_and_result_from_one_namespace():
+    from ropelens.analyses.registry import analyses
+
+    for a in analyses():
+        for part in (a.function, a.result):
+            if part is None or part.__module__.startswith(("ropelens.catalog", "ropelens.report")):
+                continue  # the report's own commands (report, compare)
+            if part.__module__.startswith("ropelens.analyses."):
+                assert getattr(ropelens.analyses, part.__name__, None) is part, (a.name, part.__name__)
+                assert part.__name__ in ropelens.analyses.__all__
+
+
+def test_one_name_per_analysis_at_every_layer():
+    """analyses/NAME.py, plots/NAME.py, catalog/NAME.py, the command NAME-with-hyphens, the section key."""
+    from ropelens.analyses.registry import analyses
+
+    for a in analyses():
+        module = a.name.replace("-", "_")
+        assert (SRC / "catalog" / f"{module}.py").is_file(), a.name
+        if a.command is not None:
+            assert a.command.name == a.name
+        if a.section is not None:
+            assert a.section.key == a.name
+        if a.result is not None and a.result.__module__.startswith("ropelens.analyses."):
+            assert a.result.__module__ == f"ropelens.analyses.{module}", a.name
+            for cls, _, draw in a.figures:
+                if cls is a.result:  # a secondary result may be drawn by a shared module (curves)
+                    assert draw.__module__ == f"ropelens.plots.{module}", (
+                        a.name,
+                        draw.__name__,
+                    )
+
+
+def test_import_ropelens_defines_names_and_does_nothing_else():
+    code = (
+        "import sys, ropelens; "
+        "assert not [m for m in sys.modules if m.startswith(('plotly', 'ropelens.catalog', 'ropelens.plots'))]; "
+        "assert not [f for f in sys.meta_path if type(f).__module__.startswith('ropelens')]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_errors_are_value_errors():
@@ -229,23 +272,3 @@ def test_every_analysis_result_draws_through_its_plots_module(monkeypatch):
         Undrawn().figure()
 
 
-def test_moved_functions_keep_their_old_names_for_one_release():
-    """Functions that moved up the layers stay at their old places for a release: a call warns, then runs the
-    function at its new place (set by the package root, so no module imports from a layer above it)."""
-    from ropelens.analyses import context
-    from ropelens.analyses.extension import ExtensionStudy
-    from ropelens.plots.context import compare_figure
-    from ropelens.plots.curves import overlay
-    from ropelens.plots.style import style_figure
-    from ropelens.report import html
-    from ropelens.report.extension import write_study
-    from ropelens.results import curves
-
-    for old, new, name in ((context.compare_figure, compare_figure, "compare_figure"), (curves.overlay, overlay, "overlay"),
-                           (ExtensionStudy.write, write_study, "write_study")):
-        assert old.__wrapped__ is new
-        with pytest.warns(DeprecationWarning, match=f"{name}.*; use it from there"), pytest.raises(TypeError):
-            old()  # warns, then calls the function at its new place (which wants its arguments)
-    with pytest.raises(AttributeError):
-        _ = context.no_such_name
-    assert html.style_figure is style_figure

@@ -1,53 +1,122 @@
-"""The measurements: one module per analysis, each a reducer (or a function of the spec) and its result.
+"""Every analysis ropelens offers: the function a notebook calls and the result it returns, in one namespace.
 
-Corpus analyses (usage, band statistics, heads, sinks, distance, massive values, rotary offsets)
-stream windows through :func:`ropelens.run.measure.measure`; the others read the spec (decay, context
-extension, base predictors), a single input (decomposition) or run the model under a variant
-(passkey). Import the public names from :mod:`ropelens`; this package only groups the modules.
+Corpus analyses (frequency usage, band statistics, head taxonomy, attention sinks, attention by distance,
+massive values, rotary offsets, positional symbolic, frequency entropy, band location) stream windows
+through :func:`ropelens.run.measure.measure`; the others read the spec (decay, extension planes, base
+predictions), a single input (attention decomposition) or run the model under a variant (passkey
+retrieval, extension study, knockout, retrieval heads). Each analysis is one module named after it, and
+its function and result class are exported here::
+
+    from ropelens.analyses import frequency_usage, FrequencyUsage
 """
 
 from __future__ import annotations
 
 import os
 
+from ropelens.analyses.attention_by_distance import AttentionByDistance, attention_by_distance
+from ropelens.analyses.attention_decomposition import (
+    AttentionDecomposition,
+    attention_decomposition,
+)
+from ropelens.analyses.attention_sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.band_location import BandLocation, band_location
+from ropelens.analyses.band_statistics import BandStatistics, band_statistics
+from ropelens.analyses.base_predictions import (
+    BasePredictions,
+    MeasuredExtrapolation,
+    base_predictions,
+    measured_extrapolation,
+)
+from ropelens.analyses.decay import (
+    rope_decay_by_distance,
+    rope_decay_constant,
+    rope_gaussian_expectation,
+)
+from ropelens.analyses.extension_planes import (
+    ExtensionPlanes,
+    LongRopeSearch,
+    extension_planes,
+    search_longrope_factors,
+)
+from ropelens.analyses.extension_study import ExtensionStudy, extension_study
+from ropelens.analyses.frequency_entropy import FrequencyEntropy, frequency_entropy
+from ropelens.analyses.frequency_usage import FrequencyUsage, frequency_usage
+from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy
+from ropelens.analyses.knockout import Knockout, knockout
+from ropelens.analyses.massive_values import MassiveValues, massive_values
+from ropelens.analyses.mrope_decomposition import MRopeDecomposition, mrope_decomposition
+from ropelens.analyses.passkey_retrieval import PasskeyRetrieval, passkey_retrieval
+from ropelens.analyses.pe_geometry import PESimilarity, learned_pe, pe_similarity, sinusoidal_pe
+from ropelens.analyses.positional_symbolic import PositionalSymbolic, positional_symbolic
+from ropelens.analyses.registry import Analysis, register_analysis
+from ropelens.analyses.retrieval_heads import RetrievalHeads, retrieval_heads
+from ropelens.analyses.rotary_offsets import RotaryOffsets, rotary_offsets
+from ropelens.analyses.trajectory import Trajectory, trajectory
 from ropelens.results import result as _result_base
 
-__all__ = ["load_result", "result_classes"]
+__all__ = [
+    "Analysis",
+    "AttentionByDistance",
+    "AttentionDecomposition",
+    "AttentionSinks",
+    "BandLocation",
+    "BandStatistics",
+    "BasePredictions",
+    "ExtensionPlanes",
+    "ExtensionStudy",
+    "FrequencyEntropy",
+    "FrequencyUsage",
+    "HeadTaxonomy",
+    "Knockout",
+    "LongRopeSearch",
+    "MRopeDecomposition",
+    "MassiveValues",
+    "MeasuredExtrapolation",
+    "PESimilarity",
+    "PasskeyRetrieval",
+    "PositionalSymbolic",
+    "RetrievalHeads",
+    "RotaryOffsets",
+    "Trajectory",
+    "attention_by_distance",
+    "attention_decomposition",
+    "attention_sinks",
+    "band_location",
+    "band_statistics",
+    "base_predictions",
+    "extension_planes",
+    "extension_study",
+    "frequency_entropy",
+    "frequency_usage",
+    "head_taxonomy",
+    "knockout",
+    "learned_pe",
+    "load_result",
+    "massive_values",
+    "measured_extrapolation",
+    "mrope_decomposition",
+    "passkey_retrieval",
+    "pe_similarity",
+    "positional_symbolic",
+    "register_analysis",
+    "result_classes",
+    "retrieval_heads",
+    "rope_decay_by_distance",
+    "rope_decay_constant",
+    "rope_gaussian_expectation",
+    "rotary_offsets",
+    "search_longrope_factors",
+    "sinusoidal_pe",
+    "trajectory",
+]
 
 
 def result_classes() -> dict[str, type[_result_base.Result]]:
-    """Every result class by the kind its files carry.
-
-    A class registers its kind when it is created, so a kind is known once its module is imported; this
-    imports every analysis module that defines a result, whatever the caller imported before.
-    """
-    from ropelens.analyses import (  # noqa: F401  (importing a module registers its result classes)
-        band_location,
-        band_stats,
-        context,
-        decompose,
-        distance,
-        entropy,
-        extension,
-        extrapolation,
-        heads,
-        knockout,
-        massive,
-        mrope,
-        offsets,
-        passkey,
-        pe_geometry,
-        positional_symbolic,
-        retrieval,
-        sinks,
-        trajectory,
-        usage,
-    )
-
+    """Every result class by the kind its files carry (every analysis module is imported above)."""
     return _result_base.registered()
 
 
 def load_result(path: str | os.PathLike[str]) -> _result_base.Result:
     """Read any result file ropelens writes, whichever analysis wrote it (dispatched on the file's ``type``)."""
-    result_classes()
     return _result_base.load_result(path)

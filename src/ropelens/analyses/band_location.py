@@ -3,7 +3,7 @@
 Oka et al. ("Frequency Bands in RoPE") report that a band of high per-plane norm forms in queries
 and keys, placed by the RoPE base and the training length, and that the planes below it (lower
 frequencies) can stop rotating with little loss. ropelens locates the band from the per-plane mean
-norms that :func:`ropelens.analyses.usage.frequency_usage` measures (sink positions excluded), per
+norms that :func:`ropelens.analyses.frequency_usage.frequency_usage` measures (sink positions excluded), per
 layer (heads averaged) and per head:
 
 - the *peak* is the plane of largest mean norm;
@@ -14,7 +14,7 @@ layer (heads averaged) and per head:
 
 It relates the band to the training length T (the spec's ``n_ctx``): each plane's wavelength over
 T, and the *critical plane*, the number of planes that complete a turn within T (Liu et al.'s
-critical dimension d_extra / 2, :func:`ropelens.analyses.extrapolation.critical_dimension`, for
+critical dimension d_extra / 2, :func:`ropelens.analyses.base_predictions.critical_dimension`, for
 default RoPE).
 
 :func:`nope_below_band` runs the model with the planes below each layer's band (higher index, lower
@@ -36,7 +36,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ropelens.analyses.usage import FrequencyUsage, frequency_usage
+from ropelens.analyses.frequency_usage import FrequencyUsage, frequency_usage
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
@@ -48,7 +48,7 @@ from ropelens.spec.rope import RopeSpec
 from ropelens.spec.variants import PlaneMask
 from ropelens.validate import check_number
 
-__all__ = ["BandEdges", "BandIntervention", "FrequencyBands", "control_planes", "frequency_bands", "locate_band",
+__all__ = ["BandEdges", "BandIntervention", "BandLocation", "control_planes", "band_location", "locate_band",
            "nope_below_band"]
 
 Which = Literal["q", "k"]
@@ -128,7 +128,7 @@ class BandIntervention:
 
 
 @dataclass(frozen=True)
-class FrequencyBands(Result, merge_same=("which",), merge_sums=("usage",)):
+class BandLocation(Result, previous_kinds=("FrequencyBands",), merge_same=("which",), merge_sums=("usage",)):
     """The high-norm band per layer and head, from measured per-plane norms, and optionally the loss
     of making the planes below it NoPE against a random control."""
 
@@ -152,10 +152,10 @@ class FrequencyBands(Result, merge_same=("which",), merge_sums=("usage",)):
     def spec(self) -> RopeSpec:
         return self.usage.spec
 
-    def merge(self, other: FrequencyBands) -> FrequencyBands:
+    def merge(self, other: BandLocation) -> BandLocation:
         """Exact merge of the norms of two runs (the intervention, a loss on given windows, does not merge)."""
         if self.intervention is not None or getattr(other, "intervention", None) is not None:
-            raise InputError("FrequencyBands with an intervention do not merge: merge the runs without it "
+            raise InputError("BandLocation with an intervention do not merge: merge the runs without it "
                              "(intervene=False), then run nope_below_band on the merged result")
         self._check_mergeable(other)
         return replace(self, usage=self.usage.merge(other.usage))
@@ -238,13 +238,13 @@ class FrequencyBands(Result, merge_same=("which",), merge_sums=("usage",)):
                 "intervention": None if self.intervention is None else self.intervention.to_dict()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FrequencyBands:
+    def from_dict(cls, d: dict[str, Any]) -> BandLocation:
         iv = d.get("intervention")
         return cls(usage=FrequencyUsage.from_dict(d["usage"]), which=d["which"],
                    intervention=None if iv is None else BandIntervention.from_dict(iv))
 
 
-def nope_below_band(model, bands: FrequencyBands, tokens: Tensor, *, seed: int = 0, batch_size: int = 4,
+def nope_below_band(model, bands: BandLocation, tokens: Tensor, *, seed: int = 0, batch_size: int = 4,
                     progress: bool = False) -> BandIntervention:
     """Loss on ``tokens`` with RoPE, with the planes below each layer's band unrotated, and with as many
     planes per layer drawn at random (seeded) unrotated; paired bootstrap CIs of the differences."""
@@ -269,8 +269,8 @@ def nope_below_band(model, bands: FrequencyBands, tokens: Tensor, *, seed: int =
 
 
 @corpus_analysis(n_ctx=256, max_tokens=4096)
-def frequency_bands(model, corpus, run: RunOptions, *, which: Which = "q", n_sink: int = 1, intervene: bool = True,
-                    eval_windows: int = 8, seed: int = 0) -> FrequencyBands:
+def band_location(model, corpus, run: RunOptions, *, which: Which = "q", n_sink: int = 1, intervene: bool = True,
+                    eval_windows: int = 8, seed: int = 0) -> BandLocation:
     """Locate the high-norm band per layer and head from the corpus's per-plane norms; with ``intervene``,
     also the loss of unrotating the planes below it on the first ``eval_windows`` windows, against a
     seeded random control."""
@@ -280,7 +280,7 @@ def frequency_bands(model, corpus, run: RunOptions, *, which: Which = "q", n_sin
                                     hint=" (windows the loss is measured on)"))
     seed = int(check_number(seed, "seed", integer=True))
     usage = frequency_usage(model, corpus, **asdict(run), n_sink=n_sink)
-    result = FrequencyBands(usage=usage, which=which)
+    result = BandLocation(usage=usage, which=which)
     if not intervene:
         return result
     win = Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)

@@ -1,8 +1,8 @@
 """Dose-response knockouts: zero k RoPE planes of a head set's queries and keys and measure what breaks.
 
-*Head sets.* ``"positional"`` (:func:`ropelens.analyses.heads.classify_heads`), ``"retrieval"`` (retrieval score
-≥ a threshold, :func:`ropelens.analyses.retrieval.retrieval_scores`), ``"sinks"`` (Gu et al.'s criterion,
-:func:`ropelens.analyses.sinks.attention_sinks`), ``"others"`` (rotary heads in none of the three), or any list of
+*Head sets.* ``"positional"`` (:func:`ropelens.analyses.head_taxonomy.head_taxonomy`), ``"retrieval"`` (retrieval score
+≥ a threshold, :func:`ropelens.analyses.retrieval_heads.retrieval_scores`), ``"sinks"`` (Gu et al.'s criterion,
+:func:`ropelens.analyses.attention_sinks.attention_sinks`), ``"others"`` (rotary heads in none of the three), or any list of
 (layer, query head).
 
 *Doses.* k planes of every head in the set are zeroed in the rotated q and k (:func:`ropelens.run.intervene.ablate_planes`,
@@ -16,9 +16,9 @@ uniformly over its causal prefix; in partial-rotary heads the unrotated dims kee
 *Effects*, per window (paired with the unmodified model on the same window): ``loss`` (next-token loss on text,
 :func:`ropelens.run.evaluate.window_losses`); ``previous_token``, ``diagonal`` and ``positional`` (attention mass of the
 probe heads, the positional heads by default, at offset 1, at offset 0, and at each probe head's own offset, on
-seeded uniformly random tokens, scored by :class:`ropelens.analyses.heads.HeadScoresReducer`); ``copy_nll`` and
+seeded uniformly random tokens, scored by :class:`ropelens.analyses.head_taxonomy.HeadScoresReducer`); ``copy_nll`` and
 ``copy_accuracy`` (teacher-forced next-token loss and top-1 accuracy on the passkey digits of retrieval prompts,
-:func:`ropelens.analyses.retrieval.copy_case`).
+:func:`ropelens.analyses.retrieval_heads.copy_case`).
 
 *Statistics* (:mod:`ropelens.run.stats`, docs/statistics.md): each effect is the mean paired difference
 (knocked out − unmodified) with a paired bootstrap CI over windows. ``p_random_planes``: the layer-clustered
@@ -95,20 +95,20 @@ def head_sets(model, names: Sequence[str], text: Tensor, *, retrieval_threshold:
     need = set(names) | (set(HEAD_SETS[:3]) if "others" in names else set())
     found: dict[str, set[tuple[int, int]]] = {}
     if "positional" in need:
-        from ropelens.analyses.heads import classify_heads
+        from ropelens.analyses.head_taxonomy import head_taxonomy
 
-        tx = classify_heads(model, text, layers=spec.rotary_layers, seed=seed, progress=False, verify=verify)
+        tx = head_taxonomy(model, text, layers=spec.rotary_layers, seed=seed, progress=False, verify=verify)
         pos = tx.positional()
         found["positional"] = {(L, h) for i, L in enumerate(tx.layers) for h in range(pos.shape[1]) if pos[i, h]}
     if "sinks" in need:
-        from ropelens.analyses.sinks import attention_sinks
+        from ropelens.analyses.attention_sinks import attention_sinks
 
         s = attention_sinks(model, text, n_ctx=text.shape[1], max_tokens=None, layers=spec.rotary_layers,
                             progress=False, verify=verify)
         sink = s.sinking()
         found["sinks"] = {(L, h) for i, L in enumerate(s.layers) for h in range(sink.shape[1]) if sink[i, h]}
     if "retrieval" in need:
-        from ropelens.analyses.retrieval import retrieval_scores
+        from ropelens.analyses.retrieval_heads import retrieval_scores
 
         scores, _ = retrieval_scores(model, (retrieval_ctx,), (0.25, 0.75), 2, seed)
         found["retrieval"] = {(L, h) for L in spec.rotary_layers for h in range(spec[L].n_heads)
@@ -196,7 +196,7 @@ class KnockoutProbe:
         return out
 
     def _probe(self, model, spec) -> dict[str, Tensor]:
-        from ropelens.analyses.heads import HeadScoresReducer
+        from ropelens.analyses.head_taxonomy import HeadScoresReducer
         from ropelens.run.measure import RunOptions, Windows, measure
         from ropelens.spec.bands import Bands
 
@@ -341,9 +341,9 @@ def _p(observed: Tensor, draws: list[Tensor], metric: str) -> float:
 
 
 def _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len) -> tuple[Tensor, Tensor, list[Any]]:
-    from ropelens.analyses.heads import random_tokens
-    from ropelens.analyses.passkey import make_passkey, passkey_prompt
-    from ropelens.analyses.retrieval import copy_case
+    from ropelens.analyses.head_taxonomy import random_tokens
+    from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
+    from ropelens.analyses.retrieval_heads import copy_case
     from ropelens.run import data
     from ropelens.spec.reading import hf_model_of
 

@@ -367,7 +367,7 @@ def rank_correlation(x: Tensor, y: Tensor) -> float:
 
 @dataclass(frozen=True)
 class TaxonomyAgreement:
-    """How the positional/symbolic calls line up with :func:`ropelens.analyses.heads.classify_heads`'s kinds."""
+    """How the positional/symbolic calls line up with :func:`ropelens.analyses.head_taxonomy.head_taxonomy`'s kinds."""
 
     confusion: pd.DataFrame  # rows: taxonomy kinds; columns: positional / mixed / symbolic
     kappa: float  # Cohen's κ of "positional" by the calls against the taxonomy's positional flag

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ropelens.errors import InputError
-from ropelens.results.figures import register_figure
+from ropelens.results.figures import load_catalog, register_figure
 
 __all__ = ["ANALYSES", "Analysis", "analyses", "analysis", "draw", "parts", "register_analysis"]
 
@@ -76,6 +76,7 @@ def register_analysis(a: Analysis, *, before: str | None = None) -> Analysis:
     """
     if not isinstance(a, Analysis):
         raise InputError(f"register_analysis takes an Analysis, got {type(a).__name__}")
+    load_catalog()  # ropelens's own analyses come first, so that ``before=`` can name them
     for part, key in (("command", "name"), ("section", "key")):
         value = getattr(a, part)
         if value is None:
@@ -101,11 +102,13 @@ def register_analysis(a: Analysis, *, before: str | None = None) -> Analysis:
 
 def analyses() -> tuple[Analysis, ...]:
     """Every registered analysis, in order."""
+    load_catalog()
     return tuple(ANALYSES.values())
 
 
 def analysis(name: str) -> Analysis:
     """The registered analysis called ``name``."""
+    load_catalog()
     try:
         return ANALYSES[name]
     except KeyError:

@@ -6,15 +6,15 @@ checkpoints (directories such as ``ropelens.training.train`` saves, or one hub r
 revisions, Pythia's ``step1000`` …) with the existing analyses on a small token budget, and keeps a few
 summary numbers per checkpoint in one tidy table (step, analysis, metric, layer, value):
 
-- ``bands`` (:func:`ropelens.analyses.band_location.frequency_bands` on the per-plane query norms of
-  :func:`ropelens.analyses.usage.frequency_usage`): ``band_peak`` (the plane of largest mean norm),
+- ``bands`` (:func:`ropelens.analyses.band_location.band_location` on the per-plane query norms of
+  :func:`ropelens.analyses.frequency_usage.frequency_usage`): ``band_peak`` (the plane of largest mean norm),
   ``band_width`` and ``band_prominence`` (peak norm ÷ the median plane's), per layer and as the median
   over layers;
-- ``sinks`` (:func:`ropelens.analyses.sinks.attention_sinks`): ``sink_head_share`` (heads whose mean
+- ``sinks`` (:func:`ropelens.analyses.attention_sinks.attention_sinks`): ``sink_head_share`` (heads whose mean
   attention to position 0 exceeds Gu et al.'s ε) and ``sink_attention`` (mean attention to position 0);
-- ``massive`` (:func:`ropelens.analyses.massive.massive_values`): ``massive_dims`` (query dimensions
+- ``massive`` (:func:`ropelens.analyses.massive_values.massive_values`): ``massive_dims`` (query dimensions
   whose norm exceeds 5× their head's mean dimension norm) and ``massive_max_ratio``;
-- ``heads`` (:func:`ropelens.analyses.heads.classify_heads`): ``positional_heads`` and
+- ``heads`` (:func:`ropelens.analyses.head_taxonomy.head_taxonomy`): ``positional_heads`` and
   ``positional_share``.
 
 Model-wide rows have ``layer`` −1. :meth:`Trajectory.emergence` gives, for each structure, the step
@@ -248,9 +248,9 @@ def _median(x: torch.Tensor) -> float:
 
 
 def _bands(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
-    from ropelens.analyses.band_location import frequency_bands
+    from ropelens.analyses.band_location import band_location
 
-    r = frequency_bands(model, corpus, intervene=False, **_run(kw))
+    r = band_location(model, corpus, intervene=False, **_run(kw))
     b = r.bands()
     rows = []
     for name, t in (("band_peak", b.peak), ("band_width", b.width), ("band_prominence", b.prominence)):
@@ -259,7 +259,7 @@ def _bands(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, floa
 
 
 def _sinks(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
-    from ropelens.analyses.sinks import attention_sinks
+    from ropelens.analyses.attention_sinks import attention_sinks
 
     r = attention_sinks(model, corpus, **_run(kw))
     present, sinking, att = r.present(), r.sinking(), r.mean_attention()
@@ -271,7 +271,7 @@ def _sinks(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, floa
 
 
 def _massive(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
-    from ropelens.analyses.massive import massive_values
+    from ropelens.analyses.massive_values import massive_values
 
     r = massive_values(model, corpus, **_run(kw))
     mask, ratio = r.mask("q"), r.ratio("q").nan_to_num(nan=0.0)
@@ -281,10 +281,10 @@ def _massive(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, fl
 
 
 def _heads(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
-    from ropelens.analyses.heads import classify_heads
+    from ropelens.analyses.head_taxonomy import head_taxonomy
 
     n_windows = max(1, kw["max_tokens"] // kw["n_ctx"])
-    r = classify_heads(model, corpus, n_ctx=kw["n_ctx"], n_windows=n_windows, seed=kw["seed"], progress=kw["progress"],
+    r = head_taxonomy(model, corpus, n_ctx=kw["n_ctx"], n_windows=n_windows, seed=kw["seed"], progress=kw["progress"],
                        verify=kw["verify"])
     pos, present = r.positional(), r.present()
     rows = [("positional_heads", L, float(pos[i].sum())) for i, L in enumerate(r.layers)]

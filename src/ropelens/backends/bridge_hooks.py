@@ -67,7 +67,7 @@ def attn_hooks(model, layer: int, *, norm_after_rope: bool = False) -> AttnHooks
         arch = type(getattr(model, "original_model", model)).__name__
         raise UnsupportedModelError(f"{arch}: its TransformerLens adapter exposes no per-head query hook for layer {layer} "
                                     f"({p}hook_q), so ropelens cannot capture its queries and keys; "
-                                    "`ropelens inspect --families` lists the families ropelens measures")
+                                    "`ropelens rope-spec --families` lists the families ropelens measures")
     order = _firing(model)
     fires = frozenset(order)
     after = "hook_q_normed" in fires and "hook_rot_q" in fires and order.index("hook_q_normed") > order.index("hook_rot_q")

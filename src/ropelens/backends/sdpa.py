@@ -182,7 +182,7 @@ def sdpa_ready(model) -> bool:
 def on_sdpa(model) -> Iterator[torch.nn.Module]:
     """The HF causal LM under ``model`` running with sdpa attention and every RoPE variant, plane
     ablation and massive-value replacement in force on ``model`` (``apply_rope_variant``,
-    ``ablate_planes``, :func:`ropelens.analyses.massive.replace_massive`) applied in its forward.
+    ``ablate_planes``, :func:`ropelens.analyses.massive_values.replace_massive`) applied in its forward.
 
     Call it as an HF model (``hf(input_ids=..., past_key_values=..., use_cache=True)``); generation
     with its key/value cache rotates each new token at its own position. Raises

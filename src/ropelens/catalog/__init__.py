@@ -18,57 +18,57 @@ from ropelens.analyses.registry import (
     register_analysis,
 )
 from ropelens.catalog import (
+    attention_by_distance,
+    attention_decomposition,
+    attention_sinks,
     band_location,
     band_statistics,
+    base_predictions,
     compare,
-    context,
-    decompose,
-    distance,
-    entropy,
-    extension,
-    extrapolation,
-    heads,
+    extension_planes,
+    extension_study,
+    frequency_entropy,
+    frequency_usage,
+    head_taxonomy,
     knockout,
-    massive,
-    mrope,
-    offsets,
-    passkey,
+    massive_values,
+    mrope_decomposition,
+    passkey_retrieval,
     pe_geometry,
     positional_symbolic,
+    prope_sweep,
     report,
-    retrieval,
-    sinks,
-    spec,
+    retrieval_heads,
+    rope_spec,
+    rotary_offsets,
     trajectory,
-    truncate,
-    usage,
     variant_frequencies,
 )
 
 __all__ = ["ANALYSES", "Analysis", "analyses", "analysis", "draw", "register_analysis"]
 
-register_analysis(spec.ANALYSIS)  # ropelens inspect · the report's "Model and RoPE"
-register_analysis(report.ANALYSIS)  # ropelens report
-register_analysis(usage.ANALYSIS)  # ropelens usage · "Frequency usage"
-register_analysis(decompose.ANALYSIS)  # ropelens decompose
-register_analysis(band_statistics.ANALYSIS)  # ropelens decompose-stats · "Band decomposition of attention"
-register_analysis(heads.ANALYSIS)  # ropelens heads · "Positional heads"
-register_analysis(sinks.ANALYSIS)  # ropelens sinks · "Attention sinks by band"
-register_analysis(distance.ANALYSIS)  # ropelens distance · "Attention by distance"
-register_analysis(massive.ANALYSIS)  # ropelens massive · "Massive values"
-register_analysis(offsets.ANALYSIS)  # ropelens offsets
-register_analysis(positional_symbolic.ANALYSIS)  # ropelens possym
-register_analysis(entropy.ANALYSIS)  # ropelens entropy
-register_analysis(band_location.ANALYSIS)  # ropelens bands
-register_analysis(variant_frequencies.ANALYSIS)  # ropelens variants
-register_analysis(truncate.ANALYSIS)  # ropelens truncate · "p-RoPE inference sweep"
-register_analysis(pe_geometry.ANALYSIS)  # ropelens pe-geometry · "PE geometry"
-register_analysis(context.ANALYSIS)  # ropelens context · "Context extension"
-register_analysis(extrapolation.ANALYSIS)  # ropelens predict-base
-register_analysis(passkey.ANALYSIS)  # ropelens passkey
-register_analysis(retrieval.ANALYSIS)  # ropelens retrieval
-register_analysis(extension.ANALYSIS)  # ropelens extend
-register_analysis(knockout.ANALYSIS)  # ropelens knockout
-register_analysis(trajectory.ANALYSIS)  # ropelens trajectory
-register_analysis(compare.ANALYSIS)  # ropelens compare
-register_analysis(mrope.ANALYSIS)  # the vision-language decomposition (a function and its figure)
+register_analysis(rope_spec.ANALYSIS)
+register_analysis(report.ANALYSIS)
+register_analysis(frequency_usage.ANALYSIS)
+register_analysis(attention_decomposition.ANALYSIS)
+register_analysis(band_statistics.ANALYSIS)
+register_analysis(head_taxonomy.ANALYSIS)
+register_analysis(attention_sinks.ANALYSIS)
+register_analysis(attention_by_distance.ANALYSIS)
+register_analysis(massive_values.ANALYSIS)
+register_analysis(rotary_offsets.ANALYSIS)
+register_analysis(positional_symbolic.ANALYSIS)
+register_analysis(frequency_entropy.ANALYSIS)
+register_analysis(band_location.ANALYSIS)
+register_analysis(variant_frequencies.ANALYSIS)
+register_analysis(prope_sweep.ANALYSIS)
+register_analysis(pe_geometry.ANALYSIS)
+register_analysis(extension_planes.ANALYSIS)
+register_analysis(base_predictions.ANALYSIS)
+register_analysis(passkey_retrieval.ANALYSIS)
+register_analysis(retrieval_heads.ANALYSIS)
+register_analysis(extension_study.ANALYSIS)
+register_analysis(knockout.ANALYSIS)
+register_analysis(trajectory.ANALYSIS)
+register_analysis(compare.ANALYSIS)
+register_analysis(mrope_decomposition.ANALYSIS)

@@ -1,10 +1,10 @@
-"""Where the high-norm frequency band sits, and NoPE below it: ``frequency_bands`` and ``ropelens bands``."""
+"""Where the high-norm frequency band sits, and NoPE below it: ``band_location`` and ``ropelens band-location``."""
 
 from __future__ import annotations
 
 import argparse
 
-from ropelens.analyses.band_location import FrequencyBands, frequency_bands
+from ropelens.analyses.band_location import BandLocation, band_location
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
@@ -12,12 +12,12 @@ from ropelens.cli.common import (
     load_from_args,
     positive_int,
 )
-from ropelens.plots.band_location import frequency_bands_figure
+from ropelens.plots.band_location import band_location_figure
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens bands [MODEL]``: where the high-norm frequency band sits, and NoPE below it."""
-    CorpusCommand.add_to(p, tokens=4096, n_ctx=256, save="FrequencyBands JSON", bands=False)
+    """``ropelens band-location [MODEL]``: where the high-norm frequency band sits, and NoPE below it."""
+    CorpusCommand.add_to(p, tokens=4096, n_ctx=256, save="BandLocation JSON", bands=False)
     p.add_argument("--which", choices=("q", "k"), default="q", help="locate the band in queries or keys (default: q)")
     p.add_argument("--no-intervene", action="store_true",
                    help="only locate the band (skip the loss of unrotating the planes below it)")
@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     critical plane; then the loss with the planes below the band unrotated, against as many random planes.
     """
     run = CorpusCommand.from_args(args)
-    corpus, kw = run.prepare(frequency_bands)
-    r = frequency_bands(load_from_args(args), corpus, **kw, which=args.which, intervene=not args.no_intervene,
+    corpus, kw = run.prepare(band_location)
+    r = band_location(load_from_args(args), corpus, **kw, which=args.which, intervene=not args.no_intervene,
                         eval_windows=args.eval_windows, seed=args.seed)
     used = run.measured(r)
     run.output.save_result(r)
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "bands", frequency_bands, FrequencyBands, draw(FrequencyBands, figure=frequency_bands_figure),
-    Command("bands", run, options),
+    "band-location", band_location, BandLocation, draw(BandLocation, figure=band_location_figure),
+    Command("band-location", run, options),
     summary="Each layer's high-norm frequency band, and the loss with the planes below it unrotated.",
 )

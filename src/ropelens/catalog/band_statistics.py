@@ -1,4 +1,4 @@
-"""Band statistics of attention logits: ``band_statistics``, ``ropelens decompose-stats`` and the report's band decomposition section."""
+"""Band statistics of attention logits: ``band_statistics``, ``ropelens band-statistics`` and the report's band decomposition section."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ropelens.analyses.band_stats import BandStatistics, band_statistics
+from ropelens.analyses.band_statistics import BandStatistics, band_statistics
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
@@ -16,7 +16,7 @@ from ropelens.cli.common import (
     load_from_args,
     positive_int,
 )
-from ropelens.plots.band_stats import band_stats_figure, band_stats_heatmap
+from ropelens.plots.band_statistics import band_statistics_figure, band_statistics_heatmap
 from ropelens.plots.style import category_layers, style_figure
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, table_html
@@ -26,7 +26,7 @@ from ropelens.results import findings as fnd
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens decompose-stats [MODEL]``: the band decomposition's statistics over a corpus."""
+    """``ropelens band-statistics [MODEL]``: the band decomposition's statistics over a corpus."""
     CorpusCommand.add_to(p, tokens=32_768, n_ctx=512, save="BandStatistics JSON")
     p.add_argument("--jsd", action="store_true", help="also the JS divergence of each band-only pattern (slower)")
     p.add_argument("--batch-size", type=positive_int, default=4, metavar="N", help="windows per forward (default: 4)")
@@ -122,7 +122,7 @@ def render(data: ReportData) -> Section:
              f"across keys of a query, and of the <i>margin</i> of the key the model attends to most (its logit minus "
              f"the mean over the other allowed keys); and how often the band's logits alone pick that key.</p>")
     findings = st.findings()
-    per_layer = style_figure(band_stats_figure(st), height=max(360, 11 * len(st.layers) + 150))
+    per_layer = style_figure(band_statistics_figure(st), height=max(360, 11 * len(st.layers) + 150))
     per_layer.update_yaxes(autorange="reversed")  # every panel, not only the first
     category_layers(per_layer, len(st.layers))
     parts = [intro, "<h3>Per layer (heads averaged)</h3>", figure_html(per_layer),
@@ -139,15 +139,15 @@ def render(data: ReportData) -> Section:
     tight_frame = tight_frame[st.spec.present(st.layers, "head", "plane").reshape(-1).numpy()].reset_index(drop=True)
     numbers = {f.key: f.values for f in findings}
     numbers["windows"] = list(data.band_windows)
-    return Section("bands", "Band decomposition of attention", "".join(parts),
+    return Section("band-statistics", "Band decomposition of attention", "".join(parts),
                    tables={"band_stats": st.to_frame(), "tightness": tight_frame}, numbers=numbers, findings=findings)
 
 
 ANALYSIS = Analysis(
-    "decompose-stats", band_statistics, BandStatistics,
-    draw(BandStatistics, figure=band_stats_figure, heatmap=band_stats_heatmap),
-    Command("decompose-stats", run, options, distributed=True),
-    SectionSpec("bands", "Band decomposition of attention", render,
+    "band-statistics", band_statistics, BandStatistics,
+    draw(BandStatistics, figure=band_statistics_figure, heatmap=band_statistics_heatmap),
+    Command("band-statistics", run, options, distributed=True),
+    SectionSpec("band-statistics", "Band decomposition of attention", render,
                 summary="Each band's share of the attended key's margin, of the logit variance and of |logit|."),
     summary="Each band's share of the attention logits over a corpus: margin, variance, |logit|, top-1 agreement.",
 )

@@ -1,4 +1,4 @@
-"""Positional versus symbolic heads: ``positional_symbolic`` and ``ropelens possym``."""
+"""Positional versus symbolic heads: ``positional_symbolic`` and ``ropelens positional-symbolic``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ropelens.plots.positional_symbolic import positional_symbolic_figure
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens possym [MODEL]``: positional versus symbolic heads under a key-content permutation."""
+    """``ropelens positional-symbolic [MODEL]``: positional versus symbolic heads under a key-content permutation."""
     CorpusCommand.add_to(p, tokens=2_048, n_ctx=256, save="PositionalSymbolic JSON", bands=False)
     p.add_argument("--margin", type=float, default=0.25,
                    help="P - S that calls a head positional (or S - P symbolic) (default: 0.25)")
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "possym", positional_symbolic, PositionalSymbolic, draw(PositionalSymbolic, figure=positional_symbolic_figure),
-    Command("possym", run, options, distributed=True),
+    "positional-symbolic", positional_symbolic, PositionalSymbolic, draw(PositionalSymbolic, figure=positional_symbolic_figure),
+    Command("positional-symbolic", run, options, distributed=True),
     summary="Whether each head's logits stay with positions or follow the content when keys move.",
 )

@@ -1,4 +1,4 @@
-"""Each plane's frequency under a RoPE variant: ``ropelens variants``."""
+"""Each plane's frequency under a RoPE variant: ``ropelens variant-frequencies``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ropelens.spec.reading import rope_spec
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens variants [MODEL] --variant SPEC``: each plane's frequency before and after."""
+    """``ropelens variant-frequencies [MODEL] --variant SPEC``: each plane's frequency before and after."""
     ModelOptions.add_to(p)
     p.add_argument("--variant", action="append", required=True, metavar="SPEC", help=variant_help() + " (repeatable)")
     OutputOptions.add_to(p)
@@ -51,6 +51,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "variants", command=Command("variants", run, options),
+    "variant-frequencies", command=Command("variant-frequencies", run, options),
     summary="Each plane's frequency and wavelength before and after a RoPE variant, per layer kind.",
 )

@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except SystemExit as e:  # --help and --version exit through argparse
         return e.code if isinstance(e.code, int) else 0
-    except BrokenPipeError:  # `ropelens inspect | head`: the reader left, nothing to report
+    except BrokenPipeError:  # `ropelens rope-spec | head`: the reader left, nothing to report
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
@@ -93,13 +93,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-def __getattr__(name: str):
-    if name == "SUBCOMMANDS":  # the tuple of add_NAME functions this module listed before commands were declared
-        import warnings
-
-        warnings.warn("ropelens.cli.main.SUBCOMMANDS is gone: the subcommands are the registered analyses' commands "
-                      "(ropelens.analyses.registry.parts('command')); SUBCOMMANDS goes in the next release",
-                      DeprecationWarning, stacklevel=2)
-        return tuple(command.add_to for command in parts("command"))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

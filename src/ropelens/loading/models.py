@@ -440,7 +440,7 @@ def _bridge_errors(model) -> Iterator[None]:
             raise
         raise UnsupportedModelError(
             f"{arch}: TransformerLens has no adapter for this architecture, so ropelens cannot wrap it; the "
-            "supported families are listed by `ropelens inspect --families` and in docs/models.md"
+            "supported families are listed by `ropelens rope-spec --families` and in docs/models.md"
         ) from None
     except RuntimeError as e:  # the adapter exists but its reading of the weights does not fit this model
         cfg = getattr(model, "config", None)
@@ -450,7 +450,7 @@ def _bridge_errors(model) -> Iterator[None]:
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise UnsupportedModelError(
             f"{arch}: TransformerLens's adapter for it cannot wrap {what} ({first}); "
-            "`ropelens inspect --families` and docs/models.md list the supported families"
+            "`ropelens rope-spec --families` and docs/models.md list the supported families"
         ) from None
 
 

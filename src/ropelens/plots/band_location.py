@@ -5,12 +5,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ropelens.analyses.band_location import FrequencyBands
+from ropelens.analyses.band_location import BandLocation
 
-__all__ = ["frequency_bands_figure"]
+__all__ = ["band_location_figure"]
 
 
-def frequency_bands_figure(fb: FrequencyBands) -> go.Figure:
+def band_location_figure(fb: BandLocation) -> go.Figure:
     """Layer × plane norms (each layer scaled to its peak) with the band and critical plane marked;
     the intervention's losses beside them when there is one."""
     prof = fb.profile()

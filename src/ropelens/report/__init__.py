@@ -10,10 +10,3 @@ from ropelens.report.registry import Section, SectionSpec, register_section, sec
 
 __all__ = ["DEFAULT_BAND_TOKENS", "Section", "SectionSpec", "build_report", "register_section", "sections"]
 
-
-def __getattr__(name: str):
-    if name == "SECTIONS":  # now sections(), for one release
-        from ropelens.report import registry
-
-        return registry.SECTIONS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,6 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ FORMAT = 1
 # queries, and the report within 2× HF's own sdpa forward over its tokens; None means every window.
 DEFAULT_BAND_TOKENS: int | None = 8192
 QUICK = {"n_ctx": 256, "windows": 4, "layers": 6}
-_UNSET: Any = object()  # model_name= not passed
 
 
 @contextlib.contextmanager
@@ -169,7 +167,6 @@ def build_report(
     batch_size: int = 4,
     experiments: str | os.PathLike[str] | None = None,
     verify: bool = True,
-    model_name: Any = _UNSET,
 ) -> Path:
     """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns OUT.
 
@@ -182,16 +179,10 @@ def build_report(
     p-RoPE and context sections. Every input is checked before the model loads; nothing in OUT
     changes unless the whole report succeeds. ``verify``: check ropelens's reading against the
     model's own attention before measuring (:mod:`ropelens.run.verify`); False measures anyway and the
-    report says, in its first section, that it is unverified. ``model_name`` is the former name of
-    ``model`` (deprecated).
+    report says, in its first section, that it is unverified.
     """
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
-    if model_name is not _UNSET:
-        if model is not None:
-            raise InputError("pass model or model_name (its deprecated name), not both")
-        warnings.warn("build_report(model_name=...) is deprecated: pass model=...", DeprecationWarning, stacklevel=2)
-        model = model_name
     device, dtype = _check_model(model, device, dtype)
     tokens = check_positive_int(tokens, "tokens")
     n_ctx = check_positive_int(n_ctx, "n_ctx")

@@ -8,8 +8,8 @@ from typing import Any
 
 from torch import Tensor
 
-from ropelens.analyses.band_stats import BandStatistics, BandStatsReducer
-from ropelens.analyses.usage import FrequencyUsage, UsageReducer
+from ropelens.analyses.band_statistics import BandStatistics, BandStatsReducer
+from ropelens.analyses.frequency_usage import FrequencyUsage, UsageReducer
 from ropelens.run.measure import RunOptions, Windows, measure
 from ropelens.spec.bands import Bands
 from ropelens.spec.rope import RopeSpec

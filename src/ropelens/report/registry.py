@@ -78,12 +78,3 @@ def register_section(spec: SectionSpec, *, before: str | None = None) -> None:
             raise InputError(f"no section {before!r} to insert before; sections: {[s.key for s in sections()]}")
     register_analysis(Analysis(spec.key, section=spec), before=ahead)
 
-
-def __getattr__(name: str) -> Any:
-    if name == "SECTIONS":  # the list this module held before sections came from the analyses' declarations
-        import warnings
-
-        warnings.warn("ropelens.report.registry.SECTIONS is now sections(): the registered analyses' sections "
-                      "(SECTIONS goes in the next release)", DeprecationWarning, stacklevel=2)
-        return sections()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

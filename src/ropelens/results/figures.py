@@ -4,16 +4,18 @@ Drawing functions are registered one per class and name (``register_figure(Frequ
 ``register_figure(FrequencyUsage, usage_heatmap, "heatmap")``); a result's ``figure()`` (and any other drawing
 method it has) looks the function up here and calls it with the result first. Each analysis declares its
 figures (``Analysis(figures=draw(FrequencyUsage, figure=usage_figure, heatmap=usage_heatmap))``) and
-registering the analysis registers them; ``ropelens`` registers its own analyses when it is imported
-(``ropelens/catalog/__init__.py``).
+registering the analysis registers them. ropelens's own analyses are registered by ``ropelens.catalog``,
+which :func:`load_catalog` imports the first time a figure or the registry is asked for: ``import
+ropelens`` defines names and imports neither the catalog nor plotly.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["figure_of", "register_figure", "registered_figures"]
+__all__ = ["figure_of", "load_catalog", "register_figure", "registered_figures"]
 
 _FIGURES: dict[tuple[type, str], Callable[..., Any]] = {}
 
@@ -25,8 +27,18 @@ def register_figure(cls: type, fn: Callable[..., Any], name: str = "figure") -> 
     _FIGURES[(cls, name)] = fn
 
 
+def load_catalog() -> None:
+    """Register ropelens's own analyses and their figures (once; the catalog is the package's top layer).
+
+    The catalog is imported by name, not by an import statement: it sits above every layer that asks
+    for it, and importing it registers 25 analyses and loads plotly, which ``import ropelens`` should not.
+    """
+    importlib.import_module("ropelens.catalog")
+
+
 def figure_of(cls: type, name: str = "figure") -> Callable[..., Any]:
     """The function registered for ``cls``'s ``name`` figure, or for the nearest base class that has one."""
+    load_catalog()
     for klass in cls.__mro__:
         fn = _FIGURES.get((klass, name))
         if fn is not None:
@@ -38,4 +50,5 @@ def figure_of(cls: type, name: str = "figure") -> Callable[..., Any]:
 
 def registered_figures() -> dict[tuple[type, str], Callable[..., Any]]:
     """Every registered drawing function by (class, figure name)."""
+    load_catalog()
     return dict(_FIGURES)

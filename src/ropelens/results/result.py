@@ -29,7 +29,7 @@ __all__ = ["Result", "load_result", "registered"]
 R = TypeVar("R", bound="Result")
 _REGISTRY: dict[str, type[Result]] = {}
 # what a result class declares in its class statement (the keyword arguments of Result.__init_subclass__)
-_DECLARED = ("KIND", "FORMAT", "UNVERSIONED", "JSON_OPTIONS", "MERGE_SAME", "MERGE_SUMS", "MERGE_HINT")
+_DECLARED = ("KIND", "FORMAT", "UNVERSIONED", "JSON_OPTIONS", "MERGE_SAME", "MERGE_SUMS", "MERGE_HINT", "PREVIOUS_KINDS")
 
 
 class Result:
@@ -49,7 +49,8 @@ class Result:
     two partial results must share) and ``merge_sums`` (fields that add: a tensor, a value with a
     ``merge`` method, or a dict of them) and get :meth:`merge` for free; ``merge_hint`` ends the error
     of a refused merge. ``unversioned=True`` reads a file without a format (and without a type) as
-    this class's: files written before the result base carried none. ``json_options`` are extra
+    this class's: files written before the result base carried none. ``previous_kinds`` are the kinds
+    the class's files carried under an earlier class name; such files load as this class. ``json_options`` are extra
     :func:`~ropelens.results.serialize.dump_json` arguments. Kind, format and ``unversioned`` belong to
     the class that declares them; the merge fields, the hint and the JSON options pass to subclasses.
     """
@@ -61,11 +62,13 @@ class Result:
     MERGE_SAME: ClassVar[tuple[str, ...]] = ()
     MERGE_SUMS: ClassVar[tuple[str, ...]] = ()
     MERGE_HINT: ClassVar[str] = "measure both with the same settings"
+    PREVIOUS_KINDS: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, *, kind: str | None = None, format: int = 1,
                           merge_same: tuple[str, ...] | None = None, merge_sums: tuple[str, ...] | None = None,
                           merge_hint: str | None = None, unversioned: bool = False,
-                          json_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+                          json_options: dict[str, Any] | None = None, previous_kinds: tuple[str, ...] = (),
+                          **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         written = sorted(set(cls.__dict__) & set(_DECLARED))
         if written:
@@ -80,7 +83,9 @@ class Result:
                             ("JSON_OPTIONS", json_options)):
             if value is not None:
                 setattr(cls, name, tuple(value) if name in ("MERGE_SAME", "MERGE_SUMS") else value)
-        _REGISTRY[kind] = cls
+        cls.PREVIOUS_KINDS = tuple(previous_kinds)
+        for name in (kind, *cls.PREVIOUS_KINDS):
+            _REGISTRY[name] = cls
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
@@ -106,7 +111,7 @@ class Result:
         default = cls.KIND if cls.UNVERSIONED else None
         kind = d.pop("type", default)
         fmt = d.pop("format", cls.FORMAT if cls.UNVERSIONED else None)
-        if kind != cls.KIND:
+        if kind != cls.KIND and kind not in cls.PREVIOUS_KINDS:
             raise InputError(f"{path} does not hold {cls.KIND}: it holds a {kind!r} result, not {cls.KIND!r}; "
                              "load it with ropelens.load_result(path)")
         if fmt != cls.FORMAT:

@@ -9,7 +9,7 @@ while the windows stream, so a rank that fails (bad input, out of memory) cannot
 hanging: every rank reports its status in one small collective first, and all of them raise the
 failing rank's error. A rank killed outright is the launcher's to clean up (torchrun stops the job).
 
-Launch with ``torchrun --nproc-per-node N -m ropelens usage ...`` (NCCL on GPUs, gloo on CPUs), or
+Launch with ``torchrun --nproc-per-node N -m ropelens frequency-usage ...`` (NCCL on GPUs, gloo on CPUs), or
 call the analyses from Python inside an initialised process group.
 
 Checkpoints: with ``checkpoint=DIR`` each rank writes its reducers' state, the run's configuration

@@ -1,7 +1,7 @@
 """The plan of interventions in force on a model, and the rotary tables a RoPE variant gives.
 
 Each intervention context (:func:`ropelens.run.intervene.apply_rope_variant`,
-:func:`ropelens.run.intervene.ablate_planes`, :func:`ropelens.analyses.massive.replace_massive`) records a
+:func:`ropelens.run.intervene.ablate_planes`, :func:`ropelens.analyses.massive_values.replace_massive`) records a
 *step* on the model while it lasts; :func:`active_plan` lists them, outermost first. The engine
 (:mod:`ropelens.backends.engine`) applies the plan at the rotation the HF forward calls, with the variant's
 (cos, sin) laid out as the model lays out its own (:func:`model_tables`, :func:`variant_tables`).

@@ -358,7 +358,7 @@ def rope_spec(model) -> RopeSpec:
         raise NotRotaryError(
             f"{arch} uses {pe_type!r} position embeddings, not RoPE: ropelens measures rotary "
             "models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute position "
-            "embeddings use ropelens.pe_similarity."
+            "embeddings use ropelens.analyses.pe_similarity."
         )
     _refuse_unsupported(model, cfg, arch)
     rotaries = _rotary_modules(hf)

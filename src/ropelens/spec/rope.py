@@ -343,13 +343,13 @@ class LayerRope:
             raise UnsupportedModelError(
                 f"layer {self.layer} attends in chunks of {self.chunk} tokens (chunked attention: a query sees only "
                 f"the keys of its own chunk), which {what} does not model on {n_pos}-token windows: use windows of at "
-                f"most {self.chunk} tokens (--n-ctx), where the mask is causal, or decompose_attention, which applies it")
+                f"most {self.chunk} tokens (--n-ctx), where the mask is causal, or attention_decomposition, which applies it")
         if self.selects(n_pos):
             raise UnsupportedModelError(
                 f"layer {self.layer} keeps at most {self.select_keys} keys per query, picked from the input by the "
                 f"model's indexer (sparse attention), so on {n_pos}-token windows its mask depends on the text and "
                 f"{what} (which assumes the causal mask) would be wrong: use windows of at most {self.select_keys} "
-                "tokens (--n-ctx), where no key is dropped, or decompose_attention, which reads the selection")
+                "tokens (--n-ctx), where no key is dropped, or attention_decomposition, which reads the selection")
 
     def probs(self, scores: Float[Tensor, "... k"], head_axis: int = 1) -> Float[Tensor, "... k"]:
         """The attention pattern this layer makes of pre-softmax ``scores`` (masked entries −inf).

@@ -1,6 +1,6 @@
 """A dense float64 reference for band statistics and frequency usage, built from HF's own eager attention.
 
-ropelens's :class:`~ropelens.analyses.band_stats.BandStatsReducer` sees only post-RoPE queries and keys:
+ropelens's :class:`~ropelens.analyses.band_statistics.BandStatsReducer` sees only post-RoPE queries and keys:
 it rebuilds each layer's scores tile by tile and applies the causal mask, sliding window, soft-capping
 and sinks itself. Here every one of its sums is recomputed densely, plainly and independently of that
 code (nothing below imports ropelens):

@@ -427,7 +427,7 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
     """Load family ``name`` through ``load_model(path)`` and measure ropelens against HF (see module doc)."""
     from transformers import AutoModelForCausalLM
 
-    from ropelens.analyses.decompose import decompose_attention
+    from ropelens.analyses.attention_decomposition import attention_decomposition
     from ropelens.loading.models import load_model
     from ropelens.run.capture import capture_qk
     from ropelens.spec.bands import Bands
@@ -460,7 +460,7 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
     toks[0, 0] = 1
     with torch.no_grad(), hf_scores(hf) as scores:
         probs = probs_by_layer(hf(toks, output_attentions=True).attentions, spec)
-    dec = decompose_attention(model, toks, bands=Bands.all(), layers=rotary, verify=False)  # this is the independent check
+    dec = attention_decomposition(model, toks, bands=Bands.all(), layers=rotary, verify=False)  # this is the independent check
     res.scores_err = res.pattern_err = res.band_pattern_err = 0.0
     for L in rotary:
         ours = dec.logits(L)

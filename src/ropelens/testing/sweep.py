@@ -201,7 +201,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
     """
     from transformers import AutoModelForCausalLM
 
-    from ropelens.analyses.decompose import decompose_attention
+    from ropelens.analyses.attention_decomposition import attention_decomposition
     from ropelens.loading.models import load_model
     from ropelens.run.capture import capture_qk
     from ropelens.run.verify import verify_model
@@ -249,7 +249,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         return res
     res.inv_freq_err = _inv_freq_err(hf, spec, rotary)
     try:
-        dec = decompose_attention(model, toks, bands=Bands.all(), layers=rotary, verify=False)
+        dec = attention_decomposition(model, toks, bands=Bands.all(), layers=rotary, verify=False)
     except UnsupportedModelError as e:  # an analysis refusing in one line is a refusal too
         res.refusal = str(e)
         return res
@@ -281,7 +281,7 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             res.pairing_err = max(res.pairing_err, rotation_from_pre(lr, pre, q))
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
-    try:  # the analyses past the logits; one refusing in one line is a refusal, as decompose_attention's is
+    try:  # the analyses past the logits; one refusing in one line is a refusal, as attention_decomposition's is
         res.usage_err = usage_error(model, spec, hf, hf_layers(hf, toks), toks, rotary)
         res.band_stats_err = band_stats_error(model, spec, hf, toks, rotary)
     except UnsupportedModelError as e:

@@ -1,11 +1,11 @@
 """The sweep's checks past the logits: frequency usage and band statistics against dense references built from
 what HF's eager attention receives, and a RoPE variant with its exact restore.
 
-- **Frequency usage**: :class:`~ropelens.analyses.usage.UsageReducer` on the post-RoPE q and k against the
+- **Frequency usage**: :class:`~ropelens.analyses.frequency_usage.UsageReducer` on the post-RoPE q and k against the
   per-plane norms of the q and k HF's attention function receives (:mod:`ropelens.testing.dense`), averaged
   over positions and divided by HF's own rotary ``attention_scaling`` (which multiplies its cos and sin),
   except where a norm after the rotation takes it out again, as ropelens reads.
-- **Band statistics**: :class:`~ropelens.analyses.band_stats.BandStatsReducer` streamed over the sweep's
+- **Band statistics**: :class:`~ropelens.analyses.band_statistics.BandStatsReducer` streamed over the sweep's
   input against :func:`ropelens.testing.dense.dense_layer_sums` (float64, HF's mask, cap, sinks and
   attended key). Layers whose mask the model picks at run time (sparse attention's key selection,
   Llama 4's chunks) refuse band statistics on longer windows, so the input is cut into windows of at
@@ -112,7 +112,7 @@ def sums_error(got: dict[str, Tensor], want: dict[str, Tensor]) -> float:
 def usage_error(model, spec, hf, lays: dict[int, HFLayer], toks: Tensor, layers: list[int]) -> float:
     """Largest relative error of the mean per-plane q and k norms (every head, plane and layer) against the
     norms of the q and k HF's attention received on ``toks`` (``lays``), its attention scaling divided out."""
-    from ropelens.analyses.usage import UsageReducer
+    from ropelens.analyses.frequency_usage import UsageReducer
     from ropelens.run.capture import stream
 
     if any(L not in lays for L in layers):
@@ -137,7 +137,7 @@ def usage_error(model, spec, hf, lays: dict[int, HFLayer], toks: Tensor, layers:
 def band_stats_error(model, spec, hf, toks: Tensor, layers: list[int]) -> float:
     """Largest relative error of every band-statistics sum (one width group at a time) against the dense
     reference, over ``toks`` cut into windows no layer's model-picked mask reaches past (:func:`static_len`)."""
-    from ropelens.analyses.band_stats import BandStatsReducer
+    from ropelens.analyses.band_statistics import BandStatsReducer
     from ropelens.run.capture import stream
     from ropelens.spec.bands import Bands
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ropelens import rope_spec
-from ropelens.analyses import extension as E
-from ropelens.analyses.entropy import (
+from ropelens.analyses import extension_study as E
+from ropelens.analyses.frequency_entropy import (
     AttentionStatsReducer,
     attention_entropy,
     js_divergence,
@@ -20,7 +20,7 @@ from ropelens.analyses.entropy import (
     matrix_entropy,
 )
 from ropelens.errors import InputError
-from ropelens.report.extension import write_study
+from ropelens.report.extension_study import write_study
 from ropelens.run.capture import batches, capture_qk, stream
 from ropelens.run.data import analysis_windows
 from ropelens.run.intervene import apply_rope_variant
@@ -245,7 +245,7 @@ def test_rerun_reads_the_attention_cells(ext_model, study, monkeypatch):
 
 
 def test_attention_can_be_left_out(ext_model):
-    from ropelens.report.extension import study_page
+    from ropelens.report.extension_study import study_page
 
     st = E.extension_study(ext_model, 64, start=32, n_windows=1, passkey_lengths=(), methods=("none", "cope"),
                            progress=False, attention=False)

@@ -31,8 +31,8 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands
-from ropelens.analyses import band_stats
-from ropelens.analyses.band_stats import BandStatsReducer
+from ropelens.analyses import band_statistics
+from ropelens.analyses.band_statistics import BandStatsReducer
 from ropelens.run.capture import stream
 from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
@@ -198,7 +198,7 @@ def _reference_cached(c: Case, length: int | None = None) -> dict[str, Tensor]:
 def _gram_everywhere(monkeypatch):
     """Σ y² and Σ y·k from the running Σ k kᵀ wherever a tile has keys all its queries see (the reducer
     does that only past GRAM_MIN_KEYS such keys: these inputs are shorter)."""
-    monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1)
+    monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1)
 
 
 @pytest.mark.parametrize("name", [_case(n) for n in CASES])
@@ -295,7 +295,7 @@ def test_key_tiles_carry_the_attended_key_across_tiles(name, case):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_case(n).marks) for n in ("llama", "gemma3_text", "gpt_oss")])
 def test_scores_alone_give_the_same_sums(name, case, monkeypatch):
     """With the running Σ k kᵀ off (every Σ y² and Σ y·k from the scores), every tile gives the reference."""
-    monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1 << 30)
+    monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1 << 30)
     c = case(name)
     want = {k: v for k, v in _reference_cached(c).items() if k != "jsd"}
     for tile in (None, 7, (5, 3)):

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from ropelens.analyses.band_location import (
-    FrequencyBands,
+    BandLocation,
+    band_location,
     control_planes,
-    frequency_bands,
     locate_band,
     nope_below_band,
 )
-from ropelens.analyses.extrapolation import critical_dimension
+from ropelens.analyses.base_predictions import critical_dimension
 from ropelens.errors import InputError
 from ropelens.results.result import load_result
 from ropelens.run.capture import Moments
@@ -56,7 +56,7 @@ def test_control_planes_are_seeded_distinct_and_matched():
     assert control_planes(32, [7, 5], seed=3)[1] == control_planes(32, [9, 5], seed=3)[1]  # nor on other layers' counts
 
 
-def _with_profile(r: FrequencyBands, profile: torch.Tensor) -> FrequencyBands:
+def _with_profile(r: BandLocation, profile: torch.Tensor) -> BandLocation:
     """The same result with the query norms (no-sink scope) replaced by ``profile`` ``[layer, head, plane]``."""
     tok = dict(r.usage.token)
     tok[("q", "no_sink")] = Moments(torch.ones_like(profile), profile.clone(), profile**2)
@@ -67,7 +67,7 @@ def _with_profile(r: FrequencyBands, profile: torch.Tensor) -> FrequencyBands:
 def tiny_bands():
     model = wrap_hf_model(tiny_hf_model("llama-gqa"), tiny_tokenizer(), device="cpu", label="tiny-llama-gqa",
                           hub_name="ropelens/tiny-llama-gqa")
-    r = frequency_bands(model, "english", n_ctx=32, max_tokens=256, progress=False, eval_windows=3, seed=1)
+    r = band_location(model, "english", n_ctx=32, max_tokens=256, progress=False, eval_windows=3, seed=1)
     return model, r
 
 
@@ -116,7 +116,7 @@ def test_save_load_merge_and_figure(tiny_bands, tmp_path):
     assert r.intervention is not None and r.intervention.seed == 1
     r.save(tmp_path / "b.json")
     back = load_result(tmp_path / "b.json")
-    assert isinstance(back, FrequencyBands) and back.to_dict() == r.to_dict()
+    assert isinstance(back, BandLocation) and back.to_dict() == r.to_dict()
     assert [f.text for f in back.findings()] == [f.text for f in r.findings()]
     assert len(r.findings()) == 2 and "random planes" in r.findings()[1].text
     with pytest.raises(InputError, match="do not merge"):

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from ropelens import data, rope_spec
-from ropelens.analyses.context import (
+from ropelens import rope_spec
+from ropelens.analyses.extension_planes import (
+    ExtensionPlanes,
     LongRopeSearch,
-    PlaneView,
-    plane_view,
+    extension_planes,
     search_longrope_factors,
 )
-from ropelens.plots.context import compare_figure
+from ropelens.plots.extension_planes import compare_figure
+from ropelens.run import data
 from ropelens.spec.variants import NTK, Default, DynamicNTK, Linear, Llama3, LongRoPE, YaRN
 from ropelens.testing import tiny_hf_model
 
@@ -47,7 +48,7 @@ def test_plane_view_frequencies_are_hfs(layer, variant, params):
     # max_position_embeddings = L0: HF's "original" length for dynamic NTK, and L0 < L selects long factors.
     hf = tiny_hf_model("llama", max_position_embeddings=L0, rope_parameters={"rope_theta": 10000.0, **params})
     want, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf.config, None, seq_len=L)
-    view = plane_view(layer, variant, L0, L)
+    view = extension_planes(layer, variant, L0, L)
     torch.testing.assert_close(view.inv_freq_after, want.float(), rtol=1e-6, atol=0)
     assert view.attention_scaling == pytest.approx(float(scaling))
     torch.testing.assert_close(view.scale, (view.inv_freq_before / want).double(), rtol=1e-6, atol=0)
@@ -55,30 +56,30 @@ def test_plane_view_frequencies_are_hfs(layer, variant, params):
 
 
 def test_categories(layer):
-    plain = plane_view(layer, Default(), L0, L)
+    plain = extension_planes(layer, Default(), L0, L)
     fits = (layer.wavelength <= L0).tolist()
     assert plain.categories == tuple("kept" if f else "extrapolated" for f in fits)
-    assert set(plane_view(layer, Linear(L / L0), L0, L).categories) == {"interpolated"}
+    assert set(extension_planes(layer, Linear(L / L0), L0, L).categories) == {"interpolated"}
     # PI by half the needed factor leaves the slow planes beyond anything seen in training.
-    half = plane_view(layer, Linear(2.0), L0, L)
+    half = extension_planes(layer, Linear(2.0), L0, L)
     assert half.counts()["extrapolated"] == sum(not f for f in fits)
-    ntk = plane_view(layer, NTK(4.0), L0, L)
+    ntk = extension_planes(layer, NTK(4.0), L0, L)
     assert ntk.categories[0] == "kept" and ntk.counts()["extrapolated"] > 0
-    yarn = plane_view(layer, YaRN(4.0, L0), L0, L)
+    yarn = extension_planes(layer, YaRN(4.0, L0), L0, L)
     assert yarn.counts()["extrapolated"] == 0 and yarn.categories[0] == "kept"
 
 
 def test_plane_view_roundtrip_and_figures(layer, tmp_path):
-    views = [plane_view(layer, v, L0, L) for v in (Linear(4.0), NTK(4.0), YaRN(4.0, L0))]
+    views = [extension_planes(layer, v, L0, L) for v in (Linear(4.0), NTK(4.0), YaRN(4.0, L0))]
     views[0].save(tmp_path / "v.json")
-    back = PlaneView.load(tmp_path / "v.json")
+    back = ExtensionPlanes.load(tmp_path / "v.json")
     torch.testing.assert_close(back.inv_freq_after, views[0].inv_freq_after)
     assert back.categories == views[0].categories and back.variant == views[0].variant
     frame = views[1].to_frame()
     assert len(frame) == layer.n_planes and set(frame.category) <= {"kept", "interpolated", "extrapolated"}
     assert len(compare_figure(views).data) == 4 and views[2].figure().data
     with pytest.raises(ValueError, match="original_ctx"):
-        plane_view(layer, Linear(4.0), 0, L)
+        extension_planes(layer, Linear(4.0), 0, L)
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,11 +144,11 @@ def test_cli_context(tiny_dir, capsys):
     from ropelens.cli import main
 
     path = str(tiny_dir("llama"))
-    assert main(["context", path, "--target", "1024", "--variants", "pi,yarn,dynamic", "--json"]) == 0
+    assert main(["extension-planes", path, "--target", "1024", "--variants", "pi,yarn,dynamic", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["original_ctx"] == 256 and len(out["views"]) == 3
     assert out["views"][0]["interpolated"] == 8 and len(out["views"][1]["planes"]) == 8
-    assert main(["context", path, "--target", "1024"]) == 0
+    assert main(["extension-planes", path, "--target", "1024"]) == 0
     assert "critical dimension" in capsys.readouterr().out
-    assert main(["context", path, "--target", "1024", "--variants", "bogus"]) == 2
-    assert main(["context", path, "--target", "100"]) == 2
+    assert main(["extension-planes", path, "--target", "1024", "--variants", "bogus"]) == 2
+    assert main(["extension-planes", path, "--target", "100"]) == 2

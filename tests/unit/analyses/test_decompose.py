@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ropelens
-from ropelens.analyses.band_stats import BandStatistics, band_statistics
-from ropelens.analyses.decompose import (
+from ropelens.analyses.attention_decomposition import (
     AttentionDecomposition,
+    attention_decomposition,
     band_terms,
-    decompose_attention,
     js_divergence,
 )
+from ropelens.analyses.band_statistics import BandStatistics, band_statistics
 from ropelens.spec.bands import Bands
 from ropelens.spec.rope import LayerRope
 
@@ -44,7 +44,7 @@ def reference_scores(model, toks, layer):
 def test_bands_sum_to_model_scores(tiny, rope_family, bands):
     model = tiny(rope_family)
     toks = tokens()
-    dec = decompose_attention(model, toks, bands=bands)
+    dec = attention_decomposition(model, toks, bands=bands)
     for L in dec.layers:
         scores, pattern = reference_scores(model, toks, L)
         total = dec.band_logits(L, masked=False).sum(2)
@@ -60,7 +60,7 @@ def test_single_all_band_pattern_equals_hook_pattern(tiny):
     for fam in ("llama", "llama-gqa", "gemma3"):  # full rotary: "all" is the whole head
         model = tiny(fam)
         toks = tokens()
-        dec = decompose_attention(model, toks, bands=Bands.all())
+        dec = attention_decomposition(model, toks, bands=Bands.all())
         for L in dec.layers:
             _, pattern = reference_scores(model, toks, L)
             assert dec.band_names(L) == ["all"]
@@ -71,7 +71,7 @@ def test_sliding_window_mask_matches_model(tiny):
     model = tiny("gemma3")
     spec = ropelens.rope_spec(model)
     toks = tokens(1)
-    dec = decompose_attention(model, toks)
+    dec = attention_decomposition(model, toks)
     for L in dec.layers:
         _, pattern = reference_scores(model, toks, L)
         ok = spec.layers[L].mask(SEQ)
@@ -80,7 +80,7 @@ def test_sliding_window_mask_matches_model(tiny):
 
 
 def test_plane_terms_are_bounded_by_cauchy_schwarz(tiny):
-    dec = decompose_attention(tiny("llama-gqa"), tokens(1), layers=[1])
+    dec = attention_decomposition(tiny("llama-gqa"), tokens(1), layers=[1])
     terms, bound = dec.plane_logits(1), dec.cauchy_schwarz(1)
     assert (terms.abs() <= bound + 1e-6).all()
     assert terms.shape == bound.shape == (1, 4, 8, SEQ, SEQ)
@@ -102,7 +102,7 @@ def test_cauchy_schwarz_bound_is_attained_when_k_equals_q(tmp_path):
     tiny_tokenizer().save_pretrained(tmp_path)
     model = ropelens.load_model(tmp_path, device="cpu")
     toks = tokens(1)
-    dec = decompose_attention(model, toks)
+    dec = attention_decomposition(model, toks)
     _, cache = model.run_with_cache(toks)
     for L in dec.layers:
         terms, bound = dec.plane_logits(L), dec.cauchy_schwarz(L)  # [b, h, P, q, k]
@@ -117,7 +117,7 @@ def test_cauchy_schwarz_bound_is_attained_when_k_equals_q(tmp_path):
 
 def test_decomposition_from_text_and_save_load(tiny, tmp_path):
     model = tiny("llama")
-    dec = decompose_attention(model, "The quick brown fox jumps over the lazy dog.", bands=Bands.quantiles(2))
+    dec = attention_decomposition(model, "The quick brown fox jumps over the lazy dog.", bands=Bands.quantiles(2))
     dec.save(tmp_path / "dec.safetensors")
     back = AttentionDecomposition.load(tmp_path / "dec.safetensors")
     assert back.layers == dec.layers and back.bands == dec.bands
@@ -130,8 +130,8 @@ def test_decomposition_from_text_and_save_load(tiny, tmp_path):
 
 def test_decompose_rejects_bad_layers(tiny):
     with pytest.raises(ValueError, match="out of range"):
-        decompose_attention(tiny("llama"), tokens(1), layers=[5])
-    dec = decompose_attention(tiny("llama"), tokens(1), layers=[0])
+        attention_decomposition(tiny("llama"), tokens(1), layers=[5])
+    dec = attention_decomposition(tiny("llama"), tokens(1), layers=[0])
     with pytest.raises(ValueError, match="not decomposed"):
         dec.band_logits(1)
 
@@ -225,7 +225,7 @@ def test_band_statistics_match_direct_computation(tiny, family):
     model = tiny(family)
     toks = tokens(2, seq=24)
     st_ = band_statistics(model, toks, bands=Bands.quantiles(2), progress=False)
-    dec = decompose_attention(model, toks, bands=Bands.quantiles(2))
+    dec = attention_decomposition(model, toks, bands=Bands.quantiles(2))
     for i, L in enumerate(st_.layers):
         x = dec.band_logits(L, masked=False)  # [b,h,B,q,k]
         m = dec.mask(L)[:, None, None]

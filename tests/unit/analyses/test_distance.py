@@ -19,14 +19,14 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands, Provenance
-from ropelens.analyses.decay import rope_decay_constant
-from ropelens.analyses.distance import (
+from ropelens.analyses.attention_by_distance import (
     AttentionByDistance,
     DistanceReducer,
     attention_by_distance,
     describe_curve,
     distance_bins,
 )
+from ropelens.analyses.decay import rope_decay_constant
 from ropelens.errors import InputError
 from ropelens.results.curves import decay_verdict
 from ropelens.run.capture import LayerActs, capture_qk, stream

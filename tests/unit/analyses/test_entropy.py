@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from ropelens.analyses.entropy import (
+from ropelens.analyses.frequency_entropy import (
     EntropyReducer,
     FrequencyEntropy,
     frequency_entropy,
     spectral_entropy,
 )
-from ropelens.analyses.usage import frequency_usage
+from ropelens.analyses.frequency_usage import frequency_usage
 from ropelens.errors import InputError
 from ropelens.results.result import load_result
 from ropelens.run.capture import capture_qk

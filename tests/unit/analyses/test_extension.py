@@ -9,10 +9,10 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from ropelens.analyses import extension as E
-from ropelens.analyses.passkey import passkey_retrieval
+from ropelens.analyses import extension_study as E
+from ropelens.analyses.passkey_retrieval import passkey_retrieval
 from ropelens.errors import InputError
-from ropelens.report.extension import write_study
+from ropelens.report.extension_study import write_study
 from ropelens.results.result import load_result
 from ropelens.run.data import analysis_windows
 from ropelens.run.evaluate import window_losses
@@ -158,7 +158,7 @@ def test_findings_quote_the_measurements(study):
 
 
 def test_predictors_match_the_formulas(study):
-    from ropelens.analyses.extrapolation import (
+    from ropelens.analyses.base_predictions import (
         base_lower_bound,
         critical_dimension,
         extrapolation_limit,
@@ -188,7 +188,7 @@ class _Collect(HTMLParser):
 
 
 def test_page_is_well_formed_with_every_section(study):
-    from ropelens.report.extension import SECTIONS, TABLES
+    from ropelens.report.extension_study import SECTIONS, TABLES
     from ropelens.report.html import esc
 
     st, out = study
@@ -211,7 +211,7 @@ def test_page_is_well_formed_with_every_section(study):
 
 def test_longrope_search_must_match_the_study(model):
     from ropelens import rope_spec
-    from ropelens.analyses.context import LongRopeSearch
+    from ropelens.analyses.extension_planes import LongRopeSearch
 
     s = LongRopeSearch(target_len=256, original_ctx=NATIVE, factors=(1.0,) * 8, n_hat=0, perplexity=1.0,
                        initial_best=1.0, baselines={}, history=(), settings={})
@@ -222,7 +222,7 @@ def test_longrope_search_must_match_the_study(model):
 def test_lengths_short_of_the_target_still_give_the_target_findings(model, tmp_path):
     """Loss measured only below the target (long cells are the costly ones): the predictors' findings still
     speak of the target, and the page is written."""
-    from ropelens.analyses.extrapolation import base_lower_bound
+    from ropelens.analyses.base_predictions import base_lower_bound
 
     st = E.extension_study(model, TARGET, out=tmp_path, lengths=(64, 128), passkey_lengths=(), methods=("none", "yarn"),
                            n_windows=1, progress=False)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from ropelens.analyses.extrapolation import (
+from ropelens.analyses.base_predictions import (
     _first_violation,
     base_lower_bound,
     bound_holds,

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from ropelens.analyses.heads import (
+from ropelens.analyses.head_taxonomy import (
     HeadScoresReducer,
     HeadTaxonomy,
-    classify_heads,
+    head_taxonomy,
     otsu_threshold,
     random_tokens,
 )
@@ -62,7 +62,7 @@ def handset():
 
 @pytest.fixture(scope="module")
 def taxonomy(handset):
-    return classify_heads(handset, n_ctx=N_CTX, n_windows=8, max_offset=6, progress=False)
+    return head_taxonomy(handset, n_ctx=N_CTX, n_windows=8, max_offset=6, progress=False)
 
 
 def test_previous_token_head_found_from_high_band(taxonomy):
@@ -121,7 +121,7 @@ def test_random_control_is_seeded(handset):
     assert not torch.equal(random_tokens(2, 8, 101, 1, 5), random_tokens(2, 8, 101, 1, 6))
     toks = random_tokens(2, N_CTX, 101, 1, seed=0)
     kw = dict(n_ctx=N_CTX, max_offset=3, layers=[0], progress=False)
-    x, y = classify_heads(handset, toks, seed=7, **kw), classify_heads(handset, toks, seed=7, **kw)
+    x, y = head_taxonomy(handset, toks, seed=7, **kw), head_taxonomy(handset, toks, seed=7, **kw)
     torch.testing.assert_close(x.scores["mass_random"], y.scores["mass_random"])
 
 
@@ -140,20 +140,20 @@ def test_save_load_roundtrip_and_figure(taxonomy, tmp_path):
 
 def test_bad_arguments_name_the_value(handset):
     with pytest.raises(ValueError, match="max_offset"):
-        classify_heads(handset, random_tokens(1, 8, 101, 1, 0), max_offset=0, progress=False)
+        head_taxonomy(handset, random_tokens(1, 8, 101, 1, 0), max_offset=0, progress=False)
     with pytest.raises(ValueError, match="tau"):
-        classify_heads(handset, random_tokens(1, 8, 101, 1, 0), tau=1.5, max_offset=2, progress=False)
+        head_taxonomy(handset, random_tokens(1, 8, 101, 1, 0), tau=1.5, max_offset=2, progress=False)
 
 
 def test_cli_heads_json(handset, monkeypatch, capsys, tmp_path):
     import json
 
-    from ropelens.catalog import heads
+    from ropelens.catalog import head_taxonomy
     from ropelens.cli import main
 
-    monkeypatch.setattr(heads, "load_from_args", lambda args: handset)  # noqa: ARG005
+    monkeypatch.setattr(head_taxonomy, "load_from_args", lambda args: handset)  # noqa: ARG005
     out = tmp_path / "tx.json"
-    assert main(["heads", "--windows", "2", "--n-ctx", str(N_CTX), "--json", "--out", str(out)]) == 0
+    assert main(["head-taxonomy", "--windows", "2", "--n-ctx", str(N_CTX), "--json", "--out", str(out)]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["heads"][0]["kind"] == "previous-token" and HeadTaxonomy.load(out).tau == got["tau"]
 
@@ -179,7 +179,7 @@ def test_experiment_main_on_handset(handset, tmp_path, capsys, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the resumed run redid finished work")
 
-    monkeypatch.setattr(mod, "classify_heads", refuse)
+    monkeypatch.setattr(mod, "head_taxonomy", refuse)
     monkeypatch.setattr(mod, "_ablate", refuse)
     again = mod.main(argv, model=handset)
     assert again == result

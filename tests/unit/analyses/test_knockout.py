@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ropelens
-from ropelens.analyses.heads import random_tokens
+from ropelens.analyses.head_taxonomy import random_tokens
 from ropelens.analyses.knockout import Knockout, head_sets, knocked_out, knockout, plane_order
 from ropelens.errors import InputError
 from ropelens.results.result import load_result
@@ -118,8 +118,8 @@ def test_probe_matches_the_bridges_attention_patterns(tiny, result):
 
 def test_copy_metrics_match_the_bridges_logits(tiny):
     """copy_nll and copy_accuracy: the digits' teacher-forced loss and top-1 hits, from the bridge's logits."""
-    from ropelens.analyses.passkey import make_passkey, passkey_prompt
-    from ropelens.analyses.retrieval import copy_case
+    from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
+    from ropelens.analyses.retrieval_heads import copy_case
 
     model = tiny("llama-gqa")
     r = _run(model, metrics=("retrieval",), doses=[0, 2], directions=("low",), n_random=0, n_control=0,

@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from ropelens.analyses.massive import MassiveValues, massive_values, replace_massive
+from ropelens.analyses.massive_values import MassiveValues, massive_values, replace_massive
 from ropelens.errors import InputError
 from ropelens.loading.models import wrap_hf_model
 from ropelens.run.capture import capture_qk
@@ -68,7 +68,7 @@ def test_reducer_equals_hand_computation(tiny, family):
 
 def test_valid_mask_and_merge_are_exact(tiny):
     """Two halves merged equal the whole; right padding (valid=False) is left out of the sums."""
-    from ropelens.analyses.massive import MassiveReducer
+    from ropelens.analyses.massive_values import MassiveReducer
     from ropelens.results.provenance import Provenance
     from ropelens.run.capture import stream
     from ropelens.spec.reading import rope_spec

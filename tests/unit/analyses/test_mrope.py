@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from ropelens import Bands
-from ropelens.analyses.decompose import decompose_attention
-from ropelens.analyses.mrope import MRopeDecomposition, mrope_decompose
+from ropelens.analyses.attention_decomposition import attention_decomposition
+from ropelens.analyses.mrope_decomposition import MRopeDecomposition, mrope_decomposition
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.loading.vision_language import (
     as_plain_vl,
@@ -45,7 +45,7 @@ def _model(name: str):
 
 @functools.cache
 def _decomposed(name: str) -> MRopeDecomposition:
-    return mrope_decompose(_model(name), **vl_inputs(_model(name), GRIDS))
+    return mrope_decomposition(_model(name), **vl_inputs(_model(name), GRIDS))
 
 
 def _hf_run(name: str):
@@ -152,7 +152,7 @@ def test_swapped_sections_are_refused(name, monkeypatch):
     monkeypatch.setattr(reading, "plane_axes", lambda *a: tuple({1: 2, 2: 1}.get(x, x) for x in read(*a)))
     m = _model(name)
     with pytest.raises(UnsupportedModelError, match=r"does not match the model \(rotation error"):
-        mrope_decompose(m, **vl_inputs(m, GRIDS))
+        mrope_decomposition(m, **vl_inputs(m, GRIDS))
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen3_vl", "qwen3_5"])
@@ -168,14 +168,14 @@ def test_text_only_tower_is_measured_as_1d_rope(name):
     toks = vl_inputs(m, ())["input_ids"]
     with torch.no_grad(), hf_scores(m) as scores:
         probs = probs_by_layer(m(input_ids=toks, output_attentions=True).attentions, spec)
-    dec = decompose_attention(model, toks, bands=Bands.quantiles(4))  # the verification probe runs first
+    dec = attention_decomposition(model, toks, bands=Bands.quantiles(4))  # the verification probe runs first
     assert dec.provenance.config["verification"]["status"] == "passed"
     for L in dec.layers:
         ours = dec.logits(L)
         ok = torch.isfinite(ours)
         assert float((ours[ok] - scores[L][ok]).abs().max() / scores[L][ok].abs().max()) < TOL
         assert float((dec.rebuilt_pattern(L) - probs[L]).abs().max()) < TOL
-    text = mrope_decompose(m, toks)  # no pixels: every axis at the token's position
+    text = mrope_decomposition(m, toks)  # no pixels: every axis at the token's position
     assert torch.equal(text.position_ids, torch.arange(toks.shape[1]).expand(3, 1, -1))
 
 
@@ -185,7 +185,7 @@ def test_text_tower_found_when_the_vision_tower_is_as_deep():
     m = vl_hf_model("qwen2_vl", depth=2)
     spec = rope_spec(as_plain_vl(m))
     assert [lr.head_dim for lr in spec.layers] == [128, 128] and spec[0].axes == expected_axes("qwen2_vl")
-    dec = mrope_decompose(m, **vl_inputs(m, GRIDS))
+    dec = mrope_decomposition(m, **vl_inputs(m, GRIDS))
     assert dec.provenance.config["verification"]["status"] == "passed"
 
 
@@ -240,8 +240,8 @@ def test_one_d_models_are_refused_in_one_line(tiny):
     from ropelens.testing import tiny_hf_model
 
     with pytest.raises(UnsupportedModelError, match="pass the HF vision-language model itself"):
-        mrope_decompose(tiny("llama"), torch.tensor([[1, 5, 6]]))
+        mrope_decomposition(tiny("llama"), torch.tensor([[1, 5, 6]]))
     with pytest.raises(InputError, match="applies 1-D RoPE"):
-        mrope_decompose(tiny_hf_model("llama"), torch.tensor([[1, 5, 6]]))
+        mrope_decomposition(tiny_hf_model("llama"), torch.tensor([[1, 5, 6]]))
     with pytest.raises(InputError, match="integer"):
-        mrope_decompose(_model("qwen2_vl"), torch.zeros(1, 3))
+        mrope_decomposition(_model("qwen2_vl"), torch.zeros(1, 3))

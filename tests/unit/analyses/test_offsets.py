@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from ropelens import capture_qk, data, rope_spec
-from ropelens.analyses.offsets import (
+from ropelens import capture_qk, rope_spec
+from ropelens.analyses.rotary_offsets import (
     OffsetReducer,
     RotaryOffsets,
     partial_cycle_planes,
@@ -18,6 +18,7 @@ from ropelens.analyses.offsets import (
 )
 from ropelens.errors import InputError
 from ropelens.results.provenance import Provenance
+from ropelens.run import data
 from ropelens.run.capture import LayerActs
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.testing import tiny_hf_model

@@ -7,10 +7,10 @@ import re
 import pytest
 import torch
 
-from ropelens.analyses.passkey import (
+from ropelens.analyses.passkey_retrieval import (
     QUESTION,
     TASK,
-    PasskeyResult,
+    PasskeyRetrieval,
     greedy_continuation,
     make_passkey,
     needle,
@@ -148,7 +148,7 @@ def test_result_round_trip_merge_and_variant_provenance(tiny, tmp_path):
     assert res.provenance.model == "tiny-llama-gqa" and res.provenance.n_windows == 2
     path = tmp_path / "passkey.json"
     res.save(path)
-    back = PasskeyResult.load(path)
+    back = PasskeyRetrieval.load(path)
     assert back == res
     df = res.to_frame()
     assert list(df.columns[:5]) == ["depth", "length", "n_trials", "n_correct", "accuracy"] and len(df) == 1

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ropelens.analyses.heads import classify_heads
+from ropelens.analyses.head_taxonomy import head_taxonomy
 from ropelens.analyses.positional_symbolic import (
     PositionalSymbolic,
     agreement,
@@ -157,7 +157,7 @@ def test_roundtrip_merge_and_agreement(handset, handset_result, tmp_path):
     frame = handset_result.to_frame()
     assert list(frame["call_logit"][:2]) == ["positional", "symbolic"]
     assert len(handset_result.findings()) == 3 and handset_result.figure().data
-    tax = classify_heads(handset, _tokens(8, N_CTX), max_offset=6, layers=[0], progress=False)
+    tax = head_taxonomy(handset, _tokens(8, N_CTX), max_offset=6, layers=[0], progress=False)
     ag = agreement(handset_result, tax)
     assert ag.confusion.loc["previous-token", "positional"] == 1
     # the equal-token head always finds its own token at offset 0, so the taxonomy reads it as diagonal;

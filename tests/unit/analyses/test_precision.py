@@ -28,11 +28,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from ropelens.analyses.band_stats import BandStatsReducer
-from ropelens.analyses.distance import DistanceReducer
-from ropelens.analyses.massive import MassiveReducer
-from ropelens.analyses.offsets import OffsetReducer
-from ropelens.analyses.usage import UsageReducer
+from ropelens.analyses.attention_by_distance import DistanceReducer
+from ropelens.analyses.band_statistics import BandStatsReducer
+from ropelens.analyses.frequency_usage import UsageReducer
+from ropelens.analyses.massive_values import MassiveReducer
+from ropelens.analyses.rotary_offsets import OffsetReducer
 from ropelens.run.capture import LayerActs, capture_qk, stream
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from ropelens import data, rope_spec
-from ropelens.analyses.extrapolation import (
+from ropelens import rope_spec
+from ropelens.analyses.base_predictions import (
     BasePredictions,
     MeasuredExtrapolation,
     base_lower_bound,
@@ -21,6 +21,7 @@ from ropelens.analyses.extrapolation import (
     measured_extrapolation,
 )
 from ropelens.errors import InputError
+from ropelens.run import data
 from ropelens.run.evaluate import window_losses
 from ropelens.spec.rope import LayerRope, RopeSpec
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import ropelens
-from ropelens.analyses.passkey import passkey_prompt
-from ropelens.analyses.retrieval import (
+from ropelens.analyses.passkey_retrieval import passkey_prompt
+from ropelens.analyses.retrieval_heads import (
     CONDITIONS,
     RetrievalHeads,
     ablate_head_planes,
@@ -118,9 +118,9 @@ def test_ablation_removes_exactly_the_planes_terms_in_the_chosen_heads(tiny, cho
     toks = torch.randint(4, 100, (1, 24), generator=torch.Generator().manual_seed(3))
     toks[0, 0] = 1
     layers = spec.rotary_layers[: 1 + max(L for L, _ in chosen)]
-    dec = ropelens.decompose_attention(model, toks, bands=Bands.planes(), layers=layers)
+    dec = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.planes(), layers=layers)
     with ablate_head_planes(model, chosen):
-        got = ropelens.decompose_attention(model, toks, bands=Bands.planes(), layers=layers)
+        got = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.planes(), layers=layers)
         bridge_logits = model(toks)
         with on_sdpa(model) as hf:
             sdpa_logits = hf(input_ids=toks, use_cache=False).logits

@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands, Provenance
-from ropelens.analyses.sinks import AttentionSinks, SinkReducer, attention_sinks
-from ropelens.analyses.usage import frequency_usage
+from ropelens.analyses.attention_sinks import AttentionSinks, SinkReducer, attention_sinks
+from ropelens.analyses.frequency_usage import frequency_usage
 from ropelens.errors import InputError
 from ropelens.run.capture import LayerActs, capture_qk, stream
 from ropelens.spec.reading import rope_spec

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ropelens
-from ropelens.analyses.usage import FrequencyUsage, frequency_usage
+from ropelens.analyses.frequency_usage import FrequencyUsage, frequency_usage
 from ropelens.run.capture import capture_qk
 from ropelens.spec.bands import Bands
 
@@ -198,7 +198,7 @@ def test_merged_halves_equal_one_pass(tiny, tmp_path):
 
 def test_padding_is_ignored(tiny):
     """Right padding: padded positions are excluded, so results equal the unpadded run."""
-    from ropelens.analyses.usage import UsageReducer
+    from ropelens.analyses.frequency_usage import UsageReducer
     from ropelens.run.capture import stream
 
     model = tiny("llama")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -132,7 +130,7 @@ def test_interventions_install_where_the_backend_applies_them(both):
 
 
 def test_passkey_provenance_names_the_model_on_every_backend(both):
-    from ropelens.analyses.passkey import passkey_retrieval
+    from ropelens.analyses.passkey_retrieval import passkey_retrieval
 
     for model in both:
         res = passkey_retrieval(model, lengths=[280], depths=[0.5], n_trials=1, max_new_tokens=2, progress=False)
@@ -140,16 +138,6 @@ def test_passkey_provenance_names_the_model_on_every_backend(both):
         assert res.provenance.config["cached_decoding"] == (res.provenance.config["forward"] != "hf")
 
 
-def test_moved_modules_keep_their_old_names_for_one_release():
-    for old, new in ropelens.MOVED.items():
-        sys.modules.pop(f"ropelens.{old}", None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            mod = importlib.import_module(f"ropelens.{old}")
-        assert mod is importlib.import_module(f"ropelens.{new}"), old
-        assert any(issubclass(w.category, DeprecationWarning) and f"ropelens.{new}" in str(w.message)
-                   for w in caught), old
-        sys.modules.pop(f"ropelens.{old}", None)  # the old name stays unused by the rest of the tests
 
 
 # what only a backend may ask of a model
@@ -193,7 +181,7 @@ def test_handle_spec_follows_a_patched_rotation(both, monkeypatch):
 def test_corpus_analyses_read_the_spec_once_per_model(tiny_dir, monkeypatch):
     """measure() reads a model through its handle: a second analysis of the same model reads no spec again."""
     import ropelens.spec.reading as reading
-    from ropelens.analyses.usage import frequency_usage
+    from ropelens.analyses.frequency_usage import frequency_usage
 
     model = ropelens.load_model(tiny_dir("llama"), device="cpu")
     calls = []

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ropelens
-from ropelens.backends import fastpath
+from ropelens.backends import sdpa_capture
 from ropelens.run.capture import capture_qk
 from ropelens.run.intervene import ablate_planes, apply_rope_variant
 from ropelens.spec.reading import rope_spec
@@ -36,13 +36,13 @@ def _tokens(seed: int = 0) -> torch.Tensor:
 def test_fast_path_equals_bridge(family, family_model):
     model, spec = family_model(family)
     toks = _tokens()
-    taken = fastpath.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers)
+    taken = sdpa_capture.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers)
     assert (taken is None) == (family in DECLINED)
-    fast = capture_qk(model, toks, which=fastpath.QK_NEEDS, fast=True)
-    slow = capture_qk(model, toks, which=fastpath.QK_NEEDS, fast=False)
+    fast = capture_qk(model, toks, which=sdpa_capture.QK_NEEDS, fast=True)
+    slow = capture_qk(model, toks, which=sdpa_capture.QK_NEEDS, fast=False)
     assert sorted(fast) == sorted(slow) == spec.rotary_layers
     for L in spec.rotary_layers:
-        for key in sorted(fastpath.QK_NEEDS):
+        for key in sorted(sdpa_capture.QK_NEEDS):
             a, b = fast[L][key], slow[L][key]
             assert a.shape == b.shape, (L, key)
             assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), (L, key)
@@ -50,22 +50,22 @@ def test_fast_path_equals_bridge(family, family_model):
 
 def test_usage_takes_the_fast_path_and_matches_the_bridge(family_model, monkeypatch):
     """frequency_usage goes through the fast path batch by batch and equals usage streamed through the bridge."""
-    from ropelens.analyses.usage import UsageReducer
+    from ropelens.analyses.frequency_usage import UsageReducer
     from ropelens.run.capture import batches, stream
 
     model, spec = family_model("llama")
     toks = _tokens(1)
     ropelens.run.verify.verify_model(model)  # the probe (cached) tries the fast path too: count the analysis alone
     taken = []
-    orig = fastpath.fast_qk
+    orig = sdpa_capture.fast_qk
 
     def counting(*a, **k):
         out = orig(*a, **k)
         taken.append(out is not None)
         return out
 
-    monkeypatch.setattr(fastpath, "fast_qk", counting)
-    fast = ropelens.frequency_usage(model, toks, progress=False, batch_size=1)
+    monkeypatch.setattr(sdpa_capture, "fast_qk", counting)
+    fast = ropelens.analyses.frequency_usage(model, toks, progress=False, batch_size=1)
     assert taken == [True, True]
     red = UsageReducer(spec, spec.rotary_layers)
     stream(model, batches(toks, 1), [red], spec=spec, progress=False, fast=False)
@@ -80,9 +80,9 @@ def test_a_family_that_rotates_a_head_slice_is_tried_once(family_model, monkeypa
     model, spec = family_model("phi")
     toks = _tokens(3)
     ones = torch.ones_like(toks, dtype=torch.bool)
-    assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
-    monkeypatch.setattr(fastpath, "hf_view", lambda m: pytest.fail("a second attempt ran the model"))
-    assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
+    assert sdpa_capture.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
+    monkeypatch.setattr(sdpa_capture, "hf_view", lambda m: pytest.fail("a second attempt ran the model"))
+    assert sdpa_capture.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
 
 
 @pytest.mark.parametrize("family", ["llama", "phi3"])
@@ -92,11 +92,11 @@ def test_interventions_keep_the_bridge(family, family_model):
     toks = _tokens(2)
     ones = torch.ones_like(toks, dtype=torch.bool)
     with apply_rope_variant(model, PRoPE(0.5)):
-        assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
+        assert sdpa_capture.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
         under = capture_qk(model, toks, which=("q_post",))
     with ablate_planes(model, [0]):
-        assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
-    assert fastpath.fast_qk(model, spec, toks, ones, spec.rotary_layers) is not None
+        assert sdpa_capture.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
+    assert sdpa_capture.fast_qk(model, spec, toks, ones, spec.rotary_layers) is not None
     plain = capture_qk(model, toks, which=("q_post",))
     L = spec.rotary_layers[-1]
     assert not torch.allclose(under[L]["q_post"], plain[L]["q_post"])
@@ -106,13 +106,13 @@ def test_the_forward_stops_at_the_last_rotation(family_model):
     """Nothing after the last layer's rotation runs: not its MLP, not its attention output."""
     model, spec = family_model("llama")
     toks = _tokens(4)
-    blocks = fastpath.hf_view(model).base_model.layers
+    blocks = sdpa_capture.hf_view(model).base_model.layers
     ran: list[str] = []
     last = spec.rotary_layers[-1]
     handles = [blocks[i].mlp.register_forward_hook(lambda *_, i=i: ran.append(f"mlp{i}")) for i in range(len(blocks))]
     handles.append(blocks[last].self_attn.o_proj.register_forward_hook(lambda *_: ran.append("o_proj")))
     try:
-        got = fastpath.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers)
+        got = sdpa_capture.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers)
     finally:
         for h in handles:
             h.remove()
@@ -138,7 +138,7 @@ def test_a_family_that_rotates_twice_per_layer_is_refused(tmp_path, monkeypatch)
 
     monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", twice)
     toks = _tokens(5)
-    assert fastpath.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers) is None
+    assert sdpa_capture.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers) is None
 
 
 def test_one_host_sync_per_batch(family_model, monkeypatch):
@@ -146,8 +146,8 @@ def test_one_host_sync_per_batch(family_model, monkeypatch):
     holds padding), alone or through run_windows; with padding, the token count at the end as well."""
     import sys
 
-    from ropelens.analyses.band_stats import BandStatsReducer
-    from ropelens.analyses.usage import UsageReducer
+    from ropelens.analyses.band_statistics import BandStatsReducer
+    from ropelens.analyses.frequency_usage import UsageReducer
     from ropelens.run.capture import batches, stream
     from ropelens.run.distributed import run_windows
     from ropelens.spec.bands import Bands

@@ -50,13 +50,13 @@ def test_plain_llama_reads_and_measures_as_the_bridge(llama_both):
     # float32 forwards of the same weights (sdpa on the plain model, eager in the bridge): ~1e-6 apart
     torch.testing.assert_close(plain(toks), bridge(toks), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(plain.to_tokens("The cat sat."), bridge.to_tokens("The cat sat."))
-    u_p = ropelens.frequency_usage(plain, toks, progress=False, n_sink=0)
-    u_b = ropelens.frequency_usage(bridge, toks, progress=False, n_sink=0)
+    u_p = ropelens.analyses.frequency_usage(plain, toks, progress=False, n_sink=0)
+    u_b = ropelens.analyses.frequency_usage(bridge, toks, progress=False, n_sink=0)
     # both read q and k from the same HF forward (the fast path): float64 sums of the same float32 numbers
     torch.testing.assert_close(u_p.q_norm, u_b.q_norm, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(u_p.k_norm, u_b.k_norm, rtol=1e-6, atol=1e-7)
-    s_p = ropelens.band_statistics(plain, toks, bands=Bands.quantiles(2), progress=False).to_frame()
-    s_b = ropelens.band_statistics(bridge, toks, bands=Bands.quantiles(2), progress=False).to_frame()
+    s_p = ropelens.analyses.band_statistics(plain, toks, bands=Bands.quantiles(2), progress=False).to_frame()
+    s_b = ropelens.analyses.band_statistics(bridge, toks, bands=Bands.quantiles(2), progress=False).to_frame()
     num = [c for c in s_b.columns if s_b[c].dtype.kind == "f"]
     assert num and s_p[num].to_numpy().shape == s_b[num].to_numpy().shape
     # float32 scores summed in float64: equal to ~1e-6 relative
@@ -65,10 +65,10 @@ def test_plain_llama_reads_and_measures_as_the_bridge(llama_both):
 
 
 def test_plain_patterns_are_the_bridges(llama_both):
-    """decompose_attention (q, k and the pattern, from the plain forward's attention function) equals the bridge's."""
+    """attention_decomposition (q, k and the pattern, from the plain forward's attention function) equals the bridge's."""
     bridge, plain = llama_both
     toks = _tokens(2)[:1]
-    d_p, d_b = (ropelens.decompose_attention(m, toks, bands=Bands.quantiles(2)) for m in (plain, bridge))
+    d_p, d_b = (ropelens.analyses.attention_decomposition(m, toks, bands=Bands.quantiles(2)) for m in (plain, bridge))
     for L in rope_spec(bridge).rotary_layers:
         ok = torch.isfinite(d_b.logits(L))
         torch.testing.assert_close(d_p.logits(L)[ok], d_b.logits(L)[ok], rtol=1e-5, atol=1e-5)
@@ -143,7 +143,7 @@ def test_refusals_name_what_cannot_be_measured(family_dir):
         with pytest.raises(UnsupportedModelError, match=why):
             rope_spec(model)
         with pytest.raises(UnsupportedModelError, match=why):
-            ropelens.frequency_usage(model, _tokens(), progress=False)
+            ropelens.analyses.frequency_usage(model, _tokens(), progress=False)
 
 
 def _sink_attention(fn_module: str, sinks: torch.Tensor):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ropelens
-from ropelens.analyses.massive import massive_values, replace_massive
-from ropelens.analyses.passkey import greedy_continuation
+from ropelens.analyses.massive_values import massive_values, replace_massive
+from ropelens.analyses.passkey_retrieval import greedy_continuation
 from ropelens.backends import sdpa
 from ropelens.errors import UnsupportedModelError
 from ropelens.run.evaluate import loss_path, window_losses

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import warnings
 from pathlib import Path
 
 import pytest
@@ -90,10 +89,10 @@ def test_every_result_is_declared_with_its_figures():
 
 
 def test_public_namespace_offers_the_registry():
-    assert ropelens.catalog.analyses is analyses and ropelens.register_analysis is register_analysis
+    assert ropelens.catalog.analyses is analyses and ropelens.analyses.register_analysis is register_analysis
     # the subpackage keeps its name: nothing in the namespace shadows it
-    assert importlib.import_module("ropelens.analyses.sinks") is ropelens.analyses.sinks
-    assert ropelens.analyses.sinks.attention_sinks is ropelens.attention_sinks
+    assert importlib.import_module("ropelens.analyses.attention_sinks") is ropelens.analyses.attention_sinks
+    assert ropelens.analyses.attention_sinks.attention_sinks is ropelens.analyses.attention_sinks
     assert [a.name for a in ropelens.catalog.analyses()][:3] == ["inspect", "report", "usage"]
 
 
@@ -113,7 +112,7 @@ def _run(args) -> int:
 def test_register_replaces_in_place_and_inserts_before(registry):
     names = [a.name for a in analyses()]
     sinks = registry.module.analysis("sinks")
-    register_analysis(Analysis("sinks", sinks.function, sinks.result, sinks.figures, sinks.command, None))
+    register_analysis(Analysis("attention-sinks", sinks.function, sinks.result, sinks.figures, sinks.command, None))
     assert [a.name for a in analyses()] == names  # same place
     assert "attention-sinks" not in [s.key for s in sections()]
     extra = Analysis("extra", command=Command("extra", _run, lambda p: None),
@@ -126,9 +125,9 @@ def test_register_replaces_in_place_and_inserts_before(registry):
 
 def test_register_refuses_what_would_clash_or_is_not_a_declaration(registry):
     with pytest.raises(InputError, match="its command 'sinks' is already analysis 'sinks'"):
-        register_analysis(Analysis("sinks2", command=Command("sinks", _run, lambda p: None)))
+        register_analysis(Analysis("sinks2", command=Command("attention-sinks", _run, lambda p: None)))
     with pytest.raises(InputError, match="its section 'usage' is already analysis 'usage'"):
-        register_analysis(Analysis("usage2", section=SectionSpec("usage", "Usage", _render)))
+        register_analysis(Analysis("usage2", section=SectionSpec("frequency-usage", "Usage", _render)))
     with pytest.raises(InputError, match="no analysis 'nope' to register"):
         register_analysis(Analysis("new"), before="nope")
     with pytest.raises(InputError, match="takes an Analysis"):
@@ -159,40 +158,8 @@ def test_figures_register_with_their_analysis(registry):
 
 
 # ---------------------------------------------------------------------------------------- old names
-@pytest.mark.parametrize(("old", "name", "new"), [
-    ("cli.attention", "run_sinks", "catalog.sinks:run"),
-    ("cli.analysis", "run_decompose_stats", "catalog.band_statistics:run"),
-    ("cli.variants", "parse_variant", "cli.variant_syntax:parse_variant"),
-    ("cli.variants", "number_list", "cli.common:number_list"),
-    ("cli.inspect", "inspect_table", "catalog.spec:inspect_table"),
-    ("report.rerun", "measure_heads", "catalog.heads:measure"),
-    ("report.measured", "render_bands", "catalog.band_statistics:render"),
-    ("report.variants", "measure_baseline", "report.steps:measure_baseline"),
-    ("report.theory", "DecayCurves", "catalog.pe_geometry:DecayCurves"),
-])
-def test_split_modules_keep_their_names_for_a_release(old, name, new, monkeypatch):
-    import sys
-
-    module, _, attr = new.partition(":")
-    monkeypatch.delitem(sys.modules, f"ropelens.{old}", raising=False)  # imported afresh: it warns
-    with pytest.warns(DeprecationWarning, match=f"ropelens.{old} was split into one module per analysis"):
-        stand_in = importlib.import_module(f"ropelens.{old}")
-    assert getattr(stand_in, name) is getattr(importlib.import_module(f"ropelens.{module}"), attr)
-    with pytest.raises(AttributeError, match=f"ropelens.{old} has no attribute 'no_such_name'"):
-        _ = stand_in.no_such_name
 
 
-def test_old_add_functions_add_the_declared_command():
-    import argparse
-
-    from ropelens.catalog import sinks
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from ropelens.cli.attention import add_sinks
-    parser = argparse.ArgumentParser()
-    add_sinks(parser.add_subparsers(dest="command"))
-    assert parser.parse_args(["sinks", "--epsilon", "0.2"]).func is sinks.run
 
 
 def test_the_readme_declaration_makes_a_command_and_a_section(tiny, tiny_dir, tmp_path, monkeypatch, registry, capsys):

@@ -177,7 +177,7 @@ NEEDS = "a JSON object with target_len and original_ctx (token counts, target_le
 
 @pytest.fixture
 def extend(tiny_dir, tmp_path):
-    """``extend(file)``: the message of ``ropelens extend`` on the tiny Llama (8 planes, context 256) with --longrope."""
+    """``extend(file)``: the message of ``ropelens extension-study`` on the tiny Llama (8 planes, context 256) with --longrope."""
     model = str(tiny_dir("llama"))
 
     def run(longrope: Path, capsys) -> str:
@@ -230,7 +230,7 @@ def test_longrope_factors_must_fit_the_model_and_the_study(extend, tmp_path, cap
 
 
 def test_a_hand_written_factors_file_loads(tmp_path):
-    from ropelens.analyses.context import LongRopeSearch
+    from ropelens.analyses.extension_planes import LongRopeSearch
 
     s = LongRopeSearch.load(_factors(tmp_path, "good.json", GOOD))
     assert s.factors == (1, 1, 1, 1, 2, 2, 2, 2) and s.variant.long_factor == (1.0,) * 4 + (2.0,) * 4
@@ -290,7 +290,7 @@ def test_windows_no_corpus_could_hold_are_refused(command, tmp_path, capsys):
 
 
 def _small(monkeypatch):
-    from ropelens import data
+    from ropelens.run import data
 
     small = data.Corpus("small", SMALL, "test")
     monkeypatch.setattr(data, "load_corpus", lambda spec=None: small)
@@ -300,14 +300,14 @@ def _small(monkeypatch):
 def test_windows_past_the_corpus_are_noted(tiny_dir, monkeypatch, capsys):
     _small(monkeypatch)
     path = str(tiny_dir("llama"))
-    assert main(["heads", path, "--n-ctx", "32", "--windows", "40", "--json"]) == 0
+    assert main(["head-taxonomy", path, "--n-ctx", "32", "--windows", "40", "--json"]) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert out["n_windows"] < 40 and out["n_ctx"] == 32
     assert _notes(captured.err) == [f"ropelens: note: --windows 40 asks for 40 windows of 32 tokens but corpus 'small' "
                                     f"holds {out['n_windows']}: measured all {out['n_windows']} "
                                     f"({out['n_windows'] * 32:,} tokens)"]
-    assert main(["truncate", path, "--n-ctx", "32", "--windows", "8", "--p", "1", "--json"]) == 0
+    assert main(["prope-sweep", path, "--n-ctx", "32", "--windows", "8", "--p", "1", "--json"]) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert out["windows"] < 8
@@ -318,7 +318,7 @@ def test_windows_past_the_corpus_are_noted(tiny_dir, monkeypatch, capsys):
 
 def test_top_k_past_the_heads_ablates_all_with_one_note(tiny_dir, capsys):
     path = str(tiny_dir("llama"))  # 2 layers of 4 heads
-    assert main(["retrieval", path, "--lengths", "300", "--depths", "0.5", "--trials", "1", "--top-k", "1000",
+    assert main(["retrieval-heads", path, "--lengths", "300", "--depths", "0.5", "--trials", "1", "--top-k", "1000",
                  "--json"]) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
@@ -329,13 +329,13 @@ def test_top_k_past_the_heads_ablates_all_with_one_note(tiny_dir, capsys):
 
 def test_text_past_the_context_is_cut_with_one_note(tiny_dir, capsys):
     path = str(tiny_dir("llama"))  # context 256; one token per character
-    assert main(["decompose", path, "--text", "x" * 300, "--layers", "0", "--json"]) == 0
+    assert main(["attention-decomposition", path, "--text", "x" * 300, "--layers", "0", "--json"]) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert out["n_tokens"] == 256 and out["input"] == "text (first 256 of 301 tokens)"
     assert _notes(captured.err) == ["ropelens: note: --text is 301 tokens, longer than the model's context of 256: "
                                     "decomposed its first 256"]
-    assert main(["decompose", path, "--text", "x" * 20, "--layers", "0", "--json"]) == 0
+    assert main(["attention-decomposition", path, "--text", "x" * 20, "--layers", "0", "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["n_tokens"] == 21 and not _notes(captured.err)
 

@@ -15,10 +15,14 @@ import math
 import pytest
 import torch
 
-from ropelens.analyses import extension as extension_module
-from ropelens.analyses.band_stats import band_statistics
-from ropelens.analyses.decompose import decompose_attention
-from ropelens.analyses.extrapolation import MIN_PREDICTION_LENGTH, base_predictions, critical_base
+from ropelens.analyses import extension_study as extension_module
+from ropelens.analyses.attention_decomposition import attention_decomposition
+from ropelens.analyses.band_statistics import band_statistics
+from ropelens.analyses.base_predictions import (
+    MIN_PREDICTION_LENGTH,
+    base_predictions,
+    critical_base,
+)
 from ropelens.analyses.positional_symbolic import MIN_KEYS, positional_symbolic, shortest_window
 from ropelens.cli import main
 from ropelens.errors import InputError
@@ -94,7 +98,7 @@ def test_predict_base_short_length_is_refused(lengths, message, tiny_dir, tmp_pa
 
 
 def test_predict_base_at_the_shortest_length_has_a_critical_base(tiny_dir, capsys):
-    assert main(["predict-base", str(tiny_dir("llama")), "--lengths", "7,64", "--json"]) == 0
+    assert main(["base-predictions", str(tiny_dir("llama")), "--lengths", "7,64", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["length"] for r in rows] == [7, 64]
     assert all(isinstance(r["critical_base"], float) and math.isfinite(r["critical_base"]) for r in rows)
@@ -155,21 +159,21 @@ def test_band_empty_in_some_layers_is_not_measurable_there(tiny, tiny_dir, capsy
     assert frame[frame.layer < 3].groupby("band", sort=False).top1.apply(lambda s: s.isna().all()).tolist() == \
         [False, True]
 
-    dec = decompose_attention(tiny("gemma3"), "The cat sat on the mat.", bands=bands)
+    dec = attention_decomposition(tiny("gemma3"), "The cat sat on the mat.", bands=bands)
     for layer, empty in ((0, True), (3, False)):
         agree = dec.agreement(layer)
         other = agree[agree.band == "λ∈[100000,inf)"]
         assert other.top1.isna().all() == empty and other.jsd.isna().all() == empty
 
     model = str(tiny_dir("gemma3"))
-    assert main(["decompose-stats", model, "--bands", "wavelength:1e5", "--n-ctx", "16", "--tokens", "32",
+    assert main(["band-statistics", model, "--bands", "wavelength:1e5", "--n-ctx", "16", "--tokens", "32",
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["top1"] is None for r in rows if r["band"] == "λ∈[100000,inf)"] == [True, True, True, False]
-    assert main(["decompose-stats", model, "--bands", "wavelength:1e5", "--n-ctx", "16", "--tokens", "32"]) == 0
+    assert main(["band-statistics", model, "--bands", "wavelength:1e5", "--n-ctx", "16", "--tokens", "32"]) == 0
     table = [line.split() for line in capsys.readouterr().out.splitlines() if "λ∈[100000,inf)" in line]
     assert [row[-1] for row in table][:3] == ["n/a"] * 3 and table[3][-1] != "n/a"
-    assert main(["decompose", model, "--bands", "wavelength:1e5", "--text", "The cat sat on the mat."]) == 0
+    assert main(["attention-decomposition", model, "--bands", "wavelength:1e5", "--text", "The cat sat on the mat."]) == 0
     out = capsys.readouterr().out
     assert "|  n/a" in out and "1.000" not in out
 

@@ -19,7 +19,7 @@ def error_lines(err: str) -> list[str]:
 
 
 def test_inspect_table(tiny_dir, capsys):
-    assert main(["inspect", str(tiny_dir("gemma3")), "--device", "cpu"]) == 0
+    assert main(["rope-spec", str(tiny_dir("gemma3")), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "Gemma3ForCausalLM" in out
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
@@ -33,14 +33,14 @@ def test_inspect_table(tiny_dir, capsys):
 
 
 def test_inspect_table_gptj(tiny_dir, capsys):
-    assert main(["inspect", str(tiny_dir("gptj"))]) == 0
+    assert main(["rope-spec", str(tiny_dir("gptj"))]) == 0
     out = capsys.readouterr().out
     assert "adjacent (2i, 2i+1)" in out
     assert "8 of 16 (4 planes)" in out
 
 
 def test_inspect_json(tiny_dir, tiny, capsys):
-    assert main(["inspect", str(tiny_dir("gemma3")), "--json"]) == 0
+    assert main(["rope-spec", str(tiny_dir("gemma3")), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)  # strict JSON: no NaN or Infinity
     assert [row["kind"] for row in data["summary"]] == ["sliding", "full"]
     assert [row["window"] for row in data["summary"]] == [8, None]
@@ -72,7 +72,7 @@ def test_bad_input_exits_2_with_one_line(argv, match, capsys):
 
 
 def test_non_rope_model_exits_2(tiny_dir, capsys):
-    assert main(["inspect", str(tiny_dir("gpt2"))]) == 2
+    assert main(["rope-spec", str(tiny_dir("gpt2"))]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert len(error_lines(err)) == 1 and "not RoPE" in error_lines(err)[0]
@@ -83,7 +83,7 @@ def test_bad_input_message_is_a_single_line_even_for_multiline_errors(
 ):
     monkeypatch.setenv("ROPELENS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "x.gguf").write_bytes(b"garbage\n" * 50)
-    assert main(["inspect", str(tmp_path / "x.gguf")]) == 2
+    assert main(["rope-spec", str(tmp_path / "x.gguf")]) == 2
     lines = error_lines(capsys.readouterr().err)
     assert len(lines) == 1 and "could not read GGUF file" in lines[0]
 
@@ -91,20 +91,20 @@ def test_bad_input_message_is_a_single_line_even_for_multiline_errors(
 def test_debug_env_reraises(monkeypatch):
     monkeypatch.setenv("ROPELENS_DEBUG", "1")
     with pytest.raises(ValueError, match="unknown device"):
-        main(["inspect", "x", "--device", "gpu0"])
+        main(["rope-spec", "x", "--device", "gpu0"])
 
 
 def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
     assert "inspect" in capsys.readouterr().out
-    assert main(["inspect", "--help"]) == 0
+    assert main(["rope-spec", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--device" in out and "--json" in out
 
 
 def test_python_dash_m(tiny_dir):
     done = subprocess.run(
-        [sys.executable, "-m", "ropelens", "inspect", str(tiny_dir("llama")), "--json"],
+        [sys.executable, "-m", "ropelens", "rope-spec", str(tiny_dir("llama")), "--json"],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -121,17 +121,17 @@ def test_variants_and_truncate_commands(tiny_dir, capsys):
     from ropelens.cli import main
 
     path = str(tiny_dir("llama"))
-    assert main(["variants", path, "--variant", "prope:0.5", "--variant", "nope", "--json"]) == 0
+    assert main(["variant-frequencies", path, "--variant", "prope:0.5", "--variant", "nope", "--json"]) == 0
     rows = _json.loads(capsys.readouterr().out)
     after = rows[0]["inv_freq_after"]
     assert len(after) == 8 and after[4:] == [0.0] * 4 and after[:4] == rows[0]["inv_freq_before"][:4]
     assert all(v == 0.0 for v in rows[1]["inv_freq_after"])
-    assert main(["truncate", path, "--p", "0,1", "--windows", "2", "--n-ctx", "32", "--json"]) == 0
+    assert main(["prope-sweep", path, "--p", "0,1", "--windows", "2", "--n-ctx", "32", "--json"]) == 0
     out = _json.loads(capsys.readouterr().out)
     assert [r["p"] for r in out["rows"]] == [0.0, 1.0] and all(r["ppl_lo"] <= r["ppl"] <= r["ppl_hi"] for r in out["rows"])
-    assert main(["variants", path, "--variant", "warp:3"]) == 2
+    assert main(["variant-frequencies", path, "--variant", "warp:3"]) == 2
     assert "unknown variant" in capsys.readouterr().err
-    assert main(["truncate", path, "--p", "1.5"]) == 2
+    assert main(["prope-sweep", path, "--p", "1.5"]) == 2
 
 
 def test_dtype_option_loads_in_that_dtype(tiny_dir, monkeypatch, capsys):
@@ -146,12 +146,12 @@ def test_dtype_option_loads_in_that_dtype(tiny_dir, monkeypatch, capsys):
         return real(name, **kw)
 
     monkeypatch.setattr(common, "load_model", spy)
-    assert main(["usage", str(tiny_dir("llama")), "--dtype", "bfloat16", "--tokens", "64", "--n-ctx", "32",
+    assert main(["frequency-usage", str(tiny_dir("llama")), "--dtype", "bfloat16", "--tokens", "64", "--n-ctx", "32",
                  "--json"]) == 0
     assert seen["dtype"] is torch.bfloat16
     out = json.loads(capsys.readouterr().out)
     assert all(abs(sum(row) - 1) < 1e-3 for row in out["q_energy_share"])
-    assert main(["inspect", "--dtype", "int8"]) == 2
+    assert main(["rope-spec", "--dtype", "int8"]) == 2
     assert "invalid choice: 'int8'" in capsys.readouterr().err
 
 
@@ -159,71 +159,71 @@ def test_sinks_distance_and_decompose_stats_commands(tiny_dir, tmp_path, capsys)
     """The commands run, print JSON that agrees with the saved results, and refuse bad input."""
     import json as _json
 
-    from ropelens.analyses.band_stats import BandStatistics
-    from ropelens.analyses.sinks import AttentionSinks
+    from ropelens.analyses.attention_sinks import AttentionSinks
+    from ropelens.analyses.band_statistics import BandStatistics
 
     path = str(tiny_dir("gemma3"))
     common = ["--n-ctx", "32", "--tokens", "64", "--device", "cpu"]
-    assert main(["sinks", path, *common, "--json", "--save", str(tmp_path / "s.json")]) == 0
+    assert main(["attention-sinks", path, *common, "--json", "--save", str(tmp_path / "s.json")]) == 0
     out = _json.loads(capsys.readouterr().out)
     saved = AttentionSinks.load(tmp_path / "s.json")
     assert [r["layer"] for r in out["layers"]] == list(saved.layers)
-    assert main(["distance", path, *common, "--json"]) == 0
+    assert main(["attention-by-distance", path, *common, "--json"]) == 0
     shapes = _json.loads(capsys.readouterr().out)["shapes"]
     assert {r["curve"] for r in shapes} >= {"logit", "prob"}
-    assert main(["decompose-stats", path, *common, "--json", "--save", str(tmp_path / "b.json")]) == 0
+    assert main(["band-statistics", path, *common, "--json", "--save", str(tmp_path / "b.json")]) == 0
     rows = _json.loads(capsys.readouterr().out)["rows"]
     st = BandStatistics.load(tmp_path / "b.json")
     assert len(rows) == len(st.layers) * len(st.band_names)
-    assert main(["sinks", path, *common, "--epsilon", "1.5"]) == 2
+    assert main(["attention-sinks", path, *common, "--epsilon", "1.5"]) == 2
     assert "--epsilon must lie in (0, 1)" in capsys.readouterr().err
 
 
 def test_massive_and_passkey_commands(tiny_dir, tmp_path, capsys):
     import json as _json
 
-    from ropelens.analyses.massive import MassiveValues
-    from ropelens.analyses.passkey import PasskeyResult
+    from ropelens.analyses.massive_values import MassiveValues
+    from ropelens.analyses.passkey_retrieval import PasskeyRetrieval
 
     path = str(tiny_dir("llama-gqa"))
-    assert main(["massive", path, "--n-ctx", "32", "--tokens", "64", "--factor", "1.5", "--json",
+    assert main(["massive-values", path, "--n-ctx", "32", "--tokens", "64", "--factor", "1.5", "--json",
                  "--save", str(tmp_path / "m.json")]) == 0
     out = _json.loads(capsys.readouterr().out)
     mv = MassiveValues.load(tmp_path / "m.json")
     assert mv.factor == 1.5 and sum(r["n_massive"] for r in out["planes"]) == int(mv.plane_mask("q").sum()
                                                                                     + mv.plane_mask("k").sum())
-    assert main(["passkey", path, "--lengths", "300", "--depths", "0.5", "--trials", "1", "--variant", "ntk:2",
+    assert main(["passkey-retrieval", path, "--lengths", "300", "--depths", "0.5", "--trials", "1", "--variant", "ntk:2",
                  "--json", "--save", str(tmp_path / "p.json")]) == 0
     cells = _json.loads(capsys.readouterr().out)["cells"]
-    assert len(cells) == 1 and PasskeyResult.load(tmp_path / "p.json").variant["variant"] == "NTK"
-    assert main(["passkey", path, "--lengths", "a,b"]) == 2
+    assert len(cells) == 1 and PasskeyRetrieval.load(tmp_path / "p.json").variant["variant"] == "NTK"
+    assert main(["passkey-retrieval", path, "--lengths", "a,b"]) == 2
     assert "--lengths must be a comma-separated list" in capsys.readouterr().err
-    assert main(["massive", path, "--factor", "0.5"]) == 2
+    assert main(["massive-values", path, "--factor", "0.5"]) == 2
 
 
 def test_bands_and_entropy_commands(tiny_dir, tmp_path, capsys):
     """bands prints each layer's band and the intervention; entropy covers the NoPE layers of a SmolLM3."""
-    from ropelens.analyses.band_location import FrequencyBands
-    from ropelens.analyses.entropy import FrequencyEntropy
+    from ropelens.analyses.band_location import BandLocation
+    from ropelens.analyses.frequency_entropy import FrequencyEntropy
     from ropelens.testing.families import family_model_dir
 
     path = str(tiny_dir("llama-gqa"))
-    assert main(["bands", path, "--n-ctx", "32", "--tokens", "128", "--eval-windows", "2", "--seed", "3", "--json",
+    assert main(["band-location", path, "--n-ctx", "32", "--tokens", "128", "--eval-windows", "2", "--seed", "3", "--json",
                  "--save", str(tmp_path / "b.json")]) == 0
     out = json.loads(capsys.readouterr().out)
-    r = FrequencyBands.load(tmp_path / "b.json")
+    r = BandLocation.load(tmp_path / "b.json")
     assert [row["hi"] for row in out["layers"]] == r.bands().hi.tolist() and out["intervention"]["seed"] == 3
-    assert main(["bands", path, "--n-ctx", "32", "--tokens", "128", "--no-intervene", "--which", "k"]) == 0
+    assert main(["band-location", path, "--n-ctx", "32", "--tokens", "128", "--no-intervene", "--which", "k"]) == 0
     text = capsys.readouterr().out
     assert "band of the keys" in text and "random planes" not in text
-    assert main(["bands", path, "--which", "v"]) == 2
+    assert main(["band-location", path, "--which", "v"]) == 2
     smol = str(family_model_dir("smollm3", tmp_path / "smollm3"))
-    assert main(["entropy", smol, "--n-ctx", "32", "--tokens", "64", "--json", "--save", str(tmp_path / "e.json")]) == 0
+    assert main(["frequency-entropy", smol, "--n-ctx", "32", "--tokens", "64", "--json", "--save", str(tmp_path / "e.json")]) == 0
     out = json.loads(capsys.readouterr().out)
     e = FrequencyEntropy.load(tmp_path / "e.json")
     assert [row["kind"] for row in out["layers"]] == ["full", "nope", "full", "nope"]
     assert out["layers"][1]["entropy"] == pytest.approx(float(e.entropy()[1].nanmean()))
-    assert main(["entropy", smol, "--n-ctx", "32", "--tokens", "64", "--skip", "30"]) == 2
+    assert main(["frequency-entropy", smol, "--n-ctx", "32", "--tokens", "64", "--skip", "30"]) == 2
     assert "a spectrum needs at least 4" in capsys.readouterr().err
 
 
@@ -231,20 +231,20 @@ def test_offsets_and_predict_base_commands(tiny_dir, capsys):
     import json as _json
 
     from ropelens import load_model
-    from ropelens.analyses.extrapolation import critical_base, extrapolation_limit
+    from ropelens.analyses.base_predictions import critical_base, extrapolation_limit
 
     path = str(tiny_dir("llama-gqa"))
-    assert main(["offsets", path, "--n-ctx", "32", "--tokens", "64", "--json"]) == 0
+    assert main(["rotary-offsets", path, "--n-ctx", "32", "--tokens", "64", "--json"]) == 0
     summary = _json.loads(capsys.readouterr().out)["summary"]
     assert {r["cycle"] for r in summary} <= {"partial cycle", "full cycle"}
-    assert main(["predict-base", path, "--lengths", "64,512", "--json"]) == 0
+    assert main(["base-predictions", path, "--lengths", "64,512", "--json"]) == 0
     rows = _json.loads(capsys.readouterr().out)["rows"]
     spec = rope_spec(load_model(path, device="cpu"))
     lr = spec.layers[0]
     assert [r["length"] for r in rows] == [64, 512]
     assert rows[1]["t_extra"] == pytest.approx(extrapolation_limit(lr.base, lr.rotary_dim, spec.n_ctx))
     assert rows[1]["critical_base"] == pytest.approx(critical_base(spec.n_ctx, 512, lr.base))
-    assert main(["predict-base", path, "--lengths", "x"]) == 2
+    assert main(["base-predictions", path, "--lengths", "x"]) == 2
 
 
 CORPUS_COMMANDS = ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets", "bands", "entropy", "possym")
@@ -287,7 +287,7 @@ def test_every_corpus_command_takes_checkpoint():
 
 def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
     """heads --save writes the taxonomy; a NaN in the table prints as null; --out still works, with a warning."""
-    from ropelens.analyses.heads import HeadTaxonomy
+    from ropelens.analyses.head_taxonomy import HeadTaxonomy
 
     real = HeadTaxonomy.to_frame
 
@@ -298,22 +298,22 @@ def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(HeadTaxonomy, "to_frame", with_nan)
     path, saved = str(tiny_dir("llama")), tmp_path / "tx.json"
-    assert main(["heads", path, "--windows", "2", "--n-ctx", "32", "--json", "--save", str(saved)]) == 0
+    assert main(["head-taxonomy", path, "--windows", "2", "--n-ctx", "32", "--json", "--save", str(saved)]) == 0
     captured = capsys.readouterr()
     got = json.loads(captured.out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert got["heads"][0]["mass_text"] is None
     assert HeadTaxonomy.load(saved).tau == got["tau"]
     old = tmp_path / "old.json"
-    assert main(["heads", path, "--windows", "2", "--n-ctx", "32", "--out", str(old)]) == 0
+    assert main(["head-taxonomy", path, "--windows", "2", "--n-ctx", "32", "--out", str(old)]) == 0
     assert old.exists() and "--out is deprecated; use --save" in capsys.readouterr().err
-    assert main(["heads", "--help"]) == 0
+    assert main(["head-taxonomy", "--help"]) == 0
     assert "--out" not in capsys.readouterr().out  # hidden: --save is the spelling to learn
 
 
 @pytest.mark.parametrize("argv", [["variants", "--variant", "warp:3"], ["passkey", "--variant", "warp:3"]])
 def test_unknown_variant_lists_the_registry(argv, capsys):
     """One error line naming every variant class ropelens.spec.variants exports (before any model loads)."""
-    from ropelens import variants as V
+    from ropelens.spec import variants as V
 
     assert main([argv[0], "no-such-model", *argv[1:]]) == 2
     lines = error_lines(capsys.readouterr().err)
@@ -353,7 +353,7 @@ def test_inspect_families_lists_the_matrix_without_a_model(capsys, monkeypatch):
 
     monkeypatch.setattr(common, "load_model", no_model)
     monkeypatch.setattr(families, "family_hf_model", no_model)
-    assert main(["inspect", "--families"]) == 0
+    assert main(["rope-spec", "--families"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:] if line}
     assert set(rows) == set(FAMILIES)
     for name, fam in FAMILIES.items():
@@ -362,7 +362,7 @@ def test_inspect_families_lists_the_matrix_without_a_model(capsys, monkeypatch):
         assert status == "exact" if fam.refused is None else status.startswith("refused") and fam.refused in status
     assert rows["nanochat"].split()[1] == "exact" and rows["ministral"].split()[1] == "exact"
     assert "differential attention" in rows["diffllama"]
-    assert main(["inspect", "--families", "--json"]) == 0
+    assert main(["rope-spec", "--families", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [d["family"] for d in data] == list(FAMILIES)
     assert {d["family"]: d["reason"] for d in data} == {n: f.refused for n, f in FAMILIES.items()}
@@ -370,20 +370,20 @@ def test_inspect_families_lists_the_matrix_without_a_model(capsys, monkeypatch):
 
 
 def test_inspect_families_with_a_model_exits_2(capsys):
-    assert main(["inspect", "llama", "--families"]) == 2
+    assert main(["rope-spec", "llama", "--families"]) == 2
     lines = error_lines(capsys.readouterr().err)
     assert len(lines) == 1 and "--families lists the supported families without a model" in lines[0]
 
 
 def test_no_adapter_message_names_the_families_listing(monkeypatch):
-    """The one-line refusal of an architecture the bridge cannot wrap points to `ropelens inspect --families`."""
-    from ropelens import models
+    """The one-line refusal of an architecture the bridge cannot wrap points to `ropelens rope-spec --families`."""
     from ropelens.errors import UnsupportedModelError
+    from ropelens.loading import models
 
     class Model:
         config = None
 
-    with pytest.raises(UnsupportedModelError, match=r"ropelens inspect --families"), models._bridge_errors(Model()):
+    with pytest.raises(UnsupportedModelError, match=r"ropelens rope-spec --families"), models._bridge_errors(Model()):
         raise ValueError("Could not determine supported architecture for Model")
 
 
@@ -395,18 +395,18 @@ def test_possym_command(tiny_dir, tmp_path, capsys):
 
     path = str(tiny_dir("llama-gqa"))
     common = ["--n-ctx", "32", "--tokens", "64", "--device", "cpu"]
-    assert main(["possym", path, *common, "--json", "--save", str(tmp_path / "ps.json")]) == 0
+    assert main(["positional-symbolic", path, *common, "--json", "--save", str(tmp_path / "ps.json")]) == 0
     out = _json.loads(capsys.readouterr().out)
     saved = PositionalSymbolic.load(tmp_path / "ps.json")
     assert [r["call_logit"] for r in out["heads"]] == [c for row in saved.calls("logit") for c in row]
     assert out["heads"][0]["positional_attention"] == pytest.approx(float(saved.scores("attention")[0][0, 0]))
-    assert main(["possym", path, *common, "--margin", "1.5"]) == 2
+    assert main(["positional-symbolic", path, *common, "--margin", "1.5"]) == 2
     assert "--margin must lie in [0, 1]" in capsys.readouterr().err
 
 
 def test_extend_command_end_to_end(tmp_path, capsys):
-    """ropelens extend writes the page, the tables and one cell per (method, length); a rerun reads them."""
-    from ropelens.analyses.extension import ExtensionStudy
+    """ropelens extension-study writes the page, the tables and one cell per (method, length); a rerun reads them."""
+    from ropelens.analyses.extension_study import ExtensionStudy
     from ropelens.testing import tiny_model_dir
 
     path = str(tiny_model_dir("llama", tmp_path / "m", max_position_embeddings=64))
@@ -436,7 +436,7 @@ def test_extend_bad_input_is_one_line_exit_2(tmp_path, extra, match, capsys):
     from ropelens.testing import tiny_model_dir
 
     path = str(tiny_model_dir("llama", tmp_path / "m", max_position_embeddings=64))
-    assert main(["extend", path, *extra, "--out", str(tmp_path / "ext")]) == 2
+    assert main(["extension-study", path, *extra, "--out", str(tmp_path / "ext")]) == 2
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
     lines = error_lines(captured.err)
@@ -447,17 +447,17 @@ def test_retrieval_command(tiny_dir, tmp_path, capsys):
     """retrieval prints JSON that agrees with the saved result and refuses a bad threshold."""
     import json as _json
 
-    from ropelens.analyses.retrieval import RetrievalHeads
+    from ropelens.analyses.retrieval_heads import RetrievalHeads
 
     path = str(tiny_dir("llama-gqa"))
     common = ["--lengths", "300", "--depths", "0.5", "--trials", "1", "--top-k", "2", "--device", "cpu"]
-    assert main(["retrieval", path, *common, "--json", "--save", str(tmp_path / "rh.json")]) == 0
+    assert main(["retrieval-heads", path, *common, "--json", "--save", str(tmp_path / "rh.json")]) == 0
     out = _json.loads(capsys.readouterr().out)
     saved = RetrievalHeads.load(tmp_path / "rh.json")
     assert out["heads"] == [list(h) for h in saved.heads] and len(out["heads"]) == 2
     assert out["findings"] == [f.text for f in saved.findings()]
     assert [r["recall"] for r in out["recall"]] == saved.to_frame()["recall"].tolist()
-    assert main(["retrieval", path, *common, "--threshold", "1.5"]) == 2
+    assert main(["retrieval-heads", path, *common, "--threshold", "1.5"]) == 2
     assert "--threshold must lie in [0, 1]" in capsys.readouterr().err
 
 

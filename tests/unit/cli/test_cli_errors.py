@@ -319,7 +319,7 @@ def test_context_past_the_certified_bound_still_answers(tiny_dir, capsys):
     """A target far past any context (1e20 tokens) gets the per-plane view at once, and the base bound says why it is
     not given; nothing is allocated by the target's size."""
     started = time.perf_counter()
-    assert main(["context", str(tiny_dir("llama")), "--target", str(10**20), "--json"]) == 0
+    assert main(["extension-planes", str(tiny_dir("llama")), "--target", str(10**20), "--json"]) == 0
     assert time.perf_counter() - started < 30
     out = json.loads(capsys.readouterr().out)
     assert out["target_ctx"] == 10**20 and out["base_lower_bound_target"] is None and out["views"]

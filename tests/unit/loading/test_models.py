@@ -220,7 +220,7 @@ def test_dtype_by_name(tiny_dir):
 def _recorded(model) -> tuple[str, str]:
     """The model name an analysis's provenance and the spec record."""
     toks = model.to_tokens(TEXT)
-    return ropelens.frequency_usage(model, toks, progress=False).provenance.model, rope_spec(model).model_name
+    return ropelens.analyses.frequency_usage(model, toks, progress=False).provenance.model, rope_spec(model).model_name
 
 
 def test_identity_by_path_travels_on_the_config(tiny_dir):

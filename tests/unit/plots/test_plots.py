@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from ropelens import Bands
-from ropelens.analyses.band_stats import band_statistics
-from ropelens.analyses.decompose import decompose_attention
-from ropelens.analyses.heads import classify_heads
-from ropelens.analyses.usage import frequency_usage
-from ropelens.plots.band_stats import band_stats_figure, band_stats_heatmap
-from ropelens.plots.decompose import decomposition_figure
-from ropelens.plots.heads import heads_figure, heads_scatter
-from ropelens.plots.usage import usage_figure, usage_heatmap
+from ropelens.analyses.attention_decomposition import attention_decomposition
+from ropelens.analyses.band_statistics import band_statistics
+from ropelens.analyses.frequency_usage import frequency_usage
+from ropelens.analyses.head_taxonomy import head_taxonomy
+from ropelens.plots.attention_decomposition import decomposition_figure
+from ropelens.plots.band_statistics import band_statistics_figure, band_statistics_heatmap
+from ropelens.plots.frequency_usage import usage_figure, usage_heatmap
+from ropelens.plots.head_taxonomy import heads_figure, heads_scatter
 from ropelens.results.figures import figure_of, register_figure, registered_figures
 
 BANDS = Bands.quantiles(2)
@@ -28,8 +28,8 @@ def drawn(tiny):
     toks[:, 0] = 1
     return {"usage": frequency_usage(model, toks, progress=False),
             "band_stats": band_statistics(model, toks, bands=BANDS, progress=False),
-            "decompose": decompose_attention(model, toks[:1], bands=BANDS, layers=[0, 1]),
-            "heads": classify_heads(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], progress=False)}
+            "decompose": attention_decomposition(model, toks[:1], bands=BANDS, layers=[0, 1]),
+            "heads": head_taxonomy(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], progress=False)}
 
 
 def _same(a, b) -> bool:
@@ -53,8 +53,8 @@ def test_band_statistics_figures(drawn):
     st = drawn["band_stats"]
     fig = st.figure()
     assert isinstance(fig, go.Figure) and len(fig.data) == 3  # |logit|, variance and margin shares
-    assert _same(st.figure(1), band_stats_figure(st, 1))
-    assert _same(st.heatmap("abs_share"), band_stats_heatmap(st, "abs_share"))
+    assert _same(st.figure(1), band_statistics_figure(st, 1))
+    assert _same(st.heatmap("abs_share"), band_statistics_heatmap(st, "abs_share"))
 
 
 def test_decomposition_figures(drawn):

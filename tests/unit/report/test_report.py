@@ -13,9 +13,9 @@ import pandas as pd
 import plotly.offline
 import pytest
 
-from ropelens import data
 from ropelens.cli import main
 from ropelens.report import Section, SectionSpec, build_report, register_section, sections
+from ropelens.run import data
 
 N_CTX = 64
 TOKENS = 4 * N_CTX
@@ -189,7 +189,7 @@ def _positional_heads(data) -> Section:
 
 def test_registry_plugs_in_a_section(tiny, tmp_path, registry):
     before = [s.key for s in sections()]
-    register_section(SectionSpec("positional-heads", "Positional heads", _positional_heads))
+    register_section(SectionSpec("head-taxonomy", "Positional heads", _positional_heads))
     assert [s.key for s in sections()] == before  # same place in the layout
     out = build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "out", progress=False)
     html = (out / "index.html").read_text()
@@ -207,7 +207,7 @@ def test_accepts_a_model_path_and_quick(tiny_dir, tmp_path):
 
 def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     """Band statistics over evenly spread windows equal band_statistics run on those windows alone."""
-    from ropelens.analyses.band_stats import band_statistics
+    from ropelens.analyses.band_statistics import band_statistics
     from ropelens.spec.bands import Bands
 
     model = tiny("llama-gqa")
@@ -222,7 +222,7 @@ def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     for col in ("abs_share", "var_share", "margin_share", "top1"):
         assert ours[col].to_numpy() == pytest.approx(direct[col].to_numpy(), abs=1e-5)
     # usage sees every window, half of them on the fast q/k path: the same as frequency_usage on all
-    from ropelens.analyses.usage import frequency_usage
+    from ropelens.analyses.frequency_usage import frequency_usage
 
     usage = frequency_usage(model, toks, progress=False, batch_size=1)
     report_usage = csv(out, "usage")
@@ -261,13 +261,13 @@ def test_cli_report_json(tiny_dir, tmp_path, capsys):
 
 def test_cli_usage_and_decompose(tiny_dir, capsys):
     model = str(tiny_dir("gemma3"))
-    assert main(["usage", model, "--tokens", "128", "--n-ctx", str(N_CTX), "--json"]) == 0
+    assert main(["frequency-usage", model, "--tokens", "128", "--n-ctx", str(N_CTX), "--json"]) == 0
     u = json.loads(capsys.readouterr().out)
     assert len(u["q_energy_share"]) == 4 and sum(u["q_energy_share"][0]) == pytest.approx(1.0, abs=1e-5)
-    assert main(["decompose", model, "--text", "The cat sat on the mat. The cat sat.", "--layers", "0,3"]) == 0
+    assert main(["attention-decomposition", model, "--text", "The cat sat on the mat. The cat sat.", "--layers", "0,3"]) == 0
     text = capsys.readouterr().out
     assert "layer 0" in text and "layer 3" in text and "Q1 (highest)" in text
-    assert main(["decompose", model, "--n-ctx", "32", "--window", "1", "--layers", "3", "--json"]) == 0
+    assert main(["attention-decomposition", model, "--n-ctx", "32", "--window", "1", "--layers", "3", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["input"] == "english window 1" and {r["layer"] for r in d["heads"]} == {3}
     assert {"margin_share", "top1", "jsd"} <= set(d["heads"][0])

@@ -35,9 +35,6 @@ def test_accepts_a_name_a_path_and_a_loaded_model(tiny_embedded, tiny_dir, tmp_p
     assert _model_name(build_report(path, out=tmp_path / "path", dtype="float32", **kw)) == str(path)
     loaded = ropelens.load_model(path, device="cpu")
     assert _model_name(build_report(loaded, out=tmp_path / "loaded", **kw)) == str(path)
-    with pytest.warns(DeprecationWarning, match="model="):
-        out = build_report(model_name=str(path), out=tmp_path / "alias", **kw)
-    assert _model_name(out) == str(path)
 
 
 def test_report_loads_with_the_dtype_asked_for(tiny_dir, tmp_path, core_only, monkeypatch):
@@ -63,8 +60,6 @@ def test_conflicting_placement_of_a_loaded_model_is_refused(tiny, tmp_path):
         build_report(model, dtype="float8", out=tmp_path / "r")
     with pytest.raises(InputError, match="a model from ropelens.load_model; got a Linear"):
         build_report(torch.nn.Linear(2, 2), out=tmp_path / "r")
-    with pytest.raises(InputError, match="not both"):
-        build_report(model, model_name="smollm2-135m", out=tmp_path / "r")
     with pytest.raises(InputError, match="batch_size"):
         build_report(model, batch_size=0, out=tmp_path / "r")
     assert not (tmp_path / "r").exists()  # every input is checked before anything is written

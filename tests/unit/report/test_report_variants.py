@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ropelens import data, rope_spec
-from ropelens.analyses.context import plane_view
+from ropelens import rope_spec
+from ropelens.analyses.extension_planes import extension_planes
 from ropelens.report import build_report
+from ropelens.run import data
 from ropelens.spec.variants import Linear, PRoPE, PRoPEReversed
 
 N_CTX = 64
@@ -91,7 +92,7 @@ def test_context_plane_counts_and_finding(out, llama):
     report = json.loads((out / "report.json").read_text())
     layer = rope_spec(llama)[0]
     l0 = rope_spec(llama).n_ctx
-    counts = plane_view(layer, Linear(4.0), l0, 4 * l0).counts()
+    counts = extension_planes(layer, Linear(4.0), l0, 4 * l0).counts()
     assert frame.loc["PI", "interpolated"] == counts["interpolated"] == layer.n_planes
     none = frame.loc["none (RoPE as trained)"]
     assert none["extrapolated"] == int((layer.wavelength > l0).sum())

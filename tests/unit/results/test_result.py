@@ -13,19 +13,19 @@ import torch
 import ropelens
 from ropelens import Bands, Provenance
 from ropelens.analyses import result_classes
-from ropelens.analyses.band_stats import band_statistics
-from ropelens.analyses.context import LongRopeSearch, plane_view
-from ropelens.analyses.decompose import decompose_attention
-from ropelens.analyses.distance import attention_by_distance
-from ropelens.analyses.extrapolation import MeasuredExtrapolation, base_predictions
-from ropelens.analyses.heads import classify_heads
-from ropelens.analyses.massive import massive_values
-from ropelens.analyses.offsets import rotary_offsets
-from ropelens.analyses.passkey import PasskeyResult, PasskeyTrial
+from ropelens.analyses.attention_by_distance import attention_by_distance
+from ropelens.analyses.attention_decomposition import attention_decomposition
+from ropelens.analyses.attention_sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.band_statistics import band_statistics
+from ropelens.analyses.base_predictions import MeasuredExtrapolation, base_predictions
+from ropelens.analyses.extension_planes import LongRopeSearch, extension_planes
+from ropelens.analyses.frequency_usage import FrequencyUsage, frequency_usage
+from ropelens.analyses.head_taxonomy import head_taxonomy
+from ropelens.analyses.massive_values import massive_values
+from ropelens.analyses.passkey_retrieval import PasskeyRetrieval, PasskeyTrial
 from ropelens.analyses.pe_geometry import pe_similarity, sinusoidal_pe
-from ropelens.analyses.sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.rotary_offsets import rotary_offsets
 from ropelens.analyses.trajectory import ANALYSES, STRUCTURES, Checkpoint, Trajectory
-from ropelens.analyses.usage import FrequencyUsage, frequency_usage
 from ropelens.errors import InputError
 from ropelens.results import result as result_base
 from ropelens.results.findings import Finding
@@ -48,13 +48,13 @@ def _tokens(n: int = 2, seq: int = 16, seed: int = 0) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def results(tiny, tmp_path_factory) -> dict[str, Result]:
     """One of every registered result, as small as each can be."""
-    from ropelens.analyses.band_location import frequency_bands
-    from ropelens.analyses.entropy import frequency_entropy
-    from ropelens.analyses.extension import extension_study
+    from ropelens.analyses.band_location import band_location
+    from ropelens.analyses.extension_study import extension_study
+    from ropelens.analyses.frequency_entropy import frequency_entropy
     from ropelens.analyses.knockout import knockout
-    from ropelens.analyses.mrope import mrope_decompose
+    from ropelens.analyses.mrope_decomposition import mrope_decomposition
     from ropelens.analyses.positional_symbolic import positional_symbolic
-    from ropelens.analyses.retrieval import retrieval_heads
+    from ropelens.analyses.retrieval_heads import retrieval_heads
     from ropelens.testing import tiny_model
     from ropelens.testing.vl import vl_hf_model, vl_inputs
 
@@ -72,21 +72,21 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
         attention_by_distance(model, toks, bands=BANDS, **kw),
         massive_values(model, toks, **kw),
         rotary_offsets(model, toks, **kw),
-        classify_heads(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], **kw),
-        decompose_attention(model, toks[:1], bands=BANDS, layers=[0]),
-        mrope_decompose(vl, **vl_inputs(vl), layers=[0]),
-        PasskeyResult(lengths=(64,), depths=(0.5,), trials=(trial,), provenance=prov),
+        head_taxonomy(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], **kw),
+        attention_decomposition(model, toks[:1], bands=BANDS, layers=[0]),
+        mrope_decomposition(vl, **vl_inputs(vl), layers=[0]),
+        PasskeyRetrieval(lengths=(64,), depths=(0.5,), trials=(trial,), provenance=prov),
         base_predictions(rope_spec(model), [64, 128]),
         MeasuredExtrapolation(lengths=(64,), estimates=({"n_windows": 2, "loss": {"mean": 1.0, "lo": 0.9, "hi": 1.1},
                                                          "perplexity": {"mean": 2.7, "lo": 2.5, "hi": 3.0}},),
                               window_losses=((1.0, 1.0),), train_ctx=32, provenance=prov),
-        plane_view(rope_spec(model)[0], Linear(2.0), 32, 64),
+        extension_planes(rope_spec(model)[0], Linear(2.0), 32, 64),
         pe_similarity(sinusoidal_pe(32, 16), name="sinusoidal"),
         LongRopeSearch(target_len=64, original_ctx=32, factors=(1.0, 2.0), n_hat=0, perplexity=3.0, initial_best=3.5,
                        baselines={"PI": 4.0}, history=({"generation": 0, "best": 3.0, "mean": 3.5, "n_evaluated": 4},),
                        settings={}, provenance=prov),
         frequency_entropy(model, toks, n_ctx=16, **kw),
-        frequency_bands(model, toks, n_ctx=16, intervene=False, **kw),
+        band_location(model, toks, n_ctx=16, intervene=False, **kw),
         positional_symbolic(model, toks, n_ctx=16, min_keys=4, layers=[0], **kw),
         retrieval_heads(model, lengths=[300], depths=[0.5], n_trials=1, top_k=2, seed=2),
         knockout(model, {"set": [(0, 0), (1, 2)]}, doses=[0, 2], metrics=("loss",), corpus=toks, n_random=1,
@@ -125,7 +125,7 @@ def test_class_statement_declares_the_file(monkeypatch):
     assert registered()["Probe"] is Probe and registered()["ProbeV2"] is Renamed
     assert (FrequencyUsage.MERGE_SAME, FrequencyUsage.MERGE_SUMS) == (("layers", "n_sink", "source", "spec"),
                                                                       ("token", "window"))
-    with pytest.raises(TypeError, match="'FrequencyUsage' is taken by ropelens.analyses.usage.FrequencyUsage"):
+    with pytest.raises(TypeError, match="'FrequencyUsage' is taken by ropelens.analyses.frequency_usage.FrequencyUsage"):
         class Clash(Result, kind="FrequencyUsage"):
             pass
     with pytest.raises(TypeError, match="sets FORMAT, KIND in its body: declare them in the class statement"):
@@ -188,9 +188,9 @@ def test_wrong_kind_or_format_is_named(results, tmp_path):
 
 def test_files_from_before_the_result_base_still_load(results, tmp_path):
     """Usage, band statistics and head scores wrote a type and no format; plane views and searches neither."""
-    for kind in ("FrequencyUsage", "BandStatistics", "HeadTaxonomy", "PlaneView", "LongRopeSearch"):
+    for kind in ("FrequencyUsage", "BandStatistics", "HeadTaxonomy", "ExtensionPlanes", "LongRopeSearch"):
         r = results[kind]
-        old = r.to_dict() if kind in ("PlaneView", "LongRopeSearch") else {"type": kind, **r.to_dict()}
+        old = r.to_dict() if kind in ("ExtensionPlanes", "LongRopeSearch") else {"type": kind, **r.to_dict()}
         path = tmp_path / f"{kind}.json"
         path.write_text(json.dumps(old))
         assert type(r).load(path).to_frame().shape == r.to_frame().shape
@@ -267,14 +267,6 @@ def test_findings_quote_their_values(results):
     assert keys["AttentionByDistance"][0] == "distance"
     assert all(k.startswith("distance-layer-") for k in keys["AttentionByDistance"][1:])
     assert results["FrequencyUsage"].findings(Bands.quantiles(4))[0].values["q"]["band"].startswith("Q")
-    assert results["PasskeyResult"].findings() == []
+    assert results["PasskeyRetrieval"].findings() == []
 
 
-def test_finding_is_importable_from_the_report():
-    import sys
-
-    sys.modules.pop("ropelens.report.findings", None)
-    with pytest.warns(DeprecationWarning, match="ropelens.results.findings"):
-        from ropelens.report.findings import Finding as ReportFinding
-
-    assert ReportFinding is Finding and "massive" in ropelens.__all__

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ropelens import provenance
 from ropelens.cli import main
 from ropelens.report.build import _untested_html
+from ropelens.results import provenance
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import ropelens
-from ropelens import capture
-from ropelens.analyses.usage import FrequencyUsage
+from ropelens.analyses.frequency_usage import FrequencyUsage
 from ropelens.errors import InputError
 from ropelens.loading.models import weights_fingerprint
+from ropelens.run import capture
 from ropelens.testing import tiny_model_dir
 
 N_CTX, N_WINDOWS = 16, 6
@@ -65,25 +65,25 @@ def test_a_checkpoint_refuses_another_models_weights(tmp_path, monkeypatch):
     ck = tmp_path / "ck"
     _killed_after(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
-        ropelens.frequency_usage(m0, _tokens(), checkpoint=ck, **KW)
+        ropelens.analyses.frequency_usage(m0, _tokens(), checkpoint=ck, **KW)
     monkeypatch.undo()
     tiny_model_dir("llama", path, seed=1)
     m1 = ropelens.load_model(path, device="cpu")
     fp0, fp1 = weights_fingerprint(m0)["weights_sha256"], weights_fingerprint(m1)["weights_sha256"]
     assert fp0 != fp1
     with pytest.raises(InputError, match="different run") as e:
-        ropelens.frequency_usage(m1, _tokens(), checkpoint=ck, **KW)
+        ropelens.analyses.frequency_usage(m1, _tokens(), checkpoint=ck, **KW)
     assert f"weights_sha256: {fp0!r} then, {fp1!r} now" in str(e.value)
     # the same weights in another dtype are another run too
     m64 = ropelens.load_model(path, device="cpu", dtype="float64")
     with pytest.raises(InputError, match="dtype: 'float32' then, 'float64' now"):
-        ropelens.frequency_usage(m64, _tokens(), checkpoint=ck, **KW)
+        ropelens.analyses.frequency_usage(m64, _tokens(), checkpoint=ck, **KW)
     # and the seed-0 model resumes it, to the uninterrupted sums
     tiny_model_dir("llama", path, seed=0)
     m0 = ropelens.load_model(path, device="cpu")
-    resumed = ropelens.frequency_usage(m0, _tokens(), checkpoint=ck, **KW)
+    resumed = ropelens.analyses.frequency_usage(m0, _tokens(), checkpoint=ck, **KW)
     assert resumed.provenance.config["resumed_batches"] == 2
-    _same(resumed, ropelens.frequency_usage(m0, _tokens(), **KW))
+    _same(resumed, ropelens.analyses.frequency_usage(m0, _tokens(), **KW))
 
 
 def test_the_fingerprint_sees_one_sampled_weight_and_every_shape(tiny):
@@ -106,7 +106,7 @@ def test_the_fingerprint_sees_one_sampled_weight_and_every_shape(tiny):
 def test_a_damaged_checkpoint_is_refused_by_name(tiny, tmp_path, damage):
     """A checkpoint cut short or altered fails its sha256 check: an error naming the file and the fix."""
     model = tiny("llama")
-    ropelens.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
+    ropelens.analyses.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
     f = tmp_path / "rank0-of-1.pt"
     raw = bytearray(f.read_bytes())
     if damage == "truncated":
@@ -115,7 +115,7 @@ def test_a_damaged_checkpoint_is_refused_by_name(tiny, tmp_path, damage):
         raw[len(raw) // 2] ^= 0x01
     f.write_bytes(bytes(raw))
     with pytest.raises(InputError, match=r"checkpoint .*rank0-of-1\.pt is damaged .*delete it to start over"):
-        ropelens.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
+        ropelens.analyses.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
 
 
 def test_a_crash_between_write_and_rename_resumes_from_the_last_good_state(tmp_path):
@@ -141,7 +141,7 @@ def test_a_crash_between_write_and_rename_resumes_from_the_last_good_state(tmp_p
         toks = torch.randint(4, 100, ({N_WINDOWS}, {N_CTX}), generator=torch.Generator().manual_seed(7))
         toks[:, 0] = 1
         model = ropelens.load_model({str(path)!r}, device="cpu")
-        ropelens.frequency_usage(model, toks, checkpoint={str(ck)!r}, **{KW!r})
+        ropelens.analyses.frequency_usage(model, toks, checkpoint={str(ck)!r}, **{KW!r})
     """))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
@@ -149,9 +149,9 @@ def test_a_crash_between_write_and_rename_resumes_from_the_last_good_state(tmp_p
     left = sorted(p.name for p in ck.iterdir())
     assert "rank0-of-1.pt" in left and any(n.endswith(".tmp") for n in left), left  # what a crash leaves
     model = ropelens.load_model(path, device="cpu")
-    resumed = ropelens.frequency_usage(model, _tokens(), checkpoint=ck, **KW)
+    resumed = ropelens.analyses.frequency_usage(model, _tokens(), checkpoint=ck, **KW)
     assert resumed.provenance.config["resumed_batches"] == 2  # the first checkpoint, not the lost second
-    _same(resumed, ropelens.frequency_usage(model, _tokens(), **KW))
+    _same(resumed, ropelens.analyses.frequency_usage(model, _tokens(), **KW))
     assert sorted(p.name for p in ck.iterdir()) == ["rank0-of-1.pt"]
 
 
@@ -159,10 +159,10 @@ def test_no_temp_files_after_a_run_or_an_interrupted_one(tiny, tmp_path, monkeyp
     model = tiny("llama")
     _killed_after(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
-        ropelens.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
+        ropelens.analyses.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0-of-1.pt"]
     monkeypatch.undo()
-    ropelens.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
+    ropelens.analyses.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0-of-1.pt"]
 
 
@@ -191,7 +191,7 @@ def test_checkpoint_under_torchrun_resumes_to_the_uninterrupted_result(tmp_path)
         toks = torch.randint(4, 100, ({N_WINDOWS}, {N_CTX}), generator=torch.Generator().manual_seed(7))
         toks[:, 0] = 1
         model = ropelens.load_model({str(path)!r}, device="cpu")
-        u = ropelens.frequency_usage(model, toks, checkpoint={str(ck)!r}, **{KW!r})
+        u = ropelens.analyses.frequency_usage(model, toks, checkpoint={str(ck)!r}, **{KW!r})
         if is_main():
             u.save({str(out)!r})
         dist.destroy_process_group()
@@ -205,7 +205,7 @@ def test_checkpoint_under_torchrun_resumes_to_the_uninterrupted_result(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     resumed = FrequencyUsage.load(out)
     assert resumed.provenance.config["resumed_batches"] == 2 and resumed.provenance.config["world_size"] == 2
-    one = ropelens.frequency_usage(ropelens.load_model(path, device="cpu"), _tokens(), **KW)
+    one = ropelens.analyses.frequency_usage(ropelens.load_model(path, device="cpu"), _tokens(), **KW)
     _same(resumed, one, tol=1e-9)
     assert resumed.provenance.n_tokens == one.provenance.n_tokens
     assert sorted(p.name for p in ck.iterdir()) == ["rank0-of-2.pt", "rank1-of-2.pt"]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ropelens import data
+from ropelens.run import data
 from ropelens.run.data import Corpus
 from ropelens.testing import tiny_tokenizer
 

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import ropelens
-from ropelens import Bands, capture
-from ropelens.analyses.band_stats import BandStatistics
-from ropelens.analyses.usage import FrequencyUsage, UsageReducer
+from ropelens import Bands
+from ropelens.analyses.band_statistics import BandStatistics
+from ropelens.analyses.frequency_usage import FrequencyUsage, UsageReducer
+from ropelens.run import capture
 from ropelens.run.distributed import RunInfo, run_windows, shard
 from tests.unit.run.test_measure import _run_ranks
 
@@ -50,16 +51,16 @@ def test_ranks_equal_one_process(nproc, gqa_dir, tmp_path):
     tokens = str(N_CTX * N_WINDOWS)
     common = ["--corpus", "english", "--n-ctx", str(N_CTX), "--tokens", tokens, "--device", "cpu"]
     u_path, s_path = tmp_path / "usage.json", tmp_path / "stats.json"
-    r = launch(nproc, ["-m", "ropelens", "usage", str(gqa_dir), *common, "--save", str(u_path)])
+    r = launch(nproc, ["-m", "ropelens", "frequency-usage", str(gqa_dir), *common, "--save", str(u_path)])
     assert r.returncode == 0, r.stderr[-3000:]
-    r = launch(nproc, ["-m", "ropelens", "decompose-stats", str(gqa_dir), *common, "--batch-size", "2",
+    r = launch(nproc, ["-m", "ropelens", "band-statistics", str(gqa_dir), *common, "--batch-size", "2",
                        "--save", str(s_path)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("windows of 32") == 1, r.stdout
 
     model = ropelens.load_model(gqa_dir, device="cpu")
-    u1 = ropelens.frequency_usage(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), progress=False)
-    s1 = ropelens.band_statistics(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), batch_size=2,
+    u1 = ropelens.analyses.frequency_usage(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), progress=False)
+    s1 = ropelens.analyses.band_statistics(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), batch_size=2,
                                   progress=False)
     uN, sN = FrequencyUsage.load(u_path), BandStatistics.load(s_path)
     for key in u1.token:
@@ -82,7 +83,7 @@ def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, gqa_dir):
     script.write_text(textwrap.dedent(f"""
         import torch, torch.distributed as dist, ropelens
         from ropelens.run.distributed import init_from_env, run_windows
-        from ropelens.analyses.usage import UsageReducer
+        from ropelens.analyses.frequency_usage import UsageReducer
         init_from_env("cpu")
         model = ropelens.load_model({str(gqa_dir)!r}, device="cpu")
         spec = ropelens.rope_spec(model)
@@ -110,7 +111,7 @@ def test_checkpoint_resume_gives_the_identical_result(tmp_path, tiny, monkeypatc
     refuses to resume."""
     model = tiny("llama-gqa")
     toks = torch.randint(4, 100, (6, 20), generator=torch.Generator().manual_seed(5))
-    whole = ropelens.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False)
+    whole = ropelens.analyses.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False)
 
     real = capture.stream
     calls = {"n": 0}
@@ -125,21 +126,21 @@ def test_checkpoint_resume_gives_the_identical_result(tmp_path, tiny, monkeypatc
 
     monkeypatch.setattr(D, "stream", dies_after_four)
     with pytest.raises(KeyboardInterrupt):
-        ropelens.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False,
+        ropelens.analyses.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False,
                                  checkpoint=tmp_path / "ck", checkpoint_every=2)
     monkeypatch.setattr(D, "stream", real)
     assert (tmp_path / "ck" / "rank0-of-1.pt").exists()
-    resumed = ropelens.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False,
+    resumed = ropelens.analyses.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False,
                                        checkpoint=tmp_path / "ck", checkpoint_every=2)
     assert resumed.provenance.config["resumed_batches"] == 4
     for k, v in whole.sums.items():
         assert torch.equal(resumed.sums[k], v), k
     assert resumed.provenance.n_tokens == whole.provenance.n_tokens
     with pytest.raises(ValueError, match="different run"):
-        ropelens.band_statistics(model, toks, bands=Bands.quantiles(4), batch_size=1, progress=False,
+        ropelens.analyses.band_statistics(model, toks, bands=Bands.quantiles(4), batch_size=1, progress=False,
                                  checkpoint=tmp_path / "ck")
     with pytest.raises(ValueError, match="different run"):
-        ropelens.band_statistics(model, toks[:5], bands=Bands.quantiles(2), batch_size=1, progress=False,
+        ropelens.analyses.band_statistics(model, toks[:5], bands=Bands.quantiles(2), batch_size=1, progress=False,
                                  checkpoint=tmp_path / "ck")
 
 
@@ -160,8 +161,8 @@ def test_device_map_naming_cpu_loads_and_runs(gqa_dir):
     plain = ropelens.load_model(gqa_dir, device="cpu")
     mapped = ropelens.load_model(gqa_dir, device_map={"": "cpu"})
     toks = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(2))
-    a = ropelens.frequency_usage(plain, toks, progress=False)
-    b = ropelens.frequency_usage(mapped, toks, progress=False)
+    a = ropelens.analyses.frequency_usage(plain, toks, progress=False)
+    b = ropelens.analyses.frequency_usage(mapped, toks, progress=False)
     torch.testing.assert_close(b.q_norm, a.q_norm, rtol=0, atol=0)
     with pytest.raises(ValueError, match="either device or device_map"):
         ropelens.load_model(gqa_dir, device="cpu", device_map={"": "cpu"})
@@ -216,18 +217,18 @@ def test_report_under_torchrun_equals_one_process(gqa_dir, tmp_path):
 
 
 def test_heads_under_torchrun_equals_one_process(gqa_dir, tmp_path):
-    """heads on two gloo ranks: the saved taxonomy equals classify_heads in one process, every score and class."""
-    from ropelens.analyses.heads import HeadTaxonomy, classify_heads
+    """heads on two gloo ranks: the saved taxonomy equals head_taxonomy in one process, every score and class."""
+    from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy
 
     saved = tmp_path / "heads.json"
-    r = launch(2, ["-m", "ropelens", "heads", str(gqa_dir), "--windows", "3", "--n-ctx", str(N_CTX),
+    r = launch(2, ["-m", "ropelens", "head-taxonomy", str(gqa_dir), "--windows", "3", "--n-ctx", str(N_CTX),
                    "--device", "cpu", "--save", str(saved)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("positional heads of") == 1, r.stdout  # rank 0 prints, alone
     two = HeadTaxonomy.load(saved)
     cfg = two.provenance.config
     assert cfg["world_size"] == 2 and sorted(w for ws in cfg["windows_by_rank"] for w in ws) == [0, 1, 2]
-    one = classify_heads(ropelens.load_model(gqa_dir, device="cpu"), n_ctx=N_CTX, n_windows=3, progress=False)
+    one = head_taxonomy(ropelens.load_model(gqa_dir, device="cpu"), n_ctx=N_CTX, n_windows=3, progress=False)
     assert two.tau == one.tau
     assert_same_frame(one.to_frame(), two.to_frame(), "heads")
 
@@ -239,7 +240,7 @@ def test_commands_that_do_not_split_refuse_torchrun(gqa_dir, monkeypatch, capsys
     from ropelens.cli.main import build_parser
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["predict-base", str(gqa_dir), "--lengths", "64"]) == 2
+    assert main(["base-predictions", str(gqa_dir), "--lengths", "64"]) == 2
     assert "does not split its work across processes" in capsys.readouterr().err
     for command in ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets"):  # these split
         args = build_parser().parse_args([command, str(gqa_dir), "--checkpoint", "ck"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ropelens
-from ropelens.analyses.usage import UsageReducer
+from ropelens.analyses.frequency_usage import UsageReducer
 from ropelens.backends.sdpa_capture import fast_qk, right_padded
 from ropelens.errors import InputError
 from ropelens.run.capture import stream

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 import ropelens
-from ropelens import Bands, capture
-from ropelens.analyses.distance import AttentionByDistance, attention_by_distance
-from ropelens.analyses.massive import MassiveValues, massive_values
-from ropelens.analyses.offsets import RotaryOffsets, rotary_offsets
-from ropelens.analyses.sinks import AttentionSinks, attention_sinks
-from ropelens.analyses.usage import UsageReducer
+from ropelens import Bands
+from ropelens.analyses.attention_by_distance import AttentionByDistance, attention_by_distance
+from ropelens.analyses.attention_sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.frequency_usage import UsageReducer
+from ropelens.analyses.massive_values import MassiveValues, massive_values
+from ropelens.analyses.rotary_offsets import RotaryOffsets, rotary_offsets
+from ropelens.run import capture
 from ropelens.run.measure import Measured, RunOptions, Windows, measure
 
 N_CTX, N_WINDOWS, BATCH = 24, 7, 2  # 4 batches: 2 ranks take 2 + 2, 3 ranks 2 + 1 + 1
@@ -102,10 +103,10 @@ def test_ranks_equal_one_process(nproc, gqa_dir, one_process, tmp_path):
         import torch, torch.distributed as dist, ropelens
         from ropelens import Bands
         from ropelens.run.distributed import init_from_env, is_main
-        from ropelens.analyses.distance import attention_by_distance
-        from ropelens.analyses.massive import massive_values
-        from ropelens.analyses.offsets import rotary_offsets
-        from ropelens.analyses.sinks import attention_sinks
+        from ropelens.analyses.attention_by_distance import attention_by_distance
+        from ropelens.analyses.massive_values import massive_values
+        from ropelens.analyses.rotary_offsets import rotary_offsets
+        from ropelens.analyses.attention_sinks import attention_sinks
 
         init_from_env("cpu")
         model = ropelens.load_model({str(gqa_dir)!r}, device="cpu")
@@ -209,17 +210,17 @@ def test_corpus_analyses_share_one_signature():
 
     from ropelens.run.measure import corpus_analysis
 
-    fns = [ropelens.frequency_usage, ropelens.band_statistics, ropelens.attention_sinks, ropelens.attention_by_distance,
-           ropelens.massive.massive_values, ropelens.offsets.rotary_offsets]
+    fns = [ropelens.analyses.frequency_usage, ropelens.analyses.band_statistics, ropelens.analyses.attention_sinks, ropelens.analyses.attention_by_distance,
+           ropelens.analyses.massive_values.massive_values, ropelens.analyses.rotary_offsets.rotary_offsets]
     for fn in fns:
         params = inspect.signature(fn).parameters
         assert list(params)[:5] == ["model", "corpus", "n_ctx", "max_tokens", "layers"], fn.__name__
         assert list(params)[-5:] == ["batch_size", "progress", "checkpoint", "checkpoint_every", "verify"], fn.__name__
         assert params["corpus"].default is None and "run" not in params
-    assert inspect.signature(ropelens.attention_sinks).parameters["n_ctx"].default == 256
-    assert inspect.signature(ropelens.frequency_usage).parameters["max_tokens"].default == 32_768
+    assert inspect.signature(ropelens.analyses.attention_sinks).parameters["n_ctx"].default == 256
+    assert inspect.signature(ropelens.analyses.frequency_usage).parameters["max_tokens"].default == 32_768
     with pytest.raises(TypeError, match="n_ctxx"):
-        ropelens.frequency_usage(None, None, n_ctxx=8)
+        ropelens.analyses.frequency_usage(None, None, n_ctxx=8)
     with pytest.raises(TypeError, match="not RunOptions fields"):
         corpus_analysis(window=3)
 
@@ -248,16 +249,16 @@ def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
 
 
 def test_heads_resume_from_a_checkpoint(tiny, tmp_path, monkeypatch):
-    """classify_heads checkpoints both its passes; a run killed in the random-token pass resumes to the
+    """head_taxonomy checkpoints both its passes; a run killed in the random-token pass resumes to the
     uninterrupted scores."""
     import ropelens.run.distributed as D
-    from ropelens.analyses.heads import classify_heads
+    from ropelens.analyses.head_taxonomy import head_taxonomy
 
     model = tiny("llama")
     toks = torch.randint(4, 100, (6, 16), generator=torch.Generator().manual_seed(2))
     toks[:, 0] = 1
     kw = dict(n_ctx=16, max_offset=3, batch_size=1, progress=False, checkpoint_every=1)
-    whole = classify_heads(model, toks, **kw)
+    whole = head_taxonomy(model, toks, **kw)
     real, calls = D.stream, []
 
     def dies_in_the_second_pass(*a, **k):
@@ -268,10 +269,10 @@ def test_heads_resume_from_a_checkpoint(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setattr(D, "stream", dies_in_the_second_pass)
     with pytest.raises(KeyboardInterrupt):
-        classify_heads(model, toks, checkpoint=tmp_path / "ck", **kw)
+        head_taxonomy(model, toks, checkpoint=tmp_path / "ck", **kw)
     monkeypatch.setattr(D, "stream", real)
     assert {p.name for p in (tmp_path / "ck").iterdir()} == {"text", "random"}
-    resumed = classify_heads(model, toks, checkpoint=tmp_path / "ck", **kw)
+    resumed = head_taxonomy(model, toks, checkpoint=tmp_path / "ck", **kw)
     assert resumed.provenance.config["resumed_batches"] == 6  # the text pass was done; only random tokens ran
     for k, v in whole.scores.items():
         torch.testing.assert_close(resumed.scores[k], v, rtol=0, atol=0, equal_nan=True, msg=k)

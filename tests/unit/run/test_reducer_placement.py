@@ -16,10 +16,11 @@ import torch
 from torch import Tensor
 
 import ropelens.run.distributed as D
-from ropelens import Bands, capture
-from ropelens.analyses.distance import DistanceReducer
-from ropelens.analyses.heads import HeadScoresReducer
-from ropelens.analyses.sinks import SinkReducer
+from ropelens import Bands
+from ropelens.analyses.attention_by_distance import DistanceReducer
+from ropelens.analyses.attention_sinks import SinkReducer
+from ropelens.analyses.head_taxonomy import HeadScoresReducer
+from ropelens.run import capture
 from ropelens.run.capture import LayerActs, capture_qk
 from ropelens.run.distributed import reducer_state, run_windows
 from ropelens.spec.reading import rope_spec

@@ -89,7 +89,7 @@ def test_an_intervention_is_verified_against_the_bridge():
     """Plane ablation lives on the bridge: decomposing under it verifies against the bridge's own attention."""
     model = tiny_model("llama-gqa")
     with ablate_planes(model, [0]):
-        dec = ropelens.decompose_attention(model, TOKS)
+        dec = ropelens.analyses.attention_decomposition(model, TOKS)
     v = dec.provenance.config["verification"]
     assert v["status"] == "passed" and "bridge" in v["reference"]
 
@@ -98,15 +98,15 @@ def test_an_intervention_is_verified_against_the_bridge():
 def _caught(model, match: str) -> None:
     """The break fails every analysis with the probe on; with verify=False they run, marked unverified."""
     with pytest.raises(UnsupportedModelError, match=match) as err:
-        ropelens.band_statistics(model, TOKS, progress=False)
+        ropelens.analyses.band_statistics(model, TOKS, progress=False)
     assert "verify=False" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(UnsupportedModelError, match=match):
-        ropelens.decompose_attention(model, TOKS)
-    st = ropelens.band_statistics(model, TOKS, progress=False, verify=False)
+        ropelens.analyses.attention_decomposition(model, TOKS)
+    st = ropelens.analyses.band_statistics(model, TOKS, progress=False, verify=False)
     assert st.provenance.config["verification"]["status"] == "unverified"
-    usage = ropelens.frequency_usage(model, TOKS, progress=False, verify=False)
+    usage = ropelens.analyses.frequency_usage(model, TOKS, progress=False, verify=False)
     assert usage.provenance.config["verification"]["status"] == "unverified"
-    dec = ropelens.decompose_attention(model, TOKS, verify=False)
+    dec = ropelens.analyses.attention_decomposition(model, TOKS, verify=False)
     assert dec.provenance.config["verification"]["status"] == "unverified"
 
 

@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands
-from ropelens.analyses import band_stats
-from ropelens.analyses.band_stats import BandStatsReducer
-from ropelens.analyses.heads import HeadScoresReducer
+from ropelens.analyses import band_statistics
+from ropelens.analyses.band_statistics import BandStatsReducer
+from ropelens.analyses.head_taxonomy import HeadScoresReducer
 from ropelens.backends.bridge_hooks import attn_hooks
 from ropelens.errors import UnsupportedModelError
 from ropelens.run.capture import batches, capture_qk, stream
@@ -92,9 +92,9 @@ def test_unsupported_family_is_refused_by_every_analysis(family, tmp_path):
         rope_spec(model)
     assert type(model.original_model).__name__ in str(err.value)
     toks = torch.randint(4, 100, (1, 16))
-    for run in (lambda: ropelens.frequency_usage(model, toks, progress=False),
-                lambda: ropelens.decompose_attention(model, toks),
-                lambda: ropelens.band_statistics(model, toks, progress=False)):
+    for run in (lambda: ropelens.analyses.frequency_usage(model, toks, progress=False),
+                lambda: ropelens.analyses.attention_decomposition(model, toks),
+                lambda: ropelens.analyses.band_statistics(model, toks, progress=False)):
         with pytest.raises(UnsupportedModelError):
             run()
 
@@ -123,7 +123,7 @@ def test_analyses_run_and_are_right(family, family_model, hf_eager):
     g = torch.Generator().manual_seed(1)
     toks = torch.randint(4, 100, (2, N_CHECK), generator=g)
     toks[:, 0] = 1
-    usage = ropelens.frequency_usage(model, toks, progress=False, n_sink=0)
+    usage = ropelens.analyses.frequency_usage(model, toks, progress=False, n_sink=0)
     assert list(usage.layers) == spec.rotary_layers == [i for i in range(spec.n_layers)
                                                         if i not in fam.nope_layers and i not in fam.mixer_layers]
     acts = capture_qk(model, toks, which=("q_pre", "k_pre"))
@@ -139,12 +139,12 @@ def test_analyses_run_and_are_right(family, family_model, hf_eager):
     short = _positional_len(spec)
     if short < N_CHECK:
         with pytest.raises(UnsupportedModelError, match=f"chunks of {short} tokens .* band statistics"):
-            ropelens.band_statistics(model, toks, progress=False)
+            ropelens.analyses.band_statistics(model, toks, progress=False)
         toks = toks[:, :short]
     with torch.no_grad():
         probs = probs_by_layer(hf_eager(family)(toks, output_attentions=True).attentions, spec)
     for group in spec.width_groups().values():  # bands fitted to each width's planes
-        st = ropelens.band_statistics(model, toks, layers=group, progress=False,
+        st = ropelens.analyses.band_statistics(model, toks, layers=group, progress=False,
                                       bands=Bands.quantiles(2) if spec[group[0]].n_planes >= 2 else Bands.all())
         assert list(st.layers) == group
         assert torch.isfinite(torch.as_tensor(st.to_frame()["margin_share"].to_numpy().copy())).any()
@@ -264,10 +264,10 @@ def test_ablating_a_plane_removes_exactly_its_term(family, family_model):
     model, spec = family_model(family)
     L = spec.rotary_layers[0]
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(3))
-    dec = ropelens.decompose_attention(model, toks, bands=Bands.planes(), layers=[L])
+    dec = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.planes(), layers=[L])
     want = dec.logits(L) - dec.plane_logits(L)[:, :, 0]
     with ablate_planes(model, [0], layers=[L]):
-        got = ropelens.decompose_attention(model, toks, bands=Bands.planes(), layers=[L]).logits(L)
+        got = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.planes(), layers=[L]).logits(L)
     ok = torch.isfinite(want)
     assert torch.equal(ok, torch.isfinite(got))
     torch.testing.assert_close(got[ok], want[ok], rtol=1e-5, atol=1e-5)
@@ -341,7 +341,7 @@ def test_band_statistics_match_hf_dense_reference(family, family_model, hf_eager
     """Every band-statistics sum equals the dense float64 reference built from the q, k, scale, window,
     cap, sinks and probabilities HF's own eager attention receives and returns (``test_band_tiles``),
     through query tiles, key tiles, and the running Σ k kᵀ wherever a tile has keys all its queries see."""
-    monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1)
+    monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1)
     model, spec = family_model(family)
     for group in spec.width_groups().values():  # the dense reference takes one width at a time (Gemma 4)
         toks, bands, _, want = _band_inputs(family, family_model, hf_eager, group)
@@ -385,7 +385,7 @@ def test_wrong_pairing_is_caught_where_ropelens_rotates_itself(family, family_mo
     path taps the model's own rotation instead). Against the model's own output (the q and k HF's
     attention receives) they agree under the family's pairing, and the band statistics match the
     dense reference; a spec with the pairing flipped fails both."""
-    monkeypatch.setattr(band_stats, "GRAM_MIN_KEYS", 1)
+    monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1)
     model, spec = family_model(family)
     assert all(attn_hooks(model, L).q_post is None for L in spec.rotary_layers)
     toks, bands, lays, want = _band_inputs(family, family_model, hf_eager)

@@ -66,9 +66,9 @@ def test_asking_for_a_layer_without_attention_names_it(run, family_model):
     """layers=[0] on Qwen3-Next: a one-line InputError naming layer 0, its kind and the attention layers."""
     model, _ = family_model("qwen3_next")
     toks = _toks()
-    call = {"usage": lambda: ropelens.frequency_usage(model, toks, layers=[0], progress=False),
-            "decompose": lambda: ropelens.decompose_attention(model, toks, layers=[0]),
-            "band_statistics": lambda: ropelens.band_statistics(model, toks, layers=[0], progress=False),
+    call = {"usage": lambda: ropelens.analyses.frequency_usage(model, toks, layers=[0], progress=False),
+            "decompose": lambda: ropelens.analyses.attention_decomposition(model, toks, layers=[0]),
+            "band_statistics": lambda: ropelens.analyses.band_statistics(model, toks, layers=[0], progress=False),
             "capture": lambda: ropelens.run.capture.capture_qk(model, toks, layers=[2])}[run]
     with pytest.raises(InputError, match=r"layer [02] is a 'linear' layer \(Qwen3NextGatedDeltaNet\) with no softmax "
                                          r"attention.*the attention layers are 1,3") as err:
@@ -97,7 +97,7 @@ def test_usage_verification_and_fast_path_skip_the_linear_layers(family_model):
     assert v.passed and v.layers == (1, 3) and set(v.paths) == {"bridge", "fast q/k path"}
     assert max(v.errors[k] for k in ("rotation", "qk", "scores", "probs")) < 1e-4
     toks = _toks(1)
-    usage = ropelens.frequency_usage(model, toks, progress=False, n_sink=0)
+    usage = ropelens.analyses.frequency_usage(model, toks, progress=False, n_sink=0)
     assert list(usage.layers) == [1, 3]
     assert usage.q_norm.shape[-1] == spec[1].n_planes == 2  # partial rotary 0.25 of 16 dims: 2 planes
     fast = fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), [1, 3])
@@ -134,7 +134,7 @@ def test_output_gate_changes_neither_logits_nor_pattern(tmp_path):
         assert [spec[L].output_gate for L in spec.attention_layers] == [True, True]
         with torch.no_grad():
             out = hf(toks, output_attentions=True)
-        dec = ropelens.decompose_attention(model, toks, bands=Bands.all())
+        dec = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.all())
         runs.append((out.logits.clone(), [a.clone() for a in out.attentions], {L: dec.logits(L).clone() for L in (1, 3)},
                      dec))
     (lo_a, p_a, s_a, dec_a), (lo_b, p_b, s_b, _) = runs

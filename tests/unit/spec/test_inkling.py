@@ -8,8 +8,8 @@ from transformers import AutoModelForCausalLM
 from transformers.models.inkling2 import modeling_inkling2
 
 import ropelens
-from ropelens import reading
 from ropelens.errors import NotRotaryError, UnsupportedModelError
+from ropelens.spec import reading
 from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
 from ropelens.testing.sweep import shrink_config, sweep_one

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ropelens.analyses.band_stats import band_statistics
-from ropelens.analyses.decompose import decompose_attention
+from ropelens.analyses.attention_decomposition import attention_decomposition
+from ropelens.analyses.band_statistics import band_statistics
 from ropelens.errors import UnsupportedModelError
 from ropelens.run.verify import verify_model
 from ropelens.spec.reading import length_dependent, rope_spec, spec_at_length
@@ -90,7 +90,7 @@ def test_the_short_reading_past_the_native_context_is_refused():
 
 
 def test_decomposition_reads_at_its_input_length(dynamic):
-    dec = decompose_attention(dynamic, _tokens(40)[:1])
+    dec = attention_decomposition(dynamic, _tokens(40)[:1])
     assert dec.provenance.config["verification"]["status"] == "passed"
     torch.testing.assert_close(dec.spec[0].inv_freq.double(), dynamic_ntk(40, 2.0), rtol=1e-6, atol=0)
 

@@ -93,7 +93,7 @@ def test_decomposition_and_pattern_match_hf_over_three_chunks(llama4):
     toks = _tokens()
     with torch.no_grad(), hf_scores(hf) as scores:
         probs = probs_by_layer(hf(toks, output_attentions=True).attentions, spec)
-    dec = ropelens.decompose_attention(model, toks, bands=Bands.quantiles(2), layers=[0, 1, 2])
+    dec = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.quantiles(2), layers=[0, 1, 2])
     allowed = spec[0].mask(N)
     assert not allowed[CHUNK, CHUNK - 1] and allowed[CHUNK, CHUNK]  # the input spans chunk boundaries
     for L in (0, 1, 2):
@@ -106,7 +106,7 @@ def test_decomposition_and_pattern_match_hf_over_three_chunks(llama4):
         assert float((ours[..., allowed] - ref).abs().max() / ref.abs().max()) < 1e-5
         # probabilities in [0, 1] from float32 softmaxes of the same scores: ~1e-7; a wrong mask moves them by O(0.1)
         assert float((dec.rebuilt_pattern(L) - probs[L]).abs().max()) < 1e-5
-    one = ropelens.decompose_attention(model, toks, bands=Bands.all(), layers=[0])
+    one = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.all(), layers=[0])
     assert float((one.band_patterns(0)[:, :, 0] - probs[0]).abs().max()) < 1e-5
 
 
@@ -115,13 +115,13 @@ def test_frequency_usage_over_chunks_and_band_statistics_within_one(llama4):
     run on one chunk (where the mask is causal) and refuse longer windows in one line naming the layer and chunk."""
     model, spec, _ = llama4
     toks = _tokens()
-    usage = ropelens.frequency_usage(model, toks, progress=False, n_sink=0)
+    usage = ropelens.analyses.frequency_usage(model, toks, progress=False, n_sink=0)
     assert list(usage.layers) == [0, 1, 2] and torch.isfinite(usage.q_norm).all()
-    st = ropelens.band_statistics(model, toks[:, :CHUNK], progress=False)
+    st = ropelens.analyses.band_statistics(model, toks[:, :CHUNK], progress=False)
     assert list(st.layers) == [0, 1, 2]
     with pytest.raises(UnsupportedModelError, match=rf"layer 0 attends in chunks of {CHUNK} tokens .* {N}-token windows: "
                                                     rf"use windows of at most {CHUNK} tokens") as err:
-        ropelens.band_statistics(model, toks, progress=False)
+        ropelens.analyses.band_statistics(model, toks, progress=False)
     assert "\n" not in str(err.value)
 
 

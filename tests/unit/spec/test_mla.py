@@ -102,7 +102,7 @@ def test_shared_rotary_key_has_equal_plane_norms_across_heads(family_dir):
     """k_pe is one vector for every head: usage's key norm of each plane is the same in every head; the
     no-position dims are per head, so the whole key is not."""
     model = ropelens.load_model(family_dir("deepseek_v3"), device="cpu")
-    usage = ropelens.frequency_usage(model, _tokens(), progress=False)
+    usage = ropelens.analyses.frequency_usage(model, _tokens(), progress=False)
     k = usage.k_norm  # [layer, head, plane]
     assert k.shape[1] == 4 and (k > 0).all()
     # the same float32 vector copied into every head: equal to rounding of the mean (a few ulps)
@@ -124,7 +124,7 @@ def test_decomposition_sums_to_hf_scores_with_a_no_position_term(family_dir):
     nope = cfg["qk_nope_head_dim"]
     model = ropelens.load_model(path, device="cpu")
     toks = _tokens()[:1]
-    dec = ropelens.decompose_attention(model, toks, bands=ropelens.Bands.all())
+    dec = ropelens.analyses.attention_decomposition(model, toks, bands=ropelens.Bands.all())
     hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     mod = importlib.import_module(type(hf).__module__)
     orig, seen = mod.eager_attention_forward, {}

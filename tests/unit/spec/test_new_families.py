@@ -43,8 +43,8 @@ def _analyses(model):
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(3))
     toks[0, 0] = 1
     return [lambda: verify_model(model),
-            lambda: ropelens.decompose_attention(model, toks),
-            lambda: ropelens.frequency_usage(model, toks, progress=False)]
+            lambda: ropelens.analyses.attention_decomposition(model, toks),
+            lambda: ropelens.analyses.frequency_usage(model, toks, progress=False)]
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in NEW])
@@ -203,13 +203,13 @@ def _hf_attention_inputs(family: str, family_dir, toks: torch.Tensor) -> dict[in
 def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, family_dir):
     """Post-RoPE frequency usage equals the plane norms of the q and k HF's attention function receives (after
     the norm), on both capture paths; the pairing is written out by hand ((i, i + d/2))."""
-    from ropelens.analyses.usage import UsageReducer
+    from ropelens.analyses.frequency_usage import UsageReducer
     from ropelens.run.capture import stream
 
     model = _fresh(family, family_dir)
     toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(5))
     toks[:, 0] = 1
-    usage = ropelens.frequency_usage(model, toks, progress=False, n_sink=0, source="post")  # the probe passes
+    usage = ropelens.analyses.frequency_usage(model, toks, progress=False, n_sink=0, source="post")  # the probe passes
     spec = rope_spec(model)
     red = UsageReducer(spec, spec.rotary_layers, source="post", n_sink=0)
     stream(model, [toks], [red], spec=spec, progress=False, fast=fast)

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ropelens
-from ropelens.analyses.band_stats import BandStatsReducer
+from ropelens.analyses.band_statistics import BandStatsReducer
 from ropelens.errors import UnsupportedModelError
 from ropelens.run.capture import stream
 from ropelens.run.verify import verify_model
@@ -61,7 +61,7 @@ def test_sparse_attention_is_exact(family, tiny):
     v = verify_model(model, spec)
     assert v.passed and v.errors["mask"] == 0 and v.errors["probs"] < 1e-5, v.errors
     toks = _tokens()
-    dec = ropelens.decompose_attention(model, toks, bands=Bands.all())
+    dec = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.all())
     probs = _hf_probs(hf, toks)
     causal = torch.ones(N_CHECK, N_CHECK).tril().bool()
     for L in spec.rotary_layers:
@@ -84,7 +84,7 @@ def test_short_windows_lose_no_key(family, tiny):
     """On windows of at most index_topk tokens the indexer keeps every causal key: the static mask is exact."""
     model, hf = tiny(family)
     toks = _tokens(TOPK)
-    dec = ropelens.decompose_attention(model, toks)
+    dec = ropelens.analyses.attention_decomposition(model, toks)
     probs = _hf_probs(hf, toks)
     for L in dec.layers:
         assert "selected" not in dec.acts[L].tensors  # not needed, so not captured
@@ -162,7 +162,7 @@ def test_block_selection_is_exact(tiny):
     lr = spec.layers[3]
     assert lr.select_keys == 9 and not lr.selects(9) and lr.selects(10)
     toks = _tokens()
-    dec = ropelens.decompose_attention(model, toks)
+    dec = ropelens.analyses.attention_decomposition(model, toks)
     ref = next(a for a in _hf_probs(hf, toks) if a is not None)  # HF returns the attention layers' only
     allowed = torch.arange(N_CHECK) + 1
     want = torch.where(allowed <= 9, allowed, 8 + allowed % 2)  # the block rule, counted by hand
@@ -176,7 +176,7 @@ def test_block_selection_is_exact(tiny):
 
 
 def test_inspect_shows_the_keys_kept(tiny):
-    from ropelens.catalog.spec import inspect_table
+    from ropelens.catalog.rope_spec import inspect_table
 
     model, _ = tiny("deepseek_v32")
     table = inspect_table(rope_spec(model))

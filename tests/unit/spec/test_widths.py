@@ -96,7 +96,7 @@ def test_frequency_usage_over_mixed_widths_is_hfs_plane_norms(gemma4):
     (RoPE keeps every plane's norm; Gemma 4 has attention scaling 1), in that layer's own heads and planes; the
     padding of the narrower layers is NaN and is left out of the table."""
     model, spec, hf = gemma4
-    usage = ropelens.frequency_usage(model, _tokens(), progress=False, n_sink=0)
+    usage = ropelens.analyses.frequency_usage(model, _tokens(), progress=False, n_sink=0)
     assert usage.layers == (0, 1, 2, 3) and usage.ragged
     assert usage.q_norm.shape == (4, 4, 16) and usage.k_norm.shape == (4, 2, 16)
     ref = _hf_qk(hf, 1)
@@ -122,9 +122,9 @@ def test_mixed_width_usage_saves_loads_and_merges(gemma4, tmp_path):
     """Sums of two halves of the corpus merge into the sums of the whole; the file round-trips."""
     model, _, _ = gemma4
     toks = torch.cat([_tokens(1), _tokens(2)])
-    whole = ropelens.frequency_usage(model, toks, progress=False)
-    a = ropelens.frequency_usage(model, toks[:2], progress=False)
-    b = ropelens.frequency_usage(model, toks[2:], progress=False)
+    whole = ropelens.analyses.frequency_usage(model, toks, progress=False)
+    a = ropelens.analyses.frequency_usage(model, toks[:2], progress=False)
+    b = ropelens.analyses.frequency_usage(model, toks[2:], progress=False)
     a.save(tmp_path / "a.json")
     merged = load_result(tmp_path / "a.json").merge(b)
     for key in whole.token:
@@ -135,31 +135,31 @@ def test_mixed_width_usage_saves_loads_and_merges(gemma4, tmp_path):
 
 
 def _massive(model, toks, **kw):
-    from ropelens.analyses.massive import massive_values
+    from ropelens.analyses.massive_values import massive_values
 
     return massive_values(model, toks, progress=False, **kw)
 
 
 def _offsets(model, toks, **kw):
-    from ropelens.analyses.offsets import rotary_offsets
+    from ropelens.analyses.rotary_offsets import rotary_offsets
 
     return rotary_offsets(model, toks, progress=False, **kw)
 
 
 def _heads(model, toks, **kw):
-    from ropelens.analyses.heads import classify_heads
+    from ropelens.analyses.head_taxonomy import head_taxonomy
 
     # τ given: Otsu's threshold is taken over every measured head, so it is not a per-layer number
-    return classify_heads(model, toks, max_offset=4, tau=0.5, progress=False, **kw)
+    return head_taxonomy(model, toks, max_offset=4, tau=0.5, progress=False, **kw)
 
 
 STACKING = {
-    "band_statistics": lambda model, toks, **kw: ropelens.band_statistics(model, toks, progress=False, **kw),
-    "classify_heads": _heads,
-    "attention_sinks": lambda model, toks, **kw: ropelens.attention_sinks(model, toks, progress=False, **kw),
-    "attention_by_distance": lambda model, toks, **kw: ropelens.attention_by_distance(model, toks, progress=False, **kw),
+    "band_statistics": lambda model, toks, **kw: ropelens.analyses.band_statistics(model, toks, progress=False, **kw),
+    "head_taxonomy": _heads,
+    "attention_sinks": lambda model, toks, **kw: ropelens.analyses.attention_sinks(model, toks, progress=False, **kw),
+    "attention_by_distance": lambda model, toks, **kw: ropelens.analyses.attention_by_distance(model, toks, progress=False, **kw),
     "massive_values": _massive,
-    "positional_symbolic": lambda model, toks, **kw: ropelens.positional_symbolic(model, toks, progress=False, **kw),
+    "positional_symbolic": lambda model, toks, **kw: ropelens.analyses.positional_symbolic(model, toks, progress=False, **kw),
     "rotary_offsets": _offsets,
 }
 
@@ -270,8 +270,8 @@ def test_band_names_that_differ_across_widths_are_refused(gemma4):
     model, _, _ = gemma4
     bands = Bands.quantiles(16, fit=True)
     with pytest.raises(InputError, match="resolve to different band names across layers"):
-        ropelens.band_statistics(model, _tokens(), bands=bands, progress=False)
-    st = ropelens.band_statistics(model, _tokens(), layers=[3], bands=bands, progress=False)
+        ropelens.analyses.band_statistics(model, _tokens(), bands=bands, progress=False)
+    st = ropelens.analyses.band_statistics(model, _tokens(), layers=[3], bands=bands, progress=False)
     assert len(st.band_names) == 16
 
 

@@ -198,7 +198,7 @@ def test_a_broken_band_statistics_window_is_wrong(monkeypatch, tmp_path):
     which takes the mask HF's own attention receives: the family is wrong, every other check exact."""
     import dataclasses
 
-    from ropelens.analyses.band_stats import BandStatsReducer
+    from ropelens.analyses.band_statistics import BandStatsReducer
 
     orig = BandStatsReducer._spans
     monkeypatch.setattr(BandStatsReducer, "_spans", staticmethod(
@@ -214,7 +214,7 @@ def test_usage_that_keeps_the_attention_scaling_is_wrong(monkeypatch, tmp_path):
     is off by that factor against HF's attention inputs divided by HF's own attention_scaling."""
     import dataclasses
 
-    from ropelens.analyses.usage import UsageReducer
+    from ropelens.analyses.frequency_usage import UsageReducer
 
     orig = UsageReducer.update
     monkeypatch.setattr(UsageReducer, "update", lambda self, acts: orig(self, dataclasses.replace(

@@ -1,0 +1,253 @@
+"""Exact per-plane and per-band decomposition of attention logits.
+
+RoPE rotates each plane independently, so q_mᵀR((n−m)θ)k_n = Σ_i (q_m^(i))ᵀR((n−m)θ_i)k_n^(i):
+with post-RoPE q and k, plane i's term is simply the 2-D dot product of their plane-i coordinates.
+Band terms (sums of plane terms, plus non-rotary dims in ``rest``) times the model's score scale
+add up to the model's own pre-softmax scores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import LayerActs, capture_qk
+from ropelens.spec.bands import Bands, ResolvedBands
+from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
+
+__all__ = ["AttentionDecomposition", "band_terms", "attention_decomposition", "js_divergence"]
+
+
+def band_terms(
+    q: Float[Tensor, "batch pos head d_head"],
+    k: Float[Tensor, "batch pos kv_head d_head"],
+    rope: LayerRope,
+    bands: ResolvedBands,
+) -> Float[Tensor, "batch head band q_pos k_pos"]:
+    """Each band's share of every logit (post-RoPE q and k, times the model's score scale)."""
+    k = expand_kv(k, rope)
+    out = torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., d], k[..., d]) for d in bands.dims], dim=2)
+    return out * rope.score_scale
+
+
+def js_divergence(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:
+    """Jensen–Shannon divergence (nats, in [0, ln 2]) between distributions along ``dim``."""
+    m = 0.5 * (p + q)
+    kl = lambda a: torch.where(a > 0, a * (a.clamp_min(1e-30).log() - m.clamp_min(1e-30).log()), 0.0)  # noqa: E731
+    return 0.5 * (kl(p).sum(dim) + kl(q).sum(dim))
+
+
+# ============================================================================ one input
+@dataclass(frozen=True)
+class AttentionDecomposition(Result):
+    """Per-band attention logits for given tokens (kept in memory; for corpora use band_statistics).
+
+    Saved as safetensors (captured q and k are too large for JSON), with the kind and format in its metadata.
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    spec: RopeSpec
+    bands: Bands
+    acts: dict[int, LayerActs]
+    provenance: Provenance
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.acts)
+
+    def _acts(self, layer: int) -> LayerActs:
+        if layer not in self.acts:
+            raise InputError(f"layer {layer} was not decomposed; decomposed layers: {self.layers}")
+        return self.acts[layer]
+
+    def resolved(self, layer: int) -> ResolvedBands:
+        return self.bands.resolve(self.spec.layers[layer])
+
+    def band_names(self, layer: int) -> list[str]:
+        return list(self.resolved(layer).names)
+
+    def mask(self, layer: int) -> Bool[Tensor, "batch q k"]:
+        """The keys each query attends to (causal, window, padding, and the model's own key selection)."""
+        return self._acts(layer).mask()
+
+    def band_logits(self, layer: int, *, masked: bool = True) -> Float[Tensor, "batch head band q k"]:
+        """Band terms of every logit; masked entries are −inf (so they sum like the model's scores)."""
+        a = self._acts(layer)
+        x = band_terms(a["q_post"], a["k_post"], a.rope, self.resolved(layer))
+        if masked:
+            x = x.masked_fill(~self.mask(layer)[:, None, None], float("-inf"))
+        return x
+
+    def logits(self, layer: int) -> Float[Tensor, "batch head q k"]:
+        """Sum over bands: the model's pre-softmax scores (masked entries −inf)."""
+        x = self.band_logits(layer, masked=False).sum(2)
+        return x.masked_fill(~self.mask(layer)[:, None], float("-inf"))
+
+    def pattern(self, layer: int) -> Float[Tensor, "batch head q k"]:
+        """The model's own attention pattern (captured from the forward pass)."""
+        return self._acts(layer)["pattern"]
+
+    def band_patterns(self, layer: int) -> Float[Tensor, "batch head band q k"]:
+        """The pattern each band's logits make alone, through the layer's own softmax (causal mask,
+        sliding window, logit soft-capping and attention sinks applied as the model applies them)."""
+        return self._acts(layer).rope.probs(self.band_logits(layer))
+
+    def rebuilt_pattern(self, layer: int) -> Float[Tensor, "batch head q k"]:
+        """The attention pattern rebuilt from the summed bands: equals the model's own pattern."""
+        return self._acts(layer).rope.probs(self.logits(layer))
+
+    def plane_logits(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
+        """Per-plane terms (the single-plane decomposition), unmasked."""
+        a = self._acts(layer)
+        return band_terms(a["q_post"], a["k_post"], a.rope, Bands.planes().resolve(a.rope))[:, :, : a.rope.n_planes]
+
+    def cauchy_schwarz(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
+        """Per-plane bound ‖q^(i)‖‖k^(i)‖ (times score scale) on |plane term|."""
+        a = self._acts(layer)
+        qn = a.rope.split(a["q_post"]).norm(dim=-1)  # [b,q,h,P]
+        kn = a.rope.split(expand_kv(a["k_post"], a.rope)).norm(dim=-1)
+        return torch.einsum("bqhp,bkhp->bhpqk", qn, kn) * a.rope.score_scale
+
+    def agreement(self, layer: int) -> pd.DataFrame:
+        """Per head × band: mean JS divergence of the band-only pattern from the model's, and top-1 agreement.
+
+        Both are NaN for a band that holds no plane in this layer: its logits are all 0, so its pattern
+        is uniform and its argmax an arbitrary tie, not a measurement."""
+        pat = self.pattern(layer)[:, :, None]  # [b,h,1,q,k]
+        bp = self.band_patterns(layer)
+        jsd = js_divergence(bp, pat)  # [b,h,B,q]
+        top1 = (bp.argmax(-1) == pat.argmax(-1)).double()
+        rows = []
+        names = self.band_names(layer)
+        empty = set(self.bands.empty_bands(self.spec.layers[layer]))
+        for h in range(jsd.shape[1]):
+            for b, name in enumerate(names):
+                none = name in empty
+                rows.append({"layer": layer, "head": h, "band": name,
+                             "jsd": float("nan") if none else float(jsd[:, h, b].mean()),
+                             "top1": float("nan") if none else float(top1[:, h, b].mean())})
+        return pd.DataFrame(rows)
+
+    def to_frame(self, layer: int, head: int, batch: int = 0) -> pd.DataFrame:
+        """Tidy per-band logits of one head: one row per (band, query, key) allowed by the mask."""
+        x = self.band_logits(layer, masked=False)[batch, head]  # [B,q,k]
+        m = self.mask(layer)[batch]
+        qi, ki = torch.nonzero(m, as_tuple=True)
+        frames = [pd.DataFrame({"band": name, "q_pos": qi.numpy(), "k_pos": ki.numpy(), "logit": x[b][qi, ki].numpy()})
+                  for b, name in enumerate(self.band_names(layer))]
+        return pd.concat(frames, ignore_index=True).assign(layer=layer, head=head)
+
+    def figure(self, layer: int | None = None, head: int = 0, batch: int = 0) -> Any:
+        """One head (default: head 0 of the first layer): each band's logits as a heatmap, and the model's pattern."""
+        return figure_of(AttentionDecomposition)(self, layer, head, batch)
+
+    def _file_tensors(self) -> dict[str, Tensor]:
+        """The tensors the file holds: tokens, and each layer's captured tensors under ``"{layer}/{name}"``."""
+        tensors = {"tokens": self.tokens.contiguous()}
+        for L, a in self.acts.items():
+            for k, v in a.tensors.items():
+                tensors[f"{L}/{k}"] = v.clone().contiguous()
+            tensors[f"{L}/valid"] = a.valid.clone().contiguous()
+        return tensors
+
+    def save(self, path: str | Path) -> None:
+        """Save tokens, captured q/k and metadata (safetensors, atomic)."""
+        from safetensors.torch import save
+
+        from ropelens.results.serialize import atomic_write
+
+        meta = {"type": self.KIND, "format": str(self.FORMAT),
+                "spec": json.dumps(self.spec.to_dict()), "bands": json.dumps(self.bands.to_dict()),
+                "provenance": json.dumps(self.provenance.to_dict())}
+        with atomic_write(path, "wb") as f:
+            f.write(save(self._file_tensors(), metadata=meta))
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionDecomposition:
+        _, fields = cls._read(path)
+        return cls(**fields)
+
+    @classmethod
+    def _read(cls, path: str | Path) -> tuple[dict[str, Tensor], dict]:
+        """Every tensor in the file, and the fields of this class that the file holds."""
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+            t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        # files from before the result base carry neither key
+        kind, fmt = meta.get("type", cls.KIND), meta.get("format", str(cls.FORMAT))
+        if kind != cls.KIND or fmt != str(cls.FORMAT):
+            raise InputError(f"{path} holds a {kind!r} result of format {fmt}, not {cls.KIND!r} format {cls.FORMAT}: "
+                             "load it with ropelens.load_result(path)")
+        spec = RopeSpec.from_dict(json.loads(meta["spec"]))
+        acts: dict[int, LayerActs] = {}
+        for key, v in t.items():
+            if "/" not in key:
+                continue
+            L, name = key.split("/")
+            a = acts.setdefault(int(L), LayerActs(layer=int(L), rope=spec.layers[int(L)], valid=None))  # type: ignore[arg-type]
+            if name == "valid":
+                a.valid = v
+            else:
+                a.tensors[name] = v
+        return t, {"tokens": t["tokens"], "spec": spec, "bands": Bands.from_dict(json.loads(meta["bands"])), "acts": acts,
+                   "provenance": Provenance.from_dict(json.loads(meta["provenance"]))}
+
+    def _repr_html_(self) -> str:
+        L = self.layers[0]
+        return self.agreement(L).pivot(index="head", columns="band", values="top1").to_html()
+
+
+def attention_decomposition(
+    model,
+    tokens: Int[Tensor, "batch pos"] | str | Sequence[str],
+    *,
+    bands: Bands | None = None,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 8,
+    verify: bool = True,
+) -> AttentionDecomposition:
+    """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands.
+
+    ``verify``: first check the reading against the model's own attention (:mod:`ropelens.run.verify`);
+    False runs anyway and the provenance says "unverified".
+    """
+    from ropelens.run.verify import verification
+    from ropelens.spec.reading import model_label, rope_spec, spec_at_length
+
+    if isinstance(tokens, str | list | tuple):
+        tokens = model.to_tokens(tokens)
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2:
+        raise InputError("tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))")
+    read = rope_spec(model)
+    spec = spec_at_length(model, read, int(tokens.shape[1]))  # frequencies that change with the length, as applied
+    chosen = spec.layer_indices(layers)
+    verified = verification(model, spec, verify=verify, length=None if spec is read else int(tokens.shape[1]))
+    t0 = time.perf_counter()
+    # a layer whose indexer drops keys on windows this long: its selection is captured with q and k
+    selected = ("selected",) if any(spec.layers[L].selects(tokens.shape[1]) for L in chosen) else ()
+    acts = capture_qk(model, tokens, layers=chosen, which=("q_post", "k_post", "pattern", *selected),
+                      batch_size=batch_size, spec=spec)
+    acts = {L: LayerActs(a.layer, a.rope, a.valid.cpu(), {k: v.cpu() for k, v in a.tensors.items()}) for L, a in acts.items()}
+    bands = bands or Bands.planes()
+    prov = Provenance(model=model_label(model), n_tokens=int(tokens.numel()), n_windows=int(tokens.shape[0]),
+                      n_ctx=int(tokens.shape[1]), config={"bands": bands.describe(), "layers": chosen,
+                                                     "verification": verified.to_dict()},
+                      seconds=time.perf_counter() - t0)
+    return AttentionDecomposition(tokens=tokens.cpu(), spec=spec, bands=bands, acts=acts, provenance=prov)
+
+

@@ -1,0 +1,462 @@
+"""Context extension seen per plane: what each scaling method does to each frequency, and LongRoPE's factors.
+
+**Plane categories** (:func:`extension_planes`). A plane with frequency θ (before) and θ' (after the method)
+that was trained on positions 0 … L₀ and now must serve 0 … L reaches the angle L·θ' at most:
+
+- ``"kept"``: θ' = θ and the plane already completed a turn within L₀ (λ = 2π/θ ≤ L₀), so every
+  angle it meets at L was seen (mod 2π) in training: safe, unchanged;
+- ``"interpolated"``: θ' ≠ θ (normally θ' < θ) and every angle it meets at L was seen in training,
+  i.e. λ ≤ L₀ or L·θ' ≤ L₀·θ: in distribution, at the cost of coarser relative positions;
+- ``"extrapolated"``: the plane never completed a turn within L₀ (λ > L₀) and reaches angles beyond
+  the largest seen, L·θ' > L₀·θ: out of distribution (plain RoPE's failure, or too little scaling);
+- ``"unrotated"``: θ = 0 before (NoPE planes), nothing to extend.
+
+Equalities hold to a relative tolerance of 1e-6, so PI with factor L/L₀ interpolates exactly.
+
+**LongRoPE search** (Ding et al., arXiv 2402.13753): evolutionary search of per-plane factors λ_i ≥ 1,
+non-decreasing from the highest frequency, and n̂ leading positions left unscaled, by perplexity.
+
+What the base itself predicts about a context length (the critical dimension, the extrapolation
+limit, the critical base and the lower bound on the base) is in :mod:`ropelens.analyses.base_predictions`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ropelens.errors import InputError
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.results.serialize import dump_json
+from ropelens.run.intervene import apply_rope_variant
+from ropelens.spec.rope import LayerRope
+from ropelens.spec.variants import (
+    NTK,
+    Default,
+    DynamicNTK,
+    Linear,
+    LongRoPE,
+    RopeVariant,
+    YaRN,
+)
+from ropelens.validate import check_positive_int
+
+__all__ = [
+    "CATEGORIES",
+    "LongRopeSearch",
+    "ExtensionPlanes",
+    "inv_freq_at",
+    "extension_planes",
+    "search_longrope_factors",
+]
+
+CATEGORIES = ("kept", "interpolated", "extrapolated", "unrotated")
+_RTOL = 1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# per-plane view
+# --------------------------------------------------------------------------------------------
+def inv_freq_at(variant: RopeVariant, layer: LayerRope, seq_len: int) -> Float[Tensor, " n_planes"]:
+    """The variant's frequencies for an input of ``seq_len`` tokens (length-dependent methods included)."""
+    if isinstance(variant, (DynamicNTK, LongRoPE)):
+        return variant.inv_freq(layer, int(seq_len))
+    return variant.inv_freq(layer)
+
+
+def plane_categories(before: Tensor, after: Tensor, original_ctx: int, target_ctx: int) -> tuple[str, ...]:
+    out = []
+    for t0, t1 in zip(before.double().tolist(), after.double().tolist(), strict=True):
+        if t0 == 0.0:
+            out.append("unrotated")
+            continue
+        seen = 2 * math.pi / t0 <= original_ctx * (1 + _RTOL) or target_ctx * t1 <= original_ctx * t0 * (1 + _RTOL)
+        same = abs(t1 - t0) <= _RTOL * t0
+        out.append(("kept" if same else "interpolated") if seen else "extrapolated")
+    return tuple(out)
+
+
+# unversioned: files from before the result base carry neither type nor format
+@dataclass(frozen=True)
+class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
+    """One layer's planes before and after a context-extension method, highest frequency first."""
+
+    variant: dict[str, Any]  # RopeVariant.to_dict()
+    layer: int
+    original_ctx: int
+    target_ctx: int
+    inv_freq_before: Float[Tensor, " n_planes"]
+    inv_freq_after: Float[Tensor, " n_planes"]
+    attention_scaling: float
+    categories: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        n = self.inv_freq_before.shape
+        if self.inv_freq_after.shape != n or len(self.categories) != n[0]:
+            raise InputError(
+                f"inv_freq_before {tuple(n)}, inv_freq_after {tuple(self.inv_freq_after.shape)} and "
+                f"{len(self.categories)} categories must agree: one entry per plane"
+            )
+
+    @property
+    def label(self) -> str:
+        return self.variant.get("variant", "?")
+
+    @property
+    def wavelength_before(self) -> Float[Tensor, " n_planes"]:
+        return 2 * math.pi / self.inv_freq_before.double()
+
+    @property
+    def wavelength_after(self) -> Float[Tensor, " n_planes"]:
+        return 2 * math.pi / self.inv_freq_after.double()
+
+    @property
+    def scale(self) -> Float[Tensor, " n_planes"]:
+        """θ_before / θ_after per plane (the method's rescale factor λ_i; PI gives the factor everywhere)."""
+        return self.inv_freq_before.double() / self.inv_freq_after.double()
+
+    def counts(self) -> dict[str, int]:
+        """Planes per category."""
+        return {c: self.categories.count(c) for c in CATEGORIES}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per plane."""
+        return pd.DataFrame({
+            "variant": self.label, "layer": self.layer, "plane": range(len(self.categories)),
+            "inv_freq_before": self.inv_freq_before.double().numpy(),
+            "inv_freq_after": self.inv_freq_after.double().numpy(),
+            "wavelength_before": self.wavelength_before.numpy(),
+            "wavelength_after": self.wavelength_after.numpy(), "scale": self.scale.numpy(),
+            "category": list(self.categories),
+        })
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**d, "inv_freq_before": self.inv_freq_before.tolist(),
+                "inv_freq_after": self.inv_freq_after.tolist(), "categories": list(self.categories)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExtensionPlanes:
+        return cls(**{**d, "inv_freq_before": torch.tensor(d["inv_freq_before"], dtype=torch.float32),
+                      "inv_freq_after": torch.tensor(d["inv_freq_after"], dtype=torch.float32),
+                      "categories": tuple(d["categories"])})
+
+    def _repr_html_(self) -> str:
+        return self.to_frame().to_html(max_rows=40)
+
+
+def extension_planes(layer_rope: LayerRope, variant: RopeVariant, original_ctx: int, target_ctx: int) -> ExtensionPlanes:
+    """How ``variant`` rescales each plane of ``layer_rope`` to serve ``target_ctx`` after ``original_ctx``.
+
+    "Before" is the layer's own frequencies; "after" is the variant's for an input of ``target_ctx``
+    tokens (dynamic NTK and LongRoPE depend on it). The layer is given n_ctx = ``target_ctx``, which
+    HF's LongRoPE uses for its default factor. LongRoPE's n̂ unscaled first positions are not a
+    frequency and do not show here.
+    """
+    if not isinstance(layer_rope, LayerRope):
+        raise TypeError(f"layer_rope must be a LayerRope (ropelens.rope_spec(model)[i]), got {type(layer_rope).__name__}")
+    original_ctx = check_positive_int(original_ctx, "original_ctx", " (the trained context length)")
+    target_ctx = check_positive_int(target_ctx, "target_ctx", " (the extended context length)")
+    layer = dataclasses.replace(layer_rope, n_ctx=target_ctx)
+    after = inv_freq_at(variant, layer, target_ctx).float()
+    before = layer_rope.inv_freq.float()
+    return ExtensionPlanes(
+        variant=variant.to_dict(), layer=layer_rope.layer, original_ctx=original_ctx, target_ctx=target_ctx,
+        inv_freq_before=before, inv_freq_after=after, attention_scaling=float(variant.attention_scaling(layer)),
+        categories=plane_categories(before, after, original_ctx, target_ctx),
+    )
+
+
+
+# --------------------------------------------------------------------------------------------
+# LongRoPE factor search
+# --------------------------------------------------------------------------------------------
+# unversioned: files from before the result base carry neither type nor format
+@dataclass(frozen=True)
+class LongRopeSearch(Result, unversioned=True):
+    """Best LongRoPE factors found for ``target_len`` and how they compare with PI and YaRN."""
+
+    target_len: int
+    original_ctx: int
+    factors: tuple[float, ...]  # λ_i per plane, highest frequency first, non-decreasing, ≥ 1
+    n_hat: int
+    perplexity: float  # of the best candidate on the search windows
+    initial_best: float  # best perplexity of the seeded initial population
+    baselines: dict[str, float]  # PI (Linear) and YaRN at the same target, on the same windows
+    history: tuple[dict[str, Any], ...]  # per generation: best, mean, n_evaluated
+    settings: dict[str, Any]
+    provenance: Provenance = field(default_factory=lambda: Provenance(model="?"))
+
+    @property
+    def variant(self) -> LongRoPE:
+        """The best candidate as a variant (short factors 1: inputs ≤ L₀ keep plain RoPE)."""
+        return _longrope(self.factors, self.n_hat, self.original_ctx, self.target_len)
+
+    def gain(self) -> dict[str, float]:
+        """Relative perplexity reduction of the best candidate over each baseline (0.1 = 10% lower)."""
+        return {k: 1 - self.perplexity / v for k, v in self.baselines.items()}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per generation."""
+        return pd.DataFrame(list(self.history))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**d, "factors": list(self.factors), "history": list(self.history),
+                "provenance": self.provenance.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LongRopeSearch:
+        return cls(**{**d, "factors": tuple(d["factors"]), "history": tuple(d["history"]),
+                      "provenance": Provenance.from_dict(d["provenance"])})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LongRopeSearch:
+        """Read a search saved by :meth:`save`, or a hand-written factors file (:data:`LONGROPE_FILE` says what it
+        holds); every problem with the file is one InputError naming it and ``--longrope``."""
+        p = Path(path)
+        what = f"the LongRoPE factors file {path} (--longrope)"
+        if not p.exists():
+            raise InputError(f"{what} does not exist: check the path, or pass {LONGROPE_FILE}")
+        if p.is_dir():
+            raise InputError(f"{what} is a directory: pass {LONGROPE_FILE}")
+        try:
+            d = json.loads(p.read_bytes())
+        except OSError as e:
+            raise InputError(f"{what} cannot be read ({e.strerror or e}): pass a readable file") from e
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            where = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+            raise InputError(f"{what} is not JSON ({where}): pass {LONGROPE_FILE}") from e
+        return cls._from_file(d, path)
+
+    @classmethod
+    def _from_file(cls, d: Any, path: str | os.PathLike[str]) -> LongRopeSearch:
+        what = f"the LongRoPE factors file {path} (--longrope)"
+        if not isinstance(d, dict):
+            raise InputError(f"{what} holds a JSON {type(d).__name__}, not an object: pass {LONGROPE_FILE}")
+        kind, fmt = d.get("type", cls.KIND), d.get("format", cls.FORMAT)
+        if kind != cls.KIND:
+            raise InputError(f"{what} holds a {kind!r} result, not {cls.KIND}: pass {LONGROPE_FILE}")
+        if fmt != cls.FORMAT:
+            raise InputError(f"{what} has {cls.KIND} format {fmt!r}; this ropelens reads format {cls.FORMAT}: "
+                             "write it again with this version")
+        d = {**_LONGROPE_OPTIONAL, **d}
+        fields = {f.name for f in dataclasses.fields(cls)} | {"type", "format"}
+        missing, unknown = [k for k in _LONGROPE_NEEDS if k not in d], sorted(set(d) - fields)
+        if missing or unknown:
+            wrong = "; ".join(s for s in (f"lacks {', '.join(missing)}" * bool(missing),
+                                          f"has unknown keys {', '.join(unknown)}" * bool(unknown)) if s)
+            raise InputError(f"{what} {wrong}: pass {LONGROPE_FILE}")
+        _check_longrope_file(d, what)
+        try:
+            return super()._from_file(d, path)
+        except (TypeError, KeyError) as e:  # a malformed provenance or history entry
+            raise InputError(f"{what} holds a malformed {e}: pass {LONGROPE_FILE}") from e
+
+
+# What a LongRoPE factors file (``ropelens extension-study --longrope``) holds; the other LongRopeSearch fields may be left out.
+LONGROPE_FILE = ("a JSON object with target_len and original_ctx (token counts, target_len > original_ctx), factors "
+                 "(one positive rescale factor per rotary plane, highest frequency first) and n_hat (leading positions "
+                 "left unscaled, ≥ 0), as LongRopeSearch.save writes, e.g. {\"target_len\": 8192, \"original_ctx\": 2048, "
+                 "\"factors\": [1.0, 1.5, 2.0, 4.0], \"n_hat\": 0}")
+_LONGROPE_NEEDS = ("target_len", "original_ctx", "factors", "n_hat")
+_LONGROPE_OPTIONAL: dict[str, Any] = {"perplexity": math.nan, "initial_best": math.nan, "baselines": {},
+                                      "history": [], "settings": {}, "provenance": {"model": "?"}}
+
+
+def _check_longrope_file(d: dict[str, Any], what: str) -> None:
+    """Each field of a LongRoPE factors file has the type and range :data:`LONGROPE_FILE` names."""
+    def whole(key: str, least: int) -> int:
+        v = d[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise InputError(f"{what}: {key} must be an integer ≥ {least}, got {v!r}: pass {LONGROPE_FILE}")
+        return v
+
+    target, original = whole("target_len", 2), whole("original_ctx", 1)
+    whole("n_hat", 0)
+    if target <= original:
+        raise InputError(f"{what}: target_len {target} must exceed original_ctx {original}: pass {LONGROPE_FILE}")
+    f = d["factors"]
+    bad = [x for x in f if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0] \
+        if isinstance(f, list) else None
+    if bad is None or bad or not f:
+        shown = f"{len(f)} entries, {len(bad)} of them not positive numbers (first {bad[0]!r})" if bad else \
+            ("an empty list" if f == [] else f"a JSON {type(f).__name__}")
+        raise InputError(f"{what}: factors must be a non-empty list of positive numbers, got {shown}: "
+                         f"pass {LONGROPE_FILE}")
+    for key, kind in (("perplexity", (int, float)), ("initial_best", (int, float)), ("baselines", dict),
+                      ("history", list), ("settings", dict), ("provenance", dict)):
+        if isinstance(d[key], bool) or not isinstance(d[key], kind):
+            raise InputError(f"{what}: {key} must be a JSON {'number' if kind not in (dict, list) else kind.__name__}, "
+                             f"got {d[key]!r}: leave it out, or pass {LONGROPE_FILE}")
+
+
+def _longrope(factors: Sequence[float], n_hat: int, original_ctx: int, target_len: int) -> LongRoPE:
+    return LongRoPE(short_factor=(1.0,) * len(factors), long_factor=tuple(float(f) for f in factors),
+                    original_max_position=original_ctx, factor=target_len / original_ctx, n_hat=int(n_hat))
+
+
+def _monotone(f: np.ndarray, hi: float) -> np.ndarray:
+    """Sorted non-decreasing and clamped to [1, hi], rounded so candidates are JSON-stable keys."""
+    return np.round(np.clip(np.sort(f), 1.0, hi), 6)
+
+
+def _seed_population(layer: LayerRope, s: float, l0: int, size: int, hi: float, rng) -> list[dict[str, Any]]:
+    """PI, YaRN-like and NTK factors, then random monotone perturbations of them."""
+    base = Default().inv_freq(layer).double()
+    seeds = [np.full(layer.n_planes, s)]
+    for v in (YaRN(s, l0), NTK(s)):
+        seeds.append((base / v.inv_freq(layer).double()).numpy())
+    pop = [{"factors": _monotone(f, hi).tolist(), "n_hat": 0} for f in seeds]
+    while len(pop) < size:
+        f = seeds[len(pop) % len(seeds)] * np.exp(rng.normal(0, 0.15, layer.n_planes))
+        pop.append({"factors": _monotone(f, hi).tolist(), "n_hat": int(rng.choice(_n_hat_grid(l0)))})
+    return pop[:size]
+
+
+def _n_hat_grid(l0: int) -> list[int]:
+    return [0] + [2**k for k in range(int(math.log2(max(1, l0 // 2))) + 1)]
+
+
+def _child(a: dict[str, Any], b: dict[str, Any], l0: int, hi: float, rng) -> dict[str, Any]:
+    """Uniform crossover of two parents, then multiplicative noise, re-sorted and clamped."""
+    fa, fb = np.asarray(a["factors"]), np.asarray(b["factors"])
+    f = np.where(rng.random(fa.size) < 0.5, fa, fb) * np.exp(rng.normal(0, 0.1, fa.size))
+    n_hat = a["n_hat"] if rng.random() < 0.5 else b["n_hat"]
+    if rng.random() < 0.3:
+        n_hat = int(rng.choice(_n_hat_grid(l0)))
+    return {"factors": _monotone(f, hi).tolist(), "n_hat": int(n_hat)}
+
+
+def _key(c: dict[str, Any]) -> str:
+    return json.dumps(c, sort_keys=True)
+
+
+def _evaluate(model, variant: RopeVariant, tokens: Tensor) -> float:
+    from ropelens.run.evaluate import window_losses
+
+    with apply_rope_variant(model, variant):
+        return float(torch.exp(window_losses(model, tokens, batch_size=4, progress=False).mean()))
+
+
+def _search_setup(model, target_len, original_ctx, n_windows, tokens) -> tuple[LayerRope, int, Tensor]:
+    from ropelens.run import data
+    from ropelens.spec.reading import rope_spec
+
+    spec = rope_spec(model)
+    layer = spec[spec.layer_indices()[0]]
+    if any(not lr.same_rotation(layer) for lr in spec.layers):
+        raise InputError("search_longrope_factors applies one factor vector to every layer, but this model's "
+                         "layers rotate differently (e.g. Gemma local/global): search a uniform-RoPE model")
+    l0 = check_positive_int(original_ctx if original_ctx is not None else layer.n_ctx, "original_ctx",
+                 " (pass the trained context length)")
+    if check_positive_int(target_len, "target_len") <= l0:
+        raise InputError(f"target_len {target_len} must exceed original_ctx {l0}: the search extends context")
+    if tokens is None:
+        tokens = data.windows(data.english().split()[1], model, target_len, n_windows=n_windows)
+    if tokens.ndim != 2 or tokens.shape[1] != target_len:
+        raise InputError(f"tokens must be [n_windows, {target_len}], got {tuple(tokens.shape)}")
+    return layer, l0, tokens
+
+
+def _load_state(path: Path | None, settings: dict[str, Any]) -> dict[str, Any] | None:
+    if path is None or not path.exists():
+        return None
+    state = json.loads(path.read_text())
+    if state.get("settings") != settings:
+        raise InputError(f"{path} holds a search with other settings ({state.get('settings')}); pass another "
+                         "state_path or delete it to start over")
+    return state
+
+
+def search_longrope_factors(model, target_len: int, *, population: int = 8, generations: int = 4,
+                            n_windows: int = 4, seed: int = 0, original_ctx: int | None = None,
+                            tokens: Tensor | None = None, progress: bool = True,
+                            state_path: str | Path | None = None) -> LongRopeSearch:
+    """Evolutionary search of LongRoPE factors and n̂ minimising perplexity at ``target_len``.
+
+    Generation 0 is PI, YaRN-like and NTK factors plus random monotone perturbations; each
+    generation keeps the better half (elitism, so the best never gets worse) and refills the rest
+    with crossover + mutation children of it. Generation g draws from ``default_rng([seed, g])`` and
+    the state (population, every perplexity so far) is written atomically to ``state_path`` after each
+    generation, so a rerun continues and ends where an uninterrupted run would. ``tokens``
+    (``[n, target_len]``) default to ``n_windows`` held-out windows of the embedded English text.
+    """
+    population = check_positive_int(population, "population", " (candidates per generation, ≥ 2)")
+    if population < 2:
+        raise InputError(f"population must be at least 2 (parents and children), got {population}")
+    generations = check_positive_int(generations, "generations") if generations else 0
+    corpus = "english[val]" if tokens is None else "given tokens"
+    layer, l0, tokens = _search_setup(model, target_len, original_ctx, n_windows, tokens)
+    s, hi = target_len / l0, 2.0 * target_len / l0
+    settings = {"target_len": target_len, "original_ctx": l0, "population": population, "seed": int(seed),
+                "n_windows": int(tokens.shape[0]), "tokens_sum": int(tokens.sum())}
+    path = None if state_path is None else Path(state_path)
+    state = _load_state(path, settings) or {"settings": settings, "generation": -1, "population": [],
+                                            "evals": {}, "history": []}
+
+    def score(c: dict[str, Any]) -> float:
+        k = _key(c)
+        if k not in state["evals"]:
+            state["evals"][k] = _evaluate(model, _longrope(c["factors"], c["n_hat"], l0, target_len), tokens)
+        return state["evals"][k]
+
+    def finish(gen: int, pop: list[dict[str, Any]]) -> None:
+        ppl = [score(c) for c in pop]
+        pop = [pop[i] for i in np.argsort(ppl, kind="stable")]
+        state.update(generation=gen, population=pop)
+        state["history"].append({"generation": gen, "best": min(ppl), "mean": float(np.mean(ppl)),
+                                 "n_evaluated": len(state["evals"])})
+        if path is not None:
+            dump_json(path, state)
+
+    if state["generation"] > generations:
+        raise InputError(f"{path} already holds {state['generation']} generations, more than generations="
+                         f"{generations}: pass generations >= {state['generation']} or another state_path")
+    if state["generation"] < 0:
+        finish(0, _seed_population(layer, s, l0, population, hi, np.random.default_rng([seed, 0])))
+    gens = range(state["generation"] + 1, generations + 1)
+    if progress:
+        from tqdm.auto import tqdm
+
+        gens = tqdm(gens, desc=f"LongRoPE search → {target_len}", unit="gen")
+    for g in gens:
+        rng = np.random.default_rng([seed, g])
+        parents = state["population"][: max(2, population // 2)]
+        children = [_child(*[parents[i] for i in rng.choice(len(parents), 2, replace=False)], l0, hi, rng)
+                    for _ in range(population - len(parents))]
+        finish(g, parents + children)
+        if progress:
+            gens.set_postfix(best=f"{state['history'][-1]['best']:.4g}")
+    best = state["population"][0]
+    baselines = {"PI": _evaluate(model, Linear(s), tokens), "YaRN": _evaluate(model, YaRN(s, l0), tokens)}
+    return LongRopeSearch(
+        target_len=target_len, original_ctx=l0, factors=tuple(best["factors"]), n_hat=best["n_hat"],
+        perplexity=score(best), initial_best=state["history"][0]["best"], baselines=baselines,
+        history=tuple(h for h in state["history"] if h["generation"] <= generations),
+        settings={**settings, "generations": generations},
+        provenance=Provenance(model=_model_name(model), corpus=corpus,
+                              n_windows=int(tokens.shape[0]), n_ctx=target_len),
+    )
+
+
+def _model_name(model) -> str:
+    from ropelens.spec.reading import model_label
+
+    try:
+        return model_label(model)
+    except Exception:  # noqa: BLE001 - a label is provenance, never worth failing a search over
+        return type(model).__name__

@@ -1,0 +1,323 @@
+"""Frequency usage: mean 2-norm of every RoPE plane of queries and keys (Barbero et al., Fig. 3-4)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
+from ropelens.results.findings import Finding, band_winners
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run.capture import LayerActs, Moments
+from ropelens.run.measure import RunOptions, corpus_analysis, measure
+from ropelens.spec.bands import Bands
+from ropelens.spec.rope import RopeSpec
+
+__all__ = ["FrequencyUsage", "UsageReducer", "frequency_usage"]
+
+Which = Literal["q", "k"]
+Scope = Literal["all", "no_sink"]
+
+
+class UsageReducer:
+    """Streams per-plane norms of q and k: over tokens, and over per-window means (for CIs)."""
+
+    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, source: str = "pre", n_sink: int = 1) -> None:
+        if source not in ("pre", "post"):
+            raise InputError(f"source must be 'pre' or 'post' (RoPE), got {source!r}")
+        if n_sink < 0:
+            raise InputError(f"n_sink must be ≥ 0, got {n_sink}")
+        self.spec, self.layers, self.source, self.n_sink = spec, list(layers), source, n_sink
+        self.needs = frozenset({f"q_{source}", f"k_{source}"})
+        self.pos = {L: i for i, L in enumerate(self.layers)}
+        shape = {w: _padded_shape(spec, self.layers, w) for w in "qk"}  # layers of other widths padded (see FrequencyUsage)
+        self.tok = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
+        self.win = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
+        self._placed = False
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Every running sum by name (the tensors themselves): they add across runs and processes."""
+        out = {}
+        for kind, moments in (("tok", self.tok), ("win", self.win)):
+            for (w, scope), m in moments.items():
+                out.update({f"{kind}/{w}/{scope}/count": m.count, f"{kind}/{w}/{scope}/total": m.total,
+                            f"{kind}/{w}/{scope}/total_sq": m.total_sq})
+        return out
+
+    def _on(self, device: torch.device) -> None:
+        """Keep the sums where the activations are (float64; float32 on MPS, which has no float64)."""
+        if self._placed:  # placed once; layers elsewhere (device maps) send results here
+            return
+        self._placed = True
+        for moments in (self.tok, self.win):
+            for key, m in moments.items():
+                moments[key] = m.to(device)
+
+    def update(self, acts: LayerActs) -> None:
+        i, rope, n_sink = self.pos[acts.layer], acts.rope, self.n_sink
+        self._on(acts.valid.device)
+        valid = acts.valid.float()  # [b, pos]
+        counts = {"all": valid.sum(1), "sink": valid[:, :n_sink].sum(1)}  # [b]
+        for w in "qk":
+            norms = rope.plane_norms(acts[f"{w}_{self.source}"].float())  # [b,pos,h,P]
+            if self.source == "post" and rope.attention_scaling != 1.0 and not rope.norm_after_rope:
+                norms = norms / rope.attention_scaling  # cos/sin carry the scaling; undo it (a norm after RoPE did)
+            norms = norms * valid[:, :, None, None]  # padded positions count for nothing (no host sync to ask)
+            # per-window sums in float32 (≤ a few thousand terms), accumulated across windows in float64
+            s_all, q_all = norms.sum(1).double(), (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double()
+            sink = norms[:, :n_sink]
+            s_sink, q_sink = sink.sum(1).double(), (sink * sink).sum(1).double()
+            per = {"all": (counts["all"], s_all, q_all),
+                   "no_sink": (counts["all"] - counts["sink"], s_all - s_sink, q_all - q_sink)}
+            for scope, (cnt, tot, sq) in per.items():
+                self._add(w, scope, i, cnt.double(), tot, sq)
+
+    def _add(self, w: str, scope: str, i: int, cnt: Tensor, tot: Tensor, sq: Tensor) -> None:
+        """Fold per-window sums ``[b,h,P]`` (``cnt`` tokens per window) into token and window moments; a
+        layer narrower than the widest fills its leading heads and planes, the padding keeps count 0."""
+        tok = self.tok[(w, scope)]
+        here = tok.total.device
+        cnt, tot, sq = cnt.to(here), tot.to(here), sq.to(here)
+        at = (i, slice(0, tot.shape[1]), slice(0, tot.shape[2]))
+        tok.count[at] += cnt.sum()
+        tok.total[at] += tot.sum(0)
+        tok.total_sq[at] += sq.sum(0)
+        keep = (cnt > 0).to(tot.dtype)  # windows with tokens in scope (masking, not indexing: no host sync)
+        means = tot / cnt.clamp_min(1)[:, None, None] * keep[:, None, None]
+        win = self.win[(w, scope)]
+        win.count[at] += keep.sum()
+        win.total[at] += means.sum(0)
+        win.total_sq[at] += (means * means).sum(0)
+
+    def result(self, provenance: Provenance) -> FrequencyUsage:
+        """The streamed sums as a :class:`FrequencyUsage`."""
+        cpu = lambda ms: {k: m.to("cpu", torch.float64) for k, m in ms.items()}  # noqa: E731
+        return FrequencyUsage(layers=tuple(self.layers), spec=self.spec, token=cpu(self.tok), window=cpu(self.win),
+                              n_sink=self.n_sink, source=self.source, provenance=provenance)
+
+
+def _padded_shape(spec: RopeSpec, layers: Sequence[int], which: str) -> tuple[int, int, int]:
+    """``[layer, head, plane]`` wide enough for every layer's heads (KV heads for keys) and planes."""
+    return tuple(spec.present(layers, "head" if which == "q" else "kv_head", "plane").shape)  # type: ignore[return-value]
+
+
+# unversioned: files from before the result base carry a type but no format
+@dataclass(frozen=True)
+class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "source", "spec"),
+                     merge_sums=("token", "window")):
+    """Per-plane norms of queries and keys, highest frequency first.
+
+    ``token`` moments are over tokens; ``window`` moments over per-window means (their spread
+    gives the confidence interval). Each for scope ``"all"`` positions and ``"no_sink"`` (the
+    first ``n_sink`` positions of every window, where attention sinks sit, excluded).
+
+    Layers of different widths (Gemma 4's wider global heads, with more planes and other KV head
+    counts) share one ``[layer, head, plane]`` array: each layer fills its leading heads and planes,
+    :meth:`present` marks them, and every number read from the result is NaN elsewhere.
+    """
+
+    layers: tuple[int, ...]
+    spec: RopeSpec
+    token: dict[tuple[str, str], Moments]
+    window: dict[tuple[str, str], Moments]
+    n_sink: int
+    source: str
+    provenance: Provenance
+
+    def __post_init__(self) -> None:
+        for (w, s), mom in {**self.token, **self.window}.items():
+            self._check_shape(f"{w}/{s} moments", mom.total, _padded_shape(self.spec, self.layers, w))
+
+    # ---------------------------------------------------------------- numbers
+    def present(self, which: Which = "q") -> Tensor:
+        """``[layer, head, plane]`` bool: the entries a layer has (all True when every layer has one width)."""
+        return self.spec.present(self.layers, "head" if which == "q" else "kv_head", "plane")
+
+    def _masked(self, x: Tensor, which: Which) -> Tensor:
+        return x.masked_fill(~self.present(which), float("nan"))
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the measured layers differ in heads or planes (entries past a layer's own are NaN)."""
+        return not bool(self.present("q").all() and self.present("k").all())
+
+    def norm(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
+        """Mean ‖q^(i)‖ (or ‖k^(i)‖) over tokens: ``[layer, head, plane]`` (NaN past a layer's own heads and planes)."""
+        return self._masked(self.token[(which, scope)].mean, which).float()
+
+    @property
+    def q_norm(self) -> Float[Tensor, "layer head plane"]:
+        return self.norm("q")
+
+    @property
+    def k_norm(self) -> Float[Tensor, "layer kv_head plane"]:
+        return self.norm("k")
+
+    def std(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
+        """Standard deviation of the plane norm over tokens."""
+        return self._masked(self.token[(which, scope)].std, which).float()
+
+    def ci(self, which: Which = "q", scope: Scope = "all", z: float = 1.96) -> Float[Tensor, "layer head plane"]:
+        """Half-width of the normal CI of the mean norm, from the spread of per-window means."""
+        return self._masked(self.window[(which, scope)].sem() * z, which).float()
+
+    def band_share(self, bands: Bands, which: Which = "q", scope: Scope = "all") -> tuple[list[str], Tensor]:
+        """Share of squared norm (energy) per band, ``[layer, head, band]``; sums to 1 over bands.
+
+        Exact from the streamed sums: E‖x_band‖² = Σ_{i∈band} E‖x^(i)‖². Bands are resolved per layer;
+        where layers of different widths resolve to different bands, the bands are all of them, in order,
+        and a band a layer lacks (like heads it lacks) is NaN there.
+        """
+        resolved = [bands.resolve(self.spec.layers[L]) for L in self.layers]
+        names = list(dict.fromkeys(n for rb in resolved for n in rb.names))
+        mom = self.token[(which, scope)]
+        energy = self._masked(mom.total_sq / mom.count.clamp_min(1), which)  # [L, H, P]
+        per_band = torch.full((*energy.shape[:2], len(names)), float("nan"), dtype=energy.dtype)
+        for i, rb in enumerate(resolved):
+            for name, planes in zip(rb.names, rb.planes):
+                per_band[i, :, names.index(name)] = energy[i][:, list(planes)].sum(-1)
+        return names, (per_band / per_band.nansum(-1, keepdim=True).clamp_min(1e-30)).float()
+
+    def sink_ratios(self) -> dict[str, Tensor] | None:
+        """Per layer: mean per-plane norm at the sink positions ÷ that at all other positions (q and k);
+        None when some layer saw no sink position."""
+        out = {}
+        for w in "qk":
+            a, ns = self.token[(w, "all")], self.token[(w, "no_sink")]
+            n_sink = a.count - ns.count
+            if not bool((n_sink > 0).all()):
+                return None
+            sink = self._masked((a.total - ns.total) / n_sink, w)  # type: ignore[arg-type]
+            rest = self._masked(ns.mean, w)  # type: ignore[arg-type]
+            out[w] = (sink.nanmean((1, 2)) / rest.nanmean((1, 2)).clamp_min(1e-30)).float()
+        return out
+
+    # ---------------------------------------------------------------- findings
+    def findings(self, bands: Bands | None = None) -> list[Finding]:
+        """Which band holds the most energy (over ``bands``, default quartiles), and the layer whose sink
+        positions stand out most (when every layer saw one)."""
+        out = [self._energy_finding(bands or Bands.default())]
+        sink = self._sink_finding()
+        return out if sink is None else [*out, sink]
+
+    def _energy_finding(self, bands: Bands) -> Finding:
+        vals: dict[str, Any] = {"scope": "no_sink", "n_layers": len(self.layers)}
+        parts = []
+        for which, noun in (("q", "Queries"), ("k", "keys")):
+            names, share = self.band_share(bands, which, "no_sink")  # type: ignore[arg-type]
+            # a band or head a layer lacks (layers of other widths) is NaN: it wins nowhere
+            band, n, mean = band_winners(share.nanmean(1).nan_to_num(nan=-math.inf), names)
+            vals[which] = {"band": band, "layers": n, "mean_share": round(mean, 2)}
+            parts.append(f"{noun} hold the most energy (squared norm) in band {band} in {n} of "
+                         f"{len(self.layers)} layers (mean share {vals[which]['mean_share']:.2f} where it leads)")
+        return Finding("energy", "frequency-usage", "; ".join(parts) + " — sink positions excluded.", vals)
+
+    def _sink_finding(self) -> Finding | None:
+        """The layer whose sink keys differ most from other keys (norm ratio farthest from 1, either way)."""
+        ratios = self.sink_ratios()
+        if ratios is None:
+            return None
+        k, q = ratios["k"], ratios["q"]
+        i = int(k.clamp_min(1e-30).log().abs().argmax())
+        vals = {"layer": self.layers[i], "k_ratio": round(float(k[i]), 2), "q_ratio": round(float(q[i]), 2),
+                "k_min": round(float(k.min()), 2), "k_max": round(float(k.max()), 2),
+                "k_median": round(float(k.median()), 2), "n_sink": self.n_sink}
+        pos = "the first position" if self.n_sink == 1 else f"the first {self.n_sink} positions"
+        way = "larger" if vals["k_ratio"] >= 1 else "smaller"
+        text = (f"Sink keys differ most from other keys in layer {vals['layer']}: keys at {pos} carry {vals['k_ratio']:.2f}× "
+                f"the mean per-plane norm of other positions ({way}; queries {vals['q_ratio']:.2f}×); across layers the key "
+                f"ratio runs from {vals['k_min']:.2f}× to {vals['k_max']:.2f}× (median {vals['k_median']:.2f}×).")
+        return Finding("sink", "frequency-usage", text, vals)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table: one row per (which, scope, layer, head, plane) the layer has."""
+        frames = []
+        for (w, s), mom in self.token.items():
+            L, H, P = mom.mean.shape
+            layer, head, plane = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(P), indexing="ij")
+            wl = self.wavelengths()  # [L, P]
+            have = self.present(w).flatten().numpy()  # type: ignore[arg-type]
+            frames.append(pd.DataFrame({
+                "which": w, "scope": s, "layer": layer.ravel(), "head": head.ravel(), "plane": plane.ravel(),
+                "wavelength": wl[:, None, :].expand(L, H, P).double().flatten().numpy(),
+                "mean_norm": mom.mean.double().flatten().numpy(), "std": mom.std.double().flatten().numpy(),
+                "ci95": self.ci(w, s).double().flatten().numpy(),  # type: ignore[arg-type]
+            })[have])
+        return pd.concat(frames, ignore_index=True)
+
+    def wavelengths(self) -> Tensor:
+        """``[layer, plane]`` wavelengths, NaN past a layer's planes."""
+        P = max(self.spec.layers[L].n_planes for L in self.layers)
+        out = torch.full((len(self.layers), P), float("nan"), dtype=torch.float64)
+        for i, L in enumerate(self.layers):
+            wl = self.spec.layers[L].wavelength
+            out[i, : wl.numel()] = wl
+        return out
+
+    # ---------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        key = lambda k: f"{k[0]}/{k[1]}"  # noqa: E731
+        return {
+            "layers": list(self.layers),
+            "n_sink": self.n_sink,
+            "source": self.source,
+            "spec": self.spec.to_dict(),
+            "token": {key(k): v.to_dict() for k, v in self.token.items()},
+            "window": {key(k): v.to_dict() for k, v in self.window.items()},
+            "provenance": self.provenance.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FrequencyUsage:
+        unkey = lambda s: tuple(s.split("/"))  # noqa: E731
+        return cls(
+            layers=tuple(d["layers"]),
+            spec=RopeSpec.from_dict(d["spec"]),
+            token={unkey(k): Moments.from_dict(v) for k, v in d["token"].items()},
+            window={unkey(k): Moments.from_dict(v) for k, v in d["window"].items()},
+            n_sink=d["n_sink"],
+            source=d["source"],
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
+
+    # ---------------------------------------------------------------- figures (drawn by ropelens.plots.frequency_usage)
+    def heatmap(self, which: Which = "q", scope: Scope = "all", *, layer: int | None = None,
+                coloraxis: str | None = None) -> Any:
+        """Layer × plane heatmap (head-averaged), or head × plane for one ``layer``."""
+        return figure_of(FrequencyUsage, "heatmap")(self, which, scope, layer=layer, coloraxis=coloraxis)
+
+    def figure(self, scope: Scope = "all", layer: int | None = None) -> Any:
+        """q and k heatmaps side by side: layer × plane, or head × plane for ``layer``."""
+        return figure_of(FrequencyUsage)(self, scope, layer)
+
+
+@corpus_analysis()
+def frequency_usage(
+    model,
+    corpus,
+    run: RunOptions,
+    *,
+    n_sink: int = 1,
+    source: str = "pre",
+) -> FrequencyUsage:
+    """Mean per-plane norms of q and k over a corpus (streamed; memory independent of its size).
+
+    ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name ("english", "python", a path),
+    or a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Inside a
+    ``torch.distributed`` process group each rank takes a share of the windows and every rank
+    returns the whole corpus's result; ``checkpoint`` (a directory) saves progress to resume a
+    killed run (see :mod:`ropelens.run.distributed`).
+    """
+    m = measure(model, corpus, lambda spec, chosen, _: UsageReducer(spec, chosen, source=source, n_sink=n_sink),
+                run, analysis="usage", config={"n_sink": n_sink, "source": source}, desc="frequency usage")
+    return m.reducer.result(m.provenance)
