@@ -49,8 +49,19 @@ def run(model, spec, toks, what: str, batch_size: int) -> float:
         reducers = [UsageReducer(spec, layers)]
         if what.startswith("band_stats"):
             agreement = what == "band_stats+top1"
-            reducers.append(BandStatsReducer(spec, layers, Bands.quantiles(4), agreement=agreement, tile=args_tile))
-        stream(model, batches(toks, batch_size), reducers, spec=spec, progress=False, fast=what != "usage_bridge")
+            reducers.append(
+                BandStatsReducer(
+                    spec, layers, Bands.quantiles(4), agreement=agreement, tile=args_tile
+                )
+            )
+        stream(
+            model,
+            batches(toks, batch_size),
+            reducers,
+            spec=spec,
+            progress=False,
+            fast=what != "usage_bridge",
+        )
     return time.perf_counter() - t0
 
 
@@ -64,13 +75,17 @@ def timing(args) -> None:
         for what in times:
             times[what].append(run(model, spec, toks, what, args.batch_size))
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{args.model}: {toks.shape[0]} windows x {toks.shape[1]} tokens, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats")
+    print(
+        f"{args.model}: {toks.shape[0]} windows x {toks.shape[1]} tokens, batch {args.batch_size}, "
+        f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats"
+    )
     for k, v in times.items():
         # each repeat's own ratio to the sdpa run beside it: slow drifts of a shared machine cancel
         paired = statistics.median(x / y for x, y in zip(v, times["sdpa"], strict=True))
-        print(f"  {k:<16} median {med[k]:7.2f} s  ratio to sdpa {med[k] / med['sdpa']:.3f}x  "
-              f"median per-repeat ratio {paired:.3f}x   runs {[round(x, 2) for x in v]}")
+        print(
+            f"  {k:<16} median {med[k]:7.2f} s  ratio to sdpa {med[k] / med['sdpa']:.3f}x  "
+            f"median per-repeat ratio {paired:.3f}x   runs {[round(x, 2) for x in v]}"
+        )
 
 
 def rss_child(args) -> None:
@@ -80,31 +95,67 @@ def rss_child(args) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     run(model, spec, toks, args.what[-1], args.batch_size)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"what": args.what[-1], "rss_before_mb": before / 1024, "peak_rss_mb": after / 1024}))
+    print(
+        json.dumps(
+            {"what": args.what[-1], "rss_before_mb": before / 1024, "peak_rss_mb": after / 1024}
+        )
+    )
 
 
 def rss(args) -> None:
     """Peak RSS each column adds over the loaded model, each in a fresh process."""
     added = {}
     for what in args.what:
-        cmd = [sys.executable, __file__, "--rss-child", "--model", args.model, "--n-ctx", str(args.n_ctx),
-               "--windows", str(args.windows), "--batch-size", str(args.batch_size), "--what", f"sdpa,{what}"]
-        res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--rss-child",
+            "--model",
+            args.model,
+            "--n-ctx",
+            str(args.n_ctx),
+            "--windows",
+            str(args.windows),
+            "--batch-size",
+            str(args.batch_size),
+            "--what",
+            f"sdpa,{what}",
+        ]
+        res = json.loads(
+            subprocess.run(cmd, capture_output=True, text=True, check=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         added[what] = res["peak_rss_mb"] - res["rss_before_mb"]
-        print(f"  {what:<16} peak RSS {res['peak_rss_mb']:7.0f} MB, adds {added[what]:7.0f} MB over the loaded model "
-              f"({res['rss_before_mb']:.0f} MB): {added[what] / max(added['sdpa'], 1):.2f}x what sdpa adds")
+        print(
+            f"  {what:<16} peak RSS {res['peak_rss_mb']:7.0f} MB, adds {added[what]:7.0f} MB over the loaded model "
+            f"({res['rss_before_mb']:.0f} MB): {added[what] / max(added['sdpa'], 1):.2f}x what sdpa adds"
+        )
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--windows", type=int, default=16)
     p.add_argument("--n-ctx", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--tile", type=int, default=None, help="queries per band-statistics tile (default: automatic)")
-    p.add_argument("--what", default=",".join(WHAT), help=f"comma-separated columns, sdpa first (default: {','.join(WHAT)})")
-    p.add_argument("--rss", action="store_true", help="measure the peak RSS each column adds (fresh processes)")
+    p.add_argument(
+        "--tile",
+        type=int,
+        default=None,
+        help="queries per band-statistics tile (default: automatic)",
+    )
+    p.add_argument(
+        "--what",
+        default=",".join(WHAT),
+        help=f"comma-separated columns, sdpa first (default: {','.join(WHAT)})",
+    )
+    p.add_argument(
+        "--rss", action="store_true", help="measure the peak RSS each column adds (fresh processes)"
+    )
     p.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     global args_tile

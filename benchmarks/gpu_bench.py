@@ -28,23 +28,55 @@ from ropelens.spec.bands import Bands
 from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
 
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 SHAPES = {
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
-               tie_word_embeddings=True),
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072),
-    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, vocab_size=1000, max_position_embeddings=131072),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+    ),
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+    ),
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=1000,
+        max_position_embeddings=131072,
+    ),
 }
 
 
 def build(shape: str, device: torch.device, dtype: torch.dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(**SHAPES[shape], rope_parameters=dict(LLAMA3_ROPE), attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        **SHAPES[shape], rope_parameters=dict(LLAMA3_ROPE), attn_implementation="sdpa"
+    )
     torch.manual_seed(0)
     with torch.device(device):
         before = torch.get_default_dtype()
@@ -53,7 +85,9 @@ def build(shape: str, device: torch.device, dtype: torch.dtype):
             hf = LlamaForCausalLM(cfg).eval()
         finally:
             torch.set_default_dtype(before)
-    return wrap_hf_model(hf, tiny_tokenizer(), device=device, dtype=dtype, label=f"random Llama {shape}")
+    return wrap_hf_model(
+        hf, tiny_tokenizer(), device=device, dtype=dtype, label=f"random Llama {shape}"
+    )
 
 
 def sync(device: torch.device) -> None:
@@ -61,7 +95,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_once(model, spec, toks: torch.Tensor, what: str, device: torch.device) -> tuple[float, float | None]:
+def run_once(
+    model, spec, toks: torch.Tensor, what: str, device: torch.device
+) -> tuple[float, float | None]:
     """Seconds and peak device memory (GB; None off CUDA) of one run of ``what`` over ``toks``."""
     layers = spec.rotary_layers
     if device.type == "cuda":
@@ -74,7 +110,11 @@ def run_once(model, spec, toks: torch.Tensor, what: str, device: torch.device) -
             for b in batches(toks, 1):
                 view.base_model(input_ids=b.to(device), use_cache=False)
     else:
-        reducers = [UsageReducer(spec, layers)] if what == "usage" else [BandStatsReducer(spec, layers, Bands.quantiles(4))]
+        reducers = (
+            [UsageReducer(spec, layers)]
+            if what == "usage"
+            else [BandStatsReducer(spec, layers, Bands.quantiles(4))]
+        )
         stream(model, batches(toks, 1), reducers, spec=spec, progress=False)
     sync(device)
     seconds = time.perf_counter() - t0
@@ -83,7 +123,9 @@ def run_once(model, spec, toks: torch.Tensor, what: str, device: torch.device) -
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--shapes", default="1b,8b", help=f"comma-separated, from {', '.join(SHAPES)}")
@@ -104,7 +146,9 @@ def main() -> None:
             n_win, n_ctx = (int(v) for v in setting.lower().split("x"))
             g = torch.Generator().manual_seed(0)
             toks = torch.randint(10, SHAPES[shape]["vocab_size"], (n_win, n_ctx), generator=g)
-            run_once(model, spec, toks[:1, : min(n_ctx, 512)], "band_stats", device)  # warm-up (kernels, probe)
+            run_once(
+                model, spec, toks[:1, : min(n_ctx, 512)], "band_stats", device
+            )  # warm-up (kernels, probe)
             rows: dict[str, list[tuple[float, float | None]]] = {w: [] for w in whats}
             for _ in range(args.repeats):
                 for w in whats:
@@ -114,12 +158,16 @@ def main() -> None:
                         rows[w].append((float("nan"), None))
                         torch.cuda.empty_cache()
             base = statistics.median(s for s, _ in rows["sdpa"])
-            print(f"{shape} shape, {n_win} x {n_ctx} tokens, {args.dtype} on {device}, {args.repeats} interleaved repeats")
+            print(
+                f"{shape} shape, {n_win} x {n_ctx} tokens, {args.dtype} on {device}, {args.repeats} interleaved repeats"
+            )
             for w, runs in rows.items():
                 t = statistics.median(s for s, _ in runs)
                 peaks = [m for _, m in runs if m is not None]
                 mem = f"{max(peaks):6.1f} GB" if peaks else "   n/a"
-                print(f"  {w:<11} {t:8.3f} s  {n_win * n_ctx / t:10.0f} tok/s  {t / base:6.2f}x sdpa  peak {mem}")
+                print(
+                    f"  {w:<11} {t:8.3f} s  {n_win * n_ctx / t:10.0f} tok/s  {t / base:6.2f}x sdpa  peak {mem}"
+                )
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

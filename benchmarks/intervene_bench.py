@@ -52,11 +52,18 @@ def run(model, toks, what: str, batch_size: int) -> tuple[float, torch.Tensor]:
     if what == "sdpa":
         view = hf_view(model)
         with torch.no_grad(), sdpa_attention(view):
-            losses = torch.cat([hf_losses(view, toks[s: s + batch_size]) for s in range(0, len(toks), batch_size)])
+            losses = torch.cat(
+                [hf_losses(view, toks[s : s + batch_size]) for s in range(0, len(toks), batch_size)]
+            )
     else:
         with _context(model, what):
-            losses = window_losses(model, toks, batch_size=batch_size, progress=False,
-                                   path="bridge" if what.endswith("bridge") else "sdpa")
+            losses = window_losses(
+                model,
+                toks,
+                batch_size=batch_size,
+                progress=False,
+                path="bridge" if what.endswith("bridge") else "sdpa",
+            )
     return time.perf_counter() - t0, losses
 
 
@@ -65,8 +72,11 @@ def timing(args) -> None:
     # the same weights loaded without the bridge: the engine applies the variant at the rotation the HF forward calls
     plain = ropelens.load_model(args.model, bridge=False) if args.plain else None
     toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
-    whats = (["sdpa", "prope_sdpa", "ablate_sdpa"] + (["prope_plain", "ablate_plain"] if args.plain else [])
-             + (["prope_bridge"] if args.bridge else []))
+    whats = (
+        ["sdpa", "prope_sdpa", "ablate_sdpa"]
+        + (["prope_plain", "ablate_plain"] if args.plain else [])
+        + (["prope_bridge"] if args.bridge else [])
+    )
     on = {w: plain if w.endswith("_plain") else model for w in whats}
     for w in whats:  # warm-up: first-call costs (probes, allocations) out of the medians
         run(on[w], toks[:1, :64], w, 1)
@@ -78,13 +88,17 @@ def timing(args) -> None:
             times[w].append(t)
             losses[w] = float(loss.mean())
     base = statistics.median(times["sdpa"])
-    print(f"{args.model}, {toks.shape[0]} × {toks.shape[1]} tokens, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads, medians of {args.repeats}; paired: the median of each repeat's "
-          "own ratio to the sdpa run beside it (slow drifts of a shared machine cancel)")
+    print(
+        f"{args.model}, {toks.shape[0]} × {toks.shape[1]} tokens, batch {args.batch_size}, "
+        f"{torch.get_num_threads()} threads, medians of {args.repeats}; paired: the median of each repeat's "
+        "own ratio to the sdpa run beside it (slow drifts of a shared machine cancel)"
+    )
     for w in whats:
         med = statistics.median(times[w])
         paired = statistics.median(x / y for x, y in zip(times[w], times["sdpa"], strict=True))
-        print(f"  {w:<13} {med:8.2f} s  {med / base:6.2f}×  paired {paired:5.2f}×  loss {losses[w]:.4f}")
+        print(
+            f"  {w:<13} {med:8.2f} s  {med / base:6.2f}×  paired {paired:5.2f}×  loss {losses[w]:.4f}"
+        )
 
 
 def _vm(field: str) -> int:
@@ -103,20 +117,44 @@ def rss_child(args) -> None:
         f.write("5")  # reset VmHWM to the current RSS
     before, maxrss_before = _vm("VmRSS"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t, _ = run(model, toks, args.what, 1)
-    print(json.dumps({"what": args.what, "n": args.rss, "seconds": t, "peak_added_mb": (_vm("VmHWM") - before) / 1024,
-                      "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "maxrss_before_mb": maxrss_before / 1024}))
+    print(
+        json.dumps(
+            {
+                "what": args.what,
+                "n": args.rss,
+                "seconds": t,
+                "peak_added_mb": (_vm("VmHWM") - before) / 1024,
+                "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "maxrss_before_mb": maxrss_before / 1024,
+            }
+        )
+    )
 
 
 def rss(args) -> None:
     rows = {}
     for what in ("sdpa", "prope_sdpa"):
-        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--rss", str(args.rss),
-                              "--child", what], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--model",
+                args.model,
+                "--rss",
+                str(args.rss),
+                "--child",
+                what,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         rows[what] = json.loads(out.strip().splitlines()[-1])
         print(rows[what])
     a, b = rows["sdpa"]["peak_added_mb"], rows["prope_sdpa"]["peak_added_mb"]
-    print(f"{args.rss} tokens: peak RSS added {a:.0f} MB plain sdpa, {b:.0f} MB under p-RoPE 0.75: {b / a:.2f}×")
+    print(
+        f"{args.rss} tokens: peak RSS added {a:.0f} MB plain sdpa, {b:.0f} MB under p-RoPE 0.75: {b / a:.2f}×"
+    )
 
 
 def passkey(args) -> None:
@@ -127,13 +165,22 @@ def passkey(args) -> None:
     model = ropelens.load_model(args.model)
     loaded_mb = _vm("VmRSS") / 1024
     t0 = time.perf_counter()
-    res = passkey_retrieval(model, [args.passkey], depths=[0.5], n_trials=1, progress=False, prefill_chunk=4096,
-                            variant=variant)
+    res = passkey_retrieval(
+        model,
+        [args.passkey],
+        depths=[0.5],
+        n_trials=1,
+        progress=False,
+        prefill_chunk=4096,
+        variant=variant,
+    )
     t = res.trials[0]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"passkey at {t.n_tokens} tokens ({res.provenance.config['forward']}, variant {args.variant or 'none'}): "
-          f"answer {t.answer!r} (passkey {t.passkey}), {time.perf_counter() - t0:.0f} s; peak RSS {peak_mb:.0f} MB "
-          f"({peak_mb - loaded_mb:.0f} MB over the loaded model's {loaded_mb:.0f} MB)")
+    print(
+        f"passkey at {t.n_tokens} tokens ({res.provenance.config['forward']}, variant {args.variant or 'none'}): "
+        f"answer {t.answer!r} (passkey {t.passkey}), {time.perf_counter() - t0:.0f} s; peak RSS {peak_mb:.0f} MB "
+        f"({peak_mb - loaded_mb:.0f} MB over the loaded model's {loaded_mb:.0f} MB)"
+    )
 
 
 def main() -> None:
@@ -143,12 +190,24 @@ def main() -> None:
     p.add_argument("--n-ctx", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--bridge", action="store_true", help="also time the bridge path (eager [heads, n, n] scores)")
-    p.add_argument("--plain", action="store_true", help="also time p-RoPE and the band ablation on the same weights "
-                                                        "loaded without the bridge (a plain HF model)")
+    p.add_argument(
+        "--bridge",
+        action="store_true",
+        help="also time the bridge path (eager [heads, n, n] scores)",
+    )
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="also time p-RoPE and the band ablation on the same weights "
+        "loaded without the bridge (a plain HF model)",
+    )
     p.add_argument("--rss", type=int, default=0, help="measure peak RSS at this many tokens")
-    p.add_argument("--passkey", type=int, default=0, help="time one passkey trial at this many tokens")
-    p.add_argument("--variant", default=None, help="with --passkey: a RoPE variant, e.g. yarn:4:8192")
+    p.add_argument(
+        "--passkey", type=int, default=0, help="time one passkey trial at this many tokens"
+    )
+    p.add_argument(
+        "--variant", default=None, help="with --passkey: a RoPE variant, e.g. yarn:4:8192"
+    )
     p.add_argument("--child", dest="what", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rss and args.what:

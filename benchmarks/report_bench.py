@@ -49,25 +49,41 @@ def main() -> None:
     ap.add_argument("--model", default=ropelens.DEFAULT_MODEL)
     ap.add_argument("--tokens", type=int, default=32_768)
     ap.add_argument("--n-ctx", type=int, default=512)
-    ap.add_argument("--band-tokens", default="all" if DEFAULT_BAND_TOKENS is None else str(DEFAULT_BAND_TOKENS),
-                    help="tokens for band statistics, or 'all'")
+    ap.add_argument(
+        "--band-tokens",
+        default="all" if DEFAULT_BAND_TOKENS is None else str(DEFAULT_BAND_TOKENS),
+        help="tokens for band statistics, or 'all'",
+    )
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3, help="builds to take the median of")
-    ap.add_argument("--cprofile", default=None, metavar="FILE", help="write a cProfile of the first build to FILE")
+    ap.add_argument(
+        "--cprofile",
+        default=None,
+        metavar="FILE",
+        help="write a cProfile of the first build to FILE",
+    )
     args = ap.parse_args()
     band_tokens = None if args.band_tokens == "all" else int(args.band_tokens)
 
     t0 = time.perf_counter()
     model = ropelens.load_model(args.model, device="cpu")
-    print(f"model {args.model} loaded in {time.perf_counter() - t0:.1f} s (not counted); torch threads "
-          f"{torch.get_num_threads()}, CPUs {os.cpu_count()}")
+    print(
+        f"model {args.model} loaded in {time.perf_counter() - t0:.1f} s (not counted); torch threads "
+        f"{torch.get_num_threads()}, CPUs {os.cpu_count()}"
+    )
     load_before = os.getloadavg()
     walls, steps, sdpas = [], [], []
     for i in range(max(1, args.repeats)):
         sdpas.append(sdpa_seconds(model, args.tokens, args.n_ctx, args.batch_size))
         with tempfile.TemporaryDirectory() as tmp:
-            kw = dict(tokens=args.tokens, n_ctx=args.n_ctx, out=Path(tmp) / "report", band_tokens=band_tokens,
-                      batch_size=args.batch_size, progress=False)
+            kw = dict(
+                tokens=args.tokens,
+                n_ctx=args.n_ctx,
+                out=Path(tmp) / "report",
+                band_tokens=band_tokens,
+                batch_size=args.batch_size,
+                progress=False,
+            )
             t0 = time.perf_counter()
             if args.cprofile and i == 0:
                 with cProfile.Profile() as prof:
@@ -78,22 +94,33 @@ def main() -> None:
             walls.append(time.perf_counter() - t0)
             report = json.loads((out / "report.json").read_text())
         steps.append(report["provenance"]["steps_seconds"])
-        print(f"build {i + 1}: {walls[-1]:.1f} s (sdpa forward beside it {sdpas[-1]:.1f} s: "
-              f"{walls[-1] / sdpas[-1]:.2f}×)", flush=True)
+        print(
+            f"build {i + 1}: {walls[-1]:.1f} s (sdpa forward beside it {sdpas[-1]:.1f} s: "
+            f"{walls[-1] / sdpas[-1]:.2f}×)",
+            flush=True,
+        )
     load_after = os.getloadavg()
     m = report["measured"]
-    print(f"\nreport: {m['usage']['n_tokens']:,} tokens in {m['usage']['n_windows']} windows of {args.n_ctx}, "
-          f"band statistics on {m['band_statistics']['n_windows']} windows, {len(report['provenance']['config']['layers'])} layers")
+    print(
+        f"\nreport: {m['usage']['n_tokens']:,} tokens in {m['usage']['n_windows']} windows of {args.n_ctx}, "
+        f"band statistics on {m['band_statistics']['n_windows']} windows, {len(report['provenance']['config']['layers'])} layers"
+    )
     for step in steps[0]:
         print(f"  {step:<18}{statistics.median(s[step] for s in steps):8.1f} s (median)")
     wall = statistics.median(walls)
-    print(f"  {'wall':<18}{wall:8.1f} s median of {len(walls)} ({', '.join(f'{w:.1f}' for w in walls)}); "
-          f"target ≤ {TARGET_SECONDS} s: {'met' if wall <= TARGET_SECONDS else 'missed'}")
+    print(
+        f"  {'wall':<18}{wall:8.1f} s median of {len(walls)} ({', '.join(f'{w:.1f}' for w in walls)}); "
+        f"target ≤ {TARGET_SECONDS} s: {'met' if wall <= TARGET_SECONDS else 'missed'}"
+    )
     ratio = statistics.median(w / s for w, s in zip(walls, sdpas, strict=True))
-    print(f"  {'sdpa forward':<18}{statistics.median(sdpas):8.1f} s median; report / sdpa {ratio:.2f}× "
-          f"(median of per-repeat ratios); target ≤ {TARGET_RATIO}×: {'met' if ratio <= TARGET_RATIO else 'missed'}")
-    print(f"load average (1, 5, 15 min): before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
-          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    print(
+        f"  {'sdpa forward':<18}{statistics.median(sdpas):8.1f} s median; report / sdpa {ratio:.2f}× "
+        f"(median of per-repeat ratios); target ≤ {TARGET_RATIO}×: {'met' if ratio <= TARGET_RATIO else 'missed'}"
+    )
+    print(
+        f"load average (1, 5, 15 min): before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+        f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import ropelens  # noqa: E402
-from ropelens.spec.reading import model_label  # noqa: E402
+import ropelens
+from ropelens.spec.reading import model_label
 
 # --layer-kind → the layer_kind ropelens.spec.variants takes (None: every layer).
 LAYER_KINDS = {"global": "full", "local": "sliding", "both": None, "all": None}
@@ -32,7 +32,9 @@ def layer_kinds(name: str, requested: str, model: Any) -> list[str]:
     if len(kinds) < 2:
         return ["all"]
     if requested not in ("global", "local", "both", "all"):
-        raise ValueError(f"--layer-kind must be global, local or both for {name}, got {requested!r}")
+        raise ValueError(
+            f"--layer-kind must be global, local or both for {name}, got {requested!r}"
+        )
     return ["global", "local", "both"] if requested == "all" else [requested]
 
 

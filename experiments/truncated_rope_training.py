@@ -21,13 +21,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402, F401 - sets HF_HUB_OFFLINE
+import _common
 
-from ropelens.results.provenance import Provenance  # noqa: E402
-from ropelens.results.serialize import atomic_write_text, dump_json  # noqa: E402
-from ropelens.run.evaluate import RunStore  # noqa: E402
-from ropelens.spec.variants import BaseChange, NoPE, PRoPE, PRoPEPartial, PRoPEReversed  # noqa: E402
-from ropelens.training.train import TrainConfig, TrainResult, train  # noqa: E402
+from ropelens.results.provenance import Provenance
+from ropelens.results.serialize import atomic_write_text, dump_json
+from ropelens.run.evaluate import RunStore
+from ropelens.spec.variants import BaseChange, NoPE, PRoPE, PRoPEPartial, PRoPEReversed
+from ropelens.training.train import TrainConfig, TrainResult, train
 
 # label → (variant, base the variant starts from, Table 2 Wiki perplexity, FlanV2 perplexity)
 PAPER = {
@@ -40,8 +40,19 @@ PAPER = {
     "0.75-RoPE": (PRoPE(0.75), 10000.0, 4.4414, 6.4422),
 }
 REFERENCE = "RoPE θ=10k"  # paired differences are taken against this variant
-MICRO = TrainConfig(d_model=32, n_layers=1, n_heads=2, head_dim=16, seq_len=32, batch_size=4,
-                    steps=10, lr=1e-2, warmup=2, tokenizer="tiny-char", val_windows=4)
+MICRO = TrainConfig(
+    d_model=32,
+    n_layers=1,
+    n_heads=2,
+    head_dim=16,
+    seq_len=32,
+    batch_size=4,
+    steps=10,
+    lr=1e-2,
+    warmup=2,
+    tokenizer="tiny-char",
+    val_windows=4,
+)
 # Two-sided 97.5% Student t quantiles by degrees of freedom (no scipy dependency).
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -85,7 +96,9 @@ def _paired(losses: list[float], reference: list[float]) -> dict[str, float]:
     mean = sum(d) / n
     if n < 2:
         return {"dloss": mean, "lo": float("nan"), "hi": float("nan"), "n": n}
-    half = _T975.get(n - 1, 1.96) * math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+    half = (
+        _T975.get(n - 1, 1.96) * math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+    )
     return {"dloss": mean, "lo": mean - half, "hi": mean + half, "n": n}
 
 
@@ -101,17 +114,25 @@ def compare(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ours = sorted(table, key=lambda k: table[k]["val"]["ppl"])
     paper = sorted(table, key=lambda k: PAPER[k][2])
     tau = _kendall_tau(ours, paper)
-    return {"ours": ours, "paper": paper, "kendall_tau": tau, "identical": ours == paper,
-            "best_is_0.75": ours[0] == "0.75-RoPE", "nope_worst": ours[-1] == "NoPE"}
+    return {
+        "ours": ours,
+        "paper": paper,
+        "kendall_tau": tau,
+        "identical": ours == paper,
+        "best_is_0.75": ours[0] == "0.75-RoPE",
+        "nope_worst": ours[-1] == "NoPE",
+    }
 
 
 def verdict(cmp: dict[str, Any]) -> str:
     if cmp["identical"]:
         return "The ordering HOLDS: it matches Table 2 (Wiki) exactly."
-    return (f"The ordering does NOT hold exactly (Kendall tau {cmp['kendall_tau']:+.2f} vs Table 2 Wiki); "
-            f"0.75-RoPE best: {'yes' if cmp['best_is_0.75'] else 'no'}; "
-            f"NoPE worst: {'yes' if cmp['nope_worst'] else 'no'}. Seed CIs that overlap mean the "
-            "ordering of those variants is not resolved at this scale.")
+    return (
+        f"The ordering does NOT hold exactly (Kendall tau {cmp['kendall_tau']:+.2f} vs Table 2 Wiki); "
+        f"0.75-RoPE best: {'yes' if cmp['best_is_0.75'] else 'no'}; "
+        f"NoPE worst: {'yes' if cmp['nope_worst'] else 'no'}. Seed CIs that overlap mean the "
+        "ordering of those variants is not resolved at this scale."
+    )
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -119,7 +140,9 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
     out = _common.out_dir(args.out)
     base = base_config(args)
-    store = RunStore(out / "runs.json", meta={"script": "truncated_rope_training", "args": vars(args)})
+    store = RunStore(
+        out / "runs.json", meta={"script": "truncated_rope_training", "args": vars(args)}
+    )
     results: dict[str, list[TrainResult]] = {k: [] for k in PAPER}
     for label, (variant, theta, _, _) in PAPER.items():
         for seed in range(args.seeds):
@@ -129,32 +152,59 @@ def main(argv: list[str] | None = None) -> Path:
             if done is None:
                 res = train(cfg, progress=not args.quick)
                 store.put(key, {"result": res.to_dict()})
-                print(f"{label:20s} seed {seed}: val ppl {res.val.perplexity} "
-                      f"2x {res.val_2x.perplexity} ({res.wall_seconds:.0f}s)", flush=True)
+                print(
+                    f"{label:20s} seed {seed}: val ppl {res.val.perplexity} "
+                    f"2x {res.val_2x.perplexity} ({res.wall_seconds:.0f}s)",
+                    flush=True,
+                )
             else:
                 res = TrainResult.from_dict(done["result"])
             results[label].append(res)
-    table = {k: {"val": _summary([r.val.loss.mean for r in rs]),
-                 "val_2x": _summary([r.val_2x.loss.mean for r in rs]),
-                 "vs_rope_10k": _paired([r.val.loss.mean for r in rs], [r.val.loss.mean for r in results[REFERENCE]]),
-                 "paper_wiki": PAPER[k][2], "paper_flan": PAPER[k][3]} for k, rs in results.items()}
+    table = {
+        k: {
+            "val": _summary([r.val.loss.mean for r in rs]),
+            "val_2x": _summary([r.val_2x.loss.mean for r in rs]),
+            "vs_rope_10k": _paired(
+                [r.val.loss.mean for r in rs], [r.val.loss.mean for r in results[REFERENCE]]
+            ),
+            "paper_wiki": PAPER[k][2],
+            "paper_flan": PAPER[k][3],
+        }
+        for k, rs in results.items()
+    }
     cmp = compare(table)
-    dump_json(out / "result.json", {"table": table, "comparison": cmp, "verdict": verdict(cmp),
-                                    "provenance": Provenance(
-                                        model="llama-from-scratch", corpus=base.corpus,
-                                        n_tokens=base.tokens, n_ctx=base.seq_len,
-                                        config={"base": base.to_dict(), "seeds": args.seeds,
-                                                "quick": args.quick}).to_dict()})
-    lines = [f"token budget per run: {base.tokens:,} tokens; seq_len {base.seq_len}; {args.seeds} seeds",
-             f"{'variant':20s} {'ppl@L':>8s} {'95% CI (seeds)':>20s} {'ppl@2L':>9s} {'95% CI':>20s} "
-             f"{'Δloss vs 10k (paired)':>28s} {'paper':>7s}"]
+    dump_json(
+        out / "result.json",
+        {
+            "table": table,
+            "comparison": cmp,
+            "verdict": verdict(cmp),
+            "provenance": Provenance(
+                model="llama-from-scratch",
+                corpus=base.corpus,
+                n_tokens=base.tokens,
+                n_ctx=base.seq_len,
+                config={"base": base.to_dict(), "seeds": args.seeds, "quick": args.quick},
+            ).to_dict(),
+        },
+    )
+    lines = [
+        f"token budget per run: {base.tokens:,} tokens; seq_len {base.seq_len}; {args.seeds} seeds",
+        f"{'variant':20s} {'ppl@L':>8s} {'95% CI (seeds)':>20s} {'ppl@2L':>9s} {'95% CI':>20s} "
+        f"{'Δloss vs 10k (paired)':>28s} {'paper':>7s}",
+    ]
     for k in cmp["ours"]:
         v, w, d = table[k]["val"], table[k]["val_2x"], table[k]["vs_rope_10k"]
-        lines.append(f"{k:20s} {v['ppl']:8.3f} [{v['lo']:8.3f}, {v['hi']:8.3f}] {w['ppl']:9.3f} "
-                     f"[{w['lo']:8.3f}, {w['hi']:8.3f}] {d['dloss']:+9.4f} [{d['lo']:+8.4f}, {d['hi']:+8.4f}] "
-                     f"{table[k]['paper_wiki']:7.4f}")
-    lines += [f"ours  (best first): {' > '.join(cmp['ours'])}",
-              f"paper (best first): {' > '.join(cmp['paper'])}", verdict(cmp)]
+        lines.append(
+            f"{k:20s} {v['ppl']:8.3f} [{v['lo']:8.3f}, {v['hi']:8.3f}] {w['ppl']:9.3f} "
+            f"[{w['lo']:8.3f}, {w['hi']:8.3f}] {d['dloss']:+9.4f} [{d['lo']:+8.4f}, {d['hi']:+8.4f}] "
+            f"{table[k]['paper_wiki']:7.4f}"
+        )
+    lines += [
+        f"ours  (best first): {' > '.join(cmp['ours'])}",
+        f"paper (best first): {' > '.join(cmp['paper'])}",
+        verdict(cmp),
+    ]
     text = "\n".join(lines)
     atomic_write_text(out / "table.txt", text + "\n")
     print(text)

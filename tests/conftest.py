@@ -13,12 +13,12 @@ from pathlib import Path
 # hub, and an unknown name must fail fast instead of retrying a network that is not there.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-import ropelens  # noqa: E402
-from ropelens.spec.reading import rope_spec  # noqa: E402
-from ropelens.testing import tiny_model, tiny_model_dir  # noqa: E402
-from ropelens.testing.families import family_model_dir  # noqa: E402
+import ropelens
+from ropelens.spec.reading import rope_spec
+from ropelens.testing import tiny_model, tiny_model_dir
+from ropelens.testing.families import family_model_dir
 
 ROPE_FAMILIES = ("llama", "llama-gqa", "gemma3", "gptj")
 
@@ -76,9 +76,14 @@ def tiny_embedded(tiny_dir, monkeypatch):
     """The name of a stand-in embedded model whose converted weights are the tiny Llama's directory."""
     from ropelens.loading import models
 
-    entry = models.EmbeddedModel(name="tiny-embedded", hub_name="ropelens/tiny-llama", distribution="torch",
-                                 install="(installed)", gguf=lambda _scratch: Path("unused.gguf"),
-                                 description="the tiny Llama, loaded by name")
+    entry = models.EmbeddedModel(
+        name="tiny-embedded",
+        hub_name="ropelens/tiny-llama",
+        distribution="torch",
+        install="(installed)",
+        gguf=lambda _scratch: Path("unused.gguf"),
+        description="the tiny Llama, loaded by name",
+    )
     monkeypatch.setitem(models.EMBEDDED_MODELS, entry.name, entry)
     # load_model's embedded branch reads the converted directory from the cache; point it at the tiny model
     monkeypatch.setattr(models, "_cached_hf_dir", lambda _key, _gguf, _source: tiny_dir("llama"))
@@ -128,8 +133,12 @@ class Registry:
         """The section ``key`` with ``changes`` (e.g. ``render=boom``), in its place."""
         import dataclasses
 
-        owner = next(a for a in self.module.analyses() if a.section is not None and a.section.key == key)
-        self.module.ANALYSES[owner.name] = dataclasses.replace(owner, section=dataclasses.replace(owner.section, **changes))
+        owner = next(
+            a for a in self.module.analyses() if a.section is not None and a.section.key == key
+        )
+        self.module.ANALYSES[owner.name] = dataclasses.replace(
+            owner, section=dataclasses.replace(owner.section, **changes)
+        )
 
     def keep_sections(self, keep) -> None:
         """Only the sections for which ``keep(section)`` is true (the analyses keep their commands)."""
@@ -169,7 +178,7 @@ class Hub:
         import threading
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's name
+            def do_GET(self):
                 body = json.dumps({"error": error}).encode()
                 self.send_response(404)
                 self.send_header("X-Error-Code", code)

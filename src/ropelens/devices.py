@@ -55,7 +55,9 @@ def _size(n: float) -> str:
     return f"{n:.3g} PB"
 
 
-def require_memory(nbytes: float, what: str, fix: str, device: torch.device | str | None = None) -> None:
+def require_memory(
+    nbytes: float, what: str, fix: str, device: torch.device | str | None = None
+) -> None:
     """Raise one InputError before allocating when ``what`` needs about ``nbytes`` and ``device`` has not that much
     free (a computation that would take the whole machine): the message names the need, the room and ``fix``."""
     from ropelens.errors import InputError
@@ -63,13 +65,17 @@ def require_memory(nbytes: float, what: str, fix: str, device: torch.device | st
     room = available_memory(device)
     if room is not None and nbytes > 0.8 * room:
         where = "this machine" if torch.device(device or "cpu").type == "cpu" else str(device)
-        raise InputError(f"{what} needs about {_size(nbytes)} and {where} has {_size(room)} free: {fix}")
+        raise InputError(
+            f"{what} needs about {_size(nbytes)} and {where} has {_size(room)} free: {fix}"
+        )
 
 
 def forward_bytes(model: Any, n_tokens: int) -> float:
     """A lower bound on the memory one forward over ``n_tokens`` tokens holds: each layer's keys and values (the
     cache a long prompt keeps) and a few hidden and MLP activations, in the model's dtype."""
-    hf = getattr(model, "original_model", None) or model  # a bridge's or a plain model's HF model, or an HF model
+    hf = (
+        getattr(model, "original_model", None) or model
+    )  # a bridge's or a plain model's HF model, or an HF model
     cfg = getattr(hf, "config", None)
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     hidden = int(getattr(cfg, "hidden_size", 0) or 0)

@@ -14,7 +14,14 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 
-__all__ = ["check_factors", "check_flag", "check_indices", "check_number", "check_output_path", "check_positive_int"]
+__all__ = [
+    "check_factors",
+    "check_flag",
+    "check_indices",
+    "check_number",
+    "check_output_path",
+    "check_positive_int",
+]
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<=": operator.le}
 
@@ -61,7 +68,8 @@ def check_flag(x: Any, what: str) -> bool:
 def check_factors(xs: Any, what: str) -> tuple[float, ...]:
     """Positive finite per-plane factors as floats."""
     return tuple(
-        check_number(x, f"each {what} entry", above=0, hint=" (a per-plane rescale factor)") for x in xs
+        check_number(x, f"each {what} entry", above=0, hint=" (a per-plane rescale factor)")
+        for x in xs
     )
 
 
@@ -91,15 +99,21 @@ def check_output_path(path: str | os.PathLike[str], what: str, *, directory: boo
     if directory and p.exists() and not p.is_dir():
         raise InputError(f"{what} {path} is a file: pass a directory (it is created if missing)")
     if not directory and p.is_dir():
-        raise InputError(f"{what} {path} is a directory: pass a file path such as {p / 'result.json'}")
+        raise InputError(
+            f"{what} {path} is a directory: pass a file path such as {p / 'result.json'}"
+        )
     ancestor = p if directory else p.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise InputError(f"{what} {path}: {ancestor} is a file, not a directory: pass a path in a writable directory")
+        raise InputError(
+            f"{what} {path}: {ancestor} is a file, not a directory: pass a path in a writable directory"
+        )
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".ropelens-probe-", dir=ancestor))
     except OSError as e:
-        raise InputError(f"{what} {path}: cannot write in {ancestor} ({e.strerror or e}): "
-                         "pass a path in a writable directory") from e
+        raise InputError(
+            f"{what} {path}: cannot write in {ancestor} ({e.strerror or e}): "
+            "pass a path in a writable directory"
+        ) from e
     return p

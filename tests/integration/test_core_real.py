@@ -20,14 +20,18 @@ def english_window(model, n_ctx: int) -> torch.Tensor:
 
 def assert_sums_to_scores(model, toks, layers, bands):
     dec = attention_decomposition(model, toks, bands=bands, layers=layers)
-    _, cache = model.run_with_cache(toks, names_filter=lambda n: n.endswith(("hook_attn_scores", "hook_pattern")))
+    _, cache = model.run_with_cache(
+        toks, names_filter=lambda n: n.endswith(("hook_attn_scores", "hook_pattern"))
+    )
     for L in layers:
         scores = cache[f"blocks.{L}.attn.hook_attn_scores"]
         total = dec.band_logits(L, masked=False).sum(2)
         mask = dec.mask(L)[:, None].expand_as(total)
         assert (total - scores)[mask].abs().max() <= 1e-4, f"layer {L}"
         assert torch.equal(torch.isfinite(dec.logits(L)), mask), f"mask of layer {L}"
-        assert (torch.softmax(dec.logits(L), -1) - cache[f"blocks.{L}.attn.hook_pattern"]).abs().max() <= 1e-5
+        assert (
+            torch.softmax(dec.logits(L), -1) - cache[f"blocks.{L}.attn.hook_pattern"]
+        ).abs().max() <= 1e-5
     return dec
 
 

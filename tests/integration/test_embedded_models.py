@@ -102,14 +102,22 @@ class GGUFTensors:
         data = t.data if rows is None else t.data[np.asarray(rows)]
         out = torch.from_numpy(np.array(dequantize(data, t.tensor_type), dtype=np.float32))
         if rows is None:
-            assert tuple(out.shape) == tuple(int(n) for n in reversed(t.shape)), (name, out.shape, t.shape)
+            assert tuple(out.shape) == tuple(int(n) for n in reversed(t.shape)), (
+                name,
+                out.shape,
+                t.shape,
+            )
         return out
 
 
 def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """llama.cpp's convert_hf_to_gguf ``LlamaModel.permute`` of q/k rows: per head, HF's rotate-half
     order (x_0 … x_{d/2−1}, y_0 …) becomes interleaved (x_0, y_0, x_1, y_1, …)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def test_smollm2_weights_equal_dequantised_gguf(smollm2, tmp_path):
@@ -118,10 +126,15 @@ def test_smollm2_weights_equal_dequantised_gguf(smollm2, tmp_path):
     g = GGUFTensors(ropelens.EMBEDDED_MODELS["smollm2-135m"].gguf(tmp_path))
     assert g.arch() == "llama" and g.qtype("blk.7.attn_q.weight") == "Q4_1"
     hf = smollm2.original_model
-    same = lambda a, b: torch.testing.assert_close(a.detach().float(), b, rtol=0, atol=1e-6)  # noqa: E731
+
+    def same(a, b):
+        return torch.testing.assert_close(a.detach().float(), b, rtol=0, atol=1e-6)
+
     rows = [0, 1, 2, 1234, 49151]
     same(hf.model.embed_tokens.weight[rows], g("token_embd.weight", rows))
-    same(hf.lm_head.weight[rows], g("token_embd.weight", rows))  # tied: no output.weight in the file
+    same(
+        hf.lm_head.weight[rows], g("token_embd.weight", rows)
+    )  # tied: no output.weight in the file
     assert "output.weight" not in g.tensors
     layer = hf.model.layers[7]
     q, k = g("blk.7.attn_q.weight"), g("blk.7.attn_k.weight")  # [9·64, 576], [3·64, 576]
@@ -143,10 +156,15 @@ def test_gemma3_weights_equal_dequantised_gguf(gemma3, tmp_path):
     1 + w), so HF = GGUF − 1 for all norms, q/k norms included."""
     g = GGUFTensors(ropelens.EMBEDDED_MODELS["gemma-3-270m"].gguf(tmp_path))
     assert g.arch() == "gemma3"
-    quantised = {g.qtype(f"blk.5.{n}.weight") for n in ("attn_q", "attn_k", "ffn_down", "attn_output")}
+    quantised = {
+        g.qtype(f"blk.5.{n}.weight") for n in ("attn_q", "attn_k", "ffn_down", "attn_output")
+    }
     assert not quantised & {"F32", "F16", "BF16"}, quantised  # the dequantisers do real work
     hf = gemma3.original_model
-    same = lambda a, b: torch.testing.assert_close(a.detach().float(), b, rtol=0, atol=1e-6)  # noqa: E731
+
+    def same(a, b):
+        return torch.testing.assert_close(a.detach().float(), b, rtol=0, atol=1e-6)
+
     rows = [0, 2, 1000, 262143]
     emb = g("token_embd.weight", rows)
     same(hf.model.embed_tokens.weight[rows], emb)  # raw: the √640 scale is applied in forward
@@ -156,9 +174,14 @@ def test_gemma3_weights_equal_dequantised_gguf(gemma3, tmp_path):
     same(layer.self_attn.k_proj.weight, g("blk.5.attn_k.weight"))  # [1·256, 640]
     same(layer.self_attn.o_proj.weight, g("blk.5.attn_output.weight"))
     same(layer.mlp.down_proj.weight, g("blk.5.ffn_down.weight"))
-    norms = {"attn_norm": layer.input_layernorm, "post_attention_norm": layer.post_attention_layernorm,
-             "ffn_norm": layer.pre_feedforward_layernorm, "post_ffw_norm": layer.post_feedforward_layernorm,
-             "attn_q_norm": layer.self_attn.q_norm, "attn_k_norm": layer.self_attn.k_norm}
+    norms = {
+        "attn_norm": layer.input_layernorm,
+        "post_attention_norm": layer.post_attention_layernorm,
+        "ffn_norm": layer.pre_feedforward_layernorm,
+        "post_ffw_norm": layer.post_feedforward_layernorm,
+        "attn_q_norm": layer.self_attn.q_norm,
+        "attn_k_norm": layer.self_attn.k_norm,
+    }
     for gguf_name, module in norms.items():
         stored = g(f"blk.5.{gguf_name}.weight")
         same(module.weight, stored - 1)

@@ -12,8 +12,15 @@ from ropelens.report import build_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -22,7 +29,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser]
 def browser():
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh --browser)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (python package) is not installed")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright (python package) is not installed"
+    )
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield b
@@ -48,9 +57,12 @@ def _render(browser, index: Path, shot: str) -> tuple[list[str], list[str], int,
     page.goto(index.as_uri(), wait_until="load")
     page.wait_for_function(
         "() => [...document.querySelectorAll('.plotly-graph-div')].every(d => d.querySelector('svg.main-svg'))",
-        timeout=60_000)
+        timeout=60_000,
+    )
     n_figures = page.evaluate("() => document.querySelectorAll('.plotly-graph-div').length")
-    drawn = page.evaluate("() => document.querySelectorAll('.plotly-graph-div svg.main-svg').length")
+    drawn = page.evaluate(
+        "() => document.querySelectorAll('.plotly-graph-div svg.main-svg').length"
+    )
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
     page.close()
@@ -73,8 +85,16 @@ def test_extension_study_page_renders(browser, tmp_path):
     from ropelens.testing import tiny_model
 
     model = tiny_model("llama", max_position_embeddings=64)
-    study = extension_study(model, 512, start=64, n_windows=1, depths=(0.5,), methods=("none", "pi", "yarn", "prope"),
-                            passkey_lengths=(512,), progress=False)
+    study = extension_study(
+        model,
+        512,
+        start=64,
+        n_windows=1,
+        depths=(0.5,),
+        methods=("none", "pi", "yarn", "prope"),
+        passkey_lengths=(512,),
+        progress=False,
+    )
     index = write_study(study, tmp_path / "extend")
     errors, external, n_figures, drawn = _render(browser, index, "extend.png")
     assert errors == []

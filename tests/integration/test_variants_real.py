@@ -44,11 +44,17 @@ def with_rotary(model, rope_parameters):
     return hf
 
 
-@pytest.mark.parametrize(("variant", "params"), [
-    (YaRN(4.0, 8192), {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}),
-    (Linear(4.0), {"rope_type": "linear", "factor": 4.0}),
-    (PRoPE(0.5), {"rope_type": "proportional", "partial_rotary_factor": 0.5}),
-])
+@pytest.mark.parametrize(
+    ("variant", "params"),
+    [
+        (
+            YaRN(4.0, 8192),
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192},
+        ),
+        (Linear(4.0), {"rope_type": "linear", "factor": 4.0}),
+        (PRoPE(0.5), {"rope_type": "proportional", "partial_rotary_factor": 0.5}),
+    ],
+)
 def test_smollm2_variant_equals_hf_rotary(smollm2, variant, params):
     toks = tokens(smollm2)
     before = bridge_logits(smollm2, toks)

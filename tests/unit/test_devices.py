@@ -22,8 +22,13 @@ from ropelens.testing import tiny_model
 def _accelerators() -> list:
     mps = getattr(torch.backends, "mps", None)
     return [
-        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
-        pytest.param("mps", marks=pytest.mark.skipif(not (mps and mps.is_available()), reason="no MPS device")),
+        pytest.param(
+            "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+        ),
+        pytest.param(
+            "mps",
+            marks=pytest.mark.skipif(not (mps and mps.is_available()), reason="no MPS device"),
+        ),
     ]
 
 
@@ -42,7 +47,9 @@ def _tokens(n: int = 3, seq: int = 40) -> torch.Tensor:
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-4, atol: float = 1e-5) -> None:
-    torch.testing.assert_close(a.detach().double().cpu(), b.detach().double().cpu(), rtol=rtol, atol=atol)
+    torch.testing.assert_close(
+        a.detach().double().cpu(), b.detach().double().cpu(), rtol=rtol, atol=atol
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +75,12 @@ def test_usage_and_band_statistics_on_device(family, device, models):
     u_dev = ropelens.analyses.frequency_usage(dev, toks, progress=False)
     _close(u_dev.q_norm, u_cpu.q_norm)
     _close(u_dev.k_norm, u_cpu.k_norm)
-    s_cpu = ropelens.analyses.band_statistics(cpu, toks, bands=Bands.quantiles(2), progress=False, jsd=True)
-    s_dev = ropelens.analyses.band_statistics(dev, toks, bands=Bands.quantiles(2), progress=False, jsd=True)
+    s_cpu = ropelens.analyses.band_statistics(
+        cpu, toks, bands=Bands.quantiles(2), progress=False, jsd=True
+    )
+    s_dev = ropelens.analyses.band_statistics(
+        dev, toks, bands=Bands.quantiles(2), progress=False, jsd=True
+    )
     for k in s_cpu.sums:
         assert s_dev.sums[k].device.type == "cpu" and s_dev.sums[k].dtype == torch.float64, k
         _close(s_dev.sums[k], s_cpu.sums[k], rtol=1e-4, atol=1e-4)
@@ -90,7 +101,10 @@ def test_reducer_sums_stay_on_the_device(device, models):
 def test_decomposition_heads_variants_and_ablation_on_device(family, device, models):
     cpu, dev = models(family, "cpu"), models(family, device)
     toks = _tokens(2, 24)
-    d_cpu, d_dev = ropelens.analyses.attention_decomposition(cpu, toks), ropelens.analyses.attention_decomposition(dev, toks)
+    d_cpu, d_dev = (
+        ropelens.analyses.attention_decomposition(cpu, toks),
+        ropelens.analyses.attention_decomposition(dev, toks),
+    )
     L = d_cpu.layers[-1]
     _close(d_dev.band_logits(L, masked=False), d_cpu.band_logits(L, masked=False))
     _close(d_dev.rebuilt_pattern(L), d_cpu.pattern(L), atol=1e-5)
@@ -108,6 +122,8 @@ def test_decomposition_heads_variants_and_ablation_on_device(family, device, mod
             a_cpu = cpu(toks, return_type="logits")
         with ablate_planes(dev, planes=[0, 1]):
             a_dev = dev(toks.to(device), return_type="logits")
-    assert not torch.allclose(v_cpu, plain) and not torch.allclose(a_cpu, plain)  # the interventions do something
+    assert not torch.allclose(v_cpu, plain) and not torch.allclose(
+        a_cpu, plain
+    )  # the interventions do something
     _close(v_dev, v_cpu, atol=1e-4)
     _close(a_dev, a_cpu, atol=1e-4)

@@ -40,20 +40,28 @@ def assert_provenance_is_real(prov):
         assert prov["versions"][pkg] == md.version(pkg), pkg
     assert prov["versions"]["python"] == platform.python_version()
     here = Path(ropelens.__file__).resolve().parent
-    git = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True)  # noqa: E731
+
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=here, capture_output=True, text=True)
+
     if git("rev-parse", "--is-inside-work-tree").returncode != 0:
         assert prov["commit"] is None
         return
     m = re.fullmatch(r"([0-9a-f]{40})(\+dirty)?", prov["commit"] or "")
     assert m, prov["commit"]
     head = git("rev-parse", "HEAD").stdout.strip()
-    assert m[1] == head or git("merge-base", "--is-ancestor", m[1], head).returncode == 0, (m[1], head)
+    assert m[1] == head or git("merge-base", "--is-ancestor", m[1], head).returncode == 0, (
+        m[1],
+        head,
+    )
 
 
 def test_inference_quick_runs_and_resumes(tiny, tmp_path, capsys, experiment):
     mod = experiment("truncated_rope_inference")
-    path = mod.main(["--quick", "--lengths", "32", "--n-boot", "50", "--out", str(tmp_path)],
-                    model=tiny("llama"))
+    path = mod.main(
+        ["--quick", "--lengths", "32", "--n-boot", "50", "--out", str(tmp_path)],
+        model=tiny("llama"),
+    )
     result = json.loads(path.read_text())
     assert len(result["table"]) == len(mod.VARIANTS)
     assert_provenance_is_real(result["provenance"])
@@ -66,15 +74,30 @@ def test_inference_quick_runs_and_resumes(tiny, tmp_path, capsys, experiment):
     assert ident[0]["ppl"] == pytest.approx(torch.tensor(clean).exp().item(), rel=1e-5)
     assert (tmp_path / "perplexity_vs_p.html").stat().st_size > 0
     capsys.readouterr()
-    mod.main(["--quick", "--lengths", "32", "--n-boot", "50", "--out", str(tmp_path)],
-             model=tiny("llama"))
+    mod.main(
+        ["--quick", "--lengths", "32", "--n-boot", "50", "--out", str(tmp_path)],
+        model=tiny("llama"),
+    )
     assert "ppl" not in capsys.readouterr().out.split("model ")[0]  # nothing re-run
 
 
 def test_inference_quick_by_name_gemma_kinds(tmp_path, experiment):
     mod = experiment("truncated_rope_inference")
-    path = mod.main(["--quick", "--model", "tiny-gemma3", "--lengths", "16", "--n-boot", "20",
-                     "--layer-kind", "global", "--out", str(tmp_path)])
+    path = mod.main(
+        [
+            "--quick",
+            "--model",
+            "tiny-gemma3",
+            "--lengths",
+            "16",
+            "--n-boot",
+            "20",
+            "--layer-kind",
+            "global",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     kinds = {r["layer_kind"] for r in json.loads(path.read_text())["table"]}
     assert kinds == {"global"}
 
@@ -121,7 +144,10 @@ def test_band_ablation_quick(tmp_path, experiment):
     hf = sharp_llama(tmp_path / "model")
     mod = experiment("band_ablation")
     out = tmp_path / "out"
-    path = mod.main(["--quick", "--n-ctx", "32", "--out", str(out)], model=ropelens.load_model(tmp_path / "model", device="cpu"))
+    path = mod.main(
+        ["--quick", "--n-ctx", "32", "--out", str(out)],
+        model=ropelens.load_model(tmp_path / "model", device="cpu"),
+    )
     table = json.loads(path.read_text())["table"]
     assert len(table) == 4 * (1 + 2)  # all layers + each of 2 layers, 4 bands
     assert (out / "band_ablation.html").exists()
@@ -129,7 +155,9 @@ def test_band_ablation_quick(tmp_path, experiment):
     toks = english_val_windows(32, 4)
     clean = hand_window_losses(hf, toks)
     (clean_run,) = [r for r in runs if r["config"]["ablation"] == "none"]
-    torch.testing.assert_close(torch.tensor(clean_run["window_losses"], dtype=torch.float64), clean, rtol=0, atol=2e-5)
+    torch.testing.assert_close(
+        torch.tensor(clean_run["window_losses"], dtype=torch.float64), clean, rtol=0, atol=2e-5
+    )
     by_cfg = {(r["layers"], r["band"]): r for r in table}
     for (scope, band), row in by_cfg.items():
         layers = [0, 1] if scope == "all" else [int(scope)]
@@ -137,16 +165,25 @@ def test_band_ablation_quick(tmp_path, experiment):
         if scope != "all" and band not in (0, 3):
             continue  # the all-layers rows and the outer bands per layer are enough
         ablated = hand_window_losses(zeroed_planes(hf, row["planes"], layers), toks)
-        (run,) = [r for r in runs if r["config"].get("band") == band and r["config"]["layers"] == scope]
-        torch.testing.assert_close(torch.tensor(run["window_losses"], dtype=torch.float64), ablated,
-                                   rtol=0, atol=2e-5)
+        (run,) = [
+            r for r in runs if r["config"].get("band") == band and r["config"]["layers"] == scope
+        ]
+        torch.testing.assert_close(
+            torch.tensor(run["window_losses"], dtype=torch.float64), ablated, rtol=0, atol=2e-5
+        )
         assert row["dloss"] == pytest.approx((ablated - clean).mean().item(), abs=3e-5)
         assert row["lo"] <= row["dloss"] <= row["hi"]
     # ablating a band visibly matters (measured all-layer Δloss −0.0035, 0.0090, 0.0118, −0.0239)
     assert max(abs(r["dloss"]) for r in table if r["layers"] == "all") > 0.01
-    plane_run = next(r for r in runs if r["config"]["ablation"] == "plane" and r["config"]["plane"] == 0)
-    torch.testing.assert_close(torch.tensor(plane_run["window_losses"], dtype=torch.float64),
-                               hand_window_losses(zeroed_planes(hf, [0], [0, 1]), toks), rtol=0, atol=2e-5)
+    plane_run = next(
+        r for r in runs if r["config"]["ablation"] == "plane" and r["config"]["plane"] == 0
+    )
+    torch.testing.assert_close(
+        torch.tensor(plane_run["window_losses"], dtype=torch.float64),
+        hand_window_losses(zeroed_planes(hf, [0], [0, 1]), toks),
+        rtol=0,
+        atol=2e-5,
+    )
 
 
 def test_band_ablation_single_planes(tiny, tmp_path, experiment):
@@ -157,7 +194,9 @@ def test_band_ablation_single_planes(tiny, tmp_path, experiment):
 
     mod = experiment("band_ablation")
     model = tiny("llama")
-    path = mod.main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out", str(tmp_path)], model=model)
+    path = mod.main(
+        ["--quick", "--n-ctx", "32", "--no-per-layer", "--out", str(tmp_path)], model=model
+    )
     result = json.loads(path.read_text())
     spec = rope_spec(model)
     assert [r["plane"] for r in result["planes"]] == list(range(spec[0].n_planes))
@@ -175,8 +214,21 @@ def test_band_ablation_single_planes(tiny, tmp_path, experiment):
 
 def test_inference_identity_is_shared_across_layer_kinds(tmp_path, experiment):
     mod = experiment("truncated_rope_inference")
-    path = mod.main(["--quick", "--model", "tiny-gemma3", "--lengths", "16", "--n-boot", "20",
-                     "--layer-kind", "all", "--out", str(tmp_path)])
+    path = mod.main(
+        [
+            "--quick",
+            "--model",
+            "tiny-gemma3",
+            "--lengths",
+            "16",
+            "--n-boot",
+            "20",
+            "--layer-kind",
+            "all",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     rows = json.loads(path.read_text())["table"]
     ident = [r for r in rows if r["variant"] == "PRoPE" and r["p"] == 1.0]
     assert {r["layer_kind"] for r in ident} == {"global", "local", "both"}
@@ -200,10 +252,21 @@ def test_training_quick(tmp_path, experiment):
 def test_summarize_writes_markdown_tables(tiny, tmp_path, experiment):
     results = tmp_path / "results"
     experiment("truncated_rope_inference").main(
-        ["--quick", "--lengths", "32", "--n-boot", "20", "--out", str(results / "truncated_rope_inference")],
-        model=tiny("llama"))
-    experiment("band_ablation").main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out",
-                                   str(results / "band_ablation")], model=tiny("llama"))
+        [
+            "--quick",
+            "--lengths",
+            "32",
+            "--n-boot",
+            "20",
+            "--out",
+            str(results / "truncated_rope_inference"),
+        ],
+        model=tiny("llama"),
+    )
+    experiment("band_ablation").main(
+        ["--quick", "--n-ctx", "32", "--no-per-layer", "--out", str(results / "band_ablation")],
+        model=tiny("llama"),
+    )
     out = tmp_path / "results.md"
     text = experiment("summarize").main(["--results", str(results), "--out", str(out)])
     assert out.read_text() == text
@@ -216,9 +279,30 @@ def test_summarize_writes_markdown_tables(tiny, tmp_path, experiment):
 
 def test_context_extension_micro_runs_and_resumes(tmp_path, experiment):
     mod = experiment("context_extension")
-    argv = ["--quick", "--train-steps", "5", "--multiples", "1", "2", "--n-windows", "2", "--search-population", "3",
-            "--search-generations", "1", "--search-windows", "2", "--finetune-steps", "0", "--smollm", "none",
-            "--n-boot", "20", "--out", str(tmp_path)]
+    argv = [
+        "--quick",
+        "--train-steps",
+        "5",
+        "--multiples",
+        "1",
+        "2",
+        "--n-windows",
+        "2",
+        "--search-population",
+        "3",
+        "--search-generations",
+        "1",
+        "--search-windows",
+        "2",
+        "--finetune-steps",
+        "0",
+        "--smollm",
+        "none",
+        "--n-boot",
+        "20",
+        "--out",
+        str(tmp_path),
+    ]
     result = json.loads(mod.main(argv).read_text())
     rows = result["table"]
     l0 = result["train_config"]["seq_len"]
@@ -227,7 +311,9 @@ def test_context_extension_micro_runs_and_resumes(tmp_path, experiment):
     at_l0 = {r["method"]: r["ppl"] for r in rows if r["n_ctx"] == l0}
     assert at_l0["PI"] == at_l0["none"]  # factor 1 at the training length is no change
     (search,) = result["searches"]
-    assert search["target_len"] == 2 * l0 and search["gain_vs_PI"] == pytest.approx(1 - search["longrope"] / search["PI"])
+    assert search["target_len"] == 2 * l0 and search["gain_vs_PI"] == pytest.approx(
+        1 - search["longrope"] / search["PI"]
+    )
     assert search["longrope"] <= search["initial_best"]
     runs = json.loads((tmp_path / "runs.json").read_text())["runs"]
     mod.main(argv)

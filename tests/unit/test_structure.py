@@ -109,7 +109,9 @@ def test_no_private_names_across_modules():
 def test_library_never_imports_the_command_line():
     graph, _ = import_graph()
     for module, targets in graph.items():
-        if module == "ropelens.__main__" or module.startswith("ropelens.catalog"):  # the command line, and the
+        if module == "ropelens.__main__" or module.startswith(
+            "ropelens.catalog"
+        ):  # the command line, and the
             continue  # declarations of the analyses, whose commands are built from its option groups
         if not module.startswith("ropelens.cli"):
             assert not any(t.startswith("ropelens.cli") for t in targets), module
@@ -117,12 +119,27 @@ def test_library_never_imports_the_command_line():
             assert "ropelens.cli.main" not in targets and "ropelens.cli" not in targets, module
 
 
-@pytest.mark.parametrize("leaf", ["ropelens.errors", "ropelens.results.serialize", "ropelens.validate", "ropelens.results.curves",
-                                  "ropelens.spec.rope", "ropelens.run.data", "ropelens.results.figures"])
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        "ropelens.errors",
+        "ropelens.results.serialize",
+        "ropelens.validate",
+        "ropelens.results.curves",
+        "ropelens.spec.rope",
+        "ropelens.run.data",
+        "ropelens.results.figures",
+    ],
+)
 def test_leaf_modules_import_nothing_above_them(leaf):
     graph, _ = import_graph()
-    allowed = {"ropelens.errors", "ropelens.results.serialize", "ropelens.validate", "ropelens.spec.rope",
-               "ropelens.results.figures"}
+    allowed = {
+        "ropelens.errors",
+        "ropelens.results.serialize",
+        "ropelens.validate",
+        "ropelens.spec.rope",
+        "ropelens.results.figures",
+    }
     assert graph[leaf] <= allowed, graph[leaf] - allowed
 
 
@@ -141,7 +158,9 @@ def test_checks_catch_what_they_look_for(tmp_path):
 def test_public_api_exports_exist():
     for name in ropelens.__all__:
         assert hasattr(ropelens, name), name
-    assert len(ropelens.__all__) <= 20  # the root is the core: loading, reading, bands, results, errors
+    assert (
+        len(ropelens.__all__) <= 20
+    )  # the root is the core: loading, reading, bands, results, errors
 
 
 def test_every_analysis_exports_its_function_and_result_from_one_namespace():
@@ -152,7 +171,10 @@ def test_every_analysis_exports_its_function_and_result_from_one_namespace():
             if part is None or part.__module__.startswith(("ropelens.catalog", "ropelens.report")):
                 continue  # the report's own commands (report, compare)
             if part.__module__.startswith("ropelens.analyses."):
-                assert getattr(ropelens.analyses, part.__name__, None) is part, (a.name, part.__name__)
+                assert getattr(ropelens.analyses, part.__name__, None) is part, (
+                    a.name,
+                    part.__name__,
+                )
                 assert part.__name__ in ropelens.analyses.__all__
 
 
@@ -195,8 +217,24 @@ def test_errors_are_value_errors():
 
 
 # the layers, bottom to top: a module imports only from its own layer and those below
-LAYERS = ("errors", "validate", "devices", "results", "spec", "backends", "loading", "run", "analyses", "plots",
-          "report", "testing", "training", "cli", "catalog", "__main__")
+LAYERS = (
+    "errors",
+    "validate",
+    "devices",
+    "results",
+    "spec",
+    "backends",
+    "loading",
+    "run",
+    "analyses",
+    "plots",
+    "report",
+    "testing",
+    "training",
+    "cli",
+    "catalog",
+    "__main__",
+)
 # imports running up the layers: none
 UPWARD: set[tuple[str, str]] = set()
 
@@ -209,14 +247,19 @@ def _layer(module: str) -> int:
 def test_package_root_holds_a_handful_of_modules():
     root = sorted(p.stem for p in SRC.glob("*.py"))
     assert root == ["__init__", "__main__", "devices", "errors", "validate"]
-    assert sorted(p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()) == sorted(
-        layer for layer in LAYERS if (SRC / layer).is_dir())
+    assert sorted(
+        p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    ) == sorted(layer for layer in LAYERS if (SRC / layer).is_dir())
 
 
 def test_no_import_runs_back_up_the_layers():
     graph, _ = import_graph()
-    upward = {(m, t) for m, targets in graph.items() for t in targets
-              if m != "ropelens" and _layer(t) > _layer(m)}
+    upward = {
+        (m, t)
+        for m, targets in graph.items()
+        for t in targets
+        if m != "ropelens" and _layer(t) > _layer(m)
+    }
     assert upward == UPWARD
 
 
@@ -227,15 +270,26 @@ UNPLOTTED = ("analyses", "spec", "results", "backends", "loading", "run")
 def _imports_plotly(path: Path) -> bool:
     """Whether a file imports plotly anywhere (at the top or inside a function)."""
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "plotly" for a in node.names):
+        if isinstance(node, ast.Import) and any(
+            a.name.split(".")[0] == "plotly" for a in node.names
+        ):
             return True
-        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "plotly":
+        if (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and (node.module or "").split(".")[0] == "plotly"
+        ):
             return True
     return False
 
 
 def test_only_the_plots_and_above_import_plotly(tmp_path):
-    drawing = sorted(_module_name(p) for layer in UNPLOTTED for p in (SRC / layer).rglob("*.py") if _imports_plotly(p))
+    drawing = sorted(
+        _module_name(p)
+        for layer in UNPLOTTED
+        for p in (SRC / layer).rglob("*.py")
+        if _imports_plotly(p)
+    )
     assert drawing == []
     assert all(_imports_plotly(p) for p in (SRC / "plots").glob("*.py") if p.name != "__init__.py")
     planted = tmp_path / "planted.py"
@@ -244,8 +298,13 @@ def test_only_the_plots_and_above_import_plotly(tmp_path):
 
 
 # drawings besides figure(), by result class (a by-distance curve's line() is drawn by ropelens.plots.curves)
-NAMED_DRAWINGS = {"FrequencyUsage": ("heatmap",), "BandStatistics": ("heatmap",), "RotaryOffsets": ("heatmap",),
-                  "PESimilarity": ("heatmap",), "HeadTaxonomy": ("scatter",)}
+NAMED_DRAWINGS = {
+    "FrequencyUsage": ("heatmap",),
+    "BandStatistics": ("heatmap",),
+    "RotaryOffsets": ("heatmap",),
+    "PESimilarity": ("heatmap",),
+    "HeadTaxonomy": ("scatter",),
+}
 
 
 def test_every_analysis_result_draws_through_its_plots_module(monkeypatch):
@@ -255,7 +314,9 @@ def test_every_analysis_result_draws_through_its_plots_module(monkeypatch):
     from ropelens.results.figures import figure_of
     from ropelens.results.result import Result, registered
 
-    analyses = {cls for cls in registered().values() if cls.__module__.startswith("ropelens.analyses.")}
+    analyses = {
+        cls for cls in registered().values() if cls.__module__.startswith("ropelens.analyses.")
+    }
     assert len(analyses) >= 18
     for cls in analyses:
         plots = cls.__module__.replace("ropelens.analyses.", "ropelens.plots.")
@@ -264,11 +325,14 @@ def test_every_analysis_result_draws_through_its_plots_module(monkeypatch):
             assert figure_of(cls, name).__module__ == plots, (cls, name)
     assert {c.__name__ for c in analyses} >= set(NAMED_DRAWINGS)
 
-    monkeypatch.setattr(result_module, "_REGISTRY", dict(registered()))  # the class below registers in a copy
+    monkeypatch.setattr(
+        result_module, "_REGISTRY", dict(registered())
+    )  # the class below registers in a copy
+
     class Undrawn(Result):
         pass
 
-    with pytest.raises(NotImplementedError, match="no .figure. figure registered: an analysis declares its figures"):
+    with pytest.raises(
+        NotImplementedError, match="no .figure. figure registered: an analysis declares its figures"
+    ):
         Undrawn().figure()
-
-

@@ -39,14 +39,19 @@ def band_terms(
 ) -> Float[Tensor, "batch head band q_pos k_pos"]:
     """Each band's share of every logit (post-RoPE q and k, times the model's score scale)."""
     k = expand_kv(k, rope)
-    out = torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., d], k[..., d]) for d in bands.dims], dim=2)
+    out = torch.stack(
+        [torch.einsum("bqhd,bkhd->bhqk", q[..., d], k[..., d]) for d in bands.dims], dim=2
+    )
     return out * rope.score_scale
 
 
 def js_divergence(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:
     """Jensen–Shannon divergence (nats, in [0, ln 2]) between distributions along ``dim``."""
     m = 0.5 * (p + q)
-    kl = lambda a: torch.where(a > 0, a * (a.clamp_min(1e-30).log() - m.clamp_min(1e-30).log()), 0.0)  # noqa: E731
+
+    def kl(a):
+        return torch.where(a > 0, a * (a.clamp_min(1e-30).log() - m.clamp_min(1e-30).log()), 0.0)
+
     return 0.5 * (kl(p).sum(dim) + kl(q).sum(dim))
 
 
@@ -83,7 +88,9 @@ class AttentionDecomposition(Result):
         """The keys each query attends to (causal, window, padding, and the model's own key selection)."""
         return self._acts(layer).mask()
 
-    def band_logits(self, layer: int, *, masked: bool = True) -> Float[Tensor, "batch head band q k"]:
+    def band_logits(
+        self, layer: int, *, masked: bool = True
+    ) -> Float[Tensor, "batch head band q k"]:
         """Band terms of every logit; masked entries are −inf (so they sum like the model's scores)."""
         a = self._acts(layer)
         x = band_terms(a["q_post"], a["k_post"], a.rope, self.resolved(layer))
@@ -112,7 +119,9 @@ class AttentionDecomposition(Result):
     def plane_logits(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
         """Per-plane terms (the single-plane decomposition), unmasked."""
         a = self._acts(layer)
-        return band_terms(a["q_post"], a["k_post"], a.rope, Bands.planes().resolve(a.rope))[:, :, : a.rope.n_planes]
+        return band_terms(a["q_post"], a["k_post"], a.rope, Bands.planes().resolve(a.rope))[
+            :, :, : a.rope.n_planes
+        ]
 
     def cauchy_schwarz(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
         """Per-plane bound ‖q^(i)‖‖k^(i)‖ (times score scale) on |plane term|."""
@@ -136,9 +145,15 @@ class AttentionDecomposition(Result):
         for h in range(jsd.shape[1]):
             for b, name in enumerate(names):
                 none = name in empty
-                rows.append({"layer": layer, "head": h, "band": name,
-                             "jsd": float("nan") if none else float(jsd[:, h, b].mean()),
-                             "top1": float("nan") if none else float(top1[:, h, b].mean())})
+                rows.append(
+                    {
+                        "layer": layer,
+                        "head": h,
+                        "band": name,
+                        "jsd": float("nan") if none else float(jsd[:, h, b].mean()),
+                        "top1": float("nan") if none else float(top1[:, h, b].mean()),
+                    }
+                )
         return pd.DataFrame(rows)
 
     def to_frame(self, layer: int, head: int, batch: int = 0) -> pd.DataFrame:
@@ -146,8 +161,17 @@ class AttentionDecomposition(Result):
         x = self.band_logits(layer, masked=False)[batch, head]  # [B,q,k]
         m = self.mask(layer)[batch]
         qi, ki = torch.nonzero(m, as_tuple=True)
-        frames = [pd.DataFrame({"band": name, "q_pos": qi.numpy(), "k_pos": ki.numpy(), "logit": x[b][qi, ki].numpy()})
-                  for b, name in enumerate(self.band_names(layer))]
+        frames = [
+            pd.DataFrame(
+                {
+                    "band": name,
+                    "q_pos": qi.numpy(),
+                    "k_pos": ki.numpy(),
+                    "logit": x[b][qi, ki].numpy(),
+                }
+            )
+            for b, name in enumerate(self.band_names(layer))
+        ]
         return pd.concat(frames, ignore_index=True).assign(layer=layer, head=head)
 
     def figure(self, layer: int | None = None, head: int = 0, batch: int = 0) -> Any:
@@ -169,9 +193,13 @@ class AttentionDecomposition(Result):
 
         from ropelens.results.serialize import atomic_write
 
-        meta = {"type": self.KIND, "format": str(self.FORMAT),
-                "spec": json.dumps(self.spec.to_dict()), "bands": json.dumps(self.bands.to_dict()),
-                "provenance": json.dumps(self.provenance.to_dict())}
+        meta = {
+            "type": self.KIND,
+            "format": str(self.FORMAT),
+            "spec": json.dumps(self.spec.to_dict()),
+            "bands": json.dumps(self.bands.to_dict()),
+            "provenance": json.dumps(self.provenance.to_dict()),
+        }
         with atomic_write(path, "wb") as f:
             f.write(save(self._file_tensors(), metadata=meta))
 
@@ -187,25 +215,34 @@ class AttentionDecomposition(Result):
 
         with safe_open(str(path), "pt") as f:
             meta = f.metadata()
-            t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+            t = {k: f.get_tensor(k) for k in f}
         # files from before the result base carry neither key
         kind, fmt = meta.get("type", cls.KIND), meta.get("format", str(cls.FORMAT))
         if kind != cls.KIND or fmt != str(cls.FORMAT):
-            raise InputError(f"{path} holds a {kind!r} result of format {fmt}, not {cls.KIND!r} format {cls.FORMAT}: "
-                             "load it with ropelens.load_result(path)")
+            raise InputError(
+                f"{path} holds a {kind!r} result of format {fmt}, not {cls.KIND!r} format {cls.FORMAT}: "
+                "load it with ropelens.load_result(path)"
+            )
         spec = RopeSpec.from_dict(json.loads(meta["spec"]))
         acts: dict[int, LayerActs] = {}
         for key, v in t.items():
             if "/" not in key:
                 continue
             L, name = key.split("/")
-            a = acts.setdefault(int(L), LayerActs(layer=int(L), rope=spec.layers[int(L)], valid=None))  # type: ignore[arg-type]
+            a = acts.setdefault(
+                int(L), LayerActs(layer=int(L), rope=spec.layers[int(L)], valid=None)
+            )  # type: ignore[arg-type]
             if name == "valid":
                 a.valid = v
             else:
                 a.tensors[name] = v
-        return t, {"tokens": t["tokens"], "spec": spec, "bands": Bands.from_dict(json.loads(meta["bands"])), "acts": acts,
-                   "provenance": Provenance.from_dict(json.loads(meta["provenance"]))}
+        return t, {
+            "tokens": t["tokens"],
+            "spec": spec,
+            "bands": Bands.from_dict(json.loads(meta["bands"])),
+            "acts": acts,
+            "provenance": Provenance.from_dict(json.loads(meta["provenance"])),
+        }
 
     def _repr_html_(self) -> str:
         L = self.layers[0]
@@ -232,22 +269,41 @@ def attention_decomposition(
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
-        raise InputError("tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))")
+        raise InputError(
+            "tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))"
+        )
     read = rope_spec(model)
-    spec = spec_at_length(model, read, int(tokens.shape[1]))  # frequencies that change with the length, as applied
+    spec = spec_at_length(
+        model, read, int(tokens.shape[1])
+    )  # frequencies that change with the length, as applied
     chosen = spec.layer_indices(layers)
-    verified = verification(model, spec, verify=verify, length=None if spec is read else int(tokens.shape[1]))
+    verified = verification(
+        model, spec, verify=verify, length=None if spec is read else int(tokens.shape[1])
+    )
     t0 = time.perf_counter()
     # a layer whose indexer drops keys on windows this long: its selection is captured with q and k
     selected = ("selected",) if any(spec.layers[L].selects(tokens.shape[1]) for L in chosen) else ()
-    acts = capture_qk(model, tokens, layers=chosen, which=("q_post", "k_post", "pattern", *selected),
-                      batch_size=batch_size, spec=spec)
-    acts = {L: LayerActs(a.layer, a.rope, a.valid.cpu(), {k: v.cpu() for k, v in a.tensors.items()}) for L, a in acts.items()}
+    acts = capture_qk(
+        model,
+        tokens,
+        layers=chosen,
+        which=("q_post", "k_post", "pattern", *selected),
+        batch_size=batch_size,
+        spec=spec,
+    )
+    acts = {
+        L: LayerActs(a.layer, a.rope, a.valid.cpu(), {k: v.cpu() for k, v in a.tensors.items()})
+        for L, a in acts.items()
+    }
     bands = bands or Bands.planes()
-    prov = Provenance(model=model_label(model), n_tokens=int(tokens.numel()), n_windows=int(tokens.shape[0]),
-                      n_ctx=int(tokens.shape[1]), config={"bands": bands.describe(), "layers": chosen,
-                                                     "verification": verified.to_dict()},
-                      seconds=time.perf_counter() - t0)
-    return AttentionDecomposition(tokens=tokens.cpu(), spec=spec, bands=bands, acts=acts, provenance=prov)
-
-
+    prov = Provenance(
+        model=model_label(model),
+        n_tokens=int(tokens.numel()),
+        n_windows=int(tokens.shape[0]),
+        n_ctx=int(tokens.shape[1]),
+        config={"bands": bands.describe(), "layers": chosen, "verification": verified.to_dict()},
+        seconds=time.perf_counter() - t0,
+    )
+    return AttentionDecomposition(
+        tokens=tokens.cpu(), spec=spec, bands=bands, acts=acts, provenance=prov
+    )

@@ -56,33 +56,63 @@ class SinkReducer(DeviceSums):
     static_mask = "attention sinks"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post", "k_pre"})
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands | None = None, *,
-                 epsilon: float = EPSILON, skip_queries: int = 4, tile: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: RopeSpec,
+        layers: Sequence[int],
+        bands: Bands | None = None,
+        *,
+        epsilon: float = EPSILON,
+        skip_queries: int = 4,
+        tile: int | None = None,
+    ) -> None:
         self.spec, self.layers = spec, list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
         self.bands = bands or Bands.default()
-        self.epsilon = check_number(epsilon, "epsilon", above=0, at_most=1,
-                                    hint=" (the attention share that makes a head sink; Gu et al. use 0.3)")
-        self.skip_queries = check_number(skip_queries, "skip_queries", at_least=1, integer=True,
-                                         hint=" (queries before it are left out: position 0 sees only itself)")
+        self.epsilon = check_number(
+            epsilon,
+            "epsilon",
+            above=0,
+            at_most=1,
+            hint=" (the attention share that makes a head sink; Gu et al. use 0.3)",
+        )
+        self.skip_queries = check_number(
+            skip_queries,
+            "skip_queries",
+            at_least=1,
+            integer=True,
+            hint=" (queries before it are left out: position 0 sees only itself)",
+        )
         if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
-            raise InputError(f"tile must be a positive number of queries or None for automatic, got {tile!r}")
+            raise InputError(
+                f"tile must be a positive number of queries or None for automatic, got {tile!r}"
+            )
         self.tile = tile
         self.resolved = {L: self.bands.resolve(spec.layers[L]) for L in self.layers}
         names = {r.names for r in self.resolved.values()}
         if len(names) != 1:
-            raise InputError(f"bands {self.bands.describe()} resolve to different band names across layers: {names}; "
-                             "pick layers of one kind (layers=...) or bands that name the same groups everywhere")
+            raise InputError(
+                f"bands {self.bands.describe()} resolve to different band names across layers: {names}; "
+                "pick layers of one kind (layers=...) or bands that name the same groups everywhere"
+            )
         self.names = next(iter(names))
         B = len(self.names)
         # layers of different widths padded to the widest: NaN past a layer's own heads and planes
         z = functools.partial(spec.padded_zeros, self.layers)
         self.sums: dict[str, Tensor] = {
-            "n_queries": z(), "p0_sum": z("head"), "p0_over": z("head"), "sink_mass": z("head"),
-            "x0_sum": z("head", B), "xo_sum": z("head", B),
-            "n_k0": z(), "n_kother": z(), "k0_band": z("kv_head", B), "kother_band": z("kv_head", B),
-            "k0_plane": z("kv_head", "plane"), "kother_plane": z("kv_head", "plane"),
+            "n_queries": z(),
+            "p0_sum": z("head"),
+            "p0_over": z("head"),
+            "sink_mass": z("head"),
+            "x0_sum": z("head", B),
+            "xo_sum": z("head", B),
+            "n_k0": z(),
+            "n_kother": z(),
+            "k0_band": z("kv_head", B),
+            "kother_band": z("kv_head", B),
+            "k0_plane": z("kv_head", "plane"),
+            "kother_plane": z("kv_head", "plane"),
         }
         self.pos = {L: i for i, L in enumerate(self.layers)}
         self._member: dict[tuple[int, str], Tensor] = {}
@@ -107,12 +137,22 @@ class SinkReducer(DeviceSums):
             self._member[key] = rb.dim_membership().to(dev)
         member = self._member[key]
         vf = valid.float()
-        q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)  # [b,n,H,d], logits come out scaled
+        q = q_post.float() * (
+            vf[:, :, None, None] * rope.score_scale
+        )  # [b,n,H,d], logits come out scaled
         k = k_post.float() * vf[:, :, None, None]  # [b,n,KV,d]
         pos = torch.arange(n, device=dev)
-        n_keys = valid.long().cumsum(1)  # keys 0 … m that are real: all a query that sees key 0 may attend to
+        n_keys = valid.long().cumsum(
+            1
+        )  # keys 0 … m that are real: all a query that sees key 0 may attend to
         reach = n if not rope.window else min(n, rope.window)  # queries m < reach see position 0
-        used = valid & valid[:, :1] & (pos >= self.skip_queries)[None] & (pos < reach)[None] & (n_keys >= 2)
+        used = (
+            valid
+            & valid[:, :1]
+            & (pos >= self.skip_queries)[None]
+            & (pos < reach)[None]
+            & (n_keys >= 2)
+        )
         uf = used.float()  # [b,n]
         s["n_queries"][i] += uf.sum().to(here, sdt)
 
@@ -135,8 +175,12 @@ class SinkReducer(DeviceSums):
         for c0 in range(min(self.skip_queries, reach), reach, tq):
             c1 = min(reach, c0 + tq)
             c = c1 - c0
-            y = torch.matmul(qh[:, :, :, c0:c1].reshape(b, KV, G * c, d), kh[..., :c1]).view(b, H, c, c1)
-            ok = (pos[None, :c1] <= pos[c0:c1, None])[None] & valid[:, None, :c1]  # [b,c,c1]: keys 0 … m
+            y = torch.matmul(qh[:, :, :, c0:c1].reshape(b, KV, G * c, d), kh[..., :c1]).view(
+                b, H, c, c1
+            )
+            ok = (pos[None, :c1] <= pos[c0:c1, None])[None] & valid[
+                :, None, :c1
+            ]  # [b,c,c1]: keys 0 … m
             p = rope.probs(y.masked_fill(~ok[:, None], float("-inf")))  # [b,H,c,c1]
             u = uf[:, None, c0:c1]  # [b,1,c]
             p0 = p[..., 0]
@@ -162,19 +206,34 @@ class SinkReducer(DeviceSums):
         s["kother_plane"][i, :KV, :P] += planes[:, 1:].to(dt).sum((0, 1)).to(here, sdt)
 
     def config(self) -> dict[str, Any]:
-        return {"bands": self.bands.describe(), "layers": list(self.layers), "epsilon": self.epsilon,
-                "skip_queries": self.skip_queries}
+        return {
+            "bands": self.bands.describe(),
+            "layers": list(self.layers),
+            "epsilon": self.epsilon,
+            "skip_queries": self.skip_queries,
+        }
 
     def result(self, provenance: Provenance) -> AttentionSinks:
         """The streamed sums as :class:`AttentionSinks` (on the CPU, float64)."""
         sums = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
-        return AttentionSinks(tuple(self.layers), self.names, self.bands, self.spec, self.epsilon, self.skip_queries,
-                              sums, provenance)
+        return AttentionSinks(
+            tuple(self.layers),
+            self.names,
+            self.bands,
+            self.spec,
+            self.epsilon,
+            self.skip_queries,
+            sums,
+            provenance,
+        )
 
 
 @dataclass(frozen=True)
-class AttentionSinks(Result, merge_same=("layers", "band_names", "epsilon", "skip_queries", "spec"),
-                     merge_sums=("sums",)):
+class AttentionSinks(
+    Result,
+    merge_same=("layers", "band_names", "epsilon", "skip_queries", "spec"),
+    merge_sums=("sums",),
+):
     """Attention to the first position per layer × head, its band decomposition and the sink key's norms.
 
     Layers of different widths (Gemma 4's wider global heads) share one array per sum, padded to the most
@@ -192,8 +251,12 @@ class AttentionSinks(Result, merge_same=("layers", "band_names", "epsilon", "ski
     provenance: Provenance
 
     def __post_init__(self) -> None:
-        self._check_shape("x0_sum", self.sums["x0_sum"], (len(self.layers), None, len(self.band_names)),
-                          " [layer, head, band]")
+        self._check_shape(
+            "x0_sum",
+            self.sums["x0_sum"],
+            (len(self.layers), None, len(self.band_names)),
+            " [layer, head, band]",
+        )
 
     # ---------------------------------------------------------------- numbers
     def present(self) -> Bool[Tensor, "layer head"]:
@@ -241,8 +304,11 @@ class AttentionSinks(Result, merge_same=("layers", "band_names", "epsilon", "ski
         """Mean norm of the pre-RoPE key's band part at position 0 (``"sink"``) or at the others (``"other"``)."""
         if position not in ("sink", "other"):
             raise InputError(f"position must be 'sink' or 'other', got {position!r}")
-        tot, n = (self.sums["k0_band"], self.sums["n_k0"]) if position == "sink" else \
-            (self.sums["kother_band"], self.sums["n_kother"])
+        tot, n = (
+            (self.sums["k0_band"], self.sums["n_k0"])
+            if position == "sink"
+            else (self.sums["kother_band"], self.sums["n_kother"])
+        )
         return tot / torch.where(n > 0, n, torch.nan)[:, None, None]
 
     def key_norm_ratio(self) -> Float[Tensor, "layer kv_head band"]:
@@ -259,7 +325,9 @@ class AttentionSinks(Result, merge_same=("layers", "band_names", "epsilon", "ski
 
     def _li(self, layer: int) -> int:
         if layer not in self.layers:
-            raise InputError(f"layer {layer} was not measured; measured layers: {list(self.layers)}")
+            raise InputError(
+                f"layer {layer} was not measured; measured layers: {list(self.layers)}"
+            )
         return self.layers.index(layer)
 
     # ---------------------------------------------------------------- tables
@@ -271,41 +339,68 @@ class AttentionSinks(Result, merge_same=("layers", "band_names", "epsilon", "ski
         top = x.nan_to_num(float("-inf")).argmax(-1)
         layer, head = np.meshgrid(np.array(self.layers), np.arange(H), indexing="ij")
         have = self.present().reshape(-1).numpy()
-        return pd.DataFrame({
-            "layer": layer.ravel(), "head": head.ravel(),
-            "kind": [self.spec.layers[int(lay)].kind for lay in layer.ravel()],
-            "mean_attention": self.mean_attention().reshape(-1).numpy(),
-            "query_share": self.query_share().reshape(-1).numpy(), "sinking": self.sinking().reshape(-1).numpy(),
-            "learned_sink": self.learned_sink().reshape(-1).numpy(), "sink_logit": x.sum(-1).reshape(-1).numpy(),
-            "top_band": [self.band_names[int(j)] for j in top.reshape(-1)],
-            "n_queries": self.sums["n_queries"][:, None].expand(L, H).reshape(-1).numpy()})[have].reset_index(drop=True)
+        return pd.DataFrame(
+            {
+                "layer": layer.ravel(),
+                "head": head.ravel(),
+                "kind": [self.spec.layers[int(lay)].kind for lay in layer.ravel()],
+                "mean_attention": self.mean_attention().reshape(-1).numpy(),
+                "query_share": self.query_share().reshape(-1).numpy(),
+                "sinking": self.sinking().reshape(-1).numpy(),
+                "learned_sink": self.learned_sink().reshape(-1).numpy(),
+                "sink_logit": x.sum(-1).reshape(-1).numpy(),
+                "top_band": [self.band_names[int(j)] for j in top.reshape(-1)],
+                "n_queries": self.sums["n_queries"][:, None].expand(L, H).reshape(-1).numpy(),
+            }
+        )[have].reset_index(drop=True)
 
     def layers_frame(self) -> pd.DataFrame:
         """One row per layer: share of sinking heads, mean attention to position 0, key ratio."""
-        return pd.DataFrame({"layer": list(self.layers), "kind": [self.spec.layers[lay].kind for lay in self.layers],
-                             "sinking_share": self.head_share().numpy(),
-                             "mean_attention": self.mean_attention().nanmean(1).numpy(),
-                             "query_share": self.query_share().nanmean(1).numpy(),
-                             "plane_key_ratio": self.plane_key_ratio().numpy()})
+        return pd.DataFrame(
+            {
+                "layer": list(self.layers),
+                "kind": [self.spec.layers[lay].kind for lay in self.layers],
+                "sinking_share": self.head_share().numpy(),
+                "mean_attention": self.mean_attention().nanmean(1).numpy(),
+                "query_share": self.query_share().nanmean(1).numpy(),
+                "plane_key_ratio": self.plane_key_ratio().numpy(),
+            }
+        )
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy: one row per (layer, head, band) of the layer's own heads with the band's sink logit and share,
         the band's key-norm ratio of the head's KV head, and the head's attention to position 0."""
         L, H, B = self.sums["x0_sum"].shape
-        layer, head, band = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(B), indexing="ij")
+        layer, head, band = np.meshgrid(
+            np.array(self.layers), np.arange(H), np.arange(B), indexing="ij"
+        )
         # query head h reads KV head h // group, the group of its own layer (layers of other widths differ)
-        kv = torch.stack([(torch.arange(H) // self.spec.layers[lay].group_size).clamp_max(self.sums["k0_band"].shape[1] - 1)
-                          for lay in self.layers])  # [L,H]
+        kv = torch.stack(
+            [
+                (torch.arange(H) // self.spec.layers[lay].group_size).clamp_max(
+                    self.sums["k0_band"].shape[1] - 1
+                )
+                for lay in self.layers
+            ]
+        )  # [L,H]
         ratio = self.key_norm_ratio().gather(1, kv[..., None].expand(L, H, B))  # [L,H,B]
         have = self.present()[..., None].expand(L, H, B).reshape(-1).numpy()
-        return pd.DataFrame({
-            "layer": layer.ravel(), "head": head.ravel(), "band": [self.band_names[j] for j in band.ravel()],
-            "sink_logit": self.sink_logit().reshape(-1).numpy(),
-            "sink_logit_share": self.sink_logit_share().reshape(-1).numpy(),
-            "key_norm_ratio": ratio.reshape(-1).numpy(),
-            "mean_attention": self.mean_attention()[:, :, None].expand(L, H, B).reshape(-1).numpy(),
-            "query_share": self.query_share()[:, :, None].expand(L, H, B).reshape(-1).numpy(),
-            "sinking": self.sinking()[:, :, None].expand(L, H, B).reshape(-1).numpy()})[have].reset_index(drop=True)
+        return pd.DataFrame(
+            {
+                "layer": layer.ravel(),
+                "head": head.ravel(),
+                "band": [self.band_names[j] for j in band.ravel()],
+                "sink_logit": self.sink_logit().reshape(-1).numpy(),
+                "sink_logit_share": self.sink_logit_share().reshape(-1).numpy(),
+                "key_norm_ratio": ratio.reshape(-1).numpy(),
+                "mean_attention": self.mean_attention()[:, :, None]
+                .expand(L, H, B)
+                .reshape(-1)
+                .numpy(),
+                "query_share": self.query_share()[:, :, None].expand(L, H, B).reshape(-1).numpy(),
+                "sinking": self.sinking()[:, :, None].expand(L, H, B).reshape(-1).numpy(),
+            }
+        )[have].reset_index(drop=True)
 
     def findings(self) -> list[Finding]:
         """How many heads sink and where; which band makes position 0 attractive in them (when any sink);
@@ -314,42 +409,86 @@ class AttentionSinks(Result, merge_same=("layers", "band_names", "epsilon", "ski
         n, total = int(sink.sum()), int(self.present().sum())
         share = self.head_share()
         lo, hi = int(share.nan_to_num(2).argmin()), int(share.nan_to_num(-1).argmax())
-        vals = {"sinking_heads": n, "heads": total, "mean_attention": round(float(self.mean_attention().nanmean()), 2)}
-        out = [Finding("sinks-0", "attention-sinks",
-                       f"{n} of {total} heads ({n / total:.0%}) sink on position 0 (mean attention over queries "
-                       f"m ≥ {self.skip_queries} above ε = {self.epsilon:g}); per layer the share runs from "
-                       f"{float(share[lo]):.0%} (layer {self.layers[lo]}) to {float(share[hi]):.0%} (layer "
-                       f"{self.layers[hi]}); mean attention to position 0 {vals['mean_attention']:.2f}.", vals)]
+        vals = {
+            "sinking_heads": n,
+            "heads": total,
+            "mean_attention": round(float(self.mean_attention().nanmean()), 2),
+        }
+        out = [
+            Finding(
+                "sinks-0",
+                "attention-sinks",
+                f"{n} of {total} heads ({n / total:.0%}) sink on position 0 (mean attention over queries "
+                f"m ≥ {self.skip_queries} above ε = {self.epsilon:g}); per layer the share runs from "
+                f"{float(share[lo]):.0%} (layer {self.layers[lo]}) to {float(share[hi]):.0%} (layer "
+                f"{self.layers[hi]}); mean attention to position 0 {vals['mean_attention']:.2f}.",
+                vals,
+            )
+        ]
         if n:
             mean = self.sink_logit()[sink].mean(0)  # [B]
             j = int(mean.argmax())
             by_band = {nm: round(float(v), 2) for nm, v in zip(self.band_names, mean)}
-            vals = {"sink_logit": round(float(mean.sum()), 2), "band": self.band_names[j], "by_band": by_band}
-            others = ", ".join(f"{nm} {v:.2f}" for nm, v in by_band.items() if nm != self.band_names[j])
-            out.append(Finding("sinks-1", "attention-sinks",
-                               f"In sinking heads the sink logit averages {vals['sink_logit']:.2f}; band "
-                               f"{self.band_names[j]} gives {by_band[self.band_names[j]]:.2f} of it "
-                               f"({float(mean[j] / mean.sum()):.0%}), {others}.", vals))
+            vals = {
+                "sink_logit": round(float(mean.sum()), 2),
+                "band": self.band_names[j],
+                "by_band": by_band,
+            }
+            others = ", ".join(
+                f"{nm} {v:.2f}" for nm, v in by_band.items() if nm != self.band_names[j]
+            )
+            out.append(
+                Finding(
+                    "sinks-1",
+                    "attention-sinks",
+                    f"In sinking heads the sink logit averages {vals['sink_logit']:.2f}; band "
+                    f"{self.band_names[j]} gives {by_band[self.band_names[j]]:.2f} of it "
+                    f"({float(mean[j] / mean.sum()):.0%}), {others}.",
+                    vals,
+                )
+            )
         r = self.plane_key_ratio()
-        vals = {"median": round(float(r.nanmedian()), 2), "min": round(float(r.nan_to_num(float("inf")).min()), 2),
-                "max": round(float(r.nan_to_num(float("-inf")).max()), 2)}
-        out.append(Finding("sinks-2", "attention-sinks",
-                           f"The key at position 0 has {vals['median']:.2f}× the mean per-plane norm of other keys "
-                           f"(median over layers; {vals['min']:.2f}× to {vals['max']:.2f}×).", vals))
+        vals = {
+            "median": round(float(r.nanmedian()), 2),
+            "min": round(float(r.nan_to_num(float("inf")).min()), 2),
+            "max": round(float(r.nan_to_num(float("-inf")).max()), 2),
+        }
+        out.append(
+            Finding(
+                "sinks-2",
+                "attention-sinks",
+                f"The key at position 0 has {vals['median']:.2f}× the mean per-plane norm of other keys "
+                f"(median over layers; {vals['min']:.2f}× to {vals['max']:.2f}×).",
+                vals,
+            )
+        )
         return out
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "band_names": list(self.band_names), "bands": self.bands.to_dict(),
-                "spec": self.spec.to_dict(), "epsilon": self.epsilon, "skip_queries": self.skip_queries,
-                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+        return {
+            "layers": list(self.layers),
+            "band_names": list(self.band_names),
+            "bands": self.bands.to_dict(),
+            "spec": self.spec.to_dict(),
+            "epsilon": self.epsilon,
+            "skip_queries": self.skip_queries,
+            "sums": {k: v.tolist() for k, v in self.sums.items()},
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttentionSinks:
-        return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]), RopeSpec.from_dict(d["spec"]),
-                   float(d["epsilon"]), int(d["skip_queries"]),
-                   {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-                   Provenance.from_dict(d["provenance"]))
+        return cls(
+            tuple(d["layers"]),
+            tuple(d["band_names"]),
+            Bands.from_dict(d["bands"]),
+            RopeSpec.from_dict(d["spec"]),
+            float(d["epsilon"]),
+            int(d["skip_queries"]),
+            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+            Provenance.from_dict(d["provenance"]),
+        )
 
 
 @corpus_analysis(n_ctx=256, max_tokens=16_384)
@@ -366,8 +505,15 @@ def attention_sinks(
     """Stream attention to the first position, its band decomposition and the sink key's norms over a
     corpus (see :class:`SinkReducer`). Windows start with BOS, so position 0 is the BOS token."""
     bands = bands or Bands.default()
-    m = measure(model, corpus, lambda spec, chosen, _: SinkReducer(spec, chosen, bands, epsilon=epsilon,
-                                                                   skip_queries=skip_queries, tile=tile),
-                run, analysis="attention sinks", config=lambda reds: reds[0].config(), resume={"tile": tile})
+    m = measure(
+        model,
+        corpus,
+        lambda spec, chosen, _: SinkReducer(
+            spec, chosen, bands, epsilon=epsilon, skip_queries=skip_queries, tile=tile
+        ),
+        run,
+        analysis="attention sinks",
+        config=lambda reds: reds[0].config(),
+        resume={"tile": tile},
+    )
     return m.reducer.result(m.provenance)
-

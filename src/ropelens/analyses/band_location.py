@@ -48,8 +48,15 @@ from ropelens.spec.rope import RopeSpec
 from ropelens.spec.variants import PlaneMask
 from ropelens.validate import check_number
 
-__all__ = ["BandEdges", "BandIntervention", "BandLocation", "control_planes", "band_location", "locate_band",
-           "nope_below_band"]
+__all__ = [
+    "BandEdges",
+    "BandIntervention",
+    "BandLocation",
+    "control_planes",
+    "band_location",
+    "locate_band",
+    "nope_below_band",
+]
 
 Which = Literal["q", "k"]
 CONDITIONS = ("rope", "nope_below", "control")
@@ -74,7 +81,9 @@ def locate_band(profile: Float[Tensor, "... plane"]) -> BandEdges:
     median + (peak − median)/2 (see the module docstring)."""
     x = torch.as_tensor(profile, dtype=torch.float64)
     if x.ndim < 1 or x.shape[-1] < 1 or not bool(torch.isfinite(x).all()):
-        raise InputError(f"profile must be finite per-plane norms [..., plane], got shape {tuple(x.shape)}")
+        raise InputError(
+            f"profile must be finite per-plane norms [..., plane], got shape {tuple(x.shape)}"
+        )
     flat = x.reshape(-1, x.shape[-1]).numpy()
     out = np.zeros((flat.shape[0], 4))
     for r, row in enumerate(flat):
@@ -89,8 +98,13 @@ def locate_band(profile: Float[Tensor, "... plane"]) -> BandEdges:
             hi += 1
         out[r] = (peak, lo, hi, row[peak] / med if med > 0 else np.inf)
     shape = x.shape[:-1]
-    col = lambda j, dt: torch.from_numpy(out[:, j]).to(dt).reshape(shape)  # noqa: E731
-    return BandEdges(col(0, torch.long), col(1, torch.long), col(2, torch.long), col(3, torch.float64))
+
+    def col(j, dt):
+        return torch.from_numpy(out[:, j]).to(dt).reshape(shape)
+
+    return BandEdges(
+        col(0, torch.long), col(1, torch.long), col(2, torch.long), col(3, torch.float64)
+    )
 
 
 def control_planes(n_planes: int, counts: Sequence[int], seed: int) -> list[tuple[int, ...]]:
@@ -112,23 +126,36 @@ class BandIntervention:
     control: tuple[tuple[int, ...], ...]  # per layer, as many planes drawn at random
     seed: int
     losses: dict[str, list[float]]  # per condition, the mean loss of each window
-    estimates: dict[str, LossEstimate]  # per condition, the loss; and "nope_below-rope", "control-rope" (paired)
+    estimates: dict[
+        str, LossEstimate
+    ]  # per condition, the loss; and "nope_below-rope", "control-rope" (paired)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "below": [list(p) for p in self.below],
-                "control": [list(p) for p in self.control], "seed": self.seed, "losses": self.losses,
-                "estimates": {k: v.to_dict() for k, v in self.estimates.items()}}
+        return {
+            "layers": list(self.layers),
+            "below": [list(p) for p in self.below],
+            "control": [list(p) for p in self.control],
+            "seed": self.seed,
+            "losses": self.losses,
+            "estimates": {k: v.to_dict() for k, v in self.estimates.items()},
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BandIntervention:
-        return cls(layers=tuple(d["layers"]), below=tuple(tuple(p) for p in d["below"]),
-                   control=tuple(tuple(p) for p in d["control"]), seed=int(d["seed"]),
-                   losses={k: list(v) for k, v in d["losses"].items()},
-                   estimates={k: LossEstimate.from_dict(v) for k, v in d["estimates"].items()})
+        return cls(
+            layers=tuple(d["layers"]),
+            below=tuple(tuple(p) for p in d["below"]),
+            control=tuple(tuple(p) for p in d["control"]),
+            seed=int(d["seed"]),
+            losses={k: list(v) for k, v in d["losses"].items()},
+            estimates={k: LossEstimate.from_dict(v) for k, v in d["estimates"].items()},
+        )
 
 
 @dataclass(frozen=True)
-class BandLocation(Result, previous_kinds=("FrequencyBands",), merge_same=("which",), merge_sums=("usage",)):
+class BandLocation(
+    Result, previous_kinds=("FrequencyBands",), merge_same=("which",), merge_sums=("usage",)
+):
     """The high-norm band per layer and head, from measured per-plane norms, and optionally the loss
     of making the planes below it NoPE against a random control."""
 
@@ -155,8 +182,10 @@ class BandLocation(Result, previous_kinds=("FrequencyBands",), merge_same=("whic
     def merge(self, other: BandLocation) -> BandLocation:
         """Exact merge of the norms of two runs (the intervention, a loss on given windows, does not merge)."""
         if self.intervention is not None or getattr(other, "intervention", None) is not None:
-            raise InputError("BandLocation with an intervention do not merge: merge the runs without it "
-                             "(intervene=False), then run nope_below_band on the merged result")
+            raise InputError(
+                "BandLocation with an intervention do not merge: merge the runs without it "
+                "(intervene=False), then run nope_below_band on the merged result"
+            )
         self._check_mergeable(other)
         return replace(self, usage=self.usage.merge(other.usage))
 
@@ -186,30 +215,49 @@ class BandLocation(Result, previous_kinds=("FrequencyBands",), merge_same=("whic
         lay = df[df["head"] == -1]
         T = self.spec.n_ctx
         vals: dict[str, Any] = {
-            "which": self.which, "n_layers": len(lay), "train_ctx": T,
-            "median_peak": float(lay["peak"].median()), "median_lo": float(lay["lo"].median()),
-            "median_hi": float(lay["hi"].median()), "median_prominence": round(float(lay["prominence"].median()), 2),
-            "median_peak_wavelength_over_ctx": round(float(lay["peak_wavelength_over_ctx"].median()), 3),
+            "which": self.which,
+            "n_layers": len(lay),
+            "train_ctx": T,
+            "median_peak": float(lay["peak"].median()),
+            "median_lo": float(lay["lo"].median()),
+            "median_hi": float(lay["hi"].median()),
+            "median_prominence": round(float(lay["prominence"].median()), 2),
+            "median_peak_wavelength_over_ctx": round(
+                float(lay["peak_wavelength_over_ctx"].median()), 3
+            ),
             "median_critical_plane": float(lay["critical_plane"].median()),
             "layers_band_at_or_below_critical": int((lay["hi"] < lay["critical_plane"]).sum()),
         }
         noun = "queries" if self.which == "q" else "keys"
-        text = (f"The high-norm band of the {noun} (heads averaged) sits at planes {vals['median_lo']:.0f}–"
-                f"{vals['median_hi']:.0f} (peak {vals['median_peak']:.0f}, prominence {vals['median_prominence']:.2f}×; "
-                f"medians over {len(lay)} layers); the peak plane's wavelength is {vals['median_peak_wavelength_over_ctx']:.3g}× "
-                f"the training length {T:,}, whose critical plane is {vals['median_critical_plane']:.0f}; "
-                f"the band ends before the critical plane in {vals['layers_band_at_or_below_critical']} layers.")
+        text = (
+            f"The high-norm band of the {noun} (heads averaged) sits at planes {vals['median_lo']:.0f}–"
+            f"{vals['median_hi']:.0f} (peak {vals['median_peak']:.0f}, prominence {vals['median_prominence']:.2f}×; "
+            f"medians over {len(lay)} layers); the peak plane's wavelength is {vals['median_peak_wavelength_over_ctx']:.3g}× "
+            f"the training length {T:,}, whose critical plane is {vals['median_critical_plane']:.0f}; "
+            f"the band ends before the critical plane in {vals['layers_band_at_or_below_critical']} layers."
+        )
         out = [Finding("band_location", "bands", text, vals)]
         if self.intervention is not None:
             e = self.intervention.estimates
             d_b, d_c = e["nope_below-rope"].loss, e["control-rope"].loss
             n = sum(len(p) for p in self.intervention.below)
-            iv = {"rope": e["rope"].loss.mean, "nope_below_delta": d_b.to_dict(), "control_delta": d_c.to_dict(),
-                  "planes_unrotated": n, "seed": self.intervention.seed}
-            out.append(Finding("nope_below_band", "bands",
-                               f"Unrotating the {n} planes below the band (all layers) changes the loss by {d_b.mean:+.4f} "
-                               f"[{d_b.lo:+.4f}, {d_b.hi:+.4f}] nats; as many random planes, {d_c.mean:+.4f} "
-                               f"[{d_c.lo:+.4f}, {d_c.hi:+.4f}] (baseline {e['rope'].loss.mean:.4f}).", iv))
+            iv = {
+                "rope": e["rope"].loss.mean,
+                "nope_below_delta": d_b.to_dict(),
+                "control_delta": d_c.to_dict(),
+                "planes_unrotated": n,
+                "seed": self.intervention.seed,
+            }
+            out.append(
+                Finding(
+                    "nope_below_band",
+                    "bands",
+                    f"Unrotating the {n} planes below the band (all layers) changes the loss by {d_b.mean:+.4f} "
+                    f"[{d_b.lo:+.4f}, {d_b.hi:+.4f}] nats; as many random planes, {d_c.mean:+.4f} "
+                    f"[{d_c.lo:+.4f}, {d_c.hi:+.4f}] (baseline {e['rope'].loss.mean:.4f}).",
+                    iv,
+                )
+            )
         return out
 
     def to_frame(self) -> pd.DataFrame:
@@ -225,33 +273,60 @@ class BandLocation(Result, previous_kinds=("FrequencyBands",), merge_same=("whic
                 for h in heads:
                     at = (i, h) if per_head else (i,)
                     pk, lo, hi = int(b.peak[at]), int(b.lo[at]), int(b.hi[at])
-                    rows.append({"layer": L, "head": h, "peak": pk, "lo": lo, "hi": hi, "width": hi - lo + 1,
-                                 "prominence": float(b.prominence[at]), "peak_wavelength": float(wl[pk]),
-                                 "lo_wavelength": float(wl[lo]), "hi_wavelength": float(wl[hi]),
-                                 "peak_wavelength_over_ctx": float(wl[pk]) / self.spec.n_ctx,
-                                 "critical_plane": crit[i], "n_below": len(wl) - 1 - hi})
+                    rows.append(
+                        {
+                            "layer": L,
+                            "head": h,
+                            "peak": pk,
+                            "lo": lo,
+                            "hi": hi,
+                            "width": hi - lo + 1,
+                            "prominence": float(b.prominence[at]),
+                            "peak_wavelength": float(wl[pk]),
+                            "lo_wavelength": float(wl[lo]),
+                            "hi_wavelength": float(wl[hi]),
+                            "peak_wavelength_over_ctx": float(wl[pk]) / self.spec.n_ctx,
+                            "critical_plane": crit[i],
+                            "n_below": len(wl) - 1 - hi,
+                        }
+                    )
         return pd.DataFrame(rows)
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"which": self.which, "usage": self.usage.to_dict(),
-                "intervention": None if self.intervention is None else self.intervention.to_dict()}
+        return {
+            "which": self.which,
+            "usage": self.usage.to_dict(),
+            "intervention": None if self.intervention is None else self.intervention.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BandLocation:
         iv = d.get("intervention")
-        return cls(usage=FrequencyUsage.from_dict(d["usage"]), which=d["which"],
-                   intervention=None if iv is None else BandIntervention.from_dict(iv))
+        return cls(
+            usage=FrequencyUsage.from_dict(d["usage"]),
+            which=d["which"],
+            intervention=None if iv is None else BandIntervention.from_dict(iv),
+        )
 
 
-def nope_below_band(model, bands: BandLocation, tokens: Tensor, *, seed: int = 0, batch_size: int = 4,
-                    progress: bool = False) -> BandIntervention:
+def nope_below_band(
+    model,
+    bands: BandLocation,
+    tokens: Tensor,
+    *,
+    seed: int = 0,
+    batch_size: int = 4,
+    progress: bool = False,
+) -> BandIntervention:
     """Loss on ``tokens`` with RoPE, with the planes below each layer's band unrotated, and with as many
     planes per layer drawn at random (seeded) unrotated; paired bootstrap CIs of the differences."""
     spec, layers = bands.spec, list(bands.layers)
     if not is_identity(spec, PlaneMask(()), layers, int(tokens.shape[1])):
-        raise UnsupportedModelError(f"{spec.model_name}: its RoPE is not plain default RoPE in layers {layers}, and "
-                                    "PlaneMask rebuilds default frequencies: the intervention would change every plane")
+        raise UnsupportedModelError(
+            f"{spec.model_name}: its RoPE is not plain default RoPE in layers {layers}, and "
+            "PlaneMask rebuilds default frequencies: the intervention would change every plane"
+        )
     below = bands.below_band()
     control = control_planes(spec.layers[layers[0]].n_planes, [len(p) for p in below], seed)
     losses: dict[str, Tensor] = {}
@@ -260,24 +335,50 @@ def nope_below_band(model, bands: BandLocation, tokens: Tensor, *, seed: int = 0
             for L, p in zip(layers, planes or [], strict=False):
                 if p:
                     stack.enter_context(apply_rope_variant(model, PlaneMask(p), layers=[L]))
-            losses[cond] = window_losses(model, tokens, batch_size=batch_size, progress=progress).double()
+            losses[cond] = window_losses(
+                model, tokens, batch_size=batch_size, progress=progress
+            ).double()
     est = {c: bootstrap_ci(v, seed=seed) for c, v in losses.items()}
     for c in ("nope_below", "control"):
-        est[f"{c}-rope"] = bootstrap_ci(losses[c] - losses["rope"], seed=seed)  # paired: same windows
-    return BandIntervention(layers=tuple(layers), below=tuple(below), control=tuple(control), seed=int(seed),
-                            losses={c: v.tolist() for c, v in losses.items()}, estimates=est)
+        est[f"{c}-rope"] = bootstrap_ci(
+            losses[c] - losses["rope"], seed=seed
+        )  # paired: same windows
+    return BandIntervention(
+        layers=tuple(layers),
+        below=tuple(below),
+        control=tuple(control),
+        seed=int(seed),
+        losses={c: v.tolist() for c, v in losses.items()},
+        estimates=est,
+    )
 
 
 @corpus_analysis(n_ctx=256, max_tokens=4096)
-def band_location(model, corpus, run: RunOptions, *, which: Which = "q", n_sink: int = 1, intervene: bool = True,
-                    eval_windows: int = 8, seed: int = 0) -> BandLocation:
+def band_location(
+    model,
+    corpus,
+    run: RunOptions,
+    *,
+    which: Which = "q",
+    n_sink: int = 1,
+    intervene: bool = True,
+    eval_windows: int = 8,
+    seed: int = 0,
+) -> BandLocation:
     """Locate the high-norm band per layer and head from the corpus's per-plane norms; with ``intervene``,
     also the loss of unrotating the planes below it on the first ``eval_windows`` windows, against a
     seeded random control."""
     if which not in ("q", "k"):
         raise InputError(f"which must be 'q' (queries) or 'k' (keys), got {which!r}")
-    eval_windows = int(check_number(eval_windows, "eval_windows", at_least=1, integer=True,
-                                    hint=" (windows the loss is measured on)"))
+    eval_windows = int(
+        check_number(
+            eval_windows,
+            "eval_windows",
+            at_least=1,
+            integer=True,
+            hint=" (windows the loss is measured on)",
+        )
+    )
     seed = int(check_number(seed, "seed", integer=True))
     usage = frequency_usage(model, corpus, **asdict(run), n_sink=n_sink)
     result = BandLocation(usage=usage, which=which)
@@ -285,5 +386,7 @@ def band_location(model, corpus, run: RunOptions, *, which: Which = "q", n_sink:
         return result
     win = Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)
     toks = win.tokens[: min(eval_windows, win.n_windows)]
-    iv = nope_below_band(model, result, toks, seed=seed, batch_size=run.batch_size, progress=run.progress)
+    iv = nope_below_band(
+        model, result, toks, seed=seed, batch_size=run.batch_size, progress=run.progress
+    )
     return replace(result, intervention=iv)

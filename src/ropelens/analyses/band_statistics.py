@@ -33,7 +33,9 @@ MAX_LISTED = 5  # heads a finding names at most
 # keys every query of a tile sees, from which Σ y² and Σ y·k come from a running Σ k kᵀ (d² per query)
 # rather than from the scores: below this the scores are cheaper (measured on the CPU)
 GRAM_MIN_KEYS = 512
-KEY_TILE = {"cpu": 512}  # keys per tile: rows longer than this are carried across key tiles (online argmax)
+KEY_TILE = {
+    "cpu": 512
+}  # keys per tile: rows longer than this are carried across key tiles (online argmax)
 KEY_TILE_ACCELERATOR = 8192
 
 
@@ -58,20 +60,36 @@ class BandStatsReducer(DeviceSums):
     static_mask = "band statistics"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post"})
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, *, agreement: bool = True,
-                 jsd: bool = False, tile: int | tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        spec: RopeSpec,
+        layers: Sequence[int],
+        bands: Bands,
+        *,
+        agreement: bool = True,
+        jsd: bool = False,
+        tile: int | tuple[int, int] | None = None,
+    ) -> None:
         sizes = tile if isinstance(tile, tuple) else (tile,)
-        if tile is not None and not (len(sizes) in (1, 2) and all(isinstance(t, int) and t >= 1 for t in sizes)):
-            raise InputError(f"tile must be a positive number of queries, a (queries, keys) pair, or None for "
-                             f"automatic; got {tile!r}")
+        if tile is not None and not (
+            len(sizes) in (1, 2) and all(isinstance(t, int) and t >= 1 for t in sizes)
+        ):
+            raise InputError(
+                f"tile must be a positive number of queries, a (queries, keys) pair, or None for "
+                f"automatic; got {tile!r}"
+            )
         self.spec, self.layers, self.bands, self.tile = spec, list(layers), bands, tile
         self.jsd = jsd
         self.agreement = agreement or jsd
         self.resolved = {L: bands.resolve(spec.layers[L]) for L in self.layers}
-        bands.require_planes([spec.layers[L] for L in self.layers])  # a band with no plane anywhere: refused now
+        bands.require_planes(
+            [spec.layers[L] for L in self.layers]
+        )  # a band with no plane anywhere: refused now
         names = {self.resolved[L].names for L in self.layers}
         if len(names) != 1:
-            raise InputError(f"bands {bands.describe()} resolve to different band names across layers: {names}")
+            raise InputError(
+                f"bands {bands.describe()} resolve to different band names across layers: {names}"
+            )
         self.names = next(iter(names))
         self.sums = self._zeros()
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
@@ -83,8 +101,14 @@ class BandStatsReducer(DeviceSums):
         heads and planes (:meth:`RopeSpec.padded_zeros`)."""
         z = functools.partial(self.spec.padded_zeros, self.layers)
         sums = {k: z("head", len(self.names)) for k in _SUMS_LHB}
-        sums.update(var=z("head"), n_entries=z(), n_rows=z(), n_queries=z(), cs_term=z("head", "plane"),
-                    cs_bound=z("head", "plane"))
+        sums.update(
+            var=z("head"),
+            n_entries=z(),
+            n_rows=z(),
+            n_queries=z(),
+            cs_term=z("head", "plane"),
+            cs_bound=z("head", "plane"),
+        )
         return sums
 
     def _has_padding(self, valid: Tensor, known: bool | None = None) -> bool:
@@ -96,11 +120,17 @@ class BandStatsReducer(DeviceSums):
             self._padded = (valid, not bool(valid.all()))
         return self._padded[1]
 
-    def _band_index(self, layer: int, rb: ResolvedBands, head_dim: int, device: torch.device) -> Tensor:
+    def _band_index(
+        self, layer: int, rb: ResolvedBands, head_dim: int, device: torch.device
+    ) -> Tensor:
         """``[band, d_band]`` head-dim indices, bands padded to one width with index ``head_dim`` (a zero column)."""
+
         def make() -> Tensor:
             width = max(len(d) for d in rb.dims)
-            rows = [torch.cat([d, torch.full((width - len(d),), head_dim, dtype=torch.long)]) for d in rb.dims]
+            rows = [
+                torch.cat([d, torch.full((width - len(d),), head_dim, dtype=torch.long)])
+                for d in rb.dims
+            ]
             return torch.stack(rows).to(device)
 
         return self._cached((layer, "index", device), make)
@@ -111,8 +141,9 @@ class BandStatsReducer(DeviceSums):
             self._index[key] = make()
         return self._index[key]
 
-
-    def _tiles(self, device: torch.device, rows_per_query: int, n: int, window: int | None) -> tuple[int, int]:
+    def _tiles(
+        self, device: torch.device, rows_per_query: int, n: int, window: int | None
+    ) -> tuple[int, int]:
         """(queries, keys) per tile: key tiles of at most KEY_TILE keys, query tiles filling the element budget."""
         tk = KEY_TILE.get(device.type, KEY_TILE_ACCELERATOR)
         if isinstance(self.tile, tuple):
@@ -122,8 +153,9 @@ class BandStatsReducer(DeviceSums):
         return query_tile(device, rows_per_query * min(tk, n, window or n)), tk
 
     @staticmethod
-    def _spans(rope: LayerRope, valid: Tensor | None, c0: int, c1: int, j0: int, j1: int, dev: torch.device
-               ) -> list[tuple]:
+    def _spans(
+        rope: LayerRope, valid: Tensor | None, c0: int, c1: int, j0: int, j1: int, dev: torch.device
+    ) -> list[tuple]:
         """``(lo, hi, mask for x, mask for y)`` per column range of the tile holding masked entries.
 
         Without padding only the causal edge and the window's far edge are masked (computed from
@@ -159,8 +191,13 @@ class BandStatsReducer(DeviceSums):
         q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
         k = k_post.float() * vf[:, :, None, None]
         idx = self._band_index(acts.layer, rb, d, dev)
-        if len({len(dims) for dims in rb.dims}) > 1:  # bands of different widths: padded with a zero column
-            q_, k_ = torch.cat([q, q.new_zeros(b, n, H, 1)], -1), torch.cat([k, k.new_zeros(b, n, KV, 1)], -1)
+        if (
+            len({len(dims) for dims in rb.dims}) > 1
+        ):  # bands of different widths: padded with a zero column
+            q_, k_ = (
+                torch.cat([q, q.new_zeros(b, n, H, 1)], -1),
+                torch.cat([k, k.new_zeros(b, n, KV, 1)], -1),
+            )
         else:
             q_, k_ = q, k
         qb = q_[..., idx].view(b, n, KV, G, B, -1).permute(0, 2, 4, 3, 1, 5)  # [b,KV,B,G,n,db]
@@ -173,7 +210,9 @@ class BandStatsReducer(DeviceSums):
         ksum = _window_sums(kd, rope).float()  # [b,KV,n,d]
         general = self._has_padding(valid, acts.padded)
         pos = torch.arange(n, device=dev)
-        allowed = pos + 1 if not rope.window else (pos + 1).clamp(max=rope.window)  # keys per (unpadded) query
+        allowed = (
+            pos + 1 if not rope.window else (pos + 1).clamp(max=rope.window)
+        )  # keys per (unpadded) query
         if general:  # padding anywhere: count only the valid keys each query sees
             cv = valid.long().cumsum(1)
             lo = (pos - rope.window).clamp(min=-1) if rope.window else pos.new_full((n,), -1)
@@ -190,11 +229,18 @@ class BandStatsReducer(DeviceSums):
         tq, tk = self._tiles(dev, b * H * B, n, rope.window)
         # each tile's terms are summed over its queries per window in float32 and added over windows and
         # tiles in float64 (the sums' dtype): a window's terms do not depend on the batch it came in
-        acc = {k_: q.new_zeros(KV, B, G, dtype=wide) for k_ in ("abs", "cov", "margin", "top1", "jsd")}
+        acc = {
+            k_: q.new_zeros(KV, B, G, dtype=wide) for k_ in ("abs", "cov", "margin", "top1", "jsd")
+        }
         acc_var = q.new_zeros(KV, G, dtype=wide)
         acc_cs = {k_: q.new_zeros(KV, G, rope.n_planes, dtype=wide) for k_ in ("term", "bound")}
-        per_window = lambda t, dim: t.sum(dim).to(wide).sum(0)  # noqa: E731  float32 within a window, float64 across
-        member = self._cached((acts.layer, "member", dev), lambda: rb.dim_membership().to(dev))  # [d, B]
+
+        def per_window(t, dim):
+            return t.sum(dim).to(wide).sum(0)
+
+        member = self._cached(
+            (acts.layer, "member", dev), lambda: rb.dim_membership().to(dev)
+        )  # [d, B]
         ninf = float("-inf")
         # Σ_k y² and Σ_k y·k over the keys every query of a tile attends to come from Σ k kᵀ over them
         # (y = q·k), carried from tile to tile in float64; only the tile's edge columns need the scores
@@ -204,8 +250,13 @@ class BandStatsReducer(DeviceSums):
             c1 = min(n, c0 + tq)
             c = c1 - c0
             k0 = max(0, c0 - rope.window + 1) if rope.window else 0
-            full = (max(0, c1 - rope.window) if rope.window else 0, c0 + 1)  # keys every query of the tile sees
-            if full[1] - full[0] < GRAM_MIN_KEYS:  # few: cheaper as scores than as products with Σ k kᵀ
+            full = (
+                max(0, c1 - rope.window) if rope.window else 0,
+                c0 + 1,
+            )  # keys every query of the tile sees
+            if (
+                full[1] - full[0] < GRAM_MIN_KEYS
+            ):  # few: cheaper as scores than as products with Σ k kᵀ
                 full = (0, 0)
             qt = qh[:, :, :, c0:c1]  # [b,KV,G,c,d]
             qbt = qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1)
@@ -243,16 +294,22 @@ class BandStatsReducer(DeviceSums):
                 if self.agreement:
                     bmax = torch.maximum(bmax, x.amax(-1))
                 if self.jsd:
-                    pat = rope.probs(y.reshape(b, H, c, kt))  # the model's own pattern, rebuilt from its scores
+                    pat = rope.probs(
+                        y.reshape(b, H, c, kt)
+                    )  # the model's own pattern, rebuilt from its scores
                     for j in range(B):
                         pb = rope.probs(x[:, :, j].reshape(b, H, c, kt))
-                        acc["jsd"][:, j] += per_window(js_divergence(pb, pat) * seen[:, None, c0:c1], 2).view(KV, G)
+                        acc["jsd"][:, j] += per_window(
+                            js_divergence(pb, pat) * seen[:, None, c0:c1], 2
+                        ).view(KV, G)
                 for lo, hi, _, my in spans:
                     y[..., lo:hi].masked_fill_(my, 0.0)
                 for lo, hi in _outside(j0, j1, *full):
                     ye = y[..., lo:hi]
                     ysq += (ye * ye).sum(-1)
-                    yk += torch.matmul(ye.reshape(b, KV, G * c, hi - lo), kh[:, :, j0 + lo : j0 + hi])
+                    yk += torch.matmul(
+                        ye.reshape(b, KV, G * c, hi - lo), kh[:, :, j0 + lo : j0 + hi]
+                    )
                 del y
                 x.abs_()
                 for lo, hi, mx, _ in spans:
@@ -263,7 +320,9 @@ class BandStatsReducer(DeviceSums):
             w4 = okq[:, None, None, None].bool()
             acc["abs"] += per_window(absr, 4)
             if self.agreement:  # band-only top-1: the attended key attains the band's own maximum
-                acc["top1"] += ((xa >= bmax) & seenq[:, None, None, None].bool()).sum((0, 4)).to(wide)
+                acc["top1"] += (
+                    ((xa >= bmax) & seenq[:, None, None, None].bool()).sum((0, 4)).to(wide)
+                )
             # keys seen by the whole tile: Σ_k y·k_j = (Σ_k k kᵀ) q, so Σ_k x_b·y and Σ_k y² are products with q
             if full[1] > full[0]:
                 qg = qt.to(wide)
@@ -273,17 +332,39 @@ class BandStatsReducer(DeviceSums):
             else:
                 crossg = 0.0
             # Σ_k x_b = q_b · Σ_k k_b; Σ_k x_b·y = q_b · (Σ_k y k_b): per-dim products summed into bands
-            row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(0, 1, 4, 2, 3)  # [b,KV,B,G,c]
-            cross = (torch.matmul(qt * yk.view(b, KV, G, c, d), member) + crossg).permute(0, 1, 4, 2, 3)
+            row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(
+                0, 1, 4, 2, 3
+            )  # [b,KV,B,G,c]
+            cross = (torch.matmul(qt * yk.view(b, KV, G, c, d), member) + crossg).permute(
+                0, 1, 4, 2, 3
+            )
             ysum = row_b.sum(2)  # [b,KV,G,c]
-            acc_var += per_window(torch.where(okq[:, None, None].bool(), ysq - ysum**2 / rq.clamp_min(1)[:, None, None], 0), 3)
-            acc["cov"] += per_window(torch.where(w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0), 4)
-            acc["margin"] += per_window(torch.where(w4, xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None], 0), 4)
+            acc_var += per_window(
+                torch.where(
+                    okq[:, None, None].bool(), ysq - ysum**2 / rq.clamp_min(1)[:, None, None], 0
+                ),
+                3,
+            )
+            acc["cov"] += per_window(
+                torch.where(
+                    w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0
+                ),
+                4,
+            )
+            acc["margin"] += per_window(
+                torch.where(w4, xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None], 0),
+                4,
+            )
             ka = kh.gather(2, att.view(b, KV, G * c, 1).expand(-1, -1, -1, d)).view(b, KV, G, c, d)
             w = okq[:, None, None, :, None].bool()  # per plane, [b,KV,G,c,P]
             acc_cs["term"] += per_window(torch.where(w, rope.plane_sums(qt * ka), 0), 3)
-            acc_cs["bound"] += per_window(torch.where(w, rope.plane_norms(qt) * rope.plane_norms(ka), 0), 3)
-        to_hb = lambda t: t.permute(0, 2, 1).reshape(H, B).to(here, torch.float64)  # noqa: E731  [KV,B,G] -> [H,B], h = kv·G + g
+            acc_cs["bound"] += per_window(
+                torch.where(w, rope.plane_norms(qt) * rope.plane_norms(ka), 0), 3
+            )
+
+        def to_hb(t):
+            return t.permute(0, 2, 1).reshape(H, B).to(here, torch.float64)
+
         P = rope.n_planes  # a layer narrower than the widest adds into its leading heads and planes
         s["abs_sum"][i, :H] += to_hb(acc["abs"])
         s["cov"][i, :H] += to_hb(acc["cov"])
@@ -297,7 +378,9 @@ class BandStatsReducer(DeviceSums):
     def result(self, provenance: Provenance) -> BandStatistics:
         """The streamed sums as :class:`BandStatistics` (on the CPU, float64)."""
         sums = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
-        return BandStatistics(tuple(self.layers), self.names, self.bands, self.spec, sums, provenance)
+        return BandStatistics(
+            tuple(self.layers), self.names, self.bands, self.spec, sums, provenance
+        )
 
 
 def _rounded(x: float) -> float | None:
@@ -350,7 +433,9 @@ def _outside(j0: int, j1: int, lo: int, hi: int) -> list[tuple[int, int]]:
     return [(a, z) for a, z in out if z > a]
 
 
-def _masked_spans_of(c0: int, c1: int, j0: int, j1: int, window: int | None) -> list[tuple[int, int]]:
+def _masked_spans_of(
+    c0: int, c1: int, j0: int, j1: int, window: int | None
+) -> list[tuple[int, int]]:
     """Column ranges (relative to key ``j0``) of the tile queries ``[c0, c1)`` × keys ``[j0, j1)`` that
     hold masked entries: keys after the tile's first query (causal) and, with a sliding window,
     keys some query of the tile has left behind. Other columns are allowed for every query."""
@@ -364,8 +449,9 @@ def _masked_spans_of(c0: int, c1: int, j0: int, j1: int, window: int | None) -> 
 
 # unversioned: files from before the result base carry a type but no format
 @dataclass(frozen=True)
-class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names", "spec"),
-                     merge_sums=("sums",)):
+class BandStatistics(
+    Result, unversioned=True, merge_same=("layers", "band_names", "spec"), merge_sums=("sums",)
+):
     """Corpus statistics of the band decomposition, per layer × head × band.
 
     Layers of different widths (Gemma 4's wider global heads) share one ``[layer, head, ...]`` array: each
@@ -381,8 +467,12 @@ class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names
     provenance: Provenance
 
     def __post_init__(self) -> None:
-        self._check_shape("abs_sum", self.sums["abs_sum"], (len(self.layers), None, len(self.band_names)),
-                          " [layer, head, band]")
+        self._check_shape(
+            "abs_sum",
+            self.sums["abs_sum"],
+            (len(self.layers), None, len(self.band_names)),
+            " [layer, head, band]",
+        )
 
     def present(self) -> Bool[Tensor, "layer head"]:
         """The heads each layer has (all True when the measured layers share one width)."""
@@ -413,7 +503,9 @@ class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names
     def measurable(self) -> Bool[Tensor, "layer band"]:
         """Whether each band holds a dimension in each layer. A band with none there has no logits of its own (all 0),
         so what it does alone (:meth:`top1`, :meth:`jsd`) is not measurable in that layer and reads NaN."""
-        rows = [[len(d) > 0 for d in self.bands.resolve(self.spec.layers[L]).dims] for L in self.layers]
+        rows = [
+            [len(d) > 0 for d in self.bands.resolve(self.spec.layers[L]).dims] for L in self.layers
+        ]
         return torch.tensor(rows, dtype=torch.bool).reshape(len(self.layers), len(self.band_names))
 
     def _band_only(self, key: str) -> Float[Tensor, "layer head band"]:
@@ -424,7 +516,9 @@ class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names
         """Fraction of queries whose band-only argmax is the key the model attends to most (NaN where the band holds
         no plane in the layer: its all-zero logits would tie every key, not agree)."""
         if not self.provenance.config.get("agreement", True):
-            raise InputError("band-only agreement was not streamed: run band_statistics(..., agreement=True)")
+            raise InputError(
+                "band-only agreement was not streamed: run band_statistics(..., agreement=True)"
+            )
         return self._band_only("top1")
 
     def jsd(self) -> Float[Tensor, "layer head band"]:
@@ -440,16 +534,25 @@ class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy: one row per (layer, head, band) of the layer's own heads."""
-        metrics = {"abs_share": self.abs_share(), "mean_abs": self.mean_abs(), "var_share": self.var_share(),
-                   "margin": self.margin(), "margin_share": self.margin_share()}
+        metrics = {
+            "abs_share": self.abs_share(),
+            "mean_abs": self.mean_abs(),
+            "var_share": self.var_share(),
+            "margin": self.margin(),
+            "margin_share": self.margin_share(),
+        }
         if self.provenance.config.get("agreement", True):
             metrics["top1"] = self.top1()
         if self.provenance.config.get("jsd", False):
             metrics["jsd"] = self.jsd()
         L, H, B = metrics["abs_share"].shape
-        idx = pd.MultiIndex.from_product([self.layers, range(H), self.band_names], names=["layer", "head", "band"])
+        idx = pd.MultiIndex.from_product(
+            [self.layers, range(H), self.band_names], names=["layer", "head", "band"]
+        )
         have = self.present()[..., None].expand(L, H, B).reshape(-1).numpy()
-        df = pd.DataFrame({k: v.reshape(-1).numpy() for k, v in metrics.items()}, index=idx).reset_index()
+        df = pd.DataFrame(
+            {k: v.reshape(-1).numpy() for k, v in metrics.items()}, index=idx
+        ).reset_index()
         return df[have].reset_index(drop=True)
 
     # ---------------------------------------------------------------- findings
@@ -466,24 +569,39 @@ class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names
         top1 = self.top1()[..., 0]
         band = self.band_names[0]
         have = self.present()
-        flat = sorted(((float(share[i, h]), self.layers[i], h, float(top1[i, h]))
-                       for i, h in have.nonzero().tolist()), key=lambda t: -t[0])
+        flat = sorted(
+            (
+                (float(share[i, h]), self.layers[i], h, float(top1[i, h]))
+                for i, h in have.nonzero().tolist()
+            ),
+            key=lambda t: -t[0],
+        )
         n_heads = len(flat)
         major = [t for t in flat if t[0] > MARGIN_MAJORITY]
         listed = major[:MAX_LISTED] if major else flat[:1]  # only what the sentence quotes
-        heads = [{"layer": lay, "head": h, "margin_share": round(s, 2), "top1": _rounded(t)} for s, lay, h, t in listed]
-        shown = ", ".join(f"{head_name(x['layer'], x['head'])} {x['margin_share']:.2f} (band-only top-1 "
-                          f"{_agreement_text(x['top1'])})" for x in heads)
+        heads = [
+            {"layer": lay, "head": h, "margin_share": round(s, 2), "top1": _rounded(t)}
+            for s, lay, h, t in listed
+        ]
+        shown = ", ".join(
+            f"{head_name(x['layer'], x['head'])} {x['margin_share']:.2f} (band-only top-1 "
+            f"{_agreement_text(x['top1'])})"
+            for x in heads
+        )
         vals = {"band": band, "n_heads": n_heads, "n_majority": len(major), "heads": heads}
         if major:
             verb, their = ("gets", "its") if len(major) == 1 else ("get", "their")
-            text = (f"{len(major)} of {n_heads} heads {verb} more than half of {their} attended-key margin from band "
-                    f"{band}: {shown}.")
+            text = (
+                f"{len(major)} of {n_heads} heads {verb} more than half of {their} attended-key margin from band "
+                f"{band}: {shown}."
+            )
         else:
             top = heads[0]
-            text = (f"No head gets more than half of its attended-key margin from band {band}; the largest share is "
-                    f"{top['margin_share']:.2f} ({head_name(top['layer'], top['head'])}, band-only top-1 "
-                    f"{_agreement_text(top['top1'])}).")
+            text = (
+                f"No head gets more than half of its attended-key margin from band {band}; the largest share is "
+                f"{top['margin_share']:.2f} ({head_name(top['layer'], top['head'])}, band-only top-1 "
+                f"{_agreement_text(top['top1'])})."
+            )
         return Finding("margin", "band-statistics", text, vals)
 
     def _top1_finding(self) -> Finding | None:
@@ -494,11 +612,23 @@ class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names
         band, n, _ = band_winners(top1.nanmean(1).nan_to_num(nan=-1.0), self.band_names)
         overall = top1.nanmean((0, 1))
         b = self.band_names.index(band)
-        vals = {"band": band, "layers": n, "n_layers": len(self.layers), "mean_top1": round(float(overall[b]), 2),
-                "first_band": self.band_names[0], "first_top1": _rounded(float(overall[0]))}
-        text = (f"Alone, band {band} most often picks the key the model attends to most: it leads in {n} of "
-                f"{len(self.layers)} layers, with top-1 agreement {vals['mean_top1']:.2f} over all heads")
-        text += "." if b == 0 else f", against {_agreement_text(vals['first_top1'])} for band {vals['first_band']}."
+        vals = {
+            "band": band,
+            "layers": n,
+            "n_layers": len(self.layers),
+            "mean_top1": round(float(overall[b]), 2),
+            "first_band": self.band_names[0],
+            "first_top1": _rounded(float(overall[0])),
+        }
+        text = (
+            f"Alone, band {band} most often picks the key the model attends to most: it leads in {n} of "
+            f"{len(self.layers)} layers, with top-1 agreement {vals['mean_top1']:.2f} over all heads"
+        )
+        text += (
+            "."
+            if b == 0
+            else f", against {_agreement_text(vals['first_top1'])} for band {vals['first_band']}."
+        )
         return Finding("top1", "band-statistics", text, vals)
 
     def _tightness_finding(self) -> Finding:
@@ -511,33 +641,60 @@ class BandStatistics(Result, unversioned=True, merge_same=("layers", "band_names
         last = [self.spec.layers[L].n_planes - 1 for L in self.layers]
         lowest = torch.stack([t[j, :, p] for j, p in enumerate(last)])  # [L, H]
         n_heads = int(self.present().sum())
-        vals = {"plane": 0, "wavelength": round(wls[0], 2), "mean": round(float(top.nanmean()), 2),
-                "best_layer": self.layers[i], "best_head": h, "best": round(float(top[i, h]), 2),
-                "lowest_plane": last[0] if len(set(last)) == 1 else sorted(set(last)),
-                "lowest_mean": round(float(lowest.nanmean()), 2), "n_heads": n_heads}
-        wl = (f"{vals['wavelength']:.2f}" if len({round(w, 2) for w in wls}) == 1
-              else f"{min(wls):.2f} to {max(wls):.2f}")
-        planes = (f"plane ({last[0]})" if len(set(last)) == 1
-                  else "plane of each layer (" + ", ".join(map(str, sorted(set(last)))) + ")")
-        text = (f"At the attended key, plane 0 (highest frequency, λ = {wl} tokens) reaches on average "
-                f"{vals['mean']:.2f} of its Cauchy–Schwarz bound over {n_heads} heads (1 = q and k aligned); tightest "
-                f"{head_name(vals['best_layer'], h)} at {vals['best']:.2f}. The lowest-frequency {planes} "
-                f"averages {vals['lowest_mean']:.2f}.")
+        vals = {
+            "plane": 0,
+            "wavelength": round(wls[0], 2),
+            "mean": round(float(top.nanmean()), 2),
+            "best_layer": self.layers[i],
+            "best_head": h,
+            "best": round(float(top[i, h]), 2),
+            "lowest_plane": last[0] if len(set(last)) == 1 else sorted(set(last)),
+            "lowest_mean": round(float(lowest.nanmean()), 2),
+            "n_heads": n_heads,
+        }
+        wl = (
+            f"{vals['wavelength']:.2f}"
+            if len({round(w, 2) for w in wls}) == 1
+            else f"{min(wls):.2f} to {max(wls):.2f}"
+        )
+        planes = (
+            f"plane ({last[0]})"
+            if len(set(last)) == 1
+            else "plane of each layer (" + ", ".join(map(str, sorted(set(last)))) + ")"
+        )
+        text = (
+            f"At the attended key, plane 0 (highest frequency, λ = {wl} tokens) reaches on average "
+            f"{vals['mean']:.2f} of its Cauchy–Schwarz bound over {n_heads} heads (1 = q and k aligned); tightest "
+            f"{head_name(vals['best_layer'], h)} at {vals['best']:.2f}. The lowest-frequency {planes} "
+            f"averages {vals['lowest_mean']:.2f}."
+        )
         return Finding("tightness", "band-statistics", text, vals)
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "band_names": list(self.band_names),
-                "bands": self.bands.to_dict(), "spec": self.spec.to_dict(),
-                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+        return {
+            "layers": list(self.layers),
+            "band_names": list(self.band_names),
+            "bands": self.bands.to_dict(),
+            "spec": self.spec.to_dict(),
+            "sums": {k: v.tolist() for k, v in self.sums.items()},
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BandStatistics:
-        return cls(tuple(d["layers"]), tuple(d["band_names"]), Bands.from_dict(d["bands"]),
-                   RopeSpec.from_dict(d["spec"]), {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-                   Provenance.from_dict(d["provenance"]))
+        return cls(
+            tuple(d["layers"]),
+            tuple(d["band_names"]),
+            Bands.from_dict(d["bands"]),
+            RopeSpec.from_dict(d["spec"]),
+            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+            Provenance.from_dict(d["provenance"]),
+        )
 
-    def heatmap(self, metric: str = "margin_share", layer: int | None = None, coloraxis: str | None = None) -> Any:
+    def heatmap(
+        self, metric: str = "margin_share", layer: int | None = None, coloraxis: str | None = None
+    ) -> Any:
         """Layer × band (head-averaged) or, for one layer, head × band."""
         return figure_of(BandStatistics, "heatmap")(self, metric, layer, coloraxis)
 
@@ -566,9 +723,17 @@ def band_statistics(
     bands = bands or Bands.default()
     spec = rope_spec(model)
     chosen = spec.layer_indices(run.layers)
-    bands.require_planes([spec.layers[L] for L in chosen])  # a band with no plane anywhere: refused before the model runs
-    m = measure(model, corpus, lambda spec, chosen, _: BandStatsReducer(spec, chosen, bands, agreement=agreement,
-                                                                        jsd=jsd),
-                run, analysis="band statistics", config={"bands": bands.describe(), "agreement": agreement or jsd, "jsd": jsd},
-                desc="band statistics", spec=spec)
+    bands.require_planes(
+        [spec.layers[L] for L in chosen]
+    )  # a band with no plane anywhere: refused before the model runs
+    m = measure(
+        model,
+        corpus,
+        lambda spec, chosen, _: BandStatsReducer(spec, chosen, bands, agreement=agreement, jsd=jsd),
+        run,
+        analysis="band statistics",
+        config={"bands": bands.describe(), "agreement": agreement or jsd, "jsd": jsd},
+        desc="band statistics",
+        spec=spec,
+    )
     return m.reducer.result(m.provenance)

@@ -69,8 +69,9 @@ def critical_dimension(base: float, rotary_dim: int, train_ctx: int) -> int:
     return int(min(d, max(0, 2 * math.ceil(x - 1e-12))))
 
 
-def _first_violation(base: float, rotary_dim: int, context_len: int, hint: int | None = None,
-                     chunk: int = 1 << 13) -> int | None:
+def _first_violation(
+    base: float, rotary_dim: int, context_len: int, hint: int | None = None, chunk: int = 1 << 13
+) -> int | None:
     """Some m < context_len with Σ_i cos(m·θ_i) < 0, or None when there is none (float64).
 
     Any violation settles an infeasible base, so the search looks where one is likely first: the
@@ -124,7 +125,9 @@ def _violation_steps(m: np.ndarray, a: np.ndarray, theta: np.ndarray) -> np.ndar
     out = np.zeros_like(b)
     neg = b < 0
     bn, b1n = b[neg], b1[neg]
-    out[neg] = 2 * -bn / (b1n + np.sqrt(b1n * b1n - 2 * m2[neg] * bn))  # the root, without cancellation
+    out[neg] = (
+        2 * -bn / (b1n + np.sqrt(b1n * b1n - 2 * m2[neg] * bn))
+    )  # the root, without cancellation
     return out
 
 
@@ -149,43 +152,60 @@ def base_lower_bound(rotary_dim: int, context_len: int, *, max_base: float = 1e1
     d = check_positive_int(rotary_dim, "rotary_dim")
     context_len = check_positive_int(context_len, "context_len")
     if context_len > MAX_BOUND_CONTEXT:
-        raise InputError(f"context length {context_len:,} is past {MAX_BOUND_CONTEXT:,} tokens, the longest whose base "
-                         "lower bound ropelens certifies (the search evaluates B(m) at every m < L: 2 minutes at that "
-                         "length, about 4× longer per doubling): pass a shorter length")
+        raise InputError(
+            f"context length {context_len:,} is past {MAX_BOUND_CONTEXT:,} tokens, the longest whose base "
+            "lower bound ropelens certifies (the search evaluates B(m) at every m < L: 2 minutes at that "
+            "length, about 4× longer per doubling): pass a shorter length"
+        )
     if d % 2:
         raise InputError(f"rotary_dim must be even (RoPE rotates pairs), got {d}")
     if context_len <= 2 or bound_holds(1.0 + 1e-9, d, context_len):
         return 1.0  # cos(0), cos(θ₀) = cos 1 > 0: any base works for L ≤ 2
     if d == 2:
-        raise InputError(f"rotary_dim 2 has the single frequency θ₀ = 1 at every base and cos(2) < 0, so "
-                         f"no base satisfies the bound for context_len {context_len} > 2: use rotary_dim ≥ 4")
+        raise InputError(
+            f"rotary_dim 2 has the single frequency θ₀ = 1 at every base and cos(2) < 0, so "
+            f"no base satisfies the bound for context_len {context_len} > 2: use rotary_dim ≥ 4"
+        )
     a = np.arange(0, d, 2, dtype=np.float64) / d
     u, u_max = 0.0, math.log(max_base)
     witnesses = np.zeros(0)
     while u <= u_max:
         theta = np.exp(-a * u)
         step = float(_violation_steps(witnesses, a, theta).max()) if witnesses.size else 0.0
-        if step <= 8 * np.spacing(u):  # the witnesses are spent: find new ones, or none (u is feasible)
-            found = _new_witnesses(int(witnesses[0]) if witnesses.size else 0, context_len, a, theta)
+        if step <= 8 * np.spacing(
+            u
+        ):  # the witnesses are spent: find new ones, or none (u is feasible)
+            found = _new_witnesses(
+                int(witnesses[0]) if witnesses.size else 0, context_len, a, theta
+            )
             if found is None:
                 if bound_holds(math.exp(u), d, context_len):
                     return math.exp(u)
-                witnesses, step = np.zeros(0), 0.0  # B within rounding of 0 evaluated from the base: step on
+                witnesses, step = (
+                    np.zeros(0),
+                    0.0,
+                )  # B within rounding of 0 evaluated from the base: step on
             else:
                 witnesses, step = found
         u += max(step, 4 * np.spacing(u))
-    raise InputError(f"no base up to {max_base:g} satisfies the bound for rotary_dim {d}, context_len "
-                     f"{context_len}: raise max_base")
+    raise InputError(
+        f"no base up to {max_base:g} satisfies the bound for rotary_dim {d}, context_len "
+        f"{context_len}: raise max_base"
+    )
 
 
-def _new_witnesses(centre: int, n: int, a: np.ndarray, theta: np.ndarray, keep: int = 16,
-                   chunk: int = 4096) -> tuple[np.ndarray, float] | None:
+def _new_witnesses(
+    centre: int, n: int, a: np.ndarray, theta: np.ndarray, keep: int = 16, chunk: int = 4096
+) -> tuple[np.ndarray, float] | None:
     """The ``keep`` m < n with the longest certified steps in the first window around ``centre`` (then
     in chunks of every m) holding any B(m) < 0, and the longest step; None when no m < n has one."""
     seen = np.zeros(n, dtype=bool)
-    for lo, hi in [(centre - 64, centre + 64), (centre - 1024, centre + 1024),
-                   *((s, s + chunk) for s in range(0, n, chunk))]:
-        ms = np.flatnonzero(~seen[max(0, lo):min(n, hi)]) + max(0, lo)
+    for lo, hi in [
+        (centre - 64, centre + 64),
+        (centre - 1024, centre + 1024),
+        *((s, s + chunk) for s in range(0, n, chunk)),
+    ]:
+        ms = np.flatnonzero(~seen[max(0, lo) : min(n, hi)]) + max(0, lo)
         if not ms.size:
             continue
         seen[ms] = True
@@ -207,13 +227,22 @@ MIN_PREDICTION_LENGTH = math.floor(2 * math.pi) + 1
 def _ctx_over_2pi(x: Any, what: str) -> float:
     n = check_positive_int(x, what, " (a context length in tokens)")
     if n <= 2 * math.pi:
-        raise InputError(f"{what} must exceed 2π ≈ 6.28 tokens (Liu's formulas take log(T/2π)), got {n}")
+        raise InputError(
+            f"{what} must exceed 2π ≈ 6.28 tokens (Liu's formulas take log(T/2π)), got {n}"
+        )
     return n / (2 * math.pi)
 
 
 def _check_base(base: Any, what: str = "base") -> float:
-    if isinstance(base, bool) or not isinstance(base, numbers.Real) or not math.isfinite(base) or not base > 1:
-        raise InputError(f"{what} must be a finite number > 1 (the RoPE base, rope_theta), got {base!r}")
+    if (
+        isinstance(base, bool)
+        or not isinstance(base, numbers.Real)
+        or not math.isfinite(base)
+        or not base > 1
+    ):
+        raise InputError(
+            f"{what} must be a finite number > 1 (the RoPE base, rope_theta), got {base!r}"
+        )
     return float(base)
 
 
@@ -232,11 +261,15 @@ def critical_base(train_ctx: int, tune_ctx: int, base: float = 10000.0) -> float
     a, t = _ctx_over_2pi(train_ctx, "train_ctx"), _ctx_over_2pi(tune_ctx, "tune_ctx")
     try:
         return b ** (math.log(t) / math.log(a))
-    except OverflowError:  # a training length just above 2π tuned far beyond it: past float64's range
+    except (
+        OverflowError
+    ):  # a training length just above 2π tuned far beyond it: past float64's range
         return math.inf
 
 
-def extrapolation_limit(base: float, rotary_dim: int, train_ctx: int, *, train_base: float | None = None) -> float:
+def extrapolation_limit(
+    base: float, rotary_dim: int, train_ctx: int, *, train_base: float | None = None
+) -> float:
     """Liu et al.'s extrapolation limit T_extra = 2π·β^(d_extra/d), in tokens.
 
     d_extra is :func:`critical_dimension` of the *pre-training* base ``train_base`` (default
@@ -257,8 +290,12 @@ def _lengths(lengths: Any) -> tuple[int, ...]:
     if isinstance(lengths, numbers.Integral) and not isinstance(lengths, bool):
         lengths = [lengths]
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, (Sequence, np.ndarray)):
-        raise InputError(f"lengths must be a list of context lengths in tokens, e.g. [2048, 8192], got {lengths!r}")
-    out = tuple(check_positive_int(x, "each length", " (a context length in tokens)") for x in lengths)
+        raise InputError(
+            f"lengths must be a list of context lengths in tokens, e.g. [2048, 8192], got {lengths!r}"
+        )
+    out = tuple(
+        check_positive_int(x, "each length", " (a context length in tokens)") for x in lengths
+    )
     if not out:
         raise InputError("lengths is empty: pass the context lengths to predict, e.g. [2048, 8192]")
     return out
@@ -269,27 +306,50 @@ def _layer_base(lr: LayerRope) -> float:
     if lr.base is not None:
         return float(lr.base)
     if lr.n_planes < 2:
-        raise InputError(f"layer {lr.layer} has {lr.n_planes} plane(s) and records no base: pass base=")
+        raise InputError(
+            f"layer {lr.layer} has {lr.n_planes} plane(s) and records no base: pass base="
+        )
     return float(lr.inv_freq[1].double() ** (-lr.rotary_dim / 2))
 
 
-def _prediction_row(kind: str, layers: list[int], lr: LayerRope, base: float, train_ctx: int,
-                    length: int, men_cache: dict[tuple[int, int], float]) -> dict[str, Any]:
+def _prediction_row(
+    kind: str,
+    layers: list[int],
+    lr: LayerRope,
+    base: float,
+    train_ctx: int,
+    length: int,
+    men_cache: dict[tuple[int, int], float],
+) -> dict[str, Any]:
     d = lr.rotary_dim
-    eff = min(length, lr.reach) if lr.reach else length  # a window or chunk caps the distances a query meets
+    eff = (
+        min(length, lr.reach) if lr.reach else length
+    )  # a window or chunk caps the distances a query meets
     key = (d, eff)
     if key not in men_cache:
         men_cache[key] = base_lower_bound(d, eff) if d > 2 or eff <= 2 else math.nan
     t_extra = extrapolation_limit(base, d, train_ctx)
-    beta0 = critical_base(train_ctx, eff, base)  # eff > 2π: base_predictions refuses shorter lengths and windows
+    beta0 = critical_base(
+        train_ctx, eff, base
+    )  # eff > 2π: base_predictions refuses shorter lengths and windows
     return {
-        "kind": kind, "layers": ",".join(map(str, layers)), "rope_type": lr.rope_type, "base": base,
-        "rotary_dim": d, "window": lr.window, "train_ctx": train_ctx, "length": length, "effective_length": eff,
+        "kind": kind,
+        "layers": ",".join(map(str, layers)),
+        "rope_type": lr.rope_type,
+        "base": base,
+        "rotary_dim": d,
+        "window": lr.window,
+        "train_ctx": train_ctx,
+        "length": length,
+        "effective_length": eff,
         "critical_dimension": critical_dimension(base, d, eff),
         "critical_dimension_train": critical_dimension(base, d, train_ctx),
-        "t_extra": t_extra, "within_t_extra": bool(eff <= t_extra),
-        "critical_base": beta0, "base_ge_critical": bool(base >= beta0 * (1 - 1e-9)),
-        "men_lower_bound": men_cache[key], "men_bound_holds": bool(bound_holds(base, d, eff)),
+        "t_extra": t_extra,
+        "within_t_extra": bool(eff <= t_extra),
+        "critical_base": beta0,
+        "base_ge_critical": bool(base >= beta0 * (1 - 1e-9)),
+        "men_lower_bound": men_cache[key],
+        "men_bound_holds": bool(bound_holds(base, d, eff)),
     }
 
 
@@ -322,19 +382,31 @@ class BasePredictions(Result):
         return self.to_frame().merge(m, on="length", how="inner")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": list(self.rows), "lengths": list(self.lengths),
-                "provenance": self.provenance.to_dict()}
+        return {
+            "rows": list(self.rows),
+            "lengths": list(self.lengths),
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BasePredictions:
-        return cls(rows=tuple(d["rows"]), lengths=tuple(d["lengths"]), provenance=Provenance.from_dict(d["provenance"]))
+        return cls(
+            rows=tuple(d["rows"]),
+            lengths=tuple(d["lengths"]),
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
 
     def _repr_html_(self) -> str:
         return self.to_frame().to_html(max_rows=60)
 
 
-def base_predictions(spec_or_model, lengths: Sequence[int], *, train_ctx: int | None = None,
-                     base: float | None = None) -> BasePredictions:
+def base_predictions(
+    spec_or_model,
+    lengths: Sequence[int],
+    *,
+    train_ctx: int | None = None,
+    base: float | None = None,
+) -> BasePredictions:
     """Liu et al.'s and Men et al.'s predictions for each length, per rotary layer kind.
 
     ``spec_or_model`` is a :class:`ropelens.RopeSpec` or a model (its spec is read). ``train_ctx``
@@ -348,13 +420,19 @@ def base_predictions(spec_or_model, lengths: Sequence[int], *, train_ctx: int | 
     lens = _lengths(lengths)
     short = sorted({L for L in lens if L < MIN_PREDICTION_LENGTH})
     if short:  # Liu's critical base at such a length would be NaN: log(L/2π) < 0 for it, and for its training length
-        raise InputError(f"length{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} "
-                         f"{'are' if len(short) > 1 else 'is'} too short for the "
-                         f"base's predictions: Liu et al.'s critical base takes log(L/2π), defined only for lengths "
-                         f"above 2π ≈ 6.28 tokens, so the shortest length with a critical base is "
-                         f"{MIN_PREDICTION_LENGTH}: pass lengths of {MIN_PREDICTION_LENGTH} tokens or more (--lengths)")
+        raise InputError(
+            f"length{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} "
+            f"{'are' if len(short) > 1 else 'is'} too short for the "
+            f"base's predictions: Liu et al.'s critical base takes log(L/2π), defined only for lengths "
+            f"above 2π ≈ 6.28 tokens, so the shortest length with a critical base is "
+            f"{MIN_PREDICTION_LENGTH}: pass lengths of {MIN_PREDICTION_LENGTH} tokens or more (--lengths)"
+        )
     spec = spec_or_model if isinstance(spec_or_model, RopeSpec) else rope_spec(spec_or_model)
-    t_train = check_positive_int(spec.n_ctx if train_ctx is None else train_ctx, "train_ctx", " (pass the trained context length)")
+    t_train = check_positive_int(
+        spec.n_ctx if train_ctx is None else train_ctx,
+        "train_ctx",
+        " (pass the trained context length)",
+    )
     if base is not None:
         _check_base(base)
     rows, men = [], {}
@@ -365,8 +443,11 @@ def base_predictions(spec_or_model, lengths: Sequence[int], *, train_ctx: int | 
         _ctx_over_2pi(t_kind, "train_ctx")
         rows += [_prediction_row(kind, idx, lr, b, t_kind, L, men) for L in lens]
     label = spec.model_name if isinstance(spec_or_model, RopeSpec) else model_label(spec_or_model)
-    return BasePredictions(rows=tuple(rows), lengths=lens,
-                           provenance=Provenance(model=label, config={"train_ctx": t_train, "base": base}))
+    return BasePredictions(
+        rows=tuple(rows),
+        lengths=lens,
+        provenance=Provenance(model=label, config={"train_ctx": t_train, "base": base}),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,29 +465,49 @@ class MeasuredExtrapolation(Result):
 
     def __post_init__(self) -> None:
         if not len(self.lengths) == len(self.estimates) == len(self.window_losses):
-            raise InputError(f"{len(self.lengths)} lengths, {len(self.estimates)} estimates and "
-                             f"{len(self.window_losses)} loss lists must agree: one per length")
+            raise InputError(
+                f"{len(self.lengths)} lengths, {len(self.estimates)} estimates and "
+                f"{len(self.window_losses)} loss lists must agree: one per length"
+            )
 
     def to_frame(self) -> pd.DataFrame:
         """One row per length: loss and perplexity with their bootstrap CIs over windows."""
         rows = []
         for L, e in zip(self.lengths, self.estimates, strict=True):
-            rows.append({"length": L, "train_ctx": self.train_ctx, "beyond_train": self.train_ctx < L,
-                         "n_windows": e["n_windows"], "loss": e["loss"]["mean"], "loss_lo": e["loss"]["lo"],
-                         "loss_hi": e["loss"]["hi"], "perplexity": e["perplexity"]["mean"],
-                         "perplexity_lo": e["perplexity"]["lo"], "perplexity_hi": e["perplexity"]["hi"]})
+            rows.append(
+                {
+                    "length": L,
+                    "train_ctx": self.train_ctx,
+                    "beyond_train": self.train_ctx < L,
+                    "n_windows": e["n_windows"],
+                    "loss": e["loss"]["mean"],
+                    "loss_lo": e["loss"]["lo"],
+                    "loss_hi": e["loss"]["hi"],
+                    "perplexity": e["perplexity"]["mean"],
+                    "perplexity_lo": e["perplexity"]["lo"],
+                    "perplexity_hi": e["perplexity"]["hi"],
+                }
+            )
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lengths": list(self.lengths),
-                "estimates": list(self.estimates), "window_losses": [list(w) for w in self.window_losses],
-                "train_ctx": self.train_ctx, "provenance": self.provenance.to_dict()}
+        return {
+            "lengths": list(self.lengths),
+            "estimates": list(self.estimates),
+            "window_losses": [list(w) for w in self.window_losses],
+            "train_ctx": self.train_ctx,
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MeasuredExtrapolation:
-        return cls(lengths=tuple(d["lengths"]), estimates=tuple(d["estimates"]),
-                   window_losses=tuple(tuple(w) for w in d["window_losses"]), train_ctx=int(d["train_ctx"]),
-                   provenance=Provenance.from_dict(d["provenance"]))
+        return cls(
+            lengths=tuple(d["lengths"]),
+            estimates=tuple(d["estimates"]),
+            window_losses=tuple(tuple(w) for w in d["window_losses"]),
+            train_ctx=int(d["train_ctx"]),
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
 
     def figure(self, predictions: BasePredictions | None = None):
         """Perplexity by length (CI as error bars), the trained context and, given, Liu's T_extra."""
@@ -425,9 +526,18 @@ def _loss_model(model, fast: bool):
     return backend_of(model).fast_forward(fast)
 
 
-def measured_extrapolation(model, lengths: Sequence[int], *, n_windows: int = 4, corpus=None,
-                           batch_size: int = 1, train_ctx: int | None = None, fast: bool = True,
-                           progress: bool = True, **bootstrap: Any) -> MeasuredExtrapolation:
+def measured_extrapolation(
+    model,
+    lengths: Sequence[int],
+    *,
+    n_windows: int = 4,
+    corpus=None,
+    batch_size: int = 1,
+    train_ctx: int | None = None,
+    fast: bool = True,
+    progress: bool = True,
+    **bootstrap: Any,
+) -> MeasuredExtrapolation:
     """Mean next-token loss at each length over ``n_windows`` windows of real text.
 
     Windows come from ``corpus`` (default: the embedded English text) through
@@ -446,7 +556,9 @@ def measured_extrapolation(model, lengths: Sequence[int], *, n_windows: int = 4,
     spec = rope_spec(model)
     t_train = check_positive_int(spec.n_ctx if train_ctx is None else train_ctx, "train_ctx")
     if isinstance(corpus, Tensor):
-        raise InputError("corpus must be a corpus name, path or ropelens.run.data.Corpus: windows are cut per length")
+        raise InputError(
+            "corpus must be a corpus name, path or ropelens.run.data.Corpus: windows are cut per length"
+        )
     runner, ctx = _loss_model(model, fast)
     estimates, per_window, name, sha = [], [], None, None
     for L in lens:
@@ -454,11 +566,21 @@ def measured_extrapolation(model, lengths: Sequence[int], *, n_windows: int = 4,
             raise InputError(f"length {L} is too short: a window needs at least 2 tokens")
         tokens, name, sha = analysis_windows(model.tokenizer, corpus, L, n_windows * L)
         with ctx():
-            est, losses = loss_estimate(runner, tokens, batch_size=batch_size, progress=progress, **bootstrap)
+            est, losses = loss_estimate(
+                runner, tokens, batch_size=batch_size, progress=progress, **bootstrap
+            )
         estimates.append(est.to_dict())
         per_window.append(tuple(float(x) for x in losses))
     return MeasuredExtrapolation(
-        lengths=lens, estimates=tuple(estimates), window_losses=tuple(per_window), train_ctx=t_train,
-        provenance=Provenance(model=model_label(model), corpus=name, corpus_sha256=sha, n_windows=n_windows,
-                              config={"lengths": list(lens), "batch_size": batch_size, "fast": fast}),
+        lengths=lens,
+        estimates=tuple(estimates),
+        window_losses=tuple(per_window),
+        train_ctx=t_train,
+        provenance=Provenance(
+            model=model_label(model),
+            corpus=name,
+            corpus_sha256=sha,
+            n_windows=n_windows,
+            config={"lengths": list(lens), "batch_size": batch_size, "fast": fast},
+        ),
     )

@@ -18,8 +18,12 @@ from ropelens.errors import InputError
 from ropelens.results.curves import DecayCurve, max_distance_arg, vector
 from ropelens.spec.rope import LayerRope
 
-__all__ = ["roformer_bound", "rope_decay_by_distance", "rope_decay_constant",
-           "rope_gaussian_expectation"]
+__all__ = [
+    "roformer_bound",
+    "rope_decay_by_distance",
+    "rope_decay_constant",
+    "rope_gaussian_expectation",
+]
 
 
 def _rope_args(inv_freq: Any, max_distance: int) -> tuple[Tensor, Tensor]:
@@ -53,8 +57,12 @@ def roformer_bound(inv_freq: Float[Tensor, " n_planes"], max_distance: int) -> D
     theta, dist = _rope_args(inv_freq, max_distance)
     phase = dist.double()[:, None] * theta
     partial = torch.complex(phase.cos(), phase.sin()).cumsum(dim=1)  # S_1 … S_{d/2}
-    return DecayCurve(name="RoFormer relative upper bound", kind="roformer_bound", distance=dist,
-                      mean=partial.abs().mean(dim=1))
+    return DecayCurve(
+        name="RoFormer relative upper bound",
+        kind="roformer_bound",
+        distance=dist,
+        mean=partial.abs().mean(dim=1),
+    )
 
 
 def rope_gaussian_expectation(
@@ -79,10 +87,17 @@ def rope_gaussian_expectation(
     if n_samples is None:
         value = mean**2 * 2 * torch.cos(dist.double()[:, None] * theta).sum(dim=1)
         spread = torch.full_like(value, math.sqrt(d_r * std**2 * (2 * mean**2 + std**2)))
-        return DecayCurve(name=f"Gaussian q, k (μ={mean:g}, σ={std:g})", kind="gaussian",
-                          distance=dist, mean=value, std=spread)
+        return DecayCurve(
+            name=f"Gaussian q, k (μ={mean:g}, σ={std:g})",
+            kind="gaussian",
+            distance=dist,
+            mean=value,
+            std=spread,
+        )
     if not isinstance(n_samples, int) or n_samples < 2:
-        raise InputError(f"n_samples must be an int ≥ 2 (or None for the exact curve), got {n_samples!r}")
+        raise InputError(
+            f"n_samples must be an int ≥ 2 (or None for the exact curve), got {n_samples!r}"
+        )
     g = torch.Generator().manual_seed(seed)
     q = mean + std * torch.randn(n_samples, theta.numel(), 2, generator=g, dtype=torch.float64)
     k = mean + std * torch.randn(n_samples, theta.numel(), 2, generator=g, dtype=torch.float64)
@@ -99,8 +114,11 @@ def rope_gaussian_expectation(
         total_sq += (logits * logits).sum(0)
     avg = total / n_samples
     return DecayCurve(
-        name=f"Gaussian q, k (μ={mean:g}, σ={std:g}), {n_samples} samples", kind="gaussian_mc",
-        distance=dist, mean=avg, std=(total_sq / n_samples - avg**2).clamp(min=0).sqrt(),
+        name=f"Gaussian q, k (μ={mean:g}, σ={std:g}), {n_samples} samples",
+        kind="gaussian_mc",
+        distance=dist,
+        mean=avg,
+        std=(total_sq / n_samples - avg**2).clamp(min=0).sqrt(),
         count=torch.full((len(dist),), n_samples, dtype=torch.int64),
     )
 
@@ -123,25 +141,41 @@ def rope_decay_by_distance(
     """
     for label, t in (("q", q), ("k", k)):
         if not isinstance(t, Tensor) or t.ndim != 3:
-            raise InputError(f"{label} must be a [batch, pos, d_head] tensor, got {getattr(t, 'shape', type(t))}")
+            raise InputError(
+                f"{label} must be a [batch, pos, d_head] tensor, got {getattr(t, 'shape', type(t))}"
+            )
         if t.shape[-1] != layer_rope.head_dim:
-            raise InputError(f"{label} has d_head {t.shape[-1]} but layer {layer_rope.layer} has head_dim "
-                             f"{layer_rope.head_dim}: pass one head's vectors, not a concatenation")
+            raise InputError(
+                f"{label} has d_head {t.shape[-1]} but layer {layer_rope.layer} has head_dim "
+                f"{layer_rope.head_dim}: pass one head's vectors, not a concatenation"
+            )
     if q.shape != k.shape:
-        raise InputError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ: repeat KV heads to match first")
+        raise InputError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} differ: repeat KV heads to match first"
+        )
     if valid is not None and tuple(valid.shape) != tuple(q.shape[:2]):
-        raise InputError(f"valid has shape {tuple(valid.shape)}, expected [batch, pos] = {tuple(q.shape[:2])}")
+        raise InputError(
+            f"valid has shape {tuple(valid.shape)}, expected [batch, pos] = {tuple(q.shape[:2])}"
+        )
     n_pos = q.shape[1]
     max_distance = max_distance_arg(max_distance, n_pos)
     key = torch.arange(n_pos)[:, None] - torch.arange(max_distance + 1)  # [m, δ] → n = m − δ
     in_range, key = key >= 0, key.clamp(min=0)
     total = torch.zeros(max_distance + 1, dtype=torch.float64)
     total_sq, count = torch.zeros_like(total), torch.zeros_like(total)
-    for b in range(q.shape[0]):  # one [pos, pos] matrix at a time keeps memory at pos², not batch·pos²
-        pair = in_range if valid is None else in_range & valid[b][:, None].cpu() & valid[b].cpu()[key]
+    for b in range(
+        q.shape[0]
+    ):  # one [pos, pos] matrix at a time keeps memory at pos², not batch·pos²
+        pair = (
+            in_range if valid is None else in_range & valid[b][:, None].cpu() & valid[b].cpu()[key]
+        )
         logits = (q[b].double() @ k[b].double().T).cpu()  # [query m, key n]
         vals = torch.where(pair, logits.gather(1, key), 0.0)
-        total, total_sq, count = total + vals.sum(0), total_sq + (vals * vals).sum(0), count + pair.sum(0)
+        total, total_sq, count = (
+            total + vals.sum(0),
+            total_sq + (vals * vals).sum(0),
+            count + pair.sum(0),
+        )
     if (count == 0).any():
         first = int((count == 0).nonzero()[0])
         raise InputError(f"no valid pairs at distance {first}: lower max_distance below {first}")
@@ -149,5 +183,11 @@ def rope_decay_by_distance(
     if not torch.isfinite(mean).all():
         raise InputError("q or k hold NaN/inf: check the capture (dtype overflow?)")
     std = (total_sq / count - mean**2).clamp(min=0).sqrt()
-    return DecayCurve(name=name or f"layer {layer_rope.layer}", kind="measured",
-                      distance=torch.arange(max_distance + 1), mean=mean, std=std, count=count.long())
+    return DecayCurve(
+        name=name or f"layer {layer_rope.layer}",
+        kind="measured",
+        distance=torch.arange(max_distance + 1),
+        mean=mean,
+        std=std,
+        count=count.long(),
+    )

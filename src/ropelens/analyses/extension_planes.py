@@ -77,13 +77,17 @@ def inv_freq_at(variant: RopeVariant, layer: LayerRope, seq_len: int) -> Float[T
     return variant.inv_freq(layer)
 
 
-def plane_categories(before: Tensor, after: Tensor, original_ctx: int, target_ctx: int) -> tuple[str, ...]:
+def plane_categories(
+    before: Tensor, after: Tensor, original_ctx: int, target_ctx: int
+) -> tuple[str, ...]:
     out = []
     for t0, t1 in zip(before.double().tolist(), after.double().tolist(), strict=True):
         if t0 == 0.0:
             out.append("unrotated")
             continue
-        seen = 2 * math.pi / t0 <= original_ctx * (1 + _RTOL) or target_ctx * t1 <= original_ctx * t0 * (1 + _RTOL)
+        seen = 2 * math.pi / t0 <= original_ctx * (
+            1 + _RTOL
+        ) or target_ctx * t1 <= original_ctx * t0 * (1 + _RTOL)
         same = abs(t1 - t0) <= _RTOL * t0
         out.append(("kept" if same else "interpolated") if seen else "extrapolated")
     return tuple(out)
@@ -134,31 +138,47 @@ class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
 
     def to_frame(self) -> pd.DataFrame:
         """One row per plane."""
-        return pd.DataFrame({
-            "variant": self.label, "layer": self.layer, "plane": range(len(self.categories)),
-            "inv_freq_before": self.inv_freq_before.double().numpy(),
-            "inv_freq_after": self.inv_freq_after.double().numpy(),
-            "wavelength_before": self.wavelength_before.numpy(),
-            "wavelength_after": self.wavelength_after.numpy(), "scale": self.scale.numpy(),
-            "category": list(self.categories),
-        })
+        return pd.DataFrame(
+            {
+                "variant": self.label,
+                "layer": self.layer,
+                "plane": range(len(self.categories)),
+                "inv_freq_before": self.inv_freq_before.double().numpy(),
+                "inv_freq_after": self.inv_freq_after.double().numpy(),
+                "wavelength_before": self.wavelength_before.numpy(),
+                "wavelength_after": self.wavelength_after.numpy(),
+                "scale": self.scale.numpy(),
+                "category": list(self.categories),
+            }
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {**d, "inv_freq_before": self.inv_freq_before.tolist(),
-                "inv_freq_after": self.inv_freq_after.tolist(), "categories": list(self.categories)}
+        return {
+            **d,
+            "inv_freq_before": self.inv_freq_before.tolist(),
+            "inv_freq_after": self.inv_freq_after.tolist(),
+            "categories": list(self.categories),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ExtensionPlanes:
-        return cls(**{**d, "inv_freq_before": torch.tensor(d["inv_freq_before"], dtype=torch.float32),
-                      "inv_freq_after": torch.tensor(d["inv_freq_after"], dtype=torch.float32),
-                      "categories": tuple(d["categories"])})
+        return cls(
+            **{
+                **d,
+                "inv_freq_before": torch.tensor(d["inv_freq_before"], dtype=torch.float32),
+                "inv_freq_after": torch.tensor(d["inv_freq_after"], dtype=torch.float32),
+                "categories": tuple(d["categories"]),
+            }
+        )
 
     def _repr_html_(self) -> str:
         return self.to_frame().to_html(max_rows=40)
 
 
-def extension_planes(layer_rope: LayerRope, variant: RopeVariant, original_ctx: int, target_ctx: int) -> ExtensionPlanes:
+def extension_planes(
+    layer_rope: LayerRope, variant: RopeVariant, original_ctx: int, target_ctx: int
+) -> ExtensionPlanes:
     """How ``variant`` rescales each plane of ``layer_rope`` to serve ``target_ctx`` after ``original_ctx``.
 
     "Before" is the layer's own frequencies; "after" is the variant's for an input of ``target_ctx``
@@ -167,18 +187,24 @@ def extension_planes(layer_rope: LayerRope, variant: RopeVariant, original_ctx: 
     frequency and do not show here.
     """
     if not isinstance(layer_rope, LayerRope):
-        raise TypeError(f"layer_rope must be a LayerRope (ropelens.rope_spec(model)[i]), got {type(layer_rope).__name__}")
+        raise TypeError(
+            f"layer_rope must be a LayerRope (ropelens.rope_spec(model)[i]), got {type(layer_rope).__name__}"
+        )
     original_ctx = check_positive_int(original_ctx, "original_ctx", " (the trained context length)")
     target_ctx = check_positive_int(target_ctx, "target_ctx", " (the extended context length)")
     layer = dataclasses.replace(layer_rope, n_ctx=target_ctx)
     after = inv_freq_at(variant, layer, target_ctx).float()
     before = layer_rope.inv_freq.float()
     return ExtensionPlanes(
-        variant=variant.to_dict(), layer=layer_rope.layer, original_ctx=original_ctx, target_ctx=target_ctx,
-        inv_freq_before=before, inv_freq_after=after, attention_scaling=float(variant.attention_scaling(layer)),
+        variant=variant.to_dict(),
+        layer=layer_rope.layer,
+        original_ctx=original_ctx,
+        target_ctx=target_ctx,
+        inv_freq_before=before,
+        inv_freq_after=after,
+        attention_scaling=float(variant.attention_scaling(layer)),
         categories=plane_categories(before, after, original_ctx, target_ctx),
     )
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,13 +241,23 @@ class LongRopeSearch(Result, unversioned=True):
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {**d, "factors": list(self.factors), "history": list(self.history),
-                "provenance": self.provenance.to_dict()}
+        return {
+            **d,
+            "factors": list(self.factors),
+            "history": list(self.history),
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LongRopeSearch:
-        return cls(**{**d, "factors": tuple(d["factors"]), "history": tuple(d["history"]),
-                      "provenance": Provenance.from_dict(d["provenance"])})
+        return cls(
+            **{
+                **d,
+                "factors": tuple(d["factors"]),
+                "history": tuple(d["history"]),
+                "provenance": Provenance.from_dict(d["provenance"]),
+            }
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LongRopeSearch:
@@ -236,9 +272,15 @@ class LongRopeSearch(Result, unversioned=True):
         try:
             d = json.loads(p.read_bytes())
         except OSError as e:
-            raise InputError(f"{what} cannot be read ({e.strerror or e}): pass a readable file") from e
+            raise InputError(
+                f"{what} cannot be read ({e.strerror or e}): pass a readable file"
+            ) from e
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            where = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+            where = (
+                f"{e.msg} at line {e.lineno}"
+                if isinstance(e, json.JSONDecodeError)
+                else "not UTF-8 text"
+            )
             raise InputError(f"{what} is not JSON ({where}): pass {LONGROPE_FILE}") from e
         return cls._from_file(d, path)
 
@@ -246,19 +288,31 @@ class LongRopeSearch(Result, unversioned=True):
     def _from_file(cls, d: Any, path: str | os.PathLike[str]) -> LongRopeSearch:
         what = f"the LongRoPE factors file {path} (--longrope)"
         if not isinstance(d, dict):
-            raise InputError(f"{what} holds a JSON {type(d).__name__}, not an object: pass {LONGROPE_FILE}")
+            raise InputError(
+                f"{what} holds a JSON {type(d).__name__}, not an object: pass {LONGROPE_FILE}"
+            )
         kind, fmt = d.get("type", cls.KIND), d.get("format", cls.FORMAT)
         if kind != cls.KIND:
-            raise InputError(f"{what} holds a {kind!r} result, not {cls.KIND}: pass {LONGROPE_FILE}")
+            raise InputError(
+                f"{what} holds a {kind!r} result, not {cls.KIND}: pass {LONGROPE_FILE}"
+            )
         if fmt != cls.FORMAT:
-            raise InputError(f"{what} has {cls.KIND} format {fmt!r}; this ropelens reads format {cls.FORMAT}: "
-                             "write it again with this version")
+            raise InputError(
+                f"{what} has {cls.KIND} format {fmt!r}; this ropelens reads format {cls.FORMAT}: "
+                "write it again with this version"
+            )
         d = {**_LONGROPE_OPTIONAL, **d}
         fields = {f.name for f in dataclasses.fields(cls)} | {"type", "format"}
         missing, unknown = [k for k in _LONGROPE_NEEDS if k not in d], sorted(set(d) - fields)
         if missing or unknown:
-            wrong = "; ".join(s for s in (f"lacks {', '.join(missing)}" * bool(missing),
-                                          f"has unknown keys {', '.join(unknown)}" * bool(unknown)) if s)
+            wrong = "; ".join(
+                s
+                for s in (
+                    f"lacks {', '.join(missing)}" * bool(missing),
+                    f"has unknown keys {', '.join(unknown)}" * bool(unknown),
+                )
+                if s
+            )
             raise InputError(f"{what} {wrong}: pass {LONGROPE_FILE}")
         _check_longrope_file(d, what)
         try:
@@ -268,45 +322,86 @@ class LongRopeSearch(Result, unversioned=True):
 
 
 # What a LongRoPE factors file (``ropelens extension-study --longrope``) holds; the other LongRopeSearch fields may be left out.
-LONGROPE_FILE = ("a JSON object with target_len and original_ctx (token counts, target_len > original_ctx), factors "
-                 "(one positive rescale factor per rotary plane, highest frequency first) and n_hat (leading positions "
-                 "left unscaled, ≥ 0), as LongRopeSearch.save writes, e.g. {\"target_len\": 8192, \"original_ctx\": 2048, "
-                 "\"factors\": [1.0, 1.5, 2.0, 4.0], \"n_hat\": 0}")
+LONGROPE_FILE = (
+    "a JSON object with target_len and original_ctx (token counts, target_len > original_ctx), factors "
+    "(one positive rescale factor per rotary plane, highest frequency first) and n_hat (leading positions "
+    'left unscaled, ≥ 0), as LongRopeSearch.save writes, e.g. {"target_len": 8192, "original_ctx": 2048, '
+    '"factors": [1.0, 1.5, 2.0, 4.0], "n_hat": 0}'
+)
 _LONGROPE_NEEDS = ("target_len", "original_ctx", "factors", "n_hat")
-_LONGROPE_OPTIONAL: dict[str, Any] = {"perplexity": math.nan, "initial_best": math.nan, "baselines": {},
-                                      "history": [], "settings": {}, "provenance": {"model": "?"}}
+_LONGROPE_OPTIONAL: dict[str, Any] = {
+    "perplexity": math.nan,
+    "initial_best": math.nan,
+    "baselines": {},
+    "history": [],
+    "settings": {},
+    "provenance": {"model": "?"},
+}
 
 
 def _check_longrope_file(d: dict[str, Any], what: str) -> None:
     """Each field of a LongRoPE factors file has the type and range :data:`LONGROPE_FILE` names."""
+
     def whole(key: str, least: int) -> int:
         v = d[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < least:
-            raise InputError(f"{what}: {key} must be an integer ≥ {least}, got {v!r}: pass {LONGROPE_FILE}")
+            raise InputError(
+                f"{what}: {key} must be an integer ≥ {least}, got {v!r}: pass {LONGROPE_FILE}"
+            )
         return v
 
     target, original = whole("target_len", 2), whole("original_ctx", 1)
     whole("n_hat", 0)
     if target <= original:
-        raise InputError(f"{what}: target_len {target} must exceed original_ctx {original}: pass {LONGROPE_FILE}")
+        raise InputError(
+            f"{what}: target_len {target} must exceed original_ctx {original}: pass {LONGROPE_FILE}"
+        )
     f = d["factors"]
-    bad = [x for x in f if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0] \
-        if isinstance(f, list) else None
+    bad = (
+        [
+            x
+            for x in f
+            if isinstance(x, bool)
+            or not isinstance(x, (int, float))
+            or not math.isfinite(x)
+            or x <= 0
+        ]
+        if isinstance(f, list)
+        else None
+    )
     if bad is None or bad or not f:
-        shown = f"{len(f)} entries, {len(bad)} of them not positive numbers (first {bad[0]!r})" if bad else \
-            ("an empty list" if f == [] else f"a JSON {type(f).__name__}")
-        raise InputError(f"{what}: factors must be a non-empty list of positive numbers, got {shown}: "
-                         f"pass {LONGROPE_FILE}")
-    for key, kind in (("perplexity", (int, float)), ("initial_best", (int, float)), ("baselines", dict),
-                      ("history", list), ("settings", dict), ("provenance", dict)):
+        shown = (
+            f"{len(f)} entries, {len(bad)} of them not positive numbers (first {bad[0]!r})"
+            if bad
+            else ("an empty list" if f == [] else f"a JSON {type(f).__name__}")
+        )
+        raise InputError(
+            f"{what}: factors must be a non-empty list of positive numbers, got {shown}: "
+            f"pass {LONGROPE_FILE}"
+        )
+    for key, kind in (
+        ("perplexity", (int, float)),
+        ("initial_best", (int, float)),
+        ("baselines", dict),
+        ("history", list),
+        ("settings", dict),
+        ("provenance", dict),
+    ):
         if isinstance(d[key], bool) or not isinstance(d[key], kind):
-            raise InputError(f"{what}: {key} must be a JSON {'number' if kind not in (dict, list) else kind.__name__}, "
-                             f"got {d[key]!r}: leave it out, or pass {LONGROPE_FILE}")
+            raise InputError(
+                f"{what}: {key} must be a JSON {'number' if kind not in (dict, list) else kind.__name__}, "
+                f"got {d[key]!r}: leave it out, or pass {LONGROPE_FILE}"
+            )
 
 
 def _longrope(factors: Sequence[float], n_hat: int, original_ctx: int, target_len: int) -> LongRoPE:
-    return LongRoPE(short_factor=(1.0,) * len(factors), long_factor=tuple(float(f) for f in factors),
-                    original_max_position=original_ctx, factor=target_len / original_ctx, n_hat=int(n_hat))
+    return LongRoPE(
+        short_factor=(1.0,) * len(factors),
+        long_factor=tuple(float(f) for f in factors),
+        original_max_position=original_ctx,
+        factor=target_len / original_ctx,
+        n_hat=int(n_hat),
+    )
 
 
 def _monotone(f: np.ndarray, hi: float) -> np.ndarray:
@@ -314,7 +409,9 @@ def _monotone(f: np.ndarray, hi: float) -> np.ndarray:
     return np.round(np.clip(np.sort(f), 1.0, hi), 6)
 
 
-def _seed_population(layer: LayerRope, s: float, l0: int, size: int, hi: float, rng) -> list[dict[str, Any]]:
+def _seed_population(
+    layer: LayerRope, s: float, l0: int, size: int, hi: float, rng
+) -> list[dict[str, Any]]:
     """PI, YaRN-like and NTK factors, then random monotone perturbations of them."""
     base = Default().inv_freq(layer).double()
     seeds = [np.full(layer.n_planes, s)]
@@ -323,7 +420,9 @@ def _seed_population(layer: LayerRope, s: float, l0: int, size: int, hi: float, 
     pop = [{"factors": _monotone(f, hi).tolist(), "n_hat": 0} for f in seeds]
     while len(pop) < size:
         f = seeds[len(pop) % len(seeds)] * np.exp(rng.normal(0, 0.15, layer.n_planes))
-        pop.append({"factors": _monotone(f, hi).tolist(), "n_hat": int(rng.choice(_n_hat_grid(l0)))})
+        pop.append(
+            {"factors": _monotone(f, hi).tolist(), "n_hat": int(rng.choice(_n_hat_grid(l0)))}
+        )
     return pop[:size]
 
 
@@ -352,19 +451,28 @@ def _evaluate(model, variant: RopeVariant, tokens: Tensor) -> float:
         return float(torch.exp(window_losses(model, tokens, batch_size=4, progress=False).mean()))
 
 
-def _search_setup(model, target_len, original_ctx, n_windows, tokens) -> tuple[LayerRope, int, Tensor]:
+def _search_setup(
+    model, target_len, original_ctx, n_windows, tokens
+) -> tuple[LayerRope, int, Tensor]:
     from ropelens.run import data
     from ropelens.spec.reading import rope_spec
 
     spec = rope_spec(model)
     layer = spec[spec.layer_indices()[0]]
     if any(not lr.same_rotation(layer) for lr in spec.layers):
-        raise InputError("search_longrope_factors applies one factor vector to every layer, but this model's "
-                         "layers rotate differently (e.g. Gemma local/global): search a uniform-RoPE model")
-    l0 = check_positive_int(original_ctx if original_ctx is not None else layer.n_ctx, "original_ctx",
-                 " (pass the trained context length)")
+        raise InputError(
+            "search_longrope_factors applies one factor vector to every layer, but this model's "
+            "layers rotate differently (e.g. Gemma local/global): search a uniform-RoPE model"
+        )
+    l0 = check_positive_int(
+        original_ctx if original_ctx is not None else layer.n_ctx,
+        "original_ctx",
+        " (pass the trained context length)",
+    )
     if check_positive_int(target_len, "target_len") <= l0:
-        raise InputError(f"target_len {target_len} must exceed original_ctx {l0}: the search extends context")
+        raise InputError(
+            f"target_len {target_len} must exceed original_ctx {l0}: the search extends context"
+        )
     if tokens is None:
         tokens = data.windows(data.english().split()[1], model, target_len, n_windows=n_windows)
     if tokens.ndim != 2 or tokens.shape[1] != target_len:
@@ -377,15 +485,26 @@ def _load_state(path: Path | None, settings: dict[str, Any]) -> dict[str, Any] |
         return None
     state = json.loads(path.read_text())
     if state.get("settings") != settings:
-        raise InputError(f"{path} holds a search with other settings ({state.get('settings')}); pass another "
-                         "state_path or delete it to start over")
+        raise InputError(
+            f"{path} holds a search with other settings ({state.get('settings')}); pass another "
+            "state_path or delete it to start over"
+        )
     return state
 
 
-def search_longrope_factors(model, target_len: int, *, population: int = 8, generations: int = 4,
-                            n_windows: int = 4, seed: int = 0, original_ctx: int | None = None,
-                            tokens: Tensor | None = None, progress: bool = True,
-                            state_path: str | Path | None = None) -> LongRopeSearch:
+def search_longrope_factors(
+    model,
+    target_len: int,
+    *,
+    population: int = 8,
+    generations: int = 4,
+    n_windows: int = 4,
+    seed: int = 0,
+    original_ctx: int | None = None,
+    tokens: Tensor | None = None,
+    progress: bool = True,
+    state_path: str | Path | None = None,
+) -> LongRopeSearch:
     """Evolutionary search of LongRoPE factors and n̂ minimising perplexity at ``target_len``.
 
     Generation 0 is PI, YaRN-like and NTK factors plus random monotone perturbations; each
@@ -402,30 +521,51 @@ def search_longrope_factors(model, target_len: int, *, population: int = 8, gene
     corpus = "english[val]" if tokens is None else "given tokens"
     layer, l0, tokens = _search_setup(model, target_len, original_ctx, n_windows, tokens)
     s, hi = target_len / l0, 2.0 * target_len / l0
-    settings = {"target_len": target_len, "original_ctx": l0, "population": population, "seed": int(seed),
-                "n_windows": int(tokens.shape[0]), "tokens_sum": int(tokens.sum())}
+    settings = {
+        "target_len": target_len,
+        "original_ctx": l0,
+        "population": population,
+        "seed": int(seed),
+        "n_windows": int(tokens.shape[0]),
+        "tokens_sum": int(tokens.sum()),
+    }
     path = None if state_path is None else Path(state_path)
-    state = _load_state(path, settings) or {"settings": settings, "generation": -1, "population": [],
-                                            "evals": {}, "history": []}
+    state = _load_state(path, settings) or {
+        "settings": settings,
+        "generation": -1,
+        "population": [],
+        "evals": {},
+        "history": [],
+    }
 
     def score(c: dict[str, Any]) -> float:
         k = _key(c)
         if k not in state["evals"]:
-            state["evals"][k] = _evaluate(model, _longrope(c["factors"], c["n_hat"], l0, target_len), tokens)
+            state["evals"][k] = _evaluate(
+                model, _longrope(c["factors"], c["n_hat"], l0, target_len), tokens
+            )
         return state["evals"][k]
 
     def finish(gen: int, pop: list[dict[str, Any]]) -> None:
         ppl = [score(c) for c in pop]
         pop = [pop[i] for i in np.argsort(ppl, kind="stable")]
         state.update(generation=gen, population=pop)
-        state["history"].append({"generation": gen, "best": min(ppl), "mean": float(np.mean(ppl)),
-                                 "n_evaluated": len(state["evals"])})
+        state["history"].append(
+            {
+                "generation": gen,
+                "best": min(ppl),
+                "mean": float(np.mean(ppl)),
+                "n_evaluated": len(state["evals"]),
+            }
+        )
         if path is not None:
             dump_json(path, state)
 
     if state["generation"] > generations:
-        raise InputError(f"{path} already holds {state['generation']} generations, more than generations="
-                         f"{generations}: pass generations >= {state['generation']} or another state_path")
+        raise InputError(
+            f"{path} already holds {state['generation']} generations, more than generations="
+            f"{generations}: pass generations >= {state['generation']} or another state_path"
+        )
     if state["generation"] < 0:
         finish(0, _seed_population(layer, s, l0, population, hi, np.random.default_rng([seed, 0])))
     gens = range(state["generation"] + 1, generations + 1)
@@ -436,20 +576,34 @@ def search_longrope_factors(model, target_len: int, *, population: int = 8, gene
     for g in gens:
         rng = np.random.default_rng([seed, g])
         parents = state["population"][: max(2, population // 2)]
-        children = [_child(*[parents[i] for i in rng.choice(len(parents), 2, replace=False)], l0, hi, rng)
-                    for _ in range(population - len(parents))]
+        children = [
+            _child(*[parents[i] for i in rng.choice(len(parents), 2, replace=False)], l0, hi, rng)
+            for _ in range(population - len(parents))
+        ]
         finish(g, parents + children)
         if progress:
             gens.set_postfix(best=f"{state['history'][-1]['best']:.4g}")
     best = state["population"][0]
-    baselines = {"PI": _evaluate(model, Linear(s), tokens), "YaRN": _evaluate(model, YaRN(s, l0), tokens)}
+    baselines = {
+        "PI": _evaluate(model, Linear(s), tokens),
+        "YaRN": _evaluate(model, YaRN(s, l0), tokens),
+    }
     return LongRopeSearch(
-        target_len=target_len, original_ctx=l0, factors=tuple(best["factors"]), n_hat=best["n_hat"],
-        perplexity=score(best), initial_best=state["history"][0]["best"], baselines=baselines,
+        target_len=target_len,
+        original_ctx=l0,
+        factors=tuple(best["factors"]),
+        n_hat=best["n_hat"],
+        perplexity=score(best),
+        initial_best=state["history"][0]["best"],
+        baselines=baselines,
         history=tuple(h for h in state["history"] if h["generation"] <= generations),
         settings={**settings, "generations": generations},
-        provenance=Provenance(model=_model_name(model), corpus=corpus,
-                              n_windows=int(tokens.shape[0]), n_ctx=target_len),
+        provenance=Provenance(
+            model=_model_name(model),
+            corpus=corpus,
+            n_windows=int(tokens.shape[0]),
+            n_ctx=target_len,
+        ),
     )
 
 
@@ -458,5 +612,5 @@ def _model_name(model) -> str:
 
     try:
         return model_label(model)
-    except Exception:  # noqa: BLE001 - a label is provenance, never worth failing a search over
+    except Exception:
         return type(model).__name__

@@ -64,16 +64,47 @@ from ropelens.spec.variants import (
 )
 from ropelens.validate import check_number
 
-__all__ = ["DEFAULT_METHODS", "METHODS", "ROLES", "ExtensionStudy", "default_longrope", "doubling_lengths", "extension_study",
-           "extension_variants", "held_up_to", "plane_roles", "ranking", "study_findings"]
+__all__ = [
+    "DEFAULT_METHODS",
+    "METHODS",
+    "ROLES",
+    "ExtensionStudy",
+    "default_longrope",
+    "doubling_lengths",
+    "extension_study",
+    "extension_variants",
+    "held_up_to",
+    "plane_roles",
+    "ranking",
+    "study_findings",
+]
 
 # the methods an extension study compares: key → label; "none" is the unmodified model (short names are the
 # CLI's and the cell files')
-METHODS: dict[str, str] = {"none": "unmodified", "pi": "PI", "ntk": "NTK", "dynamic": "dynamic NTK",
-                           "yarn": "YaRN", "llama3": "Llama 3", "longrope": "LongRoPE", "prope": "p-RoPE",
-                           "resonance": "Resonance-YaRN", "cope": "CoPE", "fope": "FoPE zeroing"}
+METHODS: dict[str, str] = {
+    "none": "unmodified",
+    "pi": "PI",
+    "ntk": "NTK",
+    "dynamic": "dynamic NTK",
+    "yarn": "YaRN",
+    "llama3": "Llama 3",
+    "longrope": "LongRoPE",
+    "prope": "p-RoPE",
+    "resonance": "Resonance-YaRN",
+    "cope": "CoPE",
+    "fope": "FoPE zeroing",
+}
 # the methods a study runs unless others are asked for (Resonance-YaRN, CoPE and FoPE's zeroing when asked)
-DEFAULT_METHODS: tuple[str, ...] = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope", "prope")
+DEFAULT_METHODS: tuple[str, ...] = (
+    "none",
+    "pi",
+    "ntk",
+    "dynamic",
+    "yarn",
+    "llama3",
+    "longrope",
+    "prope",
+)
 _FORMAT = 1  # of the cell files
 
 
@@ -87,12 +118,23 @@ def default_longrope(layer, native: int, target: int) -> LongRoPE:
     s = target / native
     lam = (Default().inv_freq(layer).double() / YaRN(s, native).inv_freq(layer).double()).numpy()
     lam = np.round(np.clip(np.sort(lam), 1.0, 2.0 * s), 6)
-    return LongRoPE(short_factor=(1.0,) * len(lam), long_factor=tuple(float(x) for x in lam),
-                    original_max_position=native, factor=s)
+    return LongRoPE(
+        short_factor=(1.0,) * len(lam),
+        long_factor=tuple(float(x) for x in lam),
+        original_max_position=native,
+        factor=s,
+    )
 
 
-def extension_variants(layer, native: int, target: int, names: Sequence[str] = DEFAULT_METHODS, *,
-                       p: float = 0.75, longrope: Any = None) -> dict[str, RopeVariant | None]:
+def extension_variants(
+    layer,
+    native: int,
+    target: int,
+    names: Sequence[str] = DEFAULT_METHODS,
+    *,
+    p: float = 0.75,
+    longrope: Any = None,
+) -> dict[str, RopeVariant | None]:
     """The variant of each method name for ``native`` → ``target`` (None for "none").
 
     Factor-taking methods get s = target / native: ``Linear(s)``, ``NTK(s)``, ``DynamicNTK(s, native)``,
@@ -103,18 +145,27 @@ def extension_variants(layer, native: int, target: int, names: Sequence[str] = D
     """
     unknown = [n for n in names if n not in METHODS]
     if unknown or not names:
-        raise InputError(f"unknown extension method(s) {unknown or list(names)!r}: choose from {','.join(METHODS)}")
+        raise InputError(
+            f"unknown extension method(s) {unknown or list(names)!r}: choose from {','.join(METHODS)}"
+        )
     s = target / native
     out: dict[str, RopeVariant | None] = {}
     for n in names:
         if n == "longrope":
             out[n] = _longrope_of(longrope, layer, native, target)
         else:
-            out[n] = {"none": lambda: None, "pi": lambda: Linear(s), "ntk": lambda: NTK(s),
-                      "dynamic": lambda: DynamicNTK(s, native), "yarn": lambda: YaRN(s, native),
-                      "llama3": lambda: Llama3(s, 1.0, 4.0, native), "prope": lambda: PRoPE(p),
-                      "resonance": lambda: Resonance(s, native), "cope": lambda: CoPE(),
-                      "fope": lambda: FoPEZero(native)}[n]()
+            out[n] = {
+                "none": lambda: None,
+                "pi": lambda: Linear(s),
+                "ntk": lambda: NTK(s),
+                "dynamic": lambda: DynamicNTK(s, native),
+                "yarn": lambda: YaRN(s, native),
+                "llama3": lambda: Llama3(s, 1.0, 4.0, native),
+                "prope": lambda: PRoPE(p),
+                "resonance": lambda: Resonance(s, native),
+                "cope": lambda: CoPE(),
+                "fope": lambda: FoPEZero(native),
+            }[n]()
     return out
 
 
@@ -123,22 +174,32 @@ def _longrope_of(longrope: Any, layer, native: int, target: int) -> LongRoPE:
         return default_longrope(layer, native, target)
     if isinstance(longrope, LongRoPE):
         if len(longrope.long_factor) != layer.n_planes:
-            raise InputError(f"the LongRoPE variant holds {len(longrope.long_factor)} factors but layer {layer.layer} "
-                             f"has {layer.n_planes} rotary planes: pass one factor per plane")
+            raise InputError(
+                f"the LongRoPE variant holds {len(longrope.long_factor)} factors but layer {layer.layer} "
+                f"has {layer.n_planes} rotary planes: pass one factor per plane"
+            )
         return longrope
     from ropelens.analyses.extension_planes import LongRopeSearch
 
     if isinstance(longrope, LongRopeSearch):
         if (longrope.original_ctx, longrope.target_len) != (native, target):
-            raise InputError(f"the LongRoPE search is for {longrope.original_ctx} → {longrope.target_len} tokens, "
-                             f"the study for {native} → {target}: search for this target (--to {longrope.target_len} "
-                             f"--native {longrope.original_ctx} match it) or leave longrope (--longrope) unset")
-        if len(longrope.factors) != layer.n_planes:  # checked before any cell runs, not when LongRoPE's cells come
-            raise InputError(f"the LongRoPE search (--longrope) holds {len(longrope.factors)} factors but layer "
-                             f"{layer.layer} has {layer.n_planes} rotary planes: pass factors searched on this model, "
-                             "one per plane")
+            raise InputError(
+                f"the LongRoPE search is for {longrope.original_ctx} → {longrope.target_len} tokens, "
+                f"the study for {native} → {target}: search for this target (--to {longrope.target_len} "
+                f"--native {longrope.original_ctx} match it) or leave longrope (--longrope) unset"
+            )
+        if (
+            len(longrope.factors) != layer.n_planes
+        ):  # checked before any cell runs, not when LongRoPE's cells come
+            raise InputError(
+                f"the LongRoPE search (--longrope) holds {len(longrope.factors)} factors but layer "
+                f"{layer.layer} has {layer.n_planes} rotary planes: pass factors searched on this model, "
+                "one per plane"
+            )
         return longrope.variant
-    raise InputError(f"longrope must be a LongRoPE variant or a LongRopeSearch, got {type(longrope).__name__}")
+    raise InputError(
+        f"longrope must be a LongRoPE variant or a LongRopeSearch, got {type(longrope).__name__}"
+    )
 
 
 ROLES = ("kept", "interpolated", "blended", "extrapolated", "stopped", "unrotated")
@@ -150,8 +211,12 @@ def plane_roles(view, factor: float) -> tuple[str, ...]:
     ``extrapolated`` (meets angles training never reached), ``stopped`` (θ set to 0: p-RoPE) or
     ``unrotated`` (θ = 0 already)."""
     out = []
-    for t0, t1, cat in zip(view.inv_freq_before.double().tolist(), view.inv_freq_after.double().tolist(),
-                           view.categories, strict=True):
+    for t0, t1, cat in zip(
+        view.inv_freq_before.double().tolist(),
+        view.inv_freq_after.double().tolist(),
+        view.categories,
+        strict=True,
+    ):
         if t0 == 0:
             out.append("unrotated")
         elif t1 == 0:
@@ -170,9 +235,16 @@ def _identity_view(layer, native: int, target: int):
     from ropelens.analyses.extension_planes import ExtensionPlanes, plane_categories
 
     inv = layer.inv_freq.float()
-    return ExtensionPlanes(variant={"variant": "unmodified"}, layer=layer.layer, original_ctx=native, target_ctx=target,
-                     inv_freq_before=inv, inv_freq_after=inv.clone(), attention_scaling=float(layer.attention_scaling),
-                     categories=plane_categories(inv, inv, native, target))
+    return ExtensionPlanes(
+        variant={"variant": "unmodified"},
+        layer=layer.layer,
+        original_ctx=native,
+        target_ctx=target,
+        inv_freq_before=inv,
+        inv_freq_after=inv.clone(),
+        attention_scaling=float(layer.attention_scaling),
+        categories=plane_categories(inv, inv, native, target),
+    )
 
 
 def doubling_lengths(start: int, target: int) -> tuple[int, ...]:
@@ -197,7 +269,9 @@ class _Cells:
     def path(self, kind: str, name: str, length: int) -> Path | None:
         return None if self.folder is None else self.folder / f"{kind}-{name}-{length}.json"
 
-    def get(self, kind: str, name: str, length: int, config: dict[str, Any]) -> dict[str, Any] | None:
+    def get(
+        self, kind: str, name: str, length: int, config: dict[str, Any]
+    ) -> dict[str, Any] | None:
         path = self.path(kind, name, length)
         if path is None or not path.exists():
             return None
@@ -207,16 +281,23 @@ class _Cells:
                 raise ValueError("not a ropelens extension cell")
             found = saved["config"]
         except (ValueError, KeyError, UnicodeDecodeError) as e:
-            warnings.warn(f"ropelens: cell file {path} is damaged ({e}); measuring that cell again", stacklevel=3)
+            warnings.warn(
+                f"ropelens: cell file {path} is damaged ({e}); measuring that cell again",
+                stacklevel=3,
+            )
             return None
         if found != config:
             diff = sorted(k for k in {*found, *config} if found.get(k) != config.get(k))
-            raise InputError(f"{path} holds a cell measured with other settings ({', '.join(diff)} differ): "
-                             "pass another output folder or delete that one to start over")
+            raise InputError(
+                f"{path} holds a cell measured with other settings ({', '.join(diff)} differ): "
+                "pass another output folder or delete that one to start over"
+            )
         self.reused += 1
         return saved["cell"]
 
-    def put(self, kind: str, name: str, length: int, config: dict[str, Any], cell: dict[str, Any]) -> None:
+    def put(
+        self, kind: str, name: str, length: int, config: dict[str, Any], cell: dict[str, Any]
+    ) -> None:
         path = self.path(kind, name, length)
         if path is not None:
             dump_json(path, {"format": _FORMAT, "config": config, "cell": cell})
@@ -236,15 +317,21 @@ def _prompt_fits(tokenizer, length: int, depth: float = 0.5, passkey: str = "123
     return True
 
 
-def _check_passkey_lengths(model, lengths: Sequence[int], depths: Sequence[float], seed: int) -> None:
+def _check_passkey_lengths(
+    model, lengths: Sequence[int], depths: Sequence[float], seed: int
+) -> None:
     """InputError, before anything runs, when a passkey prompt cannot fit the shortest of ``lengths`` (its fixed
     parts alone are longer) or the longest would not fit in memory; each names ``--passkey-lengths``."""
     from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
     from ropelens.devices import device_of, forward_bytes, require_memory
 
     # memory first: building a prompt of an impossible length would itself take the machine
-    require_memory(forward_bytes(model, max(lengths)), f"a passkey prompt of {max(lengths):,} tokens",
-                   "pass shorter --passkey-lengths", device_of(model))
+    require_memory(
+        forward_bytes(model, max(lengths)),
+        f"a passkey prompt of {max(lengths):,} tokens",
+        "pass shorter --passkey-lengths",
+        device_of(model),
+    )
     # the fixed parts (task line, needle, question) set the shortest prompt, so a prompt that fits a length fits every
     # longer one: a long shortest length is tried at 4,096 tokens first (cheap), and itself only if that fails
     shortest = min(lengths)
@@ -254,20 +341,38 @@ def _check_passkey_lengths(model, lengths: Sequence[int], depths: Sequence[float
                 continue
             passkey_prompt(model.tokenizer, shortest, d, make_passkey(seed, 0))
         except InputError as e:
-            raise InputError(f"--passkey-lengths: passkey {e} (or pass --passkey-lengths none to skip passkey; "
-                             "passkey_lengths=[] in Python)") from None
+            raise InputError(
+                f"--passkey-lengths: passkey {e} (or pass --passkey-lengths none to skip passkey; "
+                "passkey_lengths=[] in Python)"
+            ) from None
 
 
 # --------------------------------------------------------------------------------------------
 # the study
 # --------------------------------------------------------------------------------------------
-def extension_study(model, to: int, *, native: int | None = None, lengths: Sequence[int] | None = None,
-                    start: int | None = None, methods: Sequence[str] = DEFAULT_METHODS, n_windows: int = 2,
-                    corpus: Any = None, passkey_lengths: Sequence[int] | None = None,
-                    depths: Sequence[float] = (0.1, 0.5, 0.9), n_trials: int = 1, seed: int = 0,
-                    p: float = 0.75, longrope: Any = None, tolerance: float = 0.1, batch_size: int = 1,
-                    out: str | Path | None = None, progress: bool = True, verify: bool = True,
-                    attention: bool = True) -> ExtensionStudy:
+def extension_study(
+    model,
+    to: int,
+    *,
+    native: int | None = None,
+    lengths: Sequence[int] | None = None,
+    start: int | None = None,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    n_windows: int = 2,
+    corpus: Any = None,
+    passkey_lengths: Sequence[int] | None = None,
+    depths: Sequence[float] = (0.1, 0.5, 0.9),
+    n_trials: int = 1,
+    seed: int = 0,
+    p: float = 0.75,
+    longrope: Any = None,
+    tolerance: float = 0.1,
+    batch_size: int = 1,
+    out: str | Path | None = None,
+    progress: bool = True,
+    verify: bool = True,
+    attention: bool = True,
+) -> ExtensionStudy:
     """Loss by length, passkey retrieval, per-plane effect and base predictions of each extension method.
 
     ``to`` is the target context; ``native`` the trained one (default: the model's). ``lengths`` default to
@@ -293,32 +398,66 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     from ropelens.spec.reading import model_label, rope_spec
 
     if getattr(model, "tokenizer", None) is None:
-        raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
+        raise InputError(
+            f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"
+        )
     spec = rope_spec(model)
     to = check_number(to, "to", at_least=2, integer=True, hint=" (the target context in tokens)")
-    native = spec.n_ctx if native is None else check_number(native, "native", at_least=2, integer=True)
+    native = (
+        spec.n_ctx if native is None else check_number(native, "native", at_least=2, integer=True)
+    )
     if not native:
         raise InputError("the model records no trained context length: pass native=N (--native N)")
     if to <= native:
-        raise InputError(f"the target {to} must exceed the native context {native}: extension studies "
-                         f"lengths beyond it, e.g. to={2 * native}")
+        raise InputError(
+            f"the target {to} must exceed the native context {native}: extension studies "
+            f"lengths beyond it, e.g. to={2 * native}"
+        )
     if lengths is None:
         lengths = doubling_lengths(max(2, start or native // 4), to)
-    lengths = tuple(sorted({check_number(n, "each length", at_least=2, at_most=to, integer=True,
-                                         hint=f" (a context length up to the target {to})") for n in lengths}))
+    lengths = tuple(
+        sorted(
+            {
+                check_number(
+                    n,
+                    "each length",
+                    at_least=2,
+                    at_most=to,
+                    integer=True,
+                    hint=f" (a context length up to the target {to})",
+                )
+                for n in lengths
+            }
+        )
+    )
     n_windows = check_number(n_windows, "n_windows", at_least=1, integer=True)
     tolerance = check_number(tolerance, "tolerance", at_least=0)
     n_trials = check_number(n_trials, "n_trials", at_least=1, integer=True)
     depths = tuple(check_number(d, "each depth", at_least=0, at_most=1) for d in depths)
     rot = spec.layer_indices()
     layer0 = spec[rot[0]]
-    methods = sorted(dict.fromkeys(methods), key=lambda n: list(METHODS).index(n) if n in METHODS else -1)
+    methods = sorted(
+        dict.fromkeys(methods), key=lambda n: list(METHODS).index(n) if n in METHODS else -1
+    )
     # the unmodified model first: methods that rotate as it does at a length reuse its cells
     variants = extension_variants(layer0, native, to, methods, p=p, longrope=longrope)
-    if passkey_lengths is not None:  # given ones are checked now, before the loss phase a prompt that cannot fit follows
-        passkey_lengths = tuple(sorted({check_number(n, "each passkey length", at_least=2, integer=True,
-                                                     hint=" (--passkey-lengths: prompt lengths in tokens)")
-                                        for n in passkey_lengths}))
+    if (
+        passkey_lengths is not None
+    ):  # given ones are checked now, before the loss phase a prompt that cannot fit follows
+        passkey_lengths = tuple(
+            sorted(
+                {
+                    check_number(
+                        n,
+                        "each passkey length",
+                        at_least=2,
+                        integer=True,
+                        hint=" (--passkey-lengths: prompt lengths in tokens)",
+                    )
+                    for n in passkey_lengths
+                }
+            )
+        )
         if passkey_lengths:
             _check_passkey_lengths(model, passkey_lengths, depths, seed)
     t0 = time.perf_counter()
@@ -326,26 +465,52 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
     for n in lengths:  # cut first: a target the corpus cannot fill fails before anything runs
         tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n, n_windows * n)
         if tokens.shape[0] < n_windows:
-            raise InputError(f"the corpus holds {tokens.shape[0]} window(s) of {n} tokens, fewer than n_windows="
-                             f"{n_windows}: lower --windows or --to, or pass a larger corpus")
+            raise InputError(
+                f"the corpus holds {tokens.shape[0]} window(s) of {n} tokens, fewer than n_windows="
+                f"{n_windows}: lower --windows or --to, or pass a larger corpus"
+            )
         windows[n] = (tokens, cname, csha)
-    if passkey_lengths is None:  # every length a prompt fits (after the cut: no prompt of an impossible length is built)
-        passkey_lengths = tuple(n for n in lengths if (n > 4096 and _prompt_fits(model.tokenizer, 4096))
-                                or _prompt_fits(model.tokenizer, n))
+    if (
+        passkey_lengths is None
+    ):  # every length a prompt fits (after the cut: no prompt of an impossible length is built)
+        passkey_lengths = tuple(
+            n
+            for n in lengths
+            if (n > 4096 and _prompt_fits(model.tokenizer, 4096))
+            or _prompt_fits(model.tokenizer, n)
+        )
     passkey_lengths = tuple(sorted(passkey_lengths))
     if passkey_lengths and not depths:
-        raise InputError("depths is empty: pass passkey depths, e.g. (0.1, 0.5, 0.9), or no passkey lengths")
+        raise InputError(
+            "depths is empty: pass passkey depths, e.g. (0.1, 0.5, 0.9), or no passkey lengths"
+        )
     # the per-plane view and the base's predictions need no model run: computed now, so what they refuse
     # (a target past the longest certified base bound, say) fails before any cell is measured
     planes = []
     for kind, idx in spec.rotary_kinds.items():
         for name, v in variants.items():
-            view = _identity_view(spec[idx[0]], native, to) if v is None else extension_planes(spec[idx[0]], v, native, to)
-            planes.append({"kind": kind, "method": name, **view.to_dict(), "roles": list(plane_roles(view, to / native))})
+            view = (
+                _identity_view(spec[idx[0]], native, to)
+                if v is None
+                else extension_planes(spec[idx[0]], v, native, to)
+            )
+            planes.append(
+                {
+                    "kind": kind,
+                    "method": name,
+                    **view.to_dict(),
+                    "roles": list(plane_roles(view, to / native)),
+                }
+            )
     # the findings speak of the target; lengths too short for Liu's formulas (at most 2π tokens) have no prediction
-    pred = base_predictions(spec, sorted(n for n in {*lengths, native, to} if n >= MIN_PREDICTION_LENGTH),
-                            train_ctx=native)
-    verified = verification(model, spec, verify=verify)  # the variants rebuild the spec's rotation: prove it first
+    pred = base_predictions(
+        spec,
+        sorted(n for n in {*lengths, native, to} if n >= MIN_PREDICTION_LENGTH),
+        train_ctx=native,
+    )
+    verified = verification(
+        model, spec, verify=verify
+    )  # the variants rebuild the spec's rotation: prove it first
 
     fp = weights_fingerprint(model)["weights_sha256"]
     base_cfg = {"model": model_label(model), "weights": fp, "native": native, "target": to}
@@ -365,16 +530,45 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
         bar.set_postfix_str(f"{kind} {METHODS[name]} {L}")
         vcfg = None if v is None else v.to_dict()
         if kind == "attention":
-            att[(name, L)] = _attention_cell(model, spec, name, v, L, native, windows[L][0], base_cfg, vcfg,
-                                             att_cells, att, reference, batch_size, is_identity)
+            att[(name, L)] = _attention_cell(
+                model,
+                spec,
+                name,
+                v,
+                L,
+                native,
+                windows[L][0],
+                base_cfg,
+                vcfg,
+                att_cells,
+                att,
+                reference,
+                batch_size,
+                is_identity,
+            )
             continue
         if kind == "loss":
             tokens, cname, csha = windows[L]
-            cfg = {**base_cfg, "kind": "loss", "variant": vcfg, "length": L, "n_windows": n_windows,
-                   "corpus": cname, "corpus_sha256": csha, "tokens_sha256": _tokens_sha(tokens)}
+            cfg = {
+                **base_cfg,
+                "kind": "loss",
+                "variant": vcfg,
+                "length": L,
+                "n_windows": n_windows,
+                "corpus": cname,
+                "corpus_sha256": csha,
+                "tokens_sha256": _tokens_sha(tokens),
+            }
         else:
-            cfg = {**base_cfg, "kind": "passkey", "variant": vcfg, "length": L, "depths": list(depths),
-                   "n_trials": n_trials, "seed": seed}
+            cfg = {
+                **base_cfg,
+                "kind": "passkey",
+                "variant": vcfg,
+                "length": L,
+                "depths": list(depths),
+                "n_trials": n_trials,
+                "seed": seed,
+            }
         cell = cells.get(kind, name, L, cfg)
         if cell is None:
             store = loss_cells if kind == "loss" else key_cells
@@ -385,63 +579,138 @@ def extension_study(model, to: int, *, native: int | None = None, lengths: Seque
                 cell = {**store[("none", L)], "same_as": "none"}
             else:
                 t1 = time.perf_counter()
-                cell = _measure(model, kind, v, L, windows, depths, n_trials, seed, batch_size,
-                                apply_rope_variant, loss_path)
+                cell = _measure(
+                    model,
+                    kind,
+                    v,
+                    L,
+                    windows,
+                    depths,
+                    n_trials,
+                    seed,
+                    batch_size,
+                    apply_rope_variant,
+                    loss_path,
+                )
                 cell["seconds"] = time.perf_counter() - t1
             cells.put(kind, name, L, cfg, cell)
         (loss_cells if kind == "loss" else key_cells)[(name, L)] = cell
     bar.close()
 
     prov = Provenance(
-        model=model_label(model), corpus=windows[lengths[0]][1], corpus_sha256=windows[lengths[0]][2],
-        n_windows=n_windows, n_ctx=to, seconds=time.perf_counter() - t0,
-        config={"native": native, "target": to, "lengths": list(lengths), "passkey_lengths": list(passkey_lengths),
-                "depths": list(depths), "n_trials": n_trials, "seed": seed, "p": p, "tolerance": tolerance,
-                "weights_sha256": fp, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-                "forward": loss_path(model), "cells_reused": cells.reused,
-                "attention": bool(attention), "attention_cells_reused": att_cells.reused,
-                "out": None if out is None else str(out), "verification": verified.to_dict()},
+        model=model_label(model),
+        corpus=windows[lengths[0]][1],
+        corpus_sha256=windows[lengths[0]][2],
+        n_windows=n_windows,
+        n_ctx=to,
+        seconds=time.perf_counter() - t0,
+        config={
+            "native": native,
+            "target": to,
+            "lengths": list(lengths),
+            "passkey_lengths": list(passkey_lengths),
+            "depths": list(depths),
+            "n_trials": n_trials,
+            "seed": seed,
+            "p": p,
+            "tolerance": tolerance,
+            "weights_sha256": fp,
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "forward": loss_path(model),
+            "cells_reused": cells.reused,
+            "attention": bool(attention),
+            "attention_cells_reused": att_cells.reused,
+            "out": None if out is None else str(out),
+            "verification": verified.to_dict(),
+        },
     )
     rows = []
     for (name, L), c in loss_cells.items():
         est = c.get("estimate") or bootstrap_ci(c["losses"], seed=seed).to_dict()
-        rows.append({"method": name, "length": L, "losses": c["losses"], "estimate": est,
-                     "same_as": c.get("same_as")})
+        rows.append(
+            {
+                "method": name,
+                "length": L,
+                "losses": c["losses"],
+                "estimate": est,
+                "same_as": c.get("same_as"),
+            }
+        )
     return ExtensionStudy(
-        native=native, target=to, lengths=lengths, passkey_lengths=passkey_lengths, depths=depths,
-        n_trials=n_trials, tolerance=float(tolerance),
+        native=native,
+        target=to,
+        lengths=lengths,
+        passkey_lengths=passkey_lengths,
+        depths=depths,
+        n_trials=n_trials,
+        tolerance=float(tolerance),
         variants={n: (None if v is None else v.to_dict()) for n, v in variants.items()},
         loss_cells=tuple(rows),
-        passkey_cells=tuple({"method": n, "length": L, "trials": c["trials"], "same_as": c.get("same_as")}
-                            for (n, L), c in key_cells.items()),
-        planes=tuple(planes), predictions=pred.to_dict(), provenance=prov,
-        attention_cells=tuple({"method": n, "length": L, "heads": c["heads"], "same_as": c.get("same_as")}
-                              for (n, L), c in att.items()),
+        passkey_cells=tuple(
+            {"method": n, "length": L, "trials": c["trials"], "same_as": c.get("same_as")}
+            for (n, L), c in key_cells.items()
+        ),
+        planes=tuple(planes),
+        predictions=pred.to_dict(),
+        provenance=prov,
+        attention_cells=tuple(
+            {"method": n, "length": L, "heads": c["heads"], "same_as": c.get("same_as")}
+            for (n, L), c in att.items()
+        ),
     )
 
 
-def _attention_cell(model, spec, name, v, L, native, tokens, base_cfg, vcfg, cells, done, reference, batch_size,
-                    is_identity) -> dict[str, Any]:
+def _attention_cell(
+    model,
+    spec,
+    name,
+    v,
+    L,
+    native,
+    tokens,
+    base_cfg,
+    vcfg,
+    cells,
+    done,
+    reference,
+    batch_size,
+    is_identity,
+) -> dict[str, Any]:
     """One attention cell: per (layer, head) the mean row entropy, the divergence from the unmodified model within
     the native context, and the matrix entropy of the query Gram (:class:`AttentionStatsReducer`)."""
     from ropelens.run.capture import capture_qk
 
     layers = spec.attention_layers
     diverge = native >= L
-    cfg = {**base_cfg, "kind": "attention", "variant": vcfg, "length": L, "n_windows": int(tokens.shape[0]),
-           "tokens_sha256": _tokens_sha(tokens), "divergence": diverge}
+    cfg = {
+        **base_cfg,
+        "kind": "attention",
+        "variant": vcfg,
+        "length": L,
+        "n_windows": int(tokens.shape[0]),
+        "tokens_sha256": _tokens_sha(tokens),
+        "divergence": diverge,
+    }
     cell = cells.get("attention", name, L, cfg)
     if cell is not None:
         return cell
     if v is not None and ("none", L) in done and is_identity(spec, v, spec.rotary_layers, L):
         cell = {**done[("none", L)], "same_as": "none"}
     else:
-        if diverge and reference.get("length") != L:  # the unmodified model's queries and keys on these windows
+        if (
+            diverge and reference.get("length") != L
+        ):  # the unmodified model's queries and keys on these windows
             reference.clear()
-            reference.update(length=L, acts=capture_qk(model, tokens, layers=layers, which=("q_post", "k_post"),
-                                                       batch_size=batch_size))
+            reference.update(
+                length=L,
+                acts=capture_qk(
+                    model, tokens, layers=layers, which=("q_post", "k_post"), batch_size=batch_size
+                ),
+            )
         t1 = time.perf_counter()
-        cell = _measure_attention(model, spec, v, tokens, layers, reference["acts"] if diverge else None, batch_size)
+        cell = _measure_attention(
+            model, spec, v, tokens, layers, reference["acts"] if diverge else None, batch_size
+        )
         cell["seconds"] = time.perf_counter() - t1
     cells.put("attention", name, L, cfg, cell)
     return cell
@@ -461,7 +730,9 @@ def _measure_attention(model, spec, v, tokens, layers, reference, batch_size) ->
     return {"heads": red.table()}
 
 
-def _measure(model, kind, v, L, windows, depths, n_trials, seed, batch_size, apply_rope_variant, loss_path):
+def _measure(
+    model, kind, v, L, windows, depths, n_trials, seed, batch_size, apply_rope_variant, loss_path
+):
     """One cell: the per-window losses, or the passkey trials, of ``v`` at ``L``."""
     import contextlib
 
@@ -469,13 +740,22 @@ def _measure(model, kind, v, L, windows, depths, n_trials, seed, batch_size, app
     from ropelens.run.evaluate import bootstrap_ci, window_losses
 
     if kind == "passkey":
-        r = passkey_retrieval(model, [L], depths, n_trials=n_trials, seed=seed, variant=v, progress=False)
-        return {"trials": [t.to_dict() for t in r.trials], "forward": r.provenance.config.get("forward")}
+        r = passkey_retrieval(
+            model, [L], depths, n_trials=n_trials, seed=seed, variant=v, progress=False
+        )
+        return {
+            "trials": [t.to_dict() for t in r.trials],
+            "forward": r.provenance.config.get("forward"),
+        }
     ctx = contextlib.nullcontext() if v is None else apply_rope_variant(model, v)
     with ctx:
         losses = window_losses(model, windows[L][0], batch_size=batch_size, progress=False)
         forward = loss_path(model)
-    return {"losses": [float(x) for x in losses], "estimate": bootstrap_ci(losses).to_dict(), "forward": forward}
+    return {
+        "losses": [float(x) for x in losses],
+        "estimate": bootstrap_ci(losses).to_dict(),
+        "forward": forward,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -492,8 +772,12 @@ class ExtensionStudy(Result):
     depths: tuple[float, ...]
     n_trials: int
     tolerance: float
-    variants: dict[str, dict[str, Any] | None]  # method name → RopeVariant.to_dict() (None: unmodified)
-    loss_cells: tuple[dict[str, Any], ...]  # method, length, losses (per window), estimate (LossEstimate dict)
+    variants: dict[
+        str, dict[str, Any] | None
+    ]  # method name → RopeVariant.to_dict() (None: unmodified)
+    loss_cells: tuple[
+        dict[str, Any], ...
+    ]  # method, length, losses (per window), estimate (LossEstimate dict)
     passkey_cells: tuple[dict[str, Any], ...]  # method, length, trials (PasskeyTrial dicts)
     planes: tuple[dict[str, Any], ...]  # kind, method and ExtensionPlanes.to_dict() at the target
     predictions: dict[str, Any]  # BasePredictions.to_dict()
@@ -516,10 +800,19 @@ class ExtensionStudy(Result):
         rows = []
         for c in self.loss_cells:
             e = c["estimate"]
-            rows.append({"method": c["method"], "label": METHODS.get(c["method"], c["method"]),
-                         "length": c["length"], "n_windows": e["n_windows"], "loss": e["loss"]["mean"],
-                         "loss_lo": e["loss"]["lo"], "loss_hi": e["loss"]["hi"],
-                         "perplexity": e["perplexity"]["mean"], "same_as": c.get("same_as")})
+            rows.append(
+                {
+                    "method": c["method"],
+                    "label": METHODS.get(c["method"], c["method"]),
+                    "length": c["length"],
+                    "n_windows": e["n_windows"],
+                    "loss": e["loss"]["mean"],
+                    "loss_lo": e["loss"]["lo"],
+                    "loss_hi": e["loss"]["hi"],
+                    "perplexity": e["perplexity"]["mean"],
+                    "same_as": c.get("same_as"),
+                }
+            )
         df = pd.DataFrame(rows)
         if not df.empty:
             first = df.loc[df.groupby("method")["length"].idxmin()].set_index("method")["loss"]
@@ -529,8 +822,16 @@ class ExtensionStudy(Result):
     def attention_heads_frame(self) -> pd.DataFrame:
         """One row per (method, length, layer, head): query rows, mean row entropy (nats), mean KL and JS divergence
         from the unmodified model's attention (NaN past the native context) and the query Gram's matrix entropy."""
-        rows = [{"method": c["method"], "label": METHODS.get(c["method"], c["method"]), "length": c["length"], **h}
-                for c in self.attention_cells for h in c["heads"]]
+        rows = [
+            {
+                "method": c["method"],
+                "label": METHODS.get(c["method"], c["method"]),
+                "length": c["length"],
+                **h,
+            }
+            for c in self.attention_cells
+            for h in c["heads"]
+        ]
         return pd.DataFrame(rows).astype({"kl": float, "js": float}) if rows else pd.DataFrame()
 
     def attention_frame(self) -> pd.DataFrame:
@@ -544,10 +845,20 @@ class ExtensionStudy(Result):
         out = []
         for (method, length, kind), g in df.groupby(["method", "length", "kind"], sort=False):
             w = g["rows"] / g["rows"].sum()
-            out.append({"method": method, "label": METHODS.get(method, method), "length": length, "kind": kind,
-                        "n_heads": len(g), "entropy": float((g["entropy"] * w).sum()),
-                        "kl": float((g["kl"] * w).sum(min_count=1)), "js": float((g["js"] * w).sum(min_count=1)),
-                        "matrix_entropy": float(g["matrix_entropy"].mean()), "same_as": same[(method, length)]})
+            out.append(
+                {
+                    "method": method,
+                    "label": METHODS.get(method, method),
+                    "length": length,
+                    "kind": kind,
+                    "n_heads": len(g),
+                    "entropy": float((g["entropy"] * w).sum()),
+                    "kl": float((g["kl"] * w).sum(min_count=1)),
+                    "js": float((g["js"] * w).sum(min_count=1)),
+                    "matrix_entropy": float(g["matrix_entropy"].mean()),
+                    "same_as": same[(method, length)],
+                }
+            )
         return pd.DataFrame(out)
 
     def passkey_frame(self) -> pd.DataFrame:
@@ -556,11 +867,18 @@ class ExtensionStudy(Result):
         for c in self.passkey_cells:
             for d in self.depths:
                 ts = [t for t in c["trials"] if t["depth"] == d]
-                rows.append({"method": c["method"], "label": METHODS.get(c["method"], c["method"]),
-                             "length": c["length"], "depth": d, "n_trials": len(ts),
-                             "n_correct": sum(bool(t["correct"]) for t in ts),
-                             "accuracy": float(np.mean([t["correct"] for t in ts])) if ts else math.nan,
-                             "answers": " ".join(str(t["answer"]) for t in ts)})
+                rows.append(
+                    {
+                        "method": c["method"],
+                        "label": METHODS.get(c["method"], c["method"]),
+                        "length": c["length"],
+                        "depth": d,
+                        "n_trials": len(ts),
+                        "n_correct": sum(bool(t["correct"]) for t in ts),
+                        "accuracy": float(np.mean([t["correct"] for t in ts])) if ts else math.nan,
+                        "answers": " ".join(str(t["answer"]) for t in ts),
+                    }
+                )
         return pd.DataFrame(rows)
 
     def recall(self, method: str, length: int) -> tuple[int, int]:
@@ -576,16 +894,25 @@ class ExtensionStudy(Result):
 
         kind = kind or self.planes[0]["kind"]
         keep = ("kind", "method", "roles")
-        return {p["method"]: ExtensionPlanes.from_dict({k: v for k, v in p.items() if k not in keep})
-                for p in self.planes if p["kind"] == kind}
+        return {
+            p["method"]: ExtensionPlanes.from_dict({k: v for k, v in p.items() if k not in keep})
+            for p in self.planes
+            if p["kind"] == kind
+        }
 
     def planes_frame(self) -> pd.DataFrame:
         """One row per (layer kind, method, plane): wavelength before and after, scale and category."""
         frames = []
         for kind in dict.fromkeys(p["kind"] for p in self.planes):
             for method, view in self.plane_views(kind).items():
-                roles = next(p["roles"] for p in self.planes if p["kind"] == kind and p["method"] == method)
-                frames.append(view.to_frame().assign(kind=kind, method=method, variant=METHODS[method], role=roles))
+                roles = next(
+                    p["roles"] for p in self.planes if p["kind"] == kind and p["method"] == method
+                )
+                frames.append(
+                    view.to_frame().assign(
+                        kind=kind, method=method, variant=METHODS[method], role=roles
+                    )
+                )
         return pd.concat(frames, ignore_index=True)
 
     def in_distribution_limit(self, method: str, kind: str | None = None) -> float:
@@ -609,20 +936,37 @@ class ExtensionStudy(Result):
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {**d, "lengths": list(self.lengths), "passkey_lengths": list(self.passkey_lengths),
-                "depths": list(self.depths), "loss_cells": list(self.loss_cells),
-                "passkey_cells": list(self.passkey_cells), "planes": list(self.planes),
-                "attention_cells": list(self.attention_cells),
-                "provenance": self.provenance.to_dict(), "findings": [f.to_dict() for f in self.findings()]}
+        return {
+            **d,
+            "lengths": list(self.lengths),
+            "passkey_lengths": list(self.passkey_lengths),
+            "depths": list(self.depths),
+            "loss_cells": list(self.loss_cells),
+            "passkey_cells": list(self.passkey_cells),
+            "planes": list(self.planes),
+            "attention_cells": list(self.attention_cells),
+            "provenance": self.provenance.to_dict(),
+            "findings": [f.to_dict() for f in self.findings()],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ExtensionStudy:
-        d = {k: v for k, v in d.items() if k != "findings"}  # derived: written again from the numbers
-        return cls(**{**d, "lengths": tuple(d["lengths"]), "passkey_lengths": tuple(d["passkey_lengths"]),
-                      "depths": tuple(d["depths"]), "loss_cells": tuple(d["loss_cells"]),
-                      "passkey_cells": tuple(d["passkey_cells"]), "planes": tuple(d["planes"]),
-                      "attention_cells": tuple(d.get("attention_cells", ())),
-                      "provenance": Provenance.from_dict(d["provenance"])})
+        d = {
+            k: v for k, v in d.items() if k != "findings"
+        }  # derived: written again from the numbers
+        return cls(
+            **{
+                **d,
+                "lengths": tuple(d["lengths"]),
+                "passkey_lengths": tuple(d["passkey_lengths"]),
+                "depths": tuple(d["depths"]),
+                "loss_cells": tuple(d["loss_cells"]),
+                "passkey_cells": tuple(d["passkey_cells"]),
+                "planes": tuple(d["planes"]),
+                "attention_cells": tuple(d.get("attention_cells", ())),
+                "provenance": Provenance.from_dict(d["provenance"]),
+            }
+        )
 
     # ---------------------------------------------------------------- views
     def findings(self):
@@ -663,27 +1007,50 @@ def ranking(study: ExtensionStudy) -> list[dict[str, Any]]:
         if m not in at.index:
             continue
         k, n = study.recall(m, top) if top is not None else (0, 0)
-        rows.append({"method": m, "loss": float(at.loc[m, "loss"]), "perplexity": float(at.loc[m, "perplexity"]),
-                     "recall": k / n if n else math.nan, "correct": k, "trials": n})
+        rows.append(
+            {
+                "method": m,
+                "loss": float(at.loc[m, "loss"]),
+                "perplexity": float(at.loc[m, "perplexity"]),
+                "recall": k / n if n else math.nan,
+                "correct": k,
+                "trials": n,
+            }
+        )
     return sorted(rows, key=lambda r: (-(r["recall"] if r["trials"] else 0.0), r["loss"]))
 
 
 def study_findings(study: ExtensionStudy) -> list[Finding]:
     """Recommendation, loss held per method, passkey recall, planes and the base's predictions."""
     out: list[Finding] = []
-    lab = lambda m: METHODS.get(m, m)  # noqa: E731
+
+    def lab(m):
+        return METHODS.get(m, m)
+
     T, L0 = study.target, study.native
     rank = ranking(study)
     top = max(study.passkey_lengths) if study.passkey_lengths else None
     if rank:
         best = rank[0]
-        recall = f" and recalls {best['correct']} of {best['trials']} passkeys at {top:,}" if best["trials"] else ""
-        others = "; ".join(f"{lab(r['method'])} {r['loss']:.3f}" + (f" ({r['correct']}/{r['trials']})" if r["trials"] else "")
-                           for r in rank[1:4])
-        out.append(Finding("recommend", "summary",
-                           f"For {L0:,} → {T:,} tokens use {lab(best['method'])}: at {T:,} tokens its loss is "
-                           f"{best['loss']:.3f} nats (perplexity {best['perplexity']:.3g}){recall}. Next: {others}.",
-                           {"ranking": rank, "target": T, "passkey_length": top}))
+        recall = (
+            f" and recalls {best['correct']} of {best['trials']} passkeys at {top:,}"
+            if best["trials"]
+            else ""
+        )
+        others = "; ".join(
+            f"{lab(r['method'])} {r['loss']:.3f}"
+            + (f" ({r['correct']}/{r['trials']})" if r["trials"] else "")
+            for r in rank[1:4]
+        )
+        out.append(
+            Finding(
+                "recommend",
+                "summary",
+                f"For {L0:,} → {T:,} tokens use {lab(best['method'])}: at {T:,} tokens its loss is "
+                f"{best['loss']:.3f} nats (perplexity {best['perplexity']:.3g}){recall}. Next: {others}.",
+                {"ranking": rank, "target": T, "passkey_length": top},
+            )
+        )
     df = study.loss_frame()
     for m in study.methods:
         held, rise, first = held_up_to(study, m)
@@ -691,23 +1058,48 @@ def study_findings(study: ExtensionStudy) -> list[Finding]:
         loss_t = float(at["loss"].iloc[0]) if len(at) else math.nan
         base = float(df[(df["method"] == m) & (df["length"] == first)]["loss"].iloc[0])
         if held == first and len(study.lengths) > 1:
-            text = (f"{lab(m)} leaves the loss band at once: {base:.3f} nats at {first:,}, more than "
-                    f"{study.tolerance:g} nats higher at the next length ({loss_t:.3f} at {T:,}).")
+            text = (
+                f"{lab(m)} leaves the loss band at once: {base:.3f} nats at {first:,}, more than "
+                f"{study.tolerance:g} nats higher at the next length ({loss_t:.3f} at {T:,})."
+            )
         elif held >= T:
-            text = (f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token value "
-                    f"({base:.3f}) up to {T:,} (largest rise {rise:+.3f}; {loss_t:.3f} at {T:,}).")
+            text = (
+                f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token value "
+                f"({base:.3f}) up to {T:,} (largest rise {rise:+.3f}; {loss_t:.3f} at {T:,})."
+            )
         else:
-            text = (f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token value "
-                    f"({base:.3f}) up to {held:,} only; at {T:,} it is {loss_t:.3f} ({loss_t - base:+.3f}).")
-        out.append(Finding(f"loss_{m}", "loss", text, {"method": m, "held_up_to": held, "largest_rise": rise,
-                                                         "loss_short": base, "loss_target": loss_t, "short": first}))
+            text = (
+                f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token value "
+                f"({base:.3f}) up to {held:,} only; at {T:,} it is {loss_t:.3f} ({loss_t - base:+.3f})."
+            )
+        out.append(
+            Finding(
+                f"loss_{m}",
+                "loss",
+                text,
+                {
+                    "method": m,
+                    "held_up_to": held,
+                    "largest_rise": rise,
+                    "loss_short": base,
+                    "loss_target": loss_t,
+                    "short": first,
+                },
+            )
+        )
     if top is not None:
         parts = []
         for m in study.methods:
             k, n = study.recall(m, top)
             parts.append(f"{lab(m)} {k}/{n}")
-        out.append(Finding("passkey", "passkey", f"Passkey recall at {top:,} tokens: " + ", ".join(parts) + ".",
-                           {m: study.recall(m, top) for m in study.methods} | {"length": top}))
+        out.append(
+            Finding(
+                "passkey",
+                "passkey",
+                f"Passkey recall at {top:,} tokens: " + ", ".join(parts) + ".",
+                {m: study.recall(m, top) for m in study.methods} | {"length": top},
+            )
+        )
     views = study.planes
     kind = views[0]["kind"] if views else None
     for p in (v for v in views if v["kind"] == kind):
@@ -715,10 +1107,15 @@ def study_findings(study: ExtensionStudy) -> list[Finding]:
         counts = {r: roles.count(r) for r in dict.fromkeys(roles)}
         limit = study.in_distribution_limit(p["method"], kind)
         shown = ", ".join(f"{n} {r}" for r, n in counts.items())
-        out.append(Finding(f"planes_{p['method']}", "planes",
-                           f"{lab(p['method'])} at {T:,} ({kind} layers, {len(roles)} planes): {shown}; every angle "
-                           f"stays within training up to {_n(limit)} tokens.",
-                           {"counts": counts, "in_distribution_limit": limit, "kind": kind}))
+        out.append(
+            Finding(
+                f"planes_{p['method']}",
+                "planes",
+                f"{lab(p['method'])} at {T:,} ({kind} layers, {len(roles)} planes): {shown}; every angle "
+                f"stays within training up to {_n(limit)} tokens.",
+                {"counts": counts, "in_distribution_limit": limit, "kind": kind},
+            )
+        )
     out += _predictor_findings(study)
     return out
 
@@ -733,28 +1130,50 @@ def _predictor_findings(study: ExtensionStudy) -> list[Finding]:
     at_t = r[r["length"] == study.target].iloc[0]
     t_extra = float(at_t["t_extra"])
     df = study.loss_frame()
-    none = df[df["method"] == "none"].set_index("length")["loss"] if "none" in study.methods else None
+    none = (
+        df[df["method"] == "none"].set_index("length")["loss"] if "none" in study.methods else None
+    )
     measured = ""
     if none is not None and len(none) > 1:
         inside = [n for n in none.index if min(t_extra, study.native) >= n]
         beyond = [n for n in none.index if t_extra < n]
         if inside and beyond:
             a, b = max(inside), min(beyond)
-            measured = (f"; the unmodified loss goes from {none[a]:.3f} at {a:,} to {none[b]:.3f} at {b:,} "
-                        f"({none[b] - none[a]:+.3f})")
-    out.append(Finding("critical_dimension", "predictors",
-                       f"Critical dimension ({kind} layers, base {at_t['base']:.4g}): {int(at_t['critical_dimension_train'])} "
-                       f"of {int(at_t['rotary_dim'])} rotary dims turn within {study.native:,} tokens, so Liu et al.'s "
-                       f"extrapolation limit is {_n(t_extra)} tokens{measured}.",
-                       {"kind": kind, "critical_dimension": int(at_t["critical_dimension_train"]), "t_extra": t_extra}))
+            measured = (
+                f"; the unmodified loss goes from {none[a]:.3f} at {a:,} to {none[b]:.3f} at {b:,} "
+                f"({none[b] - none[a]:+.3f})"
+            )
+    out.append(
+        Finding(
+            "critical_dimension",
+            "predictors",
+            f"Critical dimension ({kind} layers, base {at_t['base']:.4g}): {int(at_t['critical_dimension_train'])} "
+            f"of {int(at_t['rotary_dim'])} rotary dims turn within {study.native:,} tokens, so Liu et al.'s "
+            f"extrapolation limit is {_n(t_extra)} tokens{measured}.",
+            {
+                "kind": kind,
+                "critical_dimension": int(at_t["critical_dimension_train"]),
+                "t_extra": t_extra,
+            },
+        )
+    )
     holds = bool(at_t["men_bound_holds"])
     fails = [int(L) for L, h in zip(r["length"], r["men_bound_holds"], strict=True) if not h]
-    out.append(Finding("base_bound", "predictors",
-                       f"Men et al.'s lower bound on the base for {study.target:,} tokens is {at_t['men_lower_bound']:.4g}; "
-                       f"the model's base {at_t['base']:.4g} {'satisfies' if holds else 'violates'} it"
-                       + (f" (violated from {min(fails):,} tokens)" if fails else "")
-                       + f"; Liu's critical base for tuning at {study.target:,} is {at_t['critical_base']:.4g}.",
-                       {"kind": kind, "men_lower_bound": float(at_t["men_lower_bound"]), "holds": holds,
-                        "first_violation": min(fails) if fails else None,
-                        "critical_base": float(at_t["critical_base"])}))
+    out.append(
+        Finding(
+            "base_bound",
+            "predictors",
+            f"Men et al.'s lower bound on the base for {study.target:,} tokens is {at_t['men_lower_bound']:.4g}; "
+            f"the model's base {at_t['base']:.4g} {'satisfies' if holds else 'violates'} it"
+            + (f" (violated from {min(fails):,} tokens)" if fails else "")
+            + f"; Liu's critical base for tuning at {study.target:,} is {at_t['critical_base']:.4g}.",
+            {
+                "kind": kind,
+                "men_lower_bound": float(at_t["men_lower_bound"]),
+                "holds": holds,
+                "first_violation": min(fails) if fails else None,
+                "critical_base": float(at_t["critical_base"]),
+            },
+        )
+    )
     return out

@@ -65,8 +65,18 @@ from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv, plane_norms
 from ropelens.validate import check_number
 
-__all__ = ["AttentionStatsReducer", "EntropyReducer", "FrequencyEntropy", "attention_entropy", "frequency_entropy",
-           "js_divergence", "kl_divergence", "matrix_entropy", "plane_layout", "spectral_entropy"]
+__all__ = [
+    "AttentionStatsReducer",
+    "EntropyReducer",
+    "FrequencyEntropy",
+    "attention_entropy",
+    "frequency_entropy",
+    "js_divergence",
+    "kl_divergence",
+    "matrix_entropy",
+    "plane_layout",
+    "spectral_entropy",
+]
 
 
 def plane_layout(spec: RopeSpec, layer: int) -> tuple[int, str]:
@@ -88,10 +98,14 @@ def spectral_entropy(signal: Float[Tensor, "... pos"]) -> tuple[Tensor, Tensor]:
     n = signal.shape[-1]
     F = n // 2
     if F < 2:
-        raise InputError(f"a spectrum needs at least 4 positions, got {n}: use longer windows (--n-ctx)")
+        raise InputError(
+            f"a spectrum needs at least 4 positions, got {n}: use longer windows (--n-ctx)"
+        )
     x = signal - signal.mean(-1, keepdim=True)
     power = torch.fft.rfft(x, dim=-1).abs().square()[..., 1 : F + 1]
-    p = power / power.sum(-1, keepdim=True)  # 0/0 → NaN for a constant signal, kept as "no spectrum"
+    p = power / power.sum(
+        -1, keepdim=True
+    )  # 0/0 → NaN for a constant signal, kept as "no spectrum"
     h = -torch.xlogy(p, p).sum(-1) / math.log(F)
     return h, p
 
@@ -144,18 +158,37 @@ class AttentionStatsReducer(DeviceSums):
 
     static_mask = "attention entropy"  # masks built from positions: refused where the model picks keys from the input
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, reference: dict[int, LayerActs] | None = None) -> None:
+    def __init__(
+        self,
+        spec: RopeSpec,
+        layers: Sequence[int],
+        *,
+        reference: dict[int, LayerActs] | None = None,
+    ) -> None:
         self.spec, self.layers, self.reference = spec, list(layers), reference
         self.needs = frozenset({"q_post", "k_post"})
         if reference is not None and (missing := [L for L in self.layers if L not in reference]):
-            raise InputError(f"the reference holds no queries and keys of layer(s) {missing}: capture every layer "
-                             "measured (capture_qk(..., which=('q_post', 'k_post')))")
+            raise InputError(
+                f"the reference holds no queries and keys of layer(s) {missing}: capture every layer "
+                "measured (capture_qk(..., which=('q_post', 'k_post')))"
+            )
         self.pos = {L: i for i, L in enumerate(self.layers)}
-        self.offset = dict.fromkeys(self.layers, 0)  # windows seen per layer: where the reference's rows are
+        self.offset = dict.fromkeys(
+            self.layers, 0
+        )  # windows seen per layer: where the reference's rows are
         n, H = len(self.layers), max(spec.layers[L].n_heads for L in self.layers)
         d = max(spec.layers[L].head_dim for L in self.layers)
-        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
-        self.sums = {"rows": z(n, H), "entropy": z(n, H), "kl": z(n, H), "js": z(n, H), "gram": z(n, H, d, d)}
+
+        def z(*s):
+            return torch.zeros(s, dtype=torch.float64)
+
+        self.sums = {
+            "rows": z(n, H),
+            "entropy": z(n, H),
+            "kl": z(n, H),
+            "js": z(n, H),
+            "gram": z(n, H, d, d),
+        }
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every running sum by name: they add across runs."""
@@ -180,10 +213,14 @@ class AttentionStatsReducer(DeviceSums):
             o = self.offset[acts.layer]
             r = self.reference[acts.layer]
             if r["q_post"].shape[0] < o + b or r["q_post"].shape[1] != n:
-                raise InputError(f"the reference's queries of layer {acts.layer} are {tuple(r['q_post'].shape)}, not "
-                                 f"windows {o}…{o + b - 1} of {n} tokens: capture the reference on the same tokens")
-            ref = (r["q_post"][o:o + b].to(q.device, torch.float64),
-                   expand_kv(r["k_post"][o:o + b].to(q.device, torch.float64), rope))
+                raise InputError(
+                    f"the reference's queries of layer {acts.layer} are {tuple(r['q_post'].shape)}, not "
+                    f"windows {o}…{o + b - 1} of {n} tokens: capture the reference on the same tokens"
+                )
+            ref = (
+                r["q_post"][o : o + b].to(q.device, torch.float64),
+                expand_kv(r["k_post"][o : o + b].to(q.device, torch.float64), rope),
+            )
             self.offset[acts.layer] = o + b
         tq = query_tile(q.device, b * H * n)
         for c0 in range(0, n, tq):
@@ -205,16 +242,27 @@ class AttentionStatsReducer(DeviceSums):
         reference), and the matrix entropy of the query Gram (``top``: of its largest eigenvalues)."""
         s = {k: v.to("cpu", torch.float64) for k, v in self.sums.items()}
         n = s["rows"]
-        mean = {k: torch.where(n > 0, s[k] / n.clamp_min(1), math.nan) for k in ("entropy", "kl", "js")}
+        mean = {
+            k: torch.where(n > 0, s[k] / n.clamp_min(1), math.nan) for k in ("entropy", "kl", "js")
+        }
         out = []
         for i, L in enumerate(self.layers):
             lr = self.spec.layers[L]
-            me = matrix_entropy(s["gram"][i, :lr.n_heads, :lr.head_dim, :lr.head_dim], top)
+            me = matrix_entropy(s["gram"][i, : lr.n_heads, : lr.head_dim, : lr.head_dim], top)
             for h in range(lr.n_heads):
                 ref = self.reference is not None
-                out.append({"layer": L, "kind": lr.kind, "head": h, "rows": float(n[i, h]),
-                            "entropy": float(mean["entropy"][i, h]), "kl": float(mean["kl"][i, h]) if ref else None,
-                            "js": float(mean["js"][i, h]) if ref else None, "matrix_entropy": float(me[h])})
+                out.append(
+                    {
+                        "layer": L,
+                        "kind": lr.kind,
+                        "head": h,
+                        "rows": float(n[i, h]),
+                        "entropy": float(mean["entropy"][i, h]),
+                        "kl": float(mean["kl"][i, h]) if ref else None,
+                        "js": float(mean["js"][i, h]) if ref else None,
+                        "matrix_entropy": float(me[h]),
+                    }
+                )
         return out
 
 
@@ -222,25 +270,41 @@ class EntropyReducer(DeviceSums):
     """Streams, per layer × head × plane, the sum over windows of the spectral entropy of ‖q_t^(i)‖
     (in order and in a fixed shuffled order), its square, the windows counted, and the summed spectrum."""
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], n_ctx: int, *, skip: int = 1, seed: int = 0) -> None:
+    def __init__(
+        self, spec: RopeSpec, layers: Sequence[int], n_ctx: int, *, skip: int = 1, seed: int = 0
+    ) -> None:
         self.spec, self.layers, self.skip, self.seed = spec, list(layers), int(skip), int(seed)
         self.needs = frozenset({"q_pre"})
         widths = {plane_layout(spec, L) for L in self.layers}
         heads = {spec.layers[L].n_heads for L in self.layers}
         if len({w for w, _ in widths}) != 1 or len(heads) != 1:
-            raise InputError("selected layers have different plane or head counts; analyse them separately with layers=[...]")
+            raise InputError(
+                "selected layers have different plane or head counts; analyse them separately with layers=[...]"
+            )
         self.n_pos = int(n_ctx) - self.skip
         if self.skip < 0 or self.n_pos < 4:
-            raise InputError(f"skip={skip} leaves {self.n_pos} of {n_ctx} positions; a spectrum needs at least 4: "
-                             "lower skip or use longer windows")
+            raise InputError(
+                f"skip={skip} leaves {self.n_pos} of {n_ctx} positions; a spectrum needs at least 4: "
+                "lower skip or use longer windows"
+            )
         P, H, F = widths.pop()[0] // 2, heads.pop(), self.n_pos // 2
         L = len(self.layers)
         self.pos = {layer: i for i, layer in enumerate(self.layers)}
         g = torch.Generator().manual_seed(self.seed)
         self.perm = torch.randperm(self.n_pos, generator=g)
-        z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
-        self.sums = {"count": z(L, H, P), "h": z(L, H, P), "h_sq": z(L, H, P), "shuffled_count": z(L, H, P),
-                     "shuffled": z(L, H, P), "shuffled_sq": z(L, H, P), "spectrum": z(L, P, F)}
+
+        def z(*s):
+            return torch.zeros(s, dtype=torch.float64)
+
+        self.sums = {
+            "count": z(L, H, P),
+            "h": z(L, H, P),
+            "h_sq": z(L, H, P),
+            "shuffled_count": z(L, H, P),
+            "shuffled": z(L, H, P),
+            "shuffled_sq": z(L, H, P),
+            "spectrum": z(L, P, F),
+        }
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every running sum by name (the tensors themselves): they add across runs and processes."""
@@ -248,14 +312,18 @@ class EntropyReducer(DeviceSums):
 
     def update(self, acts: LayerActs) -> None:
         if acts.padded:
-            raise InputError("frequency entropy needs whole windows (a spectrum over positions): pass unpadded windows")
+            raise InputError(
+                "frequency entropy needs whole windows (a spectrum over positions): pass unpadded windows"
+            )
         sums = self._on(acts.valid.device)
         i = self.pos[acts.layer]
         width, pairing = plane_layout(self.spec, acts.layer)
         q = acts["q_pre"][:, self.skip :]
         if q.shape[1] != self.n_pos:
-            raise InputError(f"windows of {q.shape[1] + self.skip} tokens reached a reducer built for "
-                             f"{self.n_pos + self.skip}: build it with the windows' n_ctx")
+            raise InputError(
+                f"windows of {q.shape[1] + self.skip} tokens reached a reducer built for "
+                f"{self.n_pos + self.skip}: build it with the windows' n_ctx"
+            )
         # float64: the spectrum of a norm that barely varies is a small difference of large sums
         norms = plane_norms(q.double(), width, pairing).permute(0, 2, 3, 1)  # [b, head, plane, pos]
         dt = sums["h"].dtype
@@ -272,13 +340,21 @@ class EntropyReducer(DeviceSums):
 
     def result(self, provenance: Provenance) -> FrequencyEntropy:
         """The streamed sums as a :class:`FrequencyEntropy`."""
-        return FrequencyEntropy(layers=tuple(self.layers), spec=self.spec, skip=self.skip, seed=self.seed,
-                                n_pos=self.n_pos, sums={k: v.to("cpu", torch.float64) for k, v in self.sums.items()},
-                                provenance=provenance)
+        return FrequencyEntropy(
+            layers=tuple(self.layers),
+            spec=self.spec,
+            skip=self.skip,
+            seed=self.seed,
+            n_pos=self.n_pos,
+            sums={k: v.to("cpu", torch.float64) for k, v in self.sums.items()},
+            provenance=provenance,
+        )
 
 
 @dataclass(frozen=True)
-class FrequencyEntropy(Result, merge_same=("layers", "skip", "seed", "n_pos", "spec"), merge_sums=("sums",)):
+class FrequencyEntropy(
+    Result, merge_same=("layers", "skip", "seed", "n_pos", "spec"), merge_sums=("sums",)
+):
     """Spectral entropy of each plane's query norm along the sequence, per layer × head × plane.
 
     ``sums`` holds, over windows, the count, sum and sum of squares of the normalised entropy, in
@@ -336,8 +412,13 @@ class FrequencyEntropy(Result, merge_same=("layers", "skip", "seed", "n_pos", "s
         for kind in dict.fromkeys(self.kind(L) for L in self.layers):
             idx = [i for i, L in enumerate(self.layers) if self.kind(L) == kind]
             a, b = h[idx], s[idx]
-            out[kind] = {"n_layers": len(idx), "entropy": float(a.nanmean()), "shuffled": float(b.nanmean()),
-                         "gap": float((b - a).nanmean()), "periodic_share": float(((b - a) > 0).double().mean())}
+            out[kind] = {
+                "n_layers": len(idx),
+                "entropy": float(a.nanmean()),
+                "shuffled": float(b.nanmean()),
+                "gap": float((b - a).nanmean()),
+                "periodic_share": float(((b - a) > 0).double().mean()),
+            }
         return out
 
     # ---------------------------------------------------------------- findings
@@ -347,39 +428,66 @@ class FrequencyEntropy(Result, merge_same=("layers", "skip", "seed", "n_pos", "s
         parts = []
         for kind, v in kinds.items():
             noun = "NoPE layers" if kind == "nope" else f"rotary ({kind}) layers"
-            parts.append(f"{noun} ({v['n_layers']}): entropy {v['entropy']:.3f} vs {v['shuffled']:.3f} shuffled "
-                         f"(gap {v['gap']:+.3f}; {100 * v['periodic_share']:.0f}% of head-planes below their shuffled value)")
-        text = ("Spectral entropy of each plane's query norm along the sequence (1 = flat spectrum): "
-                + "; ".join(parts) + ".")
-        vals = {k: {n: round(x, 4) if isinstance(x, float) else x for n, x in v.items()} for k, v in kinds.items()}
+            parts.append(
+                f"{noun} ({v['n_layers']}): entropy {v['entropy']:.3f} vs {v['shuffled']:.3f} shuffled "
+                f"(gap {v['gap']:+.3f}; {100 * v['periodic_share']:.0f}% of head-planes below their shuffled value)"
+            )
+        text = (
+            "Spectral entropy of each plane's query norm along the sequence (1 = flat spectrum): "
+            + "; ".join(parts)
+            + "."
+        )
+        vals = {
+            k: {n: round(x, 4) if isinstance(x, float) else x for n, x in v.items()}
+            for k, v in kinds.items()
+        }
         return [Finding("frequency_entropy", "entropy", text, vals)]
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy table: one row per (layer, head, plane) with the layer kind, the plane's wavelength
         (inf in NoPE layers), entropy, shuffled entropy, gap, and the plane's peak period."""
         L, H, P = self.sums["h"].shape
-        layer, head, plane = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(P), indexing="ij")
+        layer, head, plane = np.meshgrid(
+            np.array(self.layers), np.arange(H), np.arange(P), indexing="ij"
+        )
         wl = torch.stack([_wavelengths(self.spec.layers[x], P) for x in self.layers])  # [L, P]
-        return pd.DataFrame({
-            "layer": layer.ravel(), "kind": [self.kind(int(x)) for x in layer.ravel()], "head": head.ravel(),
-            "plane": plane.ravel(), "wavelength": wl[:, None, :].expand(L, H, P).flatten().numpy(),
-            "entropy": self.entropy().flatten().numpy(), "shuffled": self.entropy(True).flatten().numpy(),
-            "gap": self.gap().flatten().numpy(),
-            "peak_period": self.peak_period()[:, None, :].expand(L, H, P).flatten().numpy(),
-        })
+        return pd.DataFrame(
+            {
+                "layer": layer.ravel(),
+                "kind": [self.kind(int(x)) for x in layer.ravel()],
+                "head": head.ravel(),
+                "plane": plane.ravel(),
+                "wavelength": wl[:, None, :].expand(L, H, P).flatten().numpy(),
+                "entropy": self.entropy().flatten().numpy(),
+                "shuffled": self.entropy(True).flatten().numpy(),
+                "gap": self.gap().flatten().numpy(),
+                "peak_period": self.peak_period()[:, None, :].expand(L, H, P).flatten().numpy(),
+            }
+        )
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "spec": self.spec.to_dict(), "skip": self.skip, "seed": self.seed,
-                "n_pos": self.n_pos, "sums": {k: v.tolist() for k, v in self.sums.items()},
-                "provenance": self.provenance.to_dict()}
+        return {
+            "layers": list(self.layers),
+            "spec": self.spec.to_dict(),
+            "skip": self.skip,
+            "seed": self.seed,
+            "n_pos": self.n_pos,
+            "sums": {k: v.tolist() for k, v in self.sums.items()},
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FrequencyEntropy:
-        return cls(layers=tuple(d["layers"]), spec=RopeSpec.from_dict(d["spec"]), skip=int(d["skip"]),
-                   seed=int(d["seed"]), n_pos=int(d["n_pos"]),
-                   sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-                   provenance=Provenance.from_dict(d["provenance"]))
+        return cls(
+            layers=tuple(d["layers"]),
+            spec=RopeSpec.from_dict(d["spec"]),
+            skip=int(d["skip"]),
+            seed=int(d["seed"]),
+            n_pos=int(d["n_pos"]),
+            sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
 
 
 def _wavelengths(lr: LayerRope, n_planes: int) -> Tensor:
@@ -387,16 +495,27 @@ def _wavelengths(lr: LayerRope, n_planes: int) -> Tensor:
 
 
 @corpus_analysis(n_ctx=256, max_tokens=8192)
-def frequency_entropy(model, corpus, run: RunOptions, *, skip: int = 1, seed: int = 0) -> FrequencyEntropy:
+def frequency_entropy(
+    model, corpus, run: RunOptions, *, skip: int = 1, seed: int = 0
+) -> FrequencyEntropy:
     """Spectral entropy of every plane's query norm along the sequence, per layer × head (streamed).
 
     ``layers`` (default: every layer) may name NoPE layers: their heads are split into the planes
     the model's rotary layers use. ``skip`` leading positions of each window are left out (the
     attention sink); ``seed`` fixes the shuffled order of the control.
     """
-    skip = int(check_number(skip, "skip", at_least=0, integer=True, hint=" (leading positions left out)"))
+    skip = int(
+        check_number(skip, "skip", at_least=0, integer=True, hint=" (leading positions left out)")
+    )
     seed = int(check_number(seed, "seed", integer=True))
-    m = measure(model, corpus, lambda spec, chosen, win: EntropyReducer(spec, chosen, win.n_ctx, skip=skip, seed=seed),
-                run, analysis="frequency_entropy", config={"skip": skip, "seed": seed}, desc="frequency entropy",
-                rotary_only=False)
+    m = measure(
+        model,
+        corpus,
+        lambda spec, chosen, win: EntropyReducer(spec, chosen, win.n_ctx, skip=skip, seed=seed),
+        run,
+        analysis="frequency_entropy",
+        config={"skip": skip, "seed": seed},
+        desc="frequency entropy",
+        rotary_only=False,
+    )
     return m.reducer.result(m.provenance)

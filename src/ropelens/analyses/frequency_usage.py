@@ -32,7 +32,9 @@ Scope = Literal["all", "no_sink"]
 class UsageReducer:
     """Streams per-plane norms of q and k: over tokens, and over per-window means (for CIs)."""
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, source: str = "pre", n_sink: int = 1) -> None:
+    def __init__(
+        self, spec: RopeSpec, layers: Sequence[int], *, source: str = "pre", n_sink: int = 1
+    ) -> None:
         if source not in ("pre", "post"):
             raise InputError(f"source must be 'pre' or 'post' (RoPE), got {source!r}")
         if n_sink < 0:
@@ -40,7 +42,9 @@ class UsageReducer:
         self.spec, self.layers, self.source, self.n_sink = spec, list(layers), source, n_sink
         self.needs = frozenset({f"q_{source}", f"k_{source}"})
         self.pos = {L: i for i, L in enumerate(self.layers)}
-        shape = {w: _padded_shape(spec, self.layers, w) for w in "qk"}  # layers of other widths padded (see FrequencyUsage)
+        shape = {
+            w: _padded_shape(spec, self.layers, w) for w in "qk"
+        }  # layers of other widths padded (see FrequencyUsage)
         self.tok = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
         self.win = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
         self._placed = False
@@ -50,8 +54,13 @@ class UsageReducer:
         out = {}
         for kind, moments in (("tok", self.tok), ("win", self.win)):
             for (w, scope), m in moments.items():
-                out.update({f"{kind}/{w}/{scope}/count": m.count, f"{kind}/{w}/{scope}/total": m.total,
-                            f"{kind}/{w}/{scope}/total_sq": m.total_sq})
+                out.update(
+                    {
+                        f"{kind}/{w}/{scope}/count": m.count,
+                        f"{kind}/{w}/{scope}/total": m.total,
+                        f"{kind}/{w}/{scope}/total_sq": m.total_sq,
+                    }
+                )
         return out
 
     def _on(self, device: torch.device) -> None:
@@ -71,14 +80,23 @@ class UsageReducer:
         for w in "qk":
             norms = rope.plane_norms(acts[f"{w}_{self.source}"].float())  # [b,pos,h,P]
             if self.source == "post" and rope.attention_scaling != 1.0 and not rope.norm_after_rope:
-                norms = norms / rope.attention_scaling  # cos/sin carry the scaling; undo it (a norm after RoPE did)
-            norms = norms * valid[:, :, None, None]  # padded positions count for nothing (no host sync to ask)
+                norms = (
+                    norms / rope.attention_scaling
+                )  # cos/sin carry the scaling; undo it (a norm after RoPE did)
+            norms = (
+                norms * valid[:, :, None, None]
+            )  # padded positions count for nothing (no host sync to ask)
             # per-window sums in float32 (≤ a few thousand terms), accumulated across windows in float64
-            s_all, q_all = norms.sum(1).double(), (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double()
+            s_all, q_all = (
+                norms.sum(1).double(),
+                (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double(),
+            )
             sink = norms[:, :n_sink]
             s_sink, q_sink = sink.sum(1).double(), (sink * sink).sum(1).double()
-            per = {"all": (counts["all"], s_all, q_all),
-                   "no_sink": (counts["all"] - counts["sink"], s_all - s_sink, q_all - q_sink)}
+            per = {
+                "all": (counts["all"], s_all, q_all),
+                "no_sink": (counts["all"] - counts["sink"], s_all - s_sink, q_all - q_sink),
+            }
             for scope, (cnt, tot, sq) in per.items():
                 self._add(w, scope, i, cnt.double(), tot, sq)
 
@@ -92,7 +110,9 @@ class UsageReducer:
         tok.count[at] += cnt.sum()
         tok.total[at] += tot.sum(0)
         tok.total_sq[at] += sq.sum(0)
-        keep = (cnt > 0).to(tot.dtype)  # windows with tokens in scope (masking, not indexing: no host sync)
+        keep = (cnt > 0).to(
+            tot.dtype
+        )  # windows with tokens in scope (masking, not indexing: no host sync)
         means = tot / cnt.clamp_min(1)[:, None, None] * keep[:, None, None]
         win = self.win[(w, scope)]
         win.count[at] += keep.sum()
@@ -101,9 +121,19 @@ class UsageReducer:
 
     def result(self, provenance: Provenance) -> FrequencyUsage:
         """The streamed sums as a :class:`FrequencyUsage`."""
-        cpu = lambda ms: {k: m.to("cpu", torch.float64) for k, m in ms.items()}  # noqa: E731
-        return FrequencyUsage(layers=tuple(self.layers), spec=self.spec, token=cpu(self.tok), window=cpu(self.win),
-                              n_sink=self.n_sink, source=self.source, provenance=provenance)
+
+        def cpu(ms):
+            return {k: m.to("cpu", torch.float64) for k, m in ms.items()}
+
+        return FrequencyUsage(
+            layers=tuple(self.layers),
+            spec=self.spec,
+            token=cpu(self.tok),
+            window=cpu(self.win),
+            n_sink=self.n_sink,
+            source=self.source,
+            provenance=provenance,
+        )
 
 
 def _padded_shape(spec: RopeSpec, layers: Sequence[int], which: str) -> tuple[int, int, int]:
@@ -113,8 +143,12 @@ def _padded_shape(spec: RopeSpec, layers: Sequence[int], which: str) -> tuple[in
 
 # unversioned: files from before the result base carry a type but no format
 @dataclass(frozen=True)
-class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "source", "spec"),
-                     merge_sums=("token", "window")):
+class FrequencyUsage(
+    Result,
+    unversioned=True,
+    merge_same=("layers", "n_sink", "source", "spec"),
+    merge_sums=("token", "window"),
+):
     """Per-plane norms of queries and keys, highest frequency first.
 
     ``token`` moments are over tokens; ``window`` moments over per-window means (their spread
@@ -136,7 +170,9 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
 
     def __post_init__(self) -> None:
         for (w, s), mom in {**self.token, **self.window}.items():
-            self._check_shape(f"{w}/{s} moments", mom.total, _padded_shape(self.spec, self.layers, w))
+            self._check_shape(
+                f"{w}/{s} moments", mom.total, _padded_shape(self.spec, self.layers, w)
+            )
 
     # ---------------------------------------------------------------- numbers
     def present(self, which: Which = "q") -> Tensor:
@@ -167,11 +203,15 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
         """Standard deviation of the plane norm over tokens."""
         return self._masked(self.token[(which, scope)].std, which).float()
 
-    def ci(self, which: Which = "q", scope: Scope = "all", z: float = 1.96) -> Float[Tensor, "layer head plane"]:
+    def ci(
+        self, which: Which = "q", scope: Scope = "all", z: float = 1.96
+    ) -> Float[Tensor, "layer head plane"]:
         """Half-width of the normal CI of the mean norm, from the spread of per-window means."""
         return self._masked(self.window[(which, scope)].sem() * z, which).float()
 
-    def band_share(self, bands: Bands, which: Which = "q", scope: Scope = "all") -> tuple[list[str], Tensor]:
+    def band_share(
+        self, bands: Bands, which: Which = "q", scope: Scope = "all"
+    ) -> tuple[list[str], Tensor]:
         """Share of squared norm (energy) per band, ``[layer, head, band]``; sums to 1 over bands.
 
         Exact from the streamed sums: E‖x_band‖² = Σ_{i∈band} E‖x^(i)‖². Bands are resolved per layer;
@@ -218,9 +258,13 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
             # a band or head a layer lacks (layers of other widths) is NaN: it wins nowhere
             band, n, mean = band_winners(share.nanmean(1).nan_to_num(nan=-math.inf), names)
             vals[which] = {"band": band, "layers": n, "mean_share": round(mean, 2)}
-            parts.append(f"{noun} hold the most energy (squared norm) in band {band} in {n} of "
-                         f"{len(self.layers)} layers (mean share {vals[which]['mean_share']:.2f} where it leads)")
-        return Finding("energy", "frequency-usage", "; ".join(parts) + " — sink positions excluded.", vals)
+            parts.append(
+                f"{noun} hold the most energy (squared norm) in band {band} in {n} of "
+                f"{len(self.layers)} layers (mean share {vals[which]['mean_share']:.2f} where it leads)"
+            )
+        return Finding(
+            "energy", "frequency-usage", "; ".join(parts) + " — sink positions excluded.", vals
+        )
 
     def _sink_finding(self) -> Finding | None:
         """The layer whose sink keys differ most from other keys (norm ratio farthest from 1, either way)."""
@@ -229,14 +273,22 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
             return None
         k, q = ratios["k"], ratios["q"]
         i = int(k.clamp_min(1e-30).log().abs().argmax())
-        vals = {"layer": self.layers[i], "k_ratio": round(float(k[i]), 2), "q_ratio": round(float(q[i]), 2),
-                "k_min": round(float(k.min()), 2), "k_max": round(float(k.max()), 2),
-                "k_median": round(float(k.median()), 2), "n_sink": self.n_sink}
+        vals = {
+            "layer": self.layers[i],
+            "k_ratio": round(float(k[i]), 2),
+            "q_ratio": round(float(q[i]), 2),
+            "k_min": round(float(k.min()), 2),
+            "k_max": round(float(k.max()), 2),
+            "k_median": round(float(k.median()), 2),
+            "n_sink": self.n_sink,
+        }
         pos = "the first position" if self.n_sink == 1 else f"the first {self.n_sink} positions"
         way = "larger" if vals["k_ratio"] >= 1 else "smaller"
-        text = (f"Sink keys differ most from other keys in layer {vals['layer']}: keys at {pos} carry {vals['k_ratio']:.2f}× "
-                f"the mean per-plane norm of other positions ({way}; queries {vals['q_ratio']:.2f}×); across layers the key "
-                f"ratio runs from {vals['k_min']:.2f}× to {vals['k_max']:.2f}× (median {vals['k_median']:.2f}×).")
+        text = (
+            f"Sink keys differ most from other keys in layer {vals['layer']}: keys at {pos} carry {vals['k_ratio']:.2f}× "
+            f"the mean per-plane norm of other positions ({way}; queries {vals['q_ratio']:.2f}×); across layers the key "
+            f"ratio runs from {vals['k_min']:.2f}× to {vals['k_max']:.2f}× (median {vals['k_median']:.2f}×)."
+        )
         return Finding("sink", "frequency-usage", text, vals)
 
     def to_frame(self) -> pd.DataFrame:
@@ -244,15 +296,26 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
         frames = []
         for (w, s), mom in self.token.items():
             L, H, P = mom.mean.shape
-            layer, head, plane = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(P), indexing="ij")
+            layer, head, plane = np.meshgrid(
+                np.array(self.layers), np.arange(H), np.arange(P), indexing="ij"
+            )
             wl = self.wavelengths()  # [L, P]
             have = self.present(w).flatten().numpy()  # type: ignore[arg-type]
-            frames.append(pd.DataFrame({
-                "which": w, "scope": s, "layer": layer.ravel(), "head": head.ravel(), "plane": plane.ravel(),
-                "wavelength": wl[:, None, :].expand(L, H, P).double().flatten().numpy(),
-                "mean_norm": mom.mean.double().flatten().numpy(), "std": mom.std.double().flatten().numpy(),
-                "ci95": self.ci(w, s).double().flatten().numpy(),  # type: ignore[arg-type]
-            })[have])
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "which": w,
+                        "scope": s,
+                        "layer": layer.ravel(),
+                        "head": head.ravel(),
+                        "plane": plane.ravel(),
+                        "wavelength": wl[:, None, :].expand(L, H, P).double().flatten().numpy(),
+                        "mean_norm": mom.mean.double().flatten().numpy(),
+                        "std": mom.std.double().flatten().numpy(),
+                        "ci95": self.ci(w, s).double().flatten().numpy(),  # type: ignore[arg-type]
+                    }
+                )[have]
+            )
         return pd.concat(frames, ignore_index=True)
 
     def wavelengths(self) -> Tensor:
@@ -266,7 +329,9 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        key = lambda k: f"{k[0]}/{k[1]}"  # noqa: E731
+        def key(k):
+            return f"{k[0]}/{k[1]}"
+
         return {
             "layers": list(self.layers),
             "n_sink": self.n_sink,
@@ -279,7 +344,9 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FrequencyUsage:
-        unkey = lambda s: tuple(s.split("/"))  # noqa: E731
+        def unkey(s):
+            return tuple(s.split("/"))
+
         return cls(
             layers=tuple(d["layers"]),
             spec=RopeSpec.from_dict(d["spec"]),
@@ -291,10 +358,18 @@ class FrequencyUsage(Result, unversioned=True, merge_same=("layers", "n_sink", "
         )
 
     # ---------------------------------------------------------------- figures (drawn by ropelens.plots.frequency_usage)
-    def heatmap(self, which: Which = "q", scope: Scope = "all", *, layer: int | None = None,
-                coloraxis: str | None = None) -> Any:
+    def heatmap(
+        self,
+        which: Which = "q",
+        scope: Scope = "all",
+        *,
+        layer: int | None = None,
+        coloraxis: str | None = None,
+    ) -> Any:
         """Layer × plane heatmap (head-averaged), or head × plane for one ``layer``."""
-        return figure_of(FrequencyUsage, "heatmap")(self, which, scope, layer=layer, coloraxis=coloraxis)
+        return figure_of(FrequencyUsage, "heatmap")(
+            self, which, scope, layer=layer, coloraxis=coloraxis
+        )
 
     def figure(self, scope: Scope = "all", layer: int | None = None) -> Any:
         """q and k heatmaps side by side: layer × plane, or head × plane for ``layer``."""
@@ -318,6 +393,13 @@ def frequency_usage(
     returns the whole corpus's result; ``checkpoint`` (a directory) saves progress to resume a
     killed run (see :mod:`ropelens.run.distributed`).
     """
-    m = measure(model, corpus, lambda spec, chosen, _: UsageReducer(spec, chosen, source=source, n_sink=n_sink),
-                run, analysis="usage", config={"n_sink": n_sink, "source": source}, desc="frequency usage")
+    m = measure(
+        model,
+        corpus,
+        lambda spec, chosen, _: UsageReducer(spec, chosen, source=source, n_sink=n_sink),
+        run,
+        analysis="usage",
+        config={"n_sink": n_sink, "source": source},
+        desc="frequency usage",
+    )
     return m.reducer.result(m.provenance)

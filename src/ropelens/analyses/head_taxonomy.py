@@ -39,7 +39,14 @@ from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.spec.bands import Bands
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
 
-__all__ = ["HeadScoresReducer", "HeadTaxonomy", "TAU_FLOOR", "head_taxonomy", "otsu_threshold", "random_tokens"]
+__all__ = [
+    "HeadScoresReducer",
+    "HeadTaxonomy",
+    "TAU_FLOOR",
+    "head_taxonomy",
+    "otsu_threshold",
+    "random_tokens",
+]
 
 TAU_FLOOR = 0.3  # below this an offset holds less than a third of attention: not "one fixed offset"
 TAU_METHOD = f"otsu(robust offset mass), floor {TAU_FLOOR}"
@@ -59,21 +66,35 @@ class HeadScoresReducer(DeviceSums):
     static_mask = "head scores"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post"})
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], bands: Bands, max_offset: int) -> None:
+    def __init__(
+        self, spec: RopeSpec, layers: Sequence[int], bands: Bands, max_offset: int
+    ) -> None:
         if not isinstance(max_offset, int) or max_offset < 1:
-            raise InputError(f"max_offset must be an int ≥ 1 (1 = previous token), got {max_offset!r}")
+            raise InputError(
+                f"max_offset must be an int ≥ 1 (1 = previous token), got {max_offset!r}"
+            )
         self.spec, self.layers, self.max_offset = spec, list(layers), max_offset
         self.pos = {l_: i for i, l_ in enumerate(self.layers)}
         rbs = [bands.resolve(spec.layers[L]) for L in self.layers]
         self.band_names = rbs[0].names
         if any(rb.names != self.band_names for rb in rbs):
-            raise InputError(f"bands {bands.describe()} resolve to different band names across layers")
-        self.member = {L: rb.dim_membership() for L, rb in zip(self.layers, rbs, strict=True)}  # dims → bands
+            raise InputError(
+                f"bands {bands.describe()} resolve to different band names across layers"
+            )
+        self.member = {
+            L: rb.dim_membership() for L, rb in zip(self.layers, rbs, strict=True)
+        }  # dims → bands
         n_b, n_d = rbs[0].n_bands, max_offset + 1
         # layers of different widths padded to the most heads: NaN past a layer's own (RopeSpec.padded_zeros)
         z = functools.partial(spec.padded_zeros, self.layers)
-        self.sums = {"mass": z("head", n_d), "n_offset": z(n_d), "sink": z("head"), "n_sink": z(),
-                     "band_sum": z("head", n_b, n_d), "band_sq": z("head", n_b, n_d)}
+        self.sums = {
+            "mass": z("head", n_d),
+            "n_offset": z(n_d),
+            "sink": z("head"),
+            "n_sink": z(),
+            "band_sum": z("head", n_b, n_d),
+            "band_sq": z("head", n_b, n_d),
+        }
         self._member: dict[tuple[int, torch.device], Tensor] = {}
 
     def _members(self, layer: int, device: torch.device) -> Tensor:
@@ -87,7 +108,9 @@ class HeadScoresReducer(DeviceSums):
         """Offsets 0 … max_offset that some query of an ``n``-token window can attend at."""
         return range(min(self.max_offset + 1, n - 1, rope.window or n))
 
-    def _attention(self, q: Tensor, k: Tensor, valid: Tensor, rope: LayerRope) -> tuple[Tensor, Tensor]:
+    def _attention(
+        self, q: Tensor, k: Tensor, valid: Tensor, rope: LayerRope
+    ) -> tuple[Tensor, Tensor]:
         """The model's attention on position 0 (queries 1 … n−1) and at each offset δ (queries δ+1 …
         n−1), ``[b, head, n-1]`` and ``[offset, b, head, n-1]`` (zero where there is no such query),
         rebuilt from the scaled scores ``q``·``k`` in query tiles that hold each query's whole key
@@ -127,7 +150,10 @@ class HeadScoresReducer(DeviceSums):
         s = self._on(dev)
         here, sdt, dt = s["mass"].device, s["mass"].dtype, sum_dtype(dev)
         member = self._members(acts.layer, dev)
-        n, H = q.shape[1], q.shape[2]  # a layer narrower than the widest adds into its leading heads
+        n, H = (
+            q.shape[1],
+            q.shape[2],
+        )  # a layer narrower than the widest adds into its leading heads
         sink, diag = self._attention(q, acts["k_post"].float(), valid, rope)
         k = expand_kv(acts["k_post"].float(), rope)
         w0 = (valid[:, 1:] & valid[:, :1]).float()  # queries ≥ 1 that are real
@@ -156,9 +182,12 @@ class HeadScoresReducer(DeviceSums):
         content = (within * wt).sum(-1).clamp_min(0)
         grand = (mean * wt).sum(-1, keepdim=True)
         position = ((mean - grand) ** 2 * wt).sum(-1)
-        return {f"mass_{prefix}": s["mass"] / cnt, f"sink_{prefix}": s["sink"] / s["n_sink"][:, None].clamp_min(1),
-                f"position_share_{prefix}": position / (position + content).clamp_min(1e-30),
-                f"content_var_{prefix}": content}
+        return {
+            f"mass_{prefix}": s["mass"] / cnt,
+            f"sink_{prefix}": s["sink"] / s["n_sink"][:, None].clamp_min(1),
+            f"position_share_{prefix}": position / (position + content).clamp_min(1e-30),
+            f"content_var_{prefix}": content,
+        }
 
 
 # ============================================================================ threshold
@@ -198,7 +227,9 @@ class HeadTaxonomy(Result, unversioned=True):
     def __post_init__(self) -> None:
         shape = tuple(self.scores["mass_text"].shape)
         if shape[0] != len(self.layers):
-            raise InputError(f"mass_text has shape {shape}, expected ({len(self.layers)}, heads, offsets)")
+            raise InputError(
+                f"mass_text has shape {shape}, expected ({len(self.layers)}, heads, offsets)"
+            )
         if not 0.0 <= self.tau <= 1.0:
             raise InputError(f"tau is an attention mass in [0, 1], got {self.tau}")
 
@@ -217,13 +248,17 @@ class HeadTaxonomy(Result, unversioned=True):
     def offset_mass(self) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
         """Mass at the text-best offset on text and on random tokens."""
         best = self.best_offset()[..., None]
-        return self.scores["mass_text"].gather(-1, best)[..., 0], self.scores["mass_random"].gather(-1, best)[..., 0]
+        return self.scores["mass_text"].gather(-1, best)[..., 0], self.scores["mass_random"].gather(
+            -1, best
+        )[..., 0]
 
     def robust_mass(self) -> Float[Tensor, "layer head"]:
         """min(text, random) mass at the text-best offset; 0 where random tokens prefer another offset (NaN for
         heads a layer lacks)."""
         text, rand = self.offset_mass()
-        agree = self.best_offset() == self.scores["mass_random"].nan_to_num(nan=-math.inf).argmax(-1)
+        agree = self.best_offset() == self.scores["mass_random"].nan_to_num(nan=-math.inf).argmax(
+            -1
+        )
         robust = torch.where(agree, torch.minimum(text, rand), torch.zeros_like(text))
         return robust.masked_fill(~self.present(), math.nan)
 
@@ -261,18 +296,28 @@ class HeadTaxonomy(Result, unversioned=True):
         n_l, n_h = text.shape
         have = self.present().flatten().numpy()
         cols: dict[str, Any] = {
-            "layer": [L for L in self.layers for _ in range(n_h)], "head": list(range(n_h)) * n_l,
+            "layer": [L for L in self.layers for _ in range(n_h)],
+            "head": list(range(n_h)) * n_l,
             "positional": self.positional().flatten().tolist(),
-            "best_offset": self.best_offset().flatten().tolist(), "mass_text": text.flatten().tolist(),
-            "mass_random": rand.flatten().tolist(), "robust_mass": self.robust_mass().flatten().tolist(),
-            "sink_text": s["sink_text"].flatten().tolist(), "sink_random": s["sink_random"].flatten().tolist(),
+            "best_offset": self.best_offset().flatten().tolist(),
+            "mass_text": text.flatten().tolist(),
+            "mass_random": rand.flatten().tolist(),
+            "robust_mass": self.robust_mass().flatten().tolist(),
+            "sink_text": s["sink_text"].flatten().tolist(),
+            "sink_random": s["sink_random"].flatten().tolist(),
             "top_plane": s["top_plane"].flatten().long().tolist(),
             "top_plane_tightness": s["top_plane_tightness"].flatten().tolist(),
         }
         for d in range(self.max_offset + 1):
             cols[f"text_d{d}"] = s["mass_text"][..., d].flatten().tolist()
             cols[f"random_d{d}"] = s["mass_random"][..., d].flatten().tolist()
-        for key in ("margin_share", "var_share", "position_share_text", "position_share_random", "content_var_text"):
+        for key in (
+            "margin_share",
+            "var_share",
+            "position_share_text",
+            "position_share_random",
+            "content_var_text",
+        ):
             for b, name in enumerate(self.band_names):
                 cols[f"{key}[{name}]"] = s[key][..., b].flatten().tolist()
         df = pd.DataFrame(cols)[have].reset_index(drop=True)
@@ -280,15 +325,23 @@ class HeadTaxonomy(Result, unversioned=True):
         return df
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "band_names": list(self.band_names),
-                "tau": self.tau, "scores": {k: v.tolist() for k, v in self.scores.items()},
-                "provenance": self.provenance.to_dict()}
+        return {
+            "layers": list(self.layers),
+            "band_names": list(self.band_names),
+            "tau": self.tau,
+            "scores": {k: v.tolist() for k, v in self.scores.items()},
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HeadTaxonomy:
-        return cls(tuple(d["layers"]), tuple(d["band_names"]),
-                   {k: torch.tensor(v, dtype=torch.float64) for k, v in d["scores"].items()}, float(d["tau"]),
-                   Provenance.from_dict(d["provenance"]))
+        return cls(
+            tuple(d["layers"]),
+            tuple(d["band_names"]),
+            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["scores"].items()},
+            float(d["tau"]),
+            Provenance.from_dict(d["provenance"]),
+        )
 
     def scatter(self) -> Any:
         """Offset mass on text vs random tokens, one trace per kind."""
@@ -299,7 +352,9 @@ class HeadTaxonomy(Result, unversioned=True):
 
 
 # ============================================================================ entry point
-def random_tokens(n_windows: int, n_ctx: int, vocab: int, bos: int | None, seed: int) -> Int[Tensor, "n pos"]:
+def random_tokens(
+    n_windows: int, n_ctx: int, vocab: int, bos: int | None, seed: int
+) -> Int[Tensor, "n pos"]:
     """Uniform token ids over ``vocab`` (BOS first when given), from a seeded generator."""
     if vocab < 2:
         raise InputError(f"vocab must be ≥ 2 to draw random tokens, got {vocab}")
@@ -316,14 +371,27 @@ def _band_profile(band: BandStatsReducer, prov: Provenance) -> dict[str, Tensor]
     term, bound = st.sums["cs_term"], st.sums["cs_bound"]  # [L,H,P], sums over queries
     n = st.sums["n_rows"][:, None, None].clamp_min(1)
     rb = [band.resolved[L] for L in band.layers]
-    per_band = lambda x: torch.stack([torch.stack([x[i][:, list(p)].sum(-1) for p in r.planes], -1)  # noqa: E731
-                                      for i, r in enumerate(rb)])
-    top = term.nan_to_num(nan=-math.inf).argmax(-1)  # over the layer's own planes (the rest are NaN)
+
+    def per_band(x):
+        return torch.stack(
+            [
+                torch.stack([x[i][:, list(p)].sum(-1) for p in r.planes], -1)
+                for i, r in enumerate(rb)
+            ]
+        )
+
+    top = term.nan_to_num(nan=-math.inf).argmax(
+        -1
+    )  # over the layer's own planes (the rest are NaN)
     missing = ~st.present()
-    return {"margin_share": st.margin_share().double(), "var_share": st.var_share().double(),
-            "cs_term": per_band(term / n), "cs_bound": per_band(bound / n),
-            "top_plane": top.double().masked_fill(missing, math.nan),
-            "top_plane_tightness": st.tightness().double().gather(-1, top[..., None])[..., 0]}
+    return {
+        "margin_share": st.margin_share().double(),
+        "var_share": st.var_share().double(),
+        "cs_term": per_band(term / n),
+        "cs_bound": per_band(bound / n),
+        "top_plane": top.double().masked_fill(missing, math.nan),
+        "top_plane_tightness": st.tightness().double().gather(-1, top[..., None])[..., 0],
+    }
 
 
 def head_taxonomy(
@@ -363,31 +431,64 @@ def head_taxonomy(
         text = Windows(corpus.long(), "tokens", None)
     else:
         c = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus or "english")
-        text = Windows(data.windows(c, model.tokenizer, n_ctx, n_windows=n_windows), c.name, c.sha256)
+        text = Windows(
+            data.windows(c, model.tokenizer, n_ctx, n_windows=n_windows), c.name, c.sha256
+        )
     vocab = min(len(model.tokenizer), hf_model_of(model).get_input_embeddings().num_embeddings)
     rand = random_tokens(text.n_windows, text.n_ctx, vocab, model.tokenizer.bos_token_id, seed)
     chosen = spec.layer_indices(layers)
     # both passes' reducers exist before the first forward: a bad setting fails before any work
     heads_text, heads_rand = (HeadScoresReducer(spec, chosen, bands, max_offset) for _ in range(2))
-    run = RunOptions(layers=chosen, batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every,
-                     verify=verify)
+    run = RunOptions(
+        layers=chosen,
+        batch_size=batch_size,
+        progress=progress,
+        checkpoint_every=checkpoint_every,
+        verify=verify,
+    )
 
     def ck(part: str) -> str | None:  # each pass resumes from its own folder
         return None if checkpoint is None else os.path.join(checkpoint, part)
 
-    m = measure(model, None, lambda *_: [heads_text, BandStatsReducer(spec, chosen, bands)],
-                replace(run, checkpoint=ck("text")), windows=text, spec=spec,
-                analysis="heads", config={"bands": bands.describe(), "max_offset": max_offset, "seed": seed,
-                                          "random_vocab": vocab, "tau_method": TAU_METHOD if tau is None else "given"},
-                desc="heads: text")
+    m = measure(
+        model,
+        None,
+        lambda *_: [heads_text, BandStatsReducer(spec, chosen, bands)],
+        replace(run, checkpoint=ck("text")),
+        windows=text,
+        spec=spec,
+        analysis="heads",
+        config={
+            "bands": bands.describe(),
+            "max_offset": max_offset,
+            "seed": seed,
+            "random_vocab": vocab,
+            "tau_method": TAU_METHOD if tau is None else "given",
+        },
+        desc="heads: text",
+    )
     band = m.reducers[1]
-    rm = measure(model, None, lambda *_: heads_rand, replace(run, checkpoint=ck("random")), windows=Windows(rand), spec=spec,
-                 analysis="heads: random tokens", desc="heads: random tokens")
+    rm = measure(
+        model,
+        None,
+        lambda *_: heads_rand,
+        replace(run, checkpoint=ck("random")),
+        windows=Windows(rand),
+        spec=spec,
+        analysis="heads: random tokens",
+        desc="heads: random tokens",
+    )
     prov = replace(m.provenance, seconds=m.provenance.seconds + rm.provenance.seconds)
-    scores = {**heads_text.scores("text"), **heads_rand.scores("random"), **_band_profile(band, prov)}
+    scores = {
+        **heads_text.scores("text"),
+        **heads_rand.scores("random"),
+        **_band_profile(band, prov),
+    }
     tx = HeadTaxonomy(tuple(chosen), tuple(heads_text.band_names), scores, 0.0, prov)
     if tau is None:
-        robust = tx.robust_mass()[tx.present()]  # heads a layer lacks (layers of other widths) take no part
+        robust = tx.robust_mass()[
+            tx.present()
+        ]  # heads a layer lacks (layers of other widths) take no part
         otsu = otsu_threshold(robust) if robust.unique().numel() > 1 else None
         prov.config["otsu"] = otsu  # reported even when the floor wins
         tau = TAU_FLOOR if otsu is None else max(TAU_FLOOR, otsu)

@@ -47,17 +47,38 @@ from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.validate import check_number
 
-__all__ = ["DIRECTIONS", "HARM", "HEAD_SETS", "METRICS", "Knockout", "KnockoutProbe", "head_sets", "knocked_out",
-           "knockout", "plane_order"]
+__all__ = [
+    "DIRECTIONS",
+    "HARM",
+    "HEAD_SETS",
+    "METRICS",
+    "Knockout",
+    "KnockoutProbe",
+    "head_sets",
+    "knocked_out",
+    "knockout",
+    "plane_order",
+]
 
 HEAD_SETS = ("positional", "retrieval", "sinks", "others")
 DIRECTIONS = ("high", "low", "random", "head", "random heads")
-METRIC_GROUPS = {"loss": ("loss",), "probe": ("previous_token", "diagonal", "positional"),
-                 "retrieval": ("copy_nll", "copy_accuracy")}
+METRIC_GROUPS = {
+    "loss": ("loss",),
+    "probe": ("previous_token", "diagonal", "positional"),
+    "retrieval": ("copy_nll", "copy_accuracy"),
+}
 METRICS = tuple(m for ms in METRIC_GROUPS.values() for m in ms)
-HARM = {"loss": 1.0, "previous_token": -1.0, "diagonal": -1.0, "positional": -1.0, "copy_nll": 1.0,
-        "copy_accuracy": -1.0}  # the sign of damage: p-values test harm · effect > 0
-PROMPT_SEED_OFFSET = 2000  # knockout prompts use passkeys apart from those that scored the retrieval heads
+HARM = {
+    "loss": 1.0,
+    "previous_token": -1.0,
+    "diagonal": -1.0,
+    "positional": -1.0,
+    "copy_nll": 1.0,
+    "copy_accuracy": -1.0,
+}  # the sign of damage: p-values test harm · effect > 0
+PROMPT_SEED_OFFSET = (
+    2000  # knockout prompts use passkeys apart from those that scored the retrieval heads
+)
 
 Heads = tuple[tuple[int, int], ...]
 Planes = dict[tuple[int, int], tuple[int, ...]]
@@ -71,55 +92,90 @@ def _as_heads(heads: Any, spec, what: str) -> Heads:
     try:
         pairs = sorted({(int(L), int(h)) for L, h in heads})
     except (TypeError, ValueError) as e:
-        raise InputError(f"{what} must be (layer, head) pairs such as [(3, 1), (5, 0)], got {heads!r}") from e
+        raise InputError(
+            f"{what} must be (layer, head) pairs such as [(3, 1), (5, 0)], got {heads!r}"
+        ) from e
     if not pairs:
         raise InputError(f"{what} is empty: pass at least one (layer, head), or another head set")
     rotary = set(spec.rotary_layers)
     for L, h in pairs:
         if L not in rotary:
-            raise InputError(f"{what}: layer {L} is not a rotary layer (rotary layers: {sorted(rotary)})")
+            raise InputError(
+                f"{what}: layer {L} is not a rotary layer (rotary layers: {sorted(rotary)})"
+            )
         if not 0 <= h < spec[L].n_heads:
-            raise InputError(f"{what}: layer {L} has {spec[L].n_heads} query heads, so head {h} does not exist")
+            raise InputError(
+                f"{what}: layer {L} has {spec[L].n_heads} query heads, so head {h} does not exist"
+            )
     return tuple(pairs)
 
 
-def head_sets(model, names: Sequence[str], text: Tensor, *, retrieval_threshold: float = 0.1,
-              retrieval_ctx: int = 256, seed: int = 0, verify: bool = True) -> dict[str, Heads]:
+def head_sets(
+    model,
+    names: Sequence[str],
+    text: Tensor,
+    *,
+    retrieval_threshold: float = 0.1,
+    retrieval_ctx: int = 256,
+    seed: int = 0,
+    verify: bool = True,
+) -> dict[str, Heads]:
     """The named head sets of ``model``: ``text`` windows classify positional heads and find sink heads."""
     from ropelens.spec.reading import rope_spec
 
     bad = [n for n in names if n not in HEAD_SETS]
     if bad:
-        raise InputError(f"unknown head set {bad[0]!r}: choose from {HEAD_SETS} or pass (layer, head) pairs")
+        raise InputError(
+            f"unknown head set {bad[0]!r}: choose from {HEAD_SETS} or pass (layer, head) pairs"
+        )
     spec = rope_spec(model)
     need = set(names) | (set(HEAD_SETS[:3]) if "others" in names else set())
     found: dict[str, set[tuple[int, int]]] = {}
     if "positional" in need:
         from ropelens.analyses.head_taxonomy import head_taxonomy
 
-        tx = head_taxonomy(model, text, layers=spec.rotary_layers, seed=seed, progress=False, verify=verify)
+        tx = head_taxonomy(
+            model, text, layers=spec.rotary_layers, seed=seed, progress=False, verify=verify
+        )
         pos = tx.positional()
-        found["positional"] = {(L, h) for i, L in enumerate(tx.layers) for h in range(pos.shape[1]) if pos[i, h]}
+        found["positional"] = {
+            (L, h) for i, L in enumerate(tx.layers) for h in range(pos.shape[1]) if pos[i, h]
+        }
     if "sinks" in need:
         from ropelens.analyses.attention_sinks import attention_sinks
 
-        s = attention_sinks(model, text, n_ctx=text.shape[1], max_tokens=None, layers=spec.rotary_layers,
-                            progress=False, verify=verify)
+        s = attention_sinks(
+            model,
+            text,
+            n_ctx=text.shape[1],
+            max_tokens=None,
+            layers=spec.rotary_layers,
+            progress=False,
+            verify=verify,
+        )
         sink = s.sinking()
-        found["sinks"] = {(L, h) for i, L in enumerate(s.layers) for h in range(sink.shape[1]) if sink[i, h]}
+        found["sinks"] = {
+            (L, h) for i, L in enumerate(s.layers) for h in range(sink.shape[1]) if sink[i, h]
+        }
     if "retrieval" in need:
         from ropelens.analyses.retrieval_heads import retrieval_scores
 
         scores, _ = retrieval_scores(model, (retrieval_ctx,), (0.25, 0.75), 2, seed)
-        found["retrieval"] = {(L, h) for L in spec.rotary_layers for h in range(spec[L].n_heads)
-                              if float(scores[L, h]) >= retrieval_threshold}
+        found["retrieval"] = {
+            (L, h)
+            for L in spec.rotary_layers
+            for h in range(spec[L].n_heads)
+            if float(scores[L, h]) >= retrieval_threshold
+        }
     if "others" in need:
         every = {(L, h) for L in spec.rotary_layers for h in range(spec[L].n_heads)}
         found["others"] = every - found["positional"] - found["sinks"] - found["retrieval"]
     out = {}
     for n in names:
         if not found[n]:
-            raise InputError(f"this model has no {n} heads by ropelens's criterion: pass (layer, head) pairs instead")
+            raise InputError(
+                f"this model has no {n} heads by ropelens's criterion: pass (layer, head) pairs instead"
+            )
         out[n] = tuple(sorted(found[n]))
     return out
 
@@ -134,7 +190,9 @@ def plane_order(inv_freq: Tensor, direction: str) -> list[int]:
     raise InputError(f"direction must be 'high' or 'low', got {direction!r}")
 
 
-def _planes(spec, heads: Heads, direction: str, k: int, rng: np.random.Generator | None = None) -> Planes:
+def _planes(
+    spec, heads: Heads, direction: str, k: int, rng: np.random.Generator | None = None
+) -> Planes:
     """Each head's k planes in ``direction`` (``"random"``: drawn per head from ``rng``; ``"head"``: all)."""
     out = {}
     for L, h in heads:
@@ -180,7 +238,9 @@ class KnockoutProbe:
     probe_heads: Heads
     metrics: tuple[str, ...]
     batch_size: int = 4
-    offsets: dict[tuple[int, int], int] = field(default_factory=dict)  # each probe head's own offset (0 or 1)
+    offsets: dict[tuple[int, int], int] = field(
+        default_factory=dict
+    )  # each probe head's own offset (0 or 1)
 
     def measure(self, model, spec) -> dict[str, Tensor]:
         """Per-window values of every metric under whatever interventions are in force."""
@@ -188,7 +248,9 @@ class KnockoutProbe:
         if "loss" in self.metrics:
             from ropelens.run.evaluate import window_losses
 
-            out["loss"] = window_losses(model, self.text, batch_size=self.batch_size, progress=False).double()
+            out["loss"] = window_losses(
+                model, self.text, batch_size=self.batch_size, progress=False
+            ).double()
         if "previous_token" in self.metrics:
             out.update(self._probe(model, spec))
         if "copy_nll" in self.metrics:
@@ -204,21 +266,39 @@ class KnockoutProbe:
         li = {L: i for i, L in enumerate(layers)}
         run = RunOptions(layers=layers, batch_size=1, progress=False, verify=False)
         masses = []
-        for w in range(self.random.shape[0]):  # one window per pass: the reducer sums over its batch
+        for w in range(
+            self.random.shape[0]
+        ):  # one window per pass: the reducer sums over its batch
             red = HeadScoresReducer(spec, layers, Bands.default(), max_offset=1)
-            measure(model, None, lambda *_, r=red: r, run, windows=Windows(self.random[w : w + 1]), spec=spec,
-                    analysis="knockout probe")
+            measure(
+                model,
+                None,
+                lambda *_, r=red: r,
+                run,
+                windows=Windows(self.random[w : w + 1]),
+                spec=spec,
+                analysis="knockout probe",
+            )
             masses.append(red.scores("random")["mass_random"])
         m = torch.stack(masses)  # [window, layer, head, offset]
         rows = torch.tensor([li[L] for L, _ in self.probe_heads])
         cols = torch.tensor([h for _, h in self.probe_heads])
         per = m[:, rows, cols]  # [window, probe head, offset]
-        if not self.offsets:  # fixed once, on the unmodified model: the offset each head attends more
+        if (
+            not self.offsets
+        ):  # fixed once, on the unmodified model: the offset each head attends more
             best = per.mean(0).argmax(-1)
-            self.offsets = {hd: int(b) for hd, b in zip(self.probe_heads, best.tolist(), strict=True)}
+            self.offsets = {
+                hd: int(b) for hd, b in zip(self.probe_heads, best.tolist(), strict=True)
+            }
         own = torch.tensor([self.offsets[hd] for hd in self.probe_heads])
-        return {"previous_token": per[..., 1].mean(-1), "diagonal": per[..., 0].mean(-1),
-                "positional": per.gather(-1, own[None, :, None].expand(per.shape[0], -1, 1))[..., 0].mean(-1)}
+        return {
+            "previous_token": per[..., 1].mean(-1),
+            "diagonal": per[..., 0].mean(-1),
+            "positional": per.gather(-1, own[None, :, None].expand(per.shape[0], -1, 1))[
+                ..., 0
+            ].mean(-1),
+        }
 
     def _copy(self, model) -> dict[str, Tensor]:
         from ropelens.devices import device_of
@@ -226,7 +306,11 @@ class KnockoutProbe:
         nll, acc = [], []
         with torch.no_grad():
             for case in self.cases:
-                logits = model(case.tokens[None].to(device_of(model)), return_type="logits")[0].float().cpu()
+                logits = (
+                    model(case.tokens[None].to(device_of(model)), return_type="logits")[0]
+                    .float()
+                    .cpu()
+                )
                 q = torch.tensor(case.queries)
                 target = case.tokens[q + 1]
                 logp = logits[q].log_softmax(-1)
@@ -238,8 +322,21 @@ class KnockoutProbe:
 # --------------------------------------------------------------------------------------------
 # result
 # --------------------------------------------------------------------------------------------
-COLUMNS = ("head_set", "direction", "dose", "metric", "estimate", "lo", "hi", "p_random_planes", "p_random_heads",
-           "n_windows", "n_draws", "n_heads", "base")
+COLUMNS = (
+    "head_set",
+    "direction",
+    "dose",
+    "metric",
+    "estimate",
+    "lo",
+    "hi",
+    "p_random_planes",
+    "p_random_heads",
+    "n_windows",
+    "n_draws",
+    "n_heads",
+    "base",
+)
 
 
 @dataclass(frozen=True)
@@ -273,26 +370,47 @@ class Knockout(Result, json_options={"indent": None}):
         own = df[(df["dose"] > 0) & df["direction"].isin(["high", "low", "head"])]
         for (s, d, m), g in own.groupby(["head_set", "direction", "metric"], sort=False):
             r = g.loc[g["dose"].idxmax()]
-            ps = ", ".join(f"{k} = {r[k]:.3g}" for k in ("p_random_planes", "p_random_heads") if not np.isnan(r[k]))
-            text = (f"Zeroing {int(r['dose'])} planes ({d}) in the {len(self.heads[s])} {s} heads changes {m} by "
-                    f"{r['estimate']:+.4g} [{r['lo']:.4g}, {r['hi']:.4g}] from {r['base']:.4g}"
-                    + (f" ({ps})." if ps else "."))
-            out.append(Finding(f"knockout-{len(out)}", "knockout", text,
-                               {k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}))
+            ps = ", ".join(
+                f"{k} = {r[k]:.3g}"
+                for k in ("p_random_planes", "p_random_heads")
+                if not np.isnan(r[k])
+            )
+            text = (
+                f"Zeroing {int(r['dose'])} planes ({d}) in the {len(self.heads[s])} {s} heads changes {m} by "
+                f"{r['estimate']:+.4g} [{r['lo']:.4g}, {r['hi']:.4g}] from {r['base']:.4g}"
+                + (f" ({ps})." if ps else ".")
+            )
+            out.append(
+                Finding(
+                    f"knockout-{len(out)}",
+                    "knockout",
+                    text,
+                    {k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()},
+                )
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": [dict(r) for r in self.rows], "heads": {k: [list(h) for h in v] for k, v in self.heads.items()},
-                "probe_heads": [list(h) for h in self.probe_heads], "n_planes": self.n_planes,
-                "provenance": self.provenance.to_dict()}
+        return {
+            "rows": [dict(r) for r in self.rows],
+            "heads": {k: [list(h) for h in v] for k, v in self.heads.items()},
+            "probe_heads": [list(h) for h in self.probe_heads],
+            "n_planes": self.n_planes,
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Knockout:
         def heads(v):
             return tuple((int(L), int(h)) for L, h in v)
-        return cls(rows=tuple(dict(r) for r in d["rows"]), heads={k: heads(v) for k, v in d["heads"].items()},
-                   probe_heads=heads(d["probe_heads"]), n_planes=int(d["n_planes"]),
-                   provenance=Provenance.from_dict(d["provenance"]))
+
+        return cls(
+            rows=tuple(dict(r) for r in d["rows"]),
+            heads={k: heads(v) for k, v in d["heads"].items()},
+            probe_heads=heads(d["probe_heads"]),
+            n_planes=int(d["n_planes"]),
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
 
     def figure(self, metric: str | None = None):
         """Effect vs dose with CI bands, one curve per head set and direction (:mod:`ropelens.plots.knockout`)."""
@@ -311,19 +429,46 @@ def _check_doses(doses: Any, n_planes: int) -> tuple[int, ...]:
     except (TypeError, ValueError) as e:
         raise InputError(f"doses must be plane counts such as [0, 2, 4, 8], got {doses!r}") from e
     if ds[0] < 0 or ds[-1] > n_planes:
-        raise InputError(f"doses must lie in 0..{n_planes} (the head set's planes per head), got {list(doses)}")
+        raise InputError(
+            f"doses must lie in 0..{n_planes} (the head set's planes per head), got {list(doses)}"
+        )
     return tuple(ds)
 
 
-def _row(name, direction, dose, metric, diffs: Tensor, base: Tensor, *, n_boot, level, seed, n_heads,
-         n_draws=1, p_planes=float("nan"), p_heads=float("nan")) -> dict[str, Any]:
+def _row(
+    name,
+    direction,
+    dose,
+    metric,
+    diffs: Tensor,
+    base: Tensor,
+    *,
+    n_boot,
+    level,
+    seed,
+    n_heads,
+    n_draws=1,
+    p_planes=float("nan"),
+    p_heads=float("nan"),
+) -> dict[str, Any]:
     from ropelens.run.evaluate import percentile_ci
 
     est = percentile_ci(diffs, n_boot=n_boot, seed=seed, alpha=1 - level)
-    return {"head_set": name, "direction": direction, "dose": int(dose), "metric": metric, "estimate": est.mean,
-            "lo": est.lo, "hi": est.hi, "p_random_planes": float(p_planes), "p_random_heads": float(p_heads),
-            "n_windows": int(diffs.numel()), "n_draws": int(n_draws), "n_heads": int(n_heads),
-            "base": float(base.mean())}
+    return {
+        "head_set": name,
+        "direction": direction,
+        "dose": int(dose),
+        "metric": metric,
+        "estimate": est.mean,
+        "lo": est.lo,
+        "hi": est.hi,
+        "p_random_planes": float(p_planes),
+        "p_random_heads": float(p_heads),
+        "n_windows": int(diffs.numel()),
+        "n_draws": int(n_draws),
+        "n_heads": int(n_heads),
+        "base": float(base.mean()),
+    }
 
 
 def _corpus_name(corpus: Any) -> str:
@@ -337,10 +482,14 @@ def _p(observed: Tensor, draws: list[Tensor], metric: str) -> float:
 
     if not draws:
         return float("nan")
-    return permutation_p_value(HARM[metric] * float(observed.mean()), [HARM[metric] * float(d.mean()) for d in draws])
+    return permutation_p_value(
+        HARM[metric] * float(observed.mean()), [HARM[metric] * float(d.mean()) for d in draws]
+    )
 
 
-def _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len) -> tuple[Tensor, Tensor, list[Any]]:
+def _inputs(
+    model, corpus, n_ctx, n_windows, metrics, seed, prompt_len
+) -> tuple[Tensor, Tensor, list[Any]]:
     from ropelens.analyses.head_taxonomy import random_tokens
     from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
     from ropelens.analyses.retrieval_heads import copy_case
@@ -357,9 +506,18 @@ def _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len) -> tuple
     cases = []
     if "retrieval" in metrics:
         depths = np.linspace(0.1, 0.9, text.shape[0]).tolist()
-        cases = [copy_case(model.tokenizer, passkey_prompt(model.tokenizer, prompt_len or text.shape[1], d,
-                                                           make_passkey(seed + PROMPT_SEED_OFFSET, t)))
-                 for t, d in enumerate(depths)]
+        cases = [
+            copy_case(
+                model.tokenizer,
+                passkey_prompt(
+                    model.tokenizer,
+                    prompt_len or text.shape[1],
+                    d,
+                    make_passkey(seed + PROMPT_SEED_OFFSET, t),
+                ),
+            )
+            for t, d in enumerate(depths)
+        ]
     return text, rand, cases
 
 
@@ -381,46 +539,88 @@ class _Experiment:
         rng = np.random.default_rng(seed)
         return [self.run(_planes(self.spec, heads, "random", k, rng)) for _ in range(n)]
 
-    def rows(self, name: str, direction: str, k: int, n_heads: int, draws: list[dict[str, Tensor]],
-             **p: float) -> list[dict[str, Any]]:
+    def rows(
+        self,
+        name: str,
+        direction: str,
+        k: int,
+        n_heads: int,
+        draws: list[dict[str, Tensor]],
+        **p: float,
+    ) -> list[dict[str, Any]]:
         """One row per metric of the effect averaged over ``draws`` within each window."""
-        return [_row(name, direction, k, m, torch.stack([d[m] for d in draws]).mean(0), self.base[m],
-                     n_heads=n_heads, n_draws=len(draws), **{key: v[m] for key, v in p.items()}, **self.ci)
-                for m in self.base]
+        return [
+            _row(
+                name,
+                direction,
+                k,
+                m,
+                torch.stack([d[m] for d in draws]).mean(0),
+                self.base[m],
+                n_heads=n_heads,
+                n_draws=len(draws),
+                **{key: v[m] for key, v in p.items()},
+                **self.ci,
+            )
+            for m in self.base
+        ]
 
-    def dose_rows(self, name: str, heads: Heads, direction: str, k: int, random_planes: list[dict[str, Tensor]],
-                  controls: list[Heads]) -> list[dict[str, Any]]:
+    def dose_rows(
+        self,
+        name: str,
+        heads: Heads,
+        direction: str,
+        k: int,
+        random_planes: list[dict[str, Tensor]],
+        controls: list[Heads],
+    ) -> list[dict[str, Any]]:
         """The set's rows at dose ``k`` (p-values against ``random_planes`` and ``controls`` given the same planes),
         then the random head sets' own rows."""
         if k == 0:  # nothing zeroed: the model itself, so the effect is 0 on every window
-            return self.rows(name, direction, 0, len(heads), [{m: v - v for m, v in self.base.items()}])
+            return self.rows(
+                name, direction, 0, len(heads), [{m: v - v for m, v in self.base.items()}]
+            )
         planes = _planes(self.spec, heads, direction, k)
-        of_layer = {L: ps for (L, _), ps in planes.items()}  # high, low and head: the same planes in every head of a layer
+        of_layer = {
+            L: ps for (L, _), ps in planes.items()
+        }  # high, low and head: the same planes in every head of a layer
         eff = self.run(planes)
         draws = [self.run({hd: of_layer[hd[0]] for hd in cs}) for cs in controls]
-        p = {"p_planes": {m: _p(eff[m], [d[m] for d in random_planes], m) for m in eff},
-             "p_heads": {m: _p(eff[m], [d[m] for d in draws], m) for m in eff}}
+        p = {
+            "p_planes": {m: _p(eff[m], [d[m] for d in random_planes], m) for m in eff},
+            "p_heads": {m: _p(eff[m], [d[m] for d in draws], m) for m in eff},
+        }
         out = self.rows(name, direction, k, len(heads), [eff], **p)
         if draws:
             out += self.rows(name, f"random heads ({direction})", k, len(heads), draws)
         return out
 
 
-def _check_settings(n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics):
+def _check_settings(
+    n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics
+):
     """The run's settings checked (an InputError naming the first bad one) and normalised."""
     for x, what in ((n_ctx, "n_ctx"), (n_windows, "n_windows"), (n_boot, "n_boot")):
         check_number(x, what, at_least=2 if what != "n_boot" else 1, integer=True)
-    n_random = check_number(n_random, "n_random", at_least=0, integer=True, hint=" (random plane draws per dose)")
-    n_control = check_number(n_control, "n_control", at_least=0, integer=True, hint=" (random head sets per dose)")
+    n_random = check_number(
+        n_random, "n_random", at_least=0, integer=True, hint=" (random plane draws per dose)"
+    )
+    n_control = check_number(
+        n_control, "n_control", at_least=0, integer=True, hint=" (random head sets per dose)"
+    )
     seed = check_number(seed, "seed", integer=True)
     if prompt_len is not None:
-        prompt_len = check_number(prompt_len, "prompt_len", at_least=2, integer=True, hint=" (tokens per prompt)")
+        prompt_len = check_number(
+            prompt_len, "prompt_len", at_least=2, integer=True, hint=" (tokens per prompt)"
+        )
     level = check_number(level, "level", above=0, at_most=0.999)
     directions = (directions,) if isinstance(directions, str) else tuple(directions)
     metrics = tuple(dict.fromkeys((metrics,) if isinstance(metrics, str) else metrics))
     if not directions or any(d not in ("high", "low") for d in directions):
-        raise InputError(f"directions must be 'high' and/or 'low', got {list(directions)}; random planes and "
-                         "whole heads are the controls every run adds")
+        raise InputError(
+            f"directions must be 'high' and/or 'low', got {list(directions)}; random planes and "
+            "whole heads are the controls every run adds"
+        )
     if not metrics or any(m not in METRIC_GROUPS for m in metrics):
         raise InputError(f"metrics must be chosen from {tuple(METRIC_GROUPS)}, got {list(metrics)}")
     return directions, metrics, prompt_len, n_random, n_control, seed, level
@@ -465,62 +665,116 @@ def knockout(
 
     t0 = time.perf_counter()
     directions, metrics, prompt_len, n_random, n_control, seed, level = _check_settings(
-        n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics)
+        n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics
+    )
     if not isinstance(sets, Mapping):
         sets = [sets] if isinstance(sets, str) else list(sets)
         bad = [n for n in sets if n not in HEAD_SETS]
         if bad:
-            raise InputError(f"unknown head set {bad[0]!r}: choose from {HEAD_SETS} or pass {{name: [(layer, head), ...]}}")
+            raise InputError(
+                f"unknown head set {bad[0]!r}: choose from {HEAD_SETS} or pass {{name: [(layer, head), ...]}}"
+            )
     if not sets:
         raise InputError("sets is empty: name a head set or pass {name: [(layer, head), ...]}")
     if getattr(model, "tokenizer", None) is None:
-        raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
+        raise InputError(
+            f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"
+        )
     spec = rope_spec(model)
     verified = verification(model, spec, verify=verify)
     text, rand, cases = _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len)
     if isinstance(sets, Mapping):
         chosen = {str(k): _as_heads(v, spec, f"head set {k!r}") for k, v in sets.items()}
         if "probe" in metrics and probe_heads is None:
-            raise InputError("the probe reads the positional heads: pass probe_heads=[(layer, head), ...] with your "
-                             "own head sets, or drop 'probe' from metrics")
+            raise InputError(
+                "the probe reads the positional heads: pass probe_heads=[(layer, head), ...] with your "
+                "own head sets, or drop 'probe' from metrics"
+            )
     else:
         want = sets + (["positional"] if "probe" in metrics and probe_heads is None else [])
-        found = head_sets(model, list(dict.fromkeys(want)), text, retrieval_threshold=retrieval_threshold,
-                          retrieval_ctx=text.shape[1], seed=seed, verify=False)
+        found = head_sets(
+            model,
+            list(dict.fromkeys(want)),
+            text,
+            retrieval_threshold=retrieval_threshold,
+            retrieval_ctx=text.shape[1],
+            seed=seed,
+            verify=False,
+        )
         chosen = {n: found[n] for n in sets}
         if "probe" in metrics and probe_heads is None:
             probe_heads = found["positional"]
-    probe = KnockoutProbe(text, rand, cases, _as_heads(probe_heads, spec, "probe_heads") if probe_heads else (),
-                          tuple(m for g in metrics for m in METRIC_GROUPS[g]))
+    probe = KnockoutProbe(
+        text,
+        rand,
+        cases,
+        _as_heads(probe_heads, spec, "probe_heads") if probe_heads else (),
+        tuple(m for g in metrics for m in METRIC_GROUPS[g]),
+    )
     counts = {spec[L].n_planes for hs in chosen.values() for L, _ in hs}
     if len(counts) > 1:
-        raise UnsupportedModelError(f"the head sets span layers with {sorted(counts)} planes per head: a dose of k "
-                                    "planes is one plane count, so pass head sets from layers of one width")
+        raise UnsupportedModelError(
+            f"the head sets span layers with {sorted(counts)} planes per head: a dose of k "
+            "planes is one plane count, so pass head sets from layers of one width"
+        )
     n_planes = counts.pop()
-    doses = _check_doses(doses if doses is not None else sorted({0, n_planes // 8, n_planes // 4, n_planes // 2,
-                                                                  n_planes}), n_planes)
+    doses = _check_doses(
+        doses
+        if doses is not None
+        else sorted({0, n_planes // 8, n_planes // 4, n_planes // 2, n_planes}),
+        n_planes,
+    )
     ctrl = set(doses[1:] if control_doses is None else _check_doses(control_doses, n_planes)[1:])
     exp = _Experiment(model, spec, probe, n_boot=n_boot, level=level, seed=seed)
     rows: list[dict[str, Any]] = []
     for s_i, (name, heads) in enumerate(chosen.items()):
-        controls = matched_random_sets(heads, exp.population, n_control, seed + s_i) if n_control else []
-        random_at = {k: exp.random_draws(heads, k, n_random, seed + 7919 * k + 104729 * s_i)
-                     for k in doses[1:] if k in ctrl and n_random}
+        controls = (
+            matched_random_sets(heads, exp.population, n_control, seed + s_i) if n_control else []
+        )
+        random_at = {
+            k: exp.random_draws(heads, k, n_random, seed + 7919 * k + 104729 * s_i)
+            for k in doses[1:]
+            if k in ctrl and n_random
+        }
         for direction in directions:
             for k in doses:
-                rows += exp.dose_rows(name, heads, direction, k, random_at.get(k, []), controls if k in ctrl else [])
+                rows += exp.dose_rows(
+                    name, heads, direction, k, random_at.get(k, []), controls if k in ctrl else []
+                )
         for k, draws in random_at.items():
             rows += exp.rows(name, "random", k, len(heads), draws)
         if whole_head:
             rows += exp.dose_rows(name, heads, "head", n_planes, [], controls)
-    prov = Provenance(model=model_label(model), corpus=_corpus_name(corpus),
-                      n_tokens=int(text.numel()), n_windows=int(text.shape[0]), n_ctx=int(text.shape[1]),
-                      config={"doses": list(doses), "directions": list(directions), "metrics": list(metrics),
-                              "n_random": n_random, "n_control": n_control, "control_doses": sorted(ctrl),
-                              "whole_head": bool(whole_head), "n_boot": n_boot, "level": level, "seed": seed,
-                              "retrieval_threshold": retrieval_threshold, "n_prompts": len(cases), "prompt_len": prompt_len,
-                              "probe_offsets": {f"{L}.{h}": o for (L, h), o in probe.offsets.items()},
-                              "whole_head_knockout": "every rotary plane of q and k zeroed",
-                              "verification": verified.to_dict()},
-                      seconds=time.perf_counter() - t0)
-    return Knockout(rows=tuple(rows), heads=chosen, probe_heads=probe.probe_heads, n_planes=n_planes, provenance=prov)
+    prov = Provenance(
+        model=model_label(model),
+        corpus=_corpus_name(corpus),
+        n_tokens=int(text.numel()),
+        n_windows=int(text.shape[0]),
+        n_ctx=int(text.shape[1]),
+        config={
+            "doses": list(doses),
+            "directions": list(directions),
+            "metrics": list(metrics),
+            "n_random": n_random,
+            "n_control": n_control,
+            "control_doses": sorted(ctrl),
+            "whole_head": bool(whole_head),
+            "n_boot": n_boot,
+            "level": level,
+            "seed": seed,
+            "retrieval_threshold": retrieval_threshold,
+            "n_prompts": len(cases),
+            "prompt_len": prompt_len,
+            "probe_offsets": {f"{L}.{h}": o for (L, h), o in probe.offsets.items()},
+            "whole_head_knockout": "every rotary plane of q and k zeroed",
+            "verification": verified.to_dict(),
+        },
+        seconds=time.perf_counter() - t0,
+    )
+    return Knockout(
+        rows=tuple(rows),
+        heads=chosen,
+        probe_heads=probe.probe_heads,
+        n_planes=n_planes,
+        provenance=prov,
+    )

@@ -53,8 +53,12 @@ def _check_which(which: str) -> str:
 
 
 def _check_factor(factor: Any) -> float:
-    return check_number(factor, "factor", above=1,
-                        hint=" (a dimension is massive when its norm exceeds factor × its head's mean; 5 is usual)")
+    return check_number(
+        factor,
+        "factor",
+        above=1,
+        hint=" (a dimension is massive when its norm exceeds factor × its head's mean; 5 is usual)",
+    )
 
 
 _HEADS = {"q": "head", "k": "kv_head"}  # the width axis of each one's heads
@@ -62,7 +66,10 @@ _HEADS = {"q": "head", "k": "kv_head"}  # the width axis of each one's heads
 
 def _zero_moments(spec: RopeSpec, layers: Sequence[int], which: str) -> Moments:
     """``[layer, head, dim]`` moments (KV heads for keys), padded to the widest layer: NaN past a layer's own."""
-    z = lambda: spec.padded_zeros(layers, _HEADS[which], "dim")  # noqa: E731
+
+    def z():
+        return spec.padded_zeros(layers, _HEADS[which], "dim")
+
     return Moments(z(), z(), z())
 
 
@@ -94,11 +101,17 @@ class MassiveReducer:
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every running sum by name (the tensors themselves): they add across runs and processes."""
-        return {f"{w}/{f}": getattr(m, f) for w, m in self.moments.items() for f in ("count", "total", "total_sq")}
+        return {
+            f"{w}/{f}": getattr(m, f)
+            for w, m in self.moments.items()
+            for f in ("count", "total", "total_sq")
+        }
 
     def update(self, acts: LayerActs) -> None:
         i = self.pos[acts.layer]
-        if not self._placed:  # sums live where the first activations do (no host round trip per layer)
+        if (
+            not self._placed
+        ):  # sums live where the first activations do (no host round trip per layer)
             self.moments = {w: m.to(acts.valid.device) for w, m in self.moments.items()}
             self._placed = True
         for w in _WHICH:
@@ -107,21 +120,33 @@ class MassiveReducer:
             x = acts[f"{w}_pre"].to(dt)  # [b, pos, head, d]
             valid = acts.valid.to(dt)[:, :, None, None]  # [b, pos, 1, 1]
             xv = x * valid
-            at = (i, slice(0, x.shape[2]), slice(0, x.shape[3]))  # a narrower layer fills its leading heads and dims
+            at = (
+                i,
+                slice(0, x.shape[2]),
+                slice(0, x.shape[3]),
+            )  # a narrower layer fills its leading heads and dims
             mom.count[at] += valid.sum().to(here)
             mom.total[at] += xv.sum((0, 1)).to(here)
             mom.total_sq[at] += (xv * x).sum((0, 1)).to(here)
 
     def result(self, provenance: Provenance, factor: float = 5.0) -> MassiveValues:
         """The streamed sums as :class:`MassiveValues` thresholded at ``factor``."""
-        return MassiveValues(layers=tuple(self.layers), spec=self.spec,
-                             moments={w: m.to("cpu", torch.float64) for w, m in self.moments.items()},
-                             factor=_check_factor(factor), provenance=provenance)
+        return MassiveValues(
+            layers=tuple(self.layers),
+            spec=self.spec,
+            moments={w: m.to("cpu", torch.float64) for w, m in self.moments.items()},
+            factor=_check_factor(factor),
+            provenance=provenance,
+        )
 
 
 @dataclass(frozen=True)
-class MassiveValues(Result, merge_same=("layers", "factor", "spec"), merge_sums=("moments",),
-                    merge_hint="use .with_factor(f) to align the factors, or measure both with the same settings"):
+class MassiveValues(
+    Result,
+    merge_same=("layers", "factor", "spec"),
+    merge_sums=("moments",),
+    merge_hint="use .with_factor(f) to align the factors, or measure both with the same settings",
+):
     """Per-dimension norms of the pre-RoPE queries and keys, and which dimensions are massive.
 
     ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer, head, dim]`` (keys: KV heads) the
@@ -147,7 +172,9 @@ class MassiveValues(Result, merge_same=("layers", "factor", "spec"), merge_sums=
             raise InputError(f"moments must hold 'q' and 'k', got {sorted(self.moments)}")
         for w, mom in self.moments.items():
             if tuple(mom.total.shape) != want[w]:
-                raise InputError(f"{w} moments have shape {tuple(mom.total.shape)}, expected {want[w]}")
+                raise InputError(
+                    f"{w} moments have shape {tuple(mom.total.shape)}, expected {want[w]}"
+                )
         object.__setattr__(self, "factor", _check_factor(self.factor))
 
     # ---------------------------------------------------------------- numbers
@@ -202,7 +229,9 @@ class MassiveValues(Result, merge_same=("layers", "factor", "spec"), merge_sums=
     def plane_mask(self, which: Which = "q") -> Bool[Tensor, "layer head plane"]:
         """Planes holding at least one massive dimension (each layer's own planes; False past them)."""
         m = self.mask(which)
-        out = torch.zeros(*m.shape[:2], self.spec.present(self.layers, "plane").shape[1], dtype=torch.bool)
+        out = torch.zeros(
+            *m.shape[:2], self.spec.present(self.layers, "plane").shape[1], dtype=torch.bool
+        )
         for i, L in enumerate(self.layers):
             dims = self.spec.layers[L].plane_dims  # [P, 2]
             out[i, :, : dims.shape[0]] = m[i][..., dims[:, 0]] | m[i][..., dims[:, 1]]
@@ -214,8 +243,12 @@ class MassiveValues(Result, merge_same=("layers", "factor", "spec"), merge_sums=
         have the plane (and head), where layers of different widths are measured together."""
         pm = self.plane_mask(which).double()  # [L, H, P]
         if per_head:
-            return pm.sum(0) / self.spec.present(self.layers, _HEADS[which], "plane").double().sum(0).clamp_min(1)
-        return pm.amax(1).sum(0) / self.spec.present(self.layers, "plane").double().sum(0).clamp_min(1)
+            return pm.sum(0) / self.spec.present(self.layers, _HEADS[which], "plane").double().sum(
+                0
+            ).clamp_min(1)
+        return pm.amax(1).sum(0) / self.spec.present(self.layers, "plane").double().sum(
+            0
+        ).clamp_min(1)
 
     def control_mask(self, which: Which = "q", seed: int = 0) -> Bool[Tensor, "layer head d_head"]:
         """As many dimensions per layer and head as :meth:`mask` has, drawn at random among the
@@ -228,8 +261,14 @@ class MassiveValues(Result, merge_same=("layers", "factor", "spec"), merge_sums=
             for h in range(m.shape[1]):
                 n = int(m[i, h].sum())
                 if n:
-                    pool = torch.nonzero(~m[i, h] & have[i, h]).flatten().numpy()  # the layer's own dimensions
-                    out[i, h, torch.from_numpy(rng.choice(pool, size=min(n, len(pool)), replace=False))] = True
+                    pool = (
+                        torch.nonzero(~m[i, h] & have[i, h]).flatten().numpy()
+                    )  # the layer's own dimensions
+                    out[
+                        i,
+                        h,
+                        torch.from_numpy(rng.choice(pool, size=min(n, len(pool)), replace=False)),
+                    ] = True
         return out
 
     # ---------------------------------------------------------------- tables
@@ -241,21 +280,33 @@ class MassiveValues(Result, merge_same=("layers", "factor", "spec"), merge_sums=
         planes = self._dim_plane_table()  # [L, D]
         for w in _WHICH:
             L, H, D = self.moments[w].total.shape
-            layer, head, dim = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(D), indexing="ij")
+            layer, head, dim = np.meshgrid(
+                np.array(self.layers), np.arange(H), np.arange(D), indexing="ij"
+            )
             freq = torch.full((L, D), float("nan"), dtype=torch.float64)
             for i, lay in enumerate(self.layers):
                 inv = self.spec.layers[lay].inv_freq.double()
                 rot = planes[i] >= 0
                 freq[i, rot] = inv[planes[i][rot]]
             freq = freq[:, None, :].expand(L, H, D)
-            frames.append(pd.DataFrame({
-                "which": w, "layer": layer.ravel(), "head": head.ravel(), "dim": dim.ravel(),
-                "plane": planes[:, None, :].expand(L, H, D).flatten().numpy(),
-                "inv_freq": freq.flatten().numpy(), "wavelength": (2 * np.pi / freq).flatten().numpy(),
-                "norm": self.norm(w).flatten().numpy(), "rms": self.rms(w).flatten().numpy(),
-                "mean": self.mean(w).flatten().numpy(), "ratio": self.ratio(w).flatten().numpy(),
-                "massive": self.mask(w).flatten().numpy(),
-            })[self.present(w).flatten().numpy()])
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "which": w,
+                        "layer": layer.ravel(),
+                        "head": head.ravel(),
+                        "dim": dim.ravel(),
+                        "plane": planes[:, None, :].expand(L, H, D).flatten().numpy(),
+                        "inv_freq": freq.flatten().numpy(),
+                        "wavelength": (2 * np.pi / freq).flatten().numpy(),
+                        "norm": self.norm(w).flatten().numpy(),
+                        "rms": self.rms(w).flatten().numpy(),
+                        "mean": self.mean(w).flatten().numpy(),
+                        "ratio": self.ratio(w).flatten().numpy(),
+                        "massive": self.mask(w).flatten().numpy(),
+                    }
+                )[self.present(w).flatten().numpy()]
+            )
         return pd.concat(frames, ignore_index=True)
 
     def massive_frame(self) -> pd.DataFrame:
@@ -276,9 +327,18 @@ class MassiveValues(Result, merge_same=("layers", "factor", "spec"), merge_sums=
                 pm = sub.plane_mask(w)
                 pers, pers_head = sub.persistence(w), sub.persistence(w, per_head=True)
                 for p in range(lr.n_planes):
-                    rows.append({"which": w, "layers": layer_ranges(group), "plane": p, "inv_freq": float(lr.inv_freq[p]),
-                                 "wavelength": wl[p], "n_massive": int(pm[..., p].sum()), "persistence": float(pers[p]),
-                                 "max_head_persistence": float(pers_head[:, p].max())})
+                    rows.append(
+                        {
+                            "which": w,
+                            "layers": layer_ranges(group),
+                            "plane": p,
+                            "inv_freq": float(lr.inv_freq[p]),
+                            "wavelength": wl[p],
+                            "n_massive": int(pm[..., p].sum()),
+                            "persistence": float(pers[p]),
+                            "max_head_persistence": float(pers_head[:, p].max()),
+                        }
+                    )
         return pd.DataFrame(rows)
 
     def _subset(self, layers: Sequence[int]) -> MassiveValues:
@@ -293,16 +353,22 @@ class MassiveValues(Result, merge_same=("layers", "factor", "spec"), merge_sums=
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
         return {
-            "layers": list(self.layers), "factor": self.factor, "spec": self.spec.to_dict(),
+            "layers": list(self.layers),
+            "factor": self.factor,
+            "spec": self.spec.to_dict(),
             "moments": {w: self.moments[w].to_dict() for w in _WHICH},
             "provenance": self.provenance.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MassiveValues:
-        return cls(layers=tuple(d["layers"]), spec=RopeSpec.from_dict(d["spec"]),
-                   moments={w: Moments.from_dict(d["moments"][w]) for w in _WHICH},
-                   factor=d["factor"], provenance=Provenance.from_dict(d["provenance"]))
+        return cls(
+            layers=tuple(d["layers"]),
+            spec=RopeSpec.from_dict(d["spec"]),
+            moments={w: Moments.from_dict(d["moments"][w]) for w in _WHICH},
+            factor=d["factor"],
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
 
 
 @corpus_analysis()
@@ -320,10 +386,15 @@ def massive_values(
     grow with the corpus.
     """
     factor = _check_factor(factor)
-    m = measure(model, corpus, lambda spec, chosen, _: MassiveReducer(spec, chosen), run, analysis="massive values",
-                config={"factor": factor, "source": "pre"})
+    m = measure(
+        model,
+        corpus,
+        lambda spec, chosen, _: MassiveReducer(spec, chosen),
+        run,
+        analysis="massive values",
+        config={"factor": factor, "source": "pre"},
+    )
     return m.reducer.result(m.provenance, factor)
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,7 +425,9 @@ def replace_massive(
     from ropelens.spec.reading import rope_spec
 
     if not isinstance(mv, MassiveValues):
-        raise TypeError(f"expected MassiveValues from ropelens.analyses.massive_values.massive_values, got {type(mv).__name__}")
+        raise TypeError(
+            f"expected MassiveValues from ropelens.analyses.massive_values.massive_values, got {type(mv).__name__}"
+        )
     parts = tuple(_check_which(w) for w in ([which] if isinstance(which, str) else which))
     if not parts:
         raise InputError("which is empty: pass 'q', 'k' or both")
@@ -362,12 +435,16 @@ def replace_massive(
     chosen = list(mv.layers) if layers is None else spec.layer_indices(layers)
     missing = [L for L in chosen if L not in mv.layers]
     if missing:
-        raise InputError(f"layers {missing} were not measured; these MassiveValues cover layers {list(mv.layers)}: "
-                         "measure them with massive_values(model, layers=[...])")
+        raise InputError(
+            f"layers {missing} were not measured; these MassiveValues cover layers {list(mv.layers)}: "
+            "measure them with massive_values(model, layers=[...])"
+        )
     for L in chosen:
         if spec.layers[L].to_dict() != mv.spec.layers[L].to_dict():
-            raise InputError(f"layer {L} of this model rotates differently from the model these MassiveValues "
-                             "were measured on: measure this model with massive_values(model)")
+            raise InputError(
+                f"layer {L} of this model rotates differently from the model these MassiveValues "
+                "were measured on: measure this model with massive_values(model)"
+            )
     masks = {w: (mv.control_mask(w, seed) if control else mv.mask(w)) for w in parts}
     used: dict[int, dict[str, Tensor]] = {}
     step: dict[int, dict[str, tuple[Tensor, Tensor]]] = {}
@@ -379,7 +456,10 @@ def replace_massive(
             i, lr = mv.layers.index(L), mv.spec.layers[L]
             used[L] = {}
             for w in parts:
-                own = (slice(0, lr.n_heads if w == "q" else lr.n_kv_heads), slice(0, lr.head_dim))  # padding dropped
+                own = (
+                    slice(0, lr.n_heads if w == "q" else lr.n_kv_heads),
+                    slice(0, lr.head_dim),
+                )  # padding dropped
                 mask = masks[w][i][own]
                 used[L][w] = mask.clone()
                 if bool(mask.any()):

@@ -41,9 +41,17 @@ PAIRS = ("all", "vision→vision", "text→vision", "vision→text", "text→tex
 def axis_bands(lr: LayerRope) -> Bands:
     """One band per M-RoPE axis (``t``, ``h``, ``w``) holding the planes that axis turns; ``rest`` takes unrotated dims."""
     if not lr.axes:
-        raise InputError(f"layer {lr.layer} applies 1-D RoPE (its spec has no M-RoPE axes): use attention_decomposition")
-    return Bands.explicit({name: [i for i, a in enumerate(lr.axes) if a == k]
-                           for k, name in enumerate(MROPE_AXES) if k in lr.axes}, require_cover=True)
+        raise InputError(
+            f"layer {lr.layer} applies 1-D RoPE (its spec has no M-RoPE axes): use attention_decomposition"
+        )
+    return Bands.explicit(
+        {
+            name: [i for i, a in enumerate(lr.axes) if a == k]
+            for k, name in enumerate(MROPE_AXES)
+            if k in lr.axes
+        },
+        require_cover=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -61,13 +69,18 @@ class MRopeDecomposition(AttentionDecomposition):
     def __post_init__(self) -> None:
         b, n = self.tokens.shape
         if tuple(self.position_ids.shape) != (3, b, n) or tuple(self.modality.shape) != (b, n):
-            raise InputError(f"position_ids {tuple(self.position_ids.shape)} and modality {tuple(self.modality.shape)} "
-                             f"must be [3, {b}, {n}] and [{b}, {n}] for tokens [{b}, {n}]")
+            raise InputError(
+                f"position_ids {tuple(self.position_ids.shape)} and modality {tuple(self.modality.shape)} "
+                f"must be [3, {b}, {n}] and [{b}, {n}] for tokens [{b}, {n}]"
+            )
 
     # ---------------------------------------------------------------- persistence
     def _file_tensors(self) -> dict[str, Tensor]:
-        return {**super()._file_tensors(), "position_ids": self.position_ids.contiguous(),
-                "modality": self.modality.contiguous()}
+        return {
+            **super()._file_tensors(),
+            "position_ids": self.position_ids.contiguous(),
+            "modality": self.modality.contiguous(),
+        }
 
     @classmethod
     def load(cls, path: str | Path) -> MRopeDecomposition:
@@ -75,13 +88,20 @@ class MRopeDecomposition(AttentionDecomposition):
         return cls(**fields, position_ids=t["position_ids"], modality=t["modality"])
 
     # ---------------------------------------------------------------- per axis and band
-    def axis_band_logits(self, layer: int, bands: Bands) -> tuple[list[str], Float[Tensor, "batch head band q k"]]:
+    def axis_band_logits(
+        self, layer: int, bands: Bands
+    ) -> tuple[list[str], Float[Tensor, "batch head band q k"]]:
         """Each (axis, band) term of every logit, e.g. ``t·Q1 (highest)``: the axes cut by ``bands`` (unmasked;
         every term sums with the others, ``rest`` included, to the model's score)."""
         a = self._acts(layer)
         axes, cut = self.resolved(layer), bands.resolve(a.rope)
-        groups = {f"{ax}·{bn}": sorted(set(ap) & set(bp)) for ax, ap in zip(axes.names, axes.planes) if ax != "rest"
-                  for bn, bp in zip(cut.names, cut.planes) if bn != "rest"}
+        groups = {
+            f"{ax}·{bn}": sorted(set(ap) & set(bp))
+            for ax, ap in zip(axes.names, axes.planes)
+            if ax != "rest"
+            for bn, bp in zip(cut.names, cut.planes)
+            if bn != "rest"
+        }
         resolved = Bands.explicit({k: v for k, v in groups.items() if v}).resolve(a.rope)
         return list(resolved.names), band_terms(a["q_post"], a["k_post"], a.rope, resolved)
 
@@ -103,8 +123,11 @@ class MRopeDecomposition(AttentionDecomposition):
         the summed term² over the allowed pairs of that class, and the mean term."""
         rows = []
         for L in self.layers:
-            names, x = (self.band_names(L), self.band_logits(L, masked=False)) if bands is None \
+            names, x = (
+                (self.band_names(L), self.band_logits(L, masked=False))
+                if bands is None
                 else self.axis_band_logits(L, bands)
+            )
             for pair in PAIRS:
                 m = self.pair_mask(L, pair)[:, None, None]  # [b,1,1,q,k]
                 n = int(m.sum())
@@ -115,10 +138,18 @@ class MRopeDecomposition(AttentionDecomposition):
                 mean = terms.sum((0, 3, 4)) / n
                 for h in range(x.shape[1]):
                     for b, name in enumerate(names):
-                        rows.append({"layer": L, "head": h, "pair": pair, "axis": name, "n_pairs": n,
-                                     "abs_share": float(ab[h, b] / ab[h].sum().clamp_min(1e-300)),
-                                     "energy_share": float(sq[h, b] / sq[h].sum().clamp_min(1e-300)),
-                                     "mean_term": float(mean[h, b])})
+                        rows.append(
+                            {
+                                "layer": L,
+                                "head": h,
+                                "pair": pair,
+                                "axis": name,
+                                "n_pairs": n,
+                                "abs_share": float(ab[h, b] / ab[h].sum().clamp_min(1e-300)),
+                                "energy_share": float(sq[h, b] / sq[h].sum().clamp_min(1e-300)),
+                                "mean_term": float(mean[h, b]),
+                            }
+                        )
         return pd.DataFrame(rows)
 
     def axis_frequencies(self) -> pd.DataFrame:
@@ -132,11 +163,19 @@ class MRopeDecomposition(AttentionDecomposition):
                 if not planes:
                     continue
                 theta, wl = lr.inv_freq[planes].double(), lr.wavelength[planes]
-                rows.append({"layer": L, "axis": name, "n_planes": len(planes),
-                             "planes": _span(planes),
-                             "theta_max": float(theta.max()), "theta_min": float(theta.min()),
-                             "wavelength_min": float(wl.min()), "wavelength_max": float(wl.max()),
-                             "mean_plane_rank": sum(planes) / len(planes) / max(1, lr.n_planes - 1)})
+                rows.append(
+                    {
+                        "layer": L,
+                        "axis": name,
+                        "n_planes": len(planes),
+                        "planes": _span(planes),
+                        "theta_max": float(theta.max()),
+                        "theta_min": float(theta.min()),
+                        "wavelength_min": float(wl.min()),
+                        "wavelength_max": float(wl.max()),
+                        "mean_plane_rank": sum(planes) / len(planes) / max(1, lr.n_planes - 1),
+                    }
+                )
         return pd.DataFrame(rows)
 
     def by_distance(self, layer: int) -> pd.DataFrame:
@@ -145,8 +184,15 @@ class MRopeDecomposition(AttentionDecomposition):
         x = self.band_logits(layer, masked=False).double()  # [b,h,B,q,k]
         full, prob = x.sum(2), self.pattern(layer).double()
         vision = self.modality != TEXT
-        run = torch.cumsum(torch.cat([vision[:, :1], vision[:, 1:] & ~vision[:, :-1]], 1).long(), 1)  # one id per run
-        same = vision[:, :, None] & vision[:, None, :] & (run[:, :, None] == run[:, None, :]) & self.mask(layer)
+        run = torch.cumsum(
+            torch.cat([vision[:, :1], vision[:, 1:] & ~vision[:, :-1]], 1).long(), 1
+        )  # one id per run
+        same = (
+            vision[:, :, None]
+            & vision[:, None, :]
+            & (run[:, :, None] == run[:, None, :])
+            & self.mask(layer)
+        )
         names = self.band_names(layer)
         rows = []
         for k, axis in enumerate(MROPE_AXES):
@@ -156,12 +202,24 @@ class MRopeDecomposition(AttentionDecomposition):
             delta = pos[:, :, None] - pos[:, None, :]  # [b,q,k]
             term = x[:, :, names.index(axis)]
             for d in delta[same].unique().tolist():
-                m = (same & (delta == d))[:, None].double()  # [b,1,q,k]: every head's mean in one reduction
+                m = (same & (delta == d))[
+                    :, None
+                ].double()  # [b,1,q,k]: every head's mean in one reduction
                 n = m.sum()
                 means = [((t * m).sum((0, 2, 3)) / n).tolist() for t in (prob, full, term)]
-                rows += [{"layer": layer, "head": h, "axis": axis, "distance": int(d), "n_pairs": int(n),
-                          "attention": a, "logit": lg, "axis_logit": al}
-                         for h, (a, lg, al) in enumerate(zip(*means, strict=True))]
+                rows += [
+                    {
+                        "layer": layer,
+                        "head": h,
+                        "axis": axis,
+                        "distance": int(d),
+                        "n_pairs": int(n),
+                        "attention": a,
+                        "logit": lg,
+                        "axis_logit": al,
+                    }
+                    for h, (a, lg, al) in enumerate(zip(*means, strict=True))
+                ]
         return pd.DataFrame(rows)
 
     # ---------------------------------------------------------------- views
@@ -176,13 +234,21 @@ class MRopeDecomposition(AttentionDecomposition):
                 continue
             mean = s.groupby("axis", sort=False).abs_share.mean()
             f = freq[freq.layer == self.layers[0]].set_index("axis")
-            parts = [f"{ax} {100 * v:.1f}% (planes {f.loc[ax, 'planes']}, wavelengths "
-                     f"{f.loc[ax, 'wavelength_min']:.3g}–{f.loc[ax, 'wavelength_max']:.3g} tokens)"
-                     for ax, v in mean.items()]
+            parts = [
+                f"{ax} {100 * v:.1f}% (planes {f.loc[ax, 'planes']}, wavelengths "
+                f"{f.loc[ax, 'wavelength_min']:.3g}–{f.loc[ax, 'wavelength_max']:.3g} tokens)"
+                for ax, v in mean.items()
+            ]
             values = {ax: round(100 * float(v), 1) for ax, v in mean.items()}
-            out.append(Finding(key=f"mrope-{pair}", section="M-RoPE axes",
-                               text=f"On {pair} pairs, each axis's share of |logit| (mean over heads of layers "
-                                    f"{self.layers}): " + "; ".join(parts) + ".", values=values))
+            out.append(
+                Finding(
+                    key=f"mrope-{pair}",
+                    section="M-RoPE axes",
+                    text=f"On {pair} pairs, each axis's share of |logit| (mean over heads of layers "
+                    f"{self.layers}): " + "; ".join(parts) + ".",
+                    values=values,
+                )
+            )
         return out
 
     def figure(self, layer: int | None = None, head: int | None = None, batch: int = 0) -> Any:
@@ -196,7 +262,9 @@ def _span(planes: Sequence[int]) -> str:
     parts, start = [], 0
     for j in range(1, len(planes) + 1):
         if j == len(planes) or planes[j] != planes[j - 1] + 1:
-            parts.append(f"{planes[start]}" if j - 1 == start else f"{planes[start]}-{planes[j - 1]}")
+            parts.append(
+                f"{planes[start]}" if j - 1 == start else f"{planes[start]}-{planes[j - 1]}"
+            )
             start = j
     return ",".join(parts)
 
@@ -225,29 +293,63 @@ def mrope_decomposition(
     from ropelens.spec.reading import model_label, rope_spec
 
     if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
-        raise InputError("input_ids must be an integer [batch, pos] tensor with the model's image placeholder tokens")
+        raise InputError(
+            "input_ids must be an integer [batch, pos] tensor with the model's image placeholder tokens"
+        )
     model = as_plain_vl(model_or_hf)
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers)
     bands = axis_bands(spec[chosen[0]])
     other = [L for L in chosen if spec[L].axes != spec[chosen[0]].axes]
     if other:
-        raise InputError(f"layers {other} assign planes to axes differently from layer {chosen[0]}: decompose them "
-                         "separately (layers=...)")
+        raise InputError(
+            f"layers {other} assign planes to axes differently from layer {chosen[0]}: decompose them "
+            "separately (layers=...)"
+        )
     t0 = time.perf_counter()
-    cap = capture_mrope(model, spec, input_ids, chosen, verify=verify, pixel_values=pixel_values,
-                        image_grid_thw=image_grid_thw, pixel_values_videos=pixel_values_videos,
-                        video_grid_thw=video_grid_thw, **model_inputs)
+    cap = capture_mrope(
+        model,
+        spec,
+        input_ids,
+        chosen,
+        verify=verify,
+        pixel_values=pixel_values,
+        image_grid_thw=image_grid_thw,
+        pixel_values_videos=pixel_values_videos,
+        video_grid_thw=video_grid_thw,
+        **model_inputs,
+    )
     valid = torch.ones(input_ids.shape, dtype=torch.bool)
-    acts = {L: LayerActs(L, spec[L], valid, {n: cap.tensors[L][n] for n in ("q_post", "k_post", "pattern")})
-            for L in chosen}
+    acts = {
+        L: LayerActs(
+            L, spec[L], valid, {n: cap.tensors[L][n] for n in ("q_post", "k_post", "pattern")}
+        )
+        for L in chosen
+    }
     dtype = model.cfg.dtype
-    prov = Provenance(model=model_label(model), n_tokens=int(input_ids.numel()), n_windows=int(input_ids.shape[0]),
-                      n_ctx=int(input_ids.shape[1]),
-                      config={"layers": chosen, "axes": describe_axes(spec[chosen[0]].axes),
-                              "n_vision_tokens": int((cap.modality != TEXT).sum()),
-                              "verification": {"status": "passed" if verify else "unverified", "errors": cap.errors,
-                                               "tolerance": mrope_tolerance(dtype)}},
-                      seconds=time.perf_counter() - t0)
-    return MRopeDecomposition(tokens=input_ids.cpu(), spec=spec, bands=bands, acts=acts, provenance=prov,
-                              position_ids=cap.position_ids, modality=cap.modality)
+    prov = Provenance(
+        model=model_label(model),
+        n_tokens=int(input_ids.numel()),
+        n_windows=int(input_ids.shape[0]),
+        n_ctx=int(input_ids.shape[1]),
+        config={
+            "layers": chosen,
+            "axes": describe_axes(spec[chosen[0]].axes),
+            "n_vision_tokens": int((cap.modality != TEXT).sum()),
+            "verification": {
+                "status": "passed" if verify else "unverified",
+                "errors": cap.errors,
+                "tolerance": mrope_tolerance(dtype),
+            },
+        },
+        seconds=time.perf_counter() - t0,
+    )
+    return MRopeDecomposition(
+        tokens=input_ids.cpu(),
+        spec=spec,
+        bands=bands,
+        acts=acts,
+        provenance=prov,
+        position_ids=cap.position_ids,
+        modality=cap.modality,
+    )

@@ -52,8 +52,10 @@ __all__ = [
     "score_answer",
 ]
 
-TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-        "I will quiz you about the important information there.")
+TASK = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there."
+)
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 QUESTION = "What is the pass key? The pass key is"
 _SENTENCES = tuple(s if s.endswith(".") else s + "." for s in FILLER.split(". "))
@@ -116,8 +118,16 @@ def _layout(n_filler: int, depth: float, passkey: str) -> tuple[str, int, dict[s
     for p in parts:
         starts.append(pos)
         pos += len(p) + 1
-    return text, k, {"filler": starts[1], "needle": starts[2], "needle_end": starts[2] + len(parts[2]),
-                     "question": starts[4]}
+    return (
+        text,
+        k,
+        {
+            "filler": starts[1],
+            "needle": starts[2],
+            "needle_end": starts[2] + len(parts[2]),
+            "question": starts[4],
+        },
+    )
 
 
 def _encode(tok: Any, text: str, bos: bool) -> tuple[list[int], list[tuple[int, int]] | None]:
@@ -132,7 +142,9 @@ def _encode(tok: Any, text: str, bos: bool) -> tuple[list[int], list[tuple[int, 
     return ids, offsets
 
 
-def _token_at(tok: Any, text: str, offsets: list[tuple[int, int]] | None, char: int, bos: bool) -> int:
+def _token_at(
+    tok: Any, text: str, offsets: list[tuple[int, int]] | None, char: int, bos: bool
+) -> int:
     """Index of the first token that ends after character ``char``."""
     if offsets is not None:
         for i, (_, end) in enumerate(offsets):
@@ -142,7 +154,9 @@ def _token_at(tok: Any, text: str, offsets: list[tuple[int, int]] | None, char: 
     return len(_encode(tok, text[:char], bos)[0])
 
 
-def passkey_prompt(tokenizer: Any, length: int, depth: float, passkey: str, *, bos: bool = True) -> PasskeyPrompt:
+def passkey_prompt(
+    tokenizer: Any, length: int, depth: float, passkey: str, *, bos: bool = True
+) -> PasskeyPrompt:
     """The longest prompt of at most ``length`` tokens with ``passkey`` at ``depth`` (0 = right after
     the task line, 1 = right before the question).
 
@@ -150,9 +164,16 @@ def passkey_prompt(tokenizer: Any, length: int, depth: float, passkey: str, *, b
     as ``model.to_tokens`` does.
     """
     tok = getattr(tokenizer, "tokenizer", None) or tokenizer
-    length = check_number(length, "length", at_least=2, integer=True, hint=" (the prompt's size in tokens)")
-    depth = check_number(depth, "depth", at_least=0, at_most=1,
-                         hint=" (the fraction of the filler before the passkey)")
+    length = check_number(
+        length, "length", at_least=2, integer=True, hint=" (the prompt's size in tokens)"
+    )
+    depth = check_number(
+        depth,
+        "depth",
+        at_least=0,
+        at_most=1,
+        hint=" (the fraction of the filler before the passkey)",
+    )
     if not (isinstance(passkey, str) and passkey.isdigit()):
         raise InputError(f"passkey must be a string of digits, got {passkey!r}")
     bos = bool(bos) and getattr(tok, "bos_token_id", None) is not None
@@ -176,8 +197,14 @@ def passkey_prompt(tokenizer: Any, length: int, depth: float, passkey: str, *, b
     at = {name: _token_at(tok, text, offsets, c, bos) for name, c in chars.items()}
     before, after = at["needle"] - at["filler"], at["question"] - at["needle_end"]
     return PasskeyPrompt(
-        text=text, tokens=torch.tensor(ids, dtype=torch.long), passkey=passkey, depth=float(depth),
-        target_len=int(length), n_filler=lo, n_before=k, needle_start=at["needle"],
+        text=text,
+        tokens=torch.tensor(ids, dtype=torch.long),
+        passkey=passkey,
+        depth=float(depth),
+        target_len=int(length),
+        n_filler=lo,
+        n_before=k,
+        needle_start=at["needle"],
         token_depth=before / (before + after) if before + after > 0 else float(depth),
     )
 
@@ -210,17 +237,27 @@ def greedy_continuation(
 
     max_new_tokens = check_number(max_new_tokens, "max_new_tokens", at_least=1, integer=True)
     if prefill_chunk is not None:
-        prefill_chunk = check_number(prefill_chunk, "prefill_chunk", at_least=1, integer=True,
-                                     hint=" (tokens per prefill forward; None for one forward)")
+        prefill_chunk = check_number(
+            prefill_chunk,
+            "prefill_chunk",
+            at_least=1,
+            integer=True,
+            hint=" (tokens per prefill forward; None for one forward)",
+        )
     if tokens.ndim != 1 or tokens.numel() < 1:
-        raise InputError(f"tokens must be a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
+        raise InputError(
+            f"tokens must be a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}"
+        )
     tok = getattr(model, "tokenizer", None)
     eos = getattr(tok, "eos_token_id", None)
     seq = tokens.long().to(device_of(model))[None]
     out: list[int] = []
     from ropelens.backends import backend_of
 
-    with torch.no_grad(), backend_of(model).decoding(loss_path(model, path), cache, prefill_chunk) as (step, _):
+    with (
+        torch.no_grad(),
+        backend_of(model).decoding(loss_path(model, path), cache, prefill_chunk) as (step, _),
+    ):
         logits = step(seq, seq)
         for i in range(max_new_tokens):
             nxt = int(logits.argmax())
@@ -269,7 +306,9 @@ class PasskeyRetrieval(Result, previous_kinds=("PasskeyResult",)):
         cells = {(t.length, t.depth) for t in self.trials}
         stray = cells - {(L, d) for L in self.lengths for d in self.depths}
         if stray:
-            raise InputError(f"trials at (length, depth) {sorted(stray)} are outside the result's grid")
+            raise InputError(
+                f"trials at (length, depth) {sorted(stray)} are outside the result's grid"
+            )
 
     @property
     def variant(self) -> dict[str, Any] | None:
@@ -299,10 +338,16 @@ class PasskeyRetrieval(Result, previous_kinds=("PasskeyResult",)):
         for d in self.depths:
             for L in self.lengths:
                 cell = self._cell(L, d)
-                rows.append({"depth": d, "length": L, "n_trials": len(cell),
-                             "n_correct": sum(t.correct for t in cell),
-                             "accuracy": np.mean([t.correct for t in cell]) if cell else np.nan,
-                             "mean_tokens": np.mean([t.n_tokens for t in cell]) if cell else np.nan})
+                rows.append(
+                    {
+                        "depth": d,
+                        "length": L,
+                        "n_trials": len(cell),
+                        "n_correct": sum(t.correct for t in cell),
+                        "accuracy": np.mean([t.correct for t in cell]) if cell else np.nan,
+                        "mean_tokens": np.mean([t.n_tokens for t in cell]) if cell else np.nan,
+                    }
+                )
         return pd.DataFrame(rows)
 
     def trials_frame(self) -> pd.DataFrame:
@@ -316,30 +361,49 @@ class PasskeyRetrieval(Result, previous_kinds=("PasskeyResult",)):
         keys = ("seed", "variant", "max_new_tokens")
         a, b = self.provenance, other.provenance
         if a.model != b.model or any(a.config.get(k) != b.config.get(k) for k in keys):
-            raise InputError(f"can only merge passkey results of the same model and {', '.join(keys)}")
+            raise InputError(
+                f"can only merge passkey results of the same model and {', '.join(keys)}"
+            )
         mine = {(t.length, t.depth, t.trial) for t in self.trials}
         dup = sorted(mine & {(t.length, t.depth, t.trial) for t in other.trials})
         if dup:
-            raise InputError(f"both results hold trials {dup[:3]}: merge results of different lengths, "
-                             "depths or trials")
-        prov = dataclasses.replace(a.merged(b), n_ctx=max(a.n_ctx or 0, b.n_ctx or 0) or None,
-                                   config={**a.config, "lengths": sorted({*self.lengths, *other.lengths}),
-                                           "depths": sorted({*self.depths, *other.depths})})
-        return PasskeyRetrieval(lengths=tuple(sorted({*self.lengths, *other.lengths})),
-                             depths=tuple(sorted({*self.depths, *other.depths})),
-                             trials=self.trials + other.trials, provenance=prov)
+            raise InputError(
+                f"both results hold trials {dup[:3]}: merge results of different lengths, "
+                "depths or trials"
+            )
+        prov = dataclasses.replace(
+            a.merged(b),
+            n_ctx=max(a.n_ctx or 0, b.n_ctx or 0) or None,
+            config={
+                **a.config,
+                "lengths": sorted({*self.lengths, *other.lengths}),
+                "depths": sorted({*self.depths, *other.depths}),
+            },
+        )
+        return PasskeyRetrieval(
+            lengths=tuple(sorted({*self.lengths, *other.lengths})),
+            depths=tuple(sorted({*self.depths, *other.depths})),
+            trials=self.trials + other.trials,
+            provenance=prov,
+        )
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"lengths": list(self.lengths),
-                "depths": list(self.depths), "trials": [t.to_dict() for t in self.trials],
-                "provenance": self.provenance.to_dict()}
+        return {
+            "lengths": list(self.lengths),
+            "depths": list(self.depths),
+            "trials": [t.to_dict() for t in self.trials],
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PasskeyRetrieval:
-        return cls(lengths=tuple(d["lengths"]), depths=tuple(d["depths"]),
-                   trials=tuple(PasskeyTrial(**t) for t in d["trials"]),
-                   provenance=Provenance.from_dict(d["provenance"]))
+        return cls(
+            lengths=tuple(d["lengths"]),
+            depths=tuple(d["depths"]),
+            trials=tuple(PasskeyTrial(**t) for t in d["trials"]),
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
 
     def _repr_text(self) -> str:
         return f"PasskeyRetrieval({self.provenance.model}, accuracy {self.mean_accuracy():.2f})"
@@ -391,14 +455,22 @@ def passkey_retrieval(
     n_trials = check_number(n_trials, "n_trials", at_least=1, integer=True)
     seed = check_number(seed, "seed", integer=True)
     if variant is not None and not isinstance(variant, RopeVariant):
-        raise InputError(f"variant must be a ropelens.spec.variants RopeVariant (e.g. YaRN(2.0, 8192)) or None, "
-                         f"got {type(variant).__name__}")
+        raise InputError(
+            f"variant must be a ropelens.spec.variants RopeVariant (e.g. YaRN(2.0, 8192)) or None, "
+            f"got {type(variant).__name__}"
+        )
     if getattr(model, "tokenizer", None) is None:
-        raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
+        raise InputError(
+            f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"
+        )
     from ropelens.devices import device_of, forward_bytes, require_memory
 
-    require_memory(forward_bytes(model, max(lengths)), f"a passkey prompt of {max(lengths):,} tokens",
-                   "pass shorter lengths", device_of(model))
+    require_memory(
+        forward_bytes(model, max(lengths)),
+        f"a passkey prompt of {max(lengths):,} tokens",
+        "pass shorter lengths",
+        device_of(model),
+    )
     # A rotation that depends on the input's length must see the whole input at once.
     exact = isinstance(variant, (DynamicNTK, LongRoPE))
     grid = [(L, d, t) for L in lengths for d in depths for t in range(n_trials)]
@@ -410,12 +482,29 @@ def passkey_retrieval(
 
         for L, d, t in tqdm(grid, desc="passkey", disable=not progress, unit="prompt"):
             p = passkey_prompt(model.tokenizer, L, d, make_passkey(seed, t))
-            ids = greedy_continuation(model, p.tokens, max_new_tokens, cache=not exact,
-                                      prefill_chunk=None if exact else prefill_chunk, path=path)
+            ids = greedy_continuation(
+                model,
+                p.tokens,
+                max_new_tokens,
+                cache=not exact,
+                prefill_chunk=None if exact else prefill_chunk,
+                path=path,
+            )
             response = model.tokenizer.decode(ids)
             answer, ok = score_answer(response, p.passkey)
-            trials.append(PasskeyTrial(length=L, depth=d, trial=t, passkey=p.passkey, n_tokens=p.n_tokens,
-                                       token_depth=p.token_depth, response=response, answer=answer, correct=ok))
+            trials.append(
+                PasskeyTrial(
+                    length=L,
+                    depth=d,
+                    trial=t,
+                    passkey=p.passkey,
+                    n_tokens=p.n_tokens,
+                    token_depth=p.token_depth,
+                    response=response,
+                    answer=answer,
+                    correct=ok,
+                )
+            )
 
     from ropelens.run.evaluate import loss_path
 
@@ -429,14 +518,26 @@ def passkey_retrieval(
             forward = loss_path(model, path)
             run()
     prov = Provenance(
-        model=backend.label, corpus="passkey filler",
-        n_tokens=sum(t.n_tokens for t in trials), n_windows=len(trials), n_ctx=max(lengths),
-        config={"lengths": list(lengths), "depths": list(depths), "n_trials": n_trials, "seed": seed,
-                "variant": None if variant is None else variant.to_dict(),
-                "variant_name": None if variant is None else variant.name,
-                "max_new_tokens": max_new_tokens, "prefill_chunk": None if exact else prefill_chunk,
-                "cached_decoding": not exact and forward != "hf", "forward": forward, "note": note,
-                "filler": FILLER, "question": QUESTION},
+        model=backend.label,
+        corpus="passkey filler",
+        n_tokens=sum(t.n_tokens for t in trials),
+        n_windows=len(trials),
+        n_ctx=max(lengths),
+        config={
+            "lengths": list(lengths),
+            "depths": list(depths),
+            "n_trials": n_trials,
+            "seed": seed,
+            "variant": None if variant is None else variant.to_dict(),
+            "variant_name": None if variant is None else variant.name,
+            "max_new_tokens": max_new_tokens,
+            "prefill_chunk": None if exact else prefill_chunk,
+            "cached_decoding": not exact and forward != "hf",
+            "forward": forward,
+            "note": note,
+            "filler": FILLER,
+            "question": QUESTION,
+        },
         seconds=time.perf_counter() - t0,
     )
     return PasskeyRetrieval(lengths=lengths, depths=depths, trials=tuple(trials), provenance=prov)

@@ -63,7 +63,9 @@ class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan"
     def __post_init__(self) -> None:
         s = self.similarity
         if s.ndim != 2 or s.shape[0] != s.shape[1] or s.shape[0] < 2:
-            raise InputError(f"similarity must be a square [n_pos, n_pos] matrix, got {tuple(s.shape)}")
+            raise InputError(
+                f"similarity must be a square [n_pos, n_pos] matrix, got {tuple(s.shape)}"
+            )
         check_curve(self.distance, {"mean": self.mean, "std": self.std, "count": self.count})
         if int(self.distance[-1]) >= s.shape[0]:
             raise InputError(f"distance reaches {int(self.distance[-1])} but n_pos is {s.shape[0]}")
@@ -80,14 +82,23 @@ class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan"
     def to_dict(self) -> dict[str, Any]:
         """Scalars, the pairwise matrix as base64 float32, and the by-distance curve."""
         scalars = ("name", "d_model", "period", "period_strength", "period_threshold")
-        return {**{k: getattr(self, k) for k in scalars}, "similarity": tensor_to_json(self.similarity),
-                **curve_to_json(self)}
+        return {
+            **{k: getattr(self, k) for k in scalars},
+            "similarity": tensor_to_json(self.similarity),
+            **curve_to_json(self),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PESimilarity:
-        return cls(name=d["name"], similarity=tensor_from_json(d["similarity"]), d_model=d["d_model"],
-                   period=d["period"], period_strength=d["period_strength"],
-                   period_threshold=d["period_threshold"], **curve_from_json(d))
+        return cls(
+            name=d["name"],
+            similarity=tensor_from_json(d["similarity"]),
+            d_model=d["d_model"],
+            period=d["period"],
+            period_strength=d["period_strength"],
+            period_threshold=d["period_threshold"],
+            **curve_from_json(d),
+        )
 
     def heatmap(self) -> Any:
         """Pairwise cosine similarity, strided to at most 512 positions a side for display."""
@@ -99,7 +110,9 @@ class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan"
         return f"period {self.period:.1f} tokens ({s})" if self.period else f"no periodicity ({s})"
 
     def _repr_html_(self) -> str:
-        head = f"<b>{self.name or 'PESimilarity'}</b>: {self.n_pos} positions × {self.d_model} dims, "
+        head = (
+            f"<b>{self.name or 'PESimilarity'}</b>: {self.n_pos} positions × {self.d_model} dims, "
+        )
         return head + self.period_text() + self.to_frame().head(8).to_html(index=False)
 
 
@@ -108,7 +121,9 @@ class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan"
 # --------------------------------------------------------------------------------------------
 def _check_embeddings(embeddings: Any) -> Float[Tensor, "n_pos d"]:
     if not isinstance(embeddings, (Tensor, np.ndarray)):
-        raise TypeError(f"embeddings must be a torch.Tensor or numpy array, got {type(embeddings).__name__}")
+        raise TypeError(
+            f"embeddings must be a torch.Tensor or numpy array, got {type(embeddings).__name__}"
+        )
     e = torch.as_tensor(embeddings).detach().cpu()
     if e.is_complex() or e.dtype == torch.bool:
         raise TypeError(f"embeddings must be real numbers, got dtype {e.dtype}")
@@ -122,7 +137,9 @@ def _check_embeddings(embeddings: Any) -> Float[Tensor, "n_pos d"]:
         raise InputError(f"embeddings have NaN/inf in rows {bad[:10].tolist()}: clean them first")
     zero = (e.norm(dim=1) == 0).nonzero().flatten()
     if zero.numel():
-        raise InputError(f"rows {zero[:10].tolist()} are all zero, so cosine is undefined: drop them")
+        raise InputError(
+            f"rows {zero[:10].tolist()} are all zero, so cosine is undefined: drop them"
+        )
     return e
 
 
@@ -140,23 +157,38 @@ def pe_similarity(
     from ropelens.devices import require_memory
 
     # the float64 similarity matrix, its float32 copy and one diagonal at a time
-    require_memory(12.0 * e.shape[0] ** 2, f"the {e.shape[0]:,} × {e.shape[0]:,} similarity matrix",
-                   "pass fewer positions", e.device)
+    require_memory(
+        12.0 * e.shape[0] ** 2,
+        f"the {e.shape[0]:,} × {e.shape[0]:,} similarity matrix",
+        "pass fewer positions",
+        e.device,
+    )
     u = e / e.norm(dim=1, keepdim=True)
     sim = u @ u.T
-    diags = [sim.diagonal(-k) for k in range(max_distance + 1)]  # symmetric: one side covers |m − n|
+    diags = [
+        sim.diagonal(-k) for k in range(max_distance + 1)
+    ]  # symmetric: one side covers |m − n|
     mean = torch.stack([t.mean() for t in diags])
     std = torch.stack([t.std(correction=0) for t in diags])
     period, strength, threshold = periodicity(mean, min_strength=min_strength)
     return PESimilarity(
-        name=name, similarity=sim.float(), distance=torch.arange(max_distance + 1), mean=mean,
-        std=std, count=torch.tensor([t.numel() for t in diags]), d_model=e.shape[1], period=period,
-        period_strength=strength, period_threshold=threshold,
+        name=name,
+        similarity=sim.float(),
+        distance=torch.arange(max_distance + 1),
+        mean=mean,
+        std=std,
+        count=torch.tensor([t.numel() for t in diags]),
+        d_model=e.shape[1],
+        period=period,
+        period_strength=strength,
+        period_threshold=threshold,
     )
 
 
 def periodicity(
-    curve: Float[Tensor, " n_dist"], *, min_strength: float = MIN_PERIOD_STRENGTH,
+    curve: Float[Tensor, " n_dist"],
+    *,
+    min_strength: float = MIN_PERIOD_STRENGTH,
     false_alarm: float = PERIOD_FALSE_ALARM,
 ) -> tuple[float | None, float, float]:
     """Dominant period (tokens, or None), its strength in [0, 1], and the threshold it had to reach.
@@ -190,7 +222,9 @@ def periodicity(
     for f in np.linspace(f0 - 1.0 / pad, f0 + 1.0 / pad, 33):
         if not 2.0 / n <= f <= 0.5:
             continue
-        design = np.concatenate([trend, np.stack([np.cos(2 * np.pi * f * x), np.sin(2 * np.pi * f * x)], 1)], 1)
+        design = np.concatenate(
+            [trend, np.stack([np.cos(2 * np.pi * f * x), np.sin(2 * np.pi * f * x)], 1)], 1
+        )
         r = y - design @ np.linalg.lstsq(design, y, rcond=None)[0]
         r2 = 1.0 - float(r @ r) / ss
         if r2 > best_r2:
@@ -213,8 +247,13 @@ def sinusoidal_pe(n_pos: int, d: int, base: float = 10000.0) -> Float[Tensor, "n
 
 
 # Paths under the HF base model (GPT2Model, OPTModel, BertModel, ...) of learned position tables.
-_PE_PATHS = ("wpe", "decoder.embed_positions", "embeddings.position_embeddings",
-             "encoder.embed_positions", "embed_positions")
+_PE_PATHS = (
+    "wpe",
+    "decoder.embed_positions",
+    "embeddings.position_embeddings",
+    "encoder.embed_positions",
+    "embed_positions",
+)
 
 
 def learned_pe(model: Any) -> Float[Tensor, "n_pos d_model"]:
@@ -238,7 +277,7 @@ def learned_pe(model: Any) -> Float[Tensor, "n_pos d_model"]:
         if offset is None:
             pad = getattr(mod, "padding_idx", None)
             offset = 0 if pad is None else pad + 1  # RoBERTa: positions start after padding_idx
-        return weight.detach()[int(offset):].to("cpu", torch.float32).clone()
+        return weight.detach()[int(offset) :].to("cpu", torch.float32).clone()
     label = model_label(model) if hasattr(model, "cfg") else type(hf).__name__
     if _has_rope(hf):
         raise InputError(
@@ -256,5 +295,6 @@ def learned_pe(model: Any) -> Float[Tensor, "n_pos d_model"]:
 def _has_rope(hf: Any) -> bool:
     cfg = hf.config.to_dict() if hasattr(hf, "config") else {}
     keys = ("rope_theta", "rope_parameters", "rope_scaling", "rotary_dim", "rotary_pct")
-    return any(cfg.get(k) is not None for k in keys) or any("rotary" in type(m).__name__.lower() for m in hf.modules())
-
+    return any(cfg.get(k) is not None for k in keys) or any(
+        "rotary" in type(m).__name__.lower() for m in hf.modules()
+    )

@@ -53,8 +53,20 @@ from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.validate import check_number
 
-__all__ = ["MARGIN", "MEASURES", "MIN_KEYS", "PosSymReducer", "PositionalSymbolic", "TaxonomyAgreement", "agreement",
-           "cohen_kappa", "key_permutation", "positional_symbolic", "rank_correlation", "shortest_window"]
+__all__ = [
+    "MARGIN",
+    "MEASURES",
+    "MIN_KEYS",
+    "PosSymReducer",
+    "PositionalSymbolic",
+    "TaxonomyAgreement",
+    "agreement",
+    "cohen_kappa",
+    "key_permutation",
+    "positional_symbolic",
+    "rank_correlation",
+    "shortest_window",
+]
 
 MARGIN = 0.25  # P − S beyond this calls a head; a quarter of the attention measure's range [0, 1]
 MEASURES = ("logit", "attention")
@@ -73,9 +85,11 @@ def shortest_window(min_keys: int = MIN_KEYS) -> int:
 
 
 def _too_short(n: int, min_keys: int, flag: str) -> str:
-    return (f"windows of {n} tokens are too short for positional/symbolic scoring: a query is scored only when it "
-            f"sees {min_keys} keys besides BOS (min_keys={min_keys}), so a window needs at least "
-            f"{shortest_window(min_keys)} tokens: {flag}")
+    return (
+        f"windows of {n} tokens are too short for positional/symbolic scoring: a query is scored only when it "
+        f"sees {min_keys} keys besides BOS (min_keys={min_keys}), so a window needs at least "
+        f"{shortest_window(min_keys)} tokens: {flag}"
+    )
 
 
 def key_permutation(n: int, seed: int) -> Tensor:
@@ -91,7 +105,9 @@ def _corr(x: Tensor, y: Tensor, w: Tensor, nk: Tensor) -> Tensor:
     xc, yc = (x - mx) * w, (y - my) * w
     vx, vy = (xc * xc).sum(-1), (yc * yc).sum(-1)
     ok = (vx > 0) & (vy > 0)
-    return torch.where(ok, (xc * yc).sum(-1) / (vx * vy).clamp_min(1e-30).sqrt(), torch.zeros_like(vx))
+    return torch.where(
+        ok, (xc * yc).sum(-1) / (vx * vy).clamp_min(1e-30).sqrt(), torch.zeros_like(vx)
+    )
 
 
 class PosSymReducer(DeviceSums):
@@ -103,32 +119,71 @@ class PosSymReducer(DeviceSums):
     static_mask = "the positional/semantic split"  # masks built from positions: refused where the model picks keys from the input
     needs = frozenset({"q_post", "k_post"})
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, seed: int = 0, min_keys: int = MIN_KEYS,
-                 tile: int | None = None, n_ctx: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: RopeSpec,
+        layers: Sequence[int],
+        *,
+        seed: int = 0,
+        min_keys: int = MIN_KEYS,
+        tile: int | None = None,
+        n_ctx: int | None = None,
+    ) -> None:
         self.layers = list(layers)
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
-        self.seed = int(check_number(seed, "seed", at_least=0, integer=True, hint=" (seeds the key permutation)"))
-        self.min_keys = int(check_number(min_keys, "min_keys", at_least=2, integer=True,
-                                         hint=" (queries seeing fewer keys are left out: a correlation needs two)"))
+        self.seed = int(
+            check_number(
+                seed, "seed", at_least=0, integer=True, hint=" (seeds the key permutation)"
+            )
+        )
+        self.min_keys = int(
+            check_number(
+                min_keys,
+                "min_keys",
+                at_least=2,
+                integer=True,
+                hint=" (queries seeing fewer keys are left out: a correlation needs two)",
+            )
+        )
         if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
-            raise InputError(f"tile must be a positive number of queries or None for automatic, got {tile!r}")
+            raise InputError(
+                f"tile must be a positive number of queries or None for automatic, got {tile!r}"
+            )
         if n_ctx is not None and n_ctx < shortest_window(self.min_keys):
-            raise InputError(_too_short(n_ctx, self.min_keys, f"pass n_ctx={shortest_window(self.min_keys)} or "
-                                                               "more (--n-ctx), or a smaller min_keys"))
-        narrow = {L: spec.layers[L].reach for L in self.layers
-                  if spec.layers[L].reach is not None and spec.layers[L].reach < self.min_keys}
-        if narrow:  # no query of these layers ever sees min_keys keys: their scores would all be NaN
-            raise InputError(f"layer(s) {list(narrow)} let a query see at most {min(narrow.values())} keys (a sliding "
-                             f"window or chunk), fewer than the {self.min_keys} a query needs to be scored (min_keys="
-                             f"{self.min_keys}), so none of their heads could be scored: leave them out (layers=, "
-                             f"--layers) or pass min_keys={max(2, min(narrow.values()))}")
+            raise InputError(
+                _too_short(
+                    n_ctx,
+                    self.min_keys,
+                    f"pass n_ctx={shortest_window(self.min_keys)} or "
+                    "more (--n-ctx), or a smaller min_keys",
+                )
+            )
+        narrow = {
+            L: spec.layers[L].reach
+            for L in self.layers
+            if spec.layers[L].reach is not None and spec.layers[L].reach < self.min_keys
+        }
+        if (
+            narrow
+        ):  # no query of these layers ever sees min_keys keys: their scores would all be NaN
+            raise InputError(
+                f"layer(s) {list(narrow)} let a query see at most {min(narrow.values())} keys (a sliding "
+                f"window or chunk), fewer than the {self.min_keys} a query needs to be scored (min_keys="
+                f"{self.min_keys}), so none of their heads could be scored: leave them out (layers=, "
+                f"--layers) or pass min_keys={max(2, min(narrow.values()))}"
+            )
         self.tile = tile
         self.pos = {L: i for i, L in enumerate(self.layers)}
         # layers of different widths padded to the most heads: NaN past a layer's own (RopeSpec.padded_zeros)
-        self.sums: dict[str, Tensor] = {"n_queries": spec.padded_zeros(self.layers),
-                                        **{f"{w}_{m}": spec.padded_zeros(self.layers, "head")
-                                           for w in ("pos", "sym") for m in MEASURES}}
+        self.sums: dict[str, Tensor] = {
+            "n_queries": spec.padded_zeros(self.layers),
+            **{
+                f"{w}_{m}": spec.padded_zeros(self.layers, "head")
+                for w in ("pos", "sym")
+                for m in MEASURES
+            },
+        }
         self._perms: dict[tuple[int, str], Tensor] = {}
 
     def _perm(self, n: int, device: torch.device) -> Tensor:
@@ -161,7 +216,10 @@ class PosSymReducer(DeviceSums):
         qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
         kh, kph = k.permute(0, 2, 3, 1), kp.permute(0, 2, 3, 1)  # [b,KV,d,n]
         key_ok = valid & valid[:, perm] & (pos >= 1)[None]  # [b, n]
-        acc = {name: q.new_zeros(H, dtype=dt) for name in ("pos_logit", "sym_logit", "pos_attention", "sym_attention")}
+        acc = {
+            name: q.new_zeros(H, dtype=dt)
+            for name in ("pos_logit", "sym_logit", "pos_attention", "sym_attention")
+        }
         used_total = q.new_zeros((), dtype=dt)
         tq = self.tile or query_tile(dev, 4 * b * H * n)
         for c0 in range(1, n, tq):
@@ -182,7 +240,10 @@ class PosSymReducer(DeviceSums):
             acc["pos_logit"] += (_corr(sp, sc, w, nkf) * u).to(dt).sum((0, 2))
             acc["sym_logit"] += (_corr(sp, ss, w, nkf) * u).to(dt).sum((0, 2))
             neg = ~ok[:, None]
-            pp, p0, psg = (torch.softmax(x.masked_fill(neg, float("-inf")), -1).nan_to_num(0.0) for x in (sp, sc, ss))
+            pp, p0, psg = (
+                torch.softmax(x.masked_fill(neg, float("-inf")), -1).nan_to_num(0.0)
+                for x in (sp, sc, ss)
+            )
             acc["pos_attention"] += ((1 - 0.5 * (pp - p0).abs().sum(-1)) * u).to(dt).sum((0, 2))
             acc["sym_attention"] += ((1 - 0.5 * (pp - psg).abs().sum(-1)) * u).to(dt).sum((0, 2))
             used_total += used.to(dt).sum()
@@ -197,11 +258,15 @@ class PosSymReducer(DeviceSums):
     def result(self, provenance: Provenance, margin: float = MARGIN) -> PositionalSymbolic:
         """The streamed sums as :class:`PositionalSymbolic` (on the CPU, float64)."""
         sums = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
-        return PositionalSymbolic(tuple(self.layers), self.seed, self.min_keys, float(margin), sums, provenance)
+        return PositionalSymbolic(
+            tuple(self.layers), self.seed, self.min_keys, float(margin), sums, provenance
+        )
 
 
 @dataclass(frozen=True)
-class PositionalSymbolic(Result, merge_same=("layers", "seed", "min_keys", "margin"), merge_sums=("sums",)):
+class PositionalSymbolic(
+    Result, merge_same=("layers", "seed", "min_keys", "margin"), merge_sums=("sums",)
+):
     """Per layer × head: positional and symbolic scores under a key-content permutation, and the calls.
 
     Layers of different widths (Gemma 4) share one ``[layer, head]`` array padded to the most heads: the
@@ -216,7 +281,9 @@ class PositionalSymbolic(Result, merge_same=("layers", "seed", "min_keys", "marg
     provenance: Provenance
 
     def __post_init__(self) -> None:
-        self._check_shape("pos_logit", self.sums["pos_logit"], (len(self.layers), None), " [layer, head]")
+        self._check_shape(
+            "pos_logit", self.sums["pos_logit"], (len(self.layers), None), " [layer, head]"
+        )
         if not 0 <= self.margin <= 1:
             raise InputError(f"margin is a difference of scores in [0, 1], got {self.margin}")
 
@@ -225,7 +292,9 @@ class PositionalSymbolic(Result, merge_same=("layers", "seed", "min_keys", "marg
         """The heads each layer has (all True when the measured layers share one width)."""
         return ~self.sums["pos_logit"].isnan()
 
-    def scores(self, measure: Measure = "logit") -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
+    def scores(
+        self, measure: Measure = "logit"
+    ) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
         """Mean positional score P and symbolic score S per head under ``measure`` ("logit" or "attention")."""
         if measure not in MEASURES:
             raise InputError(f"measure must be one of {MEASURES}, got {measure!r}")
@@ -250,8 +319,10 @@ class PositionalSymbolic(Result, merge_same=("layers", "seed", "min_keys", "marg
         """positional / symbolic / mixed for each (layer, head), each layer's row as long as its own heads."""
         pos, sym = self.positional(measure), self.symbolic(measure)
         n_heads = self.present().sum(1).tolist()
-        return [["positional" if p else "symbolic" if s_ else "mixed" for p, s_ in zip(pr[:n], sr[:n])]
-                for pr, sr, n in zip(pos.tolist(), sym.tolist(), n_heads)]
+        return [
+            ["positional" if p else "symbolic" if s_ else "mixed" for p, s_ in zip(pr[:n], sr[:n])]
+            for pr, sr, n in zip(pos.tolist(), sym.tolist(), n_heads)
+        ]
 
     def fractions(self, measure: Measure = "logit") -> dict[str, float]:
         """Share of heads given each call under ``measure``."""
@@ -267,7 +338,10 @@ class PositionalSymbolic(Result, merge_same=("layers", "seed", "min_keys", "marg
         cols: dict[str, Any] = {"layer": layer.ravel()[have], "head": head.ravel()[have]}
         for m in MEASURES:
             p, s = self.scores(m)
-            cols[f"positional_{m}"], cols[f"symbolic_{m}"] = p.reshape(-1).numpy()[have], s.reshape(-1).numpy()[have]
+            cols[f"positional_{m}"], cols[f"symbolic_{m}"] = (
+                p.reshape(-1).numpy()[have],
+                s.reshape(-1).numpy()[have],
+            )
             cols[f"p_minus_s_{m}"] = (p - s).reshape(-1).numpy()[have]
             cols[f"call_{m}"] = [c for row in self.calls(m) for c in row]
         cols["n_queries"] = self.sums["n_queries"][:, None].expand(L, H).reshape(-1).numpy()[have]
@@ -279,30 +353,56 @@ class PositionalSymbolic(Result, merge_same=("layers", "seed", "min_keys", "marg
         for j, m in enumerate(MEASURES):
             fr = self.fractions(m)
             p, s = self.scores(m)
-            vals = {**{c: round(v, 3) for c, v in fr.items()}, "mean_positional": round(float(p.nanmean()), 3),
-                    "mean_symbolic": round(float(s.nanmean()), 3)}
-            out.append(Finding(f"possym-{j}", "positional-symbolic",
-                               f"Under the {m} measure {fr['positional']:.0%} of heads are positional, "
-                               f"{fr['symbolic']:.0%} symbolic and {fr['mixed']:.0%} mixed (|P − S| < "
-                               f"{self.margin:g}); mean P {vals['mean_positional']:.2f}, mean S "
-                               f"{vals['mean_symbolic']:.2f}.", vals))
+            vals = {
+                **{c: round(v, 3) for c, v in fr.items()},
+                "mean_positional": round(float(p.nanmean()), 3),
+                "mean_symbolic": round(float(s.nanmean()), 3),
+            }
+            out.append(
+                Finding(
+                    f"possym-{j}",
+                    "positional-symbolic",
+                    f"Under the {m} measure {fr['positional']:.0%} of heads are positional, "
+                    f"{fr['symbolic']:.0%} symbolic and {fr['mixed']:.0%} mixed (|P − S| < "
+                    f"{self.margin:g}); mean P {vals['mean_positional']:.2f}, mean S "
+                    f"{vals['mean_symbolic']:.2f}.",
+                    vals,
+                )
+            )
         p, s = self.scores("attention")
         both = int(((p >= 0.9) & (s >= 0.9)).sum())
-        out.append(Finding("possym-2", "positional-symbolic",
-                           f"{both} heads score both P and S ≥ 0.9 on attention: by Urrutia et al.'s exclusion "
-                           "principle only near-uniform attention can.", {"both": both}))
+        out.append(
+            Finding(
+                "possym-2",
+                "positional-symbolic",
+                f"{both} heads score both P and S ≥ 0.9 on attention: by Urrutia et al.'s exclusion "
+                "principle only near-uniform attention can.",
+                {"both": both},
+            )
+        )
         return out
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "seed": self.seed, "min_keys": self.min_keys, "margin": self.margin,
-                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+        return {
+            "layers": list(self.layers),
+            "seed": self.seed,
+            "min_keys": self.min_keys,
+            "margin": self.margin,
+            "sums": {k: v.tolist() for k, v in self.sums.items()},
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PositionalSymbolic:
-        return cls(tuple(d["layers"]), int(d["seed"]), int(d["min_keys"]), float(d["margin"]),
-                   {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-                   Provenance.from_dict(d["provenance"]))
+        return cls(
+            tuple(d["layers"]),
+            int(d["seed"]),
+            int(d["min_keys"]),
+            float(d["margin"]),
+            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+            Provenance.from_dict(d["provenance"]),
+        )
 
 
 @corpus_analysis(n_ctx=256, max_tokens=8_192)
@@ -321,23 +421,57 @@ def positional_symbolic(
     A query is scored only when it sees ``min_keys`` keys besides BOS, so windows need at least
     :func:`shortest_window` tokens (``min_keys`` + 1); shorter ones are refused before the model runs.
     """
-    margin = float(check_number(margin, "margin", at_least=0, at_most=1,
-                                hint=" (the P − S difference that calls a head; default 0.25)"))
-    min_keys = int(check_number(min_keys, "min_keys", at_least=2, integer=True,
-                                hint=" (queries seeing fewer keys are left out: a correlation needs two)"))
-    if not isinstance(corpus, Tensor) and run.n_ctx < shortest_window(min_keys):  # ready tokens: checked per window
-        raise InputError(_too_short(run.n_ctx, min_keys, f"pass n_ctx={shortest_window(min_keys)} or more "
-                                                         "(--n-ctx), or a smaller min_keys"))
-    m = measure(model, corpus, lambda spec, chosen, win: PosSymReducer(spec, chosen, seed=seed, min_keys=min_keys,
-                                                                        tile=tile, n_ctx=win.n_ctx),
-                run, analysis="positional/symbolic heads", config=lambda reds: {**reds[0].config(), "margin": margin},
-                resume={"tile": tile})
+    margin = float(
+        check_number(
+            margin,
+            "margin",
+            at_least=0,
+            at_most=1,
+            hint=" (the P − S difference that calls a head; default 0.25)",
+        )
+    )
+    min_keys = int(
+        check_number(
+            min_keys,
+            "min_keys",
+            at_least=2,
+            integer=True,
+            hint=" (queries seeing fewer keys are left out: a correlation needs two)",
+        )
+    )
+    if not isinstance(corpus, Tensor) and run.n_ctx < shortest_window(
+        min_keys
+    ):  # ready tokens: checked per window
+        raise InputError(
+            _too_short(
+                run.n_ctx,
+                min_keys,
+                f"pass n_ctx={shortest_window(min_keys)} or more (--n-ctx), or a smaller min_keys",
+            )
+        )
+    m = measure(
+        model,
+        corpus,
+        lambda spec, chosen, win: PosSymReducer(
+            spec, chosen, seed=seed, min_keys=min_keys, tile=tile, n_ctx=win.n_ctx
+        ),
+        run,
+        analysis="positional/symbolic heads",
+        config=lambda reds: {**reds[0].config(), "margin": margin},
+        resume={"tile": tile},
+    )
     result = m.reducer.result(m.provenance, margin)
-    unscored = [L for L, n in zip(result.layers, result.sums["n_queries"].tolist(), strict=True) if n == 0]
-    if unscored:  # padding can leave a layer no query with min_keys keys: its scores would all be NaN
-        raise InputError(f"no query of layer(s) {unscored} saw {min_keys} keys besides BOS (min_keys={min_keys}), so "
-                         f"their heads cannot be scored: pass longer windows of real tokens (at least "
-                         f"{shortest_window(min_keys)}, --n-ctx) or a smaller min_keys")
+    unscored = [
+        L for L, n in zip(result.layers, result.sums["n_queries"].tolist(), strict=True) if n == 0
+    ]
+    if (
+        unscored
+    ):  # padding can leave a layer no query with min_keys keys: its scores would all be NaN
+        raise InputError(
+            f"no query of layer(s) {unscored} saw {min_keys} keys besides BOS (min_keys={min_keys}), so "
+            f"their heads cannot be scored: pass longer windows of real tokens (at least "
+            f"{shortest_window(min_keys)}, --n-ctx) or a smaller min_keys"
+        )
     return result
 
 
@@ -345,7 +479,9 @@ def positional_symbolic(
 def cohen_kappa(a: Sequence[Any], b: Sequence[Any]) -> float:
     """Cohen's κ of two labelings of the same items: (p_o − p_e) / (1 − p_e); 1.0 where both are one constant label."""
     if len(a) != len(b) or not len(a):
-        raise InputError(f"cohen_kappa needs two labelings of the same non-empty items, got {len(a)} and {len(b)}")
+        raise InputError(
+            f"cohen_kappa needs two labelings of the same non-empty items, got {len(a)} and {len(b)}"
+        )
     labels = sorted(set(a) | set(b), key=str)
     n = len(a)
     po = sum(x == y for x, y in zip(a, b)) / n
@@ -355,9 +491,14 @@ def cohen_kappa(a: Sequence[Any], b: Sequence[Any]) -> float:
 
 def rank_correlation(x: Tensor, y: Tensor) -> float:
     """Spearman's ρ (Pearson correlation of average ranks) over the entries finite in both."""
-    x, y = torch.as_tensor(x, dtype=torch.float64).flatten(), torch.as_tensor(y, dtype=torch.float64).flatten()
+    x, y = (
+        torch.as_tensor(x, dtype=torch.float64).flatten(),
+        torch.as_tensor(y, dtype=torch.float64).flatten(),
+    )
     if x.shape != y.shape:
-        raise InputError(f"rank_correlation needs equal sizes, got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise InputError(
+            f"rank_correlation needs equal sizes, got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     ok = x.isfinite() & y.isfinite()
     rx, ry = (pd.Series(v[ok].numpy()).rank().to_numpy() for v in (x, y))
     if len(rx) < 2 or rx.std() == 0 or ry.std() == 0:
@@ -376,18 +517,30 @@ class TaxonomyAgreement:
     measure: str
 
 
-def agreement(result: PositionalSymbolic, taxonomy: Any, measure: Measure = "logit") -> TaxonomyAgreement:
+def agreement(
+    result: PositionalSymbolic, taxonomy: Any, measure: Measure = "logit"
+) -> TaxonomyAgreement:
     """Confusion table of taxonomy kinds × calls, and Cohen's κ on the binary positional flag."""
     if tuple(result.layers) != tuple(taxonomy.layers):
-        raise InputError(f"the results cover different layers ({list(result.layers)} vs {list(taxonomy.layers)}): "
-                         "measure both with the same layers=")
+        raise InputError(
+            f"the results cover different layers ({list(result.layers)} vs {list(taxonomy.layers)}): "
+            "measure both with the same layers="
+        )
     kinds = [k for row in taxonomy.kinds() for k in row]
     calls = [c for row in result.calls(measure) for c in row]
     if len(kinds) != len(calls):
-        raise InputError(f"the results have different head counts ({len(calls)} vs {len(kinds)}): pass one model's")
+        raise InputError(
+            f"the results have different head counts ({len(calls)} vs {len(kinds)}): pass one model's"
+        )
     tax_pos = taxonomy.positional()[taxonomy.present()].tolist()  # the layers' own heads, in order
     call_pos = [c == "positional" for c in calls]
-    confusion = pd.crosstab(pd.Series(kinds, name="taxonomy"), pd.Series(calls, name="call")).reindex(
-        columns=list(CALLS), fill_value=0)
-    return TaxonomyAgreement(confusion, cohen_kappa(call_pos, tax_pos), sum(call_pos) / len(calls),
-                             sum(tax_pos) / len(calls), measure)
+    confusion = pd.crosstab(
+        pd.Series(kinds, name="taxonomy"), pd.Series(calls, name="call")
+    ).reindex(columns=list(CALLS), fill_value=0)
+    return TaxonomyAgreement(
+        confusion,
+        cohen_kappa(call_pos, tax_pos),
+        sum(call_pos) / len(calls),
+        sum(tax_pos) / len(calls),
+        measure,
+    )

@@ -48,19 +48,30 @@ class Analysis:
         if not isinstance(self.name, str) or not self.name:
             raise InputError(f"an analysis needs a name, got {self.name!r}")
         if self.function is not None and not callable(self.function):
-            raise InputError(f"analysis {self.name!r}: function must be the function itself, got {self.function!r}")
+            raise InputError(
+                f"analysis {self.name!r}: function must be the function itself, got {self.function!r}"
+            )
         if self.result is not None and not isinstance(self.result, type):
             raise InputError(f"analysis {self.name!r}: result must be a class, got {self.result!r}")
         for fig in self.figures:
-            if len(fig) != 3 or not isinstance(fig[0], type) or not isinstance(fig[1], str) or not callable(fig[2]):
-                raise InputError(f"analysis {self.name!r}: each figure is (class, name, function), as draw() makes "
-                                 f"them; got {fig!r}")
+            if (
+                len(fig) != 3
+                or not isinstance(fig[0], type)
+                or not isinstance(fig[1], str)
+                or not callable(fig[2])
+            ):
+                raise InputError(
+                    f"analysis {self.name!r}: each figure is (class, name, function), as draw() makes "
+                    f"them; got {fig!r}"
+                )
         for part, needs in (("command", "add_to"), ("section", "render")):
             value = getattr(self, part)
             if value is not None and not hasattr(value, needs):
-                raise InputError(f"analysis {self.name!r}: {part} must be a "
-                                 f"{'ropelens.cli.common.Command' if part == 'command' else 'SectionSpec'}, "
-                                 f"got {value!r}")
+                raise InputError(
+                    f"analysis {self.name!r}: {part} must be a "
+                    f"{'ropelens.cli.common.Command' if part == 'command' else 'SectionSpec'}, "
+                    f"got {value!r}"
+                )
 
 
 # every registered analysis by name, in registration order (which is the order of the CLI's commands and of the
@@ -81,16 +92,25 @@ def register_analysis(a: Analysis, *, before: str | None = None) -> Analysis:
         value = getattr(a, part)
         if value is None:
             continue
-        clash = [o.name for o in ANALYSES.values() if o.name != a.name and getattr(o, part) is not None
-                 and getattr(getattr(o, part), key) == getattr(value, key)]
+        clash = [
+            o.name
+            for o in ANALYSES.values()
+            if o.name != a.name
+            and getattr(o, part) is not None
+            and getattr(getattr(o, part), key) == getattr(value, key)
+        ]
         if clash:
-            raise InputError(f"analysis {a.name!r}: its {part} {getattr(value, key)!r} is already analysis "
-                             f"{clash[0]!r}'s: give it another name, or register it under {clash[0]!r} to replace it")
+            raise InputError(
+                f"analysis {a.name!r}: its {part} {getattr(value, key)!r} is already analysis "
+                f"{clash[0]!r}'s: give it another name, or register it under {clash[0]!r} to replace it"
+            )
     if a.name in ANALYSES or before is None:
         ANALYSES[a.name] = a
     else:
         if before not in ANALYSES:
-            raise InputError(f"no analysis {before!r} to register {a.name!r} before; registered: {list(ANALYSES)}")
+            raise InputError(
+                f"no analysis {before!r} to register {a.name!r} before; registered: {list(ANALYSES)}"
+            )
         items = list(ANALYSES.items())
         at = [n for n, _ in items].index(before)
         ANALYSES.clear()
@@ -119,4 +139,8 @@ def parts(kind: str, among: Iterable[Analysis] | None = None) -> list[Any]:
     """The registered commands (``kind="command"``) or report sections (``"section"``), in order."""
     if kind not in ("command", "section"):
         raise InputError(f"parts of an analysis are 'command' or 'section', got {kind!r}")
-    return [getattr(a, kind) for a in (analyses() if among is None else among) if getattr(a, kind) is not None]
+    return [
+        getattr(a, kind)
+        for a in (analyses() if among is None else among)
+        if getattr(a, kind) is not None
+    ]

@@ -46,8 +46,19 @@ from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.validate import check_number
 
-__all__ = ["CONDITIONS", "CopyCase", "RetrievalHeads", "ablate_head_planes", "argmax_keys", "copy_case",
-           "copy_scores", "lowest_planes", "random_planes", "retrieval_heads", "retrieval_scores"]
+__all__ = [
+    "CONDITIONS",
+    "CopyCase",
+    "RetrievalHeads",
+    "ablate_head_planes",
+    "argmax_keys",
+    "copy_case",
+    "copy_scores",
+    "lowest_planes",
+    "random_planes",
+    "retrieval_heads",
+    "retrieval_scores",
+]
 
 CONDITIONS = ("base", "lowest band", "random planes")
 RECALL_SEED_OFFSET = 1000  # recall passkeys are drawn under seed + this: held out from scoring
@@ -74,18 +85,25 @@ def copy_case(tokenizer: Any, prompt: PasskeyPrompt) -> CopyCase:
     n, m = len(ids), len(answer)
     starts = [o for o in range(prompt.needle_start, n - m + 1) if ids[o : o + m] == answer]
     if not starts:
-        raise InputError(f"the answer tokens of passkey {prompt.passkey} do not occur in the needle as tokenized "
-                         "in the prompt: this tokenizer splits the number differently in context")
+        raise InputError(
+            f"the answer tokens of passkey {prompt.passkey} do not occur in the needle as tokenized "
+            "in the prompt: this tokenizer splits the number differently in context"
+        )
     queries, sources = [], []
     for i, t in enumerate(answer):
         if any(c.isdigit() for c in tok.decode([t])):
             queries.append(n + i - 1)  # the position whose next-token prediction is answer[i]
             sources.append(tuple(o + i for o in starts))
-    return CopyCase(tokens=torch.tensor(ids + answer, dtype=torch.long), queries=tuple(queries),
-                    sources=tuple(sources))
+    return CopyCase(
+        tokens=torch.tensor(ids + answer, dtype=torch.long),
+        queries=tuple(queries),
+        sources=tuple(sources),
+    )
 
 
-def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> Int[Tensor, "layer head query"]:
+def argmax_keys(
+    model, tokens: Int[Tensor, " pos"], queries: Sequence[int]
+) -> Int[Tensor, "layer head query"]:
     """The most attended key of every head at each of ``queries``, from one eager forward over ``tokens``."""
     from ropelens.backends.sdpa_capture import attention_implementation, hf_decoder_layers, hf_view
     from ropelens.devices import device_of
@@ -93,8 +111,10 @@ def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> I
     hf = hf_view(model)
     blocks = hf_decoder_layers(hf)
     if blocks is None:
-        raise UnsupportedModelError(f"{type(hf).__name__} keeps its decoder layers elsewhere than model.layers: "
-                                    "retrieval scores need them")
+        raise UnsupportedModelError(
+            f"{type(hf).__name__} keeps its decoder layers elsewhere than model.layers: "
+            "retrieval scores need them"
+        )
     rows = torch.tensor(list(queries), dtype=torch.long)
     got: dict[int, Tensor] = {}
 
@@ -103,6 +123,7 @@ def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> I
             w = out[1] if isinstance(out, tuple) and len(out) > 1 else None
             if isinstance(w, Tensor) and w.ndim == 4:
                 got[i] = w[0][:, rows.to(w.device)].argmax(-1).cpu()
+
         return hook
 
     attns = [getattr(b, "self_attn", None) for b in blocks]
@@ -116,12 +137,16 @@ def argmax_keys(model, tokens: Int[Tensor, " pos"], queries: Sequence[int]) -> I
         for h in handles:
             h.remove()
     if len(got) != len(blocks):
-        raise UnsupportedModelError(f"{type(hf).__name__}: eager attention returned probabilities in "
-                                    f"{len(got)} of {len(blocks)} layers")
+        raise UnsupportedModelError(
+            f"{type(hf).__name__}: eager attention returned probabilities in "
+            f"{len(got)} of {len(blocks)} layers"
+        )
     return torch.stack([got[i] for i in range(len(blocks))])
 
 
-def copy_scores(argmax: Int[Tensor, "layer head query"], sources: Sequence[Sequence[int]]) -> Int[Tensor, "layer head"]:
+def copy_scores(
+    argmax: Int[Tensor, "layer head query"], sources: Sequence[Sequence[int]]
+) -> Int[Tensor, "layer head"]:
     """How many copy steps each head's argmax key lands on a source of the token being copied."""
     if argmax.shape[-1] != len(sources):
         raise InputError(f"{argmax.shape[-1]} argmax rows for {len(sources)} copy steps")
@@ -131,14 +156,21 @@ def copy_scores(argmax: Int[Tensor, "layer head query"], sources: Sequence[Seque
     return hits
 
 
-def retrieval_scores(model, lengths: Sequence[int] = (256, 512), depths: Sequence[float] = (0.25, 0.75),
-                     n_trials: int = 2, seed: int = 0) -> tuple[Float[Tensor, "layer head"], int]:
+def retrieval_scores(
+    model,
+    lengths: Sequence[int] = (256, 512),
+    depths: Sequence[float] = (0.25, 0.75),
+    n_trials: int = 2,
+    seed: int = 0,
+) -> tuple[Float[Tensor, "layer head"], int]:
     """Every head's retrieval score over the passkey grid, and the number of copy steps it averages."""
     hits, steps = None, 0
     for L in lengths:
         for d in depths:
             for t in range(n_trials):
-                case = copy_case(model.tokenizer, passkey_prompt(model.tokenizer, L, d, make_passkey(seed, t)))
+                case = copy_case(
+                    model.tokenizer, passkey_prompt(model.tokenizer, L, d, make_passkey(seed, t))
+                )
                 h = copy_scores(argmax_keys(model, case.tokens, case.queries), case.sources)
                 hits = h if hits is None else hits + h
                 steps += len(case.queries)
@@ -158,7 +190,9 @@ def lowest_planes(inv_freq: Tensor, fraction: float = 0.25) -> list[int]:
     return sorted(order[:k])
 
 
-def random_planes(n_planes: int, k: int, heads: Sequence[tuple[int, int]], seed: int) -> dict[tuple[int, int], list[int]]:
+def random_planes(
+    n_planes: int, k: int, heads: Sequence[tuple[int, int]], seed: int
+) -> dict[tuple[int, int], list[int]]:
     """``k`` of ``n_planes`` planes drawn without replacement for each head, one seeded generator in head order."""
     rng = np.random.default_rng(seed)
     return {hd: sorted(int(p) for p in rng.choice(n_planes, size=k, replace=False)) for hd in heads}
@@ -194,7 +228,9 @@ class RetrievalHeads(Result):
 
     def __post_init__(self) -> None:
         if set(self.recall) != set(CONDITIONS):
-            raise InputError(f"recall must hold the conditions {list(CONDITIONS)}, got {sorted(self.recall)}")
+            raise InputError(
+                f"recall must hold the conditions {list(CONDITIONS)}, got {sorted(self.recall)}"
+            )
 
     def n_retrieval(self) -> int:
         """Heads scoring at least the threshold."""
@@ -206,49 +242,95 @@ class RetrievalHeads(Result):
         for c in CONDITIONS:
             tf = self.recall[c].trials_frame()
             for L, g in tf.groupby("length"):
-                rows.append({"condition": c, "length": int(L), "n_trials": len(g), "recall": float(g["correct"].mean())})
+                rows.append(
+                    {
+                        "condition": c,
+                        "length": int(L),
+                        "n_trials": len(g),
+                        "recall": float(g["correct"].mean()),
+                    }
+                )
         return pd.DataFrame(rows)
 
     def heads_frame(self) -> pd.DataFrame:
         """One row per head: its score, and whether it was ablated."""
         chosen = set(self.heads)
-        return pd.DataFrame([{"layer": L, "head": h, "score": float(self.scores[L, h]), "ablated": (L, h) in chosen}
-                             for L in range(self.scores.shape[0]) for h in range(self.scores.shape[1])])
+        return pd.DataFrame(
+            [
+                {
+                    "layer": L,
+                    "head": h,
+                    "score": float(self.scores[L, h]),
+                    "ablated": (L, h) in chosen,
+                }
+                for L in range(self.scores.shape[0])
+                for h in range(self.scores.shape[1])
+            ]
+        )
 
     def findings(self) -> list[Finding]:
         """How many retrieval heads, and recall with their lowest band or random planes zeroed."""
         acc = {c: self.recall[c].mean_accuracy() for c in CONDITIONS}
-        top = ", ".join(f"{head_name(L, h)} {float(self.scores[L, h]):.2f}" for L, h in self.heads[:5])
+        top = ", ".join(
+            f"{head_name(L, h)} {float(self.scores[L, h]):.2f}" for L, h in self.heads[:5]
+        )
         n_planes = len(next(iter(self.band.values()), ()))
-        vals = {"n_retrieval": self.n_retrieval(), "n_heads": int(self.scores.numel()), "threshold": self.threshold,
-                "n_steps": self.n_steps, **{c.replace(" ", "_"): round(v, 3) for c, v in acc.items()}}
+        vals = {
+            "n_retrieval": self.n_retrieval(),
+            "n_heads": int(self.scores.numel()),
+            "threshold": self.threshold,
+            "n_steps": self.n_steps,
+            **{c.replace(" ", "_"): round(v, 3) for c, v in acc.items()},
+        }
         return [
-            Finding("retrieval-0", "retrieval-heads",
-                    f"{vals['n_retrieval']} of {vals['n_heads']} heads have a retrieval score ≥ {self.threshold:g} "
-                    f"over {self.n_steps} copy steps; the highest: {top}.", vals),
-            Finding("retrieval-1", "retrieval-heads",
-                    f"Zeroing the {n_planes} lowest-frequency planes in the top {len(self.heads)} heads takes passkey "
-                    f"recall from {acc['base']:.2f} to {acc['lowest band']:.2f}; {n_planes} random planes per head "
-                    f"leave {acc['random planes']:.2f}.", vals),
+            Finding(
+                "retrieval-0",
+                "retrieval-heads",
+                f"{vals['n_retrieval']} of {vals['n_heads']} heads have a retrieval score ≥ {self.threshold:g} "
+                f"over {self.n_steps} copy steps; the highest: {top}.",
+                vals,
+            ),
+            Finding(
+                "retrieval-1",
+                "retrieval-heads",
+                f"Zeroing the {n_planes} lowest-frequency planes in the top {len(self.heads)} heads takes passkey "
+                f"recall from {acc['base']:.2f} to {acc['lowest band']:.2f}; {n_planes} random planes per head "
+                f"leave {acc['random planes']:.2f}.",
+                vals,
+            ),
         ]
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
         def planes(d):
             return [[L, h, list(ps)] for (L, h), ps in d.items()]
-        return {"scores": self.scores.tolist(), "n_steps": self.n_steps, "threshold": self.threshold,
-                "heads": [list(hd) for hd in self.heads], "band": planes(self.band), "control": planes(self.control),
-                "recall": {c: r.to_dict() for c, r in self.recall.items()}, "provenance": self.provenance.to_dict()}
+
+        return {
+            "scores": self.scores.tolist(),
+            "n_steps": self.n_steps,
+            "threshold": self.threshold,
+            "heads": [list(hd) for hd in self.heads],
+            "band": planes(self.band),
+            "control": planes(self.control),
+            "recall": {c: r.to_dict() for c, r in self.recall.items()},
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RetrievalHeads:
         def planes(rows):
             return {(int(L), int(h)): tuple(ps) for L, h, ps in rows}
-        return cls(scores=torch.tensor(d["scores"], dtype=torch.float64), n_steps=int(d["n_steps"]),
-                   threshold=float(d["threshold"]), heads=tuple((int(L), int(h)) for L, h in d["heads"]),
-                   band=planes(d["band"]), control=planes(d["control"]),
-                   recall={c: PasskeyRetrieval.from_dict(r) for c, r in d["recall"].items()},
-                   provenance=Provenance.from_dict(d["provenance"]))
+
+        return cls(
+            scores=torch.tensor(d["scores"], dtype=torch.float64),
+            n_steps=int(d["n_steps"]),
+            threshold=float(d["threshold"]),
+            heads=tuple((int(L), int(h)) for L, h in d["heads"]),
+            band=planes(d["band"]),
+            control=planes(d["control"]),
+            recall={c: PasskeyRetrieval.from_dict(r) for c, r in d["recall"].items()},
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
 
     def _repr_text(self) -> str:
         return f"RetrievalHeads({self.provenance.model}, {self.n_retrieval()} retrieval heads)"
@@ -275,42 +357,83 @@ def retrieval_heads(
 
     top_k = check_number(top_k, "top_k", at_least=1, integer=True, hint=" (heads to ablate)")
     threshold = check_number(threshold, "threshold", at_least=0, at_most=1)
-    fraction = check_number(fraction, "fraction", at_least=0, at_most=1, hint=" (0.25 = Bayram's 32 of 128 dims)")
+    fraction = check_number(
+        fraction, "fraction", at_least=0, at_most=1, hint=" (0.25 = Bayram's 32 of 128 dims)"
+    )
     n_trials = check_number(n_trials, "n_trials", at_least=1, integer=True)
     seed = check_number(seed, "seed", integer=True)
     if getattr(model, "tokenizer", None) is None:
-        raise InputError(f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model")
+        raise InputError(
+            f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"
+        )
     t0 = time.perf_counter()
     spec = rope_spec(model)
-    verified = verification(model, spec, verify=verify)  # the ablations zero the spec's planes: prove its reading first
+    verified = verification(
+        model, spec, verify=verify
+    )  # the ablations zero the spec's planes: prove its reading first
     scores, steps = retrieval_scores(model, lengths, depths, n_trials, seed)
     rotary = set(spec.rotary_layers)
-    ranked = sorted(((float(scores[L, h]), L, h) for L in rotary for h in range(scores.shape[1])),
-                    key=lambda x: (-x[0], x[1], x[2]))
-    top_k = min(top_k, len(ranked))  # past the model's rotary heads: all of them, and the provenance says so
+    ranked = sorted(
+        ((float(scores[L, h]), L, h) for L in rotary for h in range(scores.shape[1])),
+        key=lambda x: (-x[0], x[1], x[2]),
+    )
+    top_k = min(
+        top_k, len(ranked)
+    )  # past the model's rotary heads: all of them, and the provenance says so
     heads = tuple((L, h) for _, L, h in ranked[:top_k])
     band = {(L, h): tuple(lowest_planes(spec[L].inv_freq, fraction)) for L, h in heads}
     counts = {len(v) for v in band.values()}
     if len(counts) != 1 or len({spec[L].n_planes for L, _ in heads}) != 1:
-        raise UnsupportedModelError("the ablated heads have different plane counts: ropelens's random control "
-                                    "draws one count from one plane range")
+        raise UnsupportedModelError(
+            "the ablated heads have different plane counts: ropelens's random control "
+            "draws one count from one plane range"
+        )
     k, n_planes = counts.pop(), spec[heads[0][0]].n_planes
     control = {hd: tuple(ps) for hd, ps in random_planes(n_planes, k, heads, seed).items()}
     kw = {"n_trials": n_trials, "seed": seed + RECALL_SEED_OFFSET, "progress": progress}
     recall = {"base": passkey_retrieval(model, list(lengths), list(depths), **kw)}
     with ablate_head_planes(model, band):
-        recall["lowest band"] = passkey_retrieval(model, list(lengths), list(depths), **kw,
-                                                  note=f"lowest {k} planes zeroed in {len(heads)} retrieval heads")
+        recall["lowest band"] = passkey_retrieval(
+            model,
+            list(lengths),
+            list(depths),
+            **kw,
+            note=f"lowest {k} planes zeroed in {len(heads)} retrieval heads",
+        )
     with ablate_head_planes(model, control):
-        recall["random planes"] = passkey_retrieval(model, list(lengths), list(depths), **kw,
-                                                    note=f"{k} random planes zeroed in {len(heads)} retrieval heads")
-    prov = Provenance(model=model_label(model), corpus="passkey filler", n_tokens=steps, n_windows=None,
-                      n_ctx=max(lengths),
-                      config={"lengths": list(lengths), "depths": list(depths), "n_trials": n_trials, "seed": seed,
-                              "top_k": top_k, "threshold": threshold, "fraction": fraction,
-                              "score": "teacher-forced argmax on eager HF attention",
-                              "verification": verified.to_dict()},
-                      seconds=time.perf_counter() - t0)
-    return RetrievalHeads(scores=scores, n_steps=steps, threshold=threshold, heads=heads, band=band, control=control,
-                          recall=recall, provenance=prov)
-
+        recall["random planes"] = passkey_retrieval(
+            model,
+            list(lengths),
+            list(depths),
+            **kw,
+            note=f"{k} random planes zeroed in {len(heads)} retrieval heads",
+        )
+    prov = Provenance(
+        model=model_label(model),
+        corpus="passkey filler",
+        n_tokens=steps,
+        n_windows=None,
+        n_ctx=max(lengths),
+        config={
+            "lengths": list(lengths),
+            "depths": list(depths),
+            "n_trials": n_trials,
+            "seed": seed,
+            "top_k": top_k,
+            "threshold": threshold,
+            "fraction": fraction,
+            "score": "teacher-forced argmax on eager HF attention",
+            "verification": verified.to_dict(),
+        },
+        seconds=time.perf_counter() - t0,
+    )
+    return RetrievalHeads(
+        scores=scores,
+        n_steps=steps,
+        threshold=threshold,
+        heads=heads,
+        band=band,
+        control=control,
+        recall=recall,
+        provenance=prov,
+    )

@@ -45,7 +45,13 @@ from ropelens.run.capture import DeviceSums, LayerActs, Moments, query_tile
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.rope import LayerRope, RopeSpec
 
-__all__ = ["OffsetReducer", "RotaryOffsets", "layer_train_ctx", "partial_cycle_planes", "rotary_offsets"]
+__all__ = [
+    "OffsetReducer",
+    "RotaryOffsets",
+    "layer_train_ctx",
+    "partial_cycle_planes",
+    "rotary_offsets",
+]
 
 Source = Literal["post", "pre"]
 Scope = Literal["all", "sink", "content"]
@@ -61,12 +67,15 @@ def layer_train_ctx(rope: LayerRope, train_ctx: int) -> int:
 def _train_ctx(spec: RopeSpec, train_ctx: int | None) -> int:
     t = spec.n_ctx if train_ctx is None else train_ctx
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t <= 0:
-        raise InputError(f"train_ctx must be a positive int (the trained context length in tokens), got {t!r}")
+        raise InputError(
+            f"train_ctx must be a positive int (the trained context length in tokens), got {t!r}"
+        )
     return int(t)
 
 
-def partial_cycle_planes(spec: RopeSpec, layers: Sequence[int] | None = None, *,
-                         train_ctx: int | None = None) -> Bool[Tensor, "layer plane"]:
+def partial_cycle_planes(
+    spec: RopeSpec, layers: Sequence[int] | None = None, *, train_ctx: int | None = None
+) -> Bool[Tensor, "layer plane"]:
     """``[layer, plane]``: True where θ_i·L_train < 2π (the plane never completes a turn in training).
 
     L_train is ``train_ctx`` (default the spec's context length), capped at a sliding window.
@@ -90,7 +99,9 @@ def _median_of_others(x: Float[Tensor, "... plane"]) -> Float[Tensor, "... plane
     out = torch.empty_like(x)
     for i in range(P):
         others = torch.cat([x[..., :i], x[..., i + 1 :]], dim=-1)
-        out[..., i] = others.nanmedian(dim=-1).values  # NaN: planes a layer lacks (layers of other widths)
+        out[..., i] = others.nanmedian(
+            dim=-1
+        ).values  # NaN: planes a layer lacks (layers of other widths)
     return out
 
 
@@ -106,13 +117,30 @@ class OffsetReducer(DeviceSums):
 
     static_mask = "rotary offsets"  # masks built from positions: refused where the model picks keys from the input
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], *, n_sink: int = 1, pre: bool = True,
-                 tile: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: RopeSpec,
+        layers: Sequence[int],
+        *,
+        n_sink: int = 1,
+        pre: bool = True,
+        tile: int | None = None,
+    ) -> None:
         if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
-            raise InputError(f"n_sink must be an int ≥ 0 (leading sink positions, 1 = BOS), got {n_sink!r}")
+            raise InputError(
+                f"n_sink must be an int ≥ 0 (leading sink positions, 1 = BOS), got {n_sink!r}"
+            )
         if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
-            raise InputError(f"tile must be a positive number of queries or None for automatic, got {tile!r}")
-        self.spec, self.layers, self.n_sink, self.pre, self.tile = spec, list(layers), n_sink, pre, tile
+            raise InputError(
+                f"tile must be a positive number of queries or None for automatic, got {tile!r}"
+            )
+        self.spec, self.layers, self.n_sink, self.pre, self.tile = (
+            spec,
+            list(layers),
+            n_sink,
+            pre,
+            tile,
+        )
         if not self.layers:
             raise InputError("no layers selected: pass layer indices the model has")
         self.needs = frozenset({"q_post", "k_post"} | ({"q_pre", "k_pre"} if pre else set()))
@@ -130,8 +158,11 @@ class OffsetReducer(DeviceSums):
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every running sum by name, the q and k norm moments with them (the tensors themselves)."""
-        norms = {f"{w}_norm/{f}": getattr(m, f) for w, m in (("q", self.q), ("k", self.k))
-                 for f in ("count", "total", "total_sq")}
+        norms = {
+            f"{w}_norm/{f}": getattr(m, f)
+            for w, m in (("q", self.q), ("k", self.k))
+            for f in ("count", "total", "total_sq")
+        }
         return {**self.sums, **norms}
 
     @torch.no_grad()
@@ -147,8 +178,11 @@ class OffsetReducer(DeviceSums):
         pos = torch.arange(n, device=dev)
         valid = acts.valid.to(dev)
         keep = (valid & (pos >= self.n_sink)[None]).float()  # [b, n] tokens that count
+
         # per-window sums in float32 (≤ n_ctx terms), accumulated across windows in float64
-        win = lambda x: x.to(dt).sum(0).to(here)  # noqa: E731
+        def win(x):
+            return x.to(dt).sum(0).to(here)
+
         P = rope.n_planes  # a layer narrower than the widest adds into its leading heads and planes
         for mom, x in ((self.q, q_post), (self.k, k_post)):
             norms = rope.plane_norms(x) / rope.attention_scaling  # cos/sin carry the scaling
@@ -172,27 +206,39 @@ class OffsetReducer(DeviceSums):
                     self.sums[key][i, :H, :P] += win(t[:, j])
 
     @staticmethod
-    def _angles(rope: LayerRope, q: Tensor, k: Tensor, att: Tensor, w: Tensor, term: bool = False) -> dict[str, Tensor]:
+    def _angles(
+        rope: LayerRope, q: Tensor, k: Tensor, att: Tensor, w: Tensor, term: bool = False
+    ) -> dict[str, Tensor]:
         """Per window and scope, ``[b, scope, head, plane]``: the count and summed cos and sin of the
         q→k angle per plane at the attended keys (weights ``w`` ``[b, n, head, scope]``) and, with
         ``term``, the summed plane logit there."""
         b, n, H, d = q.shape
         kv = (torch.arange(H, device=q.device) // rope.group_size)[None, None].expand(b, n, H)
-        ka = k[torch.arange(b, device=q.device)[:, None, None], att, kv]  # [b, n, H, d]: attended key per head
+        ka = k[
+            torch.arange(b, device=q.device)[:, None, None], att, kv
+        ]  # [b, n, H, d]: attended key per head
         qp, kp = rope.split(q), rope.split(ka)  # [b, n, H, P, 2]
         dot = (qp * kp).sum(-1)
         cross = qp[..., 0] * kp[..., 1] - qp[..., 1] * kp[..., 0]
         norm = rope.plane_norms(q) * rope.plane_norms(ka)
         ok = (norm > 0).float()
         inv = ok / norm.clamp_min(torch.finfo(torch.float32).tiny)
-        red = lambda x: torch.einsum("bnhp,bnhs->bshp", x, w)  # noqa: E731
+
+        def red(x):
+            return torch.einsum("bnhp,bnhs->bshp", x, w)
+
         out = {"count": red(ok), "cos": red(dot * inv), "sin": red(cross * inv)}
         if term:  # the plane's logit at the attended key
             out["term"] = red(dot * rope.score_scale)
         return out
 
-    def attended(self, rope: LayerRope, q_post: Float[Tensor, "b n h d"], k_post: Float[Tensor, "b n kv d"],
-                 valid: Bool[Tensor, "b n"]) -> Tensor:
+    def attended(
+        self,
+        rope: LayerRope,
+        q_post: Float[Tensor, "b n h d"],
+        k_post: Float[Tensor, "b n kv d"],
+        valid: Bool[Tensor, "b n"],
+    ) -> Tensor:
         """``[b, n, head]``: the key each query attends most (argmax of the model's scores; ties go to
         the earlier key), rebuilt from post-RoPE q·k × score scale with the layer's mask and soft-capping."""
         b, n, H, d = q_post.shape
@@ -204,7 +250,9 @@ class OffsetReducer(DeviceSums):
             c1 = min(n, c0 + tile)
             k0 = max(0, c0 - rope.window + 1) if rope.window else 0
             s = torch.einsum("bckgd,bjkd->bkgcj", qg[:, c0:c1], k_post[:, k0:c1])
-            if rope.softcap:  # the model's pattern is taken after soft-capping (tanh can tie what differed)
+            if (
+                rope.softcap
+            ):  # the model's pattern is taken after soft-capping (tanh can tie what differed)
                 s = torch.tanh(s / rope.softcap) * rope.softcap
             qp = torch.arange(c0, c1, device=s.device)[:, None]
             kp = torch.arange(k0, c1, device=s.device)[None]
@@ -218,14 +266,22 @@ class OffsetReducer(DeviceSums):
 
     def result(self, provenance: Provenance, train_ctx: int | None = None) -> RotaryOffsets:
         """The streamed sums as :class:`RotaryOffsets`."""
-        return RotaryOffsets(layers=tuple(self.layers), spec=self.spec, train_ctx=_train_ctx(self.spec, train_ctx),
-                             n_sink=self.n_sink, q=self.q.to("cpu", torch.float64), k=self.k.to("cpu", torch.float64),
-                             sums={k: v.to("cpu", torch.float64) for k, v in self.sums.items()}, provenance=provenance)
+        return RotaryOffsets(
+            layers=tuple(self.layers),
+            spec=self.spec,
+            train_ctx=_train_ctx(self.spec, train_ctx),
+            n_sink=self.n_sink,
+            q=self.q.to("cpu", torch.float64),
+            k=self.k.to("cpu", torch.float64),
+            sums={k: v.to("cpu", torch.float64) for k, v in self.sums.items()},
+            provenance=provenance,
+        )
 
 
 @dataclass(frozen=True)
-class RotaryOffsets(Result, merge_same=("layers", "n_sink", "train_ctx", "spec"),
-                    merge_sums=("q", "k", "sums")):
+class RotaryOffsets(
+    Result, merge_same=("layers", "n_sink", "train_ctx", "spec"), merge_sums=("q", "k", "sums")
+):
     """Per layer × head × plane: q/k plane norms and the q–k angle at the attended key; highest frequency first.
 
     ``q`` moments are ``[layer, head, plane]``, ``k`` moments ``[layer, kv_head, plane]``. ``sums``
@@ -250,8 +306,10 @@ class RotaryOffsets(Result, merge_same=("layers", "n_sink", "train_ctx", "spec")
         L, H, P = self.spec.present(self.layers, "head", "plane").shape
         KV = self.spec.present(self.layers, "kv_head").shape[1]
         if tuple(self.q.total.shape) != (L, H, P) or tuple(self.k.total.shape) != (L, KV, P):
-            raise InputError(f"q moments {tuple(self.q.total.shape)} and k moments {tuple(self.k.total.shape)} "
-                             f"must be {(L, H, P)} and {(L, KV, P)}: [layer, head, plane]")
+            raise InputError(
+                f"q moments {tuple(self.q.total.shape)} and k moments {tuple(self.k.total.shape)} "
+                f"must be {(L, H, P)} and {(L, KV, P)}: [layer, head, plane]"
+            )
         for key, t in self.sums.items():
             want = (L, H) if key.startswith("n/") else (L, H, P)
             if tuple(t.shape) != want:
@@ -289,32 +347,50 @@ class RotaryOffsets(Result, merge_same=("layers", "n_sink", "train_ctx", "spec")
         """A KV-head statistic as seen by each query head (query head h reads KV head h // group, the group of
         its own layer; NaN for heads a layer lacks)."""
         H = self.q.total.shape[1]
-        kv = torch.stack([(torch.arange(H) // self.spec.layers[L].group_size).clamp_max(x.shape[1] - 1)
-                          for L in self.layers])  # [L, H]
+        kv = torch.stack(
+            [
+                (torch.arange(H) // self.spec.layers[L].group_size).clamp_max(x.shape[1] - 1)
+                for L in self.layers
+            ]
+        )  # [L, H]
         out = x.gather(1, kv[..., None].expand(-1, -1, x.shape[-1]))
         return out.masked_fill(~self.present(), math.nan)
 
     def _scoped(self, key: str, scope: Scope) -> Tensor:
         if scope not in ("all", *SCOPES):
             raise InputError(f"scope must be 'all', 'sink' or 'content', got {scope!r}")
-        return sum(self.sums[key.format(sc)] for sc in SCOPES) if scope == "all" else self.sums[key.format(scope)]
+        return (
+            sum(self.sums[key.format(sc)] for sc in SCOPES)
+            if scope == "all"
+            else self.sums[key.format(scope)]
+        )
 
-    def resultant(self, source: Source = "post", scope: Scope = "all") -> Float[Tensor, "layer head plane 2"]:
+    def resultant(
+        self, source: Source = "post", scope: Scope = "all"
+    ) -> Float[Tensor, "layer head plane 2"]:
         """Mean resultant vector (mean cos, mean sin) of the q→k angle at the attended key."""
         if source not in SOURCES or (source == "pre" and not self.has_pre):
-            raise InputError(f"source must be 'post' or 'pre' (pre only when measured with pre=True), got {source!r}")
+            raise InputError(
+                f"source must be 'post' or 'pre' (pre only when measured with pre=True), got {source!r}"
+            )
         n = self._scoped(f"{source}/{{}}/count", scope)
         c, s = self._scoped(f"{source}/{{}}/cos", scope), self._scoped(f"{source}/{{}}/sin", scope)
         nan = torch.full_like(n, math.nan)
         ok = n > 0
-        return torch.stack([torch.where(ok, c / n.clamp_min(1), nan), torch.where(ok, s / n.clamp_min(1), nan)], -1)
+        return torch.stack(
+            [torch.where(ok, c / n.clamp_min(1), nan), torch.where(ok, s / n.clamp_min(1), nan)], -1
+        )
 
-    def mean_angle(self, source: Source = "post", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
+    def mean_angle(
+        self, source: Source = "post", scope: Scope = "all"
+    ) -> Float[Tensor, "layer head plane"]:
         """Circular mean of the q→k angle at the attended key, radians in (−π, π]."""
         r = self.resultant(source, scope)
         return torch.atan2(r[..., 1], r[..., 0])
 
-    def resultant_length(self, source: Source = "post", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
+    def resultant_length(
+        self, source: Source = "post", scope: Scope = "all"
+    ) -> Float[Tensor, "layer head plane"]:
         """Length R ∈ [0, 1] of the mean resultant vector: 1 = one fixed angle, ≈ 0 = no preferred angle."""
         return torch.linalg.vector_norm(self.resultant(source, scope), dim=-1)
 
@@ -331,8 +407,17 @@ class RotaryOffsets(Result, merge_same=("layers", "n_sink", "train_ctx", "spec")
     def summary(self) -> pd.DataFrame:
         """Partial-cycle planes against the others: medians over (layer, head, plane) entries."""
         df = self.to_frame()
-        cols = ["q_ratio", "k_ratio", "q_norm", "k_norm", "resultant_post", "resultant_post_sink",
-                "resultant_post_content", "abs_angle_post", "mean_term"]
+        cols = [
+            "q_ratio",
+            "k_ratio",
+            "q_norm",
+            "k_norm",
+            "resultant_post",
+            "resultant_post_sink",
+            "resultant_post_content",
+            "abs_angle_post",
+            "mean_term",
+        ]
         df = df.assign(abs_angle_post=df["angle_post"].abs())
         out = df.groupby("partial_cycle")[cols].median()
         out.insert(0, "entries", df.groupby("partial_cycle").size())
@@ -343,21 +428,36 @@ class RotaryOffsets(Result, merge_same=("layers", "n_sink", "train_ctx", "spec")
         """Tidy table: one row per (layer, head, plane) of the layer's own heads and planes; k columns are the
         head's KV head."""
         L, H, P = self.q.total.shape
-        layer, head, plane = np.meshgrid(np.array(self.layers), np.arange(H), np.arange(P), indexing="ij")
-        flat = lambda t: t.double().reshape(-1).numpy()  # noqa: E731
-        per_lp = lambda t: flat(t[:, None, :].expand(L, H, P))  # noqa: E731
+        layer, head, plane = np.meshgrid(
+            np.array(self.layers), np.arange(H), np.arange(P), indexing="ij"
+        )
+
+        def flat(t):
+            return t.double().reshape(-1).numpy()
+
+        def per_lp(t):
+            return flat(t[:, None, :].expand(L, H, P))
+
         inv = torch.full((L, P), math.nan, dtype=torch.float64)
         for j, i in enumerate(self.layers):
             inv[j, : self.spec.layers[i].n_planes] = self.spec.layers[i].inv_freq.double()
         group = np.repeat([self.spec.layers[i].group_size for i in self.layers], H * P)
         cols = {
-            "layer": layer.ravel(), "kind": np.repeat([self.spec.layers[i].kind for i in self.layers], H * P),
-            "head": head.ravel(), "kv_head": head.ravel() // group, "plane": plane.ravel(),
-            "inv_freq": per_lp(inv), "wavelength": per_lp(2 * math.pi / inv),
-            "train_ctx": np.repeat([layer_train_ctx(self.spec.layers[i], self.train_ctx) for i in self.layers], H * P),
+            "layer": layer.ravel(),
+            "kind": np.repeat([self.spec.layers[i].kind for i in self.layers], H * P),
+            "head": head.ravel(),
+            "kv_head": head.ravel() // group,
+            "plane": plane.ravel(),
+            "inv_freq": per_lp(inv),
+            "wavelength": per_lp(2 * math.pi / inv),
+            "train_ctx": np.repeat(
+                [layer_train_ctx(self.spec.layers[i], self.train_ctx) for i in self.layers], H * P
+            ),
             "partial_cycle": per_lp(self.partial_cycle).astype(bool),
-            "q_norm": flat(self.norm("q")), "k_norm": flat(self.by_head(self.norm("k"))),
-            "q_ratio": flat(self.outlier_ratio("q")), "k_ratio": flat(self.by_head(self.outlier_ratio("k"))),
+            "q_norm": flat(self.norm("q")),
+            "k_norm": flat(self.by_head(self.norm("k"))),
+            "q_ratio": flat(self.outlier_ratio("q")),
+            "k_ratio": flat(self.by_head(self.outlier_ratio("k"))),
         }
         for src in SOURCES if self.has_pre else ("post",):
             for sc in ("all", *SCOPES):
@@ -371,19 +471,34 @@ class RotaryOffsets(Result, merge_same=("layers", "n_sink", "train_ctx", "spec")
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "spec": self.spec.to_dict(),
-                "train_ctx": self.train_ctx, "n_sink": self.n_sink, "q": self.q.to_dict(), "k": self.k.to_dict(),
-                "sums": {k: v.tolist() for k, v in self.sums.items()}, "provenance": self.provenance.to_dict()}
+        return {
+            "layers": list(self.layers),
+            "spec": self.spec.to_dict(),
+            "train_ctx": self.train_ctx,
+            "n_sink": self.n_sink,
+            "q": self.q.to_dict(),
+            "k": self.k.to_dict(),
+            "sums": {k: v.tolist() for k, v in self.sums.items()},
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RotaryOffsets:
-        return cls(layers=tuple(d["layers"]), spec=RopeSpec.from_dict(d["spec"]), train_ctx=int(d["train_ctx"]),
-                   n_sink=int(d["n_sink"]), q=Moments.from_dict(d["q"]), k=Moments.from_dict(d["k"]),
-                   sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-                   provenance=Provenance.from_dict(d["provenance"]))
+        return cls(
+            layers=tuple(d["layers"]),
+            spec=RopeSpec.from_dict(d["spec"]),
+            train_ctx=int(d["train_ctx"]),
+            n_sink=int(d["n_sink"]),
+            q=Moments.from_dict(d["q"]),
+            k=Moments.from_dict(d["k"]),
+            sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
 
     # ---------------------------------------------------------------- figures (drawn by ropelens.plots.rotary_offsets)
-    def heatmap(self, what: str = "q_ratio", layer: int | None = None, coloraxis: str | None = None) -> Any:
+    def heatmap(
+        self, what: str = "q_ratio", layer: int | None = None, coloraxis: str | None = None
+    ) -> Any:
         """Layer × plane (head mean) or, for ``layer``, head × plane of one statistic:
         ``q_ratio``, ``k_ratio``, ``resultant_post``, ``resultant_pre`` or ``mean_term``."""
         return figure_of(RotaryOffsets, "heatmap")(self, what, layer, coloraxis)
@@ -415,7 +530,13 @@ def rotary_offsets(
 
     spec = rope_spec(model)  # read once: train_ctx needs it before the run
     t = _train_ctx(spec, train_ctx)
-    m = measure(model, corpus, lambda spec, chosen, _: OffsetReducer(spec, chosen, n_sink=n_sink, pre=pre),
-                run, analysis="rotary offsets", config={"n_sink": n_sink, "train_ctx": t, "pre": pre}, spec=spec)
+    m = measure(
+        model,
+        corpus,
+        lambda spec, chosen, _: OffsetReducer(spec, chosen, n_sink=n_sink, pre=pre),
+        run,
+        analysis="rotary offsets",
+        config={"n_sink": n_sink, "train_ctx": t, "pre": pre},
+        spec=spec,
+    )
     return m.reducer.result(m.provenance, t)
-

@@ -41,7 +41,15 @@ from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 
-__all__ = ["ANALYSES", "STRUCTURES", "Checkpoint", "Structure", "Trajectory", "resolve_checkpoints", "trajectory"]
+__all__ = [
+    "ANALYSES",
+    "STRUCTURES",
+    "Checkpoint",
+    "Structure",
+    "Trajectory",
+    "resolve_checkpoints",
+    "trajectory",
+]
 
 ANALYSES = ("bands", "sinks", "massive", "heads")
 COLUMNS = ("step", "checkpoint", "analysis", "metric", "layer", "value")
@@ -59,14 +67,34 @@ class Structure:
 
 
 STRUCTURES: tuple[Structure, ...] = (
-    Structure("high-norm band", "bands", "band_prominence", 2.0,
-              "the peak plane's mean query norm is at least 2× the median plane's (median over layers)"),
-    Structure("attention sinks", "sinks", "sink_head_share", 0.25,
-              "at least a quarter of all heads pay position 0 more than ε of their attention on average"),
-    Structure("massive values", "massive", "massive_dims", 1.0,
-              "at least one query dimension's norm exceeds 5× its head's mean dimension norm"),
-    Structure("positional heads", "heads", "positional_heads", 1.0,
-              "at least one head puts ≥ τ of its attention on one fixed offset on text and on random tokens"),
+    Structure(
+        "high-norm band",
+        "bands",
+        "band_prominence",
+        2.0,
+        "the peak plane's mean query norm is at least 2× the median plane's (median over layers)",
+    ),
+    Structure(
+        "attention sinks",
+        "sinks",
+        "sink_head_share",
+        0.25,
+        "at least a quarter of all heads pay position 0 more than ε of their attention on average",
+    ),
+    Structure(
+        "massive values",
+        "massive",
+        "massive_dims",
+        1.0,
+        "at least one query dimension's norm exceeds 5× its head's mean dimension norm",
+    ),
+    Structure(
+        "positional heads",
+        "heads",
+        "positional_heads",
+        1.0,
+        "at least one head puts ≥ τ of its attention on one fixed offset on text and on random tokens",
+    ),
 )
 
 
@@ -100,7 +128,9 @@ class Trajectory(Result):
             raise InputError(f"unknown analyses {unknown}: choose from {', '.join(ANALYSES)}")
         steps = [c.step for c in self.checkpoints]
         if steps != sorted(set(steps)):
-            raise InputError(f"checkpoints must have distinct steps in increasing order, got {steps}")
+            raise InputError(
+                f"checkpoints must have distinct steps in increasing order, got {steps}"
+            )
 
     @property
     def steps(self) -> list[int]:
@@ -116,8 +146,10 @@ class Trajectory(Result):
         df = self.to_frame()
         sel = df[(df["metric"] == metric) & (df["layer"] == layer)]
         if sel.empty:
-            raise InputError(f"no {metric!r} at layer {layer} in this trajectory: its metrics are "
-                             f"{sorted(df['metric'].unique())}")
+            raise InputError(
+                f"no {metric!r} at layer {layer} in this trajectory: its metrics are "
+                f"{sorted(df['metric'].unique())}"
+            )
         return sel.set_index("step")["value"].sort_index()
 
     def emergence(self, thresholds: dict[str, float] | None = None) -> pd.DataFrame:
@@ -141,10 +173,21 @@ class Trajectory(Result):
                 if all(above[i:]):
                     at = int(v.index[i])
                     break
-            rows.append({"structure": s.name, "metric": s.metric, "threshold": level, "step": at,
-                         "value_then": None if at is None else float(v.loc[at]),
-                         "first": float(v.iloc[0]), "last": float(v.iloc[-1])})
-        df = pd.DataFrame(rows, columns=["structure", "metric", "threshold", "step", "value_then", "first", "last"])
+            rows.append(
+                {
+                    "structure": s.name,
+                    "metric": s.metric,
+                    "threshold": level,
+                    "step": at,
+                    "value_then": None if at is None else float(v.loc[at]),
+                    "first": float(v.iloc[0]),
+                    "last": float(v.iloc[-1]),
+                }
+            )
+        df = pd.DataFrame(
+            rows,
+            columns=["structure", "metric", "threshold", "step", "value_then", "first", "last"],
+        )
         df["step"] = df["step"].astype("Int64")  # None stays missing, steps stay integers
         return df
 
@@ -154,61 +197,95 @@ class Trajectory(Result):
         lo, hi = self.steps[0], self.steps[-1]
         for r in self.emergence().to_dict("records"):
             step = None if pd.isna(r["step"]) else int(r["step"])
-            when = f"appears at step {step:,}" if step is not None else f"has not appeared by step {hi:,}"
-            text = (f"{r['structure'].capitalize()} ({r['metric']} ≥ {r['threshold']:g}): {when}; "
-                    f"{r['metric']} is {r['first']:.3g} at step {lo:,} and {r['last']:.3g} at step {hi:,}.")
+            when = (
+                f"appears at step {step:,}"
+                if step is not None
+                else f"has not appeared by step {hi:,}"
+            )
+            text = (
+                f"{r['structure'].capitalize()} ({r['metric']} ≥ {r['threshold']:g}): {when}; "
+                f"{r['metric']} is {r['first']:.3g} at step {lo:,} and {r['last']:.3g} at step {hi:,}."
+            )
             values = {**r, "step": step, "value_then": None if step is None else r["value_then"]}
             out.append(Finding(f"emergence_{r['metric']}", "trajectory", text, values))
         return out
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"columns": list(COLUMNS), "records": [list(r) for r in self.records],
-                "checkpoints": [asdict(c) for c in self.checkpoints], "analyses": list(self.analyses),
-                "structures": [asdict(s) for s in self.structures], "seconds": list(self.seconds),
-                "provenance": self.provenance.to_dict()}
+        return {
+            "columns": list(COLUMNS),
+            "records": [list(r) for r in self.records],
+            "checkpoints": [asdict(c) for c in self.checkpoints],
+            "analyses": list(self.analyses),
+            "structures": [asdict(s) for s in self.structures],
+            "seconds": list(self.seconds),
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
-        recs = tuple((int(s), str(c), str(a), str(m), int(layer), float(v)) for s, c, a, m, layer, v in d["records"])
-        return cls(records=recs, checkpoints=tuple(Checkpoint(**c) for c in d["checkpoints"]),
-                   analyses=tuple(d["analyses"]), structures=tuple(Structure(**s) for s in d["structures"]),
-                   provenance=Provenance.from_dict(d["provenance"]), seconds=tuple(d.get("seconds", ())))
+        recs = tuple(
+            (int(s), str(c), str(a), str(m), int(layer), float(v))
+            for s, c, a, m, layer, v in d["records"]
+        )
+        return cls(
+            records=recs,
+            checkpoints=tuple(Checkpoint(**c) for c in d["checkpoints"]),
+            analyses=tuple(d["analyses"]),
+            structures=tuple(Structure(**s) for s in d["structures"]),
+            provenance=Provenance.from_dict(d["provenance"]),
+            seconds=tuple(d.get("seconds", ())),
+        )
 
 
 # ------------------------------------------------------------------------------------------------
 # the checkpoints
 # ------------------------------------------------------------------------------------------------
-def resolve_checkpoints(checkpoints: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
-                        revisions: Sequence[str] | None = None,
-                        steps: Sequence[int] | None = None) -> list[Checkpoint]:
+def resolve_checkpoints(
+    checkpoints: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    revisions: Sequence[str] | None = None,
+    steps: Sequence[int] | None = None,
+) -> list[Checkpoint]:
     """The checkpoints, sorted by step: directories (step from ``steps``, the ``step-N`` name or the saved
     training info), or one hub id at each of ``revisions`` (step from ``steps`` or the revision's name)."""
     items = [checkpoints] if isinstance(checkpoints, str | os.PathLike) else list(checkpoints)
     if not items:
-        raise InputError("no checkpoints given: pass checkpoint directories (step-N/, as ropelens.training.train "
-                         "saves them) or one hub id with revisions")
+        raise InputError(
+            "no checkpoints given: pass checkpoint directories (step-N/, as ropelens.training.train "
+            "saves them) or one hub id with revisions"
+        )
     names = [os.fspath(c) for c in items]
     if revisions is not None:
         revisions = list(revisions)
         if not revisions:
-            raise InputError("revisions is empty: pass the hub revisions to measure (e.g. step1000 step8000)")
+            raise InputError(
+                "revisions is empty: pass the hub revisions to measure (e.g. step1000 step8000)"
+            )
         if len(names) != 1:
-            raise InputError(f"revisions go with one hub id, got {len(names)} checkpoints: pass one owner/name")
+            raise InputError(
+                f"revisions go with one hub id, got {len(names)} checkpoints: pass one owner/name"
+            )
         if Path(names[0]).expanduser().exists() or names[0].startswith((".", "/", "~")):
-            raise InputError(f"revisions given with the local path {names[0]!r}: a revision picks a version of a hub "
-                             "repository; pass the checkpoint directories themselves instead")
+            raise InputError(
+                f"revisions given with the local path {names[0]!r}: a revision picks a version of a hub "
+                "repository; pass the checkpoint directories themselves instead"
+            )
         sources = [(names[0], r) for r in revisions]
     else:
         for n in names:
             p = Path(n).expanduser()
             if not p.is_dir():
                 what = "is not a directory" if p.exists() else "does not exist"
-                raise InputError(f"checkpoint {n} {what}: pass checkpoint directories (config.json + weights), or "
-                                 "one hub id with revisions")
+                raise InputError(
+                    f"checkpoint {n} {what}: pass checkpoint directories (config.json + weights), or "
+                    "one hub id with revisions"
+                )
         sources = [(n, None) for n in names]
     if steps is not None and len(list(steps)) != len(sources):
-        raise InputError(f"{len(list(steps))} steps given for {len(sources)} checkpoints: give one step per checkpoint")
+        raise InputError(
+            f"{len(list(steps))} steps given for {len(sources)} checkpoints: give one step per checkpoint"
+        )
     out = []
     for i, (src, rev) in enumerate(sources):
         step = int(list(steps)[i]) if steps is not None else _step(src, rev)
@@ -217,7 +294,9 @@ def resolve_checkpoints(checkpoints: str | os.PathLike[str] | Sequence[str | os.
     seen = [c.step for c in out]
     dup = sorted({s for s in seen if seen.count(s) > 1})
     if dup:
-        raise InputError(f"several checkpoints at step {dup[0]}: each checkpoint needs its own step")
+        raise InputError(
+            f"several checkpoints at step {dup[0]}: each checkpoint needs its own step"
+        )
     return out
 
 
@@ -230,7 +309,9 @@ def _step(source: str, revision: str | None) -> int:
         step = int(info["step"]) if info is not None and "step" in info else step_of(source)
         where = f"checkpoint {source}"
     if step is None:
-        raise InputError(f"{where} states no training step (no step-N in its name): pass the steps explicitly")
+        raise InputError(
+            f"{where} states no training step (no step-N in its name): pass the steps explicitly"
+        )
     return step
 
 
@@ -253,7 +334,11 @@ def _bands(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, floa
     r = band_location(model, corpus, intervene=False, **_run(kw))
     b = r.bands()
     rows = []
-    for name, t in (("band_peak", b.peak), ("band_width", b.width), ("band_prominence", b.prominence)):
+    for name, t in (
+        ("band_peak", b.peak),
+        ("band_width", b.width),
+        ("band_prominence", b.prominence),
+    ):
         rows += [(name, L, float(t[i])) for i, L in enumerate(r.layers)] + [(name, -1, _median(t))]
     return rows, r.provenance
 
@@ -265,8 +350,10 @@ def _sinks(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, floa
     present, sinking, att = r.present(), r.sinking(), r.mean_attention()
     share = r.head_share()
     rows = [("sink_head_share", L, float(share[i])) for i, L in enumerate(r.layers)]
-    rows += [("sink_head_share", -1, float(sinking[present].double().mean())),
-             ("sink_attention", -1, float(att[present].double().mean()))]
+    rows += [
+        ("sink_head_share", -1, float(sinking[present].double().mean())),
+        ("sink_attention", -1, float(att[present].double().mean())),
+    ]
     return rows, r.provenance
 
 
@@ -284,12 +371,21 @@ def _heads(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, floa
     from ropelens.analyses.head_taxonomy import head_taxonomy
 
     n_windows = max(1, kw["max_tokens"] // kw["n_ctx"])
-    r = head_taxonomy(model, corpus, n_ctx=kw["n_ctx"], n_windows=n_windows, seed=kw["seed"], progress=kw["progress"],
-                       verify=kw["verify"])
+    r = head_taxonomy(
+        model,
+        corpus,
+        n_ctx=kw["n_ctx"],
+        n_windows=n_windows,
+        seed=kw["seed"],
+        progress=kw["progress"],
+        verify=kw["verify"],
+    )
     pos, present = r.positional(), r.present()
     rows = [("positional_heads", L, float(pos[i].sum())) for i, L in enumerate(r.layers)]
-    rows += [("positional_heads", -1, float(pos.sum())),
-             ("positional_share", -1, float(pos[present].double().mean()))]
+    rows += [
+        ("positional_heads", -1, float(pos.sum())),
+        ("positional_share", -1, float(pos[present].double().mean())),
+    ]
     return rows, r.provenance
 
 
@@ -329,7 +425,9 @@ def trajectory(
     if unknown or not analyses:
         raise InputError(f"unknown analyses {unknown}: choose one or more of {', '.join(ANALYSES)}")
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 2:
-        raise InputError(f"n_tokens must be an int >= 2 (tokens per analysis and checkpoint), got {n_tokens!r}")
+        raise InputError(
+            f"n_tokens must be an int >= 2 (tokens per analysis and checkpoint), got {n_tokens!r}"
+        )
     cks = resolve_checkpoints(checkpoints, revisions=revisions, steps=steps)
     corpus = corpus if corpus is not None else (_setting(cks[0], "corpus") or "english")
     n_ctx = int(n_ctx or _setting(cks[0], "seq_len") or 256)
@@ -347,19 +445,37 @@ def trajectory(
         for name in analyses:
             rows, prov = _MEASURE[name](model, corpus, {**kw, "seed": seed})
             provs.append(prov)
-            records += [(ck.step, ck.label, name, metric, layer, value) for metric, layer, value in rows]
+            records += [
+                (ck.step, ck.label, name, metric, layer, value) for metric, layer, value in rows
+            ]
         del model
         seconds.append(time.perf_counter() - t0)
     prov = Provenance(
-        model=_model_name(cks), corpus=provs[0].corpus, corpus_sha256=provs[0].corpus_sha256, n_tokens=n_tokens,
-        n_ctx=n_ctx, seconds=time.perf_counter() - start,
-        config={"analyses": list(analyses), "seed": seed, "verify": verify,
-                "checkpoints": [{"step": c.step, "source": c.source, "revision": c.revision, "weights_sha256": w}
-                                for c, w in zip(cks, weights, strict=True)],
-                "thresholds": {s.metric: s.threshold for s in STRUCTURES}},
+        model=_model_name(cks),
+        corpus=provs[0].corpus,
+        corpus_sha256=provs[0].corpus_sha256,
+        n_tokens=n_tokens,
+        n_ctx=n_ctx,
+        seconds=time.perf_counter() - start,
+        config={
+            "analyses": list(analyses),
+            "seed": seed,
+            "verify": verify,
+            "checkpoints": [
+                {"step": c.step, "source": c.source, "revision": c.revision, "weights_sha256": w}
+                for c, w in zip(cks, weights, strict=True)
+            ],
+            "thresholds": {s.metric: s.threshold for s in STRUCTURES},
+        },
     )
-    return Trajectory(records=tuple(records), checkpoints=tuple(cks), analyses=analyses, structures=STRUCTURES,
-                      provenance=prov, seconds=tuple(seconds))
+    return Trajectory(
+        records=tuple(records),
+        checkpoints=tuple(cks),
+        analyses=analyses,
+        structures=STRUCTURES,
+        provenance=prov,
+        seconds=tuple(seconds),
+    )
 
 
 def _model_name(cks: Sequence[Checkpoint]) -> str:

@@ -24,4 +24,12 @@ from ropelens.backends.base import (
     handle,
 )
 
-__all__ = ["Backend", "BridgeBackend", "CallableBackend", "HFBackend", "ModelHandle", "backend_of", "handle"]
+__all__ = [
+    "Backend",
+    "BridgeBackend",
+    "CallableBackend",
+    "HFBackend",
+    "ModelHandle",
+    "backend_of",
+    "handle",
+]

@@ -28,7 +28,9 @@ class LayerActs:
     rope: LayerRope
     valid: Bool[Tensor, "batch pos"]  # False on right padding
     tensors: dict[str, Tensor] = field(default_factory=dict)
-    padded: bool | None = None  # whether ``valid`` is False anywhere, when known (saves asking the device)
+    padded: bool | None = (
+        None  # whether ``valid`` is False anywhere, when known (saves asking the device)
+    )
 
     def __getitem__(self, key: str) -> Tensor:
         return self.tensors[key]
@@ -37,13 +39,18 @@ class LayerActs:
         """The keys each query attends to: the layer's causal (and sliding-window) mask over real tokens, and the
         model's own key selection where its indexer drops keys (captured as ``"selected"``)."""
         n = self.valid.shape[1]
-        m = self.rope.mask(n, self.valid.device)[None] & self.valid[:, None, :] & self.valid[:, :, None]
+        m = (
+            self.rope.mask(n, self.valid.device)[None]
+            & self.valid[:, None, :]
+            & self.valid[:, :, None]
+        )
         if not self.rope.selects(n):
             return m
         if "selected" not in self.tensors:
             raise UnsupportedModelError(
                 f"layer {self.layer} keeps at most {self.rope.select_keys} keys per query, picked by the model's indexer, "
-                f"and its selection was not captured: capture with which=(..., 'selected')")
+                f"and its selection was not captured: capture with which=(..., 'selected')"
+            )
         return m & self.tensors["selected"]
 
 

@@ -37,7 +37,16 @@ from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.spec.rope import RopeSpec
 
-__all__ = ["Backend", "BridgeBackend", "CallableBackend", "HFBackend", "ModelHandle", "backend_of", "fingerprint", "handle"]
+__all__ = [
+    "Backend",
+    "BridgeBackend",
+    "CallableBackend",
+    "HFBackend",
+    "ModelHandle",
+    "backend_of",
+    "fingerprint",
+    "handle",
+]
 
 _ATTR = "_ropelens_backend"
 _HANDLE = "_ropelens_handle"
@@ -88,7 +97,9 @@ class Backend:
         return "plain HF forward" if self.on_engine() else "bridge"
 
     @contextlib.contextmanager
-    def capture_session(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]) -> Iterator[Run]:
+    def capture_session(
+        self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]
+    ) -> Iterator[Run]:
         """A block in which ``run(tokens, valid, padded, fold)`` captures one batch of ``layers``: each layer's
         tensors go to ``fold(layer, tensors)`` (read at the HF forward's rotation and attention function, with
         the plan in force) or straight to ``reducers`` (read from a bridge's hook points)."""
@@ -103,7 +114,7 @@ class Backend:
         yield run
 
     # ------------------------------------------------------------------ interventions
-    def uses_engine(self, layers: Sequence[int], what: str) -> bool:  # noqa: ARG002
+    def uses_engine(self, layers: Sequence[int], what: str) -> bool:
         """Whether ``what`` is applied by the engine (at the rotation the HF forward calls) rather than by bridge
         hooks; raises UnsupportedModelError, with what was seen, where neither reaches the model's rotation."""
         from ropelens.backends.sdpa import engine_ready
@@ -113,22 +124,33 @@ class Backend:
             raise UnsupportedModelError(f"{what} cannot reach this model's rotation: {why}")
         return True
 
-    def pre_rope_hooks(self, layers: Sequence[int], parts: Sequence[str]) -> bool:  # noqa: ARG002
+    def pre_rope_hooks(self, layers: Sequence[int], parts: Sequence[str]) -> bool:
         """Whether a hook point before the rotation exists for each of ``parts`` ("q", "k") in every layer."""
         return False
 
-    def variant_hooks(self, spec: RopeSpec, new_spec: RopeSpec, variant: Any,  # noqa: ARG002
-                      layers: Sequence[int]) -> tuple[list[Callable[[], None]], bool]:
+    def variant_hooks(
+        self,
+        spec: RopeSpec,
+        new_spec: RopeSpec,
+        variant: Any,
+        layers: Sequence[int],
+    ) -> tuple[list[Callable[[], None]], bool]:
         """Install RoPE ``variant`` in ``layers`` where hooks apply it: (hook removers, whether the engine applies it
         instead, from the plan)."""
         return [], self.uses_engine(layers, "apply_rope_variant")
 
-    def ablation_hooks(self, masks: dict[int, tuple[Tensor | None, Tensor | None]]) -> tuple[list[Callable[[], None]], bool]:
+    def ablation_hooks(
+        self, masks: dict[int, tuple[Tensor | None, Tensor | None]]
+    ) -> tuple[list[Callable[[], None]], bool]:
         """Install the zeroing of ``masks[layer] = (q, k)`` entries of the rotated q and k: (removers, engine)."""
         return [], self.uses_engine(list(masks), "ablate_planes")
 
-    def replacement_hooks(self, step: dict[int, dict[str, tuple[Tensor, Tensor]]], layers: Sequence[int],  # noqa: ARG002
-                          parts: Sequence[str]) -> tuple[list[Callable[[], None]], bool]:  # noqa: ARG002
+    def replacement_hooks(
+        self,
+        step: dict[int, dict[str, tuple[Tensor, Tensor]]],
+        layers: Sequence[int],
+        parts: Sequence[str],
+    ) -> tuple[list[Callable[[], None]], bool]:
         """Install writing ``step[layer][w] = (mask, value)`` into the q and k entering the rotation: (removers,
         engine)."""
         return [], self.uses_engine(layers, "replace_massive")
@@ -155,7 +177,9 @@ class Backend:
     def _losses(self, batch: Tensor) -> Tensor:
         return losses_of(self.model(input_ids=batch).logits, batch)
 
-    def fast_forward(self, fast: bool = True) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:  # noqa: ARG002
+    def fast_forward(
+        self, fast: bool = True
+    ) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
         """The module a long forward runs (called as ``module(tokens)``) and a context to run it in."""
         return self.model, contextlib.nullcontext
 
@@ -165,7 +189,9 @@ class Backend:
         return getattr(out, "logits", out)[0, -1]
 
     @contextlib.contextmanager
-    def decoding(self, path: str, cache: bool, chunk: int | None) -> Iterator[tuple[Callable[[Tensor, Tensor], Tensor], bool]]:
+    def decoding(
+        self, path: str, cache: bool, chunk: int | None
+    ) -> Iterator[tuple[Callable[[Tensor, Tensor], Tensor], bool]]:
         """A block in which ``step(new, seq)`` gives the logits after ``seq``, whose last tokens ``new`` the model
         has not seen yet (a key/value cache where ``cache`` and the path has one, prefilled ``chunk`` tokens at a
         time); yields ``(step, cached)``."""
@@ -178,7 +204,7 @@ class Backend:
             return
         yield self._stepper(use_cache, chunk), use_cache
 
-    def _stepper(self, cache: bool, chunk: int | None) -> Callable[[Tensor, Tensor], Tensor]:  # noqa: ARG002
+    def _stepper(self, cache: bool, chunk: int | None) -> Callable[[Tensor, Tensor], Tensor]:
         return lambda _new, seq: self.last_logits(seq)
 
     # ------------------------------------------------------------------ identity
@@ -187,7 +213,9 @@ class Backend:
         import dataclasses
 
         resolved = None if path is None else str(path.expanduser().resolve())
-        self.model.cfg = dataclasses.replace(self.model.cfg, model_name=label, model_path=resolved)  # frozen config
+        self.model.cfg = dataclasses.replace(
+            self.model.cfg, model_name=label, model_path=resolved
+        )  # frozen config
         return self.model
 
 
@@ -209,7 +237,9 @@ class BridgeBackend(Backend):
         return engine_plan(self.model)  # a step only the engine applies: no bridge hook sees it
 
     @contextlib.contextmanager
-    def capture_session(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]) -> Iterator[Run]:
+    def capture_session(
+        self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]
+    ) -> Iterator[Run]:
         if self.on_engine():
             with super().capture_session(spec, layers, reducers) as run:
                 yield run
@@ -228,27 +258,40 @@ class BridgeBackend(Backend):
         from ropelens.backends.bridge_hooks import attn_hooks
 
         try:
-            return all(attn_hooks(self.model, L).pre(w) in self.model.hook_dict for L in layers for w in parts)
+            return all(
+                attn_hooks(self.model, L).pre(w) in self.model.hook_dict
+                for L in layers
+                for w in parts
+            )
         except (AttributeError, KeyError, TypeError):
             return False
 
-    def variant_hooks(self, spec: RopeSpec, new_spec: RopeSpec, variant: Any,
-                      layers: Sequence[int]) -> tuple[list[Callable[[], None]], bool]:
+    def variant_hooks(
+        self, spec: RopeSpec, new_spec: RopeSpec, variant: Any, layers: Sequence[int]
+    ) -> tuple[list[Callable[[], None]], bool]:
         if self.uses_engine(layers, "apply_rope_variant"):
             return [], True
         from ropelens.backends.bridge_interventions import install_variant
 
-        return [h.remove for h in install_variant(self.model, spec, new_spec, variant, layers)], False
+        return [
+            h.remove for h in install_variant(self.model, spec, new_spec, variant, layers)
+        ], False
 
-    def ablation_hooks(self, masks: dict[int, tuple[Tensor | None, Tensor | None]]) -> tuple[list[Callable[[], None]], bool]:
+    def ablation_hooks(
+        self, masks: dict[int, tuple[Tensor | None, Tensor | None]]
+    ) -> tuple[list[Callable[[], None]], bool]:
         if self.uses_engine(list(masks), "ablate_planes"):
             return [], True
         from ropelens.backends.bridge_interventions import install_ablation
 
         return install_ablation(self.model, masks), False
 
-    def replacement_hooks(self, step: dict[int, dict[str, tuple[Tensor, Tensor]]], layers: Sequence[int],
-                          parts: Sequence[str]) -> tuple[list[Callable[[], None]], bool]:
+    def replacement_hooks(
+        self,
+        step: dict[int, dict[str, tuple[Tensor, Tensor]]],
+        layers: Sequence[int],
+        parts: Sequence[str],
+    ) -> tuple[list[Callable[[], None]], bool]:
         # entries are replaced before the rotation: the bridge's pre-RoPE hooks reach them wherever it rotates
         if not self.pre_rope_hooks(layers, parts) and self.uses_engine(layers, "replace_massive"):
             return [], True
@@ -266,12 +309,16 @@ class BridgeBackend(Backend):
     def _losses(self, batch: Tensor) -> Tensor:
         return self.model(batch, return_type="loss", loss_per_token=True).float().mean(dim=-1)
 
-    def fast_forward(self, fast: bool = True) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
+    def fast_forward(
+        self, fast: bool = True
+    ) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
         import functools
 
         from ropelens.backends.sdpa_capture import sdpa_attention
 
-        if not fast or getattr(self.model, "_ropelens_interventions", 0):  # bridge hooks in force: run it as it is
+        if not fast or getattr(
+            self.model, "_ropelens_interventions", 0
+        ):  # bridge hooks in force: run it as it is
             return self.model, contextlib.nullcontext
         return self.hf, functools.partial(sdpa_attention, self.hf)
 
@@ -287,8 +334,9 @@ class BridgeBackend(Backend):
             logits = None
             for s in range(0, new.shape[1], chunk or new.shape[1]):
                 part = new[:, s : s + (chunk or new.shape[1])]
-                logits, kv[0] = self.model(part, return_type="logits_and_cache", past_key_values=kv[0],
-                                           logits_to_keep=1)
+                logits, kv[0] = self.model(
+                    part, return_type="logits_and_cache", past_key_values=kv[0], logits_to_keep=1
+                )
             return logits[0, -1]
 
         return cached
@@ -309,20 +357,24 @@ class CallableBackend(Backend):
     def label(self) -> str:
         return type(self.model).__name__
 
-    def loss_path(self, path: str = "auto") -> str:  # noqa: ARG002
+    def loss_path(self, path: str = "auto") -> str:
         return "hf"
 
     def _refuse(self) -> InputError:
-        return InputError(f"a {type(self.model).__name__} is not a model from ropelens.load_model: load it with "
-                          "ropelens.load_model, or wrap an HF model with ropelens.loading.models.wrap_hf_model")
+        return InputError(
+            f"a {type(self.model).__name__} is not a model from ropelens.load_model: load it with "
+            "ropelens.load_model, or wrap an HF model with ropelens.loading.models.wrap_hf_model"
+        )
 
-    def capture_session(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]) -> Iterator[Run]:  # noqa: ARG002
+    def capture_session(
+        self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]
+    ) -> Iterator[Run]:
         raise self._refuse()
 
-    def uses_engine(self, layers: Sequence[int], what: str) -> bool:  # noqa: ARG002
+    def uses_engine(self, layers: Sequence[int], what: str) -> bool:
         raise self._refuse()
 
-    def named(self, label: str, path: Path | None) -> Any:  # noqa: ARG002
+    def named(self, label: str, path: Path | None) -> Any:
         raise self._refuse()
 
 
@@ -332,13 +384,19 @@ def _hf_stepper(hf: Any, cache: bool, chunk: int | None) -> Callable[[Tensor, Te
         return lambda _new, seq: hf(input_ids=seq, use_cache=False, logits_to_keep=1).logits[0, -1]
     kv: list[Any] = [None]
     # the HF forward's cache argument: ``cache`` since transformers 5.24, ``past_key_values`` before
-    name = "cache" if "cache" in inspect.signature(type(hf).forward).parameters else "past_key_values"
+    name = (
+        "cache" if "cache" in inspect.signature(type(hf).forward).parameters else "past_key_values"
+    )
 
     def cached(new: Tensor, _seq: Tensor) -> Tensor:
         logits = None
         for s in range(0, new.shape[1], chunk or new.shape[1]):
-            res = hf(input_ids=new[:, s : s + (chunk or new.shape[1])], use_cache=True, logits_to_keep=1,
-                     **{name: kv[0]})
+            res = hf(
+                input_ids=new[:, s : s + (chunk or new.shape[1])],
+                use_cache=True,
+                logits_to_keep=1,
+                **{name: kv[0]},
+            )
             logits, kv[0] = res.logits, getattr(res, name)
         return logits[0, -1]
 
@@ -354,11 +412,15 @@ def backend_of(model: Any) -> Backend:
 
     if isinstance(model, PlainModel):
         backend: Backend = HFBackend(model)
-    elif hasattr(model, "original_model"):  # a TransformerBridge (its blocks may be missing for an unadapted family)
+    elif hasattr(
+        model, "original_model"
+    ):  # a TransformerBridge (its blocks may be missing for an unadapted family)
         backend = BridgeBackend(model)
     else:
         backend = CallableBackend(model)
-    with contextlib.suppress(AttributeError, TypeError):  # a callable may refuse attributes: choose again next time
+    with contextlib.suppress(
+        AttributeError, TypeError
+    ):  # a callable may refuse attributes: choose again next time
         object.__setattr__(model, _ATTR, backend)
     return backend
 
@@ -382,7 +444,9 @@ class ModelHandle:
 
     @property
     def dtype(self) -> torch.dtype:
-        return next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+        return next(
+            (p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32
+        )
 
     @property
     def hf(self) -> torch.nn.Module:
@@ -397,10 +461,16 @@ class ModelHandle:
         # what a reading depends on: the plan in force, every buffer (rotary tables included) and its in-place
         # version, and the rotation and attention functions the modeling module and its modules call
         mod = importlib.import_module(type(self.hf).__module__)
-        key = (tuple(id(s) for s in active_plan(self.model)), getattr(self.model, "_ropelens_interventions", 0),
-               tuple((id(b), b._version) for b in self.hf.buffers()),
-               tuple(id(getattr(mod, n, None)) for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward")),
-               tuple(id(m.__dict__.get("forward")) for m in self.hf.modules()))
+        key = (
+            tuple(id(s) for s in active_plan(self.model)),
+            getattr(self.model, "_ropelens_interventions", 0),
+            tuple((id(b), b._version) for b in self.hf.buffers()),
+            tuple(
+                id(getattr(mod, n, None))
+                for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward")
+            ),
+            tuple(id(m.__dict__.get("forward")) for m in self.hf.modules()),
+        )
         cached = self.__dict__.get("_spec")
         if cached is None or cached[0] != key:
             cached = (key, rope_spec(self.model))
@@ -423,8 +493,10 @@ def handle(model: Any) -> ModelHandle:
         return known
     backend = backend_of(model)
     if not backend.runs_analyses:
-        raise InputError(f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
-                         f"{type(model).__name__}: wrap an HF model with ropelens.loading.models.wrap_hf_model")
+        raise InputError(
+            f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
+            f"{type(model).__name__}: wrap an HF model with ropelens.loading.models.wrap_hf_model"
+        )
     h = ModelHandle(model=model, backend=backend)
     object.__setattr__(model, _HANDLE, h)
     return h
@@ -442,16 +514,27 @@ def fingerprint(model, spec: RopeSpec) -> str:
 
     parts = [spec.to_json()]
     mod = _modeling_module(model)
-    parts += [f"{n}:{id(getattr(mod, n, None))}" for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward",
-                                                            "repeat_kv")]
+    parts += [
+        f"{n}:{id(getattr(mod, n, None))}"
+        for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward", "repeat_kv")
+    ]
     for m in hf_model_of(model).modules():
         name = type(m).__name__.lower()
         if ("attention" in name or "rotary" in name) and "bridge" not in name:
-            parts.append(f"{type(m).__qualname__}:{id(type(m).forward)}:{id(m.__dict__.get('forward'))}")
+            parts.append(
+                f"{type(m).__qualname__}:{id(type(m).forward)}:{id(m.__dict__.get('forward'))}"
+            )
     for b in getattr(model, "blocks", ()):
         attn = getattr(b, "attn", None)
         if attn is not None:
-            parts.append(str([id(h) for h in (*attn._forward_pre_hooks.values(), *attn._forward_hooks.values())]))
+            parts.append(
+                str(
+                    [
+                        id(h)
+                        for h in (*attn._forward_pre_hooks.values(), *attn._forward_hooks.values())
+                    ]
+                )
+            )
     for name, hp in getattr(model, "hook_dict", {}).items():
         if ".attn." in name and getattr(hp, "fwd_hooks", None):
             parts.append(f"{name}:{[id(h) for h in hp.fwd_hooks]}")

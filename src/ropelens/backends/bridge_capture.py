@@ -19,7 +19,9 @@ from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = ["ATTENTION", "Collector", "hook_plan", "plane_tables"]
 
-ATTENTION = "<attention function>"  # a tensor taken from the HF attention function's query/key, not a hook
+ATTENTION = (
+    "<attention function>"  # a tensor taken from the HF attention function's query/key, not a hook
+)
 
 
 def plane_tables(table: Tensor, rope: LayerRope, interleaved: bool) -> Tensor:
@@ -34,7 +36,9 @@ def plane_tables(table: Tensor, rope: LayerRope, interleaved: bool) -> Tensor:
     if table.shape[-1] == n:
         return table
     if table.shape[-1] != 2 * n:
-        raise InputError(f"layer {rope.layer}: a rotary table {table.shape[-1]} wide for {n} planes")
+        raise InputError(
+            f"layer {rope.layer}: a rotary table {table.shape[-1]} wide for {n} planes"
+        )
     return table[..., ::2] if interleaved else table[..., :n]
 
 
@@ -47,14 +51,20 @@ def hook_plan(hooks: AttnHooks, needs: frozenset[str], rope: LayerRope) -> dict[
             plan[f"{which}_pre"] = hooks.pre(which)
         rotated = [f"{which}_rot"] + ([] if rope.norm_after_rope else [f"{which}_post"])
         score = hooks.score(which) or (ATTENTION if hooks.calls_attention_function else None)
-        if rope.norm_after_rope and score is None:  # a bridge that rebuilds attention without the norm: its own
-            rotated.append(f"{which}_post")  # scores are made of the rotated q/k (the probe's q/k check refuses it)
+        if (
+            rope.norm_after_rope and score is None
+        ):  # a bridge that rebuilds attention without the norm: its own
+            rotated.append(
+                f"{which}_post"
+            )  # scores are made of the rotated q/k (the probe's q/k check refuses it)
         elif rope.norm_after_rope and f"{which}_post" in needs:
             plan[f"{which}_post"] = score
         for key in set(rotated) & needs:
             post = hooks.post(which)
             plan[key] = post if post is not None else hooks.pre(which)
-            if post is None and hooks.cos is not None:  # rotate with the tables the attention received
+            if (
+                post is None and hooks.cos is not None
+            ):  # rotate with the tables the attention received
                 plan["cos"], plan["sin"] = hooks.cos, hooks.sin
     if "pattern" in needs:
         plan["pattern"] = hooks.pattern
@@ -64,21 +74,34 @@ def hook_plan(hooks: AttnHooks, needs: frozenset[str], rope: LayerRope) -> dict[
 class Collector:
     """Gathers a layer's tensors from its hooks and hands them to the reducers once complete."""
 
-    def __init__(self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer], model) -> None:
+    def __init__(
+        self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer], model
+    ) -> None:
         self.spec, self.reducers = spec, reducers
         self.needs = frozenset().union(*(r.needs for r in reducers))
         unknown = self.needs - NEEDS
         if unknown:
-            raise InputError(f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}")
-        self.hooks = {L: attn_hooks(model, L, norm_after_rope=spec.layers[L].norm_after_rope) for L in layers}
+            raise InputError(
+                f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}"
+            )
+        self.hooks = {
+            L: attn_hooks(model, L, norm_after_rope=spec.layers[L].norm_after_rope) for L in layers
+        }
         self.plans = {L: hook_plan(h, self.needs, spec.layers[L]) for L, h in self.hooks.items()}
-        self.attention = {id(model.blocks[L].attn.original_component): L for L, plan in self.plans.items()
-                          if ATTENTION in plan.values()}
-        self.attention_modules = [model.blocks[L].attn.original_component for L in self.attention.values()]
+        self.attention = {
+            id(model.blocks[L].attn.original_component): L
+            for L, plan in self.plans.items()
+            if ATTENTION in plan.values()
+        }
+        self.attention_modules = [
+            model.blocks[L].attn.original_component for L in self.attention.values()
+        ]
         self.pending: dict[int, dict[str, Tensor]] = {}
         self.valid: Tensor | None = None
         self.padded: bool | None = None
-        self.interleaved = bool(getattr(getattr(model, "cfg", None), "rotary_interleaved_cos_sin", False))
+        self.interleaved = bool(
+            getattr(getattr(model, "cfg", None), "rotary_interleaved_cos_sin", False)
+        )
 
     def fwd_hooks(self) -> list[tuple[str, object]]:
         out = []
@@ -136,27 +159,45 @@ class Collector:
         plan = self.plans[layer]
         cos, sin = got.pop("cos", None), got.pop("sin", None)
         for which in ("q", "k"):
-            keys = [k for k in (f"{which}_rot", f"{which}_post") if k in got and h.post(which) is None
-                    and plan[k] == h.pre(which)]
+            keys = [
+                k
+                for k in (f"{which}_rot", f"{which}_post")
+                if k in got and h.post(which) is None and plan[k] == h.pre(which)
+            ]
             if not keys:
                 continue
             t = got[keys[0]].transpose(1, 2)  # [b, head, pos, d]
             if cos is not None:
-                c, s = plane_tables(cos, rope, self.interleaved), plane_tables(sin, rope, self.interleaved)
+                c, s = (
+                    plane_tables(cos, rope, self.interleaved),
+                    plane_tables(sin, rope, self.interleaved),
+                )
                 t = rope.rotate_by(t, c[:, None].to(t.dtype), s[:, None].to(t.dtype))
             else:
                 t = rope.rotate(t, torch.arange(t.shape[2], device=t.device))
             for key in keys:
                 got[key] = t.transpose(1, 2)
-            if which == "q" and "q_post" in keys:  # rotated here: the query temperature is still to apply
+            if (
+                which == "q" and "q_post" in keys
+            ):  # rotated here: the query temperature is still to apply
                 got["q_post"] = rope.tempered(got["q_post"])
-        if rope.temperature is not None and "q_rot" in got and h.post("q") is not None and plan["q_rot"] == h.post("q"):
+        if (
+            rope.temperature is not None
+            and "q_rot" in got
+            and h.post("q") is not None
+            and plan["q_rot"] == h.post("q")
+        ):
             # the bridge's hook_rot_q is the query entering the score: the rotation's own output is it untempered
             got["q_rot"] = rope.tempered(got["q_rot"], inverse=True)
 
     def _dispatch(self, layer: int) -> None:
-        acts = LayerActs(layer=layer, rope=self.spec.layers[layer], valid=self.valid, tensors=self.pending.pop(layer),
-                         padded=self.padded)
+        acts = LayerActs(
+            layer=layer,
+            rope=self.spec.layers[layer],
+            valid=self.valid,
+            tensors=self.pending.pop(layer),
+            padded=self.padded,
+        )
         for r in self.reducers:
             r.update(acts)
 
@@ -165,7 +206,9 @@ class Collector:
         output_attentions): the pattern is the softmax of the exact scores from q and k."""
         for layer in sorted(self.pending):
             got = self.pending[layer]
-            if set(self.plans[layer]) - set(got) == {"pattern"} and {"q_post", "k_post"} <= set(got):
+            if set(self.plans[layer]) - set(got) == {"pattern"} and {"q_post", "k_post"} <= set(
+                got
+            ):
                 self._rotate_missing(layer)
                 rope = self.spec.layers[layer]
                 k = got["k_post"].repeat_interleave(rope.group_size, dim=2)
@@ -174,12 +217,16 @@ class Collector:
                 got["pattern"] = rope.probs(scores.masked_fill(~ok[:, None], float("-inf")))
                 self._dispatch(layer)
         for layer in sorted(self.pending):
-            if any(name == ATTENTION and key not in self.pending[layer] for key, name in self.plans[layer].items()):
+            if any(
+                name == ATTENTION and key not in self.pending[layer]
+                for key, name in self.plans[layer].items()
+            ):
                 raise UnsupportedModelError(
                     f"{self.spec.architecture}: layer {layer} changes q and k after RoPE (a norm), but the bridge "
                     "neither fires a hook where they enter the score nor calls the model's attention function: "
                     "it does not compute this model's attention, so ropelens cannot capture the q and k its scores "
-                    "are made of")
+                    "are made of"
+                )
 
 
 @contextlib.contextmanager

@@ -36,7 +36,9 @@ class AttnHooks:
     # None: taken from the HF attention function instead (ropelens.spec.forward_taps.attention_tap)
     q_score: str | None = None
     k_score: str | None = None
-    calls_attention_function: bool = False  # the bridge runs the HF attention module's own attention function
+    calls_attention_function: bool = (
+        False  # the bridge runs the HF attention module's own attention function
+    )
 
     def pre(self, which: str) -> str:
         return self.q_pre if which == "q" else self.k_pre
@@ -65,15 +67,25 @@ def attn_hooks(model, layer: int, *, norm_after_rope: bool = False) -> AttnHooks
     p = f"blocks.{layer}.attn."
     if p + "hook_q" not in model.hook_dict:
         arch = type(getattr(model, "original_model", model)).__name__
-        raise UnsupportedModelError(f"{arch}: its TransformerLens adapter exposes no per-head query hook for layer {layer} "
-                                    f"({p}hook_q), so ropelens cannot capture its queries and keys; "
-                                    "`ropelens rope-spec --families` lists the families ropelens measures")
+        raise UnsupportedModelError(
+            f"{arch}: its TransformerLens adapter exposes no per-head query hook for layer {layer} "
+            f"({p}hook_q), so ropelens cannot capture its queries and keys; "
+            "`ropelens rope-spec --families` lists the families ropelens measures"
+        )
     order = _firing(model)
     fires = frozenset(order)
-    after = "hook_q_normed" in fires and "hook_rot_q" in fires and order.index("hook_q_normed") > order.index("hook_rot_q")
+    after = (
+        "hook_q_normed" in fires
+        and "hook_rot_q" in fires
+        and order.index("hook_q_normed") > order.index("hook_rot_q")
+    )
     normed = "hook_q_normed" in fires and not after
     # a bridge that leaves attention to HF (Gemma 4) exposes q/k norms only as submodules, [batch, pos, head, d]
-    sub_normed = not (normed or after or norm_after_rope) and "q_norm.hook_out" in fires and "k_norm.hook_out" in fires
+    sub_normed = (
+        not (normed or after or norm_after_rope)
+        and "q_norm.hook_out" in fires
+        and "k_norm.hook_out" in fires
+    )
     q_post = p + "hook_rot_q" if "hook_rot_q" in fires else None
     k_post = p + "hook_rot_k" if "hook_rot_k" in fires else None
     return AttnHooks(
@@ -93,8 +105,17 @@ def attn_hooks(model, layer: int, *, norm_after_rope: bool = False) -> AttnHooks
     )
 
 
-_PROBED = ("hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k", "hook_pattern", "hook_cos", "hook_sin",
-           "q_norm.hook_out", "k_norm.hook_out")
+_PROBED = (
+    "hook_q_normed",
+    "hook_k_normed",
+    "hook_rot_q",
+    "hook_rot_k",
+    "hook_pattern",
+    "hook_cos",
+    "hook_sin",
+    "q_norm.hook_out",
+    "k_norm.hook_out",
+)
 _ATTENTION = "attention function"  # not a hook: the HF attention function, called by bridges that run HF's forward
 
 
@@ -125,9 +146,16 @@ def _firing(model) -> tuple[str, ...]:
 
     device = device_of(model)
     toks = torch.tensor([[model.tokenizer.bos_token_id or 0, 1]], device=device)
-    attn = getattr(model.blocks[first].attn, "original_component", None) if hasattr(model, "blocks") else None
-    with torch.no_grad(), model.hooks(fwd_hooks=[(f"blocks.{first}.attn.{n}", probe(n)) for n in names]), \
-            attention_tap([attn] if attn is not None else [], called):
+    attn = (
+        getattr(model.blocks[first].attn, "original_component", None)
+        if hasattr(model, "blocks")
+        else None
+    )
+    with (
+        torch.no_grad(),
+        model.hooks(fwd_hooks=[(f"blocks.{first}.attn.{n}", probe(n)) for n in names]),
+        attention_tap([attn] if attn is not None else [], called),
+    ):
         model(toks, return_type=None, stop_at_layer=first + 1)
     result = tuple(fired)
     model._ropelens_firing = result
@@ -145,4 +173,3 @@ def to_bphd(x: Tensor, heads_first: bool, n_heads: int | None = None) -> Tensor:
     if x.ndim != 4:
         raise InputError(f"expected a 4-D per-head tensor, got shape {tuple(x.shape)}")
     return x.transpose(1, 2) if heads_first else x
-

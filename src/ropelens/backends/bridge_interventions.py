@@ -21,7 +21,13 @@ from ropelens.spec.plan import model_tables, variant_tables
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.variants import RopeVariant
 
-__all__ = ["add_lens_hook", "attention_with_tables", "install_ablation", "install_replacement", "install_variant"]
+__all__ = [
+    "add_lens_hook",
+    "attention_with_tables",
+    "install_ablation",
+    "install_replacement",
+    "install_variant",
+]
 
 
 def attention_with_tables(model, layers: Sequence[int], what: str) -> list[torch.nn.Module]:
@@ -39,7 +45,7 @@ def attention_with_tables(model, layers: Sequence[int], what: str) -> list[torch
 
 
 def _swap_tables_hook(
-    module: torch.nn.Module,  # noqa: ARG001 - torch's pre-hook signature
+    module: torch.nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
@@ -70,11 +76,18 @@ def _swap_tables_hook(
     return args, {**kwargs, "position_embeddings": new}
 
 
-def _zero_hook(x: Tensor, *, hook: Any, mask: Tensor,  # noqa: ARG001
-               heads_first: bool = False) -> Tensor:
+def _zero_hook(
+    x: Tensor,
+    *,
+    hook: Any,
+    mask: Tensor,
+    heads_first: bool = False,
+) -> Tensor:
     """Zero the masked (head, dim) entries of queries or keys (``[batch, head, pos, d]`` if ``heads_first``)."""
     m = mask.to(x.device)
-    return torch.where(m[:, None] if heads_first else m, torch.zeros((), dtype=x.dtype, device=x.device), x)
+    return torch.where(
+        m[:, None] if heads_first else m, torch.zeros((), dtype=x.dtype, device=x.device), x
+    )
 
 
 def add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
@@ -90,7 +103,9 @@ def add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]
     return remove
 
 
-def _replace_hook(x: Tensor, *, hook: Any, mask: Tensor, value: Tensor, heads_first: bool) -> Tensor:  # noqa: ARG001
+def _replace_hook(
+    x: Tensor, *, hook: Any, mask: Tensor, value: Tensor, heads_first: bool
+) -> Tensor:
     """Write ``value`` into the masked (head, dim) entries of a pre-RoPE q or k at every position."""
     flat = x.ndim == 3
     y = x.unflatten(-1, (mask.shape[0], mask.shape[1])) if flat else x
@@ -101,22 +116,30 @@ def _replace_hook(x: Tensor, *, hook: Any, mask: Tensor, value: Tensor, heads_fi
     return out.flatten(-2) if flat else out
 
 
-
-
-def install_variant(model, spec: RopeSpec, new_spec: RopeSpec, variant: RopeVariant, layers: Sequence[int]) -> list[Any]:
+def install_variant(
+    model, spec: RopeSpec, new_spec: RopeSpec, variant: RopeVariant, layers: Sequence[int]
+) -> list[Any]:
     """Hand each of ``layers``' attention the variant's (cos, sin) through a forward pre-hook; the hook handles."""
     attns = attention_with_tables(model, layers, "apply_rope_variant")
     interleaved = bool(getattr(model.cfg, "rotary_interleaved_cos_sin", False))
     handles = []
     for i, attn in zip(layers, attns, strict=True):
         # The multiplier does not depend on the input, so it is computed once, not per forward.
-        hook = functools.partial(_swap_tables_hook, variant=variant, layer=spec[i], scale=new_spec[i].attention_scaling,
-                                 interleaved=interleaved, convention={})
+        hook = functools.partial(
+            _swap_tables_hook,
+            variant=variant,
+            layer=spec[i],
+            scale=new_spec[i].attention_scaling,
+            interleaved=interleaved,
+            convention={},
+        )
         handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
     return handles
 
 
-def install_ablation(model, masks: dict[int, tuple[Tensor | None, Tensor | None]]) -> list[Callable[[], None]]:
+def install_ablation(
+    model, masks: dict[int, tuple[Tensor | None, Tensor | None]]
+) -> list[Callable[[], None]]:
     """Zero the masked (head, dim) entries of each layer's rotated q and k (``masks[layer] = (q, k)``); removers."""
     attention_with_tables(model, list(masks), "ablate_planes")  # the post-RoPE hooks fire there
     removers: list[Callable[[], None]] = []
@@ -134,13 +157,17 @@ def install_ablation(model, masks: dict[int, tuple[Tensor | None, Tensor | None]
     return removers
 
 
-def install_replacement(model, step: dict[int, dict[str, tuple[Tensor, Tensor]]]) -> list[Callable[[], None]]:
+def install_replacement(
+    model, step: dict[int, dict[str, tuple[Tensor, Tensor]]]
+) -> list[Callable[[], None]]:
     """Write ``value`` into the masked entries of each layer's pre-RoPE q and k (``step[layer][w] = (mask, value)``)
     at their pre-RoPE hook points; removers."""
     removers: list[Callable[[], None]] = []
     for L, parts in step.items():
         names = attn_hooks(model, L)
         for w, (mask, value) in parts.items():
-            fn = functools.partial(_replace_hook, mask=mask, value=value, heads_first=names.pre_heads_first)
+            fn = functools.partial(
+                _replace_hook, mask=mask, value=value, heads_first=names.pre_heads_first
+            )
             removers.append(add_lens_hook(model.hook_dict[names.pre(w)], fn))
     return removers

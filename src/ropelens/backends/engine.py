@@ -75,7 +75,9 @@ def _compile(plan: tuple) -> tuple[dict, dict, dict]:
     replaced: dict[int, list] = {}
     for step in plan:
         if isinstance(step, VariantStep):
-            variant_of.update(dict.fromkeys(step.layers, step.variant))  # the innermost variant wins
+            variant_of.update(
+                dict.fromkeys(step.layers, step.variant)
+            )  # the innermost variant wins
         elif isinstance(step, ReplaceStep):
             for L, qk in step.values.items():
                 replaced.setdefault(L, []).append(qk)
@@ -90,23 +92,29 @@ def _fit(mask: Tensor, n_heads: int, width: int, lr: LayerRope, what: str) -> Te
     dims (the rotary slice comes first in ropelens's head vectors; an MLA key's rotary part is one shared head)."""
     if width != mask.shape[1]:
         if width != lr.rotary_dim:
-            raise UnsupportedModelError(f"layer {lr.layer}: its rotation sees {width} dims per head, neither the head "
-                                        f"({lr.head_dim}) nor the rotary slice ({lr.rotary_dim}); {what} cannot apply")
+            raise UnsupportedModelError(
+                f"layer {lr.layer}: its rotation sees {width} dims per head, neither the head "
+                f"({lr.head_dim}) nor the rotary slice ({lr.rotary_dim}); {what} cannot apply"
+            )
         if bool(mask[:, width:].any()):
             raise UnsupportedModelError(
                 f"layer {lr.layer} rotates only dims [0, {width}) of each head, and {what} touches dims past them, "
-                "which never reach its rotation: restrict it to the rotary dims")
+                "which never reach its rotation: restrict it to the rotary dims"
+            )
         mask = mask[:, :width]
     if n_heads != mask.shape[0]:
         if n_heads != 1 or not bool((mask == mask[:1]).all()):
             raise UnsupportedModelError(
                 f"layer {lr.layer} rotates one key shared by all heads (multi-head latent attention), so {what} "
-                "cannot differ between heads there: apply it to every head")
+                "cannot differ between heads there: apply it to every head"
+            )
         mask = mask[:1]
     return mask
 
 
-def _apply(x: Tensor, heads_axis: int, lr: LayerRope, masks: list, replaced: list, which: str, before: bool) -> Tensor:
+def _apply(
+    x: Tensor, heads_axis: int, lr: LayerRope, masks: list, replaced: list, which: str, before: bool
+) -> Tensor:
     """``x`` (one rotation's input with ``before``, else its output) with the plan's replacements (before the
     rotation) or plane ablations (after it) of ``which`` ("q" or "k") applied; heads on ``heads_axis``."""
     i = 0 if which == "q" else 1
@@ -128,13 +136,16 @@ def _apply(x: Tensor, heads_axis: int, lr: LayerRope, masks: list, replaced: lis
     for qk in masks:
         mask = qk[i]
         if mask is not None:
-            x = x.masked_fill(_fit(mask, n, width, lr, "plane ablation").to(x.device).view(shape), 0)
+            x = x.masked_fill(
+                _fit(mask, n, width, lr, "plane ablation").to(x.device).view(shape), 0
+            )
     return x
 
 
 @contextlib.contextmanager
-def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list | None = None, *,
-                  attns: list) -> Iterator[None]:
+def rotation_plan(
+    hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list | None = None, *, attns: list
+) -> Iterator[None]:
     """Apply ``plan`` inside every forward of ``hf`` (an HF causal LM, or the HF model under a bridge) while the block
     runs; with ``seen``, record ``(layer, form, cos, sin, position_ids)`` for each layer's first rotation call.
     ``attns``: each layer's attention module (:func:`ropelens.backends.hf.attention_modules` of ``hf``, or a bridge's
@@ -144,18 +155,34 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
     mod = importlib.import_module(type(_unwrap(hf)).__module__)
     forms = rotation_forms(mod)
     if not forms:
-        raise UnsupportedModelError(f"{type(_unwrap(hf)).__name__} calls no rotation function ropelens can tap "
-                                    "(apply_rotary_pos_emb and its forms): interventions cannot reach its RoPE")
+        raise UnsupportedModelError(
+            f"{type(_unwrap(hf)).__name__} calls no rotation function ropelens can tap "
+            "(apply_rotary_pos_emb and its forms): interventions cannot reach its RoPE"
+        )
     attns = [None if a is None else _unwrap(a) for a in attns]
     variant_of, masks, replaced = _compile(plan)
     from ropelens.devices import device_of
 
     dev = device_of(hf)
-    masks = {L: [tuple(None if m is None else m.to(dev) for m in qk) for qk in v] for L, v in masks.items()}
-    replaced = {L: [{w: (m.to(dev), x.to(dev)) for w, (m, x) in qk.items()} for qk in v] for L, v in replaced.items()}
+    masks = {
+        L: [tuple(None if m is None else m.to(dev) for m in qk) for qk in v]
+        for L, v in masks.items()
+    }
+    replaced = {
+        L: [{w: (m.to(dev), x.to(dev)) for w, (m, x) in qk.items()} for qk in v]
+        for L, v in replaced.items()
+    }
     groups = {L: group_key(spec[L]) for L in variant_of}
-    state: dict[str, Any] = {"layer": None, "pos": None, "tables": {}, "conv": {}, "calls": {}, "outputs": [],
-                             "indexer": None, "rows": {}}
+    state: dict[str, Any] = {
+        "layer": None,
+        "pos": None,
+        "tables": {},
+        "conv": {},
+        "calls": {},
+        "outputs": [],
+        "indexer": None,
+        "rows": {},
+    }
 
     def set_pos(pos: Any) -> None:
         if isinstance(pos, Tensor) and pos is not state["pos"]:
@@ -177,6 +204,7 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
             state["layer"] = i
             state["calls"][i] = 0
             set_pos(kwargs.get("position_ids"))
+
         return pre
 
     def attn_post(_module, _args, _kwargs, _out) -> None:
@@ -194,9 +222,11 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
         if L not in variant_of:
             return cos, sin
         if not isinstance(pos, Tensor) or pos.shape[-1] != cos.shape[-2]:
-            raise UnsupportedModelError(f"layer {L}: the position ids the model passed ({None if pos is None else tuple(pos.shape)}) "
-                                        f"do not match its rotation tables ({tuple(cos.shape)}): a RoPE variant cannot "
-                                        "be placed at its positions")
+            raise UnsupportedModelError(
+                f"layer {L}: the position ids the model passed ({None if pos is None else tuple(pos.shape)}) "
+                f"do not match its rotation tables ({tuple(cos.shape)}): a RoPE variant cannot "
+                "be placed at its positions"
+            )
         g = groups[L]
         conv = state["conv"].get(g)
         if conv is None:
@@ -222,12 +252,24 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
             for oc, os_, pos in state["outputs"]:
                 if oc.shape[-1] != w:
                     continue
-                p = pos.reshape(-1, pos.shape[-1]) if pos.ndim < 3 else pos[:, :1].reshape(pos.shape[0], -1)
-                for j, (c, sn) in enumerate(zip(oc.reshape(-1, *oc.shape[-2:])[0], os_.reshape(-1, *os_.shape[-2:])[0],
-                                                strict=True)):
-                    rows.setdefault(c.numpy().tobytes() + sn.numpy().tobytes() if c.device.type == "cpu"
-                                    else bytes(c.cpu().numpy()) + bytes(sn.cpu().numpy()), p[:, j] if pos.ndim == 3
-                                    else p[0, j])
+                p = (
+                    pos.reshape(-1, pos.shape[-1])
+                    if pos.ndim < 3
+                    else pos[:, :1].reshape(pos.shape[0], -1)
+                )
+                for j, (c, sn) in enumerate(
+                    zip(
+                        oc.reshape(-1, *oc.shape[-2:])[0],
+                        os_.reshape(-1, *os_.shape[-2:])[0],
+                        strict=True,
+                    )
+                ):
+                    rows.setdefault(
+                        c.numpy().tobytes() + sn.numpy().tobytes()
+                        if c.device.type == "cpu"
+                        else bytes(c.cpu().numpy()) + bytes(sn.cpu().numpy()),
+                        p[:, j] if pos.ndim == 3 else p[0, j],
+                    )
             state["rows"][w] = rows
         flat_c, flat_s = cos.reshape(-1, w), sin.reshape(-1, w)
         found = []
@@ -236,7 +278,8 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
             if key not in rows:
                 raise UnsupportedModelError(
                     f"layer {L}'s indexer rotates by a table row that is none of this forward's rotary tables, so the "
-                    "variant's tables cannot be placed at its positions")
+                    "variant's tables cannot be placed at its positions"
+                )
             found.append(rows[key])
         pos = torch.stack(found, dim=-1) if found[0].ndim else torch.stack(found)
         pos = pos.view(pos.shape[0], 1, -1) if pos.ndim == 2 else pos.view(1, -1)
@@ -246,27 +289,39 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
         return c2.reshape(cos.shape), s2.reshape(sin.shape)
 
     def check(lr: LayerRope, x: Tensor, heads_axis: int, what: str) -> None:
-        if x.ndim != 4 or x.shape[heads_axis] not in (lr.n_heads, lr.n_kv_heads, 1) \
-                or x.shape[-1] not in (lr.head_dim, lr.rotary_dim):
-            raise UnsupportedModelError(f"layer {lr.layer}: its rotation received {what} of shape {tuple(x.shape)}, "
-                                        f"which is not {lr.n_heads} heads of {lr.head_dim} (or {lr.rotary_dim} rotary) "
-                                        "dims as the spec says")
+        if (
+            x.ndim != 4
+            or x.shape[heads_axis] not in (lr.n_heads, lr.n_kv_heads, 1)
+            or x.shape[-1] not in (lr.head_dim, lr.rotary_dim)
+        ):
+            raise UnsupportedModelError(
+                f"layer {lr.layer}: its rotation received {what} of shape {tuple(x.shape)}, "
+                f"which is not {lr.n_heads} heads of {lr.head_dim} (or {lr.rotary_dim} rotary) "
+                "dims as the spec says"
+            )
 
     def tapped_qk(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def call(q, k=None, cos=None, sin=None, *args, **kwargs):
             lr = layer_of()
-            if state["indexer"] is not None and cos is not None:  # an indexer's own rotation: its layer's variant
+            if (
+                state["indexer"] is not None and cos is not None
+            ):  # an indexer's own rotation: its layer's variant
                 cos, sin = indexer_tables(cos, sin)
                 return fn(q, k, cos, sin, *args, **kwargs)
-            if lr is None or k is None:  # outside the attention layers, or queries alone (an indexer's form)
+            if (
+                lr is None or k is None
+            ):  # outside the attention layers, or queries alone (an indexer's form)
                 return fn(q, k, cos, sin, *args, **kwargs)
             check(lr, q, 1, "queries")
             lm, lrep = masks.get(lr.layer, ()), replaced.get(lr.layer, ())
             q, k = _apply(q, 1, lr, lm, lrep, "q", True), _apply(k, 1, lr, lm, lrep, "k", True)
             cos, sin = tables(lr, cos, sin)
             q_rot, k_rot = fn(q, k, cos, sin, *args, **kwargs)
-            return _apply(q_rot, 1, lr, lm, lrep, "q", False), _apply(k_rot, 1, lr, lm, lrep, "k", False)
+            return _apply(q_rot, 1, lr, lm, lrep, "q", False), _apply(
+                k_rot, 1, lr, lm, lrep, "k", False
+            )
+
         return call
 
     def tapped_complex(fn: Callable) -> Callable:
@@ -279,13 +334,19 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
                 return fn(xq, xk, freqs, *args, **kwargs)
             check(lr, xq, heads_axis, "queries")
             lm, lrep = masks.get(lr.layer, ()), replaced.get(lr.layer, ())
-            xq, xk = _apply(xq, heads_axis, lr, lm, lrep, "q", True), _apply(xk, heads_axis, lr, lm, lrep, "k", True)
+            xq, xk = (
+                _apply(xq, heads_axis, lr, lm, lrep, "q", True),
+                _apply(xk, heads_axis, lr, lm, lrep, "k", True),
+            )
             cos, sin = tables(lr, freqs.real, freqs.imag)
             if cos is not freqs.real:
                 freqs = torch.complex(cos, sin)
             q_rot, k_rot = fn(xq, xk, freqs, *args, **kwargs)
-            return (_apply(q_rot, heads_axis, lr, lm, lrep, "q", False),
-                    _apply(k_rot, heads_axis, lr, lm, lrep, "k", False))
+            return (
+                _apply(q_rot, heads_axis, lr, lm, lrep, "q", False),
+                _apply(k_rot, heads_axis, lr, lm, lrep, "k", False),
+            )
+
         return call
 
     def tapped_single(fn: Callable) -> Callable:
@@ -299,16 +360,21 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
             bound = sig.bind(x, cos, sin, *args, **kwargs)
             bound.apply_defaults()
             heads_axis = int(bound.arguments["unsqueeze_dim"])
-            which = "q" if state["calls"].get(lr.layer, 0) % 2 == 0 else "k"  # a layer rotates its queries first
+            which = (
+                "q" if state["calls"].get(lr.layer, 0) % 2 == 0 else "k"
+            )  # a layer rotates its queries first
             state["calls"][lr.layer] = state["calls"].get(lr.layer, 0) + 1
             lm, lrep = masks.get(lr.layer, ()), replaced.get(lr.layer, ())
             x = _apply(x, heads_axis, lr, lm, lrep, which, True)
             cos, sin = tables(lr, cos, sin)
             return _apply(fn(x, cos, sin, *args, **kwargs), heads_axis, lr, lm, lrep, which, False)
+
         return call
 
     def tapped_table(fn: Callable) -> Callable:
-        names = list(inspect.signature(fn).parameters)[1:3]  # ["sin", "cos"] (GPT-J) or ["cos", "sin"]
+        names = list(inspect.signature(fn).parameters)[
+            1:3
+        ]  # ["sin", "cos"] (GPT-J) or ["cos", "sin"]
 
         @functools.wraps(fn)
         def call(x, a, b, *args, **kwargs):
@@ -318,25 +384,50 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
             lm, lrep = masks.get(lr.layer, ()), replaced.get(lr.layer, ())
             if lm or lrep:
                 # keys and queries go through separate calls, in an order the call does not show
-                same = all((qk[0] is None) == (qk[1] is None) and (qk[0] is None or torch.equal(qk[0], qk[1]))
-                           for qk in lm)
-                same = same and all(set(r) == {"q", "k"} and torch.equal(r["q"][0], r["k"][0])
-                                    and torch.equal(r["q"][1], r["k"][1]) for r in lrep)
+                same = all(
+                    (qk[0] is None) == (qk[1] is None)
+                    and (qk[0] is None or torch.equal(qk[0], qk[1]))
+                    for qk in lm
+                )
+                same = same and all(
+                    set(r) == {"q", "k"}
+                    and torch.equal(r["q"][0], r["k"][0])
+                    and torch.equal(r["q"][1], r["k"][1])
+                    for r in lrep
+                )
                 if not same:
                     raise UnsupportedModelError(
                         f"layer {lr.layer} rotates its keys and queries in separate calls of {fn.__name__}, so an "
-                        "intervention must treat queries and keys alike there (every head, both q and k)")
+                        "intervention must treat queries and keys alike there (every head, both q and k)"
+                    )
             cos, sin = (b, a) if names == ["sin", "cos"] else (a, b)
             x = _apply(x, 2, lr, lm, lrep, "q", True)
             cos, sin = tables(lr, cos, sin)
-            out = fn(x, sin, cos, *args, **kwargs) if names == ["sin", "cos"] else fn(x, cos, sin, *args, **kwargs)
+            out = (
+                fn(x, sin, cos, *args, **kwargs)
+                if names == ["sin", "cos"]
+                else fn(x, cos, sin, *args, **kwargs)
+            )
             return _apply(out, 2, lr, lm, lrep, "q", False)
+
         return call
 
-    wrap = {"qk": tapped_qk, "complex": tapped_complex, "single": tapped_single, "table": tapped_table}
-    rotaries = [m for m in hf.modules() if "rotary" in type(m).__name__.lower() and "bridge" not in type(m).__name__.lower()]
-    rotaries += [_unwrap(m) for m in hf.modules() if "rotary" in type(m).__name__.lower()
-                 and "bridge" in type(m).__name__.lower()]
+    wrap = {
+        "qk": tapped_qk,
+        "complex": tapped_complex,
+        "single": tapped_single,
+        "table": tapped_table,
+    }
+    rotaries = [
+        m
+        for m in hf.modules()
+        if "rotary" in type(m).__name__.lower() and "bridge" not in type(m).__name__.lower()
+    ]
+    rotaries += [
+        _unwrap(m)
+        for m in hf.modules()
+        if "rotary" in type(m).__name__.lower() and "bridge" in type(m).__name__.lower()
+    ]
     unique = {id(r): r for r in rotaries}.values()
     handles = [m.register_forward_pre_hook(rotary_pre, with_kwargs=True) for m in unique]
     handles += [m.register_forward_hook(rotary_post, with_kwargs=True) for m in unique]
@@ -344,10 +435,18 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
         if a is not None:
             handles.append(a.register_forward_pre_hook(attn_pre(i), with_kwargs=True))
             handles.append(a.register_forward_hook(attn_post, with_kwargs=True, always_call=True))
-    indexers = [m for a in attns if a is not None for m in a.modules() if type(m).__name__.endswith("Indexer")]
+    indexers = [
+        m
+        for a in attns
+        if a is not None
+        for m in a.modules()
+        if type(m).__name__.endswith("Indexer")
+    ]
     saved_layer: list = []
 
-    def enter_indexer(_m, _a) -> None:  # an indexer's own rotation: its layer's variant, no ablation or replacement
+    def enter_indexer(
+        _m, _a
+    ) -> None:  # an indexer's own rotation: its layer's variant, no ablation or replacement
         saved_layer.append((state["layer"], state["indexer"]))
         state["indexer"], state["layer"] = state["layer"], None
 
@@ -355,7 +454,10 @@ def rotation_plan(hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list |
         state["layer"], state["indexer"] = saved_layer.pop()
 
     for m in indexers:
-        handles += [m.register_forward_pre_hook(enter_indexer), m.register_forward_hook(leave_indexer)]
+        handles += [
+            m.register_forward_pre_hook(enter_indexer),
+            m.register_forward_hook(leave_indexer),
+        ]
     saved = {name: fn for name, (fn, _form) in forms.items()}
     for name, (fn, form) in forms.items():
         setattr(mod, name, wrap[form](fn))
@@ -382,15 +484,23 @@ def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | No
             hf(input_ids=ids.to(next(iter(hf.parameters())).device), use_cache=False)
     except UnsupportedModelError as e:
         return str(e)
-    except Exception as e:  # noqa: BLE001 - a family whose forward this probe cannot run
+    except Exception as e:
         return f"its forward fails on a short probe ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     layers = sorted(s[0] for s in seen)
     if layers != spec.rotary_layers:
-        return f"its rotations ran in layers {layers}, and its rotary layers are {spec.rotary_layers}"
+        return (
+            f"its rotations ran in layers {layers}, and its rotary layers are {spec.rotary_layers}"
+        )
     for L, cos, sin, pos in seen:
-        conv = model_tables(cos.float(), sin.float(), spec[L], pos) if isinstance(pos, Tensor) else None
+        conv = (
+            model_tables(cos.float(), sin.float(), spec[L], pos)
+            if isinstance(pos, Tensor)
+            else None
+        )
         # float32 tables of O(1) values: the model's own match the spec to ~1e-6; a wrong frequency is far off
         if conv is None or conv[2] > 1e-4:
-            return (f"layer {L}'s rotation tables are not the spec's rotation (or its position ids could not be seen), "
-                    "so a variant's tables could not stand in for them")
+            return (
+                f"layer {L}'s rotation tables are not the spec's rotation (or its position ids could not be seen), "
+                "so a variant's tables could not stand in for them"
+            )
     return None

@@ -31,14 +31,34 @@ from torch import Tensor
 
 from ropelens.errors import InputError, UnsupportedModelError
 
-__all__ = ["BridgeOnlyError", "PlainConfig", "PlainModel", "attention_modules", "capture", "is_plain", "what_works"]
+__all__ = [
+    "BridgeOnlyError",
+    "PlainConfig",
+    "PlainModel",
+    "attention_modules",
+    "capture",
+    "is_plain",
+    "what_works",
+]
 
 # what still runs on a plain model (said in every refusal, so a user knows where to go instead)
-WORKS = ("every ropelens analysis, intervention (RoPE variants, plane ablations, massive-value replacement) and the "
-         "report")
+WORKS = (
+    "every ropelens analysis, intervention (RoPE variants, plane ablations, massive-value replacement) and the "
+    "report"
+)
 # TransformerLens's surface: asking a plain model for it means the caller needs the bridge's hooks
-_BRIDGE_ONLY = frozenset({"blocks", "hook_dict", "hooks", "run_with_cache", "run_with_hooks", "add_hook",
-                          "reset_hooks", "mod_dict"})
+_BRIDGE_ONLY = frozenset(
+    {
+        "blocks",
+        "hook_dict",
+        "hooks",
+        "run_with_cache",
+        "run_with_hooks",
+        "add_hook",
+        "reset_hooks",
+        "mod_dict",
+    }
+)
 
 
 class BridgeOnlyError(UnsupportedModelError, AttributeError):
@@ -73,14 +93,20 @@ def decoder_layers(hf) -> Sequence[torch.nn.Module]:
     n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
     for name, m in hf.named_modules():
         # a vision tower's blocks (Qwen2-VL's visual.blocks) come first and may be as many as the decoder layers
-        if isinstance(m, torch.nn.ModuleList) and len(m) == n and not any(w in name for w in ("visual", "vision")):
+        if (
+            isinstance(m, torch.nn.ModuleList)
+            and len(m) == n
+            and not any(w in name for w in ("visual", "vision"))
+        ):
             return m
     sub = _attention_sublayers(hf, n)
     if sub is not None:
         return [decoder for decoder, _ in sub]
-    raise UnsupportedModelError(f"{type(hf).__name__}: found no list of {n} decoder layers in the HF model, nor {n} "
-                                f"attention sublayers numbered 0 to {n - 1} (layer_idx), so ropelens cannot tell its "
-                                "attention layers apart")
+    raise UnsupportedModelError(
+        f"{type(hf).__name__}: found no list of {n} decoder layers in the HF model, nor {n} "
+        f"attention sublayers numbered 0 to {n - 1} (layer_idx), so ropelens cannot tell its "
+        "attention layers apart"
+    )
 
 
 def _attention_sublayers(hf, n: int) -> list[tuple[torch.nn.Module, torch.nn.Module]] | None:
@@ -92,7 +118,11 @@ def _attention_sublayers(hf, n: int) -> list[tuple[torch.nn.Module, torch.nn.Mod
         for decoder in lst:
             for sub in decoder.modules():
                 idx = getattr(sub, "layer_idx", None)
-                attention = sub is not decoder and isinstance(idx, int) and isinstance(getattr(sub, "scaling", None), float)
+                attention = (
+                    sub is not decoder
+                    and isinstance(idx, int)
+                    and isinstance(getattr(sub, "scaling", None), float)
+                )
                 if attention and found.setdefault(idx, (decoder, sub))[1] is not sub:
                     return None  # one number, two modules: not a numbering of layers
     return [found[i] for i in range(n)] if n and sorted(found) == list(range(n)) else None
@@ -110,10 +140,21 @@ def attention_modules(hf) -> list[torch.nn.Module | None]:
         if sub is not None:
             return [attn for _, attn in sub]
     out: list[torch.nn.Module | None] = []
-    for layer in decoder_layers(hf):  # cross-attention (Mllama's, to image states) is no self-attention: None
-        out.append(next((c for c in layer.children() if "attention" in type(c).__name__.lower()
-                         and not is_token_mixer(type(c).__name__) and "crossattention" not in type(c).__name__.lower()),
-                        None))
+    for layer in decoder_layers(
+        hf
+    ):  # cross-attention (Mllama's, to image states) is no self-attention: None
+        out.append(
+            next(
+                (
+                    c
+                    for c in layer.children()
+                    if "attention" in type(c).__name__.lower()
+                    and not is_token_mixer(type(c).__name__)
+                    and "crossattention" not in type(c).__name__.lower()
+                ),
+                None,
+            )
+        )
     return out
 
 
@@ -129,31 +170,49 @@ class PlainModel(torch.nn.Module):
     def __getattr__(self, name: str) -> Any:
         if name in _BRIDGE_ONLY:
             cfg = self.__dict__.get("cfg")
-            raise BridgeOnlyError(refusal(cfg, f"model.{name} is TransformerLens's hook surface, which only the bridge "
-                                               "has"))
+            raise BridgeOnlyError(
+                refusal(
+                    cfg,
+                    f"model.{name} is TransformerLens's hook surface, which only the bridge has",
+                )
+            )
         return super().__getattr__(name)
 
     @property
     def attention_blocks(self) -> list[SimpleNamespace]:
         """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``, no ``.attn`` where
         it has no softmax attention; ``.original_component`` is the HF decoder layer (its token mixer is read there)."""
-        layers = decoder_layers(self.original_model)  # each block's HF decoder layer, where its other mixers live
-        return [SimpleNamespace(original_component=d) if a is None
-                else SimpleNamespace(attn=SimpleNamespace(original_component=a), original_component=d)
-                for a, d in zip(attention_modules(self.original_model), layers, strict=True)]
+        layers = decoder_layers(
+            self.original_model
+        )  # each block's HF decoder layer, where its other mixers live
+        return [
+            SimpleNamespace(original_component=d)
+            if a is None
+            else SimpleNamespace(attn=SimpleNamespace(original_component=a), original_component=d)
+            for a, d in zip(attention_modules(self.original_model), layers, strict=True)
+        ]
 
     def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> Tensor:
         """``[batch, pos]`` token ids of ``text`` on the model's device, BOS first (as the bridge's ``to_tokens``)."""
         texts = [text] if isinstance(text, str) else list(text)
         bos = getattr(self.tokenizer, "bos_token_id", None)
-        rows = [([bos] if prepend_bos and bos is not None else []) + self.tokenizer(t, add_special_tokens=False)["input_ids"]
-                for t in texts]
+        rows = [
+            ([bos] if prepend_bos and bos is not None else [])
+            + self.tokenizer(t, add_special_tokens=False)["input_ids"]
+            for t in texts
+        ]
         n = max(len(r) for r in rows)
         pad = getattr(self.tokenizer, "pad_token_id", None) or 0
         return torch.tensor([r + [pad] * (n - len(r)) for r in rows], device=self.cfg.device)
 
-    def forward(self, input: Tensor | str | None = None, return_type: str | None = "logits", *,
-                input_ids: Tensor | None = None, **kwargs: Any) -> Any:
+    def forward(
+        self,
+        input: Tensor | str | None = None,
+        return_type: str | None = "logits",
+        *,
+        input_ids: Tensor | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """``model(tokens)`` → logits ``[batch, pos, vocab]`` as a bridge gives (``return_type=None``: nothing);
         ``model(input_ids=...)`` → the HF model's own output, as an HF causal LM gives."""
         from ropelens.backends.sdpa_capture import sdpa_attention
@@ -163,9 +222,14 @@ class PlainModel(torch.nn.Module):
             with self._planned(hf):
                 return hf(input_ids=input_ids, **kwargs)
         if return_type not in ("logits", None):
-            raise InputError(f"return_type {return_type!r} is not supported on a plain HF model: use 'logits' or None")
+            raise InputError(
+                f"return_type {return_type!r} is not supported on a plain HF model: use 'logits' or None"
+            )
         toks = self.to_tokens(input) if isinstance(input, str) else input
-        with sdpa_attention(hf), self._planned(hf):  # the logits of eager attention, without its [heads, n, n] matrices
+        with (
+            sdpa_attention(hf),
+            self._planned(hf),
+        ):  # the logits of eager attention, without its [heads, n, n] matrices
             out = hf(input_ids=toks.to(self.cfg.device), use_cache=False, **kwargs)
         return None if return_type is None else out.logits
 
@@ -198,7 +262,11 @@ def refusal(cfg: PlainConfig | None, what: str) -> str:
     """One line: the architecture, that it runs without the bridge and why, what cannot run, and what can."""
     arch = getattr(cfg, "architecture", None) or "model"
     why = getattr(cfg, "why", None)
-    why = "loaded without the TransformerLens bridge (bridge=False)" if why in (None, "bridge=False") else why
+    why = (
+        "loaded without the TransformerLens bridge (bridge=False)"
+        if why in (None, "bridge=False")
+        else why
+    )
     return f"{arch}: {why}, so ropelens runs the plain HF model; {what}. What works: {WORKS}"
 
 
@@ -212,16 +280,29 @@ def plain_model(hf: torch.nn.Module, tokenizer: Any, *, label: str, why: str) ->
     from ropelens.devices import device_of
 
     cfg = _text_config(hf)
-    if not isinstance(getattr(cfg, "num_hidden_layers", None), int):  # BLT: a stack over bytes, one over patches, ...
+    if not isinstance(
+        getattr(cfg, "num_hidden_layers", None), int
+    ):  # BLT: a stack over bytes, one over patches, ...
         raise UnsupportedModelError(
             f"{type(hf).__name__}: its config counts no layers (num_hidden_layers): they are split over separate "
             f"stacks ({', '.join(getattr(cfg, 'sub_configs', None) or ()) or 'sub-configs'}), not all over the "
-            "input's tokens; ropelens measures one stack of layers over the input's tokens.")
-    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 0)
+            "input's tokens; ropelens measures one stack of layers over the input's tokens."
+        )
+    n_ctx = int(
+        getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 0
+    )
     dtype = next((p.dtype for p in hf.parameters() if p.is_floating_point()), torch.float32)
-    pc = PlainConfig(model_name=label, model_path=None, architecture=type(hf).__name__,
-                     n_layers=int(cfg.num_hidden_layers), n_ctx=n_ctx, d_vocab=int(getattr(cfg, "vocab_size", 0) or 0),
-                     device=device_of(hf), dtype=dtype, why=why)
+    pc = PlainConfig(
+        model_name=label,
+        model_path=None,
+        architecture=type(hf).__name__,
+        n_layers=int(cfg.num_hidden_layers),
+        n_ctx=n_ctx,
+        d_vocab=int(getattr(cfg, "vocab_size", 0) or 0),
+        device=device_of(hf),
+        dtype=dtype,
+        why=why,
+    )
     return PlainModel(hf.eval(), tokenizer, pc).eval()
 
 
@@ -231,10 +312,17 @@ def vl_model(model_or_hf: Any, label: str | None = None) -> PlainModel:
     if is_plain(model_or_hf):
         return model_or_hf
     if hasattr(model_or_hf, "original_model") or not hasattr(model_or_hf, "config"):
-        raise UnsupportedModelError(f"{type(model_or_hf).__name__}: M-RoPE is measured on the plain HF model: pass the HF "
-                                    "vision-language model itself, or ropelens.loading.vision_language.load_vl_model(path)")
+        raise UnsupportedModelError(
+            f"{type(model_or_hf).__name__}: M-RoPE is measured on the plain HF model: pass the HF "
+            "vision-language model itself, or ropelens.loading.vision_language.load_vl_model(path)"
+        )
     name = label or getattr(model_or_hf.config, "_name_or_path", "") or type(model_or_hf).__name__
-    return plain_model(model_or_hf, None, label=str(name), why="a vision-language model, measured on its text tower")
+    return plain_model(
+        model_or_hf,
+        None,
+        label=str(name),
+        why="a vision-language model, measured on its text tower",
+    )
 
 
 # ------------------------------------------------------------------------------------------ capture
@@ -252,17 +340,24 @@ def mixed_weights(module: torch.nn.Module, value: Tensor, out: tuple) -> Tensor 
     per-query multiple of that mix is left to the probe's probability check.
     """
     p = out[1] if isinstance(out, tuple) and len(out) > 1 else None
-    if not isinstance(p, Tensor) or not isinstance(getattr(module, "sinks", None), Tensor) or p.ndim != 4:
+    if (
+        not isinstance(p, Tensor)
+        or not isinstance(getattr(module, "sinks", None), Tensor)
+        or p.ndim != 4
+    ):
         return p
-    mixed = (p.float() @ value.float().repeat_interleave(p.shape[1] // value.shape[1], dim=1))
+    mixed = p.float() @ value.float().repeat_interleave(p.shape[1] // value.shape[1], dim=1)
     o = out[0].float().transpose(1, 2) if isinstance(out[0], Tensor) and out[0].ndim == 4 else None
     if o is None or o.shape != mixed.shape:
         return p
     scale = (o * mixed).sum(-1) / (mixed * mixed).sum(-1).clamp_min(1e-30)
     # a 16-bit output is rounded to its eps (bf16: 4e-3 relative): a per-query scale fits to 2e-2 of the largest
     # entry; any other change of the output after the mix is off by O(1)
-    if float((o - scale[..., None] * mixed).abs().max()) > 2e-2 * float(o.abs().max().clamp_min(1e-30)) \
-            or float((scale - 1).abs().max()) <= 1e-6:  # the sinks already in the probabilities (gpt-oss)
+    if (
+        float((o - scale[..., None] * mixed).abs().max())
+        > 2e-2 * float(o.abs().max().clamp_min(1e-30))
+        or float((scale - 1).abs().max()) <= 1e-6
+    ):  # the sinks already in the probabilities (gpt-oss)
         return p
     return (p.float() * scale[..., None]).to(p.dtype)
 
@@ -285,16 +380,33 @@ def _tiled_like(k: Tensor, k_rot: Tensor, k_post: Tensor) -> tuple[Tensor, Tenso
     """The rotation's keys ``[b, kv_heads, pos, d]`` tiled as they enter the score, where the model tiles them
     (JetMoE repeats all its KV heads once per expert slot: query head h reads key h mod kv_heads); else as given."""
     n, m = k_rot.shape[1], k_post.shape[1]
-    if k_rot.ndim != 4 or k_post.ndim != 4 or m <= n or m % n or k_rot.shape[2:] != k_post.shape[2:]:
+    if (
+        k_rot.ndim != 4
+        or k_post.ndim != 4
+        or m <= n
+        or m % n
+        or k_rot.shape[2:] != k_post.shape[2:]
+    ):
         return k, k_rot
     tiled = k_rot.repeat(1, m // n, 1, 1)
-    if not torch.equal(tiled, k_post):  # grouped copies, or a change after the rotation: left to the checks below
+    if not torch.equal(
+        tiled, k_post
+    ):  # grouped copies, or a change after the rotation: left to the checks below
         return k, k_rot
     return k.repeat(1, m // n, 1, 1), tiled
 
 
-def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequence[int], needs: frozenset[str],
-            on_layer: Callable[[int, dict[str, Tensor]], object], *, padded: bool) -> None:
+def capture(
+    model: PlainModel,
+    spec,
+    tokens: Tensor,
+    valid: Tensor,
+    layers: Sequence[int],
+    needs: frozenset[str],
+    on_layer: Callable[[int, dict[str, Tensor]], object],
+    *,
+    padded: bool,
+) -> None:
     """Run the plain HF model on one batch and hand each of ``layers`` its ``needs`` to ``on_layer(layer, tensors)``.
 
     Tensors are ``[batch, pos, head, d]`` (keys: KV heads) and the pattern ``[batch, head, q, k]``. Pre-RoPE q
@@ -318,7 +430,9 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     arch = type(hf).__name__
 
     def cannot(why: str) -> UnsupportedModelError:
-        return UnsupportedModelError(refusal(model.cfg, f"its queries and keys cannot be read from the HF forward ({why})"))
+        return UnsupportedModelError(
+            refusal(model.cfg, f"its queries and keys cannot be read from the HF forward ({why})")
+        )
 
     mod = importlib.import_module(type(hf).__module__)
     rot_fns = rotation_functions(mod)
@@ -327,7 +441,9 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) or (x, cos, sin, ...) to tap")
     attns = attention_modules(hf)
     wanted, last = set(layers), max(layers)
-    sources = {i: j for i, j in kv_sources(attns).items() if i in wanted}  # layers reusing an earlier layer's keys
+    sources = {
+        i: j for i, j in kv_sources(attns).items() if i in wanted
+    }  # layers reusing an earlier layer's keys
     rotated = wanted | set(sources.values())  # the layers whose rotations are kept
     keys: dict[int, tuple[Tensor, Tensor]] = {}  # a source layer's (pre-RoPE, rotated) keys
     current: list[int | None] = [None]
@@ -346,7 +462,9 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
             # the first rotation of the layer (k None: queries alone, Qwen4-Exp's indexer form, never the layer's)
             if L in wanted and k is not None and "rot" not in got.setdefault(L, {}):
                 # Llama 4 rotates [batch, pos, head, d]: kept heads first, as every other family's
-                got[L]["rot"] = tuple(t.transpose(1, 2) for t in (q, k, *out)) if flip else (q, k, *out)
+                got[L]["rot"] = (
+                    tuple(t.transpose(1, 2) for t in (q, k, *out)) if flip else (q, k, *out)
+                )
             return out
 
         return tapped
@@ -365,11 +483,15 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         def hook(_m, _a, output) -> None:
             current[0] = None
             rec = got.pop(i, {})
-            if "calls" in rec:  # GPT-J's form: which call rotated the queries is read off the attention's inputs
+            if (
+                "calls" in rec
+            ):  # GPT-J's form: which call rotated the queries is read off the attention's inputs
                 rec["rot"] = _queries_and_keys(rec.pop("calls"), rec.get("att"), cannot, i)
             if i in sources.values() and "rot" in rec:
                 keys[i] = (rec["rot"][1], rec["rot"][3])
-            if i in sources and "q_only" in rec and sources[i] in keys:  # its keys: the source's, as they were stored
+            if (
+                i in sources and "q_only" in rec and sources[i] in keys
+            ):  # its keys: the source's, as they were stored
                 (q, q_rot), (k, k_rot) = rec.pop("q_only"), keys[sources[i]]
                 rec["rot"] = (q, k, q_rot, k_rot)
             if i in wanted:
@@ -384,12 +506,18 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     for i, a in enumerate(attns[: last + 1]):
         if a is not None:
             handles += [a.register_forward_pre_hook(enter(i)), a.register_forward_hook(leave(i))]
-    handles += outside_indexers(attns[: last + 1], current)  # a sparse-attention indexer's rotation is not the layer's
+    handles += outside_indexers(
+        attns[: last + 1], current
+    )  # a sparse-attention indexer's rotation is not the layer's
     for name, fn in rot_fns.items():
-        setattr(mod, name, rot_tap(fn, name == "apply_rotary_emb" and complex_positions_axis(fn) == 1))
+        setattr(
+            mod, name, rot_tap(fn, name == "apply_rotary_emb" and complex_positions_axis(fn) == 1)
+        )
     # q/k alone: the family's sdpa attention, its inputs tapped (eager attention would build every [heads, n, n]
     # score matrix only to throw it away: 128 heads of DeepSeek V3)
-    fast = "pattern" not in needs and att_fn is not None and bool(getattr(hf, "_supports_sdpa", False))
+    fast = (
+        "pattern" not in needs and att_fn is not None and bool(getattr(hf, "_supports_sdpa", False))
+    )
 
     def seen(_module, query: Tensor, key: Tensor, attention_mask: Tensor | None) -> None:
         L = current[0]
@@ -399,10 +527,19 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
     if att_fn is not None and not fast:
         mod.eager_attention_forward = att_tap
     try:
-        with attention_implementation(hf, "sdpa" if fast else "eager"), torch.no_grad(), \
-                attention_tap([a for a in attns if a is not None], seen, with_mask=True) if fast else contextlib.nullcontext():
-            hf(input_ids=tokens, attention_mask=valid.long() if padded else None, use_cache=False,
-               output_attentions=att_fn is None and "pattern" in needs)
+        with (
+            attention_implementation(hf, "sdpa" if fast else "eager"),
+            torch.no_grad(),
+            attention_tap([a for a in attns if a is not None], seen, with_mask=True)
+            if fast
+            else contextlib.nullcontext(),
+        ):
+            hf(
+                input_ids=tokens,
+                attention_mask=valid.long() if padded else None,
+                use_cache=False,
+                output_attentions=att_fn is None and "pattern" in needs,
+            )
     except _Stop:
         pass
     finally:
@@ -417,7 +554,9 @@ def capture(model: PlainModel, spec, tokens: Tensor, valid: Tensor, layers: Sequ
         raise cannot(f"layers {missing} ran no attention module ropelens could find")
 
 
-def _single_tap(fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]) -> Callable:
+def _single_tap(
+    fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]
+) -> Callable:
     """``fn`` (the one-tensor form) tapped: a layer's first call rotates its queries, the second its keys; both are
     kept as ``(q, k, q_rot, k_rot)`` ``[batch, heads, pos, d]``, heads moved from where ``unsqueeze_dim`` puts them
     (the axis cos and sin broadcast over). A layer that rotates its queries only (its keys are an earlier layer's)
@@ -443,7 +582,9 @@ def _single_tap(fn: Callable, current: list[int | None], wanted: set[int], got: 
     return tapped
 
 
-def _table_tap(fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]) -> Callable:
+def _table_tap(
+    fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]
+) -> Callable:
     """``fn`` (GPT-J's ``(tensor, sin, cos)`` form) tapped: a layer's first two calls are kept as (input, output)
     pairs; :func:`_queries_and_keys` tells queries from keys once the attention function's inputs are seen."""
 
@@ -459,30 +600,38 @@ def _table_tap(fn: Callable, current: list[int | None], wanted: set[int], got: d
     return tapped
 
 
-def _queries_and_keys(calls: list, att: tuple | None, cannot: Callable[[str], Exception], L: int) -> tuple:
+def _queries_and_keys(
+    calls: list, att: tuple | None, cannot: Callable[[str], Exception], L: int
+) -> tuple:
     """``(q, k, q_rot, k_rot)`` ``[batch, heads, pos, d]`` from two calls of a rotation that takes no head axis:
     each call's output, in either layout ([batch, pos, head, d] or [batch, head, pos, d]), is matched against the
     rotated slice of the query and key the attention function received (the order of the calls is the model's)."""
     if len(calls) != 2 or att is None:
-        raise cannot(f"layer {L} made {len(calls)} rotation calls and "
-                     f"{'no' if att is None else 'one'} attention-function call; ropelens reads q and k from two "
-                     "rotation calls (GPT-J's form) matched against the attention function's query and key")
+        raise cannot(
+            f"layer {L} made {len(calls)} rotation calls and "
+            f"{'no' if att is None else 'one'} attention-function call; ropelens reads q and k from two "
+            "rotation calls (GPT-J's form) matched against the attention function's query and key"
+        )
     query, key = att[0], att[1]
 
     def match(x: Tensor, out: Tensor, target: Tensor) -> tuple[Tensor, Tensor] | None:
         w = out.shape[-1]
         for lay in (lambda t: t.transpose(1, 2), lambda t: t):
             o = lay(out)
-            if o.shape == target[..., :w].shape and torch.allclose(o, target[..., :w], rtol=1e-3, atol=1e-5):
+            if o.shape == target[..., :w].shape and torch.allclose(
+                o, target[..., :w], rtol=1e-3, atol=1e-5
+            ):
                 return lay(x), o
         return None
 
-    for (qc, kc) in (calls, calls[::-1]):
+    for qc, kc in (calls, calls[::-1]):
         q, k = match(*qc, query), match(*kc, key)
         if q is not None and k is not None:
             return (q[0], k[0], q[1], k[1])
-    raise cannot(f"layer {L}'s two rotation outputs are not the rotated slices of the query and key its attention "
-                 "function receives")
+    raise cannot(
+        f"layer {L}'s two rotation outputs are not the rotated slices of the query and key its attention "
+        "function receives"
+    )
 
 
 def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:
@@ -493,8 +642,13 @@ def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:
         if a is None or not getattr(a, "is_kv_shared_layer", False):
             continue
         kind = getattr(a, "layer_type", None)
-        src = [j for j, b in enumerate(attns[:i]) if b is not None and getattr(b, "store_full_length_kv", False)
-               and getattr(b, "layer_type", None) == kind]
+        src = [
+            j
+            for j, b in enumerate(attns[:i])
+            if b is not None
+            and getattr(b, "store_full_length_kv", False)
+            and getattr(b, "layer_type", None) == kind
+        ]
         if src:
             out[i] = src[-1]
     return out
@@ -507,8 +661,9 @@ def can_tap(hf) -> bool:
     return bool(rotation_functions(importlib.import_module(type(hf).__module__)))
 
 
-def _mla_tensors(lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: Tensor,
-                 key: Tensor) -> dict[str, Tensor]:
+def _mla_tensors(
+    lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: Tensor, key: Tensor
+) -> dict[str, Tensor]:
     """An MLA layer's tensors in ropelens's head layout (rotary dims first: ``LayerRope.from_model``): the attention
     function's query and key (whole heads) with their rotary slice, at the spec's ``rotary_offset``, replaced by the
     rotation's input (pre-RoPE, in the plane layout the rotation writes) or output. The key's rotary slice is one
@@ -520,55 +675,102 @@ def _mla_tensors(lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: 
         out[..., o : o + r] = part  # broadcasts the key's one shared head over every head
         return lr.from_model(out)
 
-    return {"q_pre": placed(query, lr.pre_from_model(q)), "k_pre": placed(key, lr.pre_from_model(k)),
-            "q_rot": placed(query, q_rot), "k_rot": placed(key, k_rot),
-            "q_post": lr.from_model(query), "k_post": lr.from_model(key)}
+    return {
+        "q_pre": placed(query, lr.pre_from_model(q)),
+        "k_pre": placed(key, lr.pre_from_model(k)),
+        "q_rot": placed(query, q_rot),
+        "k_rot": placed(key, k_rot),
+        "q_post": lr.from_model(query),
+        "k_post": lr.from_model(key),
+    }
 
 
-def _selection(mask: Tensor | None, batch: int, n: int, cannot: Callable[[str], Exception], L: int) -> Tensor:
+def _selection(
+    mask: Tensor | None, batch: int, n: int, cannot: Callable[[str], Exception], L: int
+) -> Tensor:
     """``[batch, q, k]`` the keys the model's attention function lets each query see (its indexer's top-k folded
     into the causal mask): a boolean mask as given, an additive one where it is 0."""
-    if not isinstance(mask, Tensor) or mask.ndim != 4 or mask.shape[-2:] != (n, n) or mask.shape[1] != 1:
+    if (
+        not isinstance(mask, Tensor)
+        or mask.ndim != 4
+        or mask.shape[-2:] != (n, n)
+        or mask.shape[1] != 1
+    ):
         got = "none" if not isinstance(mask, Tensor) else f"shape {tuple(mask.shape)}"
-        raise cannot(f"layer {L} selects keys, but its attention function received no [batch, 1, {n}, {n}] mask "
-                     f"to read the selection from ({got})")
+        raise cannot(
+            f"layer {L} selects keys, but its attention function received no [batch, 1, {n}, {n}] mask "
+            f"to read the selection from ({got})"
+        )
     m = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0
     return m.expand(batch, n, n).detach()
 
 
-def _assemble(lr, rec: dict[str, tuple], output: Any, needs: frozenset[str],
-              cannot: Callable[[str], Exception]) -> dict[str, Tensor]:
+def _assemble(
+    lr,
+    rec: dict[str, tuple],
+    output: Any,
+    needs: frozenset[str],
+    cannot: Callable[[str], Exception],
+) -> dict[str, Tensor]:
     """One layer's tensors from what its rotation and attention function saw (see :func:`capture`)."""
     L = lr.layer
     if "rot" not in rec:
         raise cannot(f"layer {L} never called apply_rotary_pos_emb")
     q, k, q_rot, k_rot = rec["rot"]
     att = rec.get("att")
-    if lr.shared_rotary_key:  # multi-head latent attention: a rotary slice after the no-position dims
+    if (
+        lr.shared_rotary_key
+    ):  # multi-head latent attention: a rotary slice after the no-position dims
         if att is None:
-            raise cannot(f"layer {L}'s attention function was not seen, and its heads are made there")
+            raise cannot(
+                f"layer {L}'s attention function was not seen, and its heads are made there"
+            )
         mla = _mla_tensors(lr, q, k, q_rot, k_rot, att[0], att[1])
-        q, k, q_rot, k_rot, q_post, k_post = (mla[n] for n in ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post"))
+        q, k, q_rot, k_rot, q_post, k_post = (
+            mla[n] for n in ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post")
+        )
     else:
         q_post, k_post = (att[0], att[1]) if att is not None else (q_rot, k_rot)
     k, k_rot = _tiled_like(k, k_rot, k_post)
     k, k_rot, k_post = (_one_per_kv_head(t, lr.n_kv_heads, cannot, L) for t in (k, k_rot, k_post))
     want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
-    if (q_post.ndim, k_post.ndim) != (4, 4) or (q_post.shape[1], q_post.shape[-1]) != want_q \
-            or (k_post.shape[1], k_post.shape[-1]) != want_k:
-        raise cannot(f"layer {L}'s q {tuple(q_post.shape)} and k {tuple(k_post.shape)} are not [batch, heads, pos, "
-                     f"{lr.head_dim}] with {lr.n_heads} and {lr.n_kv_heads} heads")
+    if (
+        (q_post.ndim, k_post.ndim) != (4, 4)
+        or (q_post.shape[1], q_post.shape[-1]) != want_q
+        or (k_post.shape[1], k_post.shape[-1]) != want_k
+    ):
+        raise cannot(
+            f"layer {L}'s q {tuple(q_post.shape)} and k {tuple(k_post.shape)} are not [batch, heads, pos, "
+            f"{lr.head_dim}] with {lr.n_heads} and {lr.n_kv_heads} heads"
+        )
     w = q.shape[-1]
-    if w < lr.head_dim:  # partial rotary: the dims after the rotated slice pass unrotated, so pre = post there
-        q, k, q_rot, k_rot = (torch.cat([t, post[..., w:]], -1)
-                              for t, post in ((q, q_post), (k, k_post), (q_rot, q_post), (k_rot, k_post)))
+    if (
+        w < lr.head_dim
+    ):  # partial rotary: the dims after the rotated slice pass unrotated, so pre = post there
+        q, k, q_rot, k_rot = (
+            torch.cat([t, post[..., w:]], -1)
+            for t, post in ((q, q_post), (k, k_post), (q_rot, q_post), (k_rot, k_post))
+        )
     # q_rot/k_rot: the rotation's own output; q_post/k_post: what enters the score (they differ under a norm after RoPE)
-    out = {"q_pre": q, "k_pre": k, "q_rot": q_rot, "k_rot": k_rot, "q_post": q_post, "k_post": k_post}
+    out = {
+        "q_pre": q,
+        "k_pre": k,
+        "q_rot": q_rot,
+        "k_rot": k_rot,
+        "q_post": q_post,
+        "k_post": k_post,
+    }
     tensors = {n: t.detach().transpose(1, 2) for n, t in out.items() if n in needs}
     if "selected" in needs and lr.selects(q_post.shape[2]):
-        tensors["selected"] = _selection(att[3] if att is not None else None, q_post.shape[0], q_post.shape[2], cannot, L)
+        tensors["selected"] = _selection(
+            att[3] if att is not None else None, q_post.shape[0], q_post.shape[2], cannot, L
+        )
     if "pattern" in needs:
-        pattern = att[2] if att is not None else (output[1] if isinstance(output, tuple) and len(output) > 1 else None)
+        pattern = (
+            att[2]
+            if att is not None
+            else (output[1] if isinstance(output, tuple) and len(output) > 1 else None)
+        )
         if not isinstance(pattern, Tensor):
             raise cannot(f"layer {L} returns no attention probabilities")
         tensors["pattern"] = pattern.detach()

@@ -63,8 +63,12 @@ def losses_of(logits: Tensor, batch: Tensor) -> Tensor:
     return token_losses(logits[:, :-1].float(), batch[:, 1:]).mean(dim=-1)
 
 
-def token_losses(logits: Float[Tensor, "b pos vocab"], targets: Int[Tensor, "b pos"]) -> Float[Tensor, "b pos"]:
+def token_losses(
+    logits: Float[Tensor, "b pos vocab"], targets: Int[Tensor, "b pos"]
+) -> Float[Tensor, "b pos"]:
     """Next-token loss at every position; rows of [b·pos, vocab] keep the vocabulary contiguous, which on a
     CPU is ~4× faster than cross_entropy over a [b, vocab, pos] view."""
-    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    flat = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+    )
     return flat.view(targets.shape)

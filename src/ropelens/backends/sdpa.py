@@ -35,8 +35,20 @@ from ropelens.spec.plan import (
 )
 from ropelens.spec.rope import RopeSpec
 
-__all__ = ["AblationStep", "ReplaceStep", "Step", "VariantStep", "active_plan", "engine_plan", "engine_ready", "model_tables", "on_sdpa", "planned", "sdpa_ready",
-           "variant_tables"]
+__all__ = [
+    "AblationStep",
+    "ReplaceStep",
+    "Step",
+    "VariantStep",
+    "active_plan",
+    "engine_plan",
+    "engine_ready",
+    "model_tables",
+    "on_sdpa",
+    "planned",
+    "sdpa_ready",
+    "variant_tables",
+]
 
 _READY = "_ropelens_sdpa_ready"
 _MARK = "_ropelens_interventions"  # ropelens.backends.sdpa_capture.intervened's counter
@@ -48,7 +60,9 @@ def planned(model, step: Step) -> Iterator[None]:
     """Record ``step`` in the model's plan while the block runs. A step the engine applies (``step.engine``) on a
     bridge also has every forward of the bridge run with the plan applied at the rotations its HF modules call."""
     object.__setattr__(model, PLAN_ATTR, (*active_plan(model), step))
-    hooks = _bridge_engine(model) if step.engine and not _is_plain(model) else contextlib.nullcontext()
+    hooks = (
+        _bridge_engine(model) if step.engine and not _is_plain(model) else contextlib.nullcontext()
+    )
     try:
         with hooks:
             yield
@@ -83,19 +97,26 @@ def _bridge_engine(model) -> Iterator[None]:
         object.__setattr__(model, _ENGINE_HOOKS, (count[0] + 1, count[1]))
     else:
         spec = rope_spec(model)
-        attns = [getattr(getattr(b, "attn", None), "original_component", None) for b in model.blocks]
+        attns = [
+            getattr(getattr(b, "attn", None), "original_component", None) for b in model.blocks
+        ]
         stack: list[contextlib.ExitStack] = []
 
         def enter(*_: object) -> None:
             es = contextlib.ExitStack()
-            es.enter_context(rotation_plan(hf_model_of(model), spec, active_plan(model), attns=attns))
+            es.enter_context(
+                rotation_plan(hf_model_of(model), spec, active_plan(model), attns=attns)
+            )
             stack.append(es)
 
         def leave(*_: object) -> None:
             if stack:
                 stack.pop().close()
 
-        handles = [model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True)]
+        handles = [
+            model.register_forward_pre_hook(enter),
+            model.register_forward_hook(leave, always_call=True),
+        ]
         object.__setattr__(model, _ENGINE_HOOKS, (1, handles))
     try:
         yield
@@ -128,10 +149,16 @@ def _tapped(hf, spec: RopeSpec, plan: tuple) -> Iterator[None]:
 def _n_hooks(model) -> int:
     """TransformerLens hooks on the bridge's hook points, and forward hooks on its attention layers
     (where variants sit); the bridge's own internal hooks are elsewhere."""
-    unique = {id(h): h for h in model.hook_dict.values()}.values()  # aliases name one hook point twice
-    points = sum(len(getattr(h, "fwd_hooks", ())) + len(getattr(h, "bwd_hooks", ())) for h in unique)
+    unique = {
+        id(h): h for h in model.hook_dict.values()
+    }.values()  # aliases name one hook point twice
+    points = sum(
+        len(getattr(h, "fwd_hooks", ())) + len(getattr(h, "bwd_hooks", ())) for h in unique
+    )
     attns = [getattr(b, "attn", None) for b in model.blocks]
-    return points + sum(len(a._forward_pre_hooks) + len(a._forward_hooks) for a in attns if a is not None)
+    return points + sum(
+        len(a._forward_pre_hooks) + len(a._forward_hooks) for a in attns if a is not None
+    )
 
 
 def _probe(model, spec: RopeSpec) -> str | None:
@@ -149,7 +176,10 @@ def engine_ready(model) -> str | None:
     from ropelens.backends.engine import rotation_forms
 
     mod = importlib.import_module(type(hf_view(model)).__module__)
-    key = (tuple(id(f) for f, _ in rotation_forms(mod).values()), id(getattr(mod, "rotate_half", None)))
+    key = (
+        tuple(id(f) for f, _ in rotation_forms(mod).values()),
+        id(getattr(mod, "rotate_half", None)),
+    )
     cached = getattr(model, _READY, None)
     if cached is None or cached[0] != key:
         from ropelens.spec.reading import rope_spec
@@ -173,7 +203,9 @@ def sdpa_ready(model) -> bool:
     if not (hasattr(model, "original_model") and (plain or hasattr(model, "blocks"))):
         return False
     plan = active_plan(model)
-    if getattr(model, _MARK, 0) != len(plan) or (not plain and _n_hooks(model) != sum(s.n_hooks for s in plan)):
+    if getattr(model, _MARK, 0) != len(plan) or (
+        not plain and _n_hooks(model) != sum(s.n_hooks for s in plan)
+    ):
         return False
     return engine_ready(model) is None
 
@@ -193,7 +225,8 @@ def on_sdpa(model) -> Iterator[torch.nn.Module]:
         why = getattr(model, _READY, (None, None))[1]
         raise UnsupportedModelError(
             f"this model cannot run its interventions on the HF sdpa forward ({why or 'a hook or intervention other than a RoPE variant or plane ablation is in force'}): "
-            "run it through the bridge")
+            "run it through the bridge"
+        )
     from ropelens.spec.reading import rope_spec
 
     hf = hf_view(model)

@@ -25,7 +25,15 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.spec.rope import LayerRope, RopeSpec
 
-__all__ = ["QK_NEEDS", "attention_implementation", "fast_qk", "hf_view", "intervened", "right_padded", "sdpa_attention"]
+__all__ = [
+    "QK_NEEDS",
+    "attention_implementation",
+    "fast_qk",
+    "hf_view",
+    "intervened",
+    "right_padded",
+    "sdpa_attention",
+]
 
 QK_NEEDS = frozenset({"q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post"})
 _MARK = "_ropelens_interventions"
@@ -55,8 +63,10 @@ def right_padded(valid: Tensor) -> bool:
     padded, gap = torch.stack([~v.all(), (v[:, 1:] & ~v[:, :-1]).any()]).tolist()
     if gap:
         row = int((v[:, 1:] & ~v[:, :-1]).any(1).nonzero()[0])
-        raise InputError(f"the valid mask's row {row} has a real token after padding (left padding or a gap): ropelens "
-                         "measures right-padded batches only; put each window's tokens first and its padding last")
+        raise InputError(
+            f"the valid mask's row {row} has a real token after padding (left padding or a gap): ropelens "
+            "measures right-padded batches only; put each window's tokens first and its padding last"
+        )
     return bool(padded)
 
 
@@ -71,8 +81,13 @@ def intervened(model) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callable[[int, tuple], object] | None = None,
-                block: list[int] | None = None) -> Iterator[bool]:
+def _rotary_tap(
+    hf,
+    expected: Sequence[LayerRope],
+    calls: list,
+    on_call: Callable[[int, tuple], object] | None = None,
+    block: list[int] | None = None,
+) -> Iterator[bool]:
     """Record (q, k, q_rot, k_rot, q_score, k_score) at every call of the modeling module's
     ``apply_rotary_pos_emb`` (or, with ``on_call``, hand call i's tensors to ``on_call(i, tensors)``
     and keep nothing).
@@ -105,11 +120,19 @@ def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callabl
             raise _Stop
 
     def tap(q, k=None, *args, **kwargs):
-        if waiting or len(calls) >= len(expected) or k is None:  # k None: a rotation of queries alone (an indexer's)
+        if (
+            waiting or len(calls) >= len(expected) or k is None
+        ):  # k None: a rotation of queries alone (an indexer's)
             raise _Unsupported
         lr = expected[len(calls)]
-        if q.ndim != 4 or q.shape[1] != lr.n_heads or k.shape[1] != lr.n_kv_heads or q.shape[-1] != lr.head_dim \
-                or k.shape[-1] != lr.head_dim or (block is not None and block[0] != lr.layer):
+        if (
+            q.ndim != 4
+            or q.shape[1] != lr.n_heads
+            or k.shape[1] != lr.n_kv_heads
+            or q.shape[-1] != lr.head_dim
+            or k.shape[-1] != lr.head_dim
+            or (block is not None and block[0] != lr.layer)
+        ):
             raise _Unsupported
         q_rot, k_rot = orig(q, k, *args, **kwargs)
         if lr.norm_after_rope:
@@ -121,8 +144,11 @@ def _rotary_tap(hf, expected: Sequence[LayerRope], calls: list, on_call: Callabl
     def scored(_module, query: Tensor, key: Tensor) -> None:
         if not waiting:
             return  # a layer whose score q/k are its rotated ones
-        if (block is not None and block[0] != expected[len(calls)].layer) or query.shape != waiting[0][2].shape \
-                or key.shape != waiting[0][3].shape:
+        if (
+            (block is not None and block[0] != expected[len(calls)].layer)
+            or query.shape != waiting[0][2].shape
+            or key.shape != waiting[0][3].shape
+        ):
             raise _Unsupported
         done((*waiting.pop(), query, key))
 
@@ -147,7 +173,9 @@ def sdpa_attention(hf) -> Iterator[None]:
 def attention_implementation(hf, impl: str | None) -> Iterator[None]:
     """Run the HF model with attention ``impl`` ("eager", "sdpa"; None: as it is) in its config and its text
     config, restoring the setting after: the one place ropelens switches a model's attention."""
-    cfgs = {id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: hf.config)())}.values()
+    cfgs = {
+        id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: hf.config)())
+    }.values()
     before = [(c, getattr(c, "_attn_implementation", None)) for c in cfgs]
     if impl is not None:
         for c, _ in before:
@@ -165,9 +193,19 @@ def _unbridged(module: torch.nn.Module) -> torch.nn.Module:
     while hasattr(module, "_original_component") and module._original_component is not None:
         module = module._original_component
     view = copy.copy(module)
-    view._modules = {name: (None if child is None else _unbridged(child)) for name, child in module._modules.items()}
-    for hooks in ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
-                  "_forward_hooks_always_called", "_backward_hooks", "_backward_pre_hooks"):
+    view._modules = {
+        name: (None if child is None else _unbridged(child))
+        for name, child in module._modules.items()
+    }
+    for hooks in (
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+    ):
         if hasattr(view, hooks):
             setattr(view, hooks, type(getattr(module, hooks))())
     return view
@@ -180,7 +218,9 @@ def hf_view(model) -> torch.nn.Module:
         from ropelens.spec.reading import hf_model_of
 
         view = _unbridged(hf_model_of(model))
-        object.__setattr__(model, "_ropelens_hf_view", view)  # not a submodule: no double registration
+        object.__setattr__(
+            model, "_ropelens_hf_view", view
+        )  # not a submodule: no double registration
     return view
 
 
@@ -189,10 +229,17 @@ def hf_decoder_layers(hf) -> Sequence[torch.nn.Module] | None:
     return layers if isinstance(layers, torch.nn.ModuleList) else None
 
 
-def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequence[int], *,
-            keep: frozenset[str] = QK_NEEDS,
-            on_layer: Callable[[int, dict[str, Tensor]], object] | None = None,
-            padded: bool | None = None) -> dict[int, dict[str, Tensor]] | None:
+def fast_qk(
+    model,
+    spec: RopeSpec,
+    tokens: Tensor,
+    valid: Tensor,
+    layers: Sequence[int],
+    *,
+    keep: frozenset[str] = QK_NEEDS,
+    on_layer: Callable[[int, dict[str, Tensor]], object] | None = None,
+    padded: bool | None = None,
+) -> dict[int, dict[str, Tensor]] | None:
     """``{layer: {name: tensor}}`` for the names in ``keep`` (``q_pre``, ``k_pre``, ``q_rot``, ``k_rot``,
     ``q_post``, ``k_post``: see :data:`ropelens.run.capture.NEEDS`), each ``[batch, pos, head, d]``, or None when this model cannot take the fast path (the caller
     then runs the bridge).
@@ -207,8 +254,14 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
     if getattr(model, _MARK, 0) or getattr(model, _UNSUPPORTED, False):
         return None
     # learn whether the model takes the fast path on a few tokens, so the real batch can stream
-    probe = on_layer is not None and not getattr(model, _SUPPORTED, False) and tokens.shape[1] > _PROBE
-    if probe and fast_qk(model, spec, tokens[:1, :_PROBE], valid[:1, :_PROBE], layers, keep=frozenset()) is None:
+    probe = (
+        on_layer is not None and not getattr(model, _SUPPORTED, False) and tokens.shape[1] > _PROBE
+    )
+    if (
+        probe
+        and fast_qk(model, spec, tokens[:1, :_PROBE], valid[:1, :_PROBE], layers, keep=frozenset())
+        is None
+    ):
         return None
     hf = hf_view(model)
     blocks = hf_decoder_layers(hf)
@@ -244,13 +297,22 @@ def fast_qk(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers: Sequen
     handles = [blocks[last].register_forward_hook(stop)]
     handles += [blocks[i].register_forward_pre_hook(enter(i)) for i in range(last + 1)]
     try:
-        with _rotary_tap(hf, [spec[L] for L in rotary], calls, hand_over if streaming else None, running) as tapped, \
-                sdpa_attention(hf), torch.no_grad():
+        with (
+            _rotary_tap(
+                hf, [spec[L] for L in rotary], calls, hand_over if streaming else None, running
+            ) as tapped,
+            sdpa_attention(hf),
+            torch.no_grad(),
+        ):
             if tapped:
                 # no padding: no mask tensor, so sdpa runs its causal kernel without an n × n mask
                 if padded is None:
                     padded = right_padded(valid)
-                hf(input_ids=tokens, attention_mask=valid.long() if padded else None, use_cache=False)
+                hf(
+                    input_ids=tokens,
+                    attention_mask=valid.long() if padded else None,
+                    use_cache=False,
+                )
     except _Stop:
         pass
     except _Unsupported:

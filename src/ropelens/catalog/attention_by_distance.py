@@ -28,7 +28,11 @@ from ropelens.results.curves import ByDistance
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens attention-by-distance [MODEL]``: band logits and attention by query-key distance."""
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=512, save="AttentionByDistance JSON")
-    p.add_argument("--keep-bos", action="store_true", help="keep BOS as a key (by default it is left out of the bins)")
+    p.add_argument(
+        "--keep-bos",
+        action="store_true",
+        help="keep BOS as a key (by default it is left out of the bins)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,13 +43,16 @@ def run(args: argparse.Namespace) -> int:
     makes a U-shaped logit rise again.
     """
     run = CorpusCommand.from_args(args)
-    shortest = 3 if args.keep_bos else 4  # distances 0, 1 and 2: the three bins a curve's shape needs
+    shortest = (
+        3 if args.keep_bos else 4
+    )  # distances 0, 1 and 2: the three bins a curve's shape needs
     if args.n_ctx < shortest:
-        raise InputError(f"--n-ctx {args.n_ctx} is too short for distance curves: they need three distance bins "
-                         f"(δ = 0, 1, 2{'' if args.keep_bos else ' between non-BOS tokens'}): use --n-ctx {shortest} or more")
+        raise InputError(
+            f"--n-ctx {args.n_ctx} is too short for distance curves: they need three distance bins "
+            f"(δ = 0, 1, 2{'' if args.keep_bos else ' between non-BOS tokens'}): use --n-ctx {shortest} or more"
+        )
     corpus, kw = run.prepare(attention_by_distance)
-    r = attention_by_distance(load_from_args(args), corpus, **kw,
-                              n_sink=0 if args.keep_bos else 1)
+    r = attention_by_distance(load_from_args(args), corpus, **kw, n_sink=0 if args.keep_bos else 1)
     used = run.measured(r)
     run.output.save_result(r)
     shapes = r.shapes()
@@ -68,22 +75,37 @@ def render(_data: ReportData, distance: Measured) -> Section:
     finding = r.findings()[0]  # the summary over layers; the per-layer sentences follow it
     text, counts = finding.text, finding.values["full_logit_shapes"]
     table = shapes[["layer", "kind", "curve", "shape", "text"]]
-    body = ("<p class=\"lead\">HoPE (Chen et al. 2025): attention decays locally but can turn U-shaped globally "
-            "through its low-frequency components. Mean band logit and attention probability in log-spaced distance "
-            f"bins; each curve is described as it is (decay, flat, U-shaped, peaked, oscillating). Measured on {n_win} "
-            f"window(s) of {n_ctx} tokens.</p><p>{esc(text)}</p>"
-            + figure_html(style_figure(distance_figure(r), height=480)) + table_html(table, text_cols=("kind", "curve", "shape", "text")))
-    return Section("attention-by-distance", "Attention by distance", body,
-                   tables={"distance_shapes": pd.DataFrame(shapes)}, numbers={"full_logit_shapes": counts},
-                   findings=[finding])
+    body = (
+        '<p class="lead">HoPE (Chen et al. 2025): attention decays locally but can turn U-shaped globally '
+        "through its low-frequency components. Mean band logit and attention probability in log-spaced distance "
+        f"bins; each curve is described as it is (decay, flat, U-shaped, peaked, oscillating). Measured on {n_win} "
+        f"window(s) of {n_ctx} tokens.</p><p>{esc(text)}</p>"
+        + figure_html(style_figure(distance_figure(r), height=480))
+        + table_html(table, text_cols=("kind", "curve", "shape", "text"))
+    )
+    return Section(
+        "attention-by-distance",
+        "Attention by distance",
+        body,
+        tables={"distance_shapes": pd.DataFrame(shapes)},
+        numbers={"full_logit_shapes": counts},
+        findings=[finding],
+    )
 
 
 ANALYSIS = Analysis(
-    "attention-by-distance", attention_by_distance, AttentionByDistance,
+    "attention-by-distance",
+    attention_by_distance,
+    AttentionByDistance,
     draw(AttentionByDistance, figure=distance_figure) + draw(ByDistance, line=curve_line),
     Command("attention-by-distance", run, options, distributed=True),
-    SectionSpec("attention-by-distance", "Attention by distance", render, measure,
-                summary="Mean band logit and attention probability by query–key distance, with U-shapes and their "
-                        "cause."),
+    SectionSpec(
+        "attention-by-distance",
+        "Attention by distance",
+        render,
+        measure,
+        summary="Mean band logit and attention probability by query–key distance, with U-shapes and their "
+        "cause.",
+    ),
     summary="Mean band logit and attention probability by query–key distance, each curve's shape.",
 )

@@ -36,7 +36,9 @@ def options(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help="the text to decompose (BOS is prepended)")
     CorpusOptions.add_to(p, tokens=None, n_ctx=512, corpus_group=src)
-    p.add_argument("--window", type=int, default=0, metavar="I", help="which corpus window (default: 0)")
+    p.add_argument(
+        "--window", type=int, default=0, metavar="I", help="which corpus window (default: 0)"
+    )
     AnalysisOptions.add_to(p)
     OutputOptions.add_to(p)
 
@@ -45,11 +47,15 @@ def _text_tokens(model, text: str):
     """``--text`` as ``[1, pos]`` tokens, BOS first; past the model's context only its first n_ctx tokens, with a note."""
     import inspect
 
-    whole = {"truncate": False} if "truncate" in inspect.signature(model.to_tokens).parameters else {}
+    whole = (
+        {"truncate": False} if "truncate" in inspect.signature(model.to_tokens).parameters else {}
+    )
     toks = model.to_tokens(text, **whole)
     n, limit = int(toks.shape[1]), int(getattr(model.cfg, "n_ctx", 0) or 0)
     if limit and n > limit:
-        note(f"--text is {n:,} tokens, longer than the model's context of {limit:,}: decomposed its first {limit:,}")
+        note(
+            f"--text is {n:,} tokens, longer than the model's context of {limit:,}: decomposed its first {limit:,}"
+        )
         return toks[:, :limit], f"text (first {limit:,} of {n:,} tokens)"
     return toks, "text"
 
@@ -60,8 +66,10 @@ def _one_window(model, args: argparse.Namespace, corpus):
         return _text_tokens(model, args.text)
     toks = windows(corpus, model.tokenizer, args.n_ctx, n_windows=args.window + 1)
     if toks.shape[0] <= args.window:
-        raise InputError(f"corpus {corpus.name!r} has {toks.shape[0]} windows of {args.n_ctx} tokens; "
-                         f"--window {args.window} does not exist: pick 0..{toks.shape[0] - 1}")
+        raise InputError(
+            f"corpus {corpus.name!r} has {toks.shape[0]} windows of {args.n_ctx} tokens; "
+            f"--window {args.window} does not exist: pick 0..{toks.shape[0] - 1}"
+        )
     return toks[args.window : args.window + 1], f"{corpus.name} window {args.window}"
 
 
@@ -73,19 +81,41 @@ def run(args: argparse.Namespace) -> int:
     """
     analysis, output = AnalysisOptions.from_args(args), OutputOptions.from_args(args)
     if args.text is not None and not args.text.strip():
-        raise InputError("--text is empty: pass the text to decompose, e.g. --text 'The cat sat on the mat.'")
+        raise InputError(
+            "--text is empty: pass the text to decompose, e.g. --text 'The cat sat on the mat.'"
+        )
     if args.text is None and args.window < 0:
-        raise InputError(f"--window must be ≥ 0, got {args.window}: pick a corpus window such as --window 0")
-    corpus = None if args.text is not None else CorpusOptions.from_args(args).load()  # fails before the model loads
+        raise InputError(
+            f"--window must be ≥ 0, got {args.window}: pick a corpus window such as --window 0"
+        )
+    corpus = (
+        None if args.text is not None else CorpusOptions.from_args(args).load()
+    )  # fails before the model loads
     model = load_from_args(args)
     toks, what = _one_window(model, args, corpus)
     bands = analysis.parsed_bands()
-    st = band_statistics(model, toks, bands=bands, layers=analysis.layers, batch_size=1, jsd=True,
-                         progress=False, verify=not analysis.no_verify)
+    st = band_statistics(
+        model,
+        toks,
+        bands=bands,
+        layers=analysis.layers,
+        batch_size=1,
+        jsd=True,
+        progress=False,
+        verify=not analysis.no_verify,
+    )
     frame = st.to_frame()
     if output.json:
-        return output.emit({"model": st.provenance.model, "input": what, "n_tokens": int(toks.shape[1]),
-                            "bands": list(st.band_names), "layers": list(st.layers), "heads": frame.to_dict("records")})
+        return output.emit(
+            {
+                "model": st.provenance.model,
+                "input": what,
+                "n_tokens": int(toks.shape[1]),
+                "bands": list(st.band_names),
+                "layers": list(st.layers),
+                "heads": frame.to_dict("records"),
+            }
+        )
     print(f"{st.provenance.model}: {what}, {int(toks.shape[1])} tokens, bands {bands.describe()}")
     print("per head and band: share of the attended-key margin | band-only top-1 agreement")
     names = list(st.band_names)
@@ -94,13 +124,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nlayer {L}")
         print("head  " + "  ".join(f"{n[:13]:>13}" for n in names))
         for h, g in rows.groupby("head", sort=True):
-            cells = [f"{_fmt(float(r.margin_share))}|{_fmt(float(r.top1)).strip():>5}" for r in g.itertuples()]
+            cells = [
+                f"{_fmt(float(r.margin_share))}|{_fmt(float(r.top1)).strip():>5}"
+                for r in g.itertuples()
+            ]
             print(f"{int(h):4d}  " + "  ".join(f"{c:>13}" for c in cells))
     return 0
 
 
 ANALYSIS = Analysis(
-    "attention-decomposition", attention_decomposition, AttentionDecomposition, draw(AttentionDecomposition, figure=decomposition_figure),
+    "attention-decomposition",
+    attention_decomposition,
+    AttentionDecomposition,
+    draw(AttentionDecomposition, figure=decomposition_figure),
     Command("attention-decomposition", run, options),
     summary="Every attention logit of one input as an exact sum of one term per plane, grouped into bands.",
 )

@@ -24,7 +24,9 @@ from ropelens.report.steps import rerun
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens attention-sinks [MODEL]``: attention to position 0 per head, and the bands behind it."""
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=256, save="AttentionSinks JSON")
-    p.add_argument("--epsilon", type=float, default=0.3, help="sink threshold on mean attention (default: 0.3)")
+    p.add_argument(
+        "--epsilon", type=float, default=0.3, help="sink threshold on mean attention (default: 0.3)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,21 +55,38 @@ def render(_data: ReportData, sinks: Measured) -> Section:
     found = r.findings()
     sentences = [f.text for f in found]
     layers = r.layers_frame()
-    body = (f"<p class=\"lead\">A head sinks when its mean attention to position 0 (the BOS token) exceeds "
-            f"ε = {r.epsilon:g} (Gu et al. 2024). The sink logit (position 0 against the mean of the other keys) splits "
-            f"exactly into bands, which says which planes make position 0 attractive. Measured on {n_win} window(s) of "
-            f"{n_ctx} tokens.</p>" + "".join(f"<p>{esc(s)}</p>" for s in sentences)
-            + figure_html(style_figure(sinks_figure(r), height=460)) + table_html(layers))
-    return Section("attention-sinks", "Attention sinks by band", body, tables={"sinks_heads": r.heads_frame(),
-                   "sinks_layers": layers}, numbers={"sentences": sentences},
-                   findings=[f for f in found if f.key != "sinks-2"])  # the key-norm ratio: frequency usage's sink finding
+    body = (
+        f'<p class="lead">A head sinks when its mean attention to position 0 (the BOS token) exceeds '
+        f"ε = {r.epsilon:g} (Gu et al. 2024). The sink logit (position 0 against the mean of the other keys) splits "
+        f"exactly into bands, which says which planes make position 0 attractive. Measured on {n_win} window(s) of "
+        f"{n_ctx} tokens.</p>"
+        + "".join(f"<p>{esc(s)}</p>" for s in sentences)
+        + figure_html(style_figure(sinks_figure(r), height=460))
+        + table_html(layers)
+    )
+    return Section(
+        "attention-sinks",
+        "Attention sinks by band",
+        body,
+        tables={"sinks_heads": r.heads_frame(), "sinks_layers": layers},
+        numbers={"sentences": sentences},
+        findings=[f for f in found if f.key != "sinks-2"],
+    )  # the key-norm ratio: frequency usage's sink finding
 
 
 ANALYSIS = Analysis(
-    "attention-sinks", attention_sinks, AttentionSinks, draw(AttentionSinks, figure=sinks_figure),
+    "attention-sinks",
+    attention_sinks,
+    AttentionSinks,
+    draw(AttentionSinks, figure=sinks_figure),
     Command("attention-sinks", run, options, distributed=True),
-    SectionSpec("attention-sinks", "Attention sinks by band", render, measure,
-                summary="Heads that sink on the first position (attention above ε = 0.3) and the bands that make it "
-                        "attractive."),
+    SectionSpec(
+        "attention-sinks",
+        "Attention sinks by band",
+        render,
+        measure,
+        summary="Heads that sink on the first position (attention above ε = 0.3) and the bands that make it "
+        "attractive.",
+    ),
     summary="Attention to position 0 per head, and the bands that make position 0 attractive.",
 )

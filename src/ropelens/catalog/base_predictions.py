@@ -26,9 +26,16 @@ from ropelens.plots.base_predictions import base_predictions_figure, measured_ex
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens base-predictions [MODEL]``: the base's predicted extrapolation limits per length."""
     ModelOptions.add_to(p)
-    p.add_argument("--lengths", default="2048,8192,16384,32768", metavar="N,N,...", help="evaluation lengths")
-    p.add_argument("--measure", type=non_negative_int, default=0, metavar="WINDOWS",
-                   help="also measure the mean loss at each length over this many windows of real text (slow)")
+    p.add_argument(
+        "--lengths", default="2048,8192,16384,32768", metavar="N,N,...", help="evaluation lengths"
+    )
+    p.add_argument(
+        "--measure",
+        type=non_negative_int,
+        default=0,
+        metavar="WINDOWS",
+        help="also measure the mean loss at each length over this many windows of real text (slow)",
+    )
     OutputOptions.add_to(p, save="BasePredictions JSON")
 
 
@@ -47,8 +54,13 @@ def run(args: argparse.Namespace) -> int:
     model = load_from_args(args)
     pred = base_predictions(model, lengths)
     output.save_result(pred)
-    frame = pred.compare(measured_extrapolation(model, lengths, n_windows=args.measure, progress=output.progress)) \
-        if args.measure else pred.to_frame()
+    frame = (
+        pred.compare(
+            measured_extrapolation(model, lengths, n_windows=args.measure, progress=output.progress)
+        )
+        if args.measure
+        else pred.to_frame()
+    )
     if output.json:
         return output.emit({"rows": frame.to_dict("records")})
     print(frame.to_string(index=False))
@@ -56,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "base-predictions", base_predictions, BasePredictions,
+    "base-predictions",
+    base_predictions,
+    BasePredictions,
     draw(BasePredictions, figure=base_predictions_figure)
     + draw(MeasuredExtrapolation, figure=measured_extrapolation_figure),
     Command("base-predictions", run, options),

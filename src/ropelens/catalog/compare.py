@@ -14,7 +14,12 @@ def options(p: argparse.ArgumentParser) -> None:
     """``ropelens compare A B``: two saved reports side by side."""
     p.add_argument("a", metavar="A", help="the first report directory")
     p.add_argument("b", metavar="B", help="the second report directory")
-    p.add_argument("--out", default="ropelens-compare", metavar="DIR", help="output directory (default: ropelens-compare)")
+    p.add_argument(
+        "--out",
+        default="ropelens-compare",
+        metavar="DIR",
+        help="output directory (default: ropelens-compare)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "compare", compare_reports, command=Command("compare", run, options),
+    "compare",
+    compare_reports,
+    command=Command("compare", run, options),
     summary="Two or more reports' numbers side by side, with what differs.",
 )

@@ -49,11 +49,31 @@ _CONTEXT_VARIANTS = ("pi", "ntk", "dynamic", "yarn", "llama3")
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens extension-planes [MODEL] --target N``: what each context-extension method does per plane."""
     ModelOptions.add_to(p)
-    p.add_argument("--target", type=positive_int, required=True, metavar="N", help="the extended context length in tokens")
-    p.add_argument("--original", type=positive_int, default=None, metavar="N",
-                   help="the trained context length (default: the model's n_ctx)")
-    p.add_argument("--variants", default="pi,ntk,yarn,llama3", help=f"comma-separated, of {','.join(_CONTEXT_VARIANTS)}")
-    p.add_argument("--layer", type=int, default=0, help="which layer's RoPE to show (default 0; -1 is the last)")
+    p.add_argument(
+        "--target",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="the extended context length in tokens",
+    )
+    p.add_argument(
+        "--original",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="the trained context length (default: the model's n_ctx)",
+    )
+    p.add_argument(
+        "--variants",
+        default="pi,ntk,yarn,llama3",
+        help=f"comma-separated, of {','.join(_CONTEXT_VARIANTS)}",
+    )
+    p.add_argument(
+        "--layer",
+        type=int,
+        default=0,
+        help="which layer's RoPE to show (default 0; -1 is the last)",
+    )
     OutputOptions.add_to(p)
 
 
@@ -66,47 +86,99 @@ def run(args: argparse.Namespace) -> int:
     names = [n.strip().lower() for n in args.variants.split(",") if n.strip()]
     bad = [n for n in names if n not in _CONTEXT_VARIANTS]
     if bad or not names:
-        raise InputError(f"--variants {args.variants!r}: unknown {bad}; choose from {','.join(_CONTEXT_VARIANTS)}")
+        raise InputError(
+            f"--variants {args.variants!r}: unknown {bad}; choose from {','.join(_CONTEXT_VARIANTS)}"
+        )
     if args.original is not None and args.target <= args.original:
-        raise InputError(f"--target {args.target} must exceed --original {args.original}: "
-                         "pass the extended length as --target")
+        raise InputError(
+            f"--target {args.target} must exceed --original {args.original}: "
+            "pass the extended length as --target"
+        )
     spec = rope_spec(load_from_args(args))
-    layer = spec.layers[spec.layer_indices([args.layer], rotary_only=False)[0]]  # names the range when out of it
+    layer = spec.layers[
+        spec.layer_indices([args.layer], rotary_only=False)[0]
+    ]  # names the range when out of it
     l0 = args.original or layer.n_ctx
     if not l0 or args.target <= l0:
-        raise InputError(f"--target {args.target} must exceed the original context {l0}: pass --original N")
+        raise InputError(
+            f"--target {args.target} must exceed the original context {l0}: pass --original N"
+        )
     s = args.target / l0
-    make = {"pi": lambda: V.Linear(s), "ntk": lambda: V.NTK(s), "dynamic": lambda: V.DynamicNTK(2.0, l0),
-            "yarn": lambda: V.YaRN(s, l0), "llama3": lambda: V.Llama3(s, 1.0, 4.0, l0)}
+    make = {
+        "pi": lambda: V.Linear(s),
+        "ntk": lambda: V.NTK(s),
+        "dynamic": lambda: V.DynamicNTK(2.0, l0),
+        "yarn": lambda: V.YaRN(s, l0),
+        "llama3": lambda: V.Llama3(s, 1.0, 4.0, l0),
+    }
     views = [ctx.extension_planes(layer, make[n](), l0, args.target) for n in names]
-    bounds = {"critical_dimension": ext.critical_dimension(layer.base, layer.rotary_dim, l0),
-              "base": layer.base, "base_lower_bound_target": (ext.base_lower_bound(layer.rotary_dim, args.target)
-                                                              if args.target <= ext.MAX_BOUND_CONTEXT else None)}
+    bounds = {
+        "critical_dimension": ext.critical_dimension(layer.base, layer.rotary_dim, l0),
+        "base": layer.base,
+        "base_lower_bound_target": (
+            ext.base_lower_bound(layer.rotary_dim, args.target)
+            if args.target <= ext.MAX_BOUND_CONTEXT
+            else None
+        ),
+    }
     output = OutputOptions.from_args(args)
     if output.json:
-        return output.emit({"layer": args.layer, "original_ctx": l0, "target_ctx": args.target, **bounds,
-                            "views": [{**v.counts(), "variant": v.variant, "attention_scaling": v.attention_scaling,
-                                       "planes": v.to_frame().to_dict("records")} for v in views]})
-    print(f"layer {args.layer}: base {layer.base:g}, {layer.n_planes} planes, {l0} -> {args.target} tokens (x{s:g})")
+        return output.emit(
+            {
+                "layer": args.layer,
+                "original_ctx": l0,
+                "target_ctx": args.target,
+                **bounds,
+                "views": [
+                    {
+                        **v.counts(),
+                        "variant": v.variant,
+                        "attention_scaling": v.attention_scaling,
+                        "planes": v.to_frame().to_dict("records"),
+                    }
+                    for v in views
+                ],
+            }
+        )
+    print(
+        f"layer {args.layer}: base {layer.base:g}, {layer.n_planes} planes, {l0} -> {args.target} tokens (x{s:g})"
+    )
     bound = bounds["base_lower_bound_target"]
-    bound = f"{bound:.4g}" if bound is not None else f"not certified past {ext.MAX_BOUND_CONTEXT:,} tokens"
-    print(f"critical dimension at {l0}: {bounds['critical_dimension']} of {layer.rotary_dim} dims; base lower bound "
-          f"for {args.target}: {bound}")
-    print(f"{'variant':10s} {'kept':>5s} {'interp':>6s} {'extrap':>6s} {'min scale':>9s} {'max scale':>9s} {'attn':>6s}")
+    bound = (
+        f"{bound:.4g}"
+        if bound is not None
+        else f"not certified past {ext.MAX_BOUND_CONTEXT:,} tokens"
+    )
+    print(
+        f"critical dimension at {l0}: {bounds['critical_dimension']} of {layer.rotary_dim} dims; base lower bound "
+        f"for {args.target}: {bound}"
+    )
+    print(
+        f"{'variant':10s} {'kept':>5s} {'interp':>6s} {'extrap':>6s} {'min scale':>9s} {'max scale':>9s} {'attn':>6s}"
+    )
     for n, v in zip(names, views, strict=True):
         c, sc = v.counts(), v.scale
-        print(f"{n:10s} {c['kept']:5d} {c['interpolated']:6d} {c['extrapolated']:6d} {float(sc.min()):9.4g} "
-              f"{float(sc.max()):9.4g} {v.attention_scaling:6.4g}")
+        print(
+            f"{n:10s} {c['kept']:5d} {c['interpolated']:6d} {c['extrapolated']:6d} {float(sc.min()):9.4g} "
+            f"{float(sc.max()):9.4g} {v.attention_scaling:6.4g}"
+        )
     return 0
 
 
-EXTENSION_FACTOR = 4  # the context-extension section configures every method for 4× the native context
+EXTENSION_FACTOR = (
+    4  # the context-extension section configures every method for 4× the native context
+)
 
 
 def _methods(factor: float, l0: int) -> dict[str, Any]:
 
-    return {"PI": Linear(factor), "NTK": NTK(factor), "dynamic NTK": DynamicNTK(factor, l0),
-            "YaRN": YaRN(factor, l0), "Llama 3": Llama3(factor, 1.0, 4.0, l0)}
+    return {
+        "PI": Linear(factor),
+        "NTK": NTK(factor),
+        "dynamic NTK": DynamicNTK(factor, l0),
+        "YaRN": YaRN(factor, l0),
+        "Llama 3": Llama3(factor, 1.0, 4.0, l0),
+    }
 
 
 def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
@@ -132,24 +204,33 @@ def _certified_bound(rotary_dim: int, length: int) -> tuple[float | None, str | 
         return None, f"none: {rotary_dim} rotary dims hold one frequency, which no base moves"
     try:
         return base_lower_bound(rotary_dim, length), None
-    except InputError as e:  # no base up to the search's limit: the bound cannot be met with so few planes
+    except (
+        InputError
+    ) as e:  # no base up to the search's limit: the bound cannot be met with so few planes
         return None, str(e).split(":")[0].replace("no base", "none: no base")
 
 
 def _bound(v: float | None, why: str | None = None) -> str:
-    return f"{v:,.0f}" if v is not None else (why or f"not certified past {MAX_BOUND_CONTEXT:,} tokens")
+    return (
+        f"{v:,.0f}"
+        if v is not None
+        else (why or f"not certified past {MAX_BOUND_CONTEXT:,} tokens")
+    )
 
 
 @dataclass(frozen=True)
 class ContextExtension:
     """What each scaling method does to one layer's planes at ``factor``× the native context, and its cost."""
+
     layer: int  # the layer shown: of the kind with the longest wavelengths
     kind: str | None  # the layer kind rescaled (None: every layer)
     native_ctx: int
     factor: int
     views: dict[str, Any]  # method -> its plane view
     identity: dict[str, bool]  # method -> rotates exactly as the model does at these lengths
-    rows: tuple[dict[str, Any], ...]  # one per method (and RoPE as trained): plane counts, perplexity, Δ loss
+    rows: tuple[
+        dict[str, Any], ...
+    ]  # one per method (and RoPE as trained): plane counts, perplexity, Δ loss
     bounds: dict[str, Any]  # base, critical dimension and Men et al.'s base lower bounds
 
 
@@ -157,7 +238,10 @@ def measure(data: ReportData) -> ContextExtension:
     """Plane views and in-distribution cost of PI, NTK, dynamic NTK, YaRN and Llama 3 (reads the baseline step)."""
     spec = data.spec
     # The layer kind with the longest wavelengths is the one a longer context strains.
-    idx = max((i[0] for i in spec.rotary_kinds.values()), key=lambda i: float(spec.layers[i].wavelength.max()))
+    idx = max(
+        (i[0] for i in spec.rotary_kinds.values()),
+        key=lambda i: float(spec.layers[i].wavelength.max()),
+    )
     layer = spec.layers[idx]
     # Where layers differ (Gemma's sliding-window and global layers), only the kind whose context
     # grows is rescaled, as models with both kinds do; a sliding window's span does not change.
@@ -166,22 +250,48 @@ def measure(data: ReportData) -> ContextExtension:
     factor = EXTENSION_FACTOR
     methods = _methods(float(factor), l0)
     views = {name: extension_planes(layer, v, l0, factor * l0) for name, v in methods.items()}
-    none_view = extension_planes(layer, Linear(1.0), l0, factor * l0)  # the trained frequencies, unscaled
+    none_view = extension_planes(
+        layer, Linear(1.0), l0, factor * l0
+    )  # the trained frequencies, unscaled
     b = bootstrap_ci(baseline(data))
-    rows = [{"method": "none (RoPE as trained)", **_counts(none_view), "attention ×": 1.0,
-             "ppl": b.perplexity.mean, "Δ loss": 0.0, "Δ lo": 0.0, "Δ hi": 0.0}]
+    rows = [
+        {
+            "method": "none (RoPE as trained)",
+            **_counts(none_view),
+            "attention ×": 1.0,
+            "ppl": b.perplexity.mean,
+            "Δ loss": 0.0,
+            "Δ lo": 0.0,
+            "Δ hi": 0.0,
+        }
+    ]
     costs = {name: variant_losses(data, v, layer_kind=kind) for name, v in methods.items()}
     for name in methods:
         row = {"method": name, **_counts(views[name]), "attention ×": views[name].attention_scaling}
         rows.append(row | {k: costs[name][k] for k in ("ppl", "Δ loss", "Δ lo", "Δ hi")})
-    return ContextExtension(idx, kind, l0, factor, views, {m: bool(c["identity"]) for m, c in costs.items()},
-                            tuple(rows), _base_bounds(layer, l0, factor))
+    return ContextExtension(
+        idx,
+        kind,
+        l0,
+        factor,
+        views,
+        {m: bool(c["identity"]) for m, c in costs.items()},
+        tuple(rows),
+        _base_bounds(layer, l0, factor),
+    )
 
 
 def render(data: ReportData, ext: ContextExtension) -> Section:
     """What PI, NTK, dynamic NTK, YaRN and Llama 3 do to each plane at 4× the native context, and their cost."""
-    idx, kind, l0, factor, views, rows, bounds = (ext.layer, ext.kind, ext.native_ctx, ext.factor, ext.views,
-                                                  list(ext.rows), ext.bounds)
+    idx, kind, l0, factor, views, rows, bounds = (
+        ext.layer,
+        ext.kind,
+        ext.native_ctx,
+        ext.factor,
+        ext.views,
+        list(ext.rows),
+        ext.bounds,
+    )
     layer = data.spec.layers[idx]
     frame = pd.DataFrame(rows)
 
@@ -189,49 +299,110 @@ def render(data: ReportData, ext: ContextExtension) -> Section:
     fig = compare_figure([views[n] for n in shown])
     for trace, name in zip(fig.data[1:], shown, strict=True):  # method names, not variant reprs
         trace.name = name
-    fig.update_layout(title=f"Wavelength per plane, layer {idx} ({layer.kind}): {l0:,} → {factor * l0:,} tokens")
+    fig.update_layout(
+        title=f"Wavelength per plane, layer {idx} ({layer.kind}): {l0:,} → {factor * l0:,} tokens"
+    )
     n = layer.n_planes
     beyond = int((layer.wavelength > l0).sum())
     cost = {r["method"]: r for r in rows}
     # Methods that are plain RoPE at these lengths (dynamic NTK inside the native context) cost
     # nothing by construction, so "cheapest" is among the others.
     order = sorted((m for m in views if not ext.identity[m]), key=lambda m: cost[m]["Δ loss"])
-    text = (f"{beyond} of {n} planes of layer {idx} never complete a turn within the native {l0:,} tokens "
-            f"(critical dimension {bounds.get('critical_dim', '–')} of {layer.rotary_dim} dims). Set for "
-            f"{factor}× that context, PI interpolates {cost['PI']['interpolated']} planes and costs "
-            f"{cost['PI']['Δ loss']:+.2f} nats in distribution; YaRN interpolates {cost['YaRN']['interpolated']} and "
-            f"costs {cost['YaRN']['Δ loss']:+.2f}; cheapest: {order[0]} ({cost[order[0]]['Δ loss']:+.2f}).")
+    text = (
+        f"{beyond} of {n} planes of layer {idx} never complete a turn within the native {l0:,} tokens "
+        f"(critical dimension {bounds.get('critical_dim', '–')} of {layer.rotary_dim} dims). Set for "
+        f"{factor}× that context, PI interpolates {cost['PI']['interpolated']} planes and costs "
+        f"{cost['PI']['Δ loss']:+.2f} nats in distribution; YaRN interpolates {cost['YaRN']['interpolated']} and "
+        f"costs {cost['YaRN']['Δ loss']:+.2f}; cheapest: {order[0]} ({cost[order[0]]['Δ loss']:+.2f})."
+    )
     if bounds.get("bound_native") is not None:
-        text += (f" The base {bounds['base']:,.0f} is {'above' if bounds['base'] >= bounds['bound_native'] else 'BELOW'} "
-                 f"Men et al.'s lower bound for {l0:,} tokens ({bounds['bound_native']:,.0f}); "
-                 + (f"{factor * l0:,} tokens need {bounds['bound_extended']:,.0f}." if bounds["bound_extended"] is not None
-                    else f"for {factor * l0:,} tokens the bound is {bounds.get('bound_extended_note', 'not certified')}."))
-    finding = Finding("context", "extension-planes", text,
-                      {"layer": idx, "rescaled_kind": kind, "beyond_native": beyond, "n_planes": n, "factor": factor, "native_ctx": l0,
-                       **{k: v if v is None or isinstance(v, str) else round(v) for k, v in bounds.items()},
-                       "delta_pi": float(cost["PI"]["Δ loss"]), "delta_yarn": float(cost["YaRN"]["Δ loss"]),
-                       "cheapest": order[0], "delta_cheapest": float(cost[order[0]]["Δ loss"])})
-    bound_rows = [("layer shown", f"{idx} ({esc(layer.kind)}), {n} planes, base {esc(layer.base)}"),
-                  ("native context L₀", f"{l0:,} tokens (the model's configured maximum)"),
-                  ("planes with wavelength > L₀", f"{beyond} of {n}")]
+        text += (
+            f" The base {bounds['base']:,.0f} is {'above' if bounds['base'] >= bounds['bound_native'] else 'BELOW'} "
+            f"Men et al.'s lower bound for {l0:,} tokens ({bounds['bound_native']:,.0f}); "
+            + (
+                f"{factor * l0:,} tokens need {bounds['bound_extended']:,.0f}."
+                if bounds["bound_extended"] is not None
+                else f"for {factor * l0:,} tokens the bound is {bounds.get('bound_extended_note', 'not certified')}."
+            )
+        )
+    finding = Finding(
+        "context",
+        "extension-planes",
+        text,
+        {
+            "layer": idx,
+            "rescaled_kind": kind,
+            "beyond_native": beyond,
+            "n_planes": n,
+            "factor": factor,
+            "native_ctx": l0,
+            **{k: v if v is None or isinstance(v, str) else round(v) for k, v in bounds.items()},
+            "delta_pi": float(cost["PI"]["Δ loss"]),
+            "delta_yarn": float(cost["YaRN"]["Δ loss"]),
+            "cheapest": order[0],
+            "delta_cheapest": float(cost[order[0]]["Δ loss"]),
+        },
+    )
+    bound_rows = [
+        ("layer shown", f"{idx} ({esc(layer.kind)}), {n} planes, base {esc(layer.base)}"),
+        ("native context L₀", f"{l0:,} tokens (the model's configured maximum)"),
+        ("planes with wavelength > L₀", f"{beyond} of {n}"),
+    ]
     if "bound_native" in bounds:
-        bound_rows += [("critical dimension (Liu et al.)", f"{bounds['critical_dim']} of {layer.rotary_dim} dims"),
-                       (f"base lower bound for {l0:,} (Men et al.)", _bound(bounds["bound_native"], bounds.get("bound_native_note"))),
-                       (f"base lower bound for {factor * l0:,}", _bound(bounds["bound_extended"], bounds.get("bound_extended_note")))]
+        bound_rows += [
+            (
+                "critical dimension (Liu et al.)",
+                f"{bounds['critical_dim']} of {layer.rotary_dim} dims",
+            ),
+            (
+                f"base lower bound for {l0:,} (Men et al.)",
+                _bound(bounds["bound_native"], bounds.get("bound_native_note")),
+            ),
+            (
+                f"base lower bound for {factor * l0:,}",
+                _bound(bounds["bound_extended"], bounds.get("bound_extended_note")),
+            ),
+        ]
     extra, extra_tables = context_block(data.experiments)
-    body = (variant_lead(data, f"Each method configured to stretch the native {l0:,}-token context {factor}×. A plane is "
-                        "<i>interpolated</i> when every angle it meets at the target length was seen in training, "
-                        "<i>extrapolated</i> when it meets angles never seen (it had not completed a turn by L₀), "
-                        "<i>kept</i> when it is unchanged and already turned within L₀. The cost is measured in "
-                        "distribution, at the windows' length: what a method gives up before any long input."
-                        + (f" Only the {layer.kind} layers are rescaled; the others keep their RoPE." if kind else ""))
-            + kv_table(bound_rows) + figure_html(style_figure(fig, height=430))
-            + table_html(frame, text_cols=("method",),
-                         formats={c: (lambda v: str(int(v))) for c in ("kept", "interpolated", "extrapolated", "unrotated")})
-            + extra)
-    return Section("extension-planes", "Context extension", body, tables={"context_extension": frame} | extra_tables,
-                   numbers={"rows": frame.to_dict("records"), "bounds": bounds, "layer": idx, "factor": factor},
-                   findings=[finding])
+    body = (
+        variant_lead(
+            data,
+            f"Each method configured to stretch the native {l0:,}-token context {factor}×. A plane is "
+            "<i>interpolated</i> when every angle it meets at the target length was seen in training, "
+            "<i>extrapolated</i> when it meets angles never seen (it had not completed a turn by L₀), "
+            "<i>kept</i> when it is unchanged and already turned within L₀. The cost is measured in "
+            "distribution, at the windows' length: what a method gives up before any long input."
+            + (
+                f" Only the {layer.kind} layers are rescaled; the others keep their RoPE."
+                if kind
+                else ""
+            ),
+        )
+        + kv_table(bound_rows)
+        + figure_html(style_figure(fig, height=430))
+        + table_html(
+            frame,
+            text_cols=("method",),
+            formats={
+                c: (lambda v: str(int(v)))
+                for c in ("kept", "interpolated", "extrapolated", "unrotated")
+            },
+        )
+        + extra
+    )
+    return Section(
+        "extension-planes",
+        "Context extension",
+        body,
+        tables={"context_extension": frame} | extra_tables,
+        numbers={
+            "rows": frame.to_dict("records"),
+            "bounds": bounds,
+            "layer": idx,
+            "factor": factor,
+        },
+        findings=[finding],
+    )
 
 
 def _counts(view) -> dict[str, int]:
@@ -240,11 +411,20 @@ def _counts(view) -> dict[str, int]:
 
 
 ANALYSIS = Analysis(
-    "extension-planes", extension_planes, ExtensionPlanes,
-    draw(ExtensionPlanes, figure=extension_planes_figure) + draw(LongRopeSearch, figure=longrope_search_figure),
+    "extension-planes",
+    extension_planes,
+    ExtensionPlanes,
+    draw(ExtensionPlanes, figure=extension_planes_figure)
+    + draw(LongRopeSearch, figure=longrope_search_figure),
     Command("extension-planes", run, options),
-    SectionSpec("extension-planes", "Context extension", render, measure, needs=("variants_baseline",),
-                summary="Perplexity beyond the trained context under position interpolation, NTK, YaRN, Llama 3 "
-                        "and LongRoPE scaling of these frequencies."),
+    SectionSpec(
+        "extension-planes",
+        "Context extension",
+        render,
+        measure,
+        needs=("variants_baseline",),
+        summary="Perplexity beyond the trained context under position interpolation, NTK, YaRN, Llama 3 "
+        "and LongRoPE scaling of these frequencies.",
+    ),
     summary="What each context-extension method does to each plane, and RoPE's base bounds.",
 )

@@ -30,38 +30,115 @@ def _ints(text: str, what: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise InputError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
+        raise InputError(
+            f"{what} must be a comma-separated list of integers, got {text!r}"
+        ) from None
 
 
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens extension-study [MODEL] --to N``: the context-extension study and its page."""
     ModelOptions.add_to(p)
     g = p.add_argument_group("study")
-    g.add_argument("--to", type=positive_int, required=True, metavar="N", help="the target context length in tokens")
-    g.add_argument("--native", type=positive_int, default=None, metavar="N",
-                   help="the trained context length the methods extend (default: the model's)")
-    g.add_argument("--lengths", default=None, metavar="N,N,...",
-                   help="loss lengths (default: doubling from --start up to --to)")
-    g.add_argument("--start", type=positive_int, default=None, metavar="N",
-                   help="the shortest length when doubling (default: native / 4)")
-    g.add_argument("--methods", default=",".join(DEFAULT_METHODS), metavar="M,M,...",
-                   help=f"of {','.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})")
-    g.add_argument("--windows", type=positive_int, default=2, metavar="N", help="windows per length (default: 2)")
-    g.add_argument("--corpus", default="english", metavar="PATH|english|python", help="text for the loss (default: english)")
-    g.add_argument("--passkey-lengths", default=None, metavar="N,N,...|none",
-                   help="passkey prompt lengths (default: every loss length a prompt fits in; none to skip)")
-    g.add_argument("--depths", default="0.1,0.5,0.9", metavar="F,F,...", help="passkey depths (default: 0.1,0.5,0.9)")
-    g.add_argument("--trials", type=positive_int, default=1, metavar="N", help="passkeys per (length, depth) (default: 1)")
-    g.add_argument("--seed", type=non_negative_int, default=0, metavar="N", help="seed of the passkeys (default: 0)")
-    g.add_argument("--p", type=float, default=0.75, metavar="P", help="p-RoPE's kept fraction (default: 0.75)")
-    g.add_argument("--longrope", default=None, metavar="FILE.json",
-                   help="a saved LongRopeSearch for this native -> target (default: YaRN's factors as LongRoPE)")
-    g.add_argument("--tolerance", type=float, default=0.1, metavar="NATS",
-                   help="loss rise the findings count as kept (default: 0.1)")
-    g.add_argument("--no-attention", dest="attention", action="store_false",
-                   help="skip the attention entropy, divergence and matrix entropy per method and length")
-    g.add_argument("--out", default="ropelens-extend", metavar="DIR",
-                   help="page, tables and one saved cell per (method, length); rerun to resume (default: ropelens-extend)")
+    g.add_argument(
+        "--to",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="the target context length in tokens",
+    )
+    g.add_argument(
+        "--native",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="the trained context length the methods extend (default: the model's)",
+    )
+    g.add_argument(
+        "--lengths",
+        default=None,
+        metavar="N,N,...",
+        help="loss lengths (default: doubling from --start up to --to)",
+    )
+    g.add_argument(
+        "--start",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="the shortest length when doubling (default: native / 4)",
+    )
+    g.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        metavar="M,M,...",
+        help=f"of {','.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})",
+    )
+    g.add_argument(
+        "--windows",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="windows per length (default: 2)",
+    )
+    g.add_argument(
+        "--corpus",
+        default="english",
+        metavar="PATH|english|python",
+        help="text for the loss (default: english)",
+    )
+    g.add_argument(
+        "--passkey-lengths",
+        default=None,
+        metavar="N,N,...|none",
+        help="passkey prompt lengths (default: every loss length a prompt fits in; none to skip)",
+    )
+    g.add_argument(
+        "--depths",
+        default="0.1,0.5,0.9",
+        metavar="F,F,...",
+        help="passkey depths (default: 0.1,0.5,0.9)",
+    )
+    g.add_argument(
+        "--trials",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="passkeys per (length, depth) (default: 1)",
+    )
+    g.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="seed of the passkeys (default: 0)",
+    )
+    g.add_argument(
+        "--p", type=float, default=0.75, metavar="P", help="p-RoPE's kept fraction (default: 0.75)"
+    )
+    g.add_argument(
+        "--longrope",
+        default=None,
+        metavar="FILE.json",
+        help="a saved LongRopeSearch for this native -> target (default: YaRN's factors as LongRoPE)",
+    )
+    g.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.1,
+        metavar="NATS",
+        help="loss rise the findings count as kept (default: 0.1)",
+    )
+    g.add_argument(
+        "--no-attention",
+        dest="attention",
+        action="store_false",
+        help="skip the attention entropy, divergence and matrix entropy per method and length",
+    )
+    g.add_argument(
+        "--out",
+        default="ropelens-extend",
+        metavar="DIR",
+        help="page, tables and one saved cell per (method, length); rerun to resume (default: ropelens-extend)",
+    )
     OutputOptions.add_to(p)
 
 
@@ -78,44 +155,86 @@ def run(args: argparse.Namespace) -> int:
     methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
-        raise InputError(f"--methods {args.methods!r}: unknown {bad}; choose from {','.join(METHODS)}")
+        raise InputError(
+            f"--methods {args.methods!r}: unknown {bad}; choose from {','.join(METHODS)}"
+        )
     if args.native is not None and args.to <= args.native:
-        raise InputError(f"--to {args.to} must exceed --native {args.native}: pass the extended length as --to")
+        raise InputError(
+            f"--to {args.to} must exceed --native {args.native}: pass the extended length as --to"
+        )
     lengths = _ints(args.lengths, "--lengths") if args.lengths else None
     pk = args.passkey_lengths
-    passkey = [] if pk and pk.strip().lower() == "none" else (_ints(pk, "--passkey-lengths") if pk else None)
+    passkey = (
+        []
+        if pk and pk.strip().lower() == "none"
+        else (_ints(pk, "--passkey-lengths") if pk else None)
+    )
     try:
         depths = [float(x) for x in args.depths.split(",") if x.strip()]
     except ValueError:
-        raise InputError(f"--depths must be a comma-separated list of numbers, got {args.depths!r}") from None
+        raise InputError(
+            f"--depths must be a comma-separated list of numbers, got {args.depths!r}"
+        ) from None
     longrope = None
     if args.longrope:
-
         longrope = LongRopeSearch.load(args.longrope)
     check_output_path(args.out, "--out", directory=True)
     output = OutputOptions.from_args(args)
-    study = extension_study(load_from_args(args), args.to, native=args.native, lengths=lengths, start=args.start,
-                            methods=methods, n_windows=args.windows, corpus=args.corpus, passkey_lengths=passkey,
-                            depths=depths, n_trials=args.trials, seed=args.seed, p=args.p, longrope=longrope,
-                            tolerance=args.tolerance, out=args.out, progress=output.progress,
-                            attention=args.attention)
+    study = extension_study(
+        load_from_args(args),
+        args.to,
+        native=args.native,
+        lengths=lengths,
+        start=args.start,
+        methods=methods,
+        n_windows=args.windows,
+        corpus=args.corpus,
+        passkey_lengths=passkey,
+        depths=depths,
+        n_trials=args.trials,
+        seed=args.seed,
+        p=args.p,
+        longrope=longrope,
+        tolerance=args.tolerance,
+        out=args.out,
+        progress=output.progress,
+        attention=args.attention,
+    )
     page = write_study(study, args.out)
     findings = study.findings()
     if output.json:
-        return output.emit({"page": str(page), "findings": [f.to_dict() for f in findings],
-                            "loss": study.loss_frame().to_dict("records"),
-                            "passkey": study.passkey_frame().to_dict("records"),
-                            "attention": study.attention_frame().to_dict("records")})
-    print(study.loss_frame().pivot(index="label", columns="length", values="loss").to_string(float_format="%.4f"))
+        return output.emit(
+            {
+                "page": str(page),
+                "findings": [f.to_dict() for f in findings],
+                "loss": study.loss_frame().to_dict("records"),
+                "passkey": study.passkey_frame().to_dict("records"),
+                "attention": study.attention_frame().to_dict("records"),
+            }
+        )
+    print(
+        study.loss_frame()
+        .pivot(index="label", columns="length", values="loss")
+        .to_string(float_format="%.4f")
+    )
     att = study.attention_frame()
     if not att.empty:
         print("\nmean attention entropy of the query rows (nats), by layer kind:")
-        print(att.pivot(index=["label", "kind"], columns="length", values="entropy").to_string(float_format="%.4f"))
+        print(
+            att.pivot(index=["label", "kind"], columns="length", values="entropy").to_string(
+                float_format="%.4f"
+            )
+        )
         near = att[att["length"] <= study.native]
-        print(f"\ndivergence from the unmodified model's attention within the native {study.native:,} tokens (nats; "
-              "KL(method || unmodified), JS) and mean matrix entropy of the heads' query Gram:")
-        print(near[["label", "length", "kind", "kl", "js", "matrix_entropy"]].to_string(index=False,
-                                                                                       float_format="%.6f"))
+        print(
+            f"\ndivergence from the unmodified model's attention within the native {study.native:,} tokens (nats; "
+            "KL(method || unmodified), JS) and mean matrix entropy of the heads' query Gram:"
+        )
+        print(
+            near[["label", "length", "kind", "kl", "js", "matrix_entropy"]].to_string(
+                index=False, float_format="%.6f"
+            )
+        )
     for f in findings:
         print(f"- {f.text}")
     print(f"wrote {page}")
@@ -123,7 +242,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "extension-study", extension_study, ExtensionStudy, draw(ExtensionStudy, figure=loss_figure),
+    "extension-study",
+    extension_study,
+    ExtensionStudy,
+    draw(ExtensionStudy, figure=loss_figure),
     Command("extension-study", run, options),
     summary="Loss, passkey recall and attention of each context-extension method at lengths past the native context.",
 )

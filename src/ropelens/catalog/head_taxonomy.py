@@ -31,9 +31,16 @@ from ropelens.run.data import load_corpus
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens head-taxonomy [MODEL]``: classify heads as positional or content (ropelens.analyses.head_taxonomy)."""
     ModelOptions.add_to(p)
-    p.add_argument("--windows", type=positive_int, default=8, metavar="N",
-                   help="text windows (and as many random-token windows)")
-    p.add_argument("--n-ctx", type=window_length, default=256, metavar="N", help="tokens per window")
+    p.add_argument(
+        "--windows",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="text windows (and as many random-token windows)",
+    )
+    p.add_argument(
+        "--n-ctx", type=window_length, default=256, metavar="N", help="tokens per window"
+    )
     AnalysisOptions.add_to(p, bands=False)
     CheckpointOptions.add_to(p)
     OutputOptions.add_to(p, save="HeadTaxonomy JSON", deprecated_out=True)
@@ -46,18 +53,35 @@ def run(args: argparse.Namespace) -> int:
     """
     output = OutputOptions.from_args(args)
     output.check()
-    checkpoint = CheckpointOptions.from_args(args).kwargs()  # a bad --checkpoint fails before the model loads
+    checkpoint = CheckpointOptions.from_args(
+        args
+    ).kwargs()  # a bad --checkpoint fails before the model loads
     analysis = AnalysisOptions.from_args(args)
-    check_windows_fit(load_corpus("english"), args.n_ctx, args.windows, "--windows", other_corpus=False)
-    tx = head_taxonomy(load_from_args(args), n_ctx=args.n_ctx, n_windows=args.windows, layers=analysis.layers,
-                        verify=not analysis.no_verify, progress=False, **checkpoint)
+    check_windows_fit(
+        load_corpus("english"), args.n_ctx, args.windows, "--windows", other_corpus=False
+    )
+    tx = head_taxonomy(
+        load_from_args(args),
+        n_ctx=args.n_ctx,
+        n_windows=args.windows,
+        layers=analysis.layers,
+        verify=not analysis.no_verify,
+        progress=False,
+        **checkpoint,
+    )
     prov = tx.provenance
     note_windows(prov.corpus, prov.n_windows, args.n_ctx, args.windows, "--windows")
     output.save_result(tx)
     df = tx.to_frame()
     if output.json:
-        return output.emit({"n_ctx": prov.n_ctx, "n_windows": prov.n_windows, "tau": tx.tau,
-                            "heads": df.to_dict("records")})
+        return output.emit(
+            {
+                "n_ctx": prov.n_ctx,
+                "n_windows": prov.n_windows,
+                "tau": tx.tau,
+                "heads": df.to_dict("records"),
+            }
+        )
     pos = df[df.positional].sort_values("robust_mass", ascending=False)
     print(f"tau {tx.tau:.3f}; {len(pos)} positional heads of {len(df)}")
     cols = ["layer", "head", "kind", "best_offset", "mass_text", "mass_random", "sink_text"]
@@ -69,8 +93,14 @@ def measure(data: ReportData) -> Measured:
     """Positional heads scored on the report's first few windows and on seeded random tokens."""
     n_ctx = min(data.n_ctx, 256)
     n_windows = 2 if data.settings.get("quick") else 4
-    tx = head_taxonomy(data.model, data.tokens[:n_windows, :n_ctx], n_ctx=n_ctx, n_windows=n_windows,
-                        layers=list(data.layers), progress=True)
+    tx = head_taxonomy(
+        data.model,
+        data.tokens[:n_windows, :n_ctx],
+        n_ctx=n_ctx,
+        n_windows=n_windows,
+        layers=list(data.layers),
+        progress=True,
+    )
     return Measured(tx, n_ctx, n_windows)
 
 
@@ -80,38 +110,78 @@ def render(_data: ReportData, heads: Measured) -> Section:
     df = tx.to_frame()
     pos = df[df.positional].sort_values("robust_mass", ascending=False)
     high = tx.band_names[0]
-    keep = ["layer", "head", "kind", "best_offset", "mass_text", "mass_random", f"margin_share[{high}]",
-            "top_plane", "top_plane_tightness"]
+    keep = [
+        "layer",
+        "head",
+        "kind",
+        "best_offset",
+        "mass_text",
+        "mass_random",
+        f"margin_share[{high}]",
+        "top_plane",
+        "top_plane_tightness",
+    ]
     keep = [c for c in keep if c in df.columns]
-    table = pos[keep].rename(columns={"best_offset": "δ*", "mass_text": "mass (text)", "mass_random": "mass (random)",
-                                      f"margin_share[{high}]": f"margin share {high}",
-                                      "top_plane_tightness": "top-plane tightness"})
+    table = pos[keep].rename(
+        columns={
+            "best_offset": "δ*",
+            "mass_text": "mass (text)",
+            "mass_random": "mass (random)",
+            f"margin_share[{high}]": f"margin share {high}",
+            "top_plane_tightness": "top-plane tightness",
+        }
+    )
     counts = df["kind"].value_counts().to_dict()
     col = f"margin_share[{high}]"
     if len(pos) and col in df.columns:
         m_pos, m_rest = float(pos[col].mean()), float(df[~df.positional][col].mean())
-        text = (f"{len(pos)} of {len(df)} heads are positional (τ = {tx.tau:.2f} on attention mass at one fixed offset, "
-                f"on text and on random tokens); they take {m_pos:.2f} of their attended-key margin from the "
-                f"highest-frequency band {high}, against {m_rest:.2f} for the other heads.")
-        numbers = {"n_positional": len(pos), "tau": tx.tau, "margin_high_positional": m_pos, "margin_high_other": m_rest}
+        text = (
+            f"{len(pos)} of {len(df)} heads are positional (τ = {tx.tau:.2f} on attention mass at one fixed offset, "
+            f"on text and on random tokens); they take {m_pos:.2f} of their attended-key margin from the "
+            f"highest-frequency band {high}, against {m_rest:.2f} for the other heads."
+        )
+        numbers = {
+            "n_positional": len(pos),
+            "tau": tx.tau,
+            "margin_high_positional": m_pos,
+            "margin_high_other": m_rest,
+        }
     else:
         text = f"No head is positional at τ = {tx.tau:.2f} over the {n_windows} windows of {n_ctx} tokens scored."
         numbers = {"n_positional": 0, "tau": tx.tau}
     finding = Finding("heads", "head-taxonomy", text, numbers | {"kinds": counts})
-    body = ("<p class=\"lead\">A head is positional when one fixed offset δ* = query − key holds at least τ of its "
-            "attention on real text and on seeded random tokens (content removed); τ is Otsu's threshold on that "
-            f"mass over all heads, floored at 0.3. Scored on {n_windows} windows of {n_ctx} tokens. Kinds: "
-            + esc(", ".join(f"{k} {v}" for k, v in counts.items())) + ".</p>"
-            + figure_html(style_figure(heads_figure(tx), height=460)) + table_html(table, text_cols=("kind",)))
-    return Section("head-taxonomy", "Positional heads", body, tables={"heads": df},
-                   numbers={"tau": tx.tau, "kinds": counts, "positional": table.to_dict("records")}, findings=[finding])
+    body = (
+        '<p class="lead">A head is positional when one fixed offset δ* = query − key holds at least τ of its '
+        "attention on real text and on seeded random tokens (content removed); τ is Otsu's threshold on that "
+        f"mass over all heads, floored at 0.3. Scored on {n_windows} windows of {n_ctx} tokens. Kinds: "
+        + esc(", ".join(f"{k} {v}" for k, v in counts.items()))
+        + ".</p>"
+        + figure_html(style_figure(heads_figure(tx), height=460))
+        + table_html(table, text_cols=("kind",))
+    )
+    return Section(
+        "head-taxonomy",
+        "Positional heads",
+        body,
+        tables={"heads": df},
+        numbers={"tau": tx.tau, "kinds": counts, "positional": table.to_dict("records")},
+        findings=[finding],
+    )
 
 
 ANALYSIS = Analysis(
-    "head-taxonomy", head_taxonomy, HeadTaxonomy, draw(HeadTaxonomy, figure=heads_figure, scatter=heads_scatter),
+    "head-taxonomy",
+    head_taxonomy,
+    HeadTaxonomy,
+    draw(HeadTaxonomy, figure=heads_figure, scatter=heads_scatter),
     Command("head-taxonomy", run, options, distributed=True),
-    SectionSpec("head-taxonomy", "Positional heads", render, measure,
-                summary="Heads scored by how much of their attention the highest-frequency planes decide (diagonal "
-                        "and previous-token heads), with each head's score, its pattern and the planes it uses."),
+    SectionSpec(
+        "head-taxonomy",
+        "Positional heads",
+        render,
+        measure,
+        summary="Heads scored by how much of their attention the highest-frequency planes decide (diagonal "
+        "and previous-token heads), with each head's score, its pattern and the planes it uses.",
+    ),
     summary="Heads whose attention one fixed offset decides, on text and on random tokens, and their bands.",
 )

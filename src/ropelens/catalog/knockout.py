@@ -30,7 +30,9 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
             layer, head = part.split(".")
             out.append((int(layer), int(head)))
         except ValueError as e:
-            raise InputError(f"--heads takes LAYER.HEAD pairs separated by commas, got {part!r}: e.g. --heads 3.1,5.0") from e
+            raise InputError(
+                f"--heads takes LAYER.HEAD pairs separated by commas, got {part!r}: e.g. --heads 3.1,5.0"
+            ) from e
     if not out:
         raise InputError(f"--heads names no head, got {text!r}: e.g. --heads 3.1,5.0")
     return out
@@ -41,37 +43,108 @@ def _names(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in allowed]
     if bad or not names:
-        raise InputError(f"{flag} takes names from {', '.join(allowed)} separated by commas, got {text!r}: "
-                         f"e.g. {flag} {','.join(allowed[:2])}")
+        raise InputError(
+            f"{flag} takes names from {', '.join(allowed)} separated by commas, got {text!r}: "
+            f"e.g. {flag} {','.join(allowed[:2])}"
+        )
     return names
 
 
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens knockout [MODEL]``: zero 0..K planes of head sets and measure loss, positional probe, retrieval."""
     ModelOptions.add_to(p)
-    p.add_argument("--sets", default="positional", metavar="NAME,...",
-                   help="head sets: positional, retrieval, sinks, others (default: positional)")
-    p.add_argument("--heads", default=None, metavar="L.H,...",
-                   help="your own head set instead of --sets, as LAYER.HEAD pairs (e.g. 3.1,5.0)")
-    p.add_argument("--probe-heads", default=None, metavar="L.H,...",
-                   help="heads the positional probe reads (default: the positional heads)")
-    p.add_argument("--doses", default=None, metavar="K,K,...",
-                   help="planes zeroed per head (default: 0, n/8, n/4, n/2, n of the n planes)")
-    p.add_argument("--directions", default="high,low", metavar="high,low", help="which planes first (default: high,low)")
-    p.add_argument("--metrics", default="loss,probe", metavar="loss,probe,retrieval",
-                   help="what is measured per window (default: loss,probe)")
-    p.add_argument("--n-ctx", type=positive_int, default=256, metavar="N", help="tokens per window (default: 256)")
-    p.add_argument("--windows", type=positive_int, default=8, metavar="N", help="windows and prompts (default: 8)")
-    p.add_argument("--prompt-len", type=positive_int, default=None, metavar="N",
-                   help="tokens per retrieval prompt (default: --n-ctx)")
-    p.add_argument("--random", type=non_negative_int, default=9, metavar="N",
-                   help="random plane draws per control dose (default: 9)")
-    p.add_argument("--controls", type=non_negative_int, default=9, metavar="N",
-                   help="random head sets (as many heads per layer) per control dose (default: 9)")
-    p.add_argument("--control-doses", default=None, metavar="K,...", help="doses with controls (default: every nonzero dose)")
+    p.add_argument(
+        "--sets",
+        default="positional",
+        metavar="NAME,...",
+        help="head sets: positional, retrieval, sinks, others (default: positional)",
+    )
+    p.add_argument(
+        "--heads",
+        default=None,
+        metavar="L.H,...",
+        help="your own head set instead of --sets, as LAYER.HEAD pairs (e.g. 3.1,5.0)",
+    )
+    p.add_argument(
+        "--probe-heads",
+        default=None,
+        metavar="L.H,...",
+        help="heads the positional probe reads (default: the positional heads)",
+    )
+    p.add_argument(
+        "--doses",
+        default=None,
+        metavar="K,K,...",
+        help="planes zeroed per head (default: 0, n/8, n/4, n/2, n of the n planes)",
+    )
+    p.add_argument(
+        "--directions",
+        default="high,low",
+        metavar="high,low",
+        help="which planes first (default: high,low)",
+    )
+    p.add_argument(
+        "--metrics",
+        default="loss,probe",
+        metavar="loss,probe,retrieval",
+        help="what is measured per window (default: loss,probe)",
+    )
+    p.add_argument(
+        "--n-ctx",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="tokens per window (default: 256)",
+    )
+    p.add_argument(
+        "--windows",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="windows and prompts (default: 8)",
+    )
+    p.add_argument(
+        "--prompt-len",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokens per retrieval prompt (default: --n-ctx)",
+    )
+    p.add_argument(
+        "--random",
+        type=non_negative_int,
+        default=9,
+        metavar="N",
+        help="random plane draws per control dose (default: 9)",
+    )
+    p.add_argument(
+        "--controls",
+        type=non_negative_int,
+        default=9,
+        metavar="N",
+        help="random head sets (as many heads per layer) per control dose (default: 9)",
+    )
+    p.add_argument(
+        "--control-doses",
+        default=None,
+        metavar="K,...",
+        help="doses with controls (default: every nonzero dose)",
+    )
     p.add_argument("--no-whole-head", action="store_true", help="skip the whole-head knockout")
-    p.add_argument("--boot", type=positive_int, default=2000, metavar="N", help="bootstrap resamples (default: 2000)")
-    p.add_argument("--seed", type=non_negative_int, default=0, metavar="N", help="seed of every draw (default: 0)")
+    p.add_argument(
+        "--boot",
+        type=positive_int,
+        default=2000,
+        metavar="N",
+        help="bootstrap resamples (default: 2000)",
+    )
+    p.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="seed of every draw (default: 0)",
+    )
     OutputOptions.add_to(p, save="Knockout JSON")
 
 
@@ -84,27 +157,52 @@ def run(args: argparse.Namespace) -> int:
     CIs over windows, and layer-clustered permutation p-values against random planes and random head sets.
     """
 
-
     output = OutputOptions.from_args(args)
     output.check()
-    sets = {"custom": parse_heads(args.heads)} if args.heads else _names(args.sets, "--sets", HEAD_SETS)
+    sets = (
+        {"custom": parse_heads(args.heads)}
+        if args.heads
+        else _names(args.sets, "--sets", HEAD_SETS)
+    )
     directions = _names(args.directions, "--directions", ("high", "low"))
     metrics = _names(args.metrics, "--metrics", tuple(METRIC_GROUPS))
     doses = number_list(args.doses, int, "--doses", example="0,2,4,8") if args.doses else None
-    control = number_list(args.control_doses, int, "--control-doses", example="8") if args.control_doses else None
-    r = knockout(load_from_args(args), sets, doses=doses, control_doses=control, directions=directions,
-                 metrics=metrics, n_ctx=args.n_ctx,
-                 n_windows=args.windows, prompt_len=args.prompt_len, n_random=args.random, n_control=args.controls,
-                 whole_head=not args.no_whole_head,
-                 probe_heads=parse_heads(args.probe_heads) if args.probe_heads else None, n_boot=args.boot,
-                 seed=args.seed)
+    control = (
+        number_list(args.control_doses, int, "--control-doses", example="8")
+        if args.control_doses
+        else None
+    )
+    r = knockout(
+        load_from_args(args),
+        sets,
+        doses=doses,
+        control_doses=control,
+        directions=directions,
+        metrics=metrics,
+        n_ctx=args.n_ctx,
+        n_windows=args.windows,
+        prompt_len=args.prompt_len,
+        n_random=args.random,
+        n_control=args.controls,
+        whole_head=not args.no_whole_head,
+        probe_heads=parse_heads(args.probe_heads) if args.probe_heads else None,
+        n_boot=args.boot,
+        seed=args.seed,
+    )
     output.save_result(r)
     frame = r.to_frame()
     if output.json:
-        records = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
-                   for row in frame.to_dict("records")]
-        return output.emit({"heads": {k: [list(h) for h in v] for k, v in r.heads.items()},
-                            "findings": [f.text for f in r.findings()], "rows": records})
+        records = [
+            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+            for row in frame.to_dict("records")
+        ]
+        return output.emit(
+            {
+                "heads": {k: [list(h) for h in v] for k, v in r.heads.items()},
+                "findings": [f.text for f in r.findings()],
+                "rows": records,
+            }
+        )
     for name, heads in r.heads.items():
         print(f"{name} heads ({len(heads)}): {', '.join(f'{L}.{h}' for L, h in heads)}")
     print(frame.drop(columns=["n_heads"]).to_string(index=False, float_format="%.4g"))
@@ -112,7 +210,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "knockout", knockout, Knockout, draw(Knockout, figure=knockout_figure),
+    "knockout",
+    knockout,
+    Knockout,
+    draw(Knockout, figure=knockout_figure),
     Command("knockout", run, options),
     summary="Loss, positional probe and passkey copy as planes are removed from head sets, against matched controls.",
 )

@@ -25,7 +25,12 @@ from ropelens.results.findings import Finding
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens massive-values [MODEL]``: massive dimensions of pre-RoPE queries and keys."""
     CorpusCommand.add_to(p, tokens=8_192, n_ctx=512, save="MassiveValues JSON", bands=False)
-    p.add_argument("--factor", type=float, default=5.0, help="massive threshold over the head's mean (default: 5)")
+    p.add_argument(
+        "--factor",
+        type=float,
+        default=5.0,
+        help="massive threshold over the head's mean (default: 5)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
     """
     run = CorpusCommand.from_args(args)
     if not args.factor > 1:
-        raise InputError(f"--factor must exceed 1 (a multiple of the head's mean dimension norm), got {args.factor}")
+        raise InputError(
+            f"--factor must exceed 1 (a multiple of the head's mean dimension norm), got {args.factor}"
+        )
     corpus, kw = run.prepare(massive_values)
     r = massive_values(load_from_args(args), corpus, **kw, factor=args.factor)
     used = run.measured(r)
@@ -45,9 +52,18 @@ def run(args: argparse.Namespace) -> int:
     planes = r.planes_frame()
     planes = planes[planes.n_massive > 0]
     if run.output.json:
-        return run.output.emit({**used, "planes": planes.to_dict("records"),
-                                "massive": r.massive_frame().head(50).to_dict("records")})
-    print(planes.to_string(index=False, float_format="%.3f") if len(planes) else "no massive dimension")
+        return run.output.emit(
+            {
+                **used,
+                "planes": planes.to_dict("records"),
+                "massive": r.massive_frame().head(50).to_dict("records"),
+            }
+        )
+    print(
+        planes.to_string(index=False, float_format="%.3f")
+        if len(planes)
+        else "no massive dimension"
+    )
     return 0
 
 
@@ -69,27 +85,64 @@ def render(data: ReportData, massive: Measured) -> Section:
         rows = hit[hit.which == w]
         beyond = int(rows[rows.wavelength > ctx].n_massive.sum())
         top = rows.sort_values("persistence", ascending=False).head(1)
-        tail = (f", most persistent plane {int(top.plane.iloc[0])} (wavelength {top.wavelength.iloc[0]:,.0f} tokens, "
-                f"massive in {top.persistence.iloc[0]:.0%} of layers)") if len(top) else ""
-        parts.append(f"{w}: {n} of {total} dimensions massive, {beyond} of them in planes whose wavelength exceeds "
-                     f"the trained context of {ctx:,}{tail}")
-    text = (f"Massive dimensions (L2 norm over tokens above {mv.factor:.2f}× the head's mean dimension norm) — "
-            + "; ".join(parts) + ".")
-    finding = Finding("massive", "massive-values", text,
-                      {"factor": mv.factor, "n_massive_q": int(mv.mask("q").sum()), "n_massive_k": int(mv.mask("k").sum())})
-    body = ("<p class=\"lead\">Jin et al. 2025: a few dimensions of the queries and keys carry far larger norms than "
-            "the rest, concentrated in low-frequency planes, and contextual knowledge depends on them. Measured before "
-            f"RoPE on {n_win} window(s) of {n_ctx} tokens. Replace them with their mean "
-            "(<code>ropelens.analyses.massive_values.replace_massive</code>) to test what they do.</p>"
-            f"<p>{esc(text)}</p>" + figure_html(style_figure(massive_figure(mv), height=460)) + table_html(hit, text_cols=("which",)))
-    return Section("massive-values", "Massive values", body, tables={"massive_planes": planes},
-                   numbers=finding.values, findings=[finding])
+        tail = (
+            (
+                f", most persistent plane {int(top.plane.iloc[0])} (wavelength {top.wavelength.iloc[0]:,.0f} tokens, "
+                f"massive in {top.persistence.iloc[0]:.0%} of layers)"
+            )
+            if len(top)
+            else ""
+        )
+        parts.append(
+            f"{w}: {n} of {total} dimensions massive, {beyond} of them in planes whose wavelength exceeds "
+            f"the trained context of {ctx:,}{tail}"
+        )
+    text = (
+        f"Massive dimensions (L2 norm over tokens above {mv.factor:.2f}× the head's mean dimension norm) — "
+        + "; ".join(parts)
+        + "."
+    )
+    finding = Finding(
+        "massive",
+        "massive-values",
+        text,
+        {
+            "factor": mv.factor,
+            "n_massive_q": int(mv.mask("q").sum()),
+            "n_massive_k": int(mv.mask("k").sum()),
+        },
+    )
+    body = (
+        '<p class="lead">Jin et al. 2025: a few dimensions of the queries and keys carry far larger norms than '
+        "the rest, concentrated in low-frequency planes, and contextual knowledge depends on them. Measured before "
+        f"RoPE on {n_win} window(s) of {n_ctx} tokens. Replace them with their mean "
+        "(<code>ropelens.analyses.massive_values.replace_massive</code>) to test what they do.</p>"
+        f"<p>{esc(text)}</p>"
+        + figure_html(style_figure(massive_figure(mv), height=460))
+        + table_html(hit, text_cols=("which",))
+    )
+    return Section(
+        "massive-values",
+        "Massive values",
+        body,
+        tables={"massive_planes": planes},
+        numbers=finding.values,
+        findings=[finding],
+    )
 
 
 ANALYSIS = Analysis(
-    "massive-values", massive_values, MassiveValues, draw(MassiveValues, figure=massive_figure),
+    "massive-values",
+    massive_values,
+    MassiveValues,
+    draw(MassiveValues, figure=massive_figure),
     Command("massive-values", run, options, distributed=True),
-    SectionSpec("massive-values", "Massive values", render, measure,
-                summary="Dimensions of the pre-RoPE queries and keys with outsized norms, and the planes they sit in."),
+    SectionSpec(
+        "massive-values",
+        "Massive values",
+        render,
+        measure,
+        summary="Dimensions of the pre-RoPE queries and keys with outsized norms, and the planes they sit in.",
+    ),
     summary="Dimensions of the pre-RoPE queries and keys with outsized norms, and the planes they sit in.",
 )

@@ -23,8 +23,12 @@ from ropelens.plots.positional_symbolic import positional_symbolic_figure
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens positional-symbolic [MODEL]``: positional versus symbolic heads under a key-content permutation."""
     CorpusCommand.add_to(p, tokens=2_048, n_ctx=256, save="PositionalSymbolic JSON", bands=False)
-    p.add_argument("--margin", type=float, default=0.25,
-                   help="P - S that calls a head positional (or S - P symbolic) (default: 0.25)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.25,
+        help="P - S that calls a head positional (or S - P symbolic) (default: 0.25)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the key permutation (default: 0)")
 
 
@@ -35,10 +39,14 @@ def run(args: argparse.Namespace) -> int:
     whether its logits stay put (positional, P) or follow the content (symbolic, S), on logits and on attention.
     """
     run = CorpusCommand.from_args(args)
-    if args.n_ctx < shortest_window():  # no query of a shorter window sees enough keys: every score would be NaN
-        raise InputError(f"--n-ctx {args.n_ctx} is too short for positional/symbolic scoring: a query is scored only "
-                         f"when it sees {MIN_KEYS} keys besides BOS, so a window needs {shortest_window()} tokens: "
-                         f"use --n-ctx {shortest_window()} or more")
+    if (
+        args.n_ctx < shortest_window()
+    ):  # no query of a shorter window sees enough keys: every score would be NaN
+        raise InputError(
+            f"--n-ctx {args.n_ctx} is too short for positional/symbolic scoring: a query is scored only "
+            f"when it sees {MIN_KEYS} keys besides BOS, so a window needs {shortest_window()} tokens: "
+            f"use --n-ctx {shortest_window()} or more"
+        )
     if not 0 <= args.margin <= 1:
         raise InputError(f"--margin must lie in [0, 1], got {args.margin}: e.g. --margin 0.25")
     corpus, kw = run.prepare(positional_symbolic)
@@ -48,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "positional-symbolic", positional_symbolic, PositionalSymbolic, draw(PositionalSymbolic, figure=positional_symbolic_figure),
+    "positional-symbolic",
+    positional_symbolic,
+    PositionalSymbolic,
+    draw(PositionalSymbolic, figure=positional_symbolic_figure),
     Command("positional-symbolic", run, options, distributed=True),
     summary="Whether each head's logits stay with positions or follow the content when keys move.",
 )

@@ -25,16 +25,33 @@ def options(p: argparse.ArgumentParser) -> None:
     """``ropelens report [MODEL]``: the HTML report."""
     ModelOptions.add_to(p)
     CorpusOptions.add_to(p, tokens=32_768, n_ctx=512)
-    p.add_argument("--out", default="ropelens-report", metavar="DIR", help="output directory (default: ropelens-report)")
+    p.add_argument(
+        "--out",
+        default="ropelens-report",
+        metavar="DIR",
+        help="output directory (default: ropelens-report)",
+    )
     AnalysisOptions.add_to(p)
-    p.add_argument("--band-tokens", type=band_tokens, default=DEFAULT_BAND_TOKENS, metavar="N|all",
-                   help="tokens band statistics see, from evenly spread windows, or 'all' (default: 8192; each "
-                        "window costs about 0.8x a forward pass on top of frequency usage at 512 tokens)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: 4 windows of 256 tokens over a few layers (about a minute on a laptop CPU)")
-    p.add_argument("--experiments", default=None, metavar="DIR",
-                   help="folder the experiment scripts wrote (e.g. results/): their tables for this model join "
-                        "the p-RoPE and context-extension sections")
+    p.add_argument(
+        "--band-tokens",
+        type=band_tokens,
+        default=DEFAULT_BAND_TOKENS,
+        metavar="N|all",
+        help="tokens band statistics see, from evenly spread windows, or 'all' (default: 8192; each "
+        "window costs about 0.8x a forward pass on top of frequency usage at 512 tokens)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 4 windows of 256 tokens over a few layers (about a minute on a laptop CPU)",
+    )
+    p.add_argument(
+        "--experiments",
+        default=None,
+        metavar="DIR",
+        help="folder the experiment scripts wrote (e.g. results/): their tables for this model join "
+        "the p-RoPE and context-extension sections",
+    )
     OutputOptions.add_to(p)
 
 
@@ -51,17 +68,34 @@ def run(args: argparse.Namespace) -> int:
 
     load_experiments(args.experiments)
     model = load_from_args(args)
-    path = build_report(model, corpus=corpus, tokens=args.tokens, n_ctx=args.n_ctx, out=out, bands=args.bands,
-                        layers=args.layers, quick=args.quick, band_tokens=args.band_tokens,
-                        experiments=args.experiments, verify=not args.no_verify)
+    path = build_report(
+        model,
+        corpus=corpus,
+        tokens=args.tokens,
+        n_ctx=args.n_ctx,
+        out=out,
+        bands=args.bands,
+        layers=args.layers,
+        quick=args.quick,
+        band_tokens=args.band_tokens,
+        experiments=args.experiments,
+        verify=not args.no_verify,
+    )
 
     if not is_main():  # under torchrun rank 0 writes the report; the other ranks only measured
         return 0
     report = json.loads((path / "report.json").read_text())
     if output.json:
         prov = report["provenance"]
-        return output.emit({"out": str(path), "index": str(path / "index.html"), "findings": report["findings"],
-                            "seconds": prov["seconds"], "steps_seconds": prov["steps_seconds"]})
+        return output.emit(
+            {
+                "out": str(path),
+                "index": str(path / "index.html"),
+                "findings": report["findings"],
+                "seconds": prov["seconds"],
+                "steps_seconds": prov["steps_seconds"],
+            }
+        )
     print(f"report: {path / 'index.html'}")
     for i, f in enumerate(report["findings"], start=1):
         print(f"  {i}. {f['text']}")
@@ -69,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "report", build_report, command=Command("report", run, options, distributed=True),
+    "report",
+    build_report,
+    command=Command("report", run, options, distributed=True),
     summary="One page of every registered section on one model, with generated findings, report.json and CSVs.",
 )

@@ -31,7 +31,9 @@ def run(args: argparse.Namespace) -> int:
     r = rotary_offsets(load_from_args(args), corpus, **kw)
     used = run.measured(r)
     run.output.save_result(r)
-    summary = r.summary().rename_axis("cycle").reset_index()  # partial-cycle planes against the others
+    summary = (
+        r.summary().rename_axis("cycle").reset_index()
+    )  # partial-cycle planes against the others
     if run.output.json:
         return run.output.emit({**used, "summary": summary.to_dict("records")})
     print(summary.to_string(index=False, float_format="%.3f"))
@@ -39,7 +41,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "rotary-offsets", rotary_offsets, RotaryOffsets, draw(RotaryOffsets, figure=offsets_figure, heatmap=offsets_heatmap),
+    "rotary-offsets",
+    rotary_offsets,
+    RotaryOffsets,
+    draw(RotaryOffsets, figure=offsets_figure, heatmap=offsets_heatmap),
     Command("rotary-offsets", run, options, distributed=True),
     summary="Planes that never complete a turn in the trained context, and the q–k angle per plane at the attended key.",
 )

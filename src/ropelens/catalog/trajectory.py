@@ -14,26 +14,76 @@ from ropelens.validate import check_output_path
 
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens trajectory CKPT... [--revisions R...]``: structures over training checkpoints, and their page."""
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT",
-                   help="checkpoint directories (step-N/, as ropelens.training.train saves them), or one hub id "
-                        "with --revisions")
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CKPT",
+        help="checkpoint directories (step-N/, as ropelens.training.train saves them), or one hub id "
+        "with --revisions",
+    )
     g = p.add_argument_group("trajectory")
-    g.add_argument("--revisions", nargs="+", default=None, metavar="REV",
-                   help="hub revisions of the one hub id given (e.g. Pythia's step1000 step8000; needs the network)")
-    g.add_argument("--steps", nargs="+", type=int, default=None, metavar="N",
-                   help="the training step of each checkpoint (default: read from step-N in the names)")
-    g.add_argument("--analyses", nargs="+", default=list(ANALYSES), choices=ANALYSES, metavar="NAME",
-                   help=f"of {', '.join(ANALYSES)} (default: all)")
-    g.add_argument("--tokens", type=positive_int, default=2048, metavar="N",
-                   help="tokens per analysis and checkpoint (default: 2048)")
-    g.add_argument("--ctx", type=window_length, default=None, metavar="N",
-                   help="tokens per window (default: a ropelens checkpoint's training length, else 256)")
-    g.add_argument("--corpus", default=None, metavar="PATH|english|python",
-                   help="text to measure on (default: the corpus a ropelens checkpoint was trained on, else english)")
-    g.add_argument("--device", default=None, metavar="DEV", help="cpu, cuda, cuda:N or mps (default: cuda if present)")
-    g.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the heads analysis's random tokens")
-    g.add_argument("--out", default="ropelens-trajectory", metavar="DIR",
-                   help="where trajectory.json, trajectory.csv and trajectory.html go (default: ropelens-trajectory)")
+    g.add_argument(
+        "--revisions",
+        nargs="+",
+        default=None,
+        metavar="REV",
+        help="hub revisions of the one hub id given (e.g. Pythia's step1000 step8000; needs the network)",
+    )
+    g.add_argument(
+        "--steps",
+        nargs="+",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the training step of each checkpoint (default: read from step-N in the names)",
+    )
+    g.add_argument(
+        "--analyses",
+        nargs="+",
+        default=list(ANALYSES),
+        choices=ANALYSES,
+        metavar="NAME",
+        help=f"of {', '.join(ANALYSES)} (default: all)",
+    )
+    g.add_argument(
+        "--tokens",
+        type=positive_int,
+        default=2048,
+        metavar="N",
+        help="tokens per analysis and checkpoint (default: 2048)",
+    )
+    g.add_argument(
+        "--ctx",
+        type=window_length,
+        default=None,
+        metavar="N",
+        help="tokens per window (default: a ropelens checkpoint's training length, else 256)",
+    )
+    g.add_argument(
+        "--corpus",
+        default=None,
+        metavar="PATH|english|python",
+        help="text to measure on (default: the corpus a ropelens checkpoint was trained on, else english)",
+    )
+    g.add_argument(
+        "--device",
+        default=None,
+        metavar="DEV",
+        help="cpu, cuda, cuda:N or mps (default: cuda if present)",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the heads analysis's random tokens",
+    )
+    g.add_argument(
+        "--out",
+        default="ropelens-trajectory",
+        metavar="DIR",
+        help="where trajectory.json, trajectory.csv and trajectory.html go (default: ropelens-trajectory)",
+    )
     OutputOptions.add_to(p)
 
 
@@ -48,14 +98,28 @@ def run(args: argparse.Namespace) -> int:
     """
     check_output_path(args.out, "--out", directory=True)
     output = OutputOptions.from_args(args)
-    traj = trajectory(args.checkpoints, revisions=args.revisions, steps=args.steps, analyses=args.analyses,
-                      corpus=args.corpus, n_tokens=args.tokens, n_ctx=args.ctx, device=args.device, seed=args.seed,
-                      progress=output.progress)
+    traj = trajectory(
+        args.checkpoints,
+        revisions=args.revisions,
+        steps=args.steps,
+        analyses=args.analyses,
+        corpus=args.corpus,
+        n_tokens=args.tokens,
+        n_ctx=args.ctx,
+        device=args.device,
+        seed=args.seed,
+        progress=output.progress,
+    )
     page = write_trajectory(traj, args.out)
     em = traj.emergence()
     if output.json:
-        return output.emit({"page": str(page), "emergence": em.astype(object).where(em.notna(), None).to_dict("records"),
-                            "findings": [f.to_dict() for f in traj.findings()]})
+        return output.emit(
+            {
+                "page": str(page),
+                "emergence": em.astype(object).where(em.notna(), None).to_dict("records"),
+                "findings": [f.to_dict() for f in traj.findings()],
+            }
+        )
     print(em.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     for f in traj.findings():
         print(f"- {f.text}")
@@ -64,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 ANALYSIS = Analysis(
-    "trajectory", trajectory, Trajectory, draw(Trajectory, figure=trajectory_figure),
+    "trajectory",
+    trajectory,
+    Trajectory,
+    draw(Trajectory, figure=trajectory_figure),
     Command("trajectory", run, options),
     summary="The high-norm band, sinks, massive dimensions and positional heads across training checkpoints.",
 )

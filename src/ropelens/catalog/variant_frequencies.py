@@ -19,7 +19,13 @@ from ropelens.spec.reading import rope_spec
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens variant-frequencies [MODEL] --variant SPEC``: each plane's frequency before and after."""
     ModelOptions.add_to(p)
-    p.add_argument("--variant", action="append", required=True, metavar="SPEC", help=variant_help() + " (repeatable)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        required=True,
+        metavar="SPEC",
+        help=variant_help() + " (repeatable)",
+    )
     OutputOptions.add_to(p)
 
 
@@ -36,21 +42,35 @@ def run(args: argparse.Namespace) -> int:
         layer = spec.layers[idx[0]]
         for v in chosen:
             inv = v.inv_freq(layer)
-            out.append({"kind": kind, "layers": idx, "variant": v.to_dict(), "attention_scaling": v.attention_scaling(layer),
-                        "inv_freq_before": layer.inv_freq.tolist(), "inv_freq_after": inv.tolist()})
+            out.append(
+                {
+                    "kind": kind,
+                    "layers": idx,
+                    "variant": v.to_dict(),
+                    "attention_scaling": v.attention_scaling(layer),
+                    "inv_freq_before": layer.inv_freq.tolist(),
+                    "inv_freq_after": inv.tolist(),
+                }
+            )
     output = OutputOptions.from_args(args)
     if output.json:
         return output.emit(out, indent=1)
     for row in out:
-        print(f"\n{row['variant']['variant']} on {row['kind']} layers (attention scaling {row['attention_scaling']:.4f})")
+        print(
+            f"\n{row['variant']['variant']} on {row['kind']} layers (attention scaling {row['attention_scaling']:.4f})"
+        )
         print(f"{'plane':>5} {'θ before':>12} {'θ after':>12} {'λ before':>12} {'λ after':>12}")
         for i, (a, b) in enumerate(zip(row["inv_freq_before"], row["inv_freq_after"])):
-            wl = lambda t: f"{2 * math.pi / t:12.1f}" if t > 0 else f"{'inf':>12}"  # noqa: E731
+
+            def wl(t):
+                return f"{2 * math.pi / t:12.1f}" if t > 0 else f"{'inf':>12}"
+
             print(f"{i:>5} {a:12.4g} {b:12.4g} {wl(a)} {wl(b)}")
     return 0
 
 
 ANALYSIS = Analysis(
-    "variant-frequencies", command=Command("variant-frequencies", run, options),
+    "variant-frequencies",
+    command=Command("variant-frequencies", run, options),
     summary="Each plane's frequency and wavelength before and after a RoPE variant, per layer kind.",
 )

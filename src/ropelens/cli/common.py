@@ -32,7 +32,9 @@ from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 from ropelens.loading.models import DTYPES as MODEL_DTYPES
 from ropelens.validate import check_output_path
 
-DTYPES = {name: MODEL_DTYPES[name] for name in ("float32", "bfloat16", "float16")}  # what --dtype offers
+DTYPES = {
+    name: MODEL_DTYPES[name] for name in ("float32", "bfloat16", "float16")
+}  # what --dtype offers
 
 __all__ = [
     "DTYPES", "AnalysisOptions", "CheckpointOptions", "Command", "CorpusCommand", "CorpusOptions", "ModelOptions",
@@ -50,11 +52,17 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def add_command(subparsers: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int],
-                distributed: bool = False) -> argparse.ArgumentParser:
+def add_command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    distributed: bool = False,
+) -> argparse.ArgumentParser:
     """Subcommand ``name`` running ``run`` (its docstring is the help); ``distributed``: it splits under torchrun."""
     summary, _, description = inspect.cleandoc(run.__doc__ or name).partition("\n\n")
-    p = subparsers.add_parser(name, help=summary, description=description.replace("\n", " ") or summary)
+    p = subparsers.add_parser(
+        name, help=summary, description=description.replace("\n", " ") or summary
+    )
     p.set_defaults(func=run, distributed=distributed)
     return p
 
@@ -76,8 +84,10 @@ class Command:
 
     def __post_init__(self) -> None:
         if not callable(self.run) or not callable(self.options):
-            raise InputError(f"command {self.name!r}: run and options must be functions, got {self.run!r}, "
-                             f"{self.options!r}")
+            raise InputError(
+                f"command {self.name!r}: run and options must be functions, got {self.run!r}, "
+                f"{self.options!r}"
+            )
 
     def add_to(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         """Add this subcommand and its flags to ``subparsers``."""
@@ -111,7 +121,9 @@ def window_length(text: str) -> int:
     """``argparse`` type: tokens per window, at least 2 (BOS and one token that can attend to it)."""
     value = positive_int(text)
     if value < 2:
-        raise argparse.ArgumentTypeError(f"a window needs at least 2 tokens (BOS and one more), got {value}")
+        raise argparse.ArgumentTypeError(
+            f"a window needs at least 2 tokens (BOS and one more), got {value}"
+        )
     return value
 
 
@@ -120,10 +132,14 @@ def layer_list(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices such as 0,5,11, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated layer indices such as 0,5,11, got {text!r}"
+        ) from None
     if not out:
         raise argparse.ArgumentTypeError("expected at least one layer index, e.g. --layers 0,5,11")
-    return list(dict.fromkeys(out))  # 0,0 is layer 0 once (aliases such as -1 and n−1 meet in layer_indices)
+    return list(
+        dict.fromkeys(out)
+    )  # 0,0 is layer 0 once (aliases such as -1 and n−1 meet in layer_indices)
 
 
 def number_list(text: str, kind, what: str, *, example: str) -> list:
@@ -132,9 +148,13 @@ def number_list(text: str, kind, what: str, *, example: str) -> list:
     try:
         out = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError as e:
-        raise InputError(f"{what} must be a comma-separated list of {noun}, got {text!r}: e.g. {what} {example}") from e
+        raise InputError(
+            f"{what} must be a comma-separated list of {noun}, got {text!r}: e.g. {what} {example}"
+        ) from e
     if not out:
-        raise InputError(f"{what} is empty: pass a comma-separated list of {noun}, e.g. {what} {example}")
+        raise InputError(
+            f"{what} is empty: pass a comma-separated list of {noun}, e.g. {what} {example}"
+        )
     return out
 
 
@@ -163,8 +183,9 @@ def most_windows(corpus: Any, n_ctx: int) -> int:
     return capacity // max(1, n_ctx - 1)
 
 
-def check_windows_fit(corpus: Any, n_ctx: int, asked: int, flag: str, per_window: int = 1,
-                      other_corpus: bool = True) -> None:
+def check_windows_fit(
+    corpus: Any, n_ctx: int, asked: int, flag: str, per_window: int = 1, other_corpus: bool = True
+) -> None:
     """Refuse ``flag asked`` (``per_window`` of it per window) when ``corpus`` cannot hold that many windows.
 
     A value the corpus merely falls short of is measured on what it holds, with a :func:`note_windows`.
@@ -175,17 +196,27 @@ def check_windows_fit(corpus: Any, n_ctx: int, asked: int, flag: str, per_window
         raise InputError(
             f"{flag} {asked:,} is more than corpus {corpus.name!r} can hold: its {size:,} bytes of text make at "
             f"most {most:,} windows of --n-ctx {n_ctx} with any tokenizer: pass {flag} {most * per_window} or "
-            f"fewer{', or a larger --corpus' if other_corpus else ''}")
+            f"fewer{', or a larger --corpus' if other_corpus else ''}"
+        )
 
 
-def note_windows(corpus: str | None, used: int, n_ctx: int, asked: int, flag: str, per_window: int = 1,
-                 default: bool = False) -> None:
+def note_windows(
+    corpus: str | None,
+    used: int,
+    n_ctx: int,
+    asked: int,
+    flag: str,
+    per_window: int = 1,
+    default: bool = False,
+) -> None:
     """:func:`note` that ``corpus`` held ``used`` windows where ``flag asked`` (the command's default, with
     ``default``) wanted more."""
     if used < asked // per_window:
         said = f"the default {flag} {asked:,}" if default else f"{flag} {asked:,}"
-        note(f"{said} asks for {asked // per_window:,} windows of {n_ctx} tokens but corpus {corpus!r} holds "
-             f"{used:,}: measured all {used:,} ({used * n_ctx:,} tokens)")
+        note(
+            f"{said} asks for {asked // per_window:,} windows of {n_ctx} tokens but corpus {corpus!r} holds "
+            f"{used:,}: measured all {used:,} ({used * n_ctx:,} tokens)"
+        )
 
 
 # ---------------------------------------------------------------------------------------- option groups
@@ -200,7 +231,9 @@ class OptionGroup:
     title: ClassVar[str]
 
     @classmethod
-    def add_to(cls, parser: argparse.ArgumentParser, *, omit: Sequence[str] = (), **defaults: Any) -> argparse._ArgumentGroup:
+    def add_to(
+        cls, parser: argparse.ArgumentParser, *, omit: Sequence[str] = (), **defaults: Any
+    ) -> argparse._ArgumentGroup:
         """Declare every field not in ``omit`` as a flag, under this group's heading; ``defaults`` override."""
         group = parser.add_argument_group(cls.title)
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -215,8 +248,12 @@ class OptionGroup:
         return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
 
-def _add_field(group: argparse._ArgumentGroup | argparse.ArgumentParser, f: dataclasses.Field, default: Any,
-               **override: Any) -> None:
+def _add_field(
+    group: argparse._ArgumentGroup | argparse.ArgumentParser,
+    f: dataclasses.Field,
+    default: Any,
+    **override: Any,
+) -> None:
     kw = {**f.metadata, **override}
     kw["help"] = kw["help"].format(default=default) if "{default" in kw["help"] else kw["help"]
     if kw.pop("positional", False):
@@ -225,8 +262,10 @@ def _add_field(group: argparse._ArgumentGroup | argparse.ArgumentParser, f: data
         group.add_argument("--" + f.name.replace("_", "-"), default=default, **kw)
 
 
-MODEL_HELP = (f"embedded name ({', '.join(EMBEDDED_MODELS)}; default {DEFAULT_MODEL}), a .gguf file, "
-              "an HF model directory, or a hub name (needs the network)")
+MODEL_HELP = (
+    f"embedded name ({', '.join(EMBEDDED_MODELS)}; default {DEFAULT_MODEL}), a .gguf file, "
+    "an HF model directory, or a hub name (needs the network)"
+)
 
 
 @dataclass
@@ -236,12 +275,20 @@ class ModelOptions(OptionGroup):
     title: ClassVar[str] = "model"
     model: str | None = option(None, MODEL_HELP, positional=True)
     device: str | None = option(
-        None, "torch device to run the model on: cpu, cuda, cuda:N or mps (default: cuda if available, else cpu)")
-    dtype: str = option("float32", "weights and activations: float32 (default), bfloat16 or float16 (statistics "
-                                   "accumulate in float32 or float64 either way)", choices=sorted(DTYPES))
+        None,
+        "torch device to run the model on: cpu, cuda, cuda:N or mps (default: cuda if available, else cpu)",
+    )
+    dtype: str = option(
+        "float32",
+        "weights and activations: float32 (default), bfloat16 or float16 (statistics "
+        "accumulate in float32 or float64 either way)",
+        choices=sorted(DTYPES),
+    )
 
     @classmethod
-    def add_to(cls, parser: argparse.ArgumentParser, *, flag_help: str | None = None, **kw: Any) -> argparse._ArgumentGroup:
+    def add_to(
+        cls, parser: argparse.ArgumentParser, *, flag_help: str | None = None, **kw: Any
+    ) -> argparse._ArgumentGroup:
         """MODEL as the optional positional, or as ``--model`` with ``flag_help`` (a command where it is optional)."""
         if flag_help is None:
             return super().add_to(parser, **kw)
@@ -274,15 +321,30 @@ class CorpusOptions(OptionGroup):
     """The text a command streams, cut into windows of ``n_ctx`` tokens."""
 
     title: ClassVar[str] = "corpus"
-    corpus: str = option("english", "text to run on: a built-in corpus or a .txt/.md file or directory "
-                                     "(default: english)", metavar="PATH|english|python")
-    tokens: int | None = option(None, "tokens to analyse, cut into windows of --n-ctx (default: {default:,})",
-                                type=positive_int, metavar="N")
-    n_ctx: int = option(512, "tokens per window, BOS included (default: {default})", type=window_length, metavar="N")
+    corpus: str = option(
+        "english",
+        "text to run on: a built-in corpus or a .txt/.md file or directory (default: english)",
+        metavar="PATH|english|python",
+    )
+    tokens: int | None = option(
+        None,
+        "tokens to analyse, cut into windows of --n-ctx (default: {default:,})",
+        type=positive_int,
+        metavar="N",
+    )
+    n_ctx: int = option(
+        512, "tokens per window, BOS included (default: {default})", type=window_length, metavar="N"
+    )
 
     @classmethod
-    def add_to(cls, parser: argparse.ArgumentParser, *, tokens: int | None, n_ctx: int,
-               corpus_group: argparse._MutuallyExclusiveGroup | None = None) -> argparse._ArgumentGroup:
+    def add_to(
+        cls,
+        parser: argparse.ArgumentParser,
+        *,
+        tokens: int | None,
+        n_ctx: int,
+        corpus_group: argparse._MutuallyExclusiveGroup | None = None,
+    ) -> argparse._ArgumentGroup:
         """``--corpus``, ``--tokens`` (when ``tokens`` is given) and ``--n-ctx``; ``--corpus`` may join ``corpus_group``."""
         omit = ("tokens",) * (tokens is None) + ("corpus",) * (corpus_group is not None)
         group = super().add_to(parser, omit=omit, tokens=tokens, n_ctx=n_ctx)
@@ -294,8 +356,10 @@ class CorpusOptions(OptionGroup):
     def check(self) -> None:
         """At least one window: ``--tokens`` ≥ ``--n-ctx``."""
         if self.tokens is not None and self.tokens < self.n_ctx:
-            raise InputError(f"--tokens {self.tokens} is fewer than one window of --n-ctx {self.n_ctx}: "
-                             "raise --tokens or lower --n-ctx")
+            raise InputError(
+                f"--tokens {self.tokens} is fewer than one window of --n-ctx {self.n_ctx}: "
+                "raise --tokens or lower --n-ctx"
+            )
 
     def load(self):
         """The corpus, after :meth:`check` (both fail before any model loads)."""
@@ -310,16 +374,26 @@ class AnalysisOptions(OptionGroup):
     """Which bands planes group into, which layers to analyse, and whether the reading is verified first."""
 
     title: ClassVar[str] = "analysis"
-    bands: str | None = option(None, "how planes group into bands: planes, all, quantiles:N, wavelength:E1,E2,..., "
-                                     "context[:F] (default: quantiles:<=4, four bands or one per plane where a layer has fewer)",
-                                     metavar="SPEC")
-    layers: list[int] | None = option(None, "layer indices to analyse (default: all)", type=layer_list,
-                                      metavar="0,5,11")
-    no_verify: bool = option(False, "measure without first checking ropelens's reading against the model's own "
-                                    "attention (results are marked unverified)", action="store_true")
+    bands: str | None = option(
+        None,
+        "how planes group into bands: planes, all, quantiles:N, wavelength:E1,E2,..., "
+        "context[:F] (default: quantiles:<=4, four bands or one per plane where a layer has fewer)",
+        metavar="SPEC",
+    )
+    layers: list[int] | None = option(
+        None, "layer indices to analyse (default: all)", type=layer_list, metavar="0,5,11"
+    )
+    no_verify: bool = option(
+        False,
+        "measure without first checking ropelens's reading against the model's own "
+        "attention (results are marked unverified)",
+        action="store_true",
+    )
 
     @classmethod
-    def add_to(cls, parser: argparse.ArgumentParser, *, bands: bool = True) -> argparse._ArgumentGroup:
+    def add_to(
+        cls, parser: argparse.ArgumentParser, *, bands: bool = True
+    ) -> argparse._ArgumentGroup:
         """``--layers``, and ``--bands`` unless ``bands=False``."""
         return super().add_to(parser, omit=() if bands else ("bands",), bands="quantiles:<=4")
 
@@ -339,10 +413,12 @@ class CheckpointOptions(OptionGroup):
     """Resumable streaming: save progress to a directory, pick up there when started again."""
 
     title: ClassVar[str] = "checkpoint"
-    checkpoint: str | None = option(None, "save progress to DIR; the same command started again resumes there",
-                                    metavar="DIR")
-    checkpoint_every: int = option(8, "batches between checkpoints (default: {default})", type=positive_int,
-                                   metavar="N")
+    checkpoint: str | None = option(
+        None, "save progress to DIR; the same command started again resumes there", metavar="DIR"
+    )
+    checkpoint_every: int = option(
+        8, "batches between checkpoints (default: {default})", type=positive_int, metavar="N"
+    )
 
     def kwargs(self) -> dict[str, Any]:
         """``checkpoint``/``checkpoint_every`` for the analysis when ``--checkpoint`` is set (every corpus analysis resumes)."""
@@ -358,18 +434,27 @@ class OutputOptions(OptionGroup):
 
     title: ClassVar[str] = "output"
     save: str | None = option(None, "also save the full result as JSON", metavar="FILE.json")
-    json: bool = option(False, "print machine-readable JSON instead of a table", action="store_true")
+    json: bool = option(
+        False, "print machine-readable JSON instead of a table", action="store_true"
+    )
 
     @classmethod
-    def add_to(cls, parser: argparse.ArgumentParser, *, save: str | None = None,
-               deprecated_out: bool = False) -> argparse._ArgumentGroup:
+    def add_to(
+        cls,
+        parser: argparse.ArgumentParser,
+        *,
+        save: str | None = None,
+        deprecated_out: bool = False,
+    ) -> argparse._ArgumentGroup:
         """``--json``, and ``--save`` when ``save`` names what is saved (e.g. ``"AttentionSinks JSON"``)."""
         group = parser.add_argument_group(cls.title)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if save is not None:
             _add_field(group, fields["save"], None, help=f"also save the full result ({save})")
             if deprecated_out:  # the old spelling keeps working, out of --help
-                group.add_argument("--out", dest="save", action=_DeprecatedAlias, help=argparse.SUPPRESS)
+                group.add_argument(
+                    "--out", dest="save", action=_DeprecatedAlias, help=argparse.SUPPRESS
+                )
         _add_field(group, fields["json"], False)
         return group
 
@@ -390,15 +475,28 @@ class OutputOptions(OptionGroup):
         if self.save and is_main():
             result.save(self.save)
 
-    def save_and_show(self, result: Any, frame: Any, rows: str, head: dict[str, Any] | None = None,
-                      tail: dict[str, Any] | None = None) -> int:
+    def save_and_show(
+        self,
+        result: Any,
+        frame: Any,
+        rows: str,
+        head: dict[str, Any] | None = None,
+        tail: dict[str, Any] | None = None,
+    ) -> int:
         """Save ``result`` (when ``--save`` is given), then print its findings and ``frame`` as a table; with
         ``--json``, one object instead: ``head``, the findings, ``frame``'s records under ``rows``, ``tail``.
         0, the command's exit code."""
         self.save_result(result)
         findings = [f.text for f in result.findings()]
         if self.json:
-            return self.emit({**(head or {}), "findings": findings, rows: frame.to_dict("records"), **(tail or {})})
+            return self.emit(
+                {
+                    **(head or {}),
+                    "findings": findings,
+                    rows: frame.to_dict("records"),
+                    **(tail or {}),
+                }
+            )
         for text in findings:
             print(text)
         print(frame.to_string(index=False, float_format="%.3f"))
@@ -413,8 +511,10 @@ class OutputOptions(OptionGroup):
 class _DeprecatedAlias(argparse.Action):
     """An old spelling of a flag: stores like the new one and says which to use."""
 
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse's signature
-        print(f"ropelens: warning: {option_string} is deprecated; use --{self.dest}", file=sys.stderr)
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002
+        print(
+            f"ropelens: warning: {option_string} is deprecated; use --{self.dest}", file=sys.stderr
+        )
         setattr(namespace, self.dest, values)
 
 
@@ -430,7 +530,9 @@ class CorpusCommand:
     tokens_default: int | None = None  # the command's --tokens when none is given
 
     @staticmethod
-    def add_to(parser: argparse.ArgumentParser, *, tokens: int, n_ctx: int, save: str, bands: bool = True) -> None:
+    def add_to(
+        parser: argparse.ArgumentParser, *, tokens: int, n_ctx: int, save: str, bands: bool = True
+    ) -> None:
         """Model, corpus, analysis, checkpoint and output flags; ``save`` names the saved result."""
         ModelOptions.add_to(parser)
         CorpusOptions.add_to(parser, tokens=tokens, n_ctx=n_ctx)
@@ -442,8 +544,14 @@ class CorpusCommand:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CorpusCommand:
         """Every group but the model's (:func:`load_from_args` loads it) as parsed; a bad ``--bands`` fails here."""
-        return cls(args.command, CorpusOptions.from_args(args), AnalysisOptions.from_args(args),
-                   CheckpointOptions.from_args(args), OutputOptions.from_args(args), getattr(args, "tokens_default", None))
+        return cls(
+            args.command,
+            CorpusOptions.from_args(args),
+            AnalysisOptions.from_args(args),
+            CheckpointOptions.from_args(args),
+            OutputOptions.from_args(args),
+            getattr(args, "tokens_default", None),
+        )
 
     def prepare(self, analysis: Callable[..., Any]) -> tuple[Any, dict[str, Any]]:
         """The checked corpus and the keyword arguments of ``analysis``: all that can fail before the model loads.
@@ -453,11 +561,19 @@ class CorpusCommand:
         """
         corpus = self.corpus.load()
         tokens = self.corpus.tokens
-        if tokens is not None and tokens != self.tokens_default:  # the default is not the user's request
-            check_windows_fit(corpus, self.corpus.n_ctx, tokens, "--tokens", per_window=self.corpus.n_ctx)
+        if (
+            tokens is not None and tokens != self.tokens_default
+        ):  # the default is not the user's request
+            check_windows_fit(
+                corpus, self.corpus.n_ctx, tokens, "--tokens", per_window=self.corpus.n_ctx
+            )
         self.output.check()
-        kw: dict[str, Any] = {"n_ctx": self.corpus.n_ctx, "max_tokens": self.corpus.tokens,
-                              "layers": self.analysis.layers, "progress": self.output.progress}
+        kw: dict[str, Any] = {
+            "n_ctx": self.corpus.n_ctx,
+            "max_tokens": self.corpus.tokens,
+            "layers": self.analysis.layers,
+            "progress": self.output.progress,
+        }
         bands = self.analysis.parsed_bands()
         # frequency_usage takes no bands: usage's bands only group its printout
         if bands is not None and "bands" in inspect.signature(analysis).parameters:
@@ -472,8 +588,15 @@ class CorpusCommand:
         prov = result.provenance
         tokens = self.corpus.tokens
         if tokens is not None and prov.n_windows is not None:
-            note_windows(prov.corpus, prov.n_windows, self.corpus.n_ctx, tokens, "--tokens",
-                         per_window=self.corpus.n_ctx, default=tokens == self.tokens_default)
+            note_windows(
+                prov.corpus,
+                prov.n_windows,
+                self.corpus.n_ctx,
+                tokens,
+                "--tokens",
+                per_window=self.corpus.n_ctx,
+                default=tokens == self.tokens_default,
+            )
         return {"n_ctx": prov.n_ctx, "n_windows": prov.n_windows, "n_tokens": prov.n_tokens}
 
 

@@ -23,13 +23,16 @@ __all__ = ["build_parser", "main"]
 
 EXIT_USAGE = 2
 
+
 class _Version(argparse.Action):
     """``--version``: the versions in use, read when asked (not at import)."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):  # noqa: A002
+    def __init__(
+        self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None
+    ):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse.Action signature
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002
         from ropelens.results.provenance import version_report
 
         print(version_report())
@@ -42,8 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ropelens",
         description="Mechanistic interpretability of rotary position embeddings (RoPE).",
     )
-    parser.add_argument("--version", action=_Version, help="print the versions in use (ropelens, torch, transformers, "
-                        "TransformerLens, ...) and which differ from the tested stack, and exit")
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        help="print the versions in use (ropelens, torch, transformers, "
+        "TransformerLens, ...) and which differ from the tested stack, and exit",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in parts("command"):
         command.add_to(sub)
@@ -55,15 +62,17 @@ def _join_process_group(args: argparse.Namespace) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not getattr(args, "distributed", False):
         sub = next(a for a in build_parser()._actions if a.dest == "command")
         names = [n for n, p in sub.choices.items() if p.get_default("distributed")]
-        raise InputError(f"ropelens {args.command} does not split its work across processes: run it without torchrun "
-                         f"({', '.join(names[:-1])} and {names[-1]} do)")
+        raise InputError(
+            f"ropelens {args.command} does not split its work across processes: run it without torchrun "
+            f"({', '.join(names[:-1])} and {names[-1]} do)"
+        )
     device = init_from_env(getattr(args, "device", None))
     if device is None:
         return
     if hasattr(args, "device"):
         args.device = device
     if not is_main():  # other ranks print nothing but errors (stderr stays open)
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
 
 
 def _one_line(e: BaseException) -> str:
@@ -85,11 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except (InputError, OSError) as e:  # bad option, model name/path/device, non-RoPE model, broken file
+    except (
+        InputError,
+        OSError,
+    ) as e:  # bad option, model name/path/device, non-RoPE model, broken file
         if os.environ.get("ROPELENS_DEBUG"):  # the traceback, for bugs that look like bad input
             raise
         print(f"ropelens: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
-

@@ -14,8 +14,11 @@ __all__ = ["VARIANT_EXAMPLES", "parse_variant", "variant_help"]
 def _variant_classes() -> dict[str, type[V.RopeVariant]]:
     """The variant classes :mod:`ropelens.spec.variants` exports, by lower-case class name, in its order."""
     exported = (getattr(V, n) for n in V.__all__)
-    return {c.__name__.lower(): c for c in exported
-            if isinstance(c, type) and issubclass(c, V.RopeVariant) and c is not V.RopeVariant}
+    return {
+        c.__name__.lower(): c
+        for c in exported
+        if isinstance(c, type) and issubclass(c, V.RopeVariant) and c is not V.RopeVariant
+    }
 
 
 def _params(cls: type[V.RopeVariant]) -> list[dataclasses.Field]:
@@ -38,11 +41,22 @@ def _form(name: str, cls: type[V.RopeVariant]) -> str:
 
 # A value of each variant that parse_variant accepts, shown in its error messages (tested to parse).
 VARIANT_EXAMPLES = {
-    "default": "default", "prope": "prope:0.75", "propereversed": "propereversed:0.75",
-    "propepartial": "propepartial:0.75", "nope": "nope", "basechange": "basechange:500000",
-    "planemask": "planemask:0,1,2,3", "linear": "linear:4", "ntk": "ntk:4", "dynamicntk": "dynamicntk:2:2048",
-    "yarn": "yarn:4:2048", "llama3": "llama3:8:1:4:8192", "longrope": "longrope:1,1,1,1:1,2,4,8:2048",
-    "resonance": "resonance:4:2048", "cope": "cope:20", "fopezero": "fopezero:2048",
+    "default": "default",
+    "prope": "prope:0.75",
+    "propereversed": "propereversed:0.75",
+    "propepartial": "propepartial:0.75",
+    "nope": "nope",
+    "basechange": "basechange:500000",
+    "planemask": "planemask:0,1,2,3",
+    "linear": "linear:4",
+    "ntk": "ntk:4",
+    "dynamicntk": "dynamicntk:2:2048",
+    "yarn": "yarn:4:2048",
+    "llama3": "llama3:8:1:4:8192",
+    "longrope": "longrope:1,1,1,1:1,2,4,8:2048",
+    "resonance": "resonance:4:2048",
+    "cope": "cope:20",
+    "fopezero": "fopezero:2048",
 }
 
 
@@ -52,11 +66,16 @@ def _example(name: str) -> str:
 
 def _value(text: str, f: dataclasses.Field, spec: str, name: str, flag: str):
     kind = str(f.type)
-    if "None" in kind and text == "none":  # an optional value left at its default, to reach a later one
+    if (
+        "None" in kind and text == "none"
+    ):  # an optional value left at its default, to reach a later one
         return None
     if "tuple" in kind or "list" in kind:  # per-plane lists: comma-separated
-        item, want = (int, "a comma-separated list of integers") if "int" in kind else \
-            (float, "a comma-separated list of numbers")
+        item, want = (
+            (int, "a comma-separated list of integers")
+            if "int" in kind
+            else (float, "a comma-separated list of numbers")
+        )
     elif kind.startswith("bool"):
         item, want = None, "true or false"
     elif kind.startswith("int"):
@@ -68,8 +87,10 @@ def _value(text: str, f: dataclasses.Field, spec: str, name: str, flag: str):
     bad = next((t for t in tokens if not _parses(t, item)), None if tokens else text)
     if bad is not None:
         where = f"{bad!r} in {text!r}" if listed and bad != text else repr(text)
-        raise InputError(f"{flag} {spec!r}: bad {f.name.upper()} {where}: {f.name.upper()} must be {want}: "
-                         f"write {_form(name, _variant_classes()[name])}, e.g. {flag} {_example(name)}")
+        raise InputError(
+            f"{flag} {spec!r}: bad {f.name.upper()} {where}: {f.name.upper()} must be {want}: "
+            f"write {_form(name, _variant_classes()[name])}, e.g. {flag} {_example(name)}"
+        )
     if item is None:
         return text == "true"
     values = tuple(item(t) for t in tokens)
@@ -97,42 +118,32 @@ def parse_variant(text: str, flag: str = "--variant") -> V.RopeVariant:
     key = name.replace("-", "").replace("_", "")
     matches = [key] if key in classes else [n for n in classes if key and n.startswith(key)]
     if len(matches) != 1:
-        raise InputError(f"{flag}: unknown variant {text!r}: write NAME:VALUE:..., e.g. {flag} {_example('yarn')}; "
-                         f"use one of {variant_help()}")
+        raise InputError(
+            f"{flag}: unknown variant {text!r}: write NAME:VALUE:..., e.g. {flag} {_example('yarn')}; "
+            f"use one of {variant_help()}"
+        )
     name = matches[0]
     cls = classes[name]
     params = _params(cls)
-    required = [f for f in params if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [
+        f
+        for f in params
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if not len(required) <= len(values) <= len(params):
-        counts = f"{len(required)}" if len(required) == len(params) else f"{len(required)} to {len(params)}"
-        raise InputError(f"{flag} {text!r}: {name} takes {counts} value(s) after the name, got {len(values)}: "
-                         f"write {_form(name, cls)}, e.g. {flag} {_example(name)}")
+        counts = (
+            f"{len(required)}"
+            if len(required) == len(params)
+            else f"{len(required)} to {len(params)}"
+        )
+        raise InputError(
+            f"{flag} {text!r}: {name} takes {counts} value(s) after the name, got {len(values)}: "
+            f"write {_form(name, cls)}, e.g. {flag} {_example(name)}"
+        )
     parsed = [_value(v, f, text, name, flag) for v, f in zip(values, params)]
     try:
         return cls(*parsed)
-    except InputError as e:  # a value out of its range (p > 1, a factor ≤ 0, lists of different lengths)
+    except (
+        InputError
+    ) as e:  # a value out of its range (p > 1, a factor ≤ 0, lists of different lengths)
         raise InputError(f"{flag} {text!r}: {e}: e.g. {flag} {_example(name)}") from e
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

@@ -44,8 +44,14 @@ def safetensors_problem(file: Path) -> str | None:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError):
             return f"{file} is not a safetensors file (its header is not JSON)"
-    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
-            and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2]
+    ends = [
+        int(v["data_offsets"][1])
+        for k, v in header.items()
+        if k != "__metadata__"
+        and isinstance(v, dict)
+        and isinstance(v.get("data_offsets"), list)
+        and len(v["data_offsets"]) == 2
+    ]
     need = 8 + n + max(ends, default=0)
     if need > size:
         return f"{file} is truncated: its tensors need {need:,} bytes and the file holds {size:,}"
@@ -60,42 +66,58 @@ def check_hf_dir(path: Path) -> None:
 
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise InputError(f"{path} is a directory without config.json: pass an HF model directory (config.json + "
-                         "weights + tokenizer)")
+        raise InputError(
+            f"{path} is a directory without config.json: pass an HF model directory (config.json + "
+            "weights + tokenizer)"
+        )
     try:
         cfg = json.loads(cfg_file.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{cfg_file} is not valid JSON ({_first_line(e)}): restore it, e.g. with "
-                         "config.save_pretrained(DIR)") from None
+        raise InputError(
+            f"{cfg_file} is not valid JSON ({_first_line(e)}): restore it, e.g. with "
+            "config.save_pretrained(DIR)"
+        ) from None
     if not isinstance(cfg, dict):
         raise InputError(f"{cfg_file} holds {type(cfg).__name__}, not a config object: restore it")
     from transformers import CONFIG_MAPPING
 
     model_type = cfg.get("model_type")
     if not model_type:
-        raise InputError(f"{cfg_file} has no model_type: ropelens cannot tell which family this model is; save the "
-                         "config with config.save_pretrained(DIR)")
+        raise InputError(
+            f"{cfg_file} has no model_type: ropelens cannot tell which family this model is; save the "
+            "config with config.save_pretrained(DIR)"
+        )
     if model_type not in CONFIG_MAPPING:
-        raise InputError(f"{cfg_file} has model_type {model_type!r}, which transformers {transformers.__version__} does "
-                         "not know: check the spelling, or install a transformers release with this family "
-                         "(bash scripts/setup.sh --latest)")
+        raise InputError(
+            f"{cfg_file} has model_type {model_type!r}, which transformers {transformers.__version__} does "
+            "not know: check the spelling, or install a transformers release with this family "
+            "(bash scripts/setup.sh --latest)"
+        )
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise InputError(f"{index} is not a safetensors index ({_first_line(e)}): restore it or save the model "
-                             "again with model.save_pretrained(DIR)") from None
+            raise InputError(
+                f"{index} is not a safetensors index ({_first_line(e)}): restore it or save the model "
+                "again with model.save_pretrained(DIR)"
+            ) from None
         missing = [s for s in shards if not (path / s).is_file()]
         if missing:
-            raise InputError(f"{index} names {len(shards)} weight shards and {len(missing)} are not in {path} "
-                             f"(first: {missing[0]}): copy the whole model directory")
+            raise InputError(
+                f"{index} names {len(shards)} weight shards and {len(missing)} are not in {path} "
+                f"(first: {missing[0]}): copy the whole model directory"
+            )
         files = [path / s for s in shards]
     else:
         files = sorted(path.glob("*.safetensors"))
-    if not files and not any(any(path.glob(p)) for p in ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.msgpack", "*.h5")):
-        raise InputError(f"{path} has a config but no weights (no *.safetensors or *.bin file): copy the weights "
-                         "too, or save the model with model.save_pretrained(DIR)")
+    if not files and not any(
+        any(path.glob(p)) for p in ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.msgpack", "*.h5")
+    ):
+        raise InputError(
+            f"{path} has a config but no weights (no *.safetensors or *.bin file): copy the weights "
+            "too, or save the model with model.save_pretrained(DIR)"
+        )
     for f in files:
         problem = safetensors_problem(f)
         if problem:
@@ -105,8 +127,14 @@ def check_hf_dir(path: Path) -> None:
 @contextmanager
 def _quiet_loading_report() -> Iterator[None]:
     """transformers' load report (a table on stderr) is folded into ropelens's one line instead."""
-    loggers = [logging.getLogger(n) for n in ("transformers.modeling_utils", "transformers.utils.loading_report",
-                                              "transformers.distributed.tensor_parallel")]
+    loggers = [
+        logging.getLogger(n)
+        for n in (
+            "transformers.modeling_utils",
+            "transformers.utils.loading_report",
+            "transformers.distributed.tensor_parallel",
+        )
+    ]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
@@ -125,16 +153,22 @@ def _not_loaded(path: Path, info: dict[str, Any]) -> str | None:
     parts = []
     if mismatched:
         name, ckpt, model = next(iter(sorted(mismatched, key=lambda m: m[0])))
-        parts.append(f"{len(mismatched)} weights have other shapes than its config gives (first: {name}, "
-                     f"{list(ckpt)} in the checkpoint, {list(model)} from config.json)")
+        parts.append(
+            f"{len(mismatched)} weights have other shapes than its config gives (first: {name}, "
+            f"{list(ckpt)} in the checkpoint, {list(model)} from config.json)"
+        )
     if missing:
-        parts.append(f"{len(missing)} parameters the config's model needs are not in the checkpoint "
-                     f"(first: {sorted(missing)[0]})")
+        parts.append(
+            f"{len(missing)} parameters the config's model needs are not in the checkpoint "
+            f"(first: {sorted(missing)[0]})"
+        )
     unexpected = info.get("unexpected_keys") or []
     if unexpected:
         parts.append(f"{len(unexpected)} checkpoint weights the model does not use")
-    return (f"the weights in {path} do not match its config.json: {'; '.join(parts)}. transformers would fill them "
-            "with random values; pass the config the weights were saved with")
+    return (
+        f"the weights in {path} do not match its config.json: {'; '.join(parts)}. transformers would fill them "
+        "with random values; pass the config the weights were saved with"
+    )
 
 
 def load_hf_dir(path: Path, dtype, placement: dict[str, Any] | None = None):
@@ -144,23 +178,36 @@ def load_hf_dir(path: Path, dtype, placement: dict[str, Any] | None = None):
     check_hf_dir(path)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001 - transformers raises many types for a missing or broken tokenizer
-        raise InputError(f"{path} has no tokenizer ropelens can load ({_first_line(e)[:200]}): save it next to the "
-                         "weights with tokenizer.save_pretrained(DIR)") from None
+    except Exception as e:
+        raise InputError(
+            f"{path} has no tokenizer ropelens can load ({_first_line(e)[:200]}): save it next to the "
+            "weights with tokenizer.save_pretrained(DIR)"
+        ) from None
     if tok is None or isinstance(tok, bool):
-        raise InputError(f"{path} has no tokenizer: save it next to the weights with tokenizer.save_pretrained(DIR)")
+        raise InputError(
+            f"{path} has no tokenizer: save it next to the weights with tokenizer.save_pretrained(DIR)"
+        )
     try:
         with _quiet_loading_report():
-            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
-                                                               output_loading_info=True, ignore_mismatched_sizes=True,
-                                                               **(placement or {}))
+            model, info = AutoModelForCausalLM.from_pretrained(
+                path,
+                dtype=dtype,
+                attn_implementation="eager",
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+                **(placement or {}),
+            )
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:
-        raise InputError(f"transformers cannot load the model in {path}: {_first_line(e)[:300]}") from None
+        raise InputError(
+            f"transformers cannot load the model in {path}: {_first_line(e)[:300]}"
+        ) from None
     except Exception as e:  # safetensors' own error derives from Exception only
         if type(e).__name__ != "SafetensorError":
             raise
-        raise InputError(f"the weights in {path} cannot be read ({_first_line(e)}): download or save the model "
-                         "again") from None
+        raise InputError(
+            f"the weights in {path} cannot be read ({_first_line(e)}): download or save the model "
+            "again"
+        ) from None
     problem = _not_loaded(path, info)
     if problem:
         raise InputError(problem)

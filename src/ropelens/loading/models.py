@@ -41,7 +41,12 @@ __all__ = [
 ]
 
 DEFAULT_MODEL = "smollm2-135m"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 _MARKER = "ropelens-cache.json"
 _CACHE_FORMAT = 1
 
@@ -109,9 +114,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise InputError(
-            f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'"
-        ) from e
+        raise InputError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"device {device!r} asked for, but no CUDA GPU is available: use 'cpu'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -160,10 +163,16 @@ def weights_fingerprint(model: Any, sample: int = 64) -> dict[str, str]:
             continue
         flat = p.detach().reshape(-1)
         k = min(sample, flat.numel())
-        idx = torch.arange(k, device=p.device) * (flat.numel() - 1) // max(1, k - 1)  # integer: exact at any size
-        picked.setdefault(p.device, []).append((i, flat[idx].to(torch.float64)))  # exact for every float dtype
+        idx = (
+            torch.arange(k, device=p.device) * (flat.numel() - 1) // max(1, k - 1)
+        )  # integer: exact at any size
+        picked.setdefault(p.device, []).append(
+            (i, flat[idx].to(torch.float64))
+        )  # exact for every float dtype
     values: dict[int, Tensor] = {}
-    for parts in picked.values():  # one host copy per device; hashed in parameter order, whatever the devices
+    for parts in (
+        picked.values()
+    ):  # one host copy per device; hashed in parameter order, whatever the devices
         host = torch.cat([t for _, t in parts]).cpu().split([t.numel() for _, t in parts])
         values.update(zip([i for i, _ in parts], host, strict=True))
     for i in sorted(values):
@@ -209,7 +218,9 @@ def _convert_gguf(gguf_path: Path, entry: Path, source: dict[str, Any]) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.parent / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
     try:
-        with tqdm(total=3, desc=f"ropelens: converting {gguf_path.name} (once)", leave=False) as bar:
+        with tqdm(
+            total=3, desc=f"ropelens: converting {gguf_path.name} (once)", leave=False
+        ) as bar:
             try:
                 model = AutoModelForCausalLM.from_pretrained(
                     str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
@@ -274,20 +285,45 @@ def _unknown_model_error(name: str, cause: BaseException | None = None) -> Input
     )
 
 
-def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, label: str, hub_name: str,
-                 placement: dict[str, Any] | None = None, bridge: bool = True):
+def _from_hf_dir(
+    path: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    label: str,
+    hub_name: str,
+    placement: dict[str, Any] | None = None,
+    bridge: bool = True,
+):
     from ropelens.loading.hf_dir import load_hf_dir
 
     model, tok = load_hf_dir(Path(path), dtype, placement)
     if placement is not None:  # accelerate placed every module: the bridge must not move them
-        return wrap_hf_model(model, tok, device=None, label=label, hub_name=hub_name, dtype=dtype, placed=True,
-                             bridge=bridge)
-    return wrap_hf_model(model, tok, device=device, label=label, hub_name=hub_name, dtype=dtype, bridge=bridge)
+        return wrap_hf_model(
+            model,
+            tok,
+            device=None,
+            label=label,
+            hub_name=hub_name,
+            dtype=dtype,
+            placed=True,
+            bridge=bridge,
+        )
+    return wrap_hf_model(
+        model, tok, device=device, label=label, hub_name=hub_name, dtype=dtype, bridge=bridge
+    )
 
 
-def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None, label: str = "model",
-                  hub_name: str | None = None, dtype: str | torch.dtype = torch.float32, placed: bool = False,
-                  bridge: bool = True):
+def wrap_hf_model(
+    model,
+    tokenizer,
+    *,
+    device: str | torch.device | None = None,
+    label: str = "model",
+    hub_name: str | None = None,
+    dtype: str | torch.dtype = torch.float32,
+    placed: bool = False,
+    bridge: bool = True,
+):
     """Wrap an HF causal LM you built or loaded yourself, and its tokenizer, in the TransformerLens bridge.
 
     ``label`` names the model in results' provenance; it is kept on the bridge's config as
@@ -312,12 +348,18 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
         model = _to_floats(model.to(device=dev), dtype).eval()
     if not bridge:
         return plain_model(model, tokenizer, label=label, why="bridge=False")
-    if _mla(model):  # the q and k before RoPE, which every q/k analysis reads, are tapped on the plain HF model only
+    if _mla(
+        model
+    ):  # the q and k before RoPE, which every q/k analysis reads, are tapped on the plain HF model only
         return plain_model(model, tokenizer, label=label, why=_MLA_WHY)
     from ropelens.spec.reading import CHUNKED_WHY, is_chunked
 
-    if is_chunked(model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config):
-        return plain_model(model, tokenizer, label=label, why=CHUNKED_WHY)  # Llama 4: its own rotation is tapped there
+    if is_chunked(
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    ):
+        return plain_model(
+            model, tokenizer, label=label, why=CHUNKED_WHY
+        )  # Llama 4: its own rotation is tapped there
     from transformer_lens.model_bridge import TransformerBridge
 
     try:
@@ -325,18 +367,24 @@ def wrap_hf_model(model, tokenizer, *, device: str | torch.device | None = None,
             wrapped = TransformerBridge.boot_transformers(
                 hub_name, hf_model=model, tokenizer=tokenizer, device=dev, dtype=dtype
             )
-    except UnsupportedModelError as e:  # no adapter, or one that cannot wrap it: the HF model runs as it is
+    except (
+        UnsupportedModelError
+    ) as e:  # no adapter, or one that cannot wrap it: the HF model runs as it is
         _strip_bridge(model)  # an adapter that failed part way has already wrapped some modules
         # the reason without the architecture and the pointer to the docs: "TransformerLens has no adapter ..."
         why = str(e).split(": ", 1)[-1].split(" (")[0].split(", so ")[0]
         return plain_model(model, tokenizer, label=label, why=why)
     wrapped.eval()
     broken = _bridge_fails(wrapped, model)
-    if broken is not None:  # an adapter written against another transformers release: the HF model runs as it is
+    if (
+        broken is not None
+    ):  # an adapter written against another transformers release: the HF model runs as it is
         _strip_bridge(model)
         return plain_model(model, tokenizer, label=label, why=broken)
     hookless = _hookless_attention(wrapped)
-    if hookless is not None and _plain_can_tap(model):  # the plain HF model's own rotation gives what the hooks cannot
+    if hookless is not None and _plain_can_tap(
+        model
+    ):  # the plain HF model's own rotation gives what the hooks cannot
         _strip_bridge(model)
         return plain_model(model, tokenizer, label=label, why=hookless)
     return _identify(wrapped, label)
@@ -353,10 +401,12 @@ def _bridge_fails(bridge, hf) -> str | None:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             bridge(toks)
-    except Exception as e:  # noqa: BLE001 - any failure of the adapter's forward means: run the HF model instead
+    except Exception as e:
         first = (str(e).splitlines() or [""])[0][:200]
-        return (f"TransformerLens's adapter for {type(hf).__name__} fails in its forward under transformers "
-                f"{_version('transformers')} ({type(e).__name__}: {first})")
+        return (
+            f"TransformerLens's adapter for {type(hf).__name__} fails in its forward under transformers "
+            f"{_version('transformers')} ({type(e).__name__}: {first})"
+        )
     return None
 
 
@@ -399,7 +449,9 @@ _MLA_WHY = "TransformerLens's multi-head latent attention bridge fires no pre-Ro
 def _mla(hf) -> bool:
     from ropelens.spec.reading import is_mla
 
-    return is_mla(hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config)
+    return is_mla(
+        hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    )
 
 
 def _strip_bridge(module: torch.nn.Module) -> None:
@@ -413,8 +465,12 @@ def _strip_bridge(module: torch.nn.Module) -> None:
         if child is not None:
             _strip_bridge(child)
     fwd = module.__dict__.get("forward")
-    if (getattr(getattr(fwd, "__func__", fwd), "__module__", None) or "").startswith("transformer_lens"):
-        del module.__dict__["forward"]  # an adapter's patched forward (Falcon's prepare_model patches them in place)
+    if (getattr(getattr(fwd, "__func__", fwd), "__module__", None) or "").startswith(
+        "transformer_lens"
+    ):
+        del module.__dict__[
+            "forward"
+        ]  # an adapter's patched forward (Falcon's prepare_model patches them in place)
 
 
 def _identify(bridge, label: str, path: Path | None = None):
@@ -442,11 +498,17 @@ def _bridge_errors(model) -> Iterator[None]:
             f"{arch}: TransformerLens has no adapter for this architecture, so ropelens cannot wrap it; the "
             "supported families are listed by `ropelens rope-spec --families` and in docs/models.md"
         ) from None
-    except RuntimeError as e:  # the adapter exists but its reading of the weights does not fit this model
+    except (
+        RuntimeError
+    ) as e:  # the adapter exists but its reading of the weights does not fit this model
         cfg = getattr(model, "config", None)
         heads = getattr(cfg, "num_attention_heads", None)
         kv = getattr(cfg, "num_kv_heads", None) or getattr(cfg, "num_key_value_heads", None)
-        what = f"{kv} KV heads for {heads} query heads" if kv and heads and kv not in (1, heads) else "this configuration"
+        what = (
+            f"{kv} KV heads for {heads} query heads"
+            if kv and heads and kv not in (1, heads)
+            else "this configuration"
+        )
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise UnsupportedModelError(
             f"{arch}: TransformerLens's adapter for it cannot wrap {what} ({first}); "
@@ -538,9 +600,13 @@ def load_model(
     """
     dtype = resolve_dtype(dtype)
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
-        raise InputError(f"revision must be a non-empty string (a hub branch, tag or commit), got {revision!r}")
+        raise InputError(
+            f"revision must be a non-empty string (a hub branch, tag or commit), got {revision!r}"
+        )
     if device_map is not None and device is not None:
-        raise InputError("pass either device or device_map, not both (a device map places every layer itself)")
+        raise InputError(
+            "pass either device or device_map, not both (a device map places every layer itself)"
+        )
     if max_memory is not None and device_map is None:
         raise InputError("max_memory only applies with a device_map (e.g. device_map='auto')")
     dev = resolve_device(device)
@@ -549,8 +615,10 @@ def load_model(
 
     if revision is not None and (name in EMBEDDED_MODELS or Path(name).expanduser().exists()):
         what = "an embedded model" if name in EMBEDDED_MODELS else "a local path"
-        raise InputError(f"revision {revision!r} given for {name!r}, which is {what}: a revision picks a version of a "
-                         "hub repository (owner/name); pass a hub id, or leave the revision out")
+        raise InputError(
+            f"revision {revision!r} given for {name!r}, which is {what}: a revision picks a version of a "
+            "hub repository (owner/name); pass a hub id, or leave the revision out"
+        )
     if name in EMBEDDED_MODELS:
         em = EMBEDDED_MODELS[name]
         if em.version() == "missing":
@@ -560,32 +628,47 @@ def load_model(
         key = f"{name}-{em.version()}"
         source = {"embedded": name, "distribution": em.distribution, "version": em.version()}
         hf_dir = _cached_hf_dir(key, em.gguf, source)
-        return _load_cached(hf_dir, key, em.gguf, source, dtype, dev, name, em.hub_name, placement, bridge)
+        return _load_cached(
+            hf_dir, key, em.gguf, source, dtype, dev, name, em.hub_name, placement, bridge
+        )
 
     path = Path(name).expanduser()
     if path.suffix == ".gguf" or path.is_file():
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist: check the path")
         if path.suffix != ".gguf":
-            raise InputError(f"{path} is a file but not a .gguf model: pass a .gguf file or an HF model directory")
+            raise InputError(
+                f"{path} is a file but not a .gguf model: pass a .gguf file or an HF model directory"
+            )
         digest = _sha256(path)
         key = f"gguf-{path.stem}-{digest[:16]}"
         source = {"gguf": str(path.resolve()), "sha256": digest}
-        gguf = lambda _s: path  # noqa: E731
+
+        def gguf(_s):
+            return path
+
         hf_dir = _cached_hf_dir(key, gguf, source)
-        model = _load_cached(hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem, placement, bridge)
+        model = _load_cached(
+            hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem, placement, bridge
+        )
         return _identify(model, path.stem, path)
     if path.is_dir():
-        return _identify(_from_hf_dir(path, dtype, dev, str(path), str(path), placement, bridge), str(path), path)
+        return _identify(
+            _from_hf_dir(path, dtype, dev, str(path), str(path), placement, bridge), str(path), path
+        )
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
         if revision is not None:
-            raise InputError(f"revision {revision!r} given for {name!r}, which is a local path (and does not exist): "
-                             "a revision picks a version of a hub repository (owner/name)")
+            raise InputError(
+                f"revision {revision!r} given for {name!r}, which is a local path (and does not exist): "
+                "a revision picks a version of a hub repository (owner/name)"
+            )
         raise FileNotFoundError(f"{name} does not exist: check the path")
     return _from_hub(name, dtype, dev, bridge, revision)
 
 
-def _load_cached(hf_dir, key, gguf, source, dtype, dev, label, hub_name, placement=None, bridge=True):
+def _load_cached(
+    hf_dir, key, gguf, source, dtype, dev, label, hub_name, placement=None, bridge=True
+):
     from safetensors import SafetensorError
 
     try:
@@ -593,7 +676,9 @@ def _load_cached(hf_dir, key, gguf, source, dtype, dev, label, hub_name, placeme
     # A damaged safetensors header raises SafetensorError, which derives from Exception only.
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         # Sizes matched but the content did not load: rebuild once from the GGUF.
-        warnings.warn(f"ropelens: cached weights in {hf_dir} failed to load ({e}); rebuilding", stacklevel=3)
+        warnings.warn(
+            f"ropelens: cached weights in {hf_dir} failed to load ({e}); rebuilding", stacklevel=3
+        )
         shutil.rmtree(hf_dir, ignore_errors=True)
         hf_dir = _cached_hf_dir(key, gguf, source)
         return _from_hf_dir(hf_dir, dtype, dev, label, hub_name, placement, bridge)
@@ -623,35 +708,53 @@ def _check_hub_name(name: str, revision: str | None = None) -> None:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     embedded = ", ".join(f"{n!r}" for n in EMBEDDED_MODELS)
-    tried = (f"cannot load model {name!r}: it is not an embedded model ({embedded}), no file or directory "
-             f"{name!r} exists")
+    tried = (
+        f"cannot load model {name!r}: it is not an embedded model ({embedded}), no file or directory "
+        f"{name!r} exists"
+    )
     fix = "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), or a hub id"
     try:
         validate_repo_id(name)
     except HFValidationError:
-        raise InputError(f"{tried}, and it is not a hub id (owner/name of letters, digits, '-', '_', '.'): {fix}") from None
+        raise InputError(
+            f"{tried}, and it is not a hub id (owner/name of letters, digits, '-', '_', '.'): {fix}"
+        ) from None
     if isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
         return  # in the local hub cache: transformers reads it there
     if constants.HF_HUB_OFFLINE:
-        raise InputError(f"{tried}, and HF_HUB_OFFLINE is set while the local hub cache lacks it: {fix} "
-                         "(or unset HF_HUB_OFFLINE to download it)")
+        raise InputError(
+            f"{tried}, and HF_HUB_OFFLINE is set while the local hub cache lacks it: {fix} "
+            "(or unset HF_HUB_OFFLINE to download it)"
+        )
     timeout = float(os.environ.get("ROPELENS_HUB_TIMEOUT", HUB_TIMEOUT))
     try:
         HfApi(endpoint=constants.ENDPOINT).model_info(name, revision=revision, timeout=timeout)
     except HfHubHTTPError as e:
         if isinstance(e, RevisionNotFoundError):
-            raise InputError(f"the hub ({constants.ENDPOINT}) has model {name!r} but no revision {revision!r}: its "
-                             f"branches and tags are listed by huggingface_hub.list_repo_refs({name!r})") from None
+            raise InputError(
+                f"the hub ({constants.ENDPOINT}) has model {name!r} but no revision {revision!r}: its "
+                f"branches and tags are listed by huggingface_hub.list_repo_refs({name!r})"
+            ) from None
         if isinstance(e, RepositoryNotFoundError) and not isinstance(e, GatedRepoError):
-            raise InputError(f"{tried}, and the hub ({constants.ENDPOINT}) has no model {name!r} (or it is "
-                             f"private: log in with `hf auth login`): {fix}") from None
+            raise InputError(
+                f"{tried}, and the hub ({constants.ENDPOINT}) has no model {name!r} (or it is "
+                f"private: log in with `hf auth login`): {fix}"
+            ) from None
         # gated, rate-limited or a server error: loading reports it with the hub's own words
-    except Exception as e:  # noqa: BLE001 - the HTTP client's connection and timeout errors
-        raise InputError(f"{tried}, and the hub ({constants.ENDPOINT}) did not answer within {timeout:g} s "
-                         f"({type(e).__name__}: {e}): {fix}, or connect to the network") from None
+    except Exception as e:
+        raise InputError(
+            f"{tried}, and the hub ({constants.ENDPOINT}) did not answer within {timeout:g} s "
+            f"({type(e).__name__}: {e}): {fix}, or connect to the network"
+        ) from None
 
 
-def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool = True, revision: str | None = None):
+def _from_hub(
+    name: str,
+    dtype: torch.dtype,
+    dev: torch.device,
+    plain_ok: bool = True,
+    revision: str | None = None,
+):
     _check_hub_name(name, revision)  # before the bridge's import, which alone takes seconds
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -660,15 +763,21 @@ def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool =
         return _plain_from_hub(name, dtype, dev, "bridge=False", revision)
     try:
         with _quiet_bridge():
-            bridge = TransformerBridge.boot_transformers(name, device=dev, dtype=dtype, revision=revision)
+            bridge = TransformerBridge.boot_transformers(
+                name, device=dev, dtype=dtype, revision=revision
+            )
     except ValueError as e:
         if "Could not determine supported architecture" not in str(e):
             raise _unknown_model_error(label, e) from e
-        return _plain_from_hub(name, dtype, dev, "TransformerLens has no adapter for this architecture", revision)
+        return _plain_from_hub(
+            name, dtype, dev, "TransformerLens has no adapter for this architecture", revision
+        )
     except Exception as e:  # offline, unknown repo or revision, gated repo: all surface here
         raise _unknown_model_error(label, e) from e
     hf = bridge.original_model
-    if _mla(hf):  # measured on the plain HF model (see wrap_hf_model): the bridge's modules taken off again
+    if _mla(
+        hf
+    ):  # measured on the plain HF model (see wrap_hf_model): the bridge's modules taken off again
         from ropelens.backends.hf import plain_model
 
         _strip_bridge(hf)
@@ -683,16 +792,20 @@ def _from_hub(name: str, dtype: torch.dtype, dev: torch.device, plain_ok: bool =
     return _identify(bridge, label)
 
 
-def _plain_from_hub(name: str, dtype: torch.dtype, dev: torch.device, why: str, revision: str | None = None):
+def _plain_from_hub(
+    name: str, dtype: torch.dtype, dev: torch.device, why: str, revision: str | None = None
+):
     """The hub model as a :class:`ropelens.backends.hf.PlainModel` (no TransformerLens adapter, or ``bridge=False``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ropelens.backends.hf import plain_model
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="eager", revision=revision)
+        model = AutoModelForCausalLM.from_pretrained(
+            name, dtype=dtype, attn_implementation="eager", revision=revision
+        )
         tok = AutoTokenizer.from_pretrained(name, revision=revision)
-    except Exception as e:  # noqa: BLE001 - offline, unknown repo or revision, gated repo: all surface here
+    except Exception as e:
         label = name if revision is None else f"{name}@{revision}"
         raise _unknown_model_error(label, e) from e
     label = name if revision is None else f"{name}@{revision}"

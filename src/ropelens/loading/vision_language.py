@@ -25,27 +25,45 @@ from torch import Tensor
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.spec.rope import LayerRope, RopeSpec
 
-__all__ = ["MRopeCapture", "as_plain_vl", "capture_mrope", "load_vl_model", "modality", "mrope_angles",
-           "mrope_tolerance", "rotate_mrope", "rotation_error_3d"]
+__all__ = [
+    "MRopeCapture",
+    "as_plain_vl",
+    "capture_mrope",
+    "load_vl_model",
+    "modality",
+    "mrope_angles",
+    "mrope_tolerance",
+    "rotate_mrope",
+    "rotation_error_3d",
+]
 
 TEXT, IMAGE, VIDEO = 0, 1, 2  # token modality, as HF's mm_token_type_ids numbers them
 
 
-def mrope_angles(lr: LayerRope, position_ids: Int[Tensor, "3 batch pos"]) -> Float[Tensor, "batch pos n_planes"]:
+def mrope_angles(
+    lr: LayerRope, position_ids: Int[Tensor, "3 batch pos"]
+) -> Float[Tensor, "batch pos n_planes"]:
     """Each plane's rotation angle, ``position_ids[axis_i]·θ_i`` (float64), from the model's 3-D position ids."""
     if not lr.axes:
-        raise InputError(f"layer {lr.layer} applies 1-D RoPE (no axes in its spec): use LayerRope.angles")
+        raise InputError(
+            f"layer {lr.layer} applies 1-D RoPE (no axes in its spec): use LayerRope.angles"
+        )
     if position_ids.ndim != 3 or position_ids.shape[0] != 3:
-        raise InputError(f"position_ids must be [3, batch, pos] (time, height, width), got {tuple(position_ids.shape)}")
+        raise InputError(
+            f"position_ids must be [3, batch, pos] (time, height, width), got {tuple(position_ids.shape)}"
+        )
     axes = torch.tensor(lr.axes, device=position_ids.device)
     pos = position_ids.to(torch.float64)[axes]  # [plane, batch, pos]: each plane's own axis
     return pos.permute(1, 2, 0) * lr.inv_freq.to(position_ids.device, torch.float64) * lr.direction
 
 
-def rotate_mrope(lr: LayerRope, x: Float[Tensor, "batch pos head d"],
-                 position_ids: Int[Tensor, "3 batch pos"]) -> Float[Tensor, "batch pos head d"]:
+def rotate_mrope(
+    lr: LayerRope, x: Float[Tensor, "batch pos head d"], position_ids: Int[Tensor, "3 batch pos"]
+) -> Float[Tensor, "batch pos head d"]:
     """Rotate head vectors as the layer's M-RoPE does at the 3-D ``position_ids`` (attention scaling included)."""
-    ang = mrope_angles(lr, position_ids.to(x.device))[:, :, None].to(x.dtype)  # [batch, pos, 1, plane]
+    ang = mrope_angles(lr, position_ids.to(x.device))[:, :, None].to(
+        x.dtype
+    )  # [batch, pos, 1, plane]
     return lr.rotate_by(x, ang.cos() * lr.attention_scaling, ang.sin() * lr.attention_scaling)
 
 
@@ -85,8 +103,12 @@ class MRopeCapture:
 
     position_ids: Int[Tensor, "3 batch pos"]
     modality: Int[Tensor, "batch pos"]
-    tensors: dict[int, dict[str, Tensor]]  # layer → q_pre, k_pre, q_post, k_post ([batch, pos, head, d]), pattern
-    errors: dict[str, float] = field(default_factory=dict)  # rotation and score checks against the model
+    tensors: dict[
+        int, dict[str, Tensor]
+    ]  # layer → q_pre, k_pre, q_post, k_post ([batch, pos, head, d]), pattern
+    errors: dict[str, float] = field(
+        default_factory=dict
+    )  # rotation and score checks against the model
 
 
 class _Stop(Exception):
@@ -96,19 +118,25 @@ class _Stop(Exception):
 def _language_model(hf) -> torch.nn.Module:
     """The text tower of an HF vision-language model (``model.language_model``), or the model's own decoder."""
     for name, m in hf.named_modules():
-        if name.split(".")[-1] == "language_model" and isinstance(getattr(m, "layers", None), torch.nn.ModuleList):
+        if name.split(".")[-1] == "language_model" and isinstance(
+            getattr(m, "layers", None), torch.nn.ModuleList
+        ):
             return m
     inner = getattr(hf, "model", hf)
     if isinstance(getattr(inner, "layers", None), torch.nn.ModuleList):
         return inner
-    raise UnsupportedModelError(f"{type(hf).__name__}: found no text tower (language_model.layers) to read M-RoPE from")
+    raise UnsupportedModelError(
+        f"{type(hf).__name__}: found no text tower (language_model.layers) to read M-RoPE from"
+    )
 
 
 def _text_rotary(lm: torch.nn.Module) -> torch.nn.Module:
     for m in lm.modules():
         if hasattr(m, "mrope_section") and isinstance(getattr(m, "inv_freq", None), Tensor):
             return m
-    raise UnsupportedModelError(f"{type(lm).__name__}: its rotary has no mrope_section: not a multimodal RoPE model")
+    raise UnsupportedModelError(
+        f"{type(lm).__name__}: its rotary has no mrope_section: not a multimodal RoPE model"
+    )
 
 
 def as_plain_vl(model_or_hf, label: str | None = None):
@@ -118,13 +146,17 @@ def as_plain_vl(model_or_hf, label: str | None = None):
     return vl_model(model_or_hf, label)
 
 
-def load_vl_model(path: str, *, device: str | torch.device | None = None, dtype: str | torch.dtype = torch.float32):
+def load_vl_model(
+    path: str, *, device: str | torch.device | None = None, dtype: str | torch.dtype = torch.float32
+):
     """Load an HF vision-language model directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) as a plain model, eager attention."""
     from transformers import AutoModelForImageTextToText
 
     from ropelens.loading.models import resolve_device, resolve_dtype
 
-    hf = AutoModelForImageTextToText.from_pretrained(path, dtype=resolve_dtype(dtype), attn_implementation="eager")
+    hf = AutoModelForImageTextToText.from_pretrained(
+        path, dtype=resolve_dtype(dtype), attn_implementation="eager"
+    )
     return as_plain_vl(hf.to(resolve_device(device)).eval(), label=str(path))
 
 
@@ -134,14 +166,25 @@ def _forward_kwargs(hf, input_ids: Tensor, mm: dict[str, Any]) -> dict[str, Any]
     params = inspect.signature(hf.forward).parameters
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
-        raise InputError(f"{type(hf).__name__}.forward takes no {', '.join(unknown)}: pass the inputs its processor makes")
+        raise InputError(
+            f"{type(hf).__name__}.forward takes no {', '.join(unknown)}: pass the inputs its processor makes"
+        )
     if "mm_token_type_ids" in params and "mm_token_type_ids" not in kwargs and kwargs:
-        kwargs["mm_token_type_ids"] = modality(hf, input_ids).int()  # what the processor returns beside input_ids
+        kwargs["mm_token_type_ids"] = modality(
+            hf, input_ids
+        ).int()  # what the processor returns beside input_ids
     return kwargs
 
 
-def capture_mrope(model, spec: RopeSpec, input_ids: Int[Tensor, "batch pos"], layers: Sequence[int], *,
-                  verify: bool = True, **multimodal: Any) -> MRopeCapture:
+def capture_mrope(
+    model,
+    spec: RopeSpec,
+    input_ids: Int[Tensor, "batch pos"],
+    layers: Sequence[int],
+    *,
+    verify: bool = True,
+    **multimodal: Any,
+) -> MRopeCapture:
     """Run the VL model (eager attention) on ``input_ids`` and its pixel input (``pixel_values``, ``image_grid_thw``,
     ``pixel_values_videos``, ``video_grid_thw``, ...) and capture, for each of ``layers``, the q and k its rotation
     receives and returns and the probabilities its attention function returns, with the 3-D position ids its text
@@ -155,14 +198,23 @@ def capture_mrope(model, spec: RopeSpec, input_ids: Int[Tensor, "batch pos"], la
     lm = _language_model(hf)
     attns = [getattr(layer, "self_attn", None) for layer in lm.layers]
     # a hybrid's linear-attention layers have no self_attn; every other layer must be the one the spec was read from
-    if len(attns) != spec.n_layers or any((a is None) == lr.attention or (a is not None and type(a).__name__ !=
-                                          _attn_class(model, L)) for L, (a, lr) in enumerate(zip(attns, spec.layers))):
-        raise UnsupportedModelError(f"{type(hf).__name__}: its text tower's layers are not the layers ropelens read "
-                                    "its RoPE from")
+    if len(attns) != spec.n_layers or any(
+        (a is None) == lr.attention or (a is not None and type(a).__name__ != _attn_class(model, L))
+        for L, (a, lr) in enumerate(zip(attns, spec.layers))
+    ):
+        raise UnsupportedModelError(
+            f"{type(hf).__name__}: its text tower's layers are not the layers ropelens read "
+            "its RoPE from"
+        )
     mod = importlib.import_module(type(hf).__module__)
-    rot_fn, att_fn = getattr(mod, "apply_rotary_pos_emb", None), getattr(mod, "eager_attention_forward", None)
+    rot_fn, att_fn = (
+        getattr(mod, "apply_rotary_pos_emb", None),
+        getattr(mod, "eager_attention_forward", None),
+    )
     if rot_fn is None or att_fn is None:
-        raise UnsupportedModelError(f"{type(hf).__name__}: no apply_rotary_pos_emb and eager_attention_forward to tap")
+        raise UnsupportedModelError(
+            f"{type(hf).__name__}: no apply_rotary_pos_emb and eager_attention_forward to tap"
+        )
     wanted, last = set(layers), max(layers)
     current: list[int | None] = [None]
     got: dict[int, dict[str, Tensor]] = {}
@@ -183,7 +235,9 @@ def capture_mrope(model, spec: RopeSpec, input_ids: Int[Tensor, "batch pos"], la
     def seen_positions(_m, args, kwargs) -> None:
         pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
         if isinstance(pos, Tensor) and not positions:
-            positions.append(pos.detach().expand(3, *pos.shape[-2:]) if pos.ndim == 2 else pos.detach())
+            positions.append(
+                pos.detach().expand(3, *pos.shape[-2:]) if pos.ndim == 2 else pos.detach()
+            )
 
     def enter(i: int):
         return lambda _m, _a: current.__setitem__(0, i)
@@ -211,20 +265,35 @@ def capture_mrope(model, spec: RopeSpec, input_ids: Int[Tensor, "batch pos"], la
             h.remove()
     missing = sorted(L for L in wanted if {"q_pre", "q_post"} - set(got.get(L, {})))
     if missing or not positions:
-        raise UnsupportedModelError(f"{type(hf).__name__}: layers {missing} ran no rotation and attention function "
-                                    "ropelens could tap" if missing else f"{type(hf).__name__}: its text rotary saw no "
-                                    "position ids")
+        raise UnsupportedModelError(
+            f"{type(hf).__name__}: layers {missing} ran no rotation and attention function "
+            "ropelens could tap"
+            if missing
+            else f"{type(hf).__name__}: its text rotary saw no position ids"
+        )
     position_ids = positions[0].cpu()
-    tensors = {L: {n: t.detach().transpose(1, 2).cpu() if n != "pattern" else t.detach().cpu() for n, t in got[L].items()}
-               for L in sorted(wanted)}
+    tensors = {
+        L: {
+            n: t.detach().transpose(1, 2).cpu() if n != "pattern" else t.detach().cpu()
+            for n, t in got[L].items()
+        }
+        for L in sorted(wanted)
+    }
     errors = _errors(spec, tensors, position_ids) if verify else {}
     tol = mrope_tolerance(next(p.dtype for p in hf.parameters() if p.is_floating_point()))
     bad = {k: v for k, v in errors.items() if not v <= tol}
     if bad:
-        raise UnsupportedModelError(f"{type(hf).__name__}: ropelens's reading of its multimodal RoPE does not match the "
-                                    f"model ({', '.join(f'{k} error {v:.2g}' for k, v in bad.items())} > {tol:g}): the "
-                                    "planes' time/height/width axes or the rotation differ from the spec")
-    return MRopeCapture(position_ids=position_ids, modality=modality(hf, input_ids).cpu(), tensors=tensors, errors=errors)
+        raise UnsupportedModelError(
+            f"{type(hf).__name__}: ropelens's reading of its multimodal RoPE does not match the "
+            f"model ({', '.join(f'{k} error {v:.2g}' for k, v in bad.items())} > {tol:g}): the "
+            "planes' time/height/width axes or the rotation differ from the spec"
+        )
+    return MRopeCapture(
+        position_ids=position_ids,
+        modality=modality(hf, input_ids).cpu(),
+        tensors=tensors,
+        errors=errors,
+    )
 
 
 def _attn_class(model, layer: int) -> str:
@@ -234,15 +303,20 @@ def _attn_class(model, layer: int) -> str:
     return type(getattr(attn, "original_component", None)).__name__
 
 
-def _errors(spec: RopeSpec, tensors: dict[int, dict[str, Tensor]], position_ids: Tensor) -> dict[str, float]:
+def _errors(
+    spec: RopeSpec, tensors: dict[int, dict[str, Tensor]], position_ids: Tensor
+) -> dict[str, float]:
     """The rotation check (spec's 3-D rotation of pre-RoPE q/k against the model's rotated q/k) and the score check
     (the pattern made of the q/k entering the model's score, through the layer's mask and softmax, against the
     model's), worst over layers."""
     rot = probs = 0.0
     for L, t in tensors.items():
         lr = spec[L]
-        rot = max(rot, rotation_error_3d(lr, t["q_pre"], t["q_rot"], position_ids),
-                  rotation_error_3d(lr, t["k_pre"], t["k_rot"], position_ids))
+        rot = max(
+            rot,
+            rotation_error_3d(lr, t["q_pre"], t["q_rot"], position_ids),
+            rotation_error_3d(lr, t["k_pre"], t["k_rot"], position_ids),
+        )
         q, k = t["q_post"].double(), t["k_post"].double()
         k = k.repeat_interleave(lr.group_size, dim=2)
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * lr.score_scale

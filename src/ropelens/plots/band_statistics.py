@@ -10,8 +10,12 @@ from ropelens.analyses.band_statistics import BandStatistics
 __all__ = ["band_statistics_figure", "band_statistics_heatmap"]
 
 
-def band_statistics_heatmap(st: BandStatistics, metric: str = "margin_share", layer: int | None = None,
-                       coloraxis: str | None = None) -> go.Heatmap:
+def band_statistics_heatmap(
+    st: BandStatistics,
+    metric: str = "margin_share",
+    layer: int | None = None,
+    coloraxis: str | None = None,
+) -> go.Heatmap:
     """Layer × band (head-averaged) or, for one layer, head × band."""
     z = getattr(st, metric)()
     if layer is None:
@@ -20,19 +24,33 @@ def band_statistics_heatmap(st: BandStatistics, metric: str = "margin_share", la
         li = st.layers.index(layer)
         n_heads = int(st.present()[li].sum())
         z2, y = z[li, :n_heads], list(range(n_heads))
-    return go.Heatmap(z=z2.numpy(), x=list(st.band_names), y=y, coloraxis=coloraxis,
-                      hovertemplate=f"%{{y}} · %{{x}}<br>{metric} %{{z:.3f}}<extra></extra>")
+    return go.Heatmap(
+        z=z2.numpy(),
+        x=list(st.band_names),
+        y=y,
+        coloraxis=coloraxis,
+        hovertemplate=f"%{{y}} · %{{x}}<br>{metric} %{{z:.3f}}<extra></extra>",
+    )
 
 
 def band_statistics_figure(st: BandStatistics, layer: int | None = None) -> go.Figure:
     """Three layer × band heatmaps (head × band for ``layer``): shares of mean |logit|, within-query
     variance and attended-key margin."""
-    titles = ["share of mean |logit|", "share of within-query variance", "share of attended-key margin"]
+    titles = [
+        "share of mean |logit|",
+        "share of within-query variance",
+        "share of attended-key margin",
+    ]
     fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
     for c, metric in enumerate(("abs_share", "var_share", "margin_share"), start=1):
-        fig.add_trace(band_statistics_heatmap(st, metric, layer, coloraxis="coloraxis"), row=1, col=c)
+        fig.add_trace(
+            band_statistics_heatmap(st, metric, layer, coloraxis="coloraxis"), row=1, col=c
+        )
     fig.update_yaxes(autorange="reversed")  # every panel: first layer (or head) at the top
     fig.update_yaxes(title_text="layer" if layer is None else "head", col=1)
-    fig.update_layout(coloraxis={"colorscale": "RdBu", "cmid": 0}, height=460,
-                      title=f"Band decomposition — {st.provenance.model} ({st.bands.describe()})")
+    fig.update_layout(
+        coloraxis={"colorscale": "RdBu", "cmid": 0},
+        height=460,
+        title=f"Band decomposition — {st.provenance.model} ({st.bands.describe()})",
+    )
     return fig

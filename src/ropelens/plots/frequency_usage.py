@@ -11,8 +11,14 @@ from ropelens.errors import InputError
 __all__ = ["usage_figure", "usage_heatmap"]
 
 
-def usage_heatmap(u: FrequencyUsage, which: Which = "q", scope: Scope = "all", *, layer: int | None = None,
-                  coloraxis: str | None = None) -> go.Heatmap:
+def usage_heatmap(
+    u: FrequencyUsage,
+    which: Which = "q",
+    scope: Scope = "all",
+    *,
+    layer: int | None = None,
+    coloraxis: str | None = None,
+) -> go.Heatmap:
     """Layer × plane heatmap (head-averaged), or head × plane for one ``layer``."""
     z = u.norm(which, scope)
     wl = u.wavelengths()
@@ -24,10 +30,17 @@ def usage_heatmap(u: FrequencyUsage, which: Which = "q", scope: Scope = "all", *
         i = u.layers.index(layer)
         lr = u.spec.layers[layer]
         heads = lr.n_heads if which == "q" else lr.n_kv_heads
-        z2, ylab, y = z[i, :heads, : lr.n_planes], "head" if which == "q" else "kv head", list(range(heads))
+        z2, ylab, y = (
+            z[i, :heads, : lr.n_planes],
+            "head" if which == "q" else "kv head",
+            list(range(heads)),
+        )
         wl = wl[i : i + 1, : lr.n_planes].expand(heads, -1)
     return go.Heatmap(
-        z=z2.numpy(), x=list(range(z2.shape[-1])), y=y, coloraxis=coloraxis,  # NaN cells draw empty
+        z=z2.numpy(),
+        x=list(range(z2.shape[-1])),
+        y=y,
+        coloraxis=coloraxis,  # NaN cells draw empty
         customdata=[[f"{w:.1f}" for w in row] for row in wl.tolist()],
         hovertemplate=f"{ylab} %{{y}}<br>plane %{{x}} (λ=%{{customdata}} tokens)<br>mean norm %{{z:.3f}}<extra>{which}</extra>",
         colorbar={"title": "mean ‖·‖"} if coloraxis is None else None,
@@ -37,13 +50,22 @@ def usage_heatmap(u: FrequencyUsage, which: Which = "q", scope: Scope = "all", *
 def usage_figure(u: FrequencyUsage, scope: Scope = "all", layer: int | None = None) -> go.Figure:
     """q and k heatmaps side by side: layer × plane, or head × plane for ``layer``."""
     what = "layer" if layer is None else f"head (layer {layer})"
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"queries: {what} × plane", f"keys: {what} × plane"],
-                        horizontal_spacing=0.08)
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=[f"queries: {what} × plane", f"keys: {what} × plane"],
+        horizontal_spacing=0.08,
+    )
     for col, w in ((1, "q"), (2, "k")):
-        fig.add_trace(usage_heatmap(u, w, scope, layer=layer, coloraxis="coloraxis"), row=1, col=col)  # type: ignore[arg-type]
+        fig.add_trace(
+            usage_heatmap(u, w, scope, layer=layer, coloraxis="coloraxis"), row=1, col=col
+        )  # type: ignore[arg-type]
         fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=col)
     fig.update_yaxes(title_text="layer" if layer is None else "head", autorange="reversed")
-    fig.update_layout(coloraxis={"colorscale": "Viridis", "colorbar": {"title": "mean ‖·‖"}},
-                      title=f"Frequency usage — {u.provenance.model} ({'all tokens' if scope == 'all' else 'sink positions excluded'})",
-                      height=420 if layer is None else 320, margin={"t": 70, "l": 60, "r": 20, "b": 50})
+    fig.update_layout(
+        coloraxis={"colorscale": "Viridis", "colorbar": {"title": "mean ‖·‖"}},
+        title=f"Frequency usage — {u.provenance.model} ({'all tokens' if scope == 'all' else 'sink positions excluded'})",
+        height=420 if layer is None else 320,
+        margin={"t": 70, "l": 60, "r": 20, "b": 50},
+    )
     return fig

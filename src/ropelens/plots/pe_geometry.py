@@ -20,8 +20,16 @@ def pe_heatmap(sim: PESimilarity) -> go.Heatmap:
     step = max(1, math.ceil(sim.n_pos / HEATMAP_MAX_SIDE))
     pos = list(range(0, sim.n_pos, step))
     z = sim.similarity[::step, ::step].tolist()
-    return go.Heatmap(z=z, x=pos, y=pos, zmin=-1, zmax=1, colorscale="RdBu_r",
-                      colorbar={"title": "cos"}, name=sim.name)
+    return go.Heatmap(
+        z=z,
+        x=pos,
+        y=pos,
+        zmin=-1,
+        zmax=1,
+        colorscale="RdBu_r",
+        colorbar={"title": "cos"},
+        name=sim.name,
+    )
 
 
 def pe_similarity_figure(sim: PESimilarity) -> go.Figure:
@@ -31,8 +39,11 @@ def pe_similarity_figure(sim: PESimilarity) -> go.Figure:
     for tr in [*sem_band(sim), curve_line(sim)]:
         fig.add_trace(tr, row=1, col=2)
     fig.update_layout(
-        title=f"{sim.name or 'position embeddings'}: {sim.period_text()}", showlegend=False,
-        xaxis={"title": "position n"}, yaxis={"title": "position m", "autorange": "reversed"},
-        xaxis2={"title": "distance (tokens)"}, yaxis2={"title": "mean cosine similarity"},
+        title=f"{sim.name or 'position embeddings'}: {sim.period_text()}",
+        showlegend=False,
+        xaxis={"title": "position n"},
+        yaxis={"title": "position m", "autorange": "reversed"},
+        xaxis2={"title": "distance (tokens)"},
+        yaxis2={"title": "mean cosine similarity"},
     )
     return fig

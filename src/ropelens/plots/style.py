@@ -14,9 +14,12 @@ FONT = '-apple-system, BlinkMacSystemFont, "Segoe UI", "Helvetica Neue", Helveti
 
 def style_figure(fig: go.Figure, *, height: int | None = None) -> go.Figure:
     """The report's look for a figure: white template, system font, compact margins."""
-    fig.update_layout(template="plotly_white", font={"family": FONT, "size": 12, "color": "#1f2430"},
-                      title={"font": {"size": 14}, "x": 0.0, "xanchor": "left"},
-                      margin={"t": 60, "l": 60, "r": 20, "b": 50})
+    fig.update_layout(
+        template="plotly_white",
+        font={"family": FONT, "size": 12, "color": "#1f2430"},
+        title={"font": {"size": 14}, "x": 0.0, "xanchor": "left"},
+        margin={"t": 60, "l": 60, "r": 20, "b": 50},
+    )
     if height is not None:
         fig.update_layout(height=height)
     return fig
@@ -31,7 +34,25 @@ def category_layers(fig: go.Figure, n_rows: int) -> None:
 
 def hline_log(fig: go.Figure, y: float, label: str, dash: str) -> None:
     """A labelled horizontal line on a log y axis (shapes take data values, annotations log10 values)."""
-    fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=y, y1=y, layer="below",
-                  line={"dash": dash, "color": "#7a8294", "width": 1})
-    fig.add_annotation(xref="paper", x=0.005, yref="y", y=math.log10(y), text=label, showarrow=False,
-                       xanchor="left", yanchor="bottom", font={"size": 11, "color": "#5b6475"})
+    fig.add_shape(
+        type="line",
+        xref="paper",
+        x0=0,
+        x1=1,
+        yref="y",
+        y0=y,
+        y1=y,
+        layer="below",
+        line={"dash": dash, "color": "#7a8294", "width": 1},
+    )
+    fig.add_annotation(
+        xref="paper",
+        x=0.005,
+        yref="y",
+        y=math.log10(y),
+        text=label,
+        showarrow=False,
+        xanchor="left",
+        yanchor="bottom",
+        font={"size": 11, "color": "#5b6475"},
+    )

@@ -8,5 +8,11 @@ analyses (:func:`ropelens.report.registry.sections`), each declared with its ana
 from ropelens.report.build import DEFAULT_BAND_TOKENS, build_report
 from ropelens.report.registry import Section, SectionSpec, register_section, sections
 
-__all__ = ["DEFAULT_BAND_TOKENS", "Section", "SectionSpec", "build_report", "register_section", "sections"]
-
+__all__ = [
+    "DEFAULT_BAND_TOKENS",
+    "Section",
+    "SectionSpec",
+    "build_report",
+    "register_section",
+    "sections",
+]

@@ -25,8 +25,15 @@ from ropelens.run.data import analysis_windows
 from ropelens.spec.bands import Bands
 from ropelens.validate import check_positive_int
 
-__all__ = ["DEFAULT_BAND_TOKENS", "QUICK", "build_report", "check_output_dir", "measure_sections", "render_sections",
-           "resolve_corpus"]
+__all__ = [
+    "DEFAULT_BAND_TOKENS",
+    "QUICK",
+    "build_report",
+    "check_output_dir",
+    "measure_sections",
+    "render_sections",
+    "resolve_corpus",
+]
 
 FORMAT = 1
 # Band statistics add ~0.8× a forward pass per window in the report (benchmarks/report_bench.py), so by
@@ -56,12 +63,16 @@ def check_output_dir(out: str | os.PathLike[str]) -> Path:
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise NotADirectoryError(f"cannot write the report to {path} ({ancestor} is a file, not a directory): choose "
-                                 "a writable output directory")
+        raise NotADirectoryError(
+            f"cannot write the report to {path} ({ancestor} is a file, not a directory): choose "
+            "a writable output directory"
+        )
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".ropelens-probe-", dir=ancestor))
     except OSError as e:
-        raise PermissionError(f"cannot write the report to {path} ({e.strerror or e}): choose a writable output directory") from e
+        raise PermissionError(
+            f"cannot write the report to {path} ({e.strerror or e}): choose a writable output directory"
+        ) from e
     return path
 
 
@@ -87,7 +98,11 @@ def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
     from ropelens.run import data
 
     if isinstance(corpus, torch.Tensor):
-        return corpus, {"name": "tokens", "sha256": None, "source": f"token tensor {tuple(corpus.shape)}"}
+        return corpus, {
+            "name": "tokens",
+            "sha256": None,
+            "source": f"token tensor {tuple(corpus.shape)}",
+        }
     c = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus)
     return c, {"name": c.name, "sha256": c.sha256, "source": c.source, "n_documents": c.n_documents}
 
@@ -112,18 +127,24 @@ def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
     from ropelens.backends import backend_of
 
     if not backend_of(model).runs_analyses:
-        raise InputError(f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
-                         f"{type(model).__name__}: wrap an HF model with ropelens.loading.models.wrap_hf_model")
+        raise InputError(
+            f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
+            f"{type(model).__name__}: wrap an HF model with ropelens.loading.models.wrap_hf_model"
+        )
     # A loaded model stays where it is: moving it would change the caller's model (and a device-mapped
     # one cannot move), so a placement that disagrees with it is refused.
     have = device_of(model)
     if dev is not None and not _same_device(dev, have):
-        raise InputError(f"device={device!r} conflicts with the loaded model, which is on {have}: pass device=None "
-                         f"(or {str(have)!r}), or move the model first (model.to({str(dev)!r}))")
+        raise InputError(
+            f"device={device!r} conflicts with the loaded model, which is on {have}: pass device=None "
+            f"(or {str(have)!r}), or move the model first (model.to({str(dev)!r}))"
+        )
     have_dt = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     if dt is not None and have_dt is not None and dt != have_dt:
-        raise InputError(f"dtype={dtype!r} conflicts with the loaded model, whose weights are {have_dt}: pass "
-                         f"dtype=None, or load the model with dtype={str(dt).removeprefix('torch.')!r}")
+        raise InputError(
+            f"dtype={dtype!r} conflicts with the loaded model, whose weights are {have_dt}: pass "
+            f"dtype=None, or load the model with dtype={str(dt).removeprefix('torch.')!r}"
+        )
     return None, None
 
 
@@ -187,16 +208,28 @@ def build_report(
     tokens = check_positive_int(tokens, "tokens")
     n_ctx = check_positive_int(n_ctx, "n_ctx")
     batch_size = check_positive_int(batch_size, "batch_size")
-    bands = Bands.default() if bands is None else Bands.parse(bands) if isinstance(bands, str) else bands
+    bands = (
+        Bands.default()
+        if bands is None
+        else Bands.parse(bands)
+        if isinstance(bands, str)
+        else bands
+    )
     if not isinstance(bands, Bands):
-        raise TypeError(f"bands must be a spec such as 'quantiles:4' or a Bands, got {type(bands).__name__}")
+        raise TypeError(
+            f"bands must be a spec such as 'quantiles:4' or a Bands, got {type(bands).__name__}"
+        )
     if quick:
         n_ctx = min(n_ctx, QUICK["n_ctx"])
         tokens = QUICK["windows"] * n_ctx
     if tokens < n_ctx:
-        raise InputError(f"tokens={tokens} is fewer than one window of n_ctx={n_ctx}: raise tokens or lower n_ctx")
+        raise InputError(
+            f"tokens={tokens} is fewer than one window of n_ctx={n_ctx}: raise tokens or lower n_ctx"
+        )
     if band_tokens is not None and band_tokens < n_ctx:
-        raise InputError(f"band_tokens={band_tokens} is fewer than one window of n_ctx={n_ctx}: raise it or pass None (all)")
+        raise InputError(
+            f"band_tokens={band_tokens} is fewer than one window of n_ctx={n_ctx}: raise it or pass None (all)"
+        )
     out_dir = check_output_dir(out)
     from ropelens.report.experiments import load_experiments
 
@@ -213,28 +246,58 @@ def build_report(
     chosen = _choose_layers(spec, layers, quick)
     for L in chosen:
         bands.resolve(spec.layers[L])  # an impossible band spec fails now, not after the pass
-    bands.require_planes([spec.layers[L] for L in chosen])  # so does a band holding no plane in any layer
+    bands.require_planes(
+        [spec.layers[L] for L in chosen]
+    )  # so does a band holding no plane in any layer
     n_ctx, window_note = _fit_windows(spec, chosen, n_ctx)
     with _timed(steps, "verify"):
         verified = verification(model, spec, verify=verify)
-    with contextlib.nullcontext() if verify else skip_verification(model):  # every step measures unverified too
+    with (
+        contextlib.nullcontext() if verify else skip_verification(model)
+    ):  # every step measures unverified too
         with _timed(steps, "tokenize"):
             toks, _, _ = analysis_windows(model.tokenizer, corpus_obj, n_ctx, tokens)
-            toks = toks[: max(1, tokens // int(toks.shape[1]))]  # a token tensor is held to the budget too
-        settings = {"tokens": tokens, "n_ctx": n_ctx, "bands": bands.describe(), "layers": chosen, "quick": quick,
-                    "band_tokens": band_tokens, "batch_size": batch_size, "device": str(device_of(model)),
-                    "experiments": None if experiments is None else str(experiments),
-                    "verification": verified.to_dict(), **({"n_ctx_note": window_note} if window_note else {})}
+            toks = toks[
+                : max(1, tokens // int(toks.shape[1]))
+            ]  # a token tensor is held to the budget too
+        settings = {
+            "tokens": tokens,
+            "n_ctx": n_ctx,
+            "bands": bands.describe(),
+            "layers": chosen,
+            "quick": quick,
+            "band_tokens": band_tokens,
+            "batch_size": batch_size,
+            "device": str(device_of(model)),
+            "experiments": None if experiments is None else str(experiments),
+            "verification": verified.to_dict(),
+            **({"n_ctx_note": window_note} if window_note else {}),
+        }
         band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
-        data = collect(model, toks, label=label, spec=spec, layers=chosen, bands=bands, band_windows=band_windows,
-                       corpus=corpus_info, settings=settings, batch_size=batch_size, progress=progress)
+        data = collect(
+            model,
+            toks,
+            label=label,
+            spec=spec,
+            layers=chosen,
+            bands=bands,
+            band_windows=band_windows,
+            corpus=corpus_info,
+            settings=settings,
+            batch_size=batch_size,
+            progress=progress,
+        )
         steps.update(data.steps)
-        if not is_main():  # under torch.distributed every rank measured; rank 0 alone renders and writes
+        if (
+            not is_main()
+        ):  # under torch.distributed every rank measured; rank 0 alone renders and writes
             return out_dir
         data.experiments = exps
         with local():  # rank 0 alone measures the sections: the model runs in this process only
             measure_sections(data, progress)
-    steps.update({k: v for k, v in data.steps.items() if k not in steps})  # what the measure steps timed
+    steps.update(
+        {k: v for k, v in data.steps.items() if k not in steps}
+    )  # what the measure steps timed
     with _timed(steps, "render"):
         sections = render_sections(data, progress)
     with _timed(steps, "write"):
@@ -246,14 +309,19 @@ def _fit_windows(spec, layers: Sequence[int], n_ctx: int) -> tuple[int, str | No
     """``n_ctx`` cut to the longest windows whose masks band statistics and the head scores model in every layer
     measured (a chunked layer's chunk; a sparse-attention layer's key budget, past which its indexer picks keys
     from the text), and the note that says so (None: uncut)."""
-    limits = {L: min(x for x in (spec[L].chunk, spec[L].select_keys) if x) for L in layers
-              if spec[L].chunk or spec[L].select_keys}
+    limits = {
+        L: min(x for x in (spec[L].chunk, spec[L].select_keys) if x)
+        for L in layers
+        if spec[L].chunk or spec[L].select_keys
+    }
     if not limits or n_ctx <= min(limits.values()):
         return n_ctx, None
     cut = min(limits.values())
     which = sorted(L for L, x in limits.items() if x == cut)
-    return cut, (f"windows cut from {n_ctx:,} to {cut:,} tokens: layer(s) {which} attend in chunks of, or pick from the "
-                 f"text at most, {cut:,} keys, so on longer windows their mask depends on more than positions")
+    return cut, (
+        f"windows cut from {n_ctx:,} to {cut:,} tokens: layer(s) {which} attend in chunks of, or pick from the "
+        f"text at most, {cut:,} keys, so on longer windows their mask depends on more than positions"
+    )
 
 
 def measure_sections(data: ReportData, progress: bool = False) -> None:
@@ -266,8 +334,10 @@ def measure_sections(data: ReportData, progress: bool = False) -> None:
                 continue
             step = _sections.SHARED_STEPS.get(name)
             if step is None:
-                raise InputError(f"section {spec.key!r} needs the shared step {name!r}: name one of "
-                                 f"{sorted(_sections.SHARED_STEPS)}")
+                raise InputError(
+                    f"section {spec.key!r} needs the shared step {name!r}: name one of "
+                    f"{sorted(_sections.SHARED_STEPS)}"
+                )
             with _timed(data.steps, name):
                 data.results[name] = step(data)
         with _timed(data.steps, spec.step):
@@ -277,11 +347,15 @@ def measure_sections(data: ReportData, progress: bool = False) -> None:
 def render_sections(data: ReportData, progress: bool = False) -> list[Section]:
     """Lay out every section from what was measured."""
     out = []
-    for spec in tqdm(_sections.sections(), desc="ropelens report: sections", disable=not progress, unit="section"):
+    for spec in tqdm(
+        _sections.sections(), desc="ropelens report: sections", disable=not progress, unit="section"
+    ):
         if spec.measure is None:
             out.append(spec.render(data))
         elif spec.key not in data.results:
-            raise InputError(f"section {spec.key!r} has not been measured: run measure_sections(data) before rendering")
+            raise InputError(
+                f"section {spec.key!r} has not been measured: run measure_sections(data) before rendering"
+            )
         else:
             out.append(spec.render(data, data.results[spec.key]))
     return out
@@ -306,27 +380,64 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def _report_json(data: ReportData, sections: list[Section], steps: dict[str, float], total: float) -> dict[str, Any]:
+def _report_json(
+    data: ReportData, sections: list[Section], steps: dict[str, float], total: float
+) -> dict[str, Any]:
     spec = data.spec
     lr = spec.layers[data.layers[0]]
-    prov = Provenance(model=data.label, corpus=data.corpus.get("name"), corpus_sha256=data.corpus.get("sha256"),
-                      n_tokens=data.usage.provenance.n_tokens, n_windows=data.n_windows, n_ctx=data.n_ctx,
-                      config=data.settings, seconds=round(total, 3))
-    return _clean({
-        "format": FORMAT,
-        "model": {"name": data.label, "architecture": spec.architecture, "n_layers": spec.n_layers,
-                  "n_heads": lr.n_heads, "n_kv_heads": lr.n_kv_heads, "head_dim": lr.head_dim,
-                  "n_planes": lr.n_planes, "trained_n_ctx": spec.n_ctx, "kinds": spec.kinds},
-        "corpus": data.corpus,
-        "measured": {"usage": {"n_tokens": data.usage.provenance.n_tokens, "n_windows": data.n_windows},
-                     "band_statistics": {"n_tokens": data.band_stats.provenance.n_tokens,
-                                         "n_windows": len(data.band_windows), "windows": list(data.band_windows)}},
-        "findings": [f.to_dict() for s in sections for f in s.findings],
-        "sections": [{"key": s.key, "title": s.title, "available": s.available, "numbers": s.numbers,
-                      "tables": [f"{name}.csv" for name in s.tables]} for s in sections],
-        "provenance": {**prov.to_dict(), "steps_seconds": steps,
-                       "untested_versions": {k: {"installed": a, "tested": b} for k, (a, b) in untested_versions().items()}},
-    })
+    prov = Provenance(
+        model=data.label,
+        corpus=data.corpus.get("name"),
+        corpus_sha256=data.corpus.get("sha256"),
+        n_tokens=data.usage.provenance.n_tokens,
+        n_windows=data.n_windows,
+        n_ctx=data.n_ctx,
+        config=data.settings,
+        seconds=round(total, 3),
+    )
+    return _clean(
+        {
+            "format": FORMAT,
+            "model": {
+                "name": data.label,
+                "architecture": spec.architecture,
+                "n_layers": spec.n_layers,
+                "n_heads": lr.n_heads,
+                "n_kv_heads": lr.n_kv_heads,
+                "head_dim": lr.head_dim,
+                "n_planes": lr.n_planes,
+                "trained_n_ctx": spec.n_ctx,
+                "kinds": spec.kinds,
+            },
+            "corpus": data.corpus,
+            "measured": {
+                "usage": {"n_tokens": data.usage.provenance.n_tokens, "n_windows": data.n_windows},
+                "band_statistics": {
+                    "n_tokens": data.band_stats.provenance.n_tokens,
+                    "n_windows": len(data.band_windows),
+                    "windows": list(data.band_windows),
+                },
+            },
+            "findings": [f.to_dict() for s in sections for f in s.findings],
+            "sections": [
+                {
+                    "key": s.key,
+                    "title": s.title,
+                    "available": s.available,
+                    "numbers": s.numbers,
+                    "tables": [f"{name}.csv" for name in s.tables],
+                }
+                for s in sections
+            ],
+            "provenance": {
+                **prov.to_dict(),
+                "steps_seconds": steps,
+                "untested_versions": {
+                    k: {"installed": a, "tested": b} for k, (a, b) in untested_versions().items()
+                },
+            },
+        }
+    )
 
 
 def _subtitle(data: ReportData, created: str) -> str:
@@ -335,18 +446,33 @@ def _subtitle(data: ReportData, created: str) -> str:
     bw = len(data.band_windows)
     band = "" if bw == data.n_windows else f" · band statistics on {bw} of them"
     commit = git_commit()
-    return (f"<b>{H.esc(data.label)}</b> · corpus <b>{H.esc(c.get('name'))}</b>{sha} · "
-            f"{data.usage.provenance.n_tokens:,} tokens in {data.n_windows} windows of {data.n_ctx}{band} · "
-            f"{H.esc(created)} · ropelens {H.esc(versions().get('ropelens', '?'))}"
-            + (f" ({H.esc(commit[:12])}{'+dirty' if commit.endswith('+dirty') else ''})" if commit else ""))
+    return (
+        f"<b>{H.esc(data.label)}</b> · corpus <b>{H.esc(c.get('name'))}</b>{sha} · "
+        f"{data.usage.provenance.n_tokens:,} tokens in {data.n_windows} windows of {data.n_ctx}{band} · "
+        f"{H.esc(created)} · ropelens {H.esc(versions().get('ropelens', '?'))}"
+        + (
+            f" ({H.esc(commit[:12])}{'+dirty' if commit.endswith('+dirty') else ''})"
+            if commit
+            else ""
+        )
+    )
 
 
 def _findings_html(sections: list[Section]) -> str:
-    items = [f'<li>{H.esc(f.text)}<a href="#{H.esc(f.section)}">→ {H.esc(s.title)}</a></li>'
-             for s in sections for f in s.findings]
-    body = f'<ul class="findings">{"".join(items)}</ul>' if items else "<p>No findings: no section produced numbers.</p>"
-    return ('<section id="findings"><h2>Findings</h2><p class="lead">Generated from the numbers measured below '
-            '(also in <code>report.json</code>).</p>' + body + "</section>")
+    items = [
+        f'<li>{H.esc(f.text)}<a href="#{H.esc(f.section)}">→ {H.esc(s.title)}</a></li>'
+        for s in sections
+        for f in s.findings
+    ]
+    body = (
+        f'<ul class="findings">{"".join(items)}</ul>'
+        if items
+        else "<p>No findings: no section produced numbers.</p>"
+    )
+    return (
+        '<section id="findings"><h2>Findings</h2><p class="lead">Generated from the numbers measured below '
+        "(also in <code>report.json</code>).</p>" + body + "</section>"
+    )
 
 
 def _untested_html(p: dict[str, Any]) -> str:
@@ -355,32 +481,55 @@ def _untested_html(p: dict[str, Any]) -> str:
     if not off:
         return ""
     what = ", ".join(f"{k} {v['installed']} (tested {v['tested']})" for k, v in off.items())
-    return (f'<br><strong>Not the tested stack:</strong> {H.esc(what)}; <code>bash scripts/setup.sh</code> '
-            "installs the tested versions.")
+    return (
+        f"<br><strong>Not the tested stack:</strong> {H.esc(what)}; <code>bash scripts/setup.sh</code> "
+        "installs the tested versions."
+    )
 
 
 def _provenance_html(report: dict[str, Any]) -> str:
     p = report["provenance"]
     c = report["corpus"]
     vers = ", ".join(f"{k} {v}" for k, v in p["versions"].items())
-    items = [("model", H.esc(report["model"]["name"]) + f" ({H.esc(report['model']['architecture'])})"),
-             ("corpus", f"{H.esc(c.get('name'))}: {H.esc(c.get('source', ''))}"),
-             ("corpus sha256", f"<code>{H.esc(c.get('sha256') or '–')}</code>"),
-             ("tokens", f"{p['n_tokens']:,} in {p['n_windows']} windows of {p['n_ctx']}"),
-             ("band statistics", f"{report['measured']['band_statistics']['n_tokens']:,} tokens, windows "
-                                 f"{H.esc(_short_list(report['measured']['band_statistics']['windows']))}"),
-             ("settings", "<code>" + H.esc(json.dumps({k: v for k, v in p["config"].items() if k != "layers"})) + "</code>"),
-             ("layers", H.esc(_short_list(p["config"]["layers"]))),
-             ("versions", H.esc(vers) + _untested_html(p)), ("commit", f"<code>{H.esc(p['commit'] or '–')}</code>"),
-             ("created", H.esc(p["created"])),
-             ("run time", " · ".join(f"{H.esc(k)} {v:.1f} s" for k, v in p["steps_seconds"].items())
-              + f" · total {p['seconds']:.1f} s"),
-             ("files", " ".join(f"<code>{H.esc(n)}</code>" for n in ["report.json", *_csv_names(report)]))]
+    items = [
+        ("model", H.esc(report["model"]["name"]) + f" ({H.esc(report['model']['architecture'])})"),
+        ("corpus", f"{H.esc(c.get('name'))}: {H.esc(c.get('source', ''))}"),
+        ("corpus sha256", f"<code>{H.esc(c.get('sha256') or '–')}</code>"),
+        ("tokens", f"{p['n_tokens']:,} in {p['n_windows']} windows of {p['n_ctx']}"),
+        (
+            "band statistics",
+            f"{report['measured']['band_statistics']['n_tokens']:,} tokens, windows "
+            f"{H.esc(_short_list(report['measured']['band_statistics']['windows']))}",
+        ),
+        (
+            "settings",
+            "<code>"
+            + H.esc(json.dumps({k: v for k, v in p["config"].items() if k != "layers"}))
+            + "</code>",
+        ),
+        ("layers", H.esc(_short_list(p["config"]["layers"]))),
+        ("versions", H.esc(vers) + _untested_html(p)),
+        ("commit", f"<code>{H.esc(p['commit'] or '–')}</code>"),
+        ("created", H.esc(p["created"])),
+        (
+            "run time",
+            " · ".join(f"{H.esc(k)} {v:.1f} s" for k, v in p["steps_seconds"].items())
+            + f" · total {p['seconds']:.1f} s",
+        ),
+        (
+            "files",
+            " ".join(f"<code>{H.esc(n)}</code>" for n in ["report.json", *_csv_names(report)]),
+        ),
+    ]
     return '<section id="provenance"><h2>Provenance</h2>' + H.kv_table(items) + "</section>"
 
 
 def _short_list(xs: list[int]) -> str:
-    return ", ".join(map(str, xs)) if len(xs) <= 12 else f"{', '.join(map(str, xs[:10]))}, … ({len(xs)} in all)"
+    return (
+        ", ".join(map(str, xs))
+        if len(xs) <= 12
+        else f"{', '.join(map(str, xs[:10]))}, … ({len(xs)} in all)"
+    )
 
 
 def _csv_names(report: dict[str, Any]) -> list[str]:
@@ -393,17 +542,33 @@ def _render_page(data: ReportData, sections: list[Section], report: dict[str, An
     blocks = [_findings_html(sections)]
     for s in sections:
         tag = "" if s.available else '<span class="tag">not yet available</span>'
-        blocks.append(f'<section id="{H.esc(s.key)}"><h2>{H.esc(s.title)}{tag}</h2>{s.body}</section>')
+        blocks.append(
+            f'<section id="{H.esc(s.key)}"><h2>{H.esc(s.title)}{tag}</h2>{s.body}</section>'
+        )
     blocks.append(_provenance_html(report))
-    nav = [("findings", "Findings", True), *((s.key, s.title, s.available) for s in sections),
-           ("provenance", "Provenance", True)]
-    return H.page(title=f"ropelens report — {data.label}", subtitle=_subtitle(data, report["provenance"]["created"]),
-                  nav=nav, body="\n".join(blocks), plotly_js=plotly.offline.get_plotlyjs(),
-                  footer="Made with ropelens. Self-contained: works offline; the numbers behind every figure are in "
-                         "<code>report.json</code> and the CSV files beside this page.")
+    nav = [
+        ("findings", "Findings", True),
+        *((s.key, s.title, s.available) for s in sections),
+        ("provenance", "Provenance", True),
+    ]
+    return H.page(
+        title=f"ropelens report — {data.label}",
+        subtitle=_subtitle(data, report["provenance"]["created"]),
+        nav=nav,
+        body="\n".join(blocks),
+        plotly_js=plotly.offline.get_plotlyjs(),
+        footer="Made with ropelens. Self-contained: works offline; the numbers behind every figure are in "
+        "<code>report.json</code> and the CSV files beside this page.",
+    )
 
 
-def _write(out_dir: Path, data: ReportData, sections: list[Section], steps: dict[str, float], t_start: float) -> None:
+def _write(
+    out_dir: Path,
+    data: ReportData,
+    sections: list[Section],
+    steps: dict[str, float],
+    t_start: float,
+) -> None:
     """Write every file into a temp directory, then rename them into place, index.html last.
 
     ``out_dir`` (and missing parents) is created here; if writing fails, the folders this created are removed

@@ -32,8 +32,12 @@ class ReportData:
     usage: FrequencyUsage
     band_stats: BandStatistics
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step
-    results: dict[str, Any] = field(default_factory=dict)  # measure steps' results, by section key or shared step
-    experiments: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # experiment scripts' results
+    results: dict[str, Any] = field(
+        default_factory=dict
+    )  # measure steps' results, by section key or shared step
+    experiments: dict[str, list[dict[str, Any]]] = field(
+        default_factory=dict
+    )  # experiment scripts' results
 
     @property
     def n_ctx(self) -> int:
@@ -79,18 +83,53 @@ def collect(
     band_red = BandStatsReducer(spec, layers, bands)
     run = RunOptions(layers=layers, batch_size=batch_size, progress=progress)
     passes = dict(spec=spec, label=label)
-    both = measure(model, None, lambda *_: [usage_red, band_red], run, windows=win.subset(keep), analysis="report",
-                   config={"bands": bands.describe(), "jsd": False, "windows": keep},
-                   desc="ropelens report: usage + band statistics", **passes)
+    both = measure(
+        model,
+        None,
+        lambda *_: [usage_red, band_red],
+        run,
+        windows=win.subset(keep),
+        analysis="report",
+        config={"bands": bands.describe(), "jsd": False, "windows": keep},
+        desc="ropelens report: usage + band statistics",
+        **passes,
+    )
     usage_prov = both.provenance
     if rest:
-        alone = measure(model, None, lambda *_: usage_red, run, windows=win.subset(rest), analysis="report: usage",
-                        desc="ropelens report: usage", **passes)
+        alone = measure(
+            model,
+            None,
+            lambda *_: usage_red,
+            run,
+            windows=win.subset(rest),
+            analysis="report: usage",
+            desc="ropelens report: usage",
+            **passes,
+        )
         usage_prov = usage_prov.merged(alone.provenance)
-    usage = usage_red.result(replace(usage_prov, config={
-        "n_sink": n_sink, "source": usage_red.source, "layers": list(layers), "batch_size": batch_size}))
+    usage = usage_red.result(
+        replace(
+            usage_prov,
+            config={
+                "n_sink": n_sink,
+                "source": usage_red.source,
+                "layers": list(layers),
+                "batch_size": batch_size,
+            },
+        )
+    )
     band_stats = band_red.result(replace(both.provenance, seconds=usage_prov.seconds))
     seconds = usage_prov.seconds
-    return ReportData(model=model, label=label, spec=spec, layers=tuple(layers), tokens=tokens,
-                      band_windows=tuple(keep), corpus=corpus, settings=settings, usage=usage,
-                      band_stats=band_stats, steps={"stream": seconds})
+    return ReportData(
+        model=model,
+        label=label,
+        spec=spec,
+        layers=tuple(layers),
+        tokens=tokens,
+        band_windows=tuple(keep),
+        corpus=corpus,
+        settings=settings,
+        usage=usage,
+        band_stats=band_stats,
+        steps={"stream": seconds},
+    )

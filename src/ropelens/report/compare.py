@@ -30,25 +30,37 @@ __all__ = ["compare_reports"]
 
 def _read(folder: Path) -> dict[str, Any]:
     if not folder.exists():
-        raise InputError(f"report directory {folder} does not exist: pass two directories written by `ropelens report`")
+        raise InputError(
+            f"report directory {folder} does not exist: pass two directories written by `ropelens report`"
+        )
     if not folder.is_dir():
-        raise InputError(f"{folder} is a file, not a report directory: pass two directories written by `ropelens report`")
+        raise InputError(
+            f"{folder} is a file, not a report directory: pass two directories written by `ropelens report`"
+        )
     report = folder / "report.json"
     if not report.is_file():
-        raise InputError(f"{folder} holds no report.json: pass two directories written by `ropelens report`")
+        raise InputError(
+            f"{folder} holds no report.json: pass two directories written by `ropelens report`"
+        )
     try:
         out: dict[str, Any] = {"report": json.loads(report.read_text())}
     except (ValueError, UnicodeDecodeError) as e:  # a damaged report.json
-        raise InputError(f"{report} is damaged ({type(e).__name__}: {e}): write the report again with "
-                         "`ropelens report`") from e
+        raise InputError(
+            f"{report} is damaged ({type(e).__name__}: {e}): write the report again with "
+            "`ropelens report`"
+        ) from e
     if not isinstance(out["report"], dict) or not {"model", "corpus"} <= set(out["report"]):
-        raise InputError(f"{folder / 'report.json'} is not a ropelens report: pass directories written by "
-                         "`ropelens report`")
+        raise InputError(
+            f"{folder / 'report.json'} is not a ropelens report: pass directories written by "
+            "`ropelens report`"
+        )
     for name in ("energy", "band_stats", "heads", "sinks_layers"):
         f = folder / f"{name}.csv"
         out[name] = _read_table(f) if f.is_file() else None
     if out["energy"] is None or out["band_stats"] is None:
-        raise InputError(f"{folder} lacks energy.csv or band_stats.csv: re-run `ropelens report` with this version")
+        raise InputError(
+            f"{folder} lacks energy.csv or band_stats.csv: re-run `ropelens report` with this version"
+        )
     layers = ((out["report"].get("provenance") or {}).get("config") or {}).get("layers")
     for name in ("energy", "band_stats"):
         _check_complete(folder / f"{name}.csv", out[name], layers)
@@ -56,10 +68,12 @@ def _read(folder: Path) -> dict[str, Any]:
 
 
 # The columns compare reads from each table of a report, and those of them that hold numbers (True/False for bools).
-_COLUMNS = {"energy": ("which", "scope", "layer", "head", "band", "energy_share"),
-            "band_stats": ("layer", "head", "band", "margin_share"),
-            "heads": ("layer", "head", "positional", "kind"),
-            "sinks_layers": ("layer", "sinking_share")}
+_COLUMNS = {
+    "energy": ("which", "scope", "layer", "head", "band", "energy_share"),
+    "band_stats": ("layer", "head", "band", "margin_share"),
+    "heads": ("layer", "head", "positional", "kind"),
+    "sinks_layers": ("layer", "sinking_share"),
+}
 _NUMBERS = {"layer", "head", "energy_share", "margin_share", "sinking_share"}
 _BOOLS = {"positional"}
 
@@ -70,7 +84,9 @@ def _read_table(f: Path) -> pd.DataFrame:
     try:
         text = f.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(f"{f} is not UTF-8 text (byte {e.start}): the file is damaged; {fix}") from e
+        raise InputError(
+            f"{f} is not UTF-8 text (byte {e.start}): the file is damaged; {fix}"
+        ) from e
     reader = csv.reader(io.StringIO(text))
     try:
         header = next(reader, None)
@@ -78,29 +94,44 @@ def _read_table(f: Path) -> pd.DataFrame:
             raise InputError(f"{f} is empty (no header row): {fix}")
         missing = [c for c in _COLUMNS[f.stem] if c not in header]
         if missing:
-            raise InputError(f"{f} lacks the column{'s' * (len(missing) > 1)} {', '.join(missing)} (its header: "
-                             f"{', '.join(header)}): {fix}")
+            raise InputError(
+                f"{f} lacks the column{'s' * (len(missing) > 1)} {', '.join(missing)} (its header: "
+                f"{', '.join(header)}): {fix}"
+            )
         n = 0
         for row in reader:
             if not row:  # a blank line
                 continue
             n += 1
             if len(row) != len(header):
-                raise InputError(f"{f} is truncated or damaged: row {n} (line {reader.line_num}) has {len(row)} of "
-                                 f"the header's {len(header)} fields: {fix}")
+                raise InputError(
+                    f"{f} is truncated or damaged: row {n} (line {reader.line_num}) has {len(row)} of "
+                    f"the header's {len(header)} fields: {fix}"
+                )
     except csv.Error as e:
         raise InputError(f"{f} is damaged at line {reader.line_num} ({e}): {fix}") from e
     if n and not text.endswith("\n"):
-        raise InputError(f"{f} is truncated: its last row (row {n}, line {reader.line_num}) ends without a newline, "
-                         f"so it was cut short: {fix}")
+        raise InputError(
+            f"{f} is truncated: its last row (row {n}, line {reader.line_num}) ends without a newline, "
+            f"so it was cut short: {fix}"
+        )
     df = pd.read_csv(io.StringIO(text))
     for c in _COLUMNS[f.stem]:
         want = "True or False" if c in _BOOLS else "a number" if c in _NUMBERS else None
-        ok = pd.api.types.is_bool_dtype(df[c]) if c in _BOOLS else pd.api.types.is_numeric_dtype(df[c])
+        ok = (
+            pd.api.types.is_bool_dtype(df[c])
+            if c in _BOOLS
+            else pd.api.types.is_numeric_dtype(df[c])
+        )
         if want is not None and not ok:
-            bad = next(i for i, v in enumerate(df[c]) if not (str(v) in ("True", "False") if c in _BOOLS
-                                                              else _is_number(v)))
-            raise InputError(f"{f}: column {c} holds {df[c].iloc[bad]!r} at row {bad + 1}, not {want}: {fix}")
+            bad = next(
+                i
+                for i, v in enumerate(df[c])
+                if not (str(v) in ("True", "False") if c in _BOOLS else _is_number(v))
+            )
+            raise InputError(
+                f"{f}: column {c} holds {df[c].iloc[bad]!r} at row {bad + 1}, not {want}: {fix}"
+            )
     return df
 
 
@@ -111,9 +142,11 @@ def _check_complete(f: Path, df: pd.DataFrame, layers: Any) -> None:
     if isinstance(layers, list) and layers and all(isinstance(L, int) for L in layers):
         absent = sorted(set(layers) - {int(L) for L in df["layer"].unique()})
         if absent:
-            raise InputError(f"{f} is truncated: it has no rows for layer{'s' * (len(absent) > 1)} "
-                             f"{', '.join(map(str, absent))} though the report measured layers "
-                             f"{', '.join(map(str, layers))} (its last row is row {len(df)}): {fix}")
+            raise InputError(
+                f"{f} is truncated: it has no rows for layer{'s' * (len(absent) > 1)} "
+                f"{', '.join(map(str, absent))} though the report measured layers "
+                f"{', '.join(map(str, layers))} (its last row is row {len(df)}): {fix}"
+            )
     keys = [k for k in _COLUMNS[f.stem] if k not in ("band", "energy_share", "margin_share")]
     if not len(df):
         return
@@ -124,9 +157,11 @@ def _check_complete(f: Path, df: pd.DataFrame, layers: Any) -> None:
     full = max(others, key=len, default=frozenset())
     if groups[last] < full:
         where = ", ".join(f"{k} {v}" for k, v in zip(keys, last))
-        raise InputError(f"{f} is truncated: its last rows ({where}) lack band{'s' * (len(full - groups[last]) > 1)} "
-                         f"{', '.join(sorted(full - groups[last]))} that the rest of layer {layer} has (its last row is "
-                         f"row {len(df)}): {fix}")
+        raise InputError(
+            f"{f} is truncated: its last rows ({where}) lack band{'s' * (len(full - groups[last]) > 1)} "
+            f"{', '.join(sorted(full - groups[last]))} that the rest of layer {layer} has (its last row is "
+            f"row {len(df)}): {fix}"
+        )
 
 
 def _is_number(v: Any) -> bool:
@@ -145,12 +180,24 @@ def _layer_band(df: pd.DataFrame, value: str, **where: str) -> pd.DataFrame:
 
 def _diff_map(a: pd.DataFrame, b: pd.DataFrame, what: str) -> tuple[pd.DataFrame, go.Figure]:
     if list(a.index) != list(b.index) or list(a.columns) != list(b.columns):
-        raise InputError(f"the reports' {what} cover different layers or bands ({list(a.index)} × {list(a.columns)} "
-                         f"against {list(b.index)} × {list(b.columns)}): compare reports with the same layers and --bands")
+        raise InputError(
+            f"the reports' {what} cover different layers or bands ({list(a.index)} × {list(a.columns)} "
+            f"against {list(b.index)} × {list(b.columns)}): compare reports with the same layers and --bands"
+        )
     d = b - a
     lim = float(d.abs().to_numpy().max()) or 1.0
-    fig = go.Figure(go.Heatmap(z=d.to_numpy(), x=list(d.columns), y=list(d.index), colorscale="RdBu", zmid=0,
-                               zmin=-lim, zmax=lim, hovertemplate="layer %{y} · %{x}<br>Δ %{z:.3f}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=d.to_numpy(),
+            x=list(d.columns),
+            y=list(d.index),
+            colorscale="RdBu",
+            zmid=0,
+            zmin=-lim,
+            zmax=lim,
+            hovertemplate="layer %{y} · %{x}<br>Δ %{z:.3f}<extra></extra>",
+        )
+    )
     fig.update_yaxes(autorange="reversed", title_text="layer")
     fig.update_layout(title=f"{what}: B − A (heads averaged)")
     return d, style_figure(fig, height=420)
@@ -162,17 +209,24 @@ def _largest(d: pd.DataFrame) -> tuple[int, str, float]:
     return int(idx[0]), str(idx[1]), float(s[idx])
 
 
-def compare_reports(a: str | os.PathLike[str], b: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+def compare_reports(
+    a: str | os.PathLike[str], b: str | os.PathLike[str], out: str | os.PathLike[str]
+) -> Path:
     """Write the comparison page of report directories ``a`` and ``b`` into ``out`` (atomically per file)."""
     from ropelens.validate import check_output_path
 
     A, B = _read(Path(a)), _read(Path(b))
     for flag, folder in (("A", a), ("B", b)):
         if Path(out).expanduser().resolve() == Path(folder).expanduser().resolve():
-            raise InputError(f"the output directory {out} is report {flag}: writing there would mix the comparison "
-                             "into the report; pass another --out")
+            raise InputError(
+                f"the output directory {out} is report {flag}: writing there would mix the comparison "
+                "into the report; pass another --out"
+            )
     check_output_path(out, "--out", directory=True)
-    name = lambda r: f"{r['report']['model']['name']} on {r['report']['corpus'].get('name')}"  # noqa: E731
+
+    def name(r):
+        return f"{r['report']['model']['name']} on {r['report']['corpus'].get('name')}"
+
     na, nb = name(A), name(B)
     sections, tables, findings = [], {}, []
 
@@ -181,50 +235,91 @@ def compare_reports(a: str | os.PathLike[str], b: str | os.PathLike[str], out: s
     d, fig = _diff_map(ea, eb, "query energy share")
     tables["energy_diff"] = d.reset_index()
     L, band, v = _largest(d)
-    findings.append(f"Query energy moved most in layer {L}, band {band}: {v:+.3f} of the layer's energy (B − A).")
+    findings.append(
+        f"Query energy moved most in layer {L}, band {band}: {v:+.3f} of the layer's energy (B − A)."
+    )
     sections.append(("Frequency usage", figure_html(fig)))
 
-    ma, mb = _layer_band(A["band_stats"], "margin_share"), _layer_band(B["band_stats"], "margin_share")
+    ma, mb = (
+        _layer_band(A["band_stats"], "margin_share"),
+        _layer_band(B["band_stats"], "margin_share"),
+    )
     d, fig = _diff_map(ma, mb, "share of the attended-key margin")
     tables["margin_diff"] = d.reset_index()
     L, band, v = _largest(d)
-    findings.append(f"The attended-key margin moved most in layer {L}, band {band}: {v:+.3f} of the margin.")
+    findings.append(
+        f"The attended-key margin moved most in layer {L}, band {band}: {v:+.3f} of the margin."
+    )
     sections.append(("Band decomposition", figure_html(fig)))
 
     if A["heads"] is not None and B["heads"] is not None:
-        pos = lambda h: {(int(r.layer), int(r.head)): r.kind for r in h[h.positional].itertuples()}  # noqa: E731
+
+        def pos(h):
+            return {(int(r.layer), int(r.head)): r.kind for r in h[h.positional].itertuples()}
+
         pa, pb = pos(A["heads"]), pos(B["heads"])
-        rows = [{"layer": k[0], "head": k[1], "change": "gained", "kind": pb[k]} for k in sorted(set(pb) - set(pa))]
-        rows += [{"layer": k[0], "head": k[1], "change": "lost", "kind": pa[k]} for k in sorted(set(pa) - set(pb))]
+        rows = [
+            {"layer": k[0], "head": k[1], "change": "gained", "kind": pb[k]}
+            for k in sorted(set(pb) - set(pa))
+        ]
+        rows += [
+            {"layer": k[0], "head": k[1], "change": "lost", "kind": pa[k]}
+            for k in sorted(set(pa) - set(pb))
+        ]
         frame = pd.DataFrame(rows, columns=["layer", "head", "change", "kind"])
         tables["heads_diff"] = frame
-        findings.append(f"Positional heads: {len(pa)} in A, {len(pb)} in B; {len(set(pb) - set(pa))} gained and "
-                        f"{len(set(pa) - set(pb))} lost.")
+        findings.append(
+            f"Positional heads: {len(pa)} in A, {len(pb)} in B; {len(set(pb) - set(pa))} gained and "
+            f"{len(set(pa) - set(pb))} lost."
+        )
         sections.append(("Positional heads", table_html(frame, text_cols=("change", "kind"))))
 
     if A["sinks_layers"] is not None and B["sinks_layers"] is not None:
-        s = A["sinks_layers"][["layer", "sinking_share"]].merge(B["sinks_layers"][["layer", "sinking_share"]],
-                                                                 on="layer", suffixes=(" A", " B"))
+        s = A["sinks_layers"][["layer", "sinking_share"]].merge(
+            B["sinks_layers"][["layer", "sinking_share"]], on="layer", suffixes=(" A", " B")
+        )
         s["Δ"] = s["sinking_share B"] - s["sinking_share A"]
         tables["sinks_diff"] = s
         top = s.iloc[int(s["Δ"].abs().to_numpy().argmax())]
-        findings.append(f"Sinking heads: {s['sinking_share A'].mean():.2f} of heads per layer in A, "
-                        f"{s['sinking_share B'].mean():.2f} in B; the largest change is layer {int(top.layer)} "
-                        f"({top['Δ']:+.2f}).")
+        findings.append(
+            f"Sinking heads: {s['sinking_share A'].mean():.2f} of heads per layer in A, "
+            f"{s['sinking_share B'].mean():.2f} in B; the largest change is layer {int(top.layer)} "
+            f"({top['Δ']:+.2f})."
+        )
         fig = go.Figure([go.Bar(x=s.layer, y=s[f"sinking_share {k}"], name=k) for k in ("A", "B")])
         fig.update_layout(title="share of heads that sink, per layer", barmode="group")
         sections.append(("Attention sinks", figure_html(style_figure(fig, height=360))))
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    body = ("<section id=\"findings\"><h2>What changed</h2><ul>" + "".join(f"<li>{esc(f)}</li>" for f in findings)
-            + "</ul></section>" + "".join(f'<section id="s{i}"><h2>{esc(t)}</h2>{h}</section>'
-                                           for i, (t, h) in enumerate(sections)))
-    html = page(title="ropelens comparison", subtitle=f"A: <b>{esc(na)}</b> · B: <b>{esc(nb)}</b> · B − A",
-                nav=[("findings", "What changed", True), *((f"s{i}", t, True) for i, (t, _) in enumerate(sections))],
-                body=body, footer="ropelens compare", plotly_js=get_plotlyjs())
-    summary = {"a": str(a), "b": str(b), "a_model": na, "b_model": nb, "findings": findings,
-               "tables": [f"{k}.csv" for k in tables]}
+    body = (
+        '<section id="findings"><h2>What changed</h2><ul>'
+        + "".join(f"<li>{esc(f)}</li>" for f in findings)
+        + "</ul></section>"
+        + "".join(
+            f'<section id="s{i}"><h2>{esc(t)}</h2>{h}</section>'
+            for i, (t, h) in enumerate(sections)
+        )
+    )
+    html = page(
+        title="ropelens comparison",
+        subtitle=f"A: <b>{esc(na)}</b> · B: <b>{esc(nb)}</b> · B − A",
+        nav=[
+            ("findings", "What changed", True),
+            *((f"s{i}", t, True) for i, (t, _) in enumerate(sections)),
+        ],
+        body=body,
+        footer="ropelens compare",
+        plotly_js=get_plotlyjs(),
+    )
+    summary = {
+        "a": str(a),
+        "b": str(b),
+        "a_model": na,
+        "b_model": nb,
+        "findings": findings,
+        "tables": [f"{k}.csv" for k in tables],
+    }
     tmp = Path(tempfile.mkdtemp(prefix=".ropelens-compare-", dir=out_dir))
     try:
         for k, frame in tables.items():

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from ropelens.plots.style import FONT, style_figure  # noqa: F401 - style_figure: its old home, kept for one release
+from ropelens.plots.style import FONT
 
 __all__ = ["esc", "figure_html", "number", "page", "table_html"]
 
@@ -100,15 +100,27 @@ def number(x: Any, digits: int = 3) -> str:
 def figure_html(fig: go.Figure, caption: str | None = None) -> str:
     """A figure as a div (plotly.js itself is embedded once, in the page head)."""
     height = fig.layout.height or 420
-    div = fig.to_html(include_plotlyjs=False, full_html=False, default_height=f"{int(height)}px",
-                      config={"displaylogo": False, "responsive": True,
-                              "toImageButtonOptions": {"format": "svg", "scale": 1}})
+    div = fig.to_html(
+        include_plotlyjs=False,
+        full_html=False,
+        default_height=f"{int(height)}px",
+        config={
+            "displaylogo": False,
+            "responsive": True,
+            "toImageButtonOptions": {"format": "svg", "scale": 1},
+        },
+    )
     cap = f'<div class="caption">{caption}</div>' if caption else ""
     return f'<div class="fig">{div}</div>{cap}'
 
 
-def table_html(df: pd.DataFrame, *, digits: int = 3, text_cols: Iterable[str] = (),
-               formats: dict[str, Any] | None = None) -> str:
+def table_html(
+    df: pd.DataFrame,
+    *,
+    digits: int = 3,
+    text_cols: Iterable[str] = (),
+    formats: dict[str, Any] | None = None,
+) -> str:
     """A readable table: numbers right-aligned and compact, text columns left-aligned."""
     formats = formats or {}
     text = set(text_cols)
@@ -118,11 +130,15 @@ def table_html(df: pd.DataFrame, *, digits: int = 3, text_cols: Iterable[str] = 
     for rec in df.itertuples(index=False):
         cells = []
         for c, v in zip(cols, rec, strict=True):
-            shown = formats[c](v) if c in formats else (esc(v) if c in text else esc(number(v, digits)))
+            shown = (
+                formats[c](v) if c in formats else (esc(v) if c in text else esc(number(v, digits)))
+            )
             cells.append(f'<td class="{"txt" if c in text else ""}">{shown}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="tablewrap"><table class="t"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></div>')
+    return (
+        f'<div class="tablewrap"><table class="t"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def kv_table(items: Sequence[tuple[str, str]]) -> str:
@@ -131,10 +147,19 @@ def kv_table(items: Sequence[tuple[str, str]]) -> str:
     return f'<div class="tablewrap"><table class="t kv"><tbody>{rows}</tbody></table></div>'
 
 
-def page(*, title: str, subtitle: str, nav: Sequence[tuple[str, str, bool]], body: str, footer: str,
-         plotly_js: str) -> str:
+def page(
+    *,
+    title: str,
+    subtitle: str,
+    nav: Sequence[tuple[str, str, bool]],
+    body: str,
+    footer: str,
+    plotly_js: str,
+) -> str:
     """The whole document; ``nav`` is (anchor, label, available) per section."""
-    links = "".join(f'<a href="#{esc(a)}" class="{"" if ok else "na"}">{esc(label)}</a>' for a, label, ok in nav)
+    links = "".join(
+        f'<a href="#{esc(a)}" class="{"" if ok else "na"}">{esc(label)}</a>' for a, label, ok in nav
+    )
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>

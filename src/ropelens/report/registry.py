@@ -32,18 +32,24 @@ class SectionSpec:
 
     key: str
     title: str
-    render: Callable[..., Section]  # (ReportData, result) -> Section with a measure step, else (ReportData)
+    render: Callable[
+        ..., Section
+    ]  # (ReportData, result) -> Section with a measure step, else (ReportData)
     measure: Callable[[Any], Any] | None = None  # ReportData -> what render lays out
     needs: tuple[str, ...] = ()  # SHARED_STEPS the measure step reads from data.results
     summary: str = ""  # what the section shows, in one sentence
 
     def __post_init__(self) -> None:
         if not callable(self.render) or (self.measure is not None and not callable(self.measure)):
-            raise InputError(f"section {self.key!r}: render and measure must be functions (the steps themselves)")
+            raise InputError(
+                f"section {self.key!r}: render and measure must be functions (the steps themselves)"
+            )
         unknown = [n for n in self.needs if n not in SHARED_STEPS]
         if unknown:
-            raise InputError(f"section {self.key!r} needs unknown shared steps {unknown}: name some of "
-                             f"{sorted(SHARED_STEPS)}")
+            raise InputError(
+                f"section {self.key!r} needs unknown shared steps {unknown}: name some of "
+                f"{sorted(SHARED_STEPS)}"
+            )
 
     @property
     def step(self) -> str:
@@ -67,14 +73,19 @@ def register_section(spec: SectionSpec, *, before: str | None = None) -> None:
     a new key becomes an analysis of its own, with no command, ahead of the section ``before`` or last."""
     if not isinstance(spec, SectionSpec):
         raise InputError(f"register_section takes a SectionSpec, got {type(spec).__name__}")
-    owner = next((a for a in analyses() if a.section is not None and a.section.key == spec.key), None)
+    owner = next(
+        (a for a in analyses() if a.section is not None and a.section.key == spec.key), None
+    )
     if owner is not None:
         register_analysis(dataclasses.replace(owner, section=spec))
         return
     ahead = None
     if before is not None:
-        ahead = next((a.name for a in analyses() if a.section is not None and a.section.key == before), None)
+        ahead = next(
+            (a.name for a in analyses() if a.section is not None and a.section.key == before), None
+        )
         if ahead is None:
-            raise InputError(f"no section {before!r} to insert before; sections: {[s.key for s in sections()]}")
+            raise InputError(
+                f"no section {before!r} to insert before; sections: {[s.key for s in sections()]}"
+            )
     register_analysis(Analysis(spec.key, section=spec), before=ahead)
-

@@ -19,8 +19,16 @@ from ropelens.report.collect import ReportData, evenly_spaced
 from ropelens.report.section import Measured
 from ropelens.run.evaluate import bootstrap_ci, window_losses
 
-__all__ = ["MAX_CTX", "N_WINDOWS", "baseline", "eval_windows", "measure_baseline", "rerun", "variant_lead",
-           "variant_losses"]
+__all__ = [
+    "MAX_CTX",
+    "N_WINDOWS",
+    "baseline",
+    "eval_windows",
+    "measure_baseline",
+    "rerun",
+    "variant_lead",
+    "variant_losses",
+]
 
 N_WINDOWS = 2  # windows of at most MAX_CTX tokens: a re-run costs a few forward passes
 MAX_CTX = 512
@@ -33,8 +41,11 @@ def rerun(data: ReportData, analysis) -> Measured:
     n_ctx = min(data.n_ctx, MAX_CTX if not data.settings.get("quick") else 256)
     keep = evenly_spaced(data.n_windows, 1 if data.settings.get("quick") else N_WINDOWS)
     toks = data.tokens[keep, :n_ctx]
-    return Measured(analysis(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False), n_ctx,
-                    len(keep))
+    return Measured(
+        analysis(data.model, toks, n_ctx=n_ctx, layers=list(data.layers), progress=False),
+        n_ctx,
+        len(keep),
+    )
 
 
 def eval_windows(data: ReportData) -> Tensor:
@@ -51,8 +62,10 @@ def measure_baseline(data: ReportData) -> Tensor:
 def baseline(data: ReportData) -> Tensor:
     """The baseline losses the ``variants_baseline`` step measured."""
     if "variants_baseline" not in data.results:
-        raise InputError("the variants_baseline step has not run: measure it first (measure_baseline) "
-                         "and keep its losses in data.results['variants_baseline']")
+        raise InputError(
+            "the variants_baseline step has not run: measure it first (measure_baseline) "
+            "and keep its losses in data.results['variants_baseline']"
+        )
     return data.results["variants_baseline"]
 
 
@@ -63,7 +76,9 @@ def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None
 
     base = baseline(data)
     tokens = eval_windows(data)
-    identity = is_identity(data.spec, variant, data.spec.layer_indices(None, layer_kind), int(tokens.shape[1]))
+    identity = is_identity(
+        data.spec, variant, data.spec.layer_indices(None, layer_kind), int(tokens.shape[1])
+    )
     if identity:
         losses = base
     else:
@@ -71,13 +86,22 @@ def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None
             losses = window_losses(data.model, tokens, batch_size=4, progress=False)
     est = bootstrap_ci(losses)
     delta = bootstrap_ci(losses - base).loss
-    return {"ppl": est.perplexity.mean, "ppl_lo": est.perplexity.lo, "ppl_hi": est.perplexity.hi,
-            "Δ loss": delta.mean, "Δ lo": delta.lo, "Δ hi": delta.hi, "identity": identity}
+    return {
+        "ppl": est.perplexity.mean,
+        "ppl_lo": est.perplexity.lo,
+        "ppl_hi": est.perplexity.hi,
+        "Δ loss": delta.mean,
+        "Δ lo": delta.lo,
+        "Δ hi": delta.hi,
+        "identity": identity,
+    }
 
 
 def variant_lead(data: ReportData, what: str) -> str:
     """A variant section's lead paragraph: ``what``, and the windows and the paired CI it is scored with."""
     t = eval_windows(data)
-    return (f'<p class="lead">{what} Scored on {t.shape[0]} held-out windows of {t.shape[1]} tokens of the '
-            "report's corpus; Δ loss is the change in mean next-token loss (nats) against the unmodified model "
-            "on the same windows, with a paired 95% bootstrap CI over windows.</p>")
+    return (
+        f'<p class="lead">{what} Scored on {t.shape[0]} held-out windows of {t.shape[1]} tokens of the '
+        "report's corpus; Δ loss is the change in mean next-token loss (nats) against the unmodified model "
+        "on the same windows, with a paired 95% bootstrap CI over windows.</p>"
+    )

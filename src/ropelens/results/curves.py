@@ -28,7 +28,9 @@ __all__ = [
     "decay_verdict", "describe_curve", "max_distance_arg", "vector",
 ]  # fmt: skip
 
-MARGIN = 0.1  # a rise or fall counts when it exceeds this fraction of the curve's range (and the noise)
+MARGIN = (
+    0.1  # a rise or fall counts when it exceeds this fraction of the curve's range (and the noise)
+)
 Shape = Literal["flat", "decays", "grows", "U-shaped", "peaked", "oscillating"]
 MIN_SPEARMAN = 0.3  # |ρ| for a monotone trend; default RoPE constant curves give ρ ≈ −0.6 … −0.8
 _FORMAT = 1
@@ -45,13 +47,24 @@ def max_distance_arg(max_distance: int | None, n_pos: int) -> int:
     """Default (n_pos − 1) or validate the largest distance to average over."""
     if max_distance is None:
         return n_pos - 1
-    if not isinstance(max_distance, int) or isinstance(max_distance, bool) or not 0 <= max_distance < n_pos:
-        raise InputError(f"max_distance must be an int in [0, {n_pos - 1}] for {n_pos} positions, got {max_distance!r}")
+    if (
+        not isinstance(max_distance, int)
+        or isinstance(max_distance, bool)
+        or not 0 <= max_distance < n_pos
+    ):
+        raise InputError(
+            f"max_distance must be an int in [0, {n_pos - 1}] for {n_pos} positions, got {max_distance!r}"
+        )
     return max_distance
 
 
 def check_curve(distance: Tensor, arrays: dict[str, Tensor | None]) -> None:
-    if not isinstance(distance, Tensor) or distance.ndim != 1 or distance.numel() == 0 or distance.is_floating_point():
+    if (
+        not isinstance(distance, Tensor)
+        or distance.ndim != 1
+        or distance.numel() == 0
+        or distance.is_floating_point()
+    ):
         raise InputError(f"distance must be a non-empty 1-D integer tensor, got {distance!r}")
     if (distance < 0).any() or (distance.diff() <= 0).any():
         raise InputError("distance must be non-negative and strictly increasing")
@@ -74,10 +87,16 @@ def curve_to_json(c: Any) -> dict[str, Any]:
 
 
 def curve_from_json(d: dict[str, Any]) -> dict[str, Any]:
-    f64 = lambda k: None if d[k] is None else torch.tensor(d[k], dtype=torch.float64)  # noqa: E731
+    def f64(k):
+        return None if d[k] is None else torch.tensor(d[k], dtype=torch.float64)
+
     count = None if d["count"] is None else torch.tensor(d["count"], dtype=torch.int64)
-    return {"distance": torch.tensor(d["distance"], dtype=torch.int64), "mean": f64("mean"),
-            "std": f64("std"), "count": count}
+    return {
+        "distance": torch.tensor(d["distance"], dtype=torch.int64),
+        "mean": f64("mean"),
+        "std": f64("std"),
+        "count": count,
+    }
 
 
 class ByDistance:
@@ -129,14 +148,26 @@ class DecayCurve(ByDistance):
             raise InputError(f"{self.name!r} starts at distance {int(self.distance[0])}, not 0")
         v0 = float(self.mean[0])
         if v0 == 0.0:
-            raise InputError(f"{self.name!r} is 0 at distance 0 (e.g. a μ = 0 Gaussian): plot it raw")
+            raise InputError(
+                f"{self.name!r} is 0 at distance 0 (e.g. a μ = 0 Gaussian): plot it raw"
+            )
         std = None if self.std is None else self.std / abs(v0)
         return replace(self, mean=self.mean / v0, std=std, name=f"{self.name} (÷ value at 0)")
 
     def save(self, path: str | os.PathLike) -> None:
         """Write JSON atomically."""
-        dump_json(path, {"type": "DecayCurve", "format": _FORMAT, "name": self.name,
-                                  "kind": self.kind, **curve_to_json(self)}, indent=None, allow_nan=False)
+        dump_json(
+            path,
+            {
+                "type": "DecayCurve",
+                "format": _FORMAT,
+                "name": self.name,
+                "kind": self.kind,
+                **curve_to_json(self),
+            },
+            indent=None,
+            allow_nan=False,
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> DecayCurve:
@@ -179,7 +210,9 @@ def decay_verdict(curve: ByDistance, *, min_spearman: float = MIN_SPEARMAN) -> D
     keep = curve.distance > 0
     x, y = curve.distance[keep].double().numpy(), curve.mean[keep].double().numpy()
     if len(y) < 4:
-        raise InputError(f"need at least 4 distances δ ≥ 1 for a verdict, got {len(y)}: raise max_distance")
+        raise InputError(
+            f"need at least 4 distances δ ≥ 1 for a verdict, got {len(y)}: raise max_distance"
+        )
     ry = pd.Series(y).rank().to_numpy()  # average ranks for ties, as Spearman's ρ wants
     rho = float("nan") if ry.std() == 0 else float(np.corrcoef(pd.Series(x).rank(), ry)[0, 1])
     q = max(1, len(y) // 4)
@@ -193,7 +226,6 @@ def decay_verdict(curve: ByDistance, *, min_spearman: float = MIN_SPEARMAN) -> D
         verdict = "grows"
     ratio = far / near if near != 0 else float("nan")
     return DecayVerdict(verdict, rho, near, far, ratio, noise, len(y))
-
 
 
 # ============================================================================ the curve-shape verdict
@@ -223,7 +255,9 @@ class CurveShape:
     swings: tuple[float, ...] = ()  # |change| of every leg, in order
     upper: tuple[float, float] | None = None  # oscillating: first and last maximum between turns
     lower: tuple[float, float] | None = None  # oscillating: first and last minimum between turns
-    midline: tuple[float, float] | None = None  # oscillating: mean of the first and of the last two pivots
+    midline: tuple[float, float] | None = (
+        None  # oscillating: mean of the first and of the last two pivots
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -308,10 +342,14 @@ def describe_curve(
     x = torch.as_tensor(distances, dtype=torch.float64).detach().cpu().flatten().numpy()
     if raw.shape != x.shape:
         raise InputError(f"values ({raw.size}) and distances ({x.size}) must have the same length")
-    margin = check_number(margin, "margin", above=0, at_most=1, hint=" (a fraction of the curve's range)")
+    margin = check_number(
+        margin, "margin", above=0, at_most=1, hint=" (a fraction of the curve's range)"
+    )
     ns = None
     if noise is not None:
-        ns = np.broadcast_to(torch.as_tensor(noise, dtype=torch.float64).detach().cpu().numpy(), raw.shape)
+        ns = np.broadcast_to(
+            torch.as_tensor(noise, dtype=torch.float64).detach().cpu().numpy(), raw.shape
+        )
     keep = np.isfinite(raw) & np.isfinite(x)
     raw, x = raw[keep], x[keep]
     if raw.size < 3:
@@ -319,7 +357,9 @@ def describe_curve(
     if np.any(np.diff(x) <= 0):
         raise InputError("distances must increase strictly")
     if log and np.any(raw <= 0):
-        raise InputError("log=True needs positive values (probabilities, norms): drop log for signed curves")
+        raise InputError(
+            "log=True needs positive values (probabilities, norms): drop log for signed curves"
+        )
     v = np.log10(raw) if log else raw
     noise_level = 0.0
     if ns is not None:
@@ -329,11 +369,23 @@ def describe_curve(
     rng = vmax - vmin
     threshold = max(margin * rng, noise_level)
     imin, imax = int(v.argmin()), int(v.argmax())
-    base = dict(start=float(raw[0]), end=float(raw[-1]), start_at=float(x[0]), end_at=float(x[-1]),
-                min_value=float(raw[imin]), min_at=float(x[imin]), max_value=float(raw[imax]), max_at=float(x[imax]),
-                range=float(raw[imax] - raw[imin]), threshold=threshold)
-    val = lambda i: f"{_fmt(raw[i])} at {at_distance(x[i])}"  # noqa: E731
-    swing = (lambda d: f"×{10 ** d:.2f}") if log else _fmt  # noqa: E731
+    base = dict(
+        start=float(raw[0]),
+        end=float(raw[-1]),
+        start_at=float(x[0]),
+        end_at=float(x[-1]),
+        min_value=float(raw[imin]),
+        min_at=float(x[imin]),
+        max_value=float(raw[imax]),
+        max_at=float(x[imax]),
+        range=float(raw[imax] - raw[imin]),
+        threshold=threshold,
+    )
+
+    def val(i):
+        return f"{_fmt(raw[i])} at {at_distance(x[i])}"
+
+    swing = (lambda d: f"×{10**d:.2f}") if log else _fmt
     span = f"from {at_distance(x[0])} to {at_distance(x[-1])}"
     if log:
         flat = rng <= max(math.log10(1 + margin), noise_level)
@@ -341,8 +393,10 @@ def describe_curve(
         s = float(np.abs(v).max()) if scale is None else abs(float(scale))
         flat = rng <= max(atol, margin * s, noise_level)
     if flat:
-        text = f"flat: stays within {_fmt(vmin if not log else raw[imin])} … {_fmt(raw[imax])} " \
-               f"(mean {_fmt(float(raw.mean()))}) {span}"
+        text = (
+            f"flat: stays within {_fmt(vmin if not log else raw[imin])} … {_fmt(raw[imax])} "
+            f"(mean {_fmt(float(raw.mean()))}) {span}"
+        )
         if log:
             text += f", max ÷ min {raw[imax] / raw[imin]:.2f}"
         elif rng > atol and s > 0:
@@ -365,12 +419,16 @@ def describe_curve(
     if legs == 2:
         a, t, b = piv
         if v[t] < v[a]:
-            text = (f"U-shaped: falls from {val(a)} to its minimum {val(t)}, then rises again to {val(b)} "
-                    f"(the rise is {swings[1] / swings[0]:.0%} of the fall and {swings[1] / rng:.0%} of the "
-                    f"{'log-' if log else ''}range; {rule})")
+            text = (
+                f"U-shaped: falls from {val(a)} to its minimum {val(t)}, then rises again to {val(b)} "
+                f"(the rise is {swings[1] / swings[0]:.0%} of the fall and {swings[1] / rng:.0%} of the "
+                f"{'log-' if log else ''}range; {rule})"
+            )
             return CurveShape("U-shaped", text, turns=turns, swings=swings, **base)
-        text = (f"peaked: rises from {val(a)} to its maximum {val(t)}, then falls to {val(b)} "
-                f"(the fall is {swings[1] / swings[0]:.0%} of the rise; {rule})")
+        text = (
+            f"peaked: rises from {val(a)} to its maximum {val(t)}, then falls to {val(b)} "
+            f"(the fall is {swings[1] / swings[0]:.0%} of the rise; {rule})"
+        )
         return CurveShape("peaked", text, turns=turns, swings=swings, **base)
     # pivots alternate between maxima and minima; the first one only starts the first leg
     is_max = [bool(v[p] > v[piv[j - 1]]) for j, p in enumerate(piv) if j > 0]
@@ -378,14 +436,27 @@ def describe_curve(
     minima = [p for p, m in zip(piv[1:], is_max) if not m]
     upper = (float(raw[maxima[0]]), float(raw[maxima[-1]])) if maxima else None
     lower = (float(raw[minima[0]]), float(raw[minima[-1]])) if minima else None
-    mid = lambda ix: float(10 ** v[ix].mean()) if log else float(v[ix].mean())  # noqa: E731
+
+    def mid(ix):
+        return float(10 ** v[ix].mean()) if log else float(v[ix].mean())
+
     midline = (mid(piv[:2]), mid(piv[-2:]))
     m0, m1 = v[piv[:2]].mean(), v[piv[-2:]].mean()
     trend = "falls" if m1 < m0 - threshold else "rises" if m1 > m0 + threshold else "stays level"
-    text = (f"oscillating: {len(turns)} turns between {at_distance(turns[0])} and {at_distance(turns[-1])} (starting from {val(piv[0])}); "
-            f"swings from {swing(swings[0])} to {swing(swings[-1])} (median {swing(float(np.median(swings)))}) around "
-            f"a midline that {trend} from {_fmt(midline[0])} to {_fmt(midline[1])}")
+    text = (
+        f"oscillating: {len(turns)} turns between {at_distance(turns[0])} and {at_distance(turns[-1])} (starting from {val(piv[0])}); "
+        f"swings from {swing(swings[0])} to {swing(swings[-1])} (median {swing(float(np.median(swings)))}) around "
+        f"a midline that {trend} from {_fmt(midline[0])} to {_fmt(midline[1])}"
+    )
     if upper and lower:
         text += f"; envelope: maxima {_fmt(upper[0])} → {_fmt(upper[1])}, minima {_fmt(lower[0])} → {_fmt(lower[1])}"
-    return CurveShape("oscillating", text, turns=turns, swings=swings, upper=upper, lower=lower, midline=midline,
-                      **base)
+    return CurveShape(
+        "oscillating",
+        text,
+        turns=turns,
+        swings=swings,
+        upper=upper,
+        lower=lower,
+        midline=midline,
+        **base,
+    )

@@ -23,7 +23,9 @@ _FIGURES: dict[tuple[type, str], Callable[..., Any]] = {}
 def register_figure(cls: type, fn: Callable[..., Any], name: str = "figure") -> None:
     """Draw ``cls``'s ``name`` figure (its ``figure()`` by default) with ``fn(result, *args, **kwargs)``."""
     if not isinstance(cls, type) or not callable(fn) or not isinstance(name, str):
-        raise TypeError(f"register_figure takes a class, a function and a name, got {cls!r}, {fn!r}, {name!r}")
+        raise TypeError(
+            f"register_figure takes a class, a function and a name, got {cls!r}, {fn!r}, {name!r}"
+        )
     _FIGURES[(cls, name)] = fn
 
 
@@ -43,9 +45,11 @@ def figure_of(cls: type, name: str = "figure") -> Callable[..., Any]:
         fn = _FIGURES.get((klass, name))
         if fn is not None:
             return fn
-    raise NotImplementedError(f"{cls.__name__} has no {name!r} figure registered: an analysis declares its figures "
-                              "(Analysis(figures=draw(ResultClass, figure=fn))) and registering it registers them, or "
-                              "call register_figure(ResultClass, fn, name)")
+    raise NotImplementedError(
+        f"{cls.__name__} has no {name!r} figure registered: an analysis declares its figures "
+        "(Analysis(figures=draw(ResultClass, figure=fn))) and registering it registers them, or "
+        "call register_figure(ResultClass, fn, name)"
+    )
 
 
 def registered_figures() -> dict[tuple[type, str], Callable[..., Any]]:

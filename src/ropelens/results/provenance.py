@@ -11,7 +11,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Provenance", "git_commit", "tested_versions", "untested_versions", "version_report", "versions"]
+__all__ = [
+    "Provenance",
+    "git_commit",
+    "tested_versions",
+    "untested_versions",
+    "version_report",
+    "versions",
+]
 
 _PACKAGES = ("ropelens", "torch", "transformers", "transformer-lens", "numpy", "pandas", "plotly")
 
@@ -61,12 +68,17 @@ def untested_versions() -> dict[str, tuple[str, str]]:
 def version_report() -> str:
     """What ``ropelens --version`` prints: the versions in use, and which differ from the tested stack."""
     v = versions()
-    lines = [f"ropelens {v['ropelens']} (commit {git_commit() or 'unknown'})",
-             "  " + ", ".join(f"{k} {x}" for k, x in v.items() if k != "ropelens")]
+    lines = [
+        f"ropelens {v['ropelens']} (commit {git_commit() or 'unknown'})",
+        "  " + ", ".join(f"{k} {x}" for k, x in v.items() if k != "ropelens"),
+    ]
     off = untested_versions()
     if off:
-        lines.append("  not the tested stack: " + ", ".join(f"{k} {have} (tested {want})" for k, (have, want) in off.items())
-                     + "; bash scripts/setup.sh installs the tested versions")
+        lines.append(
+            "  not the tested stack: "
+            + ", ".join(f"{k} {have} (tested {want})" for k, (have, want) in off.items())
+            + "; bash scripts/setup.sh installs the tested versions"
+        )
     elif tested_versions():
         lines.append("  the tested stack (tested_versions.txt)")
     return "\n".join(lines)
@@ -78,11 +90,20 @@ def git_commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=True
+            ["git", "rev-parse", "HEAD"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here, capture_output=True, text=True, timeout=5, check=True,
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -102,7 +123,9 @@ class Provenance:
     config: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=versions)
     commit: str | None = field(default_factory=git_commit)
-    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    created: str = field(
+        default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    )
     seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,7 +137,10 @@ class Provenance:
 
     def merged(self, other: Provenance) -> Provenance:
         """Provenance of the merge of two partial results over the same model and config."""
-        add = lambda a, b: None if a is None or b is None else a + b  # noqa: E731
+
+        def add(a, b):
+            return None if a is None or b is None else a + b
+
         return Provenance(
             model=self.model,
             corpus=self.corpus if self.corpus == other.corpus else f"{self.corpus}+{other.corpus}",

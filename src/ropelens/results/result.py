@@ -29,7 +29,16 @@ __all__ = ["Result", "load_result", "registered"]
 R = TypeVar("R", bound="Result")
 _REGISTRY: dict[str, type[Result]] = {}
 # what a result class declares in its class statement (the keyword arguments of Result.__init_subclass__)
-_DECLARED = ("KIND", "FORMAT", "UNVERSIONED", "JSON_OPTIONS", "MERGE_SAME", "MERGE_SUMS", "MERGE_HINT", "PREVIOUS_KINDS")
+_DECLARED = (
+    "KIND",
+    "FORMAT",
+    "UNVERSIONED",
+    "JSON_OPTIONS",
+    "MERGE_SAME",
+    "MERGE_SUMS",
+    "MERGE_HINT",
+    "PREVIOUS_KINDS",
+)
 
 
 class Result:
@@ -64,23 +73,39 @@ class Result:
     MERGE_HINT: ClassVar[str] = "measure both with the same settings"
     PREVIOUS_KINDS: ClassVar[tuple[str, ...]] = ()
 
-    def __init_subclass__(cls, *, kind: str | None = None, format: int = 1,
-                          merge_same: tuple[str, ...] | None = None, merge_sums: tuple[str, ...] | None = None,
-                          merge_hint: str | None = None, unversioned: bool = False,
-                          json_options: dict[str, Any] | None = None, previous_kinds: tuple[str, ...] = (),
-                          **kwargs: Any) -> None:
+    def __init_subclass__(
+        cls,
+        *,
+        kind: str | None = None,
+        format: int = 1,
+        merge_same: tuple[str, ...] | None = None,
+        merge_sums: tuple[str, ...] | None = None,
+        merge_hint: str | None = None,
+        unversioned: bool = False,
+        json_options: dict[str, Any] | None = None,
+        previous_kinds: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> None:
         super().__init_subclass__(**kwargs)
         written = sorted(set(cls.__dict__) & set(_DECLARED))
         if written:
-            raise TypeError(f"{cls.__qualname__} sets {', '.join(written)} in its body: declare them in the class "
-                            f"statement, e.g. class {cls.__name__}(Result, kind=..., merge_sums=(...))")
+            raise TypeError(
+                f"{cls.__qualname__} sets {', '.join(written)} in its body: declare them in the class "
+                f"statement, e.g. class {cls.__name__}(Result, kind=..., merge_sums=(...))"
+            )
         kind = cls.__name__ if kind is None else kind
         known = _REGISTRY.get(kind)
         if known is not None and known.__qualname__ != cls.__qualname__:
-            raise TypeError(f"result kind {kind!r} is taken by {known.__module__}.{known.__qualname__}")
+            raise TypeError(
+                f"result kind {kind!r} is taken by {known.__module__}.{known.__qualname__}"
+            )
         cls.KIND, cls.FORMAT, cls.UNVERSIONED = kind, format, unversioned
-        for name, value in (("MERGE_SAME", merge_same), ("MERGE_SUMS", merge_sums), ("MERGE_HINT", merge_hint),
-                            ("JSON_OPTIONS", json_options)):
+        for name, value in (
+            ("MERGE_SAME", merge_same),
+            ("MERGE_SUMS", merge_sums),
+            ("MERGE_HINT", merge_hint),
+            ("JSON_OPTIONS", json_options),
+        ):
             if value is not None:
                 setattr(cls, name, tuple(value) if name in ("MERGE_SAME", "MERGE_SUMS") else value)
         cls.PREVIOUS_KINDS = tuple(previous_kinds)
@@ -99,7 +124,9 @@ class Result:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the result as JSON atomically (a temp file renamed into place)."""
-        dump_json(path, {"type": self.KIND, "format": self.FORMAT, **self.to_dict()}, **self.JSON_OPTIONS)
+        dump_json(
+            path, {"type": self.KIND, "format": self.FORMAT, **self.to_dict()}, **self.JSON_OPTIONS
+        )
 
     @classmethod
     def load(cls: type[R], path: str | os.PathLike[str]) -> R:
@@ -112,11 +139,15 @@ class Result:
         kind = d.pop("type", default)
         fmt = d.pop("format", cls.FORMAT if cls.UNVERSIONED else None)
         if kind != cls.KIND and kind not in cls.PREVIOUS_KINDS:
-            raise InputError(f"{path} does not hold {cls.KIND}: it holds a {kind!r} result, not {cls.KIND!r}; "
-                             "load it with ropelens.load_result(path)")
+            raise InputError(
+                f"{path} does not hold {cls.KIND}: it holds a {kind!r} result, not {cls.KIND!r}; "
+                "load it with ropelens.load_result(path)"
+            )
         if fmt != cls.FORMAT:
-            raise InputError(f"{path} has {cls.KIND} format {fmt!r}; this ropelens reads format {cls.FORMAT}: "
-                             "write it again with this version")
+            raise InputError(
+                f"{path} has {cls.KIND} format {fmt!r}; this ropelens reads format {cls.FORMAT}: "
+                "write it again with this version"
+            )
         return cls.from_dict(d)
 
     # ---------------------------------------------------------------- merge
@@ -125,7 +156,9 @@ class Result:
         if not self.MERGE_SUMS:
             raise InputError(f"{self.KIND} results do not merge: measure once over all the input")
         if type(other) is not type(self):
-            raise TypeError(f"can only merge {type(self).__name__} with {type(self).__name__}, got {type(other).__name__}")
+            raise TypeError(
+                f"can only merge {type(self).__name__} with {type(self).__name__}, got {type(other).__name__}"
+            )
         self._check_mergeable(other)
         sums = {name: _add(getattr(self, name), getattr(other, name)) for name in self.MERGE_SUMS}
         return replace(self, **sums, provenance=self.provenance.merged(other.provenance))  # type: ignore[attr-defined,type-var]
@@ -134,21 +167,32 @@ class Result:
         """Raise naming the first setting (or set of sums) the two results do not share."""
         keyed = [s for s in self.MERGE_SUMS if isinstance(getattr(self, s), dict)]
         names = ", ".join((*self.MERGE_SAME, *(f"{s} keys" for s in keyed)))
-        pairs = [(n, _comparable(getattr(self, n)), _comparable(getattr(other, n))) for n in self.MERGE_SAME]
+        pairs = [
+            (n, _comparable(getattr(self, n)), _comparable(getattr(other, n)))
+            for n in self.MERGE_SAME
+        ]
         pairs += [(f"{s} keys", sorted(getattr(self, s)), sorted(getattr(other, s))) for s in keyed]
         for name, a, b in pairs:
             if a != b:
                 shown = f" ({a!r} vs {b!r})" if len(repr(a)) + len(repr(b)) < 120 else ""
-                raise InputError(f"can only merge {self.KIND} results with the same {names}: {name} differs{shown}; "
-                                 f"{self.MERGE_HINT}")
+                raise InputError(
+                    f"can only merge {self.KIND} results with the same {names}: {name} differs{shown}; "
+                    f"{self.MERGE_HINT}"
+                )
 
     @staticmethod
-    def _check_shape(name: str, tensor: Tensor, expected: tuple[int | None, ...], labels: str = "") -> None:
+    def _check_shape(
+        name: str, tensor: Tensor, expected: tuple[int | None, ...], labels: str = ""
+    ) -> None:
         """Raise unless ``tensor`` has ``expected`` shape (None: any size on that axis)."""
         got = tuple(tensor.shape)
-        if len(got) != len(expected) or any(e is not None and g != e for g, e in zip(got, expected)):
+        if len(got) != len(expected) or any(
+            e is not None and g != e for g, e in zip(got, expected)
+        ):
             want = ", ".join("any" if e is None else str(e) for e in expected)
-            raise InputError(f"{name} has shape {got}, expected ({want}){labels}: pass sums from the same reducer")
+            raise InputError(
+                f"{name} has shape {got}, expected ({want}){labels}: pass sums from the same reducer"
+            )
 
     # ---------------------------------------------------------------- views
     def to_frame(self) -> Any:
@@ -197,9 +241,13 @@ def _read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         d = json.loads(Path(path).read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path} is not a ropelens JSON result ({e}): pass a file written by .save()") from e
+        raise InputError(
+            f"{path} is not a ropelens JSON result ({e}): pass a file written by .save()"
+        ) from e
     if not isinstance(d, dict):
-        raise InputError(f"{path} holds JSON {type(d).__name__}, not a ropelens result: pass a file written by .save()")
+        raise InputError(
+            f"{path} holds JSON {type(d).__name__}, not a ropelens result: pass a file written by .save()"
+        )
     return d
 
 
@@ -223,8 +271,10 @@ def load_result(path: str | os.PathLike[str]) -> Result:
             with safe_open(str(path), "pt") as st:
                 kind = (st.metadata() or {}).get("type", "AttentionDecomposition")
         except (SafetensorError, OSError) as e:
-            raise InputError(f"{path} is neither a ropelens JSON result nor a safetensors file ({e}): "
-                             "pass a file written by .save()") from e
+            raise InputError(
+                f"{path} is neither a ropelens JSON result nor a safetensors file ({e}): "
+                "pass a file written by .save()"
+            ) from e
         return _class_of(kind, path).load(path)
     d = _read_json(path)
     return _class_of(d.get("type"), path)._from_file(d, path)
@@ -232,7 +282,8 @@ def load_result(path: str | os.PathLike[str]) -> Result:
 
 def _class_of(kind: Any, path: str | os.PathLike[str]) -> type[Result]:
     if kind not in _REGISTRY:
-        raise InputError(f"{path} holds a {kind!r} result, which ropelens does not know (known: {sorted(_REGISTRY)}): "
-                         "load a file written by a ropelens result's .save(), or load an untyped file with its class")
+        raise InputError(
+            f"{path} holds a {kind!r} result, which ropelens does not know (known: {sorted(_REGISTRY)}): "
+            "load a file written by a ropelens result's .save(), or load an untyped file with its class"
+        )
     return _REGISTRY[kind]
-

@@ -21,7 +21,14 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 
-__all__ = ["atomic_write", "atomic_write_text", "dump_json", "read_result_json", "tensor_from_json", "tensor_to_json"]
+__all__ = [
+    "atomic_write",
+    "atomic_write_text",
+    "dump_json",
+    "read_result_json",
+    "tensor_from_json",
+    "tensor_to_json",
+]
 
 
 @contextlib.contextmanager
@@ -34,7 +41,9 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[A
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise PermissionError(f"cannot create output directory {parent}: {e.strerror}; choose a writable path") from e
+        raise PermissionError(
+            f"cannot create output directory {parent}: {e.strerror}; choose a writable path"
+        ) from e
     if not os.access(parent, os.W_OK):
         raise PermissionError(f"output directory {parent} is not writable: choose a writable path")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
@@ -56,7 +65,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         f.write(text)
 
 
-def dump_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1, allow_nan: bool = True) -> None:
+def dump_json(
+    path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1, allow_nan: bool = True
+) -> None:
     """Write JSON atomically (tensors and numpy arrays become lists)."""
     atomic_write_text(path, json.dumps(obj, indent=indent, allow_nan=allow_nan, default=_default))
 
@@ -84,7 +95,9 @@ def read_result_json(path: str | os.PathLike[str], kind: str, fmt: int) -> dict[
     """Read a result file written with ``{"type": kind, "format": fmt, ...}``, checking both."""
     d = json.loads(Path(path).read_text())
     if d.get("type") != kind:
-        raise InputError(f"{path} holds a {d.get('type')!r} result, not {kind!r}: load it with that class")
+        raise InputError(
+            f"{path} holds a {d.get('type')!r} result, not {kind!r}: load it with that class"
+        )
     if d.get("format") != fmt:
         raise InputError(f"{path} has format {d.get('format')!r}; this ropelens reads format {fmt}")
     return d

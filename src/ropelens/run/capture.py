@@ -21,8 +21,16 @@ from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.spec.rope import RopeSpec
 
-__all__ = ["DeviceSums", "LayerActs", "Reducer", "Moments", "stream", "capture_qk", "batches", "sum_dtype"]
-
+__all__ = [
+    "DeviceSums",
+    "LayerActs",
+    "Reducer",
+    "Moments",
+    "stream",
+    "capture_qk",
+    "batches",
+    "sum_dtype",
+]
 
 
 def sum_dtype(device: torch.device) -> torch.dtype:
@@ -35,6 +43,8 @@ def sum_dtype(device: torch.device) -> torch.dtype:
 TILE_ELEMENTS = {"cpu": 1 << 21}
 TILE_ELEMENTS_ACCELERATOR = 1 << 26
 MIN_TILE = 16  # queries: below this, per-tile overhead dominates whatever the memory
+
+
 def query_tile(device: torch.device, entries_per_query: int) -> int:
     """Queries per tile, so one tile holds about the device's element budget (at least MIN_TILE): the
     tiling policy of every tiled reducer (band statistics, sinks, distance, offsets)."""
@@ -69,7 +79,9 @@ class Moments:
 
     @classmethod
     def zeros(cls, shape: Sequence[int]) -> Moments:
-        z = lambda: torch.zeros(tuple(shape), dtype=torch.float64)  # noqa: E731
+        def z():
+            return torch.zeros(tuple(shape), dtype=torch.float64)
+
         return cls(z(), z(), z())
 
     def add(self, x: Tensor, weight: Tensor | float = 1.0, dim: int | Sequence[int] = 0) -> None:
@@ -81,13 +93,19 @@ class Moments:
         self.total_sq += (x * x * w).sum(dim).cpu()
 
     def merge(self, other: Moments) -> Moments:
-        return Moments(self.count + other.count, self.total + other.total, self.total_sq + other.total_sq)
+        return Moments(
+            self.count + other.count, self.total + other.total, self.total_sq + other.total_sq
+        )
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Moments:
         """The same sums on ``device`` (in :func:`sum_dtype` of it unless ``dtype`` is given)."""
         device = torch.device(device)
         dtype = dtype or sum_dtype(device)
-        return Moments(self.count.to(device, dtype), self.total.to(device, dtype), self.total_sq.to(device, dtype))
+        return Moments(
+            self.count.to(device, dtype),
+            self.total.to(device, dtype),
+            self.total_sq.to(device, dtype),
+        )
 
     @property
     def mean(self) -> Tensor:
@@ -105,17 +123,21 @@ class Moments:
         return self.std / self.count.clamp_min(1).sqrt()
 
     def to_dict(self) -> dict[str, list]:
-        return {"count": self.count.tolist(), "total": self.total.tolist(), "total_sq": self.total_sq.tolist()}
+        return {
+            "count": self.count.tolist(),
+            "total": self.total.tolist(),
+            "total_sq": self.total_sq.tolist(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, list]) -> Moments:
-        t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+        def t(v):
+            return torch.tensor(v, dtype=torch.float64)
+
         return cls(t(d["count"]), t(d["total"]), t(d["total_sq"]))
 
 
-def batches(
-    tokens: Int[Tensor, "n pos"], batch_size: int
-) -> Iterator[Int[Tensor, "b pos"]]:
+def batches(tokens: Int[Tensor, "n pos"], batch_size: int) -> Iterator[Int[Tensor, "b pos"]]:
     """Split a window tensor into batches."""
     if tokens.ndim != 2:
         raise InputError(f"tokens must be [n_windows, n_ctx], got shape {tuple(tokens.shape)}")
@@ -161,22 +183,35 @@ def stream(
     needs = frozenset().union(*(r.needs for r in reducers))
     unknown = needs - NEEDS
     if unknown:
-        raise InputError(f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}")
+        raise InputError(
+            f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}"
+        )
     backend = backend_of(model)
     # the fast path taps rotations, which NoPE layers never make: those go through the backend's capture
     use_fast = fast and needs <= QK_NEEDS and all(spec.layers[L].rotary for L in chosen)
-    n_tok, padded_tok = 0, None  # tokens of unpadded batches (known on the host), of padded ones (on the device)
+    n_tok, padded_tok = (
+        0,
+        None,
+    )  # tokens of unpadded batches (known on the host), of padded ones (on the device)
     device = device_of(model)
     with torch.no_grad(), contextlib.ExitStack() as session:
         run = None
         for item in tqdm(data, desc=desc, total=total, disable=not progress, unit="batch"):
             toks, valid = item if isinstance(item, tuple) else (item, None)
             toks = toks.to(device)
-            valid = torch.ones_like(toks, dtype=torch.bool) if valid is None else valid.to(device).bool()
+            valid = (
+                torch.ones_like(toks, dtype=torch.bool)
+                if valid is None
+                else valid.to(device).bool()
+            )
             if valid.shape != toks.shape:
-                raise InputError(f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}")
+                raise InputError(
+                    f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}"
+                )
             n = toks.shape[1]
-            for L in chosen:  # an analysis that assumes the causal mask, on a layer whose indexer drops keys here
+            for L in (
+                chosen
+            ):  # an analysis that assumes the causal mask, on a layer whose indexer drops keys here
                 for r in reducers:
                     if getattr(r, "static_mask", None):
                         spec.layers[L].require_static_mask(n, r.static_mask)
@@ -187,15 +222,24 @@ def stream(
                 padded_tok = valid.sum() if padded_tok is None else padded_tok + valid.sum()
             else:
                 n_tok += valid.numel()
-            def fold(L: int, tensors: dict[str, Tensor], valid: Tensor = valid, padded: bool = padded) -> None:
-                acts = LayerActs(layer=L, rope=spec.layers[L], valid=valid, tensors=tensors, padded=padded)
+
+            def fold(
+                L: int, tensors: dict[str, Tensor], valid: Tensor = valid, padded: bool = padded
+            ) -> None:
+                acts = LayerActs(
+                    layer=L, rope=spec.layers[L], valid=valid, tensors=tensors, padded=padded
+                )
                 for r in reducers:
                     r.update(acts)
 
             if use_fast:
-                got = fast_qk(model, spec, toks, valid, chosen, keep=needs, on_layer=fold, padded=padded)
+                got = fast_qk(
+                    model, spec, toks, valid, chosen, keep=needs, on_layer=fold, padded=padded
+                )
                 if got is not None:
-                    for L in sorted(got):  # layers not handed over while the forward ran (first batch)
+                    for L in sorted(
+                        got
+                    ):  # layers not handed over while the forward ran (first batch)
                         fold(L, got[L])
                     continue
             use_fast = False  # this model cannot take the fast path: every batch takes the backend's capture
@@ -239,5 +283,13 @@ def capture_qk(
     from the model) says how the tensors are laid out (the probe passes the reading it checks).
     """
     keep = _Keep(needs=frozenset(which))
-    stream(model, batches(tokens, batch_size), [keep], layers=layers, progress=progress, fast=fast, spec=spec)
+    stream(
+        model,
+        batches(tokens, batch_size),
+        [keep],
+        layers=layers,
+        progress=progress,
+        fast=fast,
+        spec=spec,
+    )
     return keep.kept

@@ -263,14 +263,18 @@ def _read_text_file(path: Path) -> str:
         ) from e
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     if not text.strip():
-        raise InputError(f"{path} is empty (no text besides whitespace): add text or leave the file out")
+        raise InputError(
+            f"{path} is empty (no text besides whitespace): add text or leave the file out"
+        )
     return text
 
 
 def _expand(paths: PathLike | Iterable[PathLike]) -> Iterator[Path]:
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
-        raise InputError("no paths given: pass a text file, a directory of .txt/.md files, or a list of them")
+        raise InputError(
+            "no paths given: pass a text file, a directory of .txt/.md files, or a list of them"
+        )
     for item in items:
         if not isinstance(item, (str, os.PathLike)):
             raise TypeError(f"expected a path (str or Path), got {type(item).__name__}: {item!r}")

@@ -51,8 +51,18 @@ from ropelens.results.serialize import atomic_write
 from ropelens.run.capture import Reducer, stream
 from ropelens.spec.reading import model_label
 
-__all__ = ["RankFailedError", "RunInfo", "init_from_env", "is_main", "local", "model_identity", "rank_and_world",
-           "reducer_state", "run_windows", "shard"]
+__all__ = [
+    "RankFailedError",
+    "RunInfo",
+    "init_from_env",
+    "is_main",
+    "local",
+    "model_identity",
+    "rank_and_world",
+    "reducer_state",
+    "run_windows",
+    "shard",
+]
 
 _TOKENS_KEY = "ropelens/tokens_done"
 _MAGIC = b"ropelens-checkpoint-1\n"  # then the payload's sha256 (32 bytes), then the payload
@@ -78,8 +88,11 @@ class RunInfo:
         """What a result's provenance records about the run (only what differs from one process)."""
         out: dict[str, Any] = {}
         if self.world_size > 1:
-            out.update(world_size=self.world_size, windows_by_rank=self.windows_by_rank,
-                       reduce_seconds=round(self.seconds_reduce, 4))
+            out.update(
+                world_size=self.world_size,
+                windows_by_rank=self.windows_by_rank,
+                reduce_seconds=round(self.seconds_reduce, 4),
+            )
         if self.resumed_batches:
             out["resumed_batches"] = self.resumed_batches
         return out
@@ -144,20 +157,26 @@ def reducer_state(reducer: Reducer) -> dict[str, Tensor]:
         return reducer.state_dict()
     if isinstance(getattr(reducer, "sums", None), dict):
         return reducer.sums
-    raise InputError(f"{type(reducer).__name__} exposes no state (state_dict() or a sums dict): it cannot be "
-                     "merged across processes or checkpointed")
+    raise InputError(
+        f"{type(reducer).__name__} exposes no state (state_dict() or a sums dict): it cannot be "
+        "merged across processes or checkpointed"
+    )
 
 
 def _load_state(reducer: Reducer, state: dict[str, Tensor]) -> None:
     own = reducer_state(reducer)
     if set(own) != set(state):
-        raise InputError(f"{type(reducer).__name__}: checkpoint state holds {sorted(state)}, the reducer {sorted(own)}")
+        raise InputError(
+            f"{type(reducer).__name__}: checkpoint state holds {sorted(state)}, the reducer {sorted(own)}"
+        )
     if hasattr(reducer, "load_state_dict"):
         reducer.load_state_dict(state)
         return
     for k, v in state.items():
         if own[k].shape != v.shape:
-            raise InputError(f"{type(reducer).__name__}.{k}: checkpoint shape {tuple(v.shape)}, reducer {tuple(own[k].shape)}")
+            raise InputError(
+                f"{type(reducer).__name__}.{k}: checkpoint shape {tuple(v.shape)}, reducer {tuple(own[k].shape)}"
+            )
         own[k].copy_(v.to(own[k].device, own[k].dtype))
 
 
@@ -182,7 +201,11 @@ def _agree(error: BaseException | None) -> None:
 
 
 def _collective_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
 
 
 def _all_reduce(reducers: Sequence[Reducer]) -> float:
@@ -195,7 +218,7 @@ def _all_reduce(reducers: Sequence[Reducer]) -> float:
     off = 0
     for _, _, t in parts:
         n = t.numel()
-        t.copy_(flat[off:off + n].view_as(t).to(t.device, t.dtype))
+        t.copy_(flat[off : off + n].view_as(t).to(t.device, t.dtype))
         off += n
     return time.perf_counter() - t0
 
@@ -206,34 +229,54 @@ def _fingerprint(tokens: Tensor) -> str:
 
 def _diff(a: dict[str, Any], b: dict[str, Any]) -> str:
     keys = sorted(set(a) | set(b))
-    return "; ".join(f"{k}: {a.get(k)!r} then, {b.get(k)!r} now" for k in keys if a.get(k) != b.get(k))
+    return "; ".join(
+        f"{k}: {a.get(k)!r} then, {b.get(k)!r} now" for k in keys if a.get(k) != b.get(k)
+    )
 
 
-def _write_checkpoint(path: Path, config: dict[str, Any], done: int, n_tokens: int, reducers: Sequence[Reducer]) -> None:
+def _write_checkpoint(
+    path: Path, config: dict[str, Any], done: int, n_tokens: int, reducers: Sequence[Reducer]
+) -> None:
     state = [{k: v.detach().cpu().clone() for k, v in reducer_state(r).items()} for r in reducers]
     buf = io.BytesIO()
-    torch.save({"config": config, "batches_done": done, "n_tokens": int(n_tokens), "state": state}, buf)
+    torch.save(
+        {"config": config, "batches_done": done, "n_tokens": int(n_tokens), "state": state}, buf
+    )
     payload = buf.getvalue()
     with atomic_write(path, "wb") as f:
         f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
 
 
-def _read_checkpoint(path: Path, config: dict[str, Any], reducers: Sequence[Reducer]) -> tuple[int, float]:
+def _read_checkpoint(
+    path: Path, config: dict[str, Any], reducers: Sequence[Reducer]
+) -> tuple[int, float]:
     """Load a checkpoint written by the same run into ``reducers``; returns the batches and tokens it covers."""
     raw = path.read_bytes()
-    head, digest, payload = raw[:len(_MAGIC)], raw[len(_MAGIC):len(_MAGIC) + 32], raw[len(_MAGIC) + 32:]
+    head, digest, payload = (
+        raw[: len(_MAGIC)],
+        raw[len(_MAGIC) : len(_MAGIC) + 32],
+        raw[len(_MAGIC) + 32 :],
+    )
     if head != _MAGIC or hashlib.sha256(payload).digest() != digest:
-        raise InputError(f"checkpoint {path} is damaged or not a ropelens checkpoint ({len(raw)} bytes fail its "
-                         "sha256 check): delete it to start over")
+        raise InputError(
+            f"checkpoint {path} is damaged or not a ropelens checkpoint ({len(raw)} bytes fail its "
+            "sha256 check): delete it to start over"
+        )
     try:
         saved = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the same problem for the user
-        raise InputError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}): delete it to start over") from e
+    except Exception as e:
+        raise InputError(
+            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}): delete it to start over"
+        ) from e
     if saved.get("config") != config:
-        raise InputError(f"checkpoint {path} was written by a different run ({_diff(saved.get('config', {}), config)}): "
-                         "start the same command again to resume, or use a new --checkpoint directory")
+        raise InputError(
+            f"checkpoint {path} was written by a different run ({_diff(saved.get('config', {}), config)}): "
+            "start the same command again to resume, or use a new --checkpoint directory"
+        )
     if len(saved["state"]) != len(reducers):
-        raise InputError(f"checkpoint {path} holds {len(saved['state'])} reducers, this run has {len(reducers)}")
+        raise InputError(
+            f"checkpoint {path} holds {len(saved['state'])} reducers, this run has {len(reducers)}"
+        )
     for r, st in zip(reducers, saved["state"], strict=True):
         _load_state(r, st)
     return int(saved["batches_done"]), int(saved["n_tokens"])
@@ -242,8 +285,12 @@ def _read_checkpoint(path: Path, config: dict[str, Any], reducers: Sequence[Redu
 def model_identity(model) -> dict[str, Any]:
     """What binds a checkpoint to its model: name, path, weights fingerprint and dtype, ropelens version."""
     cfg = getattr(model, "cfg", None)
-    return {"model": model_label(model), "model_path": getattr(cfg, "model_path", None),
-            **weights_fingerprint(model), "ropelens": versions().get("ropelens")}
+    return {
+        "model": model_label(model),
+        "model_path": getattr(cfg, "model_path", None),
+        **weights_fingerprint(model),
+        "ropelens": versions().get("ropelens"),
+    }
 
 
 def _remove_stale(path: Path) -> None:
@@ -292,29 +339,44 @@ def run_windows(
     try:
         path = None
         if checkpoint is not None:
-            run_cfg = {**(config or {}), **model_identity(model), "windows_sha256": _fingerprint(tokens),
-                       "n_windows": n, "batch_size": batch_size, "layers": None if layers is None else list(layers),
-                       "world_size": world, "rank": rank, "reducers": [type(r).__name__ for r in reducers]}
+            run_cfg = {
+                **(config or {}),
+                **model_identity(model),
+                "windows_sha256": _fingerprint(tokens),
+                "n_windows": n,
+                "batch_size": batch_size,
+                "layers": None if layers is None else list(layers),
+                "world_size": world,
+                "rank": rank,
+                "reducers": [type(r).__name__ for r in reducers],
+            }
             folder = Path(checkpoint)
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"rank{rank}-of-{world}.pt"
             _remove_stale(path)
             if path.exists():
                 info.resumed_batches, n_tok = _read_checkpoint(path, run_cfg, reducers)
-        all_batches = [tokens[j * batch_size:(j + 1) * batch_size] for j in my_batches]
-        bar = tqdm(total=n * int(tokens.shape[1]), desc=desc, unit="tok", unit_scale=True,
-                   disable=not progress or rank != 0)
+        all_batches = [tokens[j * batch_size : (j + 1) * batch_size] for j in my_batches]
+        bar = tqdm(
+            total=n * int(tokens.shape[1]),
+            desc=desc,
+            unit="tok",
+            unit_scale=True,
+            disable=not progress or rank != 0,
+        )
         store = _store() if world > 1 else None
         key = f"{_TOKENS_KEY}/{next(_CALLS)}"  # every rank makes the same calls in the same order
         for j, b in enumerate(all_batches):
             if j < info.resumed_batches:
                 continue
-            n_tok += stream(model, [b], reducers, layers=layers, spec=spec, progress=False, fast=fast)
+            n_tok += stream(
+                model, [b], reducers, layers=layers, spec=spec, progress=False, fast=fast
+            )
             if path is not None and ((j + 1) % every == 0 or j + 1 == len(all_batches)):
                 _write_checkpoint(path, run_cfg, j + 1, n_tok, reducers)
             _progress(bar, store, key, int(b.numel()), world)
         bar.close()
-    except Exception as e:  # noqa: BLE001 - reported to every rank, then re-raised
+    except Exception as e:
         error = e
     info.seconds_stream = time.perf_counter() - t0
     _agree(error)

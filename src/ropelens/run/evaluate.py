@@ -23,13 +23,30 @@ from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.results.serialize import dump_json
 
-__all__ = ["Estimate", "LossEstimate", "RunStore", "bootstrap_ci", "is_bridge", "loss_estimate",
-           "loss_path", "percentile_ci", "window_losses"]
+__all__ = [
+    "Estimate",
+    "LossEstimate",
+    "RunStore",
+    "bootstrap_ci",
+    "is_bridge",
+    "loss_estimate",
+    "loss_path",
+    "percentile_ci",
+    "window_losses",
+]
 
 
 def _check_tokens(tokens: Any) -> Tensor:
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int):
-        got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
+    if (
+        not isinstance(tokens, Tensor)
+        or tokens.ndim != 2
+        or tokens.dtype not in (torch.long, torch.int)
+    ):
+        got = (
+            f"{tuple(tokens.shape)} {tokens.dtype}"
+            if isinstance(tokens, Tensor)
+            else type(tokens).__name__
+        )
         raise InputError(
             f"tokens must be an integer tensor [n_windows, n_ctx], got {got}: build it with "
             "ropelens.run.data.windows(corpus, tokenizer, n_ctx)"
@@ -63,7 +80,10 @@ def loss_path(model: Any, path: str = "auto") -> str:
 
 
 def window_losses(
-    model: Any, tokens: Int[Tensor, "n_windows n_ctx"], batch_size: int = 4, progress: bool = True,
+    model: Any,
+    tokens: Int[Tensor, "n_windows n_ctx"],
+    batch_size: int = 4,
+    progress: bool = True,
     path: str = "auto",
 ) -> Float[Tensor, " n_windows"]:
     """Mean next-token loss (nats) of each window, without gradients, on CPU.
@@ -74,7 +94,11 @@ def window_losses(
     interventions applied where it rotates, in memory linear in the length.
     """
     tokens = _check_tokens(tokens)
-    if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
+    if (
+        not isinstance(batch_size, numbers.Integral)
+        or isinstance(batch_size, bool)
+        or batch_size < 1
+    ):
         raise InputError(f"batch_size must be a positive int, got {batch_size!r}")
     device = device_of(model)
     starts = range(0, tokens.shape[0], int(batch_size))
@@ -147,7 +171,9 @@ def _as_values(values: Any) -> Tensor:
     try:
         v = torch.as_tensor(values, dtype=torch.float64).flatten()
     except (TypeError, ValueError, RuntimeError) as e:
-        raise InputError(f"values must be a 1-D sequence of numbers, got {type(values).__name__}") from e
+        raise InputError(
+            f"values must be a 1-D sequence of numbers, got {type(values).__name__}"
+        ) from e
     if v.numel() == 0:
         raise InputError("values is empty: the bootstrap needs at least one window's loss")
     if not torch.isfinite(v).all():
@@ -173,14 +199,18 @@ def percentile_ci(
     if not isinstance(n_boot, numbers.Integral) or isinstance(n_boot, bool) or n_boot < 1:
         raise InputError(f"n_boot must be a positive int, got {n_boot!r} (2000 is usual)")
     if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not 0 < alpha < 1:
-        raise InputError(f"alpha must be strictly between 0 and 1, got {alpha!r} (0.05 for a 95% CI)")
+        raise InputError(
+            f"alpha must be strictly between 0 and 1, got {alpha!r} (0.05 for a 95% CI)"
+        )
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise InputError(f"seed must be an int, got {seed!r}")
     g = torch.Generator().manual_seed(int(seed))
     idx = torch.randint(0, v.numel(), (int(n_boot), v.numel()), generator=g)
     means = v[idx].mean(dim=1)
     mean = v.mean().item()
-    lo, hi = torch.quantile(means, torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64)).tolist()
+    lo, hi = torch.quantile(
+        means, torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64)
+    ).tolist()
     return Estimate(mean, min(lo, mean), max(hi, mean))
 
 

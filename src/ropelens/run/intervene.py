@@ -28,8 +28,18 @@ from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.variants import RopeVariant
 from ropelens.validate import check_indices
 
-__all__ = ["ablate_planes", "add_lens_hook", "apply_rope_variant", "is_identity", "on_sdpa", "sdpa_ready",
-           "spec_with_variant", "uses_engine", "with_rope_variant"]
+__all__ = [
+    "ablate_planes",
+    "add_lens_hook",
+    "apply_rope_variant",
+    "is_identity",
+    "on_sdpa",
+    "sdpa_ready",
+    "spec_with_variant",
+    "uses_engine",
+    "with_rope_variant",
+]
+
 
 # --------------------------------------------------------------------------------------------
 # running a model under a variant
@@ -75,7 +85,9 @@ def uses_engine(model, layers: Sequence[int], what: str) -> bool:
     return backend_of(model).uses_engine(layers, what)
 
 
-def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[RopeSpec, list[Any], list[int], bool]:
+def _install_variant(
+    model, variant: RopeVariant, layers, layer_kind
+) -> tuple[RopeSpec, list[Any], list[int], bool]:
     """Install the variant where the model's backend applies it; returns the resulting spec, the removers of any
     hooks, the layers and whether the engine applies it (no hooks then)."""
     from ropelens.backends import backend_of
@@ -83,7 +95,9 @@ def _install_variant(model, variant: RopeVariant, layers, layer_kind) -> tuple[R
     _check_variant(variant)
     spec = rope_spec(model)  # NotRotaryError for models without RoPE
     chosen = spec.layer_indices(layers, layer_kind)
-    new_spec = spec_with_variant(spec, variant, chosen)  # also validates the variant against each layer
+    new_spec = spec_with_variant(
+        spec, variant, chosen
+    )  # also validates the variant against each layer
     removers, engine = backend_of(model).variant_hooks(spec, new_spec, variant, chosen)
     return new_spec, removers, chosen, engine
 
@@ -103,7 +117,10 @@ def apply_rope_variant(
     try:
         new_spec, removers, chosen, engine = _install_variant(model, variant, layers, layer_kind)
         # the fast q/k path would bypass the bridge hooks; the sdpa forward reads the plan instead
-        with intervened(model), planned(model, VariantStep(variant, tuple(chosen), len(removers), engine)):
+        with (
+            intervened(model),
+            planned(model, VariantStep(variant, tuple(chosen), len(removers), engine)),
+        ):
             yield new_spec
     finally:
         for remove in removers:
@@ -122,7 +139,9 @@ def is_identity(spec: RopeSpec, variant: RopeVariant, layers: Sequence[int], n_c
         lr = spec[i]
         if variant.attention_scaling(lr) != lr.attention_scaling:
             return False
-        if not torch.equal(variant.angles(lr, positions), positions[:, None].float() * lr.inv_freq.float()):
+        if not torch.equal(
+            variant.angles(lr, positions), positions[:, None].float() * lr.inv_freq.float()
+        ):
             return False
     return True
 
@@ -135,7 +154,9 @@ def with_rope_variant(
     chosen = rope_spec(model).layer_indices(layers, layer_kind)  # fail before copying
     out = copy.deepcopy(model)
     _, handles, _, engine = _install_variant(out, variant, chosen, None)
-    intervened(out).__enter__()  # for good: the copy always runs the variant (bridge hooks, sdpa plan)
+    intervened(
+        out
+    ).__enter__()  # for good: the copy always runs the variant (bridge hooks, sdpa plan)
     planned(out, VariantStep(variant, tuple(chosen), len(handles), engine)).__enter__()
     out.ropelens_rope_variant = {"variant": variant.to_dict(), "layers": chosen}
     return out
@@ -189,9 +210,13 @@ def ablate_planes(
         for i in chosen:
             lr = spec[i]
             check_indices(plane_list, "plane", lr.n_planes, f"layer {i}")
-            head_set = None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
-            qk = [_head_mask(lr, plane_list, head_set, n, per_kv)
-                  for n, per_kv in ((lr.n_heads, False), (lr.n_kv_heads, True))]
+            head_set = (
+                None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
+            )
+            qk = [
+                _head_mask(lr, plane_list, head_set, n, per_kv)
+                for n, per_kv in ((lr.n_heads, False), (lr.n_kv_heads, True))
+            ]
             step_masks[i] = (qk[0], qk[1])
         removers, engine = backend_of(model).ablation_hooks(step_masks)
         # the fast q/k path would bypass the ablation hooks; the sdpa forward reads the plan instead

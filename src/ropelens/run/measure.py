@@ -44,13 +44,21 @@ class RunOptions:
     layers: Sequence[int] | None = None  # layer indices (None: every rotary layer)
     batch_size: int = 4  # windows per forward pass
     progress: bool = True  # a progress bar (rank 0 only under torchrun)
-    checkpoint: str | os.PathLike[str] | None = None  # directory to save progress to and resume from
+    checkpoint: str | os.PathLike[str] | None = (
+        None  # directory to save progress to and resume from
+    )
     checkpoint_every: int = 8  # batches between checkpoints
     verify: bool = True  # check the reading against the model's own attention first (False: results say unverified)
 
 
 _RUN_FIELDS = tuple(f.name for f in fields(RunOptions))
-_LATE = ("batch_size", "progress", "checkpoint", "checkpoint_every", "verify")  # listed after the analysis's own settings
+_LATE = (
+    "batch_size",
+    "progress",
+    "checkpoint",
+    "checkpoint_every",
+    "verify",
+)  # listed after the analysis's own settings
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -63,7 +71,9 @@ def corpus_analysis(**defaults: Any) -> Callable[[F], F]:
     """
     unknown = set(defaults) - set(_RUN_FIELDS)
     if unknown:
-        raise TypeError(f"corpus_analysis: {sorted(unknown)} are not RunOptions fields ({list(_RUN_FIELDS)})")
+        raise TypeError(
+            f"corpus_analysis: {sorted(unknown)} are not RunOptions fields ({list(_RUN_FIELDS)})"
+        )
     base = RunOptions(**defaults)
 
     def wrap(fn: F) -> F:
@@ -71,10 +81,22 @@ def corpus_analysis(**defaults: Any) -> Callable[[F], F]:
         if [p.name for p in own[:3]] != ["model", "corpus", "run"]:
             raise TypeError(f"{fn.__name__} must take (model, corpus, run, *, settings...)")
         settings = own[3:]
-        kw = lambda name: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,  # noqa: E731
-                                            default=getattr(base, name), annotation=RunOptions.__annotations__[name])
-        params = [own[0], own[1].replace(default=None),
-                  *(kw(n) for n in _RUN_FIELDS if n not in _LATE), *settings, *(kw(n) for n in _LATE)]
+
+        def kw(name):
+            return inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=getattr(base, name),
+                annotation=RunOptions.__annotations__[name],
+            )
+
+        params = [
+            own[0],
+            own[1].replace(default=None),
+            *(kw(n) for n in _RUN_FIELDS if n not in _LATE),
+            *settings,
+            *(kw(n) for n in _LATE),
+        ]
         sig = inspect.Signature(params, return_annotation=inspect.signature(fn).return_annotation)
 
         @functools.wraps(fn)
@@ -141,7 +163,7 @@ def measure(
     model,
     corpus: Any,
     build: Build,
-    run: RunOptions = RunOptions(),  # noqa: B008 - frozen, so one shared default is safe
+    run: RunOptions = RunOptions(),
     *,
     analysis: str,
     config: Config | None = None,
@@ -177,25 +199,53 @@ def measure(
     spec = spec if spec is not None else h.spec
     chosen = spec.layer_indices(run.layers, rotary_only=rotary_only)
     if not chosen:
-        raise InputError(f"no layers selected (layers={run.layers!r}): pass layer indices the model has")
-    win = windows if windows is not None else Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)
-    at_length = spec_at_length(model, spec, win.n_ctx)  # frequencies that change with the input's length, as applied
+        raise InputError(
+            f"no layers selected (layers={run.layers!r}): pass layer indices the model has"
+        )
+    win = (
+        windows
+        if windows is not None
+        else Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)
+    )
+    at_length = spec_at_length(
+        model, spec, win.n_ctx
+    )  # frequencies that change with the input's length, as applied
     length = None if at_length is spec else win.n_ctx
     spec = at_length
     verified = verification(model, spec, verify=run.verify, length=length)
     built = build(spec, chosen, win)
     reducers = tuple(built) if isinstance(built, Sequence) else (built,)
     settings = dict(config(reducers) if callable(config) else config or {})
-    settings["layers"] = list(chosen)  # every analysis records them; the same key where it already did
-    if length is not None:  # the rotary frequencies were read as a forward of this many tokens applies them
+    settings["layers"] = list(
+        chosen
+    )  # every analysis records them; the same key where it already did
+    if (
+        length is not None
+    ):  # the rotary frequencies were read as a forward of this many tokens applies them
         settings["rope_read_at_length"] = length
     settings.setdefault("batch_size", run.batch_size)
     t0 = time.perf_counter()
-    info = run_windows(model, win.tokens, reducers, batch_size=run.batch_size, layers=chosen, spec=spec,
-                       progress=run.progress, desc=desc or analysis, checkpoint=run.checkpoint,
-                       every=run.checkpoint_every, config={"analysis": analysis, **settings, **(resume or {})})
-    prov = Provenance(model=label or h.label, corpus=win.corpus, corpus_sha256=win.sha256,
-                      n_tokens=info.n_tokens, n_windows=win.n_windows, n_ctx=win.n_ctx,
-                      config={**settings, **info.to_config(), "verification": verified.to_dict()},
-                      seconds=time.perf_counter() - t0)
+    info = run_windows(
+        model,
+        win.tokens,
+        reducers,
+        batch_size=run.batch_size,
+        layers=chosen,
+        spec=spec,
+        progress=run.progress,
+        desc=desc or analysis,
+        checkpoint=run.checkpoint,
+        every=run.checkpoint_every,
+        config={"analysis": analysis, **settings, **(resume or {})},
+    )
+    prov = Provenance(
+        model=label or h.label,
+        corpus=win.corpus,
+        corpus_sha256=win.sha256,
+        n_tokens=info.n_tokens,
+        n_windows=win.n_windows,
+        n_ctx=win.n_ctx,
+        config={**settings, **info.to_config(), "verification": verified.to_dict()},
+        seconds=time.perf_counter() - t0,
+    )
     return Measured(reducers, prov, info, spec, tuple(chosen), win)

@@ -32,8 +32,14 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.run.evaluate import Estimate, percentile_ci
 
-__all__ = ["MAX_EXACT", "PermutationTest", "clustered_permutation_test", "matched_random_sets",
-           "paired_bootstrap_ci", "permutation_p_value"]
+__all__ = [
+    "MAX_EXACT",
+    "PermutationTest",
+    "clustered_permutation_test",
+    "matched_random_sets",
+    "paired_bootstrap_ci",
+    "permutation_p_value",
+]
 
 MAX_EXACT = 200_000  # within-cluster assignments enumerated exactly; past this, pass n_perm
 _ALTERNATIVES = ("greater", "less")
@@ -47,14 +53,18 @@ def _vector(x: Any, what: str) -> Tensor:
     if v.numel() == 0:
         raise InputError(f"{what} is empty: pass at least one value")
     if not torch.isfinite(v).all():
-        raise InputError(f"{what} holds non-finite entries (e.g. {v[~torch.isfinite(v)][0].item()}): drop those "
-                         "windows or fix the run that produced them")
+        raise InputError(
+            f"{what} holds non-finite entries (e.g. {v[~torch.isfinite(v)][0].item()}): drop those "
+            "windows or fix the run that produced them"
+        )
     return v
 
 
 def _level(level: Any) -> float:
     if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
-        raise InputError(f"level must be strictly between 0 and 1, got {level!r} (0.95 for a 95% CI)")
+        raise InputError(
+            f"level must be strictly between 0 and 1, got {level!r} (0.95 for a 95% CI)"
+        )
     return float(level)
 
 
@@ -72,11 +82,15 @@ def paired_bootstrap_ci(
     """
     va, vb = _vector(a, "a"), _vector(b, "b")
     if va.numel() != vb.numel():
-        raise InputError(f"a has {va.numel()} values and b {vb.numel()}: a paired CI needs one value of each per window")
+        raise InputError(
+            f"a has {va.numel()} values and b {vb.numel()}: a paired CI needs one value of each per window"
+        )
     return percentile_ci(va - vb, n_boot=n_boot, seed=seed, alpha=1 - _level(level))
 
 
-def permutation_p_value(observed: float, null: Sequence[float] | Tensor, alternative: str = "greater") -> float:
+def permutation_p_value(
+    observed: float, null: Sequence[float] | Tensor, alternative: str = "greater"
+) -> float:
     """(1 + #{null ≥ observed}) / (1 + n) for ``alternative="greater"`` (≤ for ``"less"``): the Monte Carlo
     p-value of ``observed`` against ``n`` statistics drawn under the null."""
     if alternative not in _ALTERNATIVES:
@@ -106,17 +120,26 @@ class PermutationTest:
     alternative: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"observed": self.observed, "p_value": self.p_value, "n_perm": self.n_perm, "exact": self.exact,
-                "alternative": self.alternative}
+        return {
+            "observed": self.observed,
+            "p_value": self.p_value,
+            "n_perm": self.n_perm,
+            "exact": self.exact,
+            "alternative": self.alternative,
+        }
 
 
 def _clusters(clusters: Sequence[Hashable], treated: Any, n: int) -> list[tuple[np.ndarray, int]]:
     """Per cluster: its units' indices and how many of them are treated."""
     if len(clusters) != n:
-        raise InputError(f"clusters has {len(clusters)} labels for {n} values: give one cluster label per unit")
+        raise InputError(
+            f"clusters has {len(clusters)} labels for {n} values: give one cluster label per unit"
+        )
     t = np.asarray(treated)
     if t.shape != (n,) or t.dtype != bool:
-        raise InputError(f"treated must be {n} booleans (one per unit), got shape {t.shape} dtype {t.dtype}")
+        raise InputError(
+            f"treated must be {n} booleans (one per unit), got shape {t.shape} dtype {t.dtype}"
+        )
     if not t.any():
         raise InputError("treated marks no unit: the test needs at least one treated unit")
     out = []
@@ -154,18 +177,32 @@ def clustered_permutation_test(
     if n_perm is None:
         n_exact = math.prod(math.comb(len(idx), k) for idx, k in groups)
         if n_exact > MAX_EXACT:
-            raise InputError(f"{n_exact:,} within-cluster assignments are too many to enumerate (limit {MAX_EXACT:,}): "
-                             "pass n_perm (e.g. 9999) for a Monte Carlo test")
-        sums = [torch.tensor([float(v[list(c)].sum()) for c in itertools.combinations(idx.tolist(), k)],
-                             dtype=torch.float64) for idx, k in groups]
+            raise InputError(
+                f"{n_exact:,} within-cluster assignments are too many to enumerate (limit {MAX_EXACT:,}): "
+                "pass n_perm (e.g. 9999) for a Monte Carlo test"
+            )
+        sums = [
+            torch.tensor(
+                [float(v[list(c)].sum()) for c in itertools.combinations(idx.tolist(), k)],
+                dtype=torch.float64,
+            )
+            for idx, k in groups
+        ]
         null = sums[0]
         for s in sums[1:]:
             null = (null[:, None] + s[None, :]).flatten()
         null = null / total
-        return PermutationTest(observed, _count_extreme(null, observed, alternative) / null.numel(), int(null.numel()),
-                               True, alternative)
+        return PermutationTest(
+            observed,
+            _count_extreme(null, observed, alternative) / null.numel(),
+            int(null.numel()),
+            True,
+            alternative,
+        )
     if isinstance(n_perm, bool) or not isinstance(n_perm, numbers.Integral) or n_perm < 1:
-        raise InputError(f"n_perm must be a positive int or None (exact), got {n_perm!r} (9999 is usual)")
+        raise InputError(
+            f"n_perm must be a positive int or None (exact), got {n_perm!r} (9999 is usual)"
+        )
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise InputError(f"seed must be an int, got {seed!r}")
     g = torch.Generator().manual_seed(int(seed))
@@ -175,7 +212,9 @@ def clustered_permutation_test(
         pick = torch.rand(int(n_perm), len(idx), generator=g).argsort(dim=1)[:, :k]
         null += v[torch.from_numpy(idx)][pick].sum(dim=1)
     null = null / total
-    return PermutationTest(observed, permutation_p_value(observed, null, alternative), int(n_perm), False, alternative)
+    return PermutationTest(
+        observed, permutation_p_value(observed, null, alternative), int(n_perm), False, alternative
+    )
 
 
 def matched_random_sets(
@@ -200,11 +239,17 @@ def matched_random_sets(
     for c, k in counts.items():
         have = len(population.get(c, ()))
         if have < k:
-            raise InputError(f"cluster {c} has {k} treated units but only {have} to draw from: the population must "
-                             "hold every unit of the cluster, treated ones included")
+            raise InputError(
+                f"cluster {c} has {k} treated units but only {have} to draw from: the population must "
+                "hold every unit of the cluster, treated ones included"
+            )
     rng = np.random.default_rng(int(seed))
     out = []
     for _ in range(int(n_sets)):
-        drawn = [(c, int(u)) for c in sorted(counts) for u in rng.choice(list(population[c]), counts[c], replace=False)]
+        drawn = [
+            (c, int(u))
+            for c in sorted(counts)
+            for u in rng.choice(list(population[c]), counts[c], replace=False)
+        ]
         out.append(tuple(sorted(drawn)))
     return out

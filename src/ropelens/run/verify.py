@@ -57,10 +57,20 @@ from ropelens.backends.base import fingerprint
 from ropelens.errors import UnsupportedModelError
 from ropelens.spec.rope import LayerRope, RopeSpec
 
-__all__ = ["UNVERIFIED", "Verification", "fingerprint", "rotation_error", "skip_verification", "verification", "verify_model"]
+__all__ = [
+    "UNVERIFIED",
+    "Verification",
+    "fingerprint",
+    "rotation_error",
+    "skip_verification",
+    "verification",
+    "verify_model",
+]
 
 PROBE_CTX = 32  # probe length when no sliding window asks for more
-MAX_PROBED_WINDOW = 512  # windows up to this are seen whole by a longer probe; longer ones at their edge
+MAX_PROBED_WINDOW = (
+    512  # windows up to this are seen whole by a longer probe; longer ones at their edge
+)
 _CACHE = "_ropelens_verification"
 _SKIP = "_ropelens_skip_verification"
 _CHECKS = ("rotation", "qk", "scale", "scores", "mask", "probs", "window edge", "chunk edge")
@@ -72,7 +82,9 @@ class Verification:
     """The outcome of the probe: passed with the largest error of each check, or unverified (opted out)."""
 
     status: str  # "passed" or "unverified"
-    errors: dict[str, float] = field(default_factory=dict)  # check → largest error over layers and paths
+    errors: dict[str, float] = field(
+        default_factory=dict
+    )  # check → largest error over layers and paths
     tolerance: dict[str, float] = field(default_factory=dict)
     layers: tuple[int, ...] = ()
     n_tokens: int = 0  # probe length
@@ -94,11 +106,15 @@ class Verification:
     def describe(self) -> str:
         """One sentence: what was checked and the largest errors, or that nothing was."""
         if not self.passed:
-            return ("unverified: ropelens's reading of this model was not checked against the model's own "
-                    "attention (verify=False / --no-verify)")
+            return (
+                "unverified: ropelens's reading of this model was not checked against the model's own "
+                "attention (verify=False / --no-verify)"
+            )
         errs = ", ".join(f"{k} {v:.1e}" for k, v in self.errors.items())
-        text = (f"verified on a {self.n_tokens}-token probe in {len(self.layers)} rotary layers against "
-                f"{self.reference} ({' and '.join(self.paths)}); largest errors: {errs}")
+        text = (
+            f"verified on a {self.n_tokens}-token probe in {len(self.layers)} rotary layers against "
+            f"{self.reference} ({' and '.join(self.paths)}); largest errors: {errs}"
+        )
         return text + (f"; not checked: {'; '.join(self.unchecked)}" if self.unchecked else "")
 
 
@@ -115,7 +131,9 @@ def skip_verification(model) -> Iterator[None]:
         object.__setattr__(model, _SKIP, getattr(model, _SKIP, 1) - 1)
 
 
-def verification(model, spec: RopeSpec, *, verify: bool = True, length: int | None = None) -> Verification:
+def verification(
+    model, spec: RopeSpec, *, verify: bool = True, length: int | None = None
+) -> Verification:
     """The probe's verdict for ``model`` read as ``spec`` (cached), or :data:`UNVERIFIED` when opted out.
 
     ``length``: probe at that many tokens instead of the default (a spec read at the analysed length by
@@ -129,7 +147,9 @@ def rotation_error(lr: LayerRope, q_post: Tensor) -> float:
     """Relative max error of post-RoPE queries ``[pos, head, d]`` whose pre-RoPE query is the same at every
     position against ``lr``'s rotation of position 0 (which already carries the attention scaling once)."""
     n = q_post.shape[0]
-    pred = lr.rotate(q_post[0].expand(n, -1, -1).transpose(0, 1), torch.arange(n, device=q_post.device)).transpose(0, 1)
+    pred = lr.rotate(
+        q_post[0].expand(n, -1, -1).transpose(0, 1), torch.arange(n, device=q_post.device)
+    ).transpose(0, 1)
     pred[..., : lr.rotary_dim] /= lr.attention_scaling
     return float((pred - q_post).abs().max() / q_post.abs().max().clamp_min(1e-30))
 
@@ -153,7 +173,9 @@ def rotation_from_pre(lr: LayerRope, pre: Tensor, post: Tensor, ablated: bool = 
 
 
 # -------------------------------------------------------------------------------------- cache key
-def verify_model(model, spec: RopeSpec | None = None, *, force: bool = False, length: int | None = None) -> Verification:
+def verify_model(
+    model, spec: RopeSpec | None = None, *, force: bool = False, length: int | None = None
+) -> Verification:
     """Run the probe (see module doc) unless this model and spec already passed it; raise
     :class:`UnsupportedModelError` naming the layer, the check and the size of the error on a mismatch."""
     from ropelens.spec.reading import rope_spec
@@ -183,21 +205,29 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
     """
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     t = max(1e-4, 16 * eps)
-    return {"rotation": t, "qk": t, "scale": 1e-6, "scores": t, "mask": 0.0, "probs": max(1e-4, 32 * eps),
-            "window edge": 0.0, "chunk edge": 0.0}
+    return {
+        "rotation": t,
+        "qk": t,
+        "scale": 1e-6,
+        "scores": t,
+        "mask": 0.0,
+        "probs": max(1e-4, 32 * eps),
+        "window edge": 0.0,
+        "chunk edge": 0.0,
+    }
 
 
 _MEANING = {
     "rotation": "rotated {which} is not the spec's rotation of position 0: wrong frequencies, pairing or direction, "
-                "or a layer read as rotating that applies no RoPE",
+    "or a layer read as rotating that applies no RoPE",
     "qk": "the {which} that enters the model's score is not the post-RoPE {which} ropelens captures: a norm or gain "
-          "after RoPE that the reading (or the bridge) misses, or {which} taken at the wrong place",
+    "after RoPE that the reading (or the bridge) misses, or {which} taken at the wrong place",
     "scale": "the spec's score scale is not the one the model's attention function uses",
     "scores": "scores carry a term that is not q·k: a bias or a norm after RoPE",
     "mask": "the spec's mask is not the mask the model builds: a window off, chunked attention, or keys selected "
-            "at run time (sparse attention) that the capture did not read or the spec's select_keys does not count",
+    "at run time (sparse attention) that the capture did not read or the spec's select_keys does not count",
     "probs": "the spec's softmax of the scores (mask, window, soft-cap, sinks) does not give the model's probabilities: "
-             "a soft-cap, sinks or a score bias in the attention function the spec does not describe",
+    "a soft-cap, sinks or a score bias in the attention function the spec does not describe",
     "window edge": "the spec's sliding window is not the one HF's mask function builds from the config",
     "chunk edge": "the spec's attention chunk is not the one HF's chunked mask function builds from the config",
 }
@@ -211,16 +241,23 @@ class _Failure:
     error: float
     tol: float
     detail: str = ""
-    seen: str | None = None  # what the model's rotation was measured to do differently (rotation check)
+    seen: str | None = (
+        None  # what the model's rotation was measured to do differently (rotation check)
+    )
 
     def message(self, arch: str) -> str:
         which = self.detail if self.check in ("rotation", "qk") else ""
         extra = f" ({self.detail})" if self.detail and not which else ""
-        meaning = (f"measured on the model's own rotated {which or 'q'}, {self.seen}" if self.seen
-                   else _MEANING[self.check].format(which=which or "q"))
-        return (f"{arch}: layer {self.layer} fails the {self.check} check ({self.path}): error {self.error:.3g} > "
-                f"{self.tol:.1g}{extra}: {meaning}; ropelens's reading "
-                "does not describe this model (pass verify=False or --no-verify to measure it anyway, unverified)")
+        meaning = (
+            f"measured on the model's own rotated {which or 'q'}, {self.seen}"
+            if self.seen
+            else _MEANING[self.check].format(which=which or "q")
+        )
+        return (
+            f"{arch}: layer {self.layer} fails the {self.check} check ({self.path}): error {self.error:.3g} > "
+            f"{self.tol:.1g}{extra}: {meaning}; ropelens's reading "
+            "does not describe this model (pass verify=False or --no-verify to measure it anyway, unverified)"
+        )
 
 
 def rotation_mismatch(lr: LayerRope, pre: Tensor, post: Tensor) -> str | None:
@@ -243,12 +280,18 @@ def rotation_mismatch(lr: LayerRope, pre: Tensor, post: Tensor) -> str | None:
     rel = (obs.inv_freq - spec).abs() / spec.abs().clamp_min(1e-30)
     if float(rel.max()) > 1e-4:
         i = int(rel.argmax())
-        return (f"the rotation turns plane {i} by θ = {float(obs.inv_freq[i]):.6g} per token where the reading says "
-                f"{float(spec[i]):.6g}")
+        return (
+            f"the rotation turns plane {i} by θ = {float(obs.inv_freq[i]):.6g} per token where the reading says "
+            f"{float(spec[i]):.6g}"
+        )
     scale = obs.scale[~obs.scale.isnan()]
-    if scale.numel() and abs(float(scale[0]) - lr.attention_scaling) > 1e-4 * max(1.0, lr.attention_scaling):
-        return (f"the rotation multiplies the norm by {float(scale[0]):.6g} where the reading says "
-                f"{lr.attention_scaling:.6g}")
+    if scale.numel() and abs(float(scale[0]) - lr.attention_scaling) > 1e-4 * max(
+        1.0, lr.attention_scaling
+    ):
+        return (
+            f"the rotation multiplies the norm by {float(scale[0]):.6g} where the reading says "
+            f"{lr.attention_scaling:.6g}"
+        )
     return None
 
 
@@ -268,22 +311,36 @@ class _Probe:
         windows = [lr.window for lr in spec.layers if lr.window]
         chunks = [lr.chunk for lr in spec.layers if lr.chunk]
         # past every window, and across two chunk boundaries (a query's chunk starts after earlier keys it would see)
-        self.n = max([PROBE_CTX] + [w + 8 for w in windows if w <= MAX_PROBED_WINDOW]
-                     + [2 * c + 8 for c in chunks if 2 * c <= MAX_PROBED_WINDOW])
+        self.n = max(
+            [PROBE_CTX]
+            + [w + 8 for w in windows if w <= MAX_PROBED_WINDOW]
+            + [2 * c + 8 for c in chunks if 2 * c <= MAX_PROBED_WINDOW]
+        )
         if length is not None:  # frequencies that hold at this length only: probed there
             self.n = int(length)
         self.long_windows = sorted({w for w in windows if w + 8 > self.n})
         self.long_chunks = sorted({c for c in chunks if 2 * c + 8 > self.n})
 
-    def _note(self, check: str, layer: int, path: str, err: float, detail: str = "",
-              seen: Callable[[], str | None] | None = None) -> None:
+    def _note(
+        self,
+        check: str,
+        layer: int,
+        path: str,
+        err: float,
+        detail: str = "",
+        seen: Callable[[], str | None] | None = None,
+    ) -> None:
         err = float(err) if math.isfinite(err) else math.inf
         self.errors[check] = max(self.errors.get(check, 0.0), err)
         if err > self.tol[check]:
-            self.failures.append(_Failure(check, layer, path, err, self.tol[check], detail, seen() if seen else None))
+            self.failures.append(
+                _Failure(check, layer, path, err, self.tol[check], detail, seen() if seen else None)
+            )
 
     def tokens(self) -> Tensor:
-        vocab = int(getattr(getattr(self.model, "cfg", None), "d_vocab", 0) or len(self.model.tokenizer))
+        vocab = int(
+            getattr(getattr(self.model, "cfg", None), "d_vocab", 0) or len(self.model.tokenizer)
+        )
         g = torch.Generator().manual_seed(0)
         rand = torch.randint(min(4, vocab - 1), vocab, (self.n,), generator=g)
         bos = getattr(self.model.tokenizer, "bos_token_id", None)
@@ -297,10 +354,14 @@ class _Probe:
 
         t0 = time.perf_counter()
         if not self.rotary:
-            return Verification("passed", reference="none (no layer rotates)", seconds=time.perf_counter() - t0)
+            return Verification(
+                "passed", reference="none (no layer rotates)", seconds=time.perf_counter() - t0
+            )
         toks = self.tokens()
         which = ("q_pre", "k_pre", "q_rot", "k_rot", "q_post", "k_post")
-        if any(self.spec[L].selects(self.n) for L in self.rotary):  # sparse attention: its selection is read too
+        if any(
+            self.spec[L].selects(self.n) for L in self.rotary
+        ):  # sparse attention: its selection is read too
             which += ("selected",)
         intervened = bool(getattr(self.model, "_ropelens_interventions", 0))
         from ropelens.backends import backend_of
@@ -308,27 +369,47 @@ class _Probe:
         backend = backend_of(self.model)
         engine = backend.on_engine()  # the plan, if any, is applied by the engine
         slow = backend.capture_path()  # the path analyses take off the fast one
-        paths = {slow: capture_qk(self.model, toks, layers=self.rotary, which=which, fast=False, spec=self.spec)}
-        if not intervened:  # the fast path is off under an intervention: analyses then use the bridge alone
-            paths["fast q/k path"] = capture_qk(self.model, toks, layers=self.rotary, which=which, fast=True, spec=self.spec)
-        acts = {p: {L: {k: v.float() for k, v in a.tensors.items()} for L, a in got.items()} for p, got in paths.items()}
+        paths = {
+            slow: capture_qk(
+                self.model, toks, layers=self.rotary, which=which, fast=False, spec=self.spec
+            )
+        }
+        if (
+            not intervened
+        ):  # the fast path is off under an intervention: analyses then use the bridge alone
+            paths["fast q/k path"] = capture_qk(
+                self.model, toks, layers=self.rotary, which=which, fast=True, spec=self.spec
+            )
+        acts = {
+            p: {L: {k: v.float() for k, v in a.tensors.items()} for L, a in got.items()}
+            for p, got in paths.items()
+        }
         for path, layers in acts.items():
             self._rotation(path, layers)
         if intervened and not engine:
             reference = "the bridge's own attention (a ropelens intervention is active)"
             self._bridge_reference(toks, acts)
         else:
-            reference = "the model's own eager attention" + (" under the intervention in force" if intervened else "")
+            reference = "the model's own eager attention" + (
+                " under the intervention in force" if intervened else ""
+            )
             self._hf_reference(toks, acts)
         self._mask_edges()
         if self.failures:
             # the earliest layer first: a wrong reading there changes every later layer's input
             first = min(self.failures, key=lambda f: (f.layer, _CHECKS.index(f.check)))
             raise UnsupportedModelError(first.message(self.spec.architecture))
-        return Verification("passed", errors={k: self.errors[k] for k in _CHECKS if k in self.errors},
-                            tolerance={k: self.tol[k] for k in _CHECKS if k in self.errors}, layers=tuple(self.rotary),
-                            n_tokens=self.n, reference=reference, paths=tuple(acts), unchecked=tuple(self.unchecked),
-                            seconds=time.perf_counter() - t0)
+        return Verification(
+            "passed",
+            errors={k: self.errors[k] for k in _CHECKS if k in self.errors},
+            tolerance={k: self.tol[k] for k in _CHECKS if k in self.errors},
+            layers=tuple(self.rotary),
+            n_tokens=self.n,
+            reference=reference,
+            paths=tuple(acts),
+            unchecked=tuple(self.unchecked),
+            seconds=time.perf_counter() - t0,
+        )
 
     # ------------------------------------------------------------------ checks
     def _rotation(self, path: str, layers: dict[int, dict[str, Tensor]]) -> None:
@@ -337,25 +418,49 @@ class _Probe:
             for which in ("q", "k"):
                 # the repeated-token row, [pos, head, d]; the rotation's own output (before a norm after RoPE)
                 pre, post = t[f"{which}_pre"][0], t[f"{which}_rot"][0]
-                same = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(pre.abs().max().clamp_min(1e-30))
+                same = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(
+                    pre.abs().max().clamp_min(1e-30)
+                )
                 ablated = bool(getattr(self.model, "_ropelens_interventions", 0))
-                err = rotation_error(lr, post) if same else rotation_from_pre(lr, pre, post, ablated)
-                self._note("rotation", L, path, err, which, lambda lr=lr, pre=pre, post=post: rotation_mismatch(lr, pre, post))
+                err = (
+                    rotation_error(lr, post) if same else rotation_from_pre(lr, pre, post, ablated)
+                )
+                self._note(
+                    "rotation",
+                    L,
+                    path,
+                    err,
+                    which,
+                    lambda lr=lr, pre=pre, post=post: rotation_mismatch(lr, pre, post),
+                )
                 if lr.shared_rotary_key and not lr.norm_after_rope:
                     # MLA builds each head around the rotation's output: placed at the spec's rotary dims, it must
                     # be the q/k that enter the score (a wrong offset puts it over the no-position dims)
-                    err = float((t[f"{which}_rot"] - t[f"{which}_post"]).abs().max()
-                                / t[f"{which}_post"].abs().max().clamp_min(1e-30))
+                    err = float(
+                        (t[f"{which}_rot"] - t[f"{which}_post"]).abs().max()
+                        / t[f"{which}_post"].abs().max().clamp_min(1e-30)
+                    )
                     self._note("qk", L, path, err, which)
                 if lr.rotary_offset or lr.pre_interleaved:
                     # the model's rotation reads another layout than it writes, or a slice inside the head: its
                     # own input, as ropelens lays it out, rotated by the spec must give its output, in both rows
                     for row in range(t[f"{which}_pre"].shape[0]):
-                        err = rotation_from_pre(lr, t[f"{which}_pre"][row], t[f"{which}_rot"][row], ablated)
+                        err = rotation_from_pre(
+                            lr, t[f"{which}_pre"][row], t[f"{which}_rot"][row], ablated
+                        )
                         self._note("rotation", L, path, err, which)
 
-    def _compare(self, L: int, acts: dict[str, dict[int, dict[str, Tensor]]], query: Tensor | None, key: Tensor | None,
-                 scaling: float | None, allowed: Tensor | None, probs: Tensor | None, capped: Tensor | None = None) -> None:
+    def _compare(
+        self,
+        L: int,
+        acts: dict[str, dict[int, dict[str, Tensor]]],
+        query: Tensor | None,
+        key: Tensor | None,
+        scaling: float | None,
+        allowed: Tensor | None,
+        probs: Tensor | None,
+        capped: Tensor | None = None,
+    ) -> None:
         """Compare every path's layer-L capture with what the model's attention received and gave."""
         lr = self.spec[L]
         spec_mask = lr.mask(self.n, self.device)
@@ -363,14 +468,28 @@ class _Probe:
             static = spec_mask[None].expand_as(allowed)
             # a layer whose indexer drops keys: its mask is inside the spec's (no key the spec masks), and below it
             # is exactly each path's captured selection
-            self._mask(L, allowed, allowed & static if lr.selects(self.n) else static, "the mask the model built")
-            if lr.selects(self.n):  # a query allowed at most select_keys keys keeps them all; none keeps more
+            self._mask(
+                L,
+                allowed,
+                allowed & static if lr.selects(self.n) else static,
+                "the mask the model built",
+            )
+            if lr.selects(
+                self.n
+            ):  # a query allowed at most select_keys keys keeps them all; none keeps more
                 allowed_n = static.sum(-1)
                 kept = (allowed & static).sum(-1)
-                wrong = int(((allowed_n <= lr.select_keys) & (kept != allowed_n)).sum()
-                            + (kept > lr.select_keys).sum())
-                self._note("mask", L, "the keys the model's indexer keeps", float(wrong),
-                           f"{wrong} queries keep keys select_keys {lr.select_keys} does not account for")
+                wrong = int(
+                    ((allowed_n <= lr.select_keys) & (kept != allowed_n)).sum()
+                    + (kept > lr.select_keys).sum()
+                )
+                self._note(
+                    "mask",
+                    L,
+                    "the keys the model's indexer keeps",
+                    float(wrong),
+                    f"{wrong} queries keep keys select_keys {lr.select_keys} does not account for",
+                )
             for path, layers in acts.items():  # each path's captured selection is the model's
                 sel = layers[L].get("selected")
                 if lr.selects(self.n) and sel is not None and sel.shape == allowed.shape:
@@ -378,36 +497,77 @@ class _Probe:
                 elif lr.selects(self.n):
                     self._note("mask", L, path, math.inf, "no selection captured")
         if scaling is not None:
-            self._note("scale", L, "the scale the attention function uses",
-                       abs(lr.score_scale - scaling) / abs(scaling), f"spec {lr.score_scale:.6g}, model {scaling:.6g}")
+            self._note(
+                "scale",
+                L,
+                "the scale the attention function uses",
+                abs(lr.score_scale - scaling) / abs(scaling),
+                f"spec {lr.score_scale:.6g}, model {scaling:.6g}",
+            )
         for path, layers in acts.items():
             q, k = layers[L]["q_post"], layers[L]["k_post"]
             want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
-            if q.ndim != 4 or k.ndim != 4 or tuple(q.shape[2:]) != want_q or tuple(k.shape[2:]) != want_k:
+            if (
+                q.ndim != 4
+                or k.ndim != 4
+                or tuple(q.shape[2:]) != want_q
+                or tuple(k.shape[2:]) != want_k
+            ):
                 # a hook read with the wrong layout (or the wrong hook): no score can be built from it
-                self._note("qk", L, path, math.inf, f"captured q {tuple(q.shape)} and k {tuple(k.shape)} are not "
-                           f"[batch, pos, heads, d] with {want_q} and {want_k}")
+                self._note(
+                    "qk",
+                    L,
+                    path,
+                    math.inf,
+                    f"captured q {tuple(q.shape)} and k {tuple(k.shape)} are not "
+                    f"[batch, pos, heads, d] with {want_q} and {want_k}",
+                )
                 continue
             if query is not None and key is not None:
                 # the model's head layout in ropelens's (MLA: rotary dims first), the same dims reordered in q and k
-                for which, ours, theirs in (("q", q, lr.from_model(query)), ("k", k, lr.from_model(key))):
+                for which, ours, theirs in (
+                    ("q", q, lr.from_model(query)),
+                    ("k", k, lr.from_model(key)),
+                ):
                     if ours.shape != theirs.shape:
                         self._note("qk", L, path, math.inf, which)
                         continue
-                    self._note("qk", L, path, float((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30)),
-                               which)
+                    self._note(
+                        "qk",
+                        L,
+                        path,
+                        float((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30)),
+                        which,
+                    )
             k_exp = k.repeat_interleave(lr.group_size, dim=2)
             ours_s = torch.einsum("bqhd,bkhd->bhqk", q, k_exp) * lr.score_scale
-            if query is not None and key is not None and scaling is not None and query.shape == q.shape:
+            if (
+                query is not None
+                and key is not None
+                and scaling is not None
+                and query.shape == q.shape
+            ):
                 kk = key.repeat_interleave(query.shape[2] // key.shape[2], dim=2)
                 theirs_s = torch.einsum("bqhd,bkhd->bhqk", query, kk) * scaling
                 m = spec_mask[None, None].expand_as(ours_s)
-                self._note("scores", L, path,
-                           float((ours_s - theirs_s)[m].abs().max() / theirs_s[m].abs().max().clamp_min(1e-30)))
+                self._note(
+                    "scores",
+                    L,
+                    path,
+                    float(
+                        (ours_s - theirs_s)[m].abs().max()
+                        / theirs_s[m].abs().max().clamp_min(1e-30)
+                    ),
+                )
             elif capped is not None:  # the bridge's scores, soft-capped where the model caps
                 cap = ours_s if not lr.softcap else torch.tanh(ours_s / lr.softcap) * lr.softcap
                 m = spec_mask[None, None].expand_as(cap)
-                self._note("scores", L, path, float((cap - capped)[m].abs().max() / capped[m].abs().max().clamp_min(1e-30)))
+                self._note(
+                    "scores",
+                    L,
+                    path,
+                    float((cap - capped)[m].abs().max() / capped[m].abs().max().clamp_min(1e-30)),
+                )
             if probs is not None:
                 sel = layers[L].get("selected")
                 keep = spec_mask[None, None] & (sel.bool()[:, None] if sel is not None else True)
@@ -421,10 +581,12 @@ class _Probe:
         if len(diff):
             _, q, k = diff[0].tolist()
             lr = self.spec[L]
-            detail = (f"{len(diff)} entries differ, first at query {q}, key {k}: the spec "
-                      f"{'allows' if expected[diff[0][0], q, k] else 'masks'} it (window {lr.window}"
-                      + (f", chunk {lr.chunk}" if lr.chunk else "")
-                      + (f", select_keys {lr.select_keys})" if lr.select_keys else ")"))
+            detail = (
+                f"{len(diff)} entries differ, first at query {q}, key {k}: the spec "
+                f"{'allows' if expected[diff[0][0], q, k] else 'masks'} it (window {lr.window}"
+                + (f", chunk {lr.chunk}" if lr.chunk else "")
+                + (f", select_keys {lr.select_keys})" if lr.select_keys else ")")
+            )
         self._note("mask", L, path, float(len(diff)), detail)
 
     def _hf_reference(self, toks: Tensor, acts) -> None:
@@ -448,25 +610,49 @@ class _Probe:
                 allowed = None
                 if isinstance(attention_mask, Tensor):
                     m = attention_mask[..., : self.n, : self.n]
-                    allowed = (m if m.dtype == torch.bool else m == 0).expand(toks.shape[0], -1, -1, -1)[:, 0]
-                    if m.is_floating_point():  # an additive mask is 0 or "minus infinity"; anything else is a bias
+                    allowed = (m if m.dtype == torch.bool else m == 0).expand(
+                        toks.shape[0], -1, -1, -1
+                    )[:, 0]
+                    if (
+                        m.is_floating_point()
+                    ):  # an additive mask is 0 or "minus infinity"; anything else is a bias
                         bias = m.isfinite() & (m != 0) & (m > torch.finfo(m.dtype).min / 2)
                         if bool(bias.any()):
-                            self._note("mask", L, "the mask the model adds to its scores", float(bias.sum()),
-                                       f"{int(bias.sum())} entries are finite and not 0, up to "
-                                       f"{float(m[bias].abs().max()):.3g}: a bias added to q·k (a learned or dynamic "
-                                       "mask), not a mask")
-                probs = mixed_weights(module, value, out)  # Granite SWA scales its output by sinks after the softmax
-                self._compare(L, acts, query.detach().float().transpose(1, 2), key.detach().float().transpose(1, 2),
-                              scaling, allowed, probs.detach().float() if probs is not None else None)
+                            self._note(
+                                "mask",
+                                L,
+                                "the mask the model adds to its scores",
+                                float(bias.sum()),
+                                f"{int(bias.sum())} entries are finite and not 0, up to "
+                                f"{float(m[bias].abs().max()):.3g}: a bias added to q·k (a learned or dynamic "
+                                "mask), not a mask",
+                            )
+                probs = mixed_weights(
+                    module, value, out
+                )  # Granite SWA scales its output by sinks after the softmax
+                self._compare(
+                    L,
+                    acts,
+                    query.detach().float().transpose(1, 2),
+                    key.detach().float().transpose(1, 2),
+                    scaling,
+                    allowed,
+                    probs.detach().float() if probs is not None else None,
+                )
             return out
 
         from ropelens.backends.hf import planned_forward
 
-        with attention_implementation(hf, "eager"), torch.no_grad(), planned_forward(self.model, hf):
+        with (
+            attention_implementation(hf, "eager"),
+            torch.no_grad(),
+            planned_forward(self.model, hf),
+        ):
             if orig is None:
-                self.unchecked.append("q/k, scale and scores (the model calls no eager_attention_forward: "
-                                      "probabilities only, from output_attentions)")
+                self.unchecked.append(
+                    "q/k, scale and scores (the model calls no eager_attention_forward: "
+                    "probabilities only, from output_attentions)"
+                )
                 probs = hf(input_ids=toks, output_attentions=True, use_cache=False).attentions
                 for L in self.rotary:
                     self._compare(L, acts, None, None, None, None, probs[L].float())
@@ -477,12 +663,18 @@ class _Probe:
             finally:
                 mod.eager_attention_forward = orig
         if calls[0] == 0:
-            self.unchecked.append("scores and probabilities (the attention function was never called)")
+            self.unchecked.append(
+                "scores and probabilities (the attention function was never called)"
+            )
 
     def _bridge_reference(self, toks: Tensor, acts) -> None:
         """Under an intervention: the bridge's own pre-softmax scores (soft-capped, masked) and pattern."""
         got: dict[str, Tensor] = {}
-        names = {f"blocks.{L}.attn.{h}" for L in self.rotary for h in ("hook_attn_scores", "hook_pattern")}
+        names = {
+            f"blocks.{L}.attn.{h}"
+            for L in self.rotary
+            for h in ("hook_attn_scores", "hook_pattern")
+        }
         names &= set(self.model.hook_dict)
 
         def keep(x: Tensor, hook) -> Tensor:
@@ -492,9 +684,14 @@ class _Probe:
         with torch.no_grad(), self.model.hooks(fwd_hooks=[(n, keep) for n in sorted(names)]):
             self.model(toks, return_type=None)
         for L in self.rotary:
-            scores, pattern = got.get(f"blocks.{L}.attn.hook_attn_scores"), got.get(f"blocks.{L}.attn.hook_pattern")
+            scores, pattern = (
+                got.get(f"blocks.{L}.attn.hook_attn_scores"),
+                got.get(f"blocks.{L}.attn.hook_pattern"),
+            )
             if scores is None and pattern is None:
-                self.unchecked.append(f"layer {L} scores and probabilities (its bridge fires no score or pattern hook)")
+                self.unchecked.append(
+                    f"layer {L} scores and probabilities (its bridge fires no score or pattern hook)"
+                )
                 continue
             self._compare(L, acts, None, None, None, None, pattern, scores)
 
@@ -509,18 +706,31 @@ class _Probe:
         except ImportError:
             for what, long in (("windows", self.long_windows), ("chunks", self.long_chunks)):
                 if long:
-                    self.unchecked.append(f"{what} {long} (longer than the probe; no HF mask function)")
+                    self.unchecked.append(
+                        f"{what} {long} (longer than the probe; no HF mask function)"
+                    )
             return
         from ropelens.spec.reading import hf_model_of
 
         cfg = hf_model_of(self.model).config
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         kinds = (  # (name, long sizes, LayerRope field, config key, HF mask function of a size, (q, k) at the edge)
-            ("window", self.long_windows, "window", "sliding_window", sliding_window_causal_mask_function,
-             lambda w: [(q, 0) for q in (w - 1, w, w + 1)]),
-            ("chunk", self.long_chunks, "chunk", "attention_chunk_size",
-             lambda c: chunked_causal_mask_function(c, torch.zeros(1, dtype=torch.long)),
-             lambda c: [(q, k) for q in (c - 1, c, c + 1) for k in (0, c - 1, c) if k <= q]),
+            (
+                "window",
+                self.long_windows,
+                "window",
+                "sliding_window",
+                sliding_window_causal_mask_function,
+                lambda w: [(q, 0) for q in (w - 1, w, w + 1)],
+            ),
+            (
+                "chunk",
+                self.long_chunks,
+                "chunk",
+                "attention_chunk_size",
+                lambda c: chunked_causal_mask_function(c, torch.zeros(1, dtype=torch.long)),
+                lambda c: [(q, k) for q in (c - 1, c, c + 1) for k in (0, c - 1, c) if k <= q],
+            ),
         )
         for name, long, attr, key, mask_function, edge in kinds:
             if not long:
@@ -531,12 +741,24 @@ class _Probe:
                 if not size or size not in long:
                     continue
                 if not hf_size:
-                    self.unchecked.append(f"layer {L} {name} {size} (longer than the probe, no {key} in the config)")
+                    self.unchecked.append(
+                        f"layer {L} {name} {size} (longer than the probe, no {key} in the config)"
+                    )
                     continue
                 fn, ours = mask_function(int(hf_size)), lr.mask(size + 2)
                 # HF's mask functions take tensor indices
-                wrong = sum(bool(fn(0, 0, torch.tensor(q), torch.tensor(k))) != bool(ours[q, k]) for q, k in edge(size))
-                self._note(f"{name} edge", L, f"HF's {'sliding-window' if name == 'window' else 'chunked'} mask function",
-                           float(wrong), f"spec {name} {size}, config {key} {hf_size}")
-            self.unchecked.append(f"which layers {'slide' if name == 'window' else 'are chunked'}, for "
-                                  f"{name}s longer than the probe (read from the config)")
+                wrong = sum(
+                    bool(fn(0, 0, torch.tensor(q), torch.tensor(k))) != bool(ours[q, k])
+                    for q, k in edge(size)
+                )
+                self._note(
+                    f"{name} edge",
+                    L,
+                    f"HF's {'sliding-window' if name == 'window' else 'chunked'} mask function",
+                    float(wrong),
+                    f"spec {name} {size}, config {key} {hf_size}",
+                )
+            self.unchecked.append(
+                f"which layers {'slide' if name == 'window' else 'are chunked'}, for "
+                f"{name}s longer than the probe (read from the config)"
+            )

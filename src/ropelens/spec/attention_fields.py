@@ -14,8 +14,18 @@ import torch
 
 from ropelens.errors import UnsupportedModelError
 
-__all__ = ["heads_of", "jsonable", "kv_heads_of", "layer_config", "output_gate", "plane_axes", "query_scale",
-           "sinks_of", "softcap_of", "uses_rope"]
+__all__ = [
+    "heads_of",
+    "jsonable",
+    "kv_heads_of",
+    "layer_config",
+    "output_gate",
+    "plane_axes",
+    "query_scale",
+    "sinks_of",
+    "softcap_of",
+    "uses_rope",
+]
 
 
 def plane_axes(rotaries, inv: torch.Tensor) -> tuple[int, ...]:
@@ -26,8 +36,16 @@ def plane_axes(rotaries, inv: torch.Tensor) -> tuple[int, ...]:
     position of its axis (every |angle| ≤ 3 < π, so atan2 returns it unwrapped). () for 1-D RoPE.
     """
     n = inv.numel()
-    rot = next((m for m in rotaries if hasattr(m, "mrope_section") and isinstance(getattr(m, "inv_freq", None), torch.Tensor)
-                and m.inv_freq.numel() == n), None)
+    rot = next(
+        (
+            m
+            for m in rotaries
+            if hasattr(m, "mrope_section")
+            and isinstance(getattr(m, "inv_freq", None), torch.Tensor)
+            and m.inv_freq.numel() == n
+        ),
+        None,
+    )
     if rot is None or n == 0:
         return ()
     theta = rot.inv_freq.detach().double().cpu()
@@ -35,15 +53,23 @@ def plane_axes(rotaries, inv: torch.Tensor) -> tuple[int, ...]:
     with torch.no_grad():
         cos, sin = rot(torch.zeros(1, device=rot.inv_freq.device), probe)
     ang = torch.atan2(sin.reshape(-1).double(), cos.reshape(-1).double()).cpu()
-    turning = theta > 0  # an unrotated plane turns by nothing on any axis: label it time, as HF's recomposition does
+    turning = (
+        theta > 0
+    )  # an unrotated plane turns by nothing on any axis: label it time, as HF's recomposition does
     p = torch.where(turning, ang[:n] / theta.clamp_min(1e-300), torch.ones(n, dtype=torch.float64))
     axis = p.round() - 1
     # float32 angles of O(1): p is an integer to ~1e-6 relative; a rotary that does not label planes by axis is O(1) off
-    if ang.numel() != 2 * n or not torch.allclose(ang[:n], ang[n:], atol=1e-6) or (p - p.round()).abs().max() > 1e-3 \
-            or not ((axis >= 0) & (axis <= 2)).all():
-        raise UnsupportedModelError(f"{type(rot).__name__}: multimodal rotary whose planes ropelens cannot assign to the "
-                                    "time, height and width axes (its cos/sin at positions t=1, h=2, w=3 are not one "
-                                    "axis's position times each plane's frequency, repeated over both halves)")
+    if (
+        ang.numel() != 2 * n
+        or not torch.allclose(ang[:n], ang[n:], atol=1e-6)
+        or (p - p.round()).abs().max() > 1e-3
+        or not ((axis >= 0) & (axis <= 2)).all()
+    ):
+        raise UnsupportedModelError(
+            f"{type(rot).__name__}: multimodal rotary whose planes ropelens cannot assign to the "
+            "time, height and width axes (its cos/sin at positions t=1, h=2, w=3 are not one "
+            "axis's position times each plane's frequency, repeated over both halves)"
+        )
     return tuple(int(a) for a in axis)
 
 
@@ -74,7 +100,9 @@ def kv_heads_of(attn, n_heads: int, from_config: int) -> int:
             return n_heads if groups == 1 and n < n_heads else n
     if isinstance(groups, int) and groups > 0:
         return n_heads // groups
-    if any(hasattr(attn, n) for n in ("query_key_value", "c_attn")):  # fused MHA projection (GPT-NeoX)
+    if any(
+        hasattr(attn, n) for n in ("query_key_value", "c_attn")
+    ):  # fused MHA projection (GPT-NeoX)
         return n_heads
     return from_config
 
@@ -103,8 +131,14 @@ def query_scale(attn, n_planes: int, passed_in: bool = False) -> str | None:
 def output_gate(attn, n_heads: int, head_dim: int) -> bool:
     """Whether the attention gates its output (Qwen3-Next: q_proj also makes one sigmoid gate per query dim)."""
     q_proj = getattr(attn, "q_proj", None)
-    weight = getattr(getattr(q_proj, "original_component", q_proj), "weight", None)  # under the bridge's wrapper
-    return isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.shape[0] == 2 * n_heads * head_dim
+    weight = getattr(
+        getattr(q_proj, "original_component", q_proj), "weight", None
+    )  # under the bridge's wrapper
+    return (
+        isinstance(weight, torch.Tensor)
+        and weight.ndim == 2
+        and weight.shape[0] == 2 * n_heads * head_dim
+    )
 
 
 def softcap_of(attn, cfg) -> float | None:

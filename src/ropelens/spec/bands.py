@@ -137,16 +137,25 @@ class Bands:
         head, _, arg = text.partition(":")
         lead = f"{flag}: " if flag else ""
         eg = f"e.g. {flag} " if flag else "e.g. "
-        forms = {"quantiles": ("quantiles:N or quantiles:<=N (fewer bands in a layer with fewer planes) with N a positive "
-                               "integer", "quantiles:4"),
-                 "wavelength": ("wavelength:E1,E2,... with E strictly increasing wavelengths in tokens",
-                                "wavelength:10,100,1000"),
-                 "context": ("context[:FACTOR] with FACTOR a positive number", "context:2")}
+        forms = {
+            "quantiles": (
+                "quantiles:N or quantiles:<=N (fewer bands in a layer with fewer planes) with N a positive "
+                "integer",
+                "quantiles:4",
+            ),
+            "wavelength": (
+                "wavelength:E1,E2,... with E strictly increasing wavelengths in tokens",
+                "wavelength:10,100,1000",
+            ),
+            "context": ("context[:FACTOR] with FACTOR a positive number", "context:2"),
+        }
 
         def bad(token: str, why: str = "") -> InputError:
             form, example = forms[head]
-            return InputError(f"{lead}bad band spec {text!r}: {why or f'{token!r} is not a number'}: write {form}, "
-                              f"{eg}{example}")
+            return InputError(
+                f"{lead}bad band spec {text!r}: {why or f'{token!r} is not a number'}: write {form}, "
+                f"{eg}{example}"
+            )
 
         def number(token: str, kind: type) -> Any:
             try:
@@ -154,7 +163,9 @@ class Bands:
             except ValueError:
                 value = None
             if value is None or not math.isfinite(value):
-                raise bad(token, f"{token!r} is not {'an integer' if kind is int else 'a finite number'}")
+                raise bad(
+                    token, f"{token!r} is not {'an integer' if kind is int else 'a finite number'}"
+                )
             return value
 
         try:
@@ -169,7 +180,9 @@ class Bands:
             if head == "wavelength":
                 if not arg.strip(", "):
                     raise bad(arg, "no wavelengths given")
-                return cls.by_wavelength([number(x.strip(), float) for x in arg.split(",") if x.strip()])
+                return cls.by_wavelength(
+                    [number(x.strip(), float) for x in arg.split(",") if x.strip()]
+                )
             if head == "context":
                 return cls.by_context(factor=number(arg, float) if arg else 1.0)
         except InputError as e:
@@ -201,13 +214,17 @@ class Bands:
         claimed = [i for g in groups for i in g]
         bad = [i for i in claimed if not 0 <= i < n]
         if bad:
-            raise InputError(f"plane indices {sorted(set(bad))} out of range: layer {layer.layer} has planes 0..{n - 1}")
+            raise InputError(
+                f"plane indices {sorted(set(bad))} out of range: layer {layer.layer} has planes 0..{n - 1}"
+            )
         if len(claimed) != len(set(claimed)):
             dup = sorted({i for i in claimed if claimed.count(i) > 1})
             raise InputError(f"bands overlap on planes {dup}: each plane may belong to one band")
         rest = tuple(i for i in range(n) if i not in set(claimed))
         if rest and self.require_cover:
-            raise InputError(f"bands leave planes {list(rest)} uncovered; add them to a band or drop require_cover")
+            raise InputError(
+                f"bands leave planes {list(rest)} uncovered; add them to a band or drop require_cover"
+            )
         pd_ = layer.plane_dims
         dims = [pd_[list(g)].flatten() if g else torch.zeros(0, dtype=torch.long) for g in groups]
         extra = torch.arange(layer.rotary_dim, layer.head_dim)
@@ -216,7 +233,9 @@ class Bands:
             groups = groups + (rest,)
             rest_dims = pd_[list(rest)].flatten() if rest else torch.zeros(0, dtype=torch.long)
             dims.append(torch.cat([rest_dims, extra]))
-        return ResolvedBands(names=names, planes=groups, dims=tuple(d.sort().values for d in dims), n_planes=n)
+        return ResolvedBands(
+            names=names, planes=groups, dims=tuple(d.sort().values for d in dims), n_planes=n
+        )
 
     def empty_bands(self, layer: LayerRope) -> tuple[str, ...]:
         """The bands that hold no head dimension in ``layer``: their band-only logits are all 0 there, so what a band
@@ -243,15 +262,26 @@ class Bands:
         wl = [float(w) for lr in layers for w in lr.wavelength.tolist()]
         finite = [w for w in wl if math.isfinite(w)] or [math.inf]
         counts = sorted({lr.n_planes for lr in layers})
-        where = f"layer {layers[0].layer}" if len(layers) == 1 else \
-            f"any of the {len(layers)} layers measured ({_span_text([lr.layer for lr in layers])})"
-        have = (f"they have {'/'.join(map(str, counts))} planes, with wavelengths from {min(finite):.4g} to "
-                f"{max(finite):.4g} tokens" if wl else "they have no rotary planes")
-        fixes = {"wavelength": "pass edges inside that range (--bands wavelength:E1,E2,...)",
-                 "context": "pass another factor (--bands context:F)"}
+        where = (
+            f"layer {layers[0].layer}"
+            if len(layers) == 1
+            else f"any of the {len(layers)} layers measured ({_span_text([lr.layer for lr in layers])})"
+        )
+        have = (
+            f"they have {'/'.join(map(str, counts))} planes, with wavelengths from {min(finite):.4g} to "
+            f"{max(finite):.4g} tokens"
+            if wl
+            else "they have no rotary planes"
+        )
+        fixes = {
+            "wavelength": "pass edges inside that range (--bands wavelength:E1,E2,...)",
+            "context": "pass another factor (--bands context:F)",
+        }
         fix = fixes.get(self.kind, "pass a spec whose every band holds a plane")
-        raise InputError(f"band {name!r} of --bands {self.describe()} holds no plane in {where}, so its band-only statistics "
-                         f"cannot be measured: {have}; {fix}, or use --bands quantiles:N")
+        raise InputError(
+            f"band {name!r} of --bands {self.describe()} holds no plane in {where}, so its band-only statistics "
+            f"cannot be measured: {have}; {fix}, or use --bands quantiles:N"
+        )
 
     def _groups(self, layer: LayerRope) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
         n = layer.n_planes
@@ -263,17 +293,24 @@ class Bands:
         if self.kind == "quantiles":
             k = min(p["n"], n) if p.get("fit") else p["n"]
             if k > n:
-                raise InputError(f"quantiles:{k} needs at least {k} planes but layer {layer.layer} has {n}: pass "
-                                 f"--bands quantiles:{n} (or quantiles:<={k}, one band per plane where fewer; "
-                                 f"Bands.quantiles({k}, fit=True) in Python)")
+                raise InputError(
+                    f"quantiles:{k} needs at least {k} planes but layer {layer.layer} has {n}: pass "
+                    f"--bands quantiles:{n} (or quantiles:<={k}, one band per plane where fewer; "
+                    f"Bands.quantiles({k}, fit=True) in Python)"
+                )
             cuts = [round(j * n / k) for j in range(k + 1)]
-            names = tuple(f"Q{j + 1}" + (" (highest)" if j == 0 else " (lowest)" if j == k - 1 else "") for j in range(k))
+            names = tuple(
+                f"Q{j + 1}" + (" (highest)" if j == 0 else " (lowest)" if j == k - 1 else "")
+                for j in range(k)
+            )
             return names, tuple(tuple(range(cuts[j], cuts[j + 1])) for j in range(k))
         if self.kind == "wavelength":
             edges = (0.0, *p["edges"], math.inf)
             wl = layer.wavelength.tolist()
-            groups = tuple(tuple(i for i, w in enumerate(wl) if lo <= w < hi or (hi == math.inf and w == hi))
-                           for lo, hi in zip(edges, edges[1:]))
+            groups = tuple(
+                tuple(i for i, w in enumerate(wl) if lo <= w < hi or (hi == math.inf and w == hi))
+                for lo, hi in zip(edges, edges[1:])
+            )
             names = tuple(f"λ∈[{lo:g},{hi:g})" for lo, hi in zip(edges, edges[1:]))
             return names, groups
         if self.kind == "context":
@@ -287,12 +324,18 @@ class Bands:
         raise InputError(f"unknown band kind {self.kind!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "spec": self.describe(), "require_cover": self.require_cover,
-                "params": [[k, v] for k, v in self.params]}
+        return {
+            "kind": self.kind,
+            "spec": self.describe(),
+            "require_cover": self.require_cover,
+            "params": [[k, v] for k, v in self.params],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Bands:
-        return cls(d["kind"], tuple((k, _tupled(v)) for k, v in d["params"]), bool(d["require_cover"]))
+        return cls(
+            d["kind"], tuple((k, _tupled(v)) for k, v in d["params"]), bool(d["require_cover"])
+        )
 
 
 def _tupled(v: Any) -> Any:

@@ -14,8 +14,16 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterator
 
-__all__ = ["attention_tap", "complex_positions_axis", "layer_taps", "outside_indexers", "probe_forward",
-           "rotation_functions", "single_rotation", "table_rotation"]
+__all__ = [
+    "attention_tap",
+    "complex_positions_axis",
+    "layer_taps",
+    "outside_indexers",
+    "probe_forward",
+    "rotation_functions",
+    "single_rotation",
+    "table_rotation",
+]
 
 _TAPPED = "_ropelens_attention_tap"
 
@@ -43,7 +51,9 @@ class _TappedFunctions:
 
 
 @contextlib.contextmanager
-def attention_tap(modules, on_call: Callable[..., object], *, with_mask: bool = False) -> Iterator[None]:
+def attention_tap(
+    modules, on_call: Callable[..., object], *, with_mask: bool = False
+) -> Iterator[None]:
     """Call ``on_call(attention module, query, key)`` at every call of the attention function (eager,
     sdpa or any registered one) of the modeling modules of ``modules`` (HF attention modules), with
     the query ``[batch, head, pos, d]`` and key ``[batch, kv_head, pos, d]`` that enter its score
@@ -61,7 +71,9 @@ def attention_tap(modules, on_call: Callable[..., object], *, with_mask: bool = 
         @functools.wraps(fn)
         def tapped(module, query, key, *args, **kwargs):
             if with_mask:  # HF calls (module, query, key, value, attention_mask, ...)
-                on_call(module, query, key, args[1] if len(args) > 1 else kwargs.get("attention_mask"))
+                on_call(
+                    module, query, key, args[1] if len(args) > 1 else kwargs.get("attention_mask")
+                )
             else:
                 on_call(module, query, key)
             return fn(module, query, key, *args, **kwargs)
@@ -70,9 +82,13 @@ def attention_tap(modules, on_call: Callable[..., object], *, with_mask: bool = 
         return tapped
 
     saved = []
-    for mod in {type(m).__module__: importlib.import_module(type(m).__module__) for m in modules}.values():
-        for name, tapped in (("eager_attention_forward", wrap), ("ALL_ATTENTION_FUNCTIONS",
-                                                                 lambda reg: _TappedFunctions(reg, wrap))):
+    for mod in {
+        type(m).__module__: importlib.import_module(type(m).__module__) for m in modules
+    }.values():
+        for name, tapped in (
+            ("eager_attention_forward", wrap),
+            ("ALL_ATTENTION_FUNCTIONS", lambda reg: _TappedFunctions(reg, wrap)),
+        ):
             orig = mod.__dict__.get(name)
             if orig is not None:
                 saved.append((mod, name, orig))
@@ -95,8 +111,11 @@ def rotation_functions(mod) -> dict[str, Callable]:
     out = {}
     for name in _ROTATION_NAMES:
         fn = getattr(mod, name, None)
-        if fn is not None and (list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"])
-                               or single_rotation(fn) or table_rotation(fn)):
+        if fn is not None and (
+            list(inspect.signature(fn).parameters)[:2] in (["q", "k"], ["xq", "xk"])
+            or single_rotation(fn)
+            or table_rotation(fn)
+        ):
             out[name] = fn
     return out
 
@@ -151,7 +170,9 @@ def outside_indexers(attns, current: list) -> list:
 
 
 @contextlib.contextmanager
-def layer_taps(view, attns, current: list, mod=None, patches: dict[str, Callable] | None = None) -> Iterator[bool]:
+def layer_taps(
+    view, attns, current: list, mod=None, patches: dict[str, Callable] | None = None
+) -> Iterator[bool]:
     """While the block runs, ``current[0]`` is the layer of the attention module of ``view`` (an HF module tree) that
     is running (None outside them and inside a sparse-attention indexer), and ``mod``'s functions named in
     ``patches`` are the given ones; everything is undone on exit. ``attns`` lists each layer's attention module
@@ -168,7 +189,9 @@ def layer_taps(view, attns, current: list, mod=None, patches: dict[str, Callable
         return lambda _m, _a: current.__setitem__(0, i)
 
     handles = [m.register_forward_pre_hook(enter(i)) for i, m in zip(where, mods, strict=True)]
-    handles += [m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods]
+    handles += [
+        m.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None)) for m in mods
+    ]
     handles += outside_indexers(mods, current)
     saved = {n: getattr(mod, n) for n in patches or {}}
     for n, fn in (patches or {}).items():
@@ -182,8 +205,13 @@ def layer_taps(view, attns, current: list, mod=None, patches: dict[str, Callable
             h.remove()
 
 
-def probe_forward(view, device, n: int, context: contextlib.AbstractContextManager | None = None,
-                  positions: list[int] | None = None) -> bool:
+def probe_forward(
+    view,
+    device,
+    n: int,
+    context: contextlib.AbstractContextManager | None = None,
+    positions: list[int] | None = None,
+) -> bool:
     """One forward of ``view`` (an HF causal LM) on ``n`` token ids past the few special ids a tokenizer puts first
     (a padding id may embed to zero, and a zero query shows no rotation), at ``positions`` (``n`` increasing
     position ids; default 0..n−1), without gradients and inside ``context``; False where the forward raises (a
@@ -192,11 +220,16 @@ def probe_forward(view, device, n: int, context: contextlib.AbstractContextManag
 
     cfg = view.config.get_text_config() if hasattr(view.config, "get_text_config") else view.config
     vocab = int(getattr(cfg, "vocab_size", 0) or 8)
-    ids = (4 + (torch.arange(n) * 5 + 3) % max(vocab - 4, 1)).clamp_max(vocab - 1).unsqueeze(0).to(device)
+    ids = (
+        (4 + (torch.arange(n) * 5 + 3) % max(vocab - 4, 1))
+        .clamp_max(vocab - 1)
+        .unsqueeze(0)
+        .to(device)
+    )
     kwargs = {} if positions is None else {"position_ids": torch.tensor([positions], device=device)}
     try:
         with torch.no_grad(), context or contextlib.nullcontext():
             view(ids, **kwargs)
-    except Exception:  # noqa: BLE001 - the callers keep what the config says, or say the forward failed
+    except Exception:
         return False
     return True

@@ -27,7 +27,9 @@ from torch import Tensor
 __all__ = ["ObservedRotation", "measure_query_factors", "measure_rotation", "observe_rotations"]
 
 PROBE_TOKENS = 7  # positions 0..6: odd, so the position axis is rarely confused with a head axis of the same size
-_FIT_TOL = 1e-4  # float32 rotation of O(1) values fits to ~1e-6; a wrong pairing or a mixing is O(1) off
+_FIT_TOL = (
+    1e-4  # float32 rotation of O(1) values fits to ~1e-6; a wrong pairing or a mixing is O(1) off
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,9 @@ class ObservedRotation:
     pairing: str | None  # "half" or "adjacent"; None where neither pairing fits
     angles: Tensor  # [pos, plane] radians each plane turned by at each position, in (−π, π]
     scale: Tensor  # [pos] norm ratio |out| / |in| per position
-    fit_error: float  # relative max error of "rotate each plane, times scale[pos]" against the output
+    fit_error: (
+        float  # relative max error of "rotate each plane, times scale[pos]" against the output
+    )
 
     @functools.cached_property
     def inv_freq(self) -> Tensor:
@@ -67,20 +71,28 @@ class ObservedRotation:
     def scale_spread(self) -> float:
         """Relative spread of the norm ratio over positions: 0 when one constant multiplies every position."""
         s = self.scale[~self.scale.isnan()]
-        return float((s.max() - s.min()) / s.abs().max().clamp_min(1e-30)) if s.numel() else math.inf
+        return (
+            float((s.max() - s.min()) / s.abs().max().clamp_min(1e-30)) if s.numel() else math.inf
+        )
 
     def differs(self) -> str | None:
         """What makes this rotation not RoPE, as observed, or None where it is RoPE with one constant scaling."""
         if self.pairing is None:
-            return (f"its rotation of a {self.width}-dim slice turns no pairing of dims as planes (half-split and "
-                    f"adjacent pairs both off by {self.fit_error:.2g} relative): it mixes dims across planes")
+            return (
+                f"its rotation of a {self.width}-dim slice turns no pairing of dims as planes (half-split and "
+                f"adjacent pairs both off by {self.fit_error:.2g} relative): it mixes dims across planes"
+            )
         if self.scale_spread > _FIT_TOL:
             s = self.scale[~self.scale.isnan()].tolist()
-            return (f"its rotation multiplies the norm by a factor that changes with position ({s[0]:.6g} at position "
-                    f"0, {s[-1]:.6g} at position {len(s) - 1})")
+            return (
+                f"its rotation multiplies the norm by a factor that changes with position ({s[0]:.6g} at position "
+                f"0, {s[-1]:.6g} at position {len(s) - 1})"
+            )
         if self.linear_error > 1e-3:
-            return (f"its rotation turns the planes by angles not proportional to position (off m·θ by up to "
-                    f"{self.linear_error:.2g} rad over positions 0..{self.angles.shape[0] - 1})")
+            return (
+                f"its rotation turns the planes by angles not proportional to position (off m·θ by up to "
+                f"{self.linear_error:.2g} rad over positions 0..{self.angles.shape[0] - 1})"
+            )
         return None
 
 
@@ -99,11 +111,15 @@ def _fit(x: Tensor, y: Tensor, pairing: str) -> tuple[Tensor, Tensor, float]:
     angles = torch.atan2(cross.sum(1), dot.sum(1))  # [pos, plane]
     total = norm.sum((1, 2))
     # a position whose input is zero (a padding token's zero embedding) shows no rotation: its scale is undefined
-    scale = torch.where(total > 0, torch.hypot(ya, yb).sum((1, 2)) / total.clamp_min(1e-300), torch.nan)  # [pos]
+    scale = torch.where(
+        total > 0, torch.hypot(ya, yb).sum((1, 2)) / total.clamp_min(1e-300), torch.nan
+    )  # [pos]
     c, s = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
     k = scale.nan_to_num(0.0).view(-1, 1, 1)
     pa, pb = k * (xa * c - xb * s), k * (xa * s + xb * c)
-    err = float(torch.maximum((pa - ya).abs().max(), (pb - yb).abs().max()) / y.abs().max().clamp_min(1e-30))
+    err = float(
+        torch.maximum((pa - ya).abs().max(), (pb - yb).abs().max()) / y.abs().max().clamp_min(1e-30)
+    )
     return angles, scale, err
 
 
@@ -111,24 +127,32 @@ def measure_rotation(x: Tensor, y: Tensor, pos_axis: int) -> ObservedRotation:
     """What the rotation that took ``x`` to ``y`` (same shape, positions 0..n−1 along ``pos_axis``, the rotated dims
     last) did: the pairing that fits it best, each plane's angle per position, the norm ratio per position."""
     if x.shape != y.shape or x.shape[-1] % 2:
-        raise ValueError(f"a rotation's input and output must have one even-width shape, got {tuple(x.shape)} and "
-                         f"{tuple(y.shape)}")
+        raise ValueError(
+            f"a rotation's input and output must have one even-width shape, got {tuple(x.shape)} and "
+            f"{tuple(y.shape)}"
+        )
     d = x.shape[-1]
     xs = x.detach().double().movedim(pos_axis, 0).reshape(x.shape[pos_axis], -1, d)
     ys = y.detach().double().movedim(pos_axis, 0).reshape(x.shape[pos_axis], -1, d)
     fits = {p: _fit(xs, ys, p) for p in ("half", "adjacent")}
     best = min(fits, key=lambda p: fits[p][2])
     angles, scale, err = fits[best]
-    return ObservedRotation(width=d, pairing=best if err <= _FIT_TOL else None, angles=angles, scale=scale,
-                            fit_error=err)
+    return ObservedRotation(
+        width=d,
+        pairing=best if err <= _FIT_TOL else None,
+        angles=angles,
+        scale=scale,
+        fit_error=err,
+    )
 
 
 def _rotation_names(mod) -> list[str]:
     return [n for n, f in vars(mod).items() if n.startswith("apply_rotary") and callable(f)]
 
 
-def observe_rotations(model, attns: list[torch.nn.Module | None], view: torch.nn.Module,
-                      device: torch.device) -> dict[int, ObservedRotation] | None:
+def observe_rotations(
+    model, attns: list[torch.nn.Module | None], view: torch.nn.Module, device: torch.device
+) -> dict[int, ObservedRotation] | None:
     """Layer → what its attention's first rotation call did, in one forward of ``view`` (the HF module tree) on
     :data:`PROBE_TOKENS` tokens; None where the forward cannot run. Layers whose attention calls no
     ``apply_rotary*`` function of the modeling module are absent. Cached on ``model``."""
@@ -154,28 +178,44 @@ def observe_rotations(model, attns: list[torch.nn.Module | None], view: torch.nn
             layer = current[0]
             x = args[0] if args else next(iter(kwargs.values()), None)
             y = out[0] if isinstance(out, tuple) else out
-            if (layer is not None and depth[0] == 0 and layer not in seen and isinstance(x, Tensor)
-                    and isinstance(y, Tensor) and x.shape == y.shape and not x.is_complex()):
+            if (
+                layer is not None
+                and depth[0] == 0
+                and layer not in seen
+                and isinstance(x, Tensor)
+                and isinstance(y, Tensor)
+                and x.shape == y.shape
+                and not x.is_complex()
+            ):
                 seen[layer] = (x.detach().float().cpu(), y.detach().float().cpu())
             return out
+
         return call
 
-    with layer_taps(view, attns, current, mod, {n: tapped(getattr(mod, n)) for n in names}) as tapping:
+    with layer_taps(
+        view, attns, current, mod, {n: tapped(getattr(mod, n)) for n in names}
+    ) as tapping:
         if not tapping or not probe_forward(view, device, PROBE_TOKENS):
             return None
     result = {}
     for layer, (x, y) in seen.items():
         # positions on axis 1 ([batch, pos, head, d]: GPT-J) or 2 ([batch, head, pos, d]); where heads are as many as
         # the probe's tokens, both are measured and the reading that is RoPE (else fits best) is kept
-        fits = [measure_rotation(x, y, a) for a in (1, 2) if x.ndim == 4 and x.shape[a] == PROBE_TOKENS]
+        fits = [
+            measure_rotation(x, y, a) for a in (1, 2) if x.ndim == 4 and x.shape[a] == PROBE_TOKENS
+        ]
         if fits:
             result[layer] = min(fits, key=lambda o: (o.differs() is not None, o.fit_error))
     object.__setattr__(model, "_ropelens_observed_rotations", (key, result))
     return result
 
 
-def measure_query_factors(attns: list[torch.nn.Module | None], view: torch.nn.Module, device: torch.device,
-                          positions: list[int]) -> dict[int, Tensor | None] | None:
+def measure_query_factors(
+    attns: list[torch.nn.Module | None],
+    view: torch.nn.Module,
+    device: torch.device,
+    positions: list[int],
+) -> dict[int, Tensor | None] | None:
     """Layer → the factor each position's rotated query is multiplied by before the score, ``[len(positions)]``, in
     one forward of ``view`` (the HF module tree) at ``positions`` (increasing position ids): the query its attention
     function receives divided by the output of its first ``apply_rotary*`` call (for multi-head latent attention,
@@ -193,9 +233,15 @@ def measure_query_factors(attns: list[torch.nn.Module | None], view: torch.nn.Mo
             out = fn(*args, **kwargs)
             layer = current[0]
             y = out[0] if isinstance(out, tuple) else out
-            if layer is not None and layer not in rotated and isinstance(y, Tensor) and not y.is_complex():
+            if (
+                layer is not None
+                and layer not in rotated
+                and isinstance(y, Tensor)
+                and not y.is_complex()
+            ):
                 rotated[layer] = y.detach().double().cpu()
             return out
+
         return call
 
     def score(_module, query: Tensor, _key: Tensor) -> None:
@@ -206,16 +252,28 @@ def measure_query_factors(attns: list[torch.nn.Module | None], view: torch.nn.Mo
     mods = [m for m in view.modules() if type(m) in kinds]
     patches = {n: tapped(getattr(mod, n)) for n in _rotation_names(mod)}
     with layer_taps(view, attns, current, mod, patches) as tapping:
-        if not tapping or not probe_forward(view, device, len(positions), attention_tap(mods, score), positions):
+        if not tapping or not probe_forward(
+            view, device, len(positions), attention_tap(mods, score), positions
+        ):
             return None
     out: dict[int, Tensor | None] = {}
     for layer, y in rotated.items():
         q = scored.get(layer)
         out[layer] = None
-        if q is None or q.ndim != 4 or y.ndim != 4 or q.shape[:3] != y.shape[:3] or q.shape[-1] < y.shape[-1]:
+        if (
+            q is None
+            or q.ndim != 4
+            or y.ndim != 4
+            or q.shape[:3] != y.shape[:3]
+            or q.shape[-1] < y.shape[-1]
+        ):
             continue
-        q = q[..., q.shape[-1] - y.shape[-1]:]  # [batch, head, pos, d]; MLA's rotary dims come last
+        q = q[
+            ..., q.shape[-1] - y.shape[-1] :
+        ]  # [batch, head, pos, d]; MLA's rotary dims come last
         f = (q * y).sum((0, 1, 3)) / (y * y).sum((0, 1, 3)).clamp_min(1e-300)
-        if float((q - f[None, None, :, None] * y).abs().max()) <= _FIT_TOL * float(q.abs().max().clamp_min(1e-30)):
+        if float((q - f[None, None, :, None] * y).abs().max()) <= _FIT_TOL * float(
+            q.abs().max().clamp_min(1e-30)
+        ):
             out[layer] = f
     return out

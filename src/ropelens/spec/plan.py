@@ -18,8 +18,17 @@ from ropelens.errors import UnsupportedModelError
 from ropelens.spec.rope import LayerRope
 from ropelens.spec.variants import RopeVariant
 
-__all__ = ["AblationStep", "ReplaceStep", "Step", "VariantStep", "active_plan", "angles", "group_key", "model_tables",
-           "variant_tables"]
+__all__ = [
+    "AblationStep",
+    "ReplaceStep",
+    "Step",
+    "VariantStep",
+    "active_plan",
+    "angles",
+    "group_key",
+    "model_tables",
+    "variant_tables",
+]
 
 PLAN_ATTR = "_ropelens_sdpa_plan"  # where a model keeps its plan
 _DECIDE = 4  # positive positions the table convention is read from
@@ -32,7 +41,9 @@ class VariantStep:
     variant: RopeVariant
     layers: tuple[int, ...]
     n_hooks: int
-    engine: bool = False  # applied by the engine alone (:mod:`ropelens.backends.engine`), no bridge hook
+    engine: bool = (
+        False  # applied by the engine alone (:mod:`ropelens.backends.engine`), no bridge hook
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,7 +73,6 @@ def active_plan(model) -> tuple[Step, ...]:
     return getattr(model, PLAN_ATTR, ())
 
 
-
 # --------------------------------------------------------------------------------------------
 # tables
 # --------------------------------------------------------------------------------------------
@@ -72,7 +82,9 @@ def _lay(x: Tensor, width: int, n: int, layout: str) -> Tensor:
     return x.repeat_interleave(2, dim=-1) if layout == "interleaved" else torch.cat((x, x), dim=-1)
 
 
-def model_tables(cos: Tensor, sin: Tensor, layer: LayerRope, position_ids: Tensor) -> tuple[str, float, float] | None:
+def model_tables(
+    cos: Tensor, sin: Tensor, layer: LayerRope, position_ids: Tensor
+) -> tuple[str, float, float] | None:
     """How the model's own (cos, sin) for ``layer`` are laid out: ``(layout, sign, error)``.
 
     ``layout`` is ``"cat"`` (each frequency once per half, ``rotate_half``) or ``"interleaved"``
@@ -108,22 +120,39 @@ def angles(variant: RopeVariant, layer: LayerRope, position_ids: Tensor) -> Tens
     if position_ids.ndim == 3 and position_ids.shape[0] in (3, 4):
         if not layer.axes:
             return variant.angles(layer, position_ids[0])
-        per = torch.stack([variant.angles(layer, position_ids[a]) for a in range(position_ids.shape[0])])
-        idx = torch.tensor(layer.axes, device=per.device).view(1, 1, 1, -1).expand(1, *per.shape[1:])
+        per = torch.stack(
+            [variant.angles(layer, position_ids[a]) for a in range(position_ids.shape[0])]
+        )
+        idx = (
+            torch.tensor(layer.axes, device=per.device).view(1, 1, 1, -1).expand(1, *per.shape[1:])
+        )
         return per.gather(0, idx)[0]
     return variant.angles(layer, position_ids)
 
 
-def variant_tables(variant: RopeVariant, layer: LayerRope, position_ids: Tensor, like: Tensor, layout: str,
-                   sign: float, scale: float | None = None) -> tuple[Tensor, Tensor]:
+def variant_tables(
+    variant: RopeVariant,
+    layer: LayerRope,
+    position_ids: Tensor,
+    like: Tensor,
+    layout: str,
+    sign: float,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
     """The variant's (cos, sin) for ``layer`` at ``position_ids``, in the layout, sign and dtype of the model's
     table ``like``, with the ops of HF's rotary forward (so an identity variant gives the model's tables to the bit)."""
     with torch.no_grad():
-        ang = _lay(angles(variant, layer, position_ids.to(like.device)), like.shape[-1], layer.n_planes, layout)
+        ang = _lay(
+            angles(variant, layer, position_ids.to(like.device)),
+            like.shape[-1],
+            layer.n_planes,
+            layout,
+        )
         if ang.shape[-1] != like.shape[-1]:
             raise UnsupportedModelError(
                 f"layer {layer.layer}: the model's cos table is {like.shape[-1]} wide but the spec has "
-                f"{layer.n_planes} planes; the spec does not describe this model")
+                f"{layer.n_planes} planes; the spec does not describe this model"
+            )
         scale = variant.attention_scaling(layer) if scale is None else scale
         cos, sin = ang.cos() * scale, ang.sin() * scale
         return cos.to(like.dtype), (sin if sign > 0 else -sin).to(like.dtype)
@@ -131,5 +160,14 @@ def variant_tables(variant: RopeVariant, layer: LayerRope, position_ids: Tensor,
 
 def group_key(lr: LayerRope) -> tuple:
     """Layers with equal keys get equal tables from any variant."""
-    return (lr.rotary_dim, lr.pairing, lr.attention_scaling, lr.base, lr.n_ctx, lr.kind, lr.window,
-            tuple(lr.inv_freq.tolist()), tuple(sorted(map(str, lr.rope_parameters.items()))))
+    return (
+        lr.rotary_dim,
+        lr.pairing,
+        lr.attention_scaling,
+        lr.base,
+        lr.n_ctx,
+        lr.kind,
+        lr.window,
+        tuple(lr.inv_freq.tolist()),
+        tuple(sorted(map(str, lr.rope_parameters.items()))),
+    )

@@ -69,7 +69,9 @@ def _text_config(hf) -> Any:
 def _rotary_modules(hf) -> list[torch.nn.Module]:
     # a vision tower's rotary (Qwen2-VL's, on image patches) comes first in the module tree and is not the text's
     names = [(m, type(m).__name__.lower()) for _, m in hf.named_modules()]
-    return [m for m, name in names if "rotary" in name and "bridge" not in name and "vision" not in name]
+    return [
+        m for m, name in names if "rotary" in name and "bridge" not in name and "vision" not in name
+    ]
 
 
 def _blocks(model):
@@ -82,21 +84,38 @@ def _attention_modules(model) -> list[torch.nn.Module | None]:
     """Each block's HF attention module, None for the layers of a hybrid that have no softmax attention."""
     blocks = _blocks(model)
     if blocks is None:
-        raise TypeError("expected a TransformerBridge with .blocks; load the model with ropelens.load_model")
+        raise TypeError(
+            "expected a TransformerBridge with .blocks; load the model with ropelens.load_model"
+        )
     return [b.attn.original_component if hasattr(b, "attn") else None for b in blocks]
 
 
 # "hybrid": Falcon-H1's layers, softmax attention (causal, no window) beside a Mamba mixer
 # "indexed_attention": DeepSeek sparse attention, causal with the top-k keys an indexer picks (LayerRope.select_keys)
 # "chunked_attention": Llama 4's rotary layers, causal within chunks of attention_chunk_size tokens (LayerRope.chunk)
-_KIND = {"sliding_attention": "sliding", "full_attention": "full", "hybrid": "full", "indexed_attention": "full",
-         "chunked_attention": "chunked"}
+_KIND = {
+    "sliding_attention": "sliding",
+    "full_attention": "full",
+    "hybrid": "full",
+    "indexed_attention": "full",
+    "chunked_attention": "chunked",
+}
 # (a piece of the HF class name, the spec's kind) of the token mixers hybrid models put beside or
 # instead of softmax attention; a layer without attention that matches none is kind "none"
-_MIXERS = (("gateddeltanet", "linear"), ("linearattention", "linear"), ("lightningattention", "linear"),  # MiniMax
-           ("deltaattention", "linear"),  # Bailing and Kimi Linear: Kimi delta attention, a linear attention
-           ("mamba", "mamba"), ("mixer", "mamba"),
-           ("shortconv", "conv"), ("recurrentblock", "recurrent"), ("rglru", "recurrent"))
+_MIXERS = (
+    ("gateddeltanet", "linear"),
+    ("linearattention", "linear"),
+    ("lightningattention", "linear"),  # MiniMax
+    (
+        "deltaattention",
+        "linear",
+    ),  # Bailing and Kimi Linear: Kimi delta attention, a linear attention
+    ("mamba", "mamba"),
+    ("mixer", "mamba"),
+    ("shortconv", "conv"),
+    ("recurrentblock", "recurrent"),
+    ("rglru", "recurrent"),
+)
 
 
 def is_token_mixer(name: str) -> bool:
@@ -104,14 +123,22 @@ def is_token_mixer(name: str) -> bool:
     return any(key in name.lower() for key, _ in _MIXERS)
 
 
-def _is_softmax_attention(name: str) -> bool:  # over the tokens themselves: cross-attention (Mllama's) is not
-    return name.endswith("Attention") and not is_token_mixer(name) and "crossattention" not in name.lower()
+def _is_softmax_attention(
+    name: str,
+) -> bool:  # over the tokens themselves: cross-attention (Mllama's) is not
+    return (
+        name.endswith("Attention")
+        and not is_token_mixer(name)
+        and "crossattention" not in name.lower()
+    )
 
 
 def _mixer(layer: torch.nn.Module | None) -> tuple[str, str] | None:
     """(kind, HF class) of the token mixer an HF decoder layer runs instead of or beside softmax attention."""
     for child in layer.children() if layer is not None else ():
-        child = getattr(child, "original_component", None) or child  # the HF module under a bridge component
+        child = (
+            getattr(child, "original_component", None) or child
+        )  # the HF module under a bridge component
         name = type(child).__name__
         kind = next((k for key, k in _MIXERS if key in name.lower()), None)
         if kind is not None and not _is_softmax_attention(name):
@@ -130,14 +157,21 @@ def softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
 def _masks_window(hf) -> bool:
     """Whether HF's modeling code builds a sliding-window mask (Moshi's config names a window its mask never applies)."""
     try:
-        return "sliding_window_causal_mask" in inspect.getsource(importlib.import_module(type(hf).__module__))
-    except (OSError, TypeError):  # no source to read: the config's window is taken, as before, and the probe checks it
+        return "sliding_window_causal_mask" in inspect.getsource(
+            importlib.import_module(type(hf).__module__)
+        )
+    except (
+        OSError,
+        TypeError,
+    ):  # no source to read: the config's window is taken, as before, and the probe checks it
         return True
 
 
 def _refuse_unsupported(model, cfg, arch: str) -> None:
     """Raise UnsupportedModelError for structures ropelens cannot measure exactly (never a wrong number)."""
-    why = bridge_refusal(model, arch, chunked=CHUNKED_WHY if is_chunked(cfg) else None, mla=is_mla(cfg))
+    why = bridge_refusal(
+        model, arch, chunked=CHUNKED_WHY if is_chunked(cfg) else None, mla=is_mla(cfg)
+    )
     if why is not None:
         raise UnsupportedModelError(why)
     if any(hasattr(m, "lambda_init") for m in hf_model_of(model).modules()):
@@ -146,7 +180,9 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
             "over two heads, so no head's attention is the softmax of its own scores that ropelens's patterns, "
             "band statistics and heads describe."
         )
-    if isinstance(getattr(cfg, "H_cycles", None), int) and isinstance(getattr(cfg, "L_cycles", None), int):
+    if isinstance(getattr(cfg, "H_cycles", None), int) and isinstance(
+        getattr(cfg, "L_cycles", None), int
+    ):
         raise UnsupportedModelError(
             f"{arch}: its two layer stacks run recurrently ({cfg.H_cycles} high-level cycles of {cfg.L_cycles} "
             "low-level ones), so each layer attends several times per forward; ropelens measures a layer once."
@@ -157,10 +193,15 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
         raise UnsupportedModelError(
             f"{arch}: its recurrent section (layers {first}..{first + int(cfg.n_recurrent_layers) - 1}) runs "
             f"{loops} times per forward (n_recurrent_loops), so each of those layers attends {loops} times; "
-            "ropelens measures a layer once.")
+            "ropelens measures a layer once."
+        )
     blocks = _blocks(model) or []
     for i, b in enumerate(blocks):
-        hidden = None if hasattr(b, "attn") else softmax_attention_in(getattr(b, "original_component", None))
+        hidden = (
+            None
+            if hasattr(b, "attn")
+            else softmax_attention_in(getattr(b, "original_component", None))
+        )
         if hidden is not None:
             raise UnsupportedModelError(
                 f"{arch}: layer {i}'s softmax attention ({hidden}) is wrapped whole by its TransformerLens adapter, "
@@ -174,27 +215,38 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
         )
     types = getattr(cfg, "layer_types", None) or ()
     shared = [i for i, a in enumerate(attns) if getattr(a, "is_kv_shared_layer", False)]
-    why = bridge_refusal(model, arch, kv_shared=shared)  # the plain HF model takes them from the layer that stored them
+    why = bridge_refusal(
+        model, arch, kv_shared=shared
+    )  # the plain HF model takes them from the layer that stored them
     if why is not None:
         raise UnsupportedModelError(why)
     # Inkling's attention (hybrid_sliding and hybrid layers alike): its mask is causal or sliding-window, but a learned
     # relative-position bias and a per-token sink logit join q·k before the softmax, and its text tower never rotates
     biased = sorted({type(m).__name__ for m in hf_model_of(model).modules() if _relative_bias(m)})
     if biased:
-        why = (f"position enters its scores ({', '.join(biased)}) only as a learned relative-position bias, mixed "
-               "per backward distance from each query's hidden state, added to q·k beside a per-token sink logit")
+        why = (
+            f"position enters its scores ({', '.join(biased)}) only as a learned relative-position bias, mixed "
+            "per backward distance from each query's hidden state, added to q·k beside a per-token sink logit"
+        )
         if not _rotary_modules(hf_model_of(model)):
-            raise NotRotaryError(f"{arch} applies no RoPE to its text queries and keys: {why}, so there is no "
-                                 "rotation for ropelens to measure.")
-        raise UnsupportedModelError(f"{arch}: {why.replace(' only', '')}, so its scores are not q·k times one scale.")
+            raise NotRotaryError(
+                f"{arch} applies no RoPE to its text queries and keys: {why}, so there is no "
+                "rotation for ropelens to measure."
+            )
+        raise UnsupportedModelError(
+            f"{arch}: {why.replace(' only', '')}, so its scores are not q·k times one scale."
+        )
     compressed = sorted({t for t in types if "compressed" in str(t)})
     if compressed and getattr(cfg, "compress_rates", None):  # DeepSeek V4
         raise UnsupportedModelError(
             f"{arch}: its {', '.join(compressed)} layers attend to compressed keys, each pooled by a learned "
             f"compressor over a block of tokens (compress_rates {dict(cfg.compress_rates)}) beside a sliding window, "
-            "so a key is not one position's rotated key and no logit is one (query, key-position) q·k to decompose.")
+            "so a key is not one position's rotated key and no logit is one (query, key-position) q·k to decompose."
+        )
     # the layer types of attention layers only: a hybrid's other layers have no mask to read
-    types = {t for t, b in zip(getattr(cfg, "layer_types", None) or (), blocks) if hasattr(b, "attn")}
+    types = {
+        t for t, b in zip(getattr(cfg, "layer_types", None) or (), blocks) if hasattr(b, "attn")
+    }
     unknown = types - set(_KIND)
     if unknown:
         raise UnsupportedModelError(
@@ -208,15 +260,20 @@ def _relative_bias(m: torch.nn.Module) -> bool:
     up to transformers 5.23 and as a ``RelativePositionBias`` submodule since 5.24."""
     return isinstance(getattr(m, "rel_logits_proj", None), torch.nn.Module) or (
         _is_softmax_attention(type(m).__name__)
-        and any("relativepositionbias" in type(c).__name__.lower() for c in m.children()))
+        and any("relativepositionbias" in type(c).__name__.lower() for c in m.children())
+    )
 
 
 def _passed_query_scale(attn, cfg, layer_type: str | None) -> bool:
     """Whether a layer's attention takes a query factor the model passes in (Beam's NoPE layers: ``rope_parameters``
     None for their layer type, and an ``attention_scaling`` argument in the attention's forward)."""
     rp = getattr(cfg, "rope_parameters", None)
-    return (isinstance(rp, dict) and layer_type in rp and rp[layer_type] is None
-            and "attention_scaling" in inspect.signature(type(attn).forward).parameters)
+    return (
+        isinstance(rp, dict)
+        and layer_type in rp
+        and rp[layer_type] is None
+        and "attention_scaling" in inspect.signature(type(attn).forward).parameters
+    )
 
 
 def _select_keys(attn: torch.nn.Module, cfg, arch: str, layer: int) -> int:
@@ -233,25 +290,35 @@ def _select_keys(attn: torch.nn.Module, cfg, arch: str, layer: int) -> int:
     if not isinstance(k, int) or k < 1:
         raise UnsupportedModelError(
             f"{arch}: layer {layer} is an indexed-attention layer but neither its indexer nor its config gives the "
-            "number of keys each query keeps (index_topk): ropelens cannot say which keys its softmax runs over")
+            "number of keys each query keeps (index_topk): ropelens cannot say which keys its softmax runs over"
+        )
     return k
 
 
 # why a model with chunked attention runs without the bridge (ropelens.loading.models says it when loading one)
-CHUNKED_WHY = ("TransformerLens's Llama 4 adapter runs HF's attention whole and fires no hook on its rotated queries "
-               "and keys (hook_rot_q), so the probe could not check the rotation against the model's own")
+CHUNKED_WHY = (
+    "TransformerLens's Llama 4 adapter runs HF's attention whole and fires no hook on its rotated queries "
+    "and keys (hook_rot_q), so the probe could not check the rotation against the model's own"
+)
 
 
 def is_chunked(cfg) -> bool:
     """Whether ``cfg`` has chunked-attention layers (Llama 4: ``layer_types`` "chunked_attention", ``attention_chunk_size``)."""
-    return "chunked_attention" in (getattr(cfg, "layer_types", None) or ()) and bool(getattr(cfg, "attention_chunk_size", None))
+    return "chunked_attention" in (getattr(cfg, "layer_types", None) or ()) and bool(
+        getattr(cfg, "attention_chunk_size", None)
+    )
 
 
 def is_mla(cfg) -> bool:
     """Whether ``cfg`` is multi-head latent attention (DeepSeek V2/V3 style: a decoupled rotary part per head)."""
-    if getattr(cfg, "is_heterogeneous", False):  # per-layer widths (Dots 3): HF raises on a global read of them
+    if getattr(
+        cfg, "is_heterogeneous", False
+    ):  # per-layer widths (Dots 3): HF raises on a global read of them
         cfg = cfg.per_layer_config[0]
-    return bool(getattr(cfg, "qk_rope_head_dim", None)) and getattr(cfg, "qk_nope_head_dim", None) is not None
+    return (
+        bool(getattr(cfg, "qk_rope_head_dim", None))
+        and getattr(cfg, "qk_nope_head_dim", None) is not None
+    )
 
 
 def _mla_layout(hf, cfg, called: str | None = None) -> dict[str, Any]:
@@ -260,15 +327,29 @@ def _mla_layout(hf, cfg, called: str | None = None) -> dict[str, Any]:
     pairs read, halves written), and the key's rotary part shared by every head. ``called``: the rotation the
     attention modules were seen calling (:func:`_called_rotation`), which decides where it is known."""
     mod = importlib.import_module(type(hf).__module__)
-    complex_rot = not hasattr(mod, "apply_rotary_pos_emb") and hasattr(mod, "apply_rotary_emb")  # DeepSeek V2
+    complex_rot = not hasattr(mod, "apply_rotary_pos_emb") and hasattr(
+        mod, "apply_rotary_emb"
+    )  # DeepSeek V2
     # interleaved where the attention calls the interleaved rotation (DeepSeek V3.2 always does; its indexer
     # calls the other one), else where the config says so, or where it is the only one the module has
     # (LongCat-Flash, Bailing: no rope_interleave flag, and every call is the interleaved one)
-    interleave = called == "apply_rotary_pos_emb_interleave" if called is not None else (
-        hasattr(mod, "apply_rotary_pos_emb_interleave") and (
-            bool(getattr(cfg, "rope_interleave", False)) or not hasattr(mod, "apply_rotary_pos_emb")))
-    return {"rotary_offset": int(cfg.qk_nope_head_dim), "pre_interleaved": interleave and not complex_rot,
-            "shared_rotary_key": True, "adjacent": complex_rot}
+    interleave = (
+        called == "apply_rotary_pos_emb_interleave"
+        if called is not None
+        else (
+            hasattr(mod, "apply_rotary_pos_emb_interleave")
+            and (
+                bool(getattr(cfg, "rope_interleave", False))
+                or not hasattr(mod, "apply_rotary_pos_emb")
+            )
+        )
+    )
+    return {
+        "rotary_offset": int(cfg.qk_nope_head_dim),
+        "pre_interleaved": interleave and not complex_rot,
+        "shared_rotary_key": True,
+        "adjacent": complex_rot,
+    }
 
 
 def _layer_rope_params(cfg, layer_type: str | None) -> dict[str, Any]:
@@ -283,11 +364,13 @@ def _inv_freq_for(rotaries, attn, layer_type: str | None) -> tuple[torch.Tensor,
     candidates = [attn, *rotaries]
     # the layer type's own buffers first, wherever they are: a multimodal model's vision rotary (Gemma 4) comes
     # before the text tower's and holds a plain inv_freq of its own
-    for prefix in ([f"{layer_type}_"] if layer_type else []):
+    for prefix in [f"{layer_type}_"] if layer_type else []:
         for mod in candidates:
             inv = getattr(mod, f"{prefix}inv_freq", None)
             if isinstance(inv, torch.Tensor):
-                return inv.detach().float().cpu().clone(), float(getattr(mod, f"{prefix}attention_scaling", 1.0))
+                return inv.detach().float().cpu().clone(), float(
+                    getattr(mod, f"{prefix}attention_scaling", 1.0)
+                )
     for mod in candidates:
         for prefix in [""]:
             inv = getattr(mod, f"{prefix}inv_freq", None)
@@ -295,8 +378,12 @@ def _inv_freq_for(rotaries, attn, layer_type: str | None) -> tuple[torch.Tensor,
                 scaling = getattr(mod, f"{prefix}attention_scaling", 1.0)
                 return inv.detach().float().cpu().clone(), float(scaling)
         rot = getattr(mod, "rotary_emb", None)
-        if isinstance(rot, torch.nn.Module) and isinstance(getattr(rot, "inv_freq", None), torch.Tensor):
-            return rot.inv_freq.detach().float().cpu().clone(), float(getattr(rot, "attention_scaling", 1.0))
+        if isinstance(rot, torch.nn.Module) and isinstance(
+            getattr(rot, "inv_freq", None), torch.Tensor
+        ):
+            return rot.inv_freq.detach().float().cpu().clone(), float(
+                getattr(rot, "attention_scaling", 1.0)
+            )
     raise _NoBuffer
 
 
@@ -316,18 +403,22 @@ def _observed_rope(model, attns, layer: int, arch: str):
     if seen is None:
         raise NotRotaryError(
             f"{arch}: no rotary module holds inv_freq, and a short forward of the HF model, run to observe the "
-            "rotation its attention calls, failed: ropelens cannot read its frequencies")
+            "rotation its attention calls, failed: ropelens cannot read its frequencies"
+        )
     if not seen:
         raise NotRotaryError(
             f"{arch}: no rotary module holds inv_freq, and in a short forward no attention layer called a rotation "
-            "(an apply_rotary* function of its modeling module): it applies no RoPE that ropelens can see")
+            "(an apply_rotary* function of its modeling module): it applies no RoPE that ropelens can see"
+        )
     obs = seen.get(layer)
     if obs is None:
         return None
     differs = obs.differs()
     if differs is not None:
-        raise UnsupportedModelError(f"{arch}: layer {layer}: {differs}; ropelens measures rotations that turn plane i "
-                                    "by m·θ_i and multiply every position by one constant")
+        raise UnsupportedModelError(
+            f"{arch}: layer {layer}: {differs}; ropelens measures rotations that turn plane i "
+            "by m·θ_i and multiply every position by one constant"
+        )
     scale = obs.scale[~obs.scale.isnan()]
     return obs.inv_freq.float(), float(scale[0]), obs.pairing, obs.direction
 
@@ -368,7 +459,11 @@ def rope_spec(model) -> RopeSpec:
     # as GPT-J does; the bridge's own flags say so.
     declared = declared_adjacent_pairs(model)  # None: no flag says, the rotation is measured
     adjacent = bool(declared)
-    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or tl_cfg.n_ctx)
+    n_ctx = int(
+        getattr(cfg, "max_position_embeddings", None)
+        or getattr(cfg, "n_positions", 0)
+        or tl_cfg.n_ctx
+    )
     calls = _rotary_calls(model, attns)
     blocks = _blocks(model)
     called = _called_rotation(model, attns) if is_mla(cfg) else None
@@ -376,23 +471,41 @@ def rope_spec(model) -> RopeSpec:
     for i, attn in enumerate(attns):
         decoder = getattr(blocks[i], "original_component", None)
         mixer = _mixer(decoder)
-        if attn is None:  # a hybrid's linear-attention, convolution or state-space layer: listed, never measured
+        if (
+            attn is None
+        ):  # a hybrid's linear-attention, convolution or state-space layer: listed, never measured
             kind, name = mixer or ("none", type(decoder).__name__)
-            layers.append(LayerRope(layer=i, inv_freq=torch.zeros(0), head_dim=0, rotary_dim=0, pairing="half",
-                                    n_heads=0, n_kv_heads=0, score_scale=0.0, kind=kind, mixer=name,  # type: ignore[arg-type]
-                                    n_ctx=n_ctx))
+            layers.append(
+                LayerRope(
+                    layer=i,
+                    inv_freq=torch.zeros(0),
+                    head_dim=0,
+                    rotary_dim=0,
+                    pairing="half",
+                    n_heads=0,
+                    n_kv_heads=0,
+                    score_scale=0.0,
+                    kind=kind,
+                    mixer=name,  # type: ignore[arg-type]
+                    n_ctx=n_ctx,
+                )
+            )
             continue
         ltype = layer_types[i] if layer_types else None
         rp_all = getattr(cfg, "rope_parameters", None)
         observed = None  # (pairing, direction) where the rotation was measured rather than read from a buffer
-        if isinstance(rp_all, dict) and ltype in rp_all and rp_all[ltype] is None:  # a layer type without RoPE (Beam)
+        if (
+            isinstance(rp_all, dict) and ltype in rp_all and rp_all[ltype] is None
+        ):  # a layer type without RoPE (Beam)
             inv, scaling = torch.zeros(0), 1.0
         else:
             try:
                 inv, scaling = _inv_freq_for(rotaries, attn, ltype)
             except _NoBuffer:
                 got = _observed_rope(model, attns, i, arch)
-                inv, scaling, observed = (torch.zeros(0), 1.0, None) if got is None else (got[0], got[1], got[2:])
+                inv, scaling, observed = (
+                    (torch.zeros(0), 1.0, None) if got is None else (got[0], got[1], got[2:])
+                )
         # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
         # (the full-attention layers of Cohere 2 and EXAONE 4 skip apply_rotary_pos_emb)
         if not uses_rope(attn, cfg, i) or (calls is not None and i not in calls):
@@ -402,7 +515,11 @@ def rope_spec(model) -> RopeSpec:
         # per-layer config, as Gemma 4's wider global heads use), else the model's
         lcfg = layer_config(cfg, i)
         n_heads = heads_of(attn, lcfg)
-        head_dim = int(getattr(attn, "head_dim", None) or getattr(lcfg, "head_dim", None) or lcfg.hidden_size // n_heads)
+        head_dim = int(
+            getattr(attn, "head_dim", None)
+            or getattr(lcfg, "head_dim", None)
+            or lcfg.hidden_size // n_heads
+        )
         # multi-head latent attention, read per layer (Dots 3's widths differ between layers)
         mla = _mla_layout(hf, lcfg, called) if is_mla(lcfg) else None
         pairs_adjacent = mla.pop("adjacent") if mla is not None else adjacent
@@ -410,7 +527,9 @@ def rope_spec(model) -> RopeSpec:
             pairs_adjacent = observed[0] == "adjacent"
         if mla is not None:  # the score's head: no-position dims, then the rotary ones
             head_dim = int(lcfg.qk_nope_head_dim) + int(lcfg.qk_rope_head_dim)
-        n_kv = kv_heads_of(attn, n_heads, int(getattr(lcfg, "num_key_value_heads", None) or n_heads))
+        n_kv = kv_heads_of(
+            attn, n_heads, int(getattr(lcfg, "num_key_value_heads", None) or n_heads)
+        )
         scale = getattr(attn, "scaling", None)
         if scale is None:
             scale = 1.0 / float(getattr(attn, "scale_attn", math.sqrt(head_dim)))
@@ -418,11 +537,17 @@ def rope_spec(model) -> RopeSpec:
         window = getattr(attn, "sliding_window", None) if kind == "sliding" else None
         if kind == "sliding" and window is None:
             window = getattr(cfg, "sliding_window", None)
-        if layer_types is None and getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) \
-                and _masks_window(hf):
+        if (
+            layer_types is None
+            and getattr(cfg, "sliding_window", None)
+            and getattr(cfg, "use_sliding_window", True)
+            and _masks_window(hf)
+        ):
             # Mistral, Mixtral, Starcoder2, Phi-3: one window for every layer, no layer_types
             kind, window = "sliding", int(cfg.sliding_window)
-        chunk = int(cfg.attention_chunk_size) if kind == "chunked" else None  # the size HF's chunked mask is built with
+        chunk = (
+            int(cfg.attention_chunk_size) if kind == "chunked" else None
+        )  # the size HF's chunked mask is built with
         if inv.numel() == 0:
             kind = "nope"  # a NoPE layer keeps its chunk: its mask is still the chunked one
         select = _select_keys(attn, cfg, arch, i) if ltype == "indexed_attention" else None
@@ -463,7 +588,9 @@ def rope_spec(model) -> RopeSpec:
             if normed:
                 layers[-1] = dataclasses.replace(layers[-1], norm_after_rope=True)
     layers = _with_temperature(model, attns, cfg, layers)
-    return RopeSpec(model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx)
+    return RopeSpec(
+        model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx
+    )
 
 
 def _with_temperature(model, attns, cfg, layers: list[LayerRope]) -> list[LayerRope]:
@@ -481,8 +608,12 @@ def _with_temperature(model, attns, cfg, layers: list[LayerRope]) -> list[LayerR
     if not beta or not isinstance(l0, int) or l0 < 2:
         return layers
     positions = [0, l0 - 1, l0, 3 * l0]
-    expected = 1 + float(beta) * torch.log(1 + torch.floor(torch.tensor(positions, dtype=torch.float64) / l0))
-    measured = measure_query_factors(attns, _hf_tree(hf_model_of(model)), device_of(model), positions)
+    expected = 1 + float(beta) * torch.log(
+        1 + torch.floor(torch.tensor(positions, dtype=torch.float64) / l0)
+    )
+    measured = measure_query_factors(
+        attns, _hf_tree(hf_model_of(model)), device_of(model), positions
+    )
     out = []
     for lr in layers:
         if lr.rotary and measured is not None and lr.layer in measured:
@@ -491,21 +622,29 @@ def _with_temperature(model, attns, cfg, layers: list[LayerRope]) -> list[LayerR
                 out.append(lr)  # the config names a temperature this model's forward does not apply
                 continue
             if f is None or not torch.allclose(f, expected, rtol=1e-4, atol=0):
-                seen = ("not one factor per position times the rotated query" if f is None else
-                        "factors " + ", ".join(f"{float(x):.6g}" for x in f))
+                seen = (
+                    "not one factor per position times the rotated query"
+                    if f is None
+                    else "factors " + ", ".join(f"{float(x):.6g}" for x in f)
+                )
                 raise UnsupportedModelError(
                     f"{type(hf_model_of(model)).__name__}: layer {lr.layer}'s config names a query temperature "
                     f"1 + {float(beta):g}·ln(1 + ⌊m/{l0}⌋) (llama_4_scaling_beta, original_max_position_embeddings), "
                     f"but at positions {positions} the query entering its score is {seen} "
-                    f"(expected {', '.join(f'{float(x):.6g}' for x in expected)}): ropelens does not read this layer")
+                    f"(expected {', '.join(f'{float(x):.6g}' for x in expected)}): ropelens does not read this layer"
+                )
             lr = dataclasses.replace(lr, temperature=(float(beta), l0))
-        elif lr.rotary and measured is None:  # a forward the probe cannot run: HF's code applies the config's
+        elif (
+            lr.rotary and measured is None
+        ):  # a forward the probe cannot run: HF's code applies the config's
             lr = dataclasses.replace(lr, temperature=(float(beta), l0))
         out.append(lr)
     return out
 
 
-_PROBE_TOKENS = 4  # a short forward: which layers rotate, which way, and whether q/k change after the rotation
+_PROBE_TOKENS = (
+    4  # a short forward: which layers rotate, which way, and whether q/k change after the rotation
+)
 
 
 def _norm_after_rope(rotated: torch.Tensor, scored: torch.Tensor) -> bool | None:
@@ -523,7 +662,9 @@ def _norm_after_rope(rotated: torch.Tensor, scored: torch.Tensor) -> bool | None
     rotated, scored = rotated.double(), scored.double()
     if float((scored - rotated).abs().max()) <= 1e-6 * float(rotated.abs().max().clamp_min(1e-30)):
         return False
-    ok = (rotated.abs() > 1e-6 * rotated.abs().max()).all(-1)  # rows without a near-zero entry to divide by
+    ok = (rotated.abs() > 1e-6 * rotated.abs().max()).all(
+        -1
+    )  # rows without a near-zero entry to divide by
     if not ok.any():
         return None
     ratio = (scored / rotated)[ok.unsqueeze(-1).expand_as(rotated)].view(-1, rotated.shape[-1])
@@ -572,7 +713,9 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
         if current[0] is None:
             outside[0] += 1
         elif current[0] not in calls:
-            calls[current[0]] = tuple((t.transpose(1, 2) if flip else t).detach().float().cpu() for t in (q, q_rot, k_rot))
+            calls[current[0]] = tuple(
+                (t.transpose(1, 2) if flip else t).detach().float().cpu() for t in (q, q_rot, k_rot)
+            )
         return q_rot, k_rot
 
     def score(_module, query, key) -> None:
@@ -583,17 +726,24 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
     attn_mods = [m for m in view.modules() if type(m) in {type(a) for a in attns if a is not None}]
     with layer_taps(view, attns, current, mod, {name: tap}) as tapping:
         # a family this forward cannot run keeps the config's reading (the probe still checks it)
-        if not tapping or not probe_forward(view, device_of(model), _PROBE_TOKENS, attention_tap(attn_mods, score)):
+        if not tapping or not probe_forward(
+            view, device_of(model), _PROBE_TOKENS, attention_tap(attn_mods, score)
+        ):
             return None
     # a rotation outside the attention modules cannot be placed in a layer: keep the config's reading
     result = None
     if calls and not outside[0]:
         result = {}
         for i, (q, q_rot, k_rot) in calls.items():
-            normed = [_norm_after_rope(r, s) for r, s in zip((q_rot, k_rot), scored.get(i, ()), strict=False)]
+            normed = [
+                _norm_after_rope(r, s)
+                for r, s in zip((q_rot, k_rot), scored.get(i, ()), strict=False)
+            ]
             # a layer whose q or k changes after the rotation, each by a per-head norm and gain (or not at all)
             result[i] = (q, q_rot, len(normed) == 2 and True in normed and None not in normed)
-    object.__setattr__(model, "_ropelens_rotary_calls", (key, result))  # not a submodule: nothing registered
+    object.__setattr__(
+        model, "_ropelens_rotary_calls", (key, result)
+    )  # not a submodule: nothing registered
     return result
 
 
@@ -618,14 +768,19 @@ def _called_rotation(model, attns) -> str | None:
             if current[0] is not None and not seen:
                 seen.append(name)
             return fn(*args, **kwargs)
+
         return call
 
-    with layer_taps(view, attns, current, mod, {name: tapped(name, fn) for name, fn in fns.items()}) as tapping:
+    with layer_taps(
+        view, attns, current, mod, {name: tapped(name, fn) for name, fn in fns.items()}
+    ) as tapping:
         # a forward this cannot run leaves the config's reading (the probe checks it)
         if not tapping or not probe_forward(view, device_of(model), _PROBE_TOKENS):
             return None
     result = seen[0] if seen else None
-    object.__setattr__(model, "_ropelens_called_rotation", (key, result))  # not a submodule: nothing registered
+    object.__setattr__(
+        model, "_ropelens_called_rotation", (key, result)
+    )  # not a submodule: nothing registered
     return result
 
 
@@ -638,14 +793,21 @@ def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
         module = module._original_component
     view = copy.copy(module)
     view._modules = {n: (None if c is None else _hf_tree(c)) for n, c in module._modules.items()}
-    for hooks in ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
-                  "_forward_hooks_always_called"):
+    for hooks in (
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+    ):
         if hasattr(view, hooks):
             setattr(view, hooks, type(getattr(module, hooks))())
     return view
 
 
-def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing: bool = False) -> LayerRope:
+def _with_direction(
+    lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing: bool = False
+) -> LayerRope:
     """``lr`` turned the other way when the model's own rotation of ``q`` ([batch, head, pos, d]) is by −m·θ
     (with ``pairing``, also with the other plane pairing when that is the one the model rotates)."""
     if q.ndim != 4 or q.shape[-1] != lr.head_dim or q_rot.shape != q.shape:
@@ -658,7 +820,10 @@ def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing
     other = {"half": "adjacent", "adjacent": "half"}[lr.pairing]
     candidates = [dataclasses.replace(lr, direction=-lr.direction)]
     if pairing:
-        candidates += [dataclasses.replace(lr, pairing=other), dataclasses.replace(lr, pairing=other, direction=-lr.direction)]
+        candidates += [
+            dataclasses.replace(lr, pairing=other),
+            dataclasses.replace(lr, pairing=other, direction=-lr.direction),
+        ]
     # float32 rotation of O(1) values: a match is ~1e-6, a wrong direction or pairing is O(1) off
     if err(lr) <= 1e-3:
         return lr
@@ -666,10 +831,14 @@ def _with_direction(lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing
 
 
 # ---------------------------------------------------------------------------------------- length-dependent RoPE
-LENGTH_PROBE = 8  # positions compared between a short call of a rotary module and one at the analysed length
+LENGTH_PROBE = (
+    8  # positions compared between a short call of a rotary module and one at the analysed length
+)
 
 
-def _rotary_tables(rot: torch.nn.Module, cfg, n: int, last: int | None = None) -> list[tuple[torch.Tensor, ...]] | None:
+def _rotary_tables(
+    rot: torch.nn.Module, cfg, n: int, last: int | None = None
+) -> list[tuple[torch.Tensor, ...]] | None:
     """The (cos, sin) ``rot`` returns for positions 0..n−1 (and ``last`` after them: an input that long, without
     its positions between), once per layer type it takes; None where it cannot be called as HF's rotary modules
     are (``forward(x, position_ids[, layer_type])``)."""
@@ -694,7 +863,7 @@ def _rotary_tables(rot: torch.nn.Module, cfg, n: int, last: int | None = None) -
         try:
             with torch.no_grad():
                 got = rot(x, pos) if lt is None else rot(x, pos, lt)
-        except Exception:  # noqa: BLE001 - a module this cannot call: the length is not proven to matter
+        except Exception:
             return None
         if not (isinstance(got, tuple) and all(isinstance(t, torch.Tensor) for t in got)):
             return None
@@ -712,12 +881,18 @@ def length_dependent(model) -> bool:
     n_ctx = int(getattr(cfg, "max_position_embeddings", None) or 0)
     for rot in _rotary_modules(hf):
         short = _rotary_tables(rot, cfg, LENGTH_PROBE)
-        long = _rotary_tables(rot, cfg, LENGTH_PROBE, last=max(2 * n_ctx, 2 * LENGTH_PROBE)) if short is not None else None
+        long = (
+            _rotary_tables(rot, cfg, LENGTH_PROBE, last=max(2 * n_ctx, 2 * LENGTH_PROBE))
+            if short is not None
+            else None
+        )
         _rotary_tables(rot, cfg, LENGTH_PROBE)  # leave the module as a short input leaves it
         if long is None:
             continue
         for s, lg in zip(short, long, strict=True):
-            if any(not torch.equal(a, b[..., :LENGTH_PROBE, :]) for a, b in zip(s, lg, strict=True)):
+            if any(
+                not torch.equal(a, b[..., :LENGTH_PROBE, :]) for a, b in zip(s, lg, strict=True)
+            ):
                 return True
     return False
 
@@ -740,7 +915,9 @@ def spec_at_length(model, spec: RopeSpec, n: int) -> RopeSpec:
     from ropelens.errors import UnsupportedModelError
     from ropelens.spec.plan import active_plan
 
-    if active_plan(model):  # a variant in force sets the frequencies itself; the model's buffers are not the spec's
+    if active_plan(
+        model
+    ):  # a variant in force sets the frequencies itself; the model's buffers are not the spec's
         return spec
     flag = getattr(model, "_ropelens_length_dependent", None)
     if flag is None:
@@ -770,6 +947,7 @@ def spec_at_length(model, spec: RopeSpec, n: int) -> RopeSpec:
                 f"{spec.architecture}: the rotary tables of layer {lr.layer} change with the input's length, and ropelens "
                 f"cannot read the frequencies a forward of {n} tokens applies (its rotary module holds "
                 f"{'no inv_freq' if inv is None else f'{inv.numel()} frequencies, the reading {lr.inv_freq.numel()}'}): "
-                f"measure windows within the native context of {spec.n_ctx:,} tokens (--n-ctx), where the reading holds")
+                f"measure windows within the native context of {spec.n_ctx:,} tokens (--n-ctx), where the reading holds"
+            )
         layers.append(replace(lr, inv_freq=inv.to(lr.inv_freq.dtype), attention_scaling=scaling))
     return replace(spec, layers=tuple(layers))

@@ -23,14 +23,28 @@ from ropelens.errors import InputError, UnsupportedModelError
 Pairing = Literal["half", "adjacent"]
 # the axes along which layers of one model may differ in width, and the LayerRope count each is as long as
 _WIDTH_AXES = {"head": "n_heads", "kv_head": "n_kv_heads", "plane": "n_planes", "dim": "head_dim"}
-LayerKind = Literal["full", "sliding", "chunked", "nope", "linear", "conv", "mamba", "recurrent", "none"]
+LayerKind = Literal[
+    "full", "sliding", "chunked", "nope", "linear", "conv", "mamba", "recurrent", "none"
+]
 # Layers of a hybrid model with no softmax attention (Qwen3-Next's Gated DeltaNet, LFM2's short convolution,
 # Bamba's Mamba): listed in the spec so its layer numbers stay the model's, never measured.
 MIXER_KINDS = frozenset({"linear", "conv", "mamba", "recurrent", "none"})
 # The position axes of multimodal RoPE (M-RoPE, Qwen2-VL): a plane labelled with axis a turns by position_ids[a]·θ_i.
 MROPE_AXES = ("t", "h", "w")
 
-__all__ = ["MIXER_KINDS", "MROPE_AXES", "LayerRope", "RopeSpec", "describe_axes", "layer_ranges", "expand_kv", "merge_planes", "plane_dims", "plane_norms", "split_planes"]
+__all__ = [
+    "MIXER_KINDS",
+    "MROPE_AXES",
+    "LayerRope",
+    "RopeSpec",
+    "describe_axes",
+    "layer_ranges",
+    "expand_kv",
+    "merge_planes",
+    "plane_dims",
+    "plane_norms",
+    "split_planes",
+]
 
 
 def plane_dims(rotary_dim: int, pairing: Pairing) -> Int[Tensor, "n_planes 2"]:
@@ -67,7 +81,9 @@ def split_planes(
     raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
 
 
-def merge_planes(planes: Float[Tensor, "... n_planes 2"], pairing: Pairing) -> Float[Tensor, "... rotary_dim"]:
+def merge_planes(
+    planes: Float[Tensor, "... n_planes 2"], pairing: Pairing
+) -> Float[Tensor, "... rotary_dim"]:
     """Inverse of :func:`split_planes` on the rotary part."""
     if pairing == "half":
         return torch.cat([planes[..., 0], planes[..., 1]], dim=-1)
@@ -76,7 +92,9 @@ def merge_planes(planes: Float[Tensor, "... n_planes 2"], pairing: Pairing) -> F
     raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
 
 
-def plane_norms(x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairing) -> Float[Tensor, "... n_planes"]:
+def plane_norms(
+    x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairing
+) -> Float[Tensor, "... n_planes"]:
     """2-norm of each plane of ``x`` (one fused op, no stacked copy)."""
     n = rotary_dim // 2
     if pairing == "half":
@@ -86,7 +104,9 @@ def plane_norms(x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pair
     raise InputError(f"pairing must be 'half' or 'adjacent', got {pairing!r}")
 
 
-def plane_sums(x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairing) -> Float[Tensor, "... n_planes"]:
+def plane_sums(
+    x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairing
+) -> Float[Tensor, "... n_planes"]:
     """Sum of each plane's two coordinates of ``x`` (of ``q * k``: each plane's logit term, unscaled)."""
     n = rotary_dim // 2
     if pairing == "half":
@@ -173,7 +193,9 @@ class LayerRope:
     base: float | None = None
     rope_parameters: dict[str, Any] = field(default_factory=dict)
     attention_scaling: float = 1.0  # multiplies cos and sin (YaRN/LongRoPE mscale)
-    kind: LayerKind = "full"  # "nope": attention without rotation (no planes); masks follow `window`
+    kind: LayerKind = (
+        "full"  # "nope": attention without rotation (no planes); masks follow `window`
+    )
     window: int | None = None  # sliding window: a query at m sees keys n with m − window < n ≤ m
     # chunked attention (Llama 4): a query at m sees keys n ≤ m of its own chunk, ⌊n/chunk⌋ = ⌊m/chunk⌋; see
     # "Chunked attention" in the class docstring
@@ -182,8 +204,12 @@ class LayerRope:
     # mask allows each query, picked from the input at run time; see "Key selection" in the class docstring
     select_keys: int | None = None
     n_ctx: int | None = None
-    softcap: float | None = None  # attention-logit soft-capping c: scores become c·tanh(s/c) (Gemma 2)
-    sinks: tuple[float, ...] | None = None  # learned per-head sink logits that join the softmax (gpt-oss)
+    softcap: float | None = (
+        None  # attention-logit soft-capping c: scores become c·tanh(s/c) (Gemma 2)
+    )
+    sinks: tuple[float, ...] | None = (
+        None  # learned per-head sink logits that join the softmax (gpt-oss)
+    )
     direction: int = 1  # +1: position m turns each plane by +m·θ_i (Llama's rotate_half); −1: by −m·θ_i (NanoChat)
     # the q and k entering the score are a per-head norm (a per-position rescaling) and per-dim gain of the
     # rotated q and k (HunYuan dense, NanoChat); see "Norm after RoPE" in the class docstring
@@ -196,14 +222,20 @@ class LayerRope:
     output_gate: bool = False
     # multi-head latent attention (DeepSeek V2/V3, MiniCPM3): see "Multi-head latent attention" in the class docstring
     rotary_offset: int = 0  # where the rotary dims start in the model's own head vectors
-    pre_interleaved: bool = False  # the model's rotation reads adjacent pairs and writes them split in halves
+    pre_interleaved: bool = (
+        False  # the model's rotation reads adjacent pairs and writes them split in halves
+    )
     shared_rotary_key: bool = False  # the key's rotary planes are one vector shared by all heads
     # multimodal RoPE (M-RoPE: Qwen2-VL's sections, Qwen3-VL's interleaving): the position axis of each plane, an
     # index into MROPE_AXES (time, height, width); () for 1-D RoPE. Text tokens have t = h = w, so on text alone
     # every plane turns by the token's position, as in 1-D RoPE; image tokens turn each plane by their own axis.
     axes: tuple[int, ...] = ()
-    query_scale: str | None = None  # a NoPE layer's position-dependent query factor, in words (see above)
-    temperature: tuple[float, int] | None = None  # (β, L₀): rotated queries × 1 + β·ln(1 + ⌊m/L₀⌋) (see above)
+    query_scale: str | None = (
+        None  # a NoPE layer's position-dependent query factor, in words (see above)
+    )
+    temperature: tuple[float, int] | None = (
+        None  # (β, L₀): rotated queries × 1 + β·ln(1 + ⌊m/L₀⌋) (see above)
+    )
 
     def __post_init__(self) -> None:
         if self.direction not in (1, -1):
@@ -218,30 +250,46 @@ class LayerRope:
             raise InputError(f"rotary_dim {self.rotary_dim} exceeds head_dim {self.head_dim}")
         if self.kind in MIXER_KINDS:
             if self.rotary_dim or self.n_heads or self.n_kv_heads or self.head_dim:
-                raise InputError(f"layer {self.layer}: a {self.kind!r} layer has no softmax attention: no heads, no planes")
+                raise InputError(
+                    f"layer {self.layer}: a {self.kind!r} layer has no softmax attention: no heads, no planes"
+                )
         elif self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
             raise InputError(
                 f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
             )
         if (self.kind == "nope" or self.kind in MIXER_KINDS) != (self.rotary_dim == 0):
-            raise InputError(f"layer {self.layer}: kind 'nope' (or a layer without attention) is exactly the layers "
-                             "with no rotary planes")
+            raise InputError(
+                f"layer {self.layer}: kind 'nope' (or a layer without attention) is exactly the layers "
+                "with no rotary planes"
+            )
         if self.rotary_offset < 0 or self.rotary_offset + self.rotary_dim > self.head_dim:
-            raise InputError(f"layer {self.layer}: rotary dims [{self.rotary_offset}, {self.rotary_offset + self.rotary_dim}) "
-                             f"do not fit in head_dim {self.head_dim}")
+            raise InputError(
+                f"layer {self.layer}: rotary dims [{self.rotary_offset}, {self.rotary_offset + self.rotary_dim}) "
+                f"do not fit in head_dim {self.head_dim}"
+            )
         if self.sinks is not None and len(self.sinks) != self.n_heads:
             raise InputError(f"sinks has {len(self.sinks)} entries for {self.n_heads} heads")
         if self.select_keys is not None and self.select_keys < 1:
-            raise InputError(f"layer {self.layer}: select_keys must be ≥ 1 (the keys each query keeps), got {self.select_keys}")
+            raise InputError(
+                f"layer {self.layer}: select_keys must be ≥ 1 (the keys each query keeps), got {self.select_keys}"
+            )
         if self.chunk is not None and (self.chunk < 1 or self.window):
-            raise InputError(f"layer {self.layer}: chunk must be ≥ 1 and not beside a sliding window, got chunk "
-                             f"{self.chunk}, window {self.window}")
+            raise InputError(
+                f"layer {self.layer}: chunk must be ≥ 1 and not beside a sliding window, got chunk "
+                f"{self.chunk}, window {self.window}"
+            )
         if self.temperature is not None and (self.temperature[1] < 1 or not self.rotary):
-            raise InputError(f"layer {self.layer}: a query temperature needs a rotary layer and L₀ ≥ 1, got "
-                             f"{self.temperature}")
-        if self.axes and (len(self.axes) != self.n_planes or not set(self.axes) <= set(range(len(MROPE_AXES)))):
-            raise InputError(f"layer {self.layer}: axes must give one of 0, 1, 2 ({', '.join(MROPE_AXES)}) for each of "
-                             f"its {self.n_planes} planes, got {list(self.axes)}")
+            raise InputError(
+                f"layer {self.layer}: a query temperature needs a rotary layer and L₀ ≥ 1, got "
+                f"{self.temperature}"
+            )
+        if self.axes and (
+            len(self.axes) != self.n_planes or not set(self.axes) <= set(range(len(MROPE_AXES)))
+        ):
+            raise InputError(
+                f"layer {self.layer}: axes must give one of 0, 1, 2 ({', '.join(MROPE_AXES)}) for each of "
+                f"its {self.n_planes} planes, got {list(self.axes)}"
+            )
 
     @property
     def n_planes(self) -> int:
@@ -255,7 +303,9 @@ class LayerRope:
         beta, l0 = self.temperature
         return 1 + beta * torch.log(1 + torch.floor(positions / l0))
 
-    def tempered(self, q_rot: Float[Tensor, "batch pos head d"], pos_axis: int = 1, inverse: bool = False) -> Tensor:
+    def tempered(
+        self, q_rot: Float[Tensor, "batch pos head d"], pos_axis: int = 1, inverse: bool = False
+    ) -> Tensor:
         """The queries entering the score from the rotated ones (positions 0, 1, … on ``pos_axis`` of a 4-D tensor):
         ``q_rot`` itself unless the layer has a query temperature; ``inverse``: the rotated queries from the ones
         entering the score."""
@@ -343,13 +393,15 @@ class LayerRope:
             raise UnsupportedModelError(
                 f"layer {self.layer} attends in chunks of {self.chunk} tokens (chunked attention: a query sees only "
                 f"the keys of its own chunk), which {what} does not model on {n_pos}-token windows: use windows of at "
-                f"most {self.chunk} tokens (--n-ctx), where the mask is causal, or attention_decomposition, which applies it")
+                f"most {self.chunk} tokens (--n-ctx), where the mask is causal, or attention_decomposition, which applies it"
+            )
         if self.selects(n_pos):
             raise UnsupportedModelError(
                 f"layer {self.layer} keeps at most {self.select_keys} keys per query, picked from the input by the "
                 f"model's indexer (sparse attention), so on {n_pos}-token windows its mask depends on the text and "
                 f"{what} (which assumes the causal mask) would be wrong: use windows of at most {self.select_keys} "
-                "tokens (--n-ctx), where no key is dropped, or attention_decomposition, which reads the selection")
+                "tokens (--n-ctx), where no key is dropped, or attention_decomposition, which reads the selection"
+            )
 
     def probs(self, scores: Float[Tensor, "... k"], head_axis: int = 1) -> Float[Tensor, "... k"]:
         """The attention pattern this layer makes of pre-softmax ``scores`` (masked entries −inf).
@@ -371,19 +423,30 @@ class LayerRope:
 
     def angles(self, positions: Tensor) -> Float[Tensor, "... n_planes"]:
         """Rotation angle of each plane at each position, m·θ_i (−m·θ_i where the model turns the other way)."""
-        return positions.to(torch.float64)[..., None] * self.inv_freq.to(positions.device, torch.float64) * self.direction
+        return (
+            positions.to(torch.float64)[..., None]
+            * self.inv_freq.to(positions.device, torch.float64)
+            * self.direction
+        )
 
-    def rotate(self, x: Float[Tensor, "... pos head_dim"], positions: Tensor) -> Float[Tensor, "... pos head_dim"]:
+    def rotate(
+        self, x: Float[Tensor, "... pos head_dim"], positions: Tensor
+    ) -> Float[Tensor, "... pos head_dim"]:
         """Apply this layer's rotation (and attention scaling) to head vectors at ``positions``.
 
         ``positions`` broadcasts against the position axis (the second-to-last axis of ``x``).
         Dimensions past ``rotary_dim`` pass through unchanged, as in partial-rotary models.
         """
         ang = self.angles(positions).to(x.dtype)
-        return self.rotate_by(x, ang.cos() * self.attention_scaling, ang.sin() * self.attention_scaling)
+        return self.rotate_by(
+            x, ang.cos() * self.attention_scaling, ang.sin() * self.attention_scaling
+        )
 
     def rotate_by(
-        self, x: Float[Tensor, "... pos head_dim"], cos: Float[Tensor, "... pos n_planes"], sin: Float[Tensor, "... pos n_planes"]
+        self,
+        x: Float[Tensor, "... pos head_dim"],
+        cos: Float[Tensor, "... pos n_planes"],
+        sin: Float[Tensor, "... pos n_planes"],
     ) -> Float[Tensor, "... pos head_dim"]:
         """Rotate each plane of ``x`` by given per-plane cos and sin (which broadcast against ``x``'s planes)."""
         p = self.split(x)
@@ -401,10 +464,16 @@ class LayerRope:
         o, r = self.rotary_offset, self.rotary_dim
         return torch.cat([x[..., o : o + r], x[..., :o], x[..., o + r :]], dim=-1)
 
-    def pre_from_model(self, rot_in: Float[Tensor, "... rotary_dim"]) -> Float[Tensor, "... rotary_dim"]:
+    def pre_from_model(
+        self, rot_in: Float[Tensor, "... rotary_dim"]
+    ) -> Float[Tensor, "... rotary_dim"]:
         """The rotary slice as the model's rotation receives it, in the plane layout its output has
         (de-interleaved where the rotation reads adjacent pairs and writes halves)."""
-        return torch.cat([rot_in[..., 0::2], rot_in[..., 1::2]], dim=-1) if self.pre_interleaved else rot_in
+        return (
+            torch.cat([rot_in[..., 0::2], rot_in[..., 1::2]], dim=-1)
+            if self.pre_interleaved
+            else rot_in
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -485,8 +554,13 @@ class RopeSpec:
         """Layers with softmax attention (a hybrid's linear, convolution and state-space layers left out)."""
         return [lr.layer for lr in self.layers if lr.attention]
 
-    def layer_indices(self, layers: Sequence[int] | None = None, kind: str | None = None, *,
-                      rotary_only: bool = True) -> list[int]:
+    def layer_indices(
+        self,
+        layers: Sequence[int] | None = None,
+        kind: str | None = None,
+        *,
+        rotary_only: bool = True,
+    ) -> list[int]:
         """Validate a layer selection (None = every rotary layer), optionally restricted to one layer kind.
 
         Per-plane analyses have nothing to measure in a NoPE layer, so with ``rotary_only`` asking
@@ -496,11 +570,18 @@ class RopeSpec:
         if kind is not None and kind not in self.kinds:
             raise InputError(f"layer kind {kind!r} not in this model; it has {sorted(self.kinds)}")
         if kind in MIXER_KINDS:
-            raise InputError(f"layer kind {kind!r} has no softmax attention (layers {layer_ranges(self.kinds[kind])}): "
-                             f"nothing to measure; the attention layers are {layer_ranges(self.attention_layers) or 'none'}")
-        if layers is None:  # a NoPE layer whose queries carry a position-dependent temperature is measured by no one
-            chosen = self.rotary_layers if rotary_only else [L for L in self.attention_layers
-                                                             if not self.layers[L].query_scale]
+            raise InputError(
+                f"layer kind {kind!r} has no softmax attention (layers {layer_ranges(self.kinds[kind])}): "
+                f"nothing to measure; the attention layers are {layer_ranges(self.attention_layers) or 'none'}"
+            )
+        if (
+            layers is None
+        ):  # a NoPE layer whose queries carry a position-dependent temperature is measured by no one
+            chosen = (
+                self.rotary_layers
+                if rotary_only
+                else [L for L in self.attention_layers if not self.layers[L].query_scale]
+            )
         else:
             chosen = []
             for idx in layers:
@@ -519,14 +600,20 @@ class RopeSpec:
                 lr = mixers[0]
                 raise InputError(
                     f"layer {lr.layer} is a {lr.kind!r} layer ({lr.mixer}) with no softmax attention: nothing to "
-                    f"measure; the attention layers are {layer_ranges(self.attention_layers) or 'none'}")
-        tempered = [self.layers[i] for i in chosen if self.layers[i].query_scale] if layers is not None else []
+                    f"measure; the attention layers are {layer_ranges(self.attention_layers) or 'none'}"
+                )
+        tempered = (
+            [self.layers[i] for i in chosen if self.layers[i].query_scale]
+            if layers is not None
+            else []
+        )
         if tempered and not rotary_only:
             lr = tempered[0]
             raise UnsupportedModelError(
                 f"layer {lr.layer} is a NoPE layer that scales each query at position m by {lr.query_scale} before its "
                 "score, so its scores are not q·k times one scale and ropelens does not measure it; the rotary layers "
-                f"are {layer_ranges(self.rotary_layers) or 'none'}")
+                f"are {layer_ranges(self.rotary_layers) or 'none'}"
+            )
         if rotary_only and layers is not None:
             nope = [i for i in chosen if not self.layers[i].rotary]
             if nope:
@@ -538,7 +625,9 @@ class RopeSpec:
             chosen = [i for i in chosen if self.layers[i].kind == kind]
         return chosen
 
-    def width_groups(self, layers: Sequence[int] | None = None) -> dict[tuple[int, int, int, int], list[int]]:
+    def width_groups(
+        self, layers: Sequence[int] | None = None
+    ) -> dict[tuple[int, int, int, int], list[int]]:
         """Layers (default: the rotary ones) grouped by width: (head_dim, n_heads, n_kv_heads, n_planes) → layers.
 
         One group for most models; Gemma 4's wider global heads make a second.
@@ -559,15 +648,22 @@ class RopeSpec:
         """
         bad = [ax for ax in axes if not isinstance(ax, int) and ax not in _WIDTH_AXES]
         if bad:
-            raise InputError(f"unknown width axes {bad}: name one of {sorted(_WIDTH_AXES)}, or give a size")
-        width = lambda L, ax: ax if isinstance(ax, int) else getattr(self.layers[L], _WIDTH_AXES[ax])  # noqa: E731
+            raise InputError(
+                f"unknown width axes {bad}: name one of {sorted(_WIDTH_AXES)}, or give a size"
+            )
+
+        def width(L, ax):
+            return ax if isinstance(ax, int) else getattr(self.layers[L], _WIDTH_AXES[ax])
+
         sizes = [max(width(L, ax) for L in layers) if layers else 0 for ax in axes]
         out = torch.zeros(len(layers), *sizes, dtype=torch.bool)
         for i, L in enumerate(layers):
             out[(i, *(slice(0, width(L, ax)) for ax in axes))] = True
         return out
 
-    def padded_zeros(self, layers: Sequence[int], *axes: str | int, dtype: torch.dtype = torch.float64) -> Tensor:
+    def padded_zeros(
+        self, layers: Sequence[int], *axes: str | int, dtype: torch.dtype = torch.float64
+    ) -> Tensor:
         """Running sums laid out ``[layer, *axes]`` as :meth:`present`: 0 at a layer's own entries, NaN past them.
 
         The analyses that stack layers (band statistics, head scores, sinks, attention by distance, massive
@@ -588,11 +684,15 @@ class RopeSpec:
         groups = self.width_groups(layers)
         if len(groups) < 2:
             return
-        per = "; ".join(f"head dim {d}, {h} heads / {kv} KV heads, {p} planes in layers {layer_ranges(ls)}"
-                        for (d, h, kv, p), ls in groups.items())
+        per = "; ".join(
+            f"head dim {d}, {h} heads / {kv} KV heads, {p} planes in layers {layer_ranges(ls)}"
+            for (d, h, kv, p), ls in groups.items()
+        )
         fix = " or ".join(f"layers={ls}" for ls in groups.values())
-        raise InputError(f"{what} stacks layers of one width, and these differ ({per}): measure one width at a time, "
-                         f"{fix} (--layers)")
+        raise InputError(
+            f"{what} stacks layers of one width, and these differ ({per}): measure one width at a time, "
+            f"{fix} (--layers)"
+        )
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (layer, plane): frequency, wavelength and whether it turns within n_ctx."""
@@ -641,18 +741,32 @@ class RopeSpec:
                     "sinks": lr.sinks is not None,
                     "mixer": lr.mixer,
                     "output_gate": lr.output_gate,
-                    "shortest_wavelength": float(finite.min()) if finite.numel() else math.nan if not wl.numel() else math.inf,
+                    "shortest_wavelength": float(finite.min())
+                    if finite.numel()
+                    else math.nan
+                    if not wl.numel()
+                    else math.inf,
                     "longest_wavelength": longest,
                     "planes_beyond_ctx": int((wl > self.n_ctx).sum()),
                 }
             )
-            if any(x.shared_rotary_key for x in self.layers):  # multi-head latent attention: where the planes sit
-                rows[-1].update(rotary_offset=lr.rotary_offset, shared_rotary_key=lr.shared_rotary_key)
-            if any(x.select_keys for x in self.layers):  # sparse attention: the keys each query keeps
+            if any(
+                x.shared_rotary_key for x in self.layers
+            ):  # multi-head latent attention: where the planes sit
+                rows[-1].update(
+                    rotary_offset=lr.rotary_offset, shared_rotary_key=lr.shared_rotary_key
+                )
+            if any(
+                x.select_keys for x in self.layers
+            ):  # sparse attention: the keys each query keeps
                 rows[-1].update(select_keys=lr.select_keys)
-            if any(x.temperature for x in self.layers):  # a query temperature after the rotation (Ministral 3)
+            if any(
+                x.temperature for x in self.layers
+            ):  # a query temperature after the rotation (Ministral 3)
                 rows[-1].update(temperature=lr.temperature)
-            if any(x.axes for x in self.layers):  # multimodal RoPE: which planes each position axis turns
+            if any(
+                x.axes for x in self.layers
+            ):  # multimodal RoPE: which planes each position axis turns
                 rows[-1].update(mrope_axes=describe_axes(lr.axes))
         return pd.DataFrame(rows)
 
@@ -683,8 +797,11 @@ class RopeSpec:
 
 def describe_axes(axes: Sequence[int]) -> str:
     """The planes of each M-RoPE axis in compact form, e.g. ``t 0-15; h 16-39; w 40-63`` ('' for 1-D RoPE)."""
-    return "; ".join(f"{name} {layer_ranges([i for i, a in enumerate(axes) if a == k])}"
-                     for k, name in enumerate(MROPE_AXES) if k in axes)
+    return "; ".join(
+        f"{name} {layer_ranges([i for i, a in enumerate(axes) if a == k])}"
+        for k, name in enumerate(MROPE_AXES)
+        if k in axes
+    )
 
 
 def layer_ranges(idx: Sequence[int]) -> str:
@@ -709,6 +826,8 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def expand_kv(k: Float[Tensor, "batch pos kv_head d"], rope: LayerRope) -> Float[Tensor, "batch pos head d"]:
+def expand_kv(
+    k: Float[Tensor, "batch pos kv_head d"], rope: LayerRope
+) -> Float[Tensor, "batch pos head d"]:
     """KV heads → query heads under grouped-query attention (query head h reads KV head h // group)."""
     return k.repeat_interleave(rope.group_size, dim=2) if rope.group_size > 1 else k

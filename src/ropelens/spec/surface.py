@@ -15,22 +15,34 @@ def is_bridge(model) -> bool:
     return hasattr(model, "original_model") and hasattr(model, "blocks")
 
 
-def bridge_refusal(model, arch: str, *, chunked: str | None = None, mla: bool = False,
-                   kv_shared: list[int] | tuple[int, ...] = ()) -> str | None:
+def bridge_refusal(
+    model,
+    arch: str,
+    *,
+    chunked: str | None = None,
+    mla: bool = False,
+    kv_shared: list[int] | tuple[int, ...] = (),
+) -> str | None:
     """Why TransformerLens bridge ``model`` cannot capture an architecture's q and k exactly (None: it can, or
     ``model`` is not a bridge): chunked attention (``chunked``: why), multi-head latent attention, layers reusing
     an earlier layer's keys (``kv_shared``). The plain HF model measures all three."""
     if not is_bridge(model):
         return None
     if chunked:
-        return (f"{arch}: chunked attention is measured on the plain HF model ({chunked}): load it with "
-                "ropelens.load_model, which runs it without the bridge.")
+        return (
+            f"{arch}: chunked attention is measured on the plain HF model ({chunked}): load it with "
+            "ropelens.load_model, which runs it without the bridge."
+        )
     if mla:
-        return (f"{arch}: multi-head latent attention is measured on the plain HF model (TransformerLens's MLA bridge "
-                "fires no pre-RoPE q/k hook): load it with ropelens.load_model, which runs it without the bridge.")
+        return (
+            f"{arch}: multi-head latent attention is measured on the plain HF model (TransformerLens's MLA bridge "
+            "fires no pre-RoPE q/k hook): load it with ropelens.load_model, which runs it without the bridge."
+        )
     if kv_shared:
-        return (f"{arch}: layers {list(kv_shared)} reuse an earlier layer's keys (num_kv_shared_layers, Gemma 4 "
-                "E2B/E4B) and compute none of their own, so ropelens cannot capture the keys their scores are made of.")
+        return (
+            f"{arch}: layers {list(kv_shared)} reuse an earlier layer's keys (num_kv_shared_layers, Gemma 4 "
+            "E2B/E4B) and compute none of their own, so ropelens cannot capture the keys their scores are made of."
+        )
     return None
 
 
@@ -40,4 +52,6 @@ def declared_adjacent_pairs(model) -> bool | None:
     if not is_bridge(model):
         return None
     cfg = getattr(model, "cfg", None)
-    return bool(getattr(cfg, "rotary_adjacent_pairs", False)) or bool(getattr(cfg, "rotary_interleaved_cos_sin", False))
+    return bool(getattr(cfg, "rotary_adjacent_pairs", False)) or bool(
+        getattr(cfg, "rotary_interleaved_cos_sin", False)
+    )

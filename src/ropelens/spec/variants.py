@@ -53,7 +53,6 @@ __all__ = [
 ]
 
 
-
 def _base(layer: LayerRope) -> float:
     if layer.base is None:
         raise InputError(
@@ -69,7 +68,9 @@ _COERCE: dict[str, Callable[[Any, str], Any]] = {
         check_number, at_least=0, at_most=1, hint=" (p is the share of planes that rotate)"
     ),
     "base": functools.partial(check_number, above=1, hint=" (θ_i = base^(−2i/d) must fall with i)"),
-    "factor": functools.partial(check_number, above=0, hint=" (the context-extension ratio, e.g. 4)"),
+    "factor": functools.partial(
+        check_number, above=0, hint=" (the context-extension ratio, e.g. 4)"
+    ),
     "original_max_position": functools.partial(
         check_number, at_least=1, integer=True, hint=" (a length in tokens)"
     ),
@@ -77,7 +78,10 @@ _COERCE: dict[str, Callable[[Any, str], Any]] = {
         check_number, at_least=0, integer=True, hint=" (positions left uninterpolated)"
     ),
     "n_low": functools.partial(
-        check_number, at_least=0, integer=True, hint=" (how many of the lowest-frequency planes CoPE tapers)"
+        check_number,
+        at_least=0,
+        integer=True,
+        hint=" (how many of the lowest-frequency planes CoPE tapers)",
     ),
     "planes": lambda v, what: check_indices(v, what[:-1]),
     "truncate": check_flag,
@@ -114,8 +118,11 @@ def freq_dim(layer: LayerRope) -> int:
         return d
     own = layer.inv_freq.float()
     for cand in (d, d - 1):
-        if cand > 0 and (cand + 1) // 2 == layer.n_planes and torch.allclose(
-                _default_inv_freq(float(layer.base), cand), own, rtol=1e-6, atol=0):
+        if (
+            cand > 0
+            and (cand + 1) // 2 == layer.n_planes
+            and torch.allclose(_default_inv_freq(float(layer.base), cand), own, rtol=1e-6, atol=0)
+        ):
             return cand
     return d
 
@@ -165,7 +172,7 @@ class RopeVariant:
         """Radians per token of each plane of ``layer``, highest frequency first (float32)."""
         raise NotImplementedError(f"{type(self).__name__} does not define inv_freq")
 
-    def attention_scaling(self, layer: LayerRope) -> float:  # noqa: ARG002 - most variants have none
+    def attention_scaling(self, layer: LayerRope) -> float:  # noqa: ARG002
         """Multiplier of cos and sin (YaRN/LongRoPE attention factor); 1.0 where the method has none."""
         return 1.0
 
@@ -272,7 +279,7 @@ class PRoPE(_HF):
             return self._hf(layer)[0]  # HF's proportional, bit for bit
         # frequencies over another width than the rotary dims (an odd one): the layer's own, the rest unrotated
         inv = _default_inv_freq(_base(layer), d)
-        inv[kept_planes(self.p, layer.n_planes):] = 0.0
+        inv[kept_planes(self.p, layer.n_planes) :] = 0.0
         return inv
 
 
@@ -372,7 +379,7 @@ class DynamicNTK(_HF):
     original_max_position: int
     rope_type: ClassVar[str] = "dynamic"
 
-    def _max_position(self, layer: LayerRope) -> int | None:  # noqa: ARG002 - HF's "original" length
+    def _max_position(self, layer: LayerRope) -> int | None:  # noqa: ARG002
         return self.original_max_position
 
     def inv_freq(
@@ -498,7 +505,6 @@ class LongRoPE(_HF):
         return torch.where(positions[..., None] < self.n_hat, plain, scaled)
 
 
-
 # --------------------------------------------------------------------------------------------
 # frequency rounding, soft clipping and zeroing
 # --------------------------------------------------------------------------------------------
@@ -543,8 +549,11 @@ class Resonance(RopeVariant):
         return YaRN(self.factor, _native(layer, self.original_max_position, "Resonance-YaRN"))
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
-        inv = _default_inv_freq(_base(layer), freq_dim(layer)) if self.factor is None \
+        inv = (
+            _default_inv_freq(_base(layer), freq_dim(layer))
+            if self.factor is None
             else self._yarn(layer).inv_freq(layer)
+        )
         wavelengths = torch.round(2 * math.pi / inv)
         if bool((wavelengths == 0).any()):
             raise InputError(
@@ -576,8 +585,10 @@ class CoPE(RopeVariant):
         inv = _default_inv_freq(_base(layer), freq_dim(layer))
         c = min(self.n_low, inv.numel())
         if c > 0:
-            mask = 0.5 * (1.0 + torch.cos(torch.linspace(0.0, math.pi, steps=c, dtype=torch.float32)))
-            inv[inv.numel() - c:] = inv[inv.numel() - c:] * mask
+            mask = 0.5 * (
+                1.0 + torch.cos(torch.linspace(0.0, math.pi, steps=c, dtype=torch.float32))
+            )
+            inv[inv.numel() - c :] = inv[inv.numel() - c :] * mask
         return inv
 
 

@@ -16,7 +16,14 @@ import torch
 from ropelens.errors import InputError
 from ropelens.loading.models import wrap_hf_model
 
-__all__ = ["TINY_FAMILIES", "spread_weights", "tiny_hf_model", "tiny_model", "tiny_model_dir", "tiny_tokenizer"]
+__all__ = [
+    "TINY_FAMILIES",
+    "spread_weights",
+    "tiny_hf_model",
+    "tiny_model",
+    "tiny_model_dir",
+    "tiny_tokenizer",
+]
 
 Family = Literal["llama", "llama-gqa", "gemma3", "gptj", "gpt2"]
 TINY_FAMILIES: tuple[str, ...] = ("llama", "llama-gqa", "gemma3", "gptj")
@@ -56,10 +63,16 @@ def _config(family: str, vocab: int, **overrides: Any):
     ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
     if family in ("llama", "llama-gqa"):
         kw = dict(
-            vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=4 if family == "llama" else 2, head_dim=16,
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4 if family == "llama" else 2,
+            head_dim=16,
             max_position_embeddings=256,
-            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, **ids,
+            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+            **ids,
         )
         kw.update(overrides)
         cfg = LlamaConfig(**kw)
@@ -67,9 +80,16 @@ def _config(family: str, vocab: int, **overrides: Any):
         return cfg
     if family == "gemma3":
         kw = dict(
-            vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-            sliding_window=8, query_pre_attn_scalar=32,
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            sliding_window=8,
+            query_pre_attn_scalar=32,
             layer_types=["sliding_attention"] * 3 + ["full_attention"],
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -82,15 +102,30 @@ def _config(family: str, vocab: int, **overrides: Any):
         cfg.architectures = ["Gemma3ForCausalLM"]
         return cfg
     if family == "gptj":
-        kw = dict(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=256,
-                  bos_token_id=1, eos_token_id=2)
+        kw = dict(
+            vocab_size=vocab,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            rotary_dim=8,
+            n_positions=256,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
         kw.update(overrides)
         cfg = GPTJConfig(**kw)
         cfg.architectures = ["GPTJForCausalLM"]
         return cfg
     if family == "gpt2":  # no RoPE: for error paths and learned-PE geometry
-        kw = dict(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256,
-                  bos_token_id=1, eos_token_id=2)
+        kw = dict(
+            vocab_size=vocab,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=256,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
         kw.update(overrides)
         cfg = GPT2Config(**kw)
         cfg.architectures = ["GPT2LMHeadModel"]
@@ -120,7 +155,9 @@ def spread_weights(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.rand(p.shape, generator=g) * 1.5 + 0.25)
 
 
-def tiny_model(family: str = "llama", *, seed: int = 0, device: str | None = "cpu", **config_overrides: Any):
+def tiny_model(
+    family: str = "llama", *, seed: int = 0, device: str | None = "cpu", **config_overrides: Any
+):
     """A tiny random ``family`` model wrapped in the TransformerLens bridge.
 
     Families: ``"llama"`` (MHA), ``"llama-gqa"`` (4 query heads over 2 KV heads), ``"gemma3"``
@@ -129,10 +166,18 @@ def tiny_model(family: str = "llama", *, seed: int = 0, device: str | None = "cp
     and ``"gpt2"`` (no RoPE). ``config_overrides`` go to the HF config.
     """
     hf = tiny_hf_model(family, seed=seed, **config_overrides)
-    return wrap_hf_model(hf, tiny_tokenizer(), device=device, label=f"tiny-{family}", hub_name=f"ropelens/tiny-{family}")
+    return wrap_hf_model(
+        hf,
+        tiny_tokenizer(),
+        device=device,
+        label=f"tiny-{family}",
+        hub_name=f"ropelens/tiny-{family}",
+    )
 
 
-def tiny_model_dir(family: str, dest: str | Path, *, seed: int = 0, **config_overrides: Any) -> Path:
+def tiny_model_dir(
+    family: str, dest: str | Path, *, seed: int = 0, **config_overrides: Any
+) -> Path:
     """Save a tiny model and its tokenizer as an HF directory (for load_model(path) tests)."""
     dest = Path(dest)
     tiny_hf_model(family, seed=seed, **config_overrides).save_pretrained(dest)

@@ -30,8 +30,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["HFLayer", "allowed_keys", "band_logits", "dense_layer_sums", "dense_reference", "hf_layers", "js",
-           "keys_per_head", "pattern_of", "plane_norm_means"]
+__all__ = [
+    "HFLayer",
+    "allowed_keys",
+    "band_logits",
+    "dense_layer_sums",
+    "dense_reference",
+    "hf_layers",
+    "js",
+    "keys_per_head",
+    "pattern_of",
+    "plane_norm_means",
+]
 
 
 @dataclass
@@ -45,8 +55,12 @@ class HFLayer:
     window: int | None  # the sliding window HF passes (None: full causal)
     softcap: float | None  # the soft-cap HF passes
     sinks: Tensor | None  # [H] the sink logits HF passes (``s_aux``)
-    probs: Tensor | None  # [b, H, n, n] HF's attention probabilities (None: HF returned none for this layer)
-    allowed: Tensor | None = None  # [n, n] the keys HF's own mask allows each query (None: from ``window``)
+    probs: (
+        Tensor | None
+    )  # [b, H, n, n] HF's attention probabilities (None: HF returned none for this layer)
+    allowed: Tensor | None = (
+        None  # [n, n] the keys HF's own mask allows each query (None: from ``window``)
+    )
 
 
 def _allowed(mask: Tensor | None, n: int) -> Tensor | None:
@@ -57,7 +71,9 @@ def _allowed(mask: Tensor | None, n: int) -> Tensor | None:
     if mask is None:
         return None
     m = mask[..., :n, :n]
-    ok = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2  # HF masks with the dtype's minimum
+    ok = (
+        m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
+    )  # HF masks with the dtype's minimum
     ok = ok.reshape(-1, n, n)
     if not bool((ok == ok[:1]).all()):
         raise ValueError("HF's attention mask differs between rows or heads: pass unpadded rows")
@@ -80,8 +96,10 @@ def hf_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "eager_attention_forward", None)
     if orig is None:
-        if any(callable(getattr(m, "_attn", None)) and isinstance(getattr(m, "layer_idx", None), int)
-               for m in hf.modules()):
+        if any(
+            callable(getattr(m, "_attn", None)) and isinstance(getattr(m, "layer_idx", None), int)
+            for m in hf.modules()
+        ):
             return _method_layers(hf, toks)
         return _inline_layers(hf, toks, mod)
     got: dict[int, dict] = {}
@@ -89,10 +107,14 @@ def hf_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
     def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
         if isinstance(getattr(module, "layer_idx", None), int):  # a decoder layer's attention
             got[module.layer_idx] = dict(
-                q=query.detach().clone(), k=key.detach().clone(),
-                scale=float(kwargs.get("scaling", args[0] if args else 0)), window=kwargs.get("sliding_window"),
-                softcap=kwargs.get("softcap"), allowed=_allowed(attention_mask, query.shape[2]),
-                sinks=None if kwargs.get("s_aux") is None else kwargs["s_aux"].detach().clone())
+                q=query.detach().clone(),
+                k=key.detach().clone(),
+                scale=float(kwargs.get("scaling", args[0] if args else 0)),
+                window=kwargs.get("sliding_window"),
+                softcap=kwargs.get("softcap"),
+                allowed=_allowed(attention_mask, query.shape[2]),
+                sinks=None if kwargs.get("s_aux") is None else kwargs["s_aux"].detach().clone(),
+            )
         return orig(module, query, key, value, attention_mask, *args, **kwargs)
 
     mod.eager_attention_forward = wrapped
@@ -110,13 +132,23 @@ def _method_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
     CodeGen, GPT-NeoX-Japanese): the query and key it receives, its mask, and one over the number it divides the
     scores by (``scale_attn``; GPT-NeoX-Japanese's ``norm_factor``)."""
     got: dict[int, dict] = {}
-    patched = [m for m in hf.modules() if callable(getattr(m, "_attn", None)) and isinstance(getattr(m, "layer_idx", None), int)]
+    patched = [
+        m
+        for m in hf.modules()
+        if callable(getattr(m, "_attn", None)) and isinstance(getattr(m, "layer_idx", None), int)
+    ]
 
     def tap(module, fn):
         def call(query, key, value, attention_mask=None, *args, **kwargs):
-            got[module.layer_idx] = dict(q=query.detach().clone(), k=key.detach().clone(),
-                                         scale=1.0 / _divisor(module), window=None, softcap=None, sinks=None,
-                                         allowed=_allowed(attention_mask, query.shape[2]))
+            got[module.layer_idx] = dict(
+                q=query.detach().clone(),
+                k=key.detach().clone(),
+                scale=1.0 / _divisor(module),
+                window=None,
+                softcap=None,
+                sinks=None,
+                allowed=_allowed(attention_mask, query.shape[2]),
+            )
             return fn(query, key, value, attention_mask, *args, **kwargs)
 
         return call
@@ -138,7 +170,9 @@ def _divisor(module) -> float:
     for name in ("scale_attn", "norm_factor"):
         if isinstance(getattr(module, name, None), (int, float, Tensor)):
             return float(getattr(module, name))
-    raise ValueError(f"{type(module).__name__}._attn: no scale_attn or norm_factor to divide its scores by")
+    raise ValueError(
+        f"{type(module).__name__}._attn: no scale_attn or norm_factor to divide its scores by"
+    )
 
 
 def _inline_layers(hf, toks: Tensor, mod) -> dict[int, HFLayer]:
@@ -158,9 +192,15 @@ def _inline_layers(hf, toks: Tensor, mod) -> dict[int, HFLayer]:
             probs = hf(toks, output_attentions=True).attentions
     finally:
         mod.apply_rotary_pos_emb = orig
-    scale = (hf.config.hidden_size // hf.config.num_attention_heads) ** -0.5  # Falcon divides by √head_dim in its code
-    return {L: HFLayer(probs=probs[L].detach(), scale=scale, window=None, softcap=None, sinks=None, **got[L])
-            for L in range(len(probs))}
+    scale = (
+        hf.config.hidden_size // hf.config.num_attention_heads
+    ) ** -0.5  # Falcon divides by √head_dim in its code
+    return {
+        L: HFLayer(
+            probs=probs[L].detach(), scale=scale, window=None, softcap=None, sinks=None, **got[L]
+        )
+        for L in range(len(probs))
+    }
 
 
 def allowed_keys(n: int, window: int | None) -> Tensor:
@@ -181,7 +221,10 @@ def keys_per_head(k: Tensor, n_heads: int) -> Tensor:
 def band_logits(lay: HFLayer, dims: list[Tensor]) -> Tensor:
     """``[b, H, band, q, k]``: each band's q·k terms times HF's score scale (float64, unmasked)."""
     q, k = lay.q.double(), keys_per_head(lay.k.double(), lay.q.shape[1])
-    return torch.stack([torch.einsum("bhqd,bhkd->bhqk", q[..., d], k[..., d]) for d in dims], dim=2) * lay.scale
+    return (
+        torch.stack([torch.einsum("bhqd,bhkd->bhqk", q[..., d], k[..., d]) for d in dims], dim=2)
+        * lay.scale
+    )
 
 
 def pattern_of(lay: HFLayer, logits: Tensor, ok: Tensor) -> Tensor:
@@ -199,7 +242,10 @@ def pattern_of(lay: HFLayer, logits: Tensor, ok: Tensor) -> Tensor:
 def js(p: Tensor, r: Tensor) -> Tensor:
     """Jensen–Shannon divergence in nats along the last axis (0·log 0 = 0)."""
     m = (p + r) / 2
-    kl = lambda a: torch.where(a > 0, a * (a / m).log(), 0.0).sum(-1)  # noqa: E731
+
+    def kl(a):
+        return torch.where(a > 0, a * (a / m).log(), 0.0).sum(-1)
+
     return (kl(p) + kl(r)) / 2
 
 
@@ -208,7 +254,9 @@ def _model_pattern(lay: HFLayer, scores: Tensor, ok: Tensor) -> Tensor:
     (rows summing to 1) and scale the output after the softmax (Granite SWA), times ``sigmoid(lse − sink)``,
     the log-sum-exp over the allowed (capped) scores of the row."""
     p = lay.probs.double()
-    if lay.sinks is None or float((p.sum(-1) - 1).abs().max()) > 1e-5:  # no sinks, or their mass is in p already
+    if (
+        lay.sinks is None or float((p.sum(-1) - 1).abs().max()) > 1e-5
+    ):  # no sinks, or their mass is in p already
         return p
     x = lay.softcap * torch.tanh(scores / lay.softcap) if lay.softcap is not None else scores
     lse = torch.logsumexp(x.masked_fill(~ok, float("-inf")), dim=-1)
@@ -231,7 +279,9 @@ def dense_layer_sums(lay: HFLayer, dims: list[Tensor], planes: Tensor) -> dict[s
     mean_x = (X * okf).sum(-1, keepdim=True) / cnt[:, None]
     mean_y = (Y * okf).sum(-1, keepdim=True) / cnt[:, None]
     dx, dy = (X - mean_x) * okf, (Y - mean_y) * okf
-    xa = X.gather(-1, att[:, :, None, :, None].expand(b, H, B, n, 1))[..., 0]  # [b,H,B,n] band logit at attended key
+    xa = X.gather(-1, att[:, :, None, :, None].expand(b, H, B, n, 1))[
+        ..., 0
+    ]  # [b,H,B,n] band logit at attended key
     others = ((X * okf).sum(-1) - xa) / (cnt - 1).clamp(min=1)
     band_max = X.masked_fill(~ok, float("-inf")).amax(-1)
     band_pattern = pattern_of(lay, X, ok)
@@ -239,7 +289,12 @@ def dense_layer_sums(lay: HFLayer, dims: list[Tensor], planes: Tensor) -> dict[s
 
     q, k = lay.q.double(), keys_per_head(lay.k.double(), H)
     ka = k.gather(2, att[..., None].expand(-1, -1, -1, k.shape[-1]))  # [b,H,n,d] attended key
-    q0, q1, k0, k1 = q[..., planes[:, 0]], q[..., planes[:, 1]], ka[..., planes[:, 0]], ka[..., planes[:, 1]]
+    q0, q1, k0, k1 = (
+        q[..., planes[:, 0]],
+        q[..., planes[:, 1]],
+        ka[..., planes[:, 0]],
+        ka[..., planes[:, 1]],
+    )
     term = (q0 * k0 + q1 * k1) * lay.scale  # [b,H,n,P]
     bound = torch.hypot(q0, q1) * torch.hypot(k0, k1) * lay.scale
     return {
@@ -257,8 +312,13 @@ def dense_layer_sums(lay: HFLayer, dims: list[Tensor], planes: Tensor) -> dict[s
     }
 
 
-def dense_reference(hf, runs: Sequence[Tensor], layers: Sequence[int], dims: dict[int, list[Tensor]],
-                    planes: dict[int, Tensor]) -> dict[str, Tensor]:
+def dense_reference(
+    hf,
+    runs: Sequence[Tensor],
+    layers: Sequence[int],
+    dims: dict[int, list[Tensor]],
+    planes: dict[int, Tensor],
+) -> dict[str, Tensor]:
     """Dense sums over separate unpadded runs (each a ``[b, n]`` token tensor), added up, ``[layer, ...]``."""
     total: dict[str, Tensor] = {}
     for toks in runs:

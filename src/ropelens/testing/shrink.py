@@ -16,27 +16,81 @@ from ropelens.testing.families import VOCAB
 
 __all__ = ["NotBuilt", "describe_config", "one_line", "shrink_config"]
 
-_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "hidden_size_global")  # _global: BLT's global stack, seen locally
+_HIDDEN = (
+    "hidden_size",
+    "n_embd",
+    "d_model",
+    "dim",
+    "hidden_size_global",
+)  # _global: BLT's global stack, seen locally
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "swa_num_attention_heads")
-_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "num_query_groups", "multi_query_group_num", "swa_num_key_value_heads")
-_HEAD_DIMS = ("head_dim", "kv_channels", "attention_head_dim", "swa_head_dim", "index_head_dim",
-              "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim")
-_LINEAR_HEADS = ("linear_num_key_heads", "linear_num_value_heads", "linear_num_heads", "index_n_heads")
+_KV_HEADS = (
+    "num_key_value_heads",
+    "num_kv_heads",
+    "num_query_groups",
+    "multi_query_group_num",
+    "swa_num_key_value_heads",
+)
+_HEAD_DIMS = (
+    "head_dim",
+    "kv_channels",
+    "attention_head_dim",
+    "swa_head_dim",
+    "index_head_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_head_dim",
+)
+_LINEAR_HEADS = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_num_heads",
+    "index_n_heads",
+)
 _EXPERTS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
 _TOPK = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "moe_k")
-_WINDOWS = ("sliding_window", "sliding_window_size", "attention_window_size", "local_attention_window_len",
-            "attention_chunk_size", "local_attention", "window_size", "index_topk")  # index_topk: DSA picks keys
-_MLA = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "o_lora_rank")
-_INDEX_LISTS = ("full_attn_idxs", "moe_layers", "mlp_only_layers", "hybrid_layer_ids", "attn_layer_indices",
-                "cross_attention_layers")
+_WINDOWS = (
+    "sliding_window",
+    "sliding_window_size",
+    "attention_window_size",
+    "local_attention_window_len",
+    "attention_chunk_size",
+    "local_attention",
+    "window_size",
+    "index_topk",
+)  # index_topk: DSA picks keys
+_MLA = (
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "o_lora_rank",
+)
+_INDEX_LISTS = (
+    "full_attn_idxs",
+    "moe_layers",
+    "mlp_only_layers",
+    "hybrid_layer_ids",
+    "attn_layer_indices",
+    "cross_attention_layers",
+)
 _COUNTS_FROM_START = ("first_k_dense_replace", "max_window_layers", "moe_layer_start_index")
-_PERIODS = (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset"))
+_PERIODS = (
+    ("attn_layer_period", "attn_layer_offset"),
+    ("expert_layer_period", "expert_layer_offset"),
+)
 _IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
 # Qwen4-Exp's QSA indexer, unset in its defaults though they make every 4th layer indexed: one key head (required),
 # a head as wide as the attention's (its rotary part must fit), a budget of 4 blocks of 2 keys, under the 24-token input
-_INDEXER = {"indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
-            "indexer_compress_ratio": 2}
+_INDEXER = {
+    "indexer_n_heads": 4,
+    "indexer_kv_heads": 1,
+    "indexer_head_dim": 16,
+    "indexer_budget": 8,
+    "indexer_compress_ratio": 2,
+}
 
 
 _DBRX_CLIP = 8.0  # dbrx-base/instruct's clip_qkv
@@ -67,14 +121,27 @@ def _n_layers(d: dict[str, Any]) -> tuple[str | None, int | None]:
 
 def _per_layer_keys(d: dict[str, Any], n: int) -> list[str]:
     """Keys holding one entry per layer (layer_types, no_rope_layers, mlp_layer_types, ...)."""
-    return [k for k, v in d.items() if k not in _INDEX_LISTS and isinstance(v, (list, str)) and len(v) == n
-            and k not in ("architectures",) and not k.endswith(("_token_id", "_token_ids"))]
+    return [
+        k
+        for k, v in d.items()
+        if k not in _INDEX_LISTS
+        and isinstance(v, (list, str))
+        and len(v) == n
+        and k not in ("architectures",)
+        and not k.endswith(("_token_id", "_token_ids"))
+    ]
 
 
 def _per_layer_dicts(d: dict[str, Any], n: int) -> list[str]:
     """Keys holding a dict keyed by layer index (Gemma 4's per_layer_config)."""
-    return [k for k, v in d.items() if isinstance(v, dict) and v and "model_type" not in v
-            and all(str(j).isdigit() and int(j) < n for j in v)]
+    return [
+        k
+        for k, v in d.items()
+        if isinstance(v, dict)
+        and v
+        and "model_type" not in v
+        and all(str(j).isdigit() and int(j) < n for j in v)
+    ]
 
 
 def _signature(d: dict[str, Any], n: int, per_layer: list[str], i: int) -> tuple:
@@ -82,7 +149,11 @@ def _signature(d: dict[str, Any], n: int, per_layer: list[str], i: int) -> tuple
     sig: list[Any] = [repr(d[k][i]) for k in per_layer]
     sig += [i in (d.get(k) or ()) for k in _INDEX_LISTS if isinstance(d.get(k), list)]
     sig += [repr({int(j): v for j, v in d[k].items()}.get(i)) for k in _per_layer_dicts(d, n)]
-    sig += [i < d[k] for k in _COUNTS_FROM_START if isinstance(d.get(k), int) and k != "max_window_layers"]
+    sig += [
+        i < d[k]
+        for k in _COUNTS_FROM_START
+        if isinstance(d.get(k), int) and k != "max_window_layers"
+    ]
     if d.get("use_sliding_window") and isinstance(d.get("max_window_layers"), int):
         sig.append(i < d["max_window_layers"])
     if isinstance(d.get("moe_layer_end_index"), int) and d["moe_layer_end_index"] >= 0:
@@ -119,7 +190,10 @@ def _shrink_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
         if isinstance(d.get(p), list) and d[p] and len(d[p]) < n:
             n = min(n, len(d[p]) * 2)  # two cycles of the pattern are enough to select from
     per_layer = _per_layer_keys(d, d[key])
-    for period, offset in _PERIODS:  # e.g. Jamba: attention every 8th layer from 4 → every 2nd from 1
+    for (
+        period,
+        offset,
+    ) in _PERIODS:  # e.g. Jamba: attention every 8th layer from 4 → every 2nd from 1
         if isinstance(d.get(period), int) and d[period] > 2:
             out[period], out[offset] = 2, 1
     if any(isinstance(d.get(p), int) and d[p] > 2 for p, _ in _PERIODS):
@@ -133,14 +207,22 @@ def _shrink_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
     for k in _INDEX_LISTS:
         if isinstance(d.get(k), list):
             out[k] = [j for j, i in enumerate(sel) if i in d[k]]
-    for k in _per_layer_dicts(d, d[key]):  # keys keep their format ("05"); widths inside scale like head_dim
+    for k in _per_layer_dicts(
+        d, d[key]
+    ):  # keys keep their format ("05"); widths inside scale like head_dim
         by_layer, width = {int(j): v for j, v in d[k].items()}, max(len(str(j)) for j in d[k])
-        out[k] = {str(j).zfill(width): _scale_widths(by_layer[i], d, out) for j, i in enumerate(sel) if i in by_layer}
+        out[k] = {
+            str(j).zfill(width): _scale_widths(by_layer[i], d, out)
+            for j, i in enumerate(sel)
+            if i in by_layer
+        }
     for k in _COUNTS_FROM_START:
         if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
             out[k] = sum(i < d[k] for i in sel)
     if isinstance(d.get("moe_layer_end_index"), int) and d["moe_layer_end_index"] >= 0:
-        out["moe_layer_end_index"] = max([j for j, i in enumerate(sel) if i <= d["moe_layer_end_index"]], default=0)
+        out["moe_layer_end_index"] = max(
+            [j for j, i in enumerate(sel) if i <= d["moe_layer_end_index"]], default=0
+        )
     if isinstance(d.get("num_kv_shared_layers"), int):
         out["num_kv_shared_layers"] = sum(i >= d[key] - d["num_kv_shared_layers"] for i in sel)
 
@@ -154,18 +236,31 @@ def _scale_widths(v: Any, d: dict[str, Any], out: dict[str, Any]) -> Any:
     if isinstance(v.get("head_dim"), int) and isinstance(d.get("head_dim"), int):
         new["head_dim"] = _even(16 * v["head_dim"] / d["head_dim"])
     heads = d.get("num_attention_heads")
-    for k in ("num_attention_heads", "num_key_value_heads"):  # as the per-layer head lists are scaled
+    for k in (
+        "num_attention_heads",
+        "num_key_value_heads",
+    ):  # as the per-layer head lists are scaled
         if isinstance(v.get(k), int) and isinstance(heads, int):
-            new[k] = (4 if v[k] >= heads else 1 if v[k] == 1 else 2) if "key_value" in k else max(1, round(4 * v[k] / heads))
+            new[k] = (
+                (4 if v[k] >= heads else 1 if v[k] == 1 else 2)
+                if "key_value" in k
+                else max(1, round(4 * v[k] / heads))
+            )
     rope = d.get("qk_rope_head_dim")
-    if isinstance(rope, int) and rope > 0 and any(k in v for k in _MLA):  # MLA: the global ranks' scale
+    if (
+        isinstance(rope, int) and rope > 0 and any(k in v for k in _MLA)
+    ):  # MLA: the global ranks' scale
         for k in _MLA:
             if isinstance(v.get(k), int) and v[k] > 0:
                 new[k] = _even(v[k] * 8 / rope)
+
         def width(src: dict[str, Any], k: str) -> Any:
             return src.get(k, (d if src is v else out).get(k))
+
         old = [width(v, k) for k in ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim")]
-        if all(isinstance(x, int) for x in old) and old[0] == old[1] + old[2]:  # a head width the ranks sum to stays so
+        if (
+            all(isinstance(x, int) for x in old) and old[0] == old[1] + old[2]
+        ):  # a head width the ranks sum to stays so
             new["head_dim"] = width(new, "qk_nope_head_dim") + width(new, "qk_rope_head_dim")
     return new
 
@@ -197,8 +292,12 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
     for k in _HIDDEN:
         if isinstance(d.get(k), int):
             out[k] = 64
-    if isinstance(d.get("attention_hidden_size"), int) and hidden:  # Zamba2: attention reads 2 × hidden (the
-        out["attention_hidden_size"] = d["attention_hidden_size"] * 64 // hidden  # input and the embeddings)
+    if (
+        isinstance(d.get("attention_hidden_size"), int) and hidden
+    ):  # Zamba2: attention reads 2 × hidden (the
+        out["attention_hidden_size"] = (
+            d["attention_hidden_size"] * 64 // hidden
+        )  # input and the embeddings)
     for k in _HEADS:
         if isinstance(d.get(k), int):
             out[k] = 4
@@ -206,17 +305,32 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
         if isinstance(d.get(k), int) and heads:
             out[k] = 4 if d[k] >= heads else 1 if d[k] == 1 else 2
         elif k in d and d[k] is None and heads and k == "num_key_value_heads":
-            out[k] = 4  # unset: one KV head per query head (HF's convention), which some models do not derive (Nemotron)
+            out[k] = (
+                4  # unset: one KV head per query head (HF's convention), which some models do not derive (Nemotron)
+            )
     for k in _HEAD_DIMS:
         if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
             out[k] = 16
-    if "head_dim" in d and d["head_dim"] is None:  # left for the model to derive; some derive nothing
+    if (
+        "head_dim" in d and d["head_dim"] is None
+    ):  # left for the model to derive; some derive nothing
         out["head_dim"] = 16
     for k, v in d.items():  # per-layer head counts (Laguna): scaled like the global ones
-        if isinstance(v, list) and v and heads and "heads" in k and all(isinstance(x, int) for x in v):
+        if (
+            isinstance(v, list)
+            and v
+            and heads
+            and "heads" in k
+            and all(isinstance(x, int) for x in v)
+        ):
             kv = "key_value" in k or "kv" in k
-            out[k] = [(4 if x >= heads else 1 if x == 1 else 2) if kv else max(1, round(4 * x / heads)) for x in v]
-    if isinstance(d.get("mamba_expand"), int) or isinstance(d.get("mamba_n_heads"), int):  # Mamba-2 heads tile expand × hidden
+            out[k] = [
+                (4 if x >= heads else 1 if x == 1 else 2) if kv else max(1, round(4 * x / heads))
+                for x in v
+            ]
+    if isinstance(d.get("mamba_expand"), int) or isinstance(
+        d.get("mamba_n_heads"), int
+    ):  # Mamba-2 heads tile expand × hidden
         inner = (d.get("mamba_expand") or 2) * 64
         for k in ("mamba_d_head", "mamba_head_dim", "mamba_headdim"):
             if isinstance(d.get(k), int):
@@ -238,26 +352,40 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
     for k, v in d.items():
         if isinstance(v, bool):
             continue
-        if ("vocab_size" in k or k.endswith("_vocab")) and isinstance(v, int):  # _vocab: BLT's hashed n-gram tables
+        if ("vocab_size" in k or k.endswith("_vocab")) and isinstance(
+            v, int
+        ):  # _vocab: BLT's hashed n-gram tables
             out[k] = VOCAB
         elif k in _IDS and v is not None:
             out[k] = [_IDS[k]] if isinstance(v, list) else _IDS[k]
         elif k.endswith(("_token_id", "_token_index")) and isinstance(v, int) and v >= VOCAB:
-            out[k] = 0  # ids past the tiny vocabulary (image, audio, ...): never in the check's input
-        elif ("intermediate_size" in k or k in ("ffn_hidden_size", "ffn_dim", "expert_ffn_hidden_size")) \
-                and isinstance(v, int):
+            out[k] = (
+                0  # ids past the tiny vocabulary (image, audio, ...): never in the check's input
+            )
+        elif (
+            "intermediate_size" in k
+            or k in ("ffn_hidden_size", "ffn_dim", "expert_ffn_hidden_size")
+        ) and isinstance(v, int):
             out[k] = 32 if any(s in k for s in ("moe", "expert", "shared")) else 128
         elif "intermediate_size" in k and isinstance(v, list):
             out[k] = [128] * len(v)
     for k in _EXPERTS:
         if isinstance(d.get(k), int) and d[k] > 4:
             out[k] = 4
-    moe = any(isinstance(d.get(k), int) for k in _EXPERTS) or isinstance(d.get("moe_intermediate_size"), int)
-    for k in _EXPERTS:  # defaults that leave the expert count unset (the model cannot build without it)
+    moe = any(isinstance(d.get(k), int) for k in _EXPERTS) or isinstance(
+        d.get("moe_intermediate_size"), int
+    )
+    for (
+        k
+    ) in _EXPERTS:  # defaults that leave the expert count unset (the model cannot build without it)
         if k in d and d[k] is None and moe:
             out[k] = 4
     types = d.get("layer_types")
-    if isinstance(types, list) and "indexed_attention" in types and all(k in d and d[k] is None for k in _INDEXER):
+    if (
+        isinstance(types, list)
+        and "indexed_attention" in types
+        and all(k in d and d[k] is None for k in _INDEXER)
+    ):
         # the indexer's sizes are the only part of that structure the defaults leave out (HF's default config does
         # not build): filled as the experts' count is, under the names only this config uses
         out.update(_INDEXER)
@@ -266,21 +394,30 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
             out[k] = 2
     if moe and "n_shared_experts" in d and d["n_shared_experts"] is None:
         out["n_shared_experts"] = 1
-    for k, lim in (("n_group", 1), ("num_expert_group", 1), ("topk_group", 1), ("n_shared_experts", 1),
-                   ("num_shared_experts", 1)):  # num_expert_group: Bailing's name for n_group
+    for k, lim in (
+        ("n_group", 1),
+        ("num_expert_group", 1),
+        ("topk_group", 1),
+        ("n_shared_experts", 1),
+        ("num_shared_experts", 1),
+    ):  # num_expert_group: Bailing's name for n_group
         if isinstance(d.get(k), int) and d[k] > lim:
             out[k] = lim
     for k in _WINDOWS:
         if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] > 8:
             out[k] = 8
-    if isinstance(d.get("qk_rope_head_dim"), int) and d["qk_rope_head_dim"] > 0:  # MLA: every rank scaled together
+    if (
+        isinstance(d.get("qk_rope_head_dim"), int) and d["qk_rope_head_dim"] > 0
+    ):  # MLA: every rank scaled together
         s = 8 / d["qk_rope_head_dim"]
         for k in _MLA:
             if isinstance(d.get(k), int) and d[k] > 0:
                 out[k] = _even(d[k] * s)
         if isinstance(d.get("qk_head_dim"), int):
             out["qk_head_dim"] = out.get("qk_nope_head_dim", 0) + out["qk_rope_head_dim"]
-        if d.get("head_dim") == d["qk_rope_head_dim"]:  # DeepSeek: head_dim names the rotary part's width
+        if (
+            d.get("head_dim") == d["qk_rope_head_dim"]
+        ):  # DeepSeek: head_dim names the rotary part's width
             out["head_dim"] = out["qk_rope_head_dim"]
     if isinstance(d.get("rotary_dim"), int) and old_hd:  # GPT-J style: an absolute rotary width
         out["rotary_dim"] = _even(16 * d["rotary_dim"] / old_hd, lo=2)
@@ -293,15 +430,27 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
         # HRM: num_hidden_layers counts cache slots (one per stack layer per cycle): the stacks shrink, the cycles stay
         out["num_layers_per_stack"] = 2
         out["num_hidden_layers"] = 2 * d["H_cycles"] * (d["L_cycles"] + 1)
-    if all(isinstance(d.get(k), int) for k in ("n_input_layers", "n_output_layers", "n_recurrent_loops")):
+    if all(
+        isinstance(d.get(k), int)
+        for k in ("n_input_layers", "n_output_layers", "n_recurrent_loops")
+    ):
         # Dory: input, recurrent (run n_recurrent_loops times) and output sections that sum to num_hidden_layers
         out.update(n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, num_hidden_layers=4)
         types = d.get("layer_types")
-        if isinstance(types, list) and "mlp" in types:  # its saved form lists (attention, mlp) blocks: counts doubled
+        if (
+            isinstance(types, list) and "mlp" in types
+        ):  # its saved form lists (attention, mlp) blocks: counts doubled
             kinds = [t for t in types if t != "mlp"]
-            attn = [kinds[0]] * 3 + [kinds[-1]]  # the first and last kinds of its stack (sliding ×3, then full)
-            out.update(layer_types=[x for t in attn for x in (t, "mlp")], n_input_layers=2, n_recurrent_layers=4,
-                       n_output_layers=2, num_hidden_layers=8)
+            attn = [kinds[0]] * 3 + [
+                kinds[-1]
+            ]  # the first and last kinds of its stack (sliding ×3, then full)
+            out.update(
+                layer_types=[x for t in attn for x in (t, "mlp")],
+                n_input_layers=2,
+                n_recurrent_layers=4,
+                n_output_layers=2,
+                num_hidden_layers=8,
+            )
     # a hybrid whose default stack has no softmax attention (Bamba, Granite 4.0-H) would rotate nothing: its last
     # layer becomes attention, as in its checkpoints
     key, _ = _n_layers(out)
@@ -327,8 +476,19 @@ def describe_config(cfg) -> str:
     for k in ("attn_layer_indices", "cross_attention_layers"):
         if isinstance(d.get(k), list):
             parts.append(f"{k}={d[k]}")
-    for k in (*_WINDOWS, "indexer_budget", *_EXPERTS, "partial_rotary_factor", "rotary_dim", "rotary_pct", *_MLA[:2],
-              "num_kv_shared_layers", "attn_logit_softcapping", "first_k_dense_replace", "max_window_layers"):
+    for k in (
+        *_WINDOWS,
+        "indexer_budget",
+        *_EXPERTS,
+        "partial_rotary_factor",
+        "rotary_dim",
+        "rotary_pct",
+        *_MLA[:2],
+        "num_kv_shared_layers",
+        "attn_logit_softcapping",
+        "first_k_dense_replace",
+        "max_window_layers",
+    ):
         if d.get(k) not in (None, False) and not isinstance(d.get(k), (dict, list)):
             if k == "max_window_layers" and not d.get("use_sliding_window"):
                 continue
@@ -349,7 +509,7 @@ def shrink_config(model_type: str):
         raise NotBuilt(f"transformers has no config class for {model_type!r}") from None
     try:
         base = cls()
-    except Exception as e:  # noqa: BLE001 — a config class whose defaults do not build is reported, not raised
+    except Exception as e:
         raise NotBuilt(f"{cls.__name__}() fails: {one_line(e)}") from None
     d = base.to_dict()
     if isinstance(d.get("text_config"), dict) and "model_type" in d["text_config"]:
@@ -361,7 +521,11 @@ def shrink_config(model_type: str):
         # no causal-LM class of its own (Emu3, Mllama): the composite type's class builds the text tower alone
     small = _shrink_nested(d)
     attn = small.get("attn_config")
-    if isinstance(attn, dict) and "rope_theta" not in attn and "rope_theta" in (small.get("rope_parameters") or {}):
+    if (
+        isinstance(attn, dict)
+        and "rope_theta" not in attn
+        and "rope_theta" in (small.get("rope_parameters") or {})
+    ):
         # DBRX: HF's default config neither builds (its attention stores attn_config.rope_theta, a field its config
         # class no longer declares) nor runs (clamp(None, None) fails for clip_qkv=None); both are filled as its
         # checkpoints set them: the base it rotates by (rope_parameters'), and q, k, v clipped to ±8
@@ -369,13 +533,17 @@ def shrink_config(model_type: str):
         if "clip_qkv" in attn and attn["clip_qkv"] is None:
             attn["clip_qkv"] = _DBRX_CLIP
     rp = small.get("rope_parameters")
-    if isinstance(rp, dict) and rp.get("llama_4_scaling_beta") and rp.get("original_max_position_embeddings"):
+    if (
+        isinstance(rp, dict)
+        and rp.get("llama_4_scaling_beta")
+        and rp.get("original_max_position_embeddings")
+    ):
         # a query temperature that starts at L₀ (Ministral 3: 16,384): L₀ = 8, so the sweep's 24-token input
         # crosses it twice and its β·ln(1 + ⌊m/L₀⌋) is measured, not left at 1
         rp["original_max_position_embeddings"] = _TEMPERATURE_L0
     try:
         cfg = cls.from_dict(small)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise NotBuilt(f"the shrunk {cls.__name__} fails: {one_line(e)}") from None
     cfg._attn_implementation = "eager"
     return cfg

@@ -51,14 +51,42 @@ from ropelens.testing.sweep_checks import (
     variant_error,
 )
 
-__all__ = ["NoRope", "NotBuilt", "SweepRow", "SweepTarget", "check_config", "classify", "rope_model_types", "save_tiny",
-           "shrink_config", "sweep_one", "table_phase_steps"]
+__all__ = [
+    "NoRope",
+    "NotBuilt",
+    "SweepRow",
+    "SweepTarget",
+    "check_config",
+    "classify",
+    "rope_model_types",
+    "save_tiny",
+    "shrink_config",
+    "sweep_one",
+    "table_phase_steps",
+]
 
 TOL = 1e-4  # float32: captured and HF tensors come from the same ops (errors ~1e-6); a misreading moves them O(1)
-MAX_PARAMS = 20_000_000  # a shrunk config above this kept a full-size width somewhere: not built, say which
+MAX_PARAMS = (
+    20_000_000  # a shrunk config above this kept a full-size width somewhere: not built, say which
+)
 _ROPE_SOURCE = re.compile(r"apply_rotary_pos_emb|rotary_emb|RotaryEmbedding")
-_SHARPEN = ("q_proj", "k_proj", "qkv", "query_key_value", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj",
-            "Wqkv", "c_attn", ".wq", ".wk", "query", "key")
+_SHARPEN = (
+    "q_proj",
+    "k_proj",
+    "qkv",
+    "query_key_value",
+    "q_a_proj",
+    "q_b_proj",
+    "kv_a_proj",
+    "kv_b_proj",
+    "Wqkv",
+    "c_attn",
+    ".wq",
+    ".wk",
+    "query",
+    "key",
+)
+
 
 # Roles of config keys (the canonical names to_dict writes; older families keep their own).
 class NoRope(Exception):
@@ -125,20 +153,26 @@ def _hf_model(config, seed: int):
     try:
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    except Exception as e:  # noqa: BLE001 — HF cannot build it: not ropelens's business
+            model = AutoModelForCausalLM.from_config(
+                config, attn_implementation="eager", dtype=torch.float32
+            )
+    except Exception as e:
         raise NotBuilt(_init_failure(config, e)) from None
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMS:
         big = max(model.named_parameters(), key=lambda kv: kv[1].numel())
-        raise NotBuilt(f"{n / 1e6:.0f}M parameters after shrinking (largest: {big[0]} {tuple(big[1].shape)})")
+        raise NotBuilt(
+            f"{n / 1e6:.0f}M parameters after shrinking (largest: {big[0]} {tuple(big[1].shape)})"
+        )
     spread_weights(model, seed)
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if p.ndim == 2 and any(s in pname for s in _SHARPEN):
                 p.mul_(4.0)
         g = torch.Generator().manual_seed(seed + 2)
-        for m in model.modules():  # learned sinks start at 0 (Granite SWA): spread, so a sign or a sink misplaced shows
+        for m in (
+            model.modules()
+        ):  # learned sinks start at 0 (Granite SWA): spread, so a sign or a sink misplaced shows
             if isinstance(getattr(m, "sinks", None), torch.nn.Parameter):
                 m.sinks.copy_(torch.randn(m.sinks.shape, generator=g) * 2)
     return model.eval()
@@ -170,25 +204,37 @@ def _init_failure(config, e: BaseException) -> str:
     class's own defaults fail the same way (a transformers bug, not the shrinking's) or build (the shrinking's)."""
     from transformers import AutoModelForCausalLM
 
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if "/transformers/models/" in f.filename.replace("\\", "/")]
+    frames = [
+        f
+        for f in traceback.extract_tb(e.__traceback__)
+        if "/transformers/models/" in f.filename.replace("\\", "/")
+    ]
     code = (frames[-1].line or "").strip() if frames else ""
-    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} `{code[:120]}`" if frames else ""
+    where = (
+        f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} `{code[:120]}`" if frames else ""
+    )
     try:
         default = type(config)()
         with torch.device("meta"):  # full size, no memory: only whether it builds
             AutoModelForCausalLM.from_config(default, attn_implementation="eager")
-    except Exception as d_e:  # noqa: BLE001 — HF's own defaults failing is the finding
+    except Exception as d_e:
         if one_line(d_e) != one_line(e):
             return f"model init fails: {one_line(e)}{where}; HF's default config fails too: {one_line(d_e)}"
-        unset = [f"{k}={v!r}" for k in dict.fromkeys(re.findall(r"config\.(\w+)", code))
-                 if (v := getattr(default, k, 0)) is None or v in ({}, [])]  # the defaults' unset fields it reads
-        return (f"HF's default config does not build: {type(config).__name__}() → {one_line(e)}{where}"
-                + (f" (default {', '.join(unset)})" if unset else ""))
+        unset = [
+            f"{k}={v!r}"
+            for k in dict.fromkeys(re.findall(r"config\.(\w+)", code))
+            if (v := getattr(default, k, 0)) is None or v in ({}, [])
+        ]  # the defaults' unset fields it reads
+        return (
+            f"HF's default config does not build: {type(config).__name__}() → {one_line(e)}{where}"
+            + (f" (default {', '.join(unset)})" if unset else "")
+        )
     return f"model init fails: {one_line(e)}{where} (HF's default config builds: the shrinking broke it)"
 
 
-def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None = None,
-                 report: bool = False) -> SweepCheck:
+def check_config(
+    name: str, config, *, seed: int = 0, workdir: str | Path | None = None, report: bool = False
+) -> SweepCheck:
     """Save ``config``'s tiny model, load it through ``load_model(path)`` and measure ropelens against HF.
 
     The measurements are :func:`ropelens.testing.families.check_family`'s (rotary buffers, eager
@@ -218,12 +264,14 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         try:
             _save(_hf_model(config, seed), config, path)
             tiny_tokenizer().save_pretrained(path)
-            hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).eval()
+            hf = AutoModelForCausalLM.from_pretrained(
+                path, attn_implementation="eager", dtype=torch.float32
+            ).eval()
             with torch.no_grad(), hf_scores(hf) as scores, _hf_rotations(hf) as rotations:
                 probs = hf(toks, output_attentions=True).attentions
         except NotBuilt:
             raise
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise NotBuilt(f"HF save/reload/forward fails: {one_line(e)}") from None
         res.architecture = type(hf).__name__
         try:
@@ -231,9 +279,14 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
             spec = rope_spec(model)
         except NotRotaryError as e:
             if not rotations:  # HF agrees: the forward calls no rotation and runs no rotary module
-                raise NoRope(res.architecture, f"HF's forward applies no rotary embedding ({_no_rotation(hf)}); ropelens agrees: "
-                             f"{str(e).split(':')[0]}") from None
-            res.refusal = str(e)  # HF rotates and ropelens says it does not: a refusal, shown as one
+                raise NoRope(
+                    res.architecture,
+                    f"HF's forward applies no rotary embedding ({_no_rotation(hf)}); ropelens agrees: "
+                    f"{str(e).split(':')[0]}",
+                ) from None
+            res.refusal = str(
+                e
+            )  # HF rotates and ropelens says it does not: a refusal, shown as one
             return res
         except UnsupportedModelError as e:  # ropelens's one-line refusal
             res.refusal = str(e)
@@ -260,7 +313,9 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
         ok = torch.isfinite(ours)
         if L in scores and scores[L].shape == ours.shape:
             ref = scores[L]
-            res.scores_err = max(res.scores_err, float((ours[ok] - ref[ok]).abs().max() / ref[ok].abs().max()))
+            res.scores_err = max(
+                res.scores_err, float((ours[ok] - ref[ok]).abs().max() / ref[ok].abs().max())
+            )
         else:
             res.scores_err = math.nan
         ref_p = probs.get(L)
@@ -271,7 +326,9 @@ def check_config(name: str, config, *, seed: int = 0, workdir: str | Path | None
     same = torch.full((1, N_CHECK), 7)
     acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_rot"))
     res.pairing_err = 0.0
-    for L in rotary:  # as in check_family: layers whose pre-RoPE queries vary with position are skipped
+    for (
+        L
+    ) in rotary:  # as in check_family: layers whose pre-RoPE queries vary with position are skipped
         lr, q, pre = spec[L], acts[L]["q_rot"][0], acts[L]["q_pre"][0]  # before a norm after RoPE
         if float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
             if rotary[0] != L:
@@ -310,8 +367,11 @@ def _hf_rotations(hf) -> Iterator[list[str]]:
 
         return call
 
-    handles = [m.register_forward_hook(lambda m, _a, _o: seen.append(type(m).__name__))
-               for m in hf.modules() if "rotary" in type(m).__name__.lower()]
+    handles = [
+        m.register_forward_hook(lambda m, _a, _o: seen.append(type(m).__name__))
+        for m in hf.modules()
+        if "rotary" in type(m).__name__.lower()
+    ]
     for n, f in fns.items():
         setattr(mod, n, counted(n, f))
     try:
@@ -327,21 +387,31 @@ def _no_rotation(hf) -> str:
     """What a non-rotating HF model has that looks rotary (why its modeling code matched), in a few words."""
     mod = importlib.import_module(type(hf).__module__)
     fns = sorted(n for n in vars(mod) if n.startswith("apply_rotary"))
-    return f"{', '.join(fns)} defined, never called" if fns else "no rotary module, no rotation called"
+    return (
+        f"{', '.join(fns)} defined, never called" if fns else "no rotary module, no rotation called"
+    )
 
 
-def _with_hf_sinks(hf, probs: dict[int, torch.Tensor], scores: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+def _with_hf_sinks(
+    hf, probs: dict[int, torch.Tensor], scores: dict[int, torch.Tensor]
+) -> dict[int, torch.Tensor]:
     """HF's probabilities as its values see them: where a layer's learned sinks are left out of the probabilities it
     returns (rows summing to 1) and scale its output after the softmax instead (Granite SWA), times HF's own factor
     ``sigmoid(logsumexp(scores) − sink)``, the log-sum-exp over the allowed keys read at each row's largest entry
     (``p = exp(s − lse)`` there)."""
-    sinks = {m.layer_idx: m.sinks.detach().float() for m in hf.modules()
-             if isinstance(getattr(m, "sinks", None), torch.Tensor) and isinstance(getattr(m, "layer_idx", None), int)}
+    sinks = {
+        m.layer_idx: m.sinks.detach().float()
+        for m in hf.modules()
+        if isinstance(getattr(m, "sinks", None), torch.Tensor)
+        and isinstance(getattr(m, "layer_idx", None), int)
+    }
     out = dict(probs)
     for L, p in probs.items():
         if L not in sinks or L not in scores or scores[L].shape != p.shape:
             continue
-        if float((p.sum(-1) - 1).abs().max()) > 1e-5:  # the sink's mass is in the probabilities already (gpt-oss)
+        if (
+            float((p.sum(-1) - 1).abs().max()) > 1e-5
+        ):  # the sink's mass is in the probabilities already (gpt-oss)
             continue
         top = p.argmax(-1, keepdim=True)
         lse = (scores[L].gather(-1, top) - p.gather(-1, top).log()).squeeze(-1)
@@ -364,15 +434,22 @@ def table_phase_steps(table: torch.Tensor, n_pos: int = N_CHECK) -> torch.Tensor
 
 
 def _hf_tables(hf) -> list[torch.Tensor]:
-    return [m.embed_positions for m in hf.modules()
-            if isinstance(getattr(m, "embed_positions", None), torch.Tensor) and m.embed_positions.ndim == 2]
+    return [
+        m.embed_positions
+        for m in hf.modules()
+        if isinstance(getattr(m, "embed_positions", None), torch.Tensor)
+        and m.embed_positions.ndim == 2
+    ]
 
 
 def _inv_freq_err(hf, spec, rotary: list[int]) -> float:
     """The spec's frequencies against HF's: its rotary buffers, else the phase steps of its sin|cos tables."""
     try:
         return max(float((spec[i].inv_freq - hf_inv_freq(hf, spec[i])).abs().max()) for i in rotary)
-    except (InputError, RuntimeError):  # HF keeps no inv_freq buffer (or one of another width) to compare with
+    except (
+        InputError,
+        RuntimeError,
+    ):  # HF keeps no inv_freq buffer (or one of another width) to compare with
         pass
     tables = _hf_tables(hf)
     if not tables:
@@ -387,8 +464,17 @@ def _inv_freq_err(hf, spec, rotary: list[int]) -> float:
     return err
 
 
-_ERRORS = ("inv_freq_err", "scores_err", "pattern_err", "pairing_err", "usage_err", "band_stats_err", "variant_err",
-           "restore_err", "hf_variant_err")
+_ERRORS = (
+    "inv_freq_err",
+    "scores_err",
+    "pattern_err",
+    "pairing_err",
+    "usage_err",
+    "band_stats_err",
+    "variant_err",
+    "restore_err",
+    "hf_variant_err",
+)
 
 
 def classify(check: SweepCheck) -> tuple[str, str]:
@@ -407,14 +493,21 @@ def classify(check: SweepCheck) -> tuple[str, str]:
         return "unverified", "no rotary layer read"
     note = getattr(check, "variant_note", "")
     # the HF rope-type reference exists only where HF's config takes another rope type for these layers
-    missing = [k for k, v in errs.items() if math.isnan(v) and k != "hf_variant_err"
-               and not (note and k in ("variant_err", "restore_err"))]
+    missing = [
+        k
+        for k, v in errs.items()
+        if math.isnan(v)
+        and k != "hf_variant_err"
+        and not (note and k in ("variant_err", "restore_err"))
+    ]
     if missing:
         return "unverified", "HF gave no reference for " + ", ".join(missing)
     return "exact", "; ".join(x for x in (note, getattr(check, "hf_variant_note", "")) if x)
 
 
-def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = None, report: bool = False) -> SweepRow:
+def sweep_one(
+    model_type: str, *, seed: int = 0, workdir: str | Path | None = None, report: bool = False
+) -> SweepRow:
     """Shrink, build and check ``model_type``; every outcome becomes a row (ropelens's own errors as ``crashed``)."""
     row = SweepRow(model_type, "not built")
     try:
@@ -427,7 +520,7 @@ def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = No
     except NoRope as e:
         row.status, (row.architecture, row.detail) = "no RoPE", e.args
         return row
-    except Exception as e:  # noqa: BLE001 — ropelens raised something other than a refusal: a bug, reported
+    except Exception as e:
         row.status, row.detail = "crashed", one_line(e)
         return row
     row.architecture = check.architecture
@@ -435,6 +528,8 @@ def sweep_one(model_type: str, *, seed: int = 0, workdir: str | Path | None = No
     row.kinds = check.kinds
     row.errors = {k: getattr(check, k) for k in _ERRORS}
     row.report = check.report
-    if report and check.report != "ok" and row.status == "exact":  # an exact family whose report does not build
+    if (
+        report and check.report != "ok" and row.status == "exact"
+    ):  # an exact family whose report does not build
         row.status, row.detail = "crashed", f"report: {check.report}"
     return row

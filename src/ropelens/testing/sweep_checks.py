@@ -36,8 +36,18 @@ from ropelens.run.verify import rotation_error, rotation_from_pre
 from ropelens.testing.dense import HFLayer, dense_layer_sums, hf_layers, plane_norm_means
 from ropelens.testing.families import FamilyCheck
 
-__all__ = ["SweepCheck", "band_stats_error", "hf_attention_scaling", "hf_dims", "static_len", "sums_error",
-           "hf_variant_error", "report_status", "usage_error", "variant_error"]
+__all__ = [
+    "SweepCheck",
+    "band_stats_error",
+    "hf_attention_scaling",
+    "hf_dims",
+    "static_len",
+    "sums_error",
+    "hf_variant_error",
+    "report_status",
+    "usage_error",
+    "variant_error",
+]
 
 NO_VARIANTS = "plain HF model: no variants"
 
@@ -48,12 +58,20 @@ class SweepCheck(FamilyCheck):
 
     usage_err: float = math.nan  # per-plane mean q/k norms vs HF's attention inputs
     band_stats_err: float = math.nan  # every band-statistics sum vs the dense float64 reference
-    variant_err: float = math.nan  # rotation under the variant vs its spec; NaN with variant_note: no variants
-    restore_err: float = math.nan  # largest |logit change| after leaving the variant (absolute; must be 0)
+    variant_err: float = (
+        math.nan
+    )  # rotation under the variant vs its spec; NaN with variant_note: no variants
+    restore_err: float = (
+        math.nan
+    )  # largest |logit change| after leaving the variant (absolute; must be 0)
     variant_note: str = ""  # why no variant ran (a plain HF model; a one-line refusal)
-    hf_variant_err: float = math.nan  # logits under Linear(2) vs HF's own "linear" rope type, same weights (relative)
+    hf_variant_err: float = (
+        math.nan
+    )  # logits under Linear(2) vs HF's own "linear" rope type, same weights (relative)
     hf_variant_note: str = ""  # why there is no such reference
-    report: str = ""  # "ok" or the first line of what stopped `ropelens report --quick` (only when asked for)
+    report: str = (
+        ""  # "ok" or the first line of what stopped `ropelens report --quick` (only when asked for)
+    )
 
 
 def hf_dims(lr, idx: Tensor) -> Tensor:
@@ -72,7 +90,11 @@ def hf_attention_scaling(hf, lr) -> float:
     for m in hf.modules():
         if "rotary" not in type(m).__name__.lower():
             continue
-        if ltypes and lr.layer < len(ltypes) and hasattr(m, f"{ltypes[lr.layer]}_attention_scaling"):
+        if (
+            ltypes
+            and lr.layer < len(ltypes)
+            and hasattr(m, f"{ltypes[lr.layer]}_attention_scaling")
+        ):
             return float(getattr(m, f"{ltypes[lr.layer]}_attention_scaling"))
         if isinstance(getattr(m, "attention_scaling", None), (int, float, Tensor)):
             return float(m.attention_scaling)
@@ -109,7 +131,9 @@ def sums_error(got: dict[str, Tensor], want: dict[str, Tensor]) -> float:
     return err
 
 
-def usage_error(model, spec, hf, lays: dict[int, HFLayer], toks: Tensor, layers: list[int]) -> float:
+def usage_error(
+    model, spec, hf, lays: dict[int, HFLayer], toks: Tensor, layers: list[int]
+) -> float:
     """Largest relative error of the mean per-plane q and k norms (every head, plane and layer) against the
     norms of the q and k HF's attention received on ``toks`` (``lays``), its attention scaling divided out."""
     from ropelens.analyses.frequency_usage import UsageReducer
@@ -155,9 +179,15 @@ def band_stats_error(model, spec, hf, toks: Tensor, layers: list[int]) -> float:
         for L in group:
             lr = spec[L]
             dims = list(bands.resolve(lr).dims)
-            if sorted(torch.cat(dims).tolist()) != list(range(lr.head_dim)):  # the reference sums its bands
+            if sorted(torch.cat(dims).tolist()) != list(
+                range(lr.head_dim)
+            ):  # the reference sums its bands
                 raise RuntimeError(f"layer {L}: bands {bands.describe()} do not partition the head")
-            per.append(dense_layer_sums(lays[L], [hf_dims(lr, d) for d in dims], hf_dims(lr, lr.plane_dims)))
+            per.append(
+                dense_layer_sums(
+                    lays[L], [hf_dims(lr, d) for d in dims], hf_dims(lr, lr.plane_dims)
+                )
+            )
         want = {k: torch.stack([p[k] for p in per]) for k in per[0]}
         err = max(err, sums_error(red.sums, want))
     return err
@@ -180,18 +210,29 @@ def variant_error(model, spec, toks: Tensor, layers: list[int]) -> tuple[float, 
             acts = capture_qk(model, same, layers=layers, which=("q_pre", "q_rot"))
     except BridgeOnlyError:
         return math.nan, math.nan, NO_VARIANTS
-    except (UnsupportedModelError, InputError) as e:  # variants refused in one line (attention rotating inside)
+    except (
+        UnsupportedModelError,
+        InputError,
+    ) as e:  # variants refused in one line (attention rotating inside)
         return math.nan, math.nan, f"no variants: {str(e).strip().splitlines()[0][:160]}"
     with torch.no_grad():
         after = model(toks)
-    restore = 0.0 if torch.equal(after, before) else float((after - before).abs().max().nan_to_num(math.inf))
-    if restore == 0.0 and not torch.equal(after, before):  # equal values, other bits (NaN, −0): still not restored
+    restore = (
+        0.0
+        if torch.equal(after, before)
+        else float((after - before).abs().max().nan_to_num(math.inf))
+    )
+    if restore == 0.0 and not torch.equal(
+        after, before
+    ):  # equal values, other bits (NaN, −0): still not restored
         restore = math.inf
     err = 0.0
     for L in layers:  # as the sweep's rotation check: a layer whose pre-RoPE queries vary with position is skipped
         lr, q, pre = vspec[L], acts[L]["q_rot"][0], acts[L]["q_pre"][0]
         if float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
-            if layers[0] == L:  # a hybrid's mixers before the first attention layer: rotate its own pre-RoPE queries
+            if (
+                layers[0] == L
+            ):  # a hybrid's mixers before the first attention layer: rotate its own pre-RoPE queries
                 err = max(err, rotation_from_pre(lr, pre, q))
             continue
         err = max(err, rotation_error(lr, q))
@@ -208,10 +249,16 @@ def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
     from ropelens.run.intervene import apply_rope_variant
     from ropelens.spec.variants import Linear
 
-    rp = getattr(hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config,
-                 "rope_parameters", None)
+    rp = getattr(
+        hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config,
+        "rope_parameters",
+        None,
+    )
     if not isinstance(rp, dict) or not rp:
-        return math.nan, "no HF reference for PI: HF's config of this family holds no rope_parameters"
+        return (
+            math.nan,
+            "no HF reference for PI: HF's config of this family holds no rope_parameters",
+        )
     linear = {"rope_type": "linear", "factor": 2.0}
     per_type = any(isinstance(v, dict) for v in rp.values())
     default = [L for L in spec.rotary_layers if spec[L].rope_type == "default"]
@@ -223,20 +270,31 @@ def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
     for layers, keep in tries:
         cfg = copy.deepcopy(hf.config)
         text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        text.rope_parameters = ({k: ({**v, **linear} if isinstance(v, dict) and keep(v) else v) for k, v in rp.items()}
-                                if per_type else {**rp, **linear})
+        text.rope_parameters = (
+            {k: ({**v, **linear} if isinstance(v, dict) and keep(v) else v) for k, v in rp.items()}
+            if per_type
+            else {**rp, **linear}
+        )
         try:
-            ref_model = type(hf)._from_config(cfg, attn_implementation="eager").eval()  # the class under test itself
+            ref_model = (
+                type(hf)._from_config(cfg, attn_implementation="eager").eval()
+            )  # the class under test itself
             ref_model.load_state_dict(hf.state_dict())
             with torch.no_grad():
                 ref = ref_model(toks).logits
                 plain = hf(toks).logits
-        except Exception as e:  # noqa: BLE001 - HF cannot build this family with another rope type: no reference
+        except Exception as e:
             first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
-            why = why or f"no HF reference for PI: HF cannot build it with rope type linear ({type(e).__name__}: {first})"
+            why = (
+                why
+                or f"no HF reference for PI: HF cannot build it with rope type linear ({type(e).__name__}: {first})"
+            )
             continue
         if torch.equal(ref, plain):
-            return math.nan, "no HF reference for PI: HF's forward ignores the rope type its config sets"
+            return (
+                math.nan,
+                "no HF reference for PI: HF's forward ignores the rope type its config sets",
+            )
         with apply_rope_variant(model, Linear(2.0), layers=layers), torch.no_grad():
             ours = model(toks)
         return float((ours - ref).abs().max() / ref.abs().max()), ""
@@ -252,6 +310,6 @@ def report_status(model) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             build_report(model, out=f"{tmp}/report", quick=True, progress=False)
-        except Exception as e:  # noqa: BLE001 - reported, one line
+        except Exception as e:
             return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
     return "ok"

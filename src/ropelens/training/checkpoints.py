@@ -33,19 +33,31 @@ from ropelens.loading.checkpoints import INFO_FILE, checkpoint_name, read_info, 
 from ropelens.results.provenance import git_commit, versions
 from ropelens.results.serialize import atomic_write_text
 
-__all__ = ["INFO_FILE", "CheckpointWriter", "checkpoint_name", "plain_rope_theta", "read_info", "step_of"]
+__all__ = [
+    "INFO_FILE",
+    "CheckpointWriter",
+    "checkpoint_name",
+    "plain_rope_theta",
+    "read_info",
+    "step_of",
+]
+
 
 def _permuted_tokenizer_json(text: str, used: Tensor) -> str:
     """A tokenizers JSON whose ids are permuted: ``used[i]`` → i, every other id after them in order."""
     d = json.loads(text)
     vocab = d["model"].get("vocab")
     if not isinstance(vocab, dict):
-        raise InputError(f"the {d['model'].get('type')} tokenizer keeps no token → id table: ropelens can save "
-                         "checkpoints only for tokenizers that do (BPE, WordLevel, WordPiece)")
+        raise InputError(
+            f"the {d['model'].get('type')} tokenizer keeps no token → id table: ropelens can save "
+            "checkpoints only for tokenizers that do (BPE, WordLevel, WordPiece)"
+        )
     ids = {int(i) for i in vocab.values()} | {int(a["id"]) for a in d.get("added_tokens", [])}
     used_ids = [int(i) for i in used.tolist()]
     if not set(used_ids) <= ids:
-        raise InputError("the corpus uses token ids the tokenizer does not have: rebuild the token streams")
+        raise InputError(
+            "the corpus uses token ids the tokenizer does not have: rebuild the token streams"
+        )
     rest = sorted(ids - set(used_ids))
     new = {old: i for i, old in enumerate([*used_ids, *rest])}
     d["model"]["vocab"] = {tok: new[int(i)] for tok, i in vocab.items()}
@@ -67,8 +79,16 @@ class CheckpointWriter:
     ``rope_theta``: the base the saved config states, whose plain-RoPE frequencies must be the model's.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], every: int, *, tokenizer: Any, used: Tensor,
-                 config: dict[str, Any], rope_theta: float) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        every: int,
+        *,
+        tokenizer: Any,
+        used: Tensor,
+        config: dict[str, Any],
+        rope_theta: float,
+    ) -> None:
         self.directory = Path(directory)
         self.every = int(every)
         self.config = config
@@ -78,8 +98,10 @@ class CheckpointWriter:
         tokenizer.save_pretrained(self._tokenizer_dir)
         tj = self._tokenizer_dir / "tokenizer.json"
         if not tj.is_file():
-            raise InputError(f"the tokenizer {type(tokenizer).__name__} saves no tokenizer.json: checkpoints need a "
-                             "fast (tokenizers) tokenizer")
+            raise InputError(
+                f"the tokenizer {type(tokenizer).__name__} saves no tokenizer.json: checkpoints need a "
+                "fast (tokenizers) tokenizer"
+            )
         atomic_write_text(tj, _permuted_tokenizer_json(tj.read_text(), used))
         self.written: list[Path] = []
 
@@ -93,12 +115,22 @@ class CheckpointWriter:
         tmp = self.directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
         try:
             params = dict(model.config.rope_parameters or {})
-            model.config.rope_parameters = {**params, "rope_type": "default", "rope_theta": self.rope_theta}
+            model.config.rope_parameters = {
+                **params,
+                "rope_type": "default",
+                "rope_theta": self.rope_theta,
+            }
             model.save_pretrained(tmp)
             for f in self._tokenizer_dir.iterdir():
                 shutil.copy2(f, tmp / f.name)
-            info = {"step": int(step), "steps": self.config.get("steps"), "config": self.config,
-                    "losses": [float(x) for x in losses], "versions": versions(), "commit": git_commit()}
+            info = {
+                "step": int(step),
+                "steps": self.config.get("steps"),
+                "config": self.config,
+                "losses": [float(x) for x in losses],
+                "versions": versions(),
+                "commit": git_commit(),
+            }
             atomic_write_text(tmp / INFO_FILE, json.dumps(info, indent=1))
             if final.exists():
                 shutil.rmtree(final)

@@ -68,14 +68,30 @@ class PETrainConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for name in ("n_positions", "d_model", "n_layers", "n_heads", "batch_size", "steps", "val_windows"):
+        for name in (
+            "n_positions",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "batch_size",
+            "steps",
+            "val_windows",
+        ):
             _posint(getattr(self, name), name, getattr(PETrainConfig, name))
         if self.n_positions < 2:
-            raise InputError(f"n_positions must be >= 2 (a window needs two positions), got {self.n_positions}")
+            raise InputError(
+                f"n_positions must be >= 2 (a window needs two positions), got {self.n_positions}"
+            )
         if self.d_model % self.n_heads:
             raise InputError(f"d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, numbers.Integral) or self.warmup < 0:
-            raise InputError(f"warmup must be an int >= 0 (steps of linear warm-up), got {self.warmup!r}")
+        if (
+            isinstance(self.warmup, bool)
+            or not isinstance(self.warmup, numbers.Integral)
+            or self.warmup < 0
+        ):
+            raise InputError(
+                f"warmup must be an int >= 0 (steps of linear warm-up), got {self.warmup!r}"
+            )
         if not isinstance(self.lr, numbers.Real) or not 0 < self.lr < 1:
             raise InputError(f"lr must be a number in (0, 1), got {self.lr!r} (e.g. 2e-3)")
 
@@ -86,8 +102,12 @@ class PETrainConfig:
 
     def scaled(self, factor: float) -> PETrainConfig:
         """Width, depth, steps and positions × ``factor`` (GPU runs); head width and lr unchanged."""
-        shape = scaled_shape(self.n_heads, self.d_model // self.n_heads, self.n_layers, self.steps, factor)
-        return dataclasses.replace(self, **shape, n_positions=max(2, round(self.n_positions * factor)))
+        shape = scaled_shape(
+            self.n_heads, self.d_model // self.n_heads, self.n_layers, self.steps, factor
+        )
+        return dataclasses.replace(
+            self, **shape, n_positions=max(2, round(self.n_positions * factor))
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,23 +135,41 @@ class PETrainResult:
         _check_order(self.order)
         want = (self.config.n_positions, self.config.d_model)
         if not isinstance(self.pe, Tensor) or tuple(self.pe.shape) != want:
-            raise InputError(f"pe must be a tensor of shape {want}, got {getattr(self.pe, 'shape', self.pe)!r}")
+            raise InputError(
+                f"pe must be a tensor of shape {want}, got {getattr(self.pe, 'shape', self.pe)!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "PETrainResult", "order": self.order, "config": self.config.to_dict(),
-                "pe": tensor_to_json(self.pe), "final_train_loss": self.final_train_loss,
-                "val_loss": self.val_loss, "loss_curve": list(self.loss_curve),
-                "wall_seconds": self.wall_seconds, "vocab_size": self.vocab_size,
-                "provenance": self.provenance.to_dict()}
+        return {
+            "type": "PETrainResult",
+            "order": self.order,
+            "config": self.config.to_dict(),
+            "pe": tensor_to_json(self.pe),
+            "final_train_loss": self.final_train_loss,
+            "val_loss": self.val_loss,
+            "loss_curve": list(self.loss_curve),
+            "wall_seconds": self.wall_seconds,
+            "vocab_size": self.vocab_size,
+            "provenance": self.provenance.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PETrainResult:
         if d.get("type") != "PETrainResult":
-            raise InputError(f"expected a PETrainResult, got type {d.get('type')!r}: load it with its own class")
-        return cls(order=d["order"], config=PETrainConfig.from_dict(d["config"]), pe=tensor_from_json(d["pe"]),
-                   final_train_loss=float(d["final_train_loss"]), val_loss=float(d["val_loss"]),
-                   loss_curve=tuple(float(x) for x in d["loss_curve"]), wall_seconds=float(d["wall_seconds"]),
-                   vocab_size=int(d["vocab_size"]), provenance=Provenance.from_dict(d["provenance"]))
+            raise InputError(
+                f"expected a PETrainResult, got type {d.get('type')!r}: load it with its own class"
+            )
+        return cls(
+            order=d["order"],
+            config=PETrainConfig.from_dict(d["config"]),
+            pe=tensor_from_json(d["pe"]),
+            final_train_loss=float(d["final_train_loss"]),
+            val_loss=float(d["val_loss"]),
+            loss_curve=tuple(float(x) for x in d["loss_curve"]),
+            wall_seconds=float(d["wall_seconds"]),
+            vocab_size=int(d["vocab_size"]),
+            provenance=Provenance.from_dict(d["provenance"]),
+        )
 
     def save(self, path: str | Path) -> None:
         """Write JSON atomically (the position table as base64 float32, exact)."""
@@ -148,11 +186,20 @@ def build_pe_model(config: PETrainConfig, vocab_size: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(
-        vocab_size=vocab_size, n_positions=config.n_positions, n_embd=config.d_model,
-        n_layer=config.n_layers, n_head=config.n_heads, n_inner=4 * config.d_model,
+        vocab_size=vocab_size,
+        n_positions=config.n_positions,
+        n_embd=config.d_model,
+        n_layer=config.n_layers,
+        n_head=config.n_heads,
+        n_inner=4 * config.d_model,
         # No dropout: short runs need no regularisation, and results then depend only on the seed.
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     torch.manual_seed(config.seed)
     return GPT2LMHeadModel(cfg)
@@ -171,25 +218,40 @@ def order_permutation(n_positions: int, order: str, seed: int = 0) -> Int[Tensor
     return torch.cat([torch.zeros(1, dtype=torch.long), body])
 
 
-def reorder(tokens: Int[Tensor, "batch n_positions"], order: str, seed: int = 0) -> Int[Tensor, "batch n_positions"]:
+def reorder(
+    tokens: Int[Tensor, "batch n_positions"], order: str, seed: int = 0
+) -> Int[Tensor, "batch n_positions"]:
     """Windows with their tokens fed forward, backward or permuted (``init`` feeds them forward)."""
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
-        raise InputError(f"tokens must be a [batch, n_positions] tensor, got {getattr(tokens, 'shape', tokens)!r}")
+        raise InputError(
+            f"tokens must be a [batch, n_positions] tensor, got {getattr(tokens, 'shape', tokens)!r}"
+        )
     return tokens[:, order_permutation(tokens.shape[1], order, seed)]
 
 
 @torch.no_grad()
 def _mean_loss(model, windows: Tensor, batch_size: int = 8) -> float:
     """Token-weighted mean next-token loss over ``windows`` (all windows have the same length)."""
-    losses = [float(model(input_ids=windows[i : i + batch_size], labels=windows[i : i + batch_size]).loss)
-              * windows[i : i + batch_size].shape[0] for i in range(0, windows.shape[0], batch_size)]
+    losses = [
+        float(model(input_ids=windows[i : i + batch_size], labels=windows[i : i + batch_size]).loss)
+        * windows[i : i + batch_size].shape[0]
+        for i in range(0, windows.shape[0], batch_size)
+    ]
     return sum(losses) / windows.shape[0]
 
 
 def _fit(model, batches: Tensor, config: PETrainConfig) -> list[float]:
     """ropelens.training.train.fit on seeded random batches of the ordered windows."""
-    return fit(model, batches, steps=config.steps, batch_size=config.batch_size, lr=config.lr,
-               warmup=config.warmup, seed=config.seed, device=config.device)
+    return fit(
+        model,
+        batches,
+        steps=config.steps,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        warmup=config.warmup,
+        seed=config.seed,
+        device=config.device,
+    )
 
 
 def train_pe_model(order: Order, config: PETrainConfig | None = None) -> PETrainResult:
@@ -199,9 +261,13 @@ def train_pe_model(order: Order, config: PETrainConfig | None = None) -> PETrain
     if not isinstance(config, PETrainConfig):
         raise TypeError(f"expected a PETrainConfig, got {type(config).__name__}")
     start = time.perf_counter()
-    train_ids, val_ids, vocab, bos = token_streams(config.corpus, config.tokenizer, config.val_fraction)
+    train_ids, val_ids, vocab, bos = token_streams(
+        config.corpus, config.tokenizer, config.val_fraction
+    )
     batches = reorder(cut_windows(train_ids, config.n_positions, bos), order, config.seed)
-    val = reorder(cut_windows(val_ids, config.n_positions, bos, config.val_windows), order, config.seed)
+    val = reorder(
+        cut_windows(val_ids, config.n_positions, bos, config.val_windows), order, config.seed
+    )
     model = build_pe_model(config, vocab).to(config.device)
     curve: list[float] = []
     if order != "init":
@@ -212,11 +278,21 @@ def train_pe_model(order: Order, config: PETrainConfig | None = None) -> PETrain
     tail = curve[-10:]
     wall = time.perf_counter() - start
     return PETrainResult(
-        order=order, config=config, pe=learned_pe(model), final_train_loss=sum(tail) / len(tail) if tail else val_loss,
-        val_loss=val_loss, loss_curve=tuple(curve), wall_seconds=wall, vocab_size=vocab,
+        order=order,
+        config=config,
+        pe=learned_pe(model),
+        final_train_loss=sum(tail) / len(tail) if tail else val_loss,
+        val_loss=val_loss,
+        loss_curve=tuple(curve),
+        wall_seconds=wall,
+        vocab_size=vocab,
         provenance=Provenance(
-            model=f"gpt2-{config.n_layers}x{config.d_model}-learned-pe-{order}", corpus=config.corpus,
-            n_tokens=config.tokens if order != "init" else 0, n_windows=int(val.shape[0]),
-            n_ctx=config.n_positions, config={"order": order, **config.to_dict()}, seconds=wall,
+            model=f"gpt2-{config.n_layers}x{config.d_model}-learned-pe-{order}",
+            corpus=config.corpus,
+            n_tokens=config.tokens if order != "init" else 0,
+            n_windows=int(val.shape[0]),
+            n_ctx=config.n_positions,
+            config={"order": order, **config.to_dict()},
+            seconds=wall,
         ),
     )

@@ -38,20 +38,44 @@ from ropelens.spec.variants import BaseChange, RopeVariant, variant_from_dict
 from ropelens.training.checkpoints import CheckpointWriter, plain_rope_theta
 from ropelens.validate import check_positive_int
 
-__all__ = ["TrainConfig", "TrainResult", "build_model", "cut_windows", "fit", "layer_rope", "lr_at",
-           "token_streams", "train"]
+__all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "build_model",
+    "cut_windows",
+    "fit",
+    "layer_rope",
+    "lr_at",
+    "token_streams",
+    "train",
+]
 
-_FREQ_VARIANTS = ("Default", "PRoPE", "PRoPEReversed", "PRoPEPartial", "NoPE", "BaseChange",
-                  "PlaneMask", "Linear", "NTK")
+_FREQ_VARIANTS = (
+    "Default",
+    "PRoPE",
+    "PRoPEReversed",
+    "PRoPEPartial",
+    "NoPE",
+    "BaseChange",
+    "PlaneMask",
+    "Linear",
+    "NTK",
+)
 
 
-def scaled_shape(n_heads: int, head_dim: int, n_layers: int, steps: int, factor: float) -> dict[str, int]:
+def scaled_shape(
+    n_heads: int, head_dim: int, n_layers: int, steps: int, factor: float
+) -> dict[str, int]:
     """Heads (so d_model), layers and steps × ``factor``, each at least 1: a config sized up for a GPU."""
     if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or factor <= 0:
         raise InputError(f"factor must be a positive number, got {factor!r}")
     heads = max(1, round(n_heads * factor))
-    return {"n_heads": heads, "d_model": heads * head_dim, "n_layers": max(1, round(n_layers * factor)),
-            "steps": max(1, round(steps * factor))}
+    return {
+        "n_heads": heads,
+        "d_model": heads * head_dim,
+        "n_layers": max(1, round(n_layers * factor)),
+        "steps": max(1, round(steps * factor)),
+    }
 
 
 @dataclass(frozen=True)
@@ -76,13 +100,33 @@ class TrainConfig:
     val_fraction: float = 0.1
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_layers", "n_heads", "head_dim", "seq_len", "batch_size", "steps",
-                     "val_windows"):
-            check_positive_int(getattr(self, name), name, f" (the CPU default is {getattr(TrainConfig, name, None)})")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, numbers.Integral) or self.warmup < 0:
-            raise InputError(f"warmup must be an int >= 0 (steps of linear warm-up), got {self.warmup!r}")
+        for name in (
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "head_dim",
+            "seq_len",
+            "batch_size",
+            "steps",
+            "val_windows",
+        ):
+            check_positive_int(
+                getattr(self, name),
+                name,
+                f" (the CPU default is {getattr(TrainConfig, name, None)})",
+            )
+        if (
+            isinstance(self.warmup, bool)
+            or not isinstance(self.warmup, numbers.Integral)
+            or self.warmup < 0
+        ):
+            raise InputError(
+                f"warmup must be an int >= 0 (steps of linear warm-up), got {self.warmup!r}"
+            )
         if self.head_dim % 2:
-            raise InputError(f"head_dim must be even (RoPE rotates pairs of dims), got {self.head_dim}")
+            raise InputError(
+                f"head_dim must be even (RoPE rotates pairs of dims), got {self.head_dim}"
+            )
         if not isinstance(self.lr, numbers.Real) or not 0 < self.lr < 1:
             raise InputError(f"lr must be a number in (0, 1), got {self.lr!r} (e.g. 2e-3)")
         if not isinstance(self.variant, RopeVariant):
@@ -104,7 +148,9 @@ class TrainConfig:
 
     def scaled(self, factor: float) -> TrainConfig:
         """Width (heads), depth and steps × ``factor`` (GPU runs); head_dim, seq_len, lr unchanged."""
-        return dataclasses.replace(self, **scaled_shape(self.n_heads, self.head_dim, self.n_layers, self.steps, factor))
+        return dataclasses.replace(
+            self, **scaled_shape(self.n_heads, self.head_dim, self.n_layers, self.steps, factor)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -168,11 +214,21 @@ class TrainResult:
 # --------------------------------------------------------------------------------------------
 def layer_rope(config: TrainConfig, layer: int = 0) -> LayerRope:
     """The plain-RoPE spec of one layer of the model ``config`` describes (what variants start from)."""
-    inv = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float) / config.head_dim))
+    inv = 1.0 / (
+        config.rope_theta
+        ** (torch.arange(0, config.head_dim, 2, dtype=torch.float) / config.head_dim)
+    )
     return LayerRope(
-        layer=layer, inv_freq=inv, head_dim=config.head_dim, rotary_dim=config.head_dim, pairing="half",
-        n_heads=config.n_heads, n_kv_heads=config.n_heads, score_scale=config.head_dim**-0.5,
-        base=float(config.rope_theta), n_ctx=2 * config.seq_len,
+        layer=layer,
+        inv_freq=inv,
+        head_dim=config.head_dim,
+        rotary_dim=config.head_dim,
+        pairing="half",
+        n_heads=config.n_heads,
+        n_kv_heads=config.n_heads,
+        score_scale=config.head_dim**-0.5,
+        base=float(config.rope_theta),
+        n_ctx=2 * config.seq_len,
     )
 
 
@@ -181,12 +237,19 @@ def build_model(config: TrainConfig, vocab_size: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=config.d_model, intermediate_size=4 * config.d_model,
-        num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads,
-        num_key_value_heads=config.n_heads, head_dim=config.head_dim,
-        max_position_embeddings=2 * config.seq_len, tie_word_embeddings=True,
+        vocab_size=vocab_size,
+        hidden_size=config.d_model,
+        intermediate_size=4 * config.d_model,
+        num_hidden_layers=config.n_layers,
+        num_attention_heads=config.n_heads,
+        num_key_value_heads=config.n_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=2 * config.seq_len,
+        tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(cfg)
@@ -217,7 +280,9 @@ def _tokenizer(name: str):
     return load_model(name, device="cpu").tokenizer
 
 
-def token_streams(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Tensor, Tensor, int, int]:
+def token_streams(
+    corpus: str, tokenizer: str, val_fraction: float
+) -> tuple[Tensor, Tensor, int, int]:
     """(train ids, val ids, compact vocab size, compact BOS id), relabelled to the corpus's ids.
 
     ``tokenizer`` is an embedded model name or ``"tiny-char"``; the ids are those the corpus uses,
@@ -228,7 +293,9 @@ def token_streams(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Ten
 
 
 @functools.lru_cache(maxsize=8)
-def _relabelled(corpus: str, tokenizer: str, val_fraction: float) -> tuple[Tensor, Tensor, Tensor, int]:
+def _relabelled(
+    corpus: str, tokenizer: str, val_fraction: float
+) -> tuple[Tensor, Tensor, Tensor, int]:
     """:func:`token_streams`, with the original id of each compact id in place of the vocab size."""
     tok = _tokenizer(tokenizer)
     train_c, val_c = data.load_corpus(corpus).split(val_fraction)
@@ -313,7 +380,9 @@ def fit(
         opt.step()
         curve.append(float(loss.detach()))
         if not math.isfinite(curve[-1]):
-            raise FloatingPointError(f"training loss became {curve[-1]} at step {step} with lr={lr}: lower lr")
+            raise FloatingPointError(
+                f"training loss became {curve[-1]} at step {step} with lr={lr}: lower lr"
+            )
         if on_step is not None:
             on_step(step + 1, model, curve)
     model.eval()
@@ -322,11 +391,19 @@ def fit(
 
 def _validate(model, val_ids: Tensor, bos: int, config: TrainConfig, n_ctx: int) -> LossEstimate:
     tokens = cut_windows(val_ids, n_ctx, bos, config.val_windows)
-    return bootstrap_ci(window_losses(model, tokens, batch_size=8, progress=False), seed=config.seed)
+    return bootstrap_ci(
+        window_losses(model, tokens, batch_size=8, progress=False), seed=config.seed
+    )
 
 
-def train(config: TrainConfig, progress: bool = True, *, return_model: bool = False,
-          checkpoint_dir: str | os.PathLike[str] | None = None, checkpoint_every: int | None = None):
+def train(
+    config: TrainConfig,
+    progress: bool = True,
+    *,
+    return_model: bool = False,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int | None = None,
+):
     """Train one model from scratch; deterministic given ``config`` (seeded init and data order).
 
     Returns the :class:`TrainResult`, or ``(result, model)`` with ``return_model=True`` (the trained
@@ -340,16 +417,23 @@ def train(config: TrainConfig, progress: bool = True, *, return_model: bool = Fa
     if not isinstance(config, TrainConfig):
         raise TypeError(f"expected a TrainConfig, got {type(config).__name__}")
     if (checkpoint_dir is None) != (checkpoint_every is None):
-        raise InputError("pass checkpoint_dir and checkpoint_every together (where to save, and every how many steps)")
+        raise InputError(
+            "pass checkpoint_dir and checkpoint_every together (where to save, and every how many steps)"
+        )
     if checkpoint_every is not None:
         check_positive_int(checkpoint_every, "checkpoint_every", " (steps between checkpoints)")
     start = time.perf_counter()
-    train_ids, val_ids, used, bos = _relabelled(config.corpus, config.tokenizer, config.val_fraction)
+    train_ids, val_ids, used, bos = _relabelled(
+        config.corpus, config.tokenizer, config.val_fraction
+    )
     vocab = int(used.numel())
     batches = cut_windows(train_ids, config.seq_len, bos)
     model = build_model(config, vocab)
-    writer = None if checkpoint_dir is None else _checkpoint_writer(config, model, used, checkpoint_dir,
-                                                                     checkpoint_every)
+    writer = (
+        None
+        if checkpoint_dir is None
+        else _checkpoint_writer(config, model, used, checkpoint_dir, checkpoint_every)
+    )
     on_step = None
     if writer is not None:
         saved_at = set(writer.steps(config.steps))
@@ -360,16 +444,24 @@ def train(config: TrainConfig, progress: bool = True, *, return_model: bool = Fa
                 writer.save(m, done, losses)
 
     try:
-        curve = fit(model, batches, steps=config.steps, batch_size=config.batch_size, lr=config.lr,
-                    warmup=config.warmup, seed=config.seed, progress=config.variant.name if progress else None,
-                    on_step=on_step)
+        curve = fit(
+            model,
+            batches,
+            steps=config.steps,
+            batch_size=config.batch_size,
+            lr=config.lr,
+            warmup=config.warmup,
+            seed=config.seed,
+            progress=config.variant.name if progress else None,
+            on_step=on_step,
+        )
     finally:
         if writer is not None:
             writer.close()
     val = _validate(model, val_ids, bos, config, config.seq_len)
     val_2x = _validate(model, val_ids, bos, config, 2 * config.seq_len)
     wall = time.perf_counter() - start
-    tail = curve[-min(10, len(curve)):]
+    tail = curve[-min(10, len(curve)) :]
     result = TrainResult(
         config=config,
         final_train_loss=sum(tail) / len(tail),
@@ -391,16 +483,27 @@ def train(config: TrainConfig, progress: bool = True, *, return_model: bool = Fa
     return (result, model) if return_model else result
 
 
-def _checkpoint_writer(config: TrainConfig, model: Any, used: Tensor, directory: str | os.PathLike[str],
-                       every: int) -> CheckpointWriter:
+def _checkpoint_writer(
+    config: TrainConfig, model: Any, used: Tensor, directory: str | os.PathLike[str], every: int
+) -> CheckpointWriter:
     """The run's checkpoint writer; refuses a variant an HF config cannot state (its checkpoints would load
     with other frequencies)."""
     base = getattr(config.variant, "base", None)
     inv = model.model.rotary_emb.inv_freq
-    theta = plain_rope_theta(inv, config.head_dim, [b for b in (base, config.rope_theta) if b is not None])
+    theta = plain_rope_theta(
+        inv, config.head_dim, [b for b in (base, config.rope_theta) if b is not None]
+    )
     if theta is None:
-        raise InputError(f"{config.variant.name} is not plain RoPE with one base, which is all an HF config can "
-                         "state, so its checkpoints would load with other frequencies: save checkpoints of "
-                         "Default or BaseChange runs")
-    return CheckpointWriter(directory, every, tokenizer=_tokenizer(config.tokenizer), used=used,
-                            config=config.to_dict(), rope_theta=theta)
+        raise InputError(
+            f"{config.variant.name} is not plain RoPE with one base, which is all an HF config can "
+            "state, so its checkpoints would load with other frequencies: save checkpoints of "
+            "Default or BaseChange runs"
+        )
+    return CheckpointWriter(
+        directory,
+        every,
+        tokenizer=_tokenizer(config.tokenizer),
+        used=used,
+        config=config.to_dict(),
+        rope_theta=theta,
+    )

@@ -34,7 +34,9 @@ from ropelens.testing import tiny_model
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 1000])
 def test_uniform_rows_have_entropy_log_n(n):
     p = torch.full((3, n), 1.0 / n, dtype=torch.float64)
-    torch.testing.assert_close(attention_entropy(p), torch.full((3,), math.log(n), dtype=torch.float64))
+    torch.testing.assert_close(
+        attention_entropy(p), torch.full((3,), math.log(n), dtype=torch.float64)
+    )
 
 
 def test_entropy_of_known_distributions():
@@ -48,27 +50,43 @@ def test_kl_and_js():
     p = torch.tensor([0.5, 0.5], dtype=torch.float64)
     q = torch.tensor([0.9, 0.1], dtype=torch.float64)
     assert kl_divergence(p, p).item() == 0.0 and js_divergence(q, q).item() == 0.0
-    assert kl_divergence(p, q).item() == pytest.approx(0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1))
-    assert kl_divergence(q, p).item() == pytest.approx(0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5))
+    assert kl_divergence(p, q).item() == pytest.approx(
+        0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)
+    )
+    assert kl_divergence(q, p).item() == pytest.approx(
+        0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)
+    )
     m = [0.7, 0.3]
     js = 0.5 * sum(a * math.log(a / c) for a, c in zip([0.5, 0.5], m)) + 0.5 * sum(
-        b * math.log(b / c) for b, c in zip([0.9, 0.1], m))
-    assert js_divergence(p, q).item() == pytest.approx(js) and js_divergence(q, p).item() == pytest.approx(js)
+        b * math.log(b / c) for b, c in zip([0.9, 0.1], m)
+    )
+    assert js_divergence(p, q).item() == pytest.approx(js) and js_divergence(
+        q, p
+    ).item() == pytest.approx(js)
     # disjoint supports: JS is ln 2, KL infinite; a key neither puts mass on adds nothing
-    a, b = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
-    assert js_divergence(a, b).item() == pytest.approx(math.log(2)) and kl_divergence(a, b).item() == math.inf
+    a, b = (
+        torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64),
+        torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64),
+    )
+    assert (
+        js_divergence(a, b).item() == pytest.approx(math.log(2))
+        and kl_divergence(a, b).item() == math.inf
+    )
 
 
 def test_matrix_entropy_against_numpy_singular_values():
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(50, 6, generator=g, dtype=torch.float64) * torch.tensor([3.0, 2.0, 1.0, 0.5, 0.1, 0.01],
-                                                                           dtype=torch.float64)
+    q = torch.randn(50, 6, generator=g, dtype=torch.float64) * torch.tensor(
+        [3.0, 2.0, 1.0, 0.5, 0.1, 0.01], dtype=torch.float64
+    )
     s = np.linalg.svd(q.numpy(), compute_uv=False)
     lam = s**2 / (s**2).sum()
     want = float(-(lam * np.log(lam)).sum())
     assert matrix_entropy(q.T @ q).item() == pytest.approx(want, rel=1e-10)
     top = s[:2] ** 2 / (s[:2] ** 2).sum()
-    assert matrix_entropy(q.T @ q, top=2).item() == pytest.approx(float(-(top * np.log(top)).sum()), rel=1e-10)
+    assert matrix_entropy(q.T @ q, top=2).item() == pytest.approx(
+        float(-(top * np.log(top)).sum()), rel=1e-10
+    )
     assert matrix_entropy(torch.eye(4, dtype=torch.float64)).item() == pytest.approx(math.log(4))
     v = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
     assert matrix_entropy(v.T @ v).item() == pytest.approx(0.0, abs=1e-12)  # rank one
@@ -96,13 +114,16 @@ def _dense_means(p, ref):
         ent = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)
         kl = np.where(p > 0, p * np.log(p / ref), 0.0).sum(-1)
         m = (p + ref) / 2
-        js = 0.5 * np.where(p > 0, p * np.log(p / m), 0.0).sum(-1) + 0.5 * np.where(ref > 0, ref * np.log(ref / m),
-                                                                                   0.0).sum(-1)
+        js = 0.5 * np.where(p > 0, p * np.log(p / m), 0.0).sum(-1) + 0.5 * np.where(
+            ref > 0, ref * np.log(ref / m), 0.0
+        ).sum(-1)
     return ent.mean((0, 2)), kl.mean((0, 2)), js.mean((0, 2))
 
 
-@pytest.mark.parametrize(("family", "variant"), [("llama", YaRN(4.0, 16)), ("llama-gqa", CoPE(4)),
-                                                 ("gemma3", Resonance(2.0, 16))])
+@pytest.mark.parametrize(
+    ("family", "variant"),
+    [("llama", YaRN(4.0, 16)), ("llama-gqa", CoPE(4)), ("gemma3", Resonance(2.0, 16))],
+)
 def test_reducer_equals_dense_softmax(family, variant):
     """Row entropy, KL and JS per head from the streamed q/k equal the same numbers from the model's own pattern
     (Gemma 3: sliding layers with an 8-token window, a global layer, GQA)."""
@@ -113,7 +134,9 @@ def test_reducer_equals_dense_softmax(family, variant):
     ref = capture_qk(model, toks, layers=layers, which=("q_post", "k_post"))
     red = AttentionStatsReducer(spec, layers, reference=ref)
     with apply_rope_variant(model, variant):
-        stream(model, batches(toks, 2), [red], layers=layers, progress=False)  # 2 batches: the offsets move on
+        stream(
+            model, batches(toks, 2), [red], layers=layers, progress=False
+        )  # 2 batches: the offsets move on
     table = red.table()
     dense, dense_ref = _patterns(model, toks, layers, variant), _patterns(model, toks, layers)
     for L in layers:
@@ -136,7 +159,9 @@ def test_matrix_entropy_is_of_the_rotated_queries():
     toks = torch.randint(4, 100, (2, 20), generator=torch.Generator().manual_seed(2))
     red = AttentionStatsReducer(spec, [0, 1])
     stream(model, batches(toks, 8), [red], layers=[0, 1], progress=False)
-    q = capture_qk(model, toks, layers=[1], which=("q_post",))[1]["q_post"].double()  # [b, pos, head, d]
+    q = capture_qk(model, toks, layers=[1], which=("q_post",))[1][
+        "q_post"
+    ].double()  # [b, pos, head, d]
     for h in range(spec[1].n_heads):
         s = np.linalg.svd(q[:, :, h].reshape(-1, q.shape[-1]).numpy(), compute_uv=False)
         lam = s**2 / (s**2).sum()
@@ -172,15 +197,25 @@ def ext_model():
 @pytest.fixture(scope="module")
 def study(ext_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("att")
-    return E.extension_study(ext_model, TARGET, start=32, n_windows=2, passkey_lengths=(), methods=NEW,
-                             progress=False, out=out), out
+    return E.extension_study(
+        ext_model,
+        TARGET,
+        start=32,
+        n_windows=2,
+        passkey_lengths=(),
+        methods=NEW,
+        progress=False,
+        out=out,
+    ), out
 
 
 def test_new_variants_are_methods_when_asked(ext_model, study):
     layer = rope_spec(ext_model)[0]
     v = E.extension_variants(layer, NATIVE, TARGET, ["resonance", "cope", "fope"])
     assert v == {"resonance": Resonance(4.0, NATIVE), "cope": CoPE(), "fope": FoPEZero(NATIVE)}
-    assert not {"resonance", "cope", "fope"} & set(E.DEFAULT_METHODS) and set(E.DEFAULT_METHODS) < set(E.METHODS)
+    assert not {"resonance", "cope", "fope"} & set(E.DEFAULT_METHODS) and set(
+        E.DEFAULT_METHODS
+    ) < set(E.METHODS)
     st, _ = study
     assert st.methods == NEW and st.variant("fope") == FoPEZero(NATIVE)
     assert {m for m in st.loss_frame()["method"]} == set(NEW)
@@ -194,10 +229,15 @@ def test_study_attention_equals_dense_softmax(ext_model, study):
     layers = rope_spec(ext_model).attention_layers
     for L_tok in (32, 128):
         toks = analysis_windows(ext_model.tokenizer, None, L_tok, 2 * L_tok)[0]
-        dense, dense_ref = _patterns(ext_model, toks, layers, YaRN(4.0, NATIVE)), _patterns(ext_model, toks, layers)
+        dense, dense_ref = (
+            _patterns(ext_model, toks, layers, YaRN(4.0, NATIVE)),
+            _patterns(ext_model, toks, layers),
+        )
         for L in layers:
             ent, kl, js = _dense_means(dense[L], dense_ref[L])
-            got = heads[(heads["method"] == "yarn") & (heads["length"] == L_tok) & (heads["layer"] == L)]
+            got = heads[
+                (heads["method"] == "yarn") & (heads["length"] == L_tok) & (heads["layer"] == L)
+            ]
             np.testing.assert_allclose(got["entropy"], ent, rtol=1e-5)
             if L_tok <= NATIVE:
                 np.testing.assert_allclose(got["kl"], kl, rtol=1e-3, atol=1e-8)
@@ -238,8 +278,16 @@ def test_rerun_reads_the_attention_cells(ext_model, study, monkeypatch):
         raise AssertionError("an attention cell was measured again")
 
     monkeypatch.setattr(E, "_measure_attention", boom)
-    again = E.extension_study(ext_model, TARGET, start=32, n_windows=2, passkey_lengths=(), methods=NEW,
-                              progress=False, out=out)
+    again = E.extension_study(
+        ext_model,
+        TARGET,
+        start=32,
+        n_windows=2,
+        passkey_lengths=(),
+        methods=NEW,
+        progress=False,
+        out=out,
+    )
     assert again.attention_cells == st.attention_cells
     assert again.provenance.config["attention_cells_reused"] == len(NEW) * len(st.lengths)
 
@@ -247,8 +295,16 @@ def test_rerun_reads_the_attention_cells(ext_model, study, monkeypatch):
 def test_attention_can_be_left_out(ext_model):
     from ropelens.report.extension_study import study_page
 
-    st = E.extension_study(ext_model, 64, start=32, n_windows=1, passkey_lengths=(), methods=("none", "cope"),
-                           progress=False, attention=False)
+    st = E.extension_study(
+        ext_model,
+        64,
+        start=32,
+        n_windows=1,
+        passkey_lengths=(),
+        methods=("none", "cope"),
+        progress=False,
+        attention=False,
+    )
     assert st.attention_cells == () and st.attention_frame().empty
     assert "No attention was measured" in study_page(st)
 
@@ -258,8 +314,22 @@ def test_extend_command_prints_attention(tmp_path, capsys):
     from ropelens.testing import tiny_model_dir
 
     path = str(tiny_model_dir("llama", tmp_path / "m", max_position_embeddings=32))
-    argv = ["extend", path, "--to", "64", "--start", "32", "--methods", "none,resonance,cope,fope", "--windows", "1",
-            "--passkey-lengths", "none", "--out", str(tmp_path / "ext")]
+    argv = [
+        "extend",
+        path,
+        "--to",
+        "64",
+        "--start",
+        "32",
+        "--methods",
+        "none,resonance,cope,fope",
+        "--windows",
+        "1",
+        "--passkey-lengths",
+        "none",
+        "--out",
+        str(tmp_path / "ext"),
+    ]
     assert main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     rows = {(r["method"], r["length"]): r for r in data["attention"]}
@@ -267,7 +337,9 @@ def test_extend_command_prints_attention(tmp_path, capsys):
     assert rows[("none", 32)]["kl"] == 0.0 and rows[("cope", 32)]["kl"] > 0
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "mean attention entropy of the query rows (nats)" in printed and "Resonance-YaRN" in printed
+    assert (
+        "mean attention entropy of the query rows (nats)" in printed and "Resonance-YaRN" in printed
+    )
     assert "divergence from the unmodified model's attention within the native 32 tokens" in printed
     assert main([*argv[:-2], "--methods", "cope,dope", "--out", str(tmp_path / "e2")]) == 2
     assert "unknown ['dope']" in capsys.readouterr().err
@@ -278,11 +350,24 @@ def test_plain_model_gives_the_bridges_numbers():
     from ropelens.loading.models import wrap_hf_model
     from ropelens.testing import tiny_hf_model, tiny_tokenizer
 
-    plain = wrap_hf_model(tiny_hf_model("llama", max_position_embeddings=32), tiny_tokenizer(), device="cpu",
-                          label="tiny-llama", bridge=False)
-    kw = {"start": 32, "n_windows": 1, "passkey_lengths": (), "progress": False, "methods": ("none", "fope")}
+    plain = wrap_hf_model(
+        tiny_hf_model("llama", max_position_embeddings=32),
+        tiny_tokenizer(),
+        device="cpu",
+        label="tiny-llama",
+        bridge=False,
+    )
+    kw = {
+        "start": 32,
+        "n_windows": 1,
+        "passkey_lengths": (),
+        "progress": False,
+        "methods": ("none", "fope"),
+    }
     a = E.extension_study(plain, 64, **kw).attention_frame()
-    b = E.extension_study(tiny_model("llama", max_position_embeddings=32), 64, **kw).attention_frame()
+    b = E.extension_study(
+        tiny_model("llama", max_position_embeddings=32), 64, **kw
+    ).attention_frame()
     cols = ["entropy", "kl", "js", "matrix_entropy"]
     np.testing.assert_allclose(a[cols].to_numpy(), b[cols].to_numpy(), rtol=1e-6, atol=1e-9)
     assert a.loc[(a["method"] == "fope") & (a["length"] == 32), "kl"].item() > 0

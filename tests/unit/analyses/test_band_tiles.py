@@ -36,11 +36,9 @@ from ropelens.analyses.band_statistics import BandStatsReducer
 from ropelens.run.capture import stream
 from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
-from ropelens.testing.dense import (  # noqa: F401 — HFLayer, hf_layers: the reference's parts other tests read from here
-    HFLayer,
+from ropelens.testing.dense import (
     allowed_keys,
     band_logits,
-    dense_layer_sums,
     dense_reference,
     hf_layers,
     keys_per_head,
@@ -49,7 +47,9 @@ from ropelens.testing.dense import (  # noqa: F401 — HFLayer, hf_layers: the r
 from ropelens.testing.families import FAMILIES, N_CHECK, VOCAB, family_hf_model
 
 N = N_CHECK + 5  # 29 tokens: not a multiple of any tile below, more than three windows of 8
-BANDS = Bands.quantiles(3)  # 8 planes -> bands of unequal width; Phi's 3 planes -> 3 bands + a wide "rest"
+BANDS = Bands.quantiles(
+    3
+)  # 8 planes -> bands of unequal width; Phi's 3 planes -> 3 bands + a wide "rest"
 TILES = (1, 5, 7, None)
 EXACT_KEYS = ("n_entries", "n_rows", "n_queries", "top1")
 RTOL, ATOL = 1e-4, 1e-5
@@ -137,8 +137,12 @@ def reference(c: Case, runs: list[Tensor]) -> dict[str, Tensor]:
     return dense_reference(c.hf, runs, c.layers, c.dims, dict.fromkeys(c.layers, c.planes))
 
 
-def reducer_sums(c: Case, batches: list[tuple[Tensor, Tensor]], tile: int | tuple[int, int] | None,
-                 jsd: bool = True) -> dict[str, Tensor]:
+def reducer_sums(
+    c: Case,
+    batches: list[tuple[Tensor, Tensor]],
+    tile: int | tuple[int, int] | None,
+    jsd: bool = True,
+) -> dict[str, Tensor]:
     """The reducer's sums, streamed over ``(tokens, valid)`` batches through ropelens's capture."""
     red = BandStatsReducer(c.spec, c.layers, BANDS, jsd=jsd, tile=tile)
     stream(c.model, batches, [red], spec=c.spec, progress=False)
@@ -149,8 +153,14 @@ def _full(toks: Tensor) -> tuple[Tensor, Tensor]:
     return toks, torch.ones_like(toks, dtype=torch.bool)
 
 
-def assert_sums_match(got: dict[str, Tensor], want: dict[str, Tensor], what: str, rtol=RTOL, atol=ATOL,
-                      rel_floor: float = 0.0) -> None:
+def assert_sums_match(
+    got: dict[str, Tensor],
+    want: dict[str, Tensor],
+    what: str,
+    rtol=RTOL,
+    atol=ATOL,
+    rel_floor: float = 0.0,
+) -> None:
     """Counts (and top-1, a count) exactly, the rest to ``rtol``/``atol``; every mismatching sum is reported.
 
     ``rel_floor`` raises each sum's ``atol`` to that fraction of its largest |value|: a sum that cancels to
@@ -163,15 +173,21 @@ def assert_sums_match(got: dict[str, Tensor], want: dict[str, Tensor], what: str
             errors.append(f"{key} has shape {tuple(g.shape)}, reference {tuple(w.shape)}")
         elif torch.isnan(g).any():
             where = torch.isnan(g)
-            errors.append(f"{key} is NaN at {where.nonzero()[:4].tolist()}; want {w[where][:4].tolist()}")
+            errors.append(
+                f"{key} is NaN at {where.nonzero()[:4].tolist()}; want {w[where][:4].tolist()}"
+            )
         elif key in EXACT_KEYS:
             bad = (g != w).nonzero().tolist()
             if bad:
-                errors.append(f"{key} differs at {bad[:4]}: got {[g[tuple(i)].item() for i in bad[:4]]}, "
-                              f"want {[w[tuple(i)].item() for i in bad[:4]]}")
+                errors.append(
+                    f"{key} differs at {bad[:4]}: got {[g[tuple(i)].item() for i in bad[:4]]}, "
+                    f"want {[w[tuple(i)].item() for i in bad[:4]]}"
+                )
         else:
             try:
-                torch.testing.assert_close(g, w, rtol=rtol, atol=max(atol, rel_floor * float(w.abs().max())))
+                torch.testing.assert_close(
+                    g, w, rtol=rtol, atol=max(atol, rel_floor * float(w.abs().max()))
+                )
             except AssertionError as e:
                 errors.append(f"{key}: " + " ".join(str(e).split("\n")[1:4]))
     assert not errors, f"{what}:\n  " + "\n  ".join(errors)
@@ -216,27 +232,52 @@ def test_reference_reproduces_hf_attention(name, case):
         assert lay.window == fam.windows.get(L)
         assert lay.softcap == fam.softcap
         assert (lay.sinks is not None) == fam.sinks
-        assert lay.allowed is not None and torch.equal(lay.allowed, allowed_keys(N, lay.window))  # HF's own mask
+        assert lay.allowed is not None and torch.equal(
+            lay.allowed, allowed_keys(N, lay.window)
+        )  # HF's own mask
         d = lay.q.shape[-1]
-        assert sorted(torch.cat(c.dims[L]).tolist()) == list(range(d))  # bands sum to the whole score
+        assert sorted(torch.cat(c.dims[L]).tolist()) == list(
+            range(d)
+        )  # bands sum to the whole score
         band_of = {int(i): j for j, dd in enumerate(c.dims[L]) for i in dd}
-        assert all(band_of[int(a)] == band_of[int(b)] for a, b in c.planes)  # planes are never split
+        assert all(
+            band_of[int(a)] == band_of[int(b)] for a, b in c.planes
+        )  # planes are never split
         X = band_logits(lay, c.dims[L])
         ok = allowed_keys(N, lay.window)
-        torch.testing.assert_close(pattern_of(lay, X.sum(2), ok).float(), lay.probs, rtol=0, atol=1e-4)
+        torch.testing.assert_close(
+            pattern_of(lay, X.sum(2), ok).float(), lay.probs, rtol=0, atol=1e-4
+        )
         if lay.softcap is None:  # the summed band logits are the model's pre-softmax scores
-            raw = lay.q.double() @ keys_per_head(lay.k.double(), lay.q.shape[1]).transpose(-1, -2) * lay.scale
+            raw = (
+                lay.q.double()
+                @ keys_per_head(lay.k.double(), lay.q.shape[1]).transpose(-1, -2)
+                * lay.scale
+            )
             torch.testing.assert_close(X.sum(2), raw, rtol=1e-10, atol=1e-10)
-    if name == "gemma2_saturated":  # the cap decides: HF's attended key is often not the raw-score argmax
-        Y = band_logits(lays[0], c.dims[0]).sum(2).masked_fill(~allowed_keys(N, lays[0].window), float("-inf"))
+    if (
+        name == "gemma2_saturated"
+    ):  # the cap decides: HF's attended key is often not the raw-score argmax
+        Y = (
+            band_logits(lays[0], c.dims[0])
+            .sum(2)
+            .masked_fill(~allowed_keys(N, lays[0].window), float("-inf"))
+        )
         assert int((Y.argmax(-1) != lays[0].probs.argmax(-1)).sum()) >= 10
 
 
-ALL_TILES = ("llama", "gemma3_text", "gemma2_saturated", "gpt_oss")  # every tile; the rest: (5, None)
+ALL_TILES = (
+    "llama",
+    "gemma3_text",
+    "gemma2_saturated",
+    "gpt_oss",
+)  # every tile; the rest: (5, None)
 DENSE = [(n, t) for n in CASES for t in (TILES if n in ALL_TILES else (5, None))]
 
 
-@pytest.mark.parametrize(("name", "tile"), [pytest.param(n, t, id=f"{n}-{t}", marks=_case(n).marks) for n, t in DENSE])
+@pytest.mark.parametrize(
+    ("name", "tile"), [pytest.param(n, t, id=f"{n}-{t}", marks=_case(n).marks) for n, t in DENSE]
+)
 def test_band_sums_match_dense_reference(name, tile, case):
     """Every streamed sum (abs, cov, margin, top-1, JSD, var, counts, Cauchy–Schwarz) equals the dense
     reference over the same unpadded two-row batch."""
@@ -244,13 +285,20 @@ def test_band_sums_match_dense_reference(name, tile, case):
     assert_sums_match(_full_sums(c, tile), _reference_cached(c), f"{name} tile={tile}")
 
 
-@pytest.mark.parametrize("name", [_case(n) for n in ("llama", "gemma3_text", "gemma2_saturated", "gpt_oss", "phi")])
+@pytest.mark.parametrize(
+    "name", [_case(n) for n in ("llama", "gemma3_text", "gemma2_saturated", "gpt_oss", "phi")]
+)
 def test_tile_does_not_change_sums(name, case):
     """Tiles of 1, 5, 7, the whole input and more than the input give the automatic tile's sums."""
     c = case(name)
     for tile in (1, 5, 7, N, 4 * N):
-        assert_sums_match(_full_sums(c, tile), _full_sums(c, None), f"{name} tile={tile} vs automatic",
-                          rtol=1e-5, atol=1e-6)
+        assert_sums_match(
+            _full_sums(c, tile),
+            _full_sums(c, None),
+            f"{name} tile={tile} vs automatic",
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 @pytest.mark.parametrize("length", [pytest.param(23, id="pad6"), pytest.param(17, id="pad12")])
@@ -268,14 +316,20 @@ def test_right_padding_equals_unpadded_rows(name, tile, length, case):
     padded = reducer_sums(c, [(toks, valid)], tile)
     rows = [toks[:1], toks[1:2, :length]]
     alone = reducer_sums(c, [_full(rows[0]), _full(rows[1])], tile)
-    assert_sums_match(padded, alone, f"{name} tile={tile}: padded vs rows alone", rtol=1e-5, atol=1e-6)
-    assert_sums_match(padded, _reference_cached(c, length), f"{name} tile={tile}: padded vs reference")
+    assert_sums_match(
+        padded, alone, f"{name} tile={tile}: padded vs rows alone", rtol=1e-5, atol=1e-6
+    )
+    assert_sums_match(
+        padded, _reference_cached(c, length), f"{name} tile={tile}: padded vs reference"
+    )
 
 
 KEY_TILES = ((5, 3), (7, 8), (1, 1), (16, 13))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_case(n).marks) for n in ALL_TILES + ("phi",)])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=_case(n).marks) for n in ALL_TILES + ("phi",)]
+)
 def test_key_tiles_carry_the_attended_key_across_tiles(name, case):
     """Rows split over several key tiles (the attended key, its band logits, the band maxima and the
     sums carried from tile to tile) give the dense reference; without JSD, which needs whole rows."""
@@ -286,24 +340,32 @@ def test_key_tiles_carry_the_attended_key_across_tiles(name, case):
         assert_sums_match(got, want, f"{name} tile={tile}")
         rows = _tokens()
         valid = torch.ones_like(rows, dtype=torch.bool)
-        valid[1, N - 12:] = False  # padding: the general mask, also per key tile
+        valid[1, N - 12 :] = False  # padding: the general mask, also per key tile
         padded = reducer_sums(c, [(rows, valid)], tile, jsd=False)
         alone = reducer_sums(c, [_full(rows[:1]), _full(rows[1:, : N - 12])], tile, jsd=False)
-        assert_sums_match(padded, alone, f"{name} tile={tile}: padded vs rows alone", rtol=1e-5, atol=1e-6)
+        assert_sums_match(
+            padded, alone, f"{name} tile={tile}: padded vs rows alone", rtol=1e-5, atol=1e-6
+        )
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_case(n).marks) for n in ("llama", "gemma3_text", "gpt_oss")])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=_case(n).marks) for n in ("llama", "gemma3_text", "gpt_oss")]
+)
 def test_scores_alone_give_the_same_sums(name, case, monkeypatch):
     """With the running Σ k kᵀ off (every Σ y² and Σ y·k from the scores), every tile gives the reference."""
     monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1 << 30)
     c = case(name)
     want = {k: v for k, v in _reference_cached(c).items() if k != "jsd"}
     for tile in (None, 7, (5, 3)):
-        assert_sums_match(reducer_sums(c, [_full(_tokens())], tile, jsd=False), want, f"{name} tile={tile}, scores only")
+        assert_sums_match(
+            reducer_sums(c, [_full(_tokens())], tile, jsd=False),
+            want,
+            f"{name} tile={tile}, scores only",
+        )
 
 
 def test_bad_tile_is_refused(case):
     c = case("llama")
-    for bad in (0, -3, (4,  0), (1, 2, 3), 2.5):
+    for bad in (0, -3, (4, 0), (1, 2, 3), 2.5):
         with pytest.raises(ValueError, match="tile must be"):
             BandStatsReducer(c.spec, c.layers, BANDS, tile=bad)

@@ -34,11 +34,17 @@ def test_band_on_a_known_profile():
 
 
 def test_band_edges_include_a_plateau_at_the_level_and_batch_shapes():
-    rows = torch.tensor([[0.0, 0, 4, 4, 8, 4, 0, 0, 0],  # median 0, level 4: the 4s at the level belong
-                         [3.0, 3, 3, 3, 3, 3, 3, 3, 3]])  # flat: the peak is the first plane, prominence 1
+    rows = torch.tensor(
+        [
+            [0.0, 0, 4, 4, 8, 4, 0, 0, 0],  # median 0, level 4: the 4s at the level belong
+            [3.0, 3, 3, 3, 3, 3, 3, 3, 3],
+        ]
+    )  # flat: the peak is the first plane, prominence 1
     b = locate_band(rows[None])  # [1, 2, plane]
     assert b.peak.shape == (1, 2)
-    assert b.lo[0].tolist() == [2, 0] and b.hi[0].tolist() == [5, 8] and b.peak[0].tolist() == [4, 0]
+    assert (
+        b.lo[0].tolist() == [2, 0] and b.hi[0].tolist() == [5, 8] and b.peak[0].tolist() == [4, 0]
+    )
     assert b.prominence[0, 1] == 1.0
 
 
@@ -53,7 +59,9 @@ def test_control_planes_are_seeded_distinct_and_matched():
     assert [len(p) for p in a] == [5, 0, 12] and all(len(set(p)) == len(p) for p in a)
     assert all(0 <= x < 32 for p in a for x in p)
     assert a != control_planes(32, [5, 0, 12], seed=4)
-    assert control_planes(32, [7, 5], seed=3)[1] == control_planes(32, [9, 5], seed=3)[1]  # nor on other layers' counts
+    assert (
+        control_planes(32, [7, 5], seed=3)[1] == control_planes(32, [9, 5], seed=3)[1]
+    )  # nor on other layers' counts
 
 
 def _with_profile(r: BandLocation, profile: torch.Tensor) -> BandLocation:
@@ -65,9 +73,16 @@ def _with_profile(r: BandLocation, profile: torch.Tensor) -> BandLocation:
 
 @pytest.fixture(scope="module")
 def tiny_bands():
-    model = wrap_hf_model(tiny_hf_model("llama-gqa"), tiny_tokenizer(), device="cpu", label="tiny-llama-gqa",
-                          hub_name="ropelens/tiny-llama-gqa")
-    r = band_location(model, "english", n_ctx=32, max_tokens=256, progress=False, eval_windows=3, seed=1)
+    model = wrap_hf_model(
+        tiny_hf_model("llama-gqa"),
+        tiny_tokenizer(),
+        device="cpu",
+        label="tiny-llama-gqa",
+        hub_name="ropelens/tiny-llama-gqa",
+    )
+    r = band_location(
+        model, "english", n_ctx=32, max_tokens=256, progress=False, eval_windows=3, seed=1
+    )
     return model, r
 
 
@@ -79,9 +94,13 @@ def test_bands_follow_the_measured_norms_and_the_critical_dimension(tiny_bands):
         for h in range(norms.shape[1]):
             assert int(per_head.hi[i, h]) == int(locate_band(norms[i, h]).hi)
     assert torch.equal(r.bands().peak, norms.mean(1).argmax(-1))
-    for i, L in enumerate(r.layers):  # Liu et al.'s d_extra from the base alone, against the measured wavelengths
+    for i, L in enumerate(
+        r.layers
+    ):  # Liu et al.'s d_extra from the base alone, against the measured wavelengths
         lr = r.spec.layers[L]
-        assert r.critical_plane()[i] == critical_dimension(lr.base, lr.rotary_dim, r.spec.n_ctx) // 2
+        assert (
+            r.critical_plane()[i] == critical_dimension(lr.base, lr.rotary_dim, r.spec.n_ctx) // 2
+        )
     df = r.to_frame()
     assert len(df) == len(r.layers) * (1 + norms.shape[1])
     row = df[(df["head"] == -1)].iloc[0]
@@ -102,13 +121,22 @@ def test_nope_below_band_matches_zeroed_frequencies_and_its_control_is_seeded(ti
     hf.model.rotary_emb.inv_freq[3:] = 0.0
     want = window_losses(hf, toks, progress=False).double()
     # float32 forwards of the same arithmetic in another order: a few ulps of a loss near 4.6
-    assert torch.allclose(torch.tensor(iv.losses["nope_below"], dtype=torch.float64), want, atol=1e-5)
-    assert torch.allclose(torch.tensor(iv.losses["rope"], dtype=torch.float64),
-                          window_losses(model.original_model, toks, progress=False).double(), atol=1e-5)
+    assert torch.allclose(
+        torch.tensor(iv.losses["nope_below"], dtype=torch.float64), want, atol=1e-5
+    )
+    assert torch.allclose(
+        torch.tensor(iv.losses["rope"], dtype=torch.float64),
+        window_losses(model.original_model, toks, progress=False).double(),
+        atol=1e-5,
+    )
     assert iv.control == tuple(control_planes(P, [P - 3] * len(r.layers), 1))
-    assert nope_below_band(model, synthetic, toks, seed=1).losses == iv.losses  # reproducible with the seed
+    assert (
+        nope_below_band(model, synthetic, toks, seed=1).losses == iv.losses
+    )  # reproducible with the seed
     d = torch.tensor(iv.losses["nope_below"]) - torch.tensor(iv.losses["rope"])
-    assert iv.estimates["nope_below-rope"].loss.mean == pytest.approx(float(d.double().mean()), abs=1e-12)
+    assert iv.estimates["nope_below-rope"].loss.mean == pytest.approx(
+        float(d.double().mean()), abs=1e-12
+    )
 
 
 def test_save_load_merge_and_figure(tiny_bands, tmp_path):
@@ -123,5 +151,8 @@ def test_save_load_merge_and_figure(tiny_bands, tmp_path):
         r.merge(r)
     plain = replace(r, intervention=None)
     m = plain.merge(plain)
-    assert torch.equal(m.profile(), plain.profile()) and m.provenance.n_tokens == 2 * plain.provenance.n_tokens
+    assert (
+        torch.equal(m.profile(), plain.profile())
+        and m.provenance.n_tokens == 2 * plain.provenance.n_tokens
+    )
     assert len(r.figure().data) >= 5 and "application/vnd.plotly.v1+json" in r._repr_mimebundle_()

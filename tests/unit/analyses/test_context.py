@@ -27,11 +27,26 @@ LONG = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0)
 CASES = [
     (Linear(4.0), {"rope_type": "linear", "factor": 4.0}),
     (YaRN(4.0, L0), {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0}),
-    (Llama3(4.0, 1.0, 4.0, L0), {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                                 "high_freq_factor": 4.0, "original_max_position_embeddings": L0}),
-    (LongRoPE((1.0,) * 8, LONG, L0, factor=4.0),
-     {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": list(LONG), "factor": 4.0,
-      "original_max_position_embeddings": L0}),
+    (
+        Llama3(4.0, 1.0, 4.0, L0),
+        {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": L0,
+        },
+    ),
+    (
+        LongRoPE((1.0,) * 8, LONG, L0, factor=4.0),
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 8,
+            "long_factor": list(LONG),
+            "factor": 4.0,
+            "original_max_position_embeddings": L0,
+        },
+    ),
     (DynamicNTK(2.0, L0), {"rope_type": "dynamic", "factor": 2.0}),
 ]
 
@@ -46,13 +61,19 @@ def test_plane_view_frequencies_are_hfs(layer, variant, params):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     # max_position_embeddings = L0: HF's "original" length for dynamic NTK, and L0 < L selects long factors.
-    hf = tiny_hf_model("llama", max_position_embeddings=L0, rope_parameters={"rope_theta": 10000.0, **params})
+    hf = tiny_hf_model(
+        "llama", max_position_embeddings=L0, rope_parameters={"rope_theta": 10000.0, **params}
+    )
     want, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf.config, None, seq_len=L)
     view = extension_planes(layer, variant, L0, L)
     torch.testing.assert_close(view.inv_freq_after, want.float(), rtol=1e-6, atol=0)
     assert view.attention_scaling == pytest.approx(float(scaling))
-    torch.testing.assert_close(view.scale, (view.inv_freq_before / want).double(), rtol=1e-6, atol=0)
-    torch.testing.assert_close(view.wavelength_after, 2 * math.pi / want.double(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        view.scale, (view.inv_freq_before / want).double(), rtol=1e-6, atol=0
+    )
+    torch.testing.assert_close(
+        view.wavelength_after, 2 * math.pi / want.double(), rtol=1e-6, atol=0
+    )
 
 
 def test_categories(layer):
@@ -76,7 +97,11 @@ def test_plane_view_roundtrip_and_figures(layer, tmp_path):
     torch.testing.assert_close(back.inv_freq_after, views[0].inv_freq_after)
     assert back.categories == views[0].categories and back.variant == views[0].variant
     frame = views[1].to_frame()
-    assert len(frame) == layer.n_planes and set(frame.category) <= {"kept", "interpolated", "extrapolated"}
+    assert len(frame) == layer.n_planes and set(frame.category) <= {
+        "kept",
+        "interpolated",
+        "extrapolated",
+    }
     assert len(compare_figure(views).data) == 4 and views[2].figure().data
     with pytest.raises(ValueError, match="original_ctx"):
         extension_planes(layer, Linear(4.0), 0, L)
@@ -94,7 +119,15 @@ def search_setup(tiny):
 
 def _search(search_setup, **kw):
     model, tokens = search_setup
-    kw = {"population": 4, "generations": 2, "seed": 0, "original_ctx": L0, "tokens": tokens, "progress": False, **kw}
+    kw = {
+        "population": 4,
+        "generations": 2,
+        "seed": 0,
+        "original_ctx": L0,
+        "tokens": tokens,
+        "progress": False,
+        **kw,
+    }
     return search_longrope_factors(model, L, **kw)
 
 
@@ -115,7 +148,12 @@ def test_search_reproduces_and_resumes(search_setup, tmp_path):
     state = tmp_path / "state.json"
     _search(search_setup, generations=1, state_path=state)  # "interrupted" after one generation
     c = _search(search_setup, state_path=state)
-    assert (c.factors, c.n_hat, c.perplexity, c.history) == (a.factors, a.n_hat, a.perplexity, a.history)
+    assert (c.factors, c.n_hat, c.perplexity, c.history) == (
+        a.factors,
+        a.n_hat,
+        a.perplexity,
+        a.history,
+    )
     with pytest.raises(ValueError, match="other settings"):
         _search(search_setup, seed=1, state_path=state)
     other = _search(search_setup, seed=1)
@@ -126,7 +164,11 @@ def test_search_result_roundtrip(search_setup, tmp_path):
     res = _search(search_setup, generations=1)
     res.save(tmp_path / "s.json")
     back = LongRopeSearch.load(tmp_path / "s.json")
-    assert back.factors == res.factors and back.history == res.history and back.baselines == res.baselines
+    assert (
+        back.factors == res.factors
+        and back.history == res.history
+        and back.baselines == res.baselines
+    )
     assert len(back.to_frame()) == 2 and back.figure().data
     assert set(res.gain()) == {"PI", "YaRN"}
 
@@ -144,7 +186,20 @@ def test_cli_context(tiny_dir, capsys):
     from ropelens.cli import main
 
     path = str(tiny_dir("llama"))
-    assert main(["extension-planes", path, "--target", "1024", "--variants", "pi,yarn,dynamic", "--json"]) == 0
+    assert (
+        main(
+            [
+                "extension-planes",
+                path,
+                "--target",
+                "1024",
+                "--variants",
+                "pi,yarn,dynamic",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["original_ctx"] == 256 and len(out["views"]) == 3
     assert out["views"][0]["interpolated"] == 8 and len(out["views"][1]["planes"]) == 8

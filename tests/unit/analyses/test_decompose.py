@@ -36,11 +36,17 @@ def reference_scores(model, toks, layer):
     """The model's pre-softmax scores, recomputed from HF internals where the bridge hook is wrong."""
     _, cache = model.run_with_cache(toks)
     if ropelens.rope_spec(model).architecture.startswith("GPTJ"):
-        return None, cache[f"blocks.{layer}.attn.hook_pattern"]  # GPT-J's hook_attn_scores holds the pattern
-    return cache[f"blocks.{layer}.attn.hook_attn_scores"], cache[f"blocks.{layer}.attn.hook_pattern"]
+        return None, cache[
+            f"blocks.{layer}.attn.hook_pattern"
+        ]  # GPT-J's hook_attn_scores holds the pattern
+    return cache[f"blocks.{layer}.attn.hook_attn_scores"], cache[
+        f"blocks.{layer}.attn.hook_pattern"
+    ]
 
 
-@pytest.mark.parametrize("bands", [Bands.quantiles(2), Bands.planes(), Bands.by_context(), Bands.explicit({"a": [0]})])
+@pytest.mark.parametrize(
+    "bands", [Bands.quantiles(2), Bands.planes(), Bands.by_context(), Bands.explicit({"a": [0]})]
+)
 def test_bands_sum_to_model_scores(tiny, rope_family, bands):
     model = tiny(rope_family)
     toks = tokens()
@@ -107,17 +113,26 @@ def test_cauchy_schwarz_bound_is_attained_when_k_equals_q(tmp_path):
     for L in dec.layers:
         terms, bound = dec.plane_logits(L), dec.cauchy_schwarz(L)  # [b, h, P, q, k]
         assert (terms.abs() <= bound * (1 + 1e-5) + 1e-7).all()
-        diag_t, diag_b = terms.diagonal(dim1=-2, dim2=-1), bound.diagonal(dim1=-2, dim2=-1)  # [b, h, P, pos]
-        torch.testing.assert_close(diag_t, diag_b * sign[::16, 0][None, :, None, None], rtol=1e-5, atol=1e-7)
+        diag_t, diag_b = (
+            terms.diagonal(dim1=-2, dim2=-1),
+            bound.diagonal(dim1=-2, dim2=-1),
+        )  # [b, h, P, pos]
+        torch.testing.assert_close(
+            diag_t, diag_b * sign[::16, 0][None, :, None, None], rtol=1e-5, atol=1e-7
+        )
         q = cache[f"blocks.{L}.attn.hook_q"][0]  # [pos, h, 16], pre-RoPE
-        by_hand = (q[..., :8] ** 2 + q[..., 8:] ** 2) / 4.0  # ‖q^(i)‖·‖k^(i)‖ = ‖q^(i)‖² when k = ±q
+        by_hand = (
+            q[..., :8] ** 2 + q[..., 8:] ** 2
+        ) / 4.0  # ‖q^(i)‖·‖k^(i)‖ = ‖q^(i)‖² when k = ±q
         torch.testing.assert_close(diag_b[0], by_hand.permute(1, 2, 0), rtol=1e-5, atol=1e-7)
         assert diag_b.min() > 0 and (terms.abs() < bound * 0.99).any()  # off-diagonal: not attained
 
 
 def test_decomposition_from_text_and_save_load(tiny, tmp_path):
     model = tiny("llama")
-    dec = attention_decomposition(model, "The quick brown fox jumps over the lazy dog.", bands=Bands.quantiles(2))
+    dec = attention_decomposition(
+        model, "The quick brown fox jumps over the lazy dog.", bands=Bands.quantiles(2)
+    )
     dec.save(tmp_path / "dec.safetensors")
     back = AttentionDecomposition.load(tmp_path / "dec.safetensors")
     assert back.layers == dec.layers and back.bands == dec.bands
@@ -139,17 +154,32 @@ def test_decompose_rejects_bad_layers(tiny):
 # ----------------------------------------------------------------------------- properties
 @settings(max_examples=40, deadline=None)
 @given(
-    n_planes=st.integers(1, 6), extra=st.integers(0, 3), kv=st.integers(1, 3), group=st.integers(1, 3),
-    pairing=st.sampled_from(["half", "adjacent"]), n_bands=st.integers(1, 6), seq=st.integers(1, 9),
+    n_planes=st.integers(1, 6),
+    extra=st.integers(0, 3),
+    kv=st.integers(1, 3),
+    group=st.integers(1, 3),
+    pairing=st.sampled_from(["half", "adjacent"]),
+    n_bands=st.integers(1, 6),
+    seq=st.integers(1, 9),
     seed=st.integers(0, 10_000),
 )
-def test_band_terms_sum_to_rotated_dot_products(n_planes, extra, kv, group, pairing, n_bands, seq, seed):
+def test_band_terms_sum_to_rotated_dot_products(
+    n_planes, extra, kv, group, pairing, n_bands, seq, seed
+):
     """For random shapes, GQA groupings, pairings and band layouts the bands add up exactly to
     (R_m q)·(R_n k) × scale, which equals qᵀR((n−m)θ)k (relative position only)."""
     g = torch.Generator().manual_seed(seed)
     head_dim = 2 * n_planes + 2 * extra
-    lr = LayerRope(layer=0, inv_freq=torch.rand(n_planes, generator=g) * 1.5, head_dim=head_dim,
-                   rotary_dim=2 * n_planes, pairing=pairing, n_heads=kv * group, n_kv_heads=kv, score_scale=0.3)
+    lr = LayerRope(
+        layer=0,
+        inv_freq=torch.rand(n_planes, generator=g) * 1.5,
+        head_dim=head_dim,
+        rotary_dim=2 * n_planes,
+        pairing=pairing,
+        n_heads=kv * group,
+        n_kv_heads=kv,
+        score_scale=0.3,
+    )
     q = torch.randn(1, seq, kv * group, head_dim, generator=g, dtype=torch.float64)
     k = torch.randn(1, seq, kv, head_dim, generator=g, dtype=torch.float64)
     pos = torch.arange(seq)
@@ -164,8 +194,11 @@ def test_band_terms_sum_to_rotated_dot_products(n_planes, extra, kv, group, pair
     qp, kp = lr.split(q), lr.split(kx)  # [1,pos,h,P,2]
     d = (pos[None, :] - pos[:, None]).double()[..., None] * lr.inv_freq.double()  # [q,k,P]
     c, s = d.cos(), d.sin()
-    rel = (qp[0, :, None, :, :, 0] * (c[:, :, None] * kp[0, None, :, :, :, 0] - s[:, :, None] * kp[0, None, :, :, :, 1])
-           + qp[0, :, None, :, :, 1] * (s[:, :, None] * kp[0, None, :, :, :, 0] + c[:, :, None] * kp[0, None, :, :, :, 1]))
+    rel = qp[0, :, None, :, :, 0] * (
+        c[:, :, None] * kp[0, None, :, :, :, 0] - s[:, :, None] * kp[0, None, :, :, :, 1]
+    ) + qp[0, :, None, :, :, 1] * (
+        s[:, :, None] * kp[0, None, :, :, :, 0] + c[:, :, None] * kp[0, None, :, :, :, 1]
+    )
     plane = band_terms(qr, kr, lr, Bands.planes().resolve(lr))[0, :, :n_planes]  # [h,P,q,k]
     assert torch.allclose(plane, rel.permute(2, 3, 0, 1) * 0.3, atol=1e-10)
 
@@ -175,14 +208,18 @@ def test_js_divergence_properties():
     q = torch.softmax(torch.randn(5, 7), -1)
     j = js_divergence(p, q)
     assert torch.allclose(js_divergence(p, p), torch.zeros(5), atol=1e-7)
-    assert torch.allclose(j, js_divergence(q, p)) and (j <= torch.log(torch.tensor(2.0)) + 1e-6).all()
+    assert (
+        torch.allclose(j, js_divergence(q, p)) and (j <= torch.log(torch.tensor(2.0)) + 1e-6).all()
+    )
 
 
 def test_js_divergence_values():
     """Hand-computed values (natural log), including zero-probability entries."""
     ln = math.log
     # disjoint supports: exactly ln 2, the maximum
-    assert js_divergence(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])).item() == pytest.approx(ln(2), rel=1e-6)
+    assert js_divergence(
+        torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    ).item() == pytest.approx(ln(2), rel=1e-6)
     # p = (1, 0), q = (½, ½): m = (¾, ¼); KL(p‖m) = ln(4/3), KL(q‖m) = ½ ln(2/3) + ½ ln 2 = ½ ln(4/3)
     # JSD = ½ (ln(4/3) + ½ ln(4/3)) = ¾ ln(4/3)
     got = js_divergence(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5])).item()
@@ -202,7 +239,9 @@ def test_js_divergence_values():
 def test_band_statistics_shares_and_merge(tiny, tmp_path):
     model = tiny("gemma3")
     toks = tokens(4, seed=3)
-    full = band_statistics(model, toks, bands=Bands.quantiles(2), progress=False, batch_size=3, jsd=True)
+    full = band_statistics(
+        model, toks, bands=Bands.quantiles(2), progress=False, batch_size=3, jsd=True
+    )
     a = band_statistics(model, toks[:2], bands=Bands.quantiles(2), progress=False, jsd=True)
     b = band_statistics(model, toks[2:], bands=Bands.quantiles(2), progress=False, jsd=True)
     merged = a.merge(b)
@@ -238,7 +277,11 @@ def test_band_statistics_match_direct_computation(tiny, family):
         ok = n >= 2
         margin = ((xa - others) * ok).sum((0, 3)) / ok.sum((0, 3))
         assert torch.allclose(st_.margin()[i], margin, rtol=1e-4, atol=1e-6)
-        top1 = (torch.softmax(dec.band_logits(L), -1).argmax(-1) == att[:, :, None]).float().mean((0, 3))
+        top1 = (
+            (torch.softmax(dec.band_logits(L), -1).argmax(-1) == att[:, :, None])
+            .float()
+            .mean((0, 3))
+        )
         assert torch.allclose(st_.top1()[i], top1, atol=1e-6)
         # within-query covariance of each band with the full logit, centred over allowed keys
         tot = (x * m).sum(2, keepdim=True)

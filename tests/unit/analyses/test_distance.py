@@ -80,7 +80,10 @@ def dense(model, hf, toks: Tensor, edges: Tensor, n_sink: int) -> dict[str, Tens
         b, n, H, _ = q.shape
         k = k[:, :, torch.arange(H) // (H // k.shape[2])]  # query head h reads KV head h // group
         dims = BANDS.resolve(spec[L]).dims
-        X = torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., dd], k[..., dd]) for dd in dims], 2) * attn.scaling
+        X = (
+            torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., dd], k[..., dd]) for dd in dims], 2)
+            * attn.scaling
+        )
         m, j = torch.arange(n)[:, None], torch.arange(n)[None]
         ok = j <= m
         window = getattr(attn, "sliding_window", None)
@@ -98,14 +101,20 @@ def dense(model, hf, toks: Tensor, edges: Tensor, n_sink: int) -> dict[str, Tens
     return {k: torch.stack(v) for k, v in out.items()}
 
 
-def reducer_sums(model, data, n_sink: int = 1, tile: int | None = None, max_distance: int = N - 1) -> dict[str, Tensor]:
+def reducer_sums(
+    model, data, n_sink: int = 1, tile: int | None = None, max_distance: int = N - 1
+) -> dict[str, Tensor]:
     spec = rope_spec(model)
-    red = DistanceReducer(spec, spec.rotary_layers, BANDS, max_distance=max_distance, n_sink=n_sink, tile=tile)
+    red = DistanceReducer(
+        spec, spec.rotary_layers, BANDS, max_distance=max_distance, n_sink=n_sink, tile=tile
+    )
     stream(model, data, [red], spec=spec, progress=False)
     return {k: v.double().cpu() for k, v in red.sums.items()}
 
 
-def assert_sums(got: dict[str, Tensor], want: dict[str, Tensor], what: str, rtol=1e-4, atol=1e-5) -> None:
+def assert_sums(
+    got: dict[str, Tensor], want: dict[str, Tensor], what: str, rtol=1e-4, atol=1e-5
+) -> None:
     errors = []
     for key, w in want.items():
         try:
@@ -135,9 +144,13 @@ X = np.arange(513, dtype=float)
 
 def test_describe_monotone_and_flat_curves():
     down = describe_curve(np.exp(-X / 100), X)
-    assert down.shape == "decays" and down.text.startswith("monotone, decays: falls from 1.00 at δ = 0 to 0.00598 at δ = 512 (0.00598× its value")
+    assert down.shape == "decays" and down.text.startswith(
+        "monotone, decays: falls from 1.00 at δ = 0 to 0.00598 at δ = 512 (0.00598× its value"
+    )
     assert describe_curve(1 - np.exp(-X / 100), X).shape == "grows"
-    noisy = np.exp(-X / 100) + 0.01 * np.random.default_rng(0).standard_normal(X.size)  # wiggles under 10% of the range
+    noisy = np.exp(-X / 100) + 0.01 * np.random.default_rng(0).standard_normal(
+        X.size
+    )  # wiggles under 10% of the range
     assert describe_curve(noisy, X).shape == "decays"
     flat = describe_curve(1 + 0.01 * np.sin(X), X)
     assert flat.shape == "flat" and "flat: stays within" in flat.text
@@ -164,7 +177,9 @@ def test_describe_u_shape_and_peak_name_their_extremum():
 def test_describe_oscillation_gives_turns_and_envelope():
     osc = describe_curve(np.cos(X / 20) * np.exp(-X / 300), X)
     assert osc.shape == "oscillating" and len(osc.turns) >= 5
-    assert abs(osc.upper[1]) < abs(osc.upper[0]) and abs(osc.lower[1]) < abs(osc.lower[0])  # shrinking envelope
+    assert abs(osc.upper[1]) < abs(osc.upper[0]) and abs(osc.lower[1]) < abs(
+        osc.lower[0]
+    )  # shrinking envelope
     assert osc.swings[-1] < osc.swings[0] and "envelope" in osc.text
     # a pure oscillation: a rank trend calls it flat, the description does not
     pure = rope_decay_constant(torch.tensor([2 * math.pi / 40]), 512)
@@ -173,7 +188,11 @@ def test_describe_oscillation_gives_turns_and_envelope():
     # RoPE's constant-vector curve: not "flat", not monotone, an oscillation around a falling midline
     rope = rope_decay_constant(1e5 ** (-torch.arange(32) / 32.0), 512).normalised()
     sh = describe_curve(rope.mean, rope.distance)
-    assert sh.shape == "oscillating" and "midline that falls" in sh.text and sh.midline[1] < sh.midline[0]
+    assert (
+        sh.shape == "oscillating"
+        and "midline that falls" in sh.text
+        and sh.midline[1] < sh.midline[0]
+    )
 
 
 def test_describe_log_scale_and_bad_input():
@@ -182,7 +201,9 @@ def test_describe_log_scale_and_bad_input():
     u = describe_curve(p, np.arange(6), log=True)  # log: it quadruples
     assert u.shape == "U-shaped" and u.min_value == 0.01
     assert describe_curve([1.0, 1.05, 1.02, 1.01], np.arange(4), log=True).shape == "flat"
-    assert describe_curve([1.0, np.nan, 0.5, 0.2, 0.1], np.arange(5)).shape == "decays"  # NaN dropped
+    assert (
+        describe_curve([1.0, np.nan, 0.5, 0.2, 0.1], np.arange(5)).shape == "decays"
+    )  # NaN dropped
     with pytest.raises(InputError, match="same length"):
         describe_curve([1, 2, 3], [0, 1])
     with pytest.raises(InputError, match="at least 3"):
@@ -196,8 +217,17 @@ def test_describe_log_scale_and_bad_input():
 
 
 # ============================================================================ against the dense reference
-@pytest.mark.parametrize(("name", "n_sink"), [("llama-gqa", 0), ("llama-gqa", 1), ("gemma3", 1), ("gemma2", 0),
-                                              ("gemma2", 1), ("gpt_oss", 1)])
+@pytest.mark.parametrize(
+    ("name", "n_sink"),
+    [
+        ("llama-gqa", 0),
+        ("llama-gqa", 1),
+        ("gemma3", 1),
+        ("gemma2", 0),
+        ("gemma2", 1),
+        ("gpt_oss", 1),
+    ],
+)
 def test_sums_match_dense_reference(name, n_sink, case):
     """Band sums, probability sums, counts and distances per bin equal the dense computation (GQA,
     sliding windows, soft-capping, learned sinks; with and without the sink key)."""
@@ -208,7 +238,10 @@ def test_sums_match_dense_reference(name, n_sink, case):
     assert_sums(got, want, f"{name} n_sink={n_sink}")
     if name in ("gemma3", "gpt_oss"):  # bins past the window stay empty in sliding layers
         spec = rope_spec(model)
-        assert got["count"][spec.kinds["sliding"][0], -1] == 0 and got["count"][spec.kinds["full"][0], -1] > 0
+        assert (
+            got["count"][spec.kinds["sliding"][0], -1] == 0
+            and got["count"][spec.kinds["full"][0], -1] > 0
+        )
 
 
 @pytest.mark.parametrize("name", ["gemma3", "gpt_oss"])
@@ -216,7 +249,13 @@ def test_tile_does_not_change_sums(name, case):
     model, _ = case(name)
     base = reducer_sums(model, [_tokens()])
     for tile in (1, 7, 4 * N):
-        assert_sums(reducer_sums(model, [_tokens()], tile=tile), base, f"{name} tile={tile}", rtol=1e-5, atol=1e-6)
+        assert_sums(
+            reducer_sums(model, [_tokens()], tile=tile),
+            base,
+            f"{name} tile={tile}",
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 @pytest.mark.parametrize("name", ["gemma3", "gpt_oss"])
@@ -238,14 +277,24 @@ def planted(low: float, n: int = 256) -> AttentionByDistance:
     plane turning half a turn over ~300 tokens with q = −k (−cos(δθ) rises with δ): the sum is U-shaped,
     and the rise comes from the low plane."""
     theta = torch.tensor([1.0, 0.5, 0.25, math.pi / 300])
-    lr = LayerRope(layer=0, inv_freq=theta, head_dim=8, rotary_dim=8, pairing="half", n_heads=2, n_kv_heads=1,
-                   score_scale=1.0)
+    lr = LayerRope(
+        layer=0,
+        inv_freq=theta,
+        head_dim=8,
+        rotary_dim=8,
+        pairing="half",
+        n_heads=2,
+        n_kv_heads=1,
+        score_scale=1.0,
+    )
     spec = RopeSpec("planted", "test", (lr,), n)
     qv, kv = torch.tensor([1.0, 1, 1, low, 0, 0, 0, 0]), torch.tensor([1.0, 1, 1, -low, 0, 0, 0, 0])
     pos = torch.arange(n)
     q = lr.rotate(qv.expand(2, n, 8), pos).transpose(0, 1)[None]
     k = lr.rotate(kv.expand(1, n, 8), pos).transpose(0, 1)[None]
-    red = DistanceReducer(spec, [0], Bands.explicit({"high": [0, 1, 2], "low": [3]}), max_distance=n - 1, n_sink=0)
+    red = DistanceReducer(
+        spec, [0], Bands.explicit({"high": [0, 1, 2], "low": [3]}), max_distance=n - 1, n_sink=0
+    )
     red.update(LayerActs(0, lr, torch.ones(1, n, dtype=torch.bool), {"q_post": q, "k_post": k}))
     return red.result(Provenance(model="planted"))
 
@@ -256,14 +305,21 @@ def test_planted_u_shape_is_found_and_blamed_on_the_low_band():
     d = torch.arange(256, dtype=torch.float64)
     low, pairs = -2.25 * torch.cos(d * math.pi / 300), 256 - d
     e = r.edges
-    want = torch.stack([(low * pairs)[e[j]:e[j + 1]].sum() / pairs[e[j]:e[j + 1]].sum() for j in range(r.n_bins)])
+    want = torch.stack(
+        [
+            (low * pairs)[e[j] : e[j + 1]].sum() / pairs[e[j] : e[j + 1]].sum()
+            for j in range(r.n_bins)
+        ]
+    )
     torch.testing.assert_close(r.curve(0, "low"), want, rtol=1e-5, atol=1e-5)
     sh = r.describe(0, "logit")
     assert sh.shape == "U-shaped" and 4 <= sh.min_at <= 64
     assert r.describe(0, "low").shape == "grows"
     cause = r.u_shape_cause(0)
     assert cause["cause"] == "low" and cause["band_share"]["low"] > 0.5
-    assert sum(cause["band_share"].values()) == pytest.approx(1.0)  # the band rises add up to the full rise
+    assert sum(cause["band_share"].values()) == pytest.approx(
+        1.0
+    )  # the band rises add up to the full rise
     frame = r.shapes()
     assert frame.set_index("curve").loc["logit", "u_cause"] == "low"
     assert "band low carries" in next(f.text for f in r.findings() if f.key == "distance-layer-0")
@@ -283,7 +339,9 @@ def test_entry_point_result_roundtrip_and_merge(case, tmp_path):
     torch.testing.assert_close(r.logit(), r.band_logit().sum(2), equal_nan=True)
     # mass: each query's attention off the sink key, spread over the bins, sums to at most 1
     assert (r.mass().nansum(-1) <= 1 + 1e-6).all()
-    assert torch.isnan(r.prob()[0, :, -1]).all()  # layer 0 is sliding (window 8): no pairs at δ ≥ 16
+    assert torch.isnan(
+        r.prob()[0, :, -1]
+    ).all()  # layer 0 is sliding (window 8): no pairs at δ ≥ 16
     a = attention_by_distance(model, toks[:2], layers=[0, 3], bands=BANDS, progress=False)
     b = attention_by_distance(model, toks[2:], layers=[0, 3], bands=BANDS, progress=False)
     merged = a.merge(b)
@@ -294,7 +352,11 @@ def test_entry_point_result_roundtrip_and_merge(case, tmp_path):
     assert merged.provenance.n_tokens == r.provenance.n_tokens
     r.save(tmp_path / "d.json")
     back = AttentionByDistance.load(tmp_path / "d.json")
-    assert back.layers == r.layers and back.band_names == r.band_names and torch.equal(back.edges, r.edges)
+    assert (
+        back.layers == r.layers
+        and back.band_names == r.band_names
+        and torch.equal(back.edges, r.edges)
+    )
     for key in r.sums:
         torch.testing.assert_close(back.sums[key], r.sums[key])
     frame = r.to_frame()

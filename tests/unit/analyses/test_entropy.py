@@ -55,8 +55,13 @@ def test_spectral_entropy_against_a_written_out_dft():
 @pytest.fixture(scope="module")
 def smollm3():
     """The tiny SmolLM3: layers 1 and 3 are NoPE."""
-    return wrap_hf_model(family_hf_model("smollm3"), tiny_tokenizer(), device="cpu", label="tiny-smollm3",
-                         hub_name="ropelens/tiny-smollm3")
+    return wrap_hf_model(
+        family_hf_model("smollm3"),
+        tiny_tokenizer(),
+        device="cpu",
+        label="tiny-smollm3",
+        hub_name="ropelens/tiny-smollm3",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +75,12 @@ def result(smollm3, tokens):
 
 
 def test_streamed_entropy_matches_a_numpy_loop_over_captured_queries(smollm3, tokens, result):
-    assert result.layers == (0, 1, 2, 3) and [result.kind(L) for L in result.layers] == ["full", "nope", "full", "nope"]
+    assert result.layers == (0, 1, 2, 3) and [result.kind(L) for L in result.layers] == [
+        "full",
+        "nope",
+        "full",
+        "nope",
+    ]
     kept = capture_qk(smollm3, tokens, layers=[0, 1, 2, 3], which=("q_pre",), fast=False)
     perm = torch.randperm(39, generator=torch.Generator().manual_seed(5)).numpy()
     want = np.zeros((2, 4, 4, 8))  # in order / shuffled, layer, head, plane
@@ -102,7 +112,9 @@ def test_merge_of_two_halves_is_the_whole(smollm3, tokens, result):
     b = frequency_entropy(smollm3, tokens[2:], n_ctx=40, progress=False, seed=5)
     m = a.merge(b)
     for k, v in result.sums.items():
-        assert torch.allclose(m.sums[k], v, rtol=1e-12, atol=1e-12), k  # float64 sums in another order
+        assert torch.allclose(m.sums[k], v, rtol=1e-12, atol=1e-12), (
+            k
+        )  # float64 sums in another order
     with pytest.raises(InputError, match="seed differs"):
         a.merge(replace(b, seed=6))
 

@@ -44,10 +44,14 @@ def test_variants_are_set_for_the_factor(model):
     assert v["dynamic"] == DynamicNTK(8.0, NATIVE) and v["yarn"] == YaRN(8.0, NATIVE)
     assert v["llama3"] == Llama3(8.0, 1.0, 4.0, NATIVE) and v["prope"] == PRoPE(0.75)
     lr = v["longrope"]
-    assert isinstance(lr, LongRoPE) and lr.factor == 8.0 and lr.short_factor == (1.0,) * layer.n_planes
+    assert (
+        isinstance(lr, LongRoPE) and lr.factor == 8.0 and lr.short_factor == (1.0,) * layer.n_planes
+    )
     # the default long factors are YaRN's per-plane rescale: same frequencies as YaRN at the target
     # (float32 frequencies divided and re-multiplied: a few ulps)
-    torch.testing.assert_close(lr.inv_freq(layer, TARGET), YaRN(8.0, NATIVE).inv_freq(layer), rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        lr.inv_freq(layer, TARGET), YaRN(8.0, NATIVE).inv_freq(layer), rtol=1e-5, atol=0
+    )
 
 
 def test_cells_equal_direct_calls(model, study):
@@ -92,15 +96,18 @@ def test_resume_skips_finished_cells(model, study, monkeypatch):
 
     monkeypatch.setattr(E, "_measure", counting)
     again = E.extension_study(model, TARGET, out=out, **SMALL)
-    assert calls == {"loss": 0, "passkey": 0} and again.provenance.config["cells_reused"] == len(st.loss_cells) + len(
-        st.passkey_cells)
+    assert calls == {"loss": 0, "passkey": 0} and again.provenance.config["cells_reused"] == len(
+        st.loss_cells
+    ) + len(st.passkey_cells)
     assert again.loss_cells == st.loss_cells and again.passkey_cells == st.passkey_cells
     # a killed run: two cells missing and one damaged are measured again, nothing else
     cells = out / "cells"
     (cells / "loss-yarn-512.json").unlink()
     (cells / "passkey-pi-512.json").unlink()
     (cells / "loss-ntk-256.json").write_text('{"format": 1, "config": {"mod')
-    with pytest.warns(UserWarning, match=r"loss-ntk-256\.json is damaged .*measuring that cell again"):
+    with pytest.warns(
+        UserWarning, match=r"loss-ntk-256\.json is damaged .*measuring that cell again"
+    ):
         resumed = E.extension_study(model, TARGET, out=out, **SMALL)
     assert calls == {"loss": 2, "passkey": 1}
     assert resumed.loss_cells == st.loss_cells and resumed.passkey_cells == st.passkey_cells
@@ -109,17 +116,23 @@ def test_resume_skips_finished_cells(model, study, monkeypatch):
 
 def test_cells_of_other_settings_are_refused(model, study):
     _, out = study
-    with pytest.raises(InputError, match=r"loss-none-64\.json holds a cell measured with other settings "
-                                         r"\(n_windows, tokens_sha256 differ\)"):
+    with pytest.raises(
+        InputError,
+        match=r"loss-none-64\.json holds a cell measured with other settings "
+        r"\(n_windows, tokens_sha256 differ\)",
+    ):
         E.extension_study(model, TARGET, out=out, **{**SMALL, "n_windows": 1})
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"to": 64}, "the target 64 must exceed the native context 64"),
-    ({"to": 512, "methods": ["yarn", "rope2"]}, r"unknown extension method\(s\) \['rope2'\]"),
-    ({"to": 512, "lengths": [128, 1024]}, "each length must be >= 2 and <= 512, got 1024"),
-    ({"to": 10**7, "lengths": [10**7]}, r"has \d+ tokens but one window of n_ctx=10000000"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"to": 64}, "the target 64 must exceed the native context 64"),
+        ({"to": 512, "methods": ["yarn", "rope2"]}, r"unknown extension method\(s\) \['rope2'\]"),
+        ({"to": 512, "lengths": [128, 1024]}, "each length must be >= 2 and <= 512, got 1024"),
+        ({"to": 10**7, "lengths": [10**7]}, r"has \d+ tokens but one window of n_ctx=10000000"),
+    ],
+)
 def test_bad_input_is_one_line(model, kwargs, match):
     with pytest.raises(InputError, match=match) as e:
         E.extension_study(model, **{**SMALL, **kwargs})
@@ -166,8 +179,12 @@ def test_predictors_match_the_formulas(study):
 
     st, _ = study
     fs = {f.key: f for f in st.findings()}
-    assert fs["critical_dimension"].values["critical_dimension"] == critical_dimension(1e4, 16, NATIVE)
-    assert fs["critical_dimension"].values["t_extra"] == pytest.approx(extrapolation_limit(1e4, 16, NATIVE))
+    assert fs["critical_dimension"].values["critical_dimension"] == critical_dimension(
+        1e4, 16, NATIVE
+    )
+    assert fs["critical_dimension"].values["t_extra"] == pytest.approx(
+        extrapolation_limit(1e4, 16, NATIVE)
+    )
     assert fs["base_bound"].values["men_lower_bound"] == pytest.approx(base_lower_bound(16, TARGET))
 
 
@@ -204,17 +221,30 @@ def test_page_is_well_formed_with_every_section(study):
         assert esc(f.text) in text
     for t in TABLES:
         assert (out / f"{t}.csv").exists()
-    assert st.provenance.config["verification"]["status"] == "passed"  # the variants' spec was proven first
+    assert (
+        st.provenance.config["verification"]["status"] == "passed"
+    )  # the variants' spec was proven first
     back = load_result(out / "study.json")
-    assert back.loss_cells == st.loss_cells and [f.text for f in back.findings()] == [f.text for f in st.findings()]
+    assert back.loss_cells == st.loss_cells and [f.text for f in back.findings()] == [
+        f.text for f in st.findings()
+    ]
 
 
 def test_longrope_search_must_match_the_study(model):
     from ropelens import rope_spec
     from ropelens.analyses.extension_planes import LongRopeSearch
 
-    s = LongRopeSearch(target_len=256, original_ctx=NATIVE, factors=(1.0,) * 8, n_hat=0, perplexity=1.0,
-                       initial_best=1.0, baselines={}, history=(), settings={})
+    s = LongRopeSearch(
+        target_len=256,
+        original_ctx=NATIVE,
+        factors=(1.0,) * 8,
+        n_hat=0,
+        perplexity=1.0,
+        initial_best=1.0,
+        baselines={},
+        history=(),
+        settings={},
+    )
     with pytest.raises(InputError, match="search is for 64 → 256 tokens, the study for 64 → 512"):
         E.extension_variants(rope_spec(model)[0], NATIVE, TARGET, ["longrope"], longrope=s)
 
@@ -224,8 +254,16 @@ def test_lengths_short_of_the_target_still_give_the_target_findings(model, tmp_p
     speak of the target, and the page is written."""
     from ropelens.analyses.base_predictions import base_lower_bound
 
-    st = E.extension_study(model, TARGET, out=tmp_path, lengths=(64, 128), passkey_lengths=(), methods=("none", "yarn"),
-                           n_windows=1, progress=False)
+    st = E.extension_study(
+        model,
+        TARGET,
+        out=tmp_path,
+        lengths=(64, 128),
+        passkey_lengths=(),
+        methods=("none", "yarn"),
+        n_windows=1,
+        progress=False,
+    )
     assert TARGET not in st.lengths
     fs = {f.key: f for f in st.findings()}
     assert fs["base_bound"].values["men_lower_bound"] == pytest.approx(base_lower_bound(16, TARGET))

@@ -51,19 +51,37 @@ def test_base_bound_is_a_boundary():
 
 
 # Men et al. 2024 ("Base of RoPE Bounds Context Length"), Table 2, head dim 128: context → base.
-MEN_TABLE_2 = {1024: 4.3e3, 2048: 1.6e4, 4096: 2.7e4, 8192: 8.4e4, 16384: 3.1e5, 32768: 6.4e5, 65536: 2.1e6}
+MEN_TABLE_2 = {
+    1024: 4.3e3,
+    2048: 1.6e4,
+    4096: 2.7e4,
+    8192: 8.4e4,
+    16384: 3.1e5,
+    32768: 6.4e5,
+    65536: 2.1e6,
+}
 
 
 def test_men_et_al_table_2_checked_directly():
     """Which published bases keep B(m) ≥ 0 for every m < L (direct float64 evaluation); bound_holds agrees."""
     holds = {n: bool(_min_b(base, 128, n)[0] >= 0) for n, base in MEN_TABLE_2.items()}
-    assert holds == {1024: True, 2048: True, 4096: False, 8192: True, 16384: False, 32768: False, 65536: True}
+    assert holds == {
+        1024: True,
+        2048: True,
+        4096: False,
+        8192: True,
+        16384: False,
+        32768: False,
+        65536: True,
+    }
     assert {n: bound_holds(base, 128, n) for n, base in MEN_TABLE_2.items()} == holds
 
 
 # (L, the scan's bound to 3 digits, recorded); 1k and 8k are Table 2's to 2 digits, at 2k the table's
 # 1.6e4 holds but is not the smallest, at 32k the table's 6.4e5 violates the bound (B(30929) < 0).
-@pytest.mark.parametrize(("n", "smallest"), [(1024, 4.29e3), (2048, 1.16e4), (8192, 8.38e4), (32768, 6.30e5)])
+@pytest.mark.parametrize(
+    ("n", "smallest"), [(1024, 4.29e3), (2048, 1.16e4), (8192, 8.38e4), (32768, 6.30e5)]
+)
 def test_base_bound_against_men_et_al_table_2(n, smallest):
     """base_lower_bound at head dim 128 against Table 2 and a direct evaluation of B at and below it."""
     b = base_lower_bound(128, n)

@@ -31,7 +31,9 @@ def default_inv_freq(head_dim: int = 64, base: float = 10000.0) -> torch.Tensor:
     return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
 
-def periodic_embedding(n_pos: int, period: float, *, extra_dims: int = 0, noise: float = 0.05, seed: int = 0):
+def periodic_embedding(
+    n_pos: int, period: float, *, extra_dims: int = 0, noise: float = 0.05, seed: int = 0
+):
     g = torch.Generator().manual_seed(seed)
     m = torch.arange(n_pos, dtype=torch.float64)
     e = torch.stack([torch.cos(2 * math.pi * m / period), torch.sin(2 * math.pi * m / period)], 1)
@@ -67,7 +69,10 @@ def test_sinusoidal_similarity_depends_only_on_distance_and_matches_closed_form(
 @pytest.mark.parametrize("period", [5, 16, 37.5, 60])
 def test_periodic_embedding_yields_its_period(period):
     sim = pe_similarity(periodic_embedding(256, period))
-    assert sim.period is not None and abs(sim.period - period) <= 1, (sim.period, sim.period_strength)
+    assert sim.period is not None and abs(sim.period - period) <= 1, (
+        sim.period,
+        sim.period_strength,
+    )
     assert sim.period_strength > 0.9
 
 
@@ -156,9 +161,18 @@ def test_learned_pe_of_tiny_gpt2_is_its_wpe(tiny_gpt2):
 def test_learned_pe_drops_opt_offset_rows():
     from transformers import OPTConfig, OPTForCausalLM
 
-    cfg = OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,
-                    max_position_embeddings=20, word_embed_proj_dim=16, bos_token_id=1, eos_token_id=2,
-                    pad_token_id=0)
+    cfg = OPTConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        ffn_dim=32,
+        num_attention_heads=2,
+        max_position_embeddings=20,
+        word_embed_proj_dim=16,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     opt = OPTForCausalLM(cfg)
     table = opt.model.decoder.embed_positions.weight
     assert table.shape[0] == 22
@@ -168,8 +182,16 @@ def test_learned_pe_drops_opt_offset_rows():
 def test_learned_pe_finds_bert_like_tables():
     from transformers import BertConfig, BertForMaskedLM
 
-    bert = BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                      intermediate_size=32, max_position_embeddings=24))
+    bert = BertForMaskedLM(
+        BertConfig(
+            vocab_size=50,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=24,
+        )
+    )
     assert torch.equal(learned_pe(bert), bert.bert.embeddings.position_embeddings.weight.detach())
 
 
@@ -197,13 +219,23 @@ def test_constant_curve_is_sum_of_2cos_and_decays_on_average():
 
 def test_constant_curve_matches_rotating_all_ones_vectors():
     theta = default_inv_freq(16).float()
-    lr = LayerRope(layer=0, inv_freq=theta, head_dim=16, rotary_dim=16, pairing="half", n_heads=1,
-                   n_kv_heads=1, score_scale=0.25)
+    lr = LayerRope(
+        layer=0,
+        inv_freq=theta,
+        head_dim=16,
+        rotary_dim=16,
+        pairing="half",
+        n_heads=1,
+        n_kv_heads=1,
+        score_scale=0.25,
+    )
     pos = torch.arange(40)
     ones = torch.ones(1, 40, 16)
     q, k = lr.rotate(ones, pos), lr.rotate(ones, pos)
     measured = rope_decay_by_distance(q, k, lr, 39)
-    torch.testing.assert_close(measured.mean, rope_decay_constant(theta, 39).mean, atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        measured.mean, rope_decay_constant(theta, 39).mean, atol=1e-4, rtol=0
+    )
     assert measured.std.max() < 1e-4 and measured.count.tolist() == list(range(40, 0, -1))
 
 
@@ -259,8 +291,16 @@ def test_rope_arguments_are_validated():
 
 
 def test_decay_by_distance_counts_causal_pairs():
-    lr = LayerRope(layer=3, inv_freq=default_inv_freq(8).float(), head_dim=8, rotary_dim=8, pairing="half",
-                   n_heads=1, n_kv_heads=1, score_scale=1.0)
+    lr = LayerRope(
+        layer=3,
+        inv_freq=default_inv_freq(8).float(),
+        head_dim=8,
+        rotary_dim=8,
+        pairing="half",
+        n_heads=1,
+        n_kv_heads=1,
+        score_scale=1.0,
+    )
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 12, 8, generator=g), torch.randn(2, 12, 8, generator=g)
     curve = rope_decay_by_distance(q, k, lr, 5)
@@ -288,14 +328,19 @@ def test_decay_by_distance_counts_causal_pairs():
 
 def test_decay_verdict_rule():
     d = torch.arange(50)
-    make = lambda y: DecayCurve(name="t", kind="test", distance=d, mean=y.double())  # noqa: E731
+
+    def make(y):
+        return DecayCurve(name="t", kind="test", distance=d, mean=y.double())
+
     assert decay_verdict(make(10 - 0.1 * d)).verdict == "decays"
     assert decay_verdict(make(1 + 0.1 * d)).verdict == "grows"
     assert decay_verdict(make(torch.cos(d * 2 * math.pi / 7))).verdict == "flat"
     v = decay_verdict(make(10 - 0.1 * d))
     assert v.far_near_ratio < 1 and v.spearman == pytest.approx(-1) and v.n_distances == 49
     with pytest.raises(ValueError, match="at least 4 distances"):
-        decay_verdict(DecayCurve(name="t", kind="test", distance=torch.arange(3), mean=torch.zeros(3)))
+        decay_verdict(
+            DecayCurve(name="t", kind="test", distance=torch.arange(3), mean=torch.zeros(3))
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +367,11 @@ def test_pe_similarity_save_load_round_trip(tmp_path):
     for f in ("distance", "mean", "std", "count"):
         assert torch.equal(getattr(back, f), getattr(sim, f)), f
     assert (back.name, back.period, back.period_strength, back.d_model) == (
-        sim.name, sim.period, sim.period_strength, sim.d_model)
+        sim.name,
+        sim.period,
+        sim.period_strength,
+        sim.d_model,
+    )
     assert [p.name for p in path.parent.iterdir()] == ["sim.json"]  # no temp file left behind
     with pytest.raises(ValueError, match="not 'DecayCurve'"):
         DecayCurve.load(path)
@@ -345,7 +394,10 @@ def test_figures_and_frames():
     assert isinstance(fig, go.Figure) and len(fig.data) >= 2
     assert isinstance(fig.data[0], go.Heatmap)
     frame = sim.to_frame()
-    assert list(frame.columns) == ["name", "distance", "mean", "std", "count", "sem"] and len(frame) == 64
+    assert (
+        list(frame.columns) == ["name", "distance", "mean", "std", "count", "sem"]
+        and len(frame) == 64
+    )
     assert "sinusoidal" in sim._repr_html_()
     theta = default_inv_freq(16)
     mc = rope_gaussian_expectation(theta, 30, mean=0.5, n_samples=200)
@@ -359,5 +411,7 @@ def test_figures_and_frames():
 
 
 def test_large_heatmap_is_strided_for_display():
-    sim = pe_similarity(torch.randn(1100, 4, generator=torch.Generator().manual_seed(0)), max_distance=50)
+    sim = pe_similarity(
+        torch.randn(1100, 4, generator=torch.Generator().manual_seed(0)), max_distance=50
+    )
     assert len(sim.heatmap().z) <= 512 and sim.similarity.shape == (1100, 1100)

@@ -33,10 +33,19 @@ def _handset():
     hf = tiny_hf_model("llama")
     g = torch.Generator().manual_seed(0)
     vocab = hf.get_input_embeddings().num_embeddings
-    phi, psi = torch.rand(vocab, generator=g) * 2 * math.pi, torch.rand(vocab, generator=g) * 2 * math.pi
+    phi, psi = (
+        torch.rand(vocab, generator=g) * 2 * math.pi,
+        torch.rand(vocab, generator=g) * 2 * math.pi,
+    )
     with torch.no_grad():
         emb = torch.zeros(vocab, 64)
-        emb[:, 0], emb[:, 1], emb[:, 2], emb[:, 3], emb[:, 4] = 1, phi.cos(), phi.sin(), psi.cos(), psi.sin()
+        emb[:, 0], emb[:, 1], emb[:, 2], emb[:, 3], emb[:, 4] = (
+            1,
+            phi.cos(),
+            phi.sin(),
+            psi.cos(),
+            psi.sin(),
+        )
         hf.get_input_embeddings().weight.copy_(emb)
         attn = hf.model.layers[0].self_attn
         hf.model.layers[0].input_layernorm.weight.fill_(1.0)
@@ -52,7 +61,9 @@ def _handset():
         wk[ROW + 7, 1], wk[ROW + 15, 2] = b, b
         attn.q_proj.weight.copy_(wq)
         attn.k_proj.weight.copy_(wk)
-    return wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="tiny-handset", hub_name="ropelens/tiny-handset")
+    return wrap_hf_model(
+        hf, tiny_tokenizer(), device="cpu", label="tiny-handset", hub_name="ropelens/tiny-handset"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +153,9 @@ def test_bad_arguments_name_the_value(handset):
     with pytest.raises(ValueError, match="max_offset"):
         head_taxonomy(handset, random_tokens(1, 8, 101, 1, 0), max_offset=0, progress=False)
     with pytest.raises(ValueError, match="tau"):
-        head_taxonomy(handset, random_tokens(1, 8, 101, 1, 0), tau=1.5, max_offset=2, progress=False)
+        head_taxonomy(
+            handset, random_tokens(1, 8, 101, 1, 0), tau=1.5, max_offset=2, progress=False
+        )
 
 
 def test_cli_heads_json(handset, monkeypatch, capsys, tmp_path):
@@ -151,9 +164,14 @@ def test_cli_heads_json(handset, monkeypatch, capsys, tmp_path):
     from ropelens.catalog import head_taxonomy
     from ropelens.cli import main
 
-    monkeypatch.setattr(head_taxonomy, "load_from_args", lambda args: handset)  # noqa: ARG005
+    monkeypatch.setattr(head_taxonomy, "load_from_args", lambda args: handset)
     out = tmp_path / "tx.json"
-    assert main(["head-taxonomy", "--windows", "2", "--n-ctx", str(N_CTX), "--json", "--out", str(out)]) == 0
+    assert (
+        main(
+            ["head-taxonomy", "--windows", "2", "--n-ctx", str(N_CTX), "--json", "--out", str(out)]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
     assert got["heads"][0]["kind"] == "previous-token" and HeadTaxonomy.load(out).tau == got["tau"]
 
@@ -167,7 +185,17 @@ def test_experiment_main_on_handset(handset, tmp_path, capsys, monkeypatch):
     spec = importlib.util.spec_from_file_location("positional_vs_semantic", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    argv = ["--quick", "--n-ctx", str(N_CTX), "--n-windows", "4", "--n-perm", "200", "--out", str(tmp_path)]
+    argv = [
+        "--quick",
+        "--n-ctx",
+        str(N_CTX),
+        "--n-windows",
+        "4",
+        "--n-perm",
+        "200",
+        "--out",
+        str(tmp_path),
+    ]
     result = mod.main(argv, model=handset)
     assert result.exists() and "H2" in capsys.readouterr().out
     first = json.loads(result.read_text())
@@ -184,4 +212,6 @@ def test_experiment_main_on_handset(handset, tmp_path, capsys, monkeypatch):
     again = mod.main(argv, model=handset)
     assert again == result
     assert json.loads(again.read_text()) == first  # identical result
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != result.name} == saved  # nothing rewritten
+    assert {
+        p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != result.name
+    } == saved  # nothing rewritten

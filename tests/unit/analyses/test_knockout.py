@@ -24,9 +24,19 @@ N_CTX, N_WIN = 24, 3
 
 
 def _run(model, **kw):
-    args = {"doses": [0, 2, 8], "metrics": ("loss", "probe"), "probe_heads": PROBE, "n_ctx": N_CTX,
-            "n_windows": N_WIN, "n_random": 2, "n_control": 2, "control_doses": [2], "n_boot": 200, "verify": False,
-            "corpus": random_tokens(N_WIN, N_CTX, 101, 1, 5)}
+    args = {
+        "doses": [0, 2, 8],
+        "metrics": ("loss", "probe"),
+        "probe_heads": PROBE,
+        "n_ctx": N_CTX,
+        "n_windows": N_WIN,
+        "n_random": 2,
+        "n_control": 2,
+        "control_doses": [2],
+        "n_boot": 200,
+        "verify": False,
+        "corpus": random_tokens(N_WIN, N_CTX, 101, 1, 5),
+    }
     return knockout(model, {"set": SET}, **{**args, **kw})
 
 
@@ -56,7 +66,10 @@ def _direct_effect(model, tokens, heads):
     by_layer: dict[int, list[int]] = {}
     for L, h in heads:
         by_layer.setdefault(L, []).append(h)
-    ctx = [ablate_planes(model, list(range(spec[L].n_planes)), layers=[L], heads=hs) for L, hs in by_layer.items()]
+    ctx = [
+        ablate_planes(model, list(range(spec[L].n_planes)), layers=[L], heads=hs)
+        for L, hs in by_layer.items()
+    ]
     for c in ctx:
         c.__enter__()
     try:
@@ -72,17 +85,22 @@ def test_whole_head_knockout_equals_ablate_planes_computed_directly(tiny, result
     toks = random_tokens(N_WIN, N_CTX, 101, 1, 5)
     direct = _direct_effect(model, toks, SET)
     assert direct != 0
-    assert _rows(result, "head", 8, "loss")["estimate"] == pytest.approx(direct, rel=1e-9, abs=1e-12)
+    assert _rows(result, "head", 8, "loss")["estimate"] == pytest.approx(
+        direct, rel=1e-9, abs=1e-12
+    )
     # all 8 planes from the highest down are the same planes: the high curve ends at the whole-head value
-    assert _rows(result, "high", 8, "loss")["estimate"] == _rows(result, "head", 8, "loss")["estimate"]
+    assert (
+        _rows(result, "high", 8, "loss")["estimate"] == _rows(result, "head", 8, "loss")["estimate"]
+    )
 
 
 def test_whole_head_knockout_on_a_plain_model(tiny_dir):
     model = ropelens.load_model(str(tiny_dir("llama-gqa")), device="cpu", bridge=False)
     r = _run(model, metrics=("loss",), doses=[0, 8], n_random=0, n_control=0)
     toks = random_tokens(N_WIN, N_CTX, 101, 1, 5)
-    assert _rows(r, "head", 8, "loss")["estimate"] == pytest.approx(_direct_effect(model, toks, SET), rel=1e-9,
-                                                                    abs=1e-12)
+    assert _rows(r, "head", 8, "loss")["estimate"] == pytest.approx(
+        _direct_effect(model, toks, SET), rel=1e-9, abs=1e-12
+    )
 
 
 def _pattern_masses(model, tokens, planes):
@@ -105,7 +123,9 @@ def _pattern_masses(model, tokens, planes):
 def test_probe_matches_the_bridges_attention_patterns(tiny, result):
     model = tiny("llama-gqa")
     spec = ropelens.rope_spec(model)
-    probe_tokens = random_tokens(N_WIN, N_CTX, 101, 1, 0)  # the probe's random tokens: seed 0, BOS first
+    probe_tokens = random_tokens(
+        N_WIN, N_CTX, 101, 1, 0
+    )  # the probe's random tokens: seed 0, BOS first
     base = _pattern_masses(model, probe_tokens, {})
     hi = {hd: tuple(sorted(plane_order(spec[hd[0]].inv_freq, "high")[:2])) for hd in SET}
     assert all(ps == (0, 1) for ps in hi.values())  # index 0 is the highest frequency
@@ -113,7 +133,9 @@ def test_probe_matches_the_bridges_attention_patterns(tiny, result):
     for metric, d in (("diagonal", 0), ("previous_token", 1)):
         row = _rows(result, "high", 2, metric)
         assert row["base"] == pytest.approx(float(base[d].mean()), rel=1e-5)
-        assert row["estimate"] == pytest.approx(float((knocked[d] - base[d]).mean()), rel=1e-4, abs=1e-7)
+        assert row["estimate"] == pytest.approx(
+            float((knocked[d] - base[d]).mean()), rel=1e-4, abs=1e-7
+        )
 
 
 def test_copy_metrics_match_the_bridges_logits(tiny):
@@ -122,22 +144,36 @@ def test_copy_metrics_match_the_bridges_logits(tiny):
     from ropelens.analyses.retrieval_heads import copy_case
 
     model = tiny("llama-gqa")
-    r = _run(model, metrics=("retrieval",), doses=[0, 2], directions=("low",), n_random=0, n_control=0,
-             whole_head=False, prompt_len=300)
+    r = _run(
+        model,
+        metrics=("retrieval",),
+        doses=[0, 2],
+        directions=("low",),
+        n_random=0,
+        n_control=0,
+        whole_head=False,
+        prompt_len=300,
+    )
     spec = ropelens.rope_spec(model)
     low = {hd: tuple(sorted(plane_order(spec[hd[0]].inv_freq, "low")[:2])) for hd in SET}
     assert all(ps == (6, 7) for ps in low.values())
     nll = {"base": [], "knocked": []}
     for t, depth in enumerate(np.linspace(0.1, 0.9, N_WIN).tolist()):
-        case = copy_case(model.tokenizer, passkey_prompt(model.tokenizer, 300, depth, make_passkey(2000, t)))
+        case = copy_case(
+            model.tokenizer, passkey_prompt(model.tokenizer, 300, depth, make_passkey(2000, t))
+        )
         for which, planes in (("base", {}), ("knocked", low)):
             with knocked_out(model, planes), torch.no_grad():
                 logits = model(case.tokens[None])[0]
             q = list(case.queries)
-            nll[which].append(torch.nn.functional.cross_entropy(logits[q], case.tokens[[i + 1 for i in q]]).item())
+            nll[which].append(
+                torch.nn.functional.cross_entropy(logits[q], case.tokens[[i + 1 for i in q]]).item()
+            )
     row = _rows(r, "low", 2, "copy_nll")
     assert row["base"] == pytest.approx(np.mean(nll["base"]), rel=1e-5)
-    assert row["estimate"] == pytest.approx(np.mean(nll["knocked"]) - np.mean(nll["base"]), rel=1e-4, abs=1e-6)
+    assert row["estimate"] == pytest.approx(
+        np.mean(nll["knocked"]) - np.mean(nll["base"]), rel=1e-4, abs=1e-6
+    )
     acc = _rows(r, "low", 0, "copy_accuracy")
     assert 0 <= acc["base"] <= 1
 
@@ -153,9 +189,18 @@ def test_intervals_hold_the_estimate_and_p_values_are_permutation_p_values(resul
 
 def test_random_planes_that_are_all_planes_tie_the_set(tiny):
     """8 random planes of 8 are the 8 highest: every draw ties the set, so p = (1 + 2) / (1 + 2) = 1 exactly."""
-    r = _run(tiny("llama-gqa"), metrics=("loss",), doses=[0, 8], control_doses=[8], n_control=0, whole_head=False)
+    r = _run(
+        tiny("llama-gqa"),
+        metrics=("loss",),
+        doses=[0, 8],
+        control_doses=[8],
+        n_control=0,
+        whole_head=False,
+    )
     assert _rows(r, "high", 8, "loss")["p_random_planes"] == 1.0
-    assert _rows(r, "random", 8, "loss")["estimate"] == pytest.approx(_rows(r, "high", 8, "loss")["estimate"])
+    assert _rows(r, "random", 8, "loss")["estimate"] == pytest.approx(
+        _rows(r, "high", 8, "loss")["estimate"]
+    )
 
 
 def test_deterministic_under_a_seed_and_changed_by_another(tiny, result):
@@ -164,7 +209,8 @@ def test_deterministic_under_a_seed_and_changed_by_another(tiny, result):
     assert again.to_frame().equals(result.to_frame())
     other = _run(model, seed=1).to_frame()
     assert not other[other["direction"] == "random"]["estimate"].equals(
-        result.to_frame()[result.to_frame()["direction"] == "random"]["estimate"])
+        result.to_frame()[result.to_frame()["direction"] == "random"]["estimate"]
+    )
 
 
 def test_knocked_out_groups_heads_like_ablate_planes(tiny):
@@ -193,7 +239,9 @@ def test_save_load_figure_and_findings(result, tmp_path):
     with pytest.raises(InputError, match="was not measured"):
         result.figure("copy_nll")
     texts = [f.text for f in result.findings()]
-    assert any(t.startswith("Zeroing 8 planes (high) in the 3 set heads changes loss") for t in texts)
+    assert any(
+        t.startswith("Zeroing 8 planes (high) in the 3 set heads changes loss") for t in texts
+    )
 
 
 def test_bad_input_is_refused(tiny):
@@ -203,7 +251,13 @@ def test_bad_input_is_refused(tiny):
     with pytest.raises(InputError, match="directions must be 'high' and/or 'low'"):
         _run(model, directions=("random",))
     with pytest.raises(InputError, match="layer 0 has 4 query heads, so head 4 does not exist"):
-        knockout(model, {"x": [(0, 4)]}, metrics=("loss",), verify=False, corpus=random_tokens(2, 16, 101, 1, 0))
+        knockout(
+            model,
+            {"x": [(0, 4)]},
+            metrics=("loss",),
+            verify=False,
+            corpus=random_tokens(2, 16, 101, 1, 0),
+        )
     with pytest.raises(InputError, match="pass probe_heads"):
         knockout(model, {"x": [(0, 1)]}, verify=False, corpus=random_tokens(2, 16, 101, 1, 0))
     with pytest.raises(InputError, match="unknown head set 'copying'"):
@@ -236,9 +290,29 @@ def test_knockout_command(tiny_dir, tmp_path, capsys):
     from ropelens.cli.main import main
 
     save = tmp_path / "k.json"
-    argv = ["knockout", str(tiny_dir("llama-gqa")), "--heads", "0.0,1.2", "--probe-heads", "0.3", "--doses", "0,2",
-            "--n-ctx", "24", "--windows", "2", "--random", "1", "--controls", "1", "--boot", "50", "--json",
-            "--save", str(save)]
+    argv = [
+        "knockout",
+        str(tiny_dir("llama-gqa")),
+        "--heads",
+        "0.0,1.2",
+        "--probe-heads",
+        "0.3",
+        "--doses",
+        "0,2",
+        "--n-ctx",
+        "24",
+        "--windows",
+        "2",
+        "--random",
+        "1",
+        "--controls",
+        "1",
+        "--boot",
+        "50",
+        "--json",
+        "--save",
+        str(save),
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["heads"] == {"custom": [[0, 0], [1, 2]]}

@@ -80,8 +80,12 @@ def test_valid_mask_and_merge_are_exact(tiny):
     b = massive_values(model, toks[2:], progress=False)
     merged = a.merge(b)
     for w in "qk":
-        torch.testing.assert_close(merged.moments[w].total_sq, whole.moments[w].total_sq, rtol=1e-12, atol=0)
-        torch.testing.assert_close(merged.moments[w].total, whole.moments[w].total, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            merged.moments[w].total_sq, whole.moments[w].total_sq, rtol=1e-12, atol=0
+        )
+        torch.testing.assert_close(
+            merged.moments[w].total, whole.moments[w].total, rtol=1e-12, atol=1e-12
+        )
     assert merged.provenance.n_tokens == whole.provenance.n_tokens
     # padding: windows of 24 with the last 8 positions invalid equal windows of 16
     spec = rope_spec(model)
@@ -92,7 +96,9 @@ def test_valid_mask_and_merge_are_exact(tiny):
     padded = red.result(Provenance(model="m"))
     short = massive_values(model, toks[:, :16], progress=False)
     for w in "qk":
-        torch.testing.assert_close(padded.moments[w].total_sq, short.moments[w].total_sq, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            padded.moments[w].total_sq, short.moments[w].total_sq, rtol=1e-5, atol=1e-6
+        )
         assert torch.equal(padded.moments[w].count, short.moments[w].count)
     with pytest.raises(InputError, match="factor"):
         a.merge(b.with_factor(3.0))
@@ -111,7 +117,9 @@ def test_planted_massive_dimension_is_found_in_its_plane(family):
         # the planted dimension is the only massive one in that layer and head
         assert int(mask[i, head].sum()) == 1
         df = mv.massive_frame()
-        row = df[(df["which"] == w) & (df["layer"] == layer) & (df["head"] == head) & (df["dim"] == dim)]
+        row = df[
+            (df["which"] == w) & (df["layer"] == layer) & (df["head"] == head) & (df["dim"] == dim)
+        ]
         assert len(row) == 1 and int(row.plane.iloc[0]) == plane
         if plane >= 0:
             theta = float(mv.spec.layers[layer].inv_freq[plane])
@@ -138,15 +146,21 @@ def test_persistence_counts_layers(tiny):
         mom.total_sq += 1.0
     q = moments["q"].total_sq
     q[0, 1, 3] = q[1, 2, 11] = q[1, 0, 0] = 1e4  # dims 3 and 11 are plane 3, dim 0 is plane 0
-    mv = MassiveValues(layers=(0, 1), spec=spec, moments=moments, factor=5.0, provenance=Provenance(model="m"))
+    mv = MassiveValues(
+        layers=(0, 1), spec=spec, moments=moments, factor=5.0, provenance=Provenance(model="m")
+    )
     pers = mv.persistence("q")
     assert pers[3] == 1.0 and pers[0] == 0.5 and float(pers.sum()) == 1.5
     per_head = mv.persistence("q", per_head=True)
-    assert per_head[1, 3] == per_head[2, 3] == per_head[0, 0] == 0.5 and float(per_head.sum()) == 1.5
+    assert (
+        per_head[1, 3] == per_head[2, 3] == per_head[0, 0] == 0.5 and float(per_head.sum()) == 1.5
+    )
     assert float(mv.persistence("k").sum()) == 0.0
     pf = mv.planes_frame()
     row = pf[(pf["which"] == "q") & (pf["plane"] == 3)].iloc[0]
-    assert row["n_massive"] == 2 and row["persistence"] == 1.0 and row["max_head_persistence"] == 0.5
+    assert (
+        row["n_massive"] == 2 and row["persistence"] == 1.0 and row["max_head_persistence"] == 0.5
+    )
 
 
 def test_save_load_round_trip_and_outputs(tmp_path, tiny):
@@ -162,7 +176,17 @@ def test_save_load_round_trip_and_outputs(tmp_path, tiny):
     df = mv.to_frame()
     L, H, KV = len(mv.layers), 4, 2
     assert len(df) == L * (H + KV) * HEAD_DIM
-    assert set(df.columns) >= {"which", "layer", "head", "dim", "plane", "wavelength", "norm", "ratio", "massive"}
+    assert set(df.columns) >= {
+        "which",
+        "layer",
+        "head",
+        "dim",
+        "plane",
+        "wavelength",
+        "norm",
+        "ratio",
+        "massive",
+    }
     fig = mv.figure()
     assert len(fig.data) == 4  # two heatmaps, two marker layers
     (tmp_path / "bad.json").write_text('{"type": "FrequencyUsage", "format": 1}')
@@ -234,12 +258,19 @@ def test_replace_massive_restores_on_exception_and_checks_input(tiny):
     with pytest.raises(RuntimeError, match="boom"), replace_massive(model, mv):
         raise RuntimeError("boom")
     assert torch.equal(_logits(model, toks), before)
-    assert all(not hp.fwd_hooks for name, hp in model.hook_dict.items() if name.endswith(("hook_q", "hook_k")))
+    assert all(
+        not hp.fwd_hooks
+        for name, hp in model.hook_dict.items()
+        if name.endswith(("hook_q", "hook_k"))
+    )
     part = massive_values(model, toks, progress=False, layers=[0])
     with pytest.raises(InputError, match="not measured"), replace_massive(model, part, layers=[1]):
         pass
     other = massive_values(tiny("gemma3"), tokens(), progress=False)
-    with pytest.raises(InputError, match="rotates differently|not measured"), replace_massive(model, other, layers=[0]):
+    with (
+        pytest.raises(InputError, match="rotates differently|not measured"),
+        replace_massive(model, other, layers=[0]),
+    ):
         pass
     with pytest.raises(InputError, match="which"), replace_massive(model, mv, which=("v",)):
         pass

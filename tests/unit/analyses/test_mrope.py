@@ -52,7 +52,9 @@ def _hf_run(name: str):
     m = _model(name)
     inp = vl_inputs(m, GRIDS)
     with torch.no_grad(), hf_scores(m) as scores:
-        out = m(**inp, mm_token_type_ids=modality(m, inp["input_ids"]).int(), output_attentions=True)
+        out = m(
+            **inp, mm_token_type_ids=modality(m, inp["input_ids"]).int(), output_attentions=True
+        )
     return inp, scores, out.attentions
 
 
@@ -65,18 +67,28 @@ def test_axes_read_from_the_model_are_the_published_sections(name):
         assert spec.summary().mrope_axes[0] == "t 0-15; h 16-39; w 40-63"
 
 
-@pytest.mark.parametrize("config", ["Qwen2VLTextConfig", "Qwen2_5_VLTextConfig", "Qwen3VLTextConfig",
-                                    "Qwen3_5TextConfig"])
+@pytest.mark.parametrize(
+    "config",
+    ["Qwen2VLTextConfig", "Qwen2_5_VLTextConfig", "Qwen3VLTextConfig", "Qwen3_5TextConfig"],
+)
 def test_documented_labelling_matches_hf_rotary_at_real_sizes(config):
     """The published defaults (64 planes; Qwen 3.5: 32 of a 256-dim head) under the documented rule reproduce HF's
     own rotary's cos/sin at random 3-D positions; the h and w sections swapped do not."""
     import transformers
 
     cfg = getattr(transformers, config)()
-    mod = importlib.import_module(transformers.__dict__[config].__module__.replace("configuration", "modeling"))
-    rot = next(getattr(mod, n) for n in dir(mod) if n.endswith("RotaryEmbedding") and "Vision" not in n)(cfg)
-    name = {"Qwen2VLTextConfig": "qwen2_vl", "Qwen2_5_VLTextConfig": "qwen2_5_vl", "Qwen3VLTextConfig": "qwen3_vl",
-            "Qwen3_5TextConfig": "qwen3_5"}[config]
+    mod = importlib.import_module(
+        transformers.__dict__[config].__module__.replace("configuration", "modeling")
+    )
+    rot = next(
+        getattr(mod, n) for n in dir(mod) if n.endswith("RotaryEmbedding") and "Vision" not in n
+    )(cfg)
+    name = {
+        "Qwen2VLTextConfig": "qwen2_vl",
+        "Qwen2_5_VLTextConfig": "qwen2_5_vl",
+        "Qwen3VLTextConfig": "qwen3_vl",
+        "Qwen3_5TextConfig": "qwen3_5",
+    }[config]
     axes = expected_axes(name)
     n = rot.inv_freq.numel()
     assert len(axes) == n == {"qwen3_5": 32}.get(name, 64)
@@ -84,10 +96,22 @@ def test_documented_labelling_matches_hf_rotary_at_real_sizes(config):
     cos, sin = rot(torch.zeros(1), pos)
     swapped = tuple({1: 2, 2: 1}.get(a, a) for a in axes)
     for labels, close in ((axes, True), (swapped, False)):
-        lr = LayerRope(layer=0, inv_freq=rot.inv_freq.float(), head_dim=2 * n, rotary_dim=2 * n, pairing="half",
-                       n_heads=1, n_kv_heads=1, score_scale=1.0, axes=labels)
+        lr = LayerRope(
+            layer=0,
+            inv_freq=rot.inv_freq.float(),
+            head_dim=2 * n,
+            rotary_dim=2 * n,
+            pairing="half",
+            n_heads=1,
+            n_kv_heads=1,
+            score_scale=1.0,
+            axes=labels,
+        )
         ang = mrope_angles(lr, pos)
-        err = max(float((ang.cos() - cos[..., :n].double()).abs().max()), float((ang.sin() - sin[..., :n].double()).abs().max()))
+        err = max(
+            float((ang.cos() - cos[..., :n].double()).abs().max()),
+            float((ang.sin() - sin[..., :n].double()).abs().max()),
+        )
         # float32 cos/sin of angles up to 5000 rad: ~5000·6e-8 = 3e-4 from the angle's rounding
         assert (err < 2e-3) == close, (labels == axes, err)
 
@@ -114,11 +138,17 @@ def test_axis_terms_sum_to_hf_scores_and_rebuild_its_pattern(name):
 def test_position_ids_are_the_ones_the_model_builds(name):
     dec, m = _decomposed(name), _model(name)
     inp = vl_inputs(m, GRIDS)
-    ref, _ = m.model.get_rope_index(inp["input_ids"], mm_token_type_ids=modality(m, inp["input_ids"]).int(),
-                                    image_grid_thw=inp["image_grid_thw"])
+    ref, _ = m.model.get_rope_index(
+        inp["input_ids"],
+        mm_token_type_ids=modality(m, inp["input_ids"]).int(),
+        image_grid_thw=inp["image_grid_thw"],
+    )
     assert torch.equal(dec.position_ids, ref)
     vision = dec.modality[0] != 0
-    assert int(vision.sum()) == 8 and (dec.position_ids[1, 0, vision] != dec.position_ids[2, 0, vision]).any()
+    assert (
+        int(vision.sum()) == 8
+        and (dec.position_ids[1, 0, vision] != dec.position_ids[2, 0, vision]).any()
+    )
 
 
 @pytest.mark.parametrize("name", list(VL_FAMILIES))
@@ -129,18 +159,31 @@ def test_rotation_of_pre_rope_q_k_rebuilds_hf_scores_only_with_the_right_axes(na
     model = as_plain_vl(m)
     spec = rope_spec(model)
     inp = vl_inputs(m, GRIDS)
-    cap = capture_mrope(model, spec, inp["input_ids"], spec.rotary_layers, verify=False,
-                        pixel_values=inp["pixel_values"], image_grid_thw=inp["image_grid_thw"])
+    cap = capture_mrope(
+        model,
+        spec,
+        inp["input_ids"],
+        spec.rotary_layers,
+        verify=False,
+        pixel_values=inp["pixel_values"],
+        image_grid_thw=inp["image_grid_thw"],
+    )
     _, scores, _ = _hf_run(name)
     for L in spec.rotary_layers:
         lr, t = spec[L], cap.tensors[L]
-        swapped = LayerRope(**{**lr.__dict__, "axes": tuple({1: 2, 2: 1}.get(a, a) for a in lr.axes)})
+        swapped = LayerRope(
+            **{**lr.__dict__, "axes": tuple({1: 2, 2: 1}.get(a, a) for a in lr.axes)}
+        )
         for rope, right in ((lr, True), (swapped, False)):
             q = rotate_mrope(rope, t["q_pre"].double(), cap.position_ids)
-            k = rotate_mrope(rope, t["k_pre"].double(), cap.position_ids).repeat_interleave(lr.group_size, dim=2)
+            k = rotate_mrope(rope, t["k_pre"].double(), cap.position_ids).repeat_interleave(
+                lr.group_size, dim=2
+            )
             ours = torch.einsum("bqhd,bkhd->bhqk", q, k) * lr.score_scale
             causal = lr.mask(q.shape[1])[None, None].expand_as(ours)
-            err = float((ours[causal] - scores[L].double()[causal]).abs().max() / scores[L].abs().max())
+            err = float(
+                (ours[causal] - scores[L].double()[causal]).abs().max() / scores[L].abs().max()
+            )
             assert (err < TOL) == right, (L, right, err)
 
 
@@ -149,7 +192,9 @@ def test_swapped_sections_are_refused(name, monkeypatch):
     import ropelens.spec.reading as reading
 
     read = reading.plane_axes
-    monkeypatch.setattr(reading, "plane_axes", lambda *a: tuple({1: 2, 2: 1}.get(x, x) for x in read(*a)))
+    monkeypatch.setattr(
+        reading, "plane_axes", lambda *a: tuple({1: 2, 2: 1}.get(x, x) for x in read(*a))
+    )
     m = _model(name)
     with pytest.raises(UnsupportedModelError, match=r"does not match the model \(rotation error"):
         mrope_decomposition(m, **vl_inputs(m, GRIDS))
@@ -168,7 +213,9 @@ def test_text_only_tower_is_measured_as_1d_rope(name):
     toks = vl_inputs(m, ())["input_ids"]
     with torch.no_grad(), hf_scores(m) as scores:
         probs = probs_by_layer(m(input_ids=toks, output_attentions=True).attentions, spec)
-    dec = attention_decomposition(model, toks, bands=Bands.quantiles(4))  # the verification probe runs first
+    dec = attention_decomposition(
+        model, toks, bands=Bands.quantiles(4)
+    )  # the verification probe runs first
     assert dec.provenance.config["verification"]["status"] == "passed"
     for L in dec.layers:
         ours = dec.logits(L)
@@ -184,7 +231,9 @@ def test_text_tower_found_when_the_vision_tower_is_as_deep():
     the text tower's (head dim 128, not the vision heads' 16)."""
     m = vl_hf_model("qwen2_vl", depth=2)
     spec = rope_spec(as_plain_vl(m))
-    assert [lr.head_dim for lr in spec.layers] == [128, 128] and spec[0].axes == expected_axes("qwen2_vl")
+    assert [lr.head_dim for lr in spec.layers] == [128, 128] and spec[0].axes == expected_axes(
+        "qwen2_vl"
+    )
     dec = mrope_decomposition(m, **vl_inputs(m, GRIDS))
     assert dec.provenance.config["verification"]["status"] == "passed"
 
@@ -198,7 +247,9 @@ def test_shares_frequencies_and_distance_against_loops():
     x = dec.band_logits(L, masked=False)[0, h].double()  # [axis, q, k]
     m = dec.pair_mask(L, "vision→vision")[0]
     ab = x[:, m].abs().sum(-1)
-    row = shares[(shares.layer == L) & (shares["head"] == h) & (shares.pair == "vision→vision")].set_index("axis")
+    row = shares[
+        (shares.layer == L) & (shares["head"] == h) & (shares.pair == "vision→vision")
+    ].set_index("axis")
     for b, name in enumerate(dec.band_names(L)):
         assert abs(row.loc[name, "abs_share"] - float(ab[b] / ab.sum())) < 1e-12
     f = dec.axis_frequencies()
@@ -210,13 +261,23 @@ def test_shares_frequencies_and_distance_against_loops():
     pos, mod, pat = dec.position_ids[:, 0], dec.modality[0], dec.pattern(L)[0, h]
     # causal pairs inside one image (every token from the key to the query is a vision token), one column left
     w = dec.band_names(L).index("w")
-    pairs = [(q, k) for q in range(pos.shape[1]) for k in range(q + 1)
-             if bool((mod[k : q + 1] != 0).all()) and int(pos[2, q] - pos[2, k]) == -1]
+    pairs = [
+        (q, k)
+        for q in range(pos.shape[1])
+        for k in range(q + 1)
+        if bool((mod[k : q + 1] != 0).all()) and int(pos[2, q] - pos[2, k]) == -1
+    ]
     vals = [float(pat[q, k]) for q, k in pairs]
     got = d[(d["head"] == h) & (d.axis == "w") & (d.distance == -1)]
-    assert int(got.n_pairs.iloc[0]) == len(vals) and got.attention.iloc[0] == pytest.approx(sum(vals) / len(vals))
-    assert got.logit.iloc[0] == pytest.approx(sum(float(x[:, q, k].sum()) for q, k in pairs) / len(pairs))
-    assert got.axis_logit.iloc[0] == pytest.approx(sum(float(x[w, q, k]) for q, k in pairs) / len(pairs))
+    assert int(got.n_pairs.iloc[0]) == len(vals) and got.attention.iloc[0] == pytest.approx(
+        sum(vals) / len(vals)
+    )
+    assert got.logit.iloc[0] == pytest.approx(
+        sum(float(x[:, q, k].sum()) for q, k in pairs) / len(pairs)
+    )
+    assert got.axis_logit.iloc[0] == pytest.approx(
+        sum(float(x[w, q, k]) for q, k in pairs) / len(pairs)
+    )
 
 
 def test_findings_figure_and_round_trip(tmp_path):
@@ -231,7 +292,9 @@ def test_findings_figure_and_round_trip(tmp_path):
     dec.save(path)
     back = load_result(path)
     assert type(back) is MRopeDecomposition
-    assert torch.equal(back.position_ids, dec.position_ids) and torch.equal(back.modality, dec.modality)
+    assert torch.equal(back.position_ids, dec.position_ids) and torch.equal(
+        back.modality, dec.modality
+    )
     torch.testing.assert_close(back.logits(1), dec.logits(1))
     assert back.axis_shares().equals(dec.axis_shares())
 

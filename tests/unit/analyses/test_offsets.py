@@ -33,7 +33,9 @@ def test_partial_cycle_planes_by_hand(tiny):
     want = [TWO_PI * 10 ** (i / 2) > 256 for i in range(8)]
     assert want == [False] * 4 + [True] * 4
     assert flags.tolist() == [want, want]
-    assert partial_cycle_planes(rope_spec(tiny("llama-gqa")), train_ctx=10_000).tolist()[0] == [False] * 7 + [True]
+    assert partial_cycle_planes(rope_spec(tiny("llama-gqa")), train_ctx=10_000).tolist()[0] == [
+        False
+    ] * 7 + [True]
     # tiny Gemma 3: sliding layers (base 1e4) never see a distance past their window of 8 tokens;
     # the global layer (base 1e6) sees the whole 256
     g = partial_cycle_planes(rope_spec(tiny("gemma3")))
@@ -49,8 +51,18 @@ def test_partial_cycle_planes_by_hand(tiny):
 def toy_rope() -> LayerRope:
     """4 planes (base 100), 4 query heads over 2 KV heads, unit score scale."""
     d = 8
-    return LayerRope(layer=0, inv_freq=100.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d), head_dim=d,
-                     rotary_dim=d, pairing="half", n_heads=4, n_kv_heads=2, score_scale=1.0, base=100.0, n_ctx=64)
+    return LayerRope(
+        layer=0,
+        inv_freq=100.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d),
+        head_dim=d,
+        rotary_dim=d,
+        pairing="half",
+        n_heads=4,
+        n_kv_heads=2,
+        score_scale=1.0,
+        base=100.0,
+        n_ctx=64,
+    )
 
 
 def polar(r, a) -> torch.Tensor:
@@ -63,7 +75,10 @@ def set_plane(x: torch.Tensor, plane: int, xy: torch.Tensor) -> None:
     x[..., plane], x[..., plane + 4] = xy[..., 0], xy[..., 1]
 
 
-ALPHA = {0: 0.7, 1: -1.2}  # heads 0, 1 (KV head 0): post-RoPE offset in plane 3 towards the sink key
+ALPHA = {
+    0: 0.7,
+    1: -1.2,
+}  # heads 0, 1 (KV head 0): post-RoPE offset in plane 3 towards the sink key
 BETA = 2.0  # head 3 (KV head 1): post-RoPE angle in plane 2 at the previous token
 
 
@@ -89,12 +104,24 @@ def planted(b: int = 2, n: int = 16, seed: int = 0) -> tuple[LayerRope, LayerAct
         set_plane(q[:, :, h], 0, polar(5.0, (m - 1) * omega).expand(b, n, 2))
     ang_k2 = torch.rand(b, n, generator=g, dtype=torch.float64) * TWO_PI
     set_plane(k[:, :, 1], 2, polar(1.0, ang_k2))
-    prev = torch.cat([ang_k2[:, :1], ang_k2[:, :-1]], 1)  # angle of the key each query attends (m − 1; 0 for m = 0)
+    prev = torch.cat(
+        [ang_k2[:, :1], ang_k2[:, :-1]], 1
+    )  # angle of the key each query attends (m − 1; 0 for m = 0)
     set_plane(q[:, :, 3], 2, polar(0.05, prev - BETA))
     pos = torch.arange(n)
-    un = lambda x: rope.rotate(x.transpose(1, 2), -pos).transpose(1, 2)  # noqa: E731
-    tensors = {"q_post": q.float(), "k_post": k.float(), "q_pre": un(q).float(), "k_pre": un(k).float()}
-    return rope, LayerActs(layer=0, rope=rope, valid=torch.ones(b, n, dtype=torch.bool), tensors=tensors)
+
+    def un(x):
+        return rope.rotate(x.transpose(1, 2), -pos).transpose(1, 2)
+
+    tensors = {
+        "q_post": q.float(),
+        "k_post": k.float(),
+        "q_pre": un(q).float(),
+        "k_pre": un(k).float(),
+    }
+    return rope, LayerActs(
+        layer=0, rope=rope, valid=torch.ones(b, n, dtype=torch.bool), tensors=tensors
+    )
 
 
 def toy_spec(rope: LayerRope) -> RopeSpec:
@@ -115,10 +142,16 @@ def test_planted_offsets_are_recovered():
     for h, a in ALPHA.items():  # every query meets the sink at the planted angle
         assert res.mean_angle("post", "sink")[0, h, 3].item() == pytest.approx(a, abs=1e-5)
         assert res.resultant_length("post", "sink")[0, h, 3].item() == pytest.approx(1.0, abs=1e-6)
-        assert math.isnan(res.resultant_length("post", "content")[0, h, 3].item())  # no other attended key
+        assert math.isnan(
+            res.resultant_length("post", "content")[0, h, 3].item()
+        )  # no other attended key
         # pre-RoPE (content) angle: Δ_pre = Δ_post + (m − n)·θ₃, spread over the queries m = 1 … n−1
-        z = torch.exp(1j * (a + torch.arange(1, n, dtype=torch.float64) * rope.inv_freq[3].double())).mean()
-        assert res.mean_angle("pre")[0, h, 3].item() == pytest.approx(math.atan2(z.imag, z.real), abs=1e-4)
+        z = torch.exp(
+            1j * (a + torch.arange(1, n, dtype=torch.float64) * rope.inv_freq[3].double())
+        ).mean()
+        assert res.mean_angle("pre")[0, h, 3].item() == pytest.approx(
+            math.atan2(z.imag, z.real), abs=1e-4
+        )
         assert res.resultant_length("pre")[0, h, 3].item() == pytest.approx(abs(z).item(), abs=1e-5)
     assert res.sink_fraction()[0, :2].tolist() == [1.0, 1.0]
     assert res.sink_fraction()[0, 2:].tolist() == pytest.approx([1 / (n - 1)] * 2)
@@ -129,12 +162,16 @@ def test_planted_offsets_are_recovered():
     assert res.resultant_length("post", "content")[0, 3, 2].item() == pytest.approx(1.0, abs=1e-6)
     # outliers: plane 3 of heads 0, 1 has norm 3 against ~0.01 elsewhere; the sink key (position 0)
     # is left out of the norms, so KV head 0 shows no outlier
-    assert (res.outlier_ratio("q")[0, :2, 3] > 100).all() and (res.outlier_ratio("q")[0, :2, :3] < 3).all()
+    assert (res.outlier_ratio("q")[0, :2, 3] > 100).all() and (
+        res.outlier_ratio("q")[0, :2, :3] < 3
+    ).all()
     assert res.norm("q")[0, 0, 3].item() == pytest.approx(3.0, rel=1e-5)
     assert res.outlier_ratio("k")[0, 0].max().item() < 5
     # the plane's logit at the attended key: ‖q‖‖k‖cos α
     for h, a in ALPHA.items():
-        assert res.mean_term("sink")[0, h, 3].item() == pytest.approx(3 * 50 * math.cos(a), rel=1e-3)
+        assert res.mean_term("sink")[0, h, 3].item() == pytest.approx(
+            3 * 50 * math.cos(a), rel=1e-3
+        )
 
 
 def test_padding_and_merge():
@@ -173,12 +210,20 @@ def dense(kept, attentions, spec, n_sink=1):
         rope = spec[L]
         P, G = rope.n_planes, rope.group_size
         att = attentions[L].argmax(-1).transpose(1, 2)  # [b, n, H]
-        qz = lambda x, P=P: torch.complex(x[..., :P].double(), x[..., P:2 * P].double())  # noqa: E731
+
+        def qz(x, P=P):
+            return torch.complex(x[..., :P].double(), x[..., P : 2 * P].double())
+
         res = {}
         for src in ("post", "pre"):
             q, k = acts[f"q_{src}"], acts[f"k_{src}"].repeat_interleave(G, dim=2)
             b, n, H, _ = q.shape
-            ka = torch.stack([torch.stack([k[i, att[i, m], torch.arange(H)] for m in range(n)]) for i in range(b)])
+            ka = torch.stack(
+                [
+                    torch.stack([k[i, att[i, m], torch.arange(H)] for m in range(n)])
+                    for i in range(b)
+                ]
+            )
             u = qz(ka) * qz(q).conj()
             u = u / u.abs()
             keep = (torch.arange(n) >= n_sink)[None, :, None].expand(b, n, H)
@@ -186,8 +231,12 @@ def dense(kept, attentions, spec, n_sink=1):
             for scope, sel in (("all", keep), ("sink", keep & sink), ("content", keep & ~sink)):
                 w = sel[..., None].double()
                 res[(src, scope)] = (u * w).sum((0, 1)) / w.sum((0, 1))
-        norms = {w: torch.hypot(acts[w][..., :P], acts[w][..., P:2 * P])[:, n_sink:].double().mean((0, 1))
-                 for w in ("q_post", "k_post")}
+        norms = {
+            w: torch.hypot(acts[w][..., :P], acts[w][..., P : 2 * P])[:, n_sink:]
+            .double()
+            .mean((0, 1))
+            for w in ("q_post", "k_post")
+        }
         out[L] = (res, norms, att)
     return out
 
@@ -200,7 +249,10 @@ def test_matches_dense_recomputation_with_hf_attention(tiny, family):
     spec = rope_spec(model)
     kept = capture_qk(model, tokens)
     hf = tiny_hf_model(family)  # the same seed: the weights the bridge wraps
-    wrapped = {k.replace("._original_component", ""): v for k, v in model.original_model.state_dict().items()}
+    wrapped = {
+        k.replace("._original_component", ""): v
+        for k, v in model.original_model.state_dict().items()
+    }
     assert all(torch.equal(v, wrapped[k]) for k, v in hf.state_dict().items())
     with torch.no_grad():
         attentions = hf(input_ids=tokens, output_attentions=True).attentions
@@ -215,10 +267,22 @@ def test_matches_dense_recomputation_with_hf_attention(tiny, family):
         torch.testing.assert_close(res.norm("q")[i].double(), norms["q_post"], rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(res.norm("k")[i].double(), norms["k_post"], rtol=1e-5, atol=1e-7)
         m = norms["q_post"].numpy()
-        ratio = np.array([[m[h, p] / np.median(np.delete(m[h], p)) for p in range(m.shape[1])] for h in range(m.shape[0])])
+        ratio = np.array(
+            [
+                [m[h, p] / np.median(np.delete(m[h], p)) for p in range(m.shape[1])]
+                for h in range(m.shape[0])
+            ]
+        )
         # numpy's median of an even count averages the middle two; ropelens takes the lower one
-        lower = np.array([[m[h, p] / np.sort(np.delete(m[h], p))[(m.shape[1] - 2) // 2] for p in range(m.shape[1])]
-                          for h in range(m.shape[0])])
+        lower = np.array(
+            [
+                [
+                    m[h, p] / np.sort(np.delete(m[h], p))[(m.shape[1] - 2) // 2]
+                    for p in range(m.shape[1])
+                ]
+                for h in range(m.shape[0])
+            ]
+        )
         np.testing.assert_allclose(res.outlier_ratio("q")[i].numpy(), lower, rtol=1e-5)
         assert np.allclose(ratio, lower, rtol=0.5)
 
@@ -245,7 +309,10 @@ def test_result_roundtrip_figure_and_errors(tiny, tmp_path):
         (lambda: res.heatmap("q_ratio", layer=5), "layer 5 was not measured"),
         (lambda: res.heatmap("nonsense"), "what must be one of"),
         (lambda: rotary_offsets(model, tokens, n_sink=-1, progress=False), "n_sink must be an int"),
-        (lambda: rotary_offsets(model, tokens, train_ctx=0, progress=False), "train_ctx must be a positive int"),
+        (
+            lambda: rotary_offsets(model, tokens, train_ctx=0, progress=False),
+            "train_ctx must be a positive int",
+        ),
     ]:
         with pytest.raises(InputError, match=match):
             call()

@@ -23,8 +23,16 @@ from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec.variants import DynamicNTK, YaRN
 from ropelens.testing import tiny_tokenizer
 
-SENTENCES = ["The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again."]
-LONGEST = max(len(s) for s in SENTENCES) + 1  # characters (= tokens for the tiny tokenizer), with its space
+SENTENCES = [
+    "The grass is green.",
+    "The sky is blue.",
+    "The sun is yellow.",
+    "Here we go.",
+    "There and back again.",
+]
+LONGEST = (
+    max(len(s) for s in SENTENCES) + 1
+)  # characters (= tokens for the tiny tokenizer), with its space
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -74,13 +82,16 @@ def test_prompt_input_errors():
 
 
 # ----------------------------------------------------------------------------- scoring
-@pytest.mark.parametrize(("response", "answer", "correct"), [
-    (" 40123.", "40123", True),
-    ("\nThe pass key is 40123. Remember", "40123", True),
-    (" 401234", "401234", False),
-    (" 4012", "4012", False),
-    (" blue.", None, False),
-])
+@pytest.mark.parametrize(
+    ("response", "answer", "correct"),
+    [
+        (" 40123.", "40123", True),
+        ("\nThe pass key is 40123. Remember", "40123", True),
+        (" 401234", "401234", False),
+        (" 4012", "4012", False),
+        (" blue.", None, False),
+    ],
+)
 def test_score_answer_takes_the_first_integer(response, answer, correct):
     assert score_answer(response, "40123") == (answer, correct)
 
@@ -141,7 +152,9 @@ def test_cached_chunked_decoding_equals_full_forwards(tiny, family):
 
 def test_result_round_trip_merge_and_variant_provenance(tiny, tmp_path):
     model = tiny("llama-gqa")
-    res = passkey_retrieval(model, [300], [0.5], n_trials=2, seed=3, variant=YaRN(2.0, 128), progress=False)
+    res = passkey_retrieval(
+        model, [300], [0.5], n_trials=2, seed=3, variant=YaRN(2.0, 128), progress=False
+    )
     assert res.variant == YaRN(2.0, 128).to_dict()
     cfg = res.provenance.config
     assert cfg["seed"] == 3 and cfg["variant_name"].startswith("YaRN(") and cfg["cached_decoding"]
@@ -151,16 +164,26 @@ def test_result_round_trip_merge_and_variant_provenance(tiny, tmp_path):
     back = PasskeyRetrieval.load(path)
     assert back == res
     df = res.to_frame()
-    assert list(df.columns[:5]) == ["depth", "length", "n_trials", "n_correct", "accuracy"] and len(df) == 1
+    assert (
+        list(df.columns[:5]) == ["depth", "length", "n_trials", "n_correct", "accuracy"]
+        and len(df) == 1
+    )
     assert len(res.figure().data) == 1
-    more = passkey_retrieval(model, [350], [0.5], n_trials=2, seed=3, variant=YaRN(2.0, 128), progress=False)
+    more = passkey_retrieval(
+        model, [350], [0.5], n_trials=2, seed=3, variant=YaRN(2.0, 128), progress=False
+    )
     both = res.merge(more)
     assert both.lengths == (300, 350) and len(both.trials) == 4 and both.accuracy().shape == (1, 2)
     with pytest.raises(InputError, match="same model"):
         res.merge(passkey_retrieval(model, [350], [0.5], n_trials=1, seed=4, progress=False))
     # a length-dependent variant decodes with full forwards (no chunked cache)
-    dyn = passkey_retrieval(model, [300], [0.5], n_trials=1, variant=DynamicNTK(2.0, 128), progress=False)
-    assert dyn.provenance.config["prefill_chunk"] is None and not dyn.provenance.config["cached_decoding"]
+    dyn = passkey_retrieval(
+        model, [300], [0.5], n_trials=1, variant=DynamicNTK(2.0, 128), progress=False
+    )
+    assert (
+        dyn.provenance.config["prefill_chunk"] is None
+        and not dyn.provenance.config["cached_decoding"]
+    )
     with pytest.raises(InputError, match="depths"):
         passkey_retrieval(model, [300], [0.5, 2.0], progress=False)
     with pytest.raises(InputError, match="variant"):
@@ -174,7 +197,11 @@ def test_smollm2_retrieves_the_passkey_at_a_short_length(smollm2):
     384 tokens with two trials per depth)."""
     p = passkey_prompt(smollm2, 320, 0.5, "40123")
     assert 320 - 25 < p.n_tokens <= 320
-    assert smollm2.tokenizer.decode(p.tokens[p.needle_start : p.needle_start + 4]).lstrip().startswith("The pass key")
+    assert (
+        smollm2.tokenizer.decode(p.tokens[p.needle_start : p.needle_start + 4])
+        .lstrip()
+        .startswith("The pass key")
+    )
     assert torch.equal(p.tokens, smollm2.to_tokens(p.text)[0])  # BOS as the model prepends it
     res = passkey_retrieval(smollm2, [320], [0.1, 0.5, 0.9], n_trials=1, seed=0, progress=False)
     print(res.trials_frame()[["depth", "trial", "passkey", "n_tokens", "response", "correct"]])

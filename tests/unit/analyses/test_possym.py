@@ -54,7 +54,9 @@ def _handset():
         wk[16 + 7, 1], wk[16 + 15, 2] = b, b
         attn.q_proj.weight.copy_(wq)
         attn.k_proj.weight.copy_(wk)
-    return wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="tiny-possym", hub_name="ropelens/tiny-possym")
+    return wrap_hf_model(
+        hf, tiny_tokenizer(), device="cpu", label="tiny-possym", hub_name="ropelens/tiny-possym"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +66,18 @@ def handset():
 
 def _tokens(n_windows: int, n: int, vocab: int = 12, seed: int = 0) -> torch.Tensor:
     """Few distinct tokens, so every query meets equal tokens among its keys."""
-    toks = torch.randint(4, 4 + vocab, (n_windows, n), generator=torch.Generator().manual_seed(seed))
+    toks = torch.randint(
+        4, 4 + vocab, (n_windows, n), generator=torch.Generator().manual_seed(seed)
+    )
     toks[:, 0] = 1
     return toks
 
 
 @pytest.fixture(scope="module")
 def handset_result(handset):
-    return positional_symbolic(handset, _tokens(8, N_CTX), n_ctx=N_CTX, layers=[0], min_keys=4, progress=False)
+    return positional_symbolic(
+        handset, _tokens(8, N_CTX), n_ctx=N_CTX, layers=[0], min_keys=4, progress=False
+    )
 
 
 @pytest.mark.parametrize("measure", ["logit", "attention"])
@@ -84,7 +90,9 @@ def test_handset_heads_are_called_right(handset_result, measure):
     # head 1 turns by (j − σ(j))·θ₇ ≤ 19 · 3.2e-4 rad: its logits follow the content almost exactly
     assert float(s[0, 1]) > 0.99
     assert float(s[0, 0]) < 0.6 and float(p[0, 1]) < 0.6
-    if measure == "attention":  # heads 2 and 3 have zero q/k: uniform attention is both (the exclusion case)
+    if (
+        measure == "attention"
+    ):  # heads 2 and 3 have zero q/k: uniform attention is both (the exclusion case)
         torch.testing.assert_close(p[0, 2:], s[0, 2:])
         assert calls[2:] == ["mixed", "mixed"]
 
@@ -100,7 +108,9 @@ def _reference(model, toks: torch.Tensor, seed: int, min_keys: int) -> dict[str,
     for L, a in acts.items():
         rope = spec.layers[L]
         q, kpre, kpost = a["q_post"].double(), a["k_pre"].double(), a["k_post"].double()
-        kperm = rope.rotate(kpre[:, sig].transpose(1, 2), torch.arange(n)).transpose(1, 2)  # content σ(j) at position j
+        kperm = rope.rotate(kpre[:, sig].transpose(1, 2), torch.arange(n)).transpose(
+            1, 2
+        )  # content σ(j) at position j
         G = rope.group_size
         c = rope.softcap
 
@@ -130,13 +140,17 @@ def _reference(model, toks: torch.Tensor, seed: int, min_keys: int) -> dict[str,
 
 
 # GQA; sliding windows and a score scale; interleaved partial rotary; soft-capping at 5 (these logits reach 7–10)
-@pytest.mark.parametrize(("family", "overrides"), [("llama-gqa", {}), ("gemma3", {}), ("gptj", {}),
-                                                   ("gemma3", {"attn_logit_softcapping": 5.0})])
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [("llama-gqa", {}), ("gemma3", {}), ("gptj", {}), ("gemma3", {"attn_logit_softcapping": 5.0})],
+)
 def test_scores_equal_plain_loop(family, overrides):
     model = tiny_model(family, seed=1, **overrides)
     toks = _tokens(3, 16, vocab=60, seed=2)
     # the spec's soft-cap is what the scores apply; the tiny Gemma 3 forward (sdpa) ignores it, so skip verification
-    r = positional_symbolic(model, toks, n_ctx=16, min_keys=4, seed=3, tile=5, progress=False, verify=not overrides)
+    r = positional_symbolic(
+        model, toks, n_ctx=16, min_keys=4, seed=3, tile=5, progress=False, verify=not overrides
+    )
     ref = _reference(model, toks, seed=3, min_keys=4)
     for li, L in enumerate(r.layers):
         got = torch.stack([*r.scores("logit"), *r.scores("attention")])[:, li]
@@ -164,7 +178,9 @@ def test_roundtrip_merge_and_agreement(handset, handset_result, tmp_path):
     # moving key contents shows it follows content: flags [T, F, F, F] vs [T, T, F, F] ⇒ p_o = 3/4,
     # p_e = 1/4·2/4 + 3/4·2/4 = 1/2, κ = (3/4 − 1/2) / (1 − 1/2) = 1/2
     assert ag.confusion.loc["diagonal", "symbolic"] == 1
-    assert ag.positional_calls == pytest.approx(0.25) and ag.positional_taxonomy == pytest.approx(0.5)
+    assert ag.positional_calls == pytest.approx(0.25) and ag.positional_taxonomy == pytest.approx(
+        0.5
+    )
     assert ag.kappa == pytest.approx(0.5)
     with pytest.raises(InputError, match="different layers"):
         agreement(positional_symbolic(handset, _tokens(2, N_CTX), n_ctx=N_CTX, progress=False), tax)
@@ -181,7 +197,9 @@ def test_kappa_and_rank_correlation_against_hand_counts():
     # the NaN pair drops out; ties share the average rank (1.0, 1.0 → 4.5, 4.5)
     rx = torch.tensor([3, 4.5, 4.5, 1, 6, 2], dtype=torch.float64)
     ry = torch.tensor([4, 5, 3, 1, 6, 2], dtype=torch.float64)
-    assert rank_correlation(x, y) == pytest.approx(float(torch.corrcoef(torch.stack([rx, ry]))[0, 1]), abs=1e-12)
+    assert rank_correlation(x, y) == pytest.approx(
+        float(torch.corrcoef(torch.stack([rx, ry]))[0, 1]), abs=1e-12
+    )
 
 
 def test_bad_settings_are_named(handset):

@@ -60,7 +60,12 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 NAMES = ("usage", "band_stats", "heads", "sinks", "distance", "offsets", "massive")
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +95,13 @@ def _tokens() -> Tensor:
 def _reducer(name: str, spec: RopeSpec, layers: list[int]):
     if name in REDUCERS and name != "distance":
         return REDUCERS[name](spec, layers)
-    return {"distance": lambda: DistanceReducer(spec, layers, BANDS, max_distance=N - 1),
-            "usage": lambda: UsageReducer(spec, layers),
-            "band_stats": lambda: BandStatsReducer(spec, layers, BANDS, jsd=True, tile=(5, 3)),
-            "offsets": lambda: OffsetReducer(spec, layers),
-            "massive": lambda: MassiveReducer(spec, layers)}[name]()
+    return {
+        "distance": lambda: DistanceReducer(spec, layers, BANDS, max_distance=N - 1),
+        "usage": lambda: UsageReducer(spec, layers),
+        "band_stats": lambda: BandStatsReducer(spec, layers, BANDS, jsd=True, tile=(5, 3)),
+        "offsets": lambda: OffsetReducer(spec, layers),
+        "massive": lambda: MassiveReducer(spec, layers),
+    }[name]()
 
 
 def _sums(red) -> dict[str, Tensor]:
@@ -116,7 +123,9 @@ def _layer(a: LayerActs) -> tuple[HFLayer, Tensor]:
     r = a.rope
     q, k = a["q_post"].double().transpose(1, 2), a["k_post"].double().transpose(1, 2)
     sinks = None if r.sinks is None else torch.as_tensor(r.sinks, dtype=torch.float64)
-    lay = HFLayer(q=q, k=k, scale=r.score_scale, window=r.window, softcap=r.softcap, sinks=sinks, probs=q)
+    lay = HFLayer(
+        q=q, k=k, scale=r.score_scale, window=r.window, softcap=r.softcap, sinks=sinks, probs=q
+    )
     ok = allowed_keys(q.shape[2], r.window)
     lay.probs = pattern_of(lay, band_logits(lay, [torch.arange(q.shape[-1])]).sum(2), ok)
     return lay, ok
@@ -139,10 +148,20 @@ def _usage_ref(a: LayerActs) -> dict[str, Tensor]:
         norms = _norms(a[f"{w}_pre"].double())  # [b, n, h, P]
         for scope, x in (("all", norms), ("no_sink", norms[:, 1:])):
             means = x.mean(1)  # per window
-            f64 = lambda v, x=x: torch.full(x.shape[2:], float(v), dtype=torch.float64)  # noqa: E731
-            out.update({f"tok/{w}/{scope}/count": f64(x.shape[0] * x.shape[1]), f"tok/{w}/{scope}/total": x.sum((0, 1)),
-                        f"tok/{w}/{scope}/total_sq": (x * x).sum((0, 1)), f"win/{w}/{scope}/count": f64(x.shape[0]),
-                        f"win/{w}/{scope}/total": means.sum(0), f"win/{w}/{scope}/total_sq": (means * means).sum(0)})
+
+            def f64(v, x=x):
+                return torch.full(x.shape[2:], float(v), dtype=torch.float64)
+
+            out.update(
+                {
+                    f"tok/{w}/{scope}/count": f64(x.shape[0] * x.shape[1]),
+                    f"tok/{w}/{scope}/total": x.sum((0, 1)),
+                    f"tok/{w}/{scope}/total_sq": (x * x).sum((0, 1)),
+                    f"win/{w}/{scope}/count": f64(x.shape[0]),
+                    f"win/{w}/{scope}/total": means.sum(0),
+                    f"win/{w}/{scope}/total_sq": (means * means).sum(0),
+                }
+            )
     return out
 
 
@@ -150,14 +169,23 @@ def _massive_ref(a: LayerActs) -> dict[str, Tensor]:
     out = {}
     for w in "qk":
         x = a[f"{w}_pre"].double()
-        out.update({f"{w}/count": torch.full(x.shape[2:], float(x.shape[0] * x.shape[1]), dtype=torch.float64),
-                    f"{w}/total": x.sum((0, 1)), f"{w}/total_sq": (x * x).sum((0, 1))})
+        out.update(
+            {
+                f"{w}/count": torch.full(
+                    x.shape[2:], float(x.shape[0] * x.shape[1]), dtype=torch.float64
+                ),
+                f"{w}/total": x.sum((0, 1)),
+                f"{w}/total_sq": (x * x).sum((0, 1)),
+            }
+        )
     return out
 
 
 def _offsets_ref(a: LayerActs, n_sink: int = 1) -> dict[str, Tensor]:
     lay, ok = _layer(a)
-    scores = (band_logits(lay, [torch.arange(lay.q.shape[-1])]).sum(2)).masked_fill(~ok, float("-inf"))
+    scores = (band_logits(lay, [torch.arange(lay.q.shape[-1])]).sum(2)).masked_fill(
+        ~ok, float("-inf")
+    )
     att = scores.argmax(-1).transpose(1, 2)  # [b, n, H]: first maximum, as the model's argmax
     b, n, H = att.shape
     keep = (torch.arange(n) >= n_sink).double()[None, :, None]
@@ -166,8 +194,13 @@ def _offsets_ref(a: LayerActs, n_sink: int = 1) -> dict[str, Tensor]:
     for w, key in (("q", "q_post"), ("k", "k_post")):
         norms = _norms(a[key].double())
         kk = keep[..., None].expand(b, n, norms.shape[2], 1)
-        out.update({f"{w}_norm/count": kk.sum((0, 1)).expand(-1, norms.shape[-1]), f"{w}_norm/total": (norms * kk).sum((0, 1)),
-                    f"{w}_norm/total_sq": (norms * norms * kk).sum((0, 1))})
+        out.update(
+            {
+                f"{w}_norm/count": kk.sum((0, 1)).expand(-1, norms.shape[-1]),
+                f"{w}_norm/total": (norms * kk).sum((0, 1)),
+                f"{w}_norm/total_sq": (norms * norms * kk).sum((0, 1)),
+            }
+        )
     bi, hi = torch.arange(b)[:, None, None], torch.arange(H)[None, None]
     for src in ("post", "pre"):
         q, k = a[f"q_{src}"].double(), a[f"k_{src}"].double()
@@ -175,12 +208,18 @@ def _offsets_ref(a: LayerActs, n_sink: int = 1) -> dict[str, Tensor]:
         (q0, q1), (k0, k1) = _halves(q), _halves(ka)
         norm = _norms(q) * _norms(ka)
         good = (norm > 0).double()
-        stats = {"count": good, "cos": (q0 * k0 + q1 * k1) / norm * good, "sin": (q0 * k1 - q1 * k0) / norm * good}
+        stats = {
+            "count": good,
+            "cos": (q0 * k0 + q1 * k1) / norm * good,
+            "sin": (q0 * k1 - q1 * k0) / norm * good,
+        }
         if src == "post":
             stats["term"] = (q0 * k0 + q1 * k1) * a.rope.score_scale
         for stat, t in stats.items():
             for sc, w in scope.items():
-                out[f"term/{sc}" if stat == "term" else f"{src}/{sc}/{stat}"] = (t * w[..., None]).sum((0, 1))
+                out[f"term/{sc}" if stat == "term" else f"{src}/{sc}/{stat}"] = (
+                    t * w[..., None]
+                ).sum((0, 1))
     return out
 
 
@@ -190,8 +229,12 @@ def _sinks_more(a: LayerActs) -> dict[str, Tensor]:
     P, n = a["pattern"], a["pattern"].shape[-1]
     used = torch.arange(SKIP, min(n, a.rope.window or n))
     norms = _norms(a["k_pre"].double())
-    return {"p0_over": (P[:, :, used, 0] > EPS).double().sum((0, 2)), "sink_mass": torch.zeros(P.shape[1], dtype=torch.float64),
-            "k0_plane": norms[:, 0].sum(0), "kother_plane": norms[:, 1:].sum((0, 1))}
+    return {
+        "p0_over": (P[:, :, used, 0] > EPS).double().sum((0, 2)),
+        "sink_mass": torch.zeros(P.shape[1], dtype=torch.float64),
+        "k0_plane": norms[:, 0].sum(0),
+        "kother_plane": norms[:, 1:].sum((0, 1)),
+    }
 
 
 def _band_ref(a: LayerActs, spec: RopeSpec) -> dict[str, Tensor]:
@@ -227,8 +270,12 @@ def _reference(name: str, red, spec: RopeSpec, acts: dict[int, LayerActs]) -> di
 def _scale(name: str, key: str, want: Tensor, ref_abs: dict[str, Tensor]) -> float:
     """The magnitude the float32 rounding of statistic ``key`` is relative to: its largest entry, or,
     where its terms cancel (variance, covariance, margin), the largest of the sums they cancel from."""
-    big = {("band_stats", "var"): "abs_sum", ("band_stats", "cov"): "abs_sum", ("band_stats", "margin"): "abs_sum",
-           ("band_stats", "cs_term"): "cs_bound"}
+    big = {
+        ("band_stats", "var"): "abs_sum",
+        ("band_stats", "cov"): "abs_sum",
+        ("band_stats", "margin"): "abs_sum",
+        ("band_stats", "cs_term"): "cs_bound",
+    }
     other = big.get((name, key))
     m = float(want.abs().max())
     if other in ref_abs:
@@ -236,7 +283,9 @@ def _scale(name: str, key: str, want: Tensor, ref_abs: dict[str, Tensor]) -> flo
     return max(m, 1e-30)
 
 
-def _check(name: str, got: dict[str, Tensor], want: dict[str, Tensor], what: str) -> dict[str, float]:
+def _check(
+    name: str, got: dict[str, Tensor], want: dict[str, Tensor], what: str
+) -> dict[str, float]:
     """Every reference sum within TOL of its scale (counts exactly); returns the relative errors."""
     assert set(want) <= set(got), f"{what}: reducer lacks {set(want) - set(got)}"
     errs, bad = {}, []
@@ -261,7 +310,10 @@ def test_reducer_on_half_precision_matches_float64_reference(name, dtype, device
     for L in spec.rotary_layers:
         red.update(acts[L])
     got = _sums(red)
-    assert all(v.dtype == torch.float64 for v in (red.state_dict() if hasattr(red, "state_dict") else red.sums).values())
+    assert all(
+        v.dtype == torch.float64
+        for v in (red.state_dict() if hasattr(red, "state_dict") else red.sums).values()
+    )
     _check(name, got, _reference(name, red, spec, acts), f"{name} on {dtype}")
 
 
@@ -269,7 +321,9 @@ def test_reducer_on_half_precision_matches_float64_reference(name, dtype, device
 def test_streamed_half_model_gives_the_captured_sums(dtype, captured):
     """Streaming the half model hands the reducer the tensors the capture kept: the sums are identical."""
     model, spec, acts = captured(dtype)
-    fed, streamed = (BandStatsReducer(spec, spec.rotary_layers, BANDS, jsd=True, tile=(5, 3)) for _ in range(2))
+    fed, streamed = (
+        BandStatsReducer(spec, spec.rotary_layers, BANDS, jsd=True, tile=(5, 3)) for _ in range(2)
+    )
     for L in spec.rotary_layers:
         fed.update(acts[L])
     stream(model, [_tokens()], [streamed], spec=spec, progress=False)

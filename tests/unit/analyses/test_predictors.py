@@ -31,9 +31,21 @@ TWO_PI = 2 * math.pi
 def llama2_like(base: float = 10000.0, d: int = 128, n_ctx: int = 4096) -> RopeSpec:
     """A one-layer spec with LLaMA 2's RoPE: head dim 128, base 1e4, 4096 tokens."""
     inv_freq = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    lr = LayerRope(layer=0, inv_freq=inv_freq.float(), head_dim=d, rotary_dim=d, pairing="half", n_heads=32,
-                   n_kv_heads=32, score_scale=d**-0.5, base=base, n_ctx=n_ctx)
-    return RopeSpec(model_name="llama-2-like", architecture="LlamaForCausalLM", layers=(lr,), n_ctx=n_ctx)
+    lr = LayerRope(
+        layer=0,
+        inv_freq=inv_freq.float(),
+        head_dim=d,
+        rotary_dim=d,
+        pairing="half",
+        n_heads=32,
+        n_kv_heads=32,
+        score_scale=d**-0.5,
+        base=base,
+        n_ctx=n_ctx,
+    )
+    return RopeSpec(
+        model_name="llama-2-like", architecture="LlamaForCausalLM", layers=(lr,), n_ctx=n_ctx
+    )
 
 
 # ------------------------------------------------------------------ the paper's numbers, by hand
@@ -42,7 +54,7 @@ def test_llama2_critical_dimension_and_extrapolation_limit():
     assert 64 * math.log(4096 / TWO_PI) / math.log(10000) == pytest.approx(45.03, abs=0.01)
     assert critical_dimension(10000.0, 128, 4096) == 92
     # T_extra = 2π·10000^(92/128) = 2π·10^2.875 ≈ 4711.7 tokens: a little past the 4096 trained
-    assert extrapolation_limit(10000.0, 128, 4096) == pytest.approx(TWO_PI * 10 ** 2.875, rel=1e-12)
+    assert extrapolation_limit(10000.0, 128, 4096) == pytest.approx(TWO_PI * 10**2.875, rel=1e-12)
     assert extrapolation_limit(10000.0, 128, 4096) == pytest.approx(4711.72, abs=0.01)
     # Code LLaMA: base 1e6 on LLaMA 2 (critical dimension 92 from pre-training at 1e4, 4096 tokens)
     code = extrapolation_limit(1e6, 128, 4096, train_base=10000.0)
@@ -56,10 +68,13 @@ def test_llama2_critical_base_for_tuning():
         want = 10000.0 ** (math.log(tune / TWO_PI) / math.log(4096 / TWO_PI))
         assert critical_base(4096, tune) == pytest.approx(want, rel=1e-12)
     assert critical_base(4096, 16384) == pytest.approx(71738.4, rel=1e-5)
-    assert critical_base(4096, 4096) == pytest.approx(10000.0, rel=1e-12)  # tuning at T_train: the base itself
+    assert critical_base(4096, 4096) == pytest.approx(
+        10000.0, rel=1e-12
+    )  # tuning at T_train: the base itself
     # another pre-training base replaces the paper's 10000
     assert critical_base(8192, 16384, base=1e5) == pytest.approx(
-        1e5 ** (math.log(16384 / TWO_PI) / math.log(8192 / TWO_PI)), rel=1e-12)
+        1e5 ** (math.log(16384 / TWO_PI) / math.log(8192 / TWO_PI)), rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("train_base", [1e4, 5e5])
@@ -77,7 +92,9 @@ def test_extrapolation_limit_is_the_first_unturned_wavelength(tiny):
     lr = rope_spec(tiny("llama"))[0]
     d_extra = critical_dimension(lr.base, lr.rotary_dim, 256)
     assert float(lr.wavelength[d_extra // 2 - 1]) <= 256 < float(lr.wavelength[d_extra // 2])
-    assert extrapolation_limit(lr.base, lr.rotary_dim, 256) == pytest.approx(float(lr.wavelength[d_extra // 2]), rel=1e-6)
+    assert extrapolation_limit(lr.base, lr.rotary_dim, 256) == pytest.approx(
+        float(lr.wavelength[d_extra // 2]), rel=1e-6
+    )
     # every plane turns: nothing limits extrapolation
     assert extrapolation_limit(10.0, 16, 10_000) == math.inf
 
@@ -100,25 +117,37 @@ def test_monotone():
     assert all(x >= y for x, y in zip(d, d[1:]))
 
 
-@pytest.mark.parametrize(("call", "match"), [
-    (lambda: critical_base(0, 4096), "train_ctx must be a positive int"),
-    (lambda: critical_base(-4096, 4096), "train_ctx must be a positive int"),
-    (lambda: critical_base(4096, 0), "tune_ctx must be a positive int"),
-    (lambda: critical_base(6, 4096), "exceed 2π"),
-    (lambda: critical_base(4096, 16384, base=0), "base must be a finite number > 1"),
-    (lambda: critical_base(4096, 16384, base=-10000.0), "base must be a finite number > 1"),
-    (lambda: critical_base(4096, 16384, base=1.0), "base must be a finite number > 1"),
-    (lambda: extrapolation_limit(0.0, 128, 4096), "base must be a finite number > 1"),
-    (lambda: extrapolation_limit(1e4, 0, 4096), "rotary_dim must be a positive int"),
-    (lambda: extrapolation_limit(1e4, 128, -1), "train_ctx must be a positive int"),
-    (lambda: extrapolation_limit(1e4, 128, 4096, train_base=-1.0), "train_base must be a finite number > 1"),
-    (lambda: base_predictions(llama2_like(), []), "lengths is empty"),
-    (lambda: base_predictions(llama2_like(), [4096, 0]), "each length must be a positive int"),
-    (lambda: base_predictions(llama2_like(), [-4096]), "each length must be a positive int"),
-    (lambda: base_predictions(llama2_like(), "4096"), "lengths must be a list"),
-    (lambda: base_predictions(llama2_like(), [4096], train_ctx=0), "train_ctx must be a positive int"),
-    (lambda: base_predictions(llama2_like(), [4096], base=0.5), "base must be a finite number > 1"),
-])
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: critical_base(0, 4096), "train_ctx must be a positive int"),
+        (lambda: critical_base(-4096, 4096), "train_ctx must be a positive int"),
+        (lambda: critical_base(4096, 0), "tune_ctx must be a positive int"),
+        (lambda: critical_base(6, 4096), "exceed 2π"),
+        (lambda: critical_base(4096, 16384, base=0), "base must be a finite number > 1"),
+        (lambda: critical_base(4096, 16384, base=-10000.0), "base must be a finite number > 1"),
+        (lambda: critical_base(4096, 16384, base=1.0), "base must be a finite number > 1"),
+        (lambda: extrapolation_limit(0.0, 128, 4096), "base must be a finite number > 1"),
+        (lambda: extrapolation_limit(1e4, 0, 4096), "rotary_dim must be a positive int"),
+        (lambda: extrapolation_limit(1e4, 128, -1), "train_ctx must be a positive int"),
+        (
+            lambda: extrapolation_limit(1e4, 128, 4096, train_base=-1.0),
+            "train_base must be a finite number > 1",
+        ),
+        (lambda: base_predictions(llama2_like(), []), "lengths is empty"),
+        (lambda: base_predictions(llama2_like(), [4096, 0]), "each length must be a positive int"),
+        (lambda: base_predictions(llama2_like(), [-4096]), "each length must be a positive int"),
+        (lambda: base_predictions(llama2_like(), "4096"), "lengths must be a list"),
+        (
+            lambda: base_predictions(llama2_like(), [4096], train_ctx=0),
+            "train_ctx must be a positive int",
+        ),
+        (
+            lambda: base_predictions(llama2_like(), [4096], base=0.5),
+            "base must be a finite number > 1",
+        ),
+    ],
+)
 def test_bad_input_raises(call, match):
     with pytest.raises(InputError, match=match):
         call()
@@ -128,9 +157,12 @@ def test_bad_input_raises(call, match):
 def test_base_predictions_llama2_table(tmp_path):
     pred = base_predictions(llama2_like(), [2048, 4096, 4711, 4712, 16384])
     df = pred.to_frame().set_index("length")
-    assert (df["critical_dimension_train"] == 92).all() and df["t_extra"].tolist() == pytest.approx([4711.724] * 5, abs=1e-3)
-    assert df.loc[4096, "critical_dimension"] == 92 and df.loc[2048, "critical_dimension"] == 2 * math.ceil(
-        64 * math.log(2048 / TWO_PI) / math.log(1e4))
+    assert (df["critical_dimension_train"] == 92).all() and df["t_extra"].tolist() == pytest.approx(
+        [4711.724] * 5, abs=1e-3
+    )
+    assert df.loc[4096, "critical_dimension"] == 92 and df.loc[
+        2048, "critical_dimension"
+    ] == 2 * math.ceil(64 * math.log(2048 / TWO_PI) / math.log(1e4))
     assert df["within_t_extra"].tolist() == [True, True, True, False, False]
     assert df.loc[4096, "critical_base"] == pytest.approx(1e4)
     assert df.loc[16384, "critical_base"] == pytest.approx(critical_base(4096, 16384))
@@ -157,8 +189,12 @@ def test_base_predictions_per_layer_kind(tiny):
     full = df[df["kind"] == "full"].set_index("length")
     assert (full["base"] == 1e6).all() and (full["train_ctx"] == spec.n_ctx).all()
     assert full.loc[256, "t_extra"] == extrapolation_limit(1e6, 16, 256)
-    assert full.loc[7, "critical_base"] == critical_base(spec.n_ctx, 7, 1e6)  # the shortest length above 2π
-    with pytest.raises(InputError, match=r"length 6 is too short .* shortest length with a critical base is 7"):
+    assert full.loc[7, "critical_base"] == critical_base(
+        spec.n_ctx, 7, 1e6
+    )  # the shortest length above 2π
+    with pytest.raises(
+        InputError, match=r"length 6 is too short .* shortest length with a critical base is 7"
+    ):
         base_predictions(spec, [6, 16])  # β₀ needs a length above 2π: refused, never NaN
     # sliding layers never see a distance past their window: lengths and T_train are capped there
     local = df[df["kind"] == "sliding"].set_index("length")
@@ -187,7 +223,9 @@ def test_measured_extrapolation_matches_window_losses(tiny, tmp_path):
     assert back.to_frame().equals(df) and back.window_losses == meas.window_losses
     pred = base_predictions(model, [16, 64, 1024])
     joined = pred.compare(meas)
-    assert joined["length"].tolist() == [16, 64] and {"t_extra", "perplexity"} <= set(joined.columns)
+    assert joined["length"].tolist() == [16, 64] and {"t_extra", "perplexity"} <= set(
+        joined.columns
+    )
     assert len(meas.figure(pred).data) == 1
 
     with pytest.raises(InputError, match="corpus must be a corpus name"):

@@ -38,7 +38,9 @@ def test_copy_steps_point_at_the_needle():
     ids = case.tokens.tolist()
     assert ids[: p.n_tokens] == p.tokens.tolist()
     assert tok.decode(ids[p.n_tokens :]) == " " + KEY
-    assert len(case.queries) == 5 and case.queries[0] == p.n_tokens  # the answer's space predicts the first digit
+    assert (
+        len(case.queries) == 5 and case.queries[0] == p.n_tokens
+    )  # the answer's space predicts the first digit
     needle_end = p.needle_start + len(f"The pass key is {KEY}. Remember it. {KEY} is the pass key.")
     for q, src, digit in zip(case.queries, case.sources, KEY, strict=True):
         assert tok.decode([ids[q + 1]]) == digit
@@ -78,7 +80,9 @@ def test_scores_equal_a_plain_loop_over_the_bridges_patterns(tiny):
     for depth in (0.2, 0.8):
         case = copy_case(tok, passkey_prompt(tok, 300, depth, KEY))
         got = argmax_keys(model, case.tokens, case.queries)
-        _, cache = model.run_with_cache(case.tokens[None], names_filter=lambda n: n.endswith("hook_pattern"))
+        _, cache = model.run_with_cache(
+            case.tokens[None], names_filter=lambda n: n.endswith("hook_pattern")
+        )
         n_layers, n_heads = got.shape[:2]
         hits = torch.zeros(n_layers, n_heads, dtype=torch.long)
         for L in range(n_layers):
@@ -87,7 +91,9 @@ def test_scores_equal_a_plain_loop_over_the_bridges_patterns(tiny):
                 for j, q in enumerate(case.queries):
                     row = pat[h, q]
                     top = int(row.argmax())
-                    assert got[L, h, j] == top or row[got[L, h, j]] >= row.max() - 1e-6  # float32 ties only
+                    assert (
+                        got[L, h, j] == top or row[got[L, h, j]] >= row.max() - 1e-6
+                    )  # float32 ties only
                     hits[L, h] += top in case.sources[j]
         assert torch.equal(copy_scores(got, case.sources), hits)
         total = hits if total is None else total + hits
@@ -118,9 +124,13 @@ def test_ablation_removes_exactly_the_planes_terms_in_the_chosen_heads(tiny, cho
     toks = torch.randint(4, 100, (1, 24), generator=torch.Generator().manual_seed(3))
     toks[0, 0] = 1
     layers = spec.rotary_layers[: 1 + max(L for L, _ in chosen)]
-    dec = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.planes(), layers=layers)
+    dec = ropelens.analyses.attention_decomposition(
+        model, toks, bands=Bands.planes(), layers=layers
+    )
     with ablate_head_planes(model, chosen):
-        got = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.planes(), layers=layers)
+        got = ropelens.analyses.attention_decomposition(
+            model, toks, bands=Bands.planes(), layers=layers
+        )
         bridge_logits = model(toks)
         with on_sdpa(model) as hf:
             sdpa_logits = hf(input_ids=toks, use_cache=False).logits
@@ -147,18 +157,28 @@ def test_retrieval_heads_result_round_trip(tiny, tmp_path):
     assert r.n_steps == 5 and ((r.scores >= 0) & (r.scores <= 1)).all()
     assert len(r.heads) == 3
     ranked = [float(r.scores[L, h]) for L, h in r.heads]
-    others = [float(r.scores[L, h]) for L in range(r.scores.shape[0]) for h in range(r.scores.shape[1])
-              if (L, h) not in r.heads]
+    others = [
+        float(r.scores[L, h])
+        for L in range(r.scores.shape[0])
+        for h in range(r.scores.shape[1])
+        if (L, h) not in r.heads
+    ]
     assert min(ranked) >= max(others)
     n = spec[0].n_planes
     assert all(len(v) == round(n / 4) for v in r.band.values())
-    assert r.control == {hd: tuple(ps) for hd, ps in random_planes(n, round(n / 4), r.heads, 2).items()}
+    assert r.control == {
+        hd: tuple(ps) for hd, ps in random_planes(n, round(n / 4), r.heads, 2).items()
+    }
     assert set(r.recall) == set(CONDITIONS)
-    assert r.provenance.config["verification"]["status"] == "passed"  # the spec's planes were proven first
+    assert (
+        r.provenance.config["verification"]["status"] == "passed"
+    )  # the spec's planes were proven first
     assert len(r.findings()) == 2 and "heads have a retrieval score" in r.findings()[0].text
     r.save(tmp_path / "r.json")
     back = RetrievalHeads.load(tmp_path / "r.json")
-    assert torch.equal(back.scores, r.scores) and back.heads == r.heads and back.control == r.control
+    assert (
+        torch.equal(back.scores, r.scores) and back.heads == r.heads and back.control == r.control
+    )
     assert back.to_frame().equals(r.to_frame())
     with pytest.raises(InputError, match="top_k"):
         retrieval_heads(model, lengths=[300], depths=[0.5], n_trials=1, top_k=0)

@@ -41,7 +41,8 @@ def case(tiny_dir, family_dir):
     def load(name: str):
         path = tiny_dir(name) if CASES[name] == "tiny" else family_dir(name)
         return ropelens.load_model(path, device="cpu"), AutoModelForCausalLM.from_pretrained(
-            path, attn_implementation="eager").eval()
+            path, attn_implementation="eager"
+        ).eval()
 
     return load
 
@@ -65,7 +66,10 @@ def dense(model, hf, toks: Tensor) -> dict[int, dict[str, Tensor]]:
         b, n, H, _ = q.shape
         k = k[:, :, torch.arange(H) // (H // k.shape[2])]
         dims = BANDS.resolve(spec[L]).dims
-        X = torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., dd], k[..., dd]) for dd in dims], 2) * attn.scaling
+        X = (
+            torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., dd], k[..., dd]) for dd in dims], 2)
+            * attn.scaling
+        )
         m, j = torch.arange(n)[:, None], torch.arange(n)[None]
         ok = j <= m
         window = getattr(attn, "sliding_window", None)
@@ -76,17 +80,23 @@ def dense(model, hf, toks: Tensor) -> dict[int, dict[str, Tensor]]:
         P = probs[L].double()
         p0 = P[..., 0]  # [b,H,n]
         others = ok & (j > 0)
-        xo = (X * others).sum(-1) / others.sum(-1).clamp(min=1)  # [b,H,B,n]: mean band logit over the other keys
+        xo = (X * others).sum(-1) / others.sum(-1).clamp(
+            min=1
+        )  # [b,H,B,n]: mean band logit over the other keys
         kp = acts[L]["k_pre"].double()  # [b,n,KV,d]
         band_norm = torch.stack([kp[..., dd].norm(dim=-1) for dd in dims], -1)  # [b,n,KV,B]
         P_ = spec[L].n_planes
-        planes = torch.stack([torch.hypot(kp[..., i], kp[..., i + P_]) for i in range(P_)], -1)  # half pairing
+        planes = torch.stack(
+            [torch.hypot(kp[..., i], kp[..., i + P_]) for i in range(P_)], -1
+        )  # half pairing
         out[L] = {
             "mean_attention": (p0 * used).sum((0, 2)) / nq,
-            "query_share": ((p0 > EPS) & used).double().sum((0, 2)) / nq, "n_queries": nq,
+            "query_share": ((p0 > EPS) & used).double().sum((0, 2)) / nq,
+            "n_queries": nq,
             "learned_sink": ((1 - P.sum(-1)) * used).sum((0, 2)) / nq,
             "sink_logit": ((X[..., 0] - xo) * used).sum((0, 3)) / nq,
-            "key_sink": band_norm[:, 0].mean(0), "key_other": band_norm[:, 1:].mean((0, 1)),
+            "key_sink": band_norm[:, 0].mean(0),
+            "key_other": band_norm[:, 1:].mean((0, 1)),
             "plane_ratio": planes[:, 0].mean(0).mean() / planes[:, 1:].mean((0, 1)).mean(),
             "borderline": ((p0 - EPS).abs() < 1e-5).sum(),
         }
@@ -95,7 +105,9 @@ def dense(model, hf, toks: Tensor) -> dict[int, dict[str, Tensor]]:
 
 def run(model, data, tile=None, **kw) -> AttentionSinks:
     spec = rope_spec(model)
-    red = SinkReducer(spec, spec.rotary_layers, BANDS, epsilon=EPS, skip_queries=SKIP, tile=tile, **kw)
+    red = SinkReducer(
+        spec, spec.rotary_layers, BANDS, epsilon=EPS, skip_queries=SKIP, tile=tile, **kw
+    )
     stream(model, data, [red], spec=spec, progress=False)
     return red.result(Provenance(model="test"))
 
@@ -112,7 +124,12 @@ def test_matches_dense_reference(name, case):
     ref = dense(model, hf, toks)
     for i, L in enumerate(r.layers):
         want = ref[L]
-        close = functools.partial(torch.testing.assert_close, rtol=1e-4, atol=1e-6, msg=lambda m, L=L: f"{name} layer {L}: {m}")
+        close = functools.partial(
+            torch.testing.assert_close,
+            rtol=1e-4,
+            atol=1e-6,
+            msg=lambda m, L=L: f"{name} layer {L}: {m}",
+        )
         close(r.mean_attention()[i], want["mean_attention"])
         # counts of queries above ε agree, up to queries whose attention lies within 1e-5 of ε
         flips = ((r.query_share()[i] - want["query_share"]) * want["n_queries"]).abs().round()
@@ -138,7 +155,13 @@ def test_tiles_and_padding_do_not_change_sums(case):
     for tile in (1, 5, N, 4 * N):
         got = run(model, [_tokens()], tile=tile)
         for key, v in base.sums.items():
-            torch.testing.assert_close(got.sums[key], v, rtol=1e-5, atol=1e-6, msg=lambda m, t=tile, k=key: f"tile {t} {k}: {m}")
+            torch.testing.assert_close(
+                got.sums[key],
+                v,
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m, t=tile, k=key: f"tile {t} {k}: {m}",
+            )
     toks = _tokens()
     length = 17
     toks[1, length:] = 3
@@ -146,7 +169,9 @@ def test_tiles_and_padding_do_not_change_sums(case):
     padded = run(model, [(toks, valid)], tile=5)
     alone = run(model, [toks[:1], toks[1:, :length]], tile=5)
     for key, v in alone.sums.items():
-        torch.testing.assert_close(padded.sums[key], v, rtol=1e-5, atol=1e-5, msg=lambda m, k=key: f"padded {k}: {m}")
+        torch.testing.assert_close(
+            padded.sums[key], v, rtol=1e-5, atol=1e-5, msg=lambda m, k=key: f"padded {k}: {m}"
+        )
 
 
 def test_plane_key_ratio_is_the_usage_sink_ratio(case):
@@ -155,7 +180,9 @@ def test_plane_key_ratio_is_the_usage_sink_ratio(case):
     toks = _tokens()
     r = attention_sinks(model, toks, bands=BANDS, progress=False)
     usage = frequency_usage(model, toks, n_sink=1, progress=False)
-    torch.testing.assert_close(r.plane_key_ratio().float(), usage.sink_ratios()["k"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        r.plane_key_ratio().float(), usage.sink_ratios()["k"], rtol=1e-5, atol=1e-6
+    )
 
 
 # ============================================================================ a planted sink
@@ -164,8 +191,16 @@ def test_planted_sink_is_found_and_blamed_on_its_band():
     random. Every head sinks, and the lowest band holds the sink logit."""
     n, d = 64, 8
     theta = torch.tensor([1.0, 0.3, 0.1, 1e-4])
-    lr = LayerRope(layer=0, inv_freq=theta, head_dim=d, rotary_dim=d, pairing="half", n_heads=2, n_kv_heads=1,
-                   score_scale=1.0)
+    lr = LayerRope(
+        layer=0,
+        inv_freq=theta,
+        head_dim=d,
+        rotary_dim=d,
+        pairing="half",
+        n_heads=2,
+        n_kv_heads=1,
+        score_scale=1.0,
+    )
     spec = RopeSpec("planted", "test", (lr,), n)
     g = torch.Generator().manual_seed(0)
     q_pre = torch.randn(1, n, 2, d, generator=g) * 0.3
@@ -173,9 +208,16 @@ def test_planted_sink_is_found_and_blamed_on_its_band():
     q_pre[..., 3] += 3.0  # every query points along plane 3's x axis
     k_pre[:, 0, :, 3] = 3.0  # so does key 0: logit ≈ 9 there, ≈ 0 elsewhere
     pos = torch.arange(n)
-    rot = lambda x: lr.rotate(x.transpose(1, 2), pos).transpose(1, 2)  # noqa: E731
-    acts = LayerActs(0, lr, torch.ones(1, n, dtype=torch.bool),
-                     {"q_post": rot(q_pre), "k_post": rot(k_pre), "k_pre": k_pre})
+
+    def rot(x):
+        return lr.rotate(x.transpose(1, 2), pos).transpose(1, 2)
+
+    acts = LayerActs(
+        0,
+        lr,
+        torch.ones(1, n, dtype=torch.bool),
+        {"q_post": rot(q_pre), "k_post": rot(k_pre), "k_pre": k_pre},
+    )
     red = SinkReducer(spec, [0], Bands.explicit({"high": [0, 1, 2], "low": [3]}))
     red.update(acts)
     r = red.result(Provenance(model="planted"))
@@ -204,12 +246,19 @@ def test_entry_point_result_roundtrip_and_merge(case, tmp_path):
         torch.testing.assert_close(merged.sums[key], r.sums[key], rtol=1e-5, atol=1e-6)
     r.save(tmp_path / "s.json")
     back = AttentionSinks.load(tmp_path / "s.json")
-    assert (back.layers, back.band_names, back.epsilon, back.skip_queries) == (r.layers, r.band_names, 0.3, 4)
+    assert (back.layers, back.band_names, back.epsilon, back.skip_queries) == (
+        r.layers,
+        r.band_names,
+        0.3,
+        4,
+    )
     for key in r.sums:
         torch.testing.assert_close(back.sums[key], r.sums[key])
     frame = r.to_frame()
     assert len(frame) == 4 * 4 * len(r.band_names)
-    assert {"sink_logit", "sink_logit_share", "key_norm_ratio", "mean_attention", "sinking"} <= set(frame.columns)
+    assert {"sink_logit", "sink_logit_share", "key_norm_ratio", "mean_attention", "sinking"} <= set(
+        frame.columns
+    )
     heads = r.heads_frame()
     assert len(heads) == 16 and set(heads.top_band) <= set(r.band_names)
     layers = r.layers_frame()
@@ -225,11 +274,23 @@ def test_entry_point_result_roundtrip_and_merge(case, tmp_path):
 
 
 def test_bad_settings_are_named():
-    lr = LayerRope(layer=0, inv_freq=torch.tensor([1.0]), head_dim=2, rotary_dim=2, pairing="half", n_heads=1,
-                   n_kv_heads=1, score_scale=1.0)
+    lr = LayerRope(
+        layer=0,
+        inv_freq=torch.tensor([1.0]),
+        head_dim=2,
+        rotary_dim=2,
+        pairing="half",
+        n_heads=1,
+        n_kv_heads=1,
+        score_scale=1.0,
+    )
     spec = RopeSpec("x", "test", (lr,), 16)
-    for kw, msg in (({"epsilon": 0}, "epsilon"), ({"epsilon": 1.5}, "epsilon"), ({"skip_queries": 0}, "skip_queries"),
-                    ({"tile": 0}, "tile")):
+    for kw, msg in (
+        ({"epsilon": 0}, "epsilon"),
+        ({"epsilon": 1.5}, "epsilon"),
+        ({"skip_queries": 0}, "skip_queries"),
+        ({"tile": 0}, "tile"),
+    ):
         with pytest.raises(InputError, match=msg):
             SinkReducer(spec, [0], Bands.all(), **kw)
     with pytest.raises(InputError, match="no layers"):

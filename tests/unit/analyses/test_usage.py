@@ -74,11 +74,15 @@ def test_usage_equals_norms_from_raw_hook_tensors(tiny, family):
     raw = raw_hooks(model, toks, names)
     for i, L in enumerate(pre.layers):
         for w, hook in zip("qk", hand["pre"], strict=True):
-            n = hand_plane_norms(raw[f"blocks.{L}.attn.{hook}"], hand["rotary_dim"], hand["pairing"])
+            n = hand_plane_norms(
+                raw[f"blocks.{L}.attn.{hook}"], hand["rotary_dim"], hand["pairing"]
+            )
             want = n.mean((0, 1))  # [head, plane]
             torch.testing.assert_close(pre.norm(w)[i], want, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(post.norm(w)[i], want, rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(pre.norm(w, "no_sink")[i], n[:, 1:].mean((0, 1)), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                pre.norm(w, "no_sink")[i], n[:, 1:].mean((0, 1)), rtol=1e-5, atol=1e-6
+            )
 
 
 def test_gemma3_model_rotates_the_normed_hooks_with_half_pairing(tiny):
@@ -88,14 +92,26 @@ def test_gemma3_model_rotates_the_normed_hooks_with_half_pairing(tiny):
     model = tiny("gemma3")
     toks = tokens(2)
     p = "blocks.0.attn."
-    raw = raw_hooks(model, toks, [p + h for h in ("hook_q", "hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k")])
+    raw = raw_hooks(
+        model,
+        toks,
+        [p + h for h in ("hook_q", "hook_q_normed", "hook_k_normed", "hook_rot_q", "hook_rot_k")],
+    )
     for w in "qk":
         rot = hand_plane_norms(raw[f"{p}hook_rot_{w}"], 16, "half")
-        torch.testing.assert_close(rot, hand_plane_norms(raw[f"{p}hook_{w}_normed"], 16, "half"), rtol=1e-5, atol=1e-6)
-        assert not torch.allclose(hand_plane_norms(raw[f"{p}hook_rot_{w}"], 16, "adjacent"),
-                                  hand_plane_norms(raw[f"{p}hook_{w}_normed"], 16, "adjacent"), rtol=1e-3)
-    assert not torch.allclose(hand_plane_norms(raw[p + "hook_q"], 16, "half"),
-                              hand_plane_norms(raw[p + "hook_rot_q"], 16, "half"), rtol=1e-3)
+        torch.testing.assert_close(
+            rot, hand_plane_norms(raw[f"{p}hook_{w}_normed"], 16, "half"), rtol=1e-5, atol=1e-6
+        )
+        assert not torch.allclose(
+            hand_plane_norms(raw[f"{p}hook_rot_{w}"], 16, "adjacent"),
+            hand_plane_norms(raw[f"{p}hook_{w}_normed"], 16, "adjacent"),
+            rtol=1e-3,
+        )
+    assert not torch.allclose(
+        hand_plane_norms(raw[p + "hook_q"], 16, "half"),
+        hand_plane_norms(raw[p + "hook_rot_q"], 16, "half"),
+        rtol=1e-3,
+    )
 
 
 def test_gptj_post_rope_queries_equal_hf_rotation(tiny):
@@ -120,8 +136,12 @@ def test_gptj_post_rope_queries_equal_hf_rotation(tiny):
             hf_rot = torch.cat([apply_rotary_pos_emb(x[..., :r], sin, cos), x[..., r:]], dim=-1)
             torch.testing.assert_close(a[f"{w}_pre"].float(), x, rtol=1e-6, atol=1e-6)
             torch.testing.assert_close(a[f"{w}_post"].float(), hf_rot, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(hand_plane_norms(hf_rot, r, "adjacent"), hand_plane_norms(x, r, "adjacent"))
-            assert not torch.allclose(hand_plane_norms(hf_rot, r, "half"), hand_plane_norms(x, r, "half"), rtol=1e-3)
+            torch.testing.assert_close(
+                hand_plane_norms(hf_rot, r, "adjacent"), hand_plane_norms(x, r, "adjacent")
+            )
+            assert not torch.allclose(
+                hand_plane_norms(hf_rot, r, "half"), hand_plane_norms(x, r, "half"), rtol=1e-3
+            )
 
 
 # Planted planes of the tiny GQA Llama (head_dim 16, 8 planes): query head → planes, KV head → planes.
@@ -138,7 +158,10 @@ def planted_llama(dest, factor=40.0):
     d = 16
     with torch.no_grad():
         for layer in hf.model.layers:
-            for proj, plant in ((layer.self_attn.q_proj, PLANT_Q), (layer.self_attn.k_proj, PLANT_K)):
+            for proj, plant in (
+                (layer.self_attn.q_proj, PLANT_Q),
+                (layer.self_attn.k_proj, PLANT_K),
+            ):
                 for head, planes in plant.items():
                     for i in planes:
                         for dim in (i, i + d // 2):
@@ -191,8 +214,12 @@ def test_merged_halves_equal_one_pass(tiny, tmp_path):
     # reorders float64 additions (unit roundoff 1.1e-16 times a few dozen terms), so 1e-12 is ample
     for key in whole.token:
         for name in ("count", "total", "total_sq"):
-            assert torch.allclose(getattr(merged.token[key], name), getattr(whole.token[key], name), rtol=1e-12)
-            assert torch.allclose(getattr(merged.window[key], name), getattr(whole.window[key], name), rtol=1e-12)
+            assert torch.allclose(
+                getattr(merged.token[key], name), getattr(whole.token[key], name), rtol=1e-12
+            )
+            assert torch.allclose(
+                getattr(merged.window[key], name), getattr(whole.window[key], name), rtol=1e-12
+            )
     assert merged.provenance.n_windows == 6
 
 
@@ -218,7 +245,9 @@ def test_padding_is_ignored(tiny):
 def test_band_share_roundtrip_and_figures(tiny, tmp_path):
     u = frequency_usage(tiny("llama"), tokens(), progress=False)
     names, share = u.band_share(Bands.quantiles(2))
-    assert names == ["Q1 (highest)", "Q2 (lowest)"] and torch.allclose(share.sum(-1), torch.ones(()))
+    assert names == ["Q1 (highest)", "Q2 (lowest)"] and torch.allclose(
+        share.sum(-1), torch.ones(())
+    )
     df = u.to_frame()
     assert len(df) == 2 * (2 * 4 * 8) * 2  # (q, k) × layers·heads·planes × (all, no_sink)
     assert set(df["which"]) == {"q", "k"} and set(df["scope"]) == {"all", "no_sink"}

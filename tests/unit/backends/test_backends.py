@@ -28,7 +28,9 @@ SRC = Path(ropelens.__file__).parent
 @pytest.fixture(scope="module")
 def both(tiny_dir):
     path = tiny_dir("llama")
-    return ropelens.load_model(path, device="cpu"), ropelens.load_model(path, device="cpu", bridge=False)
+    return ropelens.load_model(path, device="cpu"), ropelens.load_model(
+        path, device="cpu", bridge=False
+    )
 
 
 def _tokens(n: int = 24, seed: int = 0) -> torch.Tensor:
@@ -65,7 +67,9 @@ def test_handle_spec_follows_the_plan_and_the_buffers(both):
     before = h.spec
     assert h.spec is before  # nothing changed: read once
     with apply_rope_variant(bridge, Linear(2.0)) as varied:
-        assert h.spec.to_json() == rope_spec(bridge).to_json()  # the model's own reading; the variant's is yielded
+        assert (
+            h.spec.to_json() == rope_spec(bridge).to_json()
+        )  # the model's own reading; the variant's is yielded
         assert torch.allclose(varied.layers[0].inv_freq, before.layers[0].inv_freq / 2)
     assert h.spec.to_json() == before.to_json()
     buf = next(b for n, b in h.hf.named_buffers() if "inv_freq" in n)
@@ -89,9 +93,15 @@ def test_losses_agree_across_backends_and_paths(both):
             chosen = b.loss_path(path)
             with torch.no_grad(), b.loss_forward(chosen) as losses:
                 got[name, chosen] = losses(toks)
-    ref = torch.nn.functional.cross_entropy(
-        plain.original_model(input_ids=toks).logits[:, :-1].flatten(0, 1).float(), toks[:, 1:].flatten(),
-        reduction="none").view(2, -1).mean(-1)
+    ref = (
+        torch.nn.functional.cross_entropy(
+            plain.original_model(input_ids=toks).logits[:, :-1].flatten(0, 1).float(),
+            toks[:, 1:].flatten(),
+            reduction="none",
+        )
+        .view(2, -1)
+        .mean(-1)
+    )
     assert {k[1] for k in got} == {"sdpa", "bridge", "hf"}
     for k, v in got.items():
         torch.testing.assert_close(v, ref.detach(), rtol=1e-4, atol=1e-5, msg=str(k))
@@ -119,9 +129,13 @@ def test_interventions_install_where_the_backend_applies_them(both):
         b = backend_of(model)
         with ablate_planes(model, [0, 1]):
             steps = active_plan(model)
-            assert steps[-1].engine == (b.name == "hf")  # a bridge whose attention gets (cos, sin): its hooks
+            assert steps[-1].engine == (
+                b.name == "hf"
+            )  # a bridge whose attention gets (cos, sin): its hooks
         with apply_rope_variant(model, PRoPE(0.5)):
-            assert active_plan(model)[-1].n_hooks == (0 if b.name == "hf" else rope_spec(model).n_layers)
+            assert active_plan(model)[-1].n_hooks == (
+                0 if b.name == "hf" else rope_spec(model).n_layers
+            )
     # and the numbers agree: a variant through bridge hooks, and through the engine on the plain model
     with apply_rope_variant(bridge, PRoPE(0.5)), apply_rope_variant(plain, PRoPE(0.5)):
         a = ropelens.run.evaluate.window_losses(bridge, toks, progress=False, path="bridge")
@@ -133,16 +147,27 @@ def test_passkey_provenance_names_the_model_on_every_backend(both):
     from ropelens.analyses.passkey_retrieval import passkey_retrieval
 
     for model in both:
-        res = passkey_retrieval(model, lengths=[280], depths=[0.5], n_trials=1, max_new_tokens=2, progress=False)
+        res = passkey_retrieval(
+            model, lengths=[280], depths=[0.5], n_trials=1, max_new_tokens=2, progress=False
+        )
         assert res.provenance.model == handle(model).label
-        assert res.provenance.config["cached_decoding"] == (res.provenance.config["forward"] != "hf")
-
-
+        assert res.provenance.config["cached_decoding"] == (
+            res.provenance.config["forward"] != "hf"
+        )
 
 
 # what only a backend may ask of a model
-_ASKS = {"is_plain", "is_bridge", "engine_plan", "sdpa_ready", "engine_ready", "PlainModel", "BridgeBackend",
-         "HFBackend", "CallableBackend"}
+_ASKS = {
+    "is_plain",
+    "is_bridge",
+    "engine_plan",
+    "sdpa_ready",
+    "engine_ready",
+    "PlainModel",
+    "BridgeBackend",
+    "HFBackend",
+    "CallableBackend",
+}
 
 
 def test_no_module_outside_the_backends_asks_which_backend_a_model_has():
@@ -157,11 +182,18 @@ def test_no_module_outside_the_backends_asks_which_backend_a_model_has():
                 if name in _ASKS:
                     found.append(f"{rel}:{node.lineno} {name}()")
                 if name in ("isinstance", "hasattr") and any(
-                        isinstance(a, ast.Constant) and a.value in ("original_model", "blocks", "hook_dict")
-                        or getattr(a, "id", None) in _ASKS for a in node.args[1:]):
+                    isinstance(a, ast.Constant)
+                    and a.value in ("original_model", "blocks", "hook_dict")
+                    or getattr(a, "id", None) in _ASKS
+                    for a in node.args[1:]
+                ):
                     found.append(f"{rel}:{node.lineno} {name}(..., {ast.unparse(node.args[1])})")
-            if isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Call) \
-                    and getattr(node.value.func, "id", None) == "backend_of":
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "name"
+                and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "backend_of"
+            ):
                 found.append(f"{rel}:{node.lineno} backend_of(...).name")
     assert found == []
 

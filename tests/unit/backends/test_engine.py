@@ -49,11 +49,16 @@ def _hf_with(path, **rope) -> torch.nn.Module:
     text = cfg.get_text_config()
     rp = dict(text.rope_parameters)
     if any(isinstance(v, dict) for v in rp.values()):
-        rp = {k: ({**v, **rope} if v.get("rope_type", "default") == "default" else v) for k, v in rp.items()}
+        rp = {
+            k: ({**v, **rope} if v.get("rope_type", "default") == "default" else v)
+            for k, v in rp.items()
+        }
     else:
         rp.update(rope)
     text.rope_parameters = rp
-    return AutoModelForCausalLM.from_pretrained(path, config=cfg, attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        path, config=cfg, attn_implementation="eager"
+    ).eval()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -65,9 +70,16 @@ def test_a_variant_gives_hfs_own_logits_for_that_rope_type(saved, family):
     with torch.no_grad():
         before = model(toks)
     default = [L for L in spec.rotary_layers if spec[L].rope_type == "default"]
-    l0 = int(json.loads((path / "config.json").read_text()).get("max_position_embeddings") or spec.n_ctx)
-    for variant, rope in ((Linear(2.0), {"rope_type": "linear", "factor": 2.0}),
-                          (YaRN(4.0, l0), {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": l0})):
+    l0 = int(
+        json.loads((path / "config.json").read_text()).get("max_position_embeddings") or spec.n_ctx
+    )
+    for variant, rope in (
+        (Linear(2.0), {"rope_type": "linear", "factor": 2.0}),
+        (
+            YaRN(4.0, l0),
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": l0},
+        ),
+    ):
         with apply_rope_variant(model, variant, layers=default) as vspec:
             assert verify_model(model, vspec, force=True).passed
             with torch.no_grad():
@@ -78,7 +90,9 @@ def test_a_variant_gives_hfs_own_logits_for_that_rope_type(saved, family):
         assert err < 1e-4, (family, variant, err)
         assert float((ours - before).abs().max()) > 1e-3  # the variant changed the model's logits
     with torch.no_grad():
-        assert torch.equal(model(toks), before)  # leaving the variant restores the model bit for bit
+        assert torch.equal(
+            model(toks), before
+        )  # leaving the variant restores the model bit for bit
 
 
 @pytest.mark.parametrize("family", FAMILIES)

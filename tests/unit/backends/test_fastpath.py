@@ -17,13 +17,17 @@ from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 SLICED = {"phi", "stablelm"}  # HF rotates a slice of the head there: the bridge path runs
-SLICED |= {"gemma4_text"}  # HF rotates q and k in separate one-tensor calls there: the bridge path runs
+SLICED |= {
+    "gemma4_text"
+}  # HF rotates q and k in separate one-tensor calls there: the bridge path runs
 # no bridge, and the tap declines (a slice of the head; Falcon's keys repeated per query head): the plain HF
 # forward's rotation and attention function run instead
 DECLINED = SLICED | {"persimmon", "falcon"}
 # multi-head latent attention rotates a slice after the no-position dims, the key's slice once for all heads
 DECLINED |= {f for f, fam in FAMILIES.items() if fam.config.get("qk_rope_head_dim")}
-DECLINED |= {"llama4"}  # a complex product (apply_rotary_emb), which the tap does not take: the plain HF forward's
+DECLINED |= {
+    "llama4"
+}  # a complex product (apply_rotary_emb), which the tap does not take: the plain HF forward's
 
 
 def _tokens(seed: int = 0) -> torch.Tensor:
@@ -36,7 +40,9 @@ def _tokens(seed: int = 0) -> torch.Tensor:
 def test_fast_path_equals_bridge(family, family_model):
     model, spec = family_model(family)
     toks = _tokens()
-    taken = sdpa_capture.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers)
+    taken = sdpa_capture.fast_qk(
+        model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers
+    )
     assert (taken is None) == (family in DECLINED)
     fast = capture_qk(model, toks, which=sdpa_capture.QK_NEEDS, fast=True)
     slow = capture_qk(model, toks, which=sdpa_capture.QK_NEEDS, fast=False)
@@ -55,7 +61,9 @@ def test_usage_takes_the_fast_path_and_matches_the_bridge(family_model, monkeypa
 
     model, spec = family_model("llama")
     toks = _tokens(1)
-    ropelens.run.verify.verify_model(model)  # the probe (cached) tries the fast path too: count the analysis alone
+    ropelens.run.verify.verify_model(
+        model
+    )  # the probe (cached) tries the fast path too: count the analysis alone
     taken = []
     orig = sdpa_capture.fast_qk
 
@@ -72,7 +80,9 @@ def test_usage_takes_the_fast_path_and_matches_the_bridge(family_model, monkeypa
     assert taken == [True, True]  # fast=False never asks
     bridge = red.result(fast.provenance)
     for which in ("q", "k"):
-        torch.testing.assert_close(fast.norm(which, "all"), bridge.norm(which, "all"), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            fast.norm(which, "all"), bridge.norm(which, "all"), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_a_family_that_rotates_a_head_slice_is_tried_once(family_model, monkeypatch):
@@ -81,7 +91,9 @@ def test_a_family_that_rotates_a_head_slice_is_tried_once(family_model, monkeypa
     toks = _tokens(3)
     ones = torch.ones_like(toks, dtype=torch.bool)
     assert sdpa_capture.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
-    monkeypatch.setattr(sdpa_capture, "hf_view", lambda m: pytest.fail("a second attempt ran the model"))
+    monkeypatch.setattr(
+        sdpa_capture, "hf_view", lambda m: pytest.fail("a second attempt ran the model")
+    )
     assert sdpa_capture.fast_qk(model, spec, toks, ones, spec.rotary_layers) is None
 
 
@@ -109,10 +121,17 @@ def test_the_forward_stops_at_the_last_rotation(family_model):
     blocks = sdpa_capture.hf_view(model).base_model.layers
     ran: list[str] = []
     last = spec.rotary_layers[-1]
-    handles = [blocks[i].mlp.register_forward_hook(lambda *_, i=i: ran.append(f"mlp{i}")) for i in range(len(blocks))]
-    handles.append(blocks[last].self_attn.o_proj.register_forward_hook(lambda *_: ran.append("o_proj")))
+    handles = [
+        blocks[i].mlp.register_forward_hook(lambda *_, i=i: ran.append(f"mlp{i}"))
+        for i in range(len(blocks))
+    ]
+    handles.append(
+        blocks[last].self_attn.o_proj.register_forward_hook(lambda *_: ran.append("o_proj"))
+    )
     try:
-        got = sdpa_capture.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers)
+        got = sdpa_capture.fast_qk(
+            model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers
+        )
     finally:
         for h in handles:
             h.remove()
@@ -138,7 +157,12 @@ def test_a_family_that_rotates_twice_per_layer_is_refused(tmp_path, monkeypatch)
 
     monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", twice)
     toks = _tokens(5)
-    assert sdpa_capture.fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers) is None
+    assert (
+        sdpa_capture.fast_qk(
+            model, spec, toks, torch.ones_like(toks, dtype=torch.bool), spec.rotary_layers
+        )
+        is None
+    )
 
 
 def test_one_host_sync_per_batch(family_model, monkeypatch):
@@ -154,8 +178,13 @@ def test_one_host_sync_per_batch(family_model, monkeypatch):
 
     model, spec = family_model("llama")
     toks = torch.randint(4, 100, (4, 40), generator=torch.Generator().manual_seed(6))
-    reducers = [UsageReducer(spec, spec.rotary_layers), BandStatsReducer(spec, spec.rotary_layers, Bands.quantiles(2))]
-    stream(model, batches(toks[:1], 1), reducers, spec=spec, progress=False)  # the first batch probes the model
+    reducers = [
+        UsageReducer(spec, spec.rotary_layers),
+        BandStatsReducer(spec, spec.rotary_layers, Bands.quantiles(2)),
+    ]
+    stream(
+        model, batches(toks[:1], 1), reducers, spec=spec, progress=False
+    )  # the first batch probes the model
     package = str(Path(ropelens.__file__).parent)
     asked: list[str] = []
     for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy"):
@@ -171,7 +200,9 @@ def test_one_host_sync_per_batch(family_model, monkeypatch):
     n = stream(model, batches(toks, 1), reducers, spec=spec, progress=False)
     assert len(asked) == toks.shape[0], asked
     asked.clear()
-    run = run_windows(model, toks, reducers, batch_size=1, spec=spec, progress=False)  # every corpus analysis's path
+    run = run_windows(
+        model, toks, reducers, batch_size=1, spec=spec, progress=False
+    )  # every corpus analysis's path
     assert len(asked) == toks.shape[0], asked
     asked.clear()
     valid = torch.ones_like(toks, dtype=torch.bool)

@@ -30,7 +30,9 @@ PLAIN = [f for f, fam in FAMILIES.items() if not fam.bridge and fam.refused is N
 def llama_both(family_dir):
     """The family matrix's Llama loaded through the bridge and as the plain HF model, from one directory."""
     path = family_dir("llama")
-    return ropelens.load_model(path, device="cpu"), ropelens.load_model(path, device="cpu", bridge=False)
+    return ropelens.load_model(path, device="cpu"), ropelens.load_model(
+        path, device="cpu", bridge=False
+    )
 
 
 def _tokens(seed: int = 1) -> torch.Tensor:
@@ -43,7 +45,10 @@ def test_plain_llama_reads_and_measures_as_the_bridge(llama_both):
     """Same spec, logits, frequency usage and band statistics through the bridge and on the plain HF model."""
     bridge, plain = llama_both
     assert not is_plain(bridge) and is_plain(plain)
-    assert plain.cfg.model_name == bridge.cfg.model_name and plain.cfg.model_path == bridge.cfg.model_path
+    assert (
+        plain.cfg.model_name == bridge.cfg.model_name
+        and plain.cfg.model_path == bridge.cfg.model_path
+    )
     assert rope_spec(plain).to_json() == rope_spec(bridge).to_json()
     assert verify_model(plain).passed
     toks = _tokens()
@@ -55,20 +60,32 @@ def test_plain_llama_reads_and_measures_as_the_bridge(llama_both):
     # both read q and k from the same HF forward (the fast path): float64 sums of the same float32 numbers
     torch.testing.assert_close(u_p.q_norm, u_b.q_norm, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(u_p.k_norm, u_b.k_norm, rtol=1e-6, atol=1e-7)
-    s_p = ropelens.analyses.band_statistics(plain, toks, bands=Bands.quantiles(2), progress=False).to_frame()
-    s_b = ropelens.analyses.band_statistics(bridge, toks, bands=Bands.quantiles(2), progress=False).to_frame()
+    s_p = ropelens.analyses.band_statistics(
+        plain, toks, bands=Bands.quantiles(2), progress=False
+    ).to_frame()
+    s_b = ropelens.analyses.band_statistics(
+        bridge, toks, bands=Bands.quantiles(2), progress=False
+    ).to_frame()
     num = [c for c in s_b.columns if s_b[c].dtype.kind == "f"]
     assert num and s_p[num].to_numpy().shape == s_b[num].to_numpy().shape
     # float32 scores summed in float64: equal to ~1e-6 relative
-    torch.testing.assert_close(torch.tensor(s_p[num].to_numpy()), torch.tensor(s_b[num].to_numpy()),
-                               rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(
+        torch.tensor(s_p[num].to_numpy()),
+        torch.tensor(s_b[num].to_numpy()),
+        rtol=1e-5,
+        atol=1e-6,
+        equal_nan=True,
+    )
 
 
 def test_plain_patterns_are_the_bridges(llama_both):
     """attention_decomposition (q, k and the pattern, from the plain forward's attention function) equals the bridge's."""
     bridge, plain = llama_both
     toks = _tokens(2)[:1]
-    d_p, d_b = (ropelens.analyses.attention_decomposition(m, toks, bands=Bands.quantiles(2)) for m in (plain, bridge))
+    d_p, d_b = (
+        ropelens.analyses.attention_decomposition(m, toks, bands=Bands.quantiles(2))
+        for m in (plain, bridge)
+    )
     for L in rope_spec(bridge).rotary_layers:
         ok = torch.isfinite(d_b.logits(L))
         torch.testing.assert_close(d_p.logits(L)[ok], d_b.logits(L)[ok], rtol=1e-5, atol=1e-5)
@@ -88,7 +105,9 @@ def test_falcon_keys_are_its_kv_heads(family_dir):
     """Falcon broadcasts each group's key to its query heads; ropelens keeps one key per KV head, and query head h
     reads group h // group size, as HF's own broadcast does."""
     model = ropelens.load_model(family_dir("falcon"), device="cpu")
-    hf = AutoModelForCausalLM.from_pretrained(family_dir("falcon"), attn_implementation="eager").eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        family_dir("falcon"), attn_implementation="eager"
+    ).eval()
     mod = importlib.import_module(type(hf).__module__)
     orig, seen = mod.apply_rotary_pos_emb, []
 
@@ -105,9 +124,13 @@ def test_falcon_keys_are_its_kv_heads(family_dir):
     finally:
         mod.apply_rotary_pos_emb = orig
     spec = rope_spec(model)
-    assert {lr.n_kv_heads for lr in spec.layers} == {2} and {lr.group_size for lr in spec.layers} == {2}
+    assert {lr.n_kv_heads for lr in spec.layers} == {2} and {
+        lr.group_size for lr in spec.layers
+    } == {2}
     acts = capture_qk(model, toks, which=("k_post",), fast=False)
-    for L, theirs in enumerate(seen):  # [b, 4 heads, pos, d]: heads 0, 1 hold group 0's key, 2, 3 group 1's
+    for L, theirs in enumerate(
+        seen
+    ):  # [b, 4 heads, pos, d]: heads 0, 1 hold group 0's key, 2, 3 group 1's
         ours = acts[L]["k_post"].transpose(1, 2)  # [b, 2 KV heads, pos, d]
         torch.testing.assert_close(ours.repeat_interleave(2, dim=1), theirs, rtol=0, atol=0)
 
@@ -168,10 +191,17 @@ def test_sinks_applied_after_the_softmax_are_in_the_mixed_weights():
     scores = q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.5 + mask
     logits = torch.cat([scores, sinks.view(1, 4, 1, 1).expand(1, 4, 6, 1)], -1)
     want = torch.softmax(logits.double(), -1)[..., :-1].float()
-    assert float((out[1] - want).abs().max()) > 0.1  # HF's returned probabilities leave the sinks out
+    assert (
+        float((out[1] - want).abs().max()) > 0.1
+    )  # HF's returned probabilities leave the sinks out
     # float32 softmax and matmul: the measured per-query scale is exact to ~1e-7 relative
     assert float((mixed_weights(module, v, out) - want).abs().max()) < 1e-5
     _, _, _, v2, _, gpt_oss = _sink_attention("gpt_oss.modeling_gpt_oss", sinks)
-    assert torch.equal(mixed_weights(module, v2, gpt_oss), gpt_oss[1])  # gpt-oss's probabilities hold the sinks
-    other = (out[0] + 0.3 * torch.randn(out[0].shape), out[1])  # an output no per-query multiple of the mix
+    assert torch.equal(
+        mixed_weights(module, v2, gpt_oss), gpt_oss[1]
+    )  # gpt-oss's probabilities hold the sinks
+    other = (
+        out[0] + 0.3 * torch.randn(out[0].shape),
+        out[1],
+    )  # an output no per-query multiple of the mix
     assert torch.equal(mixed_weights(module, v, other), out[1])

@@ -19,7 +19,13 @@ from ropelens.spec.reading import hf_model_of, rope_spec
 from ropelens.spec.variants import NoPE, PlaneMask, PRoPE, YaRN
 from ropelens.testing.families import N_CHECK, family_model_dir
 
-FAMILIES = ["llama", "qwen2", "gemma3_text", "phi3", "smollm3"]  # GQA, windows, local/global, partial, NoPE layers
+FAMILIES = [
+    "llama",
+    "qwen2",
+    "gemma3_text",
+    "phi3",
+    "smollm3",
+]  # GQA, windows, local/global, partial, NoPE layers
 VARIANTS = [PRoPE(0.5), YaRN(4.0, 8), NoPE(), PlaneMask((0, 2))]
 # float32 forwards of a 4-layer model; sdpa and the bridge's eager attention sum in different orders, ~1e-6 apart
 TOL = 1e-5
@@ -57,8 +63,10 @@ def test_variants_and_ablation_equal_the_bridge_and_restore(family, family_model
         with apply_rope_variant(model, variant):
             assert loss_path(model) == "sdpa"
             ours, ref = _sdpa_logits(model, toks), _bridge_logits(model, toks)
-            losses = window_losses(model, toks, progress=False), window_losses(model, toks, progress=False,
-                                                                                path="bridge")
+            losses = (
+                window_losses(model, toks, progress=False),
+                window_losses(model, toks, progress=False, path="bridge"),
+            )
         assert _close(ours, ref) <= TOL, variant.name
         assert _close(ours, before_bridge) > 1e-3, variant.name  # the variant changed the model
         assert float((losses[0] - losses[1]).abs().max()) <= TOL, variant.name
@@ -72,20 +80,27 @@ def test_variants_and_ablation_equal_the_bridge_and_restore(family, family_model
     assert torch.equal(_bridge_logits(model, toks), before_bridge)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi3"])  # plain, q/k norms before RoPE, partial
+@pytest.mark.parametrize(
+    "family", ["llama", "gemma3_text", "phi3"]
+)  # plain, q/k norms before RoPE, partial
 @pytest.mark.parametrize("control", [False, True])
 def test_massive_replacement_on_sdpa_equals_the_bridge(family, control, family_model):
     """The pre-RoPE entries replace_massive writes through the bridge's hooks are written at the sdpa
     forward's rotation too: logits and losses agree with the bridge, under a variant as well, and restore."""
     model, _ = family_model(family)
     toks = _tokens(3)
-    mv = massive_values(model, toks, progress=False, factor=1.3)  # a low factor: several dims per head
+    mv = massive_values(
+        model, toks, progress=False, factor=1.3
+    )  # a low factor: several dims per head
     assert int(mv.mask("q").sum()) > 0 and int(mv.mask("k").sum()) > 0
     before = _sdpa_logits(model, toks)
     with replace_massive(model, mv, control=control, seed=1):
         assert loss_path(model) == "sdpa"
         ours, ref = _sdpa_logits(model, toks), _bridge_logits(model, toks)
-        losses = window_losses(model, toks, progress=False), window_losses(model, toks, progress=False, path="bridge")
+        losses = (
+            window_losses(model, toks, progress=False),
+            window_losses(model, toks, progress=False, path="bridge"),
+        )
         with apply_rope_variant(model, PRoPE(0.5)):
             assert _close(_sdpa_logits(model, toks), _bridge_logits(model, toks)) <= TOL
     assert _close(ours, ref) <= TOL
@@ -108,7 +123,9 @@ def test_cached_decoding_under_a_variant_equals_full_forwards(family, family_mod
     with apply_rope_variant(model, YaRN(4.0, 8)), ablate_planes(model, [1]):
         cached = greedy_continuation(model, prompt, 10, prefill_chunk=5, stop_after_number=False)
         full = greedy_continuation(model, prompt, 10, cache=False, stop_after_number=False)
-        bridge = greedy_continuation(model, prompt, 10, cache=False, stop_after_number=False, path="bridge")
+        bridge = greedy_continuation(
+            model, prompt, 10, cache=False, stop_after_number=False, path="bridge"
+        )
         # the independent check: argmax of one no-cache forward over the whole generated sequence
         seq = torch.cat([prompt, torch.tensor(cached)])[None]
         with torch.no_grad():
@@ -119,7 +136,7 @@ def test_cached_decoding_under_a_variant_equals_full_forwards(family, family_mod
 def test_other_hooks_keep_the_bridge(family_model):
     model, _ = family_model("llama")
     toks = _tokens(3)
-    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x * 0.5)]):  # noqa: ARG005
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x * 0.5)]):
         assert loss_path(model) == "bridge"
         with pytest.raises(UnsupportedModelError, match="bridge"):
             _sdpa_logits(model, toks)
@@ -142,7 +159,9 @@ def _mirrored(model) -> None:
     with torch.no_grad():
         for layer in hf.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
-                w = proj.weight.view(-1, 16, proj.weight.shape[-1])  # head_dim 16 in the llama family
+                w = proj.weight.view(
+                    -1, 16, proj.weight.shape[-1]
+                )  # head_dim 16 in the llama family
                 w[:, 8:] *= -1
 
 

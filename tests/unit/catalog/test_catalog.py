@@ -33,7 +33,13 @@ def _calls(path: Path, names: set[str]) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call):
             f = node.func
-            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            name = (
+                f.id
+                if isinstance(f, ast.Name)
+                else f.attr
+                if isinstance(f, ast.Attribute)
+                else None
+            )
             if name in names:
                 out.append(name)
     return out
@@ -47,15 +53,27 @@ def test_every_command_is_a_declared_analysis_command():
 
 def test_every_report_section_is_a_declared_analysis_section():
     assert sections() == [a.section for a in analyses() if a.section is not None]
-    assert [s.key for s in sections()] == ["spec", "usage", "bands", "positional-heads", "attention-sinks",
-                                           "attention-distance", "massive-values", "prope-sweep", "pe-geometry",
-                                           "context-extension"]
+    assert [s.key for s in sections()] == [
+        "spec",
+        "usage",
+        "bands",
+        "positional-heads",
+        "attention-sinks",
+        "attention-distance",
+        "massive-values",
+        "prope-sweep",
+        "pe-geometry",
+        "context-extension",
+    ]
 
 
 def test_commands_and_sections_are_made_only_in_declarations():
     """Outside ropelens.catalog no module makes a Command or a SectionSpec, so none can bypass a declaration."""
-    makers = {p.relative_to(SRC).as_posix(): _calls(p, {"Command", "SectionSpec", "add_parser"})
-              for p in SRC.rglob("*.py") if "catalog" not in p.parts}
+    makers = {
+        p.relative_to(SRC).as_posix(): _calls(p, {"Command", "SectionSpec", "add_parser"})
+        for p in SRC.rglob("*.py")
+        if "catalog" not in p.parts
+    }
     made = {p: c for p, c in makers.items() if c}
     # add_command (cli/common) adds the parser a Command declares; register_section wraps a SectionSpec it is given
     assert made == {"cli/common.py": ["add_parser"]}
@@ -63,9 +81,14 @@ def test_commands_and_sections_are_made_only_in_declarations():
 
 def test_analyses_are_registered_in_one_place():
     """register_analysis is called in ropelens/catalog/__init__.py alone (and by register_section, its wrapper)."""
-    callers = {p.relative_to(SRC).as_posix(): len(_calls(p, {"register_analysis"})) for p in SRC.rglob("*.py")}
-    assert {p: n for p, n in callers.items() if n} == {"catalog/__init__.py": len(analyses()),
-                                                         "report/registry.py": 2}
+    callers = {
+        p.relative_to(SRC).as_posix(): len(_calls(p, {"register_analysis"}))
+        for p in SRC.rglob("*.py")
+    }
+    assert {p: n for p, n in callers.items() if n} == {
+        "catalog/__init__.py": len(analyses()),
+        "report/registry.py": 2,
+    }
 
 
 def test_every_catalog_module_is_registered_and_declares_one_analysis():
@@ -83,15 +106,23 @@ def test_every_result_is_declared_with_its_figures():
     declared = {a.result for a in analyses() if a.result is not None}
     drawn = {cls for a in analyses() for cls, _, _ in a.figures}
     for kind, cls in result_classes().items():
-        assert cls in declared or cls in drawn or any(issubclass(cls, d) for d in declared | drawn), kind
+        assert (
+            cls in declared or cls in drawn or any(issubclass(cls, d) for d in declared | drawn)
+        ), kind
         assert callable(figure_of(cls)), kind
     assert {(c, n) for a in analyses() for c, n, _ in a.figures} == set(registered_figures())
 
 
 def test_public_namespace_offers_the_registry():
-    assert ropelens.catalog.analyses is analyses and ropelens.analyses.register_analysis is register_analysis
+    assert (
+        ropelens.catalog.analyses is analyses
+        and ropelens.analyses.register_analysis is register_analysis
+    )
     # the subpackage keeps its name: nothing in the namespace shadows it
-    assert importlib.import_module("ropelens.analyses.attention_sinks") is ropelens.analyses.attention_sinks
+    assert (
+        importlib.import_module("ropelens.analyses.attention_sinks")
+        is ropelens.analyses.attention_sinks
+    )
     assert ropelens.analyses.attention_sinks.attention_sinks is ropelens.analyses.attention_sinks
     assert [a.name for a in ropelens.catalog.analyses()][:3] == ["inspect", "report", "usage"]
 
@@ -112,11 +143,18 @@ def _run(args) -> int:
 def test_register_replaces_in_place_and_inserts_before(registry):
     names = [a.name for a in analyses()]
     sinks = registry.module.analysis("sinks")
-    register_analysis(Analysis("attention-sinks", sinks.function, sinks.result, sinks.figures, sinks.command, None))
+    register_analysis(
+        Analysis(
+            "attention-sinks", sinks.function, sinks.result, sinks.figures, sinks.command, None
+        )
+    )
     assert [a.name for a in analyses()] == names  # same place
     assert "attention-sinks" not in [s.key for s in sections()]
-    extra = Analysis("extra", command=Command("extra", _run, lambda p: None),
-                     section=SectionSpec("extra", "Extra", _render))
+    extra = Analysis(
+        "extra",
+        command=Command("extra", _run, lambda p: None),
+        section=SectionSpec("extra", "Extra", _render),
+    )
     register_analysis(extra, before="usage")
     assert [a.name for a in analyses()].index("extra") == names.index("usage")
     assert _subcommands().index("extra") == _subcommands().index("usage") - 1
@@ -125,9 +163,13 @@ def test_register_replaces_in_place_and_inserts_before(registry):
 
 def test_register_refuses_what_would_clash_or_is_not_a_declaration(registry):
     with pytest.raises(InputError, match="its command 'sinks' is already analysis 'sinks'"):
-        register_analysis(Analysis("sinks2", command=Command("attention-sinks", _run, lambda p: None)))
+        register_analysis(
+            Analysis("sinks2", command=Command("attention-sinks", _run, lambda p: None))
+        )
     with pytest.raises(InputError, match="its section 'usage' is already analysis 'usage'"):
-        register_analysis(Analysis("usage2", section=SectionSpec("frequency-usage", "Usage", _render)))
+        register_analysis(
+            Analysis("usage2", section=SectionSpec("frequency-usage", "Usage", _render))
+        )
     with pytest.raises(InputError, match="no analysis 'nope' to register"):
         register_analysis(Analysis("new"), before="nope")
     with pytest.raises(InputError, match="takes an Analysis"):
@@ -153,16 +195,18 @@ def test_figures_register_with_their_analysis(registry):
     class Thing:
         pass
 
-    register_analysis(Analysis("thing", figures=draw(Thing, figure=lambda r: "drawn", heatmap=lambda r: "map")))
+    register_analysis(
+        Analysis("thing", figures=draw(Thing, figure=lambda r: "drawn", heatmap=lambda r: "map"))
+    )
     assert figure_of(Thing)(None) == "drawn" and figure_of(Thing, "heatmap")(None) == "map"
 
 
 # ---------------------------------------------------------------------------------------- old names
 
 
-
-
-def test_the_readme_declaration_makes_a_command_and_a_section(tiny, tiny_dir, tmp_path, monkeypatch, registry, capsys):
+def test_the_readme_declaration_makes_a_command_and_a_section(
+    tiny, tiny_dir, tmp_path, monkeypatch, registry, capsys
+):
     """README's KeyNorm, declared as printed there: `ropelens key-norm` runs it (table and JSON) and the report
     gains its section, whose numbers equal the analysis run directly on the same windows."""
     import json
@@ -179,13 +223,17 @@ def test_the_readme_declaration_makes_a_command_and_a_section(tiny, tiny_dir, tm
     model = tiny("llama")
     path = str(tiny_dir("llama"))
     scope = {"model": model, "ropelens": ropelens}
-    exec(analysis.replace("max_tokens=4096", "max_tokens=256"), scope)  # noqa: S102 - the README's code
-    declaration = declaration.replace('["key-norm", "--tokens", "1024", "--layers", "0,1"]',
-                                      f'["key-norm", {path!r}, "--tokens", "128", "--n-ctx", "64", "--layers", "0,1"]')
-    declaration = declaration.replace('build_report(model, out="report-with-key-norm")',
-                                      'build_report(model, tokens=256, n_ctx=64, out="report-with-key-norm", progress=False)')
+    exec(analysis.replace("max_tokens=4096", "max_tokens=256"), scope)
+    declaration = declaration.replace(
+        '["key-norm", "--tokens", "1024", "--layers", "0,1"]',
+        f'["key-norm", {path!r}, "--tokens", "128", "--n-ctx", "64", "--layers", "0,1"]',
+    )
+    declaration = declaration.replace(
+        'build_report(model, out="report-with-key-norm")',
+        'build_report(model, tokens=256, n_ctx=64, out="report-with-key-norm", progress=False)',
+    )
     capsys.readouterr()
-    exec(declaration, scope)  # noqa: S102
+    exec(declaration, scope)
     printed = capsys.readouterr().out
     assert "key norm" in printed and len(printed.strip().splitlines()) == 3  # header and two layers
     assert "key-norm" in _subcommands()
@@ -203,7 +251,13 @@ def test_the_readme_declaration_makes_a_command_and_a_section(tiny, tiny_dir, tm
     tokens = analysis_windows(model.tokenizer, "english", n_ctx, 256)[0]
     assert len(tokens) == n_windows
     # the section re-ran the analysis on two evenly spread windows of the report's
-    direct, _ = scope["key_norm"](model, tokens[evenly_spaced(n_windows, 2)], n_ctx=n_ctx, progress=False)
+    direct, _ = scope["key_norm"](
+        model, tokens[evenly_spaced(n_windows, 2)], n_ctx=n_ctx, progress=False
+    )
     assert len(frame) == model.cfg.n_layers
-    torch.testing.assert_close(torch.tensor(frame.key_norm.values), direct.double(), rtol=1e-6, atol=0)
-    assert ropelens.cli.main(["key-norm", path, "--tokens", "10", "--n-ctx", "64"]) == 2  # a one-line error
+    torch.testing.assert_close(
+        torch.tensor(frame.key_norm.values), direct.double(), rtol=1e-6, atol=0
+    )
+    assert (
+        ropelens.cli.main(["key-norm", path, "--tokens", "10", "--n-ctx", "64"]) == 2
+    )  # a one-line error

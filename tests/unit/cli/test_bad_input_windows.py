@@ -42,18 +42,26 @@ def test_shortest_possym_window_is_bos_and_min_keys():
 
 
 @pytest.mark.parametrize("n_ctx", ["2", "8"])
-def test_possym_short_window_is_refused_before_the_model_loads(n_ctx, tmp_path, monkeypatch, capsys):
+def test_possym_short_window_is_refused_before_the_model_loads(
+    n_ctx, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     got = fails(["possym", "no-such-model", "--n-ctx", n_ctx, "--tokens", "64"], tmp_path, capsys)
-    assert got == (f"--n-ctx {n_ctx} is too short for positional/symbolic scoring: a query is scored only when it "
-                   "sees 8 keys besides BOS, so a window needs 9 tokens: use --n-ctx 9 or more")
+    assert got == (
+        f"--n-ctx {n_ctx} is too short for positional/symbolic scoring: a query is scored only when it "
+        "sees 8 keys besides BOS, so a window needs 9 tokens: use --n-ctx 9 or more"
+    )
 
 
 def test_possym_api_refuses_windows_too_short_to_score(tiny):
     model = tiny("llama")
-    with pytest.raises(InputError, match=r"windows of 8 tokens are too short .* at least 9 tokens: pass n_ctx=9"):
+    with pytest.raises(
+        InputError, match=r"windows of 8 tokens are too short .* at least 9 tokens: pass n_ctx=9"
+    ):
         positional_symbolic(model, "english", n_ctx=8, max_tokens=64, progress=False)
-    with pytest.raises(InputError, match=r"windows of 12 tokens .* at least 17 tokens: pass n_ctx=17"):
+    with pytest.raises(
+        InputError, match=r"windows of 12 tokens .* at least 17 tokens: pass n_ctx=17"
+    ):
         positional_symbolic(model, "english", n_ctx=12, max_tokens=64, min_keys=16, progress=False)
     ready = torch.randint(3, 100, (2, 5))  # ready tokens: their own width counts, not n_ctx
     with pytest.raises(InputError, match="windows of 5 tokens are too short"):
@@ -62,8 +70,13 @@ def test_possym_api_refuses_windows_too_short_to_score(tiny):
 
 def test_possym_at_the_shortest_window_scores_every_head(tiny):
     """The stated minimum is the real one: at 9 tokens every layer has scored queries and no finding is NaN."""
-    r = positional_symbolic(tiny("llama"), "english", n_ctx=shortest_window(), max_tokens=4 * shortest_window(),
-                            progress=False)
+    r = positional_symbolic(
+        tiny("llama"),
+        "english",
+        n_ctx=shortest_window(),
+        max_tokens=4 * shortest_window(),
+        progress=False,
+    )
     assert (r.sums["n_queries"] > 0).all()
     for m in ("logit", "attention"):
         p, s = r.scores(m)
@@ -73,8 +86,12 @@ def test_possym_at_the_shortest_window_scores_every_head(tiny):
 
 def test_possym_refuses_layers_whose_window_is_narrower_than_min_keys(tiny):
     """Gemma's sliding layers (window 8 in the tiny model) never show a query 9 keys: refused, not NaN."""
-    with pytest.raises(InputError, match=r"layer\(s\) \[0, 1, 2\] let a query see at most 8 keys .*\(min_keys=9\)"):
-        positional_symbolic(tiny("gemma3"), "english", n_ctx=32, max_tokens=64, min_keys=9, progress=False)
+    with pytest.raises(
+        InputError, match=r"layer\(s\) \[0, 1, 2\] let a query see at most 8 keys .*\(min_keys=9\)"
+    ):
+        positional_symbolic(
+            tiny("gemma3"), "english", n_ctx=32, max_tokens=64, min_keys=9, progress=False
+        )
 
 
 # ---------------------------------------------------------------------------------------- predict-base
@@ -85,15 +102,31 @@ def test_shortest_prediction_length_is_the_first_above_two_pi():
         critical_base(256, MIN_PREDICTION_LENGTH - 1, 1e4)
 
 
-@pytest.mark.parametrize(("lengths", "message"), [
-    ("5", "length 5 is too short for the base's predictions: Liu et al.'s critical base takes log(L/2π), defined only "
-          "for lengths above 2π ≈ 6.28 tokens, so the shortest length with a critical base is 7: pass lengths of 7 "
-          "tokens or more (--lengths)"),
-    ("2,6,2048", "lengths 2, 6 are too short for the base's predictions"),
-])
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        (
+            "5",
+            "length 5 is too short for the base's predictions: Liu et al.'s critical base takes log(L/2π), defined only "
+            "for lengths above 2π ≈ 6.28 tokens, so the shortest length with a critical base is 7: pass lengths of 7 "
+            "tokens or more (--lengths)",
+        ),
+        ("2,6,2048", "lengths 2, 6 are too short for the base's predictions"),
+    ],
+)
 def test_predict_base_short_length_is_refused(lengths, message, tiny_dir, tmp_path, capsys):
-    got = fails(["predict-base", str(tiny_dir("llama")), "--lengths", lengths, "--save", str(tmp_path / "p.json")],
-                tmp_path, capsys)
+    got = fails(
+        [
+            "predict-base",
+            str(tiny_dir("llama")),
+            "--lengths",
+            lengths,
+            "--save",
+            str(tmp_path / "p.json"),
+        ],
+        tmp_path,
+        capsys,
+    )
     assert got == message if lengths == "5" else message in got
 
 
@@ -101,7 +134,9 @@ def test_predict_base_at_the_shortest_length_has_a_critical_base(tiny_dir, capsy
     assert main(["base-predictions", str(tiny_dir("llama")), "--lengths", "7,64", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["length"] for r in rows] == [7, 64]
-    assert all(isinstance(r["critical_base"], float) and math.isfinite(r["critical_base"]) for r in rows)
+    assert all(
+        isinstance(r["critical_base"], float) and math.isfinite(r["critical_base"]) for r in rows
+    )
 
 
 def test_base_predictions_never_tabulates_nan(tiny):
@@ -119,18 +154,28 @@ def test_band_with_no_plane_anywhere_is_refused_naming_it(tiny):
     assert str(e.value) == (
         "band 'λ∈[1e+09,inf)' of --bands wavelength:1e+09 holds no plane in any of the 2 layers measured (0, 1), so "
         "its band-only statistics cannot be measured: they have 8 planes, with wavelengths from 6.283 to 1.987e+04 "
-        "tokens; pass edges inside that range (--bands wavelength:E1,E2,...), or use --bands quantiles:N")
-    with pytest.raises(InputError, match=r"band 'never turns within 256000' of --bands context:1000 .* context:F"):
+        "tokens; pass edges inside that range (--bands wavelength:E1,E2,...), or use --bands quantiles:N"
+    )
+    with pytest.raises(
+        InputError, match=r"band 'never turns within 256000' of --bands context:1000 .* context:F"
+    ):
         Bands.by_context(factor=1000).require_planes([spec.layers[0]])
     Bands.quantiles(4).require_planes(spec.layers)  # every band holds planes: nothing to say
 
 
-@pytest.mark.parametrize("command", [["decompose-stats", "--n-ctx", "16", "--tokens", "32"],
-                                     ["decompose", "--text", "hello there"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["decompose-stats", "--n-ctx", "16", "--tokens", "32"],
+        ["decompose", "--text", "hello there"],
+    ],
+)
 def test_empty_band_is_refused_by_the_commands(command, tiny_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     name, *rest = command
-    got = fails([name, str(tiny_dir("llama")), *rest, "--bands", "wavelength:1e9"], tmp_path, capsys)
+    got = fails(
+        [name, str(tiny_dir("llama")), *rest, "--bands", "wavelength:1e9"], tmp_path, capsys
+    )
     assert got.startswith("band 'λ∈[1e+09,inf)' of --bands wavelength:1e+09 holds no plane")
 
 
@@ -142,22 +187,35 @@ def test_band_statistics_refuses_an_empty_band_before_the_model_runs(tiny, monke
 
     monkeypatch.setattr(ropelens.run.verify, "verification", ran)
     with pytest.raises(InputError, match="holds no plane"):
-        band_statistics(tiny("llama"), "english", n_ctx=16, max_tokens=32, bands=Bands.by_wavelength([1e9]),
-                        progress=False)
+        band_statistics(
+            tiny("llama"),
+            "english",
+            n_ctx=16,
+            max_tokens=32,
+            bands=Bands.by_wavelength([1e9]),
+            progress=False,
+        )
 
 
 def test_band_empty_in_some_layers_is_not_measurable_there(tiny, tiny_dir, capsys):
     """Tiny Gemma: λ ≥ 1e5 holds planes in the global layer 3 only. Its band-only agreement is measured there and
     NaN in the sliding layers, where its all-zero logits would tie every key and read 1.000."""
     bands = Bands.by_wavelength([1e5])
-    st = band_statistics(tiny("gemma3"), "english", n_ctx=16, max_tokens=32, bands=bands, jsd=True, progress=False)
+    st = band_statistics(
+        tiny("gemma3"), "english", n_ctx=16, max_tokens=32, bands=bands, jsd=True, progress=False
+    )
     assert st.measurable().tolist() == [[True, False]] * 3 + [[True, True]]
     for values in (st.top1(), st.jsd()):
-        assert values[:3, :, 1].isnan().all() and values[3].isfinite().all() and values[:, :, 0].isfinite().all()
+        assert (
+            values[:3, :, 1].isnan().all()
+            and values[3].isfinite().all()
+            and values[:, :, 0].isfinite().all()
+        )
     assert not any("nan" in f.text.lower() for f in st.findings())
     frame = st.to_frame()
-    assert frame[frame.layer < 3].groupby("band", sort=False).top1.apply(lambda s: s.isna().all()).tolist() == \
-        [False, True]
+    assert frame[frame.layer < 3].groupby("band", sort=False).top1.apply(
+        lambda s: s.isna().all()
+    ).tolist() == [False, True]
 
     dec = attention_decomposition(tiny("gemma3"), "The cat sat on the mat.", bands=bands)
     for layer, empty in ((0, True), (3, False)):
@@ -166,29 +224,87 @@ def test_band_empty_in_some_layers_is_not_measurable_there(tiny, tiny_dir, capsy
         assert other.top1.isna().all() == empty and other.jsd.isna().all() == empty
 
     model = str(tiny_dir("gemma3"))
-    assert main(["band-statistics", model, "--bands", "wavelength:1e5", "--n-ctx", "16", "--tokens", "32",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "band-statistics",
+                model,
+                "--bands",
+                "wavelength:1e5",
+                "--n-ctx",
+                "16",
+                "--tokens",
+                "32",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["top1"] is None for r in rows if r["band"] == "λ∈[100000,inf)"] == [True, True, True, False]
-    assert main(["band-statistics", model, "--bands", "wavelength:1e5", "--n-ctx", "16", "--tokens", "32"]) == 0
-    table = [line.split() for line in capsys.readouterr().out.splitlines() if "λ∈[100000,inf)" in line]
+    assert [r["top1"] is None for r in rows if r["band"] == "λ∈[100000,inf)"] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert (
+        main(
+            [
+                "band-statistics",
+                model,
+                "--bands",
+                "wavelength:1e5",
+                "--n-ctx",
+                "16",
+                "--tokens",
+                "32",
+            ]
+        )
+        == 0
+    )
+    table = [
+        line.split() for line in capsys.readouterr().out.splitlines() if "λ∈[100000,inf)" in line
+    ]
     assert [row[-1] for row in table][:3] == ["n/a"] * 3 and table[3][-1] != "n/a"
-    assert main(["attention-decomposition", model, "--bands", "wavelength:1e5", "--text", "The cat sat on the mat."]) == 0
+    assert (
+        main(
+            [
+                "attention-decomposition",
+                model,
+                "--bands",
+                "wavelength:1e5",
+                "--text",
+                "The cat sat on the mat.",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "|  n/a" in out and "1.000" not in out
 
 
 # ---------------------------------------------------------------------------------------- extend
-@pytest.mark.parametrize(("lengths", "message"), [
-    ("5", "--passkey-lengths: passkey length 5 is too short: the task line, the needle and the question alone take "),
-    ("300,8", "--passkey-lengths: passkey length 8 is too short"),
-    ("1", "each passkey length must be >= 2, got 1 (--passkey-lengths: prompt lengths in tokens)"),
-    ("100000000", "a passkey prompt of 100,000,000 tokens needs about"),
-])
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        (
+            "5",
+            "--passkey-lengths: passkey length 5 is too short: the task line, the needle and the question alone take ",
+        ),
+        ("300,8", "--passkey-lengths: passkey length 8 is too short"),
+        (
+            "1",
+            "each passkey length must be >= 2, got 1 (--passkey-lengths: prompt lengths in tokens)",
+        ),
+        ("100000000", "a passkey prompt of 100,000,000 tokens needs about"),
+    ],
+)
 @pytest.mark.parametrize("existing", [False, True])
-def test_extend_checks_passkey_lengths_before_any_cell(lengths, message, existing, tiny_dir, tmp_path, monkeypatch,
-                                                       capsys):
+def test_extend_checks_passkey_lengths_before_any_cell(
+    lengths, message, existing, tiny_dir, tmp_path, monkeypatch, capsys
+):
     """Before the fix the loss phase ran first and left its cells in --out; now nothing runs and nothing is written."""
+
     def measured(*_a, **_k):
         raise AssertionError("a cell was measured before --passkey-lengths was checked")
 
@@ -197,24 +313,50 @@ def test_extend_checks_passkey_lengths_before_any_cell(lengths, message, existin
     if existing:
         out.mkdir()
         (out / "notes.txt").write_text("kept")
-    got = fails(["extend", str(tiny_dir("llama")), "--to", "512", "--passkey-lengths", lengths, "--out", str(out)],
-                tmp_path, capsys)
+    got = fails(
+        [
+            "extend",
+            str(tiny_dir("llama")),
+            "--to",
+            "512",
+            "--passkey-lengths",
+            lengths,
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+        capsys,
+    )
     assert message in got
     if lengths == "5":
-        assert got.endswith("(or pass --passkey-lengths none to skip passkey; passkey_lengths=[] in Python)")
+        assert got.endswith(
+            "(or pass --passkey-lengths none to skip passkey; passkey_lengths=[] in Python)"
+        )
     assert out.exists() == existing and (not existing or tree(out) == {"notes.txt"})
 
 
 # ---------------------------------------------------------------------------------------- report
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--layers", "9"], "layer 9 out of range: the model has 2 layers (0..1)"),
-    (["--bands", "wavelength:1e9"], "band 'λ∈[1e+09,inf)' of --bands wavelength:1e+09 holds no plane"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--layers", "9"], "layer 9 out of range: the model has 2 layers (0..1)"),
+        (
+            ["--bands", "wavelength:1e9"],
+            "band 'λ∈[1e+09,inf)' of --bands wavelength:1e+09 holds no plane",
+        ),
+    ],
+)
 @pytest.mark.parametrize("out", ["new/report", "existing"])
-def test_failed_report_leaves_the_output_folder_as_it_was(argv, message, out, tiny_dir, tmp_path, monkeypatch, capsys):
+def test_failed_report_leaves_the_output_folder_as_it_was(
+    argv, message, out, tiny_dir, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "existing").mkdir()
-    got = fails(["report", str(tiny_dir("llama")), "--quick", "--out", str(tmp_path / out), *argv], tmp_path, capsys)
+    got = fails(
+        ["report", str(tiny_dir("llama")), "--quick", "--out", str(tmp_path / out), *argv],
+        tmp_path,
+        capsys,
+    )
     assert got.startswith(message)
     assert not (tmp_path / "new").exists() and (tmp_path / "existing").is_dir()
 
@@ -242,5 +384,7 @@ def test_report_check_creates_nothing(tmp_path):
     assert check_output_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_text("x")
-    with pytest.raises(NotADirectoryError, match=r"file is a file, not a directory\): choose a writable output"):
+    with pytest.raises(
+        NotADirectoryError, match=r"file is a file, not a directory\): choose a writable output"
+    ):
         check_output_dir(tmp_path / "file" / "r")

@@ -121,14 +121,23 @@ def test_variants_and_truncate_commands(tiny_dir, capsys):
     from ropelens.cli import main
 
     path = str(tiny_dir("llama"))
-    assert main(["variant-frequencies", path, "--variant", "prope:0.5", "--variant", "nope", "--json"]) == 0
+    assert (
+        main(["variant-frequencies", path, "--variant", "prope:0.5", "--variant", "nope", "--json"])
+        == 0
+    )
     rows = _json.loads(capsys.readouterr().out)
     after = rows[0]["inv_freq_after"]
-    assert len(after) == 8 and after[4:] == [0.0] * 4 and after[:4] == rows[0]["inv_freq_before"][:4]
+    assert (
+        len(after) == 8 and after[4:] == [0.0] * 4 and after[:4] == rows[0]["inv_freq_before"][:4]
+    )
     assert all(v == 0.0 for v in rows[1]["inv_freq_after"])
-    assert main(["prope-sweep", path, "--p", "0,1", "--windows", "2", "--n-ctx", "32", "--json"]) == 0
+    assert (
+        main(["prope-sweep", path, "--p", "0,1", "--windows", "2", "--n-ctx", "32", "--json"]) == 0
+    )
     out = _json.loads(capsys.readouterr().out)
-    assert [r["p"] for r in out["rows"]] == [0.0, 1.0] and all(r["ppl_lo"] <= r["ppl"] <= r["ppl_hi"] for r in out["rows"])
+    assert [r["p"] for r in out["rows"]] == [0.0, 1.0] and all(
+        r["ppl_lo"] <= r["ppl"] <= r["ppl_hi"] for r in out["rows"]
+    )
     assert main(["variant-frequencies", path, "--variant", "warp:3"]) == 2
     assert "unknown variant" in capsys.readouterr().err
     assert main(["prope-sweep", path, "--p", "1.5"]) == 2
@@ -146,8 +155,22 @@ def test_dtype_option_loads_in_that_dtype(tiny_dir, monkeypatch, capsys):
         return real(name, **kw)
 
     monkeypatch.setattr(common, "load_model", spy)
-    assert main(["frequency-usage", str(tiny_dir("llama")), "--dtype", "bfloat16", "--tokens", "64", "--n-ctx", "32",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "frequency-usage",
+                str(tiny_dir("llama")),
+                "--dtype",
+                "bfloat16",
+                "--tokens",
+                "64",
+                "--n-ctx",
+                "32",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert seen["dtype"] is torch.bfloat16
     out = json.loads(capsys.readouterr().out)
     assert all(abs(sum(row) - 1) < 1e-3 for row in out["q_energy_share"])
@@ -164,14 +187,18 @@ def test_sinks_distance_and_decompose_stats_commands(tiny_dir, tmp_path, capsys)
 
     path = str(tiny_dir("gemma3"))
     common = ["--n-ctx", "32", "--tokens", "64", "--device", "cpu"]
-    assert main(["attention-sinks", path, *common, "--json", "--save", str(tmp_path / "s.json")]) == 0
+    assert (
+        main(["attention-sinks", path, *common, "--json", "--save", str(tmp_path / "s.json")]) == 0
+    )
     out = _json.loads(capsys.readouterr().out)
     saved = AttentionSinks.load(tmp_path / "s.json")
     assert [r["layer"] for r in out["layers"]] == list(saved.layers)
     assert main(["attention-by-distance", path, *common, "--json"]) == 0
     shapes = _json.loads(capsys.readouterr().out)["shapes"]
     assert {r["curve"] for r in shapes} >= {"logit", "prob"}
-    assert main(["band-statistics", path, *common, "--json", "--save", str(tmp_path / "b.json")]) == 0
+    assert (
+        main(["band-statistics", path, *common, "--json", "--save", str(tmp_path / "b.json")]) == 0
+    )
     rows = _json.loads(capsys.readouterr().out)["rows"]
     st = BandStatistics.load(tmp_path / "b.json")
     assert len(rows) == len(st.layers) * len(st.band_names)
@@ -186,16 +213,53 @@ def test_massive_and_passkey_commands(tiny_dir, tmp_path, capsys):
     from ropelens.analyses.passkey_retrieval import PasskeyRetrieval
 
     path = str(tiny_dir("llama-gqa"))
-    assert main(["massive-values", path, "--n-ctx", "32", "--tokens", "64", "--factor", "1.5", "--json",
-                 "--save", str(tmp_path / "m.json")]) == 0
+    assert (
+        main(
+            [
+                "massive-values",
+                path,
+                "--n-ctx",
+                "32",
+                "--tokens",
+                "64",
+                "--factor",
+                "1.5",
+                "--json",
+                "--save",
+                str(tmp_path / "m.json"),
+            ]
+        )
+        == 0
+    )
     out = _json.loads(capsys.readouterr().out)
     mv = MassiveValues.load(tmp_path / "m.json")
-    assert mv.factor == 1.5 and sum(r["n_massive"] for r in out["planes"]) == int(mv.plane_mask("q").sum()
-                                                                                    + mv.plane_mask("k").sum())
-    assert main(["passkey-retrieval", path, "--lengths", "300", "--depths", "0.5", "--trials", "1", "--variant", "ntk:2",
-                 "--json", "--save", str(tmp_path / "p.json")]) == 0
+    assert mv.factor == 1.5 and sum(r["n_massive"] for r in out["planes"]) == int(
+        mv.plane_mask("q").sum() + mv.plane_mask("k").sum()
+    )
+    assert (
+        main(
+            [
+                "passkey-retrieval",
+                path,
+                "--lengths",
+                "300",
+                "--depths",
+                "0.5",
+                "--trials",
+                "1",
+                "--variant",
+                "ntk:2",
+                "--json",
+                "--save",
+                str(tmp_path / "p.json"),
+            ]
+        )
+        == 0
+    )
     cells = _json.loads(capsys.readouterr().out)["cells"]
-    assert len(cells) == 1 and PasskeyRetrieval.load(tmp_path / "p.json").variant["variant"] == "NTK"
+    assert (
+        len(cells) == 1 and PasskeyRetrieval.load(tmp_path / "p.json").variant["variant"] == "NTK"
+    )
     assert main(["passkey-retrieval", path, "--lengths", "a,b"]) == 2
     assert "--lengths must be a comma-separated list" in capsys.readouterr().err
     assert main(["massive-values", path, "--factor", "0.5"]) == 2
@@ -208,17 +272,67 @@ def test_bands_and_entropy_commands(tiny_dir, tmp_path, capsys):
     from ropelens.testing.families import family_model_dir
 
     path = str(tiny_dir("llama-gqa"))
-    assert main(["band-location", path, "--n-ctx", "32", "--tokens", "128", "--eval-windows", "2", "--seed", "3", "--json",
-                 "--save", str(tmp_path / "b.json")]) == 0
+    assert (
+        main(
+            [
+                "band-location",
+                path,
+                "--n-ctx",
+                "32",
+                "--tokens",
+                "128",
+                "--eval-windows",
+                "2",
+                "--seed",
+                "3",
+                "--json",
+                "--save",
+                str(tmp_path / "b.json"),
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     r = BandLocation.load(tmp_path / "b.json")
-    assert [row["hi"] for row in out["layers"]] == r.bands().hi.tolist() and out["intervention"]["seed"] == 3
-    assert main(["band-location", path, "--n-ctx", "32", "--tokens", "128", "--no-intervene", "--which", "k"]) == 0
+    assert [row["hi"] for row in out["layers"]] == r.bands().hi.tolist() and out["intervention"][
+        "seed"
+    ] == 3
+    assert (
+        main(
+            [
+                "band-location",
+                path,
+                "--n-ctx",
+                "32",
+                "--tokens",
+                "128",
+                "--no-intervene",
+                "--which",
+                "k",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "band of the keys" in text and "random planes" not in text
     assert main(["band-location", path, "--which", "v"]) == 2
     smol = str(family_model_dir("smollm3", tmp_path / "smollm3"))
-    assert main(["frequency-entropy", smol, "--n-ctx", "32", "--tokens", "64", "--json", "--save", str(tmp_path / "e.json")]) == 0
+    assert (
+        main(
+            [
+                "frequency-entropy",
+                smol,
+                "--n-ctx",
+                "32",
+                "--tokens",
+                "64",
+                "--json",
+                "--save",
+                str(tmp_path / "e.json"),
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     e = FrequencyEntropy.load(tmp_path / "e.json")
     assert [row["kind"] for row in out["layers"]] == ["full", "nope", "full", "nope"]
@@ -242,12 +356,24 @@ def test_offsets_and_predict_base_commands(tiny_dir, capsys):
     spec = rope_spec(load_model(path, device="cpu"))
     lr = spec.layers[0]
     assert [r["length"] for r in rows] == [64, 512]
-    assert rows[1]["t_extra"] == pytest.approx(extrapolation_limit(lr.base, lr.rotary_dim, spec.n_ctx))
+    assert rows[1]["t_extra"] == pytest.approx(
+        extrapolation_limit(lr.base, lr.rotary_dim, spec.n_ctx)
+    )
     assert rows[1]["critical_base"] == pytest.approx(critical_base(spec.n_ctx, 512, lr.base))
     assert main(["base-predictions", path, "--lengths", "x"]) == 2
 
 
-CORPUS_COMMANDS = ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets", "bands", "entropy", "possym")
+CORPUS_COMMANDS = (
+    "usage",
+    "decompose-stats",
+    "sinks",
+    "distance",
+    "massive",
+    "offsets",
+    "bands",
+    "entropy",
+    "possym",
+)
 
 
 @pytest.mark.parametrize("command", CORPUS_COMMANDS)
@@ -255,13 +381,38 @@ def test_corpus_commands_share_their_options(command, tmp_path):
     """Every corpus command takes the same model, corpus, layers, checkpoint and output flags."""
     from ropelens.cli import build_parser
 
-    args = build_parser().parse_args([
-        command, "some-model", "--save", str(tmp_path / "r.json"), "--json", "--device", "cpu", "--dtype", "bfloat16",
-        "--layers", "0,2", "--corpus", "python", "--tokens", "64", "--n-ctx", "32", "--checkpoint", str(tmp_path),
-        "--checkpoint-every", "3",
-    ])
+    args = build_parser().parse_args(
+        [
+            command,
+            "some-model",
+            "--save",
+            str(tmp_path / "r.json"),
+            "--json",
+            "--device",
+            "cpu",
+            "--dtype",
+            "bfloat16",
+            "--layers",
+            "0,2",
+            "--corpus",
+            "python",
+            "--tokens",
+            "64",
+            "--n-ctx",
+            "32",
+            "--checkpoint",
+            str(tmp_path),
+            "--checkpoint-every",
+            "3",
+        ]
+    )
     assert (args.model, args.save, args.json, args.device, args.dtype) == (
-        "some-model", str(tmp_path / "r.json"), True, "cpu", "bfloat16")
+        "some-model",
+        str(tmp_path / "r.json"),
+        True,
+        "cpu",
+        "bfloat16",
+    )
     assert (args.layers, args.corpus, args.tokens, args.n_ctx) == ([0, 2], "python", 64, 32)
     assert (args.checkpoint, args.checkpoint_every) == (str(tmp_path), 3)
 
@@ -271,8 +422,10 @@ def test_fewer_tokens_than_one_window_is_one_message(command, capsys):
     """The check runs before any model loads (the model name does not exist) and reads the same everywhere."""
     assert main([command, "no-such-model", "--tokens", "16", "--n-ctx", "32"]) == 2
     lines = error_lines(capsys.readouterr().err)
-    assert lines == ["ropelens: error: --tokens 16 is fewer than one window of --n-ctx 32: "
-                     "raise --tokens or lower --n-ctx"]
+    assert lines == [
+        "ropelens: error: --tokens 16 is fewer than one window of --n-ctx 32: "
+        "raise --tokens or lower --n-ctx"
+    ]
 
 
 def test_every_corpus_command_takes_checkpoint():
@@ -298,7 +451,22 @@ def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(HeadTaxonomy, "to_frame", with_nan)
     path, saved = str(tiny_dir("llama")), tmp_path / "tx.json"
-    assert main(["head-taxonomy", path, "--windows", "2", "--n-ctx", "32", "--json", "--save", str(saved)]) == 0
+    assert (
+        main(
+            [
+                "head-taxonomy",
+                path,
+                "--windows",
+                "2",
+                "--n-ctx",
+                "32",
+                "--json",
+                "--save",
+                str(saved),
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     got = json.loads(captured.out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert got["heads"][0]["mass_text"] is None
@@ -310,7 +478,9 @@ def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
     assert "--out" not in capsys.readouterr().out  # hidden: --save is the spelling to learn
 
 
-@pytest.mark.parametrize("argv", [["variants", "--variant", "warp:3"], ["passkey", "--variant", "warp:3"]])
+@pytest.mark.parametrize(
+    "argv", [["variants", "--variant", "warp:3"], ["passkey", "--variant", "warp:3"]]
+)
 def test_unknown_variant_lists_the_registry(argv, capsys):
     """One error line naming every variant class ropelens.spec.variants exports (before any model loads)."""
     from ropelens.spec import variants as V
@@ -323,10 +493,15 @@ def test_unknown_variant_lists_the_registry(argv, capsys):
     assert listed == names
 
 
-@pytest.mark.parametrize(("spec", "expected"), [
-    ("prope-reversed:0.5", "PRoPEReversed(p=0.5)"), ("base:500000", "BaseChange(base=500000.0)"),
-    ("yarn:4:2048", "YaRN(factor=4.0, original_max_position=2048"), ("llama3:8:1:4:8192", "Llama3(factor=8.0"),
-])
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("prope-reversed:0.5", "PRoPEReversed(p=0.5)"),
+        ("base:500000", "BaseChange(base=500000.0)"),
+        ("yarn:4:2048", "YaRN(factor=4.0, original_max_position=2048"),
+        ("llama3:8:1:4:8192", "Llama3(factor=8.0"),
+    ],
+)
 def test_variant_spellings(spec, expected):
     from ropelens.cli.variant_syntax import parse_variant
 
@@ -338,8 +513,20 @@ def test_emit_is_strict_json(capsys):
 
     from ropelens.cli.common import emit
 
-    emit({"a": float("nan"), "b": [float("inf"), np.float32(1.5)], "window": 8.0, "c": (1, float("-inf"))})
-    assert json.loads(capsys.readouterr().out) == {"a": None, "b": ["inf", 1.5], "window": 8, "c": [1, "-inf"]}
+    emit(
+        {
+            "a": float("nan"),
+            "b": [float("inf"), np.float32(1.5)],
+            "window": 8.0,
+            "c": (1, float("-inf")),
+        }
+    )
+    assert json.loads(capsys.readouterr().out) == {
+        "a": None,
+        "b": ["inf", 1.5],
+        "window": 8,
+        "c": [1, "-inf"],
+    }
 
 
 def test_inspect_families_lists_the_matrix_without_a_model(capsys, monkeypatch):
@@ -357,9 +544,13 @@ def test_inspect_families_lists_the_matrix_without_a_model(capsys, monkeypatch):
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:] if line}
     assert set(rows) == set(FAMILIES)
     for name, fam in FAMILIES.items():
-        status = rows[name][len(name):].split("  ")
+        status = rows[name][len(name) :].split("  ")
         status = next(s.strip() for s in status if s.strip())
-        assert status == "exact" if fam.refused is None else status.startswith("refused") and fam.refused in status
+        assert (
+            status == "exact"
+            if fam.refused is None
+            else status.startswith("refused") and fam.refused in status
+        )
     assert rows["nanochat"].split()[1] == "exact" and rows["ministral"].split()[1] == "exact"
     assert "differential attention" in rows["diffllama"]
     assert main(["rope-spec", "--families", "--json"]) == 0
@@ -383,7 +574,10 @@ def test_no_adapter_message_names_the_families_listing(monkeypatch):
     class Model:
         config = None
 
-    with pytest.raises(UnsupportedModelError, match=r"ropelens rope-spec --families"), models._bridge_errors(Model()):
+    with (
+        pytest.raises(UnsupportedModelError, match=r"ropelens rope-spec --families"),
+        models._bridge_errors(Model()),
+    ):
         raise ValueError("Could not determine supported architecture for Model")
 
 
@@ -395,11 +589,18 @@ def test_possym_command(tiny_dir, tmp_path, capsys):
 
     path = str(tiny_dir("llama-gqa"))
     common = ["--n-ctx", "32", "--tokens", "64", "--device", "cpu"]
-    assert main(["positional-symbolic", path, *common, "--json", "--save", str(tmp_path / "ps.json")]) == 0
+    assert (
+        main(["positional-symbolic", path, *common, "--json", "--save", str(tmp_path / "ps.json")])
+        == 0
+    )
     out = _json.loads(capsys.readouterr().out)
     saved = PositionalSymbolic.load(tmp_path / "ps.json")
-    assert [r["call_logit"] for r in out["heads"]] == [c for row in saved.calls("logit") for c in row]
-    assert out["heads"][0]["positional_attention"] == pytest.approx(float(saved.scores("attention")[0][0, 0]))
+    assert [r["call_logit"] for r in out["heads"]] == [
+        c for row in saved.calls("logit") for c in row
+    ]
+    assert out["heads"][0]["positional_attention"] == pytest.approx(
+        float(saved.scores("attention")[0][0, 0])
+    )
     assert main(["positional-symbolic", path, *common, "--margin", "1.5"]) == 2
     assert "--margin must lie in [0, 1]" in capsys.readouterr().err
 
@@ -411,11 +612,32 @@ def test_extend_command_end_to_end(tmp_path, capsys):
 
     path = str(tiny_model_dir("llama", tmp_path / "m", max_position_embeddings=64))
     out = tmp_path / "ext"
-    argv = ["extend", path, "--to", "256", "--start", "128", "--methods", "none,pi,yarn", "--windows", "1",
-            "--passkey-lengths", "256", "--depths", "0.5", "--out", str(out)]
+    argv = [
+        "extend",
+        path,
+        "--to",
+        "256",
+        "--start",
+        "128",
+        "--methods",
+        "none,pi,yarn",
+        "--windows",
+        "1",
+        "--passkey-lengths",
+        "256",
+        "--depths",
+        "0.5",
+        "--out",
+        str(out),
+    ]
     assert main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert {f["key"] for f in data["findings"]} >= {"recommend", "loss_yarn", "passkey", "planes_pi"}
+    assert {f["key"] for f in data["findings"]} >= {
+        "recommend",
+        "loss_yarn",
+        "passkey",
+        "planes_pi",
+    }
     assert len(data["loss"]) == 3 * 2 and len(data["passkey"]) == 3
     assert (out / "index.html").exists() and len(list((out / "cells").glob("*.json"))) == 3 * 2 + 3
     st = ExtensionStudy.load(out / "study.json")
@@ -425,13 +647,22 @@ def test_extend_command_end_to_end(tmp_path, capsys):
     assert ExtensionStudy.load(out / "study.json").provenance.config["cells_reused"] == 9
 
 
-@pytest.mark.parametrize(("extra", "match"), [
-    (["--to", "64"], "the target 64 must exceed the native context 64"),
-    (["--to", "256", "--native", "512"], "--to 256 must exceed --native 512"),
-    (["--to", "256", "--methods", "yarn,rope2"], "--methods 'yarn,rope2': unknown ['rope2']"),
-    (["--to", "256", "--lengths", "a,b"], "--lengths must be a comma-separated list of integers"),
-    (["--to", "100000000", "--lengths", "100000000"], "tokens but one window of n_ctx=100000000"),
-])
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--to", "64"], "the target 64 must exceed the native context 64"),
+        (["--to", "256", "--native", "512"], "--to 256 must exceed --native 512"),
+        (["--to", "256", "--methods", "yarn,rope2"], "--methods 'yarn,rope2': unknown ['rope2']"),
+        (
+            ["--to", "256", "--lengths", "a,b"],
+            "--lengths must be a comma-separated list of integers",
+        ),
+        (
+            ["--to", "100000000", "--lengths", "100000000"],
+            "tokens but one window of n_ctx=100000000",
+        ),
+    ],
+)
 def test_extend_bad_input_is_one_line_exit_2(tmp_path, extra, match, capsys):
     from ropelens.testing import tiny_model_dir
 
@@ -450,8 +681,21 @@ def test_retrieval_command(tiny_dir, tmp_path, capsys):
     from ropelens.analyses.retrieval_heads import RetrievalHeads
 
     path = str(tiny_dir("llama-gqa"))
-    common = ["--lengths", "300", "--depths", "0.5", "--trials", "1", "--top-k", "2", "--device", "cpu"]
-    assert main(["retrieval-heads", path, *common, "--json", "--save", str(tmp_path / "rh.json")]) == 0
+    common = [
+        "--lengths",
+        "300",
+        "--depths",
+        "0.5",
+        "--trials",
+        "1",
+        "--top-k",
+        "2",
+        "--device",
+        "cpu",
+    ]
+    assert (
+        main(["retrieval-heads", path, *common, "--json", "--save", str(tmp_path / "rh.json")]) == 0
+    )
     out = _json.loads(capsys.readouterr().out)
     saved = RetrievalHeads.load(tmp_path / "rh.json")
     assert out["heads"] == [list(h) for h in saved.heads] and len(out["heads"]) == 2
@@ -494,9 +738,19 @@ def test_save_and_show_saves_then_prints_findings_and_table_or_one_json_object(t
     assert OutputOptions(save=str(tmp_path / "s.json")).save_and_show(r, frame, "layers") == 0
     assert (tmp_path / "s.json").read_bytes() == saved.read_bytes()
     lines = capsys.readouterr().out.splitlines()
-    assert lines[:len(texts)] == texts and len(texts) >= 2
-    assert lines[len(texts)].split() == list(frame.columns) and len(lines) == len(texts) + 1 + len(frame)
-    assert OutputOptions(json=True).save_and_show(r, frame, "layers", head={"n": 1}, tail={"last": True}) == 0
+    assert lines[: len(texts)] == texts and len(texts) >= 2
+    assert lines[len(texts)].split() == list(frame.columns) and len(lines) == len(texts) + 1 + len(
+        frame
+    )
+    assert (
+        OutputOptions(json=True).save_and_show(
+            r, frame, "layers", head={"n": 1}, tail={"last": True}
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert list(out) == ["n", "findings", "layers", "last"]
-    assert out["findings"] == texts and [row["layer"] for row in out["layers"]] == frame["layer"].tolist()
+    assert (
+        out["findings"] == texts
+        and [row["layer"] for row in out["layers"]] == frame["layer"].tolist()
+    )

@@ -49,56 +49,117 @@ def fails(argv: list[str], folder: Path, capsys) -> str:
 # The placeholders: {tmp} the test's folder, {file} a plain file in it, {new} a path that does not exist.
 BEFORE_THE_MODEL = [
     # distance
-    (["distance", "--n-ctx", "2", "--tokens", "8"],
-     "--n-ctx 2 is too short for distance curves: they need three distance bins (δ = 0, 1, 2 between non-BOS "
-     "tokens): use --n-ctx 4 or more"),
+    (
+        ["distance", "--n-ctx", "2", "--tokens", "8"],
+        "--n-ctx 2 is too short for distance curves: they need three distance bins (δ = 0, 1, 2 between non-BOS "
+        "tokens): use --n-ctx 4 or more",
+    ),
     (["distance", "--n-ctx", "2", "--tokens", "8", "--keep-bos"], "use --n-ctx 3 or more"),
-    (["distance", "--n-ctx", "1"], "argument --n-ctx: a window needs at least 2 tokens (BOS and one more), got 1"),
+    (
+        ["distance", "--n-ctx", "1"],
+        "argument --n-ctx: a window needs at least 2 tokens (BOS and one more), got 1",
+    ),
     (["distance", "--tokens", "x"], "argument --tokens: expected a positive integer, got 'x'"),
-    (["distance", "--tokens", "16", "--n-ctx", "32"], "--tokens 16 is fewer than one window of --n-ctx 32: raise"),
-    (["distance", "--layers", "0,x"], "expected comma-separated layer indices such as 0,5,11, got '0,x'"),
+    (
+        ["distance", "--tokens", "16", "--n-ctx", "32"],
+        "--tokens 16 is fewer than one window of --n-ctx 32: raise",
+    ),
+    (
+        ["distance", "--layers", "0,x"],
+        "expected comma-separated layer indices such as 0,5,11, got '0,x'",
+    ),
     (["distance", "--bands", "quantiles:0"], "bad band spec 'quantiles:0'"),
-    (["distance", "--corpus", "{tmp}/missing.txt"], "does not exist: check the path, or use a built-in corpus"),
-    (["distance", "--save", "{file}/d.json"],
-     "--save {file}/d.json: {file} is a file, not a directory: pass a path in a writable directory"),
-    (["distance", "--save", "{tmp}"], "--save {tmp} is a directory: pass a file path such as {tmp}/result.json"),
+    (
+        ["distance", "--corpus", "{tmp}/missing.txt"],
+        "does not exist: check the path, or use a built-in corpus",
+    ),
+    (
+        ["distance", "--save", "{file}/d.json"],
+        "--save {file}/d.json: {file} is a file, not a directory: pass a path in a writable directory",
+    ),
+    (
+        ["distance", "--save", "{tmp}"],
+        "--save {tmp} is a directory: pass a file path such as {tmp}/result.json",
+    ),
     (["distance", "--checkpoint", "{file}"], "--checkpoint {file} is a file: pass a directory"),
-    (["distance", "--checkpoint-every", "0"], "argument --checkpoint-every: expected a positive integer, got 0"),
+    (
+        ["distance", "--checkpoint-every", "0"],
+        "argument --checkpoint-every: expected a positive integer, got 0",
+    ),
     (["distance", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
     # offsets
     (["offsets", "--n-ctx", "0"], "argument --n-ctx: expected a positive integer, got 0"),
     (["offsets", "--tokens", "-5"], "argument --tokens: expected a positive integer, got -5"),
     (["offsets", "--save", "{file}/sub/o.json"], "{file} is a file, not a directory"),
-    (["offsets", "--checkpoint", "{file}/ck"], "--checkpoint {file}/ck: {file} is a file, not a directory"),
+    (
+        ["offsets", "--checkpoint", "{file}/ck"],
+        "--checkpoint {file}/ck: {file} is a file, not a directory",
+    ),
     # decompose-stats
-    (["decompose-stats", "--batch-size", "0"], "argument --batch-size: expected a positive integer, got 0"),
+    (
+        ["decompose-stats", "--batch-size", "0"],
+        "argument --batch-size: expected a positive integer, got 0",
+    ),
     (["decompose-stats", "--save", "{tmp}"], "is a directory: pass a file path"),
     (["decompose-stats", "--bands", "octaves"], "unknown band spec 'octaves'"),
     # predict-base
     (["predict-base", "--measure", "-1"], "argument --measure: expected an integer ≥ 0, got -1"),
     (["predict-base", "--measure", "x"], "argument --measure: expected an integer ≥ 0, got 'x'"),
-    (["predict-base", "--lengths", "x"], "--lengths must be a comma-separated list of integers, got 'x'"),
-    (["predict-base", "--lengths", "2048,1.5"], "--lengths must be a comma-separated list of integers"),
-    (["predict-base", "--lengths", ","], "--lengths is empty: pass a comma-separated list of integers"),
+    (
+        ["predict-base", "--lengths", "x"],
+        "--lengths must be a comma-separated list of integers, got 'x'",
+    ),
+    (
+        ["predict-base", "--lengths", "2048,1.5"],
+        "--lengths must be a comma-separated list of integers",
+    ),
+    (
+        ["predict-base", "--lengths", ","],
+        "--lengths is empty: pass a comma-separated list of integers",
+    ),
     (["predict-base", "--lengths", "1"], "--lengths needs token counts ≥ 2, got '1'"),
     (["predict-base", "--save", "{file}/p.json"], "{file} is a file, not a directory"),
     # passkey
-    (["passkey", "--depths", "1.5"], "each of --depths must be >= 0 and <= 1, got 1.5: pass fractions of the prompt"),
+    (
+        ["passkey", "--depths", "1.5"],
+        "each of --depths must be >= 0 and <= 1, got 1.5: pass fractions of the prompt",
+    ),
     (["passkey", "--depths", "nan"], "each of --depths must be a finite number, got nan"),
     (["passkey", "--depths", "a"], "--depths must be a comma-separated list of numbers, got 'a'"),
     (["passkey", "--trials", "0"], "argument --trials: expected a positive integer, got 0"),
-    (["passkey", "--lengths", "x"], "--lengths must be a comma-separated list of integers, got 'x'"),
-    (["passkey", "--lengths", "1024,0"], "each of --lengths must be >= 2, got 0: pass prompt lengths in tokens"),
+    (
+        ["passkey", "--lengths", "x"],
+        "--lengths must be a comma-separated list of integers, got 'x'",
+    ),
+    (
+        ["passkey", "--lengths", "1024,0"],
+        "each of --lengths must be >= 2, got 0: pass prompt lengths in tokens",
+    ),
     (["passkey", "--seed", "-1"], "argument --seed: expected an integer ≥ 0, got -1"),
     (["passkey", "--variant", "prope:1.5"], "p must be >= 0 and <= 1, got 1.5"),
     (["passkey", "--save", "{tmp}"], "is a directory: pass a file path"),
     # knockout
-    (["knockout", "--heads", "3:1"], "--heads takes LAYER.HEAD pairs separated by commas, got '3:1': e.g. --heads 3.1,5.0"),
-    (["knockout", "--sets", "copying"], "--sets takes names from positional, retrieval, sinks, others separated by "
-                                        "commas, got 'copying'"),
-    (["knockout", "--directions", "random"], "--directions takes names from high, low separated by commas"),
-    (["knockout", "--metrics", "ppl"], "--metrics takes names from loss, probe, retrieval separated by commas"),
-    (["knockout", "--doses", "0,x"], "--doses must be a comma-separated list of integers, got '0,x'"),
+    (
+        ["knockout", "--heads", "3:1"],
+        "--heads takes LAYER.HEAD pairs separated by commas, got '3:1': e.g. --heads 3.1,5.0",
+    ),
+    (
+        ["knockout", "--sets", "copying"],
+        "--sets takes names from positional, retrieval, sinks, others separated by "
+        "commas, got 'copying'",
+    ),
+    (
+        ["knockout", "--directions", "random"],
+        "--directions takes names from high, low separated by commas",
+    ),
+    (
+        ["knockout", "--metrics", "ppl"],
+        "--metrics takes names from loss, probe, retrieval separated by commas",
+    ),
+    (
+        ["knockout", "--doses", "0,x"],
+        "--doses must be a comma-separated list of integers, got '0,x'",
+    ),
     (["knockout", "--random", "-1"], "argument --random: expected an integer ≥ 0, got -1"),
     (["knockout", "--save", "{tmp}"], "is a directory: pass a file path"),
     # heads, truncate, context, the other corpus commands, decompose
@@ -111,8 +172,14 @@ BEFORE_THE_MODEL = [
     (["truncate", "--p", "x"], "--p must be a comma-separated list of numbers, got 'x'"),
     (["truncate", "--p", "1.5"], "p must be >= 0 and <= 1, got 1.5"),
     (["context", "--target", "0"], "argument --target: expected a positive integer, got 0"),
-    (["context", "--target", "8192", "--original", "0"], "argument --original: expected a positive integer, got 0"),
-    (["context", "--target", "1024", "--original", "2048"], "--target 1024 must exceed --original 2048"),
+    (
+        ["context", "--target", "8192", "--original", "0"],
+        "argument --original: expected a positive integer, got 0",
+    ),
+    (
+        ["context", "--target", "1024", "--original", "2048"],
+        "--target 1024 must exceed --original 2048",
+    ),
     (["context", "--target", "8192", "--variants", "warp"], "--variants 'warp': unknown ['warp']"),
     (["sinks", "--epsilon", "1.5"], "--epsilon must lie in (0, 1), got 1.5"),
     (["massive", "--factor", "0.5"], "--factor must exceed 1"),
@@ -120,16 +187,27 @@ BEFORE_THE_MODEL = [
     (["decompose", "--window", "-1"], "--window must be ≥ 0, got -1"),
     (["decompose", "--text", " "], "--text is empty"),
     (["variants", "--variant", "prope:x"], "variant 'prope:x': bad P 'x'"),
-    (["inspect", "--device", "gpu0"], "unknown device 'gpu0': use 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    (
+        ["inspect", "--device", "gpu0"],
+        "unknown device 'gpu0': use 'cpu', 'cuda', 'cuda:N' or 'mps'",
+    ),
     # report
     (["report", "--out", "{file}"], "--out {file} is a file: pass a directory"),
     (["report", "--out", "{file}/r"], "--out {file}/r: {file} is a file, not a directory"),
-    (["report", "--band-tokens", "0"], "argument --band-tokens: expected a positive integer, got 0"),
-    (["report", "--experiments", "{tmp}/missing", "--out", "{new}"], "--experiments {tmp}/missing is not a directory"),
+    (
+        ["report", "--band-tokens", "0"],
+        "argument --band-tokens: expected a positive integer, got 0",
+    ),
+    (
+        ["report", "--experiments", "{tmp}/missing", "--out", "{new}"],
+        "--experiments {tmp}/missing is not a directory",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("argv", "message"), BEFORE_THE_MODEL, ids=[" ".join(a) for a, _ in BEFORE_THE_MODEL])
+@pytest.mark.parametrize(
+    ("argv", "message"), BEFORE_THE_MODEL, ids=[" ".join(a) for a, _ in BEFORE_THE_MODEL]
+)
 def test_bad_value_fails_before_the_model_loads(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # commands with a default output folder would write it here
     (tmp_path / "file").write_text("not a directory")
@@ -139,51 +217,101 @@ def test_bad_value_fails_before_the_model_loads(argv, message, tmp_path, monkeyp
     assert message.format(**fill) in got
 
 
-@pytest.mark.parametrize("argv", [
-    ["offsets", "--n-ctx", "32", "--tokens", "64", "--save", "{new}/o.json", "--checkpoint", "{new}/ck"],
-    ["heads", "--save", "{new}/h.json", "--checkpoint", "{new}/ck"],
-    ["passkey", "--save", "{new}/p.json"],
-    ["predict-base", "--save", "{new}/p.json"],
-    ["report", "--out", "{new}/report"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "offsets",
+            "--n-ctx",
+            "32",
+            "--tokens",
+            "64",
+            "--save",
+            "{new}/o.json",
+            "--checkpoint",
+            "{new}/ck",
+        ],
+        ["heads", "--save", "{new}/h.json", "--checkpoint", "{new}/ck"],
+        ["passkey", "--save", "{new}/p.json"],
+        ["predict-base", "--save", "{new}/p.json"],
+        ["report", "--out", "{new}/report"],
+    ],
+)
 def test_outputs_are_not_created_when_the_model_fails(argv, tmp_path, monkeypatch, capsys):
     """Output folders that do not exist yet are checked, not made: the failed run leaves nothing behind."""
     monkeypatch.chdir(tmp_path)
     command, *rest = argv
-    got = fails([command, "no-such-model", *(a.format(new=tmp_path / "new" / "sub") for a in rest)], tmp_path, capsys)
+    got = fails(
+        [command, "no-such-model", *(a.format(new=tmp_path / "new" / "sub") for a in rest)],
+        tmp_path,
+        capsys,
+    )
     assert got.startswith("cannot load model 'no-such-model'")
     assert not (tmp_path / "new").exists()
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["distance", "--layers", "9", "--n-ctx", "32", "--tokens", "64"], "layer 9 out of range: the model has 2 layers"),
-    (["context", "--target", "8192", "--layer", "9"], "layer 9 out of range: the model has 2 layers (0..1)"),
-    (["passkey", "--lengths", "5", "--save", "{tmp}/p.json"], "length 5 is too short"),
-    (["decompose", "--window", "99999", "--n-ctx", "32"], "--window 99999 does not exist: pick 0.."),
-    (["context", "--target", "100"], "--target 100 must exceed the original context 256: pass --original N"),
-    # sizes checked against what the computation needs before anything is allocated
-    (["passkey", "--lengths", "100000000"], "a passkey prompt of 100,000,000 tokens needs about"),
-    (["predict-base", "--lengths", "10000000000"], "context length 10,000,000,000 is past 262,144 tokens"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["distance", "--layers", "9", "--n-ctx", "32", "--tokens", "64"],
+            "layer 9 out of range: the model has 2 layers",
+        ),
+        (
+            ["context", "--target", "8192", "--layer", "9"],
+            "layer 9 out of range: the model has 2 layers (0..1)",
+        ),
+        (["passkey", "--lengths", "5", "--save", "{tmp}/p.json"], "length 5 is too short"),
+        (
+            ["decompose", "--window", "99999", "--n-ctx", "32"],
+            "--window 99999 does not exist: pick 0..",
+        ),
+        (
+            ["context", "--target", "100"],
+            "--target 100 must exceed the original context 256: pass --original N",
+        ),
+        # sizes checked against what the computation needs before anything is allocated
+        (
+            ["passkey", "--lengths", "100000000"],
+            "a passkey prompt of 100,000,000 tokens needs about",
+        ),
+        (
+            ["predict-base", "--lengths", "10000000000"],
+            "context length 10,000,000,000 is past 262,144 tokens",
+        ),
+    ],
+)
 def test_bad_value_for_this_model(argv, message, tiny_dir, tmp_path, capsys):
     """Checks that need the model's own layers, context or tokenizer: still one line, nothing saved."""
-    got = fails([argv[0], str(tiny_dir("llama")), *(a.format(tmp=tmp_path) for a in argv[1:])], tmp_path, capsys)
+    got = fails(
+        [argv[0], str(tiny_dir("llama")), *(a.format(tmp=tmp_path) for a in argv[1:])],
+        tmp_path,
+        capsys,
+    )
     assert message in got
 
 
 # ---------------------------------------------------------------------------------------- model names
-@pytest.mark.parametrize(("name", "message"), [
-    ("no such model", "and it is not a hub id (owner/name of letters, digits, '-', '_', '.')"),
-    ("a--b", "and it is not a hub id"),
-    ("nosuchmodel", "and HF_HUB_OFFLINE is set while the local hub cache lacks it"),
-    ("owner/nosuchmodel", "and HF_HUB_OFFLINE is set while the local hub cache lacks it"),
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("no such model", "and it is not a hub id (owner/name of letters, digits, '-', '_', '.')"),
+        ("a--b", "and it is not a hub id"),
+        ("nosuchmodel", "and HF_HUB_OFFLINE is set while the local hub cache lacks it"),
+        ("owner/nosuchmodel", "and HF_HUB_OFFLINE is set while the local hub cache lacks it"),
+    ],
+)
 def test_unknown_model_name_says_what_was_tried(name, message, tmp_path, capsys):
     got = fails(["inspect", name], tmp_path, capsys)
-    assert got.startswith(f"cannot load model {name!r}: it is not an embedded model ('smollm2-135m', 'gemma-3-270m'), "
-                          f"no file or directory {name!r} exists")
+    assert got.startswith(
+        f"cannot load model {name!r}: it is not an embedded model ('smollm2-135m', 'gemma-3-270m'), "
+        f"no file or directory {name!r} exists"
+    )
     assert message in got
-    assert "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), or a hub id" in got
+    assert (
+        "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), or a hub id"
+        in got
+    )
 
 
 def test_unreachable_hub_fails_fast(hub, tmp_path, capsys):
@@ -209,7 +337,9 @@ def test_refused_connection_and_unknown_repository(hub, tmp_path, capsys):
     port = free.getsockname()[1]
     free.close()  # nothing listens there now: the connection is refused at once
     hub.point(f"http://127.0.0.1:{port}")
-    assert "did not answer within 0.5 s (ConnectError" in fails(["inspect", "nosuchmodel"], tmp_path, capsys)
+    assert "did not answer within 0.5 s (ConnectError" in fails(
+        ["inspect", "nosuchmodel"], tmp_path, capsys
+    )
 
     endpoint = hub.not_found("RepoNotFound", "Repository not found")
     got = fails(["inspect", "owner/nosuchmodel"], tmp_path, capsys)
@@ -220,25 +350,58 @@ def test_refused_connection_and_unknown_repository(hub, tmp_path, capsys):
 def _refusing() -> dict[str, list[str]]:
     """Every subcommand that does not split across processes, with the least argv that parses."""
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    extra = {"compare": ["a", "b"], "variants": ["--variant", "nope"], "context": ["--target", "8192"],
-             "extend": ["--to", "16384"], "trajectory": ["step-000100"]}
-    return {name: [name, *extra.get(name, [])] for name, p in sub.choices.items()
-            if not p.get_default("distributed")}
+    extra = {
+        "compare": ["a", "b"],
+        "variants": ["--variant", "nope"],
+        "context": ["--target", "8192"],
+        "extend": ["--to", "16384"],
+        "trajectory": ["step-000100"],
+    }
+    return {
+        name: [name, *extra.get(name, [])]
+        for name, p in sub.choices.items()
+        if not p.get_default("distributed")
+    }
 
 
 def test_the_refusing_commands_are_these():
-    assert sorted(_refusing()) == ["bands", "compare", "context", "decompose", "extend", "inspect", "knockout",
-                                   "passkey", "pe-geometry", "predict-base", "retrieval", "trajectory", "truncate",
-                                   "variants"]
+    assert sorted(_refusing()) == [
+        "bands",
+        "compare",
+        "context",
+        "decompose",
+        "extend",
+        "inspect",
+        "knockout",
+        "passkey",
+        "pe-geometry",
+        "predict-base",
+        "retrieval",
+        "trajectory",
+        "truncate",
+        "variants",
+    ]
 
 
 @pytest.mark.parametrize("command", sorted(_refusing()))
 def test_torchrun_refusal(command, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     got = fails(_refusing()[command], tmp_path, capsys)
-    assert got.startswith(f"ropelens {command} does not split its work across processes: run it without torchrun (")
-    for splitting in ("usage", "decompose-stats", "heads", "sinks", "distance", "massive", "offsets", "entropy",
-                      "possym", "report"):
+    assert got.startswith(
+        f"ropelens {command} does not split its work across processes: run it without torchrun ("
+    )
+    for splitting in (
+        "usage",
+        "decompose-stats",
+        "heads",
+        "sinks",
+        "distance",
+        "massive",
+        "offsets",
+        "entropy",
+        "possym",
+        "report",
+    ):
         assert f"{splitting}," in got or f"{splitting} and" in got or f"and {splitting} do" in got
 
 
@@ -268,7 +431,9 @@ def test_compare_command(two_reports, tmp_path, capsys):
     printed = capsys.readouterr().out.splitlines()
     summary = json.loads((out / "compare.json").read_text())
     assert printed == [*summary["findings"], f"comparison: {out / 'index.html'}"]
-    assert (out / "index.html").is_file() and not [p for p in out.iterdir() if p.name.startswith(".")]
+    assert (out / "index.html").is_file() and not [
+        p for p in out.iterdir() if p.name.startswith(".")
+    ]
 
     def energy(folder: Path) -> pd.DataFrame:
         e = pd.read_csv(folder / "energy.csv")
@@ -278,7 +443,9 @@ def test_compare_command(two_reports, tmp_path, capsys):
     want = energy(b) - energy(a)
     got = pd.read_csv(out / "energy_diff.csv").set_index("layer")[list(want.columns)]
     first = pd.read_csv(a / "energy.csv").band.iloc[0]
-    assert want.loc[1, first] == pytest.approx(0.25) and want.drop(index=1).abs().to_numpy().max() == 0
+    assert (
+        want.loc[1, first] == pytest.approx(0.25) and want.drop(index=1).abs().to_numpy().max() == 0
+    )
     # both sides are float64 means of the same CSV values: equal to a few float64 ulps
     assert got.to_numpy() == pytest.approx(want.to_numpy(), rel=1e-12, abs=1e-15)
     assert f"Query energy moved most in layer 1, band {first}: +0.250" in printed[0]
@@ -294,24 +461,42 @@ def test_compare_bad_input(two_reports, tmp_path, capsys):
     (broken / "energy.csv").write_text("a\n1\n")
     (broken / "band_stats.csv").write_text("a\n1\n")
     cases = [
-        ([str(tmp_path / "missing"), str(b)], f"report directory {tmp_path / 'missing'} does not exist"),
-        ([str(a), str(tmp_path / "file")], f"{tmp_path / 'file'} is a file, not a report directory"),
-        ([str(tmp_path / "empty"), str(b)], f"{tmp_path / 'empty'} holds no report.json: pass two directories"),
+        (
+            [str(tmp_path / "missing"), str(b)],
+            f"report directory {tmp_path / 'missing'} does not exist",
+        ),
+        (
+            [str(a), str(tmp_path / "file")],
+            f"{tmp_path / 'file'} is a file, not a report directory",
+        ),
+        (
+            [str(tmp_path / "empty"), str(b)],
+            f"{tmp_path / 'empty'} holds no report.json: pass two directories",
+        ),
         ([str(a), str(broken)], f"{broken / 'report.json'} is not a ropelens report"),
-        ([str(a), str(b), "--out", str(a)], f"the output directory {a} is report A: writing there would mix"),
+        (
+            [str(a), str(b), "--out", str(a)],
+            f"the output directory {a} is report A: writing there would mix",
+        ),
         ([str(a), str(b), "--out", str(b) + "/"], "is report B"),
         ([str(a), str(b), "--out", str(tmp_path / "file")], f"--out {tmp_path / 'file'} is a file"),
     ]
     before = {p: tree(p) for p in (a, b)}
     for argv, message in cases:
-        assert message in fails(["compare", *argv, *(["--out", str(tmp_path / "cmp")] if "--out" not in argv else [])],
-                                tmp_path, capsys)
+        assert message in fails(
+            ["compare", *argv, *(["--out", str(tmp_path / "cmp")] if "--out" not in argv else [])],
+            tmp_path,
+            capsys,
+        )
     assert {p: tree(p) for p in (a, b)} == before  # the reports are untouched
 
 
 def test_similarity_too_large_for_memory_is_refused_by_its_flag(tmp_path, capsys):
     got = fails(["pe-geometry", "--n-pos", "100000000"], tmp_path, capsys)
-    assert got.startswith("--n-pos 100,000,000 (an n × n similarity matrix) needs about") and "pass a smaller --n-pos" in got
+    assert (
+        got.startswith("--n-pos 100,000,000 (an n × n similarity matrix) needs about")
+        and "pass a smaller --n-pos" in got
+    )
     assert fails(["pe-geometry", "--d", "7"], tmp_path, capsys).startswith("--d 7 must be even")
 
 
@@ -319,7 +504,9 @@ def test_context_past_the_certified_bound_still_answers(tiny_dir, capsys):
     """A target far past any context (1e20 tokens) gets the per-plane view at once, and the base bound says why it is
     not given; nothing is allocated by the target's size."""
     started = time.perf_counter()
-    assert main(["extension-planes", str(tiny_dir("llama")), "--target", str(10**20), "--json"]) == 0
+    assert (
+        main(["extension-planes", str(tiny_dir("llama")), "--target", str(10**20), "--json"]) == 0
+    )
     assert time.perf_counter() - started < 30
     out = json.loads(capsys.readouterr().out)
     assert out["target_ctx"] == 10**20 and out["base_lower_bound_target"] is None and out["views"]

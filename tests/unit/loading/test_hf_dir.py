@@ -49,7 +49,11 @@ def test_unknown_model_type(broken, tmp_path, capsys):
     d = broken()
     _edit_config(d, model_type="frobnicator")
     msg = _refused(d, tmp_path, capsys)
-    assert "model_type 'frobnicator', which transformers" in msg and "does not know" in msg and "--latest" in msg
+    assert (
+        "model_type 'frobnicator', which transformers" in msg
+        and "does not know" in msg
+        and "--latest" in msg
+    )
 
 
 def test_config_that_is_not_json(broken, tmp_path, capsys):
@@ -74,7 +78,9 @@ def test_truncated_safetensors(broken, tmp_path, capsys, keep):
     data = f.read_bytes()
     f.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
     msg = _refused(d, tmp_path, capsys)
-    assert str(f) in msg and ("truncated" in msg or "too few" in msg) and "save the model again" in msg
+    assert (
+        str(f) in msg and ("truncated" in msg or "too few" in msg) and "save the model again" in msg
+    )
 
 
 def test_whole_safetensors_has_no_problem(tiny_dir):
@@ -108,11 +114,22 @@ def test_no_weights_and_a_missing_shard(broken, tmp_path, capsys):
     assert "has a config but no weights" in _refused(d, tmp_path, capsys)
     d = broken()
     names = list(load_file(_weights(d)))
-    (d / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {n: ("model-00002-of-00002.safetensors" if i % 2 else _weights(d).name)
-                                        for i, n in enumerate(names)}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "metadata": {},
+                "weight_map": {
+                    n: ("model-00002-of-00002.safetensors" if i % 2 else _weights(d).name)
+                    for i, n in enumerate(names)
+                },
+            }
+        )
+    )
     msg = _refused(d, tmp_path, capsys)
-    assert "names 2 weight shards and 1 are not in" in msg and "model-00002-of-00002.safetensors" in msg
+    assert (
+        "names 2 weight shards and 1 are not in" in msg
+        and "model-00002-of-00002.safetensors" in msg
+    )
 
 
 def test_a_whole_directory_still_loads(tiny_dir):

@@ -211,7 +211,10 @@ def test_dtype_by_name(tiny_dir):
     model = load_model(tiny_dir("llama"), device="cpu", dtype="bfloat16")
     assert {p.dtype for p in model.parameters() if p.is_floating_point()} == {torch.bfloat16}
     assert model.cfg.dtype == torch.bfloat16
-    assert load_model(tiny_dir("llama"), device="cpu", dtype="torch.float32").cfg.dtype == torch.float32
+    assert (
+        load_model(tiny_dir("llama"), device="cpu", dtype="torch.float32").cfg.dtype
+        == torch.float32
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,7 +223,9 @@ def test_dtype_by_name(tiny_dir):
 def _recorded(model) -> tuple[str, str]:
     """The model name an analysis's provenance and the spec record."""
     toks = model.to_tokens(TEXT)
-    return ropelens.analyses.frequency_usage(model, toks, progress=False).provenance.model, rope_spec(model).model_name
+    return ropelens.analyses.frequency_usage(
+        model, toks, progress=False
+    ).provenance.model, rope_spec(model).model_name
 
 
 def test_identity_by_path_travels_on_the_config(tiny_dir):

@@ -26,10 +26,14 @@ def drawn(tiny):
     model = tiny("llama-gqa")
     toks = torch.randint(4, 101, (2, 16), generator=torch.Generator().manual_seed(0))
     toks[:, 0] = 1
-    return {"usage": frequency_usage(model, toks, progress=False),
-            "band_stats": band_statistics(model, toks, bands=BANDS, progress=False),
-            "decompose": attention_decomposition(model, toks[:1], bands=BANDS, layers=[0, 1]),
-            "heads": head_taxonomy(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], progress=False)}
+    return {
+        "usage": frequency_usage(model, toks, progress=False),
+        "band_stats": band_statistics(model, toks, bands=BANDS, progress=False),
+        "decompose": attention_decomposition(model, toks[:1], bands=BANDS, layers=[0, 1]),
+        "heads": head_taxonomy(
+            model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], progress=False
+        ),
+    }
 
 
 def _same(a, b) -> bool:
@@ -60,7 +64,9 @@ def test_band_statistics_figures(drawn):
 def test_decomposition_figures(drawn):
     dec = drawn["decompose"]
     fig = dec.figure(1, head=1)
-    assert isinstance(fig, go.Figure) and len(fig.data) == len(dec.band_names(1)) + 1  # each band and the pattern
+    assert (
+        isinstance(fig, go.Figure) and len(fig.data) == len(dec.band_names(1)) + 1
+    )  # each band and the pattern
     assert _same(fig, decomposition_figure(dec, 1, head=1))
     assert len(dec.figure().data) == 3
 
@@ -68,7 +74,9 @@ def test_decomposition_figures(drawn):
 def test_head_taxonomy_figures(drawn):
     tax = drawn["heads"]
     fig = tax.figure()
-    assert isinstance(fig, go.Figure) and len(fig.data) == len(tax.scatter()) + 1  # a scatter per kind, the heatmap
+    assert (
+        isinstance(fig, go.Figure) and len(fig.data) == len(tax.scatter()) + 1
+    )  # a scatter per kind, the heatmap
     assert _same(fig, heads_figure(tax))
     assert _same(tax.scatter(), heads_scatter(tax))
 
@@ -87,7 +95,9 @@ def test_a_class_draws_what_is_registered_for_it_or_its_nearest_base():
     class Child(Base):
         pass
 
-    with pytest.raises(NotImplementedError, match="no .figure. figure registered: an analysis declares its figures"):
+    with pytest.raises(
+        NotImplementedError, match="no .figure. figure registered: an analysis declares its figures"
+    ):
         Child().figure()
     register_figure(Base, lambda r, n=1: ("base", n))
     assert Child().figure(n=2) == ("base", 2)

@@ -25,8 +25,15 @@ TOKENS = 4 * N_CTX
 def gemma_report(tiny, tmp_path_factory) -> Path:
     """A report on the tiny Gemma-3 (local and global layers), band statistics over every window."""
     out = tmp_path_factory.mktemp("report") / "out"
-    return build_report(tiny("gemma3"), corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=out, progress=False,
-                        band_tokens=None)
+    return build_report(
+        tiny("gemma3"),
+        corpus="english",
+        tokens=TOKENS,
+        n_ctx=N_CTX,
+        out=out,
+        progress=False,
+        band_tokens=None,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +59,9 @@ def test_plotly_js_embedded_exactly_once(page):
 
 def test_page_fetches_nothing(page):
     ours = page.replace(plotly.offline.get_plotlyjs(), "")  # the library's own source mentions URLs
-    sources = re.findall(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?([^\"'\s>]+)", ours, re.I)
+    sources = re.findall(
+        r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?([^\"'\s>]+)", ours, re.I
+    )
     assert sources == []
     assert re.findall(r"<(?:script|link)\b[^>]*http", page, re.I) == []
     for needle in ("cdn.plot.ly", "fonts.googleapis", "@import", "mathjax", "@font-face"):
@@ -63,9 +72,18 @@ def test_every_section_present(page, report):
     for anchor in ("findings", "provenance", *(s.key for s in sections())):
         assert f'<section id="{anchor}">' in page
     available = {s["key"]: s["available"] for s in report["sections"]}
-    assert available == {"spec": True, "usage": True, "bands": True, "positional-heads": True,
-                         "attention-sinks": True, "attention-distance": True, "massive-values": True,
-                         "prope-sweep": True, "pe-geometry": True, "context-extension": True}
+    assert available == {
+        "spec": True,
+        "usage": True,
+        "bands": True,
+        "positional-heads": True,
+        "attention-sinks": True,
+        "attention-distance": True,
+        "massive-values": True,
+        "prope-sweep": True,
+        "pe-geometry": True,
+        "context-extension": True,
+    }
     for key, ok in available.items():
         body = page.split(f'<section id="{key}">')[1].split("</section>")[0]
         assert ("Not yet available in this version of ropelens." in body) is (not ok)
@@ -89,8 +107,21 @@ def flat_numbers(values) -> list:
 
 def test_findings_quote_their_numbers(report, page):
     keys = [f["key"] for f in report["findings"]]
-    assert keys == ["energy", "sink", "margin", "top1", "tightness", "heads", "sinks-0", "sinks-1", "distance", "massive", "prope",
-                    "geometry", "context"]
+    assert keys == [
+        "energy",
+        "sink",
+        "margin",
+        "top1",
+        "tightness",
+        "heads",
+        "sinks-0",
+        "sinks-1",
+        "distance",
+        "massive",
+        "prope",
+        "geometry",
+        "context",
+    ]
     for f in report["findings"]:
         for x in flat_numbers(f["values"]):
             if isinstance(x, float):
@@ -101,12 +132,18 @@ def test_findings_quote_their_numbers(report, page):
 def test_findings_agree_with_the_csvs(gemma_report, report):
     found = {f["key"]: f["values"] for f in report["findings"]}
     bs = csv(gemma_report, "band_stats")
-    first = bs[bs["band"] == found["margin"]["band"]].sort_values("margin_share", ascending=False).iloc[0]
+    first = (
+        bs[bs["band"] == found["margin"]["band"]]
+        .sort_values("margin_share", ascending=False)
+        .iloc[0]
+    )
     top = found["margin"]["heads"][0]
     assert (top["layer"], top["head"]) == (first["layer"], first["head"])
     assert top["margin_share"] == pytest.approx(first["margin_share"], abs=0.005)
     tight = csv(gemma_report, "tightness")
-    assert found["tightness"]["mean"] == pytest.approx(tight[tight["plane"] == 0]["tightness"].mean(), abs=0.005)
+    assert found["tightness"]["mean"] == pytest.approx(
+        tight[tight["plane"] == 0]["tightness"].mean(), abs=0.005
+    )
     energy = csv(gemma_report, "energy")
     q = energy[(energy["which"] == "q") & (energy["scope"] == "no_sink")]
     per_layer = q.groupby(["layer", "band"], sort=False)["energy_share"].mean().unstack()
@@ -120,25 +157,59 @@ def test_csvs_are_tidy(gemma_report, report, tiny):
     from ropelens import rope_spec
 
     spec = rope_spec(tiny("gemma3"))
-    L, P, H, KV = spec.n_layers, spec.layers[0].n_planes, spec.layers[0].n_heads, spec.layers[0].n_kv_heads
+    L, P, H, KV = (
+        spec.n_layers,
+        spec.layers[0].n_planes,
+        spec.layers[0].n_heads,
+        spec.layers[0].n_kv_heads,
+    )
     names = [t for s in report["sections"] for t in s["tables"]]
-    assert sorted(names) == sorted(["spec.csv", "usage.csv", "energy.csv", "band_stats.csv", "tightness.csv",
-                                    "heads.csv", "sinks_heads.csv", "sinks_layers.csv", "distance_shapes.csv", "massive_planes.csv",
-                                    "geometry.csv", "prope_sweep.csv", "context_extension.csv"])
+    assert sorted(names) == sorted(
+        [
+            "spec.csv",
+            "usage.csv",
+            "energy.csv",
+            "band_stats.csv",
+            "tightness.csv",
+            "heads.csv",
+            "sinks_heads.csv",
+            "sinks_layers.csv",
+            "distance_shapes.csv",
+            "massive_planes.csv",
+            "geometry.csv",
+            "prope_sweep.csv",
+            "context_extension.csv",
+        ]
+    )
     sinks = csv(gemma_report, "sinks_layers")
     assert len(sinks) == L and sinks["layer"].tolist() == list(range(L))
     shapes = csv(gemma_report, "distance_shapes")
     assert set(shapes["shape"]) <= {"flat", "decays", "grows", "U-shaped", "peaked", "oscillating"}
     heads = csv(gemma_report, "heads")
-    assert len(heads) == L * H and set(heads["kind"]) <= {"diagonal", "previous-token", "sink", "content"} | {
-        k for k in heads["kind"] if k.startswith("offset-")}
+    assert len(heads) == L * H and set(heads["kind"]) <= {
+        "diagonal",
+        "previous-token",
+        "sink",
+        "content",
+    } | {k for k in heads["kind"] if k.startswith("offset-")}
     assert len(csv(gemma_report, "spec")) == L * P
     usage = csv(gemma_report, "usage")
     assert len(usage) == 2 * L * (H + KV) * P  # q and k, two scopes
-    assert set(usage.columns) >= {"which", "scope", "layer", "head", "plane", "wavelength", "mean_norm", "ci95"}
+    assert set(usage.columns) >= {
+        "which",
+        "scope",
+        "layer",
+        "head",
+        "plane",
+        "wavelength",
+        "mean_norm",
+        "ci95",
+    }
     bs = csv(gemma_report, "band_stats")
     assert len(bs) == L * H * 4 and set(bs["band"]) == {"Q1 (highest)", "Q2", "Q3", "Q4 (lowest)"}
-    assert bs.groupby(["layer", "head"])["margin_share"].sum().to_numpy() == pytest.approx(1.0, abs=1e-4)
+    assert bs.groupby(["layer", "head"])["margin_share"].sum().to_numpy() == pytest.approx(
+        1.0, abs=1e-4
+    )
     assert len(csv(gemma_report, "tightness")) == L * H * P
 
 
@@ -149,9 +220,21 @@ def test_report_json_provenance(report):
     assert (p["n_tokens"], p["n_windows"], p["n_ctx"]) == (TOKENS, TOKENS // N_CTX, N_CTX)
     assert report["measured"]["band_statistics"]["n_windows"] == TOKENS // N_CTX
     assert {"python", "torch", "ropelens", "plotly"} <= set(p["versions"])
-    assert set(p["steps_seconds"]) == {"load_model", "tokenize", "stream", "render", "variants_baseline",
-                                       "prope_sweep", "context_extension", "positional_heads", "attention_sinks",
-                                       "attention_distance", "massive_values", "pe_geometry", "verify"}
+    assert set(p["steps_seconds"]) == {
+        "load_model",
+        "tokenize",
+        "stream",
+        "render",
+        "variants_baseline",
+        "prope_sweep",
+        "context_extension",
+        "positional_heads",
+        "attention_sinks",
+        "attention_distance",
+        "massive_values",
+        "pe_geometry",
+        "verify",
+    }
     assert p["config"]["verification"]["status"] == "passed"
     assert p["seconds"] >= p["steps_seconds"]["stream"] > 0
 
@@ -165,7 +248,9 @@ def test_interrupted_run_leaves_no_index(tiny, tmp_path, registry):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="section failed"):
         build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=out, progress=False)
-    assert not out.exists()  # no index.html, no report.json, no temp directory, not even the empty folder
+    assert (
+        not out.exists()
+    )  # no index.html, no report.json, no temp directory, not even the empty folder
 
 
 def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, registry):
@@ -183,15 +268,22 @@ def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, registry):
 
 def _positional_heads(data) -> Section:
     frame = pd.DataFrame({"layer": list(data.layers), "score": [0.5] * len(data.layers)})
-    return Section("positional-heads", "Positional heads", "<p>plugged-in section body</p>", tables={"heads": frame},
-                   numbers={"n": len(data.layers)})
+    return Section(
+        "positional-heads",
+        "Positional heads",
+        "<p>plugged-in section body</p>",
+        tables={"heads": frame},
+        numbers={"n": len(data.layers)},
+    )
 
 
 def test_registry_plugs_in_a_section(tiny, tmp_path, registry):
     before = [s.key for s in sections()]
     register_section(SectionSpec("head-taxonomy", "Positional heads", _positional_heads))
     assert [s.key for s in sections()] == before  # same place in the layout
-    out = build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "out", progress=False)
+    out = build_report(
+        tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "out", progress=False
+    )
     html = (out / "index.html").read_text()
     body = html.split('<section id="positional-heads">')[1].split("</section>")[0]
     assert "plugged-in section body" in body and "Not yet available" not in body
@@ -199,7 +291,9 @@ def test_registry_plugs_in_a_section(tiny, tmp_path, registry):
 
 
 def test_accepts_a_model_path_and_quick(tiny_dir, tmp_path):
-    out = build_report(str(tiny_dir("llama")), quick=True, n_ctx=N_CTX, out=tmp_path / "q", progress=False)
+    out = build_report(
+        str(tiny_dir("llama")), quick=True, n_ctx=N_CTX, out=tmp_path / "q", progress=False
+    )
     r = json.loads((out / "report.json").read_text())
     assert r["measured"]["usage"]["n_windows"] == 4 and r["provenance"]["n_ctx"] == N_CTX
     assert r["provenance"]["config"]["quick"] is True
@@ -211,13 +305,21 @@ def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     from ropelens.spec.bands import Bands
 
     model = tiny("llama-gqa")
-    out = build_report(model, tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "r", band_tokens=2 * N_CTX, progress=False)
+    out = build_report(
+        model, tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "r", band_tokens=2 * N_CTX, progress=False
+    )
     r = json.loads((out / "report.json").read_text())
-    assert r["measured"]["band_statistics"] == {"n_tokens": 2 * N_CTX, "n_windows": 2, "windows": [0, 3]}
+    assert r["measured"]["band_statistics"] == {
+        "n_tokens": 2 * N_CTX,
+        "n_windows": 2,
+        "windows": [0, 3],
+    }
     assert r["measured"]["usage"]["n_windows"] == 4
     assert "band statistics on 2 of them" in (out / "index.html").read_text()
     toks = data.windows(data.english(), model.tokenizer, N_CTX, max_tokens=TOKENS)
-    direct = band_statistics(model, toks[[0, 3]], bands=Bands.quantiles(4), progress=False).to_frame()
+    direct = band_statistics(
+        model, toks[[0, 3]], bands=Bands.quantiles(4), progress=False
+    ).to_frame()
     ours = csv(out, "band_stats")
     for col in ("abs_share", "var_share", "margin_share", "top1"):
         assert ours[col].to_numpy() == pytest.approx(direct[col].to_numpy(), abs=1e-5)
@@ -227,10 +329,14 @@ def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     usage = frequency_usage(model, toks, progress=False, batch_size=1)
     report_usage = csv(out, "usage")
     want = usage.to_frame()
-    merged = report_usage.merge(want, on=["which", "scope", "layer", "head", "plane"], suffixes=("", "_direct"))
+    merged = report_usage.merge(
+        want, on=["which", "scope", "layer", "head", "plane"], suffixes=("", "_direct")
+    )
     assert len(merged) == len(want) > 0
     for col in ("mean_norm", "std"):
-        assert merged[col].to_numpy() == pytest.approx(merged[f"{col}_direct"].to_numpy(), rel=1e-5, abs=1e-6)
+        assert merged[col].to_numpy() == pytest.approx(
+            merged[f"{col}_direct"].to_numpy(), rel=1e-5, abs=1e-6
+        )
 
 
 def test_bad_arguments_fail_before_the_model_loads(tmp_path):
@@ -252,8 +358,19 @@ def one_error(err: str) -> str:
 
 
 def test_cli_report_json(tiny_dir, tmp_path, capsys):
-    argv = ["report", str(tiny_dir("llama")), "--tokens", "128", "--n-ctx", str(N_CTX), "--out", str(tmp_path / "r"),
-            "--layers", "0,1", "--json"]
+    argv = [
+        "report",
+        str(tiny_dir("llama")),
+        "--tokens",
+        "128",
+        "--n-ctx",
+        str(N_CTX),
+        "--out",
+        str(tmp_path / "r"),
+        "--layers",
+        "0,1",
+        "--json",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert Path(out["index"]).is_file() and [f["key"] for f in out["findings"]][0] == "energy"
@@ -263,11 +380,40 @@ def test_cli_usage_and_decompose(tiny_dir, capsys):
     model = str(tiny_dir("gemma3"))
     assert main(["frequency-usage", model, "--tokens", "128", "--n-ctx", str(N_CTX), "--json"]) == 0
     u = json.loads(capsys.readouterr().out)
-    assert len(u["q_energy_share"]) == 4 and sum(u["q_energy_share"][0]) == pytest.approx(1.0, abs=1e-5)
-    assert main(["attention-decomposition", model, "--text", "The cat sat on the mat. The cat sat.", "--layers", "0,3"]) == 0
+    assert len(u["q_energy_share"]) == 4 and sum(u["q_energy_share"][0]) == pytest.approx(
+        1.0, abs=1e-5
+    )
+    assert (
+        main(
+            [
+                "attention-decomposition",
+                model,
+                "--text",
+                "The cat sat on the mat. The cat sat.",
+                "--layers",
+                "0,3",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "layer 0" in text and "layer 3" in text and "Q1 (highest)" in text
-    assert main(["attention-decomposition", model, "--n-ctx", "32", "--window", "1", "--layers", "3", "--json"]) == 0
+    assert (
+        main(
+            [
+                "attention-decomposition",
+                model,
+                "--n-ctx",
+                "32",
+                "--window",
+                "1",
+                "--layers",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert d["input"] == "english window 1" and {r["layer"] for r in d["heads"]} == {3}
     assert {"margin_share", "top1", "jsd"} <= set(d["heads"][0])
@@ -277,12 +423,24 @@ def test_cli_usage_and_decompose(tiny_dir, capsys):
     ("argv", "match"),
     [
         (["report", "no-such-model", "--out", "{tmp}/r"], "cannot load model 'no-such-model'"),
-        (["report", "{llama}", "--corpus", "{tmp}/missing.txt", "--out", "{tmp}/r"], "does not exist"),
+        (
+            ["report", "{llama}", "--corpus", "{tmp}/missing.txt", "--out", "{tmp}/r"],
+            "does not exist",
+        ),
         (["report", "{llama}", "--corpus", "{tmp}", "--out", "{tmp}/r"], "has no .txt/.md files"),
-        (["report", "{llama}", "--tokens", "10", "--n-ctx", "64", "--out", "{tmp}/r"], "fewer than one window"),
-        (["report", "{llama}", "--out", "{tmp}/file/r"], "is a file, not a directory: pass a path in a writable directory"),
+        (
+            ["report", "{llama}", "--tokens", "10", "--n-ctx", "64", "--out", "{tmp}/r"],
+            "fewer than one window",
+        ),
+        (
+            ["report", "{llama}", "--out", "{tmp}/file/r"],
+            "is a file, not a directory: pass a path in a writable directory",
+        ),
         (["report", "{llama}", "--layers", "0,x"], "comma-separated layer indices"),
-        (["report", "{llama}", "--bands", "octaves", "--out", "{tmp}/r"], "unknown band spec 'octaves'"),
+        (
+            ["report", "{llama}", "--bands", "octaves", "--out", "{tmp}/r"],
+            "unknown band spec 'octaves'",
+        ),
         (["usage", "{llama}", "--tokens", "0"], "expected a positive integer"),
         (["usage", "{llama}", "--tokens", "32", "--n-ctx", "64"], "fewer than one window"),
         (["decompose", "{llama}", "--text", ""], "--text is empty"),
@@ -323,12 +481,16 @@ def test_compare_reports(gemma_report, tmp_path):
     heads.to_csv(b / "heads.csv", index=False)
     out = compare_reports(gemma_report, b, tmp_path / "cmp")
     d = pd.read_csv(out / "margin_diff.csv").set_index("layer")
-    assert d.loc[1, "Q2"] == pytest.approx(0.25) and d.drop(index=1).abs().to_numpy().max() == pytest.approx(0)
+    assert d.loc[1, "Q2"] == pytest.approx(0.25) and d.drop(
+        index=1
+    ).abs().to_numpy().max() == pytest.approx(0)
     findings = json.loads((out / "compare.json").read_text())["findings"]
     assert any("layer 1, band Q2: +0.250" in f for f in findings)
     changed = pd.read_csv(out / "heads_diff.csv")
     assert len(changed) == 1 and (int(changed["layer"][0]), int(changed["head"][0])) == (
-        int(heads["layer"][flip]), int(heads["head"][flip]))
+        int(heads["layer"][flip]),
+        int(heads["head"][flip]),
+    )
     html = (out / "index.html").read_text()
     assert html.count("Plotly.newPlot(") >= 2
     with pytest.raises(InputError, match="no report.json"):
@@ -357,7 +519,9 @@ def test_report_cuts_windows_to_a_chunked_layer(tmp_path):
     from ropelens.spec.reading import rope_spec
 
     spec = rope_spec(model)
-    chunked = replace(spec, layers=tuple(replace(lr, chunk=16) if lr.layer == 1 else lr for lr in spec.layers))
+    chunked = replace(
+        spec, layers=tuple(replace(lr, chunk=16) if lr.layer == 1 else lr for lr in spec.layers)
+    )
     from ropelens.report.build import _fit_windows
 
     assert _fit_windows(spec, spec.layer_indices(), 64) == (64, None)

@@ -32,7 +32,9 @@ def test_accepts_a_name_a_path_and_a_loaded_model(tiny_embedded, tiny_dir, tmp_p
     path = tiny_dir("llama")
     kw = {"quick": True, "n_ctx": N_CTX, "progress": False, "device": "cpu"}
     assert _model_name(build_report(tiny_embedded, out=tmp_path / "name", **kw)) == tiny_embedded
-    assert _model_name(build_report(path, out=tmp_path / "path", dtype="float32", **kw)) == str(path)
+    assert _model_name(build_report(path, out=tmp_path / "path", dtype="float32", **kw)) == str(
+        path
+    )
     loaded = ropelens.load_model(path, device="cpu")
     assert _model_name(build_report(loaded, out=tmp_path / "loaded", **kw)) == str(path)
 
@@ -46,15 +48,27 @@ def test_report_loads_with_the_dtype_asked_for(tiny_dir, tmp_path, core_only, mo
 
     real = build_module._load
     monkeypatch.setattr(build_module, "_load", load)
-    build_report(tiny_dir("llama"), quick=True, n_ctx=N_CTX, out=tmp_path / "r", progress=False, dtype="bfloat16")
+    build_report(
+        tiny_dir("llama"),
+        quick=True,
+        n_ctx=N_CTX,
+        out=tmp_path / "r",
+        progress=False,
+        dtype="bfloat16",
+    )
     assert seen["dtype"] == torch.bfloat16
 
 
 def test_conflicting_placement_of_a_loaded_model_is_refused(tiny, tmp_path):
     model = tiny("llama")
-    with pytest.raises(InputError, match=r"device='meta' conflicts with the loaded model, which is on cpu"):
+    with pytest.raises(
+        InputError, match=r"device='meta' conflicts with the loaded model, which is on cpu"
+    ):
         build_report(model, device="meta", out=tmp_path / "r")
-    with pytest.raises(InputError, match=r"dtype='bfloat16' conflicts with the loaded model, whose weights are torch.float32"):
+    with pytest.raises(
+        InputError,
+        match=r"dtype='bfloat16' conflicts with the loaded model, whose weights are torch.float32",
+    ):
         build_report(model, dtype="bfloat16", out=tmp_path / "r")
     with pytest.raises(InputError, match="unknown dtype 'float8'"):
         build_report(model, dtype="float8", out=tmp_path / "r")
@@ -92,11 +106,14 @@ def test_renderers_only_read_what_was_measured(tiny, tmp_path, monkeypatch):
     report = json.loads((out / "report.json").read_text())
     assert [s.key for s in again] == [s["key"] for s in report["sections"]]
     assert [f.text for s in again for f in s.findings] == [f["text"] for f in report["findings"]]
-    assert [sorted(s.tables) for s in again] == [[t.removesuffix(".csv") for t in sorted(s["tables"])]
-                                                  for s in report["sections"]]
+    assert [sorted(s.tables) for s in again] == [
+        [t.removesuffix(".csv") for t in sorted(s["tables"])] for s in report["sections"]
+    ]
 
 
 def test_rendering_before_measuring_says_so(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(build_module, "measure_sections", lambda data, progress=False: None)
     with pytest.raises(InputError, match="has not been measured: run measure_sections"):
-        build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "r", progress=False)
+        build_report(
+            tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "r", progress=False
+        )

@@ -30,8 +30,14 @@ def llama(tiny):
 
 @pytest.fixture(scope="module")
 def out(llama, tmp_path_factory):
-    return build_report(llama, corpus="english", tokens=TOKENS, n_ctx=N_CTX,
-                        out=tmp_path_factory.mktemp("rep") / "out", progress=False)
+    return build_report(
+        llama,
+        corpus="english",
+        tokens=TOKENS,
+        n_ctx=N_CTX,
+        out=tmp_path_factory.mktemp("rep") / "out",
+        progress=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +60,14 @@ def with_inv_freq(llama, inv: torch.Tensor):
     return hf
 
 
-@pytest.mark.parametrize(("variant", "row"), [(PRoPE(0.0), "p-RoPE p = 0"), (PRoPE(0.5), "p-RoPE p = 0.5"),
-                                              (PRoPEReversed(0.75), "reversed p = 0.75 (lowest kept)")])
+@pytest.mark.parametrize(
+    ("variant", "row"),
+    [
+        (PRoPE(0.0), "p-RoPE p = 0"),
+        (PRoPE(0.5), "p-RoPE p = 0.5"),
+        (PRoPEReversed(0.75), "reversed p = 0.75 (lowest kept)"),
+    ],
+)
 def test_prope_rows_match_hf_with_those_frequencies(out, llama, windows, variant, row):
     frame = pd.read_csv(out / "prope_sweep.csv").set_index("variant")
     layer = rope_spec(llama)[0]
@@ -102,7 +114,9 @@ def test_context_plane_counts_and_finding(out, llama):
     assert finding["values"]["delta_pi"] == pytest.approx(frame.loc["PI", "Δ loss"], abs=1e-9)
     section = next(s for s in report["sections"] if s["key"] == "context-extension")
     bounds = section["numbers"]["bounds"]
-    assert bounds["bound_native"] <= bounds["bound_extended"]  # a longer context needs a larger base
+    assert (
+        bounds["bound_native"] <= bounds["bound_extended"]
+    )  # a longer context needs a larger base
 
 
 def test_sections_time_themselves(out):
@@ -116,14 +130,43 @@ def test_sections_time_themselves(out):
 def test_report_shows_the_experiment_results(llama, tmp_path, experiment):
     results = tmp_path / "results"
     inf = experiment("truncated_rope_inference")
-    inf.main(["--quick", "--lengths", "32", "48", "--n-boot", "20", "--out", str(results / "truncated_rope_inference")],
-             model=llama)
-    experiment("band_ablation").main(["--quick", "--n-ctx", "32", "--no-per-layer", "--out",
-                                   str(results / "band_ablation")], model=llama)
-    experiment("truncated_rope_training").main(["--quick", "--seeds", "1", "--steps", "2", "--out",
-                                             str(results / "truncated_rope_training")])
-    out = build_report(llama, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False,
-                       experiments=results)
+    inf.main(
+        [
+            "--quick",
+            "--lengths",
+            "32",
+            "48",
+            "--n-boot",
+            "20",
+            "--out",
+            str(results / "truncated_rope_inference"),
+        ],
+        model=llama,
+    )
+    experiment("band_ablation").main(
+        ["--quick", "--n-ctx", "32", "--no-per-layer", "--out", str(results / "band_ablation")],
+        model=llama,
+    )
+    experiment("truncated_rope_training").main(
+        [
+            "--quick",
+            "--seeds",
+            "1",
+            "--steps",
+            "2",
+            "--out",
+            str(results / "truncated_rope_training"),
+        ]
+    )
+    out = build_report(
+        llama,
+        corpus="english",
+        tokens=TOKENS,
+        n_ctx=N_CTX,
+        out=tmp_path / "rep",
+        progress=False,
+        experiments=results,
+    )
     table = pd.read_csv(out / "exp_prope_inference.csv")
     assert len(table) == 2 * len(inf.VARIANTS) and set(table.n_ctx) == {32, 48}
     stored = json.loads((results / "truncated_rope_inference" / "result.json").read_text())["table"]
@@ -131,21 +174,47 @@ def test_report_shows_the_experiment_results(llama, tmp_path, experiment):
     assert len(pd.read_csv(out / "exp_prope_training.csv")) == 7
     assert len(pd.read_csv(out / "exp_band_ablation.csv")) == 4
     page = (out / "index.html").read_text()
-    assert "Full inference sweep" in page and "From-scratch training" in page and "Zeroing one plane" in page
+    assert (
+        "Full inference sweep" in page
+        and "From-scratch training" in page
+        and "Zeroing one plane" in page
+    )
     assert "python experiments/context_extension.py" in page  # the one experiment not run is named
     report = json.loads((out / "report.json").read_text())
     assert report["provenance"]["config"]["experiments"] == str(results)
 
 
 def test_report_context_experiment_table(llama, tmp_path):
-    rows = [{"model": "m", "stage": s, "method": m, "n_ctx": n, "ppl": p, "ppl_lo": p - 1, "ppl_hi": p + 1,
-             "n_windows": 4} for s, m, n, p in [("zero-shot", "none", 64, 10.0), ("zero-shot", "PI", 64, 11.0),
-                                                ("zero-shot", "none", 128, 30.0), ("zero-shot", "PI", 128, 12.0),
-                                                ("finetuned", "PI", 128, 9.0)]]
+    rows = [
+        {
+            "model": "m",
+            "stage": s,
+            "method": m,
+            "n_ctx": n,
+            "ppl": p,
+            "ppl_lo": p - 1,
+            "ppl_hi": p + 1,
+            "n_windows": 4,
+        }
+        for s, m, n, p in [
+            ("zero-shot", "none", 64, 10.0),
+            ("zero-shot", "PI", 64, 11.0),
+            ("zero-shot", "none", 128, 30.0),
+            ("zero-shot", "PI", 128, 12.0),
+            ("finetuned", "PI", 128, 9.0),
+        ]
+    ]
     (tmp_path / "context_extension").mkdir()
     (tmp_path / "context_extension" / "result.json").write_text(json.dumps({"table": rows}))
-    out = build_report(llama, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False,
-                       experiments=tmp_path)
+    out = build_report(
+        llama,
+        corpus="english",
+        tokens=TOKENS,
+        n_ctx=N_CTX,
+        out=tmp_path / "rep",
+        progress=False,
+        experiments=tmp_path,
+    )
     assert len(pd.read_csv(out / "exp_context_extension.csv")) == 5
     page = (out / "index.html").read_text()
     assert "30 [29, 31]" in page and "9 [8, 10]" in page
@@ -160,12 +229,17 @@ def test_report_experiments_folder_must_exist(tmp_path):
 def test_a_full_run_is_shown_over_a_quick_one():
     from ropelens.report.experiments import main_result
 
-    quick = {"path": "a", "provenance": {"config": {"quick": True}, "created": "2026-11-22T09:00:00"}}
-    old = {"path": "b", "provenance": {"config": {"quick": False}, "created": "2026-11-20T09:00:00"}}
+    quick = {
+        "path": "a",
+        "provenance": {"config": {"quick": True}, "created": "2026-11-22T09:00:00"},
+    }
+    old = {
+        "path": "b",
+        "provenance": {"config": {"quick": False}, "created": "2026-11-20T09:00:00"},
+    }
     new = {"path": "c", "provenance": {"config": {}, "created": "2026-11-21T09:00:00"}}
     assert main_result([quick, old, new])["path"] == "c"
     assert main_result([quick])["path"] == "a"
-
 
 
 def test_context_rescales_only_the_global_layers_of_a_two_kind_model(tiny, tmp_path):
@@ -174,7 +248,9 @@ def test_context_rescales_only_the_global_layers_of_a_two_kind_model(tiny, tmp_p
     from ropelens.run.intervene import apply_rope_variant
 
     gemma = tiny("gemma3")
-    out = build_report(gemma, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False)
+    out = build_report(
+        gemma, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False
+    )
     frame = pd.read_csv(out / "context_extension.csv").set_index("method")
     toks = data.windows(data.load_corpus("english"), gemma.tokenizer, N_CTX, max_tokens=TOKENS)[:4]
     base = window_losses(gemma, toks, progress=False)
@@ -182,4 +258,7 @@ def test_context_rescales_only_the_global_layers_of_a_two_kind_model(tiny, tmp_p
         pi = window_losses(gemma, toks, progress=False)
     assert frame.loc["PI", "Δ loss"] == pytest.approx((pi - base).mean().item(), abs=1e-5)
     report = json.loads((out / "report.json").read_text())
-    assert next(f for f in report["findings"] if f["key"] == "context")["values"]["rescaled_kind"] == "full"
+    assert (
+        next(f for f in report["findings"] if f["key"] == "context")["values"]["rescaled_kind"]
+        == "full"
+    )

@@ -34,7 +34,10 @@ from ropelens.spec.reading import rope_spec
 from ropelens.spec.variants import Linear
 
 BANDS = Bands.quantiles(2)
-SAFETENSORS = ("AttentionDecomposition", "MRopeDecomposition")  # kinds that save q/k as safetensors, not JSON
+SAFETENSORS = (
+    "AttentionDecomposition",
+    "MRopeDecomposition",
+)  # kinds that save q/k as safetensors, not JSON
 # files written by ropelens while each result class still set KIND, FORMAT and its merge fields in its body
 SAVED = Path(__file__).parent / "saved"
 
@@ -63,41 +66,96 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
     toks = _tokens()
     kw = {"progress": False}
     prov = Provenance(model="tiny")
-    trial = PasskeyTrial(length=64, depth=0.5, trial=0, passkey="12345", n_tokens=64, token_depth=0.5,
-                         response="12345", answer="12345", correct=True)
-    return {r.KIND: r for r in (
-        frequency_usage(model, toks, **kw),
-        band_statistics(model, toks, bands=BANDS, **kw),
-        attention_sinks(model, toks, bands=BANDS, **kw),
-        attention_by_distance(model, toks, bands=BANDS, **kw),
-        massive_values(model, toks, **kw),
-        rotary_offsets(model, toks, **kw),
-        head_taxonomy(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], **kw),
-        attention_decomposition(model, toks[:1], bands=BANDS, layers=[0]),
-        mrope_decomposition(vl, **vl_inputs(vl), layers=[0]),
-        PasskeyRetrieval(lengths=(64,), depths=(0.5,), trials=(trial,), provenance=prov),
-        base_predictions(rope_spec(model), [64, 128]),
-        MeasuredExtrapolation(lengths=(64,), estimates=({"n_windows": 2, "loss": {"mean": 1.0, "lo": 0.9, "hi": 1.1},
-                                                         "perplexity": {"mean": 2.7, "lo": 2.5, "hi": 3.0}},),
-                              window_losses=((1.0, 1.0),), train_ctx=32, provenance=prov),
-        extension_planes(rope_spec(model)[0], Linear(2.0), 32, 64),
-        pe_similarity(sinusoidal_pe(32, 16), name="sinusoidal"),
-        LongRopeSearch(target_len=64, original_ctx=32, factors=(1.0, 2.0), n_hat=0, perplexity=3.0, initial_best=3.5,
-                       baselines={"PI": 4.0}, history=({"generation": 0, "best": 3.0, "mean": 3.5, "n_evaluated": 4},),
-                       settings={}, provenance=prov),
-        frequency_entropy(model, toks, n_ctx=16, **kw),
-        band_location(model, toks, n_ctx=16, intervene=False, **kw),
-        positional_symbolic(model, toks, n_ctx=16, min_keys=4, layers=[0], **kw),
-        retrieval_heads(model, lengths=[300], depths=[0.5], n_trials=1, top_k=2, seed=2),
-        knockout(model, {"set": [(0, 0), (1, 2)]}, doses=[0, 2], metrics=("loss",), corpus=toks, n_random=1,
-                 n_control=1, n_boot=50, verify=False),
-        extension_study(tiny_model("llama", max_position_embeddings=64), 128, methods=("none", "pi"), start=64,
-                        n_windows=1, depths=(0.5,), out=tmp_path_factory.mktemp("study"), **kw),
-        Trajectory(records=tuple((s, f"step-{s}", st.analysis, st.metric, -1, float(v))
-                                 for st in STRUCTURES for s, v in ((0, 0.0), (100, 3.0))),
-                   checkpoints=(Checkpoint(0, "step-0"), Checkpoint(100, "step-100")), analyses=ANALYSES,
-                   structures=STRUCTURES, provenance=prov),
-    )}
+    trial = PasskeyTrial(
+        length=64,
+        depth=0.5,
+        trial=0,
+        passkey="12345",
+        n_tokens=64,
+        token_depth=0.5,
+        response="12345",
+        answer="12345",
+        correct=True,
+    )
+    return {
+        r.KIND: r
+        for r in (
+            frequency_usage(model, toks, **kw),
+            band_statistics(model, toks, bands=BANDS, **kw),
+            attention_sinks(model, toks, bands=BANDS, **kw),
+            attention_by_distance(model, toks, bands=BANDS, **kw),
+            massive_values(model, toks, **kw),
+            rotary_offsets(model, toks, **kw),
+            head_taxonomy(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], **kw),
+            attention_decomposition(model, toks[:1], bands=BANDS, layers=[0]),
+            mrope_decomposition(vl, **vl_inputs(vl), layers=[0]),
+            PasskeyRetrieval(lengths=(64,), depths=(0.5,), trials=(trial,), provenance=prov),
+            base_predictions(rope_spec(model), [64, 128]),
+            MeasuredExtrapolation(
+                lengths=(64,),
+                estimates=(
+                    {
+                        "n_windows": 2,
+                        "loss": {"mean": 1.0, "lo": 0.9, "hi": 1.1},
+                        "perplexity": {"mean": 2.7, "lo": 2.5, "hi": 3.0},
+                    },
+                ),
+                window_losses=((1.0, 1.0),),
+                train_ctx=32,
+                provenance=prov,
+            ),
+            extension_planes(rope_spec(model)[0], Linear(2.0), 32, 64),
+            pe_similarity(sinusoidal_pe(32, 16), name="sinusoidal"),
+            LongRopeSearch(
+                target_len=64,
+                original_ctx=32,
+                factors=(1.0, 2.0),
+                n_hat=0,
+                perplexity=3.0,
+                initial_best=3.5,
+                baselines={"PI": 4.0},
+                history=({"generation": 0, "best": 3.0, "mean": 3.5, "n_evaluated": 4},),
+                settings={},
+                provenance=prov,
+            ),
+            frequency_entropy(model, toks, n_ctx=16, **kw),
+            band_location(model, toks, n_ctx=16, intervene=False, **kw),
+            positional_symbolic(model, toks, n_ctx=16, min_keys=4, layers=[0], **kw),
+            retrieval_heads(model, lengths=[300], depths=[0.5], n_trials=1, top_k=2, seed=2),
+            knockout(
+                model,
+                {"set": [(0, 0), (1, 2)]},
+                doses=[0, 2],
+                metrics=("loss",),
+                corpus=toks,
+                n_random=1,
+                n_control=1,
+                n_boot=50,
+                verify=False,
+            ),
+            extension_study(
+                tiny_model("llama", max_position_embeddings=64),
+                128,
+                methods=("none", "pi"),
+                start=64,
+                n_windows=1,
+                depths=(0.5,),
+                out=tmp_path_factory.mktemp("study"),
+                **kw,
+            ),
+            Trajectory(
+                records=tuple(
+                    (s, f"step-{s}", st.analysis, st.metric, -1, float(v))
+                    for st in STRUCTURES
+                    for s, v in ((0, 0.0), (100, 3.0))
+                ),
+                checkpoints=(Checkpoint(0, "step-0"), Checkpoint(100, "step-100")),
+                analyses=ANALYSES,
+                structures=STRUCTURES,
+                provenance=prov,
+            ),
+        )
+    }
 
 
 def test_every_result_kind_is_registered_and_tested(results):
@@ -109,10 +167,18 @@ def test_every_result_kind_is_registered_and_tested(results):
 def test_class_statement_declares_the_file(monkeypatch):
     """Kind (the class name unless given) and format 1 by default, registered at creation; merge fields, hint and
     JSON options pass to subclasses, kind, format and unversioned do not."""
-    monkeypatch.setattr(result_base, "_REGISTRY", dict(result_base.registered()))  # the probes below leave no trace
+    monkeypatch.setattr(
+        result_base, "_REGISTRY", dict(result_base.registered())
+    )  # the probes below leave no trace
 
-    class Probe(Result, merge_same=("layers",), merge_sums=("sums",), merge_hint="align them", unversioned=True,
-                json_options={"indent": None}):
+    class Probe(
+        Result,
+        merge_same=("layers",),
+        merge_sums=("sums",),
+        merge_hint="align them",
+        unversioned=True,
+        json_options={"indent": None},
+    ):
         pass
 
     class Renamed(Probe, kind="ProbeV2", format=2):
@@ -120,18 +186,33 @@ def test_class_statement_declares_the_file(monkeypatch):
 
     assert (Probe.KIND, Probe.FORMAT, Probe.UNVERSIONED) == ("Probe", 1, True)
     assert (Renamed.KIND, Renamed.FORMAT, Renamed.UNVERSIONED) == ("ProbeV2", 2, False)
-    assert (Renamed.MERGE_SAME, Renamed.MERGE_SUMS, Renamed.MERGE_HINT) == (("layers",), ("sums",), "align them")
+    assert (Renamed.MERGE_SAME, Renamed.MERGE_SUMS, Renamed.MERGE_HINT) == (
+        ("layers",),
+        ("sums",),
+        "align them",
+    )
     assert Renamed.JSON_OPTIONS == {"indent": None}
     assert registered()["Probe"] is Probe and registered()["ProbeV2"] is Renamed
-    assert (FrequencyUsage.MERGE_SAME, FrequencyUsage.MERGE_SUMS) == (("layers", "n_sink", "source", "spec"),
-                                                                      ("token", "window"))
-    with pytest.raises(TypeError, match="'FrequencyUsage' is taken by ropelens.analyses.frequency_usage.FrequencyUsage"):
+    assert (FrequencyUsage.MERGE_SAME, FrequencyUsage.MERGE_SUMS) == (
+        ("layers", "n_sink", "source", "spec"),
+        ("token", "window"),
+    )
+    with pytest.raises(
+        TypeError,
+        match="'FrequencyUsage' is taken by ropelens.analyses.frequency_usage.FrequencyUsage",
+    ):
+
         class Clash(Result, kind="FrequencyUsage"):
             pass
-    with pytest.raises(TypeError, match="sets FORMAT, KIND in its body: declare them in the class statement"):
+
+    with pytest.raises(
+        TypeError, match="sets FORMAT, KIND in its body: declare them in the class statement"
+    ):
+
         class InBody(Result):
             KIND = "InBody"
             FORMAT = 1
+
     assert "Clash" not in registered() and "InBody" not in registered()
 
 
@@ -149,8 +230,12 @@ def test_load_result_knows_every_kind_in_a_fresh_process():
     """ropelens.load_result reads a kind whose module the caller never imported."""
     code = "import sys, ropelens; print(type(ropelens.load_result(sys.argv[1])).__name__)"
     for kind in ("FrequencyEntropy", "PositionalSymbolic"):
-        out = subprocess.run([sys.executable, "-c", code, str(SAVED / f"{kind}.json")], capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(SAVED / f"{kind}.json")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert out.stdout.split()[-1] == kind
 
 
@@ -160,8 +245,10 @@ def test_load_result_dispatches_on_kind(results, tmp_path):
         r.save(path)
         back = load_result(path)
         assert type(back) is type(r), kind
-        assert type(r).load(path).to_frame(*(() if kind not in SAFETENSORS else (0, 0))).shape == \
-            back.to_frame(*(() if kind not in SAFETENSORS else (0, 0))).shape
+        assert (
+            type(r).load(path).to_frame(*(() if kind not in SAFETENSORS else (0, 0))).shape
+            == back.to_frame(*(() if kind not in SAFETENSORS else (0, 0))).shape
+        )
         if kind not in SAFETENSORS:
             d = json.loads(path.read_text())
             assert (d["type"], d["format"]) == (kind, type(r).FORMAT)
@@ -188,9 +275,19 @@ def test_wrong_kind_or_format_is_named(results, tmp_path):
 
 def test_files_from_before_the_result_base_still_load(results, tmp_path):
     """Usage, band statistics and head scores wrote a type and no format; plane views and searches neither."""
-    for kind in ("FrequencyUsage", "BandStatistics", "HeadTaxonomy", "ExtensionPlanes", "LongRopeSearch"):
+    for kind in (
+        "FrequencyUsage",
+        "BandStatistics",
+        "HeadTaxonomy",
+        "ExtensionPlanes",
+        "LongRopeSearch",
+    ):
         r = results[kind]
-        old = r.to_dict() if kind in ("ExtensionPlanes", "LongRopeSearch") else {"type": kind, **r.to_dict()}
+        old = (
+            r.to_dict()
+            if kind in ("ExtensionPlanes", "LongRopeSearch")
+            else {"type": kind, **r.to_dict()}
+        )
         path = tmp_path / f"{kind}.json"
         path.write_text(json.dumps(old))
         assert type(r).load(path).to_frame().shape == r.to_frame().shape
@@ -198,7 +295,10 @@ def test_files_from_before_the_result_base_still_load(results, tmp_path):
             assert type(load_result(path)) is type(r)
     with pytest.raises(InputError, match="does not hold AttentionSinks"):
         AttentionSinks.load(tmp_path / "FrequencyUsage.json")
-    untyped = {"type": "AttentionSinks", **{k: v for k, v in results["AttentionSinks"].to_dict().items()}}
+    untyped = {
+        "type": "AttentionSinks",
+        **{k: v for k, v in results["AttentionSinks"].to_dict().items()},
+    }
     (tmp_path / "s.json").write_text(json.dumps(untyped))
     with pytest.raises(InputError, match="format None"):  # sinks always wrote a format
         AttentionSinks.load(tmp_path / "s.json")
@@ -266,7 +366,10 @@ def test_findings_quote_their_values(results):
     assert keys["AttentionSinks"][0] == "sinks-0" and keys["AttentionSinks"][-1] == "sinks-2"
     assert keys["AttentionByDistance"][0] == "distance"
     assert all(k.startswith("distance-layer-") for k in keys["AttentionByDistance"][1:])
-    assert results["FrequencyUsage"].findings(Bands.quantiles(4))[0].values["q"]["band"].startswith("Q")
+    assert (
+        results["FrequencyUsage"]
+        .findings(Bands.quantiles(4))[0]
+        .values["q"]["band"]
+        .startswith("Q")
+    )
     assert results["PasskeyRetrieval"].findings() == []
-
-

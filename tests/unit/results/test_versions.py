@@ -26,13 +26,20 @@ def test_version_prints_the_versions_in_use_and_what_is_off_the_tested_stack(mon
     assert main(["--version"]) == 0
     out = capsys.readouterr().out
     assert f"transformers {have['transformers']}" in out and f"torch {have['torch']}" in out
-    monkeypatch.setattr(provenance, "tested_versions", lambda: {"transformers": "0.0.1", "torch": have["torch"]})
+    monkeypatch.setattr(
+        provenance, "tested_versions", lambda: {"transformers": "0.0.1", "torch": have["torch"]}
+    )
     assert provenance.untested_versions() == {"transformers": (have["transformers"], "0.0.1")}
     assert main(["--version"]) == 0
-    assert f"not the tested stack: transformers {have['transformers']} (tested 0.0.1)" in capsys.readouterr().out
+    assert (
+        f"not the tested stack: transformers {have['transformers']} (tested 0.0.1)"
+        in capsys.readouterr().out
+    )
 
 
 def test_the_report_says_when_versions_differ_from_the_tested_ones():
     assert _untested_html({"untested_versions": {}}) == ""
-    html = _untested_html({"untested_versions": {"transformers": {"installed": "5.25.0", "tested": "5.24.0"}}})
+    html = _untested_html(
+        {"untested_versions": {"transformers": {"installed": "5.25.0", "tested": "5.24.0"}}}
+    )
     assert "Not the tested stack" in html and "transformers 5.25.0 (tested 5.24.0)" in html

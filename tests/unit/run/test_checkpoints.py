@@ -114,7 +114,9 @@ def test_a_damaged_checkpoint_is_refused_by_name(tiny, tmp_path, damage):
     else:
         raw[len(raw) // 2] ^= 0x01
     f.write_bytes(bytes(raw))
-    with pytest.raises(InputError, match=r"checkpoint .*rank0-of-1\.pt is damaged .*delete it to start over"):
+    with pytest.raises(
+        InputError, match=r"checkpoint .*rank0-of-1\.pt is damaged .*delete it to start over"
+    ):
         ropelens.analyses.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
 
 
@@ -125,7 +127,8 @@ def test_a_crash_between_write_and_rename_resumes_from_the_last_good_state(tmp_p
     path = tiny_model_dir("llama", tmp_path / "model")
     ck = tmp_path / "ck"
     script = tmp_path / "crash.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, torch, ropelens
         import ropelens.results.serialize as S
         writes = {{"n": 0}}
@@ -142,15 +145,22 @@ def test_a_crash_between_write_and_rename_resumes_from_the_last_good_state(tmp_p
         toks[:, 0] = 1
         model = ropelens.load_model({str(path)!r}, device="cpu")
         ropelens.analyses.frequency_usage(model, toks, checkpoint={str(ck)!r}, **{KW!r})
-    """))
+    """)
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env
+    )
     assert r.returncode == 9, r.stderr[-3000:]
     left = sorted(p.name for p in ck.iterdir())
-    assert "rank0-of-1.pt" in left and any(n.endswith(".tmp") for n in left), left  # what a crash leaves
+    assert "rank0-of-1.pt" in left and any(n.endswith(".tmp") for n in left), (
+        left
+    )  # what a crash leaves
     model = ropelens.load_model(path, device="cpu")
     resumed = ropelens.analyses.frequency_usage(model, _tokens(), checkpoint=ck, **KW)
-    assert resumed.provenance.config["resumed_batches"] == 2  # the first checkpoint, not the lost second
+    assert (
+        resumed.provenance.config["resumed_batches"] == 2
+    )  # the first checkpoint, not the lost second
     _same(resumed, ropelens.analyses.frequency_usage(model, _tokens(), **KW))
     assert sorted(p.name for p in ck.iterdir()) == ["rank0-of-1.pt"]
 
@@ -172,7 +182,8 @@ def test_checkpoint_under_torchrun_resumes_to_the_uninterrupted_result(tmp_path)
     path = tiny_model_dir("llama-gqa", tmp_path / "model")
     ck, out = tmp_path / "ck", tmp_path / "usage.json"
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, sys, torch, torch.distributed as dist, ropelens
         import ropelens.run.distributed as D
         from ropelens.run.distributed import init_from_env, is_main
@@ -195,17 +206,30 @@ def test_checkpoint_under_torchrun_resumes_to_the_uninterrupted_result(tmp_path)
         if is_main():
             u.save({str(out)!r})
         dist.destroy_process_group()
-    """))
+    """)
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "127.0.0.1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(script),
+    ]
     r = subprocess.run([*cmd, "kill"], capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode != 0 and not out.exists()
     assert sorted(p.name for p in ck.iterdir()) == ["rank0-of-2.pt", "rank1-of-2.pt"]
     r = subprocess.run([*cmd, "resume"], capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     resumed = FrequencyUsage.load(out)
-    assert resumed.provenance.config["resumed_batches"] == 2 and resumed.provenance.config["world_size"] == 2
-    one = ropelens.analyses.frequency_usage(ropelens.load_model(path, device="cpu"), _tokens(), **KW)
+    assert (
+        resumed.provenance.config["resumed_batches"] == 2
+        and resumed.provenance.config["world_size"] == 2
+    )
+    one = ropelens.analyses.frequency_usage(
+        ropelens.load_model(path, device="cpu"), _tokens(), **KW
+    )
     _same(resumed, one, tol=1e-9)
     assert resumed.provenance.n_tokens == one.provenance.n_tokens
     assert sorted(p.name for p in ck.iterdir()) == ["rank0-of-2.pt", "rank1-of-2.pt"]

@@ -28,7 +28,14 @@ N_CTX, N_WINDOWS = 32, 7  # 7 windows: not divisible by 2 or 3
 def launch(nproc: int, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node N ARGS`` on loopback, one thread per rank."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "127.0.0.1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        *args,
+    ]
     return _run_ranks(cmd, timeout, env)
 
 
@@ -51,17 +58,34 @@ def test_ranks_equal_one_process(nproc, gqa_dir, tmp_path):
     tokens = str(N_CTX * N_WINDOWS)
     common = ["--corpus", "english", "--n-ctx", str(N_CTX), "--tokens", tokens, "--device", "cpu"]
     u_path, s_path = tmp_path / "usage.json", tmp_path / "stats.json"
-    r = launch(nproc, ["-m", "ropelens", "frequency-usage", str(gqa_dir), *common, "--save", str(u_path)])
+    r = launch(
+        nproc, ["-m", "ropelens", "frequency-usage", str(gqa_dir), *common, "--save", str(u_path)]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    r = launch(nproc, ["-m", "ropelens", "band-statistics", str(gqa_dir), *common, "--batch-size", "2",
-                       "--save", str(s_path)])
+    r = launch(
+        nproc,
+        [
+            "-m",
+            "ropelens",
+            "band-statistics",
+            str(gqa_dir),
+            *common,
+            "--batch-size",
+            "2",
+            "--save",
+            str(s_path),
+        ],
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("windows of 32") == 1, r.stdout
 
     model = ropelens.load_model(gqa_dir, device="cpu")
-    u1 = ropelens.analyses.frequency_usage(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), progress=False)
-    s1 = ropelens.analyses.band_statistics(model, "english", n_ctx=N_CTX, max_tokens=int(tokens), batch_size=2,
-                                  progress=False)
+    u1 = ropelens.analyses.frequency_usage(
+        model, "english", n_ctx=N_CTX, max_tokens=int(tokens), progress=False
+    )
+    s1 = ropelens.analyses.band_statistics(
+        model, "english", n_ctx=N_CTX, max_tokens=int(tokens), batch_size=2, progress=False
+    )
     uN, sN = FrequencyUsage.load(u_path), BandStatistics.load(s_path)
     for key in u1.token:
         for f in ("count", "total", "total_sq"):
@@ -80,7 +104,8 @@ def test_ranks_equal_one_process(nproc, gqa_dir, tmp_path):
 def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, gqa_dir):
     """Rank 1 raises mid-run: both ranks exit non-zero, promptly, and rank 0 names rank 1's error."""
     script = tmp_path / "fail.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import torch, torch.distributed as dist, ropelens
         from ropelens.run.distributed import init_from_env, run_windows
         from ropelens.analyses.frequency_usage import UsageReducer
@@ -99,10 +124,13 @@ def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, gqa_dir):
             run_windows(model, toks, [Boom(spec, spec.rotary_layers)], batch_size=1, spec=spec, progress=False)
         finally:
             dist.destroy_process_group()
-    """))
+    """)
+    )
     r = launch(2, [str(script)], timeout=180)
     assert r.returncode != 0
-    assert "rank 1 of 2 failed" in r.stderr and "out of memory on rank 1 (planted)" in r.stderr, r.stderr[-3000:]
+    assert "rank 1 of 2 failed" in r.stderr and "out of memory on rank 1 (planted)" in r.stderr, (
+        r.stderr[-3000:]
+    )
 
 
 def test_checkpoint_resume_gives_the_identical_result(tmp_path, tiny, monkeypatch):
@@ -111,7 +139,9 @@ def test_checkpoint_resume_gives_the_identical_result(tmp_path, tiny, monkeypatc
     refuses to resume."""
     model = tiny("llama-gqa")
     toks = torch.randint(4, 100, (6, 20), generator=torch.Generator().manual_seed(5))
-    whole = ropelens.analyses.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False)
+    whole = ropelens.analyses.band_statistics(
+        model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False
+    )
 
     real = capture.stream
     calls = {"n": 0}
@@ -126,22 +156,48 @@ def test_checkpoint_resume_gives_the_identical_result(tmp_path, tiny, monkeypatc
 
     monkeypatch.setattr(D, "stream", dies_after_four)
     with pytest.raises(KeyboardInterrupt):
-        ropelens.analyses.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False,
-                                 checkpoint=tmp_path / "ck", checkpoint_every=2)
+        ropelens.analyses.band_statistics(
+            model,
+            toks,
+            bands=Bands.quantiles(2),
+            batch_size=1,
+            progress=False,
+            checkpoint=tmp_path / "ck",
+            checkpoint_every=2,
+        )
     monkeypatch.setattr(D, "stream", real)
     assert (tmp_path / "ck" / "rank0-of-1.pt").exists()
-    resumed = ropelens.analyses.band_statistics(model, toks, bands=Bands.quantiles(2), batch_size=1, progress=False,
-                                       checkpoint=tmp_path / "ck", checkpoint_every=2)
+    resumed = ropelens.analyses.band_statistics(
+        model,
+        toks,
+        bands=Bands.quantiles(2),
+        batch_size=1,
+        progress=False,
+        checkpoint=tmp_path / "ck",
+        checkpoint_every=2,
+    )
     assert resumed.provenance.config["resumed_batches"] == 4
     for k, v in whole.sums.items():
         assert torch.equal(resumed.sums[k], v), k
     assert resumed.provenance.n_tokens == whole.provenance.n_tokens
     with pytest.raises(ValueError, match="different run"):
-        ropelens.analyses.band_statistics(model, toks, bands=Bands.quantiles(4), batch_size=1, progress=False,
-                                 checkpoint=tmp_path / "ck")
+        ropelens.analyses.band_statistics(
+            model,
+            toks,
+            bands=Bands.quantiles(4),
+            batch_size=1,
+            progress=False,
+            checkpoint=tmp_path / "ck",
+        )
     with pytest.raises(ValueError, match="different run"):
-        ropelens.analyses.band_statistics(model, toks[:5], bands=Bands.quantiles(2), batch_size=1, progress=False,
-                                 checkpoint=tmp_path / "ck")
+        ropelens.analyses.band_statistics(
+            model,
+            toks[:5],
+            bands=Bands.quantiles(2),
+            batch_size=1,
+            progress=False,
+            checkpoint=tmp_path / "ck",
+        )
 
 
 def test_single_process_run_info(tiny):
@@ -184,10 +240,16 @@ def assert_same_frame(a, b, where: str) -> None:
     assert list(a.columns) == list(b.columns) and len(a) == len(b), where
     for col in a.columns:
         x, y = a[col], b[col]
-        if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y) and x.dtype != bool:
+        if (
+            pd.api.types.is_numeric_dtype(x)
+            and pd.api.types.is_numeric_dtype(y)
+            and x.dtype != bool
+        ):
             x, y = x.to_numpy(np.float64), y.to_numpy(np.float64)
             scale = float(np.nanmax(np.abs(x), initial=0.0)) if np.isfinite(x).any() else 0.0
-            np.testing.assert_allclose(y, x, rtol=1e-9, atol=1e-9 * scale, equal_nan=True, err_msg=f"{where}: {col}")
+            np.testing.assert_allclose(
+                y, x, rtol=1e-9, atol=1e-9 * scale, equal_nan=True, err_msg=f"{where}: {col}"
+            )
         else:
             assert x.astype(str).tolist() == y.astype(str).tolist(), f"{where}: {col}"
 
@@ -202,14 +264,35 @@ def test_report_under_torchrun_equals_one_process(gqa_dir, tmp_path):
 
     from ropelens.report.build import build_report
 
-    r = launch(2, ["-m", "ropelens", "report", str(gqa_dir), "--quick", "--out", str(tmp_path / "two"),
-                   "--device", "cpu"])
+    r = launch(
+        2,
+        [
+            "-m",
+            "ropelens",
+            "report",
+            str(gqa_dir),
+            "--quick",
+            "--out",
+            str(tmp_path / "two"),
+            "--device",
+            "cpu",
+        ],
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("report: ") == 1  # rank 0 only
-    one = build_report(ropelens.load_model(gqa_dir, device="cpu"), quick=True, out=tmp_path / "one", progress=False)
+    one = build_report(
+        ropelens.load_model(gqa_dir, device="cpu"), quick=True, out=tmp_path / "one", progress=False
+    )
     names = sorted(p.name for p in one.glob("*.csv"))
     assert names == sorted(p.name for p in (tmp_path / "two").glob("*.csv"))
-    assert {"usage.csv", "band_stats.csv", "energy.csv", "heads.csv", "sinks_heads.csv", "distance_shapes.csv"} <= set(names)
+    assert {
+        "usage.csv",
+        "band_stats.csv",
+        "energy.csv",
+        "heads.csv",
+        "sinks_heads.csv",
+        "distance_shapes.csv",
+    } <= set(names)
     for name in names:
         assert_same_frame(pd.read_csv(one / name), pd.read_csv(tmp_path / "two" / name), name)
     a, b = (json.loads((d / "report.json").read_text()) for d in (one, tmp_path / "two"))
@@ -221,14 +304,35 @@ def test_heads_under_torchrun_equals_one_process(gqa_dir, tmp_path):
     from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy
 
     saved = tmp_path / "heads.json"
-    r = launch(2, ["-m", "ropelens", "head-taxonomy", str(gqa_dir), "--windows", "3", "--n-ctx", str(N_CTX),
-                   "--device", "cpu", "--save", str(saved)])
+    r = launch(
+        2,
+        [
+            "-m",
+            "ropelens",
+            "head-taxonomy",
+            str(gqa_dir),
+            "--windows",
+            "3",
+            "--n-ctx",
+            str(N_CTX),
+            "--device",
+            "cpu",
+            "--save",
+            str(saved),
+        ],
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("positional heads of") == 1, r.stdout  # rank 0 prints, alone
     two = HeadTaxonomy.load(saved)
     cfg = two.provenance.config
-    assert cfg["world_size"] == 2 and sorted(w for ws in cfg["windows_by_rank"] for w in ws) == [0, 1, 2]
-    one = head_taxonomy(ropelens.load_model(gqa_dir, device="cpu"), n_ctx=N_CTX, n_windows=3, progress=False)
+    assert cfg["world_size"] == 2 and sorted(w for ws in cfg["windows_by_rank"] for w in ws) == [
+        0,
+        1,
+        2,
+    ]
+    one = head_taxonomy(
+        ropelens.load_model(gqa_dir, device="cpu"), n_ctx=N_CTX, n_windows=3, progress=False
+    )
     assert two.tau == one.tau
     assert_same_frame(one.to_frame(), two.to_frame(), "heads")
 
@@ -242,6 +346,13 @@ def test_commands_that_do_not_split_refuse_torchrun(gqa_dir, monkeypatch, capsys
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["base-predictions", str(gqa_dir), "--lengths", "64"]) == 2
     assert "does not split its work across processes" in capsys.readouterr().err
-    for command in ("usage", "decompose-stats", "sinks", "distance", "massive", "offsets"):  # these split
+    for command in (
+        "usage",
+        "decompose-stats",
+        "sinks",
+        "distance",
+        "massive",
+        "offsets",
+    ):  # these split
         args = build_parser().parse_args([command, str(gqa_dir), "--checkpoint", "ck"])
         assert args.distributed and args.checkpoint == "ck", command

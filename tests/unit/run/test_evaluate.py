@@ -46,7 +46,9 @@ def test_window_losses_bad_input(tiny):
     with pytest.raises(ValueError, match="n_windows, n_ctx"):
         window_losses(tiny("llama"), torch.zeros(10, dtype=torch.long), progress=False)
     with pytest.raises(ValueError, match="batch_size"):
-        window_losses(tiny("llama"), torch.zeros(2, 5, dtype=torch.long), batch_size=0, progress=False)
+        window_losses(
+            tiny("llama"), torch.zeros(2, 5, dtype=torch.long), batch_size=0, progress=False
+        )
 
 
 def test_bootstrap_covers_mean_and_is_seeded():
@@ -73,8 +75,12 @@ def test_bootstrap_ci_narrows_with_more_windows():
 
 @pytest.mark.parametrize(
     ("values", "kw", "match"),
-    [([], {}, "empty"), ([1.0, float("nan")], {}, "non-finite"), ([1.0], {"n_boot": 0}, "n_boot"),
-     ([1.0], {"alpha": 1.5}, "alpha")],
+    [
+        ([], {}, "empty"),
+        ([1.0, float("nan")], {}, "non-finite"),
+        ([1.0], {"n_boot": 0}, "n_boot"),
+        ([1.0], {"alpha": 1.5}, "alpha"),
+    ],
 )
 def test_bootstrap_bad_input(values, kw, match):
     with pytest.raises(ValueError, match=match):
@@ -103,7 +109,9 @@ def hand_percentile_bootstrap(values, n_boot, seed, alpha):
 def test_loss_estimate(tiny, tokens):
     """Per-window losses equal a cross-entropy written here on the plain HF model (same weights);
     the CI equals a hand-coded percentile bootstrap with the same seed."""
-    est, losses = loss_estimate(tiny("llama"), tokens, progress=False, n_boot=300, seed=7, alpha=0.1)
+    est, losses = loss_estimate(
+        tiny("llama"), tokens, progress=False, n_boot=300, seed=7, alpha=0.1
+    )
     want = hand_window_losses(tiny_hf_model("llama"), tokens)
     torch.testing.assert_close(losses.double(), want, rtol=1e-5, atol=1e-5)
     assert 4.0 < want.mean().item() < 5.5  # random 101-token model: near ln 101 = 4.62, not ~0
@@ -111,7 +119,9 @@ def test_loss_estimate(tiny, tokens):
     assert est.n_windows == 5 and (est.n_boot, est.seed, est.alpha) == (300, 7, 0.1)
     assert (est.loss.mean, est.loss.lo, est.loss.hi) == pytest.approx((mean, lo, hi), rel=1e-9)
     assert lo < mean < hi
-    assert (est.perplexity.lo, est.perplexity.hi) == pytest.approx((math.exp(lo), math.exp(hi)), rel=1e-9)
+    assert (est.perplexity.lo, est.perplexity.hi) == pytest.approx(
+        (math.exp(lo), math.exp(hi)), rel=1e-9
+    )
 
 
 def test_bootstrap_ci_matches_hand_bootstrap_on_skewed_values():
@@ -120,7 +130,9 @@ def test_bootstrap_ci_matches_hand_bootstrap_on_skewed_values():
     est = bootstrap_ci(values, n_boot=1000, seed=3)
     mean, lo, hi = hand_percentile_bootstrap(values, n_boot=1000, seed=3, alpha=0.05)
     assert (est.loss.mean, est.loss.lo, est.loss.hi) == pytest.approx((mean, lo, hi), rel=1e-9)
-    assert hi - mean > 1.5 * (mean - lo)  # the outlier stretches the upper side (measured 1.26 vs 0.66)
+    assert hi - mean > 1.5 * (
+        mean - lo
+    )  # the outlier stretches the upper side (measured 1.26 vs 0.66)
     # a constant sample has a zero-width interval at its value
     flat = bootstrap_ci([2.5] * 6, n_boot=200)
     assert (flat.loss.lo, flat.loss.mean, flat.loss.hi) == pytest.approx((2.5, 2.5, 2.5))

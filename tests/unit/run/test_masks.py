@@ -15,7 +15,9 @@ from ropelens.run.capture import stream
 
 N = 16
 LENGTHS = (16, 11, 7)
-REFUSED = r"row 1 has a real token after padding \(left padding or a gap\).*right-padded batches only"
+REFUSED = (
+    r"row 1 has a real token after padding \(left padding or a gap\).*right-padded batches only"
+)
 
 
 def _batch() -> torch.Tensor:
@@ -50,8 +52,10 @@ def test_right_padding_equals_each_window_alone(tiny, family, fast):
     padded = UsageReducer(spec, spec.rotary_layers)
     n = stream(model, [(toks, valid)], [padded], progress=False, fast=fast)
     alone = UsageReducer(spec, spec.rotary_layers)
-    n_alone = sum(stream(model, [toks[i:i + 1, :L]], [alone], progress=False, fast=fast)
-                  for i, L in enumerate(LENGTHS))
+    n_alone = sum(
+        stream(model, [toks[i : i + 1, :L]], [alone], progress=False, fast=fast)
+        for i, L in enumerate(LENGTHS)
+    )
     assert n == n_alone == sum(LENGTHS)
     for key in alone.tok:
         for f in ("count", "total", "total_sq"):

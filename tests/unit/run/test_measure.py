@@ -39,7 +39,14 @@ ANALYSES = {  # name → (entry point, its settings, result class, a changed set
 def launch(nproc: int, script: str, timeout: int = 240) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node N SCRIPT`` on loopback, one thread per rank."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "127.0.0.1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        script,
+    ]
     return _run_ranks(cmd, timeout, env)
 
 
@@ -47,7 +54,9 @@ def _run_ranks(cmd: list[str], timeout: int, env: dict[str, str]) -> subprocess.
     """Run the launch; again where a rank was aborted by gloo's transport ("terminate called without an active
     exception", SIGABRT: a race of its threads on a machine with fewer cores than ranks, seen in about one launch in
     ten of three ranks on two cores, before any analysis ran), so a result is compared only from a clean launch."""
-    for _ in range(3):  # up to three launches: an abort in one of ten launches, seen twice in a row under load
+    for _ in range(
+        3
+    ):  # up to three launches: an abort in one of ten launches, seen twice in a row under load
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if r.returncode == 0 or "terminate called without an active exception" not in r.stderr:
             return r
@@ -89,8 +98,10 @@ def assert_same_sums(got, want, tol: float = 0.0) -> None:
 def one_process(gqa_dir):
     """Each analysis's result in one process: the reference every world size is held to."""
     model = ropelens.load_model(gqa_dir, device="cpu")
-    return {name: run(model, _tokens(), batch_size=BATCH, progress=False, **kw)
-            for name, (run, kw, _, _) in ANALYSES.items()}
+    return {
+        name: run(model, _tokens(), batch_size=BATCH, progress=False, **kw)
+        for name, (run, kw, _, _) in ANALYSES.items()
+    }
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
@@ -99,7 +110,8 @@ def test_ranks_equal_one_process(nproc, gqa_dir, one_process, tmp_path):
     tok_path = tmp_path / "tokens.pt"
     torch.save(_tokens(), tok_path)
     script = tmp_path / "four.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import torch, torch.distributed as dist, ropelens
         from ropelens import Bands
         from ropelens.run.distributed import init_from_env, is_main
@@ -118,7 +130,8 @@ def test_ranks_equal_one_process(nproc, gqa_dir, one_process, tmp_path):
             if is_main():
                 r.save({str(tmp_path)!r} + f"/{{name}}.json")
         dist.destroy_process_group()
-    """))
+    """)
+    )
     r = launch(nproc, str(script))
     assert r.returncode == 0, r.stderr[-3000:]
     for name, (_, _, cls, _) in ANALYSES.items():
@@ -127,10 +140,15 @@ def test_ranks_equal_one_process(nproc, gqa_dir, one_process, tmp_path):
         assert_same_sums(split, one, tol=1e-9)
         cfg = split.provenance.config
         assert cfg["world_size"] == nproc, name
-        assert sorted(w for ws in cfg["windows_by_rank"] for w in ws) == list(range(N_WINDOWS)), name
+        assert sorted(w for ws in cfg["windows_by_rank"] for w in ws) == list(range(N_WINDOWS)), (
+            name
+        )
         assert split.provenance.n_tokens == one.provenance.n_tokens == N_WINDOWS * N_CTX, name
-        assert {k: v for k, v in cfg.items() if k not in ("world_size", "windows_by_rank", "reduce_seconds")} \
-            == one.provenance.config, name
+        assert {
+            k: v
+            for k, v in cfg.items()
+            if k not in ("world_size", "windows_by_rank", "reduce_seconds")
+        } == one.provenance.config, name
 
 
 @pytest.mark.parametrize("name", list(ANALYSES))
@@ -168,10 +186,14 @@ def test_tile_is_part_of_the_checkpoint(tiny, tmp_path):
     with one tile does not resume with another."""
     model, toks = tiny("llama-gqa"), _tokens()[:2, :16]
     attention_sinks(model, toks, bands=BANDS, batch_size=1, progress=False, checkpoint=tmp_path)
-    again = attention_sinks(model, toks, bands=BANDS, batch_size=1, progress=False, checkpoint=tmp_path)
+    again = attention_sinks(
+        model, toks, bands=BANDS, batch_size=1, progress=False, checkpoint=tmp_path
+    )
     assert again.provenance.config["resumed_batches"] == 2 and "tile" not in again.provenance.config
     with pytest.raises(ValueError, match="tile"):
-        attention_sinks(model, toks, bands=BANDS, batch_size=1, tile=3, progress=False, checkpoint=tmp_path)
+        attention_sinks(
+            model, toks, bands=BANDS, batch_size=1, tile=3, progress=False, checkpoint=tmp_path
+        )
 
 
 def test_measure_records_the_run(tiny):
@@ -189,19 +211,44 @@ def test_measure_records_the_run(tiny):
     assert isinstance(m, Measured) and m.reducers == tuple(built) and m.reducer is built[0]
     p = m.provenance
     corpus = ropelens.run.data.load_corpus("english")
-    assert (p.model, p.corpus, p.corpus_sha256) == (ropelens.spec.reading.model_label(model), corpus.name, corpus.sha256)
+    assert (p.model, p.corpus, p.corpus_sha256) == (
+        ropelens.spec.reading.model_label(model),
+        corpus.name,
+        corpus.sha256,
+    )
     assert (p.n_tokens, p.n_windows, p.n_ctx) == (64, 4, 16)
     verified = p.config.pop("verification")
-    assert verified["status"] == "passed" and verified["layers"] == [0, 1]  # the probe ran before the windows
+    assert verified["status"] == "passed" and verified["layers"] == [
+        0,
+        1,
+    ]  # the probe ran before the windows
     assert p.config == {"n_sink": 1, "batch_size": 2, "layers": [0, 1]}
     assert p.seconds is not None and p.seconds > 0
     json.dumps(p.to_dict())  # saved results hold it as JSON
-    ready = measure(model, None, lambda s, ls, _: UsageReducer(s, ls), RunOptions(progress=False), analysis="usage",
-                    windows=Windows(m.windows.tokens[:2]), label="given")
-    assert (ready.provenance.model, ready.provenance.corpus, ready.provenance.n_windows) == ("given", None, 2)
+    ready = measure(
+        model,
+        None,
+        lambda s, ls, _: UsageReducer(s, ls),
+        RunOptions(progress=False),
+        analysis="usage",
+        windows=Windows(m.windows.tokens[:2]),
+        label="given",
+    )
+    assert (ready.provenance.model, ready.provenance.corpus, ready.provenance.n_windows) == (
+        "given",
+        None,
+        2,
+    )
     assert ready.layers == tuple(ropelens.rope_spec(model).rotary_layers)
     with pytest.raises(ValueError, match="no layers selected"):
-        measure(model, None, build, RunOptions(layers=[], progress=False), analysis="usage", windows=m.windows)
+        measure(
+            model,
+            None,
+            build,
+            RunOptions(layers=[], progress=False),
+            analysis="usage",
+            windows=m.windows,
+        )
 
 
 def test_corpus_analyses_share_one_signature():
@@ -210,15 +257,30 @@ def test_corpus_analyses_share_one_signature():
 
     from ropelens.run.measure import corpus_analysis
 
-    fns = [ropelens.analyses.frequency_usage, ropelens.analyses.band_statistics, ropelens.analyses.attention_sinks, ropelens.analyses.attention_by_distance,
-           ropelens.analyses.massive_values.massive_values, ropelens.analyses.rotary_offsets.rotary_offsets]
+    fns = [
+        ropelens.analyses.frequency_usage,
+        ropelens.analyses.band_statistics,
+        ropelens.analyses.attention_sinks,
+        ropelens.analyses.attention_by_distance,
+        ropelens.analyses.massive_values.massive_values,
+        ropelens.analyses.rotary_offsets.rotary_offsets,
+    ]
     for fn in fns:
         params = inspect.signature(fn).parameters
         assert list(params)[:5] == ["model", "corpus", "n_ctx", "max_tokens", "layers"], fn.__name__
-        assert list(params)[-5:] == ["batch_size", "progress", "checkpoint", "checkpoint_every", "verify"], fn.__name__
+        assert list(params)[-5:] == [
+            "batch_size",
+            "progress",
+            "checkpoint",
+            "checkpoint_every",
+            "verify",
+        ], fn.__name__
         assert params["corpus"].default is None and "run" not in params
     assert inspect.signature(ropelens.analyses.attention_sinks).parameters["n_ctx"].default == 256
-    assert inspect.signature(ropelens.analyses.frequency_usage).parameters["max_tokens"].default == 32_768
+    assert (
+        inspect.signature(ropelens.analyses.frequency_usage).parameters["max_tokens"].default
+        == 32_768
+    )
     with pytest.raises(TypeError, match="n_ctxx"):
         ropelens.analyses.frequency_usage(None, None, n_ctxx=8)
     with pytest.raises(TypeError, match="not RunOptions fields"):
@@ -236,7 +298,7 @@ def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = tiny("llama")
     scope = {"model": model}
-    exec(code.replace('max_tokens=4096', 'max_tokens=256'), scope)  # noqa: S102 - the README's code, a smaller corpus
+    exec(code.replace("max_tokens=4096", "max_tokens=256"), scope)
     norms, prov = scope["norms"], scope["provenance"]
     tokens = ropelens.run.data.analysis_windows(model.tokenizer, "english", 256, 256)[0]
     acts = ropelens.capture_qk(model, tokens, layers=[0, 1], which=("k_post",))
@@ -244,8 +306,12 @@ def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
     torch.testing.assert_close(norms, want, rtol=1e-6, atol=0)
     assert prov.config["layers"] == [0, 1] and prov.n_tokens == tokens.numel()
     assert (tmp_path / "key-norm-ckpt" / "rank0-of-1.pt").exists()
-    again, _ = scope["key_norm"](model, "english", max_tokens=256, layers=[0, 1], checkpoint="key-norm-ckpt")
-    assert torch.equal(again, norms)  # resumed after the last batch: the saved sums, nothing added twice
+    again, _ = scope["key_norm"](
+        model, "english", max_tokens=256, layers=[0, 1], checkpoint="key-norm-ckpt"
+    )
+    assert torch.equal(
+        again, norms
+    )  # resumed after the last batch: the saved sums, nothing added twice
 
 
 def test_heads_resume_from_a_checkpoint(tiny, tmp_path, monkeypatch):
@@ -273,6 +339,8 @@ def test_heads_resume_from_a_checkpoint(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(D, "stream", real)
     assert {p.name for p in (tmp_path / "ck").iterdir()} == {"text", "random"}
     resumed = head_taxonomy(model, toks, checkpoint=tmp_path / "ck", **kw)
-    assert resumed.provenance.config["resumed_batches"] == 6  # the text pass was done; only random tokens ran
+    assert (
+        resumed.provenance.config["resumed_batches"] == 6
+    )  # the text pass was done; only random tokens ran
     for k, v in whole.scores.items():
         torch.testing.assert_close(resumed.scores[k], v, rtol=0, atol=0, equal_nan=True, msg=k)

@@ -52,7 +52,12 @@ def captured():
 
 
 def _on(acts: LayerActs, device: str) -> LayerActs:
-    return LayerActs(acts.layer, acts.rope, acts.valid.to(device), {k: v.to(device) for k, v in acts.tensors.items()})
+    return LayerActs(
+        acts.layer,
+        acts.rope,
+        acts.valid.to(device),
+        {k: v.to(device) for k, v in acts.tensors.items()},
+    )
 
 
 @contextlib.contextmanager
@@ -84,8 +89,12 @@ def _band_logits(a: LayerActs, layer_bands) -> Tensor:
     """``[b, head, band, q, k]`` band terms of every logit, float64, score scale applied."""
     q, k = a["q_post"].double(), a["k_post"].double()
     k = k[:, :, torch.arange(q.shape[2]) // a.rope.group_size]
-    return torch.stack([torch.einsum("bqhd,bkhd->bhqk", q[..., d], k[..., d]) for d in layer_bands.dims], 2) \
+    return (
+        torch.stack(
+            [torch.einsum("bqhd,bkhd->bhqk", q[..., d], k[..., d]) for d in layer_bands.dims], 2
+        )
         * a.rope.score_scale
+    )
 
 
 def _heads_ref(a: LayerActs, rb) -> dict[str, Tensor]:
@@ -100,7 +109,10 @@ def _heads_ref(a: LayerActs, rb) -> dict[str, Tensor]:
         out["band_sum"].append(x.sum((0, 3)))
         out["band_sq"].append((x * x).sum((0, 3)))
     ref = {k: torch.stack(v, -1) for k, v in out.items()}
-    ref.update(sink=P[:, :, 1:, 0].sum((0, 2)), n_sink=torch.tensor(float(b * (n - 1)), dtype=torch.float64))
+    ref.update(
+        sink=P[:, :, 1:, 0].sum((0, 2)),
+        n_sink=torch.tensor(float(b * (n - 1)), dtype=torch.float64),
+    )
     return ref
 
 
@@ -109,16 +121,21 @@ def _sinks_ref(a: LayerActs, rb) -> dict[str, Tensor]:
     b, n = P.shape[0], P.shape[-1]
     used = torch.arange(SKIP, min(n, a.rope.window or n))
     j = torch.arange(n)
-    other = ((j[None] >= 1) & (j[None] <= used[:, None])).double() / used[:, None]  # [queries, k]: mean over keys 1 … m
+    other = ((j[None] >= 1) & (j[None] <= used[:, None])).double() / used[
+        :, None
+    ]  # [queries, k]: mean over keys 1 … m
     kp = a["k_pre"].double()
     norm = torch.stack([kp[..., d].norm(dim=-1) for d in rb.dims], -1)  # [b, n, kv, band]
-    return {"n_queries": torch.tensor(float(b * len(used)), dtype=torch.float64),
-            "p0_sum": P[:, :, used, 0].sum((0, 2)),
-            "x0_sum": X[..., used, 0].sum((0, 3)),
-            "xo_sum": torch.einsum("bhcqk,qk->hc", X[..., used, :], other),
-            "n_k0": torch.tensor(float(b), dtype=torch.float64),
-            "n_kother": torch.tensor(float(b * (n - 1)), dtype=torch.float64),
-            "k0_band": norm[:, 0].sum(0), "kother_band": norm[:, 1:].sum((0, 1))}
+    return {
+        "n_queries": torch.tensor(float(b * len(used)), dtype=torch.float64),
+        "p0_sum": P[:, :, used, 0].sum((0, 2)),
+        "x0_sum": X[..., used, 0].sum((0, 3)),
+        "xo_sum": torch.einsum("bhcqk,qk->hc", X[..., used, :], other),
+        "n_k0": torch.tensor(float(b), dtype=torch.float64),
+        "n_kother": torch.tensor(float(b * (n - 1)), dtype=torch.float64),
+        "k0_band": norm[:, 0].sum(0),
+        "kother_band": norm[:, 1:].sum((0, 1)),
+    }
 
 
 def _distance_ref(a: LayerActs, rb, edges: Tensor) -> dict[str, Tensor]:
@@ -128,17 +145,28 @@ def _distance_ref(a: LayerActs, rb, edges: Tensor) -> dict[str, Tensor]:
     delta = torch.arange(n)[:, None] - torch.arange(n)[None]
     which = torch.bucketize(delta.clamp(min=0), edges, right=True) - 1
     sel = torch.stack([ok & (which == t) for t in range(len(edges) - 1)]).double()  # [bins, q, k]
-    return {"band_sum": torch.einsum("bhcqk,tqk->hct", X, sel), "prob_sum": torch.einsum("bhqk,tqk->ht", P, sel),
-            "count": sel.sum((1, 2)) * b, "dist_sum": (sel * delta).sum((1, 2)) * b,
-            "n_queries": torch.tensor(float(b * n), dtype=torch.float64)}
+    return {
+        "band_sum": torch.einsum("bhcqk,tqk->hct", X, sel),
+        "prob_sum": torch.einsum("bhqk,tqk->ht", P, sel),
+        "count": sel.sum((1, 2)) * b,
+        "dist_sum": (sel * delta).sum((1, 2)) * b,
+        "n_queries": torch.tensor(float(b * n), dtype=torch.float64),
+    }
 
 
-def _reference(name: str, red, spec: RopeSpec, layers: list[int], acts: dict[int, LayerActs]) -> dict[str, Tensor]:
+def _reference(
+    name: str, red, spec: RopeSpec, layers: list[int], acts: dict[int, LayerActs]
+) -> dict[str, Tensor]:
     per = []
     for L in layers:
         rb = BANDS.resolve(spec.layers[L])
-        per.append(_heads_ref(acts[L], rb) if name == "heads" else _sinks_ref(acts[L], rb) if name == "sinks"
-                   else _distance_ref(acts[L], rb, red.edges))
+        per.append(
+            _heads_ref(acts[L], rb)
+            if name == "heads"
+            else _sinks_ref(acts[L], rb)
+            if name == "sinks"
+            else _distance_ref(acts[L], rb, red.edges)
+        )
     return {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
 
@@ -192,7 +220,9 @@ def test_head_scores_are_on_the_cpu_in_float64(captured):
     assert set(scores) == {"mass_text", "sink_text", "position_share_text", "content_var_text"}
     for k, v in scores.items():
         assert v.device.type == "cpu" and v.dtype == torch.float64, k
-    torch.testing.assert_close(scores["mass_text"][..., 1], red.sums["mass"][..., 1] / red.sums["n_offset"][:, None, 1])
+    torch.testing.assert_close(
+        scores["mass_text"][..., 1], red.sums["mass"][..., 1] / red.sums["n_offset"][:, None, 1]
+    )
 
 
 def test_head_scores_resume_from_a_checkpoint_exactly(tmp_path, monkeypatch):
@@ -215,11 +245,28 @@ def test_head_scores_resume_from_a_checkpoint_exactly(tmp_path, monkeypatch):
 
     monkeypatch.setattr(D, "stream", dies_after_three)
     with pytest.raises(KeyboardInterrupt):
-        run_windows(model, toks, [HeadScoresReducer(spec, layers, BANDS, MAX_OFFSET)], batch_size=1, spec=spec,
-                    progress=False, checkpoint=tmp_path, every=1)
+        run_windows(
+            model,
+            toks,
+            [HeadScoresReducer(spec, layers, BANDS, MAX_OFFSET)],
+            batch_size=1,
+            spec=spec,
+            progress=False,
+            checkpoint=tmp_path,
+            every=1,
+        )
     monkeypatch.setattr(D, "stream", real)
     resumed = HeadScoresReducer(spec, layers, BANDS, MAX_OFFSET)
-    info = run_windows(model, toks, [resumed], batch_size=1, spec=spec, progress=False, checkpoint=tmp_path, every=1)
+    info = run_windows(
+        model,
+        toks,
+        [resumed],
+        batch_size=1,
+        spec=spec,
+        progress=False,
+        checkpoint=tmp_path,
+        every=1,
+    )
     assert info.resumed_batches == 3
     assert reducer_state(resumed) is resumed.sums
     for k, v in whole.sums.items():

@@ -54,7 +54,9 @@ def test_paired_ci_is_the_ci_of_the_differences_and_bootstrap_ci_is_unchanged():
     assert est.mean == pytest.approx(float((a - b).mean()))
     assert est == percentile_ci(a - b, n_boot=500, seed=3)
     assert est.lo <= est.mean <= est.hi
-    loss = bootstrap_ci(a, n_boot=500, seed=3)  # the loss CI is this percentile CI, mapped through exp for perplexity
+    loss = bootstrap_ci(
+        a, n_boot=500, seed=3
+    )  # the loss CI is this percentile CI, mapped through exp for perplexity
     assert loss.loss == percentile_ci(a, n_boot=500, seed=3)
     assert loss.perplexity.lo == pytest.approx(math.exp(loss.loss.lo))
 
@@ -78,8 +80,11 @@ def test_p_value_is_exact_enumeration_on_a_tiny_case():
     clusters = [0, 0, 0, 1, 1, 1, 1]
     treated = np.array([False, True, False, False, True, False, True])
     obs = (1.2 + 2.0 + 1.5) / 3
-    stats = [(values[i] + values[j] + values[k]) / 3
-             for i in range(3) for j, k in itertools.combinations(range(3, 7), 2)]
+    stats = [
+        (values[i] + values[j] + values[k]) / 3
+        for i in range(3)
+        for j, k in itertools.combinations(range(3, 7), 2)
+    ]
     assert len(stats) == 18
     want = sum(s >= obs - 1e-12 for s in stats) / 18
     got = clustered_permutation_test(values, clusters, treated)
@@ -104,7 +109,10 @@ def test_permutation_test_rejects_at_its_nominal_rate_without_an_effect():
         treated = np.zeros(32, dtype=bool)
         for L in range(4):
             treated[L * 8 + rng.choice(8, 3, replace=False)] = True
-        rejections += clustered_permutation_test(values, clusters, treated, n_perm=199, seed=r).p_value <= 0.05
+        rejections += (
+            clustered_permutation_test(values, clusters, treated, n_perm=199, seed=r).p_value
+            <= 0.05
+        )
     assert abs(rejections / reps - 0.05) <= _binomial_band(0.05, reps), rejections / reps
 
 
@@ -115,8 +123,15 @@ def test_permutation_test_rejects_a_strong_effect():
     treated[[0, 1, 8, 9, 16, 17, 24, 25]] = True
     values = rng.normal(size=32) + 3.0 * treated
     t = clustered_permutation_test(values, clusters, treated, n_perm=999, seed=0)
-    assert t.p_value == pytest.approx(1 / 1000)  # no draw reaches it: the smallest p the correction allows
-    assert clustered_permutation_test(-values, clusters, treated, n_perm=999, seed=0, alternative="less").p_value < 0.01
+    assert t.p_value == pytest.approx(
+        1 / 1000
+    )  # no draw reaches it: the smallest p the correction allows
+    assert (
+        clustered_permutation_test(
+            -values, clusters, treated, n_perm=999, seed=0, alternative="less"
+        ).p_value
+        < 0.01
+    )
 
 
 def test_clustering_keeps_a_layer_effect_from_passing_as_a_set_effect():
@@ -133,7 +148,9 @@ def test_clustering_keeps_a_layer_effect_from_passing_as_a_set_effect():
 
 def test_monte_carlo_p_value_counts_the_observed_draw():
     assert permutation_p_value(1.0, [0.0, 0.5, 2.0, 1.0]) == pytest.approx((1 + 2) / 5)
-    assert permutation_p_value(1.0, [0.0, 0.5, 2.0, 1.0], alternative="less") == pytest.approx((1 + 3) / 5)
+    assert permutation_p_value(1.0, [0.0, 0.5, 2.0, 1.0], alternative="less") == pytest.approx(
+        (1 + 3) / 5
+    )
     assert permutation_p_value(10.0, [0.0] * 19) == pytest.approx(0.05)
 
 
@@ -143,7 +160,9 @@ def test_matched_random_sets_keep_the_count_per_layer_and_are_seeded():
     sets = matched_random_sets(treated, population, 50, seed=7)
     assert sets == matched_random_sets(treated, population, 50, seed=7)
     for s in sets:
-        assert [L for L, _ in s].count(0) == 2 and [L for L, _ in s].count(2) == 1 and len(set(s)) == 3
+        assert (
+            [L for L, _ in s].count(0) == 2 and [L for L, _ in s].count(2) == 1 and len(set(s)) == 3
+        )
     assert len(set(sets)) > 1
     with pytest.raises(InputError, match="cluster 2 has 1 treated units but only 0"):
         matched_random_sets(treated, {0: range(6)}, 5)

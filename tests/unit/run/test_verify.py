@@ -48,14 +48,23 @@ def _fresh(name: str):
 def test_probe_passes_on_every_family(family):
     v = verify_model(_family(family))
     assert v.passed
-    if family == "falcon":  # it scores inline, with no attention function to read: probabilities only
-        assert set(v.errors) >= {"rotation", "probs"} and any("q/k, scale and scores" in u for u in v.unchecked)
+    if (
+        family == "falcon"
+    ):  # it scores inline, with no attention function to read: probabilities only
+        assert set(v.errors) >= {"rotation", "probs"} and any(
+            "q/k, scale and scores" in u for u in v.unchecked
+        )
     else:
         assert set(v.errors) >= {"rotation", "qk", "scale", "scores", "mask", "probs"}
     # float32: captured and model tensors come from the same ops; see verify._tolerance
     assert all(v.errors[k] <= v.tolerance[k] for k in v.errors)
-    assert v.n_tokens >= PROBE_CTX and all(v.n_tokens > w for w in FAMILIES[family].windows.values())
-    assert set(v.paths) == {"bridge" if FAMILIES[family].bridge else "plain HF forward", "fast q/k path"}
+    assert v.n_tokens >= PROBE_CTX and all(
+        v.n_tokens > w for w in FAMILIES[family].windows.values()
+    )
+    assert set(v.paths) == {
+        "bridge" if FAMILIES[family].bridge else "plain HF forward",
+        "fast q/k path",
+    }
 
 
 @pytest.mark.parametrize("family", ["llama-gqa", "gemma3", "gptj"])
@@ -64,7 +73,9 @@ def test_probe_passes_on_the_tiny_models(family):
     assert v.passed and v.errors["rotation"] < 1e-5 and v.errors["probs"] < 1e-5
     if family == "gptj":
         hf = tiny_model(family).original_model
-        if hasattr(importlib.import_module(type(hf).__module__), "eager_attention_forward"):  # transformers ≥ 5.24
+        if hasattr(
+            importlib.import_module(type(hf).__module__), "eager_attention_forward"
+        ):  # transformers ≥ 5.24
             assert "qk" in v.errors and not v.unchecked
         else:  # GPT-J calls no eager_attention_forward: probabilities only, and it says so
             assert "qk" not in v.errors and v.unchecked
@@ -79,7 +90,9 @@ def test_verification_is_cached_and_redone_when_the_model_changes(monkeypatch):
     with apply_rope_variant(model, PRoPE(0.5)):
         assert fingerprint(model, spec) != key  # under a variant the model is verified again
     assert fingerprint(model, spec) == key
-    monkeypatch.setattr(llama_mod, "eager_attention_forward", _biased(llama_mod.eager_attention_forward))
+    monkeypatch.setattr(
+        llama_mod, "eager_attention_forward", _biased(llama_mod.eager_attention_forward)
+    )
     assert fingerprint(model, spec) != key
     with pytest.raises(UnsupportedModelError, match="probs check"):
         verify_model(model, spec)
@@ -116,8 +129,12 @@ def _spec_patch(monkeypatch, **change) -> None:
 
     def wrong(model):
         s = orig(model)
-        layers = tuple(dataclasses.replace(lr, **{k: (v(lr) if callable(v) else v) for k, v in change.items()})
-                       if lr.rotary else lr for lr in s.layers)
+        layers = tuple(
+            dataclasses.replace(lr, **{k: (v(lr) if callable(v) else v) for k, v in change.items()})
+            if lr.rotary
+            else lr
+            for lr in s.layers
+        )
         return dataclasses.replace(s, layers=layers)
 
     monkeypatch.setattr(reading, "rope_spec", wrong)
@@ -126,8 +143,11 @@ def _spec_patch(monkeypatch, **change) -> None:
 def test_wrong_pairing_is_caught(monkeypatch):
     model = tiny_model("llama")
     _spec_patch(monkeypatch, pairing="adjacent")
-    _caught(model, r"layer 0 fails the rotation check .*measured on the model.s own rotated q, the rotation pairs dims "
-                   r"half where the reading pairs them adjacent")
+    _caught(
+        model,
+        r"layer 0 fails the rotation check .*measured on the model.s own rotated q, the rotation pairs dims "
+        r"half where the reading pairs them adjacent",
+    )
 
 
 def test_wrong_pairing_the_other_way_is_caught(monkeypatch):
@@ -140,8 +160,11 @@ def test_reversed_rotation_is_caught(monkeypatch):
     """A model whose rotate_half returns cat(x2, −x1) (NanoChat) turns the other way: read so, and a spec
     that misses it fails the rotation check."""
     model = tiny_model("llama")
-    monkeypatch.setattr(llama_mod, "rotate_half", lambda x: torch.cat((x[..., x.shape[-1] // 2:],
-                                                                       -x[..., : x.shape[-1] // 2]), dim=-1))
+    monkeypatch.setattr(
+        llama_mod,
+        "rotate_half",
+        lambda x: torch.cat((x[..., x.shape[-1] // 2 :], -x[..., : x.shape[-1] // 2]), dim=-1),
+    )
     assert {lr.direction for lr in ropelens.rope_spec(model).layers} == {-1}
     assert verify_model(model).passed
     _spec_patch(monkeypatch, direction=1)
@@ -162,8 +185,14 @@ def test_nope_layer_read_as_rotating_is_caught(monkeypatch):
     _caught(model, "layer 1 fails the rotation check")
 
 
-def _normed_after_rope(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
-                       **kwargs):
+def _normed_after_rope(
+    self,
+    hidden_states,
+    position_embeddings=None,
+    attention_mask=None,
+    past_key_values=None,
+    **kwargs,
+):
     """LlamaAttention.forward with an RMS norm and a gain of q and k after RoPE (as HunYuan's use_qk_norm)."""
     shape = (*hidden_states.shape[:-1], -1, self.head_dim)
     q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
@@ -196,7 +225,9 @@ def _biased(orig):
 
 def test_score_bias_in_the_attention_function_is_caught(monkeypatch):
     model = tiny_model("llama")
-    monkeypatch.setattr(llama_mod, "eager_attention_forward", _biased(llama_mod.eager_attention_forward))
+    monkeypatch.setattr(
+        llama_mod, "eager_attention_forward", _biased(llama_mod.eager_attention_forward)
+    )
     _caught(model, r"layer 0 fails the probs check .*score bias")
 
 
@@ -238,8 +269,9 @@ def test_opting_out_inside_a_block_and_the_report_says_unverified(tmp_path):
     model = tiny_model("llama")
     from ropelens.report.build import build_report
 
-    out = build_report(model, tokens=64, n_ctx=32, out=tmp_path / "r", progress=False, quick=True,
-                                verify=False)
+    out = build_report(
+        model, tokens=64, n_ctx=32, out=tmp_path / "r", progress=False, quick=True, verify=False
+    )
     html = (out / "index.html").read_text()
     assert "Unverified." in html
     report = json.loads((out / "report.json").read_text())

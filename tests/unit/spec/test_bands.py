@@ -13,13 +13,27 @@ from ropelens.spec.rope import LayerRope
 
 def layer(n_planes=8, head_dim=None, pairing="half", base=10000.0, n_ctx=256) -> LayerRope:
     inv = base ** (-torch.arange(n_planes, dtype=torch.float64) / n_planes)
-    return LayerRope(layer=0, inv_freq=inv.float(), head_dim=head_dim or 2 * n_planes, rotary_dim=2 * n_planes,
-                     pairing=pairing, n_heads=4, n_kv_heads=2, score_scale=0.25, base=base, n_ctx=n_ctx)
+    return LayerRope(
+        layer=0,
+        inv_freq=inv.float(),
+        head_dim=head_dim or 2 * n_planes,
+        rotary_dim=2 * n_planes,
+        pairing=pairing,
+        n_heads=4,
+        n_kv_heads=2,
+        score_scale=0.25,
+        base=base,
+        n_ctx=n_ctx,
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(n_planes=st.integers(1, 40), n=st.integers(1, 40), extra=st.integers(0, 6),
-       pairing=st.sampled_from(["half", "adjacent"]))
+@given(
+    n_planes=st.integers(1, 40),
+    n=st.integers(1, 40),
+    extra=st.integers(0, 6),
+    pairing=st.sampled_from(["half", "adjacent"]),
+)
 def test_quantiles_partition_the_head(n_planes, n, extra, pairing):
     lr = layer(n_planes, head_dim=2 * n_planes + 2 * extra, pairing=pairing)
     if n > n_planes:
@@ -41,7 +55,9 @@ def test_wavelength_and_context_bands_follow_wavelengths():
     wl = lr.wavelength
     rb = Bands.by_wavelength([10, 100]).resolve(lr)
     for name, g in zip(rb.names, rb.planes):
-        lo, hi = {"λ∈[0,10)": (0, 10), "λ∈[10,100)": (10, 100), "λ∈[100,inf)": (100, float("inf"))}[name]
+        lo, hi = {"λ∈[0,10)": (0, 10), "λ∈[10,100)": (10, 100), "λ∈[100,inf)": (100, float("inf"))}[
+            name
+        ]
         assert all(lo <= wl[i] < hi for i in g)
     within, beyond = Bands.by_context().resolve(lr).planes
     assert all(wl[i] <= 100 for i in within) and all(wl[i] > 100 for i in beyond)
@@ -109,10 +125,16 @@ def test_dim_membership_puts_every_head_dim_in_its_band(pairing):
     assert m[12:, 2].tolist() == [1.0] * 8
 
 
-@pytest.mark.parametrize(("n_planes", "names"), [
-    (1, ["Q1 (highest)"]), (2, ["Q1 (highest)", "Q2 (lowest)"]), (3, ["Q1 (highest)", "Q2", "Q3 (lowest)"]),
-    (4, ["Q1 (highest)", "Q2", "Q3", "Q4 (lowest)"]), (9, ["Q1 (highest)", "Q2", "Q3", "Q4 (lowest)"]),
-])
+@pytest.mark.parametrize(
+    ("n_planes", "names"),
+    [
+        (1, ["Q1 (highest)"]),
+        (2, ["Q1 (highest)", "Q2 (lowest)"]),
+        (3, ["Q1 (highest)", "Q2", "Q3 (lowest)"]),
+        (4, ["Q1 (highest)", "Q2", "Q3", "Q4 (lowest)"]),
+        (9, ["Q1 (highest)", "Q2", "Q3", "Q4 (lowest)"]),
+    ],
+)
 def test_default_bands_fit_a_layer_with_few_planes(n_planes, names):
     """Four quantiles where a layer has four planes or more, one band per plane where it has fewer."""
     rb = Bands.default().resolve(layer(n_planes))
@@ -126,11 +148,16 @@ def test_default_bands_fit_a_layer_with_few_planes(n_planes, names):
 
 def test_fitted_quantiles_parse_describe_and_round_trip():
     assert Bands.parse("quantiles:<=4") == Bands.parse("quantiles:≤4") == Bands.default()
-    assert Bands.default().describe() == "quantiles:<=4" and Bands.quantiles(4).describe() == "quantiles:4"
+    assert (
+        Bands.default().describe() == "quantiles:<=4"
+        and Bands.quantiles(4).describe() == "quantiles:4"
+    )
     assert Bands.from_dict(Bands.default().to_dict()) == Bands.default()
     assert Bands.parse(Bands.default().describe()) == Bands.default()
 
 
 def test_strict_quantiles_name_the_fitted_form():
-    with pytest.raises(ValueError, match=r"layer 0 has 2: pass --bands quantiles:2 \(or quantiles:<=4"):
+    with pytest.raises(
+        ValueError, match=r"layer 0 has 2: pass --bands quantiles:2 \(or quantiles:<=4"
+    ):
         Bands.quantiles(4).resolve(layer(2))

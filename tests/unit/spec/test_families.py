@@ -66,8 +66,11 @@ def _param(name: str):
 @pytest.fixture(scope="module")
 def hf_eager(family_dir):
     """``hf_eager(family)``: HF's own model of the family (eager attention), from the directory ropelens loads."""
-    return functools.cache(lambda name: AutoModelForCausalLM.from_pretrained(
-        family_dir(name), attn_implementation="eager").eval())
+    return functools.cache(
+        lambda name: AutoModelForCausalLM.from_pretrained(
+            family_dir(name), attn_implementation="eager"
+        ).eval()
+    )
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
@@ -92,9 +95,11 @@ def test_unsupported_family_is_refused_by_every_analysis(family, tmp_path):
         rope_spec(model)
     assert type(model.original_model).__name__ in str(err.value)
     toks = torch.randint(4, 100, (1, 16))
-    for run in (lambda: ropelens.analyses.frequency_usage(model, toks, progress=False),
-                lambda: ropelens.analyses.attention_decomposition(model, toks),
-                lambda: ropelens.analyses.band_statistics(model, toks, progress=False)):
+    for run in (
+        lambda: ropelens.analyses.frequency_usage(model, toks, progress=False),
+        lambda: ropelens.analyses.attention_decomposition(model, toks),
+        lambda: ropelens.analyses.band_statistics(model, toks, progress=False),
+    ):
         with pytest.raises(UnsupportedModelError):
             run()
 
@@ -124,8 +129,15 @@ def test_analyses_run_and_are_right(family, family_model, hf_eager):
     toks = torch.randint(4, 100, (2, N_CHECK), generator=g)
     toks[:, 0] = 1
     usage = ropelens.analyses.frequency_usage(model, toks, progress=False, n_sink=0)
-    assert list(usage.layers) == spec.rotary_layers == [i for i in range(spec.n_layers)
-                                                        if i not in fam.nope_layers and i not in fam.mixer_layers]
+    assert (
+        list(usage.layers)
+        == spec.rotary_layers
+        == [
+            i
+            for i in range(spec.n_layers)
+            if i not in fam.nope_layers and i not in fam.mixer_layers
+        ]
+    )
     acts = capture_qk(model, toks, which=("q_pre", "k_pre"))
     for i, L in enumerate(usage.layers):
         lr = spec[L]
@@ -138,16 +150,25 @@ def test_analyses_run_and_are_right(family, family_model, hf_eager):
             assert got[h:].isnan().all() and got[:, p:].isnan().all()
     short = _positional_len(spec)
     if short < N_CHECK:
-        with pytest.raises(UnsupportedModelError, match=f"chunks of {short} tokens .* band statistics"):
+        with pytest.raises(
+            UnsupportedModelError, match=f"chunks of {short} tokens .* band statistics"
+        ):
             ropelens.analyses.band_statistics(model, toks, progress=False)
         toks = toks[:, :short]
     with torch.no_grad():
         probs = probs_by_layer(hf_eager(family)(toks, output_attentions=True).attentions, spec)
     for group in spec.width_groups().values():  # bands fitted to each width's planes
-        st = ropelens.analyses.band_statistics(model, toks, layers=group, progress=False,
-                                      bands=Bands.quantiles(2) if spec[group[0]].n_planes >= 2 else Bands.all())
+        st = ropelens.analyses.band_statistics(
+            model,
+            toks,
+            layers=group,
+            progress=False,
+            bands=Bands.quantiles(2) if spec[group[0]].n_planes >= 2 else Bands.all(),
+        )
         assert list(st.layers) == group
-        assert torch.isfinite(torch.as_tensor(st.to_frame()["margin_share"].to_numpy().copy())).any()
+        assert torch.isfinite(
+            torch.as_tensor(st.to_frame()["margin_share"].to_numpy().copy())
+        ).any()
 
         # heads: attention mass at each offset equals HF's own probabilities on those diagonals
         red = HeadScoresReducer(spec, group, Bands.all(), max_offset=3)
@@ -155,8 +176,12 @@ def test_analyses_run_and_are_right(family, family_model, hf_eager):
         mass = red.scores("text")["mass_text"]
         for i, L in enumerate(group):
             for d in range(4):
-                diag = probs[L].diagonal(offset=-d, dim1=2, dim2=3)[..., 1:]  # queries ≥ 1 + d, keys ≥ 1
-                torch.testing.assert_close(mass[i, :, d].float(), diag.mean((0, 2)), rtol=1e-4, atol=1e-6)
+                diag = probs[L].diagonal(offset=-d, dim1=2, dim2=3)[
+                    ..., 1:
+                ]  # queries ≥ 1 + d, keys ≥ 1
+                torch.testing.assert_close(
+                    mass[i, :, d].float(), diag.mean((0, 2)), rtol=1e-4, atol=1e-6
+                )
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in BRIDGED])
@@ -171,9 +196,13 @@ def test_variants_rotate_what_the_spec_says_and_restore(family, family_model):
     lr0 = spec[L]
     variant = PRoPE(0.5) if lr0.n_planes >= 2 else BaseChange(1e3)
     same = torch.full((1, N_CHECK), 7)
-    if family == "granitemoehybrid":  # its attention gets no position_ids: variants refuse it in one line
-        with pytest.raises(UnsupportedModelError, match="cannot be applied to this model"), \
-                apply_rope_variant(model, variant):
+    if (
+        family == "granitemoehybrid"
+    ):  # its attention gets no position_ids: variants refuse it in one line
+        with (
+            pytest.raises(UnsupportedModelError, match="cannot be applied to this model"),
+            apply_rope_variant(model, variant),
+        ):
             capture_qk(model, same, layers=[L], which=("q_rot",))
         return
     with apply_rope_variant(model, variant):
@@ -188,13 +217,54 @@ def test_variants_rotate_what_the_spec_says_and_restore(family, family_model):
 
 
 def test_matrix_covers_the_issue_families():
-    want = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "phi", "gpt_neox", "gemma", "gemma2",
-            "gemma3_text", "olmo2", "stablelm", "starcoder2", "granite", "cohere", "glm", "smollm3", "gpt_oss",
-            "deepseek_v3", "qwen3_next", "llama4", "cohere2", "exaone4", "gemma4_text", "hunyuan_v1_dense",
-            "nanochat", "falcon", "ministral", "helium", "persimmon", "phimoe", "diffllama", "minicpm3",
-            "qwen3_5_text", "lfm2", "falcon_h1", "bamba", "granitemoehybrid", "recurrent_gemma", "olmo_hybrid",
-            "deepseek_v2", "glm4_moe_lite"}
-    assert set(FAMILIES) == want  # the families beyond the first 22 are tested in test_new_families.py
+    want = {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "phi3",
+        "phi",
+        "gpt_neox",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "olmo2",
+        "stablelm",
+        "starcoder2",
+        "granite",
+        "cohere",
+        "glm",
+        "smollm3",
+        "gpt_oss",
+        "deepseek_v3",
+        "qwen3_next",
+        "llama4",
+        "cohere2",
+        "exaone4",
+        "gemma4_text",
+        "hunyuan_v1_dense",
+        "nanochat",
+        "falcon",
+        "ministral",
+        "helium",
+        "persimmon",
+        "phimoe",
+        "diffllama",
+        "minicpm3",
+        "qwen3_5_text",
+        "lfm2",
+        "falcon_h1",
+        "bamba",
+        "granitemoehybrid",
+        "recurrent_gemma",
+        "olmo_hybrid",
+        "deepseek_v2",
+        "glm4_moe_lite",
+    }
+    assert (
+        set(FAMILIES) == want
+    )  # the families beyond the first 22 are tested in test_new_families.py
     assert len(REFUSED) <= 6
 
 
@@ -208,7 +278,9 @@ def test_pairing_check_catches_a_wrong_pairing(family_model, monkeypatch):
 
     def wrong(model):
         s = orig(model)
-        return dataclasses.replace(s, layers=tuple(dataclasses.replace(lr, pairing="half") for lr in s.layers))
+        return dataclasses.replace(
+            s, layers=tuple(dataclasses.replace(lr, pairing="half") for lr in s.layers)
+        )
 
     monkeypatch.setattr(spec_mod, "rope_spec", wrong)
     r = check_family("cohere")
@@ -217,17 +289,50 @@ def test_pairing_check_catches_a_wrong_pairing(family_model, monkeypatch):
 
 
 _REAL_SCALING = {
-    "llama3 (Llama 3.1)": ("LlamaConfig", dict(head_dim=16, rope_parameters={
-        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
-    "yarn (Qwen 2.5)": ("Qwen2Config", dict(rope_parameters={
-        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 64})),
-    "longrope (Phi-3)": ("Phi3Config", dict(rope_parameters={
-        "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
-        "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
-        "long_factor": [1.0, 1.5, 2.4, 3.9, 6.0, 9.0, 13.0, 18.0]})),
-    "yarn + attention scaling (gpt-oss)": ("GptOssConfig", dict(
-        FAMILIES["gpt_oss"].config, rope_parameters=FAMILIES["gpt_oss"].config["rope_parameters"])),
+    "llama3 (Llama 3.1)": (
+        "LlamaConfig",
+        dict(
+            head_dim=16,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ),
+    "yarn (Qwen 2.5)": (
+        "Qwen2Config",
+        dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+    ),
+    "longrope (Phi-3)": (
+        "Phi3Config",
+        dict(
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "original_max_position_embeddings": 64,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                "long_factor": [1.0, 1.5, 2.4, 3.9, 6.0, 9.0, 13.0, 18.0],
+            }
+        ),
+    ),
+    "yarn + attention scaling (gpt-oss)": (
+        "GptOssConfig",
+        dict(
+            FAMILIES["gpt_oss"].config,
+            rope_parameters=FAMILIES["gpt_oss"].config["rope_parameters"],
+        ),
+    ),
 }
 
 
@@ -267,7 +372,9 @@ def test_ablating_a_plane_removes_exactly_its_term(family, family_model):
     dec = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.planes(), layers=[L])
     want = dec.logits(L) - dec.plane_logits(L)[:, :, 0]
     with ablate_planes(model, [0], layers=[L]):
-        got = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.planes(), layers=[L]).logits(L)
+        got = ropelens.analyses.attention_decomposition(
+            model, toks, bands=Bands.planes(), layers=[L]
+        ).logits(L)
     ok = torch.isfinite(want)
     assert torch.equal(ok, torch.isfinite(got))
     torch.testing.assert_close(got[ok], want[ok], rtol=1e-5, atol=1e-5)
@@ -289,8 +396,14 @@ def test_a_config_key_the_family_ignores_does_not_change_the_spec(tmp_path):
 
 
 # ============================================================================ band statistics, every family
-NO_POST_HOOK = ("phi3", "gpt_neox")  # fused qkv: the bridge fires no post-RoPE hook, ropelens rotates q and k itself
-BAND_TILES = (((5, 3), False), (5, True))  # query and key tiles (online argmax, no JSD); query tiles with JSD
+NO_POST_HOOK = (
+    "phi3",
+    "gpt_neox",
+)  # fused qkv: the bridge fires no post-RoPE hook, ropelens rotates q and k itself
+BAND_TILES = (
+    ((5, 3), False),
+    (5, True),
+)  # query and key tiles (online argmax, no JSD); query tiles with JSD
 
 
 def _layer_planes(family: str, layer: int) -> torch.Tensor:
@@ -299,7 +412,11 @@ def _layer_planes(family: str, layer: int) -> torch.Tensor:
     fam = FAMILIES[family]
     if layer not in fam.turning and layer not in fam.head_dims:
         return _hand_planes(family)
-    n = fam.layer_head_dim(layer) // 2 if layer in fam.turning else int(fam.layer_head_dim(layer) * fam.rotary_fraction) // 2
+    n = (
+        fam.layer_head_dim(layer) // 2
+        if layer in fam.turning
+        else int(fam.layer_head_dim(layer) * fam.rotary_fraction) // 2
+    )
     i = torch.arange(n)
     return torch.stack([i, i + n] if fam.pairing == "half" else [2 * i, 2 * i + 1], dim=1)
 
@@ -310,13 +427,17 @@ def _model_dims(family: str, idx: torch.Tensor) -> torch.Tensor:
     c = FAMILIES[family].config
     if not c.get("qk_rope_head_dim"):
         return idx
-    return torch.where(idx < c["qk_rope_head_dim"], idx + c["qk_nope_head_dim"], idx - c["qk_rope_head_dim"])
+    return torch.where(
+        idx < c["qk_rope_head_dim"], idx + c["qk_nope_head_dim"], idx - c["qk_rope_head_dim"]
+    )
 
 
 def _band_inputs(family: str, family_model, hf_eager, layers: list[int] | None = None) -> tuple:
     """(tokens, bands, HF's layers, the dense float64 reference) of one short two-row input."""
     model, spec = family_model(family)
-    toks = torch.randint(4, 100, (2, _positional_len(spec)), generator=torch.Generator().manual_seed(4))
+    toks = torch.randint(
+        4, 100, (2, _positional_len(spec)), generator=torch.Generator().manual_seed(4)
+    )
     toks[:, 0] = 1
     layers = spec.rotary_layers if layers is None else layers
     bands = Bands.quantiles(2) if spec[layers[0]].n_planes >= 2 else Bands.all()
@@ -326,12 +447,22 @@ def _band_inputs(family: str, family_model, hf_eager, layers: list[int] | None =
         dims = list(bands.resolve(spec[L]).dims)
         # the reference's full score is the sum of the bands: they must partition the head into whole planes
         assert sorted(torch.cat(dims).tolist()) == list(range(spec[L].head_dim))
-        per.append(dense_layer_sums(lays[L], [_model_dims(family, d) for d in dims], _model_dims(family, _layer_planes(family, L))))
+        per.append(
+            dense_layer_sums(
+                lays[L],
+                [_model_dims(family, d) for d in dims],
+                _model_dims(family, _layer_planes(family, L)),
+            )
+        )
     return toks, bands, lays, {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
 
-def _band_sums(model, spec, toks, bands, tile, jsd: bool, fast: bool = True, layers: list[int] | None = None) -> dict:
-    red = BandStatsReducer(spec, spec.rotary_layers if layers is None else layers, bands, jsd=jsd, tile=tile)
+def _band_sums(
+    model, spec, toks, bands, tile, jsd: bool, fast: bool = True, layers: list[int] | None = None
+) -> dict:
+    red = BandStatsReducer(
+        spec, spec.rotary_layers if layers is None else layers, bands, jsd=jsd, tile=tile
+    )
     stream(model, [toks], [red], layers=red.layers, spec=spec, progress=False, fast=fast)
     return {k: v.double() for k, v in red.sums.items()}
 
@@ -343,14 +474,20 @@ def test_band_statistics_match_hf_dense_reference(family, family_model, hf_eager
     through query tiles, key tiles, and the running Σ k kᵀ wherever a tile has keys all its queries see."""
     monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1)
     model, spec = family_model(family)
-    for group in spec.width_groups().values():  # the dense reference takes one width at a time (Gemma 4)
+    for (
+        group
+    ) in spec.width_groups().values():  # the dense reference takes one width at a time (Gemma 4)
         toks, bands, _, want = _band_inputs(family, family_model, hf_eager, group)
         for tile, jsd in BAND_TILES:
             got = _band_sums(model, spec, toks, bands, tile, jsd, layers=group)
             # float32 scores carry ~1e-7 of the largest one; a sum that cancels near 0 keeps that (Persimmon's
             # q/k layer norm makes scores in the thousands): 1e-6 of each sum's largest value, a wrong term is O(1)
-            assert_sums_match(got, want if jsd else {k: v for k, v in want.items() if k != "jsd"},
-                              f"{family} layers {group} tile={tile}", rel_floor=1e-6)
+            assert_sums_match(
+                got,
+                want if jsd else {k: v for k, v in want.items() if k != "jsd"},
+                f"{family} layers {group} tile={tile}",
+                rel_floor=1e-6,
+            )
 
 
 class _KeepPost:
@@ -372,14 +509,19 @@ def _post_rope_error(model, spec, toks, lays) -> float:
     stream(model, [toks], [keep], spec=spec, progress=False, fast=False)
     err = 0.0
     for L in spec.rotary_layers:
-        for ours, theirs in ((keep.kept[L]["q_post"], lays[L].q), (keep.kept[L]["k_post"], lays[L].k)):
+        for ours, theirs in (
+            (keep.kept[L]["q_post"], lays[L].q),
+            (keep.kept[L]["k_post"], lays[L].k),
+        ):
             theirs = theirs.transpose(1, 2)  # [b, pos, head, d]
             err = max(err, float((ours - theirs).abs().max() / theirs.abs().max()))
     return err
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in NO_POST_HOOK])
-def test_wrong_pairing_is_caught_where_ropelens_rotates_itself(family, family_model, hf_eager, monkeypatch):
+def test_wrong_pairing_is_caught_where_ropelens_rotates_itself(
+    family, family_model, hf_eager, monkeypatch
+):
     """Without a post-RoPE hook the bridge path's post-RoPE q and k are ropelens's own rotation of the
     pre-RoPE ones, so comparing them with the spec's rotation compares ropelens with itself (the fast
     path taps the model's own rotation instead). Against the model's own output (the q and k HF's
@@ -392,10 +534,19 @@ def test_wrong_pairing_is_caught_where_ropelens_rotates_itself(family, family_mo
     assert _post_rope_error(model, spec, toks, lays) < 1e-5  # float32 rotations of the same numbers
     tile, jsd = BAND_TILES[0]
     no_jsd = {k: v for k, v in want.items() if k != "jsd"}
-    assert_sums_match(_band_sums(model, spec, toks, bands, tile, jsd, fast=False), no_jsd, f"{family}, bridge path")
+    assert_sums_match(
+        _band_sums(model, spec, toks, bands, tile, jsd, fast=False),
+        no_jsd,
+        f"{family}, bridge path",
+    )
     flip = {"half": "adjacent", "adjacent": "half"}
-    wrong = dataclasses.replace(spec, layers=tuple(dataclasses.replace(lr, pairing=flip[lr.pairing]) for lr in spec.layers))
+    wrong = dataclasses.replace(
+        spec, layers=tuple(dataclasses.replace(lr, pairing=flip[lr.pairing]) for lr in spec.layers)
+    )
     assert _post_rope_error(model, wrong, toks, lays) > 0.1
     with pytest.raises(AssertionError, match="cs_term"):
-        assert_sums_match(_band_sums(model, wrong, toks, bands, tile, jsd, fast=False), no_jsd,
-                          f"{family}, pairing flipped")
+        assert_sums_match(
+            _band_sums(model, wrong, toks, bands, tile, jsd, fast=False),
+            no_jsd,
+            f"{family}, pairing flipped",
+        )

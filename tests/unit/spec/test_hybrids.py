@@ -27,13 +27,16 @@ def _toks(seed: int = 0, n: int = N_CHECK) -> torch.Tensor:
     return toks
 
 
-@pytest.mark.parametrize(("family", "kinds", "mixer"), [
-    ("qwen3_next", {"linear": [0, 2], "full": [1, 3]}, "Qwen3NextGatedDeltaNet"),
-    ("qwen3_5_text", {"linear": [0, 2], "full": [1, 3]}, "Qwen3_5GatedDeltaNet"),
-    ("lfm2", {"conv": [0, 2], "full": [1, 3]}, "Lfm2ShortConv"),
-    ("bamba", {"mamba": [0, 2], "full": [1, 3]}, "BambaMixer"),
-    ("granitemoehybrid", {"mamba": [0, 2], "full": [1, 3]}, "GraniteMoeHybridMambaLayer"),
-])
+@pytest.mark.parametrize(
+    ("family", "kinds", "mixer"),
+    [
+        ("qwen3_next", {"linear": [0, 2], "full": [1, 3]}, "Qwen3NextGatedDeltaNet"),
+        ("qwen3_5_text", {"linear": [0, 2], "full": [1, 3]}, "Qwen3_5GatedDeltaNet"),
+        ("lfm2", {"conv": [0, 2], "full": [1, 3]}, "Lfm2ShortConv"),
+        ("bamba", {"mamba": [0, 2], "full": [1, 3]}, "BambaMixer"),
+        ("granitemoehybrid", {"mamba": [0, 2], "full": [1, 3]}, "GraniteMoeHybridMambaLayer"),
+    ],
+)
 def test_spec_lists_the_layers_without_attention(family, kinds, mixer, family_model):
     """Every layer keeps the model's number; the others carry their kind and HF class, and no heads or planes."""
     model, spec = family_model(family)
@@ -41,7 +44,13 @@ def test_spec_lists_the_layers_without_attention(family, kinds, mixer, family_mo
     other = [k for k in kinds if k in MIXER_KINDS]
     for L in kinds[other[0]]:
         lr = spec[L]
-        assert (lr.attention, lr.rotary, lr.mixer, lr.n_heads, lr.head_dim) == (False, False, mixer, 0, 0)
+        assert (lr.attention, lr.rotary, lr.mixer, lr.n_heads, lr.head_dim) == (
+            False,
+            False,
+            mixer,
+            0,
+            0,
+        )
         # the HF decoder layer really runs that mixer and no softmax attention
         hf_layer = family_hf_model(family).model.layers[L]
         assert getattr(hf_layer, "self_attn", None) is None
@@ -58,7 +67,10 @@ def test_falcon_h1_attention_is_listed_with_the_mamba_beside_it(family_model):
     assert spec.kinds == {"full": [0, 1, 2, 3]}
     assert {lr.mixer for lr in spec.layers} == {"FalconH1Mixer"}
     hf = family_hf_model("falcon_h1")  # the plain HF model: every layer runs both
-    assert all(type(x.mamba).__name__ == "FalconH1Mixer" and x.self_attn is not None for x in hf.model.layers)
+    assert all(
+        type(x.mamba).__name__ == "FalconH1Mixer" and x.self_attn is not None
+        for x in hf.model.layers
+    )
 
 
 @pytest.mark.parametrize("run", ["usage", "decompose", "band_statistics", "capture"])
@@ -66,27 +78,45 @@ def test_asking_for_a_layer_without_attention_names_it(run, family_model):
     """layers=[0] on Qwen3-Next: a one-line InputError naming layer 0, its kind and the attention layers."""
     model, _ = family_model("qwen3_next")
     toks = _toks()
-    call = {"usage": lambda: ropelens.analyses.frequency_usage(model, toks, layers=[0], progress=False),
-            "decompose": lambda: ropelens.analyses.attention_decomposition(model, toks, layers=[0]),
-            "band_statistics": lambda: ropelens.analyses.band_statistics(model, toks, layers=[0], progress=False),
-            "capture": lambda: ropelens.run.capture.capture_qk(model, toks, layers=[2])}[run]
-    with pytest.raises(InputError, match=r"layer [02] is a 'linear' layer \(Qwen3NextGatedDeltaNet\) with no softmax "
-                                         r"attention.*the attention layers are 1,3") as err:
+    call = {
+        "usage": lambda: ropelens.analyses.frequency_usage(model, toks, layers=[0], progress=False),
+        "decompose": lambda: ropelens.analyses.attention_decomposition(model, toks, layers=[0]),
+        "band_statistics": lambda: ropelens.analyses.band_statistics(
+            model, toks, layers=[0], progress=False
+        ),
+        "capture": lambda: ropelens.run.capture.capture_qk(model, toks, layers=[2]),
+    }[run]
+    with pytest.raises(
+        InputError,
+        match=r"layer [02] is a 'linear' layer \(Qwen3NextGatedDeltaNet\) with no softmax "
+        r"attention.*the attention layers are 1,3",
+    ) as err:
         call()
     assert "\n" not in str(err.value)
 
 
 def test_a_layer_kind_without_attention_is_refused(family_model):
     _, spec = family_model("qwen3_next")
-    with pytest.raises(InputError, match=r"layer kind 'linear' has no softmax attention \(layers 0,2\)"):
+    with pytest.raises(
+        InputError, match=r"layer kind 'linear' has no softmax attention \(layers 0,2\)"
+    ):
         spec.layer_indices(None, "linear")
     assert spec.layer_indices(None, "full") == [1, 3]
 
 
 def test_mixer_layers_carry_no_heads():
     with pytest.raises(InputError, match="no softmax attention"):
-        LayerRope(layer=0, inv_freq=torch.zeros(0), head_dim=16, rotary_dim=0, pairing="half", n_heads=4,
-                  n_kv_heads=2, score_scale=0.25, kind="linear")
+        LayerRope(
+            layer=0,
+            inv_freq=torch.zeros(0),
+            head_dim=16,
+            rotary_dim=0,
+            pairing="half",
+            n_heads=4,
+            n_kv_heads=2,
+            score_scale=0.25,
+            kind="linear",
+        )
 
 
 def test_usage_verification_and_fast_path_skip_the_linear_layers(family_model):
@@ -99,7 +129,9 @@ def test_usage_verification_and_fast_path_skip_the_linear_layers(family_model):
     toks = _toks(1)
     usage = ropelens.analyses.frequency_usage(model, toks, progress=False, n_sink=0)
     assert list(usage.layers) == [1, 3]
-    assert usage.q_norm.shape[-1] == spec[1].n_planes == 2  # partial rotary 0.25 of 16 dims: 2 planes
+    assert (
+        usage.q_norm.shape[-1] == spec[1].n_planes == 2
+    )  # partial rotary 0.25 of 16 dims: 2 planes
     fast = fast_qk(model, spec, toks, torch.ones_like(toks, dtype=torch.bool), [1, 3])
     assert fast is not None and set(fast) == {1, 3}
     bridge = ropelens.run.capture.capture_qk(model, toks, fast=False)
@@ -124,7 +156,7 @@ def test_output_gate_changes_neither_logits_nor_pattern(tmp_path):
         attn = hf.model.layers[3].self_attn
         with torch.no_grad():  # q_proj makes [query | gate] per head: scale the gate half only
             w = attn.q_proj.weight.view(attn.config.num_attention_heads, 2 * attn.head_dim, -1)
-            w[:, attn.head_dim:] *= scale
+            w[:, attn.head_dim :] *= scale
         path = tmp_path / f"gate{scale}"
         hf.save_pretrained(path)
         ropelens.testing.tiny_tokenizer().save_pretrained(path)
@@ -135,12 +167,20 @@ def test_output_gate_changes_neither_logits_nor_pattern(tmp_path):
         with torch.no_grad():
             out = hf(toks, output_attentions=True)
         dec = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.all())
-        runs.append((out.logits.clone(), [a.clone() for a in out.attentions], {L: dec.logits(L).clone() for L in (1, 3)},
-                     dec))
+        runs.append(
+            (
+                out.logits.clone(),
+                [a.clone() for a in out.attentions],
+                {L: dec.logits(L).clone() for L in (1, 3)},
+                dec,
+            )
+        )
     (lo_a, p_a, s_a, dec_a), (lo_b, p_b, s_b, _) = runs
     assert float((lo_a - lo_b).abs().max()) > 1e-2  # the gate is live: the model's output changed
     for i, L in enumerate((1, 3)):
-        torch.testing.assert_close(p_a[i], p_b[i], rtol=0, atol=1e-6)  # HF's own pattern: float32 round-off
+        torch.testing.assert_close(
+            p_a[i], p_b[i], rtol=0, atol=1e-6
+        )  # HF's own pattern: float32 round-off
         ok = torch.isfinite(s_a[L])
         torch.testing.assert_close(s_a[L][ok], s_b[L][ok], rtol=0, atol=1e-5)
         torch.testing.assert_close(dec_a.rebuilt_pattern(L), p_a[i], rtol=0, atol=1e-4)
@@ -151,7 +191,9 @@ def test_a_plain_attention_has_no_output_gate(family_model):
     assert not any(lr.output_gate for lr in spec.layers)
 
 
-@pytest.mark.parametrize("config_class", ["Qwen3NextConfig", "Qwen3_5TextConfig", "Qwen3_5MoeTextConfig"])
+@pytest.mark.parametrize(
+    "config_class", ["Qwen3NextConfig", "Qwen3_5TextConfig", "Qwen3_5MoeTextConfig"]
+)
 def test_real_config_partial_rotary_is_read(config_class):
     """The real configs rotate a quarter of each 256-wide head (64 dims, 32 planes, base 1e7 / 1e4 as set):
     the spec reads exactly that from a model built with those defaults and HF's own rotary buffers."""
@@ -165,12 +207,28 @@ def test_real_config_partial_rotary_is_read(config_class):
     assert real.rope_parameters["partial_rotary_factor"] == 0.25
     assert real.head_dim == 256
     theta = real.rope_parameters["rope_theta"]
-    small = dict(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                 intermediate_size=64, layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
-                 linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
-                 head_dim=real.head_dim, rope_parameters=dict(real.rope_parameters))
+    small = dict(
+        vocab_size=101,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_value_heads=2,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        head_dim=real.head_dim,
+        rope_parameters=dict(real.rope_parameters),
+    )
     if hasattr(real, "num_experts"):
-        small.update(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+        small.update(
+            num_experts=2,
+            num_experts_per_tok=1,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        )
     cfg = getattr(transformers, config_class)(**small)
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
@@ -178,9 +236,13 @@ def test_real_config_partial_rotary_is_read(config_class):
     spec = rope_spec(wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label=config_class))
     lr = spec[1]
     assert (lr.head_dim, lr.rotary_dim, lr.n_planes, lr.base) == (256, 64, 32, theta)
-    want = theta ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)  # θ_i over the rotary width, not the head
-    torch.testing.assert_close(lr.inv_freq.double(), want, rtol=1e-6, atol=0)  # float32 buffer of a float64 value
-    torch.testing.assert_close(lr.inv_freq, hf.model.rotary_emb.inv_freq.float(), rtol=0, atol=0)  # HF's own buffer
+    want = theta ** (
+        -torch.arange(0, 64, 2, dtype=torch.float64) / 64
+    )  # θ_i over the rotary width, not the head
+    torch.testing.assert_close(
+        lr.inv_freq.double(), want, rtol=1e-6, atol=0
+    )  # float32 buffer of a float64 value
+    torch.testing.assert_close(
+        lr.inv_freq, hf.model.rotary_emb.inv_freq.float(), rtol=0, atol=0
+    )  # HF's own buffer
     assert spec.kinds == {"linear": [0], "full": [1]}
-
-

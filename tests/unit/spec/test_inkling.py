@@ -36,9 +36,13 @@ def _eager_calls(hf) -> dict[int, dict]:
 
     def tap(module, query, key, value, attention_mask, scaling, *args, **kwargs):
         out = orig(module, query, key, value, attention_mask, scaling, *args, **kwargs)
-        if not type(module).__name__.endswith("Attention"):  # 5.24's block attention residual calls it too
+        if not type(module).__name__.endswith(
+            "Attention"
+        ):  # 5.24's block attention residual calls it too
             return out
-        seen[module.layer_idx] = dict(q=query, k=key, mask=attention_mask, scaling=scaling, probs=out[1], **kwargs)
+        seen[module.layer_idx] = dict(
+            q=query, k=key, mask=attention_mask, scaling=scaling, probs=out[1], **kwargs
+        )
         return out
 
     toks = torch.randint(4, 100, (1, T), generator=torch.Generator().manual_seed(0))
@@ -60,7 +64,9 @@ def test_scores_are_qk_plus_a_relative_bias_and_a_sink_not_rotated_qk(tiny):
     d = torch.arange(T)[:, None] - torch.arange(T)[None]
     for L, c in calls.items():
         window = c["sliding_window"]
-        assert window == (hf.config.sliding_window_size if hf.config.layer_types[L] == "hybrid_sliding" else None)
+        assert window == (
+            hf.config.sliding_window_size if hf.config.layer_types[L] == "hybrid_sliding" else None
+        )
         allowed = (d >= 0) & (d < window) if window else d >= 0  # ropelens's (q - k) < window
         assert torch.equal(c["mask"][0, 0] == 0, allowed), L
         k = c["k"].repeat_interleave(c["q"].shape[1] // c["k"].shape[1], 1)
@@ -76,11 +82,16 @@ def test_scores_are_qk_plus_a_relative_bias_and_a_sink_not_rotated_qk(tiny):
 
 def test_inkling2_is_not_rotary_and_says_why_in_one_line(tiny):
     _, path = tiny
-    with pytest.raises(NotRotaryError, match=r"applies no RoPE to its text queries and keys: position enters its "
-                                             r"scores \(Inkling2FullAttention, Inkling2SlidingAttention\) only as a "
-                                             r"learned relative-position bias") as err:
+    with pytest.raises(
+        NotRotaryError,
+        match=r"applies no RoPE to its text queries and keys: position enters its "
+        r"scores \(Inkling2FullAttention, Inkling2SlidingAttention\) only as a "
+        r"learned relative-position bias",
+    ) as err:
         rope_spec(ropelens.load_model(path, device="cpu"))
-    assert "\n" not in str(err.value) and str(err.value).startswith("Inkling2ForCausalLM applies no RoPE")
+    assert "\n" not in str(err.value) and str(err.value).startswith(
+        "Inkling2ForCausalLM applies no RoPE"
+    )
 
 
 def test_a_relative_bias_beside_rope_is_refused_as_unsupported(tiny, monkeypatch):
@@ -88,13 +99,21 @@ def test_a_relative_bias_beside_rope_is_refused_as_unsupported(tiny, monkeypatch
     _, path = tiny
     model = ropelens.load_model(path, device="cpu")
     monkeypatch.setattr(reading, "_rotary_modules", lambda hf: [torch.nn.Module()])
-    with pytest.raises(UnsupportedModelError, match=r"relative-position bias.*so its scores are not q·k times one "
-                                                    r"scale") as err:
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"relative-position bias.*so its scores are not q·k times one "
+        r"scale",
+    ) as err:
         rope_spec(model)
-    assert "\n" not in str(err.value) and str(err.value).startswith("Inkling2ForCausalLM: position enters")
+    assert "\n" not in str(err.value) and str(err.value).startswith(
+        "Inkling2ForCausalLM: position enters"
+    )
 
 
 def test_sweep_row_is_no_rope(tmp_path):
     row = sweep_one("inkling2_text", workdir=tmp_path)
     assert row.status == "no RoPE", row.detail
-    assert "ropelens agrees: Inkling2ForCausalLM applies no RoPE to its text queries and keys" in row.detail
+    assert (
+        "ropelens agrees: Inkling2ForCausalLM applies no RoPE to its text queries and keys"
+        in row.detail
+    )

@@ -42,16 +42,27 @@ def longrope(n: int) -> torch.Tensor:
 @pytest.fixture
 def dynamic():
     """A fresh model each test: HF's dynamic NTK keeps the frequencies of the longest input it has seen."""
-    return tiny_model("llama", max_position_embeddings=NATIVE,
-                      rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": BASE})
+    return tiny_model(
+        "llama",
+        max_position_embeddings=NATIVE,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": BASE},
+    )
 
 
 @pytest.fixture(scope="module")
 def long_rope():
-    return tiny_model("llama", max_position_embeddings=4 * NATIVE,
-                      rope_parameters={"rope_type": "longrope", "factor": 4.0, "rope_theta": BASE,
-                                       "original_max_position_embeddings": NATIVE, "short_factor": SHORT,
-                                       "long_factor": LONG})
+    return tiny_model(
+        "llama",
+        max_position_embeddings=4 * NATIVE,
+        rope_parameters={
+            "rope_type": "longrope",
+            "factor": 4.0,
+            "rope_theta": BASE,
+            "original_max_position_embeddings": NATIVE,
+            "short_factor": SHORT,
+            "long_factor": LONG,
+        },
+    )
 
 
 def _tokens(n: int) -> torch.Tensor:
@@ -64,7 +75,9 @@ def test_dynamic_ntk_is_read_and_verified_at_the_length_analysed(dynamic, n):
     assert st.provenance.config["verification"]["status"] == "passed"
     assert st.provenance.config["rope_read_at_length"] == n
     for L in st.spec.rotary_layers:
-        torch.testing.assert_close(st.spec[L].inv_freq.double(), dynamic_ntk(n, 2.0), rtol=1e-6, atol=0)
+        torch.testing.assert_close(
+            st.spec[L].inv_freq.double(), dynamic_ntk(n, 2.0), rtol=1e-6, atol=0
+        )
 
 
 @pytest.mark.parametrize("n", [12, 48])
@@ -79,10 +92,15 @@ def test_the_short_reading_past_the_native_context_is_refused():
     """The check that makes the reading at length necessary: the spec of a short probe, verified on a long input,
     fails the rotation check with the frequencies measured."""
     n = 48
-    dynamic = tiny_model("llama", max_position_embeddings=NATIVE,
-                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": BASE})
+    dynamic = tiny_model(
+        "llama",
+        max_position_embeddings=NATIVE,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": BASE},
+    )
     short = rope_spec(dynamic)
-    torch.testing.assert_close(short[0].inv_freq.double(), dynamic_ntk(NATIVE, 2.0), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        short[0].inv_freq.double(), dynamic_ntk(NATIVE, 2.0), rtol=1e-6, atol=0
+    )
     with pytest.raises(UnsupportedModelError, match="rotation check"):
         verify_model(dynamic, short, length=n, force=True)
     at = spec_at_length(dynamic, short, n)
@@ -92,7 +110,9 @@ def test_the_short_reading_past_the_native_context_is_refused():
 def test_decomposition_reads_at_its_input_length(dynamic):
     dec = attention_decomposition(dynamic, _tokens(40)[:1])
     assert dec.provenance.config["verification"]["status"] == "passed"
-    torch.testing.assert_close(dec.spec[0].inv_freq.double(), dynamic_ntk(40, 2.0), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        dec.spec[0].inv_freq.double(), dynamic_ntk(40, 2.0), rtol=1e-6, atol=0
+    )
 
 
 def test_fixed_frequencies_are_left_alone(tiny):

@@ -23,7 +23,9 @@ from ropelens.spec.reading import CHUNKED_WHY, rope_spec
 from ropelens.testing import spread_weights, tiny_tokenizer
 from ropelens.testing.families import FAMILIES, hf_scores, probs_by_layer
 
-pytestmark = pytest.mark.skipif(not hasattr(transformers, "Llama4TextConfig"), reason="transformers has no Llama 4")
+pytestmark = pytest.mark.skipif(
+    not hasattr(transformers, "Llama4TextConfig"), reason="transformers has no Llama 4"
+)
 
 CHUNK = 8
 N = 3 * CHUNK + 5  # longer than two chunks, the last one partial
@@ -64,8 +66,13 @@ def test_reading(llama4):
     assert spec.kinds == {"chunked": [0, 1, 2], "nope": [3]}
     for L in (0, 1, 2):
         lr = spec[L]
-        assert (lr.chunk, lr.window, lr.pairing, lr.norm_after_rope, lr.query_scale) == (CHUNK, None, "adjacent",
-                                                                                        True, None)
+        assert (lr.chunk, lr.window, lr.pairing, lr.norm_after_rope, lr.query_scale) == (
+            CHUNK,
+            None,
+            "adjacent",
+            True,
+            None,
+        )
     attn = hf.model.layers[3].self_attn
     assert (attn.attn_scale, attn.floor_scale) == (0.1, 8192)
     assert spec[3].query_scale == "1 + 0.1·ln(1 + ⌊(m + 1)/8192⌋) (attn_temperature_tuning)"
@@ -79,10 +86,22 @@ def test_mask_is_hf_chunked_mask():
     from ropelens.spec.rope import LayerRope
 
     for chunk, n in ((1, 5), (3, 11), (8, 29), (8, 8)):
-        lr = LayerRope(layer=0, inv_freq=torch.ones(2), head_dim=4, rotary_dim=4, pairing="half", n_heads=1,
-                       n_kv_heads=1, score_scale=1.0, kind="chunked", chunk=chunk)
+        lr = LayerRope(
+            layer=0,
+            inv_freq=torch.ones(2),
+            head_dim=4,
+            rotary_dim=4,
+            pairing="half",
+            n_heads=1,
+            n_kv_heads=1,
+            score_scale=1.0,
+            kind="chunked",
+            chunk=chunk,
+        )
         fn = chunked_causal_mask_function(chunk, torch.zeros(1, dtype=torch.long))
-        want = torch.tensor([[bool(fn(0, 0, torch.tensor(q), torch.tensor(k))) for k in range(n)] for q in range(n)])
+        want = torch.tensor(
+            [[bool(fn(0, 0, torch.tensor(q), torch.tensor(k))) for k in range(n)] for q in range(n)]
+        )
         assert torch.equal(lr.mask(n), want), (chunk, n)
 
 
@@ -93,14 +112,21 @@ def test_decomposition_and_pattern_match_hf_over_three_chunks(llama4):
     toks = _tokens()
     with torch.no_grad(), hf_scores(hf) as scores:
         probs = probs_by_layer(hf(toks, output_attentions=True).attentions, spec)
-    dec = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.quantiles(2), layers=[0, 1, 2])
+    dec = ropelens.analyses.attention_decomposition(
+        model, toks, bands=Bands.quantiles(2), layers=[0, 1, 2]
+    )
     allowed = spec[0].mask(N)
-    assert not allowed[CHUNK, CHUNK - 1] and allowed[CHUNK, CHUNK]  # the input spans chunk boundaries
+    assert (
+        not allowed[CHUNK, CHUNK - 1] and allowed[CHUNK, CHUNK]
+    )  # the input spans chunk boundaries
     for L in (0, 1, 2):
         ours = dec.band_logits(L).sum(2)  # [batch, head, q, k]
         # HF's attention: nothing beyond the chunk (its probabilities are 0 there), and ropelens masks the same keys
         assert (probs[L][..., ~allowed] == 0).all()
-        assert torch.isneginf(dec.logits(L)[..., ~allowed]).all() and torch.isfinite(dec.logits(L)[..., allowed]).all()
+        assert (
+            torch.isneginf(dec.logits(L)[..., ~allowed]).all()
+            and torch.isfinite(dec.logits(L)[..., allowed]).all()
+        )
         ref = scores[L][..., allowed]
         # float32 q·k of O(10) values summed in another order: ~1e-6 relative; a wrong plane or scale is O(1)
         assert float((ours[..., allowed] - ref).abs().max() / ref.abs().max()) < 1e-5
@@ -119,8 +145,11 @@ def test_frequency_usage_over_chunks_and_band_statistics_within_one(llama4):
     assert list(usage.layers) == [0, 1, 2] and torch.isfinite(usage.q_norm).all()
     st = ropelens.analyses.band_statistics(model, toks[:, :CHUNK], progress=False)
     assert list(st.layers) == [0, 1, 2]
-    with pytest.raises(UnsupportedModelError, match=rf"layer 0 attends in chunks of {CHUNK} tokens .* {N}-token windows: "
-                                                    rf"use windows of at most {CHUNK} tokens") as err:
+    with pytest.raises(
+        UnsupportedModelError,
+        match=rf"layer 0 attends in chunks of {CHUNK} tokens .* {N}-token windows: "
+        rf"use windows of at most {CHUNK} tokens",
+    ) as err:
         ropelens.analyses.band_statistics(model, toks, progress=False)
     assert "\n" not in str(err.value)
 
@@ -136,9 +165,15 @@ def test_probe_passes_over_two_chunks(llama4):
 def test_probe_refuses_a_wrong_chunk(llama4, chunk):
     """A spec without the chunk, or with another one, fails the probe's mask check on layer 0."""
     model, spec, _ = llama4
-    wrong = dataclasses.replace(spec, layers=tuple(dataclasses.replace(lr, chunk=chunk) if lr.chunk else lr
-                                                   for lr in spec.layers))
-    with pytest.raises(UnsupportedModelError, match=r"layer 0 fails the mask check \(the mask the model built\)"):
+    wrong = dataclasses.replace(
+        spec,
+        layers=tuple(
+            dataclasses.replace(lr, chunk=chunk) if lr.chunk else lr for lr in spec.layers
+        ),
+    )
+    with pytest.raises(
+        UnsupportedModelError, match=r"layer 0 fails the mask check \(the mask the model built\)"
+    ):
         verify_model(model, wrong, force=True)
 
 
@@ -149,10 +184,15 @@ def test_chunks_longer_than_the_probe_are_checked_at_their_edge(tmp_path):
     spec = rope_spec(model)
     v = verify_model(model, spec)
     assert v.errors["chunk edge"] == 0.0 and any("chunked" in u for u in v.unchecked)
-    wrong = dataclasses.replace(spec, layers=tuple(dataclasses.replace(lr, chunk=299) if lr.chunk else lr
-                                                   for lr in spec.layers))
-    with pytest.raises(UnsupportedModelError, match=r"layer 0 fails the chunk edge check .*spec chunk 299, "
-                                                    r"config attention_chunk_size 300"):
+    wrong = dataclasses.replace(
+        spec,
+        layers=tuple(dataclasses.replace(lr, chunk=299) if lr.chunk else lr for lr in spec.layers),
+    )
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"layer 0 fails the chunk edge check .*spec chunk 299, "
+        r"config attention_chunk_size 300",
+    ):
         verify_model(model, wrong, force=True)
 
 
@@ -161,10 +201,15 @@ def test_nope_layers_with_a_query_temperature(llama4, tmp_path):
     attn_temperature_tuning they are plain NoPE layers that may be named."""
     _, spec, _ = llama4
     assert spec.layer_indices(None, rotary_only=False) == [0, 1, 2]
-    with pytest.raises(UnsupportedModelError, match=r"layer 3 is a NoPE layer that scales each query .*attn_temperature_tuning") as err:
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"layer 3 is a NoPE layer that scales each query .*attn_temperature_tuning",
+    ) as err:
         spec.layer_indices([3], rotary_only=False)
     assert "\n" not in str(err.value)
-    plain = rope_spec(ropelens.load_model(_save(tmp_path / "cold", attn_temperature_tuning=False), device="cpu"))
+    plain = rope_spec(
+        ropelens.load_model(_save(tmp_path / "cold", attn_temperature_tuning=False), device="cpu")
+    )
     assert plain[3].kind == "nope" and plain[3].query_scale is None
     assert plain.layer_indices([3], rotary_only=False) == [3]
 
@@ -172,5 +217,6 @@ def test_nope_layers_with_a_query_temperature(llama4, tmp_path):
 def test_spec_round_trips(llama4):
     _, spec, _ = llama4
     back = type(spec).from_dict(__import__("json").loads(spec.to_json()))
-    assert [(lr.chunk, lr.query_scale, lr.kind) for lr in back.layers] == \
-        [(lr.chunk, lr.query_scale, lr.kind) for lr in spec.layers]
+    assert [(lr.chunk, lr.query_scale, lr.kind) for lr in back.layers] == [
+        (lr.chunk, lr.query_scale, lr.kind) for lr in spec.layers
+    ]

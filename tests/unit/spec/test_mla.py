@@ -40,10 +40,15 @@ def test_mla_family_is_exact(family, family_dir):
     cfg = FAMILIES[family].config
     for lr in spec.layers:
         assert (lr.head_dim, lr.rotary_dim, lr.rotary_offset) == (
-            cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"])
+            cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"],
+            cfg["qk_rope_head_dim"],
+            cfg["qk_nope_head_dim"],
+        )
         assert lr.shared_rotary_key and lr.n_kv_heads == lr.n_heads
     v = verify_model(model, spec)
-    assert v.passed and max(v.errors[k] for k in ("rotation", "qk", "scores", "probs")) < 1e-5, v.errors
+    assert v.passed and max(v.errors[k] for k in ("rotation", "qk", "scores", "probs")) < 1e-5, (
+        v.errors
+    )
 
 
 @pytest.mark.parametrize("interleave", [True, False])
@@ -51,8 +56,11 @@ def test_deepseek_v3_rotation_layouts(interleave, monkeypatch):
     """rope_interleave on (adjacent pairs read, halves written) and off (halves both ways): both exact."""
     fam = FAMILIES["deepseek_v3"]
     name = f"deepseek_v3_interleave_{interleave}"
-    monkeypatch.setitem(FAMILIES, name, dataclasses.replace(fam, name=name, config={**fam.config,
-                                                                                   "rope_interleave": interleave}))
+    monkeypatch.setitem(
+        FAMILIES,
+        name,
+        dataclasses.replace(fam, name=name, config={**fam.config, "rope_interleave": interleave}),
+    )
     r = check_family(name)
     # float32 throughout: sums of a few dozen products, errors a few ulps (~1e-7) against 1e-4
     assert r.exact, (r.refusal, r.spec_errors, r.pairing_err, r.scores_err, r.pattern_err)
@@ -73,13 +81,31 @@ def test_layout_against_hf_rotations():
     freqs = pos[:, None].float() * inv
     emb = torch.cat([freqs, freqs], -1)[None]
     cases = {
-        "interleave": (v3.apply_rotary_pos_emb_interleave(q, k, emb.cos(), emb.sin()), "half", True),
+        "interleave": (
+            v3.apply_rotary_pos_emb_interleave(q, k, emb.cos(), emb.sin()),
+            "half",
+            True,
+        ),
         "halves": (v3.apply_rotary_pos_emb(q, k, emb.cos(), emb.sin()), "half", False),
-        "complex": (v2.apply_rotary_emb(q, k, torch.polar(torch.ones_like(freqs), freqs)[None]), "adjacent", False),
+        "complex": (
+            v2.apply_rotary_emb(q, k, torch.polar(torch.ones_like(freqs), freqs)[None]),
+            "adjacent",
+            False,
+        ),
     }
     for what, ((q_out, k_out), pairing, interleaved) in cases.items():
-        lr = LayerRope(layer=0, inv_freq=inv, head_dim=r, rotary_dim=r, pairing=pairing, n_heads=3, n_kv_heads=1,
-                       score_scale=1.0, pre_interleaved=interleaved, shared_rotary_key=True)
+        lr = LayerRope(
+            layer=0,
+            inv_freq=inv,
+            head_dim=r,
+            rotary_dim=r,
+            pairing=pairing,
+            n_heads=3,
+            n_kv_heads=1,
+            score_scale=1.0,
+            pre_interleaved=interleaved,
+            shared_rotary_key=True,
+        )
         for x, out in ((q, q_out), (k, k_out)):
             # float32 rotations of O(1) values: a few ulps; a wrong layout is O(1) off
             assert torch.allclose(lr.rotate(lr.pre_from_model(x), pos), out, atol=1e-5), what
@@ -90,12 +116,23 @@ def test_layout_against_hf_rotations():
 def test_from_model_puts_rotary_dims_first_and_keeps_scores():
     from ropelens.spec.rope import LayerRope
 
-    lr = LayerRope(layer=0, inv_freq=torch.ones(2), head_dim=7, rotary_dim=4, pairing="half", n_heads=1,
-                   n_kv_heads=1, score_scale=1.0, rotary_offset=3)
+    lr = LayerRope(
+        layer=0,
+        inv_freq=torch.ones(2),
+        head_dim=7,
+        rotary_dim=4,
+        pairing="half",
+        n_heads=1,
+        n_kv_heads=1,
+        score_scale=1.0,
+        rotary_offset=3,
+    )
     x = torch.arange(7.0)
     assert lr.from_model(x).tolist() == [3, 4, 5, 6, 0, 1, 2]
     a, b = torch.randn(2, 7, generator=torch.Generator().manual_seed(1))
-    assert torch.allclose(lr.from_model(a) @ lr.from_model(b), a @ b)  # a permutation of q's and k's dims alike
+    assert torch.allclose(
+        lr.from_model(a) @ lr.from_model(b), a @ b
+    )  # a permutation of q's and k's dims alike
 
 
 def test_shared_rotary_key_has_equal_plane_norms_across_heads(family_dir):
@@ -146,11 +183,15 @@ def test_decomposition_sums_to_hf_scores_with_a_no_position_term(family_dir):
         assert dec.band_names(L) == ["all", "rest"]
         bands = dec.band_logits(L)[0]  # [head, band, q, k]
         ok = torch.isfinite(bands[:, 0])
-        assert rest.abs().max() > 0.1 and planes.abs().max() > 0.1  # both parts matter in this model
+        assert (
+            rest.abs().max() > 0.1 and planes.abs().max() > 0.1
+        )  # both parts matter in this model
         # float32 sums of 4 and 12 products against float64 ones: ~1e-6 of O(10) logits
         for b, ref in enumerate((planes, rest)):
             assert torch.allclose(bands[:, b][ok].double(), ref[ok], atol=1e-5), (L, b)
-        assert (dec.rebuilt_pattern(L) - probs[L]).abs().max() < 1e-5  # float32 softmax of the same scores
+        assert (
+            dec.rebuilt_pattern(L) - probs[L]
+        ).abs().max() < 1e-5  # float32 softmax of the same scores
 
 
 def _real_v3(interleave: bool = True):
@@ -160,13 +201,37 @@ def _real_v3(interleave: bool = True):
 
     d = DeepseekV3Config()
     assert (d.num_attention_heads, d.qk_rope_head_dim, d.qk_nope_head_dim) == (128, 64, 128)
-    yarn = {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-            "original_max_position_embeddings": 4096, "rope_theta": 10000.0, "beta_fast": 32, "beta_slow": 1}
-    cfg = DeepseekV3Config(vocab_size=101, hidden_size=64, intermediate_size=64, moe_intermediate_size=16,
-                           num_hidden_layers=1, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
-                           n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32, v_head_dim=8,
-                           rope_interleave=interleave, rope_scaling=yarn, max_position_embeddings=163840,
-                           bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    yarn = {
+        "rope_type": "yarn",
+        "factor": 40.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    }
+    cfg = DeepseekV3Config(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=1,
+        first_k_dense_replace=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        v_head_dim=8,
+        rope_interleave=interleave,
+        rope_scaling=yarn,
+        max_position_embeddings=163840,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
 
@@ -178,14 +243,21 @@ def test_real_deepseek_v3_shapes_and_yarn_scale():
     attn = hf.model.layers[0].self_attn
     rot = hf.model.rotary_emb
     assert (lr.n_heads, lr.head_dim, lr.rotary_dim, lr.rotary_offset) == (128, 192, 64, 128)
-    assert lr.pairing == "half" and lr.pre_interleaved and lr.shared_rotary_key and lr.rope_type == "yarn"
+    assert (
+        lr.pairing == "half"
+        and lr.pre_interleaved
+        and lr.shared_rotary_key
+        and lr.rope_type == "yarn"
+    )
     assert torch.equal(lr.inv_freq, rot.inv_freq.float())
     assert lr.attention_scaling == pytest.approx(float(rot.attention_scaling), rel=1e-12)
     assert lr.score_scale == pytest.approx(float(attn.scaling), rel=1e-12)
     # independently: qk_head_dim^-½ times YaRN's mscale² with mscale_all_dim 1, factor 40
     mscale = 0.1 * 1.0 * math.log(40.0) + 1.0
     assert lr.score_scale == pytest.approx(192**-0.5 * mscale**2, rel=1e-6)
-    assert lr.score_scale > 1.3 * 192**-0.5  # the mscale² is no rounding: it changes the score by 37%
+    assert (
+        lr.score_scale > 1.3 * 192**-0.5
+    )  # the mscale² is no rounding: it changes the score by 37%
     assert verify_model(model).passed
 
 
@@ -194,7 +266,9 @@ def test_wrong_layout_readings_fail_the_probe(family_dir):
     model = ropelens.load_model(family_dir("deepseek_v3"), device="cpu")
     spec = rope_spec(model)
     for change, check in (({"pre_interleaved": False}, "rotation"), ({"rotary_offset": 0}, "qk")):
-        wrong = dataclasses.replace(spec, layers=tuple(dataclasses.replace(lr, **change) for lr in spec.layers))
+        wrong = dataclasses.replace(
+            spec, layers=tuple(dataclasses.replace(lr, **change) for lr in spec.layers)
+        )
         with pytest.raises(UnsupportedModelError, match=f"fails the {check} check"):
             verify_model(model, wrong)
 
@@ -214,8 +288,15 @@ def test_mla_bridge_is_refused_in_one_line(family_dir):
 def test_summary_shows_where_the_planes_sit(family_dir):
     spec = rope_spec(ropelens.load_model(family_dir("glm4_moe_lite"), device="cpu"))
     row = spec.summary().iloc[0]
-    assert (row["rotary_offset"], row["shared_rotary_key"], row["rotary_dim"], row["head_dim"]) == (12, True, 4, 16)
-    again = type(spec).from_dict(spec.to_dict())  # the MLA fields round-trip through the spec's JSON
+    assert (row["rotary_offset"], row["shared_rotary_key"], row["rotary_dim"], row["head_dim"]) == (
+        12,
+        True,
+        4,
+        16,
+    )
+    again = type(spec).from_dict(
+        spec.to_dict()
+    )  # the MLA fields round-trip through the spec's JSON
     assert again.to_json() == spec.to_json() and again.layers[0].rotary_offset == 12
 
 
@@ -226,7 +307,9 @@ def test_qk_capture_runs_sdpa_not_eager(family_dir, monkeypatch):
 
     model = ropelens.load_model(family_dir("deepseek_v3"), device="cpu")
     toks = _tokens()
-    with_pattern = ropelens.capture_qk(model, toks, which=("q_pre", "k_pre", "q_post", "k_post", "pattern"))
+    with_pattern = ropelens.capture_qk(
+        model, toks, which=("q_pre", "k_pre", "q_post", "k_post", "pattern")
+    )
     mod = importlib.import_module(type(model.original_model).__module__)
 
     def refuse(*_a, **_k):

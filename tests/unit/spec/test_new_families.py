@@ -29,8 +29,20 @@ from ropelens.testing.families import (
     family_model_dir,
 )
 
-NEW = ["cohere2", "exaone4", "gemma4_text", "hunyuan_v1_dense", "nanochat", "falcon", "ministral", "helium",
-       "persimmon", "phimoe", "diffllama", "minicpm3"]
+NEW = [
+    "cohere2",
+    "exaone4",
+    "gemma4_text",
+    "hunyuan_v1_dense",
+    "nanochat",
+    "falcon",
+    "ministral",
+    "helium",
+    "persimmon",
+    "phimoe",
+    "diffllama",
+    "minicpm3",
+]
 EXACT = [f for f in NEW if FAMILIES[f].refused is None]
 NOPE = [f for f in EXACT if FAMILIES[f].nope_layers]
 
@@ -42,9 +54,11 @@ def _param(name: str):
 def _analyses(model):
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(3))
     toks[0, 0] = 1
-    return [lambda: verify_model(model),
-            lambda: ropelens.analyses.attention_decomposition(model, toks),
-            lambda: ropelens.analyses.frequency_usage(model, toks, progress=False)]
+    return [
+        lambda: verify_model(model),
+        lambda: ropelens.analyses.attention_decomposition(model, toks),
+        lambda: ropelens.analyses.frequency_usage(model, toks, progress=False),
+    ]
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in NEW])
@@ -61,7 +75,9 @@ def test_family_is_exact_or_refused_in_one_line(family, family_dir):
             for run in _analyses(model):
                 run()
             return
-        for run in ([lambda: rope_spec(model)] if fam.refused_at == "spec" else []) + _analyses(model):
+        for run in ([lambda: rope_spec(model)] if fam.refused_at == "spec" else []) + _analyses(
+            model
+        ):
             with pytest.raises(UnsupportedModelError, match=fam.refused) as err:
                 run()
     msg = str(err.value)
@@ -98,7 +114,9 @@ def test_full_attention_layers_apply_no_rope(family):
 
     mod.eager_attention_forward = keep
     try:
-        with torch.no_grad():  # every value is the same vector, so every layer's input is the same at every position
+        with (
+            torch.no_grad()
+        ):  # every value is the same vector, so every layer's input is the same at every position
             hf(torch.full((1, 6), 7))
     finally:
         mod.eager_attention_forward = orig
@@ -113,7 +131,9 @@ def _spec(family: str):
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        return rope_spec(ropelens.load_model(family_model_dir(family, f"{tmp}/{family}"), device="cpu"))
+        return rope_spec(
+            ropelens.load_model(family_model_dir(family, f"{tmp}/{family}"), device="cpu")
+        )
 
 
 def spec_kind(family: str, layer: int) -> str:
@@ -151,14 +171,19 @@ def test_direction_defaults_and_round_trips():
 
 
 # ============================================================================ a norm after RoPE
-NORMED = ["hunyuan_v1_dense", "nanochat"]  # q/k RMS-normed (HunYuan: with a gain) after apply_rotary_pos_emb
+NORMED = [
+    "hunyuan_v1_dense",
+    "nanochat",
+]  # q/k RMS-normed (HunYuan: with a gain) after apply_rotary_pos_emb
 
 
 def _fresh(family: str, family_dir):
     return ropelens.load_model(family_dir(family), device="cpu")
 
 
-@pytest.mark.parametrize("family", ["hunyuan_v1_dense", "nanochat", "llama", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize(
+    "family", ["hunyuan_v1_dense", "nanochat", "llama", "qwen3", "gemma3_text"]
+)
 def test_norm_after_rope_is_read_from_the_forward(family, family_dir):
     """Read on the model at run time: set where q/k change after the rotation, unset where a norm comes before it."""
     spec = rope_spec(_fresh(family, family_dir))
@@ -173,15 +198,21 @@ def test_norm_after_rope_read_as_absent_is_caught(family, family_dir, monkeypatc
     monkeypatch.setattr(reading, "_norm_after_rope", lambda *_: False)
     model = _fresh(family, family_dir)
     assert not any(lr.norm_after_rope for lr in rope_spec(model).layers)
-    with pytest.raises(UnsupportedModelError, match=r"layer 0 fails the qk check .*a norm or gain after RoPE"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"layer 0 fails the qk check .*a norm or gain after RoPE"
+    ):
         verify_model(model)
 
 
-def _hf_attention_inputs(family: str, family_dir, toks: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+def _hf_attention_inputs(
+    family: str, family_dir, toks: torch.Tensor
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Layer → (query, key) HF's own eager attention function receives, ``[batch, head, pos, d]``."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(family_dir(family), attn_implementation="eager").eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        family_dir(family), attn_implementation="eager"
+    ).eval()
     mod = importlib.import_module(type(hf).__module__)
     orig, seen = mod.eager_attention_forward, {}
 
@@ -209,15 +240,22 @@ def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, family_
     model = _fresh(family, family_dir)
     toks = torch.randint(4, 100, (2, N_CHECK), generator=torch.Generator().manual_seed(5))
     toks[:, 0] = 1
-    usage = ropelens.analyses.frequency_usage(model, toks, progress=False, n_sink=0, source="post")  # the probe passes
+    usage = ropelens.analyses.frequency_usage(
+        model, toks, progress=False, n_sink=0, source="post"
+    )  # the probe passes
     spec = rope_spec(model)
     red = UsageReducer(spec, spec.rotary_layers, source="post", n_sink=0)
     stream(model, [toks], [red], spec=spec, progress=False, fast=fast)
     seen = _hf_attention_inputs(family, family_dir, toks)
     for i, L in enumerate(usage.layers):
         # the bridge rebuilds the norm in its own float32 ops: ~1e-7 relative from the fast path's
-        torch.testing.assert_close(usage.q_norm[i].double(), red.tok[("q", "all")].mean[i].double(), rtol=1e-5, atol=1e-6)
-        for got, x in ((red.tok[("q", "all")].mean[i], seen[L][0]), (red.tok[("k", "all")].mean[i], seen[L][1])):
+        torch.testing.assert_close(
+            usage.q_norm[i].double(), red.tok[("q", "all")].mean[i].double(), rtol=1e-5, atol=1e-6
+        )
+        for got, x in (
+            (red.tok[("q", "all")].mean[i], seen[L][0]),
+            (red.tok[("k", "all")].mean[i], seen[L][1]),
+        ):
             n = x.shape[-1] // 2
             want = torch.hypot(x[..., :n], x[..., n:]).mean((0, 2))  # [head, plane]
             # float32 norms of O(1) values averaged over 48 tokens: ~1e-7 relative; the rotated
@@ -237,7 +275,9 @@ def test_norm_after_rope_classifier_on_known_transforms():
     assert _norm_after_rope(x, x.clone()) is False
     assert _norm_after_rope(x, rms) is True
     assert _norm_after_rope(x, torch.nn.functional.normalize(x, dim=-1)) is True
-    assert _norm_after_rope(x.bfloat16().float(), (rms.bfloat16()).float()) is True  # bf16: 4e-3 relative rounding
+    assert (
+        _norm_after_rope(x.bfloat16().float(), (rms.bfloat16()).float()) is True
+    )  # bf16: 4e-3 relative rounding
     centred = (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-6)
     assert _norm_after_rope(x, centred) is None
     assert _norm_after_rope(x, x.flip(-1)) is None

@@ -62,12 +62,17 @@ def test_resonance_yarn_rounds_yarn_wavelengths(layer, factor, L0):
     yarn = _yarn_theta(factor, L0)
     want = [TWO_PI / round(TWO_PI / t) for t in yarn]
     v = Resonance(factor, L0)
-    torch.testing.assert_close(v.inv_freq(layer).double(), torch.tensor(want, dtype=torch.float64),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        v.inv_freq(layer).double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=0
+    )
     assert v.attention_scaling(layer) == pytest.approx(0.1 * math.log(factor) + 1)
     # the YaRN it rounds is ropelens's YaRN
-    torch.testing.assert_close(YaRN(factor, L0).inv_freq(layer).double(), torch.tensor(yarn, dtype=torch.float64),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        YaRN(factor, L0).inv_freq(layer).double(),
+        torch.tensor(yarn, dtype=torch.float64),
+        rtol=1e-5,
+        atol=0,
+    )
 
 
 def test_resonance_yarn_defaults_to_the_layers_context(layer):
@@ -86,7 +91,9 @@ def test_cope_raised_cosine_taper(layer, n_low):
         want[8 - c + j] = theta[8 - c + j] * m
     got = CoPE(n_low).inv_freq(layer)
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(
+        got.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-9
+    )
     if c >= 2:
         assert got[-1] == 0 and got[8 - c] == pytest.approx(theta[8 - c], rel=1e-6)
     assert CoPE(n_low).attention_scaling(layer) == 1.0
@@ -97,11 +104,17 @@ def test_cope_four_planes_by_hand(layer):
     got = CoPE(4).inv_freq(layer).double()
     theta = torch.tensor(_plain_theta(10000.0, 16), dtype=torch.float64)
     torch.testing.assert_close(got[:4], theta[:4], rtol=1e-6, atol=0)
-    torch.testing.assert_close(got[4:], theta[4:] * torch.tensor([1.0, 0.75, 0.25, 0.0], dtype=torch.float64),
-                               rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(
+        got[4:],
+        theta[4:] * torch.tensor([1.0, 0.75, 0.25, 0.0], dtype=torch.float64),
+        rtol=1e-5,
+        atol=1e-9,
+    )
 
 
-@pytest.mark.parametrize(("L", "n_kept"), [(None, 4), (256, 4), (63, 3), (62, 2), (64, 3), (20000, 8), (6, 0)])
+@pytest.mark.parametrize(
+    ("L", "n_kept"), [(None, 4), (256, 4), (63, 3), (62, 2), (64, 3), (20000, 8), (6, 0)]
+)
 def test_fope_zeroes_planes_without_a_full_turn(layer, L, n_kept):
     """θ_i·L < 2π → 0. Wavelengths 6.28, 19.87, 62.83, 198.7, 628.3, …: L 256 (the tiny Llama's n_ctx) keeps 4,
     L 63 keeps 3 (62.83 < 63), 62 keeps 2, 6 keeps none."""
@@ -109,7 +122,9 @@ def test_fope_zeroes_planes_without_a_full_turn(layer, L, n_kept):
     want = [t if t * (L or 256) >= TWO_PI else 0.0 for t in theta]
     assert sum(w > 0 for w in want) == n_kept
     got = FoPEZero(L).inv_freq(layer)
-    torch.testing.assert_close(got.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        got.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-6, atol=0
+    )
     assert int((got > 0).sum()) == n_kept
 
 
@@ -118,8 +133,12 @@ def test_gemma_layer_kinds_use_their_own_base():
     spec = rope_spec(tiny_model("gemma3"))
     for lr in spec.layers:
         want = [TWO_PI / round(TWO_PI / t) for t in _plain_theta(lr.base, lr.rotary_dim)]
-        torch.testing.assert_close(Resonance().inv_freq(lr).double(), torch.tensor(want, dtype=torch.float64),
-                                   rtol=1e-6, atol=0)
+        torch.testing.assert_close(
+            Resonance().inv_freq(lr).double(),
+            torch.tensor(want, dtype=torch.float64),
+            rtol=1e-6,
+            atol=0,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,7 +170,9 @@ def _yarn_theta(factor: float, L0: int, base: float = 1e4, d: int = 16) -> list[
 
 def _taper(c: int, n: int = 8) -> list[float]:
     """CoPE's multipliers on n planes: 1 on the first n − c, ½(1 + cos(πj/(c−1))) on the last c."""
-    return [1.0] * (n - c) + [1.0 if c == 1 else 0.5 * (1 + math.cos(math.pi * j / (c - 1))) for j in range(c)]
+    return [1.0] * (n - c) + [
+        1.0 if c == 1 else 0.5 * (1 + math.cos(math.pi * j / (c - 1))) for j in range(c)
+    ]
 
 
 THETA = _plain_theta(1e4, 16)
@@ -170,7 +191,9 @@ CASES = [
 def both(request):
     if request.param == "bridge":
         return tiny_model("llama")
-    return wrap_hf_model(tiny_hf_model("llama"), tiny_tokenizer(), device="cpu", label="tiny-llama", bridge=False)
+    return wrap_hf_model(
+        tiny_hf_model("llama"), tiny_tokenizer(), device="cpu", label="tiny-llama", bridge=False
+    )
 
 
 @pytest.mark.parametrize(("variant", "closed"), CASES, ids=[v.name for v, _ in CASES])
@@ -180,15 +203,23 @@ def test_rotated_queries_are_the_variants_rotation(both, variant, closed):
     with apply_rope_variant(both, variant):
         acts = capture_qk(both, toks, layers=[0, 1], which=("q_pre", "q_post", "k_pre", "k_post"))
     theta = torch.tensor(closed, dtype=torch.float64)
-    scale = 0.1 * math.log(variant.factor) + 1 if isinstance(variant, Resonance) and variant.factor else 1.0
+    scale = (
+        0.1 * math.log(variant.factor) + 1
+        if isinstance(variant, Resonance) and variant.factor
+        else 1.0
+    )
     for L in (0, 1):
         for pre, post in (("q_pre", "q_post"), ("k_pre", "k_post")):
             want = _rotate_half_by_hand(acts[L][pre], theta, scale)
             torch.testing.assert_close(acts[L][post].double(), want, rtol=1e-4, atol=1e-5)
     # outside the context the model is itself again
     plain = capture_qk(both, toks, layers=[0], which=("q_pre", "q_post"))[0]
-    torch.testing.assert_close(plain["q_post"].double(),
-                               _rotate_half_by_hand(plain["q_pre"], lr.inv_freq.double(), 1.0), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        plain["q_post"].double(),
+        _rotate_half_by_hand(plain["q_pre"], lr.inv_freq.double(), 1.0),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_with_rope_variant_changes_the_logits(llama):
@@ -203,7 +234,11 @@ def test_with_rope_variant_changes_the_logits(llama):
 # --------------------------------------------------------------------------------------------
 # serialisation, CLI, bad parameters
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("variant", [*(v for v, _ in CASES), Resonance(2.0), FoPEZero(2048), CoPE(0)], ids=lambda v: v.name)
+@pytest.mark.parametrize(
+    "variant",
+    [*(v for v, _ in CASES), Resonance(2.0), FoPEZero(2048), CoPE(0)],
+    ids=lambda v: v.name,
+)
 def test_round_trip(variant, layer):
     d = json.loads(json.dumps(variant.to_dict()))
     back = variant_from_dict(d)
@@ -211,33 +246,49 @@ def test_round_trip(variant, layer):
     assert torch.equal(back.inv_freq(layer), variant.inv_freq(layer))
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("resonance", Resonance()), ("resonance:4", Resonance(4.0)), ("resonance:4:2048", Resonance(4.0, 2048)),
-    ("cope", CoPE()), ("cope:6", CoPE(6)), ("fopezero", FoPEZero()), ("fope:4096", FoPEZero(4096)),
-    ("FoPE-Zero:512", FoPEZero(512)), ("co", CoPE()),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("resonance", Resonance()),
+        ("resonance:4", Resonance(4.0)),
+        ("resonance:4:2048", Resonance(4.0, 2048)),
+        ("cope", CoPE()),
+        ("cope:6", CoPE(6)),
+        ("fopezero", FoPEZero()),
+        ("fope:4096", FoPEZero(4096)),
+        ("FoPE-Zero:512", FoPEZero(512)),
+        ("co", CoPE()),
+    ],
+)
 def test_cli_parses(text, expected):
     assert parse_variant(text) == expected
 
 
-@pytest.mark.parametrize(("make", "match"), [
-    (lambda: Resonance(0), "factor must be > 0"),
-    (lambda: Resonance(None, 2048), "only read by Resonance-YaRN: pass factor="),
-    (lambda: Resonance(4.0, 0), "original_max_position must be >= 1, got 0"),
-    (lambda: CoPE(-1), "n_low must be >= 0, got -1"),
-    (lambda: CoPE(2.5), "n_low must be a finite integer"),
-    (lambda: FoPEZero(0), "original_max_position must be >= 1, got 0"),
-    (lambda: FoPEZero(1.5), "original_max_position must be a finite integer"),
-])
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: Resonance(0), "factor must be > 0"),
+        (lambda: Resonance(None, 2048), "only read by Resonance-YaRN: pass factor="),
+        (lambda: Resonance(4.0, 0), "original_max_position must be >= 1, got 0"),
+        (lambda: CoPE(-1), "n_low must be >= 0, got -1"),
+        (lambda: CoPE(2.5), "n_low must be a finite integer"),
+        (lambda: FoPEZero(0), "original_max_position must be >= 1, got 0"),
+        (lambda: FoPEZero(1.5), "original_max_position must be a finite integer"),
+    ],
+)
 def test_bad_parameters_raise(make, match):
     with pytest.raises(InputError, match=match):
         make()
 
 
 def test_bad_cli_values_name_the_form():
-    with pytest.raises(InputError, match=r"--variant 'cope:x': bad N_LOW 'x'.*e\.g\. --variant cope:20"):
+    with pytest.raises(
+        InputError, match=r"--variant 'cope:x': bad N_LOW 'x'.*e\.g\. --variant cope:20"
+    ):
         parse_variant("cope:x")
-    with pytest.raises(InputError, match=r"fopezero takes 0 to 1 value\(s\).*fopezero:\[ORIGINAL_MAX_POSITION\]"):
+    with pytest.raises(
+        InputError, match=r"fopezero takes 0 to 1 value\(s\).*fopezero:\[ORIGINAL_MAX_POSITION\]"
+    ):
         parse_variant("fopezero:1:2")
 
 

@@ -19,8 +19,17 @@ from ropelens.testing import tiny_hf_model, tiny_tokenizer
 
 def _layer(pairing: str, d: int = 16, base: float = 100.0, direction: int = 1) -> LayerRope:
     inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    return LayerRope(layer=0, inv_freq=inv.float(), head_dim=d, rotary_dim=d, pairing=pairing, n_heads=3, n_kv_heads=3,
-                     score_scale=1.0, direction=direction)
+    return LayerRope(
+        layer=0,
+        inv_freq=inv.float(),
+        head_dim=d,
+        rotary_dim=d,
+        pairing=pairing,
+        n_heads=3,
+        n_kv_heads=3,
+        score_scale=1.0,
+        direction=direction,
+    )
 
 
 @pytest.mark.parametrize("pairing", ["half", "adjacent"])
@@ -44,7 +53,7 @@ def test_a_rotation_that_is_not_rope_is_described_as_observed():
     assert "changes with position" in measure_rotation(x, rotated * temperature, 1).differs()
     mixed = rotated @ torch.randn(16, 16, generator=torch.Generator().manual_seed(2))
     assert "mixes dims across planes" in measure_rotation(x, mixed, 1).differs()
-    squared = lr.rotate(x.transpose(1, 2), pos ** 2).transpose(1, 2)
+    squared = lr.rotate(x.transpose(1, 2), pos**2).transpose(1, 2)
     assert "not proportional to position" in measure_rotation(x, squared, 1).differs()
 
 
@@ -80,7 +89,9 @@ def test_a_moved_table_that_is_not_rope_is_refused_with_what_was_seen():
     hf = tiny_hf_model("llama")
     inv = hf.model.rotary_emb.inv_freq.clone()
     tables = _MovedTables(inv)
-    tables.table[:, : inv.numel()] = tables.table[:, : inv.numel()] ** 1.5  # angles not m·θ: first half only
+    tables.table[:, : inv.numel()] = (
+        tables.table[:, : inv.numel()] ** 1.5
+    )  # angles not m·θ: first half only
     hf.model.rotary_emb = tables
     model = wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="moved", bridge=False)
     with pytest.raises(UnsupportedModelError, match="layer 0: its rotation") as err:
@@ -140,34 +151,50 @@ def test_ministral3_query_temperature_is_read_and_exact_past_its_original_contex
     spec = ropelens.rope_spec(model)
     assert all(spec[L].temperature == (0.5, 8) for L in spec.rotary_layers)
     factor = spec[0].query_temperature(torch.arange(24))
-    assert float(factor[7]) == 1.0 and math.isclose(float(factor[8]), 1 + 0.5 * math.log(2), rel_tol=1e-6)
+    assert float(factor[7]) == 1.0 and math.isclose(
+        float(factor[8]), 1 + 0.5 * math.log(2), rel_tol=1e-6
+    )
     assert verify_model(model).passed
     toks = torch.randint(4, 100, (1, 24), generator=torch.Generator().manual_seed(0))
-    fast, bridge = (ropelens.capture_qk(model, toks, layers=[0], which=("q_pre", "q_rot", "q_post"), fast=f)[0]
-                    for f in (True, False))
+    fast, bridge = (
+        ropelens.capture_qk(model, toks, layers=[0], which=("q_pre", "q_rot", "q_post"), fast=f)[0]
+        for f in (True, False)
+    )
     for acts in (fast, bridge):  # q_rot: the rotation alone; q_post: the query entering the score
         rot = spec[0].rotate(acts["q_pre"].transpose(1, 2), torch.arange(24)).transpose(1, 2)
         torch.testing.assert_close(acts["q_rot"], rot, rtol=0, atol=1e-6)
-        torch.testing.assert_close(acts["q_post"], rot * factor[None, :, None, None], rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            acts["q_post"], rot * factor[None, :, None, None], rtol=0, atol=1e-6
+        )
     # logits, pattern, usage, band statistics and a variant against HF's own eager attention, past L₀
     status, detail = classify(check_config("ministral3", cfg))
     assert status == "exact", detail
 
 
-def test_a_query_temperature_the_forward_does_not_apply_as_configured_is_refused_with_the_factors(tmp_path, monkeypatch):
+def test_a_query_temperature_the_forward_does_not_apply_as_configured_is_refused_with_the_factors(
+    tmp_path, monkeypatch
+):
     """A forward (patched by its user) whose query factor is not the config's formula is refused naming the factors
     measured at positions past L₀; one that applies no factor at all is read without a temperature."""
     import transformers.models.ministral3.modeling_ministral3 as mm
 
     _ministral3(tmp_path)
-    linear = lambda pos, beta, l0: (1 + beta * pos / l0)[:, None, :, None]  # noqa: E731
+
+    def linear(pos, beta, l0):
+        return (1 + beta * pos / l0)[:, None, :, None]
+
     monkeypatch.setattr(mm, "get_llama_4_attn_scale", linear)
     model = ropelens.load_model(str(tmp_path), device="cpu")
-    with pytest.raises(UnsupportedModelError, match=r"layer 0's config names a query temperature 1 \+ 0\.5·ln\(1 \+ "
-                       r"⌊m/8⌋\).* at positions \[0, 7, 8, 24\] the query entering its score is factors 1, 1\.4375, "
-                       r"1\.5, 2\.5 \(expected 1, 1, 1\.34657, 1\.69315\)"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"layer 0's config names a query temperature 1 \+ 0\.5·ln\(1 \+ "
+        r"⌊m/8⌋\).* at positions \[0, 7, 8, 24\] the query entering its score is factors 1, 1\.4375, "
+        r"1\.5, 2\.5 \(expected 1, 1, 1\.34657, 1\.69315\)",
+    ):
         ropelens.rope_spec(model)
-    monkeypatch.setattr(mm, "get_llama_4_attn_scale", lambda pos, beta, l0: torch.ones(1)[:, None, None, None])
+    monkeypatch.setattr(
+        mm, "get_llama_4_attn_scale", lambda pos, beta, l0: torch.ones(1)[:, None, None, None]
+    )
     model = ropelens.load_model(str(tmp_path), device="cpu")
     assert ropelens.rope_spec(model)[0].temperature is None
 
@@ -181,8 +208,10 @@ def test_a_failed_rotation_check_says_what_the_rotation_was_measured_to_do():
     x = torch.randn(32, 3, 16, generator=torch.Generator().manual_seed(2))
     scale = 1 + 0.1 * torch.log(1 + torch.floor(torch.arange(32) / 8.0))
     post = lr.rotate(x.transpose(0, 1), torch.arange(32)).transpose(0, 1) * scale[:, None, None]
-    assert rotation_mismatch(lr, x, post) == ("rotation multiplies the norm by a factor that changes with "
-                                              "position (1 at position 0, 1.13863 at position 31)")
+    assert rotation_mismatch(lr, x, post) == (
+        "rotation multiplies the norm by a factor that changes with "
+        "position (1 at position 0, 1.13863 at position 31)"
+    )
 
 
 def test_a_misread_frequency_is_named_with_both_values():
@@ -192,6 +221,9 @@ def test_a_misread_frequency_is_named_with_both_values():
     x = torch.randn(7, 3, 16, generator=torch.Generator().manual_seed(3))
     true = _layer("half", base=200.0)
     post = true.rotate(x.transpose(0, 1), torch.arange(7)).transpose(0, 1)
-    assert rotation_mismatch(lr, x, post) == ("the rotation turns plane 7 by θ = 0.00969613 per token where the reading "
-                                              "says 0.0177828")
-    assert "pairs dims adjacent" in rotation_mismatch(lr, x, _layer("adjacent").rotate(x.transpose(0, 1), torch.arange(7)).transpose(0, 1))
+    assert rotation_mismatch(lr, x, post) == (
+        "the rotation turns plane 7 by θ = 0.00969613 per token where the reading says 0.0177828"
+    )
+    assert "pairs dims adjacent" in rotation_mismatch(
+        lr, x, _layer("adjacent").rotate(x.transpose(0, 1), torch.arange(7)).transpose(0, 1)
+    )

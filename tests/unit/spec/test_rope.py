@@ -80,27 +80,54 @@ def test_plane_dims_rejects_odd_or_negative(bad):
 
 def test_a_nope_layer_has_no_planes():
     assert plane_dims(0, "half").shape == (0, 2)
-    lr = LayerRope(layer=0, inv_freq=torch.zeros(0), head_dim=8, rotary_dim=0, pairing="half", n_heads=2,
-                   n_kv_heads=2, score_scale=8**-0.5, kind="nope")
+    lr = LayerRope(
+        layer=0,
+        inv_freq=torch.zeros(0),
+        head_dim=8,
+        rotary_dim=0,
+        pairing="half",
+        n_heads=2,
+        n_kv_heads=2,
+        score_scale=8**-0.5,
+        kind="nope",
+    )
     assert not lr.rotary and lr.n_planes == 0
     x = torch.randn(3, 5, 8)
     assert torch.equal(lr.rotate(x, torch.arange(5)), x)  # nothing turns
     with pytest.raises(ValueError, match="nope"):
-        LayerRope(layer=0, inv_freq=torch.zeros(0), head_dim=8, rotary_dim=0, pairing="half", n_heads=2,
-                  n_kv_heads=2, score_scale=1.0)  # zero planes must be called a NoPE layer
+        LayerRope(
+            layer=0,
+            inv_freq=torch.zeros(0),
+            head_dim=8,
+            rotary_dim=0,
+            pairing="half",
+            n_heads=2,
+            n_kv_heads=2,
+            score_scale=1.0,
+        )  # zero planes must be called a NoPE layer
 
 
 def test_layer_probs_apply_softcap_and_sinks():
     """Against the formulas written out: c·tanh(s/c), then a sink column in the softmax that is dropped."""
     s = torch.tensor([[[[1.0, 30.0, float("-inf")]]], [[[2.0, -4.0, 0.5]]]])  # [b=2, h=1, q=1, k=3]
-    base = dict(layer=0, inv_freq=torch.ones(1), head_dim=2, rotary_dim=2, pairing="half", n_heads=1,
-                n_kv_heads=1, score_scale=1.0)
+    base = dict(
+        layer=0,
+        inv_freq=torch.ones(1),
+        head_dim=2,
+        rotary_dim=2,
+        pairing="half",
+        n_heads=1,
+        n_kv_heads=1,
+        score_scale=1.0,
+    )
     capped = LayerRope(**base, softcap=10.0).probs(s)
     e = [math.exp(10 * math.tanh(0.1)), math.exp(10 * math.tanh(3.0))]
     assert capped[0, 0, 0].tolist() == pytest.approx([e[0] / sum(e), e[1] / sum(e), 0.0], rel=1e-6)
     sunk = LayerRope(**base, sinks=(1.5,)).probs(s)
     z = math.exp(2.0) + math.exp(-4.0) + math.exp(0.5) + math.exp(1.5)
-    assert sunk[1, 0, 0].tolist() == pytest.approx([math.exp(2.0) / z, math.exp(-4.0) / z, math.exp(0.5) / z], rel=1e-6)
+    assert sunk[1, 0, 0].tolist() == pytest.approx(
+        [math.exp(2.0) / z, math.exp(-4.0) / z, math.exp(0.5) / z], rel=1e-6
+    )
 
 
 def test_unknown_pairing_is_rejected():
@@ -322,7 +349,9 @@ def test_layer_indices_errors(layers, kind, error, match):
 @pytest.mark.parametrize("pairing", ["half", "adjacent"])
 def test_plane_norms_equal_norms_of_split_planes(pairing):
     x = torch.randn(3, 5, 2, 12)
-    assert torch.allclose(plane_norms(x, 8, pairing), split_planes(x, 8, pairing).norm(dim=-1), atol=1e-6)
+    assert torch.allclose(
+        plane_norms(x, 8, pairing), split_planes(x, 8, pairing).norm(dim=-1), atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("pairing", ["half", "adjacent"])
@@ -332,8 +361,15 @@ def test_plane_sums_and_norms_match_the_split_planes(pairing):
     from ropelens.spec.rope import plane_norms, plane_sums, split_planes
 
     g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(3, 5, 40, generator=g, dtype=torch.float64), torch.randn(3, 5, 40, generator=g, dtype=torch.float64)
+    q, k = (
+        torch.randn(3, 5, 40, generator=g, dtype=torch.float64),
+        torch.randn(3, 5, 40, generator=g, dtype=torch.float64),
+    )
     qs, ks = split_planes(q, 32, pairing), split_planes(k, 32, pairing)
-    torch.testing.assert_close(plane_sums(q * k, 32, pairing), (qs * ks).sum(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        plane_sums(q * k, 32, pairing), (qs * ks).sum(-1), rtol=1e-12, atol=1e-12
+    )
     torch.testing.assert_close(plane_norms(q, 32, pairing), qs.norm(dim=-1), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(plane_sums(q * k, 32, pairing).sum(-1), (q[..., :32] * k[..., :32]).sum(-1))
+    torch.testing.assert_close(
+        plane_sums(q * k, 32, pairing).sum(-1), (q[..., :32] * k[..., :32]).sum(-1)
+    )

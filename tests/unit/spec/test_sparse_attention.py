@@ -36,7 +36,9 @@ def tiny(tmp_path_factory):
     @functools.cache
     def make(name: str):
         path = save_tiny(name, tmp_path_factory.mktemp(name) / name)
-        hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(
+            path, attn_implementation="eager", dtype=torch.float32
+        ).eval()
         return ropelens.load_model(path, device="cpu"), hf
 
     return make
@@ -96,16 +98,30 @@ def test_static_mask_analyses_refuse_long_windows(tiny):
     model, _ = tiny("deepseek_v32")
     spec = rope_spec(model)
     red = BandStatsReducer(spec, spec.rotary_layers, Bands.all())
-    with pytest.raises(UnsupportedModelError, match=r"at most 8 keys per query.*band statistics.*at most 8 tokens"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"at most 8 keys per query.*band statistics.*at most 8 tokens"
+    ):
         stream(model, [_tokens()], [red], spec=spec, progress=False)
     # within index_topk the causal mask is the model's: band statistics run
-    assert stream(model, [_tokens(TOPK)], [BandStatsReducer(spec, spec.rotary_layers, Bands.all())], spec=spec,
-                  progress=False) == 2 * TOPK
+    assert (
+        stream(
+            model,
+            [_tokens(TOPK)],
+            [BandStatsReducer(spec, spec.rotary_layers, Bands.all())],
+            spec=spec,
+            progress=False,
+        )
+        == 2 * TOPK
+    )
 
 
 def _with_select(spec: RopeSpec, k: int | None) -> RopeSpec:
-    return dataclasses.replace(spec, layers=tuple(dataclasses.replace(lr, select_keys=k) if lr.attention else lr
-                                                  for lr in spec.layers))
+    return dataclasses.replace(
+        spec,
+        layers=tuple(
+            dataclasses.replace(lr, select_keys=k) if lr.attention else lr for lr in spec.layers
+        ),
+    )
 
 
 @pytest.mark.parametrize("k", [None, TOPK - 1, TOPK + 1])
@@ -137,20 +153,48 @@ def test_real_deepseek_v32_shapes():
     from ropelens.testing import tiny_tokenizer
 
     d = DeepseekV32Config()
-    assert (d.num_attention_heads, d.qk_rope_head_dim, d.qk_nope_head_dim, d.index_topk) == (128, 64, 128, 2048)
-    cfg = DeepseekV32Config(vocab_size=101, hidden_size=64, intermediate_size=64, moe_intermediate_size=16,
-                            num_hidden_layers=1, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
-                            n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32, v_head_dim=8,
-                            layer_types=["indexed_attention"], bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    assert (d.num_attention_heads, d.qk_rope_head_dim, d.qk_nope_head_dim, d.index_topk) == (
+        128,
+        64,
+        128,
+        2048,
+    )
+    cfg = DeepseekV32Config(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=1,
+        first_k_dense_replace=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        v_head_dim=8,
+        layer_types=["indexed_attention"],
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+    )
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     model = wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="dsv32")
     lr = rope_spec(model)[0]
-    assert (lr.n_heads, lr.head_dim, lr.rotary_dim, lr.rotary_offset, lr.select_keys) == (128, 192, 64, 128, 2048)
+    assert (lr.n_heads, lr.head_dim, lr.rotary_dim, lr.rotary_offset, lr.select_keys) == (
+        128,
+        192,
+        64,
+        128,
+        2048,
+    )
     assert lr.pre_interleaved and lr.shared_rotary_key
     assert not lr.selects(2048) and lr.selects(2049)  # every causal key kept up to 2,048 tokens
     v = verify_model(model)
-    assert v.passed and v.errors["mask"] == 0  # the probe's window is shorter than 2,048: the causal mask exactly
+    assert (
+        v.passed and v.errors["mask"] == 0
+    )  # the probe's window is shorter than 2,048: the causal mask exactly
 
 
 def test_block_selection_is_exact(tiny):
@@ -163,15 +207,22 @@ def test_block_selection_is_exact(tiny):
     assert lr.select_keys == 9 and not lr.selects(9) and lr.selects(10)
     toks = _tokens()
     dec = ropelens.analyses.attention_decomposition(model, toks)
-    ref = next(a for a in _hf_probs(hf, toks) if a is not None)  # HF returns the attention layers' only
+    ref = next(
+        a for a in _hf_probs(hf, toks) if a is not None
+    )  # HF returns the attention layers' only
     allowed = torch.arange(N_CHECK) + 1
     want = torch.where(allowed <= 9, allowed, 8 + allowed % 2)  # the block rule, counted by hand
     assert torch.equal(dec.mask(3)[0].sum(-1), want) and torch.equal(dec.mask(3)[1].sum(-1), want)
     assert float((dec.rebuilt_pattern(3) - ref).abs().max()) < 1e-5
     scores = dec.band_logits(3, masked=False).sum(2)
     causal = torch.ones(N_CHECK, N_CHECK).tril().bool()
-    assert float((lr.probs(scores.masked_fill(~causal[None, None], float("-inf"))) - ref).abs().max()) > 0.05
-    with pytest.raises(UnsupportedModelError, match="fails the mask check"):  # one key too many or too few
+    assert (
+        float((lr.probs(scores.masked_fill(~causal[None, None], float("-inf"))) - ref).abs().max())
+        > 0.05
+    )
+    with pytest.raises(
+        UnsupportedModelError, match="fails the mask check"
+    ):  # one key too many or too few
         verify_model(model, _with_select(spec, 8), force=True)
 
 

@@ -264,7 +264,9 @@ YARN_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("s", "L0", "base", "d", "truncate", "last_kept", "first_interp"), YARN_CASES)
+@pytest.mark.parametrize(
+    ("s", "L0", "base", "d", "truncate", "last_kept", "first_interp"), YARN_CASES
+)
 def test_yarn_per_plane_ramp_by_hand(layer, s, L0, base, d, truncate, last_kept, first_interp):
     """YaRN against Peng et al.'s reference ramp (jquesnelle/yarn, which HF follows) and mscale 0.1·ln s + 1."""
     theta = _theta(base, d)
@@ -286,7 +288,11 @@ def test_yarn_per_plane_ramp_by_hand(layer, s, L0, base, d, truncate, last_kept,
     got = variant.inv_freq(lr).double()
     torch.testing.assert_close(got, expect, rtol=2e-6, atol=0)
     # The three groups, spelled out: kept, interpolated, strictly between.
-    kept, interp, blend = slice(0, last_kept + 1), slice(first_interp, None), slice(last_kept + 1, first_interp)
+    kept, interp, blend = (
+        slice(0, last_kept + 1),
+        slice(first_interp, None),
+        slice(last_kept + 1, first_interp),
+    )
     assert torch.allclose(got[kept], theta[kept], rtol=2e-6, atol=0)
     assert torch.allclose(got[interp], theta[interp] / s, rtol=2e-6, atol=0)
     assert bool(((got[blend] < theta[blend]) & (got[blend] > theta[blend] / s)).all())
@@ -303,7 +309,9 @@ LLAMA3_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("factor", "low", "high", "L0", "base", "d", "n_kept", "n_div"), LLAMA3_CASES)
+@pytest.mark.parametrize(
+    ("factor", "low", "high", "L0", "base", "d", "n_kept", "n_div"), LLAMA3_CASES
+)
 def test_llama3_wavelength_bands_by_hand(layer, factor, low, high, L0, base, d, n_kept, n_div):
     """Llama 3.1's rule (Meta's reference apply_scaling): λ < L0/high kept, λ > L0/low ÷ factor, smooth between."""
     theta = _theta(base, d)
@@ -311,7 +319,9 @@ def test_llama3_wavelength_bands_by_hand(layer, factor, low, high, L0, base, d, 
     kept, divided = lam < L0 / high, lam > L0 / low
     assert (int(kept.sum()), int(divided.sum())) == (n_kept, n_div)
     # No wavelength within float32 rounding of a band edge, so the bands cannot flip in HF's float32.
-    assert ((lam / (L0 / high) - 1).abs().min() > 1e-3) and ((lam / (L0 / low) - 1).abs().min() > 1e-3)
+    assert ((lam / (L0 / high) - 1).abs().min() > 1e-3) and (
+        (lam / (L0 / low) - 1).abs().min() > 1e-3
+    )
     smooth = (L0 / lam - low) / (high - low)
     blended = (1 - smooth) * theta / factor + smooth * theta
     expect = torch.where(kept, theta, torch.where(divided, theta / factor, blended))
@@ -328,7 +338,9 @@ def test_llama3_wavelength_bands_by_hand(layer, factor, low, high, L0, base, d, 
 def test_pi_divides_every_frequency_by_the_factor(layer, s, base, d):
     """Position interpolation (Chen et al. 2023): position m read as m/s, i.e. θ_i / s on every plane."""
     lr = _shaped(layer, d, base)
-    torch.testing.assert_close(Linear(s).inv_freq(lr).double(), _theta(base, d) / s, rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        Linear(s).inv_freq(lr).double(), _theta(base, d) / s, rtol=1e-6, atol=0
+    )
     assert Linear(s).attention_scaling(lr) == 1.0
 
 
@@ -369,7 +381,12 @@ def test_kept_planes_is_the_floor_of_p_n():
                 assert kept_planes(k / 100, n) == exact - 1, (k, n)
             else:
                 assert kept_planes(k / 100, n) == exact, (k, n)
-    assert (kept_planes(0.75, 8), kept_planes(0.0, 8), kept_planes(1.0, 8), kept_planes(0.5, 7)) == (6, 0, 8, 3)
+    assert (
+        kept_planes(0.75, 8),
+        kept_planes(0.0, 8),
+        kept_planes(1.0, 8),
+        kept_planes(0.5, 7),
+    ) == (6, 0, 8, 3)
 
 
 @pytest.mark.parametrize("variant", ALL_VARIANTS, ids=lambda v: type(v).__name__)
@@ -480,7 +497,9 @@ def _all_hooks(model) -> set[tuple]:
 
 RESTORE_CASES = {
     "dynamic-ntk-past-L0": lambda m: apply_rope_variant(m, DynamicNTK(4.0, 16)),
-    "longrope-past-L0": lambda m: apply_rope_variant(m, LongRoPE(SHORT, LONG, 16, factor=4.0, n_hat=3)),
+    "longrope-past-L0": lambda m: apply_rope_variant(
+        m, LongRoPE(SHORT, LONG, 16, factor=4.0, n_hat=3)
+    ),
     "ablate-planes": lambda m: ablate_planes(m, [0, 5], heads=[1]),
 }
 
@@ -489,9 +508,13 @@ RESTORE_CASES = {
 def test_leaving_restores_logits_and_removes_every_hook(tiny, case):
     """Logits after leaving equal the ones before, bit for bit; the hook registries equal a snapshot taken before."""
     model = tiny("llama-gqa")
-    toks = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0))  # 24 > L0 = 16
+    toks = torch.randint(
+        0, 100, (2, 24), generator=torch.Generator().manual_seed(0)
+    )  # 24 > L0 = 16
     before = model(toks)
-    hooks = _all_hooks(model)  # after a forward: the bridge adds its own capture hooks on the first one
+    hooks = _all_hooks(
+        model
+    )  # after a forward: the bridge adds its own capture hooks on the first one
     with RESTORE_CASES[case](model):
         assert _all_hooks(model) > hooks  # what it installs is visible to the snapshot
         assert not torch.equal(model(toks), before)
@@ -701,7 +724,6 @@ def test_models_without_usable_rope_raise():
         pass
 
 
-
 def test_a_model_rotating_inside_its_hf_module_takes_variants():
     """GPT-J rotates inside its HF attention module (no (cos, sin) handed to the bridge's attention): the engine
     applies the variant at that rotation. Under NoPE the rotated queries are the pre-RoPE ones."""
@@ -719,7 +741,6 @@ def test_variant_base_class_is_abstract(layer):
         RopeVariant().inv_freq(layer)
 
 
-
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_is_identity_only_for_variants_that_change_nothing(tiny, family):
     """Exactly the variants whose logits equal the unmodified model's are identities."""
@@ -731,13 +752,21 @@ def test_is_identity_only_for_variants_that_change_nothing(tiny, family):
     toks = torch.randint(0, 50, (1, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(toks)
-    for variant, expected in [(PRoPE(1.0), True), (DynamicNTK(4.0, n), True), (Default(), True),
-                              (PRoPE(0.5), False), (YaRN(4.0, n), False), (NoPE(), False)]:
+    for variant, expected in [
+        (PRoPE(1.0), True),
+        (DynamicNTK(4.0, n), True),
+        (Default(), True),
+        (PRoPE(0.5), False),
+        (YaRN(4.0, n), False),
+        (NoPE(), False),
+    ]:
         assert is_identity(spec, variant, layers, 48) is expected, variant
         with torch.no_grad(), apply_rope_variant(model, variant):
             same = torch.equal(model(toks), before)
         assert same is expected, variant
-    assert not is_identity(spec, DynamicNTK(4.0, n // 4), layers, n)  # past its original length it scales
+    assert not is_identity(
+        spec, DynamicNTK(4.0, n // 4), layers, n
+    )  # past its original length it scales
 
 
 def test_yarn_on_an_odd_frequency_width():
@@ -748,10 +777,22 @@ def test_yarn_on_an_odd_frequency_width():
 
     base, d = 10000.0, 5
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    lr = LayerRope(layer=0, inv_freq=theta.float(), head_dim=8, rotary_dim=6, pairing="half", n_heads=2,
-                   n_kv_heads=2, score_scale=8**-0.5, base=base, n_ctx=16)
+    lr = LayerRope(
+        layer=0,
+        inv_freq=theta.float(),
+        head_dim=8,
+        rotary_dim=6,
+        pairing="half",
+        n_heads=2,
+        n_kv_heads=2,
+        score_scale=8**-0.5,
+        base=base,
+        n_ctx=16,
+    )
     assert freq_dim(lr) == 5
     # YaRN's correction range at 16 tokens (β_fast 32, β_slow 1): planes below d·ln(16/2π)/(2·ln base) ≈ 0.25 keep
     # their frequency, the rest are interpolated by the factor
     got = YaRN(4.0, 16).inv_freq(lr).double()
-    torch.testing.assert_close(got, torch.stack([theta[0], theta[1] / 4, theta[2] / 4]), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        got, torch.stack([theta[0], theta[1] / 4, theta[2] / 4]), rtol=1e-6, atol=0
+    )

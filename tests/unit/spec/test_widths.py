@@ -26,8 +26,10 @@ from ropelens.spec.reading import rope_spec
 from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir, rotation_error
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(not hasattr(transformers, "Gemma4TextConfig"),
-                                reason="this transformers has no Gemma4TextConfig")
+pytestmark = pytest.mark.skipif(
+    not hasattr(transformers, "Gemma4TextConfig"),
+    reason="this transformers has no Gemma4TextConfig",
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,12 @@ def test_spec_reads_each_layers_width(gemma4):
     glob = spec[3]
     assert glob.rotary_dim == glob.head_dim == 32 and glob.score_scale == 1.0
     # proportional: θ_i = 1e6^(−2i/32) for the leading 32·0.25/2 = 4 planes, 0 for the other 12
-    want = torch.cat([1.0 / 1e6 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 32), torch.zeros(12, dtype=torch.float64)])
+    want = torch.cat(
+        [
+            1.0 / 1e6 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 32),
+            torch.zeros(12, dtype=torch.float64),
+        ]
+    )
     torch.testing.assert_close(glob.inv_freq.double(), want, rtol=1e-6, atol=0)
     assert spec[0].window == 8 and glob.window is None
 
@@ -84,7 +91,9 @@ def test_partial_rotary_layout_is_not_proportional(gemma4):
     """Read as ordinary partial rotary (4 planes pairing dims (i, i + 4), the rest passing through) the
     global layer fails the rotation check: its turning planes pair (i, i + 16) across the whole head."""
     model, spec, _ = gemma4
-    q = capture_qk(model, torch.full((1, N_CHECK), 7), layers=[3], which=("q_post",))[3]["q_post"][0]
+    q = capture_qk(model, torch.full((1, N_CHECK), 7), layers=[3], which=("q_post",))[3]["q_post"][
+        0
+    ]
     right = spec[3]
     wrong = dataclasses.replace(right, inv_freq=right.inv_freq[:4], rotary_dim=8)
     assert rotation_error(right, q) < 1e-5  # float32 rotation of the same numbers
@@ -104,7 +113,9 @@ def test_frequency_usage_over_mixed_widths_is_hfs_plane_norms(gemma4):
         n = spec[L].head_dim // 2
         for got, x in ((usage.q_norm[i], ref[L][0]), (usage.k_norm[i], ref[L][1])):
             x = x.double()
-            want = torch.hypot(x[..., :n], x[..., n:]).mean((0, 2))  # [head, plane]: pairs (i, i + d/2)
+            want = torch.hypot(x[..., :n], x[..., n:]).mean(
+                (0, 2)
+            )  # [head, plane]: pairs (i, i + d/2)
             h, p = want.shape
             # float32 norms summed in float64 over 48 tokens: a few float32 ulps
             torch.testing.assert_close(got[:h, :p].double(), want, rtol=1e-5, atol=1e-6)
@@ -128,8 +139,13 @@ def test_mixed_width_usage_saves_loads_and_merges(gemma4, tmp_path):
     a.save(tmp_path / "a.json")
     merged = load_result(tmp_path / "a.json").merge(b)
     for key in whole.token:
-        for got, want in ((merged.token[key], whole.token[key]), (merged.window[key], whole.window[key])):
-            torch.testing.assert_close(got.total, want.total, rtol=1e-12, atol=1e-12)  # float64 sums, reordered
+        for got, want in (
+            (merged.token[key], whole.token[key]),
+            (merged.window[key], whole.window[key]),
+        ):
+            torch.testing.assert_close(
+                got.total, want.total, rtol=1e-12, atol=1e-12
+            )  # float64 sums, reordered
             torch.testing.assert_close(got.count, want.count, rtol=0, atol=0)
     torch.testing.assert_close(merged.q_norm, whole.q_norm, rtol=1e-6, atol=0, equal_nan=True)
 
@@ -154,12 +170,20 @@ def _heads(model, toks, **kw):
 
 
 STACKING = {
-    "band_statistics": lambda model, toks, **kw: ropelens.analyses.band_statistics(model, toks, progress=False, **kw),
+    "band_statistics": lambda model, toks, **kw: ropelens.analyses.band_statistics(
+        model, toks, progress=False, **kw
+    ),
     "head_taxonomy": _heads,
-    "attention_sinks": lambda model, toks, **kw: ropelens.analyses.attention_sinks(model, toks, progress=False, **kw),
-    "attention_by_distance": lambda model, toks, **kw: ropelens.analyses.attention_by_distance(model, toks, progress=False, **kw),
+    "attention_sinks": lambda model, toks, **kw: ropelens.analyses.attention_sinks(
+        model, toks, progress=False, **kw
+    ),
+    "attention_by_distance": lambda model, toks, **kw: ropelens.analyses.attention_by_distance(
+        model, toks, progress=False, **kw
+    ),
     "massive_values": _massive,
-    "positional_symbolic": lambda model, toks, **kw: ropelens.analyses.positional_symbolic(model, toks, progress=False, **kw),
+    "positional_symbolic": lambda model, toks, **kw: ropelens.analyses.positional_symbolic(
+        model, toks, progress=False, **kw
+    ),
     "rotary_offsets": _offsets,
 }
 
@@ -192,7 +216,10 @@ def stacked(gemma4):
     toks = _tokens()  # longer than the sliding window: the sliding layers see their window's edge
     assert toks.shape[1] > spec[0].window
     groups = list(spec.width_groups().values())
-    return {name: (fn(model, toks), [(g, fn(model, toks, layers=g)) for g in groups]) for name, fn in STACKING.items()}
+    return {
+        name: (fn(model, toks), [(g, fn(model, toks, layers=g)) for g in groups])
+        for name, fn in STACKING.items()
+    }
 
 
 @pytest.mark.parametrize("name", list(STACKING))
@@ -212,7 +239,9 @@ def test_mixed_widths_give_each_layer_its_own_groups_numbers(gemma4, stacked, na
             got = arrays[key][idx]
             assert got.ndim == want.ndim and all(g >= w for g, w in zip(got.shape, want.shape)), key
             own = tuple(slice(0, n) for n in want.shape)
-            torch.testing.assert_close(got[own], want, rtol=1e-6, atol=1e-12, equal_nan=True, msg=key)
+            torch.testing.assert_close(
+                got[own], want, rtol=1e-6, atol=1e-12, equal_nan=True, msg=key
+            )
             rest = got.clone()
             rest[own] = math.nan
             assert rest.isnan().all(), f"{key}: entries past the group's own width are not NaN"
@@ -223,7 +252,9 @@ def test_mixed_widths_give_each_layer_its_own_groups_numbers(gemma4, stacked, na
             pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-6, atol=1e-12)
     # both widths have 4 query heads: arrays over query heads alone (head scores, distance, positional/symbolic)
     # need no padding; those over KV heads, planes or dims do
-    assert (padded > 0) == (name in {"band_statistics", "attention_sinks", "massive_values", "rotary_offsets"})
+    assert (padded > 0) == (
+        name in {"band_statistics", "attention_sinks", "massive_values", "rotary_offsets"}
+    )
     for frame in _frames(whole).values():
         assert sorted(set(frame["layer"])) == spec.rotary_layers
     assert whole.findings() is not None and whole.figure() is not None
@@ -236,17 +267,31 @@ def test_mixed_widths_pad_heads_planes_and_dims_with_nan(gemma4, stacked):
     band = stacked["band_statistics"][0]
     tight = band.tightness()
     assert tight.shape == (4, 4, 16)
-    assert tight[:3, :, 8:].isnan().all() and not tight[:3, :, :8].isnan().any() and not tight[3].isnan().any()
+    assert (
+        tight[:3, :, 8:].isnan().all()
+        and not tight[:3, :, :8].isnan().any()
+        and not tight[3].isnan().any()
+    )
     sinks = stacked["attention_sinks"][0]
     ratio = sinks.key_norm_ratio()  # [layer, kv_head, band]
-    assert ratio[3, 1].isnan().all() and not ratio[3, 0].isnan().any() and not ratio[:3].isnan().any()
+    assert (
+        ratio[3, 1].isnan().all() and not ratio[3, 0].isnan().any() and not ratio[:3].isnan().any()
+    )
     assert not sinks.plane_key_ratio().isnan().any()
     mv = stacked["massive_values"][0]
     assert mv.norm("q").shape == (4, 4, 32) and mv.norm("q")[:3, :, 16:].isnan().all()
     assert not mv.mask("q")[:3, :, 16:].any() and not mv.ratio("q")[:3, :, :16].isnan().any()
     frame = mv.to_frame()
     assert frame.groupby(["which", "layer"]).size().to_dict() == {
-        ("k", 0): 32, ("k", 1): 32, ("k", 2): 32, ("k", 3): 32, ("q", 0): 64, ("q", 1): 64, ("q", 2): 64, ("q", 3): 128}
+        ("k", 0): 32,
+        ("k", 1): 32,
+        ("k", 2): 32,
+        ("k", 3): 32,
+        ("q", 0): 64,
+        ("q", 1): 64,
+        ("q", 2): 64,
+        ("q", 3): 128,
+    }
     planes = mv.planes_frame()
     assert planes.groupby("layers").size().to_dict() == {"0-2": 2 * 8, "3": 2 * 16}
     off = stacked["rotary_offsets"][0]
@@ -261,7 +306,9 @@ def test_mixed_width_results_save_and_load_with_their_padding(gemma4, stacked, t
         whole.save(tmp_path / f"{name}.json")
         back = load_result(tmp_path / f"{name}.json")
         for key, want in _per_layer_arrays(whole).items():
-            torch.testing.assert_close(_per_layer_arrays(back)[key], want, rtol=0, atol=0, equal_nan=True, msg=key)
+            torch.testing.assert_close(
+                _per_layer_arrays(back)[key], want, rtol=0, atol=0, equal_nan=True, msg=key
+            )
         pd.testing.assert_frame_equal(back.to_frame(), whole.to_frame())
 
 
@@ -271,7 +318,9 @@ def test_band_names_that_differ_across_widths_are_refused(gemma4):
     bands = Bands.quantiles(16, fit=True)
     with pytest.raises(InputError, match="resolve to different band names across layers"):
         ropelens.analyses.band_statistics(model, _tokens(), bands=bands, progress=False)
-    st = ropelens.analyses.band_statistics(model, _tokens(), layers=[3], bands=bands, progress=False)
+    st = ropelens.analyses.band_statistics(
+        model, _tokens(), layers=[3], bands=bands, progress=False
+    )
     assert len(st.band_names) == 16
 
 
@@ -288,9 +337,13 @@ def test_report_over_mixed_widths(gemma4, tmp_path):
     for frame in (bands, heads):
         for layers in groups.values():
             assert set(layers) <= set(frame["layer"])
-    assert heads.groupby("layer").size().to_dict() == {L: spec[L].n_heads for L in spec.rotary_layers}
+    assert heads.groupby("layer").size().to_dict() == {
+        L: spec[L].n_heads for L in spec.rotary_layers
+    }
     tight = pd.read_csv(out / "tightness.csv")
-    assert tight.groupby("layer").size().to_dict() == {L: spec[L].n_heads * spec[L].n_planes for L in spec.rotary_layers}
+    assert tight.groupby("layer").size().to_dict() == {
+        L: spec[L].n_heads * spec[L].n_planes for L in spec.rotary_layers
+    }
     assert not tight["tightness"].isna().any()
 
 
@@ -305,22 +358,38 @@ def test_real_gemma4_shapes_are_read(k_eq_v):
     from ropelens.testing import tiny_tokenizer
 
     extra = dict(attention_k_eq_v=True, num_global_key_value_heads=2) if k_eq_v else {}
-    cfg = Gemma4TextConfig(vocab_size=101, hidden_size=32, intermediate_size=32, num_hidden_layers=6,
-                           vocab_size_per_layer_input=101, hidden_size_per_layer_input=4, **extra)
+    cfg = Gemma4TextConfig(
+        vocab_size=101,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=6,
+        vocab_size_per_layer_input=101,
+        hidden_size_per_layer_input=4,
+        **extra,
+    )
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     hf.config.architectures = [type(hf).__name__]
     spec = rope_spec(wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="gemma4-shapes"))
     assert spec.kinds == {"sliding": [0, 1, 2, 3, 4], "full": [5]}
     local = 1.0 / 1e4 ** (torch.arange(0, 256, 2, dtype=torch.float64) / 256)
-    glob = torch.cat([1.0 / 1e6 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 512), torch.zeros(192, dtype=torch.float64)])
+    glob = torch.cat(
+        [
+            1.0 / 1e6 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 512),
+            torch.zeros(192, dtype=torch.float64),
+        ]
+    )
     for lr in spec.layers:
         full = lr.kind == "full"
-        assert (lr.head_dim, lr.rotary_dim, lr.n_heads) == ((512, 512, 8) if full else (256, 256, 8))
+        assert (lr.head_dim, lr.rotary_dim, lr.n_heads) == (
+            (512, 512, 8) if full else (256, 256, 8)
+        )
         assert lr.n_kv_heads == (2 if full and k_eq_v else 4)
         assert lr.score_scale == 1.0 and lr.window == (None if full else 512)
         assert lr.rope_type == ("proportional" if full else "default")
-        torch.testing.assert_close(lr.inv_freq.double(), glob if full else local, rtol=1e-6, atol=0)  # float32 buffers
+        torch.testing.assert_close(
+            lr.inv_freq.double(), glob if full else local, rtol=1e-6, atol=0
+        )  # float32 buffers
         assert int((lr.inv_freq > 0).sum()) == (64 if full else 128)
     assert math.isinf(float(spec[5].wavelength[-1]))
 
@@ -334,9 +403,16 @@ def test_shared_key_layers_are_refused():
     from ropelens.testing import tiny_tokenizer
 
     fam = FAMILIES["gemma4_text"]
-    cfg = Gemma4TextConfig(**{**fam.config, "num_kv_shared_layers": 2,
-                              "layer_types": ["sliding_attention", "full_attention"] * 2})
+    cfg = Gemma4TextConfig(
+        **{
+            **fam.config,
+            "num_kv_shared_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+        }
+    )
     hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     hf.config.architectures = [type(hf).__name__]
-    with pytest.raises(UnsupportedModelError, match=r"layers \[2, 3\] reuse an earlier layer's keys"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"layers \[2, 3\] reuse an earlier layer's keys"
+    ):
         rope_spec(wrap_hf_model(hf, tiny_tokenizer(), device="cpu", label="gemma4-shared"))

@@ -16,8 +16,18 @@ from ropelens.training.pe_train import (
     train_pe_model,
 )
 
-MICRO = PETrainConfig(n_positions=32, d_model=16, n_layers=1, n_heads=2, batch_size=4, steps=25, lr=1e-2,
-                      warmup=2, tokenizer="tiny-char", val_windows=2)
+MICRO = PETrainConfig(
+    n_positions=32,
+    d_model=16,
+    n_layers=1,
+    n_heads=2,
+    batch_size=4,
+    steps=25,
+    lr=1e-2,
+    warmup=2,
+    tokenizer="tiny-char",
+    val_windows=2,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +63,19 @@ def test_orders_reorder_tokens():
     assert torch.equal(perm[:, 0], tokens[:, 0])
     assert not torch.equal(perm, tokens)
     assert torch.equal(perm.sort(dim=1).values, tokens)  # same tokens in every row
-    assert torch.equal(perm - perm[:, :1], (perm[:1] - perm[0, 0]).expand_as(perm))  # one permutation for all
+    assert torch.equal(
+        perm - perm[:, :1], (perm[:1] - perm[0, 0]).expand_as(perm)
+    )  # one permutation for all
     assert torch.equal(reorder(tokens, "permuted", seed=3), perm)
-    assert not torch.equal(order_permutation(10, "permuted", 4), order_permutation(10, "permuted", 3))
+    assert not torch.equal(
+        order_permutation(10, "permuted", 4), order_permutation(10, "permuted", 3)
+    )
 
 
 def test_bad_order_and_config_errors():
-    with pytest.raises(ValueError, match="one of forward, backward, permuted, init, got .sideways."):
+    with pytest.raises(
+        ValueError, match="one of forward, backward, permuted, init, got .sideways."
+    ):
         train_pe_model("sideways", MICRO)
     with pytest.raises(ValueError, match="sideways"):
         reorder(torch.zeros(2, 4, dtype=torch.long), "sideways")
@@ -86,12 +102,21 @@ def test_scaled_config():
     assert (big.n_heads, big.d_model, big.n_positions) == (8, 128, 512)
 
 
-
-
 def test_pe_geometry_quick_runs_and_resumes(tmp_path, capsys, experiment):
     mod = experiment("pe_geometry")
-    argv = ["--quick", "--steps", "3", "--tokenizer", "tiny-char", "--decay-model", "tiny-llama",
-            "--decay-ctx", "16", "--out", str(tmp_path)]
+    argv = [
+        "--quick",
+        "--steps",
+        "3",
+        "--tokenizer",
+        "tiny-char",
+        "--decay-model",
+        "tiny-llama",
+        "--decay-ctx",
+        "16",
+        "--out",
+        str(tmp_path),
+    ]
     result = json.loads(mod.main(argv).read_text())
     assert set(result["learned_pe"]) == {"forward", "backward", "permuted", "init", "sinusoidal"}
     assert "period_strength" in result["learned_pe"]["permuted"]
@@ -113,8 +138,23 @@ def test_cli_pe_geometry(tiny_dir, capsys):
     assert main(["pe-geometry", "--json", "--n-pos", "64", "--d", "16"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["name"] == "sinusoidal 64x16" and 0 <= rows[0]["period_strength"] <= 1
-    assert main(["pe-geometry", "--json", "--n-pos", "64", "--d", "16", "--model", str(tiny_dir("gpt2")),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "pe-geometry",
+                "--json",
+                "--n-pos",
+                "64",
+                "--d",
+                "16",
+                "--model",
+                str(tiny_dir("gpt2")),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 and rows[1]["n_pos"] > 1
     assert main(["pe-geometry", "--model", str(tiny_dir("llama")), "--device", "cpu"]) == 2

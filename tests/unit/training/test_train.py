@@ -10,9 +10,20 @@ import torch
 from ropelens.spec.variants import NTK, BaseChange, NoPE, PRoPE, PRoPEPartial, PRoPEReversed, YaRN
 from ropelens.training.train import TrainConfig, TrainResult, build_model, layer_rope, train
 
-MICRO = TrainConfig(d_model=32, n_layers=1, n_heads=2, head_dim=16, seq_len=32, batch_size=4,
-                    steps=12, lr=1e-2, warmup=2, tokenizer="tiny-char", val_windows=4,
-                    variant=PRoPE(0.75))
+MICRO = TrainConfig(
+    d_model=32,
+    n_layers=1,
+    n_heads=2,
+    head_dim=16,
+    seq_len=32,
+    batch_size=4,
+    steps=12,
+    lr=1e-2,
+    warmup=2,
+    tokenizer="tiny-char",
+    val_windows=4,
+    variant=PRoPE(0.75),
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +57,8 @@ def test_save_load_round_trip(result, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "variant", [PRoPE(0.75), PRoPE(0.25), PRoPEReversed(0.75), PRoPEPartial(0.75), NoPE(), BaseChange(5e5)]
+    "variant",
+    [PRoPE(0.75), PRoPE(0.25), PRoPEReversed(0.75), PRoPEPartial(0.75), NoPE(), BaseChange(5e5)],
 )
 def test_model_uses_variant_frequencies(variant):
     cfg = dataclasses.replace(MICRO, variant=variant)
@@ -68,8 +80,11 @@ def test_prope_matches_hf_proportional():
     cfg = dataclasses.replace(MICRO, variant=PRoPE(0.75))
     model = build_model(cfg, vocab_size=50)
     hf_cfg = model.config
-    hf_cfg.rope_parameters = {"rope_type": "proportional", "rope_theta": cfg.rope_theta,
-                              "partial_rotary_factor": 0.75}
+    hf_cfg.rope_parameters = {
+        "rope_type": "proportional",
+        "rope_theta": cfg.rope_theta,
+        "partial_rotary_factor": 0.75,
+    }
     inv, _ = ROPE_INIT_FUNCTIONS["proportional"](hf_cfg, None)
     assert torch.equal(model.model.rotary_emb.inv_freq, inv.float())
     assert (inv == 0).sum() == 2  # the lowest quarter of 8 planes
@@ -128,8 +143,19 @@ def test_train_is_a_hand_written_adamw_loop():
 
     from ropelens.training.train import cut_windows, token_streams
 
-    cfg = TrainConfig(d_model=32, n_layers=1, n_heads=2, head_dim=16, seq_len=32, batch_size=4, steps=6, lr=1e-2,
-                      warmup=2, tokenizer="tiny-char", val_windows=4)
+    cfg = TrainConfig(
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        head_dim=16,
+        seq_len=32,
+        batch_size=4,
+        steps=6,
+        lr=1e-2,
+        warmup=2,
+        tokenizer="tiny-char",
+        val_windows=4,
+    )
     result, model = train(cfg, progress=False, return_model=True)
     train_ids, _, vocab, bos = token_streams(cfg.corpus, cfg.tokenizer, cfg.val_fraction)
     windows = cut_windows(train_ids, cfg.seq_len, bos)
@@ -155,7 +181,9 @@ def test_train_is_a_hand_written_adamw_loop():
         opt.step()
         losses.append(loss.item())
 
-    torch.testing.assert_close(torch.tensor(result.loss_curve), torch.tensor(losses), rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(result.loss_curve), torch.tensor(losses), rtol=1e-5, atol=0
+    )
     assert not model.training  # fit leaves the model in eval mode
     for a, b in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
