@@ -3,7 +3,7 @@
 Runs them side by side on the same windows of the embedded English corpus, interleaved, and prints
 the median time of each and its ratio to HF's sdpa forward over the same tokens (the decoder only,
 no unembedding): ``sdpa`` is that baseline, ``forward`` the bridge's forward, ``usage`` frequency
-usage on the fast q/k path, ``usage_bridge`` the same through the bridge. With ``--rss`` it instead
+usage on the fast q/k path, ``frequency_usage_bridge`` the same through the bridge. With ``--rss`` it instead
 measures the peak RSS each column adds over the loaded model, each in a fresh process.
 
     python benchmarks/core_bench.py [--model smollm2-135m] [--windows 16] [--n-ctx 512] [--repeats 3]
@@ -30,7 +30,7 @@ from ropelens.run.capture import batches, stream
 from ropelens.spec.bands import Bands
 
 args_tile: int | None = None
-WHAT = ("sdpa", "forward", "usage", "usage_bridge", "band_stats", "band_stats+top1")
+WHAT = ("sdpa", "forward", "frequency_usage", "frequency_usage_bridge", "band_statistics", "band_statistics+top1")
 
 
 def run(model, spec, toks, what: str, batch_size: int) -> float:
@@ -47,8 +47,8 @@ def run(model, spec, toks, what: str, batch_size: int) -> float:
                 model(b, return_type=None)
     else:
         reducers = [UsageReducer(spec, layers)]
-        if what.startswith("band_stats"):
-            agreement = what == "band_stats+top1"
+        if what.startswith("band_statistics"):
+            agreement = what == "band_statistics+top1"
             reducers.append(
                 BandStatsReducer(
                     spec, layers, Bands.quantiles(4), agreement=agreement, tile=args_tile
@@ -60,7 +60,7 @@ def run(model, spec, toks, what: str, batch_size: int) -> float:
             reducers,
             spec=spec,
             progress=False,
-            fast=what != "usage_bridge",
+            fast=what != "frequency_usage_bridge",
         )
     return time.perf_counter() - t0
 
@@ -69,7 +69,7 @@ def timing(args) -> None:
     model = ropelens.load_model(args.model)
     spec = ropelens.rope_spec(model)
     toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
-    run(model, spec, toks[: args.batch_size], "band_stats", args.batch_size)  # warm-up
+    run(model, spec, toks[: args.batch_size], "band_statistics", args.batch_size)  # warm-up
     times: dict[str, list[float]] = {k: [] for k in args.what}
     for _ in range(args.repeats):
         for what in times:

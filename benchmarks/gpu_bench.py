@@ -112,7 +112,7 @@ def run_once(
     else:
         reducers = (
             [UsageReducer(spec, layers)]
-            if what == "usage"
+            if what == "frequency_usage"
             else [BandStatsReducer(spec, layers, Bands.quantiles(4))]
         )
         stream(model, batches(toks, 1), reducers, spec=spec, progress=False)
@@ -131,7 +131,7 @@ def main() -> None:
     p.add_argument("--shapes", default="1b,8b", help=f"comma-separated, from {', '.join(SHAPES)}")
     p.add_argument("--settings", default="8x4096,1x32768", help="comma-separated WINDOWSxTOKENS")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--what", default="sdpa,usage,band_stats")
+    p.add_argument("--what", default="sdpa,frequency_usage,band_statistics")
     args = p.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     whats = args.what.split(",")
@@ -147,7 +147,7 @@ def main() -> None:
             g = torch.Generator().manual_seed(0)
             toks = torch.randint(10, SHAPES[shape]["vocab_size"], (n_win, n_ctx), generator=g)
             run_once(
-                model, spec, toks[:1, : min(n_ctx, 512)], "band_stats", device
+                model, spec, toks[:1, : min(n_ctx, 512)], "band_statistics", device
             )  # warm-up (kernels, probe)
             rows: dict[str, list[tuple[float, float | None]]] = {w: [] for w in whats}
             for _ in range(args.repeats):

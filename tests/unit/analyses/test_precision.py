@@ -37,13 +37,7 @@ from ropelens.run.capture import LayerActs, capture_qk, stream
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec
 from ropelens.testing import tiny_model
-from tests.unit.analyses.test_band_tiles import (
-    HFLayer,
-    allowed_keys,
-    band_logits,
-    dense_layer_sums,
-    pattern_of,
-)
+from ropelens.testing.dense import HFLayer, allowed_keys, band_logits, dense_layer_sums, pattern_of
 from tests.unit.run.test_reducer_placement import (
     BANDS,
     EPS,

@@ -28,6 +28,7 @@ from ropelens.run.intervene import apply_rope_variant, spec_with_variant
 from ropelens.run.verify import rotation_from_pre
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.variants import BaseChange, PRoPE
+from ropelens.testing.dense import dense_layer_sums, hf_layers
 from ropelens.testing.families import (
     FAMILIES,
     N_CHECK,
@@ -36,12 +37,7 @@ from ropelens.testing.families import (
     probs_by_layer,
     rotation_error,
 )
-from tests.unit.analyses.test_band_tiles import (
-    _hand_planes,
-    assert_sums_match,
-    dense_layer_sums,
-    hf_layers,
-)
+from tests.unit.analyses.test_band_tiles import _hand_planes, assert_sums_match
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None and fam.refused_at == "spec"]
