@@ -215,7 +215,7 @@ class AttentionDecomposition(Result):
 
         with safe_open(str(path), "pt") as f:
             meta = f.metadata()
-            t = {k: f.get_tensor(k) for k in f}
+            t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         # files from before the result base carry neither key
         kind, fmt = meta.get("type", cls.KIND), meta.get("format", str(cls.FORMAT))
         if kind != cls.KIND or fmt != str(cls.FORMAT):
