@@ -619,31 +619,6 @@ class AttentionByDistance(
             )
         return pd.concat(frames, ignore_index=True)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "band_names": list(self.band_names),
-            "bands": self.bands.to_dict(),
-            "spec": self.spec.to_dict(),
-            "edges": self.edges.tolist(),
-            "n_sink": self.n_sink,
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AttentionByDistance:
-        return cls(
-            tuple(d["layers"]),
-            tuple(d["band_names"]),
-            Bands.from_dict(d["bands"]),
-            RopeSpec.from_dict(d["spec"]),
-            torch.tensor(d["edges"], dtype=torch.int64),
-            int(d["n_sink"]),
-            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            Provenance.from_dict(d["provenance"]),
-        )
-
     # ---------------------------------------------------------------- figures (drawn by ropelens.plots.attention_by_distance)
     def figure(self, layers: Sequence[int] | None = None, head: int | None = None) -> Any:
         """Per layer (default: up to four spread over the measured ones): mean band logits and the full

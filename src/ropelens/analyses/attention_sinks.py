@@ -465,30 +465,6 @@ class AttentionSinks(
         return out
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "band_names": list(self.band_names),
-            "bands": self.bands.to_dict(),
-            "spec": self.spec.to_dict(),
-            "epsilon": self.epsilon,
-            "skip_queries": self.skip_queries,
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AttentionSinks:
-        return cls(
-            tuple(d["layers"]),
-            tuple(d["band_names"]),
-            Bands.from_dict(d["bands"]),
-            RopeSpec.from_dict(d["spec"]),
-            float(d["epsilon"]),
-            int(d["skip_queries"]),
-            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            Provenance.from_dict(d["provenance"]),
-        )
 
 
 @corpus_analysis(n_ctx=256, max_tokens=16_384)

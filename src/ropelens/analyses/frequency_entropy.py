@@ -466,28 +466,6 @@ class FrequencyEntropy(
         )
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "spec": self.spec.to_dict(),
-            "skip": self.skip,
-            "seed": self.seed,
-            "n_pos": self.n_pos,
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FrequencyEntropy:
-        return cls(
-            layers=tuple(d["layers"]),
-            spec=RopeSpec.from_dict(d["spec"]),
-            skip=int(d["skip"]),
-            seed=int(d["seed"]),
-            n_pos=int(d["n_pos"]),
-            sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
 
 
 def _wavelengths(lr: LayerRope, n_planes: int) -> Tensor:

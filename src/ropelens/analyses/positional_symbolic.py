@@ -383,26 +383,6 @@ class PositionalSymbolic(
         return out
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "seed": self.seed,
-            "min_keys": self.min_keys,
-            "margin": self.margin,
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PositionalSymbolic:
-        return cls(
-            tuple(d["layers"]),
-            int(d["seed"]),
-            int(d["min_keys"]),
-            float(d["margin"]),
-            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            Provenance.from_dict(d["provenance"]),
-        )
 
 
 @corpus_analysis(n_ctx=256, max_tokens=8_192)

@@ -470,31 +470,6 @@ class RotaryOffsets(
         return pd.DataFrame(cols)[self.present().reshape(-1).numpy()].reset_index(drop=True)
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "spec": self.spec.to_dict(),
-            "train_ctx": self.train_ctx,
-            "n_sink": self.n_sink,
-            "q": self.q.to_dict(),
-            "k": self.k.to_dict(),
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RotaryOffsets:
-        return cls(
-            layers=tuple(d["layers"]),
-            spec=RopeSpec.from_dict(d["spec"]),
-            train_ctx=int(d["train_ctx"]),
-            n_sink=int(d["n_sink"]),
-            q=Moments.from_dict(d["q"]),
-            k=Moments.from_dict(d["k"]),
-            sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
-
     # ---------------------------------------------------------------- figures (drawn by ropelens.plots.rotary_offsets)
     def heatmap(
         self, what: str = "q_ratio", layer: int | None = None, coloraxis: str | None = None
