@@ -31,6 +31,7 @@ from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.results.sums import count_or_nan
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.bands import Bands, ResolvedBands
@@ -383,8 +384,7 @@ class AttentionByDistance(
         return self.sums["dist_sum"] / self._n()
 
     def _n(self) -> Tensor:
-        c = self.sums["count"]
-        return torch.where(c > 0, c, torch.nan)
+        return count_or_nan(self.sums["count"])
 
     def band_logit(self) -> Float[Tensor, "layer head band bin"]:
         """Mean band logit per distance bin (each band's exact share of the score)."""
