@@ -31,6 +31,7 @@ from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.results.sums import count_or_nan
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.bands import Bands, ResolvedBands
@@ -383,8 +384,7 @@ class AttentionByDistance(
         return self.sums["dist_sum"] / self._n()
 
     def _n(self) -> Tensor:
-        c = self.sums["count"]
-        return torch.where(c > 0, c, torch.nan)
+        return count_or_nan(self.sums["count"])
 
     def band_logit(self) -> Float[Tensor, "layer head band bin"]:
         """Mean band logit per distance bin (each band's exact share of the score)."""
@@ -618,31 +618,6 @@ class AttentionByDistance(
                 )[have]
             )
         return pd.concat(frames, ignore_index=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "band_names": list(self.band_names),
-            "bands": self.bands.to_dict(),
-            "spec": self.spec.to_dict(),
-            "edges": self.edges.tolist(),
-            "n_sink": self.n_sink,
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AttentionByDistance:
-        return cls(
-            tuple(d["layers"]),
-            tuple(d["band_names"]),
-            Bands.from_dict(d["bands"]),
-            RopeSpec.from_dict(d["spec"]),
-            torch.tensor(d["edges"], dtype=torch.int64),
-            int(d["n_sink"]),
-            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            Provenance.from_dict(d["provenance"]),
-        )
 
     # ---------------------------------------------------------------- figures (drawn by ropelens.plots.attention_by_distance)
     def figure(self, layers: Sequence[int] | None = None, head: int | None = None) -> Any:

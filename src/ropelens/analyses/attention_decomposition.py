@@ -21,9 +21,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.results.codec import decode, encode, field_types
 from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.results.serialize import atomic_write
 from ropelens.run.capture import LayerActs, capture_qk
 from ropelens.spec.bands import Bands, ResolvedBands
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
@@ -53,6 +55,12 @@ def js_divergence(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:
         return torch.where(a > 0, a * (a.clamp_min(1e-30).log() - m.clamp_min(1e-30).log()), 0.0)
 
     return 0.5 * (kl(p).sum(dim) + kl(q).sum(dim))
+
+
+SAFETENSORS_SUFFIX = (
+    ".safetensors"  # a decomposition's file: tensors, with its header fields as JSON
+)
+_HEADER_FIELDS = ("spec", "bands", "provenance")  # written as JSON in the safetensors header
 
 
 # ============================================================================ one input
@@ -188,17 +196,25 @@ class AttentionDecomposition(Result):
         return tensors
 
     def save(self, path: str | Path) -> None:
-        """Save tokens, captured q/k and metadata (safetensors, atomic)."""
+        """Save tokens, captured q/k and metadata to a ``.safetensors`` file (atomic)."""
+        # safetensors is only needed to save and load decompositions
         from safetensors.torch import save
 
-        from ropelens.results.serialize import atomic_write
-
+        path = Path(path)
+        if path.suffix.lower() != SAFETENSORS_SUFFIX:
+            raise InputError(
+                f"{path}: {self.KIND} results are written as safetensors (binary), not JSON: "
+                f"name the file "
+                f"{path.with_suffix(SAFETENSORS_SUFFIX).name}"
+            )
+        hints = field_types(type(self))
         meta = {
             "type": self.KIND,
             "format": str(self.FORMAT),
-            "spec": json.dumps(self.spec.to_dict()),
-            "bands": json.dumps(self.bands.to_dict()),
-            "provenance": json.dumps(self.provenance.to_dict()),
+            **{
+                name: json.dumps(encode(getattr(self, name), hints[name]))
+                for name in _HEADER_FIELDS
+            },
         }
         with atomic_write(path, "wb") as f:
             f.write(save(self._file_tensors(), metadata=meta))
@@ -215,7 +231,7 @@ class AttentionDecomposition(Result):
 
         with safe_open(str(path), "pt") as f:
             meta = f.metadata()
-            t = {k: f.get_tensor(k) for k in f}
+            t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         # files from before the result base carry neither key
         kind, fmt = meta.get("type", cls.KIND), meta.get("format", str(cls.FORMAT))
         if kind != cls.KIND or fmt != str(cls.FORMAT):
@@ -223,7 +239,9 @@ class AttentionDecomposition(Result):
                 f"{path} holds a {kind!r} result of format {fmt}, not {cls.KIND!r} format {cls.FORMAT}: "
                 "load it with ropelens.load_result(path)"
             )
-        spec = RopeSpec.from_dict(json.loads(meta["spec"]))
+        hints = field_types(cls)
+        header = {name: decode(json.loads(meta[name]), hints[name]) for name in _HEADER_FIELDS}
+        spec = header["spec"]
         acts: dict[int, LayerActs] = {}
         for key, v in t.items():
             if "/" not in key:
@@ -236,13 +254,7 @@ class AttentionDecomposition(Result):
                 a.valid = v
             else:
                 a.tensors[name] = v
-        return t, {
-            "tokens": t["tokens"],
-            "spec": spec,
-            "bands": Bands.from_dict(json.loads(meta["bands"])),
-            "acts": acts,
-            "provenance": Provenance.from_dict(json.loads(meta["provenance"])),
-        }
+        return t, {"tokens": t["tokens"], "acts": acts, **header}
 
     def _repr_html_(self) -> str:
         L = self.layers[0]

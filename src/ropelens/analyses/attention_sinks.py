@@ -26,6 +26,7 @@ from ropelens.errors import InputError
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.results.sums import count_or_nan
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.bands import Bands
@@ -264,8 +265,7 @@ class AttentionSinks(
         return ~self.sums["p0_sum"].isnan()
 
     def _per_query(self, key: str) -> Tensor:
-        n = self.sums["n_queries"]
-        n = torch.where(n > 0, n, torch.nan)
+        n = count_or_nan(self.sums["n_queries"])
         t = self.sums[key]
         return t / n.view(-1, *[1] * (t.ndim - 1))
 
@@ -309,7 +309,7 @@ class AttentionSinks(
             if position == "sink"
             else (self.sums["kother_band"], self.sums["n_kother"])
         )
-        return tot / torch.where(n > 0, n, torch.nan)[:, None, None]
+        return tot / count_or_nan(n)[:, None, None]
 
     def key_norm_ratio(self) -> Float[Tensor, "layer kv_head band"]:
         """Band norm of the key at position 0 ÷ its mean at the other positions."""
@@ -319,8 +319,8 @@ class AttentionSinks(
         """Per layer: mean per-plane key norm at position 0 ÷ that at the other positions (heads and planes
         averaged) — the key sink ratio the frequency-usage report gives with ``n_sink=1`` on the same windows."""
         n0, no = self.sums["n_k0"], self.sums["n_kother"]
-        sink = self.sums["k0_plane"] / torch.where(n0 > 0, n0, torch.nan)[:, None, None]
-        other = self.sums["kother_plane"] / torch.where(no > 0, no, torch.nan)[:, None, None]
+        sink = self.sums["k0_plane"] / count_or_nan(n0)[:, None, None]
+        other = self.sums["kother_plane"] / count_or_nan(no)[:, None, None]
         return sink.nanmean((1, 2)) / other.nanmean((1, 2))  # the layer's own KV heads and planes
 
     def _li(self, layer: int) -> int:
@@ -465,30 +465,6 @@ class AttentionSinks(
         return out
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "band_names": list(self.band_names),
-            "bands": self.bands.to_dict(),
-            "spec": self.spec.to_dict(),
-            "epsilon": self.epsilon,
-            "skip_queries": self.skip_queries,
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AttentionSinks:
-        return cls(
-            tuple(d["layers"]),
-            tuple(d["band_names"]),
-            Bands.from_dict(d["bands"]),
-            RopeSpec.from_dict(d["spec"]),
-            float(d["epsilon"]),
-            int(d["skip_queries"]),
-            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            Provenance.from_dict(d["provenance"]),
-        )
 
 
 @corpus_analysis(n_ctx=256, max_tokens=16_384)

@@ -130,27 +130,6 @@ class BandIntervention:
         str, LossEstimate
     ]  # per condition, the loss; and "nope_below-rope", "control-rope" (paired)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "below": [list(p) for p in self.below],
-            "control": [list(p) for p in self.control],
-            "seed": self.seed,
-            "losses": self.losses,
-            "estimates": {k: v.to_dict() for k, v in self.estimates.items()},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BandIntervention:
-        return cls(
-            layers=tuple(d["layers"]),
-            below=tuple(tuple(p) for p in d["below"]),
-            control=tuple(tuple(p) for p in d["control"]),
-            seed=int(d["seed"]),
-            losses={k: list(v) for k, v in d["losses"].items()},
-            estimates={k: LossEstimate.from_dict(v) for k, v in d["estimates"].items()},
-        )
-
 
 @dataclass(frozen=True)
 class BandLocation(
@@ -293,21 +272,6 @@ class BandLocation(
         return pd.DataFrame(rows)
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "which": self.which,
-            "usage": self.usage.to_dict(),
-            "intervention": None if self.intervention is None else self.intervention.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BandLocation:
-        iv = d.get("intervention")
-        return cls(
-            usage=FrequencyUsage.from_dict(d["usage"]),
-            which=d["which"],
-            intervention=None if iv is None else BandIntervention.from_dict(iv),
-        )
 
 
 def nope_below_band(

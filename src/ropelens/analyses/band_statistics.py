@@ -671,27 +671,6 @@ class BandStatistics(
         return Finding("tightness", "band-statistics", text, vals)
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "band_names": list(self.band_names),
-            "bands": self.bands.to_dict(),
-            "spec": self.spec.to_dict(),
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BandStatistics:
-        return cls(
-            tuple(d["layers"]),
-            tuple(d["band_names"]),
-            Bands.from_dict(d["bands"]),
-            RopeSpec.from_dict(d["spec"]),
-            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            Provenance.from_dict(d["provenance"]),
-        )
-
     def heatmap(
         self, metric: str = "margin_share", layer: int | None = None, coloraxis: str | None = None
     ) -> Any:

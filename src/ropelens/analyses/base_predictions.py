@@ -381,21 +381,6 @@ class BasePredictions(Result):
         m = measured.to_frame().drop(columns=["train_ctx"], errors="ignore")
         return self.to_frame().merge(m, on="length", how="inner")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rows": list(self.rows),
-            "lengths": list(self.lengths),
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BasePredictions:
-        return cls(
-            rows=tuple(d["rows"]),
-            lengths=tuple(d["lengths"]),
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
-
     def _repr_html_(self) -> str:
         return self.to_frame().to_html(max_rows=60)
 
@@ -489,25 +474,6 @@ class MeasuredExtrapolation(Result):
                 }
             )
         return pd.DataFrame(rows)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "lengths": list(self.lengths),
-            "estimates": list(self.estimates),
-            "window_losses": [list(w) for w in self.window_losses],
-            "train_ctx": self.train_ctx,
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MeasuredExtrapolation:
-        return cls(
-            lengths=tuple(d["lengths"]),
-            estimates=tuple(d["estimates"]),
-            window_losses=tuple(tuple(w) for w in d["window_losses"]),
-            train_ctx=int(d["train_ctx"]),
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
 
     def figure(self, predictions: BasePredictions | None = None):
         """Perplexity by length (CI as error bars), the trained context and, given, Liu's T_extra."""

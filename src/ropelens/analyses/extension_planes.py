@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Float32
 from torch import Tensor
 
 from ropelens.errors import InputError
@@ -102,8 +102,8 @@ class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
     layer: int
     original_ctx: int
     target_ctx: int
-    inv_freq_before: Float[Tensor, " n_planes"]
-    inv_freq_after: Float[Tensor, " n_planes"]
+    inv_freq_before: Float32[Tensor, " n_planes"]
+    inv_freq_after: Float32[Tensor, " n_planes"]
     attention_scaling: float
     categories: tuple[str, ...]
 
@@ -149,26 +149,6 @@ class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
                 "wavelength_after": self.wavelength_after.numpy(),
                 "scale": self.scale.numpy(),
                 "category": list(self.categories),
-            }
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {
-            **d,
-            "inv_freq_before": self.inv_freq_before.tolist(),
-            "inv_freq_after": self.inv_freq_after.tolist(),
-            "categories": list(self.categories),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ExtensionPlanes:
-        return cls(
-            **{
-                **d,
-                "inv_freq_before": torch.tensor(d["inv_freq_before"], dtype=torch.float32),
-                "inv_freq_after": torch.tensor(d["inv_freq_after"], dtype=torch.float32),
-                "categories": tuple(d["categories"]),
             }
         )
 
@@ -238,26 +218,6 @@ class LongRopeSearch(Result, unversioned=True):
     def to_frame(self) -> pd.DataFrame:
         """One row per generation."""
         return pd.DataFrame(list(self.history))
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {
-            **d,
-            "factors": list(self.factors),
-            "history": list(self.history),
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LongRopeSearch:
-        return cls(
-            **{
-                **d,
-                "factors": tuple(d["factors"]),
-                "history": tuple(d["history"]),
-                "provenance": Provenance.from_dict(d["provenance"]),
-            }
-        )
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LongRopeSearch:

@@ -27,7 +27,6 @@ written from the measured numbers) are written at the end of this module.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -762,7 +761,7 @@ def _measure(
 # result
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ExtensionStudy(Result):
+class ExtensionStudy(Result, derived=("findings",)):
     """Every method's loss by length, passkey grid and per-plane effect, and the base's predictions."""
 
     native: int
@@ -934,40 +933,6 @@ class ExtensionStudy(Result):
         return self.loss_frame()
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {
-            **d,
-            "lengths": list(self.lengths),
-            "passkey_lengths": list(self.passkey_lengths),
-            "depths": list(self.depths),
-            "loss_cells": list(self.loss_cells),
-            "passkey_cells": list(self.passkey_cells),
-            "planes": list(self.planes),
-            "attention_cells": list(self.attention_cells),
-            "provenance": self.provenance.to_dict(),
-            "findings": [f.to_dict() for f in self.findings()],
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ExtensionStudy:
-        d = {
-            k: v for k, v in d.items() if k != "findings"
-        }  # derived: written again from the numbers
-        return cls(
-            **{
-                **d,
-                "lengths": tuple(d["lengths"]),
-                "passkey_lengths": tuple(d["passkey_lengths"]),
-                "depths": tuple(d["depths"]),
-                "loss_cells": tuple(d["loss_cells"]),
-                "passkey_cells": tuple(d["passkey_cells"]),
-                "planes": tuple(d["planes"]),
-                "attention_cells": tuple(d.get("attention_cells", ())),
-                "provenance": Provenance.from_dict(d["provenance"]),
-            }
-        )
-
     # ---------------------------------------------------------------- views
     def findings(self):
         return study_findings(self)

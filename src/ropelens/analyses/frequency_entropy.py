@@ -60,6 +60,7 @@ from ropelens.errors import InputError
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.results.sums import count_or_nan
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv, plane_norms
@@ -242,9 +243,7 @@ class AttentionStatsReducer(DeviceSums):
         reference), and the matrix entropy of the query Gram (``top``: of its largest eigenvalues)."""
         s = {k: v.to("cpu", torch.float64) for k, v in self.sums.items()}
         n = s["rows"]
-        mean = {
-            k: torch.where(n > 0, s[k] / n.clamp_min(1), math.nan) for k in ("entropy", "kl", "js")
-        }
+        mean = {k: s[k] / count_or_nan(n) for k in ("entropy", "kl", "js")}
         out = []
         for i, L in enumerate(self.layers):
             lr = self.spec.layers[L]
@@ -388,7 +387,7 @@ class FrequencyEntropy(
         no window had any variation."""
         key = "shuffled" if shuffled else "h"
         n = self.sums["shuffled_count" if shuffled else "count"]
-        return torch.where(n > 0, self.sums[key] / n.clamp_min(1), torch.full_like(n, math.nan))
+        return self.sums[key] / count_or_nan(n)
 
     def gap(self) -> Float[Tensor, "layer head plane"]:
         """Shuffled minus in-order entropy: how much of the spectrum's concentration the order makes
@@ -466,28 +465,6 @@ class FrequencyEntropy(
         )
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "spec": self.spec.to_dict(),
-            "skip": self.skip,
-            "seed": self.seed,
-            "n_pos": self.n_pos,
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FrequencyEntropy:
-        return cls(
-            layers=tuple(d["layers"]),
-            spec=RopeSpec.from_dict(d["spec"]),
-            skip=int(d["skip"]),
-            seed=int(d["seed"]),
-            n_pos=int(d["n_pos"]),
-            sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
 
 
 def _wavelengths(lr: LayerRope, n_planes: int) -> Tensor:

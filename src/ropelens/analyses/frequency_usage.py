@@ -328,35 +328,6 @@ class FrequencyUsage(
         return out
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        def key(k):
-            return f"{k[0]}/{k[1]}"
-
-        return {
-            "layers": list(self.layers),
-            "n_sink": self.n_sink,
-            "source": self.source,
-            "spec": self.spec.to_dict(),
-            "token": {key(k): v.to_dict() for k, v in self.token.items()},
-            "window": {key(k): v.to_dict() for k, v in self.window.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FrequencyUsage:
-        def unkey(s):
-            return tuple(s.split("/"))
-
-        return cls(
-            layers=tuple(d["layers"]),
-            spec=RopeSpec.from_dict(d["spec"]),
-            token={unkey(k): Moments.from_dict(v) for k, v in d["token"].items()},
-            window={unkey(k): Moments.from_dict(v) for k, v in d["window"].items()},
-            n_sink=d["n_sink"],
-            source=d["source"],
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
-
     # ---------------------------------------------------------------- figures (drawn by ropelens.plots.frequency_usage)
     def heatmap(
         self,

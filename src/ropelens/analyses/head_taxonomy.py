@@ -324,25 +324,6 @@ class HeadTaxonomy(Result, unversioned=True):
         df.insert(2, "kind", [k for row in self.kinds() for k in row])
         return df
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "band_names": list(self.band_names),
-            "tau": self.tau,
-            "scores": {k: v.tolist() for k, v in self.scores.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HeadTaxonomy:
-        return cls(
-            tuple(d["layers"]),
-            tuple(d["band_names"]),
-            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["scores"].items()},
-            float(d["tau"]),
-            Provenance.from_dict(d["provenance"]),
-        )
-
     def scatter(self) -> Any:
         """Offset mass on text vs random tokens, one trace per kind."""
         return figure_of(HeadTaxonomy, "scatter")(self)

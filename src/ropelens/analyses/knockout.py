@@ -390,28 +390,6 @@ class Knockout(Result, json_options={"indent": None}):
             )
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rows": [dict(r) for r in self.rows],
-            "heads": {k: [list(h) for h in v] for k, v in self.heads.items()},
-            "probe_heads": [list(h) for h in self.probe_heads],
-            "n_planes": self.n_planes,
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Knockout:
-        def heads(v):
-            return tuple((int(L), int(h)) for L, h in v)
-
-        return cls(
-            rows=tuple(dict(r) for r in d["rows"]),
-            heads={k: heads(v) for k, v in d["heads"].items()},
-            probe_heads=heads(d["probe_heads"]),
-            n_planes=int(d["n_planes"]),
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
-
     def figure(self, metric: str | None = None):
         """Effect vs dose with CI bands, one curve per head set and direction (:mod:`ropelens.plots.knockout`)."""
         return figure_of(type(self))(self, metric)

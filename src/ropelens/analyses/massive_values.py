@@ -351,24 +351,6 @@ class MassiveValues(
         return replace(self, layers=tuple(layers), moments=moments)
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "factor": self.factor,
-            "spec": self.spec.to_dict(),
-            "moments": {w: self.moments[w].to_dict() for w in _WHICH},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MassiveValues:
-        return cls(
-            layers=tuple(d["layers"]),
-            spec=RopeSpec.from_dict(d["spec"]),
-            moments={w: Moments.from_dict(d["moments"][w]) for w in _WHICH},
-            factor=d["factor"],
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
 
 
 @corpus_analysis()

@@ -388,23 +388,6 @@ class PasskeyRetrieval(Result, previous_kinds=("PasskeyResult",)):
         )
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "lengths": list(self.lengths),
-            "depths": list(self.depths),
-            "trials": [t.to_dict() for t in self.trials],
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PasskeyRetrieval:
-        return cls(
-            lengths=tuple(d["lengths"]),
-            depths=tuple(d["depths"]),
-            trials=tuple(PasskeyTrial(**t) for t in d["trials"]),
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
-
     def _repr_text(self) -> str:
         return f"PasskeyRetrieval({self.provenance.model}, accuracy {self.mean_accuracy():.2f})"
 

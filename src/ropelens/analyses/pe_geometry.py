@@ -11,26 +11,24 @@ Distance convention: δ = m − n ≥ 0 for a query at m and a key at n; the log
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float, Float32, Int
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.results.codec import BASE64
 from ropelens.results.curves import (
     ByDistance,
     check_curve,
-    curve_from_json,
-    curve_to_json,
     max_distance_arg,
     vector,
 )
 from ropelens.results.figures import figure_of
 from ropelens.results.result import Result
-from ropelens.results.serialize import tensor_from_json, tensor_to_json
 from ropelens.spec.reading import hf_model_of, model_label
 
 __all__ = [
@@ -50,7 +48,8 @@ class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan"
     """Cosine similarity of position-embedding rows: pairwise, by distance, and its dominant period."""
 
     name: str
-    similarity: Float[Tensor, "n_pos n_pos"]  # float32; by-distance stats come from float64
+    # float32, written as base64 (exact); by-distance stats come from float64
+    similarity: Float32[Tensor, "n_pos n_pos"] = field(metadata=BASE64)
     distance: Int[Tensor, " n_dist"]
     mean: Float[Tensor, " n_dist"]
     std: Float[Tensor, " n_dist"]
@@ -78,27 +77,6 @@ class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan"
     def n_pos(self) -> int:
         """Number of positions (rows of the embedding matrix)."""
         return self.similarity.shape[0]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Scalars, the pairwise matrix as base64 float32, and the by-distance curve."""
-        scalars = ("name", "d_model", "period", "period_strength", "period_threshold")
-        return {
-            **{k: getattr(self, k) for k in scalars},
-            "similarity": tensor_to_json(self.similarity),
-            **curve_to_json(self),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PESimilarity:
-        return cls(
-            name=d["name"],
-            similarity=tensor_from_json(d["similarity"]),
-            d_model=d["d_model"],
-            period=d["period"],
-            period_strength=d["period_strength"],
-            period_threshold=d["period_threshold"],
-            **curve_from_json(d),
-        )
 
     def heatmap(self) -> Any:
         """Pairwise cosine similarity, strided to at most 512 positions a side for display."""

@@ -48,6 +48,7 @@ from ropelens.errors import InputError
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.results.sums import count_or_nan
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.rope import LayerRope, RopeSpec
@@ -298,8 +299,7 @@ class PositionalSymbolic(
         """Mean positional score P and symbolic score S per head under ``measure`` ("logit" or "attention")."""
         if measure not in MEASURES:
             raise InputError(f"measure must be one of {MEASURES}, got {measure!r}")
-        n = self.sums["n_queries"]
-        n = torch.where(n > 0, n, torch.nan)[:, None]
+        n = count_or_nan(self.sums["n_queries"])[:, None]
         return self.sums[f"pos_{measure}"] / n, self.sums[f"sym_{measure}"] / n
 
     def positionality(self, measure: Measure = "logit") -> Float[Tensor, "layer head"]:
@@ -383,26 +383,6 @@ class PositionalSymbolic(
         return out
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "seed": self.seed,
-            "min_keys": self.min_keys,
-            "margin": self.margin,
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PositionalSymbolic:
-        return cls(
-            tuple(d["layers"]),
-            int(d["seed"]),
-            int(d["min_keys"]),
-            float(d["margin"]),
-            {k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            Provenance.from_dict(d["provenance"]),
-        )
 
 
 @corpus_analysis(n_ctx=256, max_tokens=8_192)

@@ -301,37 +301,6 @@ class RetrievalHeads(Result):
         ]
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        def planes(d):
-            return [[L, h, list(ps)] for (L, h), ps in d.items()]
-
-        return {
-            "scores": self.scores.tolist(),
-            "n_steps": self.n_steps,
-            "threshold": self.threshold,
-            "heads": [list(hd) for hd in self.heads],
-            "band": planes(self.band),
-            "control": planes(self.control),
-            "recall": {c: r.to_dict() for c, r in self.recall.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RetrievalHeads:
-        def planes(rows):
-            return {(int(L), int(h)): tuple(ps) for L, h, ps in rows}
-
-        return cls(
-            scores=torch.tensor(d["scores"], dtype=torch.float64),
-            n_steps=int(d["n_steps"]),
-            threshold=float(d["threshold"]),
-            heads=tuple((int(L), int(h)) for L, h in d["heads"]),
-            band=planes(d["band"]),
-            control=planes(d["control"]),
-            recall={c: PasskeyRetrieval.from_dict(r) for c, r in d["recall"].items()},
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
-
     def _repr_text(self) -> str:
         return f"RetrievalHeads({self.provenance.model}, {self.n_retrieval()} retrieval heads)"
 

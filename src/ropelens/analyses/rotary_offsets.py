@@ -41,6 +41,7 @@ from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.results.sums import count_or_nan
 from ropelens.run.capture import DeviceSums, LayerActs, Moments, query_tile
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.rope import LayerRope, RopeSpec
@@ -373,13 +374,10 @@ class RotaryOffsets(
             raise InputError(
                 f"source must be 'post' or 'pre' (pre only when measured with pre=True), got {source!r}"
             )
-        n = self._scoped(f"{source}/{{}}/count", scope)
-        c, s = self._scoped(f"{source}/{{}}/cos", scope), self._scoped(f"{source}/{{}}/sin", scope)
-        nan = torch.full_like(n, math.nan)
-        ok = n > 0
-        return torch.stack(
-            [torch.where(ok, c / n.clamp_min(1), nan), torch.where(ok, s / n.clamp_min(1), nan)], -1
-        )
+        count = count_or_nan(self._scoped(f"{source}/{{}}/count", scope))
+        cos_sum = self._scoped(f"{source}/{{}}/cos", scope)
+        sin_sum = self._scoped(f"{source}/{{}}/sin", scope)
+        return torch.stack([cos_sum / count, sin_sum / count], -1)
 
     def mean_angle(
         self, source: Source = "post", scope: Scope = "all"
@@ -397,12 +395,12 @@ class RotaryOffsets(
     def mean_term(self, scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
         """Mean logit contribution of each plane at the attended key."""
         n = self._scoped("n/{}", scope)[..., None]
-        return torch.where(n > 0, self._scoped("term/{}", scope) / n.clamp_min(1), math.nan)
+        return self._scoped("term/{}", scope) / count_or_nan(n)
 
     def sink_fraction(self) -> Float[Tensor, "layer head"]:
         """Share of queries whose attended key is a sink position."""
         n = self._scoped("n/{}", "all")
-        return torch.where(n > 0, self.sums["n/sink"] / n.clamp_min(1), math.nan)
+        return self.sums["n/sink"] / count_or_nan(n)
 
     def summary(self) -> pd.DataFrame:
         """Partial-cycle planes against the others: medians over (layer, head, plane) entries."""
@@ -470,31 +468,6 @@ class RotaryOffsets(
         return pd.DataFrame(cols)[self.present().reshape(-1).numpy()].reset_index(drop=True)
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": list(self.layers),
-            "spec": self.spec.to_dict(),
-            "train_ctx": self.train_ctx,
-            "n_sink": self.n_sink,
-            "q": self.q.to_dict(),
-            "k": self.k.to_dict(),
-            "sums": {k: v.tolist() for k, v in self.sums.items()},
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RotaryOffsets:
-        return cls(
-            layers=tuple(d["layers"]),
-            spec=RopeSpec.from_dict(d["spec"]),
-            train_ctx=int(d["train_ctx"]),
-            n_sink=int(d["n_sink"]),
-            q=Moments.from_dict(d["q"]),
-            k=Moments.from_dict(d["k"]),
-            sums={k: torch.tensor(v, dtype=torch.float64) for k, v in d["sums"].items()},
-            provenance=Provenance.from_dict(d["provenance"]),
-        )
-
     # ---------------------------------------------------------------- figures (drawn by ropelens.plots.rotary_offsets)
     def heatmap(
         self, what: str = "q_ratio", layer: int | None = None, coloraxis: str | None = None

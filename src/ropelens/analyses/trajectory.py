@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +112,7 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
-class Trajectory(Result):
+class Trajectory(Result, derived=("columns",)):
     """Summary numbers of a model's structures at each training checkpoint, and when each structure appears."""
 
     records: tuple[tuple[int, str, str, str, int, float], ...]  # rows of COLUMNS
@@ -135,6 +135,11 @@ class Trajectory(Result):
     @property
     def steps(self) -> list[int]:
         return [c.step for c in self.checkpoints]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The names of each record's values (the file carries them beside the records)."""
+        return COLUMNS
 
     # ---------------------------------------------------------------- tables
     def to_frame(self) -> pd.DataFrame:
@@ -211,31 +216,6 @@ class Trajectory(Result):
         return out
 
     # ---------------------------------------------------------------- persistence
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "columns": list(COLUMNS),
-            "records": [list(r) for r in self.records],
-            "checkpoints": [asdict(c) for c in self.checkpoints],
-            "analyses": list(self.analyses),
-            "structures": [asdict(s) for s in self.structures],
-            "seconds": list(self.seconds),
-            "provenance": self.provenance.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
-        recs = tuple(
-            (int(s), str(c), str(a), str(m), int(layer), float(v))
-            for s, c, a, m, layer, v in d["records"]
-        )
-        return cls(
-            records=recs,
-            checkpoints=tuple(Checkpoint(**c) for c in d["checkpoints"]),
-            analyses=tuple(d["analyses"]),
-            structures=tuple(Structure(**s) for s in d["structures"]),
-            provenance=Provenance.from_dict(d["provenance"]),
-            seconds=tuple(d.get("seconds", ())),
-        )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from ropelens.cli.common import (
     positive_int,
 )
 from ropelens.plots.band_location import band_location_figure
+from ropelens.results.codec import fields_to_dict
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 "which": r.which,
                 "layers": layers.to_dict("records"),
                 "findings": [f.to_dict() for f in found],
-                "intervention": None if r.intervention is None else r.intervention.to_dict(),
+                "intervention": None if r.intervention is None else fields_to_dict(r.intervention),
             }
         )
     prov = r.provenance

@@ -8,7 +8,6 @@ curve "decays", "flat" or "grows"; :func:`ropelens.plots.curves.overlay` draws s
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -20,12 +19,12 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
-from ropelens.results.serialize import dump_json, read_result_json
+from ropelens.results.result import Result
 from ropelens.validate import check_number
 
 __all__ = [
-    "MARGIN", "ByDistance", "CurveShape", "DecayCurve", "DecayVerdict", "at_distance", "check_curve", "curve_from_json", "curve_to_json",
-    "decay_verdict", "describe_curve", "max_distance_arg", "vector",
+    "MARGIN", "ByDistance", "CurveShape", "DecayCurve", "DecayVerdict", "at_distance",
+    "check_curve", "decay_verdict", "describe_curve", "max_distance_arg", "vector",
 ]  # fmt: skip
 
 MARGIN = (
@@ -33,7 +32,6 @@ MARGIN = (
 )
 Shape = Literal["flat", "decays", "grows", "U-shaped", "peaked", "oscillating"]
 MIN_SPEARMAN = 0.3  # |ρ| for a monotone trend; default RoPE constant curves give ρ ≈ −0.6 … −0.8
-_FORMAT = 1
 
 
 def vector(x: Any, what: str, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -81,24 +79,6 @@ def check_curve(distance: Tensor, arrays: dict[str, Tensor | None]) -> None:
             raise InputError(f"{name} must be ≥ 1 at every distance, got {t.tolist()[:8]}…")
 
 
-def curve_to_json(c: Any) -> dict[str, Any]:
-    opt = {k: (None if getattr(c, k) is None else getattr(c, k).tolist()) for k in ("std", "count")}
-    return {"distance": c.distance.tolist(), "mean": c.mean.tolist(), **opt}
-
-
-def curve_from_json(d: dict[str, Any]) -> dict[str, Any]:
-    def f64(k):
-        return None if d[k] is None else torch.tensor(d[k], dtype=torch.float64)
-
-    count = None if d["count"] is None else torch.tensor(d["count"], dtype=torch.int64)
-    return {
-        "distance": torch.tensor(d["distance"], dtype=torch.int64),
-        "mean": f64("mean"),
-        "std": f64("std"),
-        "count": count,
-    }
-
-
 class ByDistance:
     """Methods shared by results that hold a curve over distance (mean, std, count per distance)."""
 
@@ -128,8 +108,9 @@ class ByDistance:
         return figure_of(ByDistance, "line")(self, name)
 
 
+# json_options: compact, and a curve is finite (check_curve)
 @dataclass(frozen=True)
-class DecayCurve(ByDistance):
+class DecayCurve(ByDistance, Result, json_options={"indent": None, "allow_nan": False}):
     """A logit (or similarity) curve over distance δ = m − n; std and count when it is an estimate."""
 
     name: str
@@ -153,31 +134,6 @@ class DecayCurve(ByDistance):
             )
         std = None if self.std is None else self.std / abs(v0)
         return replace(self, mean=self.mean / v0, std=std, name=f"{self.name} (÷ value at 0)")
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write JSON atomically."""
-        dump_json(
-            path,
-            {
-                "type": "DecayCurve",
-                "format": _FORMAT,
-                "name": self.name,
-                "kind": self.kind,
-                **curve_to_json(self),
-            },
-            indent=None,
-            allow_nan=False,
-        )
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> DecayCurve:
-        """Read a result written by :meth:`save`."""
-        d = read_result_json(path, "DecayCurve", _FORMAT)
-        return cls(name=d["name"], kind=d["kind"], **curve_from_json(d))
-
-    def figure(self) -> Any:
-        """The curve over distance, with a ±2 SEM band when it is an estimate."""
-        return figure_of(DecayCurve)(self)
 
     def _repr_html_(self) -> str:
         head = f"<b>{self.name}</b> [{self.kind}], distances {int(self.distance[0])}…{int(self.distance[-1])}"

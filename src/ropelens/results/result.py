@@ -2,10 +2,12 @@
 
 A result class declares its file once, in its class statement
 (``class FrequencyUsage(Result, merge_same=(...), merge_sums=(...))``: the kind defaults to the class
-name, the format to 1) and gives ``to_dict``/``from_dict``; :class:`Result` writes
-``{"type": KIND, "format": FORMAT, ...}`` atomically, checks both on reading, and registers the class
-under its kind when the class is created, so that :func:`load_result` reads any result file whose
-class is imported without being told its class (``ropelens.load_result`` imports every one first).
+name, the format to 1), and its content by its dataclass fields: :mod:`ropelens.results.codec`
+writes and reads each field as its type says. :class:`Result` writes
+``{"type": KIND, "format": FORMAT, ...}`` atomically, checks both on reading, and registers the
+class under its kind when the class is created, so that :func:`load_result` reads any result file
+whose class is imported without being told its class (``ropelens.load_result`` imports every one
+first), and a report's ``report.json``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any, ClassVar, TypeVar
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.results.codec import encode, fields_from_dict, fields_to_dict
 from ropelens.results.display import plotly_bundle
 from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
+from ropelens.results.report_file import ReportSummary, is_report
 from ropelens.results.serialize import dump_json
 
 __all__ = ["Result", "load_result", "registered"]
@@ -38,14 +42,18 @@ _DECLARED = (
     "MERGE_SUMS",
     "MERGE_HINT",
     "PREVIOUS_KINDS",
+    "DERIVED",
 )
+# suffixes that name a format a JSON result is not written in
+_NOT_JSON = (".safetensors", ".csv", ".html", ".parquet", ".pt")
 
 
 class Result:
     """Base of every result: save/load, merge of summed results, findings and the Jupyter repr.
 
-    Subclasses (frozen dataclasses) declare their file in the class statement and implement
-    ``to_dict`` (without the type and format keys), ``from_dict`` and ``to_frame``::
+    Subclasses (frozen dataclasses) declare their file in the class statement, their content as
+    dataclass fields (written and read by :mod:`ropelens.results.codec` as each field's type says),
+    and implement ``to_frame``::
 
         @dataclass(frozen=True)
         class AttentionSinks(Result, merge_same=("layers", "band_names", "spec"), merge_sums=("sums",)):
@@ -59,9 +67,12 @@ class Result:
     ``merge`` method, or a dict of them) and get :meth:`merge` for free; ``merge_hint`` ends the error
     of a refused merge. ``unversioned=True`` reads a file without a format (and without a type) as
     this class's: files written before the result base carried none. ``previous_kinds`` are the kinds
-    the class's files carried under an earlier class name; such files load as this class. ``json_options`` are extra
-    :func:`~ropelens.results.serialize.dump_json` arguments. Kind, format and ``unversioned`` belong to
-    the class that declares them; the merge fields, the hint and the JSON options pass to subclasses.
+    the class's files carried under an earlier class name; such files load as this class.
+    ``json_options`` are extra :func:`~ropelens.results.serialize.dump_json` arguments. ``derived``
+    names attributes (a property, or a method taking no arguments) written after the fields for
+    readers of the file and never read back (``derived=("findings",)``). Kind, format and
+    ``unversioned`` belong to the class that declares them; the merge fields, the hint, the JSON
+    options and the derived names pass to subclasses.
     """
 
     KIND: ClassVar[str]
@@ -72,6 +83,7 @@ class Result:
     MERGE_SUMS: ClassVar[tuple[str, ...]] = ()
     MERGE_HINT: ClassVar[str] = "measure both with the same settings"
     PREVIOUS_KINDS: ClassVar[tuple[str, ...]] = ()
+    DERIVED: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(
         cls,
@@ -84,6 +96,7 @@ class Result:
         unversioned: bool = False,
         json_options: dict[str, Any] | None = None,
         previous_kinds: tuple[str, ...] = (),
+        derived: tuple[str, ...] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init_subclass__(**kwargs)
@@ -105,25 +118,39 @@ class Result:
             ("MERGE_SUMS", merge_sums),
             ("MERGE_HINT", merge_hint),
             ("JSON_OPTIONS", json_options),
+            ("DERIVED", derived),
         ):
             if value is not None:
-                setattr(cls, name, tuple(value) if name in ("MERGE_SAME", "MERGE_SUMS") else value)
+                setattr(
+                    cls, name, value if name in ("MERGE_HINT", "JSON_OPTIONS") else tuple(value)
+                )
         cls.PREVIOUS_KINDS = tuple(previous_kinds)
         for name in (kind, *cls.PREVIOUS_KINDS):
             _REGISTRY[name] = cls
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        """The result's content as JSON-ready values (the file without its type and format keys)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement to_dict")
+        """The result's content as JSON-ready values (the file without its type and format keys):
+        each field as its type says, then the ``derived`` values."""
+        derived = {}
+        for name in self.DERIVED:
+            value = getattr(self, name)
+            derived[name] = encode(value() if callable(value) else value, Any)
+        return {**fields_to_dict(self), **derived}
 
     @classmethod
     def from_dict(cls: type[R], d: dict[str, Any]) -> R:
-        """Inverse of :meth:`to_dict`."""
-        raise NotImplementedError(f"{cls.__name__} must implement from_dict")
+        """Inverse of :meth:`to_dict` (derived values are written again from the fields)."""
+        return fields_from_dict(cls, d, ignore=cls.DERIVED)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the result as JSON atomically (a temp file renamed into place)."""
+        suffix = Path(path).suffix.lower()
+        if suffix in _NOT_JSON:
+            raise InputError(
+                f"{path}: a {self.KIND} result is written as JSON, not {suffix[1:]}: "
+                f"name the file {Path(path).with_suffix('.json').name}"
+            )
         dump_json(
             path, {"type": self.KIND, "format": self.FORMAT, **self.to_dict()}, **self.JSON_OPTIONS
         )
@@ -256,8 +283,9 @@ def registered() -> dict[str, type[Result]]:
     return dict(_REGISTRY)
 
 
-def load_result(path: str | os.PathLike[str]) -> Result:
-    """Read any result file whose class is imported, whichever class wrote it (dispatched on the file's ``type``).
+def load_result(path: str | os.PathLike[str]) -> Result | ReportSummary:
+    """Read any result file whose class is imported, whichever class wrote it (dispatched on the
+    file's ``type``), or a report's ``report.json`` (as a :class:`ReportSummary`).
 
     ``ropelens.load_result`` imports every result class first, so it reads every kind ropelens writes.
     """
@@ -277,6 +305,8 @@ def load_result(path: str | os.PathLike[str]) -> Result:
             ) from e
         return _class_of(kind, path).load(path)
     d = _read_json(path)
+    if "type" not in d and is_report(d):
+        return ReportSummary.from_dict(d)
     return _class_of(d.get("type"), path)._from_file(d, path)
 
 

@@ -19,13 +19,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ropelens.errors import InputError
-
 __all__ = [
     "atomic_write",
     "atomic_write_text",
     "dump_json",
-    "read_result_json",
     "tensor_from_json",
     "tensor_to_json",
 ]
@@ -89,15 +86,3 @@ def tensor_from_json(d: dict[str, Any]) -> Tensor:
     """Inverse of :func:`tensor_to_json`."""
     arr = np.frombuffer(base64.b64decode(d["base64"]), dtype="<f4").reshape(d["shape"])
     return torch.from_numpy(arr.copy())
-
-
-def read_result_json(path: str | os.PathLike[str], kind: str, fmt: int) -> dict[str, Any]:
-    """Read a result file written with ``{"type": kind, "format": fmt, ...}``, checking both."""
-    d = json.loads(Path(path).read_text())
-    if d.get("type") != kind:
-        raise InputError(
-            f"{path} holds a {d.get('type')!r} result, not {kind!r}: load it with that class"
-        )
-    if d.get("format") != fmt:
-        raise InputError(f"{path} has format {d.get('format')!r}; this ropelens reads format {fmt}")
-    return d

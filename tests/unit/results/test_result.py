@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.analyses.attention_sinks import AttentionSinks, attention_sinks
 from ropelens.analyses.band_statistics import band_statistics
 from ropelens.analyses.base_predictions import MeasuredExtrapolation, base_predictions
+from ropelens.analyses.decay import rope_decay_constant
 from ropelens.analyses.extension_planes import LongRopeSearch, extension_planes
 from ropelens.analyses.frequency_usage import FrequencyUsage, frequency_usage
 from ropelens.analyses.head_taxonomy import head_taxonomy
@@ -143,6 +146,7 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
                 out=tmp_path_factory.mktemp("study"),
                 **kw,
             ),
+            rope_decay_constant(torch.tensor([1.0, 0.1]), 8),
             Trajectory(
                 records=tuple(
                     (s, f"step-{s}", st.analysis, st.metric, -1, float(v))
@@ -159,9 +163,12 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
 
 
 def test_every_result_kind_is_registered_and_tested(results):
-    assert set(results) == set(result_classes()) == set(registered())
+    """Every class is registered under its kind (its name) and previous kinds, and tested here."""
+    assert result_classes() == registered()
+    assert set(results) == {cls.KIND for cls in registered().values()}
     for kind, cls in registered().items():
-        assert kind == cls.KIND == cls.__name__ and cls.FORMAT == 1
+        assert kind in (cls.KIND, *cls.PREVIOUS_KINDS) and cls.__name__ == cls.KIND
+        assert cls.FORMAT == 1
 
 
 def test_class_statement_declares_the_file(monkeypatch):
@@ -216,14 +223,22 @@ def test_class_statement_declares_the_file(monkeypatch):
     assert "Clash" not in registered() and "InBody" not in registered()
 
 
+def _json_value(path: Path, kind: str | None = None) -> str:
+    """A JSON file's content, independent of key order and layout (NaN written as NaN); ``kind``
+    replaces its type."""
+    content = json.loads(path.read_text())
+    if kind is not None:
+        content["type"] = kind
+    return json.dumps(content, sort_keys=True)
+
+
 @pytest.mark.parametrize("path", sorted(SAVED.glob("*.json")), ids=lambda p: p.stem)
 def test_files_saved_before_load_and_save_back_identical(path, tmp_path):
-    """The declaration moved to the class statement; the files did not change: each loads and saves back byte for
-    byte."""
+    """Files written by hand-written to_dict methods load, and save back holding the same JSON."""
     r = ropelens.load_result(path)
-    assert path.stem == type(r).KIND
-    r.save(tmp_path / path.name)
-    assert (tmp_path / path.name).read_bytes() == path.read_bytes()
+    assert path.stem in (type(r).KIND, *type(r).PREVIOUS_KINDS)
+    r.save(tmp_path / path.name)  # a previous kind is written again under the class's own
+    assert _json_value(tmp_path / path.name) == _json_value(path, type(r).KIND)
 
 
 def test_load_result_knows_every_kind_in_a_fresh_process():
@@ -373,3 +388,50 @@ def test_findings_quote_their_values(results):
         .startswith("Q")
     )
     assert results["PasskeyRetrieval"].findings() == []
+
+
+def _assert_same(saved, loaded, where: str) -> None:
+    """``loaded`` equals ``saved`` exactly: same types, tensor dtypes, values (NaN where NaN)."""
+    if isinstance(saved, torch.Tensor):
+        assert isinstance(loaded, torch.Tensor) and loaded.dtype == saved.dtype, where
+        assert torch.equal(loaded.isnan(), saved.isnan()) if saved.is_floating_point() else True
+        assert torch.equal(loaded.nan_to_num(0.5), saved.nan_to_num(0.5)), where
+    elif dataclasses.is_dataclass(saved):
+        assert type(loaded) is type(saved), where
+        for f in dataclasses.fields(saved):
+            if f.init:
+                _assert_same(getattr(saved, f.name), getattr(loaded, f.name), f"{where}.{f.name}")
+    elif isinstance(saved, dict):
+        assert type(loaded) is dict and set(loaded) == set(saved), where
+        for key, value in saved.items():
+            _assert_same(value, loaded[key], f"{where}[{key!r}]")
+    elif isinstance(saved, (tuple, list)):
+        assert type(loaded) is type(saved) and len(loaded) == len(saved), where
+        for i, (a, b) in enumerate(zip(saved, loaded)):
+            _assert_same(a, b, f"{where}[{i}]")
+    elif isinstance(saved, float) and math.isnan(saved):
+        assert isinstance(loaded, float) and math.isnan(loaded), where
+    else:
+        assert loaded == saved, (where, saved, loaded)
+
+
+def test_save_load_round_trip_is_exact_for_every_class(results, tmp_path):
+    """Every registered result class saves and loads back field for field: values, types, dtypes."""
+    assert {type(r) for r in results.values()} == set(result_classes().values())
+    for kind, r in results.items():
+        path = tmp_path / (f"{kind}.safetensors" if kind in SAFETENSORS else f"{kind}.json")
+        r.save(path)
+        _assert_same(r, type(r).load(path), kind)
+
+
+def test_file_name_says_its_format(results, tmp_path):
+    """A decomposition is safetensors and a JSON result JSON: a name saying otherwise is refused."""
+    with pytest.raises(
+        InputError,
+        match=r"dec.json: AttentionDecomposition results are written as "
+        r"safetensors.*name the file dec.safetensors",
+    ):
+        results["AttentionDecomposition"].save(tmp_path / "dec.json")
+    with pytest.raises(InputError, match="written as JSON, not safetensors.*u.json"):
+        results["FrequencyUsage"].save(tmp_path / "u.safetensors")
+    assert not list(tmp_path.iterdir())
