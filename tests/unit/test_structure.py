@@ -337,3 +337,41 @@ def test_every_analysis_result_draws_through_its_plots_module(monkeypatch):
         NotImplementedError, match="no .figure. figure registered: an analysis declares its figures"
     ):
         Undrawn().figure()
+
+
+def test_no_module_is_imported_through_a_namespace_that_shadows_it():
+    """``ropelens.analyses`` exports each analysis's function under its module's name, so
+    ``from ropelens.analyses import band_statistics`` is the function, never the module. Such a name is
+    only called; code that wants the module imports names from it
+    (``from ropelens.analyses.band_statistics import GRAM_MIN_KEYS``) or, to patch it, takes it from
+    ``importlib.import_module``."""
+    import ropelens.analyses
+
+    shadowed = {
+        name for name in ropelens.analyses.__all__ if (SRC / "analyses" / f"{name}.py").is_file()
+    }
+    roots = [SRC, SRC.parent.parent / "tests", SRC.parent.parent / "experiments"]
+    found = []
+    for path in (p for root in roots for p in root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "ropelens.analyses"
+            for alias in node.names
+            if alias.name in shadowed
+        }
+        for name in imported:
+            loads = [
+                n
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+            ]
+            calls = [
+                n
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name
+            ]
+            if len(loads) > len(calls):
+                found.append(f"{path.relative_to(SRC.parent.parent)}: {name} used as a module")
+    assert not found, found
