@@ -11,12 +11,13 @@ import dataclasses
 import importlib
 import inspect
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ropelens.errors import NotRotaryError, UnsupportedModelError
+from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.spec.attention_fields import (
     heads_of,
     jsonable,
@@ -434,162 +435,296 @@ def _base_of(inv: torch.Tensor, rotary_dim: int) -> float | None:
     return base if float(((law - inv.double()) / inv.double()).abs().max()) < 1e-4 else None
 
 
+@dataclasses.dataclass(frozen=True)
+class _ModelReading:
+    """What every layer's reading shares: the HF model, its text config and what the probes saw."""
+
+    model: Any
+    hf: torch.nn.Module
+    config: Any
+    architecture: str
+    rotaries: list[torch.nn.Module]
+    attentions: list[torch.nn.Module | None]
+    blocks: Any
+    layer_types: Any  # the config's layer_types (a sequence of names), or None
+    declared_adjacent: bool | None  # the bridge's flags for adjacent pairs; None: none says
+    n_ctx: int
+    rotary_calls: dict[int, tuple[torch.Tensor, torch.Tensor, bool]] | None
+    called_rotation: str | None
+
+
+def _rope_bases(config) -> list[tuple[str, Any]]:
+    """(config field, value) of every RoPE base ``config`` names: ``rope_theta``, and the
+    ``rope_theta`` of ``rope_parameters`` and of each layer type's entry in it."""
+    bases = []
+    if getattr(config, "rope_theta", None) is not None:
+        bases.append(("rope_theta", config.rope_theta))
+    parameters = getattr(config, "rope_parameters", None)
+    if isinstance(parameters, dict):
+        if "rope_theta" in parameters:
+            bases.append(("rope_parameters['rope_theta']", parameters["rope_theta"]))
+        for layer_type, entry in parameters.items():
+            if isinstance(entry, dict) and "rope_theta" in entry:
+                bases.append(
+                    (f"rope_parameters[{layer_type!r}]['rope_theta']", entry["rope_theta"])
+                )
+    return bases
+
+
+def _refuse_bad_base(config, architecture: str) -> None:
+    """InputError naming the config field whose RoPE base is not a positive number.
+
+    Plane i turns by θ_i = base^(−2i/d): a base of 0 makes every plane but the first turn
+    infinitely fast and a negative one makes them NaN, which the analyses would then blame on the
+    plane pairing.
+    """
+    for field_name, value in _rope_bases(config):
+        positive = (
+            isinstance(value, numbers.Real)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value > 0
+        )
+        if not positive:
+            raise InputError(
+                f"{architecture}: the config's {field_name} is {value!r}, but RoPE's base must be "
+                "a positive number (plane i turns by base^(-2i/d)): set it in the model's "
+                "config.json to the base the model was trained with (e.g. 10000.0 for Llama 2)"
+            )
+
+
+def _start_reading(model) -> _ModelReading:
+    """Refuse a model ropelens cannot read, and run the probes every layer's reading shares."""
+    hf = hf_model_of(model)
+    config = _text_config(hf)
+    tl_config = getattr(model, "cfg", None)
+    positional_embedding = getattr(tl_config, "positional_embedding_type", "rotary")
+    architecture = type(hf).__name__
+    if positional_embedding != "rotary":
+        raise NotRotaryError(
+            f"{architecture} uses {positional_embedding!r} position embeddings, not RoPE: ropelens "
+            "measures rotary models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute "
+            "position embeddings use ropelens.analyses.pe_similarity."
+        )
+    _refuse_bad_base(config, architecture)
+    _refuse_unsupported(model, config, architecture)
+    attentions = _attention_modules(model)
+    n_ctx = int(
+        getattr(config, "max_position_embeddings", None)
+        or getattr(config, "n_positions", 0)
+        or tl_config.n_ctx
+    )
+    return _ModelReading(
+        model=model,
+        hf=hf,
+        config=config,
+        architecture=architecture,
+        rotaries=_rotary_modules(hf),
+        attentions=attentions,
+        blocks=_blocks(model),
+        layer_types=getattr(config, "layer_types", None),
+        # GLM/ERNIE (rotary_adjacent_pairs) and Cohere (rotary_interleaved_cos_sin) rotate adjacent
+        # pairs, as GPT-J does; the bridge's own flags say so
+        declared_adjacent=declared_adjacent_pairs(model),
+        n_ctx=n_ctx,
+        rotary_calls=_rotary_calls(model, attentions),
+        called_rotation=_called_rotation(model, attentions) if is_mla(config) else None,
+    )
+
+
+def _layer_without_attention(reading: _ModelReading, index: int) -> LayerRope:
+    """A hybrid's linear-attention, convolution or state-space layer: listed, never measured."""
+    decoder = getattr(reading.blocks[index], "original_component", None)
+    mixer = _mixer(decoder)
+    kind, mixer_class = mixer or ("none", type(decoder).__name__)
+    return LayerRope(
+        layer=index,
+        inv_freq=torch.zeros(0),
+        head_dim=0,
+        rotary_dim=0,
+        pairing="half",
+        n_heads=0,
+        n_kv_heads=0,
+        score_scale=0.0,
+        kind=kind,  # type: ignore[arg-type]
+        mixer=mixer_class,
+        n_ctx=reading.n_ctx,
+    )
+
+
+def _layer_frequencies(
+    reading: _ModelReading, index: int, attention: torch.nn.Module, layer_type: str | None
+) -> tuple[torch.Tensor, float, tuple[str, int] | None]:
+    """(inv_freq, attention scaling, observed) of one attention layer.
+
+    ``inv_freq`` is empty for a NoPE layer; ``observed`` is the (pairing, direction) where the
+    rotation was measured instead of read.
+    """
+    all_parameters = getattr(reading.config, "rope_parameters", None)
+    observed = None
+    if isinstance(all_parameters, dict) and all_parameters.get(layer_type, ...) is None:
+        inv_freq, scaling = torch.zeros(0), 1.0  # a layer type without RoPE (Beam)
+    else:
+        try:
+            inv_freq, scaling = _inv_freq_for(reading.rotaries, attention, layer_type)
+        except _NoBuffer:
+            measured = _observed_rope(
+                reading.model, reading.attentions, index, reading.architecture
+            )
+            if measured is None:
+                inv_freq, scaling = torch.zeros(0), 1.0
+            else:
+                inv_freq, scaling, observed = measured[0], measured[1], measured[2:]
+    # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
+    # (the full-attention layers of Cohere 2 and EXAONE 4 skip apply_rotary_pos_emb)
+    calls = reading.rotary_calls
+    if not uses_rope(attention, reading.config, index) or (
+        calls is not None and index not in calls
+    ):
+        inv_freq = inv_freq[:0]
+    return inv_freq, scaling, observed
+
+
+def _layer_widths(
+    reading: _ModelReading, index: int, attention: torch.nn.Module, observed: tuple | None
+) -> dict[str, Any]:
+    """Head counts, head width, plane pairing and (multi-head latent attention) layout of one layer.
+
+    Read per layer: the attention module's own, else this layer's config (HF's per-layer config, as
+    Gemma 4's wider global heads use), else the model's; MLA per layer too (Dots 3's widths differ).
+    """
+    layer_cfg = layer_config(reading.config, index)
+    n_heads = heads_of(attention, layer_cfg)
+    head_dim = int(
+        getattr(attention, "head_dim", None)
+        or getattr(layer_cfg, "head_dim", None)
+        or layer_cfg.hidden_size // n_heads
+    )
+    mla = _mla_layout(reading.hf, layer_cfg, reading.called_rotation) if is_mla(layer_cfg) else None
+    adjacent = mla.pop("adjacent") if mla is not None else bool(reading.declared_adjacent)
+    if observed is not None:
+        adjacent = observed[0] == "adjacent"
+    if mla is not None:  # the score's head: no-position dims, then the rotary ones
+        head_dim = int(layer_cfg.qk_nope_head_dim) + int(layer_cfg.qk_rope_head_dim)
+    n_kv_heads = kv_heads_of(
+        attention, n_heads, int(getattr(layer_cfg, "num_key_value_heads", None) or n_heads)
+    )
+    return {
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv_heads,
+        "head_dim": head_dim,
+        "pairing": "adjacent" if adjacent else "half",
+        "mla": mla,
+    }
+
+
+def _layer_mask(
+    reading: _ModelReading, attention: torch.nn.Module, layer_type: str | None, rotary: bool
+) -> tuple[str, int | None, int | None]:
+    """(kind, window, chunk) of one attention layer's mask."""
+    config = reading.config
+    kind = _KIND.get(layer_type or "", "full")
+    window = getattr(attention, "sliding_window", None) if kind == "sliding" else None
+    if kind == "sliding" and window is None:
+        window = getattr(config, "sliding_window", None)
+    if (
+        reading.layer_types is None
+        and getattr(config, "sliding_window", None)
+        and getattr(config, "use_sliding_window", True)
+        and _masks_window(reading.hf)
+    ):
+        # Mistral, Mixtral, Starcoder2, Phi-3: one window for every layer, no layer_types
+        kind, window = "sliding", int(config.sliding_window)
+    # the size HF's chunked mask is built with
+    chunk = int(config.attention_chunk_size) if kind == "chunked" else None
+    if not rotary:
+        kind = "nope"  # a NoPE layer keeps its chunk: its mask is still the chunked one
+    return kind, int(window) if window else None, chunk
+
+
+def _attention_layer(reading: _ModelReading, index: int, attention: torch.nn.Module) -> LayerRope:
+    """The RoPE one softmax-attention layer applies, checked against its own rotation where seen."""
+    config = reading.config
+    layer_type = reading.layer_types[index] if reading.layer_types else None
+    inv_freq, scaling, observed = _layer_frequencies(reading, index, attention, layer_type)
+    widths = _layer_widths(reading, index, attention, observed)
+    mla = widths.pop("mla")
+    kind, window, chunk = _layer_mask(reading, attention, layer_type, bool(inv_freq.numel()))
+    parameters = _layer_rope_params(config, layer_type)
+    base = parameters.get("rope_theta", getattr(config, "rope_theta", None))
+    score_scale = getattr(attention, "scaling", None)
+    if score_scale is None:
+        score_scale = 1.0 / float(getattr(attention, "scale_attn", math.sqrt(widths["head_dim"])))
+    mixer = _mixer(getattr(reading.blocks[index], "original_component", None))
+    layer = LayerRope(
+        layer=index,
+        inv_freq=inv_freq,
+        rotary_dim=2 * inv_freq.numel(),
+        **widths,
+        score_scale=float(score_scale),
+        rope_type=str(parameters.get("rope_type", "default")),
+        base=float(base) if base is not None else _base_of(inv_freq, 2 * inv_freq.numel()),
+        rope_parameters={k: v for k, v in parameters.items() if jsonable(v)},
+        attention_scaling=scaling,
+        kind=kind,  # type: ignore[arg-type]
+        window=window,
+        chunk=chunk,
+        query_scale=query_scale(
+            attention,
+            inv_freq.numel(),
+            _passed_query_scale(attention, config, layer_type),
+        ),
+        select_keys=(
+            _select_keys(attention, config, reading.architecture, index)
+            if layer_type == "indexed_attention"
+            else None
+        ),
+        n_ctx=reading.n_ctx,
+        softcap=softcap_of(attention, config),
+        sinks=sinks_of(attention),
+        axes=plane_axes(reading.rotaries, inv_freq),
+        mixer=mixer[1] if mixer else None,
+        output_gate=output_gate(attention, widths["n_heads"], widths["head_dim"]),
+        direction=observed[1] if observed is not None else 1,
+        **(mla if mla is not None and inv_freq.numel() else {}),
+    )
+    return _checked_by_its_rotation(reading, layer)
+
+
+def _checked_by_its_rotation(reading: _ModelReading, layer: LayerRope) -> LayerRope:
+    """``layer`` turned and paired as its own rotation shows, and normed after it where it is.
+
+    The direction always, the pairing where no flag declares it, and whether its q and k pass a
+    per-head norm after the rotation.
+    """
+    calls = reading.rotary_calls
+    if calls is None or layer.layer not in calls or not layer.inv_freq.numel():
+        return layer
+    query, rotated_query, normed = calls[layer.layer]
+    # where no flag declares adjacent pairs (a plain HF model: Helium), its own rotation says which
+    layer = _with_direction(layer, query, rotated_query, pairing=reading.declared_adjacent is None)
+    return dataclasses.replace(layer, norm_after_rope=True) if normed else layer
+
+
 def rope_spec(model) -> RopeSpec:
     """Read what each attention layer of the running model rotates.
 
     Read from the HF modules the bridge wraps (their ``inv_freq`` buffers, attention ``scaling``,
     config ``layer_types`` and ``rope_parameters``), never from ``cfg.rotary_base``.
     """
-    hf = hf_model_of(model)
-    cfg = _text_config(hf)
-    tl_cfg = getattr(model, "cfg", None)
-    pe_type = getattr(tl_cfg, "positional_embedding_type", "rotary")
-    arch = type(hf).__name__
-    if pe_type != "rotary":
-        raise NotRotaryError(
-            f"{arch} uses {pe_type!r} position embeddings, not RoPE: ropelens measures rotary "
-            "models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute position "
-            "embeddings use ropelens.analyses.pe_similarity."
-        )
-    _refuse_unsupported(model, cfg, arch)
-    rotaries = _rotary_modules(hf)
-    attns = _attention_modules(model)
-    layer_types = getattr(cfg, "layer_types", None)
-    # GLM/ERNIE (rotary_adjacent_pairs) and Cohere (rotary_interleaved_cos_sin) rotate adjacent pairs,
-    # as GPT-J does; the bridge's own flags say so.
-    declared = declared_adjacent_pairs(model)  # None: no flag says, the rotation is measured
-    adjacent = bool(declared)
-    n_ctx = int(
-        getattr(cfg, "max_position_embeddings", None)
-        or getattr(cfg, "n_positions", 0)
-        or tl_cfg.n_ctx
-    )
-    calls = _rotary_calls(model, attns)
-    blocks = _blocks(model)
-    called = _called_rotation(model, attns) if is_mla(cfg) else None
-    layers = []
-    for i, attn in enumerate(attns):
-        decoder = getattr(blocks[i], "original_component", None)
-        mixer = _mixer(decoder)
-        if (
-            attn is None
-        ):  # a hybrid's linear-attention, convolution or state-space layer: listed, never measured
-            kind, name = mixer or ("none", type(decoder).__name__)
-            layers.append(
-                LayerRope(
-                    layer=i,
-                    inv_freq=torch.zeros(0),
-                    head_dim=0,
-                    rotary_dim=0,
-                    pairing="half",
-                    n_heads=0,
-                    n_kv_heads=0,
-                    score_scale=0.0,
-                    kind=kind,
-                    mixer=name,  # type: ignore[arg-type]
-                    n_ctx=n_ctx,
-                )
-            )
-            continue
-        ltype = layer_types[i] if layer_types else None
-        rp_all = getattr(cfg, "rope_parameters", None)
-        observed = None  # (pairing, direction) where the rotation was measured rather than read from a buffer
-        if (
-            isinstance(rp_all, dict) and ltype in rp_all and rp_all[ltype] is None
-        ):  # a layer type without RoPE (Beam)
-            inv, scaling = torch.zeros(0), 1.0
-        else:
-            try:
-                inv, scaling = _inv_freq_for(rotaries, attn, ltype)
-            except _NoBuffer:
-                got = _observed_rope(model, attns, i, arch)
-                inv, scaling, observed = (
-                    (torch.zeros(0), 1.0, None) if got is None else (got[0], got[1], got[2:])
-                )
-        # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
-        # (the full-attention layers of Cohere 2 and EXAONE 4 skip apply_rotary_pos_emb)
-        if not uses_rope(attn, cfg, i) or (calls is not None and i not in calls):
-            inv = inv[:0]
-        params = _layer_rope_params(cfg, ltype)
-        # widths and head counts per layer: the attention module's own, else this layer's config (HF's
-        # per-layer config, as Gemma 4's wider global heads use), else the model's
-        lcfg = layer_config(cfg, i)
-        n_heads = heads_of(attn, lcfg)
-        head_dim = int(
-            getattr(attn, "head_dim", None)
-            or getattr(lcfg, "head_dim", None)
-            or lcfg.hidden_size // n_heads
-        )
-        # multi-head latent attention, read per layer (Dots 3's widths differ between layers)
-        mla = _mla_layout(hf, lcfg, called) if is_mla(lcfg) else None
-        pairs_adjacent = mla.pop("adjacent") if mla is not None else adjacent
-        if observed is not None:
-            pairs_adjacent = observed[0] == "adjacent"
-        if mla is not None:  # the score's head: no-position dims, then the rotary ones
-            head_dim = int(lcfg.qk_nope_head_dim) + int(lcfg.qk_rope_head_dim)
-        n_kv = kv_heads_of(
-            attn, n_heads, int(getattr(lcfg, "num_key_value_heads", None) or n_heads)
-        )
-        scale = getattr(attn, "scaling", None)
-        if scale is None:
-            scale = 1.0 / float(getattr(attn, "scale_attn", math.sqrt(head_dim)))
-        kind = _KIND.get(ltype or "", "full")
-        window = getattr(attn, "sliding_window", None) if kind == "sliding" else None
-        if kind == "sliding" and window is None:
-            window = getattr(cfg, "sliding_window", None)
-        if (
-            layer_types is None
-            and getattr(cfg, "sliding_window", None)
-            and getattr(cfg, "use_sliding_window", True)
-            and _masks_window(hf)
-        ):
-            # Mistral, Mixtral, Starcoder2, Phi-3: one window for every layer, no layer_types
-            kind, window = "sliding", int(cfg.sliding_window)
-        chunk = (
-            int(cfg.attention_chunk_size) if kind == "chunked" else None
-        )  # the size HF's chunked mask is built with
-        if inv.numel() == 0:
-            kind = "nope"  # a NoPE layer keeps its chunk: its mask is still the chunked one
-        select = _select_keys(attn, cfg, arch, i) if ltype == "indexed_attention" else None
-        base = params.get("rope_theta", getattr(cfg, "rope_theta", None))
-        layers.append(
-            LayerRope(
-                layer=i,
-                inv_freq=inv,
-                head_dim=head_dim,
-                rotary_dim=2 * inv.numel(),
-                pairing="adjacent" if pairs_adjacent else "half",
-                n_heads=n_heads,
-                n_kv_heads=n_kv,
-                score_scale=float(scale),
-                rope_type=str(params.get("rope_type", "default")),
-                base=float(base) if base is not None else _base_of(inv, 2 * inv.numel()),
-                rope_parameters={k: v for k, v in params.items() if jsonable(v)},
-                attention_scaling=scaling,
-                kind=kind,  # type: ignore[arg-type]
-                window=int(window) if window else None,
-                chunk=chunk,
-                query_scale=query_scale(attn, inv.numel(), _passed_query_scale(attn, cfg, ltype)),
-                select_keys=select,
-                n_ctx=n_ctx,
-                softcap=softcap_of(attn, cfg),
-                sinks=sinks_of(attn),
-                axes=plane_axes(rotaries, inv),
-                mixer=mixer[1] if mixer else None,
-                output_gate=output_gate(attn, n_heads, head_dim),
-                direction=observed[1] if observed is not None else 1,
-                **(mla if mla is not None and inv.numel() else {}),
-            )
-        )
-        if calls is not None and i in calls and inv.numel():
-            q, q_rot, normed = calls[i]
-            # where no flag declares adjacent pairs (a plain HF model: Helium), its own rotation says which
-            layers[-1] = _with_direction(layers[-1], q, q_rot, pairing=declared is None)
-            if normed:
-                layers[-1] = dataclasses.replace(layers[-1], norm_after_rope=True)
-    layers = _with_temperature(model, attns, cfg, layers)
+    reading = _start_reading(model)
+    layers = [
+        _layer_without_attention(reading, index)
+        if attention is None
+        else _attention_layer(reading, index, attention)
+        for index, attention in enumerate(reading.attentions)
+    ]
+    layers = _with_temperature(model, reading.attentions, reading.config, layers)
     return RopeSpec(
-        model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx
+        model_name=model_label(model),
+        architecture=reading.architecture,
+        layers=tuple(layers),
+        n_ctx=reading.n_ctx,
     )
 
 
