@@ -37,8 +37,10 @@ from ropelens.spec.forward_taps import (
     probe_forward,
     rotation_functions,
 )
+from ropelens.spec.plan import active_plan
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.surface import bridge_refusal, declared_adjacent_pairs
+from ropelens.validate import check_positive_int
 
 __all__ = ["hf_model_of", "is_mla", "model_label", "rope_spec"]
 
@@ -706,13 +708,31 @@ def _checked_by_its_rotation(reading: _ModelReading, layer: LayerRope) -> LayerR
     return dataclasses.replace(layer, norm_after_rope=True) if normed else layer
 
 
-def rope_spec(model) -> RopeSpec:
-    """Read what each attention layer of the running model rotates.
+def rope_spec(model, length: int | None = None) -> RopeSpec:
+    """Read what each attention layer of the running model rotates (on ``length`` tokens).
 
     Read from the HF modules the bridge wraps (their ``inv_freq`` buffers, attention ``scaling``,
     config ``layer_types`` and ``rope_parameters``), never from ``cfg.rotary_base``.
+
+    Where the model's frequencies change with the input's length (dynamic NTK past the native
+    context, LongRoPE's long factors past ``original_max_position_embeddings``), the plain reading
+    gives a short input's and says in :attr:`RopeSpec.valid_up_to` up to which length they hold
+    (measured on the rotary modules); with ``length`` the rotary modules are run at that many
+    positions and each layer's frequencies and attention scaling are read as a forward of ``length``
+    tokens applies them (:attr:`RopeSpec.length`). A model whose frequencies hold for every length,
+    or one under a RoPE variant (which sets its own frequencies), reads the same at any ``length``.
+
+    Example::
+
+        spec = rope_spec(model, length=8192)  # the frequencies an 8192-token input is rotated by
     """
+    if length is not None:
+        length = check_positive_int(length, "length", " (the input's length in tokens)")
     reading = _start_reading(model)
+    limit = None if active_plan(model) else _length_limit(model)
+    if limit is not None:  # the short reading: the rotary modules as a short input leaves them
+        for rotary in reading.rotaries:
+            _rotary_tables(rotary, reading.config, LENGTH_PROBE)
     layers = [
         _layer_without_attention(reading, index)
         if attention is None
@@ -720,12 +740,14 @@ def rope_spec(model) -> RopeSpec:
         for index, attention in enumerate(reading.attentions)
     ]
     layers = _with_temperature(model, reading.attentions, reading.config, layers)
-    return RopeSpec(
+    spec = RopeSpec(
         model_name=model_label(model),
         architecture=reading.architecture,
         layers=tuple(layers),
         n_ctx=reading.n_ctx,
+        valid_up_to=limit,
     )
+    return spec if limit is None or length is None else _read_at_length(model, spec, length)
 
 
 def _with_temperature(model, attns, cfg, layers: list[LayerRope]) -> list[LayerRope]:
@@ -966,123 +988,143 @@ def _with_direction(
 
 
 # ---------------------------------------------------------------------------------------- length-dependent RoPE
-LENGTH_PROBE = (
-    8  # positions compared between a short call of a rotary module and one at the analysed length
-)
+LENGTH_PROBE = 8  # positions compared between a short call of a rotary module and a longer input's
 
 
 def _rotary_tables(
-    rot: torch.nn.Module, cfg, n: int, last: int | None = None
+    rotary: torch.nn.Module, config, n_positions: int, last: int | None = None
 ) -> list[tuple[torch.Tensor, ...]] | None:
-    """The (cos, sin) ``rot`` returns for positions 0..n−1 (and ``last`` after them: an input that long, without
-    its positions between), once per layer type it takes; None where it cannot be called as HF's rotary modules
-    are (``forward(x, position_ids[, layer_type])``)."""
-    import inspect
-
+    """The (cos, sin) ``rotary`` returns for positions 0..n_positions−1 (and ``last`` after them: an
+    input that long, without its positions between), once per layer type it takes; None where it
+    cannot be called as HF's rotary modules are (``forward(x, position_ids[, layer_type])``)."""
     try:
-        params = inspect.signature(rot.forward).parameters
+        parameters = inspect.signature(rotary.forward).parameters
     except (TypeError, ValueError):
         return None
-    buf = next((b for b in rot.buffers() if b.is_floating_point()), None)
-    device = buf.device if buf is not None else torch.device("cpu")
-    pos = torch.arange(n, device=device)
+    buffer = next((b for b in rotary.buffers() if b.is_floating_point()), None)
+    device = buffer.device if buffer is not None else torch.device("cpu")
+    positions = torch.arange(n_positions, device=device)
     if last is not None:
-        pos = torch.cat([pos, pos.new_tensor([last])])
-    pos = pos[None]
-    x = torch.zeros(1, 1, pos.shape[1], 1, device=device)
-    types = [None]
-    if "layer_type" in params:
-        types = sorted(set(getattr(cfg, "layer_types", None) or [])) or [None]
-    out = []
-    for lt in types:
+        positions = torch.cat([positions, positions.new_tensor([last])])
+    positions = positions[None]
+    hidden = torch.zeros(1, 1, positions.shape[1], 1, device=device)
+    layer_types = [None]
+    if "layer_type" in parameters:
+        layer_types = sorted(set(getattr(config, "layer_types", None) or [])) or [None]
+    tables = []
+    for layer_type in layer_types:
         try:
             with torch.no_grad():
-                got = rot(x, pos) if lt is None else rot(x, pos, lt)
+                if layer_type is None:
+                    got = rotary(hidden, positions)
+                else:
+                    got = rotary(hidden, positions, layer_type)
         except Exception:
             return None
         if not (isinstance(got, tuple) and all(isinstance(t, torch.Tensor) for t in got)):
             return None
-        out.append(tuple(t.detach().float().cpu() for t in got))
-    return out
+        tables.append(tuple(t.detach().float().cpu() for t in got))
+    return tables
+
+
+def _changes_by(rotary: torch.nn.Module, config, length: int) -> bool | None:
+    """Whether ``rotary`` gives the first :data:`LENGTH_PROBE` positions of a ``length``-token input
+    other tables than a short input's (None: it cannot be called so).
+
+    The module is left as a short input leaves it.
+    """
+    short = _rotary_tables(rotary, config, LENGTH_PROBE)
+    long = (
+        _rotary_tables(rotary, config, LENGTH_PROBE, last=length - 1) if short is not None else None
+    )
+    _rotary_tables(rotary, config, LENGTH_PROBE)  # HF's dynamic NTK resets on a short input
+    if long is None:
+        return None
+    return any(
+        not torch.equal(short_table, long_table[..., :LENGTH_PROBE, :])
+        for short_types, long_types in zip(short, long, strict=True)
+        for short_table, long_table in zip(short_types, long_types, strict=True)
+    )
+
+
+def _length_limit(model) -> int | None:
+    """The longest input whose rotary tables are a short input's, where a longer one gets others
+    (dynamic NTK past the native context, LongRoPE's long factors); None where no input up to twice
+    the native context changes them. Measured on the model's rotary modules by bisection, not read
+    from its config; cached on the model."""
+    cached = getattr(model, "_ropelens_length_limit", ...)
+    if cached is not ...:
+        return cached
+    hf = hf_model_of(model)
+    config = _text_config(hf)
+    n_ctx = int(getattr(config, "max_position_embeddings", None) or 0)
+    longest = max(2 * n_ctx, 2 * LENGTH_PROBE) + 1
+    limit = None
+    for rotary in _rotary_modules(hf):
+        if not _changes_by(rotary, config, longest):
+            continue
+        unchanged, changed = (
+            LENGTH_PROBE,
+            longest,
+        )  # tables of the first holds, of the second differ
+        while changed - unchanged > 1:
+            middle = (unchanged + changed) // 2
+            if _changes_by(rotary, config, middle):
+                changed = middle
+            else:
+                unchanged = middle
+        limit = unchanged if limit is None else min(limit, unchanged)
+    object.__setattr__(model, "_ropelens_length_limit", limit)
+    return limit
 
 
 def length_dependent(model) -> bool:
-    """Whether the model's rotary modules give other tables to the first positions of a long input than of a short
-    one (dynamic NTK past the native context, LongRoPE's short and long factors): measured by calling each rotary
-    module on :data:`LENGTH_PROBE` positions, alone and followed by one position past twice the model's context
-    (an input that long), not read from its config."""
-    hf = hf_model_of(model)
-    cfg = _text_config(hf)
-    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or 0)
-    for rot in _rotary_modules(hf):
-        short = _rotary_tables(rot, cfg, LENGTH_PROBE)
-        long = (
-            _rotary_tables(rot, cfg, LENGTH_PROBE, last=max(2 * n_ctx, 2 * LENGTH_PROBE))
-            if short is not None
-            else None
-        )
-        _rotary_tables(rot, cfg, LENGTH_PROBE)  # leave the module as a short input leaves it
-        if long is None:
-            continue
-        for s, lg in zip(short, long, strict=True):
-            if any(
-                not torch.equal(a, b[..., :LENGTH_PROBE, :]) for a, b in zip(s, lg, strict=True)
-            ):
-                return True
-    return False
+    """Whether the model's rotary modules give other tables to the first positions of a long input
+    than of a short one (dynamic NTK past the native context, LongRoPE's short and long factors)."""
+    return _length_limit(model) is not None
 
 
-def spec_at_length(model, spec: RopeSpec, n: int) -> RopeSpec:
-    """``spec`` as the model rotates an input of ``n`` tokens.
+def _read_at_length(model, spec: RopeSpec, length: int) -> RopeSpec:
+    """``spec`` (the short reading) with the frequencies a forward of ``length`` tokens applies.
 
-    A model whose rotary frequencies depend on the input's length (dynamic NTK past the native context,
-    LongRoPE's long factors past ``original_max_position_embeddings``) applies other frequencies to a
-    long window than the short forward :func:`rope_spec` reads: its rotary modules are run at ``n``
-    positions and each layer's frequencies and attention scaling read again, as its forward on ``n``
-    tokens applies them. Unchanged where the tables do not depend on the length (most models: checked by
-    :func:`length_dependent`, once per model). HF's dynamic NTK keeps the frequencies of the longest input
-    past the native context it has seen, until an input within it resets them: these are the frequencies the
-    model applies now, to inputs of ``n`` tokens. The verification then probes at ``n`` tokens
-    (:func:`ropelens.run.verify.verification` with ``length=n``), so the reading is proven at that length.
+    The rotary modules are run at ``length`` positions and each rotary layer's frequencies and
+    attention scaling read again. HF's dynamic NTK keeps the frequencies of the longest input past
+    the native context it has seen, until an input within it resets them: these are the
+    frequencies the model applies now, to inputs of ``length`` tokens.
     """
-    from dataclasses import replace
-
-    from ropelens.errors import UnsupportedModelError
-    from ropelens.spec.plan import active_plan
-
-    if active_plan(
-        model
-    ):  # a variant in force sets the frequencies itself; the model's buffers are not the spec's
-        return spec
-    flag = getattr(model, "_ropelens_length_dependent", None)
-    if flag is None:
-        flag = length_dependent(model)
-        object.__setattr__(model, "_ropelens_length_dependent", flag)
-    if not flag:
-        return spec
     hf = hf_model_of(model)
-    cfg = _text_config(hf)
+    config = _text_config(hf)
     rotaries = _rotary_modules(hf)
-    for rot in rotaries:
-        _rotary_tables(rot, cfg, n)  # the module now holds what a forward on n tokens holds
-    attns = _attention_modules(model)
-    layer_types = getattr(cfg, "layer_types", None)
+    for rotary in rotaries:
+        _rotary_tables(rotary, config, length)  # the module now holds what a forward on it holds
+    attentions = _attention_modules(model)
+    layer_types = getattr(config, "layer_types", None)
     layers = []
-    for lr in spec.layers:
-        if not lr.rotary or attns[lr.layer] is None:
-            layers.append(lr)
+    for layer in spec.layers:
+        if not layer.rotary or attentions[layer.layer] is None:
+            layers.append(layer)
             continue
-        ltype = layer_types[lr.layer] if layer_types else None
+        layer_type = layer_types[layer.layer] if layer_types else None
         try:
-            inv, scaling = _inv_freq_for(rotaries, attns[lr.layer], ltype)
+            inv_freq, scaling = _inv_freq_for(rotaries, attentions[layer.layer], layer_type)
         except _NoBuffer:
-            inv, scaling = None, None
-        if inv is None or inv.shape != lr.inv_freq.shape:
-            raise UnsupportedModelError(
-                f"{spec.architecture}: the rotary tables of layer {lr.layer} change with the input's length, and ropelens "
-                f"cannot read the frequencies a forward of {n} tokens applies (its rotary module holds "
-                f"{'no inv_freq' if inv is None else f'{inv.numel()} frequencies, the reading {lr.inv_freq.numel()}'}): "
-                f"measure windows within the native context of {spec.n_ctx:,} tokens (--n-ctx), where the reading holds"
+            inv_freq, scaling = None, None
+        if inv_freq is None or inv_freq.shape != layer.inv_freq.shape:
+            held = (
+                "no inv_freq"
+                if inv_freq is None
+                else f"{inv_freq.numel()} frequencies, the reading {layer.inv_freq.numel()}"
             )
-        layers.append(replace(lr, inv_freq=inv.to(lr.inv_freq.dtype), attention_scaling=scaling))
-    return replace(spec, layers=tuple(layers))
+            raise UnsupportedModelError(
+                f"{spec.architecture}: the rotary tables of layer {layer.layer} change with the "
+                f"input's length, and ropelens cannot read the frequencies a forward of {length} "
+                f"tokens applies (its rotary module holds {held}): measure windows within the "
+                f"first {spec.valid_up_to:,} tokens (--n-ctx), where the reading holds"
+            )
+        layers.append(
+            dataclasses.replace(
+                layer, inv_freq=inv_freq.to(layer.inv_freq.dtype), attention_scaling=scaling
+            )
+        )
+    valid_up_to = max(spec.valid_up_to, length)
+    return dataclasses.replace(spec, layers=tuple(layers), length=length, valid_up_to=valid_up_to)
