@@ -708,7 +708,7 @@ def _checked_by_its_rotation(reading: _ModelReading, layer: LayerRope) -> LayerR
     return dataclasses.replace(layer, norm_after_rope=True) if normed else layer
 
 
-def rope_spec(model, length: int | None = None) -> RopeSpec:
+def rope_spec(model, *, length: int | None = None) -> RopeSpec:
     """Read what each attention layer of the running model rotates (on ``length`` tokens).
 
     Read from the HF modules the bridge wraps (their ``inv_freq`` buffers, attention ``scaling``,
