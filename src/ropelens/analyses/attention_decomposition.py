@@ -276,7 +276,7 @@ def attention_decomposition(
     False runs anyway and the provenance says "unverified".
     """
     from ropelens.run.verify import verification
-    from ropelens.spec.reading import model_label, rope_spec, spec_at_length
+    from ropelens.spec.reading import model_label, rope_spec
 
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)
@@ -284,14 +284,10 @@ def attention_decomposition(
         raise InputError(
             "tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))"
         )
-    read = rope_spec(model)
-    spec = spec_at_length(
-        model, read, int(tokens.shape[1])
-    )  # frequencies that change with the length, as applied
+    # frequencies that change with the input's length, as a forward of this length applies them
+    spec = rope_spec(model, length=int(tokens.shape[1]))
     chosen = spec.layer_indices(layers)
-    verified = verification(
-        model, spec, verify=verify, length=None if spec is read else int(tokens.shape[1])
-    )
+    verified = verification(model, spec, verify=verify, length=spec.length)
     t0 = time.perf_counter()
     # a layer whose indexer drops keys on windows this long: its selection is captured with q and k
     selected = ("selected",) if any(spec.layers[L].selects(tokens.shape[1]) for L in chosen) else ()

@@ -175,6 +175,14 @@ _OPTIONAL_ROWS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
             else f"1 + {r['temperature'][0]:g}·ln(1 + ⌊m/{int(r['temperature'][1])}⌋) after RoPE"
         ),
     ),
+    (
+        "valid_up_to",
+        "frequencies hold",
+        lambda r: (
+            f"for inputs up to {int(r['valid_up_to']):,} tokens"
+            + ("" if _missing(r["read_at_length"]) else f" (read at {int(r['read_at_length']):,})")
+        ),
+    ),
 )
 
 

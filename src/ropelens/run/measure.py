@@ -193,7 +193,7 @@ def measure(
     """
     from ropelens.backends import handle
     from ropelens.run.verify import verification
-    from ropelens.spec.reading import spec_at_length
+    from ropelens.spec.reading import rope_spec
 
     h = handle(model)  # the spec read once per model, not once per analysis
     spec = spec if spec is not None else h.spec
@@ -207,11 +207,9 @@ def measure(
         if windows is not None
         else Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)
     )
-    at_length = spec_at_length(
-        model, spec, win.n_ctx
-    )  # frequencies that change with the input's length, as applied
-    length = None if at_length is spec else win.n_ctx
-    spec = at_length
+    if spec.valid_up_to is not None:  # frequencies that change with the input's length, as applied
+        spec = rope_spec(model, length=win.n_ctx)
+    length = spec.length
     verified = verification(model, spec, verify=run.verify, length=length)
     built = build(spec, chosen, win)
     reducers = tuple(built) if isinstance(built, Sequence) else (built,)

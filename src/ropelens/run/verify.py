@@ -137,7 +137,7 @@ def verification(
     """The probe's verdict for ``model`` read as ``spec`` (cached), or :data:`UNVERIFIED` when opted out.
 
     ``length``: probe at that many tokens instead of the default (a spec read at the analysed length by
-    :func:`ropelens.spec.reading.spec_at_length`, whose frequencies hold for inputs of that length)."""
+    ``rope_spec(model, length=n)``, whose frequencies hold for inputs of that length)."""
     if not verify or getattr(model, _SKIP, 0):
         return UNVERIFIED
     return verify_model(model, spec, length=length)

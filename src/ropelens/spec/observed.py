@@ -9,14 +9,21 @@ probe's positions; a rotation that is not "plane i turns by m·θ_i, norm times 
 described as observed (mixing across planes, angles not proportional to position, a scale that
 changes with position) instead of read.
 
+The fit reads θ to the precision of a float32 rotation of O(1) values (~1e-6 relative at the lowest
+frequencies). Where the rotation is handed ``cos`` and ``sin`` tables, θ is read from them instead
+(:func:`table_frequencies`, exact to float32), once the fitted rotation is shown to turn every plane
+by those tables' angles at every position of the probe (:func:`proven_table_frequencies`).
+
 This is what lets ropelens read a family whose release moves its sin/cos tables (GPT-J and CodeGen
 keep theirs on a model-level module since transformers 5.24) without knowing where they went.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,12 +31,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["ObservedRotation", "measure_query_factors", "measure_rotation", "observe_rotations"]
+__all__ = [
+    "ObservedRotation",
+    "measure_query_factors",
+    "measure_rotation",
+    "observe_rotations",
+    "proven_table_frequencies",
+    "table_frequencies",
+]
 
 PROBE_TOKENS = 7  # positions 0..6: odd, so the position axis is rarely confused with a head axis of the same size
 _FIT_TOL = (
     1e-4  # float32 rotation of O(1) values fits to ~1e-6; a wrong pairing or a mixing is O(1) off
 )
+# radians a fitted angle may differ from m·θ of the tables the rotation was handed: a float32
+# rotation of O(1) values fits each angle to ~3e-7 rad; θ misread by δ is m·δ off at position m
+_TABLE_TOL = 1e-5
 
 
 @dataclass(frozen=True)
@@ -43,9 +60,16 @@ class ObservedRotation:
     fit_error: (
         float  # relative max error of "rotate each plane, times scale[pos]" against the output
     )
+    # θ_i read from the cos/sin tables the rotation was handed, where the fit proved them applied
+    table_inv_freq: Tensor | None = None
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """θ_i: from the rotation's own tables where they were proven applied, else as fitted."""
+        return self.table_inv_freq if self.table_inv_freq is not None else self.fitted_inv_freq
 
     @functools.cached_property
-    def inv_freq(self) -> Tensor:
+    def fitted_inv_freq(self) -> Tensor:
         """θ_i from the angle at position 1, refined along later positions by unwrapping (float64)."""
         a = self.angles
         theta = a[1].clone()
@@ -146,6 +170,60 @@ def measure_rotation(x: Tensor, y: Tensor, pos_axis: int) -> ObservedRotation:
     )
 
 
+def table_frequencies(cos: Tensor, sin: Tensor, pairing: str, n_planes: int) -> Tensor | None:
+    """θ_i (float64) from the ``cos`` and ``sin`` tables a rotation was handed: the angle of row 1.
+
+    Rows (the second-to-last axis) are positions 0..n−1; columns one per plane (GPT-J's ``sin``,
+    ``cos``) or one per rotated dim, each plane's twice as ``pairing`` lays them out (Llama's
+    ``cat(freqs, freqs)``). A table scaled by an attention factor has the same angles. None where
+    the tables have another layout.
+    """
+    if cos.shape != sin.shape or cos.ndim < 2 or cos.shape[-2] < 2 or cos.is_complex():
+        return None
+    cos_rows = cos.detach().double().cpu().reshape(-1, *cos.shape[-2:])[0]  # [pos, column]
+    sin_rows = sin.detach().double().cpu().reshape(-1, *sin.shape[-2:])[0]
+    if cos_rows.shape[-1] == 2 * n_planes:
+        first, second = _planes(torch.stack([cos_rows, sin_rows]), pairing)
+        if not torch.equal(first, second):
+            return None
+        cos_rows, sin_rows = first[0], first[1]
+    elif cos_rows.shape[-1] != n_planes:
+        return None
+    return torch.atan2(sin_rows[1], cos_rows[1]).abs()
+
+
+def proven_table_frequencies(observed: ObservedRotation, cos: Tensor, sin: Tensor) -> Tensor | None:
+    """θ_i of the tables the rotation was handed, where the fitted rotation turns every plane by
+    m·θ_i (within :data:`_TABLE_TOL` radians) at every position m of the probe; else None."""
+    if observed.pairing is None:
+        return None
+    theta = table_frequencies(cos, sin, observed.pairing, observed.width // 2)
+    if theta is None or cos.shape[-2] != observed.angles.shape[0]:
+        return None
+    positions = torch.arange(observed.angles.shape[0], dtype=torch.float64).unsqueeze(-1)
+    gap = observed.angles - observed.direction * positions * theta
+    wrapped = torch.atan2(gap.sin(), gap.cos())
+    return theta if float(wrapped.abs().max()) <= _TABLE_TOL else None
+
+
+def _handed_tables(
+    parameters: list[str], args: tuple, kwargs: dict
+) -> tuple[Tensor, Tensor] | None:
+    """The (cos, sin) a rotation function was called with, where its parameters name them so."""
+    named = dict(zip(parameters, args, strict=False)) | kwargs
+    cos, sin = named.get("cos"), named.get("sin")
+    if isinstance(cos, Tensor) and isinstance(sin, Tensor):
+        return cos.detach().float().cpu(), sin.detach().float().cpu()
+    return None
+
+
+def _parameter_names(fn: Callable) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature hands no named tables
+        return []
+
+
 def _rotation_names(mod) -> list[str]:
     return [n for n, f in vars(mod).items() if n.startswith("apply_rotary") and callable(f)]
 
@@ -166,9 +244,11 @@ def observe_rotations(
         return cached[1]
     current: list = [None]
     depth = [0]
-    seen: dict[int, tuple[Tensor, Tensor]] = {}
+    seen: dict[int, tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]] = {}
 
     def tapped(fn: Callable) -> Callable:
+        parameters = _parameter_names(fn)
+
         def call(*args, **kwargs):
             depth[0] += 1
             try:
@@ -187,7 +267,8 @@ def observe_rotations(
                 and x.shape == y.shape
                 and not x.is_complex()
             ):
-                seen[layer] = (x.detach().float().cpu(), y.detach().float().cpu())
+                tables = _handed_tables(parameters, args, kwargs)
+                seen[layer] = (x.detach().float().cpu(), y.detach().float().cpu(), tables)
             return out
 
         return call
@@ -198,14 +279,18 @@ def observe_rotations(
         if not tapping or not probe_forward(view, device, PROBE_TOKENS):
             return None
     result = {}
-    for layer, (x, y) in seen.items():
+    for layer, (x, y, tables) in seen.items():
         # positions on axis 1 ([batch, pos, head, d]: GPT-J) or 2 ([batch, head, pos, d]); where heads are as many as
         # the probe's tokens, both are measured and the reading that is RoPE (else fits best) is kept
         fits = [
             measure_rotation(x, y, a) for a in (1, 2) if x.ndim == 4 and x.shape[a] == PROBE_TOKENS
         ]
         if fits:
-            result[layer] = min(fits, key=lambda o: (o.differs() is not None, o.fit_error))
+            best = min(fits, key=lambda o: (o.differs() is not None, o.fit_error))
+            proven = proven_table_frequencies(best, *tables) if tables is not None else None
+            result[layer] = (
+                dataclasses.replace(best, table_inv_freq=proven) if proven is not None else best
+            )
     object.__setattr__(model, "_ropelens_observed_rotations", (key, result))
     return result
 

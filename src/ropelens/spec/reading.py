@@ -11,12 +11,13 @@ import dataclasses
 import importlib
 import inspect
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ropelens.errors import NotRotaryError, UnsupportedModelError
+from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.spec.attention_fields import (
     heads_of,
     jsonable,
@@ -36,8 +37,10 @@ from ropelens.spec.forward_taps import (
     probe_forward,
     rotation_functions,
 )
+from ropelens.spec.plan import active_plan
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.surface import bridge_refusal, declared_adjacent_pairs
+from ropelens.validate import check_positive_int
 
 __all__ = ["hf_model_of", "is_mla", "model_label", "rope_spec"]
 
@@ -434,163 +437,317 @@ def _base_of(inv: torch.Tensor, rotary_dim: int) -> float | None:
     return base if float(((law - inv.double()) / inv.double()).abs().max()) < 1e-4 else None
 
 
-def rope_spec(model) -> RopeSpec:
-    """Read what each attention layer of the running model rotates.
+@dataclasses.dataclass(frozen=True)
+class _ModelReading:
+    """What every layer's reading shares: the HF model, its text config and what the probes saw."""
+
+    model: Any
+    hf: torch.nn.Module
+    config: Any
+    architecture: str
+    rotaries: list[torch.nn.Module]
+    attentions: list[torch.nn.Module | None]
+    blocks: Any
+    layer_types: Any  # the config's layer_types (a sequence of names), or None
+    declared_adjacent: bool | None  # the bridge's flags for adjacent pairs; None: none says
+    n_ctx: int
+    rotary_calls: dict[int, tuple[torch.Tensor, torch.Tensor, bool]] | None
+    called_rotation: str | None
+
+
+def _rope_bases(config) -> list[tuple[str, Any]]:
+    """(config field, value) of every RoPE base ``config`` names: ``rope_theta``, and the
+    ``rope_theta`` of ``rope_parameters`` and of each layer type's entry in it."""
+    bases = []
+    if getattr(config, "rope_theta", None) is not None:
+        bases.append(("rope_theta", config.rope_theta))
+    parameters = getattr(config, "rope_parameters", None)
+    if isinstance(parameters, dict):
+        if "rope_theta" in parameters:
+            bases.append(("rope_parameters['rope_theta']", parameters["rope_theta"]))
+        for layer_type, entry in parameters.items():
+            if isinstance(entry, dict) and "rope_theta" in entry:
+                bases.append(
+                    (f"rope_parameters[{layer_type!r}]['rope_theta']", entry["rope_theta"])
+                )
+    return bases
+
+
+def _refuse_bad_base(config, architecture: str) -> None:
+    """InputError naming the config field whose RoPE base is not a positive number.
+
+    Plane i turns by θ_i = base^(−2i/d): a base of 0 makes every plane but the first turn
+    infinitely fast and a negative one makes them NaN, which the analyses would then blame on the
+    plane pairing.
+    """
+    for field_name, value in _rope_bases(config):
+        positive = (
+            isinstance(value, numbers.Real)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value > 0
+        )
+        if not positive:
+            raise InputError(
+                f"{architecture}: the config's {field_name} is {value!r}, but RoPE's base must be "
+                "a positive number (plane i turns by base^(-2i/d)): set it in the model's "
+                "config.json to the base the model was trained with (e.g. 10000.0 for Llama 2)"
+            )
+
+
+def _start_reading(model) -> _ModelReading:
+    """Refuse a model ropelens cannot read, and run the probes every layer's reading shares."""
+    hf = hf_model_of(model)
+    config = _text_config(hf)
+    tl_config = getattr(model, "cfg", None)
+    positional_embedding = getattr(tl_config, "positional_embedding_type", "rotary")
+    architecture = type(hf).__name__
+    if positional_embedding != "rotary":
+        raise NotRotaryError(
+            f"{architecture} uses {positional_embedding!r} position embeddings, not RoPE: ropelens "
+            "measures rotary models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute "
+            "position embeddings use ropelens.analyses.pe_similarity."
+        )
+    _refuse_bad_base(config, architecture)
+    _refuse_unsupported(model, config, architecture)
+    attentions = _attention_modules(model)
+    n_ctx = int(
+        getattr(config, "max_position_embeddings", None)
+        or getattr(config, "n_positions", 0)
+        or tl_config.n_ctx
+    )
+    return _ModelReading(
+        model=model,
+        hf=hf,
+        config=config,
+        architecture=architecture,
+        rotaries=_rotary_modules(hf),
+        attentions=attentions,
+        blocks=_blocks(model),
+        layer_types=getattr(config, "layer_types", None),
+        # GLM/ERNIE (rotary_adjacent_pairs) and Cohere (rotary_interleaved_cos_sin) rotate adjacent
+        # pairs, as GPT-J does; the bridge's own flags say so
+        declared_adjacent=declared_adjacent_pairs(model),
+        n_ctx=n_ctx,
+        rotary_calls=_rotary_calls(model, attentions),
+        called_rotation=_called_rotation(model, attentions) if is_mla(config) else None,
+    )
+
+
+def _layer_without_attention(reading: _ModelReading, index: int) -> LayerRope:
+    """A hybrid's linear-attention, convolution or state-space layer: listed, never measured."""
+    decoder = getattr(reading.blocks[index], "original_component", None)
+    mixer = _mixer(decoder)
+    kind, mixer_class = mixer or ("none", type(decoder).__name__)
+    return LayerRope(
+        layer=index,
+        inv_freq=torch.zeros(0),
+        head_dim=0,
+        rotary_dim=0,
+        pairing="half",
+        n_heads=0,
+        n_kv_heads=0,
+        score_scale=0.0,
+        kind=kind,  # type: ignore[arg-type]
+        mixer=mixer_class,
+        n_ctx=reading.n_ctx,
+    )
+
+
+def _layer_frequencies(
+    reading: _ModelReading, index: int, attention: torch.nn.Module, layer_type: str | None
+) -> tuple[torch.Tensor, float, tuple[str, int] | None]:
+    """(inv_freq, attention scaling, observed) of one attention layer.
+
+    ``inv_freq`` is empty for a NoPE layer; ``observed`` is the (pairing, direction) where the
+    rotation was measured instead of read.
+    """
+    all_parameters = getattr(reading.config, "rope_parameters", None)
+    observed = None
+    if isinstance(all_parameters, dict) and all_parameters.get(layer_type, ...) is None:
+        inv_freq, scaling = torch.zeros(0), 1.0  # a layer type without RoPE (Beam)
+    else:
+        try:
+            inv_freq, scaling = _inv_freq_for(reading.rotaries, attention, layer_type)
+        except _NoBuffer:
+            measured = _observed_rope(
+                reading.model, reading.attentions, index, reading.architecture
+            )
+            if measured is None:
+                inv_freq, scaling = torch.zeros(0), 1.0
+            else:
+                inv_freq, scaling, observed = measured[0], measured[1], measured[2:]
+    # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
+    # (the full-attention layers of Cohere 2 and EXAONE 4 skip apply_rotary_pos_emb)
+    calls = reading.rotary_calls
+    if not uses_rope(attention, reading.config, index) or (
+        calls is not None and index not in calls
+    ):
+        inv_freq = inv_freq[:0]
+    return inv_freq, scaling, observed
+
+
+def _layer_widths(
+    reading: _ModelReading, index: int, attention: torch.nn.Module, observed: tuple | None
+) -> dict[str, Any]:
+    """Head counts, head width, plane pairing and (multi-head latent attention) layout of one layer.
+
+    Read per layer: the attention module's own, else this layer's config (HF's per-layer config, as
+    Gemma 4's wider global heads use), else the model's; MLA per layer too (Dots 3's widths differ).
+    """
+    layer_cfg = layer_config(reading.config, index)
+    n_heads = heads_of(attention, layer_cfg)
+    head_dim = int(
+        getattr(attention, "head_dim", None)
+        or getattr(layer_cfg, "head_dim", None)
+        or layer_cfg.hidden_size // n_heads
+    )
+    mla = _mla_layout(reading.hf, layer_cfg, reading.called_rotation) if is_mla(layer_cfg) else None
+    adjacent = mla.pop("adjacent") if mla is not None else bool(reading.declared_adjacent)
+    if observed is not None:
+        adjacent = observed[0] == "adjacent"
+    if mla is not None:  # the score's head: no-position dims, then the rotary ones
+        head_dim = int(layer_cfg.qk_nope_head_dim) + int(layer_cfg.qk_rope_head_dim)
+    n_kv_heads = kv_heads_of(
+        attention, n_heads, int(getattr(layer_cfg, "num_key_value_heads", None) or n_heads)
+    )
+    return {
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv_heads,
+        "head_dim": head_dim,
+        "pairing": "adjacent" if adjacent else "half",
+        "mla": mla,
+    }
+
+
+def _layer_mask(
+    reading: _ModelReading, attention: torch.nn.Module, layer_type: str | None, rotary: bool
+) -> tuple[str, int | None, int | None]:
+    """(kind, window, chunk) of one attention layer's mask."""
+    config = reading.config
+    kind = _KIND.get(layer_type or "", "full")
+    window = getattr(attention, "sliding_window", None) if kind == "sliding" else None
+    if kind == "sliding" and window is None:
+        window = getattr(config, "sliding_window", None)
+    if (
+        reading.layer_types is None
+        and getattr(config, "sliding_window", None)
+        and getattr(config, "use_sliding_window", True)
+        and _masks_window(reading.hf)
+    ):
+        # Mistral, Mixtral, Starcoder2, Phi-3: one window for every layer, no layer_types
+        kind, window = "sliding", int(config.sliding_window)
+    # the size HF's chunked mask is built with
+    chunk = int(config.attention_chunk_size) if kind == "chunked" else None
+    if not rotary:
+        kind = "nope"  # a NoPE layer keeps its chunk: its mask is still the chunked one
+    return kind, int(window) if window else None, chunk
+
+
+def _attention_layer(reading: _ModelReading, index: int, attention: torch.nn.Module) -> LayerRope:
+    """The RoPE one softmax-attention layer applies, checked against its own rotation where seen."""
+    config = reading.config
+    layer_type = reading.layer_types[index] if reading.layer_types else None
+    inv_freq, scaling, observed = _layer_frequencies(reading, index, attention, layer_type)
+    widths = _layer_widths(reading, index, attention, observed)
+    mla = widths.pop("mla")
+    kind, window, chunk = _layer_mask(reading, attention, layer_type, bool(inv_freq.numel()))
+    parameters = _layer_rope_params(config, layer_type)
+    base = parameters.get("rope_theta", getattr(config, "rope_theta", None))
+    score_scale = getattr(attention, "scaling", None)
+    if score_scale is None:
+        score_scale = 1.0 / float(getattr(attention, "scale_attn", math.sqrt(widths["head_dim"])))
+    mixer = _mixer(getattr(reading.blocks[index], "original_component", None))
+    layer = LayerRope(
+        layer=index,
+        inv_freq=inv_freq,
+        rotary_dim=2 * inv_freq.numel(),
+        **widths,
+        score_scale=float(score_scale),
+        rope_type=str(parameters.get("rope_type", "default")),
+        base=float(base) if base is not None else _base_of(inv_freq, 2 * inv_freq.numel()),
+        rope_parameters={k: v for k, v in parameters.items() if jsonable(v)},
+        attention_scaling=scaling,
+        kind=kind,  # type: ignore[arg-type]
+        window=window,
+        chunk=chunk,
+        query_scale=query_scale(
+            attention,
+            inv_freq.numel(),
+            _passed_query_scale(attention, config, layer_type),
+        ),
+        select_keys=(
+            _select_keys(attention, config, reading.architecture, index)
+            if layer_type == "indexed_attention"
+            else None
+        ),
+        n_ctx=reading.n_ctx,
+        softcap=softcap_of(attention, config),
+        sinks=sinks_of(attention),
+        axes=plane_axes(reading.rotaries, inv_freq),
+        mixer=mixer[1] if mixer else None,
+        output_gate=output_gate(attention, widths["n_heads"], widths["head_dim"]),
+        direction=observed[1] if observed is not None else 1,
+        **(mla if mla is not None and inv_freq.numel() else {}),
+    )
+    return _checked_by_its_rotation(reading, layer)
+
+
+def _checked_by_its_rotation(reading: _ModelReading, layer: LayerRope) -> LayerRope:
+    """``layer`` turned and paired as its own rotation shows, and normed after it where it is.
+
+    The direction always, the pairing where no flag declares it, and whether its q and k pass a
+    per-head norm after the rotation.
+    """
+    calls = reading.rotary_calls
+    if calls is None or layer.layer not in calls or not layer.inv_freq.numel():
+        return layer
+    query, rotated_query, normed = calls[layer.layer]
+    # where no flag declares adjacent pairs (a plain HF model: Helium), its own rotation says which
+    layer = _with_direction(layer, query, rotated_query, pairing=reading.declared_adjacent is None)
+    return dataclasses.replace(layer, norm_after_rope=True) if normed else layer
+
+
+def rope_spec(model, *, length: int | None = None) -> RopeSpec:
+    """Read what each attention layer of the running model rotates (on ``length`` tokens).
 
     Read from the HF modules the bridge wraps (their ``inv_freq`` buffers, attention ``scaling``,
     config ``layer_types`` and ``rope_parameters``), never from ``cfg.rotary_base``.
+
+    Where the model's frequencies change with the input's length (dynamic NTK past the native
+    context, LongRoPE's long factors past ``original_max_position_embeddings``), the plain reading
+    gives a short input's and says in :attr:`RopeSpec.valid_up_to` up to which length they hold
+    (measured on the rotary modules); with ``length`` the rotary modules are run at that many
+    positions and each layer's frequencies and attention scaling are read as a forward of ``length``
+    tokens applies them (:attr:`RopeSpec.length`). A model whose frequencies hold for every length,
+    or one under a RoPE variant (which sets its own frequencies), reads the same at any ``length``.
+
+    Example::
+
+        spec = rope_spec(model, length=8192)  # the frequencies an 8192-token input is rotated by
     """
-    hf = hf_model_of(model)
-    cfg = _text_config(hf)
-    tl_cfg = getattr(model, "cfg", None)
-    pe_type = getattr(tl_cfg, "positional_embedding_type", "rotary")
-    arch = type(hf).__name__
-    if pe_type != "rotary":
-        raise NotRotaryError(
-            f"{arch} uses {pe_type!r} position embeddings, not RoPE: ropelens measures rotary "
-            "models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute position "
-            "embeddings use ropelens.analyses.pe_similarity."
-        )
-    _refuse_unsupported(model, cfg, arch)
-    rotaries = _rotary_modules(hf)
-    attns = _attention_modules(model)
-    layer_types = getattr(cfg, "layer_types", None)
-    # GLM/ERNIE (rotary_adjacent_pairs) and Cohere (rotary_interleaved_cos_sin) rotate adjacent pairs,
-    # as GPT-J does; the bridge's own flags say so.
-    declared = declared_adjacent_pairs(model)  # None: no flag says, the rotation is measured
-    adjacent = bool(declared)
-    n_ctx = int(
-        getattr(cfg, "max_position_embeddings", None)
-        or getattr(cfg, "n_positions", 0)
-        or tl_cfg.n_ctx
+    if length is not None:
+        length = check_positive_int(length, "length", " (the input's length in tokens)")
+    reading = _start_reading(model)
+    limit = None if active_plan(model) else _length_limit(model)
+    if limit is not None:  # the short reading: the rotary modules as a short input leaves them
+        for rotary in reading.rotaries:
+            _rotary_tables(rotary, reading.config, LENGTH_PROBE)
+    layers = [
+        _layer_without_attention(reading, index)
+        if attention is None
+        else _attention_layer(reading, index, attention)
+        for index, attention in enumerate(reading.attentions)
+    ]
+    layers = _with_temperature(model, reading.attentions, reading.config, layers)
+    spec = RopeSpec(
+        model_name=model_label(model),
+        architecture=reading.architecture,
+        layers=tuple(layers),
+        n_ctx=reading.n_ctx,
+        valid_up_to=limit,
     )
-    calls = _rotary_calls(model, attns)
-    blocks = _blocks(model)
-    called = _called_rotation(model, attns) if is_mla(cfg) else None
-    layers = []
-    for i, attn in enumerate(attns):
-        decoder = getattr(blocks[i], "original_component", None)
-        mixer = _mixer(decoder)
-        if (
-            attn is None
-        ):  # a hybrid's linear-attention, convolution or state-space layer: listed, never measured
-            kind, name = mixer or ("none", type(decoder).__name__)
-            layers.append(
-                LayerRope(
-                    layer=i,
-                    inv_freq=torch.zeros(0),
-                    head_dim=0,
-                    rotary_dim=0,
-                    pairing="half",
-                    n_heads=0,
-                    n_kv_heads=0,
-                    score_scale=0.0,
-                    kind=kind,
-                    mixer=name,  # type: ignore[arg-type]
-                    n_ctx=n_ctx,
-                )
-            )
-            continue
-        ltype = layer_types[i] if layer_types else None
-        rp_all = getattr(cfg, "rope_parameters", None)
-        observed = None  # (pairing, direction) where the rotation was measured rather than read from a buffer
-        if (
-            isinstance(rp_all, dict) and ltype in rp_all and rp_all[ltype] is None
-        ):  # a layer type without RoPE (Beam)
-            inv, scaling = torch.zeros(0), 1.0
-        else:
-            try:
-                inv, scaling = _inv_freq_for(rotaries, attn, ltype)
-            except _NoBuffer:
-                got = _observed_rope(model, attns, i, arch)
-                inv, scaling, observed = (
-                    (torch.zeros(0), 1.0, None) if got is None else (got[0], got[1], got[2:])
-                )
-        # NoPE layers: flagged by the model (SmolLM3, Llama 4), or never rotating in its forward
-        # (the full-attention layers of Cohere 2 and EXAONE 4 skip apply_rotary_pos_emb)
-        if not uses_rope(attn, cfg, i) or (calls is not None and i not in calls):
-            inv = inv[:0]
-        params = _layer_rope_params(cfg, ltype)
-        # widths and head counts per layer: the attention module's own, else this layer's config (HF's
-        # per-layer config, as Gemma 4's wider global heads use), else the model's
-        lcfg = layer_config(cfg, i)
-        n_heads = heads_of(attn, lcfg)
-        head_dim = int(
-            getattr(attn, "head_dim", None)
-            or getattr(lcfg, "head_dim", None)
-            or lcfg.hidden_size // n_heads
-        )
-        # multi-head latent attention, read per layer (Dots 3's widths differ between layers)
-        mla = _mla_layout(hf, lcfg, called) if is_mla(lcfg) else None
-        pairs_adjacent = mla.pop("adjacent") if mla is not None else adjacent
-        if observed is not None:
-            pairs_adjacent = observed[0] == "adjacent"
-        if mla is not None:  # the score's head: no-position dims, then the rotary ones
-            head_dim = int(lcfg.qk_nope_head_dim) + int(lcfg.qk_rope_head_dim)
-        n_kv = kv_heads_of(
-            attn, n_heads, int(getattr(lcfg, "num_key_value_heads", None) or n_heads)
-        )
-        scale = getattr(attn, "scaling", None)
-        if scale is None:
-            scale = 1.0 / float(getattr(attn, "scale_attn", math.sqrt(head_dim)))
-        kind = _KIND.get(ltype or "", "full")
-        window = getattr(attn, "sliding_window", None) if kind == "sliding" else None
-        if kind == "sliding" and window is None:
-            window = getattr(cfg, "sliding_window", None)
-        if (
-            layer_types is None
-            and getattr(cfg, "sliding_window", None)
-            and getattr(cfg, "use_sliding_window", True)
-            and _masks_window(hf)
-        ):
-            # Mistral, Mixtral, Starcoder2, Phi-3: one window for every layer, no layer_types
-            kind, window = "sliding", int(cfg.sliding_window)
-        chunk = (
-            int(cfg.attention_chunk_size) if kind == "chunked" else None
-        )  # the size HF's chunked mask is built with
-        if inv.numel() == 0:
-            kind = "nope"  # a NoPE layer keeps its chunk: its mask is still the chunked one
-        select = _select_keys(attn, cfg, arch, i) if ltype == "indexed_attention" else None
-        base = params.get("rope_theta", getattr(cfg, "rope_theta", None))
-        layers.append(
-            LayerRope(
-                layer=i,
-                inv_freq=inv,
-                head_dim=head_dim,
-                rotary_dim=2 * inv.numel(),
-                pairing="adjacent" if pairs_adjacent else "half",
-                n_heads=n_heads,
-                n_kv_heads=n_kv,
-                score_scale=float(scale),
-                rope_type=str(params.get("rope_type", "default")),
-                base=float(base) if base is not None else _base_of(inv, 2 * inv.numel()),
-                rope_parameters={k: v for k, v in params.items() if jsonable(v)},
-                attention_scaling=scaling,
-                kind=kind,  # type: ignore[arg-type]
-                window=int(window) if window else None,
-                chunk=chunk,
-                query_scale=query_scale(attn, inv.numel(), _passed_query_scale(attn, cfg, ltype)),
-                select_keys=select,
-                n_ctx=n_ctx,
-                softcap=softcap_of(attn, cfg),
-                sinks=sinks_of(attn),
-                axes=plane_axes(rotaries, inv),
-                mixer=mixer[1] if mixer else None,
-                output_gate=output_gate(attn, n_heads, head_dim),
-                direction=observed[1] if observed is not None else 1,
-                **(mla if mla is not None and inv.numel() else {}),
-            )
-        )
-        if calls is not None and i in calls and inv.numel():
-            q, q_rot, normed = calls[i]
-            # where no flag declares adjacent pairs (a plain HF model: Helium), its own rotation says which
-            layers[-1] = _with_direction(layers[-1], q, q_rot, pairing=declared is None)
-            if normed:
-                layers[-1] = dataclasses.replace(layers[-1], norm_after_rope=True)
-    layers = _with_temperature(model, attns, cfg, layers)
-    return RopeSpec(
-        model_name=model_label(model), architecture=arch, layers=tuple(layers), n_ctx=n_ctx
-    )
+    return spec if limit is None or length is None else _read_at_length(model, spec, length)
 
 
 def _with_temperature(model, attns, cfg, layers: list[LayerRope]) -> list[LayerRope]:
@@ -831,123 +988,143 @@ def _with_direction(
 
 
 # ---------------------------------------------------------------------------------------- length-dependent RoPE
-LENGTH_PROBE = (
-    8  # positions compared between a short call of a rotary module and one at the analysed length
-)
+LENGTH_PROBE = 8  # positions compared between a short call of a rotary module and a longer input's
 
 
 def _rotary_tables(
-    rot: torch.nn.Module, cfg, n: int, last: int | None = None
+    rotary: torch.nn.Module, config, n_positions: int, last: int | None = None
 ) -> list[tuple[torch.Tensor, ...]] | None:
-    """The (cos, sin) ``rot`` returns for positions 0..n−1 (and ``last`` after them: an input that long, without
-    its positions between), once per layer type it takes; None where it cannot be called as HF's rotary modules
-    are (``forward(x, position_ids[, layer_type])``)."""
-    import inspect
-
+    """The (cos, sin) ``rotary`` returns for positions 0..n_positions−1 (and ``last`` after them: an
+    input that long, without its positions between), once per layer type it takes; None where it
+    cannot be called as HF's rotary modules are (``forward(x, position_ids[, layer_type])``)."""
     try:
-        params = inspect.signature(rot.forward).parameters
+        parameters = inspect.signature(rotary.forward).parameters
     except (TypeError, ValueError):
         return None
-    buf = next((b for b in rot.buffers() if b.is_floating_point()), None)
-    device = buf.device if buf is not None else torch.device("cpu")
-    pos = torch.arange(n, device=device)
+    buffer = next((b for b in rotary.buffers() if b.is_floating_point()), None)
+    device = buffer.device if buffer is not None else torch.device("cpu")
+    positions = torch.arange(n_positions, device=device)
     if last is not None:
-        pos = torch.cat([pos, pos.new_tensor([last])])
-    pos = pos[None]
-    x = torch.zeros(1, 1, pos.shape[1], 1, device=device)
-    types = [None]
-    if "layer_type" in params:
-        types = sorted(set(getattr(cfg, "layer_types", None) or [])) or [None]
-    out = []
-    for lt in types:
+        positions = torch.cat([positions, positions.new_tensor([last])])
+    positions = positions[None]
+    hidden = torch.zeros(1, 1, positions.shape[1], 1, device=device)
+    layer_types = [None]
+    if "layer_type" in parameters:
+        layer_types = sorted(set(getattr(config, "layer_types", None) or [])) or [None]
+    tables = []
+    for layer_type in layer_types:
         try:
             with torch.no_grad():
-                got = rot(x, pos) if lt is None else rot(x, pos, lt)
+                if layer_type is None:
+                    got = rotary(hidden, positions)
+                else:
+                    got = rotary(hidden, positions, layer_type)
         except Exception:
             return None
         if not (isinstance(got, tuple) and all(isinstance(t, torch.Tensor) for t in got)):
             return None
-        out.append(tuple(t.detach().float().cpu() for t in got))
-    return out
+        tables.append(tuple(t.detach().float().cpu() for t in got))
+    return tables
+
+
+def _changes_by(rotary: torch.nn.Module, config, length: int) -> bool | None:
+    """Whether ``rotary`` gives the first :data:`LENGTH_PROBE` positions of a ``length``-token input
+    other tables than a short input's (None: it cannot be called so).
+
+    The module is left as a short input leaves it.
+    """
+    short = _rotary_tables(rotary, config, LENGTH_PROBE)
+    long = (
+        _rotary_tables(rotary, config, LENGTH_PROBE, last=length - 1) if short is not None else None
+    )
+    _rotary_tables(rotary, config, LENGTH_PROBE)  # HF's dynamic NTK resets on a short input
+    if long is None:
+        return None
+    return any(
+        not torch.equal(short_table, long_table[..., :LENGTH_PROBE, :])
+        for short_types, long_types in zip(short, long, strict=True)
+        for short_table, long_table in zip(short_types, long_types, strict=True)
+    )
+
+
+def _length_limit(model) -> int | None:
+    """The longest input whose rotary tables are a short input's, where a longer one gets others
+    (dynamic NTK past the native context, LongRoPE's long factors); None where no input up to twice
+    the native context changes them. Measured on the model's rotary modules by bisection, not read
+    from its config; cached on the model."""
+    cached = getattr(model, "_ropelens_length_limit", ...)
+    if cached is not ...:
+        return cached
+    hf = hf_model_of(model)
+    config = _text_config(hf)
+    n_ctx = int(getattr(config, "max_position_embeddings", None) or 0)
+    longest = max(2 * n_ctx, 2 * LENGTH_PROBE) + 1
+    limit = None
+    for rotary in _rotary_modules(hf):
+        if not _changes_by(rotary, config, longest):
+            continue
+        unchanged, changed = (
+            LENGTH_PROBE,
+            longest,
+        )  # tables of the first holds, of the second differ
+        while changed - unchanged > 1:
+            middle = (unchanged + changed) // 2
+            if _changes_by(rotary, config, middle):
+                changed = middle
+            else:
+                unchanged = middle
+        limit = unchanged if limit is None else min(limit, unchanged)
+    object.__setattr__(model, "_ropelens_length_limit", limit)
+    return limit
 
 
 def length_dependent(model) -> bool:
-    """Whether the model's rotary modules give other tables to the first positions of a long input than of a short
-    one (dynamic NTK past the native context, LongRoPE's short and long factors): measured by calling each rotary
-    module on :data:`LENGTH_PROBE` positions, alone and followed by one position past twice the model's context
-    (an input that long), not read from its config."""
-    hf = hf_model_of(model)
-    cfg = _text_config(hf)
-    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or 0)
-    for rot in _rotary_modules(hf):
-        short = _rotary_tables(rot, cfg, LENGTH_PROBE)
-        long = (
-            _rotary_tables(rot, cfg, LENGTH_PROBE, last=max(2 * n_ctx, 2 * LENGTH_PROBE))
-            if short is not None
-            else None
-        )
-        _rotary_tables(rot, cfg, LENGTH_PROBE)  # leave the module as a short input leaves it
-        if long is None:
-            continue
-        for s, lg in zip(short, long, strict=True):
-            if any(
-                not torch.equal(a, b[..., :LENGTH_PROBE, :]) for a, b in zip(s, lg, strict=True)
-            ):
-                return True
-    return False
+    """Whether the model's rotary modules give other tables to the first positions of a long input
+    than of a short one (dynamic NTK past the native context, LongRoPE's short and long factors)."""
+    return _length_limit(model) is not None
 
 
-def spec_at_length(model, spec: RopeSpec, n: int) -> RopeSpec:
-    """``spec`` as the model rotates an input of ``n`` tokens.
+def _read_at_length(model, spec: RopeSpec, length: int) -> RopeSpec:
+    """``spec`` (the short reading) with the frequencies a forward of ``length`` tokens applies.
 
-    A model whose rotary frequencies depend on the input's length (dynamic NTK past the native context,
-    LongRoPE's long factors past ``original_max_position_embeddings``) applies other frequencies to a
-    long window than the short forward :func:`rope_spec` reads: its rotary modules are run at ``n``
-    positions and each layer's frequencies and attention scaling read again, as its forward on ``n``
-    tokens applies them. Unchanged where the tables do not depend on the length (most models: checked by
-    :func:`length_dependent`, once per model). HF's dynamic NTK keeps the frequencies of the longest input
-    past the native context it has seen, until an input within it resets them: these are the frequencies the
-    model applies now, to inputs of ``n`` tokens. The verification then probes at ``n`` tokens
-    (:func:`ropelens.run.verify.verification` with ``length=n``), so the reading is proven at that length.
+    The rotary modules are run at ``length`` positions and each rotary layer's frequencies and
+    attention scaling read again. HF's dynamic NTK keeps the frequencies of the longest input past
+    the native context it has seen, until an input within it resets them: these are the
+    frequencies the model applies now, to inputs of ``length`` tokens.
     """
-    from dataclasses import replace
-
-    from ropelens.errors import UnsupportedModelError
-    from ropelens.spec.plan import active_plan
-
-    if active_plan(
-        model
-    ):  # a variant in force sets the frequencies itself; the model's buffers are not the spec's
-        return spec
-    flag = getattr(model, "_ropelens_length_dependent", None)
-    if flag is None:
-        flag = length_dependent(model)
-        object.__setattr__(model, "_ropelens_length_dependent", flag)
-    if not flag:
-        return spec
     hf = hf_model_of(model)
-    cfg = _text_config(hf)
+    config = _text_config(hf)
     rotaries = _rotary_modules(hf)
-    for rot in rotaries:
-        _rotary_tables(rot, cfg, n)  # the module now holds what a forward on n tokens holds
-    attns = _attention_modules(model)
-    layer_types = getattr(cfg, "layer_types", None)
+    for rotary in rotaries:
+        _rotary_tables(rotary, config, length)  # the module now holds what a forward on it holds
+    attentions = _attention_modules(model)
+    layer_types = getattr(config, "layer_types", None)
     layers = []
-    for lr in spec.layers:
-        if not lr.rotary or attns[lr.layer] is None:
-            layers.append(lr)
+    for layer in spec.layers:
+        if not layer.rotary or attentions[layer.layer] is None:
+            layers.append(layer)
             continue
-        ltype = layer_types[lr.layer] if layer_types else None
+        layer_type = layer_types[layer.layer] if layer_types else None
         try:
-            inv, scaling = _inv_freq_for(rotaries, attns[lr.layer], ltype)
+            inv_freq, scaling = _inv_freq_for(rotaries, attentions[layer.layer], layer_type)
         except _NoBuffer:
-            inv, scaling = None, None
-        if inv is None or inv.shape != lr.inv_freq.shape:
-            raise UnsupportedModelError(
-                f"{spec.architecture}: the rotary tables of layer {lr.layer} change with the input's length, and ropelens "
-                f"cannot read the frequencies a forward of {n} tokens applies (its rotary module holds "
-                f"{'no inv_freq' if inv is None else f'{inv.numel()} frequencies, the reading {lr.inv_freq.numel()}'}): "
-                f"measure windows within the native context of {spec.n_ctx:,} tokens (--n-ctx), where the reading holds"
+            inv_freq, scaling = None, None
+        if inv_freq is None or inv_freq.shape != layer.inv_freq.shape:
+            held = (
+                "no inv_freq"
+                if inv_freq is None
+                else f"{inv_freq.numel()} frequencies, the reading {layer.inv_freq.numel()}"
             )
-        layers.append(replace(lr, inv_freq=inv.to(lr.inv_freq.dtype), attention_scaling=scaling))
-    return replace(spec, layers=tuple(layers))
+            raise UnsupportedModelError(
+                f"{spec.architecture}: the rotary tables of layer {layer.layer} change with the "
+                f"input's length, and ropelens cannot read the frequencies a forward of {length} "
+                f"tokens applies (its rotary module holds {held}): measure windows within the "
+                f"first {spec.valid_up_to:,} tokens (--n-ctx), where the reading holds"
+            )
+        layers.append(
+            dataclasses.replace(
+                layer, inv_freq=inv_freq.to(layer.inv_freq.dtype), attention_scaling=scaling
+            )
+        )
+    valid_up_to = max(spec.valid_up_to, length)
+    return dataclasses.replace(spec, layers=tuple(layers), length=length, valid_up_to=valid_up_to)

@@ -513,6 +513,13 @@ class RopeSpec:
     architecture: str
     layers: tuple[LayerRope, ...]
     n_ctx: int
+    # where the frequencies change with the input's length (dynamic NTK, LongRoPE): the longest
+    # input, in tokens, they hold for (a reading at a length past the short reading's limit: that
+    # length); None where they hold for every length
+    valid_up_to: int | None = None
+    # the input length the frequencies were read at (rope_spec(model, length=n)), where they depend
+    # on it
+    length: int | None = None
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -750,6 +757,8 @@ class RopeSpec:
                     "planes_beyond_ctx": int((wl > self.n_ctx).sum()),
                 }
             )
+            if self.valid_up_to is not None:  # frequencies that change with the input's length
+                rows[-1].update(read_at_length=self.length, valid_up_to=self.valid_up_to)
             if any(
                 x.shared_rotary_key for x in self.layers
             ):  # multi-head latent attention: where the planes sit
@@ -775,6 +784,8 @@ class RopeSpec:
             "model_name": self.model_name,
             "architecture": self.architecture,
             "n_ctx": self.n_ctx,
+            "valid_up_to": self.valid_up_to,
+            "length": self.length,
             "layers": [lr.to_dict() for lr in self.layers],
         }
 
@@ -788,10 +799,14 @@ class RopeSpec:
             architecture=d["architecture"],
             n_ctx=int(d["n_ctx"]),
             layers=tuple(LayerRope.from_dict(x) for x in d["layers"]),
+            valid_up_to=d.get("valid_up_to"),
+            length=d.get("length"),
         )
 
     def _repr_html_(self) -> str:
         head = f"<b>{self.model_name}</b> ({self.architecture}), {self.n_layers} layers, n_ctx {self.n_ctx}"
+        if self.valid_up_to is not None:
+            head += f", frequencies hold for inputs up to {self.valid_up_to:,} tokens"
         return head + self.summary().to_html(index=False)
 
 

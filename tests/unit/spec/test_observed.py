@@ -12,7 +12,7 @@ import ropelens
 from ropelens.errors import UnsupportedModelError
 from ropelens.loading.models import wrap_hf_model
 from ropelens.run.verify import verify_model
-from ropelens.spec.observed import measure_rotation
+from ropelens.spec.observed import measure_rotation, proven_table_frequencies
 from ropelens.spec.rope import LayerRope
 from ropelens.testing import tiny_hf_model, tiny_tokenizer
 
@@ -42,6 +42,25 @@ def test_measured_rotation_gives_pairing_frequencies_and_direction(pairing, dire
     assert obs.pairing == pairing and obs.direction == direction and obs.differs() is None
     torch.testing.assert_close(obs.inv_freq.float(), lr.inv_freq, rtol=1e-6, atol=1e-7)
     assert math.isclose(float(obs.scale[0]), 1.25, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("pairing", ["half", "adjacent"])
+def test_tables_handed_to_a_rotation_are_read_only_where_the_rotation_applies_them(pairing):
+    """θ from the tables' row 1 where the fitted rotation turns every plane by their angles; tables
+    the rotation does not apply (another base) are not taken."""
+    lr = _layer(pairing)
+    x = torch.randn(2, 3, 7, 16, generator=torch.Generator().manual_seed(0))
+    observed = measure_rotation(x, lr.rotate(x, torch.arange(7)), 2)
+    angles = torch.arange(7, dtype=torch.float32)[:, None] * lr.inv_freq[None]  # [pos, plane]
+    doubled = (
+        torch.cat([angles, angles], -1) if pairing == "half" else angles.repeat_interleave(2, -1)
+    )
+    read = proven_table_frequencies(observed, doubled.cos()[None], doubled.sin()[None])
+    torch.testing.assert_close(read, lr.inv_freq.double(), rtol=1e-7, atol=0)
+    per_plane = proven_table_frequencies(observed, angles.cos()[None], angles.sin()[None])
+    torch.testing.assert_close(per_plane, lr.inv_freq.double(), rtol=1e-7, atol=0)
+    other = torch.arange(7, dtype=torch.float32)[:, None] * _layer(pairing, base=101.0).inv_freq
+    assert proven_table_frequencies(observed, other.cos()[None], other.sin()[None]) is None
 
 
 def test_a_rotation_that_is_not_rope_is_described_as_observed():
