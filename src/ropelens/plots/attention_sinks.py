@@ -22,13 +22,14 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
     fig = make_subplots(
         rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.16
     )
-    H = snk.sums["p0_sum"].shape[1]
+    n_heads = snk.sums["p0_sum"].shape[1]
     fig.add_trace(
         go.Heatmap(
-            z=snk.mean_attention().numpy(),
-            x=list(
-                range(H)
-            ),  # NaN (heads a layer lacks): empty y=list(snk.layers), zmin=0, zmax=1,
+            z=snk.mean_attention().numpy(),  # NaN (heads a layer lacks) draws as an empty cell
+            x=list(range(n_heads)),
+            y=list(snk.layers),
+            zmin=0,
+            zmax=1,
             colorscale="Viridis",
             colorbar={"x": 0.44, "len": 0.4, "y": 0.8},
             hovertemplate="layer %{y} head %{x}<br>attention to 0: %{z:.3f}<extra></extra>",
