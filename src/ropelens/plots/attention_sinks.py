@@ -59,7 +59,7 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
             zmin=-lim,
             zmax=lim,
             colorbar={"x": 0.44, "len": 0.4, "y": 0.2},
-            hovertemplate="layer %{y} · %{x}<br>sink logit %{z:.3f}<extra></extra>",
+            hovertemplate="layer %{y} · band %{x}<br>sink logit %{z:.3f}<extra></extra>",
         ),
         row=2,
         col=1,
@@ -74,7 +74,7 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
             zmid=0,
             customdata=r.numpy(),
             colorbar={"title": "log₂", "len": 0.4, "y": 0.2},
-            hovertemplate="layer %{y} · %{x}<br>%{customdata:.2f}×<extra></extra>",
+            hovertemplate="layer %{y} · band %{x}<br>%{customdata:.2f}×<extra></extra>",
         ),
         row=2,
         col=2,
@@ -83,6 +83,7 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
         fig.update_yaxes(autorange="reversed", title_text="layer", row=rr, col=cc)
     fig.update_xaxes(title_text="head", row=1, col=1)
     fig.update_xaxes(title_text="layer", row=1, col=2)
+    fig.update_xaxes(title_text="band", row=2)
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=2)
     fig.update_layout(
         title=f"Attention sinks — {snk.provenance.model} ({snk.bands.describe()})",
