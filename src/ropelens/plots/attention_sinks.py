@@ -19,6 +19,7 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
         "sink logit by band, heads averaged",
         "key norm at position 0 ÷ other positions, by band",
     ]
+    # Layer axes are categories: one row (or bar) per measured layer, even when they skip some.
     fig = make_subplots(
         rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.16
     )
@@ -80,9 +81,9 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
         col=2,
     )
     for rr, cc in ((1, 1), (2, 1), (2, 2)):
-        fig.update_yaxes(autorange="reversed", title_text="layer", row=rr, col=cc)
+        fig.update_yaxes(autorange="reversed", title_text="layer", type="category", row=rr, col=cc)
     fig.update_xaxes(title_text="head", row=1, col=1)
-    fig.update_xaxes(title_text="layer", row=1, col=2)
+    fig.update_xaxes(title_text="layer", type="category", row=1, col=2)
     fig.update_xaxes(title_text="band", row=2)
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=2)
     fig.update_layout(

@@ -47,7 +47,8 @@ def band_statistics_figure(st: BandStatistics, layer: int | None = None) -> go.F
             band_statistics_heatmap(st, metric, layer, coloraxis="coloraxis"), row=1, col=c
         )
         fig.update_xaxes(title_text="band", row=1, col=c)
-    fig.update_yaxes(autorange="reversed")  # every panel: first layer (or head) at the top
+    # every panel: first layer (or head) at the top, one row per measured layer
+    fig.update_yaxes(autorange="reversed", type="category")
     fig.update_yaxes(title_text="layer" if layer is None else "head", col=1)
     fig.update_layout(
         coloraxis={"colorscale": "RdBu", "cmid": 0},

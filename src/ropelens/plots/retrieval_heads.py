@@ -26,9 +26,7 @@ def retrieval_figure(rh: RetrievalHeads) -> go.Figure:
     fig.update_layout(
         title=f"Retrieval scores — {rh.provenance.model}",
         xaxis_title="head",
-        yaxis={
-            "title": "layer",
-            "autorange": "reversed",
-        },  # layer 0 at the top, as in the other figures
+        # layer 0 at the top and one row per layer, as in the other figures
+        yaxis={"title": "layer", "autorange": "reversed", "type": "category"},
     )
     return fig

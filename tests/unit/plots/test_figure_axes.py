@@ -445,11 +445,15 @@ def hover_role(trace: Any, dim: str) -> str | None:
     return role_of(found[-1].split("<br>")[-1]) if found else None
 
 
+def axis_of(fig: go.Figure, trace: Any, dim: str) -> Any:
+    """The layout of the ``dim`` axis (``x`` or ``y``) the trace is drawn on."""
+    ref = getattr(trace, f"{dim}axis", None) or dim  # "x", "x2", …
+    return fig.layout[f"{dim}axis{ref[1:]}"]
+
+
 def axis_title(fig: go.Figure, trace: Any, dim: str) -> str | None:
-    """The title of the ``dim`` axis (``x`` or ``y``) the trace is drawn on."""
-    ref = getattr(trace, f"{dim}axis", None) or dim
-    axis = fig.layout[f"{dim}axis{ref[1:]}"]
-    return axis.title.text
+    """The title of the ``dim`` axis the trace is drawn on."""
+    return axis_of(fig, trace, dim).title.text
 
 
 def axis_values(trace: Any, dim: str) -> list[Any]:
@@ -515,6 +519,15 @@ def check_axes(fig: go.Figure, expect: dict[str, list[Any]]) -> None:
             assert set(values) <= set(wanted), f"{where}: {values} not within {wanted}"
 
 
+def check_layer_categories(fig: go.Figure) -> None:
+    """Layer axes of numbers are categories: a row per measured layer, none for layers skipped."""
+    for role, dim, trace, _values in labelled_axes(fig):
+        labels = list(trace[dim] if trace[dim] is not None else [])
+        if role == "layer" and labels and not isinstance(labels[0], str):
+            axis_type = axis_of(fig, trace, dim).type
+            assert axis_type == "category", f"{trace.type} {trace.name!r}: {dim} is {axis_type!r}"
+
+
 def check_named_layers(fig: go.Figure, measured: list[int]) -> None:
     """Every layer the title or a subplot title names was measured."""
     texts = [fig.layout.title.text or "", *subplot_titles(fig)]
@@ -545,8 +558,11 @@ def test_every_figure_labels_its_axes_with_what_was_measured(key, draw, tmp_path
     cases = maker(tmp_path) if maker in NEEDS_FOLDER else maker()
     for case in cases:
         assert isinstance(case.result, cls)
-        fig = as_figure(draw(case.result, *case.args, **case.kwargs))
+        drawn = draw(case.result, *case.args, **case.kwargs)
+        fig = as_figure(drawn)
         check_axes(fig, case.expect)
+        if isinstance(drawn, go.Figure):  # a lone trace leaves its axes to the figure it joins
+            check_layer_categories(fig)
         check_named_layers(fig, getattr(case.result, "layers", MEASURED))
         if case.check is not None:
             case.check(fig)
