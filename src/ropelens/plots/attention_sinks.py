@@ -19,16 +19,18 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
         "sink logit by band, heads averaged",
         "key norm at position 0 ÷ other positions, by band",
     ]
+    # Layer axes are categories: one row (or bar) per measured layer, even when they skip some.
     fig = make_subplots(
         rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.16
     )
-    H = snk.sums["p0_sum"].shape[1]
+    n_heads = snk.sums["p0_sum"].shape[1]
     fig.add_trace(
         go.Heatmap(
-            z=snk.mean_attention().numpy(),
-            x=list(
-                range(H)
-            ),  # NaN (heads a layer lacks): empty y=list(snk.layers), zmin=0, zmax=1,
+            z=snk.mean_attention().numpy(),  # NaN (heads a layer lacks) draws as an empty cell
+            x=list(range(n_heads)),
+            y=list(snk.layers),
+            zmin=0,
+            zmax=1,
             colorscale="Viridis",
             colorbar={"x": 0.44, "len": 0.4, "y": 0.8},
             hovertemplate="layer %{y} head %{x}<br>attention to 0: %{z:.3f}<extra></extra>",
@@ -58,7 +60,7 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
             zmin=-lim,
             zmax=lim,
             colorbar={"x": 0.44, "len": 0.4, "y": 0.2},
-            hovertemplate="layer %{y} · %{x}<br>sink logit %{z:.3f}<extra></extra>",
+            hovertemplate="layer %{y} · band %{x}<br>sink logit %{z:.3f}<extra></extra>",
         ),
         row=2,
         col=1,
@@ -73,15 +75,16 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
             zmid=0,
             customdata=r.numpy(),
             colorbar={"title": "log₂", "len": 0.4, "y": 0.2},
-            hovertemplate="layer %{y} · %{x}<br>%{customdata:.2f}×<extra></extra>",
+            hovertemplate="layer %{y} · band %{x}<br>%{customdata:.2f}×<extra></extra>",
         ),
         row=2,
         col=2,
     )
     for rr, cc in ((1, 1), (2, 1), (2, 2)):
-        fig.update_yaxes(autorange="reversed", title_text="layer", row=rr, col=cc)
+        fig.update_yaxes(autorange="reversed", title_text="layer", type="category", row=rr, col=cc)
     fig.update_xaxes(title_text="head", row=1, col=1)
-    fig.update_xaxes(title_text="layer", row=1, col=2)
+    fig.update_xaxes(title_text="layer", type="category", row=1, col=2)
+    fig.update_xaxes(title_text="band", row=2)
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=2)
     fig.update_layout(
         title=f"Attention sinks — {snk.provenance.model} ({snk.bands.describe()})",

@@ -84,7 +84,7 @@ def band_location_figure(fb: BandLocation) -> go.Figure:
             col=2,
         )
     fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=1)
-    fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
+    fig.update_yaxes(title_text="layer", autorange="reversed", type="category", row=1, col=1)
     fig.update_layout(
         title=f"Frequency bands ({'queries' if fb.which == 'q' else 'keys'}) — {fb.provenance.model}",
         height=440,

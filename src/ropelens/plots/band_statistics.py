@@ -19,17 +19,17 @@ def band_statistics_heatmap(
     """Layer × band (head-averaged) or, for one layer, head × band."""
     z = getattr(st, metric)()
     if layer is None:
-        z2, y = z.nanmean(1), list(st.layers)  # heads a layer lacks (NaN) left out
+        z2, y, ylab = z.nanmean(1), list(st.layers), "layer"  # heads a layer lacks (NaN) left out
     else:
         li = st.layers.index(layer)
         n_heads = int(st.present()[li].sum())
-        z2, y = z[li, :n_heads], list(range(n_heads))
+        z2, y, ylab = z[li, :n_heads], list(range(n_heads)), "head"
     return go.Heatmap(
         z=z2.numpy(),
         x=list(st.band_names),
         y=y,
         coloraxis=coloraxis,
-        hovertemplate=f"%{{y}} · %{{x}}<br>{metric} %{{z:.3f}}<extra></extra>",
+        hovertemplate=f"{ylab} %{{y}} · band %{{x}}<br>{metric} %{{z:.3f}}<extra></extra>",
     )
 
 
@@ -46,7 +46,9 @@ def band_statistics_figure(st: BandStatistics, layer: int | None = None) -> go.F
         fig.add_trace(
             band_statistics_heatmap(st, metric, layer, coloraxis="coloraxis"), row=1, col=c
         )
-    fig.update_yaxes(autorange="reversed")  # every panel: first layer (or head) at the top
+        fig.update_xaxes(title_text="band", row=1, col=c)
+    # every panel: first layer (or head) at the top, one row per measured layer
+    fig.update_yaxes(autorange="reversed", type="category")
     fig.update_yaxes(title_text="layer" if layer is None else "head", col=1)
     fig.update_layout(
         coloraxis={"colorscale": "RdBu", "cmid": 0},

@@ -61,7 +61,8 @@ def usage_figure(u: FrequencyUsage, scope: Scope = "all", layer: int | None = No
             usage_heatmap(u, w, scope, layer=layer, coloraxis="coloraxis"), row=1, col=col
         )  # type: ignore[arg-type]
         fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=col)
-    fig.update_yaxes(title_text="layer" if layer is None else "head", autorange="reversed")
+        rows = "layer" if layer is None else ("head" if w == "q" else "kv head")
+        fig.update_yaxes(title_text=rows, autorange="reversed", type="category", row=1, col=col)
     fig.update_layout(
         coloraxis={"colorscale": "Viridis", "colorbar": {"title": "mean ‖·‖"}},
         title=f"Frequency usage — {u.provenance.model} ({'all tokens' if scope == 'all' else 'sink positions excluded'})",

@@ -59,7 +59,8 @@ def heads_figure(tax: HeadTaxonomy) -> go.Figure:
         row=1,
         col=2,
     )
-    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    fig.update_yaxes(autorange="reversed", title_text="layer.head", row=1, col=2)
+    fig.update_xaxes(title_text="band", row=1, col=2)
     fig.update_xaxes(title_text="text", range=[0, 1.02], row=1, col=1)
     fig.update_yaxes(title_text="random tokens", range=[0, 1.02], row=1, col=1)
     # The legend goes under the plots, so it never covers the heatmap's colorbar on the right.

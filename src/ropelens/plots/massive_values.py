@@ -65,7 +65,7 @@ def massive_figure(mv: MassiveValues) -> go.Figure:
             col=col,
         )
         fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=col)
-    fig.update_yaxes(title_text="layer", autorange="reversed")
+    fig.update_yaxes(title_text="layer", autorange="reversed", type="category")
     fig.update_layout(
         coloraxis={"colorscale": "Viridis", "colorbar": {"title": "log10 ratio"}},
         title=f"Massive values — {mv.provenance.model} (× = norm > {mv.factor:g}× head mean)",

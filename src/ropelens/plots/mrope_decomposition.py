@@ -38,6 +38,10 @@ def mrope_figure(
             row=1,
             col=2,
         )
+    fig.update_xaxes(title_text="head", row=1, col=1)
+    fig.update_yaxes(title_text="share of |logit|", row=1, col=1)
+    fig.update_xaxes(title_text="distance along the axis", row=1, col=2)
+    fig.update_yaxes(title_text="mean attention", row=1, col=2)
     fig.update_layout(
         barmode="stack", title=f"Layer {layer}: M-RoPE axes (batch {batch})", height=360
     )

@@ -33,7 +33,7 @@ def positional_symbolic_figure(ps: PositionalSymbolic) -> go.Figure:
             row=1,
             col=col,
         )
-        fig.update_yaxes(autorange="reversed", title_text="layer", row=1, col=col)
+        fig.update_yaxes(autorange="reversed", title_text="layer", type="category", row=1, col=col)
         fig.update_xaxes(title_text="head", row=1, col=col)
     p, s = ps.scores("logit")
     have = ps.present().reshape(-1)

@@ -67,7 +67,9 @@ def offsets_figure(off: RotaryOffsets, layer: int | None = None) -> go.Figure:
             fig.add_vline(
                 x=int(partial[0]) - 0.5, line_dash="dash", line_color="white", row=1, col=col
             )
-    fig.update_yaxes(title_text="layer" if layer is None else "head", autorange="reversed")
+    fig.update_yaxes(
+        title_text="layer" if layer is None else "head", autorange="reversed", type="category"
+    )
     fig.update_layout(
         coloraxis={"colorscale": "Viridis", "colorbar": {"x": 0.29, "len": 0.8}},
         coloraxis2={"colorscale": "Viridis", "colorbar": {"x": 0.645, "len": 0.8}},

@@ -15,14 +15,19 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.report import html as H
 from ropelens.report import registry as _sections
 from ropelens.report.collect import ReportData, collect, evenly_spaced
+from ropelens.report.experiments import load_experiments
 from ropelens.report.section import Section
 from ropelens.results.provenance import Provenance, git_commit, untested_versions, versions
 from ropelens.run.data import analysis_windows
+from ropelens.run.distributed import is_main, local
+from ropelens.run.verify import skip_verification, verification
 from ropelens.spec.bands import Bands
+from ropelens.spec.reading import rope_spec
 from ropelens.validate import check_positive_int
 
 __all__ = [
@@ -205,104 +210,131 @@ def build_report(
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
     device, dtype = _check_model(model, device, dtype)
-    tokens = check_positive_int(tokens, "tokens")
-    n_ctx = check_positive_int(n_ctx, "n_ctx")
-    batch_size = check_positive_int(batch_size, "batch_size")
-    bands = (
-        Bands.default()
-        if bands is None
-        else Bands.parse(bands)
-        if isinstance(bands, str)
-        else bands
-    )
-    if not isinstance(bands, Bands):
-        raise TypeError(
-            f"bands must be a spec such as 'quantiles:4' or a Bands, got {type(bands).__name__}"
-        )
-    if quick:
-        n_ctx = min(n_ctx, QUICK["n_ctx"])
-        tokens = QUICK["windows"] * n_ctx
-    if tokens < n_ctx:
-        raise InputError(
-            f"tokens={tokens} is fewer than one window of n_ctx={n_ctx}: raise tokens or lower n_ctx"
-        )
-    if band_tokens is not None and band_tokens < n_ctx:
-        raise InputError(
-            f"band_tokens={band_tokens} is fewer than one window of n_ctx={n_ctx}: raise it or pass None (all)"
-        )
+    tokens, n_ctx, batch_size = _check_budget(tokens, n_ctx, batch_size, band_tokens, quick)
+    bands = _check_bands(bands)
     out_dir = check_output_dir(out)
-    from ropelens.report.experiments import load_experiments
-
     exps = load_experiments(experiments)  # a bad folder fails before the model loads
     corpus_obj, corpus_info = resolve_corpus(corpus)
     with _timed(steps, "load_model"):
         model, label = _load(model, device, dtype)
-    from ropelens.devices import device_of
-    from ropelens.run.distributed import is_main, local
-    from ropelens.run.verify import skip_verification, verification
-    from ropelens.spec.reading import rope_spec
-
     spec = rope_spec(model)
-    chosen = _choose_layers(spec, layers, quick)
-    for L in chosen:
-        bands.resolve(spec.layers[L])  # an impossible band spec fails now, not after the pass
-    bands.require_planes(
-        [spec.layers[L] for L in chosen]
-    )  # so does a band holding no plane in any layer
-    n_ctx, window_note = _fit_windows(spec, chosen, n_ctx)
+    chosen, n_ctx, window_note = _choose_measured(spec, bands, layers, quick, n_ctx)
     with _timed(steps, "verify"):
         verified = verification(model, spec, verify=verify)
-    with (
-        contextlib.nullcontext() if verify else skip_verification(model)
-    ):  # every step measures unverified too
-        with _timed(steps, "tokenize"):
-            toks, _, _ = analysis_windows(model.tokenizer, corpus_obj, n_ctx, tokens)
-            toks = toks[
-                : max(1, tokens // int(toks.shape[1]))
-            ]  # a token tensor is held to the budget too
-        settings = {
-            "tokens": tokens,
-            "n_ctx": n_ctx,
-            "bands": bands.describe(),
-            "layers": chosen,
-            "quick": quick,
-            "band_tokens": band_tokens,
-            "batch_size": batch_size,
-            "device": str(device_of(model)),
-            "experiments": None if experiments is None else str(experiments),
-            "verification": verified.to_dict(),
-            **({"n_ctx_note": window_note} if window_note else {}),
-        }
-        band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
-        data = collect(
-            model,
-            toks,
-            label=label,
-            spec=spec,
-            layers=chosen,
-            bands=bands,
-            band_windows=band_windows,
-            corpus=corpus_info,
-            settings=settings,
-            batch_size=batch_size,
-            progress=progress,
-        )
-        steps.update(data.steps)
-        if (
-            not is_main()
-        ):  # under torch.distributed every rank measured; rank 0 alone renders and writes
+    settings = {
+        "tokens": tokens,
+        "n_ctx": n_ctx,
+        "bands": bands.describe(),
+        "layers": chosen,
+        "quick": quick,
+        "band_tokens": band_tokens,
+        "batch_size": batch_size,
+        "device": str(device_of(model)),
+        "experiments": None if experiments is None else str(experiments),
+        "verification": verified.to_dict(),
+        **({"n_ctx_note": window_note} if window_note else {}),
+    }
+    # every step measures unverified too when verification is off
+    with contextlib.nullcontext() if verify else skip_verification(model):
+        data = _collect_windows(
+            model, corpus_obj, corpus_info, spec=spec, bands=bands, label=label, settings=settings,
+            steps=steps, progress=progress,
+        )  # fmt: skip
+        if not is_main():  # under torch.distributed every rank measured; rank 0 alone writes
             return out_dir
         data.experiments = exps
         with local():  # rank 0 alone measures the sections: the model runs in this process only
             measure_sections(data, progress)
-    steps.update(
-        {k: v for k, v in data.steps.items() if k not in steps}
-    )  # what the measure steps timed
+    steps.update({k: v for k, v in data.steps.items() if k not in steps})  # the measure steps'
     with _timed(steps, "render"):
         sections = render_sections(data, progress)
     with _timed(steps, "write"):
         _write(out_dir, data, sections, steps, t_start)
     return out_dir
+
+
+def _collect_windows(
+    model: Any,
+    corpus: Any,
+    corpus_info: dict[str, Any],
+    *,
+    spec: Any,
+    bands: Bands,
+    label: str,
+    settings: dict[str, Any],
+    steps: dict[str, float],
+    progress: bool,
+) -> ReportData:
+    """Tokenize the report's windows (their budget is in ``settings``) and stream them."""
+    tokens, n_ctx, band_tokens = settings["tokens"], settings["n_ctx"], settings["band_tokens"]
+    with _timed(steps, "tokenize"):
+        toks, _, _ = analysis_windows(model.tokenizer, corpus, n_ctx, tokens)
+        toks = toks[: max(1, tokens // int(toks.shape[1]))]  # a token tensor keeps the budget too
+    band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
+    data = collect(
+        model,
+        toks,
+        label=label,
+        spec=spec,
+        layers=settings["layers"],
+        bands=bands,
+        band_windows=band_windows,
+        corpus=corpus_info,
+        settings=settings,
+        batch_size=settings["batch_size"],
+        progress=progress,
+    )
+    steps.update(data.steps)
+    return data
+
+
+def _check_budget(
+    tokens: int, n_ctx: int, batch_size: int, band_tokens: int | None, quick: bool
+) -> tuple[int, int, int]:
+    """The token budget, window length and batch size, checked (and cut to the quick report's)."""
+    tokens = check_positive_int(tokens, "tokens")
+    n_ctx = check_positive_int(n_ctx, "n_ctx")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    if quick:
+        n_ctx = min(n_ctx, QUICK["n_ctx"])
+        tokens = QUICK["windows"] * n_ctx
+    if tokens < n_ctx:
+        raise InputError(
+            f"tokens={tokens} is fewer than one window of n_ctx={n_ctx}: raise tokens or lower "
+            "n_ctx"
+        )
+    if band_tokens is not None and band_tokens < n_ctx:
+        raise InputError(
+            f"band_tokens={band_tokens} is fewer than one window of n_ctx={n_ctx}: raise it or "
+            "pass None (all)"
+        )
+    return tokens, n_ctx, batch_size
+
+
+def _check_bands(bands: str | Bands | None) -> Bands:
+    """The report's bands: the default for None, parsed from a spec such as ``'quantiles:4'``."""
+    if bands is None:
+        return Bands.default()
+    if isinstance(bands, str):
+        return Bands.parse(bands)
+    if not isinstance(bands, Bands):
+        raise TypeError(
+            f"bands must be a spec such as 'quantiles:4' or a Bands, got {type(bands).__name__}"
+        )
+    return bands
+
+
+def _choose_measured(
+    spec, bands: Bands, layers: Sequence[int] | None, quick: bool, n_ctx: int
+) -> tuple[list[int], int, str | None]:
+    """The layers to measure, the window length they allow and its note; an impossible band spec, or
+    a band holding no plane in any chosen layer, fails here, not after the pass."""
+    chosen = _choose_layers(spec, layers, quick)
+    for layer in chosen:
+        bands.resolve(spec.layers[layer])
+    bands.require_planes([spec.layers[layer] for layer in chosen])
+    n_ctx, window_note = _fit_windows(spec, chosen, n_ctx)
+    return chosen, n_ctx, window_note
 
 
 def _fit_windows(spec, layers: Sequence[int], n_ctx: int) -> tuple[int, str | None]:

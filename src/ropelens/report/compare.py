@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from plotly.offline import get_plotlyjs
 from ropelens.errors import InputError
 from ropelens.plots.style import style_figure
 from ropelens.report.html import esc, figure_html, page, table_html
+from ropelens.validate import check_output_path
 
 __all__ = ["compare_reports"]
 
@@ -209,101 +211,110 @@ def _largest(d: pd.DataFrame) -> tuple[int, str, float]:
     return int(idx[0]), str(idx[1]), float(s[idx])
 
 
-def compare_reports(
-    a: str | os.PathLike[str], b: str | os.PathLike[str], out: str | os.PathLike[str]
-) -> Path:
-    """Write the comparison page of report directories ``a`` and ``b`` into ``out`` (atomically per file)."""
-    from ropelens.validate import check_output_path
+@dataclass
+class _Comparison:
+    """What the comparison page holds: findings, sections and the tables written beside it."""
 
-    A, B = _read(Path(a)), _read(Path(b))
-    for flag, folder in (("A", a), ("B", b)):
-        if Path(out).expanduser().resolve() == Path(folder).expanduser().resolve():
-            raise InputError(
-                f"the output directory {out} is report {flag}: writing there would mix the comparison "
-                "into the report; pass another --out"
-            )
-    check_output_path(out, "--out", directory=True)
+    findings: list[str] = field(default_factory=list)
+    sections: list[tuple[str, str]] = field(default_factory=list)  # (title, html)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
-    def name(r):
-        return f"{r['report']['model']['name']} on {r['report']['corpus'].get('name')}"
 
-    na, nb = name(A), name(B)
-    sections, tables, findings = [], {}, []
+def _report_name(report: dict[str, Any]) -> str:
+    """``MODEL on CORPUS`` for a report read by :func:`_read`."""
+    return f"{report['report']['model']['name']} on {report['report']['corpus'].get('name')}"
 
-    ea = _layer_band(A["energy"], "energy_share", which="q", scope="no_sink")
-    eb = _layer_band(B["energy"], "energy_share", which="q", scope="no_sink")
-    d, fig = _diff_map(ea, eb, "query energy share")
-    tables["energy_diff"] = d.reset_index()
-    L, band, v = _largest(d)
-    findings.append(
-        f"Query energy moved most in layer {L}, band {band}: {v:+.3f} of the layer's energy (B − A)."
+
+def _compare_energy(a: dict[str, Any], b: dict[str, Any], comparison: _Comparison) -> None:
+    """Query energy share per layer and band (sink positions excluded), B − A."""
+    energy_a = _layer_band(a["energy"], "energy_share", which="q", scope="no_sink")
+    energy_b = _layer_band(b["energy"], "energy_share", which="q", scope="no_sink")
+    diff, fig = _diff_map(energy_a, energy_b, "query energy share")
+    comparison.tables["energy_diff"] = diff.reset_index()
+    layer, band, change = _largest(diff)
+    comparison.findings.append(
+        f"Query energy moved most in layer {layer}, band {band}: {change:+.3f} of the layer's "
+        "energy (B − A)."
     )
-    sections.append(("Frequency usage", figure_html(fig)))
+    comparison.sections.append(("Frequency usage", figure_html(fig)))
 
-    ma, mb = (
-        _layer_band(A["band_stats"], "margin_share"),
-        _layer_band(B["band_stats"], "margin_share"),
+
+def _compare_margin(a: dict[str, Any], b: dict[str, Any], comparison: _Comparison) -> None:
+    """Each band's share of the attended-key margin per layer, B − A."""
+    margin_a = _layer_band(a["band_stats"], "margin_share")
+    margin_b = _layer_band(b["band_stats"], "margin_share")
+    diff, fig = _diff_map(margin_a, margin_b, "share of the attended-key margin")
+    comparison.tables["margin_diff"] = diff.reset_index()
+    layer, band, change = _largest(diff)
+    comparison.findings.append(
+        f"The attended-key margin moved most in layer {layer}, band {band}: {change:+.3f} of the "
+        "margin."
     )
-    d, fig = _diff_map(ma, mb, "share of the attended-key margin")
-    tables["margin_diff"] = d.reset_index()
-    L, band, v = _largest(d)
-    findings.append(
-        f"The attended-key margin moved most in layer {L}, band {band}: {v:+.3f} of the margin."
+    comparison.sections.append(("Band decomposition", figure_html(fig)))
+
+
+def _positional_heads(heads: pd.DataFrame) -> dict[tuple[int, int], str]:
+    """(layer, head) -> kind of every positional head in a report's heads table."""
+    return {(int(r.layer), int(r.head)): r.kind for r in heads[heads.positional].itertuples()}
+
+
+def _compare_heads(a: dict[str, Any], b: dict[str, Any], comparison: _Comparison) -> None:
+    """The positional heads B gained and lost against A (when both reports scored heads)."""
+    if a["heads"] is None or b["heads"] is None:
+        return
+    heads_a, heads_b = _positional_heads(a["heads"]), _positional_heads(b["heads"])
+    gained, lost = sorted(set(heads_b) - set(heads_a)), sorted(set(heads_a) - set(heads_b))
+    rows = [{"layer": L, "head": h, "change": "gained", "kind": heads_b[L, h]} for L, h in gained]
+    rows += [{"layer": L, "head": h, "change": "lost", "kind": heads_a[L, h]} for L, h in lost]
+    frame = pd.DataFrame(rows, columns=["layer", "head", "change", "kind"])
+    comparison.tables["heads_diff"] = frame
+    comparison.findings.append(
+        f"Positional heads: {len(heads_a)} in A, {len(heads_b)} in B; {len(gained)} gained and "
+        f"{len(lost)} lost."
     )
-    sections.append(("Band decomposition", figure_html(fig)))
+    comparison.sections.append(
+        ("Positional heads", table_html(frame, text_cols=("change", "kind")))
+    )
 
-    if A["heads"] is not None and B["heads"] is not None:
 
-        def pos(h):
-            return {(int(r.layer), int(r.head)): r.kind for r in h[h.positional].itertuples()}
+def _compare_sinks(a: dict[str, Any], b: dict[str, Any], comparison: _Comparison) -> None:
+    """The share of sinking heads per layer in A and B (when both reports measured sinks)."""
+    if a["sinks_layers"] is None or b["sinks_layers"] is None:
+        return
+    shares = a["sinks_layers"][["layer", "sinking_share"]].merge(
+        b["sinks_layers"][["layer", "sinking_share"]], on="layer", suffixes=(" A", " B")
+    )
+    shares["Δ"] = shares["sinking_share B"] - shares["sinking_share A"]
+    comparison.tables["sinks_diff"] = shares
+    top = shares.iloc[int(shares["Δ"].abs().to_numpy().argmax())]
+    comparison.findings.append(
+        f"Sinking heads: {shares['sinking_share A'].mean():.2f} of heads per layer in A, "
+        f"{shares['sinking_share B'].mean():.2f} in B; the largest change is layer "
+        f"{int(top.layer)} ({top['Δ']:+.2f})."
+    )
+    fig = go.Figure(
+        [go.Bar(x=shares.layer, y=shares[f"sinking_share {k}"], name=k) for k in ("A", "B")]
+    )
+    fig.update_layout(title="share of heads that sink, per layer", barmode="group")
+    fig.update_xaxes(title_text="layer", type="category")  # a bar per measured layer
+    comparison.sections.append(("Attention sinks", figure_html(style_figure(fig, height=360))))
 
-        pa, pb = pos(A["heads"]), pos(B["heads"])
-        rows = [
-            {"layer": k[0], "head": k[1], "change": "gained", "kind": pb[k]}
-            for k in sorted(set(pb) - set(pa))
-        ]
-        rows += [
-            {"layer": k[0], "head": k[1], "change": "lost", "kind": pa[k]}
-            for k in sorted(set(pa) - set(pb))
-        ]
-        frame = pd.DataFrame(rows, columns=["layer", "head", "change", "kind"])
-        tables["heads_diff"] = frame
-        findings.append(
-            f"Positional heads: {len(pa)} in A, {len(pb)} in B; {len(set(pb) - set(pa))} gained and "
-            f"{len(set(pa) - set(pb))} lost."
-        )
-        sections.append(("Positional heads", table_html(frame, text_cols=("change", "kind"))))
 
-    if A["sinks_layers"] is not None and B["sinks_layers"] is not None:
-        s = A["sinks_layers"][["layer", "sinking_share"]].merge(
-            B["sinks_layers"][["layer", "sinking_share"]], on="layer", suffixes=(" A", " B")
-        )
-        s["Δ"] = s["sinking_share B"] - s["sinking_share A"]
-        tables["sinks_diff"] = s
-        top = s.iloc[int(s["Δ"].abs().to_numpy().argmax())]
-        findings.append(
-            f"Sinking heads: {s['sinking_share A'].mean():.2f} of heads per layer in A, "
-            f"{s['sinking_share B'].mean():.2f} in B; the largest change is layer {int(top.layer)} "
-            f"({top['Δ']:+.2f})."
-        )
-        fig = go.Figure([go.Bar(x=s.layer, y=s[f"sinking_share {k}"], name=k) for k in ("A", "B")])
-        fig.update_layout(title="share of heads that sink, per layer", barmode="group")
-        sections.append(("Attention sinks", figure_html(style_figure(fig, height=360))))
-
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _comparison_html(comparison: _Comparison, name_a: str, name_b: str) -> str:
+    """The comparison page: what changed, then one section per comparison."""
+    sections = comparison.sections
     body = (
         '<section id="findings"><h2>What changed</h2><ul>'
-        + "".join(f"<li>{esc(f)}</li>" for f in findings)
+        + "".join(f"<li>{esc(f)}</li>" for f in comparison.findings)
         + "</ul></section>"
         + "".join(
             f'<section id="s{i}"><h2>{esc(t)}</h2>{h}</section>'
             for i, (t, h) in enumerate(sections)
         )
     )
-    html = page(
+    return page(
         title="ropelens comparison",
-        subtitle=f"A: <b>{esc(na)}</b> · B: <b>{esc(nb)}</b> · B − A",
+        subtitle=f"A: <b>{esc(name_a)}</b> · B: <b>{esc(name_b)}</b> · B − A",
         nav=[
             ("findings", "What changed", True),
             *((f"s{i}", t, True) for i, (t, _) in enumerate(sections)),
@@ -312,22 +323,51 @@ def compare_reports(
         footer="ropelens compare",
         plotly_js=get_plotlyjs(),
     )
-    summary = {
-        "a": str(a),
-        "b": str(b),
-        "a_model": na,
-        "b_model": nb,
-        "findings": findings,
-        "tables": [f"{k}.csv" for k in tables],
-    }
+
+
+def _write_comparison(
+    out_dir: Path, tables: dict[str, pd.DataFrame], summary: dict[str, Any], html: str
+) -> None:
+    """Write the tables, ``compare.json`` and ``index.html`` into ``out_dir``, each atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".ropelens-compare-", dir=out_dir))
     try:
-        for k, frame in tables.items():
-            frame.to_csv(tmp / f"{k}.csv", index=False)
+        for key, frame in tables.items():
+            frame.to_csv(tmp / f"{key}.csv", index=False)
         (tmp / "compare.json").write_text(json.dumps(summary, indent=1))
         (tmp / "index.html").write_text(html, encoding="utf-8")
-        for f in [*(f"{k}.csv" for k in tables), "compare.json", "index.html"]:
+        for f in [*(f"{key}.csv" for key in tables), "compare.json", "index.html"]:
             os.replace(tmp / f, out_dir / f)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def compare_reports(
+    a: str | os.PathLike[str], b: str | os.PathLike[str], out: str | os.PathLike[str]
+) -> Path:
+    """Write the comparison page of report directories ``a`` and ``b`` into ``out`` (atomically per
+    file)."""
+    report_a, report_b = _read(Path(a)), _read(Path(b))
+    for flag, folder in (("A", a), ("B", b)):
+        if Path(out).expanduser().resolve() == Path(folder).expanduser().resolve():
+            raise InputError(
+                f"the output directory {out} is report {flag}: writing there would mix the "
+                "comparison into the report; pass another --out"
+            )
+    check_output_path(out, "--out", directory=True)
+    name_a, name_b = _report_name(report_a), _report_name(report_b)
+    comparison = _Comparison()
+    for compare in (_compare_energy, _compare_margin, _compare_heads, _compare_sinks):
+        compare(report_a, report_b, comparison)
+    summary = {
+        "a": str(a),
+        "b": str(b),
+        "a_model": name_a,
+        "b_model": name_b,
+        "findings": comparison.findings,
+        "tables": [f"{key}.csv" for key in comparison.tables],
+    }
+    out_dir = Path(out)
+    html = _comparison_html(comparison, name_a, name_b)
+    _write_comparison(out_dir, comparison.tables, summary, html)
     return out_dir

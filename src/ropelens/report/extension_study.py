@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ropelens.analyses.extension_study import ExtensionStudy
+import pandas as pd
+import plotly.offline
+
+from ropelens.analyses.extension_study import ExtensionStudy, ranking
 from ropelens.plots.extension_study import (
     attention_figure,
     loss_figure,
@@ -14,6 +17,7 @@ from ropelens.plots.extension_study import (
     planes_figure,
 )
 from ropelens.report import html as H
+from ropelens.results.findings import Finding
 from ropelens.results.serialize import atomic_write_text
 
 __all__ = ["SECTIONS", "TABLES", "study_page", "write_study"]
@@ -30,11 +34,8 @@ SECTIONS = (
 TABLES = ("loss", "passkey", "attention", "attention_heads", "planes", "predictors", "ranking")
 
 
-def _tables(study: ExtensionStudy) -> dict:
-    import pandas as pd
-
-    from ropelens.analyses.extension_study import ranking
-
+def _tables(study: ExtensionStudy) -> dict[str, pd.DataFrame]:
+    """The study's tables by name (:data:`TABLES`), methods ranked best first."""
     rank = pd.DataFrame(ranking(study))
     if not rank.empty:
         rank.insert(0, "rank", range(1, len(rank) + 1))
@@ -50,122 +51,133 @@ def _tables(study: ExtensionStudy) -> dict:
     }
 
 
+def _findings_html(findings: list[Finding], section: str) -> str:
+    """The study's findings for one section as a list (empty when it has none)."""
+    texts = [f.text for f in findings if f.section == section]
+    if not texts:
+        return ""
+    return '<ul class="findings">' + "".join(f"<li>{H.esc(t)}</li>" for t in texts) + "</ul>"
+
+
+def _by_method_label(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table with each method shown by its label (the ``label`` column becomes ``method``)."""
+    return frame.drop(columns=["method"]).rename(columns={"label": "method"})
+
+
+def _summary_html(tables: dict[str, pd.DataFrame]) -> str:
+    """The methods ranked, with what the ranking means."""
+    lead = (
+        '<p class="lead">Methods ranked by passkey recall at the longest passkey length, then by '
+        "loss at the target. <i>limit</i>: the longest input whose angles all stay within "
+        "training (per-plane view).</p>"
+    )
+    rank = tables["ranking"]
+    if rank.empty:
+        return lead
+    rank = rank.assign(method=[method_label(m) for m in rank["method"]])
+    return lead + H.table_html(rank, text_cols=("method",))
+
+
+def _loss_html(study: ExtensionStudy, tables: dict[str, pd.DataFrame]) -> str:
+    """Loss by length per method: the figure and its table."""
+    caption = (
+        "Mean next-token loss over the same windows for every method; bars: 95% bootstrap CI "
+        "over windows."
+    )
+    return H.figure_html(loss_figure(study), caption) + H.table_html(
+        _by_method_label(tables["loss"]), text_cols=("method", "same_as")
+    )
+
+
+def _passkey_html(study: ExtensionStudy, tables: dict[str, pd.DataFrame]) -> str:
+    """Passkey accuracy per method, length and depth: the figure and its table."""
+    if not study.passkey_cells:
+        return '<p class="note">No passkey lengths were measured.</p>'
+    return H.figure_html(passkey_figure(study)) + H.table_html(
+        _by_method_label(tables["passkey"]), text_cols=("method", "answers")
+    )
+
+
+def _attention_html(study: ExtensionStudy, tables: dict[str, pd.DataFrame]) -> str:
+    """Attention entropy and divergence per method, length and layer kind."""
+    if not study.attention_cells:
+        return '<p class="note">No attention was measured.</p>'
+    caption = (
+        "Entropy: −Σ p ln p of every query row, averaged over the layers, heads and rows of a "
+        "kind. JS: the Jensen–Shannon divergence of each row from the unmodified model's row on "
+        "the same tokens, within the native context."
+    )
+    lead = (
+        '<p class="lead">Per method, length and layer kind: mean row entropy, KL(method ‖ '
+        "unmodified) and JS divergence from the unmodified model's attention (nats; lengths within "
+        "the native context), and the mean matrix entropy of the heads' post-RoPE query Gram "
+        "(entropy of its normalised eigenvalues; per head in <code>attention_heads.csv</code>).</p>"
+    )
+    table = H.table_html(
+        _by_method_label(tables["attention"]), text_cols=("method", "kind", "same_as")
+    )
+    return H.figure_html(attention_figure(study), caption) + lead + table
+
+
+def _planes_html(study: ExtensionStudy, tables: dict[str, pd.DataFrame]) -> str:
+    """What each method does to every plane: a figure per layer kind, and the roles counted."""
+    planes = tables["planes"]
+    counts = (
+        planes.groupby(["kind", "variant", "role"]).size().unstack(fill_value=0).reset_index()
+        if not planes.empty
+        else planes
+    )
+    kinds = dict.fromkeys(p["kind"] for p in study.planes)
+    figures = "".join(H.figure_html(planes_figure(study, kind)) for kind in kinds)
+    return figures + H.table_html(counts, text_cols=("kind", "variant"))
+
+
+def _provenance_html(study: ExtensionStudy) -> str:
+    """Where the study's numbers come from: model, corpus, settings, versions, time and files."""
+    prov, settings = study.provenance, study.provenance.config
+    corpus = f"{H.esc(prov.corpus)} <code>{H.esc(prov.corpus_sha256 or '–')}</code>"
+    run_time = f"{prov.seconds or 0:.1f} s ({settings.get('cells_reused', 0)} cells read from disk)"
+    files = ("study.json", *(f"{t}.csv" for t in TABLES))
+    return H.kv_table(
+        [
+            ("model", H.esc(prov.model)),
+            ("corpus", corpus),
+            ("settings", "<code>" + H.esc(json.dumps(settings)) + "</code>"),
+            ("variants", "<code>" + H.esc(json.dumps(study.variants)) + "</code>"),
+            ("versions", H.esc(", ".join(f"{k} {v}" for k, v in prov.versions.items()))),
+            ("commit", f"<code>{H.esc(prov.commit or '–')}</code>"),
+            ("created", H.esc(prov.created)),
+            ("run time", run_time),
+            ("files", " ".join(f"<code>{name}</code>" for name in files)),
+        ]
+    )
+
+
 def study_page(study: ExtensionStudy) -> str:
     """The whole page as one HTML string (plotly.js embedded once, nothing fetched)."""
-    import plotly.offline
-
     tables = _tables(study)
     findings = study.findings()
-    by_section: dict[str, list] = {}
-    for f in findings:
-        by_section.setdefault(f.section, []).append(f)
-
-    def items(section: str) -> str:
-        fs = by_section.get(section, [])
-        return (
-            '<ul class="findings">' + "".join(f"<li>{H.esc(f.text)}</li>" for f in fs) + "</ul>"
-            if fs
-            else ""
-        )
-
-    loss = tables["loss"].drop(columns=["method"]).rename(columns={"label": "method"})
-    rank = tables["ranking"]
-    if not rank.empty:
-        rank = rank.assign(method=[method_label(m) for m in rank["method"]])
-    pk = tables["passkey"]
-    planes_counts = (
-        tables["planes"]
-        .groupby(["kind", "variant", "role"])
-        .size()
-        .unstack(fill_value=0)
-        .reset_index()
-        if not tables["planes"].empty
-        else tables["planes"]
-    )
-    s = study.provenance.config
-    body = {
-        "summary": items("summary")
-        + '<p class="lead">Methods ranked by passkey recall at the longest passkey '
-        "length, then by loss at the target. <i>limit</i>: the longest input whose angles all stay within "
-        "training (per-plane view).</p>"
-        + (H.table_html(rank, text_cols=("method",)) if not rank.empty else ""),
-        "loss": items("loss")
-        + H.figure_html(
-            loss_figure(study),
-            "Mean next-token loss over the same windows for "
-            "every method; bars: 95% bootstrap CI over windows.",
-        )
-        + H.table_html(loss, text_cols=("method", "same_as")),
-        "passkey": (
-            items("passkey")
-            + H.figure_html(passkey_figure(study))
-            + H.table_html(
-                pk.drop(columns=["method"]).rename(columns={"label": "method"}),
-                text_cols=("method", "answers"),
-            )
-        )
-        if study.passkey_cells
-        else '<p class="note">No passkey lengths were measured.</p>',
-        "attention": (
-            items("attention")
-            + H.figure_html(
-                attention_figure(study),
-                "Entropy: −Σ p ln p of every query row, averaged over the layers, heads and "
-                "rows of a kind. JS: the Jensen–Shannon divergence of each row from the unmodified model's row on the same "
-                "tokens, within the native context.",
-            )
-            + '<p class="lead">Per method, length and layer kind: mean row entropy, KL(method ‖ unmodified) and JS '
-            "divergence from the unmodified model's attention (nats; lengths within the native context), and the mean "
-            "matrix entropy of the heads' post-RoPE query Gram (entropy of its normalised eigenvalues; per head in "
-            "<code>attention_heads.csv</code>).</p>"
-            + H.table_html(
-                tables["attention"].drop(columns=["method"]).rename(columns={"label": "method"}),
-                text_cols=("method", "kind", "same_as"),
-            )
-        )
-        if study.attention_cells
-        else '<p class="note">No attention was measured.</p>',
-        "planes": items("planes")
-        + "".join(
-            H.figure_html(planes_figure(study, k))
-            for k in dict.fromkeys(p["kind"] for p in study.planes)
-        )
-        + H.table_html(planes_counts, text_cols=("kind", "variant")),
-        "predictors": items("predictors")
-        + H.table_html(tables["predictors"], text_cols=("kind", "layers", "rope_type")),
-        "provenance": H.kv_table(
-            [
-                ("model", H.esc(study.provenance.model)),
-                (
-                    "corpus",
-                    f"{H.esc(study.provenance.corpus)} <code>{H.esc(study.provenance.corpus_sha256 or '–')}</code>",
-                ),
-                ("settings", "<code>" + H.esc(json.dumps(s)) + "</code>"),
-                ("variants", "<code>" + H.esc(json.dumps(study.variants)) + "</code>"),
-                (
-                    "versions",
-                    H.esc(", ".join(f"{k} {v}" for k, v in study.provenance.versions.items())),
-                ),
-                ("commit", f"<code>{H.esc(study.provenance.commit or '–')}</code>"),
-                ("created", H.esc(study.provenance.created)),
-                (
-                    "run time",
-                    f"{study.provenance.seconds or 0:.1f} s ({s.get('cells_reused', 0)} cells read from disk)",
-                ),
-                (
-                    "files",
-                    " ".join(
-                        f"<code>{n}</code>" for n in ("study.json", *(f"{t}.csv" for t in TABLES))
-                    ),
-                ),
-            ]
-        ),
+    drawn = {
+        "summary": _summary_html(tables),
+        "loss": _loss_html(study, tables),
+        "passkey": _passkey_html(study, tables),
+        "attention": _attention_html(study, tables),
+        "planes": _planes_html(study, tables),
+        "predictors": H.table_html(tables["predictors"], text_cols=("kind", "layers", "rope_type")),
     }
+    # a section's findings lead it; a section with nothing measured shows its note alone
+    measured = {"passkey": study.passkey_cells, "attention": study.attention_cells}
+    body = {
+        key: (_findings_html(findings, key) if measured.get(key, True) else "") + html
+        for key, html in drawn.items()
+    }
+    body["provenance"] = _provenance_html(study)
     blocks = [f'<section id="{k}"><h2>{H.esc(t)}</h2>{body[k]}</section>' for k, t in SECTIONS]
+    lengths = ", ".join(f"{n:,}" for n in study.lengths)
     return H.page(
-        title=f"ropelens extension-planes extension — {study.provenance.model}",
+        title=f"ropelens context extension — {study.provenance.model}",
         subtitle=f"<b>{study.native:,}</b> → <b>{study.target:,}</b> tokens · "
-        f"{len(study.methods)} methods · lengths {', '.join(f'{n:,}' for n in study.lengths)}",
+        f"{len(study.methods)} methods · lengths {lengths}",
         nav=[(k, t, True) for k, t in SECTIONS],
         body="\n".join(blocks),
         plotly_js=plotly.offline.get_plotlyjs(),
