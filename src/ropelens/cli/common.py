@@ -31,6 +31,7 @@ import numpy as np
 from ropelens.errors import InputError, UsageError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 from ropelens.loading.models import DTYPES as MODEL_DTYPES
+from ropelens.spec.bands import Bands
 from ropelens.validate import check_output_path
 
 DTYPES = {
@@ -451,15 +452,20 @@ class AnalysisOptions(OptionGroup):
 
     @classmethod
     def add_to(
-        cls, parser: argparse.ArgumentParser, *, bands: bool = True
+        cls, parser: argparse.ArgumentParser, *, bands: bool = True, default_bands: Any = None
     ) -> argparse._ArgumentGroup:
-        """``--layers``, and ``--bands`` unless ``bands=False``."""
-        return super().add_to(parser, omit=() if bands else ("bands",), bands="quantiles:<=4")
+        """``--layers``, and ``--bands`` unless ``bands=False``; ``default_bands``: the analysis's own
+        default :class:`ropelens.spec.bands.Bands` (default: ``Bands.default()``, as most analyses)."""
+        default = (default_bands or Bands.default()).describe()
+        group = super().add_to(parser, omit=("bands",), bands=default)
+        if bands:
+            field = next(f for f in dataclasses.fields(cls) if f.name == "bands")
+            help_text = field.metadata["help"].split(" (default")[0] + f" (default: {default})"
+            _add_field(group, field, default, help=help_text)
+        return group
 
     def parsed_bands(self):
         """The :class:`ropelens.spec.bands.Bands` of ``--bands`` (None without the flag)."""
-        from ropelens.spec.bands import Bands
-
         return None if self.bands is None else Bands.parse(self.bands, flag="--bands")
 
     def __post_init__(self) -> None:

@@ -429,18 +429,16 @@ def test_tokens_no_corpus_could_hold_are_refused_with_the_maximum(
     ).startswith(NO_MODEL)
 
 
-@pytest.mark.parametrize("command", ["head-taxonomy", "prope-sweep"])
-def test_windows_no_corpus_could_hold_are_refused(command, tmp_path, capsys):
+@pytest.mark.parametrize("command", ["head-taxonomy", "prope-sweep", "knockout"])
+def test_tokens_no_corpus_could_hold_are_refused(command, tmp_path, capsys):
     got = fails(
-        [command, "no-such-model", "--n-ctx", "64", "--windows", "100000000"], tmp_path, capsys
+        [command, "no-such-model", "--n-ctx", "64", "--tokens", "6400000000"], tmp_path, capsys
     )
-    assert (
-        got.startswith("--windows 100,000,000 is more than corpus 'english")
-        and "--corpus" not in got
-    )
-    most = int(re.search(r"pass --windows (\d+) or fewer", got).group(1))
+    assert got.startswith("--tokens 6,400,000,000 is more than corpus 'english")
+    assert got.endswith("or fewer, or a larger --corpus")
+    most = int(re.search(r"pass --tokens (\d+) or fewer", got).group(1))
     assert fails(
-        [command, "no-such-model", "--n-ctx", "64", "--windows", str(most)], tmp_path, capsys
+        [command, "no-such-model", "--n-ctx", "64", "--tokens", str(most)], tmp_path, capsys
     ).startswith(NO_MODEL)
 
 
@@ -455,21 +453,23 @@ def _small(monkeypatch):
 def test_windows_past_the_corpus_are_noted(tiny_dir, monkeypatch, capsys):
     _small(monkeypatch)
     path = str(tiny_dir("llama"))
-    assert main(["head-taxonomy", path, "--n-ctx", "32", "--windows", "40", "--json"]) == 0
+    assert main(["head-taxonomy", path, "--n-ctx", "32", "--tokens", "1280", "--json"]) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert out["n_windows"] < 40 and out["n_ctx"] == 32
     assert _notes(captured.err) == [
-        f"ropelens: note: --windows 40 asks for 40 windows of 32 tokens but corpus 'small' "
+        f"ropelens: note: --tokens 1,280 asks for 40 windows of 32 tokens but corpus 'small' "
         f"holds {out['n_windows']}: measured all {out['n_windows']} "
         f"({out['n_windows'] * 32:,} tokens)"
     ]
-    assert main(["prope-sweep", path, "--n-ctx", "32", "--windows", "8", "--p", "1", "--json"]) == 0
+    assert (
+        main(["prope-sweep", path, "--n-ctx", "32", "--tokens", "256", "--p", "1", "--json"]) == 0
+    )
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert out["windows"] < 8
     assert _notes(captured.err) == [
-        f"ropelens: note: --windows 8 asks for 8 windows of 32 tokens but corpus "
+        f"ropelens: note: --tokens 256 asks for 8 windows of 32 tokens but corpus "
         f"'small[val]' holds {out['windows']}: measured all {out['windows']} "
         f"({out['windows'] * 32:,} tokens)"
     ]

@@ -132,7 +132,7 @@ def test_variants_and_truncate_commands(tiny_dir, capsys):
     )
     assert all(v == 0.0 for v in rows[1]["inv_freq_after"])
     assert (
-        main(["prope-sweep", path, "--p", "0,1", "--windows", "2", "--n-ctx", "32", "--json"]) == 0
+        main(["prope-sweep", path, "--p", "0,1", "--tokens", "64", "--n-ctx", "32", "--json"]) == 0
     )
     out = _json.loads(capsys.readouterr().out)
     assert [r["p"] for r in out["rows"]] == [0.0, 1.0] and all(
@@ -464,8 +464,8 @@ def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
             [
                 "head-taxonomy",
                 path,
-                "--windows",
-                "2",
+                "--tokens",
+                "64",
                 "--n-ctx",
                 "32",
                 "--json",
@@ -479,11 +479,6 @@ def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
     got = json.loads(captured.out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert got["heads"][0]["mass_text"] is None
     assert HeadTaxonomy.load(saved).tau == got["tau"]
-    old = tmp_path / "old.json"
-    assert main(["head-taxonomy", path, "--windows", "2", "--n-ctx", "32", "--out", str(old)]) == 0
-    assert old.exists() and "--out is deprecated; use --save" in capsys.readouterr().err
-    assert main(["head-taxonomy", "--help"]) == 0
-    assert "--out" not in capsys.readouterr().out  # hidden: --save is the spelling to learn
 
 
 @pytest.mark.parametrize(

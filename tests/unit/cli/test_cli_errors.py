@@ -187,11 +187,11 @@ BEFORE_THE_MODEL = [
     (["knockout", "--random", "-1"], "argument --random: expected an integer ≥ 0, got -1"),
     (["knockout", "--save", "{tmp}"], "is a directory: pass a file path"),
     # heads, truncate, context, the other corpus commands, decompose
-    (["head-taxonomy", "--windows", "0"], "argument --windows: expected a positive integer, got 0"),
+    (["head-taxonomy", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
     (["head-taxonomy", "--n-ctx", "1"], "argument --n-ctx: a window needs at least 2 tokens"),
     (["head-taxonomy", "--checkpoint", "{file}"], "--checkpoint {file} is a file"),
     (["head-taxonomy", "--save", "{file}/h.json"], "{file} is a file, not a directory"),
-    (["prope-sweep", "--windows", "0"], "argument --windows: expected a positive integer, got 0"),
+    (["prope-sweep", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
     (["prope-sweep", "--n-ctx", "x"], "argument --n-ctx: expected a positive integer, got 'x'"),
     (["prope-sweep", "--p", "x"], "--p must be a comma-separated list of numbers, got 'x'"),
     (["prope-sweep", "--p", "1.5"], "p must be >= 0 and <= 1, got 1.5"),
