@@ -154,28 +154,8 @@ def options(p: argparse.ArgumentParser) -> None:
     OutputOptions.add_to(p, save="Knockout JSON")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Dose-response knockouts of RoPE planes in head sets
-
-    Zeroes k planes (highest frequencies first, lowest first, or random: the control) of the rotated queries and
-    keys of a head set, for each dose k, and every whole head; reports the paired effect on loss, the positional
-    probe (previous-token and diagonal attention on random tokens) and retrieval (passkey copy steps) with bootstrap
-    CIs over windows, and layer-clustered permutation p-values against random planes and random head sets.
-    """
-
-    output = OutputOptions.from_args(args)
-    output.check()
-    corpus_options = CorpusOptions.from_args(args)
-    corpus = corpus_options.load()
-    n_windows = max(1, (corpus_options.tokens or TOKENS) // corpus_options.n_ctx)
-    if corpus_options.tokens not in (None, TOKENS):
-        check_windows_fit(
-            corpus,
-            corpus_options.n_ctx,
-            corpus_options.tokens,
-            "--tokens",
-            per_window=corpus_options.n_ctx,
-        )
+def _choices(args: argparse.Namespace) -> tuple:
+    """--heads or --sets, --directions, --metrics, --doses and --control-doses, parsed and named."""
     sets = (
         {"custom": parse_heads(args.heads)}
         if args.heads
@@ -189,6 +169,32 @@ def run(args: argparse.Namespace) -> int:
         if args.control_doses
         else None
     )
+    return sets, directions, metrics, doses, control
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dose-response knockouts of RoPE planes in head sets
+
+    Zeroes k planes (highest frequencies first, lowest first, or random: the control) of the rotated queries and
+    keys of a head set, for each dose k, and every whole head; reports the paired effect on loss, the positional
+    probe (previous-token and diagonal attention on random tokens) and retrieval (passkey copy steps) with bootstrap
+    CIs over windows, and layer-clustered permutation p-values against random planes and random head sets.
+    """
+
+    output = OutputOptions.from_args(args)
+    output.check()
+    corpus_options = CorpusOptions.from_args(args)
+    corpus = corpus_options.load()
+    n_windows = max(1, corpus_options.tokens // corpus_options.n_ctx)
+    if corpus_options.tokens != TOKENS:  # the default is not the user's request
+        check_windows_fit(
+            corpus,
+            corpus_options.n_ctx,
+            corpus_options.tokens,
+            "--tokens",
+            per_window=corpus_options.n_ctx,
+        )
+    sets, directions, metrics, doses, control = _choices(args)
     r = relay(
         knockout,
         load_from_args(args),

@@ -174,9 +174,13 @@ def signature_default(function: Callable[..., Any], argument: str) -> Any:
     return parameter.default
 
 
+# library arguments whose flag is not their name with dashes
+_RENAMED = {"max_tokens": "--tokens"}
+
+
 def flag_of(argument: str) -> str:
     """The flag that spells a library argument: ``skip_queries`` → ``--skip-queries``."""
-    return "--" + argument.replace("_", "-")
+    return _RENAMED.get(argument, "--" + argument.replace("_", "-"))
 
 
 def in_flag_terms(message: str, flags: dict[str, str], *, subject_only: bool = False) -> str:
@@ -187,15 +191,17 @@ def in_flag_terms(message: str, flags: dict[str, str], *, subject_only: bool = F
     Only whole names are replaced, and a Python list written after ``name=`` becomes the flag's
     metavar: ``flags`` may map ``probe_heads`` to ``"--probe-heads L.H,..."`` (the flag, then the
     form of its value). ``subject_only``: replace a name only where it is the subject of a check
-    (``name must``, ``name is``, ``name=``), not where it is a word of prose (``4 layers``).
+    (``name must``, ``name is``), not in prose (``4 layers``) or Python (``name=[]`` in Python).
     """
     for argument, spelling in sorted(flags.items(), key=lambda item: -len(item[0])):
         name, flag = re.escape(argument), spelling.split(" ")[0]
         value = spelling if " " in spelling else f"{flag} VALUE"
+        if subject_only:
+            message = re.sub(rf"(?<![\w.'-]){name}(?=\s+(?:must|is)\b)", flag, message)
+            continue
         message = re.sub(rf"(?<![\w.'-]){name}=\[[^\]]*\]", value, message)
         message = re.sub(rf"(?<![\w.'-]){name}=", f"{flag} ", message)
-        subject = r"(?=\s+(?:must|is)\b)" if subject_only else r"(?![\w'-])"
-        message = re.sub(rf"(?<![\w.'-]){name}{subject}", flag, message)
+        message = re.sub(rf"(?<![\w.'-]){name}(?![\w'-])", flag, message)
     return message
 
 

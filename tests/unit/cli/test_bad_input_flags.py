@@ -49,7 +49,6 @@ def _notes(err: str) -> list[str]:
 # Bad values whose message suggests an example; the example must pass every check the command makes.
 HINTED = [
     ["attention-by-distance", "--layers", ","],
-    ["positional-symbolic", "--margin", "2"],
     ["retrieval-heads", "--threshold", "2"],
     ["retrieval-heads", "--lengths", ","],
     ["retrieval-heads", "--lengths", "x"],
@@ -166,7 +165,8 @@ def test_band_examples_parse():
         ),
         (
             ["variant-frequencies", "--variant", "yarn:abc:2048"],
-            "--variant 'yarn:abc:2048': bad FACTOR 'abc': FACTOR must be a number: write yarn:FACTOR:ORIGINAL_MAX_POSITION:",
+            "--variant 'yarn:abc:2048': bad FACTOR 'abc': FACTOR must be a number: "
+            "write yarn:FACTOR:[ORIGINAL_MAX_POSITION]:",
         ),
         (
             ["variant-frequencies", "--variant", "yarn:4:2k"],
@@ -178,8 +178,9 @@ def test_band_examples_parse():
             "of numbers",
         ),
         (
-            ["variant-frequencies", "--variant", "yarn:abc"],
-            "--variant 'yarn:abc': yarn takes 2 to 8 value(s) after the name, got 1: write yarn:FACTOR:",
+            ["variant-frequencies", "--variant", "yarn:4:2048:32:1:none:none:none:true:9"],
+            "--variant 'yarn:4:2048:32:1:none:none:none:true:9': yarn takes 1 to 8 value(s) after the "
+            "name, got 9: write yarn:FACTOR:",
         ),
         (
             ["variant-frequencies", "--variant", "yarn:4:2048:32:1:none:none:none:maybe"],

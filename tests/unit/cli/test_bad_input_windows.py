@@ -9,13 +9,13 @@ only), that part reads NaN (null in JSON, n/a in text), never 1.000.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
 import pytest
 import torch
 
-from ropelens.analyses import extension_study as extension_module
 from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.analyses.band_statistics import band_statistics
 from ropelens.analyses.base_predictions import (
@@ -312,6 +312,7 @@ def test_extend_checks_passkey_lengths_before_any_cell(
     def measured(*_a, **_k):
         raise AssertionError("a cell was measured before --passkey-lengths was checked")
 
+    extension_module = importlib.import_module("ropelens.analyses.extension_study")
     monkeypatch.setattr(extension_module, "_measure", measured)
     out = tmp_path / "study"
     if existing:

@@ -114,6 +114,14 @@ def test_epsilon_one_is_accepted_as_the_library_accepts_it(tiny_dir, tmp_path, c
     assert got.startswith("--epsilon must be > 0 and <= 1, got 0.0")
 
 
+def test_margin_is_checked_by_the_library_and_named_as_the_flag(tiny_dir, capsys):
+    path = str(tiny_dir("llama"))
+    assert _defaults("positional-symbolic")["margin"] == 0.25
+    argv = ["positional-symbolic", path, "--n-ctx", "64", "--tokens", "128", "--margin", "2"]
+    assert main(argv) == 2
+    assert _error(capsys).startswith("--margin must be >= 0 and <= 1, got 2.0")
+
+
 # ---------------------------------------------------------------------------------- one spelling
 def test_head_taxonomy_takes_tokens_and_corpus(tiny_dir, tmp_path, capsys):
     path = str(tiny_dir("llama"))
