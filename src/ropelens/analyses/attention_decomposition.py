@@ -30,6 +30,9 @@ from ropelens.run.capture import LayerActs, capture_qk
 from ropelens.spec.bands import Bands, ResolvedBands
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
 
+# one input's logits are small enough to keep one band per plane (the command line's default too)
+DEFAULT_BANDS = Bands.planes()
+
 __all__ = ["AttentionDecomposition", "band_terms", "attention_decomposition", "js_divergence"]
 
 
@@ -303,7 +306,7 @@ def attention_decomposition(
         L: LayerActs(a.layer, a.rope, a.valid.cpu(), {k: v.cpu() for k, v in a.tensors.items()})
         for L, a in acts.items()
     }
-    bands = bands or Bands.planes()
+    bands = bands or DEFAULT_BANDS
     prov = Provenance(
         model=model_label(model),
         n_tokens=int(tokens.numel()),

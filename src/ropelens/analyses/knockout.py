@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.figures import figure_of
@@ -625,6 +626,7 @@ def knockout(
     seed: int = 0,
     retrieval_threshold: float = 0.1,
     verify: bool = True,
+    progress: bool = True,
 ) -> Knockout:
     """Dose-response of zeroing planes in head sets, against random-plane and random-head controls.
 
@@ -635,7 +637,8 @@ def knockout(
     dose (``control_doses``, default every nonzero dose) and, with ``whole_head``, at the whole-head knockout.
     ``probe_heads`` (default: the positional heads) are the heads whose attention the probe reads. ``corpus``: a
     corpus, its name, or ready ``[n_windows, n_ctx]`` tokens. ``prompt_len``: tokens per retrieval prompt (default
-    ``n_ctx``), one prompt per window, passkey depths spread over 0.1–0.9.
+    ``n_ctx``), one prompt per window, passkey depths spread over 0.1–0.9. ``progress``: a bar over the
+    conditions measured (tqdm, on stderr).
     """
     from ropelens.run.stats import matched_random_sets
     from ropelens.run.verify import verification
@@ -705,6 +708,13 @@ def knockout(
     ctrl = set(doses[1:] if control_doses is None else _check_doses(control_doses, n_planes)[1:])
     exp = _Experiment(model, spec, probe, n_boot=n_boot, level=level, seed=seed)
     rows: list[dict[str, Any]] = []
+    per_set = len(directions) * len(doses) + len([k for k in doses[1:] if k in ctrl and n_random])
+    bar = tqdm(
+        total=len(chosen) * (per_set + bool(whole_head)),
+        desc="knockout",
+        unit="condition",
+        disable=not progress,
+    )
     for s_i, (name, heads) in enumerate(chosen.items()):
         controls = (
             matched_random_sets(heads, exp.population, n_control, seed + s_i) if n_control else []
@@ -719,10 +729,14 @@ def knockout(
                 rows += exp.dose_rows(
                     name, heads, direction, k, random_at.get(k, []), controls if k in ctrl else []
                 )
+                bar.update()
         for k, draws in random_at.items():
             rows += exp.rows(name, "random", k, len(heads), draws)
+            bar.update()
         if whole_head:
             rows += exp.dose_rows(name, heads, "head", n_planes, [], controls)
+            bar.update()
+    bar.close()
     prov = Provenance(
         model=model_label(model),
         corpus=_corpus_name(corpus),

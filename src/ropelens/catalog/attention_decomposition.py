@@ -6,6 +6,7 @@ import argparse
 import math
 
 from ropelens.analyses.attention_decomposition import (
+    DEFAULT_BANDS,
     AttentionDecomposition,
     attention_decomposition,
 )
@@ -39,7 +40,7 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--window", type=int, default=0, metavar="I", help="which corpus window (default: 0)"
     )
-    AnalysisOptions.add_to(p)
+    AnalysisOptions.add_to(p, default_bands=DEFAULT_BANDS)
     OutputOptions.add_to(p)
 
 

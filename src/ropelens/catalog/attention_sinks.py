@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from ropelens.analyses.attention_sinks import AttentionSinks, attention_sinks
+from ropelens.analyses.attention_sinks import EPSILON, AttentionSinks, attention_sinks
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
     CorpusCommand,
     load_from_args,
+    relay,
+    signature_default,
 )
-from ropelens.errors import InputError
 from ropelens.plots.attention_sinks import sinks_figure
 from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
@@ -24,8 +25,12 @@ from ropelens.report.steps import rerun
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens attention-sinks [MODEL]``: attention to position 0 per head, and the bands behind it."""
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=256, save="AttentionSinks JSON")
+    epsilon = signature_default(attention_sinks, "epsilon")
     p.add_argument(
-        "--epsilon", type=float, default=0.3, help="sink threshold on mean attention (default: 0.3)"
+        "--epsilon",
+        type=float,
+        default=epsilon,
+        help=f"sink threshold on mean attention, in (0, 1] (default: {epsilon:g})",
     )
 
 
@@ -36,10 +41,8 @@ def run(args: argparse.Namespace) -> int:
     al. 2024), the band decomposition of the sink logit and the sink key's norm.
     """
     run = CorpusCommand.from_args(args)
-    if not 0 < args.epsilon < 1:
-        raise InputError(f"--epsilon must lie in (0, 1), got {args.epsilon}: e.g. --epsilon 0.3")
     corpus, kw = run.prepare(attention_sinks)
-    r = attention_sinks(load_from_args(args), corpus, **kw, epsilon=args.epsilon)
+    r = relay(attention_sinks, load_from_args(args), corpus, **kw, epsilon=args.epsilon)
     used = run.measured(r)
     return run.output.save_and_show(r, r.layers_frame(), "layers", head=used)
 
@@ -85,8 +88,8 @@ ANALYSIS = Analysis(
         "Attention sinks by band",
         render,
         measure,
-        summary="Heads that sink on the first position (attention above ε = 0.3) and the bands that make it "
-        "attractive.",
+        summary=f"Heads that sink on the first position (attention above ε = {EPSILON:g}) and the bands "
+        "that make it attractive.",
     ),
     summary="Attention to position 0 per head, and the bands that make position 0 attractive.",
 )

@@ -8,8 +8,6 @@ from typing import Any
 
 import pandas as pd
 
-from ropelens.analyses import base_predictions as ext
-from ropelens.analyses import extension_planes as ctx
 from ropelens.analyses.base_predictions import (
     MAX_BOUND_CONTEXT,
     base_lower_bound,
@@ -23,6 +21,7 @@ from ropelens.cli.common import (
     OutputOptions,
     load_from_args,
     positive_int,
+    relay,
 )
 from ropelens.errors import InputError
 from ropelens.plots.extension_planes import (
@@ -39,7 +38,6 @@ from ropelens.report.section import Section
 from ropelens.report.steps import baseline, variant_lead, variant_losses
 from ropelens.results.findings import Finding
 from ropelens.run.evaluate import bootstrap_ci
-from ropelens.spec import variants as V
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.variants import NTK, DynamicNTK, Linear, Llama3, YaRN
 
@@ -47,17 +45,17 @@ _CONTEXT_VARIANTS = ("pi", "ntk", "dynamic", "yarn", "llama3")
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens extension-planes [MODEL] --target N``: what each context-extension method does per plane."""
+    """``ropelens extension-planes [MODEL] --to N``: what each context-extension method does per plane."""
     ModelOptions.add_to(p)
     p.add_argument(
-        "--target",
+        "--to",
         type=positive_int,
         required=True,
         metavar="N",
         help="the extended context length in tokens",
     )
     p.add_argument(
-        "--original",
+        "--native",
         type=positive_int,
         default=None,
         metavar="N",
@@ -77,48 +75,61 @@ def options(p: argparse.ArgumentParser) -> None:
     OutputOptions.add_to(p)
 
 
+# extension_planes's arguments as this command spells them
+_FLAGS = {"original_ctx": "--native", "target_ctx": "--to"}
+
+
+def _variant_names(text: str) -> list[str]:
+    """``--variants`` as a list of method names, each one of :data:`_CONTEXT_VARIANTS`."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in _CONTEXT_VARIANTS]
+    if bad or not names:
+        raise InputError(
+            f"--variants {text!r}: unknown {bad}; choose from {','.join(_CONTEXT_VARIANTS)}"
+        )
+    return names
+
+
+def _cli_methods(factor: float, native_ctx: int) -> dict[str, Any]:
+    """The variant of each ``--variants`` name, set to stretch ``native_ctx`` by ``factor``."""
+    return {
+        "pi": Linear(factor),
+        "ntk": NTK(factor),
+        "dynamic": DynamicNTK(2.0, native_ctx),
+        "yarn": YaRN(factor, native_ctx),
+        "llama3": Llama3(factor, 1.0, 4.0, native_ctx),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     """Per-plane view of context-extension methods and RoPE's base bounds
 
     Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, dynamic NTK (factor 2), YaRN and Llama
     3 scaling, with the critical dimension (arXiv 2310.05209) and the base lower bound (arXiv 2405.14591).
     """
-    names = [n.strip().lower() for n in args.variants.split(",") if n.strip()]
-    bad = [n for n in names if n not in _CONTEXT_VARIANTS]
-    if bad or not names:
+    names = _variant_names(args.variants)
+    if args.native is not None and args.to <= args.native:
         raise InputError(
-            f"--variants {args.variants!r}: unknown {bad}; choose from {','.join(_CONTEXT_VARIANTS)}"
-        )
-    if args.original is not None and args.target <= args.original:
-        raise InputError(
-            f"--target {args.target} must exceed --original {args.original}: "
-            "pass the extended length as --target"
+            f"--to {args.to} must exceed --native {args.native}: pass the extended length as --to"
         )
     spec = rope_spec(load_from_args(args))
     layer = spec.layers[
         spec.layer_indices([args.layer], rotary_only=False)[0]
     ]  # names the range when out of it
-    l0 = args.original or layer.n_ctx
-    if not l0 or args.target <= l0:
+    native_ctx = args.native or layer.n_ctx
+    if not native_ctx or args.to <= native_ctx:
         raise InputError(
-            f"--target {args.target} must exceed the original context {l0}: pass --original N"
+            f"--to {args.to} must exceed the native context {native_ctx}: pass --native N"
         )
-    s = args.target / l0
-    make = {
-        "pi": lambda: V.Linear(s),
-        "ntk": lambda: V.NTK(s),
-        "dynamic": lambda: V.DynamicNTK(2.0, l0),
-        "yarn": lambda: V.YaRN(s, l0),
-        "llama3": lambda: V.Llama3(s, 1.0, 4.0, l0),
-    }
-    views = [ctx.extension_planes(layer, make[n](), l0, args.target) for n in names]
+    methods = _cli_methods(args.to / native_ctx, native_ctx)
+    views = [
+        relay(extension_planes, layer, methods[n], native_ctx, args.to, flags=_FLAGS) for n in names
+    ]
     bounds = {
-        "critical_dimension": ext.critical_dimension(layer.base, layer.rotary_dim, l0),
+        "critical_dimension": critical_dimension(layer.base, layer.rotary_dim, native_ctx),
         "base": layer.base,
         "base_lower_bound_target": (
-            ext.base_lower_bound(layer.rotary_dim, args.target)
-            if args.target <= ext.MAX_BOUND_CONTEXT
-            else None
+            base_lower_bound(layer.rotary_dim, args.to) if args.to <= MAX_BOUND_CONTEXT else None
         ),
     }
     output = OutputOptions.from_args(args)
@@ -126,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
         return output.emit(
             {
                 "layer": args.layer,
-                "original_ctx": l0,
-                "target_ctx": args.target,
+                "original_ctx": native_ctx,
+                "target_ctx": args.to,
                 **bounds,
                 "views": [
                     {
@@ -140,29 +151,37 @@ def run(args: argparse.Namespace) -> int:
                 ],
             }
         )
+    _print_views(args, layer, native_ctx, bounds, dict(zip(names, views, strict=True)))
+    return 0
+
+
+def _print_views(args, layer, native_ctx: int, bounds: dict[str, Any], views: dict) -> None:
+    """The table ``ropelens extension-planes`` prints: the layer, its bounds, one row per method."""
     print(
-        f"layer {args.layer}: base {layer.base:g}, {layer.n_planes} planes, {l0} -> {args.target} tokens (x{s:g})"
+        f"layer {args.layer}: base {layer.base:g}, {layer.n_planes} planes, {native_ctx} "
+        f"-> {args.to} "
+        f"tokens (x{args.to / native_ctx:g})"
     )
     bound = bounds["base_lower_bound_target"]
     bound = (
-        f"{bound:.4g}"
-        if bound is not None
-        else f"not certified past {ext.MAX_BOUND_CONTEXT:,} tokens"
+        f"{bound:.4g}" if bound is not None else f"not certified past {MAX_BOUND_CONTEXT:,} tokens"
     )
     print(
-        f"critical dimension at {l0}: {bounds['critical_dimension']} of {layer.rotary_dim} dims; base lower bound "
-        f"for {args.target}: {bound}"
+        f"critical dimension at {native_ctx}: {bounds['critical_dimension']} of "
+        f"{layer.rotary_dim} dims; "
+        f"base lower bound for {args.to}: {bound}"
     )
     print(
-        f"{'variant':10s} {'kept':>5s} {'interp':>6s} {'extrap':>6s} {'min scale':>9s} {'max scale':>9s} {'attn':>6s}"
+        f"{'variant':10s} {'kept':>5s} {'interp':>6s} {'extrap':>6s} {'min scale':>9s} "
+        f"{'max scale':>9s} {'attn':>6s}"
     )
-    for n, v in zip(names, views, strict=True):
-        c, sc = v.counts(), v.scale
+    for name, view in views.items():
+        counts, scale = view.counts(), view.scale
         print(
-            f"{n:10s} {c['kept']:5d} {c['interpolated']:6d} {c['extrapolated']:6d} {float(sc.min()):9.4g} "
-            f"{float(sc.max()):9.4g} {v.attention_scaling:6.4g}"
+            f"{name:10s} {counts['kept']:5d} {counts['interpolated']:6d} "
+            f"{counts['extrapolated']:6d} "
+            f"{float(scale.min()):9.4g} {float(scale.max()):9.4g} {view.attention_scaling:6.4g}"
         )
-    return 0
 
 
 EXTENSION_FACTOR = (
@@ -282,104 +301,15 @@ def measure(data: ReportData) -> ContextExtension:
 
 
 def render(data: ReportData, ext: ContextExtension) -> Section:
-    """What PI, NTK, dynamic NTK, YaRN and Llama 3 do to each plane at 4× the native context, and their cost."""
-    idx, kind, l0, factor, views, rows, bounds = (
-        ext.layer,
-        ext.kind,
-        ext.native_ctx,
-        ext.factor,
-        ext.views,
-        list(ext.rows),
-        ext.bounds,
-    )
-    layer = data.spec.layers[idx]
-    frame = pd.DataFrame(rows)
-
-    shown = ("PI", "NTK", "YaRN", "Llama 3")
-    fig = compare_figure([views[n] for n in shown])
-    for trace, name in zip(fig.data[1:], shown, strict=True):  # method names, not variant reprs
-        trace.name = name
-    fig.update_layout(
-        title=f"Wavelength per plane, layer {idx} ({layer.kind}): {l0:,} → {factor * l0:,} tokens"
-    )
-    n = layer.n_planes
-    beyond = int((layer.wavelength > l0).sum())
-    cost = {r["method"]: r for r in rows}
-    # Methods that are plain RoPE at these lengths (dynamic NTK inside the native context) cost
-    # nothing by construction, so "cheapest" is among the others.
-    order = sorted((m for m in views if not ext.identity[m]), key=lambda m: cost[m]["Δ loss"])
-    text = (
-        f"{beyond} of {n} planes of layer {idx} never complete a turn within the native {l0:,} tokens "
-        f"(critical dimension {bounds.get('critical_dim', '–')} of {layer.rotary_dim} dims). Set for "
-        f"{factor}× that context, PI interpolates {cost['PI']['interpolated']} planes and costs "
-        f"{cost['PI']['Δ loss']:+.2f} nats in distribution; YaRN interpolates {cost['YaRN']['interpolated']} and "
-        f"costs {cost['YaRN']['Δ loss']:+.2f}; cheapest: {order[0]} ({cost[order[0]]['Δ loss']:+.2f})."
-    )
-    if bounds.get("bound_native") is not None:
-        text += (
-            f" The base {bounds['base']:,.0f} is {'above' if bounds['base'] >= bounds['bound_native'] else 'BELOW'} "
-            f"Men et al.'s lower bound for {l0:,} tokens ({bounds['bound_native']:,.0f}); "
-            + (
-                f"{factor * l0:,} tokens need {bounds['bound_extended']:,.0f}."
-                if bounds["bound_extended"] is not None
-                else f"for {factor * l0:,} tokens the bound is {bounds.get('bound_extended_note', 'not certified')}."
-            )
-        )
-    finding = Finding(
-        "context",
-        "extension-planes",
-        text,
-        {
-            "layer": idx,
-            "rescaled_kind": kind,
-            "beyond_native": beyond,
-            "n_planes": n,
-            "factor": factor,
-            "native_ctx": l0,
-            **{k: v if v is None or isinstance(v, str) else round(v) for k, v in bounds.items()},
-            "delta_pi": float(cost["PI"]["Δ loss"]),
-            "delta_yarn": float(cost["YaRN"]["Δ loss"]),
-            "cheapest": order[0],
-            "delta_cheapest": float(cost[order[0]]["Δ loss"]),
-        },
-    )
-    bound_rows = [
-        ("layer shown", f"{idx} ({esc(layer.kind)}), {n} planes, base {esc(layer.base)}"),
-        ("native context L₀", f"{l0:,} tokens (the model's configured maximum)"),
-        ("planes with wavelength > L₀", f"{beyond} of {n}"),
-    ]
-    if "bound_native" in bounds:
-        bound_rows += [
-            (
-                "critical dimension (Liu et al.)",
-                f"{bounds['critical_dim']} of {layer.rotary_dim} dims",
-            ),
-            (
-                f"base lower bound for {l0:,} (Men et al.)",
-                _bound(bounds["bound_native"], bounds.get("bound_native_note")),
-            ),
-            (
-                f"base lower bound for {factor * l0:,}",
-                _bound(bounds["bound_extended"], bounds.get("bound_extended_note")),
-            ),
-        ]
+    """What PI, NTK, dynamic NTK, YaRN and Llama 3 do to each plane at 4× the native context."""
+    layer = data.spec.layers[ext.layer]
+    frame = pd.DataFrame(list(ext.rows))
+    finding = _extension_finding(ext, layer)
     extra, extra_tables = context_block(data.experiments)
     body = (
-        variant_lead(
-            data,
-            f"Each method configured to stretch the native {l0:,}-token context {factor}×. A plane is "
-            "<i>interpolated</i> when every angle it meets at the target length was seen in training, "
-            "<i>extrapolated</i> when it meets angles never seen (it had not completed a turn by L₀), "
-            "<i>kept</i> when it is unchanged and already turned within L₀. The cost is measured in "
-            "distribution, at the windows' length: what a method gives up before any long input."
-            + (
-                f" Only the {layer.kind} layers are rescaled; the others keep their RoPE."
-                if kind
-                else ""
-            ),
-        )
-        + kv_table(bound_rows)
-        + figure_html(style_figure(fig, height=430))
+        variant_lead(data, _extension_lead(ext, layer))
+        + kv_table(_bound_rows(ext, layer))
+        + figure_html(style_figure(_extension_figure(ext, layer), height=430))
         + table_html(
             frame,
             text_cols=("method",),
@@ -397,11 +327,129 @@ def render(data: ReportData, ext: ContextExtension) -> Section:
         tables={"context_extension": frame} | extra_tables,
         numbers={
             "rows": frame.to_dict("records"),
-            "bounds": bounds,
-            "layer": idx,
-            "factor": factor,
+            "bounds": ext.bounds,
+            "layer": ext.layer,
+            "factor": ext.factor,
         },
         findings=[finding],
+    )
+
+
+def _extension_figure(ext: ContextExtension, layer) -> Any:
+    """Wavelength per plane of the layer shown, as trained and under PI, NTK, YaRN and Llama 3."""
+    shown = ("PI", "NTK", "YaRN", "Llama 3")
+    fig = compare_figure([ext.views[name] for name in shown])
+    for trace, name in zip(fig.data[1:], shown, strict=True):  # method names, not variant reprs
+        trace.name = name
+    fig.update_layout(
+        title=f"Wavelength per plane, layer {ext.layer} ({layer.kind}): {ext.native_ctx:,} → "
+        f"{ext.factor * ext.native_ctx:,} tokens"
+    )
+    return fig
+
+
+def _extension_finding(ext: ContextExtension, layer) -> Finding:
+    """The finding: planes beyond the native context, what PI and YaRN cost, the cheapest method."""
+    native_ctx, factor, bounds = ext.native_ctx, ext.factor, ext.bounds
+    n_planes = layer.n_planes
+    beyond = int((layer.wavelength > native_ctx).sum())
+    cost = {row["method"]: row for row in ext.rows}
+    # Methods that are plain RoPE at these lengths (dynamic NTK inside the native context) cost
+    # nothing by construction, so "cheapest" is among the others.
+    order = sorted((m for m in ext.views if not ext.identity[m]), key=lambda m: cost[m]["Δ loss"])
+    text = (
+        f"{beyond} of {n_planes} planes of layer {ext.layer} never complete a turn within "
+        "the native "
+        f"{native_ctx:,} tokens (critical dimension {bounds.get('critical_dim', '–')} of "
+        f"{layer.rotary_dim} dims). Set for {factor}× that context, PI interpolates "
+        f"{cost['PI']['interpolated']} planes and costs {cost['PI']['Δ loss']:+.2f} nats "
+        "in distribution; "
+        f"YaRN interpolates {cost['YaRN']['interpolated']} and costs "
+        f"{cost['YaRN']['Δ loss']:+.2f}; "
+        f"cheapest: {order[0]} ({cost[order[0]]['Δ loss']:+.2f})."
+    )
+    if bounds.get("bound_native") is not None:
+        text += " " + _bound_sentence(bounds, native_ctx, factor)
+    numbers = {
+        "layer": ext.layer,
+        "rescaled_kind": ext.kind,
+        "beyond_native": beyond,
+        "n_planes": n_planes,
+        "factor": factor,
+        "native_ctx": native_ctx,
+        **{k: v if v is None or isinstance(v, str) else round(v) for k, v in bounds.items()},
+        "delta_pi": float(cost["PI"]["Δ loss"]),
+        "delta_yarn": float(cost["YaRN"]["Δ loss"]),
+        "cheapest": order[0],
+        "delta_cheapest": float(cost[order[0]]["Δ loss"]),
+    }
+    return Finding("context", "extension-planes", text, numbers)
+
+
+def _bound_sentence(bounds: dict[str, Any], native_ctx: int, factor: int) -> str:
+    """Whether the base clears Men et al.'s bound at the native context; what extending needs."""
+    side = "above" if bounds["base"] >= bounds["bound_native"] else "BELOW"
+    extended = factor * native_ctx
+    needs = (
+        f"{extended:,} tokens need {bounds['bound_extended']:,.0f}."
+        if bounds["bound_extended"] is not None
+        else f"for {extended:,} tokens the bound is "
+        f"{bounds.get('bound_extended_note', 'not certified')}."
+    )
+    return (
+        f"The base {bounds['base']:,.0f} is {side} Men et al.'s lower bound for "
+        f"{native_ctx:,} tokens "
+        f"({bounds['bound_native']:,.0f}); {needs}"
+    )
+
+
+def _bound_rows(ext: ContextExtension, layer) -> list[tuple[str, str]]:
+    """The key-value table: the layer shown, the native context, and the base bounds that exist."""
+    native_ctx, bounds, n_planes = ext.native_ctx, ext.bounds, layer.n_planes
+    beyond = int((layer.wavelength > native_ctx).sum())
+    rows = [
+        (
+            "layer shown",
+            f"{ext.layer} ({esc(layer.kind)}), {n_planes} planes, base {esc(layer.base)}",
+        ),
+        ("native context L₀", f"{native_ctx:,} tokens (the model's configured maximum)"),
+        ("planes with wavelength > L₀", f"{beyond} of {n_planes}"),
+    ]
+    if "bound_native" in bounds:
+        rows += [
+            (
+                "critical dimension (Liu et al.)",
+                f"{bounds['critical_dim']} of {layer.rotary_dim} dims",
+            ),
+            (
+                f"base lower bound for {native_ctx:,} (Men et al.)",
+                _bound(bounds["bound_native"], bounds.get("bound_native_note")),
+            ),
+            (
+                f"base lower bound for {ext.factor * native_ctx:,}",
+                _bound(bounds["bound_extended"], bounds.get("bound_extended_note")),
+            ),
+        ]
+    return rows
+
+
+def _extension_lead(ext: ContextExtension, layer) -> str:
+    """The section's opening paragraph: what kept, interpolated and extrapolated mean here."""
+    rescaled = (
+        f" Only the {layer.kind} layers are rescaled; the others keep their RoPE."
+        if ext.kind
+        else ""
+    )
+    return (
+        f"Each method configured to stretch the native {ext.native_ctx:,}-token context "
+        f"{ext.factor}×. "
+        "A plane is <i>interpolated</i> when every angle it meets at the target length was seen in "
+        "training, <i>extrapolated</i> when it meets angles never seen (it had not "
+        "completed a turn by "
+        "L₀), <i>kept</i> when it is unchanged and already turned within L₀. The cost is "
+        "measured in "
+        "distribution, at the windows' length: what a method gives up before any long input."
+        + rescaled
     )
 
 

@@ -6,7 +6,6 @@ import argparse
 
 from ropelens.analyses.extension_planes import LongRopeSearch
 from ropelens.analyses.extension_study import (
-    DEFAULT_METHODS,
     METHODS,
     ExtensionStudy,
     extension_study,
@@ -19,6 +18,8 @@ from ropelens.cli.common import (
     load_from_args,
     non_negative_int,
     positive_int,
+    relay,
+    signature_default,
 )
 from ropelens.errors import InputError
 from ropelens.plots.extension_study import loss_figure
@@ -35,111 +36,139 @@ def _ints(text: str, what: str) -> list[int]:
         ) from None
 
 
+def _default(argument: str):
+    """``extension_study``'s default for ``argument``: the command's default is the library's."""
+    return signature_default(extension_study, argument)
+
+
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens extension-study [MODEL] --to N``: the context-extension study and its page."""
     ModelOptions.add_to(p)
-    g = p.add_argument_group("study")
-    g.add_argument(
+    study = p.add_argument_group("study")
+    _length_options(study)
+    _passkey_options(study)
+    _method_options(study)
+    OutputOptions.add_to(p)
+
+
+def _length_options(group: argparse._ArgumentGroup) -> None:
+    """The lengths studied: --to, --native, --lengths, --start, and the text of the loss."""
+    group.add_argument(
         "--to",
         type=positive_int,
         required=True,
         metavar="N",
         help="the target context length in tokens",
     )
-    g.add_argument(
+    group.add_argument(
         "--native",
         type=positive_int,
         default=None,
         metavar="N",
         help="the trained context length the methods extend (default: the model's)",
     )
-    g.add_argument(
+    group.add_argument(
         "--lengths",
         default=None,
         metavar="N,N,...",
         help="loss lengths (default: doubling from --start up to --to)",
     )
-    g.add_argument(
+    group.add_argument(
         "--start",
         type=positive_int,
         default=None,
         metavar="N",
         help="the shortest length when doubling (default: native / 4)",
     )
-    g.add_argument(
-        "--methods",
-        default=",".join(DEFAULT_METHODS),
-        metavar="M,M,...",
-        help=f"of {','.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})",
-    )
-    g.add_argument(
+    windows = _default("n_windows")
+    group.add_argument(
         "--windows",
         type=positive_int,
-        default=2,
+        default=windows,
         metavar="N",
-        help="windows per length (default: 2)",
+        help=f"windows per length (default: {windows})",
     )
-    g.add_argument(
+    group.add_argument(
         "--corpus",
         default="english",
         metavar="PATH|english|python",
         help="text for the loss (default: english)",
     )
-    g.add_argument(
+
+
+def _passkey_options(group: argparse._ArgumentGroup) -> None:
+    """Passkey retrieval: --passkey-lengths, --depths, --trials, --seed."""
+    group.add_argument(
         "--passkey-lengths",
         default=None,
         metavar="N,N,...|none",
         help="passkey prompt lengths (default: every loss length a prompt fits in; none to skip)",
     )
-    g.add_argument(
-        "--depths",
-        default="0.1,0.5,0.9",
-        metavar="F,F,...",
-        help="passkey depths (default: 0.1,0.5,0.9)",
+    depths = ",".join(f"{depth:g}" for depth in _default("depths"))
+    group.add_argument(
+        "--depths", default=depths, metavar="F,F,...", help=f"passkey depths (default: {depths})"
     )
-    g.add_argument(
+    trials, seed = _default("n_trials"), _default("seed")
+    group.add_argument(
         "--trials",
         type=positive_int,
-        default=1,
+        default=trials,
         metavar="N",
-        help="passkeys per (length, depth) (default: 1)",
+        help=f"passkeys per (length, depth) (default: {trials})",
     )
-    g.add_argument(
+    group.add_argument(
         "--seed",
         type=non_negative_int,
-        default=0,
+        default=seed,
         metavar="N",
-        help="seed of the passkeys (default: 0)",
+        help=f"seed of the passkeys (default: {seed})",
     )
-    g.add_argument(
-        "--p", type=float, default=0.75, metavar="P", help="p-RoPE's kept fraction (default: 0.75)"
+
+
+def _method_options(group: argparse._ArgumentGroup) -> None:
+    """The methods and what is kept of them: --methods, --p, --longrope, --tolerance, --out."""
+    methods = ",".join(_default("methods"))
+    group.add_argument(
+        "--methods",
+        default=methods,
+        metavar="M,M,...",
+        help=f"of {','.join(METHODS)} (default: {methods})",
     )
-    g.add_argument(
+    kept, tolerance = _default("p"), _default("tolerance")
+    group.add_argument(
+        "--p",
+        type=float,
+        default=kept,
+        metavar="P",
+        help=f"p-RoPE's kept fraction (default: {kept})",
+    )
+    group.add_argument(
         "--longrope",
         default=None,
         metavar="FILE.json",
-        help="a saved LongRopeSearch for this native -> target (default: YaRN's factors as LongRoPE)",
+        help="a saved LongRopeSearch for this native -> target "
+        "(default: YaRN's factors as LongRoPE)",
     )
-    g.add_argument(
+    group.add_argument(
         "--tolerance",
         type=float,
-        default=0.1,
+        default=tolerance,
         metavar="NATS",
-        help="loss rise the findings count as kept (default: 0.1)",
+        help=f"loss rise the findings count as kept (default: {tolerance})",
     )
-    g.add_argument(
+    group.add_argument(
         "--no-attention",
         dest="attention",
         action="store_false",
         help="skip the attention entropy, divergence and matrix entropy per method and length",
     )
-    g.add_argument(
+    group.add_argument(
         "--out",
         default="ropelens-extend",
         metavar="DIR",
-        help="page, tables and one saved cell per (method, length); rerun to resume (default: ropelens-extend)",
+        help="page, tables and one saved cell per (method, length); rerun to resume "
+        "(default: ropelens-extend)",
     )
-    OutputOptions.add_to(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,9 +209,11 @@ def run(args: argparse.Namespace) -> int:
         longrope = LongRopeSearch.load(args.longrope)
     check_output_path(args.out, "--out", directory=True)
     output = OutputOptions.from_args(args)
-    study = extension_study(
+    study = relay(
+        extension_study,
         load_from_args(args),
         args.to,
+        flags={"n_windows": "--windows", "n_trials": "--trials"},
         native=args.native,
         lengths=lengths,
         start=args.start,

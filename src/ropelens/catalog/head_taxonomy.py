@@ -7,16 +7,11 @@ import argparse
 from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
-    AnalysisOptions,
-    CheckpointOptions,
     Command,
-    ModelOptions,
-    OutputOptions,
-    check_windows_fit,
+    CorpusCommand,
     load_from_args,
-    note_windows,
-    positive_int,
-    window_length,
+    relay,
+    signature_default,
 )
 from ropelens.plots.head_taxonomy import heads_figure, heads_scatter
 from ropelens.plots.style import style_figure
@@ -25,63 +20,40 @@ from ropelens.report.html import esc, figure_html, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Measured, Section
 from ropelens.results.findings import Finding
-from ropelens.run.data import load_corpus
+
+# the command's defaults are the library's: as many tokens as head_taxonomy's default windows hold
+N_CTX = signature_default(head_taxonomy, "n_ctx")
+TOKENS = signature_default(head_taxonomy, "n_windows") * N_CTX
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens head-taxonomy [MODEL]``: classify heads as positional or content (ropelens.analyses.head_taxonomy)."""
-    ModelOptions.add_to(p)
-    p.add_argument(
-        "--windows",
-        type=positive_int,
-        default=8,
-        metavar="N",
-        help="text windows (and as many random-token windows)",
-    )
-    p.add_argument(
-        "--n-ctx", type=window_length, default=256, metavar="N", help="tokens per window"
-    )
-    AnalysisOptions.add_to(p, bands=False)
-    CheckpointOptions.add_to(p)
-    OutputOptions.add_to(p, save="HeadTaxonomy JSON", deprecated_out=True)
+    """``ropelens head-taxonomy [MODEL]``: classify heads as positional or content."""
+    CorpusCommand.add_to(p, tokens=TOKENS, n_ctx=N_CTX, save="HeadTaxonomy JSON", bands=False)
 
 
 def run(args: argparse.Namespace) -> int:
     """Classify attention heads as positional (fixed offset), sink or content
 
-    Score each head's attention at fixed offsets on text and random tokens.
+    Score each head's attention at fixed offsets on text windows (--tokens in windows of --n-ctx)
+    and on as many windows of random tokens.
     """
-    output = OutputOptions.from_args(args)
-    output.check()
-    checkpoint = CheckpointOptions.from_args(
-        args
-    ).kwargs()  # a bad --checkpoint fails before the model loads
-    analysis = AnalysisOptions.from_args(args)
-    check_windows_fit(
-        load_corpus("english"), args.n_ctx, args.windows, "--windows", other_corpus=False
-    )
-    tx = head_taxonomy(
+    command = CorpusCommand.from_args(args)
+    corpus, kw = command.prepare(head_taxonomy)
+    n_windows = kw.pop("max_tokens") // kw["n_ctx"]
+    tx = relay(
+        head_taxonomy,
         load_from_args(args),
-        n_ctx=args.n_ctx,
-        n_windows=args.windows,
-        layers=analysis.layers,
-        verify=not analysis.no_verify,
-        progress=False,
-        **checkpoint,
+        corpus,
+        n_windows=n_windows,
+        flags={"n_windows": "--tokens"},
+        **kw,
     )
-    prov = tx.provenance
-    note_windows(prov.corpus, prov.n_windows, args.n_ctx, args.windows, "--windows")
+    measured = command.measured(tx)
+    output = command.output
     output.save_result(tx)
     df = tx.to_frame()
     if output.json:
-        return output.emit(
-            {
-                "n_ctx": prov.n_ctx,
-                "n_windows": prov.n_windows,
-                "tau": tx.tau,
-                "heads": df.to_dict("records"),
-            }
-        )
+        return output.emit({**measured, "tau": tx.tau, "heads": df.to_dict("records")})
     pos = df[df.positional].sort_values("robust_mass", ascending=False)
     print(f"tau {tx.tau:.3f}; {len(pos)} positional heads of {len(df)}")
     cols = ["layer", "head", "kind", "best_offset", "mass_text", "mass_random", "sink_text"]

@@ -9,12 +9,16 @@ from ropelens.analyses.knockout import HEAD_SETS, METRIC_GROUPS, Knockout, knock
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
+    CorpusOptions,
     ModelOptions,
     OutputOptions,
+    check_windows_fit,
     load_from_args,
     non_negative_int,
     number_list,
     positive_int,
+    relay,
+    signature_default,
 )
 from ropelens.errors import InputError
 from ropelens.plots.knockout import knockout_figure
@@ -48,6 +52,21 @@ def _names(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
             f"e.g. {flag} {','.join(allowed[:2])}"
         )
     return names
+
+
+# the command's defaults are the library's: as many tokens as knockout's default windows hold
+N_CTX = signature_default(knockout, "n_ctx")
+TOKENS = signature_default(knockout, "n_windows") * N_CTX
+# knockout's arguments as this command spells them
+_FLAGS = {
+    "probe_heads": "--probe-heads L.H,...",
+    "metrics": "--metrics",
+    "sets": "--sets",
+    "n_windows": "--tokens",
+    "n_random": "--random",
+    "n_control": "--controls",
+    "n_boot": "--boot",
+}
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -89,20 +108,7 @@ def options(p: argparse.ArgumentParser) -> None:
         metavar="loss,probe,retrieval",
         help="what is measured per window (default: loss,probe)",
     )
-    p.add_argument(
-        "--n-ctx",
-        type=positive_int,
-        default=256,
-        metavar="N",
-        help="tokens per window (default: 256)",
-    )
-    p.add_argument(
-        "--windows",
-        type=positive_int,
-        default=8,
-        metavar="N",
-        help="windows and prompts (default: 8)",
-    )
+    CorpusOptions.add_to(p, tokens=TOKENS, n_ctx=N_CTX)
     p.add_argument(
         "--prompt-len",
         type=positive_int,
@@ -148,17 +154,8 @@ def options(p: argparse.ArgumentParser) -> None:
     OutputOptions.add_to(p, save="Knockout JSON")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Dose-response knockouts of RoPE planes in head sets
-
-    Zeroes k planes (highest frequencies first, lowest first, or random: the control) of the rotated queries and
-    keys of a head set, for each dose k, and every whole head; reports the paired effect on loss, the positional
-    probe (previous-token and diagonal attention on random tokens) and retrieval (passkey copy steps) with bootstrap
-    CIs over windows, and layer-clustered permutation p-values against random planes and random head sets.
-    """
-
-    output = OutputOptions.from_args(args)
-    output.check()
+def _choices(args: argparse.Namespace) -> tuple:
+    """--heads or --sets, --directions, --metrics, --doses and --control-doses, parsed and named."""
     sets = (
         {"custom": parse_heads(args.heads)}
         if args.heads
@@ -172,15 +169,44 @@ def run(args: argparse.Namespace) -> int:
         if args.control_doses
         else None
     )
-    r = knockout(
+    return sets, directions, metrics, doses, control
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dose-response knockouts of RoPE planes in head sets
+
+    Zeroes k planes (highest frequencies first, lowest first, or random: the control) of the rotated queries and
+    keys of a head set, for each dose k, and every whole head; reports the paired effect on loss, the positional
+    probe (previous-token and diagonal attention on random tokens) and retrieval (passkey copy steps) with bootstrap
+    CIs over windows, and layer-clustered permutation p-values against random planes and random head sets.
+    """
+
+    output = OutputOptions.from_args(args)
+    output.check()
+    corpus_options = CorpusOptions.from_args(args)
+    corpus = corpus_options.load()
+    n_windows = max(1, corpus_options.tokens // corpus_options.n_ctx)
+    if corpus_options.tokens != TOKENS:  # the default is not the user's request
+        check_windows_fit(
+            corpus,
+            corpus_options.n_ctx,
+            corpus_options.tokens,
+            "--tokens",
+            per_window=corpus_options.n_ctx,
+        )
+    sets, directions, metrics, doses, control = _choices(args)
+    r = relay(
+        knockout,
         load_from_args(args),
         sets,
+        flags=_FLAGS,
         doses=doses,
         control_doses=control,
         directions=directions,
         metrics=metrics,
-        n_ctx=args.n_ctx,
-        n_windows=args.windows,
+        corpus=corpus,
+        n_ctx=corpus_options.n_ctx,
+        n_windows=n_windows,
         prompt_len=args.prompt_len,
         n_random=args.random,
         n_control=args.controls,
@@ -188,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
         probe_heads=parse_heads(args.probe_heads) if args.probe_heads else None,
         n_boot=args.boot,
         seed=args.seed,
+        progress=output.progress,
     )
     output.save_result(r)
     frame = r.to_frame()

@@ -15,6 +15,8 @@ from ropelens.cli.common import (
     Command,
     CorpusCommand,
     load_from_args,
+    relay,
+    signature_default,
 )
 from ropelens.errors import InputError
 from ropelens.plots.positional_symbolic import positional_symbolic_figure
@@ -23,13 +25,16 @@ from ropelens.plots.positional_symbolic import positional_symbolic_figure
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens positional-symbolic [MODEL]``: positional versus symbolic heads under a key-content permutation."""
     CorpusCommand.add_to(p, tokens=2_048, n_ctx=256, save="PositionalSymbolic JSON", bands=False)
+    margin, seed = (signature_default(positional_symbolic, name) for name in ("margin", "seed"))
     p.add_argument(
         "--margin",
         type=float,
-        default=0.25,
-        help="P - S that calls a head positional (or S - P symbolic) (default: 0.25)",
+        default=margin,
+        help=f"P - S that calls a head positional (or S - P symbolic), in [0, 1] (default: {margin})",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the key permutation (default: 0)")
+    p.add_argument(
+        "--seed", type=int, default=seed, help=f"seed of the key permutation (default: {seed})"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,10 +52,9 @@ def run(args: argparse.Namespace) -> int:
             f"when it sees {MIN_KEYS} keys besides BOS, so a window needs {shortest_window()} tokens: "
             f"use --n-ctx {shortest_window()} or more"
         )
-    if not 0 <= args.margin <= 1:
-        raise InputError(f"--margin must lie in [0, 1], got {args.margin}: e.g. --margin 0.25")
     corpus, kw = run.prepare(positional_symbolic)
-    r = positional_symbolic(load_from_args(args), corpus, **kw, margin=args.margin, seed=args.seed)
+    model = load_from_args(args)
+    r = relay(positional_symbolic, model, corpus, **kw, margin=args.margin, seed=args.seed)
     used = run.measured(r)
     return run.output.save_and_show(r, r.to_frame(), "heads", head=used)
 

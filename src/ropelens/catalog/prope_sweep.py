@@ -11,14 +11,13 @@ import plotly.graph_objects as go
 from ropelens.analyses.registry import Analysis
 from ropelens.cli.common import (
     Command,
+    CorpusOptions,
     ModelOptions,
     OutputOptions,
     check_windows_fit,
     load_from_args,
     note_windows,
     number_list,
-    positive_int,
-    window_length,
 )
 from ropelens.plots.style import style_figure
 from ropelens.report.collect import ReportData
@@ -39,20 +38,8 @@ def options(p: argparse.ArgumentParser) -> None:
     """``ropelens prope-sweep [MODEL]``: perplexity when only the highest fraction p of planes rotates."""
     ModelOptions.add_to(p)
     p.add_argument("--p", default="0,0.25,0.5,0.75,1", help="comma-separated fractions in [0, 1]")
-    p.add_argument(
-        "--n-ctx",
-        type=window_length,
-        default=256,
-        metavar="N",
-        help="tokens per window (default 256)",
-    )
-    p.add_argument(
-        "--windows",
-        type=positive_int,
-        default=8,
-        metavar="N",
-        help="validation windows (default 8)",
-    )
+    # eight validation windows of 256 tokens: enough for a CI, quick on a laptop
+    CorpusOptions.add_to(p, tokens=8 * 256, n_ctx=256)
     p.add_argument(
         "--layer-kind", choices=["full", "sliding"], default=None, help="only layers of this kind"
     )
@@ -78,11 +65,15 @@ def run(args: argparse.Namespace) -> int:
             hint=": pass the share of planes that rotate, 0 (NoPE) to 1 (the model's RoPE), e.g. --p 0,0.5,1",
         )
     variants = [V.PRoPE(p) for p in ps]
-    _, val = data.english().split()
-    check_windows_fit(val, args.n_ctx, args.windows, "--windows", other_corpus=False)
+    corpus = CorpusOptions.from_args(args)
+    _, val = corpus.load().split()  # held-out text: the validation split
+    n_windows = max(1, corpus.tokens // corpus.n_ctx)
+    check_windows_fit(val, corpus.n_ctx, corpus.tokens, "--tokens", per_window=corpus.n_ctx)
     model = load_from_args(args)
-    toks = data.windows(val, model.tokenizer, args.n_ctx, n_windows=args.windows)
-    note_windows(val.name, int(toks.shape[0]), args.n_ctx, args.windows, "--windows")
+    toks = data.windows(val, model.tokenizer, args.n_ctx, n_windows=n_windows)
+    note_windows(
+        val.name, int(toks.shape[0]), args.n_ctx, corpus.tokens, "--tokens", per_window=args.n_ctx
+    )
     rows = []
     for p, v in zip(ps, variants):
         with apply_rope_variant(model, v, layer_kind=args.layer_kind):

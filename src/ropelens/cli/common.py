@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import numpy as np
 from ropelens.errors import InputError, UsageError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 from ropelens.loading.models import DTYPES as MODEL_DTYPES
+from ropelens.spec.bands import Bands
 from ropelens.validate import check_output_path
 
 DTYPES = {
@@ -40,7 +42,7 @@ __all__ = [
     "DTYPES", "AnalysisOptions", "CheckpointOptions", "Command", "CorpusCommand", "CorpusOptions", "ModelOptions",
     "OutputOptions", "Parser", "add_command", "band_tokens", "emit", "jsonable", "layer_list",
     "check_windows_fit", "load_from_args", "most_windows", "non_negative_int", "note", "note_windows", "number_list",
-    "positive_int", "window_length",
+    "positive_int", "relay", "signature_default", "window_length",
 ]  # fmt: skip
 
 
@@ -163,9 +165,73 @@ def band_tokens(text: str) -> int | None:
     return None if text.strip().lower() == "all" else positive_int(text)
 
 
-# ---------------------------------------------------------------------------------------- notes and limits
+# ------------------------------------------------------------------------------ the library's word
+def signature_default(function: Callable[..., Any], argument: str) -> Any:
+    """``function``'s default for ``argument``: a command's default is the library's."""
+    parameter = inspect.signature(function).parameters[argument]
+    if parameter.default is inspect.Parameter.empty:
+        raise TypeError(f"{function.__name__}'s argument {argument!r} has no default")
+    return parameter.default
+
+
+# library arguments whose flag is not their name with dashes
+_RENAMED = {"max_tokens": "--tokens"}
+
+
+def flag_of(argument: str) -> str:
+    """The flag that spells a library argument: ``skip_queries`` → ``--skip-queries``."""
+    return _RENAMED.get(argument, "--" + argument.replace("_", "-"))
+
+
+def in_flag_terms(message: str, flags: dict[str, str], *, subject_only: bool = False) -> str:
+    """``message`` with each argument name in ``flags`` spelled as its flag.
+
+    A library error names an argument as Python spells it (``epsilon must be ...``,
+    ``pass probe_heads=[...]``, ``drop 'probe' from metrics``); a command-line user needs the flag.
+    Only whole names are replaced, and a Python list written after ``name=`` becomes the flag's
+    metavar: ``flags`` may map ``probe_heads`` to ``"--probe-heads L.H,..."`` (the flag, then the
+    form of its value). ``subject_only``: replace a name only where it is the subject of a check
+    (``name must``, ``name is``), not in prose (``4 layers``) or Python (``name=[]`` in Python).
+    """
+    for argument, spelling in sorted(flags.items(), key=lambda item: -len(item[0])):
+        name, flag = re.escape(argument), spelling.split(" ")[0]
+        value = spelling if " " in spelling else f"{flag} VALUE"
+        if subject_only:
+            message = re.sub(rf"(?<![\w.'-]){name}(?=\s+(?:must|is)\b)", flag, message)
+            continue
+        message = re.sub(rf"(?<![\w.'-]){name}=\[[^\]]*\]", value, message)
+        message = re.sub(rf"(?<![\w.'-]){name}=", f"{flag} ", message)
+        message = re.sub(rf"(?<![\w.'-]){name}(?![\w'-])", flag, message)
+    return message
+
+
+def relay(
+    function: Callable[..., Any], *args: Any, flags: dict[str, str] | None = None, **kwargs: Any
+) -> Any:
+    """``function(*args, **kwargs)``; an :class:`InputError` it raises is re-raised in flag terms.
+
+    The library validates its arguments once; the command line relays its verdict. ``flags`` maps
+    an argument to the command's flag wherever the message names it; any other keyword argument
+    passed is spelled as :func:`flag_of` says where it is the subject of a check
+    (``skip_queries must be ≥ 1``).
+    """
+    flags = flags or {}
+    implied = {name: flag_of(name) for name in kwargs if name not in flags}
+    try:
+        return function(*args, **kwargs)
+    except InputError as error:
+        message = in_flag_terms(str(error), flags)
+        message = in_flag_terms(message, implied, subject_only=True)
+        if message == str(error):
+            raise
+        raise type(error)(message) from error
+
+
+# ---------------------------------------------------------------------------------------- notes and
+# limits
 def note(message: str) -> None:
-    """Say ``ropelens: note: MESSAGE`` once on stderr (on the main process only): a value was adjusted, not refused."""
+    """Say ``ropelens: note: MESSAGE`` once on stderr (on the main process only): a value was
+    adjusted, not refused."""
     from ropelens.run.distributed import is_main
 
     if is_main():
@@ -392,15 +458,20 @@ class AnalysisOptions(OptionGroup):
 
     @classmethod
     def add_to(
-        cls, parser: argparse.ArgumentParser, *, bands: bool = True
+        cls, parser: argparse.ArgumentParser, *, bands: bool = True, default_bands: Any = None
     ) -> argparse._ArgumentGroup:
-        """``--layers``, and ``--bands`` unless ``bands=False``."""
-        return super().add_to(parser, omit=() if bands else ("bands",), bands="quantiles:<=4")
+        """``--layers``, and ``--bands`` unless ``bands=False``; ``default_bands``: the analysis's own
+        default :class:`ropelens.spec.bands.Bands` (default: ``Bands.default()``, as most analyses)."""
+        default = (default_bands or Bands.default()).describe()
+        group = super().add_to(parser, omit=("bands",), bands=default)
+        if bands:
+            field = next(f for f in dataclasses.fields(cls) if f.name == "bands")
+            help_text = field.metadata["help"].split(" (default")[0] + f" (default: {default})"
+            _add_field(group, field, default, help=help_text)
+        return group
 
     def parsed_bands(self):
         """The :class:`ropelens.spec.bands.Bands` of ``--bands`` (None without the flag)."""
-        from ropelens.spec.bands import Bands
-
         return None if self.bands is None else Bands.parse(self.bands, flag="--bands")
 
     def __post_init__(self) -> None:
@@ -437,6 +508,9 @@ class OutputOptions(OptionGroup):
     json: bool = option(
         False, "print machine-readable JSON instead of a table", action="store_true"
     )
+    quiet: bool = option(
+        False, "no progress bars (they show on a terminal's stderr otherwise)", action="store_true"
+    )
 
     @classmethod
     def add_to(
@@ -456,12 +530,14 @@ class OutputOptions(OptionGroup):
                     "--out", dest="save", action=_DeprecatedAlias, help=argparse.SUPPRESS
                 )
         _add_field(group, fields["json"], False)
+        _add_field(group, fields["quiet"], False)
         return group
 
     @property
     def progress(self) -> bool:
-        """Progress bars only with a table: they would garble JSON piped elsewhere."""
-        return not self.json
+        """Progress bars (tqdm, on stderr) only on a terminal, with a table, and without ``--quiet``."""
+        # a bar would garble JSON read by a program, and fills a log file with carriage returns
+        return not (self.json or self.quiet) and sys.stderr.isatty()
 
     def check(self) -> None:
         """``--save`` names a file in a writable directory (created only when the result is saved)."""

@@ -109,41 +109,86 @@ def _parses(token: str, item: type | None) -> bool:
 
 
 def parse_variant(text: str, flag: str = "--variant") -> V.RopeVariant:
-    """``"prope:0.75"`` → ``PRoPE(0.75)``: a class name (any case, '-' ignored, or a unique prefix) and its values.
+    """``"prope:0.75"`` → ``PRoPE(0.75)``: a variant's class name and its values.
 
-    Errors name ``flag``, the bad token and the form of the variant, with an example that parses.
+    The name is in any case, '-' ignored, or a unique prefix. Values are given in order
+    (``yarn:4:2048``), by name (``yarn:factor=4``), or in order and then by name. Errors name
+    ``flag``, the bad token and the form of the variant, with an example that parses.
     """
     name, *values = text.strip().lower().split(":")
-    classes = _variant_classes()
-    key = name.replace("-", "").replace("_", "")
-    matches = [key] if key in classes else [n for n in classes if key and n.startswith(key)]
-    if len(matches) != 1:
-        raise InputError(
-            f"{flag}: unknown variant {text!r}: write NAME:VALUE:..., e.g. {flag} {_example('yarn')}; "
-            f"use one of {variant_help()}"
-        )
-    name = matches[0]
-    cls = classes[name]
+    name, cls = _variant_class(name, text, flag)
     params = _params(cls)
-    required = [
-        f
-        for f in params
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if not len(required) <= len(values) <= len(params):
+    required = [f.name for f in params if _required(f)]
+    given = _given_values(values, params, text, name, flag)
+    missing = [n for n in required if n not in given]
+    if missing or len(values) > len(params):
         counts = (
             f"{len(required)}"
             if len(required) == len(params)
             else f"{len(required)} to {len(params)}"
         )
+        lacking = f" (missing {', '.join(missing)})" if missing else ""
         raise InputError(
-            f"{flag} {text!r}: {name} takes {counts} value(s) after the name, got {len(values)}: "
+            f"{flag} {text!r}: {name} takes {counts} value(s) after the name, "
+            f"got {len(values)}{lacking}: "
             f"write {_form(name, cls)}, e.g. {flag} {_example(name)}"
         )
-    parsed = [_value(v, f, text, name, flag) for v, f in zip(values, params)]
     try:
-        return cls(*parsed)
+        return cls(**given)
     except (
         InputError
-    ) as e:  # a value out of its range (p > 1, a factor ≤ 0, lists of different lengths)
+    ) as e:  # a value out of its range (p > 1, a factor ≤ 0, lists of unequal lengths)
         raise InputError(f"{flag} {text!r}: {e}: e.g. {flag} {_example(name)}") from e
+
+
+def _required(field: dataclasses.Field) -> bool:
+    """Whether a variant's value has no default (it must be given)."""
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def _variant_class(name: str, text: str, flag: str) -> tuple[str, type[V.RopeVariant]]:
+    """The variant class ``name`` spells: its full name or a unique prefix ('-', '_' ignored)."""
+    classes = _variant_classes()
+    key = name.replace("-", "").replace("_", "")
+    matches = [key] if key in classes else [n for n in classes if key and n.startswith(key)]
+    if len(matches) != 1:
+        raise InputError(
+            f"{flag}: unknown variant {text!r}: write NAME:VALUE:..., "
+            f"e.g. {flag} {_example('yarn')}; "
+            f"use one of {variant_help()}"
+        )
+    return matches[0], classes[matches[0]]
+
+
+def _given_values(
+    values: list[str], params: list[dataclasses.Field], text: str, name: str, flag: str
+) -> dict[str, object]:
+    """The values after the name, by field: in order (``4:2048``), then by name (``factor=4``)."""
+    by_name = {f.name.lower(): f for f in params}
+    given: dict[str, object] = {}
+    named_seen = False
+    for position, value in enumerate(values):
+        key, named, raw = value.partition("=")
+        if named:
+            named_seen = True
+            field = by_name.get(key.strip())
+            if field is None:
+                known = ", ".join(by_name) or "none"
+                raise InputError(
+                    f"{flag} {text!r}: {name} has no value named {key.strip()!r} (its values: "
+                    f"{known}): write {_form(name, _variant_classes()[name])}, "
+                    f"e.g. {flag} {_example(name)}"
+                )
+        elif named_seen:
+            raise InputError(
+                f"{flag} {text!r}: {value!r} follows a named value: give values in order first, "
+                f"then by name, e.g. {flag} yarn:4:original_max_position=2048"
+            )
+        elif position >= len(params):
+            continue  # one value too many: parse_variant says how many the variant takes
+        else:
+            field, raw = params[position], value
+        if field.name in given:
+            raise InputError(f"{flag} {text!r}: {field.name} is given twice: give it once")
+        given[field.name] = _value(raw.strip(), field, text, name, flag)
+    return given

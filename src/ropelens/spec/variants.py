@@ -408,10 +408,11 @@ class YaRN(_HF):
 
     ``attention_factor`` overrides the cos/sin multiplier (default 0.1·ln s + 1). ``mscale`` and
     ``mscale_all_dim`` are DeepSeek's form, ratio of the two mscales; HF ignores ``mscale`` alone.
+    ``original_max_position``: the trained context (default: the layer's n_ctx).
     """
 
     factor: float
-    original_max_position: int
+    original_max_position: int | None = None
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     mscale: float | None = None
@@ -419,6 +420,12 @@ class YaRN(_HF):
     attention_factor: float | None = None
     truncate: bool = True
     rope_type: ClassVar[str] = "yarn"
+
+    def _hf(self, layer: LayerRope, seq_len: int | Tensor | None = None) -> tuple[Tensor, float]:
+        if self.original_max_position is None:  # relative to the layer's trained context
+            native = _native(layer, None, "YaRN")
+            return dataclasses.replace(self, original_max_position=native)._hf(layer, seq_len)
+        return super()._hf(layer, seq_len)
 
     def _check(self) -> None:
         # Checked here because HF reads `beta or default`: a 0 would silently become 32 or 1.

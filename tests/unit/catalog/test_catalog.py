@@ -54,16 +54,16 @@ def test_every_command_is_a_declared_analysis_command():
 def test_every_report_section_is_a_declared_analysis_section():
     assert sections() == [a.section for a in analyses() if a.section is not None]
     assert [s.key for s in sections()] == [
-        "spec",
-        "usage",
-        "bands",
-        "positional-heads",
+        "rope-spec",
+        "frequency-usage",
+        "band-statistics",
+        "head-taxonomy",
         "attention-sinks",
-        "attention-distance",
+        "attention-by-distance",
         "massive-values",
         "prope-sweep",
         "pe-geometry",
-        "context-extension",
+        "extension-planes",
     ]
 
 
@@ -118,13 +118,14 @@ def test_public_namespace_offers_the_registry():
         ropelens.catalog.analyses is analyses
         and ropelens.analyses.register_analysis is register_analysis
     )
-    # the subpackage keeps its name: nothing in the namespace shadows it
-    assert (
-        importlib.import_module("ropelens.analyses.attention_sinks")
-        is ropelens.analyses.attention_sinks
-    )
-    assert ropelens.analyses.attention_sinks.attention_sinks is ropelens.analyses.attention_sinks
-    assert [a.name for a in ropelens.catalog.analyses()][:3] == ["inspect", "report", "usage"]
+    # the namespace offers each analysis's function under the analysis's name
+    module = importlib.import_module("ropelens.analyses.attention_sinks")
+    assert module.attention_sinks is ropelens.analyses.attention_sinks
+    assert [a.name for a in ropelens.catalog.analyses()][:3] == [
+        "rope-spec",
+        "report",
+        "frequency-usage",
+    ]
 
 
 # ---------------------------------------------------------------------------------------- registering
@@ -142,7 +143,7 @@ def _run(args) -> int:
 
 def test_register_replaces_in_place_and_inserts_before(registry):
     names = [a.name for a in analyses()]
-    sinks = registry.module.analysis("sinks")
+    sinks = registry.module.analysis("attention-sinks")
     register_analysis(
         Analysis(
             "attention-sinks", sinks.function, sinks.result, sinks.figures, sinks.command, None
@@ -155,18 +156,22 @@ def test_register_replaces_in_place_and_inserts_before(registry):
         command=Command("extra", _run, lambda p: None),
         section=SectionSpec("extra", "Extra", _render),
     )
-    register_analysis(extra, before="usage")
-    assert [a.name for a in analyses()].index("extra") == names.index("usage")
-    assert _subcommands().index("extra") == _subcommands().index("usage") - 1
+    register_analysis(extra, before="frequency-usage")
+    assert [a.name for a in analyses()].index("extra") == names.index("frequency-usage")
+    assert _subcommands().index("extra") == _subcommands().index("frequency-usage") - 1
     assert ropelens.cli.main(["extra"]) == 0
 
 
 def test_register_refuses_what_would_clash_or_is_not_a_declaration(registry):
-    with pytest.raises(InputError, match="its command 'sinks' is already analysis 'sinks'"):
+    with pytest.raises(
+        InputError, match="its command 'attention-sinks' is already analysis 'attention-sinks'"
+    ):
         register_analysis(
             Analysis("sinks2", command=Command("attention-sinks", _run, lambda p: None))
         )
-    with pytest.raises(InputError, match="its section 'usage' is already analysis 'usage'"):
+    with pytest.raises(
+        InputError, match="its section 'frequency-usage' is already analysis 'frequency-usage'"
+    ):
         register_analysis(
             Analysis("usage2", section=SectionSpec("frequency-usage", "Usage", _render))
         )
@@ -185,9 +190,9 @@ def test_register_refuses_what_would_clash_or_is_not_a_declaration(registry):
 
 
 def test_register_section_makes_a_section_only_analysis(registry):
-    register_section(SectionSpec("extra", "Extra", _render), before="usage")
+    register_section(SectionSpec("extra", "Extra", _render), before="frequency-usage")
     keys = [s.key for s in sections()]
-    assert keys.index("extra") == keys.index("usage") - 1
+    assert keys.index("extra") == keys.index("frequency-usage") - 1
     assert registry.module.analysis("extra").command is None
 
 
@@ -218,7 +223,7 @@ def test_the_readme_declaration_makes_a_command_and_a_section(
     readme = (Path(__file__).parents[3] / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
     analysis = next(b for b in blocks if "class KeyNorm" in b)
-    declaration = next(b for b in blocks if "register_analysis(Analysis(" in b)
+    declaration = next(b for b in blocks if "register_analysis(\n    Analysis(" in b)
     monkeypatch.chdir(tmp_path)
     model = tiny("llama")
     path = str(tiny_dir("llama"))

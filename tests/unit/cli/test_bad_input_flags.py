@@ -48,40 +48,38 @@ def _notes(err: str) -> list[str]:
 # ------------------------------------------------------------------------------------- examples in the hints
 # Bad values whose message suggests an example; the example must pass every check the command makes.
 HINTED = [
-    ["distance", "--layers", ","],
-    ["sinks", "--epsilon", "1.5"],
-    ["possym", "--margin", "2"],
-    ["retrieval", "--threshold", "2"],
-    ["retrieval", "--lengths", ","],
-    ["retrieval", "--lengths", "x"],
-    ["retrieval", "--depths", ","],
-    ["truncate", "--p", ","],
-    ["truncate", "--p", "x"],
-    ["truncate", "--p", "1.5"],
-    ["passkey", "--lengths", ","],
-    ["passkey", "--lengths", "a"],
-    ["passkey", "--depths", ","],
-    ["passkey", "--depths", "1.5"],
-    ["passkey", "--variant", "prope:1.5"],
-    ["predict-base", "--lengths", ","],
-    ["predict-base", "--lengths", "x"],
-    ["decompose", "--text", " "],
-    ["distance", "--bands", "wavelength:10,x"],
-    ["distance", "--bands", "wavelength:"],
-    ["usage", "--bands", "quantiles:x"],
-    ["usage", "--bands", "quantiles:0"],
-    ["sinks", "--bands", "context:abc"],
-    ["decompose-stats", "--bands", "octaves"],
+    ["attention-by-distance", "--layers", ","],
+    ["retrieval-heads", "--threshold", "2"],
+    ["retrieval-heads", "--lengths", ","],
+    ["retrieval-heads", "--lengths", "x"],
+    ["retrieval-heads", "--depths", ","],
+    ["prope-sweep", "--p", ","],
+    ["prope-sweep", "--p", "x"],
+    ["prope-sweep", "--p", "1.5"],
+    ["passkey-retrieval", "--lengths", ","],
+    ["passkey-retrieval", "--lengths", "a"],
+    ["passkey-retrieval", "--depths", ","],
+    ["passkey-retrieval", "--depths", "1.5"],
+    ["passkey-retrieval", "--variant", "prope:1.5"],
+    ["base-predictions", "--lengths", ","],
+    ["base-predictions", "--lengths", "x"],
+    ["attention-decomposition", "--text", " "],
+    ["attention-by-distance", "--bands", "wavelength:10,x"],
+    ["attention-by-distance", "--bands", "wavelength:"],
+    ["frequency-usage", "--bands", "quantiles:x"],
+    ["frequency-usage", "--bands", "quantiles:0"],
+    ["attention-sinks", "--bands", "context:abc"],
+    ["band-statistics", "--bands", "octaves"],
     ["pe-geometry", "--base", "1"],
     ["pe-geometry", "--d", "7"],
     ["pe-geometry", "--n-pos", "1"],
     ["pe-geometry", "--d", "1000000000"],
-    ["variants", "--variant", "warp:3"],
+    ["variant-frequencies", "--variant", "warp:3"],
     ["knockout", "--heads", "x"],
     ["knockout", "--heads", ","],
     # each variant with too many values: the message shows that variant's form and example
     *(
-        ["variants", "--variant", f"{name}:{':'.join(['1'] * 9)}"]
+        ["variant-frequencies", "--variant", f"{name}:{':'.join(['1'] * 9)}"]
         for name in (
             "default",
             "prope",
@@ -146,47 +144,52 @@ def test_band_examples_parse():
     ("argv", "expected"),
     [
         (
-            ["distance", "--bands", "wavelength:10,x"],
+            ["attention-by-distance", "--bands", "wavelength:10,x"],
             "--bands: bad band spec 'wavelength:10,x': 'x' is not a finite number: write wavelength:E1,E2,... with E "
             "strictly increasing wavelengths in tokens, e.g. --bands wavelength:10,100,1000",
         ),
         (
-            ["distance", "--bands", "context:abc"],
+            ["attention-by-distance", "--bands", "context:abc"],
             "--bands: bad band spec 'context:abc': 'abc' is not a finite number: write context[:FACTOR] with FACTOR a "
             "positive number, e.g. --bands context:2",
         ),
-        (["distance", "--bands", "context:nan"], "'nan' is not a finite number"),
+        (["attention-by-distance", "--bands", "context:nan"], "'nan' is not a finite number"),
         (
-            ["distance", "--bands", "quantiles:2.5"],
+            ["attention-by-distance", "--bands", "quantiles:2.5"],
             "--bands: bad band spec 'quantiles:2.5': '2.5' is not an integer: write quantiles:N or quantiles:<=N (fewer "
             "bands in a layer with fewer planes) with N a positive integer, e.g. --bands quantiles:4",
         ),
         (
-            ["variants", "--variant", "prope:x"],
+            ["variant-frequencies", "--variant", "prope:x"],
             "--variant 'prope:x': bad P 'x': P must be a number: write prope:P, e.g. --variant prope:0.75",
         ),
         (
-            ["variants", "--variant", "yarn:abc:2048"],
-            "--variant 'yarn:abc:2048': bad FACTOR 'abc': FACTOR must be a number: write yarn:FACTOR:ORIGINAL_MAX_POSITION:",
+            ["variant-frequencies", "--variant", "yarn:abc:2048"],
+            "--variant 'yarn:abc:2048': bad FACTOR 'abc': FACTOR must be a number: "
+            "write yarn:FACTOR:[ORIGINAL_MAX_POSITION]:",
         ),
         (
-            ["variants", "--variant", "yarn:4:2k"],
+            ["variant-frequencies", "--variant", "yarn:4:2k"],
             "bad ORIGINAL_MAX_POSITION '2k': ORIGINAL_MAX_POSITION must be an integer",
         ),
         (
-            ["variants", "--variant", "longrope:1,x:1,2:2048"],
+            ["variant-frequencies", "--variant", "longrope:1,x:1,2:2048"],
             "--variant 'longrope:1,x:1,2:2048': bad SHORT_FACTOR 'x' in '1,x': SHORT_FACTOR must be a comma-separated list "
             "of numbers",
         ),
         (
-            ["variants", "--variant", "yarn:abc"],
-            "--variant 'yarn:abc': yarn takes 2 to 8 value(s) after the name, got 1: write yarn:FACTOR:",
+            ["variant-frequencies", "--variant", "yarn:4:2048:32:1:none:none:none:true:9"],
+            "--variant 'yarn:4:2048:32:1:none:none:none:true:9': yarn takes 1 to 8 value(s) after the "
+            "name, got 9: write yarn:FACTOR:",
         ),
         (
-            ["variants", "--variant", "yarn:4:2048:32:1:none:none:none:maybe"],
+            ["variant-frequencies", "--variant", "yarn:4:2048:32:1:none:none:none:maybe"],
             "bad TRUNCATE 'maybe': TRUNCATE must be true or false",
         ),
-        (["passkey", "--variant", "linear:0"], "--variant 'linear:0': factor must be > 0, got 0.0"),
+        (
+            ["passkey-retrieval", "--variant", "linear:0"],
+            "--variant 'linear:0': factor must be > 0, got 0.0",
+        ),
     ],
 )
 def test_numbers_in_specs_name_the_flag_token_and_syntax(argv, expected, tmp_path, capsys):
@@ -241,7 +244,7 @@ def extend(tiny_dir, tmp_path):
     def run(longrope: Path, capsys) -> str:
         return fails(
             [
-                "extend",
+                "extension-study",
                 model,
                 "--to",
                 "512",
@@ -355,7 +358,7 @@ def test_tokens_past_the_corpus_are_measured_with_one_note(
 ):
     """--tokens the corpus falls short of: all of it is measured, one note says so, the JSON says what was used."""
     argv = [
-        "usage",
+        "frequency-usage",
         str(tiny_dir("llama")),
         "--corpus",
         str(small_corpus),
@@ -388,7 +391,7 @@ def test_tokens_no_corpus_could_hold_are_refused_with_the_maximum(
 ):
     got = fails(
         [
-            "sinks",
+            "attention-sinks",
             "no-such-model",
             "--corpus",
             str(small_corpus),
@@ -413,7 +416,7 @@ def test_tokens_no_corpus_could_hold_are_refused_with_the_maximum(
     # the maximum it names passes the check (and is noted, then measured on what the corpus holds)
     assert fails(
         [
-            "sinks",
+            "attention-sinks",
             "no-such-model",
             "--corpus",
             str(small_corpus),
@@ -427,18 +430,16 @@ def test_tokens_no_corpus_could_hold_are_refused_with_the_maximum(
     ).startswith(NO_MODEL)
 
 
-@pytest.mark.parametrize("command", ["heads", "truncate"])
-def test_windows_no_corpus_could_hold_are_refused(command, tmp_path, capsys):
+@pytest.mark.parametrize("command", ["head-taxonomy", "prope-sweep", "knockout"])
+def test_tokens_no_corpus_could_hold_are_refused(command, tmp_path, capsys):
     got = fails(
-        [command, "no-such-model", "--n-ctx", "64", "--windows", "100000000"], tmp_path, capsys
+        [command, "no-such-model", "--n-ctx", "64", "--tokens", "6400000000"], tmp_path, capsys
     )
-    assert (
-        got.startswith("--windows 100,000,000 is more than corpus 'english")
-        and "--corpus" not in got
-    )
-    most = int(re.search(r"pass --windows (\d+) or fewer", got).group(1))
+    assert got.startswith("--tokens 6,400,000,000 is more than corpus 'english")
+    assert got.endswith("or fewer, or a larger --corpus")
+    most = int(re.search(r"pass --tokens (\d+) or fewer", got).group(1))
     assert fails(
-        [command, "no-such-model", "--n-ctx", "64", "--windows", str(most)], tmp_path, capsys
+        [command, "no-such-model", "--n-ctx", "64", "--tokens", str(most)], tmp_path, capsys
     ).startswith(NO_MODEL)
 
 
@@ -453,21 +454,23 @@ def _small(monkeypatch):
 def test_windows_past_the_corpus_are_noted(tiny_dir, monkeypatch, capsys):
     _small(monkeypatch)
     path = str(tiny_dir("llama"))
-    assert main(["head-taxonomy", path, "--n-ctx", "32", "--windows", "40", "--json"]) == 0
+    assert main(["head-taxonomy", path, "--n-ctx", "32", "--tokens", "1280", "--json"]) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert out["n_windows"] < 40 and out["n_ctx"] == 32
     assert _notes(captured.err) == [
-        f"ropelens: note: --windows 40 asks for 40 windows of 32 tokens but corpus 'small' "
+        f"ropelens: note: --tokens 1,280 asks for 40 windows of 32 tokens but corpus 'small' "
         f"holds {out['n_windows']}: measured all {out['n_windows']} "
         f"({out['n_windows'] * 32:,} tokens)"
     ]
-    assert main(["prope-sweep", path, "--n-ctx", "32", "--windows", "8", "--p", "1", "--json"]) == 0
+    assert (
+        main(["prope-sweep", path, "--n-ctx", "32", "--tokens", "256", "--p", "1", "--json"]) == 0
+    )
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert out["windows"] < 8
     assert _notes(captured.err) == [
-        f"ropelens: note: --windows 8 asks for 8 windows of 32 tokens but corpus "
+        f"ropelens: note: --tokens 256 asks for 8 windows of 32 tokens but corpus "
         f"'small[val]' holds {out['windows']}: measured all {out['windows']} "
         f"({out['windows'] * 32:,} tokens)"
     ]

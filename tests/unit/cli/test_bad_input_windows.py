@@ -9,13 +9,13 @@ only), that part reads NaN (null in JSON, n/a in text), never 1.000.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
 import pytest
 import torch
 
-from ropelens.analyses import extension_study as extension_module
 from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.analyses.band_statistics import band_statistics
 from ropelens.analyses.base_predictions import (
@@ -46,7 +46,11 @@ def test_possym_short_window_is_refused_before_the_model_loads(
     n_ctx, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)
-    got = fails(["possym", "no-such-model", "--n-ctx", n_ctx, "--tokens", "64"], tmp_path, capsys)
+    got = fails(
+        ["positional-symbolic", "no-such-model", "--n-ctx", n_ctx, "--tokens", "64"],
+        tmp_path,
+        capsys,
+    )
     assert got == (
         f"--n-ctx {n_ctx} is too short for positional/symbolic scoring: a query is scored only when it "
         "sees 8 keys besides BOS, so a window needs 9 tokens: use --n-ctx 9 or more"
@@ -117,7 +121,7 @@ def test_shortest_prediction_length_is_the_first_above_two_pi():
 def test_predict_base_short_length_is_refused(lengths, message, tiny_dir, tmp_path, capsys):
     got = fails(
         [
-            "predict-base",
+            "base-predictions",
             str(tiny_dir("llama")),
             "--lengths",
             lengths,
@@ -166,8 +170,8 @@ def test_band_with_no_plane_anywhere_is_refused_naming_it(tiny):
 @pytest.mark.parametrize(
     "command",
     [
-        ["decompose-stats", "--n-ctx", "16", "--tokens", "32"],
-        ["decompose", "--text", "hello there"],
+        ["band-statistics", "--n-ctx", "16", "--tokens", "32"],
+        ["attention-decomposition", "--text", "hello there"],
     ],
 )
 def test_empty_band_is_refused_by_the_commands(command, tiny_dir, tmp_path, monkeypatch, capsys):
@@ -308,6 +312,7 @@ def test_extend_checks_passkey_lengths_before_any_cell(
     def measured(*_a, **_k):
         raise AssertionError("a cell was measured before --passkey-lengths was checked")
 
+    extension_module = importlib.import_module("ropelens.analyses.extension_study")
     monkeypatch.setattr(extension_module, "_measure", measured)
     out = tmp_path / "study"
     if existing:
@@ -315,7 +320,7 @@ def test_extend_checks_passkey_lengths_before_any_cell(
         (out / "notes.txt").write_text("kept")
     got = fails(
         [
-            "extend",
+            "extension-study",
             str(tiny_dir("llama")),
             "--to",
             "512",

@@ -54,10 +54,10 @@ def test_inspect_json(tiny_dir, tiny, capsys):
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["inspect", "no-such-model"], "cannot load model 'no-such-model'"),
-        (["inspect", "/no/such/model.gguf"], "does not exist"),
-        (["inspect", "llama", "--device", "gpu0"], "unknown device 'gpu0'"),
-        (["inspect", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["rope-spec", "no-such-model"], "cannot load model 'no-such-model'"),
+        (["rope-spec", "/no/such/model.gguf"], "does not exist"),
+        (["rope-spec", "llama", "--device", "gpu0"], "unknown device 'gpu0'"),
+        (["rope-spec", "--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "required: COMMAND"),
     ],
@@ -96,7 +96,7 @@ def test_debug_env_reraises(monkeypatch):
 
 def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
-    assert "inspect" in capsys.readouterr().out
+    assert "rope-spec" in capsys.readouterr().out
     assert main(["rope-spec", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--device" in out and "--json" in out
@@ -132,7 +132,7 @@ def test_variants_and_truncate_commands(tiny_dir, capsys):
     )
     assert all(v == 0.0 for v in rows[1]["inv_freq_after"])
     assert (
-        main(["prope-sweep", path, "--p", "0,1", "--windows", "2", "--n-ctx", "32", "--json"]) == 0
+        main(["prope-sweep", path, "--p", "0,1", "--tokens", "64", "--n-ctx", "32", "--json"]) == 0
     )
     out = _json.loads(capsys.readouterr().out)
     assert [r["p"] for r in out["rows"]] == [0.0, 1.0] and all(
@@ -203,7 +203,7 @@ def test_sinks_distance_and_decompose_stats_commands(tiny_dir, tmp_path, capsys)
     st = BandStatistics.load(tmp_path / "b.json")
     assert len(rows) == len(st.layers) * len(st.band_names)
     assert main(["attention-sinks", path, *common, "--epsilon", "1.5"]) == 2
-    assert "--epsilon must lie in (0, 1)" in capsys.readouterr().err
+    assert "--epsilon must be > 0 and <= 1, got 1.5" in capsys.readouterr().err
 
 
 def test_massive_and_passkey_commands(tiny_dir, tmp_path, capsys):
@@ -364,15 +364,15 @@ def test_offsets_and_predict_base_commands(tiny_dir, capsys):
 
 
 CORPUS_COMMANDS = (
-    "usage",
-    "decompose-stats",
-    "sinks",
-    "distance",
-    "massive",
-    "offsets",
-    "bands",
-    "entropy",
-    "possym",
+    "frequency-usage",
+    "band-statistics",
+    "attention-sinks",
+    "attention-by-distance",
+    "massive-values",
+    "rotary-offsets",
+    "band-location",
+    "frequency-entropy",
+    "positional-symbolic",
 )
 
 
@@ -433,7 +433,15 @@ def test_every_corpus_command_takes_checkpoint():
     from ropelens.cli.main import build_parser
 
     parser = build_parser()
-    for command in ("usage", "decompose-stats", "heads", "sinks", "distance", "massive", "offsets"):
+    for command in (
+        "frequency-usage",
+        "band-statistics",
+        "head-taxonomy",
+        "attention-sinks",
+        "attention-by-distance",
+        "massive-values",
+        "rotary-offsets",
+    ):
         args = parser.parse_args([command, "--checkpoint", "ck", "--checkpoint-every", "3"])
         assert (args.checkpoint, args.checkpoint_every) == ("ck", 3), command
 
@@ -456,8 +464,8 @@ def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
             [
                 "head-taxonomy",
                 path,
-                "--windows",
-                "2",
+                "--tokens",
+                "64",
                 "--n-ctx",
                 "32",
                 "--json",
@@ -471,15 +479,11 @@ def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
     got = json.loads(captured.out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert got["heads"][0]["mass_text"] is None
     assert HeadTaxonomy.load(saved).tau == got["tau"]
-    old = tmp_path / "old.json"
-    assert main(["head-taxonomy", path, "--windows", "2", "--n-ctx", "32", "--out", str(old)]) == 0
-    assert old.exists() and "--out is deprecated; use --save" in capsys.readouterr().err
-    assert main(["head-taxonomy", "--help"]) == 0
-    assert "--out" not in capsys.readouterr().out  # hidden: --save is the spelling to learn
 
 
 @pytest.mark.parametrize(
-    "argv", [["variants", "--variant", "warp:3"], ["passkey", "--variant", "warp:3"]]
+    "argv",
+    [["variant-frequencies", "--variant", "warp:3"], ["passkey-retrieval", "--variant", "warp:3"]],
 )
 def test_unknown_variant_lists_the_registry(argv, capsys):
     """One error line naming every variant class ropelens.spec.variants exports (before any model loads)."""
@@ -602,7 +606,7 @@ def test_possym_command(tiny_dir, tmp_path, capsys):
         float(saved.scores("attention")[0][0, 0])
     )
     assert main(["positional-symbolic", path, *common, "--margin", "1.5"]) == 2
-    assert "--margin must lie in [0, 1]" in capsys.readouterr().err
+    assert "--margin must be >= 0 and <= 1, got 1.5" in capsys.readouterr().err
 
 
 def test_extend_command_end_to_end(tmp_path, capsys):
@@ -613,7 +617,7 @@ def test_extend_command_end_to_end(tmp_path, capsys):
     path = str(tiny_model_dir("llama", tmp_path / "m", max_position_embeddings=64))
     out = tmp_path / "ext"
     argv = [
-        "extend",
+        "extension-study",
         path,
         "--to",
         "256",
@@ -705,7 +709,9 @@ def test_retrieval_command(tiny_dir, tmp_path, capsys):
     assert "--threshold must lie in [0, 1]" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["decompose-stats", "usage", "sinks", "entropy"])
+@pytest.mark.parametrize(
+    "command", ["band-statistics", "frequency-usage", "attention-sinks", "frequency-entropy"]
+)
 def test_a_repeated_or_aliased_layer_is_measured_once(command, tiny_dir, tmp_path, capsys):
     """``--layers 0,0`` and ``--layers -1,1`` (two names of one layer) give the single layer's numbers: no row
     twice, shares that still sum to one, no zero or NaN row."""

@@ -50,94 +50,118 @@ def fails(argv: list[str], folder: Path, capsys) -> str:
 BEFORE_THE_MODEL = [
     # distance
     (
-        ["distance", "--n-ctx", "2", "--tokens", "8"],
+        ["attention-by-distance", "--n-ctx", "2", "--tokens", "8"],
         "--n-ctx 2 is too short for distance curves: they need three distance bins (δ = 0, 1, 2 between non-BOS "
         "tokens): use --n-ctx 4 or more",
     ),
-    (["distance", "--n-ctx", "2", "--tokens", "8", "--keep-bos"], "use --n-ctx 3 or more"),
     (
-        ["distance", "--n-ctx", "1"],
+        ["attention-by-distance", "--n-ctx", "2", "--tokens", "8", "--keep-bos"],
+        "use --n-ctx 3 or more",
+    ),
+    (
+        ["attention-by-distance", "--n-ctx", "1"],
         "argument --n-ctx: a window needs at least 2 tokens (BOS and one more), got 1",
     ),
-    (["distance", "--tokens", "x"], "argument --tokens: expected a positive integer, got 'x'"),
     (
-        ["distance", "--tokens", "16", "--n-ctx", "32"],
+        ["attention-by-distance", "--tokens", "x"],
+        "argument --tokens: expected a positive integer, got 'x'",
+    ),
+    (
+        ["attention-by-distance", "--tokens", "16", "--n-ctx", "32"],
         "--tokens 16 is fewer than one window of --n-ctx 32: raise",
     ),
     (
-        ["distance", "--layers", "0,x"],
+        ["attention-by-distance", "--layers", "0,x"],
         "expected comma-separated layer indices such as 0,5,11, got '0,x'",
     ),
-    (["distance", "--bands", "quantiles:0"], "bad band spec 'quantiles:0'"),
+    (["attention-by-distance", "--bands", "quantiles:0"], "bad band spec 'quantiles:0'"),
     (
-        ["distance", "--corpus", "{tmp}/missing.txt"],
+        ["attention-by-distance", "--corpus", "{tmp}/missing.txt"],
         "does not exist: check the path, or use a built-in corpus",
     ),
     (
-        ["distance", "--save", "{file}/d.json"],
+        ["attention-by-distance", "--save", "{file}/d.json"],
         "--save {file}/d.json: {file} is a file, not a directory: pass a path in a writable directory",
     ),
     (
-        ["distance", "--save", "{tmp}"],
+        ["attention-by-distance", "--save", "{tmp}"],
         "--save {tmp} is a directory: pass a file path such as {tmp}/result.json",
     ),
-    (["distance", "--checkpoint", "{file}"], "--checkpoint {file} is a file: pass a directory"),
     (
-        ["distance", "--checkpoint-every", "0"],
+        ["attention-by-distance", "--checkpoint", "{file}"],
+        "--checkpoint {file} is a file: pass a directory",
+    ),
+    (
+        ["attention-by-distance", "--checkpoint-every", "0"],
         "argument --checkpoint-every: expected a positive integer, got 0",
     ),
-    (["distance", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    (["attention-by-distance", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
     # offsets
-    (["offsets", "--n-ctx", "0"], "argument --n-ctx: expected a positive integer, got 0"),
-    (["offsets", "--tokens", "-5"], "argument --tokens: expected a positive integer, got -5"),
-    (["offsets", "--save", "{file}/sub/o.json"], "{file} is a file, not a directory"),
+    (["rotary-offsets", "--n-ctx", "0"], "argument --n-ctx: expected a positive integer, got 0"),
     (
-        ["offsets", "--checkpoint", "{file}/ck"],
+        ["rotary-offsets", "--tokens", "-5"],
+        "argument --tokens: expected a positive integer, got -5",
+    ),
+    (["rotary-offsets", "--save", "{file}/sub/o.json"], "{file} is a file, not a directory"),
+    (
+        ["rotary-offsets", "--checkpoint", "{file}/ck"],
         "--checkpoint {file}/ck: {file} is a file, not a directory",
     ),
     # decompose-stats
     (
-        ["decompose-stats", "--batch-size", "0"],
+        ["band-statistics", "--batch-size", "0"],
         "argument --batch-size: expected a positive integer, got 0",
     ),
-    (["decompose-stats", "--save", "{tmp}"], "is a directory: pass a file path"),
-    (["decompose-stats", "--bands", "octaves"], "unknown band spec 'octaves'"),
+    (["band-statistics", "--save", "{tmp}"], "is a directory: pass a file path"),
+    (["band-statistics", "--bands", "octaves"], "unknown band spec 'octaves'"),
     # predict-base
-    (["predict-base", "--measure", "-1"], "argument --measure: expected an integer ≥ 0, got -1"),
-    (["predict-base", "--measure", "x"], "argument --measure: expected an integer ≥ 0, got 'x'"),
     (
-        ["predict-base", "--lengths", "x"],
+        ["base-predictions", "--measure", "-1"],
+        "argument --measure: expected an integer ≥ 0, got -1",
+    ),
+    (
+        ["base-predictions", "--measure", "x"],
+        "argument --measure: expected an integer ≥ 0, got 'x'",
+    ),
+    (
+        ["base-predictions", "--lengths", "x"],
         "--lengths must be a comma-separated list of integers, got 'x'",
     ),
     (
-        ["predict-base", "--lengths", "2048,1.5"],
+        ["base-predictions", "--lengths", "2048,1.5"],
         "--lengths must be a comma-separated list of integers",
     ),
     (
-        ["predict-base", "--lengths", ","],
+        ["base-predictions", "--lengths", ","],
         "--lengths is empty: pass a comma-separated list of integers",
     ),
-    (["predict-base", "--lengths", "1"], "--lengths needs token counts ≥ 2, got '1'"),
-    (["predict-base", "--save", "{file}/p.json"], "{file} is a file, not a directory"),
+    (["base-predictions", "--lengths", "1"], "--lengths needs token counts ≥ 2, got '1'"),
+    (["base-predictions", "--save", "{file}/p.json"], "{file} is a file, not a directory"),
     # passkey
     (
-        ["passkey", "--depths", "1.5"],
+        ["passkey-retrieval", "--depths", "1.5"],
         "each of --depths must be >= 0 and <= 1, got 1.5: pass fractions of the prompt",
     ),
-    (["passkey", "--depths", "nan"], "each of --depths must be a finite number, got nan"),
-    (["passkey", "--depths", "a"], "--depths must be a comma-separated list of numbers, got 'a'"),
-    (["passkey", "--trials", "0"], "argument --trials: expected a positive integer, got 0"),
+    (["passkey-retrieval", "--depths", "nan"], "each of --depths must be a finite number, got nan"),
     (
-        ["passkey", "--lengths", "x"],
+        ["passkey-retrieval", "--depths", "a"],
+        "--depths must be a comma-separated list of numbers, got 'a'",
+    ),
+    (
+        ["passkey-retrieval", "--trials", "0"],
+        "argument --trials: expected a positive integer, got 0",
+    ),
+    (
+        ["passkey-retrieval", "--lengths", "x"],
         "--lengths must be a comma-separated list of integers, got 'x'",
     ),
     (
-        ["passkey", "--lengths", "1024,0"],
+        ["passkey-retrieval", "--lengths", "1024,0"],
         "each of --lengths must be >= 2, got 0: pass prompt lengths in tokens",
     ),
-    (["passkey", "--seed", "-1"], "argument --seed: expected an integer ≥ 0, got -1"),
-    (["passkey", "--variant", "prope:1.5"], "p must be >= 0 and <= 1, got 1.5"),
-    (["passkey", "--save", "{tmp}"], "is a directory: pass a file path"),
+    (["passkey-retrieval", "--seed", "-1"], "argument --seed: expected an integer ≥ 0, got -1"),
+    (["passkey-retrieval", "--variant", "prope:1.5"], "p must be >= 0 and <= 1, got 1.5"),
+    (["passkey-retrieval", "--save", "{tmp}"], "is a directory: pass a file path"),
     # knockout
     (
         ["knockout", "--heads", "3:1"],
@@ -163,32 +187,37 @@ BEFORE_THE_MODEL = [
     (["knockout", "--random", "-1"], "argument --random: expected an integer ≥ 0, got -1"),
     (["knockout", "--save", "{tmp}"], "is a directory: pass a file path"),
     # heads, truncate, context, the other corpus commands, decompose
-    (["heads", "--windows", "0"], "argument --windows: expected a positive integer, got 0"),
-    (["heads", "--n-ctx", "1"], "argument --n-ctx: a window needs at least 2 tokens"),
-    (["heads", "--checkpoint", "{file}"], "--checkpoint {file} is a file"),
-    (["heads", "--save", "{file}/h.json"], "{file} is a file, not a directory"),
-    (["truncate", "--windows", "0"], "argument --windows: expected a positive integer, got 0"),
-    (["truncate", "--n-ctx", "x"], "argument --n-ctx: expected a positive integer, got 'x'"),
-    (["truncate", "--p", "x"], "--p must be a comma-separated list of numbers, got 'x'"),
-    (["truncate", "--p", "1.5"], "p must be >= 0 and <= 1, got 1.5"),
-    (["context", "--target", "0"], "argument --target: expected a positive integer, got 0"),
+    (["head-taxonomy", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
+    (["head-taxonomy", "--n-ctx", "1"], "argument --n-ctx: a window needs at least 2 tokens"),
+    (["head-taxonomy", "--checkpoint", "{file}"], "--checkpoint {file} is a file"),
+    (["head-taxonomy", "--save", "{file}/h.json"], "{file} is a file, not a directory"),
+    (["prope-sweep", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
+    (["prope-sweep", "--n-ctx", "x"], "argument --n-ctx: expected a positive integer, got 'x'"),
+    (["prope-sweep", "--p", "x"], "--p must be a comma-separated list of numbers, got 'x'"),
+    (["prope-sweep", "--p", "1.5"], "p must be >= 0 and <= 1, got 1.5"),
     (
-        ["context", "--target", "8192", "--original", "0"],
-        "argument --original: expected a positive integer, got 0",
+        ["extension-planes", "--to", "0"],
+        "argument --to: expected a positive integer, got 0",
     ),
     (
-        ["context", "--target", "1024", "--original", "2048"],
-        "--target 1024 must exceed --original 2048",
+        ["extension-planes", "--to", "8192", "--native", "0"],
+        "argument --native: expected a positive integer, got 0",
     ),
-    (["context", "--target", "8192", "--variants", "warp"], "--variants 'warp': unknown ['warp']"),
-    (["sinks", "--epsilon", "1.5"], "--epsilon must lie in (0, 1), got 1.5"),
-    (["massive", "--factor", "0.5"], "--factor must exceed 1"),
-    (["usage", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
-    (["decompose", "--window", "-1"], "--window must be ≥ 0, got -1"),
-    (["decompose", "--text", " "], "--text is empty"),
-    (["variants", "--variant", "prope:x"], "variant 'prope:x': bad P 'x'"),
     (
-        ["inspect", "--device", "gpu0"],
+        ["extension-planes", "--to", "1024", "--native", "2048"],
+        "--to 1024 must exceed --native 2048",
+    ),
+    (
+        ["extension-planes", "--to", "8192", "--variants", "warp"],
+        "--variants 'warp': unknown ['warp']",
+    ),
+    (["massive-values", "--factor", "0.5"], "--factor must exceed 1"),
+    (["frequency-usage", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
+    (["attention-decomposition", "--window", "-1"], "--window must be ≥ 0, got -1"),
+    (["attention-decomposition", "--text", " "], "--text is empty"),
+    (["variant-frequencies", "--variant", "prope:x"], "variant 'prope:x': bad P 'x'"),
+    (
+        ["rope-spec", "--device", "gpu0"],
         "unknown device 'gpu0': use 'cpu', 'cuda', 'cuda:N' or 'mps'",
     ),
     # report
@@ -221,7 +250,7 @@ def test_bad_value_fails_before_the_model_loads(argv, message, tmp_path, monkeyp
     "argv",
     [
         [
-            "offsets",
+            "rotary-offsets",
             "--n-ctx",
             "32",
             "--tokens",
@@ -231,9 +260,9 @@ def test_bad_value_fails_before_the_model_loads(argv, message, tmp_path, monkeyp
             "--checkpoint",
             "{new}/ck",
         ],
-        ["heads", "--save", "{new}/h.json", "--checkpoint", "{new}/ck"],
-        ["passkey", "--save", "{new}/p.json"],
-        ["predict-base", "--save", "{new}/p.json"],
+        ["head-taxonomy", "--save", "{new}/h.json", "--checkpoint", "{new}/ck"],
+        ["passkey-retrieval", "--save", "{new}/p.json"],
+        ["base-predictions", "--save", "{new}/p.json"],
         ["report", "--out", "{new}/report"],
     ],
 )
@@ -254,29 +283,32 @@ def test_outputs_are_not_created_when_the_model_fails(argv, tmp_path, monkeypatc
     ("argv", "message"),
     [
         (
-            ["distance", "--layers", "9", "--n-ctx", "32", "--tokens", "64"],
+            ["attention-by-distance", "--layers", "9", "--n-ctx", "32", "--tokens", "64"],
             "layer 9 out of range: the model has 2 layers",
         ),
         (
-            ["context", "--target", "8192", "--layer", "9"],
+            ["extension-planes", "--to", "8192", "--layer", "9"],
             "layer 9 out of range: the model has 2 layers (0..1)",
         ),
-        (["passkey", "--lengths", "5", "--save", "{tmp}/p.json"], "length 5 is too short"),
         (
-            ["decompose", "--window", "99999", "--n-ctx", "32"],
+            ["passkey-retrieval", "--lengths", "5", "--save", "{tmp}/p.json"],
+            "length 5 is too short",
+        ),
+        (
+            ["attention-decomposition", "--window", "99999", "--n-ctx", "32"],
             "--window 99999 does not exist: pick 0..",
         ),
         (
-            ["context", "--target", "100"],
-            "--target 100 must exceed the original context 256: pass --original N",
+            ["extension-planes", "--to", "100"],
+            "--to 100 must exceed the native context 256: pass --native N",
         ),
         # sizes checked against what the computation needs before anything is allocated
         (
-            ["passkey", "--lengths", "100000000"],
+            ["passkey-retrieval", "--lengths", "100000000"],
             "a passkey prompt of 100,000,000 tokens needs about",
         ),
         (
-            ["predict-base", "--lengths", "10000000000"],
+            ["base-predictions", "--lengths", "10000000000"],
             "context length 10,000,000,000 is past 262,144 tokens",
         ),
     ],
@@ -302,7 +334,7 @@ def test_bad_value_for_this_model(argv, message, tiny_dir, tmp_path, capsys):
     ],
 )
 def test_unknown_model_name_says_what_was_tried(name, message, tmp_path, capsys):
-    got = fails(["inspect", name], tmp_path, capsys)
+    got = fails(["rope-spec", name], tmp_path, capsys)
     assert got.startswith(
         f"cannot load model {name!r}: it is not an embedded model ('smollm2-135m', 'gemma-3-270m'), "
         f"no file or directory {name!r} exists"
@@ -323,7 +355,7 @@ def test_unreachable_hub_fails_fast(hub, tmp_path, capsys):
     try:
         hub.point(endpoint)
         started = time.perf_counter()
-        got = fails(["inspect", "nosuchmodel"], tmp_path, capsys)
+        got = fails(["rope-spec", "nosuchmodel"], tmp_path, capsys)
         assert time.perf_counter() - started < 10  # 0.5 s timeout; transformers' retries took 30 s
     finally:
         silent.close()
@@ -338,11 +370,11 @@ def test_refused_connection_and_unknown_repository(hub, tmp_path, capsys):
     free.close()  # nothing listens there now: the connection is refused at once
     hub.point(f"http://127.0.0.1:{port}")
     assert "did not answer within 0.5 s (ConnectError" in fails(
-        ["inspect", "nosuchmodel"], tmp_path, capsys
+        ["rope-spec", "nosuchmodel"], tmp_path, capsys
     )
 
     endpoint = hub.not_found("RepoNotFound", "Repository not found")
-    got = fails(["inspect", "owner/nosuchmodel"], tmp_path, capsys)
+    got = fails(["rope-spec", "owner/nosuchmodel"], tmp_path, capsys)
     assert f"the hub ({endpoint}) has no model 'owner/nosuchmodel'" in got
 
 
@@ -352,9 +384,9 @@ def _refusing() -> dict[str, list[str]]:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     extra = {
         "compare": ["a", "b"],
-        "variants": ["--variant", "nope"],
-        "context": ["--target", "8192"],
-        "extend": ["--to", "16384"],
+        "variant-frequencies": ["--variant", "nope"],
+        "extension-planes": ["--to", "8192"],
+        "extension-study": ["--to", "16384"],
         "trajectory": ["step-000100"],
     }
     return {
@@ -366,20 +398,20 @@ def _refusing() -> dict[str, list[str]]:
 
 def test_the_refusing_commands_are_these():
     assert sorted(_refusing()) == [
-        "bands",
+        "attention-decomposition",
+        "band-location",
+        "base-predictions",
         "compare",
-        "context",
-        "decompose",
-        "extend",
-        "inspect",
+        "extension-planes",
+        "extension-study",
         "knockout",
-        "passkey",
+        "passkey-retrieval",
         "pe-geometry",
-        "predict-base",
-        "retrieval",
+        "prope-sweep",
+        "retrieval-heads",
+        "rope-spec",
         "trajectory",
-        "truncate",
-        "variants",
+        "variant-frequencies",
     ]
 
 
@@ -391,15 +423,15 @@ def test_torchrun_refusal(command, tmp_path, monkeypatch, capsys):
         f"ropelens {command} does not split its work across processes: run it without torchrun ("
     )
     for splitting in (
-        "usage",
-        "decompose-stats",
-        "heads",
-        "sinks",
-        "distance",
-        "massive",
-        "offsets",
-        "entropy",
-        "possym",
+        "frequency-usage",
+        "band-statistics",
+        "head-taxonomy",
+        "attention-sinks",
+        "attention-by-distance",
+        "massive-values",
+        "rotary-offsets",
+        "frequency-entropy",
+        "positional-symbolic",
         "report",
     ):
         assert f"{splitting}," in got or f"{splitting} and" in got or f"and {splitting} do" in got
@@ -504,9 +536,7 @@ def test_context_past_the_certified_bound_still_answers(tiny_dir, capsys):
     """A target far past any context (1e20 tokens) gets the per-plane view at once, and the base bound says why it is
     not given; nothing is allocated by the target's size."""
     started = time.perf_counter()
-    assert (
-        main(["extension-planes", str(tiny_dir("llama")), "--target", str(10**20), "--json"]) == 0
-    )
+    assert main(["extension-planes", str(tiny_dir("llama")), "--to", str(10**20), "--json"]) == 0
     assert time.perf_counter() - started < 30
     out = json.loads(capsys.readouterr().out)
     assert out["target_ctx"] == 10**20 and out["base_lower_bound_target"] is None and out["views"]
