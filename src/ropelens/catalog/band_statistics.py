@@ -245,7 +245,7 @@ def render(data: ReportData) -> Section:
         "band-statistics",
         "Band decomposition of attention",
         "".join(parts),
-        tables={"band_stats": st.to_frame(), "tightness": tight_frame},
+        tables={"band_statistics": st.to_frame(), "tightness": tight_frame},
         numbers=numbers,
         findings=findings,
     )

@@ -324,7 +324,7 @@ def render(data: ReportData, ext: ContextExtension) -> Section:
         "extension-planes",
         "Context extension",
         body,
-        tables={"context_extension": frame} | extra_tables,
+        tables={"extension_planes": frame} | extra_tables,
         numbers={
             "rows": frame.to_dict("records"),
             "bounds": ext.bounds,

@@ -236,7 +236,7 @@ def render(data: ReportData) -> Section:
         "frequency-usage",
         "Frequency usage",
         "".join(parts),
-        tables={"usage": u.to_frame(), "energy": energy},
+        tables={"frequency_usage": u.to_frame(), "energy": energy},
         numbers=numbers,
         findings=findings,
     )

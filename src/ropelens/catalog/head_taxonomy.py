@@ -135,7 +135,7 @@ def render(_data: ReportData, heads: Measured) -> Section:
         "head-taxonomy",
         "Positional heads",
         body,
-        tables={"heads": df},
+        tables={"head_taxonomy": df},
         numbers={"tau": tx.tau, "kinds": counts, "positional": table.to_dict("records")},
         findings=[finding],
     )

@@ -412,7 +412,7 @@ def render(data: ReportData) -> Section:
         },
         "bands": bt.to_dict("records"),
     }
-    return Section("rope-spec", "Model and RoPE", body, tables={"spec": frame}, numbers=numbers)
+    return Section("rope-spec", "Model and RoPE", body, tables={"rope_spec": frame}, numbers=numbers)
 
 
 ANALYSIS = Analysis(

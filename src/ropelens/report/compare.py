@@ -56,15 +56,15 @@ def _read(folder: Path) -> dict[str, Any]:
             f"{folder / 'report.json'} is not a ropelens report: pass directories written by "
             "`ropelens report`"
         )
-    for name in ("energy", "band_stats", "heads", "sinks_layers"):
+    for name in ("energy", "band_statistics", "head_taxonomy", "sinks_layers"):
         f = folder / f"{name}.csv"
         out[name] = _read_table(f) if f.is_file() else None
-    if out["energy"] is None or out["band_stats"] is None:
+    if out["energy"] is None or out["band_statistics"] is None:
         raise InputError(
-            f"{folder} lacks energy.csv or band_stats.csv: re-run `ropelens report` with this version"
+            f"{folder} lacks energy.csv or band_statistics.csv: re-run `ropelens report` with this version"
         )
     layers = ((out["report"].get("provenance") or {}).get("config") or {}).get("layers")
-    for name in ("energy", "band_stats"):
+    for name in ("energy", "band_statistics"):
         _check_complete(folder / f"{name}.csv", out[name], layers)
     return out
 
@@ -72,8 +72,8 @@ def _read(folder: Path) -> dict[str, Any]:
 # The columns compare reads from each table of a report, and those of them that hold numbers (True/False for bools).
 _COLUMNS = {
     "energy": ("which", "scope", "layer", "head", "band", "energy_share"),
-    "band_stats": ("layer", "head", "band", "margin_share"),
-    "heads": ("layer", "head", "positional", "kind"),
+    "band_statistics": ("layer", "head", "band", "margin_share"),
+    "head_taxonomy": ("layer", "head", "positional", "kind"),
     "sinks_layers": ("layer", "sinking_share"),
 }
 _NUMBERS = {"layer", "head", "energy_share", "margin_share", "sinking_share"}
@@ -241,8 +241,8 @@ def _compare_energy(a: dict[str, Any], b: dict[str, Any], comparison: _Compariso
 
 def _compare_margin(a: dict[str, Any], b: dict[str, Any], comparison: _Comparison) -> None:
     """Each band's share of the attended-key margin per layer, B − A."""
-    margin_a = _layer_band(a["band_stats"], "margin_share")
-    margin_b = _layer_band(b["band_stats"], "margin_share")
+    margin_a = _layer_band(a["band_statistics"], "margin_share")
+    margin_b = _layer_band(b["band_statistics"], "margin_share")
     diff, fig = _diff_map(margin_a, margin_b, "share of the attended-key margin")
     comparison.tables["margin_diff"] = diff.reset_index()
     layer, band, change = _largest(diff)
@@ -260,9 +260,9 @@ def _positional_heads(heads: pd.DataFrame) -> dict[tuple[int, int], str]:
 
 def _compare_heads(a: dict[str, Any], b: dict[str, Any], comparison: _Comparison) -> None:
     """The positional heads B gained and lost against A (when both reports scored heads)."""
-    if a["heads"] is None or b["heads"] is None:
+    if a["head_taxonomy"] is None or b["head_taxonomy"] is None:
         return
-    heads_a, heads_b = _positional_heads(a["heads"]), _positional_heads(b["heads"])
+    heads_a, heads_b = _positional_heads(a["head_taxonomy"]), _positional_heads(b["head_taxonomy"])
     gained, lost = sorted(set(heads_b) - set(heads_a)), sorted(set(heads_a) - set(heads_b))
     rows = [{"layer": L, "head": h, "change": "gained", "kind": heads_b[L, h]} for L, h in gained]
     rows += [{"layer": L, "head": h, "change": "lost", "kind": heads_a[L, h]} for L, h in lost]

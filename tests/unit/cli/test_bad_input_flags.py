@@ -574,9 +574,9 @@ def _set_last_field(text: str, row: int, value: str) -> str:
             "that the rest of layer 1 has (its last row is row 126)",
         ),
         (
-            "band_stats",
+            "band_statistics",
             lambda t: _lines(t, 17),
-            "band_stats.csv is truncated: it has no rows for layer 1 though the report measured layers 0, 1 "
+            "band_statistics.csv is truncated: it has no rows for layer 1 though the report measured layers 0, 1 "
             "(its last row is row 16)",
         ),
         (
@@ -587,9 +587,9 @@ def _set_last_field(text: str, row: int, value: str) -> str:
             "energy.csv lacks the column energy_share (its header: which, scope, layer, head, band)",
         ),
         (
-            "band_stats",
+            "band_statistics",
             lambda t: t.replace("layer,", "lyr,", 1),
-            "band_stats.csv lacks the column layer",
+            "band_statistics.csv lacks the column layer",
         ),
         (
             "energy",
@@ -597,9 +597,9 @@ def _set_last_field(text: str, row: int, value: str) -> str:
             "energy.csv: column energy_share holds 'abc' at row 3, not a number",
         ),
         (
-            "heads",
+            "head_taxonomy",
             lambda t: t.replace("False", "maybe", 1),
-            "heads.csv: column positional holds 'maybe' at row 1, not True or False",
+            "head_taxonomy.csv: column positional holds 'maybe' at row 1, not True or False",
         ),
         ("energy", lambda t: "", "energy.csv is empty (no header row)"),
     ],

@@ -491,7 +491,7 @@ def test_compare_bad_input(two_reports, tmp_path, capsys):
     broken.mkdir()
     (broken / "report.json").write_text("[1, 2]")
     (broken / "energy.csv").write_text("a\n1\n")
-    (broken / "band_stats.csv").write_text("a\n1\n")
+    (broken / "band_statistics.csv").write_text("a\n1\n")
     cases = [
         (
             [str(tmp_path / "missing"), str(b)],

@@ -73,16 +73,16 @@ def test_every_section_present(page, report):
         assert f'<section id="{anchor}">' in page
     available = {s["key"]: s["available"] for s in report["sections"]}
     assert available == {
-        "spec": True,
-        "usage": True,
-        "bands": True,
-        "positional-heads": True,
+        "rope-spec": True,
+        "frequency-usage": True,
+        "band-statistics": True,
+        "head-taxonomy": True,
         "attention-sinks": True,
-        "attention-distance": True,
+        "attention-by-distance": True,
         "massive-values": True,
         "prope-sweep": True,
         "pe-geometry": True,
-        "context-extension": True,
+        "extension-planes": True,
     }
     for key, ok in available.items():
         body = page.split(f'<section id="{key}">')[1].split("</section>")[0]
@@ -131,7 +131,7 @@ def test_findings_quote_their_numbers(report, page):
 
 def test_findings_agree_with_the_csvs(gemma_report, report):
     found = {f["key"]: f["values"] for f in report["findings"]}
-    bs = csv(gemma_report, "band_stats")
+    bs = csv(gemma_report, "band_statistics")
     first = (
         bs[bs["band"] == found["margin"]["band"]]
         .sort_values("margin_share", ascending=False)
@@ -166,34 +166,34 @@ def test_csvs_are_tidy(gemma_report, report, tiny):
     names = [t for s in report["sections"] for t in s["tables"]]
     assert sorted(names) == sorted(
         [
-            "spec.csv",
-            "usage.csv",
+            "rope_spec.csv",
+            "frequency_usage.csv",
             "energy.csv",
-            "band_stats.csv",
+            "band_statistics.csv",
             "tightness.csv",
-            "heads.csv",
+            "head_taxonomy.csv",
             "sinks_heads.csv",
             "sinks_layers.csv",
             "distance_shapes.csv",
             "massive_planes.csv",
             "geometry.csv",
             "prope_sweep.csv",
-            "context_extension.csv",
+            "extension_planes.csv",
         ]
     )
     sinks = csv(gemma_report, "sinks_layers")
     assert len(sinks) == L and sinks["layer"].tolist() == list(range(L))
     shapes = csv(gemma_report, "distance_shapes")
     assert set(shapes["shape"]) <= {"flat", "decays", "grows", "U-shaped", "peaked", "oscillating"}
-    heads = csv(gemma_report, "heads")
+    heads = csv(gemma_report, "head_taxonomy")
     assert len(heads) == L * H and set(heads["kind"]) <= {
         "diagonal",
         "previous-token",
         "sink",
         "content",
     } | {k for k in heads["kind"] if k.startswith("offset-")}
-    assert len(csv(gemma_report, "spec")) == L * P
-    usage = csv(gemma_report, "usage")
+    assert len(csv(gemma_report, "rope_spec")) == L * P
+    usage = csv(gemma_report, "frequency_usage")
     assert len(usage) == 2 * L * (H + KV) * P  # q and k, two scopes
     assert set(usage.columns) >= {
         "which",
@@ -205,7 +205,7 @@ def test_csvs_are_tidy(gemma_report, report, tiny):
         "mean_norm",
         "ci95",
     }
-    bs = csv(gemma_report, "band_stats")
+    bs = csv(gemma_report, "band_statistics")
     assert len(bs) == L * H * 4 and set(bs["band"]) == {"Q1 (highest)", "Q2", "Q3", "Q4 (lowest)"}
     assert bs.groupby(["layer", "head"])["margin_share"].sum().to_numpy() == pytest.approx(
         1.0, abs=1e-4
@@ -244,7 +244,7 @@ def test_interrupted_run_leaves_no_index(tiny, tmp_path, registry):
     def boom(_data):
         raise RuntimeError("section failed")
 
-    registry.replace_section("bands", render=boom)
+    registry.replace_section("band-statistics", render=boom)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="section failed"):
         build_report(tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=out, progress=False)
@@ -259,7 +259,7 @@ def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, registry):
     def boom(_data):
         raise KeyboardInterrupt
 
-    registry.replace_section("usage", render=boom)
+    registry.replace_section("frequency-usage", render=boom)
     with pytest.raises(KeyboardInterrupt):
         build_report(tiny("gemma3"), tokens=TOKENS, n_ctx=N_CTX, out=gemma_report, progress=False)
     assert (gemma_report / "index.html").read_bytes() == before
@@ -269,10 +269,10 @@ def test_failed_rerun_keeps_the_previous_report(gemma_report, tiny, registry):
 def _positional_heads(data) -> Section:
     frame = pd.DataFrame({"layer": list(data.layers), "score": [0.5] * len(data.layers)})
     return Section(
-        "positional-heads",
+        "head-taxonomy",
         "Positional heads",
         "<p>plugged-in section body</p>",
-        tables={"heads": frame},
+        tables={"head_taxonomy": frame},
         numbers={"n": len(data.layers)},
     )
 
@@ -285,9 +285,9 @@ def test_registry_plugs_in_a_section(tiny, tmp_path, registry):
         tiny("llama"), tokens=2 * N_CTX, n_ctx=N_CTX, out=tmp_path / "out", progress=False
     )
     html = (out / "index.html").read_text()
-    body = html.split('<section id="positional-heads">')[1].split("</section>")[0]
+    body = html.split('<section id="head-taxonomy">')[1].split("</section>")[0]
     assert "plugged-in section body" in body and "Not yet available" not in body
-    assert len(pd.read_csv(out / "heads.csv")) == 2
+    assert len(pd.read_csv(out / "head_taxonomy.csv")) == 2
 
 
 def test_accepts_a_model_path_and_quick(tiny_dir, tmp_path):
@@ -320,14 +320,14 @@ def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
     direct = band_statistics(
         model, toks[[0, 3]], bands=Bands.quantiles(4), progress=False
     ).to_frame()
-    ours = csv(out, "band_stats")
+    ours = csv(out, "band_statistics")
     for col in ("abs_share", "var_share", "margin_share", "top1"):
         assert ours[col].to_numpy() == pytest.approx(direct[col].to_numpy(), abs=1e-5)
     # usage sees every window, half of them on the fast q/k path: the same as frequency_usage on all
     from ropelens.analyses.frequency_usage import frequency_usage
 
     usage = frequency_usage(model, toks, progress=False, batch_size=1)
-    report_usage = csv(out, "usage")
+    report_usage = csv(out, "frequency_usage")
     want = usage.to_frame()
     merged = report_usage.merge(
         want, on=["which", "scope", "layer", "head", "plane"], suffixes=("", "_direct")
@@ -441,12 +441,12 @@ def test_cli_usage_and_decompose(tiny_dir, capsys):
             ["report", "{llama}", "--bands", "octaves", "--out", "{tmp}/r"],
             "unknown band spec 'octaves'",
         ),
-        (["usage", "{llama}", "--tokens", "0"], "expected a positive integer"),
-        (["usage", "{llama}", "--tokens", "32", "--n-ctx", "64"], "fewer than one window"),
-        (["decompose", "{llama}", "--text", ""], "--text is empty"),
-        (["decompose", "{llama}", "--text", "   \n"], "--text is empty"),
-        (["decompose", "{llama}", "--text", "hi", "--layers", "7"], "layer 7 out of range"),
-        (["decompose", "no-such-model", "--text", "hi"], "cannot load model"),
+        (["frequency-usage", "{llama}", "--tokens", "0"], "expected a positive integer"),
+        (["frequency-usage", "{llama}", "--tokens", "32", "--n-ctx", "64"], "fewer than one window"),
+        (["attention-decomposition", "{llama}", "--text", ""], "--text is empty"),
+        (["attention-decomposition", "{llama}", "--text", "   \n"], "--text is empty"),
+        (["attention-decomposition", "{llama}", "--text", "hi", "--layers", "7"], "layer 7 out of range"),
+        (["attention-decomposition", "no-such-model", "--text", "hi"], "cannot load model"),
     ],
 )
 def test_cli_bad_input_exits_2(argv, match, tiny_dir, tmp_path, capsys):
@@ -472,13 +472,13 @@ def test_compare_reports(gemma_report, tmp_path):
     assert len(pd.read_csv(same / "heads_diff.csv")) == 0
     b = tmp_path / "b"
     shutil.copytree(gemma_report, b)
-    bs = pd.read_csv(b / "band_stats.csv")
+    bs = pd.read_csv(b / "band_statistics.csv")
     bs.loc[(bs.layer == 1) & (bs.band == "Q2"), "margin_share"] += 0.25
-    bs.to_csv(b / "band_stats.csv", index=False)
-    heads = pd.read_csv(b / "heads.csv")
+    bs.to_csv(b / "band_statistics.csv", index=False)
+    heads = pd.read_csv(b / "head_taxonomy.csv")
     flip = heads.index[0]
     heads.loc[flip, "positional"] = not bool(heads.loc[flip, "positional"])
-    heads.to_csv(b / "heads.csv", index=False)
+    heads.to_csv(b / "head_taxonomy.csv", index=False)
     out = compare_reports(gemma_report, b, tmp_path / "cmp")
     d = pd.read_csv(out / "margin_diff.csv").set_index("layer")
     assert d.loc[1, "Q2"] == pytest.approx(0.25) and d.drop(
@@ -506,7 +506,7 @@ def test_report_on_a_model_with_two_rotary_planes(tmp_path):
     out = build_report(model, quick=True, n_ctx=N_CTX, out=tmp_path / "r", progress=False)
     r = json.loads((out / "report.json").read_text())
     assert r["provenance"]["config"]["bands"] == "quantiles:<=4"
-    bands = pd.read_csv(out / "band_stats.csv")
+    bands = pd.read_csv(out / "band_statistics.csv")
     assert set(bands["band"]) >= {"Q1 (highest)", "Q2 (lowest)"} and "Q3" not in set(bands["band"])
 
 

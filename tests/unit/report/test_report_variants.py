@@ -87,7 +87,7 @@ def test_prope_baseline_is_the_unmodified_model(out, llama, windows):
 
 def test_context_pi_cost_matches_hf_linear_scaling(out, llama, windows):
     """PI's row against HF's own ``linear`` rope scaling, loaded into a fresh model with the same weights."""
-    frame = pd.read_csv(out / "context_extension.csv").set_index("method")
+    frame = pd.read_csv(out / "extension_planes.csv").set_index("method")
     cfg = copy.deepcopy(llama.original_model.config)
     cfg.rope_parameters = {**cfg.rope_parameters, "rope_type": "linear", "factor": 4.0}
     hf = copy.deepcopy(llama.original_model)
@@ -100,7 +100,7 @@ def test_context_pi_cost_matches_hf_linear_scaling(out, llama, windows):
 
 
 def test_context_plane_counts_and_finding(out, llama):
-    frame = pd.read_csv(out / "context_extension.csv").set_index("method")
+    frame = pd.read_csv(out / "extension_planes.csv").set_index("method")
     report = json.loads((out / "report.json").read_text())
     layer = rope_spec(llama)[0]
     l0 = rope_spec(llama).n_ctx
@@ -112,7 +112,7 @@ def test_context_plane_counts_and_finding(out, llama):
     finding = next(f for f in report["findings"] if f["key"] == "context")
     assert finding["values"]["beyond_native"] == none["extrapolated"]
     assert finding["values"]["delta_pi"] == pytest.approx(frame.loc["PI", "Δ loss"], abs=1e-9)
-    section = next(s for s in report["sections"] if s["key"] == "context-extension")
+    section = next(s for s in report["sections"] if s["key"] == "extension-planes")
     bounds = section["numbers"]["bounds"]
     assert (
         bounds["bound_native"] <= bounds["bound_extended"]
@@ -121,7 +121,7 @@ def test_context_plane_counts_and_finding(out, llama):
 
 def test_sections_time_themselves(out):
     steps = json.loads((out / "report.json").read_text())["provenance"]["steps_seconds"]
-    assert {"prope_sweep", "context_extension", "variants_baseline"} <= set(steps)
+    assert {"prope_sweep", "extension_planes", "variants_baseline"} <= set(steps)
 
 
 # ---------------------------------------------------------------------------------------- experiments
@@ -251,7 +251,7 @@ def test_context_rescales_only_the_global_layers_of_a_two_kind_model(tiny, tmp_p
     out = build_report(
         gemma, corpus="english", tokens=TOKENS, n_ctx=N_CTX, out=tmp_path / "rep", progress=False
     )
-    frame = pd.read_csv(out / "context_extension.csv").set_index("method")
+    frame = pd.read_csv(out / "extension_planes.csv").set_index("method")
     toks = data.windows(data.load_corpus("english"), gemma.tokenizer, N_CTX, max_tokens=TOKENS)[:4]
     base = window_losses(gemma, toks, progress=False)
     with apply_rope_variant(gemma, Linear(4.0), layer_kind="full"):

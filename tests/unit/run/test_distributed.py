@@ -286,10 +286,10 @@ def test_report_under_torchrun_equals_one_process(gqa_dir, tmp_path):
     names = sorted(p.name for p in one.glob("*.csv"))
     assert names == sorted(p.name for p in (tmp_path / "two").glob("*.csv"))
     assert {
-        "usage.csv",
-        "band_stats.csv",
+        "frequency_usage.csv",
+        "band_statistics.csv",
         "energy.csv",
-        "heads.csv",
+        "head_taxonomy.csv",
         "sinks_heads.csv",
         "distance_shapes.csv",
     } <= set(names)

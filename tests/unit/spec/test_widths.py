@@ -330,8 +330,8 @@ def test_report_over_mixed_widths(gemma4, tmp_path):
     model, spec, _ = gemma4
     out = build_report(model, quick=True, n_ctx=32, out=tmp_path / "r", progress=False)
     assert (out / "index.html").exists()
-    bands = pd.read_csv(out / "band_stats.csv")
-    heads = pd.read_csv(out / "heads.csv")
+    bands = pd.read_csv(out / "band_statistics.csv")
+    heads = pd.read_csv(out / "head_taxonomy.csv")
     groups = spec.width_groups()
     assert len(groups) == 2
     for frame in (bands, heads):
