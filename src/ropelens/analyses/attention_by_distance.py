@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -207,100 +208,163 @@ class DistanceReducer(DeviceSums):
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
-        i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
+        """Add one layer's per-bin key counts, distances, band logit sums and attention mass."""
+        layer_slot, rope = self.pos[acts.layer], acts.rope
         valid = acts.valid
         q_post, k_post = acts["q_post"], acts["k_post"]
-        dev = q_post.device
-        s = self._on(dev)
-        here, sdt, dt = s["count"].device, s["count"].dtype, sum_dtype(dev)
-        b, n, H, d = q_post.shape
-        reach = n - 1 if not rope.window else min(n, rope.window) - 1
+        device = q_post.device
+        sums = self._on(device)
+        sums_device, sums_dtype = sums["count"].device, sums["count"].dtype
+        n_positions = q_post.shape[1]
+        reach = n_positions - 1 if not rope.window else min(n_positions, rope.window) - 1
         if reach > self.max_distance:
             raise InputError(
                 f"layer {acts.layer} sees distances up to {reach}, but the bins end at "
                 f"{self.max_distance}: build the reducer with max_distance ≥ {reach} (n_ctx − 1)"
             )
-        KV, G = rope.n_kv_heads, rope.group_size
-        nb = len(self.edges) - 1
-        vf = valid.float()
-        # the score scale goes into q once, so every product below is a logit; padded positions are zero vectors
-        q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
-        k = k_post.float() * vf[:, :, None, None]
-        member = self._cached(
-            (acts.layer, "member", str(dev)), lambda: rb.dim_membership().to(dev, dt)
+        valid_float = valid.float()
+        # the score scale goes into q once, so every product below is a logit; padded positions
+        # are zero vectors
+        per_position = einops.rearrange(valid_float, "batch pos -> batch pos 1 1")
+        queries = q_post.float() * (per_position * rope.score_scale)
+        keys = k_post.float() * per_position
+        sums["n_queries"][layer_slot] += valid_float.sum().to(sums_device, sums_dtype)
+        self._add_band_sums(sums, acts, queries, keys)
+        self._add_probabilities(sums, acts, queries, keys)
+
+    def _add_band_sums(
+        self, sums: dict[str, Tensor], acts: LayerActs, queries: Tensor, keys: Tensor
+    ) -> None:
+        """Per bin, the key count, the summed distance and the band logits (by prefix sums)."""
+        layer_slot, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
+        device = queries.device
+        sums_device, sums_dtype = sums["count"].device, sums["count"].dtype
+        wide = sum_dtype(device)
+        batch, n_positions, n_heads, head_dim = queries.shape
+        n_bins = len(self.edges) - 1
+        bands = self.resolved[acts.layer]
+        membership = self._cached(
+            (acts.layer, "member", str(device)), lambda: bands.dim_membership().to(device, wide)
         )
-        s["n_queries"][i] += vf.sum().to(here, sdt)
-
-        # band sums by prefix sums: keys below n_sink and padded keys count as zero vectors
-        binned = vf.to(dt)
+        # keys below n_sink and padded keys count as zero vectors
+        binned = valid.float().to(wide)
         binned[:, : self.n_sink] = 0
-        kz = k.to(dt) * binned[:, :, None, None]
+        binned_keys = keys.to(wide) * binned[:, :, None, None]
 
-        def prefix(t):
-            return torch.cat([torch.zeros_like(t[:, :1]), t.cumsum(1)], 1)
+        def prefix(values: Tensor) -> Tensor:
+            return torch.cat([torch.zeros_like(values[:, :1]), values.cumsum(1)], 1)
 
-        pos = torch.arange(n, device=dev, dtype=dt)
-        ksum, csum, jsum = (
-            prefix(kz),
+        positions = torch.arange(n_positions, device=device, dtype=wide)
+        # Σ k, count and Σ j over binned keys
+        key_prefix, count_prefix, position_prefix = (
+            prefix(binned_keys),
             prefix(binned),
-            prefix(binned * pos),
-        )  # Σ k, count and Σ j over binned keys
-        start, stop = self._runs(n, rope.window, dev)
-        cnt = (csum[:, stop] - csum[:, start]) * vf[:, :, None].to(dt)  # [b,n,nb]
-        s["count"][i] += cnt.sum((0, 1)).to(here, sdt)
-        jtot = (jsum[:, stop] - jsum[:, start]) * vf[:, :, None].to(dt)
-        s["dist_sum"][i] += (cnt * pos[None, :, None] - jtot).sum((0, 1)).to(here, sdt)
-        qg = q.view(b, n, KV, G, d)
-        acc = torch.zeros(nb, KV, G, member.shape[1], dtype=dt, device=dev)
-        tq = self.tile or query_tile(dev, b * nb * H * d)
-        for c0 in range(0, n, tq):
-            c1 = min(n, c0 + tq)
-            run = (
-                ksum[:, stop[c0:c1]] - ksum[:, start[c0:c1]]
-            )  # [b,c,nb,KV,d]: Σ of each bin's keys
-            # in float64: a bin's key sum is large and its product with q cancels, so float32 would
-            # leave an error of eps32·|q||Σk| on a small mean
-            acc += torch.matmul(qg[:, c0:c1, None].to(dt) * run[:, :, :, :, None], member).sum(
+            prefix(binned * positions),
+        )
+        start, stop = self._runs(n_positions, rope.window, device)
+        valid_queries = valid.float()[:, :, None].to(wide)
+        # [batch, query, bin]
+        counts = (count_prefix[:, stop] - count_prefix[:, start]) * valid_queries
+        sums["count"][layer_slot] += counts.sum((0, 1)).to(sums_device, sums_dtype)
+        position_totals = (position_prefix[:, stop] - position_prefix[:, start]) * valid_queries
+        distance_sum = (counts * positions[None, :, None] - position_totals).sum((0, 1))
+        sums["dist_sum"][layer_slot] += distance_sum.to(sums_device, sums_dtype)
+        grouped_queries = einops.rearrange(
+            queries,
+            "batch pos (kv_head group) dim -> batch pos kv_head group dim",
+            kv_head=rope.n_kv_heads,
+        )
+        band_sum = torch.zeros(
+            n_bins, rope.n_kv_heads, rope.group_size, membership.shape[1], dtype=wide, device=device
+        )
+        tile_size = self.tile or query_tile(device, batch * n_bins * n_heads * head_dim)
+        for query_start in range(0, n_positions, tile_size):
+            query_end = min(n_positions, query_start + tile_size)
+            # [batch, query, bin, kv_head, dim]: Σ of each bin's keys
+            bin_key_sums = (
+                key_prefix[:, stop[query_start:query_end]]
+                - key_prefix[:, start[query_start:query_end]]
+            )
+            # in float64: a bin's key sum is large and its product with q cancels, so float32
+            # would leave an error of eps32·|q||Σk| on a small mean
+            tile_queries = grouped_queries[:, query_start:query_end, None].to(wide)
+            band_sum += torch.matmul(tile_queries * bin_key_sums[:, :, :, :, None], membership).sum(
                 (0, 1)
-            )  # [nb,KV,G,B]
-        s["band_sum"][i, :H] += acc.permute(1, 2, 3, 0).reshape(H, -1, nb).to(here, sdt)
+            )
+        sums["band_sum"][layer_slot, :n_heads] += einops.rearrange(
+            band_sum, "bin kv_head group band -> (kv_head group) band bin"
+        ).to(sums_device, sums_dtype)
 
-        # probabilities: query tiles holding whole rows, the pattern rebuilt, summed into bins
-        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
-        kh = k.permute(0, 2, 3, 1)  # [b,KV,d,n]
+    def _add_probabilities(
+        self, sums: dict[str, Tensor], acts: LayerActs, queries: Tensor, keys: Tensor
+    ) -> None:
+        """Per bin, the attention mass: query tiles holding whole rows, the pattern rebuilt."""
+        layer_slot, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
+        device = queries.device
+        sums_device, sums_dtype = sums["count"].device, sums["count"].dtype
+        wide = sum_dtype(device)
+        batch, n_positions, n_heads, head_dim = queries.shape
+        n_kv_heads, group_size = rope.n_kv_heads, rope.group_size
+        n_bins = len(self.edges) - 1
+        head_queries = einops.rearrange(
+            queries,
+            "batch pos (kv_head group) dim -> batch kv_head group pos dim",
+            kv_head=n_kv_heads,
+        )
+        head_keys = einops.rearrange(keys, "batch pos kv_head dim -> batch kv_head dim pos")
         bin_of = self._cached(
-            ("bin_of", str(dev)),
+            ("bin_of", str(device)),
             lambda: (
                 torch.bucketize(torch.arange(self.max_distance + 1), self.edges, right=True) - 1
-            ).to(dev),
+            ).to(device),
         )
-        tq = self.tile or query_tile(dev, b * H * 2 * min(n, rope.window or n))
-        prob = torch.zeros(KV, G, nb, dtype=dt, device=dev)
-        ipos = torch.arange(n, device=dev)
-        for c0 in range(0, n, tq):
-            c1 = min(n, c0 + tq)
-            c = c1 - c0
-            k0 = max(0, c0 - rope.window + 1) if rope.window else 0
-            kt = c1 - k0
-            delta = ipos[c0:c1, None] - ipos[None, k0:c1]  # [c, kt]
-            allowed = delta >= 0
+        tile_size = self.tile or query_tile(
+            device, batch * n_heads * 2 * min(n_positions, rope.window or n_positions)
+        )
+        mass = torch.zeros(n_kv_heads, group_size, n_bins, dtype=wide, device=device)
+        positions = torch.arange(n_positions, device=device)
+        for query_start in range(0, n_positions, tile_size):
+            query_end = min(n_positions, query_start + tile_size)
+            n_tile = query_end - query_start
+            first_key = max(0, query_start - rope.window + 1) if rope.window else 0
+            n_tile_keys = query_end - first_key
+            # [query, key]
+            distance = positions[query_start:query_end, None] - positions[None, first_key:query_end]
+            allowed = distance >= 0
             if rope.window:
-                allowed &= delta < rope.window
-            ok = allowed[None] & valid[:, c0:c1, None] & valid[:, None, k0:c1]  # [b,c,kt]
-            y = torch.matmul(qh[:, :, :, c0:c1].reshape(b, KV, G * c, d), kh[..., k0:c1]).view(
-                b, H, c, kt
+                allowed &= distance < rope.window
+            # [batch, query, key]
+            attended = (
+                allowed[None]
+                & valid[:, query_start:query_end, None]
+                & valid[:, None, first_key:query_end]
             )
-            p = rope.probs(
-                y.masked_fill(~ok[:, None], float("-inf"))
-            )  # 0 on masked entries and padded rows
-            del y
-            keep = (allowed & (ipos[None, k0:c1] >= self.n_sink)).to(p.dtype).reshape(-1, 1)
-            oh = torch.nn.functional.one_hot(
-                bin_of[delta.clamp(0, self.max_distance)].reshape(-1), nb
-            ).to(p.dtype)
-            prob += torch.matmul(p.reshape(b, KV, G, c * kt), oh * keep).to(dt).sum(0)
-            del p
-        s["prob_sum"][i, :H] += prob.reshape(H, nb).to(here, sdt)
+            tile_queries = head_queries[:, :, :, query_start:query_end].reshape(
+                batch, n_kv_heads, group_size * n_tile, head_dim
+            )
+            scores = torch.matmul(tile_queries, head_keys[..., first_key:query_end]).view(
+                batch, n_heads, n_tile, n_tile_keys
+            )
+            # 0 on masked entries and padded rows
+            probs = rope.probs(scores.masked_fill(~attended[:, None], float("-inf")))
+            del scores
+            binned = allowed & (positions[None, first_key:query_end] >= self.n_sink)
+            binned = binned.to(probs.dtype).reshape(-1, 1)
+            bin_one_hot = torch.nn.functional.one_hot(
+                bin_of[distance.clamp(0, self.max_distance)].reshape(-1), n_bins
+            ).to(probs.dtype)
+            mass += (
+                torch.matmul(
+                    probs.reshape(batch, n_kv_heads, group_size, n_tile * n_tile_keys),
+                    bin_one_hot * binned,
+                )
+                .to(wide)
+                .sum(0)
+            )
+            del probs
+        sums["prob_sum"][layer_slot, :n_heads] += mass.reshape(n_heads, n_bins).to(
+            sums_device, sums_dtype
+        )
 
     def config(self) -> dict[str, Any]:
         return {

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -125,86 +126,168 @@ class SinkReducer(DeviceSums):
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
-        i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
+        """Add one layer's band logits at key 0, attention to position 0, and key norms."""
+        layer_slot, rope = self.pos[acts.layer], acts.rope
         valid = acts.valid
-        q_post, k_post, k_pre = acts["q_post"], acts["k_post"], acts["k_pre"]
-        dev = q_post.device
-        s = self._on(dev)
-        here, sdt, dt = s["n_queries"].device, s["n_queries"].dtype, sum_dtype(dev)
-        b, n, H, d = q_post.shape
-        KV, G = rope.n_kv_heads, rope.group_size
-        key = (acts.layer, str(dev))
+        q_post, k_post = acts["q_post"], acts["k_post"]
+        device = q_post.device
+        sums = self._on(device)
+        _, n_positions, _, _ = q_post.shape
+        key = (acts.layer, str(device))
         if key not in self._member:
-            self._member[key] = rb.dim_membership().to(dev)
-        member = self._member[key]
-        vf = valid.float()
-        q = q_post.float() * (
-            vf[:, :, None, None] * rope.score_scale
-        )  # [b,n,H,d], logits come out scaled
-        k = k_post.float() * vf[:, :, None, None]  # [b,n,KV,d]
-        pos = torch.arange(n, device=dev)
-        n_keys = valid.long().cumsum(
-            1
-        )  # keys 0 … m that are real: all a query that sees key 0 may attend to
-        reach = n if not rope.window else min(n, rope.window)  # queries m < reach see position 0
+            self._member[key] = self.resolved[acts.layer].dim_membership().to(device)
+        membership = self._member[key]
+        valid_float = einops.rearrange(valid.float(), "batch pos -> batch pos 1 1")
+        # logits come out scaled
+        queries = q_post.float() * (valid_float * rope.score_scale)
+        keys = k_post.float() * valid_float
+        positions = torch.arange(n_positions, device=device)
+        # keys 0 … m that are real: all a query that sees key 0 may attend to
+        n_keys = valid.long().cumsum(1)
+        # queries m < reach see position 0
+        reach = n_positions if not rope.window else min(n_positions, rope.window)
         used = (
             valid
             & valid[:, :1]
-            & (pos >= self.skip_queries)[None]
-            & (pos < reach)[None]
+            & (positions >= self.skip_queries)[None]
+            & (positions < reach)[None]
             & (n_keys >= 2)
         )
-        uf = used.float()  # [b,n]
-        s["n_queries"][i] += uf.sum().to(here, sdt)
+        used_float = used.float()
+        sums["n_queries"][layer_slot] += used_float.sum().to(
+            sums["n_queries"].device, sums["n_queries"].dtype
+        )
+        self._add_band_terms(sums, layer_slot, rope, queries, keys, membership, n_keys, used_float)
+        self._add_attention_to_first(
+            sums, layer_slot, rope, queries, keys, valid, used_float, reach
+        )
+        self._add_key_norms(sums, layer_slot, rope, acts["k_pre"], valid, membership)
 
-        # band terms: logit at key 0 and the mean over the other allowed keys (keys 0 … m, by prefix sums)
-        qg = q.view(b, n, KV, G, d)
-        x0 = torch.matmul(qg * k[:, :1, :, None, :], member)  # [b,n,KV,G,B]
-        ksum = k.to(dt).cumsum(1).float()  # [b,n,KV,d], summed in float64 (float32 on MPS)
-        xrow = torch.matmul(qg * ksum[:, :, :, None, :], member)
-        xo = (xrow - x0) / (n_keys - 1).clamp_min(1)[:, :, None, None, None].float()
-        w = uf[:, :, None, None, None]
-        P = rope.n_planes  # a layer narrower than the widest adds into its leading heads and planes
-        s["x0_sum"][i, :H] += (x0 * w).to(dt).sum((0, 1)).reshape(H, -1).to(here, sdt)
-        s["xo_sum"][i, :H] += (xo * w).to(dt).sum((0, 1)).reshape(H, -1).to(here, sdt)
+    def _add_band_terms(
+        self,
+        sums: dict[str, Tensor],
+        layer_slot: int,
+        rope,
+        queries: Tensor,
+        keys: Tensor,
+        membership: Tensor,
+        n_keys: Tensor,
+        used_float: Tensor,
+    ) -> None:
+        """Per band, the logit at key 0 and the mean over the other allowed keys (prefix sums)."""
+        sums_device, sums_dtype = sums["n_queries"].device, sums["n_queries"].dtype
+        wide = sum_dtype(queries.device)
+        n_heads = queries.shape[2]
+        grouped_queries = einops.rearrange(
+            queries,
+            "batch pos (kv_head group) dim -> batch pos kv_head group dim",
+            kv_head=rope.n_kv_heads,
+        )
+        # [batch, pos, kv_head, group, band]
+        first_key_logits = torch.matmul(grouped_queries * keys[:, :1, :, None, :], membership)
+        # summed in float64 (float32 on MPS)
+        key_prefix_sums = keys.to(wide).cumsum(1).float()
+        row_logits = torch.matmul(grouped_queries * key_prefix_sums[:, :, :, None, :], membership)
+        other_keys = (n_keys - 1).clamp_min(1).float()
+        other_key_logits = (row_logits - first_key_logits) / einops.rearrange(
+            other_keys, "batch pos -> batch pos 1 1 1"
+        )
+        weights = einops.rearrange(used_float, "batch pos -> batch pos 1 1 1")
+        to_heads = "batch pos kv_head group band -> (kv_head group) band"
+        # a layer narrower than the widest adds into its leading heads and planes
+        sums["x0_sum"][layer_slot, :n_heads] += einops.reduce(
+            (first_key_logits * weights).to(wide), to_heads, "sum"
+        ).to(sums_device, sums_dtype)
+        sums["xo_sum"][layer_slot, :n_heads] += einops.reduce(
+            (other_key_logits * weights).to(wide), to_heads, "sum"
+        ).to(sums_device, sums_dtype)
 
-        # the model's attention to position 0, rebuilt in query tiles that hold whole rows
-        kh = k.permute(0, 2, 3, 1)  # [b,KV,d,n]
-        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
-        tq = self._tile(dev, b * H, reach)
-        p0_sum, p0_over, mass = (q.new_zeros(H, dtype=dt) for _ in range(3))
-        for c0 in range(min(self.skip_queries, reach), reach, tq):
-            c1 = min(reach, c0 + tq)
-            c = c1 - c0
-            y = torch.matmul(qh[:, :, :, c0:c1].reshape(b, KV, G * c, d), kh[..., :c1]).view(
-                b, H, c, c1
+    def _add_attention_to_first(
+        self,
+        sums: dict[str, Tensor],
+        layer_slot: int,
+        rope,
+        queries: Tensor,
+        keys: Tensor,
+        valid: Tensor,
+        used_float: Tensor,
+        reach: int,
+    ) -> None:
+        """The model's attention to position 0, rebuilt in query tiles that hold whole rows."""
+        sums_device, sums_dtype = sums["n_queries"].device, sums["n_queries"].dtype
+        device = queries.device
+        wide = sum_dtype(device)
+        batch, _, n_heads, head_dim = queries.shape
+        n_kv_heads = rope.n_kv_heads
+        head_keys = einops.rearrange(keys, "batch pos kv_head dim -> batch kv_head dim pos")
+        head_queries = einops.rearrange(
+            queries,
+            "batch pos (kv_head group) dim -> batch kv_head group pos dim",
+            kv_head=n_kv_heads,
+        )
+        positions = torch.arange(queries.shape[1], device=device)
+        tile_size = self._tile(device, batch * n_heads, reach)
+        first_sum, first_over, sink_mass = (
+            queries.new_zeros(n_heads, dtype=wide) for _ in range(3)
+        )
+        for query_start in range(min(self.skip_queries, reach), reach, tile_size):
+            query_end = min(reach, query_start + tile_size)
+            n_tile = query_end - query_start
+            tile_queries = head_queries[:, :, :, query_start:query_end].reshape(
+                batch, n_kv_heads, -1, head_dim
             )
-            ok = (pos[None, :c1] <= pos[c0:c1, None])[None] & valid[
-                :, None, :c1
-            ]  # [b,c,c1]: keys 0 … m
-            p = rope.probs(y.masked_fill(~ok[:, None], float("-inf")))  # [b,H,c,c1]
-            u = uf[:, None, c0:c1]  # [b,1,c]
-            p0 = p[..., 0]
-            p0_sum += (p0 * u).to(dt).sum((0, 2))
-            p0_over += ((p0 > self.epsilon).float() * u).to(dt).sum((0, 2))
+            scores = torch.matmul(tile_queries, head_keys[..., :query_end]).view(
+                batch, n_heads, n_tile, query_end
+            )
+            # [batch, query, key]: keys 0 … m
+            allowed = (positions[None, :query_end] <= positions[query_start:query_end, None])[
+                None
+            ] & valid[:, None, :query_end]
+            probs = rope.probs(scores.masked_fill(~allowed[:, None], float("-inf")))
+            used_tile = used_float[:, None, query_start:query_end]
+            first_probs = probs[..., 0]
+            first_sum += (first_probs * used_tile).to(wide).sum((0, 2))
+            first_over += ((first_probs > self.epsilon).float() * used_tile).to(wide).sum((0, 2))
             if rope.sinks is not None:
-                mass += ((1 - p.sum(-1)).clamp_min(0) * u).to(dt).sum((0, 2))
-            del y, p
-        s["p0_sum"][i, :H] += p0_sum.to(here, sdt)
-        s["p0_over"][i, :H] += p0_over.to(here, sdt)
-        s["sink_mass"][i, :H] += mass.to(here, sdt)
+                sink_mass += ((1 - probs.sum(-1)).clamp_min(0) * used_tile).to(wide).sum((0, 2))
+            del scores, probs
+        sums["p0_sum"][layer_slot, :n_heads] += first_sum.to(sums_device, sums_dtype)
+        sums["p0_over"][layer_slot, :n_heads] += first_over.to(sums_device, sums_dtype)
+        sums["sink_mass"][layer_slot, :n_heads] += sink_mass.to(sums_device, sums_dtype)
 
-        # key norms (pre-RoPE, as frequency usage measures them): position 0 against the rest
-        kp = k_pre.float() * vf[:, :, None, None]
-        planes = rope.plane_norms(kp)  # [b,n,KV,P]
-        bandn = torch.matmul(kp * kp, member).clamp_min(0).sqrt()  # [b,n,KV,B]
-        v0 = vf[:, 0]
-        s["n_k0"][i] += v0.sum().to(here, sdt)
-        s["n_kother"][i] += vf[:, 1:].sum().to(here, sdt)
-        s["k0_band"][i, :KV] += (bandn[:, 0] * v0[:, None, None]).to(dt).sum(0).to(here, sdt)
-        s["kother_band"][i, :KV] += bandn[:, 1:].to(dt).sum((0, 1)).to(here, sdt)
-        s["k0_plane"][i, :KV, :P] += (planes[:, 0] * v0[:, None, None]).to(dt).sum(0).to(here, sdt)
-        s["kother_plane"][i, :KV, :P] += planes[:, 1:].to(dt).sum((0, 1)).to(here, sdt)
+    @staticmethod
+    def _add_key_norms(
+        sums: dict[str, Tensor],
+        layer_slot: int,
+        rope,
+        k_pre: Tensor,
+        valid: Tensor,
+        membership: Tensor,
+    ) -> None:
+        """Key norms (pre-RoPE, as frequency usage measures them): position 0 against the rest."""
+        sums_device, sums_dtype = sums["n_queries"].device, sums["n_queries"].dtype
+        wide = sum_dtype(k_pre.device)
+        n_kv_heads, n_planes = rope.n_kv_heads, rope.n_planes
+        valid_float = valid.float()
+        keys = k_pre.float() * einops.rearrange(valid_float, "batch pos -> batch pos 1 1")
+        plane_norms = rope.plane_norms(keys)  # [batch, pos, kv_head, plane]
+        band_norms = torch.matmul(keys * keys, membership).clamp_min(0).sqrt()
+        first_valid = valid_float[:, 0]
+        first_weight = first_valid[:, None, None]
+        sums["n_k0"][layer_slot] += first_valid.sum().to(sums_device, sums_dtype)
+        sums["n_kother"][layer_slot] += valid_float[:, 1:].sum().to(sums_device, sums_dtype)
+        sums["k0_band"][layer_slot, :n_kv_heads] += (
+            (band_norms[:, 0] * first_weight).to(wide).sum(0).to(sums_device, sums_dtype)
+        )
+        sums["kother_band"][layer_slot, :n_kv_heads] += (
+            band_norms[:, 1:].to(wide).sum((0, 1)).to(sums_device, sums_dtype)
+        )
+        sums["k0_plane"][layer_slot, :n_kv_heads, :n_planes] += (
+            (plane_norms[:, 0] * first_weight).to(wide).sum(0).to(sums_device, sums_dtype)
+        )
+        sums["kother_plane"][layer_slot, :n_kv_heads, :n_planes] += (
+            plane_norms[:, 1:].to(wide).sum((0, 1)).to(sums_device, sums_dtype)
+        )
 
     def config(self) -> dict[str, Any]:
         return {

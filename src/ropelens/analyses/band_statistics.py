@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import einops
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float
@@ -178,202 +179,209 @@ class BandStatsReducer(DeviceSums):
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
-        i, rope, rb = self.pos[acts.layer], acts.rope, self.resolved[acts.layer]
-        valid = acts.valid
+        """Add one layer's batch to the per-(head, band) sums, query tile by query tile."""
+        layer_slot, bands = self.pos[acts.layer], self.resolved[acts.layer]
+        device = acts["q_post"].device
+        sums = self._on(device)
+        inputs = self._layer_inputs(acts, bands)
+        has_padding = self._has_padding(acts.valid, acts.padded)
+        keys_per_query = _keys_per_query(acts.valid, acts.rope, has_padding)
+        counts = _RowCounts(
+            keys=keys_per_query,
+            scored=(keys_per_query >= 2).float(),
+            seen=(keys_per_query >= 1).float(),
+        )
+        sums_device = sums["var"].device
+        sums["n_entries"][layer_slot] += keys_per_query.sum().to(sums_device)
+        sums["n_rows"][layer_slot] += counts.scored.sum().to(sums_device)
+        sums["n_queries"][layer_slot] += counts.seen.sum().to(sums_device)
+        batch, n_positions, n_heads, _ = inputs.head_queries_flat.shape
+        query_tile_size, key_tile_size = self._tiles(
+            device, batch * n_heads * bands.n_bands, n_positions, acts.rope.window
+        )
+        # each tile's terms are summed over its queries per window in float32 and added over
+        # windows and tiles in float64 (the sums' dtype): a window's terms do not depend on the
+        # batch it came in
+        totals = _TileTotals.zeros(inputs, acts.rope, bands.n_bands, self.agreement)
+        for query_start in range(0, n_positions, query_tile_size):
+            query_end = min(n_positions, query_start + query_tile_size)
+            self._add_query_tile(
+                inputs, counts, acts, has_padding, query_start, query_end, key_tile_size, totals
+            )
+        totals.add_to(sums, layer_slot, n_heads, acts.rope.n_planes)
+
+    def _layer_inputs(self, acts: LayerActs, bands: ResolvedBands) -> _LayerInputs:
+        """The batch's scaled queries and keys, by head and by band, and the tiles' constants."""
+        rope = acts.rope
         q_post, k_post = acts["q_post"], acts["k_post"]
-        dev = q_post.device
-        s = self._on(dev)
-        b, n, H, d = q_post.shape
-        KV, G, B = rope.n_kv_heads, rope.group_size, rb.n_bands
-        vf = valid.float()
+        device = q_post.device
+        batch, n_positions, n_heads, head_dim = q_post.shape
+        n_kv_heads = rope.n_kv_heads
+        valid_float = acts.valid.float()[:, :, None, None]
         # the score scale goes into q once, so every product below is already a logit; padded
         # queries and keys are zero vectors
-        q = q_post.float() * (vf[:, :, None, None] * rope.score_scale)
-        k = k_post.float() * vf[:, :, None, None]
-        idx = self._band_index(acts.layer, rb, d, dev)
-        if (
-            len({len(dims) for dims in rb.dims}) > 1
-        ):  # bands of different widths: padded with a zero column
-            q_, k_ = (
-                torch.cat([q, q.new_zeros(b, n, H, 1)], -1),
-                torch.cat([k, k.new_zeros(b, n, KV, 1)], -1),
+        queries = q_post.float() * (valid_float * rope.score_scale)
+        keys = k_post.float() * valid_float
+        band_index = self._band_index(acts.layer, bands, head_dim, device)
+        if len({len(dims) for dims in bands.dims}) > 1:
+            # bands of different widths: padded with a zero column
+            queries_padded = torch.cat(
+                [queries, queries.new_zeros(batch, n_positions, n_heads, 1)], -1
             )
+            keys_padded = torch.cat([keys, keys.new_zeros(batch, n_positions, n_kv_heads, 1)], -1)
         else:
-            q_, k_ = q, k
-        qb = q_[..., idx].view(b, n, KV, G, B, -1).permute(0, 2, 4, 3, 1, 5)  # [b,KV,B,G,n,db]
-        kb = k_[..., idx].permute(0, 2, 3, 1, 4).contiguous()  # [b,KV,B,n,db]
-        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
-        kh = k.transpose(1, 2).contiguous()  # [b,KV,n,d]
-        # Σ of the keys each query may attend to (prefix sums in float64: long windows cancel exactly)
-        wide = sum_dtype(dev)
-        kd = kh.to(wide)
-        ksum = _window_sums(kd, rope).float()  # [b,KV,n,d]
-        general = self._has_padding(valid, acts.padded)
-        pos = torch.arange(n, device=dev)
-        allowed = (
-            pos + 1 if not rope.window else (pos + 1).clamp(max=rope.window)
-        )  # keys per (unpadded) query
-        if general:  # padding anywhere: count only the valid keys each query sees
-            cv = valid.long().cumsum(1)
-            lo = (pos - rope.window).clamp(min=-1) if rope.window else pos.new_full((n,), -1)
-            before = torch.where(lo >= 0, cv.gather(1, lo.clamp(min=0)[None].expand(b, -1)), 0)
-            rows = ((cv - before) * valid).float()  # [b, n]
-        else:
-            rows = allowed.float()[None].expand(b, n)
-        ok = (rows >= 2).float()
-        seen = (rows >= 1).float()
-        here = s["var"].device
-        s["n_entries"][i] += rows.sum().to(here)
-        s["n_rows"][i] += ok.sum().to(here)
-        s["n_queries"][i] += seen.sum().to(here)
-        tq, tk = self._tiles(dev, b * H * B, n, rope.window)
-        # each tile's terms are summed over its queries per window in float32 and added over windows and
-        # tiles in float64 (the sums' dtype): a window's terms do not depend on the batch it came in
-        acc = {
-            k_: q.new_zeros(KV, B, G, dtype=wide) for k_ in ("abs", "cov", "margin", "top1", "jsd")
-        }
-        acc_var = q.new_zeros(KV, G, dtype=wide)
-        acc_cs = {k_: q.new_zeros(KV, G, rope.n_planes, dtype=wide) for k_ in ("term", "bound")}
+            queries_padded, keys_padded = queries, keys
+        band_queries = einops.rearrange(
+            queries_padded[..., band_index],
+            "batch pos (kv_head group) band band_dim -> batch kv_head band group pos band_dim",
+            kv_head=n_kv_heads,
+        )
+        band_keys = einops.rearrange(
+            keys_padded[..., band_index],
+            "batch pos kv_head band band_dim -> batch kv_head band pos band_dim",
+        ).contiguous()
+        head_queries = einops.rearrange(
+            queries,
+            "batch pos (kv_head group) head_dim -> batch kv_head group pos head_dim",
+            kv_head=n_kv_heads,
+        )
+        head_keys = einops.rearrange(
+            keys, "batch pos kv_head head_dim -> batch kv_head pos head_dim"
+        ).contiguous()
+        # Σ of the keys each query may attend to (prefix sums in float64: long windows cancel
+        # exactly)
+        wide = sum_dtype(device)
+        wide_keys = head_keys.to(wide)
+        membership = self._cached(
+            (acts.layer, "member", device), lambda: bands.dim_membership().to(device)
+        )
+        return _LayerInputs(
+            head_queries_flat=queries,
+            band_queries=band_queries,
+            band_keys=band_keys,
+            head_queries=head_queries,
+            head_keys=head_keys,
+            window_key_sums=_window_sums(wide_keys, rope).float(),
+            # Σ_k y² and Σ_k y·k over the keys every query of a tile attends to come from Σ k kᵀ
+            # over them (y = q·k), carried from tile to tile in float64; only the tile's edge
+            # columns need the scores
+            gram=_RunningGram(wide_keys),
+            membership=membership,
+            membership_wide=self._cached(
+                (acts.layer, "member_wide", device), lambda: membership.to(wide)
+            ),
+            wide=wide,
+        )
 
-        def per_window(t, dim):
-            return t.sum(dim).to(wide).sum(0)
+    def _add_query_tile(
+        self,
+        inputs: _LayerInputs,
+        counts: _RowCounts,
+        acts: LayerActs,
+        has_padding: bool,
+        query_start: int,
+        query_end: int,
+        key_tile_size: int,
+        totals: _TileTotals,
+    ) -> None:
+        """Add the statistics of the queries ``query_start:query_end`` to ``totals``."""
+        rope = acts.rope
+        first_key = max(0, query_start - rope.window + 1) if rope.window else 0
+        # keys every query of the tile sees
+        shared_keys = (max(0, query_end - rope.window) if rope.window else 0, query_start + 1)
+        if shared_keys[1] - shared_keys[0] < GRAM_MIN_KEYS:
+            # few: cheaper as scores than as products with Σ k kᵀ
+            shared_keys = (0, 0)
+        scan = self._scan_key_tiles(
+            inputs,
+            counts,
+            acts,
+            has_padding,
+            (query_start, query_end),
+            first_key,
+            shared_keys,
+            key_tile_size,
+            totals,
+        )
+        totals.add_tile(inputs, counts, rope, (query_start, query_end), shared_keys, scan)
 
-        member = self._cached(
-            (acts.layer, "member", dev), lambda: rb.dim_membership().to(dev)
-        )  # [d, B]
-        ninf = float("-inf")
-        # Σ_k y² and Σ_k y·k over the keys every query of a tile attends to come from Σ k kᵀ over them
-        # (y = q·k), carried from tile to tile in float64; only the tile's edge columns need the scores
-        gram = _RunningGram(kd)
-        member_w = self._cached((acts.layer, "member_wide", dev), lambda: member.to(wide))
-        for c0 in range(0, n, tq):
-            c1 = min(n, c0 + tq)
-            c = c1 - c0
-            k0 = max(0, c0 - rope.window + 1) if rope.window else 0
-            full = (
-                max(0, c1 - rope.window) if rope.window else 0,
-                c0 + 1,
-            )  # keys every query of the tile sees
-            if (
-                full[1] - full[0] < GRAM_MIN_KEYS
-            ):  # few: cheaper as scores than as products with Σ k kᵀ
-                full = (0, 0)
-            qt = qh[:, :, :, c0:c1]  # [b,KV,G,c,d]
-            qbt = qb[..., c0:c1, :].reshape(b, KV, B, G * c, -1)
-            # per query, carried across key tiles (online, as FlashAttention carries its row max)
-            best = q.new_full((b, KV, G, c), ninf)  # the attended key's score (soft-capped)
-            att = torch.zeros(b, KV, G, c, dtype=torch.long, device=dev)
-            xa = q.new_zeros(b, KV, B, G, c)  # band logits at the attended key
-            bmax = q.new_full((b, KV, B, G, c), ninf)  # each band's own maximum
-            absr = q.new_zeros(b, KV, B, G, c)
-            ysq = q.new_zeros(b, KV, G, c)  # Σ y² over the edge columns
-            yk = q.new_zeros(b, KV, G * c, d)  # Σ y·k over the edge columns
-            step = (c1 - k0) if self.jsd else tk  # the JS divergence needs whole rows
-            for j0 in range(k0, c1, step):
-                j1 = min(c1, j0 + step)
-                kt = j1 - j0
-                x = torch.matmul(qbt, kb[..., j0:j1, :].transpose(-1, -2)).view(b, KV, B, G, c, kt)
-                spans = self._spans(rope, valid if general else None, c0, c1, j0, j1, dev)
-                for lo, hi, mx, _ in spans:
-                    x[..., lo:hi].masked_fill_(mx, ninf)
-                y = x.sum(2)  # [b,KV,G,c,kt]: the model's scores (masked entries −inf)
-                if rope.softcap:  # the argmax of the model's pattern is taken after soft-capping
-                    sc = torch.tanh(y / rope.softcap)
-                    for lo, hi, _, my in spans:
-                        sc[..., lo:hi].masked_fill_(my, ninf)
-                else:
-                    sc = y
-                arg = sc.argmax(-1, keepdim=True)
-                top = sc.gather(-1, arg)[..., 0]
-                better = top > best  # strict: ties keep the earlier key, as argmax does
-                best = torch.where(better, top, best)
-                att = torch.where(better, arg[..., 0] + j0, att)
-                del sc
-                xat = x.gather(-1, arg[:, :, None].expand(-1, -1, B, -1, -1, -1))[..., 0]
-                xa = torch.where(better[:, :, None], xat, xa)
-                if self.agreement:
-                    bmax = torch.maximum(bmax, x.amax(-1))
-                if self.jsd:
-                    pat = rope.probs(
-                        y.reshape(b, H, c, kt)
-                    )  # the model's own pattern, rebuilt from its scores
-                    for j in range(B):
-                        pb = rope.probs(x[:, :, j].reshape(b, H, c, kt))
-                        acc["jsd"][:, j] += per_window(
-                            js_divergence(pb, pat) * seen[:, None, c0:c1], 2
-                        ).view(KV, G)
-                for lo, hi, _, my in spans:
-                    y[..., lo:hi].masked_fill_(my, 0.0)
-                for lo, hi in _outside(j0, j1, *full):
-                    ye = y[..., lo:hi]
-                    ysq += (ye * ye).sum(-1)
-                    yk += torch.matmul(
-                        ye.reshape(b, KV, G * c, hi - lo), kh[:, :, j0 + lo : j0 + hi]
-                    )
-                del y
-                x.abs_()
-                for lo, hi, mx, _ in spans:
-                    x[..., lo:hi].masked_fill_(mx, 0.0)
-                absr += x.sum(-1)
-                del x
-            rq, okq, seenq = rows[:, c0:c1], ok[:, c0:c1], seen[:, c0:c1]  # [b,c]
-            w4 = okq[:, None, None, None].bool()
-            acc["abs"] += per_window(absr, 4)
-            if self.agreement:  # band-only top-1: the attended key attains the band's own maximum
-                acc["top1"] += (
-                    ((xa >= bmax) & seenq[:, None, None, None].bool()).sum((0, 4)).to(wide)
+    def _scan_key_tiles(
+        self,
+        inputs: _LayerInputs,
+        counts: _RowCounts,
+        acts: LayerActs,
+        has_padding: bool,
+        query_range: tuple[int, int],
+        first_key: int,
+        shared_keys: tuple[int, int],
+        key_tile_size: int,
+        totals: _TileTotals,
+    ) -> _TileScan:
+        """Per query of the tile, carried across key tiles: the attended key and the band sums.
+
+        Carried online, as FlashAttention carries its row maximum; with ``jsd`` each tile holds
+        whole rows, and each band's JS divergence from the model's pattern goes into ``totals``.
+        """
+        rope = acts.rope
+        query_start, query_end = query_range
+        tile_band_queries = inputs.band_queries[..., query_start:query_end, :]
+        batch, n_kv_heads, n_bands, group_size, n_tile_queries, _ = tile_band_queries.shape
+        n_heads = n_kv_heads * group_size
+        tile_band_queries = tile_band_queries.reshape(
+            batch, n_kv_heads, n_bands, group_size * n_tile_queries, -1
+        )
+        scan = _TileScan.empty(inputs, batch, n_kv_heads, n_bands, group_size, n_tile_queries)
+        key_step = (query_end - first_key) if self.jsd else key_tile_size
+        for key_start in range(first_key, query_end, key_step):
+            key_end = min(query_end, key_start + key_step)
+            n_tile_keys = key_end - key_start
+            # per band, [batch, kv_head, band, group, query, key]
+            band_logits = torch.matmul(
+                tile_band_queries, inputs.band_keys[..., key_start:key_end, :].transpose(-1, -2)
+            ).view(batch, n_kv_heads, n_bands, group_size, n_tile_queries, n_tile_keys)
+            spans = self._spans(
+                rope,
+                acts.valid if has_padding else None,
+                query_start,
+                query_end,
+                key_start,
+                key_end,
+                band_logits.device,
+            )
+            for lo, hi, band_mask, _ in spans:
+                band_logits[..., lo:hi].masked_fill_(band_mask, NEG_INF)
+            # the model's scores (masked entries −inf): [batch, kv_head, group, query, key]
+            scores = band_logits.sum(2)
+            scan.attend(band_logits, scores, spans, rope.softcap, key_start, self.agreement)
+            if self.jsd:
+                # the model's own pattern, rebuilt from its scores
+                model_pattern = rope.probs(
+                    scores.reshape(batch, n_heads, n_tile_queries, n_tile_keys)
                 )
-            # keys seen by the whole tile: Σ_k y·k_j = (Σ_k k kᵀ) q, so Σ_k x_b·y and Σ_k y² are products with q
-            if full[1] > full[0]:
-                qg = qt.to(wide)
-                qgq = qg * torch.matmul(qg, gram.over(*full)[:, :, None])  # [b,KV,G,c,d]
-                ysq = ysq + qgq.sum(-1)
-                crossg = torch.matmul(qgq, member_w)
-            else:
-                crossg = 0.0
-            # Σ_k x_b = q_b · Σ_k k_b; Σ_k x_b·y = q_b · (Σ_k y k_b): per-dim products summed into bands
-            row_b = torch.matmul(qt * ksum[:, :, None, c0:c1], member).permute(
-                0, 1, 4, 2, 3
-            )  # [b,KV,B,G,c]
-            cross = (torch.matmul(qt * yk.view(b, KV, G, c, d), member) + crossg).permute(
-                0, 1, 4, 2, 3
-            )
-            ysum = row_b.sum(2)  # [b,KV,G,c]
-            acc_var += per_window(
-                torch.where(
-                    okq[:, None, None].bool(), ysq - ysum**2 / rq.clamp_min(1)[:, None, None], 0
-                ),
-                3,
-            )
-            acc["cov"] += per_window(
-                torch.where(
-                    w4, cross - row_b * ysum[:, :, None] / rq.clamp_min(1)[:, None, None, None], 0
-                ),
-                4,
-            )
-            acc["margin"] += per_window(
-                torch.where(w4, xa - (row_b - xa) / (rq - 1).clamp_min(1)[:, None, None, None], 0),
-                4,
-            )
-            ka = kh.gather(2, att.view(b, KV, G * c, 1).expand(-1, -1, -1, d)).view(b, KV, G, c, d)
-            w = okq[:, None, None, :, None].bool()  # per plane, [b,KV,G,c,P]
-            acc_cs["term"] += per_window(torch.where(w, rope.plane_sums(qt * ka), 0), 3)
-            acc_cs["bound"] += per_window(
-                torch.where(w, rope.plane_norms(qt) * rope.plane_norms(ka), 0), 3
-            )
-
-        def to_hb(t):
-            return t.permute(0, 2, 1).reshape(H, B).to(here, torch.float64)
-
-        P = rope.n_planes  # a layer narrower than the widest adds into its leading heads and planes
-        s["abs_sum"][i, :H] += to_hb(acc["abs"])
-        s["cov"][i, :H] += to_hb(acc["cov"])
-        s["margin"][i, :H] += to_hb(acc["margin"])
-        s["top1"][i, :H] += to_hb(acc["top1"])
-        s["jsd"][i, :H] += to_hb(acc["jsd"])
-        s["var"][i, :H] += acc_var.reshape(H).to(here, torch.float64)
-        s["cs_term"][i, :H, :P] += acc_cs["term"].reshape(H, -1).to(here, torch.float64)
-        s["cs_bound"][i, :H, :P] += acc_cs["bound"].reshape(H, -1).to(here, torch.float64)
+                for band in range(n_bands):
+                    band_pattern = rope.probs(
+                        band_logits[:, :, band].reshape(batch, n_heads, n_tile_queries, n_tile_keys)
+                    )
+                    divergence = js_divergence(band_pattern, model_pattern)
+                    totals.band["jsd"][:, band] += _sum_per_window(
+                        divergence * counts.seen[:, None, query_start:query_end], 2, inputs.wide
+                    ).view(n_kv_heads, group_size)
+            for lo, hi, _, score_mask in spans:
+                scores[..., lo:hi].masked_fill_(score_mask, 0.0)
+            for lo, hi in _outside(key_start, key_end, *shared_keys):
+                edge_scores = scores[..., lo:hi]
+                scan.score_square_sum += (edge_scores * edge_scores).sum(-1)
+                scan.score_key_sum += torch.matmul(
+                    edge_scores.reshape(batch, n_kv_heads, group_size * n_tile_queries, hi - lo),
+                    inputs.head_keys[:, :, key_start + lo : key_start + hi],
+                )
+            del scores
+            band_logits.abs_()
+            for lo, hi, band_mask, _ in spans:
+                band_logits[..., lo:hi].masked_fill_(band_mask, 0.0)
+            scan.abs_logit_sum += band_logits.sum(-1)
+            del band_logits
+        return scan
 
     def result(self, provenance: Provenance) -> BandStatistics:
         """The streamed sums as :class:`BandStatistics` (on the CPU, float64)."""
@@ -391,6 +399,303 @@ def _rounded(x: float) -> float | None:
 def _agreement_text(x: float | None) -> str:
     """A band-only agreement as findings quote it: two decimals, or "not measurable" (the band has no plane there)."""
     return "not measurable" if x is None or x != x else f"{x:.2f}"
+
+
+NEG_INF = float("-inf")
+
+
+def _sum_per_window(tensor: Tensor, dim: int, wide: torch.dtype) -> Tensor:
+    """Sum over ``dim`` (the tile's queries) in the tensor's dtype, then over windows, wide."""
+    return tensor.sum(dim).to(wide).sum(0)
+
+
+def _keys_per_query(valid: Bool[Tensor, "batch pos"], rope: LayerRope, has_padding: bool) -> Tensor:
+    """``[batch, pos]``: how many (valid) keys each query attends to, as floats."""
+    batch, n_positions = valid.shape
+    positions = torch.arange(n_positions, device=valid.device)
+    if not has_padding:
+        allowed = positions + 1 if not rope.window else (positions + 1).clamp(max=rope.window)
+        return allowed.float()[None].expand(batch, n_positions)
+    # padding anywhere: count only the valid keys each query sees
+    valid_so_far = valid.long().cumsum(1)
+    window_start = (
+        (positions - rope.window).clamp(min=-1)
+        if rope.window
+        else positions.new_full((n_positions,), -1)
+    )
+    before_window = torch.where(
+        window_start >= 0,
+        valid_so_far.gather(1, window_start.clamp(min=0)[None].expand(batch, -1)),
+        0,
+    )
+    return ((valid_so_far - before_window) * valid).float()
+
+
+@dataclass(frozen=True)
+class _RowCounts:
+    """Per (batch, query): its keys, whether it has two or more (scored), one or more (seen)."""
+
+    keys: Float[Tensor, "batch pos"]
+    scored: Float[Tensor, "batch pos"]
+    seen: Float[Tensor, "batch pos"]
+
+
+@dataclass(frozen=True)
+class _LayerInputs:
+    """One layer's batch as the tiles read it: scaled queries and keys by head and by band."""
+
+    head_queries_flat: Float[Tensor, "batch pos head head_dim"]
+    band_queries: Float[Tensor, "batch kv_head band group pos band_dim"]
+    band_keys: Float[Tensor, "batch kv_head band pos band_dim"]
+    head_queries: Float[Tensor, "batch kv_head group pos head_dim"]
+    head_keys: Float[Tensor, "batch kv_head pos head_dim"]
+    window_key_sums: Float[Tensor, "batch kv_head pos head_dim"]
+    gram: _RunningGram
+    membership: Float[Tensor, "head_dim band"]
+    membership_wide: Float[Tensor, "head_dim band"]
+    wide: torch.dtype
+
+
+@dataclass
+class _TileScan:
+    """Per query of one tile, carried across its key tiles: attended key, band logits and sums."""
+
+    best_score: Tensor  # [batch, kv_head, group, query]: the attended key's (soft-capped) score
+    attended_key: Tensor  # [batch, kv_head, group, query]
+    attended_band_logits: Tensor  # [batch, kv_head, band, group, query]
+    band_max: Tensor  # [batch, kv_head, band, group, query]: each band's own maximum
+    abs_logit_sum: Tensor  # [batch, kv_head, band, group, query]
+    score_square_sum: Tensor  # [batch, kv_head, group, query]: Σ y² over the edge columns
+    score_key_sum: Tensor  # [batch, kv_head, group * query, head_dim]: Σ y·k, edge columns
+
+    @classmethod
+    def empty(
+        cls,
+        inputs: _LayerInputs,
+        batch: int,
+        n_kv_heads: int,
+        n_bands: int,
+        group_size: int,
+        n_tile_queries: int,
+    ) -> _TileScan:
+        """Nothing seen yet: scores at −inf, sums at zero."""
+        like = inputs.head_queries_flat
+        head_dim = like.shape[-1]
+        per_query = (batch, n_kv_heads, group_size, n_tile_queries)
+        per_band = (batch, n_kv_heads, n_bands, group_size, n_tile_queries)
+        return cls(
+            best_score=like.new_full(per_query, NEG_INF),
+            attended_key=torch.zeros(per_query, dtype=torch.long, device=like.device),
+            attended_band_logits=like.new_zeros(per_band),
+            band_max=like.new_full(per_band, NEG_INF),
+            abs_logit_sum=like.new_zeros(per_band),
+            score_square_sum=like.new_zeros(per_query),
+            score_key_sum=like.new_zeros(batch, n_kv_heads, group_size * n_tile_queries, head_dim),
+        )
+
+    def attend(
+        self,
+        band_logits: Tensor,
+        scores: Tensor,
+        spans: list[tuple],
+        softcap: float | None,
+        key_start: int,
+        agreement: bool,
+    ) -> None:
+        """Carry the attended key (argmax after soft-capping) and its band logits over keys."""
+        if softcap:  # the argmax of the model's pattern is taken after soft-capping
+            capped_scores = torch.tanh(scores / softcap)
+            for lo, hi, _, score_mask in spans:
+                capped_scores[..., lo:hi].masked_fill_(score_mask, NEG_INF)
+        else:
+            capped_scores = scores
+        tile_argmax = capped_scores.argmax(-1, keepdim=True)
+        tile_top = capped_scores.gather(-1, tile_argmax)[..., 0]
+        better = tile_top > self.best_score  # strict: ties keep the earlier key, as argmax does
+        self.best_score = torch.where(better, tile_top, self.best_score)
+        self.attended_key = torch.where(better, tile_argmax[..., 0] + key_start, self.attended_key)
+        del capped_scores
+        n_bands = band_logits.shape[2]
+        tile_band_logits = band_logits.gather(
+            -1, tile_argmax[:, :, None].expand(-1, -1, n_bands, -1, -1, -1)
+        )[..., 0]
+        self.attended_band_logits = torch.where(
+            better[:, :, None], tile_band_logits, self.attended_band_logits
+        )
+        if agreement:
+            self.band_max = torch.maximum(self.band_max, band_logits.amax(-1))
+
+
+@dataclass
+class _TileTotals:
+    """The layer's sums over tiles and windows, in float64, per (kv_head, band, group)."""
+
+    band: dict[str, Tensor]  # abs, cov, margin, top1, jsd: [kv_head, band, group]
+    score_variance: Tensor  # [kv_head, group]
+    plane: dict[str, Tensor]  # term, bound: [kv_head, group, plane]
+    agreement: bool
+
+    @classmethod
+    def zeros(
+        cls, inputs: _LayerInputs, rope: LayerRope, n_bands: int, agreement: bool
+    ) -> _TileTotals:
+        """All sums at zero."""
+        like, wide = inputs.head_queries_flat, inputs.wide
+        n_kv_heads, group_size = rope.n_kv_heads, rope.group_size
+        return cls(
+            band={
+                name: like.new_zeros(n_kv_heads, n_bands, group_size, dtype=wide)
+                for name in ("abs", "cov", "margin", "top1", "jsd")
+            },
+            score_variance=like.new_zeros(n_kv_heads, group_size, dtype=wide),
+            plane={
+                name: like.new_zeros(n_kv_heads, group_size, rope.n_planes, dtype=wide)
+                for name in ("term", "bound")
+            },
+            agreement=agreement,
+        )
+
+    def add_tile(
+        self,
+        inputs: _LayerInputs,
+        counts: _RowCounts,
+        rope: LayerRope,
+        query_range: tuple[int, int],
+        shared_keys: tuple[int, int],
+        scan: _TileScan,
+    ) -> None:
+        """Add one query tile's rows: |logit|, covariance, margin, top-1, variance, planes."""
+        query_start, query_end = query_range
+        wide = inputs.wide
+        tile_keys = counts.keys[:, query_start:query_end]
+        tile_scored = counts.scored[:, query_start:query_end]
+        tile_seen = counts.seen[:, query_start:query_end]
+        tile_queries = inputs.head_queries[:, :, :, query_start:query_end]
+        batch, n_kv_heads, group_size, n_tile_queries, head_dim = tile_queries.shape
+        scored_rows = tile_scored[:, None, None, None].bool()
+        self.band["abs"] += _sum_per_window(scan.abs_logit_sum, 4, wide)
+        if self.agreement:  # band-only top-1: the attended key attains the band's own maximum
+            agrees = (scan.attended_band_logits >= scan.band_max) & tile_seen[
+                :, None, None, None
+            ].bool()
+            self.band["top1"] += agrees.sum((0, 4)).to(wide)
+        score_square_sum = scan.score_square_sum
+        # keys seen by the whole tile: Σ_k y·k_j = (Σ_k k kᵀ) q, so Σ_k x_b·y and Σ_k y² are
+        # products with q
+        if shared_keys[1] > shared_keys[0]:
+            wide_queries = tile_queries.to(wide)
+            gram_products = wide_queries * torch.matmul(
+                wide_queries, inputs.gram.over(*shared_keys)[:, :, None]
+            )
+            score_square_sum = score_square_sum + gram_products.sum(-1)
+            shared_cross = torch.matmul(gram_products, inputs.membership_wide)
+        else:
+            shared_cross = 0.0
+        # Σ_k x_b = q_b · Σ_k k_b; Σ_k x_b·y = q_b · (Σ_k y k_b): per-dim products summed into bands
+        to_bands = "batch kv_head group query band -> batch kv_head band group query"
+        band_row_sums = einops.rearrange(
+            torch.matmul(
+                tile_queries * inputs.window_key_sums[:, :, None, query_start:query_end],
+                inputs.membership,
+            ),
+            to_bands,
+        )
+        score_key_sum = scan.score_key_sum.view(
+            batch, n_kv_heads, group_size, n_tile_queries, head_dim
+        )
+        band_score_cross = einops.rearrange(
+            torch.matmul(tile_queries * score_key_sum, inputs.membership) + shared_cross, to_bands
+        )
+        score_row_sums = band_row_sums.sum(2)
+        keys_or_one = tile_keys.clamp_min(1)
+        self.score_variance += _sum_per_window(
+            torch.where(
+                tile_scored[:, None, None].bool(),
+                score_square_sum - score_row_sums**2 / keys_or_one[:, None, None],
+                0,
+            ),
+            3,
+            wide,
+        )
+        self.band["cov"] += _sum_per_window(
+            torch.where(
+                scored_rows,
+                band_score_cross
+                - band_row_sums * score_row_sums[:, :, None] / keys_or_one[:, None, None, None],
+                0,
+            ),
+            4,
+            wide,
+        )
+        attended = scan.attended_band_logits
+        self.band["margin"] += _sum_per_window(
+            torch.where(
+                scored_rows,
+                attended
+                - (band_row_sums - attended) / (tile_keys - 1).clamp_min(1)[:, None, None, None],
+                0,
+            ),
+            4,
+            wide,
+        )
+        self._add_plane_terms(inputs, rope, scan, tile_queries, tile_scored)
+
+    def _add_plane_terms(
+        self,
+        inputs: _LayerInputs,
+        rope: LayerRope,
+        scan: _TileScan,
+        tile_queries: Tensor,
+        tile_scored: Tensor,
+    ) -> None:
+        """Per plane, the attended key's logit term and its Cauchy–Schwarz bound |q||k|."""
+        wide = inputs.wide
+        batch, n_kv_heads, group_size, n_tile_queries, head_dim = tile_queries.shape
+        attended_keys = inputs.head_keys.gather(
+            2,
+            scan.attended_key.view(batch, n_kv_heads, group_size * n_tile_queries, 1).expand(
+                -1, -1, -1, head_dim
+            ),
+        ).view(batch, n_kv_heads, group_size, n_tile_queries, head_dim)
+        scored_planes = tile_scored[:, None, None, :, None].bool()
+        self.plane["term"] += _sum_per_window(
+            torch.where(scored_planes, rope.plane_sums(tile_queries * attended_keys), 0), 3, wide
+        )
+        self.plane["bound"] += _sum_per_window(
+            torch.where(
+                scored_planes,
+                rope.plane_norms(tile_queries) * rope.plane_norms(attended_keys),
+                0,
+            ),
+            3,
+            wide,
+        )
+
+    def add_to(self, sums: dict[str, Tensor], layer_slot: int, n_heads: int, n_planes: int) -> None:
+        """Add the layer's totals to the running sums (a narrower layer fills its leading heads)."""
+        sums_device = sums["var"].device
+
+        def by_head(total: Tensor) -> Tensor:
+            return einops.rearrange(total, "kv_head band group -> (kv_head group) band").to(
+                sums_device, torch.float64
+            )
+
+        for name, key in (
+            ("abs_sum", "abs"),
+            ("cov", "cov"),
+            ("margin", "margin"),
+            ("top1", "top1"),
+            ("jsd", "jsd"),
+        ):
+            sums[name][layer_slot, :n_heads] += by_head(self.band[key])
+        sums["var"][layer_slot, :n_heads] += self.score_variance.reshape(n_heads).to(
+            sums_device, torch.float64
+        )
+        for name, key in (("cs_term", "term"), ("cs_bound", "bound")):
+            per_head = einops.rearrange(
+                self.plane[key], "kv_head group plane -> (kv_head group) plane"
+            )
+            sums[name][layer_slot, :n_heads, :n_planes] += per_head.to(sums_device, torch.float64)
 
 
 def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor, "b h pos d"]:

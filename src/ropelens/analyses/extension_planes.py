@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Float32
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ropelens.errors import InputError
 from ropelens.results.provenance import Provenance
@@ -479,11 +480,11 @@ def search_longrope_factors(
         raise InputError(f"population must be at least 2 (parents and children), got {population}")
     generations = check_positive_int(generations, "generations") if generations else 0
     corpus = "english[val]" if tokens is None else "given tokens"
-    layer, l0, tokens = _search_setup(model, target_len, original_ctx, n_windows, tokens)
-    s, hi = target_len / l0, 2.0 * target_len / l0
+    layer, original_ctx, tokens = _search_setup(model, target_len, original_ctx, n_windows, tokens)
+    scale, max_factor = target_len / original_ctx, 2.0 * target_len / original_ctx
     settings = {
         "target_len": target_len,
-        "original_ctx": l0,
+        "original_ctx": original_ctx,
         "population": population,
         "seed": int(seed),
         "n_windows": int(tokens.shape[0]),
@@ -497,66 +498,32 @@ def search_longrope_factors(
         "evals": {},
         "history": [],
     }
-
-    def score(c: dict[str, Any]) -> float:
-        k = _key(c)
-        if k not in state["evals"]:
-            state["evals"][k] = _evaluate(
-                model, _longrope(c["factors"], c["n_hat"], l0, target_len), tokens
-            )
-        return state["evals"][k]
-
-    def finish(gen: int, pop: list[dict[str, Any]]) -> None:
-        ppl = [score(c) for c in pop]
-        pop = [pop[i] for i in np.argsort(ppl, kind="stable")]
-        state.update(generation=gen, population=pop)
-        state["history"].append(
-            {
-                "generation": gen,
-                "best": min(ppl),
-                "mean": float(np.mean(ppl)),
-                "n_evaluated": len(state["evals"]),
-            }
-        )
-        if path is not None:
-            dump_json(path, state)
-
+    search = _SearchRun(model, tokens, original_ctx, target_len, path, state)
     if state["generation"] > generations:
         raise InputError(
             f"{path} already holds {state['generation']} generations, more than generations="
             f"{generations}: pass generations >= {state['generation']} or another state_path"
         )
     if state["generation"] < 0:
-        finish(0, _seed_population(layer, s, l0, population, hi, np.random.default_rng([seed, 0])))
-    gens = range(state["generation"] + 1, generations + 1)
-    if progress:
-        from tqdm.auto import tqdm
-
-        gens = tqdm(gens, desc=f"LongRoPE search → {target_len}", unit="gen")
-    for g in gens:
-        rng = np.random.default_rng([seed, g])
-        parents = state["population"][: max(2, population // 2)]
-        children = [
-            _child(*[parents[i] for i in rng.choice(len(parents), 2, replace=False)], l0, hi, rng)
-            for _ in range(population - len(parents))
-        ]
-        finish(g, parents + children)
-        if progress:
-            gens.set_postfix(best=f"{state['history'][-1]['best']:.4g}")
+        first = _seed_population(
+            layer, scale, original_ctx, population, max_factor, np.random.default_rng([seed, 0])
+        )
+        search.finish(0, first)
+    _evolve(search, population, generations, seed, max_factor, progress)
     best = state["population"][0]
     baselines = {
-        "PI": _evaluate(model, Linear(s), tokens),
-        "YaRN": _evaluate(model, YaRN(s, l0), tokens),
+        "PI": _evaluate(model, Linear(scale), tokens),
+        "YaRN": _evaluate(model, YaRN(scale, original_ctx), tokens),
     }
     return LongRopeSearch(
         target_len=target_len,
-        original_ctx=l0,
+        original_ctx=original_ctx,
         factors=tuple(best["factors"]),
         n_hat=best["n_hat"],
-        perplexity=score(best),
+        perplexity=search.score(best),
         initial_best=state["history"][0]["best"],
         baselines=baselines,
-        history=tuple(h for h in state["history"] if h["generation"] <= generations),
+        history=tuple(row for row in state["history"] if row["generation"] <= generations),
         settings={**settings, "generations": generations},
         provenance=Provenance(
             model=_model_name(model),
@@ -565,6 +532,75 @@ def search_longrope_factors(
             n_ctx=target_len,
         ),
     )
+
+
+@dataclass
+class _SearchRun:
+    """A LongRoPE search under way: its state (as saved) and how a candidate is scored."""
+
+    model: Any
+    tokens: Tensor
+    original_ctx: int
+    target_len: int
+    path: Path | None
+    state: dict[str, Any]
+
+    def score(self, candidate: dict[str, Any]) -> float:
+        """The candidate's perplexity on the tokens, measured once and remembered."""
+        key = _key(candidate)
+        if key not in self.state["evals"]:
+            variant = _longrope(
+                candidate["factors"], candidate["n_hat"], self.original_ctx, self.target_len
+            )
+            self.state["evals"][key] = _evaluate(self.model, variant, self.tokens)
+        return self.state["evals"][key]
+
+    def finish(self, generation: int, candidates: list[dict[str, Any]]) -> None:
+        """Rank a generation by perplexity, record it, and save the state (when a path is set)."""
+        perplexities = [self.score(candidate) for candidate in candidates]
+        ranked = [candidates[i] for i in np.argsort(perplexities, kind="stable")]
+        self.state.update(generation=generation, population=ranked)
+        self.state["history"].append(
+            {
+                "generation": generation,
+                "best": min(perplexities),
+                "mean": float(np.mean(perplexities)),
+                "n_evaluated": len(self.state["evals"]),
+            }
+        )
+        if self.path is not None:
+            dump_json(self.path, self.state)
+
+
+def _evolve(
+    search: _SearchRun,
+    population: int,
+    generations: int,
+    seed: int,
+    max_factor: float,
+    progress: bool,
+) -> None:
+    """Run the generations the state lacks: keep the better half, refill it with children."""
+    bar = tqdm(
+        range(search.state["generation"] + 1, generations + 1),
+        desc=f"LongRoPE search → {search.target_len}",
+        unit="gen",
+        disable=not progress,
+    )
+    for generation in bar:
+        rng = np.random.default_rng([seed, generation])
+        parents = search.state["population"][: max(2, population // 2)]
+        children = [
+            _child(
+                *[parents[i] for i in rng.choice(len(parents), 2, replace=False)],
+                search.original_ctx,
+                max_factor,
+                rng,
+            )
+            for _ in range(population - len(parents))
+        ]
+        search.finish(generation, parents + children)
+        bar.set_postfix(best=f"{search.state['history'][-1]['best']:.4g}")
 
 
 def _model_name(model) -> str:

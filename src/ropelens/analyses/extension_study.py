@@ -40,12 +40,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
+from ropelens.analyses.base_predictions import MIN_PREDICTION_LENGTH, base_predictions
+from ropelens.analyses.extension_planes import extension_planes
 from ropelens.errors import InputError
+from ropelens.loading.models import weights_fingerprint
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.results.serialize import dump_json
+from ropelens.run.data import analysis_windows
+from ropelens.run.evaluate import bootstrap_ci, loss_path
+from ropelens.run.intervene import apply_rope_variant, is_identity
 from ropelens.spec.variants import (
     NTK,
     CoPE,
@@ -349,6 +356,122 @@ def _check_passkey_lengths(
 # --------------------------------------------------------------------------------------------
 # the study
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _StudyPlan:
+    """What every cell of one study is measured under: model, methods, lengths and windows."""
+
+    model: Any
+    spec: Any
+    native: int
+    variants: dict[str, RopeVariant | None]
+    lengths: tuple[int, ...]
+    passkey_lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    windows: dict[int, tuple[torch.Tensor, str, str | None]]
+    n_windows: int
+    n_trials: int
+    seed: int
+    batch_size: int
+    base_config: dict[str, Any]
+
+
+def _check_contexts(
+    spec, to: int, native: int | None, lengths: Sequence[int] | None, start: int | None
+) -> tuple[int, int, tuple[int, ...]]:
+    """The checked target, native context and sorted distinct loss lengths (doubling by default)."""
+    to = check_number(to, "to", at_least=2, integer=True, hint=" (the target context in tokens)")
+    native = (
+        spec.n_ctx if native is None else check_number(native, "native", at_least=2, integer=True)
+    )
+    if not native:
+        raise InputError("the model records no trained context length: pass native=N (--native N)")
+    if to <= native:
+        raise InputError(
+            f"the target {to} must exceed the native context {native}: extension studies "
+            f"lengths beyond it, e.g. to={2 * native}"
+        )
+    if lengths is None:
+        lengths = doubling_lengths(max(2, start or native // 4), to)
+    checked = {
+        check_number(
+            length,
+            "each length",
+            at_least=2,
+            at_most=to,
+            integer=True,
+            hint=f" (a context length up to the target {to})",
+        )
+        for length in lengths
+    }
+    return to, native, tuple(sorted(checked))
+
+
+def _check_given_passkey_lengths(passkey_lengths: Sequence[int]) -> tuple[int, ...]:
+    """The given passkey lengths, checked, distinct and sorted."""
+    checked = {
+        check_number(
+            length,
+            "each passkey length",
+            at_least=2,
+            integer=True,
+            hint=" (--passkey-lengths: prompt lengths in tokens)",
+        )
+        for length in passkey_lengths
+    }
+    return tuple(sorted(checked))
+
+
+def _cut_windows(
+    tokenizer, corpus: Any, lengths: Sequence[int], n_windows: int
+) -> dict[int, tuple[torch.Tensor, str, str | None]]:
+    """Per length, its ``n_windows`` windows of ``corpus`` with the corpus's name and SHA-256."""
+    windows: dict[int, tuple[torch.Tensor, str, str | None]] = {}
+    for length in lengths:
+        tokens, corpus_name, corpus_sha = analysis_windows(
+            tokenizer, corpus, length, n_windows * length
+        )
+        if tokens.shape[0] < n_windows:
+            raise InputError(
+                f"the corpus holds {tokens.shape[0]} window(s) of {length} tokens, fewer than "
+                f"n_windows={n_windows}: lower --windows or --to, or pass a larger corpus"
+            )
+        windows[length] = (tokens, corpus_name, corpus_sha)
+    return windows
+
+
+def _fitting_passkey_lengths(tokenizer, lengths: Sequence[int]) -> tuple[int, ...]:
+    """The lengths at which a passkey prompt fits (one that fits 4,096 tokens fits any longer)."""
+    return tuple(
+        length
+        for length in lengths
+        if (length > 4096 and _prompt_fits(tokenizer, 4096)) or _prompt_fits(tokenizer, length)
+    )
+
+
+def _plane_rows(
+    spec, variants: dict[str, RopeVariant | None], native: int, to: int
+) -> list[dict[str, Any]]:
+    """Per layer kind and method, what the method does to every plane at the target, and roles."""
+    planes = []
+    for kind, layer_indices in spec.rotary_kinds.items():
+        for name, variant in variants.items():
+            layer = spec[layer_indices[0]]
+            view = (
+                _identity_view(layer, native, to)
+                if variant is None
+                else extension_planes(layer, variant, native, to)
+            )
+            planes.append(
+                {
+                    "kind": kind,
+                    "method": name,
+                    **view.to_dict(),
+                    "roles": list(plane_roles(view, to / native)),
+                }
+            )
+    return planes
+
+
 def extension_study(
     model,
     to: int,
@@ -372,27 +495,22 @@ def extension_study(
     verify: bool = True,
     attention: bool = True,
 ) -> ExtensionStudy:
-    """Loss by length, passkey retrieval, per-plane effect and base predictions of each extension method.
+    """Loss by length, passkey retrieval, per-plane effect and base predictions of each method.
 
-    ``to`` is the target context; ``native`` the trained one (default: the model's). ``lengths`` default to
-    doubling from ``start`` (default ``native / 4``, at least 2) up to ``to``; every method's loss at a length
-    is measured on the same ``n_windows`` windows of ``corpus`` (default: the embedded English text).
-    ``passkey_lengths`` default to the lengths at which a passkey prompt fits (an empty list skips passkey).
-    ``tolerance`` (nats) is what the findings call keeping the loss. With ``out``, every cell is saved in
-    ``out/cells`` as it finishes, and cells already there (same settings) are read instead of measured.
-    ``attention`` (default on) adds, per method and length, the attention entropy, the divergence from the
-    unmodified model's attention (lengths within ``native``) and the heads' matrix entropy, on the loss windows;
-    the divergence holds the unmodified model's post-RoPE queries and keys of every layer for the windows of
-    one length at a time (n_windows × length × layers × (heads + KV heads) × head_dim floats).
+    ``to`` is the target context; ``native`` the trained one (default: the model's). ``lengths``
+    default to doubling from ``start`` (default ``native / 4``, at least 2) up to ``to``; every
+    method's loss at a length is measured on the same ``n_windows`` windows of ``corpus``
+    (default: the embedded English text). ``passkey_lengths`` default to the lengths at which a
+    passkey prompt fits (an empty list skips passkey). ``tolerance`` (nats) is what the findings
+    call keeping the loss. With ``out``, every cell is saved in ``out/cells`` as it finishes, and
+    cells already there (same settings) are read instead of measured. ``attention`` (default on)
+    adds, per method and length, the attention entropy, the divergence from the unmodified
+    model's attention (lengths within ``native``) and the heads' matrix entropy, on the loss
+    windows; the divergence holds the unmodified model's post-RoPE queries and keys of every
+    layer for the windows of one length at a time
+    (n_windows × length × layers × (heads + KV heads) × head_dim floats).
     """
-    from tqdm.auto import tqdm
-
-    from ropelens.analyses.base_predictions import MIN_PREDICTION_LENGTH, base_predictions
-    from ropelens.analyses.extension_planes import extension_planes
-    from ropelens.loading.models import weights_fingerprint
-    from ropelens.run.data import analysis_windows
-    from ropelens.run.evaluate import bootstrap_ci, loss_path
-    from ropelens.run.intervene import apply_rope_variant, is_identity
+    # imported here, not at the top: tests replace these module attributes to watch or refuse calls
     from ropelens.run.verify import verification
     from ropelens.spec.reading import model_label, rope_spec
 
@@ -401,209 +519,79 @@ def extension_study(
             f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"
         )
     spec = rope_spec(model)
-    to = check_number(to, "to", at_least=2, integer=True, hint=" (the target context in tokens)")
-    native = (
-        spec.n_ctx if native is None else check_number(native, "native", at_least=2, integer=True)
-    )
-    if not native:
-        raise InputError("the model records no trained context length: pass native=N (--native N)")
-    if to <= native:
-        raise InputError(
-            f"the target {to} must exceed the native context {native}: extension studies "
-            f"lengths beyond it, e.g. to={2 * native}"
-        )
-    if lengths is None:
-        lengths = doubling_lengths(max(2, start or native // 4), to)
-    lengths = tuple(
-        sorted(
-            {
-                check_number(
-                    n,
-                    "each length",
-                    at_least=2,
-                    at_most=to,
-                    integer=True,
-                    hint=f" (a context length up to the target {to})",
-                )
-                for n in lengths
-            }
-        )
-    )
+    to, native, lengths = _check_contexts(spec, to, native, lengths, start)
     n_windows = check_number(n_windows, "n_windows", at_least=1, integer=True)
     tolerance = check_number(tolerance, "tolerance", at_least=0)
     n_trials = check_number(n_trials, "n_trials", at_least=1, integer=True)
-    depths = tuple(check_number(d, "each depth", at_least=0, at_most=1) for d in depths)
-    rot = spec.layer_indices()
-    layer0 = spec[rot[0]]
+    depths = tuple(check_number(depth, "each depth", at_least=0, at_most=1) for depth in depths)
     methods = sorted(
-        dict.fromkeys(methods), key=lambda n: list(METHODS).index(n) if n in METHODS else -1
+        dict.fromkeys(methods),
+        key=lambda name: list(METHODS).index(name) if name in METHODS else -1,
     )
     # the unmodified model first: methods that rotate as it does at a length reuse its cells
-    variants = extension_variants(layer0, native, to, methods, p=p, longrope=longrope)
-    if (
-        passkey_lengths is not None
-    ):  # given ones are checked now, before the loss phase a prompt that cannot fit follows
-        passkey_lengths = tuple(
-            sorted(
-                {
-                    check_number(
-                        n,
-                        "each passkey length",
-                        at_least=2,
-                        integer=True,
-                        hint=" (--passkey-lengths: prompt lengths in tokens)",
-                    )
-                    for n in passkey_lengths
-                }
-            )
-        )
+    first_rotary_layer = spec[spec.layer_indices()[0]]
+    variants = extension_variants(first_rotary_layer, native, to, methods, p=p, longrope=longrope)
+    if passkey_lengths is not None:
+        # given ones are checked now, before the loss phase a prompt that cannot fit follows
+        passkey_lengths = _check_given_passkey_lengths(passkey_lengths)
         if passkey_lengths:
             _check_passkey_lengths(model, passkey_lengths, depths, seed)
-    t0 = time.perf_counter()
-    windows: dict[int, tuple[torch.Tensor, str, str | None]] = {}
-    for n in lengths:  # cut first: a target the corpus cannot fill fails before anything runs
-        tokens, cname, csha = analysis_windows(model.tokenizer, corpus, n, n_windows * n)
-        if tokens.shape[0] < n_windows:
-            raise InputError(
-                f"the corpus holds {tokens.shape[0]} window(s) of {n} tokens, fewer than n_windows="
-                f"{n_windows}: lower --windows or --to, or pass a larger corpus"
-            )
-        windows[n] = (tokens, cname, csha)
-    if (
-        passkey_lengths is None
-    ):  # every length a prompt fits (after the cut: no prompt of an impossible length is built)
-        passkey_lengths = tuple(
-            n
-            for n in lengths
-            if (n > 4096 and _prompt_fits(model.tokenizer, 4096))
-            or _prompt_fits(model.tokenizer, n)
-        )
+    started = time.perf_counter()
+    # cut first: a target the corpus cannot fill fails before anything runs
+    windows = _cut_windows(model.tokenizer, corpus, lengths, n_windows)
+    if passkey_lengths is None:
+        # every length a prompt fits (after the cut: no prompt of an impossible length is built)
+        passkey_lengths = _fitting_passkey_lengths(model.tokenizer, lengths)
     passkey_lengths = tuple(sorted(passkey_lengths))
     if passkey_lengths and not depths:
         raise InputError(
             "depths is empty: pass passkey depths, e.g. (0.1, 0.5, 0.9), or no passkey lengths"
         )
-    # the per-plane view and the base's predictions need no model run: computed now, so what they refuse
-    # (a target past the longest certified base bound, say) fails before any cell is measured
-    planes = []
-    for kind, idx in spec.rotary_kinds.items():
-        for name, v in variants.items():
-            view = (
-                _identity_view(spec[idx[0]], native, to)
-                if v is None
-                else extension_planes(spec[idx[0]], v, native, to)
-            )
-            planes.append(
-                {
-                    "kind": kind,
-                    "method": name,
-                    **view.to_dict(),
-                    "roles": list(plane_roles(view, to / native)),
-                }
-            )
-    # the findings speak of the target; lengths too short for Liu's formulas (at most 2π tokens) have no prediction
-    pred = base_predictions(
+    # the per-plane view and the base's predictions need no model run: computed now, so what they
+    # refuse (a target past the longest certified base bound, say) fails before any cell is measured
+    planes = _plane_rows(spec, variants, native, to)
+    # the findings speak of the target; lengths too short for Liu's formulas (at most 2π tokens)
+    # have no prediction
+    predictions = base_predictions(
         spec,
         sorted(n for n in {*lengths, native, to} if n >= MIN_PREDICTION_LENGTH),
         train_ctx=native,
     )
-    verified = verification(
-        model, spec, verify=verify
-    )  # the variants rebuild the spec's rotation: prove it first
+    # the variants rebuild the spec's rotation: prove it first
+    verified = verification(model, spec, verify=verify)
 
-    fp = weights_fingerprint(model)["weights_sha256"]
-    base_cfg = {"model": model_label(model), "weights": fp, "native": native, "target": to}
-    cells = _Cells(None if out is None else Path(out) / "cells")
-    jobs = [("loss", n, L) for n in variants for L in lengths]
-    jobs += [("passkey", n, L) for n in variants for L in passkey_lengths]
-    # attention length by length: one length's reference (the unmodified model's queries and keys) at a time
-    jobs += [("attention", n, L) for L in (lengths if attention else ()) for n in variants]
-    att_cells = _Cells(None if cells.folder is None else cells.folder / "attention")
-    att: dict[tuple[str, int], dict[str, Any]] = {}
-    reference: dict[str, Any] = {}
-    loss_cells: dict[tuple[str, int], dict[str, Any]] = {}
-    key_cells: dict[tuple[str, int], dict[str, Any]] = {}
-    bar = tqdm(jobs, desc="extend", unit="cell", disable=not progress)
-    for kind, name, L in bar:
-        v = variants[name]
-        bar.set_postfix_str(f"{kind} {METHODS[name]} {L}")
-        vcfg = None if v is None else v.to_dict()
-        if kind == "attention":
-            att[(name, L)] = _attention_cell(
-                model,
-                spec,
-                name,
-                v,
-                L,
-                native,
-                windows[L][0],
-                base_cfg,
-                vcfg,
-                att_cells,
-                att,
-                reference,
-                batch_size,
-                is_identity,
-            )
-            continue
-        if kind == "loss":
-            tokens, cname, csha = windows[L]
-            cfg = {
-                **base_cfg,
-                "kind": "loss",
-                "variant": vcfg,
-                "length": L,
-                "n_windows": n_windows,
-                "corpus": cname,
-                "corpus_sha256": csha,
-                "tokens_sha256": _tokens_sha(tokens),
-            }
-        else:
-            cfg = {
-                **base_cfg,
-                "kind": "passkey",
-                "variant": vcfg,
-                "length": L,
-                "depths": list(depths),
-                "n_trials": n_trials,
-                "seed": seed,
-            }
-        cell = cells.get(kind, name, L, cfg)
-        if cell is None:
-            store = loss_cells if kind == "loss" else key_cells
-            # A variant that rotates exactly as the model at this length (dynamic NTK within the native
-            # context) gives the unmodified model's numbers: copy them instead of running again.
-            n_pos = L if kind == "loss" else L + 8
-            if v is not None and ("none", L) in store and is_identity(spec, v, rot, n_pos):
-                cell = {**store[("none", L)], "same_as": "none"}
-            else:
-                t1 = time.perf_counter()
-                cell = _measure(
-                    model,
-                    kind,
-                    v,
-                    L,
-                    windows,
-                    depths,
-                    n_trials,
-                    seed,
-                    batch_size,
-                    apply_rope_variant,
-                    loss_path,
-                )
-                cell["seconds"] = time.perf_counter() - t1
-            cells.put(kind, name, L, cfg, cell)
-        (loss_cells if kind == "loss" else key_cells)[(name, L)] = cell
-    bar.close()
-
-    prov = Provenance(
-        model=model_label(model),
-        corpus=windows[lengths[0]][1],
-        corpus_sha256=windows[lengths[0]][2],
+    weights_sha = weights_fingerprint(model)["weights_sha256"]
+    plan = _StudyPlan(
+        model=model,
+        spec=spec,
+        native=native,
+        variants=variants,
+        lengths=lengths,
+        passkey_lengths=passkey_lengths,
+        depths=depths,
+        windows=windows,
         n_windows=n_windows,
-        n_ctx=to,
-        seconds=time.perf_counter() - t0,
-        config={
+        n_trials=n_trials,
+        seed=seed,
+        batch_size=batch_size,
+        base_config={
+            "model": model_label(model),
+            "weights": weights_sha,
+            "native": native,
+            "target": to,
+        },
+    )
+    cells = _Cells(None if out is None else Path(out) / "cells")
+    attention_store = _Cells(None if cells.folder is None else cells.folder / "attention")
+    loss_cells, passkey_cells, attention_cells = _run_cells(
+        plan, cells, attention_store, attention=attention, progress=progress
+    )
+    return _study_result(
+        plan,
+        (loss_cells, passkey_cells, attention_cells),
+        planes=planes,
+        predictions=predictions,
+        settings={
             "native": native,
             "target": to,
             "lengths": list(lengths),
@@ -613,50 +601,216 @@ def extension_study(
             "seed": seed,
             "p": p,
             "tolerance": tolerance,
-            "weights_sha256": fp,
+            "weights_sha256": weights_sha,
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "forward": loss_path(model),
             "cells_reused": cells.reused,
             "attention": bool(attention),
-            "attention_cells_reused": att_cells.reused,
+            "attention_cells_reused": attention_store.reused,
             "out": None if out is None else str(out),
             "verification": verified.to_dict(),
         },
+        model_name=model_label(model),
+        started=started,
     )
+
+
+def _study_result(
+    plan: _StudyPlan,
+    finished: tuple[CellsByKey, CellsByKey, CellsByKey],
+    *,
+    planes: list[dict[str, Any]],
+    predictions: Any,
+    settings: dict[str, Any],
+    model_name: str,
+    started: float,
+) -> ExtensionStudy:
+    """The study from its measured cells, per-plane views, predictions and settings."""
+    loss_cells, passkey_cells, attention_cells = finished
+    first_windows = plan.windows[plan.lengths[0]]
+    provenance = Provenance(
+        model=model_name,
+        corpus=first_windows[1],
+        corpus_sha256=first_windows[2],
+        n_windows=plan.n_windows,
+        n_ctx=settings["target"],
+        seconds=time.perf_counter() - started,
+        config=settings,
+    )
+    return ExtensionStudy(
+        native=plan.native,
+        target=settings["target"],
+        lengths=plan.lengths,
+        passkey_lengths=plan.passkey_lengths,
+        depths=plan.depths,
+        n_trials=plan.n_trials,
+        tolerance=float(settings["tolerance"]),
+        variants={
+            name: (None if variant is None else variant.to_dict())
+            for name, variant in plan.variants.items()
+        },
+        loss_cells=_loss_rows(loss_cells, plan.seed),
+        passkey_cells=tuple(
+            {
+                "method": name,
+                "length": length,
+                "trials": cell["trials"],
+                "same_as": cell.get("same_as"),
+            }
+            for (name, length), cell in passkey_cells.items()
+        ),
+        planes=tuple(planes),
+        predictions=predictions.to_dict(),
+        provenance=provenance,
+        attention_cells=tuple(
+            {
+                "method": name,
+                "length": length,
+                "heads": cell["heads"],
+                "same_as": cell.get("same_as"),
+            }
+            for (name, length), cell in attention_cells.items()
+        ),
+    )
+
+
+def _loss_rows(
+    loss_cells: dict[tuple[str, int], dict[str, Any]], seed: int
+) -> tuple[dict[str, Any], ...]:
+    """One row per (method, length): the per-window losses and their bootstrap estimate."""
     rows = []
-    for (name, L), c in loss_cells.items():
-        est = c.get("estimate") or bootstrap_ci(c["losses"], seed=seed).to_dict()
+    for (name, length), cell in loss_cells.items():
+        estimate = cell.get("estimate") or bootstrap_ci(cell["losses"], seed=seed).to_dict()
         rows.append(
             {
                 "method": name,
-                "length": L,
-                "losses": c["losses"],
-                "estimate": est,
-                "same_as": c.get("same_as"),
+                "length": length,
+                "losses": cell["losses"],
+                "estimate": estimate,
+                "same_as": cell.get("same_as"),
             }
         )
-    return ExtensionStudy(
-        native=native,
-        target=to,
-        lengths=lengths,
-        passkey_lengths=passkey_lengths,
-        depths=depths,
-        n_trials=n_trials,
-        tolerance=float(tolerance),
-        variants={n: (None if v is None else v.to_dict()) for n, v in variants.items()},
-        loss_cells=tuple(rows),
-        passkey_cells=tuple(
-            {"method": n, "length": L, "trials": c["trials"], "same_as": c.get("same_as")}
-            for (n, L), c in key_cells.items()
-        ),
-        planes=tuple(planes),
-        predictions=pred.to_dict(),
-        provenance=prov,
-        attention_cells=tuple(
-            {"method": n, "length": L, "heads": c["heads"], "same_as": c.get("same_as")}
-            for (n, L), c in att.items()
-        ),
-    )
+    return tuple(rows)
+
+
+CellsByKey = dict[tuple[str, int], dict[str, Any]]
+
+
+def _run_cells(
+    plan: _StudyPlan, cells: _Cells, attention_store: _Cells, *, attention: bool, progress: bool
+) -> tuple[CellsByKey, CellsByKey, CellsByKey]:
+    """Measure (or read back) every loss, passkey and attention cell, per (method, length)."""
+    jobs = [("loss", name, length) for name in plan.variants for length in plan.lengths]
+    jobs += [("passkey", name, length) for name in plan.variants for length in plan.passkey_lengths]
+    # attention length by length: one length's reference (the unmodified model's queries and
+    # keys) at a time
+    jobs += [
+        ("attention", name, length)
+        for length in (plan.lengths if attention else ())
+        for name in plan.variants
+    ]
+    finished: dict[str, CellsByKey] = {"loss": {}, "passkey": {}, "attention": {}}
+    reference: dict[str, Any] = {}
+    bar = tqdm(jobs, desc="extend", unit="cell", disable=not progress)
+    for kind, name, length in bar:
+        variant = plan.variants[name]
+        bar.set_postfix_str(f"{kind} {METHODS[name]} {length}")
+        variant_config = None if variant is None else variant.to_dict()
+        if kind == "attention":
+            finished[kind][(name, length)] = _attention_cell(
+                plan.model,
+                plan.spec,
+                name,
+                variant,
+                length,
+                plan.native,
+                plan.windows[length][0],
+                plan.base_config,
+                variant_config,
+                attention_store,
+                finished[kind],
+                reference,
+                plan.batch_size,
+                is_identity,
+            )
+        else:
+            finished[kind][(name, length)] = _loss_or_passkey_cell(
+                plan, cells, kind, name, length, variant_config, finished[kind]
+            )
+    bar.close()
+    return finished["loss"], finished["passkey"], finished["attention"]
+
+
+def _cell_config(
+    plan: _StudyPlan, kind: str, length: int, variant_config: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The settings a loss or passkey cell is saved under (a saved cell is reused if they match)."""
+    if kind == "loss":
+        tokens, corpus_name, corpus_sha = plan.windows[length]
+        return {
+            **plan.base_config,
+            "kind": "loss",
+            "variant": variant_config,
+            "length": length,
+            "n_windows": plan.n_windows,
+            "corpus": corpus_name,
+            "corpus_sha256": corpus_sha,
+            "tokens_sha256": _tokens_sha(tokens),
+        }
+    return {
+        **plan.base_config,
+        "kind": "passkey",
+        "variant": variant_config,
+        "length": length,
+        "depths": list(plan.depths),
+        "n_trials": plan.n_trials,
+        "seed": plan.seed,
+    }
+
+
+def _loss_or_passkey_cell(
+    plan: _StudyPlan,
+    cells: _Cells,
+    kind: str,
+    name: str,
+    length: int,
+    variant_config: dict[str, Any] | None,
+    finished: CellsByKey,
+) -> dict[str, Any]:
+    """One loss or passkey cell: read back, copied from the unmodified model's, or measured."""
+    config = _cell_config(plan, kind, length, variant_config)
+    cell = cells.get(kind, name, length, config)
+    if cell is not None:
+        return cell
+    variant = plan.variants[name]
+    # A variant that rotates exactly as the model at this length (dynamic NTK within the native
+    # context) gives the unmodified model's numbers: copy them instead of running again.
+    n_positions = length if kind == "loss" else length + 8
+    rotary_layers = plan.spec.layer_indices()
+    if (
+        variant is not None
+        and ("none", length) in finished
+        and is_identity(plan.spec, variant, rotary_layers, n_positions)
+    ):
+        cell = {**finished[("none", length)], "same_as": "none"}
+    else:
+        started = time.perf_counter()
+        cell = _measure(
+            plan.model,
+            kind,
+            variant,
+            length,
+            plan.windows,
+            plan.depths,
+            plan.n_trials,
+            plan.seed,
+            plan.batch_size,
+            apply_rope_variant,
+            loss_path,
+        )
+        cell["seconds"] = time.perf_counter() - started
+    cells.put(kind, name, length, config, cell)
+    return cell
 
 
 def _attention_cell(

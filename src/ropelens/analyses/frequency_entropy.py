@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -201,42 +202,70 @@ class AttentionStatsReducer(DeviceSums):
         return _with_rest(rope.probs(y.masked_fill(~ok[:, None], float("-inf"))), rope)
 
     def update(self, acts: LayerActs) -> None:
-        s = self._on(acts.valid.device)
-        i, rope = self.pos[acts.layer], acts.rope
-        here, sdt = s["rows"].device, s["rows"].dtype
-        q = acts["q_post"].double()
-        k = expand_kv(acts["k_post"].double(), rope)
-        b, n, H, d = q.shape
-        mask = acts.mask()  # [b, q, k]
-        rows = mask.any(-1)  # [b, q]: queries with a key (every real token)
-        ref = None
+        sums = self._on(acts.valid.device)
+        layer_slot, rope = self.pos[acts.layer], acts.rope
+        sums_device, sums_dtype = sums["rows"].device, sums["rows"].dtype
+        queries = acts["q_post"].double()
+        keys = expand_kv(acts["k_post"].double(), rope)
+        batch, n_positions, n_heads, head_dim = queries.shape
+        mask = acts.mask()  # [batch, queries, keys]
+        rows = mask.any(-1)  # [batch, queries]: queries with a key (every real token)
+        reference = None
         if self.reference is not None:
-            o = self.offset[acts.layer]
-            r = self.reference[acts.layer]
-            if r["q_post"].shape[0] < o + b or r["q_post"].shape[1] != n:
+            offset = self.offset[acts.layer]
+            captured = self.reference[acts.layer]
+            if (
+                captured["q_post"].shape[0] < offset + batch
+                or captured["q_post"].shape[1] != n_positions
+            ):
                 raise InputError(
-                    f"the reference's queries of layer {acts.layer} are {tuple(r['q_post'].shape)}, not "
-                    f"windows {o}…{o + b - 1} of {n} tokens: capture the reference on the same tokens"
+                    f"the reference's queries of layer {acts.layer} are "
+                    f"{tuple(captured['q_post'].shape)}, not windows {offset}…{offset + batch - 1} "
+                    f"of {n_positions} tokens: capture the reference on the same tokens"
                 )
-            ref = (
-                r["q_post"][o : o + b].to(q.device, torch.float64),
-                expand_kv(r["k_post"][o : o + b].to(q.device, torch.float64), rope),
+            reference = (
+                captured["q_post"][offset : offset + batch].to(queries.device, torch.float64),
+                expand_kv(
+                    captured["k_post"][offset : offset + batch].to(queries.device, torch.float64),
+                    rope,
+                ),
             )
-            self.offset[acts.layer] = o + b
-        tq = query_tile(q.device, b * H * n)
-        for c0 in range(0, n, tq):
-            c1 = min(n, c0 + tq)
-            ok = mask[:, c0:c1, :c1]
-            w = rows[:, None, c0:c1].double()  # [b, 1, c]
-            p = self._probs(rope, q, k, ok, c0, c1)
-            s["entropy"][i, :H] += (attention_entropy(p) * w).sum((0, 2)).to(here, sdt)
-            s["rows"][i, :H] += w.expand(b, H, c1 - c0).sum((0, 2)).to(here, sdt)
-            if ref is not None:
-                pr = self._probs(rope, ref[0], ref[1], ok, c0, c1)
-                s["kl"][i, :H] += (kl_divergence(p, pr) * w).sum((0, 2)).to(here, sdt)
-                s["js"][i, :H] += (js_divergence(p, pr) * w).sum((0, 2)).to(here, sdt)
-        qv = q * rows[:, :, None, None].double()
-        s["gram"][i, :H, :d, :d] += torch.einsum("bnhd,bnhe->hde", qv, qv).to(here, sdt)
+            self.offset[acts.layer] = offset + batch
+        tile_size = query_tile(queries.device, batch * n_heads * n_positions)
+        for query_start in range(0, n_positions, tile_size):
+            query_end = min(n_positions, query_start + tile_size)
+            allowed = mask[:, query_start:query_end, :query_end]
+            row_weights = rows[:, None, query_start:query_end].double()  # [batch, 1, query]
+            probs = self._probs(rope, queries, keys, allowed, query_start, query_end)
+            sums["entropy"][layer_slot, :n_heads] += (
+                (attention_entropy(probs) * row_weights).sum((0, 2)).to(sums_device, sums_dtype)
+            )
+            sums["rows"][layer_slot, :n_heads] += (
+                row_weights.expand(batch, n_heads, query_end - query_start)
+                .sum((0, 2))
+                .to(sums_device, sums_dtype)
+            )
+            if reference is not None:
+                reference_probs = self._probs(
+                    rope, reference[0], reference[1], allowed, query_start, query_end
+                )
+                sums["kl"][layer_slot, :n_heads] += (
+                    (kl_divergence(probs, reference_probs) * row_weights)
+                    .sum((0, 2))
+                    .to(sums_device, sums_dtype)
+                )
+                sums["js"][layer_slot, :n_heads] += (
+                    (js_divergence(probs, reference_probs) * row_weights)
+                    .sum((0, 2))
+                    .to(sums_device, sums_dtype)
+                )
+        real_queries = queries * rows[:, :, None, None].double()
+        gram = einops.einsum(
+            real_queries,
+            real_queries,
+            "batch pos head dim, batch pos head dim2 -> head dim dim2",
+        )
+        sums["gram"][layer_slot, :n_heads, :head_dim, :head_dim] += gram.to(sums_device, sums_dtype)
 
     def table(self, top: int | None = None) -> list[dict[str, Any]]:
         """One row per (layer, head): kind, query rows, mean row entropy, mean KL and JS (None without a
@@ -315,27 +344,32 @@ class EntropyReducer(DeviceSums):
                 "frequency entropy needs whole windows (a spectrum over positions): pass unpadded windows"
             )
         sums = self._on(acts.valid.device)
-        i = self.pos[acts.layer]
+        layer_slot = self.pos[acts.layer]
         width, pairing = plane_layout(self.spec, acts.layer)
-        q = acts["q_pre"][:, self.skip :]
-        if q.shape[1] != self.n_pos:
+        queries = acts["q_pre"][:, self.skip :]
+        if queries.shape[1] != self.n_pos:
             raise InputError(
-                f"windows of {q.shape[1] + self.skip} tokens reached a reducer built for "
+                f"windows of {queries.shape[1] + self.skip} tokens reached a reducer built for "
                 f"{self.n_pos + self.skip}: build it with the windows' n_ctx"
             )
         # float64: the spectrum of a norm that barely varies is a small difference of large sums
-        norms = plane_norms(q.double(), width, pairing).permute(0, 2, 3, 1)  # [b, head, plane, pos]
-        dt = sums["h"].dtype
+        norms = einops.rearrange(
+            plane_norms(queries.double(), width, pairing),
+            "batch pos head plane -> batch head plane pos",
+        )
+        sums_dtype = sums["h"].dtype
         for key, signal in (("", norms), ("shuffled", norms[..., self.perm.to(norms.device)])):
-            h, p = spectral_entropy(signal)
-            ok = torch.isfinite(h)
-            h = torch.where(ok, h, torch.zeros_like(h))
+            entropy, spectrum = spectral_entropy(signal)
+            finite = torch.isfinite(entropy)
+            entropy = torch.where(finite, entropy, torch.zeros_like(entropy))
             name = key or "h"
-            sums[f"{key}_count" if key else "count"][i] += ok.sum(0).to(dt)
-            sums[name][i] += h.sum(0).to(dt)
-            sums[f"{name}_sq"][i] += (h * h).sum(0).to(dt)
+            sums[f"{key}_count" if key else "count"][layer_slot] += finite.sum(0).to(sums_dtype)
+            sums[name][layer_slot] += entropy.sum(0).to(sums_dtype)
+            sums[f"{name}_sq"][layer_slot] += (entropy * entropy).sum(0).to(sums_dtype)
             if not key:
-                sums["spectrum"][i] += torch.nan_to_num(p, nan=0.0).sum((0, 1)).to(dt)
+                sums["spectrum"][layer_slot] += (
+                    torch.nan_to_num(spectrum, nan=0.0).sum((0, 1)).to(sums_dtype)
+                )
 
     def result(self, provenance: Provenance) -> FrequencyEntropy:
         """The streamed sums as a :class:`FrequencyEntropy`."""

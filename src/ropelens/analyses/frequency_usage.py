@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -73,32 +74,35 @@ class UsageReducer:
                 moments[key] = m.to(device)
 
     def update(self, acts: LayerActs) -> None:
-        i, rope, n_sink = self.pos[acts.layer], acts.rope, self.n_sink
+        """Add one layer's per-plane norm sums and squares, over all positions and past the sink."""
+        layer_slot, rope, n_sink = self.pos[acts.layer], acts.rope, self.n_sink
         self._on(acts.valid.device)
-        valid = acts.valid.float()  # [b, pos]
-        counts = {"all": valid.sum(1), "sink": valid[:, :n_sink].sum(1)}  # [b]
-        for w in "qk":
-            norms = rope.plane_norms(acts[f"{w}_{self.source}"].float())  # [b,pos,h,P]
+        valid = acts.valid.float()
+        # real positions per window: all, and those among the first n_sink
+        counts = {"all": valid.sum(1), "sink": valid[:, :n_sink].sum(1)}
+        for which in "qk":
+            norms = rope.plane_norms(acts[f"{which}_{self.source}"].float())
             if self.source == "post" and rope.attention_scaling != 1.0 and not rope.norm_after_rope:
-                norms = (
-                    norms / rope.attention_scaling
-                )  # cos/sin carry the scaling; undo it (a norm after RoPE did)
-            norms = (
-                norms * valid[:, :, None, None]
-            )  # padded positions count for nothing (no host sync to ask)
-            # per-window sums in float32 (≤ a few thousand terms), accumulated across windows in float64
-            s_all, q_all = (
-                norms.sum(1).double(),
-                (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double(),
-            )
+                # cos/sin carry the scaling; undo it (a norm after RoPE did)
+                norms = norms / rope.attention_scaling
+            # padded positions count for nothing (no host sync to ask)
+            norms = norms * einops.rearrange(valid, "batch pos -> batch pos 1 1")
+            # per-window sums over positions in float32 (≤ a few thousand terms), accumulated
+            # across windows in float64: [batch, head, plane]
+            norm_sum = norms.sum(1).double()
+            norm_square_sum = (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double()
             sink = norms[:, :n_sink]
-            s_sink, q_sink = sink.sum(1).double(), (sink * sink).sum(1).double()
-            per = {
-                "all": (counts["all"], s_all, q_all),
-                "no_sink": (counts["all"] - counts["sink"], s_all - s_sink, q_all - q_sink),
+            sink_sum, sink_square_sum = sink.sum(1).double(), (sink * sink).sum(1).double()
+            per_scope = {
+                "all": (counts["all"], norm_sum, norm_square_sum),
+                "no_sink": (
+                    counts["all"] - counts["sink"],
+                    norm_sum - sink_sum,
+                    norm_square_sum - sink_square_sum,
+                ),
             }
-            for scope, (cnt, tot, sq) in per.items():
-                self._add(w, scope, i, cnt.double(), tot, sq)
+            for scope, (count, total, square_total) in per_scope.items():
+                self._add(which, scope, layer_slot, count.double(), total, square_total)
 
     def _add(self, w: str, scope: str, i: int, cnt: Tensor, tot: Tensor, sq: Tensor) -> None:
         """Fold per-window sums ``[b,h,P]`` (``cnt`` tokens per window) into token and window moments; a

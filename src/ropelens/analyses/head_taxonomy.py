@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import einops
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
@@ -144,31 +145,52 @@ class HeadScoresReducer(DeviceSums):
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
-        i, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
-        q = acts["q_post"].float() * rope.score_scale  # so plane products are logit terms
-        dev = q.device
-        s = self._on(dev)
-        here, sdt, dt = s["mass"].device, s["mass"].dtype, sum_dtype(dev)
-        member = self._members(acts.layer, dev)
-        n, H = (
-            q.shape[1],
-            q.shape[2],
-        )  # a layer narrower than the widest adds into its leading heads
-        sink, diag = self._attention(q, acts["k_post"].float(), valid, rope)
-        k = expand_kv(acts["k_post"].float(), rope)
-        w0 = (valid[:, 1:] & valid[:, :1]).float()  # queries ≥ 1 that are real
-        s["sink"][i, :H] += (sink * w0[:, None]).to(dt).sum((0, 2)).to(here, sdt)
-        s["n_sink"][i] += w0.sum().to(here, sdt)
-        for d in self._offsets(rope, n):
-            # keys at position 0 are excluded: mass there is the sink, not an offset
-            w = (valid[:, d + 1 :] & valid[:, 1 : n - d]).float()  # [b, n-1-d]: (q=i+d, k=i), i ≥ 1
-            s["mass"][i, :H, d] += (diag[d][..., d:] * w[:, None]).to(dt).sum((0, 2)).to(here, sdt)
-            s["n_offset"][i, d] += w.sum().to(here, sdt)
+        """Add one layer's sink and per-offset attention mass and band logit moments.
+
+        For an offset d, query i + d attends to key i (i ≥ 1): x is the band logit of that pair.
+        """
+        layer_slot, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
+        # scaled so plane products are logit terms
+        queries = acts["q_post"].float() * rope.score_scale
+        device = queries.device
+        sums = self._on(device)
+        sums_device, sums_dtype = sums["mass"].device, sums["mass"].dtype
+        wide = sum_dtype(device)
+        membership = self._members(acts.layer, device)
+        # a layer narrower than the widest adds into its leading heads
+        _, n_positions, n_heads, _ = queries.shape
+        sink, diagonals = self._attention(queries, acts["k_post"].float(), valid, rope)
+        keys = expand_kv(acts["k_post"].float(), rope)
+        real_queries = (valid[:, 1:] & valid[:, :1]).float()  # queries ≥ 1 that are real
+        sink_mass = einops.reduce(
+            (sink * real_queries[:, None]).to(wide), "batch head query -> head", "sum"
+        )
+        sums["sink"][layer_slot, :n_heads] += sink_mass.to(sums_device, sums_dtype)
+        sums["n_sink"][layer_slot] += real_queries.sum().to(sums_device, sums_dtype)
+        for d in self._offsets(rope, n_positions):
+            # keys at position 0 are excluded: mass there is the sink, not an offset;
+            # [batch, pair]: the pairs (query i + d, key i), i ≥ 1
+            pairs = (valid[:, d + 1 :] & valid[:, 1 : n_positions - d]).float()
+            mass = einops.reduce(
+                (diagonals[d][..., d:] * pairs[:, None]).to(wide), "batch head pair -> head", "sum"
+            )
+            sums["mass"][layer_slot, :n_heads, d] += mass.to(sums_device, sums_dtype)
+            sums["n_offset"][layer_slot, d] += pairs.sum().to(sums_device, sums_dtype)
             # float64 sums: content variance is E[x²] − E[x]², which cancels for positional bands
-            x = ((q[:, d + 1 :] * k[:, 1 : n - d]) @ member).to(dt)  # [b, n-1-d, h, B]
-            wd = w.to(dt)[..., None, None]
-            s["band_sum"][i, :H, :, d] += (x * wd).sum((0, 1)).to(here, sdt)
-            s["band_sq"][i, :H, :, d] += (x * x * wd).sum((0, 1)).to(here, sdt)
+            band_logits = ((queries[:, d + 1 :] * keys[:, 1 : n_positions - d]) @ membership).to(
+                wide
+            )
+            weights = einops.rearrange(pairs.to(wide), "batch pair -> batch pair 1 1")
+            band_sum = einops.reduce(
+                band_logits * weights, "batch pair head band -> head band", "sum"
+            )
+            band_square_sum = einops.reduce(
+                band_logits * band_logits * weights, "batch pair head band -> head band", "sum"
+            )
+            sums["band_sum"][layer_slot, :n_heads, :, d] += band_sum.to(sums_device, sums_dtype)
+            sums["band_sq"][layer_slot, :n_heads, :, d] += band_square_sum.to(
+                sums_device, sums_dtype
+            )
 
     def scores(self, prefix: str) -> dict[str, Tensor]:
         """Mean offset mass, sink mass, band position share and content variance, keys prefixed (on the

@@ -46,6 +46,7 @@ from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.run.stats import matched_random_sets
 from ropelens.validate import check_number
 
 __all__ = [
@@ -605,6 +606,117 @@ def _check_settings(
     return directions, metrics, prompt_len, n_random, n_control, seed, level
 
 
+def _check_set_names(sets: str | Sequence[str]) -> list[str]:
+    """The named head sets as a list, each one of :data:`HEAD_SETS`."""
+    names = [sets] if isinstance(sets, str) else list(sets)
+    unknown = [name for name in names if name not in HEAD_SETS]
+    if unknown:
+        raise InputError(
+            f"unknown head set {unknown[0]!r}: choose from {HEAD_SETS} or pass "
+            "{name: [(layer, head), ...]}"
+        )
+    return names
+
+
+def _chosen_sets(
+    model,
+    spec,
+    sets: list[str] | Mapping[str, Sequence[tuple[int, int]]],
+    metrics: Sequence[str],
+    probe_heads: Sequence[tuple[int, int]] | None,
+    text: Tensor,
+    retrieval_threshold: float,
+    seed: int,
+) -> tuple[dict[str, tuple[tuple[int, int], ...]], Sequence[tuple[int, int]] | None]:
+    """The head sets (given, or found on ``text``) and the probe's heads (default: positional)."""
+    wants_probe_heads = "probe" in metrics and probe_heads is None
+    if isinstance(sets, Mapping):
+        if wants_probe_heads:
+            raise InputError(
+                "the probe reads the positional heads: pass probe_heads=[(layer, head), ...] "
+                "with your own head sets, or drop 'probe' from metrics"
+            )
+        chosen = {
+            str(name): _as_heads(heads, spec, f"head set {name!r}") for name, heads in sets.items()
+        }
+        return chosen, probe_heads
+    wanted = sets + (["positional"] if wants_probe_heads else [])
+    found = head_sets(
+        model,
+        list(dict.fromkeys(wanted)),
+        text,
+        retrieval_threshold=retrieval_threshold,
+        retrieval_ctx=text.shape[1],
+        seed=seed,
+        verify=False,
+    )
+    if wants_probe_heads:
+        probe_heads = found["positional"]
+    return {name: found[name] for name in sets}, probe_heads
+
+
+def _planes_per_head(spec, chosen: Mapping[str, Sequence[tuple[int, int]]]) -> int:
+    """The one plane count of every head in the sets (a dose counts planes)."""
+    counts = {spec[layer].n_planes for heads in chosen.values() for layer, _ in heads}
+    if len(counts) > 1:
+        raise UnsupportedModelError(
+            f"the head sets span layers with {sorted(counts)} planes per head: a dose of k "
+            "planes is one plane count, so pass head sets from layers of one width"
+        )
+    return counts.pop()
+
+
+def _set_rows(
+    experiment: _Experiment,
+    name: str,
+    heads: Sequence[tuple[int, int]],
+    set_index: int,
+    *,
+    doses: Sequence[int],
+    directions: Sequence[str],
+    control_at: set[int],
+    n_random: int,
+    n_control: int,
+    whole_head_planes: int | None,
+    seed: int,
+    bar: Any,
+) -> list[dict[str, Any]]:
+    """One head set's rows: every direction at every dose, random planes, the whole head.
+
+    ``bar`` (a tqdm bar) advances once per condition measured."""
+    controls = (
+        matched_random_sets(heads, experiment.population, n_control, seed + set_index)
+        if n_control
+        else []
+    )
+    random_at = {
+        dose: experiment.random_draws(
+            heads, dose, n_random, seed + 7919 * dose + 104729 * set_index
+        )
+        for dose in doses[1:]
+        if dose in control_at and n_random
+    }
+    rows: list[dict[str, Any]] = []
+    for direction in directions:
+        for dose in doses:
+            rows += experiment.dose_rows(
+                name,
+                heads,
+                direction,
+                dose,
+                random_at.get(dose, []),
+                controls if dose in control_at else [],
+            )
+            bar.update()
+    for dose, draws in random_at.items():
+        rows += experiment.rows(name, "random", dose, len(heads), draws)
+        bar.update()
+    if whole_head_planes is not None:
+        rows += experiment.dose_rows(name, heads, "head", whole_head_planes, [], controls)
+        bar.update()
+    return rows
+
+
 def knockout(
     model,
     sets: Sequence[str] | Mapping[str, Sequence[tuple[int, int]]] = ("positional",),
@@ -640,21 +752,16 @@ def knockout(
     ``n_ctx``), one prompt per window, passkey depths spread over 0.1–0.9. ``progress``: a bar over the
     conditions measured (tqdm, on stderr).
     """
-    from ropelens.run.stats import matched_random_sets
+    # imported here, not at the top: tests replace these module attributes to watch calls
     from ropelens.run.verify import verification
     from ropelens.spec.reading import model_label, rope_spec
 
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     directions, metrics, prompt_len, n_random, n_control, seed, level = _check_settings(
         n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics
     )
     if not isinstance(sets, Mapping):
-        sets = [sets] if isinstance(sets, str) else list(sets)
-        bad = [n for n in sets if n not in HEAD_SETS]
-        if bad:
-            raise InputError(
-                f"unknown head set {bad[0]!r}: choose from {HEAD_SETS} or pass {{name: [(layer, head), ...]}}"
-            )
+        sets = _check_set_names(sets)
     if not sets:
         raise InputError("sets is empty: name a head set or pass {name: [(layer, head), ...]}")
     if getattr(model, "tokenizer", None) is None:
@@ -663,110 +770,103 @@ def knockout(
         )
     spec = rope_spec(model)
     verified = verification(model, spec, verify=verify)
-    text, rand, cases = _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len)
-    if isinstance(sets, Mapping):
-        chosen = {str(k): _as_heads(v, spec, f"head set {k!r}") for k, v in sets.items()}
-        if "probe" in metrics and probe_heads is None:
-            raise InputError(
-                "the probe reads the positional heads: pass probe_heads=[(layer, head), ...] with your "
-                "own head sets, or drop 'probe' from metrics"
-            )
-    else:
-        want = sets + (["positional"] if "probe" in metrics and probe_heads is None else [])
-        found = head_sets(
-            model,
-            list(dict.fromkeys(want)),
-            text,
-            retrieval_threshold=retrieval_threshold,
-            retrieval_ctx=text.shape[1],
-            seed=seed,
-            verify=False,
-        )
-        chosen = {n: found[n] for n in sets}
-        if "probe" in metrics and probe_heads is None:
-            probe_heads = found["positional"]
+    text, random_tokens, cases = _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len)
+    chosen, probe_heads = _chosen_sets(
+        model, spec, sets, metrics, probe_heads, text, retrieval_threshold, seed
+    )
     probe = KnockoutProbe(
         text,
-        rand,
+        random_tokens,
         cases,
         _as_heads(probe_heads, spec, "probe_heads") if probe_heads else (),
-        tuple(m for g in metrics for m in METRIC_GROUPS[g]),
+        tuple(metric for group in metrics for metric in METRIC_GROUPS[group]),
     )
-    counts = {spec[L].n_planes for hs in chosen.values() for L, _ in hs}
-    if len(counts) > 1:
-        raise UnsupportedModelError(
-            f"the head sets span layers with {sorted(counts)} planes per head: a dose of k "
-            "planes is one plane count, so pass head sets from layers of one width"
-        )
-    n_planes = counts.pop()
+    n_planes = _planes_per_head(spec, chosen)
     doses = _check_doses(
         doses
         if doses is not None
         else sorted({0, n_planes // 8, n_planes // 4, n_planes // 2, n_planes}),
         n_planes,
     )
-    ctrl = set(doses[1:] if control_doses is None else _check_doses(control_doses, n_planes)[1:])
-    exp = _Experiment(model, spec, probe, n_boot=n_boot, level=level, seed=seed)
+    control_at = set(
+        doses[1:] if control_doses is None else _check_doses(control_doses, n_planes)[1:]
+    )
+    experiment = _Experiment(model, spec, probe, n_boot=n_boot, level=level, seed=seed)
     rows: list[dict[str, Any]] = []
-    per_set = len(directions) * len(doses) + len([k for k in doses[1:] if k in ctrl and n_random])
+    per_set = len(directions) * len(doses) + len(
+        [d for d in doses[1:] if d in control_at and n_random]
+    )
     bar = tqdm(
         total=len(chosen) * (per_set + bool(whole_head)),
         desc="knockout",
         unit="condition",
         disable=not progress,
     )
-    for s_i, (name, heads) in enumerate(chosen.items()):
-        controls = (
-            matched_random_sets(heads, exp.population, n_control, seed + s_i) if n_control else []
+    for set_index, (name, heads) in enumerate(chosen.items()):
+        rows += _set_rows(
+            experiment,
+            name,
+            heads,
+            set_index,
+            doses=doses,
+            directions=directions,
+            control_at=control_at,
+            n_random=n_random,
+            n_control=n_control,
+            whole_head_planes=n_planes if whole_head else None,
+            seed=seed,
+            bar=bar,
         )
-        random_at = {
-            k: exp.random_draws(heads, k, n_random, seed + 7919 * k + 104729 * s_i)
-            for k in doses[1:]
-            if k in ctrl and n_random
-        }
-        for direction in directions:
-            for k in doses:
-                rows += exp.dose_rows(
-                    name, heads, direction, k, random_at.get(k, []), controls if k in ctrl else []
-                )
-                bar.update()
-        for k, draws in random_at.items():
-            rows += exp.rows(name, "random", k, len(heads), draws)
-            bar.update()
-        if whole_head:
-            rows += exp.dose_rows(name, heads, "head", n_planes, [], controls)
-            bar.update()
     bar.close()
-    prov = Provenance(
-        model=model_label(model),
-        corpus=_corpus_name(corpus),
-        n_tokens=int(text.numel()),
-        n_windows=int(text.shape[0]),
-        n_ctx=int(text.shape[1]),
-        config={
-            "doses": list(doses),
-            "directions": list(directions),
-            "metrics": list(metrics),
-            "n_random": n_random,
-            "n_control": n_control,
-            "control_doses": sorted(ctrl),
-            "whole_head": bool(whole_head),
-            "n_boot": n_boot,
-            "level": level,
-            "seed": seed,
-            "retrieval_threshold": retrieval_threshold,
-            "n_prompts": len(cases),
-            "prompt_len": prompt_len,
-            "probe_offsets": {f"{L}.{h}": o for (L, h), o in probe.offsets.items()},
-            "whole_head_knockout": "every rotary plane of q and k zeroed",
-            "verification": verified.to_dict(),
-        },
-        seconds=time.perf_counter() - t0,
+    settings = {
+        "doses": list(doses),
+        "directions": list(directions),
+        "metrics": list(metrics),
+        "n_random": n_random,
+        "n_control": n_control,
+        "control_doses": sorted(control_at),
+        "whole_head": bool(whole_head),
+        "n_boot": n_boot,
+        "level": level,
+        "seed": seed,
+        "retrieval_threshold": retrieval_threshold,
+        "n_prompts": len(cases),
+        "prompt_len": prompt_len,
+    }
+    provenance = _knockout_provenance(
+        model_label(model), corpus, text, settings, probe, verified, started
     )
     return Knockout(
         rows=tuple(rows),
         heads=chosen,
         probe_heads=probe.probe_heads,
         n_planes=n_planes,
-        provenance=prov,
+        provenance=provenance,
+    )
+
+
+def _knockout_provenance(
+    model_name: str,
+    corpus: Any,
+    text: Tensor,
+    settings: dict[str, Any],
+    probe: KnockoutProbe,
+    verified: Any,
+    started: float,
+) -> Provenance:
+    """Where a knockout's numbers come from: model, windows, settings, the probe's offsets."""
+    offsets = {f"{layer}.{head}": offset for (layer, head), offset in probe.offsets.items()}
+    return Provenance(
+        model=model_name,
+        corpus=_corpus_name(corpus),
+        n_tokens=int(text.numel()),
+        n_windows=int(text.shape[0]),
+        n_ctx=int(text.shape[1]),
+        config={
+            **settings,
+            "probe_offsets": offsets,
+            "whole_head_knockout": "every rotary plane of q and k zeroed",
+            "verification": verified.to_dict(),
+        },
+        seconds=time.perf_counter() - started,
     )

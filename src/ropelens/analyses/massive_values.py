@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -108,26 +109,30 @@ class MassiveReducer:
         }
 
     def update(self, acts: LayerActs) -> None:
-        i = self.pos[acts.layer]
-        if (
-            not self._placed
-        ):  # sums live where the first activations do (no host round trip per layer)
-            self.moments = {w: m.to(acts.valid.device) for w, m in self.moments.items()}
+        """Add one layer's per-(head, dim) count, sum and sum of squares of pre-RoPE q and k."""
+        layer_slot = self.pos[acts.layer]
+        if not self._placed:
+            # sums live where the first activations do (no host round trip per layer)
+            self.moments = {
+                which: moments.to(acts.valid.device) for which, moments in self.moments.items()
+            }
             self._placed = True
-        for w in _WHICH:
-            mom = self.moments[w]
-            dt, here = mom.total.dtype, mom.total.device
-            x = acts[f"{w}_pre"].to(dt)  # [b, pos, head, d]
-            valid = acts.valid.to(dt)[:, :, None, None]  # [b, pos, 1, 1]
-            xv = x * valid
-            at = (
-                i,
-                slice(0, x.shape[2]),
-                slice(0, x.shape[3]),
-            )  # a narrower layer fills its leading heads and dims
-            mom.count[at] += valid.sum().to(here)
-            mom.total[at] += xv.sum((0, 1)).to(here)
-            mom.total_sq[at] += (xv * x).sum((0, 1)).to(here)
+        for which in _WHICH:
+            moments = self.moments[which]
+            sums_dtype, sums_device = moments.total.dtype, moments.total.device
+            values = acts[f"{which}_pre"].to(sums_dtype)
+            _, _, n_heads, head_dim = values.shape
+            valid = einops.rearrange(acts.valid.to(sums_dtype), "batch pos -> batch pos 1 1")
+            valid_values = values * valid
+            # a narrower layer fills its leading heads and dims
+            at = (layer_slot, slice(0, n_heads), slice(0, head_dim))
+            moments.count[at] += valid.sum().to(sums_device)
+            moments.total[at] += einops.reduce(
+                valid_values, "batch pos head dim -> head dim", "sum"
+            ).to(sums_device)
+            moments.total_sq[at] += einops.reduce(
+                valid_values * values, "batch pos head dim -> head dim", "sum"
+            ).to(sums_device)
 
     def result(self, provenance: Provenance, factor: float = 5.0) -> MassiveValues:
         """The streamed sums as :class:`MassiveValues` thresholded at ``factor``."""

@@ -16,6 +16,7 @@ decode with full forwards instead, so every step sees the whole sequence at its 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -29,11 +30,15 @@ import pandas as pd
 import torch
 from jaxtyping import Int
 from torch import Tensor
+from tqdm.auto import tqdm
 
-from ropelens.devices import device_of
+from ropelens.backends import backend_of
+from ropelens.devices import device_of, forward_bytes, require_memory
 from ropelens.errors import InputError
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.run.evaluate import loss_path
+from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec.variants import DynamicNTK, LongRoPE, RopeVariant
 from ropelens.validate import check_number
 
@@ -233,8 +238,6 @@ def greedy_continuation(
     bridge where that cannot be. Stops early at EOS and, with ``stop_after_number``, once a whole
     number has been written.
     """
-    from ropelens.run.evaluate import loss_path
-
     max_new_tokens = check_number(max_new_tokens, "max_new_tokens", at_least=1, integer=True)
     if prefill_chunk is not None:
         prefill_chunk = check_number(
@@ -252,8 +255,6 @@ def greedy_continuation(
     eos = getattr(tok, "eos_token_id", None)
     seq = tokens.long().to(device_of(model))[None]
     out: list[int] = []
-    from ropelens.backends import backend_of
-
     with (
         torch.no_grad(),
         backend_of(model).decoding(loss_path(model, path), cache, prefill_chunk) as (step, _),
@@ -430,8 +431,6 @@ def passkey_retrieval(
     applied around the call, and ``note`` records them in the provenance. ``path`` is
     :func:`greedy_continuation`'s (the HF sdpa forward by default, the bridge where it cannot be).
     """
-    from ropelens.backends import backend_of
-
     backend = backend_of(model)
     lengths = _check_list(lengths, "lengths", at_least=2, integer=True)
     depths = _check_list(depths, "depths", at_least=0, at_most=1)
@@ -446,8 +445,6 @@ def passkey_retrieval(
         raise InputError(
             f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"
         )
-    from ropelens.devices import device_of, forward_bytes, require_memory
-
     require_memory(
         forward_bytes(model, max(lengths)),
         f"a passkey prompt of {max(lengths):,} tokens",
@@ -456,54 +453,29 @@ def passkey_retrieval(
     )
     # A rotation that depends on the input's length must see the whole input at once.
     exact = isinstance(variant, (DynamicNTK, LongRoPE))
-    grid = [(L, d, t) for L in lengths for d in depths for t in range(n_trials)]
-    t0 = time.perf_counter()
-    trials = []
-
-    def run() -> None:
-        from tqdm.auto import tqdm
-
-        for L, d, t in tqdm(grid, desc="passkey", disable=not progress, unit="prompt"):
-            p = passkey_prompt(model.tokenizer, L, d, make_passkey(seed, t))
-            ids = greedy_continuation(
-                model,
-                p.tokens,
-                max_new_tokens,
-                cache=not exact,
-                prefill_chunk=None if exact else prefill_chunk,
-                path=path,
-            )
-            response = model.tokenizer.decode(ids)
-            answer, ok = score_answer(response, p.passkey)
-            trials.append(
-                PasskeyTrial(
-                    length=L,
-                    depth=d,
-                    trial=t,
-                    passkey=p.passkey,
-                    n_tokens=p.n_tokens,
-                    token_depth=p.token_depth,
-                    response=response,
-                    answer=answer,
-                    correct=ok,
-                )
-            )
-
-    from ropelens.run.evaluate import loss_path
-
-    if variant is None:
+    grid = [
+        (length, depth, trial)
+        for length in lengths
+        for depth in depths
+        for trial in range(n_trials)
+    ]
+    started = time.perf_counter()
+    with contextlib.nullcontext() if variant is None else apply_rope_variant(model, variant):
         forward = loss_path(model, path)
-        run()
-    else:
-        from ropelens.run.intervene import apply_rope_variant
-
-        with apply_rope_variant(model, variant):
-            forward = loss_path(model, path)
-            run()
-    prov = Provenance(
+        trials = _run_trials(
+            model,
+            grid,
+            seed,
+            max_new_tokens=max_new_tokens,
+            exact=exact,
+            prefill_chunk=prefill_chunk,
+            path=path,
+            progress=progress,
+        )
+    provenance = Provenance(
         model=backend.label,
         corpus="passkey filler",
-        n_tokens=sum(t.n_tokens for t in trials),
+        n_tokens=sum(trial.n_tokens for trial in trials),
         n_windows=len(trials),
         n_ctx=max(lengths),
         config={
@@ -521,6 +493,53 @@ def passkey_retrieval(
             "filler": FILLER,
             "question": QUESTION,
         },
-        seconds=time.perf_counter() - t0,
+        seconds=time.perf_counter() - started,
     )
-    return PasskeyRetrieval(lengths=lengths, depths=depths, trials=tuple(trials), provenance=prov)
+    return PasskeyRetrieval(
+        lengths=lengths, depths=depths, trials=tuple(trials), provenance=provenance
+    )
+
+
+def _run_trials(
+    model,
+    grid: Sequence[tuple[int, float, int]],
+    seed: int,
+    *,
+    max_new_tokens: int,
+    exact: bool,
+    prefill_chunk: int | None,
+    path: str,
+    progress: bool,
+) -> list[PasskeyTrial]:
+    """One scored greedy answer per (length, depth, trial) of ``grid``.
+
+    ``exact``: the whole prompt in one forward and no cache (a rotation that depends on the
+    input's length).
+    """
+    trials = []
+    for length, depth, trial in tqdm(grid, desc="passkey", disable=not progress, unit="prompt"):
+        prompt = passkey_prompt(model.tokenizer, length, depth, make_passkey(seed, trial))
+        ids = greedy_continuation(
+            model,
+            prompt.tokens,
+            max_new_tokens,
+            cache=not exact,
+            prefill_chunk=None if exact else prefill_chunk,
+            path=path,
+        )
+        response = model.tokenizer.decode(ids)
+        answer, correct = score_answer(response, prompt.passkey)
+        trials.append(
+            PasskeyTrial(
+                length=length,
+                depth=depth,
+                trial=trial,
+                passkey=prompt.passkey,
+                n_tokens=prompt.n_tokens,
+                token_depth=prompt.token_depth,
+                response=response,
+                answer=answer,
+                correct=correct,
+            )
+        )
+    return trials

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -199,59 +200,104 @@ class PosSymReducer(DeviceSums):
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
-        i, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
-        q = acts["q_post"].float() * rope.score_scale
-        k = acts["k_post"].float()
-        dev = q.device
-        s = self._on(dev)
-        here, sdt, dt = s["n_queries"].device, s["n_queries"].dtype, sum_dtype(dev)
-        b, n, H, d = q.shape
-        KV, G = rope.n_kv_heads, rope.group_size
-        if n < 2:
+        layer_slot, rope, valid = self.pos[acts.layer], acts.rope, acts.valid
+        queries = acts["q_post"].float() * rope.score_scale
+        keys = acts["k_post"].float()
+        device = queries.device
+        sums = self._on(device)
+        sums_device, sums_dtype, wide = (
+            sums["n_queries"].device,
+            sums["n_queries"].dtype,
+            sum_dtype(device),
+        )
+        batch, n_positions, n_heads, head_dim = queries.shape
+        n_kv_heads, group_size = rope.n_kv_heads, rope.group_size
+        if n_positions < 2:
             return
-        perm = self._perm(n, dev)
-        pos = torch.arange(n, device=dev)
-        # k'_j = R(j − σ(j)) k_post[σ(j)]: σ(j)'s content, rotated to position j (no second attention scaling)
-        ang = rope.angles(pos - perm).to(dev, torch.float32)  # [n, P]
-        kp = rope.rotate_by(k[:, perm], ang.cos()[:, None], ang.sin()[:, None])
-        qh = q.view(b, n, KV, G, d).permute(0, 2, 3, 1, 4)  # [b,KV,G,n,d]
-        kh, kph = k.permute(0, 2, 3, 1), kp.permute(0, 2, 3, 1)  # [b,KV,d,n]
-        key_ok = valid & valid[:, perm] & (pos >= 1)[None]  # [b, n]
-        acc = {
-            name: q.new_zeros(H, dtype=dt)
+        permutation = self._perm(n_positions, device)
+        positions = torch.arange(n_positions, device=device)
+        # k'_j = R(j − σ(j)) k_post[σ(j)]: σ(j)'s content, rotated to position j (no second
+        # attention scaling); angles: [pos, plane]
+        angles = rope.angles(positions - permutation).to(device, torch.float32)
+        moved_keys = rope.rotate_by(
+            keys[:, permutation], angles.cos()[:, None], angles.sin()[:, None]
+        )
+        head_queries = einops.rearrange(
+            queries,
+            "batch pos (kv_head group) dim -> batch kv_head group pos dim",
+            kv_head=n_kv_heads,
+        )
+        to_key_columns = "batch pos kv_head dim -> batch kv_head dim pos"
+        head_keys = einops.rearrange(keys, to_key_columns)
+        head_moved_keys = einops.rearrange(moved_keys, to_key_columns)
+        # [batch, pos]: keys that count (real, moved from a real key, past the first)
+        key_ok = valid & valid[:, permutation] & (positions >= 1)[None]
+        totals = {
+            name: queries.new_zeros(n_heads, dtype=wide)
             for name in ("pos_logit", "sym_logit", "pos_attention", "sym_attention")
         }
-        used_total = q.new_zeros((), dtype=dt)
-        tq = self.tile or query_tile(dev, 4 * b * H * n)
-        for c0 in range(1, n, tq):
-            c1 = min(n, c0 + tq)
-            c = c1 - c0
-            qt = qh[:, :, :, c0:c1].reshape(b, KV, G * c, d)
-            sc = self._cap(torch.matmul(qt, kh).view(b, H, c, n), rope)
-            sp = self._cap(torch.matmul(qt, kph).view(b, H, c, n), rope)
-            ss = sc[..., perm]
-            qp, kpos = pos[c0:c1, None], pos[None, :]
-            ok = (kpos <= qp) & ((qp - kpos) < rope.window if rope.window else True)
-            ok = ok[None] & key_ok[:, None, :] & valid[:, c0:c1, None]  # [b,c,n]
-            nk = ok.sum(-1)  # [b,c]
-            used = nk >= self.min_keys
-            w = ok[:, None].float()  # [b,1,c,n]
-            nkf = nk.clamp_min(1).float()[:, None].expand(b, H, c)
-            u = used[:, None].float()  # [b,1,c]
-            acc["pos_logit"] += (_corr(sp, sc, w, nkf) * u).to(dt).sum((0, 2))
-            acc["sym_logit"] += (_corr(sp, ss, w, nkf) * u).to(dt).sum((0, 2))
-            neg = ~ok[:, None]
-            pp, p0, psg = (
-                torch.softmax(x.masked_fill(neg, float("-inf")), -1).nan_to_num(0.0)
-                for x in (sp, sc, ss)
+        used_total = queries.new_zeros((), dtype=wide)
+        tile_size = self.tile or query_tile(device, 4 * batch * n_heads * n_positions)
+        for query_start in range(1, n_positions, tile_size):
+            query_end = min(n_positions, query_start + tile_size)
+            n_tile = query_end - query_start
+            tile_queries = head_queries[:, :, :, query_start:query_end].reshape(
+                batch, n_kv_heads, group_size * n_tile, head_dim
             )
-            acc["pos_attention"] += ((1 - 0.5 * (pp - p0).abs().sum(-1)) * u).to(dt).sum((0, 2))
-            acc["sym_attention"] += ((1 - 0.5 * (pp - psg).abs().sum(-1)) * u).to(dt).sum((0, 2))
-            used_total += used.to(dt).sum()
-            del sc, sp, ss, pp, p0, psg
-        for name, v in acc.items():
-            s[name][i, :H] += v.to(here, sdt)  # a narrower layer fills its leading heads
-        s["n_queries"][i] += used_total.to(here, sdt)
+            scores = self._cap(
+                torch.matmul(tile_queries, head_keys).view(batch, n_heads, n_tile, n_positions),
+                rope,
+            )
+            moved_scores = self._cap(
+                torch.matmul(tile_queries, head_moved_keys).view(
+                    batch, n_heads, n_tile, n_positions
+                ),
+                rope,
+            )
+            shuffled_scores = scores[..., permutation]
+            query_positions, key_positions = (
+                positions[query_start:query_end, None],
+                positions[None, :],
+            )
+            allowed = (key_positions <= query_positions) & (
+                (query_positions - key_positions) < rope.window if rope.window else True
+            )
+            # [batch, query, key]
+            allowed = allowed[None] & key_ok[:, None, :] & valid[:, query_start:query_end, None]
+            n_keys = allowed.sum(-1)  # [batch, query]
+            used = n_keys >= self.min_keys
+            weights = allowed[:, None].float()  # [batch, 1, query, key]
+            n_keys_float = n_keys.clamp_min(1).float()[:, None].expand(batch, n_heads, n_tile)
+            used_float = used[:, None].float()  # [batch, 1, query]
+            totals["pos_logit"] += (
+                (_corr(moved_scores, scores, weights, n_keys_float) * used_float)
+                .to(wide)
+                .sum((0, 2))
+            )
+            totals["sym_logit"] += (
+                (_corr(moved_scores, shuffled_scores, weights, n_keys_float) * used_float)
+                .to(wide)
+                .sum((0, 2))
+            )
+            masked = ~allowed[:, None]
+            moved_probs, probs, shuffled_probs = (
+                torch.softmax(x.masked_fill(masked, float("-inf")), -1).nan_to_num(0.0)
+                for x in (moved_scores, scores, shuffled_scores)
+            )
+            totals["pos_attention"] += (
+                ((1 - 0.5 * (moved_probs - probs).abs().sum(-1)) * used_float).to(wide).sum((0, 2))
+            )
+            totals["sym_attention"] += (
+                ((1 - 0.5 * (moved_probs - shuffled_probs).abs().sum(-1)) * used_float)
+                .to(wide)
+                .sum((0, 2))
+            )
+            used_total += used.to(wide).sum()
+            del scores, moved_scores, shuffled_scores, moved_probs, probs, shuffled_probs
+        for name, total in totals.items():
+            # a narrower layer fills its leading heads
+            sums[name][layer_slot, :n_heads] += total.to(sums_device, sums_dtype)
+        sums["n_queries"][layer_slot] += used_total.to(sums_device, sums_dtype)
 
     def config(self) -> dict[str, Any]:
         return {"seed": self.seed, "min_keys": self.min_keys}

@@ -341,42 +341,13 @@ def retrieval_heads(
         model, spec, verify=verify
     )  # the ablations zero the spec's planes: prove its reading first
     scores, steps = retrieval_scores(model, lengths, depths, n_trials, seed)
-    rotary = set(spec.rotary_layers)
-    ranked = sorted(
-        ((float(scores[L, h]), L, h) for L in rotary for h in range(scores.shape[1])),
-        key=lambda x: (-x[0], x[1], x[2]),
+    # past the model's rotary heads: all of them, and the provenance says so
+    heads = _top_heads(scores, spec.rotary_layers, top_k)
+    top_k = len(heads)
+    band, control = _ablated_planes(spec, heads, fraction, seed)
+    recall = _recall_under_ablations(
+        model, lengths, depths, band, control, n_trials=n_trials, seed=seed, progress=progress
     )
-    top_k = min(
-        top_k, len(ranked)
-    )  # past the model's rotary heads: all of them, and the provenance says so
-    heads = tuple((L, h) for _, L, h in ranked[:top_k])
-    band = {(L, h): tuple(lowest_planes(spec[L].inv_freq, fraction)) for L, h in heads}
-    counts = {len(v) for v in band.values()}
-    if len(counts) != 1 or len({spec[L].n_planes for L, _ in heads}) != 1:
-        raise UnsupportedModelError(
-            "the ablated heads have different plane counts: ropelens's random control "
-            "draws one count from one plane range"
-        )
-    k, n_planes = counts.pop(), spec[heads[0][0]].n_planes
-    control = {hd: tuple(ps) for hd, ps in random_planes(n_planes, k, heads, seed).items()}
-    kw = {"n_trials": n_trials, "seed": seed + RECALL_SEED_OFFSET, "progress": progress}
-    recall = {"base": passkey_retrieval(model, list(lengths), list(depths), **kw)}
-    with ablate_head_planes(model, band):
-        recall["lowest band"] = passkey_retrieval(
-            model,
-            list(lengths),
-            list(depths),
-            **kw,
-            note=f"lowest {k} planes zeroed in {len(heads)} retrieval heads",
-        )
-    with ablate_head_planes(model, control):
-        recall["random planes"] = passkey_retrieval(
-            model,
-            list(lengths),
-            list(depths),
-            **kw,
-            note=f"{k} random planes zeroed in {len(heads)} retrieval heads",
-        )
     prov = Provenance(
         model=model_label(model),
         corpus="passkey filler",
@@ -406,3 +377,74 @@ def retrieval_heads(
         recall=recall,
         provenance=prov,
     )
+
+
+def _top_heads(
+    scores: Tensor, rotary_layers: Sequence[int], top_k: int
+) -> tuple[tuple[int, int], ...]:
+    """The ``top_k`` rotary heads by retrieval score (ties: lower layer, then head, first)."""
+    n_heads = scores.shape[1]
+    ranked = sorted(
+        (
+            (float(scores[layer, head]), layer, head)
+            for layer in set(rotary_layers)
+            for head in range(n_heads)
+        ),
+        key=lambda entry: (-entry[0], entry[1], entry[2]),
+    )
+    return tuple((layer, head) for _, layer, head in ranked[: min(top_k, len(ranked))])
+
+
+def _ablated_planes(
+    spec, heads: Sequence[tuple[int, int]], fraction: float, seed: int
+) -> tuple[dict[tuple[int, int], tuple[int, ...]], dict[tuple[int, int], tuple[int, ...]]]:
+    """Per head, its lowest-frequency ``fraction`` of planes, and as many random planes."""
+    band = {
+        (layer, head): tuple(lowest_planes(spec[layer].inv_freq, fraction)) for layer, head in heads
+    }
+    counts = {len(planes) for planes in band.values()}
+    if len(counts) != 1 or len({spec[layer].n_planes for layer, _ in heads}) != 1:
+        raise UnsupportedModelError(
+            "the ablated heads have different plane counts: ropelens's random control "
+            "draws one count from one plane range"
+        )
+    n_ablated, n_planes = counts.pop(), spec[heads[0][0]].n_planes
+    control = {
+        head: tuple(planes)
+        for head, planes in random_planes(n_planes, n_ablated, heads, seed).items()
+    }
+    return band, control
+
+
+def _recall_under_ablations(
+    model,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    band: dict[tuple[int, int], tuple[int, ...]],
+    control: dict[tuple[int, int], tuple[int, ...]],
+    *,
+    n_trials: int,
+    seed: int,
+    progress: bool,
+) -> dict[str, PasskeyRetrieval]:
+    """Passkey recall unmodified, with the lowest band zeroed, and with random planes zeroed."""
+    n_ablated, n_heads = len(next(iter(band.values()))), len(band)
+    options = {"n_trials": n_trials, "seed": seed + RECALL_SEED_OFFSET, "progress": progress}
+    recall = {"base": passkey_retrieval(model, list(lengths), list(depths), **options)}
+    with ablate_head_planes(model, band):
+        recall["lowest band"] = passkey_retrieval(
+            model,
+            list(lengths),
+            list(depths),
+            **options,
+            note=f"lowest {n_ablated} planes zeroed in {n_heads} retrieval heads",
+        )
+    with ablate_head_planes(model, control):
+        recall["random planes"] = passkey_retrieval(
+            model,
+            list(lengths),
+            list(depths),
+            **options,
+            note=f"{n_ablated} random planes zeroed in {n_heads} retrieval heads",
+        )
+    return recall

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -168,43 +169,53 @@ class OffsetReducer(DeviceSums):
 
     @torch.no_grad()
     def update(self, acts: LayerActs) -> None:
-        i, rope = self.pos[acts.layer], acts.rope
+        """Add one layer's plane-norm moments and, per scope, the attended key's plane angles."""
+        layer_slot, rope = self.pos[acts.layer], acts.rope
         q_post, k_post = acts["q_post"].float(), acts["k_post"].float()
-        b, n, H, d = q_post.shape
-        dev = q_post.device
+        _, n_positions, n_heads, _ = q_post.shape
+        device = q_post.device
         if not self._placed:  # the moments live with the sums
-            self.q, self.k = self.q.to(dev), self.k.to(dev)
-        self._on(dev)
-        here, dt = self.q.total.device, self.q.total.dtype
-        pos = torch.arange(n, device=dev)
-        valid = acts.valid.to(dev)
-        keep = (valid & (pos >= self.n_sink)[None]).float()  # [b, n] tokens that count
+            self.q, self.k = self.q.to(device), self.k.to(device)
+        self._on(device)
+        sums_device, sums_dtype = self.q.total.device, self.q.total.dtype
+        positions = torch.arange(n_positions, device=device)
+        valid = acts.valid.to(device)
+        # [batch, pos]: the tokens that count
+        counted = (valid & (positions >= self.n_sink)[None]).float()
 
         # per-window sums in float32 (≤ n_ctx terms), accumulated across windows in float64
-        def win(x):
-            return x.to(dt).sum(0).to(here)
+        def add_windows(per_window: Tensor) -> Tensor:
+            return per_window.to(sums_dtype).sum(0).to(sums_device)
 
-        P = rope.n_planes  # a layer narrower than the widest adds into its leading heads and planes
-        for mom, x in ((self.q, q_post), (self.k, k_post)):
-            norms = rope.plane_norms(x) / rope.attention_scaling  # cos/sin carry the scaling
-            at = (i, slice(0, x.shape[2]), slice(0, P))
-            mom.count[at] += keep.sum().to(here, dt)
-            mom.total[at] += win(torch.einsum("bnhp,bn->bhp", norms, keep))
-            mom.total_sq[at] += win(torch.einsum("bnhp,bn->bhp", norms * norms, keep))
-        att = self.attended(rope, q_post, k_post, valid)  # [b, n, H]
-        sink = att < self.n_sink
-        w = torch.stack([sink, ~sink], -1).float() * keep[..., None, None]  # [b, n, H, scope]
-        for j, sc in enumerate(SCOPES):
-            self.sums[f"n/{sc}"][i, :H] += win(w[..., j].sum(1))
+        # a layer narrower than the widest adds into its leading heads and planes
+        n_planes = rope.n_planes
+        for moments, values in ((self.q, q_post), (self.k, k_post)):
+            # cos/sin carry the scaling
+            norms = rope.plane_norms(values) / rope.attention_scaling
+            at = (layer_slot, slice(0, values.shape[2]), slice(0, n_planes))
+            moments.count[at] += counted.sum().to(sums_device, sums_dtype)
+            per_window = "batch pos head plane, batch pos -> batch head plane"
+            moments.total[at] += add_windows(einops.einsum(norms, counted, per_window))
+            moments.total_sq[at] += add_windows(einops.einsum(norms * norms, counted, per_window))
+        attended = self.attended(rope, q_post, k_post, valid)  # [batch, pos, head]
+        sink = attended < self.n_sink
+        # [batch, pos, head, scope]
+        scope_weights = torch.stack([sink, ~sink], -1).float() * counted[..., None, None]
+        for j, scope in enumerate(SCOPES):
+            self.sums[f"n/{scope}"][layer_slot, :n_heads] += add_windows(
+                scope_weights[..., j].sum(1)
+            )
         sources = {"post": (q_post, k_post)}
         if self.pre:
             sources["pre"] = (acts["q_pre"].float(), acts["k_pre"].float())
-        for src, (q, k) in sources.items():
-            stats = self._angles(rope, q, k, att, w, term=src == "post")
-            for stat, t in stats.items():
-                for j, sc in enumerate(SCOPES):
-                    key = f"term/{sc}" if stat == "term" else f"{src}/{sc}/{stat}"
-                    self.sums[key][i, :H, :P] += win(t[:, j])
+        for source, (queries, keys) in sources.items():
+            stats = self._angles(
+                rope, queries, keys, attended, scope_weights, term=source == "post"
+            )
+            for stat, per_scope in stats.items():
+                for j, scope in enumerate(SCOPES):
+                    key = f"term/{scope}" if stat == "term" else f"{source}/{scope}/{stat}"
+                    self.sums[key][layer_slot, :n_heads, :n_planes] += add_windows(per_scope[:, j])
 
     @staticmethod
     def _angles(

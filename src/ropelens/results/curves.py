@@ -294,118 +294,212 @@ def describe_curve(
     sentence still quotes the values. NaN points are dropped. Unlike a rank-trend verdict, an
     oscillating curve is never called flat or monotone.
     """
-    raw = torch.as_tensor(values, dtype=torch.float64).detach().cpu().flatten().numpy()
-    x = torch.as_tensor(distances, dtype=torch.float64).detach().cpu().flatten().numpy()
-    if raw.shape != x.shape:
-        raise InputError(f"values ({raw.size}) and distances ({x.size}) must have the same length")
     margin = check_number(
         margin, "margin", above=0, at_most=1, hint=" (a fraction of the curve's range)"
     )
-    ns = None
+    raw, positions, noise_level = _curve_points(values, distances, noise, log)
+    curve = _Curve.of(raw, positions, margin, noise_level, log)
+    flat = _flat_shape(curve, margin, noise_level, scale, atol)
+    if flat is not None:
+        return flat
+    pivots = _pivots(curve.shape_values, curve.threshold)
+    swings = tuple(
+        float(abs(curve.shape_values[end] - curve.shape_values[start]))
+        for start, end in zip(pivots, pivots[1:])
+    )
+    turns = tuple(float(positions[i]) for i in pivots[1:-1])
+    n_legs = len(pivots) - 1
+    rule = f"threshold {margin:.0%} of the {'log-' if log else ''}range"
+    if n_legs <= 1:
+        return _monotone_shape(curve, pivots, turns, swings)
+    if n_legs == 2:
+        return _one_turn_shape(curve, pivots, turns, swings, rule)
+    return _oscillating_shape(curve, pivots, turns, swings)
+
+
+def _curve_points(
+    values: Any, distances: Any, noise: Any, log: bool
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The finite points (values, distances), checked, and the noise level (twice its mean)."""
+    raw = torch.as_tensor(values, dtype=torch.float64).detach().cpu().flatten().numpy()
+    positions = torch.as_tensor(distances, dtype=torch.float64).detach().cpu().flatten().numpy()
+    if raw.shape != positions.shape:
+        raise InputError(
+            f"values ({raw.size}) and distances ({positions.size}) must have the same length"
+        )
+    noise_per_point = None
     if noise is not None:
-        ns = np.broadcast_to(
+        noise_per_point = np.broadcast_to(
             torch.as_tensor(noise, dtype=torch.float64).detach().cpu().numpy(), raw.shape
         )
-    keep = np.isfinite(raw) & np.isfinite(x)
-    raw, x = raw[keep], x[keep]
+    keep = np.isfinite(raw) & np.isfinite(positions)
+    raw, positions = raw[keep], positions[keep]
     if raw.size < 3:
         raise InputError(f"need at least 3 finite points to describe a curve, got {raw.size}")
-    if np.any(np.diff(x) <= 0):
+    if np.any(np.diff(positions) <= 0):
         raise InputError("distances must increase strictly")
     if log and np.any(raw <= 0):
         raise InputError(
             "log=True needs positive values (probabilities, norms): drop log for signed curves"
         )
-    v = np.log10(raw) if log else raw
     noise_level = 0.0
-    if ns is not None:
-        per = ns[keep] / raw / math.log(10) if log else ns[keep]
-        noise_level = 2 * float(np.nanmean(np.abs(per)))
-    vmin, vmax = float(v.min()), float(v.max())
-    rng = vmax - vmin
-    threshold = max(margin * rng, noise_level)
-    imin, imax = int(v.argmin()), int(v.argmax())
-    base = dict(
-        start=float(raw[0]),
-        end=float(raw[-1]),
-        start_at=float(x[0]),
-        end_at=float(x[-1]),
-        min_value=float(raw[imin]),
-        min_at=float(x[imin]),
-        max_value=float(raw[imax]),
-        max_at=float(x[imax]),
-        range=float(raw[imax] - raw[imin]),
-        threshold=threshold,
-    )
+    if noise_per_point is not None:
+        # in log10 units, a standard error σ of a value v is σ / (v ln 10)
+        kept_noise = noise_per_point[keep] / raw / math.log(10) if log else noise_per_point[keep]
+        noise_level = 2 * float(np.nanmean(np.abs(kept_noise)))
+    return raw, positions, noise_level
 
-    def val(i):
-        return f"{_fmt(raw[i])} at {at_distance(x[i])}"
 
-    swing = (lambda d: f"×{10**d:.2f}") if log else _fmt
-    span = f"from {at_distance(x[0])} to {at_distance(x[-1])}"
-    if log:
-        flat = rng <= max(math.log10(1 + margin), noise_level)
+@dataclass(frozen=True)
+class _Curve:
+    """A curve being described: its values, the values its shape is read from, and its numbers."""
+
+    raw: np.ndarray
+    positions: np.ndarray
+    shape_values: np.ndarray  # log10 of the values with ``log``, else the values
+    log: bool
+    value_range: float  # of ``shape_values``
+    threshold: float
+    numbers: dict[str, float]  # the CurveShape fields every shape shares
+
+    @classmethod
+    def of(
+        cls, raw: np.ndarray, positions: np.ndarray, margin: float, noise_level: float, log: bool
+    ) -> _Curve:
+        """The curve with its threshold (``margin`` × range, at least ``noise_level``)."""
+        shape_values = np.log10(raw) if log else raw
+        value_range = float(shape_values.max()) - float(shape_values.min())
+        threshold = max(margin * value_range, noise_level)
+        index_min, index_max = int(shape_values.argmin()), int(shape_values.argmax())
+        numbers = dict(
+            start=float(raw[0]),
+            end=float(raw[-1]),
+            start_at=float(positions[0]),
+            end_at=float(positions[-1]),
+            min_value=float(raw[index_min]),
+            min_at=float(positions[index_min]),
+            max_value=float(raw[index_max]),
+            max_at=float(positions[index_max]),
+            range=float(raw[index_max] - raw[index_min]),
+            threshold=threshold,
+        )
+        return cls(raw, positions, shape_values, log, value_range, threshold, numbers)
+
+    def point(self, i: int) -> str:
+        """The value at point ``i`` and its distance, as a sentence quotes them."""
+        return f"{_fmt(self.raw[i])} at {at_distance(self.positions[i])}"
+
+    def swing(self, change: float) -> str:
+        """A change of the shape values: a factor with ``log``, else a difference."""
+        return f"×{10**change:.2f}" if self.log else _fmt(change)
+
+
+def _flat_shape(
+    curve: _Curve, margin: float, noise_level: float, scale: float | None, atol: float
+) -> CurveShape | None:
+    """The flat description, or None when the curve's range exceeds what flat allows."""
+    raw, value_range = curve.raw, curve.value_range
+    index_min, index_max = int(curve.shape_values.argmin()), int(curve.shape_values.argmax())
+    if curve.log:
+        flat = value_range <= max(math.log10(1 + margin), noise_level)
     else:
-        s = float(np.abs(v).max()) if scale is None else abs(float(scale))
-        flat = rng <= max(atol, margin * s, noise_level)
-    if flat:
+        largest = float(np.abs(curve.shape_values).max()) if scale is None else abs(float(scale))
+        flat = value_range <= max(atol, margin * largest, noise_level)
+    if not flat:
+        return None
+    low = raw[index_min] if curve.log else float(curve.shape_values.min())
+    span = f"from {at_distance(curve.positions[0])} to {at_distance(curve.positions[-1])}"
+    text = (
+        f"flat: stays within {_fmt(low)} … {_fmt(raw[index_max])} "
+        f"(mean {_fmt(float(raw.mean()))}) {span}"
+    )
+    if curve.log:
+        text += f", max ÷ min {raw[index_max] / raw[index_min]:.2f}"
+    elif value_range > atol and largest > 0:
+        text += f", a range of {value_range / largest:.0%} of its largest magnitude"
+    return CurveShape("flat", text, **curve.numbers)
+
+
+def _monotone_shape(
+    curve: _Curve, pivots: list[int], turns: tuple[float, ...], swings: tuple[float, ...]
+) -> CurveShape:
+    """One leg (or none above the threshold): decays or grows."""
+    n_points = len(curve.shape_values)
+    start, end = (pivots[0], pivots[-1]) if len(pivots) == 2 else (0, n_points - 1)
+    shape: Shape = "decays" if curve.shape_values[end] < curve.shape_values[start] else "grows"
+    verb = "falls" if shape == "decays" else "rises"
+    text = f"monotone, {shape}: {verb} from {curve.point(start)} to {curve.point(end)}"
+    if curve.raw[start] > 0 and curve.raw[end] > 0:
+        ratio = curve.raw[end] / curve.raw[start]
+        text += f" ({_fmt(ratio)}× its value at {at_distance(curve.positions[start])})"
+    if end < n_points - 1:
+        text += f", then changes by less than the threshold to {curve.point(n_points - 1)}"
+    return CurveShape(shape, text, turns=turns, swings=swings, **curve.numbers)
+
+
+def _one_turn_shape(
+    curve: _Curve,
+    pivots: list[int],
+    turns: tuple[float, ...],
+    swings: tuple[float, ...],
+    rule: str,
+) -> CurveShape:
+    """Two legs: U-shaped (falls, then rises) or peaked (rises, then falls)."""
+    start, turn, end = pivots
+    if curve.shape_values[turn] < curve.shape_values[start]:
         text = (
-            f"flat: stays within {_fmt(vmin if not log else raw[imin])} … {_fmt(raw[imax])} "
-            f"(mean {_fmt(float(raw.mean()))}) {span}"
+            f"U-shaped: falls from {curve.point(start)} to its minimum {curve.point(turn)}, "
+            f"then rises again to {curve.point(end)} (the rise is {swings[1] / swings[0]:.0%} "
+            f"of the fall and {swings[1] / curve.value_range:.0%} of the "
+            f"{'log-' if curve.log else ''}range; {rule})"
         )
-        if log:
-            text += f", max ÷ min {raw[imax] / raw[imin]:.2f}"
-        elif rng > atol and s > 0:
-            text += f", a range of {rng / s:.0%} of its largest magnitude"
-        return CurveShape("flat", text, **base)
-    piv = _pivots(v, threshold)
-    swings = tuple(float(abs(v[b] - v[a])) for a, b in zip(piv, piv[1:]))
-    turns = tuple(float(x[i]) for i in piv[1:-1])
-    legs = len(piv) - 1
-    rule = f"threshold {margin:.0%} of the {'log-' if log else ''}range"
-    if legs <= 1:
-        a, b = (piv[0], piv[-1]) if legs == 1 else (0, len(v) - 1)
-        shape: Shape = "decays" if v[b] < v[a] else "grows"
-        text = f"monotone, {shape}: {'falls' if shape == 'decays' else 'rises'} from {val(a)} to {val(b)}"
-        if raw[a] > 0 and raw[b] > 0:
-            text += f" ({_fmt(raw[b] / raw[a])}× its value at {at_distance(x[a])})"
-        if b < len(v) - 1:
-            text += f", then changes by less than the threshold to {val(len(v) - 1)}"
-        return CurveShape(shape, text, turns=turns, swings=swings, **base)
-    if legs == 2:
-        a, t, b = piv
-        if v[t] < v[a]:
-            text = (
-                f"U-shaped: falls from {val(a)} to its minimum {val(t)}, then rises again to {val(b)} "
-                f"(the rise is {swings[1] / swings[0]:.0%} of the fall and {swings[1] / rng:.0%} of the "
-                f"{'log-' if log else ''}range; {rule})"
-            )
-            return CurveShape("U-shaped", text, turns=turns, swings=swings, **base)
-        text = (
-            f"peaked: rises from {val(a)} to its maximum {val(t)}, then falls to {val(b)} "
-            f"(the fall is {swings[1] / swings[0]:.0%} of the rise; {rule})"
-        )
-        return CurveShape("peaked", text, turns=turns, swings=swings, **base)
+        return CurveShape("U-shaped", text, turns=turns, swings=swings, **curve.numbers)
+    text = (
+        f"peaked: rises from {curve.point(start)} to its maximum {curve.point(turn)}, then "
+        f"falls to {curve.point(end)} (the fall is {swings[1] / swings[0]:.0%} of the rise; {rule})"
+    )
+    return CurveShape("peaked", text, turns=turns, swings=swings, **curve.numbers)
+
+
+def _oscillating_shape(
+    curve: _Curve, pivots: list[int], turns: tuple[float, ...], swings: tuple[float, ...]
+) -> CurveShape:
+    """Three or more legs: turns, swings, the midline and the envelope."""
+    raw, shape_values = curve.raw, curve.shape_values
     # pivots alternate between maxima and minima; the first one only starts the first leg
-    is_max = [bool(v[p] > v[piv[j - 1]]) for j, p in enumerate(piv) if j > 0]
-    maxima = [p for p, m in zip(piv[1:], is_max) if m]
-    minima = [p for p, m in zip(piv[1:], is_max) if not m]
+    is_max = [
+        bool(shape_values[p] > shape_values[pivots[j - 1]]) for j, p in enumerate(pivots) if j > 0
+    ]
+    maxima = [p for p, m in zip(pivots[1:], is_max) if m]
+    minima = [p for p, m in zip(pivots[1:], is_max) if not m]
     upper = (float(raw[maxima[0]]), float(raw[maxima[-1]])) if maxima else None
     lower = (float(raw[minima[0]]), float(raw[minima[-1]])) if minima else None
 
-    def mid(ix):
-        return float(10 ** v[ix].mean()) if log else float(v[ix].mean())
+    def mean_of(indices: list[int]) -> float:
+        mean = shape_values[indices].mean()
+        return float(10**mean) if curve.log else float(mean)
 
-    midline = (mid(piv[:2]), mid(piv[-2:]))
-    m0, m1 = v[piv[:2]].mean(), v[piv[-2:]].mean()
-    trend = "falls" if m1 < m0 - threshold else "rises" if m1 > m0 + threshold else "stays level"
+    midline = (mean_of(pivots[:2]), mean_of(pivots[-2:]))
+    first_mean, last_mean = shape_values[pivots[:2]].mean(), shape_values[pivots[-2:]].mean()
+    threshold = curve.threshold
+    if last_mean < first_mean - threshold:
+        trend = "falls"
+    elif last_mean > first_mean + threshold:
+        trend = "rises"
+    else:
+        trend = "stays level"
     text = (
-        f"oscillating: {len(turns)} turns between {at_distance(turns[0])} and {at_distance(turns[-1])} (starting from {val(piv[0])}); "
-        f"swings from {swing(swings[0])} to {swing(swings[-1])} (median {swing(float(np.median(swings)))}) around "
+        f"oscillating: {len(turns)} turns between {at_distance(turns[0])} and "
+        f"{at_distance(turns[-1])} (starting from {curve.point(pivots[0])}); "
+        f"swings from {curve.swing(swings[0])} to {curve.swing(swings[-1])} "
+        f"(median {curve.swing(float(np.median(swings)))}) around "
         f"a midline that {trend} from {_fmt(midline[0])} to {_fmt(midline[1])}"
     )
     if upper and lower:
-        text += f"; envelope: maxima {_fmt(upper[0])} → {_fmt(upper[1])}, minima {_fmt(lower[0])} → {_fmt(lower[1])}"
+        text += (
+            f"; envelope: maxima {_fmt(upper[0])} → {_fmt(upper[1])}, "
+            f"minima {_fmt(lower[0])} → {_fmt(lower[1])}"
+        )
     return CurveShape(
         "oscillating",
         text,
@@ -414,5 +508,5 @@ def describe_curve(
         upper=upper,
         lower=lower,
         midline=midline,
-        **base,
+        **curve.numbers,
     )

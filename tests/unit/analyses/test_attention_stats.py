@@ -3,6 +3,7 @@ the model's own dense attention pattern, and their place in the context-extensio
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -11,7 +12,6 @@ import pytest
 import torch
 
 from ropelens import rope_spec
-from ropelens.analyses import extension_study as E
 from ropelens.analyses.frequency_entropy import (
     AttentionStatsReducer,
     attention_entropy,
@@ -26,6 +26,9 @@ from ropelens.run.data import analysis_windows
 from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec.variants import CoPE, FoPEZero, Resonance, YaRN
 from ropelens.testing import tiny_model
+
+# the package exports the function under the module's name: the module itself, for its helpers
+E = importlib.import_module("ropelens.analyses.extension_study")
 
 
 # --------------------------------------------------------------------------------------------

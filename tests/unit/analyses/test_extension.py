@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from html.parser import HTMLParser
@@ -9,7 +10,6 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from ropelens.analyses import extension_study as E
 from ropelens.analyses.passkey_retrieval import passkey_retrieval
 from ropelens.errors import InputError
 from ropelens.report.extension_study import write_study
@@ -19,6 +19,9 @@ from ropelens.run.evaluate import window_losses
 from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec.variants import NTK, DynamicNTK, Linear, Llama3, LongRoPE, PRoPE, YaRN
 from ropelens.testing import tiny_model
+
+# the package exports the function under the module's name: the module itself, for its helpers
+E = importlib.import_module("ropelens.analyses.extension_study")
 
 NATIVE, TARGET = 64, 512
 SMALL = {"start": 64, "n_windows": 2, "depths": (0.5,), "progress": False}

@@ -33,6 +33,9 @@ from tests.unit.cli.test_cli_errors import (  # one line, exit 2, the folder as 
     tree,
 )
 
+# the package exports the function under the module's name: the module itself, for its helpers
+extension_module = importlib.import_module("ropelens.analyses.extension_study")
+
 
 # ---------------------------------------------------------------------------------------- possym
 def test_shortest_possym_window_is_bos_and_min_keys():
