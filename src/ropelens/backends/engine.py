@@ -37,7 +37,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ropelens.devices import device_of
 from ropelens.errors import UnsupportedModelError
+from ropelens.spec.forward_taps import (
+    complex_positions_axis,
+    rotation_functions,
+    single_rotation,
+    table_rotation,
+)
 from ropelens.spec.plan import ReplaceStep, VariantStep, group_key, model_tables, variant_tables
 from ropelens.spec.rope import LayerRope, RopeSpec
 
@@ -46,8 +53,6 @@ __all__ = ["engine_problem", "rotation_forms", "rotation_plan"]
 
 def rotation_forms(mod) -> dict[str, tuple[Callable, str]]:
     """``{name: (function, form)}`` of the rotations modeling module ``mod`` defines (see the module doc)."""
-    from ropelens.spec.forward_taps import rotation_functions, single_rotation, table_rotation
-
     out = {}
     for name, fn in rotation_functions(mod).items():
         params = list(inspect.signature(fn).parameters)
@@ -142,332 +147,445 @@ def _apply(
     return x
 
 
+class _RotationTaps:
+    """The state of one :func:`rotation_plan` block and its tapped rotations.
+
+    The hooks on the rotary modules, the attention modules and the sparse-attention indexers keep
+    the state (the layer running, the positions, the tables already made); the tapped rotation
+    functions read it.
+    """
+
+    def __init__(
+        self, spec: RopeSpec, plan: tuple, seen: list | None, device: torch.device
+    ) -> None:
+        self.spec = spec
+        self.seen = seen
+        variant_of, masks, replaced = _compile(plan)
+        self.variant_of: dict[int, Any] = variant_of
+        self.masks: dict[int, list] = {
+            layer: [tuple(None if mask is None else mask.to(device) for mask in qk) for qk in steps]
+            for layer, steps in masks.items()
+        }
+        self.replaced: dict[int, list] = {
+            layer: [
+                {which: (mask.to(device), value.to(device)) for which, (mask, value) in qk.items()}
+                for qk in steps
+            ]
+            for layer, steps in replaced.items()
+        }
+        self.groups = {layer: group_key(spec[layer]) for layer in variant_of}
+        self.layer: int | None = None  # the attention layer running, None outside them
+        self.positions: Tensor | None = None  # the position ids of the forward running
+        self.variant_cache: dict = {}  # (group, variant, shape, dtype) -> the variant's (cos, sin)
+        self.model_conventions: dict = {}  # group -> model_tables' (layout, sign, error)
+        self.calls_in_layer: dict[int, int] = {}  # rotation calls so far in each layer ("single")
+        self.rotary_outputs: list = []  # the last (cos, sin, position_ids) the rotary modules made
+        self.indexer_layer: int | None = None  # the layer whose indexer is running
+        self.indexer_rows: dict = {}  # table width -> {row bytes: its position}
+        self.saved_layers: list = []  # (layer, indexer_layer) outside each indexer running
+
+    # hooks on the model's modules
+
+    def set_positions(self, positions: Any) -> None:
+        """Take the position ids of a new forward (its tables are made afresh)."""
+        if isinstance(positions, Tensor) and positions is not self.positions:
+            self.positions, self.variant_cache = positions, {}
+
+    def rotary_pre(self, _module, args, kwargs) -> None:
+        """Before a rotary module: its position ids are the forward's."""
+        self.set_positions(kwargs.get("position_ids", args[1] if len(args) > 1 else None))
+
+    def rotary_post(self, _module, args, kwargs, output) -> None:
+        """After a rotary module: keep its tables with their positions.
+
+        An indexer rotating rows of them (picked, pooled) gets the variant's rows at the same
+        positions (:meth:`indexer_tables`).
+        """
+        positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        if (
+            self.variant_of
+            and isinstance(output, tuple)
+            and len(output) == 2
+            and isinstance(positions, Tensor)
+        ):
+            self.rotary_outputs = [*self.rotary_outputs[-3:], (output[0], output[1], positions)]
+            self.indexer_rows = {}
+
+    def attention_pre(self, layer: int) -> Callable:
+        """The pre-hook of layer ``layer``'s attention: the rotations that follow are its."""
+
+        def pre(_module, _args, kwargs) -> None:
+            self.layer = layer
+            self.calls_in_layer[layer] = 0
+            self.set_positions(kwargs.get("position_ids"))
+
+        return pre
+
+    def attention_post(self, _module, _args, _kwargs, _output) -> None:
+        """After an attention module: no layer runs."""
+        self.layer = None
+
+    def enter_indexer(self, _module, _args) -> None:
+        """Before an indexer: its rotation gets its layer's variant, no ablation or replacement."""
+        self.saved_layers.append((self.layer, self.indexer_layer))
+        self.indexer_layer, self.layer = self.layer, None
+
+    def leave_indexer(self, _module, _args, _output) -> None:
+        """After an indexer: back in its layer."""
+        self.layer, self.indexer_layer = self.saved_layers.pop()
+
+    def register(self, hf: torch.nn.Module, attns: list) -> list:
+        """Hook ``hf``'s rotary modules, ``attns`` and their indexers; return the handles."""
+        rotaries = _rotary_modules(hf)
+        handles = [m.register_forward_pre_hook(self.rotary_pre, with_kwargs=True) for m in rotaries]
+        handles += [m.register_forward_hook(self.rotary_post, with_kwargs=True) for m in rotaries]
+        for layer, attention in enumerate(attns):
+            if attention is not None:
+                handles.append(
+                    attention.register_forward_pre_hook(self.attention_pre(layer), with_kwargs=True)
+                )
+                handles.append(
+                    attention.register_forward_hook(
+                        self.attention_post, with_kwargs=True, always_call=True
+                    )
+                )
+        for indexer in _indexer_modules(attns):
+            handles.append(indexer.register_forward_pre_hook(self.enter_indexer))
+            handles.append(indexer.register_forward_hook(self.leave_indexer))
+        return handles
+
+    # the tables
+
+    def current_layer(self) -> LayerRope | None:
+        """The rotary layer running, or None."""
+        layer = self.layer
+        if layer is None or not 0 <= layer < self.spec.n_layers or not self.spec[layer].rotary:
+            return None
+        return self.spec[layer]
+
+    def tables(self, lr: LayerRope, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """The variant's (cos, sin) in place of the model's own for this call, or its own."""
+        layer, positions = lr.layer, self.positions
+        if self.seen is not None and not any(entry[0] == layer for entry in self.seen):
+            self.seen.append((layer, cos, sin, positions))
+        if layer not in self.variant_of:
+            return cos, sin
+        if not isinstance(positions, Tensor) or positions.shape[-1] != cos.shape[-2]:
+            shown = None if positions is None else tuple(positions.shape)
+            raise UnsupportedModelError(
+                f"layer {layer}: the position ids the model passed ({shown}) "
+                f"do not match its rotation tables ({tuple(cos.shape)}): a RoPE variant cannot "
+                "be placed at its positions"
+            )
+        group = self.groups[layer]
+        convention = self.model_conventions.get(group)
+        if convention is None:
+            convention = model_tables(cos, sin, lr, positions)
+            if convention is not None:
+                self.model_conventions[group] = convention
+        key = (group, id(self.variant_of[layer]), cos.shape, cos.dtype)
+        if key not in self.variant_cache:
+            layout, sign = _layout_and_sign(convention)
+            self.variant_cache[key] = variant_tables(
+                self.variant_of[layer], lr, positions, cos, layout, sign
+            )
+        return self.variant_cache[key]
+
+    def rows_of_width(self, width: int) -> dict:
+        """``{row bytes: position}`` of this forward's rotary table rows of width ``width``."""
+        rows = self.indexer_rows.get(width)
+        if rows is not None:
+            return rows
+        rows = {}
+        for table_cos, table_sin, positions in self.rotary_outputs:
+            if table_cos.shape[-1] != width:
+                continue
+            # positions [batch, pos] (or [pos]), or [batch, axis, pos] (multimodal, one axis kept)
+            flat_positions = (
+                positions.reshape(-1, positions.shape[-1])
+                if positions.ndim < 3
+                else positions[:, :1].reshape(positions.shape[0], -1)
+            )
+            first_cos = table_cos.reshape(-1, *table_cos.shape[-2:])[0]
+            first_sin = table_sin.reshape(-1, *table_sin.shape[-2:])[0]
+            for index, (cos_row, sin_row) in enumerate(zip(first_cos, first_sin, strict=True)):
+                rows.setdefault(
+                    _row_key(cos_row, sin_row),
+                    flat_positions[:, index] if positions.ndim == 3 else flat_positions[0, index],
+                )
+        self.indexer_rows[width] = rows
+        return rows
+
+    def indexer_tables(self, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """The variant's tables for the rows an indexer rotates by, or ``(cos, sin)`` unchanged.
+
+        Inside layer L's sparse-attention indexer, where L runs a variant: the rows of this
+        forward's rotary tables that the indexer rotates by are found by value (the rows it picked
+        or pooled).
+        """
+        layer = self.indexer_layer
+        if layer is None or layer not in self.variant_of or not self.rotary_outputs:
+            return cos, sin
+        lr, width = self.spec[layer], cos.shape[-1]
+        rows = self.rows_of_width(width)
+        flat_cos, flat_sin = cos.reshape(-1, width), sin.reshape(-1, width)
+        found = []
+        for cos_row, sin_row in zip(flat_cos.cpu(), flat_sin.cpu(), strict=True):
+            key = _row_key(cos_row, sin_row)
+            if key not in rows:
+                raise UnsupportedModelError(
+                    f"layer {layer}'s indexer rotates by a table row that is none of this "
+                    "forward's rotary tables, so the variant's tables cannot be placed at its "
+                    "positions"
+                )
+            found.append(rows[key])
+        positions = torch.stack(found, dim=-1) if found[0].ndim else torch.stack(found)
+        if positions.ndim == 2:
+            positions = positions.view(positions.shape[0], 1, -1)
+        else:
+            positions = positions.view(1, -1)
+        last_cos, last_sin, last_positions = self.rotary_outputs[-1]
+        layout, sign = _layout_and_sign(model_tables(last_cos, last_sin, lr, last_positions))
+        variant_cos, variant_sin = variant_tables(
+            self.variant_of[layer], lr, positions.to(cos.device), flat_cos, layout, sign
+        )
+        return variant_cos.reshape(cos.shape), variant_sin.reshape(sin.shape)
+
+    # the plan's interventions
+
+    def replace_entries(self, x: Tensor, heads_axis: int, lr: LayerRope, which: str) -> Tensor:
+        """``x`` entering the rotation, with ``lr``'s massive-value replacements of ``which``."""
+        return _apply(
+            x,
+            heads_axis,
+            lr,
+            self.masks.get(lr.layer, ()),
+            self.replaced.get(lr.layer, ()),
+            which,
+            True,
+        )
+
+    def ablate_planes(self, x: Tensor, heads_axis: int, lr: LayerRope, which: str) -> Tensor:
+        """``x`` leaving the rotation with layer ``lr``'s plane ablations of ``which``."""
+        return _apply(
+            x,
+            heads_axis,
+            lr,
+            self.masks.get(lr.layer, ()),
+            self.replaced.get(lr.layer, ()),
+            which,
+            False,
+        )
+
+    # the tapped rotations, one per form (see the module doc)
+
+    def tapped_qk(self, fn: Callable) -> Callable:
+        """``fn(q, k, cos, sin, ...) -> (q, k)`` with the plan applied."""
+
+        @functools.wraps(fn)
+        def call(q, k=None, cos=None, sin=None, *args, **kwargs):
+            lr = self.current_layer()
+            if self.indexer_layer is not None and cos is not None:
+                # an indexer's own rotation: its layer's variant
+                cos, sin = self.indexer_tables(cos, sin)
+                return fn(q, k, cos, sin, *args, **kwargs)
+            if lr is None or k is None:
+                # outside the attention layers, or queries alone (an indexer's form)
+                return fn(q, k, cos, sin, *args, **kwargs)
+            _check_shape(lr, q, 1, "queries")
+            q = self.replace_entries(q, 1, lr, "q")
+            k = self.replace_entries(k, 1, lr, "k")
+            cos, sin = self.tables(lr, cos, sin)
+            q_rotated, k_rotated = fn(q, k, cos, sin, *args, **kwargs)
+            return (
+                self.ablate_planes(q_rotated, 1, lr, "q"),
+                self.ablate_planes(k_rotated, 1, lr, "k"),
+            )
+
+        return call
+
+    def tapped_complex(self, fn: Callable) -> Callable:
+        """``fn(xq, xk, freqs_cis, ...)`` (a complex product) with the plan applied."""
+        heads_axis = 2 if complex_positions_axis(fn) == 1 else 1
+
+        @functools.wraps(fn)
+        def call(xq, xk, freqs, *args, **kwargs):
+            lr = self.current_layer()
+            if lr is None:
+                return fn(xq, xk, freqs, *args, **kwargs)
+            _check_shape(lr, xq, heads_axis, "queries")
+            xq = self.replace_entries(xq, heads_axis, lr, "q")
+            xk = self.replace_entries(xk, heads_axis, lr, "k")
+            cos, sin = self.tables(lr, freqs.real, freqs.imag)
+            if cos is not freqs.real:
+                freqs = torch.complex(cos, sin)
+            q_rotated, k_rotated = fn(xq, xk, freqs, *args, **kwargs)
+            return (
+                self.ablate_planes(q_rotated, heads_axis, lr, "q"),
+                self.ablate_planes(k_rotated, heads_axis, lr, "k"),
+            )
+
+        return call
+
+    def tapped_single(self, fn: Callable) -> Callable:
+        """``fn(x, cos, sin, ..., unsqueeze_dim)`` (queries, then keys) with the plan applied."""
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(x, cos, sin, *args, **kwargs):
+            lr = self.current_layer()
+            if lr is None:
+                return fn(x, cos, sin, *args, **kwargs)
+            bound = signature.bind(x, cos, sin, *args, **kwargs)
+            bound.apply_defaults()
+            heads_axis = int(bound.arguments["unsqueeze_dim"])
+            n_calls = self.calls_in_layer.get(lr.layer, 0)
+            which = "q" if n_calls % 2 == 0 else "k"  # a layer rotates its queries first
+            self.calls_in_layer[lr.layer] = n_calls + 1
+            x = self.replace_entries(x, heads_axis, lr, which)
+            cos, sin = self.tables(lr, cos, sin)
+            return self.ablate_planes(fn(x, cos, sin, *args, **kwargs), heads_axis, lr, which)
+
+        return call
+
+    def tapped_table(self, fn: Callable) -> Callable:
+        """``fn(x, sin, cos)`` (or ``(x, cos, sin)``) on ``[batch, pos, head, dim]``, planned."""
+        sin_first = list(inspect.signature(fn).parameters)[1:3] == ["sin", "cos"]  # GPT-J
+
+        @functools.wraps(fn)
+        def call(x, first_table, second_table, *args, **kwargs):
+            lr = self.current_layer()
+            if lr is None:
+                return fn(x, first_table, second_table, *args, **kwargs)
+            self.check_queries_and_keys_alike(lr, fn.__name__)
+            if sin_first:
+                cos, sin = second_table, first_table
+            else:
+                cos, sin = first_table, second_table
+            x = self.replace_entries(x, 2, lr, "q")
+            cos, sin = self.tables(lr, cos, sin)
+            if sin_first:
+                rotated = fn(x, sin, cos, *args, **kwargs)
+            else:
+                rotated = fn(x, cos, sin, *args, **kwargs)
+            return self.ablate_planes(rotated, 2, lr, "q")
+
+        return call
+
+    def check_queries_and_keys_alike(self, lr: LayerRope, function_name: str) -> None:
+        """Raise unless layer ``lr``'s interventions treat queries and keys alike.
+
+        Keys and queries go through separate calls of a "table" rotation, in an order the call
+        does not show.
+        """
+        layer_masks = self.masks.get(lr.layer, ())
+        layer_replaced = self.replaced.get(lr.layer, ())
+        same = all(
+            (qk[0] is None) == (qk[1] is None) and (qk[0] is None or torch.equal(qk[0], qk[1]))
+            for qk in layer_masks
+        )
+        same = same and all(
+            set(replacement) == {"q", "k"}
+            and torch.equal(replacement["q"][0], replacement["k"][0])
+            and torch.equal(replacement["q"][1], replacement["k"][1])
+            for replacement in layer_replaced
+        )
+        if not same:
+            raise UnsupportedModelError(
+                f"layer {lr.layer} rotates its keys and queries in separate calls of "
+                f"{function_name}, so an intervention must treat queries and keys alike there "
+                "(every head, both q and k)"
+            )
+
+    def tapped(self, fn: Callable, form: str) -> Callable:
+        """``fn`` (a rotation of form ``form``) with the plan applied."""
+        wrappers = {
+            "qk": self.tapped_qk,
+            "complex": self.tapped_complex,
+            "single": self.tapped_single,
+            "table": self.tapped_table,
+        }
+        return wrappers[form](fn)
+
+
+def _layout_and_sign(convention: tuple | None) -> tuple[str, float]:
+    """The (layout, sign) of the model's own tables from :func:`model_tables`, or the default."""
+    return (convention[0], convention[1]) if convention is not None else ("cat", 1.0)
+
+
+def _row_key(cos_row: Tensor, sin_row: Tensor) -> bytes:
+    """A table row (its cos and sin) as bytes: the key an indexer's rows are found by."""
+    return cos_row.cpu().numpy().tobytes() + sin_row.cpu().numpy().tobytes()
+
+
+def _check_shape(lr: LayerRope, x: Tensor, heads_axis: int, what: str) -> None:
+    """Raise unless ``x`` is 4-d, the spec's heads on ``heads_axis``, its head (or rotary) width."""
+    if (
+        x.ndim != 4
+        or x.shape[heads_axis] not in (lr.n_heads, lr.n_kv_heads, 1)
+        or x.shape[-1] not in (lr.head_dim, lr.rotary_dim)
+    ):
+        raise UnsupportedModelError(
+            f"layer {lr.layer}: its rotation received {what} of shape {tuple(x.shape)}, "
+            f"which is not {lr.n_heads} heads of {lr.head_dim} (or {lr.rotary_dim} rotary) "
+            "dims as the spec says"
+        )
+
+
+def _rotary_modules(hf: torch.nn.Module) -> list[torch.nn.Module]:
+    """``hf``'s rotary modules, each once (a bridge's rotary component unwrapped to HF's)."""
+
+    def is_rotary(module: torch.nn.Module, bridge: bool) -> bool:
+        name = type(module).__name__.lower()
+        return "rotary" in name and ("bridge" in name) == bridge
+
+    rotaries = [m for m in hf.modules() if is_rotary(m, bridge=False)]
+    rotaries += [_unwrap(m) for m in hf.modules() if is_rotary(m, bridge=True)]
+    return list({id(rotary): rotary for rotary in rotaries}.values())
+
+
+def _indexer_modules(attns: list) -> list[torch.nn.Module]:
+    """The sparse-attention indexers inside the attention modules ``attns``."""
+    return [
+        module
+        for attention in attns
+        if attention is not None
+        for module in attention.modules()
+        if type(module).__name__.endswith("Indexer")
+    ]
+
+
 @contextlib.contextmanager
 def rotation_plan(
     hf: torch.nn.Module, spec: RopeSpec, plan: tuple, seen: list | None = None, *, attns: list
 ) -> Iterator[None]:
-    """Apply ``plan`` inside every forward of ``hf`` (an HF causal LM, or the HF model under a bridge) while the block
-    runs; with ``seen``, record ``(layer, form, cos, sin, position_ids)`` for each layer's first rotation call.
-    ``attns``: each layer's attention module (:func:`ropelens.backends.hf.attention_modules` of ``hf``, or a bridge's
-    components, each unwrapped). Raises UnsupportedModelError where the model rotates some other way."""
-    from ropelens.spec.forward_taps import complex_positions_axis
+    """Apply ``plan`` inside every forward of ``hf`` while the block runs.
 
-    mod = importlib.import_module(type(_unwrap(hf)).__module__)
-    forms = rotation_forms(mod)
+    ``hf`` is an HF causal LM, or the HF model under a bridge. With ``seen``, record
+    ``(layer, cos, sin, position_ids)`` for each layer's first rotation call. ``attns``: each
+    layer's attention module (:func:`ropelens.backends.hf.attention_modules` of ``hf``, or a
+    bridge's components, each unwrapped). Raises UnsupportedModelError where the model rotates
+    some other way.
+    """
+    module = importlib.import_module(type(_unwrap(hf)).__module__)
+    forms = rotation_forms(module)
     if not forms:
         raise UnsupportedModelError(
             f"{type(_unwrap(hf)).__name__} calls no rotation function ropelens can tap "
             "(apply_rotary_pos_emb and its forms): interventions cannot reach its RoPE"
         )
-    attns = [None if a is None else _unwrap(a) for a in attns]
-    variant_of, masks, replaced = _compile(plan)
-    from ropelens.devices import device_of
-
-    dev = device_of(hf)
-    masks = {
-        L: [tuple(None if m is None else m.to(dev) for m in qk) for qk in v]
-        for L, v in masks.items()
-    }
-    replaced = {
-        L: [{w: (m.to(dev), x.to(dev)) for w, (m, x) in qk.items()} for qk in v]
-        for L, v in replaced.items()
-    }
-    groups = {L: group_key(spec[L]) for L in variant_of}
-    state: dict[str, Any] = {
-        "layer": None,
-        "pos": None,
-        "tables": {},
-        "conv": {},
-        "calls": {},
-        "outputs": [],
-        "indexer": None,
-        "rows": {},
-    }
-
-    def set_pos(pos: Any) -> None:
-        if isinstance(pos, Tensor) and pos is not state["pos"]:
-            state["pos"], state["tables"] = pos, {}
-
-    def rotary_pre(_module, args, kwargs) -> None:
-        set_pos(kwargs.get("position_ids", args[1] if len(args) > 1 else None))
-
-    def rotary_post(_module, args, kwargs, out) -> None:
-        # the tables this forward's rotary modules made, with their positions: an indexer rotating rows of them
-        # (picked, pooled) gets the variant's rows at the same positions (:func:`indexer_tables`)
-        pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-        if variant_of and isinstance(out, tuple) and len(out) == 2 and isinstance(pos, Tensor):
-            state["outputs"] = [*state["outputs"][-3:], (out[0], out[1], pos)]
-            state["rows"] = {}
-
-    def attn_pre(i: int):
-        def pre(_module, _args, kwargs) -> None:
-            state["layer"] = i
-            state["calls"][i] = 0
-            set_pos(kwargs.get("position_ids"))
-
-        return pre
-
-    def attn_post(_module, _args, _kwargs, _out) -> None:
-        state["layer"] = None
-
-    def layer_of() -> LayerRope | None:
-        L = state["layer"]
-        return spec[L] if L is not None and 0 <= L < spec.n_layers and spec[L].rotary else None
-
-    def tables(lr: LayerRope, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """The variant's (cos, sin) in place of the model's own for this call, or the model's own."""
-        L, pos = lr.layer, state["pos"]
-        if seen is not None and not any(s[0] == L for s in seen):
-            seen.append((L, cos, sin, pos))
-        if L not in variant_of:
-            return cos, sin
-        if not isinstance(pos, Tensor) or pos.shape[-1] != cos.shape[-2]:
-            raise UnsupportedModelError(
-                f"layer {L}: the position ids the model passed ({None if pos is None else tuple(pos.shape)}) "
-                f"do not match its rotation tables ({tuple(cos.shape)}): a RoPE variant cannot "
-                "be placed at its positions"
-            )
-        g = groups[L]
-        conv = state["conv"].get(g)
-        if conv is None:
-            conv = model_tables(cos, sin, lr, pos)
-            if conv is not None:
-                state["conv"][g] = conv
-        key = (g, id(variant_of[L]), cos.shape, cos.dtype)
-        if key not in state["tables"]:
-            layout, sign = (conv[0], conv[1]) if conv is not None else ("cat", 1.0)
-            state["tables"][key] = variant_tables(variant_of[L], lr, pos, cos, layout, sign)
-        return state["tables"][key]
-
-    def indexer_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """Inside layer L's sparse-attention indexer, where L runs a variant: the variant's tables for the rows of this
-        forward's rotary tables that the indexer rotates by (found by value: the rows it picked or pooled)."""
-        L = state["indexer"]
-        if L is None or L not in variant_of or not state["outputs"]:
-            return cos, sin
-        lr, w = spec[L], cos.shape[-1]
-        rows = state["rows"].get(w)
-        if rows is None:
-            rows = {}
-            for oc, os_, pos in state["outputs"]:
-                if oc.shape[-1] != w:
-                    continue
-                p = (
-                    pos.reshape(-1, pos.shape[-1])
-                    if pos.ndim < 3
-                    else pos[:, :1].reshape(pos.shape[0], -1)
-                )
-                for j, (c, sn) in enumerate(
-                    zip(
-                        oc.reshape(-1, *oc.shape[-2:])[0],
-                        os_.reshape(-1, *os_.shape[-2:])[0],
-                        strict=True,
-                    )
-                ):
-                    rows.setdefault(
-                        c.numpy().tobytes() + sn.numpy().tobytes()
-                        if c.device.type == "cpu"
-                        else bytes(c.cpu().numpy()) + bytes(sn.cpu().numpy()),
-                        p[:, j] if pos.ndim == 3 else p[0, j],
-                    )
-            state["rows"][w] = rows
-        flat_c, flat_s = cos.reshape(-1, w), sin.reshape(-1, w)
-        found = []
-        for c, sn in zip(flat_c.cpu(), flat_s.cpu(), strict=True):
-            key = c.numpy().tobytes() + sn.numpy().tobytes()
-            if key not in rows:
-                raise UnsupportedModelError(
-                    f"layer {L}'s indexer rotates by a table row that is none of this forward's rotary tables, so the "
-                    "variant's tables cannot be placed at its positions"
-                )
-            found.append(rows[key])
-        pos = torch.stack(found, dim=-1) if found[0].ndim else torch.stack(found)
-        pos = pos.view(pos.shape[0], 1, -1) if pos.ndim == 2 else pos.view(1, -1)
-        conv = model_tables(*state["outputs"][-1][:2], lr, state["outputs"][-1][2])
-        layout, sign = (conv[0], conv[1]) if conv is not None else ("cat", 1.0)
-        c2, s2 = variant_tables(variant_of[L], lr, pos.to(cos.device), flat_c, layout, sign)
-        return c2.reshape(cos.shape), s2.reshape(sin.shape)
-
-    def check(lr: LayerRope, x: Tensor, heads_axis: int, what: str) -> None:
-        if (
-            x.ndim != 4
-            or x.shape[heads_axis] not in (lr.n_heads, lr.n_kv_heads, 1)
-            or x.shape[-1] not in (lr.head_dim, lr.rotary_dim)
-        ):
-            raise UnsupportedModelError(
-                f"layer {lr.layer}: its rotation received {what} of shape {tuple(x.shape)}, "
-                f"which is not {lr.n_heads} heads of {lr.head_dim} (or {lr.rotary_dim} rotary) "
-                "dims as the spec says"
-            )
-
-    def tapped_qk(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def call(q, k=None, cos=None, sin=None, *args, **kwargs):
-            lr = layer_of()
-            if (
-                state["indexer"] is not None and cos is not None
-            ):  # an indexer's own rotation: its layer's variant
-                cos, sin = indexer_tables(cos, sin)
-                return fn(q, k, cos, sin, *args, **kwargs)
-            if (
-                lr is None or k is None
-            ):  # outside the attention layers, or queries alone (an indexer's form)
-                return fn(q, k, cos, sin, *args, **kwargs)
-            check(lr, q, 1, "queries")
-            lm, lrep = masks.get(lr.layer, ()), replaced.get(lr.layer, ())
-            q, k = _apply(q, 1, lr, lm, lrep, "q", True), _apply(k, 1, lr, lm, lrep, "k", True)
-            cos, sin = tables(lr, cos, sin)
-            q_rot, k_rot = fn(q, k, cos, sin, *args, **kwargs)
-            return _apply(q_rot, 1, lr, lm, lrep, "q", False), _apply(
-                k_rot, 1, lr, lm, lrep, "k", False
-            )
-
-        return call
-
-    def tapped_complex(fn: Callable) -> Callable:
-        heads_axis = 2 if complex_positions_axis(fn) == 1 else 1
-
-        @functools.wraps(fn)
-        def call(xq, xk, freqs, *args, **kwargs):
-            lr = layer_of()
-            if lr is None:
-                return fn(xq, xk, freqs, *args, **kwargs)
-            check(lr, xq, heads_axis, "queries")
-            lm, lrep = masks.get(lr.layer, ()), replaced.get(lr.layer, ())
-            xq, xk = (
-                _apply(xq, heads_axis, lr, lm, lrep, "q", True),
-                _apply(xk, heads_axis, lr, lm, lrep, "k", True),
-            )
-            cos, sin = tables(lr, freqs.real, freqs.imag)
-            if cos is not freqs.real:
-                freqs = torch.complex(cos, sin)
-            q_rot, k_rot = fn(xq, xk, freqs, *args, **kwargs)
-            return (
-                _apply(q_rot, heads_axis, lr, lm, lrep, "q", False),
-                _apply(k_rot, heads_axis, lr, lm, lrep, "k", False),
-            )
-
-        return call
-
-    def tapped_single(fn: Callable) -> Callable:
-        sig = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def call(x, cos, sin, *args, **kwargs):
-            lr = layer_of()
-            if lr is None:
-                return fn(x, cos, sin, *args, **kwargs)
-            bound = sig.bind(x, cos, sin, *args, **kwargs)
-            bound.apply_defaults()
-            heads_axis = int(bound.arguments["unsqueeze_dim"])
-            which = (
-                "q" if state["calls"].get(lr.layer, 0) % 2 == 0 else "k"
-            )  # a layer rotates its queries first
-            state["calls"][lr.layer] = state["calls"].get(lr.layer, 0) + 1
-            lm, lrep = masks.get(lr.layer, ()), replaced.get(lr.layer, ())
-            x = _apply(x, heads_axis, lr, lm, lrep, which, True)
-            cos, sin = tables(lr, cos, sin)
-            return _apply(fn(x, cos, sin, *args, **kwargs), heads_axis, lr, lm, lrep, which, False)
-
-        return call
-
-    def tapped_table(fn: Callable) -> Callable:
-        names = list(inspect.signature(fn).parameters)[
-            1:3
-        ]  # ["sin", "cos"] (GPT-J) or ["cos", "sin"]
-
-        @functools.wraps(fn)
-        def call(x, a, b, *args, **kwargs):
-            lr = layer_of()
-            if lr is None:
-                return fn(x, a, b, *args, **kwargs)
-            lm, lrep = masks.get(lr.layer, ()), replaced.get(lr.layer, ())
-            if lm or lrep:
-                # keys and queries go through separate calls, in an order the call does not show
-                same = all(
-                    (qk[0] is None) == (qk[1] is None)
-                    and (qk[0] is None or torch.equal(qk[0], qk[1]))
-                    for qk in lm
-                )
-                same = same and all(
-                    set(r) == {"q", "k"}
-                    and torch.equal(r["q"][0], r["k"][0])
-                    and torch.equal(r["q"][1], r["k"][1])
-                    for r in lrep
-                )
-                if not same:
-                    raise UnsupportedModelError(
-                        f"layer {lr.layer} rotates its keys and queries in separate calls of {fn.__name__}, so an "
-                        "intervention must treat queries and keys alike there (every head, both q and k)"
-                    )
-            cos, sin = (b, a) if names == ["sin", "cos"] else (a, b)
-            x = _apply(x, 2, lr, lm, lrep, "q", True)
-            cos, sin = tables(lr, cos, sin)
-            out = (
-                fn(x, sin, cos, *args, **kwargs)
-                if names == ["sin", "cos"]
-                else fn(x, cos, sin, *args, **kwargs)
-            )
-            return _apply(out, 2, lr, lm, lrep, "q", False)
-
-        return call
-
-    wrap = {
-        "qk": tapped_qk,
-        "complex": tapped_complex,
-        "single": tapped_single,
-        "table": tapped_table,
-    }
-    rotaries = [
-        m
-        for m in hf.modules()
-        if "rotary" in type(m).__name__.lower() and "bridge" not in type(m).__name__.lower()
-    ]
-    rotaries += [
-        _unwrap(m)
-        for m in hf.modules()
-        if "rotary" in type(m).__name__.lower() and "bridge" in type(m).__name__.lower()
-    ]
-    unique = {id(r): r for r in rotaries}.values()
-    handles = [m.register_forward_pre_hook(rotary_pre, with_kwargs=True) for m in unique]
-    handles += [m.register_forward_hook(rotary_post, with_kwargs=True) for m in unique]
-    for i, a in enumerate(attns):
-        if a is not None:
-            handles.append(a.register_forward_pre_hook(attn_pre(i), with_kwargs=True))
-            handles.append(a.register_forward_hook(attn_post, with_kwargs=True, always_call=True))
-    indexers = [
-        m
-        for a in attns
-        if a is not None
-        for m in a.modules()
-        if type(m).__name__.endswith("Indexer")
-    ]
-    saved_layer: list = []
-
-    def enter_indexer(
-        _m, _a
-    ) -> None:  # an indexer's own rotation: its layer's variant, no ablation or replacement
-        saved_layer.append((state["layer"], state["indexer"]))
-        state["indexer"], state["layer"] = state["layer"], None
-
-    def leave_indexer(_m, _a, _o) -> None:
-        state["layer"], state["indexer"] = saved_layer.pop()
-
-    for m in indexers:
-        handles += [
-            m.register_forward_pre_hook(enter_indexer),
-            m.register_forward_hook(leave_indexer),
-        ]
-    saved = {name: fn for name, (fn, _form) in forms.items()}
+    attns = [None if attention is None else _unwrap(attention) for attention in attns]
+    taps = _RotationTaps(spec, plan, seen, device_of(hf))
+    handles = taps.register(hf, attns)
     for name, (fn, form) in forms.items():
-        setattr(mod, name, wrap[form](fn))
+        setattr(module, name, taps.tapped(fn, form))
     try:
         yield
     finally:
-        for name, fn in saved.items():
-            setattr(mod, name, fn)
-        for h in handles:
-            h.remove()
+        for name, (fn, _form) in forms.items():
+            setattr(module, name, fn)
+        for handle in handles:
+            handle.remove()
 
 
 def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | None:

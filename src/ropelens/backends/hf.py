@@ -19,9 +19,10 @@ bridge; asking a plain model for it raises :class:`BridgeOnlyError` in one line.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -29,7 +30,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ropelens.backends.sdpa_capture import attention_implementation, hf_view
 from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.spec.forward_taps import (
+    attention_tap,
+    complex_positions_axis,
+    outside_indexers,
+    rotation_functions,
+    single_rotation,
+    table_rotation,
+)
 
 __all__ = [
     "BridgeOnlyError",
@@ -396,6 +406,186 @@ def _tiled_like(k: Tensor, k_rot: Tensor, k_post: Tensor) -> tuple[Tensor, Tenso
     return k.repeat(1, m // n, 1, 1), tiled
 
 
+class _LayerTaps:
+    """One :func:`capture` forward: the layer running, what its taps saw, the layers done.
+
+    ``current`` is a one-item list because the rotation taps (:func:`_single_tap`,
+    :func:`_table_tap`) and :func:`outside_indexers` share it.
+    """
+
+    def __init__(
+        self,
+        spec,
+        layers: Sequence[int],
+        needs: frozenset[str],
+        on_layer: Callable[[int, dict[str, Tensor]], object],
+        cannot: Callable[[str], Exception],
+        attns: list,
+    ) -> None:
+        self.spec, self.needs, self.on_layer, self.cannot = spec, needs, on_layer, cannot
+        self.wanted, self.last = set(layers), max(layers)
+        # layers reusing an earlier layer's keys -> that layer
+        self.sources = {
+            layer: source for layer, source in kv_sources(attns).items() if layer in self.wanted
+        }
+        self.rotated = self.wanted | set(
+            self.sources.values()
+        )  # the layers whose rotations are kept
+        self.keys: dict[
+            int, tuple[Tensor, Tensor]
+        ] = {}  # a source layer's (pre-RoPE, rotated) keys
+        self.current: list[int | None] = [None]
+        self.got: dict[int, dict[str, tuple]] = {}
+        self.done: set[int] = set()
+
+    def tapped_rotation(self, rotation: Callable, flip: bool = False) -> Callable:
+        """``rotation`` tapped: the first ``(q, k, q_rot, k_rot)`` of each wanted layer is kept.
+
+        ``flip``: the rotation takes ``[batch, pos, head, dim]`` (Llama 4), kept with heads first.
+        """
+        if single_rotation(rotation):
+            return _single_tap(rotation, self.current, self.rotated, self.got)
+        if table_rotation(rotation):
+            return _table_tap(rotation, self.current, self.rotated, self.got)
+
+        def tapped(q, k=None, *args, **kwargs):
+            out = rotation(q, k, *args, **kwargs)
+            layer = self.current[0]
+            # the layer's first rotation (k None: queries alone, Qwen4-Exp's indexer form, never
+            # the layer's)
+            if (
+                layer in self.wanted
+                and k is not None
+                and "rot" not in self.got.setdefault(layer, {})
+            ):
+                tensors = (q, k, *out)
+                if flip:
+                    tensors = tuple(tensor.transpose(1, 2) for tensor in tensors)
+                self.got[layer]["rot"] = tensors
+            return out
+
+        return tapped
+
+    def tapped_attention(self, attention_function: Callable) -> Callable:
+        """``eager_attention_forward`` tapped: a wanted layer's first query, key, weights, mask."""
+
+        def tapped(module, query, key, value, attention_mask, *args, **kwargs):
+            out = attention_function(module, query, key, value, attention_mask, *args, **kwargs)
+            layer = self.current[0]
+            if layer in self.wanted and "att" not in self.got.setdefault(layer, {}):
+                weights = mixed_weights(module, value, out)
+                self.got[layer]["att"] = (query, key, weights, attention_mask)
+            return out
+
+        return tapped
+
+    def sdpa_seen(self, _module, query: Tensor, key: Tensor, attention_mask: Tensor | None) -> None:
+        """The query, key and mask entering a wanted layer's sdpa attention (no pattern)."""
+        layer = self.current[0]
+        if layer in self.wanted and "att" not in self.got.setdefault(layer, {}):
+            self.got[layer]["att"] = (query, key, None, attention_mask)
+
+    def enter(self, layer: int) -> Callable[..., None]:
+        """The pre-hook of layer ``layer``'s attention module."""
+
+        def hook(_module, _args) -> None:
+            self.current[0] = layer
+
+        return hook
+
+    def leave(self, layer: int) -> Callable[..., None]:
+        """The hook after layer ``layer``'s attention: hand its tensors on, stop after the last."""
+
+        def hook(_module, _args, output) -> None:
+            self.current[0] = None
+            self.finish_layer(layer, self.got.pop(layer, {}), output)
+            if layer == self.last:
+                raise _Stop
+
+        return hook
+
+    def finish_layer(self, layer: int, record: dict, output: Any) -> None:
+        """Complete ``record`` (what layer ``layer``'s taps saw); hand it on if wanted."""
+        if "calls" in record:
+            # GPT-J's form: which call rotated the queries is read off the attention's inputs
+            record["rot"] = _queries_and_keys(
+                record.pop("calls"), record.get("att"), self.cannot, layer
+            )
+        if layer in self.sources.values() and "rot" in record:
+            self.keys[layer] = (record["rot"][1], record["rot"][3])
+        if layer in self.sources and "q_only" in record and self.sources[layer] in self.keys:
+            # its keys: the source's, as they were stored
+            (q, q_rotated), (k, k_rotated) = record.pop("q_only"), self.keys[self.sources[layer]]
+            record["rot"] = (q, k, q_rotated, k_rotated)
+        if layer in self.wanted:
+            tensors = _assemble(self.spec[layer], record, output, self.needs, self.cannot)
+            self.on_layer(layer, tensors)
+            self.done.add(layer)
+
+    def register(self, attns: list) -> list:
+        """Hook the attention modules up to the last layer; return the handles."""
+        handles = []
+        for layer, attention in enumerate(attns[: self.last + 1]):
+            if attention is not None:
+                handles.append(attention.register_forward_pre_hook(self.enter(layer)))
+                handles.append(attention.register_forward_hook(self.leave(layer)))
+        # a sparse-attention indexer's rotation is not the layer's
+        handles += outside_indexers(attns[: self.last + 1], self.current)
+        return handles
+
+
+@contextlib.contextmanager
+def _replaced_functions(module: Any, replacements: dict[str, Callable]) -> Iterator[None]:
+    """``module``'s functions named in ``replacements`` replaced while the block runs."""
+    saved = {name: getattr(module, name) for name in replacements}
+    for name, function in replacements.items():
+        setattr(module, name, function)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(module, name, function)
+
+
+def _run_to_last_layer(
+    hf: torch.nn.Module,
+    tokens: Tensor,
+    attention_mask: Tensor | None,
+    *,
+    sdpa_seen: Callable | None,
+    attns: list,
+    output_attentions: bool,
+) -> None:
+    """Run ``hf`` on ``tokens`` until its hooks stop it after the last layer wanted.
+
+    With ``sdpa_seen``, the model runs its sdpa attention and ``sdpa_seen`` sees the inputs of
+    ``attns``; else its eager attention.
+    """
+    sdpa_taps = (
+        attention_tap([a for a in attns if a is not None], sdpa_seen, with_mask=True)
+        if sdpa_seen is not None
+        else contextlib.nullcontext()
+    )
+    implementation = "sdpa" if sdpa_seen is not None else "eager"
+    try:
+        with attention_implementation(hf, implementation), torch.no_grad(), sdpa_taps:
+            hf(
+                input_ids=tokens,
+                attention_mask=attention_mask,
+                use_cache=False,
+                output_attentions=output_attentions,
+            )
+    except _Stop:
+        pass
+
+
+def _capture_refusal(cfg: PlainConfig | None, why: str) -> UnsupportedModelError:
+    """The error :func:`capture` raises where it cannot read a family's queries and keys."""
+    return UnsupportedModelError(
+        refusal(cfg, f"its queries and keys cannot be read from the HF forward ({why})")
+    )
+
+
 def capture(
     model: PlainModel,
     spec,
@@ -407,149 +597,59 @@ def capture(
     *,
     padded: bool,
 ) -> None:
-    """Run the plain HF model on one batch and hand each of ``layers`` its ``needs`` to ``on_layer(layer, tensors)``.
+    """Run the plain HF model on one batch; hand each of ``layers`` its ``needs`` to ``on_layer``.
 
-    Tensors are ``[batch, pos, head, d]`` (keys: KV heads) and the pattern ``[batch, head, q, k]``. Pre-RoPE q
-    and k are what the family's ``apply_rotary_pos_emb`` receives (a partial-rotary slice completed by the
-    dims that pass unrotated); post-RoPE q and k and the pattern are what its ``eager_attention_forward``
-    receives and returns, else the rotation's output and the attention module's returned probabilities. Without
-    the pattern the model runs its sdpa attention where it has one, q and k read where they enter it.
-    The forward stops after the last layer. A family this cannot read raises UnsupportedModelError.
+    ``on_layer(layer, tensors)``: tensors are ``[batch, pos, head, d]`` (keys: KV heads) and the
+    pattern ``[batch, head, q, k]``. Pre-RoPE q and k are what the family's
+    ``apply_rotary_pos_emb`` receives (a partial-rotary slice completed by the dims that pass
+    unrotated); post-RoPE q and k and the pattern are what its ``eager_attention_forward`` receives
+    and returns, else the rotation's output and the attention module's returned probabilities.
+    Without the pattern the model runs its sdpa attention where it has one, q and k read where
+    they enter it. The forward stops after the last layer. A family this cannot read raises
+    UnsupportedModelError.
     """
-    from ropelens.backends.sdpa_capture import attention_implementation, hf_view
-    from ropelens.spec.forward_taps import (
-        attention_tap,
-        complex_positions_axis,
-        outside_indexers,
-        rotation_functions,
-        single_rotation,
-        table_rotation,
-    )
-
     hf = hf_view(model)
-    arch = type(hf).__name__
-
-    def cannot(why: str) -> UnsupportedModelError:
-        return UnsupportedModelError(
-            refusal(model.cfg, f"its queries and keys cannot be read from the HF forward ({why})")
+    cannot = functools.partial(_capture_refusal, model.cfg)
+    module = importlib.import_module(type(hf).__module__)
+    rotations = rotation_functions(module)
+    eager_attention = getattr(module, "eager_attention_forward", None)
+    if not rotations:
+        raise cannot(
+            f"{type(hf).__name__} has no apply_rotary_pos_emb(q, k, ...) or (x, cos, sin, ...) "
+            "to tap"
         )
-
-    mod = importlib.import_module(type(hf).__module__)
-    rot_fns = rotation_functions(mod)
-    att_fn = getattr(mod, "eager_attention_forward", None)
-    if not rot_fns:
-        raise cannot(f"{arch} has no apply_rotary_pos_emb(q, k, ...) or (x, cos, sin, ...) to tap")
     attns = attention_modules(hf)
-    wanted, last = set(layers), max(layers)
-    sources = {
-        i: j for i, j in kv_sources(attns).items() if i in wanted
-    }  # layers reusing an earlier layer's keys
-    rotated = wanted | set(sources.values())  # the layers whose rotations are kept
-    keys: dict[int, tuple[Tensor, Tensor]] = {}  # a source layer's (pre-RoPE, rotated) keys
-    current: list[int | None] = [None]
-    got: dict[int, dict[str, tuple]] = {}
-    done: set[int] = set()
-
-    def rot_tap(rot_fn, flip: bool = False):
-        if single_rotation(rot_fn):
-            return _single_tap(rot_fn, current, rotated, got)
-        if table_rotation(rot_fn):
-            return _table_tap(rot_fn, current, rotated, got)
-
-        def tapped(q, k=None, *args, **kwargs):
-            out = rot_fn(q, k, *args, **kwargs)
-            L = current[0]
-            # the first rotation of the layer (k None: queries alone, Qwen4-Exp's indexer form, never the layer's)
-            if L in wanted and k is not None and "rot" not in got.setdefault(L, {}):
-                # Llama 4 rotates [batch, pos, head, d]: kept heads first, as every other family's
-                got[L]["rot"] = (
-                    tuple(t.transpose(1, 2) for t in (q, k, *out)) if flip else (q, k, *out)
-                )
-            return out
-
-        return tapped
-
-    def att_tap(module, query, key, value, attention_mask, *args, **kwargs):
-        out = att_fn(module, query, key, value, attention_mask, *args, **kwargs)
-        L = current[0]
-        if L in wanted and "att" not in got.setdefault(L, {}):
-            got[L]["att"] = (query, key, mixed_weights(module, value, out), attention_mask)
-        return out
-
-    def enter(i: int) -> Callable[..., None]:
-        return lambda _m, _a: current.__setitem__(0, i)
-
-    def leave(i: int) -> Callable[..., None]:
-        def hook(_m, _a, output) -> None:
-            current[0] = None
-            rec = got.pop(i, {})
-            if (
-                "calls" in rec
-            ):  # GPT-J's form: which call rotated the queries is read off the attention's inputs
-                rec["rot"] = _queries_and_keys(rec.pop("calls"), rec.get("att"), cannot, i)
-            if i in sources.values() and "rot" in rec:
-                keys[i] = (rec["rot"][1], rec["rot"][3])
-            if (
-                i in sources and "q_only" in rec and sources[i] in keys
-            ):  # its keys: the source's, as they were stored
-                (q, q_rot), (k, k_rot) = rec.pop("q_only"), keys[sources[i]]
-                rec["rot"] = (q, k, q_rot, k_rot)
-            if i in wanted:
-                on_layer(i, _assemble(spec[i], rec, output, needs, cannot))
-                done.add(i)
-            if i == last:
-                raise _Stop
-
-        return hook
-
-    handles = []
-    for i, a in enumerate(attns[: last + 1]):
-        if a is not None:
-            handles += [a.register_forward_pre_hook(enter(i)), a.register_forward_hook(leave(i))]
-    handles += outside_indexers(
-        attns[: last + 1], current
-    )  # a sparse-attention indexer's rotation is not the layer's
-    for name, fn in rot_fns.items():
-        setattr(
-            mod, name, rot_tap(fn, name == "apply_rotary_emb" and complex_positions_axis(fn) == 1)
+    taps = _LayerTaps(spec, layers, needs, on_layer, cannot, attns)
+    replacements = {
+        name: taps.tapped_rotation(
+            rotation, name == "apply_rotary_emb" and complex_positions_axis(rotation) == 1
         )
-    # q/k alone: the family's sdpa attention, its inputs tapped (eager attention would build every [heads, n, n]
-    # score matrix only to throw it away: 128 heads of DeepSeek V3)
+        for name, rotation in rotations.items()
+    }
+    # q/k alone: the family's sdpa attention, its inputs tapped (eager attention would build every
+    # [heads, n, n] score matrix only to throw it away: 128 heads of DeepSeek V3)
     fast = (
-        "pattern" not in needs and att_fn is not None and bool(getattr(hf, "_supports_sdpa", False))
+        "pattern" not in needs
+        and eager_attention is not None
+        and bool(getattr(hf, "_supports_sdpa", False))
     )
-
-    def seen(_module, query: Tensor, key: Tensor, attention_mask: Tensor | None) -> None:
-        L = current[0]
-        if L in wanted and "att" not in got.setdefault(L, {}):
-            got[L]["att"] = (query, key, None, attention_mask)
-
-    if att_fn is not None and not fast:
-        mod.eager_attention_forward = att_tap
+    if eager_attention is not None and not fast:
+        replacements["eager_attention_forward"] = taps.tapped_attention(eager_attention)
+    handles = taps.register(attns)
     try:
-        with (
-            attention_implementation(hf, "sdpa" if fast else "eager"),
-            torch.no_grad(),
-            attention_tap([a for a in attns if a is not None], seen, with_mask=True)
-            if fast
-            else contextlib.nullcontext(),
-        ):
-            hf(
-                input_ids=tokens,
-                attention_mask=valid.long() if padded else None,
-                use_cache=False,
-                output_attentions=att_fn is None and "pattern" in needs,
+        with _replaced_functions(module, replacements):
+            _run_to_last_layer(
+                hf,
+                tokens,
+                valid.long() if padded else None,
+                sdpa_seen=taps.sdpa_seen if fast else None,
+                attns=attns,
+                output_attentions=eager_attention is None and "pattern" in needs,
             )
-    except _Stop:
-        pass
     finally:
-        for name, fn in rot_fns.items():
-            setattr(mod, name, fn)
-        if att_fn is not None and not fast:
-            mod.eager_attention_forward = att_fn
-        for h in handles:
-            h.remove()
-    missing = sorted(wanted - done)
+        for handle in handles:
+            handle.remove()
+    missing = sorted(taps.wanted - taps.done)
     if missing:
         raise cannot(f"layers {missing} ran no attention module ropelens could find")
 

@@ -19,6 +19,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 
+import einops
 import torch
 from torch import Tensor
 
@@ -229,78 +230,64 @@ def hf_decoder_layers(hf) -> Sequence[torch.nn.Module] | None:
     return layers if isinstance(layers, torch.nn.ModuleList) else None
 
 
-def fast_qk(
-    model,
-    spec: RopeSpec,
-    tokens: Tensor,
-    valid: Tensor,
-    layers: Sequence[int],
-    *,
-    keep: frozenset[str] = QK_NEEDS,
-    on_layer: Callable[[int, dict[str, Tensor]], object] | None = None,
-    padded: bool | None = None,
-) -> dict[int, dict[str, Tensor]] | None:
-    """``{layer: {name: tensor}}`` for the names in ``keep`` (``q_pre``, ``k_pre``, ``q_rot``, ``k_rot``,
-    ``q_post``, ``k_post``: see :data:`ropelens.run.capture.NEEDS`), each ``[batch, pos, head, d]``, or None when this model cannot take the fast path (the caller
-    then runs the bridge).
+def _named(qk: tuple[Tensor, ...], keep: frozenset[str]) -> dict[str, Tensor]:
+    """The tensors of ``keep`` among one layer's ``_NAMES``, each ``[batch, pos, head, dim]``."""
+    return {
+        name: einops.rearrange(tensor, "batch head pos dim -> batch pos head dim")
+        for name, tensor in zip(_NAMES, qk, strict=True)
+        if name in keep
+    }
 
-    With ``on_layer``, once the model is known to take the fast path, each layer's tensors go to
-    ``on_layer(layer, tensors)`` while the forward runs and are dropped (memory: one layer's q/k,
-    not every layer's); the returned dict then holds only what was not handed over. A model found
-    unable to is remembered, so later calls cost nothing; a model under an intervention is only
-    skipped while it lasts. ``valid`` must be right padding (:func:`right_padded`); ``padded``
-    (whether it has a False anywhere), when the caller has checked it, saves asking the device.
+
+def _probe_rejects(model, spec: RopeSpec, tokens: Tensor, valid: Tensor, layers, on_layer) -> bool:
+    """Whether a few tokens show that a model not yet known to take the fast path cannot.
+
+    Learning it first lets the real batch stream to ``on_layer``.
     """
-    if getattr(model, _MARK, 0) or getattr(model, _UNSUPPORTED, False):
-        return None
-    # learn whether the model takes the fast path on a few tokens, so the real batch can stream
     probe = (
         on_layer is not None and not getattr(model, _SUPPORTED, False) and tokens.shape[1] > _PROBE
     )
-    if (
-        probe
-        and fast_qk(model, spec, tokens[:1, :_PROBE], valid[:1, :_PROBE], layers, keep=frozenset())
-        is None
-    ):
-        return None
-    hf = hf_view(model)
-    blocks = hf_decoder_layers(hf)
-    last = max(layers)
-    rotary = [L for L in spec.rotary_layers if last >= L]
-    wanted = set(layers)
-    calls: list = []
-    if blocks is None or len(blocks) != spec.n_layers:
-        object.__setattr__(model, _UNSUPPORTED, True)
-        return None
+    if not probe:
+        return False
+    probe_tokens, probe_valid = tokens[:1, :_PROBE], valid[:1, :_PROBE]
+    return fast_qk(model, spec, probe_tokens, probe_valid, layers, keep=frozenset()) is None
 
-    def named(qk: tuple[Tensor, ...]) -> dict[str, Tensor]:
-        return {n: t.transpose(1, 2) for n, t in zip(_NAMES, qk, strict=True) if n in keep}
 
-    def hand_over(i: int, qk: tuple[Tensor, ...]) -> None:
-        if rotary[i] in wanted:
-            on_layer(rotary[i], named(qk))
+def _block_hooks(blocks: Sequence[torch.nn.Module], last: int, running: list[int]) -> list:
+    """Hook the decoder blocks up to ``last``: ``running[0]`` is the block running; stop after it.
 
-    streaming = on_layer is not None and getattr(model, _SUPPORTED, False)
+    The rotary tap stops the forward at the last rotation; the hook on block ``last`` stops it when
+    no layer up to ``last`` rotates.
+    """
 
     def stop(*_: object) -> None:
         raise _Stop
 
-    running = [-1]
-
-    def enter(i: int) -> Callable[..., None]:
+    def enter(index: int) -> Callable[..., None]:
         def pre(*_: object) -> None:
-            running[0] = i
+            running[0] = index
 
         return pre
 
-    # the tap stops the forward at the last rotation; this stops it when no layer up to ``last`` rotates
     handles = [blocks[last].register_forward_hook(stop)]
-    handles += [blocks[i].register_forward_pre_hook(enter(i)) for i in range(last + 1)]
+    handles += [blocks[index].register_forward_pre_hook(enter(index)) for index in range(last + 1)]
+    return handles
+
+
+def _tapped_forward(
+    hf: torch.nn.Module,
+    rotary_layers: list[LayerRope],
+    calls: list,
+    hand_over: Callable | None,
+    running: list[int],
+    tokens: Tensor,
+    valid: Tensor,
+    padded: bool | None,
+) -> bool:
+    """Run ``hf``, its rotations tapped into ``calls``; whether each rotation could be tapped."""
     try:
         with (
-            _rotary_tap(
-                hf, [spec[L] for L in rotary], calls, hand_over if streaming else None, running
-            ) as tapped,
+            _rotary_tap(hf, rotary_layers, calls, hand_over, running) as tapped,
             sdpa_attention(hf),
             torch.no_grad(),
         ):
@@ -317,13 +304,74 @@ def fast_qk(
         pass
     except _Unsupported:
         tapped = False
+    return tapped
+
+
+def fast_qk(
+    model,
+    spec: RopeSpec,
+    tokens: Tensor,
+    valid: Tensor,
+    layers: Sequence[int],
+    *,
+    keep: frozenset[str] = QK_NEEDS,
+    on_layer: Callable[[int, dict[str, Tensor]], object] | None = None,
+    padded: bool | None = None,
+) -> dict[int, dict[str, Tensor]] | None:
+    """``{layer: {name: tensor}}`` of q and k read on the fast path, or None where it cannot run.
+
+    The names are those in ``keep`` (``q_pre``, ``k_pre``, ``q_rot``, ``k_rot``, ``q_post``,
+    ``k_post``: see :data:`ropelens.run.capture.NEEDS`), each ``[batch, pos, head, d]``; on None
+    the caller runs the bridge.
+
+    With ``on_layer``, once the model is known to take the fast path, each layer's tensors go to
+    ``on_layer(layer, tensors)`` while the forward runs and are dropped (memory: one layer's q/k,
+    not every layer's); the returned dict then holds only what was not handed over. A model found
+    unable to is remembered, so later calls cost nothing; a model under an intervention is only
+    skipped while it lasts. ``valid`` must be right padding (:func:`right_padded`); ``padded``
+    (whether it has a False anywhere), when the caller has checked it, saves asking the device.
+    """
+    if getattr(model, _MARK, 0) or getattr(model, _UNSUPPORTED, False):
+        return None
+    if _probe_rejects(model, spec, tokens, valid, layers, on_layer):
+        return None
+    hf = hf_view(model)
+    blocks = hf_decoder_layers(hf)
+    if blocks is None or len(blocks) != spec.n_layers:
+        object.__setattr__(model, _UNSUPPORTED, True)
+        return None
+    last = max(layers)
+    rotary = [layer for layer in spec.rotary_layers if last >= layer]
+    wanted = set(layers)
+    streaming = on_layer is not None and getattr(model, _SUPPORTED, False)
+
+    def hand_over(index: int, qk: tuple[Tensor, ...]) -> None:
+        if rotary[index] in wanted:
+            on_layer(rotary[index], _named(qk, keep))
+
+    calls: list = []
+    running = [-1]
+    handles = _block_hooks(blocks, last, running)
+    try:
+        tapped = _tapped_forward(
+            hf,
+            [spec[layer] for layer in rotary],
+            calls,
+            hand_over if streaming else None,
+            running,
+            tokens,
+            valid,
+            padded,
+        )
     finally:
-        for h in handles:
-            h.remove()
+        for handle in handles:
+            handle.remove()
     if not tapped or len(calls) != len(rotary):
         object.__setattr__(model, _UNSUPPORTED, True)
         return None
     object.__setattr__(model, _SUPPORTED, True)
     if streaming:
         return {}
-    return {L: named(qk) for L, qk in zip(rotary, calls, strict=True) if L in wanted}
+    return {
+        layer: _named(qk, keep) for layer, qk in zip(rotary, calls, strict=True) if layer in wanted
+    }

@@ -14,15 +14,18 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import einops
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ropelens.backends.sdpa_capture import attention_implementation
 from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.spec.reading import hf_model_of
 from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = [
@@ -176,6 +179,136 @@ def _forward_kwargs(hf, input_ids: Tensor, mm: dict[str, Any]) -> dict[str, Any]
     return kwargs
 
 
+def _check_text_layers(model, hf, spec: RopeSpec, attns: list) -> None:
+    """Raise unless the text tower's attention modules are the ones ``spec`` was read from.
+
+    A hybrid's linear-attention layers have no ``self_attn``; every other layer must be the one the
+    spec was read from.
+    """
+    if len(attns) != spec.n_layers or any(
+        (attention is None) == lr.attention
+        or (attention is not None and type(attention).__name__ != _attn_class(model, layer))
+        for layer, (attention, lr) in enumerate(zip(attns, spec.layers))
+    ):
+        raise UnsupportedModelError(
+            f"{type(hf).__name__}: its text tower's layers are not the layers ropelens read "
+            "its RoPE from"
+        )
+
+
+class _MRopeTaps:
+    """One :func:`capture_mrope` forward: the layer running, its q, k and pattern, the positions."""
+
+    def __init__(self, layers: Sequence[int]) -> None:
+        self.wanted, self.last = set(layers), max(layers)
+        self.current: int | None = None  # the attention layer running
+        self.got: dict[int, dict[str, Tensor]] = {}
+        self.positions: list[Tensor] = []  # the first position ids the text rotary saw, [3, b, n]
+
+    def tapped_rotation(self, rotation: Callable) -> Callable:
+        """``apply_rotary_pos_emb`` tapped: each wanted layer's first pre- and post-RoPE q and k."""
+
+        def tapped(q, k, *args, **kwargs):
+            out = rotation(q, k, *args, **kwargs)
+            layer = self.current
+            if layer in self.wanted and "q_pre" not in self.got.setdefault(layer, {}):
+                self.got[layer].update(q_pre=q, k_pre=k, q_rot=out[0], k_rot=out[1])
+            return out
+
+        return tapped
+
+    def tapped_attention(self, attention_function: Callable) -> Callable:
+        """``eager_attention_forward`` tapped: each wanted layer's first query, key and pattern."""
+
+        def tapped(module, query, key, value, attention_mask, *args, **kwargs):
+            out = attention_function(module, query, key, value, attention_mask, *args, **kwargs)
+            layer = self.current
+            if layer in self.wanted and "q_post" not in self.got.setdefault(layer, {}):
+                self.got[layer].update(q_post=query, k_post=key, pattern=out[1])
+            return out
+
+        return tapped
+
+    def seen_positions(self, _module, args, kwargs) -> None:
+        """The text rotary's pre-hook: keep the first position ids (1-D ones as 3 equal axes)."""
+        positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        if isinstance(positions, Tensor) and not self.positions:
+            if positions.ndim == 2:
+                positions = positions.detach().expand(3, *positions.shape[-2:])
+            self.positions.append(positions.detach())
+
+    def enter(self, layer: int) -> Callable[..., None]:
+        """The pre-hook of layer ``layer``'s attention module."""
+
+        def hook(_module, _args) -> None:
+            self.current = layer
+
+        return hook
+
+    def leave(self, layer: int) -> Callable[..., None]:
+        """The hook after layer ``layer``'s attention module: stop after the last layer wanted."""
+
+        def hook(_module, _args, _output) -> None:
+            self.current = None
+            if layer == self.last:
+                raise _Stop
+
+        return hook
+
+    def register(self, lm: torch.nn.Module, attns: list) -> list:
+        """Hook the text rotary of ``lm`` and the attention modules up to the last; the handles."""
+        rotary = _text_rotary(lm)
+        handles = [rotary.register_forward_pre_hook(self.seen_positions, with_kwargs=True)]
+        for layer, attention in enumerate(attns[: self.last + 1]):
+            if attention is not None:
+                handles.append(attention.register_forward_pre_hook(self.enter(layer)))
+                handles.append(attention.register_forward_hook(self.leave(layer)))
+        return handles
+
+    def captured(self, hf) -> tuple[Tensor, dict[int, dict[str, Tensor]]]:
+        """The position ids and ``{layer: {name: tensor}}`` on the CPU, q and k heads first.
+
+        q and k are ``[batch, pos, head, dim]``; the pattern stays ``[batch, head, q, k]``.
+        """
+        missing = sorted(
+            layer for layer in self.wanted if {"q_pre", "q_post"} - set(self.got.get(layer, {}))
+        )
+        if missing:
+            raise UnsupportedModelError(
+                f"{type(hf).__name__}: layers {missing} ran no rotation and attention function "
+                "ropelens could tap"
+            )
+        if not self.positions:
+            raise UnsupportedModelError(f"{type(hf).__name__}: its text rotary saw no position ids")
+        tensors = {
+            layer: {
+                name: (
+                    tensor.detach().cpu()
+                    if name == "pattern"
+                    else einops.rearrange(
+                        tensor.detach(), "batch head pos dim -> batch pos head dim"
+                    ).cpu()
+                )
+                for name, tensor in self.got[layer].items()
+            }
+            for layer in sorted(self.wanted)
+        }
+        return self.positions[0].cpu(), tensors
+
+
+def _check_rotation(hf, errors: dict[str, float]) -> None:
+    """Raise where the spec's 3-D rotation misses the model's by more than its dtype allows."""
+    tolerance = mrope_tolerance(next(p.dtype for p in hf.parameters() if p.is_floating_point()))
+    bad = {name: error for name, error in errors.items() if not error <= tolerance}
+    if bad:
+        shown = ", ".join(f"{name} error {error:.2g}" for name, error in bad.items())
+        raise UnsupportedModelError(
+            f"{type(hf).__name__}: ropelens's reading of its multimodal RoPE does not match the "
+            f"model ({shown} > {tolerance:g}): the "
+            "planes' time/height/width axes or the rotation differ from the spec"
+        )
+
+
 def capture_mrope(
     model,
     spec: RopeSpec,
@@ -185,109 +318,42 @@ def capture_mrope(
     verify: bool = True,
     **multimodal: Any,
 ) -> MRopeCapture:
-    """Run the VL model (eager attention) on ``input_ids`` and its pixel input (``pixel_values``, ``image_grid_thw``,
-    ``pixel_values_videos``, ``video_grid_thw``, ...) and capture, for each of ``layers``, the q and k its rotation
-    receives and returns and the probabilities its attention function returns, with the 3-D position ids its text
-    rotary receives. ``verify`` checks the spec's 3-D rotation of the pre-RoPE q/k against the model's rotated
-    ones and the pattern rebuilt from them against the model's, raising UnsupportedModelError on a mismatch.
-    """
-    from ropelens.backends.sdpa_capture import attention_implementation
-    from ropelens.spec.reading import hf_model_of
+    """Run the VL model (eager attention) on ``input_ids`` and pixel input; capture q, k, pattern.
 
+    The pixel input is ``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``,
+    ``video_grid_thw``, ... For each of ``layers`` it captures the q and k its rotation receives and
+    returns and the probabilities its attention function returns, with the 3-D position ids its
+    text rotary receives. ``verify`` checks the spec's 3-D rotation of the pre-RoPE q/k against the
+    model's rotated ones and the pattern rebuilt from them against the model's, raising
+    UnsupportedModelError on a mismatch.
+    """
     hf = hf_model_of(model)
     lm = _language_model(hf)
     attns = [getattr(layer, "self_attn", None) for layer in lm.layers]
-    # a hybrid's linear-attention layers have no self_attn; every other layer must be the one the spec was read from
-    if len(attns) != spec.n_layers or any(
-        (a is None) == lr.attention or (a is not None and type(a).__name__ != _attn_class(model, L))
-        for L, (a, lr) in enumerate(zip(attns, spec.layers))
-    ):
-        raise UnsupportedModelError(
-            f"{type(hf).__name__}: its text tower's layers are not the layers ropelens read "
-            "its RoPE from"
-        )
-    mod = importlib.import_module(type(hf).__module__)
-    rot_fn, att_fn = (
-        getattr(mod, "apply_rotary_pos_emb", None),
-        getattr(mod, "eager_attention_forward", None),
-    )
-    if rot_fn is None or att_fn is None:
+    _check_text_layers(model, hf, spec, attns)
+    module = importlib.import_module(type(hf).__module__)
+    rotation = getattr(module, "apply_rotary_pos_emb", None)
+    attention_function = getattr(module, "eager_attention_forward", None)
+    if rotation is None or attention_function is None:
         raise UnsupportedModelError(
             f"{type(hf).__name__}: no apply_rotary_pos_emb and eager_attention_forward to tap"
         )
-    wanted, last = set(layers), max(layers)
-    current: list[int | None] = [None]
-    got: dict[int, dict[str, Tensor]] = {}
-    positions: list[Tensor] = []
-
-    def rot_tap(q, k, *args, **kwargs):
-        out = rot_fn(q, k, *args, **kwargs)
-        if current[0] in wanted and "q_pre" not in got.setdefault(current[0], {}):
-            got[current[0]].update(q_pre=q, k_pre=k, q_rot=out[0], k_rot=out[1])
-        return out
-
-    def att_tap(module, query, key, value, attention_mask, *args, **kwargs):
-        out = att_fn(module, query, key, value, attention_mask, *args, **kwargs)
-        if current[0] in wanted and "q_post" not in got.setdefault(current[0], {}):
-            got[current[0]].update(q_post=query, k_post=key, pattern=out[1])
-        return out
-
-    def seen_positions(_m, args, kwargs) -> None:
-        pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-        if isinstance(pos, Tensor) and not positions:
-            positions.append(
-                pos.detach().expand(3, *pos.shape[-2:]) if pos.ndim == 2 else pos.detach()
-            )
-
-    def enter(i: int):
-        return lambda _m, _a: current.__setitem__(0, i)
-
-    def leave(i: int):
-        def hook(_m, _a, _o) -> None:
-            current[0] = None
-            if i == last:
-                raise _Stop
-
-        return hook
-
-    handles = [_text_rotary(lm).register_forward_pre_hook(seen_positions, with_kwargs=True)]
-    for i, a in enumerate(attns[: last + 1]):
-        if a is not None:
-            handles += [a.register_forward_pre_hook(enter(i)), a.register_forward_hook(leave(i))]
+    taps = _MRopeTaps(layers)
+    handles = taps.register(lm, attns)
     kwargs = _forward_kwargs(hf, input_ids, multimodal)
-    mod.apply_rotary_pos_emb, mod.eager_attention_forward = rot_tap, att_tap
+    module.apply_rotary_pos_emb = taps.tapped_rotation(rotation)
+    module.eager_attention_forward = taps.tapped_attention(attention_function)
     try:
         with attention_implementation(hf, "eager"), torch.no_grad(), contextlib.suppress(_Stop):
             hf(input_ids=input_ids, use_cache=False, **kwargs)
     finally:
-        mod.apply_rotary_pos_emb, mod.eager_attention_forward = rot_fn, att_fn
-        for h in handles:
-            h.remove()
-    missing = sorted(L for L in wanted if {"q_pre", "q_post"} - set(got.get(L, {})))
-    if missing or not positions:
-        raise UnsupportedModelError(
-            f"{type(hf).__name__}: layers {missing} ran no rotation and attention function "
-            "ropelens could tap"
-            if missing
-            else f"{type(hf).__name__}: its text rotary saw no position ids"
-        )
-    position_ids = positions[0].cpu()
-    tensors = {
-        L: {
-            n: t.detach().transpose(1, 2).cpu() if n != "pattern" else t.detach().cpu()
-            for n, t in got[L].items()
-        }
-        for L in sorted(wanted)
-    }
+        module.apply_rotary_pos_emb = rotation
+        module.eager_attention_forward = attention_function
+        for handle in handles:
+            handle.remove()
+    position_ids, tensors = taps.captured(hf)
     errors = _errors(spec, tensors, position_ids) if verify else {}
-    tol = mrope_tolerance(next(p.dtype for p in hf.parameters() if p.is_floating_point()))
-    bad = {k: v for k, v in errors.items() if not v <= tol}
-    if bad:
-        raise UnsupportedModelError(
-            f"{type(hf).__name__}: ropelens's reading of its multimodal RoPE does not match the "
-            f"model ({', '.join(f'{k} error {v:.2g}' for k, v in bad.items())} > {tol:g}): the "
-            "planes' time/height/width axes or the rotation differ from the spec"
-        )
+    _check_rotation(hf, errors)
     return MRopeCapture(
         position_ids=position_ids,
         modality=modality(hf, input_ids).cpu(),

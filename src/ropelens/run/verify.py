@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import einops
 import torch
 from torch import Tensor
 
@@ -461,41 +462,11 @@ class _Probe:
         probs: Tensor | None,
         capped: Tensor | None = None,
     ) -> None:
-        """Compare every path's layer-L capture with what the model's attention received and gave."""
+        """Compare every path's layer-L capture with what the model's attention got and gave."""
         lr = self.spec[L]
         spec_mask = lr.mask(self.n, self.device)
         if allowed is not None:
-            static = spec_mask[None].expand_as(allowed)
-            # a layer whose indexer drops keys: its mask is inside the spec's (no key the spec masks), and below it
-            # is exactly each path's captured selection
-            self._mask(
-                L,
-                allowed,
-                allowed & static if lr.selects(self.n) else static,
-                "the mask the model built",
-            )
-            if lr.selects(
-                self.n
-            ):  # a query allowed at most select_keys keys keeps them all; none keeps more
-                allowed_n = static.sum(-1)
-                kept = (allowed & static).sum(-1)
-                wrong = int(
-                    ((allowed_n <= lr.select_keys) & (kept != allowed_n)).sum()
-                    + (kept > lr.select_keys).sum()
-                )
-                self._note(
-                    "mask",
-                    L,
-                    "the keys the model's indexer keeps",
-                    float(wrong),
-                    f"{wrong} queries keep keys select_keys {lr.select_keys} does not account for",
-                )
-            for path, layers in acts.items():  # each path's captured selection is the model's
-                sel = layers[L].get("selected")
-                if lr.selects(self.n) and sel is not None and sel.shape == allowed.shape:
-                    self._mask(L, allowed, spec_mask[None] & sel.bool(), path)
-                elif lr.selects(self.n):
-                    self._note("mask", L, path, math.inf, "no selection captured")
+            self._compare_masks(lr, acts, allowed, spec_mask)
         if scaling is not None:
             self._note(
                 "scale",
@@ -506,73 +477,128 @@ class _Probe:
             )
         for path, layers in acts.items():
             q, k = layers[L]["q_post"], layers[L]["k_post"]
-            want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
-            if (
-                q.ndim != 4
-                or k.ndim != 4
-                or tuple(q.shape[2:]) != want_q
-                or tuple(k.shape[2:]) != want_k
-            ):
-                # a hook read with the wrong layout (or the wrong hook): no score can be built from it
-                self._note(
-                    "qk",
-                    L,
-                    path,
-                    math.inf,
-                    f"captured q {tuple(q.shape)} and k {tuple(k.shape)} are not "
-                    f"[batch, pos, heads, d] with {want_q} and {want_k}",
-                )
+            if not self._qk_layout_ok(lr, path, q, k):
                 continue
             if query is not None and key is not None:
-                # the model's head layout in ropelens's (MLA: rotary dims first), the same dims reordered in q and k
-                for which, ours, theirs in (
-                    ("q", q, lr.from_model(query)),
-                    ("k", k, lr.from_model(key)),
-                ):
-                    if ours.shape != theirs.shape:
-                        self._note("qk", L, path, math.inf, which)
-                        continue
-                    self._note(
-                        "qk",
-                        L,
-                        path,
-                        float((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30)),
-                        which,
-                    )
-            k_exp = k.repeat_interleave(lr.group_size, dim=2)
-            ours_s = torch.einsum("bqhd,bkhd->bhqk", q, k_exp) * lr.score_scale
-            if (
-                query is not None
-                and key is not None
-                and scaling is not None
-                and query.shape == q.shape
-            ):
-                kk = key.repeat_interleave(query.shape[2] // key.shape[2], dim=2)
-                theirs_s = torch.einsum("bqhd,bkhd->bhqk", query, kk) * scaling
-                m = spec_mask[None, None].expand_as(ours_s)
-                self._note(
-                    "scores",
-                    L,
-                    path,
-                    float(
-                        (ours_s - theirs_s)[m].abs().max()
-                        / theirs_s[m].abs().max().clamp_min(1e-30)
-                    ),
-                )
-            elif capped is not None:  # the bridge's scores, soft-capped where the model caps
-                cap = ours_s if not lr.softcap else torch.tanh(ours_s / lr.softcap) * lr.softcap
-                m = spec_mask[None, None].expand_as(cap)
-                self._note(
-                    "scores",
-                    L,
-                    path,
-                    float((cap - capped)[m].abs().max() / capped[m].abs().max().clamp_min(1e-30)),
-                )
+                self._compare_qk(lr, path, q, k, query, key)
+            scores = self._compare_scores(lr, path, q, k, spec_mask, query, key, scaling, capped)
             if probs is not None:
-                sel = layers[L].get("selected")
-                keep = spec_mask[None, None] & (sel.bool()[:, None] if sel is not None else True)
-                rebuilt = lr.probs(ours_s.masked_fill(~keep, float("-inf")))
+                selected = layers[L].get("selected")
+                keep = spec_mask[None, None] & (
+                    selected.bool()[:, None] if selected is not None else True
+                )
+                rebuilt = lr.probs(scores.masked_fill(~keep, float("-inf")))
                 self._note("probs", L, path, float((rebuilt - probs).abs().max()))
+
+    def _compare_masks(
+        self,
+        lr: LayerRope,
+        acts: dict[str, dict[int, dict[str, Tensor]]],
+        allowed: Tensor,
+        spec_mask: Tensor,
+    ) -> None:
+        """Compare the ``[batch, q, k]`` mask the model built with the spec's and each selection."""
+        layer, selects = lr.layer, lr.selects(self.n)
+        static = spec_mask[None].expand_as(allowed)
+        # a layer whose indexer drops keys: its mask is inside the spec's (no key the spec masks),
+        # and below it is exactly each path's captured selection
+        expected = allowed & static if selects else static
+        self._mask(layer, allowed, expected, "the mask the model built")
+        if not selects:
+            return
+        # a query allowed at most select_keys keys keeps them all; none keeps more
+        n_allowed = static.sum(-1)
+        n_kept = (allowed & static).sum(-1)
+        wrong = int(
+            ((n_allowed <= lr.select_keys) & (n_kept != n_allowed)).sum()
+            + (n_kept > lr.select_keys).sum()
+        )
+        self._note(
+            "mask",
+            layer,
+            "the keys the model's indexer keeps",
+            float(wrong),
+            f"{wrong} queries keep keys select_keys {lr.select_keys} does not account for",
+        )
+        for path, layers in acts.items():  # each path's captured selection is the model's
+            selected = layers[layer].get("selected")
+            if selected is not None and selected.shape == allowed.shape:
+                self._mask(layer, allowed, spec_mask[None] & selected.bool(), path)
+            else:
+                self._note("mask", layer, path, math.inf, "no selection captured")
+
+    def _qk_layout_ok(self, lr: LayerRope, path: str, q: Tensor, k: Tensor) -> bool:
+        """Whether a path's post-RoPE q and k are ``[batch, pos, head, dim]`` as the spec says.
+
+        A hook read with the wrong layout (or the wrong hook) gives no score: noted as infinite.
+        """
+        want_q, want_k = (lr.n_heads, lr.head_dim), (lr.n_kv_heads, lr.head_dim)
+        if (
+            q.ndim == 4
+            and k.ndim == 4
+            and tuple(q.shape[2:]) == want_q
+            and tuple(k.shape[2:]) == want_k
+        ):
+            return True
+        self._note(
+            "qk",
+            lr.layer,
+            path,
+            math.inf,
+            f"captured q {tuple(q.shape)} and k {tuple(k.shape)} are not "
+            f"[batch, pos, heads, d] with {want_q} and {want_k}",
+        )
+        return False
+
+    def _compare_qk(
+        self, lr: LayerRope, path: str, q: Tensor, k: Tensor, query: Tensor, key: Tensor
+    ) -> None:
+        """Compare a path's q and k with the query and key the model's attention function received.
+
+        The model's head layout is put in ropelens's (MLA: rotary dims first), the same dims
+        reordered in q and k.
+        """
+        for which, ours, theirs in (
+            ("q", q, lr.from_model(query)),
+            ("k", k, lr.from_model(key)),
+        ):
+            if ours.shape != theirs.shape:
+                self._note("qk", lr.layer, path, math.inf, which)
+                continue
+            error = float((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30))
+            self._note("qk", lr.layer, path, error, which)
+
+    def _compare_scores(
+        self,
+        lr: LayerRope,
+        path: str,
+        q: Tensor,
+        k: Tensor,
+        spec_mask: Tensor,
+        query: Tensor | None,
+        key: Tensor | None,
+        scaling: float | None,
+        capped: Tensor | None,
+    ) -> Tensor:
+        """Note how a path's scores ``[batch, head, query, key]`` match the model's; return them.
+
+        The model's are rebuilt from the query and key its attention function received, else
+        taken from the bridge (soft-capped where the model caps).
+        """
+        scores = _scores(q, k, lr.group_size) * lr.score_scale
+        if query is not None and key is not None and scaling is not None and query.shape == q.shape:
+            theirs = _scores(query, key, query.shape[2] // key.shape[2]) * scaling
+            valid = spec_mask[None, None].expand_as(scores)
+            error = (scores - theirs)[valid].abs().max() / theirs[valid].abs().max().clamp_min(
+                1e-30
+            )
+            self._note("scores", lr.layer, path, float(error))
+        elif capped is not None:
+            ours = scores if not lr.softcap else torch.tanh(scores / lr.softcap) * lr.softcap
+            valid = spec_mask[None, None].expand_as(ours)
+            error = (ours - capped)[valid].abs().max() / capped[valid].abs().max().clamp_min(1e-30)
+            self._note("scores", lr.layer, path, float(error))
+        return scores
 
     def _mask(self, L: int, allowed: Tensor, expected: Tensor, path: str) -> None:
         """Note how many ``[batch, q, k]`` entries of the model's mask differ from ``expected``, and the first."""
@@ -762,3 +788,16 @@ class _Probe:
                 f"which layers {'slide' if name == 'window' else 'are chunked'}, for "
                 f"{name}s longer than the probe (read from the config)"
             )
+
+
+def _scores(query: Tensor, key: Tensor, group_size: int) -> Tensor:
+    """Unscaled scores ``[batch, head, query, key]`` of ``[batch, pos, head, dim]`` q and k.
+
+    Each KV head's key serves ``group_size`` consecutive query heads.
+    """
+    key = einops.repeat(
+        key, "batch pos kv_head dim -> batch pos (kv_head group) dim", group=group_size
+    )
+    return einops.einsum(
+        query, key, "batch query head dim, batch key head dim -> batch head query key"
+    )

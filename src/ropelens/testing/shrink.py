@@ -283,101 +283,112 @@ def _shrink_rope(rp: Any, old_half: int, new_half: int) -> Any:
     return rp
 
 
-def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
-    """The tiny config's fields: small widths, every structural field kept (see module doc)."""
-    out = dict(d)
-    heads = next((d[k] for k in _HEADS if isinstance(d.get(k), int)), None)
-    hidden = next((d[k] for k in _HIDDEN if isinstance(d.get(k), int)), None)
-    old_hd = d.get("head_dim") or (hidden // heads if hidden and heads else None)
+def _scaled_head_count(count: int, n_heads: int, kv: bool) -> int:
+    """A head count of a config with ``n_heads`` query heads, scaled to the tiny config's 4.
+
+    KV heads: 4 where every query head has its own, 1 where one is shared, else 2 (grouped).
+    """
+    if kv:
+        return 4 if count >= n_heads else 1 if count == 1 else 2
+    return max(1, round(4 * count / n_heads))
+
+
+def _shrink_attention_widths(d: dict[str, Any], out: dict[str, Any], n_heads, hidden) -> None:
+    """Hidden size 64, 4 heads of 16, KV heads scaled, head widths 16."""
     for k in _HIDDEN:
         if isinstance(d.get(k), int):
             out[k] = 64
-    if (
-        isinstance(d.get("attention_hidden_size"), int) and hidden
-    ):  # Zamba2: attention reads 2 × hidden (the
-        out["attention_hidden_size"] = (
-            d["attention_hidden_size"] * 64 // hidden
-        )  # input and the embeddings)
+    if isinstance(d.get("attention_hidden_size"), int) and hidden:
+        # Zamba2: attention reads 2 × hidden (the input and the embeddings)
+        out["attention_hidden_size"] = d["attention_hidden_size"] * 64 // hidden
     for k in _HEADS:
         if isinstance(d.get(k), int):
             out[k] = 4
     for k in _KV_HEADS:
-        if isinstance(d.get(k), int) and heads:
-            out[k] = 4 if d[k] >= heads else 1 if d[k] == 1 else 2
-        elif k in d and d[k] is None and heads and k == "num_key_value_heads":
-            out[k] = (
-                4  # unset: one KV head per query head (HF's convention), which some models do not derive (Nemotron)
-            )
+        if isinstance(d.get(k), int) and n_heads:
+            out[k] = _scaled_head_count(d[k], n_heads, kv=True)
+        elif k in d and d[k] is None and n_heads and k == "num_key_value_heads":
+            # unset: one KV head per query head (HF's convention), which some models do not
+            # derive (Nemotron)
+            out[k] = 4
     for k in _HEAD_DIMS:
         if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
             out[k] = 16
-    if (
-        "head_dim" in d and d["head_dim"] is None
-    ):  # left for the model to derive; some derive nothing
-        out["head_dim"] = 16
+    if "head_dim" in d and d["head_dim"] is None:
+        out["head_dim"] = 16  # left for the model to derive; some derive nothing
     for k, v in d.items():  # per-layer head counts (Laguna): scaled like the global ones
         if (
             isinstance(v, list)
             and v
-            and heads
+            and n_heads
             and "heads" in k
             and all(isinstance(x, int) for x in v)
         ):
             kv = "key_value" in k or "kv" in k
-            out[k] = [
-                (4 if x >= heads else 1 if x == 1 else 2) if kv else max(1, round(4 * x / heads))
-                for x in v
-            ]
-    if isinstance(d.get("mamba_expand"), int) or isinstance(
-        d.get("mamba_n_heads"), int
-    ):  # Mamba-2 heads tile expand × hidden
-        inner = (d.get("mamba_expand") or 2) * 64
-        for k in ("mamba_d_head", "mamba_head_dim", "mamba_headdim"):
-            if isinstance(d.get(k), int):
-                out[k] = 16
-        for k in ("mamba_n_heads", "mamba_num_heads"):
-            if isinstance(d.get(k), int):
-                out[k] = inner // 16
-        if isinstance(d.get("mamba_d_ssm"), int):
-            out["mamba_d_ssm"] = inner
-        for k in ("mamba_n_groups",):
-            if isinstance(d.get(k), int):
-                out[k] = 1
-    if isinstance(d.get("global_head_dim"), int) and old_hd:  # wider global heads keep their ratio
-        out["global_head_dim"] = _even(16 * d["global_head_dim"] / old_hd)
-    lin = [d[k] for k in _LINEAR_HEADS if isinstance(d.get(k), int)]
+            out[k] = [_scaled_head_count(count, n_heads, kv) for count in v]
+
+
+def _shrink_mamba(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """Mamba-2 heads of 16 that tile expand × hidden, one group."""
+    if not (isinstance(d.get("mamba_expand"), int) or isinstance(d.get("mamba_n_heads"), int)):
+        return
+    inner = (d.get("mamba_expand") or 2) * 64
+    for k in ("mamba_d_head", "mamba_head_dim", "mamba_headdim"):
+        if isinstance(d.get(k), int):
+            out[k] = 16
+    for k in ("mamba_n_heads", "mamba_num_heads"):
+        if isinstance(d.get(k), int):
+            out[k] = inner // 16
+    if isinstance(d.get("mamba_d_ssm"), int):
+        out["mamba_d_ssm"] = inner
+    if isinstance(d.get("mamba_n_groups"), int):
+        out["mamba_n_groups"] = 1
+
+
+def _shrink_other_heads(d: dict[str, Any], out: dict[str, Any], old_head_dim) -> None:
+    """Wider global heads keep their ratio; linear-attention head counts too (the fewest: 2)."""
+    if isinstance(d.get("global_head_dim"), int) and old_head_dim:
+        out["global_head_dim"] = _even(16 * d["global_head_dim"] / old_head_dim)
+    linear_heads = [d[k] for k in _LINEAR_HEADS if isinstance(d.get(k), int)]
     for k in _LINEAR_HEADS:
         if isinstance(d.get(k), int):
-            out[k] = max(1, 2 * d[k] // min(lin))
-    for k, v in d.items():
-        if isinstance(v, bool):
-            continue
-        if ("vocab_size" in k or k.endswith("_vocab")) and isinstance(
-            v, int
-        ):  # _vocab: BLT's hashed n-gram tables
-            out[k] = VOCAB
-        elif k in _IDS and v is not None:
-            out[k] = [_IDS[k]] if isinstance(v, list) else _IDS[k]
-        elif k.endswith(("_token_id", "_token_index")) and isinstance(v, int) and v >= VOCAB:
-            out[k] = (
-                0  # ids past the tiny vocabulary (image, audio, ...): never in the check's input
-            )
-        elif (
-            "intermediate_size" in k
-            or k in ("ffn_hidden_size", "ffn_dim", "expert_ffn_hidden_size")
-        ) and isinstance(v, int):
-            out[k] = 32 if any(s in k for s in ("moe", "expert", "shared")) else 128
-        elif "intermediate_size" in k and isinstance(v, list):
-            out[k] = [128] * len(v)
+            out[k] = max(1, 2 * d[k] // min(linear_heads))
+
+
+_KEEP = object()  # _shrunk_field's answer for a field it leaves as it is
+
+
+def _shrunk_field(k: str, v: Any) -> Any:
+    """A vocabulary, token id or feed-forward width field's tiny value, or ``_KEEP``."""
+    if isinstance(v, bool):
+        return _KEEP
+    if ("vocab_size" in k or k.endswith("_vocab")) and isinstance(v, int):
+        return VOCAB  # _vocab: BLT's hashed n-gram tables
+    if k in _IDS and v is not None:
+        return [_IDS[k]] if isinstance(v, list) else _IDS[k]
+    if k.endswith(("_token_id", "_token_index")) and isinstance(v, int) and v >= VOCAB:
+        return 0  # ids past the tiny vocabulary (image, audio, ...): never in the check's input
+    feed_forward = "intermediate_size" in k or k in (
+        "ffn_hidden_size",
+        "ffn_dim",
+        "expert_ffn_hidden_size",
+    )
+    if feed_forward and isinstance(v, int):
+        return 32 if any(s in k for s in ("moe", "expert", "shared")) else 128
+    if "intermediate_size" in k and isinstance(v, list):
+        return [128] * len(v)
+    return _KEEP
+
+
+def _shrink_experts(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """4 experts, 2 per token, one shared, one group; a sparse-attention indexer's sizes filled."""
     for k in _EXPERTS:
         if isinstance(d.get(k), int) and d[k] > 4:
             out[k] = 4
     moe = any(isinstance(d.get(k), int) for k in _EXPERTS) or isinstance(
         d.get("moe_intermediate_size"), int
     )
-    for (
-        k
-    ) in _EXPERTS:  # defaults that leave the expert count unset (the model cannot build without it)
+    for k in _EXPERTS:  # defaults that leave the expert count unset (the model cannot build)
         if k in d and d[k] is None and moe:
             out[k] = 4
     types = d.get("layer_types")
@@ -386,79 +397,120 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
         and "indexed_attention" in types
         and all(k in d and d[k] is None for k in _INDEXER)
     ):
-        # the indexer's sizes are the only part of that structure the defaults leave out (HF's default config does
-        # not build): filled as the experts' count is, under the names only this config uses
+        # the indexer's sizes are the only part of that structure the defaults leave out (HF's
+        # default config does not build): filled as the experts' count is, under the names only
+        # this config uses
         out.update(_INDEXER)
     for k in _TOPK:
         if isinstance(d.get(k), int) and d[k] > 2 or (k in d and d[k] is None and moe):
             out[k] = 2
     if moe and "n_shared_experts" in d and d["n_shared_experts"] is None:
         out["n_shared_experts"] = 1
-    for k, lim in (
+    for k, limit in (
         ("n_group", 1),
-        ("num_expert_group", 1),
+        ("num_expert_group", 1),  # Bailing's name for n_group
         ("topk_group", 1),
         ("n_shared_experts", 1),
         ("num_shared_experts", 1),
-    ):  # num_expert_group: Bailing's name for n_group
-        if isinstance(d.get(k), int) and d[k] > lim:
-            out[k] = lim
-    for k in _WINDOWS:
-        if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] > 8:
-            out[k] = 8
-    if (
-        isinstance(d.get("qk_rope_head_dim"), int) and d["qk_rope_head_dim"] > 0
-    ):  # MLA: every rank scaled together
-        s = 8 / d["qk_rope_head_dim"]
-        for k in _MLA:
-            if isinstance(d.get(k), int) and d[k] > 0:
-                out[k] = _even(d[k] * s)
-        if isinstance(d.get("qk_head_dim"), int):
-            out["qk_head_dim"] = out.get("qk_nope_head_dim", 0) + out["qk_rope_head_dim"]
-        if (
-            d.get("head_dim") == d["qk_rope_head_dim"]
-        ):  # DeepSeek: head_dim names the rotary part's width
-            out["head_dim"] = out["qk_rope_head_dim"]
-    if isinstance(d.get("rotary_dim"), int) and old_hd:  # GPT-J style: an absolute rotary width
-        out["rotary_dim"] = _even(16 * d["rotary_dim"] / old_hd, lo=2)
-    new_hd = out.get("head_dim") or 16
+    ):
+        if isinstance(d.get(k), int) and d[k] > limit:
+            out[k] = limit
+
+
+def _shrink_mla(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """Multi-head latent attention: every rank scaled together, the rotary part 8 wide."""
+    if not (isinstance(d.get("qk_rope_head_dim"), int) and d["qk_rope_head_dim"] > 0):
+        return
+    scale = 8 / d["qk_rope_head_dim"]
+    for k in _MLA:
+        if isinstance(d.get(k), int) and d[k] > 0:
+            out[k] = _even(d[k] * scale)
+    if isinstance(d.get("qk_head_dim"), int):
+        out["qk_head_dim"] = out.get("qk_nope_head_dim", 0) + out["qk_rope_head_dim"]
+    if d.get("head_dim") == d["qk_rope_head_dim"]:
+        out["head_dim"] = out["qk_rope_head_dim"]  # DeepSeek: head_dim names the rotary width
+
+
+def _shrink_rotary(d: dict[str, Any], out: dict[str, Any], old_head_dim) -> None:
+    """An absolute rotary width (GPT-J) and per-frequency rotary parameters rescaled."""
+    if isinstance(d.get("rotary_dim"), int) and old_head_dim:
+        out["rotary_dim"] = _even(16 * d["rotary_dim"] / old_head_dim, lo=2)
+    new_head_dim = out.get("head_dim") or 16
     for k in ("rope_parameters", "rope_scaling"):
-        if isinstance(d.get(k), dict) and old_hd:
-            out[k] = _shrink_rope(d[k], old_hd // 2, new_hd // 2)
-    _shrink_layers(d, out)
+        if isinstance(d.get(k), dict) and old_head_dim:
+            out[k] = _shrink_rope(d[k], old_head_dim // 2, new_head_dim // 2)
+
+
+def _shrink_sections(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """Stacks counted in sections (HRM's cycles, Dory's input, recurrent and output layers)."""
     if isinstance(d.get("num_layers_per_stack"), int) and isinstance(d.get("H_cycles"), int):
-        # HRM: num_hidden_layers counts cache slots (one per stack layer per cycle): the stacks shrink, the cycles stay
+        # HRM: num_hidden_layers counts cache slots (one per stack layer per cycle): the stacks
+        # shrink, the cycles stay
         out["num_layers_per_stack"] = 2
         out["num_hidden_layers"] = 2 * d["H_cycles"] * (d["L_cycles"] + 1)
-    if all(
+    if not all(
         isinstance(d.get(k), int)
         for k in ("n_input_layers", "n_output_layers", "n_recurrent_loops")
     ):
-        # Dory: input, recurrent (run n_recurrent_loops times) and output sections that sum to num_hidden_layers
-        out.update(n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, num_hidden_layers=4)
-        types = d.get("layer_types")
-        if (
-            isinstance(types, list) and "mlp" in types
-        ):  # its saved form lists (attention, mlp) blocks: counts doubled
-            kinds = [t for t in types if t != "mlp"]
-            attn = [kinds[0]] * 3 + [
-                kinds[-1]
-            ]  # the first and last kinds of its stack (sliding ×3, then full)
-            out.update(
-                layer_types=[x for t in attn for x in (t, "mlp")],
-                n_input_layers=2,
-                n_recurrent_layers=4,
-                n_output_layers=2,
-                num_hidden_layers=8,
-            )
-    # a hybrid whose default stack has no softmax attention (Bamba, Granite 4.0-H) would rotate nothing: its last
-    # layer becomes attention, as in its checkpoints
+        return
+    # Dory: input, recurrent (run n_recurrent_loops times) and output sections that sum to
+    # num_hidden_layers
+    out.update(n_input_layers=1, n_recurrent_layers=2, n_output_layers=1, num_hidden_layers=4)
+    types = d.get("layer_types")
+    if isinstance(types, list) and "mlp" in types:
+        # its saved form lists (attention, mlp) blocks: counts doubled
+        kinds = [t for t in types if t != "mlp"]
+        # the first and last kinds of its stack (sliding ×3, then full)
+        attention_kinds = [kinds[0]] * 3 + [kinds[-1]]
+        out.update(
+            layer_types=[x for t in attention_kinds for x in (t, "mlp")],
+            n_input_layers=2,
+            n_recurrent_layers=4,
+            n_output_layers=2,
+            num_hidden_layers=8,
+        )
+
+
+def _keep_attention_layer(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """Make the last layer attention where the tiny stack would have none.
+
+    A hybrid whose default stack has no softmax attention (Bamba, Granite 4.0-H) would rotate
+    nothing: its last layer becomes attention, as in its checkpoints.
+    """
     key, _ = _n_layers(out)
     if "attn_layer_indices" in d and not d["attn_layer_indices"] and key is not None:
         out["attn_layer_indices"] = [out[key] - 1]
     types = out.get("layer_types")
     if isinstance(types, list) and types and set(types) == {"linear_attention"}:
         out["layer_types"] = [*types[:-1], "full_attention"]
+
+
+def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """The tiny config's fields: small widths, every structural field kept (see module doc).
+
+    ``d`` is the default config's fields; each step reads them and writes the tiny value in order
+    (later steps read what earlier ones wrote: the head width, the layer count).
+    """
+    out = dict(d)
+    n_heads = next((d[k] for k in _HEADS if isinstance(d.get(k), int)), None)
+    hidden = next((d[k] for k in _HIDDEN if isinstance(d.get(k), int)), None)
+    old_head_dim = d.get("head_dim") or (hidden // n_heads if hidden and n_heads else None)
+    _shrink_attention_widths(d, out, n_heads, hidden)
+    _shrink_mamba(d, out)
+    _shrink_other_heads(d, out, old_head_dim)
+    for k, v in d.items():
+        value = _shrunk_field(k, v)
+        if value is not _KEEP:
+            out[k] = value
+    _shrink_experts(d, out)
+    for k in _WINDOWS:
+        if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] > 8:
+            out[k] = 8
+    _shrink_mla(d, out)
+    _shrink_rotary(d, out, old_head_dim)
+    _shrink_layers(d, out)
+    _shrink_sections(d, out)
+    _keep_attention_layer(d, out)
     return out
 
 

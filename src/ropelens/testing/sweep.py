@@ -29,8 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
+from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
+from ropelens.loading.models import load_model
+from ropelens.run.capture import capture_qk
+from ropelens.run.verify import verify_model
+from ropelens.spec import reading
+from ropelens.spec.bands import Bands
+from ropelens.testing import tiny_tokenizer
 from ropelens.testing.dense import hf_layers
 from ropelens.testing.families import (
     N_CHECK,
@@ -232,10 +240,110 @@ def _init_failure(config, e: BaseException) -> str:
     return f"model init fails: {one_line(e)}{where} (HF's default config builds: the shrinking broke it)"
 
 
+def _reference_run(
+    config, seed: int, path: Path, tokens: Tensor
+) -> tuple[torch.nn.Module, dict, tuple, list[str]]:
+    """Save ``config``'s tiny HF model at ``path``, reload it and run it on ``tokens`` (eager).
+
+    Returns the reloaded model, its scores by layer, its attention probabilities and the rotations
+    its forward applied. Raises :class:`NotBuilt` when HF cannot build, save, reload or run it.
+    """
+    # transformers is imported where a model is built: importing ropelens.testing stays light
+    from transformers import AutoModelForCausalLM
+
+    try:
+        _save(_hf_model(config, seed), config, path)
+        tiny_tokenizer().save_pretrained(path)
+        hf = AutoModelForCausalLM.from_pretrained(
+            path, attn_implementation="eager", dtype=torch.float32
+        ).eval()
+        with torch.no_grad(), hf_scores(hf) as scores, _hf_rotations(hf) as rotations:
+            probs = hf(tokens, output_attentions=True).attentions
+    except NotBuilt:
+        raise
+    except Exception as e:
+        raise NotBuilt(f"HF save/reload/forward fails: {one_line(e)}") from None
+    return hf, scores, probs, rotations
+
+
+def _load_and_verify(result: SweepCheck, hf, path: Path, rotations: list[str]) -> tuple | None:
+    """``(model, spec)`` loaded by ropelens, its probe's verdict in ``result``; None on a refusal.
+
+    Raises :class:`NoRope` where HF and ropelens agree that the model applies no rotary embedding.
+    """
+    try:
+        model = load_model(path, device="cpu")
+        spec = reading.rope_spec(model)
+    except NotRotaryError as e:
+        if not rotations:  # HF agrees: the forward calls no rotation and runs no rotary module
+            raise NoRope(
+                result.architecture,
+                f"HF's forward applies no rotary embedding ({_no_rotation(hf)}); ropelens agrees: "
+                f"{str(e).split(':')[0]}",
+            ) from None
+        # HF rotates and ropelens says it does not: a refusal, shown as one
+        result.refusal = str(e)
+        return None
+    except UnsupportedModelError as e:  # ropelens's one-line refusal
+        result.refusal = str(e)
+        return None
+    # the probe's verdict; the errors measured after it are measured either way (they show what it
+    # caught)
+    try:
+        verify_model(model, spec)
+    except UnsupportedModelError as e:
+        result.refusal = str(e)
+    return model, spec
+
+
+def _score_errors(
+    result: SweepCheck, decomposition, hf_scores_by_layer: dict, hf_probs: dict, rotary: list[int]
+) -> None:
+    """Set ``result``'s score and pattern errors: ropelens's logits and pattern against HF's."""
+    result.scores_err = result.pattern_err = 0.0
+    for layer in rotary:
+        ours = decomposition.logits(layer)
+        finite = torch.isfinite(ours)
+        reference = hf_scores_by_layer.get(layer)
+        if reference is not None and reference.shape == ours.shape:
+            error = (ours[finite] - reference[finite]).abs().max() / reference[finite].abs().max()
+            result.scores_err = max(result.scores_err, float(error))
+        else:
+            result.scores_err = math.nan
+        reference_probs = hf_probs.get(layer)
+        if reference_probs is None or reference_probs.shape != ours.shape:
+            result.pattern_err = math.nan
+            continue
+        error = (decomposition.rebuilt_pattern(layer) - reference_probs).abs().max()
+        result.pattern_err = max(result.pattern_err, float(error))
+
+
+def _pairing_error(model, spec, rotary: list[int]) -> float:
+    """The largest rotation error of one token repeated, as in ``check_family``.
+
+    Layers whose pre-RoPE queries vary with position are skipped, except a first rotary layer
+    after a hybrid's linear-attention layers (they mix positions): its rotation is checked from
+    its pre-RoPE queries, captured before and after it.
+    """
+    same = torch.full((1, N_CHECK), 7)
+    acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_rot"))
+    error = 0.0
+    for layer in rotary:
+        lr = spec[layer]
+        # before a norm after RoPE
+        rotated, pre = acts[layer]["q_rot"][0], acts[layer]["q_pre"][0]
+        if float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
+            if rotary[0] == layer:
+                error = max(error, rotation_from_pre(lr, pre, rotated))
+            continue
+        error = max(error, rotation_error(lr, rotated))
+    return error
+
+
 def check_config(
     name: str, config, *, seed: int = 0, workdir: str | Path | None = None, report: bool = False
 ) -> SweepCheck:
-    """Save ``config``'s tiny model, load it through ``load_model(path)`` and measure ropelens against HF.
+    """Save ``config``'s tiny model, load it with ``load_model(path)``, measure ropelens against HF.
 
     The measurements are :func:`ropelens.testing.families.check_family`'s (rotary buffers, eager
     scores, probabilities, rotation of one token repeated), without a hand-written expected
@@ -245,111 +353,47 @@ def check_config(
     ``eager_attention_forward``, no rotary module with ``inv_freq``) stays NaN. Raises
     :class:`NotBuilt` when HF itself cannot build, save, reload or run the model.
     """
-    from transformers import AutoModelForCausalLM
-
-    from ropelens.analyses.attention_decomposition import attention_decomposition
-    from ropelens.loading.models import load_model
-    from ropelens.run.capture import capture_qk
-    from ropelens.run.verify import verify_model
-    from ropelens.spec.bands import Bands
-    from ropelens.spec.reading import rope_spec
-    from ropelens.testing import tiny_tokenizer
-
-    res = SweepCheck(name)
-    g = torch.Generator().manual_seed(seed)
-    toks = torch.randint(4, VOCAB, (1, N_CHECK), generator=g)
-    toks[0, 0] = 1
+    result = SweepCheck(name)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, VOCAB, (1, N_CHECK), generator=generator)
+    tokens[0, 0] = 1
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        path = Path(tmp) / name
-        try:
-            _save(_hf_model(config, seed), config, path)
-            tiny_tokenizer().save_pretrained(path)
-            hf = AutoModelForCausalLM.from_pretrained(
-                path, attn_implementation="eager", dtype=torch.float32
-            ).eval()
-            with torch.no_grad(), hf_scores(hf) as scores, _hf_rotations(hf) as rotations:
-                probs = hf(toks, output_attentions=True).attentions
-        except NotBuilt:
-            raise
-        except Exception as e:
-            raise NotBuilt(f"HF save/reload/forward fails: {one_line(e)}") from None
-        res.architecture = type(hf).__name__
-        try:
-            model = load_model(path, device="cpu")
-            spec = rope_spec(model)
-        except NotRotaryError as e:
-            if not rotations:  # HF agrees: the forward calls no rotation and runs no rotary module
-                raise NoRope(
-                    res.architecture,
-                    f"HF's forward applies no rotary embedding ({_no_rotation(hf)}); ropelens agrees: "
-                    f"{str(e).split(':')[0]}",
-                ) from None
-            res.refusal = str(
-                e
-            )  # HF rotates and ropelens says it does not: a refusal, shown as one
-            return res
-        except UnsupportedModelError as e:  # ropelens's one-line refusal
-            res.refusal = str(e)
-            return res
-        try:  # the probe's verdict; the errors below are measured either way (they show what it caught)
-            verify_model(model, spec)
-        except UnsupportedModelError as e:
-            res.refusal = str(e)
-    res.kinds = spec.kinds
+        hf, scores, probs, rotations = _reference_run(config, seed, Path(tmp) / name, tokens)
+        result.architecture = type(hf).__name__
+        loaded = _load_and_verify(result, hf, Path(tmp) / name, rotations)
+    if loaded is None:
+        return result
+    model, spec = loaded
+    result.kinds = spec.kinds
     rotary = spec.rotary_layers
-    res.layers_checked = rotary
+    result.layers_checked = rotary
     if not rotary:
-        return res
-    res.inv_freq_err = _inv_freq_err(hf, spec, rotary)
-    try:
-        dec = attention_decomposition(model, toks, bands=Bands.all(), layers=rotary, verify=False)
-    except UnsupportedModelError as e:  # an analysis refusing in one line is a refusal too
-        res.refusal = str(e)
-        return res
-    res.scores_err = res.pattern_err = 0.0
-    probs = _with_hf_sinks(hf, probs_by_layer(probs, spec), scores)
-    for L in rotary:
-        ours = dec.logits(L)
-        ok = torch.isfinite(ours)
-        if L in scores and scores[L].shape == ours.shape:
-            ref = scores[L]
-            res.scores_err = max(
-                res.scores_err, float((ours[ok] - ref[ok]).abs().max() / ref[ok].abs().max())
-            )
-        else:
-            res.scores_err = math.nan
-        ref_p = probs.get(L)
-        if ref_p is None or ref_p.shape != ours.shape:
-            res.pattern_err = math.nan
-            continue
-        res.pattern_err = max(res.pattern_err, float((dec.rebuilt_pattern(L) - ref_p).abs().max()))
-    same = torch.full((1, N_CHECK), 7)
-    acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_rot"))
-    res.pairing_err = 0.0
-    for (
-        L
-    ) in rotary:  # as in check_family: layers whose pre-RoPE queries vary with position are skipped
-        lr, q, pre = spec[L], acts[L]["q_rot"][0], acts[L]["q_pre"][0]  # before a norm after RoPE
-        if float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
-            if rotary[0] != L:
-                continue
-            # a hybrid's linear-attention layers before the first attention layer mix positions: its pre-RoPE
-            # queries differ, so the model's rotation is checked from them (captured before and after it)
-            res.pairing_err = max(res.pairing_err, rotation_from_pre(lr, pre, q))
-            continue
-        res.pairing_err = max(res.pairing_err, rotation_error(lr, q))
-    try:  # the analyses past the logits; one refusing in one line is a refusal, as attention_decomposition's is
-        res.usage_err = usage_error(model, spec, hf, hf_layers(hf, toks), toks, rotary)
-        res.band_stats_err = band_stats_error(model, spec, hf, toks, rotary)
+        return result
+    result.inv_freq_err = _inv_freq_err(hf, spec, rotary)
+    try:  # an analysis refusing in one line is a refusal too
+        decomposition = attention_decomposition(
+            model, tokens, bands=Bands.all(), layers=rotary, verify=False
+        )
     except UnsupportedModelError as e:
-        res.refusal = str(e)
-        return res
-    res.variant_err, res.restore_err, res.variant_note = variant_error(model, spec, toks, rotary)
-    if not res.variant_note:
-        res.hf_variant_err, res.hf_variant_note = hf_variant_error(model, spec, hf, toks)
+        result.refusal = str(e)
+        return result
+    hf_probs = _with_hf_sinks(hf, probs_by_layer(probs, spec), scores)
+    _score_errors(result, decomposition, scores, hf_probs, rotary)
+    result.pairing_err = _pairing_error(model, spec, rotary)
+    try:  # the analyses past the logits; one refusing in one line is a refusal
+        result.usage_err = usage_error(model, spec, hf, hf_layers(hf, tokens), tokens, rotary)
+        result.band_stats_err = band_stats_error(model, spec, hf, tokens, rotary)
+    except UnsupportedModelError as e:
+        result.refusal = str(e)
+        return result
+    result.variant_err, result.restore_err, result.variant_note = variant_error(
+        model, spec, tokens, rotary
+    )
+    if not result.variant_note:
+        result.hf_variant_err, result.hf_variant_note = hf_variant_error(model, spec, hf, tokens)
     if report:
-        res.report = report_status(model)
-    return res
+        result.report = report_status(model)
+    return result
 
 
 @contextlib.contextmanager
