@@ -35,7 +35,7 @@ def test_smollm2_two_ranks_equal_one_process(smollm2, tmp_path):
     r = subprocess.run(
         [
             *cmd,
-            "decompose-stats",
+            "band-statistics",
             "smollm2-135m",
             *args,
             "--batch-size",
@@ -50,7 +50,7 @@ def test_smollm2_two_ranks_equal_one_process(smollm2, tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run(
-        [*cmd, "usage", "smollm2-135m", *args, "--save", str(tmp_path / "u.json")],
+        [*cmd, "frequency-usage", "smollm2-135m", *args, "--save", str(tmp_path / "u.json")],
         capture_output=True,
         text=True,
         timeout=600,
@@ -85,7 +85,7 @@ def test_smollm2_killed_run_resumes_to_the_identical_result(smollm2, tmp_path):
     an uninterrupted run; other arguments against the same checkpoint are refused."""
     ck, out = tmp_path / "ck", tmp_path / "stats.json"
     args = [
-        "decompose-stats",
+        "band-statistics",
         "smollm2-135m",
         "--n-ctx",
         "128",

@@ -413,7 +413,7 @@ def replace_massive(
 
     if not isinstance(mv, MassiveValues):
         raise TypeError(
-            f"expected MassiveValues from ropelens.analyses.massive_values.massive_values, got {type(mv).__name__}"
+            f"expected MassiveValues from ropelens.analyses.massive_values, got {type(mv).__name__}"
         )
     parts = tuple(_check_which(w) for w in ([which] if isinstance(which, str) else which))
     if not parts:

@@ -780,12 +780,14 @@ class RopeSpec:
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
+        # the length fields only where the frequencies depend on the input's length, so that the
+        # spec of a fixed-length model is written as it always was
+        lengths = {"valid_up_to": self.valid_up_to, "length": self.length}
         return {
             "model_name": self.model_name,
             "architecture": self.architecture,
             "n_ctx": self.n_ctx,
-            "valid_up_to": self.valid_up_to,
-            "length": self.length,
+            **{key: value for key, value in lengths.items() if value is not None},
             "layers": [lr.to_dict() for lr in self.layers],
         }
 

@@ -42,7 +42,7 @@ def _weights(path: Path) -> Path:
 
 
 def _refused(path: Path, tmp_path: Path, capsys) -> str:
-    return fails(["inspect", str(path)], tmp_path, capsys)
+    return fails(["rope-spec", str(path)], tmp_path, capsys)
 
 
 def test_unknown_model_type(broken, tmp_path, capsys):

@@ -227,10 +227,10 @@ def test_report_json_provenance(report):
         "render",
         "variants_baseline",
         "prope_sweep",
-        "context_extension",
-        "positional_heads",
+        "extension_planes",
+        "head_taxonomy",
         "attention_sinks",
-        "attention_distance",
+        "attention_by_distance",
         "massive_values",
         "pe_geometry",
         "verify",
@@ -392,6 +392,8 @@ def test_cli_usage_and_decompose(tiny_dir, capsys):
                 "The cat sat on the mat. The cat sat.",
                 "--layers",
                 "0,3",
+                "--bands",
+                "quantiles:4",
             ]
         )
         == 0

@@ -347,12 +347,12 @@ def test_commands_that_do_not_split_refuse_torchrun(gqa_dir, monkeypatch, capsys
     assert main(["base-predictions", str(gqa_dir), "--lengths", "64"]) == 2
     assert "does not split its work across processes" in capsys.readouterr().err
     for command in (
-        "usage",
-        "decompose-stats",
-        "sinks",
-        "distance",
-        "massive",
-        "offsets",
+        "frequency-usage",
+        "band-statistics",
+        "attention-sinks",
+        "attention-by-distance",
+        "massive-values",
+        "rotary-offsets",
     ):  # these split
         args = build_parser().parse_args([command, str(gqa_dir), "--checkpoint", "ck"])
         assert args.distributed and args.checkpoint == "ck", command

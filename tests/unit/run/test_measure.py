@@ -262,8 +262,8 @@ def test_corpus_analyses_share_one_signature():
         ropelens.analyses.band_statistics,
         ropelens.analyses.attention_sinks,
         ropelens.analyses.attention_by_distance,
-        ropelens.analyses.massive_values.massive_values,
-        ropelens.analyses.rotary_offsets.rotary_offsets,
+        ropelens.analyses.massive_values,
+        ropelens.analyses.rotary_offsets,
     ]
     for fn in fns:
         params = inspect.signature(fn).parameters

@@ -18,7 +18,6 @@ from transformers import AutoModelForCausalLM
 
 import ropelens
 from ropelens import Bands
-from ropelens.analyses import band_statistics
 from ropelens.analyses.band_statistics import BandStatsReducer
 from ropelens.analyses.head_taxonomy import HeadScoresReducer
 from ropelens.backends.bridge_hooks import attn_hooks
@@ -38,6 +37,9 @@ from ropelens.testing.families import (
     rotation_error,
 )
 from tests.unit.analyses.test_band_tiles import _hand_planes, assert_sums_match
+
+# the module itself, to patch its constant (ropelens.analyses.band_statistics is the function)
+BAND_STATISTICS_MODULE = importlib.import_module("ropelens.analyses.band_statistics")
 
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None and fam.refused_at == "spec"]
@@ -468,7 +470,7 @@ def test_band_statistics_match_hf_dense_reference(family, family_model, hf_eager
     """Every band-statistics sum equals the dense float64 reference built from the q, k, scale, window,
     cap, sinks and probabilities HF's own eager attention receives and returns (``test_band_tiles``),
     through query tiles, key tiles, and the running Σ k kᵀ wherever a tile has keys all its queries see."""
-    monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1)
+    monkeypatch.setattr(BAND_STATISTICS_MODULE, "GRAM_MIN_KEYS", 1)
     model, spec = family_model(family)
     for (
         group
@@ -523,7 +525,7 @@ def test_wrong_pairing_is_caught_where_ropelens_rotates_itself(
     path taps the model's own rotation instead). Against the model's own output (the q and k HF's
     attention receives) they agree under the family's pairing, and the band statistics match the
     dense reference; a spec with the pairing flipped fails both."""
-    monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1)
+    monkeypatch.setattr(BAND_STATISTICS_MODULE, "GRAM_MIN_KEYS", 1)
     model, spec = family_model(family)
     assert all(attn_hooks(model, L).q_post is None for L in spec.rotary_layers)
     toks, bands, lays, want = _band_inputs(family, family_model, hf_eager)
