@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from ropelens.errors import InputError
+
 __all__ = ["available_memory", "device_of", "forward_bytes", "require_memory"]
 
 
@@ -60,8 +62,6 @@ def require_memory(
 ) -> None:
     """Raise one InputError before allocating when ``what`` needs about ``nbytes`` and ``device`` has not that much
     free (a computation that would take the whole machine): the message names the need, the room and ``fix``."""
-    from ropelens.errors import InputError
-
     room = available_memory(device)
     if room is not None and nbytes > 0.8 * room:
         where = "this machine" if torch.device(device or "cpu").type == "cpu" else str(device)

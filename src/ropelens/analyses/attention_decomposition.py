@@ -27,7 +27,9 @@ from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.results.serialize import atomic_write
 from ropelens.run.capture import LayerActs, capture_qk
+from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands, ResolvedBands
+from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
 
 # one input's logits are small enough to keep one band per plane (the command line's default too)
@@ -278,9 +280,6 @@ def attention_decomposition(
     ``verify``: first check the reading against the model's own attention (:mod:`ropelens.run.verify`);
     False runs anyway and the provenance says "unverified".
     """
-    from ropelens.run.verify import verification
-    from ropelens.spec.reading import model_label, rope_spec
-
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:

@@ -24,6 +24,7 @@ from ropelens.results.result import Result
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.bands import Bands, ResolvedBands
+from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = ["BandStatistics", "BandStatsReducer", "band_statistics"]
@@ -1002,8 +1003,6 @@ def band_statistics(
     rank returns the whole corpus's statistics; ``checkpoint`` (a directory) saves progress to
     resume a killed run (see :mod:`ropelens.run.distributed`).
     """
-    from ropelens.spec.reading import rope_spec
-
     bands = bands or Bands.default()
     spec = rope_spec(model)
     chosen = spec.layer_indices(run.layers)

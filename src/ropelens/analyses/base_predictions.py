@@ -33,11 +33,15 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
+from ropelens.backends import backend_of
 from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
-from ropelens.spec.rope import LayerRope
+from ropelens.run.data import analysis_windows
+from ropelens.run.evaluate import loss_estimate
+from ropelens.spec.reading import model_label, rope_spec
+from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.validate import check_positive_int
 
 __all__ = [
@@ -399,9 +403,6 @@ def base_predictions(
     the spec records none). The formulas assume plain RoPE, θ_i = base^(−2i/d); a scaled layer
     (``rope_type`` not "default") is tabulated from its base all the same, and says so in its row.
     """
-    from ropelens.spec.reading import model_label, rope_spec
-    from ropelens.spec.rope import RopeSpec
-
     lens = _lengths(lengths)
     short = sorted({L for L in lens if L < MIN_PREDICTION_LENGTH})
     if short:  # Liu's critical base at such a length would be NaN: log(L/2π) < 0 for it, and for its training length
@@ -487,8 +488,6 @@ def _loss_model(model, fast: bool):
     SmolLM2; the HF model it wraps, with its sdpa attention, computes the same loss in O(n) memory.
     Under an intervention (a RoPE variant, an ablation: bridge hooks) the bridge runs as it is.
     """
-    from ropelens.backends import backend_of
-
     return backend_of(model).fast_forward(fast)
 
 
@@ -513,10 +512,6 @@ def measured_extrapolation(
     (:func:`ropelens.run.evaluate.loss_estimate`). With ``fast`` a bridge is measured through the HF
     model it wraps with sdpa attention (same weights, same loss, memory linear in the length).
     """
-    from ropelens.run.data import analysis_windows
-    from ropelens.run.evaluate import loss_estimate
-    from ropelens.spec.reading import model_label, rope_spec
-
     lens = _lengths(lengths)
     n_windows = check_positive_int(n_windows, "n_windows")
     spec = rope_spec(model)

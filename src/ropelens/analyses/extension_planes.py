@@ -42,7 +42,10 @@ from ropelens.errors import InputError
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.results.serialize import dump_json
+from ropelens.run import data
+from ropelens.run.evaluate import window_losses
 from ropelens.run.intervene import apply_rope_variant
+from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import LayerRope
 from ropelens.spec.variants import (
     NTK,
@@ -406,8 +409,6 @@ def _key(c: dict[str, Any]) -> str:
 
 
 def _evaluate(model, variant: RopeVariant, tokens: Tensor) -> float:
-    from ropelens.run.evaluate import window_losses
-
     with apply_rope_variant(model, variant):
         return float(torch.exp(window_losses(model, tokens, batch_size=4, progress=False).mean()))
 
@@ -415,9 +416,6 @@ def _evaluate(model, variant: RopeVariant, tokens: Tensor) -> float:
 def _search_setup(
     model, target_len, original_ctx, n_windows, tokens
 ) -> tuple[LayerRope, int, Tensor]:
-    from ropelens.run import data
-    from ropelens.spec.reading import rope_spec
-
     spec = rope_spec(model)
     layer = spec[spec.layer_indices()[0]]
     if any(not lr.same_rotation(layer) for lr in spec.layers):
@@ -604,8 +602,6 @@ def _evolve(
 
 
 def _model_name(model) -> str:
-    from ropelens.spec.reading import model_label
-
     try:
         return model_label(model)
     except Exception:

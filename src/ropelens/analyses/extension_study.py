@@ -43,16 +43,27 @@ import torch
 from tqdm.auto import tqdm
 
 from ropelens.analyses.base_predictions import MIN_PREDICTION_LENGTH, base_predictions
-from ropelens.analyses.extension_planes import extension_planes
+from ropelens.analyses.extension_planes import (
+    ExtensionPlanes,
+    LongRopeSearch,
+    extension_planes,
+    plane_categories,
+)
+from ropelens.analyses.frequency_entropy import AttentionStatsReducer
+from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt, passkey_retrieval
+from ropelens.devices import device_of, forward_bytes, require_memory
 from ropelens.errors import InputError
 from ropelens.loading.models import weights_fingerprint
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.results.serialize import dump_json
+from ropelens.run.capture import batches, capture_qk, stream
 from ropelens.run.data import analysis_windows
-from ropelens.run.evaluate import bootstrap_ci, loss_path
+from ropelens.run.evaluate import bootstrap_ci, loss_path, window_losses
 from ropelens.run.intervene import apply_rope_variant, is_identity
+from ropelens.run.verify import verification
+from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.variants import (
     NTK,
     CoPE,
@@ -185,7 +196,6 @@ def _longrope_of(longrope: Any, layer, native: int, target: int) -> LongRoPE:
                 f"has {layer.n_planes} rotary planes: pass one factor per plane"
             )
         return longrope
-    from ropelens.analyses.extension_planes import LongRopeSearch
 
     if isinstance(longrope, LongRopeSearch):
         if (longrope.original_ctx, longrope.target_len) != (native, target):
@@ -238,8 +248,6 @@ def plane_roles(view, factor: float) -> tuple[str, ...]:
 
 def _identity_view(layer, native: int, target: int):
     """The unmodified model's planes: the same frequencies at the target (categories as extension_planes gives them)."""
-    from ropelens.analyses.extension_planes import ExtensionPlanes, plane_categories
-
     inv = layer.inv_freq.float()
     return ExtensionPlanes(
         variant={"variant": "unmodified"},
@@ -314,8 +322,6 @@ def _tokens_sha(tokens: torch.Tensor) -> str:
 
 
 def _prompt_fits(tokenizer, length: int, depth: float = 0.5, passkey: str = "12345") -> bool:
-    from ropelens.analyses.passkey_retrieval import passkey_prompt
-
     try:
         passkey_prompt(tokenizer, length, depth, passkey)
     except InputError:
@@ -328,9 +334,6 @@ def _check_passkey_lengths(
 ) -> None:
     """InputError, before anything runs, when a passkey prompt cannot fit the shortest of ``lengths`` (its fixed
     parts alone are longer) or the longest would not fit in memory; each names ``--passkey-lengths``."""
-    from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
-    from ropelens.devices import device_of, forward_bytes, require_memory
-
     # memory first: building a prompt of an impossible length would itself take the machine
     require_memory(
         forward_bytes(model, max(lengths)),
@@ -511,8 +514,6 @@ def extension_study(
     (n_windows × length × layers × (heads + KV heads) × head_dim floats).
     """
     # imported here, not at the top: tests replace these module attributes to watch or refuse calls
-    from ropelens.run.verify import verification
-    from ropelens.spec.reading import model_label, rope_spec
 
     if getattr(model, "tokenizer", None) is None:
         raise InputError(
@@ -831,8 +832,6 @@ def _attention_cell(
 ) -> dict[str, Any]:
     """One attention cell: per (layer, head) the mean row entropy, the divergence from the unmodified model within
     the native context, and the matrix entropy of the query Gram (:class:`AttentionStatsReducer`)."""
-    from ropelens.run.capture import capture_qk
-
     layers = spec.attention_layers
     diverge = native >= L
     cfg = {
@@ -873,10 +872,6 @@ def _measure_attention(model, spec, v, tokens, layers, reference, batch_size) ->
     """The per-head attention statistics of ``v`` (None: the unmodified model) on ``tokens``."""
     import contextlib
 
-    from ropelens.analyses.frequency_entropy import AttentionStatsReducer
-    from ropelens.run.capture import batches, stream
-    from ropelens.run.intervene import apply_rope_variant
-
     red = AttentionStatsReducer(spec, layers, reference=reference)
     with contextlib.nullcontext() if v is None else apply_rope_variant(model, v):
         stream(model, batches(tokens, batch_size), [red], layers=layers, progress=False)
@@ -888,9 +883,6 @@ def _measure(
 ):
     """One cell: the per-window losses, or the passkey trials, of ``v`` at ``L``."""
     import contextlib
-
-    from ropelens.analyses.passkey_retrieval import passkey_retrieval
-    from ropelens.run.evaluate import bootstrap_ci, window_losses
 
     if kind == "passkey":
         r = passkey_retrieval(
@@ -1043,8 +1035,6 @@ class ExtensionStudy(Result, derived=("findings",)):
 
     def plane_views(self, kind: str | None = None):
         """The :class:`~ropelens.analyses.extension_planes.ExtensionPlanes` of every method for layer kind ``kind`` (default: the first)."""
-        from ropelens.analyses.extension_planes import ExtensionPlanes
-
         kind = kind or self.planes[0]["kind"]
         keep = ("kind", "method", "roles")
         return {

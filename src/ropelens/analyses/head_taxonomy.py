@@ -36,8 +36,11 @@ from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.run import data
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
+from ropelens.run.measure import RunOptions, Windows, measure
 from ropelens.spec.bands import Bands
+from ropelens.spec.reading import hf_model_of, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
 
 __all__ = [
@@ -424,10 +427,6 @@ def head_taxonomy(
     (a directory) saves both passes' progress to resume a killed run (``text/`` and ``random/`` in it).
     ``verify``: check the reading against the model's own attention first (False: results say unverified).
     """
-    from ropelens.run import data
-    from ropelens.run.measure import RunOptions, Windows, measure
-    from ropelens.spec.reading import hf_model_of, rope_spec
-
     bands = bands or Bands.default()
     spec = rope_spec(model)
     if isinstance(corpus, Tensor):

@@ -41,12 +41,24 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ropelens.analyses.attention_sinks import attention_sinks
+from ropelens.analyses.head_taxonomy import HeadScoresReducer, head_taxonomy, random_tokens
+from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
+from ropelens.analyses.retrieval_heads import copy_case, retrieval_scores
+from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
-from ropelens.run.stats import matched_random_sets
+from ropelens.run import data
+from ropelens.run.evaluate import percentile_ci, window_losses
+from ropelens.run.intervene import ablate_planes
+from ropelens.run.measure import RunOptions, Windows, measure
+from ropelens.run.stats import matched_random_sets, permutation_p_value
+from ropelens.run.verify import verification
+from ropelens.spec.bands import Bands
+from ropelens.spec.reading import hf_model_of, model_label, rope_spec
 from ropelens.validate import check_number
 
 __all__ = [
@@ -123,8 +135,6 @@ def head_sets(
     verify: bool = True,
 ) -> dict[str, Heads]:
     """The named head sets of ``model``: ``text`` windows classify positional heads and find sink heads."""
-    from ropelens.spec.reading import rope_spec
-
     bad = [n for n in names if n not in HEAD_SETS]
     if bad:
         raise InputError(
@@ -134,8 +144,6 @@ def head_sets(
     need = set(names) | (set(HEAD_SETS[:3]) if "others" in names else set())
     found: dict[str, set[tuple[int, int]]] = {}
     if "positional" in need:
-        from ropelens.analyses.head_taxonomy import head_taxonomy
-
         tx = head_taxonomy(
             model, text, layers=spec.rotary_layers, seed=seed, progress=False, verify=verify
         )
@@ -144,8 +152,6 @@ def head_sets(
             (L, h) for i, L in enumerate(tx.layers) for h in range(pos.shape[1]) if pos[i, h]
         }
     if "sinks" in need:
-        from ropelens.analyses.attention_sinks import attention_sinks
-
         s = attention_sinks(
             model,
             text,
@@ -160,8 +166,6 @@ def head_sets(
             (L, h) for i, L in enumerate(s.layers) for h in range(sink.shape[1]) if sink[i, h]
         }
     if "retrieval" in need:
-        from ropelens.analyses.retrieval_heads import retrieval_scores
-
         scores, _ = retrieval_scores(model, (retrieval_ctx,), (0.25, 0.75), 2, seed)
         found["retrieval"] = {
             (L, h)
@@ -214,8 +218,6 @@ def knocked_out(model, planes: Mapping[tuple[int, int], Sequence[int]]) -> Itera
 
     Heads of one layer with the same planes share one :func:`ropelens.run.intervene.ablate_planes` call, so a KV head
     is zeroed when every query head reading it is knocked out (the logits are the same either way)."""
-    from ropelens.run.intervene import ablate_planes
-
     groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for (L, h), ps in sorted(planes.items()):
         if len(ps):
@@ -248,8 +250,6 @@ class KnockoutProbe:
         """Per-window values of every metric under whatever interventions are in force."""
         out: dict[str, Tensor] = {}
         if "loss" in self.metrics:
-            from ropelens.run.evaluate import window_losses
-
             out["loss"] = window_losses(
                 model, self.text, batch_size=self.batch_size, progress=False
             ).double()
@@ -260,10 +260,6 @@ class KnockoutProbe:
         return out
 
     def _probe(self, model, spec) -> dict[str, Tensor]:
-        from ropelens.analyses.head_taxonomy import HeadScoresReducer
-        from ropelens.run.measure import RunOptions, Windows, measure
-        from ropelens.spec.bands import Bands
-
         layers = sorted({L for L, _ in self.probe_heads})
         li = {L: i for i, L in enumerate(layers)}
         run = RunOptions(layers=layers, batch_size=1, progress=False, verify=False)
@@ -303,8 +299,6 @@ class KnockoutProbe:
         }
 
     def _copy(self, model) -> dict[str, Tensor]:
-        from ropelens.devices import device_of
-
         nll, acc = [], []
         with torch.no_grad():
             for case in self.cases:
@@ -431,8 +425,6 @@ def _row(
     p_planes=float("nan"),
     p_heads=float("nan"),
 ) -> dict[str, Any]:
-    from ropelens.run.evaluate import percentile_ci
-
     est = percentile_ci(diffs, n_boot=n_boot, seed=seed, alpha=1 - level)
     return {
         "head_set": name,
@@ -458,8 +450,6 @@ def _corpus_name(corpus: Any) -> str:
 
 
 def _p(observed: Tensor, draws: list[Tensor], metric: str) -> float:
-    from ropelens.run.stats import permutation_p_value
-
     if not draws:
         return float("nan")
     return permutation_p_value(
@@ -470,12 +460,6 @@ def _p(observed: Tensor, draws: list[Tensor], metric: str) -> float:
 def _inputs(
     model, corpus, n_ctx, n_windows, metrics, seed, prompt_len
 ) -> tuple[Tensor, Tensor, list[Any]]:
-    from ropelens.analyses.head_taxonomy import random_tokens
-    from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
-    from ropelens.analyses.retrieval_heads import copy_case
-    from ropelens.run import data
-    from ropelens.spec.reading import hf_model_of
-
     if isinstance(corpus, Tensor):
         text = corpus.long()
     else:
@@ -753,8 +737,6 @@ def knockout(
     conditions measured (tqdm, on stderr).
     """
     # imported here, not at the top: tests replace these module attributes to watch calls
-    from ropelens.run.verify import verification
-    from ropelens.spec.reading import model_label, rope_spec
 
     started = time.perf_counter()
     directions, metrics, prompt_len, n_random, n_control, seed, level = _check_settings(

@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ropelens.backends import backend_of
 from ropelens.backends.sdpa import planned
 from ropelens.backends.sdpa_capture import intervened
 from ropelens.errors import InputError
@@ -38,6 +39,7 @@ from ropelens.results.result import Result
 from ropelens.run.capture import LayerActs, Moments
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.plan import ReplaceStep
+from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec, layer_ranges
 from ropelens.validate import check_number
 
@@ -409,8 +411,6 @@ def replace_massive(
     seeded). Yields ``{layer: {"q": mask, "k": mask}}``, the ``[head, d_head]`` entries replaced.
     Leaving the block, also on an exception, removes the hooks: the model is exactly as before.
     """
-    from ropelens.spec.reading import rope_spec
-
     if not isinstance(mv, MassiveValues):
         raise TypeError(
             f"expected MassiveValues from ropelens.analyses.massive_values, got {type(mv).__name__}"
@@ -436,7 +436,6 @@ def replace_massive(
     used: dict[int, dict[str, Tensor]] = {}
     step: dict[int, dict[str, tuple[Tensor, Tensor]]] = {}
     removers: list[Callable[[], None]] = []
-    from ropelens.backends import backend_of
 
     try:
         for L in chosen:

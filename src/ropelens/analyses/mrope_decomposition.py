@@ -31,6 +31,7 @@ from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.run.capture import LayerActs
 from ropelens.spec.bands import Bands
+from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import MROPE_AXES, LayerRope, describe_axes
 
 __all__ = ["MRopeDecomposition", "axis_bands", "mrope_decomposition"]
@@ -290,8 +291,6 @@ def mrope_decomposition(
     model builds; ``verify`` checks the spec's per-axis rotation and the rebuilt pattern against the model's
     and refuses (UnsupportedModelError) on a mismatch.
     """
-    from ropelens.spec.reading import model_label, rope_spec
-
     if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
         raise InputError(
             "input_ids must be an integer [batch, pos] tensor with the model's image placeholder tokens"

@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Float, Float32, Int
 from torch import Tensor
 
+from ropelens.devices import require_memory
 from ropelens.errors import InputError
 from ropelens.results.codec import BASE64
 from ropelens.results.curves import (
@@ -132,7 +133,6 @@ def pe_similarity(
     e = _check_embeddings(embeddings)
     n = e.shape[0]
     max_distance = max_distance_arg(max_distance, n)
-    from ropelens.devices import require_memory
 
     # the float64 similarity matrix, its float32 copy and one diagonal at a time
     require_memory(

@@ -40,10 +40,15 @@ from ropelens.analyses.passkey_retrieval import (
     passkey_prompt,
     passkey_retrieval,
 )
+from ropelens.backends.sdpa_capture import attention_implementation, hf_decoder_layers, hf_view
+from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.findings import Finding, head_name
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.run.intervene import ablate_planes
+from ropelens.run.verify import verification
+from ropelens.spec.reading import model_label, rope_spec
 from ropelens.validate import check_number
 
 __all__ = [
@@ -105,9 +110,6 @@ def argmax_keys(
     model, tokens: Int[Tensor, " pos"], queries: Sequence[int]
 ) -> Int[Tensor, "layer head query"]:
     """The most attended key of every head at each of ``queries``, from one eager forward over ``tokens``."""
-    from ropelens.backends.sdpa_capture import attention_implementation, hf_decoder_layers, hf_view
-    from ropelens.devices import device_of
-
     hf = hf_view(model)
     blocks = hf_decoder_layers(hf)
     if blocks is None:
@@ -201,8 +203,6 @@ def random_planes(
 @contextlib.contextmanager
 def ablate_head_planes(model, planes: dict[tuple[int, int], Sequence[int]]) -> Iterator[None]:
     """Zero each ``(layer, head)``'s own planes of its rotated q and k while the block runs."""
-    from ropelens.run.intervene import ablate_planes
-
     with contextlib.ExitStack() as stack:
         for (L, h), ps in planes.items():
             if len(ps):
@@ -321,9 +321,6 @@ def retrieval_heads(
     """Score every head, then passkey recall with the ``top_k`` heads' lowest ``fraction`` of planes zeroed,
     with as many random planes per head zeroed (seeded), and unmodified, on held-out passkeys. A ``top_k`` past
     the model's rotary heads takes all of them; the provenance records the count used."""
-    from ropelens.run.verify import verification
-    from ropelens.spec.reading import model_label, rope_spec
-
     top_k = check_number(top_k, "top_k", at_least=1, integer=True, hint=" (heads to ablate)")
     threshold = check_number(threshold, "threshold", at_least=0, at_most=1)
     fraction = check_number(

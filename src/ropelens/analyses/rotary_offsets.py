@@ -45,6 +45,7 @@ from ropelens.results.result import Result
 from ropelens.results.sums import count_or_nan
 from ropelens.run.capture import DeviceSums, LayerActs, Moments, query_tile
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
+from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = [
@@ -510,8 +511,6 @@ def rotary_offsets(
     model's context length) decides which planes are partial-cycle. ``layers`` may differ in heads
     and planes (Gemma 4): each layer's numbers are those it has measured alone.
     """
-    from ropelens.spec.reading import rope_spec
-
     spec = rope_spec(model)  # read once: train_ctx needs it before the run
     t = _train_ctx(spec, train_ctx)
     m = measure(

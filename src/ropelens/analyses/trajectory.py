@@ -34,6 +34,10 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ropelens.analyses.attention_sinks import attention_sinks
+from ropelens.analyses.band_location import band_location
+from ropelens.analyses.head_taxonomy import head_taxonomy
+from ropelens.analyses.massive_values import massive_values
 from ropelens.errors import InputError
 from ropelens.loading.checkpoints import read_info, step_of
 from ropelens.loading.models import load_model, weights_fingerprint
@@ -309,8 +313,6 @@ def _median(x: torch.Tensor) -> float:
 
 
 def _bands(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
-    from ropelens.analyses.band_location import band_location
-
     r = band_location(model, corpus, intervene=False, **_run(kw))
     b = r.bands()
     rows = []
@@ -324,8 +326,6 @@ def _bands(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, floa
 
 
 def _sinks(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
-    from ropelens.analyses.attention_sinks import attention_sinks
-
     r = attention_sinks(model, corpus, **_run(kw))
     present, sinking, att = r.present(), r.sinking(), r.mean_attention()
     share = r.head_share()
@@ -338,8 +338,6 @@ def _sinks(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, floa
 
 
 def _massive(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
-    from ropelens.analyses.massive_values import massive_values
-
     r = massive_values(model, corpus, **_run(kw))
     mask, ratio = r.mask("q"), r.ratio("q").nan_to_num(nan=0.0)
     rows = [("massive_dims", L, float(mask[i].sum())) for i, L in enumerate(r.layers)]
@@ -348,8 +346,6 @@ def _massive(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, fl
 
 
 def _heads(model, corpus, kw: dict[str, Any]) -> tuple[list[tuple[str, int, float]], Provenance]:
-    from ropelens.analyses.head_taxonomy import head_taxonomy
-
     n_windows = max(1, kw["max_tokens"] // kw["n_ctx"])
     r = head_taxonomy(
         model,

@@ -32,9 +32,21 @@ import torch
 from torch import Tensor
 
 from ropelens.backends.acts import Reducer
+from ropelens.backends.bridge_capture import hooked_capture
+from ropelens.backends.bridge_hooks import attn_hooks
+from ropelens.backends.bridge_interventions import (
+    install_ablation,
+    install_replacement,
+    install_variant,
+)
+from ropelens.backends.hf import PlainModel, capture, planned_forward
 from ropelens.backends.losses import hf_losses, losses_of
+from ropelens.backends.sdpa import engine_plan, engine_ready, on_sdpa, sdpa_ready
+from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
 from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.spec.plan import active_plan
+from ropelens.spec.reading import hf_model_of, model_label, rope_spec
 from ropelens.spec.rope import RopeSpec
 
 __all__ = [
@@ -75,15 +87,11 @@ class Backend:
     @property
     def hf(self) -> torch.nn.Module:
         """The HF causal LM the model runs (without a bridge's components; weights shared)."""
-        from ropelens.backends.sdpa_capture import hf_view
-
         return hf_view(self.model)
 
     @property
     def label(self) -> str:
         """The name the model was loaded under."""
-        from ropelens.spec.reading import model_label
-
         return model_label(self.model)
 
     # ------------------------------------------------------------------ capture
@@ -103,8 +111,6 @@ class Backend:
         """A block in which ``run(tokens, valid, padded, fold)`` captures one batch of ``layers``: each layer's
         tensors go to ``fold(layer, tensors)`` (read at the HF forward's rotation and attention function, with
         the plan in force) or straight to ``reducers`` (read from a bridge's hook points)."""
-        from ropelens.backends.hf import capture, planned_forward
-
         needs = frozenset().union(*(r.needs for r in reducers))
 
         def run(toks: Tensor, valid: Tensor, padded: bool, fold: Fold) -> None:
@@ -117,8 +123,6 @@ class Backend:
     def uses_engine(self, layers: Sequence[int], what: str) -> bool:
         """Whether ``what`` is applied by the engine (at the rotation the HF forward calls) rather than by bridge
         hooks; raises UnsupportedModelError, with what was seen, where neither reaches the model's rotation."""
-        from ropelens.backends.sdpa import engine_ready
-
         why = engine_ready(self.model)
         if why is not None:
             raise UnsupportedModelError(f"{what} cannot reach this model's rotation: {why}")
@@ -159,16 +163,12 @@ class Backend:
     def loss_path(self, path: str = "auto") -> str:
         """The forward losses take: ``"sdpa"`` (the HF model with sdpa attention and the plan applied at its
         rotation) where the engine reaches it, else ``"hf"`` (the model's own forward, the plan applied)."""
-        from ropelens.backends.sdpa import sdpa_ready
-
         return "sdpa" if path != "bridge" and sdpa_ready(self.model) else "hf"
 
     @contextlib.contextmanager
     def loss_forward(self, path: str) -> Iterator[Callable[[Tensor], Tensor]]:
         """A block in which ``losses(batch)`` gives each window's mean next-token loss on forward ``path``."""
         if path == "sdpa":
-            from ropelens.backends.sdpa import on_sdpa
-
             with on_sdpa(self.model) as hf:
                 yield lambda batch: hf_losses(hf, batch)
             return
@@ -197,8 +197,6 @@ class Backend:
         time); yields ``(step, cached)``."""
         use_cache = cache and path != "hf"
         if path == "sdpa":
-            from ropelens.backends.sdpa import on_sdpa
-
             with on_sdpa(self.model) as hf:
                 yield _hf_stepper(hf, use_cache, chunk), use_cache
             return
@@ -232,8 +230,6 @@ class BridgeBackend(Backend):
     tl_view = True
 
     def on_engine(self) -> bool:
-        from ropelens.backends.sdpa import engine_plan
-
         return engine_plan(self.model)  # a step only the engine applies: no bridge hook sees it
 
     @contextlib.contextmanager
@@ -244,7 +240,6 @@ class BridgeBackend(Backend):
             with super().capture_session(spec, layers, reducers) as run:
                 yield run
             return
-        from ropelens.backends.bridge_capture import hooked_capture
 
         with hooked_capture(self.model, spec, layers, reducers) as hooked:
             yield lambda toks, valid, padded, _fold: hooked(toks, valid, padded)
@@ -255,8 +250,6 @@ class BridgeBackend(Backend):
         return super().uses_engine(layers, what)
 
     def pre_rope_hooks(self, layers: Sequence[int], parts: Sequence[str]) -> bool:
-        from ropelens.backends.bridge_hooks import attn_hooks
-
         try:
             return all(
                 attn_hooks(self.model, L).pre(w) in self.model.hook_dict
@@ -271,7 +264,6 @@ class BridgeBackend(Backend):
     ) -> tuple[list[Callable[[], None]], bool]:
         if self.uses_engine(layers, "apply_rope_variant"):
             return [], True
-        from ropelens.backends.bridge_interventions import install_variant
 
         return [
             h.remove for h in install_variant(self.model, spec, new_spec, variant, layers)
@@ -282,7 +274,6 @@ class BridgeBackend(Backend):
     ) -> tuple[list[Callable[[], None]], bool]:
         if self.uses_engine(list(masks), "ablate_planes"):
             return [], True
-        from ropelens.backends.bridge_interventions import install_ablation
 
         return install_ablation(self.model, masks), False
 
@@ -295,14 +286,12 @@ class BridgeBackend(Backend):
         # entries are replaced before the rotation: the bridge's pre-RoPE hooks reach them wherever it rotates
         if not self.pre_rope_hooks(layers, parts) and self.uses_engine(layers, "replace_massive"):
             return [], True
-        from ropelens.backends.bridge_interventions import install_replacement
 
         return install_replacement(self.model, step), False
 
     def loss_path(self, path: str = "auto") -> str:
         if path != "auto":
             return path
-        from ropelens.backends.sdpa import sdpa_ready
 
         return "sdpa" if sdpa_ready(self.model) else "bridge"
 
@@ -313,8 +302,6 @@ class BridgeBackend(Backend):
         self, fast: bool = True
     ) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
         import functools
-
-        from ropelens.backends.sdpa_capture import sdpa_attention
 
         if not fast or getattr(
             self.model, "_ropelens_interventions", 0
@@ -408,7 +395,6 @@ def backend_of(model: Any) -> Backend:
     known = getattr(model, "__dict__", {}).get(_ATTR)
     if known is not None and known.model is model:
         return known
-    from ropelens.backends.hf import PlainModel
 
     if isinstance(model, PlainModel):
         backend: Backend = HFBackend(model)
@@ -455,9 +441,6 @@ class ModelHandle:
     @property
     def spec(self) -> RopeSpec:
         """What each attention layer rotates, at the plan in force (:func:`ropelens.spec.reading.rope_spec`)."""
-        from ropelens.spec.plan import active_plan
-        from ropelens.spec.reading import rope_spec
-
         # what a reading depends on: the plan in force, every buffer (rotary tables included) and its in-place
         # version, and the rotation and attention functions the modeling module and its modules call
         mod = importlib.import_module(type(self.hf).__module__)
@@ -503,15 +486,11 @@ def handle(model: Any) -> ModelHandle:
 
 
 def _modeling_module(model):
-    from ropelens.spec.reading import hf_model_of
-
     return importlib.import_module(type(hf_model_of(model)).__module__)
 
 
 def fingerprint(model, spec: RopeSpec) -> str:
     """What the verification of ``model`` depends on: the spec, the code that rotates and scores, the hooks."""
-    from ropelens.spec.reading import hf_model_of
-
     parts = [spec.to_json()]
     mod = _modeling_module(model)
     parts += [

@@ -15,6 +15,7 @@ from torch import Tensor
 from ropelens.backends.acts import NEEDS, LayerActs, Reducer
 from ropelens.backends.bridge_hooks import AttnHooks, attn_hooks, to_bphd
 from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.spec.forward_taps import attention_tap
 from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = ["ATTENTION", "Collector", "hook_plan", "plane_tables"]
@@ -116,8 +117,6 @@ class Collector:
 
     def attention_tap(self) -> contextlib.AbstractContextManager:
         """Where a layer's score q/k come from the HF attention function (no bridge hook fires there): tap it."""
-        from ropelens.spec.forward_taps import attention_tap
-
         if not self.attention:
             return contextlib.nullcontext()
 

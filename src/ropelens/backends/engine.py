@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ropelens.backends.sdpa_capture import sdpa_attention
 from ropelens.devices import device_of
 from ropelens.errors import UnsupportedModelError
 from ropelens.spec.forward_taps import (
@@ -591,8 +592,6 @@ def rotation_plan(
 def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | None:
     """Why the engine cannot apply interventions to ``hf`` (None: it can): one short forward of 8 tokens with the
     rotations recorded; every rotary layer must call one, with tables that are the spec's rotation."""
-    from ropelens.backends.sdpa_capture import sdpa_attention
-
     seen: list = []
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     vocab = int(getattr(cfg, "vocab_size", 0) or 8)

@@ -30,7 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ropelens.backends.sdpa_capture import attention_implementation, hf_view
+from ropelens.backends.engine import rotation_plan
+from ropelens.backends.sdpa_capture import attention_implementation, hf_view, sdpa_attention
+from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.spec.forward_taps import (
     attention_tap,
@@ -40,6 +42,8 @@ from ropelens.spec.forward_taps import (
     single_rotation,
     table_rotation,
 )
+from ropelens.spec.plan import active_plan
+from ropelens.spec.reading import is_token_mixer, rope_spec
 
 __all__ = [
     "BridgeOnlyError",
@@ -142,8 +146,6 @@ def attention_modules(hf) -> list[torch.nn.Module | None]:
     """Each decoder layer's softmax self-attention module (its first child whose class is an attention and no linear
     attention, as MiniMax's lightning attention is, nor cross-attention), None where it has none; each attention sublayer where decoder
     layers hold several (:func:`decoder_layers`)."""
-    from ropelens.spec.reading import is_token_mixer
-
     n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
     if not any(isinstance(m, torch.nn.ModuleList) and len(m) == n for m in hf.modules()):
         sub = _attention_sublayers(hf, n)
@@ -225,8 +227,6 @@ class PlainModel(torch.nn.Module):
     ) -> Any:
         """``model(tokens)`` → logits ``[batch, pos, vocab]`` as a bridge gives (``return_type=None``: nothing);
         ``model(input_ids=...)`` → the HF model's own output, as an HF causal LM gives."""
-        from ropelens.backends.sdpa_capture import sdpa_attention
-
         hf = self.original_model
         if input_ids is not None:
             with self._planned(hf):
@@ -252,13 +252,9 @@ class PlainModel(torch.nn.Module):
 def planned_forward(model: Any, hf: torch.nn.Module) -> contextlib.AbstractContextManager:
     """A block in which ``hf`` (the HF model under ``model``, or its view) runs with ``model``'s plan applied (the
     variants, ablations and replacements in force); nothing where none is."""
-    from ropelens.spec.plan import active_plan
-
     plan = active_plan(model)
     if not plan:
         return contextlib.nullcontext()
-    from ropelens.backends.engine import rotation_plan
-    from ropelens.spec.reading import rope_spec
 
     return rotation_plan(hf, rope_spec(model), plan, attns=attention_modules(hf))
 
@@ -287,8 +283,6 @@ def what_works() -> str:
 
 def plain_model(hf: torch.nn.Module, tokenizer: Any, *, label: str, why: str) -> PlainModel:
     """Wrap an HF causal LM already on its device and dtype as a :class:`PlainModel` named ``label``."""
-    from ropelens.devices import device_of
-
     cfg = _text_config(hf)
     if not isinstance(
         getattr(cfg, "num_hidden_layers", None), int
@@ -756,8 +750,6 @@ def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:
 
 def can_tap(hf) -> bool:
     """Whether :func:`capture` finds a (q, k, ...) rotation to tap in ``hf``'s modeling module."""
-    from ropelens.spec.forward_taps import rotation_functions
-
     return bool(rotation_functions(importlib.import_module(type(hf).__module__)))
 
 

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 
 import torch
 
+from ropelens.backends.engine import engine_problem, rotation_forms, rotation_plan
+from ropelens.backends.hf import attention_modules, is_plain
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
 from ropelens.errors import UnsupportedModelError
 from ropelens.spec.plan import (
@@ -33,6 +35,7 @@ from ropelens.spec.plan import (
     model_tables,
     variant_tables,
 )
+from ropelens.spec.reading import hf_model_of, rope_spec
 from ropelens.spec.rope import RopeSpec
 
 __all__ = [
@@ -77,8 +80,6 @@ def engine_plan(model) -> bool:
 
 
 def _is_plain(model) -> bool:
-    from ropelens.backends.hf import is_plain
-
     return is_plain(model)
 
 
@@ -89,9 +90,6 @@ _ENGINE_HOOKS = "_ropelens_engine_hooks"
 def _bridge_engine(model) -> Iterator[None]:
     """While the block runs, every forward of bridge ``model`` applies its plan at the rotations the HF modules under it
     call (installed once however many engine steps nest)."""
-    from ropelens.backends.engine import rotation_plan
-    from ropelens.spec.reading import hf_model_of, rope_spec
-
     count = getattr(model, _ENGINE_HOOKS, None)
     if count is not None:
         object.__setattr__(model, _ENGINE_HOOKS, (count[0] + 1, count[1]))
@@ -136,8 +134,6 @@ def _bridge_engine(model) -> Iterator[None]:
 @contextlib.contextmanager
 def _tapped(hf, spec: RopeSpec, plan: tuple) -> Iterator[None]:
     """Apply ``plan`` inside ``hf``'s forward, at the rotation it calls (:func:`ropelens.backends.engine.rotation_plan`)."""
-    from ropelens.backends.engine import rotation_plan
-    from ropelens.backends.hf import attention_modules
 
     with rotation_plan(hf, spec, plan, attns=attention_modules(hf)):
         yield
@@ -163,9 +159,6 @@ def _n_hooks(model) -> int:
 
 def _probe(model, spec: RopeSpec) -> str | None:
     """Why ``model`` cannot take this path (None: it can): one short forward with its rotations recorded."""
-    from ropelens.backends.engine import engine_problem
-    from ropelens.backends.hf import attention_modules
-
     hf = hf_view(model)
     return engine_problem(hf, spec, attention_modules(hf))
 
@@ -173,8 +166,6 @@ def _probe(model, spec: RopeSpec) -> str | None:
 def engine_ready(model) -> str | None:
     """Why the engine cannot apply interventions to ``model`` (None: it can), checked once per modeling functions
     on a short forward (:func:`ropelens.backends.engine.engine_problem`)."""
-    from ropelens.backends.engine import rotation_forms
-
     mod = importlib.import_module(type(hf_view(model)).__module__)
     key = (
         tuple(id(f) for f, _ in rotation_forms(mod).values()),
@@ -182,8 +173,6 @@ def engine_ready(model) -> str | None:
     )
     cached = getattr(model, _READY, None)
     if cached is None or cached[0] != key:
-        from ropelens.spec.reading import rope_spec
-
         cached = (key, _probe(model, rope_spec(model)))
         object.__setattr__(model, _READY, cached)
     return cached[1]
@@ -197,8 +186,6 @@ def sdpa_ready(model) -> bool:
     intervention is a RoPE variant, a plane ablation or a massive-value replacement and no other hook
     is on the bridge.
     """
-    from ropelens.backends.hf import is_plain
-
     plain = is_plain(model)
     if not (hasattr(model, "original_model") and (plain or hasattr(model, "blocks"))):
         return False
@@ -227,7 +214,6 @@ def on_sdpa(model) -> Iterator[torch.nn.Module]:
             f"this model cannot run its interventions on the HF sdpa forward ({why or 'a hook or intervention other than a RoPE variant or plane ablation is in force'}): "
             "run it through the bridge"
         )
-    from ropelens.spec.reading import rope_spec
 
     hf = hf_view(model)
     with _tapped(hf, rope_spec(model), active_plan(model)), sdpa_attention(hf):

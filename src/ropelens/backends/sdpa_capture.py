@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.spec.forward_taps import attention_tap
+from ropelens.spec.reading import hf_model_of
 from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = [
@@ -101,8 +103,6 @@ def _rotary_tap(
     attention function receives next (:func:`ropelens.spec.forward_taps.attention_tap`). After the last
     expected layer's score q/k the forward stops (:class:`_Stop`).
     """
-    from ropelens.spec.forward_taps import attention_tap
-
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "apply_rotary_pos_emb", None)
     # Only the (q, k, cos, sin) -> (q, k) form; GPT-J's (tensor, sin, cos) -> tensor is not tapped.
@@ -216,8 +216,6 @@ def hf_view(model) -> torch.nn.Module:
     """The model's HF causal LM without the bridge's components (built once, weights shared)."""
     view = getattr(model, "_ropelens_hf_view", None)
     if view is None:
-        from ropelens.spec.reading import hf_model_of
-
         view = _unbridged(hf_model_of(model))
         object.__setattr__(
             model, "_ropelens_hf_view", view

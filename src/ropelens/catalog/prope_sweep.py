@@ -27,6 +27,7 @@ from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
 from ropelens.report.steps import eval_windows, variant_lead, variant_losses
 from ropelens.results.findings import Finding
+from ropelens.run import data
 from ropelens.run.evaluate import bootstrap_ci, window_losses
 from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec import variants as V
@@ -53,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
     RoPE, p = 0 NoPE), with bootstrap CIs over windows. experiments/truncated_rope_inference.py runs the full
     resumable sweep.
     """
-    from ropelens.run import data
-
     ps = number_list(args.p, float, "--p", example="0,0.5,1")
     for p in ps:
         check_number(

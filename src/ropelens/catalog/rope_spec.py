@@ -20,6 +20,7 @@ from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec, layer_ranges
+from ropelens.testing.families import FAMILIES
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -64,8 +65,6 @@ _WHERE = {"load": "at load", "spec": "by rope_spec", "probe": "by the probe"}
 def families_json() -> list[dict[str, Any]]:
     """One record per family of the matrix (:data:`ropelens.testing.families.FAMILIES`): exact or refused, and why."""
     import transformers
-
-    from ropelens.testing.families import FAMILIES
 
     return [
         {
@@ -412,7 +411,9 @@ def render(data: ReportData) -> Section:
         },
         "bands": bt.to_dict("records"),
     }
-    return Section("rope-spec", "Model and RoPE", body, tables={"rope_spec": frame}, numbers=numbers)
+    return Section(
+        "rope-spec", "Model and RoPE", body, tables={"rope_spec": frame}, numbers=numbers
+    )
 
 
 ANALYSIS = Analysis(

@@ -31,6 +31,8 @@ import numpy as np
 from ropelens.errors import InputError, UsageError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 from ropelens.loading.models import DTYPES as MODEL_DTYPES
+from ropelens.run.data import load_corpus
+from ropelens.run.distributed import is_main
 from ropelens.spec.bands import Bands
 from ropelens.validate import check_output_path
 
@@ -232,8 +234,6 @@ def relay(
 def note(message: str) -> None:
     """Say ``ropelens: note: MESSAGE`` once on stderr (on the main process only): a value was
     adjusted, not refused."""
-    from ropelens.run.distributed import is_main
-
     if is_main():
         print(f"ropelens: note: {' '.join(message.split())}", file=sys.stderr)
 
@@ -429,8 +429,6 @@ class CorpusOptions(OptionGroup):
 
     def load(self):
         """The corpus, after :meth:`check` (both fail before any model loads)."""
-        from ropelens.run.data import load_corpus
-
         self.check()
         return load_corpus(self.corpus)
 
@@ -546,8 +544,6 @@ class OutputOptions(OptionGroup):
 
     def save_result(self, result: Any) -> None:
         """``result.save(--save)`` on the main process, when ``--save`` is given."""
-        from ropelens.run.distributed import is_main
-
         if self.save and is_main():
             result.save(self.save)
 

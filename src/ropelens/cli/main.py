@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from ropelens.analyses.registry import parts
 from ropelens.cli.common import Parser
 from ropelens.errors import InputError
+from ropelens.results.provenance import version_report
 from ropelens.run.distributed import RankFailedError, init_from_env, is_main
 
 __all__ = ["build_parser", "main"]
@@ -33,7 +34,6 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002
-        from ropelens.results.provenance import version_report
 
         print(version_report())
         parser.exit()

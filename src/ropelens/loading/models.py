@@ -24,8 +24,12 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ropelens.backends import backend_of
+from ropelens.backends.hf import can_tap, plain_model
 from ropelens.devices import device_of  # re-exported: ropelens.loading.models.device_of
 from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.loading.hf_dir import load_hf_dir
+from ropelens.spec.reading import CHUNKED_WHY, is_chunked, is_mla, softmax_attention_in
 
 __all__ = [
     "EMBEDDED_MODELS",
@@ -294,8 +298,6 @@ def _from_hf_dir(
     placement: dict[str, Any] | None = None,
     bridge: bool = True,
 ):
-    from ropelens.loading.hf_dir import load_hf_dir
-
     model, tok = load_hf_dir(Path(path), dtype, placement)
     if placement is not None:  # accelerate placed every module: the bridge must not move them
         return wrap_hf_model(
@@ -338,7 +340,6 @@ def wrap_hf_model(
     """
     hub_name = hub_name or label
     dtype = resolve_dtype(dtype)
-    from ropelens.backends.hf import plain_model
 
     if placed:  # layers already on their devices (a device map): keep them there
         dev = device_of(model)
@@ -352,7 +353,6 @@ def wrap_hf_model(
         model
     ):  # the q and k before RoPE, which every q/k analysis reads, are tapped on the plain HF model only
         return plain_model(model, tokenizer, label=label, why=_MLA_WHY)
-    from ropelens.spec.reading import CHUNKED_WHY, is_chunked
 
     if is_chunked(
         model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -427,8 +427,6 @@ def _to_floats(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 def _hookless_attention(bridge) -> str | None:
     """Why the bridge cannot give some layer's queries and keys (its adapter exposes no per-head query hook for a
     softmax attention), or None where every attention layer has them."""
-    from ropelens.spec.reading import softmax_attention_in
-
     hooks = bridge.hook_dict
     for i, block in enumerate(getattr(bridge, "blocks", ())):
         hidden = softmax_attention_in(getattr(block, "original_component", None))
@@ -438,8 +436,6 @@ def _hookless_attention(bridge) -> str | None:
 
 
 def _plain_can_tap(hf) -> bool:
-    from ropelens.backends.hf import can_tap
-
     return can_tap(hf)
 
 
@@ -447,8 +443,6 @@ _MLA_WHY = "TransformerLens's multi-head latent attention bridge fires no pre-Ro
 
 
 def _mla(hf) -> bool:
-    from ropelens.spec.reading import is_mla
-
     return is_mla(
         hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     )
@@ -480,8 +474,6 @@ def _identify(bridge, label: str, path: Path | None = None):
     booted), so ropelens' name goes there and travels with the config; ``cfg.model_path`` is the
     resolved file or directory for weights loaded from a path, else None.
     """
-    from ropelens.backends import backend_of
-
     return backend_of(bridge).named(label, path)
 
 
@@ -778,15 +770,11 @@ def _from_hub(
     if _mla(
         hf
     ):  # measured on the plain HF model (see wrap_hf_model): the bridge's modules taken off again
-        from ropelens.backends.hf import plain_model
-
         _strip_bridge(hf)
         return _identify(plain_model(hf.eval(), bridge.tokenizer, label=label, why=_MLA_WHY), label)
     bridge.eval()
     hookless = _hookless_attention(bridge)
     if hookless is not None and _plain_can_tap(hf):  # as in wrap_hf_model
-        from ropelens.backends.hf import plain_model
-
         _strip_bridge(hf)
         return _identify(plain_model(hf.eval(), bridge.tokenizer, label=label, why=hookless), label)
     return _identify(bridge, label)
@@ -797,8 +785,6 @@ def _plain_from_hub(
 ):
     """The hub model as a :class:`ropelens.backends.hf.PlainModel` (no TransformerLens adapter, or ``bridge=False``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ropelens.backends.hf import plain_model
 
     try:
         model = AutoModelForCausalLM.from_pretrained(

@@ -23,8 +23,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ropelens.backends.hf import vl_model
 from ropelens.backends.sdpa_capture import attention_implementation
 from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.loading.models import resolve_device, resolve_dtype
 from ropelens.spec.reading import hf_model_of
 from ropelens.spec.rope import LayerRope, RopeSpec
 
@@ -144,8 +146,6 @@ def _text_rotary(lm: torch.nn.Module) -> torch.nn.Module:
 
 def as_plain_vl(model_or_hf, label: str | None = None):
     """A :class:`ropelens.backends.hf.PlainModel` of an HF vision-language model (TransformerLens has no adapter for it)."""
-    from ropelens.backends.hf import vl_model
-
     return vl_model(model_or_hf, label)
 
 
@@ -154,8 +154,6 @@ def load_vl_model(
 ):
     """Load an HF vision-language model directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) as a plain model, eager attention."""
     from transformers import AutoModelForImageTextToText
-
-    from ropelens.loading.models import resolve_device, resolve_dtype
 
     hf = AutoModelForImageTextToText.from_pretrained(
         path, dtype=resolve_dtype(dtype), attn_implementation="eager"

@@ -15,19 +15,22 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ropelens.backends import backend_of
 from ropelens.devices import device_of
 from ropelens.errors import InputError
+from ropelens.loading.models import load_model, resolve_device, resolve_dtype
 from ropelens.report import html as H
 from ropelens.report import registry as _sections
 from ropelens.report.collect import ReportData, collect, evenly_spaced
 from ropelens.report.experiments import load_experiments
 from ropelens.report.section import Section
 from ropelens.results.provenance import Provenance, git_commit, untested_versions, versions
+from ropelens.run import data
 from ropelens.run.data import analysis_windows
 from ropelens.run.distributed import is_main, local
 from ropelens.run.verify import skip_verification, verification
 from ropelens.spec.bands import Bands
-from ropelens.spec.reading import rope_spec
+from ropelens.spec.reading import model_label, rope_spec
 from ropelens.validate import check_positive_int
 
 __all__ = [
@@ -100,8 +103,6 @@ def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
     """A Corpus (or token tensor) and its description; fails before any model is loaded."""
     import torch
 
-    from ropelens.run import data
-
     if isinstance(corpus, torch.Tensor):
         return corpus, {
             "name": "tokens",
@@ -123,13 +124,10 @@ def _same_device(a, b) -> bool:
 
 def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
     """The device and dtype to load with, checked before anything loads; for a loaded model, that they match it."""
-    from ropelens.loading.models import device_of, resolve_device, resolve_dtype
-
     dev = None if device is None else resolve_device(device)
     dt = None if dtype is None else resolve_dtype(dtype)
     if model is None or isinstance(model, (str, os.PathLike)):
         return dev, dt
-    from ropelens.backends import backend_of
 
     if not backend_of(model).runs_analyses:
         raise InputError(
@@ -154,9 +152,6 @@ def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
 
 
 def _load(model: Any, device: Any, dtype: Any) -> tuple[Any, str]:
-    from ropelens.loading.models import load_model
-    from ropelens.spec.reading import model_label
-
     if model is None or isinstance(model, (str, os.PathLike)):
         model = load_model(model, device=device, **({} if dtype is None else {"dtype": dtype}))
     return model, model_label(model)

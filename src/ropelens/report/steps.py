@@ -18,6 +18,7 @@ from ropelens.errors import InputError
 from ropelens.report.collect import ReportData, evenly_spaced
 from ropelens.report.section import Measured
 from ropelens.run.evaluate import bootstrap_ci, window_losses
+from ropelens.run.intervene import apply_rope_variant, is_identity
 
 __all__ = [
     "MAX_CTX",
@@ -72,8 +73,6 @@ def baseline(data: ReportData) -> Tensor:
 def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None) -> dict[str, Any]:
     """Perplexity and the paired loss change against the unmodified model for one variant (no forward
     pass when the variant rotates the chosen layers exactly as the model does)."""
-    from ropelens.run.intervene import apply_rope_variant, is_identity
-
     base = baseline(data)
     tokens = eval_windows(data)
     identity = is_identity(

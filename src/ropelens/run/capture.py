@@ -16,9 +16,12 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ropelens.backends import backend_of
 from ropelens.backends.acts import NEEDS, LayerActs, Reducer
+from ropelens.backends.sdpa_capture import QK_NEEDS, fast_qk, right_padded
 from ropelens.devices import device_of
 from ropelens.errors import InputError
+from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec
 
 __all__ = [
@@ -172,10 +175,6 @@ def stream(
     keep them). One host synchronisation per batch asks whether it holds padding; reducers read the
     answer from :attr:`LayerActs.padded`.
     """
-    from ropelens.backends import backend_of
-    from ropelens.backends.sdpa_capture import QK_NEEDS, fast_qk, right_padded
-    from ropelens.spec.reading import rope_spec
-
     spec = spec if spec is not None else rope_spec(model)
     chosen = spec.layer_indices(layers, rotary_only=layers is None)  # NoPE layers only when named
     if not chosen:

@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ropelens.backends import backend_of
 from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.results.serialize import dump_json
@@ -60,8 +61,6 @@ def _check_tokens(tokens: Any) -> Tensor:
 
 def is_bridge(model: Any) -> bool:
     """Whether ``model`` is a TransformerLens bridge (deprecated: ``ropelens.backends.backend_of(model).tl_view``)."""
-    from ropelens.backends import backend_of
-
     return backend_of(model).tl_view
 
 
@@ -74,7 +73,6 @@ def loss_path(model: Any, path: str = "auto") -> str:
     """
     if path not in ("auto", "sdpa", "bridge"):
         raise InputError(f"path must be 'auto', 'sdpa' or 'bridge', got {path!r}")
-    from ropelens.backends import backend_of
 
     return backend_of(model).loss_path(path)
 
@@ -107,7 +105,6 @@ def window_losses(
 
         starts = tqdm(starts, desc="windows", unit="batch", leave=False)
     out = []
-    from ropelens.backends import backend_of
 
     with torch.no_grad(), backend_of(model).loss_forward(loss_path(model, path)) as losses:
         for s in starts:

@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
+from ropelens.backends import backend_of
 from ropelens.backends.bridge_interventions import add_lens_hook
 from ropelens.backends.sdpa import on_sdpa, planned, sdpa_ready
 from ropelens.backends.sdpa_capture import intervened
@@ -80,8 +81,6 @@ def uses_engine(model, layers: Sequence[int], what: str) -> bool:
     on bridge hooks: a plain HF model, or a bridge whose attention in ``layers`` rotates inside the HF module (no
     (cos, sin) handed to it, no post-RoPE hooks). Raises UnsupportedModelError, with what was seen, where neither
     can reach the model's rotation."""
-    from ropelens.backends import backend_of
-
     return backend_of(model).uses_engine(layers, what)
 
 
@@ -90,8 +89,6 @@ def _install_variant(
 ) -> tuple[RopeSpec, list[Any], list[int], bool]:
     """Install the variant where the model's backend applies it; returns the resulting spec, the removers of any
     hooks, the layers and whether the engine applies it (no hooks then)."""
-    from ropelens.backends import backend_of
-
     _check_variant(variant)
     spec = rope_spec(model)  # NotRotaryError for models without RoPE
     chosen = spec.layer_indices(layers, layer_kind)
@@ -202,7 +199,6 @@ def ablate_planes(
     spec = rope_spec(model)
     chosen = spec.layer_indices(layers, layer_kind)
     plane_list = check_indices(planes, "plane")
-    from ropelens.backends import backend_of
 
     removers: list[Callable[[], None]] = []
     step_masks: dict[int, tuple[Tensor | None, Tensor | None]] = {}

@@ -21,11 +21,14 @@ from typing import Any, TypeVar
 
 from torch import Tensor
 
+from ropelens.backends import handle
 from ropelens.errors import InputError
 from ropelens.results.provenance import Provenance
 from ropelens.run.capture import Reducer
 from ropelens.run.data import analysis_windows
 from ropelens.run.distributed import RunInfo, run_windows
+from ropelens.run.verify import verification
+from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec
 
 __all__ = ["Build", "Measured", "RunOptions", "Windows", "corpus_analysis", "measure"]
@@ -191,10 +194,6 @@ def measure(
     ``rotary_only=False`` lets ``run.layers`` name NoPE layers too (None then selects every layer),
     for analyses that measure what a layer does without rotating.
     """
-    from ropelens.backends import handle
-    from ropelens.run.verify import verification
-    from ropelens.spec.reading import rope_spec
-
     h = handle(model)  # the spec read once per model, not once per analysis
     spec = spec if spec is not None else h.spec
     chosen = spec.layer_indices(run.layers, rotary_only=rotary_only)

@@ -54,8 +54,15 @@ import einops
 import torch
 from torch import Tensor
 
+from ropelens.backends import backend_of
 from ropelens.backends.base import fingerprint
+from ropelens.backends.hf import mixed_weights, planned_forward
+from ropelens.backends.sdpa_capture import attention_implementation, hf_view
+from ropelens.devices import device_of
 from ropelens.errors import UnsupportedModelError
+from ropelens.run.capture import capture_qk
+from ropelens.spec.observed import measure_rotation
+from ropelens.spec.reading import hf_model_of, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 
 __all__ = [
@@ -179,8 +186,6 @@ def verify_model(
 ) -> Verification:
     """Run the probe (see module doc) unless this model and spec already passed it; raise
     :class:`UnsupportedModelError` naming the layer, the check and the size of the error on a mismatch."""
-    from ropelens.spec.reading import rope_spec
-
     spec = spec if spec is not None else rope_spec(model)
     key = fingerprint(model, spec) + ("" if length is None else f"@{int(length)}")
     cache = getattr(model, _CACHE, None)
@@ -264,8 +269,6 @@ class _Failure:
 def rotation_mismatch(lr: LayerRope, pre: Tensor, post: Tensor) -> str | None:
     """What the rotation that took ``pre`` to ``post`` (``[pos, head, d]``, positions from 0) does that ``lr`` does not,
     measured (:func:`ropelens.spec.observed.measure_rotation`), in words; None where nothing measurable differs."""
-    from ropelens.spec.observed import measure_rotation
-
     dims = slice(lr.rotary_offset, lr.rotary_offset + lr.rotary_dim)
     if pre.shape != post.shape or pre.shape[0] < 3 or not lr.rotary_dim:
         return None
@@ -300,8 +303,6 @@ class _Probe:
     """One run of the probe over a model read as a spec."""
 
     def __init__(self, model, spec: RopeSpec, length: int | None = None) -> None:
-        from ropelens.devices import device_of
-
         self.model, self.spec = model, spec
         self.rotary = spec.rotary_layers
         self.device = device_of(model)
@@ -351,8 +352,6 @@ class _Probe:
         return torch.stack([same, rand]).to(self.device)
 
     def run(self) -> Verification:
-        from ropelens.run.capture import capture_qk
-
         t0 = time.perf_counter()
         if not self.rotary:
             return Verification(
@@ -365,7 +364,6 @@ class _Probe:
         ):  # sparse attention: its selection is read too
             which += ("selected",)
         intervened = bool(getattr(self.model, "_ropelens_interventions", 0))
-        from ropelens.backends import backend_of
 
         backend = backend_of(self.model)
         engine = backend.on_engine()  # the plan, if any, is applied by the engine
@@ -617,9 +615,6 @@ class _Probe:
 
     def _hf_reference(self, toks: Tensor, acts) -> None:
         """Run the HF model under the bridge with eager attention, reading its attention function's inputs and output."""
-        from ropelens.backends.hf import mixed_weights
-        from ropelens.backends.sdpa_capture import attention_implementation, hf_view
-
         hf = hf_view(self.model)
         mod = importlib.import_module(type(hf).__module__)
         orig = getattr(mod, "eager_attention_forward", None)
@@ -666,8 +661,6 @@ class _Probe:
                     probs.detach().float() if probs is not None else None,
                 )
             return out
-
-        from ropelens.backends.hf import planned_forward
 
         with (
             attention_implementation(hf, "eager"),
@@ -736,7 +729,6 @@ class _Probe:
                         f"{what} {long} (longer than the probe; no HF mask function)"
                     )
             return
-        from ropelens.spec.reading import hf_model_of
 
         cfg = hf_model_of(self.model).config
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ropelens.spec.forward_taps import attention_tap, layer_taps, probe_forward
+
 __all__ = [
     "ObservedRotation",
     "measure_query_factors",
@@ -234,8 +236,6 @@ def observe_rotations(
     """Layer → what its attention's first rotation call did, in one forward of ``view`` (the HF module tree) on
     :data:`PROBE_TOKENS` tokens; None where the forward cannot run. Layers whose attention calls no
     ``apply_rotary*`` function of the modeling module are absent. Cached on ``model``."""
-    from ropelens.spec.forward_taps import layer_taps, probe_forward
-
     mod = importlib.import_module(type(view).__module__)
     names = _rotation_names(mod)
     key = (tuple(id(getattr(mod, n)) for n in names), len(attns))
@@ -306,8 +306,6 @@ def measure_query_factors(
     function receives divided by the output of its first ``apply_rotary*`` call (for multi-head latent attention,
     the query's trailing rotary dims). None for a layer where that query is not one factor per position times the
     rotated one; None overall where the forward cannot run. Layers that call no rotation are absent."""
-    from ropelens.spec.forward_taps import attention_tap, layer_taps, probe_forward
-
     mod = importlib.import_module(type(view).__module__)
     current: list = [None]
     rotated: dict[int, Tensor] = {}

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ropelens.devices import device_of
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.spec.attention_fields import (
     heads_of,
@@ -37,6 +38,7 @@ from ropelens.spec.forward_taps import (
     probe_forward,
     rotation_functions,
 )
+from ropelens.spec.observed import measure_query_factors, observe_rotations
 from ropelens.spec.plan import active_plan
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.surface import bridge_refusal, declared_adjacent_pairs
@@ -399,9 +401,6 @@ def _observed_rope(model, attns, layer: int, arch: str):
     in one short forward (:mod:`ropelens.spec.observed`), for a family that keeps no ``inv_freq`` buffer where ropelens
     looks (GPT-J and CodeGen hand their rotation sin|cos tables, kept on the attention up to transformers 5.23 and
     on a model-level module since 5.24); None for a layer whose attention calls no rotation while others do."""
-    from ropelens.devices import device_of
-    from ropelens.spec.observed import observe_rotations
-
     seen = observe_rotations(model, attns, _hf_tree(hf_model_of(model)), device_of(model))
     if seen is None:
         raise NotRotaryError(
@@ -756,8 +755,6 @@ def _with_temperature(model, attns, cfg, layers: list[LayerRope]) -> list[LayerR
     Mistral 4), the model's own forward at positions 0, L₀ − 1, L₀ and 3·L₀ must multiply each rotated query by
     1, 1, 1 + β·ln 2 and 1 + β·ln 4 (all 1: a forward that does not apply it); a layer that does something else
     is refused with the factors measured."""
-    from ropelens.devices import device_of
-    from ropelens.spec.observed import measure_query_factors
 
     rp = getattr(cfg, "rope_parameters", None)
     beta = rp.get("llama_4_scaling_beta") if isinstance(rp, dict) else None
@@ -854,7 +851,6 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
     cached = getattr(model, "_ropelens_rotary_calls", None)
     if cached is not None and cached[0] == key:
         return cached[1]
-    from ropelens.devices import device_of
 
     view = _hf_tree(hf_model_of(model))
     current: list[int | None] = [None]
@@ -908,8 +904,6 @@ def _called_rotation(model, attns) -> str | None:
     """The rotation function (by name) the attention modules call first, outside their indexers, in one short
     forward of the HF model (cached on the model, as :func:`_rotary_calls` is); None where it cannot be seen (the
     forward fails, or no attention rotates)."""
-    from ropelens.devices import device_of
-
     mod = importlib.import_module(type(hf_model_of(model)).__module__)
     fns = {n: f for n, f in rotation_functions(mod).items() if n != "apply_rotary_emb"}
     key = (tuple(id(f) for f in fns.values()), len(attns))

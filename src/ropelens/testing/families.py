@@ -31,8 +31,14 @@ from typing import Any
 
 import torch
 
+from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.loading.models import load_model
+from ropelens.run.capture import capture_qk
 from ropelens.run.verify import rotation_error, rotation_from_pre, verify_model
+from ropelens.spec.bands import Bands
+from ropelens.spec.reading import rope_spec
+from ropelens.testing import spread_weights, tiny_tokenizer
 
 __all__ = [
     "FAMILIES",
@@ -663,8 +669,6 @@ def family_hf_model(name: str, *, seed: int = 0):
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from ropelens.testing import spread_weights
-
     fam = _family(name)
     cls = getattr(transformers, fam.config_class, None)
     if cls is None:
@@ -697,8 +701,6 @@ def family_hf_model(name: str, *, seed: int = 0):
 
 def family_model_dir(name: str, dest: str | Path, *, seed: int = 0) -> Path:
     """Save family ``name``'s tiny model and the tiny tokenizer as an HF model directory."""
-    from ropelens.testing import tiny_tokenizer
-
     dest = Path(dest)
     family_hf_model(name, seed=seed).save_pretrained(dest)
     tiny_tokenizer().save_pretrained(dest)
@@ -870,12 +872,6 @@ def hf_inv_freq(hf, lr) -> torch.Tensor:
 def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None) -> FamilyCheck:
     """Load family ``name`` through ``load_model(path)`` and measure ropelens against HF (see module doc)."""
     from transformers import AutoModelForCausalLM
-
-    from ropelens.analyses.attention_decomposition import attention_decomposition
-    from ropelens.loading.models import load_model
-    from ropelens.run.capture import capture_qk
-    from ropelens.spec.bands import Bands
-    from ropelens.spec.reading import rope_spec
 
     fam = _family(name)
     res = FamilyCheck(name)

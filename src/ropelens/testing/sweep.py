@@ -38,7 +38,7 @@ from ropelens.run.capture import capture_qk
 from ropelens.run.verify import verify_model
 from ropelens.spec import reading
 from ropelens.spec.bands import Bands
-from ropelens.testing import tiny_tokenizer
+from ropelens.testing import spread_weights, tiny_tokenizer
 from ropelens.testing.dense import hf_layers
 from ropelens.testing.families import (
     N_CHECK,
@@ -156,8 +156,6 @@ def _hf_model(config, seed: int):
     """The tiny HF model of ``config`` (eager, float32, q/k weights ×4 so attention is far from uniform)."""
     from transformers import AutoModelForCausalLM
 
-    from ropelens.testing import spread_weights
-
     try:
         with torch.random.fork_rng():
             torch.manual_seed(seed)
@@ -189,8 +187,6 @@ def _hf_model(config, seed: int):
 def save_tiny(model_type: str, path: str | Path, *, seed: int = 0) -> Path:
     """Save the sweep's tiny random model of ``model_type`` (:func:`shrink_config`, attention sharpened) and a
     tokenizer to ``path``, for ``ropelens.load_model(path)``; raises :class:`NotBuilt` where HF cannot build it."""
-    from ropelens.testing import tiny_tokenizer
-
     path = Path(path)
     config = shrink_config(model_type)
     _save(_hf_model(config, seed), config, path)

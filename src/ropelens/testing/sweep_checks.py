@@ -31,8 +31,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ropelens.analyses.band_statistics import BandStatsReducer
+from ropelens.analyses.frequency_usage import UsageReducer
+from ropelens.backends.hf import BridgeOnlyError
 from ropelens.errors import InputError, UnsupportedModelError
+from ropelens.report.build import build_report
+from ropelens.run.capture import capture_qk, stream
+from ropelens.run.intervene import apply_rope_variant
 from ropelens.run.verify import rotation_error, rotation_from_pre
+from ropelens.spec.bands import Bands
+from ropelens.spec.variants import BaseChange, Linear, PRoPE
 from ropelens.testing.dense import HFLayer, dense_layer_sums, hf_layers, plane_norm_means
 from ropelens.testing.families import FamilyCheck
 
@@ -136,9 +144,6 @@ def usage_error(
 ) -> float:
     """Largest relative error of the mean per-plane q and k norms (every head, plane and layer) against the
     norms of the q and k HF's attention received on ``toks`` (``lays``), its attention scaling divided out."""
-    from ropelens.analyses.frequency_usage import UsageReducer
-    from ropelens.run.capture import stream
-
     if any(L not in lays for L in layers):
         return math.nan
     red = UsageReducer(spec, layers, source="post", n_sink=0)
@@ -161,9 +166,6 @@ def usage_error(
 def band_stats_error(model, spec, hf, toks: Tensor, layers: list[int]) -> float:
     """Largest relative error of every band-statistics sum (one width group at a time) against the dense
     reference, over ``toks`` cut into windows no layer's model-picked mask reaches past (:func:`static_len`)."""
-    from ropelens.analyses.band_statistics import BandStatsReducer
-    from ropelens.run.capture import stream
-    from ropelens.spec.bands import Bands
 
     n = static_len(spec, layers, toks.shape[1])
     rows = toks[0, : toks.shape[1] // n * n].reshape(-1, n)
@@ -196,11 +198,6 @@ def band_stats_error(model, spec, hf, toks: Tensor, layers: list[int]) -> float:
 def variant_error(model, spec, toks: Tensor, layers: list[int]) -> tuple[float, float, str]:
     """``(rotation error under the variant, largest |logit change| after leaving it, note)``: p-RoPE with p = 0.5
     (a base change where the first layer has one plane); NaN and a note where the model has no variants."""
-    from ropelens.backends.hf import BridgeOnlyError
-    from ropelens.run.capture import capture_qk
-    from ropelens.run.intervene import apply_rope_variant
-    from ropelens.spec.variants import BaseChange, PRoPE
-
     variant = PRoPE(0.5) if spec[layers[0]].n_planes >= 2 else BaseChange(1e3)
     same = torch.full((1, toks.shape[1]), 7)
     with torch.no_grad():
@@ -245,9 +242,6 @@ def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
     entry per type; the other rope parameters kept, so a query temperature stays), and ``""``; NaN and why there is
     no reference where HF's config takes no rope type, HF cannot build the family with it, or its forward ignores it."""
     import copy
-
-    from ropelens.run.intervene import apply_rope_variant
-    from ropelens.spec.variants import Linear
 
     rp = getattr(
         hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config,
@@ -304,8 +298,6 @@ def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
 def report_status(model) -> str:
     """``"ok"`` when ``ropelens report --quick`` builds on ``model``, else the first line of what stopped it."""
     import tempfile
-
-    from ropelens.report.build import build_report
 
     with tempfile.TemporaryDirectory() as tmp:
         try:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ropelens.errors import InputError
+from ropelens.testing import spread_weights
 
 __all__ = ["VL_FAMILIES", "VL_IDS", "expected_axes", "vl_hf_model", "vl_inputs"]
 
@@ -143,8 +144,6 @@ def vl_hf_model(name: str, *, seed: int = 0, **vision: Any):
     ``vision`` overrides its vision config (``depth=2``: as many vision blocks as decoder layers)."""
     import transformers
     from transformers import AutoModelForImageTextToText
-
-    from ropelens.testing import spread_weights
 
     if name not in VL_FAMILIES:
         raise InputError(f"unknown VL family {name!r}: choose from {', '.join(VL_FAMILIES)}")

@@ -29,12 +29,14 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.loading.models import load_model
 from ropelens.results.provenance import Provenance
 from ropelens.results.serialize import dump_json
 from ropelens.run import data
 from ropelens.run.evaluate import LossEstimate, bootstrap_ci, window_losses
 from ropelens.spec.rope import LayerRope
 from ropelens.spec.variants import BaseChange, RopeVariant, variant_from_dict
+from ropelens.testing import tiny_tokenizer
 from ropelens.training.checkpoints import CheckpointWriter, plain_rope_theta
 from ropelens.validate import check_positive_int
 
@@ -272,10 +274,7 @@ def build_model(config: TrainConfig, vocab_size: int):
 @functools.lru_cache(maxsize=4)
 def _tokenizer(name: str):
     if name == "tiny-char":
-        from ropelens.testing import tiny_tokenizer
-
         return tiny_tokenizer()
-    from ropelens.loading.models import load_model
 
     return load_model(name, device="cpu").tokenizer
 
