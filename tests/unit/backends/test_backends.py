@@ -211,14 +211,16 @@ def test_handle_spec_follows_a_patched_rotation(both, monkeypatch):
 
 
 def test_corpus_analyses_read_the_spec_once_per_model(tiny_dir, monkeypatch):
-    """measure() reads a model through its handle: a second analysis of the same model reads no spec again."""
-    import ropelens.spec.reading as reading
+    """measure() reads a model through its handle: a second analysis of the same model reads no spec
+    again."""
+    import ropelens.backends.base as handle_module
     from ropelens.analyses.frequency_usage import frequency_usage
 
     model = ropelens.load_model(tiny_dir("llama"), device="cpu")
     calls = []
-    orig = reading.rope_spec
-    monkeypatch.setattr(reading, "rope_spec", lambda m: calls.append(1) or orig(m))
+    orig = handle_module.rope_spec
+    # the handle is where measure() reads the spec: count the readings there
+    monkeypatch.setattr(handle_module, "rope_spec", lambda m: calls.append(1) or orig(m))
     first = frequency_usage(model, _tokens(), progress=False)
     n = len(calls)
     second = frequency_usage(model, _tokens(), progress=False)

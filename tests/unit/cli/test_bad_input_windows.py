@@ -187,12 +187,13 @@ def test_empty_band_is_refused_by_the_commands(command, tiny_dir, tmp_path, monk
 
 
 def test_band_statistics_refuses_an_empty_band_before_the_model_runs(tiny, monkeypatch):
-    import ropelens.run.verify
+    import ropelens.run.measure
 
     def ran(*_a, **_k):
         raise AssertionError("the model ran before the band spec was checked")
 
-    monkeypatch.setattr(ropelens.run.verify, "verification", ran)
+    # measure() runs the probe by the name its own module imported
+    monkeypatch.setattr(ropelens.run.measure, "verification", ran)
     with pytest.raises(InputError, match="holds no plane"):
         band_statistics(
             tiny("llama"),

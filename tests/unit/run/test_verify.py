@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import sys
 
 import pytest
 import torch
@@ -137,7 +138,13 @@ def _spec_patch(monkeypatch, **change) -> None:
         )
         return dataclasses.replace(s, layers=layers)
 
-    monkeypatch.setattr(reading, "rope_spec", wrong)
+    # every module that reads the spec imported rope_spec at its top: replace it in each
+    for module in list(sys.modules.values()):
+        if (
+            getattr(module, "__name__", "").startswith("ropelens")
+            and getattr(module, "rope_spec", None) is orig
+        ):
+            monkeypatch.setattr(module, "rope_spec", wrong)
 
 
 def test_wrong_pairing_is_caught(monkeypatch):

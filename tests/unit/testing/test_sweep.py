@@ -371,13 +371,14 @@ def test_table_phase_steps_recover_the_frequencies():
 
 def test_a_rotating_model_called_not_rotary_is_refused_not_dropped(monkeypatch, tmp_path):
     """'no RoPE' needs HF's word too: a model whose forward rotates stays a refused RoPE family."""
-    import ropelens.spec.reading
+    import ropelens.testing.sweep
     from ropelens.errors import NotRotaryError
 
     def not_rotary(model):
         raise NotRotaryError("LlamaForCausalLM uses 'none' position embeddings, not RoPE")
 
-    monkeypatch.setattr(ropelens.spec.reading, "rope_spec", not_rotary)
+    # the sweep reads the spec by the name its own module imported
+    monkeypatch.setattr(ropelens.testing.sweep, "rope_spec", not_rotary)
     row = sweep_one("llama", workdir=tmp_path)
     assert row.status == "refused" and "not RoPE" in row.detail
 
