@@ -33,7 +33,7 @@ N_BANDS = 4
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="embedded model name or tiny-llama")
     ap.add_argument("--n-ctx", type=int, default=None, help="window length (512; quick 128)")
     ap.add_argument("--n-windows", type=int, default=None, help="windows (16; quick 4)")

@@ -69,7 +69,7 @@ FULL = T.TrainConfig(seq_len=128, steps=800, tokenizer="tiny-char")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--quick", action="store_true", help="micro model (L=64, 400 steps), 4 windows, tiny search"
     )

@@ -62,7 +62,7 @@ DEFAULT = PETrainConfig(
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--quick", action="store_true", help="micro models (64 positions, 30 steps), 2 windows"
     )

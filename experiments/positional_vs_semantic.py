@@ -38,7 +38,7 @@ BANDS = Bands.quantiles(4)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="embedded model name or tiny-llama")
     ap.add_argument(
         "--quick", action="store_true", help="8 windows of 128 tokens; 4 for the causal check"

@@ -33,7 +33,7 @@ VARIANTS = tuple(PRoPE(p) for p in P_VALUES) + (PRoPEReversed(0.75), PRoPEPartia
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--model",
         nargs="+",

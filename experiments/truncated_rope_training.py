@@ -58,7 +58,7 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=3, help="seeds per variant (>= 3 for a CI)")
     ap.add_argument("--scale", type=float, default=1.0, help="TrainConfig.scaled(factor) for GPUs")
     ap.add_argument("--steps", type=int, default=None, help="override steps (token budget)")
