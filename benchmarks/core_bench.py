@@ -3,10 +3,11 @@
 Runs them side by side on the same windows of the embedded English corpus, interleaved, and prints
 the median time of each and its ratio to HF's sdpa forward over the same tokens (the decoder only,
 no unembedding): ``sdpa`` is that baseline, ``forward`` the bridge's forward, ``usage`` frequency
-usage on the fast q/k path, ``frequency_usage_bridge`` the same through the bridge. With ``--rss`` it instead
-measures the peak RSS each column adds over the loaded model, each in a fresh process.
+usage on the fast q/k path, ``frequency_usage_bridge`` the same through the bridge. With ``--rss``
+it instead measures the peak RSS each column adds over the loaded model, each in a fresh process.
 
-    python benchmarks/core_bench.py [--model smollm2-135m] [--windows 16] [--n-ctx 512] [--repeats 3]
+    python benchmarks/core_bench.py [--model smollm2-135m] [--windows 16] [--n-ctx 512] \
+        [--repeats 3]
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ from ropelens.run.capture import batches, stream
 from ropelens.spec.bands import Bands
 
 args_tile: int | None = None
-WHAT = ("sdpa", "forward", "frequency_usage", "frequency_usage_bridge", "band_statistics", "band_statistics+top1")
+WHAT = (
+    "sdpa",
+    "forward",
+    "frequency_usage",
+    "frequency_usage_bridge",
+    "band_statistics",
+    "band_statistics+top1",
+)
 
 
 def run(model, spec, toks, what: str, batch_size: int) -> float:
@@ -128,8 +136,9 @@ def rss(args) -> None:
         )
         added[what] = res["peak_rss_mb"] - res["rss_before_mb"]
         print(
-            f"  {what:<16} peak RSS {res['peak_rss_mb']:7.0f} MB, adds {added[what]:7.0f} MB over the loaded model "
-            f"({res['rss_before_mb']:.0f} MB): {added[what] / max(added['sdpa'], 1):.2f}x what sdpa adds"
+            f"  {what:<16} peak RSS {res['peak_rss_mb']:7.0f} MB, adds {added[what]:7.0f} MB "
+            f"over the loaded model ({res['rss_before_mb']:.0f} MB): "
+            f"{added[what] / max(added['sdpa'], 1):.2f}x what sdpa adds"
         )
 
 

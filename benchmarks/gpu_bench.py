@@ -1,4 +1,5 @@
-"""Frequency usage and band statistics against HF's own sdpa forward, on random-weight models of real shapes.
+"""Frequency usage and band statistics against HF's own sdpa forward, on random-weight models of
+real shapes.
 
 Builds Llama-3.2-1B and Llama-3.1-8B shapes directly on the device with random weights (no
 download: cost does not depend on the weights), wraps them in the TransformerLens bridge, and
@@ -6,9 +7,11 @@ prints for each shape and each ``windows x tokens`` setting: HF's sdpa forward o
 (no unembedding; the baseline), frequency usage and full band statistics through ropelens, each
 as median time, tokens/s, ratio to the baseline and peak device memory.
 
-    python benchmarks/gpu_bench.py                       # on CUDA: 1B and 8B, 8 x 4096 and 1 x 32768
+    # on CUDA: 1B and 8B, 8 x 4096 and 1 x 32768
+    python benchmarks/gpu_bench.py
     python benchmarks/gpu_bench.py --shapes 1b --settings 8x4096 --repeats 5
-    python benchmarks/gpu_bench.py --device cpu --shapes tiny --settings 2x256   # a smoke run anywhere
+    # a smoke run anywhere
+    python benchmarks/gpu_bench.py --device cpu --shapes tiny --settings 2x256
 """
 
 from __future__ import annotations
@@ -159,14 +162,16 @@ def main() -> None:
                         torch.cuda.empty_cache()
             base = statistics.median(s for s, _ in rows["sdpa"])
             print(
-                f"{shape} shape, {n_win} x {n_ctx} tokens, {args.dtype} on {device}, {args.repeats} interleaved repeats"
+                f"{shape} shape, {n_win} x {n_ctx} tokens, {args.dtype} on {device}, "
+                f"{args.repeats} interleaved repeats"
             )
             for w, runs in rows.items():
                 t = statistics.median(s for s, _ in runs)
                 peaks = [m for _, m in runs if m is not None]
                 mem = f"{max(peaks):6.1f} GB" if peaks else "   n/a"
                 print(
-                    f"  {w:<11} {t:8.3f} s  {n_win * n_ctx / t:10.0f} tok/s  {t / base:6.2f}x sdpa  peak {mem}"
+                    f"  {w:<11} {t:8.3f} s  {n_win * n_ctx / t:10.0f} tok/s  {t / base:6.2f}x "
+                    f"sdpa  peak {mem}"
                 )
         del model
         if device.type == "cuda":

@@ -2,16 +2,17 @@
 
 Times, side by side on the same windows of the embedded English corpus and interleaved, the mean
 next-token loss by HF's own sdpa forward (``sdpa``: the HF model the bridge wraps, nothing applied),
-under p-RoPE 0.75 and under a band ablation (the highest quarter of the planes zeroed in every layer)
-on the sdpa path (``prope_sdpa``, ``ablate_sdpa``), with ``--plain`` the same on the weights loaded
-as a plain HF model (``prope_plain``, ``ablate_plain``: no bridge at all) and, where its [heads, n, n]
-scores fit, through the bridge (``prope_bridge``); prints the median of each and its ratio to ``sdpa``. ``--rss N``
-instead measures the peak RSS one forward of N tokens adds over the loaded model, plain and under
-p-RoPE 0.75, each in a fresh process (VmHWM after resetting it, and ru_maxrss). ``--passkey N``
-times one passkey trial at N tokens under the sdpa path (KV cache, prefill in chunks of 4,096), with
-its peak RSS, for the unmodified model or a ``--variant``.
+under p-RoPE 0.75 and under a band ablation (the highest quarter of the planes zeroed in every
+layer) on the sdpa path (``prope_sdpa``, ``ablate_sdpa``), with ``--plain`` the same on the weights
+loaded as a plain HF model (``prope_plain``, ``ablate_plain``: no bridge at all) and, where its
+[heads, n, n] scores fit, through the bridge (``prope_bridge``); prints the median of each and its
+ratio to ``sdpa``. ``--rss N`` instead measures the peak RSS one forward of N tokens adds over the
+loaded model, plain and under p-RoPE 0.75, each in a fresh process (VmHWM after resetting it, and
+ru_maxrss). ``--passkey N`` times one passkey trial at N tokens under the sdpa path (KV cache,
+prefill in chunks of 4,096), with its peak RSS, for the unmodified model or a ``--variant``.
 
-    python benchmarks/intervene_bench.py [--windows 8] [--n-ctx 512] [--repeats 3] [--bridge] [--plain]
+    python benchmarks/intervene_bench.py [--windows 8] [--n-ctx 512] [--repeats 3] \
+        [--bridge] [--plain]
     python benchmarks/intervene_bench.py --rss 16384
     python benchmarks/intervene_bench.py --passkey 32768 [--variant yarn:4:8192]
 """
@@ -69,7 +70,8 @@ def run(model, toks, what: str, batch_size: int) -> tuple[float, torch.Tensor]:
 
 def timing(args) -> None:
     model = ropelens.load_model(args.model)
-    # the same weights loaded without the bridge: the engine applies the variant at the rotation the HF forward calls
+    # the same weights loaded without the bridge: the engine applies the variant at the rotation the
+    # HF forward calls
     plain = ropelens.load_model(args.model, bridge=False) if args.plain else None
     toks = data.windows(data.english(), model.tokenizer, args.n_ctx, n_windows=args.windows)
     whats = (
@@ -90,14 +92,16 @@ def timing(args) -> None:
     base = statistics.median(times["sdpa"])
     print(
         f"{args.model}, {toks.shape[0]} × {toks.shape[1]} tokens, batch {args.batch_size}, "
-        f"{torch.get_num_threads()} threads, medians of {args.repeats}; paired: the median of each repeat's "
-        "own ratio to the sdpa run beside it (slow drifts of a shared machine cancel)"
+        f"{torch.get_num_threads()} threads, medians of {args.repeats}; paired: the median of "
+        "each repeat's own ratio to the sdpa run beside it (slow drifts of a shared machine "
+        "cancel)"
     )
     for w in whats:
         med = statistics.median(times[w])
         paired = statistics.median(x / y for x, y in zip(times[w], times["sdpa"], strict=True))
         print(
-            f"  {w:<13} {med:8.2f} s  {med / base:6.2f}×  paired {paired:5.2f}×  loss {losses[w]:.4f}"
+            f"  {w:<13} {med:8.2f} s  {med / base:6.2f}×  paired {paired:5.2f}×  loss "
+            f"{losses[w]:.4f}"
         )
 
 
@@ -153,7 +157,8 @@ def rss(args) -> None:
         print(rows[what])
     a, b = rows["sdpa"]["peak_added_mb"], rows["prope_sdpa"]["peak_added_mb"]
     print(
-        f"{args.rss} tokens: peak RSS added {a:.0f} MB plain sdpa, {b:.0f} MB under p-RoPE 0.75: {b / a:.2f}×"
+        f"{args.rss} tokens: peak RSS added {a:.0f} MB plain sdpa, {b:.0f} MB under p-RoPE 0.75: "
+        f"{b / a:.2f}×"
     )
 
 
@@ -177,9 +182,10 @@ def passkey(args) -> None:
     t = res.trials[0]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
-        f"passkey at {t.n_tokens} tokens ({res.provenance.config['forward']}, variant {args.variant or 'none'}): "
-        f"answer {t.answer!r} (passkey {t.passkey}), {time.perf_counter() - t0:.0f} s; peak RSS {peak_mb:.0f} MB "
-        f"({peak_mb - loaded_mb:.0f} MB over the loaded model's {loaded_mb:.0f} MB)"
+        f"passkey at {t.n_tokens} tokens ({res.provenance.config['forward']}, variant "
+        f"{args.variant or 'none'}): answer {t.answer!r} (passkey {t.passkey}), "
+        f"{time.perf_counter() - t0:.0f} s; peak RSS {peak_mb:.0f} MB ({peak_mb - loaded_mb:.0f} "
+        f"MB over the loaded model's {loaded_mb:.0f} MB)"
     )
 
 

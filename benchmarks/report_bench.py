@@ -6,8 +6,8 @@ load average before and after (other processes skew CPU timings). Before each bu
 own sdpa forward over the report's tokens (same windows, same batch size, decoder only), and prints
 the median of the per-repeat ratios report / sdpa: slow drifts of a shared machine cancel in a pair.
 
-    python benchmarks/report_bench.py [--model smollm2-135m] [--tokens 32768] [--n-ctx 512]
-                                      [--band-tokens N|all] [--batch-size 4] [--repeats 3] [--cprofile FILE]
+    python benchmarks/report_bench.py [--model smollm2-135m] [--tokens 32768] [--n-ctx 512] \
+        [--band-tokens N|all] [--batch-size 4] [--repeats 3] [--cprofile FILE]
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def main() -> None:
     t0 = time.perf_counter()
     model = ropelens.load_model(args.model, device="cpu")
     print(
-        f"model {args.model} loaded in {time.perf_counter() - t0:.1f} s (not counted); torch threads "
-        f"{torch.get_num_threads()}, CPUs {os.cpu_count()}"
+        f"model {args.model} loaded in {time.perf_counter() - t0:.1f} s (not counted); torch "
+        f"threads {torch.get_num_threads()}, CPUs {os.cpu_count()}"
     )
     load_before = os.getloadavg()
     walls, steps, sdpas = [], [], []
@@ -102,24 +102,27 @@ def main() -> None:
     load_after = os.getloadavg()
     m = report["measured"]
     print(
-        f"\nreport: {m['usage']['n_tokens']:,} tokens in {m['usage']['n_windows']} windows of {args.n_ctx}, "
-        f"band statistics on {m['band_statistics']['n_windows']} windows, {len(report['provenance']['config']['layers'])} layers"
+        f"\nreport: {m['usage']['n_tokens']:,} tokens in {m['usage']['n_windows']} windows of "
+        f"{args.n_ctx}, band statistics on {m['band_statistics']['n_windows']} windows, "
+        f"{len(report['provenance']['config']['layers'])} layers"
     )
     for step in steps[0]:
         print(f"  {step:<18}{statistics.median(s[step] for s in steps):8.1f} s (median)")
     wall = statistics.median(walls)
     print(
-        f"  {'wall':<18}{wall:8.1f} s median of {len(walls)} ({', '.join(f'{w:.1f}' for w in walls)}); "
-        f"target ≤ {TARGET_SECONDS} s: {'met' if wall <= TARGET_SECONDS else 'missed'}"
+        f"  {'wall':<18}{wall:8.1f} s median of {len(walls)} "
+        f"({', '.join(f'{w:.1f}' for w in walls)}); target ≤ {TARGET_SECONDS} s: "
+        f"{'met' if wall <= TARGET_SECONDS else 'missed'}"
     )
     ratio = statistics.median(w / s for w, s in zip(walls, sdpas, strict=True))
     print(
-        f"  {'sdpa forward':<18}{statistics.median(sdpas):8.1f} s median; report / sdpa {ratio:.2f}× "
-        f"(median of per-repeat ratios); target ≤ {TARGET_RATIO}×: {'met' if ratio <= TARGET_RATIO else 'missed'}"
+        f"  {'sdpa forward':<18}{statistics.median(sdpas):8.1f} s median; report / sdpa "
+        f"{ratio:.2f}× (median of per-repeat ratios); target ≤ {TARGET_RATIO}×: "
+        f"{'met' if ratio <= TARGET_RATIO else 'missed'}"
     )
     print(
-        f"load average (1, 5, 15 min): before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
-        f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
+        f"load average (1, 5, 15 min): before {load_before[0]:.2f} {load_before[1]:.2f} "
+        f"{load_before[2]:.2f}, after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
     )
 
 

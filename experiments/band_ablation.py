@@ -1,9 +1,9 @@
-"""Loss change from zeroing each quartile band of RoPE planes, in all layers at once and layer by layer,
-and from zeroing each single plane in all layers.
+"""Loss change from zeroing each quartile band of RoPE planes, in all layers at once and layer by
+layer, and from zeroing each single plane in all layers.
 
 Bands are ``Bands.quantiles(4)`` resolved per layer (band 0 holds the highest frequencies);
-``ablate_planes`` zeroes them in the rotated queries and keys, removing their logit terms. The change
-is paired per window (ablated − clean loss) with a bootstrap CI over windows. Resumable.
+``ablate_planes`` zeroes them in the rotated queries and keys, removing their logit terms. The
+change is paired per window (ablated − clean loss) with a bootstrap CI over windows. Resumable.
 
     python experiments/band_ablation.py --quick
 """
@@ -121,7 +121,8 @@ def run(model: Any, name: str, args: argparse.Namespace, store: RunStore) -> Non
             },
         )
         print(
-            f"plane {plane:3d} (λ = {float(spec[0].wavelength[plane]):.4g}) all layers: Δloss {delta.loss}",
+            f"plane {plane:3d} (λ = {float(spec[0].wavelength[plane]):.4g}) all layers: Δloss "
+            f"{delta.loss}",
             flush=True,
         )
 
@@ -252,11 +253,13 @@ def main(argv: list[str] | None = None, model: Any = None) -> Path:
     for r in table:
         pl = f"{r['planes'][0]}-{r['planes'][-1]}" if r["planes"] else "-"
         print(
-            f"{r['layers']:>6s} {r['band']:4d} {pl:>14s} {r['dloss']:9.4f}  [{r['lo']:.4f}, {r['hi']:.4f}]"
+            f"{r['layers']:>6s} {r['band']:4d} {pl:>14s} {r['dloss']:9.4f}  [{r['lo']:.4f}, "
+            f"{r['hi']:.4f}]"
         )
     for r in planes:
         print(
-            f" plane {r['plane']:4d} λ {r['wavelength']:12.4g} {r['dloss']:9.4f}  [{r['lo']:.4f}, {r['hi']:.4f}]"
+            f" plane {r['plane']:4d} λ {r['wavelength']:12.4g} {r['dloss']:9.4f}  "
+            f"[{r['lo']:.4f}, {r['hi']:.4f}]"
         )
     return out / "result.json"
 

@@ -1,12 +1,14 @@
-"""Context extension without (and with a little) fine-tuning: PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE.
+"""Context extension without (and with a little) fine-tuning: PI, NTK, dynamic NTK, YaRN, Llama 3,
+LongRoPE.
 
-A small Llama-style model trained at length L (``ropelens.training.train``'s model and data) is evaluated at
-L, 2L, 4L and 8L under each method, applied at inference through ``apply_rope_variant`` (so YaRN's
-and LongRoPE's attention factors and LongRoPE's n̂ are honoured). LongRoPE's factors come from
-``search_longrope_factors`` at each target length, on held-out windows disjoint from the evaluation
-windows. Then each method is fine-tuned briefly at 4L and evaluated again, and each method's cost at
-the embedded SmolLM2's native length is measured. Perplexity with bootstrap CIs over windows;
-resumable (runs in ``runs.json``, the trained model in ``model.pt``, search states per length).
+A small Llama-style model trained at length L (``ropelens.training.train``'s model and data) is
+evaluated at L, 2L, 4L and 8L under each method, applied at inference through ``apply_rope_variant``
+(so YaRN's and LongRoPE's attention factors and LongRoPE's n̂ are honoured). LongRoPE's factors come
+from ``search_longrope_factors`` at each target length, on held-out windows disjoint from the
+evaluation windows. Then each method is fine-tuned briefly at 4L and evaluated again, and each
+method's cost at the embedded SmolLM2's native length is measured. Perplexity with bootstrap CIs
+over windows; resumable (runs in ``runs.json``, the trained model in ``model.pt``, search states per
+length).
 
     python experiments/context_extension.py --quick
 """
@@ -53,7 +55,8 @@ from ropelens.training import train as T
 
 METHODS = ("none", "PI", "NTK", "DynamicNTK", "YaRN", "Llama3", "LongRoPE")
 # Character tokens: a tiny model learns them in minutes and leans on position (spelling) far more
-# than on subword tokens, so the methods separate; subword micro models stay near unigram perplexity.
+# than on subword tokens, so the methods separate; subword micro models stay near unigram
+# perplexity.
 QUICK = T.TrainConfig(
     d_model=64,
     n_layers=2,
@@ -136,7 +139,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 # the small model
 # --------------------------------------------------------------------------------------------
 def trained_model(config: T.TrainConfig, out: Path) -> tuple[Any, dict[str, Any]]:
-    """The model ``config`` trains (cached in ``out/model-<config hash>.pt``), and its token streams."""
+    """The model ``config`` trains (cached in ``out/model-<config hash>.pt``), and its token
+    streams."""
     train_ids, val_ids, vocab, bos = T.token_streams(
         config.corpus, config.tokenizer, config.val_fraction
     )
@@ -154,7 +158,8 @@ def trained_model(config: T.TrainConfig, out: Path) -> tuple[Any, dict[str, Any]
 def _fit(
     model, batches: torch.Tensor, config: T.TrainConfig, steps: int, lr: float, variant=None
 ) -> None:
-    """ropelens.training.train.fit with a 10% warm-up; through the bridge under ``variant`` when given."""
+    """ropelens.training.train.fit with a 10% warm-up; through the bridge under ``variant`` when
+    given."""
 
     def under_variant(m, batch):
         with apply_rope_variant(m, variant):
@@ -226,7 +231,8 @@ def _run(
 
 
 def searches(bridge, info, l0: int, args, out: Path) -> dict[int, LongRopeSearch]:
-    """LongRoPE factors per target length, scored on the tail of the val split (disjoint from eval)."""
+    """LongRoPE factors per target length, scored on the tail of the val split (disjoint from
+    eval)."""
     found = {}
     for k in (m for m in args.multiples if m > 1):
         n_ctx = k * l0
@@ -309,7 +315,8 @@ def extrapolation(
 
 
 def search_rows(found: dict[int, LongRopeSearch]) -> list[dict[str, Any]]:
-    """The searched factors' perplexity on the search windows against PI and YaRN, per target length."""
+    """The searched factors' perplexity on the search windows against PI and YaRN, per target
+    length."""
     return [
         {
             "target_len": n,
@@ -328,7 +335,8 @@ def search_rows(found: dict[int, LongRopeSearch]) -> list[dict[str, Any]]:
 
 
 def smollm_cost(args, store: RunStore) -> None:
-    """Each method, configured for 4× extension, at the embedded model's native length (in distribution)."""
+    """Each method, configured for 4× extension, at the embedded model's native length (in
+    distribution)."""
     model, name = _common.load(args.smollm)
     layer = rope_spec(model)[0]
     l0 = int(layer.n_ctx)
@@ -451,12 +459,14 @@ def main(argv: list[str] | None = None) -> Path:
     print(f"{'stage':9s} {'method':10s} {'n_ctx':>5s} {'ppl':>9s}  95% CI")
     for r in rows:
         print(
-            f"{r['stage']:9s} {r['method']:10s} {r['n_ctx']:5d} {r['ppl']:9.3f}  [{r['ppl_lo']:.3f}, {r['ppl_hi']:.3f}]"
+            f"{r['stage']:9s} {r['method']:10s} {r['n_ctx']:5d} {r['ppl']:9.3f}  "
+            f"[{r['ppl_lo']:.3f}, {r['ppl_hi']:.3f}]"
         )
     for r in search_rows(found):
         print(
-            f"search {r['target_len']:5d}: LongRoPE {r['longrope']:.4g} vs PI {r['PI']:.4g} ({r['gain_vs_PI']:+.1%}) "
-            f"and YaRN {r['YaRN']:.4g} ({r['gain_vs_YaRN']:+.1%}), n_hat {r['n_hat']}"
+            f"search {r['target_len']:5d}: LongRoPE {r['longrope']:.4g} vs PI {r['PI']:.4g} "
+            f"({r['gain_vs_PI']:+.1%}) and YaRN {r['YaRN']:.4g} ({r['gain_vs_YaRN']:+.1%}), "
+            f"n_hat {r['n_hat']}"
         )
     return out / "result.json"
 

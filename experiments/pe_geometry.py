@@ -1,4 +1,5 @@
-"""Position-embedding geometry: learned PE trained forward/backward/permuted vs init, and do real RoPE heads decay?
+"""Position-embedding geometry: learned PE trained forward/backward/permuted vs init, and do real
+RoPE heads decay?
 
 Part 1 (Luo & Love, Fig. 7, in small): train GPT-style models with learned absolute position
 embeddings on the embedded English text in each token order, plus the untrained init; for each, and
@@ -92,7 +93,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.decay_ctx = args.decay_ctx or (64 if args.quick else 256)
     if args.decay_windows < 1 or args.decay_ctx < 8:
         ap.error(
-            f"--decay-windows must be >= 1 and --decay-ctx >= 8, got {args.decay_windows}, {args.decay_ctx}"
+            f"--decay-windows must be >= 1 and --decay-ctx >= 8, got {args.decay_windows}, "
+            f"{args.decay_ctx}"
         )
     if args.steps is not None and args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
@@ -110,7 +112,8 @@ def train_config(args: argparse.Namespace) -> PETrainConfig:
 def learned_models(
     cfg: PETrainConfig, orders: list[str], out: Path, store: RunStore
 ) -> dict[str, PETrainResult]:
-    """Train each order not already in ``store`` (its result file beside runs.json); load the rest."""
+    """Train each order not already in ``store`` (its result file beside runs.json); load the
+    rest."""
     results = {}
     for order in orders:
         key = {"part": "learned_pe", "order": order, "config": cfg.to_dict()}
@@ -119,7 +122,8 @@ def learned_models(
             results[order] = PETrainResult.load(out / done["file"])
             continue
         r = train_pe_model(order, cfg)
-        name = f"pe_{order}_{hashlib.sha256(RunStore.key(cfg.to_dict()).encode()).hexdigest()[:10]}.json"
+        digest = hashlib.sha256(RunStore.key(cfg.to_dict()).encode()).hexdigest()[:10]
+        name = f"pe_{order}_{digest}.json"
         r.save(out / name)
         store.put(
             key,
@@ -201,7 +205,8 @@ def head_verdicts(model: Any, tokens: Any) -> list[dict[str, Any]]:
 
 
 def count_verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Heads that decay / stay flat / grow, per layer and per third of the depth (early, middle, late)."""
+    """Heads that decay / stay flat / grow, per layer and per third of the depth (early, middle,
+    late)."""
     layers = sorted({r["layer"] for r in rows})
 
     def tally(sel):
@@ -232,7 +237,8 @@ def theory_curves(model: Any, max_distance: int) -> list[Any]:
 def decay_part(
     args: argparse.Namespace, model: Any, store: RunStore, out: Path
 ) -> dict[str, Any] | None:
-    """Per-head decay verdicts of a real RoPE model plus its theory curves (resumable as one piece)."""
+    """Per-head decay verdicts of a real RoPE model plus its theory curves (resumable as one
+    piece)."""
     if model is None and args.decay_model == "none":
         return None
     loaded, name = _common.load(model if model is not None else args.decay_model)
@@ -270,7 +276,8 @@ def decay_part(
 
 
 def spearman_map(rows: list[dict[str, Any]], name: str) -> go.Figure:
-    """Layer × head heatmap of the rank correlation of mean q·k with distance (negative = decays)."""
+    """Layer × head heatmap of the rank correlation of mean q·k with distance (negative =
+    decays)."""
     n_layers, n_heads = 1 + max(r["layer"] for r in rows), 1 + max(r["head"] for r in rows)
     z = np.full((n_layers, n_heads), np.nan)
     for r in rows:
@@ -289,7 +296,8 @@ def spearman_map(rows: list[dict[str, Any]], name: str) -> go.Figure:
 def report(result: dict[str, Any]) -> None:
     """Print the period table and the per-group decay counts."""
     print(
-        f"{'model':12s} {'period':>8s} {'strength':>9s} {'threshold':>9s} {'verdict':>8s} {'val loss':>9s}"
+        f"{'model':12s} {'period':>8s} {'strength':>9s} {'threshold':>9s} {'verdict':>8s} "
+        f"{'val loss':>9s}"
     )
     for order, s in result["learned_pe"].items():
         period = f"{s['period']:.1f}" if s["period"] else "-"
@@ -311,7 +319,8 @@ def report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None, model: Any = None) -> Path:
-    """Run both parts (``model`` overrides ``--decay-model`` with an object); returns the results JSON path."""
+    """Run both parts (``model`` overrides ``--decay-model`` with an object); returns the results
+    JSON path."""
     args = parse(argv)
     out = _common.out_dir(args.out)
     store = RunStore(out / "runs.json", meta={"script": "pe_geometry", "args": vars(args)})

@@ -1,4 +1,5 @@
-"""Do positional heads use the highest RoPE frequencies and content the lowest? (H1, H2, causal check)
+"""Do positional heads use the highest RoPE frequencies and content the lowest? (H1, H2, causal
+check)
 
 H1: heads classified positional draw a larger share of their attended-key margin from the highest
 band than other heads (difference of means, Cohen's d, one-sided label-permutation p, seeded).
@@ -281,7 +282,8 @@ def report(tx, hyp, rows, table) -> None:
     print(df["kind"].value_counts().to_string())
     for r in df[df.positional].sort_values("robust_mass", ascending=False).itertuples():
         print(
-            f"  L{r.layer:>2d} H{r.head}  {r.kind:<15s} mass text {r.mass_text:.3f}  random {r.mass_random:.3f}"
+            f"  L{r.layer:>2d} H{r.head}  {r.kind:<15s} mass text {r.mass_text:.3f}  random "
+            f"{r.mass_random:.3f}"
         )
     h1, h2, h2a = hyp["H1"], hyp["H2"], hyp["H2_abs"]
     if "untestable" in h1:
@@ -289,30 +291,35 @@ def report(tx, hyp, rows, table) -> None:
     else:
         verdict = "holds" if h1["p"] < 0.05 and h1["diff"] > 0 else "fails"
         print(
-            f"H1 {verdict} on this model: highest-band margin share positional {h1['mean_in']:.3f} "
-            f"(n={h1['n_in']}) vs other {h1['mean_out']:.3f} (n={h1['n_out']}); diff {h1['diff']:+.3f}, "
-            f"d={h1['cohen_d']:.2f}, permutation p={h1['p']:.4f}"
+            f"H1 {verdict} on this model: highest-band margin share positional "
+            f"{h1['mean_in']:.3f} (n={h1['n_in']}) vs other {h1['mean_out']:.3f} "
+            f"(n={h1['n_out']}); diff {h1['diff']:+.3f}, d={h1['cohen_d']:.2f}, permutation "
+            f"p={h1['p']:.4f}"
         )
     verdict = "holds" if h2["p"] < 0.05 and h2["mean_diff"] > 0 else "fails"
     print(
         f"H2 {verdict} on this model: content share lowest − highest band {h2['mean_diff']:+.3f} "
-        f"(d_z={h2['d_z']:.2f}, {h2['frac_positive']:.0%} of {h2['n']} heads > 0, sign-flip p={h2['p']:.4f}); "
-        f"absolute content variance lowest − highest {h2a['mean_diff']:+.3f} (p={h2a['p']:.4f})"
+        f"(d_z={h2['d_z']:.2f}, {h2['frac_positive']:.0%} of {h2['n']} heads > 0, sign-flip "
+        f"p={h2['p']:.4f}); absolute content variance lowest − highest {h2a['mean_diff']:+.3f} "
+        f"(p={h2a['p']:.4f})"
     )
     for r in rows:
         c = r["config"]
         for a, b in zip(r["clean"], r["ablated"], strict=True):
             print(
-                f"  ablate band {c['band']} of {c['group']:<10s} L{a['layer']:>2d} H{a['head']} δ*={a['offset']}: "
-                f"offset mass {a['offset_mass']:.3f} → {b['offset_mass']:.3f}, argmax kept {b['argmax_agree']:.2f}"
+                f"  ablate band {c['band']} of {c['group']:<10s} L{a['layer']:>2d} H{a['head']} "
+                f"δ*={a['offset']}: offset mass {a['offset_mass']:.3f} → {b['offset_mass']:.3f}, "
+                f"argmax kept {b['argmax_agree']:.2f}"
             )
         print(
-            f"    Δloss {r['dloss']['mean']:+.4f} [{r['dloss']['lo']:+.4f}, {r['dloss']['hi']:+.4f}]"
+            f"    Δloss {r['dloss']['mean']:+.4f} [{r['dloss']['lo']:+.4f}, "
+            f"{r['dloss']['hi']:+.4f}]"
         )
     for t in table:
         bands = "  ".join(f"{n}: {v[0]:.2f}/{v[1]:.2f}" for n, v in t["bands"].items())
         print(
-            f"  L{t['layer']} H{t['head']} δ*={t['offset']}: logit {t['logit']:.2f} vs Σ bound {t['bound']:.2f} | {bands}"
+            f"  L{t['layer']} H{t['head']} δ*={t['offset']}: logit {t['logit']:.2f} vs Σ bound "
+            f"{t['bound']:.2f} | {bands}"
         )
 
 

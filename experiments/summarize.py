@@ -97,9 +97,10 @@ def training(results: list[dict[str, Any]]) -> str:
     ]
     cfg = (
         (
-            f"{base.get('n_layers')} layers, d_model {base.get('d_model')}, {base.get('n_heads')} heads × "
-            f"{base.get('head_dim')}, {base.get('steps')} steps × {base.get('batch_size')} × {base.get('seq_len')} "
-            f"tokens, lr {base.get('lr')}, corpus {base.get('corpus')}"
+            f"{base.get('n_layers')} layers, d_model {base.get('d_model')}, "
+            f"{base.get('n_heads')} heads × {base.get('head_dim')}, {base.get('steps')} steps × "
+            f"{base.get('batch_size')} × {base.get('seq_len')} tokens, lr {base.get('lr')}, "
+            f"corpus {base.get('corpus')}"
         )
         if base
         else ""
@@ -119,7 +120,8 @@ def training(results: list[dict[str, Any]]) -> str:
                 ],
                 rows,
             ),
-            f"Ours (best first): {' > '.join(cmp.get('ours', []))}  \nPaper: {' > '.join(cmp.get('paper', []))}  \n"
+            f"Ours (best first): {' > '.join(cmp.get('ours', []))}  \nPaper: "
+            f"{' > '.join(cmp.get('paper', []))}  \n"
             f"Kendall τ {cmp.get('kendall_tau', float('nan')):+.2f}. **{res.get('verdict', '')}**",
             _prov(res),
         ]

@@ -1,4 +1,5 @@
-"""Perplexity of pretrained models when their RoPE is truncated at inference (p-RoPE, reversed, partial).
+"""Perplexity of pretrained models when their RoPE is truncated at inference (p-RoPE, reversed,
+partial).
 
 For each model, variant (p ∈ {0 … 1}, reversed and partial 0.75), context length and layer kind
 (Gemma: global, local or both), the mean next-token loss over held-out windows of the embedded
@@ -85,7 +86,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def windows_for(args: argparse.Namespace, n_ctx: int) -> int:
-    """Windows evaluated at ``n_ctx``: fixed, or a token budget spread over at least --min-windows."""
+    """Windows evaluated at ``n_ctx``: fixed, or a token budget spread over at least
+    --min-windows."""
     return args.n_windows if args.tokens is None else max(args.min_windows, args.tokens // n_ctx)
 
 
@@ -93,7 +95,8 @@ def _identity_run(
     store: RunStore, cfg: dict[str, Any], variant: Any, model: Any
 ) -> dict[str, Any] | None:
     """A finished run of the same variant under another layer kind, when the variant leaves every
-    layer rotating exactly as the model does (p = 1): then the layers it is applied to do not matter."""
+    layer rotating exactly as the model does (p = 1): then the layers it is applied to do not
+    matter."""
     spec = rope_spec(model)
     if not is_identity(spec, variant, spec.layer_indices(None), cfg["n_ctx"]):
         return None
@@ -211,7 +214,8 @@ def figure(rows: list[dict[str, Any]]):
 
 
 def main(argv: list[str] | None = None, model: Any = None) -> Path:
-    """Run the sweep (``model`` overrides ``--model`` with an object); returns the results JSON path."""
+    """Run the sweep (``model`` overrides ``--model`` with an object); returns the results JSON
+    path."""
     args = parse(argv)
     out = _common.out_dir(args.out)
     store = RunStore(
@@ -237,8 +241,8 @@ def main(argv: list[str] | None = None, model: Any = None) -> Path:
     print(f"{'model':14s} {'kind':6s} {'n_ctx':>5s} {'variant':14s} {'p':>5s} {'ppl':>9s}  95% CI")
     for r in rows:
         print(
-            f"{r['model']:14s} {r['layer_kind']:6s} {r['n_ctx']:5d} {r['variant']:14s} {r['p']:5.3f} "
-            f"{r['ppl']:9.3f}  [{r['ppl_lo']:.3f}, {r['ppl_hi']:.3f}]"
+            f"{r['model']:14s} {r['layer_kind']:6s} {r['n_ctx']:5d} {r['variant']:14s} "
+            f"{r['p']:5.3f} {r['ppl']:9.3f}  [{r['ppl_lo']:.3f}, {r['ppl_hi']:.3f}]"
         )
     return out / "result.json"
 

@@ -1,4 +1,5 @@
-"""Train small models from scratch under seven RoPE variants and compare with Barbero et al. Table 2.
+"""Train small models from scratch under seven RoPE variants and compare with Barbero et al. Table
+2.
 
 Variants: RoPE θ=10k, RoPE θ=500k, 0.25-RoPE, 0.75-RoPE, 0.75-RoPE reversed, 0.75-RoPE partial,
 NoPE; each over ``--seeds`` seeds under one token budget (the same TrainConfig). Reports validation
@@ -89,8 +90,8 @@ def _summary(losses: list[float]) -> dict[str, float]:
 
 
 def _paired(losses: list[float], reference: list[float]) -> dict[str, float]:
-    """Mean loss difference to the reference variant, seed by seed (same init and data order), with a
-    95% t-interval over seeds: far tighter than comparing two variants' own intervals."""
+    """Mean loss difference to the reference variant, seed by seed (same init and data order), with
+    a 95% t-interval over seeds: far tighter than comparing two variants' own intervals."""
     d = [a - b for a, b in zip(losses, reference, strict=True)]
     n = len(d)
     mean = sum(d) / n
@@ -128,15 +129,16 @@ def verdict(cmp: dict[str, Any]) -> str:
     if cmp["identical"]:
         return "The ordering HOLDS: it matches Table 2 (Wiki) exactly."
     return (
-        f"The ordering does NOT hold exactly (Kendall tau {cmp['kendall_tau']:+.2f} vs Table 2 Wiki); "
-        f"0.75-RoPE best: {'yes' if cmp['best_is_0.75'] else 'no'}; "
-        f"NoPE worst: {'yes' if cmp['nope_worst'] else 'no'}. Seed CIs that overlap mean the "
-        "ordering of those variants is not resolved at this scale."
+        f"The ordering does NOT hold exactly (Kendall tau {cmp['kendall_tau']:+.2f} vs Table 2 "
+        f"Wiki); 0.75-RoPE best: {'yes' if cmp['best_is_0.75'] else 'no'}; NoPE worst: "
+        f"{'yes' if cmp['nope_worst'] else 'no'}. Seed CIs that overlap mean the ordering of "
+        "those variants is not resolved at this scale."
     )
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Train every (variant, seed) not yet in the store; write the table; returns the result path."""
+    """Train every (variant, seed) not yet in the store; write the table; returns the result
+    path."""
     args = parse(argv)
     out = _common.out_dir(args.out)
     base = base_config(args)
@@ -197,8 +199,8 @@ def main(argv: list[str] | None = None) -> Path:
         v, w, d = table[k]["val"], table[k]["val_2x"], table[k]["vs_rope_10k"]
         lines.append(
             f"{k:20s} {v['ppl']:8.3f} [{v['lo']:8.3f}, {v['hi']:8.3f}] {w['ppl']:9.3f} "
-            f"[{w['lo']:8.3f}, {w['hi']:8.3f}] {d['dloss']:+9.4f} [{d['lo']:+8.4f}, {d['hi']:+8.4f}] "
-            f"{table[k]['paper_wiki']:7.4f}"
+            f"[{w['lo']:8.3f}, {w['hi']:8.3f}] {d['dloss']:+9.4f} [{d['lo']:+8.4f}, "
+            f"{d['hi']:+8.4f}] {table[k]['paper_wiki']:7.4f}"
         )
     lines += [
         f"ours  (best first): {' > '.join(cmp['ours'])}",

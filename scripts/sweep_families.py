@@ -1,4 +1,5 @@
-"""Sweep every RoPE causal LM of the installed transformers through ropelens and write docs/sweep.md.
+"""Sweep every RoPE causal LM of the installed transformers through ropelens and write
+docs/sweep.md.
 
 Each causal-LM model type whose modeling code applies rotary embeddings gets a tiny config built
 from its config class's defaults (``ropelens.testing.sweep.shrink_config``), a random model, and
@@ -6,7 +7,8 @@ the family matrix's checks against HF's eager attention (``check_config``). A fa
 transformers shows up here by re-running:
 
     .venv/bin/python scripts/sweep_families.py            # writes docs/sweep.md
-    .venv/bin/python scripts/sweep_families.py llama qwen3 --out -   # a few families, table to stdout
+    # a few families, table to stdout
+    .venv/bin/python scripts/sweep_families.py llama qwen3 --out -
 
 Families run one at a time in a worker process; one that takes longer than ``--timeout`` seconds
 is killed, reported as not built, and the worker restarts for the next.
@@ -38,8 +40,8 @@ _MARK = "@@ropelens-sweep "  # worker lines that carry a result (HF prints its o
 
 
 def worker(report: bool = False) -> int:
-    """Read model types from stdin, one a line; write one JSON result line for each (with ``report``, each family's
-    ``ropelens report --quick`` is built too)."""
+    """Read model types from stdin, one a line; write one JSON result line for each (with
+    ``report``, each family's ``ropelens report --quick`` is built too)."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -130,55 +132,88 @@ def render(
     built = len(rows) - sum(counts[s] for s in _NOT_COUNTED)
     out = [
         "# Sweep of every RoPE causal LM in transformers\n",
-        "Every model type of transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` whose modeling code applies "
-        "rotary embeddings (`apply_rotary_pos_emb`, `rotary_emb` or a `RotaryEmbedding` class) gets a tiny "
-        "random model built automatically from its config class's defaults: hidden size 64, 4 heads of 16, "
-        "intermediate 128, the tiny tokenizer's vocabulary of 101, 2-4 layers holding every kind of layer of "
-        "the default stack (layer_types and other per-layer patterns, dense/MoE splits, NoPE layers), sliding "
-        "windows and chunks cut to at most 8 (the input is 24 tokens), at most 4 experts, MLA ranks scaled "
-        "together, partial rotary and soft-caps kept, q/k weights ×4 so attention is far from uniform "
-        "(`ropelens.testing.sweep.shrink_config`). The model is saved, loaded with `ropelens.load_model(path)`, "
+        "Every model type of transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` whose modeling "
+        "code applies "
+        "rotary embeddings (`apply_rotary_pos_emb`, `rotary_emb` or a `RotaryEmbedding` class) "
+        "gets a tiny "
+        "random model built automatically from its config class's defaults: hidden size 64, 4 "
+        "heads of 16, "
+        "intermediate 128, the tiny tokenizer's vocabulary of 101, 2-4 layers holding every kind "
+        "of layer of "
+        "the default stack (layer_types and other per-layer patterns, dense/MoE splits, NoPE "
+        "layers), sliding "
+        "windows and chunks cut to at most 8 (the input is 24 tokens), at most 4 experts, MLA "
+        "ranks scaled "
+        "together, partial rotary and soft-caps kept, q/k weights ×4 so attention is far from "
+        "uniform "
+        "(`ropelens.testing.sweep.shrink_config`). The model is saved, loaded with "
+        "`ropelens.load_model(path)`, "
         "and checked against HF's own eager attention exactly as the curated family matrix "
-        "([models.md](models.md)) does (`ropelens.testing.sweep.check_config`): the spec's frequencies against "
-        "HF's rotary buffers (GPT-J and CodeGen keep none: against the angle step of each plane between "
-        "consecutive positions of their `embed_positions` sin|cos tables), the summed band logits against HF's pre-softmax scores (relative), the rebuilt "
-        "pattern against HF's attention probabilities, and on one token repeated the post-RoPE query against "
-        "the spec's rotation (relative). Past the logits (`ropelens.testing.sweep_checks`): frequency usage, the "
-        "mean norm of every plane of the post-RoPE q and k, against the plane norms of the q and k HF's "
-        "attention function receives, its rotary `attention_scaling` divided out (relative); band statistics, "
-        "every sum `BandStatsReducer` streams (|logit|, covariance, margin, top-1, JS divergence, variance, "
-        "counts, Cauchy–Schwarz), against a dense float64 reference built from the q, k, scale, mask, cap, "
-        "sinks and probabilities HF's eager attention receives and returns (`ropelens.testing.dense`; "
-        "relative to each sum's largest value; layers whose mask the model picks at run time, sparse "
-        "attention's key selection and Llama 4's chunks, on the input cut into windows they keep causal); and "
-        "a RoPE variant, p-RoPE with p = 0.5 through `apply_rope_variant`: on one token repeated the rotated "
-        "query against the variant's rotation (relative), and the logits after leaving it equal to the ones "
-        "before bit for bit (a difference makes the family wrong); every engine takes variants: the bridge's "
-        "hooks, and the HF forward's own rotation (`ropelens.backends.engine`) on a plain HF model or a bridge whose "
-        "attention rotates inside HF's module. Then the variant against HF's own implementation: the logits "
-        "under PI (`Linear(2)`) in the layers with default RoPE against the same weights reloaded with HF's "
-        '`linear` rope type, factor 2, in their config (relative; "–" where HF\'s config takes no other rope '
-        "type for them). With `--report`, each exact family's `ropelens report --quick` is built too (a family "
-        "whose report does not build is a crash). Errors are absolute in float32 unless marked relative; the "
+        "([models.md](models.md)) does (`ropelens.testing.sweep.check_config`): the spec's "
+        "frequencies against "
+        "HF's rotary buffers (GPT-J and CodeGen keep none: against the angle step of each plane "
+        "between "
+        "consecutive positions of their `embed_positions` sin|cos tables), the summed band "
+        "logits against HF's pre-softmax scores (relative), the rebuilt "
+        "pattern against HF's attention probabilities, and on one token repeated the post-RoPE "
+        "query against "
+        "the spec's rotation (relative). Past the logits (`ropelens.testing.sweep_checks`): "
+        "frequency usage, the "
+        "mean norm of every plane of the post-RoPE q and k, against the plane norms of the q and "
+        "k HF's "
+        "attention function receives, its rotary `attention_scaling` divided out (relative); "
+        "band statistics, "
+        "every sum `BandStatsReducer` streams (|logit|, covariance, margin, top-1, JS "
+        "divergence, variance, "
+        "counts, Cauchy–Schwarz), against a dense float64 reference built from the q, k, scale, "
+        "mask, cap, "
+        "sinks and probabilities HF's eager attention receives and returns "
+        "(`ropelens.testing.dense`; "
+        "relative to each sum's largest value; layers whose mask the model picks at run time, "
+        "sparse "
+        "attention's key selection and Llama 4's chunks, on the input cut into windows they keep "
+        "causal); and "
+        "a RoPE variant, p-RoPE with p = 0.5 through `apply_rope_variant`: on one token repeated "
+        "the rotated "
+        "query against the variant's rotation (relative), and the logits after leaving it equal "
+        "to the ones "
+        "before bit for bit (a difference makes the family wrong); every engine takes variants: "
+        "the bridge's "
+        "hooks, and the HF forward's own rotation (`ropelens.backends.engine`) on a plain HF "
+        "model or a bridge whose "
+        "attention rotates inside HF's module. Then the variant against HF's own implementation: "
+        "the logits "
+        "under PI (`Linear(2)`) in the layers with default RoPE against the same weights "
+        "reloaded with HF's "
+        '`linear` rope type, factor 2, in their config (relative; "–" where HF\'s config takes '
+        "no other rope "
+        "type for them). With `--report`, each exact family's `ropelens report --quick` is built "
+        "too (a family "
+        "whose report does not build is a crash). Errors are absolute in float32 unless marked "
+        "relative; the "
         "tolerance is 1e-4.\n",
-        "Statuses: **exact** (every error ≤ 1e-4), **refused** (ropelens raised `UnsupportedModelError`; its "
-        "first line is shown), **wrong** (ropelens gave a number HF disagrees with: a bug), **crashed** "
-        "(ropelens raised something other than a refusal: a bug), **unverified** (ropelens read it but HF gave "
-        "no reference for one of the checks, the variant aside), **no RoPE** (HF's forward calls no rotation and runs no rotary "
-        "module, and ropelens says the model is not rotary: its modeling code only defines a rotation, as "
-        "Jamba's and Nemotron-H's attention layers do; not a RoPE family, so outside the counts of RoPE "
-        "families built), **not built** (the tiny model could not be built or run here: the reason is shown).\n",
-        f"Made by `{command}` on {datetime.date.today().isoformat()} with ropelens {ropelens.__version__}, "
-        f"transformers {transformers.__version__}, torch {torch.__version__}: {families} model types with rotary code in "
-        f"{seconds:.0f} s.\n",
-        "| RoPE families built | exact | refused | wrong | crashed | unverified | no RoPE | not built |",
+        "Statuses: **exact** (every error ≤ 1e-4), **refused** (ropelens raised "
+        "`UnsupportedModelError`; its first line is shown), **wrong** (ropelens gave a number HF "
+        "disagrees with: a bug), **crashed** (ropelens raised something other than a refusal: a "
+        "bug), **unverified** (ropelens read it but HF gave no reference for one of the checks, "
+        "the variant aside), **no RoPE** (HF's forward calls no rotation and runs no rotary "
+        "module, and ropelens says the model is not rotary: its modeling code only defines a "
+        "rotation, as Jamba's and Nemotron-H's attention layers do; not a RoPE family, so "
+        "outside the counts of RoPE families built), **not built** (the tiny model could not be "
+        "built or run here: the reason is shown).\n",
+        f"Made by `{command}` on {datetime.date.today().isoformat()} with ropelens "
+        f"{ropelens.__version__}, transformers {transformers.__version__}, torch "
+        f"{torch.__version__}: {families} model types with rotary code in {seconds:.0f} s.\n",
+        "| RoPE families built | exact | refused | wrong | crashed | unverified | no RoPE | not "
+        "built |",
         "|---|---|---|---|---|---|---|---|",
-        f"| {built} | {counts['exact']} ({100 * counts['exact'] / max(built, 1):.0f}%) | {counts['refused']} | "
-        f"{counts['wrong']} | {counts['crashed']} | {counts['unverified']} | {counts['no RoPE']} | "
-        f"{counts['not built']} |\n",
-        "| model type | HF class | status | reason | layer kinds read | structure kept | freq err | scores err "
-        "(rel) | pattern err | pairing err (rel) | usage err (rel) | band stats err (rel) | variant err (rel) | "
-        "PI vs HF's linear (rel) |" + (" report |" if report else ""),
+        f"| {built} | {counts['exact']} ({100 * counts['exact'] / max(built, 1):.0f}%) | "
+        f"{counts['refused']} | {counts['wrong']} | {counts['crashed']} | {counts['unverified']} "
+        f"| {counts['no RoPE']} | {counts['not built']} |\n",
+        "| model type | HF class | status | reason | layer kinds read | structure kept | freq "
+        "err | scores err (rel) | pattern err | pairing err (rel) | usage err (rel) | band stats "
+        "err (rel) | variant err (rel) | PI vs HF's linear (rel) |"
+        + (" report |" if report else ""),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if report else ""),
     ]
     for r in rows:
@@ -188,10 +223,11 @@ def render(
             r["status"] if r["status"] not in ("wrong", "crashed") else f"**{r['status'].upper()}**"
         )
         out.append(
-            f"| {r['model_type']} | {r.get('architecture', '')} | {status} | {_cell(r.get('detail', ''))} | "
-            f"{kinds} | {_cell(r.get('structure', ''))} | {_e(e.get('inv_freq_err'))} | "
-            f"{_e(e.get('scores_err'))} | {_e(e.get('pattern_err'))} | {_e(e.get('pairing_err'))} | "
-            f"{_e(e.get('usage_err'))} | {_e(e.get('band_stats_err'))} | {_e(e.get('variant_err'))} | "
+            f"| {r['model_type']} | {r.get('architecture', '')} | {status} | "
+            f"{_cell(r.get('detail', ''))} | {kinds} | {_cell(r.get('structure', ''))} | "
+            f"{_e(e.get('inv_freq_err'))} | {_e(e.get('scores_err'))} | "
+            f"{_e(e.get('pattern_err'))} | {_e(e.get('pairing_err'))} | {_e(e.get('usage_err'))} "
+            f"| {_e(e.get('band_stats_err'))} | {_e(e.get('variant_err'))} | "
             f"{_e(e.get('hf_variant_err'))} |"
             + (f" {_cell(r.get('report', '')) or '–'} |" if report else "")
         )

@@ -1,5 +1,5 @@
-"""Shared fixtures: tiny random models and the family matrix's tiny models (unit tests), the real embedded
-models (integration)."""
+"""Shared fixtures: tiny random models and the family matrix's tiny models (unit tests), the real
+embedded models (integration)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,9 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def family_dir(tmp_path_factory):
-    """``family_dir(name)``: the family's tiny model (:mod:`ropelens.testing.families`) saved as an HF
-    directory, once per family per session. Tests only read it: one that edits a model saves its own."""
+    """``family_dir(name)``: the family's tiny model (:mod:`ropelens.testing.families`) saved as an
+    HF directory, once per family per session. Tests only read it: one that edits a model saves its
+    own."""
 
     @functools.cache
     def make(name: str) -> Path:
@@ -60,8 +61,8 @@ def family_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def family_model(family_dir):
-    """``family_model(name)``: (model, spec) of the family's tiny model, loaded with ``load_model(path)``
-    from :func:`family_dir`, once per family per module."""
+    """``family_model(name)``: (model, spec) of the family's tiny model, loaded with
+    ``load_model(path)`` from :func:`family_dir`, once per family per module."""
 
     @functools.cache
     def load(name: str):
@@ -73,7 +74,8 @@ def family_model(family_dir):
 
 @pytest.fixture
 def tiny_embedded(tiny_dir, monkeypatch):
-    """The name of a stand-in embedded model whose converted weights are the tiny Llama's directory."""
+    """The name of a stand-in embedded model whose converted weights are the tiny Llama's
+    directory."""
     from ropelens.loading import models
 
     entry = models.EmbeddedModel(
@@ -85,7 +87,8 @@ def tiny_embedded(tiny_dir, monkeypatch):
         description="the tiny Llama, loaded by name",
     )
     monkeypatch.setitem(models.EMBEDDED_MODELS, entry.name, entry)
-    # load_model's embedded branch reads the converted directory from the cache; point it at the tiny model
+    # load_model's embedded branch reads the converted directory from the cache; point it at the
+    # tiny model
     monkeypatch.setattr(models, "_cached_hf_dir", lambda _key, _gguf, _source: tiny_dir("llama"))
     return entry.name
 
@@ -119,7 +122,8 @@ def experiment():
 
 
 class Registry:
-    """The analysis registry during one test: what a test registers, replaces or drops is undone after it."""
+    """The analysis registry during one test: what a test registers, replaces or drops is undone
+    after it."""
 
     def __init__(self, monkeypatch):
         from ropelens.analyses import registry
@@ -141,7 +145,8 @@ class Registry:
         )
 
     def keep_sections(self, keep) -> None:
-        """Only the sections for which ``keep(section)`` is true (the analyses keep their commands)."""
+        """Only the sections for which ``keep(section)`` is true (the analyses keep their
+        commands)."""
         import dataclasses
 
         for a in self.module.analyses():
@@ -156,7 +161,8 @@ def registry(monkeypatch) -> Registry:
 
 
 class Hub:
-    """A local stand-in for the model hub, for tests of what ropelens says when the hub answers (or does not)."""
+    """A local stand-in for the model hub, for tests of what ropelens says when the hub answers (or
+    does not)."""
 
     def __init__(self, monkeypatch):
         from huggingface_hub import constants
@@ -171,8 +177,8 @@ class Hub:
         return endpoint
 
     def not_found(self, code: str, error: str, timeout: str = "0.5") -> str:
-        """Serve 404 with the hub's error code ``code`` (``RepoNotFound``, ``RevisionNotFound``) to every request,
-        and point the client there; returns the endpoint."""
+        """Serve 404 with the hub's error code ``code`` (``RepoNotFound``, ``RevisionNotFound``) to
+        every request, and point the client there; returns the endpoint."""
         import http.server
         import json
         import threading

@@ -11,8 +11,8 @@ results and errors. Every analysis (its function and its result class) is in
     spec = ropelens.rope_spec(model)  # what each layer rotates, read from the model and verified
     usage = frequency_usage(model, "english")
 
-The package is built in layers, each importing only from those below it: ``spec`` (RoPE math, reading
-a model, bands, variants), ``results``, ``backends``, ``loading``, ``run`` (data, capture,
+The package is built in layers, each importing only from those below it: ``spec`` (RoPE math,
+reading a model, bands, variants), ``results``, ``backends``, ``loading``, ``run`` (data, capture,
 measurement, interventions), ``analyses``, ``plots``, ``report``, ``testing``, ``training``, ``cli``
 and ``catalog``, which declares every analysis once (function, result, figures, command, report
 section) and registers it.

@@ -1,4 +1,5 @@
-"""Where a model runs: the one place that answers it, below every module that loads, reads or captures a model."""
+"""Where a model runs: the one place that answers it, below every module that loads, reads or
+captures a model."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def device_of(model: Any) -> torch.device:
 
 
 def available_memory(device: torch.device | str | None = None) -> int | None:
-    """Bytes free for new tensors on ``device`` (the CPU: the host's available memory); None where unknown."""
+    """Bytes free for new tensors on ``device`` (the CPU: the host's available memory); None where
+    unknown."""
     device = torch.device(device or "cpu")
     if device.type == "cuda":
         try:
@@ -60,8 +62,9 @@ def _size(n: float) -> str:
 def require_memory(
     nbytes: float, what: str, fix: str, device: torch.device | str | None = None
 ) -> None:
-    """Raise one InputError before allocating when ``what`` needs about ``nbytes`` and ``device`` has not that much
-    free (a computation that would take the whole machine): the message names the need, the room and ``fix``."""
+    """Raise one InputError before allocating when ``what`` needs about ``nbytes`` and ``device``
+    has not that much free (a computation that would take the whole machine): the message names the
+    need, the room and ``fix``."""
     room = available_memory(device)
     if room is not None and nbytes > 0.8 * room:
         where = "this machine" if torch.device(device or "cpu").type == "cpu" else str(device)
@@ -71,8 +74,9 @@ def require_memory(
 
 
 def forward_bytes(model: Any, n_tokens: int) -> float:
-    """A lower bound on the memory one forward over ``n_tokens`` tokens holds: each layer's keys and values (the
-    cache a long prompt keeps) and a few hidden and MLP activations, in the model's dtype."""
+    """A lower bound on the memory one forward over ``n_tokens`` tokens holds: each layer's keys and
+    values (the cache a long prompt keeps) and a few hidden and MLP activations, in the model's
+    dtype."""
     hf = (
         getattr(model, "original_model", None) or model
     )  # a bridge's or a plain model's HF model, or an HF model

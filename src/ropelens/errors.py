@@ -20,7 +20,8 @@ class NotRotaryError(InputError):
 
 
 class UnsupportedModelError(InputError):
-    """The model uses RoPE in a way ropelens cannot measure exactly, so it refuses instead of guessing."""
+    """The model uses RoPE in a way ropelens cannot measure exactly, so it refuses instead of
+    guessing."""
 
 
 class UsageError(InputError):

@@ -52,7 +52,8 @@ def check_number(
 
 
 def check_positive_int(x: Any, what: str, hint: str = "") -> int:
-    """``x`` as an int if it is a positive integer (not a bool), else an InputError naming ``what``."""
+    """``x`` as an int if it is a positive integer (not a bool), else an InputError naming
+    ``what``."""
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x <= 0:
         raise InputError(f"{what} must be a positive int, got {x!r}{hint}")
     return int(x)
@@ -90,10 +91,12 @@ def check_indices(values: Any, what: str, n: int | None = None, owner: str = "")
 
 
 def check_output_path(path: str | os.PathLike[str], what: str, *, directory: bool = False) -> Path:
-    """``path`` as a Path if a file (or with ``directory`` a folder) can be written there; creates nothing.
+    """``path`` as a Path if a file (or with ``directory`` a folder) can be written there; creates
+    nothing.
 
-    The nearest existing folder on the way must be a writable directory: a probe folder is made in it
-    and removed at once, so a run that fails later (the model does not load, say) leaves no trace.
+    The nearest existing folder on the way must be a writable directory: a probe folder is made in
+    it and removed at once, so a run that fails later (the model does not load, say) leaves no
+    trace.
     """
     p = Path(path).expanduser()
     if directory and p.exists() and not p.is_dir():
@@ -107,7 +110,8 @@ def check_output_path(path: str | os.PathLike[str], what: str, *, directory: boo
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise InputError(
-            f"{what} {path}: {ancestor} is a file, not a directory: pass a path in a writable directory"
+            f"{what} {path}: {ancestor} is a file, not a directory: pass a path in a writable "
+            "directory"
         )
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".ropelens-probe-", dir=ancestor))

@@ -68,8 +68,9 @@ def test_smollm2_two_ranks_equal_one_process(smollm2, tmp_path):
     )
     two = BandStatistics.load(tmp_path / "s.json")
     assert two.provenance.config["world_size"] == 2
-    # each rank batches its own windows, and a float32 forward of a window rounds differently in another batch
-    # (5.4e-8 relative measured under torch 2.13 / transformers 5.24); the merge itself adds float64 sums exactly
+    # each rank batches its own windows, and a float32 forward of a window rounds differently in
+    # another batch (5.4e-8 relative measured under torch 2.13 / transformers 5.24); the merge
+    # itself adds float64 sums exactly
     for k, v in one.sums.items():
         assert _rel(two.sums[k], v) <= 1e-6, k
     u1 = ropelens.analyses.frequency_usage(
@@ -117,8 +118,9 @@ def test_smollm2_killed_run_resumes_to_the_identical_result(smollm2, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     resumed = BandStatistics.load(out)
     assert resumed.provenance.config.get("resumed_batches", 0) >= 2
-    # the uninterrupted run is the same command, so its float32 kernels run as the resumed one's did (this process
-    # runs 2 threads and the command 1, and they round apart by ~1e-7 relative: measured 9.6e-8)
+    # the uninterrupted run is the same command, so its float32 kernels run as the resumed one's did
+    # (this process runs 2 threads and the command 1, and they round apart by ~1e-7 relative:
+    # measured 9.6e-8)
     whole_out = tmp_path / "whole.json"
     uninterrupted = args[
         : args.index("--checkpoint")

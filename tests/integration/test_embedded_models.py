@@ -79,7 +79,8 @@ def test_loss_on_english_text_is_plausible(name, request):
 # the GGUF conversion, checked tensor by tensor against the gguf package's own reader
 # --------------------------------------------------------------------------------------------
 class GGUFTensors:
-    """Tensors dequantised straight from a GGUF file with ``gguf.GGUFReader`` and ``gguf.quants``."""
+    """Tensors dequantised straight from a GGUF file with ``gguf.GGUFReader`` and
+    ``gguf.quants``."""
 
     def __init__(self, path: Path):
         import gguf
@@ -94,8 +95,9 @@ class GGUFTensors:
         return self.tensors[name].tensor_type.name
 
     def __call__(self, name: str, rows=None) -> torch.Tensor:
-        """Dequantised ``name`` in numpy (row-major) order, [out, in] like HF's Linear weights; GGUF
-        lists the shape reversed ([in, out]). Quant blocks run along rows, so a row subset is cheap."""
+        """Dequantised ``name`` in numpy (row-major) order, [out, in] like HF's Linear weights;
+        GGUF lists the shape reversed ([in, out]). Quant blocks run along rows, so a row subset
+        is cheap."""
         from gguf.quants import dequantize
 
         t = self.tensors[name]
@@ -301,7 +303,8 @@ def test_truncated_cache_entry_is_rebuilt(smollm2, tmp_path, monkeypatch):
 
 
 def test_cache_entry_with_damaged_header_is_rebuilt(smollm2, tmp_path, monkeypatch):
-    """Same size, unreadable content: the size check passes, so the failed load triggers the rebuild."""
+    """Same size, unreadable content: the size check passes, so the failed load triggers the
+    rebuild."""
     monkeypatch.setenv("ROPELENS_CACHE", str(tmp_path))
     weights = copy_cache_entry(smollm2, tmp_path) / "model.safetensors"
     with weights.open("r+b") as f:

@@ -1,5 +1,5 @@
-"""The quick report on the real SmolLM2 and the context-extension page render in headless Chromium: no errors,
-every figure drawn, offline."""
+"""The quick report on the real SmolLM2 and the context-extension page render in headless Chromium:
+no errors, every figure drawn, offline."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def browser():
 
 
 def _render(browser, index: Path, shot: str) -> tuple[list[str], list[str], int, int]:
-    """Console errors, external requests, figures and drawn figures of a page opened offline; a screenshot."""
+    """Console errors, external requests, figures and drawn figures of a page opened offline; a
+    screenshot."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     external: list[str] = []
@@ -56,7 +57,8 @@ def _render(browser, index: Path, shot: str) -> tuple[list[str], list[str], int,
     page.route("**/*", only_local)
     page.goto(index.as_uri(), wait_until="load")
     page.wait_for_function(
-        "() => [...document.querySelectorAll('.plotly-graph-div')].every(d => d.querySelector('svg.main-svg'))",
+        "() => [...document.querySelectorAll('.plotly-graph-div')].every(d => "
+        "d.querySelector('svg.main-svg'))",
         timeout=60_000,
     )
     n_figures = page.evaluate("() => document.querySelectorAll('.plotly-graph-div').length")
@@ -79,7 +81,8 @@ def test_quick_report_renders(smollm2, browser, tmp_path):
 
 
 def test_extension_study_page_renders(browser, tmp_path):
-    """The extend page (loss by length, passkey grid, per-plane view, predictors) draws every figure offline."""
+    """The extend page (loss by length, passkey grid, per-plane view, predictors) draws every figure
+    offline."""
     from ropelens.analyses.extension_study import extension_study
     from ropelens.report.extension_study import write_study
     from ropelens.testing import tiny_model

@@ -1,4 +1,5 @@
-"""RoPE variants on the real embedded models, against HF's own rotary module built with that scaling.
+"""RoPE variants on the real embedded models, against HF's own rotary module built with that
+scaling.
 
 ropelens swaps each attention layer's (cos, sin) through hooks; the reference rebuilds the HF rotary
 module from a config carrying the method (``rope_parameters``) and runs the HF model directly.

@@ -23,7 +23,8 @@ def english_val_windows(n_ctx, n_windows):
 
 
 def hand_window_losses(hf, tokens):
-    """Mean next-token NLL per window from an HF model's logits (logsumexp − logit of the next token)."""
+    """Mean next-token NLL per window from an HF model's logits (logsumexp − logit of the next
+    token)."""
     with torch.no_grad():
         logits = hf(input_ids=tokens).logits[:, :-1].double()
     nll = torch.logsumexp(logits, -1) - logits.gather(-1, tokens[:, 1:, None])[..., 0]
@@ -187,7 +188,8 @@ def test_band_ablation_quick(tmp_path, experiment):
 
 
 def test_band_ablation_single_planes(tiny, tmp_path, experiment):
-    """Each single-plane row: Δ loss of zeroing that plane everywhere, checked against the stored losses."""
+    """Each single-plane row: Δ loss of zeroing that plane everywhere, checked against the stored
+    losses."""
     import torch
 
     from ropelens import rope_spec

@@ -112,7 +112,8 @@ def test_library_never_imports_the_command_line():
         if module == "ropelens.__main__" or module.startswith(
             "ropelens.catalog"
         ):  # the command line, and the
-            continue  # declarations of the analyses, whose commands are built from its option groups
+            # declarations of the analyses, whose commands are built from its option groups
+            continue
         if not module.startswith("ropelens.cli"):
             assert not any(t.startswith("ropelens.cli") for t in targets), module
         elif module not in ("ropelens.cli", "ropelens.cli.main"):
@@ -180,7 +181,8 @@ def test_every_analysis_exports_its_function_and_result_from_one_namespace():
 
 
 def test_one_name_per_analysis_at_every_layer():
-    """analyses/NAME.py, plots/NAME.py, catalog/NAME.py, the command NAME-with-hyphens, the section key."""
+    """analyses/NAME.py, plots/NAME.py, catalog/NAME.py, the command NAME-with-hyphens, the section
+    key."""
     from ropelens.analyses.registry import analyses
 
     for a in analyses():
@@ -202,9 +204,9 @@ def test_one_name_per_analysis_at_every_layer():
 
 def test_import_ropelens_defines_names_and_does_nothing_else():
     code = (
-        "import sys, ropelens; "
-        "assert not [m for m in sys.modules if m.startswith(('plotly', 'ropelens.catalog', 'ropelens.plots'))]; "
-        "assert not [f for f in sys.meta_path if type(f).__module__.startswith('ropelens')]"
+        "import sys, ropelens; assert not [m for m in sys.modules if m.startswith(('plotly', "
+        "'ropelens.catalog', 'ropelens.plots'))]; assert not [f for f in sys.meta_path if "
+        "type(f).__module__.startswith('ropelens')]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -298,7 +300,8 @@ def test_only_the_plots_and_above_import_plotly(tmp_path):
     assert _imports_plotly(planted)
 
 
-# drawings besides figure(), by result class (a by-distance curve's line() is drawn by ropelens.plots.curves)
+# drawings besides figure(), by result class (a by-distance curve's line() is drawn by
+# ropelens.plots.curves)
 NAMED_DRAWINGS = {
     "FrequencyUsage": ("heatmap",),
     "BandStatistics": ("heatmap",),
@@ -309,8 +312,8 @@ NAMED_DRAWINGS = {
 
 
 def test_every_analysis_result_draws_through_its_plots_module(monkeypatch):
-    """Each result class of ropelens.analyses keeps figure() (and its other drawings), drawn by the module of
-    ropelens.plots named after its analysis."""
+    """Each result class of ropelens.analyses keeps figure() (and its other drawings), drawn by the
+    module of ropelens.plots named after its analysis."""
     from ropelens.results import result as result_module
     from ropelens.results.figures import figure_of
     from ropelens.results.result import Result, registered
@@ -340,10 +343,10 @@ def test_every_analysis_result_draws_through_its_plots_module(monkeypatch):
 
 
 def test_no_module_is_imported_through_a_namespace_that_shadows_it():
-    """``ropelens.analyses`` exports each analysis's function under its module's name, so
-    ``from ropelens.analyses import band_statistics`` is the function, never the module. Such a name is
-    only called; code that wants the module imports names from it
-    (``from ropelens.analyses.band_statistics import GRAM_MIN_KEYS``) or, to patch it, takes it from
+    """``ropelens.analyses`` exports each analysis's function under its module's name, so ``from
+    ropelens.analyses import band_statistics`` is the function, never the module. Such a name is
+    only called; code that wants the module imports names from it (``from
+    ropelens.analyses.band_statistics import GRAM_MIN_KEYS``) or, to patch it, takes it from
     ``importlib.import_module``."""
     import ropelens.analyses
 

@@ -1,11 +1,12 @@
-"""Every analysis ropelens offers: the function a notebook calls and the result it returns, in one namespace.
+"""Every analysis ropelens offers: the function a notebook calls and the result it returns, in one
+namespace.
 
-Corpus analyses (frequency usage, band statistics, head taxonomy, attention sinks, attention by distance,
-massive values, rotary offsets, positional symbolic, frequency entropy, band location) stream windows
-through :func:`ropelens.run.measure.measure`; the others read the spec (decay, extension planes, base
-predictions), a single input (attention decomposition) or run the model under a variant (passkey
-retrieval, extension study, knockout, retrieval heads). Each analysis is one module named after it, and
-its function and result class are exported here::
+Corpus analyses (frequency usage, band statistics, head taxonomy, attention sinks, attention by
+distance, massive values, rotary offsets, positional symbolic, frequency entropy, band location)
+stream windows through :func:`ropelens.run.measure.measure`; the others read the spec (decay,
+extension planes, base predictions), a single input (attention decomposition) or run the model under
+a variant (passkey retrieval, extension study, knockout, retrieval heads). Each analysis is one
+module named after it, and its function and result class are exported here::
 
     from ropelens.analyses import frequency_usage, FrequencyUsage
 """
@@ -118,5 +119,6 @@ def result_classes() -> dict[str, type[_result_base.Result]]:
 
 
 def load_result(path: str | os.PathLike[str]) -> _result_base.Result:
-    """Read any result file ropelens writes, whichever analysis wrote it (dispatched on the file's ``type``)."""
+    """Read any result file ropelens writes, whichever analysis wrote it (dispatched on the file's
+    ``type``)."""
     return _result_base.load_result(path)

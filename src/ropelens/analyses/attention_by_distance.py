@@ -1,13 +1,13 @@
 """Attention by query–key distance, band by band (HoPE, Chen et al. ACL 2025).
 
 HoPE reports that attention decays locally but is U-shaped globally, and that the rise at long
-distances comes from the low-frequency components. :class:`DistanceReducer` measures it on a
-corpus: per layer × head × band and per bin of the distance δ = m − n between a query at m and a
-key at n, the mean band logit (the band's exact share of the score, as in
-:mod:`ropelens.analyses.attention_decomposition`), the mean full logit and the mean attention probability of the model's
-own pattern. :func:`describe_curve` says what shape a curve has (monotone, flat, U-shaped, peaked,
-oscillating) with the numbers it rests on, and :meth:`AttentionByDistance.u_shape_cause` which band
-makes the full logit rise again.
+distances comes from the low-frequency components. :class:`DistanceReducer` measures it on a corpus:
+per layer × head × band and per bin of the distance δ = m − n between a query at m and a key at n,
+the mean band logit (the band's exact share of the score, as in
+:mod:`ropelens.analyses.attention_decomposition`), the mean full logit and the mean attention
+probability of the model's own pattern. :func:`describe_curve` says what shape a curve has
+(monotone, flat, U-shaped, peaked, oscillating) with the numbers it rests on, and
+:meth:`AttentionByDistance.u_shape_cause` which band makes the full logit rise again.
 
 Bins are log-spaced: bin 0 is δ = 0 exactly, then δ = 1, 2–3, 4–7, … (octaves) or a finer log grid.
 """
@@ -138,12 +138,14 @@ class DistanceReducer(DeviceSums):
     ``[entries, bins]`` matrix. Memory is O(tile · n) per layer; nothing of size ``[heads, n, n]``
     exists.
 
-    Keys at positions below ``n_sink`` (BOS, where attention sinks sit; see :mod:`ropelens.analyses.attention_sinks`)
-    take part in every softmax but are left out of the by-distance averages: otherwise the sink,
-    always the farthest key, dominates the longest distances. Pass ``n_sink=0`` to keep them.
+    Keys at positions below ``n_sink`` (BOS, where attention sinks sit; see
+    :mod:`ropelens.analyses.attention_sinks`) take part in every softmax but are left out of the
+    by-distance averages: otherwise the sink, always the farthest key, dominates the longest
+    distances. Pass ``n_sink=0`` to keep them.
     """
 
-    static_mask = "attention by distance"  # masks built from positions: refused where the model picks keys from the input
+    # masks built from positions: refused where the model picks keys from the input
+    static_mask = "attention by distance"
     needs = frozenset({"q_post", "k_post"})
 
     def __init__(
@@ -176,7 +178,8 @@ class DistanceReducer(DeviceSums):
         self.resolved, self.names = _resolve_all(spec, self.layers, self.bands)
         self.pos = {L: i for i, L in enumerate(self.layers)}
         B, nb = len(self.names), len(self.edges) - 1
-        # layers of different widths padded to the most heads: NaN past a layer's own (RopeSpec.padded_zeros)
+        # layers of different widths padded to the most heads: NaN past a layer's own
+        # (RopeSpec.padded_zeros)
         z = functools.partial(spec.padded_zeros, self.layers)
         self.sums: dict[str, Tensor] = {
             "band_sum": z("head", B, nb),
@@ -193,7 +196,8 @@ class DistanceReducer(DeviceSums):
         return self._cache[key]
 
     def _runs(self, n: int, window: int | None, dev: torch.device) -> tuple[Tensor, Tensor]:
-        """``[n, bins]`` prefix-sum indices (start, stop): query m's keys in bin j are start ≤ t < stop."""
+        """``[n, bins]`` prefix-sum indices (start, stop): query m's keys in bin j are start ≤ t <
+        stop."""
 
         def make() -> tuple[Tensor, Tensor]:
             m = torch.arange(n)[:, None]
@@ -398,9 +402,9 @@ class AttentionByDistance(
     """Mean band logit, full logit and attention probability per layer × head × distance bin.
 
     ``edges`` are the bin edges (bin j: ``edges[j] ≤ δ < edges[j + 1]``); bins a layer never sees
-    (beyond its sliding window) have count 0 and NaN means. Layers of different widths (Gemma 4) share one
-    array padded to the most heads: the curves of a head a layer lacks are NaN (:meth:`present`), head
-    averages and tables leave them out.
+    (beyond its sliding window) have count 0 and NaN means. Layers of different widths (Gemma 4)
+    share one array padded to the most heads: the curves of a head a layer lacks are NaN
+    (:meth:`present`), head averages and tables leave them out.
     """
 
     layers: tuple[int, ...]
@@ -455,7 +459,8 @@ class AttentionByDistance(
         return self.sums["band_sum"] / self._n()[:, None, None]
 
     def logit(self) -> Float[Tensor, "layer head bin"]:
-        """Mean full logit (the sum of the bands: the score before any soft-cap) per distance bin."""
+        """Mean full logit (the sum of the bands: the score before any soft-cap) per distance
+        bin."""
         return self.sums["band_sum"].sum(2) / self._n()[:, None]
 
     def prob(self) -> Float[Tensor, "layer head bin"]:
@@ -463,7 +468,8 @@ class AttentionByDistance(
         return self.sums["prob_sum"] / self._n()[:, None]
 
     def mass(self) -> Float[Tensor, "layer head bin"]:
-        """Mean attention mass per query that falls in each bin (keys below ``n_sink`` not counted)."""
+        """Mean attention mass per query that falls in each bin (keys below ``n_sink`` not
+        counted)."""
         return self.sums["prob_sum"] / self.sums["n_queries"].clamp_min(1)[:, None, None]
 
     def _band(self, name: str) -> int:
@@ -474,7 +480,8 @@ class AttentionByDistance(
         return self.band_names.index(name)
 
     def layer_index(self, layer: int) -> int:
-        """Where ``layer`` sits among the measured layers (an error naming them when it was not measured)."""
+        """Where ``layer`` sits among the measured layers (an error naming them when it was not
+        measured)."""
         if layer not in self.layers:
             raise InputError(
                 f"layer {layer} was not measured; measured layers: {list(self.layers)}"
@@ -484,7 +491,8 @@ class AttentionByDistance(
     def curve(
         self, layer: int, curve: str = "logit", head: int | None = None
     ) -> Float[Tensor, " bin"]:
-        """One curve over the bins: a band's mean logit, "logit" or "prob"; heads averaged unless ``head``."""
+        """One curve over the bins: a band's mean logit, "logit" or "prob"; heads averaged unless
+        ``head``."""
         li = self.layer_index(layer)
         if curve == "logit":
             t = self.logit()[li]
@@ -503,9 +511,9 @@ class AttentionByDistance(
     def describe(
         self, layer: int, curve: str = "logit", head: int | None = None, *, margin: float = MARGIN
     ) -> CurveShape:
-        """:func:`describe_curve` of one curve over the bins' centres. Logit curves share one scale per
-        layer (the largest |mean logit| of the full logit and every band), so a band whose curve moves
-        by little against the others is called flat; probabilities are read on a log scale."""
+        """:func:`describe_curve` of one curve over the bins' centres. Logit curves share one scale
+        per layer (the largest |mean logit| of the full logit and every band), so a band whose curve
+        moves by little against the others is called flat; probabilities are read on a log scale."""
         key = (layer, curve, head, margin)
         if key not in self._shapes:
             v = self.curve(layer, curve, head)
@@ -557,8 +565,8 @@ class AttentionByDistance(
         }
 
     def shapes(self, *, margin: float = MARGIN, heads: bool = False) -> pd.DataFrame:
-        """One row per layer (× head with ``heads``) × curve (each band, "logit", "prob"): the shape,
-        its sentence, and for a U-shaped full logit the band that causes the rise."""
+        """One row per layer (× head with ``heads``) × curve (each band, "logit", "prob"): the
+        shape, its sentence, and for a U-shaped full logit the band that causes the rise."""
         rows = []
         n_heads = self.present().sum(1).tolist()
         for li, layer in enumerate(self.layers):
@@ -590,9 +598,9 @@ class AttentionByDistance(
         return pd.DataFrame(rows)
 
     def findings(self, *, margin: float = MARGIN) -> list[Finding]:
-        """Sentences for the report: first the shapes of the full logit over all layers and the bands
-        that cause the U-shapes, then per layer its full-logit shape, its cause when U-shaped, and the
-        attention probability's shape."""
+        """Sentences for the report: first the shapes of the full logit over all layers and the
+        bands that cause the U-shapes, then per layer its full-logit shape, its cause when U-shaped,
+        and the attention probability's shape."""
         shapes = self.shapes(margin=margin)
         out = [self._summary_finding(shapes)] if len(shapes) else []
         for layer in self.layers:
@@ -600,7 +608,10 @@ class AttentionByDistance(
                 continue
             sh = self.describe(layer, "logit", margin=margin)
             vals: dict[str, Any] = {"layer": layer, "shape": sh.shape}
-            text = f"Layer {layer} ({self.spec.layers[layer].kind}), heads averaged: mean logit is {sh.text}"
+            text = (
+                f"Layer {layer} ({self.spec.layers[layer].kind}), heads averaged: mean logit "
+                f"is {sh.text}"
+            )
             cause = self.u_shape_cause(layer, margin=margin)
             if cause is not None:
                 vals.update(
@@ -628,7 +639,8 @@ class AttentionByDistance(
         counts = full["shape"].value_counts().to_dict()
         n_ctx = int(self.edges[-1])
         text = (
-            f"By query–key distance (up to δ = {n_ctx - 1}, BOS excluded), the head-averaged full logit is "
+            f"By query–key distance (up to δ = {n_ctx - 1}, BOS excluded), the head-averaged "
+            "full logit is "
             + ", ".join(f"{k} in {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
             + f" of {len(full)} layers"
         )
@@ -652,8 +664,8 @@ class AttentionByDistance(
 
     # ---------------------------------------------------------------- tables and persistence
     def to_frame(self) -> pd.DataFrame:
-        """Tidy: one row per (layer, head, curve, bin) of the layer's own heads; curve is a band name, "logit" or
-        "prob"."""
+        """Tidy: one row per (layer, head, curve, bin) of the layer's own heads; curve is a band
+        name, "logit" or "prob"."""
         L, H, B, nb = self.sums["band_sum"].shape
         e = self.edges
         frames = []
@@ -683,10 +695,11 @@ class AttentionByDistance(
             )
         return pd.concat(frames, ignore_index=True)
 
-    # ---------------------------------------------------------------- figures (drawn by ropelens.plots.attention_by_distance)
+    # -------------------------------------- figures (drawn by ropelens.plots.attention_by_distance)
     def figure(self, layers: Sequence[int] | None = None, head: int | None = None) -> Any:
-        """Per layer (default: up to four spread over the measured ones): mean band logits and the full
-        logit by distance (left), and the mean attention probability (right), log-x; δ = 0 sits at ½."""
+        """Per layer (default: up to four spread over the measured ones): mean band logits and the
+        full logit by distance (left), and the mean attention probability (right), log-x; δ = 0 sits
+        at ½."""
         return figure_of(AttentionByDistance)(self, layers, head)
 
 

@@ -73,7 +73,8 @@ _HEADER_FIELDS = ("spec", "bands", "provenance")  # written as JSON in the safet
 class AttentionDecomposition(Result):
     """Per-band attention logits for given tokens (kept in memory; for corpora use band_statistics).
 
-    Saved as safetensors (captured q and k are too large for JSON), with the kind and format in its metadata.
+    Saved as safetensors (captured q and k are too large for JSON), with the kind and format in its
+    metadata.
     """
 
     tokens: Int[Tensor, "batch pos"]
@@ -98,13 +99,15 @@ class AttentionDecomposition(Result):
         return list(self.resolved(layer).names)
 
     def mask(self, layer: int) -> Bool[Tensor, "batch q k"]:
-        """The keys each query attends to (causal, window, padding, and the model's own key selection)."""
+        """The keys each query attends to (causal, window, padding, and the model's own key
+        selection)."""
         return self._acts(layer).mask()
 
     def band_logits(
         self, layer: int, *, masked: bool = True
     ) -> Float[Tensor, "batch head band q k"]:
-        """Band terms of every logit; masked entries are −inf (so they sum like the model's scores)."""
+        """Band terms of every logit; masked entries are −inf (so they sum like the model's
+        scores)."""
         a = self._acts(layer)
         x = band_terms(a["q_post"], a["k_post"], a.rope, self.resolved(layer))
         if masked:
@@ -121,8 +124,9 @@ class AttentionDecomposition(Result):
         return self._acts(layer)["pattern"]
 
     def band_patterns(self, layer: int) -> Float[Tensor, "batch head band q k"]:
-        """The pattern each band's logits make alone, through the layer's own softmax (causal mask,
-        sliding window, logit soft-capping and attention sinks applied as the model applies them)."""
+        """The pattern each band's logits make alone, through the layer's own softmax (causal
+        mask, sliding window, logit soft-capping and attention sinks applied as the model applies
+        them)."""
         return self._acts(layer).rope.probs(self.band_logits(layer))
 
     def rebuilt_pattern(self, layer: int) -> Float[Tensor, "batch head q k"]:
@@ -144,10 +148,11 @@ class AttentionDecomposition(Result):
         return torch.einsum("bqhp,bkhp->bhpqk", qn, kn) * a.rope.score_scale
 
     def agreement(self, layer: int) -> pd.DataFrame:
-        """Per head × band: mean JS divergence of the band-only pattern from the model's, and top-1 agreement.
+        """Per head × band: mean JS divergence of the band-only pattern from the model's, and top-1
+        agreement.
 
-        Both are NaN for a band that holds no plane in this layer: its logits are all 0, so its pattern
-        is uniform and its argmax an arbitrary tie, not a measurement."""
+        Both are NaN for a band that holds no plane in this layer: its logits are all 0, so its
+        pattern is uniform and its argmax an arbitrary tie, not a measurement."""
         pat = self.pattern(layer)[:, :, None]  # [b,h,1,q,k]
         bp = self.band_patterns(layer)
         jsd = js_divergence(bp, pat)  # [b,h,B,q]
@@ -188,11 +193,13 @@ class AttentionDecomposition(Result):
         return pd.concat(frames, ignore_index=True).assign(layer=layer, head=head)
 
     def figure(self, layer: int | None = None, head: int = 0, batch: int = 0) -> Any:
-        """One head (default: head 0 of the first layer): each band's logits as a heatmap, and the model's pattern."""
+        """One head (default: head 0 of the first layer): each band's logits as a heatmap, and the
+        model's pattern."""
         return figure_of(AttentionDecomposition)(self, layer, head, batch)
 
     def _file_tensors(self) -> dict[str, Tensor]:
-        """The tensors the file holds: tokens, and each layer's captured tensors under ``"{layer}/{name}"``."""
+        """The tensors the file holds: tokens, and each layer's captured tensors under
+        ``"{layer}/{name}"``."""
         tensors = {"tokens": self.tokens.contiguous()}
         for L, a in self.acts.items():
             for k, v in a.tensors.items():
@@ -241,8 +248,8 @@ class AttentionDecomposition(Result):
         kind, fmt = meta.get("type", cls.KIND), meta.get("format", str(cls.FORMAT))
         if kind != cls.KIND or fmt != str(cls.FORMAT):
             raise InputError(
-                f"{path} holds a {kind!r} result of format {fmt}, not {cls.KIND!r} format {cls.FORMAT}: "
-                "load it with ropelens.load_result(path)"
+                f"{path} holds a {kind!r} result of format {fmt}, not {cls.KIND!r} format "
+                f"{cls.FORMAT}: load it with ropelens.load_result(path)"
             )
         hints = field_types(cls)
         header = {name: decode(json.loads(meta[name]), hints[name]) for name in _HEADER_FIELDS}
@@ -277,8 +284,8 @@ def attention_decomposition(
 ) -> AttentionDecomposition:
     """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands.
 
-    ``verify``: first check the reading against the model's own attention (:mod:`ropelens.run.verify`);
-    False runs anyway and the provenance says "unverified".
+    ``verify``: first check the reading against the model's own attention
+    (:mod:`ropelens.run.verify`); False runs anyway and the provenance says "unverified".
     """
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)

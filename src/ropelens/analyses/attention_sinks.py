@@ -1,4 +1,5 @@
-"""Attention sinks per head and per band (Gu et al. 2024, "When Attention Sink Emerges in Language Models").
+"""Attention sinks per head and per band (Gu et al. 2024, "When Attention Sink Emerges in Language
+Models").
 
 Gu et al. say a head *sinks* on a token when its attention to that token, averaged over the queries
 that see it, exceeds ε = 0.3. :class:`SinkReducer` measures that for the first position of every
@@ -55,7 +56,8 @@ class SinkReducer(DeviceSums):
     logit at key 0 is q_b·k_b(0) and the row sum is q_b·Σ_j k_b(j), a prefix sum.
     """
 
-    static_mask = "attention sinks"  # masks built from positions: refused where the model picks keys from the input
+    # masks built from positions: refused where the model picks keys from the input
+    static_mask = "attention sinks"
     needs = frozenset({"q_post", "k_post", "k_pre"})
 
     def __init__(
@@ -95,8 +97,9 @@ class SinkReducer(DeviceSums):
         names = {r.names for r in self.resolved.values()}
         if len(names) != 1:
             raise InputError(
-                f"bands {self.bands.describe()} resolve to different band names across layers: {names}; "
-                "pick layers of one kind (layers=...) or bands that name the same groups everywhere"
+                f"bands {self.bands.describe()} resolve to different band names across layers: "
+                f"{names}; pick layers of one kind (layers=...) or bands that name the same "
+                "groups everywhere"
             )
         self.names = next(iter(names))
         B = len(self.names)
@@ -318,11 +321,12 @@ class AttentionSinks(
     merge_same=("layers", "band_names", "epsilon", "skip_queries", "spec"),
     merge_sums=("sums",),
 ):
-    """Attention to the first position per layer × head, its band decomposition and the sink key's norms.
+    """Attention to the first position per layer × head, its band decomposition and the sink key's
+    norms.
 
-    Layers of different widths (Gemma 4's wider global heads) share one array per sum, padded to the most
-    heads, KV heads and planes: every number past a layer's own reads NaN (:meth:`present`), tables leave
-    those rows out, and findings and per-layer means skip them.
+    Layers of different widths (Gemma 4's wider global heads) share one array per sum, padded to the
+    most heads, KV heads and planes: every number past a layer's own reads NaN (:meth:`present`),
+    tables leave those rows out, and findings and per-layer means skip them.
     """
 
     layers: tuple[int, ...]
@@ -379,12 +383,14 @@ class AttentionSinks(
         return self._per_query("x0_sum") - self._per_query("xo_sum")
 
     def sink_logit_share(self) -> Float[Tensor, "layer head band"]:
-        """Each band's share of the full sink logit (sums to 1; negative where a band works against it)."""
+        """Each band's share of the full sink logit (sums to 1; negative where a band works against
+        it)."""
         x = self.sink_logit()
         return x / x.sum(-1, keepdim=True)
 
     def key_norm(self, position: str = "sink") -> Float[Tensor, "layer kv_head band"]:
-        """Mean norm of the pre-RoPE key's band part at position 0 (``"sink"``) or at the others (``"other"``)."""
+        """Mean norm of the pre-RoPE key's band part at position 0 (``"sink"``) or at the others
+        (``"other"``)."""
         if position not in ("sink", "other"):
             raise InputError(f"position must be 'sink' or 'other', got {position!r}")
         tot, n = (
@@ -399,8 +405,9 @@ class AttentionSinks(
         return self.key_norm("sink") / self.key_norm("other")
 
     def plane_key_ratio(self) -> Float[Tensor, " layer"]:
-        """Per layer: mean per-plane key norm at position 0 ÷ that at the other positions (heads and planes
-        averaged) — the key sink ratio the frequency-usage report gives with ``n_sink=1`` on the same windows."""
+        """Per layer: mean per-plane key norm at position 0 ÷ that at the other positions (heads and
+        planes averaged) — the key sink ratio the frequency-usage report gives with ``n_sink=1`` on
+        the same windows."""
         n0, no = self.sums["n_k0"], self.sums["n_kother"]
         sink = self.sums["k0_plane"] / count_or_nan(n0)[:, None, None]
         other = self.sums["kother_plane"] / count_or_nan(no)[:, None, None]
@@ -415,8 +422,8 @@ class AttentionSinks(
 
     # ---------------------------------------------------------------- tables
     def heads_frame(self) -> pd.DataFrame:
-        """One row per (layer, head) of the layer's own heads: attention to position 0, query share, sinking,
-        learned sink, full sink logit and the band with the largest share of it."""
+        """One row per (layer, head) of the layer's own heads: attention to position 0, query share,
+        sinking, learned sink, full sink logit and the band with the largest share of it."""
         L, H = self.sums["p0_sum"].shape
         x = self.sink_logit()
         top = x.nan_to_num(float("-inf")).argmax(-1)
@@ -451,13 +458,15 @@ class AttentionSinks(
         )
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy: one row per (layer, head, band) of the layer's own heads with the band's sink logit and share,
-        the band's key-norm ratio of the head's KV head, and the head's attention to position 0."""
+        """Tidy: one row per (layer, head, band) of the layer's own heads with the band's sink logit
+        and share, the band's key-norm ratio of the head's KV head, and the head's attention to
+        position 0."""
         L, H, B = self.sums["x0_sum"].shape
         layer, head, band = np.meshgrid(
             np.array(self.layers), np.arange(H), np.arange(B), indexing="ij"
         )
-        # query head h reads KV head h // group, the group of its own layer (layers of other widths differ)
+        # query head h reads KV head h // group, the group of its own layer (layers of other widths
+        # differ)
         kv = torch.stack(
             [
                 (torch.arange(H) // self.spec.layers[lay].group_size).clamp_max(
@@ -486,8 +495,8 @@ class AttentionSinks(
         )[have].reset_index(drop=True)
 
     def findings(self) -> list[Finding]:
-        """How many heads sink and where; which band makes position 0 attractive in them (when any sink);
-        how the key at position 0 compares with the other keys."""
+        """How many heads sink and where; which band makes position 0 attractive in them (when any
+        sink); how the key at position 0 compares with the other keys."""
         sink = self.sinking()  # False for heads a layer lacks
         n, total = int(sink.sum()), int(self.present().sum())
         share = self.head_share()
@@ -501,10 +510,11 @@ class AttentionSinks(
             Finding(
                 "sinks-0",
                 "attention-sinks",
-                f"{n} of {total} heads ({n / total:.0%}) sink on position 0 (mean attention over queries "
-                f"m ≥ {self.skip_queries} above ε = {self.epsilon:g}); per layer the share runs from "
-                f"{float(share[lo]):.0%} (layer {self.layers[lo]}) to {float(share[hi]):.0%} (layer "
-                f"{self.layers[hi]}); mean attention to position 0 {vals['mean_attention']:.2f}.",
+                f"{n} of {total} heads ({n / total:.0%}) sink on position 0 (mean attention over "
+                f"queries m ≥ {self.skip_queries} above ε = {self.epsilon:g}); per layer the "
+                f"share runs from {float(share[lo]):.0%} (layer {self.layers[lo]}) to "
+                f"{float(share[hi]):.0%} (layer {self.layers[hi]}); mean attention to position 0 "
+                f"{vals['mean_attention']:.2f}.",
                 vals,
             )
         ]
@@ -540,8 +550,8 @@ class AttentionSinks(
             Finding(
                 "sinks-2",
                 "attention-sinks",
-                f"The key at position 0 has {vals['median']:.2f}× the mean per-plane norm of other keys "
-                f"(median over layers; {vals['min']:.2f}× to {vals['max']:.2f}×).",
+                f"The key at position 0 has {vals['median']:.2f}× the mean per-plane norm of "
+                f"other keys (median over layers; {vals['min']:.2f}× to {vals['max']:.2f}×).",
                 vals,
             )
         )
@@ -561,8 +571,8 @@ def attention_sinks(
     skip_queries: int = 4,
     tile: int | None = None,
 ) -> AttentionSinks:
-    """Stream attention to the first position, its band decomposition and the sink key's norms over a
-    corpus (see :class:`SinkReducer`). Windows start with BOS, so position 0 is the BOS token."""
+    """Stream attention to the first position, its band decomposition and the sink key's norms over
+    a corpus (see :class:`SinkReducer`). Windows start with BOS, so position 0 is the BOS token."""
     bands = bands or Bands.default()
     m = measure(
         model,

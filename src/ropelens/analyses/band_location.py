@@ -1,10 +1,11 @@
-"""Where the high-norm frequency band sits (Oka et al., ICLR 2026), and making the planes below it NoPE.
+"""Where the high-norm frequency band sits (Oka et al., ICLR 2026), and making the planes below it
+NoPE.
 
 Oka et al. ("Frequency Bands in RoPE") report that a band of high per-plane norm forms in queries
 and keys, placed by the RoPE base and the training length, and that the planes below it (lower
 frequencies) can stop rotating with little loss. ropelens locates the band from the per-plane mean
-norms that :func:`ropelens.analyses.frequency_usage.frequency_usage` measures (sink positions excluded), per
-layer (heads averaged) and per head:
+norms that :func:`ropelens.analyses.frequency_usage.frequency_usage` measures (sink positions
+excluded), per layer (heads averaged) and per head:
 
 - the *peak* is the plane of largest mean norm;
 - the *band* is the contiguous run of planes around the peak whose norm is at least half-way from
@@ -18,8 +19,8 @@ critical dimension d_extra / 2, :func:`ropelens.analyses.base_predictions.critic
 default RoPE).
 
 :func:`nope_below_band` runs the model with the planes below each layer's band (higher index, lower
-frequency) unrotated (:class:`ropelens.spec.variants.PlaneMask`), and, as the control, with as many planes
-of that layer drawn at random (seeded); the loss of each is measured on corpus windows with
+frequency) unrotated (:class:`ropelens.spec.variants.PlaneMask`), and, as the control, with as many
+planes of that layer drawn at random (seeded); the loss of each is measured on corpus windows with
 :func:`ropelens.run.evaluate.window_losses`, with bootstrap CIs of the per-window differences.
 """
 
@@ -64,7 +65,8 @@ CONDITIONS = ("rope", "nope_below", "control")
 
 @dataclass(frozen=True)
 class BandEdges:
-    """The band of each profile ``[..., plane]``: peak plane, first and last plane (inclusive), prominence."""
+    """The band of each profile ``[..., plane]``: peak plane, first and last plane (inclusive),
+    prominence."""
 
     peak: Tensor
     lo: Tensor
@@ -77,8 +79,8 @@ class BandEdges:
 
 
 def locate_band(profile: Float[Tensor, "... plane"]) -> BandEdges:
-    """The high-norm band of each per-plane profile: the contiguous planes around the peak at or above
-    median + (peak − median)/2 (see the module docstring)."""
+    """The high-norm band of each per-plane profile: the contiguous planes around the peak at or
+    above median + (peak − median)/2 (see the module docstring)."""
     x = torch.as_tensor(profile, dtype=torch.float64)
     if x.ndim < 1 or x.shape[-1] < 1 or not bool(torch.isfinite(x).all()):
         raise InputError(
@@ -108,8 +110,9 @@ def locate_band(profile: Float[Tensor, "... plane"]) -> BandEdges:
 
 
 def control_planes(n_planes: int, counts: Sequence[int], seed: int) -> list[tuple[int, ...]]:
-    """For each entry of ``counts``, that many distinct planes of ``n_planes`` drawn uniformly (seeded:
-    entry i draws from its own stream, so a layer's control does not depend on the others)."""
+    """For each entry of ``counts``, that many distinct planes of ``n_planes`` drawn uniformly
+    (seeded: entry i draws from its own stream, so a layer's control does not depend on the
+    others)."""
     out = []
     for i, n in enumerate(counts):
         rng = np.random.default_rng([int(seed), i])
@@ -119,7 +122,8 @@ def control_planes(n_planes: int, counts: Sequence[int], seed: int) -> list[tupl
 
 @dataclass(frozen=True)
 class BandIntervention:
-    """Losses with the planes below each layer's band unrotated, and with as many random planes unrotated."""
+    """Losses with the planes below each layer's band unrotated, and with as many random planes
+    unrotated."""
 
     layers: tuple[int, ...]
     below: tuple[tuple[int, ...], ...]  # per layer, the planes made NoPE
@@ -159,7 +163,8 @@ class BandLocation(
         return self.usage.spec
 
     def merge(self, other: BandLocation) -> BandLocation:
-        """Exact merge of the norms of two runs (the intervention, a loss on given windows, does not merge)."""
+        """Exact merge of the norms of two runs (the intervention, a loss on given windows, does not
+        merge)."""
         if self.intervention is not None or getattr(other, "intervention", None) is not None:
             raise InputError(
                 "BandLocation with an intervention do not merge: merge the runs without it "
@@ -170,7 +175,8 @@ class BandLocation(
 
     # ---------------------------------------------------------------- numbers
     def profile(self, per_head: bool = False) -> Float[Tensor, "layer plane"]:
-        """Mean per-plane norm, sink positions excluded: ``[layer, plane]`` (heads averaged) or ``[layer, head, plane]``."""
+        """Mean per-plane norm, sink positions excluded: ``[layer, plane]`` (heads averaged) or
+        ``[layer, head, plane]``."""
         n = self.usage.norm(self.which, "no_sink").double()  # type: ignore[arg-type]
         return n if per_head else n.mean(1)
 
@@ -179,7 +185,8 @@ class BandLocation(
         return locate_band(self.profile(per_head))
 
     def critical_plane(self) -> list[int]:
-        """Per layer, the planes that complete a turn within the training length (Liu's d_extra / 2)."""
+        """Per layer, the planes that complete a turn within the training length (Liu's d_extra /
+        2)."""
         return [int((self.spec.layers[L].wavelength <= self.spec.n_ctx).sum()) for L in self.layers]
 
     def below_band(self) -> list[tuple[int, ...]]:
@@ -189,7 +196,8 @@ class BandLocation(
 
     # ---------------------------------------------------------------- findings
     def findings(self) -> list[Finding]:
-        """Where the band sits against the training length; the intervention's cost against its control."""
+        """Where the band sits against the training length; the intervention's cost against its
+        control."""
         df = self.to_frame()
         lay = df[df["head"] == -1]
         T = self.spec.n_ctx
@@ -209,11 +217,13 @@ class BandLocation(
         }
         noun = "queries" if self.which == "q" else "keys"
         text = (
-            f"The high-norm band of the {noun} (heads averaged) sits at planes {vals['median_lo']:.0f}–"
-            f"{vals['median_hi']:.0f} (peak {vals['median_peak']:.0f}, prominence {vals['median_prominence']:.2f}×; "
-            f"medians over {len(lay)} layers); the peak plane's wavelength is {vals['median_peak_wavelength_over_ctx']:.3g}× "
-            f"the training length {T:,}, whose critical plane is {vals['median_critical_plane']:.0f}; "
-            f"the band ends before the critical plane in {vals['layers_band_at_or_below_critical']} layers."
+            f"The high-norm band of the {noun} (heads averaged) sits at planes "
+            f"{vals['median_lo']:.0f}–{vals['median_hi']:.0f} (peak {vals['median_peak']:.0f}, "
+            f"prominence {vals['median_prominence']:.2f}×; medians over {len(lay)} layers); the "
+            f"peak plane's wavelength is {vals['median_peak_wavelength_over_ctx']:.3g}× the "
+            f"training length {T:,}, whose critical plane is "
+            f"{vals['median_critical_plane']:.0f}; the band ends before the critical plane in "
+            f"{vals['layers_band_at_or_below_critical']} layers."
         )
         out = [Finding("band_location", "bands", text, vals)]
         if self.intervention is not None:
@@ -231,17 +241,19 @@ class BandLocation(
                 Finding(
                     "nope_below_band",
                     "bands",
-                    f"Unrotating the {n} planes below the band (all layers) changes the loss by {d_b.mean:+.4f} "
-                    f"[{d_b.lo:+.4f}, {d_b.hi:+.4f}] nats; as many random planes, {d_c.mean:+.4f} "
-                    f"[{d_c.lo:+.4f}, {d_c.hi:+.4f}] (baseline {e['rope'].loss.mean:.4f}).",
+                    f"Unrotating the {n} planes below the band (all layers) changes the loss by "
+                    f"{d_b.mean:+.4f} [{d_b.lo:+.4f}, {d_b.hi:+.4f}] nats; as many random "
+                    f"planes, {d_c.mean:+.4f} [{d_c.lo:+.4f}, {d_c.hi:+.4f}] (baseline "
+                    f"{e['rope'].loss.mean:.4f}).",
                     iv,
                 )
             )
         return out
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per layer (head −1: heads averaged) and per (layer, head): the band's planes, their
-        wavelengths, the peak wavelength over the training length, the critical plane and the planes below."""
+        """One row per layer (head −1: heads averaged) and per (layer, head): the band's planes,
+        their wavelengths, the peak wavelength over the training length, the critical plane and the
+        planes below."""
         rows = []
         crit = self.critical_plane()
         for per_head in (False, True):
@@ -283,8 +295,9 @@ def nope_below_band(
     batch_size: int = 4,
     progress: bool = False,
 ) -> BandIntervention:
-    """Loss on ``tokens`` with RoPE, with the planes below each layer's band unrotated, and with as many
-    planes per layer drawn at random (seeded) unrotated; paired bootstrap CIs of the differences."""
+    """Loss on ``tokens`` with RoPE, with the planes below each layer's band unrotated, and with as
+    many planes per layer drawn at random (seeded) unrotated; paired bootstrap CIs of the
+    differences."""
     spec, layers = bands.spec, list(bands.layers)
     if not is_identity(spec, PlaneMask(()), layers, int(tokens.shape[1])):
         raise UnsupportedModelError(
@@ -329,9 +342,9 @@ def band_location(
     eval_windows: int = 8,
     seed: int = 0,
 ) -> BandLocation:
-    """Locate the high-norm band per layer and head from the corpus's per-plane norms; with ``intervene``,
-    also the loss of unrotating the planes below it on the first ``eval_windows`` windows, against a
-    seeded random control."""
+    """Locate the high-norm band per layer and head from the corpus's per-plane norms; with
+    ``intervene``, also the loss of unrotating the planes below it on the first ``eval_windows``
+    windows, against a seeded random control."""
     if which not in ("q", "k"):
         raise InputError(f"which must be 'q' (queries) or 'k' (keys), got {which!r}")
     eval_windows = int(

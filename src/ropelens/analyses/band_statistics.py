@@ -1,5 +1,6 @@
-"""Band statistics over a corpus: each band's share of the logits, their variance and the attended-key margin,
-from q and k in query × key tiles (the model's scores rebuilt per tile as the sum of the band terms)."""
+"""Band statistics over a corpus: each band's share of the logits, their variance and the
+attended-key margin, from q and k in query × key tiles (the model's scores rebuilt per tile as the
+sum of the band terms)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ __all__ = ["BandStatistics", "BandStatsReducer", "band_statistics"]
 _SUMS_LHB = ("abs_sum", "cov", "margin", "jsd", "top1")
 MARGIN_MAJORITY = 0.5  # "most of its margin", in findings: more than half
 MAX_LISTED = 5  # heads a finding names at most
-# keys every query of a tile sees, from which Σ y² and Σ y·k come from a running Σ k kᵀ (d² per query)
-# rather than from the scores: below this the scores are cheaper (measured on the CPU)
+# keys every query of a tile sees, from which Σ y² and Σ y·k come from a running Σ k kᵀ (d² per
+# query) rather than from the scores: below this the scores are cheaper (measured on the CPU)
 GRAM_MIN_KEYS = 512
 KEY_TILE = {
     "cpu": 512
@@ -59,7 +60,8 @@ class BandStatsReducer(DeviceSums):
     capture's.
     """
 
-    static_mask = "band statistics"  # masks built from positions: refused where the model picks keys from the input
+    # masks built from positions: refused where the model picks keys from the input
+    static_mask = "band statistics"
     needs = frozenset({"q_post", "k_post"})
 
     def __init__(
@@ -99,8 +101,8 @@ class BandStatsReducer(DeviceSums):
         self._padded: tuple[Tensor, bool] | None = None
 
     def _zeros(self) -> dict[str, Tensor]:
-        """The running sums on the CPU: layers of different widths padded to the widest, NaN past their own
-        heads and planes (:meth:`RopeSpec.padded_zeros`)."""
+        """The running sums on the CPU: layers of different widths padded to the widest, NaN past
+        their own heads and planes (:meth:`RopeSpec.padded_zeros`)."""
         z = functools.partial(self.spec.padded_zeros, self.layers)
         sums = {k: z("head", len(self.names)) for k in _SUMS_LHB}
         sums.update(
@@ -125,7 +127,8 @@ class BandStatsReducer(DeviceSums):
     def _band_index(
         self, layer: int, rb: ResolvedBands, head_dim: int, device: torch.device
     ) -> Tensor:
-        """``[band, d_band]`` head-dim indices, bands padded to one width with index ``head_dim`` (a zero column)."""
+        """``[band, d_band]`` head-dim indices, bands padded to one width with index ``head_dim`` (a
+        zero column)."""
 
         def make() -> Tensor:
             width = max(len(d) for d in rb.dims)
@@ -146,7 +149,8 @@ class BandStatsReducer(DeviceSums):
     def _tiles(
         self, device: torch.device, rows_per_query: int, n: int, window: int | None
     ) -> tuple[int, int]:
-        """(queries, keys) per tile: key tiles of at most KEY_TILE keys, query tiles filling the element budget."""
+        """(queries, keys) per tile: key tiles of at most KEY_TILE keys, query tiles filling the
+        element budget."""
         tk = KEY_TILE.get(device.type, KEY_TILE_ACCELERATOR)
         if isinstance(self.tile, tuple):
             return self.tile
@@ -393,12 +397,14 @@ class BandStatsReducer(DeviceSums):
 
 
 def _rounded(x: float) -> float | None:
-    """A band-only agreement as findings keep it: two decimals, None where not measurable (NaN: no plane there)."""
+    """A band-only agreement as findings keep it: two decimals, None where not measurable (NaN: no
+    plane there)."""
     return None if x != x else round(x, 2)
 
 
 def _agreement_text(x: float | None) -> str:
-    """A band-only agreement as findings quote it: two decimals, or "not measurable" (the band has no plane there)."""
+    """A band-only agreement as findings quote it: two decimals, or "not measurable" (the band has
+    no plane there)."""
     return "not measurable" if x is None or x != x else f"{x:.2f}"
 
 
@@ -708,7 +714,8 @@ def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor
 
 
 class _RunningGram:
-    """Σ k kᵀ over any key range ``[lo, hi)`` whose ends only move forward: two running prefix sums."""
+    """Σ k kᵀ over any key range ``[lo, hi)`` whose ends only move forward: two running prefix
+    sums."""
 
     def __init__(self, k: Float[Tensor, "b h pos d"]) -> None:
         self.k = k
@@ -730,7 +737,8 @@ class _RunningGram:
 
 
 def _outside(j0: int, j1: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    """Column ranges (relative to ``j0``) of keys ``[j0, j1)`` outside ``[lo, hi)``: disjoint, in order."""
+    """Column ranges (relative to ``j0``) of keys ``[j0, j1)`` outside ``[lo, hi)``: disjoint, in
+    order."""
     if hi <= lo:
         return [(0, j1 - j0)]
     out = [(0, min(j1, lo) - j0)] if lo > j0 else []
@@ -742,8 +750,8 @@ def _outside(j0: int, j1: int, lo: int, hi: int) -> list[tuple[int, int]]:
 def _masked_spans_of(
     c0: int, c1: int, j0: int, j1: int, window: int | None
 ) -> list[tuple[int, int]]:
-    """Column ranges (relative to key ``j0``) of the tile queries ``[c0, c1)`` × keys ``[j0, j1)`` that
-    hold masked entries: keys after the tile's first query (causal) and, with a sliding window,
+    """Column ranges (relative to key ``j0``) of the tile queries ``[c0, c1)`` × keys ``[j0, j1)``
+    that hold masked entries: keys after the tile's first query (causal) and, with a sliding window,
     keys some query of the tile has left behind. Other columns are allowed for every query."""
     spans = []
     if window and min(j1, c1 - window) > j0:
@@ -760,9 +768,10 @@ class BandStatistics(
 ):
     """Corpus statistics of the band decomposition, per layer × head × band.
 
-    Layers of different widths (Gemma 4's wider global heads) share one ``[layer, head, ...]`` array: each
-    fills its leading heads and planes, and every number past them reads NaN (:meth:`present` marks a
-    layer's own heads); tables leave those rows out, and findings skip them.
+    Layers of different widths (Gemma 4's wider global heads) share one ``[layer, head, ...]``
+    array: each fills its leading heads and planes, and every number past them reads NaN
+    (:meth:`present` marks a layer's own heads); tables leave those rows out, and findings skip
+    them.
     """
 
     layers: tuple[int, ...]
@@ -794,11 +803,13 @@ class BandStatistics(
         return (self.sums["abs_sum"] / self.sums["n_entries"][:, None, None].clamp_min(1)).float()
 
     def var_share(self) -> Float[Tensor, "layer head band"]:
-        """Share of within-query logit variance: Cov(band, logit)/Var(logit); sums to 1 (may be <0)."""
+        """Share of within-query logit variance: Cov(band, logit)/Var(logit); sums to 1 (may be
+        <0)."""
         return (self.sums["cov"] / self.sums["var"][..., None].clamp_min(1e-30)).float()
 
     def margin(self) -> Float[Tensor, "layer head band"]:
-        """Mean contribution to the margin: logit at the attended key minus the mean over other keys."""
+        """Mean contribution to the margin: logit at the attended key minus the mean over other
+        keys."""
         return (self.sums["margin"] / self.sums["n_rows"][:, None, None].clamp_min(1)).float()
 
     def margin_share(self) -> Float[Tensor, "layer head band"]:
@@ -807,8 +818,9 @@ class BandStatistics(
         return (m / m.sum(-1, keepdim=True)).float()
 
     def measurable(self) -> Bool[Tensor, "layer band"]:
-        """Whether each band holds a dimension in each layer. A band with none there has no logits of its own (all 0),
-        so what it does alone (:meth:`top1`, :meth:`jsd`) is not measurable in that layer and reads NaN."""
+        """Whether each band holds a dimension in each layer. A band with none there has no logits
+        of its own (all 0), so what it does alone (:meth:`top1`, :meth:`jsd`) is not measurable in
+        that layer and reads NaN."""
         rows = [
             [len(d) > 0 for d in self.bands.resolve(self.spec.layers[L]).dims] for L in self.layers
         ]
@@ -819,8 +831,9 @@ class BandStatistics(
         return torch.where(self.measurable()[:, None, :], x, torch.nan)
 
     def top1(self) -> Float[Tensor, "layer head band"]:
-        """Fraction of queries whose band-only argmax is the key the model attends to most (NaN where the band holds
-        no plane in the layer: its all-zero logits would tie every key, not agree)."""
+        """Fraction of queries whose band-only argmax is the key the model attends to most (NaN
+        where the band holds no plane in the layer: its all-zero logits would tie every key, not
+        agree)."""
         if not self.provenance.config.get("agreement", True):
             raise InputError(
                 "band-only agreement was not streamed: run band_statistics(..., agreement=True)"
@@ -828,8 +841,8 @@ class BandStatistics(
         return self._band_only("top1")
 
     def jsd(self) -> Float[Tensor, "layer head band"]:
-        """Mean JS divergence (nats) of the band-only pattern from the model's (needs jsd=True; NaN where the band
-        holds no plane in the layer)."""
+        """Mean JS divergence (nats) of the band-only pattern from the model's (needs jsd=True; NaN
+        where the band holds no plane in the layer)."""
         if not self.provenance.config.get("jsd", False):
             raise InputError("JS divergence was not streamed: run band_statistics(..., jsd=True)")
         return self._band_only("jsd")
@@ -863,8 +876,9 @@ class BandStatistics(
 
     # ---------------------------------------------------------------- findings
     def findings(self) -> list[Finding]:
-        """Heads taking most of their margin from the highest-frequency band, the band whose logits alone
-        most often pick the attended key (both with two bands or more), and plane 0's tightness."""
+        """Heads taking most of their margin from the highest-frequency band, the band whose logits
+        alone most often pick the attended key (both with two bands or more), and plane 0's
+        tightness."""
         found = (self._margin_finding(), self._top1_finding(), self._tightness_finding())
         return [f for f in found if f is not None]
 
@@ -898,14 +912,15 @@ class BandStatistics(
         if major:
             verb, their = ("gets", "its") if len(major) == 1 else ("get", "their")
             text = (
-                f"{len(major)} of {n_heads} heads {verb} more than half of {their} attended-key margin from band "
-                f"{band}: {shown}."
+                f"{len(major)} of {n_heads} heads {verb} more than half of {their} attended-key "
+                f"margin from band {band}: {shown}."
             )
         else:
             top = heads[0]
             text = (
-                f"No head gets more than half of its attended-key margin from band {band}; the largest share is "
-                f"{top['margin_share']:.2f} ({head_name(top['layer'], top['head'])}, band-only top-1 "
+                f"No head gets more than half of its attended-key margin from band {band}; the "
+                f"largest share is {top['margin_share']:.2f} "
+                f"({head_name(top['layer'], top['head'])}, band-only top-1 "
                 f"{_agreement_text(top['top1'])})."
             )
         return Finding("margin", "band-statistics", text, vals)
@@ -914,7 +929,8 @@ class BandStatistics(
         if len(self.band_names) < 2:
             return None
         top1 = self.top1()  # [L, H, B]; NaN where a band holds no plane in the layer
-        # an empty band never leads; heads a layer lacks (layers of other widths) are NaN and left out
+        # an empty band never leads; heads a layer lacks (layers of other widths) are NaN and left
+        # out
         band, n, _ = band_winners(top1.nanmean(1).nan_to_num(nan=-1.0), self.band_names)
         overall = top1.nanmean((0, 1))
         b = self.band_names.index(band)
@@ -927,8 +943,9 @@ class BandStatistics(
             "first_top1": _rounded(float(overall[0])),
         }
         text = (
-            f"Alone, band {band} most often picks the key the model attends to most: it leads in {n} of "
-            f"{len(self.layers)} layers, with top-1 agreement {vals['mean_top1']:.2f} over all heads"
+            f"Alone, band {band} most often picks the key the model attends to most: it leads in "
+            f"{n} of {len(self.layers)} layers, with top-1 agreement {vals['mean_top1']:.2f} "
+            "over all heads"
         )
         text += (
             "."
@@ -969,10 +986,10 @@ class BandStatistics(
             else "plane of each layer (" + ", ".join(map(str, sorted(set(last)))) + ")"
         )
         text = (
-            f"At the attended key, plane 0 (highest frequency, λ = {wl} tokens) reaches on average "
-            f"{vals['mean']:.2f} of its Cauchy–Schwarz bound over {n_heads} heads (1 = q and k aligned); tightest "
-            f"{head_name(vals['best_layer'], h)} at {vals['best']:.2f}. The lowest-frequency {planes} "
-            f"averages {vals['lowest_mean']:.2f}."
+            f"At the attended key, plane 0 (highest frequency, λ = {wl} tokens) reaches on "
+            f"average {vals['mean']:.2f} of its Cauchy–Schwarz bound over {n_heads} heads (1 = q "
+            f"and k aligned); tightest {head_name(vals['best_layer'], h)} at {vals['best']:.2f}. "
+            f"The lowest-frequency {planes} averages {vals['lowest_mean']:.2f}."
         )
         return Finding("tightness", "band-statistics", text, vals)
 

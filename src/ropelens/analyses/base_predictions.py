@@ -6,10 +6,10 @@ into predictions about the lengths a model can serve:
 **Critical dimension and extrapolation limit** (Liu et al., "Scaling Laws of RoPE-based
 Extrapolation", arXiv 2310.05209): d_extra = 2⌈(d/2)·log_β(T_train/2π)⌉, the rotary dims whose
 planes complete a turn within the training length (92 of 128 for Llama 2: base 1e4, 4096 tokens)
-(:func:`critical_dimension`). From it, the same paper's extrapolation limit T_extra = 2π·β^(d_extra/d)
-(:func:`extrapolation_limit`: the wavelength of the first plane that never turned in training) and
-critical base β₀ = β_train^(log_{T_train/2π}(T_tune/2π)) for tuning at T_tune (:func:`critical_base`;
-the paper's β_train is LLaMA 2's 10000).
+(:func:`critical_dimension`). From it, the same paper's extrapolation limit T_extra =
+2π·β^(d_extra/d) (:func:`extrapolation_limit`: the wavelength of the first plane that never turned
+in training) and critical base β₀ = β_train^(log_{T_train/2π}(T_tune/2π)) for tuning at T_tune
+(:func:`critical_base`; the paper's β_train is LLaMA 2's 10000).
 
 **Base lower bound** (Men et al., "Base of RoPE Bounds Context Length", arXiv 2405.14591): the
 smallest base for which B(m) = Σ_i cos(m·θ_i) ≥ 0 for every m < L (:func:`base_lower_bound`;
@@ -117,9 +117,9 @@ def bound_holds(base: float, rotary_dim: int, context_len: int, chunk: int = 1 <
 def _violation_steps(m: np.ndarray, a: np.ndarray, theta: np.ndarray) -> np.ndarray:
     """Per m, how far log(base) may grow from here with B(m) < 0 throughout (0 where B(m) ≥ 0 now).
 
-    With u = ln base, θ_i = e^(−a_i·u), a_i = 2i/d: B' = Σ sin(mθ_i)·m·a_i·θ_i and
-    |B''| ≤ Σ (m·a_i·θ_i)² + m·a_i²·θ_i, a bound that holds at every larger u too (θ_i only shrinks). So
-    B(u + t) ≤ B + B'·t + ½·M₂·t², which stays negative up to its positive root.
+    With u = ln base, θ_i = e^(−a_i·u), a_i = 2i/d: B' = Σ sin(mθ_i)·m·a_i·θ_i and |B''| ≤ Σ
+    (m·a_i·θ_i)² + m·a_i²·θ_i, a bound that holds at every larger u too (θ_i only shrinks). So B(u +
+    t) ≤ B + B'·t + ½·M₂·t², which stays negative up to its positive root.
     """
     x = m[:, None] * theta
     b = np.cos(x).sum(1)
@@ -135,8 +135,9 @@ def _violation_steps(m: np.ndarray, a: np.ndarray, theta: np.ndarray) -> np.ndar
     return out
 
 
-# 262,144 tokens: the exact search's cost grows about 4× per doubling of L (rotary_dim 128 on 2 CPU cores: 4.7 s at
-# 65,536, 18.7 s at 131,072, 122 s at 262,144), so past this it would run for many minutes
+# 262,144 tokens: the exact search's cost grows about 4× per doubling of L (rotary_dim 128 on 2 CPU
+# cores: 4.7 s at 65,536, 18.7 s at 131,072, 122 s at 262,144), so past this it would run for many
+# minutes
 MAX_BOUND_CONTEXT = 1 << 18
 
 
@@ -150,16 +151,17 @@ def base_lower_bound(rotary_dim: int, context_len: int, *, max_base: float = 1e1
     stays negative over the whole step; it follows the strongest few witnesses until all of them
     turn non-negative, then looks for new ones near the old (violations move slowly in m), then
     among every m. The first u where no m < L has B(m) < 0 (as :func:`bound_holds` evaluates it) is
-    the answer. The certificate holds up to float64 rounding (of B, ~1e-14·L, and a few ulps of u per step). Cost: one pass over every m at
-    the end, and small ones per step: 0.1 s at 4k, about 2 s at 32k (d 64), 15 s at 64k (d 128).
+    the answer. The certificate holds up to float64 rounding (of B, ~1e-14·L, and a few ulps of u
+    per step). Cost: one pass over every m at the end, and small ones per step: 0.1 s at 4k, about 2
+    s at 32k (d 64), 15 s at 64k (d 128).
     """
     d = check_positive_int(rotary_dim, "rotary_dim")
     context_len = check_positive_int(context_len, "context_len")
     if context_len > MAX_BOUND_CONTEXT:
         raise InputError(
-            f"context length {context_len:,} is past {MAX_BOUND_CONTEXT:,} tokens, the longest whose base "
-            "lower bound ropelens certifies (the search evaluates B(m) at every m < L: 2 minutes at that "
-            "length, about 4× longer per doubling): pass a shorter length"
+            f"context length {context_len:,} is past {MAX_BOUND_CONTEXT:,} tokens, the longest "
+            "whose base lower bound ropelens certifies (the search evaluates B(m) at every m < "
+            "L: 2 minutes at that length, about 4× longer per doubling): pass a shorter length"
         )
     if d % 2:
         raise InputError(f"rotary_dim must be even (RoPE rotates pairs), got {d}")
@@ -201,8 +203,9 @@ def base_lower_bound(rotary_dim: int, context_len: int, *, max_base: float = 1e1
 def _new_witnesses(
     centre: int, n: int, a: np.ndarray, theta: np.ndarray, keep: int = 16, chunk: int = 4096
 ) -> tuple[np.ndarray, float] | None:
-    """The ``keep`` m < n with the longest certified steps in the first window around ``centre`` (then
-    in chunks of every m) holding any B(m) < 0, and the longest step; None when no m < n has one."""
+    """The ``keep`` m < n with the longest certified steps in the first window around ``centre``
+    (then in chunks of every m) holding any B(m) < 0, and the longest step; None when no m < n has
+    one."""
     seen = np.zeros(n, dtype=bool)
     for lo, hi in [
         (centre - 64, centre + 64),
@@ -224,7 +227,8 @@ def _new_witnesses(
 # --------------------------------------------------------------------------------------------
 # base predictions (Liu et al., "Scaling Laws of RoPE-based Extrapolation", arXiv 2310.05209)
 # --------------------------------------------------------------------------------------------
-# The shortest context length Liu et al.'s formulas take: they use log(T/2π), so T must exceed 2π ≈ 6.28 tokens.
+# The shortest context length Liu et al.'s formulas take: they use log(T/2π), so T must exceed 2π ≈
+# 6.28 tokens.
 MIN_PREDICTION_LENGTH = math.floor(2 * math.pi) + 1
 
 
@@ -251,13 +255,14 @@ def _check_base(base: Any, what: str = "base") -> float:
 
 
 def critical_base(train_ctx: int, tune_ctx: int, base: float = 10000.0) -> float:
-    """Liu et al.'s critical base β₀ = base^(log_{T_train/2π}(T_tune/2π)) for tuning at ``tune_ctx``.
+    """Liu et al.'s critical base β₀ = base^(log_{T_train/2π}(T_tune/2π)) for tuning at
+    ``tune_ctx``.
 
     The paper writes 10000 for ``base``: LLaMA 2's pre-training base, which fixed its critical
-    dimension d_extra/d ≈ log_10000(T_train/2π). The formula solves T_tune = 2π·β₀^(d_extra/d) for β₀
-    with that (unrounded) critical dimension, so for a model pre-trained with another base the 10000
-    becomes that base, which is what ``base`` is. In the paper's extended scaling law, tuning at
-    ``tune_ctx`` with a base ≥ β₀ gives the extrapolation limit :func:`extrapolation_limit` (≥
+    dimension d_extra/d ≈ log_10000(T_train/2π). The formula solves T_tune = 2π·β₀^(d_extra/d) for
+    β₀ with that (unrounded) critical dimension, so for a model pre-trained with another base the
+    10000 becomes that base, which is what ``base`` is. In the paper's extended scaling law, tuning
+    at ``tune_ctx`` with a base ≥ β₀ gives the extrapolation limit :func:`extrapolation_limit` (≥
     ``tune_ctx``: the critical dimension rounds up), set by the base; below β₀ the limit is
     ``tune_ctx``. ``tune_ctx`` = ``train_ctx`` gives ``base`` back.
     """
@@ -295,7 +300,8 @@ def _lengths(lengths: Any) -> tuple[int, ...]:
         lengths = [lengths]
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, (Sequence, np.ndarray)):
         raise InputError(
-            f"lengths must be a list of context lengths in tokens, e.g. [2048, 8192], got {lengths!r}"
+            "lengths must be a list of context lengths in tokens, e.g. [2048, 8192], got "
+            f"{lengths!r}"
         )
     out = tuple(
         check_positive_int(x, "each length", " (a context length in tokens)") for x in lengths
@@ -405,13 +411,15 @@ def base_predictions(
     """
     lens = _lengths(lengths)
     short = sorted({L for L in lens if L < MIN_PREDICTION_LENGTH})
-    if short:  # Liu's critical base at such a length would be NaN: log(L/2π) < 0 for it, and for its training length
+    # Liu's critical base at such a length would be NaN: log(L/2π) < 0 for it, and for its training
+    # length
+    if short:
         raise InputError(
             f"length{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} "
-            f"{'are' if len(short) > 1 else 'is'} too short for the "
-            f"base's predictions: Liu et al.'s critical base takes log(L/2π), defined only for lengths "
-            f"above 2π ≈ 6.28 tokens, so the shortest length with a critical base is "
-            f"{MIN_PREDICTION_LENGTH}: pass lengths of {MIN_PREDICTION_LENGTH} tokens or more (--lengths)"
+            f"{'are' if len(short) > 1 else 'is'} too short for the base's predictions: Liu et "
+            "al.'s critical base takes log(L/2π), defined only for lengths above 2π ≈ 6.28 "
+            f"tokens, so the shortest length with a critical base is {MIN_PREDICTION_LENGTH}: "
+            f"pass lengths of {MIN_PREDICTION_LENGTH} tokens or more (--lengths)"
         )
     spec = spec_or_model if isinstance(spec_or_model, RopeSpec) else rope_spec(spec_or_model)
     t_train = check_positive_int(
@@ -477,7 +485,8 @@ class MeasuredExtrapolation(Result):
         return pd.DataFrame(rows)
 
     def figure(self, predictions: BasePredictions | None = None):
-        """Perplexity by length (CI as error bars), the trained context and, given, Liu's T_extra."""
+        """Perplexity by length (CI as error bars), the trained context and, given, Liu's
+        T_extra."""
         return figure_of(MeasuredExtrapolation)(self, predictions)
 
 
@@ -518,7 +527,8 @@ def measured_extrapolation(
     t_train = check_positive_int(spec.n_ctx if train_ctx is None else train_ctx, "train_ctx")
     if isinstance(corpus, Tensor):
         raise InputError(
-            "corpus must be a corpus name, path or ropelens.run.data.Corpus: windows are cut per length"
+            "corpus must be a corpus name, path or ropelens.run.data.Corpus: windows are cut per "
+            "length"
         )
     runner, ctx = _loss_model(model, fast)
     estimates, per_window, name, sha = [], [], None, None

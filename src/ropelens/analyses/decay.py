@@ -1,4 +1,5 @@
-"""RoPE's "long-term decay" (Su et al.; Barbero et al.): the logit by distance for this model's frequencies.
+"""RoPE's "long-term decay" (Su et al.; Barbero et al.): the logit by distance for this model's
+frequencies.
 
 The decay exists for constant q = k = 1 (and in RoFormer's bound), not for random Gaussian q, k,
 whose expected logit is flat; ``rope_decay_by_distance`` asks whether a real model's heads decay.
@@ -31,7 +32,8 @@ def _rope_args(inv_freq: Any, max_distance: int) -> tuple[Tensor, Tensor]:
     theta = vector(inv_freq, "inv_freq")
     if theta.numel() == 0 or not torch.isfinite(theta).all() or (theta < 0).any():
         raise InputError(
-            f"inv_freq must be non-empty, finite and ≥ 0 (radians per token), got {theta.tolist()[:8]}…"
+            "inv_freq must be non-empty, finite and ≥ 0 (radians per token), got "
+            f"{theta.tolist()[:8]}…"
         )
     if not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance < 0:
         raise InputError(f"max_distance must be an int ≥ 0, got {max_distance!r}")
@@ -77,8 +79,9 @@ def rope_gaussian_expectation(
     """E[qᵀR(δθ)k] for q, k iid N(μ, σ²) per coordinate: Σ_i μ²·2cos(δθ_i), flat zero for μ = 0.
 
     Without ``n_samples`` the curve is exact and ``std`` is the exact spread of one product,
-    √(d_r·σ²(2μ² + σ²)), the same at every δ because rotations keep norms. With ``n_samples`` it is a
-    seeded Monte Carlo estimate (sample mean, std and count, hence ``sem``) for checking the closed form.
+    √(d_r·σ²(2μ² + σ²)), the same at every δ because rotations keep norms. With ``n_samples`` it is
+    a seeded Monte Carlo estimate (sample mean, std and count, hence ``sem``) for checking the
+    closed form.
     """
     theta, dist = _rope_args(inv_freq, max_distance)
     if not (math.isfinite(mean) and math.isfinite(std) and std >= 0):
@@ -135,9 +138,9 @@ def rope_decay_by_distance(
     """Mean, std and count of q_m·k_n over causal pairs n ≤ m with m − n = δ, for one head.
 
     ``q`` and ``k`` are post-RoPE with keys matched to the query head, e.g. from ``capture_qk``:
-    ``acts["q_post"][:, :, h]``, ``acts["k_post"][:, :, h // acts.rope.group_size]``, ``valid=acts.valid``
-    (pairs touching padding are skipped). Values are raw dot products; times ``layer_rope.score_scale``
-    they are the pre-softmax logits (same verdict).
+    ``acts["q_post"][:, :, h]``, ``acts["k_post"][:, :, h // acts.rope.group_size]``,
+    ``valid=acts.valid`` (pairs touching padding are skipped). Values are raw dot products; times
+    ``layer_rope.score_scale`` they are the pre-softmax logits (same verdict).
     """
     for label, t in (("q", q), ("k", k)):
         if not isinstance(t, Tensor) or t.ndim != 3:

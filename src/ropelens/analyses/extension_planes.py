@@ -1,7 +1,9 @@
-"""Context extension seen per plane: what each scaling method does to each frequency, and LongRoPE's factors.
+"""Context extension seen per plane: what each scaling method does to each frequency, and LongRoPE's
+factors.
 
-**Plane categories** (:func:`extension_planes`). A plane with frequency θ (before) and θ' (after the method)
-that was trained on positions 0 … L₀ and now must serve 0 … L reaches the angle L·θ' at most:
+**Plane categories** (:func:`extension_planes`). A plane with frequency θ (before) and θ' (after the
+method) that was trained on positions 0 … L₀ and now must serve 0 … L reaches the angle L·θ' at
+most:
 
 - ``"kept"``: θ' = θ and the plane already completed a turn within L₀ (λ = 2π/θ ≤ L₀), so every
   angle it meets at L was seen (mod 2π) in training: safe, unchanged;
@@ -13,11 +15,12 @@ that was trained on positions 0 … L₀ and now must serve 0 … L reaches the 
 
 Equalities hold to a relative tolerance of 1e-6, so PI with factor L/L₀ interpolates exactly.
 
-**LongRoPE search** (Ding et al., arXiv 2402.13753): evolutionary search of per-plane factors λ_i ≥ 1,
-non-decreasing from the highest frequency, and n̂ leading positions left unscaled, by perplexity.
+**LongRoPE search** (Ding et al., arXiv 2402.13753): evolutionary search of per-plane factors λ_i ≥
+1, non-decreasing from the highest frequency, and n̂ leading positions left unscaled, by perplexity.
 
 What the base itself predicts about a context length (the critical dimension, the extrapolation
-limit, the critical base and the lower bound on the base) is in :mod:`ropelens.analyses.base_predictions`.
+limit, the critical base and the lower bound on the base) is in
+:mod:`ropelens.analyses.base_predictions`.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ _RTOL = 1e-6
 # per-plane view
 # --------------------------------------------------------------------------------------------
 def inv_freq_at(variant: RopeVariant, layer: LayerRope, seq_len: int) -> Float[Tensor, " n_planes"]:
-    """The variant's frequencies for an input of ``seq_len`` tokens (length-dependent methods included)."""
+    """The variant's frequencies for an input of ``seq_len`` tokens (length-dependent methods
+    included)."""
     if isinstance(variant, (DynamicNTK, LongRoPE)):
         return variant.inv_freq(layer, int(seq_len))
     return variant.inv_freq(layer)
@@ -115,8 +119,8 @@ class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
         n = self.inv_freq_before.shape
         if self.inv_freq_after.shape != n or len(self.categories) != n[0]:
             raise InputError(
-                f"inv_freq_before {tuple(n)}, inv_freq_after {tuple(self.inv_freq_after.shape)} and "
-                f"{len(self.categories)} categories must agree: one entry per plane"
+                f"inv_freq_before {tuple(n)}, inv_freq_after {tuple(self.inv_freq_after.shape)} "
+                f"and {len(self.categories)} categories must agree: one entry per plane"
             )
 
     @property
@@ -133,7 +137,8 @@ class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
 
     @property
     def scale(self) -> Float[Tensor, " n_planes"]:
-        """θ_before / θ_after per plane (the method's rescale factor λ_i; PI gives the factor everywhere)."""
+        """θ_before / θ_after per plane (the method's rescale factor λ_i; PI gives the factor
+        everywhere)."""
         return self.inv_freq_before.double() / self.inv_freq_after.double()
 
     def counts(self) -> dict[str, int]:
@@ -163,7 +168,8 @@ class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
 def extension_planes(
     layer_rope: LayerRope, variant: RopeVariant, original_ctx: int, target_ctx: int
 ) -> ExtensionPlanes:
-    """How ``variant`` rescales each plane of ``layer_rope`` to serve ``target_ctx`` after ``original_ctx``.
+    """How ``variant`` rescales each plane of ``layer_rope`` to serve ``target_ctx`` after
+    ``original_ctx``.
 
     "Before" is the layer's own frequencies; "after" is the variant's for an input of ``target_ctx``
     tokens (dynamic NTK and LongRoPE depend on it). The layer is given n_ctx = ``target_ctx``, which
@@ -172,7 +178,8 @@ def extension_planes(
     """
     if not isinstance(layer_rope, LayerRope):
         raise TypeError(
-            f"layer_rope must be a LayerRope (ropelens.rope_spec(model)[i]), got {type(layer_rope).__name__}"
+            "layer_rope must be a LayerRope (ropelens.rope_spec(model)[i]), got "
+            f"{type(layer_rope).__name__}"
         )
     original_ctx = check_positive_int(original_ctx, "original_ctx", " (the trained context length)")
     target_ctx = check_positive_int(target_ctx, "target_ctx", " (the extended context length)")
@@ -216,7 +223,8 @@ class LongRopeSearch(Result, unversioned=True):
         return _longrope(self.factors, self.n_hat, self.original_ctx, self.target_len)
 
     def gain(self) -> dict[str, float]:
-        """Relative perplexity reduction of the best candidate over each baseline (0.1 = 10% lower)."""
+        """Relative perplexity reduction of the best candidate over each baseline (0.1 = 10%
+        lower)."""
         return {k: 1 - self.perplexity / v for k, v in self.baselines.items()}
 
     def to_frame(self) -> pd.DataFrame:
@@ -225,8 +233,9 @@ class LongRopeSearch(Result, unversioned=True):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LongRopeSearch:
-        """Read a search saved by :meth:`save`, or a hand-written factors file (:data:`LONGROPE_FILE` says what it
-        holds); every problem with the file is one InputError naming it and ``--longrope``."""
+        """Read a search saved by :meth:`save`, or a hand-written factors file
+        (:data:`LONGROPE_FILE` says what it holds); every problem with the file is one InputError
+        naming it and ``--longrope``."""
         p = Path(path)
         what = f"the LongRoPE factors file {path} (--longrope)"
         if not p.exists():
@@ -285,11 +294,15 @@ class LongRopeSearch(Result, unversioned=True):
             raise InputError(f"{what} holds a malformed {e}: pass {LONGROPE_FILE}") from e
 
 
-# What a LongRoPE factors file (``ropelens extension-study --longrope``) holds; the other LongRopeSearch fields may be left out.
+# What a LongRoPE factors file (``ropelens extension-study --longrope``) holds; the other
+# LongRopeSearch fields may be left out.
 LONGROPE_FILE = (
-    "a JSON object with target_len and original_ctx (token counts, target_len > original_ctx), factors "
-    "(one positive rescale factor per rotary plane, highest frequency first) and n_hat (leading positions "
-    'left unscaled, ≥ 0), as LongRopeSearch.save writes, e.g. {"target_len": 8192, "original_ctx": 2048, '
+    "a JSON object with target_len and original_ctx (token counts, target_len > original_ctx), "
+    "factors "
+    "(one positive rescale factor per rotary plane, highest frequency first) and n_hat (leading "
+    "positions "
+    'left unscaled, ≥ 0), as LongRopeSearch.save writes, e.g. {"target_len": 8192, '
+    '"original_ctx": 2048, '
     '"factors": [1.0, 1.5, 2.0, 4.0], "n_hat": 0}'
 )
 _LONGROPE_NEEDS = ("target_len", "original_ctx", "factors", "n_hat")
@@ -353,8 +366,9 @@ def _check_longrope_file(d: dict[str, Any], what: str) -> None:
     ):
         if isinstance(d[key], bool) or not isinstance(d[key], kind):
             raise InputError(
-                f"{what}: {key} must be a JSON {'number' if kind not in (dict, list) else kind.__name__}, "
-                f"got {d[key]!r}: leave it out, or pass {LONGROPE_FILE}"
+                f"{what}: {key} must be a JSON "
+                f"{'number' if kind not in (dict, list) else kind.__name__}, got {d[key]!r}: "
+                f"leave it out, or pass {LONGROPE_FILE}"
             )
 
 
@@ -469,8 +483,8 @@ def search_longrope_factors(
     Generation 0 is PI, YaRN-like and NTK factors plus random monotone perturbations; each
     generation keeps the better half (elitism, so the best never gets worse) and refills the rest
     with crossover + mutation children of it. Generation g draws from ``default_rng([seed, g])`` and
-    the state (population, every perplexity so far) is written atomically to ``state_path`` after each
-    generation, so a rerun continues and ends where an uninterrupted run would. ``tokens``
+    the state (population, every perplexity so far) is written atomically to ``state_path`` after
+    each generation, so a rerun continues and ends where an uninterrupted run would. ``tokens``
     (``[n, target_len]``) default to ``n_windows`` held-out windows of the embedded English text.
     """
     population = check_positive_int(population, "population", " (candidates per generation, ≥ 2)")

@@ -1,27 +1,33 @@
-"""Context-extension study: which scaling method to use for a model, measured at every length up to a target.
+"""Context-extension study: which scaling method to use for a model, measured at every length up to
+a target.
 
-:func:`extension_study` runs the model unmodified and under each context-extension method (PI, NTK, dynamic
-NTK, YaRN, Llama 3, LongRoPE, p-RoPE), each set for ``to / native`` where it takes a factor, and measures
+:func:`extension_study` runs the model unmodified and under each context-extension method (PI, NTK,
+dynamic NTK, YaRN, Llama 3, LongRoPE, p-RoPE), each set for ``to / native`` where it takes a factor,
+and measures
 
-- the mean next-token loss at every length from a short one to ``to`` (:func:`ropelens.run.evaluate.window_losses`
-  on the same windows for every method);
-- passkey retrieval over length × depth (:func:`ropelens.analyses.passkey_retrieval.passkey_retrieval`);
-- what the method does to every plane at ``to`` (:func:`ropelens.analyses.extension_planes.extension_planes`);
-- what the base predicts (:func:`ropelens.analyses.base_predictions.base_predictions`: Liu et al.'s critical
-  dimension and extrapolation limit, Men et al.'s lower bound on the base);
-- the attention at every length, on the loss windows (:class:`ropelens.analyses.frequency_entropy.AttentionStatsReducer`):
-  the mean entropy of the query rows (nats), by layer kind; within the native context, the mean KL and
-  Jensen–Shannon divergence of each method's attention rows from the unmodified model's on the same tokens
-  (Zhong et al., COLING 2025: an extension method should leave the attention inside the trained context as
+- the mean next-token loss at every length from a short one to ``to``
+  (:func:`ropelens.run.evaluate.window_losses` on the same windows for every method);
+- passkey retrieval over length × depth
+  (:func:`ropelens.analyses.passkey_retrieval.passkey_retrieval`);
+- what the method does to every plane at ``to``
+  (:func:`ropelens.analyses.extension_planes.extension_planes`);
+- what the base predicts (:func:`ropelens.analyses.base_predictions.base_predictions`: Liu et al.'s
+  critical dimension and extrapolation limit, Men et al.'s lower bound on the base);
+- the attention at every length, on the loss windows
+  (:class:`ropelens.analyses.frequency_entropy.AttentionStatsReducer`): the mean entropy of the
+  query rows (nats), by layer kind; within the native context, the mean KL and Jensen–Shannon
+  divergence of each method's attention rows from the unmodified model's on the same tokens (Zhong
+  et al., COLING 2025: an extension method should leave the attention inside the trained context as
   it was); and per head the matrix entropy of the post-RoPE queries' Gram (the spectrum DoPE reads).
 
-Resonance-YaRN (``resonance``), CoPE (``cope``) and FoPE's zeroing (``fope``) run when asked for in ``methods``;
-the others by default (:data:`DEFAULT_METHODS`).
+Resonance-YaRN (``resonance``), CoPE (``cope``) and FoPE's zeroing (``fope``) run when asked for in
+``methods``; the others by default (:data:`DEFAULT_METHODS`).
 
-Each (method, length) loss, passkey and attention measurement is one *cell*, saved atomically as its own JSON
-file in ``out/cells`` (attention cells in ``out/cells/attention``) with the settings it was measured under, so a rerun skips finished cells and a killed run
-resumes. The page and the tables are written by :func:`ropelens.report.extension_study.write_study`, the
-figures drawn by :mod:`ropelens.plots.extension_study`; the findings (:meth:`ExtensionStudy.findings`, sentences
+Each (method, length) loss, passkey and attention measurement is one *cell*, saved atomically as its
+own JSON file in ``out/cells`` (attention cells in ``out/cells/attention``) with the settings it was
+measured under, so a rerun skips finished cells and a killed run resumes. The page and the tables
+are written by :func:`ropelens.report.extension_study.write_study`, the figures drawn by
+:mod:`ropelens.plots.extension_study`; the findings (:meth:`ExtensionStudy.findings`, sentences
 written from the measured numbers) are written at the end of this module.
 """
 
@@ -96,8 +102,8 @@ __all__ = [
     "study_findings",
 ]
 
-# the methods an extension study compares: key → label; "none" is the unmodified model (short names are the
-# CLI's and the cell files')
+# the methods an extension study compares: key → label; "none" is the unmodified model (short names
+# are the CLI's and the cell files')
 METHODS: dict[str, str] = {
     "none": "unmodified",
     "pi": "PI",
@@ -111,7 +117,8 @@ METHODS: dict[str, str] = {
     "cope": "CoPE",
     "fope": "FoPE zeroing",
 }
-# the methods a study runs unless others are asked for (Resonance-YaRN, CoPE and FoPE's zeroing when asked)
+# the methods a study runs unless others are asked for (Resonance-YaRN, CoPE and FoPE's zeroing when
+# asked)
 DEFAULT_METHODS: tuple[str, ...] = (
     "none",
     "pi",
@@ -126,11 +133,13 @@ _FORMAT = 1  # of the cell files
 
 
 def default_longrope(layer, native: int, target: int) -> LongRoPE:
-    """LongRoPE without a search: YaRN's per-plane rescale factors λ_i = θ_i / θ_i^YaRN (non-decreasing, ≥ 1),
-    short factors 1, n̂ = 0 and LongRoPE's own attention factor √(1 + ln s / ln L₀).
+    """LongRoPE without a search: YaRN's per-plane rescale factors λ_i = θ_i / θ_i^YaRN
+    (non-decreasing, ≥ 1), short factors 1, n̂ = 0 and LongRoPE's own attention factor √(1 + ln s /
+    ln L₀).
 
-    This is the YaRN member of the initial population of :func:`ropelens.analyses.extension_planes.search_longrope_factors`;
-    pass a searched :class:`~ropelens.analyses.extension_planes.LongRopeSearch` to measure searched factors instead.
+    This is the YaRN member of the initial population of
+    :func:`ropelens.analyses.extension_planes.search_longrope_factors`; pass a searched
+    :class:`~ropelens.analyses.extension_planes.LongRopeSearch` to measure searched factors instead.
     """
     s = target / native
     lam = (Default().inv_freq(layer).double() / YaRN(s, native).inv_freq(layer).double()).numpy()
@@ -154,16 +163,17 @@ def extension_variants(
 ) -> dict[str, RopeVariant | None]:
     """The variant of each method name for ``native`` → ``target`` (None for "none").
 
-    Factor-taking methods get s = target / native: ``Linear(s)``, ``NTK(s)``, ``DynamicNTK(s, native)``,
-    ``YaRN(s, native)``, ``Llama3(s, 1, 4, native)``; LongRoPE is ``longrope`` (a LongRoPE variant or a
-    LongRopeSearch for this native → target) or :func:`default_longrope`; p-RoPE is ``PRoPE(p)``;
-    ``resonance`` is Resonance-YaRN ``Resonance(s, native)``, ``cope`` CoPE's taper ``CoPE()`` (its 20 lowest
-    planes) and ``fope`` FoPE's zeroing ``FoPEZero(native)``.
+    Factor-taking methods get s = target / native: ``Linear(s)``, ``NTK(s)``, ``DynamicNTK(s,
+    native)``, ``YaRN(s, native)``, ``Llama3(s, 1, 4, native)``; LongRoPE is ``longrope`` (a
+    LongRoPE variant or a LongRopeSearch for this native → target) or :func:`default_longrope`;
+    p-RoPE is ``PRoPE(p)``; ``resonance`` is Resonance-YaRN ``Resonance(s, native)``, ``cope``
+    CoPE's taper ``CoPE()`` (its 20 lowest planes) and ``fope`` FoPE's zeroing ``FoPEZero(native)``.
     """
     unknown = [n for n in names if n not in METHODS]
     if unknown or not names:
         raise InputError(
-            f"unknown extension method(s) {unknown or list(names)!r}: choose from {','.join(METHODS)}"
+            f"unknown extension method(s) {unknown or list(names)!r}: choose from "
+            f"{','.join(METHODS)}"
         )
     s = target / native
     out: dict[str, RopeVariant | None] = {}
@@ -192,25 +202,26 @@ def _longrope_of(longrope: Any, layer, native: int, target: int) -> LongRoPE:
     if isinstance(longrope, LongRoPE):
         if len(longrope.long_factor) != layer.n_planes:
             raise InputError(
-                f"the LongRoPE variant holds {len(longrope.long_factor)} factors but layer {layer.layer} "
-                f"has {layer.n_planes} rotary planes: pass one factor per plane"
+                f"the LongRoPE variant holds {len(longrope.long_factor)} factors but layer "
+                f"{layer.layer} has {layer.n_planes} rotary planes: pass one factor per plane"
             )
         return longrope
 
     if isinstance(longrope, LongRopeSearch):
         if (longrope.original_ctx, longrope.target_len) != (native, target):
             raise InputError(
-                f"the LongRoPE search is for {longrope.original_ctx} → {longrope.target_len} tokens, "
-                f"the study for {native} → {target}: search for this target (--to {longrope.target_len} "
-                f"--native {longrope.original_ctx} match it) or leave longrope (--longrope) unset"
+                f"the LongRoPE search is for {longrope.original_ctx} → {longrope.target_len} "
+                f"tokens, the study for {native} → {target}: search for this target (--to "
+                f"{longrope.target_len} --native {longrope.original_ctx} match it) or leave "
+                "longrope (--longrope) unset"
             )
         if (
             len(longrope.factors) != layer.n_planes
         ):  # checked before any cell runs, not when LongRoPE's cells come
             raise InputError(
-                f"the LongRoPE search (--longrope) holds {len(longrope.factors)} factors but layer "
-                f"{layer.layer} has {layer.n_planes} rotary planes: pass factors searched on this model, "
-                "one per plane"
+                f"the LongRoPE search (--longrope) holds {len(longrope.factors)} factors but "
+                f"layer {layer.layer} has {layer.n_planes} rotary planes: pass factors searched "
+                "on this model, one per plane"
             )
         return longrope.variant
     raise InputError(
@@ -222,10 +233,10 @@ ROLES = ("kept", "interpolated", "blended", "extrapolated", "stopped", "unrotate
 
 
 def plane_roles(view, factor: float) -> tuple[str, ...]:
-    """What a method does to each plane: ``kept`` (unchanged, in distribution), ``interpolated`` (θ divided by
-    the whole factor or more), ``blended`` (by less: YaRN's ramp, NTK's low-to-high spread),
-    ``extrapolated`` (meets angles training never reached), ``stopped`` (θ set to 0: p-RoPE) or
-    ``unrotated`` (θ = 0 already)."""
+    """What a method does to each plane: ``kept`` (unchanged, in distribution), ``interpolated`` (θ
+    divided by the whole factor or more), ``blended`` (by less: YaRN's ramp, NTK's low-to-high
+    spread), ``extrapolated`` (meets angles training never reached), ``stopped`` (θ set to 0:
+    p-RoPE) or ``unrotated`` (θ = 0 already)."""
     out = []
     for t0, t1, cat in zip(
         view.inv_freq_before.double().tolist(),
@@ -247,7 +258,8 @@ def plane_roles(view, factor: float) -> tuple[str, ...]:
 
 
 def _identity_view(layer, native: int, target: int):
-    """The unmodified model's planes: the same frequencies at the target (categories as extension_planes gives them)."""
+    """The unmodified model's planes: the same frequencies at the target (categories as
+    extension_planes gives them)."""
     inv = layer.inv_freq.float()
     return ExtensionPlanes(
         variant={"variant": "unmodified"},
@@ -332,8 +344,9 @@ def _prompt_fits(tokenizer, length: int, depth: float = 0.5, passkey: str = "123
 def _check_passkey_lengths(
     model, lengths: Sequence[int], depths: Sequence[float], seed: int
 ) -> None:
-    """InputError, before anything runs, when a passkey prompt cannot fit the shortest of ``lengths`` (its fixed
-    parts alone are longer) or the longest would not fit in memory; each names ``--passkey-lengths``."""
+    """InputError, before anything runs, when a passkey prompt cannot fit the shortest of
+    ``lengths`` (its fixed parts alone are longer) or the longest would not fit in memory; each
+    names ``--passkey-lengths``."""
     # memory first: building a prompt of an impossible length would itself take the machine
     require_memory(
         forward_bytes(model, max(lengths)),
@@ -341,8 +354,9 @@ def _check_passkey_lengths(
         "pass shorter --passkey-lengths",
         device_of(model),
     )
-    # the fixed parts (task line, needle, question) set the shortest prompt, so a prompt that fits a length fits every
-    # longer one: a long shortest length is tried at 4,096 tokens first (cheap), and itself only if that fails
+    # the fixed parts (task line, needle, question) set the shortest prompt, so a prompt that fits a
+    # length fits every longer one: a long shortest length is tried at 4,096 tokens first (cheap),
+    # and itself only if that fails
     shortest = min(lengths)
     for d in depths or (0.5,):
         try:
@@ -830,8 +844,9 @@ def _attention_cell(
     batch_size,
     is_identity,
 ) -> dict[str, Any]:
-    """One attention cell: per (layer, head) the mean row entropy, the divergence from the unmodified model within
-    the native context, and the matrix entropy of the query Gram (:class:`AttentionStatsReducer`)."""
+    """One attention cell: per (layer, head) the mean row entropy, the divergence from the
+    unmodified model within the native context, and the matrix entropy of the query Gram
+    (:class:`AttentionStatsReducer`)."""
     layers = spec.attention_layers
     diverge = native >= L
     cfg = {
@@ -908,7 +923,8 @@ def _measure(
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ExtensionStudy(Result, derived=("findings",)):
-    """Every method's loss by length, passkey grid and per-plane effect, and the base's predictions."""
+    """Every method's loss by length, passkey grid and per-plane effect, and the base's
+    predictions."""
 
     native: int
     target: int
@@ -941,7 +957,8 @@ class ExtensionStudy(Result, derived=("findings",)):
 
     # ---------------------------------------------------------------- tables
     def loss_frame(self) -> pd.DataFrame:
-        """One row per (method, length): mean loss and perplexity with their bootstrap CIs over windows."""
+        """One row per (method, length): mean loss and perplexity with their bootstrap CIs over
+        windows."""
         rows = []
         for c in self.loss_cells:
             e = c["estimate"]
@@ -965,8 +982,9 @@ class ExtensionStudy(Result, derived=("findings",)):
         return df
 
     def attention_heads_frame(self) -> pd.DataFrame:
-        """One row per (method, length, layer, head): query rows, mean row entropy (nats), mean KL and JS divergence
-        from the unmodified model's attention (NaN past the native context) and the query Gram's matrix entropy."""
+        """One row per (method, length, layer, head): query rows, mean row entropy (nats), mean KL
+        and JS divergence from the unmodified model's attention (NaN past the native context) and
+        the query Gram's matrix entropy."""
         rows = [
             {
                 "method": c["method"],
@@ -980,9 +998,10 @@ class ExtensionStudy(Result, derived=("findings",)):
         return pd.DataFrame(rows).astype({"kl": float, "js": float}) if rows else pd.DataFrame()
 
     def attention_frame(self) -> pd.DataFrame:
-        """One row per (method, length, layer kind): the mean over the kind's layers, heads and query rows of the
-        row entropy (nats), the KL(method ‖ unmodified) and Jensen–Shannon divergences (nats; NaN past the native
-        context), and the mean matrix entropy of the heads' query Gram."""
+        """One row per (method, length, layer kind): the mean over the kind's layers, heads and
+        query rows of the row entropy (nats), the KL(method ‖ unmodified) and Jensen–Shannon
+        divergences (nats; NaN past the native context), and the mean matrix entropy of the heads'
+        query Gram."""
         df = self.attention_heads_frame()
         if df.empty:
             return df
@@ -1034,7 +1053,8 @@ class ExtensionStudy(Result, derived=("findings",)):
         raise KeyError((method, length))
 
     def plane_views(self, kind: str | None = None):
-        """The :class:`~ropelens.analyses.extension_planes.ExtensionPlanes` of every method for layer kind ``kind`` (default: the first)."""
+        """The :class:`~ropelens.analyses.extension_planes.ExtensionPlanes` of every method for
+        layer kind ``kind`` (default: the first)."""
         kind = kind or self.planes[0]["kind"]
         keep = ("kind", "method", "roles")
         return {
@@ -1044,7 +1064,8 @@ class ExtensionStudy(Result, derived=("findings",)):
         }
 
     def planes_frame(self) -> pd.DataFrame:
-        """One row per (layer kind, method, plane): wavelength before and after, scale and category."""
+        """One row per (layer kind, method, plane): wavelength before and after, scale and
+        category."""
         frames = []
         for kind in dict.fromkeys(p["kind"] for p in self.planes):
             for method, view in self.plane_views(kind).items():
@@ -1059,8 +1080,8 @@ class ExtensionStudy(Result, derived=("findings",)):
         return pd.concat(frames, ignore_index=True)
 
     def in_distribution_limit(self, method: str, kind: str | None = None) -> float:
-        """Longest input whose angles all stay within training: L₀ · min θ_i/θ'_i over planes that never
-        completed a turn in L₀ (∞ where there are none or the method stops them rotating)."""
+        """Longest input whose angles all stay within training: L₀ · min θ_i/θ'_i over planes that
+        never completed a turn in L₀ (∞ where there are none or the method stops them rotating)."""
         v = self.plane_views(kind)[method]
         before, after = v.inv_freq_before.double(), v.inv_freq_after.double()
         slow = (before > 0) & (2 * math.pi / before.clamp_min(1e-30) > self.native)
@@ -1070,7 +1091,8 @@ class ExtensionStudy(Result, derived=("findings",)):
         return float(self.native * ratio.min())
 
     def predictors_frame(self) -> pd.DataFrame:
-        """The base's predictions per (rotary layer kind, length) (:class:`BasePredictions` rows)."""
+        """The base's predictions per (rotary layer kind, length) (:class:`BasePredictions`
+        rows)."""
         return pd.DataFrame(list(self.predictions["rows"]))
 
     def to_frame(self) -> pd.DataFrame:
@@ -1091,9 +1113,9 @@ def _n(x: float) -> str:
 
 
 def held_up_to(study: ExtensionStudy, method: str) -> tuple[int, float, int]:
-    """The longest length up to which ``method``'s loss stays within ``study.tolerance`` nats of its loss at
-    the shortest length (every length between included: the shortest itself when the next one breaks it),
-    the largest rise over those lengths, and the shortest length."""
+    """The longest length up to which ``method``'s loss stays within ``study.tolerance`` nats of its
+    loss at the shortest length (every length between included: the shortest itself when the next
+    one breaks it), the largest rise over those lengths, and the shortest length."""
     df = study.loss_frame()
     rows = df[df["method"] == method].sort_values("length")
     first = float(rows["loss"].iloc[0])
@@ -1106,8 +1128,8 @@ def held_up_to(study: ExtensionStudy, method: str) -> tuple[int, float, int]:
 
 
 def ranking(study: ExtensionStudy) -> list[dict[str, Any]]:
-    """Methods best first: passkey recall at the longest passkey length (more is better), then loss at the
-    target (less is better); each with those numbers."""
+    """Methods best first: passkey recall at the longest passkey length (more is better), then loss
+    at the target (less is better); each with those numbers."""
     df = study.loss_frame()
     at = df[df["length"] == study.target].set_index("method")
     top = max(study.passkey_lengths) if study.passkey_lengths else None
@@ -1155,8 +1177,9 @@ def study_findings(study: ExtensionStudy) -> list[Finding]:
             Finding(
                 "recommend",
                 "summary",
-                f"For {L0:,} → {T:,} tokens use {lab(best['method'])}: at {T:,} tokens its loss is "
-                f"{best['loss']:.3f} nats (perplexity {best['perplexity']:.3g}){recall}. Next: {others}.",
+                f"For {L0:,} → {T:,} tokens use {lab(best['method'])}: at {T:,} tokens its loss "
+                f"is {best['loss']:.3f} nats (perplexity {best['perplexity']:.3g}){recall}. "
+                f"Next: {others}.",
                 {"ranking": rank, "target": T, "passkey_length": top},
             )
         )
@@ -1173,13 +1196,15 @@ def study_findings(study: ExtensionStudy) -> list[Finding]:
             )
         elif held >= T:
             text = (
-                f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token value "
-                f"({base:.3f}) up to {T:,} (largest rise {rise:+.3f}; {loss_t:.3f} at {T:,})."
+                f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token "
+                f"value ({base:.3f}) up to {T:,} (largest rise {rise:+.3f}; {loss_t:.3f} at "
+                f"{T:,})."
             )
         else:
             text = (
-                f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token value "
-                f"({base:.3f}) up to {held:,} only; at {T:,} it is {loss_t:.3f} ({loss_t - base:+.3f})."
+                f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token "
+                f"value ({base:.3f}) up to {held:,} only; at {T:,} it is {loss_t:.3f} "
+                f"({loss_t - base:+.3f})."
             )
         out.append(
             Finding(
@@ -1220,8 +1245,8 @@ def study_findings(study: ExtensionStudy) -> list[Finding]:
             Finding(
                 f"planes_{p['method']}",
                 "planes",
-                f"{lab(p['method'])} at {T:,} ({kind} layers, {len(roles)} planes): {shown}; every angle "
-                f"stays within training up to {_n(limit)} tokens.",
+                f"{lab(p['method'])} at {T:,} ({kind} layers, {len(roles)} planes): {shown}; "
+                f"every angle stays within training up to {_n(limit)} tokens.",
                 {"counts": counts, "in_distribution_limit": limit, "kind": kind},
             )
         )
@@ -1256,9 +1281,10 @@ def _predictor_findings(study: ExtensionStudy) -> list[Finding]:
         Finding(
             "critical_dimension",
             "predictors",
-            f"Critical dimension ({kind} layers, base {at_t['base']:.4g}): {int(at_t['critical_dimension_train'])} "
-            f"of {int(at_t['rotary_dim'])} rotary dims turn within {study.native:,} tokens, so Liu et al.'s "
-            f"extrapolation limit is {_n(t_extra)} tokens{measured}.",
+            f"Critical dimension ({kind} layers, base {at_t['base']:.4g}): "
+            f"{int(at_t['critical_dimension_train'])} of {int(at_t['rotary_dim'])} rotary dims "
+            f"turn within {study.native:,} tokens, so Liu et al.'s extrapolation limit is "
+            f"{_n(t_extra)} tokens{measured}.",
             {
                 "kind": kind,
                 "critical_dimension": int(at_t["critical_dimension_train"]),
@@ -1272,10 +1298,12 @@ def _predictor_findings(study: ExtensionStudy) -> list[Finding]:
         Finding(
             "base_bound",
             "predictors",
-            f"Men et al.'s lower bound on the base for {study.target:,} tokens is {at_t['men_lower_bound']:.4g}; "
-            f"the model's base {at_t['base']:.4g} {'satisfies' if holds else 'violates'} it"
+            f"Men et al.'s lower bound on the base for {study.target:,} tokens is "
+            f"{at_t['men_lower_bound']:.4g}; the model's base {at_t['base']:.4g} "
+            f"{'satisfies' if holds else 'violates'} it"
             + (f" (violated from {min(fails):,} tokens)" if fails else "")
-            + f"; Liu's critical base for tuning at {study.target:,} is {at_t['critical_base']:.4g}.",
+            + f"; Liu's critical base for tuning at {study.target:,} is "
+            f"{at_t['critical_base']:.4g}.",
             {
                 "kind": kind,
                 "men_lower_bound": float(at_t["men_lower_bound"]),

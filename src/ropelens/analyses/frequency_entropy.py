@@ -1,25 +1,29 @@
-"""Entropies of RoPE models: how periodic each plane's query norm is along the sequence (frequency entropy), and
-how spread each head's attention is (attention entropy, divergence from another model's attention, matrix entropy).
+"""Entropies of RoPE models: how periodic each plane's query norm is along the sequence (frequency
+entropy), and how spread each head's attention is (attention entropy, divergence from another
+model's attention, matrix entropy).
 
-**Attention entropy, divergence, matrix entropy** (:class:`AttentionStatsReducer`; used by the context-extension
-study, :mod:`ropelens.analyses.extension_study`): from the post-RoPE queries and keys, each head's attention
-probabilities are rebuilt in query tiles (memory linear in the length), as the model makes them (score scale,
-mask, soft-capping, learned sinks: a sink's share is one more outcome of the row). Per layer × head it sums
+**Attention entropy, divergence, matrix entropy** (:class:`AttentionStatsReducer`; used by the
+context-extension study, :mod:`ropelens.analyses.extension_study`): from the post-RoPE queries and
+keys, each head's attention probabilities are rebuilt in query tiles (memory linear in the length),
+as the model makes them (score scale, mask, soft-capping, learned sinks: a sink's share is one more
+outcome of the row). Per layer × head it sums
 
-- the Shannon entropy of every query row, H = −Σ_k p_k ln p_k in nats (:func:`attention_entropy`; a row spread
-  evenly over n keys has ln n);
-- with a reference model's queries and keys on the same tokens (the unmodified model, for an extension
-  method), the Kullback–Leibler divergence KL(P ‖ P_ref) = Σ_k p_k ln(p_k / p_ref,k) of each row from the
-  reference's row, and the Jensen–Shannon divergence ½KL(P ‖ M) + ½KL(P_ref ‖ M), M = ½(P + P_ref), in nats
-  (:func:`kl_divergence`, :func:`js_divergence`): the attention view of Zhong et al. (COLING 2025, "Understanding
-  the RoPE Extensions of Long-Context LLMs: An Attention Perspective"), which compares an extension method's
-  attention with the original model's within the trained context;
-- the Gram matrix Σ_t q_t q_tᵀ of the head's post-RoPE queries, whose eigenvalues are the squared singular values
-  of the query matrix Q (positions × head dim): its matrix entropy (:func:`matrix_entropy`) is the Shannon
-  entropy of the eigenvalues normalised to sum to 1, −Σ_i λ̂_i ln λ̂_i (nats; exp of it is the effective rank).
-  This is the spectral quantity "DoPE: Denoising Rotary Position Embedding" (arXiv 2511.09146) reads per head
-  with its *truncated* matrix entropy; ropelens takes the whole spectrum (``top`` keeps the r largest
-  eigenvalues, renormalised), of the queries' Gram.
+- the Shannon entropy of every query row, H = −Σ_k p_k ln p_k in nats (:func:`attention_entropy`; a
+  row spread evenly over n keys has ln n);
+- with a reference model's queries and keys on the same tokens (the unmodified model, for an
+  extension method), the Kullback–Leibler divergence KL(P ‖ P_ref) = Σ_k p_k ln(p_k / p_ref,k) of
+  each row from the reference's row, and the Jensen–Shannon divergence ½KL(P ‖ M) + ½KL(P_ref ‖ M),
+  M = ½(P + P_ref), in nats (:func:`kl_divergence`, :func:`js_divergence`): the attention view of
+  Zhong et al. (COLING 2025, "Understanding the RoPE Extensions of Long-Context LLMs: An Attention
+  Perspective"), which compares an extension method's attention with the original model's within the
+  trained context;
+- the Gram matrix Σ_t q_t q_tᵀ of the head's post-RoPE queries, whose eigenvalues are the squared
+  singular values of the query matrix Q (positions × head dim): its matrix entropy
+  (:func:`matrix_entropy`) is the Shannon entropy of the eigenvalues normalised to sum to 1, −Σ_i
+  λ̂_i ln λ̂_i (nats; exp of it is the effective rank). This is the spectral quantity "DoPE: Denoising
+  Rotary Position Embedding" (arXiv 2511.09146) reads per head with its *truncated* matrix entropy;
+  ropelens takes the whole spectrum (``top`` keeps the r largest eigenvalues, renormalised), of the
+  queries' Gram.
 
 **Frequency entropy** (the rest of this module):
 
@@ -30,17 +34,17 @@ Shannon entropy. A signal that repeats with a few periods puts its power in a fe
 entropy); one with no order spreads it over all of them (high entropy). The claim: the spectrum is
 periodic in RoPE layers and not in NoPE layers (Llama 4).
 
-ropelens computes, per window, layer, head and plane, the entropy H = −Σ_f p_f ln p_f over the
-``F = ⌊(n − skip)/2⌋`` non-zero frequencies of the ``n − skip`` positions after the first ``skip``
-(the attention-sink position, whose norms stand apart), divided by ln F so that 1 is a flat spectrum.
+ropelens computes, per window, layer, head and plane, the entropy H = −Σ_f p_f ln p_f over the ``F =
+⌊(n − skip)/2⌋`` non-zero frequencies of the ``n − skip`` positions after the first ``skip`` (the
+attention-sink position, whose norms stand apart), divided by ln F so that 1 is a flat spectrum.
 Planes are the rotary layers' own; a NoPE layer has none, so its head is split into the planes the
 model's rotary layers use (same pairing and rotary width), which is what its queries would rotate.
 
-As a control the same signal is read in one fixed random order of positions (seeded): that keeps every
-value and destroys the order, so its entropy is what the plane's values give without any
+As a control the same signal is read in one fixed random order of positions (seeded): that keeps
+every value and destroys the order, so its entropy is what the plane's values give without any
 periodicity (for white noise, ≈ 1 − (1 − γ)/ln F: a periodogram is not flat). A plane is periodic
-where its entropy falls below its shuffled entropy.
-The per-window entropies add up over windows, so the result merges exactly.
+where its entropy falls below its shuffled entropy. The per-window entropies add up over windows, so
+the result merges exactly.
 """
 
 from __future__ import annotations
@@ -82,8 +86,9 @@ __all__ = [
 
 
 def plane_layout(spec: RopeSpec, layer: int) -> tuple[int, str]:
-    """(rotary width, pairing) a layer's head is split into planes with: its own, or for a NoPE layer
-    that of the model's rotary layers with the same head width (else the whole head, halves paired)."""
+    """(rotary width, pairing) a layer's head is split into planes with: its own, or for a NoPE
+    layer that of the model's rotary layers with the same head width (else the whole head, halves
+    paired)."""
     lr = spec.layers[layer]
     if lr.rotary:
         return lr.rotary_dim, lr.pairing
@@ -121,7 +126,8 @@ def attention_entropy(p: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
 
 
 def kl_divergence(p: Float[Tensor, "... k"], q: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
-    """KL(p ‖ q) = Σ_k p_k ln(p_k / q_k) in nats along the last axis (terms with p_k = 0 are 0; inf where q_k = 0 < p_k)."""
+    """KL(p ‖ q) = Σ_k p_k ln(p_k / q_k) in nats along the last axis (terms with p_k = 0 are 0; inf
+    where q_k = 0 < p_k)."""
     return (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(-1)
 
 
@@ -132,9 +138,10 @@ def js_divergence(p: Float[Tensor, "... k"], q: Float[Tensor, "... k"]) -> Float
 
 
 def matrix_entropy(gram: Float[Tensor, "... d d"], top: int | None = None) -> Float[Tensor, "..."]:
-    """Entropy (nats) of the normalised eigenvalue spectrum of symmetric positive semi-definite ``gram``: λ̂ = λ/Σλ,
-    −Σ λ̂ ln λ̂, over the ``top`` largest eigenvalues only (renormalised) where given. For a Gram QᵀQ the
-    eigenvalues are the squared singular values of Q. NaN for a zero matrix."""
+    """Entropy (nats) of the normalised eigenvalue spectrum of symmetric positive semi-definite
+    ``gram``: λ̂ = λ/Σλ, −Σ λ̂ ln λ̂, over the ``top`` largest eigenvalues only (renormalised) where
+    given. For a Gram QᵀQ the eigenvalues are the squared singular values of Q. NaN for a zero
+    matrix."""
     lam = torch.linalg.eigvalsh(gram.double()).clamp_min(0).flip(-1)  # largest first
     if top is not None:
         top = int(check_number(top, "top", at_least=1, integer=True, hint=" (eigenvalues kept)"))
@@ -144,21 +151,24 @@ def matrix_entropy(gram: Float[Tensor, "... d d"], top: int | None = None) -> Fl
 
 
 def _with_rest(p: Tensor, rope: LayerRope) -> Tensor:
-    """Rows with the mass they leave to the layer's learned sinks as one more outcome (rows as they are without)."""
+    """Rows with the mass they leave to the layer's learned sinks as one more outcome (rows as they
+    are without)."""
     if rope.sinks is None:
         return p
     return torch.cat([p, (1 - p.sum(-1, keepdim=True)).clamp_min(0)], dim=-1)
 
 
 class AttentionStatsReducer(DeviceSums):
-    """Streams, per layer × query head: query rows, summed row entropy, summed KL and JS divergence from a
-    reference's attention on the same windows (``reference``: :func:`ropelens.run.capture.capture_qk` of the reference
-    model on the same tokens, with ``q_post`` and ``k_post``), and the Gram matrix of the post-RoPE queries.
+    """Streams, per layer × query head: query rows, summed row entropy, summed KL and JS divergence
+    from a reference's attention on the same windows (``reference``:
+    :func:`ropelens.run.capture.capture_qk` of the reference model on the same tokens, with
+    ``q_post`` and ``k_post``), and the Gram matrix of the post-RoPE queries.
 
     Attention is rebuilt in query tiles holding whole rows, in float64.
     """
 
-    static_mask = "attention entropy"  # masks built from positions: refused where the model picks keys from the input
+    # masks built from positions: refused where the model picks keys from the input
+    static_mask = "attention entropy"
 
     def __init__(
         self,
@@ -171,8 +181,8 @@ class AttentionStatsReducer(DeviceSums):
         self.needs = frozenset({"q_post", "k_post"})
         if reference is not None and (missing := [L for L in self.layers if L not in reference]):
             raise InputError(
-                f"the reference holds no queries and keys of layer(s) {missing}: capture every layer "
-                "measured (capture_qk(..., which=('q_post', 'k_post')))"
+                f"the reference holds no queries and keys of layer(s) {missing}: capture every "
+                "layer measured (capture_qk(..., which=('q_post', 'k_post')))"
             )
         self.pos = {L: i for i, L in enumerate(self.layers)}
         self.offset = dict.fromkeys(
@@ -197,7 +207,8 @@ class AttentionStatsReducer(DeviceSums):
         return self.sums
 
     def _probs(self, rope: LayerRope, q: Tensor, k: Tensor, ok: Tensor, c0: int, c1: int) -> Tensor:
-        """[b, head, c1 − c0, keys]: rows c0 … c1 − 1 of the attention (and the sinks' share last, where the layer has sinks)."""
+        """[b, head, c1 − c0, keys]: rows c0 … c1 − 1 of the attention (and the sinks' share last,
+        where the layer has sinks)."""
         y = torch.einsum("bqhd,bkhd->bhqk", q[:, c0:c1], k[:, :c1]) * rope.score_scale
         return _with_rest(rope.probs(y.masked_fill(~ok[:, None], float("-inf"))), rope)
 
@@ -268,8 +279,9 @@ class AttentionStatsReducer(DeviceSums):
         sums["gram"][layer_slot, :n_heads, :head_dim, :head_dim] += gram.to(sums_device, sums_dtype)
 
     def table(self, top: int | None = None) -> list[dict[str, Any]]:
-        """One row per (layer, head): kind, query rows, mean row entropy, mean KL and JS (None without a
-        reference), and the matrix entropy of the query Gram (``top``: of its largest eigenvalues)."""
+        """One row per (layer, head): kind, query rows, mean row entropy, mean KL and JS (None
+        without a reference), and the matrix entropy of the query Gram (``top``: of its largest
+        eigenvalues)."""
         s = {k: v.to("cpu", torch.float64) for k, v in self.sums.items()}
         n = s["rows"]
         mean = {k: s[k] / count_or_nan(n) for k in ("entropy", "kl", "js")}
@@ -296,7 +308,8 @@ class AttentionStatsReducer(DeviceSums):
 
 class EntropyReducer(DeviceSums):
     """Streams, per layer × head × plane, the sum over windows of the spectral entropy of ‖q_t^(i)‖
-    (in order and in a fixed shuffled order), its square, the windows counted, and the summed spectrum."""
+    (in order and in a fixed shuffled order), its square, the windows counted, and the summed
+    spectrum."""
 
     def __init__(
         self, spec: RopeSpec, layers: Sequence[int], n_ctx: int, *, skip: int = 1, seed: int = 0
@@ -307,13 +320,14 @@ class EntropyReducer(DeviceSums):
         heads = {spec.layers[L].n_heads for L in self.layers}
         if len({w for w, _ in widths}) != 1 or len(heads) != 1:
             raise InputError(
-                "selected layers have different plane or head counts; analyse them separately with layers=[...]"
+                "selected layers have different plane or head counts; analyse them separately "
+                "with layers=[...]"
             )
         self.n_pos = int(n_ctx) - self.skip
         if self.skip < 0 or self.n_pos < 4:
             raise InputError(
-                f"skip={skip} leaves {self.n_pos} of {n_ctx} positions; a spectrum needs at least 4: "
-                "lower skip or use longer windows"
+                f"skip={skip} leaves {self.n_pos} of {n_ctx} positions; a spectrum needs at "
+                "least 4: lower skip or use longer windows"
             )
         P, H, F = widths.pop()[0] // 2, heads.pop(), self.n_pos // 2
         L = len(self.layers)
@@ -335,13 +349,15 @@ class EntropyReducer(DeviceSums):
         }
 
     def state_dict(self) -> dict[str, Tensor]:
-        """Every running sum by name (the tensors themselves): they add across runs and processes."""
+        """Every running sum by name (the tensors themselves): they add across runs and
+        processes."""
         return self.sums
 
     def update(self, acts: LayerActs) -> None:
         if acts.padded:
             raise InputError(
-                "frequency entropy needs whole windows (a spectrum over positions): pass unpadded windows"
+                "frequency entropy needs whole windows (a spectrum over positions): pass "
+                "unpadded windows"
             )
         sums = self._on(acts.valid.device)
         layer_slot = self.pos[acts.layer]
@@ -417,8 +433,8 @@ class FrequencyEntropy(
         return self.spec.layers[layer].kind
 
     def entropy(self, shuffled: bool = False) -> Float[Tensor, "layer head plane"]:
-        """Mean normalised spectral entropy over windows (in order, or in the shuffled order); NaN where
-        no window had any variation."""
+        """Mean normalised spectral entropy over windows (in order, or in the shuffled order); NaN
+        where no window had any variation."""
         key = "shuffled" if shuffled else "h"
         n = self.sums["shuffled_count" if shuffled else "count"]
         return self.sums[key] / count_or_nan(n)
@@ -434,12 +450,14 @@ class FrequencyEntropy(
         return self.sums["spectrum"] / n.transpose(1, 2)
 
     def peak_period(self) -> Float[Tensor, "layer plane"]:
-        """Period in tokens, n_pos / f, of the strongest frequency f of each plane's mean spectrum."""
+        """Period in tokens, n_pos / f, of the strongest frequency f of each plane's mean
+        spectrum."""
         f = self.spectrum().argmax(-1).double() + 1
         return self.n_pos / f
 
     def by_kind(self) -> dict[str, dict[str, float]]:
-        """Per layer kind: mean entropy (in order, shuffled) and mean gap over its layers, heads and planes."""
+        """Per layer kind: mean entropy (in order, shuffled) and mean gap over its layers, heads and
+        planes."""
         out: dict[str, dict[str, float]] = {}
         h, s = self.entropy(), self.entropy(shuffled=True)
         for kind in dict.fromkeys(self.kind(L) for L in self.layers):
@@ -462,8 +480,9 @@ class FrequencyEntropy(
         for kind, v in kinds.items():
             noun = "NoPE layers" if kind == "nope" else f"rotary ({kind}) layers"
             parts.append(
-                f"{noun} ({v['n_layers']}): entropy {v['entropy']:.3f} vs {v['shuffled']:.3f} shuffled "
-                f"(gap {v['gap']:+.3f}; {100 * v['periodic_share']:.0f}% of head-planes below their shuffled value)"
+                f"{noun} ({v['n_layers']}): entropy {v['entropy']:.3f} vs {v['shuffled']:.3f} "
+                f"shuffled (gap {v['gap']:+.3f}; {100 * v['periodic_share']:.0f}% of head-planes "
+                "below their shuffled value)"
             )
         text = (
             "Spectral entropy of each plane's query norm along the sequence (1 = flat spectrum): "

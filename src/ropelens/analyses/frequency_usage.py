@@ -1,4 +1,5 @@
-"""Frequency usage: mean 2-norm of every RoPE plane of queries and keys (Barbero et al., Fig. 3-4)."""
+"""Frequency usage: mean 2-norm of every RoPE plane of queries and keys (Barbero et al., Fig.
+3-4)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ class UsageReducer:
         self._placed = False
 
     def state_dict(self) -> dict[str, Tensor]:
-        """Every running sum by name (the tensors themselves): they add across runs and processes."""
+        """Every running sum by name (the tensors themselves): they add across runs and
+        processes."""
         out = {}
         for kind, moments in (("tok", self.tok), ("win", self.win)):
             for (w, scope), m in moments.items():
@@ -65,7 +67,8 @@ class UsageReducer:
         return out
 
     def _on(self, device: torch.device) -> None:
-        """Keep the sums where the activations are (float64; float32 on MPS, which has no float64)."""
+        """Keep the sums where the activations are (float64; float32 on MPS, which has no
+        float64)."""
         if self._placed:  # placed once; layers elsewhere (device maps) send results here
             return
         self._placed = True
@@ -105,8 +108,9 @@ class UsageReducer:
                 self._add(which, scope, layer_slot, count.double(), total, square_total)
 
     def _add(self, w: str, scope: str, i: int, cnt: Tensor, tot: Tensor, sq: Tensor) -> None:
-        """Fold per-window sums ``[b,h,P]`` (``cnt`` tokens per window) into token and window moments; a
-        layer narrower than the widest fills its leading heads and planes, the padding keeps count 0."""
+        """Fold per-window sums ``[b,h,P]`` (``cnt`` tokens per window) into token and window
+        moments; a layer narrower than the widest fills its leading heads and planes, the padding
+        keeps count 0."""
         tok = self.tok[(w, scope)]
         here = tok.total.device
         cnt, tot, sq = cnt.to(here), tot.to(here), sq.to(here)
@@ -141,7 +145,8 @@ class UsageReducer:
 
 
 def _padded_shape(spec: RopeSpec, layers: Sequence[int], which: str) -> tuple[int, int, int]:
-    """``[layer, head, plane]`` wide enough for every layer's heads (KV heads for keys) and planes."""
+    """``[layer, head, plane]`` wide enough for every layer's heads (KV heads for keys) and
+    planes."""
     return tuple(spec.present(layers, "head" if which == "q" else "kv_head", "plane").shape)  # type: ignore[return-value]
 
 
@@ -180,7 +185,8 @@ class FrequencyUsage(
 
     # ---------------------------------------------------------------- numbers
     def present(self, which: Which = "q") -> Tensor:
-        """``[layer, head, plane]`` bool: the entries a layer has (all True when every layer has one width)."""
+        """``[layer, head, plane]`` bool: the entries a layer has (all True when every layer has one
+        width)."""
         return self.spec.present(self.layers, "head" if which == "q" else "kv_head", "plane")
 
     def _masked(self, x: Tensor, which: Which) -> Tensor:
@@ -188,11 +194,13 @@ class FrequencyUsage(
 
     @property
     def ragged(self) -> bool:
-        """Whether the measured layers differ in heads or planes (entries past a layer's own are NaN)."""
+        """Whether the measured layers differ in heads or planes (entries past a layer's own are
+        NaN)."""
         return not bool(self.present("q").all() and self.present("k").all())
 
     def norm(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
-        """Mean ‖q^(i)‖ (or ‖k^(i)‖) over tokens: ``[layer, head, plane]`` (NaN past a layer's own heads and planes)."""
+        """Mean ‖q^(i)‖ (or ‖k^(i)‖) over tokens: ``[layer, head, plane]`` (NaN past a layer's own
+        heads and planes)."""
         return self._masked(self.token[(which, scope)].mean, which).float()
 
     @property
@@ -218,9 +226,9 @@ class FrequencyUsage(
     ) -> tuple[list[str], Tensor]:
         """Share of squared norm (energy) per band, ``[layer, head, band]``; sums to 1 over bands.
 
-        Exact from the streamed sums: E‖x_band‖² = Σ_{i∈band} E‖x^(i)‖². Bands are resolved per layer;
-        where layers of different widths resolve to different bands, the bands are all of them, in order,
-        and a band a layer lacks (like heads it lacks) is NaN there.
+        Exact from the streamed sums: E‖x_band‖² = Σ_{i∈band} E‖x^(i)‖². Bands are resolved per
+        layer; where layers of different widths resolve to different bands, the bands are all of
+        them, in order, and a band a layer lacks (like heads it lacks) is NaN there.
         """
         resolved = [bands.resolve(self.spec.layers[L]) for L in self.layers]
         names = list(dict.fromkeys(n for rb in resolved for n in rb.names))
@@ -233,8 +241,8 @@ class FrequencyUsage(
         return names, (per_band / per_band.nansum(-1, keepdim=True).clamp_min(1e-30)).float()
 
     def sink_ratios(self) -> dict[str, Tensor] | None:
-        """Per layer: mean per-plane norm at the sink positions ÷ that at all other positions (q and k);
-        None when some layer saw no sink position."""
+        """Per layer: mean per-plane norm at the sink positions ÷ that at all other positions (q and
+        k); None when some layer saw no sink position."""
         out = {}
         for w in "qk":
             a, ns = self.token[(w, "all")], self.token[(w, "no_sink")]
@@ -248,8 +256,8 @@ class FrequencyUsage(
 
     # ---------------------------------------------------------------- findings
     def findings(self, bands: Bands | None = None) -> list[Finding]:
-        """Which band holds the most energy (over ``bands``, default quartiles), and the layer whose sink
-        positions stand out most (when every layer saw one)."""
+        """Which band holds the most energy (over ``bands``, default quartiles), and the layer whose
+        sink positions stand out most (when every layer saw one)."""
         out = [self._energy_finding(bands or Bands.default())]
         sink = self._sink_finding()
         return out if sink is None else [*out, sink]
@@ -264,14 +272,16 @@ class FrequencyUsage(
             vals[which] = {"band": band, "layers": n, "mean_share": round(mean, 2)}
             parts.append(
                 f"{noun} hold the most energy (squared norm) in band {band} in {n} of "
-                f"{len(self.layers)} layers (mean share {vals[which]['mean_share']:.2f} where it leads)"
+                f"{len(self.layers)} layers (mean share {vals[which]['mean_share']:.2f} where it "
+                "leads)"
             )
         return Finding(
             "energy", "frequency-usage", "; ".join(parts) + " — sink positions excluded.", vals
         )
 
     def _sink_finding(self) -> Finding | None:
-        """The layer whose sink keys differ most from other keys (norm ratio farthest from 1, either way)."""
+        """The layer whose sink keys differ most from other keys (norm ratio farthest from 1, either
+        way)."""
         ratios = self.sink_ratios()
         if ratios is None:
             return None
@@ -289,9 +299,10 @@ class FrequencyUsage(
         pos = "the first position" if self.n_sink == 1 else f"the first {self.n_sink} positions"
         way = "larger" if vals["k_ratio"] >= 1 else "smaller"
         text = (
-            f"Sink keys differ most from other keys in layer {vals['layer']}: keys at {pos} carry {vals['k_ratio']:.2f}× "
-            f"the mean per-plane norm of other positions ({way}; queries {vals['q_ratio']:.2f}×); across layers the key "
-            f"ratio runs from {vals['k_min']:.2f}× to {vals['k_max']:.2f}× (median {vals['k_median']:.2f}×)."
+            f"Sink keys differ most from other keys in layer {vals['layer']}: keys at {pos} "
+            f"carry {vals['k_ratio']:.2f}× the mean per-plane norm of other positions ({way}; "
+            f"queries {vals['q_ratio']:.2f}×); across layers the key ratio runs from "
+            f"{vals['k_min']:.2f}× to {vals['k_max']:.2f}× (median {vals['k_median']:.2f}×)."
         )
         return Finding("sink", "frequency-usage", text, vals)
 
@@ -332,7 +343,7 @@ class FrequencyUsage(
         return out
 
     # ---------------------------------------------------------------- persistence
-    # ---------------------------------------------------------------- figures (drawn by ropelens.plots.frequency_usage)
+    # -------------------------------------------- figures (drawn by ropelens.plots.frequency_usage)
     def heatmap(
         self,
         which: Which = "q",

@@ -67,7 +67,8 @@ class HeadScoresReducer(DeviceSums):
     is O(tile · n). Sums accumulate in float64 (float32 on MPS) on the device of the first
     activations, with no host synchronisation per update."""
 
-    static_mask = "head scores"  # masks built from positions: refused where the model picks keys from the input
+    # masks built from positions: refused where the model picks keys from the input
+    static_mask = "head scores"
     needs = frozenset({"q_post", "k_post"})
 
     def __init__(
@@ -89,7 +90,8 @@ class HeadScoresReducer(DeviceSums):
             L: rb.dim_membership() for L, rb in zip(self.layers, rbs, strict=True)
         }  # dims → bands
         n_b, n_d = rbs[0].n_bands, max_offset + 1
-        # layers of different widths padded to the most heads: NaN past a layer's own (RopeSpec.padded_zeros)
+        # layers of different widths padded to the most heads: NaN past a layer's own
+        # (RopeSpec.padded_zeros)
         z = functools.partial(spec.padded_zeros, self.layers)
         self.sums = {
             "mass": z("head", n_d),
@@ -115,10 +117,11 @@ class HeadScoresReducer(DeviceSums):
     def _attention(
         self, q: Tensor, k: Tensor, valid: Tensor, rope: LayerRope
     ) -> tuple[Tensor, Tensor]:
-        """The model's attention on position 0 (queries 1 … n−1) and at each offset δ (queries δ+1 …
-        n−1), ``[b, head, n-1]`` and ``[offset, b, head, n-1]`` (zero where there is no such query),
-        rebuilt from the scaled scores ``q``·``k`` in query tiles that hold each query's whole key
-        range: the layer's mask, window, soft-capping and sinks applied as the model applies them."""
+        """The model's attention on position 0 (queries 1 … n−1) and at each offset δ (queries
+        δ+1 … n−1), ``[b, head, n-1]`` and ``[offset, b, head, n-1]`` (zero where there is no
+        such query), rebuilt from the scaled scores ``q``·``k`` in query tiles that hold each
+        query's whole key range: the layer's mask, window, soft-capping and sinks applied as the
+        model applies them."""
         b, n, H, d = q.shape
         KV, G = rope.n_kv_heads, rope.group_size
         dev = q.device
@@ -196,8 +199,8 @@ class HeadScoresReducer(DeviceSums):
             )
 
     def scores(self, prefix: str) -> dict[str, Tensor]:
-        """Mean offset mass, sink mass, band position share and content variance, keys prefixed (on the
-        CPU, float64; NaN past a layer's own heads)."""
+        """Mean offset mass, sink mass, band position share and content variance, keys prefixed (on
+        the CPU, float64; NaN past a layer's own heads)."""
         s = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
         cnt = s["n_offset"][:, None, :].clamp_min(1)
         mean = s["band_sum"] / cnt[:, :, None]
@@ -217,7 +220,8 @@ class HeadScoresReducer(DeviceSums):
 
 # ============================================================================ threshold
 def otsu_threshold(values: Float[Tensor, " n"]) -> float:
-    """Otsu's threshold of a 1-D sample: the cut maximising between-class variance (exact, no bins)."""
+    """Otsu's threshold of a 1-D sample: the cut maximising between-class variance (exact, no
+    bins)."""
     v = torch.as_tensor(values, dtype=torch.float64).flatten().sort().values
     if v.numel() < 2 or float(v[-1] - v[0]) == 0.0:
         raise InputError(f"Otsu needs at least two distinct values, got {v.tolist()}")
@@ -238,9 +242,9 @@ def otsu_threshold(values: Float[Tensor, " n"]) -> float:
 class HeadTaxonomy(Result, unversioned=True):
     """Per-head positional scores (text and random tokens), τ, and band profiles.
 
-    Layers of different widths (Gemma 4) share one ``[layer, head, ...]`` array per score, padded to the
-    most heads: every score of a head a layer lacks is NaN (:meth:`present`), and the classification, the
-    tables and τ's threshold leave those heads out.
+    Layers of different widths (Gemma 4) share one ``[layer, head, ...]`` array per score, padded to
+    the most heads: every score of a head a layer lacks is NaN (:meth:`present`), and the
+    classification, the tables and τ's threshold leave those heads out.
     """
 
     layers: tuple[int, ...]
@@ -278,8 +282,8 @@ class HeadTaxonomy(Result, unversioned=True):
         )[..., 0]
 
     def robust_mass(self) -> Float[Tensor, "layer head"]:
-        """min(text, random) mass at the text-best offset; 0 where random tokens prefer another offset (NaN for
-        heads a layer lacks)."""
+        """min(text, random) mass at the text-best offset; 0 where random tokens prefer another
+        offset (NaN for heads a layer lacks)."""
         text, rand = self.offset_mass()
         agree = self.best_offset() == self.scores["mass_random"].nan_to_num(nan=-math.inf).argmax(
             -1
@@ -291,8 +295,8 @@ class HeadTaxonomy(Result, unversioned=True):
         return self.robust_mass() >= self.tau
 
     def kinds(self) -> list[list[str]]:
-        """diagonal / previous-token / offset-δ / sink / content for each (layer, head), each layer's row
-        as long as its own heads."""
+        """diagonal / previous-token / offset-δ / sink / content for each (layer, head), each
+        layer's row as long as its own heads."""
         pos, best, (text, _) = self.positional(), self.best_offset(), self.offset_mass()
         sink = self.scores["sink_text"]
         names = {0: "diagonal", 1: "previous-token"}
@@ -315,8 +319,8 @@ class HeadTaxonomy(Result, unversioned=True):
         return replace(self, tau=float(tau))
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per (layer, head) of the layer's own heads: offset masses, flag, kind, band profiles,
-        top-plane tightness."""
+        """One row per (layer, head) of the layer's own heads: offset masses, flag, kind, band
+        profiles, top-plane tightness."""
         s, (text, rand) = self.scores, self.offset_mass()
         n_l, n_h = text.shape
         have = self.present().flatten().numpy()
@@ -372,7 +376,8 @@ def random_tokens(
 
 
 def _band_profile(band: BandStatsReducer, prov: Provenance) -> dict[str, Tensor]:
-    """Margin/variance share per band, attended-key logit and CS bound per band, top-plane tightness."""
+    """Margin/variance share per band, attended-key logit and CS bound per band, top-plane
+    tightness."""
     st = band.result(prov)
     term, bound = st.sums["cs_term"], st.sums["cs_bound"]  # [L,H,P], sums over queries
     n = st.sums["n_rows"][:, None, None].clamp_min(1)
@@ -422,10 +427,11 @@ def head_taxonomy(
     ``corpus``: a corpus, its name, or an integer ``[n_windows, n_ctx]`` token tensor (default
     english). ``tau``: override the Otsu threshold. Score keys, all ``[layer, head, ...]``:
     ``mass_{text,random}`` (offset), ``sink_{text,random}``, ``position_share_{text,random}`` and
-    ``content_var_{text,random}`` (band), ``margin_share``, ``var_share``, ``cs_term``,
-    ``cs_bound`` (band, at the attended key), ``top_plane``, ``top_plane_tightness``. ``checkpoint``
-    (a directory) saves both passes' progress to resume a killed run (``text/`` and ``random/`` in it).
-    ``verify``: check the reading against the model's own attention first (False: results say unverified).
+    ``content_var_{text,random}`` (band), ``margin_share``, ``var_share``, ``cs_term``, ``cs_bound``
+    (band, at the attended key), ``top_plane``, ``top_plane_tightness``. ``checkpoint`` (a
+    directory) saves both passes' progress to resume a killed run (``text/`` and ``random/`` in it).
+    ``verify``: check the reading against the model's own attention first (False: results say
+    unverified).
     """
     bands = bands or Bands.default()
     spec = rope_spec(model)

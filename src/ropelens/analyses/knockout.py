@@ -1,30 +1,36 @@
-"""Dose-response knockouts: zero k RoPE planes of a head set's queries and keys and measure what breaks.
+"""Dose-response knockouts: zero k RoPE planes of a head set's queries and keys and measure what
+breaks.
 
-*Head sets.* ``"positional"`` (:func:`ropelens.analyses.head_taxonomy.head_taxonomy`), ``"retrieval"`` (retrieval score
-≥ a threshold, :func:`ropelens.analyses.retrieval_heads.retrieval_scores`), ``"sinks"`` (Gu et al.'s criterion,
-:func:`ropelens.analyses.attention_sinks.attention_sinks`), ``"others"`` (rotary heads in none of the three), or any list of
-(layer, query head).
+*Head sets.* ``"positional"`` (:func:`ropelens.analyses.head_taxonomy.head_taxonomy`),
+``"retrieval"`` (retrieval score ≥ a threshold,
+:func:`ropelens.analyses.retrieval_heads.retrieval_scores`), ``"sinks"`` (Gu et al.'s criterion,
+:func:`ropelens.analyses.attention_sinks.attention_sinks`), ``"others"`` (rotary heads in none of
+the three), or any list of (layer, query head).
 
-*Doses.* k planes of every head in the set are zeroed in the rotated q and k (:func:`ropelens.run.intervene.ablate_planes`,
-which removes exactly those planes' logit terms): the k highest frequencies (``"high"``), the k lowest (``"low"``),
-or k planes drawn at random per head (``"random"``, several seeds: the control). ``"head"`` is the whole-head
-knockout: every rotary plane of the head zeroed. ropelens takes this rather than zeroing the head's output
-because it is the same exact intervention as the plane doses on every engine ropelens runs (its dose-n endpoint):
-every logit term the rotation carries is removed, so a fully rotary head's logits are all 0 and it attends
-uniformly over its causal prefix; in partial-rotary heads the unrotated dims keep their term.
+*Doses.* k planes of every head in the set are zeroed in the rotated q and k
+(:func:`ropelens.run.intervene.ablate_planes`, which removes exactly those planes' logit terms): the
+k highest frequencies (``"high"``), the k lowest (``"low"``), or k planes drawn at random per head
+(``"random"``, several seeds: the control). ``"head"`` is the whole-head knockout: every rotary
+plane of the head zeroed. ropelens takes this rather than zeroing the head's output because it is
+the same exact intervention as the plane doses on every engine ropelens runs (its dose-n endpoint):
+every logit term the rotation carries is removed, so a fully rotary head's logits are all 0 and it
+attends uniformly over its causal prefix; in partial-rotary heads the unrotated dims keep their
+term.
 
-*Effects*, per window (paired with the unmodified model on the same window): ``loss`` (next-token loss on text,
-:func:`ropelens.run.evaluate.window_losses`); ``previous_token``, ``diagonal`` and ``positional`` (attention mass of the
-probe heads, the positional heads by default, at offset 1, at offset 0, and at each probe head's own offset, on
-seeded uniformly random tokens, scored by :class:`ropelens.analyses.head_taxonomy.HeadScoresReducer`); ``copy_nll`` and
-``copy_accuracy`` (teacher-forced next-token loss and top-1 accuracy on the passkey digits of retrieval prompts,
+*Effects*, per window (paired with the unmodified model on the same window): ``loss`` (next-token
+loss on text, :func:`ropelens.run.evaluate.window_losses`); ``previous_token``, ``diagonal`` and
+``positional`` (attention mass of the probe heads, the positional heads by default, at offset 1, at
+offset 0, and at each probe head's own offset, on seeded uniformly random tokens, scored by
+:class:`ropelens.analyses.head_taxonomy.HeadScoresReducer`); ``copy_nll`` and ``copy_accuracy``
+(teacher-forced next-token loss and top-1 accuracy on the passkey digits of retrieval prompts,
 :func:`ropelens.analyses.retrieval_heads.copy_case`).
 
-*Statistics* (:mod:`ropelens.run.stats`, docs/statistics.md): each effect is the mean paired difference
-(knocked out − unmodified) with a paired bootstrap CI over windows. ``p_random_planes``: the layer-clustered
-permutation p-value of the set's effect against as many random planes per head in the same heads;
-``p_random_heads``: against random head sets with as many heads per layer, given the same planes. Both are
-one-sided in the direction of damage (loss up, attention mass and accuracy down), (1 + #≥)/(1 + n).
+*Statistics* (:mod:`ropelens.run.stats`, docs/statistics.md): each effect is the mean paired
+difference (knocked out − unmodified) with a paired bootstrap CI over windows. ``p_random_planes``:
+the layer-clustered permutation p-value of the set's effect against as many random planes per head
+in the same heads; ``p_random_heads``: against random head sets with as many heads per layer, given
+the same planes. Both are one-sided in the direction of damage (loss up, attention mass and accuracy
+down), (1 + #≥)/(1 + n).
 """
 
 from __future__ import annotations
@@ -134,7 +140,8 @@ def head_sets(
     seed: int = 0,
     verify: bool = True,
 ) -> dict[str, Heads]:
-    """The named head sets of ``model``: ``text`` windows classify positional heads and find sink heads."""
+    """The named head sets of ``model``: ``text`` windows classify positional heads and find sink
+    heads."""
     bad = [n for n in names if n not in HEAD_SETS]
     if bad:
         raise InputError(
@@ -180,14 +187,16 @@ def head_sets(
     for n in names:
         if not found[n]:
             raise InputError(
-                f"this model has no {n} heads by ropelens's criterion: pass (layer, head) pairs instead"
+                f"this model has no {n} heads by ropelens's criterion: pass (layer, head) pairs "
+                "instead"
             )
         out[n] = tuple(sorted(found[n]))
     return out
 
 
 def plane_order(inv_freq: Tensor, direction: str) -> list[int]:
-    """Planes from the highest frequency down (``"high"``) or the lowest up (``"low"``); ties by plane index."""
+    """Planes from the highest frequency down (``"high"``) or the lowest up (``"low"``); ties by
+    plane index."""
     f = [float(x) for x in inv_freq]
     if direction == "high":
         return sorted(range(len(f)), key=lambda i: (-f[i], i))
@@ -199,7 +208,8 @@ def plane_order(inv_freq: Tensor, direction: str) -> list[int]:
 def _planes(
     spec, heads: Heads, direction: str, k: int, rng: np.random.Generator | None = None
 ) -> Planes:
-    """Each head's k planes in ``direction`` (``"random"``: drawn per head from ``rng``; ``"head"``: all)."""
+    """Each head's k planes in ``direction`` (``"random"``: drawn per head from ``rng``; ``"head"``:
+    all)."""
     out = {}
     for L, h in heads:
         n = spec[L].n_planes
@@ -216,8 +226,9 @@ def _planes(
 def knocked_out(model, planes: Mapping[tuple[int, int], Sequence[int]]) -> Iterator[None]:
     """Zero each (layer, head)'s planes of its rotated q and k while the block runs.
 
-    Heads of one layer with the same planes share one :func:`ropelens.run.intervene.ablate_planes` call, so a KV head
-    is zeroed when every query head reading it is knocked out (the logits are the same either way)."""
+    Heads of one layer with the same planes share one :func:`ropelens.run.intervene.ablate_planes`
+    call, so a KV head is zeroed when every query head reading it is knocked out (the logits are the
+    same either way)."""
     groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for (L, h), ps in sorted(planes.items()):
         if len(ps):
@@ -233,8 +244,9 @@ def knocked_out(model, planes: Mapping[tuple[int, int], Sequence[int]]) -> Itera
 # --------------------------------------------------------------------------------------------
 @dataclass
 class KnockoutProbe:
-    """The inputs every condition is measured on: text windows (loss), random-token windows (attention probe of
-    ``probe_heads``), retrieval prompts (copy steps), and the metrics to take."""
+    """The inputs every condition is measured on: text windows (loss), random-token windows
+    (attention probe of ``probe_heads``), retrieval prompts (copy steps), and the metrics to
+    take."""
 
     text: Tensor
     random: Tensor
@@ -339,10 +351,10 @@ COLUMNS = (
 class Knockout(Result, json_options={"indent": None}):
     """Effects of knocking out planes of head sets: one row per (head set, direction, dose, metric).
 
-    ``estimate``/``lo``/``hi``: mean paired effect (knocked out − unmodified) over windows and its CI
-    (random controls: the effect averaged over their draws per window first); ``p_random_planes`` and
-    ``p_random_heads``: layer-clustered permutation p-values against the controls (NaN where none ran);
-    ``base``: the metric's mean on the unmodified model.
+    ``estimate``/``lo``/``hi``: mean paired effect (knocked out − unmodified) over windows and its
+    CI (random controls: the effect averaged over their draws per window first); ``p_random_planes``
+    and ``p_random_heads``: layer-clustered permutation p-values against the controls (NaN where
+    none ran); ``base``: the metric's mean on the unmodified model.
     """
 
     rows: tuple[dict[str, Any], ...]
@@ -360,7 +372,8 @@ class Knockout(Result, json_options={"indent": None}):
         return pd.DataFrame(list(self.rows), columns=list(COLUMNS))
 
     def findings(self) -> list[Finding]:
-        """The largest dose of each head set and direction, for every metric, with its CI and p-values."""
+        """The largest dose of each head set and direction, for every metric, with its CI and
+        p-values."""
         df = self.to_frame()
         out = []
         own = df[(df["dose"] > 0) & df["direction"].isin(["high", "low", "head"])]
@@ -372,9 +385,9 @@ class Knockout(Result, json_options={"indent": None}):
                 if not np.isnan(r[k])
             )
             text = (
-                f"Zeroing {int(r['dose'])} planes ({d}) in the {len(self.heads[s])} {s} heads changes {m} by "
-                f"{r['estimate']:+.4g} [{r['lo']:.4g}, {r['hi']:.4g}] from {r['base']:.4g}"
-                + (f" ({ps})." if ps else ".")
+                f"Zeroing {int(r['dose'])} planes ({d}) in the {len(self.heads[s])} {s} heads "
+                f"changes {m} by {r['estimate']:+.4g} [{r['lo']:.4g}, {r['hi']:.4g}] from "
+                f"{r['base']:.4g}" + (f" ({ps})." if ps else ".")
             )
             out.append(
                 Finding(
@@ -387,7 +400,8 @@ class Knockout(Result, json_options={"indent": None}):
         return out
 
     def figure(self, metric: str | None = None):
-        """Effect vs dose with CI bands, one curve per head set and direction (:mod:`ropelens.plots.knockout`)."""
+        """Effect vs dose with CI bands, one curve per head set and direction
+        (:mod:`ropelens.plots.knockout`)."""
         return figure_of(type(self))(self, metric)
 
     def _repr_text(self) -> str:
@@ -486,7 +500,8 @@ def _inputs(
 
 
 class _Experiment:
-    """Runs conditions against the unmodified model's per-window values and turns effects into table rows."""
+    """Runs conditions against the unmodified model's per-window values and turns effects into table
+    rows."""
 
     def __init__(self, model, spec, probe: KnockoutProbe, **ci: Any) -> None:
         self.model, self.spec, self.probe, self.ci = model, spec, probe, ci
@@ -538,8 +553,8 @@ class _Experiment:
         random_planes: list[dict[str, Tensor]],
         controls: list[Heads],
     ) -> list[dict[str, Any]]:
-        """The set's rows at dose ``k`` (p-values against ``random_planes`` and ``controls`` given the same planes),
-        then the random head sets' own rows."""
+        """The set's rows at dose ``k`` (p-values against ``random_planes`` and ``controls`` given
+        the same planes), then the random head sets' own rows."""
         if k == 0:  # nothing zeroed: the model itself, so the effect is 0 on every window
             return self.rows(
                 name, direction, 0, len(heads), [{m: v - v for m, v in self.base.items()}]
@@ -726,15 +741,16 @@ def knockout(
 ) -> Knockout:
     """Dose-response of zeroing planes in head sets, against random-plane and random-head controls.
 
-    ``sets``: names from :data:`HEAD_SETS` or ``{name: [(layer, head), ...]}``. ``doses``: plane counts per head
-    (default 0, n/8, n/4, n/2, n of the n planes per head). ``directions``: ``"high"`` and/or ``"low"``.
-    ``metrics``: groups ``"loss"``, ``"probe"``, ``"retrieval"``. ``n_random`` random plane draws per head at each
-    control dose; ``n_control`` random head sets (as many heads per layer) given the set's planes at each control
-    dose (``control_doses``, default every nonzero dose) and, with ``whole_head``, at the whole-head knockout.
-    ``probe_heads`` (default: the positional heads) are the heads whose attention the probe reads. ``corpus``: a
-    corpus, its name, or ready ``[n_windows, n_ctx]`` tokens. ``prompt_len``: tokens per retrieval prompt (default
-    ``n_ctx``), one prompt per window, passkey depths spread over 0.1–0.9. ``progress``: a bar over the
-    conditions measured (tqdm, on stderr).
+    ``sets``: names from :data:`HEAD_SETS` or ``{name: [(layer, head), ...]}``. ``doses``: plane
+    counts per head (default 0, n/8, n/4, n/2, n of the n planes per head). ``directions``:
+    ``"high"`` and/or ``"low"``. ``metrics``: groups ``"loss"``, ``"probe"``, ``"retrieval"``.
+    ``n_random`` random plane draws per head at each control dose; ``n_control`` random head sets
+    (as many heads per layer) given the set's planes at each control dose (``control_doses``,
+    default every nonzero dose) and, with ``whole_head``, at the whole-head knockout.
+    ``probe_heads`` (default: the positional heads) are the heads whose attention the probe reads.
+    ``corpus``: a corpus, its name, or ready ``[n_windows, n_ctx]`` tokens. ``prompt_len``: tokens
+    per retrieval prompt (default ``n_ctx``), one prompt per window, passkey depths spread over
+    0.1–0.9. ``progress``: a bar over the conditions measured (tqdm, on stderr).
     """
     # imported here, not at the top: tests replace these module attributes to watch calls
 

@@ -68,7 +68,8 @@ _HEADS = {"q": "head", "k": "kv_head"}  # the width axis of each one's heads
 
 
 def _zero_moments(spec: RopeSpec, layers: Sequence[int], which: str) -> Moments:
-    """``[layer, head, dim]`` moments (KV heads for keys), padded to the widest layer: NaN past a layer's own."""
+    """``[layer, head, dim]`` moments (KV heads for keys), padded to the widest layer: NaN past a
+    layer's own."""
 
     def z():
         return spec.padded_zeros(layers, _HEADS[which], "dim")
@@ -87,7 +88,8 @@ def _dim_planes(spec: RopeSpec, layer: int) -> Int[Tensor, " d_head"]:
 
 
 class MassiveReducer:
-    """Streams, per layer × head × dimension of the pre-RoPE q and k, the token count, sum and sum of squares.
+    """Streams, per layer × head × dimension of the pre-RoPE q and k, the token count, sum and sum
+    of squares.
 
     All sums are float64 and exact to merge: the L2 norm of a dimension over tokens is the square
     root of its sum of squares, the corpus mean its sum over the count.
@@ -103,7 +105,8 @@ class MassiveReducer:
         self._placed = False
 
     def state_dict(self) -> dict[str, Tensor]:
-        """Every running sum by name (the tensors themselves): they add across runs and processes."""
+        """Every running sum by name (the tensors themselves): they add across runs and
+        processes."""
         return {
             f"{w}/{f}": getattr(m, f)
             for w, m in self.moments.items()
@@ -160,9 +163,9 @@ class MassiveValues(
     token count, the sum and the sum of squares over the corpus. A dimension is massive when its
     L2 norm over tokens exceeds ``factor`` × the mean of its head's dimension norms.
 
-    Layers of different widths (Gemma 4's wider global heads) share one array padded to the most heads and
-    dimensions: every number past a layer's own reads NaN (:meth:`present`), is never massive, and tables
-    leave it out; each layer's dimensions map to its own planes.
+    Layers of different widths (Gemma 4's wider global heads) share one array padded to the most
+    heads and dimensions: every number past a layer's own reads NaN (:meth:`present`), is never
+    massive, and tables leave it out; each layer's dimensions map to its own planes.
     """
 
     layers: tuple[int, ...]
@@ -186,7 +189,8 @@ class MassiveValues(
 
     # ---------------------------------------------------------------- numbers
     def present(self, which: Which = "q") -> Bool[Tensor, "layer head d_head"]:
-        """The (head, dim) entries each layer has (all True when the measured layers share one width)."""
+        """The (head, dim) entries each layer has (all True when the measured layers share one
+        width)."""
         return ~self.moments[_check_which(which)].count.isnan()
 
     @property
@@ -204,11 +208,13 @@ class MassiveValues(
         return (mom.total_sq / mom.count.clamp_min(1)).sqrt()
 
     def mean(self, which: Which = "q") -> Float[Tensor, "layer head d_head"]:
-        """Corpus mean of each dimension (what :func:`replace_massive` writes into massive dimensions)."""
+        """Corpus mean of each dimension (what :func:`replace_massive` writes into massive
+        dimensions)."""
         return self.moments[_check_which(which)].mean
 
     def ratio(self, which: Which = "q") -> Float[Tensor, "layer head d_head"]:
-        """Each dimension's norm over the mean dimension norm of its head (massive where > factor)."""
+        """Each dimension's norm over the mean dimension norm of its head (massive where >
+        factor)."""
         n = self.norm(which)
         return n / n.nanmean(-1, keepdim=True).clamp_min(1e-300)  # the head's own dimensions
 
@@ -221,8 +227,8 @@ class MassiveValues(
         return replace(self, factor=_check_factor(factor))
 
     def dim_planes(self, layer: int | None = None) -> Int[Tensor, " d_head"]:
-        """Plane of each head dimension of ``layer`` (default: the first measured; 0 = highest frequency; −1 for
-        unrotated dimensions)."""
+        """Plane of each head dimension of ``layer`` (default: the first measured; 0 = highest
+        frequency; −1 for unrotated dimensions)."""
         return _dim_planes(self.spec, self.layers[0] if layer is None else layer)
 
     def _dim_plane_table(self) -> Int[Tensor, "layer d_head"]:
@@ -234,7 +240,8 @@ class MassiveValues(
         return out
 
     def plane_mask(self, which: Which = "q") -> Bool[Tensor, "layer head plane"]:
-        """Planes holding at least one massive dimension (each layer's own planes; False past them)."""
+        """Planes holding at least one massive dimension (each layer's own planes; False past
+        them)."""
         m = self.mask(which)
         out = torch.zeros(
             *m.shape[:2], self.spec.present(self.layers, "plane").shape[1], dtype=torch.bool
@@ -246,8 +253,8 @@ class MassiveValues(
 
     def persistence(self, which: Which = "q", per_head: bool = False) -> Tensor:
         """Fraction of the measured layers in which each plane is massive: ``[plane]`` (in any head
-        of the layer) or, with ``per_head``, ``[head, plane]`` (in that head index); over the layers that
-        have the plane (and head), where layers of different widths are measured together."""
+        of the layer) or, with ``per_head``, ``[head, plane]`` (in that head index); over the layers
+        that have the plane (and head), where layers of different widths are measured together."""
         pm = self.plane_mask(which).double()  # [L, H, P]
         if per_head:
             return pm.sum(0) / self.spec.present(self.layers, _HEADS[which], "plane").double().sum(
@@ -280,9 +287,9 @@ class MassiveValues(
 
     # ---------------------------------------------------------------- tables
     def to_frame(self) -> pd.DataFrame:
-        """Tidy table: one row per (which, layer, head, dim) of the layer's own heads and dimensions, with its
-        plane, the plane's frequency and wavelength, the dimension's norm, rms, mean, ratio to the head's mean
-        norm, and massive."""
+        """Tidy table: one row per (which, layer, head, dim) of the layer's own heads and
+        dimensions, with its plane, the plane's frequency and wavelength, the dimension's norm, rms,
+        mean, ratio to the head's mean norm, and massive."""
         frames = []
         planes = self._dim_plane_table()  # [L, D]
         for w in _WHICH:
@@ -322,9 +329,10 @@ class MassiveValues(
         return df[df["massive"]].sort_values("ratio", ascending=False, ignore_index=True)
 
     def planes_frame(self) -> pd.DataFrame:
-        """One row per (which, plane): wavelength (first measured layer), how many (layer, head) pairs
-        hold a massive dimension there, and the plane's persistence across layers. Layers of different
-        widths (Gemma 4) get rows per width group, each over that group's layers (``layers``)."""
+        """One row per (which, plane): wavelength (first measured layer), how many (layer, head)
+        pairs hold a massive dimension there, and the plane's persistence across layers. Layers of
+        different widths (Gemma 4) get rows per width group, each over that group's layers
+        (``layers``)."""
         rows = []
         for group in self.spec.width_groups(self.layers).values():
             sub = self._subset(group)
@@ -349,7 +357,8 @@ class MassiveValues(
         return pd.DataFrame(rows)
 
     def _subset(self, layers: Sequence[int]) -> MassiveValues:
-        """The statistics of some of the measured layers (those of one width: the padding dropped)."""
+        """The statistics of some of the measured layers (those of one width: the padding
+        dropped)."""
         idx = [self.layers.index(L) for L in layers]
         moments = {}
         for w, m in self.moments.items():
@@ -370,9 +379,9 @@ def massive_values(
 ) -> MassiveValues:
     """Per-dimension norms of the pre-RoPE q and k over a corpus, and the massive dimensions.
 
-    ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name ("english", "python", a path), or
-    a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Streamed: memory does not
-    grow with the corpus.
+    ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name ("english", "python", a path),
+    or a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Streamed: memory does
+    not grow with the corpus.
     """
     factor = _check_factor(factor)
     m = measure(
@@ -405,11 +414,12 @@ def replace_massive(
     Works through the bridge's pre-RoPE hooks (``hook_q``/``hook_k``, Gemma's ``hook_q_normed``/
     ``hook_k_normed``), so every forward inside the block, cached decoding included, sees the
     replacement; the fast q/k path is skipped while it lasts. Loss and passkey decoding inside the
-    block run on the HF sdpa forward where the family allows it (:mod:`ropelens.backends.sdpa`: the same
-    entries are written into the q and k entering its ``apply_rotary_pos_emb``), else on the bridge. ``control=True`` replaces as many
-    randomly chosen non-massive dimensions per head instead (:meth:`MassiveValues.control_mask`,
-    seeded). Yields ``{layer: {"q": mask, "k": mask}}``, the ``[head, d_head]`` entries replaced.
-    Leaving the block, also on an exception, removes the hooks: the model is exactly as before.
+    block run on the HF sdpa forward where the family allows it (:mod:`ropelens.backends.sdpa`: the
+    same entries are written into the q and k entering its ``apply_rotary_pos_emb``), else on the
+    bridge. ``control=True`` replaces as many randomly chosen non-massive dimensions per head
+    instead (:meth:`MassiveValues.control_mask`, seeded). Yields ``{layer: {"q": mask, "k":
+    mask}}``, the ``[head, d_head]`` entries replaced. Leaving the block, also on an exception,
+    removes the hooks: the model is exactly as before.
     """
     if not isinstance(mv, MassiveValues):
         raise TypeError(
@@ -423,8 +433,8 @@ def replace_massive(
     missing = [L for L in chosen if L not in mv.layers]
     if missing:
         raise InputError(
-            f"layers {missing} were not measured; these MassiveValues cover layers {list(mv.layers)}: "
-            "measure them with massive_values(model, layers=[...])"
+            f"layers {missing} were not measured; these MassiveValues cover layers "
+            f"{list(mv.layers)}: measure them with massive_values(model, layers=[...])"
         )
     for L in chosen:
         if spec.layers[L].to_dict() != mv.spec.layers[L].to_dict():
@@ -451,7 +461,8 @@ def replace_massive(
                 if bool(mask.any()):
                     step.setdefault(L, {})[w] = (mask.clone(), mv.mean(w)[i][own].float())
         removers, engine = backend_of(model).replacement_hooks(step, chosen, parts)
-        # the fast q/k path would bypass these hooks; the sdpa forward reads the plan and writes them at the rotation
+        # the fast q/k path would bypass these hooks; the sdpa forward reads the plan and writes
+        # them at the rotation
         with intervened(model), planned(model, ReplaceStep(step, len(removers), engine)):
             yield used
     finally:

@@ -1,13 +1,14 @@
-"""Multimodal RoPE decomposed per axis: how much of each image-and-text logit the time, height and width planes carry.
+"""Multimodal RoPE decomposed per axis: how much of each image-and-text logit the time, height and
+width planes carry.
 
-Under M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen 3.5) each plane turns by one position axis, so the
-exact per-plane decomposition of a logit groups into one term per axis (t, h, w, and ``rest`` for the
-dims a partial-rotary head leaves unrotated) and, within an axis, per frequency band. The terms add up
-to the model's pre-softmax score. Qwen2-VL gives time the highest frequencies ([16, 24, 24] contiguous
-sections); VideoRoPE (Wei et al., ICML 2025) argues time should have the lowest. :meth:`axis_shares`
-and :meth:`axis_frequencies` put numbers on that: each axis's share of |logit| and of logit energy on
-image and text pairs, and the frequency range it owns; :meth:`by_distance` gives attention and each
-axis's logit by distance along that axis between image tokens.
+Under M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen 3.5) each plane turns by one position axis, so
+the exact per-plane decomposition of a logit groups into one term per axis (t, h, w, and ``rest``
+for the dims a partial-rotary head leaves unrotated) and, within an axis, per frequency band. The
+terms add up to the model's pre-softmax score. Qwen2-VL gives time the highest frequencies ([16, 24,
+24] contiguous sections); VideoRoPE (Wei et al., ICML 2025) argues time should have the lowest.
+:meth:`axis_shares` and :meth:`axis_frequencies` put numbers on that: each axis's share of |logit|
+and of logit energy on image and text pairs, and the frequency range it owns; :meth:`by_distance`
+gives attention and each axis's logit by distance along that axis between image tokens.
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ PAIRS = ("all", "vision→vision", "text→vision", "vision→text", "text→tex
 
 
 def axis_bands(lr: LayerRope) -> Bands:
-    """One band per M-RoPE axis (``t``, ``h``, ``w``) holding the planes that axis turns; ``rest`` takes unrotated dims."""
+    """One band per M-RoPE axis (``t``, ``h``, ``w``) holding the planes that axis turns; ``rest``
+    takes unrotated dims."""
     if not lr.axes:
         raise InputError(
-            f"layer {lr.layer} applies 1-D RoPE (its spec has no M-RoPE axes): use attention_decomposition"
+            f"layer {lr.layer} applies 1-D RoPE (its spec has no M-RoPE axes): use "
+            "attention_decomposition"
         )
     return Bands.explicit(
         {
@@ -57,11 +60,13 @@ def axis_bands(lr: LayerRope) -> Bands:
 
 @dataclass(frozen=True)
 class MRopeDecomposition(AttentionDecomposition):
-    """Per-axis (and per-band) logits of one image-and-text input under multimodal RoPE, with its 3-D positions.
+    """Per-axis (and per-band) logits of one image-and-text input under multimodal RoPE, with its
+    3-D positions.
 
-    ``bands`` are the axes (:func:`axis_bands`): ``band_logits``, ``band_patterns`` and ``figure`` of the
-    base class show one term per axis. ``position_ids`` are the ones the model built; ``modality`` is
-    0 for text, 1 for image and 2 for video tokens. Saved as safetensors like its base.
+    ``bands`` are the axes (:func:`axis_bands`): ``band_logits``, ``band_patterns`` and ``figure``
+    of the base class show one term per axis. ``position_ids`` are the ones the model built;
+    ``modality`` is 0 for text, 1 for image and 2 for video tokens. Saved as safetensors like its
+    base.
     """
 
     position_ids: Int[Tensor, "3 batch pos"]
@@ -71,8 +76,9 @@ class MRopeDecomposition(AttentionDecomposition):
         b, n = self.tokens.shape
         if tuple(self.position_ids.shape) != (3, b, n) or tuple(self.modality.shape) != (b, n):
             raise InputError(
-                f"position_ids {tuple(self.position_ids.shape)} and modality {tuple(self.modality.shape)} "
-                f"must be [3, {b}, {n}] and [{b}, {n}] for tokens [{b}, {n}]"
+                f"position_ids {tuple(self.position_ids.shape)} and modality "
+                f"{tuple(self.modality.shape)} must be [3, {b}, {n}] and [{b}, {n}] for tokens "
+                f"[{b}, {n}]"
             )
 
     # ---------------------------------------------------------------- persistence
@@ -92,8 +98,8 @@ class MRopeDecomposition(AttentionDecomposition):
     def axis_band_logits(
         self, layer: int, bands: Bands
     ) -> tuple[list[str], Float[Tensor, "batch head band q k"]]:
-        """Each (axis, band) term of every logit, e.g. ``t·Q1 (highest)``: the axes cut by ``bands`` (unmasked;
-        every term sums with the others, ``rest`` included, to the model's score)."""
+        """Each (axis, band) term of every logit, e.g. ``t·Q1 (highest)``: the axes cut by ``bands``
+        (unmasked; every term sums with the others, ``rest`` included, to the model's score)."""
         a = self._acts(layer)
         axes, cut = self.resolved(layer), bands.resolve(a.rope)
         groups = {
@@ -107,7 +113,8 @@ class MRopeDecomposition(AttentionDecomposition):
         return list(resolved.names), band_terms(a["q_post"], a["k_post"], a.rope, resolved)
 
     def pair_mask(self, layer: int, pair: str) -> torch.Tensor:
-        """``[batch, q, k]``: allowed query–key pairs of one modality class (``PAIRS``; images and video are vision)."""
+        """``[batch, q, k]``: allowed query–key pairs of one modality class (``PAIRS``; images and
+        video are vision)."""
         if pair not in PAIRS:
             raise InputError(f"pair {pair!r} unknown: choose from {', '.join(PAIRS)}")
         m = self.mask(layer)
@@ -120,8 +127,8 @@ class MRopeDecomposition(AttentionDecomposition):
         return m & qv[:, :, None] & kv[:, None, :]
 
     def axis_shares(self, bands: Bands | None = None) -> pd.DataFrame:
-        """Per layer × head × pair class × axis (or axis·band with ``bands``): share of the summed |term| and of
-        the summed term² over the allowed pairs of that class, and the mean term."""
+        """Per layer × head × pair class × axis (or axis·band with ``bands``): share of the summed
+        |term| and of the summed term² over the allowed pairs of that class, and the mean term."""
         rows = []
         for L in self.layers:
             names, x = (
@@ -154,8 +161,9 @@ class MRopeDecomposition(AttentionDecomposition):
         return pd.DataFrame(rows)
 
     def axis_frequencies(self) -> pd.DataFrame:
-        """Per decomposed layer × axis: the planes it turns and the frequency (θ, radians per token) and wavelength
-        range they span: where the spec puts time, height and width in the spectrum."""
+        """Per decomposed layer × axis: the planes it turns and the frequency (θ, radians per
+        token) and wavelength range they span: where the spec puts time, height and width in the
+        spectrum."""
         rows = []
         for L in self.layers:
             lr = self.spec[L]
@@ -180,8 +188,9 @@ class MRopeDecomposition(AttentionDecomposition):
         return pd.DataFrame(rows)
 
     def by_distance(self, layer: int) -> pd.DataFrame:
-        """Between vision tokens of the same image or video: mean attention, full logit and each axis's term by the
-        signed distance along each axis (query's position − key's), per head; causal pairs only."""
+        """Between vision tokens of the same image or video: mean attention, full logit and each
+        axis's term by the signed distance along each axis (query's position − key's), per head;
+        causal pairs only."""
         x = self.band_logits(layer, masked=False).double()  # [b,h,B,q,k]
         full, prob = x.sum(2), self.pattern(layer).double()
         vision = self.modality != TEXT
@@ -225,7 +234,8 @@ class MRopeDecomposition(AttentionDecomposition):
 
     # ---------------------------------------------------------------- views
     def findings(self) -> list[Finding]:
-        """Each axis's share of |logit| on vision pairs (heads and layers averaged) and the frequencies it owns."""
+        """Each axis's share of |logit| on vision pairs (heads and layers averaged) and the
+        frequencies it owns."""
         shares = self.axis_shares()
         freq = self.axis_frequencies()
         out = []
@@ -245,16 +255,17 @@ class MRopeDecomposition(AttentionDecomposition):
                 Finding(
                     key=f"mrope-{pair}",
                     section="M-RoPE axes",
-                    text=f"On {pair} pairs, each axis's share of |logit| (mean over heads of layers "
-                    f"{self.layers}): " + "; ".join(parts) + ".",
+                    text=f"On {pair} pairs, each axis's share of |logit| (mean over heads of "
+                    f"layers {self.layers}): " + "; ".join(parts) + ".",
                     values=values,
                 )
             )
         return out
 
     def figure(self, layer: int | None = None, head: int | None = None, batch: int = 0) -> Any:
-        """Each axis's share of |logit| per head on vision pairs, and attention by distance along each axis
-        (``head``: one head; default the mean over heads); ``figure(layer, head=h)`` of the base class draws logits."""
+        """Each axis's share of |logit| per head on vision pairs, and attention by distance along
+        each axis (``head``: one head; default the mean over heads); ``figure(layer, head=h)`` of
+        the base class draws logits."""
         return figure_of(MRopeDecomposition)(self, layer, head, batch)
 
 
@@ -284,16 +295,18 @@ def mrope_decomposition(
 ) -> MRopeDecomposition:
     """Decompose every logit of an image-and-text input into one term per M-RoPE axis (and plane).
 
-    ``model_or_hf``: an HF vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), or one loaded with
-    :func:`ropelens.loading.vision_language.load_vl_model`. ``input_ids`` hold the model's image (video) placeholder tokens where
-    its processor puts them, ``pixel_values`` and ``image_grid_thw`` as its processor makes them; other processor
-    outputs go in ``model_inputs``. Rows must be unpadded (one length). The 3-D position ids are the ones the
-    model builds; ``verify`` checks the spec's per-axis rotation and the rebuilt pattern against the model's
-    and refuses (UnsupportedModelError) on a mismatch.
+    ``model_or_hf``: an HF vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), or one loaded
+    with :func:`ropelens.loading.vision_language.load_vl_model`. ``input_ids`` hold the model's
+    image (video) placeholder tokens where its processor puts them, ``pixel_values`` and
+    ``image_grid_thw`` as its processor makes them; other processor outputs go in ``model_inputs``.
+    Rows must be unpadded (one length). The 3-D position ids are the ones the model builds;
+    ``verify`` checks the spec's per-axis rotation and the rebuilt pattern against the model's and
+    refuses (UnsupportedModelError) on a mismatch.
     """
     if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
         raise InputError(
-            "input_ids must be an integer [batch, pos] tensor with the model's image placeholder tokens"
+            "input_ids must be an integer [batch, pos] tensor with the model's image placeholder "
+            "tokens"
         )
     model = as_plain_vl(model_or_hf)
     spec = rope_spec(model)
@@ -302,8 +315,8 @@ def mrope_decomposition(
     other = [L for L in chosen if spec[L].axes != spec[chosen[0]].axes]
     if other:
         raise InputError(
-            f"layers {other} assign planes to axes differently from layer {chosen[0]}: decompose them "
-            "separately (layers=...)"
+            f"layers {other} assign planes to axes differently from layer {chosen[0]}: decompose "
+            "them separately (layers=...)"
         )
     t0 = time.perf_counter()
     cap = capture_mrope(

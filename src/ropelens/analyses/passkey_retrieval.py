@@ -1,17 +1,19 @@
-"""Passkey retrieval: a number hidden in filler text, asked back at the end (the YaRN / LongRoPE harness).
+"""Passkey retrieval: a number hidden in filler text, asked back at the end (the YaRN / LongRoPE
+harness).
 
 Each prompt is the harness's task line, filler sentences ("The grass is green. The sky is blue. The
 sun is yellow. Here we go. There and back again." repeated), the needle line "The pass key is 12345.
 Remember it. 12345 is the pass key." at a chosen depth (the fraction of filler sentences before it),
-more filler, and "What is the pass key? The pass key is". The filler is as long as fits in the target
-token length. The model continues greedily for a few tokens and is right when the first integer of
-its answer is the passkey (the harness's rule).
+more filler, and "What is the pass key? The pass key is". The filler is as long as fits in the
+target token length. The model continues greedily for a few tokens and is right when the first
+integer of its answer is the passkey (the harness's rule).
 
 Decoding runs on the HF model the bridge wraps with sdpa attention, with any RoPE variant
 (``apply_rope_variant``) or plane ablation (``ablate_planes``) in force applied where it rotates
-(:func:`ropelens.backends.sdpa.on_sdpa`); under any other hook intervention it runs on the bridge. The prompt
-is prefilled in chunks into the HF key/value cache, then decoded one token at a time. Variants whose rotation depends on the input's length (dynamic NTK, LongRoPE)
-decode with full forwards instead, so every step sees the whole sequence at its own length.
+(:func:`ropelens.backends.sdpa.on_sdpa`); under any other hook intervention it runs on the bridge.
+The prompt is prefilled in chunks into the HF key/value cache, then decoded one token at a time.
+Variants whose rotation depends on the input's length (dynamic NTK, LongRoPE) decode with full
+forwards instead, so every step sees the whole sequence at its own length.
 """
 
 from __future__ import annotations
@@ -92,8 +94,8 @@ def score_answer(response: str, passkey: str) -> tuple[str | None, bool]:
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PasskeyPrompt:
-    """One prompt: its text and tokens (BOS first where the tokenizer has one), the passkey and where
-    the needle sits: ``n_before`` of ``n_filler`` filler sentences precede it (``round(depth ·
+    """One prompt: its text and tokens (BOS first where the tokenizer has one), the passkey and
+    where the needle sits: ``n_before`` of ``n_filler`` filler sentences precede it (``round(depth ·
     n_filler)``), and ``token_depth`` is the fraction of the filler's tokens before it."""
 
     text: str
@@ -162,8 +164,8 @@ def _token_at(
 def passkey_prompt(
     tokenizer: Any, length: int, depth: float, passkey: str, *, bos: bool = True
 ) -> PasskeyPrompt:
-    """The longest prompt of at most ``length`` tokens with ``passkey`` at ``depth`` (0 = right after
-    the task line, 1 = right before the question).
+    """The longest prompt of at most ``length`` tokens with ``passkey`` at ``depth`` (0 = right
+    after the task line, 1 = right before the question).
 
     ``tokenizer`` is an HF tokenizer or a model with ``.tokenizer``; ``bos`` prepends its BOS token,
     as ``model.to_tokens`` does.
@@ -231,12 +233,12 @@ def greedy_continuation(
 
     On a bridge with ``cache`` the prompt is prefilled in chunks of ``prefill_chunk`` tokens (None:
     one forward) into HF's key/value cache and then decoded a token at a time; otherwise (or for any
-    other model: an HF causal LM, or a callable taking ``input_ids`` and returning logits) every step
-    is a full forward. ``path`` (:func:`ropelens.run.evaluate.loss_path`): by default a bridge decodes as
-    its HF model with sdpa attention, every RoPE variant and plane ablation in force applied where it
-    rotates (:func:`ropelens.backends.sdpa.on_sdpa`), so long prompts need memory linear in their length; the
-    bridge where that cannot be. Stops early at EOS and, with ``stop_after_number``, once a whole
-    number has been written.
+    other model: an HF causal LM, or a callable taking ``input_ids`` and returning logits) every
+    step is a full forward. ``path`` (:func:`ropelens.run.evaluate.loss_path`): by default a bridge
+    decodes as its HF model with sdpa attention, every RoPE variant and plane ablation in force
+    applied where it rotates (:func:`ropelens.backends.sdpa.on_sdpa`), so long prompts need memory
+    linear in their length; the bridge where that cannot be. Stops early at EOS and, with
+    ``stop_after_number``, once a whole number has been written.
     """
     max_new_tokens = check_number(max_new_tokens, "max_new_tokens", at_least=1, integer=True)
     if prefill_chunk is not None:
@@ -296,7 +298,8 @@ class PasskeyTrial:
 
 @dataclass(frozen=True)
 class PasskeyRetrieval(Result, previous_kinds=("PasskeyResult",)):
-    """Passkey retrieval accuracy over depths × lengths, with every trial's prompt size and answer."""
+    """Passkey retrieval accuracy over depths × lengths, with every trial's prompt size and
+    answer."""
 
     lengths: tuple[int, ...]
     depths: tuple[float, ...]
@@ -320,7 +323,8 @@ class PasskeyRetrieval(Result, previous_kinds=("PasskeyResult",)):
         return [t for t in self.trials if t.length == length and t.depth == depth]
 
     def accuracy(self) -> np.ndarray:
-        """Fraction of trials answered correctly, ``[depth, length]`` (NaN where a cell has no trials)."""
+        """Fraction of trials answered correctly, ``[depth, length]`` (NaN where a cell has no
+        trials)."""
         acc = np.full((len(self.depths), len(self.lengths)), np.nan)
         for i, d in enumerate(self.depths):
             for j, L in enumerate(self.lengths):
@@ -427,9 +431,10 @@ def passkey_retrieval(
     ``lengths`` are prompt sizes in tokens (each prompt is the longest that fits), ``depths``
     fractions of the filler before the passkey. Trial t uses :func:`make_passkey` ``(seed, t)`` at
     every cell. ``variant`` runs the model under that RoPE variant (``apply_rope_variant``) for the
-    whole run; other interventions (``ropelens.analyses.massive_values.replace_massive``, ``ablate_planes``) can be
-    applied around the call, and ``note`` records them in the provenance. ``path`` is
-    :func:`greedy_continuation`'s (the HF sdpa forward by default, the bridge where it cannot be).
+    whole run; other interventions (``ropelens.analyses.massive_values.replace_massive``,
+    ``ablate_planes``) can be applied around the call, and ``note`` records them in the provenance.
+    ``path`` is :func:`greedy_continuation`'s (the HF sdpa forward by default, the bridge where it
+    cannot be).
     """
     backend = backend_of(model)
     lengths = _check_list(lengths, "lengths", at_least=2, integer=True)

@@ -1,12 +1,13 @@
-"""Position-embedding geometry: similarity of absolute position embeddings by distance, and periodicity.
+"""Position-embedding geometry: similarity of absolute position embeddings by distance, and
+periodicity.
 
 Learned and sinusoidal absolute embeddings (Luo & Love): cosine similarity of every pair of
 position rows, averaged by distance |m − n|, and the dominant period of that curve.
 
-:class:`PESimilarity` is a by-distance curve (:mod:`ropelens.results.curves`), like RoPE's decay curves
-(:mod:`ropelens.analyses.decay`), so both are judged by ``decay_verdict`` and drawn together by
-:func:`ropelens.plots.curves.overlay`.
-Distance convention: δ = m − n ≥ 0 for a query at m and a key at n; the logit is qᵀR((n − m)θ)k.
+:class:`PESimilarity` is a by-distance curve (:mod:`ropelens.results.curves`), like RoPE's decay
+curves (:mod:`ropelens.analyses.decay`), so both are judged by ``decay_verdict`` and drawn together
+by :func:`ropelens.plots.curves.overlay`. Distance convention: δ = m − n ≥ 0 for a query at m and a
+key at n; the logit is qᵀR((n − m)θ)k.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ PERIOD_FALSE_ALARM = 0.01  # chance that white noise alone clears the length-dep
 # json_options: compact JSON, since the matrix is base64 already
 @dataclass(frozen=True)
 class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan": False}):
-    """Cosine similarity of position-embedding rows: pairwise, by distance, and its dominant period."""
+    """Cosine similarity of position-embedding rows: pairwise, by distance, and its dominant
+    period."""
 
     name: str
     # float32, written as base64 (exact); by-distance stats come from float64
@@ -84,7 +86,8 @@ class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan"
         return figure_of(PESimilarity, "heatmap")(self)
 
     def period_text(self) -> str:
-        """The periodicity found (its period in tokens) or its absence, with the strength against the threshold."""
+        """The periodicity found (its period in tokens) or its absence, with the strength against
+        the threshold."""
         s = f"strength {self.period_strength:.2f} vs threshold {self.period_threshold:.2f}"
         return f"period {self.period:.1f} tokens ({s})" if self.period else f"no periodicity ({s})"
 
@@ -108,7 +111,8 @@ def _check_embeddings(embeddings: Any) -> Float[Tensor, "n_pos d"]:
         raise TypeError(f"embeddings must be real numbers, got dtype {e.dtype}")
     if e.ndim != 2 or e.shape[0] < 2 or e.shape[1] < 1:
         raise InputError(
-            f"embeddings must be a [n_pos, d] matrix with n_pos ≥ 2 and d ≥ 1, got shape {tuple(e.shape)}"
+            "embeddings must be a [n_pos, d] matrix with n_pos ≥ 2 and d ≥ 1, got shape "
+            f"{tuple(e.shape)}"
         )
     e = e.double()
     bad = (~torch.isfinite(e)).any(dim=1).nonzero().flatten()
@@ -129,7 +133,8 @@ def pe_similarity(
     max_distance: int | None = None,
     min_strength: float = MIN_PERIOD_STRENGTH,
 ) -> PESimilarity:
-    """Cosine similarity of position rows, its mean/std/count by distance |m − n|, and its period."""
+    """Cosine similarity of position rows, its mean/std/count by distance |m − n|, and its
+    period."""
     e = _check_embeddings(embeddings)
     n = e.shape[0]
     max_distance = max_distance_arg(max_distance, n)
@@ -171,12 +176,13 @@ def periodicity(
 ) -> tuple[float | None, float, float]:
     """Dominant period (tokens, or None), its strength in [0, 1], and the threshold it had to reach.
 
-    The curve at distances 1, 2, … (δ = 0 is the self-pair spike) is detrended with a line; strength is
-    the partial R² of one sinusoid added to that line, at the frequency that maximises it among those
-    with ≥ 2 full cycles in the window (so a leftover trend cannot pass for a period) and period ≥ 2.
-    The threshold is max(min_strength, the strength white noise of this length beats with probability
-    ``false_alarm``): partial R² of one of ~n/2 independent frequencies, P(max ≥ g) ≈ (n/2)(1 − g)^((n−4)/2).
-    Fewer than 8 distances past δ = 0 is too short to call: (None, 0.0, 1.0).
+    The curve at distances 1, 2, … (δ = 0 is the self-pair spike) is detrended with a line; strength
+    is the partial R² of one sinusoid added to that line, at the frequency that maximises it among
+    those with ≥ 2 full cycles in the window (so a leftover trend cannot pass for a period) and
+    period ≥ 2. The threshold is max(min_strength, the strength white noise of this length beats
+    with probability ``false_alarm``): partial R² of one of ~n/2 independent frequencies, P(max ≥ g)
+    ≈ (n/2)(1 − g)^((n−4)/2). Fewer than 8 distances past δ = 0 is too short to call: (None, 0.0,
+    1.0).
     """
     y = vector(curve, "curve").numpy()[1:]
     if not np.isfinite(y).all():
@@ -212,7 +218,8 @@ def periodicity(
 
 
 def sinusoidal_pe(n_pos: int, d: int, base: float = 10000.0) -> Float[Tensor, "n_pos d"]:
-    """Vaswani et al. embeddings: PE[m, 2i] = sin(m·ω_i), PE[m, 2i+1] = cos(m·ω_i), ω_i = base^(−2i/d)."""
+    """Vaswani et al. embeddings: PE[m, 2i] = sin(m·ω_i), PE[m, 2i+1] = cos(m·ω_i), ω_i =
+    base^(−2i/d)."""
     if not isinstance(n_pos, int) or n_pos < 1:
         raise InputError(f"n_pos must be a positive int, got {n_pos!r}")
     if not isinstance(d, int) or d < 2 or d % 2:
@@ -237,8 +244,9 @@ _PE_PATHS = (
 def learned_pe(model: Any) -> Float[Tensor, "n_pos d_model"]:
     """The learned absolute position-embedding matrix of a bridge or HF model (CPU float32 copy).
 
-    GPT-2 / GPT-Neo ``wpe``; OPT (and Galactica) ``decoder.embed_positions`` without its 2 offset rows;
-    BERT-like ``embeddings.position_embeddings`` (RoBERTa-like tables drop rows up to padding_idx).
+    GPT-2 / GPT-Neo ``wpe``; OPT (and Galactica) ``decoder.embed_positions`` without its 2 offset
+    rows; BERT-like ``embeddings.position_embeddings`` (RoBERTa-like tables drop rows up to
+    padding_idx).
     """
     hf = hf_model_of(model)
     base = getattr(hf, "base_model", hf)
@@ -259,10 +267,10 @@ def learned_pe(model: Any) -> Float[Tensor, "n_pos d_model"]:
     label = model_label(model) if hasattr(model, "cfg") else type(hf).__name__
     if _has_rope(hf):
         raise InputError(
-            f"{label} has no learned position-embedding matrix: it uses rotary position embeddings. "
-            "Use the RoPE geometry instead: rope_decay_constant / rope_gaussian_expectation / "
-            "roformer_bound with rope_spec(model)[layer].inv_freq, or rope_decay_by_distance on "
-            "captured queries and keys."
+            f"{label} has no learned position-embedding matrix: it uses rotary position "
+            "embeddings. Use the RoPE geometry instead: rope_decay_constant / "
+            "rope_gaussian_expectation / roformer_bound with rope_spec(model)[layer].inv_freq, "
+            "or rope_decay_by_distance on captured queries and keys."
         )
     raise InputError(
         f"{label} has no learned position table at any of {list(_PE_PATHS)} under its base model: "

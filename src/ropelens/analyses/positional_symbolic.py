@@ -1,11 +1,12 @@
-"""Positional versus symbolic heads (after Urrutia et al., ICLR 2026, "Decoupling Positional and Symbolic
-Attention in Transformers", arXiv 2511.11579).
+"""Positional versus symbolic heads (after Urrutia et al., ICLR 2026, "Decoupling Positional and
+Symbolic Attention in Transformers", arXiv 2511.11579).
 
 Urrutia et al. call a head *positional* when its logit sequence is invariant under a permutation of
 the key vectors (attention depends on where keys are, not what they hold) and *symbolic* when the
 logits move with the keys (attention depends on what keys hold, not where), and prove the two
 exclusive unless attention is uniform. Their exact scoring formula was not available here; this
-module is ropelens's operationalisation of those two definitions, measured with the model's own RoPE.
+module is ropelens's operationalisation of those two definitions, measured with the model's own
+RoPE.
 
 **Perturbation.** One seeded permutation σ of the positions 1 … n−1 (position 0, the BOS/sink
 key, stays put) moves key contents while positions stay fixed: the key at position j becomes the
@@ -78,24 +79,27 @@ MIN_KEYS = 8  # keys (BOS left out) a query must see to be scored, by default
 
 
 def shortest_window(min_keys: int = MIN_KEYS) -> int:
-    """The fewest tokens a window needs for any query to be scored: BOS and ``min_keys`` keys after it.
+    """The fewest tokens a window needs for any query to be scored: BOS and ``min_keys`` keys after
+    it.
 
-    A query at position i sees the keys 1 … i (position 0, the sink, is left out), so only the queries at
-    i ≥ ``min_keys`` are scored, and a window of n tokens holds one only when n − 1 ≥ ``min_keys``.
+    A query at position i sees the keys 1 … i (position 0, the sink, is left out), so only the
+    queries at i ≥ ``min_keys`` are scored, and a window of n tokens holds one only when n − 1 ≥
+    ``min_keys``.
     """
     return int(min_keys) + 1
 
 
 def _too_short(n: int, min_keys: int, flag: str) -> str:
     return (
-        f"windows of {n} tokens are too short for positional/symbolic scoring: a query is scored only when it "
-        f"sees {min_keys} keys besides BOS (min_keys={min_keys}), so a window needs at least "
-        f"{shortest_window(min_keys)} tokens: {flag}"
+        f"windows of {n} tokens are too short for positional/symbolic scoring: a query is scored "
+        f"only when it sees {min_keys} keys besides BOS (min_keys={min_keys}), so a window needs "
+        f"at least {shortest_window(min_keys)} tokens: {flag}"
     )
 
 
 def key_permutation(n: int, seed: int) -> Tensor:
-    """The permutation σ of positions 0 … n−1 that keeps 0 and shuffles 1 … n−1, from ``(seed, n)``."""
+    """The permutation σ of positions 0 … n−1 that keeps 0 and shuffles 1 … n−1, from ``(seed,
+    n)``."""
     g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(n))
     return torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(n - 1, generator=g) + 1])
 
@@ -118,7 +122,8 @@ class PosSymReducer(DeviceSums):
     Needs only post-RoPE queries and keys, so the model runs on its fast path. Query tiles hold all
     n keys (ℓ^σ reads keys past the query), so memory is O(tile · n) per head."""
 
-    static_mask = "the positional/semantic split"  # masks built from positions: refused where the model picks keys from the input
+    # masks built from positions: refused where the model picks keys from the input
+    static_mask = "the positional/semantic split"
     needs = frozenset({"q_post", "k_post"})
 
     def __init__(
@@ -170,14 +175,16 @@ class PosSymReducer(DeviceSums):
             narrow
         ):  # no query of these layers ever sees min_keys keys: their scores would all be NaN
             raise InputError(
-                f"layer(s) {list(narrow)} let a query see at most {min(narrow.values())} keys (a sliding "
-                f"window or chunk), fewer than the {self.min_keys} a query needs to be scored (min_keys="
-                f"{self.min_keys}), so none of their heads could be scored: leave them out (layers=, "
-                f"--layers) or pass min_keys={max(2, min(narrow.values()))}"
+                f"layer(s) {list(narrow)} let a query see at most {min(narrow.values())} keys (a "
+                f"sliding window or chunk), fewer than the {self.min_keys} a query needs to be "
+                f"scored (min_keys={self.min_keys}), so none of their heads could be scored: "
+                "leave them out (layers=, --layers) or pass "
+                f"min_keys={max(2, min(narrow.values()))}"
             )
         self.tile = tile
         self.pos = {L: i for i, L in enumerate(self.layers)}
-        # layers of different widths padded to the most heads: NaN past a layer's own (RopeSpec.padded_zeros)
+        # layers of different widths padded to the most heads: NaN past a layer's own
+        # (RopeSpec.padded_zeros)
         self.sums: dict[str, Tensor] = {
             "n_queries": spec.padded_zeros(self.layers),
             **{
@@ -314,10 +321,12 @@ class PosSymReducer(DeviceSums):
 class PositionalSymbolic(
     Result, merge_same=("layers", "seed", "min_keys", "margin"), merge_sums=("sums",)
 ):
-    """Per layer × head: positional and symbolic scores under a key-content permutation, and the calls.
+    """Per layer × head: positional and symbolic scores under a key-content permutation, and the
+    calls.
 
-    Layers of different widths (Gemma 4) share one ``[layer, head]`` array padded to the most heads: the
-    scores of a head a layer lacks are NaN (:meth:`present`), and calls, shares and tables leave it out.
+    Layers of different widths (Gemma 4) share one ``[layer, head]`` array padded to the most heads:
+    the scores of a head a layer lacks are NaN (:meth:`present`), and calls, shares and tables leave
+    it out.
     """
 
     layers: tuple[int, ...]
@@ -342,7 +351,8 @@ class PositionalSymbolic(
     def scores(
         self, measure: Measure = "logit"
     ) -> tuple[Float[Tensor, "layer head"], Float[Tensor, "layer head"]]:
-        """Mean positional score P and symbolic score S per head under ``measure`` ("logit" or "attention")."""
+        """Mean positional score P and symbolic score S per head under ``measure`` ("logit" or
+        "attention")."""
         if measure not in MEASURES:
             raise InputError(f"measure must be one of {MEASURES}, got {measure!r}")
         n = count_or_nan(self.sums["n_queries"])[:, None]
@@ -362,7 +372,8 @@ class PositionalSymbolic(
         return self.positionality(measure) <= -self.margin
 
     def calls(self, measure: Measure = "logit") -> list[list[str]]:
-        """positional / symbolic / mixed for each (layer, head), each layer's row as long as its own heads."""
+        """positional / symbolic / mixed for each (layer, head), each layer's row as long as its own
+        heads."""
         pos, sym = self.positional(measure), self.symbolic(measure)
         n_heads = self.present().sum(1).tolist()
         return [
@@ -376,8 +387,8 @@ class PositionalSymbolic(
         return {c: flat.count(c) / len(flat) for c in CALLS}
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per (layer, head) of the layer's own heads: both measures' P, S, P − S and call, and the
-        queries scored."""
+        """One row per (layer, head) of the layer's own heads: both measures' P, S, P − S and call,
+        and the queries scored."""
         L, H = self.sums["pos_logit"].shape
         have = self.present().reshape(-1).numpy()
         layer, head = np.meshgrid(np.array(self.layers), np.arange(H), indexing="ij")
@@ -394,7 +405,8 @@ class PositionalSymbolic(
         return pd.DataFrame(cols)
 
     def findings(self) -> list[Finding]:
-        """The share of heads each measure calls positional, symbolic or mixed, and the exclusion check."""
+        """The share of heads each measure calls positional, symbolic or mixed, and the exclusion
+        check."""
         out = []
         for j, m in enumerate(MEASURES):
             fr = self.fractions(m)
@@ -421,8 +433,8 @@ class PositionalSymbolic(
             Finding(
                 "possym-2",
                 "positional-symbolic",
-                f"{both} heads score both P and S ≥ 0.9 on attention: by Urrutia et al.'s exclusion "
-                "principle only near-uniform attention can.",
+                f"{both} heads score both P and S ≥ 0.9 on attention: by Urrutia et al.'s "
+                "exclusion principle only near-uniform attention can.",
                 {"both": both},
             )
         )
@@ -442,10 +454,12 @@ def positional_symbolic(
     margin: float = MARGIN,
     tile: int | None = None,
 ) -> PositionalSymbolic:
-    """Score every head as positional or symbolic over a corpus (see :mod:`ropelens.analyses.positional_symbolic`).
+    """Score every head as positional or symbolic over a corpus (see
+    :mod:`ropelens.analyses.positional_symbolic`).
 
     A query is scored only when it sees ``min_keys`` keys besides BOS, so windows need at least
-    :func:`shortest_window` tokens (``min_keys`` + 1); shorter ones are refused before the model runs.
+    :func:`shortest_window` tokens (``min_keys`` + 1); shorter ones are refused before the model
+    runs.
     """
     margin = float(
         check_number(
@@ -494,19 +508,21 @@ def positional_symbolic(
         unscored
     ):  # padding can leave a layer no query with min_keys keys: its scores would all be NaN
         raise InputError(
-            f"no query of layer(s) {unscored} saw {min_keys} keys besides BOS (min_keys={min_keys}), so "
-            f"their heads cannot be scored: pass longer windows of real tokens (at least "
-            f"{shortest_window(min_keys)}, --n-ctx) or a smaller min_keys"
+            f"no query of layer(s) {unscored} saw {min_keys} keys besides BOS "
+            f"(min_keys={min_keys}), so their heads cannot be scored: pass longer windows of "
+            f"real tokens (at least {shortest_window(min_keys)}, --n-ctx) or a smaller min_keys"
         )
     return result
 
 
 # ============================================================================ comparison
 def cohen_kappa(a: Sequence[Any], b: Sequence[Any]) -> float:
-    """Cohen's κ of two labelings of the same items: (p_o − p_e) / (1 − p_e); 1.0 where both are one constant label."""
+    """Cohen's κ of two labelings of the same items: (p_o − p_e) / (1 − p_e); 1.0 where both are one
+    constant label."""
     if len(a) != len(b) or not len(a):
         raise InputError(
-            f"cohen_kappa needs two labelings of the same non-empty items, got {len(a)} and {len(b)}"
+            f"cohen_kappa needs two labelings of the same non-empty items, got {len(a)} and "
+            f"{len(b)}"
         )
     labels = sorted(set(a) | set(b), key=str)
     n = len(a)
@@ -534,7 +550,8 @@ def rank_correlation(x: Tensor, y: Tensor) -> float:
 
 @dataclass(frozen=True)
 class TaxonomyAgreement:
-    """How the positional/symbolic calls line up with :func:`ropelens.analyses.head_taxonomy.head_taxonomy`'s kinds."""
+    """How the positional/symbolic calls line up with
+    :func:`ropelens.analyses.head_taxonomy.head_taxonomy`'s kinds."""
 
     confusion: pd.DataFrame  # rows: taxonomy kinds; columns: positional / mixed / symbolic
     kappa: float  # Cohen's κ of "positional" by the calls against the taxonomy's positional flag
@@ -549,14 +566,15 @@ def agreement(
     """Confusion table of taxonomy kinds × calls, and Cohen's κ on the binary positional flag."""
     if tuple(result.layers) != tuple(taxonomy.layers):
         raise InputError(
-            f"the results cover different layers ({list(result.layers)} vs {list(taxonomy.layers)}): "
-            "measure both with the same layers="
+            f"the results cover different layers ({list(result.layers)} vs "
+            f"{list(taxonomy.layers)}): measure both with the same layers="
         )
     kinds = [k for row in taxonomy.kinds() for k in row]
     calls = [c for row in result.calls(measure) for c in row]
     if len(kinds) != len(calls):
         raise InputError(
-            f"the results have different head counts ({len(calls)} vs {len(kinds)}): pass one model's"
+            f"the results have different head counts ({len(calls)} vs {len(kinds)}): pass one "
+            "model's"
         )
     tax_pos = taxonomy.positional()[taxonomy.present()].tolist()  # the layers' own heads, in order
     call_pos = [c == "positional" for c in calls]

@@ -1,16 +1,18 @@
-"""Every analysis ropelens offers, declared once: its function, its result, its figures, its command, its section.
+"""Every analysis ropelens offers, declared once: its function, its result, its figures, its
+command, its section.
 
 An :class:`Analysis` gathers what one analysis is made of at every layer: the function that measures
-(``ropelens.analyses``), the :class:`~ropelens.results.result.Result` it returns, the functions that draw that
-result (``ropelens.plots``), the ``ropelens`` subcommand that runs it from a shell
+(``ropelens.analyses``), the :class:`~ropelens.results.result.Result` it returns, the functions that
+draw that result (``ropelens.plots``), the ``ropelens`` subcommand that runs it from a shell
 (:class:`ropelens.cli.common.Command`) and the section it adds to the report
-(:class:`ropelens.report.registry.SectionSpec`). Each part but the name is optional: a command with no result of
-its own (``ropelens report``), a result with no command (the vision-language decomposition).
+(:class:`ropelens.report.registry.SectionSpec`). Each part but the name is optional: a command with
+no result of its own (``ropelens report``), a result with no command (the vision-language
+decomposition).
 
-ropelens declares its own analyses in ``ropelens.catalog`` (one module each) and registers them, in order, in one
-place: ``ropelens/catalog/__init__.py``. The command line builds its subcommands, and the report its sections,
-from what is registered here, so a new analysis is one module and one :func:`register_analysis` line, whether it
-ships with ropelens or lives in a user's notebook.
+ropelens declares its own analyses in ``ropelens.catalog`` (one module each) and registers them, in
+order, in one place: ``ropelens/catalog/__init__.py``. The command line builds its subcommands, and
+the report its sections, from what is registered here, so a new analysis is one module and one
+:func:`register_analysis` line, whether it ships with ropelens or lives in a user's notebook.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ Figure = tuple[type, str, Callable[..., Any]]  # (result class, figure name, dra
 
 
 def draw(cls: type, **figures: Callable[..., Any]) -> tuple[Figure, ...]:
-    """The figures of ``cls`` by name: ``draw(FrequencyUsage, figure=usage_figure, heatmap=usage_heatmap)``."""
+    """The figures of ``cls`` by name: ``draw(FrequencyUsage, figure=usage_figure,
+    heatmap=usage_heatmap)``."""
     return tuple((cls, name, fn) for name, fn in figures.items())
 
 
 @dataclass(frozen=True)
 class Analysis:
-    """One analysis, declared once: what measures it, what it returns, how it is drawn, run and reported."""
+    """One analysis, declared once: what measures it, what it returns, how it is drawn, run and
+    reported."""
 
     name: str  # what it is called: the subcommand's name where it has one
     function: Callable[..., Any] | None = None  # the function a notebook calls
@@ -49,7 +53,8 @@ class Analysis:
             raise InputError(f"an analysis needs a name, got {self.name!r}")
         if self.function is not None and not callable(self.function):
             raise InputError(
-                f"analysis {self.name!r}: function must be the function itself, got {self.function!r}"
+                f"analysis {self.name!r}: function must be the function itself, got "
+                f"{self.function!r}"
             )
         if self.result is not None and not isinstance(self.result, type):
             raise InputError(f"analysis {self.name!r}: result must be a class, got {self.result!r}")
@@ -61,8 +66,8 @@ class Analysis:
                 or not callable(fig[2])
             ):
                 raise InputError(
-                    f"analysis {self.name!r}: each figure is (class, name, function), as draw() makes "
-                    f"them; got {fig!r}"
+                    f"analysis {self.name!r}: each figure is (class, name, function), as draw() "
+                    f"makes them; got {fig!r}"
                 )
         for part, needs in (("command", "add_to"), ("section", "render")):
             value = getattr(self, part)
@@ -74,16 +79,17 @@ class Analysis:
                 )
 
 
-# every registered analysis by name, in registration order (which is the order of the CLI's commands and of the
-# report's sections)
+# every registered analysis by name, in registration order (which is the order of the CLI's commands
+# and of the report's sections)
 ANALYSES: dict[str, Analysis] = {}
 
 
 def register_analysis(a: Analysis, *, before: str | None = None) -> Analysis:
-    """Register ``a`` (replacing the analysis of the same name in its place), and its figures; returns ``a``.
+    """Register ``a`` (replacing the analysis of the same name in its place), and its figures;
+    returns ``a``.
 
-    ``before`` puts a new analysis ahead of the one with that name (its command and section come first).
-    A command or report section whose name another analysis already uses is refused.
+    ``before`` puts a new analysis ahead of the one with that name (its command and section come
+    first). A command or report section whose name another analysis already uses is refused.
     """
     if not isinstance(a, Analysis):
         raise InputError(f"register_analysis takes an Analysis, got {type(a).__name__}")
@@ -102,14 +108,16 @@ def register_analysis(a: Analysis, *, before: str | None = None) -> Analysis:
         if clash:
             raise InputError(
                 f"analysis {a.name!r}: its {part} {getattr(value, key)!r} is already analysis "
-                f"{clash[0]!r}'s: give it another name, or register it under {clash[0]!r} to replace it"
+                f"{clash[0]!r}'s: give it another name, or register it under {clash[0]!r} to "
+                "replace it"
             )
     if a.name in ANALYSES or before is None:
         ANALYSES[a.name] = a
     else:
         if before not in ANALYSES:
             raise InputError(
-                f"no analysis {before!r} to register {a.name!r} before; registered: {list(ANALYSES)}"
+                f"no analysis {before!r} to register {a.name!r} before; registered: "
+                f"{list(ANALYSES)}"
             )
         items = list(ANALYSES.items())
         at = [n for n, _ in items].index(before)

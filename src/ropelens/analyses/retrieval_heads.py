@@ -1,22 +1,24 @@
-"""Retrieval heads (Wu et al. 2024) and what their lowest-frequency planes do for passkey recall (Bayram 2026).
+"""Retrieval heads (Wu et al. 2024) and what their lowest-frequency planes do for passkey recall
+(Bayram 2026).
 
-*Score.* A head is a retrieval head when, while the model copies the needle into its answer, its most
-attended key is the needle token being copied. ropelens measures this teacher-forced on the passkey
-harness (:mod:`ropelens.analyses.passkey_retrieval`): one forward over the prompt followed by the correct answer
-(`` 12345``), run on the HF model the bridge wraps (:func:`ropelens.backends.sdpa_capture.hf_view`) with eager
-attention, whose attention modules hand back their probabilities; a hook keeps only the rows of the
-queries that predict a passkey token. For the answer token at index i (one holding a digit) the query
-is the position before it and its sources are the positions of the same token in every occurrence of
-the answer's tokens inside the needle (the needle holds the passkey twice). A head's score is the
-fraction of those copy steps, over all prompts, whose argmax key is a source. Wu et al. decode and
-count a step only when the generated token is the attended one; teacher forcing counts every step of
-the correct answer, the same steps where the model answers right.
+*Score.* A head is a retrieval head when, while the model copies the needle into its answer, its
+most attended key is the needle token being copied. ropelens measures this teacher-forced on the
+passkey harness (:mod:`ropelens.analyses.passkey_retrieval`): one forward over the prompt followed
+by the correct answer (`` 12345``), run on the HF model the bridge wraps
+(:func:`ropelens.backends.sdpa_capture.hf_view`) with eager attention, whose attention modules hand
+back their probabilities; a hook keeps only the rows of the queries that predict a passkey token.
+For the answer token at index i (one holding a digit) the query is the position before it and its
+sources are the positions of the same token in every occurrence of the answer's tokens inside the
+needle (the needle holds the passkey twice). A head's score is the fraction of those copy steps,
+over all prompts, whose argmax key is a source. Wu et al. decode and count a step only when the
+generated token is the attended one; teacher forcing counts every step of the correct answer, the
+same steps where the model answers right.
 
 *Ablation.* In the ``top_k`` highest-scoring heads the lowest-frequency quarter of the rotary planes
 (Bayram's 32 of 128 dims; smallest ``inv_freq``) is zeroed in q and k
-(:func:`ropelens.run.intervene.ablate_planes` per head, so exactly those heads lose those planes' logit
-terms), against a control of as many planes drawn at random per head (seeded) in the same heads;
-passkey recall is measured under each, on passkeys not used for scoring.
+(:func:`ropelens.run.intervene.ablate_planes` per head, so exactly those heads lose those planes'
+logit terms), against a control of as many planes drawn at random per head (seeded) in the same
+heads; passkey recall is measured under each, on passkeys not used for scoring.
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ RECALL_SEED_OFFSET = 1000  # recall passkeys are drawn under seed + this: held o
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CopyCase:
-    """One teacher-forced prompt: prompt + answer tokens, the query predicting each copied answer token
-    and that token's source positions in the needle."""
+    """One teacher-forced prompt: prompt + answer tokens, the query predicting each copied answer
+    token and that token's source positions in the needle."""
 
     tokens: Int[Tensor, " pos"]
     queries: tuple[int, ...]
@@ -83,7 +85,8 @@ class CopyCase:
 
 
 def copy_case(tokenizer: Any, prompt: PasskeyPrompt) -> CopyCase:
-    """The copy steps of answering ``prompt`` with `` <passkey>``: every answer token holding a digit."""
+    """The copy steps of answering ``prompt`` with `` <passkey>``: every answer token holding a
+    digit."""
     tok = getattr(tokenizer, "tokenizer", None) or tokenizer
     answer = list(tok(" " + prompt.passkey, add_special_tokens=False)["input_ids"])
     ids = prompt.tokens.tolist()
@@ -91,8 +94,8 @@ def copy_case(tokenizer: Any, prompt: PasskeyPrompt) -> CopyCase:
     starts = [o for o in range(prompt.needle_start, n - m + 1) if ids[o : o + m] == answer]
     if not starts:
         raise InputError(
-            f"the answer tokens of passkey {prompt.passkey} do not occur in the needle as tokenized "
-            "in the prompt: this tokenizer splits the number differently in context"
+            f"the answer tokens of passkey {prompt.passkey} do not occur in the needle as "
+            "tokenized in the prompt: this tokenizer splits the number differently in context"
         )
     queries, sources = [], []
     for i, t in enumerate(answer):
@@ -109,7 +112,8 @@ def copy_case(tokenizer: Any, prompt: PasskeyPrompt) -> CopyCase:
 def argmax_keys(
     model, tokens: Int[Tensor, " pos"], queries: Sequence[int]
 ) -> Int[Tensor, "layer head query"]:
-    """The most attended key of every head at each of ``queries``, from one eager forward over ``tokens``."""
+    """The most attended key of every head at each of ``queries``, from one eager forward over
+    ``tokens``."""
     hf = hf_view(model)
     blocks = hf_decoder_layers(hf)
     if blocks is None:
@@ -165,7 +169,8 @@ def retrieval_scores(
     n_trials: int = 2,
     seed: int = 0,
 ) -> tuple[Float[Tensor, "layer head"], int]:
-    """Every head's retrieval score over the passkey grid, and the number of copy steps it averages."""
+    """Every head's retrieval score over the passkey grid, and the number of copy steps it
+    averages."""
     hits, steps = None, 0
     for L in lengths:
         for d in depths:
@@ -185,7 +190,8 @@ def retrieval_scores(
 # plane choice and ablation
 # --------------------------------------------------------------------------------------------
 def lowest_planes(inv_freq: Tensor, fraction: float = 0.25) -> list[int]:
-    """The ``round(fraction · n)`` planes with the smallest frequencies (ties: the later plane first)."""
+    """The ``round(fraction · n)`` planes with the smallest frequencies (ties: the later plane
+    first)."""
     n = int(inv_freq.numel())
     k = int(round(fraction * n))
     order = sorted(range(n), key=lambda i: (float(inv_freq[i]), -i))
@@ -195,7 +201,8 @@ def lowest_planes(inv_freq: Tensor, fraction: float = 0.25) -> list[int]:
 def random_planes(
     n_planes: int, k: int, heads: Sequence[tuple[int, int]], seed: int
 ) -> dict[tuple[int, int], list[int]]:
-    """``k`` of ``n_planes`` planes drawn without replacement for each head, one seeded generator in head order."""
+    """``k`` of ``n_planes`` planes drawn without replacement for each head, one seeded generator in
+    head order."""
     rng = np.random.default_rng(seed)
     return {hd: sorted(int(p) for p in rng.choice(n_planes, size=k, replace=False)) for hd in heads}
 
@@ -215,7 +222,8 @@ def ablate_head_planes(model, planes: dict[tuple[int, int], Sequence[int]]) -> I
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RetrievalHeads(Result):
-    """Retrieval scores ``[layer, head]``, the ablated heads, their planes, and passkey recall per condition."""
+    """Retrieval scores ``[layer, head]``, the ablated heads, their planes, and passkey recall per
+    condition."""
 
     scores: Float[Tensor, "layer head"]
     n_steps: int
@@ -286,16 +294,16 @@ class RetrievalHeads(Result):
             Finding(
                 "retrieval-0",
                 "retrieval-heads",
-                f"{vals['n_retrieval']} of {vals['n_heads']} heads have a retrieval score ≥ {self.threshold:g} "
-                f"over {self.n_steps} copy steps; the highest: {top}.",
+                f"{vals['n_retrieval']} of {vals['n_heads']} heads have a retrieval score ≥ "
+                f"{self.threshold:g} over {self.n_steps} copy steps; the highest: {top}.",
                 vals,
             ),
             Finding(
                 "retrieval-1",
                 "retrieval-heads",
-                f"Zeroing the {n_planes} lowest-frequency planes in the top {len(self.heads)} heads takes passkey "
-                f"recall from {acc['base']:.2f} to {acc['lowest band']:.2f}; {n_planes} random planes per head "
-                f"leave {acc['random planes']:.2f}.",
+                f"Zeroing the {n_planes} lowest-frequency planes in the top {len(self.heads)} "
+                f"heads takes passkey recall from {acc['base']:.2f} to {acc['lowest band']:.2f}; "
+                f"{n_planes} random planes per head leave {acc['random planes']:.2f}.",
                 vals,
             ),
         ]
@@ -318,9 +326,10 @@ def retrieval_heads(
     progress: bool = False,
     verify: bool = True,
 ) -> RetrievalHeads:
-    """Score every head, then passkey recall with the ``top_k`` heads' lowest ``fraction`` of planes zeroed,
-    with as many random planes per head zeroed (seeded), and unmodified, on held-out passkeys. A ``top_k`` past
-    the model's rotary heads takes all of them; the provenance records the count used."""
+    """Score every head, then passkey recall with the ``top_k`` heads' lowest ``fraction`` of planes
+    zeroed, with as many random planes per head zeroed (seeded), and unmodified, on held-out
+    passkeys. A ``top_k`` past the model's rotary heads takes all of them; the provenance records
+    the count used."""
     top_k = check_number(top_k, "top_k", at_least=1, integer=True, hint=" (heads to ablate)")
     threshold = check_number(threshold, "threshold", at_least=0, at_most=1)
     fraction = check_number(

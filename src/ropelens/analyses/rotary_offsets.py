@@ -3,9 +3,10 @@ and Rotary Offset Features in Large Language Models").
 
 A plane i with θ_i·L_train < 2π never completes a turn within the training context: the relative
 rotation (n − m)·θ_i of a query at m and a key at n ≤ m stays inside one arc, so the model can give
-the plane a fixed query–key angle (an *offset*) and rely on it at every distance it was trained
-on. Jonasson finds the outlier features of queries and keys in those planes, bounds the q–k angle
-they allow, and shows how such an offset makes an attention sink. :class:`OffsetReducer` measures, per layer × head × plane:
+the plane a fixed query–key angle (an *offset*) and rely on it at every distance it was trained on.
+Jonasson finds the outlier features of queries and keys in those planes, bounds the q–k angle they
+allow, and shows how such an offset makes an attention sink. :class:`OffsetReducer` measures, per
+layer × head × plane:
 
 - **outlier magnitude**: the mean plane norm ‖q^(i)‖ and ‖k^(i)‖ over tokens (keys per KV head;
   query head h reads KV head h // group), and its ratio to the median over the head's other planes;
@@ -19,8 +20,9 @@ they allow, and shows how such an offset makes an attention sink. :class:`Offset
   position (the first ``n_sink``) and for the rest, which separates sink-makers (a constant offset
   aimed at the sink) from content channels (angles that vary with the text).
 
-A sliding-window layer never sees a relative distance past its window, so its L_train is the
-window where that is shorter than the context (as in :func:`ropelens.analyses.base_predictions.base_predictions`).
+A sliding-window layer never sees a relative distance past its window, so its L_train is the window
+where that is shorter than the context (as in
+:func:`ropelens.analyses.base_predictions.base_predictions`).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ SOURCES = ("post", "pre")
 
 
 def layer_train_ctx(rope: LayerRope, train_ctx: int) -> int:
-    """The longest relative distance the layer met in training: ``train_ctx``, capped at its window or chunk."""
+    """The longest relative distance the layer met in training: ``train_ctx``, capped at its window
+    or chunk."""
     return min(int(train_ctx), rope.reach) if rope.reach else int(train_ctx)
 
 
@@ -79,7 +82,8 @@ def _train_ctx(spec: RopeSpec, train_ctx: int | None) -> int:
 def partial_cycle_planes(
     spec: RopeSpec, layers: Sequence[int] | None = None, *, train_ctx: int | None = None
 ) -> Bool[Tensor, "layer plane"]:
-    """``[layer, plane]``: True where θ_i·L_train < 2π (the plane never completes a turn in training).
+    """``[layer, plane]``: True where θ_i·L_train < 2π (the plane never completes a turn in
+    training).
 
     L_train is ``train_ctx`` (default the spec's context length), capped at a sliding window.
     Unrotated planes (θ = 0) count as partial: they never turn at all. Layers of different widths
@@ -95,7 +99,8 @@ def partial_cycle_planes(
 
 
 def _median_of_others(x: Float[Tensor, "... plane"]) -> Float[Tensor, "... plane"]:
-    """For each plane, the median of the other planes' values (the lower median for an even count)."""
+    """For each plane, the median of the other planes' values (the lower median for an even
+    count)."""
     P = x.shape[-1]
     if P < 2:
         return torch.full_like(x, math.nan)
@@ -115,10 +120,12 @@ class OffsetReducer(DeviceSums):
     pre-RoPE ones (the content angles); all come from the fast q/k path. Queries at positions below
     ``n_sink`` (BOS: it can only attend to itself) and padding are left out of every statistic;
     norms are over the same tokens. Sums are float64 on the CPU; scores are rebuilt in query tiles
-    of about the device's element budget (:func:`ropelens.run.capture.query_tile`), so nothing of size ``[heads, n, n]`` is held for long n.
+    of about the device's element budget (:func:`ropelens.run.capture.query_tile`), so nothing of
+    size ``[heads, n, n]`` is held for long n.
     """
 
-    static_mask = "rotary offsets"  # masks built from positions: refused where the model picks keys from the input
+    # masks built from positions: refused where the model picks keys from the input
+    static_mask = "rotary offsets"
 
     def __init__(
         self,
@@ -160,7 +167,8 @@ class OffsetReducer(DeviceSums):
                     self.sums[f"{src}/{sc}/{stat}"] = z("head", "plane")
 
     def state_dict(self) -> dict[str, Tensor]:
-        """Every running sum by name, the q and k norm moments with them (the tensors themselves)."""
+        """Every running sum by name, the q and k norm moments with them (the tensors
+        themselves)."""
         norms = {
             f"{w}_norm/{f}": getattr(m, f)
             for w, m in (("q", self.q), ("k", self.k))
@@ -222,9 +230,9 @@ class OffsetReducer(DeviceSums):
     def _angles(
         rope: LayerRope, q: Tensor, k: Tensor, att: Tensor, w: Tensor, term: bool = False
     ) -> dict[str, Tensor]:
-        """Per window and scope, ``[b, scope, head, plane]``: the count and summed cos and sin of the
-        q→k angle per plane at the attended keys (weights ``w`` ``[b, n, head, scope]``) and, with
-        ``term``, the summed plane logit there."""
+        """Per window and scope, ``[b, scope, head, plane]``: the count and summed cos and sin of
+        the q→k angle per plane at the attended keys (weights ``w`` ``[b, n, head, scope]``) and,
+        with ``term``, the summed plane logit there."""
         b, n, H, d = q.shape
         kv = (torch.arange(H, device=q.device) // rope.group_size)[None, None].expand(b, n, H)
         ka = k[
@@ -252,8 +260,9 @@ class OffsetReducer(DeviceSums):
         k_post: Float[Tensor, "b n kv d"],
         valid: Bool[Tensor, "b n"],
     ) -> Tensor:
-        """``[b, n, head]``: the key each query attends most (argmax of the model's scores; ties go to
-        the earlier key), rebuilt from post-RoPE q·k × score scale with the layer's mask and soft-capping."""
+        """``[b, n, head]``: the key each query attends most (argmax of the model's scores; ties go
+        to the earlier key), rebuilt from post-RoPE q·k × score scale with the layer's mask and
+        soft-capping."""
         b, n, H, d = q_post.shape
         KV, G = rope.n_kv_heads, rope.group_size
         qg = (q_post * rope.score_scale).view(b, n, KV, G, d)
@@ -295,15 +304,16 @@ class OffsetReducer(DeviceSums):
 class RotaryOffsets(
     Result, merge_same=("layers", "n_sink", "train_ctx", "spec"), merge_sums=("q", "k", "sums")
 ):
-    """Per layer × head × plane: q/k plane norms and the q–k angle at the attended key; highest frequency first.
+    """Per layer × head × plane: q/k plane norms and the q–k angle at the attended key; highest
+    frequency first.
 
     ``q`` moments are ``[layer, head, plane]``, ``k`` moments ``[layer, kv_head, plane]``. ``sums``
     holds, per scope ("sink": the attended key is one of the first ``n_sink`` positions, "content":
     any other), the number of queries ``n/<scope>`` ``[layer, head]``, the plane's summed logit at
-    the attended key ``term/<scope>`` and, per source ("post", "pre" RoPE), the count and summed
-    cos and sin of the angle ``<source>/<scope>/<stat>`` ``[layer, head, plane]``. Layers of different
-    widths (Gemma 4) share these arrays padded to the most heads and planes: every number past a layer's
-    own reads NaN (:meth:`present`), and tables and medians leave it out.
+    the attended key ``term/<scope>`` and, per source ("post", "pre" RoPE), the count and summed cos
+    and sin of the angle ``<source>/<scope>/<stat>`` ``[layer, head, plane]``. Layers of different
+    widths (Gemma 4) share these arrays padded to the most heads and planes: every number past a
+    layer's own reads NaN (:meth:`present`), and tables and medians leave it out.
     """
 
     layers: tuple[int, ...]
@@ -330,7 +340,8 @@ class RotaryOffsets(
 
     # ---------------------------------------------------------------- numbers
     def present(self) -> Bool[Tensor, "layer head plane"]:
-        """The (head, plane) entries each layer has (all True when the measured layers share one width)."""
+        """The (head, plane) entries each layer has (all True when the measured layers share one
+        width)."""
         return ~self.q.count.isnan()
 
     @property
@@ -357,8 +368,8 @@ class RotaryOffsets(
         return (m / _median_of_others(m).clamp_min(1e-30)).float()
 
     def by_head(self, x: Float[Tensor, "layer kv_head plane"]) -> Float[Tensor, "layer head plane"]:
-        """A KV-head statistic as seen by each query head (query head h reads KV head h // group, the group of
-        its own layer; NaN for heads a layer lacks)."""
+        """A KV-head statistic as seen by each query head (query head h reads KV head h // group,
+        the group of its own layer; NaN for heads a layer lacks)."""
         H = self.q.total.shape[1]
         kv = torch.stack(
             [
@@ -384,7 +395,8 @@ class RotaryOffsets(
         """Mean resultant vector (mean cos, mean sin) of the q→k angle at the attended key."""
         if source not in SOURCES or (source == "pre" and not self.has_pre):
             raise InputError(
-                f"source must be 'post' or 'pre' (pre only when measured with pre=True), got {source!r}"
+                "source must be 'post' or 'pre' (pre only when measured with pre=True), got "
+                f"{source!r}"
             )
         count = count_or_nan(self._scoped(f"{source}/{{}}/count", scope))
         cos_sum = self._scoped(f"{source}/{{}}/cos", scope)
@@ -401,7 +413,8 @@ class RotaryOffsets(
     def resultant_length(
         self, source: Source = "post", scope: Scope = "all"
     ) -> Float[Tensor, "layer head plane"]:
-        """Length R ∈ [0, 1] of the mean resultant vector: 1 = one fixed angle, ≈ 0 = no preferred angle."""
+        """Length R ∈ [0, 1] of the mean resultant vector: 1 = one fixed angle, ≈ 0 = no preferred
+        angle."""
         return torch.linalg.vector_norm(self.resultant(source, scope), dim=-1)
 
     def mean_term(self, scope: Scope = "all") -> Float[Tensor, "layer head plane"]:
@@ -435,8 +448,8 @@ class RotaryOffsets(
         return out.rename(index={True: "partial cycle", False: "full cycle"}).rename_axis("planes")
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy table: one row per (layer, head, plane) of the layer's own heads and planes; k columns are the
-        head's KV head."""
+        """Tidy table: one row per (layer, head, plane) of the layer's own heads and planes; k
+        columns are the head's KV head."""
         L, H, P = self.q.total.shape
         layer, head, plane = np.meshgrid(
             np.array(self.layers), np.arange(H), np.arange(P), indexing="ij"
@@ -480,7 +493,7 @@ class RotaryOffsets(
         return pd.DataFrame(cols)[self.present().reshape(-1).numpy()].reset_index(drop=True)
 
     # ---------------------------------------------------------------- persistence
-    # ---------------------------------------------------------------- figures (drawn by ropelens.plots.rotary_offsets)
+    # --------------------------------------------- figures (drawn by ropelens.plots.rotary_offsets)
     def heatmap(
         self, what: str = "q_ratio", layer: int | None = None, coloraxis: str | None = None
     ) -> Any:
@@ -504,7 +517,8 @@ def rotary_offsets(
     train_ctx: int | None = None,
     pre: bool = True,
 ) -> RotaryOffsets:
-    """Rotary outliers and offset angles per plane over a corpus (streamed; see :class:`OffsetReducer`).
+    """Rotary outliers and offset angles per plane over a corpus (streamed; see
+    :class:`OffsetReducer`).
 
     ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name or path, or a ready
     ``[n_windows, n_ctx]`` token tensor; windows start with BOS. ``train_ctx`` (default: the

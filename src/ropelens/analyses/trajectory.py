@@ -1,25 +1,29 @@
-"""Training trajectories: when the high-norm band, attention sinks, massive values and positional heads appear.
+"""Training trajectories: when the high-norm band, attention sinks, massive values and positional
+heads appear.
 
-Oka et al. report that the high-norm frequency band forms early in pretraining; Gu et al. that attention
-sinks emerge during training. :func:`trajectory` measures a model's structures at each of its training
-checkpoints (directories such as ``ropelens.training.train`` saves, or one hub repository at several
-revisions, Pythia's ``step1000`` …) with the existing analyses on a small token budget, and keeps a few
-summary numbers per checkpoint in one tidy table (step, analysis, metric, layer, value):
+Oka et al. report that the high-norm frequency band forms early in pretraining; Gu et al. that
+attention sinks emerge during training. :func:`trajectory` measures a model's structures at each of
+its training checkpoints (directories such as ``ropelens.training.train`` saves, or one hub
+repository at several revisions, Pythia's ``step1000`` …) with the existing analyses on a small
+token budget, and keeps a few summary numbers per checkpoint in one tidy table (step, analysis,
+metric, layer, value):
 
 - ``bands`` (:func:`ropelens.analyses.band_location.band_location` on the per-plane query norms of
-  :func:`ropelens.analyses.frequency_usage.frequency_usage`): ``band_peak`` (the plane of largest mean norm),
-  ``band_width`` and ``band_prominence`` (peak norm ÷ the median plane's), per layer and as the median
-  over layers;
-- ``sinks`` (:func:`ropelens.analyses.attention_sinks.attention_sinks`): ``sink_head_share`` (heads whose mean
-  attention to position 0 exceeds Gu et al.'s ε) and ``sink_attention`` (mean attention to position 0);
-- ``massive`` (:func:`ropelens.analyses.massive_values.massive_values`): ``massive_dims`` (query dimensions
-  whose norm exceeds 5× their head's mean dimension norm) and ``massive_max_ratio``;
+  :func:`ropelens.analyses.frequency_usage.frequency_usage`): ``band_peak`` (the plane of largest
+  mean norm), ``band_width`` and ``band_prominence`` (peak norm ÷ the median plane's), per layer and
+  as the median over layers;
+- ``sinks`` (:func:`ropelens.analyses.attention_sinks.attention_sinks`): ``sink_head_share`` (heads
+  whose mean attention to position 0 exceeds Gu et al.'s ε) and ``sink_attention`` (mean attention
+  to position 0);
+- ``massive`` (:func:`ropelens.analyses.massive_values.massive_values`): ``massive_dims`` (query
+  dimensions whose norm exceeds 5× their head's mean dimension norm) and ``massive_max_ratio``;
 - ``heads`` (:func:`ropelens.analyses.head_taxonomy.head_taxonomy`): ``positional_heads`` and
   ``positional_share``.
 
 Model-wide rows have ``layer`` −1. :meth:`Trajectory.emergence` gives, for each structure, the step
 at which it appears (the rule is in its docstring). The figure, ``traj.figure()``, is drawn by
-:func:`ropelens.plots.trajectory.trajectory_figure`; the page, :func:`ropelens.report.trajectory.write_trajectory`.
+:func:`ropelens.plots.trajectory.trajectory_figure`; the page,
+:func:`ropelens.report.trajectory.write_trajectory`.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ COLUMNS = ("step", "checkpoint", "analysis", "metric", "layer", "value")
 
 @dataclass(frozen=True)
 class Structure:
-    """A structure a trajectory tracks: the model-wide metric that shows it and the level at which it counts as there."""
+    """A structure a trajectory tracks: the model-wide metric that shows it and the level at which
+    it counts as there."""
 
     name: str
     analysis: str
@@ -97,7 +102,8 @@ STRUCTURES: tuple[Structure, ...] = (
         "heads",
         "positional_heads",
         1.0,
-        "at least one head puts ≥ τ of its attention on one fixed offset on text and on random tokens",
+        "at least one head puts ≥ τ of its attention on one fixed offset on text and on random "
+        "tokens",
     ),
 )
 
@@ -117,7 +123,8 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class Trajectory(Result, derived=("columns",)):
-    """Summary numbers of a model's structures at each training checkpoint, and when each structure appears."""
+    """Summary numbers of a model's structures at each training checkpoint, and when each structure
+    appears."""
 
     records: tuple[tuple[int, str, str, str, int, float], ...]  # rows of COLUMNS
     checkpoints: tuple[Checkpoint, ...]
@@ -165,9 +172,9 @@ class Trajectory(Result, derived=("columns",)):
         """For each structure measured, the step at which it appears.
 
         Rule: a structure emerges at the first checkpoint whose model-wide metric is at or above the
-        structure's threshold and stays at or above it at every later checkpoint (a level crossed and lost
-        again does not count); ``step`` is None (NaN in the table) when the last checkpoint is below it.
-        ``thresholds`` (metric → level) overrides :data:`STRUCTURES`' levels.
+        structure's threshold and stays at or above it at every later checkpoint (a level crossed
+        and lost again does not count); ``step`` is None (NaN in the table) when the last checkpoint
+        is below it. ``thresholds`` (metric → level) overrides :data:`STRUCTURES`' levels.
         """
         thresholds = thresholds or {}
         rows = []
@@ -201,7 +208,8 @@ class Trajectory(Result, derived=("columns",)):
         return df
 
     def findings(self) -> list[Finding]:
-        """One sentence per structure: the step it appears at, and its metric at the first and last checkpoint."""
+        """One sentence per structure: the step it appears at, and its metric at the first and last
+        checkpoint."""
         out = []
         lo, hi = self.steps[0], self.steps[-1]
         for r in self.emergence().to_dict("records"):
@@ -213,7 +221,8 @@ class Trajectory(Result, derived=("columns",)):
             )
             text = (
                 f"{r['structure'].capitalize()} ({r['metric']} ≥ {r['threshold']:g}): {when}; "
-                f"{r['metric']} is {r['first']:.3g} at step {lo:,} and {r['last']:.3g} at step {hi:,}."
+                f"{r['metric']} is {r['first']:.3g} at step {lo:,} and {r['last']:.3g} at step "
+                f"{hi:,}."
             )
             values = {**r, "step": step, "value_then": None if step is None else r["value_then"]}
             out.append(Finding(f"emergence_{r['metric']}", "trajectory", text, values))
@@ -231,13 +240,14 @@ def resolve_checkpoints(
     revisions: Sequence[str] | None = None,
     steps: Sequence[int] | None = None,
 ) -> list[Checkpoint]:
-    """The checkpoints, sorted by step: directories (step from ``steps``, the ``step-N`` name or the saved
-    training info), or one hub id at each of ``revisions`` (step from ``steps`` or the revision's name)."""
+    """The checkpoints, sorted by step: directories (step from ``steps``, the ``step-N`` name or the
+    saved training info), or one hub id at each of ``revisions`` (step from ``steps`` or the
+    revision's name)."""
     items = [checkpoints] if isinstance(checkpoints, str | os.PathLike) else list(checkpoints)
     if not items:
         raise InputError(
-            "no checkpoints given: pass checkpoint directories (step-N/, as ropelens.training.train "
-            "saves them) or one hub id with revisions"
+            "no checkpoints given: pass checkpoint directories (step-N/, as "
+            "ropelens.training.train saves them) or one hub id with revisions"
         )
     names = [os.fspath(c) for c in items]
     if revisions is not None:
@@ -252,8 +262,8 @@ def resolve_checkpoints(
             )
         if Path(names[0]).expanduser().exists() or names[0].startswith((".", "/", "~")):
             raise InputError(
-                f"revisions given with the local path {names[0]!r}: a revision picks a version of a hub "
-                "repository; pass the checkpoint directories themselves instead"
+                f"revisions given with the local path {names[0]!r}: a revision picks a version "
+                "of a hub repository; pass the checkpoint directories themselves instead"
             )
         sources = [(names[0], r) for r in revisions]
     else:
@@ -262,13 +272,14 @@ def resolve_checkpoints(
             if not p.is_dir():
                 what = "is not a directory" if p.exists() else "does not exist"
                 raise InputError(
-                    f"checkpoint {n} {what}: pass checkpoint directories (config.json + weights), or "
-                    "one hub id with revisions"
+                    f"checkpoint {n} {what}: pass checkpoint directories (config.json + "
+                    "weights), or one hub id with revisions"
                 )
         sources = [(n, None) for n in names]
     if steps is not None and len(list(steps)) != len(sources):
         raise InputError(
-            f"{len(list(steps))} steps given for {len(sources)} checkpoints: give one step per checkpoint"
+            f"{len(list(steps))} steps given for {len(sources)} checkpoints: give one step per "
+            "checkpoint"
         )
     out = []
     for i, (src, rev) in enumerate(sources):
@@ -308,7 +319,8 @@ def _run(kw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _median(x: torch.Tensor) -> float:
-    """The median over layers, the two middle values averaged for an even count (torch's median takes the lower)."""
+    """The median over layers, the two middle values averaged for an even count (torch's median
+    takes the lower)."""
     return float(x.double().nanquantile(0.5))
 
 
@@ -369,7 +381,8 @@ _MEASURE = {"bands": _bands, "sinks": _sinks, "massive": _massive, "heads": _hea
 
 
 def _setting(ck: Checkpoint, key: str) -> Any:
-    """A setting of the run that trained a checkpoint directory (its corpus, its training length), if saved."""
+    """A setting of the run that trained a checkpoint directory (its corpus, its training length),
+    if saved."""
     info = read_info(ck.source) if ck.revision is None else None
     return None if info is None else info.get("config", {}).get(key)
 
@@ -388,13 +401,14 @@ def trajectory(
     progress: bool = False,
     verify: bool = True,
 ) -> Trajectory:
-    """Measure ``analyses`` at each checkpoint and keep their summary numbers (see the module docstring).
+    """Measure ``analyses`` at each checkpoint and keep their summary numbers (see the module
+    docstring).
 
     ``checkpoints``: checkpoint directories, or one hub id with ``revisions`` (needs the network).
-    ``steps``: the training step of each checkpoint, where names do not state them. ``corpus``: the text
-    measured (default: the corpus a ropelens checkpoint was trained on, else english); ``n_tokens``: tokens
-    per analysis and checkpoint, in windows of ``n_ctx`` (default: a ropelens checkpoint's training length,
-    else 256). ``seed``: the heads analysis's random tokens.
+    ``steps``: the training step of each checkpoint, where names do not state them. ``corpus``: the
+    text measured (default: the corpus a ropelens checkpoint was trained on, else english);
+    ``n_tokens``: tokens per analysis and checkpoint, in windows of ``n_ctx`` (default: a ropelens
+    checkpoint's training length, else 256). ``seed``: the heads analysis's random tokens.
     """
     analyses = tuple(dict.fromkeys(analyses))
     unknown = [a for a in analyses if a not in ANALYSES]

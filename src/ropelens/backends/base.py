@@ -1,20 +1,25 @@
-"""The backend a loaded model runs on, chosen once, and the handle every layer above reads the model through.
+"""The backend a loaded model runs on, chosen once, and the handle every layer above reads the model
+through.
 
-ropelens runs every model on the HF model's own forward (:mod:`ropelens.backends.engine` applies RoPE variants,
-plane ablations and massive-value replacement at the rotation that forward calls). What differs between models
-is only the surface around that forward, and this module is the one place that asks which surface a model has:
+ropelens runs every model on the HF model's own forward (:mod:`ropelens.backends.engine` applies
+RoPE variants, plane ablations and massive-value replacement at the rotation that forward calls).
+What differs between models is only the surface around that forward, and this module is the one
+place that asks which surface a model has:
 
-- :class:`HFBackend`: an HF causal LM ropelens wraps itself (:class:`ropelens.backends.hf.PlainModel`, for the
-  families TransformerLens has no adapter for, and for ``bridge=False``);
-- :class:`BridgeBackend`: a TransformerLens bridge, the TL view (hook points, ``run_with_cache``) on the same HF
-  model; analyses read its hook points only where the plan in force is one its hooks see;
-- :class:`CallableBackend`: an HF causal LM (or any callable taking ``input_ids`` and returning logits) passed
-  as it is, for the functions that only need its forward (losses, greedy decoding).
+- :class:`HFBackend`: an HF causal LM ropelens wraps itself
+  (:class:`ropelens.backends.hf.PlainModel`, for the families TransformerLens has no adapter for,
+  and for ``bridge=False``);
+- :class:`BridgeBackend`: a TransformerLens bridge, the TL view (hook points, ``run_with_cache``) on
+  the same HF model; analyses read its hook points only where the plan in force is one its hooks
+  see;
+- :class:`CallableBackend`: an HF causal LM (or any callable taking ``input_ids`` and returning
+  logits) passed as it is, for the functions that only need its forward (losses, greedy decoding).
 
-:func:`backend_of` picks one per model and keeps it on the model; :func:`handle` adds what every layer used to
-ask the raw model for again (label, device, dtype, the HF view, the spec read at the plan in force, the
-verification fingerprint). Code outside ``ropelens.backends`` asks the backend (``backend_of(model).loss_path()``,
-``.capture_session(...)``, ``.uses_engine(...)``) and never which backend it is.
+:func:`backend_of` picks one per model and keeps it on the model; :func:`handle` adds what every
+layer used to ask the raw model for again (label, device, dtype, the HF view, the spec read at the
+plan in force, the verification fingerprint). Code outside ``ropelens.backends`` asks the backend
+(``backend_of(model).loss_path()``, ``.capture_session(...)``, ``.uses_engine(...)``) and never
+which backend it is.
 """
 
 from __future__ import annotations
@@ -67,10 +72,12 @@ Run = Callable[[Tensor, Tensor, bool, Fold], None]
 
 
 class Backend:
-    """How ropelens runs one loaded model: capture, interventions, losses and decoding on its HF forward.
+    """How ropelens runs one loaded model: capture, interventions, losses and decoding on its HF
+    forward.
 
-    ``name`` says which surface the model has; ``tl_view`` whether it has TransformerLens hook points and
-    ``run_with_cache``. Every method answers for this model; callers never branch on the name.
+    ``name`` says which surface the model has; ``tl_view`` whether it has TransformerLens hook
+    points and ``run_with_cache``. Every method answers for this model; callers never branch on the
+    name.
     """
 
     name: ClassVar[str] = "hf"
@@ -96,8 +103,8 @@ class Backend:
 
     # ------------------------------------------------------------------ capture
     def on_engine(self) -> bool:
-        """Whether q/k captures with the plan in force are read from the HF forward's own rotation (else from
-        the bridge's hook points)."""
+        """Whether q/k captures with the plan in force are read from the HF forward's own rotation
+        (else from the bridge's hook points)."""
         return True
 
     def capture_path(self) -> str:
@@ -108,9 +115,10 @@ class Backend:
     def capture_session(
         self, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]
     ) -> Iterator[Run]:
-        """A block in which ``run(tokens, valid, padded, fold)`` captures one batch of ``layers``: each layer's
-        tensors go to ``fold(layer, tensors)`` (read at the HF forward's rotation and attention function, with
-        the plan in force) or straight to ``reducers`` (read from a bridge's hook points)."""
+        """A block in which ``run(tokens, valid, padded, fold)`` captures one batch of ``layers``:
+        each layer's tensors go to ``fold(layer, tensors)`` (read at the HF forward's rotation and
+        attention function, with the plan in force) or straight to ``reducers`` (read from a
+        bridge's hook points)."""
         needs = frozenset().union(*(r.needs for r in reducers))
 
         def run(toks: Tensor, valid: Tensor, padded: bool, fold: Fold) -> None:
@@ -121,15 +129,17 @@ class Backend:
 
     # ------------------------------------------------------------------ interventions
     def uses_engine(self, layers: Sequence[int], what: str) -> bool:
-        """Whether ``what`` is applied by the engine (at the rotation the HF forward calls) rather than by bridge
-        hooks; raises UnsupportedModelError, with what was seen, where neither reaches the model's rotation."""
+        """Whether ``what`` is applied by the engine (at the rotation the HF forward calls) rather
+        than by bridge hooks; raises UnsupportedModelError, with what was seen, where neither
+        reaches the model's rotation."""
         why = engine_ready(self.model)
         if why is not None:
             raise UnsupportedModelError(f"{what} cannot reach this model's rotation: {why}")
         return True
 
     def pre_rope_hooks(self, layers: Sequence[int], parts: Sequence[str]) -> bool:
-        """Whether a hook point before the rotation exists for each of ``parts`` ("q", "k") in every layer."""
+        """Whether a hook point before the rotation exists for each of ``parts`` ("q", "k") in every
+        layer."""
         return False
 
     def variant_hooks(
@@ -139,14 +149,15 @@ class Backend:
         variant: Any,
         layers: Sequence[int],
     ) -> tuple[list[Callable[[], None]], bool]:
-        """Install RoPE ``variant`` in ``layers`` where hooks apply it: (hook removers, whether the engine applies it
-        instead, from the plan)."""
+        """Install RoPE ``variant`` in ``layers`` where hooks apply it: (hook removers, whether the
+        engine applies it instead, from the plan)."""
         return [], self.uses_engine(layers, "apply_rope_variant")
 
     def ablation_hooks(
         self, masks: dict[int, tuple[Tensor | None, Tensor | None]]
     ) -> tuple[list[Callable[[], None]], bool]:
-        """Install the zeroing of ``masks[layer] = (q, k)`` entries of the rotated q and k: (removers, engine)."""
+        """Install the zeroing of ``masks[layer] = (q, k)`` entries of the rotated q and k:
+        (removers, engine)."""
         return [], self.uses_engine(list(masks), "ablate_planes")
 
     def replacement_hooks(
@@ -155,19 +166,21 @@ class Backend:
         layers: Sequence[int],
         parts: Sequence[str],
     ) -> tuple[list[Callable[[], None]], bool]:
-        """Install writing ``step[layer][w] = (mask, value)`` into the q and k entering the rotation: (removers,
-        engine)."""
+        """Install writing ``step[layer][w] = (mask, value)`` into the q and k entering the
+        rotation: (removers, engine)."""
         return [], self.uses_engine(layers, "replace_massive")
 
     # ------------------------------------------------------------------ forward, losses, decoding
     def loss_path(self, path: str = "auto") -> str:
-        """The forward losses take: ``"sdpa"`` (the HF model with sdpa attention and the plan applied at its
-        rotation) where the engine reaches it, else ``"hf"`` (the model's own forward, the plan applied)."""
+        """The forward losses take: ``"sdpa"`` (the HF model with sdpa attention and the plan
+        applied at its rotation) where the engine reaches it, else ``"hf"`` (the model's own
+        forward, the plan applied)."""
         return "sdpa" if path != "bridge" and sdpa_ready(self.model) else "hf"
 
     @contextlib.contextmanager
     def loss_forward(self, path: str) -> Iterator[Callable[[Tensor], Tensor]]:
-        """A block in which ``losses(batch)`` gives each window's mean next-token loss on forward ``path``."""
+        """A block in which ``losses(batch)`` gives each window's mean next-token loss on forward
+        ``path``."""
         if path == "sdpa":
             with on_sdpa(self.model) as hf:
                 yield lambda batch: hf_losses(hf, batch)
@@ -180,7 +193,8 @@ class Backend:
     def fast_forward(
         self, fast: bool = True
     ) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
-        """The module a long forward runs (called as ``module(tokens)``) and a context to run it in."""
+        """The module a long forward runs (called as ``module(tokens)``) and a context to run it
+        in."""
         return self.model, contextlib.nullcontext
 
     def last_logits(self, ids: Tensor) -> Tensor:
@@ -192,9 +206,9 @@ class Backend:
     def decoding(
         self, path: str, cache: bool, chunk: int | None
     ) -> Iterator[tuple[Callable[[Tensor, Tensor], Tensor], bool]]:
-        """A block in which ``step(new, seq)`` gives the logits after ``seq``, whose last tokens ``new`` the model
-        has not seen yet (a key/value cache where ``cache`` and the path has one, prefilled ``chunk`` tokens at a
-        time); yields ``(step, cached)``."""
+        """A block in which ``step(new, seq)`` gives the logits after ``seq``, whose last tokens
+        ``new`` the model has not seen yet (a key/value cache where ``cache`` and the path has one,
+        prefilled ``chunk`` tokens at a time); yields ``(step, cached)``."""
         use_cache = cache and path != "hf"
         if path == "sdpa":
             with on_sdpa(self.model) as hf:
@@ -207,7 +221,8 @@ class Backend:
 
     # ------------------------------------------------------------------ identity
     def named(self, label: str, path: Path | None) -> Any:
-        """The model with ``label`` (and the resolved ``path`` its weights came from) on its config."""
+        """The model with ``label`` (and the resolved ``path`` its weights came from) on its
+        config."""
         import dataclasses
 
         resolved = None if path is None else str(path.expanduser().resolve())
@@ -224,7 +239,8 @@ class HFBackend(Backend):
 
 
 class BridgeBackend(Backend):
-    """A TransformerLens bridge: the TL view (hook points, ``run_with_cache``) on the HF model it wraps."""
+    """A TransformerLens bridge: the TL view (hook points, ``run_with_cache``) on the HF model it
+    wraps."""
 
     name = "bridge"
     tl_view = True
@@ -283,7 +299,8 @@ class BridgeBackend(Backend):
         layers: Sequence[int],
         parts: Sequence[str],
     ) -> tuple[list[Callable[[], None]], bool]:
-        # entries are replaced before the rotation: the bridge's pre-RoPE hooks reach them wherever it rotates
+        # entries are replaced before the rotation: the bridge's pre-RoPE hooks reach them wherever
+        # it rotates
         if not self.pre_rope_hooks(layers, parts) and self.uses_engine(layers, "replace_massive"):
             return [], True
 
@@ -335,7 +352,8 @@ class BridgeBackend(Backend):
 
 
 class CallableBackend(Backend):
-    """An HF causal LM or a callable taking ``input_ids`` and returning logits, passed as it is: its forward only."""
+    """An HF causal LM or a callable taking ``input_ids`` and returning logits, passed as it is: its
+    forward only."""
 
     name = "callable"
     runs_analyses = False
@@ -366,7 +384,8 @@ class CallableBackend(Backend):
 
 
 def _hf_stepper(hf: Any, cache: bool, chunk: int | None) -> Callable[[Tensor, Tensor], Tensor]:
-    """Decoding steps on an HF causal LM: a key/value cache prefilled ``chunk`` tokens at a time, or full forwards."""
+    """Decoding steps on an HF causal LM: a key/value cache prefilled ``chunk`` tokens at a time, or
+    full forwards."""
     if not cache:
         return lambda _new, seq: hf(input_ids=seq, use_cache=False, logits_to_keep=1).logits[0, -1]
     kv: list[Any] = [None]
@@ -413,9 +432,10 @@ def backend_of(model: Any) -> Backend:
 
 @dataclass(frozen=True)
 class ModelHandle:
-    """A loaded model with what every layer reads from it: its backend (chosen once), label, device, dtype, the HF
-    model it runs, and its spec (read once, and again only when the plan in force, a buffer, or a rotation or
-    attention function the model calls changes). :func:`ropelens.run.measure.measure` reads models through it."""
+    """A loaded model with what every layer reads from it: its backend (chosen once), label, device,
+    dtype, the HF model it runs, and its spec (read once, and again only when the plan in force, a
+    buffer, or a rotation or attention function the model calls changes).
+    :func:`ropelens.run.measure.measure` reads models through it."""
 
     model: Any
     backend: Backend
@@ -440,9 +460,11 @@ class ModelHandle:
 
     @property
     def spec(self) -> RopeSpec:
-        """What each attention layer rotates, at the plan in force (:func:`ropelens.spec.reading.rope_spec`)."""
-        # what a reading depends on: the plan in force, every buffer (rotary tables included) and its in-place
-        # version, and the rotation and attention functions the modeling module and its modules call
+        """What each attention layer rotates, at the plan in force
+        (:func:`ropelens.spec.reading.rope_spec`)."""
+        # what a reading depends on: the plan in force, every buffer (rotary tables included) and
+        # its in-place version, and the rotation and attention functions the modeling module and its
+        # modules call
         mod = importlib.import_module(type(self.hf).__module__)
         key = (
             tuple(id(s) for s in active_plan(self.model)),
@@ -467,8 +489,8 @@ class ModelHandle:
 
 
 def handle(model: Any) -> ModelHandle:
-    """The :class:`ModelHandle` of a model from :func:`ropelens.load_model` (made once, kept on the model); raises
-    InputError, naming the fix, for anything else."""
+    """The :class:`ModelHandle` of a model from :func:`ropelens.load_model` (made once, kept on the
+    model); raises InputError, naming the fix, for anything else."""
     if isinstance(model, ModelHandle):
         return model
     known = getattr(model, "__dict__", {}).get(_HANDLE)
@@ -490,7 +512,8 @@ def _modeling_module(model):
 
 
 def fingerprint(model, spec: RopeSpec) -> str:
-    """What the verification of ``model`` depends on: the spec, the code that rotates and scores, the hooks."""
+    """What the verification of ``model`` depends on: the spec, the code that rotates and scores,
+    the hooks."""
     parts = [spec.to_json()]
     mod = _modeling_module(model)
     parts += [

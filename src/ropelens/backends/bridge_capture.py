@@ -1,7 +1,8 @@
-"""Queries, keys and patterns read from the TransformerLens bridge's hook points (the bridge view's capture).
+"""Queries, keys and patterns read from the TransformerLens bridge's hook points (the bridge view's
+capture).
 
-:class:`Collector` gathers a layer's tensors from the bridge's hooks (and, where a layer's score q/k come from
-the HF attention function, from a tap on it) and hands them to the reducers once complete.
+:class:`Collector` gathers a layer's tensors from the bridge's hooks (and, where a layer's score q/k
+come from the HF attention function, from a tap on it) and hands them to the reducers once complete.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ ATTENTION = (
 
 
 def plane_tables(table: Tensor, rope: LayerRope, interleaved: bool) -> Tensor:
-    """A ``[batch, pos, width]`` cos or sin table as one column per plane, ``[batch, pos, n_planes]``.
+    """A ``[batch, pos, width]`` cos or sin table as one column per plane, ``[batch, pos,
+    n_planes]``.
 
     Tables are half-width (one entry per plane), duplicated halves (Llama: ``cat(θ, θ)``) or
     interleaved (Cohere: ``repeat_interleave(θ, 2)``).
@@ -44,8 +46,9 @@ def plane_tables(table: Tensor, rope: LayerRope, interleaved: bool) -> Tensor:
 
 
 def hook_plan(hooks: AttnHooks, needs: frozenset[str], rope: LayerRope) -> dict[str, str]:
-    """Map each needed tensor to the hook that provides it (the rotation's output falls back to pre + rotate;
-    the score q/k of a layer with a norm after RoPE come from their hook, else from the attention function)."""
+    """Map each needed tensor to the hook that provides it (the rotation's output falls back to pre
+    + rotate; the score q/k of a layer with a norm after RoPE come from their hook, else from the
+    attention function)."""
     plan: dict[str, str] = {}
     for which in ("q", "k"):
         if f"{which}_pre" in needs:
@@ -116,7 +119,8 @@ class Collector:
         return out
 
     def attention_tap(self) -> contextlib.AbstractContextManager:
-        """Where a layer's score q/k come from the HF attention function (no bridge hook fires there): tap it."""
+        """Where a layer's score q/k come from the HF attention function (no bridge hook fires
+        there): tap it."""
         if not self.attention:
             return contextlib.nullcontext()
 
@@ -152,8 +156,9 @@ class Collector:
             self._dispatch(layer)
 
     def _rotate_missing(self, layer: int) -> None:
-        """Post-RoPE q/k of a layer that fires no post-RoPE hook: its pre-RoPE tensors rotated with the
-        (cos, sin) tables its attention received (so RoPE variants are seen), else with the spec's."""
+        """Post-RoPE q/k of a layer that fires no post-RoPE hook: its pre-RoPE tensors rotated with
+        the (cos, sin) tables its attention received (so RoPE variants are seen), else with the
+        spec's."""
         h, rope, got = self.hooks[layer], self.spec.layers[layer], self.pending[layer]
         plan = self.plans[layer]
         cos, sin = got.pop("cos", None), got.pop("sin", None)
@@ -186,7 +191,8 @@ class Collector:
             and h.post("q") is not None
             and plan["q_rot"] == h.post("q")
         ):
-            # the bridge's hook_rot_q is the query entering the score: the rotation's own output is it untempered
+            # the bridge's hook_rot_q is the query entering the score: the rotation's own output is
+            # it untempered
             got["q_rot"] = rope.tempered(got["q_rot"], inverse=True)
 
     def _dispatch(self, layer: int) -> None:
@@ -221,17 +227,18 @@ class Collector:
                 for key, name in self.plans[layer].items()
             ):
                 raise UnsupportedModelError(
-                    f"{self.spec.architecture}: layer {layer} changes q and k after RoPE (a norm), but the bridge "
-                    "neither fires a hook where they enter the score nor calls the model's attention function: "
-                    "it does not compute this model's attention, so ropelens cannot capture the q and k its scores "
-                    "are made of"
+                    f"{self.spec.architecture}: layer {layer} changes q and k after RoPE (a "
+                    "norm), but the bridge neither fires a hook where they enter the score nor "
+                    "calls the model's attention function: it does not compute this model's "
+                    "attention, so ropelens cannot capture the q and k its scores are made of"
                 )
 
 
 @contextlib.contextmanager
 def hooked_capture(model, spec: RopeSpec, layers: Sequence[int], reducers: Sequence[Reducer]):
-    """A block in which ``run(tokens, valid, padded)`` runs bridge ``model`` over one batch and hands each layer of
-    ``layers`` to ``reducers`` from the bridge's hook points (hooks installed once for every batch)."""
+    """A block in which ``run(tokens, valid, padded)`` runs bridge ``model`` over one batch and
+    hands each layer of ``layers`` to ``reducers`` from the bridge's hook points (hooks installed
+    once for every batch)."""
     col = Collector(spec, layers, reducers, model)
     stop = max(layers) + 1
 

@@ -50,19 +50,21 @@ class AttnHooks:
         return self.q_score if which == "q" else self.k_score
 
     def heads_first(self, name: str) -> bool:
-        """Whether hook ``name``'s 4-D tensors are ``[batch, head, pos, d]`` (the bridge's q/k-norm hooks)."""
+        """Whether hook ``name``'s 4-D tensors are ``[batch, head, pos, d]`` (the bridge's q/k-norm
+        hooks)."""
         return name.endswith(("hook_q_normed", "hook_k_normed"))
 
 
 def attn_hooks(model, layer: int, *, norm_after_rope: bool = False) -> AttnHooks:
     """Hook names for ``layer`` on this bridge.
 
-    Pre-RoPE q/k are the last tensors before rotation: ``hook_q_normed``/``hook_k_normed`` where
-    the model normalises q and k before RoPE (Gemma 3), the norm submodules' ``q_norm.hook_out``/
+    Pre-RoPE q/k are the last tensors before rotation: ``hook_q_normed``/``hook_k_normed`` where the
+    model normalises q and k before RoPE (Gemma 3), the norm submodules' ``q_norm.hook_out``/
     ``k_norm.hook_out`` where only those fire (Gemma 4), else ``hook_q``/``hook_k``. Where the
     q/k-norm hooks fire after ``hook_rot_q``/``hook_rot_k`` (HunYuan normalises after RoPE), they
-    are the q/k that enter the score instead. ``norm_after_rope`` (the spec's reading of the layer) says
-    the norm submodules follow the rotation, so their outputs are never taken for pre-RoPE q/k (NanoChat).
+    are the q/k that enter the score instead. ``norm_after_rope`` (the spec's reading of the layer)
+    says the norm submodules follow the rotation, so their outputs are never taken for pre-RoPE q/k
+    (NanoChat).
     """
     p = f"blocks.{layer}.attn."
     if p + "hook_q" not in model.hook_dict:
@@ -80,7 +82,8 @@ def attn_hooks(model, layer: int, *, norm_after_rope: bool = False) -> AttnHooks
         and order.index("hook_q_normed") > order.index("hook_rot_q")
     )
     normed = "hook_q_normed" in fires and not after
-    # a bridge that leaves attention to HF (Gemma 4) exposes q/k norms only as submodules, [batch, pos, head, d]
+    # a bridge that leaves attention to HF (Gemma 4) exposes q/k norms only as submodules, [batch,
+    # pos, head, d]
     sub_normed = (
         not (normed or after or norm_after_rope)
         and "q_norm.hook_out" in fires
@@ -116,12 +119,14 @@ _PROBED = (
     "q_norm.hook_out",
     "k_norm.hook_out",
 )
-_ATTENTION = "attention function"  # not a hook: the HF attention function, called by bridges that run HF's forward
+# not a hook: the HF attention function, called by bridges that run HF's forward
+_ATTENTION = "attention function"
 
 
 def _firing(model) -> tuple[str, ...]:
-    """Which optional attention hooks actually fire on this bridge (some exist but never run,
-    e.g. GPT-J's hook_rot_q), in the order they fire; probed once with a two-token forward and remembered."""
+    """Which optional attention hooks actually fire on this bridge (some exist but never run, e.g.
+    GPT-J's hook_rot_q), in the order they fire; probed once with a two-token forward and
+    remembered."""
     cached = getattr(model, "_ropelens_firing", None)
     if isinstance(cached, tuple):
         return cached

@@ -1,9 +1,11 @@
-"""RoPE variants, plane ablations and massive-value replacement through the TransformerLens bridge's hooks.
+"""RoPE variants, plane ablations and massive-value replacement through the TransformerLens bridge's
+hooks.
 
-Where a bridge's attention receives (cos, sin) and fires post-RoPE hooks, an intervention is applied there, so the
-bridge's own hook points (``hook_cos``, ``hook_rot_q``, ...) see it; everywhere else the engine applies it at the
-rotation the HF forward calls (:mod:`ropelens.backends.engine`). :class:`ropelens.backends.base.BridgeBackend`
-chooses; these functions install the hooks and return their removers.
+Where a bridge's attention receives (cos, sin) and fires post-RoPE hooks, an intervention is applied
+there, so the bridge's own hook points (``hook_cos``, ``hook_rot_q``, ...) see it; everywhere else
+the engine applies it at the rotation the HF forward calls (:mod:`ropelens.backends.engine`).
+:class:`ropelens.backends.base.BridgeBackend` chooses; these functions install the hooks and return
+their removers.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ __all__ = [
 
 
 def attention_with_tables(model, layers: Sequence[int], what: str) -> list[torch.nn.Module]:
-    """Attention bridges of ``layers``, checking each receives (cos, sin) and fires the rotary hooks."""
+    """Attention bridges of ``layers``, checking each receives (cos, sin) and fires the rotary
+    hooks."""
     attns = [model.blocks[i].attn for i in layers]
     for i, attn in zip(layers, attns, strict=True):
         if not hasattr(attn, "hook_cos"):
             raise InputError(
-                f"{what} needs attention that receives (cos, sin) position embeddings, as in Llama, "
-                f"Gemma, Qwen or SmolLM; layer {i} is a {type(attn).__name__} "
+                f"{what} needs attention that receives (cos, sin) position embeddings, as in "
+                f"Llama, Gemma, Qwen or SmolLM; layer {i} is a {type(attn).__name__} "
                 f"({type(attn.original_component).__name__}), which rotates inside the HF module "
                 "and exposes neither its tables nor hook_rot_q/hook_rot_k"
             )
@@ -83,7 +86,8 @@ def _zero_hook(
     mask: Tensor,
     heads_first: bool = False,
 ) -> Tensor:
-    """Zero the masked (head, dim) entries of queries or keys (``[batch, head, pos, d]`` if ``heads_first``)."""
+    """Zero the masked (head, dim) entries of queries or keys (``[batch, head, pos, d]`` if
+    ``heads_first``)."""
     m = mask.to(x.device)
     return torch.where(
         m[:, None] if heads_first else m, torch.zeros((), dtype=x.dtype, device=x.device), x
@@ -106,7 +110,8 @@ def add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]
 def _replace_hook(
     x: Tensor, *, hook: Any, mask: Tensor, value: Tensor, heads_first: bool
 ) -> Tensor:
-    """Write ``value`` into the masked (head, dim) entries of a pre-RoPE q or k at every position."""
+    """Write ``value`` into the masked (head, dim) entries of a pre-RoPE q or k at every
+    position."""
     flat = x.ndim == 3
     y = x.unflatten(-1, (mask.shape[0], mask.shape[1])) if flat else x
     m, v = mask.to(y.device), value.to(y.device, y.dtype)
@@ -119,7 +124,8 @@ def _replace_hook(
 def install_variant(
     model, spec: RopeSpec, new_spec: RopeSpec, variant: RopeVariant, layers: Sequence[int]
 ) -> list[Any]:
-    """Hand each of ``layers``' attention the variant's (cos, sin) through a forward pre-hook; the hook handles."""
+    """Hand each of ``layers``' attention the variant's (cos, sin) through a forward pre-hook; the
+    hook handles."""
     attns = attention_with_tables(model, layers, "apply_rope_variant")
     interleaved = bool(getattr(model.cfg, "rotary_interleaved_cos_sin", False))
     handles = []
@@ -140,7 +146,8 @@ def install_variant(
 def install_ablation(
     model, masks: dict[int, tuple[Tensor | None, Tensor | None]]
 ) -> list[Callable[[], None]]:
-    """Zero the masked (head, dim) entries of each layer's rotated q and k (``masks[layer] = (q, k)``); removers."""
+    """Zero the masked (head, dim) entries of each layer's rotated q and k (``masks[layer] = (q,
+    k)``); removers."""
     attention_with_tables(model, list(masks), "ablate_planes")  # the post-RoPE hooks fire there
     removers: list[Callable[[], None]] = []
     for i, qk in masks.items():
@@ -160,8 +167,8 @@ def install_ablation(
 def install_replacement(
     model, step: dict[int, dict[str, tuple[Tensor, Tensor]]]
 ) -> list[Callable[[], None]]:
-    """Write ``value`` into the masked entries of each layer's pre-RoPE q and k (``step[layer][w] = (mask, value)``)
-    at their pre-RoPE hook points; removers."""
+    """Write ``value`` into the masked entries of each layer's pre-RoPE q and k (``step[layer][w] =
+    (mask, value)``) at their pre-RoPE hook points; removers."""
     removers: list[Callable[[], None]] = []
     for L, parts in step.items():
         names = attn_hooks(model, L)

@@ -1,23 +1,26 @@
-"""The engine: RoPE interventions applied inside the HF model's own forward, at the rotation it calls.
+"""The engine: RoPE interventions applied inside the HF model's own forward, at the rotation it
+calls.
 
 Every family ropelens reads rotates its queries and keys by calling one of its modeling module's
 rotation functions, in one of four forms (:func:`rotation_forms`):
 
 - ``"qk"``: ``(q, k, cos, sin, ...) -> (q, k)`` (Llama's ``apply_rotary_pos_emb``, DeepSeek V3's
   ``apply_rotary_pos_emb_interleave``), on whole heads or on the rotary slice (partial rotary, MLA);
-- ``"single"``: ``(x, cos, sin, ..., unsqueeze_dim)`` applied to the queries, then the keys (Gemma 3n, Gemma 4);
-- ``"table"``: ``(x, sin, cos)`` on ``[batch, pos, head, d]`` (GPT-J, CodeGen), keys and queries in separate calls;
+- ``"single"``: ``(x, cos, sin, ..., unsqueeze_dim)`` applied to the queries, then the keys (Gemma
+  3n, Gemma 4);
+- ``"table"``: ``(x, sin, cos)`` on ``[batch, pos, head, d]`` (GPT-J, CodeGen), keys and queries in
+  separate calls;
 - ``"complex"``: ``(xq, xk, freqs_cis)``, a complex product (DeepSeek V2, Llama 4).
 
 :func:`rotation_plan` swaps those functions for tapped ones while a block runs and applies a *plan*
-(:mod:`ropelens.backends.sdpa`'s steps) there: a RoPE variant replaces the tables (cos/sin, or the complex
-frequencies) the function receives with the variant's, in the layout and sign of the model's own, for
-the positions the model is at (its rotary module's or its attention's ``position_ids``: a key/value cache
-included); a plane ablation zeroes planes of the rotated q and k; a massive-value replacement writes
-entries of the q and k entering the rotation. The layer a call belongs to is the attention module
-running; a sparse-attention indexer inside it rotates by its layer's variant too (the rows of the rotary
-tables it picks are found by value and replaced by the variant's rows at the same positions), and by
-nothing else of the plan. :func:`engine_problem` checks on one short forward
+(:mod:`ropelens.backends.sdpa`'s steps) there: a RoPE variant replaces the tables (cos/sin, or the
+complex frequencies) the function receives with the variant's, in the layout and sign of the model's
+own, for the positions the model is at (its rotary module's or its attention's ``position_ids``: a
+key/value cache included); a plane ablation zeroes planes of the rotated q and k; a massive-value
+replacement writes entries of the q and k entering the rotation. The layer a call belongs to is the
+attention module running; a sparse-attention indexer inside it rotates by its layer's variant too
+(the rows of the rotary tables it picks are found by value and replaced by the variant's rows at the
+same positions), and by nothing else of the plan. :func:`engine_problem` checks on one short forward
 that a model's rotation can be reached this way and that its own tables are the spec's rotation.
 
 It works the same under a TransformerLens bridge (the HF modules the bridge wraps call the same
@@ -53,7 +56,8 @@ __all__ = ["engine_problem", "rotation_forms", "rotation_plan"]
 
 
 def rotation_forms(mod) -> dict[str, tuple[Callable, str]]:
-    """``{name: (function, form)}`` of the rotations modeling module ``mod`` defines (see the module doc)."""
+    """``{name: (function, form)}`` of the rotations modeling module ``mod`` defines (see the module
+    doc)."""
     out = {}
     for name, fn in rotation_functions(mod).items():
         params = list(inspect.signature(fn).parameters)
@@ -94,8 +98,9 @@ def _compile(plan: tuple) -> tuple[dict, dict, dict]:
 
 
 def _fit(mask: Tensor, n_heads: int, width: int, lr: LayerRope, what: str) -> Tensor:
-    """A ``[head, head_dim]`` mask in ropelens's coordinates for a rotation that sees ``n_heads`` heads of ``width``
-    dims (the rotary slice comes first in ropelens's head vectors; an MLA key's rotary part is one shared head)."""
+    """A ``[head, head_dim]`` mask in ropelens's coordinates for a rotation that sees ``n_heads``
+    heads of ``width`` dims (the rotary slice comes first in ropelens's head vectors; an MLA key's
+    rotary part is one shared head)."""
     if width != mask.shape[1]:
         if width != lr.rotary_dim:
             raise UnsupportedModelError(
@@ -104,15 +109,16 @@ def _fit(mask: Tensor, n_heads: int, width: int, lr: LayerRope, what: str) -> Te
             )
         if bool(mask[:, width:].any()):
             raise UnsupportedModelError(
-                f"layer {lr.layer} rotates only dims [0, {width}) of each head, and {what} touches dims past them, "
-                "which never reach its rotation: restrict it to the rotary dims"
+                f"layer {lr.layer} rotates only dims [0, {width}) of each head, and {what} "
+                "touches dims past them, which never reach its rotation: restrict it to the "
+                "rotary dims"
             )
         mask = mask[:, :width]
     if n_heads != mask.shape[0]:
         if n_heads != 1 or not bool((mask == mask[:1]).all()):
             raise UnsupportedModelError(
-                f"layer {lr.layer} rotates one key shared by all heads (multi-head latent attention), so {what} "
-                "cannot differ between heads there: apply it to every head"
+                f"layer {lr.layer} rotates one key shared by all heads (multi-head latent "
+                f"attention), so {what} cannot differ between heads there: apply it to every head"
             )
         mask = mask[:1]
     return mask
@@ -121,8 +127,9 @@ def _fit(mask: Tensor, n_heads: int, width: int, lr: LayerRope, what: str) -> Te
 def _apply(
     x: Tensor, heads_axis: int, lr: LayerRope, masks: list, replaced: list, which: str, before: bool
 ) -> Tensor:
-    """``x`` (one rotation's input with ``before``, else its output) with the plan's replacements (before the
-    rotation) or plane ablations (after it) of ``which`` ("q" or "k") applied; heads on ``heads_axis``."""
+    """``x`` (one rotation's input with ``before``, else its output) with the plan's replacements
+    (before the rotation) or plane ablations (after it) of ``which`` ("q" or "k") applied; heads on
+    ``heads_axis``."""
     i = 0 if which == "q" else 1
     n, width = x.shape[heads_axis], x.shape[-1]
     shape = [1] * x.ndim
@@ -590,8 +597,9 @@ def rotation_plan(
 
 
 def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | None:
-    """Why the engine cannot apply interventions to ``hf`` (None: it can): one short forward of 8 tokens with the
-    rotations recorded; every rotary layer must call one, with tables that are the spec's rotation."""
+    """Why the engine cannot apply interventions to ``hf`` (None: it can): one short forward of 8
+    tokens with the rotations recorded; every rotary layer must call one, with tables that are the
+    spec's rotation."""
     seen: list = []
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     vocab = int(getattr(cfg, "vocab_size", 0) or 8)
@@ -602,7 +610,10 @@ def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | No
     except UnsupportedModelError as e:
         return str(e)
     except Exception as e:
-        return f"its forward fails on a short probe ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return (
+            f"its forward fails on a short probe ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        )
     layers = sorted(s[0] for s in seen)
     if layers != spec.rotary_layers:
         return (
@@ -614,10 +625,11 @@ def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | No
             if isinstance(pos, Tensor)
             else None
         )
-        # float32 tables of O(1) values: the model's own match the spec to ~1e-6; a wrong frequency is far off
+        # float32 tables of O(1) values: the model's own match the spec to ~1e-6; a wrong frequency
+        # is far off
         if conv is None or conv[2] > 1e-4:
             return (
-                f"layer {L}'s rotation tables are not the spec's rotation (or its position ids could not be seen), "
-                "so a variant's tables could not stand in for them"
+                f"layer {L}'s rotation tables are not the spec's rotation (or its position ids "
+                "could not be seen), so a variant's tables could not stand in for them"
             )
     return None

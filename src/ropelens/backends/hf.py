@@ -1,19 +1,22 @@
-"""The plain HF model, for architectures TransformerLens cannot wrap: q, k and patterns read from its own forward.
+"""The plain HF model, for architectures TransformerLens cannot wrap: q, k and patterns read from
+its own forward.
 
 TransformerLens 4 has no adapter for some RoPE families (Ministral, Helium, Persimmon, PhiMoE, ...)
-and cannot wrap others (Falcon's grouped KV heads in a fused projection). :func:`ropelens.load_model`
-returns a :class:`PlainModel` for those (and for any model with ``bridge=False``): the HF causal LM
-and its tokenizer behind the small surface ropelens reads from a bridge (``cfg``, ``tokenizer``,
-``to_tokens``, a forward that returns logits, ``parameters``). Its RoPE is read from the HF modules
-as a bridge's is; queries and keys come from the fast q/k path (:mod:`ropelens.backends.sdpa_capture`) or, where
-that declines or a pattern is needed, from :func:`capture`, which runs the HF model with eager
-attention and taps the family's ``apply_rotary_pos_emb`` (pre-RoPE q and k) and
-``eager_attention_forward`` (the q and k that enter the score, and the probabilities).
+and cannot wrap others (Falcon's grouped KV heads in a fused projection).
+:func:`ropelens.load_model` returns a :class:`PlainModel` for those (and for any model with
+``bridge=False``): the HF causal LM and its tokenizer behind the small surface ropelens reads from a
+bridge (``cfg``, ``tokenizer``, ``to_tokens``, a forward that returns logits, ``parameters``). Its
+RoPE is read from the HF modules as a bridge's is; queries and keys come from the fast q/k path
+(:mod:`ropelens.backends.sdpa_capture`) or, where that declines or a pattern is needed, from
+:func:`capture`, which runs the HF model with eager attention and taps the family's
+``apply_rotary_pos_emb`` (pre-RoPE q and k) and ``eager_attention_forward`` (the q and k that enter
+the score, and the probabilities).
 
-RoPE variants, plane ablations and massive-value replacement run on a plain model as on any other, at the
-rotation its forward calls (:mod:`ropelens.backends.engine`): :class:`PlainModel`'s forward and :func:`capture` apply
-the interventions in force. Only TransformerLens's own surface (hook points, ``run_with_cache``) needs the
-bridge; asking a plain model for it raises :class:`BridgeOnlyError` in one line.
+RoPE variants, plane ablations and massive-value replacement run on a plain model as on any other,
+at the rotation its forward calls (:mod:`ropelens.backends.engine`): :class:`PlainModel`'s forward
+and :func:`capture` apply the interventions in force. Only TransformerLens's own surface (hook
+points, ``run_with_cache``) needs the bridge; asking a plain model for it raises
+:class:`BridgeOnlyError` in one line.
 """
 
 from __future__ import annotations
@@ -57,8 +60,8 @@ __all__ = [
 
 # what still runs on a plain model (said in every refusal, so a user knows where to go instead)
 WORKS = (
-    "every ropelens analysis, intervention (RoPE variants, plane ablations, massive-value replacement) and the "
-    "report"
+    "every ropelens analysis, intervention (RoPE variants, plane ablations, massive-value "
+    "replacement) and the report"
 )
 # TransformerLens's surface: asking a plain model for it means the caller needs the bridge's hooks
 _BRIDGE_ONLY = frozenset(
@@ -76,7 +79,8 @@ _BRIDGE_ONLY = frozenset(
 
 
 class BridgeOnlyError(UnsupportedModelError, AttributeError):
-    """A plain model asked for TransformerLens's hooks; an AttributeError too, so ``hasattr`` stays False."""
+    """A plain model asked for TransformerLens's hooks; an AttributeError too, so ``hasattr`` stays
+    False."""
 
 
 @dataclass(frozen=True)
@@ -101,12 +105,13 @@ def _text_config(hf) -> Any:
 
 
 def decoder_layers(hf) -> Sequence[torch.nn.Module]:
-    """The HF model's decoder layers: the first ModuleList with one entry per hidden layer; where decoder layers
-    hold several attention sublayers each (LongCat-Flash: two, HF counting 2 × num_layers hidden layers), the
-    decoder layer of each sublayer (:func:`_attention_sublayers`)."""
+    """The HF model's decoder layers: the first ModuleList with one entry per hidden layer; where
+    decoder layers hold several attention sublayers each (LongCat-Flash: two, HF counting 2 ×
+    num_layers hidden layers), the decoder layer of each sublayer (:func:`_attention_sublayers`)."""
     n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
     for name, m in hf.named_modules():
-        # a vision tower's blocks (Qwen2-VL's visual.blocks) come first and may be as many as the decoder layers
+        # a vision tower's blocks (Qwen2-VL's visual.blocks) come first and may be as many as the
+        # decoder layers
         if (
             isinstance(m, torch.nn.ModuleList)
             and len(m) == n
@@ -124,9 +129,10 @@ def decoder_layers(hf) -> Sequence[torch.nn.Module]:
 
 
 def _attention_sublayers(hf, n: int) -> list[tuple[torch.nn.Module, torch.nn.Module]] | None:
-    """(decoder layer, attention) for each of the ``n`` layers HF counts, where decoder layers hold several attention
-    sublayers, each numbered by its own ``layer_idx`` (LongCat-Flash's attention j of decoder layer i is layer 2i + j,
-    as its KV cache counts them); None unless every number 0..n-1 names one attention (a module with a score scale)."""
+    """(decoder layer, attention) for each of the ``n`` layers HF counts, where decoder layers hold
+    several attention sublayers, each numbered by its own ``layer_idx`` (LongCat-Flash's attention j
+    of decoder layer i is layer 2i + j, as its KV cache counts them); None unless every number
+    0..n-1 names one attention (a module with a score scale)."""
     found: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}
     for lst in (m for m in hf.modules() if isinstance(m, torch.nn.ModuleList) and 0 < len(m) < n):
         for decoder in lst:
@@ -143,9 +149,10 @@ def _attention_sublayers(hf, n: int) -> list[tuple[torch.nn.Module, torch.nn.Mod
 
 
 def attention_modules(hf) -> list[torch.nn.Module | None]:
-    """Each decoder layer's softmax self-attention module (its first child whose class is an attention and no linear
-    attention, as MiniMax's lightning attention is, nor cross-attention), None where it has none; each attention sublayer where decoder
-    layers hold several (:func:`decoder_layers`)."""
+    """Each decoder layer's softmax self-attention module (its first child whose class is an
+    attention and no linear attention, as MiniMax's lightning attention is, nor cross-attention),
+    None where it has none; each attention sublayer where decoder layers hold several
+    (:func:`decoder_layers`)."""
     n = int(getattr(_text_config(hf), "num_hidden_layers", 0) or 0)
     if not any(isinstance(m, torch.nn.ModuleList) and len(m) == n for m in hf.modules()):
         sub = _attention_sublayers(hf, n)
@@ -171,7 +178,8 @@ def attention_modules(hf) -> list[torch.nn.Module | None]:
 
 
 class PlainModel(torch.nn.Module):
-    """An HF causal LM and its tokenizer behind the surface ropelens reads from a TransformerLens bridge."""
+    """An HF causal LM and its tokenizer behind the surface ropelens reads from a TransformerLens
+    bridge."""
 
     def __init__(self, hf: torch.nn.Module, tokenizer: Any, cfg: PlainConfig) -> None:
         super().__init__()
@@ -192,8 +200,9 @@ class PlainModel(torch.nn.Module):
 
     @property
     def attention_blocks(self) -> list[SimpleNamespace]:
-        """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``, no ``.attn`` where
-        it has no softmax attention; ``.original_component`` is the HF decoder layer (its token mixer is read there)."""
+        """Each decoder layer as ``reading`` reads a bridge block: ``.attn.original_component``, no
+        ``.attn`` where it has no softmax attention; ``.original_component`` is the HF decoder layer
+        (its token mixer is read there)."""
         layers = decoder_layers(
             self.original_model
         )  # each block's HF decoder layer, where its other mixers live
@@ -205,7 +214,8 @@ class PlainModel(torch.nn.Module):
         ]
 
     def to_tokens(self, text: str | Sequence[str], prepend_bos: bool = True) -> Tensor:
-        """``[batch, pos]`` token ids of ``text`` on the model's device, BOS first (as the bridge's ``to_tokens``)."""
+        """``[batch, pos]`` token ids of ``text`` on the model's device, BOS first (as the bridge's
+        ``to_tokens``)."""
         texts = [text] if isinstance(text, str) else list(text)
         bos = getattr(self.tokenizer, "bos_token_id", None)
         rows = [
@@ -225,15 +235,17 @@ class PlainModel(torch.nn.Module):
         input_ids: Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
-        """``model(tokens)`` → logits ``[batch, pos, vocab]`` as a bridge gives (``return_type=None``: nothing);
-        ``model(input_ids=...)`` → the HF model's own output, as an HF causal LM gives."""
+        """``model(tokens)`` → logits ``[batch, pos, vocab]`` as a bridge gives
+        (``return_type=None``: nothing); ``model(input_ids=...)`` → the HF model's own output, as an
+        HF causal LM gives."""
         hf = self.original_model
         if input_ids is not None:
             with self._planned(hf):
                 return hf(input_ids=input_ids, **kwargs)
         if return_type not in ("logits", None):
             raise InputError(
-                f"return_type {return_type!r} is not supported on a plain HF model: use 'logits' or None"
+                f"return_type {return_type!r} is not supported on a plain HF model: use 'logits' "
+                "or None"
             )
         toks = self.to_tokens(input) if isinstance(input, str) else input
         with (
@@ -244,14 +256,14 @@ class PlainModel(torch.nn.Module):
         return None if return_type is None else out.logits
 
     def _planned(self, hf: torch.nn.Module) -> contextlib.AbstractContextManager:
-        """The RoPE variants, plane ablations and replacements in force on this model, applied at the rotations its
-        forward calls (:mod:`ropelens.backends.engine`)."""
+        """The RoPE variants, plane ablations and replacements in force on this model, applied at
+        the rotations its forward calls (:mod:`ropelens.backends.engine`)."""
         return planned_forward(self, hf)
 
 
 def planned_forward(model: Any, hf: torch.nn.Module) -> contextlib.AbstractContextManager:
-    """A block in which ``hf`` (the HF model under ``model``, or its view) runs with ``model``'s plan applied (the
-    variants, ablations and replacements in force); nothing where none is."""
+    """A block in which ``hf`` (the HF model under ``model``, or its view) runs with ``model``'s
+    plan applied (the variants, ablations and replacements in force); nothing where none is."""
     plan = active_plan(model)
     if not plan:
         return contextlib.nullcontext()
@@ -265,7 +277,8 @@ def is_plain(model: Any) -> bool:
 
 
 def refusal(cfg: PlainConfig | None, what: str) -> str:
-    """One line: the architecture, that it runs without the bridge and why, what cannot run, and what can."""
+    """One line: the architecture, that it runs without the bridge and why, what cannot run, and
+    what can."""
     arch = getattr(cfg, "architecture", None) or "model"
     why = getattr(cfg, "why", None)
     why = (
@@ -282,15 +295,18 @@ def what_works() -> str:
 
 
 def plain_model(hf: torch.nn.Module, tokenizer: Any, *, label: str, why: str) -> PlainModel:
-    """Wrap an HF causal LM already on its device and dtype as a :class:`PlainModel` named ``label``."""
+    """Wrap an HF causal LM already on its device and dtype as a :class:`PlainModel` named
+    ``label``."""
     cfg = _text_config(hf)
     if not isinstance(
         getattr(cfg, "num_hidden_layers", None), int
     ):  # BLT: a stack over bytes, one over patches, ...
         raise UnsupportedModelError(
-            f"{type(hf).__name__}: its config counts no layers (num_hidden_layers): they are split over separate "
-            f"stacks ({', '.join(getattr(cfg, 'sub_configs', None) or ()) or 'sub-configs'}), not all over the "
-            "input's tokens; ropelens measures one stack of layers over the input's tokens."
+            f"{type(hf).__name__}: its config counts no layers (num_hidden_layers): they are "
+            "split over separate stacks "
+            f"({', '.join(getattr(cfg, 'sub_configs', None) or ()) or 'sub-configs'}), not all "
+            "over the input's tokens; ropelens measures one stack of layers over the input's "
+            "tokens."
         )
     n_ctx = int(
         getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 0
@@ -311,8 +327,8 @@ def plain_model(hf: torch.nn.Module, tokenizer: Any, *, label: str, why: str) ->
 
 
 def vl_model(model_or_hf: Any, label: str | None = None) -> PlainModel:
-    """A :class:`PlainModel` of an HF vision-language model, measured on its text tower (``model_or_hf`` itself
-    where it is one already)."""
+    """A :class:`PlainModel` of an HF vision-language model, measured on its text tower
+    (``model_or_hf`` itself where it is one already)."""
     if is_plain(model_or_hf):
         return model_or_hf
     if hasattr(model_or_hf, "original_model") or not hasattr(model_or_hf, "config"):
@@ -335,13 +351,15 @@ class _Stop(Exception):
 
 
 def mixed_weights(module: torch.nn.Module, value: Tensor, out: tuple) -> Tensor | None:
-    """The weights an HF eager attention function's output mixes the values with, ``[batch, head, q, k]``.
+    """The weights an HF eager attention function's output mixes the values with, ``[batch, head, q,
+    k]``.
 
-    That is the probabilities it returns, except where a module with learned ``sinks`` returns the softmax
-    without them and scales each query's output after it (Granite SWA: ``sigmoid(logsumexp − sink)``, an
-    extra logit in the softmax's denominator): then the returned probabilities times that scale, measured
-    as the ratio of the output to the returned probabilities' mix of the values. An output that is no
-    per-query multiple of that mix is left to the probe's probability check.
+    That is the probabilities it returns, except where a module with learned ``sinks`` returns the
+    softmax without them and scales each query's output after it (Granite SWA: ``sigmoid(logsumexp −
+    sink)``, an extra logit in the softmax's denominator): then the returned probabilities times
+    that scale, measured as the ratio of the output to the returned probabilities' mix of the
+    values. An output that is no per-query multiple of that mix is left to the probe's probability
+    check.
     """
     p = out[1] if isinstance(out, tuple) and len(out) > 1 else None
     if (
@@ -355,8 +373,8 @@ def mixed_weights(module: torch.nn.Module, value: Tensor, out: tuple) -> Tensor 
     if o is None or o.shape != mixed.shape:
         return p
     scale = (o * mixed).sum(-1) / (mixed * mixed).sum(-1).clamp_min(1e-30)
-    # a 16-bit output is rounded to its eps (bf16: 4e-3 relative): a per-query scale fits to 2e-2 of the largest
-    # entry; any other change of the output after the mix is off by O(1)
+    # a 16-bit output is rounded to its eps (bf16: 4e-3 relative): a per-query scale fits to 2e-2 of
+    # the largest entry; any other change of the output after the mix is off by O(1)
     if (
         float((o - scale[..., None] * mixed).abs().max())
         > 2e-2 * float(o.abs().max().clamp_min(1e-30))
@@ -367,8 +385,9 @@ def mixed_weights(module: torch.nn.Module, value: Tensor, out: tuple) -> Tensor 
 
 
 def _one_per_kv_head(k: Tensor, n_kv: int, cannot: Callable[[str], Exception], L: int) -> Tensor:
-    """Keys ``[b, heads, pos, d]`` as the model holds them: one per KV head. Falcon's new decoder architecture
-    broadcasts each group's key to its query heads (head h reads group h // group size); the copies must be equal."""
+    """Keys ``[b, heads, pos, d]`` as the model holds them: one per KV head. Falcon's new decoder
+    architecture broadcasts each group's key to its query heads (head h reads group h // group
+    size); the copies must be equal."""
     if k.shape[1] == n_kv:
         return k
     g = k.shape[1] // n_kv
@@ -381,8 +400,9 @@ def _one_per_kv_head(k: Tensor, n_kv: int, cannot: Callable[[str], Exception], L
 
 
 def _tiled_like(k: Tensor, k_rot: Tensor, k_post: Tensor) -> tuple[Tensor, Tensor]:
-    """The rotation's keys ``[b, kv_heads, pos, d]`` tiled as they enter the score, where the model tiles them
-    (JetMoE repeats all its KV heads once per expert slot: query head h reads key h mod kv_heads); else as given."""
+    """The rotation's keys ``[b, kv_heads, pos, d]`` tiled as they enter the score, where the model
+    tiles them (JetMoE repeats all its KV heads once per expert slot: query head h reads key h mod
+    kv_heads); else as given."""
     n, m = k_rot.shape[1], k_post.shape[1]
     if (
         k_rot.ndim != 4
@@ -651,10 +671,10 @@ def capture(
 def _single_tap(
     fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]
 ) -> Callable:
-    """``fn`` (the one-tensor form) tapped: a layer's first call rotates its queries, the second its keys; both are
-    kept as ``(q, k, q_rot, k_rot)`` ``[batch, heads, pos, d]``, heads moved from where ``unsqueeze_dim`` puts them
-    (the axis cos and sin broadcast over). A layer that rotates its queries only (its keys are an earlier layer's)
-    keeps ``"q_only"``."""
+    """``fn`` (the one-tensor form) tapped: a layer's first call rotates its queries, the second its
+    keys; both are kept as ``(q, k, q_rot, k_rot)`` ``[batch, heads, pos, d]``, heads moved from
+    where ``unsqueeze_dim`` puts them (the axis cos and sin broadcast over). A layer that rotates
+    its queries only (its keys are an earlier layer's) keeps ``"q_only"``."""
     sig = inspect.signature(fn)
 
     def tapped(x, *args, **kwargs):
@@ -679,8 +699,9 @@ def _single_tap(
 def _table_tap(
     fn: Callable, current: list[int | None], wanted: set[int], got: dict[int, dict[str, tuple]]
 ) -> Callable:
-    """``fn`` (GPT-J's ``(tensor, sin, cos)`` form) tapped: a layer's first two calls are kept as (input, output)
-    pairs; :func:`_queries_and_keys` tells queries from keys once the attention function's inputs are seen."""
+    """``fn`` (GPT-J's ``(tensor, sin, cos)`` form) tapped: a layer's first two calls are kept as
+    (input, output) pairs; :func:`_queries_and_keys` tells queries from keys once the attention
+    function's inputs are seen."""
 
     def tapped(x, *args, **kwargs):
         out = fn(x, *args, **kwargs)
@@ -697,14 +718,15 @@ def _table_tap(
 def _queries_and_keys(
     calls: list, att: tuple | None, cannot: Callable[[str], Exception], L: int
 ) -> tuple:
-    """``(q, k, q_rot, k_rot)`` ``[batch, heads, pos, d]`` from two calls of a rotation that takes no head axis:
-    each call's output, in either layout ([batch, pos, head, d] or [batch, head, pos, d]), is matched against the
-    rotated slice of the query and key the attention function received (the order of the calls is the model's)."""
+    """``(q, k, q_rot, k_rot)`` ``[batch, heads, pos, d]`` from two calls of a rotation that takes
+    no head axis: each call's output, in either layout ([batch, pos, head, d] or [batch, head, pos,
+    d]), is matched against the rotated slice of the query and key the attention function received
+    (the order of the calls is the model's)."""
     if len(calls) != 2 or att is None:
         raise cannot(
-            f"layer {L} made {len(calls)} rotation calls and "
-            f"{'no' if att is None else 'one'} attention-function call; ropelens reads q and k from two "
-            "rotation calls (GPT-J's form) matched against the attention function's query and key"
+            f"layer {L} made {len(calls)} rotation calls and {'no' if att is None else 'one'} "
+            "attention-function call; ropelens reads q and k from two rotation calls (GPT-J's "
+            "form) matched against the attention function's query and key"
         )
     query, key = att[0], att[1]
 
@@ -723,14 +745,15 @@ def _queries_and_keys(
         if q is not None and k is not None:
             return (q[0], k[0], q[1], k[1])
     raise cannot(
-        f"layer {L}'s two rotation outputs are not the rotated slices of the query and key its attention "
-        "function receives"
+        f"layer {L}'s two rotation outputs are not the rotated slices of the query and key its "
+        "attention function receives"
     )
 
 
 def kv_sources(attns: Sequence[torch.nn.Module | None]) -> dict[int, int]:
-    """Layer → the earlier layer whose post-RoPE keys it reuses (Gemma 3n's and Gemma 4's ``num_kv_shared_layers``):
-    the last layer before it of its layer type that stores its keys for sharing (``store_full_length_kv``)."""
+    """Layer → the earlier layer whose post-RoPE keys it reuses (Gemma 3n's and Gemma 4's
+    ``num_kv_shared_layers``): the last layer before it of its layer type that stores its keys for
+    sharing (``store_full_length_kv``)."""
     out = {}
     for i, a in enumerate(attns):
         if a is None or not getattr(a, "is_kv_shared_layer", False):
@@ -756,10 +779,11 @@ def can_tap(hf) -> bool:
 def _mla_tensors(
     lr, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, query: Tensor, key: Tensor
 ) -> dict[str, Tensor]:
-    """An MLA layer's tensors in ropelens's head layout (rotary dims first: ``LayerRope.from_model``): the attention
-    function's query and key (whole heads) with their rotary slice, at the spec's ``rotary_offset``, replaced by the
-    rotation's input (pre-RoPE, in the plane layout the rotation writes) or output. The key's rotary slice is one
-    head, shared by all."""
+    """An MLA layer's tensors in ropelens's head layout (rotary dims first:
+    ``LayerRope.from_model``): the attention function's query and key (whole heads) with their
+    rotary slice, at the spec's ``rotary_offset``, replaced by the rotation's input (pre-RoPE, in
+    the plane layout the rotation writes) or output. The key's rotary slice is one head, shared by
+    all."""
     o, r = lr.rotary_offset, lr.rotary_dim
 
     def placed(whole: Tensor, part: Tensor) -> Tensor:
@@ -780,8 +804,8 @@ def _mla_tensors(
 def _selection(
     mask: Tensor | None, batch: int, n: int, cannot: Callable[[str], Exception], L: int
 ) -> Tensor:
-    """``[batch, q, k]`` the keys the model's attention function lets each query see (its indexer's top-k folded
-    into the causal mask): a boolean mask as given, an additive one where it is 0."""
+    """``[batch, q, k]`` the keys the model's attention function lets each query see (its indexer's
+    top-k folded into the causal mask): a boolean mask as given, an additive one where it is 0."""
     if (
         not isinstance(mask, Tensor)
         or mask.ndim != 4
@@ -790,8 +814,8 @@ def _selection(
     ):
         got = "none" if not isinstance(mask, Tensor) else f"shape {tuple(mask.shape)}"
         raise cannot(
-            f"layer {L} selects keys, but its attention function received no [batch, 1, {n}, {n}] mask "
-            f"to read the selection from ({got})"
+            f"layer {L} selects keys, but its attention function received no [batch, 1, {n}, "
+            f"{n}] mask to read the selection from ({got})"
         )
     m = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0
     return m.expand(batch, n, n).detach()
@@ -804,7 +828,8 @@ def _assemble(
     needs: frozenset[str],
     cannot: Callable[[str], Exception],
 ) -> dict[str, Tensor]:
-    """One layer's tensors from what its rotation and attention function saw (see :func:`capture`)."""
+    """One layer's tensors from what its rotation and attention function saw (see
+    :func:`capture`)."""
     L = lr.layer
     if "rot" not in rec:
         raise cannot(f"layer {L} never called apply_rotary_pos_emb")
@@ -832,8 +857,8 @@ def _assemble(
         or (k_post.shape[1], k_post.shape[-1]) != want_k
     ):
         raise cannot(
-            f"layer {L}'s q {tuple(q_post.shape)} and k {tuple(k_post.shape)} are not [batch, heads, pos, "
-            f"{lr.head_dim}] with {lr.n_heads} and {lr.n_kv_heads} heads"
+            f"layer {L}'s q {tuple(q_post.shape)} and k {tuple(k_post.shape)} are not [batch, "
+            f"heads, pos, {lr.head_dim}] with {lr.n_heads} and {lr.n_kv_heads} heads"
         )
     w = q.shape[-1]
     if (
@@ -843,7 +868,8 @@ def _assemble(
             torch.cat([t, post[..., w:]], -1)
             for t, post in ((q, q_post), (k, k_post), (q_rot, q_post), (k_rot, k_post))
         )
-    # q_rot/k_rot: the rotation's own output; q_post/k_post: what enters the score (they differ under a norm after RoPE)
+    # q_rot/k_rot: the rotation's own output; q_post/k_post: what enters the score (they differ
+    # under a norm after RoPE)
     out = {
         "q_pre": q,
         "k_pre": k,

@@ -1,4 +1,5 @@
-"""Next-token losses from a causal LM's logits, a chunk of positions at a time: the arithmetic every forward shares."""
+"""Next-token losses from a causal LM's logits, a chunk of positions at a time: the arithmetic every
+forward shares."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def head_logits(hf: Any, hidden: Tensor) -> Tensor:
 
 
 def chunked_head(hf: Any) -> bool:
-    """Whether :func:`head_logits` on the base model's hidden states gives the model's own logits (checked once on
-    8 tokens); where it does not, losses take the model's full logits."""
+    """Whether :func:`head_logits` on the base model's hidden states gives the model's own logits
+    (checked once on 8 tokens); where it does not, losses take the model's full logits."""
     known = getattr(hf, "_ropelens_chunked_head", None)
     if known is None:
         toks = torch.arange(4, 12, device=device_of(hf))[None]
@@ -46,7 +47,8 @@ def chunked_head(hf: Any) -> bool:
 
 
 def hf_losses(hf: Any, batch: Int[Tensor, "b pos"]) -> Float[Tensor, " b"]:
-    """Mean next-token loss of each window from an HF causal LM, with logits made a chunk of positions at a time."""
+    """Mean next-token loss of each window from an HF causal LM, with logits made a chunk of
+    positions at a time."""
     if not chunked_head(hf):
         return losses_of(hf(input_ids=batch, use_cache=False).logits, batch)
     hidden = hf.base_model(input_ids=batch, use_cache=False).last_hidden_state
@@ -66,8 +68,8 @@ def losses_of(logits: Tensor, batch: Tensor) -> Tensor:
 def token_losses(
     logits: Float[Tensor, "b pos vocab"], targets: Int[Tensor, "b pos"]
 ) -> Float[Tensor, "b pos"]:
-    """Next-token loss at every position; rows of [b·pos, vocab] keep the vocabulary contiguous, which on a
-    CPU is ~4× faster than cross_entropy over a [b, vocab, pos] view."""
+    """Next-token loss at every position; rows of [b·pos, vocab] keep the vocabulary contiguous,
+    which on a CPU is ~4× faster than cross_entropy over a [b, vocab, pos] view."""
     flat = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
     )

@@ -1,14 +1,16 @@
-"""Queries and keys from the HF model's own forward, with its fast attention (sdpa), for q/k-only analyses.
+"""Queries and keys from the HF model's own forward, with its fast attention (sdpa), for q/k-only
+analyses.
 
 The TransformerLens bridge rebuilds eager attention (full score and pattern matrices) in every
 layer. Analyses that need only queries and keys (frequency usage) do not need that: this path runs
 the HF model the bridge wraps, with its ``sdpa`` attention, and takes each rotary layer's pre- and
-post-RoPE q and k where the model rotates them, at the family's ``apply_rotary_pos_emb``; the forward
-stops at the last rotation asked for (that layer's attention, MLP and every later layer are
+post-RoPE q and k where the model rotates them, at the family's ``apply_rotary_pos_emb``; the
+forward stops at the last rotation asked for (that layer's attention, MLP and every later layer are
 skipped). In a layer that normalises q and k after RoPE (``LayerRope.norm_after_rope``), the
-post-RoPE q and k are those its attention function receives, and the forward stops there. Families that rotate elsewhere or only a slice of the head
-(GPT-J, Phi, StableLM), a model under a RoPE variant or plane ablation, and any mismatch with the
-spec fall back to the bridge, which gives the same numbers (``tests/unit/backends/test_fastpath.py``).
+post-RoPE q and k are those its attention function receives, and the forward stops there. Families
+that rotate elsewhere or only a slice of the head (GPT-J, Phi, StableLM), a model under a RoPE
+variant or plane ablation, and any mismatch with the spec fall back to the bridge, which gives the
+same numbers (``tests/unit/backends/test_fastpath.py``).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class _Unsupported(Exception):
 
 
 def right_padded(valid: Tensor) -> bool:
-    """Whether a ``[batch, pos]`` key mask holds padding; an InputError unless each row's real tokens come first.
+    """Whether a ``[batch, pos]`` key mask holds padding; an InputError unless each row's real
+    tokens come first.
 
     Every reducer takes a token's position to be its index in the window (distances, the sink at
     index 0, the rotation of the fast path and the bridge alike), which holds only when each row is
@@ -67,8 +70,9 @@ def right_padded(valid: Tensor) -> bool:
     if gap:
         row = int((v[:, 1:] & ~v[:, :-1]).any(1).nonzero()[0])
         raise InputError(
-            f"the valid mask's row {row} has a real token after padding (left padding or a gap): ropelens "
-            "measures right-padded batches only; put each window's tokens first and its padding last"
+            f"the valid mask's row {row} has a real token after padding (left padding or a gap): "
+            "ropelens measures right-padded batches only; put each window's tokens first and "
+            "its padding last"
         )
     return bool(padded)
 
@@ -95,13 +99,13 @@ def _rotary_tap(
     ``apply_rotary_pos_emb`` (or, with ``on_call``, hand call i's tensors to ``on_call(i, tensors)``
     and keep nothing).
 
-    Call i must rotate whole heads of ``expected[i]`` (``[batch, heads, pos, head_dim]``), from inside
-    decoder layer ``expected[i].layer`` when ``block`` (``[index of the layer running]``) is given;
-    the first call that does not (Phi and StableLM rotate a slice of the head, a family that rotates
-    twice per layer) raises :class:`_Unsupported`. The score q/k are the rotated ones, except in a
-    layer with a norm after RoPE (``norm_after_rope``), where they are the query and key its
-    attention function receives next (:func:`ropelens.spec.forward_taps.attention_tap`). After the last
-    expected layer's score q/k the forward stops (:class:`_Stop`).
+    Call i must rotate whole heads of ``expected[i]`` (``[batch, heads, pos, head_dim]``), from
+    inside decoder layer ``expected[i].layer`` when ``block`` (``[index of the layer running]``) is
+    given; the first call that does not (Phi and StableLM rotate a slice of the head, a family that
+    rotates twice per layer) raises :class:`_Unsupported`. The score q/k are the rotated ones,
+    except in a layer with a norm after RoPE (``norm_after_rope``), where they are the query and key
+    its attention function receives next (:func:`ropelens.spec.forward_taps.attention_tap`). After
+    the last expected layer's score q/k the forward stops (:class:`_Stop`).
     """
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "apply_rotary_pos_emb", None)
@@ -165,15 +169,17 @@ def _rotary_tap(
 
 @contextlib.contextmanager
 def sdpa_attention(hf) -> Iterator[None]:
-    """Run the HF model with its sdpa attention where the family supports it, restoring the setting after."""
+    """Run the HF model with its sdpa attention where the family supports it, restoring the setting
+    after."""
     with attention_implementation(hf, "sdpa" if getattr(hf, "_supports_sdpa", False) else None):
         yield
 
 
 @contextlib.contextmanager
 def attention_implementation(hf, impl: str | None) -> Iterator[None]:
-    """Run the HF model with attention ``impl`` ("eager", "sdpa"; None: as it is) in its config and its text
-    config, restoring the setting after: the one place ropelens switches a model's attention."""
+    """Run the HF model with attention ``impl`` ("eager", "sdpa"; None: as it is) in its config and
+    its text config, restoring the setting after: the one place ropelens switches a model's
+    attention."""
     cfgs = {
         id(c): c for c in (hf.config, getattr(hf.config, "get_text_config", lambda: hf.config)())
     }.values()

@@ -1,12 +1,14 @@
 """Every analysis ropelens offers, one module each, registered here in order.
 
-A module of this package declares one analysis (``ANALYSIS``, an :class:`ropelens.analyses.registry.Analysis`):
-the function a notebook calls and the result it returns (from ``ropelens.analyses``), the figures that draw it
-(``ropelens.plots``), the ``ropelens`` subcommand that runs it (its options, its run and its printout) and the
-section it adds to the report (its measure and render steps). Every module uses the same names: ``options(parser)``
-and ``run(args)`` for the command, ``measure(data)`` and ``render(data, measured)`` (or ``render(data)`` for a
-section drawn from the streaming pass) for the section, and ``ANALYSIS``, last, for the declaration. The lines below register them; the order is the order of ``ropelens --help`` and of the report's
-sections. A new analysis is one module here and one line below.
+A module of this package declares one analysis (``ANALYSIS``, an
+:class:`ropelens.analyses.registry.Analysis`): the function a notebook calls and the result it
+returns (from ``ropelens.analyses``), the figures that draw it (``ropelens.plots``), the
+``ropelens`` subcommand that runs it (its options, its run and its printout) and the section it adds
+to the report (its measure and render steps). Every module uses the same names: ``options(parser)``
+and ``run(args)`` for the command, ``measure(data)`` and ``render(data, measured)`` (or
+``render(data)`` for a section drawn from the streaming pass) for the section, and ``ANALYSIS``,
+last, for the declaration. The lines below register them; the order is the order of ``ropelens
+--help`` and of the report's sections. A new analysis is one module here and one line below.
 """
 
 from ropelens.analyses.registry import (

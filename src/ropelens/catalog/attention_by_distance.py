@@ -1,4 +1,5 @@
-"""Attention by query–key distance: ``attention_by_distance``, ``ropelens attention-by-distance`` and the report's section."""
+"""Attention by query–key distance: ``attention_by_distance``, ``ropelens attention-by-distance``
+and the report's section."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from ropelens.results.curves import ByDistance
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens attention-by-distance [MODEL]``: band logits and attention by query-key distance."""
+    """``ropelens attention-by-distance [MODEL]``: band logits and attention by query-key
+    distance."""
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=512, save="AttentionByDistance JSON")
     p.add_argument(
         "--keep-bos",
@@ -38,9 +40,9 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Mean band logit and attention probability by query-key distance (U-shapes, their cause)
 
-    Per layer: mean logit of each band and of the whole score, and mean attention probability, in log-spaced
-    distance bins; each curve described as it is (decay, flat, U-shaped, peaked, oscillating), and the band that
-    makes a U-shaped logit rise again.
+    Per layer: mean logit of each band and of the whole score, and mean attention probability, in
+    log-spaced distance bins; each curve described as it is (decay, flat, U-shaped, peaked,
+    oscillating), and the band that makes a U-shaped logit rise again.
     """
     run = CorpusCommand.from_args(args)
     shortest = (
@@ -48,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
     )  # distances 0, 1 and 2: the three bins a curve's shape needs
     if args.n_ctx < shortest:
         raise InputError(
-            f"--n-ctx {args.n_ctx} is too short for distance curves: they need three distance bins "
-            f"(δ = 0, 1, 2{'' if args.keep_bos else ' between non-BOS tokens'}): use --n-ctx {shortest} or more"
+            f"--n-ctx {args.n_ctx} is too short for distance curves: they need three distance "
+            f"bins (δ = 0, 1, 2{'' if args.keep_bos else ' between non-BOS tokens'}): use "
+            f"--n-ctx {shortest} or more"
         )
     corpus, kw = run.prepare(attention_by_distance)
     r = attention_by_distance(load_from_args(args), corpus, **kw, n_sink=0 if args.keep_bos else 1)
@@ -64,21 +67,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(data: ReportData) -> Measured:
-    """Mean band logit and attention probability by query–key distance, on a few of the report's windows."""
+    """Mean band logit and attention probability by query–key distance, on a few of the report's
+    windows."""
     return rerun(data, attention_by_distance)
 
 
 def render(_data: ReportData, distance: Measured) -> Section:
-    """Mean logit per band and attention probability by query–key distance; U-shapes and their cause."""
+    """Mean logit per band and attention probability by query–key distance; U-shapes and their
+    cause."""
     r, n_ctx, n_win = distance.value, distance.n_ctx, distance.n_windows
     shapes = r.shapes()
     finding = r.findings()[0]  # the summary over layers; the per-layer sentences follow it
     text, counts = finding.text, finding.values["full_logit_shapes"]
     table = shapes[["layer", "kind", "curve", "shape", "text"]]
     body = (
-        '<p class="lead">HoPE (Chen et al. 2025): attention decays locally but can turn U-shaped globally '
-        "through its low-frequency components. Mean band logit and attention probability in log-spaced distance "
-        f"bins; each curve is described as it is (decay, flat, U-shaped, peaked, oscillating). Measured on {n_win} "
+        '<p class="lead">HoPE (Chen et al. 2025): attention decays locally but can turn U-shaped '
+        "globally "
+        "through its low-frequency components. Mean band logit and attention probability in "
+        "log-spaced distance "
+        "bins; each curve is described as it is (decay, flat, U-shaped, peaked, oscillating). "
+        f"Measured on {n_win} "
         f"window(s) of {n_ctx} tokens.</p><p>{esc(text)}</p>"
         + figure_html(style_figure(distance_figure(r), height=480))
         + table_html(table, text_cols=("kind", "curve", "shape", "text"))
@@ -104,8 +112,8 @@ ANALYSIS = Analysis(
         "Attention by distance",
         render,
         measure,
-        summary="Mean band logit and attention probability by query–key distance, with U-shapes and their "
-        "cause.",
+        summary="Mean band logit and attention probability by query–key distance, with U-shapes "
+        "and their cause.",
     ),
     summary="Mean band logit and attention probability by query–key distance, each curve's shape.",
 )

@@ -1,4 +1,5 @@
-"""The exact per-plane decomposition of one input's attention logits: ``attention_decomposition`` and ``ropelens attention-decomposition``."""
+"""The exact per-plane decomposition of one input's attention logits: ``attention_decomposition``
+and ``ropelens attention-decomposition``."""
 
 from __future__ import annotations
 
@@ -27,12 +28,14 @@ from ropelens.run.data import windows
 
 
 def _fmt(x: float) -> str:
-    """Two decimals, or n/a where the value is not measurable (a band with no plane in the layer)."""
+    """Two decimals, or n/a where the value is not measurable (a band with no plane in the
+    layer)."""
     return "  n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:5.2f}"
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens attention-decomposition [MODEL]``: band shares of one text or corpus window, per head."""
+    """``ropelens attention-decomposition [MODEL]``: band shares of one text or corpus window, per
+    head."""
     ModelOptions.add_to(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help="the text to decompose (BOS is prepended)")
@@ -45,7 +48,8 @@ def options(p: argparse.ArgumentParser) -> None:
 
 
 def _text_tokens(model, text: str):
-    """``--text`` as ``[1, pos]`` tokens, BOS first; past the model's context only its first n_ctx tokens, with a note."""
+    """``--text`` as ``[1, pos]`` tokens, BOS first; past the model's context only its first n_ctx
+    tokens, with a note."""
     import inspect
 
     whole = (
@@ -55,7 +59,8 @@ def _text_tokens(model, text: str):
     n, limit = int(toks.shape[1]), int(getattr(model.cfg, "n_ctx", 0) or 0)
     if limit and n > limit:
         note(
-            f"--text is {n:,} tokens, longer than the model's context of {limit:,}: decomposed its first {limit:,}"
+            f"--text is {n:,} tokens, longer than the model's context of {limit:,}: decomposed "
+            f"its first {limit:,}"
         )
         return toks[:, :limit], f"text (first {limit:,} of {n:,} tokens)"
     return toks, "text"
@@ -77,8 +82,8 @@ def _one_window(model, args: argparse.Namespace, corpus):
 def run(args: argparse.Namespace) -> int:
     """Per-head band shares of the attention logits for one text or corpus window
 
-    Decompose every attention logit of one input into bands and print, per head, each band's share of the
-    attended-key margin and how often the band alone picks the attended key.
+    Decompose every attention logit of one input into bands and print, per head, each band's share
+    of the attended-key margin and how often the band alone picks the attended key.
     """
     analysis, output = AnalysisOptions.from_args(args), OutputOptions.from_args(args)
     if args.text is not None and not args.text.strip():
@@ -139,5 +144,6 @@ ANALYSIS = Analysis(
     AttentionDecomposition,
     draw(AttentionDecomposition, figure=decomposition_figure),
     Command("attention-decomposition", run, options),
-    summary="Every attention logit of one input as an exact sum of one term per plane, grouped into bands.",
+    summary="Every attention logit of one input as an exact sum of one term per plane, grouped "
+    "into bands.",
 )

@@ -1,4 +1,5 @@
-"""Attention sinks by band: ``attention_sinks``, ``ropelens attention-sinks`` and the report's section."""
+"""Attention sinks by band: ``attention_sinks``, ``ropelens attention-sinks`` and the report's
+section."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from ropelens.report.steps import rerun
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens attention-sinks [MODEL]``: attention to position 0 per head, and the bands behind it."""
+    """``ropelens attention-sinks [MODEL]``: attention to position 0 per head, and the bands behind
+    it."""
     CorpusCommand.add_to(p, tokens=4_096, n_ctx=256, save="AttentionSinks JSON")
     epsilon = signature_default(attention_sinks, "epsilon")
     p.add_argument(
@@ -37,8 +39,8 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Attention sinks per head and the bands that make position 0 attractive
 
-    Per layer and head: mean attention to position 0 (BOS), whether the head sinks (mean above epsilon, Gu et
-    al. 2024), the band decomposition of the sink logit and the sink key's norm.
+    Per layer and head: mean attention to position 0 (BOS), whether the head sinks (mean above
+    epsilon, Gu et al. 2024), the band decomposition of the sink logit and the sink key's norm.
     """
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(attention_sinks)
@@ -53,15 +55,19 @@ def measure(data: ReportData) -> Measured:
 
 
 def render(_data: ReportData, sinks: Measured) -> Section:
-    """Gu et al.'s sink heads (attention to position 0 above ε), and the bands that make position 0 attractive."""
+    """Gu et al.'s sink heads (attention to position 0 above ε), and the bands that make position 0
+    attractive."""
     r, n_ctx, n_win = sinks.value, sinks.n_ctx, sinks.n_windows
     found = r.findings()
     sentences = [f.text for f in found]
     layers = r.layers_frame()
     body = (
-        f'<p class="lead">A head sinks when its mean attention to position 0 (the BOS token) exceeds '
-        f"ε = {r.epsilon:g} (Gu et al. 2024). The sink logit (position 0 against the mean of the other keys) splits "
-        f"exactly into bands, which says which planes make position 0 attractive. Measured on {n_win} window(s) of "
+        '<p class="lead">A head sinks when its mean attention to position 0 (the BOS token) '
+        "exceeds "
+        f"ε = {r.epsilon:g} (Gu et al. 2024). The sink logit (position 0 against the mean of the "
+        "other keys) splits "
+        "exactly into bands, which says which planes make position 0 attractive. Measured on "
+        f"{n_win} window(s) of "
         f"{n_ctx} tokens.</p>"
         + "".join(f"<p>{esc(s)}</p>" for s in sentences)
         + figure_html(style_figure(sinks_figure(r), height=460))
@@ -88,8 +94,8 @@ ANALYSIS = Analysis(
         "Attention sinks by band",
         render,
         measure,
-        summary=f"Heads that sink on the first position (attention above ε = {EPSILON:g}) and the bands "
-        "that make it attractive.",
+        summary=f"Heads that sink on the first position (attention above ε = {EPSILON:g}) and "
+        "the bands that make it attractive.",
     ),
     summary="Attention to position 0 per head, and the bands that make position 0 attractive.",
 )

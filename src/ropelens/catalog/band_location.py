@@ -1,4 +1,5 @@
-"""Where the high-norm frequency band sits, and NoPE below it: ``band_location`` and ``ropelens band-location``."""
+"""Where the high-norm frequency band sits, and NoPE below it: ``band_location`` and ``ropelens
+band-location``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from ropelens.results.codec import fields_to_dict
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens band-location [MODEL]``: where the high-norm frequency band sits, and NoPE below it."""
+    """``ropelens band-location [MODEL]``: where the high-norm frequency band sits, and NoPE below
+    it."""
     CorpusCommand.add_to(p, tokens=4096, n_ctx=256, save="BandLocation JSON", bands=False)
     p.add_argument(
         "--which",
@@ -45,9 +47,10 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Locate the high-norm frequency band per layer (Oka et al.) and make the planes below it NoPE
 
-    From the per-plane mean norms over a corpus: each layer's band (the contiguous planes around the peak at
-    or above half-way from the median to the peak), its wavelengths against the training length and the
-    critical plane; then the loss with the planes below the band unrotated, against as many random planes.
+    From the per-plane mean norms over a corpus: each layer's band (the contiguous planes around the
+    peak at or above half-way from the median to the peak), its wavelengths against the training
+    length and the critical plane; then the loss with the planes below the band unrotated, against
+    as many random planes.
     """
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(band_location)
@@ -79,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
         )
     prov = r.provenance
     print(
-        f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
-        f"band of the {'queries' if r.which == 'q' else 'keys'}, heads averaged, sink excluded"
+        f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of "
+        f"{prov.n_ctx}; band of the {'queries' if r.which == 'q' else 'keys'}, heads averaged, "
+        "sink excluded"
     )
     cols = [
         "layer",
@@ -104,5 +108,6 @@ ANALYSIS = Analysis(
     BandLocation,
     draw(BandLocation, figure=band_location_figure),
     Command("band-location", run, options),
-    summary="Each layer's high-norm frequency band, and the loss with the planes below it unrotated.",
+    summary="Each layer's high-norm frequency band, and the loss with the planes below it "
+    "unrotated.",
 )

@@ -1,4 +1,5 @@
-"""Band statistics of attention logits: ``band_statistics``, ``ropelens band-statistics`` and the report's band decomposition section."""
+"""Band statistics of attention logits: ``band_statistics``, ``ropelens band-statistics`` and the
+report's band decomposition section."""
 
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Band decomposition statistics over a corpus (margin, variance, |logit| shares)
 
-    Streams the exact per-band decomposition of every attention logit over a corpus and prints, per layer and
-    band (heads averaged), the share of the attended-key margin, of the within-query logit variance and of the
-    mean |logit|, and band-only top-1 agreement.
+    Streams the exact per-band decomposition of every attention logit over a corpus and prints, per
+    layer and band (heads averaged), the share of the attended-key margin, of the within-query logit
+    variance and of the mean |logit|, and band-only top-1 agreement.
     """
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(band_statistics)
@@ -74,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
         )
     prov = st.provenance
     print(
-        f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
-        f"bands {st.bands.describe()}, heads averaged"
+        f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of "
+        f"{prov.n_ctx}; bands {st.bands.describe()}, heads averaged"
     )
     cols = [c for c in ("margin_share", "var_share", "abs_share", "top1", "jsd") if c in df.columns]
     # n/a: a band with no plane in that layer, whose band-only agreement is not measurable
@@ -114,7 +115,8 @@ def _per_head_figure(data: ReportData) -> go.Figure:
                     x=list(range(z.shape[1])),
                     y=layers,
                     coloraxis=axis,
-                    hovertemplate=f"layer %{{y}} head %{{x}}<br>{esc(names[b])}<br>{title} %{{z:.3f}}<extra></extra>",
+                    hovertemplate=f"layer %{{y}} head %{{x}}<br>{esc(names[b])}<br>{title} "
+                    "%{z:.3f}<extra></extra>",
                 ),
                 row=r,
                 col=b + 1,
@@ -129,7 +131,8 @@ def _per_head_figure(data: ReportData) -> go.Figure:
     fig.update_xaxes(dtick=1)
     panel = max(120, 7 * len(layers))
     fig.update_layout(
-        title="Per head: each band's share of the attention logit, and how often the band alone picks the attended key",
+        title="Per head: each band's share of the attention logit, and how often the band alone "
+        "picks the attended key",
         coloraxis={
             "colorscale": "RdBu",
             "cmin": -1,
@@ -205,10 +208,14 @@ def render(data: ReportData) -> Section:
         else f" ({prov.n_windows} of the {data.n_windows} windows, evenly spread)"
     )
     intro = (
-        f'<p class="lead">Every attention logit is an exact sum of one term per band ({esc(st.bands.describe())}). '
-        f"Over {prov.n_tokens:,} tokens{sampled}: each band's share of the mean |logit|, of the logit's variance "
-        f"across keys of a query, and of the <i>margin</i> of the key the model attends to most (its logit minus "
-        f"the mean over the other allowed keys); and how often the band's logits alone pick that key.</p>"
+        '<p class="lead">Every attention logit is an exact sum of one term per band '
+        f"({esc(st.bands.describe())}). "
+        f"Over {prov.n_tokens:,} tokens{sampled}: each band's share of the mean |logit|, of the "
+        "logit's variance "
+        "across keys of a query, and of the <i>margin</i> of the key the model attends to most "
+        "(its logit minus "
+        "the mean over the other allowed keys); and how often the band's logits alone pick that "
+        "key.</p>"
     )
     findings = st.findings()
     per_layer = style_figure(band_statistics_figure(st), height=max(360, 11 * len(st.layers) + 150))
@@ -261,7 +268,9 @@ ANALYSIS = Analysis(
         "band-statistics",
         "Band decomposition of attention",
         render,
-        summary="Each band's share of the attended key's margin, of the logit variance and of |logit|.",
+        summary="Each band's share of the attended key's margin, of the logit variance and of "
+        "|logit|.",
     ),
-    summary="Each band's share of the attention logits over a corpus: margin, variance, |logit|, top-1 agreement.",
+    summary="Each band's share of the attention logits over a corpus: margin, variance, |logit|, "
+    "top-1 agreement.",
 )

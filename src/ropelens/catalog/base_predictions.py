@@ -1,4 +1,5 @@
-"""Predicted and measured extrapolation limits of RoPE's base: ``base_predictions`` and ``ropelens base-predictions``."""
+"""Predicted and measured extrapolation limits of RoPE's base: ``base_predictions`` and ``ropelens
+base-predictions``."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from ropelens.plots.base_predictions import base_predictions_figure, measured_ex
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens base-predictions [MODEL]``: the base's predicted extrapolation limits per length."""
+    """``ropelens base-predictions [MODEL]``: the base's predicted extrapolation limits per
+    length."""
     ModelOptions.add_to(p)
     p.add_argument(
         "--lengths", default="2048,8192,16384,32768", metavar="N,N,...", help="evaluation lengths"
@@ -42,9 +44,9 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Liu et al.'s critical base and extrapolation limit, Men et al.'s bound, per length
 
-    For each evaluation length: the critical dimension, Liu et al.'s extrapolation limit for the model's base
-    and critical base for tuning to that length, Men et al.'s lower bound on the base, and whether the model's
-    base satisfies each; --measure adds the measured loss by length.
+    For each evaluation length: the critical dimension, Liu et al.'s extrapolation limit for the
+    model's base and critical base for tuning to that length, Men et al.'s lower bound on the base,
+    and whether the model's base satisfies each; --measure adds the measured loss by length.
     """
     lengths = number_list(args.lengths, int, "--lengths", example="2048,8192")
     if min(lengths) < 2:

@@ -25,9 +25,9 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Compare two saved reports: difference maps and what changed (B - A)
 
-    Read two directories written by `ropelens report` (two models, a model and a variant of it, or two corpora)
-    and write OUT/index.html with difference maps of frequency usage and the band decomposition, positional
-    heads gained and lost, sinking heads per layer, and findings.
+    Read two directories written by `ropelens report` (two models, a model and a variant of it, or
+    two corpora) and write OUT/index.html with difference maps of frequency usage and the band
+    decomposition, positional heads gained and lost, sinking heads per layer, and findings.
     """
     out = compare_reports(args.a, args.b, args.out)
     for f in json.loads((out / "compare.json").read_text())["findings"]:

@@ -1,4 +1,5 @@
-"""Context extension, plane by plane: ``ropelens extension-planes`` and the report's "Context extension" section."""
+"""Context extension, plane by plane: ``ropelens extension-planes`` and the report's "Context
+extension" section."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ _CONTEXT_VARIANTS = ("pi", "ntk", "dynamic", "yarn", "llama3")
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens extension-planes [MODEL] --to N``: what each context-extension method does per plane."""
+    """``ropelens extension-planes [MODEL] --to N``: what each context-extension method does per
+    plane."""
     ModelOptions.add_to(p)
     p.add_argument(
         "--to",
@@ -104,8 +106,9 @@ def _cli_methods(factor: float, native_ctx: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Per-plane view of context-extension methods and RoPE's base bounds
 
-    Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, dynamic NTK (factor 2), YaRN and Llama
-    3 scaling, with the critical dimension (arXiv 2310.05209) and the base lower bound (arXiv 2405.14591).
+    Categorise each plane (kept/interpolated/extrapolated) under PI, NTK, dynamic NTK (factor 2),
+    YaRN and Llama 3 scaling, with the critical dimension (arXiv 2310.05209) and the base lower
+    bound (arXiv 2405.14591).
     """
     names = _variant_names(args.variants)
     if args.native is not None and args.to <= args.native:
@@ -214,9 +217,9 @@ def _base_bounds(layer, l0: int, factor: int) -> dict[str, Any]:
 
 
 def _certified_bound(rotary_dim: int, length: int) -> tuple[float | None, str | None]:
-    """Men et al.'s base lower bound for ``length`` tokens, or None and why there is none: past the longest length
-    whose bound ropelens certifies (the search is quadratic in it), or no base up to the search's limit satisfies it
-    (a rotary slice of few planes)."""
+    """Men et al.'s base lower bound for ``length`` tokens, or None and why there is none: past the
+    longest length whose bound ropelens certifies (the search is quadratic in it), or no base up to
+    the search's limit satisfies it (a rotary slice of few planes)."""
     if length > MAX_BOUND_CONTEXT:
         return None, f"not certified past {MAX_BOUND_CONTEXT:,} tokens"
     if rotary_dim < 4:
@@ -239,7 +242,8 @@ def _bound(v: float | None, why: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class ContextExtension:
-    """What each scaling method does to one layer's planes at ``factor``× the native context, and its cost."""
+    """What each scaling method does to one layer's planes at ``factor``× the native context, and
+    its cost."""
 
     layer: int  # the layer shown: of the kind with the longest wavelengths
     kind: str | None  # the layer kind rescaled (None: every layer)
@@ -254,7 +258,8 @@ class ContextExtension:
 
 
 def measure(data: ReportData) -> ContextExtension:
-    """Plane views and in-distribution cost of PI, NTK, dynamic NTK, YaRN and Llama 3 (reads the baseline step)."""
+    """Plane views and in-distribution cost of PI, NTK, dynamic NTK, YaRN and Llama 3 (reads the
+    baseline step)."""
     spec = data.spec
     # The layer kind with the longest wavelengths is the one a longer context strains.
     idx = max(
@@ -471,8 +476,8 @@ ANALYSIS = Analysis(
         render,
         measure,
         needs=("variants_baseline",),
-        summary="Perplexity beyond the trained context under position interpolation, NTK, YaRN, Llama 3 "
-        "and LongRoPE scaling of these frequencies.",
+        summary="Perplexity beyond the trained context under position interpolation, NTK, YaRN, "
+        "Llama 3 and LongRoPE scaling of these frequencies.",
     ),
     summary="What each context-extension method does to each plane, and RoPE's base bounds.",
 )

@@ -172,14 +172,16 @@ def _method_options(group: argparse._ArgumentGroup) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Context-extension study: loss by length, passkey, per-plane view and base predictions per method
+    """Context-extension study: loss by length, passkey, per-plane view and base predictions per
+    method
 
-    Run the model unmodified and under PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE and p-RoPE (each set for
-    --to / native; Resonance-YaRN, CoPE and FoPE zeroing when named in --methods), measure the loss at every
-    length, passkey retrieval over length x depth and the attention (mean entropy of the query rows by layer
-    kind, KL and Jensen-Shannon divergence from the unmodified model's attention within the native context,
-    the heads' query matrix entropy), and write one page (index.html) with findings, study.json and a CSV per
-    table. Every (method, length) cell is saved as it finishes, so the same command started again resumes.
+    Run the model unmodified and under PI, NTK, dynamic NTK, YaRN, Llama 3, LongRoPE and p-RoPE
+    (each set for --to / native; Resonance-YaRN, CoPE and FoPE zeroing when named in --methods),
+    measure the loss at every length, passkey retrieval over length x depth and the attention (mean
+    entropy of the query rows by layer kind, KL and Jensen-Shannon divergence from the unmodified
+    model's attention within the native context, the heads' query matrix entropy), and write one
+    page (index.html) with findings, study.json and a CSV per table. Every (method, length) cell is
+    saved as it finishes, so the same command started again resumes.
     """
     methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
@@ -258,8 +260,9 @@ def run(args: argparse.Namespace) -> int:
         )
         near = att[att["length"] <= study.native]
         print(
-            f"\ndivergence from the unmodified model's attention within the native {study.native:,} tokens (nats; "
-            "KL(method || unmodified), JS) and mean matrix entropy of the heads' query Gram:"
+            "\ndivergence from the unmodified model's attention within the native "
+            f"{study.native:,} tokens (nats; KL(method || unmodified), JS) and mean matrix "
+            "entropy of the heads' query Gram:"
         )
         print(
             near[["label", "length", "kind", "kl", "js", "matrix_entropy"]].to_string(
@@ -278,5 +281,6 @@ ANALYSIS = Analysis(
     ExtensionStudy,
     draw(ExtensionStudy, figure=loss_figure),
     Command("extension-study", run, options),
-    summary="Loss, passkey recall and attention of each context-extension method at lengths past the native context.",
+    summary="Loss, passkey recall and attention of each context-extension method at lengths past "
+    "the native context.",
 )

@@ -1,4 +1,5 @@
-"""Frequency entropy of queries and keys over positions: ``frequency_entropy`` and ``ropelens frequency-entropy``."""
+"""Frequency entropy of queries and keys over positions: ``frequency_entropy`` and ``ropelens
+frequency-entropy``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from ropelens.plots.frequency_entropy import entropy_figure
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens frequency-entropy [MODEL]``: spectral entropy of each plane's query norm along the sequence."""
+    """``ropelens frequency-entropy [MODEL]``: spectral entropy of each plane's query norm along the
+    sequence."""
     CorpusCommand.add_to(p, tokens=8192, n_ctx=256, save="FrequencyEntropy JSON", bands=False)
     p.add_argument(
         "--skip",
@@ -32,9 +34,9 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Spectral entropy of each plane's query norm along the sequence, NoPE layers included
 
-    Per layer, head and plane: the normalised Shannon entropy of the power spectrum of the plane's query norm
-    over positions (1 = flat), against the same values in a shuffled order; printed per layer, heads and
-    planes averaged.
+    Per layer, head and plane: the normalised Shannon entropy of the power spectrum of the plane's
+    query norm over positions (1 = flat), against the same values in a shuffled order; printed per
+    layer, heads and planes averaged.
     """
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(frequency_entropy)
@@ -66,13 +68,15 @@ def run(args: argparse.Namespace) -> int:
         )
     prov = r.provenance
     print(
-        f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
-        "normalised spectral entropy of each plane's query norm, heads and planes averaged"
+        f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of "
+        f"{prov.n_ctx}; normalised spectral entropy of each plane's query norm, heads and planes "
+        "averaged"
     )
     print("layer  kind   entropy  shuffled     gap")
     for row in rows:
         print(
-            f"{row['layer']:5d}  {row['kind']:<5} {row['entropy']:8.4f}  {row['shuffled']:8.4f}  {row['gap']:+7.4f}"
+            f"{row['layer']:5d}  {row['kind']:<5} {row['entropy']:8.4f}  {row['shuffled']:8.4f}  "
+            f"{row['gap']:+7.4f}"
         )
     for f in found:
         print(f.text)

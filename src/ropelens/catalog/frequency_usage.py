@@ -1,4 +1,5 @@
-"""Frequency usage: ``frequency_usage``, ``ropelens frequency-usage`` and the report's "Frequency usage" section."""
+"""Frequency usage: ``frequency_usage``, ``ropelens frequency-usage`` and the report's "Frequency
+usage" section."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Per-plane norms of queries and keys over a corpus (energy per band, per layer)
 
-    Mean 2-norm of every RoPE plane of the queries and keys over a corpus; prints each band's share of the
-    energy per layer (sink positions excluded).
+    Mean 2-norm of every RoPE plane of the queries and keys over a corpus; prints each band's share
+    of the energy per layer (sink positions excluded).
     """
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(frequency_usage)
@@ -63,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         )
     prov = u.provenance
     print(
-        f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of {prov.n_ctx}; "
-        "share of energy per band, heads averaged, sink excluded"
+        f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of "
+        f"{prov.n_ctx}; share of energy per band, heads averaged, sink excluded"
     )
     short = [
         n.split(" (")[0] for n in names
@@ -87,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def showcase_layers(data: ReportData) -> list[int]:
-    """Layers drawn head by head: first, middle and last, plus the first of any layer kind not yet in."""
+    """Layers drawn head by head: first, middle and last, plus the first of any layer kind not yet
+    in."""
     layers, spec = list(data.layers), data.spec
     picks = (
         [layers[0], layers[-1]]
@@ -206,9 +208,12 @@ def render(data: ReportData) -> Section:
     sink = "The first position" if u.n_sink == 1 else f"The first {u.n_sink} positions"
     intro = (
         f'<p class="lead">Mean 2-norm of each rotary plane of the queries and keys before rotation '
-        f"(Barbero et al.), over {prov.n_tokens:,} tokens in {prov.n_windows} windows of {data.n_ctx}; "
-        f"plane 0 is the highest frequency. {sink} of each window (BOS, where attention sinks sit) has norms unlike "
-        f'the rest (see <a href="#sink-norms">sink norms</a>), so each map is shown with and without it.</p>'
+        f"(Barbero et al.), over {prov.n_tokens:,} tokens in {prov.n_windows} windows of "
+        f"{data.n_ctx}; "
+        f"plane 0 is the highest frequency. {sink} of each window (BOS, where attention sinks "
+        "sit) has norms unlike "
+        'the rest (see <a href="#sink-norms">sink norms</a>), so each map is shown with and '
+        "without it.</p>"
     )
     parts = [
         intro,
@@ -220,7 +225,8 @@ def render(data: ReportData) -> Section:
     for L in showcase_layers(data):
         fig = style_figure(usage_figure(u, "no_sink", layer=L), height=300)
         fig.update_layout(
-            title_text=f"Layer {L} ({data.spec.layers[L].kind}): head × plane, sink positions excluded"
+            title_text=f"Layer {L} ({data.spec.layers[L].kind}): head × plane, sink positions "
+            "excluded"
         )
         fig.update_yaxes(dtick=1)  # one tick per head
         parts.append(figure_html(fig))

@@ -1,4 +1,5 @@
-"""Positional heads: ``head_taxonomy``, ``ropelens head-taxonomy`` and the report's "Positional heads" section."""
+"""Positional heads: ``head_taxonomy``, ``ropelens head-taxonomy`` and the report's "Positional
+heads" section."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ def measure(data: ReportData) -> Measured:
 
 
 def render(_data: ReportData, heads: Measured) -> Section:
-    """Positional heads found by score on text and on seeded random tokens, with their band profile."""
+    """Positional heads found by score on text and on seeded random tokens, with their band
+    profile."""
     tx, n_ctx, n_windows = heads.value, heads.n_ctx, heads.n_windows
     df = tx.to_frame()
     pos = df[df.positional].sort_values("robust_mass", ascending=False)
@@ -108,9 +110,10 @@ def render(_data: ReportData, heads: Measured) -> Section:
     if len(pos) and col in df.columns:
         m_pos, m_rest = float(pos[col].mean()), float(df[~df.positional][col].mean())
         text = (
-            f"{len(pos)} of {len(df)} heads are positional (τ = {tx.tau:.2f} on attention mass at one fixed offset, "
-            f"on text and on random tokens); they take {m_pos:.2f} of their attended-key margin from the "
-            f"highest-frequency band {high}, against {m_rest:.2f} for the other heads."
+            f"{len(pos)} of {len(df)} heads are positional (τ = {tx.tau:.2f} on attention mass "
+            f"at one fixed offset, on text and on random tokens); they take {m_pos:.2f} of their "
+            f"attended-key margin from the highest-frequency band {high}, against {m_rest:.2f} "
+            "for the other heads."
         )
         numbers = {
             "n_positional": len(pos),
@@ -119,13 +122,19 @@ def render(_data: ReportData, heads: Measured) -> Section:
             "margin_high_other": m_rest,
         }
     else:
-        text = f"No head is positional at τ = {tx.tau:.2f} over the {n_windows} windows of {n_ctx} tokens scored."
+        text = (
+            f"No head is positional at τ = {tx.tau:.2f} over the {n_windows} windows of "
+            f"{n_ctx} tokens scored."
+        )
         numbers = {"n_positional": 0, "tau": tx.tau}
     finding = Finding("heads", "head-taxonomy", text, numbers | {"kinds": counts})
     body = (
-        '<p class="lead">A head is positional when one fixed offset δ* = query − key holds at least τ of its '
-        "attention on real text and on seeded random tokens (content removed); τ is Otsu's threshold on that "
-        f"mass over all heads, floored at 0.3. Scored on {n_windows} windows of {n_ctx} tokens. Kinds: "
+        '<p class="lead">A head is positional when one fixed offset δ* = query − key holds at '
+        "least τ of its "
+        "attention on real text and on seeded random tokens (content removed); τ is Otsu's "
+        "threshold on that "
+        f"mass over all heads, floored at 0.3. Scored on {n_windows} windows of {n_ctx} tokens. "
+        "Kinds: "
         + esc(", ".join(f"{k} {v}" for k, v in counts.items()))
         + ".</p>"
         + figure_html(style_figure(heads_figure(tx), height=460))
@@ -152,8 +161,10 @@ ANALYSIS = Analysis(
         "Positional heads",
         render,
         measure,
-        summary="Heads scored by how much of their attention the highest-frequency planes decide (diagonal "
-        "and previous-token heads), with each head's score, its pattern and the planes it uses.",
+        summary="Heads scored by how much of their attention the highest-frequency planes decide "
+        "(diagonal and previous-token heads), with each head's score, its pattern and the planes "
+        "it uses.",
     ),
-    summary="Heads whose attention one fixed offset decides, on text and on random tokens, and their bands.",
+    summary="Heads whose attention one fixed offset decides, on text and on random tokens, and "
+    "their bands.",
 )

@@ -1,4 +1,5 @@
-"""Dose-response knockouts of rotary planes in head sets, with controls: ``knockout`` and ``ropelens knockout``."""
+"""Dose-response knockouts of rotary planes in head sets, with controls: ``knockout`` and ``ropelens
+knockout``."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
             out.append((int(layer), int(head)))
         except ValueError as e:
             raise InputError(
-                f"--heads takes LAYER.HEAD pairs separated by commas, got {part!r}: e.g. --heads 3.1,5.0"
+                f"--heads takes LAYER.HEAD pairs separated by commas, got {part!r}: e.g. --heads "
+                "3.1,5.0"
             ) from e
     if not out:
         raise InputError(f"--heads names no head, got {text!r}: e.g. --heads 3.1,5.0")
@@ -70,7 +72,8 @@ _FLAGS = {
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens knockout [MODEL]``: zero 0..K planes of head sets and measure loss, positional probe, retrieval."""
+    """``ropelens knockout [MODEL]``: zero 0..K planes of head sets and measure loss, positional
+    probe, retrieval."""
     ModelOptions.add_to(p)
     p.add_argument(
         "--sets",
@@ -175,10 +178,11 @@ def _choices(args: argparse.Namespace) -> tuple:
 def run(args: argparse.Namespace) -> int:
     """Dose-response knockouts of RoPE planes in head sets
 
-    Zeroes k planes (highest frequencies first, lowest first, or random: the control) of the rotated queries and
-    keys of a head set, for each dose k, and every whole head; reports the paired effect on loss, the positional
-    probe (previous-token and diagonal attention on random tokens) and retrieval (passkey copy steps) with bootstrap
-    CIs over windows, and layer-clustered permutation p-values against random planes and random head sets.
+    Zeroes k planes (highest frequencies first, lowest first, or random: the control) of the rotated
+    queries and keys of a head set, for each dose k, and every whole head; reports the paired effect
+    on loss, the positional probe (previous-token and diagonal attention on random tokens) and
+    retrieval (passkey copy steps) with bootstrap CIs over windows, and layer-clustered permutation
+    p-values against random planes and random head sets.
     """
 
     output = OutputOptions.from_args(args)
@@ -242,5 +246,6 @@ ANALYSIS = Analysis(
     Knockout,
     draw(Knockout, figure=knockout_figure),
     Command("knockout", run, options),
-    summary="Loss, positional probe and passkey copy as planes are removed from head sets, against matched controls.",
+    summary="Loss, positional probe and passkey copy as planes are removed from head sets, "
+    "against matched controls.",
 )

@@ -1,4 +1,5 @@
-"""Massive values of pre-RoPE queries and keys: ``massive_values``, ``ropelens massive-values`` and the report's section."""
+"""Massive values of pre-RoPE queries and keys: ``massive_values``, ``ropelens massive-values`` and
+the report's section."""
 
 from __future__ import annotations
 
@@ -36,14 +37,15 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Massive dimensions of pre-RoPE queries and keys, the planes they sit in
 
-    Per layer, head and dimension: the L2 norm over tokens of the pre-RoPE q and k; a dimension is massive when
-    it exceeds FACTOR x its head's mean dimension norm (Jin et al. 2025). Prints the planes holding massive
-    dimensions, their wavelength and persistence across layers.
+    Per layer, head and dimension: the L2 norm over tokens of the pre-RoPE q and k; a dimension is
+    massive when it exceeds FACTOR x its head's mean dimension norm (Jin et al. 2025). Prints the
+    planes holding massive dimensions, their wavelength and persistence across layers.
     """
     run = CorpusCommand.from_args(args)
     if not args.factor > 1:
         raise InputError(
-            f"--factor must exceed 1 (a multiple of the head's mean dimension norm), got {args.factor}"
+            "--factor must exceed 1 (a multiple of the head's mean dimension norm), got "
+            f"{args.factor}"
         )
     corpus, kw = run.prepare(massive_values)
     r = massive_values(load_from_args(args), corpus, **kw, factor=args.factor)
@@ -73,7 +75,8 @@ def measure(data: ReportData) -> Measured:
 
 
 def render(data: ReportData, massive: Measured) -> Section:
-    """Jin et al.'s massive dimensions of pre-RoPE q and k: where they sit in frequency, how they persist."""
+    """Jin et al.'s massive dimensions of pre-RoPE q and k: where they sit in frequency, how they
+    persist."""
     mv, n_ctx, n_win = massive.value, massive.n_ctx, massive.n_windows
     planes = mv.planes_frame()
     hit = planes[planes.n_massive > 0]
@@ -87,20 +90,20 @@ def render(data: ReportData, massive: Measured) -> Section:
         top = rows.sort_values("persistence", ascending=False).head(1)
         tail = (
             (
-                f", most persistent plane {int(top.plane.iloc[0])} (wavelength {top.wavelength.iloc[0]:,.0f} tokens, "
-                f"massive in {top.persistence.iloc[0]:.0%} of layers)"
+                f", most persistent plane {int(top.plane.iloc[0])} (wavelength "
+                f"{top.wavelength.iloc[0]:,.0f} tokens, massive in {top.persistence.iloc[0]:.0%} "
+                "of layers)"
             )
             if len(top)
             else ""
         )
         parts.append(
-            f"{w}: {n} of {total} dimensions massive, {beyond} of them in planes whose wavelength exceeds "
-            f"the trained context of {ctx:,}{tail}"
+            f"{w}: {n} of {total} dimensions massive, {beyond} of them in planes whose "
+            f"wavelength exceeds the trained context of {ctx:,}{tail}"
         )
     text = (
-        f"Massive dimensions (L2 norm over tokens above {mv.factor:.2f}× the head's mean dimension norm) — "
-        + "; ".join(parts)
-        + "."
+        f"Massive dimensions (L2 norm over tokens above {mv.factor:.2f}× the head's mean "
+        "dimension norm) — " + "; ".join(parts) + "."
     )
     finding = Finding(
         "massive",
@@ -113,8 +116,10 @@ def render(data: ReportData, massive: Measured) -> Section:
         },
     )
     body = (
-        '<p class="lead">Jin et al. 2025: a few dimensions of the queries and keys carry far larger norms than '
-        "the rest, concentrated in low-frequency planes, and contextual knowledge depends on them. Measured before "
+        '<p class="lead">Jin et al. 2025: a few dimensions of the queries and keys carry far '
+        "larger norms than "
+        "the rest, concentrated in low-frequency planes, and contextual knowledge depends on "
+        "them. Measured before "
         f"RoPE on {n_win} window(s) of {n_ctx} tokens. Replace them with their mean "
         "(<code>ropelens.analyses.massive_values.replace_massive</code>) to test what they do.</p>"
         f"<p>{esc(text)}</p>"
@@ -142,7 +147,9 @@ ANALYSIS = Analysis(
         "Massive values",
         render,
         measure,
-        summary="Dimensions of the pre-RoPE queries and keys with outsized norms, and the planes they sit in.",
+        summary="Dimensions of the pre-RoPE queries and keys with outsized norms, and the planes "
+        "they sit in.",
     ),
-    summary="Dimensions of the pre-RoPE queries and keys with outsized norms, and the planes they sit in.",
+    summary="Dimensions of the pre-RoPE queries and keys with outsized norms, and the planes "
+    "they sit in.",
 )

@@ -1,4 +1,5 @@
-"""The decomposition of multimodal RoPE (M-RoPE) attention by position axis: ``mrope_decomposition``."""
+"""The decomposition of multimodal RoPE (M-RoPE) attention by position axis:
+``mrope_decomposition``."""
 
 from __future__ import annotations
 
@@ -11,5 +12,6 @@ ANALYSIS = Analysis(
     mrope_decomposition,
     MRopeDecomposition,
     draw(MRopeDecomposition, figure=mrope_figure),
-    summary="A vision-language model's attention logits split by position axis (time, height, width) and band.",
+    summary="A vision-language model's attention logits split by position axis (time, height, "
+    "width) and band.",
 )

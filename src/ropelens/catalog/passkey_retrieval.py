@@ -1,4 +1,5 @@
-"""Passkey retrieval under RoPE variants: ``passkey_retrieval`` and ``ropelens passkey-retrieval``."""
+"""Passkey retrieval under RoPE variants: ``passkey_retrieval`` and ``ropelens
+passkey-retrieval``."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from ropelens.validate import check_number
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens passkey-retrieval [MODEL]``: passkey retrieval accuracy by length and depth, optionally under a variant."""
+    """``ropelens passkey-retrieval [MODEL]``: passkey retrieval accuracy by length and depth,
+    optionally under a variant."""
     ModelOptions.add_to(p)
     p.add_argument(
         "--lengths",
@@ -56,8 +58,8 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Passkey retrieval accuracy over lengths x depths (optionally under a RoPE variant)
 
-    Hide a random 5-digit passkey in filler text at each depth, ask it back at the end, decode greedily and
-    score the first number (the YaRN/LongRoPE harness); seeded.
+    Hide a random 5-digit passkey in filler text at each depth, ask it back at the end, decode
+    greedily and score the first number (the YaRN/LongRoPE harness); seeded.
     """
     lengths = number_list(args.lengths, int, "--lengths", example="1024,4096")
     depths = number_list(args.depths, float, "--depths", example="0.1,0.5,0.9")
@@ -102,5 +104,6 @@ ANALYSIS = Analysis(
     PasskeyRetrieval,
     draw(PasskeyRetrieval, figure=passkey_figure),
     Command("passkey-retrieval", run, options),
-    summary="Whether the model recalls a passkey hidden at each depth of long prompts, under RoPE variants.",
+    summary="Whether the model recalls a passkey hidden at each depth of long prompts, under "
+    "RoPE variants.",
 )

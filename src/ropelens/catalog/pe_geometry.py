@@ -1,4 +1,5 @@
-"""Geometry of positional embeddings: ``pe_similarity``, ``ropelens pe-geometry`` and the report's "PE geometry" section."""
+"""Geometry of positional embeddings: ``pe_similarity``, ``ropelens pe-geometry`` and the report's
+"PE geometry" section."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ from ropelens.results.findings import Finding
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens pe-geometry [--model M]``: period and strength of position-embedding similarity."""
+    """``ropelens pe-geometry [--model M]``: period and strength of position-embedding
+    similarity."""
     ModelOptions.add_to(
         p, flag_help="HF model directory or hub name with learned position embeddings"
     )
@@ -58,8 +60,8 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Cosine similarity of position embeddings by distance: dominant period and strength
 
-    Sinusoidal reference and, with --model, the learned absolute position table of a model that has one (GPT-2,
-    OPT, BERT-like): the by-distance cosine similarity and its dominant period.
+    Sinusoidal reference and, with --model, the learned absolute position table of a model that has
+    one (GPT-2, OPT, BERT-like): the by-distance cosine similarity and its dominant period.
     """
     if args.n_pos < 2:
         raise InputError(
@@ -68,20 +70,21 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.d % 2:
         raise InputError(
-            f"--d {args.d} must be even: sinusoidal embeddings pair a sine and a cosine per frequency: "
-            f"e.g. --d {args.d + 1}"
+            f"--d {args.d} must be even: sinusoidal embeddings pair a sine and a cosine per "
+            f"frequency: e.g. --d {args.d + 1}"
         )
     if not (math.isfinite(args.base) and args.base > 1):
         raise InputError(
-            f"--base {args.base:g} must be a finite number > 1 (θ_i = base^(−2i/d) must fall with i): "
-            "e.g. --base 10000"
+            f"--base {args.base:g} must be a finite number > 1 (θ_i = base^(−2i/d) must fall "
+            "with i): e.g. --base 10000"
         )
     require_memory(
         12.0 * args.n_pos**2,
         f"--n-pos {args.n_pos:,} (an n × n similarity matrix)",
         "pass a smaller --n-pos",
     )
-    # the float64 angles, their sine and cosine and the float32 table: about 24 bytes per (position, dimension)
+    # the float64 angles, their sine and cosine and the float32 table: about 24 bytes per (position,
+    # dimension)
     require_memory(
         24.0 * args.n_pos * args.d,
         f"--d {args.d:,} at --n-pos {args.n_pos:,} (the n × d sinusoidal table)",
@@ -127,7 +130,8 @@ _DASH = {"constant": "solid", "roformer_bound": "dash", "gaussian": "dot"}
 
 
 def log_grid(n: int, points: int = POINTS) -> torch.Tensor:
-    """Distances 1 … n, all of them up to ~points/4, then spaced evenly in log (what a log axis can show)."""
+    """Distances 1 … n, all of them up to ~points/4, then spaced evenly in log (what a log axis can
+    show)."""
     grid = torch.logspace(0, math.log10(n), points, dtype=torch.float64).round().long()
     return torch.unique(torch.cat([torch.arange(1, min(n, points // 4) + 1), grid.clamp(1, n)]))
 
@@ -146,7 +150,8 @@ def _shape_words(shape: str) -> str:
 
 @dataclass(frozen=True)
 class DecayCurves:
-    """RoPE's decay curves for each layer kind's frequencies, with each curve's verdict and shape."""
+    """RoPE's decay curves for each layer kind's frequencies, with each curve's verdict and
+    shape."""
 
     max_distance: int
     curves: dict[str, tuple[Any, ...]]  # kind -> its (constant, RoFormer bound, Gaussian) curves
@@ -156,7 +161,8 @@ class DecayCurves:
 
 
 def measure(data: ReportData) -> DecayCurves:
-    """Constant-vector decay, RoFormer's bound and the Gaussian expectation for this model's frequencies."""
+    """Constant-vector decay, RoFormer's bound and the Gaussian expectation for this model's
+    frequencies."""
     spec, n_ctx = data.spec, data.n_ctx
     D = max(min(spec.n_ctx, MAX_DISTANCE), n_ctx)
     curves, rows = {}, []
@@ -189,7 +195,8 @@ def measure(data: ReportData) -> DecayCurves:
 
 
 def render(data: ReportData, decay: DecayCurves) -> Section:
-    """The decay curves on a log axis, their verdicts, and the finding on constant versus Gaussian q and k."""
+    """The decay curves on a log axis, their verdicts, and the finding on constant versus Gaussian q
+    and k."""
     n_ctx, D = data.n_ctx, decay.max_distance
     fig, at_ctx = go.Figure(), {}
     shown = log_grid(D)
@@ -238,11 +245,14 @@ def render(data: ReportData, decay: DecayCurves) -> Section:
     )
     kinds = list(at_ctx)
     text = "; ".join(
-        f"{k} layers: constant q = k = 1 logits are {_shape_words(at_ctx[k][1])} up to δ = {n_ctx}, where "
-        f"they stand at {at_ctx[k][0]:.2f} of their δ = 0 value"
+        f"{k} layers: constant q = k = 1 logits are {_shape_words(at_ctx[k][1])} up to δ = "
+        f"{n_ctx}, where they stand at {at_ctx[k][0]:.2f} of their δ = 0 value"
         for k in kinds
     )
-    text += f", while for Gaussian q, k the expected logit is 0 at every distance ({at_ctx[kinds[0]][2]})."
+    text += (
+        ", while for Gaussian q, k the expected logit is 0 at every distance "
+        f"({at_ctx[kinds[0]][2]})."
+    )
     finding = Finding(
         "geometry",
         "pe-geometry",
@@ -255,8 +265,10 @@ def render(data: ReportData, decay: DecayCurves) -> Section:
     )
     frame = pd.DataFrame(list(decay.rows))
     body = (
-        '<p class="lead">Barbero et al.: RoPE\'s decay with distance holds for constant query and key vectors, '
-        "not for random ones, whose expected logit is flat. Curves for the frequencies each layer kind applies, "
+        '<p class="lead">Barbero et al.: RoPE\'s decay with distance holds for constant query '
+        "and key vectors, "
+        "not for random ones, whose expected logit is flat. Curves for the frequencies each "
+        "layer kind applies, "
         f"to δ = {D:,}.</p>"
         + figure_html(style_figure(fig, height=430))
         + table_html(frame, text_cols=("kind", "curve", "verdict", "shape", "description"))
@@ -283,7 +295,9 @@ ANALYSIS = Analysis(
         "PE geometry",
         render,
         measure,
-        summary="RoPE's \"long-term decay\" for this model's frequencies: constant versus Gaussian q and k.",
+        summary="RoPE's \"long-term decay\" for this model's frequencies: constant versus "
+        "Gaussian q and k.",
     ),
-    summary="Similarity of positional embeddings by distance: learned, sinusoidal, and RoPE's decay.",
+    summary="Similarity of positional embeddings by distance: learned, sinusoidal, and RoPE's "
+    "decay.",
 )

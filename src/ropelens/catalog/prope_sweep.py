@@ -1,4 +1,5 @@
-"""p-RoPE at inference: ``ropelens prope-sweep`` and the report's "p-RoPE inference sweep" section."""
+"""p-RoPE at inference: ``ropelens prope-sweep`` and the report's "p-RoPE inference sweep"
+section."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ from ropelens.validate import check_number
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens prope-sweep [MODEL]``: perplexity when only the highest fraction p of planes rotates."""
+    """``ropelens prope-sweep [MODEL]``: perplexity when only the highest fraction p of planes
+    rotates."""
     ModelOptions.add_to(p)
     p.add_argument("--p", default="0,0.25,0.5,0.75,1", help="comma-separated fractions in [0, 1]")
     # eight validation windows of 256 tokens: enough for a CI, quick on a laptop
@@ -50,9 +52,9 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Perplexity under p-RoPE (truncated RoPE) at inference
 
-    Held-out perplexity of the model with p-RoPE applied to its running rotary tables (p = 1 is the model's
-    RoPE, p = 0 NoPE), with bootstrap CIs over windows. experiments/truncated_rope_inference.py runs the full
-    resumable sweep.
+    Held-out perplexity of the model with p-RoPE applied to its running rotary tables (p = 1 is the
+    model's RoPE, p = 0 NoPE), with bootstrap CIs over windows.
+    experiments/truncated_rope_inference.py runs the full resumable sweep.
     """
     ps = number_list(args.p, float, "--p", example="0,0.5,1")
     for p in ps:
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
             "each of --p",
             at_least=0,
             at_most=1,
-            hint=": pass the share of planes that rotate, 0 (NoPE) to 1 (the model's RoPE), e.g. --p 0,0.5,1",
+            hint=": pass the share of planes that rotate, 0 (NoPE) to 1 (the model's RoPE), e.g. "
+            "--p 0,0.5,1",
         )
     variants = [V.PRoPE(p) for p in ps]
     corpus = CorpusOptions.from_args(args)
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'p':>6} {'loss':>8} {'ppl':>9}  95% CI ({toks.shape[0]} windows of {args.n_ctx})")
     for r in rows:
         print(
-            f"{r['p']:>6.3f} {r['loss']:8.4f} {r['ppl']:9.2f}  [{r['ppl_lo']:.2f}, {r['ppl_hi']:.2f}]"
+            f"{r['p']:>6.3f} {r['loss']:8.4f} {r['ppl']:9.2f}  [{r['ppl_lo']:.2f}, "
+            f"{r['ppl_hi']:.2f}]"
         )
     return 0
 
@@ -120,7 +124,8 @@ def _variant_name(v: Any) -> str:
 
 
 def measure(data: ReportData) -> pd.DataFrame:
-    """Perplexity and loss change of every p-RoPE variant, one row each (reads the baseline step)."""
+    """Perplexity and loss change of every p-RoPE variant, one row each (reads the baseline
+    step)."""
     n_planes = data.spec.layers[data.layers[0]].n_planes
     rows = []
     for (
@@ -177,13 +182,15 @@ def render(data: ReportData, frame: pd.DataFrame) -> Section:
         keeps = f"every truncation tested costs at least {NEGLIGIBLE_NATS} nats"
     else:
         keeps = (
-            f"the model keeps its perplexity (Δ loss under {NEGLIGIBLE_NATS} nats, upper CI end) down to "
-            f"p = {p_min:.3f}, {kept_planes(p_min, n_planes)} of {n_planes} planes rotating"
+            f"the model keeps its perplexity (Δ loss under {NEGLIGIBLE_NATS} nats, upper CI end) "
+            f"down to p = {p_min:.3f}, {kept_planes(p_min, n_planes)} of {n_planes} planes "
+            "rotating"
         )
     text = (
-        f"Truncating RoPE at inference, {keeps}; NoPE (p = 0) costs {nope:+.2f} nats. At 0.75 of the planes, "
-        f"keeping the highest frequencies costs {p75['Δ loss']:+.2f}, the lowest (reversed) {rev['Δ loss']:+.2f}, "
-        f"and re-spread frequencies over the first dims (partial) {part['Δ loss']:+.2f}."
+        f"Truncating RoPE at inference, {keeps}; NoPE (p = 0) costs {nope:+.2f} nats. At 0.75 of "
+        f"the planes, keeping the highest frequencies costs {p75['Δ loss']:+.2f}, the lowest "
+        f"(reversed) {rev['Δ loss']:+.2f}, and re-spread frequencies over the first dims "
+        f"(partial) {part['Δ loss']:+.2f}."
     )
     finding = Finding(
         "prope",
@@ -239,5 +246,6 @@ ANALYSIS = Analysis(
         summary="Perplexity when only the fraction p of the highest frequencies keeps rotating at "
         "inference (p = 1 is RoPE, p = 0 NoPE), with the reversed and partial variants.",
     ),
-    summary="Perplexity with only the highest fraction p of the frequencies rotating (p-RoPE), with bootstrap CIs.",
+    summary="Perplexity with only the highest fraction p of the frequencies rotating (p-RoPE), "
+    "with bootstrap CIs.",
 )

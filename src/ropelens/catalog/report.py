@@ -37,20 +37,21 @@ def options(p: argparse.ArgumentParser) -> None:
         type=band_tokens,
         default=DEFAULT_BAND_TOKENS,
         metavar="N|all",
-        help="tokens band statistics see, from evenly spread windows, or 'all' (default: 8192; each "
-        "window costs about 0.8x a forward pass on top of frequency usage at 512 tokens)",
+        help="tokens band statistics see, from evenly spread windows, or 'all' (default: 8192; "
+        "each window costs about 0.8x a forward pass on top of frequency usage at 512 tokens)",
     )
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke test: 4 windows of 256 tokens over a few layers (about a minute on a laptop CPU)",
+        help="smoke test: 4 windows of 256 tokens over a few layers (about a minute on a laptop "
+        "CPU)",
     )
     p.add_argument(
         "--experiments",
         default=None,
         metavar="DIR",
-        help="folder the experiment scripts wrote (e.g. results/): their tables for this model join "
-        "the p-RoPE and context-extension sections",
+        help="folder the experiment scripts wrote (e.g. results/): their tables for this model "
+        "join the p-RoPE and context-extension sections",
     )
     OutputOptions.add_to(p)
 
@@ -58,8 +59,8 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write a self-contained HTML report (usage, band decomposition, findings)
 
-    Measure frequency usage and the band decomposition of attention in one pass over a corpus, and write
-    OUT/index.html (works offline), report.json and one CSV per table.
+    Measure frequency usage and the band decomposition of attention in one pass over a corpus, and
+    write OUT/index.html (works offline), report.json and one CSV per table.
     """
     output = OutputOptions.from_args(args)
     AnalysisOptions.from_args(args)  # bad bands, output or corpus fail before the model loads
@@ -106,5 +107,6 @@ ANALYSIS = Analysis(
     "report",
     build_report,
     command=Command("report", run, options, distributed=True),
-    summary="One page of every registered section on one model, with generated findings, report.json and CSVs.",
+    summary="One page of every registered section on one model, with generated findings, "
+    "report.json and CSVs.",
 )

@@ -1,4 +1,5 @@
-"""Retrieval heads and their lowest frequencies: ``retrieval_heads`` and ``ropelens retrieval-heads``."""
+"""Retrieval heads and their lowest frequencies: ``retrieval_heads`` and ``ropelens
+retrieval-heads``."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from ropelens.plots.retrieval_heads import retrieval_figure
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens retrieval-heads [MODEL]``: retrieval heads, and passkey recall with their lowest band zeroed."""
+    """``ropelens retrieval-heads [MODEL]``: retrieval heads, and passkey recall with their lowest
+    band zeroed."""
     ModelOptions.add_to(p)
     p.add_argument(
         "--lengths",
@@ -64,9 +66,10 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Retrieval heads (Wu et al. 2024) and their lowest-frequency planes (Bayram 2026)
 
-    Scores every head by how often its most attended key is the needle token being copied while the answer to a
-    passkey prompt is teacher-forced, then measures passkey recall with the lowest quarter of rotary planes
-    zeroed in the top heads, against as many random planes (seeded) in the same heads.
+    Scores every head by how often its most attended key is the needle token being copied while the
+    answer to a passkey prompt is teacher-forced, then measures passkey recall with the lowest
+    quarter of rotary planes zeroed in the top heads, against as many random planes (seeded) in the
+    same heads.
     """
 
     lengths = number_list(args.lengths, int, "--lengths", example="256,512")
@@ -89,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if len(r.heads) < args.top_k:
         note(
-            f"--top-k {args.top_k:,} is more than the model's {len(r.heads):,} rotary heads: ablated all "
-            f"{len(r.heads):,}"
+            f"--top-k {args.top_k:,} is more than the model's {len(r.heads):,} rotary heads: "
+            f"ablated all {len(r.heads):,}"
         )
     return output.save_and_show(
         r,
@@ -110,5 +113,6 @@ ANALYSIS = Analysis(
     RetrievalHeads,
     draw(RetrievalHeads, figure=retrieval_figure),
     Command("retrieval-heads", run, options),
-    summary="Heads that copy the passkey, and passkey recall with their lowest-frequency planes zeroed.",
+    summary="Heads that copy the passkey, and passkey recall with their lowest-frequency planes "
+    "zeroed.",
 )

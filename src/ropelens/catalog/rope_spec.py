@@ -30,8 +30,8 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--families",
         action="store_true",
-        help="list the model families ropelens supports (exact, or refused and why) instead of reading "
-        "a model; no model is loaded or built",
+        help="list the model families ropelens supports (exact, or refused and why) instead of "
+        "reading a model; no model is loaded or built",
     )
 
 
@@ -63,7 +63,8 @@ _WHERE = {"load": "at load", "spec": "by rope_spec", "probe": "by the probe"}
 
 
 def families_json() -> list[dict[str, Any]]:
-    """One record per family of the matrix (:data:`ropelens.testing.families.FAMILIES`): exact or refused, and why."""
+    """One record per family of the matrix (:data:`ropelens.testing.families.FAMILIES`): exact or
+    refused, and why."""
     import transformers
 
     return [
@@ -97,8 +98,8 @@ def families_table() -> str:
     n_exact = sum(f["reason"] is None for f in families_json())
     return "\n".join(
         [
-            f"{n_exact} of {len(rows) - 1} families exact, each a tiny random model checked against HF's "
-            "own eager attention (measured errors: docs/models.md)",
+            f"{n_exact} of {len(rows) - 1} families exact, each a tiny random model checked "
+            "against HF's own eager attention (measured errors: docs/models.md)",
             "",
             *lines,
         ]
@@ -106,7 +107,8 @@ def families_table() -> str:
 
 
 def inspect_json(spec: RopeSpec) -> dict[str, Any]:
-    """Spec summary per layer kind plus every layer (with inv_freq); loads with RopeSpec.from_dict."""
+    """Spec summary per layer kind plus every layer (with inv_freq); loads with
+    RopeSpec.from_dict."""
     d = spec.to_dict()
     summary = jsonable(spec.summary().to_dict("records"))
     head = {k: v for k, v in d.items() if k != "layers"}
@@ -237,8 +239,10 @@ def _summary_table(data: ReportData) -> pd.DataFrame:
                 if r["score_scale"]
                 else "– (no softmax attention)",
                 "window": "–" if lr.window is None else f"{lr.window:,}",
-                "softcap / sinks": f"{'–' if lr.softcap is None else f'{lr.softcap:g}'} / {'learned' if lr.sinks else '–'}",
-                "λ range (tokens)": f"{number(r['shortest_wavelength'])} – {number(r['longest_wavelength'])}",
+                "softcap / sinks": f"{'–' if lr.softcap is None else f'{lr.softcap:g}'} / "
+                f"{'learned' if lr.sinks else '–'}",
+                "λ range (tokens)": f"{number(r['shortest_wavelength'])} – "
+                f"{number(r['longest_wavelength'])}",
                 f"planes λ > {n_ctx}": int((lr.wavelength > n_ctx).sum()),
                 f"planes λ > {spec.n_ctx:,}": r["planes_beyond_ctx"],
             }
@@ -295,9 +299,8 @@ def _wavelength_figure(data: ReportData) -> go.Figure:
                 marker={"size": 5},
                 name=f"{kind} layers{base}",
                 customdata=lr.inv_freq.tolist(),
-                hovertemplate="plane %{x}<br>λ = %{y:.4g} tokens<br>θ = %{customdata:.3g} rad/token<extra>"
-                + esc(kind)
-                + "</extra>",
+                hovertemplate="plane %{x}<br>λ = %{y:.4g} tokens<br>θ = %{customdata:.3g} "
+                "rad/token<extra>" + esc(kind) + "</extra>",
             )
         )
     marks: dict[int, list[str]] = {}
@@ -323,21 +326,25 @@ def _wavelength_figure(data: ReportData) -> go.Figure:
 
 
 def _verification_html(v: dict[str, Any] | None) -> str:
-    """Whether the reading below was checked against the model's own attention (prominent when it was not)."""
+    """Whether the reading below was checked against the model's own attention (prominent when it
+    was not)."""
     if not v:
         return ""
     if v.get("status") != "passed":
         return (
-            '<p class="placeholder"><b>Unverified.</b> ropelens\'s reading of this model (its rotation, scores, '
-            "mask and softmax) was not checked against the model's own attention (verify=False / --no-verify): "
+            '<p class="placeholder"><b>Unverified.</b> ropelens\'s reading of this model (its '
+            "rotation, scores, "
+            "mask and softmax) was not checked against the model's own attention (verify=False / "
+            "--no-verify): "
             "every number in this report may misdescribe the model.</p>"
         )
     errs = ", ".join(f"{esc(k)} {e:.1e}" for k, e in v.get("errors", {}).items())
     unchecked = v.get("unchecked") or []
     return (
-        f"<p><b>Verified</b> on a {v.get('n_tokens')}-token probe against {esc(v.get('reference', ''))}: in every "
-        "rotary layer the captured post-RoPE q and k are the spec's rotation, and the rebuilt scores and "
-        f"probabilities are the model's (largest errors: {errs})."
+        f"<p><b>Verified</b> on a {v.get('n_tokens')}-token probe against "
+        f"{esc(v.get('reference', ''))}: in every rotary layer the captured post-RoPE q and k "
+        "are the spec's rotation, and the rebuilt scores and probabilities are the model's "
+        f"(largest errors: {errs})."
         + (f" Not checked: {esc('; '.join(unchecked))}." if unchecked else "")
         + "</p>"
     )
@@ -362,7 +369,8 @@ def render(data: ReportData) -> Section:
         f"{len(data.layers)} layers, windows of {data.n_ctx:,} tokens.</p>"
     )
     if data.settings.get("n_ctx_note"):
-        intro += f"<p>{esc(data.settings['n_ctx_note'][0].upper() + data.settings['n_ctx_note'][1:])}.</p>"
+        note = data.settings["n_ctx_note"]
+        intro += f"<p>{esc(note[0].upper() + note[1:])}.</p>"
     intro = _verification_html(data.settings.get("verification")) + intro
     nope = [L for L in range(spec.n_layers) if not spec.layers[L].rotary]
     if nope:
@@ -426,5 +434,6 @@ ANALYSIS = Analysis(
         render,
         summary="What each layer rotates, as read and verified.",
     ),
-    summary="What each layer of a model rotates: frequencies, wavelengths, pairing, heads and layer kinds.",
+    summary="What each layer of a model rotates: frequencies, wavelengths, pairing, heads and "
+    "layer kinds.",
 )

@@ -1,4 +1,5 @@
-"""Rotary offsets: partial-cycle planes and the q–k angle per plane (``rotary_offsets``, ``ropelens rotary-offsets``)."""
+"""Rotary offsets: partial-cycle planes and the q–k angle per plane (``rotary_offsets``, ``ropelens
+rotary-offsets``)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Partial-cycle planes, rotary outliers and the q-k angle per plane at the attended key
 
-    Flags the planes that never complete a turn within the trained context (Jonasson 2025), and measures per
-    plane the q/k outlier ratio and the circular mean angle between q and k at the key each query attends to
-    (sink and content keys apart).
+    Flags the planes that never complete a turn within the trained context (Jonasson 2025), and
+    measures per plane the q/k outlier ratio and the circular mean angle between q and k at the key
+    each query attends to (sink and content keys apart).
     """
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(rotary_offsets)
@@ -46,5 +47,6 @@ ANALYSIS = Analysis(
     RotaryOffsets,
     draw(RotaryOffsets, figure=offsets_figure, heatmap=offsets_heatmap),
     Command("rotary-offsets", run, options, distributed=True),
-    summary="Planes that never complete a turn in the trained context, and the q–k angle per plane at the attended key.",
+    summary="Planes that never complete a turn in the trained context, and the q–k angle per "
+    "plane at the attended key.",
 )

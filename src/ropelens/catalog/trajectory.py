@@ -13,13 +13,14 @@ from ropelens.validate import check_output_path
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens trajectory CKPT... [--revisions R...]``: structures over training checkpoints, and their page."""
+    """``ropelens trajectory CKPT... [--revisions R...]``: structures over training checkpoints, and
+    their page."""
     p.add_argument(
         "checkpoints",
         nargs="+",
         metavar="CKPT",
-        help="checkpoint directories (step-N/, as ropelens.training.train saves them), or one hub id "
-        "with --revisions",
+        help="checkpoint directories (step-N/, as ropelens.training.train saves them), or one "
+        "hub id with --revisions",
     )
     g = p.add_argument_group("trajectory")
     g.add_argument(
@@ -27,7 +28,8 @@ def options(p: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="REV",
-        help="hub revisions of the one hub id given (e.g. Pythia's step1000 step8000; needs the network)",
+        help="hub revisions of the one hub id given (e.g. Pythia's step1000 step8000; needs the "
+        "network)",
     )
     g.add_argument(
         "--steps",
@@ -63,7 +65,8 @@ def options(p: argparse.ArgumentParser) -> None:
         "--corpus",
         default=None,
         metavar="PATH|english|python",
-        help="text to measure on (default: the corpus a ropelens checkpoint was trained on, else english)",
+        help="text to measure on (default: the corpus a ropelens checkpoint was trained on, else "
+        "english)",
     )
     g.add_argument(
         "--device",
@@ -82,19 +85,21 @@ def options(p: argparse.ArgumentParser) -> None:
         "--out",
         default="ropelens-trajectory",
         metavar="DIR",
-        help="where trajectory.json, trajectory.csv and trajectory.html go (default: ropelens-trajectory)",
+        help="where trajectory.json, trajectory.csv and trajectory.html go (default: "
+        "ropelens-trajectory)",
     )
     OutputOptions.add_to(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Structures over training: when the high-norm band, attention sinks, massive values and positional heads appear
+    """Structures over training: when the high-norm band, attention sinks, massive values and
+    positional heads appear
 
-    Load each checkpoint (a directory, or the hub id at each of --revisions), measure the chosen analyses on
-    --tokens tokens, and keep per checkpoint the band's position and prominence, the share of sink heads, the
-    number of massive query dimensions and of positional heads. Prints when each structure appears (the first
-    checkpoint from which its metric stays at or above its threshold) and writes trajectory.json,
-    trajectory.csv and trajectory.html into --out.
+    Load each checkpoint (a directory, or the hub id at each of --revisions), measure the chosen
+    analyses on --tokens tokens, and keep per checkpoint the band's position and prominence, the
+    share of sink heads, the number of massive query dimensions and of positional heads. Prints when
+    each structure appears (the first checkpoint from which its metric stays at or above its
+    threshold) and writes trajectory.json, trajectory.csv and trajectory.html into --out.
     """
     check_output_path(args.out, "--out", directory=True)
     output = OutputOptions.from_args(args)
@@ -133,5 +138,6 @@ ANALYSIS = Analysis(
     Trajectory,
     draw(Trajectory, figure=trajectory_figure),
     Command("trajectory", run, options),
-    summary="The high-norm band, sinks, massive dimensions and positional heads across training checkpoints.",
+    summary="The high-norm band, sinks, massive dimensions and positional heads across training "
+    "checkpoints.",
 )

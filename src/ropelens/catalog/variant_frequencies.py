@@ -17,7 +17,8 @@ from ropelens.spec.reading import rope_spec
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    """``ropelens variant-frequencies [MODEL] --variant SPEC``: each plane's frequency before and after."""
+    """``ropelens variant-frequencies [MODEL] --variant SPEC``: each plane's frequency before and
+    after."""
     ModelOptions.add_to(p)
     p.add_argument(
         "--variant",
@@ -32,8 +33,8 @@ def options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Per-plane frequencies of a RoPE variant on a model's layers
 
-    Show θ_i and the wavelength of every plane before and after a RoPE variant, for one layer of each layer
-    kind.
+    Show θ_i and the wavelength of every plane before and after a RoPE variant, for one layer of
+    each layer kind.
     """
     chosen = [parse_variant(s) for s in args.variant]
     spec = rope_spec(load_from_args(args))
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         return output.emit(out, indent=1)
     for row in out:
         print(
-            f"\n{row['variant']['variant']} on {row['kind']} layers (attention scaling {row['attention_scaling']:.4f})"
+            f"\n{row['variant']['variant']} on {row['kind']} layers (attention scaling "
+            f"{row['attention_scaling']:.4f})"
         )
         print(f"{'plane':>5} {'θ before':>12} {'θ after':>12} {'λ before':>12} {'λ after':>12}")
         for i, (a, b) in enumerate(zip(row["inv_freq_before"], row["inv_freq_after"])):
@@ -72,5 +74,6 @@ def run(args: argparse.Namespace) -> int:
 ANALYSIS = Analysis(
     "variant-frequencies",
     command=Command("variant-frequencies", run, options),
-    summary="Each plane's frequency and wavelength before and after a RoPE variant, per layer kind.",
+    summary="Each plane's frequency and wavelength before and after a RoPE variant, per layer "
+    "kind.",
 )

@@ -1,4 +1,5 @@
-"""Ingredients every ``ropelens`` subcommand is built from: option groups, argument types, JSON output.
+"""Ingredients every ``ropelens`` subcommand is built from: option groups, argument types, JSON
+output.
 
 An option group is a small dataclass whose fields are its flags (field metadata holds the help
 text) and whose methods do the group's work: :class:`ModelOptions` loads the model,
@@ -7,10 +8,11 @@ layers, :class:`CheckpointOptions` resumes, :class:`OutputOptions` saves and pri
 ``Group.add_to(parser)`` declares the flags and ``Group.from_args(args)`` reads them back.
 :class:`CorpusCommand` bundles the groups of the commands that stream a corpus.
 
-A :class:`Command` is one subcommand: its name, ``options(parser)`` (which declares its flags from these
-groups) and ``run(args) -> int``. Each analysis declares its command (``ropelens.catalog``) and
-:mod:`ropelens.cli.main` adds every registered one. Bad input raises :class:`ropelens.errors.InputError` (or
-``OSError`` for files), which ``main`` reports as one line with exit code 2.
+A :class:`Command` is one subcommand: its name, ``options(parser)`` (which declares its flags from
+these groups) and ``run(args) -> int``. Each analysis declares its command (``ropelens.catalog``)
+and :mod:`ropelens.cli.main` adds every registered one. Bad input raises
+:class:`ropelens.errors.InputError` (or ``OSError`` for files), which ``main`` reports as one line
+with exit code 2.
 """
 
 from __future__ import annotations
@@ -41,11 +43,32 @@ DTYPES = {
 }  # what --dtype offers
 
 __all__ = [
-    "DTYPES", "AnalysisOptions", "CheckpointOptions", "Command", "CorpusCommand", "CorpusOptions", "ModelOptions",
-    "OutputOptions", "Parser", "add_command", "band_tokens", "emit", "jsonable", "layer_list",
-    "check_windows_fit", "load_from_args", "most_windows", "non_negative_int", "note", "note_windows", "number_list",
-    "positive_int", "relay", "signature_default", "window_length",
-]  # fmt: skip
+    "DTYPES",
+    "AnalysisOptions",
+    "CheckpointOptions",
+    "Command",
+    "CorpusCommand",
+    "CorpusOptions",
+    "ModelOptions",
+    "OutputOptions",
+    "Parser",
+    "add_command",
+    "band_tokens",
+    "emit",
+    "jsonable",
+    "layer_list",
+    "check_windows_fit",
+    "load_from_args",
+    "most_windows",
+    "non_negative_int",
+    "note",
+    "note_windows",
+    "number_list",
+    "positive_int",
+    "relay",
+    "signature_default",
+    "window_length",
+]
 
 
 class Parser(argparse.ArgumentParser):
@@ -62,7 +85,8 @@ def add_command(
     run: Callable[[argparse.Namespace], int],
     distributed: bool = False,
 ) -> argparse.ArgumentParser:
-    """Subcommand ``name`` running ``run`` (its docstring is the help); ``distributed``: it splits under torchrun."""
+    """Subcommand ``name`` running ``run`` (its docstring is the help); ``distributed``: it splits
+    under torchrun."""
     summary, _, description = inspect.cleandoc(run.__doc__ or name).partition("\n\n")
     p = subparsers.add_parser(
         name, help=summary, description=description.replace("\n", " ") or summary
@@ -73,12 +97,14 @@ def add_command(
 
 @dataclass(frozen=True)
 class Command:
-    """A ``ropelens NAME`` subcommand: ``options(parser)`` declares its flags, ``run(args) -> int`` runs it.
+    """A ``ropelens NAME`` subcommand: ``options(parser)`` declares its flags, ``run(args) -> int``
+    runs it.
 
-    ``run``'s docstring is the help (first paragraph: the one-line summary in ``ropelens --help``; the rest: the
-    description in ``ropelens NAME --help``). ``distributed``: the command splits its work under torchrun.
-    An analysis declares its command (:class:`ropelens.analyses.registry.Analysis`); ``ropelens.cli.main`` adds
-    every registered one to the parser.
+    ``run``'s docstring is the help (first paragraph: the one-line summary in ``ropelens --help``;
+    the rest: the description in ``ropelens NAME --help``). ``distributed``: the command splits its
+    work under torchrun. An analysis declares its command
+    (:class:`ropelens.analyses.registry.Analysis`); ``ropelens.cli.main`` adds every registered one
+    to the parser.
     """
 
     name: str
@@ -100,7 +126,7 @@ class Command:
         return p
 
 
-# ---------------------------------------------------------------------------------------- argument types
+# ----------------------------------------------------------------------------------- argument types
 def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
@@ -122,7 +148,8 @@ def non_negative_int(text: str) -> int:
 
 
 def window_length(text: str) -> int:
-    """``argparse`` type: tokens per window, at least 2 (BOS and one token that can attend to it)."""
+    """``argparse`` type: tokens per window, at least 2 (BOS and one token that can attend to
+    it)."""
     value = positive_int(text)
     if value < 2:
         raise argparse.ArgumentTypeError(
@@ -147,7 +174,8 @@ def layer_list(text: str) -> list[int]:
 
 
 def number_list(text: str, kind, what: str, *, example: str) -> list:
-    """``"1,2"`` → ``[1, 2]`` of ``kind`` for the flag ``what``; ``example`` is a value the flag accepts."""
+    """``"1,2"`` → ``[1, 2]`` of ``kind`` for the flag ``what``; ``example`` is a value the flag
+    accepts."""
     noun = "integers" if kind is int else "numbers"
     try:
         out = [kind(x) for x in text.split(",") if x.strip()]
@@ -239,11 +267,12 @@ def note(message: str) -> None:
 
 
 def most_windows(corpus: Any, n_ctx: int) -> int:
-    """An upper bound on the windows of ``n_ctx`` tokens (BOS first) any tokenizer can cut from ``corpus``.
+    """An upper bound on the windows of ``n_ctx`` tokens (BOS first) any tokenizer can cut from
+    ``corpus``.
 
-    A token spans at least one byte of text for every tokenizer in use (byte-level BPE, SentencePiece with
-    byte fallback, WordPiece), and a document adds a separator and a prefix at most; twice that, for
-    normalisers that expand a character, is a bound no real tokenizer reaches.
+    A token spans at least one byte of text for every tokenizer in use (byte-level BPE,
+    SentencePiece with byte fallback, WordPiece), and a document adds a separator and a prefix at
+    most; twice that, for normalisers that expand a character, is a bound no real tokenizer reaches.
     """
     capacity = 2 * (sum(len(d.encode("utf-8")) for d in corpus.documents) + 2 * corpus.n_documents)
     return capacity // max(1, n_ctx - 1)
@@ -252,16 +281,19 @@ def most_windows(corpus: Any, n_ctx: int) -> int:
 def check_windows_fit(
     corpus: Any, n_ctx: int, asked: int, flag: str, per_window: int = 1, other_corpus: bool = True
 ) -> None:
-    """Refuse ``flag asked`` (``per_window`` of it per window) when ``corpus`` cannot hold that many windows.
+    """Refuse ``flag asked`` (``per_window`` of it per window) when ``corpus`` cannot hold that many
+    windows.
 
-    A value the corpus merely falls short of is measured on what it holds, with a :func:`note_windows`.
+    A value the corpus merely falls short of is measured on what it holds, with a
+    :func:`note_windows`.
     """
     most = most_windows(corpus, n_ctx)
     if most and asked // per_window > most:
         size = sum(len(d.encode("utf-8")) for d in corpus.documents)
         raise InputError(
-            f"{flag} {asked:,} is more than corpus {corpus.name!r} can hold: its {size:,} bytes of text make at "
-            f"most {most:,} windows of --n-ctx {n_ctx} with any tokenizer: pass {flag} {most * per_window} or "
+            f"{flag} {asked:,} is more than corpus {corpus.name!r} can hold: its {size:,} bytes "
+            f"of text make at most {most:,} windows of --n-ctx {n_ctx} with any tokenizer: pass "
+            f"{flag} {most * per_window} or "
             f"fewer{', or a larger --corpus' if other_corpus else ''}"
         )
 
@@ -275,19 +307,20 @@ def note_windows(
     per_window: int = 1,
     default: bool = False,
 ) -> None:
-    """:func:`note` that ``corpus`` held ``used`` windows where ``flag asked`` (the command's default, with
-    ``default``) wanted more."""
+    """:func:`note` that ``corpus`` held ``used`` windows where ``flag asked`` (the command's
+    default, with ``default``) wanted more."""
     if used < asked // per_window:
         said = f"the default {flag} {asked:,}" if default else f"{flag} {asked:,}"
         note(
-            f"{said} asks for {asked // per_window:,} windows of {n_ctx} tokens but corpus {corpus!r} holds "
-            f"{used:,}: measured all {used:,} ({used * n_ctx:,} tokens)"
+            f"{said} asks for {asked // per_window:,} windows of {n_ctx} tokens but corpus "
+            f"{corpus!r} holds {used:,}: measured all {used:,} ({used * n_ctx:,} tokens)"
         )
 
 
-# ---------------------------------------------------------------------------------------- option groups
+# ------------------------------------------------------------------------------------ option groups
 def option(default: Any, help: str, **argparse_kw: Any) -> Any:
-    """A dataclass field that is also the flag ``--field-name``; ``{default}`` in ``help`` is filled in."""
+    """A dataclass field that is also the flag ``--field-name``; ``{default}`` in ``help`` is filled
+    in."""
     return field(default=default, metadata={"help": help, **argparse_kw})
 
 
@@ -300,7 +333,8 @@ class OptionGroup:
     def add_to(
         cls, parser: argparse.ArgumentParser, *, omit: Sequence[str] = (), **defaults: Any
     ) -> argparse._ArgumentGroup:
-        """Declare every field not in ``omit`` as a flag, under this group's heading; ``defaults`` override."""
+        """Declare every field not in ``omit`` as a flag, under this group's heading; ``defaults``
+        override."""
         group = parser.add_argument_group(cls.title)
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             if f.name not in omit:
@@ -342,7 +376,8 @@ class ModelOptions(OptionGroup):
     model: str | None = option(None, MODEL_HELP, positional=True)
     device: str | None = option(
         None,
-        "torch device to run the model on: cpu, cuda, cuda:N or mps (default: cuda if available, else cpu)",
+        "torch device to run the model on: cpu, cuda, cuda:N or mps (default: cuda if available, "
+        "else cpu)",
     )
     dtype: str = option(
         "float32",
@@ -355,7 +390,8 @@ class ModelOptions(OptionGroup):
     def add_to(
         cls, parser: argparse.ArgumentParser, *, flag_help: str | None = None, **kw: Any
     ) -> argparse._ArgumentGroup:
-        """MODEL as the optional positional, or as ``--model`` with ``flag_help`` (a command where it is optional)."""
+        """MODEL as the optional positional, or as ``--model`` with ``flag_help`` (a command where
+        it is optional)."""
         if flag_help is None:
             return super().add_to(parser, **kw)
         group = super().add_to(parser, omit=("model",), **kw)
@@ -363,7 +399,8 @@ class ModelOptions(OptionGroup):
         return group
 
     def load(self):
-        """The model, loaded by :func:`ropelens.loading.models.load_model` without transformers' progress bar."""
+        """The model, loaded by :func:`ropelens.loading.models.load_model` without transformers'
+        progress bar."""
         from transformers.utils import logging as hf_logging
 
         # transformers draws a "Loading weights" bar on every load; ropelens' own bar (first
@@ -378,7 +415,8 @@ class ModelOptions(OptionGroup):
 
 
 def load_from_args(args: argparse.Namespace):
-    """The model a command's :class:`ModelOptions` name: every command loads through this one function."""
+    """The model a command's :class:`ModelOptions` name: every command loads through this one
+    function."""
     return ModelOptions.from_args(args).load()
 
 
@@ -411,7 +449,8 @@ class CorpusOptions(OptionGroup):
         n_ctx: int,
         corpus_group: argparse._MutuallyExclusiveGroup | None = None,
     ) -> argparse._ArgumentGroup:
-        """``--corpus``, ``--tokens`` (when ``tokens`` is given) and ``--n-ctx``; ``--corpus`` may join ``corpus_group``."""
+        """``--corpus``, ``--tokens`` (when ``tokens`` is given) and ``--n-ctx``; ``--corpus`` may
+        join ``corpus_group``."""
         omit = ("tokens",) * (tokens is None) + ("corpus",) * (corpus_group is not None)
         group = super().add_to(parser, omit=omit, tokens=tokens, n_ctx=n_ctx)
         if corpus_group is not None:
@@ -435,7 +474,8 @@ class CorpusOptions(OptionGroup):
 
 @dataclass
 class AnalysisOptions(OptionGroup):
-    """Which bands planes group into, which layers to analyse, and whether the reading is verified first."""
+    """Which bands planes group into, which layers to analyse, and whether the reading is verified
+    first."""
 
     title: ClassVar[str] = "analysis"
     bands: str | None = option(
@@ -458,8 +498,9 @@ class AnalysisOptions(OptionGroup):
     def add_to(
         cls, parser: argparse.ArgumentParser, *, bands: bool = True, default_bands: Any = None
     ) -> argparse._ArgumentGroup:
-        """``--layers``, and ``--bands`` unless ``bands=False``; ``default_bands``: the analysis's own
-        default :class:`ropelens.spec.bands.Bands` (default: ``Bands.default()``, as most analyses)."""
+        """``--layers``, and ``--bands`` unless ``bands=False``; ``default_bands``: the analysis's
+        own default :class:`ropelens.spec.bands.Bands` (default: ``Bands.default()``, as most
+        analyses)."""
         default = (default_bands or Bands.default()).describe()
         group = super().add_to(parser, omit=("bands",), bands=default)
         if bands:
@@ -490,7 +531,8 @@ class CheckpointOptions(OptionGroup):
     )
 
     def kwargs(self) -> dict[str, Any]:
-        """``checkpoint``/``checkpoint_every`` for the analysis when ``--checkpoint`` is set (every corpus analysis resumes)."""
+        """``checkpoint``/``checkpoint_every`` for the analysis when ``--checkpoint`` is set (every
+        corpus analysis resumes)."""
         if self.checkpoint is None:
             return {}
         check_output_path(self.checkpoint, "--checkpoint", directory=True)  # before the model loads
@@ -518,7 +560,8 @@ class OutputOptions(OptionGroup):
         save: str | None = None,
         deprecated_out: bool = False,
     ) -> argparse._ArgumentGroup:
-        """``--json``, and ``--save`` when ``save`` names what is saved (e.g. ``"AttentionSinks JSON"``)."""
+        """``--json``, and ``--save`` when ``save`` names what is saved (e.g. ``"AttentionSinks
+        JSON"``)."""
         group = parser.add_argument_group(cls.title)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if save is not None:
@@ -533,12 +576,14 @@ class OutputOptions(OptionGroup):
 
     @property
     def progress(self) -> bool:
-        """Progress bars (tqdm, on stderr) only on a terminal, with a table, and without ``--quiet``."""
+        """Progress bars (tqdm, on stderr) only on a terminal, with a table, and without
+        ``--quiet``."""
         # a bar would garble JSON read by a program, and fills a log file with carriage returns
         return not (self.json or self.quiet) and sys.stderr.isatty()
 
     def check(self) -> None:
-        """``--save`` names a file in a writable directory (created only when the result is saved)."""
+        """``--save`` names a file in a writable directory (created only when the result is
+        saved)."""
         if self.save:
             check_output_path(self.save, "--save")
 
@@ -555,9 +600,9 @@ class OutputOptions(OptionGroup):
         head: dict[str, Any] | None = None,
         tail: dict[str, Any] | None = None,
     ) -> int:
-        """Save ``result`` (when ``--save`` is given), then print its findings and ``frame`` as a table; with
-        ``--json``, one object instead: ``head``, the findings, ``frame``'s records under ``rows``, ``tail``.
-        0, the command's exit code."""
+        """Save ``result`` (when ``--save`` is given), then print its findings and ``frame`` as a
+        table; with ``--json``, one object instead: ``head``, the findings, ``frame``'s records
+        under ``rows``, ``tail``. 0, the command's exit code."""
         self.save_result(result)
         findings = [f.text for f in result.findings()]
         if self.json:
@@ -615,7 +660,8 @@ class CorpusCommand:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CorpusCommand:
-        """Every group but the model's (:func:`load_from_args` loads it) as parsed; a bad ``--bands`` fails here."""
+        """Every group but the model's (:func:`load_from_args` loads it) as parsed; a bad
+        ``--bands`` fails here."""
         return cls(
             args.command,
             CorpusOptions.from_args(args),
@@ -626,10 +672,11 @@ class CorpusCommand:
         )
 
     def prepare(self, analysis: Callable[..., Any]) -> tuple[Any, dict[str, Any]]:
-        """The checked corpus and the keyword arguments of ``analysis``: all that can fail before the model loads.
+        """The checked corpus and the keyword arguments of ``analysis``: all that can fail before
+        the model loads.
 
-        A ``--tokens`` no tokenizer could cut from the corpus is refused; one the corpus falls short of is
-        measured on the whole corpus, and :meth:`measured` says so.
+        A ``--tokens`` no tokenizer could cut from the corpus is refused; one the corpus falls short
+        of is measured on the whole corpus, and :meth:`measured` says so.
         """
         corpus = self.corpus.load()
         tokens = self.corpus.tokens
@@ -655,8 +702,8 @@ class CorpusCommand:
         return corpus, {**kw, **self.checkpoint.kwargs()}
 
     def measured(self, result: Any) -> dict[str, Any]:
-        """What ``result`` ran on (``n_ctx``, ``n_windows``, ``n_tokens`` from its provenance), for the JSON; a
-        corpus that held fewer windows than ``--tokens`` asked for gets one note."""
+        """What ``result`` ran on (``n_ctx``, ``n_windows``, ``n_tokens`` from its provenance), for
+        the JSON; a corpus that held fewer windows than ``--tokens`` asked for gets one note."""
         prov = result.provenance
         tokens = self.corpus.tokens
         if tokens is not None and prov.n_windows is not None:
@@ -672,7 +719,7 @@ class CorpusCommand:
         return {"n_ctx": prov.n_ctx, "n_windows": prov.n_windows, "n_tokens": prov.n_tokens}
 
 
-# ---------------------------------------------------------------------------------------- JSON output
+# -------------------------------------------------------------------------------------- JSON output
 def jsonable(obj: Any, key: str | None = None) -> Any:
     """``obj`` in strict JSON: NaN → null, ±inf → "inf"/"-inf", numpy → Python, tuples → lists."""
     # pandas turns a missing window into NaN, and unrotated planes give an infinite wavelength.

@@ -1,10 +1,11 @@
-"""``ropelens COMMAND``: the entry point. Its subcommands are the commands of the registered analyses.
+"""``ropelens COMMAND``: the entry point. Its subcommands are the commands of the registered
+analyses.
 
-An analysis declares its command (:class:`ropelens.cli.common.Command`: a name, an ``options(parser)`` that
-declares its flags from the option groups in :mod:`ropelens.cli.common`, and a ``run(args) -> int``) in its
-:class:`ropelens.analyses.registry.Analysis`; ropelens's own are in ``ropelens.catalog``. Bad input raises
-:class:`ropelens.errors.InputError` (or ``OSError`` for a file): ``main`` prints it as ``ropelens: error: ...`` and
-returns 2.
+An analysis declares its command (:class:`ropelens.cli.common.Command`: a name, an
+``options(parser)`` that declares its flags from the option groups in :mod:`ropelens.cli.common`,
+and a ``run(args) -> int``) in its :class:`ropelens.analyses.registry.Analysis`; ropelens's own are
+in ``ropelens.catalog``. Bad input raises :class:`ropelens.errors.InputError` (or ``OSError`` for a
+file): ``main`` prints it as ``ropelens: error: ...`` and returns 2.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser, with the command of every registered analysis (:mod:`ropelens.analyses.registry`)."""
+    """The top-level parser, with the command of every registered analysis
+    (:mod:`ropelens.analyses.registry`)."""
     parser = Parser(
         prog="ropelens",
         description="Mechanistic interpretability of rotary position embeddings (RoPE).",
@@ -58,13 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _join_process_group(args: argparse.Namespace) -> None:
-    """Under torchrun: join the process group, take this rank's device, and let only rank 0 print."""
+    """Under torchrun: join the process group, take this rank's device, and let only rank 0
+    print."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not getattr(args, "distributed", False):
         sub = next(a for a in build_parser()._actions if a.dest == "command")
         names = [n for n, p in sub.choices.items() if p.get_default("distributed")]
         raise InputError(
-            f"ropelens {args.command} does not split its work across processes: run it without torchrun "
-            f"({', '.join(names[:-1])} and {names[-1]} do)"
+            f"ropelens {args.command} does not split its work across processes: run it without "
+            f"torchrun ({', '.join(names[:-1])} and {names[-1]} do)"
         )
     device = init_from_env(getattr(args, "device", None))
     if device is None:
@@ -80,7 +83,8 @@ def _one_line(e: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``ropelens ARGS``; returns the exit code (0 ok, 2 bad input; ROPELENS_DEBUG=1 re-raises)."""
+    """Run ``ropelens ARGS``; returns the exit code (0 ok, 2 bad input; ROPELENS_DEBUG=1
+    re-raises)."""
     try:
         args = build_parser().parse_args(argv)
         _join_process_group(args)

@@ -1,5 +1,6 @@
-"""RoPE variants as a command line spells them: ``--variant yarn:factor=4``, parsed into a :class:`ropelens.spec.variants.RopeVariant`,
-and the help that lists every variant with an example."""
+"""RoPE variants as a command line spells them: ``--variant yarn:factor=4``, parsed into a
+:class:`ropelens.spec.variants.RopeVariant`, and the help that lists every variant with an
+example."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ __all__ = ["VARIANT_EXAMPLES", "parse_variant", "variant_help"]
 
 
 def _variant_classes() -> dict[str, type[V.RopeVariant]]:
-    """The variant classes :mod:`ropelens.spec.variants` exports, by lower-case class name, in its order."""
+    """The variant classes :mod:`ropelens.spec.variants` exports, by lower-case class name, in its
+    order."""
     exported = (getattr(V, n) for n in V.__all__)
     return {
         c.__name__.lower(): c
@@ -26,7 +28,8 @@ def _params(cls: type[V.RopeVariant]) -> list[dataclasses.Field]:
 
 
 def variant_help() -> str:
-    """The variant forms ``--variant`` accepts, e.g. ``prope:P``; values in [brackets] have defaults."""
+    """The variant forms ``--variant`` accepts, e.g. ``prope:P``; values in [brackets] have
+    defaults."""
     return ", ".join(_form(name, cls) for name, cls in _variant_classes().items())
 
 

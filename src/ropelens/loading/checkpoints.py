@@ -1,4 +1,5 @@
-"""Training checkpoints on disk: their ``step-NNNNNN`` names and the training info saved beside the weights.
+"""Training checkpoints on disk: their ``step-NNNNNN`` names and the training info saved beside the
+weights.
 
 :mod:`ropelens.training.checkpoints` writes them; :mod:`ropelens.analyses.trajectory` reads them.
 """
@@ -25,14 +26,15 @@ def checkpoint_name(step: int) -> str:
 
 
 def step_of(name: str | os.PathLike[str]) -> int | None:
-    """The training step a checkpoint's name states (``step-000200``, ``step1000``, ``stage1-step5000-tokens…``;
-    the last path component is read), or None when it states none."""
+    """The training step a checkpoint's name states (``step-000200``, ``step1000``,
+    ``stage1-step5000-tokens…``; the last path component is read), or None when it states none."""
     m = _STEP.search(Path(os.fspath(name)).name)
     return int(m.group(1)) if m else None
 
 
 def read_info(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """A checkpoint's ``ropelens-train.json`` (config, step, losses), or None for a directory without one."""
+    """A checkpoint's ``ropelens-train.json`` (config, step, losses), or None for a directory
+    without one."""
     f = Path(path) / INFO_FILE
     if not f.is_file():
         return None

@@ -1,4 +1,5 @@
-"""An HF model directory checked as a GGUF file is: a fault in it is one line naming the file and the fix.
+"""An HF model directory checked as a GGUF file is: a fault in it is one line naming the file and
+the fix.
 
 transformers reports a broken directory with a traceback from deep inside its loader (an unknown
 ``model_type``, a truncated safetensors shard), and loads some faults without any error at all:
@@ -30,16 +31,23 @@ def _first_line(e: BaseException) -> str:
 
 
 def safetensors_problem(file: Path) -> str | None:
-    """What is wrong with a safetensors file's framing, read from its header alone (no tensor is loaded): a
-    header cut short, a header that is not JSON, or tensors that end past the end of the file; None if it is whole."""
+    """What is wrong with a safetensors file's framing, read from its header alone (no tensor is
+    loaded): a header cut short, a header that is not JSON, or tensors that end past the end of the
+    file; None if it is whole."""
     size = file.stat().st_size
     with file.open("rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            return f"{file} has {size} bytes, too few for a safetensors header (it is truncated or empty)"
+            return (
+                f"{file} has {size} bytes, too few for a safetensors header (it is truncated "
+                "or empty)"
+            )
         (n,) = struct.unpack("<Q", head)
         if 8 + n > size:
-            return f"{file} is truncated: its header alone should be {n:,} bytes and the file holds {size:,}"
+            return (
+                f"{file} is truncated: its header alone should be {n:,} bytes and the file "
+                f"holds {size:,}"
+            )
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -59,9 +67,9 @@ def safetensors_problem(file: Path) -> str | None:
 
 
 def check_hf_dir(path: Path) -> None:
-    """Raise InputError naming the fault in HF model directory ``path`` that can be seen before loading: no or
-    unreadable config.json, a ``model_type`` this transformers does not know, no weights, a missing or truncated
-    safetensors shard."""
+    """Raise InputError naming the fault in HF model directory ``path`` that can be seen before
+    loading: no or unreadable config.json, a ``model_type`` this transformers does not know, no
+    weights, a missing or truncated safetensors shard."""
     import transformers
 
     cfg_file = path / "config.json"
@@ -84,14 +92,14 @@ def check_hf_dir(path: Path) -> None:
     model_type = cfg.get("model_type")
     if not model_type:
         raise InputError(
-            f"{cfg_file} has no model_type: ropelens cannot tell which family this model is; save the "
-            "config with config.save_pretrained(DIR)"
+            f"{cfg_file} has no model_type: ropelens cannot tell which family this model is; "
+            "save the config with config.save_pretrained(DIR)"
         )
     if model_type not in CONFIG_MAPPING:
         raise InputError(
-            f"{cfg_file} has model_type {model_type!r}, which transformers {transformers.__version__} does "
-            "not know: check the spelling, or install a transformers release with this family "
-            "(bash scripts/setup.sh --latest)"
+            f"{cfg_file} has model_type {model_type!r}, which transformers "
+            f"{transformers.__version__} does not know: check the spelling, or install a "
+            "transformers release with this family (bash scripts/setup.sh --latest)"
         )
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -99,8 +107,8 @@ def check_hf_dir(path: Path) -> None:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise InputError(
-                f"{index} is not a safetensors index ({_first_line(e)}): restore it or save the model "
-                "again with model.save_pretrained(DIR)"
+                f"{index} is not a safetensors index ({_first_line(e)}): restore it or save the "
+                "model again with model.save_pretrained(DIR)"
             ) from None
         missing = [s for s in shards if not (path / s).is_file()]
         if missing:
@@ -115,8 +123,8 @@ def check_hf_dir(path: Path) -> None:
         any(path.glob(p)) for p in ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.msgpack", "*.h5")
     ):
         raise InputError(
-            f"{path} has a config but no weights (no *.safetensors or *.bin file): copy the weights "
-            "too, or save the model with model.save_pretrained(DIR)"
+            f"{path} has a config but no weights (no *.safetensors or *.bin file): copy the "
+            "weights too, or save the model with model.save_pretrained(DIR)"
         )
     for f in files:
         problem = safetensors_problem(f)
@@ -146,7 +154,8 @@ def _quiet_loading_report() -> Iterator[None]:
 
 
 def _not_loaded(path: Path, info: dict[str, Any]) -> str | None:
-    """The weights of ``path`` that did not load as the checkpoint holds them, in words; None when all did."""
+    """The weights of ``path`` that did not load as the checkpoint holds them, in words; None when
+    all did."""
     mismatched, missing = info.get("mismatched_keys") or [], info.get("missing_keys") or []
     if not mismatched and not missing:
         return None
@@ -166,13 +175,14 @@ def _not_loaded(path: Path, info: dict[str, Any]) -> str | None:
     if unexpected:
         parts.append(f"{len(unexpected)} checkpoint weights the model does not use")
     return (
-        f"the weights in {path} do not match its config.json: {'; '.join(parts)}. transformers would fill them "
-        "with random values; pass the config the weights were saved with"
+        f"the weights in {path} do not match its config.json: {'; '.join(parts)}. transformers "
+        "would fill them with random values; pass the config the weights were saved with"
     )
 
 
 def load_hf_dir(path: Path, dtype, placement: dict[str, Any] | None = None):
-    """``(model, tokenizer)`` of HF model directory ``path`` (eager attention), or InputError naming its fault."""
+    """``(model, tokenizer)`` of HF model directory ``path`` (eager attention), or InputError naming
+    its fault."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_hf_dir(path)
@@ -180,12 +190,13 @@ def load_hf_dir(path: Path, dtype, placement: dict[str, Any] | None = None):
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:
         raise InputError(
-            f"{path} has no tokenizer ropelens can load ({_first_line(e)[:200]}): save it next to the "
-            "weights with tokenizer.save_pretrained(DIR)"
+            f"{path} has no tokenizer ropelens can load ({_first_line(e)[:200]}): save it next "
+            "to the weights with tokenizer.save_pretrained(DIR)"
         ) from None
     if tok is None or isinstance(tok, bool):
         raise InputError(
-            f"{path} has no tokenizer: save it next to the weights with tokenizer.save_pretrained(DIR)"
+            f"{path} has no tokenizer: save it next to the weights with "
+            "tokenizer.save_pretrained(DIR)"
         )
     try:
         with _quiet_loading_report():

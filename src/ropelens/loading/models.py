@@ -1,4 +1,5 @@
-"""Load real and embedded models as TransformerLens bridges (reading their RoPE is :mod:`ropelens.spec.reading`).
+"""Load real and embedded models as TransformerLens bridges (reading their RoPE is
+:mod:`ropelens.spec.reading`).
 
 The embedded models ship on PyPI as GGUF files. The first load converts the GGUF once into a
 safetensors cache (``$ROPELENS_CACHE``, else the user cache dir); later loads read the cache.
@@ -131,7 +132,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """A floating torch dtype from itself or its name ("float32", "bfloat16", "float16", "float64")."""
+    """A floating torch dtype from itself or its name ("float32", "bfloat16", "float16",
+    "float64")."""
     if isinstance(dtype, str):
         key = dtype.strip().lower().removeprefix("torch.")
         if key in DTYPES:
@@ -139,12 +141,14 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     elif isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
     raise InputError(
-        f"unknown dtype {dtype!r}: pass a floating torch dtype or its name, one of {', '.join(map(repr, DTYPES))}"
+        f"unknown dtype {dtype!r}: pass a floating torch dtype or its name, one of "
+        f"{', '.join(map(repr, DTYPES))}"
     )
 
 
 def weights_fingerprint(model: Any, sample: int = 64) -> dict[str, str]:
-    """The weights' identity: ``{"weights_sha256", "dtype"}``, from every parameter's name, shape, dtype and a sample of it.
+    """The weights' identity: ``{"weights_sha256", "dtype"}``, from every parameter's name, shape,
+    dtype and a sample of it.
 
     The hash covers every parameter's name, shape and dtype, and ``sample`` entries spread evenly
     through each (first and last included), not just the q/k projections: a layer's queries and keys
@@ -232,11 +236,12 @@ def _convert_gguf(gguf_path: Path, entry: Path, source: dict[str, Any]) -> None:
                 tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
             except Exception as e:  # the gguf reader raises many types on a damaged file
                 raise InputError(
-                    f"could not read GGUF file {gguf_path}: {type(e).__name__}: {e}. "
-                    "The file is missing, truncated or not a GGUF model; re-download or reinstall it."
+                    f"could not read GGUF file {gguf_path}: {type(e).__name__}: {e}. The file is "
+                    "missing, truncated or not a GGUF model; re-download or reinstall it."
                 ) from e
             bar.update()
-            # The dequantised weights are plain float32 tensors; drop the GGUF marker so HF saves them.
+            # The dequantised weights are plain float32 tensors; drop the GGUF marker so HF saves
+            # them.
             model.hf_quantizer = None
             model.is_quantized = False
             if hasattr(model.config, "quantization_config"):
@@ -326,7 +331,8 @@ def wrap_hf_model(
     placed: bool = False,
     bridge: bool = True,
 ):
-    """Wrap an HF causal LM you built or loaded yourself, and its tokenizer, in the TransformerLens bridge.
+    """Wrap an HF causal LM you built or loaded yourself, and its tokenizer, in the TransformerLens
+    bridge.
 
     ``label`` names the model in results' provenance; it is kept on the bridge's config as
     ``cfg.model_name``, where TransformerLens keeps a model's name (``cfg.model_path`` is None:
@@ -334,9 +340,9 @@ def wrap_hf_model(
     the checkpoint name the bridge boots under (it picks the adapter; nothing is fetched).
 
     Where TransformerLens has no adapter for the architecture, or its adapter cannot wrap this
-    configuration (Falcon's grouped KV heads), and with ``bridge=False`` for any model, the result is
-    a :class:`ropelens.backends.hf.PlainModel`: the HF model itself, on which the q/k analyses run and
-    interventions are refused in one line (see :mod:`ropelens.backends.hf`).
+    configuration (Falcon's grouped KV heads), and with ``bridge=False`` for any model, the result
+    is a :class:`ropelens.backends.hf.PlainModel`: the HF model itself, on which the q/k analyses
+    run and interventions are refused in one line (see :mod:`ropelens.backends.hf`).
     """
     hub_name = hub_name or label
     dtype = resolve_dtype(dtype)
@@ -351,7 +357,9 @@ def wrap_hf_model(
         return plain_model(model, tokenizer, label=label, why="bridge=False")
     if _mla(
         model
-    ):  # the q and k before RoPE, which every q/k analysis reads, are tapped on the plain HF model only
+        # the q and k before RoPE, which every q/k analysis reads, are tapped on the plain HF model
+        # only
+    ):
         return plain_model(model, tokenizer, label=label, why=_MLA_WHY)
 
     if is_chunked(
@@ -371,7 +379,8 @@ def wrap_hf_model(
         UnsupportedModelError
     ) as e:  # no adapter, or one that cannot wrap it: the HF model runs as it is
         _strip_bridge(model)  # an adapter that failed part way has already wrapped some modules
-        # the reason without the architecture and the pointer to the docs: "TransformerLens has no adapter ..."
+        # the reason without the architecture and the pointer to the docs: "TransformerLens has no
+        # adapter ..."
         why = str(e).split(": ", 1)[-1].split(" (")[0].split(", so ")[0]
         return plain_model(model, tokenizer, label=label, why=why)
     wrapped.eval()
@@ -391,9 +400,10 @@ def wrap_hf_model(
 
 
 def _bridge_fails(bridge, hf) -> str | None:
-    """Why the booted bridge cannot run a forward, or None where it can: one forward of a few tokens, since an
-    adapter may read HF modules a newer transformers release has moved only when it runs (TransformerLens 4.3's
-    CodeGen attention reads ``embed_positions``, which transformers 5.24 moved to a model-level rotary module)."""
+    """Why the booted bridge cannot run a forward, or None where it can: one forward of a few
+    tokens, since an adapter may read HF modules a newer transformers release has moved only when it
+    runs (TransformerLens 4.3's CodeGen attention reads ``embed_positions``, which transformers 5.24
+    moved to a model-level rotary module)."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     vocab = int(getattr(cfg, "vocab_size", 0) or 8)
     toks = (torch.arange(4) % vocab).unsqueeze(0).to(device_of(hf))
@@ -404,8 +414,8 @@ def _bridge_fails(bridge, hf) -> str | None:
     except Exception as e:
         first = (str(e).splitlines() or [""])[0][:200]
         return (
-            f"TransformerLens's adapter for {type(hf).__name__} fails in its forward under transformers "
-            f"{_version('transformers')} ({type(e).__name__}: {first})"
+            f"TransformerLens's adapter for {type(hf).__name__} fails in its forward under "
+            f"transformers {_version('transformers')} ({type(e).__name__}: {first})"
         )
     return None
 
@@ -418,20 +428,23 @@ def _version(dist: str) -> str:
 
 
 def _to_floats(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """``model`` with its floating-point parameters and buffers in ``dtype``, and its complex ones left as they are:
-    ``Module.to(dtype)`` would cast a complex buffer to real and drop its imaginary part (Llama 4's vision rotary
-    keeps its frequencies as complex ``freqs_ci``)."""
+    """``model`` with its floating-point parameters and buffers in ``dtype``, and its complex ones
+    left as they are: ``Module.to(dtype)`` would cast a complex buffer to real and drop its
+    imaginary part (Llama 4's vision rotary keeps its frequencies as complex ``freqs_ci``)."""
     return model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def _hookless_attention(bridge) -> str | None:
-    """Why the bridge cannot give some layer's queries and keys (its adapter exposes no per-head query hook for a
-    softmax attention), or None where every attention layer has them."""
+    """Why the bridge cannot give some layer's queries and keys (its adapter exposes no per-head
+    query hook for a softmax attention), or None where every attention layer has them."""
     hooks = bridge.hook_dict
     for i, block in enumerate(getattr(bridge, "blocks", ())):
         hidden = softmax_attention_in(getattr(block, "original_component", None))
         if hidden is not None and f"blocks.{i}.attn.hook_q" not in hooks:
-            return f"its TransformerLens adapter exposes no per-head query hook for layer {i}'s attention ({hidden})"
+            return (
+                f"its TransformerLens adapter exposes no per-head query hook for layer {i}'s "
+                f"attention ({hidden})"
+            )
     return None
 
 
@@ -449,9 +462,9 @@ def _mla(hf) -> bool:
 
 
 def _strip_bridge(module: torch.nn.Module) -> None:
-    """Undo what a TransformerBridge that failed part way did to an HF model: every bridge component replaced by
-    the module it wraps, every forward TransformerLens patched onto a module removed (others, such as
-    accelerate's, are kept)."""
+    """Undo what a TransformerBridge that failed part way did to an HF model: every bridge component
+    replaced by the module it wraps, every forward TransformerLens patched onto a module removed
+    (others, such as accelerate's, are kept)."""
     for name, child in list(module._modules.items()):
         while getattr(child, "_original_component", None) is not None:
             child = child._original_component
@@ -479,7 +492,8 @@ def _identify(bridge, label: str, path: Path | None = None):
 
 @contextlib.contextmanager
 def _bridge_errors(model) -> Iterator[None]:
-    """Turn TransformerLens failing to wrap ``model`` into one UnsupportedModelError naming the architecture."""
+    """Turn TransformerLens failing to wrap ``model`` into one UnsupportedModelError naming the
+    architecture."""
     arch = type(model).__name__
     try:
         yield
@@ -487,8 +501,9 @@ def _bridge_errors(model) -> Iterator[None]:
         if "Could not determine supported architecture" not in str(e):
             raise
         raise UnsupportedModelError(
-            f"{arch}: TransformerLens has no adapter for this architecture, so ropelens cannot wrap it; the "
-            "supported families are listed by `ropelens rope-spec --families` and in docs/models.md"
+            f"{arch}: TransformerLens has no adapter for this architecture, so ropelens cannot "
+            "wrap it; the supported families are listed by `ropelens rope-spec --families` and "
+            "in docs/models.md"
         ) from None
     except (
         RuntimeError
@@ -527,12 +542,14 @@ def _quiet_bridge() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _import_only() -> Iterator[None]:
-    """TransformerLens's boot with its on-the-fly ``pip install torchvision`` turned into an import check.
+    """TransformerLens's boot with its on-the-fly ``pip install torchvision`` turned into an import
+    check.
 
-    Booting a multimodal model, TransformerLens loads the checkpoint's processor and, where that fails,
-    pip-installs torchvision into the running environment, which pulls the newest (CUDA) torch over the
-    installed one. ropelens reads text attention and needs no processor: the boot keeps the packages as
-    they are, and a processor that needs a missing torchvision is simply not attached.
+    Booting a multimodal model, TransformerLens loads the checkpoint's processor and, where that
+    fails, pip-installs torchvision into the running environment, which pulls the newest (CUDA)
+    torch over the installed one. ropelens reads text attention and needs no processor: the boot
+    keeps the packages as they are, and a processor that needs a missing torchvision is simply not
+    attached.
     """
     try:
         from transformer_lens.model_bridge.sources.transformers import helpers
@@ -566,11 +583,12 @@ def load_model(
     bridge: bool = True,
     revision: str | None = None,
 ):
-    """Load a model as a ``TransformerBridge`` (a :class:`ropelens.backends.hf.PlainModel` where TransformerLens cannot wrap it).
+    """Load a model as a ``TransformerBridge`` (a :class:`ropelens.backends.hf.PlainModel` where
+    TransformerLens cannot wrap it).
 
-    ``bridge=False`` loads any model as the plain HF model (:mod:`ropelens.backends.hf`): every analysis,
-    intervention and the report run on it with the bridge's numbers; only TransformerLens's hook points
-    (``run_with_cache``, ``hook_rot_q``) need the bridge.
+    ``bridge=False`` loads any model as the plain HF model (:mod:`ropelens.backends.hf`): every
+    analysis, intervention and the report run on it with the bridge's numbers; only
+    TransformerLens's hook points (``run_with_cache``, ``hook_rot_q``) need the bridge.
 
     ``device_map`` ("auto" or a module → device dict) and ``max_memory`` split a model too large
     for one device across several (and the CPU) through accelerate, as ``from_pretrained`` does;
@@ -583,12 +601,14 @@ def load_model(
 
     ``dtype`` is a floating torch dtype or its name (``"float32"``, the default, ``"bfloat16"``,
     ``"float16"``, ``"float64"``). The name the model was loaded under is ``model.cfg.model_name``
-    (what results' provenance records, :func:`ropelens.spec.reading.model_label`); for a path it is the
-    directory as given or the GGUF file's stem, and ``model.cfg.model_path`` is the resolved path.
+    (what results' provenance records, :func:`ropelens.spec.reading.model_label`); for a path it is
+    the directory as given or the GGUF file's stem, and ``model.cfg.model_path`` is the resolved
+    path.
 
-    ``revision`` (hub ids only) is a branch, tag or commit of the hub repository (Pythia's ``"step1000"``),
-    passed to ``from_pretrained``; the model's name becomes ``"owner/name@revision"``. Embedded models and
-    local paths have one version each, so a revision there is refused.
+    ``revision`` (hub ids only) is a branch, tag or commit of the hub repository (Pythia's
+    ``"step1000"``), passed to ``from_pretrained``; the model's name becomes
+    ``"owner/name@revision"``. Embedded models and local paths have one version each, so a revision
+    there is refused.
     """
     dtype = resolve_dtype(dtype)
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
@@ -608,8 +628,8 @@ def load_model(
     if revision is not None and (name in EMBEDDED_MODELS or Path(name).expanduser().exists()):
         what = "an embedded model" if name in EMBEDDED_MODELS else "a local path"
         raise InputError(
-            f"revision {revision!r} given for {name!r}, which is {what}: a revision picks a version of a "
-            "hub repository (owner/name); pass a hub id, or leave the revision out"
+            f"revision {revision!r} given for {name!r}, which is {what}: a revision picks a "
+            "version of a hub repository (owner/name); pass a hub id, or leave the revision out"
         )
     if name in EMBEDDED_MODELS:
         em = EMBEDDED_MODELS[name]
@@ -630,7 +650,8 @@ def load_model(
             raise FileNotFoundError(f"GGUF file {path} does not exist: check the path")
         if path.suffix != ".gguf":
             raise InputError(
-                f"{path} is a file but not a .gguf model: pass a .gguf file or an HF model directory"
+                f"{path} is a file but not a .gguf model: pass a .gguf file or an HF model "
+                "directory"
             )
         digest = _sha256(path)
         key = f"gguf-{path.stem}-{digest[:16]}"
@@ -651,8 +672,8 @@ def load_model(
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
         if revision is not None:
             raise InputError(
-                f"revision {revision!r} given for {name!r}, which is a local path (and does not exist): "
-                "a revision picks a version of a hub repository (owner/name)"
+                f"revision {revision!r} given for {name!r}, which is a local path (and does not "
+                "exist): a revision picks a version of a hub repository (owner/name)"
             )
         raise FileNotFoundError(f"{name} does not exist: check the path")
     return _from_hub(name, dtype, dev, bridge, revision)
@@ -681,14 +702,17 @@ def _looks_like_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
 
 
-HUB_TIMEOUT = 3.0  # seconds the hub gets to answer before an unknown name fails (ROPELENS_HUB_TIMEOUT overrides)
+# seconds the hub gets to answer before an unknown name fails (ROPELENS_HUB_TIMEOUT overrides)
+HUB_TIMEOUT = 3.0
 
 
 def _check_hub_name(name: str, revision: str | None = None) -> None:
-    """Fail within seconds when ``name`` cannot come from the hub, instead of after transformers' retries.
+    """Fail within seconds when ``name`` cannot come from the hub, instead of after transformers'
+    retries.
 
-    A name that is not a valid hub id fails at once; with HF_HUB_OFFLINE set, so does one the local hub
-    cache lacks; otherwise the hub is asked once, with a short timeout, whether the model exists.
+    A name that is not a valid hub id fails at once; with HF_HUB_OFFLINE set, so does one the local
+    hub cache lacks; otherwise the hub is asked once, with a short timeout, whether the model
+    exists.
     """
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
     from huggingface_hub.errors import (
@@ -701,10 +725,13 @@ def _check_hub_name(name: str, revision: str | None = None) -> None:
 
     embedded = ", ".join(f"{n!r}" for n in EMBEDDED_MODELS)
     tried = (
-        f"cannot load model {name!r}: it is not an embedded model ({embedded}), no file or directory "
-        f"{name!r} exists"
+        f"cannot load model {name!r}: it is not an embedded model ({embedded}), no file or "
+        f"directory {name!r} exists"
     )
-    fix = "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), or a hub id"
+    fix = (
+        "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), "
+        "or a hub id"
+    )
     try:
         validate_repo_id(name)
     except HFValidationError:
@@ -724,8 +751,9 @@ def _check_hub_name(name: str, revision: str | None = None) -> None:
     except HfHubHTTPError as e:
         if isinstance(e, RevisionNotFoundError):
             raise InputError(
-                f"the hub ({constants.ENDPOINT}) has model {name!r} but no revision {revision!r}: its "
-                f"branches and tags are listed by huggingface_hub.list_repo_refs({name!r})"
+                f"the hub ({constants.ENDPOINT}) has model {name!r} but no revision "
+                f"{revision!r}: its branches and tags are listed by "
+                f"huggingface_hub.list_repo_refs({name!r})"
             ) from None
         if isinstance(e, RepositoryNotFoundError) and not isinstance(e, GatedRepoError):
             raise InputError(
@@ -783,7 +811,8 @@ def _from_hub(
 def _plain_from_hub(
     name: str, dtype: torch.dtype, dev: torch.device, why: str, revision: str | None = None
 ):
-    """The hub model as a :class:`ropelens.backends.hf.PlainModel` (no TransformerLens adapter, or ``bridge=False``)."""
+    """The hub model as a :class:`ropelens.backends.hf.PlainModel` (no TransformerLens adapter, or
+    ``bridge=False``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

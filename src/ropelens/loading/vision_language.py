@@ -1,12 +1,14 @@
-"""Multimodal RoPE (M-RoPE): 3-D position ids, the per-axis rotation, and q/k captured from a vision-language forward.
+"""Multimodal RoPE (M-RoPE): 3-D position ids, the per-axis rotation, and q/k captured from a
+vision-language forward.
 
-Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen 3.5 rotate each plane by one of three positions: time, height or
-width (``LayerRope.axes``, read from the model's own rotary by :func:`ropelens.rope_spec`). Text tokens
-get t = h = w, so on text alone M-RoPE is 1-D RoPE and every other analysis measures it as such. Image
-and video tokens get their grid coordinates, built by the model (``get_rope_index``); :func:`capture_mrope`
-takes the position ids the model hands its text rotary during the forward, with pixel input, and the
-queries and keys around its rotation and attention function, and checks the spec's 3-D rotation against
-the model's (a wrong plane-to-axis assignment is refused, never measured).
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen 3.5 rotate each plane by one of three positions: time,
+height or width (``LayerRope.axes``, read from the model's own rotary by
+:func:`ropelens.rope_spec`). Text tokens get t = h = w, so on text alone M-RoPE is 1-D RoPE and
+every other analysis measures it as such. Image and video tokens get their grid coordinates, built
+by the model (``get_rope_index``); :func:`capture_mrope` takes the position ids the model hands its
+text rotary during the forward, with pixel input, and the queries and keys around its rotation and
+attention function, and checks the spec's 3-D rotation against the model's (a wrong plane-to-axis
+assignment is refused, never measured).
 """
 
 from __future__ import annotations
@@ -48,14 +50,16 @@ TEXT, IMAGE, VIDEO = 0, 1, 2  # token modality, as HF's mm_token_type_ids number
 def mrope_angles(
     lr: LayerRope, position_ids: Int[Tensor, "3 batch pos"]
 ) -> Float[Tensor, "batch pos n_planes"]:
-    """Each plane's rotation angle, ``position_ids[axis_i]·θ_i`` (float64), from the model's 3-D position ids."""
+    """Each plane's rotation angle, ``position_ids[axis_i]·θ_i`` (float64), from the model's 3-D
+    position ids."""
     if not lr.axes:
         raise InputError(
             f"layer {lr.layer} applies 1-D RoPE (no axes in its spec): use LayerRope.angles"
         )
     if position_ids.ndim != 3 or position_ids.shape[0] != 3:
         raise InputError(
-            f"position_ids must be [3, batch, pos] (time, height, width), got {tuple(position_ids.shape)}"
+            "position_ids must be [3, batch, pos] (time, height, width), got "
+            f"{tuple(position_ids.shape)}"
         )
     axes = torch.tensor(lr.axes, device=position_ids.device)
     pos = position_ids.to(torch.float64)[axes]  # [plane, batch, pos]: each plane's own axis
@@ -65,7 +69,8 @@ def mrope_angles(
 def rotate_mrope(
     lr: LayerRope, x: Float[Tensor, "batch pos head d"], position_ids: Int[Tensor, "3 batch pos"]
 ) -> Float[Tensor, "batch pos head d"]:
-    """Rotate head vectors as the layer's M-RoPE does at the 3-D ``position_ids`` (attention scaling included)."""
+    """Rotate head vectors as the layer's M-RoPE does at the 3-D ``position_ids`` (attention scaling
+    included)."""
     ang = mrope_angles(lr, position_ids.to(x.device))[:, :, None].to(
         x.dtype
     )  # [batch, pos, 1, plane]
@@ -73,8 +78,9 @@ def rotate_mrope(
 
 
 def rotation_error_3d(lr: LayerRope, pre: Tensor, post: Tensor, position_ids: Tensor) -> float:
-    """Relative max error of the model's rotated ``post`` ``[batch, pos, head, d]`` against the spec's 3-D rotation
-    of ``pre`` at ``position_ids``: ~eps when every plane turns by the axis the spec gives it."""
+    """Relative max error of the model's rotated ``post`` ``[batch, pos, head, d]`` against the
+    spec's 3-D rotation of ``pre`` at ``position_ids``: ~eps when every plane turns by the axis the
+    spec gives it."""
     pred = rotate_mrope(lr, pre.double(), position_ids)
     return float((pred - post.double()).abs().max() / post.double().abs().max().clamp_min(1e-30))
 
@@ -82,17 +88,18 @@ def rotation_error_3d(lr: LayerRope, pre: Tensor, post: Tensor, position_ids: Te
 def mrope_tolerance(dtype: torch.dtype) -> float:
     """Relative tolerance of the rotation and score checks for a model in ``dtype``.
 
-    The model's cos/sin and its rotated q and k are rounded to its dtype (eps/2 relative each), and the
-    scores sum d such products: 16·eps bounds both with room (float32: 1e-4 as the floor; bfloat16: 0.125
-    would be too loose, so 16-bit models get 2e-2, still far below the O(1) error of a wrong axis where the
-    axes' positions differ by a few tokens).
+    The model's cos/sin and its rotated q and k are rounded to its dtype (eps/2 relative each), and
+    the scores sum d such products: 16·eps bounds both with room (float32: 1e-4 as the floor;
+    bfloat16: 0.125 would be too loose, so 16-bit models get 2e-2, still far below the O(1) error of
+    a wrong axis where the axes' positions differ by a few tokens).
     """
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     return min(2e-2, max(1e-4, 16 * eps))
 
 
 def modality(hf, input_ids: Tensor) -> Int[Tensor, "batch pos"]:
-    """Each token's modality (0 text, 1 image, 2 video) from the model's image and video placeholder ids."""
+    """Each token's modality (0 text, 1 image, 2 video) from the model's image and video placeholder
+    ids."""
     cfg = hf.config
     out = torch.zeros_like(input_ids, dtype=torch.long)
     for key, value in (("image_token_id", IMAGE), ("video_token_id", VIDEO)):
@@ -104,7 +111,8 @@ def modality(hf, input_ids: Tensor) -> Int[Tensor, "batch pos"]:
 
 @dataclass(frozen=True)
 class MRopeCapture:
-    """What one forward with pixel input gave: the model's 3-D position ids and each layer's q, k and pattern."""
+    """What one forward with pixel input gave: the model's 3-D position ids and each layer's q, k
+    and pattern."""
 
     position_ids: Int[Tensor, "3 batch pos"]
     modality: Int[Tensor, "batch pos"]
@@ -121,7 +129,8 @@ class _Stop(Exception):
 
 
 def _language_model(hf) -> torch.nn.Module:
-    """The text tower of an HF vision-language model (``model.language_model``), or the model's own decoder."""
+    """The text tower of an HF vision-language model (``model.language_model``), or the model's own
+    decoder."""
     for name, m in hf.named_modules():
         if name.split(".")[-1] == "language_model" and isinstance(
             getattr(m, "layers", None), torch.nn.ModuleList
@@ -145,14 +154,16 @@ def _text_rotary(lm: torch.nn.Module) -> torch.nn.Module:
 
 
 def as_plain_vl(model_or_hf, label: str | None = None):
-    """A :class:`ropelens.backends.hf.PlainModel` of an HF vision-language model (TransformerLens has no adapter for it)."""
+    """A :class:`ropelens.backends.hf.PlainModel` of an HF vision-language model (TransformerLens
+    has no adapter for it)."""
     return vl_model(model_or_hf, label)
 
 
 def load_vl_model(
     path: str, *, device: str | torch.device | None = None, dtype: str | torch.dtype = torch.float32
 ):
-    """Load an HF vision-language model directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) as a plain model, eager attention."""
+    """Load an HF vision-language model directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) as a plain model,
+    eager attention."""
     from transformers import AutoModelForImageTextToText
 
     hf = AutoModelForImageTextToText.from_pretrained(
@@ -162,13 +173,15 @@ def load_vl_model(
 
 
 def _forward_kwargs(hf, input_ids: Tensor, mm: dict[str, Any]) -> dict[str, Any]:
-    """The VL forward's keyword arguments: pixel input as given, and the token types the processor would add."""
+    """The VL forward's keyword arguments: pixel input as given, and the token types the processor
+    would add."""
     kwargs = {k: v for k, v in mm.items() if v is not None}
     params = inspect.signature(hf.forward).parameters
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
         raise InputError(
-            f"{type(hf).__name__}.forward takes no {', '.join(unknown)}: pass the inputs its processor makes"
+            f"{type(hf).__name__}.forward takes no {', '.join(unknown)}: pass the inputs its "
+            "processor makes"
         )
     if "mm_token_type_ids" in params and "mm_token_type_ids" not in kwargs and kwargs:
         kwargs["mm_token_type_ids"] = modality(
@@ -370,9 +383,9 @@ def _attn_class(model, layer: int) -> str:
 def _errors(
     spec: RopeSpec, tensors: dict[int, dict[str, Tensor]], position_ids: Tensor
 ) -> dict[str, float]:
-    """The rotation check (spec's 3-D rotation of pre-RoPE q/k against the model's rotated q/k) and the score check
-    (the pattern made of the q/k entering the model's score, through the layer's mask and softmax, against the
-    model's), worst over layers."""
+    """The rotation check (spec's 3-D rotation of pre-RoPE q/k against the model's rotated q/k) and
+    the score check (the pattern made of the q/k entering the model's score, through the layer's
+    mask and softmax, against the model's), worst over layers."""
     rot = probs = 0.0
     for L, t in tensors.items():
         lr = spec[L]

@@ -1,4 +1,5 @@
-"""Attention by distance drawn: band logits, the full logit and attention probability over log-binned δ."""
+"""Attention by distance drawn: band logits, the full logit and attention probability over
+log-binned δ."""
 
 from __future__ import annotations
 

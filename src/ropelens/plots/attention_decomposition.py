@@ -14,7 +14,8 @@ __all__ = ["decomposition_figure"]
 def decomposition_figure(
     dec: AttentionDecomposition, layer: int | None = None, head: int = 0, batch: int = 0
 ) -> go.Figure:
-    """One head (default: head 0 of the first layer): each band's logits as a heatmap, and the model's pattern."""
+    """One head (default: head 0 of the first layer): each band's logits as a heatmap, and the
+    model's pattern."""
     layer = dec.layers[0] if layer is None else layer
     x = dec.band_logits(layer)[batch, head]
     names = dec.band_names(layer)

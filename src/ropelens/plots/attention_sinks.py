@@ -1,4 +1,5 @@
-"""Attention sinks drawn: attention to position 0, sinking heads, sink logit and key norm by band."""
+"""Attention sinks drawn: attention to position 0, sinking heads, sink logit and key norm by
+band."""
 
 from __future__ import annotations
 

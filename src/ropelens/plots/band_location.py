@@ -86,7 +86,8 @@ def band_location_figure(fb: BandLocation) -> go.Figure:
     fig.update_xaxes(title_text="plane (0 = highest frequency)", row=1, col=1)
     fig.update_yaxes(title_text="layer", autorange="reversed", type="category", row=1, col=1)
     fig.update_layout(
-        title=f"Frequency bands ({'queries' if fb.which == 'q' else 'keys'}) — {fb.provenance.model}",
+        title=f"Frequency bands ({'queries' if fb.which == 'q' else 'keys'}) — "
+        f"{fb.provenance.model}",
         height=440,
         margin={"t": 70, "l": 60, "r": 20, "b": 50},
     )

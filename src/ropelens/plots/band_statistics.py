@@ -1,4 +1,5 @@
-"""Band statistics drawn: layer × band (or head × band) heatmaps of each band's share of the logit."""
+"""Band statistics drawn: layer × band (or head × band) heatmaps of each band's share of the
+logit."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Context extension drawn: wavelength per plane before and after a method, and the LongRoPE search."""
+"""Context extension drawn: wavelength per plane before and after a method, and the LongRoPE
+search."""
 
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ def longrope_search_figure(search: LongRopeSearch) -> go.Figure:
 
 
 def compare_figure(views: Sequence[ExtensionPlanes]) -> go.Figure:
-    """Wavelength per plane (log scale) before and after each view's method, with the context lines."""
+    """Wavelength per plane (log scale) before and after each view's method, with the context
+    lines."""
     if not views:
         raise InputError(
-            "views is empty: pass one ExtensionPlanes per method, e.g. [extension_planes(lr, Linear(4), L, 4 * L)]"
+            "views is empty: pass one ExtensionPlanes per method, e.g. [extension_planes(lr, "
+            "Linear(4), L, 4 * L)]"
         )
     fig = go.Figure()
     v0 = views[0]

@@ -1,5 +1,5 @@
-"""The context-extension study drawn: loss by length, attention, passkey accuracy and what each method does
-to every plane."""
+"""The context-extension study drawn: loss by length, attention, passkey accuracy and what each
+method does to every plane."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def method_label(m: str) -> str:
 
 
 def _vline(fig: go.Figure, x: float, text: str, dash: str, row: int | None = None) -> None:
-    # log x axis: shapes take data values, annotations log10 values (as in ropelens.plots.extension_planes.compare_figure)
+    # log x axis: shapes take data values, annotations log10 values (as in
+    # ropelens.plots.extension_planes.compare_figure)
     kw = {} if row is None else {"row": row, "col": 1}
     fig.add_vline(x=x, line_dash=dash, line_color="#7a8294", line_width=1, **kw)
     fig.add_annotation(
@@ -46,7 +47,8 @@ def _vline(fig: go.Figure, x: float, text: str, dash: str, row: int | None = Non
 
 
 def _predicted_lines(study: ExtensionStudy) -> list[tuple[float, str, str]]:
-    """(length, label, dash) of the native context and the base's predicted limits within the plotted range."""
+    """(length, label, dash) of the native context and the base's predicted limits within the
+    plotted range."""
     lines = [(study.native, f"native {study.native:,}", "dash")]
     rows = study.predictors_frame()
     if not rows.empty:
@@ -62,8 +64,9 @@ def _predicted_lines(study: ExtensionStudy) -> list[tuple[float, str, str]]:
 
 
 def loss_figure(study: ExtensionStudy) -> go.Figure:
-    """Mean loss by length per method (bootstrap CI over windows as error bars), with the native context,
-    Liu et al.'s extrapolation limit and the first length whose base bound fails as vertical lines."""
+    """Mean loss by length per method (bootstrap CI over windows as error bars), with the native
+    context, Liu et al.'s extrapolation limit and the first length whose base bound fails as
+    vertical lines."""
     df = study.loss_frame()
     fig = go.Figure()
     for m in study.methods:
@@ -80,7 +83,8 @@ def loss_figure(study: ExtensionStudy) -> go.Figure:
                     "array": g["loss_hi"] - g["loss"],
                     "arrayminus": g["loss"] - g["loss_lo"],
                 },
-                hovertemplate=f"{method_label(m)}<br>%{{x:,}} tokens<br>loss %{{y:.4f}} nats<extra></extra>",
+                hovertemplate=f"{method_label(m)}<br>%{{x:,}} tokens<br>loss %{{y:.4f}} "
+                "nats<extra></extra>",
             )
         )
     for x, text, dash in _predicted_lines(study):
@@ -97,8 +101,9 @@ def loss_figure(study: ExtensionStudy) -> go.Figure:
 
 
 def attention_figure(study: ExtensionStudy) -> go.Figure:
-    """Per layer kind: mean attention entropy of the query rows by length per method (left), and the Jensen–Shannon
-    divergence from the unmodified model's attention at the lengths within the native context (right)."""
+    """Per layer kind: mean attention entropy of the query rows by length per method (left), and the
+    Jensen–Shannon divergence from the unmodified model's attention at the lengths within the native
+    context (right)."""
     df = study.attention_frame()
     kinds = list(dict.fromkeys(df["kind"])) if not df.empty else []
     fig = make_subplots(
@@ -124,7 +129,8 @@ def attention_figure(study: ExtensionStudy) -> go.Figure:
                     name=method_label(m),
                     legendgroup=m,
                     showlegend=r == 1,
-                    hovertemplate=f"{method_label(m)}<br>%{{x:,}} tokens<br>entropy %{{y:.4f}}<extra></extra>",
+                    hovertemplate=f"{method_label(m)}<br>%{{x:,}} tokens<br>entropy "
+                    "%{y:.4f}<extra></extra>",
                 ),
                 row=r,
                 col=1,
@@ -137,7 +143,8 @@ def attention_figure(study: ExtensionStudy) -> go.Figure:
                     name=method_label(m),
                     legendgroup=m,
                     showlegend=False,
-                    hovertemplate=f"{method_label(m)}<br>%{{x:,}} tokens<br>JS %{{y:.3g}}<extra></extra>",
+                    hovertemplate=f"{method_label(m)}<br>%{{x:,}} tokens<br>JS "
+                    "%{y:.3g}<extra></extra>",
                 ),
                 row=r,
                 col=2,
@@ -177,7 +184,8 @@ def passkey_figure(study: ExtensionStudy) -> go.Figure:
                 colorscale="RdYlGn",
                 showscale=i == len(methods),
                 texttemplate="%{z:.0%}",
-                hovertemplate=f"{method_label(m)}<br>%{{x}} tokens, depth %{{y}}<br>accuracy %{{z:.2f}}<extra></extra>",
+                hovertemplate=f"{method_label(m)}<br>%{{x}} tokens, depth %{{y}}<br>accuracy "
+                "%{z:.2f}<extra></extra>",
             ),
             row=1,
             col=i,
@@ -190,7 +198,8 @@ def passkey_figure(study: ExtensionStudy) -> go.Figure:
 
 
 def planes_figure(study: ExtensionStudy, kind: str | None = None) -> go.Figure:
-    """Wavelength per plane before and after each method (top) and what each does to each plane (bottom)."""
+    """Wavelength per plane before and after each method (top) and what each does to each plane
+    (bottom)."""
     views = study.plane_views(kind)
     kind = kind or study.planes[0]["kind"]
     roles = {p["method"]: p["roles"] for p in study.planes if p["kind"] == kind}

@@ -11,7 +11,8 @@ __all__ = ["entropy_figure"]
 
 
 def entropy_figure(fe: FrequencyEntropy) -> go.Figure:
-    """Layer × plane entropy (heads averaged), and per layer the mean entropy in order and shuffled."""
+    """Layer × plane entropy (heads averaged), and per layer the mean entropy in order and
+    shuffled."""
     h = fe.entropy().nanmean(1)
     names = [f"{L} ({fe.kind(L)})" for L in fe.layers]
     fig = make_subplots(

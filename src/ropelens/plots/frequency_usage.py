@@ -42,7 +42,8 @@ def usage_heatmap(
         y=y,
         coloraxis=coloraxis,  # NaN cells draw empty
         customdata=[[f"{w:.1f}" for w in row] for row in wl.tolist()],
-        hovertemplate=f"{ylab} %{{y}}<br>plane %{{x}} (λ=%{{customdata}} tokens)<br>mean norm %{{z:.3f}}<extra>{which}</extra>",
+        hovertemplate=f"{ylab} %{{y}}<br>plane %{{x}} (λ=%{{customdata}} tokens)<br>mean norm "
+        f"%{{z:.3f}}<extra>{which}</extra>",
         colorbar={"title": "mean ‖·‖"} if coloraxis is None else None,
     )
 
@@ -65,7 +66,8 @@ def usage_figure(u: FrequencyUsage, scope: Scope = "all", layer: int | None = No
         fig.update_yaxes(title_text=rows, autorange="reversed", type="category", row=1, col=col)
     fig.update_layout(
         coloraxis={"colorscale": "Viridis", "colorbar": {"title": "mean ‖·‖"}},
-        title=f"Frequency usage — {u.provenance.model} ({'all tokens' if scope == 'all' else 'sink positions excluded'})",
+        title=f"Frequency usage — {u.provenance.model} "
+        f"({'all tokens' if scope == 'all' else 'sink positions excluded'})",
         height=420 if layer is None else 320,
         margin={"t": 70, "l": 60, "r": 20, "b": 50},
     )

@@ -1,4 +1,5 @@
-"""The knockout figure: effect against planes zeroed, a CI band per curve, one curve per head set and direction."""
+"""The knockout figure: effect against planes zeroed, a CI band per curve, one curve per head set
+and direction."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 def knockout_figure(result: Any, metric: str | None = None) -> go.Figure:
-    """One panel per metric (or only ``metric``): mean paired effect vs dose with its CI band for each head set's
-    high/low/random curves; whole-head knockouts and their random-head controls as points with error bars.
+    """One panel per metric (or only ``metric``): mean paired effect vs dose with its CI band for
+    each head set's high/low/random curves; whole-head knockouts and their random-head controls as
+    points with error bars.
 
     ``result`` is a :class:`ropelens.analyses.knockout.Knockout`.
     """

@@ -15,8 +15,9 @@ __all__ = ["massive_figure"]
 
 
 def massive_figure(mv: MassiveValues) -> go.Figure:
-    """Layer × plane heatmaps of q and k: the largest norm ratio over the plane's dims and the
-    heads (log colour scale); massive planes are marked with a cross. Each layer's own planes (empty past them)."""
+    """Layer × plane heatmaps of q and k: the largest norm ratio over the plane's dims and the heads
+    (log colour scale); massive planes are marked with a cross. Each layer's own planes (empty past
+    them)."""
     P = int(mv.spec.present(mv.layers, "plane").shape[1])
     wl = torch.full((len(mv.layers), P), float("nan"), dtype=torch.float64)
     for i, L in enumerate(mv.layers):

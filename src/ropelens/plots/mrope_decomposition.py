@@ -1,4 +1,5 @@
-"""M-RoPE decomposition drawn: each axis's share of the logit and attention by distance along each axis."""
+"""M-RoPE decomposition drawn: each axis's share of the logit and attention by distance along each
+axis."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ __all__ = ["mrope_figure"]
 def mrope_figure(
     dec: MRopeDecomposition, layer: int | None = None, head: int | None = None, batch: int = 0
 ) -> go.Figure:
-    """Each axis's share of |logit| per head on vision pairs, and attention by distance along each axis
-    (``head``: one head; default the mean over heads); ``figure(layer, head=h)`` of the base class draws logits."""
+    """Each axis's share of |logit| per head on vision pairs, and attention by distance along each
+    axis (``head``: one head; default the mean over heads); ``figure(layer, head=h)`` of the base
+    class draws logits."""
     layer = dec.layers[0] if layer is None else layer
     s = dec.axis_shares()
     s = s[(s.layer == layer) & (s.pair == "vision→vision")]

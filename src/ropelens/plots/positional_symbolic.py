@@ -1,4 +1,5 @@
-"""Positional and symbolic heads drawn: P − S per layer and head, and every head on the P–S plane."""
+"""Positional and symbolic heads drawn: P − S per layer and head, and every head on the P–S
+plane."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Rotary offsets drawn: outlier ratios and resultant lengths per plane, partial-cycle planes marked."""
+"""Rotary offsets drawn: outlier ratios and resultant lengths per plane, partial-cycle planes
+marked."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def offsets_figure(off: RotaryOffsets, layer: int | None = None) -> go.Figure:
             "cmax": 1,
             "colorbar": {"x": 1.0, "len": 0.8},
         },
-        title=f"Rotary outliers and offsets — {off.provenance.model} (partial-cycle planes right of the line)",
+        title=f"Rotary outliers and offsets — {off.provenance.model} (partial-cycle planes right "
+        "of the line)",
         height=420 if layer is None else 320,
     )
     return fig

@@ -9,7 +9,10 @@ import plotly.graph_objects as go
 __all__ = ["FONT", "category_layers", "hline_log", "style_figure"]
 
 # System fonts only: the report must look right offline, with nothing fetched.
-FONT = '-apple-system, BlinkMacSystemFont, "Segoe UI", "Helvetica Neue", Helvetica, Arial, "Noto Sans", sans-serif'
+FONT = (
+    '-apple-system, BlinkMacSystemFont, "Segoe UI", "Helvetica Neue", Helvetica, Arial, "Noto '
+    'Sans", sans-serif'
+)
 
 
 def style_figure(fig: go.Figure, *, height: int | None = None) -> go.Figure:
@@ -26,14 +29,16 @@ def style_figure(fig: go.Figure, *, height: int | None = None) -> go.Figure:
 
 
 def category_layers(fig: go.Figure, n_rows: int) -> None:
-    """Layer axes as categories: selected layers need not be contiguous, and each row is one layer."""
+    """Layer axes as categories: selected layers need not be contiguous, and each row is one
+    layer."""
     fig.update_yaxes(type="category")
     if n_rows > 16:
         fig.update_yaxes(nticks=16)
 
 
 def hline_log(fig: go.Figure, y: float, label: str, dash: str) -> None:
-    """A labelled horizontal line on a log y axis (shapes take data values, annotations log10 values)."""
+    """A labelled horizontal line on a log y axis (shapes take data values, annotations log10
+    values)."""
     fig.add_shape(
         type="line",
         xref="paper",

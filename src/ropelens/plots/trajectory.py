@@ -1,4 +1,5 @@
-"""The trajectory figure: each structure's metric against training step, with the step it appears at marked."""
+"""The trajectory figure: each structure's metric against training step, with the step it appears at
+marked."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ __all__ = ["trajectory_figure"]
 def trajectory_figure(
     traj: Trajectory, thresholds: dict[str, float] | None = None, *, log_steps: bool | None = None
 ) -> go.Figure:
-    """One panel per structure: its model-wide metric at each checkpoint, the threshold (dotted) and the
-    emergence step (:meth:`Trajectory.emergence`, dashed vertical line).
+    """One panel per structure: its model-wide metric at each checkpoint, the threshold (dotted) and
+    the emergence step (:meth:`Trajectory.emergence`, dashed vertical line).
 
-    ``log_steps``: a log step axis (None: when the first step is positive and the last is ≥ 100× it, as
-    Pythia's revisions are).
+    ``log_steps``: a log step axis (None: when the first step is positive and the last is ≥ 100× it,
+    as Pythia's revisions are).
     """
     em = traj.emergence(thresholds)
     if em.empty:

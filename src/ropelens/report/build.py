@@ -44,9 +44,10 @@ __all__ = [
 ]
 
 FORMAT = 1
-# Band statistics add ~0.8× a forward pass per window in the report (benchmarks/report_bench.py), so by
-# default they see 8k evenly spread tokens of the 32k frequency usage sees: per-head means over 8,192
-# queries, and the report within 2× HF's own sdpa forward over its tokens; None means every window.
+# Band statistics add ~0.8× a forward pass per window in the report (benchmarks/report_bench.py), so
+# by default they see 8k evenly spread tokens of the 32k frequency usage sees: per-head means over
+# 8,192 queries, and the report within 2× HF's own sdpa forward over its tokens; None means every
+# window.
 DEFAULT_BAND_TOKENS: int | None = 8192
 QUICK = {"n_ctx": 256, "windows": 4, "layers": 6}
 
@@ -61,9 +62,9 @@ def _timed(steps: dict[str, float], name: str) -> Iterator[None]:
 
 
 def check_output_dir(out: str | os.PathLike[str]) -> Path:
-    """Check that the output directory can be written, creating nothing: a probe folder is made in the
-    directory (or, where it does not exist yet, in its nearest existing parent) and removed at once.
-    The directory itself is created only when the finished report is written."""
+    """Check that the output directory can be written, creating nothing: a probe folder is made in
+    the directory (or, where it does not exist yet, in its nearest existing parent) and removed at
+    once. The directory itself is created only when the finished report is written."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"output path {path} is a file: pass a directory for the report")
@@ -79,13 +80,15 @@ def check_output_dir(out: str | os.PathLike[str]) -> Path:
         os.rmdir(tempfile.mkdtemp(prefix=".ropelens-probe-", dir=ancestor))
     except OSError as e:
         raise PermissionError(
-            f"cannot write the report to {path} ({e.strerror or e}): choose a writable output directory"
+            f"cannot write the report to {path} ({e.strerror or e}): choose a writable output "
+            "directory"
         ) from e
     return path
 
 
 def _make_dir(path: Path) -> Path | None:
-    """Create ``path`` and its missing parents; the topmost folder this created (None: ``path`` existed)."""
+    """Create ``path`` and its missing parents; the topmost folder this created (None: ``path``
+    existed)."""
     top = None
     p = path
     while not p.exists() and p != p.parent:
@@ -123,7 +126,8 @@ def _same_device(a, b) -> bool:
 
 
 def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
-    """The device and dtype to load with, checked before anything loads; for a loaded model, that they match it."""
+    """The device and dtype to load with, checked before anything loads; for a loaded model, that
+    they match it."""
     dev = None if device is None else resolve_device(device)
     dt = None if dtype is None else resolve_dtype(dtype)
     if model is None or isinstance(model, (str, os.PathLike)):
@@ -134,13 +138,13 @@ def _check_model(model: Any, device: Any, dtype: Any) -> tuple[Any, Any]:
             f"model must be an embedded name, a path, or a model from ropelens.load_model; got a "
             f"{type(model).__name__}: wrap an HF model with ropelens.loading.models.wrap_hf_model"
         )
-    # A loaded model stays where it is: moving it would change the caller's model (and a device-mapped
-    # one cannot move), so a placement that disagrees with it is refused.
+    # A loaded model stays where it is: moving it would change the caller's model (and a
+    # device-mapped one cannot move), so a placement that disagrees with it is refused.
     have = device_of(model)
     if dev is not None and not _same_device(dev, have):
         raise InputError(
-            f"device={device!r} conflicts with the loaded model, which is on {have}: pass device=None "
-            f"(or {str(have)!r}), or move the model first (model.to({str(dev)!r}))"
+            f"device={device!r} conflicts with the loaded model, which is on {have}: pass "
+            f"device=None (or {str(have)!r}), or move the model first (model.to({str(dev)!r}))"
         )
     have_dt = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     if dt is not None and have_dt is not None and dt != have_dt:
@@ -189,7 +193,8 @@ def build_report(
     experiments: str | os.PathLike[str] | None = None,
     verify: bool = True,
 ) -> Path:
-    """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns OUT.
+    """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns
+    OUT.
 
     ``model``: an embedded name, a path (None: the default embedded model), or a model from
     :func:`ropelens.load_model`. ``device`` and ``dtype`` (a torch dtype or its name) apply when the
@@ -199,8 +204,8 @@ def build_report(
     the folder the experiment scripts wrote (``results/``); their tables for this model join the
     p-RoPE and context sections. Every input is checked before the model loads; nothing in OUT
     changes unless the whole report succeeds. ``verify``: check ropelens's reading against the
-    model's own attention before measuring (:mod:`ropelens.run.verify`); False measures anyway and the
-    report says, in its first section, that it is unverified.
+    model's own attention before measuring (:mod:`ropelens.run.verify`); False measures anyway and
+    the report says, in its first section, that it is unverified.
     """
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
@@ -333,9 +338,9 @@ def _choose_measured(
 
 
 def _fit_windows(spec, layers: Sequence[int], n_ctx: int) -> tuple[int, str | None]:
-    """``n_ctx`` cut to the longest windows whose masks band statistics and the head scores model in every layer
-    measured (a chunked layer's chunk; a sparse-attention layer's key budget, past which its indexer picks keys
-    from the text), and the note that says so (None: uncut)."""
+    """``n_ctx`` cut to the longest windows whose masks band statistics and the head scores model in
+    every layer measured (a chunked layer's chunk; a sparse-attention layer's key budget, past which
+    its indexer picks keys from the text), and the note that says so (None: uncut)."""
     limits = {
         L: min(x for x in (spec[L].chunk, spec[L].select_keys) if x)
         for L in layers
@@ -346,14 +351,15 @@ def _fit_windows(spec, layers: Sequence[int], n_ctx: int) -> tuple[int, str | No
     cut = min(limits.values())
     which = sorted(L for L, x in limits.items() if x == cut)
     return cut, (
-        f"windows cut from {n_ctx:,} to {cut:,} tokens: layer(s) {which} attend in chunks of, or pick from the "
-        f"text at most, {cut:,} keys, so on longer windows their mask depends on more than positions"
+        f"windows cut from {n_ctx:,} to {cut:,} tokens: layer(s) {which} attend in chunks of, or "
+        f"pick from the text at most, {cut:,} keys, so on longer windows their mask depends on "
+        "more than positions"
     )
 
 
 def measure_sections(data: ReportData, progress: bool = False) -> None:
-    """Run each available section's measure step into ``data.results[key]``, and the shared steps they
-    need (once each) into ``data.results[step]``, every step timed into ``data.steps``."""
+    """Run each available section's measure step into ``data.results[key]``, and the shared steps
+    they need (once each) into ``data.results[step]``, every step timed into ``data.steps``."""
     todo = [s for s in _sections.sections() if s.measure is not None]
     for spec in tqdm(todo, desc="ropelens report: measuring", disable=not progress, unit="section"):
         for name in spec.needs:
@@ -381,7 +387,8 @@ def render_sections(data: ReportData, progress: bool = False) -> list[Section]:
             out.append(spec.render(data))
         elif spec.key not in data.results:
             raise InputError(
-                f"section {spec.key!r} has not been measured: run measure_sections(data) before rendering"
+                f"section {spec.key!r} has not been measured: run measure_sections(data) before "
+                "rendering"
             )
         else:
             out.append(spec.render(data, data.results[spec.key]))
@@ -389,7 +396,8 @@ def render_sections(data: ReportData, progress: bool = False) -> list[Section]:
 
 
 def _clean(x: Any) -> Any:
-    """Strict-JSON form: NaN → null, ±inf → "inf"/"-inf", tuples → lists, numpy/torch scalars → Python."""
+    """Strict-JSON form: NaN → null, ±inf → "inf"/"-inf", tuples → lists, numpy/torch scalars →
+    Python."""
     if isinstance(x, dict):
         return {str(k): _clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -475,8 +483,9 @@ def _subtitle(data: ReportData, created: str) -> str:
     commit = git_commit()
     return (
         f"<b>{H.esc(data.label)}</b> · corpus <b>{H.esc(c.get('name'))}</b>{sha} · "
-        f"{data.usage.provenance.n_tokens:,} tokens in {data.n_windows} windows of {data.n_ctx}{band} · "
-        f"{H.esc(created)} · ropelens {H.esc(versions().get('ropelens', '?'))}"
+        f"{data.usage.provenance.n_tokens:,} tokens in {data.n_windows} windows of "
+        f"{data.n_ctx}{band} · {H.esc(created)} · ropelens "
+        f"{H.esc(versions().get('ropelens', '?'))}"
         + (
             f" ({H.esc(commit[:12])}{'+dirty' if commit.endswith('+dirty') else ''})"
             if commit
@@ -497,7 +506,8 @@ def _findings_html(sections: list[Section]) -> str:
         else "<p>No findings: no section produced numbers.</p>"
     )
     return (
-        '<section id="findings"><h2>Findings</h2><p class="lead">Generated from the numbers measured below '
+        '<section id="findings"><h2>Findings</h2><p class="lead">Generated from the numbers '
+        "measured below "
         "(also in <code>report.json</code>).</p>" + body + "</section>"
     )
 
@@ -509,8 +519,8 @@ def _untested_html(p: dict[str, Any]) -> str:
         return ""
     what = ", ".join(f"{k} {v['installed']} (tested {v['tested']})" for k, v in off.items())
     return (
-        f"<br><strong>Not the tested stack:</strong> {H.esc(what)}; <code>bash scripts/setup.sh</code> "
-        "installs the tested versions."
+        f"<br><strong>Not the tested stack:</strong> {H.esc(what)}; <code>bash "
+        "scripts/setup.sh</code> installs the tested versions."
     )
 
 
@@ -584,8 +594,8 @@ def _render_page(data: ReportData, sections: list[Section], report: dict[str, An
         nav=nav,
         body="\n".join(blocks),
         plotly_js=plotly.offline.get_plotlyjs(),
-        footer="Made with ropelens. Self-contained: works offline; the numbers behind every figure are in "
-        "<code>report.json</code> and the CSV files beside this page.",
+        footer="Made with ropelens. Self-contained: works offline; the numbers behind every "
+        "figure are in <code>report.json</code> and the CSV files beside this page.",
     )
 
 
@@ -598,8 +608,9 @@ def _write(
 ) -> None:
     """Write every file into a temp directory, then rename them into place, index.html last.
 
-    ``out_dir`` (and missing parents) is created here; if writing fails, the folders this created are removed
-    again, so a failed report leaves nothing behind. A folder that existed before is never removed."""
+    ``out_dir`` (and missing parents) is created here; if writing fails, the folders this created
+    are removed again, so a failed report leaves nothing behind. A folder that existed before is
+    never removed."""
     created = _make_dir(out_dir)
     tmp, done = None, False
     try:

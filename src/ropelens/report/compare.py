@@ -33,11 +33,13 @@ __all__ = ["compare_reports"]
 def _read(folder: Path) -> dict[str, Any]:
     if not folder.exists():
         raise InputError(
-            f"report directory {folder} does not exist: pass two directories written by `ropelens report`"
+            f"report directory {folder} does not exist: pass two directories written by "
+            "`ropelens report`"
         )
     if not folder.is_dir():
         raise InputError(
-            f"{folder} is a file, not a report directory: pass two directories written by `ropelens report`"
+            f"{folder} is a file, not a report directory: pass two directories written by "
+            "`ropelens report`"
         )
     report = folder / "report.json"
     if not report.is_file():
@@ -61,7 +63,8 @@ def _read(folder: Path) -> dict[str, Any]:
         out[name] = _read_table(f) if f.is_file() else None
     if out["energy"] is None or out["band_statistics"] is None:
         raise InputError(
-            f"{folder} lacks energy.csv or band_statistics.csv: re-run `ropelens report` with this version"
+            f"{folder} lacks energy.csv or band_statistics.csv: re-run `ropelens report` with "
+            "this version"
         )
     layers = ((out["report"].get("provenance") or {}).get("config") or {}).get("layers")
     for name in ("energy", "band_statistics"):
@@ -69,7 +72,8 @@ def _read(folder: Path) -> dict[str, Any]:
     return out
 
 
-# The columns compare reads from each table of a report, and those of them that hold numbers (True/False for bools).
+# The columns compare reads from each table of a report, and those of them that hold numbers
+# (True/False for bools).
 _COLUMNS = {
     "energy": ("which", "scope", "layer", "head", "band", "energy_share"),
     "band_statistics": ("layer", "head", "band", "margin_share"),
@@ -81,7 +85,8 @@ _BOOLS = {"positional"}
 
 
 def _read_table(f: Path) -> pd.DataFrame:
-    """A report's CSV, checked whole first: a row cut short or a missing column is named, with its row and line."""
+    """A report's CSV, checked whole first: a row cut short or a missing column is named, with its
+    row and line."""
     fix = "write the report again with `ropelens report`"
     try:
         text = f.read_text(encoding="utf-8")
@@ -107,15 +112,15 @@ def _read_table(f: Path) -> pd.DataFrame:
             n += 1
             if len(row) != len(header):
                 raise InputError(
-                    f"{f} is truncated or damaged: row {n} (line {reader.line_num}) has {len(row)} of "
-                    f"the header's {len(header)} fields: {fix}"
+                    f"{f} is truncated or damaged: row {n} (line {reader.line_num}) has "
+                    f"{len(row)} of the header's {len(header)} fields: {fix}"
                 )
     except csv.Error as e:
         raise InputError(f"{f} is damaged at line {reader.line_num} ({e}): {fix}") from e
     if n and not text.endswith("\n"):
         raise InputError(
-            f"{f} is truncated: its last row (row {n}, line {reader.line_num}) ends without a newline, "
-            f"so it was cut short: {fix}"
+            f"{f} is truncated: its last row (row {n}, line {reader.line_num}) ends without a "
+            f"newline, so it was cut short: {fix}"
         )
     df = pd.read_csv(io.StringIO(text))
     for c in _COLUMNS[f.stem]:
@@ -138,8 +143,8 @@ def _read_table(f: Path) -> pd.DataFrame:
 
 
 def _check_complete(f: Path, df: pd.DataFrame, layers: Any) -> None:
-    """A table cut short at a row boundary: a layer the report measured has no rows, or the last rows' (layer,
-    head, ...) group lacks bands the other groups of its layer have."""
+    """A table cut short at a row boundary: a layer the report measured has no rows, or the last
+    rows' (layer, head, ...) group lacks bands the other groups of its layer have."""
     fix = "write the report again with `ropelens report`"
     if isinstance(layers, list) and layers and all(isinstance(L, int) for L in layers):
         absent = sorted(set(layers) - {int(L) for L in df["layer"].unique()})
@@ -160,9 +165,10 @@ def _check_complete(f: Path, df: pd.DataFrame, layers: Any) -> None:
     if groups[last] < full:
         where = ", ".join(f"{k} {v}" for k, v in zip(keys, last))
         raise InputError(
-            f"{f} is truncated: its last rows ({where}) lack band{'s' * (len(full - groups[last]) > 1)} "
-            f"{', '.join(sorted(full - groups[last]))} that the rest of layer {layer} has (its last row is "
-            f"row {len(df)}): {fix}"
+            f"{f} is truncated: its last rows ({where}) lack "
+            f"band{'s' * (len(full - groups[last]) > 1)} "
+            f"{', '.join(sorted(full - groups[last]))} that the rest of layer {layer} has (its "
+            f"last row is row {len(df)}): {fix}"
         )
 
 
@@ -183,8 +189,9 @@ def _layer_band(df: pd.DataFrame, value: str, **where: str) -> pd.DataFrame:
 def _diff_map(a: pd.DataFrame, b: pd.DataFrame, what: str) -> tuple[pd.DataFrame, go.Figure]:
     if list(a.index) != list(b.index) or list(a.columns) != list(b.columns):
         raise InputError(
-            f"the reports' {what} cover different layers or bands ({list(a.index)} × {list(a.columns)} "
-            f"against {list(b.index)} × {list(b.columns)}): compare reports with the same layers and --bands"
+            f"the reports' {what} cover different layers or bands ({list(a.index)} × "
+            f"{list(a.columns)} against {list(b.index)} × {list(b.columns)}): compare reports "
+            "with the same layers and --bands"
         )
     d = b - a
     lim = float(d.abs().to_numpy().max()) or 1.0

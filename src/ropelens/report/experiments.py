@@ -61,7 +61,8 @@ def load_experiments(directory: str | Path | None) -> dict[str, list[dict[str, A
 
 
 def main_result(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run to show where one table is shown: a full run over a ``--quick`` one, then the newest."""
+    """The run to show where one table is shown: a full run over a ``--quick`` one, then the
+    newest."""
 
     def rank(r: dict[str, Any]) -> tuple[bool, str]:
         prov = r.get("provenance") or {}
@@ -97,7 +98,8 @@ def _inference(results: list[dict[str, Any]], model: str) -> tuple[str, pd.DataF
     rows = [r for res in results for r in res.get("table", []) if r["model"] == model]
     if not rows:
         return (
-            f'<p class="note">The inference sweep results hold no rows for <b>{esc(model)}</b>.</p>',
+            '<p class="note">The inference sweep results hold no rows for '
+            f"<b>{esc(model)}</b>.</p>",
             pd.DataFrame(),
         )
     df = pd.DataFrame(rows)
@@ -140,8 +142,8 @@ def _inference(results: list[dict[str, Any]], model: str) -> tuple[str, pd.DataF
     fig.update_yaxes(title_text="perplexity", type="log")
     fig.update_layout(title=f"{model}: p-RoPE at inference by context length (experiment)")
     body = (
-        f"<h3>Full inference sweep ({esc(model)})</h3><p>Perplexity [95% bootstrap CI over windows] on held-out "
-        "English windows, per context length L.</p>"
+        f"<h3>Full inference sweep ({esc(model)})</h3><p>Perplexity [95% bootstrap CI over "
+        "windows] on held-out English windows, per context length L.</p>"
         + figure_html(style_figure(fig, height=420))
         + "".join(html)
         + _source(results)
@@ -178,10 +180,11 @@ def _training(results: list[dict[str, Any]]) -> tuple[str, pd.DataFrame]:
         else ""
     )
     body = (
-        f"<h3>From-scratch training (Barbero et al. Table 2, small)</h3><p>Llama-style models {esc(shape)}, "
-        "validation perplexity at the training length L and at 2L, mean over seeds with a 95% t-interval, and "
-        "the loss difference to RoPE θ=10k paired by seed (same initialisation and data order); best first. "
-        "The paper's column is its Wiki perplexity at 2B parameters.</p>"
+        "<h3>From-scratch training (Barbero et al. Table 2, small)</h3><p>Llama-style models "
+        f"{esc(shape)}, validation perplexity at the training length L and at 2L, mean over "
+        "seeds with a 95% t-interval, and the loss difference to RoPE θ=10k paired by seed "
+        "(same initialisation and data order); best first. The paper's column is its Wiki "
+        "perplexity at 2B parameters.</p>"
         + table_html(df, text_cols=("variant",), formats={"seeds": lambda v: str(int(v))})
         + f"<p><b>{esc(res.get('verdict', ''))}</b></p>"
         + _source([res])
@@ -212,9 +215,9 @@ def _ablation(results: list[dict[str, Any]], model: str) -> tuple[str, pd.DataFr
         ]
     )
     body = (
-        f"<h3>Band ablation ({esc(model)})</h3><p>Loss change from zeroing a quartile band of planes in q and k "
-        "(removing its logit terms, unlike truncation, which only stops it rotating) in every layer; band 0 "
-        "holds the highest frequencies.</p>"
+        f"<h3>Band ablation ({esc(model)})</h3><p>Loss change from zeroing a quartile band of "
+        "planes in q and k (removing its logit terms, unlike truncation, which only stops it "
+        "rotating) in every layer; band 0 holds the highest frequencies.</p>"
         + (table_html(df, text_cols=("planes",)) if rows else "")
     )
     if planes:
@@ -269,7 +272,8 @@ def prope_block(
 
 
 def context_block(exps: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, pd.DataFrame]]:
-    """HTML and the table for the context-extension section from the experiment (empty when none given)."""
+    """HTML and the table for the context-extension section from the experiment (empty when none
+    given)."""
     if not exps:
         return "", {}
     if "context" not in exps:

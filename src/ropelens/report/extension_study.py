@@ -1,4 +1,5 @@
-"""The context-extension study's page: one self-contained HTML file, its JSON and a CSV per table."""
+"""The context-extension study's page: one self-contained HTML file, its JSON and a CSV per
+table."""
 
 from __future__ import annotations
 
@@ -187,7 +188,8 @@ def study_page(study: ExtensionStudy) -> str:
 
 
 def write_study(study: ExtensionStudy, out: str | Path) -> Path:
-    """Write ``study.json``, a CSV per table and ``index.html`` (last) into ``out``, each atomically."""
+    """Write ``study.json``, a CSV per table and ``index.html`` (last) into ``out``, each
+    atomically."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for name, frame in _tables(study).items():

@@ -14,18 +14,40 @@ from ropelens.plots.style import FONT
 
 __all__ = ["esc", "figure_html", "number", "page", "table_html"]
 
-MONO = 'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", "Liberation Mono", monospace'
+MONO = (
+    'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", "Liberation Mono", '
+    "monospace"
+)
 
 CSS = """
-:root { --ink:#1f2430; --muted:#5b6475; --line:#e3e6ec; --soft:#f5f6f9; --accent:#2f5fd0; --warn:#9a6700; }
+:root {
+  --ink:#1f2430;
+  --muted:#5b6475;
+  --line:#e3e6ec;
+  --soft:#f5f6f9;
+  --accent:#2f5fd0;
+  --warn:#9a6700;
+}
 * { box-sizing:border-box; }
 html { scroll-behavior:smooth; }
-body { margin:0; color:var(--ink); background:#fff; font:15px/1.55 FONT; font-feature-settings:"tnum" 1; }
+body {
+  margin:0;
+  color:var(--ink);
+  background:#fff;
+  font:15px/1.55 FONT;
+  font-feature-settings:"tnum" 1;
+}
 header.top { background:#1f2430; color:#fff; padding:22px 0 18px; }
 header.top h1 { margin:0 0 4px; font-size:24px; font-weight:650; letter-spacing:-.01em; }
 header.top .sub { color:#c9cfdb; font-size:14px; }
 header.top .sub b { color:#fff; font-weight:600; }
-nav.toc { position:sticky; top:0; z-index:5; background:rgba(255,255,255,.96); border-bottom:1px solid var(--line); }
+nav.toc {
+  position:sticky;
+  top:0;
+  z-index:5;
+  background:rgba(255,255,255,.96);
+  border-bottom:1px solid var(--line);
+}
 nav.toc .wrap { display:flex; flex-wrap:wrap; gap:2px 18px; padding:8px 24px; font-size:13.5px; }
 nav.toc a { color:var(--muted); text-decoration:none; white-space:nowrap; }
 nav.toc a:hover { color:var(--accent); }
@@ -35,7 +57,13 @@ main { padding-bottom:48px; }
 section { padding:26px 0 8px; border-bottom:1px solid var(--line); }
 section:last-of-type { border-bottom:0; }
 h2 { font-size:20px; margin:0 0 6px; font-weight:650; letter-spacing:-.005em; }
-h2 .tag { font-size:12px; font-weight:600; vertical-align:middle; margin-left:8px; padding:2px 8px; border-radius:10px;
+h2 .tag {
+  font-size:12px;
+  font-weight:600;
+  vertical-align:middle;
+  margin-left:8px;
+  padding:2px 8px;
+  border-radius:10px;
           background:#fff4d6; color:var(--warn); border:1px solid #f0d48a; }
 h3 { font-size:15.5px; margin:20px 0 4px; font-weight:620; }
 h3.exp { margin-top:28px; padding-top:10px; border-top:1px dashed var(--line); }
@@ -46,24 +74,49 @@ p.lead { color:var(--muted); }
 .caption { color:var(--muted); font-size:13.5px; max-width:92ch; margin:2px 0 14px; }
 code, .mono { font-family:MONO; font-size:.92em; }
 ul.findings { margin:8px 0 6px; padding-left:0; list-style:none; counter-reset:f; }
-ul.findings li { position:relative; padding:8px 12px 8px 40px; margin:0 0 6px; background:var(--soft);
+ul.findings li {
+  position:relative;
+  padding:8px 12px 8px 40px;
+  margin:0 0 6px;
+  background:var(--soft);
                  border-left:3px solid var(--accent); border-radius:3px; max-width:100ch; }
-ul.findings li::before { counter-increment:f; content:counter(f); position:absolute; left:12px; top:8px;
+ul.findings li::before {
+  counter-increment:f;
+  content:counter(f);
+  position:absolute;
+  left:12px;
+  top:8px;
                          font-weight:700; color:var(--accent); }
 ul.findings li a { color:var(--muted); font-size:12.5px; margin-left:6px; text-decoration:none; }
 .grid2 { display:grid; grid-template-columns:repeat(auto-fit, minmax(520px, 1fr)); gap:8px 18px; }
 .fig { margin:4px 0 6px; }
 .tablewrap { overflow-x:auto; margin:6px 0 14px; }
 table.t { border-collapse:collapse; font-size:13.5px; }
-table.t th, table.t td { padding:4px 10px; border-bottom:1px solid var(--line); text-align:right; white-space:nowrap; }
-table.t th { font-weight:600; color:var(--muted); border-bottom:1.5px solid #c9ced8; background:#fff; }
+table.t th, table.t td {
+  padding:4px 10px;
+  border-bottom:1px solid var(--line);
+  text-align:right;
+  white-space:nowrap;
+}
+table.t th {
+  font-weight:600;
+  color:var(--muted);
+  border-bottom:1.5px solid #c9ced8;
+  background:#fff;
+}
 table.t th:first-child, table.t td:first-child { text-align:left; }
 table.t td.txt, table.t th.txt { text-align:left; }
 table.t tbody tr:nth-child(even) { background:#fafbfc; }
 table.t tbody tr:hover { background:#eef3ff; }
 table.kv th { text-align:left; color:var(--muted); font-weight:500; padding-right:18px; }
 table.kv td { text-align:left; white-space:normal; }
-.placeholder { border:1.5px dashed #d6c48a; background:#fffbea; border-radius:6px; padding:12px 16px; max-width:90ch; }
+.placeholder {
+  border:1.5px dashed #d6c48a;
+  background:#fffbea;
+  border-radius:6px;
+  padding:12px 16px;
+  max-width:90ch;
+}
 .placeholder b { color:var(--warn); }
 .placeholder .req { color:var(--muted); font-size:13px; }
 footer { color:var(--muted); font-size:12.5px; padding:18px 0 30px; }
@@ -77,7 +130,8 @@ def esc(text: Any) -> str:
 
 
 def number(x: Any, digits: int = 3) -> str:
-    """A compact human form of a number (ints as ints, inf as ∞, floats to ``digits`` significant)."""
+    """A compact human form of a number (ints as ints, inf as ∞, floats to ``digits``
+    significant)."""
     if x is None:
         return "–"
     if isinstance(x, bool):
@@ -171,7 +225,8 @@ def page(
 <script type="text/javascript">{plotly_js}</script>
 </head>
 <body>
-<header class="top"><div class="wrap"><h1>{esc(title)}</h1><div class="sub">{subtitle}</div></div></header>
+<header class="top"><div class="wrap"><h1>{esc(title)}</h1>
+<div class="sub">{subtitle}</div></div></header>
 <nav class="toc"><div class="wrap">{links}</div></nav>
 <main class="wrap">
 {body}

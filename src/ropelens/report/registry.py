@@ -1,14 +1,15 @@
 """The report's sections: what each shows, and the steps that measure and lay it out.
 
 A section belongs to an analysis: its :class:`SectionSpec` is the ``section`` of an
-:class:`ropelens.analyses.registry.Analysis`, and the report lays out the registered analyses' sections in
-the order they were registered (``ropelens/catalog/__init__.py``).
+:class:`ropelens.analyses.registry.Analysis`, and the report lays out the registered analyses'
+sections in the order they were registered (``ropelens/catalog/__init__.py``).
 
-A section that runs an analysis of its own has two steps: ``measure(data: ReportData) -> result``, run before
-anything is laid out (its result kept in ``data.results[key]``), and ``render(data, result) -> Section``, which only
-lays out what was measured. A section drawn from what the streaming pass measured has a renderer alone,
-``render(data) -> Section``. Work several sections share is a measured step of its own (:data:`SHARED_STEPS`),
-which those sections name in ``needs``. Entries hold the step functions themselves.
+A section that runs an analysis of its own has two steps: ``measure(data: ReportData) -> result``,
+run before anything is laid out (its result kept in ``data.results[key]``), and ``render(data,
+result) -> Section``, which only lays out what was measured. A section drawn from what the streaming
+pass measured has a renderer alone, ``render(data) -> Section``. Work several sections share is a
+measured step of its own (:data:`SHARED_STEPS`), which those sections name in ``needs``. Entries
+hold the step functions themselves.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class SectionSpec:
 
 
 SHARED_STEPS: dict[str, Callable[[Any], Any]] = {
-    # the unmodified model's per-window losses, which the p-RoPE and context sections compare against
+    # the unmodified model's per-window losses, which the p-RoPE and context sections compare
+    # against
     "variants_baseline": measure_baseline,
 }
 
@@ -69,8 +71,9 @@ def sections() -> list[SectionSpec]:
 
 
 def register_section(spec: SectionSpec, *, before: str | None = None) -> None:
-    """Give the report ``spec``: the section of the analysis that has this key is replaced (keeping its place);
-    a new key becomes an analysis of its own, with no command, ahead of the section ``before`` or last."""
+    """Give the report ``spec``: the section of the analysis that has this key is replaced (keeping
+    its place); a new key becomes an analysis of its own, with no command, ahead of the section
+    ``before`` or last."""
     if not isinstance(spec, SectionSpec):
         raise InputError(f"register_section takes a SectionSpec, got {type(spec).__name__}")
     owner = next(

@@ -1,4 +1,5 @@
-"""What a report section contributes (:class:`Section`) and what a measure step hands its layout (:class:`Measured`)."""
+"""What a report section contributes (:class:`Section`) and what a measure step hands its layout
+(:class:`Measured`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ __all__ = ["Measured", "Section"]
 
 @dataclass
 class Section:
-    """What one section contributes: its HTML, tidy tables (written as CSV), numbers and findings."""
+    """What one section contributes: its HTML, tidy tables (written as CSV), numbers and
+    findings."""
 
     key: str
     title: str

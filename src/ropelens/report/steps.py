@@ -1,11 +1,11 @@
-"""What several sections' measure steps share: an analysis re-run on a few of the report's windows, and the
-unmodified model's per-window losses that the variant sections compare against.
+"""What several sections' measure steps share: an analysis re-run on a few of the report's windows,
+and the unmodified model's per-window losses that the variant sections compare against.
 
-The p-RoPE and context-extension sections score the same held-out windows (the first few of the report's, cut to
-at most 256 tokens) and compare each variant with the unmodified model window by window: the loss change Δ has a
-paired bootstrap CI, far tighter than the CIs of two perplexities side by side. The unmodified model's losses are
-a measured step of their own (``variants_baseline``, :func:`measure_baseline`), which both sections name in
-``needs`` and read from ``data.results``.
+The p-RoPE and context-extension sections score the same held-out windows (the first few of the
+report's, cut to at most 256 tokens) and compare each variant with the unmodified model window by
+window: the loss change Δ has a paired bootstrap CI, far tighter than the CIs of two perplexities
+side by side. The unmodified model's losses are a measured step of their own (``variants_baseline``,
+:func:`measure_baseline`), which both sections name in ``needs`` and read from ``data.results``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ _EVAL_QUICK = {"windows": 2, "n_ctx": 128}
 
 
 def rerun(data: ReportData, analysis) -> Measured:
-    """``analysis`` on a few of the report's windows (evenly spread, at most 512 tokens), over the report's layers."""
+    """``analysis`` on a few of the report's windows (evenly spread, at most 512 tokens), over the
+    report's layers."""
     n_ctx = min(data.n_ctx, MAX_CTX if not data.settings.get("quick") else 256)
     keep = evenly_spaced(data.n_windows, 1 if data.settings.get("quick") else N_WINDOWS)
     toks = data.tokens[keep, :n_ctx]
@@ -71,8 +72,8 @@ def baseline(data: ReportData) -> Tensor:
 
 
 def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None) -> dict[str, Any]:
-    """Perplexity and the paired loss change against the unmodified model for one variant (no forward
-    pass when the variant rotates the chosen layers exactly as the model does)."""
+    """Perplexity and the paired loss change against the unmodified model for one variant (no
+    forward pass when the variant rotates the chosen layers exactly as the model does)."""
     base = baseline(data)
     tokens = eval_windows(data)
     identity = is_identity(
@@ -97,10 +98,13 @@ def variant_losses(data: ReportData, variant: Any, layer_kind: str | None = None
 
 
 def variant_lead(data: ReportData, what: str) -> str:
-    """A variant section's lead paragraph: ``what``, and the windows and the paired CI it is scored with."""
+    """A variant section's lead paragraph: ``what``, and the windows and the paired CI it is scored
+    with."""
     t = eval_windows(data)
     return (
-        f'<p class="lead">{what} Scored on {t.shape[0]} held-out windows of {t.shape[1]} tokens of the '
-        "report's corpus; Δ loss is the change in mean next-token loss (nats) against the unmodified model "
+        f'<p class="lead">{what} Scored on {t.shape[0]} held-out windows of {t.shape[1]} tokens '
+        "of the "
+        "report's corpus; Δ loss is the change in mean next-token loss (nats) against the "
+        "unmodified model "
         "on the same windows, with a paired 95% bootstrap CI over windows.</p>"
     )

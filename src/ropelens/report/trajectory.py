@@ -1,4 +1,5 @@
-"""The trajectory page: one self-contained HTML file (plotly.js embedded once), its table and its JSON."""
+"""The trajectory page: one self-contained HTML file (plotly.js embedded once), its table and its
+JSON."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ FILES = ("trajectory.json", "trajectory.csv", "trajectory.html")
 
 
 def trajectory_page(traj: Trajectory) -> str:
-    """The whole page as one HTML string: findings, the figure, the emergence table, the checkpoints."""
+    """The whole page as one HTML string: findings, the figure, the emergence table, the
+    checkpoints."""
     import plotly.offline
 
     prov = traj.provenance
     em = traj.emergence()
     rule = (
-        "A structure appears at the first checkpoint whose model-wide metric is at or above its threshold and "
-        "stays there at every later checkpoint."
+        "A structure appears at the first checkpoint whose model-wide metric is at or above its "
+        "threshold and stays there at every later checkpoint."
     )
     structures = H.table_html(
         em.assign(
@@ -75,7 +77,8 @@ def trajectory_page(traj: Trajectory) -> str:
     body = "\n".join(f'<section id="{k}"><h2>{H.esc(t)}</h2>{b}</section>' for k, t, b in sections)
     return H.page(
         title=f"ropelens trajectory — {prov.model}",
-        subtitle=f"<b>{len(traj.checkpoints)}</b> checkpoints · steps {traj.steps[0]:,} → {traj.steps[-1]:,}",
+        subtitle=f"<b>{len(traj.checkpoints)}</b> checkpoints · steps {traj.steps[0]:,} → "
+        f"{traj.steps[-1]:,}",
         nav=[(k, t, True) for k, t, _ in sections],
         body=body,
         plotly_js=plotly.offline.get_plotlyjs(),
@@ -85,8 +88,8 @@ def trajectory_page(traj: Trajectory) -> str:
 
 
 def write_trajectory(traj: Trajectory, out: str | Path) -> Path:
-    """Write ``trajectory.json``, ``trajectory.csv`` (the tidy table) and ``trajectory.html`` into ``out``,
-    each atomically; returns the page's path."""
+    """Write ``trajectory.json``, ``trajectory.csv`` (the tidy table) and ``trajectory.html`` into
+    ``out``, each atomically; returns the page's path."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     traj.save(out / "trajectory.json")

@@ -51,7 +51,8 @@ def max_distance_arg(max_distance: int | None, n_pos: int) -> int:
         or not 0 <= max_distance < n_pos
     ):
         raise InputError(
-            f"max_distance must be an int in [0, {n_pos - 1}] for {n_pos} positions, got {max_distance!r}"
+            f"max_distance must be an int in [0, {n_pos - 1}] for {n_pos} positions, got "
+            f"{max_distance!r}"
         )
     return max_distance
 
@@ -111,7 +112,8 @@ class ByDistance:
 # json_options: compact, and a curve is finite (check_curve)
 @dataclass(frozen=True)
 class DecayCurve(ByDistance, Result, json_options={"indent": None, "allow_nan": False}):
-    """A logit (or similarity) curve over distance δ = m − n; std and count when it is an estimate."""
+    """A logit (or similarity) curve over distance δ = m − n; std and count when it is an
+    estimate."""
 
     name: str
     kind: str  # "constant", "roformer_bound", "gaussian", "gaussian_mc", "measured", ...
@@ -136,7 +138,10 @@ class DecayCurve(ByDistance, Result, json_options={"indent": None, "allow_nan": 
         return replace(self, mean=self.mean / v0, std=std, name=f"{self.name} (÷ value at 0)")
 
     def _repr_html_(self) -> str:
-        head = f"<b>{self.name}</b> [{self.kind}], distances {int(self.distance[0])}…{int(self.distance[-1])}"
+        head = (
+            f"<b>{self.name}</b> [{self.kind}], distances "
+            f"{int(self.distance[0])}…{int(self.distance[-1])}"
+        )
         if int((self.distance > 0).sum()) >= 4:
             v = decay_verdict(self)
             head += f": {v.verdict} (Spearman {v.spearman:.2f}, far/near {v.far_near_ratio:.2f})"
@@ -160,8 +165,8 @@ def decay_verdict(curve: ByDistance, *, min_spearman: float = MIN_SPEARMAN) -> D
     """Call a curve "decays", "flat" or "grows" from its rank trend and near-vs-far change.
 
     "decays": Spearman ρ(δ, mean) ≤ −min_spearman and far − near < −noise; "grows" mirrors it;
-    otherwise "flat". δ = 0 is left out: it is the self-pair, special in every scheme. ``noise`` uses
-    the mean SEM, not SEM/√n, because estimates at nearby δ share samples and are correlated.
+    otherwise "flat". δ = 0 is left out: it is the self-pair, special in every scheme. ``noise``
+    uses the mean SEM, not SEM/√n, because estimates at nearby δ share samples and are correlated.
     """
     keep = curve.distance > 0
     x, y = curve.distance[keep].double().numpy(), curve.mean[keep].double().numpy()
@@ -184,7 +189,7 @@ def decay_verdict(curve: ByDistance, *, min_spearman: float = MIN_SPEARMAN) -> D
     return DecayVerdict(verdict, rho, near, far, ratio, noise, len(y))
 
 
-# ============================================================================ the curve-shape verdict
+# ========================================================================== the curve-shape verdict
 @dataclass(frozen=True)
 class CurveShape:
     """What a curve over distance does, with the numbers behind the sentence in :attr:`text`.
@@ -233,7 +238,8 @@ def at_distance(x: float) -> str:
 
 
 def _pivots(v: np.ndarray, h: float) -> list[int]:
-    """Turning points that bound moves larger than ``h`` (a zigzag with hysteresis), first and last included."""
+    """Turning points that bound moves larger than ``h`` (a zigzag with hysteresis), first and last
+    included."""
     hi = lo = 0
     direction = 0
     ext = 0

@@ -9,7 +9,8 @@ __all__ = ["plotly_bundle"]
 
 
 def plotly_bundle(fig: Any, text: str) -> dict[str, Any]:
-    """A Jupyter MIME bundle for a plotly figure: rendered by Jupyter's plotly extension, offline."""
+    """A Jupyter MIME bundle for a plotly figure: rendered by Jupyter's plotly extension,
+    offline."""
     return {
         "application/vnd.plotly.v1+json": {
             **json.loads(fig.to_json()),

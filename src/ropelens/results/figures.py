@@ -1,12 +1,14 @@
-"""Where a result finds its figures: the numbers live in ``ropelens.analyses``, the drawing in ``ropelens.plots``.
+"""Where a result finds its figures: the numbers live in ``ropelens.analyses``, the drawing in
+``ropelens.plots``.
 
-Drawing functions are registered one per class and name (``register_figure(FrequencyUsage, usage_figure)``,
-``register_figure(FrequencyUsage, usage_heatmap, "heatmap")``); a result's ``figure()`` (and any other drawing
-method it has) looks the function up here and calls it with the result first. Each analysis declares its
-figures (``Analysis(figures=draw(FrequencyUsage, figure=usage_figure, heatmap=usage_heatmap))``) and
-registering the analysis registers them. ropelens's own analyses are registered by ``ropelens.catalog``,
-which :func:`load_catalog` imports the first time a figure or the registry is asked for: ``import
-ropelens`` defines names and imports neither the catalog nor plotly.
+Drawing functions are registered one per class and name (``register_figure(FrequencyUsage,
+usage_figure)``, ``register_figure(FrequencyUsage, usage_heatmap, "heatmap")``); a result's
+``figure()`` (and any other drawing method it has) looks the function up here and calls it with the
+result first. Each analysis declares its figures (``Analysis(figures=draw(FrequencyUsage,
+figure=usage_figure, heatmap=usage_heatmap))``) and registering the analysis registers them.
+ropelens's own analyses are registered by ``ropelens.catalog``, which :func:`load_catalog` imports
+the first time a figure or the registry is asked for: ``import ropelens`` defines names and imports
+neither the catalog nor plotly.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ _FIGURES: dict[tuple[type, str], Callable[..., Any]] = {}
 
 
 def register_figure(cls: type, fn: Callable[..., Any], name: str = "figure") -> None:
-    """Draw ``cls``'s ``name`` figure (its ``figure()`` by default) with ``fn(result, *args, **kwargs)``."""
+    """Draw ``cls``'s ``name`` figure (its ``figure()`` by default) with ``fn(result, *args,
+    **kwargs)``."""
     if not isinstance(cls, type) or not callable(fn) or not isinstance(name, str):
         raise TypeError(
             f"register_figure takes a class, a function and a name, got {cls!r}, {fn!r}, {name!r}"
@@ -30,16 +33,19 @@ def register_figure(cls: type, fn: Callable[..., Any], name: str = "figure") -> 
 
 
 def load_catalog() -> None:
-    """Register ropelens's own analyses and their figures (once; the catalog is the package's top layer).
+    """Register ropelens's own analyses and their figures (once; the catalog is the package's top
+    layer).
 
     The catalog is imported by name, not by an import statement: it sits above every layer that asks
-    for it, and importing it registers 25 analyses and loads plotly, which ``import ropelens`` should not.
+    for it, and importing it registers 25 analyses and loads plotly, which ``import ropelens``
+    should not.
     """
     importlib.import_module("ropelens.catalog")
 
 
 def figure_of(cls: type, name: str = "figure") -> Callable[..., Any]:
-    """The function registered for ``cls``'s ``name`` figure, or for the nearest base class that has one."""
+    """The function registered for ``cls``'s ``name`` figure, or for the nearest base class that has
+    one."""
     load_catalog()
     for klass in cls.__mro__:
         fn = _FIGURES.get((klass, name))

@@ -33,7 +33,8 @@ def head_name(layer: int, head: int) -> str:
 
 
 def band_winners(per_layer: torch.Tensor, names: Sequence[str]) -> tuple[str, int, float]:
-    """Band that wins most layers (argmax over the last axis), how many it wins, its mean winning value."""
+    """Band that wins most layers (argmax over the last axis), how many it wins, its mean winning
+    value."""
     best = per_layer.argmax(-1)
     counts = torch.bincount(best, minlength=per_layer.shape[-1])
     b = int(counts.argmax())

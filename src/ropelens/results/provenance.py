@@ -37,8 +37,9 @@ def versions() -> dict[str, str]:
 
 @functools.lru_cache(maxsize=1)
 def tested_versions() -> dict[str, str]:
-    """The versions ropelens was tested with (``tested_versions.txt``, the constraints ``scripts/setup.sh``
-    installs by default), by distribution name; empty where the file is not shipped."""
+    """The versions ropelens was tested with (``tested_versions.txt``, the constraints
+    ``scripts/setup.sh`` installs by default), by distribution name; empty where the file is not
+    shipped."""
     path = Path(__file__).parents[1] / "tested_versions.txt"  # at the package root
     if not path.is_file():
         return {}
@@ -66,7 +67,8 @@ def untested_versions() -> dict[str, tuple[str, str]]:
 
 
 def version_report() -> str:
-    """What ``ropelens --version`` prints: the versions in use, and which differ from the tested stack."""
+    """What ``ropelens --version`` prints: the versions in use, and which differ from the tested
+    stack."""
     v = versions()
     lines = [
         f"ropelens {v['ropelens']} (commit {git_commit() or 'unknown'})",

@@ -1,13 +1,12 @@
 """The base of every ropelens result: one file format, one loader, one merge, one Jupyter view.
 
-A result class declares its file once, in its class statement
-(``class FrequencyUsage(Result, merge_same=(...), merge_sums=(...))``: the kind defaults to the class
-name, the format to 1), and its content by its dataclass fields: :mod:`ropelens.results.codec`
-writes and reads each field as its type says. :class:`Result` writes
-``{"type": KIND, "format": FORMAT, ...}`` atomically, checks both on reading, and registers the
-class under its kind when the class is created, so that :func:`load_result` reads any result file
-whose class is imported without being told its class (``ropelens.load_result`` imports every one
-first), and a report's ``report.json``.
+A result class declares its file once, in its class statement (``class FrequencyUsage(Result,
+merge_same=(...), merge_sums=(...))``: the kind defaults to the class name, the format to 1), and
+its content by its dataclass fields: :mod:`ropelens.results.codec` writes and reads each field as
+its type says. :class:`Result` writes ``{"type": KIND, "format": FORMAT, ...}`` atomically, checks
+both on reading, and registers the class under its kind when the class is created, so that
+:func:`load_result` reads any result file whose class is imported without being told its class
+(``ropelens.load_result`` imports every one first), and a report's ``report.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ __all__ = ["Result", "load_result", "registered"]
 
 R = TypeVar("R", bound="Result")
 _REGISTRY: dict[str, type[Result]] = {}
-# what a result class declares in its class statement (the keyword arguments of Result.__init_subclass__)
+# what a result class declares in its class statement (the keyword arguments of
+# Result.__init_subclass__)
 _DECLARED = (
     "KIND",
     "FORMAT",
@@ -56,18 +56,20 @@ class Result:
     and implement ``to_frame``::
 
         @dataclass(frozen=True)
-        class AttentionSinks(Result, merge_same=("layers", "band_names", "spec"), merge_sums=("sums",)):
+        class AttentionSinks(
+            Result, merge_same=("layers", "band_names", "spec"), merge_sums=("sums",)
+        ):
 
     Their figures are drawn by :mod:`ropelens.plots`, which registers a function per class
     (:func:`ropelens.results.figures.register_figure`) that :meth:`figure` calls.
 
     ``kind`` (default: the class name) and ``format`` (default 1) are the file's ``type`` and
-    ``format``, read back as ``KIND`` and ``FORMAT``. Results made of sums name ``merge_same`` (fields
-    two partial results must share) and ``merge_sums`` (fields that add: a tensor, a value with a
-    ``merge`` method, or a dict of them) and get :meth:`merge` for free; ``merge_hint`` ends the error
-    of a refused merge. ``unversioned=True`` reads a file without a format (and without a type) as
-    this class's: files written before the result base carried none. ``previous_kinds`` are the kinds
-    the class's files carried under an earlier class name; such files load as this class.
+    ``format``, read back as ``KIND`` and ``FORMAT``. Results made of sums name ``merge_same``
+    (fields two partial results must share) and ``merge_sums`` (fields that add: a tensor, a value
+    with a ``merge`` method, or a dict of them) and get :meth:`merge` for free; ``merge_hint`` ends
+    the error of a refused merge. ``unversioned=True`` reads a file without a format (and without a
+    type) as this class's: files written before the result base carried none. ``previous_kinds`` are
+    the kinds the class's files carried under an earlier class name; such files load as this class.
     ``json_options`` are extra :func:`~ropelens.results.serialize.dump_json` arguments. ``derived``
     names attributes (a property, or a method taking no arguments) written after the fields for
     readers of the file and never read back (``derived=("findings",)``). Kind, format and
@@ -103,8 +105,8 @@ class Result:
         written = sorted(set(cls.__dict__) & set(_DECLARED))
         if written:
             raise TypeError(
-                f"{cls.__qualname__} sets {', '.join(written)} in its body: declare them in the class "
-                f"statement, e.g. class {cls.__name__}(Result, kind=..., merge_sums=(...))"
+                f"{cls.__qualname__} sets {', '.join(written)} in its body: declare them in the "
+                f"class statement, e.g. class {cls.__name__}(Result, kind=..., merge_sums=(...))"
             )
         kind = cls.__name__ if kind is None else kind
         known = _REGISTRY.get(kind)
@@ -184,7 +186,8 @@ class Result:
             raise InputError(f"{self.KIND} results do not merge: measure once over all the input")
         if type(other) is not type(self):
             raise TypeError(
-                f"can only merge {type(self).__name__} with {type(self).__name__}, got {type(other).__name__}"
+                f"can only merge {type(self).__name__} with {type(self).__name__}, got "
+                f"{type(other).__name__}"
             )
         self._check_mergeable(other)
         sums = {name: _add(getattr(self, name), getattr(other, name)) for name in self.MERGE_SUMS}
@@ -203,8 +206,8 @@ class Result:
             if a != b:
                 shown = f" ({a!r} vs {b!r})" if len(repr(a)) + len(repr(b)) < 120 else ""
                 raise InputError(
-                    f"can only merge {self.KIND} results with the same {names}: {name} differs{shown}; "
-                    f"{self.MERGE_HINT}"
+                    f"can only merge {self.KIND} results with the same {names}: {name} "
+                    f"differs{shown}; {self.MERGE_HINT}"
                 )
 
     @staticmethod
@@ -218,7 +221,8 @@ class Result:
         ):
             want = ", ".join("any" if e is None else str(e) for e in expected)
             raise InputError(
-                f"{name} has shape {got}, expected ({want}){labels}: pass sums from the same reducer"
+                f"{name} has shape {got}, expected ({want}){labels}: pass sums from the same "
+                "reducer"
             )
 
     # ---------------------------------------------------------------- views
@@ -227,7 +231,8 @@ class Result:
         raise NotImplementedError(f"{type(self).__name__} must implement to_frame")
 
     def figure(self, *args: Any, **kwargs: Any) -> Any:
-        """The result's plotly figure, drawn by the function :mod:`ropelens.plots` registered for its class."""
+        """The result's plotly figure, drawn by the function :mod:`ropelens.plots` registered for
+        its class."""
         return figure_of(type(self))(self, *args, **kwargs)
 
     def findings(self) -> list[Finding]:
@@ -273,7 +278,8 @@ def _read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from e
     if not isinstance(d, dict):
         raise InputError(
-            f"{path} holds JSON {type(d).__name__}, not a ropelens result: pass a file written by .save()"
+            f"{path} holds JSON {type(d).__name__}, not a ropelens result: pass a file written "
+            "by .save()"
         )
     return d
 
@@ -287,12 +293,14 @@ def load_result(path: str | os.PathLike[str]) -> Result | ReportSummary:
     """Read any result file whose class is imported, whichever class wrote it (dispatched on the
     file's ``type``), or a report's ``report.json`` (as a :class:`ReportSummary`).
 
-    ``ropelens.load_result`` imports every result class first, so it reads every kind ropelens writes.
+    ``ropelens.load_result`` imports every result class first, so it reads every kind ropelens
+    writes.
     """
     with open(path, "rb") as f:
         head = f.read(64).lstrip()
     if head[:1] not in (b"{", b"["):
-        # safetensors files open with their header's length, not JSON; only attention decompositions write them
+        # safetensors files open with their header's length, not JSON; only attention decompositions
+        # write them
         from safetensors import SafetensorError, safe_open
 
         try:
@@ -313,7 +321,8 @@ def load_result(path: str | os.PathLike[str]) -> Result | ReportSummary:
 def _class_of(kind: Any, path: str | os.PathLike[str]) -> type[Result]:
     if kind not in _REGISTRY:
         raise InputError(
-            f"{path} holds a {kind!r} result, which ropelens does not know (known: {sorted(_REGISTRY)}): "
-            "load a file written by a ropelens result's .save(), or load an untyped file with its class"
+            f"{path} holds a {kind!r} result, which ropelens does not know (known: "
+            f"{sorted(_REGISTRY)}): load a file written by a ropelens result's .save(), or load "
+            "an untyped file with its class"
         )
     return _REGISTRY[kind]

@@ -1,1 +1,2 @@
-"""The run: data, streaming capture, the probe, measurement over a corpus (one process or many), losses, interventions."""
+"""The run: data, streaming capture, the probe, measurement over a corpus (one process or many),
+losses, interventions."""

@@ -37,28 +37,30 @@ __all__ = [
 
 
 def sum_dtype(device: torch.device) -> torch.dtype:
-    """What running sums accumulate in on ``device``: float64, or float32 on MPS (which has no float64)."""
+    """What running sums accumulate in on ``device``: float64, or float32 on MPS (which has no
+    float64)."""
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-# band-logit entries per tile: 2^21 (8 MiB of float32) measured best on the CPU (benchmarks/core_bench.py
-# --tile); on accelerators larger tiles amortise kernel launches
+# band-logit entries per tile: 2^21 (8 MiB of float32) measured best on the CPU
+# (benchmarks/core_bench.py --tile); on accelerators larger tiles amortise kernel launches
 TILE_ELEMENTS = {"cpu": 1 << 21}
 TILE_ELEMENTS_ACCELERATOR = 1 << 26
 MIN_TILE = 16  # queries: below this, per-tile overhead dominates whatever the memory
 
 
 def query_tile(device: torch.device, entries_per_query: int) -> int:
-    """Queries per tile, so one tile holds about the device's element budget (at least MIN_TILE): the
-    tiling policy of every tiled reducer (band statistics, sinks, distance, offsets)."""
+    """Queries per tile, so one tile holds about the device's element budget (at least MIN_TILE):
+    the tiling policy of every tiled reducer (band statistics, sinks, distance, offsets)."""
     budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
     return max(MIN_TILE, budget // max(1, entries_per_query))
 
 
 class DeviceSums:
-    """Base of reducers whose running sums ``self.sums`` (built on the CPU) live where the activations
-    do: moved once, to the device the first activations live on, in :func:`sum_dtype` of it; layers a
-    device map puts elsewhere send their per-batch results there. No host round trip per update."""
+    """Base of reducers whose running sums ``self.sums`` (built on the CPU) live where the
+    activations do: moved once, to the device the first activations live on, in :func:`sum_dtype` of
+    it; layers a device map puts elsewhere send their per-batch results there. No host round trip
+    per update."""
 
     sums: dict[str, Tensor]
     _placed = False
@@ -165,15 +167,16 @@ def stream(
     """Run the model over ``data`` (token batches, or ``(tokens, valid)`` pairs for right padding).
 
     ``valid`` marks each row's real tokens, which must come first (right padding): positions are
-    indices in the window, so left padding or a gap is refused (:func:`ropelens.backends.sdpa_capture.right_padded`).
+    indices in the window, so left padding or a gap is refused
+    (:func:`ropelens.backends.sdpa_capture.right_padded`).
 
     Calls every reducer once per layer per batch; returns the number of valid tokens seen. The
     forward stops after the last requested layer (on the fast path, at its rotation). When the
     reducers need only queries and keys and ``fast`` is on, the HF model runs with its own sdpa
-    attention (:mod:`ropelens.backends.sdpa_capture`) instead of the bridge, where the family allows it; the
-    numbers are the same (your own bridge hooks do not fire on that path: pass ``fast=False`` to
-    keep them). One host synchronisation per batch asks whether it holds padding; reducers read the
-    answer from :attr:`LayerActs.padded`.
+    attention (:mod:`ropelens.backends.sdpa_capture`) instead of the bridge, where the family allows
+    it; the numbers are the same (your own bridge hooks do not fire on that path: pass
+    ``fast=False`` to keep them). One host synchronisation per batch asks whether it holds padding;
+    reducers read the answer from :attr:`LayerActs.padded`.
     """
     spec = spec if spec is not None else rope_spec(model)
     chosen = spec.layer_indices(layers, rotary_only=layers is None)  # NoPE layers only when named
@@ -186,7 +189,8 @@ def stream(
             f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}"
         )
     backend = backend_of(model)
-    # the fast path taps rotations, which NoPE layers never make: those go through the backend's capture
+    # the fast path taps rotations, which NoPE layers never make: those go through the backend's
+    # capture
     use_fast = fast and needs <= QK_NEEDS and all(spec.layers[L].rotary for L in chosen)
     n_tok, padded_tok = (
         0,
@@ -214,8 +218,9 @@ def stream(
                 for r in reducers:
                     if getattr(r, "static_mask", None):
                         spec.layers[L].require_static_mask(n, r.static_mask)
-            # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask), and is it
-            # right padding (positions are indices in the window: anything else is refused, not measured wrong)
+            # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask),
+            # and is it right padding (positions are indices in the window: anything else is
+            # refused, not measured wrong)
             padded = right_padded(valid)
             if padded:
                 padded_tok = valid.sum() if padded_tok is None else padded_tok + valid.sum()
@@ -241,7 +246,8 @@ def stream(
                     ):  # layers not handed over while the forward ran (first batch)
                         fold(L, got[L])
                     continue
-            use_fast = False  # this model cannot take the fast path: every batch takes the backend's capture
+            # this model cannot take the fast path: every batch takes the backend's capture
+            use_fast = False
             if run is None:
                 run = session.enter_context(backend.capture_session(spec, chosen, reducers))
             run(toks, valid, padded, fold)

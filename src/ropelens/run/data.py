@@ -116,7 +116,8 @@ class Corpus:
 
     @functools.cached_property
     def sha256(self) -> str:
-        """Fingerprint of the documents and their boundaries: sha256 over ``len\\n utf-8`` of each."""
+        """Fingerprint of the documents and their boundaries: sha256 over ``len\\n utf-8`` of
+        each."""
         h = hashlib.sha256()
         for doc in self.documents:
             # Length-prefixed, so ("ab",) and ("a", "b") differ: boundaries change the token stream.
@@ -190,7 +191,8 @@ def _stdlib_sources(root: Path) -> list[Path]:
     """Every library .py file under ``root``, skipping tests and third-party code, sorted."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
-        # Prune in place so os.walk never descends into site-packages (most of the tree on some installs).
+        # Prune in place so os.walk never descends into site-packages (most of the tree on some
+        # installs).
         dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(".")]
         found.extend(Path(dirpath, f) for f in filenames if f.endswith(".py"))
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
@@ -232,8 +234,8 @@ def python_code(max_bytes: int | None = DEFAULT_CODE_BYTES) -> Corpus:
         used += size
     if not docs:
         raise InputError(
-            f"found no Python source under {root} (sysconfig's stdlib path): "
-            "this Python install ships without its standard library sources; use english() or text_files()"
+            f"found no Python source under {root} (sysconfig's stdlib path): this Python install "
+            "ships without its standard library sources; use english() or text_files()"
         )
     cap = "all files" if max_bytes is None else f"first {max_bytes:,} bytes"
     version = platform.python_version()
@@ -252,7 +254,8 @@ def _read_text_file(path: Path) -> str:
     data = path.read_bytes()
     if b"\x00" in data:
         raise InputError(
-            f"{path} looks binary (it contains NUL bytes): pass plain UTF-8 text files (.txt or .md)"
+            f"{path} looks binary (it contains NUL bytes): pass plain UTF-8 text files (.txt or "
+            ".md)"
         )
     try:
         text = data.decode("utf-8-sig")
@@ -336,10 +339,12 @@ def load_corpus(spec: str | os.PathLike[str] | None = DEFAULT_CORPUS) -> Corpus:
     looks_like_path = path.suffix.lower() in TEXT_SUFFIXES or os.sep in key or "/" in key
     if looks_like_path or key.startswith((".", "~")):
         raise FileNotFoundError(
-            f"corpus path {key!r} does not exist: check the path, or use a built-in corpus ({choices})"
+            f"corpus path {key!r} does not exist: check the path, or use a built-in corpus "
+            f"({choices})"
         )
     raise InputError(
-        f"unknown corpus {key!r}: choose from {choices}, or pass a path to a .txt/.md file or a directory"
+        f"unknown corpus {key!r}: choose from {choices}, or pass a path to a .txt/.md file or a "
+        "directory"
     )
 
 
@@ -347,7 +352,8 @@ def load_corpus(spec: str | os.PathLike[str] | None = DEFAULT_CORPUS) -> Corpus:
 # tokens and windows
 # --------------------------------------------------------------------------------------------
 def _tokenizer_of(tokenizer_or_model: Any) -> Any:
-    """The HF tokenizer itself, or the ``.tokenizer`` of a model such as a TransformerLens bridge."""
+    """The HF tokenizer itself, or the ``.tokenizer`` of a model such as a TransformerLens
+    bridge."""
     from transformers import PreTrainedTokenizerBase
 
     if isinstance(tokenizer_or_model, PreTrainedTokenizerBase):
@@ -361,7 +367,8 @@ def _tokenizer_of(tokenizer_or_model: Any) -> Any:
             "pass an HF tokenizer explicitly"
         )
     raise TypeError(
-        f"expected an HF tokenizer or a model with a .tokenizer, got {type(tokenizer_or_model).__name__}"
+        "expected an HF tokenizer or a model with a .tokenizer, got "
+        f"{type(tokenizer_or_model).__name__}"
     )
 
 
@@ -424,12 +431,14 @@ def windows(
     _check_count("max_tokens", max_tokens, 1)
     if max_tokens is not None and max_tokens < n_ctx:
         raise InputError(
-            f"max_tokens={max_tokens} is less than one window of n_ctx={n_ctx}: raise max_tokens or lower n_ctx"
+            f"max_tokens={max_tokens} is less than one window of n_ctx={n_ctx}: raise max_tokens "
+            "or lower n_ctx"
         )
     tok = _tokenizer_of(tokenizer)
     if bos == "prepend" and tok.bos_token_id is None:
         raise InputError(
-            f"bos='prepend' but the tokenizer ({type(tok).__name__}) has no BOS token: use bos='none'"
+            f"bos='prepend' but the tokenizer ({type(tok).__name__}) has no BOS token: use "
+            "bos='none'"
         )
     n_ctx = int(n_ctx)
     n_text = n_ctx - 1 if bos == "prepend" else n_ctx
@@ -464,7 +473,8 @@ def analysis_windows(
     if isinstance(corpus, Tensor):
         if corpus.ndim != 2 or corpus.dtype not in (torch.int64, torch.int32):
             raise InputError(
-                f"token input must be an integer [n_windows, n_ctx] tensor, got {corpus.dtype} {tuple(corpus.shape)}"
+                f"token input must be an integer [n_windows, n_ctx] tensor, got {corpus.dtype} "
+                f"{tuple(corpus.shape)}"
             )
         return corpus.long(), "tokens", None
     c = corpus if isinstance(corpus, Corpus) else load_corpus(corpus or DEFAULT_CORPUS)

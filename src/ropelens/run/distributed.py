@@ -2,24 +2,25 @@
 
 Every corpus analysis folds windows into *reducers* whose state is a set of sums (counts, totals,
 sums of squares, float64). Sums add, so a corpus splits across ranks with no approximation: each
-rank streams a fixed share of the batches (every N-th batch of windows, the very batches one
-process would run, so every float32 kernel sees the same inputs) on its own device, and one ``all_reduce`` (float64, SUM)
-over the flattened state merges them; no tensor is pickled through rank 0. No collective runs
-while the windows stream, so a rank that fails (bad input, out of memory) cannot leave the others
-hanging: every rank reports its status in one small collective first, and all of them raise the
-failing rank's error. A rank killed outright is the launcher's to clean up (torchrun stops the job).
+rank streams a fixed share of the batches (every N-th batch of windows, the very batches one process
+would run, so every float32 kernel sees the same inputs) on its own device, and one ``all_reduce``
+(float64, SUM) over the flattened state merges them; no tensor is pickled through rank 0. No
+collective runs while the windows stream, so a rank that fails (bad input, out of memory) cannot
+leave the others hanging: every rank reports its status in one small collective first, and all of
+them raise the failing rank's error. A rank killed outright is the launcher's to clean up (torchrun
+stops the job).
 
-Launch with ``torchrun --nproc-per-node N -m ropelens frequency-usage ...`` (NCCL on GPUs, gloo on CPUs), or
-call the analyses from Python inside an initialised process group.
+Launch with ``torchrun --nproc-per-node N -m ropelens frequency-usage ...`` (NCCL on GPUs, gloo on
+CPUs), or call the analyses from Python inside an initialised process group.
 
 Checkpoints: with ``checkpoint=DIR`` each rank writes its reducers' state, the run's configuration
 and the number of batches done to ``DIR/rank{r}-of-{N}.pt`` every ``every`` batches. The same call
 started again resumes after the last batch saved and gives the identical result (the float64 sums
 add in the same order). A checkpoint is bound to its run: the model (its name, path, a fingerprint
-of its weights and their dtype, :func:`ropelens.loading.models.weights_fingerprint`), the ropelens version,
-the windows (a sha256 of the tokens), every analysis setting, the batches, layers and world size;
-a run that differs in any of them refuses to resume and names both sides. Each write is atomic (a
-temp file beside it, renamed over it), so a run killed mid-write leaves the previous checkpoint
+of its weights and their dtype, :func:`ropelens.loading.models.weights_fingerprint`), the ropelens
+version, the windows (a sha256 of the tokens), every analysis setting, the batches, layers and world
+size; a run that differs in any of them refuses to resume and names both sides. Each write is atomic
+(a temp file beside it, renamed over it), so a run killed mid-write leaves the previous checkpoint
 whole and resumes from it; the temp file it leaves is removed when the run starts again. A file
 damaged otherwise (truncated, altered) fails its sha256 check with an error naming it, instead of
 resuming from wrong sums.
@@ -102,7 +103,8 @@ _LOCAL = contextvars.ContextVar("ropelens_local_run", default=False)
 
 
 def rank_and_world() -> tuple[int, int]:
-    """(rank, world size) of the running process group, or (0, 1) outside one (or inside :func:`local`)."""
+    """(rank, world size) of the running process group, or (0, 1) outside one (or inside
+    :func:`local`)."""
     if dist.is_available() and dist.is_initialized() and not _LOCAL.get():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -145,7 +147,8 @@ def init_from_env(device: str | None = None) -> str | None:
 
 
 def shard(n_items: int, rank: int, world: int) -> list[int]:
-    """The items (batches of windows) rank ``rank`` of ``world`` takes: every ``world``-th, from ``rank``."""
+    """The items (batches of windows) rank ``rank`` of ``world`` takes: every ``world``-th, from
+    ``rank``."""
     if world < 1 or not 0 <= rank < world:
         raise InputError(f"rank {rank} is not in a world of {world} processes")
     return list(range(rank, n_items, world))
@@ -167,7 +170,8 @@ def _load_state(reducer: Reducer, state: dict[str, Tensor]) -> None:
     own = reducer_state(reducer)
     if set(own) != set(state):
         raise InputError(
-            f"{type(reducer).__name__}: checkpoint state holds {sorted(state)}, the reducer {sorted(own)}"
+            f"{type(reducer).__name__}: checkpoint state holds {sorted(state)}, the reducer "
+            f"{sorted(own)}"
         )
     if hasattr(reducer, "load_state_dict"):
         reducer.load_state_dict(state)
@@ -175,7 +179,8 @@ def _load_state(reducer: Reducer, state: dict[str, Tensor]) -> None:
     for k, v in state.items():
         if own[k].shape != v.shape:
             raise InputError(
-                f"{type(reducer).__name__}.{k}: checkpoint shape {tuple(v.shape)}, reducer {tuple(own[k].shape)}"
+                f"{type(reducer).__name__}.{k}: checkpoint shape {tuple(v.shape)}, reducer "
+                f"{tuple(own[k].shape)}"
             )
         own[k].copy_(v.to(own[k].device, own[k].dtype))
 
@@ -209,7 +214,8 @@ def _collective_device() -> torch.device:
 
 
 def _all_reduce(reducers: Sequence[Reducer]) -> float:
-    """Sum every reducer's state over the ranks: one flat float64 all_reduce. Returns its seconds."""
+    """Sum every reducer's state over the ranks: one flat float64 all_reduce. Returns its
+    seconds."""
     t0 = time.perf_counter()
     dev = _collective_device()
     parts = [(r, k, t) for r in reducers for k, t in sorted(reducer_state(r).items())]
@@ -250,7 +256,8 @@ def _write_checkpoint(
 def _read_checkpoint(
     path: Path, config: dict[str, Any], reducers: Sequence[Reducer]
 ) -> tuple[int, float]:
-    """Load a checkpoint written by the same run into ``reducers``; returns the batches and tokens it covers."""
+    """Load a checkpoint written by the same run into ``reducers``; returns the batches and tokens
+    it covers."""
     raw = path.read_bytes()
     head, digest, payload = (
         raw[: len(_MAGIC)],
@@ -270,8 +277,9 @@ def _read_checkpoint(
         ) from e
     if saved.get("config") != config:
         raise InputError(
-            f"checkpoint {path} was written by a different run ({_diff(saved.get('config', {}), config)}): "
-            "start the same command again to resume, or use a new --checkpoint directory"
+            f"checkpoint {path} was written by a different run "
+            f"({_diff(saved.get('config', {}), config)}): start the same command again to "
+            "resume, or use a new --checkpoint directory"
         )
     if len(saved["state"]) != len(reducers):
         raise InputError(
@@ -283,7 +291,8 @@ def _read_checkpoint(
 
 
 def model_identity(model) -> dict[str, Any]:
-    """What binds a checkpoint to its model: name, path, weights fingerprint and dtype, ropelens version."""
+    """What binds a checkpoint to its model: name, path, weights fingerprint and dtype, ropelens
+    version."""
     cfg = getattr(model, "cfg", None)
     return {
         "model": model_label(model),
@@ -294,7 +303,8 @@ def model_identity(model) -> dict[str, Any]:
 
 
 def _remove_stale(path: Path) -> None:
-    """Delete temp files a killed write of ``path`` left (atomic_write's ``.NAME.*.tmp``): only this rank writes them."""
+    """Delete temp files a killed write of ``path`` left (atomic_write's ``.NAME.*.tmp``): only this
+    rank writes them."""
     for tmp in path.parent.glob(f".{path.name}.*.tmp"):
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -315,13 +325,13 @@ def run_windows(
     config: dict[str, Any] | None = None,
     fast: bool = True,
 ) -> RunInfo:
-    """Stream ``tokens`` (``[n_windows, n_ctx]``) into ``reducers``: this rank's share of the windows
-    when a process group is running (the reducers then hold the sums over every rank), all of them
-    otherwise; resuming from ``checkpoint`` when it holds a saved state of the same run.
+    """Stream ``tokens`` (``[n_windows, n_ctx]``) into ``reducers``: this rank's share of the
+    windows when a process group is running (the reducers then hold the sums over every rank), all
+    of them otherwise; resuming from ``checkpoint`` when it holds a saved state of the same run.
 
     ``config`` is what must not change between a run and its resumption (analysis settings); the
-    model's identity (:func:`model_identity`), the windows' fingerprint, batch size, layers and world
-    size are added to it.
+    model's identity (:func:`model_identity`), the windows' fingerprint, batch size, layers and
+    world size are added to it.
     """
     if not isinstance(every, int) or every < 1:
         raise InputError(f"every must be a positive number of batches, got {every!r}")
@@ -403,7 +413,8 @@ def _store():
 
 
 def _progress(bar, store, key: str, n: int, world: int) -> None:
-    """Advance rank 0's bar to the tokens every rank has done (each rank adds its own to the store)."""
+    """Advance rank 0's bar to the tokens every rank has done (each rank adds its own to the
+    store)."""
     if store is None:
         bar.update(n * world if world > 1 else n)
         return

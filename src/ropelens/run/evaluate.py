@@ -60,16 +60,19 @@ def _check_tokens(tokens: Any) -> Tensor:
 
 
 def is_bridge(model: Any) -> bool:
-    """Whether ``model`` is a TransformerLens bridge (deprecated: ``ropelens.backends.backend_of(model).tl_view``)."""
+    """Whether ``model`` is a TransformerLens bridge (deprecated:
+    ``ropelens.backends.backend_of(model).tl_view``)."""
     return backend_of(model).tl_view
 
 
 def loss_path(model: Any, path: str = "auto") -> str:
-    """Which forward :func:`window_losses` runs: ``"sdpa"`` (the HF model with sdpa attention and every RoPE
-    variant and plane ablation in force, :func:`ropelens.backends.sdpa.on_sdpa`), ``"bridge"`` or ``"hf"`` (a plain HF model).
+    """Which forward :func:`window_losses` runs: ``"sdpa"`` (the HF model with sdpa attention and
+    every RoPE variant and plane ablation in force, :func:`ropelens.backends.sdpa.on_sdpa`),
+    ``"bridge"`` or ``"hf"`` (a plain HF model).
 
-    ``"auto"`` takes sdpa for a bridge where :func:`ropelens.backends.sdpa.sdpa_ready` holds, else the bridge (another
-    hook or intervention is in force, or the family rotates where the sdpa path cannot reach).
+    ``"auto"`` takes sdpa for a bridge where :func:`ropelens.backends.sdpa.sdpa_ready` holds, else
+    the bridge (another hook or intervention is in force, or the family rotates where the sdpa path
+    cannot reach).
     """
     if path not in ("auto", "sdpa", "bridge"):
         raise InputError(f"path must be 'auto', 'sdpa' or 'bridge', got {path!r}")
@@ -187,10 +190,11 @@ def percentile_ci(
     seed: int = 0,
     alpha: float = 0.05,
 ) -> Estimate:
-    """Mean of ``values`` with its percentile bootstrap CI at level 1 − ``alpha`` (windows resampled with
-    replacement, ``n_boot`` times, from a generator seeded with ``seed``).
+    """Mean of ``values`` with its percentile bootstrap CI at level 1 − ``alpha`` (windows resampled
+    with replacement, ``n_boot`` times, from a generator seeded with ``seed``).
 
-    Percentile intervals of very skewed samples can exclude the sample mean; the interval is widened to keep it.
+    Percentile intervals of very skewed samples can exclude the sample mean; the interval is widened
+    to keep it.
     """
     v = _as_values(values)
     if not isinstance(n_boot, numbers.Integral) or isinstance(n_boot, bool) or n_boot < 1:
@@ -267,7 +271,8 @@ class RunStore:
             saved = json.loads(self.path.read_text())
         except json.JSONDecodeError as e:
             raise InputError(
-                f"{self.path} is not valid JSON ({e.msg} at line {e.lineno}): move it aside to start over"
+                f"{self.path} is not valid JSON ({e.msg} at line {e.lineno}): move it aside to "
+                "start over"
             ) from e
         return dict(saved.get("runs", {}))
 
@@ -280,7 +285,8 @@ class RunStore:
         return self.runs.get(self.key(config))
 
     def put(self, config: dict[str, Any], result: dict[str, Any]) -> None:
-        """Store one run; runs another process saved to the same file since are kept, not overwritten."""
+        """Store one run; runs another process saved to the same file since are kept, not
+        overwritten."""
         self.runs = {**self._saved(), **self.runs, self.key(config): {"config": config, **result}}
         dump_json(self.path, {"meta": self.meta, "runs": self.runs})
 

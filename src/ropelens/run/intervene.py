@@ -1,10 +1,10 @@
 """Running a model under a RoPE variant, and zeroing RoPE planes of its queries and keys.
 
 ``apply_rope_variant`` hands each chosen attention layer the variant's (cos, sin) tables through a
-forward pre-hook and removes it on exit, so the model is bit-for-bit what it was; ``with_rope_variant``
-is the same on a deep copy, for long runs. ``ablate_planes`` zeroes planes of the rotated queries and
-keys, which removes their logit contribution (unlike NoPE/PlaneMask, which keep the planes but stop
-rotating them).
+forward pre-hook and removes it on exit, so the model is bit-for-bit what it was;
+``with_rope_variant`` is the same on a deep copy, for long runs. ``ablate_planes`` zeroes planes of
+the rotated queries and keys, which removes their logit contribution (unlike NoPE/PlaneMask, which
+keep the planes but stop rotating them).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ __all__ = [
 def _check_variant(variant: Any) -> RopeVariant:
     if not isinstance(variant, RopeVariant):
         raise TypeError(
-            f"expected a RoPE variant such as ropelens.spec.variants.PRoPE(0.75), got {type(variant).__name__}"
+            "expected a RoPE variant such as ropelens.spec.variants.PRoPE(0.75), got "
+            f"{type(variant).__name__}"
         )
     return variant
 
@@ -59,7 +60,8 @@ def spec_with_variant(
     layers: Sequence[int] | None = None,
     layer_kind: str | None = None,
 ) -> RopeSpec:
-    """The spec a model has under ``variant`` in the chosen layers (frequencies at the original length)."""
+    """The spec a model has under ``variant`` in the chosen layers (frequencies at the original
+    length)."""
     _check_variant(variant)
     chosen = set(spec.layer_indices(layers, layer_kind))
     new = []
@@ -77,18 +79,18 @@ def spec_with_variant(
 
 
 def uses_engine(model, layers: Sequence[int], what: str) -> bool:
-    """Whether ``what`` runs on the engine (:mod:`ropelens.backends.engine`: at the rotation the HF forward calls) rather than
-    on bridge hooks: a plain HF model, or a bridge whose attention in ``layers`` rotates inside the HF module (no
-    (cos, sin) handed to it, no post-RoPE hooks). Raises UnsupportedModelError, with what was seen, where neither
-    can reach the model's rotation."""
+    """Whether ``what`` runs on the engine (:mod:`ropelens.backends.engine`: at the rotation the HF
+    forward calls) rather than on bridge hooks: a plain HF model, or a bridge whose attention in
+    ``layers`` rotates inside the HF module (no (cos, sin) handed to it, no post-RoPE hooks). Raises
+    UnsupportedModelError, with what was seen, where neither can reach the model's rotation."""
     return backend_of(model).uses_engine(layers, what)
 
 
 def _install_variant(
     model, variant: RopeVariant, layers, layer_kind
 ) -> tuple[RopeSpec, list[Any], list[int], bool]:
-    """Install the variant where the model's backend applies it; returns the resulting spec, the removers of any
-    hooks, the layers and whether the engine applies it (no hooks then)."""
+    """Install the variant where the model's backend applies it; returns the resulting spec, the
+    removers of any hooks, the layers and whether the engine applies it (no hooks then)."""
     _check_variant(variant)
     spec = rope_spec(model)  # NotRotaryError for models without RoPE
     chosen = spec.layer_indices(layers, layer_kind)
@@ -103,7 +105,8 @@ def _install_variant(
 def apply_rope_variant(
     model, variant: RopeVariant, layers: Sequence[int] | None = None, layer_kind: str | None = None
 ) -> Iterator[RopeSpec]:
-    """Run ``model`` with ``variant`` in the chosen layers (all by default); yields the spec it now has.
+    """Run ``model`` with ``variant`` in the chosen layers (all by default); yields the spec it now
+    has.
 
     Each chosen layer's attention receives the variant's (cos, sin) in place of the shared rotary
     module's, so ``hook_cos``/``hook_sin`` and everything after see the variant. The model's own
@@ -125,8 +128,8 @@ def apply_rope_variant(
 
 
 def is_identity(spec: RopeSpec, variant: RopeVariant, layers: Sequence[int], n_ctx: int) -> bool:
-    """Whether ``variant`` leaves every one of ``layers`` rotating exactly as the model does, to the bit,
-    for inputs of ``n_ctx`` tokens (p-RoPE with p = 1; dynamic NTK within the native context).
+    """Whether ``variant`` leaves every one of ``layers`` rotating exactly as the model does, to the
+    bit, for inputs of ``n_ctx`` tokens (p-RoPE with p = 1; dynamic NTK within the native context).
 
     Callers can then reuse the unmodified model's numbers instead of running it again; a variant
     that differs in the last bit is simply run.
@@ -146,7 +149,8 @@ def is_identity(spec: RopeSpec, variant: RopeVariant, layers: Sequence[int], n_c
 def with_rope_variant(
     model, variant: RopeVariant, layers: Sequence[int] | None = None, layer_kind: str | None = None
 ):
-    """A deep copy of ``model`` that always runs ``variant`` (for long runs); ``model`` is untouched."""
+    """A deep copy of ``model`` that always runs ``variant`` (for long runs); ``model`` is
+    untouched."""
     _check_variant(variant)
     chosen = rope_spec(model).layer_indices(layers, layer_kind)  # fail before copying
     out = copy.deepcopy(model)

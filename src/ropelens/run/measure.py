@@ -3,10 +3,10 @@
 A corpus analysis is a set of reducers folded over token windows. :func:`measure` does everything
 around them the same way for every analysis: the model's RoPE spec and the chosen layers, the
 windows (:func:`ropelens.run.data.analysis_windows`, or ready ones), the run
-(:func:`ropelens.run.distributed.run_windows`: split across ranks inside a process group, checkpointed
-and resumable, with progress), its timing and the result's :class:`Provenance`. An analysis builds
-its reducers from the spec, layers and windows, calls :func:`measure`, and turns the filled
-reducer into its result.
+(:func:`ropelens.run.distributed.run_windows`: split across ranks inside a process group,
+checkpointed and resumable, with progress), its timing and the result's :class:`Provenance`. An
+analysis builds its reducers from the spec, layers and windows, calls :func:`measure`, and turns the
+filled reducer into its result.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ __all__ = ["Build", "Measured", "RunOptions", "Windows", "corpus_analysis", "mea
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a corpus analysis runs: its windows, layers, batches, progress bar, checkpoints and verification.
+    """How a corpus analysis runs: its windows, layers, batches, progress bar, checkpoints and
+    verification.
 
     Every corpus analysis takes these as keyword arguments (with its own defaults for ``n_ctx``
     and ``max_tokens``); :func:`corpus_analysis` gathers them into one ``RunOptions``.
@@ -51,7 +52,8 @@ class RunOptions:
         None  # directory to save progress to and resume from
     )
     checkpoint_every: int = 8  # batches between checkpoints
-    verify: bool = True  # check the reading against the model's own attention first (False: results say unverified)
+    # check the reading against the model's own attention first (False: results say unverified)
+    verify: bool = True
 
 
 _RUN_FIELDS = tuple(f.name for f in fields(RunOptions))
@@ -66,7 +68,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def corpus_analysis(**defaults: Any) -> Callable[[F], F]:
-    """Give ``fn(model, corpus, run: RunOptions, *, settings...)`` the run options as keyword arguments.
+    """Give ``fn(model, corpus, run: RunOptions, *, settings...)`` the run options as keyword
+    arguments.
 
     The public function takes ``(model, corpus=None, *, n_ctx, max_tokens, layers, settings...,
     batch_size, progress, checkpoint, checkpoint_every, verify)`` with ``defaults`` overriding
@@ -125,7 +128,8 @@ class Windows:
 
     @classmethod
     def of(cls, tokenizer: Any, corpus: Any, n_ctx: int, max_tokens: int | None) -> Windows:
-        """The windows every corpus analysis runs on (see :func:`ropelens.run.data.analysis_windows`)."""
+        """The windows every corpus analysis runs on (see
+        :func:`ropelens.run.data.analysis_windows`)."""
         return cls(*analysis_windows(tokenizer, corpus, n_ctx, max_tokens))
 
     @property
@@ -177,19 +181,22 @@ def measure(
     label: str | None = None,
     rotary_only: bool = True,
 ) -> Measured:
-    """Run the reducers ``build(spec, layers, windows)`` makes over a corpus; return them filled, with provenance.
+    """Run the reducers ``build(spec, layers, windows)`` makes over a corpus; return them filled,
+    with provenance.
 
     ``corpus`` (a Corpus, a corpus name or path, or a ready ``[n_windows, n_ctx]`` token tensor) is
     cut into windows of ``run.n_ctx`` up to ``run.max_tokens``, unless ready ``windows`` are given.
     ``config`` (a dict, or a function of the built reducers) holds the analysis's settings: the
-    provenance records them with the chosen ``layers``, the batch size and how the run was split; a checkpoint
-    resumes only a run with the same ``analysis``, settings and ``resume`` (settings that change
-    the sums but are not recorded, such as tile sizes). Inside a ``torch.distributed`` process
-    group each rank takes a share of the windows and every rank gets the whole corpus's sums.
+    provenance records them with the chosen ``layers``, the batch size and how the run was split; a
+    checkpoint resumes only a run with the same ``analysis``, settings and ``resume`` (settings that
+    change the sums but are not recorded, such as tile sizes). Inside a ``torch.distributed``
+    process group each rank takes a share of the windows and every rank gets the whole corpus's
+    sums.
 
-    Before any window runs, :func:`ropelens.run.verify.verification` checks that ``spec`` describes the
-    model's own attention (once per model; UnsupportedModelError when it does not); the provenance
-    records the outcome under ``config["verification"]``, or "unverified" with ``run.verify`` False.
+    Before any window runs, :func:`ropelens.run.verify.verification` checks that ``spec`` describes
+    the model's own attention (once per model; UnsupportedModelError when it does not); the
+    provenance records the outcome under ``config["verification"]``, or "unverified" with
+    ``run.verify`` False.
 
     ``rotary_only=False`` lets ``run.layers`` name NoPE layers too (None then selects every layer),
     for analyses that measure what a layer does without rotating.

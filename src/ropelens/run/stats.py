@@ -1,18 +1,21 @@
-"""Statistics for intervention experiments: paired bootstrap CIs over windows and layer-clustered permutation tests.
+"""Statistics for intervention experiments: paired bootstrap CIs over windows and layer-clustered
+permutation tests.
 
-*Paired bootstrap.* An intervention and its baseline run on the same windows, so the effect of window i is
-d_i = a_i − b_i and the windows are resampled as pairs: :func:`paired_bootstrap_ci` is the percentile bootstrap
-of mean(d) (:func:`ropelens.run.evaluate.percentile_ci` on the differences).
+*Paired bootstrap.* An intervention and its baseline run on the same windows, so the effect of
+window i is d_i = a_i − b_i and the windows are resampled as pairs: :func:`paired_bootstrap_ci` is
+the percentile bootstrap of mean(d) (:func:`ropelens.run.evaluate.percentile_ci` on the
+differences).
 
-*Layer-clustered permutation test.* Units (heads, or planes of heads) carry a cluster label (their layer) and a
-treatment label (in the chosen set or not). The null hypothesis is that the treatment labels are exchangeable
-within clusters: the treated set's statistic is distributed as that of a set drawn uniformly at random with the
-same number of units in each cluster. A layer is never compared with another layer, so depth effects (late layers
-matter more for the loss) cannot make a set look special. :func:`clustered_permutation_test` computes the null by
-permuting labels within clusters (all assignments when they are few, else ``n_perm`` seeded draws) and
-:func:`matched_random_sets` draws such control sets for experiments that must run the model once per set.
-Monte Carlo p-values are (1 + #{null ≥ observed}) / (1 + n) (:func:`permutation_p_value`): the observed set
-counts as one draw of the null, so the test is valid at every n and never returns 0. See docs/statistics.md.
+*Layer-clustered permutation test.* Units (heads, or planes of heads) carry a cluster label (their
+layer) and a treatment label (in the chosen set or not). The null hypothesis is that the treatment
+labels are exchangeable within clusters: the treated set's statistic is distributed as that of a set
+drawn uniformly at random with the same number of units in each cluster. A layer is never compared
+with another layer, so depth effects (late layers matter more for the loss) cannot make a set look
+special. :func:`clustered_permutation_test` computes the null by permuting labels within clusters
+(all assignments when they are few, else ``n_perm`` seeded draws) and :func:`matched_random_sets`
+draws such control sets for experiments that must run the model once per set. Monte Carlo p-values
+are (1 + #{null ≥ observed}) / (1 + n) (:func:`permutation_p_value`): the observed set counts as one
+draw of the null, so the test is valid at every n and never returns 0. See docs/statistics.md.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ def paired_bootstrap_ci(
     level: float = 0.95,
     seed: int = 0,
 ) -> Estimate:
-    """Mean of the paired differences ``a − b`` (one pair per window) with its percentile bootstrap CI.
+    """Mean of the paired differences ``a − b`` (one pair per window) with its percentile bootstrap
+    CI.
 
     Windows are resampled as pairs, so what the two conditions share (the text of a window) cancels.
     Returns an :class:`ropelens.run.evaluate.Estimate` (``mean``: the estimate, ``lo``, ``hi``).
@@ -83,7 +87,8 @@ def paired_bootstrap_ci(
     va, vb = _vector(a, "a"), _vector(b, "b")
     if va.numel() != vb.numel():
         raise InputError(
-            f"a has {va.numel()} values and b {vb.numel()}: a paired CI needs one value of each per window"
+            f"a has {va.numel()} values and b {vb.numel()}: a paired CI needs one value of each "
+            "per window"
         )
     return percentile_ci(va - vb, n_boot=n_boot, seed=seed, alpha=1 - _level(level))
 
@@ -91,8 +96,8 @@ def paired_bootstrap_ci(
 def permutation_p_value(
     observed: float, null: Sequence[float] | Tensor, alternative: str = "greater"
 ) -> float:
-    """(1 + #{null ≥ observed}) / (1 + n) for ``alternative="greater"`` (≤ for ``"less"``): the Monte Carlo
-    p-value of ``observed`` against ``n`` statistics drawn under the null."""
+    """(1 + #{null ≥ observed}) / (1 + n) for ``alternative="greater"`` (≤ for ``"less"``): the
+    Monte Carlo p-value of ``observed`` against ``n`` statistics drawn under the null."""
     if alternative not in _ALTERNATIVES:
         raise InputError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
     obs = float(observed)
@@ -103,7 +108,8 @@ def permutation_p_value(
 
 
 def _count_extreme(null: Tensor, observed: float, alternative: str) -> int:
-    # a tolerance of a few ulps: a null draw equal to the observed set must count even after re-summation
+    # a tolerance of a few ulps: a null draw equal to the observed set must count even after
+    # re-summation
     tol = 1e-12 * max(1.0, abs(observed))
     hit = null >= observed - tol if alternative == "greater" else null <= observed + tol
     return int(hit.sum())
@@ -111,7 +117,8 @@ def _count_extreme(null: Tensor, observed: float, alternative: str) -> int:
 
 @dataclass(frozen=True)
 class PermutationTest:
-    """A permutation test's observed statistic (mean over treated units), its p-value and how the null was made."""
+    """A permutation test's observed statistic (mean over treated units), its p-value and how the
+    null was made."""
 
     observed: float
     p_value: float
@@ -159,13 +166,13 @@ def clustered_permutation_test(
     seed: int = 0,
     alternative: str = "greater",
 ) -> PermutationTest:
-    """Is the mean of ``values`` over the ``treated`` units larger (``"less"``: smaller) than for random sets with
-    as many units in every cluster?
+    """Is the mean of ``values`` over the ``treated`` units larger (``"less"``: smaller) than for
+    random sets with as many units in every cluster?
 
-    Null: the treatment labels are exchangeable within clusters (layers). ``n_perm=None`` enumerates every
-    within-cluster assignment (at most :data:`MAX_EXACT`) and returns the exact p-value #{stat ≥ observed} / N;
-    an int draws ``n_perm`` assignments from a generator seeded with ``seed`` and returns
-    (1 + #{stat ≥ observed}) / (1 + n_perm).
+    Null: the treatment labels are exchangeable within clusters (layers). ``n_perm=None`` enumerates
+    every within-cluster assignment (at most :data:`MAX_EXACT`) and returns the exact p-value #{stat
+    ≥ observed} / N; an int draws ``n_perm`` assignments from a generator seeded with ``seed`` and
+    returns (1 + #{stat ≥ observed}) / (1 + n_perm).
     """
     v = _vector(values, "values")
     t = np.asarray(treated.cpu() if isinstance(treated, Tensor) else treated)
@@ -178,8 +185,8 @@ def clustered_permutation_test(
         n_exact = math.prod(math.comb(len(idx), k) for idx, k in groups)
         if n_exact > MAX_EXACT:
             raise InputError(
-                f"{n_exact:,} within-cluster assignments are too many to enumerate (limit {MAX_EXACT:,}): "
-                "pass n_perm (e.g. 9999) for a Monte Carlo test"
+                f"{n_exact:,} within-cluster assignments are too many to enumerate (limit "
+                f"{MAX_EXACT:,}): pass n_perm (e.g. 9999) for a Monte Carlo test"
             )
         sums = [
             torch.tensor(
@@ -223,11 +230,12 @@ def matched_random_sets(
     n_sets: int,
     seed: int = 0,
 ) -> list[tuple[tuple[int, int], ...]]:
-    """``n_sets`` random sets of (cluster, unit) pairs with as many units in each cluster as ``treated`` has, each
-    drawn uniformly without replacement from ``population[cluster]`` (one seeded generator, in cluster order).
+    """``n_sets`` random sets of (cluster, unit) pairs with as many units in each cluster as
+    ``treated`` has, each drawn uniformly without replacement from ``population[cluster]`` (one
+    seeded generator, in cluster order).
 
-    These are draws of the within-cluster permutation null of :func:`clustered_permutation_test`: a draw may
-    coincide with the treated set, as the null allows.
+    These are draws of the within-cluster permutation null of :func:`clustered_permutation_test`: a
+    draw may coincide with the treated set, as the null allows.
     """
     if isinstance(n_sets, bool) or not isinstance(n_sets, numbers.Integral) or n_sets < 1:
         raise InputError(f"n_sets must be a positive int, got {n_sets!r}")
@@ -240,8 +248,8 @@ def matched_random_sets(
         have = len(population.get(c, ()))
         if have < k:
             raise InputError(
-                f"cluster {c} has {k} treated units but only {have} to draw from: the population must "
-                "hold every unit of the cluster, treated ones included"
+                f"cluster {c} has {k} treated units but only {have} to draw from: the population "
+                "must hold every unit of the cluster, treated ones included"
             )
     rng = np.random.default_rng(int(seed))
     out = []

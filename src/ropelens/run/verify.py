@@ -1,13 +1,14 @@
-"""Verification: ropelens's reading of a model checked against the model's own attention, before any number.
+"""Verification: ropelens's reading of a model checked against the model's own attention, before any
+number.
 
 A short probe (two rows of at most a few hundred tokens: one token repeated, and BOS plus random
 tokens) runs once per model, per layer that rotates:
 
-- **rotation**: on the repeated token, the rotated q and k ropelens captures at every position
-  (the output of the model's own rotation, ``q_rot``/``k_rot``) are the spec's rotation of
-  position 0 (frequencies, pairing, direction, a NoPE layer read as rotating, a partial slice);
-  where something position-dependent reaches a later layer's pre-RoPE query (a learned sink), the
-  captured rotated q and k are checked against the spec's rotation of the captured pre-RoPE ones instead;
+- **rotation**: on the repeated token, the rotated q and k ropelens captures at every position (the
+  output of the model's own rotation, ``q_rot``/``k_rot``) are the spec's rotation of position 0
+  (frequencies, pairing, direction, a NoPE layer read as rotating, a partial slice); where something
+  position-dependent reaches a later layer's pre-RoPE query (a learned sink), the captured rotated q
+  and k are checked against the spec's rotation of the captured pre-RoPE ones instead;
 - **q/k** and **scale**: the query and key the model's attention function receives are the
   captured post-RoPE q and k, and its score scale is the spec's. Post-RoPE q and k are taken where
   they enter the score: in a layer read as normalising them after the rotation
@@ -15,21 +16,22 @@ tokens) runs once per model, per layer that rotates:
   after RoPE the reading misses fails here, and the rotation is checked before the norm;
 - **scores**: the rebuilt pre-softmax scores (captured q·k times the spec's scale) equal q·k times
   the scale the attention function computes with;
-- **mask** and **probs**: the spec's causal / sliding-window / chunked mask is the mask the model built
-  (the probe spans two chunks of a chunked layer), and the spec's softmax (soft-cap, sinks) of the
-  rebuilt scores gives the model's probabilities;
-- **window edge** and **chunk edge**: windows (chunks) longer than the probe are checked at their edge
-  against HF's own sliding-window (chunked) mask function with the config's ``sliding_window``
+- **mask** and **probs**: the spec's causal / sliding-window / chunked mask is the mask the model
+  built (the probe spans two chunks of a chunked layer), and the spec's softmax (soft-cap, sinks) of
+  the rebuilt scores gives the model's probabilities;
+- **window edge** and **chunk edge**: windows (chunks) longer than the probe are checked at their
+  edge against HF's own sliding-window (chunked) mask function with the config's ``sliding_window``
   (``attention_chunk_size``); which layers slide or are chunked is then seen only through the
   config's layer types.
 
-Both capture paths analyses use are checked: the fast q/k path (HF's ``apply_rotary_pos_emb``)
-and the bridge's hooks. The reference is the HF model under the bridge (:func:`ropelens.backends.sdpa_capture.hf_view`)
-run with eager attention, its ``eager_attention_forward`` wrapped to read its inputs (query, key,
-mask, scaling) and output (probabilities); a family without one (GPT-J) gives its probabilities
-through ``output_attentions``, and its q/k, scale and score checks are listed as unchecked. Under a
-ropelens intervention (a RoPE variant, plane ablation), which lives on the bridge, the reference is
-the bridge's own scores and pattern.
+Both capture paths analyses use are checked: the fast q/k path (HF's ``apply_rotary_pos_emb``) and
+the bridge's hooks. The reference is the HF model under the bridge
+(:func:`ropelens.backends.sdpa_capture.hf_view`) run with eager attention, its
+``eager_attention_forward`` wrapped to read its inputs (query, key, mask, scaling) and output
+(probabilities); a family without one (GPT-J) gives its probabilities through ``output_attentions``,
+and its q/k, scale and score checks are listed as unchecked. Under a ropelens intervention (a RoPE
+variant, plane ablation), which lives on the bridge, the reference is the bridge's own scores and
+pattern.
 
 The result is cached on the model, keyed by the spec, the modeling functions and attention classes
 the model runs (``apply_rotary_pos_emb``, ``rotate_half``, ``eager_attention_forward``, each
@@ -82,12 +84,14 @@ MAX_PROBED_WINDOW = (
 _CACHE = "_ropelens_verification"
 _SKIP = "_ropelens_skip_verification"
 _CHECKS = ("rotation", "qk", "scale", "scores", "mask", "probs", "window edge", "chunk edge")
-_TOKEN = 7  # the repeated token of the rotation row (any id: every position then has the same pre-RoPE q)
+# the repeated token of the rotation row (any id: every position then has the same pre-RoPE q)
+_TOKEN = 7
 
 
 @dataclass(frozen=True)
 class Verification:
-    """The outcome of the probe: passed with the largest error of each check, or unverified (opted out)."""
+    """The outcome of the probe: passed with the largest error of each check, or unverified (opted
+    out)."""
 
     status: str  # "passed" or "unverified"
     errors: dict[str, float] = field(
@@ -106,7 +110,8 @@ class Verification:
         return self.status == "passed"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, as provenance records it (without the probe's time, which differs run to run)."""
+        """JSON-ready, as provenance records it (without the probe's time, which differs run to
+        run)."""
         d = asdict(self)
         del d["seconds"]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
@@ -115,13 +120,13 @@ class Verification:
         """One sentence: what was checked and the largest errors, or that nothing was."""
         if not self.passed:
             return (
-                "unverified: ropelens's reading of this model was not checked against the model's own "
-                "attention (verify=False / --no-verify)"
+                "unverified: ropelens's reading of this model was not checked against the "
+                "model's own attention (verify=False / --no-verify)"
             )
         errs = ", ".join(f"{k} {v:.1e}" for k, v in self.errors.items())
         text = (
-            f"verified on a {self.n_tokens}-token probe in {len(self.layers)} rotary layers against "
-            f"{self.reference} ({' and '.join(self.paths)}); largest errors: {errs}"
+            f"verified on a {self.n_tokens}-token probe in {len(self.layers)} rotary layers "
+            f"against {self.reference} ({' and '.join(self.paths)}); largest errors: {errs}"
         )
         return text + (f"; not checked: {'; '.join(self.unchecked)}" if self.unchecked else "")
 
@@ -131,7 +136,8 @@ UNVERIFIED = Verification("unverified")
 
 @contextlib.contextmanager
 def skip_verification(model) -> Iterator[None]:
-    """Every analysis of ``model`` inside the block runs unverified (and says so), as with ``verify=False``."""
+    """Every analysis of ``model`` inside the block runs unverified (and says so), as with
+    ``verify=False``."""
     object.__setattr__(model, _SKIP, getattr(model, _SKIP, 0) + 1)
     try:
         yield
@@ -142,18 +148,20 @@ def skip_verification(model) -> Iterator[None]:
 def verification(
     model, spec: RopeSpec, *, verify: bool = True, length: int | None = None
 ) -> Verification:
-    """The probe's verdict for ``model`` read as ``spec`` (cached), or :data:`UNVERIFIED` when opted out.
+    """The probe's verdict for ``model`` read as ``spec`` (cached), or :data:`UNVERIFIED` when opted
+    out.
 
-    ``length``: probe at that many tokens instead of the default (a spec read at the analysed length by
-    ``rope_spec(model, length=n)``, whose frequencies hold for inputs of that length)."""
+    ``length``: probe at that many tokens instead of the default (a spec read at the analysed length
+    by ``rope_spec(model, length=n)``, whose frequencies hold for inputs of that length)."""
     if not verify or getattr(model, _SKIP, 0):
         return UNVERIFIED
     return verify_model(model, spec, length=length)
 
 
 def rotation_error(lr: LayerRope, q_post: Tensor) -> float:
-    """Relative max error of post-RoPE queries ``[pos, head, d]`` whose pre-RoPE query is the same at every
-    position against ``lr``'s rotation of position 0 (which already carries the attention scaling once)."""
+    """Relative max error of post-RoPE queries ``[pos, head, d]`` whose pre-RoPE query is the same
+    at every position against ``lr``'s rotation of position 0 (which already carries the attention
+    scaling once)."""
     n = q_post.shape[0]
     pred = lr.rotate(
         q_post[0].expand(n, -1, -1).transpose(0, 1), torch.arange(n, device=q_post.device)
@@ -163,10 +171,12 @@ def rotation_error(lr: LayerRope, q_post: Tensor) -> float:
 
 
 def rotation_from_pre(lr: LayerRope, pre: Tensor, post: Tensor, ablated: bool = False) -> float:
-    """Relative max error of captured post-RoPE ``[pos, head, d]`` against the spec's rotation of the captured pre-RoPE.
+    """Relative max error of captured post-RoPE ``[pos, head, d]`` against the spec's rotation of
+    the captured pre-RoPE.
 
-    With ``ablated`` (a plane ablation is active), planes zeroed after RoPE at every position are zero in
-    the prediction too, as the rotation of position 0 predicts them where the pre-RoPE query is constant.
+    With ``ablated`` (a plane ablation is active), planes zeroed after RoPE at every position are
+    zero in the prediction too, as the rotation of position 0 predicts them where the pre-RoPE query
+    is constant.
     """
     pos = torch.arange(pre.shape[0], device=pre.device)
     pred = lr.rotate(pre.transpose(0, 1), pos).transpose(0, 1)
@@ -185,7 +195,8 @@ def verify_model(
     model, spec: RopeSpec | None = None, *, force: bool = False, length: int | None = None
 ) -> Verification:
     """Run the probe (see module doc) unless this model and spec already passed it; raise
-    :class:`UnsupportedModelError` naming the layer, the check and the size of the error on a mismatch."""
+    :class:`UnsupportedModelError` naming the layer, the check and the size of the error on a
+    mismatch."""
     spec = spec if spec is not None else rope_spec(model)
     key = fingerprint(model, spec) + ("" if length is None else f"@{int(length)}")
     cache = getattr(model, _CACHE, None)
@@ -201,7 +212,8 @@ def verify_model(
 
 # -------------------------------------------------------------------------------------- the probe
 def _tolerance(dtype: torch.dtype) -> dict[str, float]:
-    """Relative (rotation, q/k, scores) and absolute (probabilities) tolerances for the model's dtype.
+    """Relative (rotation, q/k, scores) and absolute (probabilities) tolerances for the model's
+    dtype.
 
     In float32 the captured and the model's tensors come from the same ops (errors ~1e-6, a few
     ulps of the largest entry); 1e-4 leaves room for reductions in another order and is far below
@@ -224,18 +236,23 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
 
 
 _MEANING = {
-    "rotation": "rotated {which} is not the spec's rotation of position 0: wrong frequencies, pairing or direction, "
-    "or a layer read as rotating that applies no RoPE",
-    "qk": "the {which} that enters the model's score is not the post-RoPE {which} ropelens captures: a norm or gain "
-    "after RoPE that the reading (or the bridge) misses, or {which} taken at the wrong place",
+    "rotation": "rotated {which} is not the spec's rotation of position 0: wrong frequencies, "
+    "pairing or direction, or a layer read as rotating that applies no RoPE",
+    "qk": "the {which} that enters the model's score is not the post-RoPE {which} ropelens "
+    "captures: a norm or gain after RoPE that the reading (or the bridge) misses, or {which} "
+    "taken at the wrong place",
     "scale": "the spec's score scale is not the one the model's attention function uses",
     "scores": "scores carry a term that is not q·k: a bias or a norm after RoPE",
-    "mask": "the spec's mask is not the mask the model builds: a window off, chunked attention, or keys selected "
-    "at run time (sparse attention) that the capture did not read or the spec's select_keys does not count",
-    "probs": "the spec's softmax of the scores (mask, window, soft-cap, sinks) does not give the model's probabilities: "
-    "a soft-cap, sinks or a score bias in the attention function the spec does not describe",
-    "window edge": "the spec's sliding window is not the one HF's mask function builds from the config",
-    "chunk edge": "the spec's attention chunk is not the one HF's chunked mask function builds from the config",
+    "mask": "the spec's mask is not the mask the model builds: a window off, chunked attention, "
+    "or keys selected at run time (sparse attention) that the capture did not read or the spec's "
+    "select_keys does not count",
+    "probs": "the spec's softmax of the scores (mask, window, soft-cap, sinks) does not give the "
+    "model's probabilities: a soft-cap, sinks or a score bias in the attention function the spec "
+    "does not describe",
+    "window edge": "the spec's sliding window is not the one HF's mask function builds from the "
+    "config",
+    "chunk edge": "the spec's attention chunk is not the one HF's chunked mask function builds "
+    "from the config",
 }
 
 
@@ -260,15 +277,17 @@ class _Failure:
             else _MEANING[self.check].format(which=which or "q")
         )
         return (
-            f"{arch}: layer {self.layer} fails the {self.check} check ({self.path}): error {self.error:.3g} > "
-            f"{self.tol:.1g}{extra}: {meaning}; ropelens's reading "
-            "does not describe this model (pass verify=False or --no-verify to measure it anyway, unverified)"
+            f"{arch}: layer {self.layer} fails the {self.check} check ({self.path}): error "
+            f"{self.error:.3g} > {self.tol:.1g}{extra}: {meaning}; ropelens's reading does not "
+            "describe this model (pass verify=False or --no-verify to measure it anyway, "
+            "unverified)"
         )
 
 
 def rotation_mismatch(lr: LayerRope, pre: Tensor, post: Tensor) -> str | None:
-    """What the rotation that took ``pre`` to ``post`` (``[pos, head, d]``, positions from 0) does that ``lr`` does not,
-    measured (:func:`ropelens.spec.observed.measure_rotation`), in words; None where nothing measurable differs."""
+    """What the rotation that took ``pre`` to ``post`` (``[pos, head, d]``, positions from 0) does
+    that ``lr`` does not, measured (:func:`ropelens.spec.observed.measure_rotation`), in words; None
+    where nothing measurable differs."""
     dims = slice(lr.rotary_offset, lr.rotary_offset + lr.rotary_dim)
     if pre.shape != post.shape or pre.shape[0] < 3 or not lr.rotary_dim:
         return None
@@ -285,8 +304,8 @@ def rotation_mismatch(lr: LayerRope, pre: Tensor, post: Tensor) -> str | None:
     if float(rel.max()) > 1e-4:
         i = int(rel.argmax())
         return (
-            f"the rotation turns plane {i} by θ = {float(obs.inv_freq[i]):.6g} per token where the reading says "
-            f"{float(spec[i]):.6g}"
+            f"the rotation turns plane {i} by θ = {float(obs.inv_freq[i]):.6g} per token where "
+            f"the reading says {float(spec[i]):.6g}"
         )
     scale = obs.scale[~obs.scale.isnan()]
     if scale.numel() and abs(float(scale[0]) - lr.attention_scaling) > 1e-4 * max(
@@ -312,7 +331,8 @@ class _Probe:
         self.unchecked: list[str] = []
         windows = [lr.window for lr in spec.layers if lr.window]
         chunks = [lr.chunk for lr in spec.layers if lr.chunk]
-        # past every window, and across two chunk boundaries (a query's chunk starts after earlier keys it would see)
+        # past every window, and across two chunk boundaries (a query's chunk starts after earlier
+        # keys it would see)
         self.n = max(
             [PROBE_CTX]
             + [w + 8 for w in windows if w <= MAX_PROBED_WINDOW]
@@ -415,7 +435,8 @@ class _Probe:
         for L in self.rotary:
             lr, t = self.spec[L], layers[L]
             for which in ("q", "k"):
-                # the repeated-token row, [pos, head, d]; the rotation's own output (before a norm after RoPE)
+                # the repeated-token row, [pos, head, d]; the rotation's own output (before a norm
+                # after RoPE)
                 pre, post = t[f"{which}_pre"][0], t[f"{which}_rot"][0]
                 same = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(
                     pre.abs().max().clamp_min(1e-30)
@@ -433,16 +454,18 @@ class _Probe:
                     lambda lr=lr, pre=pre, post=post: rotation_mismatch(lr, pre, post),
                 )
                 if lr.shared_rotary_key and not lr.norm_after_rope:
-                    # MLA builds each head around the rotation's output: placed at the spec's rotary dims, it must
-                    # be the q/k that enter the score (a wrong offset puts it over the no-position dims)
+                    # MLA builds each head around the rotation's output: placed at the spec's rotary
+                    # dims, it must be the q/k that enter the score (a wrong offset puts it over the
+                    # no-position dims)
                     err = float(
                         (t[f"{which}_rot"] - t[f"{which}_post"]).abs().max()
                         / t[f"{which}_post"].abs().max().clamp_min(1e-30)
                     )
                     self._note("qk", L, path, err, which)
                 if lr.rotary_offset or lr.pre_interleaved:
-                    # the model's rotation reads another layout than it writes, or a slice inside the head: its
-                    # own input, as ropelens lays it out, rotated by the spec must give its output, in both rows
+                    # the model's rotation reads another layout than it writes, or a slice inside
+                    # the head: its own input, as ropelens lays it out, rotated by the spec must
+                    # give its output, in both rows
                     for row in range(t[f"{which}_pre"].shape[0]):
                         err = rotation_from_pre(
                             lr, t[f"{which}_pre"][row], t[f"{which}_rot"][row], ablated
@@ -599,7 +622,8 @@ class _Probe:
         return scores
 
     def _mask(self, L: int, allowed: Tensor, expected: Tensor, path: str) -> None:
-        """Note how many ``[batch, q, k]`` entries of the model's mask differ from ``expected``, and the first."""
+        """Note how many ``[batch, q, k]`` entries of the model's mask differ from ``expected``, and
+        the first."""
         diff = (allowed != expected).nonzero()
         detail = ""
         if len(diff):
@@ -614,7 +638,8 @@ class _Probe:
         self._note("mask", L, path, float(len(diff)), detail)
 
     def _hf_reference(self, toks: Tensor, acts) -> None:
-        """Run the HF model under the bridge with eager attention, reading its attention function's inputs and output."""
+        """Run the HF model under the bridge with eager attention, reading its attention function's
+        inputs and output."""
         hf = hf_view(self.model)
         mod = importlib.import_module(type(hf).__module__)
         orig = getattr(mod, "eager_attention_forward", None)
@@ -645,8 +670,8 @@ class _Probe:
                                 "the mask the model adds to its scores",
                                 float(bias.sum()),
                                 f"{int(bias.sum())} entries are finite and not 0, up to "
-                                f"{float(m[bias].abs().max()):.3g}: a bias added to q·k (a learned or dynamic "
-                                "mask), not a mask",
+                                f"{float(m[bias].abs().max()):.3g}: a bias added to q·k (a "
+                                "learned or dynamic mask), not a mask",
                             )
                 probs = mixed_weights(
                     module, value, out
@@ -687,7 +712,8 @@ class _Probe:
             )
 
     def _bridge_reference(self, toks: Tensor, acts) -> None:
-        """Under an intervention: the bridge's own pre-softmax scores (soft-capped, masked) and pattern."""
+        """Under an intervention: the bridge's own pre-softmax scores (soft-capped, masked) and
+        pattern."""
         got: dict[str, Tensor] = {}
         names = {
             f"blocks.{L}.attn.{h}"
@@ -709,14 +735,15 @@ class _Probe:
             )
             if scores is None and pattern is None:
                 self.unchecked.append(
-                    f"layer {L} scores and probabilities (its bridge fires no score or pattern hook)"
+                    f"layer {L} scores and probabilities (its bridge fires no score or pattern "
+                    "hook)"
                 )
                 continue
             self._compare(L, acts, None, None, None, None, pattern, scores)
 
     def _mask_edges(self) -> None:
-        """Windows and chunks longer than the probe: HF's own mask function, built with the config's size, checked
-        against the spec's mask on both sides of the first edge."""
+        """Windows and chunks longer than the probe: HF's own mask function, built with the config's
+        size, checked against the spec's mask on both sides of the first edge."""
         try:
             from transformers.masking_utils import (
                 chunked_causal_mask_function,
@@ -732,7 +759,9 @@ class _Probe:
 
         cfg = hf_model_of(self.model).config
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        kinds = (  # (name, long sizes, LayerRope field, config key, HF mask function of a size, (q, k) at the edge)
+        # (name, long sizes, LayerRope field, config key, HF mask function of a size, (q, k) at the
+        # edge)
+        kinds = (
             (
                 "window",
                 self.long_windows,

@@ -1,1 +1,2 @@
-"""The spec: RoPE math (LayerRope, RopeSpec), reading it from a running model, bands, variants and the plan in force."""
+"""The spec: RoPE math (LayerRope, RopeSpec), reading it from a running model, bands, variants and
+the plan in force."""

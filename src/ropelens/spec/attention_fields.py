@@ -1,8 +1,10 @@
-"""What one HF attention module (and its layer's config) says about the layer: heads, KV heads, NoPE, soft-cap,
-sinks, an output gate, a query temperature, and the position axis of each plane under multimodal RoPE.
+"""What one HF attention module (and its layer's config) says about the layer: heads, KV heads,
+NoPE, soft-cap, sinks, an output gate, a query temperature, and the position axis of each plane
+under multimodal RoPE.
 
-Leaf readers for :func:`ropelens.spec.reading.rope_spec`: each takes the module or config and returns one field of
-:class:`ropelens.spec.rope.LayerRope`, reading the model's own attributes before its config's.
+Leaf readers for :func:`ropelens.spec.reading.rope_spec`: each takes the module or config and
+returns one field of :class:`ropelens.spec.rope.LayerRope`, reading the model's own attributes
+before its config's.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ __all__ = [
 
 
 def plane_axes(rotaries, inv: torch.Tensor) -> tuple[int, ...]:
-    """The position axis (0 t, 1 h, 2 w) each plane turns by under multimodal RoPE, read from the model's own rotary.
+    """The position axis (0 t, 1 h, 2 w) each plane turns by under multimodal RoPE, read from the
+    model's own rotary.
 
-    A rotary module with ``mrope_section`` (Qwen2-VL's contiguous sections, Qwen3-VL's and Qwen 3.5's
-    interleaved ones) is run once at positions t = 1, h = 2, w = 3: plane i's angle is then p·θ_i with p the
-    position of its axis (every |angle| ≤ 3 < π, so atan2 returns it unwrapped). () for 1-D RoPE.
+    A rotary module with ``mrope_section`` (Qwen2-VL's contiguous sections, Qwen3-VL's and Qwen
+    3.5's interleaved ones) is run once at positions t = 1, h = 2, w = 3: plane i's angle is then
+    p·θ_i with p the position of its axis (every |angle| ≤ 3 < π, so atan2 returns it unwrapped). ()
+    for 1-D RoPE.
     """
     n = inv.numel()
     rot = next(
@@ -58,7 +62,8 @@ def plane_axes(rotaries, inv: torch.Tensor) -> tuple[int, ...]:
     )  # an unrotated plane turns by nothing on any axis: label it time, as HF's recomposition does
     p = torch.where(turning, ang[:n] / theta.clamp_min(1e-300), torch.ones(n, dtype=torch.float64))
     axis = p.round() - 1
-    # float32 angles of O(1): p is an integer to ~1e-6 relative; a rotary that does not label planes by axis is O(1) off
+    # float32 angles of O(1): p is an integer to ~1e-6 relative; a rotary that does not label planes
+    # by axis is O(1) off
     if (
         ang.numel() != 2 * n
         or not torch.allclose(ang[:n], ang[n:], atol=1e-6)
@@ -74,7 +79,8 @@ def plane_axes(rotaries, inv: torch.Tensor) -> tuple[int, ...]:
 
 
 def layer_config(cfg, layer: int) -> Any:
-    """Layer ``layer``'s config: HF's per-layer view of a heterogeneous config (Gemma 4), else the config itself."""
+    """Layer ``layer``'s config: HF's per-layer view of a heterogeneous config (Gemma 4), else the
+    config itself."""
     if getattr(cfg, "is_heterogeneous", False):
         return cfg.per_layer_config[layer]
     return cfg
@@ -90,13 +96,15 @@ def heads_of(attn, cfg) -> int:
 
 
 def kv_heads_of(attn, n_heads: int, from_config: int) -> int:
-    """KV heads as the attention module uses them (a config key the family ignores must not count)."""
+    """KV heads as the attention module uses them (a config key the family ignores must not
+    count)."""
     groups = getattr(attn, "num_key_value_groups", None)
     for name in ("num_key_value_heads", "num_kv_heads"):  # Falcon keeps its multi-query count here
         n = getattr(attn, name, None)
         if isinstance(n, int) and n > 0:
-            # one query head per group with fewer KV heads: the module repeats its keys itself before the attention
-            # function (JetMoE tiles them, one copy per expert slot), so the score reads one key per query head
+            # one query head per group with fewer KV heads: the module repeats its keys itself
+            # before the attention function (JetMoE tiles them, one copy per expert slot), so the
+            # score reads one key per query head
             return n_heads if groups == 1 and n < n_heads else n
     if isinstance(groups, int) and groups > 0:
         return n_heads // groups
@@ -116,20 +124,25 @@ def uses_rope(attn, cfg, layer: int) -> bool:
 
 
 def query_scale(attn, n_planes: int, passed_in: bool = False) -> str | None:
-    """The factor a NoPE layer multiplies each query at position m by before its score, in words: Llama 4's
-    ``attn_temperature_tuning`` (read from its attention module, which applies it to NoPE layers only), or a factor
-    the model computes and passes to the layer (``passed_in``: Beam's ``attention_scaling``); None where there is none."""
+    """The factor a NoPE layer multiplies each query at position m by before its score, in words:
+    Llama 4's ``attn_temperature_tuning`` (read from its attention module, which applies it to NoPE
+    layers only), or a factor the model computes and passes to the layer (``passed_in``: Beam's
+    ``attention_scaling``); None where there is none."""
     if n_planes:
         return None
     if getattr(attn, "attn_temperature_tuning", False):
-        return f"1 + {float(attn.attn_scale):g}·ln(1 + ⌊(m + 1)/{int(attn.floor_scale)}⌋) (attn_temperature_tuning)"
+        return (
+            f"1 + {float(attn.attn_scale):g}·ln(1 + ⌊(m + 1)/{int(attn.floor_scale)}⌋) "
+            "(attn_temperature_tuning)"
+        )
     if passed_in:
         return "a factor of m the model computes and passes in (attention_scaling)"
     return None
 
 
 def output_gate(attn, n_heads: int, head_dim: int) -> bool:
-    """Whether the attention gates its output (Qwen3-Next: q_proj also makes one sigmoid gate per query dim)."""
+    """Whether the attention gates its output (Qwen3-Next: q_proj also makes one sigmoid gate per
+    query dim)."""
     q_proj = getattr(attn, "q_proj", None)
     weight = getattr(
         getattr(q_proj, "original_component", q_proj), "weight", None

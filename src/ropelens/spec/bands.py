@@ -40,8 +40,8 @@ class ResolvedBands:
         return len(self.names)
 
     def dim_membership(self) -> Tensor:
-        """``[head_dim, n_bands]`` 0/1 matrix: head dim j belongs to band b (the bands, rest included, cover
-        every dim), so a matmul with it sums per-dim products into band terms."""
+        """``[head_dim, n_bands]`` 0/1 matrix: head dim j belongs to band b (the bands, rest
+        included, cover every dim), so a matmul with it sums per-dim products into band terms."""
         m = torch.zeros(sum(len(d) for d in self.dims), self.n_bands)
         for b, dims in enumerate(self.dims):
             m[dims, b] = 1.0
@@ -87,8 +87,9 @@ class Bands:
 
     @classmethod
     def default(cls) -> Bands:
-        """The bands every analysis uses when none are given: four quantiles, or one band per plane in a
-        layer with fewer than four planes (a GPT-NeoX or Qwen3-Next with a narrow rotary slice)."""
+        """The bands every analysis uses when none are given: four quantiles, or one band per plane
+        in a layer with fewer than four planes (a GPT-NeoX or Qwen3-Next with a narrow rotary
+        slice)."""
         return cls.quantiles(DEFAULT_QUANTILES, fit=True)
 
     @classmethod
@@ -130,17 +131,19 @@ class Bands:
 
     @classmethod
     def parse(cls, text: str, flag: str | None = None) -> Bands:
-        """Parse a CLI band spec: ``planes``, ``all``, ``quantiles:4``, ``wavelength:10,100,1000``, ``context``.
+        """Parse a CLI band spec: ``planes``, ``all``, ``quantiles:4``, ``wavelength:10,100,1000``,
+        ``context``.
 
-        Errors name the spec's form and an example that parses (``flag``, the option it came from, leads).
+        Errors name the spec's form and an example that parses (``flag``, the option it came from,
+        leads).
         """
         head, _, arg = text.partition(":")
         lead = f"{flag}: " if flag else ""
         eg = f"e.g. {flag} " if flag else "e.g. "
         forms = {
             "quantiles": (
-                "quantiles:N or quantiles:<=N (fewer bands in a layer with fewer planes) with N a positive "
-                "integer",
+                "quantiles:N or quantiles:<=N (fewer bands in a layer with fewer planes) with N "
+                "a positive integer",
                 "quantiles:4",
             ),
             "wavelength": (
@@ -153,8 +156,8 @@ class Bands:
         def bad(token: str, why: str = "") -> InputError:
             form, example = forms[head]
             return InputError(
-                f"{lead}bad band spec {text!r}: {why or f'{token!r} is not a number'}: write {form}, "
-                f"{eg}{example}"
+                f"{lead}bad band spec {text!r}: {why or f'{token!r} is not a number'}: write "
+                f"{form}, {eg}{example}"
             )
 
         def number(token: str, kind: type) -> Any:
@@ -190,8 +193,8 @@ class Bands:
                 raise
             raise bad(arg, str(e)) from e
         raise InputError(
-            f"{lead}unknown band spec {text!r}: use planes, all, quantiles:N, wavelength:E1,E2,... or context[:FACTOR], "
-            f"{eg}quantiles:4"
+            f"{lead}unknown band spec {text!r}: use planes, all, quantiles:N, "
+            f"wavelength:E1,E2,... or context[:FACTOR], {eg}quantiles:4"
         )
 
     # ---------------------------------------------------------------- resolution
@@ -215,7 +218,8 @@ class Bands:
         bad = [i for i in claimed if not 0 <= i < n]
         if bad:
             raise InputError(
-                f"plane indices {sorted(set(bad))} out of range: layer {layer.layer} has planes 0..{n - 1}"
+                f"plane indices {sorted(set(bad))} out of range: layer {layer.layer} has planes "
+                f"0..{n - 1}"
             )
         if len(claimed) != len(set(claimed)):
             dup = sorted({i for i in claimed if claimed.count(i) > 1})
@@ -223,7 +227,8 @@ class Bands:
         rest = tuple(i for i in range(n) if i not in set(claimed))
         if rest and self.require_cover:
             raise InputError(
-                f"bands leave planes {list(rest)} uncovered; add them to a band or drop require_cover"
+                f"bands leave planes {list(rest)} uncovered; add them to a band or drop "
+                "require_cover"
             )
         pd_ = layer.plane_dims
         dims = [pd_[list(g)].flatten() if g else torch.zeros(0, dtype=torch.long) for g in groups]
@@ -238,17 +243,20 @@ class Bands:
         )
 
     def empty_bands(self, layer: LayerRope) -> tuple[str, ...]:
-        """The bands that hold no head dimension in ``layer``: their band-only logits are all 0 there, so what a band
-        does alone (its top-1 agreement, its pattern) cannot be measured in that layer."""
+        """The bands that hold no head dimension in ``layer``: their band-only logits are all 0
+        there, so what a band does alone (its top-1 agreement, its pattern) cannot be measured in
+        that layer."""
         rb = self.resolve(layer)
         return tuple(name for name, dims in zip(rb.names, rb.dims, strict=True) if not len(dims))
 
     def require_planes(self, layers: Sequence[LayerRope]) -> None:
-        """InputError when a band holds no plane in any of ``layers``: nothing of it could be measured anywhere.
+        """InputError when a band holds no plane in any of ``layers``: nothing of it could be
+        measured anywhere.
 
-        The message names the band, the planes the layers have (count and wavelength range) and a spec
-        that fits them. A band empty in some of the layers only (Gemma's local and global layers, say)
-        is measured where it has planes; its band-only agreement reads NaN in the others.
+        The message names the band, the planes the layers have (count and wavelength range) and a
+        spec that fits them. A band empty in some of the layers only (Gemma's local and global
+        layers, say) is measured where it has planes; its band-only agreement reads NaN in the
+        others.
         """
         layers = list(layers)
         if not layers:
@@ -265,11 +273,12 @@ class Bands:
         where = (
             f"layer {layers[0].layer}"
             if len(layers) == 1
-            else f"any of the {len(layers)} layers measured ({_span_text([lr.layer for lr in layers])})"
+            else f"any of the {len(layers)} layers measured "
+            f"({_span_text([lr.layer for lr in layers])})"
         )
         have = (
-            f"they have {'/'.join(map(str, counts))} planes, with wavelengths from {min(finite):.4g} to "
-            f"{max(finite):.4g} tokens"
+            f"they have {'/'.join(map(str, counts))} planes, with wavelengths from "
+            f"{min(finite):.4g} to {max(finite):.4g} tokens"
             if wl
             else "they have no rotary planes"
         )
@@ -279,8 +288,8 @@ class Bands:
         }
         fix = fixes.get(self.kind, "pass a spec whose every band holds a plane")
         raise InputError(
-            f"band {name!r} of --bands {self.describe()} holds no plane in {where}, so its band-only statistics "
-            f"cannot be measured: {have}; {fix}, or use --bands quantiles:N"
+            f"band {name!r} of --bands {self.describe()} holds no plane in {where}, so its "
+            f"band-only statistics cannot be measured: {have}; {fix}, or use --bands quantiles:N"
         )
 
     def _groups(self, layer: LayerRope) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
@@ -294,9 +303,9 @@ class Bands:
             k = min(p["n"], n) if p.get("fit") else p["n"]
             if k > n:
                 raise InputError(
-                    f"quantiles:{k} needs at least {k} planes but layer {layer.layer} has {n}: pass "
-                    f"--bands quantiles:{n} (or quantiles:<={k}, one band per plane where fewer; "
-                    f"Bands.quantiles({k}, fit=True) in Python)"
+                    f"quantiles:{k} needs at least {k} planes but layer {layer.layer} has {n}: "
+                    f"pass --bands quantiles:{n} (or quantiles:<={k}, one band per plane where "
+                    f"fewer; Bands.quantiles({k}, fit=True) in Python)"
                 )
             cuts = [round(j * n / k) for j in range(k + 1)]
             names = tuple(

@@ -3,7 +3,8 @@
 ropelens reads q, k, masks and rotations where the model itself computes them: :func:`attention_tap`
 swaps a modeling module's attention functions for tapped ones while a block runs,
 :func:`rotation_functions` lists the rotations a modeling module may apply to q and k, and
-:func:`outside_indexers` keeps a sparse-attention indexer's own rotation from being filed as its layer's.
+:func:`outside_indexers` keeps a sparse-attention indexer's own rotation from being filed as its
+layer's.
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ class _TappedFunctions:
 def attention_tap(
     modules, on_call: Callable[..., object], *, with_mask: bool = False
 ) -> Iterator[None]:
-    """Call ``on_call(attention module, query, key)`` at every call of the attention function (eager,
-    sdpa or any registered one) of the modeling modules of ``modules`` (HF attention modules), with
-    the query ``[batch, head, pos, d]`` and key ``[batch, kv_head, pos, d]`` that enter its score
-    (``with_mask``: and the attention mask it receives, a tensor or None, as a fourth argument).
+    """Call ``on_call(attention module, query, key)`` at every call of the attention function
+    (eager, sdpa or any registered one) of the modeling modules of ``modules`` (HF attention
+    modules), with the query ``[batch, head, pos, d]`` and key ``[batch, kv_head, pos, d]`` that
+    enter its score (``with_mask``: and the attention mask it receives, a tensor or None, as a
+    fourth argument).
 
     The modeling module's ``eager_attention_forward`` and its ``ALL_ATTENTION_FUNCTIONS`` registry
     are swapped for tapped ones while the block runs (the registry is not changed: other modules
@@ -100,8 +102,8 @@ def attention_tap(
             setattr(mod, name, orig)
 
 
-# the rotations a family's modeling module may apply to (q, k): Llama's form, DeepSeek V3's interleaved one, and
-# DeepSeek V2's complex product (xq, xk, freqs_cis)
+# the rotations a family's modeling module may apply to (q, k): Llama's form, DeepSeek V3's
+# interleaved one, and DeepSeek V2's complex product (xq, xk, freqs_cis)
 _ROTATION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
 
 
@@ -121,24 +123,27 @@ def rotation_functions(mod) -> dict[str, Callable]:
 
 
 def table_rotation(fn: Callable) -> bool:
-    """Whether ``fn`` rotates one tensor by a sin and cos table and takes no head axis: GPT-J's and CodeGen's
-    ``(tensor, sin, cos)``, applied to keys and then queries, ``[batch, pos, head, rotary_dim]``."""
+    """Whether ``fn`` rotates one tensor by a sin and cos table and takes no head axis: GPT-J's and
+    CodeGen's ``(tensor, sin, cos)``, applied to keys and then queries, ``[batch, pos, head,
+    rotary_dim]``."""
     params = list(inspect.signature(fn).parameters)
     return len(params) == 3 and params[1:] in (["sin", "cos"], ["cos", "sin"])
 
 
 def single_rotation(fn: Callable) -> bool:
-    """Whether ``fn`` rotates one tensor by a (cos, sin) table: ``(x, cos, sin, ..., unsqueeze_dim=...)``."""
+    """Whether ``fn`` rotates one tensor by a (cos, sin) table: ``(x, cos, sin, ...,
+    unsqueeze_dim=...)``."""
     params = inspect.signature(fn).parameters
     return list(params)[:3] == ["x", "cos", "sin"] and "unsqueeze_dim" in params
 
 
 @functools.lru_cache(maxsize=16)
 def complex_positions_axis(fn: Callable) -> int:
-    """The position axis of the q and k a complex-product rotation ``(xq, xk, freqs_cis)`` takes: 2 where they are
-    ``[batch, head, pos, d]`` (DeepSeek V2), 1 where ``[batch, pos, head, d]`` (Llama 4, which rotates before moving
-    heads forward). Found by one call on a 2 × 2 input whose ``freqs_cis`` (``[batch, pos, d/2]``) turns position 1
-    only: the output changes along the position axis alone."""
+    """The position axis of the q and k a complex-product rotation ``(xq, xk, freqs_cis)`` takes: 2
+    where they are ``[batch, head, pos, d]`` (DeepSeek V2), 1 where ``[batch, pos, head, d]`` (Llama
+    4, which rotates before moving heads forward). Found by one call on a 2 × 2 input whose
+    ``freqs_cis`` (``[batch, pos, d/2]``) turns position 1 only: the output changes along the
+    position axis alone."""
     import torch
 
     x = torch.ones(1, 2, 2, 2)
@@ -148,10 +153,10 @@ def complex_positions_axis(fn: Callable) -> int:
 
 
 def outside_indexers(attns, current: list) -> list:
-    """Hooks that set ``current[0]`` (the layer a rotation tap files calls under) to None while a sparse-attention
-    indexer inside one of ``attns`` runs: its rotation of its own small q and k is not the layer's (DeepSeek V3.2's
-    indexer rotates after the attention's own rotation, with the other pairing), and it leaves the layer as it
-    found it. Returns the hook handles."""
+    """Hooks that set ``current[0]`` (the layer a rotation tap files calls under) to None while a
+    sparse-attention indexer inside one of ``attns`` runs: its rotation of its own small q and k is
+    not the layer's (DeepSeek V3.2's indexer rotates after the attention's own rotation, with the
+    other pairing), and it leaves the layer as it found it. Returns the hook handles."""
     saved: list = []
 
     def enter(_m, _a) -> None:
@@ -173,11 +178,12 @@ def outside_indexers(attns, current: list) -> list:
 def layer_taps(
     view, attns, current: list, mod=None, patches: dict[str, Callable] | None = None
 ) -> Iterator[bool]:
-    """While the block runs, ``current[0]`` is the layer of the attention module of ``view`` (an HF module tree) that
-    is running (None outside them and inside a sparse-attention indexer), and ``mod``'s functions named in
-    ``patches`` are the given ones; everything is undone on exit. ``attns`` lists each layer's attention module
-    (None for a layer without one), whose classes find their copies in ``view``. Yields False (and taps nothing)
-    where ``view`` does not hold one such module per attention layer."""
+    """While the block runs, ``current[0]`` is the layer of the attention module of ``view`` (an HF
+    module tree) that is running (None outside them and inside a sparse-attention indexer), and
+    ``mod``'s functions named in ``patches`` are the given ones; everything is undone on exit.
+    ``attns`` lists each layer's attention module (None for a layer without one), whose classes find
+    their copies in ``view``. Yields False (and taps nothing) where ``view`` does not hold one such
+    module per attention layer."""
     kinds = {type(a) for a in attns if a is not None}
     mods = [m for m in view.modules() if type(m) in kinds]
     where = [i for i, a in enumerate(attns) if a is not None]
@@ -212,10 +218,10 @@ def probe_forward(
     context: contextlib.AbstractContextManager | None = None,
     positions: list[int] | None = None,
 ) -> bool:
-    """One forward of ``view`` (an HF causal LM) on ``n`` token ids past the few special ids a tokenizer puts first
-    (a padding id may embed to zero, and a zero query shows no rotation), at ``positions`` (``n`` increasing
-    position ids; default 0..n−1), without gradients and inside ``context``; False where the forward raises (a
-    family this cannot run)."""
+    """One forward of ``view`` (an HF causal LM) on ``n`` token ids past the few special ids a
+    tokenizer puts first (a padding id may embed to zero, and a zero query shows no rotation), at
+    ``positions`` (``n`` increasing position ids; default 0..n−1), without gradients and inside
+    ``context``; False where the forward raises (a family this cannot run)."""
     import torch
 
     cfg = view.config.get_text_config() if hasattr(view.config, "get_text_config") else view.config

@@ -42,7 +42,8 @@ __all__ = [
     "table_frequencies",
 ]
 
-PROBE_TOKENS = 7  # positions 0..6: odd, so the position axis is rarely confused with a head axis of the same size
+# positions 0..6: odd, so the position axis is rarely confused with a head axis of the same size
+PROBE_TOKENS = 7
 _FIT_TOL = (
     1e-4  # float32 rotation of O(1) values fits to ~1e-6; a wrong pairing or a mixing is O(1) off
 )
@@ -72,7 +73,8 @@ class ObservedRotation:
 
     @functools.cached_property
     def fitted_inv_freq(self) -> Tensor:
-        """θ_i from the angle at position 1, refined along later positions by unwrapping (float64)."""
+        """θ_i from the angle at position 1, refined along later positions by unwrapping
+        (float64)."""
         a = self.angles
         theta = a[1].clone()
         for p in range(2, a.shape[0]):
@@ -95,29 +97,33 @@ class ObservedRotation:
 
     @property
     def scale_spread(self) -> float:
-        """Relative spread of the norm ratio over positions: 0 when one constant multiplies every position."""
+        """Relative spread of the norm ratio over positions: 0 when one constant multiplies every
+        position."""
         s = self.scale[~self.scale.isnan()]
         return (
             float((s.max() - s.min()) / s.abs().max().clamp_min(1e-30)) if s.numel() else math.inf
         )
 
     def differs(self) -> str | None:
-        """What makes this rotation not RoPE, as observed, or None where it is RoPE with one constant scaling."""
+        """What makes this rotation not RoPE, as observed, or None where it is RoPE with one
+        constant scaling."""
         if self.pairing is None:
             return (
-                f"its rotation of a {self.width}-dim slice turns no pairing of dims as planes (half-split and "
-                f"adjacent pairs both off by {self.fit_error:.2g} relative): it mixes dims across planes"
+                f"its rotation of a {self.width}-dim slice turns no pairing of dims as planes "
+                f"(half-split and adjacent pairs both off by {self.fit_error:.2g} relative): it "
+                "mixes dims across planes"
             )
         if self.scale_spread > _FIT_TOL:
             s = self.scale[~self.scale.isnan()].tolist()
             return (
-                f"its rotation multiplies the norm by a factor that changes with position ({s[0]:.6g} at position "
-                f"0, {s[-1]:.6g} at position {len(s) - 1})"
+                "its rotation multiplies the norm by a factor that changes with position "
+                f"({s[0]:.6g} at position 0, {s[-1]:.6g} at position {len(s) - 1})"
             )
         if self.linear_error > 1e-3:
             return (
-                f"its rotation turns the planes by angles not proportional to position (off m·θ by up to "
-                f"{self.linear_error:.2g} rad over positions 0..{self.angles.shape[0] - 1})"
+                "its rotation turns the planes by angles not proportional to position (off m·θ "
+                f"by up to {self.linear_error:.2g} rad over positions "
+                f"0..{self.angles.shape[0] - 1})"
             )
         return None
 
@@ -128,7 +134,8 @@ def _planes(x: Tensor, pairing: str) -> tuple[Tensor, Tensor]:
 
 
 def _fit(x: Tensor, y: Tensor, pairing: str) -> tuple[Tensor, Tensor, float]:
-    """Per-position, per-plane angle and per-position scale that best take ``x`` to ``y`` ([pos, n, d], float64)."""
+    """Per-position, per-plane angle and per-position scale that best take ``x`` to ``y`` ([pos, n,
+    d], float64)."""
     xa, xb = _planes(x, pairing)
     ya, yb = _planes(y, pairing)
     norm = torch.hypot(xa, xb)
@@ -136,7 +143,8 @@ def _fit(x: Tensor, y: Tensor, pairing: str) -> tuple[Tensor, Tensor, float]:
     cross, dot = xa * yb - xb * ya, xa * ya + xb * yb
     angles = torch.atan2(cross.sum(1), dot.sum(1))  # [pos, plane]
     total = norm.sum((1, 2))
-    # a position whose input is zero (a padding token's zero embedding) shows no rotation: its scale is undefined
+    # a position whose input is zero (a padding token's zero embedding) shows no rotation: its scale
+    # is undefined
     scale = torch.where(
         total > 0, torch.hypot(ya, yb).sum((1, 2)) / total.clamp_min(1e-300), torch.nan
     )  # [pos]
@@ -150,12 +158,13 @@ def _fit(x: Tensor, y: Tensor, pairing: str) -> tuple[Tensor, Tensor, float]:
 
 
 def measure_rotation(x: Tensor, y: Tensor, pos_axis: int) -> ObservedRotation:
-    """What the rotation that took ``x`` to ``y`` (same shape, positions 0..n−1 along ``pos_axis``, the rotated dims
-    last) did: the pairing that fits it best, each plane's angle per position, the norm ratio per position."""
+    """What the rotation that took ``x`` to ``y`` (same shape, positions 0..n−1 along ``pos_axis``,
+    the rotated dims last) did: the pairing that fits it best, each plane's angle per position, the
+    norm ratio per position."""
     if x.shape != y.shape or x.shape[-1] % 2:
         raise ValueError(
-            f"a rotation's input and output must have one even-width shape, got {tuple(x.shape)} and "
-            f"{tuple(y.shape)}"
+            f"a rotation's input and output must have one even-width shape, got {tuple(x.shape)} "
+            f"and {tuple(y.shape)}"
         )
     d = x.shape[-1]
     xs = x.detach().double().movedim(pos_axis, 0).reshape(x.shape[pos_axis], -1, d)
@@ -233,9 +242,10 @@ def _rotation_names(mod) -> list[str]:
 def observe_rotations(
     model, attns: list[torch.nn.Module | None], view: torch.nn.Module, device: torch.device
 ) -> dict[int, ObservedRotation] | None:
-    """Layer → what its attention's first rotation call did, in one forward of ``view`` (the HF module tree) on
-    :data:`PROBE_TOKENS` tokens; None where the forward cannot run. Layers whose attention calls no
-    ``apply_rotary*`` function of the modeling module are absent. Cached on ``model``."""
+    """Layer → what its attention's first rotation call did, in one forward of ``view`` (the HF
+    module tree) on :data:`PROBE_TOKENS` tokens; None where the forward cannot run. Layers whose
+    attention calls no ``apply_rotary*`` function of the modeling module are absent. Cached on
+    ``model``."""
     mod = importlib.import_module(type(view).__module__)
     names = _rotation_names(mod)
     key = (tuple(id(getattr(mod, n)) for n in names), len(attns))
@@ -280,8 +290,9 @@ def observe_rotations(
             return None
     result = {}
     for layer, (x, y, tables) in seen.items():
-        # positions on axis 1 ([batch, pos, head, d]: GPT-J) or 2 ([batch, head, pos, d]); where heads are as many as
-        # the probe's tokens, both are measured and the reading that is RoPE (else fits best) is kept
+        # positions on axis 1 ([batch, pos, head, d]: GPT-J) or 2 ([batch, head, pos, d]); where
+        # heads are as many as the probe's tokens, both are measured and the reading that is RoPE
+        # (else fits best) is kept
         fits = [
             measure_rotation(x, y, a) for a in (1, 2) if x.ndim == 4 and x.shape[a] == PROBE_TOKENS
         ]
@@ -301,11 +312,12 @@ def measure_query_factors(
     device: torch.device,
     positions: list[int],
 ) -> dict[int, Tensor | None] | None:
-    """Layer → the factor each position's rotated query is multiplied by before the score, ``[len(positions)]``, in
-    one forward of ``view`` (the HF module tree) at ``positions`` (increasing position ids): the query its attention
-    function receives divided by the output of its first ``apply_rotary*`` call (for multi-head latent attention,
-    the query's trailing rotary dims). None for a layer where that query is not one factor per position times the
-    rotated one; None overall where the forward cannot run. Layers that call no rotation are absent."""
+    """Layer → the factor each position's rotated query is multiplied by before the score,
+    ``[len(positions)]``, in one forward of ``view`` (the HF module tree) at ``positions``
+    (increasing position ids): the query its attention function receives divided by the output of
+    its first ``apply_rotary*`` call (for multi-head latent attention, the query's trailing rotary
+    dims). None for a layer where that query is not one factor per position times the rotated one;
+    None overall where the forward cannot run. Layers that call no rotation are absent."""
     mod = importlib.import_module(type(view).__module__)
     current: list = [None]
     rotated: dict[int, Tensor] = {}

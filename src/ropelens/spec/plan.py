@@ -1,10 +1,11 @@
 """The plan of interventions in force on a model, and the rotary tables a RoPE variant gives.
 
 Each intervention context (:func:`ropelens.run.intervene.apply_rope_variant`,
-:func:`ropelens.run.intervene.ablate_planes`, :func:`ropelens.analyses.massive_values.replace_massive`) records a
-*step* on the model while it lasts; :func:`active_plan` lists them, outermost first. The engine
-(:mod:`ropelens.backends.engine`) applies the plan at the rotation the HF forward calls, with the variant's
-(cos, sin) laid out as the model lays out its own (:func:`model_tables`, :func:`variant_tables`).
+:func:`ropelens.run.intervene.ablate_planes`,
+:func:`ropelens.analyses.massive_values.replace_massive`) records a *step* on the model while it
+lasts; :func:`active_plan` lists them, outermost first. The engine (:mod:`ropelens.backends.engine`)
+applies the plan at the rotation the HF forward calls, with the variant's (cos, sin) laid out as the
+model lays out its own (:func:`model_tables`, :func:`variant_tables`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class VariantStep:
 
 @dataclass(frozen=True, eq=False)
 class AblationStep:
-    """Zeroed ``[head, d_head]`` entries of the rotated q and k per layer (None: none), ``n_hooks`` bridge hooks."""
+    """Zeroed ``[head, d_head]`` entries of the rotated q and k per layer (None: none), ``n_hooks``
+    bridge hooks."""
 
     masks: dict[int, tuple[Tensor | None, Tensor | None]]
     n_hooks: int
@@ -57,8 +59,8 @@ class AblationStep:
 
 @dataclass(frozen=True, eq=False)
 class ReplaceStep:
-    """Entries of the q and k entering the rotation set to fixed values per layer, ``n_hooks`` bridge hooks:
-    ``{layer: {"q" or "k": (mask [head, d_head], value [head, d_head])}}``."""
+    """Entries of the q and k entering the rotation set to fixed values per layer, ``n_hooks``
+    bridge hooks: ``{layer: {"q" or "k": (mask [head, d_head], value [head, d_head])}}``."""
 
     values: dict[int, dict[str, tuple[Tensor, Tensor]]]
     n_hooks: int
@@ -114,9 +116,9 @@ def model_tables(
 
 
 def angles(variant: RopeVariant, layer: LayerRope, position_ids: Tensor) -> Tensor:
-    """The variant's angle of each plane at ``position_ids`` ``[..., pos, plane]``; multimodal position ids
-    ``[axis, batch, pos]`` (M-RoPE) turn each plane by its own axis's position (:attr:`LayerRope.axes`; a layer read
-    without axes, text alone, by the first)."""
+    """The variant's angle of each plane at ``position_ids`` ``[..., pos, plane]``; multimodal
+    position ids ``[axis, batch, pos]`` (M-RoPE) turn each plane by its own axis's position
+    (:attr:`LayerRope.axes`; a layer read without axes, text alone, by the first)."""
     if position_ids.ndim == 3 and position_ids.shape[0] in (3, 4):
         if not layer.axes:
             return variant.angles(layer, position_ids[0])
@@ -139,8 +141,9 @@ def variant_tables(
     sign: float,
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The variant's (cos, sin) for ``layer`` at ``position_ids``, in the layout, sign and dtype of the model's
-    table ``like``, with the ops of HF's rotary forward (so an identity variant gives the model's tables to the bit)."""
+    """The variant's (cos, sin) for ``layer`` at ``position_ids``, in the layout, sign and dtype of
+    the model's table ``like``, with the ops of HF's rotary forward (so an identity variant gives
+    the model's tables to the bit)."""
     with torch.no_grad():
         ang = _lay(
             angles(variant, layer, position_ids.to(like.device)),
@@ -150,8 +153,8 @@ def variant_tables(
         )
         if ang.shape[-1] != like.shape[-1]:
             raise UnsupportedModelError(
-                f"layer {layer.layer}: the model's cos table is {like.shape[-1]} wide but the spec has "
-                f"{layer.n_planes} planes; the spec does not describe this model"
+                f"layer {layer.layer}: the model's cos table is {like.shape[-1]} wide but the "
+                f"spec has {layer.n_planes} planes; the spec does not describe this model"
             )
         scale = variant.attention_scaling(layer) if scale is None else scale
         cos, sin = ang.cos() * scale, ang.sin() * scale

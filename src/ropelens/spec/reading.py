@@ -48,7 +48,8 @@ __all__ = ["hf_model_of", "is_mla", "model_label", "rope_spec"]
 
 
 def model_label(model) -> str:
-    """The name a model was loaded under (embedded name, path or hub id), read from ``model.cfg.model_name``."""
+    """The name a model was loaded under (embedded name, path or hub id), read from
+    ``model.cfg.model_name``."""
     # ropelens.loading.models keeps the name on the config, as TransformerLens does; a bridge booted
     # elsewhere carries the checkpoint name TransformerLens put there.
     return str(getattr(getattr(model, "cfg", None), "model_name", None) or "model")
@@ -72,7 +73,8 @@ def _text_config(hf) -> Any:
 
 
 def _rotary_modules(hf) -> list[torch.nn.Module]:
-    # a vision tower's rotary (Qwen2-VL's, on image patches) comes first in the module tree and is not the text's
+    # a vision tower's rotary (Qwen2-VL's, on image patches) comes first in the module tree and is
+    # not the text's
     names = [(m, type(m).__name__.lower()) for _, m in hf.named_modules()]
     return [
         m for m, name in names if "rotary" in name and "bridge" not in name and "vision" not in name
@@ -80,13 +82,15 @@ def _rotary_modules(hf) -> list[torch.nn.Module]:
 
 
 def _blocks(model):
-    """The bridge's blocks, or a plain HF model's decoder layers in their shape (``.attn.original_component``)."""
+    """The bridge's blocks, or a plain HF model's decoder layers in their shape
+    (``.attn.original_component``)."""
     blocks = getattr(model, "blocks", None)
     return blocks if blocks is not None else getattr(model, "attention_blocks", None)
 
 
 def _attention_modules(model) -> list[torch.nn.Module | None]:
-    """Each block's HF attention module, None for the layers of a hybrid that have no softmax attention."""
+    """Each block's HF attention module, None for the layers of a hybrid that have no softmax
+    attention."""
     blocks = _blocks(model)
     if blocks is None:
         raise TypeError(
@@ -96,8 +100,9 @@ def _attention_modules(model) -> list[torch.nn.Module | None]:
 
 
 # "hybrid": Falcon-H1's layers, softmax attention (causal, no window) beside a Mamba mixer
-# "indexed_attention": DeepSeek sparse attention, causal with the top-k keys an indexer picks (LayerRope.select_keys)
-# "chunked_attention": Llama 4's rotary layers, causal within chunks of attention_chunk_size tokens (LayerRope.chunk)
+# "indexed_attention": DeepSeek sparse attention, causal with the top-k keys an indexer picks
+# (LayerRope.select_keys) "chunked_attention": Llama 4's rotary layers, causal within chunks of
+# attention_chunk_size tokens (LayerRope.chunk)
 _KIND = {
     "sliding_attention": "sliding",
     "full_attention": "full",
@@ -124,7 +129,8 @@ _MIXERS = (
 
 
 def is_token_mixer(name: str) -> bool:
-    """Whether an HF class name is a hybrid's token mixer (linear attention, Mamba, convolution, recurrence)."""
+    """Whether an HF class name is a hybrid's token mixer (linear attention, Mamba, convolution,
+    recurrence)."""
     return any(key in name.lower() for key, _ in _MIXERS)
 
 
@@ -139,7 +145,8 @@ def _is_softmax_attention(
 
 
 def _mixer(layer: torch.nn.Module | None) -> tuple[str, str] | None:
-    """(kind, HF class) of the token mixer an HF decoder layer runs instead of or beside softmax attention."""
+    """(kind, HF class) of the token mixer an HF decoder layer runs instead of or beside softmax
+    attention."""
     for child in layer.children() if layer is not None else ():
         child = (
             getattr(child, "original_component", None) or child
@@ -152,7 +159,8 @@ def _mixer(layer: torch.nn.Module | None) -> tuple[str, str] | None:
 
 
 def softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
-    """The class of a softmax-attention module anywhere in an HF decoder layer (RecurrentGemma's, Zamba 2's), or None."""
+    """The class of a softmax-attention module anywhere in an HF decoder layer (RecurrentGemma's,
+    Zamba 2's), or None."""
     for m in layer.modules() if layer is not None else ():
         if _is_softmax_attention(type(m).__name__):
             return type(m).__name__
@@ -160,7 +168,8 @@ def softmax_attention_in(layer: torch.nn.Module | None) -> str | None:
 
 
 def _masks_window(hf) -> bool:
-    """Whether HF's modeling code builds a sliding-window mask (Moshi's config names a window its mask never applies)."""
+    """Whether HF's modeling code builds a sliding-window mask (Moshi's config names a window its
+    mask never applies)."""
     try:
         return "sliding_window_causal_mask" in inspect.getsource(
             importlib.import_module(type(hf).__module__)
@@ -173,7 +182,8 @@ def _masks_window(hf) -> bool:
 
 
 def _refuse_unsupported(model, cfg, arch: str) -> None:
-    """Raise UnsupportedModelError for structures ropelens cannot measure exactly (never a wrong number)."""
+    """Raise UnsupportedModelError for structures ropelens cannot measure exactly (never a wrong
+    number)."""
     why = bridge_refusal(
         model, arch, chunked=CHUNKED_WHY if is_chunked(cfg) else None, mla=is_mla(cfg)
     )
@@ -181,24 +191,27 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
         raise UnsupportedModelError(why)
     if any(hasattr(m, "lambda_init") for m in hf_model_of(model).modules()):
         raise UnsupportedModelError(
-            f"{arch}: differential attention is not supported: each head's output is softmax(q1·k1) − λ·softmax(q2·k2) "
-            "over two heads, so no head's attention is the softmax of its own scores that ropelens's patterns, "
-            "band statistics and heads describe."
+            f"{arch}: differential attention is not supported: each head's output is "
+            "softmax(q1·k1) − λ·softmax(q2·k2) over two heads, so no head's attention is the "
+            "softmax of its own scores that ropelens's patterns, band statistics and heads "
+            "describe."
         )
     if isinstance(getattr(cfg, "H_cycles", None), int) and isinstance(
         getattr(cfg, "L_cycles", None), int
     ):
         raise UnsupportedModelError(
-            f"{arch}: its two layer stacks run recurrently ({cfg.H_cycles} high-level cycles of {cfg.L_cycles} "
-            "low-level ones), so each layer attends several times per forward; ropelens measures a layer once."
+            f"{arch}: its two layer stacks run recurrently ({cfg.H_cycles} high-level cycles of "
+            f"{cfg.L_cycles} low-level ones), so each layer attends several times per forward; "
+            "ropelens measures a layer once."
         )
     loops = getattr(cfg, "n_recurrent_loops", None)
     if isinstance(loops, int) and loops > 1 and getattr(cfg, "n_recurrent_layers", None):
         first = int(getattr(cfg, "n_input_layers", 0) or 0)
         raise UnsupportedModelError(
-            f"{arch}: its recurrent section (layers {first}..{first + int(cfg.n_recurrent_layers) - 1}) runs "
-            f"{loops} times per forward (n_recurrent_loops), so each of those layers attends {loops} times; "
-            "ropelens measures a layer once."
+            f"{arch}: its recurrent section (layers "
+            f"{first}..{first + int(cfg.n_recurrent_layers) - 1}) runs {loops} times per forward "
+            f"(n_recurrent_loops), so each of those layers attends {loops} times; ropelens "
+            "measures a layer once."
         )
     blocks = _blocks(model) or []
     for i, b in enumerate(blocks):
@@ -209,14 +222,16 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
         )
         if hidden is not None:
             raise UnsupportedModelError(
-                f"{arch}: layer {i}'s softmax attention ({hidden}) is wrapped whole by its TransformerLens adapter, "
-                "which exposes no hooks for its queries and keys, so ropelens cannot capture them."
+                f"{arch}: layer {i}'s softmax attention ({hidden}) is wrapped whole by its "
+                "TransformerLens adapter, which exposes no hooks for its queries and keys, so "
+                "ropelens cannot capture them."
             )
     attns = [getattr(getattr(b, "attn", None), "original_component", None) for b in blocks]
     if getattr(cfg, "use_bidirectional_attention", None) in (True, "all"):
         raise UnsupportedModelError(
-            f"{arch}: use_bidirectional_attention={cfg.use_bidirectional_attention!r}: every token attends both ways "
-            "(an embedding model); ropelens measures causal attention only."
+            f"{arch}: use_bidirectional_attention={cfg.use_bidirectional_attention!r}: every "
+            "token attends both ways (an embedding model); ropelens measures causal attention "
+            "only."
         )
     types = getattr(cfg, "layer_types", None) or ()
     shared = [i for i, a in enumerate(attns) if getattr(a, "is_kv_shared_layer", False)]
@@ -225,13 +240,15 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
     )  # the plain HF model takes them from the layer that stored them
     if why is not None:
         raise UnsupportedModelError(why)
-    # Inkling's attention (hybrid_sliding and hybrid layers alike): its mask is causal or sliding-window, but a learned
-    # relative-position bias and a per-token sink logit join q·k before the softmax, and its text tower never rotates
+    # Inkling's attention (hybrid_sliding and hybrid layers alike): its mask is causal or
+    # sliding-window, but a learned relative-position bias and a per-token sink logit join q·k
+    # before the softmax, and its text tower never rotates
     biased = sorted({type(m).__name__ for m in hf_model_of(model).modules() if _relative_bias(m)})
     if biased:
         why = (
-            f"position enters its scores ({', '.join(biased)}) only as a learned relative-position bias, mixed "
-            "per backward distance from each query's hidden state, added to q·k beside a per-token sink logit"
+            f"position enters its scores ({', '.join(biased)}) only as a learned "
+            "relative-position bias, mixed per backward distance from each query's hidden "
+            "state, added to q·k beside a per-token sink logit"
         )
         if not _rotary_modules(hf_model_of(model)):
             raise NotRotaryError(
@@ -244,9 +261,10 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
     compressed = sorted({t for t in types if "compressed" in str(t)})
     if compressed and getattr(cfg, "compress_rates", None):  # DeepSeek V4
         raise UnsupportedModelError(
-            f"{arch}: its {', '.join(compressed)} layers attend to compressed keys, each pooled by a learned "
-            f"compressor over a block of tokens (compress_rates {dict(cfg.compress_rates)}) beside a sliding window, "
-            "so a key is not one position's rotated key and no logit is one (query, key-position) q·k to decompose."
+            f"{arch}: its {', '.join(compressed)} layers attend to compressed keys, each pooled "
+            "by a learned compressor over a block of tokens (compress_rates "
+            f"{dict(cfg.compress_rates)}) beside a sliding window, so a key is not one "
+            "position's rotated key and no logit is one (query, key-position) q·k to decompose."
         )
     # the layer types of attention layers only: a hybrid's other layers have no mask to read
     types = {
@@ -255,14 +273,16 @@ def _refuse_unsupported(model, cfg, arch: str) -> None:
     unknown = types - set(_KIND)
     if unknown:
         raise UnsupportedModelError(
-            f"{arch}: layer types {sorted(unknown)} are not supported (ropelens knows {sorted(_KIND)}): "
-            "their attention masks differ from causal and sliding-window masks."
+            f"{arch}: layer types {sorted(unknown)} are not supported (ropelens knows "
+            f"{sorted(_KIND)}): their attention masks differ from causal and sliding-window "
+            "masks."
         )
 
 
 def _relative_bias(m: torch.nn.Module) -> bool:
-    """Whether an attention module adds a learned relative-position bias to q·k: Inkling's, kept as ``rel_logits_proj``
-    up to transformers 5.23 and as a ``RelativePositionBias`` submodule since 5.24."""
+    """Whether an attention module adds a learned relative-position bias to q·k: Inkling's, kept as
+    ``rel_logits_proj`` up to transformers 5.23 and as a ``RelativePositionBias`` submodule since
+    5.24."""
     return isinstance(getattr(m, "rel_logits_proj", None), torch.nn.Module) or (
         _is_softmax_attention(type(m).__name__)
         and any("relativepositionbias" in type(c).__name__.lower() for c in m.children())
@@ -270,8 +290,9 @@ def _relative_bias(m: torch.nn.Module) -> bool:
 
 
 def _passed_query_scale(attn, cfg, layer_type: str | None) -> bool:
-    """Whether a layer's attention takes a query factor the model passes in (Beam's NoPE layers: ``rope_parameters``
-    None for their layer type, and an ``attention_scaling`` argument in the attention's forward)."""
+    """Whether a layer's attention takes a query factor the model passes in (Beam's NoPE layers:
+    ``rope_parameters`` None for their layer type, and an ``attention_scaling`` argument in the
+    attention's forward)."""
     rp = getattr(cfg, "rope_parameters", None)
     return (
         isinstance(rp, dict)
@@ -282,11 +303,12 @@ def _passed_query_scale(attn, cfg, layer_type: str | None) -> bool:
 
 
 def _select_keys(attn: torch.nn.Module, cfg, arch: str, layer: int) -> int:
-    """The keys a query of an indexed-attention layer keeps (:attr:`LayerRope.select_keys`): its indexer's
-    ``index_topk`` (DeepSeek sparse attention; a layer reusing an earlier layer's selection has no indexer of its
-    own: the config's), or a block indexer's token budget plus the tail of an incomplete block (Qwen4-Exp's QSA:
-    ``token_budget`` in whole blocks of ``compress_ratio``, and the last ``compress_ratio − 1`` keys always kept).
-    The probe checks it on the model's own mask."""
+    """The keys a query of an indexed-attention layer keeps (:attr:`LayerRope.select_keys`): its
+    indexer's ``index_topk`` (DeepSeek sparse attention; a layer reusing an earlier layer's
+    selection has no indexer of its own: the config's), or a block indexer's token budget plus the
+    tail of an incomplete block (Qwen4-Exp's QSA: ``token_budget`` in whole blocks of
+    ``compress_ratio``, and the last ``compress_ratio − 1`` keys always kept). The probe checks it
+    on the model's own mask."""
     indexer = getattr(attn, "indexer", None)
     k = getattr(indexer, "index_topk", None) or getattr(cfg, "index_topk", None)
     budget, ratio = getattr(indexer, "token_budget", None), getattr(indexer, "compress_ratio", None)
@@ -294,28 +316,33 @@ def _select_keys(attn: torch.nn.Module, cfg, arch: str, layer: int) -> int:
         k = budget + ratio - 1
     if not isinstance(k, int) or k < 1:
         raise UnsupportedModelError(
-            f"{arch}: layer {layer} is an indexed-attention layer but neither its indexer nor its config gives the "
-            "number of keys each query keeps (index_topk): ropelens cannot say which keys its softmax runs over"
+            f"{arch}: layer {layer} is an indexed-attention layer but neither its indexer nor "
+            "its config gives the number of keys each query keeps (index_topk): ropelens cannot "
+            "say which keys its softmax runs over"
         )
     return k
 
 
-# why a model with chunked attention runs without the bridge (ropelens.loading.models says it when loading one)
+# why a model with chunked attention runs without the bridge (ropelens.loading.models says it when
+# loading one)
 CHUNKED_WHY = (
-    "TransformerLens's Llama 4 adapter runs HF's attention whole and fires no hook on its rotated queries "
-    "and keys (hook_rot_q), so the probe could not check the rotation against the model's own"
+    "TransformerLens's Llama 4 adapter runs HF's attention whole and fires no hook on its "
+    "rotated queries and keys (hook_rot_q), so the probe could not check the rotation against "
+    "the model's own"
 )
 
 
 def is_chunked(cfg) -> bool:
-    """Whether ``cfg`` has chunked-attention layers (Llama 4: ``layer_types`` "chunked_attention", ``attention_chunk_size``)."""
+    """Whether ``cfg`` has chunked-attention layers (Llama 4: ``layer_types`` "chunked_attention",
+    ``attention_chunk_size``)."""
     return "chunked_attention" in (getattr(cfg, "layer_types", None) or ()) and bool(
         getattr(cfg, "attention_chunk_size", None)
     )
 
 
 def is_mla(cfg) -> bool:
-    """Whether ``cfg`` is multi-head latent attention (DeepSeek V2/V3 style: a decoupled rotary part per head)."""
+    """Whether ``cfg`` is multi-head latent attention (DeepSeek V2/V3 style: a decoupled rotary part
+    per head)."""
     if getattr(
         cfg, "is_heterogeneous", False
     ):  # per-layer widths (Dots 3): HF raises on a global read of them
@@ -327,17 +354,19 @@ def is_mla(cfg) -> bool:
 
 
 def _mla_layout(hf, cfg, called: str | None = None) -> dict[str, Any]:
-    """What an MLA layer's spec differs in: the rotary slice after the no-position dims, the plane layout the
-    model's rotation writes (DeepSeek V2's complex product: adjacent pairs; V3's ``rope_interleave``: adjacent
-    pairs read, halves written), and the key's rotary part shared by every head. ``called``: the rotation the
-    attention modules were seen calling (:func:`_called_rotation`), which decides where it is known."""
+    """What an MLA layer's spec differs in: the rotary slice after the no-position dims, the plane
+    layout the model's rotation writes (DeepSeek V2's complex product: adjacent pairs; V3's
+    ``rope_interleave``: adjacent pairs read, halves written), and the key's rotary part shared by
+    every head. ``called``: the rotation the attention modules were seen calling
+    (:func:`_called_rotation`), which decides where it is known."""
     mod = importlib.import_module(type(hf).__module__)
     complex_rot = not hasattr(mod, "apply_rotary_pos_emb") and hasattr(
         mod, "apply_rotary_emb"
     )  # DeepSeek V2
-    # interleaved where the attention calls the interleaved rotation (DeepSeek V3.2 always does; its indexer
-    # calls the other one), else where the config says so, or where it is the only one the module has
-    # (LongCat-Flash, Bailing: no rope_interleave flag, and every call is the interleaved one)
+    # interleaved where the attention calls the interleaved rotation (DeepSeek V3.2 always does; its
+    # indexer calls the other one), else where the config says so, or where it is the only one the
+    # module has (LongCat-Flash, Bailing: no rope_interleave flag, and every call is the interleaved
+    # one)
     interleave = (
         called == "apply_rotary_pos_emb_interleave"
         if called is not None
@@ -367,8 +396,8 @@ def _layer_rope_params(cfg, layer_type: str | None) -> dict[str, Any]:
 def _inv_freq_for(rotaries, attn, layer_type: str | None) -> tuple[torch.Tensor, float]:
     """inv_freq and attention scaling that this layer's rotary module applies."""
     candidates = [attn, *rotaries]
-    # the layer type's own buffers first, wherever they are: a multimodal model's vision rotary (Gemma 4) comes
-    # before the text tower's and holds a plain inv_freq of its own
+    # the layer type's own buffers first, wherever they are: a multimodal model's vision rotary
+    # (Gemma 4) comes before the text tower's and holds a plain inv_freq of its own
     for prefix in [f"{layer_type}_"] if layer_type else []:
         for mod in candidates:
             inv = getattr(mod, f"{prefix}inv_freq", None)
@@ -393,24 +422,28 @@ def _inv_freq_for(rotaries, attn, layer_type: str | None) -> tuple[torch.Tensor,
 
 
 class _NoBuffer(Exception):
-    """No module the layer reaches holds an ``inv_freq`` buffer: its rotation is measured instead."""
+    """No module the layer reaches holds an ``inv_freq`` buffer: its rotation is measured
+    instead."""
 
 
 def _observed_rope(model, attns, layer: int, arch: str):
-    """(inv_freq, attention scaling, pairing, direction) of ``layer`` measured from the rotation its attention calls
-    in one short forward (:mod:`ropelens.spec.observed`), for a family that keeps no ``inv_freq`` buffer where ropelens
-    looks (GPT-J and CodeGen hand their rotation sin|cos tables, kept on the attention up to transformers 5.23 and
-    on a model-level module since 5.24); None for a layer whose attention calls no rotation while others do."""
+    """(inv_freq, attention scaling, pairing, direction) of ``layer`` measured from the rotation its
+    attention calls in one short forward (:mod:`ropelens.spec.observed`), for a family that keeps no
+    ``inv_freq`` buffer where ropelens looks (GPT-J and CodeGen hand their rotation sin|cos tables,
+    kept on the attention up to transformers 5.23 and on a model-level module since 5.24); None for
+    a layer whose attention calls no rotation while others do."""
     seen = observe_rotations(model, attns, _hf_tree(hf_model_of(model)), device_of(model))
     if seen is None:
         raise NotRotaryError(
-            f"{arch}: no rotary module holds inv_freq, and a short forward of the HF model, run to observe the "
-            "rotation its attention calls, failed: ropelens cannot read its frequencies"
+            f"{arch}: no rotary module holds inv_freq, and a short forward of the HF model, run "
+            "to observe the rotation its attention calls, failed: ropelens cannot read its "
+            "frequencies"
         )
     if not seen:
         raise NotRotaryError(
-            f"{arch}: no rotary module holds inv_freq, and in a short forward no attention layer called a rotation "
-            "(an apply_rotary* function of its modeling module): it applies no RoPE that ropelens can see"
+            f"{arch}: no rotary module holds inv_freq, and in a short forward no attention layer "
+            "called a rotation (an apply_rotary* function of its modeling module): it applies "
+            "no RoPE that ropelens can see"
         )
     obs = seen.get(layer)
     if obs is None:
@@ -426,8 +459,8 @@ def _observed_rope(model, attns, layer: int, arch: str):
 
 
 def _base_of(inv: torch.Tensor, rotary_dim: int) -> float | None:
-    """The base b of θ_i = b^(−2i/d) that measured frequencies follow (GPT-J's config names none), or None where
-    they follow no such law (then the spec says no base rather than a guessed one)."""
+    """The base b of θ_i = b^(−2i/d) that measured frequencies follow (GPT-J's config names none),
+    or None where they follow no such law (then the spec says no base rather than a guessed one)."""
     if inv.numel() < 2 or float(inv[0]) <= 0 or float(inv[-1]) <= 0:
         return None
     n = inv.numel()
@@ -750,11 +783,12 @@ def rope_spec(model, *, length: int | None = None) -> RopeSpec:
 
 
 def _with_temperature(model, attns, cfg, layers: list[LayerRope]) -> list[LayerRope]:
-    """``layers`` with the query temperature the model applies after its rotation (:attr:`LayerRope.temperature`):
-    where the config names one (``llama_4_scaling_beta`` β, ``original_max_position_embeddings`` L₀: Ministral 3,
-    Mistral 4), the model's own forward at positions 0, L₀ − 1, L₀ and 3·L₀ must multiply each rotated query by
-    1, 1, 1 + β·ln 2 and 1 + β·ln 4 (all 1: a forward that does not apply it); a layer that does something else
-    is refused with the factors measured."""
+    """``layers`` with the query temperature the model applies after its rotation
+    (:attr:`LayerRope.temperature`): where the config names one (``llama_4_scaling_beta`` β,
+    ``original_max_position_embeddings`` L₀: Ministral 3, Mistral 4), the model's own forward at
+    positions 0, L₀ − 1, L₀ and 3·L₀ must multiply each rotated query by 1, 1, 1 + β·ln 2 and 1 +
+    β·ln 4 (all 1: a forward that does not apply it); a layer that does something else is refused
+    with the factors measured."""
 
     rp = getattr(cfg, "rope_parameters", None)
     beta = rp.get("llama_4_scaling_beta") if isinstance(rp, dict) else None
@@ -782,10 +816,12 @@ def _with_temperature(model, attns, cfg, layers: list[LayerRope]) -> list[LayerR
                     else "factors " + ", ".join(f"{float(x):.6g}" for x in f)
                 )
                 raise UnsupportedModelError(
-                    f"{type(hf_model_of(model)).__name__}: layer {lr.layer}'s config names a query temperature "
-                    f"1 + {float(beta):g}·ln(1 + ⌊m/{l0}⌋) (llama_4_scaling_beta, original_max_position_embeddings), "
-                    f"but at positions {positions} the query entering its score is {seen} "
-                    f"(expected {', '.join(f'{float(x):.6g}' for x in expected)}): ropelens does not read this layer"
+                    f"{type(hf_model_of(model)).__name__}: layer {lr.layer}'s config names a "
+                    f"query temperature 1 + {float(beta):g}·ln(1 + ⌊m/{l0}⌋) "
+                    "(llama_4_scaling_beta, original_max_position_embeddings), but at positions "
+                    f"{positions} the query entering its score is {seen} (expected "
+                    f"{', '.join(f'{float(x):.6g}' for x in expected)}): ropelens does not read "
+                    "this layer"
                 )
             lr = dataclasses.replace(lr, temperature=(float(beta), l0))
         elif (
@@ -802,8 +838,9 @@ _PROBE_TOKENS = (
 
 
 def _norm_after_rope(rotated: torch.Tensor, scored: torch.Tensor) -> bool | None:
-    """Whether ``scored`` (what enters the score) is the rotation's output ``rotated`` ([batch, head, pos, d])
-    under a per-head norm and gain: ``scored = s(batch, head, pos) · g(head, d) ⊙ rotated`` with s > 0.
+    """Whether ``scored`` (what enters the score) is the rotation's output ``rotated`` ([batch,
+    head, pos, d]) under a per-head norm and gain: ``scored = s(batch, head, pos) · g(head, d) ⊙
+    rotated`` with s > 0.
 
     False when they are the same, None when they differ in some other way (then the probe's q/k
     check refuses the model). Each row of ``scored / rotated`` is ``s·g``: divided by its RMS it is
@@ -832,19 +869,22 @@ def _norm_after_rope(rotated: torch.Tensor, scored: torch.Tensor) -> bool | None
 
 
 def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, bool]] | None:
-    """Layer → (q before, q after, norm after RoPE) of the first ``apply_rotary_pos_emb`` call inside that
-    layer's attention, from one short forward of the HF model (cached on the model); None where the family
-    rotates elsewhere. The third entry says the q and k entering that layer's attention function are a
-    per-head norm and gain of the rotated ones (:func:`_norm_after_rope`)."""
+    """Layer → (q before, q after, norm after RoPE) of the first ``apply_rotary_pos_emb`` call
+    inside that layer's attention, from one short forward of the HF model (cached on the model);
+    None where the family rotates elsewhere. The third entry says the q and k entering that
+    layer's attention function are a per-head norm and gain of the rotated ones
+    (:func:`_norm_after_rope`)."""
     import inspect
 
     mod = importlib.import_module(type(hf_model_of(model)).__module__)
     name, orig, flip = "apply_rotary_pos_emb", getattr(mod, "apply_rotary_pos_emb", None), False
     complex_rot = rotation_functions(mod).get("apply_rotary_emb")
     if orig is None and complex_rot is not None and not is_mla(_text_config(hf_model_of(model))):
-        # Llama 4's complex product of whole heads, on [batch, pos, head, d]: recorded heads first, as the others
+        # Llama 4's complex product of whole heads, on [batch, pos, head, d]: recorded heads first,
+        # as the others
         name, orig, flip = "apply_rotary_emb", complex_rot, complex_positions_axis(complex_rot) == 1
-    # Only the (q, k, cos, sin) -> (q, k) form; GPT-J's (tensor, sin, cos) -> tensor is read from its table.
+    # Only the (q, k, cos, sin) -> (q, k) form; GPT-J's (tensor, sin, cos) -> tensor is read from
+    # its table.
     elif orig is None or list(inspect.signature(orig).parameters)[:2] != ["q", "k"]:
         return None
     key = (id(orig), id(getattr(mod, "rotate_half", None)), len(attns))
@@ -883,7 +923,8 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
             view, device_of(model), _PROBE_TOKENS, attention_tap(attn_mods, score)
         ):
             return None
-    # a rotation outside the attention modules cannot be placed in a layer: keep the config's reading
+    # a rotation outside the attention modules cannot be placed in a layer: keep the config's
+    # reading
     result = None
     if calls and not outside[0]:
         result = {}
@@ -892,7 +933,8 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
                 _norm_after_rope(r, s)
                 for r, s in zip((q_rot, k_rot), scored.get(i, ()), strict=False)
             ]
-            # a layer whose q or k changes after the rotation, each by a per-head norm and gain (or not at all)
+            # a layer whose q or k changes after the rotation, each by a per-head norm and gain (or
+            # not at all)
             result[i] = (q, q_rot, len(normed) == 2 and True in normed and None not in normed)
     object.__setattr__(
         model, "_ropelens_rotary_calls", (key, result)
@@ -901,9 +943,9 @@ def _rotary_calls(model, attns) -> dict[int, tuple[torch.Tensor, torch.Tensor, b
 
 
 def _called_rotation(model, attns) -> str | None:
-    """The rotation function (by name) the attention modules call first, outside their indexers, in one short
-    forward of the HF model (cached on the model, as :func:`_rotary_calls` is); None where it cannot be seen (the
-    forward fails, or no attention rotates)."""
+    """The rotation function (by name) the attention modules call first, outside their indexers, in
+    one short forward of the HF model (cached on the model, as :func:`_rotary_calls` is); None where
+    it cannot be seen (the forward fails, or no attention rotates)."""
     mod = importlib.import_module(type(hf_model_of(model)).__module__)
     fns = {n: f for n, f in rotation_functions(mod).items() if n != "apply_rotary_emb"}
     key = (tuple(id(f) for f in fns.values()), len(attns))
@@ -936,8 +978,9 @@ def _called_rotation(model, attns) -> str | None:
 
 
 def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
-    """The HF module tree under a bridge with every bridge component replaced by the module it wraps, and
-    no hooks: shallow copies sharing every weight, built for one short forward and dropped."""
+    """The HF module tree under a bridge with every bridge component replaced by the module it
+    wraps, and no hooks: shallow copies sharing every weight, built for one short forward and
+    dropped."""
     import copy
 
     while getattr(module, "_original_component", None) is not None:
@@ -959,8 +1002,9 @@ def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
 def _with_direction(
     lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing: bool = False
 ) -> LayerRope:
-    """``lr`` turned the other way when the model's own rotation of ``q`` ([batch, head, pos, d]) is by −m·θ
-    (with ``pairing``, also with the other plane pairing when that is the one the model rotates)."""
+    """``lr`` turned the other way when the model's own rotation of ``q`` ([batch, head, pos, d]) is
+    by −m·θ (with ``pairing``, also with the other plane pairing when that is the one the model
+    rotates)."""
     if q.ndim != 4 or q.shape[-1] != lr.head_dim or q_rot.shape != q.shape:
         return lr
     pos = torch.arange(q.shape[-2], device=q.device)
@@ -981,7 +1025,7 @@ def _with_direction(
     return next((c for c in candidates if err(c) < 1e-3), lr)
 
 
-# ---------------------------------------------------------------------------------------- length-dependent RoPE
+# ---------------------------------------------------------------------------- length-dependent RoPE
 LENGTH_PROBE = 8  # positions compared between a short call of a rotary module and a longer input's
 
 

@@ -21,15 +21,18 @@ from torch import Tensor
 from ropelens.errors import InputError, UnsupportedModelError
 
 Pairing = Literal["half", "adjacent"]
-# the axes along which layers of one model may differ in width, and the LayerRope count each is as long as
+# the axes along which layers of one model may differ in width, and the LayerRope count each is as
+# long as
 _WIDTH_AXES = {"head": "n_heads", "kv_head": "n_kv_heads", "plane": "n_planes", "dim": "head_dim"}
 LayerKind = Literal[
     "full", "sliding", "chunked", "nope", "linear", "conv", "mamba", "recurrent", "none"
 ]
-# Layers of a hybrid model with no softmax attention (Qwen3-Next's Gated DeltaNet, LFM2's short convolution,
-# Bamba's Mamba): listed in the spec so its layer numbers stay the model's, never measured.
+# Layers of a hybrid model with no softmax attention (Qwen3-Next's Gated DeltaNet, LFM2's short
+# convolution, Bamba's Mamba): listed in the spec so its layer numbers stay the model's, never
+# measured.
 MIXER_KINDS = frozenset({"linear", "conv", "mamba", "recurrent", "none"})
-# The position axes of multimodal RoPE (M-RoPE, Qwen2-VL): a plane labelled with axis a turns by position_ids[a]·θ_i.
+# The position axes of multimodal RoPE (M-RoPE, Qwen2-VL): a plane labelled with axis a turns by
+# position_ids[a]·θ_i.
 MROPE_AXES = ("t", "h", "w")
 
 __all__ = [
@@ -107,7 +110,8 @@ def plane_norms(
 def plane_sums(
     x: Float[Tensor, "... head_dim"], rotary_dim: int, pairing: Pairing
 ) -> Float[Tensor, "... n_planes"]:
-    """Sum of each plane's two coordinates of ``x`` (of ``q * k``: each plane's logit term, unscaled)."""
+    """Sum of each plane's two coordinates of ``x`` (of ``q * k``: each plane's logit term,
+    unscaled)."""
     n = rotary_dim // 2
     if pairing == "half":
         return x[..., :n] + x[..., n:rotary_dim]
@@ -118,8 +122,8 @@ def plane_sums(
 
 @functools.lru_cache(maxsize=256)
 def _sink_logits(sinks: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
-    """Learned sink logits as a tensor on ``device``, copied there once (a copy per call would make the
-    host wait for the device every tile)."""
+    """Learned sink logits as a tensor on ``device``, copied there once (a copy per call would make
+    the host wait for the device every tile)."""
     return torch.tensor(sinks, dtype=dtype, device=device)
 
 
@@ -128,9 +132,9 @@ class LayerRope:
     """What one attention layer rotates, read from the running model.
 
     **Norm after RoPE** (``norm_after_rope``): some models (HunYuan dense, NanoChat) normalise q and
-    k per head, with a per-dim gain, *after* ``apply_rotary_pos_emb``, so the score is made of
-    ``q_s = s_q(m)·g ⊙ R(m)q`` and ``k_s = s_k(n)·g' ⊙ R(n)k``. ropelens then takes "post-RoPE" q and
-    k where they enter the score (``q_post``/``k_post`` are ``q_s``/``k_s``; ``q_rot``/``k_rot`` are
+    k per head, with a per-dim gain, *after* ``apply_rotary_pos_emb``, so the score is made of ``q_s
+    = s_q(m)·g ⊙ R(m)q`` and ``k_s = s_k(n)·g' ⊙ R(n)k``. ropelens then takes "post-RoPE" q and k
+    where they enter the score (``q_post``/``k_post`` are ``q_s``/``k_s``; ``q_rot``/``k_rot`` are
     the rotation's own output, which the probe checks against this spec), and:
 
     - the plane terms stay an exact decomposition of the logit: the sum over planes of
@@ -145,40 +149,46 @@ class LayerRope:
     ``[no-position dims, rotary dims]`` (``qk_nope_head_dim`` then ``qk_rope_head_dim``), so the
     rotary slice starts at ``rotary_offset`` in the model's head. ropelens's captured head vectors
     put the rotary dims first (:meth:`from_model`: the same permutation of q's and k's dims, which
-    leaves every q·k unchanged), so the planes are dims ``[0, rotary_dim)`` as for partial rotary and
-    the dims after them are the no-position term. The key's rotary part (``k_pe``) is computed once
-    and shared by every head (``shared_rotary_key``): per plane, every head's key is the same vector.
-    With ``rope_interleave`` (DeepSeek V3) the model's rotation reads adjacent pairs (2i, 2i+1) and
-    writes them as (i, i + n) (``pre_interleaved``, pairing "half"): ropelens's pre-RoPE q and k are
-    de-interleaved (:meth:`pre_from_model`), so :meth:`rotate` maps them onto the post-RoPE ones.
+    leaves every q·k unchanged), so the planes are dims ``[0, rotary_dim)`` as for partial rotary
+    and the dims after them are the no-position term. The key's rotary part (``k_pe``) is computed
+    once and shared by every head (``shared_rotary_key``): per plane, every head's key is the same
+    vector. With ``rope_interleave`` (DeepSeek V3) the model's rotation reads adjacent pairs (2i,
+    2i+1) and writes them as (i, i + n) (``pre_interleaved``, pairing "half"): ropelens's pre-RoPE q
+    and k are de-interleaved (:meth:`pre_from_model`), so :meth:`rotate` maps them onto the
+    post-RoPE ones.
 
-    **Key selection** (DeepSeek V3.2's sparse attention, GLM-5; Qwen4-Exp's block selection): an indexer
-    scores the keys the mask allows and keeps at most ``select_keys`` of them per query (DeepSeek: its
-    top ``index_topk``; Qwen4-Exp: whole blocks up to its token budget, plus an incomplete block's
-    tail), and a query allowed at most ``select_keys`` keeps them all; the softmax runs over those alone.
-    The logits are still q·k times the scale, so their decomposition is unchanged; only the mask is
-    the input's. On windows of at most ``select_keys`` tokens no query is allowed more keys than it
-    keeps, so the mask is :meth:`mask` exactly (:meth:`selects` is False); on longer ones the capture
-    reads the selection from the mask the model hands its attention function (``"selected"``), and
-    analyses that assume :meth:`mask` refuse (:meth:`require_static_mask`).
+    **Key selection** (DeepSeek V3.2's sparse attention, GLM-5; Qwen4-Exp's block selection): an
+    indexer scores the keys the mask allows and keeps at most ``select_keys`` of them per query
+    (DeepSeek: its top ``index_topk``; Qwen4-Exp: whole blocks up to its token budget, plus an
+    incomplete block's tail), and a query allowed at most ``select_keys`` keeps them all; the
+    softmax runs over those alone. The logits are still q·k times the scale, so their decomposition
+    is unchanged; only the mask is the input's. On windows of at most ``select_keys`` tokens no
+    query is allowed more keys than it keeps, so the mask is :meth:`mask` exactly (:meth:`selects`
+    is False); on longer ones the capture reads the selection from the mask the model hands its
+    attention function (``"selected"``), and analyses that assume :meth:`mask` refuse
+    (:meth:`require_static_mask`).
 
-    **Chunked attention** (Llama 4's rotary layers, ``attention_chunk_size``): the window is cut into
-    chunks of ``chunk`` tokens from its first token, and a query sees only the keys at or before it in
-    its own chunk (HF's ``chunked_causal_mask_function``; windows are right-padded, so chunks start at
-    index 0). :meth:`mask` applies it; analyses whose fast paths assume a causal or sliding mask refuse
-    windows longer than the chunk (:meth:`require_static_mask`), where inside one chunk the mask is causal.
+    **Chunked attention** (Llama 4's rotary layers, ``attention_chunk_size``): the window is cut
+    into chunks of ``chunk`` tokens from its first token, and a query sees only the keys at or
+    before it in its own chunk (HF's ``chunked_causal_mask_function``; windows are right-padded, so
+    chunks start at index 0). :meth:`mask` applies it; analyses whose fast paths assume a causal or
+    sliding mask refuse windows longer than the chunk (:meth:`require_static_mask`), where inside
+    one chunk the mask is causal.
 
-    **Query scale** (``query_scale``): a NoPE layer that multiplies each query by a factor of its position
-    before the score (Llama 4's ``attn_temperature_tuning``: ``1 + attn_scale·ln(1 + ⌊(m + 1)/floor_scale⌋)``;
-    Beam's scalable softmax, passed in as ``attention_scaling``): its score is not q·k times one scale, so
-    such layers are listed (kind "nope") and never measured; ``query_scale`` says the factor, in words.
+    **Query scale** (``query_scale``): a NoPE layer that multiplies each query by a factor of its
+    position before the score (Llama 4's ``attn_temperature_tuning``: ``1 + attn_scale·ln(1 + ⌊(m +
+    1)/floor_scale⌋)``; Beam's scalable softmax, passed in as ``attention_scaling``): its score is
+    not q·k times one scale, so such layers are listed (kind "nope") and never measured;
+    ``query_scale`` says the factor, in words.
 
-    **Query temperature** (``temperature``): a rotary layer that multiplies each *rotated* query at position m
-    by ``1 + β·ln(1 + ⌊m/L₀⌋)`` before the score (Ministral 3 and Mistral 4: ``llama_4_scaling_beta`` β and
-    ``original_max_position_embeddings`` L₀; the factor is 1 below L₀). ``temperature`` is ``(β, L₀)``, read from
-    the config and confirmed on the model's own forward at positions past L₀ (:mod:`ropelens.spec.reading`). ``q_rot`` is
-    the rotation's output and ``q_post`` the query entering the score, ``query_temperature(m)·q_rot``, so the plane
-    terms of ``q_post·k_post`` still sum to the model's score; a plane's term then depends on m as well as m − n.
+    **Query temperature** (``temperature``): a rotary layer that multiplies each *rotated* query at
+    position m by ``1 + β·ln(1 + ⌊m/L₀⌋)`` before the score (Ministral 3 and Mistral 4:
+    ``llama_4_scaling_beta`` β and ``original_max_position_embeddings`` L₀; the factor is 1 below
+    L₀). ``temperature`` is ``(β, L₀)``, read from the config and confirmed on the model's own
+    forward at positions past L₀ (:mod:`ropelens.spec.reading`). ``q_rot`` is the rotation's output
+    and ``q_post`` the query entering the score, ``query_temperature(m)·q_rot``, so the plane terms
+    of ``q_post·k_post`` still sum to the model's score; a plane's term then depends on m as well as
+    m − n.
     """
 
     layer: int
@@ -197,11 +207,12 @@ class LayerRope:
         "full"  # "nope": attention without rotation (no planes); masks follow `window`
     )
     window: int | None = None  # sliding window: a query at m sees keys n with m − window < n ≤ m
-    # chunked attention (Llama 4): a query at m sees keys n ≤ m of its own chunk, ⌊n/chunk⌋ = ⌊m/chunk⌋; see
-    # "Chunked attention" in the class docstring
+    # chunked attention (Llama 4): a query at m sees keys n ≤ m of its own chunk, ⌊n/chunk⌋ =
+    # ⌊m/chunk⌋; see "Chunked attention" in the class docstring
     chunk: int | None = None
-    # sparse attention (DeepSeek's DSA, Qwen4-Exp's QSA): an indexer keeps at most ``select_keys`` of the keys the
-    # mask allows each query, picked from the input at run time; see "Key selection" in the class docstring
+    # sparse attention (DeepSeek's DSA, Qwen4-Exp's QSA): an indexer keeps at most ``select_keys``
+    # of the keys the mask allows each query, picked from the input at run time; see "Key selection"
+    # in the class docstring
     select_keys: int | None = None
     n_ctx: int | None = None
     softcap: float | None = (
@@ -210,25 +221,30 @@ class LayerRope:
     sinks: tuple[float, ...] | None = (
         None  # learned per-head sink logits that join the softmax (gpt-oss)
     )
-    direction: int = 1  # +1: position m turns each plane by +m·θ_i (Llama's rotate_half); −1: by −m·θ_i (NanoChat)
-    # the q and k entering the score are a per-head norm (a per-position rescaling) and per-dim gain of the
-    # rotated q and k (HunYuan dense, NanoChat); see "Norm after RoPE" in the class docstring
+    # +1: position m turns each plane by +m·θ_i (Llama's rotate_half); −1: by −m·θ_i (NanoChat)
+    direction: int = 1
+    # the q and k entering the score are a per-head norm (a per-position rescaling) and per-dim gain
+    # of the rotated q and k (HunYuan dense, NanoChat); see "Norm after RoPE" in the class docstring
     norm_after_rope: bool = False
-    # HF class of the layer's other token mixer: the one it has instead of softmax attention (kind in
-    # MIXER_KINDS; heads and widths are then 0), or the one running beside its attention (Falcon-H1's Mamba)
+    # HF class of the layer's other token mixer: the one it has instead of softmax attention (kind
+    # in MIXER_KINDS; heads and widths are then 0), or the one running beside its attention
+    # (Falcon-H1's Mamba)
     mixer: str | None = None
-    # a sigmoid gate on the attention output, sigmoid(x·W_g) ⊙ (softmax·V) (Qwen3-Next): it acts after the
-    # softmax, so the logits and the pattern ropelens measures are the same with or without it
+    # a sigmoid gate on the attention output, sigmoid(x·W_g) ⊙ (softmax·V) (Qwen3-Next): it acts
+    # after the softmax, so the logits and the pattern ropelens measures are the same with or
+    # without it
     output_gate: bool = False
-    # multi-head latent attention (DeepSeek V2/V3, MiniCPM3): see "Multi-head latent attention" in the class docstring
+    # multi-head latent attention (DeepSeek V2/V3, MiniCPM3): see "Multi-head latent attention" in
+    # the class docstring
     rotary_offset: int = 0  # where the rotary dims start in the model's own head vectors
     pre_interleaved: bool = (
         False  # the model's rotation reads adjacent pairs and writes them split in halves
     )
     shared_rotary_key: bool = False  # the key's rotary planes are one vector shared by all heads
-    # multimodal RoPE (M-RoPE: Qwen2-VL's sections, Qwen3-VL's interleaving): the position axis of each plane, an
-    # index into MROPE_AXES (time, height, width); () for 1-D RoPE. Text tokens have t = h = w, so on text alone
-    # every plane turns by the token's position, as in 1-D RoPE; image tokens turn each plane by their own axis.
+    # multimodal RoPE (M-RoPE: Qwen2-VL's sections, Qwen3-VL's interleaving): the position axis of
+    # each plane, an index into MROPE_AXES (time, height, width); () for 1-D RoPE. Text tokens have
+    # t = h = w, so on text alone every plane turns by the token's position, as in 1-D RoPE; image
+    # tokens turn each plane by their own axis.
     axes: tuple[int, ...] = ()
     query_scale: str | None = (
         None  # a NoPE layer's position-dependent query factor, in words (see above)
@@ -251,7 +267,8 @@ class LayerRope:
         if self.kind in MIXER_KINDS:
             if self.rotary_dim or self.n_heads or self.n_kv_heads or self.head_dim:
                 raise InputError(
-                    f"layer {self.layer}: a {self.kind!r} layer has no softmax attention: no heads, no planes"
+                    f"layer {self.layer}: a {self.kind!r} layer has no softmax attention: no "
+                    "heads, no planes"
                 )
         elif self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
             raise InputError(
@@ -259,19 +276,20 @@ class LayerRope:
             )
         if (self.kind == "nope" or self.kind in MIXER_KINDS) != (self.rotary_dim == 0):
             raise InputError(
-                f"layer {self.layer}: kind 'nope' (or a layer without attention) is exactly the layers "
-                "with no rotary planes"
+                f"layer {self.layer}: kind 'nope' (or a layer without attention) is exactly the "
+                "layers with no rotary planes"
             )
         if self.rotary_offset < 0 or self.rotary_offset + self.rotary_dim > self.head_dim:
             raise InputError(
-                f"layer {self.layer}: rotary dims [{self.rotary_offset}, {self.rotary_offset + self.rotary_dim}) "
-                f"do not fit in head_dim {self.head_dim}"
+                f"layer {self.layer}: rotary dims [{self.rotary_offset}, "
+                f"{self.rotary_offset + self.rotary_dim}) do not fit in head_dim {self.head_dim}"
             )
         if self.sinks is not None and len(self.sinks) != self.n_heads:
             raise InputError(f"sinks has {len(self.sinks)} entries for {self.n_heads} heads")
         if self.select_keys is not None and self.select_keys < 1:
             raise InputError(
-                f"layer {self.layer}: select_keys must be ≥ 1 (the keys each query keeps), got {self.select_keys}"
+                f"layer {self.layer}: select_keys must be ≥ 1 (the keys each query keeps), got "
+                f"{self.select_keys}"
             )
         if self.chunk is not None and (self.chunk < 1 or self.window):
             raise InputError(
@@ -287,8 +305,8 @@ class LayerRope:
             len(self.axes) != self.n_planes or not set(self.axes) <= set(range(len(MROPE_AXES)))
         ):
             raise InputError(
-                f"layer {self.layer}: axes must give one of 0, 1, 2 ({', '.join(MROPE_AXES)}) for each of "
-                f"its {self.n_planes} planes, got {list(self.axes)}"
+                f"layer {self.layer}: axes must give one of 0, 1, 2 ({', '.join(MROPE_AXES)}) "
+                f"for each of its {self.n_planes} planes, got {list(self.axes)}"
             )
 
     @property
@@ -296,8 +314,8 @@ class LayerRope:
         return self.rotary_dim // 2
 
     def query_temperature(self, positions: Tensor) -> Tensor | None:
-        """The factor of each position's rotated query, ``1 + β·ln(1 + ⌊m/L₀⌋)`` (float32, as the model computes
-        it), or None for a layer without a query temperature."""
+        """The factor of each position's rotated query, ``1 + β·ln(1 + ⌊m/L₀⌋)`` (float32, as the
+        model computes it), or None for a layer without a query temperature."""
         if self.temperature is None:
             return None
         beta, l0 = self.temperature
@@ -306,9 +324,9 @@ class LayerRope:
     def tempered(
         self, q_rot: Float[Tensor, "batch pos head d"], pos_axis: int = 1, inverse: bool = False
     ) -> Tensor:
-        """The queries entering the score from the rotated ones (positions 0, 1, … on ``pos_axis`` of a 4-D tensor):
-        ``q_rot`` itself unless the layer has a query temperature; ``inverse``: the rotated queries from the ones
-        entering the score."""
+        """The queries entering the score from the rotated ones (positions 0, 1, … on ``pos_axis``
+        of a 4-D tensor): ``q_rot`` itself unless the layer has a query temperature; ``inverse``:
+        the rotated queries from the ones entering the score."""
         factor = self.query_temperature(torch.arange(q_rot.shape[pos_axis], device=q_rot.device))
         if factor is None:
             return q_rot
@@ -319,7 +337,8 @@ class LayerRope:
 
     @property
     def group_size(self) -> int:
-        """Query heads per KV head (grouped-query attention); query head h reads KV head h // group."""
+        """Query heads per KV head (grouped-query attention); query head h reads KV head h //
+        group."""
         return self.n_heads // self.n_kv_heads
 
     @property
@@ -356,7 +375,8 @@ class LayerRope:
 
     @property
     def attention(self) -> bool:
-        """Whether this layer has softmax attention (False for the linear, convolution or state-space layers of a hybrid)."""
+        """Whether this layer has softmax attention (False for the linear, convolution or
+        state-space layers of a hybrid)."""
         return self.kind not in MIXER_KINDS
 
     @property
@@ -365,8 +385,8 @@ class LayerRope:
         return self.rotary_dim > 0
 
     def mask(self, n_pos: int, device: torch.device | None = None) -> Bool[Tensor, "q k"]:
-        """Keys each query may attend to: causal, and within the sliding window or the query's own chunk where
-        the layer has one."""
+        """Keys each query may attend to: causal, and within the sliding window or the query's own
+        chunk where the layer has one."""
         q = torch.arange(n_pos, device=device)[:, None]
         k = torch.arange(n_pos, device=device)[None, :]
         ok = k <= q
@@ -378,29 +398,36 @@ class LayerRope:
 
     @property
     def reach(self) -> int | None:
-        """The most keys one query sees (its sliding window or chunk), None where it sees every earlier key."""
+        """The most keys one query sees (its sliding window or chunk), None where it sees every
+        earlier key."""
         return self.window or self.chunk
 
     def selects(self, n_pos: int) -> bool:
-        """Whether some query of an ``n_pos``-token window may lose a key its mask allows to the model's own
-        selection (more keys allowed than the ``select_keys`` it keeps): the mask is then the input's."""
+        """Whether some query of an ``n_pos``-token window may lose a key its mask allows to the
+        model's own selection (more keys allowed than the ``select_keys`` it keeps): the mask is
+        then the input's."""
         return self.select_keys is not None and n_pos > self.select_keys
 
     def require_static_mask(self, n_pos: int, what: str) -> None:
-        """UnsupportedModelError when ``what`` would assume :meth:`mask` but this layer selects keys at ``n_pos``,
-        or would assume a causal or sliding mask on ``n_pos``-token windows that this layer cuts into chunks."""
+        """UnsupportedModelError when ``what`` would assume :meth:`mask` but this layer selects keys
+        at ``n_pos``, or would assume a causal or sliding mask on ``n_pos``-token windows that this
+        layer cuts into chunks."""
         if self.chunk and n_pos > self.chunk:
             raise UnsupportedModelError(
-                f"layer {self.layer} attends in chunks of {self.chunk} tokens (chunked attention: a query sees only "
-                f"the keys of its own chunk), which {what} does not model on {n_pos}-token windows: use windows of at "
-                f"most {self.chunk} tokens (--n-ctx), where the mask is causal, or attention_decomposition, which applies it"
+                f"layer {self.layer} attends in chunks of {self.chunk} tokens (chunked "
+                f"attention: a query sees only the keys of its own chunk), which {what} does not "
+                f"model on {n_pos}-token windows: use windows of at most {self.chunk} tokens "
+                "(--n-ctx), where the mask is causal, or attention_decomposition, which applies "
+                "it"
             )
         if self.selects(n_pos):
             raise UnsupportedModelError(
-                f"layer {self.layer} keeps at most {self.select_keys} keys per query, picked from the input by the "
-                f"model's indexer (sparse attention), so on {n_pos}-token windows its mask depends on the text and "
-                f"{what} (which assumes the causal mask) would be wrong: use windows of at most {self.select_keys} "
-                "tokens (--n-ctx), where no key is dropped, or attention_decomposition, which reads the selection"
+                f"layer {self.layer} keeps at most {self.select_keys} keys per query, picked "
+                f"from the input by the model's indexer (sparse attention), so on {n_pos}-token "
+                f"windows its mask depends on the text and {what} (which assumes the causal "
+                f"mask) would be wrong: use windows of at most {self.select_keys} tokens "
+                "(--n-ctx), where no key is dropped, or attention_decomposition, which reads "
+                "the selection"
             )
 
     def probs(self, scores: Float[Tensor, "... k"], head_axis: int = 1) -> Float[Tensor, "... k"]:
@@ -422,7 +449,8 @@ class LayerRope:
         return torch.softmax(torch.cat([x, sink], dim=-1), dim=-1)[..., :-1]
 
     def angles(self, positions: Tensor) -> Float[Tensor, "... n_planes"]:
-        """Rotation angle of each plane at each position, m·θ_i (−m·θ_i where the model turns the other way)."""
+        """Rotation angle of each plane at each position, m·θ_i (−m·θ_i where the model turns the
+        other way)."""
         return (
             positions.to(torch.float64)[..., None]
             * self.inv_freq.to(positions.device, torch.float64)
@@ -448,7 +476,8 @@ class LayerRope:
         cos: Float[Tensor, "... pos n_planes"],
         sin: Float[Tensor, "... pos n_planes"],
     ) -> Float[Tensor, "... pos head_dim"]:
-        """Rotate each plane of ``x`` by given per-plane cos and sin (which broadcast against ``x``'s planes)."""
+        """Rotate each plane of ``x`` by given per-plane cos and sin (which broadcast against
+        ``x``'s planes)."""
         p = self.split(x)
         a, b = p[..., 0], p[..., 1]
         rot = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)
@@ -458,7 +487,8 @@ class LayerRope:
         return out
 
     def from_model(self, x: Float[Tensor, "... head_dim"]) -> Float[Tensor, "... head_dim"]:
-        """Head vectors in the model's own layout (rotary dims at ``rotary_offset``) in ropelens's (rotary dims first)."""
+        """Head vectors in the model's own layout (rotary dims at ``rotary_offset``) in ropelens's
+        (rotary dims first)."""
         if not self.rotary_offset:
             return x
         o, r = self.rotary_offset, self.rotary_dim
@@ -558,7 +588,8 @@ class RopeSpec:
 
     @property
     def attention_layers(self) -> list[int]:
-        """Layers with softmax attention (a hybrid's linear, convolution and state-space layers left out)."""
+        """Layers with softmax attention (a hybrid's linear, convolution and state-space layers left
+        out)."""
         return [lr.layer for lr in self.layers if lr.attention]
 
     def layer_indices(
@@ -568,7 +599,8 @@ class RopeSpec:
         *,
         rotary_only: bool = True,
     ) -> list[int]:
-        """Validate a layer selection (None = every rotary layer), optionally restricted to one layer kind.
+        """Validate a layer selection (None = every rotary layer), optionally restricted to one
+        layer kind.
 
         Per-plane analyses have nothing to measure in a NoPE layer, so with ``rotary_only`` asking
         for one is an error that names it, and None selects the rotary layers only. A layer without
@@ -578,12 +610,15 @@ class RopeSpec:
             raise InputError(f"layer kind {kind!r} not in this model; it has {sorted(self.kinds)}")
         if kind in MIXER_KINDS:
             raise InputError(
-                f"layer kind {kind!r} has no softmax attention (layers {layer_ranges(self.kinds[kind])}): "
-                f"nothing to measure; the attention layers are {layer_ranges(self.attention_layers) or 'none'}"
+                f"layer kind {kind!r} has no softmax attention (layers "
+                f"{layer_ranges(self.kinds[kind])}): nothing to measure; the attention layers "
+                f"are {layer_ranges(self.attention_layers) or 'none'}"
             )
         if (
             layers is None
-        ):  # a NoPE layer whose queries carry a position-dependent temperature is measured by no one
+            # a NoPE layer whose queries carry a position-dependent temperature is measured by no
+            # one
+        ):
             chosen = (
                 self.rotary_layers
                 if rotary_only
@@ -596,18 +631,20 @@ class RopeSpec:
                     raise TypeError(f"layer indices must be ints, got {idx!r}")
                 if not -self.n_layers <= idx < self.n_layers:
                     raise InputError(
-                        f"layer {idx} out of range: the model has {self.n_layers} layers (0..{self.n_layers - 1})"
+                        f"layer {idx} out of range: the model has {self.n_layers} layers "
+                        f"(0..{self.n_layers - 1})"
                     )
                 chosen.append(idx % self.n_layers)
-            # a layer named twice (0,0) or by two names (-1 and n−1) is measured once: a repeated row would
-            # halve every share across layers and add a row of zeros
+            # a layer named twice (0,0) or by two names (-1 and n−1) is measured once: a repeated
+            # row would halve every share across layers and add a row of zeros
             chosen = list(dict.fromkeys(chosen))
             mixers = [self.layers[i] for i in chosen if not self.layers[i].attention]
             if mixers:
                 lr = mixers[0]
                 raise InputError(
-                    f"layer {lr.layer} is a {lr.kind!r} layer ({lr.mixer}) with no softmax attention: nothing to "
-                    f"measure; the attention layers are {layer_ranges(self.attention_layers) or 'none'}"
+                    f"layer {lr.layer} is a {lr.kind!r} layer ({lr.mixer}) with no softmax "
+                    "attention: nothing to measure; the attention layers are "
+                    f"{layer_ranges(self.attention_layers) or 'none'}"
                 )
         tempered = (
             [self.layers[i] for i in chosen if self.layers[i].query_scale]
@@ -617,9 +654,10 @@ class RopeSpec:
         if tempered and not rotary_only:
             lr = tempered[0]
             raise UnsupportedModelError(
-                f"layer {lr.layer} is a NoPE layer that scales each query at position m by {lr.query_scale} before its "
-                "score, so its scores are not q·k times one scale and ropelens does not measure it; the rotary layers "
-                f"are {layer_ranges(self.rotary_layers) or 'none'}"
+                f"layer {lr.layer} is a NoPE layer that scales each query at position m by "
+                f"{lr.query_scale} before its score, so its scores are not q·k times one scale "
+                "and ropelens does not measure it; the rotary layers are "
+                f"{layer_ranges(self.rotary_layers) or 'none'}"
             )
         if rotary_only and layers is not None:
             nope = [i for i in chosen if not self.layers[i].rotary]
@@ -635,7 +673,8 @@ class RopeSpec:
     def width_groups(
         self, layers: Sequence[int] | None = None
     ) -> dict[tuple[int, int, int, int], list[int]]:
-        """Layers (default: the rotary ones) grouped by width: (head_dim, n_heads, n_kv_heads, n_planes) → layers.
+        """Layers (default: the rotary ones) grouped by width: (head_dim, n_heads, n_kv_heads,
+        n_planes) → layers.
 
         One group for most models; Gemma 4's wider global heads make a second.
         """
@@ -646,12 +685,13 @@ class RopeSpec:
         return out
 
     def present(self, layers: Sequence[int], *axes: str | int) -> Bool[Tensor, "layer ..."]:
-        """``[layer, *axes]``: True at the entries each of ``layers`` has, where layers of different widths
-        (Gemma 4's wider global heads) share one array.
+        """``[layer, *axes]``: True at the entries each of ``layers`` has, where layers of different
+        widths (Gemma 4's wider global heads) share one array.
 
-        An axis named "head", "kv_head", "plane" or "dim" is as long as the largest n_heads, n_kv_heads,
-        n_planes or head_dim among ``layers``, and each layer has its leading ones; an int axis is one every
-        layer has in full (bands, distance bins, offsets). All True when the layers share one width.
+        An axis named "head", "kv_head", "plane" or "dim" is as long as the largest n_heads,
+        n_kv_heads, n_planes or head_dim among ``layers``, and each layer has its leading ones; an
+        int axis is one every layer has in full (bands, distance bins, offsets). All True when the
+        layers share one width.
         """
         bad = [ax for ax in axes if not isinstance(ax, int) and ax not in _WIDTH_AXES]
         if bad:
@@ -671,22 +711,25 @@ class RopeSpec:
     def padded_zeros(
         self, layers: Sequence[int], *axes: str | int, dtype: torch.dtype = torch.float64
     ) -> Tensor:
-        """Running sums laid out ``[layer, *axes]`` as :meth:`present`: 0 at a layer's own entries, NaN past them.
+        """Running sums laid out ``[layer, *axes]`` as :meth:`present`: 0 at a layer's own entries,
+        NaN past them.
 
-        The analyses that stack layers (band statistics, head scores, sinks, attention by distance, massive
-        values, positional/symbolic scores, rotary offsets) keep their sums this way: each layer adds into its
-        leading slice ``[i, :n_heads, ..., :n_planes]``, so every number read from the sums is NaN where the
-        layer has no such head, plane or dimension, sums merge and save as before, and a layer's numbers
-        are those it has when its width group is measured alone.
+        The analyses that stack layers (band statistics, head scores, sinks, attention by distance,
+        massive values, positional/symbolic scores, rotary offsets) keep their sums this way: each
+        layer adds into its leading slice ``[i, :n_heads, ..., :n_planes]``, so every number read
+        from the sums is NaN where the layer has no such head, plane or dimension, sums merge and
+        save as before, and a layer's numbers are those it has when its width group is measured
+        alone.
         """
         have = self.present(layers, *axes)
         return torch.zeros(have.shape, dtype=dtype).masked_fill_(~have, math.nan)
 
     def require_one_width(self, layers: Sequence[int], what: str) -> None:
-        """InputError naming the width groups when ``layers`` differ in width (``what`` stacks them in one array).
+        """InputError naming the width groups when ``layers`` differ in width (``what`` stacks them
+        in one array).
 
-        ropelens's own analyses take layers of different widths in one run (:meth:`padded_zeros`); this is for
-        code that needs one ``[layer, head, ...]`` shape without padding.
+        ropelens's own analyses take layers of different widths in one run (:meth:`padded_zeros`);
+        this is for code that needs one ``[layer, head, ...]`` shape without padding.
         """
         groups = self.width_groups(layers)
         if len(groups) < 2:
@@ -697,8 +740,8 @@ class RopeSpec:
         )
         fix = " or ".join(f"layers={ls}" for ls in groups.values())
         raise InputError(
-            f"{what} stacks layers of one width, and these differ ({per}): measure one width at a time, "
-            f"{fix} (--layers)"
+            f"{what} stacks layers of one width, and these differ ({per}): measure one width at "
+            f"a time, {fix} (--layers)"
         )
 
     def to_frame(self) -> pd.DataFrame:
@@ -806,14 +849,18 @@ class RopeSpec:
         )
 
     def _repr_html_(self) -> str:
-        head = f"<b>{self.model_name}</b> ({self.architecture}), {self.n_layers} layers, n_ctx {self.n_ctx}"
+        head = (
+            f"<b>{self.model_name}</b> ({self.architecture}), {self.n_layers} layers, n_ctx "
+            f"{self.n_ctx}"
+        )
         if self.valid_up_to is not None:
             head += f", frequencies hold for inputs up to {self.valid_up_to:,} tokens"
         return head + self.summary().to_html(index=False)
 
 
 def describe_axes(axes: Sequence[int]) -> str:
-    """The planes of each M-RoPE axis in compact form, e.g. ``t 0-15; h 16-39; w 40-63`` ('' for 1-D RoPE)."""
+    """The planes of each M-RoPE axis in compact form, e.g. ``t 0-15; h 16-39; w 40-63`` ('' for 1-D
+    RoPE)."""
     return "; ".join(
         f"{name} {layer_ranges([i for i, a in enumerate(axes) if a == k])}"
         for k, name in enumerate(MROPE_AXES)
@@ -846,5 +893,6 @@ def _json_default(o: Any) -> Any:
 def expand_kv(
     k: Float[Tensor, "batch pos kv_head d"], rope: LayerRope
 ) -> Float[Tensor, "batch pos head d"]:
-    """KV heads → query heads under grouped-query attention (query head h reads KV head h // group)."""
+    """KV heads → query heads under grouped-query attention (query head h reads KV head h //
+    group)."""
     return k.repeat_interleave(rope.group_size, dim=2) if rope.group_size > 1 else k

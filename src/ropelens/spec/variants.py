@@ -1,9 +1,11 @@
-"""RoPE variants (p-RoPE, NoPE, context extension, Resonance, CoPE, FoPE's zeroing) as value objects: per-plane frequencies and scaling.
+"""RoPE variants (p-RoPE, NoPE, context extension, Resonance, CoPE, FoPE's zeroing) as value
+objects: per-plane frequencies and scaling.
 
-A variant is a small frozen value object that says what one layer rotates: ``inv_freq(layer)`` (radians
-per token per plane, highest frequency first, as many planes as the layer), ``attention_scaling(layer)``
-(the multiplier of cos and sin) and, for everything the frequencies cannot express (LongRoPE's
-uninterpolated first positions, length-dependent scaling), ``angles(layer, positions)``.
+A variant is a small frozen value object that says what one layer rotates: ``inv_freq(layer)``
+(radians per token per plane, highest frequency first, as many planes as the layer),
+``attention_scaling(layer)`` (the multiplier of cos and sin) and, for everything the frequencies
+cannot express (LongRoPE's uninterpolated first positions, length-dependent scaling),
+``angles(layer, positions)``.
 
 Where HF transformers implements a method (``ROPE_INIT_FUNCTIONS``: linear, dynamic, yarn, longrope,
 llama3, proportional) the variant calls it on a minimal config built from the layer's spec, so the
@@ -56,8 +58,9 @@ __all__ = [
 def _base(layer: LayerRope) -> float:
     if layer.base is None:
         raise InputError(
-            f"layer {layer.layer} records no RoPE base (LayerRope.base is None), so its frequencies "
-            "cannot be recomputed: build the LayerRope with base=<the model's rope_theta>"
+            f"layer {layer.layer} records no RoPE base (LayerRope.base is None), so its "
+            "frequencies cannot be recomputed: build the LayerRope with base=<the model's "
+            "rope_theta>"
         )
     return float(layer.base)
 
@@ -98,7 +101,8 @@ class _RopeConfig:
     """The config fields HF's ``ROPE_INIT_FUNCTIONS`` read, describing one layer's rotary part."""
 
     def __init__(self, layer: LayerRope, rope_parameters: dict[str, Any], max_position: int | None):
-        # head_dim = rotary_dim: frequencies span the rotary part, as HF's partial_rotary_factor does.
+        # head_dim = rotary_dim: frequencies span the rotary part, as HF's partial_rotary_factor
+        # does.
         self.head_dim = freq_dim(layer)
         self.hidden_size = self.head_dim  # some functions evaluate hidden_size // heads eagerly
         self.num_attention_heads = 1
@@ -110,9 +114,10 @@ class _RopeConfig:
 
 
 def freq_dim(layer: LayerRope) -> int:
-    """The width d of the default formula θ_i = base^(−2i/d) the layer's frequencies follow: its rotary dim, except
-    where its own default frequencies were computed over another width with as many planes (MiMo-V2-Flash rounds
-    ``head_dim · partial_rotary_factor`` down to an odd 5 for 6 rotary dims); variants recompute over the same d."""
+    """The width d of the default formula θ_i = base^(−2i/d) the layer's frequencies follow: its
+    rotary dim, except where its own default frequencies were computed over another width with as
+    many planes (MiMo-V2-Flash rounds ``head_dim · partial_rotary_factor`` down to an odd 5 for 6
+    rotary dims); variants recompute over the same d."""
     d = layer.rotary_dim
     if layer.base is None or layer.rope_type != "default" or not layer.n_planes:
         return d
@@ -128,7 +133,8 @@ def freq_dim(layer: LayerRope) -> int:
 
 
 def _default_inv_freq(base: float, rotary_dim: int) -> Float[Tensor, " n_planes"]:
-    """θ_i = base^(−2i/d), written exactly as HF's ``compute_default_rope_parameters`` (bit-identical)."""
+    """θ_i = base^(−2i/d), written exactly as HF's ``compute_default_rope_parameters``
+    (bit-identical)."""
     return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
 
 
@@ -173,13 +179,15 @@ class RopeVariant:
         raise NotImplementedError(f"{type(self).__name__} does not define inv_freq")
 
     def attention_scaling(self, layer: LayerRope) -> float:  # noqa: ARG002
-        """Multiplier of cos and sin (YaRN/LongRoPE attention factor); 1.0 where the method has none."""
+        """Multiplier of cos and sin (YaRN/LongRoPE attention factor); 1.0 where the method has
+        none."""
         return 1.0
 
     def angles(
         self, layer: LayerRope, positions: Int[Tensor, "*batch pos"]
     ) -> Float[Tensor, "*batch pos n_planes"]:
-        """Rotation angle of each plane at each position, in float32 as HF's rotary modules compute it."""
+        """Rotation angle of each plane at each position, in float32 as HF's rotary modules compute
+        it."""
         return positions[..., None].float() * self.inv_freq(layer).to(positions.device)
 
     @property
@@ -202,7 +210,8 @@ def variant_from_dict(d: dict[str, Any]) -> RopeVariant:
     name = d.pop("variant", None)
     if name not in _REGISTRY or name.startswith("_"):
         raise InputError(
-            f"unknown variant {name!r}: expected one of {sorted(k for k in _REGISTRY if k[0] != '_')}"
+            f"unknown variant {name!r}: expected one of "
+            f"{sorted(k for k in _REGISTRY if k[0] != '_')}"
         )
     return _REGISTRY[name](**d)
 
@@ -227,10 +236,11 @@ class _HF(RopeVariant):
             d = cfg.head_dim
             if d % 2 == 0:
                 raise
-            # an odd frequency width (MiMo-V2-Flash's 5): HF's per-plane ramps and factors have d // 2 entries for
-            # (d + 1) // 2 frequencies. The same frequencies base^(−2i/d) are base'^(−2i/d') over the even width
-            # d' = 2·planes with base' = base^(d'/d), and YaRN's correction range d·log(·)/(2·log base) is unchanged
-            # by that change of variables: computed so, over every plane.
+            # an odd frequency width (MiMo-V2-Flash's 5): HF's per-plane ramps and factors have d //
+            # 2 entries for (d + 1) // 2 frequencies. The same frequencies base^(−2i/d) are
+            # base'^(−2i/d') over the even width d' = 2·planes with base' = base^(d'/d), and YaRN's
+            # correction range d·log(·)/(2·log base) is unchanged by that change of variables:
+            # computed so, over every plane.
             even = 2 * ((d + 1) // 2)
             cfg.head_dim = cfg.hidden_size = even
             cfg.rope_parameters = {**cfg.rope_parameters, "rope_theta": _base(layer) ** (even / d)}
@@ -268,7 +278,8 @@ class NoPE(RopeVariant):
 
 @dataclass(frozen=True)
 class PRoPE(_HF):
-    """p-RoPE: keep the highest ``kept_planes(p)`` frequencies, θ = 0 for the rest (HF ``proportional``)."""
+    """p-RoPE: keep the highest ``kept_planes(p)`` frequencies, θ = 0 for the rest (HF
+    ``proportional``)."""
 
     p: float
     rope_type: ClassVar[str] = "proportional"
@@ -277,7 +288,8 @@ class PRoPE(_HF):
         d = freq_dim(layer)
         if d == layer.rotary_dim:
             return self._hf(layer)[0]  # HF's proportional, bit for bit
-        # frequencies over another width than the rotary dims (an odd one): the layer's own, the rest unrotated
+        # frequencies over another width than the rotary dims (an odd one): the layer's own, the
+        # rest unrotated
         inv = _default_inv_freq(_base(layer), d)
         inv[kept_planes(self.p, layer.n_planes) :] = 0.0
         return inv
@@ -285,7 +297,8 @@ class PRoPE(_HF):
 
 @dataclass(frozen=True)
 class PRoPEReversed(RopeVariant):
-    """Reversed p-RoPE: keep the lowest ``kept_planes(p)`` frequencies, θ = 0 for the highest ones."""
+    """Reversed p-RoPE: keep the lowest ``kept_planes(p)`` frequencies, θ = 0 for the highest
+    ones."""
 
     p: float
     rope_type: ClassVar[str] = "p-rope-reversed"
@@ -298,7 +311,8 @@ class PRoPEReversed(RopeVariant):
 
 @dataclass(frozen=True)
 class PRoPEPartial(RopeVariant):
-    """Partial-rotary ablation: the first k = ``kept_planes(p)`` planes rotate with θ_i = base^(−2i/(2k)).
+    """Partial-rotary ablation: the first k = ``kept_planes(p)`` planes rotate with θ_i =
+    base^(−2i/(2k)).
 
     This is ordinary partial rotary over a rotary sub-dimension of 2k (Barbero et al.'s "partial"
     0.75-RoPE): frequencies are recomputed over 2k dims, so they span the whole range base^0 …
@@ -352,7 +366,8 @@ class Linear(_HF):
 
 @dataclass(frozen=True)
 class NTK(RopeVariant):
-    """Static NTK-aware scaling: plain RoPE with base · factor^(d/(d−2)) (HF has only the dynamic form)."""
+    """Static NTK-aware scaling: plain RoPE with base · factor^(d/(d−2)) (HF has only the dynamic
+    form)."""
 
     factor: float
     rope_type: ClassVar[str] = "ntk"
@@ -396,15 +411,18 @@ class DynamicNTK(_HF):
         positions: Int[Tensor, "*batch pos"],
         seq_len: int | Tensor | None = None,
     ) -> Float[Tensor, "*batch pos n_planes"]:
-        """Angles with the frequencies for ``seq_len`` (default: max position + 1, as HF's forward)."""
-        # A tensor seq_len takes HF's runtime (float32 tensor) path, so the base matches HF's bit for bit.
+        """Angles with the frequencies for ``seq_len`` (default: max position + 1, as HF's
+        forward)."""
+        # A tensor seq_len takes HF's runtime (float32 tensor) path, so the base matches HF's bit
+        # for bit.
         seq_len = positions.max() + 1 if seq_len is None else seq_len
         return positions[..., None].float() * self.inv_freq(layer, seq_len).to(positions.device)
 
 
 @dataclass(frozen=True)
 class YaRN(_HF):
-    """YaRN (HF ``yarn``): interpolate low frequencies, keep high ones, ramp between β_slow and β_fast.
+    """YaRN (HF ``yarn``): interpolate low frequencies, keep high ones, ramp between β_slow and
+    β_fast.
 
     ``attention_factor`` overrides the cos/sin multiplier (default 0.1·ln s + 1). ``mscale`` and
     ``mscale_all_dim`` are DeepSeek's form, ratio of the two mscales; HF ignores ``mscale`` alone.
@@ -431,18 +449,21 @@ class YaRN(_HF):
         # Checked here because HF reads `beta or default`: a 0 would silently become 32 or 1.
         if self.beta_fast <= self.beta_slow:
             raise InputError(
-                f"beta_fast ({self.beta_fast}) must exceed beta_slow ({self.beta_slow}): defaults are 32 and 1"
+                f"beta_fast ({self.beta_fast}) must exceed beta_slow ({self.beta_slow}): "
+                "defaults are 32 and 1"
             )
         if (self.mscale is None) != (self.mscale_all_dim is None):
             raise InputError(
-                f"pass mscale and mscale_all_dim together (got {self.mscale!r}, {self.mscale_all_dim!r}): "
-                "HF ignores one without the other; to set the cos/sin multiplier pass attention_factor="
+                f"pass mscale and mscale_all_dim together (got {self.mscale!r}, "
+                f"{self.mscale_all_dim!r}): HF ignores one without the other; to set the cos/sin "
+                "multiplier pass attention_factor="
             )
 
 
 @dataclass(frozen=True)
 class Llama3(_HF):
-    """Llama 3.1 scaling (HF ``llama3``): θ/factor beyond wavelength L₀/low, θ below L₀/high, smooth between."""
+    """Llama 3.1 scaling (HF ``llama3``): θ/factor beyond wavelength L₀/low, θ below L₀/high, smooth
+    between."""
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
@@ -460,10 +481,11 @@ class Llama3(_HF):
 
 @dataclass(frozen=True)
 class LongRoPE(_HF):
-    """LongRoPE (HF ``longrope``): θ_i / λ_i per plane, short or long λ by input length, attention factor.
+    """LongRoPE (HF ``longrope``): θ_i / λ_i per plane, short or long λ by input length, attention
+    factor.
 
-    The attention factor is √(1 + ln s / ln L₀) with s = ``factor`` (default: the layer's n_ctx / L₀,
-    as HF does for Phi-3), applied at every length as HF does. ``n_hat`` > 0 adds the paper's
+    The attention factor is √(1 + ln s / ln L₀) with s = ``factor`` (default: the layer's n_ctx /
+    L₀, as HF does for Phi-3), applied at every length as HF does. ``n_hat`` > 0 adds the paper's
     uninterpolated start: positions < n_hat rotate with plain RoPE θ_i, later ones with θ_i / λ_i;
     that cannot be one frequency vector, so it lives in :meth:`angles`.
     """
@@ -479,15 +501,16 @@ class LongRoPE(_HF):
     def _check(self) -> None:
         if len(self.short_factor) != len(self.long_factor):
             raise InputError(
-                f"short_factor has {len(self.short_factor)} entries but long_factor {len(self.long_factor)}: "
-                "give one rescale factor per plane in both"
+                f"short_factor has {len(self.short_factor)} entries but long_factor "
+                f"{len(self.long_factor)}: give one rescale factor per plane in both"
             )
 
     def _hf(self, layer: LayerRope, seq_len: int | Tensor | None = None) -> tuple[Tensor, float]:
         if len(self.short_factor) != layer.n_planes:
             raise InputError(
-                f"LongRoPE has {len(self.short_factor)} rescale factors but layer {layer.layer} has "
-                f"{layer.n_planes} planes: pass one factor per plane (short_factor and long_factor)"
+                f"LongRoPE has {len(self.short_factor)} rescale factors but layer {layer.layer} "
+                f"has {layer.n_planes} planes: pass one factor per plane (short_factor and "
+                "long_factor)"
             )
         if self.factor is None and layer.n_ctx is None:
             raise InputError(
@@ -502,7 +525,8 @@ class LongRoPE(_HF):
     def angles(
         self, layer: LayerRope, positions: Int[Tensor, "*batch pos"], seq_len: int | None = None
     ) -> Float[Tensor, "*batch pos n_planes"]:
-        """Angles for an input of ``seq_len`` tokens (default max position + 1), first n_hat uninterpolated."""
+        """Angles for an input of ``seq_len`` tokens (default max position + 1), first n_hat
+        uninterpolated."""
         seq_len = int(positions.max()) + 1 if seq_len is None else seq_len
         pos = positions[..., None].float()
         scaled = pos * self.inv_freq(layer, seq_len).to(positions.device)
@@ -521,22 +545,24 @@ def _native(layer: LayerRope, given: int | None, what: str) -> int:
         return int(given)
     if layer.n_ctx is None:
         raise InputError(
-            f"{what} needs the trained context length and layer {layer.layer} records none (LayerRope.n_ctx "
-            f"is None): pass original_max_position=<the trained length in tokens>"
+            f"{what} needs the trained context length and layer {layer.layer} records none "
+            "(LayerRope.n_ctx is None): pass original_max_position=<the trained length in "
+            "tokens>"
         )
     return int(layer.n_ctx)
 
 
 @dataclass(frozen=True)
 class Resonance(RopeVariant):
-    """Resonance RoPE (Wang et al. 2024, "Resonance RoPE: Improving Context Length Generalization of Large
-    Language Models", arXiv 2403.00287): every plane's wavelength λ_i = 2π/θ_i is rounded to the nearest
-    integer, θ̃_i = 2π / round(λ_i), so that each plane's angles repeat exactly every round(λ_i) tokens.
+    """Resonance RoPE (Wang et al. 2024, "Resonance RoPE: Improving Context Length Generalization of
+    Large Language Models", arXiv 2403.00287): every plane's wavelength λ_i = 2π/θ_i is rounded to
+    the nearest integer, θ̃_i = 2π / round(λ_i), so that each plane's angles repeat exactly every
+    round(λ_i) tokens.
 
-    The rounding is the authors' code's: ``torch.round(2π / θ)`` in float32 (halves to even), on every plane.
-    Without ``factor`` it rounds plain RoPE's θ_i = base^(−2i/d). With ``factor`` (and ``original_max_position``,
-    default the layer's n_ctx) it is the paper's Resonance-YaRN: the wavelengths of ``YaRN(factor,
-    original_max_position)`` rounded, with YaRN's cos/sin multiplier.
+    The rounding is the authors' code's: ``torch.round(2π / θ)`` in float32 (halves to even), on
+    every plane. Without ``factor`` it rounds plain RoPE's θ_i = base^(−2i/d). With ``factor`` (and
+    ``original_max_position``, default the layer's n_ctx) it is the paper's Resonance-YaRN: the
+    wavelengths of ``YaRN(factor, original_max_position)`` rounded, with YaRN's cos/sin multiplier.
     """
 
     factor: float | None = None
@@ -547,8 +573,9 @@ class Resonance(RopeVariant):
     def _check(self) -> None:
         if self.factor is None and self.original_max_position is not None:
             raise InputError(
-                f"Resonance: original_max_position={self.original_max_position} is only read by Resonance-YaRN: "
-                "pass factor= too (e.g. Resonance(4.0, 2048)), or leave both unset for plain Resonance RoPE"
+                f"Resonance: original_max_position={self.original_max_position} is only read by "
+                "Resonance-YaRN: pass factor= too (e.g. Resonance(4.0, 2048)), or leave both "
+                "unset for plain Resonance RoPE"
             )
 
     def _yarn(self, layer: LayerRope) -> YaRN:
@@ -564,8 +591,9 @@ class Resonance(RopeVariant):
         wavelengths = torch.round(2 * math.pi / inv)
         if bool((wavelengths == 0).any()):
             raise InputError(
-                f"Resonance: a plane of layer {layer.layer} has a wavelength below half a token, which rounds to 0: "
-                "its frequency exceeds π per token (a YaRN factor far below 1); pass a factor ≥ 1"
+                f"Resonance: a plane of layer {layer.layer} has a wavelength below half a token, "
+                "which rounds to 0: its frequency exceeds π per token (a YaRN factor far below "
+                "1); pass a factor ≥ 1"
             )
         return (2 * math.pi / wavelengths).float()
 
@@ -578,11 +606,12 @@ class CoPE(RopeVariant):
     """CoPE ("CoPE: Clipped RoPE as A Scalable Free Lunch for Long Context LLMs",
     arXiv 2602.05258): soft clipping of the lowest frequencies with a raised-cosine taper.
 
-    Of plain RoPE's θ_i = base^(−2i/d), the last c = min(``n_low``, planes) planes (the lowest frequencies)
-    are multiplied by m_j = ½(1 + cos(π·j/(c − 1))), j = 0 … c − 1: the first tapered plane keeps its
-    frequency, the last is stopped (θ = 0), the ones between fall smoothly. This is the taper of the authors'
-    code (``torch.linspace(0, π, c)`` in float32; c = 1 leaves the plane as it is), with their default
-    ``n_low`` = 20 (of Llama-3-8B's 64 planes). ``n_low`` = 0 is plain RoPE.
+    Of plain RoPE's θ_i = base^(−2i/d), the last c = min(``n_low``, planes) planes (the lowest
+    frequencies) are multiplied by m_j = ½(1 + cos(π·j/(c − 1))), j = 0 … c − 1: the first tapered
+    plane keeps its frequency, the last is stopped (θ = 0), the ones between fall smoothly. This is
+    the taper of the authors' code (``torch.linspace(0, π, c)`` in float32; c = 1 leaves the plane
+    as it is), with their default ``n_low`` = 20 (of Llama-3-8B's 64 planes). ``n_low`` = 0 is plain
+    RoPE.
     """
 
     n_low: int = 20
@@ -601,13 +630,14 @@ class CoPE(RopeVariant):
 
 @dataclass(frozen=True)
 class FoPEZero(RopeVariant):
-    """FoPE's zeroing of under-trained frequencies (Hua et al. 2024, "Fourier Position Embedding: Enhancing
-    Attention's Periodic Extension for Length Generalization", arXiv 2412.17739).
+    """FoPE's zeroing of under-trained frequencies (Hua et al. 2024, "Fourier Position Embedding:
+    Enhancing Attention's Periodic Extension for Length Generalization", arXiv 2412.17739).
 
-    Of plain RoPE's θ_i = base^(−2i/d), every plane that does not complete one full turn within the trained
-    context, θ_i · L < 2π (wavelength 2π/θ_i longer than L tokens), gets θ_i = 0: it becomes a NoPE plane. L is
-    ``original_max_position``, by default the layer's trained context (its n_ctx). Only this zeroing is
-    implemented, not FoPE's Fourier-series mixing of frequencies within a plane.
+    Of plain RoPE's θ_i = base^(−2i/d), every plane that does not complete one full turn within the
+    trained context, θ_i · L < 2π (wavelength 2π/θ_i longer than L tokens), gets θ_i = 0: it becomes
+    a NoPE plane. L is ``original_max_position``, by default the layer's trained context (its
+    n_ctx). Only this zeroing is implemented, not FoPE's Fourier-series mixing of frequencies within
+    a plane.
     """
 
     original_max_position: int | None = None

@@ -33,7 +33,8 @@ _SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer_dir() -> str:
-    """Build a character-level tokenizer once per process and save it (the bridge reloads it by path)."""
+    """Build a character-level tokenizer once per process and save it (the bridge reloads it by
+    path)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

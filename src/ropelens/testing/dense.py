@@ -1,15 +1,16 @@
-"""A dense float64 reference for band statistics and frequency usage, built from HF's own eager attention.
+"""A dense float64 reference for band statistics and frequency usage, built from HF's own eager
+attention.
 
-ropelens's :class:`~ropelens.analyses.band_statistics.BandStatsReducer` sees only post-RoPE queries and keys:
-it rebuilds each layer's scores tile by tile and applies the causal mask, sliding window, soft-capping
-and sinks itself. Here every one of its sums is recomputed densely, plainly and independently of that
-code (nothing below imports ropelens):
+ropelens's :class:`~ropelens.analyses.band_statistics.BandStatsReducer` sees only post-RoPE queries
+and keys: it rebuilds each layer's scores tile by tile and applies the causal mask, sliding window,
+soft-capping and sinks itself. Here every one of its sums is recomputed densely, plainly and
+independently of that code (nothing below imports ropelens):
 
 - queries, keys, score scale, mask and sinks are what HF's own ``eager_attention_forward`` receives
-  (post-RoPE; keys in KV-head layout; ``scaling``; ``attention_mask``; ``s_aux``), taken from an eager
-  forward (:func:`hf_layers`);
-- query head h reads KV head ``h // group``, written out as an index, and band logits are einsums over
-  each band's head dims on full ``[batch, head, q, k]`` tensors (float64);
+  (post-RoPE; keys in KV-head layout; ``scaling``; ``attention_mask``; ``s_aux``), taken from an
+  eager forward (:func:`hf_layers`);
+- query head h reads KV head ``h // group``, written out as an index, and band logits are einsums
+  over each band's head dims on full ``[batch, head, q, k]`` tensors (float64);
 - the mask is HF's own (the entries its additive mask leaves finite), else ``torch.tril`` and
   ``q − k < window`` with the window HF passes;
 - the attended key is the argmax of HF's attention probabilities (``output_attentions``), so the
@@ -46,8 +47,8 @@ __all__ = [
 
 @dataclass
 class HFLayer:
-    """One layer as HF's eager attention sees it, for one batch (mutable: a test builds one from other tensors and
-    sets its probabilities after computing them from it)."""
+    """One layer as HF's eager attention sees it, for one batch (mutable: a test builds one from
+    other tensors and sets its probabilities after computing them from it)."""
 
     q: Tensor  # [b, H, n, d] post-RoPE queries
     k: Tensor  # [b, KV, n, d] post-RoPE keys (KV heads)
@@ -64,10 +65,11 @@ class HFLayer:
 
 
 def _allowed(mask: Tensor | None, n: int) -> Tensor | None:
-    """``[n, n]`` bool of the keys HF's attention mask allows (additive: finite entries, boolean: True), or None.
+    """``[n, n]`` bool of the keys HF's attention mask allows (additive: finite entries, boolean:
+    True), or None.
 
-    One mask for the whole batch and every head: the reference runs unpadded rows, so a mask that differs
-    between rows or heads is not one it can take."""
+    One mask for the whole batch and every head: the reference runs unpadded rows, so a mask that
+    differs between rows or heads is not one it can take."""
     if mask is None:
         return None
     m = mask[..., :n, :n]
@@ -81,8 +83,8 @@ def _allowed(mask: Tensor | None, n: int) -> Tensor | None:
 
 
 def _probs_by_layer(probs, layers: list[int]) -> dict[int, Tensor | None]:
-    """HF's ``output_attentions`` keyed by layer: one map per attention layer, in order (a hybrid's other layers
-    return none), or one per layer of the stack."""
+    """HF's ``output_attentions`` keyed by layer: one map per attention layer, in order (a hybrid's
+    other layers return none), or one per layer of the stack."""
     probs = tuple(probs or ())
     if len(probs) == len(layers):
         return {L: None if p is None else p.detach() for L, p in zip(layers, probs)}
@@ -92,7 +94,8 @@ def _probs_by_layer(probs, layers: list[int]) -> dict[int, Tensor | None]:
 
 
 def hf_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
-    """Run HF's eager forward on ``toks`` and record, per layer, what its attention function received."""
+    """Run HF's eager forward on ``toks`` and record, per layer, what its attention function
+    received."""
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "eager_attention_forward", None)
     if orig is None:
@@ -128,9 +131,10 @@ def hf_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
 
 
 def _method_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
-    """A family whose attention scores in its own ``_attn(query, key, value, attention_mask)`` method (GPT-J,
-    CodeGen, GPT-NeoX-Japanese): the query and key it receives, its mask, and one over the number it divides the
-    scores by (``scale_attn``; GPT-NeoX-Japanese's ``norm_factor``)."""
+    """A family whose attention scores in its own ``_attn(query, key, value, attention_mask)``
+    method (GPT-J, CodeGen, GPT-NeoX-Japanese): the query and key it receives, its mask, and one
+    over the number it divides the scores by (``scale_attn``; GPT-NeoX-Japanese's
+    ``norm_factor``)."""
     got: dict[int, dict] = {}
     patched = [
         m
@@ -166,7 +170,8 @@ def _method_layers(hf, toks: Tensor) -> dict[int, HFLayer]:
 
 
 def _divisor(module) -> float:
-    """What an ``_attn`` method divides its scores by: ``scale_attn`` (GPT-J, CodeGen) or ``norm_factor``."""
+    """What an ``_attn`` method divides its scores by: ``scale_attn`` (GPT-J, CodeGen) or
+    ``norm_factor``."""
     for name in ("scale_attn", "norm_factor"):
         if isinstance(getattr(module, name, None), (int, float, Tensor)):
             return float(getattr(module, name))
@@ -176,8 +181,9 @@ def _divisor(module) -> float:
 
 
 def _inline_layers(hf, toks: Tensor, mod) -> dict[int, HFLayer]:
-    """A family that scores inline (Falcon: q·kᵀ / √head_dim right after the rotation, no attention function):
-    the q and k its ``apply_rotary_pos_emb`` returns, call i in layer i, keys as the score uses them."""
+    """A family that scores inline (Falcon: q·kᵀ / √head_dim right after the rotation, no attention
+    function): the q and k its ``apply_rotary_pos_emb`` returns, call i in layer i, keys as the
+    score uses them."""
     orig = mod.apply_rotary_pos_emb
     got: list[dict] = []
 
@@ -228,7 +234,8 @@ def band_logits(lay: HFLayer, dims: list[Tensor]) -> Tensor:
 
 
 def pattern_of(lay: HFLayer, logits: Tensor, ok: Tensor) -> Tensor:
-    """The layer's softmax of ``logits`` (head axis 1): soft-cap, mask, sinks joining the softmax."""
+    """The layer's softmax of ``logits`` (head axis 1): soft-cap, mask, sinks joining the
+    softmax."""
     x = logits
     if lay.softcap is not None:
         x = lay.softcap * torch.tanh(x / lay.softcap)
@@ -250,9 +257,9 @@ def js(p: Tensor, r: Tensor) -> Tensor:
 
 
 def _model_pattern(lay: HFLayer, scores: Tensor, ok: Tensor) -> Tensor:
-    """HF's probabilities as its values see them: where its sinks are left out of the probabilities it returns
-    (rows summing to 1) and scale the output after the softmax (Granite SWA), times ``sigmoid(lse − sink)``,
-    the log-sum-exp over the allowed (capped) scores of the row."""
+    """HF's probabilities as its values see them: where its sinks are left out of the probabilities
+    it returns (rows summing to 1) and scale the output after the softmax (Granite SWA), times
+    ``sigmoid(lse − sink)``, the log-sum-exp over the allowed (capped) scores of the row."""
     p = lay.probs.double()
     if (
         lay.sinks is None or float((p.sum(-1) - 1).abs().max()) > 1e-5
@@ -264,9 +271,11 @@ def _model_pattern(lay: HFLayer, scores: Tensor, ok: Tensor) -> Tensor:
 
 
 def dense_layer_sums(lay: HFLayer, dims: list[Tensor], planes: Tensor) -> dict[str, Tensor]:
-    """Every sum the band-statistics reducer streams, for one layer of one unpadded batch, over full tensors.
+    """Every sum the band-statistics reducer streams, for one layer of one unpadded batch, over full
+    tensors.
 
-    ``dims``: each band's head dims; ``planes``: ``[P, 2]`` head dims of each plane (both in HF's layout)."""
+    ``dims``: each band's head dims; ``planes``: ``[P, 2]`` head dims of each plane (both in HF's
+    layout)."""
     X = band_logits(lay, dims)  # [b,H,B,n,n]
     Y = X.sum(2)  # [b,H,n,n]: the model's (pre-cap) scores
     b, H, B, n, _ = X.shape
@@ -319,7 +328,8 @@ def dense_reference(
     dims: dict[int, list[Tensor]],
     planes: dict[int, Tensor],
 ) -> dict[str, Tensor]:
-    """Dense sums over separate unpadded runs (each a ``[b, n]`` token tensor), added up, ``[layer, ...]``."""
+    """Dense sums over separate unpadded runs (each a ``[b, n]`` token tensor), added up, ``[layer,
+    ...]``."""
     total: dict[str, Tensor] = {}
     for toks in runs:
         lays = hf_layers(hf, toks)
@@ -331,7 +341,7 @@ def dense_reference(
 
 
 def plane_norm_means(x: Tensor, planes: Tensor) -> Tensor:
-    """``[b, h, n, d]`` head vectors -> ``[h, P]``: each plane's 2-norm ‖(x_a, x_b)‖, averaged over rows and
-    positions (float64), the planes given as ``[P, 2]`` head dims."""
+    """``[b, h, n, d]`` head vectors -> ``[h, P]``: each plane's 2-norm ‖(x_a, x_b)‖, averaged over
+    rows and positions (float64), the planes given as ``[P, 2]`` head dims."""
     x = x.double()
     return torch.sqrt(x[..., planes[:, 0]] ** 2 + x[..., planes[:, 1]] ** 2).mean((0, 2))

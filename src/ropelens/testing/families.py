@@ -1,4 +1,5 @@
-"""The family matrix: a tiny random model of every RoPE family HF ships, checked against HF's own eager attention.
+"""The family matrix: a tiny random model of every RoPE family HF ships, checked against HF's own
+eager attention.
 
 Each :class:`Family` is a real HF config class with a small config whose windows are shorter than
 the check's input (so they matter) and whose q/k weights are scaled up (so attention is far from
@@ -333,8 +334,9 @@ FAMILIES: dict[str, Family] = {
             ),
             rotary_fraction=0.5,
             bridge=False,
-            needs="multi-head latent attention (rotary dims after the no-position ones, one rotary key shared by all "
-            "heads; interleaved pairs read, halves written); the plain HF model",
+            needs="multi-head latent attention (rotary dims after the no-position ones, one "
+            "rotary key shared by all heads; interleaved pairs read, halves written); the plain "
+            "HF model",
         ),
         Family(
             "deepseek_v2",
@@ -358,7 +360,8 @@ FAMILIES: dict[str, Family] = {
             pairing="adjacent",
             rotary_fraction=0.5,
             bridge=False,
-            needs="multi-head latent attention with a complex-product rotation (adjacent pairs); the plain HF model",
+            needs="multi-head latent attention with a complex-product rotation (adjacent pairs); "
+            "the plain HF model",
         ),
         Family(
             "glm4_moe_lite",
@@ -380,7 +383,8 @@ FAMILIES: dict[str, Family] = {
             ),
             rotary_fraction=0.25,
             bridge=False,
-            needs="multi-head latent attention, 4 rotary dims after 12 no-position ones; the plain HF model",
+            needs="multi-head latent attention, 4 rotary dims after 12 no-position ones; the "
+            "plain HF model",
         ),
         Family(
             "qwen3_next",
@@ -402,7 +406,8 @@ FAMILIES: dict[str, Family] = {
             rotary_fraction=0.25,
             mixer_layers={0: "linear", 2: "linear"},
             output_gate=True,
-            needs="linear-attention (Gated DeltaNet) layers beside gated attention, partial rotary 0.25",
+            needs="linear-attention (Gated DeltaNet) layers beside gated attention, partial "
+            "rotary 0.25",
         ),
         Family(
             "qwen3_5_text",
@@ -420,7 +425,8 @@ FAMILIES: dict[str, Family] = {
             rotary_fraction=0.25,
             mixer_layers={0: "linear", 2: "linear"},
             output_gate=True,
-            needs="linear-attention (Gated DeltaNet) layers beside gated attention, partial rotary 0.25",
+            needs="linear-attention (Gated DeltaNet) layers beside gated attention, partial "
+            "rotary 0.25",
         ),
         Family(
             "lfm2",
@@ -466,7 +472,8 @@ FAMILIES: dict[str, Family] = {
             ),
             score_scale=0.2,
             mixer_layers={0: "mamba", 2: "mamba"},
-            needs="Mamba-2 layers beside attention (Granite 4), attention multiplier as the score scale",
+            needs="Mamba-2 layers beside attention (Granite 4), attention multiplier as the "
+            "score scale",
         ),
         Family(
             "recurrent_gemma",
@@ -484,8 +491,8 @@ FAMILIES: dict[str, Family] = {
             windows={1: 8},
             mixer_layers={0: "recurrent", 2: "recurrent"},
             bridge=False,
-            needs="RG-LRU recurrent layers beside local attention, partial rotary 0.5; its adapter wraps attention "
-            "whole (no q/k hooks), so the plain HF model",
+            needs="RG-LRU recurrent layers beside local attention, partial rotary 0.5; its "
+            "adapter wraps attention whole (no q/k hooks), so the plain HF model",
         ),
         Family(
             "olmo_hybrid",
@@ -500,8 +507,8 @@ FAMILIES: dict[str, Family] = {
                 rope_parameters=_rp(),
             ),
             mixer_layers={0: "linear", 2: "linear"},
-            needs="Gated DeltaNet layers beside attention; q/k norm over the whole projection, taken from the norm "
-            "submodules' hooks",
+            needs="Gated DeltaNet layers beside attention; q/k norm over the whole projection, "
+            "taken from the norm submodules' hooks",
         ),
         Family(
             "llama4",
@@ -520,9 +527,9 @@ FAMILIES: dict[str, Family] = {
             chunks={0: 8, 1: 8, 2: 8},
             nope_layers=(3,),
             bridge=False,
-            needs="chunked attention (rotary layers), complex adjacent-pair rotation, L2 q/k norm after RoPE; NoPE "
-            "layers with a query temperature listed, not measured; its adapter fires no rotated-q hook, so the "
-            "plain HF model",
+            needs="chunked attention (rotary layers), complex adjacent-pair rotation, L2 q/k "
+            "norm after RoPE; NoPE layers with a query temperature listed, not measured; its "
+            "adapter fires no rotated-q hook, so the plain HF model",
         ),
         Family(
             "cohere2",
@@ -566,21 +573,22 @@ FAMILIES: dict[str, Family] = {
             head_dims={3: 32},
             kv_heads={3: 1},
             turning={3: 0.25},
-            needs="wider global heads (global_head_dim) with fewer KV heads, proportional rotary 0.25 "
-            "(a quarter of each half turns), q/k norm with score scale 1",
+            needs="wider global heads (global_head_dim) with fewer KV heads, proportional rotary "
+            "0.25 (a quarter of each half turns), q/k norm with score scale 1",
         ),
         Family(
             "hunyuan_v1_dense",
             "HunYuanDenseV1Config",
             dict(_BASE, head_dim=16, use_qk_norm=True, rope_parameters=_rp()),
-            needs="q/k RMS norm with a gain after RoPE (read from the forward): q/k taken where they enter the score",
+            needs="q/k RMS norm with a gain after RoPE (read from the forward): q/k taken where "
+            "they enter the score",
         ),
         Family(
             "nanochat",
             "NanoChatConfig",
             dict(_BASE, rope_parameters=_rp()),
-            needs="rotation the other way, q/k RMS norm after RoPE (both read from the forward): q/k taken where "
-            "they enter the score",
+            needs="rotation the other way, q/k RMS norm after RoPE (both read from the forward): "
+            "q/k taken where they enter the score",
         ),
         Family(
             "falcon",
@@ -592,7 +600,8 @@ FAMILIES: dict[str, Family] = {
                 rope_parameters=_rp(),
             ),
             bridge=False,
-            needs="grouped KV heads in a fused qkv (new_decoder_architecture): no bridge, the plain HF model",
+            needs="grouped KV heads in a fused qkv (new_decoder_architecture): no bridge, the "
+            "plain HF model",
         ),
         Family(
             "ministral",
@@ -652,7 +661,8 @@ FAMILIES: dict[str, Family] = {
             ),
             rotary_fraction=0.75,
             bridge=False,
-            needs="multi-head latent attention, 12 rotary dims after 4 no-position ones; the plain HF model",
+            needs="multi-head latent attention, 12 rotary dims after 4 no-position ones; the "
+            "plain HF model",
         ),
     ]
 }
@@ -673,7 +683,8 @@ def family_hf_model(name: str, *, seed: int = 0):
     cls = getattr(transformers, fam.config_class, None)
     if cls is None:
         raise InputError(
-            f"transformers {transformers.__version__} has no {fam.config_class}: upgrade transformers"
+            f"transformers {transformers.__version__} has no {fam.config_class}: upgrade "
+            "transformers"
         )
     cfg = cls(**fam.config)
     with torch.random.fork_rng():
@@ -733,7 +744,8 @@ class FamilyCheck:
 
 @contextlib.contextmanager
 def hf_scores(hf) -> Iterator[dict[int, torch.Tensor]]:
-    """Capture HF's pre-softmax, pre-cap scores q·kᵀ·scaling inside its ``eager_attention_forward``."""
+    """Capture HF's pre-softmax, pre-cap scores q·kᵀ·scaling inside its
+    ``eager_attention_forward``."""
     mod = importlib.import_module(type(hf).__module__)
     orig = getattr(mod, "eager_attention_forward", None)
     out: dict[int, torch.Tensor] = {}
@@ -760,8 +772,9 @@ def hf_scores(hf) -> Iterator[dict[int, torch.Tensor]]:
 
 @contextlib.contextmanager
 def _softmax_inputs(out: dict[int, torch.Tensor]) -> Iterator[None]:
-    """For a family that scores inline (Falcon): what its attention hands ``F.softmax``, per call in layer order.
-    That is the scaled scores plus the additive mask, which is 0 where a key is allowed: the scores there."""
+    """For a family that scores inline (Falcon): what its attention hands ``F.softmax``, per call in
+    layer order. That is the scaled scores plus the additive mask, which is 0 where a key is
+    allowed: the scores there."""
     import torch.nn.functional as F
 
     orig = F.softmax
@@ -848,7 +861,8 @@ def _spec_errors(fam: Family, spec) -> list[str]:
 
 
 def probs_by_layer(probs, spec) -> dict[int, torch.Tensor]:
-    """HF's ``output_attentions`` keyed by layer: a hybrid returns one map per attention layer only, in order."""
+    """HF's ``output_attentions`` keyed by layer: a hybrid returns one map per attention layer only,
+    in order."""
     if probs is None:
         return {}
     layers = range(spec.n_layers) if len(probs) == spec.n_layers else spec.attention_layers
@@ -856,7 +870,8 @@ def probs_by_layer(probs, spec) -> dict[int, torch.Tensor]:
 
 
 def hf_inv_freq(hf, lr) -> torch.Tensor:
-    """The frequencies HF's rotary module holds for this layer (layer-type buffers where it has them)."""
+    """The frequencies HF's rotary module holds for this layer (layer-type buffers where it has
+    them)."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     ltypes = getattr(cfg, "layer_types", None)
     for m in hf.modules():
@@ -870,7 +885,8 @@ def hf_inv_freq(hf, lr) -> torch.Tensor:
 
 
 def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None) -> FamilyCheck:
-    """Load family ``name`` through ``load_model(path)`` and measure ropelens against HF (see module doc)."""
+    """Load family ``name`` through ``load_model(path)`` and measure ropelens against HF (see module
+    doc)."""
     from transformers import AutoModelForCausalLM
 
     fam = _family(name)
@@ -885,7 +901,8 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
         except UnsupportedModelError as e:
             res.refusal = str(e)
             return res
-        try:  # the probe's verdict; the errors below are measured either way (they show what it caught)
+        # the probe's verdict; the errors below are measured either way (they show what it caught)
+        try:
             verify_model(model, spec)
         except UnsupportedModelError as e:
             res.refusal = str(e)
@@ -923,8 +940,9 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
             band = dec.band_patterns(L)[:, :, 0]
             res.band_pattern_err = max(res.band_pattern_err, float((band - probs[L]).abs().max()))
 
-    # One token repeated: every position has the same pre-RoPE query in the first rotary layer (and in
-    # later ones unless something position-dependent, such as a sink, reaches them: those are skipped).
+    # One token repeated: every position has the same pre-RoPE query in the first rotary layer (and
+    # in later ones unless something position-dependent, such as a sink, reaches them: those are
+    # skipped).
     same = torch.full((1, N_CHECK), 7)
     acts = capture_qk(model, same, layers=rotary, which=("q_pre", "q_rot"))
     res.pairing_err = 0.0
@@ -937,8 +955,9 @@ def check_family(name: str, *, seed: int = 0, workdir: str | Path | None = None)
         if float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
             if rotary[0] != L:
                 continue
-            # a hybrid's linear-attention layers before the first attention layer mix positions: its pre-RoPE
-            # queries differ, so the model's rotation is checked from them (captured before and after it)
+            # a hybrid's linear-attention layers before the first attention layer mix positions: its
+            # pre-RoPE queries differ, so the model's rotation is checked from them (captured before
+            # and after it)
             res.pairing_err = max(res.pairing_err, rotation_from_pre(lr, pre, q))
             continue
         res.pairing_err = max(res.pairing_err, rotation_error(lr, q))

@@ -82,8 +82,9 @@ _PERIODS = (
     ("expert_layer_period", "expert_layer_offset"),
 )
 _IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
-# Qwen4-Exp's QSA indexer, unset in its defaults though they make every 4th layer indexed: one key head (required),
-# a head as wide as the attention's (its rotary part must fit), a budget of 4 blocks of 2 keys, under the 24-token input
+# Qwen4-Exp's QSA indexer, unset in its defaults though they make every 4th layer indexed: one key
+# head (required), a head as wide as the attention's (its rotary part must fit), a budget of 4
+# blocks of 2 keys, under the 24-token input
 _INDEXER = {
     "indexer_n_heads": 4,
     "indexer_kv_heads": 1,
@@ -145,7 +146,8 @@ def _per_layer_dicts(d: dict[str, Any], n: int) -> list[str]:
 
 
 def _signature(d: dict[str, Any], n: int, per_layer: list[str], i: int) -> tuple:
-    """What makes layer ``i`` of this config a kind of its own (every field that varies by layer)."""
+    """What makes layer ``i`` of this config a kind of its own (every field that varies by
+    layer)."""
     sig: list[Any] = [repr(d[k][i]) for k in per_layer]
     sig += [i in (d.get(k) or ()) for k in _INDEX_LISTS if isinstance(d.get(k), list)]
     sig += [repr({int(j): v for j, v in d[k].items()}.get(i)) for k in _per_layer_dicts(d, n)]
@@ -167,7 +169,8 @@ def _signature(d: dict[str, Any], n: int, per_layer: list[str], i: int) -> tuple
 
 
 def _select_layers(d: dict[str, Any], n: int, per_layer: list[str], want: int = 4) -> list[int]:
-    """The first layer of every kind, then the next layers in order up to ``want``: the pattern's start, every kind kept."""
+    """The first layer of every kind, then the next layers in order up to ``want``: the pattern's
+    start, every kind kept."""
     seen, first = set(), []
     for i in range(n):
         s = _signature(d, n, per_layer, i)
@@ -228,8 +231,9 @@ def _shrink_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
 
 
 def _scale_widths(v: Any, d: dict[str, Any], out: dict[str, Any]) -> Any:
-    """A per-layer override's widths scaled as the global ones were (Gemma 4: head_dim 512 over 256 → 32 over 16;
-    Dots 3: its sliding layers' head counts and MLA ranks, and the head width those ranks sum to)."""
+    """A per-layer override's widths scaled as the global ones were (Gemma 4: head_dim 512 over 256
+    → 32 over 16; Dots 3: its sliding layers' head counts and MLA ranks, and the head width those
+    ranks sum to)."""
     if not isinstance(v, dict):
         return v
     new = dict(v)
@@ -266,7 +270,8 @@ def _scale_widths(v: Any, d: dict[str, Any], out: dict[str, Any]) -> Any:
 
 
 def _shrink_rope(rp: Any, old_half: int, new_half: int) -> Any:
-    """Rotary parameters whose lists have one entry per frequency (LongRoPE factors, M-RoPE sections) rescaled."""
+    """Rotary parameters whose lists have one entry per frequency (LongRoPE factors, M-RoPE
+    sections) rescaled."""
     if not isinstance(rp, dict):
         return rp
     if all(isinstance(v, dict) for v in rp.values()) and rp:  # per layer type
@@ -515,7 +520,8 @@ def _shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def describe_config(cfg) -> str:
-    """The structure fields the tiny config kept, in one line (layer types, windows, experts, rotary, MLA)."""
+    """The structure fields the tiny config kept, in one line (layer types, windows, experts,
+    rotary, MLA)."""
     d = cfg.get_text_config().to_dict()
     parts = []
     key, n = _n_layers(d)
@@ -552,7 +558,8 @@ _TEMPERATURE_L0 = 8
 
 
 def shrink_config(model_type: str):
-    """The tiny config of ``model_type``: its config class's defaults shrunk (see module doc); raises :class:`NotBuilt`."""
+    """The tiny config of ``model_type``: its config class's defaults shrunk (see module doc);
+    raises :class:`NotBuilt`."""
     from transformers import CONFIG_MAPPING
 
     try:
@@ -570,7 +577,8 @@ def shrink_config(model_type: str):
         tt = d["text_config"]["model_type"]
         if tt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             raise NotBuilt(f"composite config: its text tower is {tt!r} (checked on its own)")
-        # no causal-LM class of its own (Emu3, Mllama): the composite type's class builds the text tower alone
+        # no causal-LM class of its own (Emu3, Mllama): the composite type's class builds the text
+        # tower alone
     small = _shrink_nested(d)
     attn = small.get("attn_config")
     if (
@@ -578,9 +586,10 @@ def shrink_config(model_type: str):
         and "rope_theta" not in attn
         and "rope_theta" in (small.get("rope_parameters") or {})
     ):
-        # DBRX: HF's default config neither builds (its attention stores attn_config.rope_theta, a field its config
-        # class no longer declares) nor runs (clamp(None, None) fails for clip_qkv=None); both are filled as its
-        # checkpoints set them: the base it rotates by (rope_parameters'), and q, k, v clipped to ±8
+        # DBRX: HF's default config neither builds (its attention stores attn_config.rope_theta, a
+        # field its config class no longer declares) nor runs (clamp(None, None) fails for
+        # clip_qkv=None); both are filled as its checkpoints set them: the base it rotates by
+        # (rope_parameters'), and q, k, v clipped to ±8
         attn["rope_theta"] = small["rope_parameters"]["rope_theta"]
         if "clip_qkv" in attn and attn["clip_qkv"] is None:
             attn["clip_qkv"] = _DBRX_CLIP
@@ -590,8 +599,8 @@ def shrink_config(model_type: str):
         and rp.get("llama_4_scaling_beta")
         and rp.get("original_max_position_embeddings")
     ):
-        # a query temperature that starts at L₀ (Ministral 3: 16,384): L₀ = 8, so the sweep's 24-token input
-        # crosses it twice and its β·ln(1 + ⌊m/L₀⌋) is measured, not left at 1
+        # a query temperature that starts at L₀ (Ministral 3: 16,384): L₀ = 8, so the sweep's
+        # 24-token input crosses it twice and its β·ln(1 + ⌊m/L₀⌋) is measured, not left at 1
         rp["original_max_position_embeddings"] = _TEMPERATURE_L0
     try:
         cfg = cls.from_dict(small)
@@ -602,7 +611,8 @@ def shrink_config(model_type: str):
 
 
 def _shrink_nested(d: dict[str, Any]) -> dict[str, Any]:
-    """``d`` shrunk, and each sub-config in it shrunk the same way (DBRX's attention, Phi-4's audio tower, ...)."""
+    """``d`` shrunk, and each sub-config in it shrunk the same way (DBRX's attention, Phi-4's audio
+    tower, ...)."""
     out = _shrink_dict(d)
     out.pop("transformers_version", None)
     for k, v in d.items():

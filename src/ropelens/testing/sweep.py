@@ -1,18 +1,20 @@
-"""An automatic sweep of every RoPE causal LM in the installed transformers, checked like the family matrix.
+"""An automatic sweep of every RoPE causal LM in the installed transformers, checked like the family
+matrix.
 
 :func:`rope_model_types` lists the causal-LM model types whose modeling code applies rotary
-embeddings; :func:`ropelens.testing.shrink.shrink_config` turns a config class's defaults into a tiny config that keeps the
-structure (layer-type patterns, sliding windows cut to at most 8 so a 24-token input is longer than
-any window, a few experts, the partial rotary factor, MLA ranks scaled together, NoPE layers,
-soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding every kind of layer, each
-sub-config of a composite config (DBRX's attention, Moshi's depth decoder, Mllama's vision tower) shrunk alike;
-:func:`check_config` measures ropelens on it against HF's eager attention exactly as
-:func:`ropelens.testing.families.check_family` does, and :func:`classify` gives one status per
-family: ``exact``, ``refused``, ``wrong`` (ropelens gave a number HF disagrees with: a bug),
-``crashed`` (ropelens raised something other than a refusal: a bug), ``unverified``, ``no RoPE``
-(HF's forward rotates nothing, e.g. Jamba's attention layers, and ropelens says so: not a RoPE
-family, though its modeling code defines a rotation) or ``not built`` (where HF's modeling code failed, and
-whether HF's own default config fails the same way: a transformers bug, not the shrinking's).
+embeddings; :func:`ropelens.testing.shrink.shrink_config` turns a config class's defaults into a
+tiny config that keeps the structure (layer-type patterns, sliding windows cut to at most 8 so a
+24-token input is longer than any window, a few experts, the partial rotary factor, MLA ranks scaled
+together, NoPE layers, soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding
+every kind of layer, each sub-config of a composite config (DBRX's attention, Moshi's depth decoder,
+Mllama's vision tower) shrunk alike; :func:`check_config` measures ropelens on it against HF's eager
+attention exactly as :func:`ropelens.testing.families.check_family` does, and :func:`classify` gives
+one status per family: ``exact``, ``refused``, ``wrong`` (ropelens gave a number HF disagrees with:
+a bug), ``crashed`` (ropelens raised something other than a refusal: a bug), ``unverified``, ``no
+RoPE`` (HF's forward rotates nothing, e.g. Jamba's attention layers, and ropelens says so: not a
+RoPE family, though its modeling code defines a rotation) or ``not built`` (where HF's modeling code
+failed, and whether HF's own default config fails the same way: a transformers bug, not the
+shrinking's).
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ __all__ = [
     "table_phase_steps",
 ]
 
-TOL = 1e-4  # float32: captured and HF tensors come from the same ops (errors ~1e-6); a misreading moves them O(1)
+# float32: captured and HF tensors come from the same ops (errors ~1e-6); a misreading moves them
+# O(1)
+TOL = 1e-4
 MAX_PARAMS = (
     20_000_000  # a shrunk config above this kept a full-size width somewhere: not built, say which
 )
@@ -98,7 +102,8 @@ _SHARPEN = (
 
 # Roles of config keys (the canonical names to_dict writes; older families keep their own).
 class NoRope(Exception):
-    """HF's model of this type rotates nothing in its forward, and ropelens says it is not rotary: not a RoPE family."""
+    """HF's model of this type rotates nothing in its forward, and ropelens says it is not rotary:
+    not a RoPE family."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,8 @@ class SweepTarget:
 
 @dataclass
 class SweepRow:
-    """One family's sweep result: its status, the reason or the measured errors, and the structure kept."""
+    """One family's sweep result: its status, the reason or the measured errors, and the structure
+    kept."""
 
     model_type: str
     status: str  # exact | refused | wrong | crashed | unverified | no RoPE | not built
@@ -134,7 +140,8 @@ def _module_source(module: str) -> str:
 
 
 def rope_model_types(only: set[str] | None = None) -> list[SweepTarget]:
-    """Every model type of MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (or of ``only``) whose modeling module applies RoPE."""
+    """Every model type of MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (or of ``only``) whose modeling module
+    applies RoPE."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -153,7 +160,8 @@ def rope_model_types(only: set[str] | None = None) -> list[SweepTarget]:
 
 # ------------------------------------------------------------------------------------ shrinking
 def _hf_model(config, seed: int):
-    """The tiny HF model of ``config`` (eager, float32, q/k weights ×4 so attention is far from uniform)."""
+    """The tiny HF model of ``config`` (eager, float32, q/k weights ×4 so attention is far from
+    uniform)."""
     from transformers import AutoModelForCausalLM
 
     try:
@@ -185,8 +193,9 @@ def _hf_model(config, seed: int):
 
 
 def save_tiny(model_type: str, path: str | Path, *, seed: int = 0) -> Path:
-    """Save the sweep's tiny random model of ``model_type`` (:func:`shrink_config`, attention sharpened) and a
-    tokenizer to ``path``, for ``ropelens.load_model(path)``; raises :class:`NotBuilt` where HF cannot build it."""
+    """Save the sweep's tiny random model of ``model_type`` (:func:`shrink_config`, attention
+    sharpened) and a tokenizer to ``path``, for ``ropelens.load_model(path)``; raises
+    :class:`NotBuilt` where HF cannot build it."""
     path = Path(path)
     config = shrink_config(model_type)
     _save(_hf_model(config, seed), config, path)
@@ -195,8 +204,9 @@ def save_tiny(model_type: str, path: str | Path, *, seed: int = 0) -> Path:
 
 
 def _save(model, config, path: Path) -> None:
-    """Save ``model`` with ``config``: a text tower built alone from a composite config (Mllama, Emu3) keeps the
-    composite config.json, the one its checkpoints carry and the only one AutoModelForCausalLM maps to its class."""
+    """Save ``model`` with ``config``: a text tower built alone from a composite config (Mllama,
+    Emu3) keeps the composite config.json, the one its checkpoints carry and the only one
+    AutoModelForCausalLM maps to its class."""
     model.save_pretrained(path)
     if type(model.config) is not type(config):
         config.architectures = [type(model).__name__]
@@ -204,8 +214,9 @@ def _save(model, config, path: Path) -> None:
 
 
 def _init_failure(config, e: BaseException) -> str:
-    """Why HF cannot build ``config``'s model, in one line: where its modeling code failed, and whether its config
-    class's own defaults fail the same way (a transformers bug, not the shrinking's) or build (the shrinking's)."""
+    """Why HF cannot build ``config``'s model, in one line: where its modeling code failed, and
+    whether its config class's own defaults fail the same way (a transformers bug, not the
+    shrinking's) or build (the shrinking's)."""
     from transformers import AutoModelForCausalLM
 
     frames = [
@@ -223,7 +234,10 @@ def _init_failure(config, e: BaseException) -> str:
             AutoModelForCausalLM.from_config(default, attn_implementation="eager")
     except Exception as d_e:
         if one_line(d_e) != one_line(e):
-            return f"model init fails: {one_line(e)}{where}; HF's default config fails too: {one_line(d_e)}"
+            return (
+                f"model init fails: {one_line(e)}{where}; HF's default config fails too: "
+                f"{one_line(d_e)}"
+            )
         unset = [
             f"{k}={v!r}"
             for k in dict.fromkeys(re.findall(r"config\.(\w+)", code))
@@ -233,7 +247,10 @@ def _init_failure(config, e: BaseException) -> str:
             f"HF's default config does not build: {type(config).__name__}() → {one_line(e)}{where}"
             + (f" (default {', '.join(unset)})" if unset else "")
         )
-    return f"model init fails: {one_line(e)}{where} (HF's default config builds: the shrinking broke it)"
+    return (
+        f"model init fails: {one_line(e)}{where} (HF's default config builds: the shrinking "
+        "broke it)"
+    )
 
 
 def _reference_run(
@@ -394,8 +411,9 @@ def check_config(
 
 @contextlib.contextmanager
 def _hf_rotations(hf) -> Iterator[list[str]]:
-    """Every rotation HF's forward applies, by name: calls of its modeling module's ``apply_rotary*`` functions and
-    forwards of its rotary modules (a family that builds no rotary module and calls no rotation rotates nothing)."""
+    """Every rotation HF's forward applies, by name: calls of its modeling module's
+    ``apply_rotary*`` functions and forwards of its rotary modules (a family that builds no rotary
+    module and calls no rotation rotates nothing)."""
     mod = importlib.import_module(type(hf).__module__)
     seen: list[str] = []
     fns = {n: f for n, f in vars(mod).items() if n.startswith("apply_rotary") and callable(f)}
@@ -424,7 +442,8 @@ def _hf_rotations(hf) -> Iterator[list[str]]:
 
 
 def _no_rotation(hf) -> str:
-    """What a non-rotating HF model has that looks rotary (why its modeling code matched), in a few words."""
+    """What a non-rotating HF model has that looks rotary (why its modeling code matched), in a few
+    words."""
     mod = importlib.import_module(type(hf).__module__)
     fns = sorted(n for n in vars(mod) if n.startswith("apply_rotary"))
     return (
@@ -435,10 +454,10 @@ def _no_rotation(hf) -> str:
 def _with_hf_sinks(
     hf, probs: dict[int, torch.Tensor], scores: dict[int, torch.Tensor]
 ) -> dict[int, torch.Tensor]:
-    """HF's probabilities as its values see them: where a layer's learned sinks are left out of the probabilities it
-    returns (rows summing to 1) and scale its output after the softmax instead (Granite SWA), times HF's own factor
-    ``sigmoid(logsumexp(scores) − sink)``, the log-sum-exp over the allowed keys read at each row's largest entry
-    (``p = exp(s − lse)`` there)."""
+    """HF's probabilities as its values see them: where a layer's learned sinks are left out of the
+    probabilities it returns (rows summing to 1) and scale its output after the softmax instead
+    (Granite SWA), times HF's own factor ``sigmoid(logsumexp(scores) − sink)``, the log-sum-exp over
+    the allowed keys read at each row's largest entry (``p = exp(s − lse)`` there)."""
     sinks = {
         m.layer_idx: m.sinks.detach().float()
         for m in hf.modules()
@@ -460,12 +479,14 @@ def _with_hf_sinks(
 
 
 def table_phase_steps(table: torch.Tensor, n_pos: int = N_CHECK) -> torch.Tensor:
-    """Each plane's angle step from position m to m + 1 (m < ``n_pos``) in a ``[n_pos, 2·half]`` sin|cos table.
+    """Each plane's angle step from position m to m + 1 (m < ``n_pos``) in a ``[n_pos, 2·half]``
+    sin|cos table.
 
     GPT-J and CodeGen keep no ``inv_freq``: their attention holds ``embed_positions``, the table
-    ``[sin(m·θ) | cos(m·θ)]`` that HF's ``create_sinusoidal_positions`` builds and the forward reads.
-    The angle of ``z(m+1)·conj(z(m))`` with ``z = cos + i·sin`` is the step the model rotates a plane
-    by at each of the positions the check runs at: every row equals θ for a rotation at one frequency.
+    ``[sin(m·θ) | cos(m·θ)]`` that HF's ``create_sinusoidal_positions`` builds and the forward
+    reads. The angle of ``z(m+1)·conj(z(m))`` with ``z = cos + i·sin`` is the step the model rotates
+    a plane by at each of the positions the check runs at: every row equals θ for a rotation at one
+    frequency.
     """
     half = table.shape[1] // 2
     t = table[: n_pos + 1].double()
@@ -483,7 +504,8 @@ def _hf_tables(hf) -> list[torch.Tensor]:
 
 
 def _inv_freq_err(hf, spec, rotary: list[int]) -> float:
-    """The spec's frequencies against HF's: its rotary buffers, else the phase steps of its sin|cos tables."""
+    """The spec's frequencies against HF's: its rotary buffers, else the phase steps of its sin|cos
+    tables."""
     try:
         return max(float((spec[i].inv_freq - hf_inv_freq(hf, spec[i])).abs().max()) for i in rotary)
     except (
@@ -499,7 +521,8 @@ def _inv_freq_err(hf, spec, rotary: list[int]) -> float:
         steps = table_phase_steps(tables[i] if len(tables) == spec.n_layers else tables[0])
         if steps.shape[1] != spec[i].inv_freq.numel():
             return math.nan
-        # float32 table: m·θ rounds to ~m·θ·6e-8 ≤ 2e-6 rad for m ≤ 24, so a match is ~1e-6 and a misread θ is O(θ)
+        # float32 table: m·θ rounds to ~m·θ·6e-8 ≤ 2e-6 rad for m ≤ 24, so a match is ~1e-6 and a
+        # misread θ is O(θ)
         err = max(err, float((steps - spec[i].inv_freq.double()).abs().max()))
     return err
 
@@ -518,10 +541,12 @@ _ERRORS = (
 
 
 def classify(check: SweepCheck) -> tuple[str, str]:
-    """One status and its detail: ``refused`` (the refusal's first line), ``exact``, ``wrong`` or ``unverified``.
+    """One status and its detail: ``refused`` (the refusal's first line), ``exact``, ``wrong`` or
+    ``unverified``.
 
-    A variant that rotates off its spec or does not restore the logits bit for bit is ``wrong``; a model without
-    variants (a plain HF model, a one-line refusal) is not a fault: its note is the detail."""
+    A variant that rotates off its spec or does not restore the logits bit for bit is ``wrong``; a
+    model without variants (a plain HF model, a one-line refusal) is not a fault: its note is the
+    detail."""
     if check.refusal is not None:
         return "refused", check.refusal.strip().splitlines()[0]
     errs = {k: getattr(check, k, math.nan) for k in _ERRORS}
@@ -532,7 +557,8 @@ def classify(check: SweepCheck) -> tuple[str, str]:
     if not check.layers_checked:
         return "unverified", "no rotary layer read"
     note = getattr(check, "variant_note", "")
-    # the HF rope-type reference exists only where HF's config takes another rope type for these layers
+    # the HF rope-type reference exists only where HF's config takes another rope type for these
+    # layers
     missing = [
         k
         for k, v in errs.items()
@@ -548,7 +574,8 @@ def classify(check: SweepCheck) -> tuple[str, str]:
 def sweep_one(
     model_type: str, *, seed: int = 0, workdir: str | Path | None = None, report: bool = False
 ) -> SweepRow:
-    """Shrink, build and check ``model_type``; every outcome becomes a row (ropelens's own errors as ``crashed``)."""
+    """Shrink, build and check ``model_type``; every outcome becomes a row (ropelens's own errors as
+    ``crashed``)."""
     row = SweepRow(model_type, "not built")
     try:
         cfg = shrink_config(model_type)

@@ -1,26 +1,29 @@
-"""The sweep's checks past the logits: frequency usage and band statistics against dense references built from
-what HF's eager attention receives, and a RoPE variant with its exact restore.
+"""The sweep's checks past the logits: frequency usage and band statistics against dense references
+built from what HF's eager attention receives, and a RoPE variant with its exact restore.
 
-- **Frequency usage**: :class:`~ropelens.analyses.frequency_usage.UsageReducer` on the post-RoPE q and k against the
-  per-plane norms of the q and k HF's attention function receives (:mod:`ropelens.testing.dense`), averaged
-  over positions and divided by HF's own rotary ``attention_scaling`` (which multiplies its cos and sin),
-  except where a norm after the rotation takes it out again, as ropelens reads.
-- **Band statistics**: :class:`~ropelens.analyses.band_statistics.BandStatsReducer` streamed over the sweep's
-  input against :func:`ropelens.testing.dense.dense_layer_sums` (float64, HF's mask, cap, sinks and
-  attended key). Layers whose mask the model picks at run time (sparse attention's key selection,
-  Llama 4's chunks) refuse band statistics on longer windows, so the input is cut into windows of at
-  most that many tokens, where their mask is causal.
+- **Frequency usage**: :class:`~ropelens.analyses.frequency_usage.UsageReducer` on the post-RoPE q
+  and k against the per-plane norms of the q and k HF's attention function receives
+  (:mod:`ropelens.testing.dense`), averaged over positions and divided by HF's own rotary
+  ``attention_scaling`` (which multiplies its cos and sin), except where a norm after the rotation
+  takes it out again, as ropelens reads.
+- **Band statistics**: :class:`~ropelens.analyses.band_statistics.BandStatsReducer` streamed over
+  the sweep's input against :func:`ropelens.testing.dense.dense_layer_sums` (float64, HF's mask,
+  cap, sinks and attended key). Layers whose mask the model picks at run time (sparse attention's
+  key selection, Llama 4's chunks) refuse band statistics on longer windows, so the input is cut
+  into windows of at most that many tokens, where their mask is causal.
 - **Variant and restore**: p-RoPE (p = 0.5; a base change where a layer has one plane) applied with
-  :func:`ropelens.run.intervene.apply_rope_variant`: on one token repeated the rotated query turns by the
-  variant's frequencies, and the logits after leaving the context equal the ones before, bit for bit.
-  Every engine applies it (a plain HF model and a bridge rotating inside HF's module through :mod:`ropelens.backends.engine`).
-- **Variant against HF's own rope type**: the logits under ``Linear(2)`` (PI) in the layers with default RoPE
-  against HF's own ``"linear"`` rope type, factor 2, set in the config of the same weights (relative): the
-  variant's tables checked against an implementation that shares none of ropelens's code.
+  :func:`ropelens.run.intervene.apply_rope_variant`: on one token repeated the rotated query turns
+  by the variant's frequencies, and the logits after leaving the context equal the ones before, bit
+  for bit. Every engine applies it (a plain HF model and a bridge rotating inside HF's module
+  through :mod:`ropelens.backends.engine`).
+- **Variant against HF's own rope type**: the logits under ``Linear(2)`` (PI) in the layers with
+  default RoPE against HF's own ``"linear"`` rope type, factor 2, set in the config of the same
+  weights (relative): the variant's tables checked against an implementation that shares none of
+  ropelens's code.
 
-The bands' grouping of head dims and the plane pairs come from the spec (in HF's head layout: multi-head
-latent attention puts its rotary dims after the no-position ones); the sweep's rotation check
-(``pairing_err``) holds the pairing against HF's own rotation independently.
+The bands' grouping of head dims and the plane pairs come from the spec (in HF's head layout:
+multi-head latent attention puts its rotary dims after the no-position ones); the sweep's rotation
+check (``pairing_err``) holds the pairing against HF's own rotation independently.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ NO_VARIANTS = "plain HF model: no variants"
 
 @dataclass
 class SweepCheck(FamilyCheck):
-    """:class:`FamilyCheck`'s errors and the sweep's further ones (relative unless said otherwise)."""
+    """:class:`FamilyCheck`'s errors and the sweep's further ones (relative unless said
+    otherwise)."""
 
     usage_err: float = math.nan  # per-plane mean q/k norms vs HF's attention inputs
     band_stats_err: float = math.nan  # every band-statistics sum vs the dense float64 reference
@@ -83,8 +87,9 @@ class SweepCheck(FamilyCheck):
 
 
 def hf_dims(lr, idx: Tensor) -> Tensor:
-    """Head dims as ropelens numbers them (rotary dims first) → as HF's attention receives them (the rotary dims
-    at ``rotary_offset``, after the no-position ones, under multi-head latent attention)."""
+    """Head dims as ropelens numbers them (rotary dims first) → as HF's attention receives them (the
+    rotary dims at ``rotary_offset``, after the no-position ones, under multi-head latent
+    attention)."""
     o, r = lr.rotary_offset, lr.rotary_dim
     if not o:
         return idx
@@ -92,7 +97,8 @@ def hf_dims(lr, idx: Tensor) -> Tensor:
 
 
 def hf_attention_scaling(hf, lr) -> float:
-    """The factor HF's rotary module multiplies its cos and sin by for this layer (1 where it keeps none)."""
+    """The factor HF's rotary module multiplies its cos and sin by for this layer (1 where it keeps
+    none)."""
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     ltypes = getattr(cfg, "layer_types", None)
     for m in hf.modules():
@@ -110,16 +116,17 @@ def hf_attention_scaling(hf, lr) -> float:
 
 
 def static_len(spec, layers: list[int], n: int) -> int:
-    """The longest window (≤ ``n``) on which every layer's mask is built from positions: at most the keys a
-    sparse-attention layer keeps, at most a chunked layer's chunk."""
+    """The longest window (≤ ``n``) on which every layer's mask is built from positions: at most the
+    keys a sparse-attention layer keeps, at most a chunked layer's chunk."""
     return min([n] + [x for L in layers for x in (spec[L].select_keys, spec[L].chunk) if x])
 
 
-# The JS divergence of a row, in float32, carries an absolute error of a few float32 epsilons (~1e-7) whatever its
-# size: the log of each ratio p/m near 1 rounds to ~6e-8, weighted by probabilities summing to 1. Where a band's
-# pattern is nearly the model's (near-uniform attention) the sum itself is ~1e-5 a row, so its relative error is
-# measured against at least JSD_FLOOR per query: 1e-6 a row at the tolerance 1e-4, ten times that rounding, while a
-# wrong mask, cap or sink moves a row's JSD by O(0.1).
+# The JS divergence of a row, in float32, carries an absolute error of a few float32 epsilons
+# (~1e-7) whatever its size: the log of each ratio p/m near 1 rounds to ~6e-8, weighted by
+# probabilities summing to 1. Where a band's pattern is nearly the model's (near-uniform attention)
+# the sum itself is ~1e-5 a row, so its relative error is measured against at least JSD_FLOOR per
+# query: 1e-6 a row at the tolerance 1e-4, ten times that rounding, while a wrong mask, cap or sink
+# moves a row's JSD by O(0.1).
 JSD_FLOOR = 1e-2
 
 
@@ -142,8 +149,9 @@ def sums_error(got: dict[str, Tensor], want: dict[str, Tensor]) -> float:
 def usage_error(
     model, spec, hf, lays: dict[int, HFLayer], toks: Tensor, layers: list[int]
 ) -> float:
-    """Largest relative error of the mean per-plane q and k norms (every head, plane and layer) against the
-    norms of the q and k HF's attention received on ``toks`` (``lays``), its attention scaling divided out."""
+    """Largest relative error of the mean per-plane q and k norms (every head, plane and layer)
+    against the norms of the q and k HF's attention received on ``toks`` (``lays``), its attention
+    scaling divided out."""
     if any(L not in lays for L in layers):
         return math.nan
     red = UsageReducer(spec, layers, source="post", n_sink=0)
@@ -164,8 +172,9 @@ def usage_error(
 
 
 def band_stats_error(model, spec, hf, toks: Tensor, layers: list[int]) -> float:
-    """Largest relative error of every band-statistics sum (one width group at a time) against the dense
-    reference, over ``toks`` cut into windows no layer's model-picked mask reaches past (:func:`static_len`)."""
+    """Largest relative error of every band-statistics sum (one width group at a time) against the
+    dense reference, over ``toks`` cut into windows no layer's model-picked mask reaches past
+    (:func:`static_len`)."""
 
     n = static_len(spec, layers, toks.shape[1])
     rows = toks[0, : toks.shape[1] // n * n].reshape(-1, n)
@@ -196,8 +205,9 @@ def band_stats_error(model, spec, hf, toks: Tensor, layers: list[int]) -> float:
 
 
 def variant_error(model, spec, toks: Tensor, layers: list[int]) -> tuple[float, float, str]:
-    """``(rotation error under the variant, largest |logit change| after leaving it, note)``: p-RoPE with p = 0.5
-    (a base change where the first layer has one plane); NaN and a note where the model has no variants."""
+    """``(rotation error under the variant, largest |logit change| after leaving it, note)``: p-RoPE
+    with p = 0.5 (a base change where the first layer has one plane); NaN and a note where the model
+    has no variants."""
     variant = PRoPE(0.5) if spec[layers[0]].n_planes >= 2 else BaseChange(1e3)
     same = torch.full((1, toks.shape[1]), 7)
     with torch.no_grad():
@@ -224,12 +234,15 @@ def variant_error(model, spec, toks: Tensor, layers: list[int]) -> tuple[float, 
     ):  # equal values, other bits (NaN, −0): still not restored
         restore = math.inf
     err = 0.0
-    for L in layers:  # as the sweep's rotation check: a layer whose pre-RoPE queries vary with position is skipped
+    # as the sweep's rotation check: a layer whose pre-RoPE queries vary with position is skipped
+    for L in layers:
         lr, q, pre = vspec[L], acts[L]["q_rot"][0], acts[L]["q_pre"][0]
         if float((pre - pre[:1]).abs().max()) > 1e-5 * float(pre.abs().max()):
             if (
                 layers[0] == L
-            ):  # a hybrid's mixers before the first attention layer: rotate its own pre-RoPE queries
+                # a hybrid's mixers before the first attention layer: rotate its own pre-RoPE
+                # queries
+            ):
                 err = max(err, rotation_from_pre(lr, pre, q))
             continue
         err = max(err, rotation_error(lr, q))
@@ -237,10 +250,11 @@ def variant_error(model, spec, toks: Tensor, layers: list[int]) -> tuple[float, 
 
 
 def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
-    """Relative max difference of the logits of ``model`` under ``Linear(2)`` in every rotary layer and HF's own
-    ``"linear"`` rope type (factor 2) set in the config of ``hf``'s weights (per layer type where the config has one
-    entry per type; the other rope parameters kept, so a query temperature stays), and ``""``; NaN and why there is
-    no reference where HF's config takes no rope type, HF cannot build the family with it, or its forward ignores it."""
+    """Relative max difference of the logits of ``model`` under ``Linear(2)`` in every rotary layer
+    and HF's own ``"linear"`` rope type (factor 2) set in the config of ``hf``'s weights (per layer
+    type where the config has one entry per type; the other rope parameters kept, so a query
+    temperature stays), and ``""``; NaN and why there is no reference where HF's config takes no
+    rope type, HF cannot build the family with it, or its forward ignores it."""
     import copy
 
     rp = getattr(
@@ -256,7 +270,8 @@ def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
     linear = {"rope_type": "linear", "factor": 2.0}
     per_type = any(isinstance(v, dict) for v in rp.values())
     default = [L for L in spec.rotary_layers if spec[L].rope_type == "default"]
-    # every rope type set to linear; where HF cannot build that (Gemma 4's proportional layers), its default ones only
+    # every rope type set to linear; where HF cannot build that (Gemma 4's proportional layers), its
+    # default ones only
     tries = [(spec.rotary_layers, lambda _: True)]
     if per_type and default and len(default) < len(spec.rotary_layers):
         tries.append((default, lambda v: v.get("rope_type", "default") == "default"))
@@ -281,7 +296,8 @@ def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
             first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
             why = (
                 why
-                or f"no HF reference for PI: HF cannot build it with rope type linear ({type(e).__name__}: {first})"
+                or "no HF reference for PI: HF cannot build it with rope type linear "
+                f"({type(e).__name__}: {first})"
             )
             continue
         if torch.equal(ref, plain):
@@ -296,12 +312,16 @@ def hf_variant_error(model, spec, hf, toks: Tensor) -> tuple[float, str]:
 
 
 def report_status(model) -> str:
-    """``"ok"`` when ``ropelens report --quick`` builds on ``model``, else the first line of what stopped it."""
+    """``"ok"`` when ``ropelens report --quick`` builds on ``model``, else the first line of what
+    stopped it."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
             build_report(model, out=f"{tmp}/report", quick=True, progress=False)
         except Exception as e:
-            return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+            return (
+                f"{type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+            )
     return "ok"

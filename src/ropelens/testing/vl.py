@@ -1,9 +1,11 @@
-"""Tiny random vision-language models with multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen 3.5), and pixel input.
+"""Tiny random vision-language models with multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen
+3.5), and pixel input.
 
 Each text tower keeps its family's real rotary shape: head dim 128 (64 planes) with the published
 ``mrope_section`` ([16, 24, 24] contiguous for Qwen2-VL and Qwen2.5-VL, [24, 20, 20] interleaved for
-Qwen3-VL), and Qwen 3.5's partial rotary 0.25 of head dim 256 with [11, 11, 10] interleaved; everything
-else is shrunk. q/k weights are scaled ×4 (as the family matrix does) so attention is far from uniform.
+Qwen3-VL), and Qwen 3.5's partial rotary 0.25 of head dim 256 with [11, 11, 10] interleaved;
+everything else is shrunk. q/k weights are scaled ×4 (as the family matrix does) so attention is far
+from uniform.
 """
 
 from __future__ import annotations
@@ -125,9 +127,9 @@ VL_FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, Any], tuple[int, int
 
 
 def expected_axes(name: str) -> tuple[int, ...]:
-    """Each plane's axis (0 t, 1 h, 2 w) from the family's published sections, by the documented rule:
-    contiguous sections, highest frequencies first (Qwen2-VL), or interleaved t, h, w, t, h, w, ... with the
-    leftover planes on time (Qwen3-VL)."""
+    """Each plane's axis (0 t, 1 h, 2 w) from the family's published sections, by the documented
+    rule: contiguous sections, highest frequencies first (Qwen2-VL), or interleaved t, h, w, t, h,
+    w, ... with the leftover planes on time (Qwen3-VL)."""
     _, _, _, sections, interleaved = VL_FAMILIES[name]
     n = sum(sections)
     if not interleaved:
@@ -140,8 +142,9 @@ def expected_axes(name: str) -> tuple[int, ...]:
 
 
 def vl_hf_model(name: str, *, seed: int = 0, **vision: Any):
-    """The tiny random HF vision-language model of family ``name`` (eager attention, float32, q/k weights ×4);
-    ``vision`` overrides its vision config (``depth=2``: as many vision blocks as decoder layers)."""
+    """The tiny random HF vision-language model of family ``name`` (eager attention, float32, q/k
+    weights ×4); ``vision`` overrides its vision config (``depth=2``: as many vision blocks as
+    decoder layers)."""
     import transformers
     from transformers import AutoModelForImageTextToText
 
@@ -171,9 +174,9 @@ def vl_hf_model(name: str, *, seed: int = 0, **vision: Any):
 def vl_inputs(
     model, grids: tuple[tuple[int, int, int], ...] = ((1, 4, 6),), *, seed: int = 0, text: int = 5
 ) -> dict[str, torch.Tensor]:
-    """``input_ids`` with ``text`` text tokens, then each image's vision-start, placeholders and vision-end tokens
-    and ``text`` more text tokens, with random ``pixel_values`` and ``image_grid_thw`` (grids in patches: t, h, w;
-    h and w even for the 2×2 merge)."""
+    """``input_ids`` with ``text`` text tokens, then each image's vision-start, placeholders and
+    vision-end tokens and ``text`` more text tokens, with random ``pixel_values`` and
+    ``image_grid_thw`` (grids in patches: t, h, w; h and w even for the 2×2 merge)."""
     vc = model.config.vision_config
     g = torch.Generator().manual_seed(seed)
     ids = [1, *torch.randint(4, 100, (text - 1,), generator=g).tolist()]

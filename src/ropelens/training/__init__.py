@@ -1,1 +1,2 @@
-"""Small models trained from scratch under a RoPE variant, or with learned absolute position embeddings."""
+"""Small models trained from scratch under a RoPE variant, or with learned absolute position
+embeddings."""

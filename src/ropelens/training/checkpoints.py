@@ -1,4 +1,5 @@
-"""Checkpoints along a training run: one HF model directory per step, each loadable by ``ropelens.load_model``.
+"""Checkpoints along a training run: one HF model directory per step, each loadable by
+``ropelens.load_model``.
 
 A trained model's vocabulary is the corpus's tokens relabelled 0 … vocab − 1 (see
 :mod:`ropelens.training.train`), so each checkpoint carries the tokenizer with its ids permuted the
@@ -44,7 +45,8 @@ __all__ = [
 
 
 def _permuted_tokenizer_json(text: str, used: Tensor) -> str:
-    """A tokenizers JSON whose ids are permuted: ``used[i]`` → i, every other id after them in order."""
+    """A tokenizers JSON whose ids are permuted: ``used[i]`` → i, every other id after them in
+    order."""
     d = json.loads(text)
     vocab = d["model"].get("vocab")
     if not isinstance(vocab, dict):
@@ -74,9 +76,10 @@ def _permuted_tokenizer_json(text: str, used: Tensor) -> str:
 class CheckpointWriter:
     """Writes ``step-NNNNNN/`` checkpoints of one training run into ``directory``.
 
-    ``every``: a checkpoint at step 0 (the initialisation), every ``every`` steps and at the last step.
-    ``tokenizer``: the run's tokenizer; ``used``: the original id of each model id (the corpus's tokens).
-    ``rope_theta``: the base the saved config states, whose plain-RoPE frequencies must be the model's.
+    ``every``: a checkpoint at step 0 (the initialisation), every ``every`` steps and at the last
+    step. ``tokenizer``: the run's tokenizer; ``used``: the original id of each model id (the
+    corpus's tokens). ``rope_theta``: the base the saved config states, whose plain-RoPE frequencies
+    must be the model's.
     """
 
     def __init__(
@@ -99,8 +102,8 @@ class CheckpointWriter:
         tj = self._tokenizer_dir / "tokenizer.json"
         if not tj.is_file():
             raise InputError(
-                f"the tokenizer {type(tokenizer).__name__} saves no tokenizer.json: checkpoints need a "
-                "fast (tokenizers) tokenizer"
+                f"the tokenizer {type(tokenizer).__name__} saves no tokenizer.json: checkpoints "
+                "need a fast (tokenizers) tokenizer"
             )
         atomic_write_text(tj, _permuted_tokenizer_json(tj.read_text(), used))
         self.written: list[Path] = []
@@ -146,7 +149,8 @@ class CheckpointWriter:
 
 
 def plain_rope_theta(inv_freq: Tensor, head_dim: int, candidates: Sequence[float]) -> float | None:
-    """The first base in ``candidates`` whose plain RoPE (HF's default rotary) has exactly ``inv_freq``, or None."""
+    """The first base in ``candidates`` whose plain RoPE (HF's default rotary) has exactly
+    ``inv_freq``, or None."""
     for base in candidates:
         plain = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         if plain.shape == inv_freq.shape and torch.equal(plain, inv_freq.float()):

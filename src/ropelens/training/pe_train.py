@@ -1,4 +1,5 @@
-"""Train small GPT-style models with learned absolute position embeddings (Luo & Love, Fig. 7, in small).
+"""Train small GPT-style models with learned absolute position embeddings (Luo & Love, Fig. 7, in
+small).
 
 The model is HF ``GPT2LMHeadModel`` whose ``wpe`` table is the object of study. Each training window
 is BOS + (n_positions − 1) tokens of the embedded English text, fed in one of three orders —
@@ -29,8 +30,16 @@ from ropelens.results.provenance import Provenance
 from ropelens.results.serialize import dump_json, tensor_from_json, tensor_to_json
 from ropelens.training.train import cut_windows, fit, scaled_shape, token_streams
 
-__all__ = ["ORDERS", "Order", "PETrainConfig", "PETrainResult", "build_pe_model", "order_permutation",
-           "reorder", "train_pe_model"]  # fmt: skip
+__all__ = [
+    "ORDERS",
+    "Order",
+    "PETrainConfig",
+    "PETrainResult",
+    "build_pe_model",
+    "order_permutation",
+    "reorder",
+    "train_pe_model",
+]
 
 Order = Literal["forward", "backward", "permuted", "init"]
 ORDERS: tuple[str, ...] = ("forward", "backward", "permuted", "init")
@@ -50,7 +59,8 @@ def _check_order(order: Any) -> str:
 
 @dataclass(frozen=True)
 class PETrainConfig:
-    """Model shape, data and optimisation for one learned-PE model (CPU default ≈ 2 min per order)."""
+    """Model shape, data and optimisation for one learned-PE model (CPU default ≈ 2 min per
+    order)."""
 
     n_positions: int = 256  # rows of the position table; every training window fills all of them
     d_model: int = 64
@@ -101,7 +111,8 @@ class PETrainConfig:
         return self.steps * self.batch_size * self.n_positions
 
     def scaled(self, factor: float) -> PETrainConfig:
-        """Width, depth, steps and positions × ``factor`` (GPU runs); head width and lr unchanged."""
+        """Width, depth, steps and positions × ``factor`` (GPU runs); head width and lr
+        unchanged."""
         shape = scaled_shape(
             self.n_heads, self.d_model // self.n_heads, self.n_layers, self.steps, factor
         )
@@ -182,7 +193,8 @@ class PETrainResult:
 
 
 def build_pe_model(config: PETrainConfig, vocab_size: int):
-    """A seeded, randomly initialised ``GPT2LMHeadModel`` with a learned ``wpe`` of n_positions rows."""
+    """A seeded, randomly initialised ``GPT2LMHeadModel`` with a learned ``wpe`` of n_positions
+    rows."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(
@@ -224,7 +236,8 @@ def reorder(
     """Windows with their tokens fed forward, backward or permuted (``init`` feeds them forward)."""
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
         raise InputError(
-            f"tokens must be a [batch, n_positions] tensor, got {getattr(tokens, 'shape', tokens)!r}"
+            "tokens must be a [batch, n_positions] tensor, got "
+            f"{getattr(tokens, 'shape', tokens)!r}"
         )
     return tokens[:, order_permutation(tokens.shape[1], order, seed)]
 
@@ -255,7 +268,8 @@ def _fit(model, batches: Tensor, config: PETrainConfig) -> list[float]:
 
 
 def train_pe_model(order: Order, config: PETrainConfig | None = None) -> PETrainResult:
-    """Train (or, for ``init``, only build) one learned-PE model; deterministic given order and config."""
+    """Train (or, for ``init``, only build) one learned-PE model; deterministic given order and
+    config."""
     _check_order(order)
     config = PETrainConfig() if config is None else config
     if not isinstance(config, PETrainConfig):

@@ -1,4 +1,5 @@
-"""Train small Llama-style models from scratch under a RoPE variant (Barbero et al. Table 2, in small).
+"""Train small Llama-style models from scratch under a RoPE variant (Barbero et al. Table 2, in
+small).
 
 The model is HF ``LlamaForCausalLM``. The variant enters by overwriting the rotary module's
 ``inv_freq`` and ``original_inv_freq`` after construction: every variant that is one fixed frequency
@@ -68,7 +69,8 @@ _FREQ_VARIANTS = (
 def scaled_shape(
     n_heads: int, head_dim: int, n_layers: int, steps: int, factor: float
 ) -> dict[str, int]:
-    """Heads (so d_model), layers and steps × ``factor``, each at least 1: a config sized up for a GPU."""
+    """Heads (so d_model), layers and steps × ``factor``, each at least 1: a config sized up for a
+    GPU."""
     if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or factor <= 0:
         raise InputError(f"factor must be a positive number, got {factor!r}")
     heads = max(1, round(n_heads * factor))
@@ -82,7 +84,8 @@ def scaled_shape(
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What to train: model shape, data, optimisation and the RoPE variant (CPU default ≈ 10 min)."""
+    """What to train: model shape, data, optimisation and the RoPE variant (CPU default ≈ 10
+    min)."""
 
     d_model: int = 128
     n_layers: int = 4
@@ -133,12 +136,13 @@ class TrainConfig:
             raise InputError(f"lr must be a number in (0, 1), got {self.lr!r} (e.g. 2e-3)")
         if not isinstance(self.variant, RopeVariant):
             raise TypeError(
-                f"variant must be a ropelens.spec.variants object such as PRoPE(0.75), got {self.variant!r}"
+                "variant must be a ropelens.spec.variants object such as PRoPE(0.75), got "
+                f"{self.variant!r}"
             )
         if type(self.variant).__name__ not in _FREQ_VARIANTS:
             raise InputError(
-                f"{self.variant.name} is not one fixed frequency vector, so training cannot bake it into "
-                f"the model: use one of {', '.join(_FREQ_VARIANTS)}"
+                f"{self.variant.name} is not one fixed frequency vector, so training cannot bake "
+                f"it into the model: use one of {', '.join(_FREQ_VARIANTS)}"
             )
         if self.seq_len < 2:
             raise InputError(f"seq_len must be >= 2, got {self.seq_len}")
@@ -149,7 +153,8 @@ class TrainConfig:
         return self.steps * self.batch_size * self.seq_len
 
     def scaled(self, factor: float) -> TrainConfig:
-        """Width (heads), depth and steps × ``factor`` (GPU runs); head_dim, seq_len, lr unchanged."""
+        """Width (heads), depth and steps × ``factor`` (GPU runs); head_dim, seq_len, lr
+        unchanged."""
         return dataclasses.replace(
             self, **scaled_shape(self.n_heads, self.head_dim, self.n_layers, self.steps, factor)
         )
@@ -215,7 +220,8 @@ class TrainResult:
 # model
 # --------------------------------------------------------------------------------------------
 def layer_rope(config: TrainConfig, layer: int = 0) -> LayerRope:
-    """The plain-RoPE spec of one layer of the model ``config`` describes (what variants start from)."""
+    """The plain-RoPE spec of one layer of the model ``config`` describes (what variants start
+    from)."""
     inv = 1.0 / (
         config.rope_theta
         ** (torch.arange(0, config.head_dim, 2, dtype=torch.float) / config.head_dim)
@@ -308,7 +314,8 @@ def _relabelled(
 
 
 def cut_windows(ids: Tensor, n_ctx: int, bos: int, n: int | None = None) -> Int[Tensor, "n n_ctx"]:
-    """Non-overlapping windows of BOS + (n_ctx − 1) tokens, as ropelens.run.data.windows cuts them."""
+    """Non-overlapping windows of BOS + (n_ctx − 1) tokens, as ropelens.run.data.windows cuts
+    them."""
     if ids.numel() < n_ctx - 1:
         raise InputError(
             f"the split has {ids.numel()} tokens, fewer than one window of {n_ctx}: lower seq_len "
@@ -348,13 +355,15 @@ def fit(
     progress: str | None = None,
     on_step: Callable[[int, Any, list[float]], None] | None = None,
 ) -> list[float]:
-    """Train ``model`` in place; returns the loss per step (the one loop every ropelens trainer uses).
+    """Train ``model`` in place; returns the loss per step (the one loop every ropelens trainer
+    uses).
 
     AdamW (β 0.9/0.95, weight decay 0.1), :func:`lr_at`'s schedule, gradient norm clipped at 1, and
     ``batch_size`` windows drawn at random from ``batches`` by a generator seeded with ``seed``: the
-    same arguments give the same numbers. ``loss_fn(model, batch)`` (None: the HF causal-LM loss); pass one that runs a bridge under a RoPE variant to fine-tune through it. ``progress``: a
-    tqdm label, or None for none. ``on_step(steps_done, model, losses)`` runs after every optimiser step (to
-    save checkpoints). Leaves the model in eval mode.
+    same arguments give the same numbers. ``loss_fn(model, batch)`` (None: the HF causal-LM loss);
+    pass one that runs a bridge under a RoPE variant to fine-tune through it. ``progress``: a tqdm
+    label, or None for none. ``on_step(steps_done, model, losses)`` runs after every optimiser step
+    (to save checkpoints). Leaves the model in eval mode.
     """
     loss_fn = loss_fn or _hf_loss
     model.train()
@@ -408,16 +417,18 @@ def train(
     Returns the :class:`TrainResult`, or ``(result, model)`` with ``return_model=True`` (the trained
     HF ``LlamaForCausalLM``, in eval mode).
 
-    ``checkpoint_dir`` and ``checkpoint_every``: save the model at step 0, every ``checkpoint_every`` steps
-    and at the last step, each as ``checkpoint_dir/step-NNNNNN/``, an HF model directory that
-    ``ropelens.load_model`` reads (see :mod:`ropelens.training.checkpoints`). Saving does not change the
-    training: the same config gives the same numbers with or without checkpoints.
+    ``checkpoint_dir`` and ``checkpoint_every``: save the model at step 0, every
+    ``checkpoint_every`` steps and at the last step, each as ``checkpoint_dir/step-NNNNNN/``, an HF
+    model directory that ``ropelens.load_model`` reads (see :mod:`ropelens.training.checkpoints`).
+    Saving does not change the training: the same config gives the same numbers with or without
+    checkpoints.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"expected a TrainConfig, got {type(config).__name__}")
     if (checkpoint_dir is None) != (checkpoint_every is None):
         raise InputError(
-            "pass checkpoint_dir and checkpoint_every together (where to save, and every how many steps)"
+            "pass checkpoint_dir and checkpoint_every together (where to save, and every how "
+            "many steps)"
         )
     if checkpoint_every is not None:
         check_positive_int(checkpoint_every, "checkpoint_every", " (steps between checkpoints)")
@@ -485,8 +496,8 @@ def train(
 def _checkpoint_writer(
     config: TrainConfig, model: Any, used: Tensor, directory: str | os.PathLike[str], every: int
 ) -> CheckpointWriter:
-    """The run's checkpoint writer; refuses a variant an HF config cannot state (its checkpoints would load
-    with other frequencies)."""
+    """The run's checkpoint writer; refuses a variant an HF config cannot state (its checkpoints
+    would load with other frequencies)."""
     base = getattr(config.variant, "base", None)
     inv = model.model.rotary_emb.inv_freq
     theta = plain_rope_theta(

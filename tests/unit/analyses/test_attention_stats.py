@@ -1,5 +1,6 @@
-"""Attention entropy, KL and Jensen–Shannon divergence, matrix entropy: closed forms, the streamed reducer against
-the model's own dense attention pattern, and their place in the context-extension study and its command."""
+"""Attention entropy, KL and Jensen–Shannon divergence, matrix entropy: closed forms, the streamed
+reducer against the model's own dense attention pattern, and their place in the context-extension
+study and its command."""
 
 from __future__ import annotations
 
@@ -111,7 +112,8 @@ def _patterns(model, toks, layers, variant=None):
 
 
 def _dense_means(p, ref):
-    """Per head: mean over rows of −Σ p ln p, of Σ p ln(p/ref), and of the JS divergence, written out in numpy."""
+    """Per head: mean over rows of −Σ p ln p, of Σ p ln(p/ref), and of the JS divergence, written
+    out in numpy."""
     p, ref = p.numpy(), ref.numpy()  # [b, head, q, k]
     with np.errstate(divide="ignore", invalid="ignore"):
         ent = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)
@@ -128,8 +130,8 @@ def _dense_means(p, ref):
     [("llama", YaRN(4.0, 16)), ("llama-gqa", CoPE(4)), ("gemma3", Resonance(2.0, 16))],
 )
 def test_reducer_equals_dense_softmax(family, variant):
-    """Row entropy, KL and JS per head from the streamed q/k equal the same numbers from the model's own pattern
-    (Gemma 3: sliding layers with an 8-token window, a global layer, GQA)."""
+    """Row entropy, KL and JS per head from the streamed q/k equal the same numbers from the model's
+    own pattern (Gemma 3: sliding layers with an 8-token window, a global layer, GQA)."""
     model = tiny_model(family)
     spec = rope_spec(model)
     toks = torch.randint(4, 100, (3, 24), generator=torch.Generator().manual_seed(1))
@@ -225,8 +227,8 @@ def test_new_variants_are_methods_when_asked(ext_model, study):
 
 
 def test_study_attention_equals_dense_softmax(ext_model, study):
-    """The study's per-head KL of YaRN from the unmodified model at the native length, and its entropy past it,
-    equal those of the model's own patterns on the same windows."""
+    """The study's per-head KL of YaRN from the unmodified model at the native length, and its
+    entropy past it, equal those of the model's own patterns on the same windows."""
     st, _ = study
     heads = st.attention_heads_frame()
     layers = rope_spec(ext_model).attention_layers
@@ -254,13 +256,15 @@ def test_attention_table(study):
     df = st.attention_frame().set_index(["method", "length", "kind"])
     assert len(df) == len(NEW) * len(st.lengths)
     assert df.loc[("none", 32, "full"), "kl"] == 0.0 and df.loc[("none", 32, "full"), "js"] == 0.0
-    # dynamic NTK rotates as the model does within the native context: its cell is the unmodified one's
+    # dynamic NTK rotates as the model does within the native context: its cell is the unmodified
+    # one's
     assert df.loc[("dynamic", 32, "full"), "same_as"] == "none"
     assert df.loc[("dynamic", 32, "full"), "entropy"] == df.loc[("none", 32, "full"), "entropy"]
     for m in ("yarn", "resonance", "cope", "fope"):
         assert df.loc[(m, 32, "full"), "kl"] > 0 and df.loc[(m, 32, "full"), "js"] > 0
         assert math.isnan(df.loc[(m, 64, "full"), "kl"])
-    # a random tiny model attends almost evenly: the mean row entropy is close to the mean of ln(m + 1)
+    # a random tiny model attends almost evenly: the mean row entropy is close to the mean of ln(m +
+    # 1)
     for L in st.lengths:
         even = sum(math.log(m + 1) for m in range(L)) / L
         assert df.loc[("none", L, "full"), "entropy"] == pytest.approx(even, abs=0.01)

@@ -3,9 +3,9 @@
 The reducer sees only post-RoPE queries and keys: it rebuilds each layer's scores tile by tile
 (``tile`` queries at a time) and applies the causal mask, sliding window, soft-capping and sinks
 itself. Here every one of its sums is recomputed densely, plainly and independently of that code, by
-:mod:`ropelens.testing.dense` (which imports nothing of ropelens): from the queries, keys, score scale,
-mask, soft-cap and sinks HF's own ``eager_attention_forward`` receives and the probabilities it
-returns, in float64 over full ``[batch, head, q, k]`` tensors; plane pairs come from the family
+:mod:`ropelens.testing.dense` (which imports nothing of ropelens): from the queries, keys, score
+scale, mask, soft-cap and sinks HF's own ``eager_attention_forward`` receives and the probabilities
+it returns, in float64 over full ``[batch, head, q, k]`` tensors; plane pairs come from the family
 record here, not from the spec.
 
 Only the grouping of head dims into bands is taken from ropelens (``Bands.resolve``), and it is
@@ -135,7 +135,8 @@ def _tokens() -> Tensor:
 
 
 def reference(c: Case, runs: list[Tensor]) -> dict[str, Tensor]:
-    """Dense sums over separate unpadded runs (each a ``[b, n]`` token tensor), added up, ``[layer, ...]``."""
+    """Dense sums over separate unpadded runs (each a ``[b, n]`` token tensor), added up, ``[layer,
+    ...]``."""
     return dense_reference(c.hf, runs, c.layers, c.dims, dict.fromkeys(c.layers, c.planes))
 
 
@@ -163,10 +164,12 @@ def assert_sums_match(
     atol=ATOL,
     rel_floor: float = 0.0,
 ) -> None:
-    """Counts (and top-1, a count) exactly, the rest to ``rtol``/``atol``; every mismatching sum is reported.
+    """Counts (and top-1, a count) exactly, the rest to ``rtol``/``atol``; every mismatching sum is
+    reported.
 
-    ``rel_floor`` raises each sum's ``atol`` to that fraction of its largest |value|: a sum that cancels to
-    near 0 keeps the float32 rounding of its largest terms (q/k-normed models with large scores)."""
+    ``rel_floor`` raises each sum's ``atol`` to that fraction of its largest |value|: a sum that
+    cancels to near 0 keeps the float32 rounding of its largest terms (q/k-normed models with large
+    scores)."""
     assert set(want) <= set(got), f"reducer lacks sums {set(want) - set(got)}"
     errors = []
     for key, w in want.items():
@@ -214,16 +217,16 @@ def _reference_cached(c: Case, length: int | None = None) -> dict[str, Tensor]:
 # ============================================================================ tests
 @pytest.fixture(autouse=True)
 def _gram_everywhere(monkeypatch):
-    """Σ y² and Σ y·k from the running Σ k kᵀ wherever a tile has keys all its queries see (the reducer
-    does that only past GRAM_MIN_KEYS such keys: these inputs are shorter)."""
+    """Σ y² and Σ y·k from the running Σ k kᵀ wherever a tile has keys all its queries see (the
+    reducer does that only past GRAM_MIN_KEYS such keys: these inputs are shorter)."""
     monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1)
 
 
 @pytest.mark.parametrize("name", [_case(n) for n in CASES])
 def test_reference_reproduces_hf_attention(name, case):
-    """The reference is right: HF passes the family's windows, cap and sinks; bands partition the head
-    into whole planes; and the summed band logits, through the reference's own mask, cap and sinks,
-    give HF's attention probabilities."""
+    """The reference is right: HF passes the family's windows, cap and sinks; bands partition the
+    head into whole planes; and the summed band logits, through the reference's own mask, cap and
+    sinks, give HF's attention probabilities."""
     c = case(name)
     fam = FAMILIES[CASES[name][0]]
     toks = _tokens()
@@ -281,8 +284,8 @@ DENSE = [(n, t) for n in CASES for t in (TILES if n in ALL_TILES else (5, None))
     ("name", "tile"), [pytest.param(n, t, id=f"{n}-{t}", marks=_case(n).marks) for n, t in DENSE]
 )
 def test_band_sums_match_dense_reference(name, tile, case):
-    """Every streamed sum (abs, cov, margin, top-1, JSD, var, counts, Cauchy–Schwarz) equals the dense
-    reference over the same unpadded two-row batch."""
+    """Every streamed sum (abs, cov, margin, top-1, JSD, var, counts, Cauchy–Schwarz) equals the
+    dense reference over the same unpadded two-row batch."""
     c = case(name)
     assert_sums_match(_full_sums(c, tile), _reference_cached(c), f"{name} tile={tile}")
 
@@ -333,8 +336,9 @@ KEY_TILES = ((5, 3), (7, 8), (1, 1), (16, 13))
     "name", [pytest.param(n, marks=_case(n).marks) for n in ALL_TILES + ("phi",)]
 )
 def test_key_tiles_carry_the_attended_key_across_tiles(name, case):
-    """Rows split over several key tiles (the attended key, its band logits, the band maxima and the
-    sums carried from tile to tile) give the dense reference; without JSD, which needs whole rows."""
+    """Rows split over several key tiles (the attended key, its band logits, the band maxima and
+    the sums carried from tile to tile) give the dense reference; without JSD, which needs whole
+    rows."""
     c = case(name)
     want = {k: v for k, v in _reference_cached(c).items() if k != "jsd"}
     for tile in KEY_TILES:
@@ -354,7 +358,8 @@ def test_key_tiles_carry_the_attended_key_across_tiles(name, case):
     "name", [pytest.param(n, marks=_case(n).marks) for n in ("llama", "gemma3_text", "gpt_oss")]
 )
 def test_scores_alone_give_the_same_sums(name, case, monkeypatch):
-    """With the running Σ k kᵀ off (every Σ y² and Σ y·k from the scores), every tile gives the reference."""
+    """With the running Σ k kᵀ off (every Σ y² and Σ y·k from the scores), every tile gives the
+    reference."""
     monkeypatch.setattr(band_statistics, "GRAM_MIN_KEYS", 1 << 30)
     c = case(name)
     want = {k: v for k, v in _reference_cached(c).items() if k != "jsd"}

@@ -65,7 +65,8 @@ def test_control_planes_are_seeded_distinct_and_matched():
 
 
 def _with_profile(r: BandLocation, profile: torch.Tensor) -> BandLocation:
-    """The same result with the query norms (no-sink scope) replaced by ``profile`` ``[layer, head, plane]``."""
+    """The same result with the query norms (no-sink scope) replaced by ``profile`` ``[layer, head,
+    plane]``."""
     tok = dict(r.usage.token)
     tok[("q", "no_sink")] = Moments(torch.ones_like(profile), profile.clone(), profile**2)
     return replace(r, usage=replace(r.usage, token=tok), intervention=None)

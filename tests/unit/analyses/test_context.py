@@ -60,7 +60,8 @@ def layer(tiny):
 def test_plane_view_frequencies_are_hfs(layer, variant, params):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    # max_position_embeddings = L0: HF's "original" length for dynamic NTK, and L0 < L selects long factors.
+    # max_position_embeddings = L0: HF's "original" length for dynamic NTK, and L0 < L selects long
+    # factors.
     hf = tiny_hf_model(
         "llama", max_position_embeddings=L0, rope_parameters={"rope_theta": 10000.0, **params}
     )

@@ -33,7 +33,8 @@ def tokens(batch=2, seq=SEQ, seed=0):
 
 
 def reference_scores(model, toks, layer):
-    """The model's pre-softmax scores, recomputed from HF internals where the bridge hook is wrong."""
+    """The model's pre-softmax scores, recomputed from HF internals where the bridge hook is
+    wrong."""
     _, cache = model.run_with_cache(toks)
     if ropelens.rope_spec(model).architecture.startswith("GPTJ"):
         return None, cache[
@@ -220,8 +221,8 @@ def test_js_divergence_values():
     assert js_divergence(
         torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
     ).item() == pytest.approx(ln(2), rel=1e-6)
-    # p = (1, 0), q = (½, ½): m = (¾, ¼); KL(p‖m) = ln(4/3), KL(q‖m) = ½ ln(2/3) + ½ ln 2 = ½ ln(4/3)
-    # JSD = ½ (ln(4/3) + ½ ln(4/3)) = ¾ ln(4/3)
+    # p = (1, 0), q = (½, ½): m = (¾, ¼); KL(p‖m) = ln(4/3), KL(q‖m) = ½ ln(2/3) + ½ ln 2 = ½
+    # ln(4/3) JSD = ½ (ln(4/3) + ½ ln(4/3)) = ¾ ln(4/3)
     got = js_divergence(torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5])).item()
     assert got == pytest.approx(0.75 * ln(4 / 3), rel=1e-6)
     # a general pair, written out term by term with numpy, along dim 0 of a [3, 2] batch
@@ -231,7 +232,8 @@ def test_js_divergence_values():
     batch_p, batch_q = torch.tensor(np.stack([p, q], 1)), torch.tensor(np.stack([q, q], 1))
     got = js_divergence(batch_p, batch_q, dim=0)
     assert got.tolist() == pytest.approx([want, 0.0], rel=1e-9, abs=1e-12)
-    # by hand: m = (.4, .3, .3); KL(p‖m) = .2 ln .5 + .5 ln(5/3) = 0.11678, KL(q‖m) = .6 ln 1.5 + .1 ln(1/3) = 0.13342
+    # by hand: m = (.4, .3, .3); KL(p‖m) = .2 ln .5 + .5 ln(5/3) = 0.11678, KL(q‖m) = .6 ln 1.5 + .1
+    # ln(1/3) = 0.13342
     assert want == pytest.approx(0.12510, abs=1e-5)
 
 

@@ -1,4 +1,5 @@
-"""Attention by distance: the streamed per-bin sums against a dense computation, and the curve-shape verdict.
+"""Attention by distance: the streamed per-bin sums against a dense computation, and the curve-shape
+verdict.
 
 The dense reference takes post-RoPE queries and keys from ``capture_qk``, builds every band logit
 as a full ``[batch, head, band, q, k]`` einsum in float64 with the score scale and sliding window
@@ -67,7 +68,8 @@ def _tokens(n: int = N) -> Tensor:
 
 
 def dense(model, hf, toks: Tensor, edges: Tensor, n_sink: int) -> dict[str, Tensor]:
-    """Every per-bin sum, from full ``[q, k]`` tensors: band logits from captured q/k, probabilities from HF."""
+    """Every per-bin sum, from full ``[q, k]`` tensors: band logits from captured q/k, probabilities
+    from HF."""
     spec = rope_spec(model)
     acts = capture_qk(model, toks, which=("q_post", "k_post"))
     with torch.no_grad():
@@ -185,7 +187,8 @@ def test_describe_oscillation_gives_turns_and_envelope():
     pure = rope_decay_constant(torch.tensor([2 * math.pi / 40]), 512)
     assert decay_verdict(pure).verdict == "flat"
     assert describe_curve(pure.mean, pure.distance).shape == "oscillating"
-    # RoPE's constant-vector curve: not "flat", not monotone, an oscillation around a falling midline
+    # RoPE's constant-vector curve: not "flat", not monotone, an oscillation around a falling
+    # midline
     rope = rope_decay_constant(1e5 ** (-torch.arange(32) / 32.0), 512).normalised()
     sh = describe_curve(rope.mean, rope.distance)
     assert (
@@ -216,7 +219,7 @@ def test_describe_log_scale_and_bad_input():
         describe_curve([1, 2, 3], [0, 1, 2], margin=0)
 
 
-# ============================================================================ against the dense reference
+# ====================================================================== against the dense reference
 @pytest.mark.parametrize(
     ("name", "n_sink"),
     [
@@ -273,9 +276,9 @@ def test_right_padding_equals_rows_alone(name, case):
 
 # ============================================================================ a planted U-shape
 def planted(low: float, n: int = 256) -> AttentionByDistance:
-    """One layer, two heads: three high-frequency planes with q = k (a decaying, oscillating Σcos) and one
-    plane turning half a turn over ~300 tokens with q = −k (−cos(δθ) rises with δ): the sum is U-shaped,
-    and the rise comes from the low plane."""
+    """One layer, two heads: three high-frequency planes with q = k (a decaying, oscillating Σcos)
+    and one plane turning half a turn over ~300 tokens with q = −k (−cos(δθ) rises with δ): the sum
+    is U-shaped, and the rise comes from the low plane."""
     theta = torch.tensor([1.0, 0.5, 0.25, math.pi / 300])
     lr = LayerRope(
         layer=0,
@@ -301,7 +304,8 @@ def planted(low: float, n: int = 256) -> AttentionByDistance:
 
 def test_planted_u_shape_is_found_and_blamed_on_the_low_band():
     r = planted(1.5)
-    # the band curves are exact: the low plane gives −c²·cos(δθ), averaged over each bin's n − δ pairs per δ
+    # the band curves are exact: the low plane gives −c²·cos(δθ), averaged over each bin's n − δ
+    # pairs per δ
     d = torch.arange(256, dtype=torch.float64)
     low, pairs = -2.25 * torch.cos(d * math.pi / 300), 256 - d
     e = r.edges
@@ -328,7 +332,7 @@ def test_planted_u_shape_is_found_and_blamed_on_the_low_band():
     assert high_only.describe(0, "logit").shape != "U-shaped" and high_only.u_shape_cause(0) is None
 
 
-# ============================================================================ the entry point and the result
+# =================================================================== the entry point and the result
 def test_entry_point_result_roundtrip_and_merge(case, tmp_path):
     model, _ = case("gemma3")
     toks = torch.randint(4, 101, (4, 24), generator=torch.Generator().manual_seed(1))
@@ -346,7 +350,8 @@ def test_entry_point_result_roundtrip_and_merge(case, tmp_path):
     b = attention_by_distance(model, toks[2:], layers=[0, 3], bands=BANDS, progress=False)
     merged = a.merge(b)
     # each window's terms are float32 (the model's activations) and windows add in float64, so a
-    # batch split moves only float32 rounding inside a window: ~1e-7 relative per term, 1e-5 is ample
+    # batch split moves only float32 rounding inside a window: ~1e-7 relative per term, 1e-5 is
+    # ample
     for key in r.sums:
         torch.testing.assert_close(merged.sums[key], r.sums[key], rtol=1e-5, atol=1e-6)
     assert merged.provenance.n_tokens == r.provenance.n_tokens

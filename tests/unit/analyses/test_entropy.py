@@ -1,4 +1,5 @@
-"""Frequency entropy: the streamed spectral entropy against a plain numpy loop over captured queries."""
+"""Frequency entropy: the streamed spectral entropy against a plain numpy loop over captured
+queries."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from ropelens.testing.families import family_hf_model
 
 
 def _entropy_loop(signal: np.ndarray) -> float:
-    """Normalised spectral entropy written out: mean removed, |DFT|² at k = 1..n//2, −Σ p ln p / ln(n//2)."""
+    """Normalised spectral entropy written out: mean removed, |DFT|² at k = 1..n//2, −Σ p ln p /
+    ln(n//2)."""
     n = len(signal)
     x = signal - signal.mean()
     F = n // 2
@@ -94,7 +96,8 @@ def test_streamed_entropy_matches_a_numpy_loop_over_captured_queries(smollm3, to
                     vals[0].append(_entropy_loop(s))
                     vals[1].append(_entropy_loop(s[perm]))
                 want[:, i, h, p] = np.mean(vals, axis=1)
-    # q is float32 from the model either way; the entropies are float64 sums of ≤ 20 bins: 1e-9 is loose
+    # q is float32 from the model either way; the entropies are float64 sums of ≤ 20 bins: 1e-9 is
+    # loose
     assert result.entropy().numpy() == pytest.approx(want[0], abs=1e-9)
     assert result.entropy(shuffled=True).numpy() == pytest.approx(want[1], abs=1e-9)
     assert int(result.sums["count"].sum()) == 3 * 4 * 4 * 8

@@ -58,8 +58,8 @@ def test_variants_are_set_for_the_factor(model):
 
 
 def test_cells_equal_direct_calls(model, study):
-    """Every loss cell is window_losses under that variant on the same windows; every passkey cell is
-    passkey_retrieval under it (both deterministic on CPU float32: equal exactly)."""
+    """Every loss cell is window_losses under that variant on the same windows; every passkey cell
+    is passkey_retrieval under it (both deterministic on CPU float32: equal exactly)."""
     st, _ = study
     assert st.lengths == (64, 128, 256, 512) and st.passkey_lengths == (256, 512)
     for name in st.methods:
@@ -82,7 +82,8 @@ def test_cells_equal_direct_calls(model, study):
 def test_identity_cells_are_copied_and_marked(study):
     st, _ = study
     df = st.loss_frame().set_index(["method", "length"])
-    # dynamic NTK rotates as the model does within the native context only: its 64-token cell is copied
+    # dynamic NTK rotates as the model does within the native context only: its 64-token cell is
+    # copied
     assert df["same_as"].dropna().to_dict() == {("dynamic", 64): "none"}
     assert df.loc[("dynamic", 64), "loss"] == df.loc[("none", 64), "loss"]
     assert df.loc[("dynamic", 128), "loss"] != df.loc[("none", 128), "loss"]
@@ -253,8 +254,8 @@ def test_longrope_search_must_match_the_study(model):
 
 
 def test_lengths_short_of_the_target_still_give_the_target_findings(model, tmp_path):
-    """Loss measured only below the target (long cells are the costly ones): the predictors' findings still
-    speak of the target, and the page is written."""
+    """Loss measured only below the target (long cells are the costly ones): the predictors'
+    findings still speak of the target, and the page is written."""
     from ropelens.analyses.base_predictions import base_lower_bound
 
     st = E.extension_study(

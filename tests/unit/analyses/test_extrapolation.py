@@ -1,5 +1,5 @@
-"""Critical dimension (Liu et al.) and the lower bound on the base (Men et al.): hand cases, Men et al.'s
-Table 2 checked by direct evaluation of B(m), and the bound search against a plain scan."""
+"""Critical dimension (Liu et al.) and the lower bound on the base (Men et al.): hand cases, Men et
+al.'s Table 2 checked by direct evaluation of B(m), and the bound search against a plain scan."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def _min_b(bases, d: int, n: int) -> np.ndarray:
 
 
 def test_base_bound_is_a_boundary():
-    """At the returned base B(m) ≥ 0 for all m < L and just below it not, by direct evaluation of B."""
+    """At the returned base B(m) ≥ 0 for all m < L and just below it not, by direct evaluation of
+    B."""
     b = base_lower_bound(16, 64)
     assert _min_b(b, 16, 64)[0] >= 0 > _min_b(b * (1 - 3e-4), 16, 64)[0]
     # No smaller feasible base on a fine grid.
@@ -63,7 +64,8 @@ MEN_TABLE_2 = {
 
 
 def test_men_et_al_table_2_checked_directly():
-    """Which published bases keep B(m) ≥ 0 for every m < L (direct float64 evaluation); bound_holds agrees."""
+    """Which published bases keep B(m) ≥ 0 for every m < L (direct float64 evaluation); bound_holds
+    agrees."""
     holds = {n: bool(_min_b(base, 128, n)[0] >= 0) for n, base in MEN_TABLE_2.items()}
     assert holds == {
         1024: True,
@@ -77,13 +79,15 @@ def test_men_et_al_table_2_checked_directly():
     assert {n: bound_holds(base, 128, n) for n, base in MEN_TABLE_2.items()} == holds
 
 
-# (L, the scan's bound to 3 digits, recorded); 1k and 8k are Table 2's to 2 digits, at 2k the table's
-# 1.6e4 holds but is not the smallest, at 32k the table's 6.4e5 violates the bound (B(30929) < 0).
+# (L, the scan's bound to 3 digits, recorded); 1k and 8k are Table 2's to 2 digits, at 2k the
+# table's 1.6e4 holds but is not the smallest, at 32k the table's 6.4e5 violates the bound (B(30929)
+# < 0).
 @pytest.mark.parametrize(
     ("n", "smallest"), [(1024, 4.29e3), (2048, 1.16e4), (8192, 8.38e4), (32768, 6.30e5)]
 )
 def test_base_bound_against_men_et_al_table_2(n, smallest):
-    """base_lower_bound at head dim 128 against Table 2 and a direct evaluation of B at and below it."""
+    """base_lower_bound at head dim 128 against Table 2 and a direct evaluation of B at and below
+    it."""
     b = base_lower_bound(128, n)
     assert float(f"{b:.2e}") == smallest
     assert _min_b(b, 128, n)[0] >= 0 > _min_b(b * (1 - 3e-4), 128, n)[0]
@@ -92,7 +96,8 @@ def test_base_bound_against_men_et_al_table_2(n, smallest):
 
 
 def _first_feasible(bases, d: int, n: int) -> float | None:
-    """The first of ``bases`` (ascending) where B(m) ≥ 0 for every m < n, by direct evaluation; None if none."""
+    """The first of ``bases`` (ascending) where B(m) ≥ 0 for every m < n, by direct evaluation; None
+    if none."""
     for chunk in np.array_split(np.asarray(bases), max(1, len(bases) // 64)):
         ok = np.flatnonzero(_min_b(chunk, d, n) >= 0)
         if ok.size:
@@ -104,7 +109,8 @@ def _first_feasible(bases, d: int, n: int) -> float | None:
 def test_base_bound_finds_islands_a_fine_scan_finds(d, n, grid_answer):
     """Small cases with a feasible island a 200-per-decade grid steps over (the answer it gave is
     recorded): a brute-force scan of every m at bases 2e-5 apart (log) agrees with the exact search,
-    from 1/1.2 of its answer (below the island) up: nothing feasible below it, feasible within one step."""
+    from 1/1.2 of its answer (below the island) up: nothing feasible below it, feasible within one
+    step."""
     b = base_lower_bound(d, n)
     assert b < grid_answer * 0.99  # the island the grid missed
     step = 2e-5
@@ -115,8 +121,8 @@ def test_base_bound_finds_islands_a_fine_scan_finds(d, n, grid_answer):
 
 
 def test_base_bound_finds_narrow_feasible_islands():
-    """At 4k (d 128) the feasible island 26,952–26,973 is the smallest base: B ≥ 0 there, B < 0 a hair
-    below, and a scan 2e-6 apart (log) over the 0.1 % below it finds no feasible base."""
+    """At 4k (d 128) the feasible island 26,952–26,973 is the smallest base: B ≥ 0 there, B < 0 a
+    hair below, and a scan 2e-6 apart (log) over the 0.1 % below it finds no feasible base."""
     b = base_lower_bound(128, 4096)
     assert 26952 <= b <= 26953 and _min_b(26960, 128, 4096)[0] >= 0
     assert _min_b(b, 128, 4096)[0] >= 0 > _min_b(b * (1 - 1e-9), 128, 4096)[0]
@@ -125,8 +131,8 @@ def test_base_bound_finds_narrow_feasible_islands():
 
 @pytest.mark.parametrize(("d", "n"), [(8, 100), (16, 300), (32, 1000)])
 def test_base_bound_agrees_with_a_plain_scan(d, n):
-    """The search agrees with scanning every m at bases 5e-4 apart (log) from 1.01 to 1 % below it, then
-    1e-5 apart to just past it, and with the hinted search's verdict on those bases."""
+    """The search agrees with scanning every m at bases 5e-4 apart (log) from 1.01 to 1 % below it,
+    then 1e-5 apart to just past it, and with the hinted search's verdict on those bases."""
     b = base_lower_bound(d, n)
     coarse = np.exp(np.arange(math.log(1.01), math.log(b / 1.01), 5e-4))
     fine = np.exp(np.arange(math.log(b / 1.01), math.log(b) + 2e-5, 1e-5))

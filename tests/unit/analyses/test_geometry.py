@@ -1,4 +1,5 @@
-"""Position-embedding similarity, periodicity, and RoPE decay curves: closed forms and round trips."""
+"""Position-embedding similarity, periodicity, and RoPE decay curves: closed forms and round
+trips."""
 
 from __future__ import annotations
 

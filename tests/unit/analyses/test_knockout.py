@@ -1,5 +1,6 @@
-"""Knockouts on tiny models: dose 0 is the model itself, whole heads equal ablate_planes, the probe and copy metrics
-against the bridge's own attention patterns and logits, CIs, seeds, the result file, the figure and the command."""
+"""Knockouts on tiny models: dose 0 is the model itself, whole heads equal ablate_planes, the probe
+and copy metrics against the bridge's own attention patterns and logits, CIs, seeds, the result
+file, the figure and the command."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def test_dose_zero_is_the_model_itself(result):
 
 
 def _direct_effect(model, tokens, heads):
-    """Loss effect of zeroing every plane of ``heads``: one ablate_planes call per layer, window_losses directly."""
+    """Loss effect of zeroing every plane of ``heads``: one ablate_planes call per layer,
+    window_losses directly."""
     spec = ropelens.rope_spec(model)
     base = window_losses(model, tokens, progress=False)
     by_layer: dict[int, list[int]] = {}
@@ -88,7 +90,8 @@ def test_whole_head_knockout_equals_ablate_planes_computed_directly(tiny, result
     assert _rows(result, "head", 8, "loss")["estimate"] == pytest.approx(
         direct, rel=1e-9, abs=1e-12
     )
-    # all 8 planes from the highest down are the same planes: the high curve ends at the whole-head value
+    # all 8 planes from the highest down are the same planes: the high curve ends at the whole-head
+    # value
     assert (
         _rows(result, "high", 8, "loss")["estimate"] == _rows(result, "head", 8, "loss")["estimate"]
     )
@@ -104,8 +107,9 @@ def test_whole_head_knockout_on_a_plain_model(tiny_dir):
 
 
 def _pattern_masses(model, tokens, planes):
-    """Mean attention at offsets 0 and 1 (keys from position 1 on) of the probe heads, per window, from the bridge's
-    hook_pattern under the knockout: a forward through the bridge's own attention."""
+    """Mean attention at offsets 0 and 1 (keys from position 1 on) of the probe heads, per
+    window, from the bridge's hook_pattern under the knockout: a forward through the bridge's own
+    attention."""
     with knocked_out(model, planes), torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
     out = {0: [], 1: []}
@@ -139,7 +143,8 @@ def test_probe_matches_the_bridges_attention_patterns(tiny, result):
 
 
 def test_copy_metrics_match_the_bridges_logits(tiny):
-    """copy_nll and copy_accuracy: the digits' teacher-forced loss and top-1 hits, from the bridge's logits."""
+    """copy_nll and copy_accuracy: the digits' teacher-forced loss and top-1 hits, from the bridge's
+    logits."""
     from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
     from ropelens.analyses.retrieval_heads import copy_case
 
@@ -188,7 +193,8 @@ def test_intervals_hold_the_estimate_and_p_values_are_permutation_p_values(resul
 
 
 def test_random_planes_that_are_all_planes_tie_the_set(tiny):
-    """8 random planes of 8 are the 8 highest: every draw ties the set, so p = (1 + 2) / (1 + 2) = 1 exactly."""
+    """8 random planes of 8 are the 8 highest: every draw ties the set, so p = (1 + 2) / (1 + 2) = 1
+    exactly."""
     r = _run(
         tiny("llama-gqa"),
         metrics=("loss",),
@@ -214,7 +220,8 @@ def test_deterministic_under_a_seed_and_changed_by_another(tiny, result):
 
 
 def test_knocked_out_groups_heads_like_ablate_planes(tiny):
-    """knocked_out of two heads sharing a KV head equals one ablate_planes call over both (logits to the bit)."""
+    """knocked_out of two heads sharing a KV head equals one ablate_planes call over both (logits to
+    the bit)."""
     model = tiny("llama-gqa")
     toks = random_tokens(2, 16, 101, 1, 3)
     with torch.no_grad():
@@ -267,8 +274,8 @@ def test_bad_input_is_refused(tiny):
 
 
 def test_named_sets_others_is_the_rest(tiny):
-    """``others`` holds every rotary head in none of the positional, sink and retrieval sets (here: all heads, the
-    tiny model having none of the three, or the complement of those it has)."""
+    """``others`` holds every rotary head in none of the positional, sink and retrieval sets (here:
+    all heads, the tiny model having none of the three, or the complement of those it has)."""
     model = tiny("llama")
     text = random_tokens(2, 32, 101, 1, 0)
     try:

@@ -1,12 +1,13 @@
-"""Multimodal RoPE: the per-axis decomposition of image-and-text attention, checked against HF's eager attention.
+"""Multimodal RoPE: the per-axis decomposition of image-and-text attention, checked against HF's
+eager attention.
 
 Tiny random Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen 3.5 models keep their family's real rotary shape
 (64 planes in [16, 24, 24] contiguous sections, [24, 20, 20] interleaved; Qwen 3.5's 32 planes of a
-256-dim head in [11, 11, 10] interleaved) and run on random pixel input with a few image tokens among
-text. The reference is HF itself: the scores inside its ``eager_attention_forward``, its attention
-probabilities, its rotary's cos/sin and its ``get_rope_index``. All float32: values are O(10) and
-sums run over ≤ 128 dims, so agreement is ~1e-6 relative and 1e-5 leaves room; a wrong axis at image
-tokens is off by O(1e-2) or more.
+256-dim head in [11, 11, 10] interleaved) and run on random pixel input with a few image tokens
+among text. The reference is HF itself: the scores inside its ``eager_attention_forward``, its
+attention probabilities, its rotary's cos/sin and its ``get_rope_index``. All float32: values are
+O(10) and sums run over ≤ 128 dims, so agreement is ~1e-6 relative and 1e-5 leaves room; a wrong
+axis at image tokens is off by O(1e-2) or more.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ def test_axes_read_from_the_model_are_the_published_sections(name):
     ["Qwen2VLTextConfig", "Qwen2_5_VLTextConfig", "Qwen3VLTextConfig", "Qwen3_5TextConfig"],
 )
 def test_documented_labelling_matches_hf_rotary_at_real_sizes(config):
-    """The published defaults (64 planes; Qwen 3.5: 32 of a 256-dim head) under the documented rule reproduce HF's
-    own rotary's cos/sin at random 3-D positions; the h and w sections swapped do not."""
+    """The published defaults (64 planes; Qwen 3.5: 32 of a 256-dim head) under the documented rule
+    reproduce HF's own rotary's cos/sin at random 3-D positions; the h and w sections swapped do
+    not."""
     import transformers
 
     cfg = getattr(transformers, config)()
@@ -153,8 +155,8 @@ def test_position_ids_are_the_ones_the_model_builds(name):
 
 @pytest.mark.parametrize("name", list(VL_FAMILIES))
 def test_rotation_of_pre_rope_q_k_rebuilds_hf_scores_only_with_the_right_axes(name):
-    """Scores made from the pre-RoPE q and k rotated by the spec's 3-D rotation equal HF's; with the h and w
-    planes swapped they do not (a wrong plane-to-axis assignment is caught)."""
+    """Scores made from the pre-RoPE q and k rotated by the spec's 3-D rotation equal HF's; with the
+    h and w planes swapped they do not (a wrong plane-to-axis assignment is caught)."""
     m = _model(name)
     model = as_plain_vl(m)
     spec = rope_spec(model)
@@ -202,8 +204,9 @@ def test_swapped_sections_are_refused(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen3_vl", "qwen3_5"])
 def test_text_only_tower_is_measured_as_1d_rope(name):
-    """Text alone (t = h = w): the plain decomposition equals HF's scores and pattern, and the spec reads the text
-    rotary's frequencies, not the vision tower's (which come first in the module tree)."""
+    """Text alone (t = h = w): the plain decomposition equals HF's scores and pattern, and the spec
+    reads the text rotary's frequencies, not the vision tower's (which come first in the module
+    tree)."""
     m = _model(name)
     model = as_plain_vl(m)
     spec = rope_spec(model)
@@ -227,8 +230,8 @@ def test_text_only_tower_is_measured_as_1d_rope(name):
 
 
 def test_text_tower_found_when_the_vision_tower_is_as_deep():
-    """The vision blocks come first in the module tree: with as many of them as decoder layers, the layers are still
-    the text tower's (head dim 128, not the vision heads' 16)."""
+    """The vision blocks come first in the module tree: with as many of them as decoder layers, the
+    layers are still the text tower's (head dim 128, not the vision heads' 16)."""
     m = vl_hf_model("qwen2_vl", depth=2)
     spec = rope_spec(as_plain_vl(m))
     assert [lr.head_dim for lr in spec.layers] == [128, 128] and spec[0].axes == expected_axes(
@@ -259,7 +262,8 @@ def test_shares_frequencies_and_distance_against_loops():
     assert f.loc["w", "theta_min"] == pytest.approx(float(inv[63]))
     d = dec.by_distance(L)
     pos, mod, pat = dec.position_ids[:, 0], dec.modality[0], dec.pattern(L)[0, h]
-    # causal pairs inside one image (every token from the key to the query is a vision token), one column left
+    # causal pairs inside one image (every token from the key to the query is a vision token), one
+    # column left
     w = dec.band_names(L).index("w")
     pairs = [
         (q, k)

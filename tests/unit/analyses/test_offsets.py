@@ -185,7 +185,8 @@ def test_padding_and_merge():
         halves.append(r.result(Provenance(model="toy", n_tokens=16)))
     merged = halves[0].merge(halves[1])
     want = full.result(Provenance(model="toy"))
-    # the same per-window float32 terms, added in float64 in another order: float64's default tolerance
+    # the same per-window float32 terms, added in float64 in another order: float64's default
+    # tolerance
     for key, v in want.sums.items():
         torch.testing.assert_close(merged.sums[key], v)
     torch.testing.assert_close(merged.q.total, want.q.total)

@@ -135,8 +135,8 @@ def test_scoring_of_a_model_that_always_or_never_answers(right):
 # ----------------------------------------------------------------------------- decoding
 @pytest.mark.parametrize("family", ["llama-gqa", "gemma3"])
 def test_cached_chunked_decoding_equals_full_forwards(tiny, family):
-    """Prefill in chunks into the KV cache, then one token at a time, gives the same greedy tokens as
-    full forwards, unmodified and under a RoPE variant applied through the bridge's hooks."""
+    """Prefill in chunks into the KV cache, then one token at a time, gives the same greedy tokens
+    as full forwards, unmodified and under a RoPE variant applied through the bridge's hooks."""
     model = tiny(family)
     toks = torch.randint(4, 101, (40,), generator=torch.Generator().manual_seed(1))
     toks[0] = 1

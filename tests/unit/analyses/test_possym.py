@@ -1,4 +1,5 @@
-"""Positional vs symbolic heads: hand-built heads are called right, scores equal a plain per-query loop."""
+"""Positional vs symbolic heads: hand-built heads are called right, scores equal a plain per-query
+loop."""
 
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ N_CTX = 20
 
 
 def _handset():
-    """Tiny Llama whose layer-0 head 0 is previous-token by position (plane 0, q/k free of content) and
-    head 1 attends to equal tokens (plane 7, q and k both from the token's angle φ: logit ∝ cos(φ_q − φ_k)).
+    """Tiny Llama whose layer-0 head 0 is previous-token by position (plane 0, q/k free of content)
+    and head 1 attends to equal tokens (plane 7, q and k both from the token's angle φ: logit ∝
+    cos(φ_q − φ_k)).
 
-    Every token embeds as [1, cos φ, sin φ, 0, ...]: constant norm, so after RMSNorm dim 0 is the same
-    for every token."""
+    Every token embeds as [1, cos φ, sin φ, 0, ...]: constant norm, so after RMSNorm dim 0 is the
+    same for every token."""
     hf = tiny_hf_model("llama")
     g = torch.Generator().manual_seed(0)
     vocab = hf.get_input_embeddings().num_embeddings
@@ -45,10 +47,12 @@ def _handset():
         s = 1 / math.sqrt(2 / 64)  # RMSNorm scale of a norm-√2 embedding in 64 dims
         wq, wk = torch.zeros_like(attn.q_proj.weight), torch.zeros_like(attn.k_proj.weight)
         a = 30.0 / s
-        # head 0, plane 0 (dims 0, 8), θ₀ = 1: k = a·(1, 0), q = a·R(−θ₀)(1, 0) ⇒ logit ∝ cos((m−n−1)θ₀)
+        # head 0, plane 0 (dims 0, 8), θ₀ = 1: k = a·(1, 0), q = a·R(−θ₀)(1, 0) ⇒ logit ∝
+        # cos((m−n−1)θ₀)
         wk[0, 0] = a
         wq[0, 0], wq[8, 0] = a * math.cos(1.0), -a * math.sin(1.0)
-        # head 1, plane 7 (dims 7, 15; θ₇ = 10⁴^(−7/8) ≈ 3e-4 rad/token: nearly unrotated over 20 tokens)
+        # head 1, plane 7 (dims 7, 15; θ₇ = 10⁴^(−7/8) ≈ 3e-4 rad/token: nearly unrotated over 20
+        # tokens)
         b = 20.0 / s
         wq[16 + 7, 1], wq[16 + 15, 2] = b, b
         wk[16 + 7, 1], wk[16 + 15, 2] = b, b
@@ -98,8 +102,9 @@ def test_handset_heads_are_called_right(handset_result, measure):
 
 
 def _reference(model, toks: torch.Tensor, seed: int, min_keys: int) -> dict[str, torch.Tensor]:
-    """Per layer, [4, head] means of P/S (logit, attention) from a plain loop over windows, heads and queries,
-    with the permuted keys rotated from the pre-RoPE keys at their new absolute positions."""
+    """Per layer, [4, head] means of P/S (logit, attention) from a plain loop over windows, heads
+    and queries, with the permuted keys rotated from the pre-RoPE keys at their new absolute
+    positions."""
     spec = rope_spec(model)
     acts = capture_qk(model, toks, which=("q_post", "k_pre", "k_post"))
     n = toks.shape[1]
@@ -139,7 +144,8 @@ def _reference(model, toks: torch.Tensor, seed: int, min_keys: int) -> dict[str,
     return out
 
 
-# GQA; sliding windows and a score scale; interleaved partial rotary; soft-capping at 5 (these logits reach 7–10)
+# GQA; sliding windows and a score scale; interleaved partial rotary; soft-capping at 5 (these
+# logits reach 7–10)
 @pytest.mark.parametrize(
     ("family", "overrides"),
     [("llama-gqa", {}), ("gemma3", {}), ("gptj", {}), ("gemma3", {"attn_logit_softcapping": 5.0})],
@@ -147,15 +153,16 @@ def _reference(model, toks: torch.Tensor, seed: int, min_keys: int) -> dict[str,
 def test_scores_equal_plain_loop(family, overrides):
     model = tiny_model(family, seed=1, **overrides)
     toks = _tokens(3, 16, vocab=60, seed=2)
-    # the spec's soft-cap is what the scores apply; the tiny Gemma 3 forward (sdpa) ignores it, so skip verification
+    # the spec's soft-cap is what the scores apply; the tiny Gemma 3 forward (sdpa) ignores it, so
+    # skip verification
     r = positional_symbolic(
         model, toks, n_ctx=16, min_keys=4, seed=3, tile=5, progress=False, verify=not overrides
     )
     ref = _reference(model, toks, seed=3, min_keys=4)
     for li, L in enumerate(r.layers):
         got = torch.stack([*r.scores("logit"), *r.scores("attention")])[:, li]
-        # float32 logits of size ≲ 10 carry ~1e-6 relative error; correlations and softmaxes of ≤ 15 of them
-        # stay within 1e-4 of the float64 loop
+        # float32 logits of size ≲ 10 carry ~1e-6 relative error; correlations and softmaxes of ≤ 15
+        # of them stay within 1e-4 of the float64 loop
         torch.testing.assert_close(got, ref[L], atol=1e-4, rtol=0)
 
 
@@ -174,9 +181,9 @@ def test_roundtrip_merge_and_agreement(handset, handset_result, tmp_path):
     tax = head_taxonomy(handset, _tokens(8, N_CTX), max_offset=6, layers=[0], progress=False)
     ag = agreement(handset_result, tax)
     assert ag.confusion.loc["previous-token", "positional"] == 1
-    # the equal-token head always finds its own token at offset 0, so the taxonomy reads it as diagonal;
-    # moving key contents shows it follows content: flags [T, F, F, F] vs [T, T, F, F] ⇒ p_o = 3/4,
-    # p_e = 1/4·2/4 + 3/4·2/4 = 1/2, κ = (3/4 − 1/2) / (1 − 1/2) = 1/2
+    # the equal-token head always finds its own token at offset 0, so the taxonomy reads it as
+    # diagonal; moving key contents shows it follows content: flags [T, F, F, F] vs [T, T, F, F] ⇒
+    # p_o = 3/4, p_e = 1/4·2/4 + 3/4·2/4 = 1/2, κ = (3/4 − 1/2) / (1 − 1/2) = 1/2
     assert ag.confusion.loc["diagonal", "symbolic"] == 1
     assert ag.positional_calls == pytest.approx(0.25) and ag.positional_taxonomy == pytest.approx(
         0.5

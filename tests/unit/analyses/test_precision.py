@@ -1,11 +1,11 @@
-"""Every corpus reducer on a bfloat16 and a float16 model, against float64 references from the same q and k.
+"""Every corpus reducer on a bfloat16 and a float16 model, against float64 references from the same
+q and k.
 
-The half-precision model runs once per dtype and its q/k are captured (half tensors). Each reducer is
-fed those tensors; its reference is computed densely from the same tensors upcast to float64, by the
-plain formulas of ``test_band_tiles`` (band statistics) and ``test_reducer_placement`` (heads,
-sinks, distance), or written out here (usage, offsets, massive values). The attention pattern of
-the reference is rebuilt in float64 from q and k, not taken from the model's own half-precision
-softmax.
+The half-precision model runs once per dtype and its q/k are captured (half tensors). Each reducer
+is fed those tensors; its reference is computed densely from the same tensors upcast to float64, by
+the plain formulas of ``test_band_tiles`` (band statistics) and ``test_reducer_placement`` (heads,
+sinks, distance), or written out here (usage, offsets, massive values). The attention pattern of the
+reference is rebuilt in float64 from q and k, not taken from the model's own half-precision softmax.
 
 Why the tolerance is float32's, not the half dtype's: bfloat16 (8 significant bits, unit roundoff
 u = 2^-8 ≈ 3.9e-3) and float16 (11 bits, u = 2^-11 ≈ 4.9e-4) both embed exactly in float32 (24 bits)
@@ -17,9 +17,10 @@ product over d = 16 head dims, a row of at most N = 24 keys, a window of N token
 TOL = 2e-5 leaves a factor 5 over the worst case. Rounding any product or sum to the half dtype
 instead costs at least one half-precision rounding of that magnitude, u/2 ≥ 2.4e-4 (float16) and
 1.9e-3 (bfloat16): 12× and 100× over TOL, so the check fails when a reducer computes in the model's
-dtype. On a CUDA device (where present) the reducers run there, TF32 off as PyTorch's default
-leaves it for matmuls, so the same float32 bound holds. Errors are measured against each statistic's scale, the largest magnitude of its summed
-terms (``_scale``), since variances, covariances and margins cancel.
+dtype. On a CUDA device (where present) the reducers run there, TF32 off as PyTorch's default leaves
+it for matmuls, so the same float32 bound holds. Errors are measured against each statistic's scale,
+the largest magnitude of its summed terms (``_scale``), since variances, covariances and margins
+cancel.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ DEVICES = [
 
 @pytest.fixture(scope="module")
 def captured():
-    """``captured(dtype, device)``: (model, spec, {layer: LayerActs}) of the tiny Gemma 3 run in that
-    dtype on that device, captured once."""
+    """``captured(dtype, device)``: (model, spec, {layer: LayerActs}) of the tiny Gemma 3 run in
+    that dtype on that device, captured once."""
     cache: dict = {}
 
     def get(dtype: str, device: str = "cpu"):
@@ -105,7 +106,8 @@ def _sums(red) -> dict[str, Tensor]:
 
 # ============================================================================ float64 references
 def _wide(a: LayerActs) -> LayerActs:
-    """The captured tensors upcast to float64 (exact), with the pattern rebuilt from them in float64."""
+    """The captured tensors upcast to float64 (exact), with the pattern rebuilt from them in
+    float64."""
     t = {k: v.cpu().double() for k, v in a.tensors.items()}
     a = LayerActs(a.layer, a.rope, a.valid.cpu(), t)
     t["pattern"] = _layer(a)[0].probs
@@ -113,7 +115,8 @@ def _wide(a: LayerActs) -> LayerActs:
 
 
 def _layer(a: LayerActs) -> tuple[HFLayer, Tensor]:
-    """The layer as the dense band-statistics reference takes it (float64 q, k, pattern) and its mask."""
+    """The layer as the dense band-statistics reference takes it (float64 q, k, pattern) and its
+    mask."""
     r = a.rope
     q, k = a["q_post"].double().transpose(1, 2), a["k_post"].double().transpose(1, 2)
     sinks = None if r.sinks is None else torch.as_tensor(r.sinks, dtype=torch.float64)
@@ -126,7 +129,8 @@ def _layer(a: LayerActs) -> tuple[HFLayer, Tensor]:
 
 
 def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
-    """The two coordinates of every plane, pairing (i, i + d/2) written out (Gemma 3 rotates halves)."""
+    """The two coordinates of every plane, pairing (i, i + d/2) written out (Gemma 3 rotates
+    halves)."""
     n = x.shape[-1] // 2
     return x[..., :n], x[..., n:]
 
@@ -262,8 +266,9 @@ def _reference(name: str, red, spec: RopeSpec, acts: dict[int, LayerActs]) -> di
 
 
 def _scale(name: str, key: str, want: Tensor, ref_abs: dict[str, Tensor]) -> float:
-    """The magnitude the float32 rounding of statistic ``key`` is relative to: its largest entry, or,
-    where its terms cancel (variance, covariance, margin), the largest of the sums they cancel from."""
+    """The magnitude the float32 rounding of statistic ``key`` is relative to: its largest entry,
+    or, where its terms cancel (variance, covariance, margin), the largest of the sums they cancel
+    from."""
     big = {
         ("band_stats", "var"): "abs_sum",
         ("band_stats", "cov"): "abs_sum",
@@ -298,7 +303,8 @@ def _check(
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", NAMES)
 def test_reducer_on_half_precision_matches_float64_reference(name, dtype, device, captured):
-    """Fed a half-precision model's q and k, every sum equals the float64 reference to float32 rounding."""
+    """Fed a half-precision model's q and k, every sum equals the float64 reference to float32
+    rounding."""
     _, spec, acts = captured(dtype, device)
     red = _reducer(name, spec, spec.rotary_layers)
     for L in spec.rotary_layers:
@@ -313,7 +319,8 @@ def test_reducer_on_half_precision_matches_float64_reference(name, dtype, device
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_streamed_half_model_gives_the_captured_sums(dtype, captured):
-    """Streaming the half model hands the reducer the tensors the capture kept: the sums are identical."""
+    """Streaming the half model hands the reducer the tensors the capture kept: the sums are
+    identical."""
     model, spec, acts = captured(dtype)
     fed, streamed = (
         BandStatsReducer(spec, spec.rotary_layers, BANDS, jsd=True, tile=(5, 3)) for _ in range(2)

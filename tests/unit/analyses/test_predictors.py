@@ -1,5 +1,5 @@
-"""Base predictors: Liu et al.'s critical dimension, extrapolation limit and critical base, Men et al.'s
-bound, tabulated per length, and the loss measured by length they are checked against."""
+"""Base predictors: Liu et al.'s critical dimension, extrapolation limit and critical base, Men et
+al.'s bound, tabulated per length, and the loss measured by length they are checked against."""
 
 from __future__ import annotations
 
@@ -166,7 +166,8 @@ def test_base_predictions_llama2_table(tmp_path):
     assert df["within_t_extra"].tolist() == [True, True, True, False, False]
     assert df.loc[4096, "critical_base"] == pytest.approx(1e4)
     assert df.loc[16384, "critical_base"] == pytest.approx(critical_base(4096, 16384))
-    # Liu's β₀ and T_extra agree on which lengths base 1e4 reaches, up to the critical dimension's rounding
+    # Liu's β₀ and T_extra agree on which lengths base 1e4 reaches, up to the critical dimension's
+    # rounding
     assert df["base_ge_critical"].tolist() == [True, True, False, False, False]
     # Men et al.: 1e4 is below their 4k bound (2.7e4 in their Table 2), so it already fails at 4096
     assert df.loc[4096, "men_lower_bound"] == pytest.approx(base_lower_bound(128, 4096))

@@ -1,4 +1,5 @@
-"""Retrieval heads: copy steps, scores against the bridge's own patterns, plane choice, exact ablation, the result."""
+"""Retrieval heads: copy steps, scores against the bridge's own patterns, plane choice, exact
+ablation, the result."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def _case(length=300, depth=0.5, passkey=KEY):
 
 
 def test_copy_steps_point_at_the_needle():
-    """Each copy step's query predicts a digit of the answer; its sources hold that digit, inside the needle,
-    one per occurrence of the passkey (the needle holds it twice)."""
+    """Each copy step's query predicts a digit of the answer; its sources hold that digit, inside
+    the needle, one per occurrence of the passkey (the needle holds it twice)."""
     tok, p, case = _case()
     ids = case.tokens.tolist()
     assert ids[: p.n_tokens] == p.tokens.tolist()
@@ -49,7 +50,8 @@ def test_copy_steps_point_at_the_needle():
 
 
 def _induction_argmax(ids: list[int], queries) -> torch.Tensor:
-    """A copy head: each query attends to the token after the previous occurrence of its own token."""
+    """A copy head: each query attends to the token after the previous occurrence of its own
+    token."""
     out = []
     for q in queries:
         prev = [i for i in range(q) if ids[i] == ids[q]]
@@ -58,9 +60,9 @@ def _induction_argmax(ids: list[int], queries) -> torch.Tensor:
 
 
 def test_a_copy_head_scores_high_and_a_previous_token_head_zero():
-    """The induction rule copies digits 2-5 from the needle's second passkey (the first digit's query is the
-    answer's space, whose previous occurrence is in the question): 4 of 5. Attending to the previous token or
-    to BOS copies nothing."""
+    """The induction rule copies digits 2-5 from the needle's second passkey (the first digit's
+    query is the answer's space, whose previous occurrence is in the question): 4 of 5. Attending to
+    the previous token or to BOS copies nothing."""
     _, _, case = _case()
     ids = case.tokens.tolist()
     assert copy_scores(_induction_argmax(ids, case.queries), case.sources).item() == 4
@@ -72,8 +74,8 @@ def test_a_copy_head_scores_high_and_a_previous_token_head_zero():
 
 
 def test_scores_equal_a_plain_loop_over_the_bridges_patterns(tiny):
-    """The eager HF capture's argmax keys and hits equal a loop over the bridge's hook_pattern (a separate
-    forward through the bridge's own attention)."""
+    """The eager HF capture's argmax keys and hits equal a loop over the bridge's hook_pattern (a
+    separate forward through the bridge's own attention)."""
     model = tiny("llama-gqa")
     tok = model.tokenizer
     total = None
@@ -101,7 +103,8 @@ def test_scores_equal_a_plain_loop_over_the_bridges_patterns(tiny):
 
 
 def test_lowest_planes_and_seeded_random_control():
-    """The lowest quarter by frequency (not by index); random planes reproduce under a seed, differ across seeds."""
+    """The lowest quarter by frequency (not by index); random planes reproduce under a seed, differ
+    across seeds."""
     inv = torch.tensor([1.0, 0.5, 0.01, 0.25, 0.02, 0.1, 0.05, 0.3])
     assert lowest_planes(inv) == [2, 4]
     assert lowest_planes(inv, 0.5) == [2, 4, 5, 6]
@@ -113,10 +116,11 @@ def test_lowest_planes_and_seeded_random_control():
 
 @pytest.mark.parametrize("chosen", [{(0, 1): (0, 3), (0, 2): (1,)}, {(1, 3): (2,)}])
 def test_ablation_removes_exactly_the_planes_terms_in_the_chosen_heads(tiny, chosen):
-    """Under ablate_head_planes the bridge's logits in the ablated layer equal the unablated ones minus the
-    chosen planes' terms in the chosen heads only (heads 1 and 2 read different KV heads, so k stays); every
-    other head and every earlier layer keeps its logits; the sdpa forward the passkey harness decodes with
-    gives the bridge's logits. (Later layers see a changed residual stream, so they are not compared.)"""
+    """Under ablate_head_planes the bridge's logits in the ablated layer equal the unablated ones
+    minus the chosen planes' terms in the chosen heads only (heads 1 and 2 read different KV heads,
+    so k stays); every other head and every earlier layer keeps its logits; the sdpa forward the
+    passkey harness decodes with gives the bridge's logits. (Later layers see a changed residual
+    stream, so they are not compared.)"""
     from ropelens.backends.sdpa import on_sdpa
 
     model = tiny("llama-gqa")
@@ -149,8 +153,8 @@ def test_ablation_removes_exactly_the_planes_terms_in_the_chosen_heads(tiny, cho
 
 
 def test_retrieval_heads_result_round_trip(tiny, tmp_path):
-    """End to end on a tiny model: scores in [0, 1], top-k heads by score, a quarter of planes in each, the
-    seeded control, three recall conditions; the saved file reads back equal."""
+    """End to end on a tiny model: scores in [0, 1], top-k heads by score, a quarter of planes in
+    each, the seeded control, three recall conditions; the saved file reads back equal."""
     model = tiny("llama-gqa")
     r = retrieval_heads(model, lengths=[300], depths=[0.5], n_trials=1, top_k=3, seed=2)
     spec = ropelens.rope_spec(model)

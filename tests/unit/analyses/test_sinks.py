@@ -1,4 +1,5 @@
-"""Attention sinks: the streamed per-head sums against a dense computation from HF's eager attention.
+"""Attention sinks: the streamed per-head sums against a dense computation from HF's eager
+attention.
 
 The dense reference takes HF's attention probabilities (``output_attentions``: soft-capping and
 learned sinks applied by HF's code) for the attention to position 0, and builds the band logits
@@ -112,12 +113,12 @@ def run(model, data, tile=None, **kw) -> AttentionSinks:
     return red.result(Provenance(model="test"))
 
 
-# ============================================================================ against the dense reference
+# ====================================================================== against the dense reference
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_dense_reference(name, case):
-    """Attention to position 0, share of queries above ε, learned-sink mass, the band decomposition of
-    the sink logit and the key norms equal the dense computation (GQA, sliding windows, soft-capping,
-    learned sinks)."""
+    """Attention to position 0, share of queries above ε, learned-sink mass, the band decomposition
+    of the sink logit and the key norms equal the dense computation (GQA, sliding windows,
+    soft-capping, learned sinks)."""
     model, hf = case(name)
     toks = _tokens()
     r = run(model, [toks])
@@ -175,7 +176,8 @@ def test_tiles_and_padding_do_not_change_sums(case):
 
 
 def test_plane_key_ratio_is_the_usage_sink_ratio(case):
-    """The per-plane key ratio at position 0 is the one frequency usage reports for its sink position."""
+    """The per-plane key ratio at position 0 is the one frequency usage reports for its sink
+    position."""
     model, _ = case("llama-gqa")
     toks = _tokens()
     r = attention_sinks(model, toks, bands=BANDS, progress=False)
@@ -187,8 +189,8 @@ def test_plane_key_ratio_is_the_usage_sink_ratio(case):
 
 # ============================================================================ a planted sink
 def test_planted_sink_is_found_and_blamed_on_its_band():
-    """Key 0 carries a large component in the lowest plane that every query shares; the other keys are
-    random. Every head sinks, and the lowest band holds the sink logit."""
+    """Key 0 carries a large component in the lowest plane that every query shares; the other keys
+    are random. Every head sinks, and the lowest band holds the sink logit."""
     n, d = 64, 8
     theta = torch.tensor([1.0, 0.3, 0.1, 1e-4])
     lr = LayerRope(
@@ -229,7 +231,7 @@ def test_planted_sink_is_found_and_blamed_on_its_band():
     assert "2 of 2 heads (100%) sink" in r.findings()[0].text and "band low" in r.findings()[1].text
 
 
-# ============================================================================ the entry point and the result
+# =================================================================== the entry point and the result
 def test_entry_point_result_roundtrip_and_merge(case, tmp_path):
     model, _ = case("gemma3")
     toks = torch.randint(4, 101, (4, 24), generator=torch.Generator().manual_seed(1))
@@ -240,8 +242,8 @@ def test_entry_point_result_roundtrip_and_merge(case, tmp_path):
     a = attention_sinks(model, toks[:2], bands=BANDS, progress=False)
     b = attention_sinks(model, toks[2:], bands=BANDS, progress=False)
     merged = a.merge(b)
-    # windows add in float64; a batch of 2 against 4 moves only float32 rounding inside the model's kernels
-    # (softmax, matmul: ~1 ulp, 6e-8 relative per term), so 1e-5 leaves two orders of margin
+    # windows add in float64; a batch of 2 against 4 moves only float32 rounding inside the model's
+    # kernels (softmax, matmul: ~1 ulp, 6e-8 relative per term), so 1e-5 leaves two orders of margin
     for key in r.sums:
         torch.testing.assert_close(merged.sums[key], r.sums[key], rtol=1e-5, atol=1e-6)
     r.save(tmp_path / "s.json")
@@ -301,8 +303,8 @@ def test_bad_settings_are_named():
 # ============================================================================ SmolLM2
 @pytest.mark.integration
 def test_smollm2_sink_heads(smollm2):
-    """SmolLM2-135M over two 256-token windows of the embedded English corpus: no head sinks in the first
-    layers, most heads of the upper half do, the lowest band carries their sink logit, and the
+    """SmolLM2-135M over two 256-token windows of the embedded English corpus: no head sinks in the
+    first layers, most heads of the upper half do, the lowest band carries their sink logit, and the
     sink key is smaller than the other keys (ratio below 1), as frequency usage also reports."""
     r = attention_sinks(smollm2, "english", n_ctx=256, max_tokens=512, progress=False)
     share = r.head_share()

@@ -1,4 +1,5 @@
-"""Training trajectories: checkpoints saved by train, hub revisions, the trajectory table, emergence, figure, page and CLI."""
+"""Training trajectories: checkpoints saved by train, hub revisions, the trajectory table,
+emergence, figure, page and CLI."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def _no_debug(monkeypatch):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A tiny model trained for 4 steps with a checkpoint every 2: (directory, result, final model)."""
+    """A tiny model trained for 4 steps with a checkpoint every 2: (directory, result, final
+    model)."""
     d = tmp_path_factory.mktemp("run")
     result, model = train(
         TINY, progress=False, return_model=True, checkpoint_dir=d, checkpoint_every=2
@@ -67,7 +69,7 @@ def _ids():
     return torch.cat([torch.tensor([bos]), train_ids[:31]])[None]
 
 
-# ------------------------------------------------------------------------------------------ load_model(revision=)
+# ---------------------------------------------------------------------------- load_model(revision=)
 def test_revision_refused_for_local_paths_and_embedded_models(tmp_path):
     path = tiny_model_dir("llama", tmp_path / "tiny")
     with pytest.raises(InputError, match="which is a local path"):
@@ -81,7 +83,8 @@ def test_revision_refused_for_local_paths_and_embedded_models(tmp_path):
 
 
 def test_revision_reaches_from_pretrained(monkeypatch):
-    """Both hub routes (the bridge's boot and the plain HF model) are given the revision; the name records it."""
+    """Both hub routes (the bridge's boot and the plain HF model) are given the revision; the name
+    records it."""
     import transformers
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -129,7 +132,7 @@ def test_unknown_revision_is_named(hub):
         load_model("owner/model", revision="step999", device="cpu")
 
 
-# ------------------------------------------------------------------------------------------ checkpoints from train
+# --------------------------------------------------------------------------- checkpoints from train
 def test_train_saves_a_checkpoint_at_step_zero_every_n_and_at_the_end(run):
     d, result, _ = run
     names = sorted(p.name for p in d.iterdir())
@@ -182,7 +185,7 @@ def test_checkpoints_refused_for_a_variant_an_hf_config_cannot_state(tmp_path):
         train(TINY, progress=False, checkpoint_dir=tmp_path)
 
 
-# ------------------------------------------------------------------------------------------ emergence
+# ---------------------------------------------------------------------------------------- emergence
 def _synthetic(values: dict[str, list[float]], steps=(0, 100, 200, 300, 400)) -> Trajectory:
     analysis = {s.metric: s.analysis for s in STRUCTURES}
     recs = tuple(
@@ -242,7 +245,7 @@ def test_trajectory_refuses_unordered_steps():
         )
 
 
-# ------------------------------------------------------------------------------------------ trajectory
+# --------------------------------------------------------------------------------------- trajectory
 def test_trajectory_has_one_model_wide_row_per_checkpoint_and_metric(traj, run):
     d, _, _ = run
     df = traj.to_frame()

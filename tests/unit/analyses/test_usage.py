@@ -38,7 +38,8 @@ HAND = {
 
 
 def raw_hooks(model, toks, names):
-    """Run the model once with our own TransformerLens hooks; return the tensors as [b, pos, head, d]."""
+    """Run the model once with our own TransformerLens hooks; return the tensors as [b, pos, head,
+    d]."""
     kept = {}
 
     def keeper(name):  # keyed by the name we asked for (the bridge may fire it under an alias)
@@ -116,8 +117,9 @@ def test_gemma3_model_rotates_the_normed_hooks_with_half_pairing(tiny):
 
 def test_gptj_post_rope_queries_equal_hf_rotation(tiny):
     """GPT-J fires no post-RoPE hook, so ropelens rotates q/k itself: check its rotated tensors
-    against HF's own GPT-J rotary code applied to the raw hook_q/hook_k (first rotary_dim = 8 dims,
-    adjacent pairs), and that HF's rotation keeps the adjacent-pair norms (so that is the pairing)."""
+    against HF's own GPT-J rotary code applied to the raw hook_q/hook_k (first rotary_dim = 8
+    dims, adjacent pairs), and that HF's rotation keeps the adjacent-pair norms (so that is the
+    pairing)."""
     from transformers.models.gptj.modeling_gptj import (
         apply_rotary_pos_emb,
         create_sinusoidal_positions,
@@ -144,7 +146,8 @@ def test_gptj_post_rope_queries_equal_hf_rotation(tiny):
             )
 
 
-# Planted planes of the tiny GQA Llama (head_dim 16, 8 planes): query head → planes, KV head → planes.
+# Planted planes of the tiny GQA Llama (head_dim 16, 8 planes): query head → planes, KV head →
+# planes.
 PLANT_Q = {0: (0, 5), 1: (2, 7), 2: (3, 4), 3: (1, 6)}
 PLANT_K = {0: (6, 1), 1: (4, 2)}
 
@@ -210,8 +213,9 @@ def test_merged_halves_equal_one_pass(tiny, tmp_path):
     b = frequency_usage(model, toks[3:], progress=False)
     a.save(tmp_path / "a.json")
     merged = FrequencyUsage.load(tmp_path / "a.json").merge(b)
-    # each window's float32 norms do not depend on its batch, and windows add in float64: the merge only
-    # reorders float64 additions (unit roundoff 1.1e-16 times a few dozen terms), so 1e-12 is ample
+    # each window's float32 norms do not depend on its batch, and windows add in float64: the merge
+    # only reorders float64 additions (unit roundoff 1.1e-16 times a few dozen terms), so 1e-12 is
+    # ample
     for key in whole.token:
         for name in ("count", "total", "total_sq"):
             assert torch.allclose(

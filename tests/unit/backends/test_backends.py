@@ -1,8 +1,9 @@
-"""The backends: one per model, chosen once; the handle; and no module outside ``ropelens.backends`` asking which.
+"""The backends: one per model, chosen once; the handle; and no module outside ``ropelens.backends``
+asking which.
 
-A bridge and a plain HF model of the same weights must give the same numbers through every backend method
-(losses, decoding, captures, interventions); the handle's spec must follow the plan in force and the model's
-own rotary buffers, never a stale copy.
+A bridge and a plain HF model of the same weights must give the same numbers through every backend
+method (losses, decoding, captures, interventions); the handle's spec must follow the plan in force
+and the model's own rotary buffers, never a stale copy.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def test_interventions_install_where_the_backend_applies_them(both):
             assert active_plan(model)[-1].n_hooks == (
                 0 if b.name == "hf" else rope_spec(model).n_layers
             )
-    # and the numbers agree: a variant through bridge hooks, and through the engine on the plain model
+    # and the numbers agree: a variant through bridge hooks, and through the engine on the plain
+    # model
     with apply_rope_variant(bridge, PRoPE(0.5)), apply_rope_variant(plain, PRoPE(0.5)):
         a = ropelens.run.evaluate.window_losses(bridge, toks, progress=False, path="bridge")
         c = ropelens.run.evaluate.window_losses(plain, toks, progress=False)

@@ -1,8 +1,10 @@
-"""Interventions on every engine: a plain HF model (no TransformerLens adapter), a bridge whose attention rotates
-inside the HF module, multi-head latent attention, and a bridge that hands (cos, sin) to its attention.
+"""Interventions on every engine: a plain HF model (no TransformerLens adapter), a bridge whose
+attention rotates inside the HF module, multi-head latent attention, and a bridge that hands (cos,
+sin) to its attention.
 
-The reference is independent of ropelens's tables: HF's own implementation of the same rope type (the same weights
-reloaded with ``rope_parameters`` set to it) must give the logits ropelens gives under the variant.
+The reference is independent of ropelens's tables: HF's own implementation of the same rope type
+(the same weights reloaded with ``rope_parameters`` set to it) must give the logits ropelens gives
+under the variant.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from ropelens.run.verify import verify_model
 from ropelens.spec.variants import Linear, YaRN
 from ropelens.testing.sweep import save_tiny
 
-# plain HF model; bridge rotating inside the HF module; MLA (complex product) on the plain model; bridge with (cos, sin)
+# plain HF model; bridge rotating inside the HF module; MLA (complex product) on the plain model;
+# bridge with (cos, sin)
 FAMILIES = ["ministral", "gemma4_text", "deepseek_v2", "llama"]
 SEQ = 24
 
@@ -43,8 +46,8 @@ def _tokens() -> torch.Tensor:
 
 
 def _hf_with(path, **rope) -> torch.nn.Module:
-    """The saved model reloaded by HF with its default rope type replaced (HF computes the tables itself); per layer
-    type (Gemma 4), the layer types with default RoPE only."""
+    """The saved model reloaded by HF with its default rope type replaced (HF computes the tables
+    itself); per layer type (Gemma 4), the layer types with default RoPE only."""
     cfg = AutoConfig.from_pretrained(path)
     text = cfg.get_text_config()
     rp = dict(text.rope_parameters)
@@ -114,8 +117,8 @@ def test_plane_ablation_zeroes_exactly_those_planes(saved, family):
 
 
 def test_the_bridge_forward_applies_an_engine_variant(saved):
-    """A bridge whose attention rotates inside the HF module: its own forward (not only ropelens's captures) runs
-    under the variant, as the HF sdpa forward does."""
+    """A bridge whose attention rotates inside the HF module: its own forward (not only ropelens's
+    captures) runs under the variant, as the HF sdpa forward does."""
     from ropelens.backends.sdpa import on_sdpa
 
     model = ropelens.load_model(str(saved("gemma4_text")), device="cpu")

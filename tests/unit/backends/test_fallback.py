@@ -1,8 +1,9 @@
-"""Models TransformerLens wraps without q/k hooks, and families whose structure the plain path must be taught.
+"""Models TransformerLens wraps without q/k hooks, and families whose structure the plain path must
+be taught.
 
-JetMoE's adapter has no per-head query hook and RecurrentGemma's wraps its attention whole: load_model
-falls back to the plain HF model, which taps the family's own rotation. Every number is checked against
-HF's eager attention on a tiny random model built from the family's config defaults
+JetMoE's adapter has no per-head query hook and RecurrentGemma's wraps its attention whole:
+load_model falls back to the plain HF model, which taps the family's own rotation. Every number is
+checked against HF's eager attention on a tiny random model built from the family's config defaults
 (:func:`ropelens.testing.sweep.shrink_config`).
 """
 
@@ -49,7 +50,8 @@ def _toks(seed: int = 0) -> torch.Tensor:
 
 
 def _exact(model_type: str, tmp_path) -> None:
-    """The sweep's check: spec, rotation, scores and patterns against HF's own (float32: errors ~1e-6, TOL 1e-4)."""
+    """The sweep's check: spec, rotation, scores and patterns against HF's own (float32: errors
+    ~1e-6, TOL 1e-4)."""
     check = check_config(model_type, shrink_config(model_type), workdir=tmp_path)
     status, detail = classify(check)
     assert status == "exact", detail
@@ -69,7 +71,8 @@ def _exact(model_type: str, tmp_path) -> None:
 def test_adapters_without_qk_hooks_fall_back_to_the_plain_model(
     model_type, hookless, tiny_dir, tmp_path
 ):
-    """The bridge boots but cannot give the queries: load_model returns the plain HF model, which passes the probe."""
+    """The bridge boots but cannot give the queries: load_model returns the plain HF model, which
+    passes the probe."""
     model = ropelens.load_model(tiny_dir(model_type), device="cpu")
     assert isinstance(model, PlainModel)
     assert "exposes no per-head query hook for " + hookless in model.cfg.why
@@ -78,8 +81,8 @@ def test_adapters_without_qk_hooks_fall_back_to_the_plain_model(
 
 
 def test_jetmoe_query_heads_read_tiled_keys(tiny_dir):
-    """JetMoE tiles its KV heads once per expert slot (query head h reads key h mod kv_heads): the spec counts each
-    query head's key copy, and the captured keys are HF's rotated keys tiled."""
+    """JetMoE tiles its KV heads once per expert slot (query head h reads key h mod kv_heads): the
+    spec counts each query head's key copy, and the captured keys are HF's rotated keys tiled."""
     model = ropelens.load_model(tiny_dir("jetmoe"), device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(
         tiny_dir("jetmoe"), attn_implementation="eager"
@@ -106,15 +109,16 @@ def test_jetmoe_query_heads_read_tiled_keys(tiny_dir):
     for L, theirs in enumerate(seen):
         assert theirs.shape[1] == cfg.num_key_value_heads
         ours = acts[L]["k_post"].transpose(1, 2)
-        # two float32 forwards of the same weights (the experts' scatter sums in another order): ~4e-8 apart; keys
-        # grouped instead of tiled would differ by O(1)
+        # two float32 forwards of the same weights (the experts' scatter sums in another order):
+        # ~4e-8 apart; keys grouped instead of tiled would differ by O(1)
         torch.testing.assert_close(
             ours, theirs.repeat(1, cfg.num_experts_per_tok, 1, 1), rtol=1e-5, atol=1e-6
         )
 
 
 def test_recurrent_gemma_lists_its_recurrent_layers(tiny_dir):
-    """RecurrentGemma's RG-LRU layers are listed with their kind and class; its local attention is sliding, 8 tokens."""
+    """RecurrentGemma's RG-LRU layers are listed with their kind and class; its local attention is
+    sliding, 8 tokens."""
     spec = rope_spec(ropelens.load_model(tiny_dir("recurrent_gemma"), device="cpu"))
     hf = AutoModelForCausalLM.from_pretrained(tiny_dir("recurrent_gemma")).eval()
     blocks = [type(layer.temporal_block).__name__ for layer in hf.model.layers]
@@ -133,8 +137,8 @@ def test_recurrent_gemma_lists_its_recurrent_layers(tiny_dir):
 
 
 def test_one_tensor_rotation_is_tapped(tiny_dir, tmp_path):
-    """Gemma 4 unified rotates q and k in two calls of apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=2), heads on
-    axis 2: the plain path pairs the calls and measures it exactly."""
+    """Gemma 4 unified rotates q and k in two calls of apply_rotary_pos_emb(x, cos, sin,
+    unsqueeze_dim=2), heads on axis 2: the plain path pairs the calls and measures it exactly."""
     model = ropelens.load_model(tiny_dir("gemma4_unified_text"), device="cpu")
     assert isinstance(model, PlainModel)
     assert verify_model(model).passed
@@ -142,8 +146,9 @@ def test_one_tensor_rotation_is_tapped(tiny_dir, tmp_path):
 
 
 def test_shared_kv_layers_read_their_source_layers_keys(tiny_dir, tmp_path):
-    """Gemma 3n's last layers reuse the post-RoPE keys the last earlier layer of their type stored: ropelens takes
-    them from that layer, also when only the sharing layer is asked for, and they are the keys HF scores with."""
+    """Gemma 3n's last layers reuse the post-RoPE keys the last earlier layer of their type stored:
+    ropelens takes them from that layer, also when only the sharing layer is asked for, and they are
+    the keys HF scores with."""
     hf = AutoModelForCausalLM.from_pretrained(
         tiny_dir("gemma3n_text"), attn_implementation="eager"
     ).eval()
@@ -173,8 +178,8 @@ def test_shared_kv_layers_read_their_source_layers_keys(tiny_dir, tmp_path):
             source
         ]
         torch.testing.assert_close(alone["k_pre"], src["k_pre"], rtol=0, atol=0)
-        # HF's forward and ropelens's plain capture (sdpa beside eager upstream), float32, same weights: ~1e-6 apart;
-        # another layer's keys would be O(1) off
+        # HF's forward and ropelens's plain capture (sdpa beside eager upstream), float32, same
+        # weights: ~1e-6 apart; another layer's keys would be O(1) off
         torch.testing.assert_close(
             alone["k_post"], entered[shared].transpose(1, 2), rtol=1e-4, atol=1e-5
         )
@@ -182,8 +187,9 @@ def test_shared_kv_layers_read_their_source_layers_keys(tiny_dir, tmp_path):
 
 
 def test_attention_sublayers_are_layers(tiny_dir):
-    """LongCat-Flash's decoder layers hold two attention sublayers each; HF numbers them 0..2n-1 (layer_idx, as its
-    cache does), and so does ropelens: layer L is sublayer L % 2 of decoder layer L // 2, read exactly."""
+    """LongCat-Flash's decoder layers hold two attention sublayers each; HF numbers them 0..2n-1
+    (layer_idx, as its cache does), and so does ropelens: layer L is sublayer L % 2 of decoder layer
+    L // 2, read exactly."""
     from ropelens.backends.hf import attention_modules
 
     model = ropelens.load_model(tiny_dir("longcat_flash"), device="cpu")
@@ -200,9 +206,10 @@ def test_attention_sublayers_are_layers(tiny_dir):
 
 
 def test_position_scaled_nope_layers_are_listed_not_measured(tiny_dir):
-    """Beam's full-attention layers rotate nothing and scale each query by a factor of its position that the model
-    passes in: listed as NoPE layers with that factor, left out of every default selection and refused in one line
-    when named; its sliding rotary layers are measured and pass the probe."""
+    """Beam's full-attention layers rotate nothing and scale each query by a factor of its position
+    that the model passes in: listed as NoPE layers with that factor, left out of every default
+    selection and refused in one line when named; its sliding rotary layers are measured and pass
+    the probe."""
     from ropelens.errors import UnsupportedModelError
 
     model = ropelens.load_model(tiny_dir("beam"), device="cpu")
@@ -259,9 +266,10 @@ def _multimodal(kind: str):
     [("gemma3", "Gemma3ForConditionalGeneration"), ("gemma4", "Gemma4ForConditionalGeneration")],
 )
 def test_multimodal_text_towers_are_measured_on_text(kind, arch, tmp_path, monkeypatch):
-    """Gemma 3 and 4 with a vision tower: text-only input, the text tower's RoPE (not the vision tower's), exact.
-    Booting them installs nothing: TransformerLens would pip-install torchvision (and a new torch with it) when the
-    checkpoint's processor cannot load, as here (a tokenizer, no image processor)."""
+    """Gemma 3 and 4 with a vision tower: text-only input, the text tower's RoPE (not the vision
+    tower's), exact. Booting them installs nothing: TransformerLens would pip-install torchvision
+    (and a new torch with it) when the checkpoint's processor cannot load, as here (a tokenizer, no
+    image processor)."""
     import subprocess
 
     installs: list = []
@@ -289,7 +297,8 @@ def test_multimodal_text_towers_are_measured_on_text(kind, arch, tmp_path, monke
 
 
 def test_llama4_multimodal_text_tower_is_measured(tmp_path):
-    """Llama 4 with a vision tower: its text tower's chunked rotary layers, read and verified on text."""
+    """Llama 4 with a vision tower: its text tower's chunked rotary layers, read and verified on
+    text."""
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(
         _multimodal("llama4"), attn_implementation="eager"
@@ -305,8 +314,9 @@ def test_llama4_multimodal_text_tower_is_measured(tmp_path):
 
 
 def test_wrapping_keeps_complex_buffers(tmp_path):
-    """Wrapping Llama 4 with its vision tower casts its float weights to the dtype asked for and leaves the vision
-    rotary's complex frequencies as they are (Module.to(float64) would keep their real part only)."""
+    """Wrapping Llama 4 with its vision tower casts its float weights to the dtype asked for and
+    leaves the vision rotary's complex frequencies as they are (Module.to(float64) would keep their
+    real part only)."""
     from transformers import Llama4ForConditionalGeneration
 
     from ropelens.loading.models import wrap_hf_model

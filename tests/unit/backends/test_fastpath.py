@@ -1,4 +1,5 @@
-"""The fast q/k path (HF forward with sdpa, q/k taken where the model rotates) equals the bridge path."""
+"""The fast q/k path (HF forward with sdpa, q/k taken where the model rotates) equals the bridge
+path."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ SLICED = {"phi", "stablelm"}  # HF rotates a slice of the head there: the bridge
 SLICED |= {
     "gemma4_text"
 }  # HF rotates q and k in separate one-tensor calls there: the bridge path runs
-# no bridge, and the tap declines (a slice of the head; Falcon's keys repeated per query head): the plain HF
-# forward's rotation and attention function run instead
+# no bridge, and the tap declines (a slice of the head; Falcon's keys repeated per query head): the
+# plain HF forward's rotation and attention function run instead
 DECLINED = SLICED | {"persimmon", "falcon"}
-# multi-head latent attention rotates a slice after the no-position dims, the key's slice once for all heads
+# multi-head latent attention rotates a slice after the no-position dims, the key's slice once for
+# all heads
 DECLINED |= {f for f, fam in FAMILIES.items() if fam.config.get("qk_rope_head_dim")}
 DECLINED |= {
     "llama4"
@@ -55,7 +57,8 @@ def test_fast_path_equals_bridge(family, family_model):
 
 
 def test_usage_takes_the_fast_path_and_matches_the_bridge(family_model, monkeypatch):
-    """frequency_usage goes through the fast path batch by batch and equals usage streamed through the bridge."""
+    """frequency_usage goes through the fast path batch by batch and equals usage streamed through
+    the bridge."""
     from ropelens.analyses.frequency_usage import UsageReducer
     from ropelens.run.capture import batches, stream
 
@@ -87,7 +90,8 @@ def test_usage_takes_the_fast_path_and_matches_the_bridge(family_model, monkeypa
 
 
 def test_a_family_that_rotates_a_head_slice_is_tried_once(family_model, monkeypatch):
-    """Phi rotates a slice of each head: the first rotation stops the forward and the verdict is kept."""
+    """Phi rotates a slice of each head: the first rotation stops the forward and the verdict is
+    kept."""
     model, spec = family_model("phi")
     toks = _tokens(3)
     ones = torch.ones_like(toks, dtype=torch.bool)
@@ -141,8 +145,8 @@ def test_the_forward_stops_at_the_last_rotation(family_model):
 
 
 def test_a_family_that_rotates_twice_per_layer_is_refused(tmp_path, monkeypatch):
-    """Each rotation must come from its own layer: a second one inside a layer sends the model to the bridge
-    (counting calls alone would hand layer 1's tensors out as layer 2's)."""
+    """Each rotation must come from its own layer: a second one inside a layer sends the model to
+    the bridge (counting calls alone would hand layer 1's tensors out as layer 2's)."""
     from transformers.models.llama import modeling_llama
 
     model = ropelens.load_model(family_model_dir("llama", tmp_path / "llama"), device="cpu")
@@ -167,8 +171,9 @@ def test_a_family_that_rotates_twice_per_layer_is_refused(tmp_path, monkeypatch)
 
 
 def test_one_host_sync_per_batch(family_model, monkeypatch):
-    """Usage and band statistics streamed on the fast path ask the device one thing per batch (whether it
-    holds padding), alone or through run_windows; with padding, the token count at the end as well."""
+    """Usage and band statistics streamed on the fast path ask the device one thing per batch
+    (whether it holds padding), alone or through run_windows; with padding, the token count at the
+    end as well."""
     import sys
 
     from ropelens.analyses.band_statistics import BandStatsReducer

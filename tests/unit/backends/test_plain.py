@@ -1,9 +1,10 @@
-"""The plain HF model (no TransformerLens bridge): the bridge's numbers, HF's own numbers, one-line refusals.
+"""The plain HF model (no TransformerLens bridge): the bridge's numbers, HF's own numbers, one-line
+refusals.
 
-A Llama loaded both ways must give the same spec, usage and band statistics; families TransformerLens
-cannot wrap load as a :class:`ropelens.backends.hf.PlainModel` and match HF's dense reference
-(``test_families.py`` runs the full matrix on them); everything that needs the bridge's hooks is
-refused in one line naming the architecture.
+A Llama loaded both ways must give the same spec, usage and band statistics; families
+TransformerLens cannot wrap load as a :class:`ropelens.backends.hf.PlainModel` and match HF's dense
+reference (``test_families.py`` runs the full matrix on them); everything that needs the bridge's
+hooks is refused in one line naming the architecture.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ PLAIN = [f for f, fam in FAMILIES.items() if not fam.bridge and fam.refused is N
 
 @pytest.fixture(scope="module")
 def llama_both(family_dir):
-    """The family matrix's Llama loaded through the bridge and as the plain HF model, from one directory."""
+    """The family matrix's Llama loaded through the bridge and as the plain HF model, from one
+    directory."""
     path = family_dir("llama")
     return ropelens.load_model(path, device="cpu"), ropelens.load_model(
         path, device="cpu", bridge=False
@@ -42,7 +44,8 @@ def _tokens(seed: int = 1) -> torch.Tensor:
 
 
 def test_plain_llama_reads_and_measures_as_the_bridge(llama_both):
-    """Same spec, logits, frequency usage and band statistics through the bridge and on the plain HF model."""
+    """Same spec, logits, frequency usage and band statistics through the bridge and on the plain HF
+    model."""
     bridge, plain = llama_both
     assert not is_plain(bridge) and is_plain(plain)
     assert (
@@ -52,12 +55,14 @@ def test_plain_llama_reads_and_measures_as_the_bridge(llama_both):
     assert rope_spec(plain).to_json() == rope_spec(bridge).to_json()
     assert verify_model(plain).passed
     toks = _tokens()
-    # float32 forwards of the same weights (sdpa on the plain model, eager in the bridge): ~1e-6 apart
+    # float32 forwards of the same weights (sdpa on the plain model, eager in the bridge): ~1e-6
+    # apart
     torch.testing.assert_close(plain(toks), bridge(toks), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(plain.to_tokens("The cat sat."), bridge.to_tokens("The cat sat."))
     u_p = ropelens.analyses.frequency_usage(plain, toks, progress=False, n_sink=0)
     u_b = ropelens.analyses.frequency_usage(bridge, toks, progress=False, n_sink=0)
-    # both read q and k from the same HF forward (the fast path): float64 sums of the same float32 numbers
+    # both read q and k from the same HF forward (the fast path): float64 sums of the same float32
+    # numbers
     torch.testing.assert_close(u_p.q_norm, u_b.q_norm, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(u_p.k_norm, u_b.k_norm, rtol=1e-6, atol=1e-7)
     s_p = ropelens.analyses.band_statistics(
@@ -79,7 +84,8 @@ def test_plain_llama_reads_and_measures_as_the_bridge(llama_both):
 
 
 def test_plain_patterns_are_the_bridges(llama_both):
-    """attention_decomposition (q, k and the pattern, from the plain forward's attention function) equals the bridge's."""
+    """attention_decomposition (q, k and the pattern, from the plain forward's attention function)
+    equals the bridge's."""
     bridge, plain = llama_both
     toks = _tokens(2)[:1]
     d_p, d_b = (
@@ -94,7 +100,8 @@ def test_plain_patterns_are_the_bridges(llama_both):
 
 @pytest.mark.parametrize("family", PLAIN)
 def test_families_without_an_adapter_load_as_the_plain_model(family, family_dir):
-    """TransformerLens cannot wrap them: load_model returns the plain HF model, which passes the probe."""
+    """TransformerLens cannot wrap them: load_model returns the plain HF model, which passes the
+    probe."""
     model = ropelens.load_model(family_dir(family), device="cpu")
     assert isinstance(model, PlainModel)
     assert verify_model(model).passed
@@ -102,8 +109,8 @@ def test_families_without_an_adapter_load_as_the_plain_model(family, family_dir)
 
 
 def test_falcon_keys_are_its_kv_heads(family_dir):
-    """Falcon broadcasts each group's key to its query heads; ropelens keeps one key per KV head, and query head h
-    reads group h // group size, as HF's own broadcast does."""
+    """Falcon broadcasts each group's key to its query heads; ropelens keeps one key per KV head,
+    and query head h reads group h // group size, as HF's own broadcast does."""
     model = ropelens.load_model(family_dir("falcon"), device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(
         family_dir("falcon"), attn_implementation="eager"
@@ -143,8 +150,9 @@ def _one_line(err: pytest.ExceptionInfo, arch: str) -> str:
 
 
 def test_transformerlens_hook_points_are_refused_in_one_line(family_dir):
-    """A plain model runs every ropelens intervention on the engine (tests/unit/backends/test_engine.py); only TransformerLens's
-    own surface (hook points, run_with_cache) needs the bridge: one line naming the architecture."""
+    """A plain model runs every ropelens intervention on the engine
+    (tests/unit/backends/test_engine.py); only TransformerLens's own surface (hook points,
+    run_with_cache) needs the bridge: one line naming the architecture."""
     from ropelens.run.intervene import apply_rope_variant
     from ropelens.spec.variants import PRoPE
 
@@ -159,8 +167,8 @@ def test_transformerlens_hook_points_are_refused_in_one_line(family_dir):
 
 
 def test_refusals_name_what_cannot_be_measured(family_dir):
-    """DiffLlama (two softmax maps subtracted) is refused by rope_spec (MiniCPM3's latent attention is measured:
-    tests/unit/spec/test_mla.py)."""
+    """DiffLlama (two softmax maps subtracted) is refused by rope_spec (MiniCPM3's latent attention
+    is measured: tests/unit/spec/test_mla.py)."""
     for family, why in (("diffllama", "differential attention"),):
         model = ropelens.load_model(family_dir(family), device="cpu")
         with pytest.raises(UnsupportedModelError, match=why):
@@ -170,7 +178,8 @@ def test_refusals_name_what_cannot_be_measured(family_dir):
 
 
 def _sink_attention(fn_module: str, sinks: torch.Tensor):
-    """Run ``fn_module``'s eager attention on random q/k/v (4 heads over 2 KV heads, causal): module, value, output."""
+    """Run ``fn_module``'s eager attention on random q/k/v (4 heads over 2 KV heads, causal):
+    module, value, output."""
     from types import SimpleNamespace
 
     fn = importlib.import_module(f"transformers.models.{fn_module}").eager_attention_forward
@@ -182,8 +191,9 @@ def _sink_attention(fn_module: str, sinks: torch.Tensor):
 
 
 def test_sinks_applied_after_the_softmax_are_in_the_mixed_weights():
-    """Granite SWA returns the softmax without its sinks and scales the output by sigmoid(lse − sink); the weights its
-    values see are the softmax with one extra logit per head, written out here (as gpt-oss returns them)."""
+    """Granite SWA returns the softmax without its sinks and scales the output by sigmoid(lse −
+    sink); the weights its values see are the softmax with one extra logit per head, written out
+    here (as gpt-oss returns them)."""
     from ropelens.backends.hf import mixed_weights
 
     sinks = torch.tensor([-1.0, 0.5, 2.0, 4.0])

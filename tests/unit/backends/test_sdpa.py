@@ -1,5 +1,5 @@
-"""RoPE variants, plane ablations and massive-value replacement on the HF sdpa forward equal the bridge's,
-restore exactly, decode with a KV cache and honour the rotation direction."""
+"""RoPE variants, plane ablations and massive-value replacement on the HF sdpa forward equal the
+bridge's, restore exactly, decode with a KV cache and honour the rotation direction."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ FAMILIES = [
     "smollm3",
 ]  # GQA, windows, local/global, partial, NoPE layers
 VARIANTS = [PRoPE(0.5), YaRN(4.0, 8), NoPE(), PlaneMask((0, 2))]
-# float32 forwards of a 4-layer model; sdpa and the bridge's eager attention sum in different orders, ~1e-6 apart
+# float32 forwards of a 4-layer model; sdpa and the bridge's eager attention sum in different
+# orders, ~1e-6 apart
 TOL = 1e-5
 
 
@@ -85,8 +86,9 @@ def test_variants_and_ablation_equal_the_bridge_and_restore(family, family_model
 )  # plain, q/k norms before RoPE, partial
 @pytest.mark.parametrize("control", [False, True])
 def test_massive_replacement_on_sdpa_equals_the_bridge(family, control, family_model):
-    """The pre-RoPE entries replace_massive writes through the bridge's hooks are written at the sdpa
-    forward's rotation too: logits and losses agree with the bridge, under a variant as well, and restore."""
+    """The pre-RoPE entries replace_massive writes through the bridge's hooks are written at the
+    sdpa forward's rotation too: logits and losses agree with the bridge, under a variant as well,
+    and restore."""
     model, _ = family_model(family)
     toks = _tokens(3)
     mv = massive_values(
@@ -153,8 +155,9 @@ def _flip_rotate_half(x):
 
 
 def _mirrored(model) -> None:
-    """Negate the second coordinate of every plane of q and k (rows d/2.. of each head): turning the other way
-    is this reflection, so the mirrored model turning the usual way gives the reversed model's logits."""
+    """Negate the second coordinate of every plane of q and k (rows d/2.. of each head): turning the
+    other way is this reflection, so the mirrored model turning the usual way gives the reversed
+    model's logits."""
     hf = hf_model_of(model)
     with torch.no_grad():
         for layer in hf.model.layers:

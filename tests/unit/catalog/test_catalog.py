@@ -1,4 +1,5 @@
-"""The analysis declarations: every command and report section comes from one, each registered in one place."""
+"""The analysis declarations: every command and report section comes from one, each registered in
+one place."""
 
 from __future__ import annotations
 
@@ -68,19 +69,22 @@ def test_every_report_section_is_a_declared_analysis_section():
 
 
 def test_commands_and_sections_are_made_only_in_declarations():
-    """Outside ropelens.catalog no module makes a Command or a SectionSpec, so none can bypass a declaration."""
+    """Outside ropelens.catalog no module makes a Command or a SectionSpec, so none can bypass a
+    declaration."""
     makers = {
         p.relative_to(SRC).as_posix(): _calls(p, {"Command", "SectionSpec", "add_parser"})
         for p in SRC.rglob("*.py")
         if "catalog" not in p.parts
     }
     made = {p: c for p, c in makers.items() if c}
-    # add_command (cli/common) adds the parser a Command declares; register_section wraps a SectionSpec it is given
+    # add_command (cli/common) adds the parser a Command declares; register_section wraps a
+    # SectionSpec it is given
     assert made == {"cli/common.py": ["add_parser"]}
 
 
 def test_analyses_are_registered_in_one_place():
-    """register_analysis is called in ropelens/catalog/__init__.py alone (and by register_section, its wrapper)."""
+    """register_analysis is called in ropelens/catalog/__init__.py alone (and by register_section,
+    its wrapper)."""
     callers = {
         p.relative_to(SRC).as_posix(): len(_calls(p, {"register_analysis"}))
         for p in SRC.rglob("*.py")
@@ -102,7 +106,8 @@ def test_every_catalog_module_is_registered_and_declares_one_analysis():
 
 
 def test_every_result_is_declared_with_its_figures():
-    """Each result kind ropelens saves belongs to an analysis, and each draws through a declared figure."""
+    """Each result kind ropelens saves belongs to an analysis, and each draws through a declared
+    figure."""
     declared = {a.result for a in analyses() if a.result is not None}
     drawn = {cls for a in analyses() for cls, _, _ in a.figures}
     for kind, cls in result_classes().items():
@@ -128,7 +133,7 @@ def test_public_namespace_offers_the_registry():
     ]
 
 
-# ---------------------------------------------------------------------------------------- registering
+# -------------------------------------------------------------------------------------- registering
 def _render(data) -> Section:
     return Section("extra", "Extra", "<p>extra</p>")
 
@@ -212,8 +217,9 @@ def test_figures_register_with_their_analysis(registry):
 def test_the_readme_declaration_makes_a_command_and_a_section(
     tiny, tiny_dir, tmp_path, monkeypatch, registry, capsys
 ):
-    """README's KeyNorm, declared as printed there: `ropelens key-norm` runs it (table and JSON) and the report
-    gains its section, whose numbers equal the analysis run directly on the same windows."""
+    """README's KeyNorm, declared as printed there: `ropelens key-norm` runs it (table and JSON)
+    and the report gains its section, whose numbers equal the analysis run directly on the same
+    windows."""
     import json
     import re
 

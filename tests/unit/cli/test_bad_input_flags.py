@@ -1,9 +1,10 @@
-"""Flags whose bad values once leaked Python's own words, suggested invalid examples, or were changed silently.
+"""Flags whose bad values once leaked Python's own words, suggested invalid examples, or were
+changed silently.
 
-Every error stays one ``ropelens: error:`` line naming the flag (see test_cli_errors); every example a message
-suggests is fed back to the command and must pass all of its checks (it then fails only at loading the model
-"no-such-model"); a value ropelens adjusts instead of refusing is said once, as one ``ropelens: note:`` line,
-and the output records the value used.
+Every error stays one ``ropelens: error:`` line naming the flag (see test_cli_errors); every example
+a message suggests is fed back to the command and must pass all of its checks (it then fails only at
+loading the model "no-such-model"); a value ropelens adjusts instead of refusing is said once, as
+one ``ropelens: note:`` line, and the output records the value used.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _notes(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("ropelens: note:")]
 
 
-# ------------------------------------------------------------------------------------- examples in the hints
+# ---------------------------------------------------------------------------- examples in the hints
 # Bad values whose message suggests an example; the example must pass every check the command makes.
 HINTED = [
     ["attention-by-distance", "--layers", ","],
@@ -114,7 +115,8 @@ def test_every_suggested_example_is_accepted(argv, tmp_path, monkeypatch, capsys
 
 
 def test_the_hints_table_covers_every_example_written_in_the_cli():
-    """A new "e.g. --flag" in a command's message needs a row in HINTED (its example then gets tested)."""
+    """A new "e.g. --flag" in a command's message needs a row in HINTED (its example then gets
+    tested)."""
     written = {
         m for f in CLI.glob("*.py") for m in re.findall(r"e\.g\. (--[a-z][\w-]*)", f.read_text())
     }
@@ -139,29 +141,32 @@ def test_band_examples_parse():
         assert Bands.parse(spec, flag="--bands").describe().startswith(spec.split(":")[0])
 
 
-# ------------------------------------------------------------------------------------- numbers in specs
+# --------------------------------------------------------------------------------- numbers in specs
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
         (
             ["attention-by-distance", "--bands", "wavelength:10,x"],
-            "--bands: bad band spec 'wavelength:10,x': 'x' is not a finite number: write wavelength:E1,E2,... with E "
-            "strictly increasing wavelengths in tokens, e.g. --bands wavelength:10,100,1000",
+            "--bands: bad band spec 'wavelength:10,x': 'x' is not a finite number: write "
+            "wavelength:E1,E2,... with E strictly increasing wavelengths in tokens, e.g. --bands "
+            "wavelength:10,100,1000",
         ),
         (
             ["attention-by-distance", "--bands", "context:abc"],
-            "--bands: bad band spec 'context:abc': 'abc' is not a finite number: write context[:FACTOR] with FACTOR a "
-            "positive number, e.g. --bands context:2",
+            "--bands: bad band spec 'context:abc': 'abc' is not a finite number: write "
+            "context[:FACTOR] with FACTOR a positive number, e.g. --bands context:2",
         ),
         (["attention-by-distance", "--bands", "context:nan"], "'nan' is not a finite number"),
         (
             ["attention-by-distance", "--bands", "quantiles:2.5"],
-            "--bands: bad band spec 'quantiles:2.5': '2.5' is not an integer: write quantiles:N or quantiles:<=N (fewer "
-            "bands in a layer with fewer planes) with N a positive integer, e.g. --bands quantiles:4",
+            "--bands: bad band spec 'quantiles:2.5': '2.5' is not an integer: write quantiles:N "
+            "or quantiles:<=N (fewer bands in a layer with fewer planes) with N a positive "
+            "integer, e.g. --bands quantiles:4",
         ),
         (
             ["variant-frequencies", "--variant", "prope:x"],
-            "--variant 'prope:x': bad P 'x': P must be a number: write prope:P, e.g. --variant prope:0.75",
+            "--variant 'prope:x': bad P 'x': P must be a number: write prope:P, e.g. --variant "
+            "prope:0.75",
         ),
         (
             ["variant-frequencies", "--variant", "yarn:abc:2048"],
@@ -174,13 +179,13 @@ def test_band_examples_parse():
         ),
         (
             ["variant-frequencies", "--variant", "longrope:1,x:1,2:2048"],
-            "--variant 'longrope:1,x:1,2:2048': bad SHORT_FACTOR 'x' in '1,x': SHORT_FACTOR must be a comma-separated list "
-            "of numbers",
+            "--variant 'longrope:1,x:1,2:2048': bad SHORT_FACTOR 'x' in '1,x': SHORT_FACTOR must "
+            "be a comma-separated list of numbers",
         ),
         (
             ["variant-frequencies", "--variant", "yarn:4:2048:32:1:none:none:none:true:9"],
-            "--variant 'yarn:4:2048:32:1:none:none:none:true:9': yarn takes 1 to 8 value(s) after the "
-            "name, got 9: write yarn:FACTOR:",
+            "--variant 'yarn:4:2048:32:1:none:none:none:true:9': yarn takes 1 to 8 value(s) "
+            "after the name, got 9: write yarn:FACTOR:",
         ),
         (
             ["variant-frequencies", "--variant", "yarn:4:2048:32:1:none:none:none:maybe"],
@@ -211,11 +216,13 @@ def test_optional_variant_values_take_none():
     [
         (
             ["--n-pos", "1"],
-            "--n-pos 1: the similarity by distance needs at least 2 positions: pass --n-pos 2 or more",
+            "--n-pos 1: the similarity by distance needs at least 2 positions: pass --n-pos 2 or "
+            "more",
         ),
         (
             ["--d", "7"],
-            "--d 7 must be even: sinusoidal embeddings pair a sine and a cosine per frequency: e.g. --d 8",
+            "--d 7 must be even: sinusoidal embeddings pair a sine and a cosine per frequency: "
+            "e.g. --d 8",
         ),
         (["--base", "0"], "--base 0 must be a finite number > 1"),
         (["--base", "inf"], "--base inf must be a finite number > 1"),
@@ -233,12 +240,16 @@ def test_pe_geometry_names_its_flags(argv, expected, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------- --longrope
-NEEDS = "a JSON object with target_len and original_ctx (token counts, target_len > original_ctx), factors"
+NEEDS = (
+    "a JSON object with target_len and original_ctx (token counts, target_len > "
+    "original_ctx), factors"
+)
 
 
 @pytest.fixture
 def extend(tiny_dir, tmp_path):
-    """``extend(file)``: the message of ``ropelens extension-study`` on the tiny Llama (8 planes, context 256) with --longrope."""
+    """``extend(file)``: the message of ``ropelens extension-study`` on the tiny Llama (8 planes,
+    context 256) with --longrope."""
     model = str(tiny_dir("llama"))
 
     def run(longrope: Path, capsys) -> str:
@@ -320,8 +331,8 @@ def test_longrope_factors_must_fit_the_model_and_the_study(extend, tmp_path, cap
     """Checked once the model has loaded and before any cell runs: nothing is written."""
     got = extend(_factors(tmp_path, "short.json", {**GOOD, "factors": [1, 2]}), capsys)
     assert got == (
-        "the LongRoPE search (--longrope) holds 2 factors but layer 0 has 8 rotary planes: pass factors "
-        "searched on this model, one per plane"
+        "the LongRoPE search (--longrope) holds 2 factors but layer 0 has 8 rotary planes: pass "
+        "factors searched on this model, one per plane"
     )
     got = extend(_factors(tmp_path, "other.json", {**GOOD, "target_len": 1024}), capsys)
     assert (
@@ -339,7 +350,7 @@ def test_a_hand_written_factors_file_loads(tmp_path):
     )
 
 
-# ------------------------------------------------------------------------------------- adjusted values
+# ---------------------------------------------------------------------------------- adjusted values
 SMALL = tuple(f"Document {i}: the cat sat on the mat and looked at the dog. " * 3 for i in range(6))
 
 
@@ -356,7 +367,8 @@ def small_corpus(tmp_path):
 def test_tokens_past_the_corpus_are_measured_with_one_note(
     tiny_dir, small_corpus, tmp_path, capsys
 ):
-    """--tokens the corpus falls short of: all of it is measured, one note says so, the JSON says what was used."""
+    """--tokens the corpus falls short of: all of it is measured, one note says so, the JSON says
+    what was used."""
     argv = [
         "frequency-usage",
         str(tiny_dir("llama")),
@@ -375,8 +387,9 @@ def test_tokens_past_the_corpus_are_measured_with_one_note(
         and out["n_windows"] < 1500 // 32
     )
     assert _notes(captured.err) == [
-        f"ropelens: note: --tokens 1,500 asks for 46 windows of 32 tokens but corpus 'text-files' holds "
-        f"{out['n_windows']}: measured all {out['n_windows']} ({out['n_tokens']:,} tokens)"
+        "ropelens: note: --tokens 1,500 asks for 46 windows of 32 tokens but corpus "
+        f"'text-files' holds {out['n_windows']}: measured all {out['n_windows']} "
+        f"({out['n_tokens']:,} tokens)"
     ]
     assert (
         main(argv) == 0
@@ -409,9 +422,9 @@ def test_tokens_no_corpus_could_hold_are_refused_with_the_maximum(
     size = sum(len(d.encode()) for d in corpus.documents)
     most = 2 * (size + 2 * corpus.n_documents) // 31
     assert got == (
-        f"--tokens 1,000,000 is more than corpus {corpus.name!r} can hold: its {size:,} bytes of text make at most "
-        f"{most:,} windows of --n-ctx 32 with any tokenizer: pass --tokens {most * 32} or fewer, or a "
-        "larger --corpus"
+        f"--tokens 1,000,000 is more than corpus {corpus.name!r} can hold: its {size:,} bytes of "
+        f"text make at most {most:,} windows of --n-ctx 32 with any tokenizer: pass --tokens "
+        f"{most * 32} or fewer, or a larger --corpus"
     )
     # the maximum it names passes the check (and is noted, then measured on what the corpus holds)
     assert fails(
@@ -560,31 +573,34 @@ def _set_last_field(text: str, row: int, value: str) -> str:
         (
             "energy",
             lambda t: t[: len(t) // 2 + 7],
-            "energy.csv is truncated or damaged: row {row} (line {line}) has 5 of the header's 6 fields",
+            "energy.csv is truncated or damaged: row {row} (line {line}) has 5 of the header's 6 "
+            "fields",
         ),
         (
             "energy",
             lambda t: t.rstrip("\n")[:-2],
-            "energy.csv is truncated: its last row (row 128, line 129) ends without a newline, so it was cut short",
+            "energy.csv is truncated: its last row (row 128, line 129) ends without a newline, "
+            "so it was cut short",
         ),
         (
             "energy",
             lambda t: _lines(t, 127),
-            "energy.csv is truncated: its last rows (which k, scope no_sink, layer 1, head 3) lack bands Q3, Q4 (lowest) "
-            "that the rest of layer 1 has (its last row is row 126)",
+            "energy.csv is truncated: its last rows (which k, scope no_sink, layer 1, head 3) "
+            "lack bands Q3, Q4 (lowest) that the rest of layer 1 has (its last row is row 126)",
         ),
         (
             "band_statistics",
             lambda t: _lines(t, 17),
-            "band_statistics.csv is truncated: it has no rows for layer 1 though the report measured layers 0, 1 "
-            "(its last row is row 16)",
+            "band_statistics.csv is truncated: it has no rows for layer 1 though the report "
+            "measured layers 0, 1 (its last row is row 16)",
         ),
         (
             "energy",
             lambda t: "\n".join(
                 ",".join(c for i, c in enumerate(r.split(",")) if i != 5) for r in t.split("\n")
             ),
-            "energy.csv lacks the column energy_share (its header: which, scope, layer, head, band)",
+            "energy.csv lacks the column energy_share (its header: which, scope, layer, head, "
+            "band)",
         ),
         (
             "band_statistics",

@@ -1,9 +1,10 @@
-"""Inputs too small to measure: refused in one line before the work starts, never answered with NaN or a tie.
+"""Inputs too small to measure: refused in one line before the work starts, never answered with NaN
+or a tie.
 
 Windows too short for positional/symbolic scoring, lengths too short for Liu et al.'s critical base,
 bands that hold no plane, passkey lengths no prompt fits, and a report that fails: each ends in one
-``ropelens: error:`` line naming the flag and the fix, exit code 2, and leaves the output folder as it
-was. Where a measurement is valid but a part of it is not measurable (a band empty in some layers
+``ropelens: error:`` line naming the flag and the fix, exit code 2, and leaves the output folder as
+it was. Where a measurement is valid but a part of it is not measurable (a band empty in some layers
 only), that part reads NaN (null in JSON, n/a in text), never 1.000.
 """
 
@@ -39,7 +40,8 @@ extension_module = importlib.import_module("ropelens.analyses.extension_study")
 
 # ---------------------------------------------------------------------------------------- possym
 def test_shortest_possym_window_is_bos_and_min_keys():
-    """A query at i sees the keys 1..i (BOS left out), so only windows of min_keys + 1 tokens hold a scored query."""
+    """A query at i sees the keys 1..i (BOS left out), so only windows of min_keys + 1 tokens hold a
+    scored query."""
     assert shortest_window() == MIN_KEYS + 1 == 9
     assert shortest_window(16) == 17
 
@@ -55,8 +57,8 @@ def test_possym_short_window_is_refused_before_the_model_loads(
         capsys,
     )
     assert got == (
-        f"--n-ctx {n_ctx} is too short for positional/symbolic scoring: a query is scored only when it "
-        "sees 8 keys besides BOS, so a window needs 9 tokens: use --n-ctx 9 or more"
+        f"--n-ctx {n_ctx} is too short for positional/symbolic scoring: a query is scored only "
+        "when it sees 8 keys besides BOS, so a window needs 9 tokens: use --n-ctx 9 or more"
     )
 
 
@@ -76,7 +78,8 @@ def test_possym_api_refuses_windows_too_short_to_score(tiny):
 
 
 def test_possym_at_the_shortest_window_scores_every_head(tiny):
-    """The stated minimum is the real one: at 9 tokens every layer has scored queries and no finding is NaN."""
+    """The stated minimum is the real one: at 9 tokens every layer has scored queries and no finding
+    is NaN."""
     r = positional_symbolic(
         tiny("llama"),
         "english",
@@ -92,7 +95,8 @@ def test_possym_at_the_shortest_window_scores_every_head(tiny):
 
 
 def test_possym_refuses_layers_whose_window_is_narrower_than_min_keys(tiny):
-    """Gemma's sliding layers (window 8 in the tiny model) never show a query 9 keys: refused, not NaN."""
+    """Gemma's sliding layers (window 8 in the tiny model) never show a query 9 keys: refused, not
+    NaN."""
     with pytest.raises(
         InputError, match=r"layer\(s\) \[0, 1, 2\] let a query see at most 8 keys .*\(min_keys=9\)"
     ):
@@ -101,7 +105,7 @@ def test_possym_refuses_layers_whose_window_is_narrower_than_min_keys(tiny):
         )
 
 
-# ---------------------------------------------------------------------------------------- predict-base
+# ------------------------------------------------------------------------------------- predict-base
 def test_shortest_prediction_length_is_the_first_above_two_pi():
     assert MIN_PREDICTION_LENGTH == 7 and 6 < 2 * math.pi < 7
     assert math.isfinite(critical_base(256, MIN_PREDICTION_LENGTH, 1e4))
@@ -114,9 +118,9 @@ def test_shortest_prediction_length_is_the_first_above_two_pi():
     [
         (
             "5",
-            "length 5 is too short for the base's predictions: Liu et al.'s critical base takes log(L/2π), defined only "
-            "for lengths above 2π ≈ 6.28 tokens, so the shortest length with a critical base is 7: pass lengths of 7 "
-            "tokens or more (--lengths)",
+            "length 5 is too short for the base's predictions: Liu et al.'s critical base takes "
+            "log(L/2π), defined only for lengths above 2π ≈ 6.28 tokens, so the shortest length "
+            "with a critical base is 7: pass lengths of 7 tokens or more (--lengths)",
         ),
         ("2,6,2048", "lengths 2, 6 are too short for the base's predictions"),
     ],
@@ -153,15 +157,16 @@ def test_base_predictions_never_tabulates_nan(tiny):
     assert df["critical_base"].notna().all()
 
 
-# ---------------------------------------------------------------------------------------- empty bands
+# -------------------------------------------------------------------------------------- empty bands
 def test_band_with_no_plane_anywhere_is_refused_naming_it(tiny):
     spec = rope_spec(tiny("llama"))  # wavelengths 6.283 … 19,869 tokens
     with pytest.raises(InputError) as e:
         Bands.by_wavelength([1e9]).require_planes([spec.layers[0], spec.layers[1]])
     assert str(e.value) == (
-        "band 'λ∈[1e+09,inf)' of --bands wavelength:1e+09 holds no plane in any of the 2 layers measured (0, 1), so "
-        "its band-only statistics cannot be measured: they have 8 planes, with wavelengths from 6.283 to 1.987e+04 "
-        "tokens; pass edges inside that range (--bands wavelength:E1,E2,...), or use --bands quantiles:N"
+        "band 'λ∈[1e+09,inf)' of --bands wavelength:1e+09 holds no plane in any of the 2 layers "
+        "measured (0, 1), so its band-only statistics cannot be measured: they have 8 planes, "
+        "with wavelengths from 6.283 to 1.987e+04 tokens; pass edges inside that range (--bands "
+        "wavelength:E1,E2,...), or use --bands quantiles:N"
     )
     with pytest.raises(
         InputError, match=r"band 'never turns within 256000' of --bands context:1000 .* context:F"
@@ -206,8 +211,9 @@ def test_band_statistics_refuses_an_empty_band_before_the_model_runs(tiny, monke
 
 
 def test_band_empty_in_some_layers_is_not_measurable_there(tiny, tiny_dir, capsys):
-    """Tiny Gemma: λ ≥ 1e5 holds planes in the global layer 3 only. Its band-only agreement is measured there and
-    NaN in the sliding layers, where its all-zero logits would tie every key and read 1.000."""
+    """Tiny Gemma: λ ≥ 1e5 holds planes in the global layer 3 only. Its band-only agreement is
+    measured there and NaN in the sliding layers, where its all-zero logits would tie every key and
+    read 1.000."""
     bands = Bands.by_wavelength([1e5])
     st = band_statistics(
         tiny("gemma3"), "english", n_ctx=16, max_tokens=32, bands=bands, jsd=True, progress=False
@@ -297,7 +303,8 @@ def test_band_empty_in_some_layers_is_not_measurable_there(tiny, tiny_dir, capsy
     [
         (
             "5",
-            "--passkey-lengths: passkey length 5 is too short: the task line, the needle and the question alone take ",
+            "--passkey-lengths: passkey length 5 is too short: the task line, the needle and the "
+            "question alone take ",
         ),
         ("300,8", "--passkey-lengths: passkey length 8 is too short"),
         (
@@ -311,7 +318,8 @@ def test_band_empty_in_some_layers_is_not_measurable_there(tiny, tiny_dir, capsy
 def test_extend_checks_passkey_lengths_before_any_cell(
     lengths, message, existing, tiny_dir, tmp_path, monkeypatch, capsys
 ):
-    """Before the fix the loss phase ran first and left its cells in --out; now nothing runs and nothing is written."""
+    """Before the fix the loss phase ran first and left its cells in --out; now nothing runs and
+    nothing is written."""
 
     def measured(*_a, **_k):
         raise AssertionError("a cell was measured before --passkey-lengths was checked")

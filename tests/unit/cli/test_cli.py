@@ -266,7 +266,8 @@ def test_massive_and_passkey_commands(tiny_dir, tmp_path, capsys):
 
 
 def test_bands_and_entropy_commands(tiny_dir, tmp_path, capsys):
-    """bands prints each layer's band and the intervention; entropy covers the NoPE layers of a SmolLM3."""
+    """bands prints each layer's band and the intervention; entropy covers the NoPE layers of a
+    SmolLM3."""
     from ropelens.analyses.band_location import BandLocation
     from ropelens.analyses.frequency_entropy import FrequencyEntropy
     from ropelens.testing.families import family_model_dir
@@ -419,7 +420,8 @@ def test_corpus_commands_share_their_options(command, tmp_path):
 
 @pytest.mark.parametrize("command", CORPUS_COMMANDS)
 def test_fewer_tokens_than_one_window_is_one_message(command, capsys):
-    """The check runs before any model loads (the model name does not exist) and reads the same everywhere."""
+    """The check runs before any model loads (the model name does not exist) and reads the same
+    everywhere."""
     assert main([command, "no-such-model", "--tokens", "16", "--n-ctx", "32"]) == 2
     lines = error_lines(capsys.readouterr().err)
     assert lines == [
@@ -447,7 +449,8 @@ def test_every_corpus_command_takes_checkpoint():
 
 
 def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
-    """heads --save writes the taxonomy; a NaN in the table prints as null; --out still works, with a warning."""
+    """heads --save writes the taxonomy; a NaN in the table prints as null; --out still works, with
+    a warning."""
     from ropelens.analyses.head_taxonomy import HeadTaxonomy
 
     real = HeadTaxonomy.to_frame
@@ -486,7 +489,8 @@ def test_heads_save_and_strict_json(tiny_dir, tmp_path, monkeypatch, capsys):
     [["variant-frequencies", "--variant", "warp:3"], ["passkey-retrieval", "--variant", "warp:3"]],
 )
 def test_unknown_variant_lists_the_registry(argv, capsys):
-    """One error line naming every variant class ropelens.spec.variants exports (before any model loads)."""
+    """One error line naming every variant class ropelens.spec.variants exports (before any model
+    loads)."""
     from ropelens.spec import variants as V
 
     assert main([argv[0], "no-such-model", *argv[1:]]) == 2
@@ -534,7 +538,8 @@ def test_emit_is_strict_json(capsys):
 
 
 def test_inspect_families_lists_the_matrix_without_a_model(capsys, monkeypatch):
-    """Every family of the matrix, exact or refused with its reason, and no model loaded or built."""
+    """Every family of the matrix, exact or refused with its reason, and no model loaded or
+    built."""
     import ropelens.cli.common as common
     import ropelens.testing.families as families
     from ropelens.testing.families import FAMILIES
@@ -571,7 +576,8 @@ def test_inspect_families_with_a_model_exits_2(capsys):
 
 
 def test_no_adapter_message_names_the_families_listing(monkeypatch):
-    """The one-line refusal of an architecture the bridge cannot wrap points to `ropelens rope-spec --families`."""
+    """The one-line refusal of an architecture the bridge cannot wrap points to `ropelens rope-spec
+    --families`."""
     from ropelens.errors import UnsupportedModelError
     from ropelens.loading import models
 
@@ -610,7 +616,8 @@ def test_possym_command(tiny_dir, tmp_path, capsys):
 
 
 def test_extend_command_end_to_end(tmp_path, capsys):
-    """ropelens extension-study writes the page, the tables and one cell per (method, length); a rerun reads them."""
+    """ropelens extension-study writes the page, the tables and one cell per (method, length); a
+    rerun reads them."""
     from ropelens.analyses.extension_study import ExtensionStudy
     from ropelens.testing import tiny_model_dir
 
@@ -713,8 +720,8 @@ def test_retrieval_command(tiny_dir, tmp_path, capsys):
     "command", ["band-statistics", "frequency-usage", "attention-sinks", "frequency-entropy"]
 )
 def test_a_repeated_or_aliased_layer_is_measured_once(command, tiny_dir, tmp_path, capsys):
-    """``--layers 0,0`` and ``--layers -1,1`` (two names of one layer) give the single layer's numbers: no row
-    twice, shares that still sum to one, no zero or NaN row."""
+    """``--layers 0,0`` and ``--layers -1,1`` (two names of one layer) give the single layer's
+    numbers: no row twice, shares that still sum to one, no zero or NaN row."""
     import json as _json
 
     path = str(tiny_dir("llama"))
@@ -732,8 +739,9 @@ def test_a_repeated_or_aliased_layer_is_measured_once(command, tiny_dir, tmp_pat
 
 
 def test_save_and_show_saves_then_prints_findings_and_table_or_one_json_object(tmp_path, capsys):
-    """The tail of sinks, possym and retrieval: the result saved as it was, its findings, then its table; or, with
-    --json, the leading fields, the findings, the rows and the trailing fields in that order."""
+    """The tail of sinks, possym and retrieval: the result saved as it was, its findings, then its
+    table; or, with --json, the leading fields, the findings, the rows and the trailing fields in
+    that order."""
     import ropelens
     from ropelens.cli.common import OutputOptions
 

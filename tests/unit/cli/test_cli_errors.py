@@ -1,4 +1,5 @@
-"""Bad input to every command: one line naming the problem and the fix, exit code 2, nothing written.
+"""Bad input to every command: one line naming the problem and the fix, exit code 2, nothing
+written.
 
 The model is "no-such-model" wherever the check must come before any model loads: a check that
 were missing or late would fail with "cannot load model" instead, and the message assertion
@@ -27,7 +28,8 @@ def tree(folder: Path) -> set[str]:
 
 
 def one_error(capsys) -> str:
-    """The single ``ropelens: error:`` line of a failed command (nothing on stdout, no traceback)."""
+    """The single ``ropelens: error:`` line of a failed command (nothing on stdout, no
+    traceback)."""
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.startswith("ropelens: error:")]
     assert captured.out == "" and "Traceback" not in captured.err, captured.err
@@ -36,7 +38,8 @@ def one_error(capsys) -> str:
 
 
 def fails(argv: list[str], folder: Path, capsys) -> str:
-    """Run ``argv`` in ``folder``; it must exit 2 and leave ``folder`` as it was. Returns the message."""
+    """Run ``argv`` in ``folder``; it must exit 2 and leave ``folder`` as it was. Returns the
+    message."""
     before = tree(folder)
     started = time.perf_counter()
     assert main(argv) == 2
@@ -46,13 +49,14 @@ def fails(argv: list[str], folder: Path, capsys) -> str:
     return message
 
 
-# The placeholders: {tmp} the test's folder, {file} a plain file in it, {new} a path that does not exist.
+# The placeholders: {tmp} the test's folder, {file} a plain file in it, {new} a path that does not
+# exist.
 BEFORE_THE_MODEL = [
     # distance
     (
         ["attention-by-distance", "--n-ctx", "2", "--tokens", "8"],
-        "--n-ctx 2 is too short for distance curves: they need three distance bins (δ = 0, 1, 2 between non-BOS "
-        "tokens): use --n-ctx 4 or more",
+        "--n-ctx 2 is too short for distance curves: they need three distance bins (δ = 0, 1, 2 "
+        "between non-BOS tokens): use --n-ctx 4 or more",
     ),
     (
         ["attention-by-distance", "--n-ctx", "2", "--tokens", "8", "--keep-bos"],
@@ -81,7 +85,8 @@ BEFORE_THE_MODEL = [
     ),
     (
         ["attention-by-distance", "--save", "{file}/d.json"],
-        "--save {file}/d.json: {file} is a file, not a directory: pass a path in a writable directory",
+        "--save {file}/d.json: {file} is a file, not a directory: pass a path in a writable "
+        "directory",
     ),
     (
         ["attention-by-distance", "--save", "{tmp}"],
@@ -267,7 +272,8 @@ def test_bad_value_fails_before_the_model_loads(argv, message, tmp_path, monkeyp
     ],
 )
 def test_outputs_are_not_created_when_the_model_fails(argv, tmp_path, monkeypatch, capsys):
-    """Output folders that do not exist yet are checked, not made: the failed run leaves nothing behind."""
+    """Output folders that do not exist yet are checked, not made: the failed run leaves nothing
+    behind."""
     monkeypatch.chdir(tmp_path)
     command, *rest = argv
     got = fails(
@@ -314,7 +320,8 @@ def test_outputs_are_not_created_when_the_model_fails(argv, tmp_path, monkeypatc
     ],
 )
 def test_bad_value_for_this_model(argv, message, tiny_dir, tmp_path, capsys):
-    """Checks that need the model's own layers, context or tokenizer: still one line, nothing saved."""
+    """Checks that need the model's own layers, context or tokenizer: still one line, nothing
+    saved."""
     got = fails(
         [argv[0], str(tiny_dir("llama")), *(a.format(tmp=tmp_path) for a in argv[1:])],
         tmp_path,
@@ -323,7 +330,7 @@ def test_bad_value_for_this_model(argv, message, tiny_dir, tmp_path, capsys):
     assert message in got
 
 
-# ---------------------------------------------------------------------------------------- model names
+# -------------------------------------------------------------------------------------- model names
 @pytest.mark.parametrize(
     ("name", "message"),
     [
@@ -336,18 +343,19 @@ def test_bad_value_for_this_model(argv, message, tiny_dir, tmp_path, capsys):
 def test_unknown_model_name_says_what_was_tried(name, message, tmp_path, capsys):
     got = fails(["rope-spec", name], tmp_path, capsys)
     assert got.startswith(
-        f"cannot load model {name!r}: it is not an embedded model ('smollm2-135m', 'gemma-3-270m'), "
-        f"no file or directory {name!r} exists"
+        f"cannot load model {name!r}: it is not an embedded model ('smollm2-135m', "
+        f"'gemma-3-270m'), no file or directory {name!r} exists"
     )
     assert message in got
     assert (
-        "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), or a hub id"
-        in got
+        "pass an embedded name, a .gguf file, an HF model directory (config.json + weights), or "
+        "a hub id" in got
     )
 
 
 def test_unreachable_hub_fails_fast(hub, tmp_path, capsys):
-    """A hub that accepts the connection and never answers: the name fails after the timeout, not after retries."""
+    """A hub that accepts the connection and never answers: the name fails after the timeout, not
+    after retries."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(4)  # accepts (the kernel does) and never answers
@@ -440,7 +448,8 @@ def test_torchrun_refusal(command, tmp_path, monkeypatch, capsys):
 # ---------------------------------------------------------------------------------------- compare
 @pytest.fixture(scope="module")
 def two_reports(tiny, tmp_path_factory):
-    """A quick report of the tiny Llama, and a copy whose query energy moved in layer 1's first band."""
+    """A quick report of the tiny Llama, and a copy whose query energy moved in layer 1's first
+    band."""
     import shutil
 
     from ropelens.report import build_report
@@ -533,8 +542,8 @@ def test_similarity_too_large_for_memory_is_refused_by_its_flag(tmp_path, capsys
 
 
 def test_context_past_the_certified_bound_still_answers(tiny_dir, capsys):
-    """A target far past any context (1e20 tokens) gets the per-plane view at once, and the base bound says why it is
-    not given; nothing is allocated by the target's size."""
+    """A target far past any context (1e20 tokens) gets the per-plane view at once, and the base
+    bound says why it is not given; nothing is allocated by the target's size."""
     started = time.perf_counter()
     assert main(["extension-planes", str(tiny_dir("llama")), "--to", str(10**20), "--json"]) == 0
     assert time.perf_counter() - started < 30

@@ -1,6 +1,7 @@
-"""A broken HF model directory ends in one line naming the file and the fix, as a broken GGUF file does: an unknown
-model_type, no tokenizer, a truncated or missing safetensors shard, weights that do not match the config (which
-transformers would otherwise fill with random values), no weights, a config that is not JSON."""
+"""A broken HF model directory ends in one line naming the file and the fix, as a broken GGUF file
+does: an unknown model_type, no tokenizer, a truncated or missing safetensors shard, weights that do
+not match the config (which transformers would otherwise fill with random values), no weights, a
+config that is not JSON."""
 
 from __future__ import annotations
 

@@ -83,7 +83,8 @@ def test_inv_freq_matches_hooked_cos_sin(tiny, family):
 
 
 def test_spec_reproduces_attention_patterns(tiny, rope_family):
-    """Rotating the model's own q, k with the spec (inv_freq, pairing, scale, window) gives its pattern.
+    """Rotating the model's own q, k with the spec (inv_freq, pairing, scale, window) gives its
+    pattern.
 
     Works for GPT-J too, whose bridge fires no rotary hooks.
     """
@@ -257,7 +258,8 @@ def test_no_name_attribute_outside_the_config():
 def test_device_of():
     assert device_of(tiny_hf_model("llama")) == torch.device("cpu")
     assert device_of(torch.nn.Module()) == torch.device("cpu")  # no parameters
-    # an accelerate-style split: offloaded weights on meta come first, inputs belong where weights live
+    # an accelerate-style split: offloaded weights on meta come first, inputs belong where weights
+    # live
     split = torch.nn.Sequential(torch.nn.Linear(2, 2, device="meta"), torch.nn.Linear(2, 2))
     assert device_of(split) == torch.device("cpu")
     assert device_of(torch.nn.Linear(2, 2, device="meta")) == torch.device("meta")

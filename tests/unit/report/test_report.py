@@ -1,5 +1,5 @@
-"""The HTML report on tiny models: self-contained page, every section, findings that match the numbers,
-tidy CSVs, atomic writes, the section registry, and the report/usage/decompose commands."""
+"""The HTML report on tiny models: self-contained page, every section, findings that match the
+numbers, tidy CSVs, atomic writes, the section registry, and the report/usage/decompose commands."""
 
 from __future__ import annotations
 
@@ -300,7 +300,8 @@ def test_accepts_a_model_path_and_quick(tiny_dir, tmp_path):
 
 
 def test_band_statistics_on_a_subset_of_windows(tiny, tmp_path):
-    """Band statistics over evenly spread windows equal band_statistics run on those windows alone."""
+    """Band statistics over evenly spread windows equal band_statistics run on those windows
+    alone."""
     from ropelens.analyses.band_statistics import band_statistics
     from ropelens.spec.bands import Bands
 
@@ -350,7 +351,7 @@ def test_bad_arguments_fail_before_the_model_loads(tmp_path):
         build_report("no-such-model", corpus=tmp_path / "missing.txt", out=tmp_path / "r")
 
 
-# ---------------------------------------------------------------------------------------- command line
+# ------------------------------------------------------------------------------------- command line
 def one_error(err: str) -> str:
     lines = [line for line in err.splitlines() if line.startswith("ropelens: error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -444,10 +445,16 @@ def test_cli_usage_and_decompose(tiny_dir, capsys):
             "unknown band spec 'octaves'",
         ),
         (["frequency-usage", "{llama}", "--tokens", "0"], "expected a positive integer"),
-        (["frequency-usage", "{llama}", "--tokens", "32", "--n-ctx", "64"], "fewer than one window"),
+        (
+            ["frequency-usage", "{llama}", "--tokens", "32", "--n-ctx", "64"],
+            "fewer than one window",
+        ),
         (["attention-decomposition", "{llama}", "--text", ""], "--text is empty"),
         (["attention-decomposition", "{llama}", "--text", "   \n"], "--text is empty"),
-        (["attention-decomposition", "{llama}", "--text", "hi", "--layers", "7"], "layer 7 out of range"),
+        (
+            ["attention-decomposition", "{llama}", "--text", "hi", "--layers", "7"],
+            "layer 7 out of range",
+        ),
         (["attention-decomposition", "no-such-model", "--text", "hi"], "cannot load model"),
     ],
 )
@@ -500,8 +507,8 @@ def test_compare_reports(gemma_report, tmp_path):
 
 
 def test_report_on_a_model_with_two_rotary_planes(tmp_path):
-    """A rotary slice of two planes (a GPT-NeoX or Qwen3-Next with partial rotary): the default bands are one
-    per plane, and every section is built."""
+    """A rotary slice of two planes (a GPT-NeoX or Qwen3-Next with partial rotary): the default
+    bands are one per plane, and every section is built."""
     from ropelens.testing import tiny_model
 
     model = tiny_model("gptj", rotary_dim=4)
@@ -513,8 +520,8 @@ def test_report_on_a_model_with_two_rotary_planes(tmp_path):
 
 
 def test_report_cuts_windows_to_a_chunked_layer(tmp_path):
-    """A layer that attends in chunks: band statistics model its mask on windows up to one chunk, so the report
-    measures windows of that length and says so."""
+    """A layer that attends in chunks: band statistics model its mask on windows up to one chunk, so
+    the report measures windows of that length and says so."""
     from ropelens.testing import tiny_model
 
     model = tiny_model("llama")

@@ -1,5 +1,5 @@
-"""build_report's inputs (a name, a path or a loaded model, with device and dtype checked up front) and
-its two phases: every section measures first, then renderers lay out what was measured."""
+"""build_report's inputs (a name, a path or a loaded model, with device and dtype checked up front)
+and its two phases: every section measures first, then renderers lay out what was measured."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ N_CTX = 64
 
 @pytest.fixture
 def core_only(registry):
-    """Only the sections drawn from the streaming pass: enough to see what model a report was made of."""
+    """Only the sections drawn from the streaming pass: enough to see what model a report was made
+    of."""
     registry.keep_sections(lambda s: s.measure is None)
 
 
@@ -80,7 +81,8 @@ def test_conflicting_placement_of_a_loaded_model_is_refused(tiny, tmp_path):
 
 
 def test_renderers_only_read_what_was_measured(tiny, tmp_path, monkeypatch):
-    """Once every section has measured, the model refuses to run, and the report still renders (twice)."""
+    """Once every section has measured, the model refuses to run, and the report still renders
+    (twice)."""
     model = tiny("llama")
     captured = {}
 

@@ -1,5 +1,6 @@
-"""The report's p-RoPE sweep and context-extension sections, checked against the HF model run directly
-with the variant's frequencies (or HF's own rope scaling), independently of ropelens' variant hooks."""
+"""The report's p-RoPE sweep and context-extension sections, checked against the HF model run
+directly with the variant's frequencies (or HF's own rope scaling), independently of ropelens'
+variant hooks."""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def test_prope_baseline_is_the_unmodified_model(out, llama, windows):
 
 
 def test_context_pi_cost_matches_hf_linear_scaling(out, llama, windows):
-    """PI's row against HF's own ``linear`` rope scaling, loaded into a fresh model with the same weights."""
+    """PI's row against HF's own ``linear`` rope scaling, loaded into a fresh model with the same
+    weights."""
     frame = pd.read_csv(out / "extension_planes.csv").set_index("method")
     cfg = copy.deepcopy(llama.original_model.config)
     cfg.rope_parameters = {**cfg.rope_parameters, "rope_type": "linear", "factor": 4.0}
@@ -124,7 +126,7 @@ def test_sections_time_themselves(out):
     assert {"prope_sweep", "extension_planes", "variants_baseline"} <= set(steps)
 
 
-# ---------------------------------------------------------------------------------------- experiments
+# -------------------------------------------------------------------------------------- experiments
 
 
 def test_report_shows_the_experiment_results(llama, tmp_path, experiment):

@@ -1,4 +1,5 @@
-"""The result base: one file format for every result, load_result dispatch, merge checks, Jupyter view, findings."""
+"""The result base: one file format for every result, load_result dispatch, merge checks, Jupyter
+view, findings."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ SAFETENSORS = (
     "AttentionDecomposition",
     "MRopeDecomposition",
 )  # kinds that save q/k as safetensors, not JSON
-# files written by ropelens while each result class still set KIND, FORMAT and its merge fields in its body
+# files written by ropelens while each result class still set KIND, FORMAT and its merge fields in
+# its body
 SAVED = Path(__file__).parent / "saved"
 
 
@@ -172,8 +174,8 @@ def test_every_result_kind_is_registered_and_tested(results):
 
 
 def test_class_statement_declares_the_file(monkeypatch):
-    """Kind (the class name unless given) and format 1 by default, registered at creation; merge fields, hint and
-    JSON options pass to subclasses, kind, format and unversioned do not."""
+    """Kind (the class name unless given) and format 1 by default, registered at creation; merge
+    fields, hint and JSON options pass to subclasses, kind, format and unversioned do not."""
     monkeypatch.setattr(
         result_base, "_REGISTRY", dict(result_base.registered())
     )  # the probes below leave no trace
@@ -289,7 +291,8 @@ def test_wrong_kind_or_format_is_named(results, tmp_path):
 
 
 def test_files_from_before_the_result_base_still_load(results, tmp_path):
-    """Usage, band statistics and head scores wrote a type and no format; plane views and searches neither."""
+    """Usage, band statistics and head scores wrote a type and no format; plane views and searches
+    neither."""
     for kind in (
         "FrequencyUsage",
         "BandStatistics",

@@ -1,4 +1,5 @@
-"""The tested stack: the lock setup.sh installs, ``ropelens --version``, and the report's warning off that stack."""
+"""The tested stack: the lock setup.sh installs, ``ropelens --version``, and the report's warning
+off that stack."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Checkpoints bound to their model and run, safe against a crash mid-write or a damaged file, and under torchrun.
+"""Checkpoints bound to their model and run, safe against a crash mid-write or a damaged file, and
+under torchrun.
 
 The reference is the same analysis uninterrupted: a resumed run adds the same float64 sums in the
 same order (identical in one process); split over gloo ranks, each rank's float64 partial sums are
@@ -58,8 +59,8 @@ def _same(a: FrequencyUsage, b: FrequencyUsage, tol: float = 0.0) -> None:
 
 
 def test_a_checkpoint_refuses_another_models_weights(tmp_path, monkeypatch):
-    """usage killed on the seed-0 tiny Llama; the seed-1 model saved to the same path (same name, same
-    path) must not resume it: the weights fingerprint differs, and the message names both."""
+    """usage killed on the seed-0 tiny Llama; the seed-1 model saved to the same path (same name,
+    same path) must not resume it: the weights fingerprint differs, and the message names both."""
     path = tiny_model_dir("llama", tmp_path / "model", seed=0)
     m0 = ropelens.load_model(path, device="cpu")
     ck = tmp_path / "ck"
@@ -87,7 +88,8 @@ def test_a_checkpoint_refuses_another_models_weights(tmp_path, monkeypatch):
 
 
 def test_the_fingerprint_sees_one_sampled_weight_and_every_shape(tiny):
-    """One sampled entry of one q projection changed, or a model of another shape, changes the fingerprint."""
+    """One sampled entry of one q projection changed, or a model of another shape, changes the
+    fingerprint."""
     model = tiny("llama")
     before = weights_fingerprint(model)
     w = model.original_model.model.layers[1].self_attn.q_proj.weight
@@ -104,7 +106,8 @@ def test_the_fingerprint_sees_one_sampled_weight_and_every_shape(tiny):
 
 @pytest.mark.parametrize("damage", ["truncated", "one byte changed"])
 def test_a_damaged_checkpoint_is_refused_by_name(tiny, tmp_path, damage):
-    """A checkpoint cut short or altered fails its sha256 check: an error naming the file and the fix."""
+    """A checkpoint cut short or altered fails its sha256 check: an error naming the file and the
+    fix."""
     model = tiny("llama")
     ropelens.analyses.frequency_usage(model, _tokens(), checkpoint=tmp_path, **KW)
     f = tmp_path / "rank0-of-1.pt"
@@ -121,9 +124,9 @@ def test_a_damaged_checkpoint_is_refused_by_name(tiny, tmp_path, damage):
 
 
 def test_a_crash_between_write_and_rename_resumes_from_the_last_good_state(tmp_path):
-    """A process killed (os._exit) in its second checkpoint write, after the temp file is written and
-    before the rename, leaves the first checkpoint whole: the run started again resumes from it, ends
-    with the uninterrupted sums, and leaves no temp file behind."""
+    """A process killed (os._exit) in its second checkpoint write, after the temp file is written
+    and before the rename, leaves the first checkpoint whole: the run started again resumes from it,
+    ends with the uninterrupted sums, and leaves no temp file behind."""
     path = tiny_model_dir("llama", tmp_path / "model")
     ck = tmp_path / "ck"
     script = tmp_path / "crash.py"
@@ -141,7 +144,8 @@ def test_a_crash_between_write_and_rename_resumes_from_the_last_good_state(tmp_p
             real(src, dst)
 
         S.os.replace = replace
-        toks = torch.randint(4, 100, ({N_WINDOWS}, {N_CTX}), generator=torch.Generator().manual_seed(7))
+        seeded = torch.Generator().manual_seed(7)
+        toks = torch.randint(4, 100, ({N_WINDOWS}, {N_CTX}), generator=seeded)
         toks[:, 0] = 1
         model = ropelens.load_model({str(path)!r}, device="cpu")
         ropelens.analyses.frequency_usage(model, toks, checkpoint={str(ck)!r}, **{KW!r})
@@ -177,8 +181,9 @@ def test_no_temp_files_after_a_run_or_an_interrupted_one(tiny, tmp_path, monkeyp
 
 
 def test_checkpoint_under_torchrun_resumes_to_the_uninterrupted_result(tmp_path):
-    """2 gloo ranks, both killed (os._exit) in their third batch; launched again, both resume from their
-    checkpoints (one file per rank, no temp files) and the result equals one uninterrupted process's."""
+    """2 gloo ranks, both killed (os._exit) in their third batch; launched again, both resume from
+    their checkpoints (one file per rank, no temp files) and the result equals one uninterrupted
+    process's."""
     path = tiny_model_dir("llama-gqa", tmp_path / "model")
     ck, out = tmp_path / "ck", tmp_path / "usage.json"
     script = tmp_path / "run.py"
@@ -199,7 +204,8 @@ def test_checkpoint_under_torchrun_resumes_to_the_uninterrupted_result(tmp_path)
                 return real(*a, **k)
 
             D.stream = dies
-        toks = torch.randint(4, 100, ({N_WINDOWS}, {N_CTX}), generator=torch.Generator().manual_seed(7))
+        seeded = torch.Generator().manual_seed(7)
+        toks = torch.randint(4, 100, ({N_WINDOWS}, {N_CTX}), generator=seeded)
         toks[:, 0] = 1
         model = ropelens.load_model({str(path)!r}, device="cpu")
         u = ropelens.analyses.frequency_usage(model, toks, checkpoint={str(ck)!r}, **{KW!r})

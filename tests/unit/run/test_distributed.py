@@ -102,7 +102,8 @@ def test_ranks_equal_one_process(nproc, gqa_dir, tmp_path):
 
 
 def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, gqa_dir):
-    """Rank 1 raises mid-run: both ranks exit non-zero, promptly, and rank 0 names rank 1's error."""
+    """Rank 1 raises mid-run: both ranks exit non-zero, promptly, and rank 0 names rank 1's
+    error."""
     script = tmp_path / "fail.py"
     script.write_text(
         textwrap.dedent(f"""
@@ -121,7 +122,8 @@ def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path, gqa_dir):
 
         toks = torch.randint(4, 100, (4, 16))
         try:
-            run_windows(model, toks, [Boom(spec, spec.rotary_layers)], batch_size=1, spec=spec, progress=False)
+            reducers = [Boom(spec, spec.rotary_layers)]
+            run_windows(model, toks, reducers, batch_size=1, spec=spec, progress=False)
         finally:
             dist.destroy_process_group()
     """)
@@ -213,7 +215,8 @@ def test_single_process_run_info(tiny):
 
 
 def test_device_map_naming_cpu_loads_and_runs(gqa_dir):
-    """A device map that names the CPU explicitly (the accelerate path) gives the plain load's numbers."""
+    """A device map that names the CPU explicitly (the accelerate path) gives the plain load's
+    numbers."""
     plain = ropelens.load_model(gqa_dir, device="cpu")
     mapped = ropelens.load_model(gqa_dir, device_map={"": "cpu"})
     toks = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(2))
@@ -231,8 +234,9 @@ def assert_same_frame(a, b, where: str) -> None:
 
     The sums behind every number are float64, added in another order across ranks (each rank's part
     first): that moves them by a few ulps (~1e-15 relative), and the ratios and differences built on
-    them by at most ~1e-12 of the column's scale; 1e-9 of the column's largest magnitude is far above
-    that and far below any real difference (a window counted twice or missed moves them by > 1e-3).
+    them by at most ~1e-12 of the column's scale; 1e-9 of the column's largest magnitude is far
+    above that and far below any real difference (a window counted twice or missed moves them by >
+    1e-3).
     """
     import numpy as np
     import pandas as pd
@@ -300,7 +304,8 @@ def test_report_under_torchrun_equals_one_process(gqa_dir, tmp_path):
 
 
 def test_heads_under_torchrun_equals_one_process(gqa_dir, tmp_path):
-    """heads on two gloo ranks: the saved taxonomy equals head_taxonomy in one process, every score and class."""
+    """heads on two gloo ranks: the saved taxonomy equals head_taxonomy in one process, every score
+    and class."""
     from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy
 
     saved = tmp_path / "heads.json"

@@ -88,7 +88,8 @@ def test_bootstrap_bad_input(values, kw, match):
 
 
 def hand_window_losses(hf, tokens):
-    """Mean next-token NLL per window from the HF model's logits: logsumexp − logit of the next token."""
+    """Mean next-token NLL per window from the HF model's logits: logsumexp − logit of the next
+    token."""
     with torch.no_grad():
         logits = hf(input_ids=tokens).logits[:, :-1].double()  # [b, pos-1, vocab]
     target = tokens[:, 1:]
@@ -97,7 +98,8 @@ def hand_window_losses(hf, tokens):
 
 
 def hand_percentile_bootstrap(values, n_boot, seed, alpha):
-    """Resample windows with replacement (same generator draws as ropelens), linear-interpolated percentiles."""
+    """Resample windows with replacement (same generator draws as ropelens), linear-interpolated
+    percentiles."""
     v = np.asarray(values, dtype=np.float64)
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, len(v), (n_boot, len(v)), generator=g).numpy()

@@ -1,6 +1,6 @@
-"""Key masks: right padding measured exactly (against one unpadded window at a time); left padding and
-gaps refused by every entry that takes a mask, since every reducer reads a token's position as its
-index in the window."""
+"""Key masks: right padding measured exactly (against one unpadded window at a time); left padding
+and gaps refused by every entry that takes a mask, since every reducer reads a token's position as
+its index in the window."""
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ def test_right_padding_equals_each_window_alone(tiny, family, fast):
 @pytest.mark.parametrize("mask", [_left_padded, _gap], ids=["left padding", "gap"])
 @pytest.mark.parametrize("fast", [True, False])
 def test_left_padding_and_gaps_are_refused(tiny, mask, fast):
-    """stream (fast path and bridge) refuses them in one line naming the fix, before any reducer runs."""
+    """stream (fast path and bridge) refuses them in one line naming the fix, before any reducer
+    runs."""
     model = tiny("llama")
     spec = ropelens.rope_spec(model)
     red = UsageReducer(spec, spec.rotary_layers)

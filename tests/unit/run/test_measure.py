@@ -1,4 +1,5 @@
-"""measure: one entry point for corpus analyses; sinks, distance, massive and offsets across ranks and resumed.
+"""measure: one entry point for corpus analyses; sinks, distance, massive and offsets across ranks
+and resumed.
 
 The reference is always the same analysis in one uninterrupted process: sums split across gloo
 ranks agree to float64 rounding (each rank runs exactly the batches one process would run), and a
@@ -28,7 +29,8 @@ from ropelens.run.measure import Measured, RunOptions, Windows, measure
 
 N_CTX, N_WINDOWS, BATCH = 24, 7, 2  # 4 batches: 2 ranks take 2 + 2, 3 ranks 2 + 1 + 1
 BANDS = Bands.quantiles(2)
-ANALYSES = {  # name → (entry point, its settings, result class, a changed setting that must not resume)
+# name → (entry point, its settings, result class, a changed setting that must not resume)
+ANALYSES = {
     "sinks": (attention_sinks, {"bands": BANDS}, AttentionSinks, {"epsilon": 0.5}),
     "distance": (attention_by_distance, {"bands": BANDS}, AttentionByDistance, {"n_sink": 0}),
     "massive": (massive_values, {}, MassiveValues, {"factor": 3.0}),
@@ -51,9 +53,10 @@ def launch(nproc: int, script: str, timeout: int = 240) -> subprocess.CompletedP
 
 
 def _run_ranks(cmd: list[str], timeout: int, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """Run the launch; again where a rank was aborted by gloo's transport ("terminate called without an active
-    exception", SIGABRT: a race of its threads on a machine with fewer cores than ranks, seen in about one launch in
-    ten of three ranks on two cores, before any analysis ran), so a result is compared only from a clean launch."""
+    """Run the launch; again where a rank was aborted by gloo's transport ("terminate called without
+    an active exception", SIGABRT: a race of its threads on a machine with fewer cores than ranks,
+    seen in about one launch in ten of three ranks on two cores, before any analysis ran), so a
+    result is compared only from a clean launch."""
     for _ in range(
         3
     ):  # up to three launches: an abort in one of ten launches, seen twice in a row under load
@@ -106,7 +109,8 @@ def one_process(gqa_dir):
 
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_ranks_equal_one_process(nproc, gqa_dir, one_process, tmp_path):
-    """sinks, distance, massive and offsets under N gloo ranks (one launch for all four) equal one process's."""
+    """sinks, distance, massive and offsets under N gloo ranks (one launch for all four) equal one
+    process's."""
     tok_path = tmp_path / "tokens.pt"
     torch.save(_tokens(), tok_path)
     script = tmp_path / "four.py"
@@ -123,8 +127,12 @@ def test_ranks_equal_one_process(nproc, gqa_dir, one_process, tmp_path):
         init_from_env("cpu")
         model = ropelens.load_model({str(gqa_dir)!r}, device="cpu")
         toks, bands = torch.load({str(tok_path)!r}), Bands.quantiles(2)
-        runs = {{"sinks": (attention_sinks, {{"bands": bands}}), "distance": (attention_by_distance, {{"bands": bands}}),
-                 "massive": (massive_values, {{}}), "offsets": (rotary_offsets, {{}})}}
+        runs = {{
+            "sinks": (attention_sinks, {{"bands": bands}}),
+            "distance": (attention_by_distance, {{"bands": bands}}),
+            "massive": (massive_values, {{}}),
+            "offsets": (rotary_offsets, {{}}),
+        }}
         for name, (run, kw) in runs.items():
             r = run(model, toks, batch_size={BATCH}, progress=False, **kw)
             if is_main():
@@ -197,7 +205,8 @@ def test_tile_is_part_of_the_checkpoint(tiny, tmp_path):
 
 
 def test_measure_records_the_run(tiny):
-    """The provenance names model, corpus, its sha256, tokens, windows, window length and every setting."""
+    """The provenance names model, corpus, its sha256, tokens, windows, window length and every
+    setting."""
     model = tiny("llama")
     built = []
 
@@ -288,8 +297,8 @@ def test_corpus_analyses_share_one_signature():
 
 
 def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
-    """README's own corpus analysis, as printed there: its numbers equal a direct capture, and a killed
-    run resumes from its checkpoint to the same numbers."""
+    """README's own corpus analysis, as printed there: its numbers equal a direct capture, and a
+    killed run resumes from its checkpoint to the same numbers."""
     import re
     from pathlib import Path
 
@@ -315,8 +324,8 @@ def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
 
 
 def test_heads_resume_from_a_checkpoint(tiny, tmp_path, monkeypatch):
-    """head_taxonomy checkpoints both its passes; a run killed in the random-token pass resumes to the
-    uninterrupted scores."""
+    """head_taxonomy checkpoints both its passes; a run killed in the random-token pass resumes to
+    the uninterrupted scores."""
     import ropelens.run.distributed as D
     from ropelens.analyses.head_taxonomy import head_taxonomy
 

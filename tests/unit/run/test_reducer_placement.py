@@ -1,6 +1,6 @@
-"""Head-score, sink and distance reducers: sums placed once on the first activations' device, per-batch
-results of layers elsewhere (device maps) sent there, no host synchronisation in ``update``, and the
-sums equal to float64 references built from the captured activations.
+"""Head-score, sink and distance reducers: sums placed once on the first activations' device,
+per-batch results of layers elsewhere (device maps) sent there, no host synchronisation in
+``update``, and the sums equal to float64 references built from the captured activations.
 
 A CPU-only machine has one real device; the ``meta`` device stands in for a second one (it accepts
 copies in, so sums placed there take results from CPU layers, but nothing copies out of it).
@@ -42,7 +42,8 @@ HOST_SYNCS = ("cpu", "item", "tolist", "numpy", "__float__", "__int__", "__index
 
 @pytest.fixture(scope="module")
 def captured():
-    """(spec, layers, {layer: LayerActs}) of a tiny Gemma-3: sliding-window and global layers, GQA."""
+    """(spec, layers, {layer: LayerActs}) of a tiny Gemma-3: sliding-window and global layers,
+    GQA."""
     model = tiny_model("gemma3")
     spec = rope_spec(model)
     toks = torch.randint(4, 100, (3, N), generator=torch.Generator().manual_seed(0))
@@ -191,7 +192,8 @@ def test_updates_never_synchronise_and_sums_match_references(name, captured):
 
 @pytest.mark.parametrize("name", list(REDUCERS))
 def test_sums_stay_on_the_first_device_under_a_device_map(name, captured):
-    """Layers alternate between two devices: the sums stay where the first layer's activations were."""
+    """Layers alternate between two devices: the sums stay where the first layer's activations
+    were."""
     spec, layers, acts = captured
     red = REDUCERS[name](spec, layers)
     for j, L in enumerate(layers):

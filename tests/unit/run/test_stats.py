@@ -1,4 +1,5 @@
-"""Statistics: bootstrap coverage and the closed-form CI, the clustered permutation test's size, power and exact p."""
+"""Statistics: bootstrap coverage and the closed-form CI, the clustered permutation test's size,
+power and exact p."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def _binomial_band(p: float, n: int, z: float = 3.5) -> float:
 
 
 def test_paired_bootstrap_covers_the_true_mean_difference_near_the_nominal_rate():
-    """500 seeded samples of 60 paired windows: the 95% interval holds the true difference about 95% of the time."""
+    """500 seeded samples of 60 paired windows: the 95% interval holds the true difference about 95%
+    of the time."""
     rng = np.random.default_rng(0)
     reps, n, true = 500, 60, 0.3
     hits = 0
@@ -75,7 +77,8 @@ def _layers(n_layers: int, per_layer: int) -> list[int]:
 
 
 def test_p_value_is_exact_enumeration_on_a_tiny_case():
-    """Two clusters of 3 and 4 units, 1 and 2 treated: 3·6 = 18 assignments, counted here by brute force."""
+    """Two clusters of 3 and 4 units, 1 and 2 treated: 3·6 = 18 assignments, counted here by brute
+    force."""
     values = [0.3, 1.2, -0.4, 0.9, 2.0, 0.1, 1.5]
     clusters = [0, 0, 0, 1, 1, 1, 1]
     treated = np.array([False, True, False, False, True, False, True])
@@ -99,8 +102,8 @@ def test_p_value_is_exact_enumeration_on_a_tiny_case():
 
 
 def test_permutation_test_rejects_at_its_nominal_rate_without_an_effect():
-    """Null data (no effect), 3 treated of 8 units in each of 4 layers, layers of different means: over 600
-    seeded simulations p ≤ 0.05 about 5% of the time."""
+    """Null data (no effect), 3 treated of 8 units in each of 4 layers, layers of different means:
+    over 600 seeded simulations p ≤ 0.05 about 5% of the time."""
     rng = np.random.default_rng(2)
     clusters = _layers(4, 8)
     reps, rejections = 600, 0
@@ -135,8 +138,8 @@ def test_permutation_test_rejects_a_strong_effect():
 
 
 def test_clustering_keeps_a_layer_effect_from_passing_as_a_set_effect():
-    """Treated units sit in the layer with the largest values but are typical there: a pooled test would reject,
-    the layer-clustered one does not."""
+    """Treated units sit in the layer with the largest values but are typical there: a pooled test
+    would reject, the layer-clustered one does not."""
     rng = np.random.default_rng(4)
     values = rng.normal(size=40) + np.repeat([0.0, 0.0, 0.0, 5.0], 10)
     treated = np.zeros(40, dtype=bool)

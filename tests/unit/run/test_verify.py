@@ -1,4 +1,5 @@
-"""The verification probe: passes on every family of the matrix, and catches every deliberately broken reading.
+"""The verification probe: passes on every family of the matrix, and catches every deliberately
+broken reading.
 
 Each break is made either in the spec ropelens reads (``rope_spec`` patched: what a misreading looks
 like) or in the model (its HF code patched: what a family ropelens was not taught looks like). Each
@@ -100,7 +101,8 @@ def test_verification_is_cached_and_redone_when_the_model_changes(monkeypatch):
 
 
 def test_an_intervention_is_verified_against_the_bridge():
-    """Plane ablation lives on the bridge: decomposing under it verifies against the bridge's own attention."""
+    """Plane ablation lives on the bridge: decomposing under it verifies against the bridge's own
+    attention."""
     model = tiny_model("llama-gqa")
     with ablate_planes(model, [0]):
         dec = ropelens.analyses.attention_decomposition(model, TOKS)
@@ -110,7 +112,8 @@ def test_an_intervention_is_verified_against_the_bridge():
 
 # ---------------------------------------------------------------------------------------- breaks
 def _caught(model, match: str) -> None:
-    """The break fails every analysis with the probe on; with verify=False they run, marked unverified."""
+    """The break fails every analysis with the probe on; with verify=False they run, marked
+    unverified."""
     with pytest.raises(UnsupportedModelError, match=match) as err:
         ropelens.analyses.band_statistics(model, TOKS, progress=False)
     assert "verify=False" in str(err.value) and "\n" not in str(err.value)
@@ -152,8 +155,8 @@ def test_wrong_pairing_is_caught(monkeypatch):
     _spec_patch(monkeypatch, pairing="adjacent")
     _caught(
         model,
-        r"layer 0 fails the rotation check .*measured on the model.s own rotated q, the rotation pairs dims "
-        r"half where the reading pairs them adjacent",
+        r"layer 0 fails the rotation check .*measured on the model.s own rotated q, the rotation "
+        r"pairs dims half where the reading pairs them adjacent",
     )
 
 
@@ -164,8 +167,8 @@ def test_wrong_pairing_the_other_way_is_caught(monkeypatch):
 
 
 def test_reversed_rotation_is_caught(monkeypatch):
-    """A model whose rotate_half returns cat(x2, −x1) (NanoChat) turns the other way: read so, and a spec
-    that misses it fails the rotation check."""
+    """A model whose rotate_half returns cat(x2, −x1) (NanoChat) turns the other way: read so, and a
+    spec that misses it fails the rotation check."""
     model = tiny_model("llama")
     monkeypatch.setattr(
         llama_mod,
@@ -200,7 +203,8 @@ def _normed_after_rope(
     past_key_values=None,
     **kwargs,
 ):
-    """LlamaAttention.forward with an RMS norm and a gain of q and k after RoPE (as HunYuan's use_qk_norm)."""
+    """LlamaAttention.forward with an RMS norm and a gain of q and k after RoPE (as HunYuan's
+    use_qk_norm)."""
     shape = (*hidden_states.shape[:-1], -1, self.head_dim)
     q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
     k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
@@ -252,7 +256,8 @@ def test_window_off_by_one_is_caught(monkeypatch, off):
 
 
 def test_long_window_is_checked_at_its_edge(monkeypatch):
-    """A window longer than the probe is checked against HF's mask function with the config's window."""
+    """A window longer than the probe is checked against HF's mask function with the config's
+    window."""
     model = tiny_model("gemma3", sliding_window=600)
     v = verify_model(model)
     assert v.passed and v.errors["window edge"] == 0 and v.n_tokens < 600

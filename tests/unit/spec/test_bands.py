@@ -112,8 +112,8 @@ def test_membership_matrix():
 
 @pytest.mark.parametrize("pairing", ["half", "adjacent"])
 def test_dim_membership_puts_every_head_dim_in_its_band(pairing):
-    """Partial rotary (head dim 20, 6 planes) and uneven bands: each dim of a plane goes with its plane's
-    band, the unrotated dims with rest, and every dim belongs to exactly one band."""
+    """Partial rotary (head dim 20, 6 planes) and uneven bands: each dim of a plane goes with its
+    plane's band, the unrotated dims with rest, and every dim belongs to exactly one band."""
     lr = layer(6, head_dim=20)
     lr = LayerRope(**{**lr.__dict__, "pairing": pairing})
     rb = Bands.explicit({"a": [0, 1, 2], "b": [4]}).resolve(lr)
@@ -136,7 +136,8 @@ def test_dim_membership_puts_every_head_dim_in_its_band(pairing):
     ],
 )
 def test_default_bands_fit_a_layer_with_few_planes(n_planes, names):
-    """Four quantiles where a layer has four planes or more, one band per plane where it has fewer."""
+    """Four quantiles where a layer has four planes or more, one band per plane where it has
+    fewer."""
     rb = Bands.default().resolve(layer(n_planes))
     assert list(rb.names) == names
     assert [p for g in rb.planes for p in g] == list(range(n_planes))

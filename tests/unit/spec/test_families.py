@@ -1,7 +1,7 @@
 """Every RoPE family HF ships: exact against HF's eager attention, or refused with a clear error.
 
-The tiny models come from :mod:`ropelens.testing.families` (windows shorter than the input, q/k weights
-scaled so attention is far from uniform), are saved to a directory and loaded with
+The tiny models come from :mod:`ropelens.testing.families` (windows shorter than the input, q/k
+weights scaled so attention is far from uniform), are saved to a directory and loaded with
 ``load_model(path)``; the reference numbers are HF's own (rotary buffers, eager scores and
 probabilities), never ropelens's.
 """
@@ -45,9 +45,10 @@ BAND_STATISTICS_MODULE = importlib.import_module("ropelens.analyses.band_statist
 EXACT = [f for f, fam in FAMILIES.items() if fam.refused is None]
 REFUSED = [f for f, fam in FAMILIES.items() if fam.refused is not None and fam.refused_at == "spec"]
 BRIDGED = [f for f in EXACT if FAMILIES[f].bridge]  # interventions run through the bridge's hooks
-# q/k normalised after RoPE: an ablation of the rotated q/k is renormalised by the norm, so it does not remove
-# exactly that plane's term of the score (NanoChat's bridge runs the HF attention whole: its variants and
-# ablations are applied at the rotation that attention calls, by ropelens.backends.engine)
+# q/k normalised after RoPE: an ablation of the rotated q/k is renormalised by the norm, so it does
+# not remove exactly that plane's term of the score (NanoChat's bridge runs the HF attention whole:
+# its variants and ablations are applied at the rotation that attention calls, by
+# ropelens.backends.engine)
 NORM_AFTER_ROPE = ("hunyuan_v1_dense", "nanochat")
 
 
@@ -58,13 +59,17 @@ def _available(name: str) -> bool:
 
 
 def _param(name: str):
-    why = f"transformers {importlib.metadata.version('transformers')} has no {FAMILIES[name].config_class}"
+    why = (
+        f"transformers {importlib.metadata.version('transformers')} has no "
+        f"{FAMILIES[name].config_class}"
+    )
     return pytest.param(name, marks=pytest.mark.skipif(not _available(name), reason=why))
 
 
 @pytest.fixture(scope="module")
 def hf_eager(family_dir):
-    """``hf_eager(family)``: HF's own model of the family (eager attention), from the directory ropelens loads."""
+    """``hf_eager(family)``: HF's own model of the family (eager attention), from the directory
+    ropelens loads."""
     return functools.cache(
         lambda name: AutoModelForCausalLM.from_pretrained(
             family_dir(name), attn_implementation="eager"
@@ -88,7 +93,8 @@ def test_family_is_exact_against_hf(family, tmp_path):
 
 @pytest.mark.parametrize("family", [_param(f) for f in REFUSED])
 def test_unsupported_family_is_refused_by_every_analysis(family, tmp_path):
-    """A family ropelens cannot measure exactly raises UnsupportedModelError naming it, never a number."""
+    """A family ropelens cannot measure exactly raises UnsupportedModelError naming it, never a
+    number."""
     model = ropelens.load_model(family_model_dir(family, tmp_path / family), device="cpu")
     with pytest.raises(UnsupportedModelError, match=FAMILIES[family].refused) as err:
         rope_spec(model)
@@ -114,14 +120,15 @@ def _hand_plane_norms(x: torch.Tensor, rotary_dim: int, pairing: str) -> torch.T
 
 
 def _positional_len(spec) -> int:
-    """Input length for analyses that build masks from positions: N_CHECK, or the shortest chunk of a chunked layer
-    (Llama 4), which they refuse past and inside which the mask is causal."""
+    """Input length for analyses that build masks from positions: N_CHECK, or the shortest chunk of
+    a chunked layer (Llama 4), which they refuse past and inside which the mask is causal."""
     return min([N_CHECK] + [spec[L].chunk for L in spec.rotary_layers if spec[L].chunk])
 
 
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
 def test_analyses_run_and_are_right(family, family_model, hf_eager):
-    """Usage equals hand plane norms of the captured queries; band statistics run on every rotary layer."""
+    """Usage equals hand plane norms of the captured queries; band statistics run on every rotary
+    layer."""
     model, spec = family_model(family)
     fam = FAMILIES[family]
     g = torch.Generator().manual_seed(1)
@@ -142,7 +149,8 @@ def test_analyses_run_and_are_right(family, family_model, hf_eager):
         lr = spec[L]
         want_q = _hand_plane_norms(acts[L]["q_pre"], lr.rotary_dim, fam.pairing).mean((0, 1))
         want_k = _hand_plane_norms(acts[L]["k_pre"], lr.rotary_dim, fam.pairing).mean((0, 1))
-        # layers of other widths (Gemma 4) share the array: a layer's own heads and planes lead, the rest is NaN
+        # layers of other widths (Gemma 4) share the array: a layer's own heads and planes lead, the
+        # rest is NaN
         for got, want in ((usage.q_norm[i], want_q), (usage.k_norm[i], want_k)):
             h, p = want.shape
             torch.testing.assert_close(got[:h, :p].float(), want.float(), rtol=1e-5, atol=1e-6)
@@ -185,8 +193,8 @@ def test_analyses_run_and_are_right(family, family_model, hf_eager):
 
 @pytest.mark.parametrize("family", [_param(f) for f in BRIDGED])
 def test_variants_rotate_what_the_spec_says_and_restore(family, family_model):
-    """Under a variant the captured rotated query (before a norm after RoPE) turns by the variant's frequencies;
-    exit restores."""
+    """Under a variant the captured rotated query (before a norm after RoPE) turns by the variant's
+    frequencies; exit restores."""
     model, spec = family_model(family)
     toks = torch.randint(4, 100, (1, N_CHECK), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -208,7 +216,8 @@ def test_variants_rotate_what_the_spec_says_and_restore(family, family_model):
         got = capture_qk(model, same, layers=[L], which=("q_pre", "q_rot"))[L]
     q, pre = got["q_rot"][0], got["q_pre"][0]
     lr = spec_with_variant(spec, variant)[L]
-    # a hybrid's layers before the first attention layer mix positions: then rotate the captured pre-RoPE query
+    # a hybrid's layers before the first attention layer mix positions: then rotate the captured
+    # pre-RoPE query
     same_pre = float((pre - pre[:1]).abs().max()) <= 1e-6 * float(pre.abs().max())
     assert (rotation_error(lr, q) if same_pre else rotation_from_pre(lr, pre, q)) < 1e-5
     with torch.no_grad():
@@ -268,7 +277,8 @@ def test_matrix_covers_the_issue_families():
 
 
 def test_pairing_check_catches_a_wrong_pairing(family_model, monkeypatch):
-    """Cohere rotates adjacent pairs: a spec that says "half" fails the pairing check (logits do not)."""
+    """Cohere rotates adjacent pairs: a spec that says "half" fails the pairing check (logits do
+    not)."""
     import dataclasses
 
     import ropelens.spec.reading as spec_mod
@@ -343,7 +353,8 @@ _REAL_SCALING = {
 
 @pytest.mark.parametrize("case", list(_REAL_SCALING))
 def test_real_scaling_configs_read_as_hf_initialises_them(case):
-    """The spec's frequencies and attention scaling equal HF's rope init function for that config."""
+    """The spec's frequencies and attention scaling equal HF's rope init function for that
+    config."""
     import transformers
     from transformers import AutoModelForCausalLM
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -368,7 +379,8 @@ def test_real_scaling_configs_read_as_hf_initialises_them(case):
 
 @pytest.mark.parametrize("family", [_param(f) for f in BRIDGED if f not in NORM_AFTER_ROPE])
 def test_ablating_a_plane_removes_exactly_its_term(family, family_model):
-    """In the first rotary layer, logits under ablate_planes([0]) = logits − plane 0's term, on every family."""
+    """In the first rotary layer, logits under ablate_planes([0]) = logits − plane 0's term, on
+    every family."""
     from ropelens.run.intervene import ablate_planes
 
     model, spec = family_model(family)
@@ -386,7 +398,8 @@ def test_ablating_a_plane_removes_exactly_its_term(family, family_model):
 
 
 def test_a_config_key_the_family_ignores_does_not_change_the_spec(tmp_path):
-    """GPT-NeoX has no grouped-query attention: a stray num_key_value_heads in its config is not read."""
+    """GPT-NeoX has no grouped-query attention: a stray num_key_value_heads in its config is not
+    read."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -400,7 +413,7 @@ def test_a_config_key_the_family_ignores_does_not_change_the_spec(tmp_path):
     assert {lr.n_kv_heads for lr in rope_spec(model).layers} == {4}
 
 
-# ============================================================================ band statistics, every family
+# ==================================================================== band statistics, every family
 NO_POST_HOOK = (
     "phi3",
     "gpt_neox",
@@ -412,8 +425,9 @@ BAND_TILES = (
 
 
 def _layer_planes(family: str, layer: int) -> torch.Tensor:
-    """The family's planes of ``layer`` written out: under proportional RoPE (Gemma 4's global layers) every
-    dim pair (i, i + d/2) of the wider head is a plane, the ones past the turning share at frequency 0."""
+    """The family's planes of ``layer`` written out: under proportional RoPE (Gemma 4's global
+    layers) every dim pair (i, i + d/2) of the wider head is a plane, the ones past the turning
+    share at frequency 0."""
     fam = FAMILIES[family]
     if layer not in fam.turning and layer not in fam.head_dims:
         return _hand_planes(family)
@@ -427,8 +441,9 @@ def _layer_planes(family: str, layer: int) -> torch.Tensor:
 
 
 def _model_dims(family: str, idx: torch.Tensor) -> torch.Tensor:
-    """Head dims as ropelens numbers them (rotary dims first) → as HF's attention receives them: multi-head latent
-    attention puts its qk_rope_head_dim rotary dims after the qk_nope_head_dim no-position ones (from the config)."""
+    """Head dims as ropelens numbers them (rotary dims first) → as HF's attention receives them:
+    multi-head latent attention puts its qk_rope_head_dim rotary dims after the qk_nope_head_dim
+    no-position ones (from the config)."""
     c = FAMILIES[family].config
     if not c.get("qk_rope_head_dim"):
         return idx
@@ -450,7 +465,8 @@ def _band_inputs(family: str, family_model, hf_eager, layers: list[int] | None =
     per = []
     for L in layers:
         dims = list(bands.resolve(spec[L]).dims)
-        # the reference's full score is the sum of the bands: they must partition the head into whole planes
+        # the reference's full score is the sum of the bands: they must partition the head into
+        # whole planes
         assert sorted(torch.cat(dims).tolist()) == list(range(spec[L].head_dim))
         per.append(
             dense_layer_sums(
@@ -474,9 +490,10 @@ def _band_sums(
 
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
 def test_band_statistics_match_hf_dense_reference(family, family_model, hf_eager, monkeypatch):
-    """Every band-statistics sum equals the dense float64 reference built from the q, k, scale, window,
-    cap, sinks and probabilities HF's own eager attention receives and returns (``test_band_tiles``),
-    through query tiles, key tiles, and the running Σ k kᵀ wherever a tile has keys all its queries see."""
+    """Every band-statistics sum equals the dense float64 reference built from the q, k, scale,
+    window, cap, sinks and probabilities HF's own eager attention receives and returns
+    (``test_band_tiles``), through query tiles, key tiles, and the running Σ k kᵀ wherever a tile
+    has keys all its queries see."""
     monkeypatch.setattr(BAND_STATISTICS_MODULE, "GRAM_MIN_KEYS", 1)
     model, spec = family_model(family)
     for (
@@ -485,8 +502,9 @@ def test_band_statistics_match_hf_dense_reference(family, family_model, hf_eager
         toks, bands, _, want = _band_inputs(family, family_model, hf_eager, group)
         for tile, jsd in BAND_TILES:
             got = _band_sums(model, spec, toks, bands, tile, jsd, layers=group)
-            # float32 scores carry ~1e-7 of the largest one; a sum that cancels near 0 keeps that (Persimmon's
-            # q/k layer norm makes scores in the thousands): 1e-6 of each sum's largest value, a wrong term is O(1)
+            # float32 scores carry ~1e-7 of the largest one; a sum that cancels near 0 keeps that
+            # (Persimmon's q/k layer norm makes scores in the thousands): 1e-6 of each sum's largest
+            # value, a wrong term is O(1)
             assert_sums_match(
                 got,
                 want if jsd else {k: v for k, v in want.items() if k != "jsd"},
@@ -508,8 +526,8 @@ class _KeepPost:
 
 
 def _post_rope_error(model, spec, toks, lays) -> float:
-    """Largest relative difference of the post-RoPE q and k the bridge path hands reducers (rotated by
-    ropelens where no post-RoPE hook fires) from the ones HF's attention receives."""
+    """Largest relative difference of the post-RoPE q and k the bridge path hands reducers (rotated
+    by ropelens where no post-RoPE hook fires) from the ones HF's attention receives."""
     keep = _KeepPost()
     stream(model, [toks], [keep], spec=spec, progress=False, fast=False)
     err = 0.0
@@ -527,11 +545,11 @@ def _post_rope_error(model, spec, toks, lays) -> float:
 def test_wrong_pairing_is_caught_where_ropelens_rotates_itself(
     family, family_model, hf_eager, monkeypatch
 ):
-    """Without a post-RoPE hook the bridge path's post-RoPE q and k are ropelens's own rotation of the
-    pre-RoPE ones, so comparing them with the spec's rotation compares ropelens with itself (the fast
-    path taps the model's own rotation instead). Against the model's own output (the q and k HF's
-    attention receives) they agree under the family's pairing, and the band statistics match the
-    dense reference; a spec with the pairing flipped fails both."""
+    """Without a post-RoPE hook the bridge path's post-RoPE q and k are ropelens's own rotation of
+    the pre-RoPE ones, so comparing them with the spec's rotation compares ropelens with itself (the
+    fast path taps the model's own rotation instead). Against the model's own output (the q and k
+    HF's attention receives) they agree under the family's pairing, and the band statistics match
+    the dense reference; a spec with the pairing flipped fails both."""
     monkeypatch.setattr(BAND_STATISTICS_MODULE, "GRAM_MIN_KEYS", 1)
     model, spec = family_model(family)
     assert all(attn_hooks(model, L).q_post is None for L in spec.rotary_layers)

@@ -1,4 +1,5 @@
-"""Hybrid models: their softmax-attention layers measured exactly, their other layers listed and refused.
+"""Hybrid models: their softmax-attention layers measured exactly, their other layers listed and
+refused.
 
 Qwen3-Next and Qwen 3.5 put Gated DeltaNet linear attention, LFM2 short convolutions, Bamba and
 Granite 4 Mamba-2 layers between softmax-attention layers; Falcon-H1 runs a Mamba-2 mixer beside
@@ -38,7 +39,8 @@ def _toks(seed: int = 0, n: int = N_CHECK) -> torch.Tensor:
     ],
 )
 def test_spec_lists_the_layers_without_attention(family, kinds, mixer, family_model):
-    """Every layer keeps the model's number; the others carry their kind and HF class, and no heads or planes."""
+    """Every layer keeps the model's number; the others carry their kind and HF class, and no heads
+    or planes."""
     model, spec = family_model(family)
     assert spec.kinds == kinds
     other = [k for k in kinds if k in MIXER_KINDS]
@@ -75,7 +77,8 @@ def test_falcon_h1_attention_is_listed_with_the_mamba_beside_it(family_model):
 
 @pytest.mark.parametrize("run", ["usage", "decompose", "band_statistics", "capture"])
 def test_asking_for_a_layer_without_attention_names_it(run, family_model):
-    """layers=[0] on Qwen3-Next: a one-line InputError naming layer 0, its kind and the attention layers."""
+    """layers=[0] on Qwen3-Next: a one-line InputError naming layer 0, its kind and the attention
+    layers."""
     model, _ = family_model("qwen3_next")
     toks = _toks()
     call = {
@@ -143,16 +146,17 @@ def test_usage_verification_and_fast_path_skip_the_linear_layers(family_model):
 
 
 def test_output_gate_changes_neither_logits_nor_pattern(tmp_path):
-    """Qwen3-Next gates the attention output, sigmoid(x·W_g) ⊙ (softmax·V), after the softmax: with the
-    gate rows of q_proj changed, HF's probabilities and ropelens's logits stay the same while the model's
-    output moves, and ropelens's numbers still equal HF's."""
+    """Qwen3-Next gates the attention output, sigmoid(x·W_g) ⊙ (softmax·V), after the softmax: with
+    the gate rows of q_proj changed, HF's probabilities and ropelens's logits stay the same while
+    the model's output moves, and ropelens's numbers still equal HF's."""
     from transformers import AutoModelForCausalLM
 
     toks = _toks(2)
     runs = []
     for scale in (1.0, -3.0):
         hf = family_hf_model("qwen3_next")
-        # the last attention layer's gate: an earlier one would change the input of the layers after it
+        # the last attention layer's gate: an earlier one would change the input of the layers after
+        # it
         attn = hf.model.layers[3].self_attn
         with torch.no_grad():  # q_proj makes [query | gate] per head: scale the gate half only
             w = attn.q_proj.weight.view(attn.config.num_attention_heads, 2 * attn.head_dim, -1)
@@ -195,8 +199,9 @@ def test_a_plain_attention_has_no_output_gate(family_model):
     "config_class", ["Qwen3NextConfig", "Qwen3_5TextConfig", "Qwen3_5MoeTextConfig"]
 )
 def test_real_config_partial_rotary_is_read(config_class):
-    """The real configs rotate a quarter of each 256-wide head (64 dims, 32 planes, base 1e7 / 1e4 as set):
-    the spec reads exactly that from a model built with those defaults and HF's own rotary buffers."""
+    """The real configs rotate a quarter of each 256-wide head (64 dims, 32 planes, base 1e7 / 1e4
+    as set): the spec reads exactly that from a model built with those defaults and HF's own rotary
+    buffers."""
     import transformers
     from transformers import AutoModelForCausalLM
 

@@ -1,4 +1,5 @@
-"""Inkling 2: causal and sliding-window masks, but no RoPE; a learned relative-position bias joins q·k instead."""
+"""Inkling 2: causal and sliding-window masks, but no RoPE; a learned relative-position bias joins
+q·k instead."""
 
 from __future__ import annotations
 
@@ -56,8 +57,9 @@ def _eager_calls(hf) -> dict[int, dict]:
 
 
 def test_scores_are_qk_plus_a_relative_bias_and_a_sink_not_rotated_qk(tiny):
-    """The reason for the refusal, checked on HF's own eager attention: the masks would fit ropelens's spec, but the
-    probabilities are softmax([q·k·scale + mask + bias, sink]), and the bias moves them."""
+    """The reason for the refusal, checked on HF's own eager attention: the masks would fit
+    ropelens's spec, but the probabilities are softmax([q·k·scale + mask + bias, sink]), and the
+    bias moves them."""
     hf, _ = tiny
     assert not reading._rotary_modules(hf)  # nothing rotary in the text tower
     calls = _eager_calls(hf)
@@ -74,7 +76,8 @@ def test_scores_are_qk_plus_a_relative_bias_and_a_sink_not_rotated_qk(tiny):
         bias, sink = c["position_bias"], c["sinks"]
         full = torch.softmax(torch.cat([s + bias, sink], -1), -1)[..., :-1]
         no_bias = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1]
-        # float32, the same ops as HF's in the same order: equal up to rounding (~1e-7); the bias moves p by ~5e-3
+        # float32, the same ops as HF's in the same order: equal up to rounding (~1e-7); the bias
+        # moves p by ~5e-3
         torch.testing.assert_close(full, c["probs"], rtol=0, atol=1e-6)
         assert float((no_bias - c["probs"]).abs().max()) > 1e-3, L
         assert float(sink.std(2).max()) > 1e-2  # a sink logit per query token, not one per head
@@ -95,7 +98,8 @@ def test_inkling2_is_not_rotary_and_says_why_in_one_line(tiny):
 
 
 def test_a_relative_bias_beside_rope_is_refused_as_unsupported(tiny, monkeypatch):
-    """Were the same bias added to rotated scores, the scores would still not be q·k times one scale: refused."""
+    """Were the same bias added to rotated scores, the scores would still not be q·k times one
+    scale: refused."""
     _, path = tiny
     model = ropelens.load_model(path, device="cpu")
     monkeypatch.setattr(reading, "_rotary_modules", lambda hf: [torch.nn.Module()])

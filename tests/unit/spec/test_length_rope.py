@@ -28,22 +28,24 @@ def _plain(base: float) -> torch.Tensor:
 
 
 def dynamic_ntk(n: int, factor: float) -> torch.Tensor:
-    """Dynamic NTK (Reddit /u/emozilla, as in HF): the base grows with the length once past the native context."""
+    """Dynamic NTK (Reddit /u/emozilla, as in HF): the base grows with the length once past the
+    native context."""
     if n <= NATIVE:
         return _plain(BASE)
     return _plain(BASE * ((factor * n / NATIVE) - (factor - 1)) ** (DIM / (DIM - 2)))
 
 
 def longrope(n: int) -> torch.Tensor:
-    """LongRoPE (Phi-3): each plane's frequency divided by its short factor within the native context, by its long
-    factor past it."""
+    """LongRoPE (Phi-3): each plane's frequency divided by its short factor within the native
+    context, by its long factor past it."""
     factors = torch.tensor(LONG if n > NATIVE else SHORT, dtype=torch.float64)
     return _plain(BASE) / factors
 
 
 @pytest.fixture
 def dynamic():
-    """A fresh model each test: HF's dynamic NTK keeps the frequencies of the longest input it has seen."""
+    """A fresh model each test: HF's dynamic NTK keeps the frequencies of the longest input it has
+    seen."""
     return tiny_model(
         "llama",
         max_position_embeddings=NATIVE,
@@ -91,8 +93,8 @@ def test_longrope_switches_factors_at_the_native_context(long_rope, n):
 
 
 def test_the_short_reading_past_the_native_context_is_refused():
-    """The check that makes the reading at length necessary: the spec of a short probe, verified on a long input,
-    fails the rotation check with the frequencies measured."""
+    """The check that makes the reading at length necessary: the spec of a short probe, verified on
+    a long input, fails the rotation check with the frequencies measured."""
     n = 48
     dynamic = tiny_model(
         "llama",
@@ -130,7 +132,8 @@ def test_fixed_frequencies_are_left_alone(tiny):
 
 
 def test_a_variant_in_force_keeps_its_own_frequencies(dynamic):
-    """Under a RoPE variant the spec is the variant's: the model's rotary buffers at the length do not replace it."""
+    """Under a RoPE variant the spec is the variant's: the model's rotary buffers at the length do
+    not replace it."""
     from ropelens.run.intervene import apply_rope_variant
     from ropelens.spec.variants import PRoPE
 

@@ -1,8 +1,9 @@
-"""Llama 4's text model: chunked rotary layers measured exactly, NoPE layers with a query temperature listed.
+"""Llama 4's text model: chunked rotary layers measured exactly, NoPE layers with a query
+temperature listed.
 
-The tiny model comes from :mod:`ropelens.testing.families` (``attention_chunk_size`` 8, layers 0-2 chunked and
-rotary, layer 3 a NoPE full-attention layer with ``attn_temperature_tuning``). The reference is HF's own eager
-attention, run on a separately loaded copy of the model.
+The tiny model comes from :mod:`ropelens.testing.families` (``attention_chunk_size`` 8, layers 0-2
+chunked and rotary, layer 3 a NoPE full-attention layer with ``attn_temperature_tuning``). The
+reference is HF's own eager attention, run on a separately loaded copy of the model.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ N = 3 * CHUNK + 5  # longer than two chunks, the last one partial
 
 
 def _save(dest, **config):
-    """The llama4 family's tiny model with ``config`` overriding its config, saved with the tiny tokenizer."""
+    """The llama4 family's tiny model with ``config`` overriding its config, saved with the tiny
+    tokenizer."""
     cfg = transformers.Llama4TextConfig(**dict(FAMILIES["llama4"].config, **config))
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -59,8 +61,9 @@ def _tokens(n: int = N) -> torch.Tensor:
 
 
 def test_reading(llama4):
-    """Chunked rotary layers with the config's chunk, adjacent pairs (the complex product), the L2 norm after RoPE;
-    the NoPE layer keeps its temperature, read from its attention module; the plain HF model, saying why."""
+    """Chunked rotary layers with the config's chunk, adjacent pairs (the complex product), the L2
+    norm after RoPE; the NoPE layer keeps its temperature, read from its attention module; the plain
+    HF model, saying why."""
     model, spec, hf = llama4
     assert isinstance(model, PlainModel) and model.cfg.why == CHUNKED_WHY
     assert spec.kinds == {"chunked": [0, 1, 2], "nope": [3]}
@@ -80,7 +83,8 @@ def test_reading(llama4):
 
 
 def test_mask_is_hf_chunked_mask():
-    """LayerRope.mask with a chunk is HF's chunked_causal_mask_function (no padding), entry by entry."""
+    """LayerRope.mask with a chunk is HF's chunked_causal_mask_function (no padding), entry by
+    entry."""
     from transformers.masking_utils import chunked_causal_mask_function
 
     from ropelens.spec.rope import LayerRope
@@ -106,8 +110,9 @@ def test_mask_is_hf_chunked_mask():
 
 
 def test_decomposition_and_pattern_match_hf_over_three_chunks(llama4):
-    """On 29 tokens (three chunks and a part), the summed band logits are HF's scores where HF's mask lets a key in,
-    ropelens masks exactly the keys HF's chunked mask drops, and the rebuilt and band-only patterns are HF's."""
+    """On 29 tokens (three chunks and a part), the summed band logits are HF's scores where HF's
+    mask lets a key in, ropelens masks exactly the keys HF's chunked mask drops, and the rebuilt and
+    band-only patterns are HF's."""
     model, spec, hf = llama4
     toks = _tokens()
     with torch.no_grad(), hf_scores(hf) as scores:
@@ -121,24 +126,28 @@ def test_decomposition_and_pattern_match_hf_over_three_chunks(llama4):
     )  # the input spans chunk boundaries
     for L in (0, 1, 2):
         ours = dec.band_logits(L).sum(2)  # [batch, head, q, k]
-        # HF's attention: nothing beyond the chunk (its probabilities are 0 there), and ropelens masks the same keys
+        # HF's attention: nothing beyond the chunk (its probabilities are 0 there), and ropelens
+        # masks the same keys
         assert (probs[L][..., ~allowed] == 0).all()
         assert (
             torch.isneginf(dec.logits(L)[..., ~allowed]).all()
             and torch.isfinite(dec.logits(L)[..., allowed]).all()
         )
         ref = scores[L][..., allowed]
-        # float32 q·k of O(10) values summed in another order: ~1e-6 relative; a wrong plane or scale is O(1)
+        # float32 q·k of O(10) values summed in another order: ~1e-6 relative; a wrong plane or
+        # scale is O(1)
         assert float((ours[..., allowed] - ref).abs().max() / ref.abs().max()) < 1e-5
-        # probabilities in [0, 1] from float32 softmaxes of the same scores: ~1e-7; a wrong mask moves them by O(0.1)
+        # probabilities in [0, 1] from float32 softmaxes of the same scores: ~1e-7; a wrong mask
+        # moves them by O(0.1)
         assert float((dec.rebuilt_pattern(L) - probs[L]).abs().max()) < 1e-5
     one = ropelens.analyses.attention_decomposition(model, toks, bands=Bands.all(), layers=[0])
     assert float((one.band_patterns(0)[:, :, 0] - probs[0]).abs().max()) < 1e-5
 
 
 def test_frequency_usage_over_chunks_and_band_statistics_within_one(llama4):
-    """Frequency usage runs on windows longer than a chunk; band statistics, which build masks from positions,
-    run on one chunk (where the mask is causal) and refuse longer windows in one line naming the layer and chunk."""
+    """Frequency usage runs on windows longer than a chunk; band statistics, which build masks from
+    positions, run on one chunk (where the mask is causal) and refuse longer windows in one line
+    naming the layer and chunk."""
     model, spec, _ = llama4
     toks = _tokens()
     usage = ropelens.analyses.frequency_usage(model, toks, progress=False, n_sink=0)
@@ -178,8 +187,8 @@ def test_probe_refuses_a_wrong_chunk(llama4, chunk):
 
 
 def test_chunks_longer_than_the_probe_are_checked_at_their_edge(tmp_path):
-    """A 300-token chunk (longer than the probe) is checked against HF's chunked mask function at its edge;
-    a spec whose chunk is one token short fails there."""
+    """A 300-token chunk (longer than the probe) is checked against HF's chunked mask function at
+    its edge; a spec whose chunk is one token short fails there."""
     model = ropelens.load_model(_save(tmp_path / "long", attention_chunk_size=300), device="cpu")
     spec = rope_spec(model)
     v = verify_model(model, spec)
@@ -197,8 +206,8 @@ def test_chunks_longer_than_the_probe_are_checked_at_their_edge(tmp_path):
 
 
 def test_nope_layers_with_a_query_temperature(llama4, tmp_path):
-    """Listed as NoPE layers, left out of every default selection and refused in one line when named; without
-    attn_temperature_tuning they are plain NoPE layers that may be named."""
+    """Listed as NoPE layers, left out of every default selection and refused in one line when
+    named; without attn_temperature_tuning they are plain NoPE layers that may be named."""
     _, spec, _ = llama4
     assert spec.layer_indices(None, rotary_only=False) == [0, 1, 2]
     with pytest.raises(

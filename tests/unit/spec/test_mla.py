@@ -1,9 +1,9 @@
 """Multi-head latent attention (DeepSeek V2/V3, MiniCPM3, GLM-4.7-Flash) read exactly.
 
-Each MLA head is ``[no-position dims, rotary dims]`` with one rotary key shared by every head; ropelens
-captures heads with the rotary dims first (the same permutation of q's and k's dims, so every q·k is
-unchanged). The references are HF's own: its rotary and attention modules, its rotation functions,
-its eager attention (through ``check_family``).
+Each MLA head is ``[no-position dims, rotary dims]`` with one rotary key shared by every head;
+ropelens captures heads with the rotary dims first (the same permutation of q's and k's dims, so
+every q·k is unchanged). The references are HF's own: its rotary and attention modules, its rotation
+functions, its eager attention (through ``check_family``).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def test_mla_family_is_exact(family, family_dir):
 
 @pytest.mark.parametrize("interleave", [True, False])
 def test_deepseek_v3_rotation_layouts(interleave, monkeypatch):
-    """rope_interleave on (adjacent pairs read, halves written) and off (halves both ways): both exact."""
+    """rope_interleave on (adjacent pairs read, halves written) and off (halves both ways): both
+    exact."""
     fam = FAMILIES["deepseek_v3"]
     name = f"deepseek_v3_interleave_{interleave}"
     monkeypatch.setitem(
@@ -67,7 +68,8 @@ def test_deepseek_v3_rotation_layouts(interleave, monkeypatch):
 
 
 def test_layout_against_hf_rotations():
-    """The spec's rotation of ropelens's pre-RoPE layout is HF's own rotation of the model's slice."""
+    """The spec's rotation of ropelens's pre-RoPE layout is HF's own rotation of the model's
+    slice."""
     from transformers.models.deepseek_v2 import modeling_deepseek_v2 as v2
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3
 
@@ -136,8 +138,8 @@ def test_from_model_puts_rotary_dims_first_and_keeps_scores():
 
 
 def test_shared_rotary_key_has_equal_plane_norms_across_heads(family_dir):
-    """k_pe is one vector for every head: usage's key norm of each plane is the same in every head; the
-    no-position dims are per head, so the whole key is not."""
+    """k_pe is one vector for every head: usage's key norm of each plane is the same in every head;
+    the no-position dims are per head, so the whole key is not."""
     model = ropelens.load_model(family_dir("deepseek_v3"), device="cpu")
     usage = ropelens.analyses.frequency_usage(model, _tokens(), progress=False)
     k = usage.k_norm  # [layer, head, plane]
@@ -150,8 +152,9 @@ def test_shared_rotary_key_has_equal_plane_norms_across_heads(family_dir):
 
 
 def test_decomposition_sums_to_hf_scores_with_a_no_position_term(family_dir):
-    """The rotary planes (band "all") and the no-position term (band "rest") are HF's own q·k over the config's
-    rotary dims (the last qk_rope_head_dim of each head) and no-position dims (the first qk_nope_head_dim)."""
+    """The rotary planes (band "all") and the no-position term (band "rest") are HF's own q·k over
+    the config's rotary dims (the last qk_rope_head_dim of each head) and no-position dims (the
+    first qk_nope_head_dim)."""
     import importlib
 
     from transformers import AutoModelForCausalLM
@@ -195,8 +198,8 @@ def test_decomposition_sums_to_hf_scores_with_a_no_position_term(family_dir):
 
 
 def _real_v3(interleave: bool = True):
-    """DeepSeek V3's real attention shapes (DeepseekV3Config defaults: 128 heads, 128 + 64 dims) and the
-    checkpoint's YaRN, in one layer with a narrow residual stream."""
+    """DeepSeek V3's real attention shapes (DeepseekV3Config defaults: 128 heads, 128 + 64 dims) and
+    the checkpoint's YaRN, in one layer with a narrow residual stream."""
     from transformers import AutoModelForCausalLM, DeepseekV3Config
 
     d = DeepseekV3Config()
@@ -262,7 +265,8 @@ def test_real_deepseek_v3_shapes_and_yarn_scale():
 
 
 def test_wrong_layout_readings_fail_the_probe(family_dir):
-    """A spec without the de-interleave, or with the rotary dims read in place (offset 0), is refused by the probe."""
+    """A spec without the de-interleave, or with the rotary dims read in place (offset 0), is
+    refused by the probe."""
     model = ropelens.load_model(family_dir("deepseek_v3"), device="cpu")
     spec = rope_spec(model)
     for change, check in (({"pre_interleaved": False}, "rotation"), ({"rotary_offset": 0}, "qk")):
@@ -274,7 +278,8 @@ def test_wrong_layout_readings_fail_the_probe(family_dir):
 
 
 def test_mla_bridge_is_refused_in_one_line(family_dir):
-    """A bridge booted around an MLA model (not by ropelens) is refused: its hooks give no pre-RoPE q/k."""
+    """A bridge booted around an MLA model (not by ropelens) is refused: its hooks give no pre-RoPE
+    q/k."""
     from types import SimpleNamespace
 
     from ropelens.spec.reading import _refuse_unsupported
@@ -301,8 +306,8 @@ def test_summary_shows_where_the_planes_sit(family_dir):
 
 
 def test_qk_capture_runs_sdpa_not_eager(family_dir, monkeypatch):
-    """q/k alone never build eager attention's [heads, n, n] matrices: the family's sdpa runs, and its q/k equal
-    the ones eager attention receives (captured with the pattern)."""
+    """q/k alone never build eager attention's [heads, n, n] matrices: the family's sdpa runs, and
+    its q/k equal the ones eager attention receives (captured with the pattern)."""
     import importlib
 
     model = ropelens.load_model(family_dir("deepseek_v3"), device="cpu")
@@ -319,5 +324,6 @@ def test_qk_capture_runs_sdpa_not_eager(family_dir, monkeypatch):
     alone = ropelens.capture_qk(model, toks, which=("q_pre", "k_pre", "q_post", "k_post"))
     for L, acts in alone.items():
         for name, t in acts.tensors.items():
-            # the same projections and rotation in float32 before either attention: equal to rounding
+            # the same projections and rotation in float32 before either attention: equal to
+            # rounding
             assert torch.allclose(t, with_pattern[L][name], atol=1e-6), (L, name)

@@ -1,4 +1,5 @@
-"""Families beyond the first matrix: each is exact against HF's eager attention or refused in one line.
+"""Families beyond the first matrix: each is exact against HF's eager attention or refused in one
+line.
 
 Every family is loaded as a user would (``load_model(path)`` on a saved directory) and run with the
 probe on: it either passes and the numbers equal HF's own (rotary buffers, eager scores and
@@ -63,7 +64,8 @@ def _analyses(model):
 
 @pytest.mark.parametrize("family", [_param(f) for f in NEW])
 def test_family_is_exact_or_refused_in_one_line(family, family_dir):
-    """With the probe on, a family passes (and every analysis runs) or every step raises one clear line."""
+    """With the probe on, a family passes (and every analysis runs) or every step raises one clear
+    line."""
     fam = FAMILIES[family]
     path = family_dir(family)
     if fam.refused_at == "load":
@@ -89,11 +91,13 @@ def test_family_is_exact_or_refused_in_one_line(family, family_dir):
 
 @pytest.mark.parametrize("family", [_param(f) for f in EXACT])
 def test_exact_family_matches_hf(family, tmp_path):
-    """Summed band logits, rebuilt pattern and rotation equal HF's own numbers; the NoPE layer is read as such."""
+    """Summed band logits, rebuilt pattern and rotation equal HF's own numbers; the NoPE layer is
+    read as such."""
     r = check_family(family, workdir=tmp_path)
     assert r.refusal is None and r.spec_errors == []
     assert r.inv_freq_err == 0.0
-    # float32 sums of 16 products of O(10) values: relative error ~1e-7; 1e-5 leaves room, a wrong term is O(1)
+    # float32 sums of 16 products of O(10) values: relative error ~1e-7; 1e-5 leaves room, a wrong
+    # term is O(1)
     assert r.scores_err < 1e-5 and r.pairing_err < 1e-5
     assert r.pattern_err < 1e-4 and r.band_pattern_err < 1e-4
     assert r.kinds.get("nope", []) == list(FAMILIES[family].nope_layers)
@@ -101,8 +105,8 @@ def test_exact_family_matches_hf(family, tmp_path):
 
 @pytest.mark.parametrize("family", NOPE)
 def test_full_attention_layers_apply_no_rope(family):
-    """Independently of ropelens: on one token repeated, the query entering layer 3's score is the same at
-    every position (no rotation), while layer 0's turns; ropelens reads layer 3 as NoPE."""
+    """Independently of ropelens: on one token repeated, the query entering layer 3's score is the
+    same at every position (no rotation), while layer 0's turns; ropelens reads layer 3 as NoPE."""
     hf = family_hf_model(family)
     mod = importlib.import_module(type(hf).__module__)
     seen = {}
@@ -141,7 +145,8 @@ def spec_kind(family: str, layer: int) -> str:
 
 
 def test_nanochat_direction_is_read_from_the_model():
-    """NanoChat's rotate_half returns cat(x2, −x1): the spec turns the other way, as HF's own rotation does."""
+    """NanoChat's rotate_half returns cat(x2, −x1): the spec turns the other way, as HF's own
+    rotation does."""
     hf = family_hf_model("nanochat")
     lr = _spec("nanochat")[0]
     assert lr.direction == -1
@@ -158,7 +163,8 @@ def test_nanochat_direction_is_read_from_the_model():
 
 
 def test_direction_defaults_and_round_trips():
-    """Specs saved before the direction field load as today's rotation; a flipped one survives a round trip."""
+    """Specs saved before the direction field load as today's rotation; a flipped one survives a
+    round trip."""
     lr = _spec("exaone4")[0]
     d = lr.to_dict()
     del d["direction"]
@@ -185,14 +191,16 @@ def _fresh(family: str, family_dir):
     "family", ["hunyuan_v1_dense", "nanochat", "llama", "qwen3", "gemma3_text"]
 )
 def test_norm_after_rope_is_read_from_the_forward(family, family_dir):
-    """Read on the model at run time: set where q/k change after the rotation, unset where a norm comes before it."""
+    """Read on the model at run time: set where q/k change after the rotation, unset where a norm
+    comes before it."""
     spec = rope_spec(_fresh(family, family_dir))
     assert {lr.norm_after_rope for lr in spec.layers} == {family in NORMED}
 
 
 @pytest.mark.parametrize("family", NORMED)
 def test_norm_after_rope_read_as_absent_is_caught(family, family_dir, monkeypatch):
-    """A reading that misses the norm takes the rotated q/k as the score's: the probe's q/k check refuses it."""
+    """A reading that misses the norm takes the rotated q/k as the score's: the probe's q/k check
+    refuses it."""
     import ropelens.spec.reading as reading
 
     monkeypatch.setattr(reading, "_norm_after_rope", lambda *_: False)
@@ -207,7 +215,8 @@ def test_norm_after_rope_read_as_absent_is_caught(family, family_dir, monkeypatc
 def _hf_attention_inputs(
     family: str, family_dir, toks: torch.Tensor
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Layer → (query, key) HF's own eager attention function receives, ``[batch, head, pos, d]``."""
+    """Layer → (query, key) HF's own eager attention function receives, ``[batch, head, pos,
+    d]``."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(
@@ -232,8 +241,9 @@ def _hf_attention_inputs(
 @pytest.mark.parametrize("fast", [True, False], ids=["fast path", "bridge"])
 @pytest.mark.parametrize("family", NORMED)
 def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, family_dir):
-    """Post-RoPE frequency usage equals the plane norms of the q and k HF's attention function receives (after
-    the norm), on both capture paths; the pairing is written out by hand ((i, i + d/2))."""
+    """Post-RoPE frequency usage equals the plane norms of the q and k HF's attention function
+    receives (after the norm), on both capture paths; the pairing is written out by hand ((i, i +
+    d/2))."""
     from ropelens.analyses.frequency_usage import UsageReducer
     from ropelens.run.capture import stream
 
@@ -264,8 +274,9 @@ def test_usage_is_the_plane_norms_of_what_enters_the_score(family, fast, family_
 
 
 def test_norm_after_rope_classifier_on_known_transforms():
-    """Same tensors: no norm; an RMS norm with a per-dim gain, or an L2 norm, in float32 or rounded to bf16: a norm;
-    a mean-subtracting layer norm or a mixing of dims: neither (left to the probe's q/k check to refuse)."""
+    """Same tensors: no norm; an RMS norm with a per-dim gain, or an L2 norm, in float32 or rounded
+    to bf16: a norm; a mean-subtracting layer norm or a mixing of dims: neither (left to the probe's
+    q/k check to refuse)."""
     from ropelens.spec.reading import _norm_after_rope
 
     g = torch.Generator().manual_seed(0)
@@ -285,7 +296,8 @@ def test_norm_after_rope_classifier_on_known_transforms():
 
 
 def test_norm_after_rope_defaults_and_round_trips():
-    """Specs saved before the norm_after_rope field load as a layer without one; a set one survives a round trip."""
+    """Specs saved before the norm_after_rope field load as a layer without one; a set one survives
+    a round trip."""
     lr = _spec("nanochat")[0]
     assert lr.norm_after_rope
     d = lr.to_dict()

@@ -1,5 +1,6 @@
-"""Resonance RoPE, CoPE's soft clipping and FoPE's zeroing: frequencies against closed forms written out here,
-rotated queries in a bridge and a plain HF model, serialisation, CLI parsing and refused parameters."""
+"""Resonance RoPE, CoPE's soft clipping and FoPE's zeroing: frequencies against closed forms written
+out here, rotated queries in a bridge and a plain HF model, serialisation, CLI parsing and refused
+parameters."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def _plain_theta(base: float, d: int) -> list[float]:
 # frequencies against closed forms
 # --------------------------------------------------------------------------------------------
 def test_resonance_rounds_every_wavelength(layer):
-    """Tiny Llama: base 1e4, d 16. Wavelengths 2π·10^(i/2): 6.28, 19.87, 62.83, 198.7, 628.3, 1986.9, 6283.2,
-    19869.2 round to 6, 20, 63, 199, 628, 1987, 6283, 19869."""
+    """Tiny Llama: base 1e4, d 16. Wavelengths 2π·10^(i/2): 6.28, 19.87, 62.83, 198.7, 628.3,
+    1986.9, 6283.2, 19869.2 round to 6, 20, 63, 199, 628, 1987, 6283, 19869."""
     assert (layer.base, layer.rotary_dim) == (10000.0, 16)
     rounded = [6, 20, 63, 199, 628, 1987, 6283, 19869]
     assert [round(TWO_PI / t) for t in _plain_theta(10000.0, 16)] == rounded
@@ -57,8 +58,8 @@ def test_resonance_rounds_every_wavelength(layer):
 
 @pytest.mark.parametrize(("factor", "L0"), [(4.0, 64), (8.0, 32)])
 def test_resonance_yarn_rounds_yarn_wavelengths(layer, factor, L0):
-    """Resonance-YaRN: YaRN's frequencies (HF yarn, β 32/1) with integer wavelengths, YaRN's cos/sin multiplier
-    0.1·ln s + 1; the YaRN frequencies are recomputed here from the ramp written out."""
+    """Resonance-YaRN: YaRN's frequencies (HF yarn, β 32/1) with integer wavelengths, YaRN's cos/sin
+    multiplier 0.1·ln s + 1; the YaRN frequencies are recomputed here from the ramp written out."""
     yarn = _yarn_theta(factor, L0)
     want = [TWO_PI / round(TWO_PI / t) for t in yarn]
     v = Resonance(factor, L0)
@@ -82,7 +83,8 @@ def test_resonance_yarn_defaults_to_the_layers_context(layer):
 
 @pytest.mark.parametrize("n_low", [0, 1, 2, 4, 8, 20])
 def test_cope_raised_cosine_taper(layer, n_low):
-    """CoPE: the last c = min(n_low, 8) planes times ½(1 + cos(πj/(c−1))), j = 0 … c−1 (c = 1: unchanged)."""
+    """CoPE: the last c = min(n_low, 8) planes times ½(1 + cos(πj/(c−1))), j = 0 … c−1 (c = 1:
+    unchanged)."""
     theta = _plain_theta(10000.0, 16)
     c = min(n_low, 8)
     want = list(theta)
@@ -116,8 +118,8 @@ def test_cope_four_planes_by_hand(layer):
     ("L", "n_kept"), [(None, 4), (256, 4), (63, 3), (62, 2), (64, 3), (20000, 8), (6, 0)]
 )
 def test_fope_zeroes_planes_without_a_full_turn(layer, L, n_kept):
-    """θ_i·L < 2π → 0. Wavelengths 6.28, 19.87, 62.83, 198.7, 628.3, …: L 256 (the tiny Llama's n_ctx) keeps 4,
-    L 63 keeps 3 (62.83 < 63), 62 keeps 2, 6 keeps none."""
+    """θ_i·L < 2π → 0. Wavelengths 6.28, 19.87, 62.83, 198.7, 628.3, …: L 256 (the tiny Llama's
+    n_ctx) keeps 4, L 63 keeps 3 (62.83 < 63), 62 keeps 2, 6 keeps none."""
     theta = _plain_theta(10000.0, 16)
     want = [t if t * (L or 256) >= TWO_PI else 0.0 for t in theta]
     assert sum(w > 0 for w in want) == n_kept
@@ -129,7 +131,8 @@ def test_fope_zeroes_planes_without_a_full_turn(layer, L, n_kept):
 
 
 def test_gemma_layer_kinds_use_their_own_base():
-    """Gemma 3's sliding layers (base 1e4) and global layer (base 1e6) each get their own rounded wavelengths."""
+    """Gemma 3's sliding layers (base 1e4) and global layer (base 1e6) each get their own rounded
+    wavelengths."""
     spec = rope_spec(tiny_model("gemma3"))
     for lr in spec.layers:
         want = [TWO_PI / round(TWO_PI / t) for t in _plain_theta(lr.base, lr.rotary_dim)]
@@ -145,8 +148,8 @@ def test_gemma_layer_kinds_use_their_own_base():
 # running a model under them: the rotated queries are the variant's rotation
 # --------------------------------------------------------------------------------------------
 def _rotate_half_by_hand(q: torch.Tensor, theta: torch.Tensor, scale: float) -> torch.Tensor:
-    """Llama's rotation written out: q·cos + rotate_half(q)·sin, tables [cos(mθ), cos(mθ)], positions 0…n−1.
-    ``q`` is [batch, pos, head, d] with d = 2·len(theta)."""
+    """Llama's rotation written out: q·cos + rotate_half(q)·sin, tables [cos(mθ), cos(mθ)],
+    positions 0…n−1. ``q`` is [batch, pos, head, d] with d = 2·len(theta)."""
     n, half = q.shape[1], theta.numel()
     ang = torch.arange(n, dtype=torch.float64)[:, None] * theta.double()[None]
     cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None] * scale
@@ -157,7 +160,8 @@ def _rotate_half_by_hand(q: torch.Tensor, theta: torch.Tensor, scale: float) -> 
 
 
 def _yarn_theta(factor: float, L0: int, base: float = 1e4, d: int = 16) -> list[float]:
-    """HF's YaRN frequencies written out: θ/s ramped into θ over the truncated correction range (β 32 and 1)."""
+    """HF's YaRN frequencies written out: θ/s ramped into θ over the truncated correction range (β
+    32 and 1)."""
     low = max(math.floor(d * math.log(L0 / (32 * TWO_PI)) / (2 * math.log(base))), 0)
     high = min(math.ceil(d * math.log(L0 / (1 * TWO_PI)) / (2 * math.log(base))), d - 1)
     high = high + 0.001 if low == high else high

@@ -1,5 +1,5 @@
-"""The rotation measured from the model's own forward: exact where a release moves the tables, and a rotation that
-is not RoPE described as observed."""
+"""The rotation measured from the model's own forward: exact where a release moves the tables, and a
+rotation that is not RoPE described as observed."""
 
 from __future__ import annotations
 
@@ -77,8 +77,9 @@ def test_a_rotation_that_is_not_rope_is_described_as_observed():
 
 
 class _MovedTables(torch.nn.Module):
-    """A model-level module, named nothing like "rotary", that hands the attention its (cos, sin) from a table: what a
-    release that moves the buffers looks like to a reader that looks for them by name."""
+    """A model-level module, named nothing like "rotary", that hands the attention its (cos, sin)
+    from a table: what a release that moves the buffers looks like to a reader that looks for them
+    by name."""
 
     def __init__(self, inv_freq: torch.Tensor, n: int = 512) -> None:
         super().__init__()
@@ -119,7 +120,8 @@ def test_a_moved_table_that_is_not_rope_is_refused_with_what_was_seen():
 
 
 def test_a_recurrent_section_is_refused_with_its_loop_count(tmp_path):
-    """Dory (transformers ≥ 5.24) runs its middle layers n_recurrent_loops times per forward: refused, and why."""
+    """Dory (transformers ≥ 5.24) runs its middle layers n_recurrent_loops times per forward:
+    refused, and why."""
     pytest.importorskip("transformers.models.dory")
     from ropelens.testing.sweep import sweep_one
 
@@ -129,8 +131,9 @@ def test_a_recurrent_section_is_refused_with_its_loop_count(tmp_path):
 
 
 def test_an_adapter_whose_forward_fails_falls_back_to_the_hf_model(monkeypatch):
-    """An adapter written against another transformers release can boot and then fail when it runs (TransformerLens
-    4.3's CodeGen attention reads a buffer transformers 5.24 moved): the HF model is measured instead."""
+    """An adapter written against another transformers release can boot and then fail when it runs
+    (TransformerLens 4.3's CodeGen attention reads a buffer transformers 5.24 moved): the HF model
+    is measured instead."""
     from transformer_lens.model_bridge import TransformerBridge
 
     from ropelens.backends.hf import is_plain
@@ -161,8 +164,9 @@ def _ministral3(tmp_path, beta: float = 0.5, l0: int = 8):
 
 
 def test_ministral3_query_temperature_is_read_and_exact_past_its_original_context(tmp_path):
-    """Ministral 3 multiplies its rotated queries by 1 + β·ln(1 + ⌊m/L₀⌋): read as the layer's temperature, confirmed
-    on the model's own forward past L₀, and every logit past L₀ is the model's own on both capture paths."""
+    """Ministral 3 multiplies its rotated queries by 1 + β·ln(1 + ⌊m/L₀⌋): read as the layer's
+    temperature, confirmed on the model's own forward past L₀, and every logit past L₀ is the
+    model's own on both capture paths."""
     from ropelens.testing.sweep import check_config, classify
 
     cfg = _ministral3(tmp_path)
@@ -185,7 +189,8 @@ def test_ministral3_query_temperature_is_read_and_exact_past_its_original_contex
         torch.testing.assert_close(
             acts["q_post"], rot * factor[None, :, None, None], rtol=0, atol=1e-6
         )
-    # logits, pattern, usage, band statistics and a variant against HF's own eager attention, past L₀
+    # logits, pattern, usage, band statistics and a variant against HF's own eager attention, past
+    # L₀
     status, detail = classify(check_config("ministral3", cfg))
     assert status == "exact", detail
 
@@ -193,8 +198,9 @@ def test_ministral3_query_temperature_is_read_and_exact_past_its_original_contex
 def test_a_query_temperature_the_forward_does_not_apply_as_configured_is_refused_with_the_factors(
     tmp_path, monkeypatch
 ):
-    """A forward (patched by its user) whose query factor is not the config's formula is refused naming the factors
-    measured at positions past L₀; one that applies no factor at all is read without a temperature."""
+    """A forward (patched by its user) whose query factor is not the config's formula is refused
+    naming the factors measured at positions past L₀; one that applies no factor at all is read
+    without a temperature."""
     import transformers.models.ministral3.modeling_ministral3 as mm
 
     _ministral3(tmp_path)
@@ -206,9 +212,9 @@ def test_a_query_temperature_the_forward_does_not_apply_as_configured_is_refused
     model = ropelens.load_model(str(tmp_path), device="cpu")
     with pytest.raises(
         UnsupportedModelError,
-        match=r"layer 0's config names a query temperature 1 \+ 0\.5·ln\(1 \+ "
-        r"⌊m/8⌋\).* at positions \[0, 7, 8, 24\] the query entering its score is factors 1, 1\.4375, "
-        r"1\.5, 2\.5 \(expected 1, 1, 1\.34657, 1\.69315\)",
+        match=r"layer 0's config names a query temperature 1 \+ 0\.5·ln\(1 \+ ⌊m/8⌋\).* at "
+        r"positions \[0, 7, 8, 24\] the query entering its score is factors 1, 1\.4375, 1\.5, "
+        r"2\.5 \(expected 1, 1, 1\.34657, 1\.69315\)",
     ):
         ropelens.rope_spec(model)
     monkeypatch.setattr(
@@ -219,8 +225,8 @@ def test_a_query_temperature_the_forward_does_not_apply_as_configured_is_refused
 
 
 def test_a_failed_rotation_check_says_what_the_rotation_was_measured_to_do():
-    """A rotation whose norm factor grows with position (a temperature the reading missed) is described by the
-    factor measured, not a guessed cause."""
+    """A rotation whose norm factor grows with position (a temperature the reading missed) is
+    described by the factor measured, not a guessed cause."""
     from ropelens.run.verify import rotation_mismatch
 
     lr = _layer("half")

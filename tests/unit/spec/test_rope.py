@@ -108,7 +108,8 @@ def test_a_nope_layer_has_no_planes():
 
 
 def test_layer_probs_apply_softcap_and_sinks():
-    """Against the formulas written out: c·tanh(s/c), then a sink column in the softmax that is dropped."""
+    """Against the formulas written out: c·tanh(s/c), then a sink column in the softmax that is
+    dropped."""
     s = torch.tensor([[[[1.0, 30.0, float("-inf")]]], [[[2.0, -4.0, 0.5]]]])  # [b=2, h=1, q=1, k=3]
     base = dict(
         layer=0,
@@ -356,8 +357,8 @@ def test_plane_norms_equal_norms_of_split_planes(pairing):
 
 @pytest.mark.parametrize("pairing", ["half", "adjacent"])
 def test_plane_sums_and_norms_match_the_split_planes(pairing):
-    """plane_sums(q * k) is each plane's q^(i)·k^(i) and plane_norms each plane's 2-norm, as from split_planes,
-    with the non-rotary dims of a partial-rotary head left out."""
+    """plane_sums(q * k) is each plane's q^(i)·k^(i) and plane_norms each plane's 2-norm, as from
+    split_planes, with the non-rotary dims of a partial-rotary head left out."""
     from ropelens.spec.rope import plane_norms, plane_sums, split_planes
 
     g = torch.Generator().manual_seed(0)

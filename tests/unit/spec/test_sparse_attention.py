@@ -1,8 +1,10 @@
-"""Sparse attention: the keys an indexer picks for each query from the input (DeepSeek's top-k, Qwen4-Exp's blocks).
+"""Sparse attention: the keys an indexer picks for each query from the input (DeepSeek's top-k,
+Qwen4-Exp's blocks).
 
-The references are HF's own eager attention probabilities of tiny random models of the sweep (index_topk 8,
-inputs of 24 tokens, so most queries lose keys). The selection is read from the mask the model hands its
-attention function; the indexer's own rotation (the other pairing, on its own small q and k) is not the layer's.
+The references are HF's own eager attention probabilities of tiny random models of the sweep
+(index_topk 8, inputs of 24 tokens, so most queries lose keys). The selection is read from the mask
+the model hands its attention function; the indexer's own rotation (the other pairing, on its own
+small q and k) is not the layer's.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from ropelens.spec.rope import RopeSpec
 from ropelens.testing.families import N_CHECK
 from ropelens.testing.sweep import save_tiny
 
-# DeepSeek V3.2 (half-split indexer rotation, interleaved attention rotation), GLM-5 (interleaved indexer),
-# HunYuan V4 (layers reusing an earlier layer's selection: indexer_types "shared")
+# DeepSeek V3.2 (half-split indexer rotation, interleaved attention rotation), GLM-5 (interleaved
+# indexer), HunYuan V4 (layers reusing an earlier layer's selection: indexer_types "shared")
 DSA = ["deepseek_v32", "glm_moe_dsa", "hy_v4"]
 TOPK = 8  # the sweep's tiny index_topk
 
@@ -69,13 +71,15 @@ def test_sparse_attention_is_exact(family, tiny):
     for L in spec.rotary_layers:
         ref = probs[L]
         mask = dec.mask(L)
-        # the selection is real: queries past the top-k keep exactly TOPK keys, and HF gives the others nothing
+        # the selection is real: queries past the top-k keep exactly TOPK keys, and HF gives the
+        # others nothing
         assert (mask.sum(-1) == (torch.arange(N_CHECK) + 1).clamp(max=TOPK)).all()
         assert float(ref.masked_select(~mask[:, None].expand_as(ref)).abs().max()) == 0.0
         # float32: the same scores through the same softmax, a few ulps of probabilities ≤ 1
         assert float((dec.rebuilt_pattern(L) - ref).abs().max()) < 1e-5
         assert torch.allclose(dec.pattern(L), ref, atol=1e-6)
-        # without the selection (the causal mask alone) the pattern is far off: the check above has teeth
+        # without the selection (the causal mask alone) the pattern is far off: the check above has
+        # teeth
         scores = dec.band_logits(L, masked=False).sum(2)
         causal_only = dec.acts[L].rope.probs(scores.masked_fill(~causal[None, None], float("-inf")))
         assert float((causal_only - ref).abs().max()) > 0.05
@@ -83,7 +87,8 @@ def test_sparse_attention_is_exact(family, tiny):
 
 @pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
 def test_short_windows_lose_no_key(family, tiny):
-    """On windows of at most index_topk tokens the indexer keeps every causal key: the static mask is exact."""
+    """On windows of at most index_topk tokens the indexer keeps every causal key: the static mask
+    is exact."""
     model, hf = tiny(family)
     toks = _tokens(TOPK)
     dec = ropelens.analyses.attention_decomposition(model, toks)
@@ -126,15 +131,17 @@ def _with_select(spec: RopeSpec, k: int | None) -> RopeSpec:
 
 @pytest.mark.parametrize("k", [None, TOPK - 1, TOPK + 1])
 def test_probe_catches_a_wrong_selection(k, tiny):
-    """A layer read as plain causal, or keeping another number of keys, fails the probe's mask check."""
+    """A layer read as plain causal, or keeping another number of keys, fails the probe's mask
+    check."""
     model, _ = tiny("deepseek_v32")
     with pytest.raises(UnsupportedModelError, match="fails the mask check"):
         verify_model(model, _with_select(rope_spec(model), k), force=True)
 
 
 def test_the_indexer_rotation_is_not_the_layer_rotation(tiny):
-    """DeepSeek V3.2's attention rotates interleaved pairs and its indexer half-split ones, after it: the spec
-    follows the attention (read from the call it makes), and the captured pre-RoPE q is the attention's."""
+    """DeepSeek V3.2's attention rotates interleaved pairs and its indexer half-split ones, after
+    it: the spec follows the attention (read from the call it makes), and the captured pre-RoPE q is
+    the attention's."""
     model, hf = tiny("deepseek_v32")
     spec = rope_spec(model)
     lr = spec.layers[0]
@@ -145,8 +152,9 @@ def test_the_indexer_rotation_is_not_the_layer_rotation(tiny):
 
 
 def test_real_deepseek_v32_shapes():
-    """DeepSeek V3.2's real attention and indexer shapes (DeepseekV32Config defaults: 128 heads of 128 + 64 dims,
-    an indexer of 64 heads × 128 dims keeping 2,048 keys), in one layer with a narrow residual stream."""
+    """DeepSeek V3.2's real attention and indexer shapes (DeepseekV32Config defaults: 128 heads of
+    128 + 64 dims, an indexer of 64 heads × 128 dims keeping 2,048 keys), in one layer with a narrow
+    residual stream."""
     from transformers import DeepseekV32Config
 
     from ropelens.loading.models import wrap_hf_model
@@ -198,8 +206,9 @@ def test_real_deepseek_v32_shapes():
 
 
 def test_block_selection_is_exact(tiny):
-    """Qwen4-Exp's QSA keeps whole blocks of 2 keys up to a budget of 8, plus an incomplete block's tail: a query
-    allowed at most 9 keys keeps them all (select_keys 9), and longer rows keep 8 plus their tail."""
+    """Qwen4-Exp's QSA keeps whole blocks of 2 keys up to a budget of 8, plus an incomplete block's
+    tail: a query allowed at most 9 keys keeps them all (select_keys 9), and longer rows keep 8 plus
+    their tail."""
     model, hf = tiny("qwen4_exp_text")
     spec = rope_spec(model)
     assert [lr.kind for lr in spec.layers] == ["linear", "linear", "linear", "full"]
@@ -236,8 +245,8 @@ def test_inspect_shows_the_keys_kept(tiny):
 
 
 def test_the_spec_reads_the_forward_once(tiny, monkeypatch):
-    """Which rotation the attention calls, and which layers rotate, come from one short forward cached on the model:
-    reading the spec again (every analysis does) runs no forward."""
+    """Which rotation the attention calls, and which layers rotate, come from one short forward
+    cached on the model: reading the spec again (every analysis does) runs no forward."""
     import ropelens.spec.reading as reading
 
     model, _ = tiny("deepseek_v32")

@@ -1,4 +1,5 @@
-"""RoPE variants: frequencies against HF and closed forms, running a model under them, band ablation."""
+"""RoPE variants: frequencies against HF and closed forms, running a model under them, band
+ablation."""
 
 from __future__ import annotations
 
@@ -268,7 +269,8 @@ YARN_CASES = [
     ("s", "L0", "base", "d", "truncate", "last_kept", "first_interp"), YARN_CASES
 )
 def test_yarn_per_plane_ramp_by_hand(layer, s, L0, base, d, truncate, last_kept, first_interp):
-    """YaRN against Peng et al.'s reference ramp (jquesnelle/yarn, which HF follows) and mscale 0.1·ln s + 1."""
+    """YaRN against Peng et al.'s reference ramp (jquesnelle/yarn, which HF follows) and mscale
+    0.1·ln s + 1."""
     theta = _theta(base, d)
     i = torch.arange(d // 2, dtype=torch.float64)
     turns = L0 * theta / (2 * math.pi)
@@ -313,12 +315,14 @@ LLAMA3_CASES = [
     ("factor", "low", "high", "L0", "base", "d", "n_kept", "n_div"), LLAMA3_CASES
 )
 def test_llama3_wavelength_bands_by_hand(layer, factor, low, high, L0, base, d, n_kept, n_div):
-    """Llama 3.1's rule (Meta's reference apply_scaling): λ < L0/high kept, λ > L0/low ÷ factor, smooth between."""
+    """Llama 3.1's rule (Meta's reference apply_scaling): λ < L0/high kept, λ > L0/low ÷ factor,
+    smooth between."""
     theta = _theta(base, d)
     lam = 2 * math.pi / theta
     kept, divided = lam < L0 / high, lam > L0 / low
     assert (int(kept.sum()), int(divided.sum())) == (n_kept, n_div)
-    # No wavelength within float32 rounding of a band edge, so the bands cannot flip in HF's float32.
+    # No wavelength within float32 rounding of a band edge, so the bands cannot flip in HF's
+    # float32.
     assert ((lam / (L0 / high) - 1).abs().min() > 1e-3) and (
         (lam / (L0 / low) - 1).abs().min() > 1e-3
     )
@@ -336,7 +340,8 @@ def test_llama3_wavelength_bands_by_hand(layer, factor, low, high, L0, base, d, 
 
 @pytest.mark.parametrize(("s", "base", "d"), [(4.0, 1e4, 16), (2.5, 5e5, 128), (16.0, 1e6, 64)])
 def test_pi_divides_every_frequency_by_the_factor(layer, s, base, d):
-    """Position interpolation (Chen et al. 2023): position m read as m/s, i.e. θ_i / s on every plane."""
+    """Position interpolation (Chen et al. 2023): position m read as m/s, i.e. θ_i / s on every
+    plane."""
     lr = _shaped(layer, d, base)
     torch.testing.assert_close(
         Linear(s).inv_freq(lr).double(), _theta(base, d) / s, rtol=1e-6, atol=0
@@ -346,7 +351,8 @@ def test_pi_divides_every_frequency_by_the_factor(layer, s, base, d):
 
 @pytest.mark.parametrize(("s", "base", "d"), [(4.0, 1e4, 128), (8.0, 5e5, 64), (2.0, 1e4, 16)])
 def test_ntk_base_by_hand(layer, s, base, d):
-    """NTK-aware scaling (bloc97): base' = base·s^(d/(d−2)), so θ_0 stays 1 and the lowest plane is θ/s."""
+    """NTK-aware scaling (bloc97): base' = base·s^(d/(d−2)), so θ_0 stays 1 and the lowest plane is
+    θ/s."""
     got = NTK(s).inv_freq(_shaped(layer, d, base)).double()
     torch.testing.assert_close(got, _theta(base * s ** (d / (d - 2)), d), rtol=2e-6, atol=0)
     assert got[0] == 1.0
@@ -359,7 +365,8 @@ PROPE_CASES = [(0.75, 1e4, 128, 48), (0.25, 5e5, 64, 8), (0.7, 1e4, 16, 5), (0.5
 
 @pytest.mark.parametrize(("p", "base", "d", "k"), PROPE_CASES)
 def test_p_rope_keeps_the_highest_frequencies_by_hand(layer, p, base, d, k):
-    """p-RoPE (Barbero et al. 2025): planes 0 … k−1 rotate at base^(−2i/d) over the full d, the rest are 0."""
+    """p-RoPE (Barbero et al. 2025): planes 0 … k−1 rotate at base^(−2i/d) over the full d, the rest
+    are 0."""
     got = PRoPE(p).inv_freq(_shaped(layer, d, base))
     torch.testing.assert_close(got[:k].double(), _theta(base, d)[:k], rtol=1e-6, atol=0)
     assert (got[:k] > 0).all()
@@ -372,7 +379,8 @@ _HF_ROUNDS_DOWN = {(29, 100), (57, 100), (58, 50), (58, 100), (70, 90)}
 
 
 def test_kept_planes_is_the_floor_of_p_n():
-    """kept_planes(p, n) against ⌊k·n/100⌋ in integer arithmetic for p = k/100, bar HF's five float cases."""
+    """kept_planes(p, n) against ⌊k·n/100⌋ in integer arithmetic for p = k/100, bar HF's five float
+    cases."""
     for k in range(101):
         for n in range(1, 129):
             exact = k * n // 100
@@ -404,7 +412,8 @@ def test_provenance_round_trip(variant, layer):
 @pytest.mark.parametrize(("variant", "rp", "extra"), HF_CASES, ids=IDS)
 def test_logits_equal_hf_model_with_that_rope(variant, rp, extra, llama, toks):
     hf = tiny_model("llama", rope_parameters=_params(rp), **extra)
-    # Short, then past LongRoPE's/dynamic NTK's original 16 positions (HF's dynamic module only grows).
+    # Short, then past LongRoPE's/dynamic NTK's original 16 positions (HF's dynamic module only
+    # grows).
     for t in (toks[:, :10], toks[:1, :24]):
         with apply_rope_variant(llama, variant) as spec:
             got = llama(t)
@@ -481,7 +490,8 @@ _TORCH_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_bac
 
 
 def _all_hooks(model) -> set[tuple]:
-    """Every hook on ``model``: torch's per-module and global registries, TransformerLens' HookPoint lists."""
+    """Every hook on ``model``: torch's per-module and global registries, TransformerLens' HookPoint
+    lists."""
     mods = {id(m): m for m in model.modules()} | {id(h): h for h in model.hook_dict.values()}
     found = set()
     for m in mods.values():
@@ -506,7 +516,8 @@ RESTORE_CASES = {
 
 @pytest.mark.parametrize("case", RESTORE_CASES)
 def test_leaving_restores_logits_and_removes_every_hook(tiny, case):
-    """Logits after leaving equal the ones before, bit for bit; the hook registries equal a snapshot taken before."""
+    """Logits after leaving equal the ones before, bit for bit; the hook registries equal a snapshot
+    taken before."""
     model = tiny("llama-gqa")
     toks = torch.randint(
         0, 100, (2, 24), generator=torch.Generator().manual_seed(0)
@@ -599,7 +610,8 @@ def test_spec_with_variant(llama):
     assert torch.equal(spec[0].inv_freq, rope_spec(llama)[0].inv_freq)
     # By hand: d = 16, base 1e4, L0 = 64. Plane i turns 64·10^(−i/2)/2π times: 10.2 for plane 0 (the
     # reference code clamps the ramp's start at plane 0, so it is kept), 1.02 for plane 2, 0.32 for
-    # plane 3. The truncated ramp runs from plane 0 to plane 3: weights of θ/4 are 0, 1/3, 2/3, 1, ….
+    # plane 3. The truncated ramp runs from plane 0 to plane 3: weights of θ/4 are 0, 1/3, 2/3, 1,
+    # ….
     theta = _theta(THETA, 16)
     ramp = torch.tensor([0, 1 / 3, 2 / 3, 1, 1, 1, 1, 1], dtype=torch.float64)
     torch.testing.assert_close(
@@ -725,8 +737,9 @@ def test_models_without_usable_rope_raise():
 
 
 def test_a_model_rotating_inside_its_hf_module_takes_variants():
-    """GPT-J rotates inside its HF attention module (no (cos, sin) handed to the bridge's attention): the engine
-    applies the variant at that rotation. Under NoPE the rotated queries are the pre-RoPE ones."""
+    """GPT-J rotates inside its HF attention module (no (cos, sin) handed to the bridge's
+    attention): the engine applies the variant at that rotation. Under NoPE the rotated queries are
+    the pre-RoPE ones."""
     from ropelens.run.capture import capture_qk
 
     gptj = tiny_model("gptj")
@@ -770,8 +783,9 @@ def test_is_identity_only_for_variants_that_change_nothing(tiny, family):
 
 
 def test_yarn_on_an_odd_frequency_width():
-    """MiMo-V2-Flash's rotary frequencies follow base^(−2i/5) over 3 planes: YaRN keeps the fast plane and
-    interpolates the slow ones, over every plane (HF's own ramp has d // 2 = 2 entries there)."""
+    """MiMo-V2-Flash's rotary frequencies follow base^(−2i/5) over 3 planes: YaRN keeps the fast
+    plane and interpolates the slow ones, over every plane (HF's own ramp has d // 2 = 2 entries
+    there)."""
     from ropelens.spec.rope import LayerRope
     from ropelens.spec.variants import YaRN, freq_dim
 
@@ -790,8 +804,8 @@ def test_yarn_on_an_odd_frequency_width():
         n_ctx=16,
     )
     assert freq_dim(lr) == 5
-    # YaRN's correction range at 16 tokens (β_fast 32, β_slow 1): planes below d·ln(16/2π)/(2·ln base) ≈ 0.25 keep
-    # their frequency, the rest are interpolated by the factor
+    # YaRN's correction range at 16 tokens (β_fast 32, β_slow 1): planes below d·ln(16/2π)/(2·ln
+    # base) ≈ 0.25 keep their frequency, the rest are interpolated by the factor
     got = YaRN(4.0, 16).inv_freq(lr).double()
     torch.testing.assert_close(
         got, torch.stack([theta[0], theta[1] / 4, theta[2] / 4]), rtol=1e-6, atol=0

@@ -1,4 +1,5 @@
-"""Layers of different widths in one model (Gemma 4): the spec, and every analysis that stacks layers over them.
+"""Layers of different widths in one model (Gemma 4): the spec, and every analysis that stacks
+layers over them.
 
 Gemma 4's global (full-attention) layers have wider heads (``global_head_dim``), may have fewer KV
 heads, and rotate with "proportional" RoPE: every dim pair (i, i + d/2) of the wide head is a plane,
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def gemma4(tmp_path_factory):
-    """(bridge, spec, HF eager model) of the family matrix's tiny Gemma 4, from one saved directory."""
+    """(bridge, spec, HF eager model) of the family matrix's tiny Gemma 4, from one saved
+    directory."""
     from transformers import AutoModelForCausalLM
 
     path = family_model_dir("gemma4_text", tmp_path_factory.mktemp("g4") / "gemma4_text")
@@ -51,7 +53,8 @@ def _tokens(seed: int = 1) -> torch.Tensor:
 
 @functools.cache
 def _hf_qk(hf, key: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Layer → (query, key) ``[b, head, pos, d]`` as HF's ``eager_attention_forward`` receives them (post-RoPE)."""
+    """Layer → (query, key) ``[b, head, pos, d]`` as HF's ``eager_attention_forward`` receives them
+    (post-RoPE)."""
     import importlib
 
     mod = importlib.import_module(type(hf).__module__)
@@ -88,8 +91,9 @@ def test_spec_reads_each_layers_width(gemma4):
 
 
 def test_partial_rotary_layout_is_not_proportional(gemma4):
-    """Read as ordinary partial rotary (4 planes pairing dims (i, i + 4), the rest passing through) the
-    global layer fails the rotation check: its turning planes pair (i, i + 16) across the whole head."""
+    """Read as ordinary partial rotary (4 planes pairing dims (i, i + 4), the rest passing through)
+    the global layer fails the rotation check: its turning planes pair (i, i + 16) across the whole
+    head."""
     model, spec, _ = gemma4
     q = capture_qk(model, torch.full((1, N_CHECK), 7), layers=[3], which=("q_post",))[3]["q_post"][
         0
@@ -101,9 +105,10 @@ def test_partial_rotary_layout_is_not_proportional(gemma4):
 
 
 def test_frequency_usage_over_mixed_widths_is_hfs_plane_norms(gemma4):
-    """Each layer's per-plane mean norms equal the plane norms of the q and k HF's attention function receives
-    (RoPE keeps every plane's norm; Gemma 4 has attention scaling 1), in that layer's own heads and planes; the
-    padding of the narrower layers is NaN and is left out of the table."""
+    """Each layer's per-plane mean norms equal the plane norms of the q and k HF's attention
+    function receives (RoPE keeps every plane's norm; Gemma 4 has attention scaling 1), in that
+    layer's own heads and planes; the padding of the narrower layers is NaN and is left out of the
+    table."""
     model, spec, hf = gemma4
     usage = ropelens.analyses.frequency_usage(model, _tokens(), progress=False, n_sink=0)
     assert usage.layers == (0, 1, 2, 3) and usage.ragged
@@ -211,7 +216,8 @@ def _frames(result) -> dict[str, "pd.DataFrame"]:
 
 @pytest.fixture(scope="module")
 def stacked(gemma4):
-    """Each stacking analysis over every rotary layer in one run, and over each width group alone."""
+    """Each stacking analysis over every rotary layer in one run, and over each width group
+    alone."""
     model, spec, _ = gemma4
     toks = _tokens()  # longer than the sliding window: the sliding layers see their window's edge
     assert toks.shape[1] > spec[0].window
@@ -224,9 +230,9 @@ def stacked(gemma4):
 
 @pytest.mark.parametrize("name", list(STACKING))
 def test_mixed_widths_give_each_layer_its_own_groups_numbers(gemma4, stacked, name):
-    """Over layers of two widths in one run, every layer's arrays equal those of its width group measured alone
-    in the layer's own leading heads, planes and dims; the padding past them is NaN; the tables hold exactly
-    the group's rows, and no padding."""
+    """Over layers of two widths in one run, every layer's arrays equal those of its width group
+    measured alone in the layer's own leading heads, planes and dims; the padding past them is NaN;
+    the tables hold exactly the group's rows, and no padding."""
     _, spec, _ = gemma4
     whole, alone = stacked[name]
     assert list(whole.layers) == spec.rotary_layers
@@ -250,8 +256,8 @@ def test_mixed_widths_give_each_layer_its_own_groups_numbers(gemma4, stacked, na
             want = _frames(one)[kind].reset_index(drop=True)
             got = frame[frame["layer"].isin(group)].reset_index(drop=True)
             pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-6, atol=1e-12)
-    # both widths have 4 query heads: arrays over query heads alone (head scores, distance, positional/symbolic)
-    # need no padding; those over KV heads, planes or dims do
+    # both widths have 4 query heads: arrays over query heads alone (head scores, distance,
+    # positional/symbolic) need no padding; those over KV heads, planes or dims do
     assert (padded > 0) == (
         name in {"band_statistics", "attention_sinks", "massive_values", "rotary_offsets"}
     )
@@ -261,8 +267,8 @@ def test_mixed_widths_give_each_layer_its_own_groups_numbers(gemma4, stacked, na
 
 
 def test_mixed_widths_pad_heads_planes_and_dims_with_nan(gemma4, stacked):
-    """The global layer has one KV head where the sliding ones have two, the sliding layers 8 planes and
-    16 dims where the global one has 16 and 32: those entries read NaN and have no row."""
+    """The global layer has one KV head where the sliding ones have two, the sliding layers 8 planes
+    and 16 dims where the global one has 16 and 32: those entries read NaN and have no row."""
     _, spec, _ = gemma4
     band = stacked["band_statistics"][0]
     tight = band.tightness()
@@ -313,7 +319,8 @@ def test_mixed_width_results_save_and_load_with_their_padding(gemma4, stacked, t
 
 
 def test_band_names_that_differ_across_widths_are_refused(gemma4):
-    """Up to 16 quantiles name 8 bands in a sliding layer (8 planes) and 16 in the global one: refused."""
+    """Up to 16 quantiles name 8 bands in a sliding layer (8 planes) and 16 in the global one:
+    refused."""
     model, _, _ = gemma4
     bands = Bands.quantiles(16, fit=True)
     with pytest.raises(InputError, match="resolve to different band names across layers"):
@@ -325,8 +332,8 @@ def test_band_names_that_differ_across_widths_are_refused(gemma4):
 
 
 def test_report_over_mixed_widths(gemma4, tmp_path):
-    """The quick report measures both widths in one run: band statistics and heads hold rows of each layer, its
-    own heads only."""
+    """The quick report measures both widths in one run: band statistics and heads hold rows of each
+    layer, its own heads only."""
     model, spec, _ = gemma4
     out = build_report(model, quick=True, n_ctx=32, out=tmp_path / "r", progress=False)
     assert (out / "index.html").exists()
@@ -349,9 +356,9 @@ def test_report_over_mixed_widths(gemma4, tmp_path):
 
 @pytest.mark.parametrize("k_eq_v", [False, True])
 def test_real_gemma4_shapes_are_read(k_eq_v):
-    """The released Gemma 4 layout (Gemma4TextConfig defaults: heads of 256, global heads of 512 with
-    proportional rotary 0.25 at base 1e6, local base 1e4, window 512, five local layers to one global;
-    the 31B's shared key/value global layers with 4 KV heads) at a tiny hidden size."""
+    """The released Gemma 4 layout (Gemma4TextConfig defaults: heads of 256, global heads of 512
+    with proportional rotary 0.25 at base 1e6, local base 1e4, window 512, five local layers to one
+    global; the 31B's shared key/value global layers with 4 KV heads) at a tiny hidden size."""
     from transformers import AutoModelForCausalLM, Gemma4TextConfig
 
     from ropelens.loading.models import wrap_hf_model
@@ -395,7 +402,8 @@ def test_real_gemma4_shapes_are_read(k_eq_v):
 
 
 def test_shared_key_layers_are_refused():
-    """Gemma 4 E2B/E4B layers that reuse an earlier layer's keys compute none: refused in one line."""
+    """Gemma 4 E2B/E4B layers that reuse an earlier layer's keys compute none: refused in one
+    line."""
     from transformers import AutoModelForCausalLM, Gemma4TextConfig
 
     from ropelens.errors import UnsupportedModelError

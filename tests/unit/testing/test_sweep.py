@@ -1,4 +1,5 @@
-"""The automatic sweep: shrunk configs keep each family's structure and build; statuses follow ropelens's verdicts.
+"""The automatic sweep: shrunk configs keep each family's structure and build; statuses follow
+ropelens's verdicts.
 
 The structure is compared with the config class's own defaults (read here, independently of the
 shrinking); the statuses with the curated matrix's verdicts on the same families.
@@ -119,7 +120,8 @@ def test_no_rope_layers_are_kept():
 
 
 def test_per_layer_overrides_follow_their_layers():
-    """Gemma 4's wider global heads ("05": head_dim 512 over 256) land on the global layer that was kept."""
+    """Gemma 4's wider global heads ("05": head_dim 512 over 256) land on the global layer that was
+    kept."""
     d = _defaults("gemma4_text")
     cfg = shrink_config("gemma4_text").to_dict()
     full = [j for j, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
@@ -160,12 +162,17 @@ def test_rope_types_are_found():
             "beam",
             "exact",
             "",
-        ),  # its position-scaled NoPE layer listed, its sliding rotary layers measured  # keys pooled over blocks of tokens: no per-position logit  # its dynamic mask: finite values added to the scores
+            # its position-scaled NoPE layer listed, its sliding rotary layers measured # keys
+            # pooled over blocks of tokens: no per-position logit # its dynamic mask: finite values
+            # added to the scores
+        ),
         (
             "gptj",
             "exact",
             "",
-        ),  # no inv_freq buffer: its frequencies checked against the phase steps of its sin|cos table
+            # no inv_freq buffer: its frequencies checked against the phase steps of its sin|cos
+            # table
+        ),
         ("gemma3", "not built", "text tower is 'gemma3_text'"),
         (
             "granite_swa",
@@ -188,8 +195,8 @@ def test_sweep_classifies_like_the_matrix(model_type, status, why, tmp_path):
 
 
 def _assert_exact(row) -> None:
-    """Every error measured and within the tolerance (the logits restored bit for bit); the variant's only where
-    the model has variants (else the detail says why not)."""
+    """Every error measured and within the tolerance (the logits restored bit for bit); the
+    variant's only where the model has variants (else the detail says why not)."""
     errs = dict(row.errors)
     if math.isnan(errs["variant_err"]):
         assert row.detail == NO_VARIANTS or row.detail.startswith("no variants: "), row.detail
@@ -227,8 +234,9 @@ def test_a_number_that_disagrees_is_wrong():
 
 
 def test_the_checks_past_the_logits_classify():
-    """Usage or band statistics off, a variant off its spec, or logits one ulp off after the variant: wrong. No
-    band or usage reference: unverified. No variants (a plain HF model, a one-line refusal): exact, noted."""
+    """Usage or band statistics off, a variant off its spec, or logits one ulp off after the
+    variant: wrong. No band or usage reference: unverified. No variants (a plain HF model, a
+    one-line refusal): exact, noted."""
     for key, v in (
         ("usage_err", 0.01),
         ("band_stats_err", 2e-4),
@@ -251,8 +259,9 @@ def test_the_checks_past_the_logits_classify():
 
 
 def test_band_window_stops_where_the_model_picks_its_mask():
-    """Llama 4's chunks and DeepSeek V3.2's top-k keys: band statistics run on windows of at most that many tokens
-    (8 in the tiny configs, under the 24-token input), where the mask is causal; other layers keep the input."""
+    """Llama 4's chunks and DeepSeek V3.2's top-k keys: band statistics run on windows of at most
+    that many tokens (8 in the tiny configs, under the 24-token input), where the mask is causal;
+    other layers keep the input."""
     from types import SimpleNamespace
 
     spec = {
@@ -267,7 +276,8 @@ def test_band_window_stops_where_the_model_picks_its_mask():
 
 @pytest.mark.parametrize("model_type", ["llama4_text", "deepseek_v32"])
 def test_band_statistics_of_model_picked_masks_are_checked_on_short_windows(model_type, tmp_path):
-    """Without the short windows the band check would be refused (static_mask): here it runs and is exact."""
+    """Without the short windows the band check would be refused (static_mask): here it runs and is
+    exact."""
     row = sweep_one(model_type, workdir=tmp_path)
     assert row.status == "exact", row.detail
     assert row.errors["band_stats_err"] <= TOL and row.errors["usage_err"] <= TOL
@@ -277,8 +287,9 @@ def test_band_statistics_of_model_picked_masks_are_checked_on_short_windows(mode
 
 
 def test_a_broken_band_statistics_window_is_wrong(monkeypatch, tmp_path):
-    """BandStatsReducer ignoring the sliding window (Mistral's 8 keys of 24) disagrees with the dense reference,
-    which takes the mask HF's own attention receives: the family is wrong, every other check exact."""
+    """BandStatsReducer ignoring the sliding window (Mistral's 8 keys of 24) disagrees with the
+    dense reference, which takes the mask HF's own attention receives: the family is wrong, every
+    other check exact."""
     import dataclasses
 
     from ropelens.analyses.band_statistics import BandStatsReducer
@@ -296,8 +307,9 @@ def test_a_broken_band_statistics_window_is_wrong(monkeypatch, tmp_path):
 
 
 def test_usage_that_keeps_the_attention_scaling_is_wrong(monkeypatch, tmp_path):
-    """gpt-oss's YaRN multiplies cos and sin by its attention scaling; usage leaving it in the post-RoPE plane norms
-    is off by that factor against HF's attention inputs divided by HF's own attention_scaling."""
+    """gpt-oss's YaRN multiplies cos and sin by its attention scaling; usage leaving it in the
+    post-RoPE plane norms is off by that factor against HF's attention inputs divided by HF's own
+    attention_scaling."""
     import dataclasses
 
     from ropelens.analyses.frequency_usage import UsageReducer
@@ -335,8 +347,8 @@ def test_a_variant_that_stays_after_its_context_is_wrong(monkeypatch, tmp_path):
 
 
 def test_a_variant_that_rotates_off_its_spec_is_wrong(monkeypatch, tmp_path):
-    """The model handed p-RoPE with p = 1 (its own rotation) while the spec says p = 0.5: the rotated query of one
-    token repeated does not turn by the spec's frequencies."""
+    """The model handed p-RoPE with p = 1 (its own rotation) while the spec says p = 0.5: the
+    rotated query of one token repeated does not turn by the spec's frequencies."""
     import ropelens.backends.bridge_interventions as hooks
     import ropelens.backends.engine as engine
     from ropelens.spec.variants import PRoPE
@@ -353,7 +365,8 @@ def test_a_variant_that_rotates_off_its_spec_is_wrong(monkeypatch, tmp_path):
 
 
 def test_table_phase_steps_recover_the_frequencies():
-    """HF's GPT-J table at rotary width 8: every step is θ_i = 10000^(-2i/8), written out here by hand."""
+    """HF's GPT-J table at rotary width 8: every step is θ_i = 10000^(-2i/8), written out here by
+    hand."""
     from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
 
     theta = torch.tensor([1.0, 10000**-0.25, 10000**-0.5, 10000**-0.75], dtype=torch.float64)
@@ -384,8 +397,8 @@ def test_a_rotating_model_called_not_rotary_is_refused_not_dropped(monkeypatch, 
 
 
 def test_lightning_attention_layers_are_listed_not_measured(tmp_path):
-    """MiniMax on the plain HF path: its lightning (linear) attention layers are kind 'linear', its softmax layers
-    exact; the layer kinds follow the config's layer_types."""
+    """MiniMax on the plain HF path: its lightning (linear) attention layers are kind 'linear', its
+    softmax layers exact; the layer kinds follow the config's layer_types."""
     types = shrink_config("minimax").layer_types
     row = sweep_one("minimax", workdir=tmp_path)
     assert row.status == "exact", row.detail
@@ -397,8 +410,9 @@ def test_lightning_attention_layers_are_listed_not_measured(tmp_path):
 
 
 def test_unset_kv_heads_and_attention_free_defaults_still_build():
-    """Nemotron leaves num_key_value_heads unset (one per query head); Bamba's and Granite 4.0-H's default stacks
-    hold no attention layer, so the tiny stack ends in one (their checkpoints interleave them)."""
+    """Nemotron leaves num_key_value_heads unset (one per query head); Bamba's and Granite 4.0-H's
+    default stacks hold no attention layer, so the tiny stack ends in one (their checkpoints
+    interleave them)."""
     assert _defaults("nemotron")["num_key_value_heads"] is None
     cfg = shrink_config("nemotron")
     assert cfg.num_key_value_heads == cfg.num_attention_heads == 4
@@ -440,8 +454,8 @@ def test_widths_hidden_under_other_names_shrink():
 
 
 def test_recurrent_stacks_keep_one_cache_slot_per_call():
-    """HRM's num_hidden_layers counts cache slots, num_layers_per_stack × H_cycles × (L_cycles + 1): the stacks shrink,
-    the cycles and that product stay."""
+    """HRM's num_hidden_layers counts cache slots, num_layers_per_stack × H_cycles × (L_cycles + 1):
+    the stacks shrink, the cycles and that product stay."""
     d = _defaults("hrm_text")
     cfg = shrink_config("hrm_text")
     assert d["num_hidden_layers"] == d["num_layers_per_stack"] * d["H_cycles"] * (d["L_cycles"] + 1)
@@ -454,7 +468,8 @@ def test_recurrent_stacks_keep_one_cache_slot_per_call():
 
 
 def test_per_layer_mla_overrides_shrink_with_the_global_ranks():
-    """Dots 3's sliding layers override heads and MLA ranks; their head width stays the sum of its two parts."""
+    """Dots 3's sliding layers override heads and MLA ranks; their head width stays the sum of its
+    two parts."""
     d = _defaults("dots3_note_text")
     old = next(iter(d["per_layer_config"].values()))
     assert d["head_dim"] == old["qk_nope_head_dim"] + d["qk_rope_head_dim"]  # 256 = 192 + 64
@@ -496,10 +511,11 @@ def test_newly_built_families_are_read_or_refused(model_type, status, why, tmp_p
 
 
 def test_an_unsized_indexer_is_sized_so_it_selects():
-    """Qwen4-Exp's defaults make every 4th layer indexed but leave the indexer unsized (HF's own defaults do not
-    build): the tiny config sizes it, keeps the layer pattern, and its budget bites inside the 24-token input. The
-    last query sees 24 keys, 12 complete blocks of 2; the indexer keeps the top 4 blocks (budget 8) and no tail,
-    so exactly 8 of its probabilities are nonzero (the others are masked: exp underflows to exactly 0)."""
+    """Qwen4-Exp's defaults make every 4th layer indexed but leave the indexer unsized (HF's own
+    defaults do not build): the tiny config sizes it, keeps the layer pattern, and its budget bites
+    inside the 24-token input. The last query sees 24 keys, 12 complete blocks of 2; the indexer
+    keeps the top 4 blocks (budget 8) and no tail, so exactly 8 of its probabilities are nonzero
+    (the others are masked: exp underflows to exactly 0)."""
     d = _defaults("qwen4_exp_text")
     assert "indexed_attention" in d["layer_types"] and d["indexer_budget"] is None
     cfg = shrink_config("qwen4_exp_text")
@@ -551,7 +567,8 @@ def test_defaults_hf_cannot_build_are_named_as_such(model_type, why, tmp_path):
 
 
 def test_a_config_the_shrinking_broke_says_so(tmp_path):
-    """HF's default Llama builds; a shrunk config missing a width it needs fails, and the reason blames the shrinking."""
+    """HF's default Llama builds; a shrunk config missing a width it needs fails, and the reason
+    blames the shrinking."""
     from ropelens.testing.sweep import NotBuilt, check_config
 
     cfg = shrink_config("llama")
@@ -623,8 +640,9 @@ def _sub(d: dict, key: str) -> dict:
 
 
 def test_sub_configs_shrink_like_the_top_level():
-    """Each sub-config keeps its keys and shrinks its widths as a top-level config would (a 64 hidden size, 4 heads,
-    at most 4 layers); the defaults are read from the config class, independently of the shrinking."""
+    """Each sub-config keeps its keys and shrinks its widths as a top-level config would (a 64
+    hidden size, 4 heads, at most 4 layers); the defaults are read from the config class,
+    independently of the shrinking."""
     for mt, subs in (
         ("phi4_multimodal", ("vision_config", "audio_config")),
         ("moshi", ("depth_decoder_config",)),
@@ -653,8 +671,9 @@ def test_sub_configs_shrink_like_the_top_level():
 
 
 def test_dbrx_takes_its_checkpoints_attention_fields():
-    """HF's default DBRX neither builds (attn_config.rope_theta undeclared) nor runs (clip_qkv=None): the tiny one
-    carries its checkpoints' fields, the base equal to the one it rotates by."""
+    """HF's default DBRX neither builds (attn_config.rope_theta undeclared) nor runs
+    (clip_qkv=None): the tiny one carries its checkpoints' fields, the base equal to the one it
+    rotates by."""
     cfg = shrink_config("dbrx")
     assert (
         cfg.attn_config.rope_theta
@@ -671,8 +690,9 @@ def test_dbrx_takes_its_checkpoints_attention_fields():
 
 
 def test_dbrx_clipped_queries_are_read_after_the_clip(tmp_path):
-    """With a clip that bites (±0.5: the tiny model's q, k, v reach ~2.4), HF rotates the clipped queries and keys, and
-    ropelens's scores match HF's (the clip is before the rotation, where ropelens taps)."""
+    """With a clip that bites (±0.5: the tiny model's q, k, v reach ~2.4), HF rotates the clipped
+    queries and keys, and ropelens's scores match HF's (the clip is before the rotation, where
+    ropelens taps)."""
     from ropelens.testing.sweep import _hf_model, check_config
 
     cfg = shrink_config("dbrx")
@@ -690,9 +710,10 @@ def test_dbrx_clipped_queries_are_read_after_the_clip(tmp_path):
 
 
 def test_mllama_cross_attention_layers_are_listed_not_measured(tmp_path):
-    """Mllama's cross-attention layers attend to image states and a text-only forward skips them: its pattern is kept
-    (layer 3 of 40 is the first, after three self-attention layers) and ropelens lists it as a layer without
-    self-attention (kind 'none', its HF decoder layer named), measuring only the rotary self-attention layers."""
+    """Mllama's cross-attention layers attend to image states and a text-only forward skips them:
+    its pattern is kept (layer 3 of 40 is the first, after three self-attention layers) and ropelens
+    lists it as a layer without self-attention (kind 'none', its HF decoder layer named), measuring
+    only the rotary self-attention layers."""
     from ropelens.loading.models import load_model
     from ropelens.spec.reading import rope_spec
     from ropelens.testing.sweep import save_tiny
@@ -711,8 +732,9 @@ def test_mllama_cross_attention_layers_are_listed_not_measured(tmp_path):
 
 
 def test_a_window_the_mask_never_applies_is_not_read(tmp_path):
-    """Moshi's config names a sliding window (3000, cut to 8) but its code builds a plain causal mask: ropelens reads
-    full attention, and HF's probabilities agree (the sweep's exact row above); Mistral's window is still read."""
+    """Moshi's config names a sliding window (3000, cut to 8) but its code builds a plain causal
+    mask: ropelens reads full attention, and HF's probabilities agree (the sweep's exact row above);
+    Mistral's window is still read."""
     from ropelens.loading.models import load_model
     from ropelens.spec.reading import rope_spec
     from ropelens.testing.sweep import save_tiny
@@ -725,8 +747,8 @@ def test_a_window_the_mask_never_applies_is_not_read(tmp_path):
 
 
 def test_byte_latent_stacks_are_refused_in_one_line(tmp_path):
-    """BLT's layers run in separate stacks (bytes, patches) and its config counts none at the top: ropelens refuses it
-    on loading, naming the stacks, instead of failing on a missing attribute."""
+    """BLT's layers run in separate stacks (bytes, patches) and its config counts none at the top:
+    ropelens refuses it on loading, naming the stacks, instead of failing on a missing attribute."""
     from ropelens.errors import UnsupportedModelError
     from ropelens.loading.models import load_model
     from ropelens.testing.sweep import save_tiny
@@ -741,8 +763,9 @@ def test_byte_latent_stacks_are_refused_in_one_line(tmp_path):
 
 
 def test_sums_error_holds_jsd_to_its_float32_floor():
-    """A JS divergence of ~1e-5 a row (a band's pattern nearly the model's) off by float32 rounding, 1e-7 a row,
-    passes; off by 0.01 a row (a wrong mask or sink) fails; every other sum is relative to its own largest value."""
+    """A JS divergence of ~1e-5 a row (a band's pattern nearly the model's) off by float32 rounding,
+    1e-7 a row, passes; off by 0.01 a row (a wrong mask or sink) fails; every other sum is relative
+    to its own largest value."""
     n = torch.tensor([24.0])
     want = {
         "jsd": torch.full((1, 4, 2), 24 * 1e-5, dtype=torch.float64),

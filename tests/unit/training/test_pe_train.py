@@ -1,4 +1,5 @@
-"""Learned-PE training (micro config, character tokenizer) and the pe_geometry experiment's quick mode."""
+"""Learned-PE training (micro config, character tokenizer) and the pe_geometry experiment's quick
+mode."""
 
 from __future__ import annotations
 

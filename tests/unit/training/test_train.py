@@ -128,15 +128,17 @@ def test_config_round_trip_and_scaled():
 
 
 def test_train_is_a_hand_written_adamw_loop():
-    """train's losses and weights against the recipe fit documents, written out here (see the comment)."""
+    """train's losses and weights against the recipe fit documents, written out here (see the
+    comment)."""
     # Why this check: fit is a plain loop, so the independent computation is its documented recipe
-    # written here without ropelens's loop: AdamW (β 0.9/0.95, weight decay 0.1), linear warm-up then
-    # cosine decay to 10 % (a closed form here, not lr_at), gradient norm clipped at 1, batch_size
-    # windows drawn with a generator seeded with `seed`, and next-token cross-entropy computed from the
-    # logits here (not HF's labels= loss). A wrong beta, schedule, clip, sampling or loss moves the
-    # curve; this schedule rounds differently from lr_at in the last bit, hence a tolerance, not equality
-    # (measured: losses agree to 1.2e-7 relative; β₂ = 0.999 moves them by 8e-4, no clipping by 4e-3).
-    # The data and the seeded initial model are ropelens's (not under test here).
+    # written here without ropelens's loop: AdamW (β 0.9/0.95, weight decay 0.1), linear warm-up
+    # then cosine decay to 10 % (a closed form here, not lr_at), gradient norm clipped at 1,
+    # batch_size windows drawn with a generator seeded with `seed`, and next-token cross-entropy
+    # computed from the logits here (not HF's labels= loss). A wrong beta, schedule, clip, sampling
+    # or loss moves the curve; this schedule rounds differently from lr_at in the last bit, hence a
+    # tolerance, not equality (measured: losses agree to 1.2e-7 relative; β₂ = 0.999 moves them by
+    # 8e-4, no clipping by 4e-3). The data and the seeded initial model are ropelens's (not under
+    # test here).
     import math
 
     import torch.nn.functional as F
