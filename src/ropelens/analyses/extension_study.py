@@ -489,6 +489,37 @@ def _plane_rows(
     return planes
 
 
+@dataclass(frozen=True)
+class _StudySettings:
+    """The checked keyword settings of one study, passed from its checks to its steps."""
+
+    target: int
+    native: int
+    lengths: tuple[int, ...]
+    # per method, its variant (None: the unmodified model), the unmodified model first
+    variants: dict[str, RopeVariant | None]
+    # None: every loss length a passkey prompt fits (found once the windows are cut)
+    passkey_lengths: tuple[int, ...] | None
+    depths: tuple[float, ...]
+    n_windows: int
+    n_trials: int
+    seed: int
+    p: float
+    tolerance: float
+    corpus: Any
+
+
+@dataclass(frozen=True)
+class _RunOptions:
+    """How a study's cells are run, kept and shown: none of them changes a measured number."""
+
+    batch_size: int
+    out: str | Path | None
+    progress: bool
+    verify: bool
+    attention: bool
+
+
 def extension_study(
     model,
     to: int,
@@ -527,13 +558,53 @@ def extension_study(
     layer for the windows of one length at a time
     (n_windows × length × layers × (heads + KV heads) × head_dim floats).
     """
-    # imported here, not at the top: tests replace these module attributes to watch or refuse calls
-
     if getattr(model, "tokenizer", None) is None:
         raise InputError(
             f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"
         )
     spec = rope_spec(model)
+    settings = _check_settings(
+        model,
+        spec,
+        to,
+        native=native,
+        lengths=lengths,
+        start=start,
+        methods=methods,
+        n_windows=n_windows,
+        corpus=corpus,
+        passkey_lengths=passkey_lengths,
+        depths=depths,
+        n_trials=n_trials,
+        seed=seed,
+        p=p,
+        longrope=longrope,
+        tolerance=tolerance,
+    )
+    options = _RunOptions(batch_size, out, progress, verify, attention)
+    return _run_study(model, spec, settings, options)
+
+
+def _check_settings(
+    model,
+    spec,
+    to: int,
+    *,
+    native: int | None,
+    lengths: Sequence[int] | None,
+    start: int | None,
+    methods: Sequence[str],
+    n_windows: int,
+    corpus: Any,
+    passkey_lengths: Sequence[int] | None,
+    depths: Sequence[float],
+    n_trials: int,
+    seed: int,
+    p: float,
+    longrope: Any,
+    tolerance: float,
+) -> _StudySettings:
+    """The study's settings, checked in this order before any window is cut or cell run."""
     to, native, lengths = _check_contexts(spec, to, native, lengths, start)
     n_windows = check_number(n_windows, "n_windows", at_least=1, integer=True)
     tolerance = check_number(tolerance, "tolerance", at_least=0)
@@ -551,83 +622,134 @@ def extension_study(
         passkey_lengths = _check_given_passkey_lengths(passkey_lengths)
         if passkey_lengths:
             _check_passkey_lengths(model, passkey_lengths, depths, seed)
-    started = time.perf_counter()
-    # cut first: a target the corpus cannot fill fails before anything runs
-    windows = _cut_windows(model.tokenizer, corpus, lengths, n_windows)
-    if passkey_lengths is None:
-        # every length a prompt fits (after the cut: no prompt of an impossible length is built)
-        passkey_lengths = _fitting_passkey_lengths(model.tokenizer, lengths)
-    passkey_lengths = tuple(sorted(passkey_lengths))
-    if passkey_lengths and not depths:
-        raise InputError(
-            "depths is empty: pass passkey depths, e.g. (0.1, 0.5, 0.9), or no passkey lengths"
-        )
-    # the per-plane view and the base's predictions need no model run: computed now, so what they
-    # refuse (a target past the longest certified base bound, say) fails before any cell is measured
-    planes = _plane_rows(spec, variants, native, to)
-    # the findings speak of the target; lengths too short for Liu's formulas (at most 2π tokens)
-    # have no prediction
-    predictions = base_predictions(
-        spec,
-        sorted(n for n in {*lengths, native, to} if n >= MIN_PREDICTION_LENGTH),
-        train_ctx=native,
-    )
-    # the variants rebuild the spec's rotation: prove it first
-    verified = verification(model, spec, verify=verify)
-
-    weights_sha = weights_fingerprint(model)["weights_sha256"]
-    plan = _StudyPlan(
-        model=model,
-        spec=spec,
+    return _StudySettings(
+        target=to,
         native=native,
-        variants=variants,
         lengths=lengths,
+        variants=variants,
         passkey_lengths=passkey_lengths,
         depths=depths,
-        windows=windows,
         n_windows=n_windows,
         n_trials=n_trials,
         seed=seed,
-        batch_size=batch_size,
-        base_config={
-            "model": model_label(model),
-            "weights": weights_sha,
-            "native": native,
-            "target": to,
-        },
+        p=p,
+        tolerance=tolerance,
+        corpus=corpus,
     )
-    cells = _Cells(None if out is None else Path(out) / "cells")
+
+
+def _run_study(model, spec, settings: _StudySettings, options: _RunOptions) -> ExtensionStudy:
+    """Cut the windows, compute what needs no model run, then measure (or read back) every cell."""
+    started = time.perf_counter()
+    # cut first: a target the corpus cannot fill fails before anything runs
+    windows = _cut_windows(model.tokenizer, settings.corpus, settings.lengths, settings.n_windows)
+    passkey_lengths = _resolve_passkey_lengths(model.tokenizer, settings)
+    # the per-plane view and the base's predictions need no model run: computed now, so what they
+    # refuse (a target past the longest certified base bound, say) fails before any cell is measured
+    planes = _plane_rows(spec, settings.variants, settings.native, settings.target)
+    # the findings speak of the target; lengths too short for Liu's formulas (at most 2π tokens)
+    # have no prediction
+    predicted_lengths = {*settings.lengths, settings.native, settings.target}
+    predictions = base_predictions(
+        spec,
+        sorted(length for length in predicted_lengths if length >= MIN_PREDICTION_LENGTH),
+        train_ctx=settings.native,
+    )
+    # the variants rebuild the spec's rotation: prove it first
+    verified = verification(model, spec, verify=options.verify)
+    plan = _study_plan(model, spec, settings, windows, passkey_lengths, options.batch_size)
+    cells = _Cells(None if options.out is None else Path(options.out) / "cells")
     attention_store = _Cells(None if cells.folder is None else cells.folder / "attention")
-    loss_cells, passkey_cells, attention_cells = _run_cells(
-        plan, cells, attention_store, attention=attention, progress=progress
+    finished = _run_cells(
+        plan, cells, attention_store, attention=options.attention, progress=options.progress
     )
     return _study_result(
         plan,
-        (loss_cells, passkey_cells, attention_cells),
+        finished,
         planes=planes,
         predictions=predictions,
-        settings={
-            "native": native,
-            "target": to,
-            "lengths": list(lengths),
-            "passkey_lengths": list(passkey_lengths),
-            "depths": list(depths),
-            "n_trials": n_trials,
-            "seed": seed,
-            "p": p,
-            "tolerance": tolerance,
-            "weights_sha256": weights_sha,
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "forward": loss_path(model),
-            "cells_reused": cells.reused,
-            "attention": bool(attention),
-            "attention_cells_reused": attention_store.reused,
-            "out": None if out is None else str(out),
-            "verification": verified.to_dict(),
-        },
+        settings=_settings_record(
+            model, plan, settings, options, verified, (cells, attention_store)
+        ),
         model_name=model_label(model),
         started=started,
     )
+
+
+def _resolve_passkey_lengths(tokenizer, settings: _StudySettings) -> tuple[int, ...]:
+    """The passkey lengths, sorted: the given ones, or every loss length a prompt fits."""
+    passkey_lengths = settings.passkey_lengths
+    if passkey_lengths is None:
+        # every length a prompt fits (after the cut: no prompt of an impossible length is built)
+        passkey_lengths = _fitting_passkey_lengths(tokenizer, settings.lengths)
+    passkey_lengths = tuple(sorted(passkey_lengths))
+    if passkey_lengths and not settings.depths:
+        raise InputError(
+            "depths is empty: pass passkey depths, e.g. (0.1, 0.5, 0.9), or no passkey lengths"
+        )
+    return passkey_lengths
+
+
+def _study_plan(
+    model,
+    spec,
+    settings: _StudySettings,
+    windows: dict[int, tuple[torch.Tensor, str, str | None]],
+    passkey_lengths: tuple[int, ...],
+    batch_size: int,
+) -> _StudyPlan:
+    """What every cell is measured under, and the model, weights and contexts each cell names."""
+    return _StudyPlan(
+        model=model,
+        spec=spec,
+        native=settings.native,
+        variants=settings.variants,
+        lengths=settings.lengths,
+        passkey_lengths=passkey_lengths,
+        depths=settings.depths,
+        windows=windows,
+        n_windows=settings.n_windows,
+        n_trials=settings.n_trials,
+        seed=settings.seed,
+        batch_size=batch_size,
+        base_config={
+            "model": model_label(model),
+            "weights": weights_fingerprint(model)["weights_sha256"],
+            "native": settings.native,
+            "target": settings.target,
+        },
+    )
+
+
+def _settings_record(
+    model,
+    plan: _StudyPlan,
+    settings: _StudySettings,
+    options: _RunOptions,
+    verified: Any,
+    stores: tuple[_Cells, _Cells],
+) -> dict[str, Any]:
+    """The settings the study saves in its provenance: what it measured, how, and what it reused."""
+    cells, attention_store = stores
+    return {
+        "native": settings.native,
+        "target": settings.target,
+        "lengths": list(settings.lengths),
+        "passkey_lengths": list(plan.passkey_lengths),
+        "depths": list(settings.depths),
+        "n_trials": settings.n_trials,
+        "seed": settings.seed,
+        "p": settings.p,
+        "tolerance": settings.tolerance,
+        "weights_sha256": plan.base_config["weights"],
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "forward": loss_path(model),
+        "cells_reused": cells.reused,
+        "attention": bool(options.attention),
+        "attention_cells_reused": attention_store.reused,
+        "out": None if options.out is None else str(options.out),
+        "verification": verified.to_dict(),
+    }
 
 
 def _study_result(
@@ -1109,6 +1231,7 @@ class ExtensionStudy(Result, derived=("findings",)):
 
 # ---------------------------------------------------------------------------------------- findings
 def _n(x: float) -> str:
+    """A token count with thousands separators, or ∞."""
     return f"{int(x):,}" if math.isfinite(x) else "∞"
 
 
@@ -1151,110 +1274,121 @@ def ranking(study: ExtensionStudy) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (-(r["recall"] if r["trials"] else 0.0), r["loss"]))
 
 
+def _label(method: str) -> str:
+    """The method's label in findings (its key when it has none)."""
+    return METHODS.get(method, method)
+
+
 def study_findings(study: ExtensionStudy) -> list[Finding]:
     """Recommendation, loss held per method, passkey recall, planes and the base's predictions."""
-    out: list[Finding] = []
+    findings = _recommendation_findings(study)
+    loss_frame = study.loss_frame()
+    findings += [_loss_finding(study, method, loss_frame) for method in study.methods]
+    findings += _passkey_findings(study)
+    findings += _plane_findings(study)
+    findings += _predictor_findings(study)
+    return findings
 
-    def lab(m):
-        return METHODS.get(m, m)
 
-    T, L0 = study.target, study.native
+def _recommendation_findings(study: ExtensionStudy) -> list[Finding]:
+    """The method to use (the best of :func:`ranking`) and the three next, with their numbers."""
     rank = ranking(study)
+    if not rank:
+        return []
+    target, native = study.target, study.native
     top = max(study.passkey_lengths) if study.passkey_lengths else None
-    if rank:
-        best = rank[0]
-        recall = (
-            f" and recalls {best['correct']} of {best['trials']} passkeys at {top:,}"
-            if best["trials"]
-            else ""
+    best = rank[0]
+    recall = (
+        f" and recalls {best['correct']} of {best['trials']} passkeys at {top:,}"
+        if best["trials"]
+        else ""
+    )
+    others = "; ".join(
+        f"{_label(row['method'])} {row['loss']:.3f}"
+        + (f" ({row['correct']}/{row['trials']})" if row["trials"] else "")
+        for row in rank[1:4]
+    )
+    text = (
+        f"For {native:,} → {target:,} tokens use {_label(best['method'])}: at {target:,} tokens "
+        f"its loss is {best['loss']:.3f} nats (perplexity {best['perplexity']:.3g}){recall}. "
+        f"Next: {others}."
+    )
+    numbers = {"ranking": rank, "target": target, "passkey_length": top}
+    return [Finding("recommend", "summary", text, numbers)]
+
+
+def _loss_finding(study: ExtensionStudy, method: str, loss_frame: pd.DataFrame) -> Finding:
+    """How far ``method`` keeps the loss within the tolerance of its shortest length's."""
+    target, label, tolerance = study.target, _label(method), study.tolerance
+    held, rise, first = held_up_to(study, method)
+    rows = loss_frame[loss_frame["method"] == method]
+    at_target = rows[rows["length"] == target]
+    loss_target = float(at_target["loss"].iloc[0]) if len(at_target) else math.nan
+    loss_short = float(rows[rows["length"] == first]["loss"].iloc[0])
+    if held == first and len(study.lengths) > 1:
+        text = (
+            f"{label} leaves the loss band at once: {loss_short:.3f} nats at {first:,}, more than "
+            f"{tolerance:g} nats higher at the next length ({loss_target:.3f} at {target:,})."
         )
-        others = "; ".join(
-            f"{lab(r['method'])} {r['loss']:.3f}"
-            + (f" ({r['correct']}/{r['trials']})" if r["trials"] else "")
-            for r in rank[1:4]
+    elif held >= target:
+        text = (
+            f"{label} keeps the loss within {tolerance:g} nats of its {first:,}-token value "
+            f"({loss_short:.3f}) up to {target:,} (largest rise {rise:+.3f}; {loss_target:.3f} "
+            f"at {target:,})."
         )
-        out.append(
-            Finding(
-                "recommend",
-                "summary",
-                f"For {L0:,} → {T:,} tokens use {lab(best['method'])}: at {T:,} tokens its loss "
-                f"is {best['loss']:.3f} nats (perplexity {best['perplexity']:.3g}){recall}. "
-                f"Next: {others}.",
-                {"ranking": rank, "target": T, "passkey_length": top},
-            )
+    else:
+        text = (
+            f"{label} keeps the loss within {tolerance:g} nats of its {first:,}-token value "
+            f"({loss_short:.3f}) up to {held:,} only; at {target:,} it is {loss_target:.3f} "
+            f"({loss_target - loss_short:+.3f})."
         )
-    df = study.loss_frame()
-    for m in study.methods:
-        held, rise, first = held_up_to(study, m)
-        at = df[(df["method"] == m) & (df["length"] == T)]
-        loss_t = float(at["loss"].iloc[0]) if len(at) else math.nan
-        base = float(df[(df["method"] == m) & (df["length"] == first)]["loss"].iloc[0])
-        if held == first and len(study.lengths) > 1:
-            text = (
-                f"{lab(m)} leaves the loss band at once: {base:.3f} nats at {first:,}, more than "
-                f"{study.tolerance:g} nats higher at the next length ({loss_t:.3f} at {T:,})."
-            )
-        elif held >= T:
-            text = (
-                f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token "
-                f"value ({base:.3f}) up to {T:,} (largest rise {rise:+.3f}; {loss_t:.3f} at "
-                f"{T:,})."
-            )
-        else:
-            text = (
-                f"{lab(m)} keeps the loss within {study.tolerance:g} nats of its {first:,}-token "
-                f"value ({base:.3f}) up to {held:,} only; at {T:,} it is {loss_t:.3f} "
-                f"({loss_t - base:+.3f})."
-            )
-        out.append(
-            Finding(
-                f"loss_{m}",
-                "loss",
-                text,
-                {
-                    "method": m,
-                    "held_up_to": held,
-                    "largest_rise": rise,
-                    "loss_short": base,
-                    "loss_target": loss_t,
-                    "short": first,
-                },
-            )
-        )
-    if top is not None:
-        parts = []
-        for m in study.methods:
-            k, n = study.recall(m, top)
-            parts.append(f"{lab(m)} {k}/{n}")
-        out.append(
-            Finding(
-                "passkey",
-                "passkey",
-                f"Passkey recall at {top:,} tokens: " + ", ".join(parts) + ".",
-                {m: study.recall(m, top) for m in study.methods} | {"length": top},
-            )
-        )
+    numbers = {
+        "method": method,
+        "held_up_to": held,
+        "largest_rise": rise,
+        "loss_short": loss_short,
+        "loss_target": loss_target,
+        "short": first,
+    }
+    return Finding(f"loss_{method}", "loss", text, numbers)
+
+
+def _passkey_findings(study: ExtensionStudy) -> list[Finding]:
+    """Every method's passkey recall at the longest passkey length (none without passkey)."""
+    if not study.passkey_lengths:
+        return []
+    top = max(study.passkey_lengths)
+    recalls = {method: study.recall(method, top) for method in study.methods}
+    shown = ", ".join(
+        f"{_label(method)} {correct}/{trials}" for method, (correct, trials) in recalls.items()
+    )
+    text = f"Passkey recall at {top:,} tokens: {shown}."
+    return [Finding("passkey", "passkey", text, recalls | {"length": top})]
+
+
+def _plane_findings(study: ExtensionStudy) -> list[Finding]:
+    """Per method, its planes' roles at the target and how far every angle stays in training,
+    for the first layer kind."""
     views = study.planes
     kind = views[0]["kind"] if views else None
-    for p in (v for v in views if v["kind"] == kind):
-        roles = p["roles"]
-        counts = {r: roles.count(r) for r in dict.fromkeys(roles)}
-        limit = study.in_distribution_limit(p["method"], kind)
-        shown = ", ".join(f"{n} {r}" for r, n in counts.items())
-        out.append(
-            Finding(
-                f"planes_{p['method']}",
-                "planes",
-                f"{lab(p['method'])} at {T:,} ({kind} layers, {len(roles)} planes): {shown}; "
-                f"every angle stays within training up to {_n(limit)} tokens.",
-                {"counts": counts, "in_distribution_limit": limit, "kind": kind},
-            )
+    findings = []
+    for view in (view for view in views if view["kind"] == kind):
+        roles = view["roles"]
+        counts = {role: roles.count(role) for role in dict.fromkeys(roles)}
+        limit = study.in_distribution_limit(view["method"], kind)
+        shown = ", ".join(f"{count} {role}" for role, count in counts.items())
+        text = (
+            f"{_label(view['method'])} at {study.target:,} ({kind} layers, {len(roles)} planes): "
+            f"{shown}; every angle stays within training up to {_n(limit)} tokens."
         )
-    out += _predictor_findings(study)
-    return out
+        numbers = {"counts": counts, "in_distribution_limit": limit, "kind": kind}
+        findings.append(Finding(f"planes_{view['method']}", "planes", text, numbers))
+    return findings
 
 
 def _predictor_findings(study: ExtensionStudy) -> list[Finding]:
+    """Liu et al.'s critical dimension and Men et al.'s bound on the base, for the first layer
+    kind at the target (none when no length has a prediction)."""
     rows = study.predictors_frame()
     if rows.empty:
         return []
