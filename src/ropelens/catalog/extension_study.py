@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ropelens.analyses.extension_planes import LongRopeSearch
 from ropelens.analyses.extension_study import (
@@ -28,6 +29,7 @@ from ropelens.validate import check_output_path
 
 
 def _ints(text: str, what: str) -> list[int]:
+    """The comma-separated integers of ``text``; ``what`` names the flag in the error."""
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -183,32 +185,7 @@ def run(args: argparse.Namespace) -> int:
     page (index.html) with findings, study.json and a CSV per table. Every (method, length) cell is
     saved as it finishes, so the same command started again resumes.
     """
-    methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
-        raise InputError(
-            f"--methods {args.methods!r}: unknown {bad}; choose from {','.join(METHODS)}"
-        )
-    if args.native is not None and args.to <= args.native:
-        raise InputError(
-            f"--to {args.to} must exceed --native {args.native}: pass the extended length as --to"
-        )
-    lengths = _ints(args.lengths, "--lengths") if args.lengths else None
-    pk = args.passkey_lengths
-    passkey = (
-        []
-        if pk and pk.strip().lower() == "none"
-        else (_ints(pk, "--passkey-lengths") if pk else None)
-    )
-    try:
-        depths = [float(x) for x in args.depths.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(
-            f"--depths must be a comma-separated list of numbers, got {args.depths!r}"
-        ) from None
-    longrope = None
-    if args.longrope:
-        longrope = LongRopeSearch.load(args.longrope)
+    parsed = _parsed_flags(args)
     check_output_path(args.out, "--out", directory=True)
     output = OutputOptions.from_args(args)
     study = relay(
@@ -217,21 +194,17 @@ def run(args: argparse.Namespace) -> int:
         args.to,
         flags={"n_windows": "--windows", "n_trials": "--trials"},
         native=args.native,
-        lengths=lengths,
         start=args.start,
-        methods=methods,
         n_windows=args.windows,
         corpus=args.corpus,
-        passkey_lengths=passkey,
-        depths=depths,
         n_trials=args.trials,
         seed=args.seed,
         p=args.p,
-        longrope=longrope,
         tolerance=args.tolerance,
         out=args.out,
         progress=output.progress,
         attention=args.attention,
+        **parsed,
     )
     page = write_study(study, args.out)
     findings = study.findings()
@@ -239,40 +212,84 @@ def run(args: argparse.Namespace) -> int:
         return output.emit(
             {
                 "page": str(page),
-                "findings": [f.to_dict() for f in findings],
+                "findings": [finding.to_dict() for finding in findings],
                 "loss": study.loss_frame().to_dict("records"),
                 "passkey": study.passkey_frame().to_dict("records"),
                 "attention": study.attention_frame().to_dict("records"),
             }
         )
+    _print_study(study)
+    for finding in findings:
+        print(f"- {finding.text}")
+    print(f"wrote {page}")
+    return 0
+
+
+def _parsed_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given as text, checked and parsed into ``extension_study``'s keyword arguments:
+    methods, lengths, passkey_lengths, depths and longrope."""
+    methods = [method.strip().lower() for method in args.methods.split(",") if method.strip()]
+    unknown = [method for method in methods if method not in METHODS]
+    if unknown or not methods:
+        raise InputError(
+            f"--methods {args.methods!r}: unknown {unknown}; choose from {','.join(METHODS)}"
+        )
+    if args.native is not None and args.to <= args.native:
+        raise InputError(
+            f"--to {args.to} must exceed --native {args.native}: pass the extended length as --to"
+        )
+    lengths = _ints(args.lengths, "--lengths") if args.lengths else None
+    passkey_text = args.passkey_lengths
+    if passkey_text and passkey_text.strip().lower() == "none":
+        passkey_lengths = []
+    else:
+        passkey_lengths = _ints(passkey_text, "--passkey-lengths") if passkey_text else None
+    return {
+        "methods": methods,
+        "lengths": lengths,
+        "passkey_lengths": passkey_lengths,
+        "depths": _floats(args.depths, "--depths"),
+        "longrope": LongRopeSearch.load(args.longrope) if args.longrope else None,
+    }
+
+
+def _floats(text: str, what: str) -> list[float]:
+    """The comma-separated numbers of ``text``; ``what`` names the flag in the error."""
+    try:
+        return [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise InputError(
+            f"{what} must be a comma-separated list of numbers, got {text!r}"
+        ) from None
+
+
+def _print_study(study: ExtensionStudy) -> None:
+    """Print the loss table, then the attention tables when the study measured attention."""
     print(
         study.loss_frame()
         .pivot(index="label", columns="length", values="loss")
         .to_string(float_format="%.4f")
     )
-    att = study.attention_frame()
-    if not att.empty:
-        print("\nmean attention entropy of the query rows (nats), by layer kind:")
-        print(
-            att.pivot(index=["label", "kind"], columns="length", values="entropy").to_string(
-                float_format="%.4f"
-            )
+    attention = study.attention_frame()
+    if attention.empty:
+        return
+    print("\nmean attention entropy of the query rows (nats), by layer kind:")
+    print(
+        attention.pivot(index=["label", "kind"], columns="length", values="entropy").to_string(
+            float_format="%.4f"
         )
-        near = att[att["length"] <= study.native]
-        print(
-            "\ndivergence from the unmodified model's attention within the native "
-            f"{study.native:,} tokens (nats; KL(method || unmodified), JS) and mean matrix "
-            "entropy of the heads' query Gram:"
+    )
+    within_native = attention[attention["length"] <= study.native]
+    print(
+        "\ndivergence from the unmodified model's attention within the native "
+        f"{study.native:,} tokens (nats; KL(method || unmodified), JS) and mean matrix "
+        "entropy of the heads' query Gram:"
+    )
+    print(
+        within_native[["label", "length", "kind", "kl", "js", "matrix_entropy"]].to_string(
+            index=False, float_format="%.6f"
         )
-        print(
-            near[["label", "length", "kind", "kl", "js", "matrix_entropy"]].to_string(
-                index=False, float_format="%.6f"
-            )
-        )
-    for f in findings:
-        print(f"- {f.text}")
-    print(f"wrote {page}")
-    return 0
+    )
 
 
 ANALYSIS = Analysis(
