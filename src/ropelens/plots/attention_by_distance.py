@@ -13,102 +13,118 @@ from ropelens.analyses.attention_by_distance import AttentionByDistance
 __all__ = ["distance_figure"]
 
 
+_PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+)
+
+
+def _chosen_layers(result: AttentionByDistance, layers: Sequence[int] | None) -> list[int]:
+    """The layers to draw, each checked to be measured: as given, or up to four spread over the
+    measured ones."""
+    if layers is None:
+        n_shown = min(4, len(result.layers))
+        last, steps = len(result.layers) - 1, max(1, n_shown - 1)
+        layers = [result.layers[round(index * last / steps)] for index in range(n_shown)]
+    layers = list(dict.fromkeys(layers))
+    for layer in layers:
+        result.layer_index(layer)
+    return layers
+
+
+def _panel_titles(result: AttentionByDistance, layers: Sequence[int]) -> list[str]:
+    """Two panel titles per layer: band logits (with the layer's kind) and attention probability."""
+    titles = []
+    for layer in layers:
+        kind = result.spec.layers[layer].kind
+        titles += [
+            f"layer {layer} ({kind}): mean logit by band",
+            f"layer {layer}: mean attention probability",
+        ]
+    return titles
+
+
+def _layer_traces(
+    result: AttentionByDistance,
+    layer: int,
+    head: int | None,
+    distances: list[float],
+    show_legend: bool,
+) -> list[tuple[go.Scatter, int]]:
+    """One layer's curves with the panel column each goes in: every band's mean logit and the
+    full logit (column 1), the attention probability (column 2)."""
+    labels = result.bin_labels()
+
+    def curve(which: str, name: str, group: str, line: dict, hover: str) -> go.Scatter:
+        return go.Scatter(
+            x=distances,
+            y=result.curve(layer, which, head).tolist(),
+            mode="lines+markers",
+            name=name,
+            legendgroup=group,
+            showlegend=show_legend,
+            line=line,
+            customdata=labels,
+            hovertemplate="δ %{customdata}<br>" + hover,
+        )
+
+    traces = [
+        (
+            curve(
+                band,
+                band,
+                band,
+                {"color": _PALETTE[index % len(_PALETTE)]},
+                "%{y:.4f}<extra>" + band + "</extra>",
+            ),
+            1,
+        )
+        for index, band in enumerate(result.band_names)
+    ]
+    full_logit_line = {"color": "black", "dash": "dash"}
+    full_logit_hover = "%{y:.4f}<extra>full logit</extra>"
+    traces.append((curve("logit", "full logit", "logit", full_logit_line, full_logit_hover), 1))
+    probability_hover = "p %{y:.4g}<extra></extra>"
+    traces.append((curve("prob", "probability", "prob", {"color": "black"}, probability_hover), 2))
+    return traces
+
+
 def distance_figure(
     res: AttentionByDistance, layers: Sequence[int] | None = None, head: int | None = None
 ) -> go.Figure:
     """Per layer (default: up to four spread over the measured ones): mean band logits and the full
     logit by distance (left), and the mean attention probability (right), log-x; δ = 0 sits at ½."""
-    if layers is None:
-        k = min(4, len(res.layers))
-        layers = [res.layers[round(j * (len(res.layers) - 1) / max(1, k - 1))] for j in range(k)]
-    layers = list(dict.fromkeys(layers))
-    for layer in layers:
-        res.layer_index(layer)
-    titles = []
-    for layer in layers:
-        kind = res.spec.layers[layer].kind
-        titles += [
-            f"layer {layer} ({kind}): mean logit by band",
-            f"layer {layer}: mean attention probability",
-        ]
-    fig = make_subplots(
+    layers = _chosen_layers(res, layers)
+    figure = make_subplots(
         rows=len(layers),
         cols=2,
-        subplot_titles=titles,
+        subplot_titles=_panel_titles(res, layers),
         horizontal_spacing=0.1,
         vertical_spacing=0.5 / max(1, len(layers)),
     )
-    x = res.centres.clone()
-    x[0] = 0.5  # δ = 0 on a log axis
-    labels = res.bin_labels()
-    palette = [
-        "#1f77b4",
-        "#ff7f0e",
-        "#2ca02c",
-        "#d62728",
-        "#9467bd",
-        "#8c564b",
-        "#e377c2",
-        "#7f7f7f",
-    ]
-    for r, layer in enumerate(layers, start=1):
-        for j, name in enumerate(res.band_names):
-            fig.add_trace(
-                go.Scatter(
-                    x=x.tolist(),
-                    y=res.curve(layer, name, head).tolist(),
-                    mode="lines+markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=r == 1,
-                    line={"color": palette[j % len(palette)]},
-                    customdata=labels,
-                    hovertemplate="δ %{customdata}<br>%{y:.4f}<extra>" + name + "</extra>",
-                ),
-                row=r,
-                col=1,
-            )
-        fig.add_trace(
-            go.Scatter(
-                x=x.tolist(),
-                y=res.curve(layer, "logit", head).tolist(),
-                mode="lines+markers",
-                name="full logit",
-                legendgroup="logit",
-                showlegend=r == 1,
-                line={"color": "black", "dash": "dash"},
-                customdata=labels,
-                hovertemplate="δ %{customdata}<br>%{y:.4f}<extra>full logit</extra>",
-            ),
-            row=r,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=x.tolist(),
-                y=res.curve(layer, "prob", head).tolist(),
-                mode="lines+markers",
-                name="probability",
-                legendgroup="prob",
-                showlegend=r == 1,
-                line={"color": "black"},
-                customdata=labels,
-                hovertemplate="δ %{customdata}<br>p %{y:.4g}<extra></extra>",
-            ),
-            row=r,
-            col=2,
-        )
-    ticks = [v for v in (0.5, 1, 10, 100, 1000, 10000) if v <= max(1.0, float(x[-1]) * 1.5)]
-    fig.update_xaxes(
+    distances = res.centres.clone()
+    distances[0] = 0.5  # δ = 0 on a log axis
+    for row, layer in enumerate(layers, start=1):
+        for trace, col in _layer_traces(res, layer, head, distances.tolist(), row == 1):
+            figure.add_trace(trace, row=row, col=col)
+    largest = max(1.0, float(distances[-1]) * 1.5)
+    ticks = [tick for tick in (0.5, 1, 10, 100, 1000, 10000) if tick <= largest]
+    figure.update_xaxes(
         type="log",
         tickvals=ticks,
-        ticktext=["0" if t == 0.5 else f"{t:g}" for t in ticks],
+        ticktext=["0" if tick == 0.5 else f"{tick:g}" for tick in ticks],
         title_text="distance δ = m − n (tokens)",
     )
-    fig.update_yaxes(type="log", col=2)
+    figure.update_yaxes(type="log", col=2)
     who = "heads averaged" if head is None else f"head {head}"
-    fig.update_layout(
+    figure.update_layout(
         title=f"Attention by distance — {res.provenance.model} ({res.bands.describe()}, {who})",
         height=300 * len(layers) + 80,
     )
-    return fig
+    return figure

@@ -179,79 +179,142 @@ def stream(
     reducers read the answer from :attr:`LayerActs.padded`.
     """
     spec = spec if spec is not None else rope_spec(model)
-    chosen = spec.layer_indices(layers, rotary_only=layers is None)  # NoPE layers only when named
+    chosen, needs = _chosen_layers_and_needs(spec, layers, reducers)
+    backend = backend_of(model)
+    # the fast path taps rotations, which NoPE layers never make: those go through the backend's
+    # capture
+    use_fast = fast and needs <= QK_NEEDS and all(spec.layers[layer].rotary for layer in chosen)
+    device = device_of(model)
+    count = _TokenCount()
+    with torch.no_grad(), contextlib.ExitStack() as session:
+        run_batch = _BatchRunner(model, spec, chosen, reducers, needs, use_fast, backend, session)
+        for item in tqdm(data, desc=desc, total=total, disable=not progress, unit="batch"):
+            tokens, valid = _batch_on(device, item)
+            _require_static_masks(spec, chosen, reducers, n_ctx=tokens.shape[1])
+            # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask),
+            # and is it right padding (positions are indices in the window: anything else is
+            # refused, not measured wrong)
+            padded = right_padded(valid)
+            count.add(valid, padded)
+            run_batch(tokens, valid, padded)
+    return count.total()
+
+
+def _chosen_layers_and_needs(
+    spec: RopeSpec, layers: Sequence[int] | None, reducers: Sequence[Reducer]
+) -> tuple[list[int], frozenset[str]]:
+    """The layers to capture (NoPE layers only when named) and the tensors the reducers need."""
+    chosen = spec.layer_indices(layers, rotary_only=layers is None)
     if not chosen:
         raise InputError("no layers selected: pass layer indices the model has")
-    needs = frozenset().union(*(r.needs for r in reducers))
+    needs = frozenset().union(*(reducer.needs for reducer in reducers))
     unknown = needs - NEEDS
     if unknown:
         raise InputError(
             f"reducers ask for unknown tensors {sorted(unknown)}; known: {sorted(NEEDS)}"
         )
-    backend = backend_of(model)
-    # the fast path taps rotations, which NoPE layers never make: those go through the backend's
-    # capture
-    use_fast = fast and needs <= QK_NEEDS and all(spec.layers[L].rotary for L in chosen)
-    n_tok, padded_tok = (
-        0,
-        None,
-    )  # tokens of unpadded batches (known on the host), of padded ones (on the device)
-    device = device_of(model)
-    with torch.no_grad(), contextlib.ExitStack() as session:
-        run = None
-        for item in tqdm(data, desc=desc, total=total, disable=not progress, unit="batch"):
-            toks, valid = item if isinstance(item, tuple) else (item, None)
-            toks = toks.to(device)
-            valid = (
-                torch.ones_like(toks, dtype=torch.bool)
-                if valid is None
-                else valid.to(device).bool()
+    return chosen, needs
+
+
+def _batch_on(device: torch.device, item: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """A batch's tokens and valid mask (all valid when not given) on ``device``, shapes checked."""
+    tokens, valid = item if isinstance(item, tuple) else (item, None)
+    tokens = tokens.to(device)
+    valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.to(device).bool()
+    if valid.shape != tokens.shape:
+        raise InputError(
+            f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(tokens.shape)}"
+        )
+    return tokens, valid
+
+
+def _require_static_masks(
+    spec: RopeSpec, chosen: Sequence[int], reducers: Sequence[Reducer], n_ctx: int
+) -> None:
+    """Refuse a reducer that assumes the causal mask on a layer whose indexer drops keys at
+    ``n_ctx``."""
+    for layer in chosen:
+        for reducer in reducers:
+            if getattr(reducer, "static_mask", None):
+                spec.layers[layer].require_static_mask(n_ctx, reducer.static_mask)
+
+
+@dataclass
+class _TokenCount:
+    """Valid tokens seen: of unpadded batches counted on the host, of padded ones summed on the
+    device (no host synchronisation per batch)."""
+
+    on_host: int = 0
+    on_device: Tensor | None = None
+
+    def add(self, valid: Tensor, padded: bool) -> None:
+        """Count one batch's valid tokens."""
+        if padded:
+            self.on_device = valid.sum() if self.on_device is None else self.on_device + valid.sum()
+        else:
+            self.on_host += valid.numel()
+
+    def total(self) -> int:
+        """Every valid token counted."""
+        return self.on_host + (0 if self.on_device is None else int(self.on_device))
+
+
+class _BatchRunner:
+    """Captures one batch and folds each layer's tensors into the reducers: on the fast q/k path
+    while the model takes it, otherwise (from then on) in the backend's capture session."""
+
+    def __init__(
+        self,
+        model,
+        spec: RopeSpec,
+        chosen: Sequence[int],
+        reducers: Sequence[Reducer],
+        needs: frozenset[str],
+        use_fast: bool,
+        backend,
+        session: contextlib.ExitStack,
+    ) -> None:
+        self.model, self.spec, self.chosen, self.reducers = model, spec, chosen, reducers
+        self.needs, self.use_fast, self.backend, self.session = needs, use_fast, backend, session
+        self.run = None  # the backend's capture session, opened on its first batch
+
+    def __call__(self, tokens: Tensor, valid: Tensor, padded: bool) -> None:
+        """Capture ``tokens`` and fold every chosen layer's tensors into the reducers."""
+
+        def fold(layer: int, tensors: dict[str, Tensor]) -> None:
+            acts = LayerActs(
+                layer=layer,
+                rope=self.spec.layers[layer],
+                valid=valid,
+                tensors=tensors,
+                padded=padded,
             )
-            if valid.shape != toks.shape:
-                raise InputError(
-                    f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(toks.shape)}"
-                )
-            n = toks.shape[1]
-            for L in (
-                chosen
-            ):  # an analysis that assumes the causal mask, on a layer whose indexer drops keys here
-                for r in reducers:
-                    if getattr(r, "static_mask", None):
-                        spec.layers[L].require_static_mask(n, r.static_mask)
-            # the one host synchronisation per batch: does it hold padding (then sdpa needs a mask),
-            # and is it right padding (positions are indices in the window: anything else is
-            # refused, not measured wrong)
-            padded = right_padded(valid)
-            if padded:
-                padded_tok = valid.sum() if padded_tok is None else padded_tok + valid.sum()
-            else:
-                n_tok += valid.numel()
+            for reducer in self.reducers:
+                reducer.update(acts)
 
-            def fold(
-                L: int, tensors: dict[str, Tensor], valid: Tensor = valid, padded: bool = padded
-            ) -> None:
-                acts = LayerActs(
-                    layer=L, rope=spec.layers[L], valid=valid, tensors=tensors, padded=padded
-                )
-                for r in reducers:
-                    r.update(acts)
-
-            if use_fast:
-                got = fast_qk(
-                    model, spec, toks, valid, chosen, keep=needs, on_layer=fold, padded=padded
-                )
-                if got is not None:
-                    for L in sorted(
-                        got
-                    ):  # layers not handed over while the forward ran (first batch)
-                        fold(L, got[L])
-                    continue
-            # this model cannot take the fast path: every batch takes the backend's capture
-            use_fast = False
-            if run is None:
-                run = session.enter_context(backend.capture_session(spec, chosen, reducers))
-            run(toks, valid, padded, fold)
-    return n_tok + (0 if padded_tok is None else int(padded_tok))
+        if self.use_fast:
+            got = fast_qk(
+                self.model,
+                self.spec,
+                tokens,
+                valid,
+                self.chosen,
+                keep=self.needs,
+                on_layer=fold,
+                padded=padded,
+            )
+            if got is not None:
+                # layers not handed over while the forward ran (first batch)
+                for layer in sorted(got):
+                    fold(layer, got[layer])
+                return
+        # this model cannot take the fast path: every batch takes the backend's capture
+        self.use_fast = False
+        if self.run is None:
+            self.run = self.session.enter_context(
+                self.backend.capture_session(self.spec, self.chosen, self.reducers)
+            )
+        self.run(tokens, valid, padded, fold)
 
 
 @dataclass
