@@ -322,7 +322,7 @@ def test_extend_command_prints_attention(tmp_path, capsys):
 
     path = str(tiny_model_dir("llama", tmp_path / "m", max_position_embeddings=32))
     argv = [
-        "extend",
+        "extension-study",
         path,
         "--to",
         "64",

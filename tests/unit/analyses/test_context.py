@@ -192,7 +192,7 @@ def test_cli_context(tiny_dir, capsys):
             [
                 "extension-planes",
                 path,
-                "--target",
+                "--to",
                 "1024",
                 "--variants",
                 "pi,yarn,dynamic",
@@ -204,7 +204,7 @@ def test_cli_context(tiny_dir, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["original_ctx"] == 256 and len(out["views"]) == 3
     assert out["views"][0]["interpolated"] == 8 and len(out["views"][1]["planes"]) == 8
-    assert main(["extension-planes", path, "--target", "1024"]) == 0
+    assert main(["extension-planes", path, "--to", "1024"]) == 0
     assert "critical dimension" in capsys.readouterr().out
-    assert main(["extension-planes", path, "--target", "1024", "--variants", "bogus"]) == 2
-    assert main(["extension-planes", path, "--target", "100"]) == 2
+    assert main(["extension-planes", path, "--to", "1024", "--variants", "bogus"]) == 2
+    assert main(["extension-planes", path, "--to", "100"]) == 2

@@ -168,7 +168,16 @@ def test_cli_heads_json(handset, monkeypatch, capsys, tmp_path):
     out = tmp_path / "tx.json"
     assert (
         main(
-            ["head-taxonomy", "--windows", "2", "--n-ctx", str(N_CTX), "--json", "--out", str(out)]
+            [
+                "head-taxonomy",
+                "--tokens",
+                str(2 * N_CTX),
+                "--n-ctx",
+                str(N_CTX),
+                "--json",
+                "--save",
+                str(out),
+            ]
         )
         == 0
     )

@@ -457,11 +457,14 @@ def test_tokens_no_corpus_could_hold_are_refused(command, tmp_path, capsys):
 
 
 def _small(monkeypatch):
+    from ropelens.cli import common as cli_common
     from ropelens.run import data
 
     small = data.Corpus("small", SMALL, "test")
     monkeypatch.setattr(data, "load_corpus", lambda spec=None: small)
     monkeypatch.setattr(data, "english", lambda: small)
+    # the command line resolves --corpus with the name it imported
+    monkeypatch.setattr(cli_common, "load_corpus", lambda spec=None: small)
 
 
 def test_windows_past_the_corpus_are_noted(tiny_dir, monkeypatch, capsys):

@@ -131,8 +131,8 @@ def _spec_patch(monkeypatch, **change) -> None:
     """ropelens reads every layer with ``change`` applied (a misreading of the model)."""
     orig = reading.rope_spec
 
-    def wrong(model):
-        s = orig(model)
+    def wrong(model, **reading_options):
+        s = orig(model, **reading_options)
         layers = tuple(
             dataclasses.replace(lr, **{k: (v(lr) if callable(v) else v) for k, v in change.items()})
             if lr.rotary

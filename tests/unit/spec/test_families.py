@@ -285,8 +285,8 @@ def test_pairing_check_catches_a_wrong_pairing(family_model, monkeypatch):
 
     orig = spec_mod.rope_spec
 
-    def wrong(model):
-        s = orig(model)
+    def wrong(model, **reading_options):
+        s = orig(model, **reading_options)
         return dataclasses.replace(
             s, layers=tuple(dataclasses.replace(lr, pairing="half") for lr in s.layers)
         )

@@ -387,11 +387,11 @@ def test_a_rotating_model_called_not_rotary_is_refused_not_dropped(monkeypatch, 
     import ropelens.testing.sweep
     from ropelens.errors import NotRotaryError
 
-    def not_rotary(model):
+    def not_rotary(model, **reading_options):
         raise NotRotaryError("LlamaForCausalLM uses 'none' position embeddings, not RoPE")
 
-    # the sweep reads the spec by the name its own module imported
-    monkeypatch.setattr(ropelens.testing.sweep, "rope_spec", not_rotary)
+    # the sweep reads the spec through its module (reading.rope_spec)
+    monkeypatch.setattr(ropelens.spec.reading, "rope_spec", not_rotary)
     row = sweep_one("llama", workdir=tmp_path)
     assert row.status == "refused" and "not RoPE" in row.detail
 
