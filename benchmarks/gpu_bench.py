@@ -10,6 +10,8 @@ as median time, tokens/s, ratio to the baseline and peak device memory.
     # on CUDA: 1B and 8B, 8 x 4096 and 1 x 32768
     python benchmarks/gpu_bench.py
     python benchmarks/gpu_bench.py --shapes 1b --settings 8x4096 --repeats 5
+    # band statistics at other tile sizes too (2^26 and 2^30 band-logit entries per tile)
+    python benchmarks/gpu_bench.py --shapes 1b --tile-elements 26,30
     # a smoke run anywhere
     python benchmarks/gpu_bench.py --device cpu --shapes tiny --settings 2x256
 """
@@ -17,8 +19,10 @@ as median time, tokens/s, ratio to the baseline and peak device memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from unittest import mock
 
 import torch
 
@@ -26,6 +30,7 @@ from ropelens.analyses.band_statistics import BandStatsReducer
 from ropelens.analyses.frequency_usage import UsageReducer
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
 from ropelens.loading.models import wrap_hf_model
+from ropelens.run import capture
 from ropelens.run.capture import batches, stream
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import rope_spec
@@ -101,8 +106,15 @@ def sync(device: torch.device) -> None:
 def run_once(
     model, spec, toks: torch.Tensor, what: str, device: torch.device
 ) -> tuple[float, float | None]:
-    """Seconds and peak device memory (GB; None off CUDA) of one run of ``what`` over ``toks``."""
+    """Seconds and peak device memory (GB; None off CUDA) of one run of ``what`` over ``toks``
+    (``band_statistics@N``: with tiles of 2^N band-logit entries)."""
     layers = spec.rotary_layers
+    what, _, log2 = what.partition("@")
+    tiles = (
+        mock.patch.object(capture, "tile_elements", lambda _device: 1 << int(log2))
+        if log2
+        else contextlib.nullcontext()
+    )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sync(device)
@@ -118,7 +130,8 @@ def run_once(
             if what == "frequency_usage"
             else [BandStatsReducer(spec, layers, Bands.quantiles(4))]
         )
-        stream(model, batches(toks, 1), reducers, spec=spec, progress=False)
+        with tiles:
+            stream(model, batches(toks, 1), reducers, spec=spec, progress=False)
     sync(device)
     seconds = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
@@ -135,9 +148,15 @@ def main() -> None:
     p.add_argument("--settings", default="8x4096,1x32768", help="comma-separated WINDOWSxTOKENS")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--what", default="sdpa,frequency_usage,band_statistics")
+    p.add_argument(
+        "--tile-elements",
+        default="",
+        help="comma-separated log2 tile sizes: band statistics also runs with tiles of 2^N entries",
+    )
     args = p.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     whats = args.what.split(",")
+    whats += [f"band_statistics@{n}" for n in args.tile_elements.split(",") if n]
     if whats[0] != "sdpa":
         p.error("--what must start with sdpa (the baseline)")
     for shape in args.shapes.split(","):
@@ -163,14 +182,15 @@ def main() -> None:
             base = statistics.median(s for s, _ in rows["sdpa"])
             print(
                 f"{shape} shape, {n_win} x {n_ctx} tokens, {args.dtype} on {device}, "
-                f"{args.repeats} interleaved repeats"
+                f"{args.repeats} interleaved repeats, band statistics in tiles of "
+                f"2^{capture.tile_elements(device).bit_length() - 1} entries"
             )
             for w, runs in rows.items():
                 t = statistics.median(s for s, _ in runs)
                 peaks = [m for _, m in runs if m is not None]
                 mem = f"{max(peaks):6.1f} GB" if peaks else "   n/a"
                 print(
-                    f"  {w:<11} {t:8.3f} s  {n_win * n_ctx / t:10.0f} tok/s  {t / base:6.2f}x "
+                    f"  {w:<20} {t:8.3f} s  {n_win * n_ctx / t:10.0f} tok/s  {t / base:6.2f}x "
                     f"sdpa  peak {mem}"
                 )
         del model

@@ -43,16 +43,32 @@ def sum_dtype(device: torch.device) -> torch.dtype:
 
 
 # band-logit entries per tile: 2^21 (8 MiB of float32) measured best on the CPU
-# (benchmarks/core_bench.py --tile); on accelerators larger tiles amortise kernel launches
+# (benchmarks/core_bench.py --tile). On CUDA the cost is per tile (kernel launches, the tile's edge
+# masks), so tiles are as large as memory allows: 2^28 entries (about 1 GB more at peak) ran band
+# statistics 4.1x faster than 2^26 on an H200 (benchmarks/gpu_bench.py --tile-elements), capped at
+# 1/64 of the device's memory so that small GPUs keep room for the model.
 TILE_ELEMENTS = {"cpu": 1 << 21}
+TILE_ELEMENTS_CUDA_MAX = 1 << 28
 TILE_ELEMENTS_ACCELERATOR = 1 << 26
 MIN_TILE = 16  # queries: below this, per-tile overhead dominates whatever the memory
+
+
+def tile_elements(device: torch.device) -> int:
+    """Band-logit entries one tile may hold on ``device``: fixed on the CPU and MPS; on CUDA
+    :data:`TILE_ELEMENTS_CUDA_MAX`, or 1/64 of the device's total memory in bytes where that is
+    less (a function of the device alone, so tiles, and the order sums are added in, repeat)."""
+    if device.type in TILE_ELEMENTS:
+        return TILE_ELEMENTS[device.type]
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return max(TILE_ELEMENTS_ACCELERATOR >> 2, min(TILE_ELEMENTS_CUDA_MAX, total // 64))
+    return TILE_ELEMENTS_ACCELERATOR
 
 
 def query_tile(device: torch.device, entries_per_query: int) -> int:
     """Queries per tile, so one tile holds about the device's element budget (at least MIN_TILE):
     the tiling policy of every tiled reducer (band statistics, sinks, distance, offsets)."""
-    budget = TILE_ELEMENTS.get(device.type, TILE_ELEMENTS_ACCELERATOR)
+    budget = tile_elements(device)
     return max(MIN_TILE, budget // max(1, entries_per_query))
 
 

@@ -9,6 +9,7 @@ copies in, so sums placed there take results from CPU layers, but nothing copies
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -275,3 +276,17 @@ def test_head_scores_resume_from_a_checkpoint_exactly(tmp_path, monkeypatch):
         assert torch.equal(resumed.sums[k], v), k
     a, b = whole.scores("text"), resumed.scores("text")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("total_bytes", "expected"),
+    [(141 << 30, 1 << 28), (8 << 30, (8 << 30) // 64), (1 << 30, 1 << 24)],
+)
+def test_cuda_tiles_grow_with_device_memory_up_to_the_cap(monkeypatch, total_bytes, expected):
+    """CUDA tiles hold 2^28 entries, 1/64 of the device's memory where that is less, never fewer
+    than 2^24; CPU tiles are fixed."""
+    props = types.SimpleNamespace(total_memory=total_bytes)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _device: props)
+    assert capture.tile_elements(torch.device("cuda")) == expected
+    assert capture.query_tile(torch.device("cuda"), 1 << 10) == expected >> 10
+    assert capture.tile_elements(torch.device("cpu")) == 1 << 21
