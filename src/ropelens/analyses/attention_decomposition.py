@@ -133,6 +133,67 @@ class AttentionDecomposition(Result):
         """The attention pattern rebuilt from the summed bands: equals the model's own pattern."""
         return self._acts(layer).rope.probs(self.logits(layer))
 
+    def band_pattern(
+        self,
+        layer: int,
+        bands: Sequence[str | int] | None = None,
+        *,
+        planes: Sequence[int] | None = None,
+    ) -> Float[Tensor, "batch head q k"]:
+        """The attention the model would have from the chosen bands (or planes) alone.
+
+        The softmax of the chosen terms' summed logits, through the layer's own score scale,
+        soft-capping, causal mask, sliding window and sinks: all bands give the model's pattern,
+        none gives the pattern of all-zero logits (uniform over the allowed keys, less the sinks'
+        share). ``bands``: names (``"Q1 (highest)"``, or its first word ``"Q1"``) or indices into
+        :meth:`band_names`, ``"rest"`` being the dims no plane holds; ``planes``: plane indices,
+        alone or added to ``bands``. Neither given: every band.
+        """
+        a = self._acts(layer)
+        dims = self._chosen_dims(layer, bands, planes)
+        q, k = a["q_post"][..., dims], expand_kv(a["k_post"], a.rope)[..., dims]
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * a.rope.score_scale
+        return a.rope.probs(scores.masked_fill(~self.mask(layer)[:, None], float("-inf")))
+
+    def _chosen_dims(
+        self, layer: int, bands: Sequence[str | int] | None, planes: Sequence[int] | None
+    ) -> Tensor:
+        """Head-dim indices of the chosen bands and planes (every dim when neither is given)."""
+        rb = self.resolved(layer)
+        if bands is None and planes is None:
+            bands = range(rb.n_bands)
+        if isinstance(bands, str | int) or isinstance(planes, int):
+            raise InputError(
+                "bands and planes are lists: band_pattern(layer, bands=['Q1']) or planes=[0, 3]"
+            )
+        chosen = [rb.dims[self._band_index(layer, b)] for b in bands or ()]
+        n_planes = self.spec.layers[layer].n_planes
+        by_plane = Bands.planes().resolve(self.spec.layers[layer])
+        for p in planes or ():
+            if not isinstance(p, int) or not 0 <= p < n_planes:
+                raise InputError(
+                    f"plane {p!r} is not a plane of layer {layer}: it has planes 0..{n_planes - 1}"
+                )
+            chosen.append(by_plane.dims[p])
+        if not chosen:
+            return torch.zeros(0, dtype=torch.long)
+        return torch.unique(torch.cat(chosen))
+
+    def _band_index(self, layer: int, band: str | int) -> int:
+        """Index into :meth:`band_names` of a band given by index, name or its name's first word."""
+        names = self.band_names(layer)
+        if isinstance(band, int) and 0 <= band < len(names):
+            return band
+        if isinstance(band, str):
+            exact = [i for i, n in enumerate(names) if n == band]
+            short = [i for i, n in enumerate(names) if n.split(" ")[0] == band]
+            if exact or len(short) == 1:
+                return (exact or short)[0]
+        raise InputError(
+            f"band {band!r} is not a band of layer {layer}: choose from {names} (names, their "
+            f"first word, or indices 0..{len(names) - 1})"
+        )
+
     def plane_logits(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
         """Per-plane terms (the single-plane decomposition), unmasked."""
         a = self._acts(layer)
