@@ -144,6 +144,9 @@ def rotation_figure(
     colours |= {("k", n): K_COLOURS[j % len(K_COLOURS)] for j, n in enumerate(keys_at)}
     for i, panel in enumerate(panels):
         _panel(fig, rot[rot["panel"] == panel], i // COLS + 1, i % COLS + 1, colours, i == 0)
+    for i in range(len(panels), rows * COLS):  # the empty cell after an odd number of panels
+        fig.update_xaxes(visible=False, row=i // COLS + 1, col=i % COLS + 1)
+        fig.update_yaxes(visible=False, row=i // COLS + 1, col=i % COLS + 1)
     (query_at,) = (n for role, n in colours if role == "q")
     style_figure(fig)
     height = TOP + area + BOTTOM
