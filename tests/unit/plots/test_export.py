@@ -126,3 +126,15 @@ def test_missing_kaleido_names_the_fix(usage, tmp_path, monkeypatch):
 def test_something_else_than_a_figure_is_refused(tmp_path):
     with pytest.raises(InputError, match="plotly figure"):
         write_figure("not a figure", tmp_path / "x.png")
+
+
+@needs_browser
+def test_export_runs_inside_a_running_event_loop(usage, tmp_path):
+    """Jupyter runs cells inside an event loop: export renders on a thread of its own."""
+    import asyncio
+
+    async def cell():
+        return write_figure(usage.figure(), tmp_path / "usage.svg")
+
+    path = asyncio.run(cell())
+    assert svg_root(path.read_bytes()) is not None
