@@ -49,11 +49,19 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[A
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _created_mode())  # mkstemp's 0600: give the mode open() would have given
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _created_mode() -> int:
+    """The permissions a file created by ``open()`` gets under the process's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
