@@ -1,14 +1,39 @@
-"""Attention decomposition drawn: one head's logits band by band, beside the model's pattern."""
+"""Attention decomposition drawn: one head's logits band by band, beside the model's pattern; and
+the band mixer, an interactive page that recomputes the pattern of any set of bands and planes."""
 
 from __future__ import annotations
 
+import base64
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape as html_escape
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import plotly.graph_objects as go
 import torch
+from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
+from torch import Tensor
 
 from ropelens.analyses.attention_decomposition import AttentionDecomposition
+from ropelens.analyses.head_taxonomy import HeadTaxonomy
+from ropelens.errors import InputError
+from ropelens.results.serialize import atomic_write_text
+from ropelens.spec.rope import LayerRope
 
-__all__ = ["decomposition_figure"]
+__all__ = [
+    "HALF_TOLERANCE",
+    "BandMixer",
+    "band_mixer",
+    "decode_array",
+    "decomposition_figure",
+    "encode_array",
+    "half_precision_error",
+]
 
 
 def decomposition_figure(
@@ -51,3 +76,246 @@ def decomposition_figure(
         height=330,
     )
     return fig
+
+
+# ============================================================================ the band mixer page
+# half precision is kept for a layer only where every probability the page draws from it (all bands,
+# each band alone, each band left out) stays this close to the one from float32 q and k
+HALF_TOLERANCE = 1e-3
+_ASSETS = Path(__file__).parent
+_POSITIONAL = "positional"
+
+
+@dataclass(frozen=True)
+class BandMixer:
+    """The band mixer: one self-contained HTML page (no server, no network) holding each chosen
+    layer's post-RoPE q and k, which recomputes the attention of any set of bands and planes.
+
+    ``html`` is the page; :meth:`save` writes it; in Jupyter, VS Code and Colab the object shows
+    itself (an ``<iframe srcdoc>``, so its script runs wherever notebooks sanitise HTML).
+    ``precision``: per layer, the dtype its q and k are stored in (float16 where the page's
+    probabilities stay within :data:`HALF_TOLERANCE` of float32's, else float32); ``half_error``:
+    the largest probability change half precision would make, per layer.
+    """
+
+    html: str
+    title: str
+    layers: tuple[int, ...]
+    precision: dict[int, str]
+    half_error: dict[int, float]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the page to ``path`` (an ``.html`` file, atomically); returns the path."""
+        path = Path(path)
+        if path.suffix.lower() not in (".html", ".htm"):
+            raise InputError(
+                f"{path}: the band mixer is one HTML page: name the file "
+                f"{path.with_suffix('.html').name}"
+            )
+        atomic_write_text(path, self.html)
+        return path
+
+    def _repr_html_(self) -> str:
+        page = html_escape(self.html, quote=True)
+        return (
+            f'<iframe srcdoc="{page}" title="{html_escape(self.title, quote=True)}" '
+            'style="width:100%;height:960px;border:1px solid #ddd" '
+            'sandbox="allow-scripts"></iframe>'
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"BandMixer({self.title!r}, layers {list(self.layers)}, "
+            f"{len(self.html) / 1e6:.1f} MB)"
+        )
+
+
+def encode_array(x: Tensor, dtype: str) -> str:
+    """``x`` as base64 of little-endian float16 or float32 values (row-major), as the page reads
+    it."""
+    kind = {"float16": "<f2", "float32": "<f4"}[dtype]
+    arr = x.detach().to(torch.float32).contiguous().numpy().astype(kind)
+    return base64.b64encode(arr.tobytes()).decode("ascii")
+
+
+def decode_array(text: str, dtype: str, shape: Sequence[int]) -> Tensor:
+    """The float32 tensor the page decodes from :func:`encode_array`'s ``text``."""
+    kind = {"float16": "<f2", "float32": "<f4"}[dtype]
+    arr = np.frombuffer(base64.b64decode(text), dtype=kind).astype(np.float32)
+    return torch.from_numpy(arr.copy()).reshape(*shape)
+
+
+def _probs(
+    rope: LayerRope, q: Tensor, k: Tensor, dims: Tensor, mask: Tensor
+) -> Float[Tensor, "head q k"]:
+    """The pattern of ``dims`` alone, from ``[head, pos, d]`` q and (expanded) k, as the page
+    computes it."""
+    s = torch.einsum("hqd,hkd->hqk", q[..., dims], k[..., dims]) * rope.score_scale
+    return rope.probs(s.masked_fill(~mask, float("-inf")), head_axis=0)
+
+
+def half_precision_error(
+    rope: LayerRope,
+    q: Float[Tensor, "head pos d"],
+    k: Float[Tensor, "head pos d"],
+    mask: Bool[Tensor, "q k"],
+    subsets: Sequence[Tensor],
+) -> float:
+    """The largest change of any probability of the patterns of ``subsets`` (head-dim index sets)
+    when ``q`` and (query-head) ``k`` are rounded to float16, both computed in float64; inf where a
+    value overflows float16."""
+    qh, kh = q.half(), k.half()
+    if not (torch.isfinite(qh).all() and torch.isfinite(kh).all()):
+        return math.inf
+    q, k, qh, kh = q.double(), k.double(), qh.double(), kh.double()
+    worst = 0.0
+    for dims in subsets:
+        diff = _probs(rope, q, k, dims, mask) - _probs(rope, qh, kh, dims, mask)
+        worst = max(worst, float(diff.abs().max()) if diff.numel() else 0.0)
+    return worst
+
+
+def _band_entries(rope: LayerRope, rb: Any) -> list[dict[str, Any]]:
+    """Each band's name, planes and the head dims it holds beyond its planes (non-rotary dims)."""
+    plane_dims = rope.plane_dims
+    out = []
+    for name, planes, dims in zip(rb.names, rb.planes, rb.dims, strict=True):
+        in_planes = set(plane_dims[list(planes)].flatten().tolist()) if planes else set()
+        out.append(
+            {
+                "name": name,
+                "planes": [int(p) for p in planes],
+                "extra": [int(d) for d in dims.tolist() if d not in in_planes],
+            }
+        )
+    return out
+
+
+def _head_labels(taxonomy: Any, layer: int, n_heads: int) -> list[str] | None:
+    """positional (its offset) / sink / other for each head, from a head taxonomy of this layer."""
+    if taxonomy is None or layer not in taxonomy.layers:
+        return None
+    kinds = taxonomy.kinds()[list(taxonomy.layers).index(layer)]
+    if len(kinds) != n_heads:
+        raise InputError(
+            f"the taxonomy has {len(kinds)} heads in layer {layer}, the decomposition "
+            f"{n_heads}: pass the head taxonomy of the same model"
+        )
+    return [
+        "sink" if k == "sink" else "other" if k == "content" else f"{_POSITIONAL} ({k})"
+        for k in kinds
+    ]
+
+
+def _layer_payload(
+    dec: AttentionDecomposition, layer: int, batch: int, taxonomy: Any
+) -> tuple[dict[str, Any], float]:
+    """One layer's entry in the page's data, and the half-precision error it was judged by."""
+    rope, acts = dec.spec.layers[layer], dec.acts[layer]
+    q = acts["q_post"][batch].float().transpose(0, 1).contiguous()  # [head, pos, d]
+    k = acts["k_post"][batch].float().transpose(0, 1).contiguous()  # [kv_head, pos, d]
+    mask = dec.mask(layer)[batch]
+    n = mask.shape[-1]
+    rb = dec.resolved(layer)
+    every = torch.arange(q.shape[-1])
+    subsets = [every, *rb.dims, *(every[~torch.isin(every, d)] for d in rb.dims)]
+    err = half_precision_error(
+        rope, q, k.repeat_interleave(rope.group_size, dim=0), mask, subsets
+    )
+    dtype = "float16" if err <= HALF_TOLERANCE else "float32"
+    explicit = None if torch.equal(mask, rope.mask(n)) else np.packbits(mask.numpy(), axis=None)
+    payload = {
+        "layer": layer,
+        "kind": rope.kind,
+        "n_heads": int(q.shape[0]),
+        "n_kv_heads": int(k.shape[0]),
+        "d_head": int(q.shape[-1]),
+        "score_scale": float(rope.score_scale),
+        "softcap": rope.softcap,
+        "window": rope.window,
+        "chunk": rope.chunk,
+        "sinks": list(rope.sinks) if rope.sinks is not None else None,
+        "plane_dims": rope.plane_dims.tolist(),
+        "wavelength": [float(w) if math.isfinite(w) else None for w in rope.wavelength.tolist()],
+        "bands": _band_entries(rope, rb),
+        "head_labels": _head_labels(taxonomy, layer, int(q.shape[0])),
+        "model_top1": dec.pattern(layer)[batch].argmax(-1).tolist(),
+        "mask": None if explicit is None else base64.b64encode(explicit.tobytes()).decode("ascii"),
+        "dtype": dtype,
+        "q": encode_array(q, dtype),
+        "k": encode_array(k, dtype),
+    }
+    return payload, err
+
+
+def _page_layers(dec: AttentionDecomposition, layers: Sequence[int] | None) -> list[int]:
+    """The decomposed layers the page holds (all of them by default); unknown ones refused."""
+    if layers is None:
+        return dec.layers
+    if isinstance(layers, int) or not all(isinstance(L, int) for L in layers):
+        raise InputError(f"layers is a list of layer indices, e.g. layers=[0, 5]; got {layers!r}")
+    missing = [L for L in layers if L not in dec.acts]
+    if missing or not layers:
+        raise InputError(
+            f"layers {missing or '[]'} were not decomposed; decomposed layers: {dec.layers} "
+            "(decompose others with attention_decomposition(..., layers=[...]))"
+        )
+    return list(dict.fromkeys(layers))
+
+
+def band_mixer(
+    dec: AttentionDecomposition,
+    *,
+    taxonomy: Any = None,
+    batch: int = 0,
+    layers: Sequence[int] | None = None,
+    title: str | None = None,
+) -> BandMixer:
+    """The band mixer page of ``dec`` (see :meth:`AttentionDecomposition.explore`)."""
+    if taxonomy is not None and not isinstance(taxonomy, HeadTaxonomy):
+        raise InputError(
+            f"taxonomy must be a HeadTaxonomy (from head_taxonomy(model)), got "
+            f"{type(taxonomy).__name__}"
+        )
+    n_batch = int(dec.tokens.shape[0])
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < n_batch:
+        raise InputError(f"batch {batch!r} is not a row of the input: pick 0..{n_batch - 1}")
+    chosen = _page_layers(dec, layers)
+    title = title or f"{dec.provenance.model}: band mixer"
+    ids = dec.tokens[batch].tolist()
+    text = dec.token_text[batch] if dec.token_text is not None else [f"#{i}" for i in ids]
+    payloads, errors = [], {}
+    for L in chosen:
+        payload, errors[L] = _layer_payload(dec, L, batch, taxonomy)
+        payloads.append(payload)
+    data = {
+        "title": title,
+        "model": dec.provenance.model,
+        "tokens": list(text),
+        "token_ids": ids,
+        "layers": payloads,
+        "taxonomy": taxonomy is not None,
+    }
+    page = _page_html(title, data)
+    return BandMixer(
+        html=page,
+        title=title,
+        layers=tuple(chosen),
+        precision={p["layer"]: p["dtype"] for p in payloads},
+        half_error=errors,
+    )
+
+
+def _page_html(title: str, data: dict[str, Any]) -> str:
+    """The page: styles, the data as JSON (``</`` escaped) and the script, inline."""
+    css = (_ASSETS / "band_mixer.css").read_text(encoding="utf-8")
+    js = (_ASSETS / "band_mixer.js").read_text(encoding="utf-8")
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html_escape(title)}</title>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<style>{css}</style></head><body>"
+        f"<script type='application/json' id='ropelens-data'>{payload}</script>"
+        f"<script>{js}</script></body></html>\n"
+    )
