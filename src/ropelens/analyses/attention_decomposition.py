@@ -339,8 +339,7 @@ class AttentionDecomposition(Result):
             )
         hints = field_types(cls)
         header = {
-            name: decode(json.loads(meta.get(name, "null")), hints[name])
-            for name in _HEADER_FIELDS
+            name: decode(json.loads(meta.get(name, "null")), hints[name]) for name in _HEADER_FIELDS
         }
         spec = header["spec"]
         acts: dict[int, LayerActs] = {}
@@ -421,7 +420,9 @@ def attention_decomposition(
     )
 
 
-def decoded_tokens(model: Any, tokens: Int[Tensor, "batch pos"]) -> tuple[tuple[str, ...], ...] | None:
+def decoded_tokens(
+    model: Any, tokens: Int[Tensor, "batch pos"]
+) -> tuple[tuple[str, ...], ...] | None:
     """Each token as the text the model's tokenizer decodes it to (None for a model without a
     tokenizer)."""
     tok = getattr(model, "tokenizer", None)

@@ -32,7 +32,8 @@ __all__ = [
     "decode_array",
     "decomposition_figure",
     "encode_array",
-    "half_precision_error",
+    "STORAGE",
+    "storage_error",
 ]
 
 
@@ -79,9 +80,13 @@ def decomposition_figure(
 
 
 # ============================================================================ the band mixer page
-# half precision is kept for a layer only where every probability the page draws from it (all bands,
-# each band alone, each band left out) stays this close to the one from float32 q and k
+# 16 bits a value are kept for a layer only where every probability the page draws from it (all
+# bands, each band alone, each band left out) stays this close to the one from float32 q and k
 HALF_TOLERANCE = 1e-3
+# how the page may store a layer's q and k: two 16-bit forms (IEEE half precision; integers times a
+# float32 scale per head and head dim, which keeps 16 bits of each dim's largest value), float32
+STORAGE = ("float16", "int16", "float32")
+_INT16_MAX = 32767
 _ASSETS = Path(__file__).parent
 _POSITIONAL = "positional"
 
@@ -93,9 +98,9 @@ class BandMixer:
 
     ``html`` is the page; :meth:`save` writes it; in Jupyter, VS Code and Colab the object shows
     itself (an ``<iframe srcdoc>``, so its script runs wherever notebooks sanitise HTML).
-    ``precision``: per layer, the dtype its q and k are stored in (float16 where the page's
-    probabilities stay within :data:`HALF_TOLERANCE` of float32's, else float32); ``half_error``:
-    the largest probability change half precision would make, per layer.
+    ``precision``: per layer, how its q and k are stored (a 16-bit form of :data:`STORAGE` where
+    the page's probabilities stay within :data:`HALF_TOLERANCE` of float32's, else float32);
+    ``half_error``: per layer, the largest probability change of the better 16-bit form.
     """
 
     html: str
@@ -125,54 +130,100 @@ class BandMixer:
 
     def __repr__(self) -> str:
         return (
-            f"BandMixer({self.title!r}, layers {list(self.layers)}, "
-            f"{len(self.html) / 1e6:.1f} MB)"
+            f"BandMixer({self.title!r}, layers {list(self.layers)}, {len(self.html) / 1e6:.1f} MB)"
         )
 
 
-def encode_array(x: Tensor, dtype: str) -> str:
-    """``x`` as base64 of little-endian float16 or float32 values (row-major), as the page reads
-    it."""
-    kind = {"float16": "<f2", "float32": "<f4"}[dtype]
-    arr = x.detach().to(torch.float32).contiguous().numpy().astype(kind)
+def _b64(arr: np.ndarray) -> str:
     return base64.b64encode(arr.tobytes()).decode("ascii")
 
 
-def decode_array(text: str, dtype: str, shape: Sequence[int]) -> Tensor:
-    """The float32 tensor the page decodes from :func:`encode_array`'s ``text``."""
-    kind = {"float16": "<f2", "float32": "<f4"}[dtype]
-    arr = np.frombuffer(base64.b64decode(text), dtype=kind).astype(np.float32)
-    return torch.from_numpy(arr.copy()).reshape(*shape)
+def encode_array(x: Float[Tensor, "head pos d"], dtype: str) -> dict[str, Any]:
+    """``x`` as the page stores it: base64 of little-endian values (row-major) in ``dtype`` of
+    :data:`STORAGE`; int16 values come with ``scale``, float32 ``[head, d]``, each value being
+    the integer times its head and dim's scale."""
+    x = x.detach().to(torch.float32).contiguous()
+    if dtype == "int16":
+        scale = (x.abs().amax(1, keepdim=True) / _INT16_MAX).to(torch.float32)
+        ints = torch.where(scale > 0, x / scale.where(scale > 0, 1.0), 0.0).round()
+        return {
+            "dtype": dtype,
+            "data": _b64(ints.clamp(-_INT16_MAX, _INT16_MAX).numpy().astype("<i2")),
+            "scale": _b64(scale[:, 0].numpy().astype("<f4")),
+        }
+    if dtype not in STORAGE:
+        raise InputError(f"storage {dtype!r} is not one of {STORAGE}")
+    kind = "<f2" if dtype == "float16" else "<f4"
+    return {"dtype": dtype, "data": _b64(x.numpy().astype(kind)), "scale": None}
+
+
+def decode_array(stored: dict[str, Any], shape: Sequence[int]) -> Float[Tensor, "head pos d"]:
+    """The values the page decodes from :func:`encode_array`'s output, in float64 (as the page
+    computes)."""
+    raw = base64.b64decode(stored["data"])
+    kind = {"float16": "<f2", "int16": "<i2", "float32": "<f4"}[stored["dtype"]]
+    x = torch.from_numpy(np.frombuffer(raw, dtype=kind).astype(np.float64)).reshape(*shape)
+    if stored["dtype"] != "int16":
+        return x
+    scale = np.frombuffer(base64.b64decode(stored["scale"]), dtype="<f4").astype(np.float64)
+    return x * torch.from_numpy(scale).reshape(shape[0], 1, shape[2])
 
 
 def _probs(
     rope: LayerRope, q: Tensor, k: Tensor, dims: Tensor, mask: Tensor
 ) -> Float[Tensor, "head q k"]:
-    """The pattern of ``dims`` alone, from ``[head, pos, d]`` q and (expanded) k, as the page
+    """The pattern of ``dims`` alone, from ``[head, pos, d]`` q and (query-head) k, as the page
     computes it."""
     s = torch.einsum("hqd,hkd->hqk", q[..., dims], k[..., dims]) * rope.score_scale
     return rope.probs(s.masked_fill(~mask, float("-inf")), head_axis=0)
 
 
-def half_precision_error(
+def storage_error(
     rope: LayerRope,
-    q: Float[Tensor, "head pos d"],
-    k: Float[Tensor, "head pos d"],
+    exact: tuple[Tensor, Tensor],
+    stored: tuple[Tensor, Tensor],
     mask: Bool[Tensor, "q k"],
     subsets: Sequence[Tensor],
+    reference: Sequence[Tensor] | None = None,
 ) -> float:
     """The largest change of any probability of the patterns of ``subsets`` (head-dim index sets)
-    when ``q`` and (query-head) ``k`` are rounded to float16, both computed in float64; inf where a
-    value overflows float16."""
-    qh, kh = q.half(), k.half()
-    if not (torch.isfinite(qh).all() and torch.isfinite(kh).all()):
+    when ``exact`` ``[head, pos, d]`` q and KV-head k are replaced by ``stored`` ones, both
+    computed in float64; inf where a stored value is not finite (float16 overflow).
+    ``reference``: the exact patterns, where already computed."""
+    if not all(torch.isfinite(x).all() for x in stored):
         return math.inf
-    q, k, qh, kh = q.double(), k.double(), qh.double(), kh.double()
+    if reference is None:
+        reference = _patterns(rope, *exact, mask, subsets)
     worst = 0.0
-    for dims in subsets:
-        diff = _probs(rope, q, k, dims, mask) - _probs(rope, qh, kh, dims, mask)
-        worst = max(worst, float(diff.abs().max()) if diff.numel() else 0.0)
+    for ref, p in zip(reference, _patterns(rope, *stored, mask, subsets), strict=True):
+        worst = max(worst, float((ref - p).abs().max()) if p.numel() else 0.0)
     return worst
+
+
+def _patterns(
+    rope: LayerRope, q: Tensor, k: Tensor, mask: Tensor, subsets: Sequence[Tensor]
+) -> list[Tensor]:
+    """The float64 pattern of each subset of head dims, from ``[head, pos, d]`` q and KV-head k."""
+    q, k = q.double(), k.double().repeat_interleave(rope.group_size, dim=0)
+    return [_probs(rope, q, k, dims, mask) for dims in subsets]
+
+
+def _storage(
+    rope: LayerRope, q: Tensor, k: Tensor, mask: Tensor, subsets: Sequence[Tensor]
+) -> tuple[str, float, tuple[dict[str, Any], dict[str, Any]]]:
+    """How the page stores q and k: the first 16-bit form (scaled integers, then half precision)
+    whose probabilities stay within :data:`HALF_TOLERANCE` of float32's, else float32; its name,
+    the smallest 16-bit error, the stored arrays."""
+    reference = _patterns(rope, q, k, mask, subsets)
+    smallest = math.inf
+    for dtype in ("int16", "float16"):
+        enc = (encode_array(q, dtype), encode_array(k, dtype))
+        dec = (decode_array(enc[0], q.shape), decode_array(enc[1], k.shape))
+        err = storage_error(rope, (q, k), dec, mask, subsets, reference)
+        smallest = min(smallest, err)
+        if err <= HALF_TOLERANCE:
+            return dtype, err, enc
+    return "float32", smallest, (encode_array(q, "float32"), encode_array(k, "float32"))
 
 
 def _band_entries(rope: LayerRope, rb: Any) -> list[dict[str, Any]]:
@@ -219,10 +270,7 @@ def _layer_payload(
     rb = dec.resolved(layer)
     every = torch.arange(q.shape[-1])
     subsets = [every, *rb.dims, *(every[~torch.isin(every, d)] for d in rb.dims)]
-    err = half_precision_error(
-        rope, q, k.repeat_interleave(rope.group_size, dim=0), mask, subsets
-    )
-    dtype = "float16" if err <= HALF_TOLERANCE else "float32"
+    dtype, err, (q_stored, k_stored) = _storage(rope, q, k, mask, subsets)
     explicit = None if torch.equal(mask, rope.mask(n)) else np.packbits(mask.numpy(), axis=None)
     payload = {
         "layer": layer,
@@ -242,8 +290,8 @@ def _layer_payload(
         "model_top1": dec.pattern(layer)[batch].argmax(-1).tolist(),
         "mask": None if explicit is None else base64.b64encode(explicit.tobytes()).decode("ascii"),
         "dtype": dtype,
-        "q": encode_array(q, dtype),
-        "k": encode_array(k, dtype),
+        "q": q_stored,
+        "k": k_stored,
     }
     return payload, err
 

@@ -26,12 +26,24 @@
     if (e === 31) return f ? NaN : sign * Infinity;
     return sign * (1 + f / 1024) * Math.pow(2, e - 15);
   }
-  function decodeFloats(b64, dtype) {
-    const b = bytesOf(b64);
+  function decodeFloats(stored, d) { // [head, pos, d] values, row-major
+    const b = bytesOf(stored.data);
     const view = new DataView(b.buffer);
-    if (dtype === "float16") {
+    if (stored.dtype === "float16") {
       const out = new Float64Array(b.length / 2);
       for (let i = 0; i < out.length; i++) out[i] = halfToFloat(view.getUint16(2 * i, true));
+      return out;
+    }
+    if (stored.dtype === "int16") { // integers times a float32 scale per head and head dim
+      const sb = bytesOf(stored.scale);
+      const sv = new DataView(sb.buffer);
+      const scale = new Float64Array(sb.length / 4);
+      for (let i = 0; i < scale.length; i++) scale[i] = sv.getFloat32(4 * i, true);
+      const out = new Float64Array(b.length / 2);
+      for (let i = 0; i < out.length; i++) {
+        const h = Math.floor(i / (N * d));
+        out[i] = view.getInt16(2 * i, true) * scale[h * d + (i % d)];
+      }
       return out;
     }
     const out = new Float64Array(b.length / 4);
@@ -59,7 +71,7 @@
   function arrays(li) {
     if (!decoded.has(li)) {
       const L = DATA.layers[li];
-      decoded.set(li, { q: decodeFloats(L.q, L.dtype), k: decodeFloats(L.k, L.dtype), mask: maskOf(L) });
+      decoded.set(li, { q: decodeFloats(L.q, L.d_head), k: decodeFloats(L.k, L.d_head), mask: maskOf(L) });
       while (decoded.size > 2) decoded.delete(decoded.keys().next().value);
     }
     return decoded.get(li);
@@ -269,9 +281,10 @@
       });
       bandBox.appendChild(div);
     });
-    precisionNote.textContent = "q and k of this layer are stored in " + L.dtype +
-      (L.dtype === "float16" ? " (every probability within 0.001 of float32's, checked when written)." :
-        " (half precision would move a probability by more than 0.001).");
+    precisionNote.textContent = "q and k of this layer are stored as " +
+      (L.dtype === "int16" ? "16-bit integers with a scale per head and dim" : L.dtype) +
+      (L.dtype === "float32" ? " (16 bits would move a probability by more than 0.001)." :
+        " (every probability within 0.001 of float32's, checked when written).");
   }
   function syncBoxes() {
     bandBox.querySelectorAll("input[data-band]").forEach((box) => {
