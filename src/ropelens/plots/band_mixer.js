@@ -192,7 +192,13 @@
     return t;
   }
   const quoted = (i) => i + " \u201c" + tokenLabel(i, 24) + "\u201d";
-  function fmtWave(w) { return w === null ? "\u221e" : w < 100 ? w.toFixed(1) : Math.round(w).toLocaleString("en"); }
+  function fmtWave(w) { // tokens per turn, short enough for two plane columns
+    if (w === null) return "\u221e";
+    if (w < 100) return w.toFixed(1);
+    if (w < 1e4) return String(Math.round(w));
+    if (w < 1e6) return Math.round(w / 1e3) + "k";
+    return (w / 1e6).toPrecision(2) + "M";
+  }
   function headLabel(L, h) { return "head " + h + (L.head_labels ? " \u00b7 " + L.head_labels[h] : ""); }
 
   document.body.appendChild(el("header", {},
