@@ -262,6 +262,13 @@ def test_heads_are_labelled_from_the_taxonomy(tiny):
         assert label == {"sink": "sink", "content": "other"}.get(kind, f"positional ({kind})")
 
 
+def test_explore_draws_through_the_plots_layer(gemma2):
+    from ropelens.results.figures import figure_of
+
+    assert figure_of(AttentionDecomposition, "explore") is band_mixer
+    assert gemma2.explore(layers=[1]).html == band_mixer(gemma2, layers=[1]).html
+
+
 def test_bad_input_is_refused(gemma2, tmp_path):
     with pytest.raises(
         InputError, match=r"layers \[7\] were not decomposed; decomposed layers: \[0, 1, 2, 3\]"
