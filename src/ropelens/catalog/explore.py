@@ -28,6 +28,7 @@ from ropelens.validate import check_output_path
 DEFAULT_BANDS = Bands.quantiles(4)  # four bands of planes, highest frequencies first
 DEFAULT_TOKENS = 256  # tokens on the page, BOS included
 MEASURE = "measure"  # --taxonomy measure: classify the heads now
+LARGE_PAGE = 50_000_000  # bytes: a page this large is slow to open, so the command says so
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -147,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
     page = relay(dec.explore, taxonomy=taxonomy, title=args.title)
     page.save(out)
     size = out.stat().st_size
+    if size > LARGE_PAGE:
+        note(
+            f"the page is {size / 1e6:.0f} MB (each layer holds its q and k): --layers or a "
+            "shorter --n-ctx makes it smaller"
+        )
     summary = {
         "out": str(out),
         "bytes": size,

@@ -44,21 +44,7 @@ def browser():
 def open_page(browser, path: Path):
     """The saved page opened from disk, every request that is not local refused and recorded;
     returns (page, console errors, external requests)."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    external: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-
-    def only_local(route):
-        if route.request.url.startswith(("file:", "data:", "blob:", "about:")):
-            route.continue_()
-        else:
-            external.append(route.request.url)
-            route.abort()
-
-    page.route("**/*", only_local)
-    page.goto(path.as_uri(), wait_until="load")
+    page, errors, external = open_page_plain(browser, path)
     page.wait_for_function("() => window.ropelensExplorer !== undefined", timeout=30_000)
     return page, errors, external
 
@@ -160,3 +146,46 @@ def test_layers_heads_and_bands_switch(family_model, browser, tmp_path):
     assert errors == [] and external == []
     assert (ARTIFACTS / "band-mixer-gemma2.png").stat().st_size > 20_000
     page.close()
+
+
+def test_the_notebook_iframe_runs_the_page(family_model, browser, tmp_path):
+    """What Jupyter, VS Code and Colab show (``_repr_html_``: an iframe holding the page) runs its
+    script and draws the same pattern."""
+    model, _ = family_model("gpt_oss")
+    dec = attention_decomposition(model, tokens(2), bands=Bands.quantiles(2), layers=[0])
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text(
+        "<!DOCTYPE html><html><body><p>a notebook cell</p>"
+        + dec.explore()._repr_html_()
+        + "</body></html>",
+        encoding="utf-8",
+    )
+    page, errors, external = open_page_plain(browser, notebook)
+    frame = page.frames[1]
+    frame.wait_for_function("() => window.ropelensExplorer !== undefined", timeout=30_000)
+    frame.evaluate("() => ropelensExplorer.setBands(['Q2'])")
+    got = torch.tensor(frame.evaluate("() => ropelensExplorer.pattern()"), dtype=torch.float64)
+    assert torch.allclose(got, dec.band_pattern(0, ["Q2"])[0, 0].double(), atol=TOLERANCE)
+    assert errors == [] and external == []
+    page.close()
+
+
+def open_page_plain(browser, path: Path):
+    """A page opened from disk with console errors and outside requests recorded (no waiting on
+    the mixer's own script, which may sit in a frame)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors: list[str] = []
+    external: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def only_local(route):
+        if route.request.url.startswith(("file:", "data:", "blob:", "about:")):
+            route.continue_()
+        else:
+            external.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_local)
+    page.goto(path.as_uri(), wait_until="load")
+    return page, errors, external
