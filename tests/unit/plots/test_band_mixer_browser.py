@@ -73,10 +73,12 @@ def selections(names: list[str], n_planes: int) -> list[tuple[list[str], list[in
     ]
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gpt_oss", "phi3"])
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss", "phi3", "glm", "deepseek_v3", "llama4"])
 def test_the_page_draws_band_pattern(family, family_model, browser, tmp_path):
     """gemma2: soft-capped logits, alternating sliding windows, GQA; gpt_oss: learned sinks,
-    windows, GQA; phi3: partial rotary (its rest band holds the non-rotary dims), windows."""
+    windows, GQA; phi3: partial rotary (its rest band holds the non-rotary dims), windows; glm:
+    adjacent pairs, partial rotary; deepseek_v3: multi-head latent attention; llama4: chunked
+    attention (chunks of 8)."""
     model, spec = family_model(family)
     dec = attention_decomposition(model, tokens(), bands=Bands.quantiles(2))
     path = dec.explore().save(tmp_path / f"{family}.html")
