@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,8 @@ def js_divergence(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:
 SAFETENSORS_SUFFIX = (
     ".safetensors"  # a decomposition's file: tensors, with its header fields as JSON
 )
-_HEADER_FIELDS = ("spec", "bands", "provenance")  # written as JSON in the safetensors header
+# written as JSON in the safetensors header (token_text: absent from files written before it)
+_HEADER_FIELDS = ("spec", "bands", "provenance", "token_text")
 
 
 # ============================================================================ one input
@@ -97,6 +98,8 @@ class AttentionDecomposition(Result):
     bands: Bands
     acts: dict[int, LayerActs]
     provenance: Provenance
+    # each token as text, per batch row (what the model's tokenizer decodes it to), where known
+    token_text: tuple[tuple[str, ...], ...] | None = field(default=None, kw_only=True)
 
     @property
     def layers(self) -> list[int]:
@@ -424,6 +427,28 @@ class AttentionDecomposition(Result):
             self, layer, head, query=query, keys=keys, planes=planes, batch=batch
         )
 
+    def explore(
+        self,
+        *,
+        taxonomy: Any = None,
+        batch: int = 0,
+        layers: Sequence[int] | None = None,
+        title: str | None = None,
+    ) -> Any:
+        """An interactive page, the band mixer: choose a layer and head, switch bands and planes on
+        and off, and see the attention the model would have from them alone (:meth:`band_pattern`,
+        recomputed in the page from the captured q and k), each query's attention band by band,
+        and each band's top-1 agreement with the model.
+
+        Runs with no server and no network: ``.save(path)`` writes one HTML file, and in Jupyter,
+        VS Code or Colab the object shows itself. ``taxonomy``: a :class:`HeadTaxonomy` of the
+        same model, whose classes label the heads (positional, sink, other); ``batch``: which
+        input row; ``layers``: which decomposed layers the page holds (default: all of them).
+        """
+        return figure_of(AttentionDecomposition, "explore")(
+            self, taxonomy=taxonomy, batch=batch, layers=layers, title=title
+        )
+
     def _file_tensors(self) -> dict[str, Tensor]:
         """The tensors the file holds: tokens, and each layer's captured tensors under
         ``"{layer}/{name}"``."""
@@ -479,7 +504,9 @@ class AttentionDecomposition(Result):
                 f"{cls.FORMAT}: load it with ropelens.load_result(path)"
             )
         hints = field_types(cls)
-        header = {name: decode(json.loads(meta[name]), hints[name]) for name in _HEADER_FIELDS}
+        header = {
+            name: decode(json.loads(meta.get(name, "null")), hints[name]) for name in _HEADER_FIELDS
+        }
         spec = header["spec"]
         acts: dict[int, LayerActs] = {}
         for key, v in t.items():
@@ -540,6 +567,7 @@ def attention_decomposition(
         for L, a in acts.items()
     }
     bands = bands or DEFAULT_BANDS
+    tokens = tokens.cpu()
     prov = Provenance(
         model=model_label(model),
         n_tokens=int(tokens.numel()),
@@ -549,5 +577,21 @@ def attention_decomposition(
         seconds=time.perf_counter() - t0,
     )
     return AttentionDecomposition(
-        tokens=tokens.cpu(), spec=spec, bands=bands, acts=acts, provenance=prov
+        tokens=tokens,
+        spec=spec,
+        bands=bands,
+        acts=acts,
+        provenance=prov,
+        token_text=decoded_tokens(model, tokens),
     )
+
+
+def decoded_tokens(
+    model: Any, tokens: Int[Tensor, "batch pos"]
+) -> tuple[tuple[str, ...], ...] | None:
+    """Each token as the text the model's tokenizer decodes it to (None for a model without a
+    tokenizer)."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None or not hasattr(tok, "decode"):
+        return None
+    return tuple(tuple(tok.decode([int(i)]) for i in row) for row in tokens.tolist())

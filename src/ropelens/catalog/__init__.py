@@ -27,6 +27,7 @@ from ropelens.catalog import (
     band_statistics,
     base_predictions,
     compare,
+    explore,
     extension_planes,
     extension_study,
     frequency_entropy,
@@ -56,6 +57,7 @@ register_analysis(rope_spec.ANALYSIS)
 register_analysis(report.ANALYSIS)
 register_analysis(frequency_usage.ANALYSIS)
 register_analysis(attention_decomposition.ANALYSIS)
+register_analysis(explore.ANALYSIS)
 register_analysis(band_statistics.ANALYSIS)
 register_analysis(head_taxonomy.ANALYSIS)
 register_analysis(attention_sinks.ANALYSIS)

@@ -1,20 +1,43 @@
 """Attention decomposition drawn: one head's logits band by band, beside the model's pattern; and
-the rotation behind them, q and k turning in each plane with position."""
+the rotation behind them, q and k turning in each plane with position; and the band mixer, an
+interactive page that recomputes the pattern of any set of bands and planes."""
 
 from __future__ import annotations
 
+import base64
+import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape as html_escape
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 import torch
+from jaxtyping import Bool, Float
 from plotly.subplots import make_subplots
+from torch import Tensor
 
 from ropelens.analyses.attention_decomposition import AttentionDecomposition
+from ropelens.analyses.head_taxonomy import HeadTaxonomy
+from ropelens.errors import InputError
 from ropelens.plots.style import style_figure
+from ropelens.results.serialize import atomic_write_text
+from ropelens.spec.rope import LayerRope
 
-__all__ = ["decomposition_figure", "rotation_figure"]
+__all__ = [
+    "HALF_TOLERANCE",
+    "BandMixer",
+    "band_mixer",
+    "decode_array",
+    "decomposition_figure",
+    "rotation_figure",
+    "encode_array",
+    "STORAGE",
+    "storage_error",
+]
 
 
 def decomposition_figure(
@@ -196,3 +219,293 @@ def _refs(fig: go.Figure, row: int, col: int) -> tuple[str, str]:
     """The x and y axis references (``"x3"``, ``"y3"``) of a subplot."""
     sub = fig.get_subplot(row, col)
     return sub.xaxis.plotly_name.replace("axis", ""), sub.yaxis.plotly_name.replace("axis", "")
+
+
+# ============================================================================ the band mixer page
+# 16 bits a value are kept for a layer only where every probability the page draws from it (all
+# bands, each band alone, each band left out) stays this close to the one from float32 q and k
+HALF_TOLERANCE = 1e-3
+# how the page may store a layer's q and k: two 16-bit forms (IEEE half precision; integers times a
+# float32 scale per head and head dim, which keeps 16 bits of each dim's largest value), float32
+STORAGE = ("float16", "int16", "float32")
+_INT16_MAX = 32767
+_ASSETS = Path(__file__).parent
+_POSITIONAL = "positional"
+
+
+@dataclass(frozen=True)
+class BandMixer:
+    """The band mixer: one self-contained HTML page (no server, no network) holding each chosen
+    layer's post-RoPE q and k, which recomputes the attention of any set of bands and planes.
+
+    ``html`` is the page; :meth:`save` writes it; in Jupyter, VS Code and Colab the object shows
+    itself (an ``<iframe srcdoc>``, so its script runs wherever notebooks sanitise HTML).
+    ``precision``: per layer, how its q and k are stored (a 16-bit form of :data:`STORAGE` where
+    the page's probabilities stay within :data:`HALF_TOLERANCE` of float32's, else float32);
+    ``half_error``: per layer, the largest probability change of the better 16-bit form.
+    """
+
+    html: str
+    title: str
+    layers: tuple[int, ...]
+    precision: dict[int, str]
+    half_error: dict[int, float]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the page to ``path`` (an ``.html`` file, atomically); returns the path."""
+        path = Path(path)
+        if path.suffix.lower() not in (".html", ".htm"):
+            raise InputError(
+                f"{path}: the band mixer is one HTML page: name the file "
+                f"{path.with_suffix('.html').name}"
+            )
+        atomic_write_text(path, self.html)
+        return path
+
+    def _repr_html_(self) -> str:
+        page = html_escape(self.html, quote=True)
+        return (
+            f'<iframe srcdoc="{page}" title="{html_escape(self.title, quote=True)}" '
+            'style="width:100%;height:960px;border:1px solid #ddd" '
+            'sandbox="allow-scripts"></iframe>'
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"BandMixer({self.title!r}, layers {list(self.layers)}, {len(self.html) / 1e6:.1f} MB)"
+        )
+
+
+def _b64(arr: np.ndarray) -> str:
+    return base64.b64encode(arr.tobytes()).decode("ascii")
+
+
+def encode_array(x: Float[Tensor, "head pos d"], dtype: str) -> dict[str, Any]:
+    """``x`` as the page stores it: base64 of little-endian values (row-major) in ``dtype`` of
+    :data:`STORAGE`; int16 values come with ``scale``, float32 ``[head, d]``, each value being
+    the integer times its head and dim's scale."""
+    x = x.detach().to(torch.float32).contiguous()
+    if dtype == "int16":
+        scale = (x.abs().amax(1, keepdim=True) / _INT16_MAX).to(torch.float32)
+        ints = torch.where(scale > 0, x / scale.where(scale > 0, 1.0), 0.0).round()
+        return {
+            "dtype": dtype,
+            "data": _b64(ints.clamp(-_INT16_MAX, _INT16_MAX).numpy().astype("<i2")),
+            "scale": _b64(scale[:, 0].numpy().astype("<f4")),
+        }
+    if dtype not in STORAGE:
+        raise InputError(f"storage {dtype!r} is not one of {STORAGE}")
+    kind = "<f2" if dtype == "float16" else "<f4"
+    return {"dtype": dtype, "data": _b64(x.numpy().astype(kind)), "scale": None}
+
+
+def decode_array(stored: dict[str, Any], shape: Sequence[int]) -> Float[Tensor, "head pos d"]:
+    """The values the page decodes from :func:`encode_array`'s output, in float64 (as the page
+    computes)."""
+    raw = base64.b64decode(stored["data"])
+    kind = {"float16": "<f2", "int16": "<i2", "float32": "<f4"}[stored["dtype"]]
+    x = torch.from_numpy(np.frombuffer(raw, dtype=kind).astype(np.float64)).reshape(*shape)
+    if stored["dtype"] != "int16":
+        return x
+    scale = np.frombuffer(base64.b64decode(stored["scale"]), dtype="<f4").astype(np.float64)
+    return x * torch.from_numpy(scale).reshape(shape[0], 1, shape[2])
+
+
+def _probs(
+    rope: LayerRope, q: Tensor, k: Tensor, dims: Tensor, mask: Tensor
+) -> Float[Tensor, "head q k"]:
+    """The pattern of ``dims`` alone, from ``[head, pos, d]`` q and (query-head) k, as the page
+    computes it."""
+    s = torch.einsum("hqd,hkd->hqk", q[..., dims], k[..., dims]) * rope.score_scale
+    return rope.probs(s.masked_fill(~mask, float("-inf")), head_axis=0)
+
+
+def storage_error(
+    rope: LayerRope,
+    exact: tuple[Tensor, Tensor],
+    stored: tuple[Tensor, Tensor],
+    mask: Bool[Tensor, "q k"],
+    subsets: Sequence[Tensor],
+    reference: Sequence[Tensor] | None = None,
+) -> float:
+    """The largest change of any probability of the patterns of ``subsets`` (head-dim index sets)
+    when ``exact`` ``[head, pos, d]`` q and KV-head k are replaced by ``stored`` ones, both
+    computed in float64; inf where a stored value is not finite (float16 overflow).
+    ``reference``: the exact patterns, where already computed."""
+    if not all(torch.isfinite(x).all() for x in stored):
+        return math.inf
+    if reference is None:
+        reference = _patterns(rope, *exact, mask, subsets)
+    worst = 0.0
+    for ref, p in zip(reference, _patterns(rope, *stored, mask, subsets), strict=True):
+        worst = max(worst, float((ref - p).abs().max()) if p.numel() else 0.0)
+    return worst
+
+
+def _patterns(
+    rope: LayerRope, q: Tensor, k: Tensor, mask: Tensor, subsets: Sequence[Tensor]
+) -> list[Tensor]:
+    """The float64 pattern of each subset of head dims, from ``[head, pos, d]`` q and KV-head k."""
+    q, k = q.double(), k.double().repeat_interleave(rope.group_size, dim=0)
+    return [_probs(rope, q, k, dims, mask) for dims in subsets]
+
+
+def _storage(
+    rope: LayerRope, q: Tensor, k: Tensor, mask: Tensor, subsets: Sequence[Tensor]
+) -> tuple[str, float, tuple[dict[str, Any], dict[str, Any]]]:
+    """How the page stores q and k: the first 16-bit form (scaled integers, then half precision)
+    whose probabilities stay within :data:`HALF_TOLERANCE` of float32's, else float32; its name,
+    the smallest 16-bit error, the stored arrays."""
+    reference = _patterns(rope, q, k, mask, subsets)
+    smallest = math.inf
+    for dtype in ("int16", "float16"):
+        enc = (encode_array(q, dtype), encode_array(k, dtype))
+        dec = (decode_array(enc[0], q.shape), decode_array(enc[1], k.shape))
+        err = storage_error(rope, (q, k), dec, mask, subsets, reference)
+        smallest = min(smallest, err)
+        if err <= HALF_TOLERANCE:
+            return dtype, err, enc
+    return "float32", smallest, (encode_array(q, "float32"), encode_array(k, "float32"))
+
+
+def _band_entries(rope: LayerRope, rb: Any) -> list[dict[str, Any]]:
+    """Each band's name, planes and the head dims it holds beyond its planes (non-rotary dims)."""
+    plane_dims = rope.plane_dims
+    out = []
+    for name, planes, dims in zip(rb.names, rb.planes, rb.dims, strict=True):
+        in_planes = set(plane_dims[list(planes)].flatten().tolist()) if planes else set()
+        out.append(
+            {
+                "name": name,
+                "planes": [int(p) for p in planes],
+                "extra": [int(d) for d in dims.tolist() if d not in in_planes],
+            }
+        )
+    return out
+
+
+def _head_labels(taxonomy: Any, layer: int, n_heads: int) -> list[str] | None:
+    """positional (its offset) / sink / other for each head, from a head taxonomy of this layer."""
+    if taxonomy is None or layer not in taxonomy.layers:
+        return None
+    kinds = taxonomy.kinds()[list(taxonomy.layers).index(layer)]
+    if len(kinds) != n_heads:
+        raise InputError(
+            f"the taxonomy has {len(kinds)} heads in layer {layer}, the decomposition "
+            f"{n_heads}: pass the head taxonomy of the same model"
+        )
+    return [
+        "sink" if k == "sink" else "other" if k == "content" else f"{_POSITIONAL} ({k})"
+        for k in kinds
+    ]
+
+
+def _layer_payload(
+    dec: AttentionDecomposition, layer: int, batch: int, taxonomy: Any
+) -> tuple[dict[str, Any], float]:
+    """One layer's entry in the page's data, and the half-precision error it was judged by."""
+    rope, acts = dec.spec.layers[layer], dec.acts[layer]
+    q = acts["q_post"][batch].float().transpose(0, 1).contiguous()  # [head, pos, d]
+    k = acts["k_post"][batch].float().transpose(0, 1).contiguous()  # [kv_head, pos, d]
+    mask = dec.mask(layer)[batch]
+    n = mask.shape[-1]
+    rb = dec.resolved(layer)
+    every = torch.arange(q.shape[-1])
+    subsets = [every, *rb.dims, *(every[~torch.isin(every, d)] for d in rb.dims)]
+    dtype, err, (q_stored, k_stored) = _storage(rope, q, k, mask, subsets)
+    explicit = None if torch.equal(mask, rope.mask(n)) else np.packbits(mask.numpy(), axis=None)
+    payload = {
+        "layer": layer,
+        "kind": rope.kind,
+        "n_heads": int(q.shape[0]),
+        "n_kv_heads": int(k.shape[0]),
+        "d_head": int(q.shape[-1]),
+        "score_scale": float(rope.score_scale),
+        "softcap": rope.softcap,
+        "window": rope.window,
+        "chunk": rope.chunk,
+        "sinks": list(rope.sinks) if rope.sinks is not None else None,
+        "plane_dims": rope.plane_dims.tolist(),
+        "wavelength": [float(w) if math.isfinite(w) else None for w in rope.wavelength.tolist()],
+        "bands": _band_entries(rope, rb),
+        "head_labels": _head_labels(taxonomy, layer, int(q.shape[0])),
+        "model_top1": dec.pattern(layer)[batch].argmax(-1).tolist(),
+        "mask": None if explicit is None else base64.b64encode(explicit.tobytes()).decode("ascii"),
+        "dtype": dtype,
+        "q": q_stored,
+        "k": k_stored,
+    }
+    return payload, err
+
+
+def _page_layers(dec: AttentionDecomposition, layers: Sequence[int] | None) -> list[int]:
+    """The decomposed layers the page holds (all of them by default); unknown ones refused."""
+    if layers is None:
+        return dec.layers
+    if isinstance(layers, int) or not all(isinstance(L, int) for L in layers):
+        raise InputError(f"layers is a list of layer indices, e.g. layers=[0, 5]; got {layers!r}")
+    missing = [L for L in layers if L not in dec.acts]
+    if missing or not layers:
+        raise InputError(
+            f"layers {missing or '[]'} were not decomposed; decomposed layers: {dec.layers} "
+            "(decompose others with attention_decomposition(..., layers=[...]))"
+        )
+    return list(dict.fromkeys(layers))
+
+
+def band_mixer(
+    dec: AttentionDecomposition,
+    *,
+    taxonomy: Any = None,
+    batch: int = 0,
+    layers: Sequence[int] | None = None,
+    title: str | None = None,
+) -> BandMixer:
+    """The band mixer page of ``dec`` (see :meth:`AttentionDecomposition.explore`)."""
+    if taxonomy is not None and not isinstance(taxonomy, HeadTaxonomy):
+        raise InputError(
+            f"taxonomy must be a HeadTaxonomy (from head_taxonomy(model)), got "
+            f"{type(taxonomy).__name__}"
+        )
+    n_batch = int(dec.tokens.shape[0])
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < n_batch:
+        raise InputError(f"batch {batch!r} is not a row of the input: pick 0..{n_batch - 1}")
+    chosen = _page_layers(dec, layers)
+    title = title or f"{dec.provenance.model}: band mixer"
+    ids = dec.tokens[batch].tolist()
+    text = dec.token_text[batch] if dec.token_text is not None else [f"#{i}" for i in ids]
+    payloads, errors = [], {}
+    for L in chosen:
+        payload, errors[L] = _layer_payload(dec, L, batch, taxonomy)
+        payloads.append(payload)
+    data = {
+        "title": title,
+        "model": dec.provenance.model,
+        "tokens": list(text),
+        "token_ids": ids,
+        "layers": payloads,
+        "taxonomy": taxonomy is not None,
+    }
+    page = _page_html(title, data)
+    return BandMixer(
+        html=page,
+        title=title,
+        layers=tuple(chosen),
+        precision={p["layer"]: p["dtype"] for p in payloads},
+        half_error=errors,
+    )
+
+
+def _page_html(title: str, data: dict[str, Any]) -> str:
+    """The page: styles, the data as JSON (``</`` escaped) and the script, inline."""
+    css = (_ASSETS / "band_mixer.css").read_text(encoding="utf-8")
+    js = (_ASSETS / "band_mixer.js").read_text(encoding="utf-8")
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html_escape(title)}</title>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<style>{css}</style></head><body>"
+        f"<script type='application/json' id='ropelens-data'>{payload}</script>"
+        f"<script>{js}</script></body></html>\n"
+    )

@@ -410,6 +410,7 @@ def test_the_refusing_commands_are_these():
         "band-location",
         "base-predictions",
         "compare",
+        "explore",
         "extension-planes",
         "extension-study",
         "knockout",

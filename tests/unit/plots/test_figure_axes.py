@@ -11,6 +11,7 @@ names what it holds, and compares them with the result's own layers, heads, band
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -186,6 +187,31 @@ def make_rotation():
     return [
         Case(dec, {}, check=square_planes),
         Case(dec, {}, (3, 1), {"query": 9, "keys": [9, 2], "planes": [0, 7, 3]}, square_planes),
+    ]
+
+
+def page_labels(names: list[str], layers: list[int]) -> Callable[[Any], None]:
+    """The band mixer page (HTML, not a plotly figure) holds the measured layers, each layer's
+    heads and the band names."""
+
+    def check(page: Any) -> None:
+        found = re.search(r"id='ropelens-data'>(.*?)</script>", page.html)
+        data = json.loads(found.group(1).replace("<\\/", "</"))
+        assert [e["layer"] for e in data["layers"]] == layers == list(page.layers)
+        for e in data["layers"]:
+            assert e["n_heads"] == len(HEADS)
+            assert [b["name"] for b in e["bands"]] == names
+
+    return check
+
+
+@functools.cache
+def make_decomposition_page():
+    dec = attention_decomposition(six_layer_model(), tokens(1), bands=BANDS, layers=MEASURED)
+    names = band_names()
+    return [
+        Case(dec, {}, check=page_labels(names, MEASURED)),
+        Case(dec, {}, kwargs={"layers": [4, 1]}, check=page_labels(names, [4, 1])),
     ]
 
 
@@ -428,6 +454,7 @@ MAKERS: dict[tuple[str, str], Callable[..., list[Case]]] = {
     ("FrequencyUsage", "heatmap"): make_usage_heatmap,
     ("AttentionDecomposition", "figure"): make_decomposition,
     ("AttentionDecomposition", "rotation"): make_rotation,
+    ("AttentionDecomposition", "explore"): make_decomposition_page,
     ("BandStatistics", "figure"): make_band_statistics,
     ("BandStatistics", "heatmap"): make_band_statistics_heatmap,
     ("HeadTaxonomy", "figure"): make_head_taxonomy,
@@ -588,6 +615,9 @@ def test_every_figure_labels_its_axes_with_what_was_measured(key, draw, tmp_path
     for case in cases:
         assert isinstance(case.result, cls)
         drawn = draw(case.result, *case.args, **case.kwargs)
+        if hasattr(drawn, "html"):  # an interactive page: its data names what it holds
+            case.check(drawn)
+            continue
         fig = as_figure(drawn)
         check_axes(fig, case.expect)
         if isinstance(drawn, go.Figure):  # a lone trace leaves its axes to the figure it joins

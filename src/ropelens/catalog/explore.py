@@ -1,0 +1,180 @@
+"""The band mixer as a command: ``ropelens explore``, one HTML page of
+:meth:`AttentionDecomposition.explore`."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from pathlib import Path
+
+from ropelens.analyses import HeadTaxonomy, head_taxonomy, load_result
+from ropelens.analyses.attention_decomposition import attention_decomposition
+from ropelens.analyses.registry import Analysis
+from ropelens.cli.common import (
+    AnalysisOptions,
+    Command,
+    CorpusOptions,
+    ModelOptions,
+    OutputOptions,
+    load_from_args,
+    note,
+    relay,
+)
+from ropelens.errors import InputError
+from ropelens.run.data import windows
+from ropelens.spec.bands import Bands
+from ropelens.validate import check_output_path
+
+DEFAULT_BANDS = Bands.quantiles(4)  # four bands of planes, highest frequencies first
+DEFAULT_TOKENS = 256  # tokens on the page, BOS included
+MEASURE = "measure"  # --taxonomy measure: classify the heads now
+LARGE_PAGE = 50_000_000  # bytes: a page this large is slow to open, so the command says so
+
+
+def options(p: argparse.ArgumentParser) -> None:
+    """``ropelens explore [MODEL]``: the band mixer page of one input."""
+    ModelOptions.add_to(p)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--text", default=None, help="the text to show (BOS is prepended)")
+    src.add_argument(
+        "--file",
+        default=None,
+        metavar="PATH",
+        help="a text file to show (its first --n-ctx tokens, as --text)",
+    )
+    CorpusOptions.add_to(p, tokens=None, n_ctx=DEFAULT_TOKENS, corpus_group=src)
+    AnalysisOptions.add_to(p, default_bands=DEFAULT_BANDS)
+    p.add_argument(
+        "--taxonomy",
+        default=None,
+        metavar=f"FILE.json|{MEASURE}",
+        help="label heads positional / sink / other: a saved head taxonomy of the same model "
+        f"(ropelens head-taxonomy --save FILE.json), or '{MEASURE}' to classify them first",
+    )
+    p.add_argument("--title", default=None, help="the page's title (default: the model's name)")
+    p.add_argument(
+        "--out",
+        default="ropelens-explore.html",
+        metavar="FILE.html",
+        help="the page to write (default: ropelens-explore.html)",
+    )
+    OutputOptions.add_to(p)
+
+
+def _read_text(args: argparse.Namespace) -> str | None:
+    """``--text`` or the contents of ``--file`` (None: the corpus); checked before the model
+    loads."""
+    if args.file is not None:
+        path = Path(args.file).expanduser()
+        if not path.is_file():
+            raise InputError(f"--file {args.file} is not a file: pass the path of a text file")
+        text = path.read_text(encoding="utf-8", errors="replace")
+        what = "--file"
+    else:
+        text, what = args.text, "--text"
+    if text is not None and not text.strip():
+        raise InputError(f"{what} is empty: pass some text, e.g. --text 'The cat sat on the mat.'")
+    return text
+
+
+def _load_taxonomy(spec: str | None) -> HeadTaxonomy | str | None:
+    """The saved taxonomy ``--taxonomy`` names (or the word ``measure``)."""
+    if spec is None or spec == MEASURE:
+        return spec
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise InputError(
+            f"--taxonomy {spec} is not a file: pass a head taxonomy saved by "
+            f"'ropelens head-taxonomy --save FILE.json', or '{MEASURE}'"
+        )
+    result = load_result(path)
+    if not isinstance(result, HeadTaxonomy):
+        raise InputError(
+            f"--taxonomy {spec} holds a {type(result).__name__}, not a head taxonomy: pass the "
+            "file 'ropelens head-taxonomy --save' wrote"
+        )
+    return result
+
+
+def _tokens(model, text: str | None, args: argparse.Namespace):
+    """``[1, pos]`` tokens of the input, at most ``--n-ctx`` of them, and what they are."""
+    if text is None:
+        corpus = CorpusOptions.from_args(args).load()
+        toks = windows(corpus, model.tokenizer, args.n_ctx, n_windows=1)
+        return toks, f"the first {args.n_ctx} tokens of corpus {corpus.name!r}"
+    whole = (
+        {"truncate": False} if "truncate" in inspect.signature(model.to_tokens).parameters else {}
+    )
+    toks = model.to_tokens(text, **whole)
+    n = int(toks.shape[1])
+    if n > args.n_ctx:
+        note(f"the text is {n:,} tokens: the page shows its first {args.n_ctx:,} (--n-ctx)")
+        return toks[:, : args.n_ctx], f"the first {args.n_ctx} of {n:,} tokens of the text"
+    return toks, f"{n} tokens of text"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the band mixer: one input's attention, recomputed from any set of bands
+
+    Decompose one input's attention (the first --n-ctx tokens of the English corpus, or --text, or
+    --file) and write one HTML page that runs with no server and no network: choose a layer and a
+    head, switch bands and planes on and off, and see the pattern the model would have from them
+    alone, each query's attention band by band, and each band's top-1 agreement with the model.
+    """
+    analysis, output = AnalysisOptions.from_args(args), OutputOptions.from_args(args)
+    out = check_output_path(args.out, "--out")
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise InputError(f"--out {args.out}: the page is HTML: name it {out.stem}.html")
+    text = _read_text(args)
+    taxonomy = _load_taxonomy(args.taxonomy)  # all fail before the model loads
+    if text is None:
+        CorpusOptions.from_args(args).check()
+    model = load_from_args(args)
+    toks, what = _tokens(model, text, args)
+    bands = analysis.parsed_bands() or DEFAULT_BANDS
+    dec = relay(
+        attention_decomposition,
+        model,
+        toks,
+        bands=bands,
+        layers=analysis.layers,
+        batch_size=1,
+        verify=not analysis.no_verify,
+    )
+    if taxonomy == MEASURE:
+        taxonomy = head_taxonomy(
+            model, layers=dec.layers, progress=output.progress, verify=not analysis.no_verify
+        )
+    page = relay(dec.explore, taxonomy=taxonomy, title=args.title)
+    page.save(out)
+    size = out.stat().st_size
+    if size > LARGE_PAGE:
+        note(
+            f"the page is {size / 1e6:.0f} MB (each layer holds its q and k): --layers or a "
+            "shorter --n-ctx makes it smaller"
+        )
+    summary = {
+        "out": str(out),
+        "bytes": size,
+        "input": what,
+        "n_tokens": int(toks.shape[1]),
+        "layers": list(page.layers),
+        "bands": dec.band_names(dec.layers[0]),
+        "precision": {str(k): v for k, v in page.precision.items()},
+        "labelled_heads": taxonomy is not None,
+    }
+    if output.json:
+        return output.emit(summary)
+    print(
+        f"band mixer: {out} ({size / 1e6:.1f} MB; {what}; layers {dec.layers[0]}..{dec.layers[-1]}"
+        f" ({len(page.layers)}); bands {', '.join(summary['bands'])})"
+    )
+    return 0
+
+
+ANALYSIS = Analysis(
+    "explore",
+    command=Command("explore", run, options),
+    summary="The band mixer: one HTML page that recomputes a head's attention from any set of "
+    "bands and planes.",
+)
