@@ -22,9 +22,11 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import math
 import re
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -102,14 +104,13 @@ class HFPlanes:
         return self.dims.shape[0]
 
 
-def hf_planes(hf, family: str, layer: int, head_dim: int, *, swap: bool = False) -> HFPlanes:
-    """The planes of ``layer`` from HF's rotation convention and frequencies (``swap``: the other
-    pairing, to show that the comparison tells pairings apart)."""
+def hf_planes(hf, layer: int, head_dim: int, *, adjacent: bool) -> HFPlanes:
+    """The planes of ``layer`` from HF's frequencies, paired as HF's rotation pairs them:
+    ``adjacent`` (2i, 2i + 1), else rotate_half's (i, i + rotary_dim/2)."""
     inv = hf_inv_freq(hf, layer)
     n = inv.numel()
     offset = getattr(hf.config.get_text_config(), "qk_nope_head_dim", None) or 0  # MLA
     i = torch.arange(n)
-    adjacent = (family in INTERLEAVED) != swap
     pairs = torch.stack([2 * i, 2 * i + 1] if adjacent else [i, i + n], dim=1) + offset
     order = torch.sort(-inv, stable=True).indices
     rest = torch.tensor([d for d in range(head_dim) if d not in set(pairs.flatten().tolist())])
@@ -226,8 +227,7 @@ def case(tmp_path_factory):
         model = ropelens.load_model(path, device="cpu")
         toks = torch.randint(4, VOCAB, (2, N), generator=torch.Generator().manual_seed(1))
         toks[:, 0] = 1
-        spec = ropelens.rope_spec(model)
-        dec = attention_decomposition(model, toks, layers=spec.rotary_layers, verify=False)
+        dec = attention_decomposition(model, toks, verify=False)  # every rotary layer
         return Case(family, hf, dec, toks)
 
     return load
@@ -273,22 +273,37 @@ def _tv_from_uniform(pattern: Tensor, allowed: Tensor) -> float:
 
 
 # ============================================================================ tests
+def _check_regime(c: Case, dec, L: int) -> None:
+    """What makes the comparison bite holds in layer ``L``: the model's attention is far from
+    uniform, the input is longer than a sliding window, and a soft-cap bends the largest logit."""
+    tv = _tv_from_uniform(dec.pattern(L), dec.mask(L))
+    assert tv > FAR_FROM_UNIFORM, f"layer {L}: the model's attention is near uniform (TV {tv:.2f})"
+    fam = FAMILIES.get(c.family)
+    if fam is not None and L in fam.windows:
+        assert int(dec.mask(L)[0, -1].sum()) == fam.windows[L] < N, f"layer {L}: window unused"
+    if fam is not None and fam.softcap:
+        top = float(dec.logits(L).nan_to_num(neginf=0).abs().max())
+        bent = top - fam.softcap * math.tanh(top / fam.softcap)
+        assert bent > 0.5, f"layer {L}: the soft-cap bends the largest logit by {bent:.2g} only"
+
+
 def _layer_plan(c: Case, L: int) -> list[tuple[str, Tensor, Tensor]]:
     """(what, band_pattern's pattern, the HF dims it keeps) for every choice tried in layer ``L``;
     asserts along the way what needs no HF run."""
     head_dim = c.dec.acts[L]["q_post"].shape[-1]
-    p = hf_planes(c.hf, c.family, L, head_dim)
+    p = hf_planes(c.hf, L, head_dim, adjacent=c.family in INTERLEAVED)
     k = _n_bands(p.n)
     dec = dataclasses.replace(c.dec, bands=Bands.quantiles(k))
     allowed = dec.mask(L)[:, None]
-    tv = _tv_from_uniform(dec.pattern(L), dec.mask(L))
-    assert tv > FAR_FROM_UNIFORM, f"layer {L}: the model's attention is near uniform (TV {tv:.2f})"
+    _check_regime(c, dec, L)
     every = dec.band_pattern(L)
     torch.testing.assert_close(every, dec.pattern(L), rtol=0, atol=ATOL)
     # no band: every allowed key alike (the sinks keep their share)
     none = dec.band_pattern(L, bands=[])
     row_max = none.masked_fill(~allowed, 0).amax(-1, keepdim=True)
     torch.testing.assert_close(none, row_max * allowed, rtol=0, atol=1e-6)
+    sinks = c.family in FAMILIES and FAMILIES[c.family].sinks
+    assert (none.sum(-1).amax() < 0.99) if sinks else torch.allclose(none.sum(-1), torch.ones(1))
     # the full band name and its first word choose the same band
     assert torch.equal(
         dec.band_pattern(L, bands=[dec.band_names(L)[0]]), dec.band_pattern(L, bands=["Q1"])
@@ -333,7 +348,9 @@ def test_reference_tells_pairings_and_planes_apart(family, case):
     c = case(family)
     L = c.dec.layers[-1]
     head_dim = c.dec.acts[L]["q_post"].shape[-1]
-    p, swapped = (hf_planes(c.hf, family, L, head_dim, swap=s) for s in (False, True))
+    p, swapped = (
+        hf_planes(c.hf, L, head_dim, adjacent=(family in INTERLEAVED) != s) for s in (False, True)
+    )
     wrong, other = hf_patterns(c.hf, c.toks, {L: [swapped.dims[0], p.dims[p.n - 1]]})[L]
     got = c.dec.band_pattern(L, planes=[0])
     assert float((got - wrong).abs().max()) > 1e-2
@@ -356,5 +373,25 @@ def test_band_pattern_input_errors(case):
         dec.band_pattern(L, bands="plane 0")
     with pytest.raises(InputError, match=r"bands and planes are lists"):
         dec.band_pattern(L, planes=3)
+    with pytest.raises(InputError, match=r"bands and planes are lists"):
+        dec.band_pattern(L, planes=np.int64(3))
+    with pytest.raises(InputError, match=r"plane True is not a plane"):
+        dec.band_pattern(L, planes=[True])
+    with pytest.raises(InputError, match=r"band 'rest' is not a band of layer 0"):
+        dec.band_pattern(L, bands=["rest"])  # every dim of this head is in a plane
     with pytest.raises(InputError, match=r"layer 7 was not decomposed"):
         dec.band_pattern(7)
+
+
+def test_band_pattern_takes_numpy_and_torch_indices(case):
+    """Plane and band indices from numpy or torch choose what the same Python ints choose."""
+    dec = case("llama").dec
+    L = dec.layers[0]
+    want = dec.band_pattern(L, bands=[1], planes=[0, 2])
+    for bands, planes in [
+        (np.array([1]), np.array([0, 2])),
+        (torch.tensor([1]), torch.tensor([0, 2])),
+        ([np.int64(1)], (torch.tensor(0), 2)),
+        ((1,), range(0, 3, 2)),
+    ]:
+        assert torch.equal(dec.band_pattern(L, bands=bands, planes=planes), want)
