@@ -149,7 +149,7 @@ def hf_patterns(hf, toks: Tensor, keeps: dict[int, list[Tensor]]) -> dict[int, l
 
         def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
             L = getattr(module, "layer_idx", None)
-            for keep in keeps.get(L, ()) if L not in got else ():
+            for keep in keeps.get(L, ()):
                 o = eager(
                     module, _zero_but(query, keep), _zero_but(key, keep), value, attention_mask,
                     *args, **kwargs,
@@ -190,9 +190,6 @@ class Case:
     hf: object
     dec: object  # AttentionDecomposition of every rotary layer
     toks: Tensor
-
-    def layers(self) -> list[int]:
-        return self.dec.layers
 
 
 def _sharp_dir(family: str, dest):
