@@ -9,6 +9,7 @@ add up to the model's own pre-softmax scores.
 from __future__ import annotations
 
 import json
+import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -180,15 +181,12 @@ class AttentionDecomposition(Result):
         rb = self.resolved(layer)
         if bands is None and planes is None:
             bands = range(rb.n_bands)
-        if isinstance(bands, str | int) or isinstance(planes, int):
-            raise InputError(
-                "bands and planes are lists: band_pattern(layer, bands=['Q1']) or planes=[0, 3]"
-            )
-        chosen = [rb.dims[self._band_index(layer, b)] for b in bands or ()]
+        bands, planes = _listed(bands), _listed(planes)
+        chosen = [rb.dims[self._band_index(layer, b)] for b in bands]
         n_planes = self.spec.layers[layer].n_planes
         by_plane = Bands.planes().resolve(self.spec.layers[layer])
-        for p in planes or ():
-            if not isinstance(p, int) or not 0 <= p < n_planes:
+        for p in planes:
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n_planes:
                 raise InputError(
                     f"plane {p!r} is not a plane of layer {layer}: it has planes 0..{n_planes - 1}"
                 )
@@ -200,7 +198,7 @@ class AttentionDecomposition(Result):
     def _band_index(self, layer: int, band: str | int) -> int:
         """Index into :meth:`band_names` of a band given by index, name or its name's first word."""
         names = self.band_names(layer)
-        if isinstance(band, int) and 0 <= band < len(names):
+        if isinstance(band, int) and not isinstance(band, bool) and 0 <= band < len(names):
             return band
         if isinstance(band, str):
             exact = [i for i, n in enumerate(names) if n == band]
@@ -525,6 +523,32 @@ class AttentionDecomposition(Result):
     def _repr_html_(self) -> str:
         L = self.layers[0]
         return self.agreement(L).pivot(index="head", columns="band", values="top1").to_html()
+
+
+def _listed(chosen: Any) -> list:
+    """A band or plane choice as a list (None: empty), numpy and torch integers as Python ints."""
+    if chosen is None:
+        return []
+    if (
+        isinstance(chosen, str)
+        or getattr(chosen, "ndim", 1) == 0
+        or not hasattr(chosen, "__iter__")
+    ):
+        raise InputError(
+            "bands and planes are lists: band_pattern(layer, bands=['Q1']) or planes=[0, 3]"
+        )
+    return [_plain_index(x) for x in chosen]
+
+
+def _plain_index(x: Any) -> Any:
+    """A numpy or torch integer as a Python int; anything else as given (refused where it names no
+    band or plane)."""
+    if isinstance(x, str | bool):
+        return x
+    try:
+        return operator.index(x)
+    except TypeError:
+        return x
 
 
 def attention_decomposition(
