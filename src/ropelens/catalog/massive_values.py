@@ -98,7 +98,7 @@ def render(data: ReportData, massive: Measured) -> Section:
             else ""
         )
         parts.append(
-            f"{w}: {n} of {total} dimensions massive, {beyond} of them in planes whose "
+            f"{w}: {n:,} of {total:,} dimensions massive, {beyond} of them in planes whose "
             f"wavelength exceeds the trained context of {ctx:,}{tail}"
         )
     text = (
