@@ -322,6 +322,8 @@ def render(data: ReportData, ext: ContextExtension) -> Section:
                 c: (lambda v: str(int(v)))
                 for c in ("kept", "interpolated", "extrapolated", "unrotated")
             },
+            summary="Planes kept, interpolated and extrapolated, and Δ loss, per method",
+            csv="extension_planes",
         )
         + extra
     )

@@ -143,7 +143,12 @@ def render(_data: ReportData, heads: Measured) -> Section:
         + esc(", ".join(f"{k} {v}" for k, v in counts.items()))
         + ".</p>"
         + figure_html(style_figure(heads_figure(tx), height=460))
-        + table_html(table, text_cols=("kind",))
+        + table_html(
+            table,
+            text_cols=("kind",),
+            summary="The positional heads, strongest first",
+            csv="head_taxonomy",
+        )
     )
     return Section(
         "head-taxonomy",

@@ -260,7 +260,12 @@ def render(data: ReportData, decay: DecayCurves) -> Section:
         "layer kind applies, "
         f"to δ = {D:,}.</p>"
         + figure_html(style_figure(fig, height=430))
-        + table_html(frame, text_cols=("kind", "curve", "verdict", "shape", "description"))
+        + table_html(
+            frame,
+            text_cols=("kind", "curve", "verdict", "shape", "description"),
+            summary="The verdict and shape of each curve",
+            csv="geometry",
+        )
     )
     return Section(
         "pe-geometry",

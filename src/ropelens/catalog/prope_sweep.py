@@ -217,7 +217,11 @@ def render(data: ReportData, frame: pd.DataFrame) -> Section:
         )
         + figure_html(style_figure(fig, height=420))
         + table_html(
-            frame, text_cols=("variant",), formats={"planes rotating": lambda v: str(int(v))}
+            frame,
+            text_cols=("variant",),
+            formats={"planes rotating": lambda v: str(int(v))},
+            summary="Perplexity and Δ loss per variant, with 95% CIs",
+            csv="prope_sweep",
         )
         + extra
     )

@@ -21,9 +21,12 @@ from ropelens.errors import InputError
 from ropelens.loading.models import load_model, resolve_device, resolve_dtype
 from ropelens.report import html as H
 from ropelens.report import registry as _sections
+from ropelens.report.cards import finding_card
 from ropelens.report.collect import ReportData, collect, evenly_spaced
 from ropelens.report.experiments import load_experiments
+from ropelens.report.mixer import MIXER_AFTER, band_mixer_html
 from ropelens.report.section import Section
+from ropelens.report.summary import summary_figure
 from ropelens.results.provenance import Provenance, git_commit, untested_versions, versions
 from ropelens.run import data
 from ropelens.run.data import analysis_windows
@@ -494,21 +497,25 @@ def _subtitle(data: ReportData, created: str) -> str:
     )
 
 
-def _findings_html(sections: list[Section]) -> str:
-    items = [
-        f'<li>{H.esc(f.text)}<a href="#{H.esc(f.section)}">→ {H.esc(s.title)}</a></li>'
-        for s in sections
-        for f in s.findings
-    ]
+def _findings_html(data: ReportData, sections: list[Section]) -> str:
+    """The page's opening: the summary figure, then one card per finding (its sentence and a chart
+    of the numbers it states)."""
+    items = [finding_card(f, s.title) for s in sections for f in s.findings]
     body = (
         f'<ul class="findings">{"".join(items)}</ul>'
         if items
         else "<p>No findings: no section produced numbers.</p>"
     )
+    summary = H.figure_html(
+        summary_figure(data),
+        "Per layer, from the sections below: the queries' energy share by band (sink positions "
+        "excluded), the heads found positional, the share of heads that sink on position 0, and "
+        "the massive query and key dimensions.",
+    )
     return (
-        '<section id="findings"><h2>Findings</h2><p class="lead">Generated from the numbers '
-        "measured below "
-        "(also in <code>report.json</code>).</p>" + body + "</section>"
+        f'<section id="findings"><h2>Findings</h2><div class="summaryfig">{summary}</div>'
+        '<p class="lead">Generated from the numbers measured below (also in '
+        "<code>report.json</code>).</p>" + body + "</section>"
     )
 
 
@@ -576,12 +583,16 @@ def _csv_names(report: dict[str, Any]) -> list[str]:
 def _render_page(data: ReportData, sections: list[Section], report: dict[str, Any]) -> str:
     import plotly.offline
 
-    blocks = [_findings_html(sections)]
+    blocks = [_findings_html(data, sections)]
     for s in sections:
         tag = "" if s.available else '<span class="tag">not yet available</span>'
         blocks.append(
             f'<section id="{H.esc(s.key)}"><h2>{H.esc(s.title)}{tag}</h2>{s.body}</section>'
         )
+        if (
+            s.key == MIXER_AFTER
+        ):  # the band mixer for the positional heads found, where there is one
+            blocks.append(band_mixer_html(data))
     blocks.append(_provenance_html(report))
     nav = [
         ("findings", "Findings", True),
