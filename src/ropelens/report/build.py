@@ -386,15 +386,19 @@ def render_sections(data: ReportData, progress: bool = False) -> list[Section]:
     for spec in tqdm(
         _sections.sections(), desc="ropelens report: sections", disable=not progress, unit="section"
     ):
-        if spec.measure is None:
-            out.append(spec.render(data))
-        elif spec.key not in data.results:
+        if spec.measure is not None and spec.key not in data.results:
             raise InputError(
                 f"section {spec.key!r} has not been measured: run measure_sections(data) before "
                 "rendering"
             )
-        else:
-            out.append(spec.render(data, data.results[spec.key]))
+        with H.collecting_figures() as figures:
+            if spec.measure is None:
+                section = spec.render(data)
+            else:
+                section = spec.render(data, data.results[spec.key])
+        if not section.figures:
+            section.figures = figures
+        out.append(section)
     return out
 
 

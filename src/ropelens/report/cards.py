@@ -52,13 +52,16 @@ def _sink(v: dict[str, Any]) -> list[Bar]:
 
 
 def _margin(v: dict[str, Any]) -> list[Bar]:
-    return [_share(head_name(h["layer"], h["head"]), h["margin_share"]) for h in v["heads"]]
+    return [
+        Bar(head_name(h["layer"], h["head"]), h["margin_share"], fixed(h["margin_share"]))
+        for h in v["heads"]
+    ]
 
 
 def _top1(v: dict[str, Any]) -> list[Bar]:
-    bars = [_share(v["band"], v["mean_top1"])]
+    bars = [Bar(v["band"], v["mean_top1"], fixed(v["mean_top1"]))]
     if v.get("first_band") not in (None, v["band"]) and v.get("first_top1") is not None:
-        bars.append(_share(v["first_band"], v["first_top1"]))
+        bars.append(Bar(v["first_band"], v["first_top1"], fixed(v["first_top1"])))
     return bars
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import html
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,8 +16,8 @@ import plotly.graph_objects as go
 from ropelens.plots.style import FONT
 
 __all__ = [
-    "COLUMN_LABELS", "column_label", "esc", "figure_html", "number", "page", "table_html",
-    "table_summary",
+    "COLUMN_LABELS", "collecting_figures", "column_label", "esc", "figure_html", "number", "page",
+    "table_html", "table_summary",
 ]  # fmt: skip
 
 # What a table's code-named columns are called on the page (the CSV files keep the code names):
@@ -232,10 +234,30 @@ def _compact(fig: go.Figure) -> go.Figure:
     return fig
 
 
+_COLLECTED: contextvars.ContextVar[list[go.Figure] | None] = contextvars.ContextVar(
+    "ropelens_report_figures", default=None
+)
+
+
+@contextlib.contextmanager
+def collecting_figures() -> Iterator[list[go.Figure]]:
+    """Within the block, every figure :func:`figure_html` lays out is also appended to the list
+    this yields, in page order (the report writes them as files with ``figures=``)."""
+    figures: list[go.Figure] = []
+    token = _COLLECTED.set(figures)
+    try:
+        yield figures
+    finally:
+        _COLLECTED.reset(token)
+
+
 def figure_html(fig: go.Figure, caption: str | None = None) -> str:
     """A figure as a div (plotly.js itself is embedded once, in the page head), its float data
     single precision."""
     _compact(fig)
+    collected = _COLLECTED.get()
+    if collected is not None:
+        collected.append(fig)
     height = fig.layout.height or 420
     div = fig.to_html(
         include_plotlyjs=False,
