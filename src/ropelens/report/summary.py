@@ -137,7 +137,9 @@ def summary_figure(data: ReportData) -> go.Figure:
         _add_row(fig, row, index)
     fig.update_layout(barmode="stack")  # band shares stack to 1, q and k dimensions to their sum
     fig.update_xaxes(title_text="layer", row=n, col=1)
-    fig.update_xaxes(dtick=1 if len(data.layers) <= 16 else None, showgrid=False)
+    shown = sorted({L for row in rows for _, layers, _ in row.series for L in layers})
+    # layers as categories: the measured layers side by side, even when they skip some
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=shown, showgrid=False)
     fig.update_layout(
         title="The model at a glance, per layer",
         legend={"groupclick": "toggleitem", "font": {"size": 11}, "tracegroupgap": 14},
