@@ -8,7 +8,13 @@ as one line with exit code 2. Anything else that escapes is a bug and keeps its 
 
 from __future__ import annotations
 
-__all__ = ["InputError", "NotRotaryError", "UnsupportedModelError", "UsageError"]
+__all__ = [
+    "ExportUnavailableError",
+    "InputError",
+    "NotRotaryError",
+    "UnsupportedModelError",
+    "UsageError",
+]
 
 
 class InputError(ValueError):
@@ -26,3 +32,8 @@ class UnsupportedModelError(InputError):
 
 class UsageError(InputError):
     """Bad command-line input (an unknown option, a malformed value): reported as one line."""
+
+
+class ExportUnavailableError(InputError):
+    """A figure cannot be written as PNG, SVG or PDF here: kaleido or a Chromium-based browser is
+    missing (the message names which, and how to install it)."""

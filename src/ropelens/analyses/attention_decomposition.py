@@ -52,6 +52,21 @@ def band_terms(
     return out * rope.score_scale
 
 
+def _turn_back(x: Float[Tensor, "batch pos head d"], rope: LayerRope) -> Tensor:
+    """Head vectors at positions 0, 1, … turned back to what the rotation received."""
+    pos = torch.arange(x.shape[1])
+    back = rope.rotate(x.transpose(1, 2), -pos).transpose(1, 2)
+    r = rope.rotary_dim  # rotate scaled the rotary dims once more: divide out both factors
+    return torch.cat([back[..., :r] / rope.attention_scaling**2, back[..., r:]], dim=-1)
+
+
+def _degrees_between(k: Tensor, q: Tensor) -> float:
+    """The angle from 2-D vector ``k`` to ``q`` in degrees, in (−180, 180]."""
+    diff = torch.atan2(q[1], q[0]) - torch.atan2(k[1], k[0])
+    deg = float(torch.rad2deg(torch.atan2(diff.sin(), diff.cos())))
+    return 180.0 if deg == -180.0 else deg
+
+
 def js_divergence(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:
     """Jensen–Shannon divergence (nats, in [0, ln 2]) between distributions along ``dim``."""
     m = 0.5 * (p + q)
@@ -201,6 +216,140 @@ class AttentionDecomposition(Result):
             :, :, : a.rope.n_planes
         ]
 
+    def pre_rope(
+        self, layer: int
+    ) -> tuple[Float[Tensor, "batch pos head d_head"], Float[Tensor, "batch pos kv_head d_head"]]:
+        """The q and k the rotation received: the captured post-RoPE ones turned back by their
+        position (:meth:`LayerRope.rotate` at −m, its attention scaling divided out, a query
+        temperature undone), float64.
+
+        Refused for a layer that normalises q and k after the rotation (``norm_after_rope``): the
+        norm's per-position factors cannot be undone from its output.
+        """
+        a = self._acts(layer)
+        rope = a.rope
+        if rope.norm_after_rope or not rope.rotary:
+            raise InputError(
+                f"layer {layer} {'normalises q and k after' if rope.rotary else 'has no'} "
+                "rotation: its pre-RoPE q and k cannot be recovered from the post-RoPE ones; "
+                "capture them with ropelens.run.capture.capture_qk(which=('q_pre', 'k_pre'))"
+            )
+        q = rope.tempered(a["q_post"].to(torch.float64), inverse=True)
+        return _turn_back(q, rope), _turn_back(a["k_post"].to(torch.float64), rope)
+
+    def rotation(
+        self,
+        layer: int,
+        head: int = 0,
+        *,
+        query: int | None = None,
+        keys: Sequence[int] | None = None,
+        planes: Sequence[int] | None = None,
+        batch: int = 0,
+    ) -> pd.DataFrame:
+        """The rotation behind one head's plane terms: q at position ``query`` and k at ``keys`` as
+        2-D vectors in each plane, before and after RoPE, with the angle between them and the
+        plane's term of the logit.
+
+        One row per (plane, vector): ``panel`` (which band's fastest or slowest plane), ``plane``,
+        ``band``, ``wavelength`` (tokens per turn), ``role`` (``"q"``/``"k"``), ``position``, ``x``
+        and ``y`` (post-RoPE plane coordinates, as they enter the score), ``pre_x``/``pre_y`` (the
+        vector the rotation received: :meth:`pre_rope`; NaN where it cannot be recovered),
+        ``turn`` (radians the rotation turned it: position·θ, signed by the model's direction) and,
+        on key rows, ``angle`` (degrees from k to q, in (−180, 180]) and ``term`` (the plane's term
+        of the logit, q^(i)·k^(i) × the score scale, as :meth:`plane_logits` gives it).
+
+        Defaults: ``query`` the last real token, ``keys`` the query itself, the token before it,
+        the middle one and the first (those the query sees), ``planes`` each band's fastest and
+        slowest plane.
+        """
+        a = self._acts(layer)
+        rope = a.rope
+        query, keys = self._query_keys(layer, batch, query, keys)
+        if not 0 <= head < rope.n_heads:
+            raise InputError(
+                f"head {head} is not a head of layer {layer}: pick 0..{rope.n_heads - 1}"
+            )
+        panels = self._rotation_panels(layer, planes)
+        q = rope.split(a["q_post"][batch, query, head].to(torch.float64))
+        k = rope.split(expand_kv(a["k_post"], rope)[batch, keys, head].to(torch.float64))
+        try:
+            q_pre, k_pre = self.pre_rope(layer)
+            qp = rope.split(q_pre[batch, query, head])
+            kp = rope.split(expand_kv(k_pre, rope)[batch, keys, head])
+        except InputError:
+            qp = torch.full_like(q, float("nan"))
+            kp = torch.full_like(k, float("nan"))
+        turn = rope.angles(torch.tensor([query, *keys]))  # [1 + keys, P]
+        rows = []
+        for label, band, p in panels:
+            common = {"panel": label, "plane": p, "band": band}
+            common["wavelength"] = float(rope.wavelength[p])
+            vectors = [("q", query, q[p], qp[p], turn[0, p])]
+            vectors += [("k", n, k[j, p], kp[j, p], turn[1 + j, p]) for j, n in enumerate(keys)]
+            for role, pos, post, pre, t in vectors:
+                row = {**common, "role": role, "position": pos, "x": float(post[0])}
+                row |= {"y": float(post[1]), "pre_x": float(pre[0]), "pre_y": float(pre[1])}
+                row["turn"] = float(t)
+                if role == "k":
+                    row["angle"] = _degrees_between(post, q[p])
+                    row["term"] = float(post @ q[p]) * rope.score_scale
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    def _query_keys(
+        self, layer: int, batch: int, query: int | None, keys: Sequence[int] | None
+    ) -> tuple[int, list[int]]:
+        """The query position and key positions of :meth:`rotation`, checked against the mask."""
+        mask = self.mask(layer)
+        if not 0 <= batch < mask.shape[0]:
+            raise InputError(f"batch {batch} does not exist: pick 0..{mask.shape[0] - 1}")
+        real = int(self._acts(layer).valid[batch].sum())
+        query = real - 1 if query is None else query
+        if not isinstance(query, int) or not 0 <= query < real:
+            raise InputError(f"query {query!r} is not a token of row {batch}: pick 0..{real - 1}")
+        seen = mask[batch, query]
+        if keys is None:
+            keys = [n for n in dict.fromkeys([query, query - 1, query // 2, 0]) if n >= 0]
+            keys = [n for n in keys if seen[n]]
+        keys = list(keys)
+        bad = [n for n in keys if not isinstance(n, int) or not 0 <= n < real or not seen[n]]
+        if bad or not keys:
+            allowed = torch.nonzero(seen).flatten().tolist()
+            raise InputError(
+                f"keys {bad or keys} are not keys the query at {query} sees (causal mask, window, "
+                f"padding): pick from {allowed[:8]}{' …' if len(allowed) > 8 else ''}"
+            )
+        return query, keys
+
+    def _rotation_panels(
+        self, layer: int, planes: Sequence[int] | None
+    ) -> list[tuple[str, str, int]]:
+        """(panel label, band name, plane) of :meth:`rotation`: the given planes, or each band's
+        fastest and slowest plane."""
+        rb = self.resolved(layer)
+        band_of = {p: rb.names[b] for b, ps in enumerate(rb.planes) for p in ps}
+        n_planes = rb.n_planes
+        if planes is not None:
+            bad = [p for p in planes if not isinstance(p, int) or not 0 <= p < n_planes]
+            if bad or isinstance(planes, int) or not planes:
+                raise InputError(
+                    f"planes {planes!r}: give a list of plane indices of layer {layer}, "
+                    f"0..{n_planes - 1}"
+                )
+            return [(f"plane {p}", band_of.get(p, ""), p) for p in dict.fromkeys(planes)]
+        freq = self.spec.layers[layer].inv_freq
+        panels = []
+        for name, ps in zip(rb.names, rb.planes, strict=True):
+            if not ps:
+                continue
+            fast = max(ps, key=lambda p: float(freq[p]))
+            slow = min(ps, key=lambda p: float(freq[p]))
+            panels.append((f"{name}: fastest" if slow != fast else name, name, fast))
+            if slow != fast:
+                panels.append((f"{name}: slowest", name, slow))
+        return panels
+
     def cauchy_schwarz(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
         """Per-plane bound ‖q^(i)‖‖k^(i)‖ (times score scale) on |plane term|."""
         a = self._acts(layer)
@@ -257,6 +406,23 @@ class AttentionDecomposition(Result):
         """One head (default: head 0 of the first layer): each band's logits as a heatmap, and the
         model's pattern."""
         return figure_of(AttentionDecomposition)(self, layer, head, batch)
+
+    def rotation_figure(
+        self,
+        layer: int | None = None,
+        head: int = 0,
+        *,
+        query: int | None = None,
+        keys: Sequence[int] | None = None,
+        planes: Sequence[int] | None = None,
+        batch: int = 0,
+    ) -> Any:
+        """The rotation drawn (:meth:`rotation`): q and k of a few tokens turning in each band's
+        fastest and slowest plane, with the angle between them and the plane's term of the
+        logit."""
+        return figure_of(AttentionDecomposition, "rotation")(
+            self, layer, head, query=query, keys=keys, planes=planes, batch=batch
+        )
 
     def _file_tensors(self) -> dict[str, Tensor]:
         """The tensors the file holds: tokens, and each layer's captured tensors under

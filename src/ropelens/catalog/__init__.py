@@ -46,9 +46,12 @@ from ropelens.catalog import (
     trajectory,
     variant_frequencies,
 )
+from ropelens.plots.export import write_figure
+from ropelens.results.figures import register_writer
 
 __all__ = ["ANALYSES", "Analysis", "analyses", "analysis", "draw", "register_analysis"]
 
+register_writer(write_figure)
 register_analysis(rope_spec.ANALYSIS)
 register_analysis(report.ANALYSIS)
 register_analysis(frequency_usage.ANALYSIS)

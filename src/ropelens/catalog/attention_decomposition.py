@@ -23,7 +23,7 @@ from ropelens.cli.common import (
     note,
 )
 from ropelens.errors import InputError
-from ropelens.plots.attention_decomposition import decomposition_figure
+from ropelens.plots.attention_decomposition import decomposition_figure, rotation_figure
 from ropelens.run.data import windows
 
 
@@ -142,7 +142,7 @@ ANALYSIS = Analysis(
     "attention-decomposition",
     attention_decomposition,
     AttentionDecomposition,
-    draw(AttentionDecomposition, figure=decomposition_figure),
+    draw(AttentionDecomposition, figure=decomposition_figure, rotation=rotation_figure),
     Command("attention-decomposition", run, options),
     summary="Every attention logit of one input as an exact sum of one term per plane, grouped "
     "into bands.",

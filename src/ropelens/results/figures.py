@@ -9,6 +9,10 @@ figure=usage_figure, heatmap=usage_heatmap))``) and registering the analysis reg
 ropelens's own analyses are registered by ``ropelens.catalog``, which :func:`load_catalog` imports
 the first time a figure or the registry is asked for: ``import ropelens`` defines names and imports
 neither the catalog nor plotly.
+
+Static export (PNG, SVG, PDF) lives in ``ropelens.plots.export``, above this layer: the catalog
+registers its writer here (:func:`register_writer`), and a result's ``save_figure`` finds it through
+:func:`figure_writer`, as ``figure()`` finds its drawing function.
 """
 
 from __future__ import annotations
@@ -17,9 +21,17 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["figure_of", "load_catalog", "register_figure", "registered_figures"]
+__all__ = [
+    "figure_of",
+    "figure_writer",
+    "load_catalog",
+    "register_figure",
+    "register_writer",
+    "registered_figures",
+]
 
 _FIGURES: dict[tuple[type, str], Callable[..., Any]] = {}
+_WRITER: list[Callable[..., Any]] = []  # the static-export writer, once registered
 
 
 def register_figure(cls: type, fn: Callable[..., Any], name: str = "figure") -> None:
@@ -62,3 +74,22 @@ def registered_figures() -> dict[tuple[type, str], Callable[..., Any]]:
     """Every registered drawing function by (class, figure name)."""
     load_catalog()
     return dict(_FIGURES)
+
+
+def register_writer(fn: Callable[..., Any]) -> None:
+    """Write figures as files with ``fn(fig, path, **options) -> Path`` (the catalog registers
+    ``ropelens.plots.export.write_figure``)."""
+    if not callable(fn):
+        raise TypeError(f"register_writer takes a function, got {fn!r}")
+    _WRITER[:] = [fn]
+
+
+def figure_writer() -> Callable[..., Any]:
+    """The registered static-export writer (``write_figure(fig, path, **options) -> Path``)."""
+    load_catalog()
+    if not _WRITER:
+        raise NotImplementedError(
+            "no figure writer is registered: ropelens.catalog registers "
+            "ropelens.plots.export.write_figure, or call register_writer(fn)"
+        )
+    return _WRITER[0]

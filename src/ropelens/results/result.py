@@ -22,7 +22,7 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.results.codec import encode, fields_from_dict, fields_to_dict
 from ropelens.results.display import plotly_bundle
-from ropelens.results.figures import figure_of
+from ropelens.results.figures import figure_of, figure_writer
 from ropelens.results.findings import Finding
 from ropelens.results.report_file import ReportSummary, is_report
 from ropelens.results.serialize import dump_json
@@ -234,6 +234,24 @@ class Result:
         """The result's plotly figure, drawn by the function :mod:`ropelens.plots` registered for
         its class."""
         return figure_of(type(self))(self, *args, **kwargs)
+
+    def save_figure(
+        self,
+        path: str | os.PathLike[str],
+        name: str | None = None,
+        *args: Any,
+        width: int | None = None,
+        height: int | None = None,
+        scale: float | None = None,
+        **kwargs: Any,
+    ) -> Path:
+        """Write a figure of this result as ``path``'s suffix says (``.png``, ``.svg`` or ``.pdf``)
+        and return the path: the figure ``name`` (default: :meth:`figure`'s) drawn with ``args``
+        and ``kwargs`` (``result.save_figure("u.pdf", "heatmap", "k", layer=3)``). ``width`` and
+        ``height`` set the page in layout pixels (default: the figure's own), ``scale`` a PNG's
+        pixels per layout pixel (:func:`ropelens.plots.export.write_figure`)."""
+        fig = figure_of(type(self), name or "figure")(self, *args, **kwargs)
+        return figure_writer()(fig, path, width=width, height=height, scale=scale)
 
     def findings(self) -> list[Finding]:
         """Sentences written from the measured numbers (none unless the result writes some)."""

@@ -161,6 +161,34 @@ def make_decomposition():
     ]
 
 
+def square_planes(fig: go.Figure) -> None:
+    """Each panel of the rotation figure (each pair of axes with traces): both axes titled, the y
+    axis tied to its own x axis at 1:1 over the same range (circles look round), and every vector
+    within the range."""
+    xs = sorted({"xaxis" + (t.xaxis or "x")[1:] for t in fig.data})
+    assert xs, "no panels"
+    for x_name in xs:
+        y_name = "yaxis" + x_name[len("xaxis") :]
+        x, y = fig.layout[x_name], fig.layout[y_name]
+        assert x.title.text and y.title.text, f"{x_name}/{y_name} untitled"
+        assert y.scaleanchor == "x" + x_name[len("xaxis") :] and y.scaleratio == 1
+        assert tuple(x.range) == tuple(y.range) and x.range[0] == -x.range[1]
+    for trace in fig.data:
+        ref = (trace.xaxis or "x")[1:]
+        lim = fig.layout[f"xaxis{ref}"].range[1]
+        assert all(abs(v) <= lim for v in [*trace.x, *trace.y] if v is not None), trace.name
+
+
+@functools.cache
+def make_rotation():
+    (case, _) = make_decomposition()
+    dec = case.result
+    return [
+        Case(dec, {}, check=square_planes),
+        Case(dec, {}, (3, 1), {"query": 9, "keys": [9, 2], "planes": [0, 7, 3]}, square_planes),
+    ]
+
+
 @functools.cache
 def make_band_statistics():
     st = band_statistics(six_layer_model(), tokens(), bands=BANDS, **corpus_run())
@@ -399,6 +427,7 @@ MAKERS: dict[tuple[str, str], Callable[..., list[Case]]] = {
     ("FrequencyUsage", "figure"): make_usage,
     ("FrequencyUsage", "heatmap"): make_usage_heatmap,
     ("AttentionDecomposition", "figure"): make_decomposition,
+    ("AttentionDecomposition", "rotation"): make_rotation,
     ("BandStatistics", "figure"): make_band_statistics,
     ("BandStatistics", "heatmap"): make_band_statistics_heatmap,
     ("HeadTaxonomy", "figure"): make_head_taxonomy,

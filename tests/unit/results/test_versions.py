@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_the_lock_pins_the_stack_and_setup_installs_from_it():
     tested = provenance.tested_versions()
-    for name in ("torch", "transformers", "transformer-lens", "numpy", "plotly"):
+    for name in ("torch", "transformers", "transformer-lens", "numpy", "plotly", "kaleido"):
         assert tested.get(name), name
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert "-c src/ropelens/tested_versions.txt" in setup and "--latest" in setup

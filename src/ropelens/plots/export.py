@@ -1,0 +1,199 @@
+"""Figures for papers: any ropelens figure written as PNG, SVG or PDF.
+
+Static export renders the figure in a headless Chromium-based browser through kaleido (a
+dependency of ropelens), with the plotly.js that plotly ships and no MathJax, so nothing is fetched:
+it works offline. The browser is the one ``BROWSER_PATH`` names, else the first Chrome or Chromium
+found on ``PATH`` or in its usual place (Debian's ``/usr/bin/chromium``, which ``bash
+scripts/setup.sh --browser`` installs). ::
+
+    from ropelens.plots.export import write_figure
+    write_figure(usage.figure(), "usage.pdf")
+
+:func:`write_figures` writes several with one browser start (each start costs seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.basedatatypes import BaseTraceType
+
+from ropelens.errors import ExportUnavailableError, InputError
+from ropelens.results.serialize import atomic_write
+
+__all__ = [
+    "DEFAULT_HEIGHT",
+    "DEFAULT_WIDTH",
+    "FIGURE_FORMATS",
+    "PNG_SCALE",
+    "export_unavailable",
+    "find_browser",
+    "write_figure",
+    "write_figures",
+]
+
+FIGURE_FORMATS = ("png", "svg", "pdf")
+# the page size of a figure that does not set its own (plotly's figures are as wide as their page)
+DEFAULT_WIDTH, DEFAULT_HEIGHT = 900, 500
+PNG_SCALE = 2  # PNG pixels per layout pixel: sharp in print; SVG and PDF are vector
+_SETUP_HINT = "run `bash scripts/setup.sh --browser` (Debian's chromium)"
+
+
+def find_browser() -> str | None:
+    """The browser export would use: ``BROWSER_PATH`` if set, else the first Chrome or Chromium
+    on ``PATH`` or in its usual place; None if there is none (or kaleido is missing)."""
+    named = os.environ.get("BROWSER_PATH")
+    if named:
+        return named if os.path.isfile(named) and os.access(named, os.X_OK) else None
+    try:
+        from choreographer.browsers.chromium import Chromium
+    except ImportError:
+        return None
+    # skip_local: never a browser kaleido downloaded into its own cache, only an installed one
+    return Chromium.find_browser(skip_local=True)
+
+
+def export_unavailable() -> str | None:
+    """Why static export cannot run here (the missing piece and the fix), or None if it can."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return (
+            "static figure export needs the kaleido package, which is not installed: pip install "
+            "kaleido (or run `bash scripts/setup.sh`, which installs the tested version)"
+        )
+    if find_browser() is None:
+        named = os.environ.get("BROWSER_PATH")
+        where = (
+            f"BROWSER_PATH={named!r} is not an executable file"
+            if named
+            else "no Chrome or Chromium was found on PATH or in /usr/bin"
+        )
+        return (
+            f"static figure export renders in a headless Chromium-based browser, and {where}: "
+            f"{_SETUP_HINT}, or set BROWSER_PATH to a Chrome or Chromium executable"
+        )
+    return None
+
+
+def _format_of(path: Path) -> str:
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in FIGURE_FORMATS:
+        raise InputError(
+            f"{path}: cannot write a figure as {path.suffix or 'a file without a suffix'!r}; "
+            f"name it with one of {', '.join('.' + f for f in FIGURE_FORMATS)}"
+        )
+    return fmt
+
+
+def _options(fig: go.Figure, fmt: str, width: int | None, height: int | None, scale: float | None):
+    """kaleido's page options: the figure's own size unless given, PNG at :data:`PNG_SCALE`."""
+    for name, value in (("width", width), ("height", height), ("scale", scale)):
+        if value is not None and not (isinstance(value, int | float) and value > 0):
+            raise InputError(f"{name} must be a positive number, got {value!r}")
+    return {
+        "format": fmt,
+        "width": int(width or fig.layout.width or DEFAULT_WIDTH),
+        "height": int(height or fig.layout.height or DEFAULT_HEIGHT),
+        "scale": float(scale or (PNG_SCALE if fmt == "png" else 1)),
+    }
+
+
+def _as_figure(fig: Any) -> go.Figure:
+    """A figure from a figure, its dict, or a trace (or list of traces) a drawing method returns."""
+    if isinstance(fig, go.Figure):
+        return fig
+    if isinstance(fig, dict):
+        return go.Figure(fig)
+    traces = fig if isinstance(fig, list | tuple) else [fig]
+    if traces and all(isinstance(t, BaseTraceType) for t in traces):
+        return go.Figure(list(traces))
+    raise InputError(
+        f"write_figure takes a plotly figure (e.g. result.figure()), got {type(fig).__name__}"
+    )
+
+
+async def _render(jobs: list[tuple[dict[str, Any], dict[str, Any]]], browser: str) -> list[bytes]:
+    """Each (figure dict, options) rendered to bytes, in one browser session."""
+    import kaleido
+
+    out = []
+    # mathjax False: ropelens figures use no LaTeX, and the default is a script from the network
+    async with kaleido.Kaleido(n=1, mathjax=False, path=browser) as k:
+        for fig, opts in jobs:
+            out.append(await k.calc_fig(fig, opts=opts))
+    return out
+
+
+def _run(jobs: list[tuple[dict[str, Any], dict[str, Any]]], browser: str) -> list[bytes]:
+    """:func:`_render` on a thread of its own, so that it runs from Jupyter's event loop too."""
+    box: queue.Queue[Any] = queue.Queue(maxsize=1)
+
+    def target() -> None:
+        try:
+            box.put(asyncio.run(_render(jobs, browser)))
+        except BaseException as e:  # handed to the caller's thread below
+            box.put(e)
+
+    thread = threading.Thread(target=target, name="ropelens-export")
+    thread.start()
+    thread.join()
+    result = box.get()
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def write_figures(
+    figures: Iterable[tuple[Any, str | os.PathLike[str]]],
+    *,
+    width: int | None = None,
+    height: int | None = None,
+    scale: float | None = None,
+) -> list[Path]:
+    """Write each ``(figure, path)`` as its path's suffix says (``.png``, ``.svg``, ``.pdf``), all
+    in one browser session; returns the paths written.
+
+    Each file is written atomically. ``width`` and ``height`` (layout pixels) default to the
+    figure's own, else :data:`DEFAULT_WIDTH` × :data:`DEFAULT_HEIGHT`; ``scale`` multiplies a PNG's
+    pixels (default :data:`PNG_SCALE`). Raises :class:`~ropelens.errors.InputError` for another
+    suffix and :class:`~ropelens.errors.ExportUnavailableError` (naming the fix) where kaleido or a
+    browser is missing.
+    """
+    jobs, paths = [], []
+    for fig, path in figures:
+        path = Path(path)
+        figure = _as_figure(fig)
+        jobs.append((figure.to_dict(), _options(figure, _format_of(path), width, height, scale)))
+        paths.append(path)
+    if not jobs:
+        return []
+    why = export_unavailable()
+    if why is not None:
+        raise ExportUnavailableError(why)
+    rendered = _run(jobs, str(find_browser()))
+    for path, data in zip(paths, rendered, strict=True):
+        with atomic_write(path, "wb") as f:
+            f.write(data)
+    return paths
+
+
+def write_figure(
+    fig: Any,
+    path: str | os.PathLike[str],
+    *,
+    width: int | None = None,
+    height: int | None = None,
+    scale: float | None = None,
+) -> Path:
+    """Write a plotly figure as the suffix of ``path`` says: ``.png``, ``.svg`` or ``.pdf``
+    (atomically); returns the path. See :func:`write_figures` for the options and errors."""
+    (written,) = write_figures([(fig, path)], width=width, height=height, scale=scale)
+    return written
