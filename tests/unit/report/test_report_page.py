@@ -15,6 +15,7 @@ import ropelens.report.build as build_module
 import ropelens.report.mixer as mixer_module
 from ropelens.analyses.attention_by_distance import _shape_counts
 from ropelens.analyses.attention_sinks import _layer_range, _sink_count
+from ropelens.errors import InputError
 from ropelens.report import build_report
 from ropelens.report.cards import CHARTS, card_bars, finding_card, spark_svg
 from ropelens.report.html import column_label, table_html
@@ -294,3 +295,38 @@ def test_every_report_finding_has_a_chart():
         ("extension-planes", "context"),
     }  # fmt: skip
     assert keys == set(CHARTS)
+
+
+# ---------------------------------------------------------------------------------------- figures
+def test_figures_are_written_beside_the_page(built, tmp_path):
+    from xml.etree import ElementTree
+
+    from ropelens.plots.export import export_unavailable
+
+    if export_unavailable() is not None:
+        pytest.skip(export_unavailable())
+    _, data = built
+    sections = build_module.render_sections(data)
+    out = tmp_path / "out"
+    (out / "figures").mkdir(parents=True)
+    (out / "figures" / "99-old.svg").write_text("<svg/>")  # an earlier report's: removed
+    (out / "figures" / "notes.txt").write_text("mine")  # not a report figure: kept
+    build_module._write(out, data, sections, {}, 0.0, figures="svg")
+    page = (out / "index.html").read_text()
+    listed = json.loads((out / "report.json").read_text())["figures"]
+    n_figures = page.count('class="plotly-graph-div"')
+    assert len(listed) == n_figures == 1 + sum(len(s.figures) for s in sections)
+    assert listed[0] == "figures/01-summary.svg"
+    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(
+        [name.split("/")[1] for name in listed] + ["notes.txt"]
+    )
+    for name in listed:
+        assert re.fullmatch(r"figures/\d\d-[a-z0-9-]+\.svg", name)
+        root = ElementTree.parse(out / name).getroot()
+        assert root.tag.endswith("svg")
+
+
+def test_figure_format_is_checked_before_the_model_loads(tmp_path):
+    with pytest.raises(InputError, match="not a figure format"):
+        build_report("no-such-model", out=tmp_path / "r", figures="gif")
+    assert not (tmp_path / "r").exists()
