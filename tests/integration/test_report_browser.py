@@ -1,5 +1,6 @@
 """The quick report on the real SmolLM2 and the context-extension page render in headless Chromium:
-no errors, every figure drawn, offline."""
+no errors, every figure drawn, offline; the report opens on a figure, nothing runs past the page's
+width and no subplot title lies over another plot, at 1400 and 900 px."""
 
 from __future__ import annotations
 
@@ -71,8 +72,15 @@ def _render(browser, index: Path, shot: str) -> tuple[list[str], list[str], int,
     return errors, external, n_figures, drawn
 
 
-def test_quick_report_renders(smollm2, browser, tmp_path):
-    out = build_report(smollm2, quick=True, out=tmp_path / "report", progress=False)
+@pytest.fixture(scope="module")
+def quick_report(smollm2, tmp_path_factory) -> Path:
+    return build_report(
+        smollm2, quick=True, out=tmp_path_factory.mktemp("quick") / "report", progress=False
+    )
+
+
+def test_quick_report_renders(quick_report, browser):
+    out = quick_report
     errors, external, n_figures, drawn = _render(browser, out / "index.html", "report.png")
     assert errors == []
     assert external == []
@@ -106,3 +114,68 @@ def test_extension_study_page_renders(browser, tmp_path):
     html = index.read_text()
     for method in ("PI", "YaRN", "p-RoPE"):
         assert method in html
+
+
+# Every text box plotly draws for a title (the figure's, ``.gtitle``; a subplot's, an annotation)
+# against every subplot's plot area (``.nsewdrag``): a box that overlaps a plot area without lying
+# inside it (an in-plot label) is a title printed over a plot.
+OVERLAPS = """() => {
+  const out = [];
+  for (const div of document.querySelectorAll('.plotly-graph-div')) {
+    const areas = [...div.querySelectorAll('.nsewdrag')].map(e => e.getBoundingClientRect());
+    const texts = [...div.querySelectorAll('.gtitle, .annotation-text')];
+    for (const t of texts) {
+      const b = t.getBoundingClientRect();
+      if (b.width === 0 || b.height === 0) continue;
+      for (const a of areas) {
+        const w = Math.min(b.right, a.right) - Math.max(b.left, a.left);
+        const h = Math.min(b.bottom, a.bottom) - Math.max(b.top, a.top);
+        const inside = b.left >= a.left - 1 && b.right <= a.right + 1 && b.top >= a.top - 1
+          && b.bottom <= a.bottom + 1;
+        if (w > 1 && h > 1 && !inside) {
+          out.push({figure: div.id, text: t.textContent, overlap: [Math.round(w), Math.round(h)]});
+        }
+      }
+    }
+  }
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("width", [1400, 900])
+def test_report_layout_fits_and_opens_on_a_figure(quick_report, browser, width):
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    page.route(
+        "**/*",
+        lambda r: r.continue_() if r.request.url.startswith(("file:", "data:")) else r.abort(),
+    )
+    page.goto((quick_report / "index.html").as_uri(), wait_until="load")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.plotly-graph-div')].every(d => "
+        "d.querySelector('svg.main-svg'))",
+        timeout=60_000,
+    )
+    page.wait_for_timeout(300)  # responsive figures settle at the viewport's width
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"report-first-screen-{width}.png"))
+    page.screenshot(path=str(ARTIFACTS / f"report-{width}.png"), full_page=True)
+    scroll_width = page.evaluate("() => document.documentElement.scrollWidth")
+    assert scroll_width <= width
+    wider = page.evaluate(
+        "w => [...document.querySelectorAll('main *')].filter(e => "
+        "e.getBoundingClientRect().right > w + 1 && !e.closest('.tablewrap')).map(e => "
+        "e.tagName + '.' + e.className).slice(0, 5)",
+        width,
+    )
+    assert wider == []  # nothing but a table's own scrolling box runs past the page
+    assert page.evaluate(OVERLAPS) == []
+    first = page.evaluate(
+        "() => { const r = document.querySelector('.plotly-graph-div').getBoundingClientRect();"
+        " return [r.top, r.bottom]; }"
+    )
+    assert 0 <= first[0] < 900 - 300  # the first screen shows most of a figure
+    if width == 1400:
+        assert first[1] <= 900  # all of it
+    closed = page.evaluate("() => [...document.querySelectorAll('details.table')].map(d => d.open)")
+    assert closed and not any(closed)  # tables folded until asked for
+    page.close()

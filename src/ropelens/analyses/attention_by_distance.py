@@ -29,7 +29,7 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.results.curves import MARGIN, CurveShape, at_distance, describe_curve
 from ropelens.results.figures import figure_of
-from ropelens.results.findings import Finding
+from ropelens.results.findings import Finding, count_of, shape_predicate
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.results.sums import count_or_nan
@@ -638,11 +638,10 @@ class AttentionByDistance(
         full = shapes[shapes.curve == "logit"]
         counts = full["shape"].value_counts().to_dict()
         n_ctx = int(self.edges[-1])
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])
         text = (
-            f"By query–key distance (up to δ = {n_ctx - 1}, BOS excluded), the head-averaged "
-            "full logit is "
-            + ", ".join(f"{k} in {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-            + f" of {len(full)} layers"
+            f"By query–key distance (up to δ = {n_ctx - 1:,} tokens, BOS excluded), the "
+            "head-averaged full logit " + _shape_counts(ranked, len(full))
         )
         u = full[full["shape"] == "U-shaped"]
         if len(u):
@@ -739,3 +738,12 @@ def attention_by_distance(
         resume={"tile": tile},
     )
     return m.reducer.result(m.provenance)
+
+
+def _shape_counts(ranked: list[tuple[str, int]], total: int) -> str:
+    """How many layers' curves take each shape, most common first: "decays in all 30 layers",
+    "decays in 20 of 30 layers and is U-shaped in 10", "is flat in the one layer"."""
+    first, n = ranked[0]
+    parts = [f"{shape_predicate(first)} in {count_of(n, total, 'layer')}"]
+    parts += [f"{shape_predicate(shape)} in {k}" for shape, k in ranked[1:]]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]

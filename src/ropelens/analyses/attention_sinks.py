@@ -25,7 +25,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ropelens.errors import InputError
-from ropelens.results.findings import Finding
+from ropelens.results.findings import Finding, count_of, fixed, percent
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.results.sums import count_or_nan
@@ -500,7 +500,6 @@ class AttentionSinks(
         sink = self.sinking()  # False for heads a layer lacks
         n, total = int(sink.sum()), int(self.present().sum())
         share = self.head_share()
-        lo, hi = int(share.nan_to_num(2).argmin()), int(share.nan_to_num(-1).argmax())
         vals = {
             "sinking_heads": n,
             "heads": total,
@@ -510,11 +509,12 @@ class AttentionSinks(
             Finding(
                 "sinks-0",
                 "attention-sinks",
-                f"{n} of {total} heads ({n / total:.0%}) sink on position 0 (mean attention over "
-                f"queries m ≥ {self.skip_queries} above ε = {self.epsilon:g}); per layer the "
-                f"share runs from {float(share[lo]):.0%} (layer {self.layers[lo]}) to "
-                f"{float(share[hi]):.0%} (layer {self.layers[hi]}); mean attention to position 0 "
-                f"{vals['mean_attention']:.2f}.",
+                _sink_count(n, total)
+                + f" sink on position 0 (mean attention over queries m ≥ {self.skip_queries} "
+                f"above ε = {self.epsilon:g}); "
+                + _layer_range(share, self.layers)
+                + f"on average a head gives position 0 {percent(vals['mean_attention'])} of its "
+                "attention.",
                 vals,
             )
         ]
@@ -528,15 +528,16 @@ class AttentionSinks(
                 "by_band": by_band,
             }
             others = ", ".join(
-                f"{nm} {v:.2f}" for nm, v in by_band.items() if nm != self.band_names[j]
+                f"{nm} {fixed(v)}" for nm, v in by_band.items() if nm != self.band_names[j]
             )
             out.append(
                 Finding(
                     "sinks-1",
                     "attention-sinks",
-                    f"In sinking heads the sink logit averages {vals['sink_logit']:.2f}; band "
-                    f"{self.band_names[j]} gives {by_band[self.band_names[j]]:.2f} of it "
-                    f"({float(mean[j] / mean.sum()):.0%}), {others}.",
+                    f"In sinking heads the sink logit averages {fixed(vals['sink_logit'])}; band "
+                    f"{self.band_names[j]} gives {fixed(by_band[self.band_names[j]])} of it "
+                    f"({percent(float(mean[j] / mean.sum()))})"
+                    + (f"; the other bands {others}." if others else "."),
                     vals,
                 )
             )
@@ -586,3 +587,23 @@ def attention_sinks(
         resume={"tile": tile},
     )
     return m.reducer.result(m.provenance)
+
+
+def _sink_count(n: int, total: int) -> str:
+    """The sinking heads, counted: "137 of 270 heads (51%)", "all 9 heads", "the one head"."""
+    text = count_of(n, total, "head")
+    text = text[0].upper() + text[1:]
+    return text + (f" ({percent(n / total)})" if 0 < n < total else "")
+
+
+def _layer_range(share: Tensor, layers: Sequence[int]) -> str:
+    """How the share of sinking heads varies over layers ("" for one layer or none measured)."""
+    if len(layers) < 2:
+        return ""
+    lo, hi = int(share.nan_to_num(2).argmin()), int(share.nan_to_num(-1).argmax())
+    if float(share[lo]) == float(share[hi]):
+        return f"the share is {percent(float(share[lo]))} in every layer; "
+    return (
+        f"per layer the share runs from {percent(float(share[lo]))} (layer {layers[lo]}) to "
+        f"{percent(float(share[hi]))} (layer {layers[hi]}); "
+    )

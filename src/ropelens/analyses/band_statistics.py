@@ -19,7 +19,7 @@ from torch import Tensor
 from ropelens.analyses.attention_decomposition import js_divergence
 from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
-from ropelens.results.findings import Finding, band_winners, head_name
+from ropelens.results.findings import Finding, band_winners, count_of, head_name
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
@@ -944,8 +944,8 @@ class BandStatistics(
         }
         text = (
             f"Alone, band {band} most often picks the key the model attends to most: it leads in "
-            f"{n} of {len(self.layers)} layers, with top-1 agreement {vals['mean_top1']:.2f} "
-            "over all heads"
+            f"{count_of(n, len(self.layers), 'layer')}, with top-1 agreement "
+            f"{vals['mean_top1']:.2f} over all heads"
         )
         text += (
             "."

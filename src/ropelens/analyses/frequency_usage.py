@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
-from ropelens.results.findings import Finding, band_winners
+from ropelens.results.findings import Finding, band_winners, count_of, percent
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.run.capture import LayerActs, Moments
@@ -271,9 +271,9 @@ class FrequencyUsage(
             band, n, mean = band_winners(share.nanmean(1).nan_to_num(nan=-math.inf), names)
             vals[which] = {"band": band, "layers": n, "mean_share": round(mean, 2)}
             parts.append(
-                f"{noun} hold the most energy (squared norm) in band {band} in {n} of "
-                f"{len(self.layers)} layers (mean share {vals[which]['mean_share']:.2f} where it "
-                "leads)"
+                f"{noun} hold the most energy (squared norm) in band {band} in "
+                f"{count_of(n, len(self.layers), 'layer')} (mean share "
+                f"{percent(vals[which]['mean_share'])} where it leads)"
             )
         return Finding(
             "energy", "frequency-usage", "; ".join(parts) + " — sink positions excluded.", vals

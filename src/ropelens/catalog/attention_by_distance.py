@@ -88,8 +88,13 @@ def render(_data: ReportData, distance: Measured) -> Section:
         "bins; each curve is described as it is (decay, flat, U-shaped, peaked, oscillating). "
         f"Measured on {n_win} "
         f"window(s) of {n_ctx} tokens.</p><p>{esc(text)}</p>"
-        + figure_html(style_figure(distance_figure(r), height=480))
-        + table_html(table, text_cols=("kind", "curve", "shape", "text"))
+        + figure_html(_styled(distance_figure(r)))
+        + table_html(
+            table,
+            text_cols=("kind", "curve", "shape", "text"),
+            summary="The shape of every curve, per layer, described",
+            csv="distance_shapes",
+        )
     )
     return Section(
         "attention-by-distance",
@@ -117,3 +122,11 @@ ANALYSIS = Analysis(
     ),
     summary="Mean band logit and attention probability by query–key distance, each curve's shape.",
 )
+
+
+def _styled(fig):
+    """The report's look, keeping the figure's own height and top margin (its rows need them)."""
+    height, top = fig.layout.height, fig.layout.margin.t
+    style_figure(fig, height=height)
+    fig.update_layout(margin={"t": top})
+    return fig

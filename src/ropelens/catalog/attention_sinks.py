@@ -70,8 +70,8 @@ def render(_data: ReportData, sinks: Measured) -> Section:
         f"{n_win} window(s) of "
         f"{n_ctx} tokens.</p>"
         + "".join(f"<p>{esc(s)}</p>" for s in sentences)
-        + figure_html(style_figure(sinks_figure(r), height=460))
-        + table_html(layers)
+        + figure_html(style_figure(sinks_figure(r), height=640))
+        + table_html(layers, summary="Sinking heads and key norms per layer", csv="sinks_layers")
     )
     return Section(
         "attention-sinks",

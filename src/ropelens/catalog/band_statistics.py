@@ -228,7 +228,12 @@ def render(data: ReportData) -> Section:
         "<h3>Per head</h3>",
         figure_html(_per_head_figure(data)),
         f"<h3>Heads taking the most margin from {esc(st.band_names[0])}</h3>",
-        table_html(_top_heads(data), text_cols=("head",)),
+        table_html(
+            _top_heads(data),
+            text_cols=("head",),
+            summary="The heads with the largest margin share per band",
+            csv="band_statistics",
+        ),
         "<h3>Plane tightness</h3>",
         figure_html(_tightness_figure(data)),
     ]

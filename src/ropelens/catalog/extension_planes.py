@@ -37,7 +37,7 @@ from ropelens.report.html import esc, figure_html, kv_table, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
 from ropelens.report.steps import baseline, variant_lead, variant_losses
-from ropelens.results.findings import Finding
+from ropelens.results.findings import Finding, signed
 from ropelens.run.evaluate import bootstrap_ci
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.variants import NTK, DynamicNTK, Linear, Llama3, YaRN
@@ -322,6 +322,8 @@ def render(data: ReportData, ext: ContextExtension) -> Section:
                 c: (lambda v: str(int(v)))
                 for c in ("kept", "interpolated", "extrapolated", "unrotated")
             },
+            summary="Planes kept, interpolated and extrapolated, and Δ loss, per method",
+            csv="extension_planes",
         )
         + extra
     )
@@ -367,11 +369,11 @@ def _extension_finding(ext: ContextExtension, layer) -> Finding:
         "the native "
         f"{native_ctx:,} tokens (critical dimension {bounds.get('critical_dim', '–')} of "
         f"{layer.rotary_dim} dims). Set for {factor}× that context, PI interpolates "
-        f"{cost['PI']['interpolated']} planes and costs {cost['PI']['Δ loss']:+.2f} nats "
-        "in distribution; "
+        f"{cost['PI']['interpolated']} planes and costs "
+        f"{signed(cost['PI']['Δ loss'], unit='nats')} in distribution; "
         f"YaRN interpolates {cost['YaRN']['interpolated']} and costs "
-        f"{cost['YaRN']['Δ loss']:+.2f}; "
-        f"cheapest: {order[0]} ({cost[order[0]]['Δ loss']:+.2f})."
+        f"{signed(cost['YaRN']['Δ loss'], unit='nats')}; "
+        f"cheapest: {order[0]} ({signed(cost[order[0]]['Δ loss'], unit='nats')})."
     )
     if bounds.get("bound_native") is not None:
         text += " " + _bound_sentence(bounds, native_ctx, factor)
@@ -393,7 +395,7 @@ def _extension_finding(ext: ContextExtension, layer) -> Finding:
 
 def _bound_sentence(bounds: dict[str, Any], native_ctx: int, factor: int) -> str:
     """Whether the base clears Men et al.'s bound at the native context; what extending needs."""
-    side = "above" if bounds["base"] >= bounds["bound_native"] else "BELOW"
+    side = "above" if bounds["base"] >= bounds["bound_native"] else "below"
     extended = factor * native_ctx
     needs = (
         f"{extended:,} tokens need {bounds['bound_extended']:,.0f}."

@@ -20,7 +20,7 @@ from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Measured, Section
-from ropelens.results.findings import Finding
+from ropelens.results.findings import Finding, count_of, percent
 
 # the command's defaults are the library's: as many tokens as head_taxonomy's default windows hold
 N_CTX = signature_default(head_taxonomy, "n_ctx")
@@ -109,11 +109,16 @@ def render(_data: ReportData, heads: Measured) -> Section:
     col = f"margin_share[{high}]"
     if len(pos) and col in df.columns:
         m_pos, m_rest = float(pos[col].mean()), float(df[~df.positional][col].mean())
+        heads = count_of(len(pos), len(df), "head")
+        verb, they, their = (
+            ("is", "it takes", "its") if len(pos) == 1 else ("are", "they take", "their")
+        )
         text = (
-            f"{len(pos)} of {len(df)} heads are positional (τ = {tx.tau:.2f} on attention mass "
-            f"at one fixed offset, on text and on random tokens); they take {m_pos:.2f} of their "
-            f"attended-key margin from the highest-frequency band {high}, against {m_rest:.2f} "
-            "for the other heads."
+            f"{heads[0].upper() + heads[1:]} {verb} positional (τ = {tx.tau:.2f} on attention "
+            f"mass at one fixed offset, on text and on random tokens); {they} "
+            f"{percent(m_pos)} of {their} attended-key margin from the highest-frequency band, "
+            f"{high}"
+            + (f", against {percent(m_rest)} for the other heads." if len(pos) < len(df) else ".")
         )
         numbers = {
             "n_positional": len(pos),
@@ -138,7 +143,12 @@ def render(_data: ReportData, heads: Measured) -> Section:
         + esc(", ".join(f"{k} {v}" for k, v in counts.items()))
         + ".</p>"
         + figure_html(style_figure(heads_figure(tx), height=460))
-        + table_html(table, text_cols=("kind",))
+        + table_html(
+            table,
+            text_cols=("kind",),
+            summary="The positional heads, strongest first",
+            csv="head_taxonomy",
+        )
     )
     return Section(
         "head-taxonomy",

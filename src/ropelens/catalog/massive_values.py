@@ -98,7 +98,7 @@ def render(data: ReportData, massive: Measured) -> Section:
             else ""
         )
         parts.append(
-            f"{w}: {n} of {total} dimensions massive, {beyond} of them in planes whose "
+            f"{w}: {n:,} of {total:,} dimensions massive, {beyond} of them in planes whose "
             f"wavelength exceeds the trained context of {ctx:,}{tail}"
         )
     text = (
@@ -124,7 +124,12 @@ def render(data: ReportData, massive: Measured) -> Section:
         "(<code>ropelens.analyses.massive_values.replace_massive</code>) to test what they do.</p>"
         f"<p>{esc(text)}</p>"
         + figure_html(style_figure(massive_figure(mv), height=460))
-        + table_html(hit, text_cols=("which",))
+        + table_html(
+            hit,
+            text_cols=("which",),
+            summary="The planes that hold a massive dimension",
+            csv="massive_planes",
+        )
     )
     return Section(
         "massive-values",

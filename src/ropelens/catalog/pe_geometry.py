@@ -32,7 +32,7 @@ from ropelens.report.html import esc, figure_html, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
 from ropelens.results.curves import DecayCurve, decay_verdict, describe_curve
-from ropelens.results.findings import Finding
+from ropelens.results.findings import Finding, fixed, shape_predicate
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -136,18 +136,6 @@ def log_grid(n: int, points: int = POINTS) -> torch.Tensor:
     return torch.unique(torch.cat([torch.arange(1, min(n, points // 4) + 1), grid.clamp(1, n)]))
 
 
-def _shape_words(shape: str) -> str:
-    """A curve shape as the sentence needs it ("decays" → "decaying")."""
-    return {
-        "decays": "decaying",
-        "grows": "growing",
-        "flat": "flat",
-        "U-shaped": "U-shaped",
-        "peaked": "peaked",
-        "oscillating": "oscillating",
-    }.get(shape, shape)
-
-
 @dataclass(frozen=True)
 class DecayCurves:
     """RoPE's decay curves for each layer kind's frequencies, with each curve's verdict and
@@ -245,13 +233,14 @@ def render(data: ReportData, decay: DecayCurves) -> Section:
     )
     kinds = list(at_ctx)
     text = "; ".join(
-        f"{k} layers: constant q = k = 1 logits are {_shape_words(at_ctx[k][1])} up to δ = "
-        f"{n_ctx}, where they stand at {at_ctx[k][0]:.2f} of their δ = 0 value"
+        f"{k} layers: constant q = k = 1 logits {shape_predicate(at_ctx[k][1], plural=True)} up "
+        f"to δ = {n_ctx:,} tokens, where they stand at {fixed(at_ctx[k][0])} of their δ = 0 "
+        "value"
         for k in kinds
     )
     text += (
-        ", while for Gaussian q, k the expected logit is 0 at every distance "
-        f"({at_ctx[kinds[0]][2]})."
+        ", while for Gaussian q, k the expected logit is 0 at every distance (the measured "
+        f"curve {shape_predicate(at_ctx[kinds[0]][2])})."
     )
     finding = Finding(
         "geometry",
@@ -271,7 +260,12 @@ def render(data: ReportData, decay: DecayCurves) -> Section:
         "layer kind applies, "
         f"to δ = {D:,}.</p>"
         + figure_html(style_figure(fig, height=430))
-        + table_html(frame, text_cols=("kind", "curve", "verdict", "shape", "description"))
+        + table_html(
+            frame,
+            text_cols=("kind", "curve", "verdict", "shape", "description"),
+            summary="The verdict and shape of each curve",
+            csv="geometry",
+        )
     )
     return Section(
         "pe-geometry",

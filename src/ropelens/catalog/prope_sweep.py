@@ -27,7 +27,7 @@ from ropelens.report.html import figure_html, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
 from ropelens.report.steps import eval_windows, variant_lead, variant_losses
-from ropelens.results.findings import Finding
+from ropelens.results.findings import Finding, signed
 from ropelens.run import data
 from ropelens.run.evaluate import bootstrap_ci, window_losses
 from ropelens.run.intervene import apply_rope_variant
@@ -187,10 +187,11 @@ def render(data: ReportData, frame: pd.DataFrame) -> Section:
             "rotating"
         )
     text = (
-        f"Truncating RoPE at inference, {keeps}; NoPE (p = 0) costs {nope:+.2f} nats. At 0.75 of "
-        f"the planes, keeping the highest frequencies costs {p75['Δ loss']:+.2f}, the lowest "
-        f"(reversed) {rev['Δ loss']:+.2f}, and re-spread frequencies over the first dims "
-        f"(partial) {part['Δ loss']:+.2f}."
+        f"Truncating RoPE at inference, {keeps}; NoPE (p = 0) costs {signed(nope, unit='nats')}. "
+        f"At 0.75 of the planes, keeping the highest frequencies costs "
+        f"{signed(p75['Δ loss'], unit='nats')}, the lowest (reversed) "
+        f"{signed(rev['Δ loss'], unit='nats')}, and re-spread frequencies over the first dims "
+        f"(partial) {signed(part['Δ loss'], unit='nats')}."
     )
     finding = Finding(
         "prope",
@@ -216,7 +217,11 @@ def render(data: ReportData, frame: pd.DataFrame) -> Section:
         )
         + figure_html(style_figure(fig, height=420))
         + table_html(
-            frame, text_cols=("variant",), formats={"planes rotating": lambda v: str(int(v))}
+            frame,
+            text_cols=("variant",),
+            formats={"planes rotating": lambda v: str(int(v))},
+            summary="Perplexity and Δ loss per variant, with 95% CIs",
+            csv="prope_sweep",
         )
         + extra
     )

@@ -15,7 +15,13 @@ from ropelens.cli.common import (
     band_tokens,
     load_from_args,
 )
-from ropelens.report.build import DEFAULT_BAND_TOKENS, build_report, resolve_corpus
+from ropelens.plots.export import FIGURE_FORMATS
+from ropelens.report.build import (
+    DEFAULT_BAND_TOKENS,
+    build_report,
+    check_figures,
+    resolve_corpus,
+)
 from ropelens.report.experiments import load_experiments
 from ropelens.run.distributed import is_main
 from ropelens.validate import check_output_path
@@ -53,6 +59,13 @@ def options(p: argparse.ArgumentParser) -> None:
         help="folder the experiment scripts wrote (e.g. results/): their tables for this model "
         "join the p-RoPE and context-extension sections",
     )
+    p.add_argument(
+        "--figures",
+        choices=FIGURE_FORMATS,
+        default=None,
+        help="also write every figure of the page as a file beside it, "
+        "OUT/figures/NN-SECTION.FORMAT (through kaleido and the installed chromium)",
+    )
     OutputOptions.add_to(p)
 
 
@@ -68,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     corpus, _ = resolve_corpus(args.corpus)
 
     load_experiments(args.experiments)
+    check_figures(args.figures)  # export unavailable here: fail before the model loads
     model = load_from_args(args)
     path = build_report(
         model,
@@ -81,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         band_tokens=args.band_tokens,
         experiments=args.experiments,
         verify=not args.no_verify,
+        figures=args.figures,
     )
 
     if not is_main():  # under torchrun rank 0 writes the report; the other ranks only measured

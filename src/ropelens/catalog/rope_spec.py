@@ -401,13 +401,14 @@ def render(data: ReportData) -> Section:
                     "softcap / sinks",
                     "λ range (tokens)",
                 ),
+                folded=False,  # the model's RoPE in one row per layer kind: the section's point
             ),
             figure_html(
                 _wavelength_figure(data),
                 "Planes above a line never complete a turn within that many tokens. Hover for θ.",
             ),
             f"<h3>Bands ({esc(data.band_stats.bands.describe())})</h3>",
-            table_html(bt, text_cols=("kind", "band", "planes")),
+            table_html(bt, text_cols=("kind", "band", "planes"), folded=False),
         ]
     )
     numbers = {

@@ -12,6 +12,10 @@ from ropelens.analyses.attention_by_distance import AttentionByDistance
 
 __all__ = ["distance_figure"]
 
+ROW_PX = 250  # each row's plot height
+GAP_PX = 90  # between rows: the row above's tick labels, then this row's panel titles
+MARGIN_PX = 150  # the figure's title and the bottom axis title
+
 
 _PALETTE = (
     "#1f77b4",
@@ -101,12 +105,14 @@ def distance_figure(
     """Per layer (default: up to four spread over the measured ones): mean band logits and the full
     logit by distance (left), and the mean attention probability (right), log-x; δ = 0 sits at ½."""
     layers = _chosen_layers(res, layers)
+    rows = len(layers)
+    plots_px = rows * ROW_PX + (rows - 1) * GAP_PX  # the plotting area: rows and the gaps between
     figure = make_subplots(
-        rows=len(layers),
+        rows=rows,
         cols=2,
         subplot_titles=_panel_titles(res, layers),
         horizontal_spacing=0.1,
-        vertical_spacing=0.5 / max(1, len(layers)),
+        vertical_spacing=GAP_PX / plots_px if rows > 1 else 0.0,
     )
     distances = res.centres.clone()
     distances[0] = 0.5  # δ = 0 on a log axis
@@ -119,12 +125,13 @@ def distance_figure(
         type="log",
         tickvals=ticks,
         ticktext=["0" if tick == 0.5 else f"{tick:g}" for tick in ticks],
-        title_text="distance δ = m − n (tokens)",
     )
+    figure.update_xaxes(title_text="distance δ = m − n (tokens)", row=rows)  # the bottom row only
     figure.update_yaxes(type="log", col=2)
     who = "heads averaged" if head is None else f"head {head}"
     figure.update_layout(
         title=f"Attention by distance — {res.provenance.model} ({res.bands.describe()}, {who})",
-        height=300 * len(layers) + 80,
+        height=plots_px + MARGIN_PX,
+        margin={"t": 90, "b": 60},
     )
     return figure

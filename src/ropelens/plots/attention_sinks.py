@@ -22,8 +22,8 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
     ]
     # Layer axes are categories: one row (or bar) per measured layer, even when they skip some.
     fig = make_subplots(
-        rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.16
-    )
+        rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.2, vertical_spacing=0.2
+    )  # room between the columns for the left colour bars, between the rows for axis titles
     n_heads = snk.sums["p0_sum"].shape[1]
     fig.add_trace(
         go.Heatmap(
@@ -33,7 +33,7 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
             zmin=0,
             zmax=1,
             colorscale="Viridis",
-            colorbar={"x": 0.44, "len": 0.4, "y": 0.8},
+            colorbar={"x": 0.41, "xanchor": "left", "thickness": 12, "len": 0.4, "y": 0.8},
             hovertemplate="layer %{y} head %{x}<br>attention to 0: %{z:.3f}<extra></extra>",
         ),
         row=1,
@@ -60,7 +60,7 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
             zmid=0,
             zmin=-lim,
             zmax=lim,
-            colorbar={"x": 0.44, "len": 0.4, "y": 0.2},
+            colorbar={"x": 0.41, "xanchor": "left", "thickness": 12, "len": 0.4, "y": 0.2},
             hovertemplate="layer %{y} · band %{x}<br>sink logit %{z:.3f}<extra></extra>",
         ),
         row=2,
@@ -75,7 +75,7 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
             colorscale="PuOr",
             zmid=0,
             customdata=r.numpy(),
-            colorbar={"title": "log₂", "len": 0.4, "y": 0.2},
+            colorbar={"title": "log₂", "thickness": 12, "len": 0.4, "y": 0.2},
             hovertemplate="layer %{y} · band %{x}<br>%{customdata:.2f}×<extra></extra>",
         ),
         row=2,

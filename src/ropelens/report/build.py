@@ -17,13 +17,17 @@ from tqdm.auto import tqdm
 
 from ropelens.backends import backend_of
 from ropelens.devices import device_of
-from ropelens.errors import InputError
+from ropelens.errors import ExportUnavailableError, InputError
 from ropelens.loading.models import load_model, resolve_device, resolve_dtype
+from ropelens.plots.export import FIGURE_FORMATS, export_unavailable, write_figures
 from ropelens.report import html as H
 from ropelens.report import registry as _sections
+from ropelens.report.cards import finding_card
 from ropelens.report.collect import ReportData, collect, evenly_spaced
 from ropelens.report.experiments import load_experiments
+from ropelens.report.mixer import MIXER_AFTER, band_mixer_html
 from ropelens.report.section import Section
+from ropelens.report.summary import summary_figure
 from ropelens.results.provenance import Provenance, git_commit, untested_versions, versions
 from ropelens.run import data
 from ropelens.run.data import analysis_windows
@@ -37,13 +41,16 @@ __all__ = [
     "DEFAULT_BAND_TOKENS",
     "QUICK",
     "build_report",
+    "check_figures",
     "check_output_dir",
+    "figure_files",
     "measure_sections",
     "render_sections",
     "resolve_corpus",
 ]
 
 FORMAT = 1
+FIGURES_DIR = "figures"  # where figures= writes the page's figures as files
 # Band statistics add ~0.8× a forward pass per window in the report (benchmarks/report_bench.py), so
 # by default they see 8k evenly spread tokens of the 32k frequency usage sees: per-head means over
 # 8,192 queries, and the report within 2× HF's own sdpa forward over its tokens; None means every
@@ -192,6 +199,7 @@ def build_report(
     batch_size: int = 4,
     experiments: str | os.PathLike[str] | None = None,
     verify: bool = True,
+    figures: str | None = None,
 ) -> Path:
     """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns
     OUT.
@@ -205,7 +213,10 @@ def build_report(
     p-RoPE and context sections. Every input is checked before the model loads; nothing in OUT
     changes unless the whole report succeeds. ``verify``: check ropelens's reading against the
     model's own attention before measuring (:mod:`ropelens.run.verify`); False measures anyway and
-    the report says, in its first section, that it is unverified.
+    the report says, in its first section, that it is unverified. ``figures``: also write every
+    figure of the page as a file beside it, ``OUT/figures/NN-SECTION.FORMAT`` (``"svg"``,
+    ``"pdf"`` or ``"png"``; :func:`ropelens.plots.export.write_figures`), the summary figure
+    first; None: none.
     """
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
@@ -213,6 +224,7 @@ def build_report(
     tokens, n_ctx, batch_size = _check_budget(tokens, n_ctx, batch_size, band_tokens, quick)
     bands = _check_bands(bands)
     out_dir = check_output_dir(out)
+    figures = check_figures(figures)
     exps = load_experiments(experiments)  # a bad folder fails before the model loads
     corpus_obj, corpus_info = resolve_corpus(corpus)
     with _timed(steps, "load_model"):
@@ -249,8 +261,36 @@ def build_report(
     with _timed(steps, "render"):
         sections = render_sections(data, progress)
     with _timed(steps, "write"):
-        _write(out_dir, data, sections, steps, t_start)
+        _write(out_dir, data, sections, steps, t_start, figures=figures)
     return out_dir
+
+
+def check_figures(figures: str | None) -> str | None:
+    """The figure format asked for (None: no figure files), checked before anything runs: one of
+    :data:`FIGURE_FORMATS`, with static export available here."""
+    if figures is None:
+        return None
+    fmt = str(figures).lower().lstrip(".")
+    if fmt not in FIGURE_FORMATS:
+        raise InputError(
+            f"figures={figures!r} is not a figure format: pass one of {list(FIGURE_FORMATS)} "
+            "(or None for no figure files)"
+        )
+    why = export_unavailable()
+    if why is not None:
+        raise ExportUnavailableError(why)
+    return fmt
+
+
+def figure_files(data: ReportData, sections: list[Section], fmt: str) -> list[tuple[Any, str]]:
+    """Every figure of the page with its file name under ``figures/``, in page order: the summary
+    figure, then each section's (``NN-SECTION.FORMAT``, or ``NN-SECTION-K.FORMAT`` where a section
+    has several), numbered from 01."""
+    named: list[tuple[Any, str]] = [(summary_figure(data), "summary")]
+    for s in sections:
+        many = len(s.figures) > 1
+        named += [(fig, f"{s.key}-{k}" if many else s.key) for k, fig in enumerate(s.figures, 1)]
+    return [(fig, f"{i:02d}-{name}.{fmt}") for i, (fig, name) in enumerate(named, start=1)]
 
 
 def _collect_windows(
@@ -383,15 +423,19 @@ def render_sections(data: ReportData, progress: bool = False) -> list[Section]:
     for spec in tqdm(
         _sections.sections(), desc="ropelens report: sections", disable=not progress, unit="section"
     ):
-        if spec.measure is None:
-            out.append(spec.render(data))
-        elif spec.key not in data.results:
+        if spec.measure is not None and spec.key not in data.results:
             raise InputError(
                 f"section {spec.key!r} has not been measured: run measure_sections(data) before "
                 "rendering"
             )
-        else:
-            out.append(spec.render(data, data.results[spec.key]))
+        with H.collecting_figures() as figures:
+            if spec.measure is None:
+                section = spec.render(data)
+            else:
+                section = spec.render(data, data.results[spec.key])
+        if not section.figures:
+            section.figures = figures
+        out.append(section)
     return out
 
 
@@ -494,21 +538,25 @@ def _subtitle(data: ReportData, created: str) -> str:
     )
 
 
-def _findings_html(sections: list[Section]) -> str:
-    items = [
-        f'<li>{H.esc(f.text)}<a href="#{H.esc(f.section)}">→ {H.esc(s.title)}</a></li>'
-        for s in sections
-        for f in s.findings
-    ]
+def _findings_html(data: ReportData, sections: list[Section]) -> str:
+    """The page's opening: the summary figure, then one card per finding (its sentence and a chart
+    of the numbers it states)."""
+    items = [finding_card(f, s.title) for s in sections for f in s.findings]
     body = (
         f'<ul class="findings">{"".join(items)}</ul>'
         if items
         else "<p>No findings: no section produced numbers.</p>"
     )
+    summary = H.figure_html(
+        summary_figure(data),
+        "Per layer, from the sections below: the queries' energy share by band (sink positions "
+        "excluded), the heads found positional, the share of heads that sink on position 0, and "
+        "the massive query and key dimensions.",
+    )
     return (
-        '<section id="findings"><h2>Findings</h2><p class="lead">Generated from the numbers '
-        "measured below "
-        "(also in <code>report.json</code>).</p>" + body + "</section>"
+        f'<section id="findings"><h2>Findings</h2><div class="summaryfig">{summary}</div>'
+        '<p class="lead">Generated from the numbers measured below (also in '
+        "<code>report.json</code>).</p>" + body + "</section>"
     )
 
 
@@ -576,12 +624,16 @@ def _csv_names(report: dict[str, Any]) -> list[str]:
 def _render_page(data: ReportData, sections: list[Section], report: dict[str, Any]) -> str:
     import plotly.offline
 
-    blocks = [_findings_html(sections)]
+    blocks = [_findings_html(data, sections)]
     for s in sections:
         tag = "" if s.available else '<span class="tag">not yet available</span>'
         blocks.append(
             f'<section id="{H.esc(s.key)}"><h2>{H.esc(s.title)}{tag}</h2>{s.body}</section>'
         )
+        if (
+            s.key == MIXER_AFTER
+        ):  # the band mixer for the positional heads found, where there is one
+            blocks.append(band_mixer_html(data))
     blocks.append(_provenance_html(report))
     nav = [
         ("findings", "Findings", True),
@@ -605,6 +657,7 @@ def _write(
     sections: list[Section],
     steps: dict[str, float],
     t_start: float,
+    figures: str | None = None,
 ) -> None:
     """Write every file into a temp directory, then rename them into place, index.html last.
 
@@ -620,14 +673,37 @@ def _write(
             for name, frame in s.tables.items():
                 frame.to_csv(tmp / f"{name}.csv", index=False)
                 names.append(f"{name}.csv")
+        if figures is not None:
+            files = figure_files(data, sections, figures)
+            (tmp / FIGURES_DIR).mkdir()
+            write_figures([(fig, tmp / FIGURES_DIR / name) for fig, name in files])
+            names += [f"{FIGURES_DIR}/{name}" for _, name in files]
         report = _report_json(data, sections, steps, time.perf_counter() - t_start)
+        if figures is not None:
+            report["figures"] = [n for n in names if n.startswith(f"{FIGURES_DIR}/")]
         (tmp / "report.json").write_text(json.dumps(report, indent=1, allow_nan=False))
         (tmp / "index.html").write_text(_render_page(data, sections, report), encoding="utf-8")
+        if figures is not None:
+            (out_dir / FIGURES_DIR).mkdir(exist_ok=True)
         for name in [*names, "report.json", "index.html"]:
             os.replace(tmp / name, out_dir / name)
+        if figures is not None:
+            _remove_stale_figures(out_dir / FIGURES_DIR, set(names))
         done = True
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if not done and created is not None:
             shutil.rmtree(created, ignore_errors=True)
+
+
+def _remove_stale_figures(folder: Path, kept: set[str]) -> None:
+    """Remove the figure files an earlier report wrote to ``folder`` that this one did not."""
+    for path in folder.iterdir():
+        numbered = path.name[:2].isdigit() and path.name[2:3] == "-"
+        if (
+            numbered
+            and path.suffix[1:] in FIGURE_FORMATS
+            and f"{folder.name}/{path.name}" not in kept
+        ):
+            path.unlink()

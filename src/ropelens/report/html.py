@@ -2,24 +2,64 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import html
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from ropelens.plots.style import FONT
 
-__all__ = ["esc", "figure_html", "number", "page", "table_html"]
+__all__ = [
+    "COLUMN_LABELS", "collecting_figures", "column_label", "esc", "figure_html", "number", "page",
+    "table_html", "table_summary",
+]  # fmt: skip
+
+# What a table's code-named columns are called on the page (the CSV files keep the code names):
+# words a reader understands, with the unit where there is one.
+COLUMN_LABELS = {
+    "kind": "layer kind",
+    "sinking_share": "heads that sink (share)",
+    "mean_attention": "mean attention to position 0",
+    "query_share": "queries above ε (share)",
+    "plane_key_ratio": "key norm at position 0 ÷ other keys (×)",
+    "which": "q or k",
+    "inv_freq": "frequency (rad / token)",
+    "wavelength": "wavelength λ (tokens)",
+    "n_massive": "massive dimensions",
+    "persistence": "layers where massive (share)",
+    "max_head_persistence": "layers where massive, one head (share)",
+    "top_plane": "top plane",
+    "ppl": "perplexity",
+    "ppl_lo": "perplexity, CI low",
+    "ppl_hi": "perplexity, CI high",
+    "Δ loss": "Δ loss (nats)",
+    "Δ lo": "Δ loss, CI low (nats)",
+    "Δ hi": "Δ loss, CI high (nats)",
+    "δ*": "offset δ* (tokens)",
+    "text": "description",
+    "curve": "curve",
+    "shape": "shape",
+    "margin_share": "margin share",
+    "energy_share": "energy share",
+    "top1": "band-only top-1 agreement",
+    "tightness": "Cauchy–Schwarz tightness",
+    "attention ×": "attention scale (×)",
+}
+MAX_TABLE_HEIGHT = 440  # px: a longer table scrolls inside its own box
 
 MONO = (
     'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", "Liberation Mono", '
     "monospace"
 )
 
-CSS = """
+CSS = (
+    """
 :root {
   --ink:#1f2430;
   --muted:#5b6475;
@@ -90,7 +130,23 @@ ul.findings li::before {
 ul.findings li a { color:var(--muted); font-size:12.5px; margin-left:6px; text-decoration:none; }
 .grid2 { display:grid; grid-template-columns:repeat(auto-fit, minmax(520px, 1fr)); gap:8px 18px; }
 .fig { margin:4px 0 6px; }
-.tablewrap { overflow-x:auto; margin:6px 0 14px; }
+.tablewrap { overflow:auto; max-width:100%; margin:6px 0 14px; }
+details.table { margin:6px 0 14px; max-width:100%; }
+details.table > summary {
+  cursor:pointer;
+  color:var(--muted);
+  font-size:13.5px;
+  padding:4px 0;
+}
+details.table > summary a { margin-left:6px; }
+details.table .tablewrap { max-height:MAXHpx; margin-top:4px; border:1px solid var(--line); }
+details.table table.t th { position:sticky; top:0; z-index:1; }
+table.t td.txt.long { white-space:normal; min-width:24ch; max-width:80ch; text-align:left; }
+.summaryfig { margin:4px 0 10px; }
+ul.findings li .card { display:flex; gap:14px; align-items:flex-start; }
+ul.findings li .card .words { flex:1 1 auto; min-width:0; }
+ul.findings li .card svg.spark { flex:0 0 auto; }
+@media (max-width: 700px) { ul.findings li .card { flex-direction:column; } }
 table.t { border-collapse:collapse; font-size:13.5px; }
 table.t th, table.t td {
   padding:4px 10px;
@@ -121,7 +177,10 @@ table.kv td { text-align:left; white-space:normal; }
 .placeholder .req { color:var(--muted); font-size:13px; }
 footer { color:var(--muted); font-size:12.5px; padding:18px 0 30px; }
 @media print { nav.toc { position:static; } }
-""".replace("FONT", FONT).replace("MONO", MONO)
+""".replace("FONT", FONT)
+    .replace("MONO", MONO)
+    .replace("MAXH", str(MAX_TABLE_HEIGHT))
+)
 
 
 def esc(text: Any) -> str:
@@ -151,8 +210,54 @@ def number(x: Any, digits: int = 3) -> str:
     return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:.{digits}e}"
 
 
+def _compact(fig: go.Figure) -> go.Figure:
+    """The figure with its float data in single precision (7 significant digits, more than any
+    hover shows): plotly writes numeric arrays as base64, 4 bytes a value instead of 8, or of the
+    ~18 characters a float takes as JSON text."""
+    for trace in fig.data:
+        for name in ("x", "y", "z", "customdata"):
+            if name not in trace:
+                continue
+            value = trace[name]
+            if value is None or isinstance(value, str):
+                continue
+            try:
+                a = np.asarray(value)
+            except (ValueError, TypeError):
+                continue
+            if a.dtype.kind != "f" or a.size < 8 or a.dtype == np.float32:
+                continue
+            finite = a[np.isfinite(a)]
+            if finite.size and float(np.abs(finite).max()) > 1e30:
+                continue  # past single precision's range
+            trace[name] = a.astype(np.float32)
+    return fig
+
+
+_COLLECTED: contextvars.ContextVar[list[go.Figure] | None] = contextvars.ContextVar(
+    "ropelens_report_figures", default=None
+)
+
+
+@contextlib.contextmanager
+def collecting_figures() -> Iterator[list[go.Figure]]:
+    """Within the block, every figure :func:`figure_html` lays out is also appended to the list
+    this yields, in page order (the report writes them as files with ``figures=``)."""
+    figures: list[go.Figure] = []
+    token = _COLLECTED.set(figures)
+    try:
+        yield figures
+    finally:
+        _COLLECTED.reset(token)
+
+
 def figure_html(fig: go.Figure, caption: str | None = None) -> str:
-    """A figure as a div (plotly.js itself is embedded once, in the page head)."""
+    """A figure as a div (plotly.js itself is embedded once, in the page head), its float data
+    single precision."""
+    _compact(fig)
+    collected = _COLLECTED.get()
+    if collected is not None:
+        collected.append(fig)
     height = fig.layout.height or 420
     div = fig.to_html(
         include_plotlyjs=False,
@@ -168,18 +273,39 @@ def figure_html(fig: go.Figure, caption: str | None = None) -> str:
     return f'<div class="fig">{div}</div>{cap}'
 
 
+def column_label(name: Any) -> str:
+    """A column's name as the page shows it (:data:`COLUMN_LABELS`; other names as they are)."""
+    return COLUMN_LABELS.get(str(name), str(name))
+
+
+def _cell_class(col: Any, text: set, long: set) -> str:
+    return ("txt long" if col in long else "txt") if col in text else ""
+
+
 def table_html(
     df: pd.DataFrame,
     *,
     digits: int = 3,
     text_cols: Iterable[str] = (),
     formats: dict[str, Any] | None = None,
+    csv: str | None = None,
+    summary: str | None = None,
+    folded: bool = True,
 ) -> str:
-    """A readable table: numbers right-aligned and compact, text columns left-aligned."""
+    """A readable table: numbers right-aligned and compact, text columns left-aligned (long texts
+    wrap), columns named in words (:func:`column_label`). ``folded`` (the default) puts it in a
+    ``<details>`` whose one-line summary says what it holds (``summary``, else its size and
+    columns) and links ``csv`` (the table's CSV file beside the page, without ``.csv``); the rows
+    show on demand and scroll inside their own box."""
     formats = formats or {}
     text = set(text_cols)
     cols = list(df.columns)
-    head = "".join(f'<th class="{"txt" if c in text else ""}">{esc(c)}</th>' for c in cols)
+    long = (
+        {c for c in text if df[c].astype(str).str.len().max(skipna=True) > 40} if len(df) else set()
+    )
+    head = "".join(
+        f'<th class="{_cell_class(c, text, set())}">{esc(column_label(c))}</th>' for c in cols
+    )
     rows = []
     for rec in df.itertuples(index=False):
         cells = []
@@ -187,12 +313,33 @@ def table_html(
             shown = (
                 formats[c](v) if c in formats else (esc(v) if c in text else esc(number(v, digits)))
             )
-            cells.append(f'<td class="{"txt" if c in text else ""}">{shown}</td>')
+            cells.append(f'<td class="{_cell_class(c, text, long)}">{shown}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return (
+    table = (
         f'<div class="tablewrap"><table class="t"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
+    if not folded:
+        return table
+    return (
+        f'<details class="table"><summary>{table_summary(df, summary, csv)}</summary>'
+        f"{table}</details>"
+    )
+
+
+def table_summary(df: pd.DataFrame, summary: str | None = None, csv: str | None = None) -> str:
+    """The one line a folded table shows: what it holds (``summary``, already HTML, or its size and
+    first columns) and the link to its CSV file."""
+    n = len(df)
+    rows = f"{n:,} row{'' if n == 1 else 's'}"
+    if summary is None:
+        names = [column_label(c) for c in df.columns]
+        shown = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
+        summary = f"Table: {rows} ({esc(shown)})"
+    else:
+        summary = f"{summary} ({rows})"
+    link = f' · <a href="{esc(csv)}.csv">{esc(csv)}.csv</a>' if csv else ""
+    return summary + link
 
 
 def kv_table(items: Sequence[tuple[str, str]]) -> str:

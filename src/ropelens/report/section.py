@@ -25,6 +25,7 @@ class Section:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     numbers: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    figures: list[Any] = field(default_factory=list)  # the plotly figures its body lays out
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["Finding", "band_winners", "head_name"]
+__all__ = [
+    "Finding", "band_winners", "count_of", "fixed", "head_name", "percent", "shape_predicate",
+    "signed",
+]  # fmt: skip
+
+# How a curve's shape reads after its subject, singular and plural ("the logit decays", "the
+# curves are U-shaped"): the shape labels are adjectives or verbs, never both.
+_SHAPE_PREDICATES = {
+    "flat": ("is flat", "are flat"),
+    "decays": ("decays", "decay"),
+    "grows": ("grows", "grow"),
+    "U-shaped": ("is U-shaped", "are U-shaped"),
+    "peaked": ("peaks", "peak"),
+    "oscillating": ("oscillates", "oscillate"),
+}
 
 
 @dataclass(frozen=True)
@@ -40,3 +54,49 @@ def band_winners(per_layer: torch.Tensor, names: Sequence[str]) -> tuple[str, in
     b = int(counts.argmax())
     won = best == b
     return names[b], int(counts[b]), float(per_layer[won, b].mean())
+
+
+def _unit(text: str, unit: str) -> str:
+    return f"{text} {unit}" if unit else text
+
+
+def fixed(x: float, digits: int = 2, unit: str = "") -> str:
+    """``x`` to ``digits`` decimals, with ``unit`` after it; a value that rounds to zero prints as
+    0 (never ``-0.00``), and minus is the minus sign."""
+    text = f"{float(x):.{digits}f}"
+    if float(text) == 0:
+        text = text.lstrip("-")
+    return _unit(text.replace("-", "−"), unit)
+
+
+def signed(x: float, digits: int = 2, unit: str = "") -> str:
+    """A change with its sign (``+2.43 nats``, ``−0.31 nats``); one that rounds to zero carries
+    none (``0.00 nats``), so no ``-0.00`` reaches a sentence."""
+    text = fixed(x, digits)
+    return _unit(text if text.startswith("−") or float(text) == 0 else "+" + text, unit)
+
+
+def percent(share: float, digits: int = 0) -> str:
+    """A share in [0, 1] as a percentage (``0.537`` → ``54%``), never ``-0%``."""
+    return fixed(100 * float(share), digits) + "%"
+
+
+def count_of(n: int, total: int, noun: str, plural: str | None = None) -> str:
+    """``n`` of ``total`` things as a sentence says it: "16 of 30 layers", "all 30 layers",
+    "none of the 30 layers", "the one layer" (``total`` 1, ``n`` 1), "no layer" (``total`` 1,
+    ``n`` 0)."""
+    plural = plural or noun + "s"
+    if total == 1:
+        return f"the one {noun}" if n == 1 else f"no {noun}"
+    if n == total:
+        return f"all {total:,} {plural}"
+    if n == 0:
+        return f"none of the {total:,} {plural}"
+    return f"{n:,} of {total:,} {plural}"
+
+
+def shape_predicate(shape: str, plural: bool = False) -> str:
+    """A curve shape as the verb phrase after its subject: "decays", "is U-shaped", "oscillates"
+    (``plural``: "decay", "are U-shaped")."""
+    one, many = _SHAPE_PREDICATES.get(shape, (f"is {shape}", f"are {shape}"))
+    return many if plural else one

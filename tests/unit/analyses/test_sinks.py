@@ -228,7 +228,7 @@ def test_planted_sink_is_found_and_blamed_on_its_band():
     share = r.sink_logit_share()[0]  # [head, band]
     assert (share[:, 1] > 0.9).all()
     assert (r.key_norm_ratio()[0, 0, 1] > 5).all()
-    assert "2 of 2 heads (100%) sink" in r.findings()[0].text and "band low" in r.findings()[1].text
+    assert "All 2 heads sink" in r.findings()[0].text and "band low" in r.findings()[1].text
 
 
 # =================================================================== the entry point and the result

@@ -15,6 +15,7 @@ import pytest
 
 from ropelens.cli import main
 from ropelens.report import Section, SectionSpec, build_report, register_section, sections
+from ropelens.results.findings import fixed, percent
 from ropelens.run import data
 
 N_CTX = 64
@@ -124,8 +125,9 @@ def test_findings_quote_their_numbers(report, page):
     ]
     for f in report["findings"]:
         for x in flat_numbers(f["values"]):
-            if isinstance(x, float):
-                assert f"{x:.2f}" in f["text"], (x, f["text"])
+            if isinstance(x, float):  # to 2 decimals, with no negative zero, or as a percentage
+                quoted = {f"{x:.2f}", fixed(x), percent(x)}
+                assert any(q in f["text"] for q in quoted), (x, f["text"])
         assert html.escape(f["text"]) in page
 
 
