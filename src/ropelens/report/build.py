@@ -25,7 +25,7 @@ from ropelens.report import registry as _sections
 from ropelens.report.cards import finding_card
 from ropelens.report.collect import ReportData, collect, evenly_spaced
 from ropelens.report.experiments import load_experiments
-from ropelens.report.mixer import MIXER_AFTER, band_mixer_html
+from ropelens.report.mixer import MIXER_AFTER, band_mixer_html, measure_mixer
 from ropelens.report.section import Section
 from ropelens.report.summary import summary_figure
 from ropelens.results.provenance import Provenance, git_commit, untested_versions, versions
@@ -257,6 +257,8 @@ def build_report(
         data.experiments = exps
         with local():  # rank 0 alone measures the sections: the model runs in this process only
             measure_sections(data, progress)
+            with _timed(data.steps, "band_mixer"):
+                measure_mixer(data, verify=verify)
     steps.update({k: v for k, v in data.steps.items() if k not in steps})  # the measure steps'
     with _timed(steps, "render"):
         sections = render_sections(data, progress)

@@ -8,35 +8,69 @@ report stays one self-contained file)."""
 
 from __future__ import annotations
 
+from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.analyses.head_taxonomy import HeadTaxonomy
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc
 
-__all__ = ["MIXER_AFTER", "MIXER_KEY", "band_mixer_html", "mixer_page", "mixer_section",
-           "positional_heads"]  # fmt: skip
+__all__ = ["MIXER_AFTER", "MIXER_KEY", "band_mixer_html", "measure_mixer", "mixer_page",
+           "mixer_section", "positional_heads"]  # fmt: skip
 
 MIXER_AFTER = "head-taxonomy"  # the section the mixer follows
 MIXER_KEY = "band-mixer"  # its anchor
 MIXER_HEIGHT_PX = 760
+# the page holds q and k of every head of the layers it shows: the layers of the strongest few
+# positional heads, over the first tokens of one window, keep it near a megabyte for SmolLM2
+MIXER_TOKENS = 128
+MIXER_MAX_LAYERS = 4
+
+
+def _taxonomy(data: ReportData) -> HeadTaxonomy | None:
+    """The head taxonomy the report measured (None where its section did not run)."""
+    measured = data.results.get(MIXER_AFTER)
+    tx = getattr(measured, "value", measured)
+    return tx if isinstance(tx, HeadTaxonomy) else None
 
 
 def positional_heads(data: ReportData) -> list[tuple[int, int]]:
     """The (layer, head) pairs the positional-heads section found, strongest first ([] where it did
     not run)."""
-    measured = data.results.get(MIXER_AFTER)
-    tx = getattr(measured, "value", measured)
-    if not isinstance(tx, HeadTaxonomy):
+    tx = _taxonomy(data)
+    if tx is None:
         return []
     df = tx.to_frame()
     pos = df[df.positional].sort_values("robust_mass", ascending=False)
     return [(int(L), int(h)) for L, h in zip(pos["layer"], pos["head"], strict=True)]
 
 
+def measure_mixer(data: ReportData, *, verify: bool = True) -> None:
+    """Build the band mixer's page for the strongest positional heads into
+    ``data.results[MIXER_KEY]``: the first :data:`MIXER_TOKENS` tokens of the first window,
+    decomposed in the report's bands on the layers of those heads (at most
+    :data:`MIXER_MAX_LAYERS`). Nothing where no head is positional."""
+    heads = positional_heads(data)
+    layers: list[int] = []
+    for L, _ in heads:
+        if L not in layers and len(layers) < MIXER_MAX_LAYERS:
+            layers.append(L)
+    if not layers:
+        return
+    dec = attention_decomposition(
+        data.model,
+        data.tokens[:1, :MIXER_TOKENS],
+        bands=data.band_stats.bands,
+        layers=sorted(layers),
+        verify=verify,
+    )
+    page = dec.explore(taxonomy=_taxonomy(data), title=f"{data.label}: band mixer")
+    data.results[MIXER_KEY] = page.html
+
+
 def mixer_page(data: ReportData, heads: list[tuple[int, int]]) -> str | None:
-    """The band mixer's self-contained HTML page for ``heads`` on the report's text: the hook the
-    mixer fills (``AttentionDecomposition.explore``); None: no mixer, no section."""
-    del data, heads
-    return None
+    """The band mixer's self-contained HTML page that :func:`measure_mixer` built for ``heads``;
+    None: no mixer, no section."""
+    del heads
+    return data.results.get(MIXER_KEY)
 
 
 def mixer_section(page: str, heads: list[tuple[int, int]]) -> str:

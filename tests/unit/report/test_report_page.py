@@ -267,7 +267,8 @@ def test_summary_rows_match_the_sections_csvs(built):
 
 def test_mixer_goes_after_the_positional_heads(built, monkeypatch):
     _, data = built
-    assert mixer_module.band_mixer_html(data) == ""  # no mixer yet: no section
+    monkeypatch.setattr(mixer_module, "positional_heads", lambda data: [])
+    assert mixer_module.band_mixer_html(data) == ""  # no positional head: no section
     monkeypatch.setattr(mixer_module, "positional_heads", lambda data: [(1, 0)])
     monkeypatch.setattr(
         mixer_module, "mixer_page", lambda data, heads: "<p>mixer for L1.H0 & co</p>"
@@ -279,6 +280,27 @@ def test_mixer_goes_after_the_positional_heads(built, monkeypatch):
     page = build_module._render_page(data, sections, _fake_report(data))
     order = [m.group(1) for m in re.finditer(r'<section id="([^"]+)">', page)]
     assert order[order.index(mixer_module.MIXER_AFTER) + 1] == mixer_module.MIXER_KEY
+
+
+def test_mixer_page_holds_the_layers_of_the_strongest_positional_heads(built, monkeypatch):
+    """The page the report embeds is the band mixer of the report's first window, on the layers of
+    the positional heads (at most MIXER_MAX_LAYERS, strongest first), in the report's bands."""
+    _, data = built
+    layers = list(data.layers)
+    heads = [(layers[-1], 0), (layers[0], 1), (layers[-1], 1)]
+    monkeypatch.setattr(mixer_module, "positional_heads", lambda data: heads)
+    monkeypatch.setitem(data.results, mixer_module.MIXER_KEY, None)
+    mixer_module.measure_mixer(data)
+    html = data.results[mixer_module.MIXER_KEY]
+    found = re.search(r"id='ropelens-data'>(.*?)</script>", html)
+    page = json.loads(found.group(1).replace("<\\/", "</"))
+    assert [e["layer"] for e in page["layers"]] == sorted({layers[-1], layers[0]})
+    band_names = [b["name"] for b in page["layers"][0]["bands"]]
+    assert band_names[: len(data.band_stats.band_names)] == list(data.band_stats.band_names)
+    n = min(mixer_module.MIXER_TOKENS, data.n_ctx)
+    assert len(page["tokens"]) == n
+    block = mixer_module.band_mixer_html(data)
+    assert "<iframe" in block and "L" + str(layers[-1]) + ".H0" in block
 
 
 def _fake_report(data) -> dict:
