@@ -22,14 +22,14 @@ from ropelens import analyses
 from ropelens.analyses import load_result
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, cache_dir, load_model
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import ROPELENS_VERSION, Provenance
 from ropelens.run.capture import capture_qk
 from ropelens.run.intervene import ablate_planes, apply_rope_variant, with_rope_variant
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 
-__version__ = "0.2.0"
+__version__ = ROPELENS_VERSION
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -20,6 +20,8 @@ __all__ = [
     "versions",
 ]
 
+# ropelens's own version, from the code that runs (an editable install's metadata can be older)
+ROPELENS_VERSION = "0.2.0"
 _PACKAGES = ("ropelens", "torch", "transformers", "transformer-lens", "numpy", "pandas", "plotly")
 
 
@@ -28,6 +30,9 @@ def versions() -> dict[str, str]:
     """Installed versions of the packages a result depends on, and Python's."""
     out = {"python": platform.python_version()}
     for name in _PACKAGES:
+        if name == "ropelens":
+            out[name] = ROPELENS_VERSION
+            continue
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:

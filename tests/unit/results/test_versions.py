@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+import ropelens
 from ropelens.cli import main
 from ropelens.report.build import _untested_html
 from ropelens.results import provenance
+from ropelens.results.provenance import ROPELENS_VERSION, versions
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,3 +48,11 @@ def test_the_report_says_when_versions_differ_from_the_tested_ones():
         {"untested_versions": {"transformers": {"installed": "5.25.0", "tested": "5.24.0"}}}
     )
     assert "Not the tested stack" in html and "transformers 5.25.0 (tested 5.24.0)" in html
+
+
+def test_ropelens_version_is_the_code_s_and_the_package_s():
+    """Results record the version of the code that ran, the one pyproject.toml builds."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.10 has no tomllib")
+    root = Path(__file__).resolve().parents[3]
+    built = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    assert versions()["ropelens"] == ROPELENS_VERSION == ropelens.__version__ == built
