@@ -4,7 +4,9 @@ width and no subplot title lies over another plot, at 1400 and 900 px."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -178,4 +180,49 @@ def test_report_layout_fits_and_opens_on_a_figure(quick_report, browser, width):
         assert first[1] <= 900  # all of it
     closed = page.evaluate("() => [...document.querySelectorAll('details.table')].map(d => d.open)")
     assert closed and not any(closed)  # tables folded until asked for
+    page.close()
+
+
+def test_report_mixer_redraws_its_positional_heads(quick_report, browser):
+    """The band mixer embedded in the report runs inside its frame: it holds the layers of the
+    positional heads the report names, its full pattern is a distribution over each query's keys,
+    and the previous-token or diagonal head it opens on changes when its fastest band is dropped."""
+    html = (quick_report / "index.html").read_text()
+    named = re.search(r"watch the positional heads \(([^)]*)\)", html)
+    assert named, "the quick report found no positional head to show in the mixer"
+    heads = [tuple(int(x) for x in re.findall(r"\d+", h)) for h in named.group(1).split(", ")]
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((quick_report / "index.html").as_uri(), wait_until="load")
+    frame = page.frame_locator("#band-mixer iframe")
+    frame.locator("body").wait_for()
+    mixer = next(f for f in page.frames if f != page.main_frame)
+    mixer.wait_for_function("() => window.ropelensExplorer !== undefined", timeout=60_000)
+    layers = mixer.evaluate("() => window.ropelensExplorer.layers()")
+    assert {L for L, _ in heads} >= set(layers) and layers
+    opened = mixer.evaluate("() => window.ropelensExplorer.state()")
+    assert (opened["layer"], opened["head"]) == heads[0]  # the strongest positional head
+    frame_height = page.evaluate(
+        "() => document.querySelector('#band-mixer iframe').getBoundingClientRect().height"
+    )
+    inner = mixer.evaluate("() => document.documentElement.scrollHeight")
+    assert frame_height >= inner  # the frame fits the mixer: nothing scrolls inside it
+    L, h = next((L, h) for L, h in heads if L in layers)
+    mixer.evaluate(f"() => {{ window.ropelensExplorer.setLayer({L}); "
+                   f"window.ropelensExplorer.setHead({h}); }}")  # fmt: skip
+    names = mixer.evaluate("() => window.ropelensExplorer.bandNames()")
+    mixer.evaluate(f"() => window.ropelensExplorer.setBands({json.dumps(names)})")
+    full = mixer.evaluate("() => window.ropelensExplorer.pattern()")
+    for row in full:
+        assert abs(sum(row) - 1.0) < 1e-3  # no sink parameters in SmolLM2: rows sum to 1
+    mixer.evaluate(f"() => window.ropelensExplorer.setBands({json.dumps(names[1:])})")
+    without_fastest = mixer.evaluate("() => window.ropelensExplorer.pattern()")
+    change = max(abs(a - b) for r1, r2 in zip(full, without_fastest) for a, b in zip(r1, r2))
+    assert change > 0.1
+    page.locator("#band-mixer").scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(ARTIFACTS / "report-band-mixer.png"))
+    assert errors == []
     page.close()

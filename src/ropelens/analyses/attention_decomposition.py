@@ -432,6 +432,7 @@ class AttentionDecomposition(Result):
         batch: int = 0,
         layers: Sequence[int] | None = None,
         title: str | None = None,
+        open_on: tuple[int, int] | None = None,
     ) -> Any:
         """An interactive page, the band mixer: choose a layer and head, switch bands and planes on
         and off, and see the attention the model would have from them alone (:meth:`band_pattern`,
@@ -441,10 +442,11 @@ class AttentionDecomposition(Result):
         Runs with no server and no network: ``.save(path)`` writes one HTML file, and in Jupyter,
         VS Code or Colab the object shows itself. ``taxonomy``: a :class:`HeadTaxonomy` of the
         same model, whose classes label the heads (positional, sink, other); ``batch``: which
-        input row; ``layers``: which decomposed layers the page holds (default: all of them).
+        input row; ``layers``: which decomposed layers the page holds (default: all of them);
+        ``open_on``: the (layer, head) the page opens on (default: head 0 of its first layer).
         """
         return figure_of(AttentionDecomposition, "explore")(
-            self, taxonomy=taxonomy, batch=batch, layers=layers, title=title
+            self, taxonomy=taxonomy, batch=batch, layers=layers, title=title, open_on=open_on
         )
 
     def _file_tensors(self) -> dict[str, Tensor]:

@@ -460,6 +460,7 @@ def band_mixer(
     batch: int = 0,
     layers: Sequence[int] | None = None,
     title: str | None = None,
+    open_on: tuple[int, int] | None = None,
 ) -> BandMixer:
     """The band mixer page of ``dec`` (see :meth:`AttentionDecomposition.explore`)."""
     if taxonomy is not None and not isinstance(taxonomy, HeadTaxonomy):
@@ -471,6 +472,7 @@ def band_mixer(
     if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < n_batch:
         raise InputError(f"batch {batch!r} is not a row of the input: pick 0..{n_batch - 1}")
     chosen = _page_layers(dec, layers)
+    _check_open_on(dec, open_on, chosen)
     title = title or f"{dec.provenance.model}: band mixer"
     ids = dec.tokens[batch].tolist()
     text = dec.token_text[batch] if dec.token_text is not None else [f"#{i}" for i in ids]
@@ -485,6 +487,7 @@ def band_mixer(
         "token_ids": ids,
         "layers": payloads,
         "taxonomy": taxonomy is not None,
+        **({"open": {"layer": open_on[0], "head": open_on[1]}} if open_on else {}),
     }
     page = _page_html(title, data)
     return BandMixer(
@@ -494,6 +497,22 @@ def band_mixer(
         precision={p["layer"]: p["dtype"] for p in payloads},
         half_error=errors,
     )
+
+
+def _check_open_on(
+    dec: AttentionDecomposition, open_on: tuple[int, int] | None, layers: Sequence[int]
+) -> None:
+    """``open_on``, the (layer, head) the page opens on: a layer on the page, one of its heads."""
+    if open_on is None:
+        return
+    if not (isinstance(open_on, tuple | list) and len(open_on) == 2):
+        raise InputError(f"open_on must be a (layer, head) pair, got {open_on!r}")
+    L, h = open_on
+    if L not in layers:
+        raise InputError(f"open_on layer {L!r} is not on the page: it holds layers {list(layers)}")
+    n_heads = dec.spec.layers[L].n_heads
+    if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < n_heads:
+        raise InputError(f"open_on head {h!r} is not a head of layer {L}: pick 0..{n_heads - 1}")
 
 
 def _page_html(title: str, data: dict[str, Any]) -> str:

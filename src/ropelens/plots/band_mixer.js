@@ -122,7 +122,9 @@
   }
 
   // ------------------------------------------------------------------------------------- state
-  const S = { li: 0, head: 0, planes: new Set(), extras: new Set(), row: N - 1, pinned: false,
+  const opening = DATA.open || {};
+  const S = { li: Math.max(0, DATA.layers.findIndex((x) => x.layer === opening.layer)),
+    head: opening.head || 0, planes: new Set(), extras: new Set(), row: N - 1, pinned: false,
     drawn: null, full: null, alone: [], fullTop: null };
   const layer = () => DATA.layers[S.li];
   function bandDims(L, b) {
@@ -534,10 +536,17 @@
   allBtn.addEventListener("click", () => { selectAll(); update(false); });
   noneBtn.addEventListener("click", () => { select([], []); update(false); });
 
+  layerSel.value = String(S.li);
   buildHeads();
   buildBands();
   selectAll();
   update(true);
+  // inside a page's frame (the report), say how tall the mixer is so the frame can fit it
+  if (window.parent !== window) {
+    const tell = () => window.parent.postMessage({ ropelensMixerHeight: document.documentElement.scrollHeight }, "*");
+    tell();
+    window.addEventListener("resize", tell);
+  }
 
   // ------------------------------------------------------------------------- for tests, scripts
   function layerIndex(L) {

@@ -62,7 +62,9 @@ def measure_mixer(data: ReportData, *, verify: bool = True) -> None:
         layers=sorted(layers),
         verify=verify,
     )
-    page = dec.explore(taxonomy=_taxonomy(data), title=f"{data.label}: band mixer")
+    page = dec.explore(
+        taxonomy=_taxonomy(data), title=f"{data.label}: band mixer", open_on=heads[0]
+    )
     data.results[MIXER_KEY] = page.html
 
 
@@ -71,6 +73,14 @@ def mixer_page(data: ReportData, heads: list[tuple[int, int]]) -> str | None:
     None: no mixer, no section."""
     del heads
     return data.results.get(MIXER_KEY)
+
+
+# the mixer posts its height from inside its frame; the report sizes the frame to it
+_FIT_FRAME = (
+    "window.addEventListener('message', (e) => { const h = e.data && e.data.ropelensMixerHeight;"
+    " if (!h) return; for (const f of document.querySelectorAll('iframe.mixer'))"
+    " if (f.contentWindow === e.source) f.style.height = (h + 4) + 'px'; });"
+)
 
 
 def mixer_section(page: str, heads: list[tuple[int, int]]) -> str:
@@ -82,7 +92,8 @@ def mixer_section(page: str, heads: list[tuple[int, int]]) -> str:
         "lose or keep their pattern; recomputed in the page from the band logits.</p>"
         f'<iframe class="mixer" title="band mixer" srcdoc="{esc(page)}" '
         f'style="width:100%;height:{MIXER_HEIGHT_PX}px;border:1px solid #e3e6ec" '
-        'sandbox="allow-scripts"></iframe></section>'
+        'sandbox="allow-scripts"></iframe>'
+        f"<script>{_FIT_FRAME}</script></section>"
     )
 
 

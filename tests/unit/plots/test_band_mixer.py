@@ -304,3 +304,16 @@ def test_token_text_survives_a_save(gemma2, tmp_path):
     assert back.token_text == gemma2.token_text and len(back.token_text[0]) == SEQ
     older = dataclasses.replace(gemma2, token_text=None)
     assert page_data(older.explore(layers=[0]))["tokens"][:2] == ["#1", f"#{int(tokens()[0, 1])}"]
+
+
+def test_page_opens_on_the_head_asked_for_and_refuses_others(gemma2):
+    dec = gemma2
+    L = dec.layers[-1]
+    page = dec.explore(open_on=(L, 1))
+    assert page_data(page)["open"] == {"layer": L, "head": 1}
+    with pytest.raises(InputError, match="not on the page"):
+        dec.explore(layers=[L], open_on=(dec.layers[0], 0))
+    with pytest.raises(InputError, match="is not a head of layer"):
+        dec.explore(open_on=(L, 99))
+    with pytest.raises(InputError, match="pair"):
+        dec.explore(open_on=L)

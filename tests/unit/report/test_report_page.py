@@ -299,6 +299,7 @@ def test_mixer_page_holds_the_layers_of_the_strongest_positional_heads(built, mo
     assert band_names[: len(data.band_stats.band_names)] == list(data.band_stats.band_names)
     n = min(mixer_module.MIXER_TOKENS, data.n_ctx)
     assert len(page["tokens"]) == n
+    assert page["open"] == {"layer": layers[-1], "head": 0}  # the strongest positional head
     block = mixer_module.band_mixer_html(data)
     assert "<iframe" in block and "L" + str(layers[-1]) + ".H0" in block
 
