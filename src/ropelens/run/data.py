@@ -463,14 +463,15 @@ def _streamed_corpus(ds: Any, text_column: str) -> StreamedCorpus:
     )
 
 
-def _document_list(items: Sequence[Any]) -> Corpus:
+def _document_list(items: Sequence[Any], text_column: str) -> Corpus:
     if not items:
         raise InputError(
             f"the corpus is an empty list: give at least one document, or pass {_FORMS}"
         )
     kinds = {type(x) for x in items}
-    if all(isinstance(x, os.PathLike) for x in items):
-        return text_files(items)
+    if all(isinstance(x, os.PathLike) for x in items):  # files, each read by its suffix
+        files = [f for x in items for f in _path_files(Path(x).expanduser())]
+        return _table_corpus(list(dict.fromkeys(files)), text_column, None)
     bad = next((i for i, x in enumerate(items) if not isinstance(x, str)), None)
     if bad is not None:
         raise InputError(
@@ -484,6 +485,14 @@ def _document_list(items: Sequence[Any]) -> Corpus:
     return Corpus(
         name="documents", documents=tuple(items), source=f"{len(items)} documents given in Python"
     )
+
+
+def _path_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return _folder_files(path)
+    if path.is_file():
+        return [path]
+    raise FileNotFoundError(f"corpus file {path} does not exist: check the path")
 
 
 def _from_path(key: str, text_column: str) -> Corpus:
@@ -547,7 +556,7 @@ def load_corpus(
         return spec
     text_column = check_text_column(text_column)
     if isinstance(spec, (list, tuple)):
-        return _document_list(spec)
+        return _document_list(spec, text_column)
     if is_dataset_dict(spec):
         raise InputError(
             f"a whole DatasetDict was given (splits: {', '.join(map(repr, spec))}): pass one "

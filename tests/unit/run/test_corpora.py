@@ -105,6 +105,8 @@ def test_glob_and_folder_of_tables(forms, tmp_path):
     (tmp_path / "README.md").write_text("# not a document: a folder of tables reads its tables")
     assert data.load_corpus(tmp_path).documents == tuple(DOCS)
     assert data.load_corpus(str(tmp_path / "part*.jsonl")).documents == tuple(DOCS)
+    parts = [tmp_path / f"part{i}.jsonl" for i in range(3)]  # a list of Paths: files, not text
+    assert data.load_corpus(parts).documents == tuple(DOCS)
 
 
 @pytest.fixture(scope="module")
