@@ -361,7 +361,7 @@ def band_location(
     result = BandLocation(usage=usage, which=which)
     if not intervene:
         return result
-    win = Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)
+    win = Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens, run.text_column)
     toks = win.tokens[: min(eval_windows, win.n_windows)]
     iv = nope_below_band(
         model, result, toks, seed=seed, batch_size=run.batch_size, progress=run.progress

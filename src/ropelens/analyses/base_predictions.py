@@ -38,7 +38,7 @@ from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
-from ropelens.run.data import analysis_windows
+from ropelens.run.data import analysis_windows, load_corpus
 from ropelens.run.evaluate import loss_estimate
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
@@ -510,11 +510,13 @@ def measured_extrapolation(
     train_ctx: int | None = None,
     fast: bool = True,
     progress: bool = True,
+    text_column: str = "text",
     **bootstrap: Any,
 ) -> MeasuredExtrapolation:
     """Mean next-token loss at each length over ``n_windows`` windows of real text.
 
-    Windows come from ``corpus`` (default: the embedded English text) through
+    Windows come from ``corpus`` (default: the embedded English text; ``text_column``: the text of a
+    table or dataset) through
     :func:`ropelens.run.data.analysis_windows`; at every length window i starts at the same token,
     so lengths differ only in how much context each prediction has. Each window starts with BOS.
     The loss is averaged over all positions of a window, with a bootstrap CI over windows
@@ -530,6 +532,7 @@ def measured_extrapolation(
             "corpus must be a corpus name, path or ropelens.run.data.Corpus: windows are cut per "
             "length"
         )
+    corpus = load_corpus(corpus, text_column=text_column)  # read once for every length
     runner, ctx = _loss_model(model, fast)
     estimates, per_window, name, sha = [], [], None, None
     for L in lens:

@@ -65,7 +65,7 @@ from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.results.serialize import dump_json
 from ropelens.run.capture import batches, capture_qk, stream
-from ropelens.run.data import analysis_windows
+from ropelens.run.data import analysis_windows, load_corpus
 from ropelens.run.evaluate import bootstrap_ci, loss_path, window_losses
 from ropelens.run.intervene import apply_rope_variant, is_identity
 from ropelens.run.verify import verification
@@ -542,14 +542,16 @@ def extension_study(
     progress: bool = True,
     verify: bool = True,
     attention: bool = True,
+    text_column: str = "text",
 ) -> ExtensionStudy:
     """Loss by length, passkey retrieval, per-plane effect and base predictions of each method.
 
     ``to`` is the target context; ``native`` the trained one (default: the model's). ``lengths``
     default to doubling from ``start`` (default ``native / 4``, at least 2) up to ``to``; every
     method's loss at a length is measured on the same ``n_windows`` windows of ``corpus``
-    (default: the embedded English text). ``passkey_lengths`` default to the lengths at which a
-    passkey prompt fits (an empty list skips passkey). ``tolerance`` (nats) is what the findings
+    (default: the embedded English text; ``text_column``: the text of a table or dataset).
+    ``passkey_lengths`` default to the lengths at which a passkey prompt fits (an empty list skips
+    passkey). ``tolerance`` (nats) is what the findings
     call keeping the loss. With ``out``, every cell is saved in ``out/cells`` as it finishes, and
     cells already there (same settings) are read instead of measured. ``attention`` (default on)
     adds, per method and length, the attention entropy, the divergence from the unmodified
@@ -572,7 +574,9 @@ def extension_study(
         start=start,
         methods=methods,
         n_windows=n_windows,
-        corpus=corpus,
+        corpus=corpus
+        if isinstance(corpus, torch.Tensor)
+        else load_corpus(corpus, text_column=text_column),
         passkey_lengths=passkey_lengths,
         depths=depths,
         n_trials=n_trials,

@@ -373,8 +373,9 @@ def frequency_usage(
 ) -> FrequencyUsage:
     """Mean per-plane norms of q and k over a corpus (streamed; memory independent of its size).
 
-    ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name ("english", "python", a path),
-    or a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Inside a
+    ``corpus`` is any form :func:`ropelens.run.data.load_corpus` reads (a name, a path, a list of
+    documents, a ``datasets`` dataset; ``text_column`` picks a table's text), or a ready
+    ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Inside a
     ``torch.distributed`` process group each rank takes a share of the windows and every rank
     returns the whole corpus's result; ``checkpoint`` (a directory) saves progress to resume a
     killed run (see :mod:`ropelens.run.distributed`).

@@ -421,11 +421,13 @@ def head_taxonomy(
     checkpoint: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 8,
     verify: bool = True,
+    text_column: str = "text",
 ) -> HeadTaxonomy:
     """Score every head on text windows and on seeded random tokens, and classify it.
 
     ``corpus``: a corpus, its name, or an integer ``[n_windows, n_ctx]`` token tensor (default
-    english). ``tau``: override the Otsu threshold. Score keys, all ``[layer, head, ...]``:
+    english; ``text_column``: the text of a table or dataset corpus). ``tau``: override the Otsu
+    threshold. Score keys, all ``[layer, head, ...]``:
     ``mass_{text,random}`` (offset), ``sink_{text,random}``, ``position_share_{text,random}`` and
     ``content_var_{text,random}`` (band), ``margin_share``, ``var_share``, ``cs_term``, ``cs_bound``
     (band, at the attended key), ``top_plane``, ``top_plane_tightness``. ``checkpoint`` (a
@@ -438,7 +440,7 @@ def head_taxonomy(
     if isinstance(corpus, Tensor):
         text = Windows(corpus.long(), "tokens", None)
     else:
-        c = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus or "english")
+        c = data.load_corpus(corpus, text_column=text_column)
         text = Windows(
             data.windows(c, model.tokenizer, n_ctx, n_windows=n_windows), c.name, c.sha256
         )

@@ -477,8 +477,7 @@ def _inputs(
     if isinstance(corpus, Tensor):
         text = corpus.long()
     else:
-        c = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus or "english")
-        text = data.windows(c, model.tokenizer, n_ctx, n_windows=n_windows)
+        text = data.windows(corpus, model.tokenizer, n_ctx, n_windows=n_windows)
     vocab = min(len(model.tokenizer), hf_model_of(model).get_input_embeddings().num_embeddings)
     rand = random_tokens(text.shape[0], text.shape[1], vocab, model.tokenizer.bos_token_id, seed)
     cases = []
@@ -858,6 +857,7 @@ def knockout(
     retrieval_threshold: float = 0.1,
     verify: bool = True,
     progress: bool = True,
+    text_column: str = "text",
 ) -> Knockout:
     """Dose-response of zeroing planes in head sets, against random-plane and random-head controls.
 
@@ -868,7 +868,8 @@ def knockout(
     (as many heads per layer) given the set's planes at each control dose (``control_doses``,
     default every nonzero dose) and, with ``whole_head``, at the whole-head knockout.
     ``probe_heads`` (default: the positional heads) are the heads whose attention the probe reads.
-    ``corpus``: a corpus, its name, or ready ``[n_windows, n_ctx]`` tokens. ``prompt_len``: tokens
+    ``corpus``: any form :func:`ropelens.run.data.load_corpus` reads (``text_column``: the text of
+    a table or dataset), or ready ``[n_windows, n_ctx]`` tokens. ``prompt_len``: tokens
     per retrieval prompt (default ``n_ctx``), one prompt per window, passkey depths spread over
     0.1–0.9. ``progress``: a bar over the conditions measured (tqdm, on stderr).
     """
@@ -877,6 +878,8 @@ def knockout(
         n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics
     )
     sets = _check_model_and_sets(model, sets)
+    if not isinstance(corpus, Tensor):
+        corpus = data.load_corpus(corpus, text_column=text_column)
     spec = rope_spec(model)
     verified = verification(model, spec, verify=verify)
     text, random_tokens, cases = _inputs(model, corpus, n_ctx, n_windows, metrics, seed, prompt_len)

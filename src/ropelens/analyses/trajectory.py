@@ -48,6 +48,7 @@ from ropelens.loading.models import load_model, weights_fingerprint
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
+from ropelens.run.data import load_corpus
 
 __all__ = [
     "ANALYSES",
@@ -400,13 +401,15 @@ def trajectory(
     seed: int = 0,
     progress: bool = False,
     verify: bool = True,
+    text_column: str = "text",
 ) -> Trajectory:
     """Measure ``analyses`` at each checkpoint and keep their summary numbers (see the module
     docstring).
 
     ``checkpoints``: checkpoint directories, or one hub id with ``revisions`` (needs the network).
     ``steps``: the training step of each checkpoint, where names do not state them. ``corpus``: the
-    text measured (default: the corpus a ropelens checkpoint was trained on, else english);
+    text measured, any form :func:`ropelens.run.data.load_corpus` reads (``text_column``: the text
+    of a table or dataset; default: the corpus a ropelens checkpoint was trained on, else english);
     ``n_tokens``: tokens per analysis and checkpoint, in windows of ``n_ctx`` (default: a ropelens
     checkpoint's training length, else 256). ``seed``: the heads analysis's random tokens.
     """
@@ -420,6 +423,7 @@ def trajectory(
         )
     cks = resolve_checkpoints(checkpoints, revisions=revisions, steps=steps)
     corpus = corpus if corpus is not None else (_setting(cks[0], "corpus") or "english")
+    corpus = load_corpus(corpus, text_column=text_column)  # read once, for every checkpoint
     n_ctx = int(n_ctx or _setting(cks[0], "seq_len") or 256)
     n_ctx = min(n_ctx, n_tokens)
     kw = {"n_ctx": n_ctx, "max_tokens": n_tokens, "progress": progress, "verify": verify}

@@ -14,6 +14,7 @@ from ropelens.analyses.extension_study import (
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
+    CorpusOptions,
     ModelOptions,
     OutputOptions,
     load_from_args,
@@ -94,8 +95,10 @@ def _length_options(group: argparse._ArgumentGroup) -> None:
         "--corpus",
         default="english",
         metavar="PATH|english|python",
-        help="text for the loss (default: english)",
+        help="text for the loss: a built-in corpus, a .txt/.md, .jsonl, .csv or .parquet file, a "
+        "folder or glob of them, or a datasets save_to_disk folder (default: english)",
     )
+    CorpusOptions.add_text_column(group)
 
 
 def _passkey_options(group: argparse._ArgumentGroup) -> None:
@@ -197,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         start=args.start,
         n_windows=args.windows,
         corpus=args.corpus,
+        text_column=args.text_column,
         n_trials=args.trials,
         seed=args.seed,
         p=args.p,

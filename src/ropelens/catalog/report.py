@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     output = OutputOptions.from_args(args)
     AnalysisOptions.from_args(args)  # bad bands, output or corpus fail before the model loads
     out = check_output_path(args.out, "--out", directory=True)  # created once the model has loaded
-    corpus, _ = resolve_corpus(args.corpus)
+    corpus, _ = resolve_corpus(args.corpus, args.text_column)
 
     load_experiments(args.experiments)
     check_figures(args.figures)  # export unavailable here: fail before the model loads

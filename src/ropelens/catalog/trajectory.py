@@ -6,7 +6,13 @@ import argparse
 
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.analyses.trajectory import ANALYSES, Trajectory, trajectory
-from ropelens.cli.common import Command, OutputOptions, positive_int, window_length
+from ropelens.cli.common import (
+    Command,
+    CorpusOptions,
+    OutputOptions,
+    positive_int,
+    window_length,
+)
 from ropelens.plots.trajectory import trajectory_figure
 from ropelens.report.trajectory import write_trajectory
 from ropelens.validate import check_output_path
@@ -65,9 +71,11 @@ def options(p: argparse.ArgumentParser) -> None:
         "--corpus",
         default=None,
         metavar="PATH|english|python",
-        help="text to measure on (default: the corpus a ropelens checkpoint was trained on, else "
-        "english)",
+        help="text to measure on: a built-in corpus, a .txt/.md, .jsonl, .csv or .parquet file, a "
+        "folder or glob of them, or a datasets save_to_disk folder (default: the corpus a "
+        "ropelens checkpoint was trained on, else english)",
     )
+    CorpusOptions.add_text_column(g)
     g.add_argument(
         "--device",
         default=None,
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         analyses=args.analyses,
         corpus=args.corpus,
+        text_column=args.text_column,
         n_tokens=args.tokens,
         n_ctx=args.ctx,
         device=args.device,

@@ -427,8 +427,16 @@ class CorpusOptions(OptionGroup):
     title: ClassVar[str] = "corpus"
     corpus: str = option(
         "english",
-        "text to run on: a built-in corpus or a .txt/.md file or directory (default: english)",
+        "text to run on: a built-in corpus, a .txt/.md file, a .jsonl/.csv/.parquet file (one "
+        "document per row), a folder or glob of them, or a datasets save_to_disk folder "
+        "(default: english)",
         metavar="PATH|english|python",
+    )
+    text_column: str = option(
+        "text",
+        "the column of a .jsonl/.csv/.parquet file or dataset that holds the text (default: "
+        "{default})",
+        metavar="NAME",
     )
     tokens: int | None = option(
         None,
@@ -458,6 +466,12 @@ class CorpusOptions(OptionGroup):
             _add_field(corpus_group, corpus, corpus.default)
         return group
 
+    @classmethod
+    def add_text_column(cls, group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+        """``--text-column`` alone, for a command that declares its own ``--corpus``."""
+        column = next(f for f in dataclasses.fields(cls) if f.name == "text_column")
+        _add_field(group, column, column.default)
+
     def check(self) -> None:
         """At least one window: ``--tokens`` ≥ ``--n-ctx``."""
         if self.tokens is not None and self.tokens < self.n_ctx:
@@ -469,7 +483,7 @@ class CorpusOptions(OptionGroup):
     def load(self):
         """The corpus, after :meth:`check` (both fail before any model loads)."""
         self.check()
-        return load_corpus(self.corpus)
+        return load_corpus(self.corpus, text_column=self.text_column)
 
 
 @dataclass

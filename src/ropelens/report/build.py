@@ -30,7 +30,7 @@ from ropelens.report.section import Section
 from ropelens.report.summary import summary_figure
 from ropelens.results.provenance import Provenance, git_commit, untested_versions, versions
 from ropelens.run import data
-from ropelens.run.data import analysis_windows
+from ropelens.run.data import StreamedCorpus, analysis_windows
 from ropelens.run.distributed import is_main, local
 from ropelens.run.verify import skip_verification, verification
 from ropelens.spec.bands import Bands
@@ -109,8 +109,12 @@ def _make_dir(path: Path) -> Path | None:
     return top
 
 
-def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
-    """A Corpus (or token tensor) and its description; fails before any model is loaded."""
+def resolve_corpus(corpus: Any, text_column: str = "text") -> tuple[Any, dict[str, Any]]:
+    """A Corpus (or token tensor) and its description; fails before any model is loaded.
+
+    ``corpus`` is any form :func:`ropelens.run.data.load_corpus` reads (``text_column``: the text
+    of a table or dataset); a streamed corpus's fingerprint is filled in once its windows are cut.
+    """
     import torch
 
     if isinstance(corpus, torch.Tensor):
@@ -119,7 +123,9 @@ def resolve_corpus(corpus: Any) -> tuple[Any, dict[str, Any]]:
             "sha256": None,
             "source": f"token tensor {tuple(corpus.shape)}",
         }
-    c = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus)
+    c = data.load_corpus(corpus, text_column=text_column)
+    if isinstance(c, data.StreamedCorpus):
+        return c, {"name": c.name, "sha256": None, "source": c.source}
     return c, {"name": c.name, "sha256": c.sha256, "source": c.source, "n_documents": c.n_documents}
 
 
@@ -200,6 +206,7 @@ def build_report(
     experiments: str | os.PathLike[str] | None = None,
     verify: bool = True,
     figures: str | None = None,
+    text_column: str = "text",
 ) -> Path:
     """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns
     OUT.
@@ -216,7 +223,8 @@ def build_report(
     the report says, in its first section, that it is unverified. ``figures``: also write every
     figure of the page as a file beside it, ``OUT/figures/NN-SECTION.FORMAT`` (``"svg"``,
     ``"pdf"`` or ``"png"``; :func:`ropelens.plots.export.write_figures`), the summary figure
-    first; None: none.
+    first; None: none. ``corpus``: any form :func:`ropelens.run.data.load_corpus` reads,
+    ``text_column`` the text of a table or dataset.
     """
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
@@ -226,7 +234,7 @@ def build_report(
     out_dir = check_output_dir(out)
     figures = check_figures(figures)
     exps = load_experiments(experiments)  # a bad folder fails before the model loads
-    corpus_obj, corpus_info = resolve_corpus(corpus)
+    corpus_obj, corpus_info = resolve_corpus(corpus, text_column)
     with _timed(steps, "load_model"):
         model, label = _load(model, device, dtype)
     spec = rope_spec(model)
@@ -310,7 +318,9 @@ def _collect_windows(
     """Tokenize the report's windows (their budget is in ``settings``) and stream them."""
     tokens, n_ctx, band_tokens = settings["tokens"], settings["n_ctx"], settings["band_tokens"]
     with _timed(steps, "tokenize"):
-        toks, _, _ = analysis_windows(model.tokenizer, corpus, n_ctx, tokens)
+        toks, _, sha = analysis_windows(model.tokenizer, corpus, n_ctx, tokens)
+        if isinstance(corpus, StreamedCorpus):  # its fingerprint covers what was read
+            corpus_info = {**corpus_info, "sha256": sha, "n_documents": len(corpus.read)}
         toks = toks[: max(1, tokens // int(toks.shape[1]))]  # a token tensor keeps the budget too
     band_windows = None if band_tokens is None else max(1, band_tokens // int(toks.shape[1]))
     data = collect(

@@ -8,13 +8,15 @@ on the Python version, so every ``Corpus`` carries a ``sha256`` fingerprint for 
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
+import json
 import numbers
 import os
 import platform
 import re
 import sysconfig
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,11 +26,24 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ropelens.errors import InputError
+from ropelens.run.tables import (
+    DEFAULT_TEXT_COLUMN,
+    TABLE_SUFFIXES,
+    check_text_column,
+    dataset_name,
+    dataset_texts,
+    is_dataset,
+    is_dataset_dict,
+    is_iterable_dataset,
+    read_table_file,
+    stream_texts,
+)
 
 __all__ = [
     "CORPORA",
     "DEFAULT_CORPUS",
     "Corpus",
+    "StreamedCorpus",
     "analysis_windows",
     "english",
     "load_corpus",
@@ -63,6 +78,16 @@ def _is_int(x: object) -> bool:
 
 def _is_number(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _fingerprint(documents: Iterable[str]) -> str:
+    h = hashlib.sha256()
+    for doc in documents:
+        # Length-prefixed, so ("ab",) and ("a", "b") differ: boundaries change the token stream.
+        b = doc.encode("utf-8")
+        h.update(f"{len(b)}\n".encode())
+        h.update(b)
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,13 +143,7 @@ class Corpus:
     def sha256(self) -> str:
         """Fingerprint of the documents and their boundaries: sha256 over ``len\\n utf-8`` of
         each."""
-        h = hashlib.sha256()
-        for doc in self.documents:
-            # Length-prefixed, so ("ab",) and ("a", "b") differ: boundaries change the token stream.
-            b = doc.encode("utf-8")
-            h.update(f"{len(b)}\n".encode())
-            h.update(b)
-        return h.hexdigest()
+        return _fingerprint(self.documents)
 
     def split(self, val_fraction: float = 0.1, seed: int = 0) -> tuple[Corpus, Corpus]:
         """Split into (train, val) by document, deterministically from ``seed`` on any machine."""
@@ -315,37 +334,249 @@ def text_files(paths: PathLike | Iterable[PathLike], *, name: str | None = None)
 
 
 # --------------------------------------------------------------------------------------------
-# resolving a corpus by name (CLI)
+# documents read on demand
+# --------------------------------------------------------------------------------------------
+class StreamedCorpus:
+    """Documents pulled from a stream (an HF ``IterableDataset``) only as far as a run needs them.
+
+    Windows are cut as from a :class:`Corpus` of the same documents; :attr:`read` holds the
+    documents the latest pass pulled and :attr:`sha256` fingerprints them (None before any pass).
+    """
+
+    def __init__(self, name: str, documents: Callable[[], Iterator[str]], source: str = "") -> None:
+        self.name = name
+        self.source = source
+        self._documents = documents
+        self.read: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"StreamedCorpus(name={self.name!r}, read={len(self.read)}, source={self.source!r})"
+
+    def iter_documents(self) -> Iterator[str]:
+        """A fresh pass over the stream; what it yields is recorded in :attr:`read`."""
+        self.read = ()
+        read: list[str] = []
+        for doc in self._documents():
+            read.append(doc)
+            self.read = tuple(read)
+            yield doc
+
+    @property
+    def sha256(self) -> str | None:
+        """Fingerprint of the documents the latest pass read (as :attr:`Corpus.sha256`)."""
+        return _fingerprint(self.read) if self.read else None
+
+
+# --------------------------------------------------------------------------------------------
+# resolving a corpus: names, paths, documents and datasets
 # --------------------------------------------------------------------------------------------
 CORPORA: dict[str, str] = {
     "english": "CPython language reference, English prose (~465 kB, ships with Python)",
     "python": f"Python standard library source (first {DEFAULT_CODE_BYTES:,} bytes)",
 }
 _BUILDERS = {"english": english, "python": python_code}
+_GLOB_CHARS = frozenset("*?[")
+_FORMS = (
+    "a built-in corpus ('english', 'python'), a path (.txt/.md, .jsonl, .csv, .parquet, a folder "
+    "of them or a datasets save_to_disk folder), a glob, a list of strings or a datasets.Dataset"
+)
 
 
-def load_corpus(spec: str | os.PathLike[str] | None = DEFAULT_CORPUS) -> Corpus:
-    """Resolve ``"english"`` (default), ``"python"``, or a path to a text file or directory."""
-    if spec is None:
-        spec = DEFAULT_CORPUS
-    key = os.fspath(spec)
-    builder = _BUILDERS.get(key.strip().lower())
-    if builder is not None:
-        return builder()
+def _table_corpus(files: Sequence[Path], text_column: str, name: str | None) -> Corpus:
+    """Documents of text files (one each) and table files (one per row), in the order given."""
+    docs: list[str] = []
+    skipped = 0
+    for f in files:
+        if f.suffix.lower() in TABLE_SUFFIXES:
+            texts = read_table_file(f, text_column)
+            docs.extend(texts.documents)
+            skipped += texts.skipped
+        else:
+            docs.append(_read_text_file(f))
+    if not docs:
+        shown = ", ".join(str(f) for f in files[:3])
+        raise InputError(
+            f"no text in column {text_column!r} of {shown}: every row is empty; choose the column "
+            "that holds the text with text_column= (--text-column)"
+        )
+    shown = ", ".join(str(f) for f in files[:5]) + (f", … ({len(files)} files)" * (len(files) > 5))
+    note = f", {skipped} empty rows skipped" * bool(skipped)
+    tables = any(f.suffix.lower() in TABLE_SUFFIXES for f in files)
+    column = f" (column {text_column!r}{note})" if tables else ""
+    if name is None:
+        name = files[0].name if len(files) == 1 else "text-files"
+    return Corpus(name=name, documents=tuple(docs), source=f"files: {shown}{column}")
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """The table files under ``folder`` (its .txt/.md files when it holds none), sorted."""
+    files = sorted(
+        (f for f in folder.rglob("*") if f.is_file()),
+        key=lambda f: f.relative_to(folder).as_posix(),
+    )
+    tables = [f for f in files if f.suffix.lower() in TABLE_SUFFIXES]
+    found = tables or [f for f in files if f.suffix.lower() in TEXT_SUFFIXES]
+    if not found:
+        raise InputError(
+            f"folder {folder} has no text (.txt/.md) or table ({', '.join(TABLE_SUFFIXES)}) files: "
+            "put documents there or pass the files themselves"
+        )
+    return found
+
+
+def _saved_dataset(folder: Path, text_column: str) -> Corpus:
+    """A folder ``datasets.Dataset.save_to_disk`` wrote (a DatasetDict's is refused, naming its
+    splits)."""
+    import datasets
+
+    if (folder / "dataset_dict.json").is_file():
+        splits = json.loads((folder / "dataset_dict.json").read_text()).get("splits", [])
+        raise InputError(
+            f"{folder} holds a DatasetDict with splits {', '.join(map(repr, splits))}: pass one "
+            f"split's folder, e.g. {folder / (splits[0] if splits else 'train')}"
+        )
+    return _dataset_corpus(datasets.load_from_disk(str(folder)), text_column, source=str(folder))
+
+
+def _dataset_corpus(ds: Any, text_column: str, source: str = "") -> Corpus:
+    texts = dataset_texts(ds, text_column)
+    where = source or f"datasets.Dataset of {ds.num_rows:,} rows"
+    if not texts.documents:
+        raise InputError(
+            f"no text in column {text_column!r} of {where}: every row is empty; choose the column "
+            "that holds the text with text_column= (--text-column)"
+        )
+    note = f", {texts.skipped} empty rows skipped" * bool(texts.skipped)
+    return Corpus(
+        name=dataset_name(ds),
+        documents=tuple(texts.documents),
+        source=f"{where} (column {text_column!r}{note})",
+    )
+
+
+def _streamed_corpus(ds: Any, text_column: str) -> StreamedCorpus:
+    stream_texts(ds, text_column)  # a missing column fails now, not at the first window
+    return StreamedCorpus(
+        dataset_name(ds),
+        lambda: stream_texts(ds, text_column),
+        f"streamed datasets.IterableDataset (column {text_column!r})",
+    )
+
+
+def _document_list(items: Sequence[Any], text_column: str) -> Corpus:
+    if not items:
+        raise InputError(
+            f"the corpus is an empty list: give at least one document, or pass {_FORMS}"
+        )
+    kinds = {type(x) for x in items}
+    if all(isinstance(x, os.PathLike) for x in items):  # files, each read by its suffix
+        files = [f for x in items for f in _path_files(Path(x).expanduser())]
+        return _table_corpus(list(dict.fromkeys(files)), text_column, None)
+    bad = next((i for i, x in enumerate(items) if not isinstance(x, str)), None)
+    if bad is not None:
+        raise InputError(
+            f"item {bad} of the corpus list is a {type(items[bad]).__name__}, not a str "
+            f"({', '.join(sorted(k.__name__ for k in kinds))} given): a list is read as documents, "
+            "one str each (Path objects: files)"
+        )
+    empty = next((i for i, x in enumerate(items) if not x.strip()), None)
+    if empty is not None:
+        raise InputError(f"document {empty} of the corpus list is empty: drop it or give it text")
+    return Corpus(
+        name="documents", documents=tuple(items), source=f"{len(items)} documents given in Python"
+    )
+
+
+def _path_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return _folder_files(path)
+    if path.is_file():
+        return [path]
+    raise FileNotFoundError(f"corpus file {path} does not exist: check the path")
+
+
+def _from_path(key: str, text_column: str) -> Corpus:
     path = Path(key).expanduser()
-    if path.exists():
-        return text_files(path)
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            return _saved_dataset(path, text_column)
+        return _table_corpus(_folder_files(path), text_column, None)
+    if path.is_file():
+        return _table_corpus([path], text_column, None)
+    if _GLOB_CHARS & set(key):
+        found = sorted(
+            (Path(f) for f in glob.glob(os.path.expanduser(key), recursive=True)),
+            key=lambda f: f.as_posix(),
+        )
+        found = [f for f in found if f.is_file() and f.suffix.lower() in _ALL_SUFFIXES]
+        if not found:
+            raise InputError(
+                f"corpus pattern {key!r} matches no text or table file: check the pattern "
+                f"(files ending {', '.join(_ALL_SUFFIXES)})"
+            )
+        return _table_corpus(found, text_column, key)
     choices = ", ".join(repr(c) for c in CORPORA)
-    looks_like_path = path.suffix.lower() in TEXT_SUFFIXES or os.sep in key or "/" in key
+    looks_like_path = path.suffix.lower() in _ALL_SUFFIXES or os.sep in key or "/" in key
     if looks_like_path or key.startswith((".", "~")):
         raise FileNotFoundError(
             f"corpus path {key!r} does not exist: check the path, or use a built-in corpus "
             f"({choices})"
         )
     raise InputError(
-        f"unknown corpus {key!r}: choose from {choices}, or pass a path to a .txt/.md file or a "
-        "directory"
+        f"unknown corpus {key!r}: choose from {choices}, or pass a path to a .txt/.md, .jsonl, "
+        ".csv or .parquet file, a folder of them, or a datasets save_to_disk folder"
     )
+
+
+_ALL_SUFFIXES = TEXT_SUFFIXES + TABLE_SUFFIXES
+
+
+def load_corpus(
+    spec: Any = DEFAULT_CORPUS, *, text_column: str = DEFAULT_TEXT_COLUMN
+) -> Corpus | StreamedCorpus:
+    """Resolve a corpus given in any form a researcher keeps one.
+
+    - ``"english"`` (default, also for None) or ``"python"``: the built-in corpora;
+    - a path: a .txt/.md file (one document), a JSONL/JSON, CSV/TSV or Parquet file (one document
+      per row, from ``text_column``), a folder ``datasets``' ``save_to_disk`` wrote, or a folder
+      of such files (its table files, else its .txt/.md files, recursively in sorted order); a
+      glob pattern (``"data/*.jsonl"``) reads its matches in sorted order;
+    - a list or tuple of strings, each a document (of ``Path`` objects: text files);
+    - a ``datasets.Dataset`` (or one split of a DatasetDict): its ``text_column``; an
+      ``IterableDataset`` is streamed (:class:`StreamedCorpus`): a run pulls only the documents
+      its windows need;
+    - a :class:`Corpus` or :class:`StreamedCorpus`, returned as it is.
+
+    Rows with an empty or null text are skipped; a list's documents must all have text. An
+    empty name or list is refused: it never stands for the default corpus.
+    """
+    if spec is None:
+        spec = DEFAULT_CORPUS
+    if isinstance(spec, (Corpus, StreamedCorpus)):
+        return spec
+    text_column = check_text_column(text_column)
+    if isinstance(spec, (list, tuple)):
+        return _document_list(spec, text_column)
+    if is_dataset_dict(spec):
+        raise InputError(
+            f"a whole DatasetDict was given (splits: {', '.join(map(repr, spec))}): pass one "
+            f'split, e.g. ds["{next(iter(spec), "train")}"]'
+        )
+    if is_dataset(spec):
+        return _dataset_corpus(spec, text_column)
+    if is_iterable_dataset(spec):
+        return _streamed_corpus(spec, text_column)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise InputError(f"a corpus cannot be a {type(spec).__name__}: pass {_FORMS}")
+    key = os.fspath(spec)
+    if not key.strip():
+        raise InputError(
+            f"the corpus name is empty: pass {_FORMS} (None or leaving it out means 'english')"
+        )
+    builder = _BUILDERS.get(key.strip().lower())
+    if builder is not None:
+        return builder()
+    return _from_path(key, text_column)
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,8 +603,20 @@ def _tokenizer_of(tokenizer_or_model: Any) -> Any:
     )
 
 
+def _batches(corpus: Corpus | StreamedCorpus) -> Iterator[list[str]]:
+    """Documents in tokenizer batches; a stream one document at a time, so it is read no further
+    than needed."""
+    if isinstance(corpus, StreamedCorpus):
+        for doc in corpus.iter_documents():
+            yield [doc]
+        return
+    docs = corpus.documents
+    for start in range(0, len(docs), _TOKENIZE_BATCH):
+        yield list(docs[start : start + _TOKENIZE_BATCH])
+
+
 def token_stream(
-    corpus: Corpus, tokenizer: Any, *, max_tokens: int | None = None
+    corpus: Corpus | StreamedCorpus, tokenizer: Any, *, max_tokens: int | None = None
 ) -> Int[Tensor, " n_tokens"]:
     """The corpus as one token sequence: documents without special tokens, joined by EOS if any.
 
@@ -383,17 +626,22 @@ def token_stream(
     tok = _tokenizer_of(tokenizer)
     sep = [tok.eos_token_id] if tok.eos_token_id is not None else []
     ids: list[int] = []
-    docs = corpus.documents
-    for start in range(0, len(docs), _TOKENIZE_BATCH):
-        batch = list(docs[start : start + _TOKENIZE_BATCH])
+    first = True
+    for batch in _batches(corpus):
         # verbose=False: documents are longer than model_max_length on purpose; windows cut them.
         encoded = tok(batch, add_special_tokens=False, return_attention_mask=False, verbose=False)
-        for j, doc_ids in enumerate(encoded["input_ids"]):
-            if start + j > 0:
+        for doc_ids in encoded["input_ids"]:
+            if not first:
                 ids.extend(sep)
+            first = False
             ids.extend(doc_ids)
         if max_tokens is not None and len(ids) >= max_tokens:
             break
+    if first:
+        raise InputError(
+            f"corpus {corpus.name!r} yielded no documents: the stream is empty or every row's text "
+            "is empty; pass a dataset with text"
+        )
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -405,7 +653,7 @@ def _check_count(name: str, value: int | None, minimum: int) -> None:
 
 
 def windows(
-    corpus: Corpus,
+    corpus: Corpus | StreamedCorpus,
     tokenizer: Any,
     n_ctx: int,
     *,
@@ -463,12 +711,17 @@ def windows(
 
 
 def analysis_windows(
-    tokenizer: Any, corpus: Any, n_ctx: int, max_tokens: int | None
+    tokenizer: Any,
+    corpus: Any,
+    n_ctx: int,
+    max_tokens: int | None,
+    text_column: str = DEFAULT_TEXT_COLUMN,
 ) -> tuple[Int[Tensor, "n_windows n_ctx"], str, str | None]:
     """What every corpus analysis runs on: token windows, the corpus name and its fingerprint.
 
-    ``corpus`` is a :class:`Corpus`, a corpus name or path (see :func:`load_corpus`; None is the
-    default corpus), or a ready integer ``[n_windows, n_ctx]`` token tensor, used whole.
+    ``corpus`` is any form :func:`load_corpus` reads (None is the default corpus; ``text_column``
+    picks a table's or dataset's text), or a ready integer ``[n_windows, n_ctx]`` token tensor,
+    used whole. A streamed corpus's fingerprint covers the documents the windows were cut from.
     """
     if isinstance(corpus, Tensor):
         if corpus.ndim != 2 or corpus.dtype not in (torch.int64, torch.int32):
@@ -477,5 +730,6 @@ def analysis_windows(
                 f"{tuple(corpus.shape)}"
             )
         return corpus.long(), "tokens", None
-    c = corpus if isinstance(corpus, Corpus) else load_corpus(corpus or DEFAULT_CORPUS)
-    return windows(c, tokenizer, n_ctx, max_tokens=max_tokens), c.name, c.sha256
+    c = load_corpus(corpus, text_column=text_column)
+    tokens = windows(c, tokenizer, n_ctx, max_tokens=max_tokens)  # a stream is read here
+    return tokens, c.name, c.sha256

@@ -46,6 +46,7 @@ class RunOptions:
     n_ctx: int = 512  # tokens per window; every window starts with BOS
     max_tokens: int | None = 32_768  # corpus tokens to read (None: all of it)
     layers: Sequence[int] | None = None  # layer indices (None: every rotary layer)
+    text_column: str = "text"  # the column of a table or dataset corpus that holds the text
     batch_size: int = 4  # windows per forward pass
     progress: bool = True  # a progress bar (rank 0 only under torchrun)
     checkpoint: str | os.PathLike[str] | None = (
@@ -127,10 +128,17 @@ class Windows:
     sha256: str | None = None
 
     @classmethod
-    def of(cls, tokenizer: Any, corpus: Any, n_ctx: int, max_tokens: int | None) -> Windows:
+    def of(
+        cls,
+        tokenizer: Any,
+        corpus: Any,
+        n_ctx: int,
+        max_tokens: int | None,
+        text_column: str = "text",
+    ) -> Windows:
         """The windows every corpus analysis runs on (see
         :func:`ropelens.run.data.analysis_windows`)."""
-        return cls(*analysis_windows(tokenizer, corpus, n_ctx, max_tokens))
+        return cls(*analysis_windows(tokenizer, corpus, n_ctx, max_tokens, text_column))
 
     @property
     def n_windows(self) -> int:
@@ -211,7 +219,7 @@ def measure(
     win = (
         windows
         if windows is not None
-        else Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens)
+        else Windows.of(model.tokenizer, corpus, run.n_ctx, run.max_tokens, run.text_column)
     )
     if spec.valid_up_to is not None:  # frequencies that change with the input's length, as applied
         spec = rope_spec(model, length=win.n_ctx)

@@ -461,10 +461,10 @@ def _small(monkeypatch):
     from ropelens.run import data
 
     small = data.Corpus("small", SMALL, "test")
-    monkeypatch.setattr(data, "load_corpus", lambda spec=None: small)
+    monkeypatch.setattr(data, "load_corpus", lambda spec=None, **_: small)
     monkeypatch.setattr(data, "english", lambda: small)
     # the command line resolves --corpus with the name it imported
-    monkeypatch.setattr(cli_common, "load_corpus", lambda spec=None: small)
+    monkeypatch.setattr(cli_common, "load_corpus", lambda spec=None, **_: small)
 
 
 def test_windows_past_the_corpus_are_noted(tiny_dir, monkeypatch, capsys):
