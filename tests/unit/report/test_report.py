@@ -224,6 +224,7 @@ def test_report_json_provenance(report):
     assert {"python", "torch", "ropelens", "plotly"} <= set(p["versions"])
     assert set(p["steps_seconds"]) == {
         "load_model",
+        "band_mixer",
         "tokenize",
         "stream",
         "render",
@@ -432,7 +433,10 @@ def test_cli_usage_and_decompose(tiny_dir, capsys):
             ["report", "{llama}", "--corpus", "{tmp}/missing.txt", "--out", "{tmp}/r"],
             "does not exist",
         ),
-        (["report", "{llama}", "--corpus", "{tmp}", "--out", "{tmp}/r"], "has no .txt/.md files"),
+        (
+            ["report", "{llama}", "--corpus", "{tmp}", "--out", "{tmp}/r"],
+            "has no text (.txt/.md) or table",
+        ),
         (
             ["report", "{llama}", "--tokens", "10", "--n-ctx", "64", "--out", "{tmp}/r"],
             "fewer than one window",

@@ -32,7 +32,7 @@ from ropelens.analyses.rotary_offsets import rotary_offsets
 from ropelens.analyses.trajectory import ANALYSES, STRUCTURES, Checkpoint, Trajectory
 from ropelens.errors import InputError
 from ropelens.results import result as result_base
-from ropelens.results.findings import Finding
+from ropelens.results.findings import Finding, fixed, percent
 from ropelens.results.result import Result, load_result, registered
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.variants import Linear
@@ -365,8 +365,9 @@ def _quoted(values, text: str) -> None:
     elif isinstance(values, list | tuple):
         for v in values:
             _quoted(v, text)
-    elif isinstance(values, float):
-        assert f"{values:.2f}" in text, (values, text)
+    elif isinstance(values, float):  # to 2 decimals, with no negative zero, or as a percentage
+        quoted = {f"{values:.2f}", fixed(values), percent(values)}
+        assert any(q in text for q in quoted), (values, text)
     elif isinstance(values, int) and not isinstance(values, bool):
         assert str(values) in text, (values, text)
 
