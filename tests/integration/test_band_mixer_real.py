@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,9 +12,8 @@ import torch
 from ropelens import Bands
 from ropelens.analyses import attention_decomposition, head_taxonomy
 from ropelens.run.data import load_corpus, windows
+from tests.browser import ARTIFACTS, chromium, open_offline
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 N_TOKENS = 256
 LAYER, HEAD = 16, 0
 
@@ -24,15 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh --browser)")
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="playwright (python package) is not installed"
-    )
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox"])
-        yield b
-        b.close()
+    yield from chromium()
 
 
 def previous_token_mass(pattern) -> float:
@@ -55,11 +45,7 @@ def test_previous_token_head_lives_in_band_q1(smollm2, browser, tmp_path):
     assert set(mixer.precision.values()) <= {"int16", "float16"}
     assert stored < size < 1.1 * stored  # the rest of the page is a small share of it
 
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(path.as_uri(), wait_until="load")
+    page, errors, external = open_offline(browser, path, 1400, 1000)
     page.wait_for_function("() => window.ropelensExplorer !== undefined", timeout=60_000)
     page.evaluate(
         f"() => {{ ropelensExplorer.setLayer({LAYER}); ropelensExplorer.setHead({HEAD}) }}"
@@ -109,5 +95,5 @@ def test_previous_token_head_lives_in_band_q1(smollm2, browser, tmp_path):
     assert alone > 0.5 * model  # Q1 alone keeps most of the head's previous-token attention
     assert without < uniform  # without Q1 the previous token gets less than a uniform pattern's
     assert agreement["Q1 (highest)"] == max(agreement.values())
-    assert errors == []
+    assert errors == [] and external == []
     page.close()

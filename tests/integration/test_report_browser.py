@@ -12,53 +12,20 @@ from pathlib import Path
 import pytest
 
 from ropelens.report import build_report
-
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from tests.browser import ARTIFACTS, chromium, open_offline
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh --browser)")
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="playwright (python package) is not installed"
-    )
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 def _render(browser, index: Path, shot: str) -> tuple[list[str], list[str], int, int]:
     """Console errors, external requests, figures and drawn figures of a page opened offline; a
     screenshot."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    errors: list[str] = []
-    external: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-
-    def only_local(route):
-        if route.request.url.startswith(("file:", "data:", "blob:", "about:")):
-            route.continue_()
-        else:
-            external.append(route.request.url)
-            route.abort()
-
-    page.route("**/*", only_local)
-    page.goto(index.as_uri(), wait_until="load")
+    page, errors, external = open_offline(browser, index, 1280, 900)
     page.wait_for_function(
         "() => [...document.querySelectorAll('.plotly-graph-div')].every(d => "
         "d.querySelector('svg.main-svg'))",
@@ -191,11 +158,7 @@ def test_report_mixer_redraws_its_positional_heads(quick_report, browser):
     named = re.search(r"watch the positional heads \(([^)]*)\)", html)
     assert named, "the quick report found no positional head to show in the mixer"
     heads = [tuple(int(x) for x in re.findall(r"\d+", h)) for h in named.group(1).split(", ")]
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto((quick_report / "index.html").as_uri(), wait_until="load")
+    page, errors, external = open_offline(browser, quick_report / "index.html", 1400, 900)
     frame = page.frame_locator("#band-mixer iframe")
     frame.locator("body").wait_for()
     mixer = next(f for f in page.frames if f != page.main_frame)
@@ -224,5 +187,5 @@ def test_report_mixer_redraws_its_positional_heads(quick_report, browser):
     page.locator("#band-mixer").scroll_into_view_if_needed()
     page.wait_for_timeout(500)
     page.screenshot(path=str(ARTIFACTS / "report-band-mixer.png"))
-    assert errors == []
+    assert errors == [] and external == []
     page.close()

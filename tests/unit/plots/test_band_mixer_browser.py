@@ -10,18 +10,8 @@ import torch
 
 from ropelens import Bands
 from ropelens.analyses import attention_decomposition
+from tests.browser import ARTIFACTS, chromium, open_offline
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SEQ = 40  # five times the tiny families' sliding windows of 8
 TOLERANCE = 1e-3  # the page stores q and k in 16 bits only where its probabilities stay this close
 
@@ -30,21 +20,13 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh --browser)")
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="playwright (python package) is not installed"
-    )
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 def open_page(browser, path: Path):
     """The saved page opened from disk, every request that is not local refused and recorded;
     returns (page, console errors, external requests)."""
-    page, errors, external = open_page_plain(browser, path)
+    page, errors, external = open_offline(browser, path)
     page.wait_for_function("() => window.ropelensExplorer !== undefined", timeout=30_000)
     return page, errors, external
 
@@ -162,7 +144,7 @@ def test_the_notebook_iframe_runs_the_page(family_model, browser, tmp_path):
         + "</body></html>",
         encoding="utf-8",
     )
-    page, errors, external = open_page_plain(browser, notebook)
+    page, errors, external = open_offline(browser, notebook)
     frame = page.frames[1]
     frame.wait_for_function("() => window.ropelensExplorer !== undefined", timeout=30_000)
     frame.evaluate("() => ropelensExplorer.setBands(['Q2'])")
@@ -170,24 +152,3 @@ def test_the_notebook_iframe_runs_the_page(family_model, browser, tmp_path):
     assert torch.allclose(got, dec.band_pattern(0, ["Q2"])[0, 0].double(), atol=TOLERANCE)
     assert errors == [] and external == []
     page.close()
-
-
-def open_page_plain(browser, path: Path):
-    """A page opened from disk with console errors and outside requests recorded (no waiting on
-    the mixer's own script, which may sit in a frame)."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1100})
-    errors: list[str] = []
-    external: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-
-    def only_local(route):
-        if route.request.url.startswith(("file:", "data:", "blob:", "about:")):
-            route.continue_()
-        else:
-            external.append(route.request.url)
-            route.abort()
-
-    page.route("**/*", only_local)
-    page.goto(path.as_uri(), wait_until="load")
-    return page, errors, external
