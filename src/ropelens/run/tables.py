@@ -101,14 +101,12 @@ def _jsonl_rows(path: Path, column: str) -> Iterator[Any]:
                     f"line {number} of {path} is not JSON ({e.msg}): a JSONL file holds one JSON "
                     "object per line"
                 ) from e
-            if not isinstance(row, Mapping):
-                raise InputError(
-                    f"line {number} of {path} is a JSON {type(row).__name__}, not an object: write "
-                    f'one object per line, e.g. {{"{column}": "..."}}'
-                )
-            if column not in row:
-                raise _missing(column, list(row), f"line {number} of {path}")
-            yield row[column]
+            yield _cell(
+                row,
+                column,
+                f"line {number} of {path}",
+                f'write one object per line, e.g. {{"{column}": "..."}}',
+            )
 
 
 def _json_rows(path: Path, column: str) -> Iterator[Any]:
@@ -123,14 +121,21 @@ def _json_rows(path: Path, column: str) -> Iterator[Any]:
     except json.JSONDecodeError as e:
         raise InputError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from e
     for i, row in enumerate(rows):
-        if not isinstance(row, Mapping):
-            raise InputError(
-                f"item {i} of {path} is a JSON {type(row).__name__}, not an object: write a list "
-                f'of objects, e.g. [{{"{column}": "..."}}]'
-            )
-        if column not in row:
-            raise _missing(column, list(row), f"item {i} of {path}")
-        yield row[column]
+        yield _cell(
+            row,
+            column,
+            f"item {i} of {path}",
+            f'write a list of objects, e.g. [{{"{column}": "..."}}]',
+        )
+
+
+def _cell(row: Any, column: str, where: str, fix: str) -> Any:
+    """The ``column`` of one JSON row, which must be an object holding it."""
+    if not isinstance(row, Mapping):
+        raise InputError(f"{where} is a JSON {type(row).__name__}, not an object: {fix}")
+    if column not in row:
+        raise _missing(column, list(row), where)
+    return row[column]
 
 
 def _csv_rows(path: Path, column: str) -> Iterator[Any]:

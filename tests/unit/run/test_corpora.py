@@ -245,6 +245,15 @@ def test_bad_lists_rows_and_columns(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": \n')
     with pytest.raises(InputError, match="line 2 of .*bad.jsonl is not JSON"):
         data.load_corpus(tmp_path / "bad.jsonl")
+    (tmp_path / "list.jsonl").write_text('{"text": "fine"}\n["not", "an", "object"]\n')
+    with pytest.raises(InputError, match="line 2 of .*list.jsonl is a JSON list, not an object"):
+        data.load_corpus(tmp_path / "list.jsonl")
+    (tmp_path / "array.json").write_text('[{"text": "fine"}, "loose"]')
+    with pytest.raises(InputError, match="item 1 of .*array.json is a JSON str, not an object"):
+        data.load_corpus(tmp_path / "array.json")
+    (tmp_path / "other.json").write_text('[{"text": "fine"}, {"body": "elsewhere"}]')
+    with pytest.raises(InputError, match="item 1 of .*other.json"):
+        data.load_corpus(tmp_path / "other.json")
     (tmp_path / "num.jsonl").write_text('{"text": "fine", "n": 4}\n')
     with pytest.raises(InputError, match="row 0 of .* holds a int in column 'n'"):
         data.load_corpus(tmp_path / "num.jsonl", text_column="n")
