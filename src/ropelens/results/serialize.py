@@ -58,9 +58,14 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[A
 
 
 def _created_mode() -> int:
-    """The permissions a file created by ``open()`` gets under the process's umask."""
-    umask = os.umask(0)
-    os.umask(umask)
+    """The permissions a file created by ``open()`` gets under the process's umask (read from
+    ``/proc`` where it is there: setting the umask to read it races with other threads' writes)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0)
+        os.umask(umask)
     return 0o666 & ~umask
 
 
