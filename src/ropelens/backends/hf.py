@@ -46,7 +46,7 @@ from ropelens.spec.forward_taps import (
     table_rotation,
 )
 from ropelens.spec.plan import active_plan
-from ropelens.spec.reading import is_token_mixer, rope_spec
+from ropelens.spec.reading import is_token_mixer, unmodified_spec
 
 __all__ = [
     "BridgeOnlyError",
@@ -268,7 +268,7 @@ def planned_forward(model: Any, hf: torch.nn.Module) -> contextlib.AbstractConte
     if not plan:
         return contextlib.nullcontext()
 
-    return rotation_plan(hf, rope_spec(model), plan, attns=attention_modules(hf))
+    return rotation_plan(hf, unmodified_spec(model), plan, attns=attention_modules(hf))
 
 
 def is_plain(model: Any) -> bool:

@@ -35,7 +35,7 @@ from ropelens.spec.plan import (
     model_tables,
     variant_tables,
 )
-from ropelens.spec.reading import hf_model_of, rope_spec
+from ropelens.spec.reading import hf_model_of, unmodified_spec
 from ropelens.spec.rope import RopeSpec
 
 __all__ = [
@@ -96,7 +96,7 @@ def _bridge_engine(model) -> Iterator[None]:
     if count is not None:
         object.__setattr__(model, _ENGINE_HOOKS, (count[0] + 1, count[1]))
     else:
-        spec = rope_spec(model)
+        spec = unmodified_spec(model)
         attns = [
             getattr(getattr(b, "attn", None), "original_component", None) for b in model.blocks
         ]
@@ -177,7 +177,7 @@ def engine_ready(model) -> str | None:
     )
     cached = getattr(model, _READY, None)
     if cached is None or cached[0] != key:
-        cached = (key, _probe(model, rope_spec(model)))
+        cached = (key, _probe(model, unmodified_spec(model)))
         object.__setattr__(model, _READY, cached)
     return cached[1]
 
@@ -225,5 +225,5 @@ def on_sdpa(model) -> Iterator[torch.nn.Module]:
         )
 
     hf = hf_view(model)
-    with _tapped(hf, rope_spec(model), active_plan(model)), sdpa_attention(hf):
+    with _tapped(hf, unmodified_spec(model), active_plan(model)), sdpa_attention(hf):
         yield hf

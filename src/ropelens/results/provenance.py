@@ -135,6 +135,12 @@ class Provenance:
     )
     seconds: float | None = None
 
+    @property
+    def interventions(self) -> list[dict[str, Any]]:
+        """The RoPE variants, plane ablations and replacements the model ran under (recorded with
+        its verification; empty where none)."""
+        return list((self.config.get("verification") or {}).get("interventions", []))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -23,8 +23,8 @@ from ropelens.backends import backend_of
 from ropelens.backends.bridge_interventions import add_lens_hook
 from ropelens.backends.sdpa import on_sdpa, planned, sdpa_ready
 from ropelens.backends.sdpa_capture import intervened
-from ropelens.spec.plan import AblationStep, VariantStep
-from ropelens.spec.reading import rope_spec
+from ropelens.spec.plan import AblationStep, VariantStep, layer_with_variant
+from ropelens.spec.reading import unmodified_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.variants import RopeVariant
 from ropelens.validate import check_indices
@@ -64,17 +64,7 @@ def spec_with_variant(
     length)."""
     _check_variant(variant)
     chosen = set(spec.layer_indices(layers, layer_kind))
-    new = []
-    for lr in spec.layers:
-        if lr.layer in chosen:
-            lr = dataclasses.replace(
-                lr,
-                inv_freq=variant.inv_freq(lr),
-                attention_scaling=variant.attention_scaling(lr),
-                rope_type=variant.rope_type,
-                rope_parameters=variant.to_dict(),
-            )
-        new.append(lr)
+    new = [layer_with_variant(lr, variant) if lr.layer in chosen else lr for lr in spec.layers]
     return dataclasses.replace(spec, layers=tuple(new))
 
 
@@ -92,7 +82,7 @@ def _install_variant(
     """Install the variant where the model's backend applies it; returns the resulting spec, the
     removers of any hooks, the layers and whether the engine applies it (no hooks then)."""
     _check_variant(variant)
-    spec = rope_spec(model)  # NotRotaryError for models without RoPE
+    spec = unmodified_spec(model)  # NotRotaryError for models without RoPE
     chosen = spec.layer_indices(layers, layer_kind)
     new_spec = spec_with_variant(
         spec, variant, chosen
@@ -152,7 +142,7 @@ def with_rope_variant(
     """A deep copy of ``model`` that always runs ``variant`` (for long runs); ``model`` is
     untouched."""
     _check_variant(variant)
-    chosen = rope_spec(model).layer_indices(layers, layer_kind)  # fail before copying
+    chosen = unmodified_spec(model).layer_indices(layers, layer_kind)  # fail before copying
     out = copy.deepcopy(model)
     _, handles, _, engine = _install_variant(out, variant, chosen, None)
     intervened(
@@ -200,7 +190,7 @@ def ablate_planes(
     query heads sharing it are ablated; zeroing the query planes alone already removes the planes'
     term from those heads' logits, and leaves the other heads exactly as they were.
     """
-    spec = rope_spec(model)
+    spec = unmodified_spec(model)
     chosen = spec.layer_indices(layers, layer_kind)
     plane_list = check_indices(planes, "plane")
 

@@ -45,6 +45,7 @@ made after the first probe (the HF view is built once); call :func:`verify_model
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import math
 import time
@@ -64,6 +65,7 @@ from ropelens.devices import device_of
 from ropelens.errors import UnsupportedModelError
 from ropelens.run.capture import capture_qk
 from ropelens.spec.observed import measure_rotation
+from ropelens.spec.plan import describe_intervention
 from ropelens.spec.reading import hf_model_of, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 
@@ -104,6 +106,9 @@ class Verification:
     paths: tuple[str, ...] = ()
     unchecked: tuple[str, ...] = ()
     seconds: float = 0.0
+    # the interventions in force on the model read (:attr:`RopeSpec.interventions`): what was
+    # verified is the model as it runs under them
+    interventions: tuple[dict[str, Any], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -114,18 +119,26 @@ class Verification:
         run)."""
         d = asdict(self)
         del d["seconds"]
+        if not self.interventions:  # written only under an intervention
+            del d["interventions"]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @property
+    def under(self) -> str:
+        """The interventions verified under, in words ("" where none)."""
+        return "; ".join(describe_intervention(i) for i in self.interventions)
 
     def describe(self) -> str:
         """One sentence: what was checked and the largest errors, or that nothing was."""
+        under = f" under {self.under}" if self.interventions else ""
         if not self.passed:
             return (
-                "unverified: ropelens's reading of this model was not checked against the "
+                f"unverified{under}: ropelens's reading of this model was not checked against the "
                 "model's own attention (verify=False / --no-verify)"
             )
         errs = ", ".join(f"{k} {v:.1e}" for k, v in self.errors.items())
         text = (
-            f"verified on a {self.n_tokens}-token probe in {len(self.layers)} rotary layers "
+            f"verified{under} on a {self.n_tokens}-token probe in {len(self.layers)} rotary layers "
             f"against {self.reference} ({' and '.join(self.paths)}); largest errors: {errs}"
         )
         return text + (f"; not checked: {'; '.join(self.unchecked)}" if self.unchecked else "")
@@ -154,8 +167,9 @@ def verification(
     ``length``: probe at that many tokens instead of the default (a spec read at the analysed length
     by ``rope_spec(model, length=n)``, whose frequencies hold for inputs of that length)."""
     if not verify or getattr(model, _SKIP, 0):
-        return UNVERIFIED
+        return dataclasses.replace(UNVERIFIED, interventions=spec.interventions)
     return verify_model(model, spec, length=length)
+
 
 
 def rotation_error(lr: LayerRope, q_post: Tensor) -> float:

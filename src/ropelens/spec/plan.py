@@ -10,13 +10,16 @@ model lays out its own (:func:`model_tables`, :func:`variant_tables`).
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ropelens.errors import UnsupportedModelError
-from ropelens.spec.rope import LayerRope
+from ropelens.spec.rope import LayerRope, RopeSpec, layer_ranges
 from ropelens.spec.variants import RopeVariant
 
 __all__ = [
@@ -26,8 +29,12 @@ __all__ = [
     "VariantStep",
     "active_plan",
     "angles",
+    "describe_intervention",
+    "describe_step",
     "group_key",
+    "layer_with_variant",
     "model_tables",
+    "spec_as_run",
     "variant_tables",
 ]
 
@@ -73,6 +80,127 @@ Step = VariantStep | AblationStep | ReplaceStep
 def active_plan(model) -> tuple[Step, ...]:
     """The variants, ablations and replacements in force on ``model``, outermost first."""
     return getattr(model, PLAN_ATTR, ())
+
+
+# --------------------------------------------------------------------------------------------
+# the spec a model has under its plan
+# --------------------------------------------------------------------------------------------
+def layer_with_variant(
+    layer: LayerRope, variant: RopeVariant, length: int | None = None
+) -> LayerRope:
+    """``layer`` as it rotates under ``variant``: the variant's frequencies (at ``length`` tokens
+    where they depend on the input's length, as dynamic NTK's do; else at the original context),
+    cos/sin multiplier, HF rope type and parameters. Planes the variant stops have θ = 0
+    (:attr:`LayerRope.stopped_planes`)."""
+    takes_length = "seq_len" in inspect.signature(variant.inv_freq).parameters
+    inv_freq = (
+        variant.inv_freq(layer, length)
+        if takes_length and length is not None
+        else variant.inv_freq(layer)
+    )
+    return dataclasses.replace(
+        layer,
+        inv_freq=inv_freq,
+        attention_scaling=variant.attention_scaling(layer),
+        rope_type=variant.rope_type,
+        rope_parameters=variant.to_dict(),
+    )
+
+
+def _ablated_by_head(layer: LayerRope, mask: Tensor | None) -> tuple[tuple[int, ...], ...]:
+    """Per query head, the planes whose two dims ``mask`` (``[head, d_head]``) zeroes."""
+    if mask is None or not layer.n_planes:
+        return ()
+    dims = layer.plane_dims.to(mask.device)
+    both = mask[:, dims[:, 0]] & mask[:, dims[:, 1]]  # [head, plane]
+    return tuple(tuple(int(p) for p in torch.nonzero(row).flatten()) for row in both)
+
+
+def _merge_ablated(
+    a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]
+) -> tuple[tuple[int, ...], ...]:
+    if not a or not b:
+        return a or b
+    return tuple(tuple(sorted(set(x) | set(y))) for x, y in zip(a, b, strict=True))
+
+
+def describe_step(step: Step, spec: RopeSpec) -> dict[str, Any]:
+    """A JSON-ready record of one intervention (:attr:`RopeSpec.interventions`)."""
+    if isinstance(step, VariantStep):
+        return {
+            "intervention": "rope variant",
+            "variant": step.variant.to_dict(),
+            "name": step.variant.name,
+            "layers": sorted(step.layers),
+        }
+    if isinstance(step, ReplaceStep):
+        return {
+            "intervention": "replacement",
+            "what": "entries of q and k entering the rotation set to fixed values",
+            "layers": sorted(step.values),
+        }
+    groups = []
+    for layer_index, (q_mask, _) in sorted(step.masks.items()):
+        by_head = _ablated_by_head(spec[layer_index], q_mask)
+        heads_of: dict[tuple[int, ...], list[int]] = {}
+        for head, planes in enumerate(by_head):
+            if planes:
+                heads_of.setdefault(planes, []).append(head)
+        groups += [
+            {"layer": layer_index, "heads": heads, "planes": list(planes)}
+            for planes, heads in heads_of.items()
+        ]
+    return {"intervention": "plane ablation", "zeroed": groups}
+
+
+def describe_intervention(record: dict[str, Any]) -> str:
+    """One intervention record (:attr:`RopeSpec.interventions`, :func:`describe_step`) in words."""
+    kind = record.get("intervention")
+    if kind == "rope variant":
+        return f"{record['name']} in layers {layer_ranges(record['layers'])}"
+    if kind == "plane ablation":
+        parts = [
+            f"layer {z['layer']} heads {layer_ranges(z['heads'])} planes "
+            f"{layer_ranges(z['planes'])}"
+            for z in record["zeroed"]
+        ]
+        return "planes zeroed (" + "; ".join(parts) + ")" if parts else "no planes zeroed"
+    layers = record.get("layers") or []
+    return f"{kind} in layers {layer_ranges(layers)}" if layers else f"{kind} in no layer"
+
+
+def spec_as_run(spec: RopeSpec, plan: tuple[Step, ...], length: int | None = None) -> RopeSpec:
+    """``spec`` (the model as built) as the model runs under ``plan``: each variant's frequencies in
+    its layers (the innermost variant wins, as the engine applies them, each computed from the
+    layer as built), the planes each ablation zeroes per query head, and every step recorded in
+    :attr:`RopeSpec.interventions`."""
+    if not plan:
+        return spec
+    layers = {lr.layer: lr for lr in spec.layers}
+    variant_of: dict[int, RopeVariant] = {}
+    ablated: dict[int, tuple[tuple[int, ...], ...]] = {}
+    for step in plan:
+        if isinstance(step, VariantStep):
+            variant_of.update(dict.fromkeys(step.layers, step.variant))
+        elif isinstance(step, AblationStep):
+            for i, (q_mask, _) in step.masks.items():
+                ablated[i] = _merge_ablated(ablated.get(i, ()), _ablated_by_head(spec[i], q_mask))
+    for i, variant in variant_of.items():
+        layers[i] = layer_with_variant(spec[i], variant, length)
+    for i, by_head in ablated.items():
+        layers[i] = dataclasses.replace(layers[i], ablated=by_head)
+    dynamic = [
+        v.original_max_position
+        for v in variant_of.values()
+        if "seq_len" in inspect.signature(v.inv_freq).parameters
+    ]
+    return dataclasses.replace(
+        spec,
+        layers=tuple(layers[i] for i in range(spec.n_layers)),
+        interventions=tuple(describe_step(step, spec) for step in plan),
+        valid_up_to=spec.valid_up_to if length is not None or not dynamic else min(dynamic),
+        length=length if dynamic and length is not None else spec.length,
+    )
 
 
 # --------------------------------------------------------------------------------------------

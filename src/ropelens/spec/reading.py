@@ -39,12 +39,12 @@ from ropelens.spec.forward_taps import (
     rotation_functions,
 )
 from ropelens.spec.observed import measure_query_factors, observe_rotations
-from ropelens.spec.plan import active_plan
+from ropelens.spec.plan import active_plan, spec_as_run
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.surface import bridge_refusal, declared_adjacent_pairs
 from ropelens.validate import check_positive_int
 
-__all__ = ["hf_model_of", "is_mla", "model_label", "rope_spec"]
+__all__ = ["hf_model_of", "is_mla", "model_label", "rope_spec", "unmodified_spec"]
 
 
 def model_label(model) -> str:
@@ -741,7 +741,15 @@ def _checked_by_its_rotation(reading: _ModelReading, layer: LayerRope) -> LayerR
 
 
 def rope_spec(model, *, length: int | None = None) -> RopeSpec:
-    """Read what each attention layer of the running model rotates (on ``length`` tokens).
+    """Read what each attention layer of the running model rotates (on ``length`` tokens), under
+    the interventions in force on it.
+
+    Inside :func:`ropelens.run.intervene.apply_rope_variant`, on a copy from
+    :func:`ropelens.run.intervene.with_rope_variant` and inside
+    :func:`ropelens.run.intervene.ablate_planes`, the spec describes the model *as it runs*: the
+    variant's frequencies (θ = 0 for the planes it stops, :attr:`LayerRope.stopped_planes`), the
+    planes an ablation zeroes per query head (:attr:`LayerRope.ablated`), and every intervention
+    in :attr:`RopeSpec.interventions`. :func:`unmodified_spec` is the model as built.
 
     Read from the HF modules the bridge wraps (their ``inv_freq`` buffers, attention ``scaling``,
     config ``layer_types`` and ``rope_parameters``), never from ``cfg.rotary_base``.
@@ -758,6 +766,14 @@ def rope_spec(model, *, length: int | None = None) -> RopeSpec:
 
         spec = rope_spec(model, length=8192)  # the frequencies an 8192-token input is rotated by
     """
+    if length is not None:
+        length = check_positive_int(length, "length", " (the input's length in tokens)")
+    return spec_as_run(unmodified_spec(model, length=length), active_plan(model), length)
+
+
+def unmodified_spec(model, *, length: int | None = None) -> RopeSpec:
+    """What each attention layer of ``model`` rotates as built, whatever intervention is in force
+    (the reading the interventions themselves start from); :func:`rope_spec` otherwise."""
     if length is not None:
         length = check_positive_int(length, "length", " (the input's length in tokens)")
     reading = _start_reading(model)

@@ -252,6 +252,9 @@ class LayerRope:
     temperature: tuple[float, int] | None = (
         None  # (β, L₀): rotated queries × 1 + β·ln(1 + ⌊m/L₀⌋) (see above)
     )
+    # planes zeroed in the rotated queries by a plane ablation in force (``ablate_planes``):
+    # ``ablated[h]`` lists query head h's, whose logit terms are then 0; () where none is
+    ablated: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.direction not in (1, -1):
@@ -505,9 +508,21 @@ class LayerRope:
             else rot_in
         )
 
+    @property
+    def stopped_planes(self) -> Int[Tensor, " n"]:
+        """Planes that do not rotate at all (θ = 0: the planes a p-RoPE or NoPE variant stops)."""
+        return torch.nonzero(self.inv_freq == 0).flatten()
+
+    @property
+    def ablated_planes(self) -> list[int]:
+        """Planes zeroed in at least one query head by a plane ablation in force, ascending."""
+        return sorted({p for planes in self.ablated for p in planes})
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["inv_freq"] = self.inv_freq.tolist()
+        if not self.ablated:  # written only under an ablation, so other specs read as before
+            del d["ablated"]
         return d
 
     @classmethod
@@ -517,6 +532,7 @@ class LayerRope:
         if d.get("sinks") is not None:
             d["sinks"] = tuple(d["sinks"])
         d["axes"] = tuple(d.get("axes", ()))
+        d["ablated"] = tuple(tuple(int(p) for p in head) for head in d.get("ablated", ()))
         if d.get("temperature") is not None:
             d["temperature"] = (float(d["temperature"][0]), int(d["temperature"][1]))
         return cls(**d)
@@ -550,6 +566,10 @@ class RopeSpec:
     # the input length the frequencies were read at (rope_spec(model, length=n)), where they depend
     # on it
     length: int | None = None
+    # the interventions in force when the spec was read, outermost first, as JSON-ready records
+    # (``{"intervention": "rope variant" | "plane ablation" | "replacement", ...}``): the layers
+    # then describe the model as it runs under them (a variant's frequencies, ablated planes)
+    interventions: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -831,6 +851,7 @@ class RopeSpec:
             "architecture": self.architecture,
             "n_ctx": self.n_ctx,
             **{key: value for key, value in lengths.items() if value is not None},
+            **({"interventions": list(self.interventions)} if self.interventions else {}),
             "layers": [lr.to_dict() for lr in self.layers],
         }
 
@@ -846,6 +867,7 @@ class RopeSpec:
             layers=tuple(LayerRope.from_dict(x) for x in d["layers"]),
             valid_up_to=d.get("valid_up_to"),
             length=d.get("length"),
+            interventions=tuple(d.get("interventions", ())),
         )
 
     def _repr_html_(self) -> str:
