@@ -45,6 +45,7 @@ from ropelens.results.result import Result
 from ropelens.run.evaluate import LossEstimate, bootstrap_ci, window_losses
 from ropelens.run.intervene import apply_rope_variant, is_identity
 from ropelens.run.measure import RunOptions, Windows, corpus_analysis
+from ropelens.spec.plan import describe_intervention
 from ropelens.spec.rope import RopeSpec
 from ropelens.spec.variants import PlaneMask
 from ropelens.validate import check_number
@@ -299,6 +300,13 @@ def nope_below_band(
     many planes per layer drawn at random (seeded) unrotated; paired bootstrap CIs of the
     differences."""
     spec, layers = bands.spec, list(bands.layers)
+    variants = [i for i in spec.interventions if i.get("intervention") == "rope variant"]
+    if variants:
+        raise UnsupportedModelError(
+            f"{spec.model_name} runs under {describe_intervention(variants[-1])}: the NoPE test "
+            "unrotates planes with PlaneMask variants, which would replace it in those layers; "
+            "measure it with intervene=False, or on the model without the variant"
+        )
     if not is_identity(spec, PlaneMask(()), layers, int(tokens.shape[1])):
         raise UnsupportedModelError(
             f"{spec.model_name}: its RoPE is not plain default RoPE in layers {layers}, and "

@@ -42,6 +42,9 @@ __all__ = [
 ]
 
 
+_HELD = "_ropelens_variant_contexts"  # where a copy from with_rope_variant keeps its contexts
+
+
 # --------------------------------------------------------------------------------------------
 # running a model under a variant
 # --------------------------------------------------------------------------------------------
@@ -145,10 +148,13 @@ def with_rope_variant(
     chosen = unmodified_spec(model).layer_indices(layers, layer_kind)  # fail before copying
     out = copy.deepcopy(model)
     _, handles, _, engine = _install_variant(out, variant, chosen, None)
-    intervened(
-        out
-    ).__enter__()  # for good: the copy always runs the variant (bridge hooks, sdpa plan)
-    planned(out, VariantStep(variant, tuple(chosen), len(handles), engine)).__enter__()
+    # for good: the copy always runs the variant (bridge hooks, sdpa plan). The contexts stay
+    # entered as long as the copy holds them: a context manager dropped after __enter__ would be
+    # closed by the garbage collector, taking the plan with it.
+    held = contextlib.ExitStack()
+    held.enter_context(intervened(out))
+    held.enter_context(planned(out, VariantStep(variant, tuple(chosen), len(handles), engine)))
+    object.__setattr__(out, _HELD, held)
     out.ropelens_rope_variant = {"variant": variant.to_dict(), "layers": chosen}
     return out
 

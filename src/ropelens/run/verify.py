@@ -171,7 +171,6 @@ def verification(
     return verify_model(model, spec, length=length)
 
 
-
 def rotation_error(lr: LayerRope, q_post: Tensor) -> float:
     """Relative max error of post-RoPE queries ``[pos, head, d]`` whose pre-RoPE query is the same
     at every position against ``lr``'s rotation of position 0 (which already carries the attention
@@ -219,7 +218,9 @@ def verify_model(
         object.__setattr__(model, _CACHE, cache)  # not a submodule attribute: nothing registered
     if not force and key in cache:
         return cache[key]
-    result = _Probe(model, spec, length).run()
+    result = dataclasses.replace(
+        _Probe(model, spec, length).run(), interventions=spec.interventions
+    )
     cache[key] = result
     return result
 
