@@ -12,6 +12,7 @@ import pydoc_data.topics
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from ropelens import rope_spec
 from ropelens.run.intervene import apply_rope_variant
@@ -85,3 +86,35 @@ def test_gemma3_global_layers_only_equals_hf(gemma3):
         both = bridge_logits(gemma3, toks)
     assert (both - got).abs().max() > 1e-2  # scaling the local layers too is a different model
     assert torch.equal(bridge_logits(gemma3, toks), before)
+
+
+def test_smollm2_analysed_under_p_rope_is_hf_proportional(smollm2):
+    """Under p-RoPE 0.75 the decomposition is HF's ``proportional`` attention, in every layer, and
+    the frequency-usage result's spec shows the quarter of planes that stopped rotating."""
+    from ropelens.analyses import attention_decomposition, frequency_usage
+
+    toks = tokens(smollm2, 128)
+    base = smollm2.original_model.config.rope_parameters
+    cfg = copy.deepcopy(smollm2.original_model.config)
+    cfg.rope_parameters = {**base, "rope_type": "proportional", "partial_rotary_factor": 0.75}
+    ref = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    weights = {  # the bridge's weights under HF's own names
+        k.replace("._original_component", ""): v
+        for k, v in smollm2.original_model.state_dict().items()
+    }
+    assert set(ref.state_dict()) <= set(weights)
+    ref.load_state_dict({k: v for k, v in weights.items() if k in ref.state_dict()})
+    with torch.no_grad():
+        probs = ref(input_ids=toks, output_attentions=True).attentions
+    with apply_rope_variant(smollm2, PRoPE(0.75)):
+        dec = attention_decomposition(smollm2, toks)
+        usage = frequency_usage(smollm2, toks)
+    assert dec.provenance.config["verification"]["status"] == "passed"
+    worst = max(float((dec.pattern(L).float() - probs[L].float()).abs().max()) for L in dec.layers)
+    print(f"largest difference from HF's proportional attention: {worst:.2e}")
+    assert worst < 1e-4, worst
+    assert len(dec.layers) == 30
+    for L in usage.layers:
+        lr = usage.spec[L]
+        assert lr.stopped_planes.tolist() == list(range(24, 32))  # the slowest quarter of 32
+    assert usage.provenance.interventions[0]["name"] == "PRoPE(p=0.75)"
