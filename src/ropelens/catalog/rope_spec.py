@@ -18,6 +18,7 @@ from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, number, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
+from ropelens.spec.plan import describe_intervention
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec, layer_ranges
 from ropelens.testing.families import FAMILIES
@@ -177,6 +178,16 @@ _OPTIONAL_ROWS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
         ),
     ),
     (
+        "stopped_planes",
+        "planes stopped",
+        lambda r: f"{_span(tuple(r['stopped_planes']))} (θ = 0)" if r["stopped_planes"] else "-",
+    ),
+    (
+        "ablated_planes",
+        "planes zeroed",
+        lambda r: _span(tuple(r["ablated_planes"])) if r["ablated_planes"] else "-",
+    ),
+    (
         "valid_up_to",
         "frequencies hold",
         lambda r: (
@@ -198,8 +209,10 @@ def inspect_table(spec: RopeSpec) -> str:
     extra = [(label, fmt) for key, label, fmt in _OPTIONAL_ROWS if rows and key in rows[0]]
     body = [[label] + [fmt(r) for r in rows] for label, fmt in (*_TABLE_ROWS, *extra)]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    under = "; ".join(describe_intervention(i) for i in spec.interventions)
     lines = [
-        f"{spec.model_name}  ({spec.architecture}, {spec.n_layers} layers, n_ctx {spec.n_ctx})",
+        f"{spec.model_name}  ({spec.architecture}, {spec.n_layers} layers, n_ctx {spec.n_ctx})"
+        + (f"\nunder {under}" if under else ""),
         "",
         "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(),
     ]

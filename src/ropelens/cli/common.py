@@ -30,12 +30,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ropelens.cli.variant_syntax import parse_variant
 from ropelens.errors import InputError, UsageError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 from ropelens.loading.models import DTYPES as MODEL_DTYPES
 from ropelens.run.data import load_corpus
 from ropelens.run.distributed import is_main
+from ropelens.run.intervene import with_rope_variant
 from ropelens.spec.bands import Bands
+from ropelens.spec.plan import describe_intervention
+from ropelens.spec.reading import model_label, rope_spec
 from ropelens.validate import check_output_path
 
 DTYPES = {
@@ -385,6 +389,19 @@ class ModelOptions(OptionGroup):
         "accumulate in float32 or float64 either way)",
         choices=sorted(DTYPES),
     )
+    variant: str | None = option(
+        None,
+        "run the model under a RoPE variant (e.g. prope:0.75, nope, linear:4, yarn:4:8192): "
+        "every number, spec and result then describes the model as it runs under it, and says "
+        "so; `ropelens variant-frequencies --help` lists the forms",
+        metavar="SPEC",
+    )
+    variant_layers: list[int] | None = option(
+        None,
+        "the layers --variant applies to (default: every rotary layer), e.g. 0,5,11",
+        type=layer_list,
+        metavar="LAYERS",
+    )
 
     @classmethod
     def add_to(
@@ -405,13 +422,25 @@ class ModelOptions(OptionGroup):
 
         # transformers draws a "Loading weights" bar on every load; ropelens' own bar (first
         # conversion, which takes a while) is the only one worth showing on the terminal.
+        if self.variant_layers is not None and self.variant is None:
+            raise InputError("--variant-layers needs --variant: name the variant to apply")
+        variant = parse_variant(self.variant) if self.variant is not None else None
         was_enabled = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
         try:
-            return load_model(self.model, device=self.device, dtype=DTYPES[self.dtype])
+            model = load_model(self.model, device=self.device, dtype=DTYPES[self.dtype])
         finally:
             if was_enabled:
                 hf_logging.enable_progress_bar()
+        if variant is None:
+            return model
+        try:
+            model = with_rope_variant(model, variant, self.variant_layers, in_place=True)
+        except InputError as err:
+            raise InputError(in_flag_terms(str(err), {"layers": "--variant-layers"})) from None
+        under = "; ".join(describe_intervention(i) for i in rope_spec(model).interventions)
+        note(f"{model_label(model)} runs under {under}")
+        return model
 
 
 def load_from_args(args: argparse.Namespace):

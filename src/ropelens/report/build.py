@@ -34,6 +34,7 @@ from ropelens.run.data import StreamedCorpus, analysis_windows
 from ropelens.run.distributed import is_main, local
 from ropelens.run.verify import skip_verification, verification
 from ropelens.spec.bands import Bands
+from ropelens.spec.plan import describe_intervention
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.validate import check_positive_int
 
@@ -537,8 +538,11 @@ def _subtitle(data: ReportData, created: str) -> str:
     bw = len(data.band_windows)
     band = "" if bw == data.n_windows else f" · band statistics on {bw} of them"
     commit = git_commit()
+    under = "; ".join(describe_intervention(i) for i in data.spec.interventions)
     return (
-        f"<b>{H.esc(data.label)}</b> · corpus <b>{H.esc(c.get('name'))}</b>{sha} · "
+        f"<b>{H.esc(data.label)}</b>"
+        + (f" under <b>{H.esc(under)}</b>" if under else "")
+        + f" · corpus <b>{H.esc(c.get('name'))}</b>{sha} · "
         f"{data.usage.provenance.n_tokens:,} tokens in {data.n_windows} windows of "
         f"{data.n_ctx}{band} · {H.esc(created)} · ropelens "
         f"{H.esc(versions().get('ropelens', '?'))}"

@@ -23,7 +23,8 @@ from ropelens.backends import backend_of
 from ropelens.backends.bridge_interventions import add_lens_hook
 from ropelens.backends.sdpa import on_sdpa, planned, sdpa_ready
 from ropelens.backends.sdpa_capture import intervened
-from ropelens.spec.plan import AblationStep, VariantStep, layer_with_variant
+from ropelens.errors import InputError
+from ropelens.spec.plan import AblationStep, VariantStep, active_plan, layer_with_variant
 from ropelens.spec.reading import unmodified_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.variants import RopeVariant
@@ -140,13 +141,25 @@ def is_identity(spec: RopeSpec, variant: RopeVariant, layers: Sequence[int], n_c
 
 
 def with_rope_variant(
-    model, variant: RopeVariant, layers: Sequence[int] | None = None, layer_kind: str | None = None
+    model,
+    variant: RopeVariant,
+    layers: Sequence[int] | None = None,
+    layer_kind: str | None = None,
+    *,
+    in_place: bool = False,
 ):
     """A deep copy of ``model`` that always runs ``variant`` (for long runs); ``model`` is
-    untouched."""
+    untouched. ``in_place``: install the variant on ``model`` itself, for good, and return it
+    (what the command line's ``--variant`` does: no second copy of the weights)."""
     _check_variant(variant)
     chosen = unmodified_spec(model).layer_indices(layers, layer_kind)  # fail before copying
-    out = copy.deepcopy(model)
+    if in_place and active_plan(model):
+        raise InputError(
+            "with_rope_variant(in_place=True): the model already runs under an intervention "
+            f"({', '.join(type(s).__name__ for s in active_plan(model))}); install one variant "
+            "on a model as loaded"
+        )
+    out = model if in_place else copy.deepcopy(model)
     _, handles, _, engine = _install_variant(out, variant, chosen, None)
     # for good: the copy always runs the variant (bridge hooks, sdpa plan). The contexts stay
     # entered as long as the copy holds them: a context manager dropped after __enter__ would be

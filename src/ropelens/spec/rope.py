@@ -782,10 +782,24 @@ class RopeSpec:
                 )
         return pd.DataFrame(rows)
 
+    def _summary_groups(self) -> list[tuple[str, list[int]]]:
+        """The layers of each kind; under an intervention, split where it changed some of them."""
+        if not self.interventions:
+            return list(self.kinds.items())
+        groups = []
+        for kind, idx in self.kinds.items():
+            by: dict[tuple, list[int]] = {}
+            for i in idx:
+                lr = self.layers[i]
+                key = (lr.rope_type, tuple(lr.inv_freq.tolist()), lr.attention_scaling, lr.ablated)
+                by.setdefault(key, []).append(i)
+            groups += [(kind, sub) for sub in by.values()]
+        return groups
+
     def summary(self) -> pd.DataFrame:
         """One row per layer kind: base, rotary dim, pairing, wavelengths, planes beyond n_ctx."""
         rows = []
-        for kind, idx in self.kinds.items():
+        for kind, idx in self._summary_groups():
             lr = self.layers[idx[0]]
             wl = lr.wavelength
             finite = wl[torch.isfinite(wl)]
@@ -820,6 +834,10 @@ class RopeSpec:
                     "planes_beyond_ctx": int((wl > self.n_ctx).sum()),
                 }
             )
+            if self.interventions:  # what the interventions in force changed
+                rows[-1].update(
+                    stopped_planes=lr.stopped_planes.tolist(), ablated_planes=lr.ablated_planes
+                )
             if self.valid_up_to is not None:  # frequencies that change with the input's length
                 rows[-1].update(read_at_length=self.length, valid_up_to=self.valid_up_to)
             if any(
