@@ -44,6 +44,7 @@ from ropelens.analyses.extension_study import ExtensionStudy, extension_study
 from ropelens.analyses.frequency_entropy import FrequencyEntropy, frequency_entropy
 from ropelens.analyses.frequency_usage import FrequencyUsage, frequency_usage
 from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy
+from ropelens.analyses.intervention_effect import InterventionEffect, intervention_effect
 from ropelens.analyses.knockout import Knockout, knockout
 from ropelens.analyses.massive_values import MassiveValues, massive_values
 from ropelens.analyses.mrope_decomposition import MRopeDecomposition, mrope_decomposition
@@ -69,6 +70,7 @@ __all__ = [
     "FrequencyEntropy",
     "FrequencyUsage",
     "HeadTaxonomy",
+    "InterventionEffect",
     "Knockout",
     "LongRopeSearch",
     "MRopeDecomposition",
@@ -91,6 +93,7 @@ __all__ = [
     "frequency_entropy",
     "frequency_usage",
     "head_taxonomy",
+    "intervention_effect",
     "knockout",
     "learned_pe",
     "load_result",

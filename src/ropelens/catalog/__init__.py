@@ -33,6 +33,7 @@ from ropelens.catalog import (
     frequency_entropy,
     frequency_usage,
     head_taxonomy,
+    intervention_effect,
     knockout,
     massive_values,
     mrope_decomposition,
@@ -68,6 +69,7 @@ register_analysis(positional_symbolic.ANALYSIS)
 register_analysis(frequency_entropy.ANALYSIS)
 register_analysis(band_location.ANALYSIS)
 register_analysis(variant_frequencies.ANALYSIS)
+register_analysis(intervention_effect.ANALYSIS)
 register_analysis(prope_sweep.ANALYSIS)
 register_analysis(pe_geometry.ANALYSIS)
 register_analysis(extension_planes.ANALYSIS)

@@ -139,6 +139,8 @@ class Provenance:
     def interventions(self) -> list[dict[str, Any]]:
         """The RoPE variants, plane ablations and replacements the model ran under (recorded with
         its verification; empty where none)."""
+        if "interventions" in self.config:  # an analysis that ran with and without them
+            return list(self.config["interventions"])
         return list((self.config.get("verification") or {}).get("interventions", []))
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,267 @@
+"""What an intervention changes: frequency usage, band logit shares and head kinds, with and
+without it, measured on the same windows in one call.
+
+``intervention_effect(model, PRoPE(0.75))`` runs :func:`frequency_usage`, :func:`band_statistics`
+and :func:`head_taxonomy` on the model as it is and again under the intervention (a RoPE variant,
+applied with :func:`ropelens.run.intervene.apply_rope_variant`, or any callable that takes the model
+and returns a context, e.g. ``lambda m: ablate_planes(m, [0, 1], heads=[3])``), on the same
+windows. The heads under the intervention are classified with the unmodified model's threshold, so
+a head changes kind only where its attention changed. :meth:`InterventionEffect.figure` draws the
+three differences in one figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ropelens.analyses.band_statistics import BandStatistics, band_statistics
+from ropelens.analyses.frequency_usage import FrequencyUsage, frequency_usage
+from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy
+from ropelens.errors import InputError
+from ropelens.results.figures import figure_of
+from ropelens.results.findings import Finding, fixed, signed
+from ropelens.results.provenance import Provenance
+from ropelens.results.result import Result
+from ropelens.run import data
+from ropelens.run.intervene import apply_rope_variant
+from ropelens.spec.bands import Bands
+from ropelens.spec.plan import describe_intervention
+from ropelens.spec.reading import rope_spec
+from ropelens.spec.variants import RopeVariant
+
+__all__ = ["CONDITIONS", "InterventionEffect", "intervention_effect"]
+
+CONDITIONS = ("without", "with")  # index 0 and 1 of every stacked field
+
+
+@dataclass(frozen=True)
+class InterventionEffect(Result):
+    """Frequency usage, band |logit| shares and head kinds without (index 0) and with (index 1) an
+    intervention, on the same windows.
+
+    ``energy``: share of the queries' squared norm per band, heads averaged, ``[condition, layer,
+    band]``; ``logit_share``: each band's share of the summed |band logit|, heads averaged, same
+    shape; ``head_kinds``: per condition, layer and head, ``positional``, ``sink`` or ``content``
+    (:meth:`HeadTaxonomy.kinds`, both with the unmodified model's threshold). ``interventions``:
+    what ran (:attr:`RopeSpec.interventions`).
+    """
+
+    interventions: list[dict[str, Any]]
+    layers: list[int]
+    band_names: list[str]
+    energy: Float[Tensor, "condition layer band"]
+    logit_share: Float[Tensor, "condition layer band"]
+    head_kinds: list[list[list[str]]]
+    tau: float
+    provenance: Provenance
+
+    @property
+    def under(self) -> str:
+        """The intervention, in words."""
+        return "; ".join(describe_intervention(i) for i in self.interventions)
+
+    def change(self, what: str = "energy") -> Float[Tensor, "layer band"]:
+        """With minus without, ``[layer, band]``, of ``energy`` or ``logit_share``."""
+        if what not in ("energy", "logit_share"):
+            raise InputError(f"change of 'energy' or 'logit_share', got {what!r}")
+        x = getattr(self, what)
+        return x[1] - x[0]
+
+    def head_changes(self) -> pd.DataFrame:
+        """One row per head whose kind differs under the intervention (layer, head, kinds)."""
+        rows = [
+            {"layer": L, "head": h, "without": a, "with": b}
+            for L, before, after in zip(
+                self.layers, self.head_kinds[0], self.head_kinds[1], strict=True
+            )
+            for h, (a, b) in enumerate(zip(before, after, strict=True))
+            if a != b
+        ]
+        return pd.DataFrame(rows, columns=["layer", "head", "without", "with"])
+
+    def head_counts(self) -> pd.DataFrame:
+        """Heads of each kind per layer and condition (long form)."""
+        rows = []
+        for c, condition in enumerate(CONDITIONS):
+            for L, kinds in zip(self.layers, self.head_kinds[c], strict=True):
+                for kind in ("positional", "sink", "content"):
+                    rows.append(
+                        {
+                            "condition": condition,
+                            "layer": L,
+                            "kind": kind,
+                            "heads": sum(k == kind for k in kinds),
+                        }
+                    )
+        return pd.DataFrame(rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (layer, band): energy and |logit| share without, with and the change."""
+        rows = []
+        for i, L in enumerate(self.layers):
+            for b, band in enumerate(self.band_names):
+                row: dict[str, Any] = {"layer": L, "band": band}
+                for what in ("energy", "logit_share"):
+                    x = getattr(self, what)
+                    row[f"{what}_without"] = float(x[0, i, b])
+                    row[f"{what}_with"] = float(x[1, i, b])
+                    row[f"{what}_change"] = float(x[1, i, b] - x[0, i, b])
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    def findings(self) -> list[Finding]:
+        """The largest change of band energy and of band |logit| share, and the heads that changed
+        kind."""
+        out = []
+        for what, noun in (("energy", "query energy"), ("logit_share", "|logit| share")):
+            d = self.change(what)
+            if not d.numel() or not torch.isfinite(d).any():
+                continue
+            flat = torch.nan_to_num(d.abs(), nan=-1.0).flatten()
+            i = int(flat.argmax())
+            L, b = self.layers[i // d.shape[1]], self.band_names[i % d.shape[1]]
+            value = float(d.flatten()[i])
+            before = getattr(self, what)[0]
+            out.append(
+                Finding(
+                    f"largest_{what}_change",
+                    "intervention-effect",
+                    f"Under {self.under}, the largest change of {noun} is in layer {L}, band "
+                    f"{b}: {signed(value, 3)} (from {fixed(before.flatten()[i], 3)}).",
+                    {"layer": L, "band": b, "change": value},
+                )
+            )
+        changed = self.head_changes()
+        n = sum(len(k) for k in self.head_kinds[0])
+        out.append(
+            Finding(
+                "heads_changed",
+                "intervention-effect",
+                f"Under {self.under}, {len(changed)} of {n} heads change kind"
+                + (
+                    ": "
+                    + ", ".join(
+                        f"L{r.layer}.H{r.head} {r.without} → {r['with']}"
+                        for _, r in changed.head(6).iterrows()
+                    )
+                    + ("…" if len(changed) > 6 else "")
+                    if len(changed)
+                    else ""
+                )
+                + ".",
+                {"changed": len(changed), "heads": n},
+            )
+        )
+        return out
+
+    def figure(self) -> Any:
+        """The changes in one figure (:func:`ropelens.plots.intervention_effect.effect_figure`)."""
+        return figure_of(InterventionEffect)(self)
+
+
+def _context(model, intervention: Any) -> Callable[[], contextlib.AbstractContextManager]:
+    if isinstance(intervention, RopeVariant):
+        return lambda: apply_rope_variant(model, intervention)
+    if callable(intervention):
+        return lambda: intervention(model)
+    raise InputError(
+        "intervention must be a RoPE variant (e.g. ropelens.spec.variants.PRoPE(0.75)) or a "
+        "callable that takes the model and returns a context (e.g. lambda m: "
+        f"ablate_planes(m, [0, 1])), got {type(intervention).__name__}"
+    )
+
+
+def _measure(model, windows: Tensor, bands: Bands, layers, kw: dict[str, Any], tau=None):
+    usage: FrequencyUsage = frequency_usage(model, windows, layers=layers, **kw)
+    stats: BandStatistics = band_statistics(model, windows, layers=layers, bands=bands, **kw)
+    heads: HeadTaxonomy = head_taxonomy(
+        model, windows, n_ctx=windows.shape[1], n_windows=windows.shape[0], bands=bands,
+        layers=layers, tau=tau, **kw,
+    )  # fmt: skip
+    return usage, stats, heads
+
+
+def _heads_mean(x: Tensor) -> Tensor:
+    return x.nanmean(1) if x.is_floating_point() else x.float().mean(1)
+
+
+def intervention_effect(
+    model,
+    intervention: RopeVariant | Callable[[Any], contextlib.AbstractContextManager],
+    corpus: Any = "english",
+    *,
+    n_ctx: int = 256,
+    max_tokens: int = 2_048,
+    layers: Sequence[int] | None = None,
+    bands: Bands | str | None = None,
+    verify: bool = True,
+    progress: bool = False,
+    text_column: str = "text",
+) -> InterventionEffect:
+    """Frequency usage, band |logit| shares and head kinds of ``model`` without and with
+    ``intervention``, on the same ``max_tokens`` tokens of ``corpus`` in windows of ``n_ctx``.
+
+    ``intervention``: a RoPE variant, or a callable taking the model and returning a context (an
+    ablation, a replacement). ``bands``: a :class:`Bands` or its spec (default: quartiles).
+    Both runs are verified against the model as it runs (``verify=False``: unverified, and said).
+
+    Example::
+
+        effect = intervention_effect(model, PRoPE(0.75))
+        effect.figure()
+    """
+    enter = _context(model, intervention)
+    bands = Bands.parse(bands) if isinstance(bands, str) else (bands or Bands.quantiles(4))
+    windows, corpus_name, corpus_sha = data.analysis_windows(
+        model, corpus, n_ctx, max_tokens, text_column
+    )
+    kw = {"verify": verify, "progress": progress}
+    runs = [_measure(model, windows, bands, layers, kw)]
+    with enter():
+        interventions = list(rope_spec(model).interventions)
+        if not interventions:
+            raise InputError(
+                "the intervention put nothing in force on the model: pass a RoPE variant, or a "
+                "callable returning apply_rope_variant(...), ablate_planes(...) or another "
+                "ropelens intervention on this model"
+            )
+        runs.append(_measure(model, windows, bands, layers, kw, tau=runs[0][2].tau))
+    usage0, stats0, heads0 = runs[0]
+    names, _ = usage0.band_share(bands, "q", "no_sink")
+    energy = torch.stack([_heads_mean(u.band_share(bands, "q", "no_sink")[1]) for u, _, _ in runs])
+    shares = torch.stack([_heads_mean(s.abs_share()) for _, s, _ in runs])
+    prov = usage0.provenance
+    return InterventionEffect(
+        interventions=interventions,
+        layers=list(usage0.layers),
+        band_names=list(names),
+        energy=energy.double(),
+        logit_share=shares.double(),
+        head_kinds=[runs[0][2].kinds(), runs[1][2].kinds()],
+        tau=float(heads0.tau),
+        provenance=Provenance(
+            model=prov.model,
+            corpus=corpus_name,
+            corpus_sha256=corpus_sha,
+            n_tokens=int(windows.numel()),
+            n_windows=int(windows.shape[0]),
+            n_ctx=int(windows.shape[1]),
+            config={
+                "bands": bands.describe(),
+                "layers": list(usage0.layers),
+                "interventions": interventions,
+                "verification": {
+                    "without": stats0.provenance.config.get("verification"),
+                    "with": runs[1][1].provenance.config.get("verification"),
+                },
+            },
+        ),
+    )
