@@ -25,7 +25,7 @@ from ropelens.validate import check_output_path
 
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens intervention-effect [MODEL] --variant SPEC | --ablate-planes P,...``."""
-    ModelOptions.add_to(p, omit=("variant", "variant_layers"))  # the intervention is compared
+    ModelOptions.add_to(p, taken=("variant", "variant_layers"))  # the intervention is compared
     CorpusOptions.add_to(p, tokens=2_048, n_ctx=256)
     what = p.add_argument_group("the intervention (one of)")
     what.add_argument("--variant", default=None, metavar="SPEC", help=variant_help())

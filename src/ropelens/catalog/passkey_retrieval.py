@@ -24,7 +24,7 @@ from ropelens.validate import check_number
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens passkey-retrieval [MODEL]``: passkey retrieval accuracy by length and depth,
     optionally under a variant."""
-    ModelOptions.add_to(p, omit=("variant", "variant_layers"))  # its own --variant below
+    ModelOptions.add_to(p, taken=("variant", "variant_layers"))  # its own --variant below
     p.add_argument(
         "--lengths",
         default="1024",

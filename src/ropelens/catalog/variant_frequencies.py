@@ -19,7 +19,7 @@ from ropelens.spec.reading import rope_spec
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens variant-frequencies [MODEL] --variant SPEC``: each plane's frequency before and
     after."""
-    ModelOptions.add_to(p, omit=("variant", "variant_layers"))  # its own --variant below
+    ModelOptions.add_to(p, taken=("variant", "variant_layers"))  # its own --variant below
     p.add_argument(
         "--variant",
         action="append",

@@ -335,21 +335,35 @@ class OptionGroup:
 
     @classmethod
     def add_to(
-        cls, parser: argparse.ArgumentParser, *, omit: Sequence[str] = (), **defaults: Any
+        cls,
+        parser: argparse.ArgumentParser,
+        *,
+        omit: Sequence[str] = (),
+        taken: Sequence[str] = (),
+        **defaults: Any,
     ) -> argparse._ArgumentGroup:
-        """Declare every field not in ``omit`` as a flag, under this group's heading; ``defaults``
-        override."""
+        """Declare every field not in ``omit`` or ``taken`` as a flag, under this group's heading;
+        ``defaults`` override. ``taken``: fields whose flag the command declares itself with
+        another meaning (passkey-retrieval's own ``--variant``), never read back as this group's."""
         group = parser.add_argument_group(cls.title)
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name not in omit:
+            if f.name not in omit and f.name not in taken:
                 _add_field(group, f, defaults.get(f.name, f.default))
+        if taken:
+            parser.set_defaults(**{_taken(cls): tuple(taken)})
         return group
 
     @classmethod
     def from_args(cls, args: argparse.Namespace):
         """The group as parsed; a field the command does not declare keeps its default."""
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        taken = getattr(args, _taken(cls), ())
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in taken]  # type: ignore[arg-type]
         return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+
+def _taken(group: type) -> str:
+    """Where a parser keeps the fields of ``group`` whose flags the command took for itself."""
+    return f"_taken_{group.__name__}"
 
 
 def _add_field(
