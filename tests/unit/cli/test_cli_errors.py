@@ -393,6 +393,7 @@ def _refusing() -> dict[str, list[str]]:
     extra = {
         "compare": ["a", "b"],
         "variant-frequencies": ["--variant", "nope"],
+        "intervention-effect": ["--variant", "nope"],
         "extension-planes": ["--to", "8192"],
         "extension-study": ["--to", "16384"],
         "trajectory": ["step-000100"],
@@ -413,6 +414,7 @@ def test_the_refusing_commands_are_these():
         "explore",
         "extension-planes",
         "extension-study",
+        "intervention-effect",
         "knockout",
         "passkey-retrieval",
         "pe-geometry",
