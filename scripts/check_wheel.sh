@@ -91,9 +91,24 @@ grep -q "the tested stack (tested_versions.txt)" version.txt ||
 
 quiet "building a tiny model directory" "$vpy" -c \
     "from ropelens.testing import tiny_model_dir; tiny_model_dir('llama', 'tiny-llama')"
-"$venv/bin/ropelens" rope-spec tiny-llama --device cpu --quiet >spec.txt 2>&1 ||
-    { cat spec.txt >&2; fail "ropelens rope-spec on a tiny model directory"; }
-step "ropelens rope-spec tiny-llama: $(grep -c . spec.txt) lines"
+"$venv/bin/ropelens" rope-spec tiny-llama --device cpu --quiet --json >spec.json 2>spec.err ||
+    { cat spec.err >&2; fail "ropelens rope-spec on a tiny model directory"; }
+# the frequencies it reads must be the config's: inv_freq_i = theta^(-2i/d)
+"$vpy" - <<'EOF' || fail "ropelens rope-spec does not read the tiny model's config (above)"
+import json
+
+spec = json.load(open("spec.json"))
+config = json.load(open("tiny-llama/config.json"))
+theta = config["rope_parameters"]["rope_theta"]
+d = config["head_dim"]
+want = [theta ** (-2 * i / d) for i in range(d // 2)]
+assert spec["n_layers"] == config["num_hidden_layers"] == len(spec["layers"]), spec["n_layers"]
+for layer in spec["layers"]:
+    got = layer["inv_freq"]
+    assert len(got) == len(want), got
+    assert all(abs(g - w) <= 1e-6 * w for g, w in zip(got, want)), (got, want)
+print(f"check_wheel: rope-spec reads base {theta:g}, {d // 2} planes on {len(spec['layers'])} layers")
+EOF
 
 "$vpy" - <<'EOF'
 import json
@@ -120,7 +135,7 @@ import math
 def numbers(x, path=""):
     if isinstance(x, dict):
         for k, v in x.items():
-            if k not in ("provenance", "timing", "elapsed_s"):
+            if k not in ("seconds", "errors"):  # run time; verification noise
                 yield from numbers(v, f"{path}.{k}")
     elif isinstance(x, list):
         for i, v in enumerate(x):
@@ -129,8 +144,11 @@ def numbers(x, path=""):
         yield path, float(x)
 
 
-wheel = dict(numbers(json.load(open("usage-wheel.json"))))
-checkout = dict(numbers(json.load(open("usage-checkout.json"))))
+results = [json.load(open(f"usage-{x}.json")) for x in ("wheel", "checkout")]
+shas = {r["provenance"]["corpus_sha256"] for r in results}
+if len(shas) != 1:
+    raise SystemExit(f"the two runs read different corpora (fingerprints {sorted(shas)})")
+wheel, checkout = (dict(numbers(r)) for r in results)
 if not wheel or wheel.keys() != checkout.keys():
     raise SystemExit(f"the two results hold different fields: {sorted(wheel.keys() ^ checkout.keys())[:5]}")
 off = [k for k in wheel if not math.isclose(wheel[k], checkout[k], rel_tol=1e-6, abs_tol=1e-9)]

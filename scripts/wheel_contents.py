@@ -75,7 +75,9 @@ def wheel_problems(
     info = f"{PACKAGE}-{version}.dist-info/"
     have = set(names)
     problems = [f"wheel: {f} is missing" for f in expected if f not in have]
-    extra = sorted(n for n in have - set(expected) if not n.startswith(info) and not n.endswith("/"))
+    extra = sorted(
+        n for n in have - set(expected) if not n.startswith(info) and not n.endswith("/")
+    )
     problems += [f"wheel: {n} is not a file of src/{PACKAGE} (stray build output?)" for n in extra]
     meta = re.search(r"^Version: (\S+)$", metadata, re.MULTILINE)
     if not meta or meta.group(1) != version:
