@@ -41,13 +41,16 @@ fi
 version=$("$py" -c 'import sys; sys.path.insert(0, "scripts"); import wheel_contents as w; print(w.project_version())')
 dist="$work/dist"
 
-# ---- build: the sdist, then the wheel from the sdist (so the sdist must hold what the wheel needs)
+# ---- build: the sdist, then the wheel from the sdist (so the sdist must hold what the wheel needs),
+# from a copy of the project as a fresh clone holds it (no stale *.egg-info, nothing written here)
+source="$work/source"
+"$py" scripts/wheel_contents.py --copy-to "$source" >/dev/null || fail "copying the project to $source"
 if "$py" -c "import build" 2>/dev/null; then
     step "building ropelens $version with python -m build"
-    quiet "python -m build" "$py" -m build --outdir "$dist" "$root"
+    quiet "python -m build" "$py" -m build --outdir "$dist" "$source"
 else
     step "building ropelens $version with setuptools and pip wheel (python -m build is not installed)"
-    quiet "building the sdist" "$py" -c \
+    quiet "building the sdist" env -C "$source" "$py" -c \
         "import sys; from setuptools import build_meta as b; b.build_sdist(sys.argv[1])" "$dist"
     quiet "pip wheel from the sdist" "$py" -m pip wheel --no-deps -w "$dist" "$dist/ropelens-$version.tar.gz"
 fi

@@ -1,17 +1,23 @@
 """Check that ropelens's sdist and wheel hold every file the package needs.
 
 Usage: python scripts/wheel_contents.py SDIST.tar.gz WHEEL.whl
+       python scripts/wheel_contents.py --copy-to DIR   (the project's files, to build from)
 
 Every file under src/ropelens that git tracks (the modules and the package data: the band mixer's
 script and style sheet, tested_versions.txt, py.typed) must be in the sdist and in the wheel, and
 the wheel must hold nothing else besides its .dist-info; the wheel's version must be pyproject's and
 its console script ``ropelens``. Prints one line per problem and exits 1 if there is any.
 (The embedded corpora are read from Python's own standard library, so they ship with Python.)
+
+``--copy-to`` copies the files git tracks or would track (not those it ignores) to DIR, as a fresh
+clone holds them: a build there cannot pick up a stale ``*.egg-info`` manifest, which setuptools
+reads and which would put a file into the sdist that the package data rules no longer name.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -34,19 +40,9 @@ def project_version(root: Path = ROOT) -> str:
 
 
 def package_files(root: Path = ROOT) -> list[str]:
-    """The files under src/ropelens, relative to src/: those git tracks, or (outside a git
-    checkout) every file but caches."""
-    try:
-        out = subprocess.run(
-            ["git", "ls-files", "-z", f"src/{PACKAGE}"],
-            cwd=root,
-            capture_output=True,
-            check=True,
-            timeout=30,
-        ).stdout.decode()
-        files = [f.removeprefix("src/") for f in out.split("\0") if f]
-    except (OSError, subprocess.SubprocessError):
-        files = []
+    """The files under src/ropelens, relative to src/: those git tracks or would track (not those
+    it ignores), or (outside a git checkout) every file but caches."""
+    files = [f.removeprefix("src/") for f in _git_files(root, f"src/{PACKAGE}")]
     if not files:
         src = root / "src"
         files = [
@@ -54,8 +50,42 @@ def package_files(root: Path = ROOT) -> list[str]:
             for p in (src / PACKAGE).rglob("*")
             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
         ]
-    # a file deleted in the working tree but not yet in git's index is not part of the package
-    return sorted(f for f in files if (root / "src" / f).is_file())
+    return sorted(files)
+
+
+def _git_files(root: Path, *paths: str) -> list[str]:
+    """The files git tracks or would track under ``paths`` (all when none); [] outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", *paths],
+            cwd=root,
+            capture_output=True,
+            check=True,
+            timeout=30,
+        ).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({f for f in out.split("\0") if f and (root / f).is_file()})
+
+
+_UNSHIPPED = {".git", ".venv", ".venv-latest", "build", "dist", "__pycache__"}
+
+
+def copy_source(dest: Path, root: Path = ROOT) -> int:
+    """Copy the project's files to ``dest`` as a fresh clone holds them; returns how many."""
+    files = _git_files(root)
+    if not files:  # not a git checkout: everything but environments, caches and build output
+        files = [
+            p.relative_to(root).as_posix()
+            for p in root.rglob("*")
+            if p.is_file()
+            and not _UNSHIPPED & set(p.relative_to(root).parts)
+            and not any(part.endswith(".egg-info") for part in p.parts)
+        ]
+    for f in files:
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / f, dest / f)
+    return len(files)
 
 
 def sdist_problems(names: list[str], expected: list[str], version: str) -> list[str]:
@@ -112,6 +142,10 @@ def check(sdist: Path, wheel: Path, root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--copy-to":
+        n = copy_source(Path(argv[1]))
+        print(f"wheel_contents: copied {n} project files to {argv[1]}")
+        return 0
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
