@@ -16,6 +16,7 @@ venv_dir=${ROPELENS_VENV:-.venv}
 case "$venv_dir" in /*) ;; *) venv_dir="$root/$venv_dir" ;; esac
 py="$venv_dir/bin/python"
 export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
+unset PYTHONPATH  # the fresh venv must see its own site-packages only
 start=$SECONDS
 
 fail() {
@@ -79,7 +80,6 @@ quiet "pip install the wheel" "$vpy" -m pip install "$wheel" -c "$work/tested_ve
 outside="$work/outside"
 mkdir -p "$outside"
 cd "$outside"
-unset PYTHONPATH
 installed=$("$vpy" -c "import ropelens; print(ropelens.__file__)")
 case "$installed" in
     "$venv"/*) step "ropelens imported from $installed" ;;
