@@ -24,6 +24,8 @@ fail() {
     exit 1
 }
 step() { echo "check_wheel: [$((SECONDS - start))s] $*"; }
+# a command that fails outside fail() still ends in one named line
+trap 'echo "check_wheel: FAILED: line $LINENO of scripts/check_wheel.sh: $BASH_COMMAND" >&2' ERR
 # run a step quietly; on failure show the end of its log and name the step
 quiet() {
     local what=$1 log
@@ -37,7 +39,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/ropelens-wheel.XXXXXX")
 if [ "${ROPELENS_KEEP:-0}" = 1 ]; then
     echo "check_wheel: keeping $work"
 else
-    trap 'rm -rf "$work"' EXIT
+    trap 'step "removing $work"; rm -rf "$work"; step "removed"' EXIT
 fi
 version=$("$py" -c 'import sys; sys.path.insert(0, "scripts"); import wheel_contents as w; print(w.project_version())')
 dist="$work/dist"
@@ -72,9 +74,11 @@ torch_pin=$(sed -n 's/^torch==//p' "$work/tested_versions.txt")
 [ -n "$torch_pin" ] || fail "the wheel's tested_versions.txt pins no torch"
 step "installing torch==$torch_pin into a fresh venv"
 # the same pin scripts/setup.sh installs first: it resolves to the local CPU build
-quiet "pip install torch==$torch_pin" "$vpy" -m pip install "torch==$torch_pin"
+# --no-compile here and below: Python compiles what it imports; compiling (and later deleting) the
+# bytecode of every module of torch and its company would add about 20,000 files to this venv
+quiet "pip install torch==$torch_pin" "$vpy" -m pip install --no-compile "torch==$torch_pin"
 step "installing the wheel with the tested constraints"
-quiet "pip install the wheel" "$vpy" -m pip install "$wheel" -c "$work/tested_versions.txt"
+quiet "pip install the wheel" "$vpy" -m pip install --no-compile "$wheel" -c "$work/tested_versions.txt"
 
 # ---- run it from a folder outside the checkout
 outside="$work/outside"
