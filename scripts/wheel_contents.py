@@ -3,11 +3,11 @@
 Usage: python scripts/wheel_contents.py SDIST.tar.gz WHEEL.whl
        python scripts/wheel_contents.py --copy-to DIR   (the project's files, to build from)
 
-Every file under src/ropelens that git tracks (the modules and the package data: the band mixer's
-script and style sheet, tested_versions.txt, py.typed) must be in the sdist and in the wheel, and
-the wheel must hold nothing else besides its .dist-info; the wheel's version must be pyproject's and
-its console script ``ropelens``. Prints one line per problem and exits 1 if there is any.
-(The embedded corpora are read from Python's own standard library, so they ship with Python.)
+Every file under src/ropelens that git tracks or would track (the modules and the package data:
+the band mixer's script and style sheet, tested_versions.txt, py.typed) must be in the sdist and in
+the wheel, and the wheel must hold nothing else besides its .dist-info; the wheel's version must be
+pyproject's and its console script ``ropelens``. Prints one line per problem and exits 1 if there
+is any. (The embedded corpora are read from the standard library, so they ship with Python.)
 
 ``--copy-to`` copies the files git tracks or would track (not those it ignores) to DIR, as a fresh
 clone holds them: a build there cannot pick up a stale ``*.egg-info`` manifest, which setuptools
@@ -113,7 +113,7 @@ def wheel_problems(
     if not meta or meta.group(1) != version:
         got = meta.group(1) if meta else "none"
         problems.append(f"wheel: METADATA says version {got}, pyproject.toml {version}")
-    if ENTRY_POINT not in entry_points.replace("  ", " "):
+    if not re.search(r"^ropelens\s*=\s*ropelens\.cli:main\s*$", entry_points, re.MULTILINE):
         problems.append(f"wheel: entry_points.txt lacks the console script `{ENTRY_POINT}`")
     return problems
 

@@ -150,6 +150,7 @@ def test_the_built_sdist_and_wheel_hold_every_package_file(tmp_path):
 
 def test_the_readme_installs_the_tested_torch_then_the_wheel_with_the_constraints():
     readme = (ROOT / "README.md").read_text()
+    assert "\n## Install\n" in readme, "the README has no Install section"
     install = readme.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
     torch = provenance.tested_versions()["torch"]
     assert f"torch=={torch}" in install
