@@ -98,6 +98,7 @@ grep -q "the tested stack (tested_versions.txt)" version.txt ||
 
 quiet "building a tiny model directory" "$vpy" -c \
     "from ropelens.testing import tiny_model_dir; tiny_model_dir('llama', 'tiny-llama')"
+step "built a tiny model directory; ropelens rope-spec on it"
 "$venv/bin/ropelens" rope-spec tiny-llama --device cpu --quiet --json >spec.json 2>spec.err ||
     { cat spec.err >&2; fail "ropelens rope-spec on a tiny model directory"; }
 # the frequencies it reads must be the config's: inv_freq_i = theta^(-2i/d)
@@ -128,10 +129,12 @@ with open("docs.jsonl", "w") as f:
 EOF
 usage=(frequency-usage tiny-llama --device cpu --corpus docs.jsonl --text-column content
     --tokens 512 --n-ctx 64 --quiet)
+step "ropelens frequency-usage on docs.jsonl --text-column content"
 "$venv/bin/ropelens" "${usage[@]}" --save usage-wheel.json >usage.txt 2>&1 ||
     { cat usage.txt >&2; fail "ropelens frequency-usage on a JSONL file with --text-column"; }
 cat usage.txt
 # the same command from the checkout: the installed package must give the same numbers
+step "the same from the checkout"
 PYTHONPATH="$root/src" "$py" -m ropelens "${usage[@]}" --save usage-checkout.json >usage-checkout.txt 2>&1 ||
     { cat usage-checkout.txt >&2; fail "frequency-usage from the checkout (for comparison)"; }
 "$vpy" - <<'EOF' || fail "the wheel's frequency-usage differs from the checkout's (above)"
