@@ -131,3 +131,28 @@ def test_every_entry_point_tokenises_a_text_to_the_same_ids(qwen2):
     assert corpus[0].tolist() == expected
     prompt = passkey_prompt(qwen2, 300, 0.5, "1234")
     assert prompt.tokens.tolist() == encode(qwen2, prompt.text)
+
+
+def test_figures_of_a_padded_row_show_its_text_only(decompositions):
+    """The heatmaps and the band mixer of the short text's row equal those of the text alone."""
+    import json
+    import re
+
+    both, alone = decompositions
+    one = alone[0]
+    n = one.tokens.shape[1]
+    fig_both, fig_one = both.figure(batch=0), one.figure()
+    for a, b in zip(fig_both.data, fig_one.data, strict=True):
+        assert a.z.shape == (n, n)
+        torch.testing.assert_close(torch.tensor(a.z), torch.tensor(b.z), equal_nan=True)
+
+    def page_data(mixer) -> dict:
+        blob = re.search(
+            r"<script type='application/json' id='ropelens-data'>(.*?)</script>", mixer.html
+        )
+        return json.loads(blob.group(1).replace("<\\/", "</"))
+
+    d_both, d_one = page_data(both.explore(batch=0)), page_data(one.explore())
+    assert d_both["tokens"] == d_one["tokens"] and d_both["token_ids"] == d_one["token_ids"]
+    for a, b in zip(d_both["layers"], d_one["layers"], strict=True):
+        assert a["model_top1"] == b["model_top1"] and a["mask"] == b["mask"]
