@@ -24,7 +24,7 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.results.codec import decode, encode, field_types
 from ropelens.results.figures import figure_of
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.results.serialize import atomic_write
 from ropelens.run.capture import LayerActs, capture_qk
@@ -613,6 +613,7 @@ def attention_decomposition(
     bands = bands or DEFAULT_BANDS
     tokens = tokens.cpu()
     prov = Provenance(
+        **placement(model),
         model=model_label(model),
         n_tokens=int(tokens.numel() if valid is None else valid.sum()),
         n_windows=int(tokens.shape[0]),

@@ -36,7 +36,7 @@ from torch import Tensor
 from ropelens.backends import backend_of
 from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run.data import analysis_windows, load_corpus
 from ropelens.run.evaluate import loss_estimate
@@ -551,6 +551,7 @@ def measured_extrapolation(
         window_losses=tuple(per_window),
         train_ctx=t_train,
         provenance=Provenance(
+            **placement(model),
             model=model_label(model),
             corpus=name,
             corpus_sha256=sha,

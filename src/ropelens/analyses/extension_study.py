@@ -61,7 +61,7 @@ from ropelens.devices import device_of, forward_bytes, require_memory
 from ropelens.errors import InputError
 from ropelens.loading.models import weights_fingerprint
 from ropelens.results.findings import Finding
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.results.serialize import dump_json
 from ropelens.run.capture import batches, capture_qk, stream
@@ -677,6 +677,7 @@ def _run_study(model, spec, settings: _StudySettings, options: _RunOptions) -> E
         ),
         model_name=model_label(model),
         started=started,
+        placed=placement(model),
     )
 
 
@@ -765,6 +766,7 @@ def _study_result(
     settings: dict[str, Any],
     model_name: str,
     started: float,
+    placed: dict[str, str | None] | None = None,
 ) -> ExtensionStudy:
     """The study from its measured cells, per-plane views, predictions and settings."""
     loss_cells, passkey_cells, attention_cells = finished
@@ -777,6 +779,7 @@ def _study_result(
         n_ctx=settings["target"],
         seconds=time.perf_counter() - started,
         config=settings,
+        **(placed or {}),
     )
     return ExtensionStudy(
         native=plan.native,

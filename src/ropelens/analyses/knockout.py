@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,7 @@ from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run import data
 from ropelens.run.evaluate import percentile_ci, window_losses
@@ -909,8 +909,9 @@ def knockout(
         n_prompts=len(cases),
         prompt_len=prompt_len,
     )
-    provenance = _knockout_provenance(
-        model_label(model), corpus, text, settings, probe, verified, started
+    provenance = replace(
+        _knockout_provenance(model_label(model), corpus, text, settings, probe, verified, started),
+        **placement(model),
     )
     return Knockout(
         rows=tuple(rows),

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from ropelens.backends import backend_of
 from ropelens.devices import device_of, forward_bytes, require_memory
 from ropelens.errors import InputError
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run.evaluate import loss_path
 from ropelens.run.intervene import apply_rope_variant
@@ -479,6 +479,7 @@ def passkey_retrieval(
             progress=progress,
         )
     provenance = Provenance(
+        **placement(model),
         model=backend.label,
         corpus="passkey filler",
         n_tokens=sum(trial.n_tokens for trial in trials),
