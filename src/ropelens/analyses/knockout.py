@@ -58,7 +58,7 @@ from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run import data
-from ropelens.run.evaluate import percentile_ci, window_losses
+from ropelens.run.evaluate import interval_text, percentile_ci, window_losses
 from ropelens.run.intervene import ablate_planes
 from ropelens.run.measure import RunOptions, Windows, measure
 from ropelens.run.stats import matched_random_sets, permutation_p_value
@@ -386,7 +386,7 @@ class Knockout(Result, json_options={"indent": None}):
             )
             text = (
                 f"Zeroing {int(r['dose'])} planes ({d}) in the {len(self.heads[s])} {s} heads "
-                f"changes {m} by {r['estimate']:+.4g} [{r['lo']:.4g}, {r['hi']:.4g}] from "
+                f"changes {m} by {r['estimate']:+.4g} {interval_text(r['lo'], r['hi'])} from "
                 f"{r['base']:.4g}" + (f" ({ps})." if ps else ".")
             )
             out.append(
