@@ -121,6 +121,9 @@ def git_commit() -> str | None:
     return sha + ("+dirty" if dirty else "") if sha else None
 
 
+_WHERE_KNOWN = ("dtype", "device", "spans")  # written only where recorded
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a result came from: enough to reproduce it."""
@@ -146,7 +149,13 @@ class Provenance:
     spans: dict[str, list[list[int]]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict; the dtype, device and spans only where known, so a result saved
+        before they were recorded saves back as it was."""
+        d = asdict(self)
+        for key in _WHERE_KNOWN:
+            if d[key] is None:
+                del d[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Provenance:

@@ -154,7 +154,7 @@ def test_save_load_merge_and_figure(tiny_bands, tmp_path):
     with pytest.raises(InputError, match="count them twice"):
         plain.merge(plain)
     elsewhere = replace(plain.provenance, spans={"tokens:elsewhere": [[0, 1]]})
-    m = plain.merge(replace(plain, provenance=elsewhere))
+    m = plain.merge(replace(plain, usage=replace(plain.usage, provenance=elsewhere)))
     assert (
         torch.equal(m.profile(), plain.profile())
         and m.provenance.n_tokens == 2 * plain.provenance.n_tokens

@@ -70,6 +70,7 @@ def test_results_from_before_spans_were_recorded_merge_unchecked():
     assert merged_spans(None, {"corpus:x": [[0, 3]]}) is None
     old = Provenance.from_dict({"model": "m", "n_tokens": 3})
     assert old.spans is None and old.dtype is None and old.device is None
+    assert not {"spans", "dtype", "device"} & set(old.to_dict())  # saved back as it was
 
 
 def test_the_placement_of_a_model_is_its_weights_dtype_and_device(tiny):
