@@ -60,6 +60,23 @@ def test_agreement_of_a_batch_is_the_token_weighted_mean_of_each_text_alone(deco
     assert both.provenance.n_tokens == sum(n)
 
 
+@pytest.mark.parametrize("family", ["gemma3", "gptj"])  # sliding windows + GQA; adjacent pairs
+def test_ragged_texts_match_alone_on_other_layouts(tiny, family):
+    model = tiny(family)
+    both = attention_decomposition(model, TEXTS)
+    alone = [attention_decomposition(model, t) for t in TEXTS]
+    n = [one.tokens.shape[1] for one in alone]
+    for L in both.layers:
+        for row, one in enumerate(alone):
+            k = n[row]
+            torch.testing.assert_close(both.pattern(L)[row, :, :k, :k], one.pattern(L)[0])
+        pooled = sum(one.agreement(L)["top1"] * k for one, k in zip(alone, n, strict=True))
+        torch.testing.assert_close(
+            torch.tensor(both.agreement(L)["top1"].to_numpy()),
+            torch.tensor((pooled / sum(n)).to_numpy()),
+        )
+
+
 def test_a_token_tensor_is_used_whole(tiny):
     """Ready tokens carry no padding mark: every position counts."""
     model = tiny("llama")
