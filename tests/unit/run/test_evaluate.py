@@ -195,3 +195,19 @@ def test_run_store_resumes_and_keeps_other_writers_runs(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="move it aside"):
         RunStore(path)
+
+
+def test_the_report_tables_say_no_interval_as_n_a():
+    import pandas as pd
+
+    from ropelens.report.html import table_html
+    from ropelens.report.steps import CI_FORMATS
+
+    est = bootstrap_ci([4.2])
+    frame = pd.DataFrame(
+        [{"ppl": est.perplexity.mean, "ppl_lo": est.perplexity.lo, "ppl_hi": est.perplexity.hi}]
+    )
+    html = table_html(frame, formats=CI_FORMATS, folded=False)
+    assert html.count(">n/a<") == 2 and f">{math.exp(4.2):.3g}<" in html
+    two = bootstrap_ci([4.2, 4.4])
+    assert CI_FORMATS["Δ lo"](two.loss.lo) != "n/a"
