@@ -12,6 +12,8 @@ __all__ = [
     "ExportUnavailableError",
     "InputError",
     "NotRotaryError",
+    "RopelensWarning",
+    "TruncatedInputWarning",
     "UnsupportedModelError",
     "UsageError",
 ]
@@ -37,3 +39,11 @@ class UsageError(InputError):
 class ExportUnavailableError(InputError):
     """A figure cannot be written as PNG, SVG or PDF here: kaleido or a Chromium-based browser is
     missing (the message names which, and how to install it)."""
+
+
+class RopelensWarning(UserWarning):
+    """Something ropelens did to the input that the caller should know of (it went on)."""
+
+
+class TruncatedInputWarning(RopelensWarning):
+    """An input was cut to the model's context: only its first tokens were measured."""

@@ -24,10 +24,11 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.results.codec import decode, encode, field_types
 from ropelens.results.figures import figure_of
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.results.serialize import atomic_write
 from ropelens.run.capture import LayerActs, capture_qk
+from ropelens.run.texts import text_tokens
 from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands, ResolvedBands
 from ropelens.spec.reading import model_label, rope_spec
@@ -366,12 +367,13 @@ class AttentionDecomposition(Result):
         pattern is uniform and its argmax an arbitrary tie, not a measurement."""
         pat = self.pattern(layer)[:, :, None]  # [b,h,1,q,k]
         bp = self.band_patterns(layer)
-        jsd = js_divergence(bp, pat)  # [b,h,B,q]
-        top1 = (bp.argmax(-1) == pat.argmax(-1)).double()
+        real = self._acts(layer).valid  # [b,q]: a padded query is not counted
+        jsd = _over_real(js_divergence(bp, pat), real)  # [h,B]
+        top1 = _over_real((bp.argmax(-1) == pat.argmax(-1)).double(), real)
         rows = []
         names = self.band_names(layer)
         empty = set(self.bands.empty_bands(self.spec.layers[layer]))
-        for h in range(jsd.shape[1]):
+        for h in range(jsd.shape[0]):
             for b, name in enumerate(names):
                 none = name in empty
                 rows.append(
@@ -379,8 +381,8 @@ class AttentionDecomposition(Result):
                         "layer": layer,
                         "head": h,
                         "band": name,
-                        "jsd": float("nan") if none else float(jsd[:, h, b].mean()),
-                        "top1": float("nan") if none else float(top1[:, h, b].mean()),
+                        "jsd": float("nan") if none else float(jsd[h, b]),
+                        "top1": float("nan") if none else float(top1[h, b]),
                     }
                 )
         return pd.DataFrame(rows)
@@ -527,6 +529,12 @@ class AttentionDecomposition(Result):
         return self.agreement(L).pivot(index="head", columns="band", values="top1").to_html()
 
 
+def _over_real(x: Float[Tensor, "batch head band q"], real: Bool[Tensor, "batch q"]) -> Tensor:
+    """Mean over the real (unpadded) queries of every row: ``[head, band]``."""
+    w = real[:, None, None, :].to(torch.float64)
+    return (x.double().nan_to_num() * w).sum((0, 3)) / w.sum((0, 3))
+
+
 def _listed(chosen: Any) -> list:
     """A band or plane choice as a list (None: empty), numpy and torch integers as Python ints."""
     if chosen is None:
@@ -564,14 +572,23 @@ def attention_decomposition(
 ) -> AttentionDecomposition:
     """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands.
 
+    ``tokens``: a text, a list of texts or a ``[batch, pos]`` token tensor. Texts start with the
+    tokenizer's BOS (where it has one, as corpus windows do), are cut to the model's context with a
+    :class:`ropelens.errors.TruncatedInputWarning`, and ragged texts are padded on the right with
+    the padding masked: a batch gives each text the numbers it gives alone, and no statistic
+    counts a padded position.
+
     ``verify``: first check the reading against the model's own attention
     (:mod:`ropelens.run.verify`); False runs anyway and the provenance says "unverified".
     """
+    valid = None
     if isinstance(tokens, str | list | tuple):
-        tokens = model.to_tokens(tokens)
+        encoded = text_tokens(model, tokens)  # BOS policy, cut to the context (warned), padded
+        tokens, valid = encoded.tokens, encoded.valid if encoded.padded else None
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
         raise InputError(
-            "tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))"
+            "tokens must be text, a list of texts or an integer [batch, pos] tensor (e.g. "
+            "ropelens.run.texts.text_tokens(model, text).tokens)"
         )
     # frequencies that change with the input's length, as a forward of this length applies them
     spec = rope_spec(model, length=int(tokens.shape[1]))
@@ -587,6 +604,7 @@ def attention_decomposition(
         which=("q_post", "k_post", "pattern", *selected),
         batch_size=batch_size,
         spec=spec,
+        valid=valid,
     )
     acts = {
         L: LayerActs(a.layer, a.rope, a.valid.cpu(), {k: v.cpu() for k, v in a.tensors.items()})
@@ -595,8 +613,9 @@ def attention_decomposition(
     bands = bands or DEFAULT_BANDS
     tokens = tokens.cpu()
     prov = Provenance(
+        **placement(model),
         model=model_label(model),
-        n_tokens=int(tokens.numel()),
+        n_tokens=int(tokens.numel() if valid is None else valid.sum()),
         n_windows=int(tokens.shape[0]),
         n_ctx=int(tokens.shape[1]),
         config={"bands": bands.describe(), "layers": chosen, "verification": verified.to_dict()},

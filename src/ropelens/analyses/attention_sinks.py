@@ -25,7 +25,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ropelens.errors import InputError
-from ropelens.results.findings import Finding, count_of, fixed, percent
+from ropelens.results.findings import Finding, count_of, fixed, percent, too_short, withheld
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.results.sums import count_or_nan
@@ -496,7 +496,22 @@ class AttentionSinks(
 
     def findings(self) -> list[Finding]:
         """How many heads sink and where; which band makes position 0 attractive in them (when any
-        sink); how the key at position 0 compares with the other keys."""
+        sink); how the key at position 0 compares with the other keys. Windows too short for a
+        finding (no query at m ≥ ``skip_queries``; no key besides position 0) give it withheld."""
+        n_ctx = self.provenance.n_ctx
+        if too_short(n_ctx, 2):
+            why = "the key at position 0 is compared with the keys after it"
+            return [withheld("sinks-2", "attention-sinks", "the sink key", n_ctx, 2, why)]  # type: ignore[arg-type]
+        if too_short(n_ctx, self.skip_queries + 1):
+            why = (
+                f"a head sinks by its attention from queries at m ≥ {self.skip_queries} "
+                f"(skip_queries={self.skip_queries})"
+            )
+            need = self.skip_queries + 1
+            return [
+                withheld("sinks-0", "attention-sinks", "sinking heads", n_ctx, need, why),  # type: ignore[arg-type]
+                self._key_finding(),
+            ]
         sink = self.sinking()  # False for heads a layer lacks
         n, total = int(sink.sum()), int(self.present().sum())
         share = self.head_share()
@@ -541,22 +556,24 @@ class AttentionSinks(
                     vals,
                 )
             )
+        out.append(self._key_finding())
+        return out
+
+    def _key_finding(self) -> Finding:
+        """How the key at position 0 compares with the other keys, plane by plane."""
         r = self.plane_key_ratio()
         vals = {
             "median": round(float(r.nanmedian()), 2),
             "min": round(float(r.nan_to_num(float("inf")).min()), 2),
             "max": round(float(r.nan_to_num(float("-inf")).max()), 2),
         }
-        out.append(
-            Finding(
-                "sinks-2",
-                "attention-sinks",
-                f"The key at position 0 has {vals['median']:.2f}× the mean per-plane norm of "
-                f"other keys (median over layers; {vals['min']:.2f}× to {vals['max']:.2f}×).",
-                vals,
-            )
+        return Finding(
+            "sinks-2",
+            "attention-sinks",
+            f"The key at position 0 has {vals['median']:.2f}× the mean per-plane norm of "
+            f"other keys (median over layers; {vals['min']:.2f}× to {vals['max']:.2f}×).",
+            vals,
         )
-        return out
 
     # ---------------------------------------------------------------- persistence
 

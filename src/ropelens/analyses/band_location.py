@@ -243,8 +243,8 @@ class BandLocation(
                     "nope_below_band",
                     "bands",
                     f"Unrotating the {n} planes below the band (all layers) changes the loss by "
-                    f"{d_b.mean:+.4f} [{d_b.lo:+.4f}, {d_b.hi:+.4f}] nats; as many random "
-                    f"planes, {d_c.mean:+.4f} [{d_c.lo:+.4f}, {d_c.hi:+.4f}] (baseline "
+                    f"{d_b.mean:+.4f} {d_b.interval('+.4f')} nats; as many random "
+                    f"planes, {d_c.mean:+.4f} {d_c.interval('+.4f')} (baseline "
                     f"{e['rope'].loss.mean:.4f}).",
                     iv,
                 )

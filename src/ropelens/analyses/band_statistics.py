@@ -19,7 +19,14 @@ from torch import Tensor
 from ropelens.analyses.attention_decomposition import js_divergence
 from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
-from ropelens.results.findings import Finding, band_winners, count_of, head_name
+from ropelens.results.findings import (
+    Finding,
+    band_winners,
+    count_of,
+    head_name,
+    too_short,
+    withheld,
+)
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.run.capture import DeviceSums, LayerActs, query_tile, sum_dtype
@@ -878,7 +885,12 @@ class BandStatistics(
     def findings(self) -> list[Finding]:
         """Heads taking most of their margin from the highest-frequency band, the band whose logits
         alone most often pick the attended key (both with two bands or more), and plane 0's
-        tightness."""
+        tightness. Each needs a query that chooses between keys, so windows need at least 2
+        tokens; shorter ones give the findings withheld, saying why."""
+        n_ctx = self.provenance.n_ctx
+        if too_short(n_ctx, 2):
+            why = "a query needs two keys to choose between for a margin or a top-1 pick"
+            return [withheld("bands", "band-statistics", "the bands", n_ctx, 2, why)]  # type: ignore[arg-type]
         found = (self._margin_finding(), self._top1_finding(), self._tightness_finding())
         return [f for f in found if f is not None]
 

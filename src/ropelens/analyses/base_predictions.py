@@ -36,10 +36,10 @@ from torch import Tensor
 from ropelens.backends import backend_of
 from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run.data import analysis_windows, load_corpus
-from ropelens.run.evaluate import loss_estimate
+from ropelens.run.evaluate import ci_end, loss_estimate
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.validate import check_positive_int
@@ -475,11 +475,11 @@ class MeasuredExtrapolation(Result):
                     "beyond_train": self.train_ctx < L,
                     "n_windows": e["n_windows"],
                     "loss": e["loss"]["mean"],
-                    "loss_lo": e["loss"]["lo"],
-                    "loss_hi": e["loss"]["hi"],
+                    "loss_lo": ci_end(e["loss"]["lo"]),
+                    "loss_hi": ci_end(e["loss"]["hi"]),
                     "perplexity": e["perplexity"]["mean"],
-                    "perplexity_lo": e["perplexity"]["lo"],
-                    "perplexity_hi": e["perplexity"]["hi"],
+                    "perplexity_lo": ci_end(e["perplexity"]["lo"]),
+                    "perplexity_hi": ci_end(e["perplexity"]["hi"]),
                 }
             )
         return pd.DataFrame(rows)
@@ -551,6 +551,7 @@ def measured_extrapolation(
         window_losses=tuple(per_window),
         train_ctx=t_train,
         provenance=Provenance(
+            **placement(model),
             model=model_label(model),
             corpus=name,
             corpus_sha256=sha,

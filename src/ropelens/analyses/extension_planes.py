@@ -42,7 +42,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ropelens.errors import InputError
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.results.serialize import dump_json
 from ropelens.run import data
@@ -538,6 +538,7 @@ def search_longrope_factors(
         history=tuple(row for row in state["history"] if row["generation"] <= generations),
         settings={**settings, "generations": generations},
         provenance=Provenance(
+            **placement(model),
             model=_model_name(model),
             corpus=corpus,
             n_windows=int(tokens.shape[0]),

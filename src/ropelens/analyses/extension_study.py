@@ -61,13 +61,14 @@ from ropelens.devices import device_of, forward_bytes, require_memory
 from ropelens.errors import InputError
 from ropelens.loading.models import weights_fingerprint
 from ropelens.results.findings import Finding
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.results.serialize import dump_json
 from ropelens.run.capture import batches, capture_qk, stream
 from ropelens.run.data import analysis_windows, load_corpus
-from ropelens.run.evaluate import bootstrap_ci, loss_path, window_losses
+from ropelens.run.evaluate import Estimate, bootstrap_ci, ci_end, loss_path, window_losses
 from ropelens.run.intervene import apply_rope_variant, is_identity
+from ropelens.run.stats import paired_bootstrap_ci
 from ropelens.run.verify import verification
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.variants import (
@@ -677,6 +678,7 @@ def _run_study(model, spec, settings: _StudySettings, options: _RunOptions) -> E
         ),
         model_name=model_label(model),
         started=started,
+        placed=placement(model),
     )
 
 
@@ -765,6 +767,7 @@ def _study_result(
     settings: dict[str, Any],
     model_name: str,
     started: float,
+    placed: dict[str, str | None] | None = None,
 ) -> ExtensionStudy:
     """The study from its measured cells, per-plane views, predictions and settings."""
     loss_cells, passkey_cells, attention_cells = finished
@@ -777,6 +780,7 @@ def _study_result(
         n_ctx=settings["target"],
         seconds=time.perf_counter() - started,
         config=settings,
+        **(placed or {}),
     )
     return ExtensionStudy(
         native=plan.native,
@@ -1095,8 +1099,8 @@ class ExtensionStudy(Result, derived=("findings",)):
                     "length": c["length"],
                     "n_windows": e["n_windows"],
                     "loss": e["loss"]["mean"],
-                    "loss_lo": e["loss"]["lo"],
-                    "loss_hi": e["loss"]["hi"],
+                    "loss_lo": ci_end(e["loss"]["lo"]),
+                    "loss_hi": ci_end(e["loss"]["hi"]),
                     "perplexity": e["perplexity"]["mean"],
                     "same_as": c.get("same_as"),
                 }
@@ -1294,8 +1298,42 @@ def study_findings(study: ExtensionStudy) -> list[Finding]:
     return findings
 
 
+def _paired_values(study: ExtensionStudy, method: str, on: str) -> list[float]:
+    """``method``'s per-window losses at the target (``on="loss"``), or its passkey trials at the
+    longest passkey length as 1 (right) and 0 (``on="recall"``): one value per shared window or
+    prompt, in order."""
+    if on == "loss":
+        return next(
+            [float(x) for x in c["losses"]]
+            for c in study.loss_cells
+            if c["method"] == method and c["length"] == study.target
+        )
+    top = max(study.passkey_lengths)
+    return next(
+        [float(bool(t["correct"])) for t in c["trials"]]
+        for c in study.passkey_cells
+        if c["method"] == method and c["length"] == top
+    )
+
+
+def lead_over_next(study: ExtensionStudy, rank: list[dict[str, Any]]) -> tuple[str, Estimate]:
+    """What puts the first method of ``rank`` ahead of the second, and by how much with its paired
+    95% bootstrap CI (windows or prompts resampled as pairs): passkey recall where their recalls
+    differ (the first's minus the second's), else the loss at the target (the second's minus the
+    first's); positive favours the first. No interval from fewer than two pairs."""
+    best, runner = rank[0], rank[1]
+    on = "recall" if best["trials"] and best["recall"] != runner["recall"] else "loss"
+    a, b = (_paired_values(study, m["method"], on) for m in (best, runner))
+    if len(a) != len(b):  # different prompts: nothing to pair, so nothing beyond an interval
+        return on, Estimate(float(np.mean(a) - np.mean(b)), math.nan, math.nan)
+    ci = paired_bootstrap_ci(a, b) if on == "recall" else paired_bootstrap_ci(b, a)
+    return on, ci
+
+
 def _recommendation_findings(study: ExtensionStudy) -> list[Finding]:
-    """The method to use (the best of :func:`ranking`) and the three next, with their numbers."""
+    """The method to use (the best of :func:`ranking`, where it leads the next beyond the paired
+    CI of the difference that ranks them; otherwise none) and the three next, with their
+    numbers."""
     rank = ranking(study)
     if not rank:
         return []
@@ -1312,13 +1350,28 @@ def _recommendation_findings(study: ExtensionStudy) -> list[Finding]:
         + (f" ({row['correct']}/{row['trials']})" if row["trials"] else "")
         for row in rank[1:4]
     )
+    numbers: dict[str, Any] = {"ranking": rank, "target": target, "passkey_length": top}
+    if len(rank) == 1:
+        text = f"Only {_label(best['method'])} was measured: there is no method to compare it with."
+        return [Finding("recommend", "summary", text, {**numbers, "recommended": None})]
+    on, lead = lead_over_next(study, rank)
+    numbers |= {"decided_by": on, "lead": lead.to_dict()}
+    what = "passkey recall" if on == "recall" else f"loss at {target:,} tokens (nats)"
+    margin = f"{lead.mean:+.3g}, 95% CI {lead.interval('+.3g')}"
+    if lead.has_interval and lead.lo > 0:
+        text = (
+            f"For {native:,} → {target:,} tokens use {_label(best['method'])}: at {target:,} "
+            f"tokens its loss is {best['loss']:.3f} nats (perplexity {best['perplexity']:.3g})"
+            f"{recall}; it leads {_label(rank[1]['method'])} in {what} by {margin}. "
+            f"Next: {others}."
+        )
+        return [Finding("recommend", "summary", text, {**numbers, "recommended": best["method"]})]
     text = (
-        f"For {native:,} → {target:,} tokens use {_label(best['method'])}: at {target:,} tokens "
-        f"its loss is {best['loss']:.3f} nats (perplexity {best['perplexity']:.3g}){recall}. "
-        f"Next: {others}."
+        f"For {native:,} → {target:,} tokens no method is better beyond its interval: "
+        f"{_label(best['method'])} leads {_label(rank[1]['method'])} in {what} by {margin} "
+        f"(loss {best['loss']:.3f} nats{recall}). Next: {others}."
     )
-    numbers = {"ranking": rank, "target": target, "passkey_length": top}
-    return [Finding("recommend", "summary", text, numbers)]
+    return [Finding("recommend", "summary", text, {**numbers, "recommended": None})]
 
 
 def _loss_finding(study: ExtensionStudy, method: str, loss_frame: pd.DataFrame) -> Finding:

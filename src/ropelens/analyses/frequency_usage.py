@@ -17,7 +17,14 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
-from ropelens.results.findings import Finding, band_winners, count_of, percent
+from ropelens.results.findings import (
+    Finding,
+    band_winners,
+    count_of,
+    percent,
+    too_short,
+    withheld,
+)
 from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.run.capture import LayerActs, Moments
@@ -257,7 +264,20 @@ class FrequencyUsage(
     # ---------------------------------------------------------------- findings
     def findings(self, bands: Bands | None = None) -> list[Finding]:
         """Which band holds the most energy (over ``bands``, default quartiles), and the layer whose
-        sink positions stand out most (when every layer saw one)."""
+        sink positions stand out most (when every layer saw one). Both compare positions past the
+        ``n_sink`` sink positions, so windows need at least ``n_sink + 1`` tokens; shorter ones
+        give the findings withheld, saying why."""
+        n_ctx, need = self.provenance.n_ctx, self.n_sink + 1
+        if too_short(n_ctx, need):
+            pos = "position" if self.n_sink == 1 else "positions"
+            why = (
+                f"both findings compare the positions after the first {self.n_sink} (sink) {pos} "
+                "with others, so a window needs one position past them"
+            )
+            return [
+                withheld(key, "frequency-usage", what, n_ctx, need, why)  # type: ignore[arg-type]
+                for key, what in (("energy", "band energy"), ("sink", "sink positions"))
+            ]
         out = [self._energy_finding(bands or Bands.default())]
         sink = self._sink_finding()
         return out if sink is None else [*out, sink]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -55,10 +55,10 @@ from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run import data
-from ropelens.run.evaluate import percentile_ci, window_losses
+from ropelens.run.evaluate import interval_text, percentile_ci, window_losses
 from ropelens.run.intervene import ablate_planes
 from ropelens.run.measure import RunOptions, Windows, measure
 from ropelens.run.stats import matched_random_sets, permutation_p_value
@@ -386,7 +386,7 @@ class Knockout(Result, json_options={"indent": None}):
             )
             text = (
                 f"Zeroing {int(r['dose'])} planes ({d}) in the {len(self.heads[s])} {s} heads "
-                f"changes {m} by {r['estimate']:+.4g} [{r['lo']:.4g}, {r['hi']:.4g}] from "
+                f"changes {m} by {r['estimate']:+.4g} {interval_text(r['lo'], r['hi'])} from "
                 f"{r['base']:.4g}" + (f" ({ps})." if ps else ".")
             )
             out.append(
@@ -909,8 +909,9 @@ def knockout(
         n_prompts=len(cases),
         prompt_len=prompt_len,
     )
-    provenance = _knockout_provenance(
-        model_label(model), corpus, text, settings, probe, verified, started
+    provenance = replace(
+        _knockout_provenance(model_label(model), corpus, text, settings, probe, verified, started),
+        **placement(model),
     )
     return Knockout(
         rows=tuple(rows),

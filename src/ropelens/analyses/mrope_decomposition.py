@@ -29,7 +29,7 @@ from ropelens.errors import InputError
 from ropelens.loading.vision_language import TEXT, as_plain_vl, capture_mrope, mrope_tolerance
 from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.run.capture import LayerActs
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import model_label, rope_spec
@@ -340,6 +340,7 @@ def mrope_decomposition(
     }
     dtype = model.cfg.dtype
     prov = Provenance(
+        **placement(model),
         model=model_label(model),
         n_tokens=int(input_ids.numel()),
         n_windows=int(input_ids.shape[0]),

@@ -37,10 +37,11 @@ from tqdm.auto import tqdm
 from ropelens.backends import backend_of
 from ropelens.devices import device_of, forward_bytes, require_memory
 from ropelens.errors import InputError
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run.evaluate import loss_path
 from ropelens.run.intervene import apply_rope_variant
+from ropelens.run.texts import bos_token_id
 from ropelens.spec.variants import DynamicNTK, LongRoPE, RopeVariant
 from ropelens.validate import check_number
 
@@ -144,7 +145,7 @@ def _encode(tok: Any, text: str, bos: bool) -> tuple[list[int], list[tuple[int, 
     else:
         ids, offsets = list(tok(text, add_special_tokens=False, verbose=False)["input_ids"]), None
     if bos:
-        ids = [tok.bos_token_id, *ids]
+        ids = [bos_token_id(tok), *ids]
         offsets = None if offsets is None else [(0, 0), *offsets]
     return ids, offsets
 
@@ -183,7 +184,7 @@ def passkey_prompt(
     )
     if not (isinstance(passkey, str) and passkey.isdigit()):
         raise InputError(f"passkey must be a string of digits, got {passkey!r}")
-    bos = bool(bos) and getattr(tok, "bos_token_id", None) is not None
+    bos = bool(bos) and bos_token_id(tok) is not None  # the BOS policy of every ropelens input
 
     def n_tok(n: int) -> int:
         return len(_encode(tok, _layout(n, depth, passkey)[0], bos)[0])
@@ -478,6 +479,7 @@ def passkey_retrieval(
             progress=progress,
         )
     provenance = Provenance(
+        **placement(model),
         model=backend.label,
         corpus="passkey filler",
         n_tokens=sum(trial.n_tokens for trial in trials),

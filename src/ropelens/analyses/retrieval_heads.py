@@ -46,7 +46,7 @@ from ropelens.backends.sdpa_capture import attention_implementation, hf_decoder_
 from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.findings import Finding, head_name
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run.intervene import ablate_planes
 from ropelens.run.verify import verification
@@ -355,6 +355,7 @@ def retrieval_heads(
         model, lengths, depths, band, control, n_trials=n_trials, seed=seed, progress=progress
     )
     prov = Provenance(
+        **placement(model),
         model=model_label(model),
         corpus="passkey filler",
         n_tokens=steps,

@@ -29,6 +29,7 @@ from ropelens.plots.attention_decomposition import (
     rotation_figure,
 )
 from ropelens.run.data import windows
+from ropelens.run.texts import encode, text_tokens
 
 
 def _fmt(x: float) -> str:
@@ -52,22 +53,16 @@ def options(p: argparse.ArgumentParser) -> None:
 
 
 def _text_tokens(model, text: str):
-    """``--text`` as ``[1, pos]`` tokens, BOS first; past the model's context only its first n_ctx
-    tokens, with a note."""
-    import inspect
-
-    whole = (
-        {"truncate": False} if "truncate" in inspect.signature(model.to_tokens).parameters else {}
-    )
-    toks = model.to_tokens(text, **whole)
-    n, limit = int(toks.shape[1]), int(getattr(model.cfg, "n_ctx", 0) or 0)
-    if limit and n > limit:
-        note(
-            f"--text is {n:,} tokens, longer than the model's context of {limit:,}: decomposed "
-            f"its first {limit:,}"
-        )
-        return toks[:, :limit], f"text (first {limit:,} of {n:,} tokens)"
-    return toks, "text"
+    """``--text`` as ``[1, pos]`` tokens, BOS first (where the tokenizer has one, as corpus
+    windows); past the model's context only its first n_ctx tokens, said as Python warns it."""
+    encoded = text_tokens(model, text, names=["--text"], warn=False)
+    for cut in encoded.cuts:
+        note(cut)
+    n = encoded.lengths[0]
+    if encoded.cuts:
+        whole = len(encode(model, text))
+        return encoded.tokens, f"text (first {n:,} of {whole:,} tokens)"
+    return encoded.tokens, "text"
 
 
 def _one_window(model, args: argparse.Namespace, corpus):

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 from pathlib import Path
+
+import torch
 
 from ropelens.analyses import HeadTaxonomy, head_taxonomy, load_result
 from ropelens.analyses.attention_decomposition import attention_decomposition
@@ -22,6 +23,7 @@ from ropelens.cli.common import (
 )
 from ropelens.errors import InputError
 from ropelens.run.data import windows
+from ropelens.run.texts import encode
 from ropelens.spec.bands import Bands
 from ropelens.validate import check_output_path
 
@@ -102,10 +104,7 @@ def _tokens(model, text: str | None, args: argparse.Namespace):
         corpus = CorpusOptions.from_args(args).load()
         toks = windows(corpus, model.tokenizer, args.n_ctx, n_windows=1)
         return toks, f"the first {args.n_ctx} tokens of corpus {corpus.name!r}"
-    whole = (
-        {"truncate": False} if "truncate" in inspect.signature(model.to_tokens).parameters else {}
-    )
-    toks = model.to_tokens(text, **whole)
+    toks = torch.tensor([encode(model, text)])  # BOS first where the tokenizer has one
     n = int(toks.shape[1])
     if n > args.n_ctx:
         note(f"the text is {n:,} tokens: the page shows its first {args.n_ctx:,} (--n-ctx)")

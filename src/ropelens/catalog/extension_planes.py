@@ -36,7 +36,7 @@ from ropelens.report.experiments import context_block
 from ropelens.report.html import esc, figure_html, kv_table, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
-from ropelens.report.steps import baseline, variant_lead, variant_losses
+from ropelens.report.steps import CI_FORMATS, baseline, variant_lead, variant_losses
 from ropelens.results.findings import Finding, signed
 from ropelens.run.evaluate import bootstrap_ci
 from ropelens.spec.reading import rope_spec
@@ -319,8 +319,11 @@ def render(data: ReportData, ext: ContextExtension) -> Section:
             frame,
             text_cols=("method",),
             formats={
-                c: (lambda v: str(int(v)))
-                for c in ("kept", "interpolated", "extrapolated", "unrotated")
+                **{
+                    c: (lambda v: str(int(v)))
+                    for c in ("kept", "interpolated", "extrapolated", "unrotated")
+                },
+                **CI_FORMATS,
             },
             summary="Planes kept, interpolated and extrapolated, and Δ loss, per method",
             csv="extension_planes",

@@ -26,10 +26,10 @@ from ropelens.report.experiments import prope_block
 from ropelens.report.html import figure_html, table_html
 from ropelens.report.registry import SectionSpec
 from ropelens.report.section import Section
-from ropelens.report.steps import eval_windows, variant_lead, variant_losses
+from ropelens.report.steps import CI_FORMATS, eval_windows, variant_lead, variant_losses
 from ropelens.results.findings import Finding, signed
 from ropelens.run import data
-from ropelens.run.evaluate import bootstrap_ci, window_losses
+from ropelens.run.evaluate import MIN_WINDOWS_FOR_CI, bootstrap_ci, interval_text, window_losses
 from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec import variants as V
 from ropelens.spec.variants import PRoPE, PRoPEPartial, PRoPEReversed, kept_planes
@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'p':>6} {'loss':>8} {'ppl':>9}  95% CI ({toks.shape[0]} windows of {args.n_ctx})")
     for r in rows:
         print(
-            f"{r['p']:>6.3f} {r['loss']:8.4f} {r['ppl']:9.2f}  [{r['ppl_lo']:.2f}, "
-            f"{r['ppl_hi']:.2f}]"
+            f"{r['p']:>6.3f} {r['loss']:8.4f} {r['ppl']:9.2f}  "
+            f"{interval_text(r['ppl_lo'], r['ppl_hi'], '.2f')}"
         )
     return 0
 
@@ -174,11 +174,17 @@ def render(data: ReportData, frame: pd.DataFrame) -> Section:
     prope = frame[frame.variant.str.startswith("p-RoPE")]
     ok = prope[prope["Δ hi"] < NEGLIGIBLE_NATS]
     p_min = float(ok.p.min()) if len(ok) else None
+    n_windows = int(eval_windows(data).shape[0])
     nope = float(frame.loc[frame.p == 0.0, "Δ loss"].iloc[0])
     rev = frame[frame.variant.str.startswith("reversed")].iloc[0]
     part = frame[frame.variant.str.startswith("partial")].iloc[0]
     p75 = prope[prope.p == 0.75].iloc[0]
-    if p_min is None:
+    if n_windows < MIN_WINDOWS_FOR_CI:
+        keeps = (
+            "the loss changes have no interval (one window gives no spread), so no truncation "
+            "is judged to keep the perplexity"
+        )
+    elif p_min is None:
         keeps = f"every truncation tested costs at least {NEGLIGIBLE_NATS} nats"
     else:
         keeps = (
@@ -219,7 +225,7 @@ def render(data: ReportData, frame: pd.DataFrame) -> Section:
         + table_html(
             frame,
             text_cols=("variant",),
-            formats={"planes rotating": lambda v: str(int(v))},
+            formats={"planes rotating": lambda v: str(int(v)), **CI_FORMATS},
             summary="Perplexity and Δ loss per variant, with 95% CIs",
             csv="prope_sweep",
         )

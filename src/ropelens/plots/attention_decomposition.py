@@ -46,7 +46,8 @@ def decomposition_figure(
     """One head (default: head 0 of the first layer): each band's logits as a heatmap, and the
     model's pattern."""
     layer = dec.layers[0] if layer is None else layer
-    x = dec.band_logits(layer)[batch, head]
+    n = _real_length(dec, batch)  # a padded row shows its text only
+    x = dec.band_logits(layer)[batch, head, :, :n, :n]
     names = dec.band_names(layer)
     fig = make_subplots(
         rows=1, cols=len(names) + 1, subplot_titles=[*names, "pattern"], horizontal_spacing=0.02
@@ -65,7 +66,7 @@ def decomposition_figure(
         )
     fig.add_trace(
         go.Heatmap(
-            z=dec.pattern(layer)[batch, head].numpy(),
+            z=dec.pattern(layer)[batch, head, :n, :n].numpy(),
             colorscale="Greys",
             showscale=False,
             hovertemplate="q %{y} k %{x}<br>p %{z:.3f}<extra></extra>",
@@ -400,15 +401,20 @@ def _head_labels(taxonomy: Any, layer: int, n_heads: int) -> list[str] | None:
     ]
 
 
+def _real_length(dec: AttentionDecomposition, batch: int) -> int:
+    """How many tokens of row ``batch`` are text (the rest is padding, never shown)."""
+    return int(dec.acts[dec.layers[0]].valid[batch].sum())
+
+
 def _layer_payload(
     dec: AttentionDecomposition, layer: int, batch: int, taxonomy: Any
 ) -> tuple[dict[str, Any], float]:
     """One layer's entry in the page's data, and the half-precision error it was judged by."""
     rope, acts = dec.spec.layers[layer], dec.acts[layer]
-    q = acts["q_post"][batch].float().transpose(0, 1).contiguous()  # [head, pos, d]
-    k = acts["k_post"][batch].float().transpose(0, 1).contiguous()  # [kv_head, pos, d]
-    mask = dec.mask(layer)[batch]
-    n = mask.shape[-1]
+    n = _real_length(dec, batch)
+    q = acts["q_post"][batch, :n].float().transpose(0, 1).contiguous()  # [head, pos, d]
+    k = acts["k_post"][batch, :n].float().transpose(0, 1).contiguous()  # [kv_head, pos, d]
+    mask = dec.mask(layer)[batch, :n, :n]
     rb = dec.resolved(layer)
     every = torch.arange(q.shape[-1])
     subsets = [every, *rb.dims, *(every[~torch.isin(every, d)] for d in rb.dims)]
@@ -429,7 +435,7 @@ def _layer_payload(
         "wavelength": [float(w) if math.isfinite(w) else None for w in rope.wavelength.tolist()],
         "bands": _band_entries(rope, rb),
         "head_labels": _head_labels(taxonomy, layer, int(q.shape[0])),
-        "model_top1": dec.pattern(layer)[batch].argmax(-1).tolist(),
+        "model_top1": dec.pattern(layer)[batch, :, :n, :n].argmax(-1).tolist(),
         "mask": None if explicit is None else base64.b64encode(explicit.tobytes()).decode("ascii"),
         "dtype": dtype,
         "q": q_stored,
@@ -474,8 +480,9 @@ def band_mixer(
     chosen = _page_layers(dec, layers)
     _check_open_on(dec, open_on, chosen)
     title = title or f"{dec.provenance.model}: band mixer"
-    ids = dec.tokens[batch].tolist()
-    text = dec.token_text[batch] if dec.token_text is not None else [f"#{i}" for i in ids]
+    n = _real_length(dec, batch)  # a padded row shows its text only
+    ids = dec.tokens[batch, :n].tolist()
+    text = dec.token_text[batch][:n] if dec.token_text is not None else [f"#{i}" for i in ids]
     payloads, errors = [], {}
     for L in chosen:
         payload, errors[L] = _layer_payload(dec, L, batch, taxonomy)

@@ -28,7 +28,13 @@ from ropelens.report.experiments import load_experiments
 from ropelens.report.mixer import MIXER_AFTER, band_mixer_html, measure_mixer
 from ropelens.report.section import Section
 from ropelens.report.summary import summary_figure
-from ropelens.results.provenance import Provenance, git_commit, untested_versions, versions
+from ropelens.results.provenance import (
+    Provenance,
+    git_commit,
+    placement,
+    untested_versions,
+    versions,
+)
 from ropelens.run import data
 from ropelens.run.data import StreamedCorpus, analysis_windows
 from ropelens.run.distributed import is_main, local
@@ -486,6 +492,7 @@ def _report_json(
         n_ctx=data.n_ctx,
         config=data.settings,
         seconds=round(total, 3),
+        **placement(data.model),
     )
     return _clean(
         {
@@ -597,6 +604,7 @@ def _provenance_html(report: dict[str, Any]) -> str:
         ("corpus", f"{H.esc(c.get('name'))}: {H.esc(c.get('source', ''))}"),
         ("corpus sha256", f"<code>{H.esc(c.get('sha256') or '–')}</code>"),
         ("tokens", f"{p['n_tokens']:,} in {p['n_windows']} windows of {p['n_ctx']}"),
+        ("weights", f"{H.esc(p.get('dtype') or '–')} on {H.esc(p.get('device') or '–')}"),
         (
             "band statistics",
             f"{report['measured']['band_statistics']['n_tokens']:,} tokens, windows "

@@ -152,7 +152,7 @@ def card_bars(finding: Finding) -> list[Bar]:
     """The bars of a finding's chart ([] for a finding with no chart, or whose numbers are
     missing)."""
     chart = CHARTS.get((finding.section, finding.key))
-    if chart is None:
+    if chart is None or finding.values.get("withheld"):  # a withheld finding states no number
         return []
     try:
         bars = chart(finding.values)

@@ -16,11 +16,13 @@ from torch import Tensor
 
 from ropelens.errors import InputError
 from ropelens.report.collect import ReportData, evenly_spaced
+from ropelens.report.html import number
 from ropelens.report.section import Measured
-from ropelens.run.evaluate import bootstrap_ci, window_losses
+from ropelens.run.evaluate import MIN_WINDOWS_FOR_CI, NO_INTERVAL, bootstrap_ci, window_losses
 from ropelens.run.intervene import apply_rope_variant, is_identity
 
 __all__ = [
+    "CI_FORMATS",
     "MAX_CTX",
     "N_WINDOWS",
     "baseline",
@@ -30,6 +32,15 @@ __all__ = [
     "variant_lead",
     "variant_losses",
 ]
+
+
+def _ci_end(v: Any) -> str:
+    """A CI end in a table: the number, or n/a where there is no interval (one window)."""
+    return "n/a" if v is None or v != v else number(v)
+
+
+# the CI columns of the variant tables: n/a where one window gave no interval
+CI_FORMATS = {c: _ci_end for c in ("ppl_lo", "ppl_hi", "Δ lo", "Δ hi")}
 
 N_WINDOWS = 2  # windows of at most MAX_CTX tokens: a re-run costs a few forward passes
 MAX_CTX = 512
@@ -101,10 +112,15 @@ def variant_lead(data: ReportData, what: str) -> str:
     """A variant section's lead paragraph: ``what``, and the windows and the paired CI it is scored
     with."""
     t = eval_windows(data)
+    ci = (
+        "with a paired 95% bootstrap CI over windows"
+        if t.shape[0] >= MIN_WINDOWS_FOR_CI
+        else f"with no CI: {NO_INTERVAL}"
+    )
     return (
         f'<p class="lead">{what} Scored on {t.shape[0]} held-out windows of {t.shape[1]} tokens '
         "of the "
         "report's corpus; Δ loss is the change in mean next-token loss (nats) against the "
         "unmodified model "
-        "on the same windows, with a paired 95% bootstrap CI over windows.</p>"
+        f"on the same windows, {ci}.</p>"
     )

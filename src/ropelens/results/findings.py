@@ -10,7 +10,7 @@ import torch
 
 __all__ = [
     "Finding", "band_winners", "count_of", "fixed", "head_name", "percent", "shape_predicate",
-    "signed",
+    "signed", "too_short", "withheld",
 ]  # fmt: skip
 
 # How a curve's shape reads after its subject, singular and plural ("the logit decays", "the
@@ -100,3 +100,22 @@ def shape_predicate(shape: str, plural: bool = False) -> str:
     (``plural``: "decay", "are U-shaped")."""
     one, many = _SHAPE_PREDICATES.get(shape, (f"is {shape}", f"are {shape}"))
     return many if plural else one
+
+
+def too_short(n_ctx: int | None, minimum: int) -> bool:
+    """Whether windows of ``n_ctx`` tokens are shorter than a finding's ``minimum`` (never for an
+    unknown length, as in results saved before lengths were recorded)."""
+    return n_ctx is not None and int(n_ctx) < minimum
+
+
+def withheld(key: str, section: str, what: str, n_ctx: int, minimum: int, why: str) -> Finding:
+    """The finding ``key`` withheld: windows of ``n_ctx`` tokens cannot hold it (it needs
+    ``minimum``, because ``why``); its values say so (``withheld``, ``min_tokens``, ``n_ctx``)."""
+    noun = "token" if n_ctx == 1 else "tokens"
+    return Finding(
+        key,
+        section,
+        f"No finding on {what}: windows of {n_ctx:,} {noun} are too short to hold one; it needs "
+        f"at least {minimum:,} tokens per window ({why}).",
+        {"withheld": True, "n_ctx": int(n_ctx), "min_tokens": int(minimum), "reason": why},
+    )

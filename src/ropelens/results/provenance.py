@@ -11,9 +11,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ropelens.errors import InputError
+
 __all__ = [
     "Provenance",
     "git_commit",
+    "merged_spans",
+    "placement",
     "tested_versions",
     "untested_versions",
     "version_report",
@@ -117,6 +121,9 @@ def git_commit() -> str | None:
     return sha + ("+dirty" if dirty else "") if sha else None
 
 
+_WHERE_KNOWN = ("dtype", "device", "spans")  # written only where recorded
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a result came from: enough to reproduce it."""
@@ -134,6 +141,12 @@ class Provenance:
         default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     )
     seconds: float | None = None
+    # the floating dtype of the model's weights ("bfloat16") and the device it ran on ("cuda:0")
+    dtype: str | None = None
+    device: str | None = None
+    # which tokens the result measured: the fingerprint of what the windows were cut from → sorted,
+    # disjoint [start, stop) ranges of its tokens (see ropelens.run.measure.Windows.spans)
+    spans: dict[str, list[list[int]]] | None = None
 
     @property
     def interventions(self) -> list[dict[str, Any]]:
@@ -144,18 +157,28 @@ class Provenance:
         return list((self.config.get("verification") or {}).get("interventions", []))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict; the dtype, device and spans only where known, so a result saved
+        before they were recorded saves back as it was."""
+        d = asdict(self)
+        for key in _WHERE_KNOWN:
+            if d[key] is None:
+                del d[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Provenance:
         return cls(**d)
 
     def merged(self, other: Provenance) -> Provenance:
-        """Provenance of the merge of two partial results over the same model and config."""
+        """Provenance of the merge of two partial results over the same model and config.
+
+        Refused (InputError) where the two measured some of the same tokens, a result merged with
+        itself or with a run over overlapping windows: the merge would count them twice."""
 
         def add(a, b):
             return None if a is None or b is None else a + b
 
+        spans = merged_spans(self.spans, other.spans, self.corpus, other.corpus)
         return Provenance(
             model=self.model,
             corpus=self.corpus if self.corpus == other.corpus else f"{self.corpus}+{other.corpus}",
@@ -167,4 +190,67 @@ class Provenance:
             versions=self.versions,
             commit=self.commit,
             seconds=add(self.seconds, other.seconds),
+            dtype=self.dtype if self.dtype == other.dtype else None,
+            device=self.device if self.device == other.device else None,
+            spans=spans,
         )
+
+
+def placement(model: Any) -> dict[str, str | None]:
+    """``{"dtype": ..., "device": ...}`` of ``model``'s floating weights, for its results'
+    provenance (the first floating parameter's; None where the model has none)."""
+    params = getattr(model, "parameters", None)
+    if not callable(params):
+        return {"dtype": None, "device": None}
+    for p in params():
+        if p.is_floating_point():
+            return {"dtype": str(p.dtype).removeprefix("torch."), "device": str(p.device)}
+    return {"dtype": None, "device": None}
+
+
+def _coalesced(ranges: list[list[int]]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _overlap(a: list[list[int]], b: list[list[int]]) -> list[int] | None:
+    """The first [start, stop) shared by two sorted, disjoint range lists (None: none)."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            return [lo, hi]
+        if a[i][1] <= b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return None
+
+
+def merged_spans(
+    a: dict[str, list[list[int]]] | None,
+    b: dict[str, list[list[int]]] | None,
+    corpus_a: str | None = None,
+    corpus_b: str | None = None,
+) -> dict[str, list[list[int]]] | None:
+    """The tokens two merged results measured together; InputError where they share any."""
+    if a is None or b is None:  # a result from before spans were recorded: nothing to check
+        return None
+    out = {k: [list(r) for r in v] for k, v in a.items()}
+    for source, ranges in b.items():
+        shared = _overlap(_coalesced(out.get(source, [])), _coalesced(ranges))
+        if shared is not None:
+            name = f"corpus {corpus_a!r}" if corpus_a == corpus_b and corpus_a else "one input"
+            raise InputError(
+                f"cannot merge: both results measured tokens {shared[0]:,}–{shared[1] - 1:,} of "
+                f"{name} (fingerprint {source[:22]}…), so the merge would count them twice (a "
+                "result merged with itself, or with a run over overlapping windows); merge "
+                "results measured on disjoint windows"
+            )
+        out[source] = _coalesced(out.get(source, []) + [list(r) for r in ranges])
+    return out

@@ -360,16 +360,27 @@ def capture_qk(
     progress: bool = False,
     fast: bool = True,
     spec: RopeSpec | None = None,
+    valid: Tensor | None = None,
 ) -> dict[int, LayerActs]:
     """Capture per-head tensors for ``tokens`` and keep them: ``{layer: LayerActs}``.
+
+    ``valid`` (``[batch, pos]`` bool, True on real tokens, which come first in each row) marks
+    right padding: the model's attention masks it, and each layer's ``valid`` keeps it.
 
     Keys are KV heads (query head h reads KV head ``h // rope.group_size``). ``spec`` (default: read
     from the model) says how the tensors are laid out (the probe passes the reading it checks).
     """
     keep = _Keep(needs=frozenset(which))
+    data: Iterable = batches(tokens, batch_size)
+    if valid is not None:
+        if tuple(valid.shape) != tuple(tokens.shape):
+            raise InputError(
+                f"valid mask shape {tuple(valid.shape)} != tokens shape {tuple(tokens.shape)}"
+            )
+        data = zip(data, batches(valid, batch_size), strict=True)
     stream(
         model,
-        batches(tokens, batch_size),
+        data,
         [keep],
         layers=layers,
         progress=progress,

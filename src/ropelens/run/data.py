@@ -38,6 +38,7 @@ from ropelens.run.tables import (
     read_table_file,
     stream_texts,
 )
+from ropelens.run.texts import bos_token_id
 
 __all__ = [
     "CORPORA",
@@ -683,7 +684,8 @@ def windows(
             "or lower n_ctx"
         )
     tok = _tokenizer_of(tokenizer)
-    if bos == "prepend" and tok.bos_token_id is None:
+    bos_id = bos_token_id(tok)  # the one BOS policy of every ropelens input
+    if bos == "prepend" and bos_id is None:
         raise InputError(
             f"bos='prepend' but the tokenizer ({type(tok).__name__}) has no BOS token: use "
             "bos='none'"
@@ -705,7 +707,7 @@ def windows(
     if cap is not None:
         out = out[:cap]
     if bos == "prepend":
-        bos_column = torch.full((out.shape[0], 1), tok.bos_token_id, dtype=torch.long)
+        bos_column = torch.full((out.shape[0], 1), bos_id, dtype=torch.long)
         out = torch.cat([bos_column, out], dim=1)
     return out.contiguous()
 

@@ -25,10 +25,14 @@ from ropelens.errors import InputError
 from ropelens.results.serialize import dump_json
 
 __all__ = [
+    "MIN_WINDOWS_FOR_CI",
+    "NO_INTERVAL",
     "Estimate",
     "LossEstimate",
     "RunStore",
     "bootstrap_ci",
+    "ci_end",
+    "interval_text",
     "is_bridge",
     "loss_estimate",
     "loss_path",
@@ -115,23 +119,59 @@ def window_losses(
     return torch.cat(out)
 
 
+# an interval over windows needs their spread: one window has none, so it gets no interval
+MIN_WINDOWS_FOR_CI = 2
+NO_INTERVAL = "n/a (one window gives no spread)"
+
+
+def interval_text(lo: float | None, hi: float | None, fmt: str = ".4g") -> str:
+    """``[lo, hi]`` formatted with ``fmt``, or :data:`NO_INTERVAL` where there is no interval (NaN
+    or None ends: fewer than two windows)."""
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return NO_INTERVAL
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def ci_end(x: float | None) -> float:
+    """A CI end as written (None where there was no interval) as a float (NaN for None)."""
+    return math.nan if x is None else float(x)
+
+
+def _or_none(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
 @dataclass(frozen=True)
 class Estimate:
-    """A point estimate with a percentile bootstrap interval [lo, hi] at level 1 − alpha."""
+    """A point estimate with a percentile bootstrap interval [lo, hi] at level 1 − alpha; lo and hi
+    are NaN where there is no interval (fewer than :data:`MIN_WINDOWS_FOR_CI` windows: one window
+    gives no spread), written as null."""
 
     mean: float
     lo: float
     hi: float
 
-    def to_dict(self) -> dict[str, float]:
-        return {"mean": self.mean, "lo": self.lo, "hi": self.hi}
+    @property
+    def has_interval(self) -> bool:
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
+
+    def interval(self, fmt: str = ".4g") -> str:
+        """``[lo, hi]``, or ``n/a (one window gives no spread)``."""
+        return interval_text(self.lo, self.hi, fmt)
+
+    def excludes(self, value: float = 0.0) -> bool:
+        """Whether the interval lies wholly above or below ``value`` (False without one)."""
+        return self.has_interval and (self.lo > value or self.hi < value)
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"mean": self.mean, "lo": _or_none(self.lo), "hi": _or_none(self.hi)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, float]) -> Estimate:
-        return cls(float(d["mean"]), float(d["lo"]), float(d["hi"]))
+    def from_dict(cls, d: dict[str, float | None]) -> Estimate:
+        return cls(float(d["mean"]), ci_end(d["lo"]), ci_end(d["hi"]))  # type: ignore[arg-type]
 
     def __str__(self) -> str:
-        return f"{self.mean:.4g} [{self.lo:.4g}, {self.hi:.4g}]"
+        return f"{self.mean:.4g} {self.interval()}"
 
 
 @dataclass(frozen=True)
@@ -194,7 +234,8 @@ def percentile_ci(
     with replacement, ``n_boot`` times, from a generator seeded with ``seed``).
 
     Percentile intervals of very skewed samples can exclude the sample mean; the interval is widened
-    to keep it.
+    to keep it. Fewer than :data:`MIN_WINDOWS_FOR_CI` values give no interval: ``lo`` and ``hi``
+    are NaN (one window gives no spread; resampling it returns it every time).
     """
     v = _as_values(values)
     if not isinstance(n_boot, numbers.Integral) or isinstance(n_boot, bool) or n_boot < 1:
@@ -205,6 +246,8 @@ def percentile_ci(
         )
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise InputError(f"seed must be an int, got {seed!r}")
+    if v.numel() < MIN_WINDOWS_FOR_CI:
+        return Estimate(v.mean().item(), math.nan, math.nan)
     g = torch.Generator().manual_seed(int(seed))
     idx = torch.randint(0, v.numel(), (int(n_boot), v.numel()), generator=g)
     means = v[idx].mean(dim=1)

@@ -12,6 +12,7 @@ filled reducer into its result.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import os
 import time
@@ -19,11 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
+import torch
 from torch import Tensor
 
 from ropelens.backends import handle
 from ropelens.errors import InputError
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.run.capture import Reducer
 from ropelens.run.data import analysis_windows
 from ropelens.run.distributed import RunInfo, run_windows
@@ -126,6 +128,38 @@ class Windows:
     tokens: Tensor
     corpus: str | None = None
     sha256: str | None = None
+    # where each window sits among the windows first cut (None: 0 … n_windows - 1), and the
+    # fingerprint of what they were cut from (None: computed from the corpus's sha256 or tokens)
+    indices: tuple[int, ...] | None = None
+    origin: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.origin is None:
+            object.__setattr__(self, "origin", self._fingerprint())
+
+    def _fingerprint(self) -> str:
+        """The corpus's sha256 where it has one (its windows are cut from the start of its token
+        stream, BOS and then ``n_ctx - 1`` text tokens each), else a digest of the tokens."""
+        if self.sha256 is not None:
+            return f"corpus:{self.sha256}"
+        data = self.tokens.detach().cpu().contiguous().to(torch.int64).numpy().tobytes()
+        return f"tokens:{hashlib.sha256(data).hexdigest()}"
+
+    @property
+    def spans(self) -> dict[str, list[list[int]]]:
+        """Which tokens these windows hold, as :attr:`Provenance.spans` records them: window i is
+        the corpus stream's text tokens ``[i·(n_ctx−1), (i+1)·(n_ctx−1))`` (BOS aside), or, for
+        ready tokens, their positions ``[i·n_ctx, (i+1)·n_ctx)``."""
+        assert self.origin is not None
+        per = self.n_ctx - 1 if self.origin.startswith("corpus:") else self.n_ctx
+        where = self.indices if self.indices is not None else range(self.n_windows)
+        ranges: list[list[int]] = []
+        for i in sorted(where):
+            if ranges and ranges[-1][1] == i * per:
+                ranges[-1][1] += per
+            else:
+                ranges.append([i * per, (i + 1) * per])
+        return {self.origin: ranges}
 
     @classmethod
     def of(
@@ -150,7 +184,14 @@ class Windows:
 
     def subset(self, indices: Sequence[int]) -> Windows:
         """The windows at ``indices`` (same corpus)."""
-        return Windows(self.tokens[list(indices)], self.corpus, self.sha256)
+        where = self.indices if self.indices is not None else range(self.n_windows)
+        return Windows(
+            self.tokens[list(indices)],
+            self.corpus,
+            self.sha256,
+            indices=tuple(where[i] for i in indices),
+            origin=self.origin,
+        )
 
 
 Build = Callable[[RopeSpec, list[int], Windows], "Reducer | Sequence[Reducer]"]
@@ -259,5 +300,7 @@ def measure(
         n_ctx=win.n_ctx,
         config={**settings, **info.to_config(), "verification": verified.to_dict()},
         seconds=time.perf_counter() - t0,
+        spans=win.spans,
+        **placement(model),
     )
     return Measured(reducers, prov, info, spec, tuple(chosen), win)

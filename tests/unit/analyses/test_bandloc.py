@@ -151,7 +151,10 @@ def test_save_load_merge_and_figure(tiny_bands, tmp_path):
     with pytest.raises(InputError, match="do not merge"):
         r.merge(r)
     plain = replace(r, intervention=None)
-    m = plain.merge(plain)
+    with pytest.raises(InputError, match="count them twice"):
+        plain.merge(plain)
+    elsewhere = replace(plain.provenance, spans={"tokens:elsewhere": [[0, 1]]})
+    m = plain.merge(replace(plain, usage=replace(plain.usage, provenance=elsewhere)))
     assert (
         torch.equal(m.profile(), plain.profile())
         and m.provenance.n_tokens == 2 * plain.provenance.n_tokens

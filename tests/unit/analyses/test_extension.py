@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -15,7 +16,7 @@ from ropelens.errors import InputError
 from ropelens.report.extension_study import write_study
 from ropelens.results.result import load_result
 from ropelens.run.data import analysis_windows
-from ropelens.run.evaluate import window_losses
+from ropelens.run.evaluate import bootstrap_ci, window_losses
 from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec.variants import NTK, DynamicNTK, Linear, Llama3, LongRoPE, PRoPE, YaRN
 from ropelens.testing import tiny_model
@@ -148,9 +149,25 @@ def test_findings_quote_the_measurements(study):
     fs = {f.key: f for f in st.findings()}
     df = st.loss_frame().set_index(["method", "length"])
     rank = fs["recommend"].values["ranking"]
-    best = rank[0]
-    assert f"use {E.METHODS[best['method']]}" in fs["recommend"].text
-    assert f"{df.loc[(best['method'], TARGET), 'loss']:.3f} nats" in fs["recommend"].text
+    best, runner = rank[0], rank[1]
+    rec = fs["recommend"]
+    # the lead that ranks them, recomputed: recall where it differs, else the paired loss change
+    on = rec.values["decided_by"]
+    assert on == ("recall" if best["recall"] != runner["recall"] else "loss")
+    if on == "loss":
+        a, b = (_target_losses(st, r["method"]) for r in (runner, best))
+        assert rec.values["lead"]["mean"] == pytest.approx(
+            float(
+                torch.tensor(a, dtype=torch.float64).mean()
+                - torch.tensor(b, dtype=torch.float64).mean()
+            )
+        )
+    lead = rec.values["lead"]
+    if rec.values["recommended"] is not None:
+        assert lead["lo"] > 0 and f"use {E.METHODS[best['method']]}" in rec.text
+    else:
+        assert "no method is better beyond its interval" in rec.text and "use " not in rec.text
+    assert f"{df.loc[(best['method'], TARGET), 'loss']:.3f} nats" in rec.text
     # ranking: recall first, then loss, recomputed here
     key = [(-(r["recall"]), r["loss"]) for r in rank]
     assert key == sorted(key)
@@ -172,6 +189,52 @@ def test_findings_quote_the_measurements(study):
     assert st.in_distribution_limit("pi") == pytest.approx(NATIVE * 8, rel=1e-6)
     assert st.in_distribution_limit("none") == NATIVE
     assert math.isinf(st.in_distribution_limit("prope")) is False
+
+
+def _target_losses(st, method: str) -> list[float]:
+    return next(
+        c["losses"] for c in st.loss_cells if c["method"] == method and c["length"] == TARGET
+    )
+
+
+def _with_target_losses(st, losses: dict[str, list[float]]):
+    """The study with these per-window losses at the target and every passkey found (so the loss
+    ranks the methods)."""
+    cells = []
+    for c in st.loss_cells:
+        if c["length"] == TARGET:
+            v = losses[c["method"]]
+            c = {**c, "losses": v, "estimate": bootstrap_ci(v).to_dict()}
+        cells.append(c)
+    found = tuple(
+        {**c, "trials": [{**t, "correct": True} for t in c["trials"]]} for c in st.passkey_cells
+    )
+    return dataclasses.replace(st, loss_cells=tuple(cells), passkey_cells=found)
+
+
+def test_no_recommendation_from_a_difference_inside_its_interval(study):
+    """One window, and methods 1e-5 nats apart: no interval, so no method is recommended."""
+    st, _ = study
+    one = _with_target_losses(st, {m: [4.0 + 1e-5 * i] for i, m in enumerate(st.methods)})
+    rec = {f.key: f for f in one.findings()}["recommend"]
+    assert rec.values["recommended"] is None and rec.values["decided_by"] == "loss"
+    assert rec.values["lead"]["lo"] is None and rec.values["lead"]["mean"] == pytest.approx(1e-5)
+    assert rec.text.startswith(f"For {NATIVE:,} → {TARGET:,} tokens no method is better beyond")
+    assert "95% CI n/a (one window gives no spread)" in rec.text
+    table = one.loss_frame()
+    at_target = table.length == TARGET
+    assert table.loc[at_target, "loss_lo"].isna().all()
+    assert table.loc[~at_target, "loss_lo"].notna().all()
+
+
+def test_a_lead_beyond_its_interval_is_recommended(study):
+    st, _ = study
+    base = [4.0 + 0.01 * i for i in range(8)]
+    worse = {m: [x + 0.5 + 0.01 * (i % 3) for i, x in enumerate(base)] for m in st.methods}
+    one = _with_target_losses(st, {**worse, "yarn": base})
+    rec = {f.key: f for f in one.findings()}["recommend"]
+    assert rec.values["recommended"] == "yarn" and rec.values["lead"]["lo"] > 0
+    assert rec.text.startswith(f"For {NATIVE:,} → {TARGET:,} tokens use {E.METHODS['yarn']}")
 
 
 def test_predictors_match_the_formulas(study):

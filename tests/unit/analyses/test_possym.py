@@ -4,6 +4,7 @@ loop."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -172,7 +173,10 @@ def test_roundtrip_merge_and_agreement(handset, handset_result, tmp_path):
     back = load_result(path)
     assert isinstance(back, PositionalSymbolic)
     torch.testing.assert_close(back.scores("logit")[0], handset_result.scores("logit")[0])
-    merged = handset_result.merge(handset_result)
+    with pytest.raises(InputError, match="count them twice"):
+        handset_result.merge(handset_result)
+    elsewhere = replace(handset_result.provenance, spans={"tokens:elsewhere": [[0, 1]]})
+    merged = handset_result.merge(replace(handset_result, provenance=elsewhere))
     torch.testing.assert_close(merged.scores("attention")[1], handset_result.scores("attention")[1])
     assert merged.sums["n_queries"][0] == 2 * handset_result.sums["n_queries"][0]
     frame = handset_result.to_frame()

@@ -9,7 +9,6 @@ import json
 import re
 from html import unescape
 
-import numpy as np
 import pytest
 import torch
 
@@ -216,7 +215,7 @@ def test_the_page_holds_what_the_model_applies(family_model):
         assert sorted(p for b in e["bands"] for p in b["planes"]) == list(range(rope.n_planes))
     assert {e["window"] for e in data["layers"]} == {8, None}
 
-    # a padded row: its mask is no longer causal + window, so the page carries it
+    # a padded row: the page holds its text only, under causal + window (padding never shown)
     padded = dataclasses.replace(
         dec,
         acts={
@@ -229,9 +228,11 @@ def test_the_page_holds_what_the_model_applies(family_model):
             for L, a in dec.acts.items()
         },
     )
-    entry = page_data(padded.explore(layers=[0]))["layers"][0]
-    bits = np.unpackbits(np.frombuffer(base64.b64decode(entry["mask"]), dtype=np.uint8))
-    assert np.array_equal(bits[: SEQ * SEQ].reshape(SEQ, SEQ), padded.mask(0)[0].numpy())
+    shown = page_data(padded.explore(layers=[0]))
+    entry, n = shown["layers"][0], SEQ - 1
+    assert shown["tokens"] == list(dec.token_text[0][:n]) and entry["mask"] is None
+    assert entry["model_top1"] == dec.pattern(0)[0, :, :n, :n].argmax(-1).tolist()
+    assert torch.equal(padded.mask(0)[0, :n, :n], spec.layers[0].mask(n))
 
 
 def test_partial_rotary_keeps_its_non_rotary_dims_in_rest(family_model):

@@ -322,14 +322,22 @@ def test_files_from_before_the_result_base_still_load(results, tmp_path):
         AttentionSinks.load(tmp_path / "s.json")
 
 
+def _elsewhere(r):
+    """``r`` as if measured on other windows (the same sums): merging it with ``r`` doubles them."""
+    prov = dataclasses.replace(r.provenance, spans={"tokens:elsewhere": [[0, 1]]})
+    return dataclasses.replace(r, provenance=prov)
+
+
 def test_merge_adds_sums_and_refuses_other_settings(results, tiny):
     model = tiny("llama-gqa")
     u = results["FrequencyUsage"]
-    twice = u.merge(u)
+    with pytest.raises(InputError, match="count them twice"):
+        u.merge(u)  # the same windows twice
+    twice = u.merge(_elsewhere(u))
     torch.testing.assert_close(twice.token[("q", "all")].total, 2 * u.token[("q", "all")].total)
     assert twice.provenance.n_tokens == 2 * u.provenance.n_tokens
     s = results["AttentionSinks"]
-    torch.testing.assert_close(s.merge(s).sums["p0_sum"], 2 * s.sums["p0_sum"])
+    torch.testing.assert_close(s.merge(_elsewhere(s)).sums["p0_sum"], 2 * s.sums["p0_sum"])
     other = attention_sinks(model, _tokens(), bands=BANDS, epsilon=0.5, progress=False)
     with pytest.raises(InputError, match=r"same layers.*epsilon differs \(0.3 vs 0.5\)"):
         s.merge(other)
@@ -342,7 +350,7 @@ def test_merge_adds_sums_and_refuses_other_settings(results, tiny):
     o = results["RotaryOffsets"]
     with pytest.raises(InputError, match="sums keys differs"):
         o.merge(rotary_offsets(model, _tokens(), pre=False, progress=False))
-    torch.testing.assert_close(o.merge(o).q.total, 2 * o.q.total)
+    torch.testing.assert_close(o.merge(_elsewhere(o)).q.total, 2 * o.q.total)
     with pytest.raises(TypeError, match="AttentionSinks"):
         s.merge(u)
     with pytest.raises(InputError, match="do not merge"):

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from ropelens.run.evaluate import LossEstimate, bootstrap_ci, loss_estimate, window_losses
+from ropelens.run.evaluate import (
+    NO_INTERVAL,
+    LossEstimate,
+    bootstrap_ci,
+    interval_text,
+    loss_estimate,
+    window_losses,
+)
 from ropelens.testing import tiny_hf_model
 
 
@@ -63,6 +71,38 @@ def test_bootstrap_covers_mean_and_is_seeded():
     assert bootstrap_ci(values, n_boot=500, seed=1) == est
     assert bootstrap_ci(values, n_boot=500, seed=2) != est
     assert LossEstimate.from_dict(est.to_dict()) == est
+
+
+def test_one_window_gives_no_interval():
+    """Resampling one window returns it every time: a zero-width 'CI' would claim a certainty
+    no one measured, so there is none, said as n/a with the reason."""
+    est = bootstrap_ci([315.62])
+    assert est.loss.mean == 315.62 and est.n_windows == 1
+    for e in (est.loss, est.perplexity):
+        assert math.isnan(e.lo) and math.isnan(e.hi) and not e.has_interval
+        assert e.interval() == NO_INTERVAL == "n/a (one window gives no spread)"
+        assert not e.excludes(0.0)
+    assert str(est.loss) == "315.6 n/a (one window gives no spread)"
+    assert est.to_dict()["loss"] == {"mean": 315.62, "lo": None, "hi": None}
+    back = LossEstimate.from_dict(json.loads(json.dumps(est.to_dict(), allow_nan=False)))
+    assert math.isnan(back.loss.lo) and back.loss.mean == est.loss.mean
+    assert (
+        interval_text(1.0, 2.0, ".2f") == "[1.00, 2.00]" and interval_text(None, 2.0) == NO_INTERVAL
+    )
+    two = bootstrap_ci([1.0, 2.0])
+    assert two.loss.has_interval and two.loss.lo < two.loss.hi
+
+
+def test_prope_sweep_on_one_window_prints_no_interval(tiny_dir, capsys):
+    from ropelens.cli import main
+
+    path = str(tiny_dir("llama"))
+    assert main(["prope-sweep", path, "--n-ctx", "32", "--tokens", "32", "--p", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "95% CI (1 windows of 32)" in out and out.rstrip().endswith(NO_INTERVAL)
+    assert main(["prope-sweep", path, "--n-ctx", "32", "--tokens", "32", "--p", "1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["ppl_lo"] is None and row["ppl_hi"] is None and row["ppl"] > 0
 
 
 def test_bootstrap_ci_narrows_with_more_windows():
@@ -155,3 +195,19 @@ def test_run_store_resumes_and_keeps_other_writers_runs(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="move it aside"):
         RunStore(path)
+
+
+def test_the_report_tables_say_no_interval_as_n_a():
+    import pandas as pd
+
+    from ropelens.report.html import table_html
+    from ropelens.report.steps import CI_FORMATS
+
+    est = bootstrap_ci([4.2])
+    frame = pd.DataFrame(
+        [{"ppl": est.perplexity.mean, "ppl_lo": est.perplexity.lo, "ppl_hi": est.perplexity.hi}]
+    )
+    html = table_html(frame, formats=CI_FORMATS, folded=False)
+    assert html.count(">n/a<") == 2 and f">{math.exp(4.2):.3g}<" in html
+    two = bootstrap_ci([4.2, 4.4])
+    assert CI_FORMATS["Δ lo"](two.loss.lo) != "n/a"
