@@ -28,7 +28,7 @@ from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy
 from ropelens.errors import InputError
 from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding, fixed, signed
-from ropelens.results.provenance import Provenance
+from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run import data
 from ropelens.run.intervene import apply_rope_variant
@@ -254,6 +254,7 @@ def intervention_effect(
             n_tokens=int(windows.numel()),
             n_windows=int(windows.shape[0]),
             n_ctx=int(windows.shape[1]),
+            **placement(model),
             config={
                 "bands": bands.describe(),
                 "layers": list(usage0.layers),
