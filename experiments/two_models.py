@@ -71,6 +71,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma-3-270m"])
     ap.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
+    ap.add_argument(
+        "--sets", nargs="+", default=None, help="only these head sets (e.g. 'positional local')"
+    )
     ap.add_argument("--n-windows", type=int, default=None, help="windows per metric (16)")
     ap.add_argument("--n-draws", type=int, default=None, help="draws per control (99)")
     ap.add_argument("--retrieval-draws", type=int, default=None, help="(default --n-draws)")
@@ -791,7 +794,7 @@ def run_model(name: str, args, store: RunStore) -> None:
         if step not in args.steps:
             continue
         for set_name, hs in sets.items():
-            if hs["step"] == step:
+            if hs["step"] == step and (args.sets is None or set_name in args.sets):
                 knockout_step(model, name, set_name, hs, args, store)
     if "prope" in args.steps:
         prope_step(model, name, args, store)
