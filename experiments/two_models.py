@@ -87,6 +87,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--row-tokens", type=int, default=None, help="batch rows × tokens per forward")
     ap.add_argument("--n-boot", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--report", action="store_true", help="only write the page from what runs.json holds"
+    )
     ap.add_argument("--quick", action="store_true", help="tiny-gemma3, 3 windows, 4 draws")
     ap.add_argument("--out", default="results/two_models")
     args = ap.parse_args(argv)
@@ -679,7 +682,10 @@ def dose_figure(tables: list[dict[str, Any]]):
                         row=1,
                         col=col,
                     )
-        fig.update_xaxes(title_text="planes zeroed per head", type="log", row=1, col=col)
+        ticks = sorted({r["dose"] for t in tables if t["step"] == step for r in t["rows"]})
+        fig.update_xaxes(
+            title_text="planes zeroed per head", type="log", tickvals=ticks, row=1, col=col
+        )
         fig.update_yaxes(title_text="effect (knocked out − unmodified)", row=1, col=col)
     fig.update_layout(height=480, width=1400, template="plotly_white")
     return fig
@@ -763,7 +769,7 @@ def _tables_html(md_text: str) -> str:
     return "\n".join(out)
 
 
-def _page(md_text: str, figures: list) -> str:
+def _page(md_text: str, figures: list, models: str) -> str:
     """One offline HTML page: the figures (plotly inlined once) and the tables."""
     parts = [
         fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)
@@ -775,7 +781,7 @@ def _page(md_text: str, figures: list) -> str:
     )
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>ropelens: two models</title>"
-        f"<style>{style}</style></head><body><h1>SmolLM2-135M and Gemma-3-270M</h1>"
+        f"<style>{style}</style></head><body><h1>RoPE knockouts on {html.escape(models)}</h1>"
         + "\n".join(parts)
         + _tables_html(md_text)
         + "</body></html>"
@@ -806,7 +812,7 @@ def main(argv: list[str] | None = None) -> Path:
     out = _common.out_dir(args.out)
     store = RunStore(out / "runs.json", meta={"script": "two_models", "args": vars(args)})
     started = time.perf_counter()
-    for name in args.models:
+    for name in [] if args.report else args.models:
         run_model(name, args, store)
     g = gather(store)
     bands = {model: band_table(run) for model, run in g["heads"].items()}
@@ -816,7 +822,8 @@ def main(argv: list[str] | None = None) -> Path:
     if prope:
         figures.append(prope_figure(prope))
     atomic_write_text(out / "two_models.md", md_text)
-    atomic_write_text(out / "two_models.html", _page(md_text, figures))
+    models = ", ".join(g["heads"])
+    atomic_write_text(out / "two_models.html", _page(md_text, figures, models))
     result = {"tables": g["tables"], "bands": bands, "prope": prope, "args": vars(args)}
     result["seconds_this_run"] = time.perf_counter() - started
     dump_json(out / "result.json", result)
