@@ -589,6 +589,37 @@ def knockout_markdown(tables: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _effect(r: dict[str, Any]) -> str:
+    return f"{r['estimate']:+.3g} [{r['lo']:+.3g}, {r['hi']:+.3g}]"
+
+
+def summary_markdown(tables: list[dict[str, Any]]) -> list[str]:
+    """One row per model, head set and metric: the main dose against both controls, the p-values
+    with their floors, and the dose curve."""
+    lines = [
+        "| model | head set | metric | unmodified | set, main dose | random planes | "
+        "random heads | p (planes) | p (heads) | dose curve |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in tables:
+        for metric in dict.fromkeys(r["metric"] for r in t["rows"]):
+            rows = [r for r in t["rows"] if r["metric"] == metric]
+            main = next(r for r in rows if "p_planes" in r)
+            planes = next(r for r in rows if r["condition"].startswith("random planes"))
+            heads = next(r for r in rows if r["condition"].startswith("random heads"))
+            curve = ", ".join(
+                f"{r['dose']}: {r['estimate']:+.3g}"
+                for r in rows
+                if r["condition"].startswith("set")
+            )
+            lines.append(
+                f"| {t['model']} | {t['set']} ({len(t['heads'])}) | {metric} | {main['base']:.3g} "
+                f"| {main['dose']} planes: {_effect(main)} | {_effect(planes)} | {_effect(heads)} "
+                f"| {fmt_p(main['p_planes'])} | {fmt_p(main['p_heads'])} | {curve} |"
+            )
+    return lines
+
+
 def markdown(g: dict[str, Any], bands: dict[str, list], prope: list, args) -> str:
     out = ["### Both embedded models: knockouts, semantic band, p-RoPE", ""]
     out.append(
@@ -609,7 +640,7 @@ def markdown(g: dict[str, Any], bands: dict[str, list], prope: list, args) -> st
             f"- {t['model']} {t['set']}: {t['n_windows']} windows × {t['n_rows']} rows "
             f"in {t['seconds']:.0f} s; heads {heads_text(t['heads'])}."
         )
-    out += ["", *knockout_markdown(g["tables"]), ""]
+    out += ["", *summary_markdown([t for t in g["tables"] if t["rows"]]), ""]
     out += [
         "| model | layer kind | band | content share, positional heads | content share, others "
         "| content variance |",
@@ -823,7 +854,8 @@ def main(argv: list[str] | None = None) -> Path:
         figures.append(prope_figure(prope))
     atomic_write_text(out / "two_models.md", md_text)
     models = ", ".join(g["heads"])
-    atomic_write_text(out / "two_models.html", _page(md_text, figures, models))
+    full = md_text + "\n" + "\n".join(knockout_markdown(g["tables"])) + "\n"
+    atomic_write_text(out / "two_models.html", _page(full, figures, models))
     result = {"tables": g["tables"], "bands": bands, "prope": prope, "args": vars(args)}
     result["seconds_this_run"] = time.perf_counter() - started
     dump_json(out / "result.json", result)
