@@ -623,11 +623,9 @@ def summary_markdown(tables: list[dict[str, Any]]) -> list[str]:
 def markdown(g: dict[str, Any], bands: dict[str, list], prope: list, args) -> str:
     out = ["### Both embedded models: knockouts, semantic band, p-RoPE", ""]
     out.append(
-        f"`python experiments/two_models.py` ({args.n_windows} windows per metric; "
-        f"{args.n_draws} draws per control at the main dose, a quarter of the planes; probe "
-        f"windows of {args.probe_ctx} random tokens, passkey prompts of {args.prompt_len} tokens, "
-        f"text windows of {args.text_ctx} tokens). p: one-sided, (1 + #draws at least as "
-        "harmful)/(1 + n), ± its Monte Carlo standard error sqrt(p(1 − p)/n), floor 1/(1 + n)."
+        "`python experiments/two_models.py`: the main dose is a quarter of the planes per head; "
+        "p: one-sided, (1 + #draws at least as harmful)/(1 + n), ± its Monte Carlo standard "
+        "error sqrt(p(1 − p)/n), floor 1/(1 + n); 95% percentile bootstrap CIs over windows."
     )
     out.append("")
     for model, run in g["heads"].items():
@@ -637,7 +635,8 @@ def markdown(g: dict[str, Any], bands: dict[str, list], prope: list, args) -> st
         )
     for t in g["tables"]:
         out.append(
-            f"- {t['model']} {t['set']}: {t['n_windows']} windows × {t['n_rows']} rows "
+            f"- {t['model']} {t['set']}: {t['n_windows']} windows of {t['n_ctx']} tokens × "
+            f"{t['n_rows']} rows ({t['n_draws']} draws per control) "
             f"in {t['seconds']:.0f} s; heads {heads_text(t['heads'])}."
         )
     out += ["", *summary_markdown([t for t in g["tables"] if t["rows"]]), ""]
