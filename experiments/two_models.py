@@ -620,7 +620,7 @@ def summary_markdown(tables: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def markdown(g: dict[str, Any], bands: dict[str, list], prope: list, args) -> str:
+def markdown(g: dict[str, Any], bands: dict[str, list], prope: list) -> str:
     out = ["### Both embedded models: knockouts, semantic band, p-RoPE", ""]
     out.append(
         "`python experiments/two_models.py`: the main dose is a quarter of the planes per head; "
@@ -847,7 +847,7 @@ def main(argv: list[str] | None = None) -> Path:
     g = gather(store)
     bands = {model: band_table(run) for model, run in g["heads"].items()}
     prope = prope_table(g["prope"], args.n_boot)
-    md_text = markdown(g, bands, prope, args)
+    md_text = markdown(g, bands, prope)
     figures = [dose_figure(g["tables"]), band_figure(bands)]
     if prope:
         figures.append(prope_figure(prope))
