@@ -196,16 +196,12 @@ def head_sets(
         tuple(int(x) for x in k.split(".")) for k, v in found["retrieval_score"].items() if v >= 0.1
     )
     sets: dict[str, dict[str, Any]] = {}
-    if pos:
+    kinds = sorted({found["kinds"][str(L)] for L, _ in pos} - {"all"})
+    if pos and len(kinds) != 1:
         sets["positional"] = {"heads": pos, "step": "positional", "direction": "high"}
-        kinds = {found["kinds"][str(L)] for L, _ in pos}
-        for kind in sorted(kinds - {"all"}):
-            chosen = [hd for hd in pos if found["kinds"][str(hd[0])] == kind]
-            sets[f"positional {kind}"] = {
-                "heads": chosen,
-                "step": "positional",
-                "direction": "high",
-            }
+    for kind in kinds:  # one kind only: the set is named by it, not twice
+        chosen = [hd for hd in pos if found["kinds"][str(hd[0])] == kind]
+        sets[f"positional {kind}"] = {"heads": chosen, "step": "positional", "direction": "high"}
     if retr:
         sets["retrieval"] = {"heads": retr, "step": "retrieval", "direction": "low"}
     var = torch.tensor(found["content_var"])[..., -1]  # [layer, head]: the lowest band
@@ -273,28 +269,30 @@ def probe_values(model, spec, window, rows, heads, row_tokens) -> list:
     return torch.cat(parts).tolist()
 
 
-def row_logprobs(model, tokens, rows, row_tokens, positions) -> torch.Tensor:
-    """Log-probabilities ``[row, position, vocab]`` at ``positions`` of ``tokens`` (one window)
-    under each row's knockout, rows chunked so logits stay within about 1 GB."""
+def row_scores(model, tokens, rows, row_tokens, positions, targets):
+    """Next-token NLL and top-1 hit ``[row, position]`` at ``positions`` of ``tokens`` (one
+    window) for ``targets``, under each row's knockout; rows chunked so logits stay within about
+    1 GB, and only the scores kept."""
     vocab = hf_model_of(model).get_input_embeddings().num_embeddings
     size = max(1, min(row_tokens // tokens.numel(), int(1e9 // (tokens.numel() * vocab * 4))))
-    out = []
+    nll, hit = [], []
     for c in chunks(rows, size):
         with knocked_out_rows(model, c), torch.no_grad():
             logits = model(tokens[None].expand(len(c), -1), return_type="logits")
-        out.append(logits[:, positions].float().log_softmax(-1))
+        logp = logits[:, positions].float().log_softmax(-1)
         del logits
-    return torch.cat(out)
+        target = targets[None, :, None].expand(len(c), -1, 1)
+        nll.append(-logp.gather(-1, target)[..., 0].double())
+        hit.append((logp.argmax(-1) == targets[None]).double())
+        del logp
+    return torch.cat(nll), torch.cat(hit)
 
 
 def copy_values(model, case, rows, row_tokens) -> list:
     """``[row][copy nll, copy accuracy]`` on one passkey prompt."""
     q = torch.tensor(case.queries)
-    target = case.tokens[q + 1]
-    logp = row_logprobs(model, case.tokens, rows, row_tokens, q)
-    nll = -logp.gather(-1, target[None, :, None].expand(len(rows), -1, 1))[..., 0].mean(-1)
-    acc = (logp.argmax(-1) == target[None]).double().mean(-1)
-    return torch.stack([nll.double(), acc], -1).tolist()
+    nll, hit = row_scores(model, case.tokens, rows, row_tokens, q, case.tokens[q + 1])
+    return torch.stack([nll.mean(-1), hit.mean(-1)], -1).tolist()
 
 
 def token_classes(tokenizer, tokens) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,8 +309,7 @@ def loss_values(model, tokens, rows, row_tokens) -> list:
     """``[row][content loss, function loss]`` on one text window."""
     content, function = token_classes(model.tokenizer, tokens)
     pos = torch.arange(tokens.numel() - 1)
-    logp = row_logprobs(model, tokens, rows, row_tokens, pos)
-    nll = -logp.gather(-1, tokens[1:][None, :, None].expand(len(rows), -1, 1))[..., 0].double()
+    nll, _ = row_scores(model, tokens, rows, row_tokens, pos, tokens[1:])
     return torch.stack([nll[:, content].mean(-1), nll[:, function].mean(-1)], -1).tolist()
 
 
@@ -494,8 +491,14 @@ def gather(store: RunStore) -> dict[str, Any]:
             prope[(c["model"], c["kind"], c["p"])] = run
         else:
             by_set.setdefault((c["model"], c["step"], c["set"], c["n_draws"]), []).append(run)
+    most: dict[tuple, int] = {}  # a set run with several draw counts: the most draws shown
+    for model, step, set_name, n_draws in by_set:
+        key = (model, step, set_name)
+        most[key] = max(most.get(key, 0), n_draws)
     tables = []
     for (model, step, set_name, n_draws), runs in sorted(by_set.items()):
+        if n_draws < most[(model, step, set_name)]:
+            continue
         runs = sorted(runs, key=lambda r: r["config"]["window"])
         seconds = sum(r["seconds"] for r in runs)
         tables.append(
