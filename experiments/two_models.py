@@ -30,10 +30,12 @@ window) is kept in ``runs.json`` as it finishes. Writes ``result.json``, ``two_m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -269,17 +271,32 @@ def probe_values(model, spec, window, rows, heads, row_tokens) -> list:
     return torch.cat(parts).tolist()
 
 
+@contextlib.contextmanager
+def logits_only_at(model, positions: torch.Tensor) -> Iterator[None]:
+    """While the block runs, the model's output layer projects only ``positions`` (logits
+    ``[batch, len(positions), vocab]``): a 262k-token vocabulary costs more than Gemma-3-270M's
+    layers, and the copy metric reads a few positions."""
+    head = hf_model_of(model).get_output_embeddings()
+    head = getattr(head, "original_component", head)  # the bridge wraps the HF module
+    own = head.forward
+    object.__setattr__(head, "forward", lambda x: own(x[:, positions]))
+    try:
+        yield
+    finally:
+        object.__delattr__(head, "forward")
+
+
 def row_scores(model, tokens, rows, row_tokens, positions, targets):
     """Next-token NLL and top-1 hit ``[row, position]`` at ``positions`` of ``tokens`` (one
     window) for ``targets``, under each row's knockout; rows chunked so logits stay within about
     1 GB, and only the scores kept."""
     vocab = hf_model_of(model).get_input_embeddings().num_embeddings
-    size = max(1, min(row_tokens // tokens.numel(), int(1e9 // (tokens.numel() * vocab * 4))))
+    size = max(1, min(row_tokens // tokens.numel(), int(1e9 // (len(positions) * vocab * 4))))
     nll, hit = [], []
     for c in chunks(rows, size):
-        with knocked_out_rows(model, c), torch.no_grad():
+        with knocked_out_rows(model, c), logits_only_at(model, positions), torch.no_grad():
             logits = model(tokens[None].expand(len(c), -1), return_type="logits")
-        logp = logits[:, positions].float().log_softmax(-1)
+        logp = logits.float().log_softmax(-1)
         del logits
         target = targets[None, :, None].expand(len(c), -1, 1)
         nll.append(-logp.gather(-1, target)[..., 0].double())
