@@ -1,6 +1,6 @@
 """experiments/two_models.py --quick on a tiny Gemma-3 (local and global layers): it runs, its
-p-values are the permutation p-values of its stored per-window numbers, its losses are the model's
-own, and a second run resumes with nothing left to do."""
+p-values are the permutation p-values of its stored per-window numbers, its losses and copy scores
+are the model's own, and a second run resumes with nothing left to do."""
 
 from __future__ import annotations
 
@@ -60,6 +60,17 @@ def test_two_models_quick(tmp_path, capsys, experiment):
     )
     hand = _hand_class_losses(model, window, content, function)
     np.testing.assert_allclose(sem["values"][0], hand, rtol=1e-5)
+
+    # the copy metric, its logits projected at the copy steps only, against the full logits
+    case = mod.units(model, "retrieval", mod.parse(ARGS))[0]
+    with torch.no_grad():
+        logp = model(case.tokens[None], return_type="logits")[0].double().log_softmax(-1)
+    q = torch.tensor(case.queries)
+    target = case.tokens[q + 1]
+    hand_nll = float(-logp[q].gather(-1, target[:, None]).mean())
+    hand_acc = float((logp[q].argmax(-1) == target).double().mean())
+    got = mod.copy_values(model, case, [{}, {}], 4096)
+    np.testing.assert_allclose(got, [[hand_nll, hand_acc]] * 2, rtol=1e-5)
 
     # the page holds the figures and the tables
     page = (tmp_path / "two_models.html").read_text()
