@@ -51,6 +51,9 @@ from ropelens.analyses.attention_sinks import attention_sinks
 from ropelens.analyses.head_taxonomy import HeadScoresReducer, head_taxonomy, random_tokens
 from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
 from ropelens.analyses.retrieval_heads import copy_case, retrieval_scores
+from ropelens.backends import backend_of
+from ropelens.backends.sdpa import planned
+from ropelens.backends.sdpa_capture import intervened
 from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.figures import figure_of
@@ -64,6 +67,7 @@ from ropelens.run.measure import RunOptions, Windows, measure
 from ropelens.run.stats import matched_random_sets, permutation_p_value
 from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands
+from ropelens.spec.plan import AblationStep
 from ropelens.spec.reading import hf_model_of, model_label, rope_spec
 from ropelens.validate import check_number
 
@@ -76,8 +80,10 @@ __all__ = [
     "KnockoutProbe",
     "head_sets",
     "knocked_out",
+    "knocked_out_rows",
     "knockout",
     "plane_order",
+    "probe_rows",
 ]
 
 HEAD_SETS = ("positional", "retrieval", "sinks", "others")
@@ -237,6 +243,113 @@ def knocked_out(model, planes: Mapping[tuple[int, int], Sequence[int]]) -> Itera
         for (L, ps), hs in groups.items():
             stack.enter_context(ablate_planes(model, list(ps), layers=[L], heads=hs))
         yield
+
+
+def _row_masks(spec, rows: Sequence[Mapping[tuple[int, int], Sequence[int]]]) -> dict[int, tuple]:
+    """Per layer, the ``[row, head, d_head]`` masks of q and k that zero row b's planes.
+
+    A KV dim is zeroed in a row where every query head reading it has that dim zeroed: the logits
+    are those of :func:`knocked_out` (a query's zeroed dims carry no term whatever its key holds).
+    """
+    layers = sorted({L for planes in rows for (L, _), ps in planes.items() if len(ps)})
+    out: dict[int, tuple] = {}
+    for L in layers:
+        lr = spec[L]
+        q = torch.zeros(len(rows), lr.n_heads, lr.head_dim, dtype=torch.bool)
+        for b, planes in enumerate(rows):
+            for (layer, h), ps in planes.items():
+                if layer == L and len(ps):
+                    q[b, h, lr.plane_dims[list(ps)].flatten()] = True
+        k = q.view(len(rows), lr.n_kv_heads, lr.group_size, lr.head_dim).all(2)
+        out[L] = (q, k)
+    return out
+
+
+@contextlib.contextmanager
+def knocked_out_rows(
+    model, rows: Sequence[Mapping[tuple[int, int], Sequence[int]]]
+) -> Iterator[None]:
+    """:func:`knocked_out` with one knockout per batch row: row b of every forward in the block
+    runs with ``rows[b]``'s planes zeroed (``{(layer, head): planes}``; an empty mapping: the
+    unmodified model). Every forward in the block must hold ``len(rows)`` rows.
+
+    Many control draws then cost one batched forward instead of one forward each.
+    """
+    if not rows:
+        raise InputError("rows is empty: pass one {(layer, head): planes} mapping per batch row")
+    spec = rope_spec(model)
+    for planes in rows:
+        _as_heads(planes, spec, "a row's knocked-out heads") if planes else None
+        for (L, _), ps in planes.items():
+            bad = [int(p) for p in ps if not 0 <= int(p) < spec[L].n_planes]
+            if bad:
+                raise InputError(
+                    f"layer {L} has {spec[L].n_planes} planes per head, so plane {bad[0]} does "
+                    "not exist"
+                )
+    masks = _row_masks(spec, rows)
+    removers: list[Any] = []
+    try:
+        removers, engine = backend_of(model).ablation_hooks(masks)
+        with intervened(model), planned(model, AblationStep(masks, len(removers), engine)):
+            yield
+    finally:
+        for remove in removers:
+            remove()
+
+
+class _RowMass(HeadScoresReducer):
+    """Attention mass of ``heads`` at offsets 0 … max_offset in each batch row (queries ≥ 1 and
+    keys ≥ 1, as :class:`HeadScoresReducer` counts them), kept per row."""
+
+    def __init__(self, spec, heads: Heads, max_offset: int = 1) -> None:
+        layers = sorted({L for L, _ in heads})
+        super().__init__(spec, layers, Bands.default(), max_offset)
+        self.heads = heads
+        self.rows: dict[int, Tensor] = {}  # layer -> [row, head, offset]
+
+    @torch.no_grad()
+    def update(self, acts) -> None:
+        rope = acts.rope
+        queries = acts["q_post"].float() * rope.score_scale
+        _, diag = self._attention(queries, acts["k_post"].float(), acts.valid, rope)
+        per = [diag[d][..., d:].double().mean(-1) for d in range(self.max_offset + 1)]
+        self.rows[acts.layer] = torch.stack(per, -1).cpu()
+
+    def mass(self) -> Tensor:
+        """``[row, head of self.heads, offset]``."""
+        return torch.stack([self.rows[L][:, h] for L, h in self.heads], 1)
+
+
+def probe_rows(
+    model,
+    window: Tensor,
+    rows: Sequence[Mapping[tuple[int, int], Sequence[int]]],
+    probe_heads: Sequence[tuple[int, int]],
+    *,
+    spec=None,
+) -> Tensor:
+    """Attention mass ``[row, probe head, offset 0/1]`` of ``probe_heads`` on one token window
+    (``[n_ctx]``, repeated once per row) with row b's knockout ``rows[b]`` in force: many control
+    draws of the positional probe in one forward (:func:`knocked_out_rows`)."""
+    spec = spec if spec is not None else rope_spec(model)
+    heads = _as_heads(probe_heads, spec, "probe_heads")
+    window = torch.as_tensor(window).reshape(-1)
+    if window.numel() < 3:
+        raise InputError(f"the probe window needs at least 3 tokens, got {window.numel()}")
+    red = _RowMass(spec, heads)
+    run = RunOptions(layers=red.layers, batch_size=len(rows), progress=False, verify=False)
+    with knocked_out_rows(model, rows):
+        measure(
+            model,
+            None,
+            lambda *_: red,
+            run,
+            windows=Windows(window[None].expand(len(rows), -1).contiguous()),
+            spec=spec,
+            analysis="knockout probe rows",
+        )
+    return red.mass()
 
 
 # --------------------------------------------------------------------------------------------

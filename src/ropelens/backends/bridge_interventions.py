@@ -87,11 +87,18 @@ def _zero_hook(
     heads_first: bool = False,
 ) -> Tensor:
     """Zero the masked (head, dim) entries of queries or keys (``[batch, head, pos, d]`` if
-    ``heads_first``)."""
+    ``heads_first``); a ``[batch, head, d]`` mask holds one mask per batch row."""
     m = mask.to(x.device)
-    return torch.where(
-        m[:, None] if heads_first else m, torch.zeros((), dtype=x.dtype, device=x.device), x
-    )
+    if m.ndim == 3:
+        if m.shape[0] != x.shape[0]:
+            raise UnsupportedModelError(
+                f"a per-row plane ablation holds {m.shape[0]} rows but the batch has "
+                f"{x.shape[0]}: run a batch of as many rows as masks"
+            )
+        m = m[:, :, None] if heads_first else m[:, None]
+    elif heads_first:
+        m = m[:, None]
+    return torch.where(m, torch.zeros((), dtype=x.dtype, device=x.device), x)
 
 
 def add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:

@@ -98,30 +98,45 @@ def _compile(plan: tuple) -> tuple[dict, dict, dict]:
 
 
 def _fit(mask: Tensor, n_heads: int, width: int, lr: LayerRope, what: str) -> Tensor:
-    """A ``[head, head_dim]`` mask in ropelens's coordinates for a rotation that sees ``n_heads``
-    heads of ``width`` dims (the rotary slice comes first in ropelens's head vectors; an MLA key's
-    rotary part is one shared head)."""
-    if width != mask.shape[1]:
+    """A ``[head, head_dim]`` mask (or ``[batch, head, head_dim]``: one per batch row) in ropelens's
+    coordinates for a rotation that sees ``n_heads`` heads of ``width`` dims (the rotary slice comes
+    first in ropelens's head vectors; an MLA key's rotary part is one shared head)."""
+    if width != mask.shape[-1]:
         if width != lr.rotary_dim:
             raise UnsupportedModelError(
                 f"layer {lr.layer}: its rotation sees {width} dims per head, neither the head "
                 f"({lr.head_dim}) nor the rotary slice ({lr.rotary_dim}); {what} cannot apply"
             )
-        if bool(mask[:, width:].any()):
+        if bool(mask[..., width:].any()):
             raise UnsupportedModelError(
                 f"layer {lr.layer} rotates only dims [0, {width}) of each head, and {what} "
                 "touches dims past them, which never reach its rotation: restrict it to the "
                 "rotary dims"
             )
-        mask = mask[:, :width]
-    if n_heads != mask.shape[0]:
-        if n_heads != 1 or not bool((mask == mask[:1]).all()):
+        mask = mask[..., :width]
+    if n_heads != mask.shape[-2]:
+        if n_heads != 1 or not bool((mask == mask[..., :1, :]).all()):
             raise UnsupportedModelError(
                 f"layer {lr.layer} rotates one key shared by all heads (multi-head latent "
                 f"attention), so {what} cannot differ between heads there: apply it to every head"
             )
-        mask = mask[:1]
+        mask = mask[..., :1, :]
     return mask
+
+
+def _row_shape(x: Tensor, heads_axis: int, mask: Tensor) -> list[int]:
+    """The shape ``mask`` (``[head, width]``, or ``[batch, head, width]``: one per batch row of
+    ``x``) takes to broadcast over ``x`` with heads on ``heads_axis``."""
+    shape = [1] * x.ndim
+    shape[heads_axis], shape[-1] = -1, x.shape[-1]
+    if mask.ndim == 3:
+        if mask.shape[0] != x.shape[0]:
+            raise UnsupportedModelError(
+                f"a per-row plane ablation holds {mask.shape[0]} rows but the batch has "
+                f"{x.shape[0]}: run a batch of as many rows as masks"
+            )
+        shape[0] = x.shape[0]
+    return shape
 
 
 def _apply(
@@ -149,9 +164,8 @@ def _apply(
     for qk in masks:
         mask = qk[i]
         if mask is not None:
-            x = x.masked_fill(
-                _fit(mask, n, width, lr, "plane ablation").to(x.device).view(shape), 0
-            )
+            fitted = _fit(mask, n, width, lr, "plane ablation")
+            x = x.masked_fill(fitted.to(x.device).view(_row_shape(x, heads_axis, fitted)), 0)
     return x
 
 
