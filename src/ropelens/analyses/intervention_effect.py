@@ -37,9 +37,16 @@ from ropelens.spec.plan import describe_intervention
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.variants import RopeVariant
 
-__all__ = ["CONDITIONS", "InterventionEffect", "intervention_effect"]
+__all__ = ["CONDITIONS", "HEAD_GROUPS", "InterventionEffect", "head_group", "intervention_effect"]
 
 CONDITIONS = ("without", "with")  # index 0 and 1 of every stacked field
+HEAD_GROUPS = ("positional", "sink", "content")
+
+
+def head_group(kind: str) -> str:
+    """The group of a head kind from :meth:`HeadTaxonomy.kinds`: its positional kinds (diagonal,
+    previous-token, offset-δ) are ``positional``."""
+    return kind if kind in ("sink", "content") else "positional"
 
 
 @dataclass(frozen=True)
@@ -49,8 +56,9 @@ class InterventionEffect(Result):
 
     ``energy``: share of the queries' squared norm per band, heads averaged, ``[condition, layer,
     band]``; ``logit_share``: each band's share of the summed |band logit|, heads averaged, same
-    shape; ``head_kinds``: per condition, layer and head, ``positional``, ``sink`` or ``content``
-    (:meth:`HeadTaxonomy.kinds`, both with the unmodified model's threshold). ``interventions``:
+    shape; ``head_kinds``: per condition, layer and head, its kind (:meth:`HeadTaxonomy.kinds`:
+    ``diagonal``, ``previous-token``, ``offset-δ``, ``sink`` or ``content``), both with the
+    unmodified model's threshold. ``interventions``:
     what ran (:attr:`RopeSpec.interventions`).
     """
 
@@ -88,17 +96,19 @@ class InterventionEffect(Result):
         return pd.DataFrame(rows, columns=["layer", "head", "without", "with"])
 
     def head_counts(self) -> pd.DataFrame:
-        """Heads of each kind per layer and condition (long form)."""
+        """Heads of each group per layer and condition (long form): ``positional`` (diagonal,
+        previous-token and offset-δ heads together), ``sink`` and ``content``."""
         rows = []
         for c, condition in enumerate(CONDITIONS):
             for L, kinds in zip(self.layers, self.head_kinds[c], strict=True):
-                for kind in ("positional", "sink", "content"):
+                groups = [head_group(k) for k in kinds]
+                for group in HEAD_GROUPS:
                     rows.append(
                         {
                             "condition": condition,
                             "layer": L,
-                            "kind": kind,
-                            "heads": sum(k == kind for k in kinds),
+                            "kind": group,
+                            "heads": groups.count(group),
                         }
                     )
         return pd.DataFrame(rows)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ropelens.analyses.intervention_effect import CONDITIONS, InterventionEffect
+from ropelens.analyses.intervention_effect import CONDITIONS, HEAD_GROUPS, InterventionEffect
 from ropelens.plots.style import style_figure
 
 __all__ = ["effect_figure"]
 
-_KIND_COLOURS = {"positional": "#2f5fd0", "sink": "#d0842f", "content": "#7a7a7a"}
+_GROUP_COLOURS = dict(zip(HEAD_GROUPS, ("#2f5fd0", "#d0842f", "#7a7a7a"), strict=True))
 
 
 def _change_heatmap(effect: InterventionEffect, what: str, label: str, x: float) -> go.Heatmap:
@@ -46,7 +46,7 @@ def effect_figure(effect: InterventionEffect) -> go.Figure:
     fig.add_trace(_change_heatmap(effect, "logit_share", "|logit| share", 0.625), row=1, col=2)
     counts = effect.head_counts()
     for condition in CONDITIONS:
-        for kind, colour in _KIND_COLOURS.items():
+        for kind, colour in _GROUP_COLOURS.items():
             part = counts[(counts.condition == condition) & (counts.kind == kind)]
             fig.add_trace(
                 go.Bar(

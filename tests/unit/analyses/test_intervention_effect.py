@@ -3,6 +3,7 @@ intervention, and ``ropelens intervention-effect`` / ``--variant`` on the comman
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -141,3 +142,19 @@ def test_cli_intervention_effect_and_variant_flag(family_dir, tmp_path, capsys):
     assert "--variant-layers needs --variant" in capsys.readouterr().err
     assert main(["intervention-effect", path, *common]) == 2
     assert "name one intervention" in capsys.readouterr().err
+
+
+def test_head_counts_group_the_positional_kinds(effect):
+    kinds = [["previous-token", "offset-3", "sink", "content"]] + [
+        ["diagonal", "content", "content", "sink"]
+    ] * (len(effect.layers) - 1)
+    made_up = dataclasses.replace(effect, head_kinds=[kinds, kinds])
+    counts = made_up.head_counts()
+    first = counts[(counts.layer == 0) & (counts.condition == "without")]
+    assert dict(zip(first.kind, first.heads, strict=True)) == {
+        "positional": 2,
+        "sink": 1,
+        "content": 1,
+    }
+    bars = [t for t in made_up.figure().data if t.type == "bar"]
+    assert sum(int(sum(t.x)) for t in bars) == 2 * 4 * len(effect.layers)
