@@ -567,11 +567,18 @@ def attention_decomposition(
     ``verify``: first check the reading against the model's own attention
     (:mod:`ropelens.run.verify`); False runs anyway and the provenance says "unverified".
     """
+    if isinstance(tokens, list | tuple) and not tokens:
+        raise InputError("no texts to decompose (an empty list): pass a text or a list of texts")
     if isinstance(tokens, str | list | tuple):
         tokens = model.to_tokens(tokens)
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
         raise InputError(
             "tokens must be text or an integer [batch, pos] tensor (e.g. model.to_tokens(text))"
+        )
+    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise InputError(
+            f"no tokens to decompose (tokens of shape {list(tokens.shape)}): an empty text gives "
+            "none where the tokenizer adds no BOS token; pass some text"
         )
     # frequencies that change with the input's length, as a forward of this length applies them
     spec = rope_spec(model, length=int(tokens.shape[1]))

@@ -120,6 +120,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise InputError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
+    if dev.type == "meta":
+        raise InputError(
+            f"device {device!r}: meta tensors hold shapes but no values, so there is nothing to "
+            "measure on them: pick 'cpu', 'cuda' or 'mps'"
+        )
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"device {device!r} asked for, but no CUDA GPU is available: use 'cpu'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():

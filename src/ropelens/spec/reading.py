@@ -527,6 +527,49 @@ def _refuse_bad_base(config, architecture: str) -> None:
             )
 
 
+def _refuse_bad_rotary_buffers(hf: torch.nn.Module, architecture: str) -> None:
+    """InputError naming a rotary buffer that holds NaN or ±inf, or an ``inv_freq`` with a negative
+    frequency: what a bad base (or code that overwrote the buffer) leaves, which the analyses would
+    otherwise blame on the plane pairing. A frequency of 0 is a plane that does not rotate
+    (proportional RoPE) and is kept."""
+    rotary = {id(m) for m in _rotary_modules(hf)}
+    for module_name, module in hf.named_modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if (
+                (id(module) not in rotary and "inv_freq" not in name)
+                or not buffer.is_floating_point()
+                or buffer.is_meta
+            ):
+                continue
+            values = buffer.detach().float().cpu().flatten()
+            frequencies = "inv_freq" in name
+            bad = ~torch.isfinite(values) | ((values < 0) if frequencies else False)
+            if bool(bad.any()):
+                index = int(bad.nonzero()[0, 0])
+                what = (
+                    "RoPE's frequencies must be finite and not negative (plane i turns by θ_i "
+                    "radians per token, 0 for a plane that does not rotate)"
+                    if frequencies
+                    else "a rotary table must hold finite numbers"
+                )
+                path = f"{module_name}.{name}".replace("._original_component", "")
+                raise InputError(
+                    f"{architecture}: the rotary buffer {path} holds "
+                    f"{float(values[index])!r} at entry {index}, but {what}: it was computed "
+                    "from a bad config or overwritten; reload the model from its checkpoint, "
+                    "with a positive, finite rope_theta in its config.json"
+                )
+
+
+def _refuse_meta(hf: torch.nn.Module, architecture: str) -> None:
+    """InputError for a model whose weights are all on the meta device (shapes, no values)."""
+    if device_of(hf).type == "meta":
+        raise InputError(
+            f"{architecture}: the model is on the meta device, whose tensors hold shapes but no "
+            "values, so there is nothing to measure: load it on 'cpu', 'cuda' or 'mps'"
+        )
+
+
 def _start_reading(model) -> _ModelReading:
     """Refuse a model ropelens cannot read, and run the probes every layer's reading shares."""
     hf = hf_model_of(model)
@@ -540,7 +583,9 @@ def _start_reading(model) -> _ModelReading:
             "measures rotary models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute "
             "position embeddings use ropelens.analyses.pe_similarity."
         )
+    _refuse_meta(hf, architecture)
     _refuse_bad_base(config, architecture)
+    _refuse_bad_rotary_buffers(hf, architecture)
     _refuse_unsupported(model, config, architecture)
     attentions = _attention_modules(model)
     n_ctx = int(
