@@ -49,9 +49,9 @@ from ropelens.errors import InputError
 from ropelens.loading.models import weights_fingerprint
 from ropelens.results.provenance import versions
 from ropelens.results.serialize import atomic_write
-from ropelens.validate import check_output_path
 from ropelens.run.capture import Reducer, stream
 from ropelens.spec.reading import model_label
+from ropelens.validate import check_output_path
 
 __all__ = [
     "RankFailedError",
