@@ -32,6 +32,7 @@ from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands, ResolvedBands
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
+from ropelens.spec.surface import running_model
 
 # one input's logits are small enough to keep one band per plane (the command line's default too)
 DEFAULT_BANDS = Bands.planes()
@@ -567,6 +568,7 @@ def attention_decomposition(
     ``verify``: first check the reading against the model's own attention
     (:mod:`ropelens.run.verify`); False runs anyway and the provenance says "unverified".
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     if isinstance(tokens, list | tuple) and not tokens:
         raise InputError("no texts to decompose (an empty list): pass a text or a list of texts")
     if isinstance(tokens, str | list | tuple):

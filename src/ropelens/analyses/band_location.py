@@ -46,6 +46,7 @@ from ropelens.run.evaluate import LossEstimate, bootstrap_ci, window_losses
 from ropelens.run.intervene import apply_rope_variant, is_identity
 from ropelens.run.measure import RunOptions, Windows, corpus_analysis
 from ropelens.spec.rope import RopeSpec
+from ropelens.spec.surface import running_model
 from ropelens.spec.variants import PlaneMask
 from ropelens.validate import check_number
 
@@ -298,6 +299,7 @@ def nope_below_band(
     """Loss on ``tokens`` with RoPE, with the planes below each layer's band unrotated, and with as
     many planes per layer drawn at random (seeded) unrotated; paired bootstrap CIs of the
     differences."""
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     spec, layers = bands.spec, list(bands.layers)
     if not is_identity(spec, PlaneMask(()), layers, int(tokens.shape[1])):
         raise UnsupportedModelError(

@@ -41,7 +41,12 @@ from ropelens.spec.forward_taps import (
 from ropelens.spec.observed import measure_query_factors, observe_rotations
 from ropelens.spec.plan import active_plan
 from ropelens.spec.rope import LayerRope, RopeSpec
-from ropelens.spec.surface import bridge_refusal, declared_adjacent_pairs
+from ropelens.spec.surface import (
+    bridge_refusal,
+    declared_adjacent_pairs,
+    drop_wrapper_forward,
+    running_model,
+)
 from ropelens.validate import check_positive_int
 
 __all__ = ["hf_model_of", "is_mla", "model_label", "rope_spec"]
@@ -805,6 +810,7 @@ def rope_spec(model, *, length: int | None = None) -> RopeSpec:
     """
     if length is not None:
         length = check_positive_int(length, "length", " (the input's length in tokens)")
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     reading = _start_reading(model)
     limit = None if active_plan(model) else _length_limit(model)
     if limit is not None:  # the short reading: the rotary modules as a short input leaves them
@@ -1031,6 +1037,7 @@ def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
     while getattr(module, "_original_component", None) is not None:
         module = module._original_component
     view = copy.copy(module)
+    drop_wrapper_forward(view, module)
     view._modules = {n: (None if c is None else _hf_tree(c)) for n, c in module._modules.items()}
     for hooks in (
         "_forward_hooks",
