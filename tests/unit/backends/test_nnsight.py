@@ -1,5 +1,5 @@
 """An nnsight model runs wherever an HF model does: the HF model it wraps is the engine, and every
-number equals the same HF model's given to ropelens itself (``wrap_hf_model(..., bridge=False)``)."""
+number equals the same HF model's given to ropelens itself (``wrap_hf_model``, ``bridge=False``)."""
 
 from __future__ import annotations
 
@@ -158,3 +158,13 @@ def test_a_wrapper_of_no_hf_model_is_refused_in_one_line():
     envoy = nnsight.NNsight(torch.nn.Linear(2, 2))
     with pytest.raises(ropelens.InputError, match="wrapping a Linear: ropelens measures the HF"):
         frequency_usage(envoy, TEXTS, **KW)
+
+
+@pytest.mark.parametrize("bridge", [True, False])
+def test_wrap_hf_model_takes_the_hf_model_an_nnsight_model_wraps(bridge):
+    lm, plain = _pair("llama")
+    wrapped = wrap_hf_model(lm, None, device="cpu", label="LlamaForCausalLM", bridge=bridge)
+    assert isinstance(wrapped, PlainModel) != bridge
+    assert wrapped.tokenizer.get_vocab() == lm.tokenizer.get_vocab()  # the bridge reloads its own
+    tokens = plain.to_tokens(TEXTS[2])
+    torch.testing.assert_close(wrapped(tokens), plain(tokens), rtol=1e-5, atol=1e-5)
