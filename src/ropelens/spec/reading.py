@@ -49,7 +49,7 @@ from ropelens.spec.surface import (
 )
 from ropelens.validate import check_positive_int
 
-__all__ = ["hf_model_of", "is_mla", "model_label", "rope_spec"]
+__all__ = ["hf_model_of", "is_mla", "model_label", "refuse_bad_base", "rope_spec"]
 
 
 def model_label(model) -> str:
@@ -510,7 +510,7 @@ def _rope_bases(config) -> list[tuple[str, Any]]:
     return bases
 
 
-def _refuse_bad_base(config, architecture: str) -> None:
+def refuse_bad_base(config, architecture: str) -> None:
     """InputError naming the config field whose RoPE base is not a positive number.
 
     Plane i turns by θ_i = base^(−2i/d): a base of 0 makes every plane but the first turn
@@ -589,7 +589,7 @@ def _start_reading(model) -> _ModelReading:
             "position embeddings use ropelens.analyses.pe_similarity."
         )
     _refuse_meta(hf, architecture)
-    _refuse_bad_base(config, architecture)
+    refuse_bad_base(config, architecture)
     _refuse_bad_rotary_buffers(hf, architecture)
     _refuse_unsupported(model, config, architecture)
     attentions = _attention_modules(model)

@@ -119,7 +119,7 @@ def test_every_analysis_names_the_bad_base_before_verifying_anything(base, monke
             call()
 
 
-@pytest.mark.parametrize("base", ["0", "-1", "NaN", "Infinity"])
+@pytest.mark.parametrize("base", ["0", "-1", "NaN", "Infinity", '"abc"', "null"])
 def test_the_cli_refuses_a_bad_base_in_config_json_in_one_line(base, tmp_path, capsys):
     path = tiny_model_dir("llama", tmp_path / "bad-base")
     config = path / "config.json"
