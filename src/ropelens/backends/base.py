@@ -446,7 +446,7 @@ def plain_of_nnsight(model: Any) -> Any:
     label = held.get("repo_id")
     if not isinstance(label, str) or not label:
         label = str(getattr(hf.config, "name_or_path", "") or type(hf).__name__)
-    plain = plain_model(hf, tokenizer, label=label, why=f"an {type(model).__name__} from nnsight")
+    plain = plain_model(hf, tokenizer, label=label, why=f"held in nnsight ({type(model).__name__})")
     held[_NNSIGHT] = plain
     return plain
 
