@@ -1,6 +1,7 @@
 """What a model's surface declares, read before any backend is chosen: whether it is a
 TransformerLens bridge (its ``blocks`` and hook points), the flags such a bridge carries, and the
-structures its hook points cannot capture.
+structures its hook points cannot capture; whether it is an nnsight model, and the model ropelens
+runs for it (:func:`running_model`, filled in by :mod:`ropelens.backends`).
 
 The one place below the backends that looks at a bridge's own attributes; :mod:`ropelens.backends`
 chooses how a model runs from :func:`is_bridge`.
