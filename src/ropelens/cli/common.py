@@ -345,7 +345,9 @@ class OptionGroup:
     def from_args(cls, args: argparse.Namespace):
         """The group as parsed; a field the command does not declare keeps its default."""
         names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+        # the parsed flags only: nnsight, once imported, gives every object a ``save`` method
+        given = vars(args)
+        return cls(**{n: given[n] for n in names if n in given})
 
 
 def _add_field(

@@ -455,6 +455,8 @@ def _observed_rope(model, attns, layer: int, arch: str):
         return None
     differs = obs.differs()
     if differs is not None:
+        # a table holding NaN or inf turns no plane right: named as such, not as a pairing
+        _refuse_bad_rotary_buffers(hf_model_of(model), arch, tables=True)
         raise UnsupportedModelError(
             f"{arch}: layer {layer}: {differs}; ropelens measures rotations that turn plane i "
             "by m·θ_i and multiply every position by one constant"
@@ -532,16 +534,20 @@ def refuse_bad_base(config, architecture: str) -> None:
             )
 
 
-def _refuse_bad_rotary_buffers(hf: torch.nn.Module, architecture: str) -> None:
-    """InputError naming a rotary buffer that holds NaN or ±inf, or an ``inv_freq`` with a negative
-    frequency: what a bad base (or code that overwrote the buffer) leaves, which the analyses would
+def _refuse_bad_rotary_buffers(
+    hf: torch.nn.Module, architecture: str, *, tables: bool = False
+) -> None:
+    """InputError naming an ``inv_freq`` buffer that holds NaN, ±inf or a negative frequency (with
+    ``tables``, also any other buffer of a rotary module holding NaN or ±inf: GPT-J's sin|cos
+    table): what a bad base, or code that overwrote the buffer, leaves, which the analyses would
     otherwise blame on the plane pairing. A frequency of 0 is a plane that does not rotate
-    (proportional RoPE) and is kept."""
+    (proportional RoPE) and is kept. Tables are looked at only where a measured rotation failed: a
+    cache a family fills at its first forward may hold anything before it."""
     rotary = {id(m) for m in _rotary_modules(hf)}
     for module_name, module in hf.named_modules():
         for name, buffer in module.named_buffers(recurse=False):
             if (
-                (id(module) not in rotary and "inv_freq" not in name)
+                ("inv_freq" not in name and not (tables and id(module) in rotary))
                 or not buffer.is_floating_point()
                 or buffer.is_meta
             ):

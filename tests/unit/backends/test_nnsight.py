@@ -3,6 +3,7 @@ number equals the same HF model's given to ropelens itself (``wrap_hf_model``, `
 
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 
@@ -18,6 +19,7 @@ from ropelens.analyses import (
 )
 from ropelens.backends import backend_of, handle
 from ropelens.backends.hf import PlainModel
+from ropelens.cli.main import main
 from ropelens.loading.models import wrap_hf_model
 from ropelens.report import build_report
 from ropelens.run.evaluate import window_losses
@@ -26,6 +28,17 @@ from ropelens.spec.variants import PRoPE
 from ropelens.testing import tiny_hf_model, tiny_model_dir, tiny_tokenizer
 
 nnsight = pytest.importorskip("nnsight")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _nnsight_save_unmounted_after():
+    """Importing nnsight gives every Python object a ``save`` method (its C ``mount``); the tests
+    here run with it, as an nnsight user's session does, and the process gets it taken off after."""
+    yield
+    unmount = getattr(importlib.import_module("nnsight._c"), "unmount", None)
+    if unmount is not None and "save" in vars(object):
+        unmount("save")
+
 
 TEXTS = [
     "The cat sat on the mat, and the dog sat on the rug by the door.",
@@ -171,3 +184,15 @@ def test_wrap_hf_model_takes_the_hf_model_an_nnsight_model_wraps(bridge):
     assert wrapped.tokenizer.get_vocab() == lm.tokenizer.get_vocab()  # the bridge reloads its own
     tokens = plain.to_tokens(TEXTS[2])
     torch.testing.assert_close(wrapped(tokens), plain(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_the_command_line_reads_its_flags_while_nnsight_gives_every_object_save(tmp_path):
+    """With nnsight imported ``argparse.Namespace().save`` exists: ``--save`` is read from the
+    parsed flags, and a command without it saves nothing."""
+    path = tiny_model_dir("llama", tmp_path / "tiny")
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(TEXTS))
+    common = ["--device", "cpu", "--corpus", str(corpus), "--n-ctx", "16", "--tokens", "64"]
+    assert main(["frequency-usage", str(path), *common, "--json"]) == 0
+    assert main(["frequency-usage", str(path), *common, "--save", str(tmp_path / "u.json")]) == 0
+    assert (tmp_path / "u.json").is_file()
