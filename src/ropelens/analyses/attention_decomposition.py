@@ -33,6 +33,7 @@ from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands, ResolvedBands
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
+from ropelens.spec.surface import running_model
 
 # one input's logits are small enough to keep one band per plane (the command line's default too)
 DEFAULT_BANDS = Bands.planes()
@@ -581,6 +582,9 @@ def attention_decomposition(
     ``verify``: first check the reading against the model's own attention
     (:mod:`ropelens.run.verify`); False runs anyway and the provenance says "unverified".
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
+    if isinstance(tokens, list | tuple) and not tokens:
+        raise InputError("no texts to decompose (an empty list): pass a text or a list of texts")
     valid = None
     if isinstance(tokens, str | list | tuple):
         encoded = text_tokens(model, tokens)  # BOS policy, cut to the context (warned), padded
@@ -589,6 +593,11 @@ def attention_decomposition(
         raise InputError(
             "tokens must be text, a list of texts or an integer [batch, pos] tensor (e.g. "
             "ropelens.run.texts.text_tokens(model, text).tokens)"
+        )
+    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise InputError(
+            f"no tokens to decompose (tokens of shape {list(tokens.shape)}): an empty text gives "
+            "none where the tokenizer adds no BOS token; pass some text"
         )
     # frequencies that change with the input's length, as a forward of this length applies them
     spec = rope_spec(model, length=int(tokens.shape[1]))

@@ -47,6 +47,7 @@ from ropelens.run.intervene import apply_rope_variant, is_identity
 from ropelens.run.measure import RunOptions, Windows, corpus_analysis
 from ropelens.spec.plan import describe_intervention
 from ropelens.spec.rope import RopeSpec
+from ropelens.spec.surface import running_model
 from ropelens.spec.variants import PlaneMask
 from ropelens.validate import check_number
 
@@ -299,6 +300,7 @@ def nope_below_band(
     """Loss on ``tokens`` with RoPE, with the planes below each layer's band unrotated, and with as
     many planes per layer drawn at random (seeded) unrotated; paired bootstrap CIs of the
     differences."""
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     spec, layers = bands.spec, list(bands.layers)
     variants = [i for i in spec.interventions if i.get("intervention") == "rope variant"]
     if variants:

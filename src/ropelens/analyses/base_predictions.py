@@ -42,6 +42,7 @@ from ropelens.run.data import analysis_windows, load_corpus
 from ropelens.run.evaluate import ci_end, loss_estimate
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.spec.surface import running_model
 from ropelens.validate import check_positive_int
 
 __all__ = [
@@ -523,6 +524,7 @@ def measured_extrapolation(
     (:func:`ropelens.run.evaluate.loss_estimate`). With ``fast`` a bridge is measured through the HF
     model it wraps with sdpa attention (same weights, same loss, memory linear in the length).
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     lens = _lengths(lengths)
     n_windows = check_positive_int(n_windows, "n_windows")
     spec = rope_spec(model)

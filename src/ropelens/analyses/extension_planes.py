@@ -50,6 +50,7 @@ from ropelens.run.evaluate import window_losses
 from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import LayerRope
+from ropelens.spec.surface import running_model
 from ropelens.spec.variants import (
     NTK,
     Default,
@@ -487,6 +488,7 @@ def search_longrope_factors(
     each generation, so a rerun continues and ends where an uninterrupted run would. ``tokens``
     (``[n, target_len]``) default to ``n_windows`` held-out windows of the embedded English text.
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     population = check_positive_int(population, "population", " (candidates per generation, ≥ 2)")
     if population < 2:
         raise InputError(f"population must be at least 2 (parents and children), got {population}")

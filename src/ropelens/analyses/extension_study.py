@@ -71,6 +71,7 @@ from ropelens.run.intervene import apply_rope_variant, is_identity
 from ropelens.run.stats import paired_bootstrap_ci
 from ropelens.run.verify import verification
 from ropelens.spec.reading import model_label, rope_spec
+from ropelens.spec.surface import running_model
 from ropelens.spec.variants import (
     NTK,
     CoPE,
@@ -561,6 +562,7 @@ def extension_study(
     layer for the windows of one length at a time
     (n_windows × length × layers × (heads + KV heads) × head_dim floats).
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     if getattr(model, "tokenizer", None) is None:
         raise InputError(
             f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"

@@ -42,6 +42,7 @@ from ropelens.run.measure import RunOptions, Windows, measure
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import hf_model_of, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec, expand_kv
+from ropelens.spec.surface import running_model
 
 __all__ = [
     "HeadScoresReducer",
@@ -435,6 +436,7 @@ def head_taxonomy(
     ``verify``: check the reading against the model's own attention first (False: results say
     unverified).
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     bands = bands or Bands.default()
     spec = rope_spec(model)
     if isinstance(corpus, Tensor):

@@ -69,6 +69,7 @@ from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands
 from ropelens.spec.plan import AblationStep
 from ropelens.spec.reading import hf_model_of, model_label, rope_spec
+from ropelens.spec.surface import running_model
 from ropelens.validate import check_number
 
 __all__ = [
@@ -235,6 +236,7 @@ def knocked_out(model, planes: Mapping[tuple[int, int], Sequence[int]]) -> Itera
     Heads of one layer with the same planes share one :func:`ropelens.run.intervene.ablate_planes`
     call, so a KV head is zeroed when every query head reading it is knocked out (the logits are the
     same either way)."""
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for (L, h), ps in sorted(planes.items()):
         if len(ps):
@@ -986,6 +988,7 @@ def knockout(
     per retrieval prompt (default ``n_ctx``), one prompt per window, passkey depths spread over
     0.1–0.9. ``progress``: a bar over the conditions measured (tqdm, on stderr).
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     started = time.perf_counter()
     directions, metrics, prompt_len, n_random, n_control, seed, level = _check_settings(
         n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics

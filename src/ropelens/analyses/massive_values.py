@@ -41,6 +41,7 @@ from ropelens.run.measure import RunOptions, corpus_analysis, measure
 from ropelens.spec.plan import ReplaceStep
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec, layer_ranges
+from ropelens.spec.surface import running_model
 from ropelens.validate import check_number
 
 __all__ = ["MassiveReducer", "MassiveValues", "massive_values", "replace_massive"]
@@ -421,6 +422,7 @@ def replace_massive(
     mask}}``, the ``[head, d_head]`` entries replaced. Leaving the block, also on an exception,
     removes the hooks: the model is exactly as before.
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     if not isinstance(mv, MassiveValues):
         raise TypeError(
             f"expected MassiveValues from ropelens.analyses.massive_values, got {type(mv).__name__}"

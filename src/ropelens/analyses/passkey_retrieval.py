@@ -42,6 +42,7 @@ from ropelens.results.result import Result
 from ropelens.run.evaluate import loss_path
 from ropelens.run.intervene import apply_rope_variant
 from ropelens.run.texts import bos_token_id
+from ropelens.spec.surface import running_model
 from ropelens.spec.variants import DynamicNTK, LongRoPE, RopeVariant
 from ropelens.validate import check_number
 
@@ -241,6 +242,7 @@ def greedy_continuation(
     linear in their length; the bridge where that cannot be. Stops early at EOS and, with
     ``stop_after_number``, once a whole number has been written.
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     max_new_tokens = check_number(max_new_tokens, "max_new_tokens", at_least=1, integer=True)
     if prefill_chunk is not None:
         prefill_chunk = check_number(
@@ -437,6 +439,7 @@ def passkey_retrieval(
     ``path`` is :func:`greedy_continuation`'s (the HF sdpa forward by default, the bridge where it
     cannot be).
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     backend = backend_of(model)
     lengths = _check_list(lengths, "lengths", at_least=2, integer=True)
     depths = _check_list(depths, "depths", at_least=0, at_most=1)

@@ -51,6 +51,7 @@ from ropelens.results.result import Result
 from ropelens.run.intervene import ablate_planes
 from ropelens.run.verify import verification
 from ropelens.spec.reading import model_label, rope_spec
+from ropelens.spec.surface import running_model
 from ropelens.validate import check_number
 
 __all__ = [
@@ -210,6 +211,7 @@ def random_planes(
 @contextlib.contextmanager
 def ablate_head_planes(model, planes: dict[tuple[int, int], Sequence[int]]) -> Iterator[None]:
     """Zero each ``(layer, head)``'s own planes of its rotated q and k while the block runs."""
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     with contextlib.ExitStack() as stack:
         for (L, h), ps in planes.items():
             if len(ps):
@@ -330,6 +332,7 @@ def retrieval_heads(
     zeroed, with as many random planes per head zeroed (seeded), and unmodified, on held-out
     passkeys. A ``top_k`` past the model's rotary heads takes all of them; the provenance records
     the count used."""
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     top_k = check_number(top_k, "top_k", at_least=1, integer=True, hint=" (heads to ablate)")
     threshold = check_number(threshold, "threshold", at_least=0, at_most=1)
     fraction = check_number(

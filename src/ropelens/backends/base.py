@@ -44,7 +44,7 @@ from ropelens.backends.bridge_interventions import (
     install_replacement,
     install_variant,
 )
-from ropelens.backends.hf import PlainModel, capture, planned_forward
+from ropelens.backends.hf import PlainModel, capture, plain_model, planned_forward
 from ropelens.backends.losses import hf_losses, losses_of
 from ropelens.backends.sdpa import engine_plan, engine_ready, on_sdpa, sdpa_ready
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
@@ -53,6 +53,7 @@ from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.spec.plan import active_plan
 from ropelens.spec.reading import hf_model_of, model_label, rope_spec
 from ropelens.spec.rope import RopeSpec
+from ropelens.spec.surface import is_nnsight, nnsight_module, register_runner
 
 __all__ = [
     "Backend",
@@ -63,10 +64,12 @@ __all__ = [
     "backend_of",
     "fingerprint",
     "handle",
+    "plain_of_nnsight",
 ]
 
 _ATTR = "_ropelens_backend"
 _HANDLE = "_ropelens_handle"
+_NNSIGHT = "_ropelens_plain_model"  # on an nnsight wrapper: the plain model of its HF model
 Fold = Callable[[int, dict[str, Tensor]], None]
 Run = Callable[[Tensor, Tensor, bool, Fold], None]
 
@@ -409,8 +412,52 @@ def _hf_stepper(hf: Any, cache: bool, chunk: int | None) -> Callable[[Tensor, Te
     return cached
 
 
+def plain_of_nnsight(model: Any) -> Any:
+    """The model ropelens runs for an nnsight wrapper (``nnsight.LanguageModel``,
+    ``TransformersModel``): the :class:`~ropelens.backends.hf.PlainModel` of the HF causal LM it
+    wraps and its tokenizer, made once and kept on the wrapper (so a variant or ablation applied
+    through it is in force for every analysis given it); ``model`` itself for anything else.
+
+    The HF model is the engine, as it is, on its device and in its dtype: the numbers are those of
+    the same HF model given to :func:`ropelens.loading.models.wrap_hf_model` with
+    ``bridge=False``. A wrapper still on the meta device (nnsight's lazy loading) is dispatched
+    first, as its own first trace would.
+    """
+    if not is_nnsight(model):
+        return model
+    held = model.__dict__
+    if held.get("dispatched") is False and callable(getattr(type(model), "dispatch", None)):
+        model.dispatch()  # real weights in place of nnsight's meta skeleton
+    hf = nnsight_module(model)
+    known = held.get(_NNSIGHT)
+    if known is not None and known.original_model is hf:
+        return known
+    if not isinstance(hf, torch.nn.Module) or not hasattr(hf, "config"):
+        raise InputError(
+            f"a {type(model).__name__} wrapping a {type(hf).__name__}: ropelens measures the HF "
+            "causal LMs nnsight wraps (nnsight.LanguageModel(path or HF model))"
+        )
+    tokenizer = held.get("tokenizer")
+    if tokenizer is None:
+        raise InputError(
+            f"a {type(model).__name__} without a tokenizer: pass one "
+            "(nnsight.LanguageModel(hf_model, tokenizer=tokenizer))"
+        )
+    label = held.get("repo_id")
+    if not isinstance(label, str) or not label:
+        label = str(getattr(hf.config, "name_or_path", "") or type(hf).__name__)
+    plain = plain_model(hf, tokenizer, label=label, why=f"held in nnsight ({type(model).__name__})")
+    held[_NNSIGHT] = plain
+    return plain
+
+
+register_runner(plain_of_nnsight)
+
+
 def backend_of(model: Any) -> Backend:
-    """The backend ``model`` runs on, chosen on first use and kept on the model."""
+    """The backend ``model`` runs on, chosen on first use and kept on the model (an nnsight
+    model's: its HF model's, :func:`plain_of_nnsight`)."""
+    model = plain_of_nnsight(model)
     known = getattr(model, "__dict__", {}).get(_ATTR)
     if known is not None and known.model is model:
         return known
@@ -493,6 +540,7 @@ def handle(model: Any) -> ModelHandle:
     model); raises InputError, naming the fix, for anything else."""
     if isinstance(model, ModelHandle):
         return model
+    model = plain_of_nnsight(model)
     known = getattr(model, "__dict__", {}).get(_HANDLE)
     if known is not None and known.model is model:
         return known

@@ -29,6 +29,7 @@ from ropelens.errors import InputError
 from ropelens.spec.forward_taps import attention_tap
 from ropelens.spec.reading import hf_model_of
 from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.spec.surface import drop_wrapper_forward
 
 __all__ = [
     "QK_NEEDS",
@@ -200,6 +201,7 @@ def _unbridged(module: torch.nn.Module) -> torch.nn.Module:
     while hasattr(module, "_original_component") and module._original_component is not None:
         module = module._original_component
     view = copy.copy(module)
+    drop_wrapper_forward(view, module)
     view._modules = {
         name: (None if child is None else _unbridged(child))
         for name, child in module._modules.items()

@@ -356,9 +356,12 @@ class OptionGroup:
     @classmethod
     def from_args(cls, args: argparse.Namespace):
         """The group as parsed; a field the command does not declare keeps its default."""
-        taken = getattr(args, _taken(cls), ())
+        given = vars(
+            args
+        )  # the parsed flags only: nnsight, once imported, gives every object a save
+        taken = given.get(_taken(cls), ())
         names = [f.name for f in dataclasses.fields(cls) if f.name not in taken]  # type: ignore[arg-type]
-        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+        return cls(**{n: given[n] for n in names if n in given})
 
 
 def _taken(group: type) -> str:

@@ -18,9 +18,11 @@ import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ropelens.errors import InputError
+from ropelens.spec.reading import refuse_bad_base
 
 __all__ = ["check_hf_dir", "load_hf_dir", "safetensors_problem"]
 
@@ -101,6 +103,9 @@ def check_hf_dir(path: Path) -> None:
             f"{transformers.__version__} does not know: check the spelling, or install a "
             "transformers release with this family (bash scripts/setup.sh --latest)"
         )
+    for section in (cfg, cfg.get("text_config")):  # a base the loading itself would trip over
+        if isinstance(section, dict):
+            refuse_bad_base(SimpleNamespace(**section), str(cfg_file))
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:

@@ -26,11 +26,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ropelens.backends import backend_of
+from ropelens.backends.base import plain_of_nnsight
 from ropelens.backends.hf import can_tap, plain_model
 from ropelens.devices import device_of  # re-exported: ropelens.loading.models.device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.loading.hf_dir import load_hf_dir
 from ropelens.spec.reading import CHUNKED_WHY, is_chunked, is_mla, softmax_attention_in
+from ropelens.spec.surface import is_nnsight
 
 __all__ = [
     "EMBEDDED_MODELS",
@@ -120,6 +122,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise InputError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
+    if dev.type == "meta":
+        raise InputError(
+            f"device {device!r}: meta tensors hold shapes but no values, so there is nothing to "
+            "measure on them: pick 'cpu', 'cuda' or 'mps'"
+        )
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"device {device!r} asked for, but no CUDA GPU is available: use 'cpu'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -343,7 +350,14 @@ def wrap_hf_model(
     configuration (Falcon's grouped KV heads), and with ``bridge=False`` for any model, the result
     is a :class:`ropelens.backends.hf.PlainModel`: the HF model itself, on which the q/k analyses
     run and interventions are refused in one line (see :mod:`ropelens.backends.hf`).
+
+    ``model`` may be an nnsight model (``nnsight.LanguageModel``): the HF model it wraps is wrapped
+    (with its tokenizer where ``tokenizer`` is None). Every analysis also takes the nnsight model
+    itself, as the plain model of that HF model.
     """
+    if is_nnsight(model):  # an nnsight model: the HF model it wraps (its weights loaded first)
+        tokenizer = tokenizer if tokenizer is not None else plain_of_nnsight(model).tokenizer
+        model = plain_of_nnsight(model).original_model
     hub_name = hub_name or label
     dtype = resolve_dtype(dtype)
 

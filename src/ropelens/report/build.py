@@ -42,6 +42,7 @@ from ropelens.run.verify import skip_verification, verification
 from ropelens.spec.bands import Bands
 from ropelens.spec.plan import describe_intervention
 from ropelens.spec.reading import model_label, rope_spec
+from ropelens.spec.surface import running_model
 from ropelens.validate import check_positive_int
 
 __all__ = [
@@ -235,6 +236,7 @@ def build_report(
     """
     t_start = time.perf_counter()
     steps: dict[str, float] = {}
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     device, dtype = _check_model(model, device, dtype)
     tokens, n_ctx, batch_size = _check_budget(tokens, n_ctx, batch_size, band_tokens, quick)
     bands = _check_bands(bands)

@@ -23,6 +23,7 @@ from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec
+from ropelens.spec.surface import running_model
 
 __all__ = [
     "DeviceSums",
@@ -370,6 +371,7 @@ def capture_qk(
     Keys are KV heads (query head h reads KV head ``h // rope.group_size``). ``spec`` (default: read
     from the model) says how the tensors are laid out (the probe passes the reading it checks).
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     keep = _Keep(needs=frozenset(which))
     data: Iterable = batches(tokens, batch_size)
     if valid is not None:

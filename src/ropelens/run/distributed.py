@@ -51,6 +51,7 @@ from ropelens.results.provenance import versions
 from ropelens.results.serialize import atomic_write
 from ropelens.run.capture import Reducer, stream
 from ropelens.spec.reading import model_label
+from ropelens.validate import check_output_path
 
 __all__ = [
     "RankFailedError",
@@ -335,6 +336,8 @@ def run_windows(
     """
     if not isinstance(every, int) or every < 1:
         raise InputError(f"every must be a positive number of batches, got {every!r}")
+    if checkpoint is not None:  # a file there, or a folder that cannot be written: said at once
+        check_output_path(checkpoint, "checkpoint", directory=True)
     rank, world = rank_and_world()
     n = int(tokens.shape[0])
     # shard by batch: a rank runs exactly the batches one process would, so every float32 kernel

@@ -23,6 +23,7 @@ from ropelens.backends import backend_of
 from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.results.serialize import dump_json
+from ropelens.spec.surface import running_model
 
 __all__ = [
     "MIN_WINDOWS_FOR_CI",
@@ -98,6 +99,7 @@ def window_losses(
     (:func:`loss_path`): by default a bridge runs as its HF model with sdpa attention, the
     interventions applied where it rotates, in memory linear in the length.
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     tokens = _check_tokens(tokens)
     if (
         not isinstance(batch_size, numbers.Integral)
@@ -290,6 +292,7 @@ def loss_estimate(
     **bootstrap: Any,
 ) -> tuple[LossEstimate, Float[Tensor, " n_windows"]]:
     """``bootstrap_ci(window_losses(model, tokens))`` and the per-window losses."""
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     losses = window_losses(model, tokens, batch_size=batch_size, progress=progress, path=path)
     return bootstrap_ci(losses, **bootstrap), losses
 

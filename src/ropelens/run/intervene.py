@@ -27,6 +27,7 @@ from ropelens.errors import InputError
 from ropelens.spec.plan import AblationStep, VariantStep, active_plan, layer_with_variant
 from ropelens.spec.reading import unmodified_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.spec.surface import running_model
 from ropelens.spec.variants import RopeVariant
 from ropelens.validate import check_indices
 
@@ -107,6 +108,7 @@ def apply_rope_variant(
     rotary module, its buffers and its dynamic-update state are never touched; leaving the context
     (also on an exception) removes the hooks, so the model is exactly as before.
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     removers: list[Callable[[], None]] = []
     try:
         new_spec, removers, chosen, engine = _install_variant(model, variant, layers, layer_kind)
@@ -151,6 +153,7 @@ def with_rope_variant(
     """A deep copy of ``model`` that always runs ``variant`` (for long runs); ``model`` is
     untouched. ``in_place``: install the variant on ``model`` itself, for good, and return it
     (what the command line's ``--variant`` does: no second copy of the weights)."""
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     _check_variant(variant)
     chosen = unmodified_spec(model).layer_indices(layers, layer_kind)  # fail before copying
     if in_place and active_plan(model):
@@ -209,6 +212,7 @@ def ablate_planes(
     query heads sharing it are ablated; zeroing the query planes alone already removes the planes'
     term from those heads' logits, and leaves the other heads exactly as they were.
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     spec = unmodified_spec(model)
     chosen = spec.layer_indices(layers, layer_kind)
     plane_list = check_indices(planes, "plane")

@@ -32,6 +32,7 @@ from ropelens.run.distributed import RunInfo, run_windows
 from ropelens.run.verify import verification
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec
+from ropelens.spec.surface import running_model
 
 __all__ = ["Build", "Measured", "RunOptions", "Windows", "corpus_analysis", "measure"]
 
@@ -113,7 +114,8 @@ def corpus_analysis(**defaults: Any) -> Callable[[F], F]:
             bound = sig.bind(*args, **kwargs)  # a misspelt keyword fails here, naming it
             given = bound.arguments
             run = replace(base, **{k: given.pop(k) for k in _RUN_FIELDS if k in given})
-            return fn(given.pop("model"), given.pop("corpus", None), run, **given)
+            model = running_model(given.pop("model"))  # an nnsight model: the HF model it wraps
+            return fn(model, given.pop("corpus", None), run, **given)
 
         analysis.__signature__ = sig  # type: ignore[attr-defined]
         return analysis  # type: ignore[return-value]
@@ -250,6 +252,7 @@ def measure(
     ``rotary_only=False`` lets ``run.layers`` name NoPE layers too (None then selects every layer),
     for analyses that measure what a layer does without rotating.
     """
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     h = handle(model)  # the spec read once per model, not once per analysis
     spec = spec if spec is not None else h.spec
     chosen = spec.layer_indices(run.layers, rotary_only=rotary_only)

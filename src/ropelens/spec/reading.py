@@ -41,10 +41,22 @@ from ropelens.spec.forward_taps import (
 from ropelens.spec.observed import measure_query_factors, observe_rotations
 from ropelens.spec.plan import active_plan, spec_as_run
 from ropelens.spec.rope import LayerRope, RopeSpec
-from ropelens.spec.surface import bridge_refusal, declared_adjacent_pairs
+from ropelens.spec.surface import (
+    bridge_refusal,
+    declared_adjacent_pairs,
+    drop_wrapper_forward,
+    running_model,
+)
 from ropelens.validate import check_positive_int
 
-__all__ = ["hf_model_of", "is_mla", "model_label", "rope_spec", "unmodified_spec"]
+__all__ = [
+    "hf_model_of",
+    "is_mla",
+    "model_label",
+    "refuse_bad_base",
+    "rope_spec",
+    "unmodified_spec",
+]
 
 
 def model_label(model) -> str:
@@ -450,6 +462,8 @@ def _observed_rope(model, attns, layer: int, arch: str):
         return None
     differs = obs.differs()
     if differs is not None:
+        # a table holding NaN or inf turns no plane right: named as such, not as a pairing
+        _refuse_bad_rotary_buffers(hf_model_of(model), arch, tables=True)
         raise UnsupportedModelError(
             f"{arch}: layer {layer}: {differs}; ropelens measures rotations that turn plane i "
             "by m·θ_i and multiply every position by one constant"
@@ -505,7 +519,7 @@ def _rope_bases(config) -> list[tuple[str, Any]]:
     return bases
 
 
-def _refuse_bad_base(config, architecture: str) -> None:
+def refuse_bad_base(config, architecture: str) -> None:
     """InputError naming the config field whose RoPE base is not a positive number.
 
     Plane i turns by θ_i = base^(−2i/d): a base of 0 makes every plane but the first turn
@@ -527,6 +541,53 @@ def _refuse_bad_base(config, architecture: str) -> None:
             )
 
 
+def _refuse_bad_rotary_buffers(
+    hf: torch.nn.Module, architecture: str, *, tables: bool = False
+) -> None:
+    """InputError naming an ``inv_freq`` buffer that holds NaN, ±inf or a negative frequency (with
+    ``tables``, also any other buffer of a rotary module holding NaN or ±inf: GPT-J's sin|cos
+    table): what a bad base, or code that overwrote the buffer, leaves, which the analyses would
+    otherwise blame on the plane pairing. A frequency of 0 is a plane that does not rotate
+    (proportional RoPE) and is kept. Tables are looked at only where a measured rotation failed: a
+    cache a family fills at its first forward may hold anything before it."""
+    rotary = {id(m) for m in _rotary_modules(hf)}
+    for module_name, module in hf.named_modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if (
+                ("inv_freq" not in name and not (tables and id(module) in rotary))
+                or not buffer.is_floating_point()
+                or buffer.is_meta
+            ):
+                continue
+            values = buffer.detach().float().cpu().flatten()
+            frequencies = "inv_freq" in name
+            bad = ~torch.isfinite(values) | ((values < 0) if frequencies else False)
+            if bool(bad.any()):
+                index = int(bad.nonzero()[0, 0])
+                what = (
+                    "RoPE's frequencies must be finite and not negative (plane i turns by θ_i "
+                    "radians per token, 0 for a plane that does not rotate)"
+                    if frequencies
+                    else "a rotary table must hold finite numbers"
+                )
+                path = f"{module_name}.{name}".replace("._original_component", "")
+                raise InputError(
+                    f"{architecture}: the rotary buffer {path} holds "
+                    f"{float(values[index])!r} at entry {index}, but {what}: it was computed "
+                    "from a bad config or overwritten; reload the model from its checkpoint, "
+                    "with a positive, finite rope_theta in its config.json"
+                )
+
+
+def _refuse_meta(hf: torch.nn.Module, architecture: str) -> None:
+    """InputError for a model whose weights are all on the meta device (shapes, no values)."""
+    if device_of(hf).type == "meta":
+        raise InputError(
+            f"{architecture}: the model is on the meta device, whose tensors hold shapes but no "
+            "values, so there is nothing to measure: load it on 'cpu', 'cuda' or 'mps'"
+        )
+
+
 def _start_reading(model) -> _ModelReading:
     """Refuse a model ropelens cannot read, and run the probes every layer's reading shares."""
     hf = hf_model_of(model)
@@ -540,7 +601,9 @@ def _start_reading(model) -> _ModelReading:
             "measures rotary models (Llama, Gemma, Qwen, SmolLM, GPT-J, ...). For learned absolute "
             "position embeddings use ropelens.analyses.pe_similarity."
         )
-    _refuse_bad_base(config, architecture)
+    _refuse_meta(hf, architecture)
+    refuse_bad_base(config, architecture)
+    _refuse_bad_rotary_buffers(hf, architecture)
     _refuse_unsupported(model, config, architecture)
     attentions = _attention_modules(model)
     n_ctx = int(
@@ -768,6 +831,7 @@ def rope_spec(model, *, length: int | None = None) -> RopeSpec:
     """
     if length is not None:
         length = check_positive_int(length, "length", " (the input's length in tokens)")
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     return spec_as_run(unmodified_spec(model, length=length), active_plan(model), length)
 
 
@@ -776,6 +840,7 @@ def unmodified_spec(model, *, length: int | None = None) -> RopeSpec:
     (the reading the interventions themselves start from); :func:`rope_spec` otherwise."""
     if length is not None:
         length = check_positive_int(length, "length", " (the input's length in tokens)")
+    model = running_model(model)  # an nnsight model: the HF model it wraps
     reading = _start_reading(model)
     limit = None if active_plan(model) else _length_limit(model)
     if limit is not None:  # the short reading: the rotary modules as a short input leaves them
@@ -1002,6 +1067,7 @@ def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
     while getattr(module, "_original_component", None) is not None:
         module = module._original_component
     view = copy.copy(module)
+    drop_wrapper_forward(view, module)
     view._modules = {n: (None if c is None else _hf_tree(c)) for n, c in module._modules.items()}
     for hooks in (
         "_forward_hooks",

@@ -1,6 +1,7 @@
 """What a model's surface declares, read before any backend is chosen: whether it is a
 TransformerLens bridge (its ``blocks`` and hook points), the flags such a bridge carries, and the
-structures its hook points cannot capture.
+structures its hook points cannot capture; whether it is an nnsight model, and the model ropelens
+runs for it (:func:`running_model`, filled in by :mod:`ropelens.backends`).
 
 The one place below the backends that looks at a bridge's own attributes; :mod:`ropelens.backends`
 chooses how a model runs from :func:`is_bridge`.
@@ -8,7 +9,23 @@ chooses how a model runs from :func:`is_bridge`.
 
 from __future__ import annotations
 
-__all__ = ["bridge_refusal", "declared_adjacent_pairs", "is_bridge"]
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "bridge_refusal",
+    "declared_adjacent_pairs",
+    "drop_wrapper_forward",
+    "is_bridge",
+    "is_nnsight",
+    "nnsight_module",
+    "register_runner",
+    "running_model",
+]
+
+# what turns a wrapper ropelens does not run itself into the model it runs (the backends register
+# theirs on import: an nnsight model becomes the plain model of the HF model it wraps)
+_RUNNERS: list[Callable[[Any], Any]] = []
 
 
 def is_bridge(model) -> bool:
@@ -61,3 +78,43 @@ def declared_adjacent_pairs(model) -> bool | None:
     return bool(getattr(cfg, "rotary_adjacent_pairs", False)) or bool(
         getattr(cfg, "rotary_interleaved_cos_sin", False)
     )
+
+
+def nnsight_module(model) -> Any:
+    """The module an nnsight wrapper (``nnsight.LanguageModel``, ``TransformersModel``,
+    ``NNsight``) holds, or None for anything else: told by what the object is, an instance of a
+    class from the ``nnsight`` package keeping its module (``_module``; ``_model`` in nnsight
+    before 0.5), never by importing nnsight."""
+    if not any(c.__module__.partition(".")[0] == "nnsight" for c in type(model).__mro__):
+        return None
+    held = getattr(model, "__dict__", {})
+    return next((held[k] for k in ("_module", "_model") if held.get(k) is not None), None)
+
+
+def is_nnsight(model) -> bool:
+    """Whether ``model`` is an nnsight wrapper of a module (:func:`nnsight_module`)."""
+    return nnsight_module(model) is not None
+
+
+def register_runner(runner: Callable[[Any], Any]) -> None:
+    """Add ``runner(model)``: the model ropelens runs for ``model``, ``model`` itself where the
+    runner does not know it."""
+    if runner not in _RUNNERS:
+        _RUNNERS.append(runner)
+
+
+def running_model(model) -> Any:
+    """The model ropelens reads and runs for ``model``: ``model`` itself, or what a registered
+    runner makes of a wrapper (an nnsight model: the plain model of the HF model it wraps)."""
+    for runner in _RUNNERS:
+        model = runner(model)
+    return model
+
+
+def drop_wrapper_forward(view, module) -> None:
+    """Give ``view``, a shallow copy of ``module``, its class's forward where nnsight replaced the
+    module's forward on the instance: nnsight's controller is bound to ``module`` itself (the copy
+    would run the original), and outside nnsight's trace it runs the class's forward anyway."""
+    forward = module.__dict__.get("forward")
+    if forward is not None and type(forward).__module__.partition(".")[0] == "nnsight":
+        view.__dict__.pop("forward", None)

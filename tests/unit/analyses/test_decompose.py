@@ -314,3 +314,27 @@ def test_statistics_without_agreement_skip_top1_but_keep_shares(tiny):
         lean.top1()
     with pytest.raises(ValueError, match="jsd=True"):
         full.jsd()
+
+
+@pytest.mark.parametrize("bridge", [True, False])
+def test_an_empty_text_without_a_bos_token_is_one_input_error(bridge):
+    """A tokenizer that adds no BOS token (Qwen2's) gives an empty text no tokens at all: one
+    InputError saying so, not a failure deep in the reading."""
+    from ropelens.loading.models import wrap_hf_model
+    from ropelens.testing import tiny_hf_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.bos_token = None
+    model = wrap_hf_model(
+        tiny_hf_model("llama"), tokenizer, device="cpu", label="no-bos", bridge=bridge
+    )
+    n_tokens = model.to_tokens("").shape[1]
+    if n_tokens:  # TransformerLens puts a token of its own first where the tokenizer has no BOS
+        assert attention_decomposition(model, "").tokens.shape == (1, n_tokens)
+        return
+    with pytest.raises(ropelens.InputError, match="empty text gives none where the tokenizer"):
+        attention_decomposition(model, "")
+    with pytest.raises(ropelens.InputError, match="no texts to decompose"):
+        attention_decomposition(model, [])
+    with pytest.raises(ropelens.InputError, match=r"tokens of shape \[2, 0\]"):
+        attention_decomposition(model, torch.zeros(2, 0, dtype=torch.long))

@@ -225,6 +225,15 @@ BEFORE_THE_MODEL = [
         ["rope-spec", "--device", "gpu0"],
         "unknown device 'gpu0': use 'cpu', 'cuda', 'cuda:N' or 'mps'",
     ),
+    (
+        ["rope-spec", "--device", "meta"],
+        "device 'meta': meta tensors hold shapes but no values, so there is nothing to measure "
+        "on them: pick 'cpu', 'cuda' or 'mps'",
+    ),
+    (
+        ["frequency-usage", "--device", "meta"],
+        "device 'meta': meta tensors hold shapes but no values",
+    ),
     # report
     (["report", "--out", "{file}"], "--out {file} is a file: pass a directory"),
     (["report", "--out", "{file}/r"], "--out {file}/r: {file} is a file, not a directory"),

@@ -12,7 +12,7 @@ import ropelens
 from ropelens import NotRotaryError, load_model, rope_spec
 from ropelens.errors import InputError
 from ropelens.loading.models import device_of, resolve_device
-from ropelens.testing import tiny_hf_model
+from ropelens.testing import tiny_hf_model, tiny_model, tiny_model_dir
 
 # family -> (bases by kind, n_planes, pairing, heads, kv_heads, head_dim)
 EXPECTED = {
@@ -194,6 +194,20 @@ def test_wrong_device_string(device):
         resolve_device(device)
     with pytest.raises(ValueError, match="unknown device"):
         load_model("smollm2-135m", device=device)  # rejected before anything is loaded
+
+
+@pytest.mark.parametrize("device", ["meta", torch.device("meta")])
+def test_the_meta_device_is_refused_in_one_line(device, tmp_path):
+    """Meta tensors hold no values: refused where a device is named, before anything loads."""
+    message = r"meta tensors hold shapes but no values.*pick 'cpu', 'cuda' or 'mps'"
+    with pytest.raises(InputError, match=message):
+        resolve_device(device)
+    with pytest.raises(InputError, match=message):
+        load_model("smollm2-135m", device=device)
+    with pytest.raises(InputError, match=message):
+        load_model(tiny_model_dir("llama", tmp_path / "tiny"), device=device)
+    with pytest.raises(InputError, match=message):
+        tiny_model("llama", device=device)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

@@ -104,6 +104,17 @@ def test_the_fingerprint_sees_one_sampled_weight_and_every_shape(tiny):
     assert weights_fingerprint(tiny("llama-gqa"))["weights_sha256"] != before["weights_sha256"]
 
 
+def test_a_checkpoint_that_names_a_file_is_refused_naming_it(tiny, tmp_path):
+    """checkpoint= is a folder: an existing file there is named before any window runs, and left
+    as it was."""
+    model = tiny("llama")
+    file = tmp_path / "progress.pt"
+    file.write_bytes(b"mine")
+    with pytest.raises(InputError, match=rf"checkpoint {file} is a file: pass a directory"):
+        ropelens.analyses.frequency_usage(model, _tokens(), checkpoint=file, **KW)
+    assert file.read_bytes() == b"mine"
+
+
 @pytest.mark.parametrize("damage", ["truncated", "one byte changed"])
 def test_a_damaged_checkpoint_is_refused_by_name(tiny, tmp_path, damage):
     """A checkpoint cut short or altered fails its sha256 check: an error naming the file and the
