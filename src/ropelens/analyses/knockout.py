@@ -51,9 +51,6 @@ from ropelens.analyses.attention_sinks import attention_sinks
 from ropelens.analyses.head_taxonomy import HeadScoresReducer, head_taxonomy, random_tokens
 from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
 from ropelens.analyses.retrieval_heads import copy_case, retrieval_scores
-from ropelens.backends import backend_of
-from ropelens.backends.sdpa import planned
-from ropelens.backends.sdpa_capture import intervened
 from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.figures import figure_of
@@ -62,12 +59,11 @@ from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run import data
 from ropelens.run.evaluate import interval_text, percentile_ci, window_losses
-from ropelens.run.intervene import ablate_planes
+from ropelens.run.intervene import ablate_planes, zeroed_entries
 from ropelens.run.measure import RunOptions, Windows, measure
 from ropelens.run.stats import matched_random_sets, permutation_p_value
 from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands
-from ropelens.spec.plan import AblationStep
 from ropelens.spec.reading import hf_model_of, model_label, rope_spec
 from ropelens.spec.surface import running_model
 from ropelens.validate import check_number
@@ -289,15 +285,8 @@ def knocked_out_rows(
                     f"layer {L} has {spec[L].n_planes} planes per head, so plane {bad[0]} does "
                     "not exist"
                 )
-    masks = _row_masks(spec, rows)
-    removers: list[Any] = []
-    try:
-        removers, engine = backend_of(model).ablation_hooks(masks)
-        with intervened(model), planned(model, AblationStep(masks, len(removers), engine)):
-            yield
-    finally:
-        for remove in removers:
-            remove()
+    with zeroed_entries(model, _row_masks(spec, rows)):
+        yield
 
 
 class _RowMass(HeadScoresReducer):

@@ -41,6 +41,7 @@ __all__ = [
     "spec_with_variant",
     "uses_engine",
     "with_rope_variant",
+    "zeroed_entries",
 ]
 
 
@@ -217,23 +218,30 @@ def ablate_planes(
     chosen = spec.layer_indices(layers, layer_kind)
     plane_list = check_indices(planes, "plane")
 
-    removers: list[Callable[[], None]] = []
     step_masks: dict[int, tuple[Tensor | None, Tensor | None]] = {}
+    for i in chosen:
+        lr = spec[i]
+        check_indices(plane_list, "plane", lr.n_planes, f"layer {i}")
+        head_set = None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
+        qk = [
+            _head_mask(lr, plane_list, head_set, n, per_kv)
+            for n, per_kv in ((lr.n_heads, False), (lr.n_kv_heads, True))
+        ]
+        step_masks[i] = (qk[0], qk[1])
+    with zeroed_entries(model, step_masks):
+        yield
+
+
+@contextlib.contextmanager
+def zeroed_entries(model, masks: dict[int, tuple[Tensor | None, Tensor | None]]) -> Iterator[None]:
+    """Zero the masked entries of the rotated q and k per layer while the block runs: ``{layer:
+    (q mask, k mask)}``, each ``[head, d_head]`` (or ``[row, head, d_head]``: one mask per batch
+    row of every forward), None for none. What :func:`ablate_planes` and the knockouts install."""
+    removers: list[Callable[[], None]] = []
     try:
-        for i in chosen:
-            lr = spec[i]
-            check_indices(plane_list, "plane", lr.n_planes, f"layer {i}")
-            head_set = (
-                None if heads is None else check_indices(heads, "head", lr.n_heads, f"layer {i}")
-            )
-            qk = [
-                _head_mask(lr, plane_list, head_set, n, per_kv)
-                for n, per_kv in ((lr.n_heads, False), (lr.n_kv_heads, True))
-            ]
-            step_masks[i] = (qk[0], qk[1])
-        removers, engine = backend_of(model).ablation_hooks(step_masks)
+        removers, engine = backend_of(model).ablation_hooks(masks)
         # the fast q/k path would bypass the ablation hooks; the sdpa forward reads the plan instead
-        with intervened(model), planned(model, AblationStep(step_masks, len(removers), engine)):
+        with intervened(model), planned(model, AblationStep(masks, len(removers), engine)):
             yield
     finally:
         for remove in removers:

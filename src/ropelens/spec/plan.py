@@ -107,10 +107,15 @@ def layer_with_variant(
     )
 
 
-def _ablated_by_head(layer: LayerRope, mask: Tensor | None) -> tuple[tuple[int, ...], ...]:
-    """Per query head, the planes whose two dims ``mask`` (``[head, d_head]``) zeroes."""
+def _ablated_by_head(
+    layer: LayerRope, mask: Tensor | None, every_row: bool = True
+) -> tuple[tuple[int, ...], ...]:
+    """Per query head, the planes whose two dims ``mask`` (``[head, d_head]``) zeroes; a mask per
+    batch row (``[row, head, d_head]``) zeroes a plane in every row (``every_row``) or in any."""
     if mask is None or not layer.n_planes:
         return ()
+    if mask.ndim == 3:
+        mask = mask.all(0) if every_row else mask.any(0)
     dims = layer.plane_dims.to(mask.device)
     both = mask[:, dims[:, 0]] & mask[:, dims[:, 1]]  # [head, plane]
     return tuple(tuple(int(p) for p in torch.nonzero(row).flatten()) for row in both)
@@ -140,8 +145,9 @@ def describe_step(step: Step, spec: RopeSpec) -> dict[str, Any]:
             "layers": sorted(step.values),
         }
     groups = []
+    per_row = any(q is not None and q.ndim == 3 for q, _ in step.masks.values())
     for layer_index, (q_mask, _) in sorted(step.masks.items()):
-        by_head = _ablated_by_head(spec[layer_index], q_mask)
+        by_head = _ablated_by_head(spec[layer_index], q_mask, every_row=False)
         heads_of: dict[tuple[int, ...], list[int]] = {}
         for head, planes in enumerate(by_head):
             if planes:
@@ -150,7 +156,10 @@ def describe_step(step: Step, spec: RopeSpec) -> dict[str, Any]:
             {"layer": layer_index, "heads": heads, "planes": list(planes)}
             for planes, heads in heads_of.items()
         ]
-    return {"intervention": "plane ablation", "zeroed": groups}
+    record: dict[str, Any] = {"intervention": "plane ablation", "zeroed": groups}
+    if per_row:  # one mask per batch row: a plane is listed where any row zeroes it
+        record["per_row"] = True
+    return record
 
 
 def describe_intervention(record: dict[str, Any]) -> str:
@@ -164,7 +173,8 @@ def describe_intervention(record: dict[str, Any]) -> str:
             f"{layer_ranges(z['planes'])}"
             for z in record["zeroed"]
         ]
-        return "planes zeroed (" + "; ".join(parts) + ")" if parts else "no planes zeroed"
+        rows = " in some batch rows" if record.get("per_row") else ""
+        return f"planes zeroed{rows} (" + "; ".join(parts) + ")" if parts else "no planes zeroed"
     layers = record.get("layers") or []
     return f"{kind} in layers {layer_ranges(layers)}" if layers else f"{kind} in no layer"
 
@@ -172,8 +182,8 @@ def describe_intervention(record: dict[str, Any]) -> str:
 def spec_as_run(spec: RopeSpec, plan: tuple[Step, ...], length: int | None = None) -> RopeSpec:
     """``spec`` (the model as built) as the model runs under ``plan``: each variant's frequencies in
     its layers (the innermost variant wins, as the engine applies them, each computed from the
-    layer as built), the planes each ablation zeroes per query head, and every step recorded in
-    :attr:`RopeSpec.interventions`."""
+    layer as built), the planes each ablation zeroes per query head (with one mask per batch row,
+    those zeroed in every row), and every step recorded in :attr:`RopeSpec.interventions`."""
     if not plan:
         return spec
     layers = {lr.layer: lr for lr in spec.layers}

@@ -11,6 +11,7 @@ pairing or a wrong choice of stopped planes breaks even where the summed logits 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 
@@ -96,21 +97,26 @@ def hf_reference(hf, rope_parameters: dict):
 
 def hf_run(ref, toks):
     """HF's attention probabilities per layer and its pre-RoPE q and k ``[batch, head, pos, d]``."""
-    mod = importlib.import_module(type(ref).__module__)
-    rotate = mod.apply_rotary_pos_emb
     pre = []
 
-    def tapped(q, k, *args, **kwargs):
+    def tapped(rotate, q, k, *args, **kwargs):
         pre.append((q.detach().clone(), k.detach().clone()))
         return rotate(q, k, *args, **kwargs)
 
-    mod.apply_rotary_pos_emb = tapped
+    return hf_attention(ref, toks, tapped), pre
+
+
+def hf_attention(ref, toks, wrap) -> list[torch.Tensor]:
+    """HF's attention probabilities per layer with its ``apply_rotary_pos_emb`` replaced by
+    ``wrap(rotate, q, k, ...)``."""
+    mod = importlib.import_module(type(ref).__module__)
+    rotate = mod.apply_rotary_pos_emb
+    mod.apply_rotary_pos_emb = functools.partial(wrap, rotate)
     try:
         with torch.no_grad():
-            probs = ref(toks, output_attentions=True).attentions
+            return [p.float() for p in ref(toks, output_attentions=True).attentions]
     finally:
         mod.apply_rotary_pos_emb = rotate
-    return [p.float() for p in probs], pre
 
 
 def far_from_uniform(probs) -> float:
@@ -189,18 +195,16 @@ def test_a_copy_with_a_variant_reads_and_measures_as_the_context(saved):
         torch.testing.assert_close(on_copy.pattern(L), inside.pattern(L), atol=0, rtol=0)
 
 
-def _zeroed_after_rotation(ref, head: int, dims: list[int]):
-    """HF's rotation of ``ref`` with ``dims`` of query head ``head`` zeroed after it."""
-    mod = importlib.import_module(type(ref).__module__)
-    rotate = mod.apply_rotary_pos_emb
+def _zeroed_after_rotation(head: int, dims: list[int]):
+    """HF's rotation with ``dims`` of query head ``head`` zeroed after it."""
 
-    def zeroed(q, k, *args, **kwargs):
+    def zeroed(rotate, q, k, *args, **kwargs):
         q, k = rotate(q, k, *args, **kwargs)
         q = q.clone()
         q[:, head, :, dims] = 0.0
         return q, k
 
-    return mod, rotate, zeroed
+    return zeroed
 
 
 def test_ablated_planes_are_read_per_head_and_measured_as_hf_with_those_dims_zeroed(saved):
@@ -223,13 +227,7 @@ def test_ablated_planes_are_read_per_head_and_measured_as_hf_with_those_dims_zer
     )
     assert usage.provenance.interventions == [record]  # named also when unverified
     half = lr.head_dim // 2
-    mod, rotate, zeroed = _zeroed_after_rotation(hf, 1, [0, 3, half, half + 3])
-    mod.apply_rotary_pos_emb = zeroed
-    try:
-        with torch.no_grad():
-            probs = hf(toks, output_attentions=True).attentions
-    finally:
-        mod.apply_rotary_pos_emb = rotate
+    probs = hf_attention(hf, toks, _zeroed_after_rotation(1, [0, 3, half, half + 3]))
     for L in dec.layers:
         torch.testing.assert_close(dec.pattern(L).float(), probs[L].float(), atol=ATOL, rtol=0)
         terms = dec.plane_logits(L)
@@ -281,3 +279,17 @@ def test_band_location_refuses_its_nope_test_under_a_variant_and_says_why(saved)
         band_location(model, toks)
     assert "runs under PRoPE(p=0.75) in layers 0-3" in str(err.value)
     assert "intervene=False" in str(err.value)
+
+
+def test_one_ablation_per_batch_row_is_recorded_as_such(saved):
+    from ropelens.analyses.knockout import knocked_out_rows
+
+    path, _, _ = saved("llama")
+    model = ropelens.load_model(path, device="cpu")
+    with knocked_out_rows(model, [{}, {(1, 2): [0, 1]}, {(1, 2): [1]}]):
+        spec = rope_spec(model)
+    record = spec.interventions[0]
+    assert record["per_row"] is True
+    assert record["zeroed"] == [{"layer": 1, "heads": [2], "planes": [0, 1]}]
+    assert describe_intervention(record).startswith("planes zeroed in some batch rows (layer 1")
+    assert spec[1].ablated_planes == []  # no plane is zeroed in every row
