@@ -35,6 +35,7 @@ from ropelens.analyses.extension_study import extension_study
 from ropelens.analyses.frequency_entropy import frequency_entropy
 from ropelens.analyses.frequency_usage import frequency_usage
 from ropelens.analyses.head_taxonomy import head_taxonomy
+from ropelens.analyses.intervention_effect import intervention_effect
 from ropelens.analyses.knockout import knockout
 from ropelens.analyses.massive_values import massive_values
 from ropelens.analyses.mrope_decomposition import mrope_decomposition
@@ -47,7 +48,7 @@ from ropelens.analyses.trajectory import ANALYSES, STRUCTURES, Checkpoint, Traje
 from ropelens.loading.models import wrap_hf_model
 from ropelens.results.figures import registered_figures
 from ropelens.spec.reading import rope_spec
-from ropelens.spec.variants import Linear
+from ropelens.spec.variants import Linear, PRoPE
 from ropelens.testing import tiny_hf_model, tiny_model, tiny_tokenizer
 from ropelens.testing.vl import vl_hf_model, vl_inputs
 
@@ -425,6 +426,12 @@ def make_knockout():
 
 
 @functools.cache
+def make_intervention_effect():
+    effect = intervention_effect(six_layer_model(), PRoPE(0.5), tokens(), layers=[1, 3])
+    return [Case(effect, {"layer": [1, 3], "band": effect.band_names})]
+
+
+@functools.cache
 def make_trajectory():
     traj = Trajectory(
         records=tuple(
@@ -479,6 +486,7 @@ MAKERS: dict[tuple[str, str], Callable[..., list[Case]]] = {
     ("RetrievalHeads", "figure"): make_retrieval_heads,
     ("ExtensionStudy", "figure"): make_extension_study,
     ("Knockout", "figure"): make_knockout,
+    ("InterventionEffect", "figure"): make_intervention_effect,
     ("Trajectory", "figure"): make_trajectory,
     ("MRopeDecomposition", "figure"): make_mrope,
 }

@@ -62,9 +62,7 @@ def test_report_loads_with_the_dtype_asked_for(tiny_dir, tmp_path, core_only, mo
 
 def test_conflicting_placement_of_a_loaded_model_is_refused(tiny, tmp_path):
     model = tiny("llama")
-    with pytest.raises(
-        InputError, match=r"device='meta' conflicts with the loaded model, which is on cpu"
-    ):
+    with pytest.raises(InputError, match=r"device 'meta': meta tensors hold shapes but no values"):
         build_report(model, device="meta", out=tmp_path / "r")
     with pytest.raises(
         InputError,

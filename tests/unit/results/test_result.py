@@ -59,10 +59,12 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
     from ropelens.analyses.band_location import band_location
     from ropelens.analyses.extension_study import extension_study
     from ropelens.analyses.frequency_entropy import frequency_entropy
+    from ropelens.analyses.intervention_effect import intervention_effect
     from ropelens.analyses.knockout import knockout
     from ropelens.analyses.mrope_decomposition import mrope_decomposition
     from ropelens.analyses.positional_symbolic import positional_symbolic
     from ropelens.analyses.retrieval_heads import retrieval_heads
+    from ropelens.spec.variants import PRoPE
     from ropelens.testing import tiny_model
     from ropelens.testing.vl import vl_hf_model, vl_inputs
 
@@ -92,6 +94,7 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
             massive_values(model, toks, **kw),
             rotary_offsets(model, toks, **kw),
             head_taxonomy(model, toks, n_ctx=16, n_windows=2, max_offset=2, layers=[0], **kw),
+            intervention_effect(model, PRoPE(0.5), toks, layers=[1]),
             attention_decomposition(model, toks[:1], bands=BANDS, layers=[0]),
             mrope_decomposition(vl, **vl_inputs(vl), layers=[0]),
             PasskeyRetrieval(lengths=(64,), depths=(0.5,), trials=(trial,), provenance=prov),
