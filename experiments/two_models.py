@@ -707,12 +707,7 @@ def dose_figure(tables: list[dict[str, Any]]):
                 go.Scatter(
                     x=[r["dose"] for r in own],
                     y=[r["estimate"] for r in own],
-                    error_y={
-                        "type": "data",
-                        "symmetric": False,
-                        "array": [r["hi"] - r["estimate"] for r in own],
-                        "arrayminus": [r["estimate"] - r["lo"] for r in own],
-                    },
+                    error_y=_ci_bars(own),
                     mode="lines+markers",
                     name=label,
                 ),
@@ -769,6 +764,16 @@ def band_figure(bands: dict[str, list]):
     return fig
 
 
+def _ci_bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Plotly error bars from each row's CI ends around its estimate."""
+    return {
+        "type": "data",
+        "symmetric": False,
+        "array": [r["hi"] - r["estimate"] for r in rows],
+        "arrayminus": [r["estimate"] - r["lo"] for r in rows],
+    }
+
+
 def prope_figure(prope: list[dict[str, Any]]):
     import plotly.graph_objects as go
 
@@ -779,12 +784,7 @@ def prope_figure(prope: list[dict[str, Any]]):
             go.Scatter(
                 x=[r["p"] for r in sub],
                 y=[r["estimate"] for r in sub],
-                error_y={
-                    "type": "data",
-                    "symmetric": False,
-                    "array": [r["hi"] - r["estimate"] for r in sub],
-                    "arrayminus": [r["estimate"] - r["lo"] for r in sub],
-                },
+                error_y=_ci_bars(sub),
                 mode="lines+markers",
                 name=f"{key[0]} ({key[1]} layers)",
             )

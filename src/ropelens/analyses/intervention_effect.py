@@ -220,7 +220,8 @@ def intervention_effect(
     ``intervention``, on the same ``max_tokens`` tokens of ``corpus`` in windows of ``n_ctx``.
 
     ``intervention``: a RoPE variant, or a callable taking the model and returning a context (an
-    ablation, a replacement). ``bands``: a :class:`Bands` or its spec (default: quartiles).
+    ablation, a replacement). ``bands``: a :class:`Bands` or its spec (default:
+    :meth:`Bands.default`, quartiles).
     Both runs are verified against the model as it runs (``verify=False``: unverified, and said).
 
     Example::
@@ -229,7 +230,7 @@ def intervention_effect(
         effect.figure()
     """
     enter = _context(model, intervention)
-    bands = Bands.parse(bands) if isinstance(bands, str) else (bands or Bands.quantiles(4))
+    bands = Bands.parse(bands) if isinstance(bands, str) else (bands or Bands.default())
     windows, corpus_name, corpus_sha = data.analysis_windows(
         model, corpus, n_ctx, max_tokens, text_column
     )

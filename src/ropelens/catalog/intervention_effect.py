@@ -7,6 +7,7 @@ import argparse
 from ropelens.analyses.intervention_effect import InterventionEffect, intervention_effect
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
+    AnalysisOptions,
     Command,
     CorpusOptions,
     ModelOptions,
@@ -18,8 +19,7 @@ from ropelens.cli.variant_syntax import parse_variant, variant_help
 from ropelens.errors import InputError
 from ropelens.plots.intervention_effect import effect_figure
 from ropelens.results.serialize import atomic_write_text
-from ropelens.run.intervene import ablate_planes
-from ropelens.spec.bands import Bands
+from ropelens.run.intervene import ablate_planes, apply_rope_variant
 from ropelens.validate import check_output_path
 
 
@@ -37,22 +37,13 @@ def options(p: argparse.ArgumentParser) -> None:
         help="zero these planes of the rotated q and k (0 is the highest frequency)",
     )
     what.add_argument(
-        "--layers",
-        type=layer_list,
-        default=None,
-        metavar="L,L,...",
-        help="the layers the variant or ablation applies to, and the layers measured "
-        "(default: every rotary layer)",
-    )
-    what.add_argument(
         "--heads",
         type=layer_list,
         default=None,
         metavar="H,H,...",
         help="with --ablate-planes: the query heads to ablate (default: all)",
     )
-    p.add_argument("--bands", default=None, metavar="SPEC", help="bands (default: quartiles)")
-    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip verification")
+    AnalysisOptions.add_to(p)  # --layers: the layers measured and intervened on
     p.add_argument(
         "--figure",
         default=None,
@@ -73,8 +64,6 @@ def _intervention(args: argparse.Namespace):
         variant = parse_variant(args.variant)
         if args.layers is None:
             return variant
-        from ropelens.run.intervene import apply_rope_variant
-
         return lambda m: apply_rope_variant(m, variant, layers=args.layers)
     return lambda m: ablate_planes(m, args.ablate_planes, layers=args.layers, heads=args.heads)
 
@@ -87,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     (--ablate-planes); print what changed, layer by layer and band by band.
     """
     intervention = _intervention(args)
-    bands = Bands.parse(args.bands, flag="--bands") if args.bands else None
+    analysis = AnalysisOptions.from_args(args)  # a bad --bands fails here
     figure_path = check_output_path(args.figure, "--figure") if args.figure else None
     output = OutputOptions.from_args(args)
     output.check()
@@ -97,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
         intervention,
         corpus.corpus,
         n_ctx=corpus.n_ctx,
-        max_tokens=corpus.tokens or 2_048,
-        layers=args.layers,
-        bands=bands,
-        verify=args.verify,
+        max_tokens=corpus.tokens,
+        layers=analysis.layers,
+        bands=analysis.parsed_bands(),
+        verify=not analysis.no_verify,
         progress=output.progress,
         text_column=corpus.text_column,
     )

@@ -81,7 +81,9 @@ def test_round_trip_frame_findings_and_figure(effect, tmp_path):
     assert row.energy_change == pytest.approx(float(effect.change("energy")[2, 1]))
     texts = [f.text for f in effect.findings()]
     assert texts[0].startswith("Under PRoPE(p=0.25) in layers 0-3, the largest change of query")
-    assert texts[-1].endswith("heads change kind.") or "change kind:" in texts[-1]
+    n_heads = sum(len(k) for k in effect.head_kinds[0])
+    changed = len(effect.head_changes())
+    assert texts[-1].startswith(f"Under PRoPE(p=0.25) in layers 0-3, {changed} of {n_heads} heads")
     fig = effect.figure()
     energy, share = fig.data[0], fig.data[1]
     assert list(energy.x) == effect.band_names and list(share.x) == effect.band_names
