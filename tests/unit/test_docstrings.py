@@ -138,9 +138,9 @@ def problems(obj: object) -> list[str]:
     missing = [p for p in params if p not in documented(block)]
     if params and missing:
         out.append(f"Args: does not name {', '.join(missing)}")
-    if inspect.isfunction(obj) and returns_something(obj):
-        if "Returns" not in secs and "Yields" not in secs:
-            out.append("no Returns: section")
+    gives = inspect.isfunction(obj) and returns_something(obj)
+    if gives and "Returns" not in secs and "Yields" not in secs:
+        out.append("no Returns: section")
     body = own_source(obj) if inspect.isfunction(obj) else own_source(obj.__init__)
     if re.search(r"^\s+raise \w", body, re.M) and "Raises" not in secs:
         out.append("raises, but has no Raises: section")
