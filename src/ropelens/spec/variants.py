@@ -144,6 +144,23 @@ def kept_planes(p: float, n_planes: int) -> int:
     In exact arithmetic this is ⌊p·n⌋ (0.7 of 8 planes keeps 5). HF evaluates p·d in floating point
     first, so where p·d lands just below an even integer it keeps one plane fewer: 0.58 of 50 planes
     keeps 28, not 29 (0.58·100 = 57.99999999999999). ropelens follows HF so that PRoPE(p) is HF's.
+
+    Args:
+        p (float): Share of the planes that keep rotating, in [0, 1].
+        n_planes (int): The layer's planes (its rotary dims / 2).
+
+    Returns:
+        int: How many planes rotate: the highest frequencies under :class:`PRoPE`, the lowest
+        under :class:`PRoPEReversed`, the recomputed first ones under :class:`PRoPEPartial`.
+
+    Raises:
+        InputError: If ``p`` is not a number in [0, 1].
+
+    Example:
+        >>> kept_planes(0.7, 8)
+        5
+        >>> kept_planes(0.58, 50)  # HF's floating-point p·d, not ⌊29.0⌋
+        28
     """
     return int(_COERCE["p"](p, "p") * (2 * n_planes) // 2)
 
@@ -156,7 +173,34 @@ _REGISTRY: dict[str, type[RopeVariant]] = {}
 
 @dataclass(frozen=True)
 class RopeVariant:
-    """What a RoPE variant rotates in one layer: frequencies, cos/sin multiplier, angles."""
+    """What a RoPE variant rotates in one layer: frequencies, cos/sin multiplier, angles.
+
+    The base class of every variant. A variant is a frozen value object whose fields are its
+    parameters, checked when it is built; it describes one layer (a
+    :class:`~ropelens.spec.rope.LayerRope`) through :meth:`inv_freq` (radians per token of each
+    plane, highest frequency first), :meth:`attention_scaling` (the multiplier of cos and sin) and
+    :meth:`angles` (each plane's angle at each position, for what one frequency vector cannot
+    express). :meth:`to_dict` and :func:`variant_from_dict` carry it through JSON for provenance.
+    Run a model under one with :func:`ropelens.apply_rope_variant` (a context) or
+    :func:`ropelens.with_rope_variant` (a copy of the model).
+
+    Subclasses register under their class name, which is how :func:`variant_from_dict` finds them;
+    the class variable ``rope_type`` is HF's name for the method where HF implements it.
+
+    Example:
+        >>> from ropelens import apply_rope_variant, rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> layer = rope_spec(model)[0]
+        >>> variant = PRoPE(0.5)
+        >>> variant.name
+        'PRoPE(p=0.5)'
+        >>> [round(f, 4) for f in variant.inv_freq(layer).tolist()]
+        [1.0, 0.3162, 0.1, 0.0316, 0.0, 0.0, 0.0, 0.0]
+        >>> with apply_rope_variant(model, variant) as spec:
+        ...     print(int((spec[0].inv_freq == 0).sum()), "of", spec[0].n_planes, "planes stopped")
+        4 of 8 planes stopped
+    """
 
     rope_type: ClassVar[str] = "default"  # HF's name where HF implements the method
 
@@ -175,28 +219,58 @@ class RopeVariant:
         """Checks across parameters (none by default)."""
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
-        """Radians per token of each plane of ``layer``, highest frequency first (float32)."""
+        """Radians per token of each plane of ``layer``, highest frequency first (float32).
+
+        Args:
+            layer (LayerRope): The layer the variant replaces the rotation of; its base
+                (rope_theta), rotary dims and trained context are what the frequencies are
+                recomputed from.
+
+        Returns:
+            Tensor: ``[n_planes]`` frequencies θ_i; 0 marks a plane that does not rotate.
+
+        Raises:
+            InputError: If the variant needs the layer's base or trained context and the layer
+                records none (``LayerRope.base`` / ``n_ctx`` is None).
+            NotImplementedError: On the base class itself.
+        """
         raise NotImplementedError(f"{type(self).__name__} does not define inv_freq")
 
     def attention_scaling(self, layer: LayerRope) -> float:  # noqa: ARG002
         """Multiplier of cos and sin (YaRN/LongRoPE attention factor); 1.0 where the method has
-        none."""
+        none.
+
+        Args:
+            layer (LayerRope): The layer (the factor may depend on its trained context).
+
+        Returns:
+            float: The multiplier; every plane logit scales by its square.
+        """
         return 1.0
 
     def angles(
         self, layer: LayerRope, positions: Int[Tensor, "*batch pos"]
     ) -> Float[Tensor, "*batch pos n_planes"]:
         """Rotation angle of each plane at each position, in float32 as HF's rotary modules compute
-        it."""
+        it.
+
+        Args:
+            layer (LayerRope): The layer.
+            positions (Tensor): Integer token positions, any leading shape ``[*batch, pos]``.
+
+        Returns:
+            Tensor: ``[*batch, pos, n_planes]`` angles m·θ_i in radians.
+        """
         return positions[..., None].float() * self.inv_freq(layer).to(positions.device)
 
     @property
     def name(self) -> str:
+        """The variant as its constructor call, e.g. ``PRoPE(p=0.5)`` (labels and file names)."""
         args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "variant")
         return f"{type(self).__name__}({args})"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready provenance: ``{"variant": class name, **parameters}``."""
+        """JSON-ready provenance: ``{"variant": class name, **parameters}`` (tuples as lists)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {
             "variant": type(self).__name__,
@@ -205,7 +279,29 @@ class RopeVariant:
 
 
 def variant_from_dict(d: dict[str, Any]) -> RopeVariant:
-    """Rebuild a variant from :meth:`RopeVariant.to_dict`."""
+    """Rebuild a variant from :meth:`RopeVariant.to_dict`.
+
+    The ``"variant"`` key names the class (any registered subclass of :class:`RopeVariant`); the
+    other keys are its parameters, checked as the constructor checks them.
+
+    Args:
+        d (dict[str, Any]): ``{"variant": class name, **parameters}`` as ``to_dict`` wrote it
+            (lists stand for tuples).
+
+    Returns:
+        RopeVariant: The variant, equal to the one that wrote ``d``.
+
+    Raises:
+        InputError: If ``d["variant"]`` names no variant class (the message lists them), or a
+            parameter is out of range.
+
+    Example:
+        >>> d = YaRN(4.0, 2048).to_dict()
+        >>> d["variant"], d["factor"], d["original_max_position"]
+        ('YaRN', 4.0, 2048)
+        >>> variant_from_dict(d) == YaRN(4.0, 2048)
+        True
+    """
     d = dict(d)
     name = d.pop("variant", None)
     if name not in _REGISTRY or name.startswith("_"):
@@ -260,7 +356,22 @@ class _HF(RopeVariant):
 
 @dataclass(frozen=True)
 class Default(RopeVariant):
-    """Plain RoPE θ_i = base^(−2i/d_r) (undoes any scaling the model itself applies)."""
+    """Plain RoPE θ_i = base^(−2i/d_r) (undoes any scaling the model itself applies).
+
+    The frequencies are recomputed from the layer's base (rope_theta) over its rotary dims d_r with
+    HF's default formula, bit for bit, and the cos/sin multiplier is 1: a model trained or shipped
+    with linear, YaRN or Llama 3 scaling runs with its unscaled RoPE. It takes no parameters.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> scaled = {"rope_theta": 10000.0, "rope_type": "linear", "factor": 4.0}
+        >>> layer = rope_spec(tiny_model("llama", rope_parameters=scaled))[0]
+        >>> [round(f, 4) for f in layer.inv_freq.tolist()]  # the model's own: θ_i / 4
+        [0.25, 0.0791, 0.025, 0.0079, 0.0025, 0.0008, 0.0003, 0.0001]
+        >>> [round(f, 4) for f in Default().inv_freq(layer).tolist()]
+        [1.0, 0.3162, 0.1, 0.0316, 0.01, 0.0032, 0.001, 0.0003]
+    """
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
         return _default_inv_freq(_base(layer), freq_dim(layer))
@@ -268,7 +379,22 @@ class Default(RopeVariant):
 
 @dataclass(frozen=True)
 class NoPE(RopeVariant):
-    """No rotation at all: every θ_i = 0 (planes keep their content, lose position)."""
+    """No rotation at all: every θ_i = 0 (planes keep their content, lose position).
+
+    NoPE is p-RoPE with p = 0 (Barbero et al. 2024, arXiv 2410.06205): q and k enter the score
+    unrotated, so attention can only tell positions apart through the causal mask. It takes no
+    parameters.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> NoPE().inv_freq(layer).tolist()
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        >>> import torch
+        >>> NoPE().angles(layer, torch.arange(3)).shape  # [pos, n_planes]
+        torch.Size([3, 8])
+    """
 
     rope_type: ClassVar[str] = "nope"
 
@@ -279,7 +405,28 @@ class NoPE(RopeVariant):
 @dataclass(frozen=True)
 class PRoPE(_HF):
     """p-RoPE: keep the highest ``kept_planes(p)`` frequencies, θ = 0 for the rest (HF
-    ``proportional``)."""
+    ``proportional``).
+
+    Barbero et al., "Round and Round We Go! What makes Rotary Positional Encodings useful?" (ICLR
+    2025, arXiv 2410.06205): the lowest frequencies barely turn over a context, so they carry
+    semantic rather than positional information; stopping them (θ = 0) keeps that channel free of
+    position. p = 1 is RoPE, p = 0 is NoPE; their best model was 0.75-RoPE. The kept frequencies
+    keep their exponent over the full rotary width (unlike :class:`PRoPEPartial`), as HF's
+    ``proportional`` (Gemma 4) computes them.
+
+    Args:
+        p (float): Share of the planes that keep rotating, in [0, 1] (see :func:`kept_planes`).
+
+    Raises:
+        InputError: If ``p`` is not in [0, 1].
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in PRoPE(0.75).inv_freq(layer).tolist()]
+        [1.0, 0.3162, 0.1, 0.0316, 0.01, 0.0032, 0.0, 0.0]
+    """
 
     p: float
     rope_type: ClassVar[str] = "proportional"
@@ -298,7 +445,25 @@ class PRoPE(_HF):
 @dataclass(frozen=True)
 class PRoPEReversed(RopeVariant):
     """Reversed p-RoPE: keep the lowest ``kept_planes(p)`` frequencies, θ = 0 for the highest
-    ones."""
+    ones.
+
+    The control of Barbero et al.'s p-RoPE ("0.75-RoPE reversed", arXiv 2410.06205): as many
+    planes stop as under :class:`PRoPE`, but the positional (highest-frequency) ones instead of the
+    semantic ones.
+
+    Args:
+        p (float): Share of the planes that keep rotating, in [0, 1] (see :func:`kept_planes`).
+
+    Raises:
+        InputError: If ``p`` is not in [0, 1].
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in PRoPEReversed(0.5).inv_freq(layer).tolist()]
+        [0.0, 0.0, 0.0, 0.0, 0.01, 0.0032, 0.001, 0.0003]
+    """
 
     p: float
     rope_type: ClassVar[str] = "p-rope-reversed"
@@ -319,6 +484,19 @@ class PRoPEPartial(RopeVariant):
     base^(−(k−1)/k), unlike p-RoPE, which keeps the first k of the full-dimension frequencies.
     The planes are the layer's own (plane i pairs dims (i, i + d/2) in the half layout), so the
     rotated dimensions are those of planes 0..k−1, not dims 0..2k−1 as in a NeoX checkpoint.
+
+    Args:
+        p (float): Share of the planes that rotate, in [0, 1] (k = :func:`kept_planes`).
+
+    Raises:
+        InputError: If ``p`` is not in [0, 1].
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in PRoPEPartial(0.5).inv_freq(layer).tolist()]  # 10000^(−i/4)
+        [1.0, 0.1, 0.01, 0.001, 0.0, 0.0, 0.0, 0.0]
     """
 
     p: float
@@ -334,7 +512,26 @@ class PRoPEPartial(RopeVariant):
 
 @dataclass(frozen=True)
 class BaseChange(RopeVariant):
-    """Plain RoPE with another base (rope_theta)."""
+    """Plain RoPE with another base (rope_theta).
+
+    θ_i = base^(−2i/d_r) over the layer's rotary dims: a smaller base turns every plane but the
+    first faster, a larger one slower (Barbero et al. compare θ = 10k with 500k). "Base of RoPE
+    bounds context length" (arXiv 2405.14591) asks the base to keep Σ_i cos(m·θ_i) ≥ 0 for every
+    distance m the context holds.
+
+    Args:
+        base (float): The new base, > 1.
+
+    Raises:
+        InputError: If ``base`` is not a number above 1.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in BaseChange(500.0).inv_freq(layer).tolist()]
+        [1.0, 0.4599, 0.2115, 0.0972, 0.0447, 0.0206, 0.0095, 0.0043]
+    """
 
     base: float
 
@@ -344,7 +541,27 @@ class BaseChange(RopeVariant):
 
 @dataclass(frozen=True)
 class PlaneMask(RopeVariant):
-    """Plain RoPE with the given planes left unrotated (θ = 0); 0 is the highest frequency."""
+    """Plain RoPE with the given planes left unrotated (θ = 0); 0 is the highest frequency.
+
+    The planes keep their content and lose position: unlike
+    :func:`ropelens.ablate_planes`, which zeroes a plane's term of the logit, a masked plane still
+    contributes its (now position-free) q·k.
+
+    Args:
+        planes (tuple[int, ...]): Plane indices, 0-based from the highest frequency; stored
+            sorted and without repeats.
+
+    Raises:
+        InputError: If an index is negative or not an int; :meth:`inv_freq` raises it for an
+            index past the layer's planes.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in PlaneMask((0, 1)).inv_freq(layer).tolist()]
+        [0.0, 0.0, 0.1, 0.0316, 0.01, 0.0032, 0.001, 0.0003]
+    """
 
     planes: tuple[int, ...]
     rope_type: ClassVar[str] = "plane-mask"
@@ -358,7 +575,26 @@ class PlaneMask(RopeVariant):
 
 @dataclass(frozen=True)
 class Linear(_HF):
-    """Position interpolation (Chen et al.): θ_i / factor (HF ``linear``)."""
+    """Position interpolation (Chen et al.): θ_i / factor (HF ``linear``).
+
+    Chen et al. 2023, "Extending Context Window of Large Language Models via Positional
+    Interpolation" (arXiv 2306.15595): positions are squeezed by ``factor`` so a context ``factor``
+    times the trained one turns every plane no further than training did; every frequency, the
+    positional high ones included, slows by the same ratio.
+
+    Args:
+        factor (float): The context-extension ratio s (> 0), e.g. 4 for 4× the trained context.
+
+    Raises:
+        InputError: If ``factor`` is not a positive number.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in Linear(4.0).inv_freq(layer).tolist()]
+        [0.25, 0.0791, 0.025, 0.0079, 0.0025, 0.0008, 0.0003, 0.0001]
+    """
 
     factor: float
     rope_type: ClassVar[str] = "linear"
@@ -367,7 +603,26 @@ class Linear(_HF):
 @dataclass(frozen=True)
 class NTK(RopeVariant):
     """Static NTK-aware scaling: plain RoPE with base · factor^(d/(d−2)) (HF has only the dynamic
-    form)."""
+    form).
+
+    Raising the base by factor^(d/(d−2)) leaves the highest frequency (θ₀ = 1) as it is and
+    slows the lowest, θ_(d/2−1), by exactly ``factor``: high frequencies are extrapolated, low
+    ones interpolated, with a geometric blend between.
+
+    Args:
+        factor (float): The context-extension ratio s (> 0).
+
+    Raises:
+        InputError: If ``factor`` is not a positive number; :meth:`inv_freq` raises it for a layer
+            with at most 2 rotary dims (the exponent d/(d−2) is undefined).
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in NTK(4.0).inv_freq(layer).tolist()]
+        [1.0, 0.2594, 0.0673, 0.0175, 0.0045, 0.0012, 0.0003, 0.0001]
+    """
 
     factor: float
     rope_type: ClassVar[str] = "ntk"
@@ -388,6 +643,27 @@ class DynamicNTK(_HF):
     Stateless: the frequencies are those for the current input's length (max position + 1). HF's
     module is stateful: after a long input it keeps the long-input frequencies for later inputs
     until one is shorter than ``original_max_position``.
+
+    Up to ``original_max_position`` tokens it is plain RoPE; beyond, HF's base becomes
+    base·((s·L/L₀) − (s − 1))^(d/(d−2)) for an input of L tokens, s = ``factor``.
+
+    Args:
+        factor (float): The scaling factor s (> 0).
+        original_max_position (int): The trained context L₀ in tokens (≥ 1), below which nothing
+            changes.
+
+    Raises:
+        InputError: If ``factor`` is not positive or ``original_max_position`` not a positive int.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> ntk = DynamicNTK(4.0, original_max_position=64)
+        >>> [round(f, 4) for f in ntk.inv_freq(layer).tolist()]  # within 64 tokens: plain RoPE
+        [1.0, 0.3162, 0.1, 0.0316, 0.01, 0.0032, 0.001, 0.0003]
+        >>> [round(f, 4) for f in ntk.inv_freq(layer, seq_len=256).tolist()]
+        [1.0, 0.2192, 0.0481, 0.0105, 0.0023, 0.0005, 0.0001, 0.0]
     """
 
     factor: float
@@ -400,7 +676,16 @@ class DynamicNTK(_HF):
     def inv_freq(
         self, layer: LayerRope, seq_len: int | Tensor | None = None
     ) -> Float[Tensor, " n_planes"]:
-        """Frequencies at ``seq_len`` tokens (None: the original context, i.e. plain RoPE)."""
+        """Frequencies at ``seq_len`` tokens (None: the original context, i.e. plain RoPE).
+
+        Args:
+            layer (LayerRope): The layer.
+            seq_len (int | Tensor | None): Input length in tokens; at most
+                ``original_max_position`` (or None) gives plain RoPE.
+
+        Returns:
+            Tensor: ``[n_planes]`` frequencies, highest first.
+        """
         if seq_len is not None and int(seq_len) <= self.original_max_position:
             seq_len = None  # HF keeps its init-time frequencies up to the original length
         return self._hf(layer, seq_len)[0]
@@ -412,7 +697,17 @@ class DynamicNTK(_HF):
         seq_len: int | Tensor | None = None,
     ) -> Float[Tensor, "*batch pos n_planes"]:
         """Angles with the frequencies for ``seq_len`` (default: max position + 1, as HF's
-        forward)."""
+        forward).
+
+        Args:
+            layer (LayerRope): The layer.
+            positions (Tensor): Integer positions ``[*batch, pos]``.
+            seq_len (int | Tensor | None): Input length the frequencies are for (None: the
+                largest position + 1).
+
+        Returns:
+            Tensor: ``[*batch, pos, n_planes]`` angles in radians.
+        """
         # A tensor seq_len takes HF's runtime (float32 tensor) path, so the base matches HF's bit
         # for bit.
         seq_len = positions.max() + 1 if seq_len is None else seq_len
@@ -427,6 +722,40 @@ class YaRN(_HF):
     ``attention_factor`` overrides the cos/sin multiplier (default 0.1·ln s + 1). ``mscale`` and
     ``mscale_all_dim`` are DeepSeek's form, ratio of the two mscales; HF ignores ``mscale`` alone.
     ``original_max_position``: the trained context (default: the layer's n_ctx).
+
+    Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models" (arXiv
+    2309.00071): a plane that turns more than β_fast times within the trained context L₀ keeps its
+    frequency, one that turns fewer than β_slow times is interpolated (θ_i / s), and the planes
+    between blend the two along a linear ramp over the plane index.
+
+    Args:
+        factor (float): The context-extension ratio s (> 0).
+        original_max_position (int | None): The trained context L₀ in tokens; None reads the
+            layer's n_ctx.
+        beta_fast (float): Turns within L₀ above which a plane is left as it is (default 32).
+        beta_slow (float): Turns within L₀ below which a plane is fully interpolated (default 1).
+        mscale (float | None): DeepSeek's mscale; with ``mscale_all_dim`` the multiplier is the
+            ratio of the two mscales. Pass both or neither.
+        mscale_all_dim (float | None): DeepSeek's mscale_all_dim (see ``mscale``).
+        attention_factor (float | None): The cos/sin multiplier itself, overriding the default
+            0.1·ln s + 1.
+        truncate (bool): HF's ``truncate``: round the correction range to whole planes (True, the
+            paper's) or keep it fractional (gpt-oss).
+
+    Raises:
+        InputError: If ``beta_fast`` ≤ ``beta_slow``, only one of ``mscale`` and
+            ``mscale_all_dim`` is given, or a number is out of range; :meth:`inv_freq` raises it
+            when ``original_max_position`` is None and the layer records no n_ctx.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> yarn = YaRN(4.0, original_max_position=64)
+        >>> [round(f, 4) for f in yarn.inv_freq(layer).tolist()]
+        [1.0, 0.2372, 0.05, 0.0079, 0.0025, 0.0008, 0.0003, 0.0001]
+        >>> round(yarn.attention_scaling(layer), 4)  # 0.1·ln 4 + 1
+        1.1386
     """
 
     factor: float
@@ -463,7 +792,31 @@ class YaRN(_HF):
 @dataclass(frozen=True)
 class Llama3(_HF):
     """Llama 3.1 scaling (HF ``llama3``): θ/factor beyond wavelength L₀/low, θ below L₀/high, smooth
-    between."""
+    between.
+
+    Planes whose wavelength 2π/θ_i is shorter than L₀ / ``high_freq_factor`` keep their frequency,
+    those longer than L₀ / ``low_freq_factor`` are divided by ``factor``, and between the two the
+    frequency blends smoothly from one to the other. The defaults are Llama 3.1's.
+
+    Args:
+        factor (float): The interpolation factor of the long-wavelength planes (default 8).
+        low_freq_factor (float): L₀ / this is the wavelength beyond which planes are fully
+            interpolated (default 1).
+        high_freq_factor (float): L₀ / this is the wavelength below which planes are kept
+            (default 4); must exceed ``low_freq_factor``.
+        original_max_position (int): The trained context L₀ in tokens (default 8192).
+
+    Raises:
+        InputError: If ``high_freq_factor`` ≤ ``low_freq_factor`` or a number is out of range.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> llama3 = Llama3(original_max_position=64)  # wavelengths 16 … 64 blend
+        >>> [round(f, 4) for f in llama3.inv_freq(layer).tolist()]
+        [1.0, 0.2444, 0.013, 0.004, 0.0012, 0.0004, 0.0001, 0.0]
+    """
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
@@ -488,6 +841,36 @@ class LongRoPE(_HF):
     L₀, as HF does for Phi-3), applied at every length as HF does. ``n_hat`` > 0 adds the paper's
     uninterpolated start: positions < n_hat rotate with plain RoPE θ_i, later ones with θ_i / λ_i;
     that cannot be one frequency vector, so it lives in :meth:`angles`.
+
+    Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens" (arXiv
+    2402.13753) found the per-plane rescale factors λ_i by evolutionary search on perplexity; HF
+    uses ``short_factor`` for inputs up to L₀ tokens and ``long_factor`` beyond.
+
+    Args:
+        short_factor (tuple[float, ...]): λ_i per plane for inputs of at most L₀ tokens (> 0).
+        long_factor (tuple[float, ...]): λ_i per plane for longer inputs (as many entries).
+        original_max_position (int): The trained context L₀ in tokens.
+        factor (float | None): The extension ratio s in the attention factor; None: the layer's
+            n_ctx / L₀.
+        attention_factor (float | None): The cos/sin multiplier itself, overriding
+            √(1 + ln s / ln L₀).
+        n_hat (int): Positions left uninterpolated at the start (default 0: none).
+
+    Raises:
+        InputError: If the two factor lists differ in length or hold a non-positive value; the
+            methods raise it for a layer with another number of planes, or when ``factor`` is None
+            and the layer records no n_ctx.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> import torch
+        >>> rope = LongRoPE((1.0,) * 8, (2.0,) * 8, original_max_position=64, n_hat=4)
+        >>> round(rope.attention_scaling(layer), 4)  # s = 256 / 64: √(1 + ln 4 / ln 64)
+        1.1547
+        >>> rope.angles(layer, torch.tensor([2, 100]))[:, 0].tolist()  # plane 0: θ = 1, λ = 2
+        [2.0, 50.0]
     """
 
     short_factor: tuple[float, ...]
@@ -519,14 +902,32 @@ class LongRoPE(_HF):
         return super()._hf(layer, seq_len)
 
     def inv_freq(self, layer: LayerRope, seq_len: int | None = None) -> Float[Tensor, " n_planes"]:
-        """Frequencies for an input of ``seq_len`` tokens: long factors beyond L₀, else short."""
+        """Frequencies for an input of ``seq_len`` tokens: long factors beyond L₀, else short.
+
+        Args:
+            layer (LayerRope): The layer.
+            seq_len (int | None): Input length in tokens (None: the short factors).
+
+        Returns:
+            Tensor: ``[n_planes]`` frequencies θ_i / λ_i.
+        """
         return self._hf(layer, None if seq_len is None else int(seq_len))[0]
 
     def angles(
         self, layer: LayerRope, positions: Int[Tensor, "*batch pos"], seq_len: int | None = None
     ) -> Float[Tensor, "*batch pos n_planes"]:
         """Angles for an input of ``seq_len`` tokens (default max position + 1), first n_hat
-        uninterpolated."""
+        uninterpolated.
+
+        Args:
+            layer (LayerRope): The layer.
+            positions (Tensor): Integer positions ``[*batch, pos]``.
+            seq_len (int | None): Input length that picks short or long factors (None: the largest
+                position + 1).
+
+        Returns:
+            Tensor: ``[*batch, pos, n_planes]`` angles in radians.
+        """
         seq_len = int(positions.max()) + 1 if seq_len is None else seq_len
         pos = positions[..., None].float()
         scaled = pos * self.inv_freq(layer, seq_len).to(positions.device)
@@ -563,6 +964,23 @@ class Resonance(RopeVariant):
     every plane. Without ``factor`` it rounds plain RoPE's θ_i = base^(−2i/d). With ``factor`` (and
     ``original_max_position``, default the layer's n_ctx) it is the paper's Resonance-YaRN: the
     wavelengths of ``YaRN(factor, original_max_position)`` rounded, with YaRN's cos/sin multiplier.
+
+    Args:
+        factor (float | None): YaRN's extension ratio for Resonance-YaRN; None: plain Resonance
+            RoPE.
+        original_max_position (int | None): Resonance-YaRN's trained context in tokens (None: the
+            layer's n_ctx); only with ``factor``.
+
+    Raises:
+        InputError: If ``original_max_position`` is given without ``factor``; :meth:`inv_freq`
+            raises it when a wavelength rounds to 0 (a frequency above π per token).
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in Resonance().inv_freq(layer).tolist()]  # 2π/6.28 → 2π/6
+        [1.0472, 0.3142, 0.0997, 0.0316, 0.01, 0.0032, 0.001, 0.0003]
     """
 
     factor: float | None = None
@@ -612,6 +1030,19 @@ class CoPE(RopeVariant):
     the taper of the authors' code (``torch.linspace(0, π, c)`` in float32; c = 1 leaves the plane
     as it is), with their default ``n_low`` = 20 (of Llama-3-8B's 64 planes). ``n_low`` = 0 is plain
     RoPE.
+
+    Args:
+        n_low (int): How many of the lowest-frequency planes the taper covers (default 20).
+
+    Raises:
+        InputError: If ``n_low`` is not a non-negative int.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in CoPE(n_low=4).inv_freq(layer).tolist()]  # × 1, ¾, ¼, 0
+        [1.0, 0.3162, 0.1, 0.0316, 0.01, 0.0024, 0.0002, 0.0]
     """
 
     n_low: int = 20
@@ -638,6 +1069,21 @@ class FoPEZero(RopeVariant):
     a NoPE plane. L is ``original_max_position``, by default the layer's trained context (its
     n_ctx). Only this zeroing is implemented, not FoPE's Fourier-series mixing of frequencies within
     a plane.
+
+    Args:
+        original_max_position (int | None): The trained context L in tokens; None reads the
+            layer's n_ctx.
+
+    Raises:
+        InputError: If ``original_max_position`` is not a positive int; :meth:`inv_freq` raises
+            it when it is None and the layer records no n_ctx.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
+        >>> [round(f, 4) for f in FoPEZero().inv_freq(layer).tolist()]  # wavelengths > 256 stop
+        [1.0, 0.3162, 0.1, 0.0316, 0.0, 0.0, 0.0, 0.0]
     """
 
     original_max_position: int | None = None
