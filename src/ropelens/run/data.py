@@ -96,7 +96,32 @@ def _fingerprint(documents: Iterable[str]) -> str:
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Corpus:
-    """An ordered collection of text documents with a name and where it came from."""
+    """An ordered collection of text documents with a name and where it came from.
+
+    Documents keep their boundaries: :func:`token_stream` joins them with the tokenizer's EOS, and
+    :attr:`sha256` fingerprints them with their boundaries, so results record exactly which text
+    they ran on. Build one directly, or with :func:`load_corpus`, :func:`text_files`,
+    :func:`english` or :func:`python_code`.
+
+    Args:
+        name (str): Short name, written into results and reports (e.g. ``"english"``).
+        documents (tuple[str, ...]): The texts, in order; a list is stored as a tuple.
+        source (str): Where the text came from, in words (provenance); default empty.
+
+    Raises:
+        TypeError: If ``documents`` is a single string or holds something other than strings.
+        InputError: If ``documents`` is empty.
+
+    Example:
+        >>> corpus = Corpus("notes", ("The first text.", "The second."), source="typed in")
+        >>> corpus.n_documents, corpus.n_chars
+        (2, 26)
+        >>> len(corpus.sha256)  # hex digits of the fingerprint
+        64
+        >>> train, val = Corpus("ten", tuple(f"text {i}" for i in range(10))).split(0.2)
+        >>> train.n_documents, val.n_documents, val.name
+        (8, 2, 'ten[val]')
+    """
 
     name: str
     documents: tuple[str, ...] = field(repr=False)
@@ -147,7 +172,23 @@ class Corpus:
         return _fingerprint(self.documents)
 
     def split(self, val_fraction: float = 0.1, seed: int = 0) -> tuple[Corpus, Corpus]:
-        """Split into (train, val) by document, deterministically from ``seed`` on any machine."""
+        """Split into (train, val) by document, deterministically from ``seed`` on any machine.
+
+        Each document's side is decided by a hash of the seed and its text, so a document keeps
+        its side when unrelated documents are added.
+
+        Args:
+            val_fraction (float): Share of the documents held out, strictly between 0 and 1
+                (rounded to a count of at least 1 and at most all but one).
+            seed (int): Seed of the hash that orders the documents.
+
+        Returns:
+            tuple[Corpus, Corpus]: ``(train, val)``, named ``name[train]`` and ``name[val]``.
+
+        Raises:
+            InputError: If ``val_fraction`` is out of range or the corpus has one document.
+            TypeError: If ``seed`` is not an int.
+        """
         if not (_is_number(val_fraction) and 0 < val_fraction < 1):
             raise InputError(
                 f"val_fraction must be a number strictly between 0 and 1, got {val_fraction!r}"
@@ -322,7 +363,31 @@ def _expand(paths: PathLike | Iterable[PathLike]) -> Iterator[Path]:
 def text_files(paths: PathLike | Iterable[PathLike], *, name: str | None = None) -> Corpus:
     """A corpus of UTF-8 text files, one document per file; a directory adds its .txt/.md files.
 
-    Directories are searched recursively and their files taken in sorted order.
+    Directories are searched recursively and their files taken in sorted order. A file named twice
+    counts once; Windows line ends become ``\\n`` and a UTF-8 byte-order mark is dropped.
+
+    Args:
+        paths (str | PathLike | Iterable[str | PathLike]): A file, a directory, or a list of them.
+        name (str | None): The corpus name; None: the file's name for one file, else
+            ``"text-files"``.
+
+    Returns:
+        Corpus: One document per file, ``source`` listing the first files.
+
+    Raises:
+        InputError: If no path is given, a directory holds no .txt/.md file, or a file is binary,
+            not UTF-8, or empty.
+        FileNotFoundError: If a path does not exist.
+        TypeError: If an item of ``paths`` is not a path.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (folder / "a.txt").write_text("The first file.")
+        >>> _ = (folder / "b.md").write_text("The second file.")
+        >>> corpus = text_files(folder)
+        >>> corpus.name, corpus.documents
+        ('text-files', ('The first file.', 'The second file.'))
     """
     files = list(dict.fromkeys(_expand(paths)))  # a file named twice counts once
     docs = tuple(_read_text_file(f) for f in files)
@@ -342,6 +407,24 @@ class StreamedCorpus:
 
     Windows are cut as from a :class:`Corpus` of the same documents; :attr:`read` holds the
     documents the latest pass pulled and :attr:`sha256` fingerprints them (None before any pass).
+    :func:`load_corpus` builds one from a ``datasets.IterableDataset``.
+
+    Args:
+        name (str): Short name, written into results.
+        documents (Callable[[], Iterator[str]]): Called once per pass; returns a fresh iterator
+            over the documents (so a second pass starts again from the first).
+        source (str): Where the text came from, in words (provenance); default empty.
+
+    Example:
+        >>> from ropelens.testing import tiny_tokenizer
+        >>> texts = ["one two", "three four five", "six"]
+        >>> stream = StreamedCorpus("lines", lambda: iter(texts), "a list, streamed")
+        >>> stream.sha256 is None  # nothing read yet
+        True
+        >>> windows(stream, tiny_tokenizer(), 5, n_windows=1).shape
+        torch.Size([1, 5])
+        >>> stream.read  # one document was enough for one window
+        ('one two',)
     """
 
     def __init__(self, name: str, documents: Callable[[], Iterator[str]], source: str = "") -> None:
@@ -537,6 +620,8 @@ def load_corpus(
 ) -> Corpus | StreamedCorpus:
     """Resolve a corpus given in any form a researcher keeps one.
 
+    ``spec`` may be:
+
     - ``"english"`` (default, also for None) or ``"python"``: the built-in corpora;
     - a path: a .txt/.md file (one document), a JSONL/JSON, CSV/TSV or Parquet file (one document
       per row, from ``text_column``), a folder ``datasets``' ``save_to_disk`` wrote, or a folder
@@ -550,6 +635,28 @@ def load_corpus(
 
     Rows with an empty or null text are skipped; a list's documents must all have text. An
     empty name or list is refused: it never stands for the default corpus.
+
+    Args:
+        spec (Any): The corpus in any of the forms above; default ``"english"``.
+        text_column (str): The column holding the text in tables and datasets (default
+            ``"text"``).
+
+    Returns:
+        Corpus | StreamedCorpus: The documents, with a name and a ``source`` saying where they
+        came from; a :class:`StreamedCorpus` for an ``IterableDataset``.
+
+    Raises:
+        InputError: If the name is unknown or empty, the list is empty or holds a non-string or
+            empty document, a DatasetDict is given whole, a folder or pattern holds no text, or
+            the column holds no text (the message names the fix).
+        FileNotFoundError: If ``spec`` looks like a path that does not exist.
+
+    Example:
+        >>> corpus = load_corpus(["The first text.", "The second."])
+        >>> corpus.name, corpus.n_documents, corpus.source
+        ('documents', 2, '2 documents given in Python')
+        >>> load_corpus().name  # the CPython language reference, shipped with Python
+        'english'
     """
     if spec is None:
         spec = DEFAULT_CORPUS
@@ -623,6 +730,26 @@ def token_stream(
 
     With ``max_tokens`` tokenizing stops once at least that many tokens exist (the stream may be
     longer; it is never cut, so callers slice). ``tokenizer`` may be a model with ``.tokenizer``.
+
+    Args:
+        corpus (Corpus | StreamedCorpus): The documents.
+        tokenizer (Any): An HF tokenizer, or a model with a ``.tokenizer`` (a TransformerLens
+            bridge from :func:`ropelens.load_model`).
+        max_tokens (int | None): Stop tokenizing once the stream holds at least this many tokens
+            (None: the whole corpus).
+
+    Returns:
+        Tensor: ``[n_tokens]`` token ids (int64).
+
+    Raises:
+        InputError: If the corpus yields no document, or the model has no tokenizer.
+        TypeError: If ``tokenizer`` is neither a tokenizer nor a model with one.
+
+    Example:
+        >>> from ropelens.testing import tiny_tokenizer
+        >>> tok = tiny_tokenizer()  # one token per character; EOS is 2
+        >>> token_stream(Corpus("two", ("ab", "c")), tok).tolist()
+        [69, 70, 2, 71]
     """
     tok = _tokenizer_of(tokenizer)
     sep = [tok.eos_token_id] if tok.eos_token_id is not None else []
@@ -670,6 +797,32 @@ def windows(
     the text length, so windows tile the stream without overlap; any tail shorter than a window
     is dropped). Windows cross document boundaries. ``max_tokens`` caps the total tokens returned
     (``max_tokens // n_ctx`` windows) and ``n_windows`` caps the count; the smaller cap wins.
+
+    Args:
+        corpus (Corpus | StreamedCorpus): The documents (a stream is read only as far as the caps
+            need).
+        tokenizer (Any): An HF tokenizer, or a model with a ``.tokenizer``.
+        n_ctx (int): Tokens per window, BOS included (≥ 2).
+        n_windows (int | None): At most this many windows (None: no cap).
+        max_tokens (int | None): At most this many tokens in all, ≥ ``n_ctx`` (None: no cap).
+        bos (str): ``"prepend"`` (default) or ``"none"``.
+        stride (int | None): Text tokens between window starts (None: the window's text length).
+
+    Returns:
+        Tensor: ``[n_windows, n_ctx]`` token ids (int64).
+
+    Raises:
+        InputError: If ``n_ctx``, ``bos`` or a cap is invalid, ``bos="prepend"`` and the tokenizer
+            has no BOS token, or the corpus is shorter than one window.
+
+    Example:
+        >>> from ropelens.testing import tiny_tokenizer
+        >>> tok = tiny_tokenizer()  # one token per character; BOS is 1, EOS 2
+        >>> corpus = Corpus("two", ("abc de", "fgh"))
+        >>> windows(corpus, tok, 4).tolist()
+        [[1, 69, 70, 71], [1, 4, 72, 73], [1, 2, 74, 75]]
+        >>> windows(corpus, tok, 4, bos="none", stride=2).shape
+        torch.Size([4, 4])
     """
     if not _is_int(n_ctx) or n_ctx < 2:
         raise InputError(f"n_ctx must be an int >= 2 (a window needs two positions), got {n_ctx!r}")
@@ -724,6 +877,32 @@ def analysis_windows(
     ``corpus`` is any form :func:`load_corpus` reads (None is the default corpus; ``text_column``
     picks a table's or dataset's text), or a ready integer ``[n_windows, n_ctx]`` token tensor,
     used whole. A streamed corpus's fingerprint covers the documents the windows were cut from.
+
+    Args:
+        tokenizer (Any): An HF tokenizer, or a model with a ``.tokenizer``.
+        corpus (Any): Any form :func:`load_corpus` reads, or a ``[n_windows, n_ctx]`` integer
+            tensor of tokens.
+        n_ctx (int): Tokens per window, BOS included (ignored for a token tensor).
+        max_tokens (int | None): At most this many tokens in all (None: the whole corpus).
+        text_column (str): The text column of tables and datasets (default ``"text"``).
+
+    Returns:
+        tuple[Tensor, str, str | None]: ``(tokens, name, sha256)``: the ``[n_windows, n_ctx]``
+        windows, the corpus name (``"tokens"`` for a tensor) and its fingerprint (None for a
+        tensor).
+
+    Raises:
+        InputError: If a tensor is not 2-D integer, or as :func:`load_corpus` and
+            :func:`windows` do.
+
+    Example:
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> tokens, name, sha256 = analysis_windows(model, None, n_ctx=32, max_tokens=128)
+        >>> tuple(tokens.shape), name
+        ((4, 32), 'english')
+        >>> analysis_windows(model, tokens, n_ctx=32, max_tokens=None)[1:]
+        ('tokens', None)
     """
     if isinstance(corpus, Tensor):
         if corpus.ndim != 2 or corpus.dtype not in (torch.int64, torch.int32):
