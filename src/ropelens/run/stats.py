@@ -82,7 +82,31 @@ def paired_bootstrap_ci(
     CI.
 
     Windows are resampled as pairs, so what the two conditions share (the text of a window) cancels.
-    Returns an :class:`ropelens.run.evaluate.Estimate` (``mean``: the estimate, ``lo``, ``hi``).
+    It is :func:`ropelens.run.evaluate.percentile_ci` on the differences d_i = a_i − b_i.
+
+    Args:
+        a (Tensor | Sequence[float]): ``[n]`` values under the intervention, one per window.
+        b (Tensor | Sequence[float]): ``[n]`` baseline values on the same windows, same order.
+        n_boot (int): Bootstrap resamples (default 2000).
+        level (float): Confidence level, strictly between 0 and 1 (default 0.95).
+        seed (int): Seed of the resampling generator: the same inputs give the same interval.
+
+    Returns:
+        Estimate: ``mean`` of the differences with its interval ``lo``, ``hi`` (NaN for a single
+        window).
+
+    Raises:
+        InputError: If ``a`` and ``b`` differ in length, are empty or hold non-finite values, or
+            ``level``, ``n_boot`` or ``seed`` is invalid.
+
+    Example:
+        >>> ablated = [3.1, 2.9, 3.4, 3.0, 3.3, 2.8]  # loss per window
+        >>> baseline = [3.0, 2.9, 3.1, 2.9, 3.0, 2.8]
+        >>> effect = paired_bootstrap_ci(ablated, baseline)
+        >>> print(effect)
+        0.1333 [0.03333, 0.2333]
+        >>> effect.excludes(0.0)  # the whole 95% interval lies above 0
+        True
     """
     va, vb = _vector(a, "a"), _vector(b, "b")
     if va.numel() != vb.numel():
@@ -97,7 +121,30 @@ def permutation_p_value(
     observed: float, null: Sequence[float] | Tensor, alternative: str = "greater"
 ) -> float:
     """(1 + #{null ≥ observed}) / (1 + n) for ``alternative="greater"`` (≤ for ``"less"``): the
-    Monte Carlo p-value of ``observed`` against ``n`` statistics drawn under the null."""
+    Monte Carlo p-value of ``observed`` against ``n`` statistics drawn under the null.
+
+    The observed statistic counts as one draw of the null, so the test is valid at every n and the
+    p-value is never 0 (at least 1 / (1 + n)). Ties count as extreme, within a few ulps.
+
+    Args:
+        observed (float): The statistic of the actual (treated) set.
+        null (Sequence[float] | Tensor): ``[n]`` statistics drawn under the null hypothesis.
+        alternative (str): ``"greater"`` (default: is ``observed`` unusually large?) or
+            ``"less"``.
+
+    Returns:
+        float: The p-value, in (0, 1].
+
+    Raises:
+        InputError: If ``alternative`` is neither, ``observed`` is not finite, or ``null`` is
+            empty or holds non-finite values.
+
+    Example:
+        >>> permutation_p_value(2.0, [0.5, 1.0, 2.5, 1.5])  # (1 + 1) / (1 + 4)
+        0.4
+        >>> permutation_p_value(0.2, [0.5, 1.0, 2.5, 1.5], alternative="less")  # (1 + 0) / 5
+        0.2
+    """
     if alternative not in _ALTERNATIVES:
         raise InputError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
     obs = float(observed)
@@ -118,7 +165,27 @@ def _count_extreme(null: Tensor, observed: float, alternative: str) -> int:
 @dataclass(frozen=True)
 class PermutationTest:
     """A permutation test's observed statistic (mean over treated units), its p-value and how the
-    null was made."""
+    null was made.
+
+    Returned by :func:`clustered_permutation_test`.
+
+    Attributes:
+        observed (float): Mean of the values over the treated units.
+        p_value (float): Exact #{null ≥ observed} / N when ``exact``, else the Monte Carlo
+            (1 + #{null ≥ observed}) / (1 + n_perm) (≤ for ``alternative="less"``).
+        n_perm (int): Null draws, or the number of within-cluster assignments when exact.
+        exact (bool): Whether every assignment was enumerated.
+        alternative (str): ``"greater"`` or ``"less"``.
+
+    Example:
+        >>> test = clustered_permutation_test(
+        ...     [0.9, 0.1, 0.2, 0.8, 0.1, 0.3], clusters=[0, 0, 0, 1, 1, 1],
+        ...     treated=[True, False, False, True, False, False])
+        >>> round(test.observed, 2), test.exact, test.n_perm
+        (0.85, True, 9)
+        >>> sorted(test.to_dict())
+        ['alternative', 'exact', 'n_perm', 'observed', 'p_value']
+    """
 
     observed: float
     p_value: float
@@ -127,6 +194,7 @@ class PermutationTest:
     alternative: str
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
         return {
             "observed": self.observed,
             "p_value": self.p_value,
@@ -173,6 +241,37 @@ def clustered_permutation_test(
     every within-cluster assignment (at most :data:`MAX_EXACT`) and returns the exact p-value #{stat
     ≥ observed} / N; an int draws ``n_perm`` assignments from a generator seeded with ``seed`` and
     returns (1 + #{stat ≥ observed}) / (1 + n_perm).
+
+    A layer is never compared with another layer, so depth effects (late layers matter more for
+    the loss) cannot make a set look special. Clusters without a treated unit take no part.
+
+    Args:
+        values (Tensor | Sequence[float]): ``[n]`` statistic of each unit (head, or plane of a
+            head), e.g. the loss increase when it is knocked out.
+        clusters (Sequence[Hashable]): ``[n]`` cluster label of each unit (its layer).
+        treated (Sequence[bool] | ndarray | Tensor): ``[n]`` booleans: the chosen set; at least
+            one True.
+        n_perm (int | None): Monte Carlo draws; None (default) enumerates exactly.
+        seed (int): Seed of the Monte Carlo generator.
+        alternative (str): ``"greater"`` (default) or ``"less"``.
+
+    Returns:
+        PermutationTest: The observed mean, the p-value and how the null was made.
+
+    Raises:
+        InputError: If the lengths differ, ``treated`` is not booleans or marks no unit,
+            ``alternative``, ``n_perm`` or ``seed`` is invalid, or ``n_perm`` is None and there
+            are more than :data:`MAX_EXACT` assignments (the message says to pass ``n_perm``).
+
+    Example:
+        >>> values = [0.9, 0.1, 0.2, 0.8, 0.1, 0.3]  # 3 heads in each of 2 layers
+        >>> layers = [0, 0, 0, 1, 1, 1]
+        >>> chosen = [True, False, False, True, False, False]
+        >>> test = clustered_permutation_test(values, layers, chosen)
+        >>> test.n_perm, round(test.p_value, 4)  # 3 × 3 assignments; the chosen set is the top
+        (9, 0.1111)
+        >>> clustered_permutation_test(values, layers, chosen, n_perm=999).p_value  # 105 / 1000
+        0.105
     """
     v = _vector(values, "values")
     t = np.asarray(treated.cpu() if isinstance(treated, Tensor) else treated)
@@ -236,6 +335,27 @@ def matched_random_sets(
 
     These are draws of the within-cluster permutation null of :func:`clustered_permutation_test`: a
     draw may coincide with the treated set, as the null allows.
+
+    Args:
+        treated (Sequence[tuple[int, int]]): The chosen (cluster, unit) pairs, e.g. (layer, head).
+        population (Mapping[int, Sequence[int]]): Every unit of each cluster, treated ones
+            included.
+        n_sets (int): How many control sets to draw (≥ 1).
+        seed (int): Seed of the generator.
+
+    Returns:
+        list[tuple[tuple[int, int], ...]]: ``n_sets`` control sets, each sorted (cluster, unit)
+        pairs.
+
+    Raises:
+        InputError: If ``n_sets`` is not a positive int, ``treated`` is empty, or a cluster has
+            fewer units in ``population`` than treated ones.
+
+    Example:
+        >>> heads = {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}  # 4 heads in each of 2 layers
+        >>> sets = matched_random_sets([(0, 1), (1, 2)], heads, n_sets=3)
+        >>> len(sets), [sorted({layer for layer, _ in s}) for s in sets]
+        (3, [[0, 1], [0, 1], [0, 1]])
     """
     if isinstance(n_sets, bool) or not isinstance(n_sets, numbers.Integral) or n_sets < 1:
         raise InputError(f"n_sets must be a positive int, got {n_sets!r}")
