@@ -66,7 +66,19 @@ def _check_tokens(tokens: Any) -> Tensor:
 
 def is_bridge(model: Any) -> bool:
     """Whether ``model`` is a TransformerLens bridge (deprecated:
-    ``ropelens.backends.backend_of(model).tl_view``)."""
+    ``ropelens.backends.backend_of(model).tl_view``).
+
+    Args:
+        model (Any): A model ropelens runs: a bridge, an HF model or an nnsight model.
+
+    Returns:
+        bool: True for a TransformerLens bridge (what :func:`ropelens.load_model` returns).
+
+    Example:
+        >>> from ropelens.testing import tiny_hf_model, tiny_model
+        >>> is_bridge(tiny_model("llama")), is_bridge(tiny_hf_model("llama"))
+        (True, False)
+    """
     return backend_of(model).tl_view
 
 
@@ -78,6 +90,22 @@ def loss_path(model: Any, path: str = "auto") -> str:
     ``"auto"`` takes sdpa for a bridge where :func:`ropelens.backends.sdpa.sdpa_ready` holds, else
     the bridge (another hook or intervention is in force, or the family rotates where the sdpa path
     cannot reach).
+
+    Args:
+        model (Any): The model :func:`window_losses` would run.
+        path (str): ``"auto"`` (default), ``"sdpa"`` or ``"bridge"``.
+
+    Returns:
+        str: ``"sdpa"``, ``"bridge"`` or ``"hf"``.
+
+    Raises:
+        InputError: If ``path`` is none of the three.
+
+    Example:
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> loss_path(model), loss_path(model, "bridge")
+        ('sdpa', 'bridge')
     """
     if path not in ("auto", "sdpa", "bridge"):
         raise InputError(f"path must be 'auto', 'sdpa' or 'bridge', got {path!r}")
@@ -98,6 +126,32 @@ def window_losses(
     variant or ablation context active around the call applies. ``path`` chooses the forward
     (:func:`loss_path`): by default a bridge runs as its HF model with sdpa attention, the
     interventions applied where it rotates, in memory linear in the length.
+
+    Args:
+        model (Any): A TransformerLens bridge, an HF causal LM, or an nnsight model wrapping one.
+        tokens (Tensor): ``[n_windows, n_ctx]`` integer tokens (:func:`ropelens.run.data.windows`).
+        batch_size (int): Windows per forward (default 4).
+        progress (bool): Show a progress bar (default True).
+        path (str): Which forward, as :func:`loss_path` (default ``"auto"``).
+
+    Returns:
+        Tensor: ``[n_windows]`` mean next-token cross-entropy of each window, in nats, on CPU.
+
+    Raises:
+        InputError: If ``tokens`` is not a 2-D integer tensor of at least one window of two
+            tokens, ``batch_size`` is not a positive int, or ``path`` is invalid.
+
+    Example:
+        >>> import math
+        >>> from ropelens.run.data import load_corpus, windows
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> tokens = windows(load_corpus(), model, 32, n_windows=4)
+        >>> losses = window_losses(model, tokens, progress=False)
+        >>> losses.shape
+        torch.Size([4])
+        >>> bool(abs(losses.mean() - math.log(101)) < 0.5)  # random weights: near-uniform guess
+        True
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     tokens = _check_tokens(tokens)
@@ -128,14 +182,40 @@ NO_INTERVAL = "n/a (one window gives no spread)"
 
 def interval_text(lo: float | None, hi: float | None, fmt: str = ".4g") -> str:
     """``[lo, hi]`` formatted with ``fmt``, or :data:`NO_INTERVAL` where there is no interval (NaN
-    or None ends: fewer than two windows)."""
+    or None ends: fewer than two windows).
+
+    Args:
+        lo (float | None): Lower end (None or NaN: no interval).
+        hi (float | None): Upper end (None or NaN: no interval).
+        fmt (str): Format spec of each end (default ``".4g"``).
+
+    Returns:
+        str: ``"[lo, hi]"`` or ``"n/a (one window gives no spread)"``.
+
+    Example:
+        >>> interval_text(1.23456, 2.5)
+        '[1.235, 2.5]'
+        >>> interval_text(None, None)
+        'n/a (one window gives no spread)'
+    """
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
         return NO_INTERVAL
     return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
 def ci_end(x: float | None) -> float:
-    """A CI end as written (None where there was no interval) as a float (NaN for None)."""
+    """A CI end as written (None where there was no interval) as a float (NaN for None).
+
+    Args:
+        x (float | None): The end as JSON holds it.
+
+    Returns:
+        float: ``x``, or NaN for None.
+
+    Example:
+        >>> ci_end(0.5), ci_end(None)
+        (0.5, nan)
+    """
     return math.nan if x is None else float(x)
 
 
@@ -147,7 +227,24 @@ def _or_none(x: float) -> float | None:
 class Estimate:
     """A point estimate with a percentile bootstrap interval [lo, hi] at level 1 − alpha; lo and hi
     are NaN where there is no interval (fewer than :data:`MIN_WINDOWS_FOR_CI` windows: one window
-    gives no spread), written as null."""
+    gives no spread), written as null.
+
+    Made by :func:`percentile_ci` and :func:`ropelens.run.stats.paired_bootstrap_ci`.
+
+    Attributes:
+        mean (float): The point estimate (the mean over windows).
+        lo (float): Lower end of the interval (NaN: none).
+        hi (float): Upper end of the interval (NaN: none).
+
+    Example:
+        >>> est = Estimate(2.0, 1.5, 2.5)
+        >>> print(est)
+        2 [1.5, 2.5]
+        >>> est.excludes(0.0), est.excludes(2.2)
+        (True, False)
+        >>> Estimate.from_dict({"mean": 2.0, "lo": None, "hi": None}).has_interval
+        False
+    """
 
     mean: float
     lo: float
@@ -155,6 +252,7 @@ class Estimate:
 
     @property
     def has_interval(self) -> bool:
+        """Whether both ends are finite (False for a single window)."""
         return math.isfinite(self.lo) and math.isfinite(self.hi)
 
     def interval(self, fmt: str = ".4g") -> str:
@@ -166,10 +264,12 @@ class Estimate:
         return self.has_interval and (self.lo > value or self.hi < value)
 
     def to_dict(self) -> dict[str, float | None]:
+        """JSON-ready ``{"mean", "lo", "hi"}``, a missing end as None."""
         return {"mean": self.mean, "lo": _or_none(self.lo), "hi": _or_none(self.hi)}
 
     @classmethod
     def from_dict(cls, d: dict[str, float | None]) -> Estimate:
+        """The estimate :meth:`to_dict` wrote."""
         return cls(float(d["mean"]), ci_end(d["lo"]), ci_end(d["hi"]))  # type: ignore[arg-type]
 
     def __str__(self) -> str:
@@ -178,7 +278,27 @@ class Estimate:
 
 @dataclass(frozen=True)
 class LossEstimate:
-    """Mean loss over windows and the perplexity exp(loss), each with its bootstrap CI."""
+    """Mean loss over windows and the perplexity exp(loss), each with its bootstrap CI.
+
+    Made by :func:`bootstrap_ci` and :func:`loss_estimate`.
+
+    Attributes:
+        loss (Estimate): Mean next-token loss over windows (nats) with its interval.
+        perplexity (Estimate): exp of the loss and of its interval's ends.
+        n_windows (int): Windows the mean is over.
+        n_boot (int): Bootstrap resamples.
+        alpha (float): 1 − the confidence level (0.05: a 95% interval).
+        seed (int): Seed of the resampling generator.
+
+    Example:
+        >>> est = bootstrap_ci([2.0, 2.2, 1.9, 2.4, 2.1])
+        >>> print(est.loss)
+        2.12 [1.98, 2.28]
+        >>> round(est.perplexity.mean, 3), est.n_windows  # exp(2.12)
+        (8.331, 5)
+        >>> LossEstimate.from_dict(est.to_dict()) == est
+        True
+    """
 
     loss: Estimate
     perplexity: Estimate
@@ -188,6 +308,7 @@ class LossEstimate:
     seed: int
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (the estimates as dicts)."""
         return {
             "loss": self.loss.to_dict(),
             "perplexity": self.perplexity.to_dict(),
@@ -199,6 +320,7 @@ class LossEstimate:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LossEstimate:
+        """The estimate :meth:`to_dict` wrote."""
         return cls(
             Estimate.from_dict(d["loss"]),
             Estimate.from_dict(d["perplexity"]),
@@ -238,6 +360,25 @@ def percentile_ci(
     Percentile intervals of very skewed samples can exclude the sample mean; the interval is widened
     to keep it. Fewer than :data:`MIN_WINDOWS_FOR_CI` values give no interval: ``lo`` and ``hi``
     are NaN (one window gives no spread; resampling it returns it every time).
+
+    Args:
+        values (Tensor | Sequence[float]): ``[n]`` values, one per window.
+        n_boot (int): Bootstrap resamples (default 2000).
+        seed (int): Seed of the resampling generator: the same inputs give the same interval.
+        alpha (float): 1 − the confidence level, strictly between 0 and 1 (default 0.05).
+
+    Returns:
+        Estimate: The mean with its interval.
+
+    Raises:
+        InputError: If ``values`` is empty or holds non-finite values, or ``n_boot``, ``alpha``
+            or ``seed`` is invalid.
+
+    Example:
+        >>> print(percentile_ci([2.0, 2.2, 1.9, 2.4, 2.1]))
+        2.12 [1.98, 2.28]
+        >>> print(percentile_ci([2.0]))  # one window: no interval
+        2 n/a (one window gives no spread)
     """
     v = _as_values(values)
     if not isinstance(n_boot, numbers.Integral) or isinstance(n_boot, bool) or n_boot < 1:
@@ -270,6 +411,25 @@ def bootstrap_ci(
 
     The perplexity CI is the loss CI mapped through exp, which is monotone, so it is exactly the
     percentile interval of the resampled perplexities. Seeded: the same inputs give the same CI.
+
+    Args:
+        values (Tensor | Sequence[float]): ``[n_windows]`` losses in nats.
+        n_boot (int): Bootstrap resamples (default 2000).
+        seed (int): Seed of the resampling generator.
+        alpha (float): 1 − the confidence level (default 0.05).
+
+    Returns:
+        LossEstimate: Loss and perplexity with their intervals, and how they were made.
+
+    Raises:
+        InputError: As :func:`percentile_ci`.
+
+    Example:
+        >>> est = bootstrap_ci([2.0, 2.2, 1.9, 2.4, 2.1], n_boot=2000, seed=0)
+        >>> print(est.loss)
+        2.12 [1.98, 2.28]
+        >>> print(est.perplexity)  # the loss interval through exp
+        8.331 [7.243, 9.777]
     """
     est = percentile_ci(values, n_boot, seed, alpha)
     mean, lo, hi = est.mean, est.lo, est.hi
@@ -291,7 +451,35 @@ def loss_estimate(
     path: str = "auto",
     **bootstrap: Any,
 ) -> tuple[LossEstimate, Float[Tensor, " n_windows"]]:
-    """``bootstrap_ci(window_losses(model, tokens))`` and the per-window losses."""
+    """``bootstrap_ci(window_losses(model, tokens))`` and the per-window losses.
+
+    Args:
+        model (Any): A TransformerLens bridge, an HF causal LM, or an nnsight model wrapping one;
+            any RoPE variant or ablation context active around the call applies.
+        tokens (Tensor): ``[n_windows, n_ctx]`` integer tokens.
+        batch_size (int): Windows per forward (default 4).
+        progress (bool): Show a progress bar (default True).
+        path (str): Which forward, as :func:`loss_path` (default ``"auto"``).
+        **bootstrap: ``n_boot``, ``seed`` and ``alpha`` for :func:`bootstrap_ci`.
+
+    Returns:
+        tuple[LossEstimate, Tensor]: The estimate and the ``[n_windows]`` losses (nats).
+
+    Raises:
+        InputError: As :func:`window_losses` and :func:`bootstrap_ci`.
+
+    Example:
+        >>> from ropelens import apply_rope_variant
+        >>> from ropelens.run.data import load_corpus, windows
+        >>> from ropelens.spec.variants import NoPE
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> tokens = windows(load_corpus(), model, 32, n_windows=4)
+        >>> with apply_rope_variant(model, NoPE()):
+        ...     est, losses = loss_estimate(model, tokens, progress=False, n_boot=500)
+        >>> est.n_windows, est.n_boot, est.loss.has_interval, losses.shape
+        (4, 500, True, torch.Size([4]))
+    """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     losses = window_losses(model, tokens, batch_size=batch_size, progress=progress, path=path)
     return bootstrap_ci(losses, **bootstrap), losses
@@ -303,6 +491,23 @@ class RunStore:
     Experiments call :meth:`get` before a run and :meth:`put` after it, so a rerun skips what is
     done and a killed sweep loses at most the run in progress. Two sweeps writing one file keep
     each other's runs (each write merges what is on disk), though not across a simultaneous write.
+
+    Args:
+        path (str | PathLike): The JSON file; it need not exist yet.
+        meta (dict[str, Any] | None): Written beside the runs (what the sweep is), e.g. the model.
+
+    Raises:
+        InputError: If ``path`` exists and is not valid JSON (move it aside to start over).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "runs.json")
+        >>> store = RunStore(path, meta={"model": "tiny llama"})
+        >>> store.get({"variant": "NoPE"}) is None  # not run yet
+        True
+        >>> store.put({"variant": "NoPE"}, {"loss": 4.7})
+        >>> RunStore(path).get({"variant": "NoPE"})  # a rerun finds it on disk
+        {'config': {'variant': 'NoPE'}, 'loss': 4.7}
     """
 
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None):
@@ -328,6 +533,7 @@ class RunStore:
         return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
     def get(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored run of ``config`` (``{"config": ..., **result}``), or None if not run."""
         return self.runs.get(self.key(config))
 
     def put(self, config: dict[str, Any], result: dict[str, Any]) -> None:
