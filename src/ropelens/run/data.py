@@ -112,7 +112,7 @@ class Corpus:
         TypeError: If ``documents`` is a single string or holds something other than strings.
         InputError: If ``documents`` is empty.
 
-    Example:
+    Examples:
         >>> corpus = Corpus("notes", ("The first text.", "The second."), source="typed in")
         >>> corpus.n_documents, corpus.n_chars
         (2, 26)
@@ -380,7 +380,7 @@ def text_files(paths: PathLike | Iterable[PathLike], *, name: str | None = None)
         FileNotFoundError: If a path does not exist.
         TypeError: If an item of ``paths`` is not a path.
 
-    Example:
+    Examples:
         >>> import pathlib, tempfile
         >>> folder = pathlib.Path(tempfile.mkdtemp())
         >>> _ = (folder / "a.txt").write_text("The first file.")
@@ -415,7 +415,7 @@ class StreamedCorpus:
             over the documents (so a second pass starts again from the first).
         source (str): Where the text came from, in words (provenance); default empty.
 
-    Example:
+    Examples:
         >>> from ropelens.testing import tiny_tokenizer
         >>> texts = ["one two", "three four five", "six"]
         >>> stream = StreamedCorpus("lines", lambda: iter(texts), "a list, streamed")
@@ -651,7 +651,7 @@ def load_corpus(
             the column holds no text (the message names the fix).
         FileNotFoundError: If ``spec`` looks like a path that does not exist.
 
-    Example:
+    Examples:
         >>> corpus = load_corpus(["The first text.", "The second."])
         >>> corpus.name, corpus.n_documents, corpus.source
         ('documents', 2, '2 documents given in Python')
@@ -745,7 +745,7 @@ def token_stream(
         InputError: If the corpus yields no document, or the model has no tokenizer.
         TypeError: If ``tokenizer`` is neither a tokenizer nor a model with one.
 
-    Example:
+    Examples:
         >>> from ropelens.testing import tiny_tokenizer
         >>> tok = tiny_tokenizer()  # one token per character; EOS is 2
         >>> token_stream(Corpus("two", ("ab", "c")), tok).tolist()
@@ -815,7 +815,7 @@ def windows(
         InputError: If ``n_ctx``, ``bos`` or a cap is invalid, ``bos="prepend"`` and the tokenizer
             has no BOS token, or the corpus is shorter than one window.
 
-    Example:
+    Examples:
         >>> from ropelens.testing import tiny_tokenizer
         >>> tok = tiny_tokenizer()  # one token per character; BOS is 1, EOS 2
         >>> corpus = Corpus("two", ("abc de", "fgh"))
@@ -895,7 +895,7 @@ def analysis_windows(
         InputError: If a tensor is not 2-D integer, or as :func:`load_corpus` and
             :func:`windows` do.
 
-    Example:
+    Examples:
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")
         >>> tokens, name, sha256 = analysis_windows(model, None, n_ctx=32, max_tokens=128)

@@ -74,7 +74,7 @@ def is_bridge(model: Any) -> bool:
     Returns:
         bool: True for a TransformerLens bridge (what :func:`ropelens.load_model` returns).
 
-    Example:
+    Examples:
         >>> from ropelens.testing import tiny_hf_model, tiny_model
         >>> is_bridge(tiny_model("llama")), is_bridge(tiny_hf_model("llama"))
         (True, False)
@@ -101,7 +101,7 @@ def loss_path(model: Any, path: str = "auto") -> str:
     Raises:
         InputError: If ``path`` is none of the three.
 
-    Example:
+    Examples:
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")
         >>> loss_path(model), loss_path(model, "bridge")
@@ -141,7 +141,7 @@ def window_losses(
         InputError: If ``tokens`` is not a 2-D integer tensor of at least one window of two
             tokens, ``batch_size`` is not a positive int, or ``path`` is invalid.
 
-    Example:
+    Examples:
         >>> import math
         >>> from ropelens.run.data import load_corpus, windows
         >>> from ropelens.testing import tiny_model
@@ -192,7 +192,7 @@ def interval_text(lo: float | None, hi: float | None, fmt: str = ".4g") -> str:
     Returns:
         str: ``"[lo, hi]"`` or ``"n/a (one window gives no spread)"``.
 
-    Example:
+    Examples:
         >>> interval_text(1.23456, 2.5)
         '[1.235, 2.5]'
         >>> interval_text(None, None)
@@ -212,7 +212,7 @@ def ci_end(x: float | None) -> float:
     Returns:
         float: ``x``, or NaN for None.
 
-    Example:
+    Examples:
         >>> ci_end(0.5), ci_end(None)
         (0.5, nan)
     """
@@ -236,7 +236,7 @@ class Estimate:
         lo (float): Lower end of the interval (NaN: none).
         hi (float): Upper end of the interval (NaN: none).
 
-    Example:
+    Examples:
         >>> est = Estimate(2.0, 1.5, 2.5)
         >>> print(est)
         2 [1.5, 2.5]
@@ -290,7 +290,7 @@ class LossEstimate:
         alpha (float): 1 − the confidence level (0.05: a 95% interval).
         seed (int): Seed of the resampling generator.
 
-    Example:
+    Examples:
         >>> est = bootstrap_ci([2.0, 2.2, 1.9, 2.4, 2.1])
         >>> print(est.loss)
         2.12 [1.98, 2.28]
@@ -374,7 +374,7 @@ def percentile_ci(
         InputError: If ``values`` is empty or holds non-finite values, or ``n_boot``, ``alpha``
             or ``seed`` is invalid.
 
-    Example:
+    Examples:
         >>> print(percentile_ci([2.0, 2.2, 1.9, 2.4, 2.1]))
         2.12 [1.98, 2.28]
         >>> print(percentile_ci([2.0]))  # one window: no interval
@@ -424,7 +424,7 @@ def bootstrap_ci(
     Raises:
         InputError: As :func:`percentile_ci`.
 
-    Example:
+    Examples:
         >>> est = bootstrap_ci([2.0, 2.2, 1.9, 2.4, 2.1], n_boot=2000, seed=0)
         >>> print(est.loss)
         2.12 [1.98, 2.28]
@@ -468,7 +468,7 @@ def loss_estimate(
     Raises:
         InputError: As :func:`window_losses` and :func:`bootstrap_ci`.
 
-    Example:
+    Examples:
         >>> from ropelens import apply_rope_variant
         >>> from ropelens.run.data import load_corpus, windows
         >>> from ropelens.spec.variants import NoPE
@@ -499,7 +499,7 @@ class RunStore:
     Raises:
         InputError: If ``path`` exists and is not valid JSON (move it aside to start over).
 
-    Example:
+    Examples:
         >>> import os, tempfile
         >>> path = os.path.join(tempfile.mkdtemp(), "runs.json")
         >>> store = RunStore(path, meta={"model": "tiny llama"})

@@ -99,7 +99,7 @@ def paired_bootstrap_ci(
         InputError: If ``a`` and ``b`` differ in length, are empty or hold non-finite values, or
             ``level``, ``n_boot`` or ``seed`` is invalid.
 
-    Example:
+    Examples:
         >>> ablated = [3.1, 2.9, 3.4, 3.0, 3.3, 2.8]  # loss per window
         >>> baseline = [3.0, 2.9, 3.1, 2.9, 3.0, 2.8]
         >>> effect = paired_bootstrap_ci(ablated, baseline)
@@ -139,7 +139,7 @@ def permutation_p_value(
         InputError: If ``alternative`` is neither, ``observed`` is not finite, or ``null`` is
             empty or holds non-finite values.
 
-    Example:
+    Examples:
         >>> permutation_p_value(2.0, [0.5, 1.0, 2.5, 1.5])  # (1 + 1) / (1 + 4)
         0.4
         >>> permutation_p_value(0.2, [0.5, 1.0, 2.5, 1.5], alternative="less")  # (1 + 0) / 5
@@ -177,7 +177,7 @@ class PermutationTest:
         exact (bool): Whether every assignment was enumerated.
         alternative (str): ``"greater"`` or ``"less"``.
 
-    Example:
+    Examples:
         >>> test = clustered_permutation_test(
         ...     [0.9, 0.1, 0.2, 0.8, 0.1, 0.3], clusters=[0, 0, 0, 1, 1, 1],
         ...     treated=[True, False, False, True, False, False])
@@ -263,7 +263,7 @@ def clustered_permutation_test(
             ``alternative``, ``n_perm`` or ``seed`` is invalid, or ``n_perm`` is None and there
             are more than :data:`MAX_EXACT` assignments (the message says to pass ``n_perm``).
 
-    Example:
+    Examples:
         >>> values = [0.9, 0.1, 0.2, 0.8, 0.1, 0.3]  # 3 heads in each of 2 layers
         >>> layers = [0, 0, 0, 1, 1, 1]
         >>> chosen = [True, False, False, True, False, False]
@@ -351,7 +351,7 @@ def matched_random_sets(
         InputError: If ``n_sets`` is not a positive int, ``treated`` is empty, or a cluster has
             fewer units in ``population`` than treated ones.
 
-    Example:
+    Examples:
         >>> heads = {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}  # 4 heads in each of 2 layers
         >>> sets = matched_random_sets([(0, 1), (1, 2)], heads, n_sets=3)
         >>> len(sets), [sorted({layer for layer, _ in s}) for s in sets]

@@ -156,7 +156,7 @@ def kept_planes(p: float, n_planes: int) -> int:
     Raises:
         InputError: If ``p`` is not a number in [0, 1].
 
-    Example:
+    Examples:
         >>> kept_planes(0.7, 8)
         5
         >>> kept_planes(0.58, 50)  # HF's floating-point p·d, not ⌊29.0⌋
@@ -187,7 +187,7 @@ class RopeVariant:
     Subclasses register under their class name, which is how :func:`variant_from_dict` finds them;
     the class variable ``rope_type`` is HF's name for the method where HF implements it.
 
-    Example:
+    Examples:
         >>> from ropelens import apply_rope_variant, rope_spec
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")
@@ -198,8 +198,8 @@ class RopeVariant:
         >>> [round(f, 4) for f in variant.inv_freq(layer).tolist()]
         [1.0, 0.3162, 0.1, 0.0316, 0.0, 0.0, 0.0, 0.0]
         >>> with apply_rope_variant(model, variant) as spec:
-        ...     print(int((spec[0].inv_freq == 0).sum()), "of", spec[0].n_planes, "planes stopped")
-        4 of 8 planes stopped
+        ...     print(int((spec[0].inv_freq == 0).sum()), "planes stopped")
+        4 planes stopped
     """
 
     rope_type: ClassVar[str] = "default"  # HF's name where HF implements the method
@@ -237,8 +237,7 @@ class RopeVariant:
         raise NotImplementedError(f"{type(self).__name__} does not define inv_freq")
 
     def attention_scaling(self, layer: LayerRope) -> float:  # noqa: ARG002
-        """Multiplier of cos and sin (YaRN/LongRoPE attention factor); 1.0 where the method has
-        none.
+        """Multiplier of cos and sin: YaRN's or LongRoPE's attention factor, else 1.0.
 
         Args:
             layer (LayerRope): The layer (the factor may depend on its trained context).
@@ -251,8 +250,7 @@ class RopeVariant:
     def angles(
         self, layer: LayerRope, positions: Int[Tensor, "*batch pos"]
     ) -> Float[Tensor, "*batch pos n_planes"]:
-        """Rotation angle of each plane at each position, in float32 as HF's rotary modules compute
-        it.
+        """Rotation angle of each plane at each position (float32, as HF's rotary modules).
 
         Args:
             layer (LayerRope): The layer.
@@ -295,7 +293,7 @@ def variant_from_dict(d: dict[str, Any]) -> RopeVariant:
         InputError: If ``d["variant"]`` names no variant class (the message lists them), or a
             parameter is out of range.
 
-    Example:
+    Examples:
         >>> d = YaRN(4.0, 2048).to_dict()
         >>> d["variant"], d["factor"], d["original_max_position"]
         ('YaRN', 4.0, 2048)
@@ -362,7 +360,7 @@ class Default(RopeVariant):
     HF's default formula, bit for bit, and the cos/sin multiplier is 1: a model trained or shipped
     with linear, YaRN or Llama 3 scaling runs with its unscaled RoPE. It takes no parameters.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> scaled = {"rope_theta": 10000.0, "rope_type": "linear", "factor": 4.0}
@@ -385,7 +383,7 @@ class NoPE(RopeVariant):
     unrotated, so attention can only tell positions apart through the causal mask. It takes no
     parameters.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -420,7 +418,7 @@ class PRoPE(_HF):
     Raises:
         InputError: If ``p`` is not in [0, 1].
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -457,7 +455,7 @@ class PRoPEReversed(RopeVariant):
     Raises:
         InputError: If ``p`` is not in [0, 1].
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -491,7 +489,7 @@ class PRoPEPartial(RopeVariant):
     Raises:
         InputError: If ``p`` is not in [0, 1].
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -525,7 +523,7 @@ class BaseChange(RopeVariant):
     Raises:
         InputError: If ``base`` is not a number above 1.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -555,7 +553,7 @@ class PlaneMask(RopeVariant):
         InputError: If an index is negative or not an int; :meth:`inv_freq` raises it for an
             index past the layer's planes.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -588,7 +586,7 @@ class Linear(_HF):
     Raises:
         InputError: If ``factor`` is not a positive number.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -616,7 +614,7 @@ class NTK(RopeVariant):
         InputError: If ``factor`` is not a positive number; :meth:`inv_freq` raises it for a layer
             with at most 2 rotary dims (the exponent d/(d−2) is undefined).
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -655,7 +653,7 @@ class DynamicNTK(_HF):
     Raises:
         InputError: If ``factor`` is not positive or ``original_max_position`` not a positive int.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -696,8 +694,7 @@ class DynamicNTK(_HF):
         positions: Int[Tensor, "*batch pos"],
         seq_len: int | Tensor | None = None,
     ) -> Float[Tensor, "*batch pos n_planes"]:
-        """Angles with the frequencies for ``seq_len`` (default: max position + 1, as HF's
-        forward).
+        """Angles with the frequencies for ``seq_len`` (default: max position + 1, as HF's forward).
 
         Args:
             layer (LayerRope): The layer.
@@ -747,7 +744,7 @@ class YaRN(_HF):
             ``mscale_all_dim`` is given, or a number is out of range; :meth:`inv_freq` raises it
             when ``original_max_position`` is None and the layer records no n_ctx.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -809,7 +806,7 @@ class Llama3(_HF):
     Raises:
         InputError: If ``high_freq_factor`` ≤ ``low_freq_factor`` or a number is out of range.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -861,7 +858,7 @@ class LongRoPE(_HF):
             methods raise it for a layer with another number of planes, or when ``factor`` is None
             and the layer records no n_ctx.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -916,8 +913,7 @@ class LongRoPE(_HF):
     def angles(
         self, layer: LayerRope, positions: Int[Tensor, "*batch pos"], seq_len: int | None = None
     ) -> Float[Tensor, "*batch pos n_planes"]:
-        """Angles for an input of ``seq_len`` tokens (default max position + 1), first n_hat
-        uninterpolated.
+        """Angles for an input of ``seq_len`` tokens, the first ``n_hat`` positions uninterpolated.
 
         Args:
             layer (LayerRope): The layer.
@@ -975,7 +971,7 @@ class Resonance(RopeVariant):
         InputError: If ``original_max_position`` is given without ``factor``; :meth:`inv_freq`
             raises it when a wavelength rounds to 0 (a frequency above π per token).
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -1037,7 +1033,7 @@ class CoPE(RopeVariant):
     Raises:
         InputError: If ``n_low`` is not a non-negative int.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
@@ -1078,7 +1074,7 @@ class FoPEZero(RopeVariant):
         InputError: If ``original_max_position`` is not a positive int; :meth:`inv_freq` raises
             it when it is None and the layer records no n_ctx.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 10000, n_ctx 256
