@@ -372,6 +372,7 @@ class Default(RopeVariant):
     """
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """θ_i = base^(−2i/d_r) from the layer's base, as HF's default formula computes it."""
         return _default_inv_freq(_base(layer), freq_dim(layer))
 
 
@@ -397,6 +398,7 @@ class NoPE(RopeVariant):
     rope_type: ClassVar[str] = "nope"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """Zeros, one per plane."""
         return torch.zeros(layer.n_planes, dtype=torch.float32)
 
 
@@ -430,6 +432,7 @@ class PRoPE(_HF):
     rope_type: ClassVar[str] = "proportional"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """The layer's highest ``kept_planes(p)`` frequencies, then zeros."""
         d = freq_dim(layer)
         if d == layer.rotary_dim:
             return self._hf(layer)[0]  # HF's proportional, bit for bit
@@ -467,6 +470,7 @@ class PRoPEReversed(RopeVariant):
     rope_type: ClassVar[str] = "p-rope-reversed"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """Zeros for the highest frequencies, then the lowest ``kept_planes(p)``."""
         inv = _default_inv_freq(_base(layer), freq_dim(layer))
         inv[: layer.n_planes - kept_planes(self.p, layer.n_planes)] = 0.0
         return inv
@@ -501,6 +505,7 @@ class PRoPEPartial(RopeVariant):
     rope_type: ClassVar[str] = "p-rope-partial"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """base^(−2i/(2k)) for the first k = ``kept_planes(p)`` planes, then zeros."""
         k = kept_planes(self.p, layer.n_planes)
         inv = torch.zeros(layer.n_planes, dtype=torch.float32)
         if k:
@@ -534,6 +539,7 @@ class BaseChange(RopeVariant):
     base: float
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """θ_i = base^(−2i/d_r) with this variant's base."""
         return _default_inv_freq(self.base, freq_dim(layer))
 
 
@@ -565,6 +571,7 @@ class PlaneMask(RopeVariant):
     rope_type: ClassVar[str] = "plane-mask"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """Plain RoPE with the masked planes at 0 (InputError for a plane the layer lacks)."""
         check_indices(self.planes, "plane", layer.n_planes, f"layer {layer.layer}")
         inv = _default_inv_freq(_base(layer), freq_dim(layer))
         inv[list(self.planes)] = 0.0
@@ -626,6 +633,7 @@ class NTK(RopeVariant):
     rope_type: ClassVar[str] = "ntk"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """Plain RoPE with base · factor^(d/(d−2)) (InputError for rotary_dim ≤ 2)."""
         d = layer.rotary_dim
         if d <= 2:
             raise InputError(
@@ -997,6 +1005,7 @@ class Resonance(RopeVariant):
         return YaRN(self.factor, _native(layer, self.original_max_position, "Resonance-YaRN"))
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """2π / round(2π/θ_i) of plain RoPE's θ_i, or of YaRN's with ``factor``."""
         inv = (
             _default_inv_freq(_base(layer), freq_dim(layer))
             if self.factor is None
@@ -1012,6 +1021,7 @@ class Resonance(RopeVariant):
         return (2 * math.pi / wavelengths).float()
 
     def attention_scaling(self, layer: LayerRope) -> float:
+        """YaRN's cos/sin multiplier for Resonance-YaRN, else 1.0."""
         return 1.0 if self.factor is None else self._yarn(layer).attention_scaling(layer)
 
 
@@ -1045,6 +1055,7 @@ class CoPE(RopeVariant):
     rope_type: ClassVar[str] = "cope"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """Plain RoPE with its lowest ``n_low`` planes tapered by the raised cosine."""
         inv = _default_inv_freq(_base(layer), freq_dim(layer))
         c = min(self.n_low, inv.numel())
         if c > 0:
@@ -1086,6 +1097,7 @@ class FoPEZero(RopeVariant):
     rope_type: ClassVar[str] = "fope-zero"
 
     def inv_freq(self, layer: LayerRope) -> Float[Tensor, " n_planes"]:
+        """Plain RoPE with every plane that turns less than once within L set to 0."""
         inv = _default_inv_freq(_base(layer), freq_dim(layer))
         L = _native(layer, self.original_max_position, "FoPEZero")
         inv[inv.double() * L < 2 * math.pi] = 0.0
