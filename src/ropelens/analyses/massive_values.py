@@ -160,13 +160,36 @@ class MassiveValues(
 ):
     """Per-dimension norms of the pre-RoPE queries and keys, and which dimensions are massive.
 
-    ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer, head, dim]`` (keys: KV heads) the
-    token count, the sum and the sum of squares over the corpus. A dimension is massive when its
-    L2 norm over tokens exceeds ``factor`` × the mean of its head's dimension norms.
+    What :func:`massive_values` returns (after Jin et al. 2025). A dimension is massive when its L2
+    norm over tokens exceeds ``factor`` × the mean of its head's dimension norms; :meth:`mask` says
+    which, :meth:`plane_mask` which RoPE planes hold them, :meth:`persistence` in how many layers,
+    and :func:`replace_massive` replaces them with their corpus mean to test what they do.
 
     Layers of different widths (Gemma 4's wider global heads) share one array padded to the most
     heads and dimensions: every number past a layer's own reads NaN (:meth:`present`), is never
     massive, and tables leave it out; each layer's dimensions map to its own planes.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layer indices.
+        spec (RopeSpec): The model's RoPE spec (maps each dimension to its plane).
+        moments (dict[str, Moments]): ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer,
+            head, dim]`` (keys: KV heads) the token count, the sum and the sum of squares over the
+            corpus.
+        factor (float): The threshold, > 1 (default 5 in :func:`massive_values`);
+            :meth:`with_factor` gives a copy at another one.
+        provenance (Provenance): Model, corpus, tokens, settings and versions of the run.
+
+    Example:
+        >>> from ropelens.analyses import massive_values
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> mv = massive_values(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> tuple(mv.ratio("q").shape)  # [layer, head, dim]
+        (2, 4, 16)
+        >>> bool((mv.with_factor(1.5).mask("q").sum() >= mv.mask("q").sum()).item())
+        True
+        >>> tuple(mv.plane_mask("k").shape)  # [layer, kv_head, plane]
+        (2, 4, 8)
     """
 
     layers: tuple[int, ...]

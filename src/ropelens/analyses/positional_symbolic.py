@@ -321,12 +321,41 @@ class PosSymReducer(DeviceSums):
 class PositionalSymbolic(
     Result, merge_same=("layers", "seed", "min_keys", "margin"), merge_sums=("sums",)
 ):
-    """Per layer × head: positional and symbolic scores under a key-content permutation, and the
-    calls.
+    """Positional and symbolic scores of every head under a key-content permutation, and its call.
+
+    What :func:`positional_symbolic` returns (after Urrutia et al., ICLR 2026). P measures how much
+    a head's logits stay put when key contents move, S how much they move with the contents, under
+    two measures: ``"logit"`` (Pearson correlation, in [−1, 1]) and ``"attention"`` (1 − total
+    variation, in [0, 1]). A head is called positional when P − S ≥ ``margin``, symbolic when S − P
+    ≥ ``margin``, mixed otherwise.
 
     Layers of different widths (Gemma 4) share one ``[layer, head]`` array padded to the most heads:
     the scores of a head a layer lacks are NaN (:meth:`present`), and calls, shares and tables leave
     it out.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layer indices.
+        seed (int): Seed of the key permutation.
+        min_keys (int): Keys besides BOS a query had to see to be scored.
+        margin (float): The difference of scores in [0, 1] that calls a head.
+        sums (dict[str, Tensor]): ``n_queries`` ``[layer]`` (queries scored) and the summed scores
+            ``pos_logit``, ``sym_logit``, ``pos_attention``, ``sym_attention`` ``[layer, head]``.
+        provenance (Provenance): Model, corpus, tokens, settings and versions of the run.
+
+    Raises:
+        InputError: When ``margin`` is outside [0, 1] or the sums do not match ``layers``.
+
+    Example:
+        >>> from ropelens.analyses import positional_symbolic
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> heads = positional_symbolic(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> len(heads.calls("logit")), len(heads.calls("logit")[0])  # layers, heads
+        (2, 4)
+        >>> round(sum(heads.fractions("logit").values()), 6)
+        1.0
+        >>> len(heads.to_frame())  # one row per head
+        8
     """
 
     layers: tuple[int, ...]

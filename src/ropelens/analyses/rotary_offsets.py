@@ -304,16 +304,42 @@ class OffsetReducer(DeviceSums):
 class RotaryOffsets(
     Result, merge_same=("layers", "n_sink", "train_ctx", "spec"), merge_sums=("q", "k", "sums")
 ):
-    """Per layer × head × plane: q/k plane norms and the q–k angle at the attended key; highest
-    frequency first.
+    """Per-plane q/k norms and the q–k angle at the attended key, per layer and head.
 
-    ``q`` moments are ``[layer, head, plane]``, ``k`` moments ``[layer, kv_head, plane]``. ``sums``
-    holds, per scope ("sink": the attended key is one of the first ``n_sink`` positions, "content":
-    any other), the number of queries ``n/<scope>`` ``[layer, head]``, the plane's summed logit at
-    the attended key ``term/<scope>`` and, per source ("post", "pre" RoPE), the count and summed cos
-    and sin of the angle ``<source>/<scope>/<stat>`` ``[layer, head, plane]``. Layers of different
-    widths (Gemma 4) share these arrays padded to the most heads and planes: every number past a
-    layer's own reads NaN (:meth:`present`), and tables and medians leave it out.
+    What :func:`rotary_offsets` returns (after Jonasson 2025). :meth:`outlier_ratio` says how far a
+    plane's norm stands above the head's other planes, :meth:`resultant_length` how constant the q–k
+    angle at the attended key is (1: every query meets its key at one angle), :attr:`partial_cycle`
+    which planes never complete a turn within ``train_ctx``, and :meth:`sink_fraction` how often a
+    head attends to a sink position. Planes run highest frequency first.
+
+    Layers of different widths (Gemma 4) share these arrays padded to the most heads and planes:
+    every number past a layer's own reads NaN (:meth:`present`), and tables and medians leave it
+    out.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layer indices.
+        spec (RopeSpec): The model's RoPE spec (frequencies and wavelengths of the planes).
+        train_ctx (int): The training length that decides which planes are partial-cycle.
+        n_sink (int): Key positions below this count as sinks.
+        q (Moments): Plane-norm moments of the queries ``[layer, head, plane]``.
+        k (Moments): Plane-norm moments of the keys ``[layer, kv_head, plane]``.
+        sums (dict[str, Tensor]): Per scope (``"sink"``: the attended key is one of the first
+            ``n_sink`` positions; ``"content"``: any other), the number of queries ``n/<scope>``
+            ``[layer, head]``, the plane's summed logit at the attended key ``term/<scope>`` and,
+            per source (``"post"``, ``"pre"`` RoPE), the count and summed cos and sin of the angle
+            ``<source>/<scope>/<stat>`` ``[layer, head, plane]``.
+        provenance (Provenance): Model, corpus, tokens, settings and versions of the run.
+
+    Example:
+        >>> from ropelens.analyses import rotary_offsets
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> offsets = rotary_offsets(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> length = offsets.resultant_length()  # [layer, head, plane], in [0, 1]
+        >>> tuple(length.shape), bool(((length >= 0) & (length <= 1 + 1e-9)).all())
+        ((2, 4, 8), True)
+        >>> len(offsets.figure().data) > 0
+        True
     """
 
     layers: tuple[int, ...]
