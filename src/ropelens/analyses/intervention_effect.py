@@ -51,10 +51,10 @@ def head_group(kind: str) -> str:
 
 @dataclass(frozen=True)
 class InterventionEffect(Result):
-    """Frequency usage, band |logit| shares and head kinds without (index 0) and with (index 1) an
-    intervention.
+    """Band energy, band |logit| shares and head kinds without and with an intervention.
 
-    What :func:`intervention_effect` returns, measured on the same windows in both conditions.
+    What :func:`intervention_effect` returns, measured on the same windows in both conditions
+    (index 0: without, index 1: with).
     :meth:`change` gives with minus without, :meth:`head_changes` the heads whose kind changed,
     :meth:`head_counts` the heads of each group, and :meth:`figure` draws the three differences.
 
@@ -242,8 +242,7 @@ def intervention_effect(
     progress: bool = False,
     text_column: str = "text",
 ) -> InterventionEffect:
-    """Frequency usage, band |logit| shares and head kinds of a model without and with an
-    intervention.
+    """Band energy, band |logit| shares and head kinds of a model without and with an intervention.
 
     Runs :func:`frequency_usage`, :func:`band_statistics` and :func:`head_taxonomy` on the model as
     it is, and again under ``intervention``, on the same ``max_tokens`` tokens of ``corpus`` in

@@ -483,8 +483,7 @@ def positional_symbolic(
     margin: float = MARGIN,
     tile: int | None = None,
 ) -> PositionalSymbolic:
-    """Score every head as positional or symbolic over a corpus (see
-    :mod:`ropelens.analyses.positional_symbolic`).
+    """Score every head as positional or symbolic over a corpus.
 
     After Urrutia et al. (ICLR 2026, "Decoupling Positional and Symbolic Attention in
     Transformers"): one seeded permutation moves the key contents while positions stay fixed. A head
@@ -493,7 +492,8 @@ def positional_symbolic(
     attention. A head is called positional when P − S ≥ ``margin``, symbolic when S − P ≥
     ``margin``, mixed otherwise. A query is scored only when it sees ``min_keys`` keys besides BOS,
     so windows need at least :func:`shortest_window` tokens (``min_keys`` + 1); shorter ones are
-    refused before the model runs.
+    refused before the model runs. The module :mod:`ropelens.analyses.positional_symbolic` defines
+    the scores in full.
 
     Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
     each rank takes a share of the windows and every rank returns the whole corpus's result;

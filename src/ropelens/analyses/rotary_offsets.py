@@ -543,8 +543,7 @@ def rotary_offsets(
     train_ctx: int | None = None,
     pre: bool = True,
 ) -> RotaryOffsets:
-    """Rotary outliers and offset angles per plane over a corpus (streamed; see
-    :class:`OffsetReducer`).
+    """Rotary outliers and offset angles per plane over a corpus (see :class:`OffsetReducer`).
 
     After Jonasson (2025, "Rotary Outliers and Rotary Offset Features in Large Language Models"): a
     plane with θ·L_train < 2π never completes a turn within the training context, so the model can
