@@ -463,8 +463,8 @@ def trajectory(
         n_tokens (int): Tokens per analysis and checkpoint, ≥ 2 (default 2048).
         n_ctx (int | None): Tokens per window (default None: a ropelens checkpoint's training
             length, else 256; at most ``n_tokens``).
-        device (str | torch.device | None): Where each checkpoint is loaded (default None: the best
-            available).
+        device (str | torch.device | None): Where each checkpoint is loaded (default None: CUDA
+            where available, else the CPU).
         seed (int): Seed of the heads analysis's random tokens (default 0).
         progress (bool): Progress bars (default False).
         verify (bool): Verify each checkpoint's RoPE reading against its own attention (default
