@@ -510,6 +510,7 @@ class Knockout(Result, json_options={"indent": None}):
                 raise InputError(f"a Knockout row must have the columns {COLUMNS}, got {sorted(r)}")
 
     def to_frame(self) -> pd.DataFrame:
+        """The rows as a table, one column per field of a row."""
         return pd.DataFrame(list(self.rows), columns=list(COLUMNS))
 
     def findings(self) -> list[Finding]:

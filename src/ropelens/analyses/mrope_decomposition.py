@@ -122,6 +122,7 @@ class MRopeDecomposition(AttentionDecomposition):
 
     @classmethod
     def load(cls, path: str | Path) -> MRopeDecomposition:
+        """Read a decomposition saved with ``save`` (safetensors)."""
         t, fields = cls._read(path)
         return cls(**fields, position_ids=t["position_ids"], modality=t["modality"])
 

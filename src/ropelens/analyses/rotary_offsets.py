@@ -372,6 +372,7 @@ class RotaryOffsets(
 
     @property
     def has_pre(self) -> bool:
+        """Whether the pre-RoPE (content) angles were measured."""
         return "pre/sink/count" in self.sums
 
     @property

@@ -182,6 +182,7 @@ class Trajectory(Result, derived=("columns",)):
 
     @property
     def steps(self) -> list[int]:
+        """The training step of each checkpoint, in order."""
         return [c.step for c in self.checkpoints]
 
     @property
