@@ -744,8 +744,8 @@ def attention_by_distance(
             more bins give a finer log grid).
         n_sink (int): Leading key positions (BOS, where attention sinks sit) left out of the
             by-distance averages (default 1; 0 keeps them).
-        tile (int | None): Queries per tile when the probabilities are rebuilt (default None: chosen
-            from free memory); it changes memory use, not the numbers.
+        tile (int | None): Queries per tile when the probabilities are rebuilt (default None: sized
+            to the device's memory budget); it changes memory use, not the numbers.
         batch_size (int): Windows per forward pass (default 4).
         progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
         checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed

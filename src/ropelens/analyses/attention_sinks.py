@@ -618,10 +618,10 @@ def attention_sinks(
             quantiles).
         epsilon (float): The attention to position 0 above which a head sinks (default 0.3, Gu et
             al.'s threshold).
-        skip_queries (int): Queries at positions below this are not scored (default 4: the first few
-            queries have too few keys to choose from).
-        tile (int | None): Queries per tile when the probabilities are rebuilt (default None: chosen
-            from free memory); it changes memory use, not the numbers.
+        skip_queries (int): Queries at positions below this are left out, ≥ 1 (default 4; position 0
+            sees only itself).
+        tile (int | None): Queries per tile when the probabilities are rebuilt (default None: sized
+            to the device's memory budget); it changes memory use, not the numbers.
         batch_size (int): Windows per forward pass (default 4).
         progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
         checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed

@@ -515,8 +515,8 @@ def positional_symbolic(
         min_keys (int): Keys besides BOS a query must see to be scored, ≥ 2 (default 8).
         margin (float): The difference of scores in [0, 1] that calls a head (default 0.25, a
             quarter of the attention measure's range).
-        tile (int | None): Queries per tile (default None: chosen from free memory); it changes
-            memory use, not the numbers.
+        tile (int | None): Queries per tile (default None: sized to the device's memory budget); it
+            changes memory use, not the numbers.
         batch_size (int): Windows per forward pass (default 4).
         progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
         checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
