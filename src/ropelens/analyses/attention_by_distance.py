@@ -727,8 +727,9 @@ def attention_by_distance(
     ``checkpoint`` saves progress to resume a killed run.
 
     Args:
-        model: The model: a TransformerLens bridge (:func:`ropelens.load_model`,
-            :func:`ropelens.testing.tiny_model`), an HF model or an nnsight model.
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
         corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
             built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
             dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,

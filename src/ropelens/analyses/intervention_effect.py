@@ -251,8 +251,8 @@ def intervention_effect(
     verified against the model as it runs.
 
     Args:
-        model: The model: a TransformerLens bridge (:func:`ropelens.load_model`,
-            :func:`ropelens.testing.tiny_model`) or an HF model.
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``).
         intervention (RopeVariant | Callable): A RoPE variant (e.g. ``PRoPE(0.75)`` from
             :mod:`ropelens.spec.variants`, applied with
             :func:`ropelens.run.intervene.apply_rope_variant`), or a callable that takes the model

@@ -1013,8 +1013,9 @@ def knockout(
     both one-sided in the direction of damage (see :mod:`ropelens.run.stats`).
 
     Args:
-        model: The model: a TransformerLens bridge (:func:`ropelens.load_model`,
-            :func:`ropelens.testing.tiny_model`), an HF model or an nnsight model.
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
         sets (Sequence[str] | Mapping[str, Sequence[tuple[int, int]]]): Names from :data:`HEAD_SETS`
             (``"positional"``, ``"retrieval"``, ``"sinks"``, ``"others"``), found on the model, or
             ``{name: [(layer, head), ...]}`` (default ``("positional",)``).

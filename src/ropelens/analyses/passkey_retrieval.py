@@ -467,8 +467,8 @@ def passkey_retrieval(
     the call; ``note`` records them in the provenance.
 
     Args:
-        model: The model: a TransformerLens bridge (:func:`ropelens.load_model`,
-            :func:`ropelens.testing.tiny_model`) or an nnsight model; it needs a ``.tokenizer``.
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns, or an nnsight ``LanguageModel``; it needs a ``.tokenizer``.
         lengths (Sequence[int] | int): Prompt sizes in tokens (each prompt is the longest that fits;
             the bare task, needle and question must fit).
         depths (Sequence[float] | float): Fractions of the filler before the passkey, in [0, 1]

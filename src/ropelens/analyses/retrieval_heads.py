@@ -373,8 +373,8 @@ def retrieval_heads(
     under each, on passkeys not used for scoring (seed + 1000).
 
     Args:
-        model: The model: a TransformerLens bridge (:func:`ropelens.load_model`,
-            :func:`ropelens.testing.tiny_model`) or an nnsight model; it needs a ``.tokenizer``.
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns, or an nnsight ``LanguageModel``; it needs a ``.tokenizer``.
         lengths (Sequence[int]): Passkey prompt sizes in tokens (default 256 and 512).
         depths (Sequence[float]): Fractions of the filler before the passkey (default 0.25 and
             0.75).
