@@ -713,8 +713,70 @@ def attention_by_distance(
     n_sink: int = 1,
     tile: int | None = None,
 ) -> AttentionByDistance:
-    """Stream mean band logits, full logit and attention probability by distance over a corpus
-    (see :class:`DistanceReducer`); bins run to the window length ``n_ctx`` − 1."""
+    """Mean band logits, full logit and attention probability by query–key distance over a corpus.
+
+    After HoPE (Chen et al., ACL 2025), which reports attention decaying locally but U-shaped
+    globally, with the long-distance rise coming from the low-frequency planes: per layer × head and
+    per log-spaced bin of the distance δ = m − n (bin 0 is δ = 0, then 1, 2–3, 4–7, …, up to
+    ``n_ctx`` − 1), the mean logit of each band (its exact share of the score), the mean full logit
+    and the mean attention probability of the model's own pattern (see :class:`DistanceReducer`).
+    Keys below ``n_sink`` take part in every softmax but are left out of the averages.
+
+    Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
+    each rank takes a share of the windows and every rank returns the whole corpus's result;
+    ``checkpoint`` saves progress to resume a killed run.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
+            built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
+            dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,
+            used whole (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window, BOS first (default 512).
+        max_tokens (int | None): Corpus tokens to read (default 32768; None: all of it).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every rotary layer).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+        bands (Bands | None): The plane groups (default None: :meth:`Bands.default`, four
+            quantiles).
+        n_bins (int | None): Number of distance bins (default None: octaves, δ = 0, 1, 2–3, 4–7, …;
+            more bins give a finer log grid).
+        n_sink (int): Leading key positions (BOS, where attention sinks sit) left out of the
+            by-distance averages (default 1; 0 keeps them).
+        tile (int | None): Queries per tile when the probabilities are rebuilt (default None: sized
+            to the device's memory budget); it changes memory use, not the numbers.
+        batch_size (int): Windows per forward pass (default 4).
+        progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
+        checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
+            run from (default None: none; see :mod:`ropelens.run.distributed`).
+        checkpoint_every (int): Batches between checkpoints (default 8).
+        verify (bool): First check that ropelens's reading of RoPE reproduces the model's own
+            attention (default True); False skips the check, and the result says "unverified".
+
+    Returns:
+        AttentionByDistance: Sums per ``[layer, head, band, bin]`` (band logits) and ``[layer, head,
+        bin]`` (full logit, probability), with the bin ``edges``; ``curve()``, ``describe()`` and
+        ``u_shape_cause()`` read them.
+
+    Raises:
+        InputError: When ``layers`` selects no layer the model has, the corpus cannot be read, or
+            ``tile`` / ``n_sink`` / ``n_bins`` is out of range (the message names the problem and
+            the fix).
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention.
+
+    Example:
+        >>> from ropelens.analyses import attention_by_distance
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> by_distance = attention_by_distance(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> by_distance.edges.tolist()  # bin j holds edges[j] <= δ < edges[j + 1]
+        [0, 1, 2, 4, 8, 16, 32]
+        >>> tuple(by_distance.band_logit().shape)  # [layer, head, band, bin]
+        (2, 4, 4, 6)
+    """
     bands = bands or Bands.default()
 
     def build(spec, chosen, win):

@@ -589,8 +589,70 @@ def attention_sinks(
     skip_queries: int = 4,
     tile: int | None = None,
 ) -> AttentionSinks:
-    """Stream attention to the first position, its band decomposition and the sink key's norms over
-    a corpus (see :class:`SinkReducer`). Windows start with BOS, so position 0 is the BOS token."""
+    """Attention to the first position, split by band, and the sink key's norms over a corpus.
+
+    After Gu et al. (2024, "When Attention Sink Emerges in Language Models"): a head *sinks* on
+    position 0 (the BOS token, since windows start with it) when its attention there, averaged over
+    the queries at positions ≥ ``skip_queries`` that see it, exceeds ``epsilon``. Per layer × head
+    it also splits the sink logit (the logit at key 0 minus the mean logit over the query's other
+    keys) exactly into one term per band, and compares the key at position 0 with the other keys,
+    band by band (see :class:`SinkReducer`).
+
+    Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
+    each rank takes a share of the windows and every rank returns the whole corpus's result;
+    ``checkpoint`` saves progress to resume a killed run.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
+            built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
+            dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,
+            used whole (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window, BOS first (default 256).
+        max_tokens (int | None): Corpus tokens to read (default 16384; None: all of it).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every rotary layer).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+        bands (Bands | None): The plane groups (default None: :meth:`Bands.default`, four
+            quantiles).
+        epsilon (float): The attention to position 0 above which a head sinks (default 0.3, Gu et
+            al.'s threshold).
+        skip_queries (int): Queries at positions below this are left out, ≥ 1 (default 4; position 0
+            sees only itself).
+        tile (int | None): Queries per tile when the probabilities are rebuilt (default None: sized
+            to the device's memory budget); it changes memory use, not the numbers.
+        batch_size (int): Windows per forward pass (default 4).
+        progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
+        checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
+            run from (default None: none; see :mod:`ropelens.run.distributed`).
+        checkpoint_every (int): Batches between checkpoints (default 8).
+        verify (bool): First check that ropelens's reading of RoPE reproduces the model's own
+            attention (default True); False skips the check, and the result says "unverified".
+
+    Returns:
+        AttentionSinks: Sums per ``[layer, head]`` (attention to position 0, share of queries above
+        ``epsilon``), ``[layer, head, band]`` (sink logit terms) and ``[layer, kv_head, band]`` (key
+        norms at position 0 and elsewhere); ``sinking()`` calls the heads.
+
+    Raises:
+        InputError: When ``layers`` selects no layer the model has, the corpus cannot be read, or
+            ``epsilon`` / ``skip_queries`` / ``tile`` is out of range (the message names the problem
+            and the fix).
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention.
+
+    Example:
+        >>> from ropelens.analyses import attention_sinks
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> sinks = attention_sinks(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> sinks.epsilon, tuple(sinks.mean_attention().shape)  # [layer, head]
+        (0.3, (2, 4))
+        >>> sinks.band_names
+        ('Q1 (highest)', 'Q2', 'Q3', 'Q4 (lowest)')
+    """
     bands = bands or Bands.default()
     m = measure(
         model,

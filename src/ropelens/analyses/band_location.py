@@ -352,9 +352,72 @@ def band_location(
     eval_windows: int = 8,
     seed: int = 0,
 ) -> BandLocation:
-    """Locate the high-norm band per layer and head from the corpus's per-plane norms; with
-    ``intervene``, also the loss of unrotating the planes below it on the first ``eval_windows``
-    windows, against a seeded random control."""
+    """Locate the high-norm band of planes per layer and head, and the cost of unrotating below it.
+
+    After Oka et al. (ICLR 2026, "Frequency Bands in RoPE"): from the per-plane mean norms of
+    :func:`frequency_usage` (sink positions excluded), the *peak* is the plane of largest mean norm,
+    the *band* the contiguous run around it whose norm is at least half-way from the profile's
+    median to the peak, and the *prominence* peak ÷ median (near 1: no band stands out); each is
+    related to the training length through the planes' wavelengths. With ``intervene``, the planes
+    below each layer's band (lower frequencies) stop rotating on the first ``eval_windows`` windows,
+    against as many random planes (seeded), and the loss change of each is measured with bootstrap
+    CIs (:func:`nope_below_band`).
+
+    Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
+    each rank takes a share of the windows and every rank returns the whole corpus's result;
+    ``checkpoint`` saves progress to resume a killed run.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
+            built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
+            dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,
+            used whole (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window, BOS first (default 256).
+        max_tokens (int | None): Corpus tokens to read (default 4096; None: all of it).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every rotary layer).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+        which (str): Locate the band in the queries (``"q"``, default) or the keys (``"k"``).
+        n_sink (int): Leading positions of each window left out of the norms (default 1: BOS).
+        intervene (bool): Also measure the loss of unrotating the planes below the band, against a
+            random control (default True).
+        eval_windows (int): Windows the loss is measured on, ≥ 1 (default 8).
+        seed (int): Seed of the random control planes (default 0).
+        batch_size (int): Windows per forward pass (default 4).
+        progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
+        checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
+            run from (default None: none; see :mod:`ropelens.run.distributed`).
+        checkpoint_every (int): Batches between checkpoints (default 8).
+        verify (bool): First check that ropelens's reading of RoPE reproduces the model's own
+            attention (default True); False skips the check, and the result says "unverified".
+
+    Returns:
+        BandLocation: The frequency usage it was located from, the band per layer and head (peak,
+        edges, prominence, wavelengths) and, with ``intervene``, the loss changes of unrotating
+        below the band and of the control.
+
+    Raises:
+        InputError: When ``layers`` selects no layer the model has, the corpus cannot be read,
+            ``which`` is not "q" or "k", or ``eval_windows`` / ``seed`` is not a valid integer (the
+            message names the problem and the fix).
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention.
+
+    Example:
+        >>> from ropelens.analyses import band_location
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> location = band_location(
+        ...     model, n_ctx=32, max_tokens=128, progress=False, intervene=False
+        ... )
+        >>> location.which, location.intervention is None
+        ('q', True)
+        >>> len(location.to_frame()) > 0
+        True
+    """
     if which not in ("q", "k"):
         raise InputError(f"which must be 'q' (queries) or 'k' (keys), got {which!r}")
     eval_windows = int(

@@ -1026,11 +1026,65 @@ def band_statistics(
     agreement: bool = True,
     jsd: bool = False,
 ) -> BandStatistics:
-    """Stream the band decomposition over a corpus (see :class:`BandStatsReducer`).
+    """Each band's share of the logits over a corpus: |logit|, variance, margin and agreement.
 
-    Inside a ``torch.distributed`` process group each rank takes a share of the windows and every
-    rank returns the whole corpus's statistics; ``checkpoint`` (a directory) saves progress to
-    resume a killed run (see :mod:`ropelens.run.distributed`).
+    Every logit splits exactly into one term per band of RoPE planes. Per layer × head × band it
+    streams the mean |band logit|, the band's covariance with the full logit within each query, its
+    contribution to the margin of the attended key (the key the model attends to most), and how
+    often the band alone picks that key (top-1 agreement); per plane, how close the plane comes to
+    its Cauchy–Schwarz bound at the attended key (see :class:`BandStatsReducer`). Scores are rebuilt
+    in query × key tiles, so nothing of size ``[heads, n, n]`` is held.
+
+    Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
+    each rank takes a share of the windows and every rank returns the whole corpus's result;
+    ``checkpoint`` saves progress to resume a killed run.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
+            built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
+            dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,
+            used whole (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window, BOS first (default 512).
+        max_tokens (int | None): Corpus tokens to read (default 32768; None: all of it).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every rotary layer).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+        bands (Bands | None): The plane groups (default None: :meth:`Bands.default`, four
+            quantiles).
+        agreement (bool): Also measure each band's top-1 agreement with the model's attended key
+            (default True).
+        jsd (bool): Also measure the Jensen–Shannon divergence of each band-only attention pattern
+            from the model's (default False; implies ``agreement``).
+        batch_size (int): Windows per forward pass (default 4).
+        progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
+        checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
+            run from (default None: none; see :mod:`ropelens.run.distributed`).
+        checkpoint_every (int): Batches between checkpoints (default 8).
+        verify (bool): First check that ropelens's reading of RoPE reproduces the model's own
+            attention (default True); False skips the check, and the result says "unverified".
+
+    Returns:
+        BandStatistics: Sums per ``[layer, head, band]`` (and per plane), read by its methods and
+        ``to_frame()``; ``findings()`` says which band dominates the margin.
+
+    Raises:
+        InputError: When ``layers`` selects no layer the model has, the corpus cannot be read, or a
+            band has no plane in any chosen layer (the message names the problem and the fix).
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention.
+
+    Example:
+        >>> from ropelens.analyses import band_statistics
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> stats = band_statistics(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> stats.band_names
+        ('Q1 (highest)', 'Q2', 'Q3', 'Q4 (lowest)')
+        >>> sorted(set(stats.to_frame()["band"]))
+        ['Q1 (highest)', 'Q2', 'Q3', 'Q4 (lowest)']
     """
     bands = bands or Bands.default()
     spec = rope_spec(model)

@@ -530,9 +530,60 @@ def frequency_entropy(
 ) -> FrequencyEntropy:
     """Spectral entropy of every plane's query norm along the sequence, per layer × head (streamed).
 
-    ``layers`` (default: every layer) may name NoPE layers: their heads are split into the planes
-    the model's rotary layers use. ``skip`` leading positions of each window are left out (the
-    attention sink); ``seed`` fixes the shuffled order of the control.
+    Per window, layer, head and plane, the norm of the query's 2-D component at each position is
+    read as a signal; its power spectrum (mean removed) is normalised to sum to 1 and its Shannon
+    entropy divided by ln F, so 1 is a flat spectrum and a periodic signal scores lower. The control
+    reads the same values in one seeded random order of positions. A 2026 proposal claims the
+    spectrum is periodic in RoPE layers and not in NoPE layers (Llama 4); NoPE layers may be
+    measured too: their heads are split into the planes the model's rotary layers use.
+
+    Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
+    each rank takes a share of the windows and every rank returns the whole corpus's result;
+    ``checkpoint`` saves progress to resume a killed run.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
+            built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
+            dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,
+            used whole (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window, BOS first (default 256).
+        max_tokens (int | None): Corpus tokens to read (default 8192; None: all of it).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every layer, NoPE
+            layers included).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+        skip (int): Leading positions of each window left out (default 1: the attention sink, whose
+            norms stand apart).
+        seed (int): Seed of the shuffled order of positions in the control (default 0).
+        batch_size (int): Windows per forward pass (default 4).
+        progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
+        checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
+            run from (default None: none; see :mod:`ropelens.run.distributed`).
+        checkpoint_every (int): Batches between checkpoints (default 8).
+        verify (bool): First check that ropelens's reading of RoPE reproduces the model's own
+            attention (default True); False skips the check, and the result says "unverified".
+
+    Returns:
+        FrequencyEntropy: Summed entropies (measured and shuffled) per ``[layer, head, plane]`` over
+        windows, with the planes' wavelengths.
+
+    Raises:
+        InputError: When ``layers`` selects no layer the model has, the corpus cannot be read, or
+            ``skip`` / ``seed`` is not a valid integer (the message names the problem and the fix).
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention.
+
+    Example:
+        >>> from ropelens.analyses import frequency_entropy
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> entropy = frequency_entropy(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> frame = entropy.to_frame()
+        >>> sorted(set(frame["layer"])), bool(frame["entropy"].between(0, 1).all())
+        ([0, 1], True)
     """
     skip = int(
         check_number(skip, "skip", at_least=0, integer=True, hint=" (leading positions left out)")

@@ -393,12 +393,62 @@ def frequency_usage(
 ) -> FrequencyUsage:
     """Mean per-plane norms of q and k over a corpus (streamed; memory independent of its size).
 
-    ``corpus`` is any form :func:`ropelens.run.data.load_corpus` reads (a name, a path, a list of
-    documents, a ``datasets`` dataset; ``text_column`` picks a table's text), or a ready
-    ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Inside a
-    ``torch.distributed`` process group each rank takes a share of the windows and every rank
-    returns the whole corpus's result; ``checkpoint`` (a directory) saves progress to resume a
-    killed run (see :mod:`ropelens.run.distributed`).
+    Each query and key is split into its RoPE planes (highest frequency first) and the norm of every
+    plane is averaged over tokens, per layer × head (keys: per KV head), for all positions and with
+    the first ``n_sink`` positions of every window (where attention sinks sit) left out; per-window
+    means give the confidence intervals. Which planes carry the norm is the question of Barbero et
+    al. (ICLR 2025, "Round and Round We Go! What makes Rotary Positional Encodings useful?").
+
+    Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
+    each rank takes a share of the windows and every rank returns the whole corpus's result;
+    ``checkpoint`` saves progress to resume a killed run.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
+            built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
+            dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,
+            used whole (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window, BOS first (default 512).
+        max_tokens (int | None): Corpus tokens to read (default 32768; None: all of it).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every rotary layer).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+        n_sink (int): Leading positions of each window left out of the ``"no_sink"`` scope (default
+            1: BOS).
+        source (str): ``"pre"`` (default): the queries and keys before rotation; ``"post"``: after
+            it (the same norms unless the model normalises after rotating; a rotary attention
+            scaling is divided out).
+        batch_size (int): Windows per forward pass (default 4).
+        progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
+        checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
+            run from (default None: none; see :mod:`ropelens.run.distributed`).
+        checkpoint_every (int): Batches between checkpoints (default 8).
+        verify (bool): First check that ropelens's reading of RoPE reproduces the model's own
+            attention (default True); False skips the check, and the result says "unverified".
+
+    Returns:
+        FrequencyUsage: Per-plane norm moments ``[layer, head, plane]`` (keys ``[layer, kv_head,
+        plane]``) over tokens and over windows, for scopes ``"all"`` and ``"no_sink"``, with the
+        spec and the provenance.
+
+    Raises:
+        InputError: When ``layers`` selects no layer the model has, the corpus cannot be read, or
+            ``source`` is neither "pre" nor "post" (the message names the problem and the fix).
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention.
+
+    Example:
+        >>> from ropelens.analyses import frequency_usage
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> usage = frequency_usage(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> tuple(usage.q_norm.shape)  # [layer, head, plane]
+        (2, 4, 8)
+        >>> usage.provenance.n_windows, usage.provenance.config["verification"]["status"]
+        (4, 'passed')
     """
     m = measure(
         model,

@@ -51,15 +51,41 @@ def head_group(kind: str) -> str:
 
 @dataclass(frozen=True)
 class InterventionEffect(Result):
-    """Frequency usage, band |logit| shares and head kinds without (index 0) and with (index 1) an
-    intervention, on the same windows.
+    """Band energy, band |logit| shares and head kinds without and with an intervention.
 
-    ``energy``: share of the queries' squared norm per band, heads averaged, ``[condition, layer,
-    band]``; ``logit_share``: each band's share of the summed |band logit|, heads averaged, same
-    shape; ``head_kinds``: per condition, layer and head, its kind (:meth:`HeadTaxonomy.kinds`:
-    ``diagonal``, ``previous-token``, ``offset-δ``, ``sink`` or ``content``), both with the
-    unmodified model's threshold. ``interventions``:
-    what ran (:attr:`RopeSpec.interventions`).
+    What :func:`intervention_effect` returns, measured on the same windows in both conditions
+    (index 0: without, index 1: with).
+    :meth:`change` gives with minus without, :meth:`head_changes` the heads whose kind changed,
+    :meth:`head_counts` the heads of each group, and :meth:`figure` draws the three differences.
+
+    Attributes:
+        interventions (list[dict]): What ran (:attr:`RopeSpec.interventions`), as records.
+        layers (list[int]): The measured layer indices.
+        band_names (list[str]): The bands, highest frequency first.
+        energy (Tensor): Share of the queries' squared norm per band (sink position left out), heads
+            averaged, ``[condition, layer, band]``.
+        logit_share (Tensor): Each band's share of the summed |band logit|, heads averaged, same
+            shape.
+        head_kinds (list[list[list[str]]]): Per condition, layer and head, its kind
+            (:meth:`HeadTaxonomy.kinds`: ``diagonal``, ``previous-token``, ``offset-δ``, ``sink`` or
+            ``content``), both with the unmodified model's threshold.
+        tau (float): That threshold: the attention mass in [0, 1] that makes a head positional or a
+            sink.
+        provenance (Provenance): Model, corpus, windows, bands, interventions and the verification
+            of both runs.
+
+    Example:
+        >>> from ropelens.analyses import intervention_effect
+        >>> from ropelens.spec.variants import PRoPE
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> effect = intervention_effect(model, PRoPE(0.75), n_ctx=32, max_tokens=64, layers=[1])
+        >>> effect.under
+        'PRoPE(p=0.75) in layers 0-1'
+        >>> tuple(effect.change("logit_share").shape)  # [layer, band]
+        (1, 4)
+        >>> list(effect.to_frame().columns)[:4]
+        ['layer', 'band', 'energy_without', 'energy_with']
     """
 
     interventions: list[dict[str, Any]]
@@ -216,18 +242,57 @@ def intervention_effect(
     progress: bool = False,
     text_column: str = "text",
 ) -> InterventionEffect:
-    """Frequency usage, band |logit| shares and head kinds of ``model`` without and with
-    ``intervention``, on the same ``max_tokens`` tokens of ``corpus`` in windows of ``n_ctx``.
+    """Band energy, band |logit| shares and head kinds of a model without and with an intervention.
 
-    ``intervention``: a RoPE variant, or a callable taking the model and returning a context (an
-    ablation, a replacement). ``bands``: a :class:`Bands` or its spec (default:
-    :meth:`Bands.default`, quartiles).
-    Both runs are verified against the model as it runs (``verify=False``: unverified, and said).
+    Runs :func:`frequency_usage`, :func:`band_statistics` and :func:`head_taxonomy` on the model as
+    it is, and again under ``intervention``, on the same ``max_tokens`` tokens of ``corpus`` in
+    windows of ``n_ctx``. The heads under the intervention are classified with the unmodified
+    model's threshold, so a head changes kind only where its attention changed. Both runs are
+    verified against the model as it runs.
 
-    Example::
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``).
+        intervention (RopeVariant | Callable): A RoPE variant (e.g. ``PRoPE(0.75)`` from
+            :mod:`ropelens.spec.variants`, applied with
+            :func:`ropelens.run.intervene.apply_rope_variant`), or a callable that takes the model
+            and returns a context (an ablation, a replacement: ``lambda m: ablate_planes(m, [0,
+            1])``).
+        corpus: The text: any form :func:`ropelens.run.data.load_corpus` reads, or a ready
+            ``[n_windows, n_ctx]`` token tensor (default "english").
+        n_ctx (int): Tokens per window, BOS first (default 256).
+        max_tokens (int): Corpus tokens to read (default 2048).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every rotary layer).
+        bands (Bands | str | None): The plane groups, a :class:`Bands` or its spec string (default
+            None: :meth:`Bands.default`, quartiles).
+        verify (bool): Verify both runs against the model as it runs (default True; False: the
+            result says unverified).
+        progress (bool): Show progress bars (default False).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
 
-        effect = intervention_effect(model, PRoPE(0.75))
-        effect.figure()
+    Returns:
+        InterventionEffect: Band energy and |logit| shares ``[condition, layer, band]`` and head
+        kinds per condition, layer and head (condition 0: without, 1: with).
+
+    Raises:
+        InputError: When ``intervention`` is neither a RoPE variant nor a callable, or puts nothing
+            in force on the model.
+
+    Example:
+        >>> from ropelens.analyses import intervention_effect
+        >>> from ropelens.spec.variants import PRoPE
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> effect = intervention_effect(model, PRoPE(0.75), n_ctx=32, max_tokens=64, layers=[1])
+        >>> effect.layers, effect.band_names
+        ([1], ['Q1 (highest)', 'Q2', 'Q3', 'Q4 (lowest)'])
+        >>> tuple(effect.energy.shape)  # [condition, layer, band]
+        (2, 1, 4)
+        >>> intervention_effect(model, "p-rope")
+        Traceback (most recent call last):
+            ...
+        ropelens.errors.InputError: intervention must be a RoPE variant ...
     """
     enter = _context(model, intervention)
     bands = Bands.parse(bands) if isinstance(bands, str) else (bands or Bands.default())

@@ -455,10 +455,47 @@ COLUMNS = (
 class Knockout(Result, json_options={"indent": None}):
     """Effects of knocking out planes of head sets: one row per (head set, direction, dose, metric).
 
-    ``estimate``/``lo``/``hi``: mean paired effect (knocked out − unmodified) over windows and its
-    CI (random controls: the effect averaged over their draws per window first); ``p_random_planes``
-    and ``p_random_heads``: layer-clustered permutation p-values against the controls (NaN where
-    none ran); ``base``: the metric's mean on the unmodified model.
+    What :func:`knockout` returns. Each row holds the mean paired effect (knocked out − unmodified)
+    over windows with its bootstrap CI and its layer-clustered permutation p-values against the
+    random controls; :meth:`to_frame` gives the rows as a table, :meth:`findings` the largest dose
+    of each set, direction and metric in words, and :meth:`figure` effect against dose with CI
+    bands.
+
+    The columns of a row: ``head_set``, ``direction`` (``"high"``, ``"low"``, ``"head"``, the
+    ``"random"`` planes control or the ``"random heads (…)"`` control), ``dose`` (planes zeroed per
+    head), ``metric``; ``estimate``/``lo``/``hi``, the mean paired effect and its CI (random
+    controls: the effect averaged over their draws per window first); ``p_random_planes`` and
+    ``p_random_heads``, one-sided p-values in the direction of damage (NaN where no control ran);
+    ``n_windows``, ``n_draws``, ``n_heads``; and ``base``, the metric's mean on the unmodified
+    model.
+
+    Attributes:
+        rows (tuple[dict[str, Any], ...]): The rows, each with the columns above.
+        heads (dict[str, Heads]): Each head set's ``(layer, head)`` pairs, by name.
+        probe_heads (Heads): The heads whose attention the probe metrics read (empty without them).
+        n_planes (int): Rotary planes per head in the knocked-out heads (the largest dose).
+        provenance (Provenance): Model, windows, schedule, statistics settings, probe offsets and
+            verification.
+
+    Raises:
+        InputError: When a row lacks a column or has one too many.
+
+    Example:
+        >>> from ropelens.analyses import knockout
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> ko = knockout(
+        ...     model, {"mine": [(1, 0), (1, 1)]}, doses=[4], directions=["high"],
+        ...     metrics=["loss"], n_ctx=32, n_windows=4, n_random=2, n_control=2, n_boot=200,
+        ...     whole_head=False, progress=False,
+        ... )
+        >>> ko.to_frame()[["head_set", "direction", "dose", "metric"]].values.tolist()
+        [['mine', 'high', 0, 'loss'], ['mine', 'high', 4, 'loss'],
+         ['mine', 'random heads (high)', 4, 'loss'], ['mine', 'random', 4, 'loss']]
+        >>> ko.n_planes, ko.heads["mine"]
+        (8, ((1, 0), (1, 1)))
+        >>> ko.findings()[0].text
+        'Zeroing 4 planes (high) in the 2 mine heads changes loss by ...'
     """
 
     rows: tuple[dict[str, Any], ...]
@@ -473,6 +510,7 @@ class Knockout(Result, json_options={"indent": None}):
                 raise InputError(f"a Knockout row must have the columns {COLUMNS}, got {sorted(r)}")
 
     def to_frame(self) -> pd.DataFrame:
+        """The rows as a table, one column per field of a row."""
         return pd.DataFrame(list(self.rows), columns=list(COLUMNS))
 
     def findings(self) -> list[Finding]:
@@ -965,17 +1003,78 @@ def knockout(
 ) -> Knockout:
     """Dose-response of zeroing planes in head sets, against random-plane and random-head controls.
 
-    ``sets``: names from :data:`HEAD_SETS` or ``{name: [(layer, head), ...]}``. ``doses``: plane
-    counts per head (default 0, n/8, n/4, n/2, n of the n planes per head). ``directions``:
-    ``"high"`` and/or ``"low"``. ``metrics``: groups ``"loss"``, ``"probe"``, ``"retrieval"``.
-    ``n_random`` random plane draws per head at each control dose; ``n_control`` random head sets
-    (as many heads per layer) given the set's planes at each control dose (``control_doses``,
-    default every nonzero dose) and, with ``whole_head``, at the whole-head knockout.
-    ``probe_heads`` (default: the positional heads) are the heads whose attention the probe reads.
-    ``corpus``: any form :func:`ropelens.run.data.load_corpus` reads (``text_column``: the text of
-    a table or dataset), or ready ``[n_windows, n_ctx]`` tokens. ``prompt_len``: tokens
-    per retrieval prompt (default ``n_ctx``), one prompt per window, passkey depths spread over
-    0.1–0.9. ``progress``: a bar over the conditions measured (tqdm, on stderr).
+    For each head set, k RoPE planes of every head (the k highest frequencies, ``"high"``, or the k
+    lowest, ``"low"``) are zeroed in the rotated q and k
+    (:func:`ropelens.run.intervene.ablate_planes`: exactly those planes' logit terms removed); the
+    whole-head knockout zeroes every rotary plane. Each effect is the mean paired difference
+    (knocked out − unmodified) over windows with a paired bootstrap CI; ``p_random_planes`` is the
+    layer-clustered permutation p-value against as many random planes per head in the same heads,
+    ``p_random_heads`` against random head sets with as many heads per layer given the same planes,
+    both one-sided in the direction of damage (see :mod:`ropelens.run.stats`).
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        sets (Sequence[str] | Mapping[str, Sequence[tuple[int, int]]]): Names from :data:`HEAD_SETS`
+            (``"positional"``, ``"retrieval"``, ``"sinks"``, ``"others"``), found on the model, or
+            ``{name: [(layer, head), ...]}`` (default ``("positional",)``).
+        doses (Sequence[int] | None): Plane counts per head (default None: 0, n/8, n/4, n/2 and n of
+            the n planes per head; 0 is always added).
+        directions (Sequence[str]): ``"high"`` and/or ``"low"`` (default both).
+        metrics (Sequence[str]): Metric groups: ``"loss"`` (next-token loss on text), ``"probe"``
+            (previous-token, diagonal and positional attention mass of the probe heads on random
+            tokens) and ``"retrieval"`` (copy loss and accuracy on passkey digits) (default
+            ``("loss", "probe")``).
+        corpus: The text: any form :func:`ropelens.run.data.load_corpus` reads, or ready
+            ``[n_windows, n_ctx]`` tokens (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window (default 256).
+        n_windows (int): Windows each effect is measured on (default 8).
+        prompt_len (int | None): Tokens per retrieval prompt, one prompt per window, passkey depths
+            spread over 0.1–0.9 (default None: ``n_ctx``).
+        n_random (int): Random plane draws per head at each control dose (default 9).
+        n_control (int): Random head sets (as many heads per layer) given the set's planes at each
+            control dose (default 9).
+        control_doses (Sequence[int] | None): The doses the controls run at (default None: every
+            nonzero dose).
+        whole_head (bool): Also knock out whole heads, and their random-head control (default True).
+        probe_heads (Sequence[tuple[int, int]] | None): The heads whose attention the probe reads
+            (default None: the positional heads).
+        n_boot (int): Bootstrap resamples per CI (default 2000).
+        level (float): Confidence level of the CIs (default 0.95).
+        seed (int): Seed of the random draws, tokens and bootstrap (default 0).
+        retrieval_threshold (float): Retrieval score from which a head is in the ``"retrieval"`` set
+            (default 0.1).
+        verify (bool): First check that the RoPE reading reproduces the model's own attention
+            (default True; False: the result says unverified).
+        progress (bool): A bar over the conditions measured (tqdm, on stderr; default True).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+
+    Returns:
+        Knockout: One row per (head set, direction, dose, metric), with the controls' rows, the head
+        sets and the probe heads.
+
+    Raises:
+        InputError: When a setting is out of range, a head set is unknown or names heads the model
+            lacks, or a dose exceeds the planes per head.
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention, or the head sets span layers with different plane counts.
+
+    Example:
+        >>> from ropelens.analyses import knockout
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> ko = knockout(
+        ...     model, {"mine": [(1, 0), (1, 1)]}, doses=[4], directions=["high"],
+        ...     metrics=["loss"], n_ctx=32, n_windows=4, n_random=2, n_control=2, n_boot=200,
+        ...     whole_head=False, progress=False,
+        ... )
+        >>> sorted(set(ko.to_frame()["direction"]))
+        ['high', 'random', 'random heads (high)']
+        >>> row = ko.rows[1]
+        >>> row["dose"], row["n_windows"], bool(row["lo"] <= row["estimate"] <= row["hi"])
+        (4, 4, True)
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     started = time.perf_counter()

@@ -160,13 +160,36 @@ class MassiveValues(
 ):
     """Per-dimension norms of the pre-RoPE queries and keys, and which dimensions are massive.
 
-    ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer, head, dim]`` (keys: KV heads) the
-    token count, the sum and the sum of squares over the corpus. A dimension is massive when its
-    L2 norm over tokens exceeds ``factor`` × the mean of its head's dimension norms.
+    What :func:`massive_values` returns (after Jin et al. 2025). A dimension is massive when its L2
+    norm over tokens exceeds ``factor`` × the mean of its head's dimension norms; :meth:`mask` says
+    which, :meth:`plane_mask` which RoPE planes hold them, :meth:`persistence` in how many layers,
+    and :func:`replace_massive` replaces them with their corpus mean to test what they do.
 
     Layers of different widths (Gemma 4's wider global heads) share one array padded to the most
     heads and dimensions: every number past a layer's own reads NaN (:meth:`present`), is never
     massive, and tables leave it out; each layer's dimensions map to its own planes.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layer indices.
+        spec (RopeSpec): The model's RoPE spec (maps each dimension to its plane).
+        moments (dict[str, Moments]): ``moments[w]`` (``w`` in ``"q"``, ``"k"``) holds per ``[layer,
+            head, dim]`` (keys: KV heads) the token count, the sum and the sum of squares over the
+            corpus.
+        factor (float): The threshold, > 1 (default 5 in :func:`massive_values`);
+            :meth:`with_factor` gives a copy at another one.
+        provenance (Provenance): Model, corpus, tokens, settings and versions of the run.
+
+    Example:
+        >>> from ropelens.analyses import massive_values
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> mv = massive_values(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> tuple(mv.ratio("q").shape)  # [layer, head, dim]
+        (2, 4, 16)
+        >>> bool((mv.with_factor(1.5).mask("q").sum() >= mv.mask("q").sum()).item())
+        True
+        >>> tuple(mv.plane_mask("k").shape)  # [layer, kv_head, plane]
+        (2, 4, 8)
     """
 
     layers: tuple[int, ...]
@@ -380,9 +403,59 @@ def massive_values(
 ) -> MassiveValues:
     """Per-dimension norms of the pre-RoPE q and k over a corpus, and the massive dimensions.
 
-    ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name ("english", "python", a path),
-    or a ready ``[n_windows, n_ctx]`` token tensor. Windows start with BOS. Streamed: memory does
-    not grow with the corpus.
+    After Jin et al. (2025, "Massive Values in Self-Attention Modules are the Key to Contextual
+    Knowledge Understanding"): per layer × head (keys: KV heads) × dimension, the L2 norm of each
+    dimension over the corpus's tokens; a dimension is *massive* when that norm exceeds ``factor``
+    times the mean dimension norm of its head. Each dimension maps to its RoPE plane, so the result
+    says which frequencies hold massive values. Windows start with BOS.
+
+    Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
+    each rank takes a share of the windows and every rank returns the whole corpus's result;
+    ``checkpoint`` saves progress to resume a killed run.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
+            built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
+            dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,
+            used whole (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window, BOS first (default 512).
+        max_tokens (int | None): Corpus tokens to read (default 32768; None: all of it).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every rotary layer).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+        factor (float): The threshold, > 1: a dimension is massive when its norm exceeds ``factor``
+            × its head's mean dimension norm (default 5, the rule of the public Llama-2-7B
+            replication; :meth:`MassiveValues.with_factor` changes it without re-running).
+        batch_size (int): Windows per forward pass (default 4).
+        progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
+        checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
+            run from (default None: none; see :mod:`ropelens.run.distributed`).
+        checkpoint_every (int): Batches between checkpoints (default 8).
+        verify (bool): First check that ropelens's reading of RoPE reproduces the model's own
+            attention (default True); False skips the check, and the result says "unverified".
+
+    Returns:
+        MassiveValues: Token count, sum and sum of squares per ``[layer, head, dim]`` for q and
+        ``[layer, kv_head, dim]`` for k, thresholded at ``factor``.
+
+    Raises:
+        InputError: When ``layers`` selects no layer the model has, the corpus cannot be read, or
+            ``factor`` is not above 1 (the message names the problem and the fix).
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention.
+
+    Example:
+        >>> from ropelens.analyses import massive_values
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama-gqa")
+        >>> mv = massive_values(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> tuple(mv.norm("q").shape), tuple(mv.norm("k").shape)  # [layer, (kv_)head, dim]
+        ((2, 4, 16), (2, 2, 16))
+        >>> mv.n_tokens, mv.factor
+        (128, 5.0)
     """
     factor = _check_factor(factor)
     m = measure(

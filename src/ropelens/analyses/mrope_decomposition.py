@@ -60,13 +60,44 @@ def axis_bands(lr: LayerRope) -> Bands:
 
 @dataclass(frozen=True)
 class MRopeDecomposition(AttentionDecomposition):
-    """Per-axis (and per-band) logits of one image-and-text input under multimodal RoPE, with its
-    3-D positions.
+    """Per-axis (and per-band) logits of an image-and-text input under M-RoPE, and its positions.
 
-    ``bands`` are the axes (:func:`axis_bands`): ``band_logits``, ``band_patterns`` and ``figure``
-    of the base class show one term per axis. ``position_ids`` are the ones the model built;
-    ``modality`` is 0 for text, 1 for image and 2 for video tokens. Saved as safetensors like its
-    base.
+    What :func:`mrope_decomposition` returns. Under M-RoPE each plane turns by one position axis
+    (time, height, width), so the exact per-plane decomposition of a logit groups into one term per
+    axis; the terms add up to the model's pre-softmax score. :meth:`axis_shares` gives each axis's
+    share of |logit| and of logit energy on image and text pairs, :meth:`axis_frequencies` the
+    frequency range each axis owns (Qwen2-VL gives time the highest; VideoRoPE, Wei et al., ICML
+    2025, argues it should have the lowest), :meth:`by_distance` attention and each axis's logit by
+    distance along that axis between image tokens. ``band_logits``, ``band_patterns`` and ``figure``
+    of the base class show one term per axis. Saved as safetensors like its base.
+
+    Attributes:
+        tokens (Tensor): The input ids ``[batch, pos]``.
+        spec (RopeSpec): The model's RoPE spec, with each plane's axis.
+        bands (Bands): The axes as bands (:func:`axis_bands`): ``t``, ``h``, ``w`` and ``rest`` for
+            unrotated dims.
+        acts (dict[int, LayerActs]): Per decomposed layer, the post-RoPE queries and keys and the
+            model's own attention pattern.
+        provenance (Provenance): Model, input size, layers, the axes' planes and the verification.
+        token_text (tuple[tuple[str, ...], ...] | None): Each token as text per batch row, where
+            known.
+        position_ids (Tensor): The 3-D position ids the model built, ``[3, batch, pos]`` (t, h, w).
+        modality (Tensor): Per token ``[batch, pos]``: 0 text, 1 image, 2 video.
+
+    Raises:
+        InputError: When ``position_ids`` or ``modality`` does not match the tokens' shape.
+
+    Example:
+        >>> from ropelens.analyses import mrope_decomposition
+        >>> from ropelens.testing.vl import vl_hf_model, vl_inputs
+        >>> vl = vl_hf_model("qwen2_vl")  # a tiny random Qwen2-VL
+        >>> dec = mrope_decomposition(vl, **vl_inputs(vl), layers=[0])
+        >>> tuple(dec.position_ids.shape), dec.provenance.config["axes"]
+        ((3, 1, 18), 't 0-15; h 16-39; w 40-63')
+        >>> dec.axis_frequencies()["axis"].tolist()
+        ['t', 'h', 'w']
+        >>> sorted(set(dec.axis_shares()["axis"]))
+        ['h', 't', 'w']
     """
 
     position_ids: Int[Tensor, "3 batch pos"]
@@ -91,6 +122,7 @@ class MRopeDecomposition(AttentionDecomposition):
 
     @classmethod
     def load(cls, path: str | Path) -> MRopeDecomposition:
+        """Read a decomposition saved with ``save`` (safetensors)."""
         t, fields = cls._read(path)
         return cls(**fields, position_ids=t["position_ids"], modality=t["modality"])
 
@@ -295,13 +327,47 @@ def mrope_decomposition(
 ) -> MRopeDecomposition:
     """Decompose every logit of an image-and-text input into one term per M-RoPE axis (and plane).
 
-    ``model_or_hf``: an HF vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), or one loaded
-    with :func:`ropelens.loading.vision_language.load_vl_model`. ``input_ids`` hold the model's
-    image (video) placeholder tokens where its processor puts them, ``pixel_values`` and
-    ``image_grid_thw`` as its processor makes them; other processor outputs go in ``model_inputs``.
-    Rows must be unpadded (one length). The 3-D position ids are the ones the model builds;
-    ``verify`` checks the spec's per-axis rotation and the rebuilt pattern against the model's and
-    refuses (UnsupportedModelError) on a mismatch.
+    The 3-D position ids are the ones the model builds for the input; the queries and keys are
+    captured after rotation, and each logit splits exactly into one term per axis (t, h, w, and
+    ``rest`` for the dims a partial-rotary head leaves unrotated). Before any number is returned,
+    ``verify`` checks the spec's per-axis rotation and the rebuilt attention pattern against the
+    model's own.
+
+    Args:
+        model_or_hf: An HF vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen 3.5), or one
+            loaded with :func:`ropelens.loading.vision_language.load_vl_model`.
+        input_ids (Tensor): Integer ``[batch, pos]`` ids holding the model's image (video)
+            placeholder tokens where its processor puts them; rows unpadded (one length).
+        pixel_values (Tensor | None): The images' pixels, as the model's processor makes them.
+        image_grid_thw (Tensor | None): Each image's grid in patches (t, h, w), as the processor
+            makes it.
+        pixel_values_videos (Tensor | None): The videos' pixels, as the processor makes them.
+        video_grid_thw (Tensor | None): Each video's grid in patches (t, h, w).
+        layers (Sequence[int] | None): Layer indices to decompose (default None: every rotary
+            layer); they must assign planes to axes alike.
+        verify (bool): Check the per-axis rotation and the rebuilt pattern against the model's
+            (default True; False: the provenance says unverified).
+        **model_inputs: Other processor outputs, passed to the model's forward.
+
+    Returns:
+        MRopeDecomposition: The captured q/k and pattern per layer, the axes as bands, the 3-D
+        position ids ``[3, batch, pos]`` and each token's modality.
+
+    Raises:
+        InputError: When ``input_ids`` is not an integer ``[batch, pos]`` tensor, a layer applies
+            1-D RoPE, or the chosen layers assign planes to axes differently.
+        UnsupportedModelError: When ``verify`` finds that the per-axis rotation or the rebuilt
+            pattern does not match the model's.
+
+    Example:
+        >>> from ropelens.analyses import mrope_decomposition
+        >>> from ropelens.testing.vl import vl_hf_model, vl_inputs
+        >>> vl = vl_hf_model("qwen2_vl")  # a tiny random Qwen2-VL
+        >>> dec = mrope_decomposition(vl, **vl_inputs(vl), layers=[0])
+        >>> dec.layers, dec.modality.tolist()  # 0 text, 1 image
+        ([0], [[0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]])
+        >>> dec.band_names(0)
+        ['t', 'h', 'w']
     """
     if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
         raise InputError(

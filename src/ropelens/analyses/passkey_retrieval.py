@@ -301,8 +301,36 @@ class PasskeyTrial:
 
 @dataclass(frozen=True)
 class PasskeyRetrieval(Result, previous_kinds=("PasskeyResult",)):
-    """Passkey retrieval accuracy over depths × lengths, with every trial's prompt size and
-    answer."""
+    """Passkey retrieval accuracy over depths × lengths, with every trial's prompt size and answer.
+
+    What :func:`passkey_retrieval` returns. :meth:`accuracy` gives the ``[depth, length]`` grid of
+    accuracies, :meth:`to_frame` one row per cell, :meth:`trials_frame` one row per trial, and
+    :meth:`merge` joins results of other lengths, depths or trials of the same model and variant.
+
+    Attributes:
+        lengths (tuple[int, ...]): Target prompt sizes in tokens.
+        depths (tuple[float, ...]): Fractions of the filler before the passkey, in [0, 1].
+        trials (tuple[PasskeyTrial, ...]): Every trial: its length, depth, trial index, passkey,
+            actual prompt size ``n_tokens`` (≤ length), depth in tokens, response, the first integer
+            of the response and whether it is the passkey.
+        provenance (Provenance): Model, grid, seed, RoPE variant, decoding path and the harness's
+            filler and question.
+
+    Raises:
+        InputError: When a trial lies outside the ``lengths`` × ``depths`` grid.
+
+    Example:
+        >>> from ropelens.analyses import passkey_retrieval
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> result = passkey_retrieval(model, [250], depths=[0.1, 0.9], n_trials=1, progress=False)
+        >>> result.accuracy().shape  # [depth, length]
+        (2, 1)
+        >>> list(result.to_frame().columns)
+        ['depth', 'length', 'n_trials', 'n_correct', 'accuracy', 'mean_tokens']
+        >>> len(result.trials_frame())
+        2
+    """
 
     lengths: tuple[int, ...]
     depths: tuple[float, ...]
@@ -431,13 +459,56 @@ def passkey_retrieval(
 ) -> PasskeyRetrieval:
     """Passkey retrieval accuracy at every (depth, length), ``n_trials`` passkeys per cell.
 
-    ``lengths`` are prompt sizes in tokens (each prompt is the longest that fits), ``depths``
-    fractions of the filler before the passkey. Trial t uses :func:`make_passkey` ``(seed, t)`` at
-    every cell. ``variant`` runs the model under that RoPE variant (``apply_rope_variant``) for the
-    whole run; other interventions (``ropelens.analyses.massive_values.replace_massive``,
-    ``ablate_planes``) can be applied around the call, and ``note`` records them in the provenance.
-    ``path`` is :func:`greedy_continuation`'s (the HF sdpa forward by default, the bridge where it
-    cannot be).
+    The YaRN / LongRoPE harness: a 5-digit passkey hidden in filler text at a chosen depth, asked
+    back at the end; the model continues greedily and is right when the first integer of its answer
+    is the passkey. Trial t uses :func:`make_passkey` ``(seed, t)`` at every cell, so cells differ
+    only in what the grid varies. Other interventions
+    (``ropelens.analyses.massive_values.replace_massive``, ``ablate_planes``) can be applied around
+    the call; ``note`` records them in the provenance.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns, or an nnsight ``LanguageModel``; it needs a ``.tokenizer``.
+        lengths (Sequence[int] | int): Prompt sizes in tokens (each prompt is the longest that fits;
+            the bare task, needle and question must fit).
+        depths (Sequence[float] | float): Fractions of the filler before the passkey, in [0, 1]
+            (default 0.1, 0.5 and 0.9).
+        n_trials (int): Passkeys per cell (default 3).
+        seed (int): Seed of the passkeys (default 0).
+        variant (RopeVariant | None): Run the whole grid under this RoPE variant
+            (:func:`ropelens.run.intervene.apply_rope_variant`; e.g. ``YaRN(2.0, 8192)``), or None
+            (default) for the model as it is.
+        max_new_tokens (int): Tokens decoded per answer at most (default 8).
+        prefill_chunk (int | None): Prompt tokens prefilled into the key/value cache per forward
+            (default 256; None: all at once). Variants whose rotation depends on the input's length
+            (dynamic NTK, LongRoPE) decode with full forwards instead.
+        note (str | None): A note for the provenance, e.g. the intervention applied around the call.
+        progress (bool): A progress bar over the prompts (default True).
+        path (str): The forward decoding runs on, as :func:`greedy_continuation` takes it (default
+            ``"auto"``: the HF sdpa forward, the bridge where it cannot be).
+
+    Returns:
+        PasskeyRetrieval: Every trial's prompt size, response and correctness on the ``lengths`` ×
+        ``depths`` grid; ``accuracy()`` is ``[depth, length]``.
+
+    Raises:
+        InputError: When ``lengths`` or ``depths`` is empty, repeated or out of range, a length is
+            too short for the bare prompt, ``variant`` is not a RoPE variant, the model has no
+            tokenizer, or the longest prompt does not fit in memory.
+
+    Example:
+        >>> from ropelens.analyses import passkey_retrieval
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> result = passkey_retrieval(model, [250], depths=[0.1, 0.9], n_trials=1, progress=False)
+        >>> result.lengths, result.depths
+        ((250,), (0.1, 0.9))
+        >>> [t.n_tokens <= 250 for t in result.trials]
+        [True, True]
+        >>> passkey_retrieval(model, [100], progress=False)
+        Traceback (most recent call last):
+            ...
+        ropelens.errors.InputError: length 100 is too short: ...
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     backend = backend_of(model)

@@ -47,8 +47,41 @@ PERIOD_FALSE_ALARM = 0.01  # chance that white noise alone clears the length-dep
 # json_options: compact JSON, since the matrix is base64 already
 @dataclass(frozen=True)
 class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan": False}):
-    """Cosine similarity of position-embedding rows: pairwise, by distance, and its dominant
-    period."""
+    """Cosine similarity of position-embedding rows: pairwise, by distance, and its dominant period.
+
+    What :func:`pe_similarity` returns for a ``[n_pos, d]`` matrix of absolute position embeddings
+    (learned, :func:`learned_pe`, or sinusoidal, :func:`sinusoidal_pe`), after Luo & Love. A
+    by-distance curve like RoPE's decay curves: ``to_frame()`` gives one row per distance,
+    ``figure()`` draws the curve and ``heatmap()`` the pairwise matrix. The period is the one
+    sinusoid that best explains the detrended curve (:func:`periodicity`); it is reported only when
+    its strength clears ``period_threshold``.
+
+    Attributes:
+        name (str): A label for the embeddings (a model's name, or "" for none).
+        similarity (Tensor): Pairwise cosine similarity ``[n_pos, n_pos]``, float32 (saved exactly,
+            as base64).
+        distance (Tensor): Distances δ = |m − n| ``[n_dist]``: 0, 1, …, ``max_distance``.
+        mean (Tensor): Mean similarity of the pairs at each distance ``[n_dist]`` (float64).
+        std (Tensor): Their standard deviation (population) ``[n_dist]``.
+        count (Tensor): How many pairs each distance has, ``n_pos − δ`` ``[n_dist]``.
+        d_model (int): Width of the embeddings.
+        period (float | None): Dominant period of the mean curve in tokens, or None when
+            ``period_strength`` is below ``period_threshold``.
+        period_strength (float): Fraction of the detrended by-distance variance that one sinusoid
+            explains, in [0, 1].
+        period_threshold (float): The strength a period had to reach: max(``min_strength``, the
+            strength white noise of this curve length beats with probability 0.01).
+
+    Example:
+        >>> from ropelens.analyses import pe_similarity, sinusoidal_pe
+        >>> sim = pe_similarity(sinusoidal_pe(128, 2), name="one pair")
+        >>> sim.n_pos, sim.d_model, tuple(sim.mean.shape)
+        (128, 2, (128,))
+        >>> sim.period_text()
+        'period 6.3 tokens (strength 1.00 vs threshold 0.30)'
+        >>> len(sim.figure().data) >= 1
+        True
+    """
 
     name: str
     # float32, written as base64 (exact); by-distance stats come from float64
@@ -133,8 +166,41 @@ def pe_similarity(
     max_distance: int | None = None,
     min_strength: float = MIN_PERIOD_STRENGTH,
 ) -> PESimilarity:
-    """Cosine similarity of position rows, its mean/std/count by distance |m − n|, and its
-    period."""
+    """Cosine similarity of position rows, its mean/std/count by distance |m − n|, and its period.
+
+    Every pair of rows is compared (after Luo & Love, for learned and sinusoidal absolute
+    embeddings); the pairs at each distance are averaged, and the dominant period of that mean
+    curve is found by :func:`periodicity`: the partial R² of one sinusoid added to a linear trend,
+    against a threshold that keeps white noise below it with probability 0.01. Needs
+    ``12 · n_pos²`` bytes for the float64 matrix and its float32 copy.
+
+    Args:
+        embeddings (Tensor | numpy.ndarray): The ``[n_pos, d]`` position-embedding matrix, one row
+            per position (n_pos ≥ 2, every row finite and nonzero).
+        name (str): A label recorded in the result (default "").
+        max_distance (int | None): The largest distance to average over, in [0, n_pos − 1]
+            (default None: n_pos − 1).
+        min_strength (float): The least period strength that counts as a period, whatever the
+            curve's length (default 0.3: smooth decays reach about 0.2 after detrending, clean
+            periods exceed 0.8).
+
+    Returns:
+        PESimilarity: The pairwise matrix, the by-distance mean/std/count ``[max_distance + 1]``
+        and the period (None when too weak).
+
+    Raises:
+        TypeError: When ``embeddings`` is not a tensor or array of real numbers.
+        InputError: When it is not a ``[n_pos, d]`` matrix with n_pos ≥ 2, a row holds NaN/inf or
+            is all zero, ``max_distance`` is out of range, or the matrix does not fit in memory.
+
+    Example:
+        >>> from ropelens.analyses import pe_similarity, sinusoidal_pe
+        >>> sim = pe_similarity(sinusoidal_pe(128, 2), max_distance=32)
+        >>> tuple(sim.distance.shape), round(float(sim.mean[1]), 4)
+        ((33,), 0.5403)
+        >>> f"{sim.period:.1f} tokens"
+        '6.3 tokens'
+    """
     e = _check_embeddings(embeddings)
     n = e.shape[0]
     max_distance = max_distance_arg(max_distance, n)
@@ -218,8 +284,31 @@ def periodicity(
 
 
 def sinusoidal_pe(n_pos: int, d: int, base: float = 10000.0) -> Float[Tensor, "n_pos d"]:
-    """Vaswani et al. embeddings: PE[m, 2i] = sin(m·ω_i), PE[m, 2i+1] = cos(m·ω_i), ω_i =
-    base^(−2i/d)."""
+    """Sinusoidal position embeddings of Vaswani et al. (2017), the reference for learned ones.
+
+    PE[m, 2i] = sin(m·ω_i), PE[m, 2i+1] = cos(m·ω_i), with ω_i = base^(−2i/d): computed in float64,
+    returned in float32.
+
+    Args:
+        n_pos (int): Number of positions (rows), ≥ 1.
+        d (int): Width of each embedding, a positive even number (sin and cos come in pairs).
+        base (float): The frequency base, > 1 (default 10000, as in the paper).
+
+    Returns:
+        Tensor: The ``[n_pos, d]`` float32 embeddings, sin and cos of each frequency interleaved.
+
+    Raises:
+        InputError: When ``n_pos`` is not a positive int, ``d`` not a positive even int, or
+            ``base`` not above 1.
+
+    Example:
+        >>> from ropelens.analyses import sinusoidal_pe
+        >>> pe = sinusoidal_pe(512, 128)
+        >>> tuple(pe.shape)
+        (512, 128)
+        >>> [round(x, 4) for x in pe[1, :4].tolist()]
+        [0.8415, 0.5403, 0.7617, 0.6479]
+    """
     if not isinstance(n_pos, int) or n_pos < 1:
         raise InputError(f"n_pos must be a positive int, got {n_pos!r}")
     if not isinstance(d, int) or d < 2 or d % 2:
@@ -244,9 +333,32 @@ _PE_PATHS = (
 def learned_pe(model: Any) -> Float[Tensor, "n_pos d_model"]:
     """The learned absolute position-embedding matrix of a bridge or HF model (CPU float32 copy).
 
-    GPT-2 / GPT-Neo ``wpe``; OPT (and Galactica) ``decoder.embed_positions`` without its 2 offset
-    rows; BERT-like ``embeddings.position_embeddings`` (RoBERTa-like tables drop rows up to
-    padding_idx).
+    Found under the HF base model: GPT-2 / GPT-Neo ``wpe``; OPT (and Galactica)
+    ``decoder.embed_positions`` without its 2 offset rows; BERT-like
+    ``embeddings.position_embeddings`` (RoBERTa-like tables drop rows up to padding_idx). Pass the
+    matrix to :func:`pe_similarity`.
+
+    Args:
+        model: A TransformerLens bridge (as :func:`ropelens.load_model` returns) or an HF model.
+
+    Returns:
+        Tensor: The ``[n_pos, d_model]`` position embeddings, one row per position, as a CPU
+        float32 copy.
+
+    Raises:
+        InputError: When the model has no learned position table: a rotary model (the message
+            names the RoPE geometry functions to use instead), or a table at none of the known
+            paths.
+
+    Example:
+        >>> from ropelens.analyses import learned_pe
+        >>> from ropelens.testing import tiny_model
+        >>> tuple(learned_pe(tiny_model("gpt2")).shape)
+        (256, 64)
+        >>> learned_pe(tiny_model("llama"))
+        Traceback (most recent call last):
+            ...
+        ropelens.errors.InputError: tiny-llama has no learned position-embedding matrix: ...
     """
     hf = hf_model_of(model)
     base = getattr(hf, "base_model", hf)

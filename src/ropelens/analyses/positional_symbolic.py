@@ -321,12 +321,41 @@ class PosSymReducer(DeviceSums):
 class PositionalSymbolic(
     Result, merge_same=("layers", "seed", "min_keys", "margin"), merge_sums=("sums",)
 ):
-    """Per layer × head: positional and symbolic scores under a key-content permutation, and the
-    calls.
+    """Positional and symbolic scores of every head under a key-content permutation, and its call.
+
+    What :func:`positional_symbolic` returns (after Urrutia et al., ICLR 2026). P measures how much
+    a head's logits stay put when key contents move, S how much they move with the contents, under
+    two measures: ``"logit"`` (Pearson correlation, in [−1, 1]) and ``"attention"`` (1 − total
+    variation, in [0, 1]). A head is called positional when P − S ≥ ``margin``, symbolic when S − P
+    ≥ ``margin``, mixed otherwise.
 
     Layers of different widths (Gemma 4) share one ``[layer, head]`` array padded to the most heads:
     the scores of a head a layer lacks are NaN (:meth:`present`), and calls, shares and tables leave
     it out.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layer indices.
+        seed (int): Seed of the key permutation.
+        min_keys (int): Keys besides BOS a query had to see to be scored.
+        margin (float): The difference of scores in [0, 1] that calls a head.
+        sums (dict[str, Tensor]): ``n_queries`` ``[layer]`` (queries scored) and the summed scores
+            ``pos_logit``, ``sym_logit``, ``pos_attention``, ``sym_attention`` ``[layer, head]``.
+        provenance (Provenance): Model, corpus, tokens, settings and versions of the run.
+
+    Raises:
+        InputError: When ``margin`` is outside [0, 1] or the sums do not match ``layers``.
+
+    Example:
+        >>> from ropelens.analyses import positional_symbolic
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> heads = positional_symbolic(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> len(heads.calls("logit")), len(heads.calls("logit")[0])  # layers, heads
+        (2, 4)
+        >>> round(sum(heads.fractions("logit").values()), 6)
+        1.0
+        >>> len(heads.to_frame())  # one row per head
+        8
     """
 
     layers: tuple[int, ...]
@@ -454,12 +483,70 @@ def positional_symbolic(
     margin: float = MARGIN,
     tile: int | None = None,
 ) -> PositionalSymbolic:
-    """Score every head as positional or symbolic over a corpus (see
-    :mod:`ropelens.analyses.positional_symbolic`).
+    """Score every head as positional or symbolic over a corpus.
 
-    A query is scored only when it sees ``min_keys`` keys besides BOS, so windows need at least
-    :func:`shortest_window` tokens (``min_keys`` + 1); shorter ones are refused before the model
-    runs.
+    After Urrutia et al. (ICLR 2026, "Decoupling Positional and Symbolic Attention in
+    Transformers"): one seeded permutation moves the key contents while positions stay fixed. A head
+    is positional when its logits stay put (score P), symbolic when they move with the contents
+    (score S), under two measures: Pearson correlation of the logits, and 1 − total variation of the
+    attention. A head is called positional when P − S ≥ ``margin``, symbolic when S − P ≥
+    ``margin``, mixed otherwise. A query is scored only when it sees ``min_keys`` keys besides BOS,
+    so windows need at least :func:`shortest_window` tokens (``min_keys`` + 1); shorter ones are
+    refused before the model runs. The module :mod:`ropelens.analyses.positional_symbolic` defines
+    the scores in full.
+
+    Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
+    each rank takes a share of the windows and every rank returns the whole corpus's result;
+    ``checkpoint`` saves progress to resume a killed run.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
+            built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
+            dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,
+            used whole (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window, BOS first (default 256).
+        max_tokens (int | None): Corpus tokens to read (default 8192; None: all of it).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every rotary layer).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+        seed (int): Seed of the key permutation (default 0; one permutation per window length).
+        min_keys (int): Keys besides BOS a query must see to be scored, ≥ 2 (default 8).
+        margin (float): The difference of scores in [0, 1] that calls a head (default 0.25, a
+            quarter of the attention measure's range).
+        tile (int | None): Queries per tile (default None: sized to the device's memory budget); it
+            changes memory use, not the numbers.
+        batch_size (int): Windows per forward pass (default 4).
+        progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
+        checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
+            run from (default None: none; see :mod:`ropelens.run.distributed`).
+        checkpoint_every (int): Batches between checkpoints (default 8).
+        verify (bool): First check that ropelens's reading of RoPE reproduces the model's own
+            attention (default True); False skips the check, and the result says "unverified".
+
+    Returns:
+        PositionalSymbolic: Summed P and S scores per ``[layer, head]`` under both measures, and the
+        number of queries scored; ``scores()``, ``calls()`` and ``fractions()`` read them.
+
+    Raises:
+        InputError: When ``layers`` selects no layer the model has, the corpus cannot be read,
+            ``n_ctx`` is shorter than ``min_keys`` + 1, or ``margin`` / ``min_keys`` is out of range
+            (the message names the problem and the fix).
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention.
+
+    Example:
+        >>> from ropelens.analyses import positional_symbolic
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> heads = positional_symbolic(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> positional, symbolic = heads.scores("attention")
+        >>> tuple(positional.shape)  # [layer, head]
+        (2, 4)
+        >>> sorted(heads.fractions("attention"))
+        ['mixed', 'positional', 'symbolic']
     """
     margin = float(
         check_number(

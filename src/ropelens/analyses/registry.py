@@ -37,8 +37,43 @@ def draw(cls: type, **figures: Callable[..., Any]) -> tuple[Figure, ...]:
 
 @dataclass(frozen=True)
 class Analysis:
-    """One analysis, declared once: what measures it, what it returns, how it is drawn, run and
-    reported."""
+    """One analysis, declared once: its function, result, figures, command and report section.
+
+    Every part but ``name`` is optional. The declaration is checked when it is made: a part of the
+    wrong kind is refused with :class:`~ropelens.errors.InputError` naming the part. Pass it to
+    :func:`register_analysis` to add it to the command line and the report.
+
+    Attributes:
+        name (str): What it is called: the subcommand's name where it has one.
+        function (Callable | None): The function a notebook calls (None: none of its own).
+        result (type | None): The :class:`~ropelens.results.result.Result` class the function
+            returns.
+        figures (tuple): The drawing functions of the result, as :func:`draw` makes them:
+            ``draw(ResultClass, figure=fn, heatmap=fn2)`` gives ``(class, name, function)`` triples.
+        command (Command | None): The ``ropelens NAME`` subcommand
+            (:class:`ropelens.cli.common.Command`), or None for no command.
+        section (SectionSpec | None): Its section of the report
+            (:class:`ropelens.report.registry.SectionSpec`), or None for no section.
+        summary (str): What it measures, in one sentence.
+
+    Raises:
+        InputError: When ``name`` is empty, ``function`` is not callable, ``result`` is not a
+            class, a figure is not a ``(class, name, function)`` triple, or ``command`` /
+            ``section`` lacks ``add_to`` / ``render``.
+
+    Example:
+        >>> from ropelens.analyses import Analysis, pe_similarity, PESimilarity
+        >>> a = Analysis(
+        ...     "pe-similarity", function=pe_similarity, result=PESimilarity,
+        ...     summary="How similar position embeddings are, by distance.",
+        ... )
+        >>> a.name, a.command is None
+        ('pe-similarity', True)
+        >>> Analysis("")
+        Traceback (most recent call last):
+            ...
+        ropelens.errors.InputError: an analysis needs a name, got ''
+    """
 
     name: str  # what it is called: the subcommand's name where it has one
     function: Callable[..., Any] | None = None  # the function a notebook calls
@@ -85,11 +120,43 @@ ANALYSES: dict[str, Analysis] = {}
 
 
 def register_analysis(a: Analysis, *, before: str | None = None) -> Analysis:
-    """Register ``a`` (replacing the analysis of the same name in its place), and its figures;
-    returns ``a``.
+    """Register an analysis (replacing the one of the same name in its place), and its figures.
 
-    ``before`` puts a new analysis ahead of the one with that name (its command and section come
-    first). A command or report section whose name another analysis already uses is refused.
+    Once registered, its command joins ``ropelens --help`` and its section the report, in
+    registration order; ropelens's own analyses (``ropelens.catalog``) are registered first, so
+    ``before`` can name them. A command or report section whose name another analysis already uses
+    is refused.
+
+    Args:
+        a (Analysis): The analysis to register.
+        before (str | None): The name of a registered analysis to put a new one ahead of (its
+            command and section come first). None (default): last. An analysis that replaces one of
+            the same name keeps that one's place.
+
+    Returns:
+        Analysis: ``a`` itself.
+
+    Raises:
+        InputError: When ``a`` is not an :class:`Analysis`, its command or section name is already
+            another analysis's, or ``before`` names no registered analysis.
+
+    Example:
+        >>> from ropelens.analyses import Analysis, register_analysis
+        >>> from ropelens.analyses.registry import ANALYSES, analyses
+        >>> def plane_count(model):
+        ...     "How many rotary planes each layer of ``model`` has."
+        ...     return 8
+        >>> a = register_analysis(
+        ...     Analysis("plane-count", function=plane_count), before="frequency-usage"
+        ... )
+        >>> names = [x.name for x in analyses()]
+        >>> names.index("plane-count") + 1 == names.index("frequency-usage")
+        True
+        >>> register_analysis(Analysis("x"), before="no-such-analysis")
+        Traceback (most recent call last):
+            ...
+        ropelens.errors.InputError: no analysis 'no-such-analysis' to register 'x' before; ...
+        >>> del ANALYSES["plane-count"]
     """
     if not isinstance(a, Analysis):
         raise InputError(f"register_analysis takes an Analysis, got {type(a).__name__}")

@@ -224,8 +224,42 @@ def ablate_head_planes(model, planes: dict[tuple[int, int], Sequence[int]]) -> I
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RetrievalHeads(Result):
-    """Retrieval scores ``[layer, head]``, the ablated heads, their planes, and passkey recall per
-    condition."""
+    """Retrieval scores per head, the ablated heads and their planes, and passkey recall.
+
+    What :func:`retrieval_heads` returns (Wu et al. 2024; Bayram 2026). :meth:`n_retrieval` counts
+    the heads scoring at least ``threshold``, :meth:`heads_frame` gives one row per head,
+    :meth:`to_frame` recall per condition and prompt length, and :meth:`findings` both in words.
+
+    Attributes:
+        scores (Tensor): Retrieval score per ``[layer, head]``: the fraction of copy steps whose
+            most attended key is the needle token being copied, in [0, 1].
+        n_steps (int): Copy steps the scores are over (all prompts together).
+        threshold (float): The score from which a head counts as a retrieval head.
+        heads (tuple[tuple[int, int], ...]): The ablated ``(layer, head)`` pairs, highest score
+            first.
+        band (dict[tuple[int, int], tuple[int, ...]]): Per ablated head, its lowest-frequency planes
+            (the ones zeroed in the ``"lowest band"`` condition).
+        control (dict[tuple[int, int], tuple[int, ...]]): Per ablated head, as many planes drawn at
+            random (seeded; the ``"random planes"`` condition).
+        recall (dict[str, PasskeyRetrieval]): Passkey recall on held-out passkeys per condition:
+            ``"base"``, ``"lowest band"`` and ``"random planes"``.
+        provenance (Provenance): Model, grid, settings, the scoring method and the verification.
+
+    Raises:
+        InputError: When ``recall`` does not hold exactly the three conditions.
+
+    Example:
+        >>> from ropelens.analyses import retrieval_heads
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> found = retrieval_heads(model, lengths=[250], depths=[0.5], n_trials=1, top_k=2)
+        >>> found.n_retrieval() <= found.scores.numel()
+        True
+        >>> found.to_frame()["condition"].tolist()
+        ['base', 'lowest band', 'random planes']
+        >>> len(found.heads_frame())  # one row per head
+        8
+    """
 
     scores: Float[Tensor, "layer head"]
     n_steps: int
@@ -328,10 +362,54 @@ def retrieval_heads(
     progress: bool = False,
     verify: bool = True,
 ) -> RetrievalHeads:
-    """Score every head, then passkey recall with the ``top_k`` heads' lowest ``fraction`` of planes
-    zeroed, with as many random planes per head zeroed (seeded), and unmodified, on held-out
-    passkeys. A ``top_k`` past the model's rotary heads takes all of them; the provenance records
-    the count used."""
+    """Score every head for retrieval, then measure passkey recall with its lowest planes zeroed.
+
+    After Wu et al. (2024, retrieval heads) and Bayram (2026): a head's retrieval score is the
+    fraction of copy steps (teacher-forced on the passkey harness, eager HF attention) whose most
+    attended key is the needle token being copied. In the ``top_k`` highest-scoring rotary heads the
+    lowest-frequency ``fraction`` of planes is zeroed in q and k
+    (:func:`ropelens.run.intervene.ablate_planes` per head), against a control of as many planes
+    drawn at random per head (seeded) in the same heads; passkey recall is measured unmodified and
+    under each, on passkeys not used for scoring (seed + 1000).
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns, or an nnsight ``LanguageModel``; it needs a ``.tokenizer``.
+        lengths (Sequence[int]): Passkey prompt sizes in tokens (default 256 and 512).
+        depths (Sequence[float]): Fractions of the filler before the passkey (default 0.25 and
+            0.75).
+        n_trials (int): Passkeys per (length, depth) cell, for scoring and for each recall condition
+            (default 2).
+        seed (int): Seed of the passkeys and the random control planes (default 0).
+        top_k (int): Heads to ablate, highest score first (default 16); past the model's rotary
+            heads it takes all of them, and the provenance records the count used.
+        threshold (float): The score in [0, 1] from which a head counts as a retrieval head (default
+            0.1).
+        fraction (float): The share of each head's planes zeroed, lowest frequencies first, in [0,
+            1] (default 0.25: Bayram's 32 of 128 dims).
+        progress (bool): Progress bars over the prompts (default False).
+        verify (bool): First check that the RoPE reading reproduces the model's own attention
+            (default True; the ablations zero the planes that reading names).
+
+    Returns:
+        RetrievalHeads: The scores ``[layer, head]``, the ablated heads and their planes, and
+        passkey recall per condition.
+
+    Raises:
+        InputError: When a setting is out of range or the model has no tokenizer.
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention, or the ablated heads have different plane counts.
+
+    Example:
+        >>> from ropelens.analyses import retrieval_heads
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> found = retrieval_heads(model, lengths=[250], depths=[0.5], n_trials=1, top_k=2)
+        >>> tuple(found.scores.shape), found.heads
+        ((2, 4), ((0, 0), (0, 1)))
+        >>> found.band  # the lowest quarter of 8 planes
+        {(0, 0): (6, 7), (0, 1): (6, 7)}
+    """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     top_k = check_number(top_k, "top_k", at_least=1, integer=True, hint=" (heads to ablate)")
     threshold = check_number(threshold, "threshold", at_least=0, at_most=1)

@@ -304,16 +304,42 @@ class OffsetReducer(DeviceSums):
 class RotaryOffsets(
     Result, merge_same=("layers", "n_sink", "train_ctx", "spec"), merge_sums=("q", "k", "sums")
 ):
-    """Per layer × head × plane: q/k plane norms and the q–k angle at the attended key; highest
-    frequency first.
+    """Per-plane q/k norms and the q–k angle at the attended key, per layer and head.
 
-    ``q`` moments are ``[layer, head, plane]``, ``k`` moments ``[layer, kv_head, plane]``. ``sums``
-    holds, per scope ("sink": the attended key is one of the first ``n_sink`` positions, "content":
-    any other), the number of queries ``n/<scope>`` ``[layer, head]``, the plane's summed logit at
-    the attended key ``term/<scope>`` and, per source ("post", "pre" RoPE), the count and summed cos
-    and sin of the angle ``<source>/<scope>/<stat>`` ``[layer, head, plane]``. Layers of different
-    widths (Gemma 4) share these arrays padded to the most heads and planes: every number past a
-    layer's own reads NaN (:meth:`present`), and tables and medians leave it out.
+    What :func:`rotary_offsets` returns (after Jonasson 2025). :meth:`outlier_ratio` says how far a
+    plane's norm stands above the head's other planes, :meth:`resultant_length` how constant the q–k
+    angle at the attended key is (1: every query meets its key at one angle), :attr:`partial_cycle`
+    which planes never complete a turn within ``train_ctx``, and :meth:`sink_fraction` how often a
+    head attends to a sink position. Planes run highest frequency first.
+
+    Layers of different widths (Gemma 4) share these arrays padded to the most heads and planes:
+    every number past a layer's own reads NaN (:meth:`present`), and tables and medians leave it
+    out.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layer indices.
+        spec (RopeSpec): The model's RoPE spec (frequencies and wavelengths of the planes).
+        train_ctx (int): The training length that decides which planes are partial-cycle.
+        n_sink (int): Key positions below this count as sinks.
+        q (Moments): Plane-norm moments of the queries ``[layer, head, plane]``.
+        k (Moments): Plane-norm moments of the keys ``[layer, kv_head, plane]``.
+        sums (dict[str, Tensor]): Per scope (``"sink"``: the attended key is one of the first
+            ``n_sink`` positions; ``"content"``: any other), the number of queries ``n/<scope>``
+            ``[layer, head]``, the plane's summed logit at the attended key ``term/<scope>`` and,
+            per source (``"post"``, ``"pre"`` RoPE), the count and summed cos and sin of the angle
+            ``<source>/<scope>/<stat>`` ``[layer, head, plane]``.
+        provenance (Provenance): Model, corpus, tokens, settings and versions of the run.
+
+    Example:
+        >>> from ropelens.analyses import rotary_offsets
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> offsets = rotary_offsets(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> length = offsets.resultant_length()  # [layer, head, plane], in [0, 1]
+        >>> tuple(length.shape), bool(((length >= 0) & (length <= 1 + 1e-9)).all())
+        ((2, 4, 8), True)
+        >>> len(offsets.figure().data) > 0
+        True
     """
 
     layers: tuple[int, ...]
@@ -346,6 +372,7 @@ class RotaryOffsets(
 
     @property
     def has_pre(self) -> bool:
+        """Whether the pre-RoPE (content) angles were measured."""
         return "pre/sink/count" in self.sums
 
     @property
@@ -517,13 +544,65 @@ def rotary_offsets(
     train_ctx: int | None = None,
     pre: bool = True,
 ) -> RotaryOffsets:
-    """Rotary outliers and offset angles per plane over a corpus (streamed; see
-    :class:`OffsetReducer`).
+    """Rotary outliers and offset angles per plane over a corpus (see :class:`OffsetReducer`).
 
-    ``corpus`` is a :class:`ropelens.run.data.Corpus`, a corpus name or path, or a ready
-    ``[n_windows, n_ctx]`` token tensor; windows start with BOS. ``train_ctx`` (default: the
-    model's context length) decides which planes are partial-cycle. ``layers`` may differ in heads
-    and planes (Gemma 4): each layer's numbers are those it has measured alone.
+    After Jonasson (2025, "Rotary Outliers and Rotary Offset Features in Large Language Models"): a
+    plane with θ·L_train < 2π never completes a turn within the training context, so the model can
+    give it a fixed query–key angle (an offset). Per layer × head × plane it measures the mean plane
+    norms of q and k (outliers: large against the head's other planes) and the angle from q to k at
+    the attended key, summarised by its mean resultant vector, separately for queries that attend to
+    a sink position and for the rest. Layers may differ in heads and planes (Gemma 4): each layer's
+    numbers are those it has measured alone.
+
+    Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
+    each rank takes a share of the windows and every rank returns the whole corpus's result;
+    ``checkpoint`` saves progress to resume a killed run.
+
+    Args:
+        model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
+            returns (a TransformerLens bridge, or the plain HF model with ``bridge=False``), or an
+            nnsight ``LanguageModel``.
+        corpus: The text to measure: any form :func:`ropelens.run.data.load_corpus` reads (a
+            built-in corpus name, "english" or "python"; a path; a list of documents; a ``datasets``
+            dataset, with ``text_column``), or a ready ``[n_windows, n_ctx]`` integer token tensor,
+            used whole (default None: the built-in "english" corpus).
+        n_ctx (int): Tokens per window, BOS first (default 512).
+        max_tokens (int | None): Corpus tokens to read (default 16384; None: all of it).
+        layers (Sequence[int] | None): Layer indices to measure (default None: every rotary layer).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+        n_sink (int): Key positions below this count as sinks (default 1: BOS).
+        train_ctx (int | None): The training length L_train that decides which planes are
+            partial-cycle (default None: the model's context length; a sliding-window layer's window
+            where shorter).
+        pre (bool): Also measure the pre-RoPE (content) angle (default True).
+        batch_size (int): Windows per forward pass (default 4).
+        progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
+        checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
+            run from (default None: none; see :mod:`ropelens.run.distributed`).
+        checkpoint_every (int): Batches between checkpoints (default 8).
+        verify (bool): First check that ropelens's reading of RoPE reproduces the model's own
+            attention (default True); False skips the check, and the result says "unverified".
+
+    Returns:
+        RotaryOffsets: Plane-norm moments of q ``[layer, head, plane]`` and k ``[layer, kv_head,
+        plane]`` and the angle sums per scope (sink, content) and source (post, pre RoPE).
+
+    Raises:
+        InputError: When ``layers`` selects no layer the model has, the corpus cannot be read, or
+            ``train_ctx`` is not a positive integer (the message names the problem and the fix).
+        UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
+            model's own attention.
+
+    Example:
+        >>> from ropelens.analyses import rotary_offsets
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> offsets = rotary_offsets(model, n_ctx=32, max_tokens=128, progress=False)
+        >>> tuple(offsets.outlier_ratio("q").shape)  # [layer, head, plane]
+        (2, 4, 8)
+        >>> offsets.train_ctx, offsets.partial_cycle[0].tolist()  # partial-cycle planes
+        (256, [False, False, False, False, True, True, True, True])
     """
     spec = rope_spec(model)  # read once: train_ctx needs it before the run
     t = _train_ctx(spec, train_ctx)

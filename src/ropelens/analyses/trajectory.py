@@ -124,8 +124,44 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class Trajectory(Result, derived=("columns",)):
-    """Summary numbers of a model's structures at each training checkpoint, and when each structure
-    appears."""
+    """Summary numbers of a model's structures at each training checkpoint, and when each appears.
+
+    What :func:`trajectory` returns: one record per (checkpoint, metric, layer), model-wide rows at
+    layer −1. :meth:`to_frame` gives the records as a table, :meth:`series` one metric against step,
+    :meth:`emergence` the step at which each structure appears (first checkpoint at or above its
+    threshold that stays there), and :meth:`figure` draws the metrics against step.
+
+    Attributes:
+        records (tuple[tuple[int, str, str, str, int, float], ...]): The rows: step, checkpoint,
+            analysis, metric, layer (−1: model-wide) and value.
+        checkpoints (tuple[Checkpoint, ...]): The checkpoints measured, in increasing step order.
+        analyses (tuple[str, ...]): The analyses run, among :data:`ANALYSES` (``"bands"``,
+            ``"sinks"``, ``"massive"``, ``"heads"``).
+        structures (tuple[Structure, ...]): The structures tracked, each with the model-wide metric
+            that shows it and its threshold (:data:`STRUCTURES`).
+        provenance (Provenance): Corpus, token budget, seed, each checkpoint's weights fingerprint
+            and the thresholds.
+        seconds (tuple[float, ...]): Per checkpoint, the seconds to load and measure it.
+
+    Raises:
+        InputError: When an analysis is unknown or the checkpoints' steps are not distinct and
+            increasing.
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from ropelens.analyses import trajectory
+        >>> from ropelens.testing import tiny_model_dir
+        >>> root = Path(tempfile.mkdtemp())
+        >>> dirs = [tiny_model_dir("llama", root / f"step-{s}", seed=s) for s in (0, 100)]
+        >>> traj = trajectory(dirs, analyses=["massive"], n_tokens=128, n_ctx=32)
+        >>> traj.steps, sorted(set(traj.to_frame()["metric"]))
+        ([0, 100], ['massive_dims', 'massive_max_ratio'])
+        >>> traj.series("massive_dims").index.tolist()
+        [0, 100]
+        >>> traj.emergence()["structure"].tolist()
+        ['massive values']
+    """
 
     records: tuple[tuple[int, str, str, str, int, float], ...]  # rows of COLUMNS
     checkpoints: tuple[Checkpoint, ...]
@@ -146,6 +182,7 @@ class Trajectory(Result, derived=("columns",)):
 
     @property
     def steps(self) -> list[int]:
+        """The training step of each checkpoint, in order."""
         return [c.step for c in self.checkpoints]
 
     @property
@@ -403,15 +440,60 @@ def trajectory(
     verify: bool = True,
     text_column: str = "text",
 ) -> Trajectory:
-    """Measure ``analyses`` at each checkpoint and keep their summary numbers (see the module
-    docstring).
+    """Measure a model's structures at each training checkpoint and keep their summary numbers.
 
-    ``checkpoints``: checkpoint directories, or one hub id with ``revisions`` (needs the network).
-    ``steps``: the training step of each checkpoint, where names do not state them. ``corpus``: the
-    text measured, any form :func:`ropelens.run.data.load_corpus` reads (``text_column``: the text
-    of a table or dataset; default: the corpus a ropelens checkpoint was trained on, else english);
-    ``n_tokens``: tokens per analysis and checkpoint, in windows of ``n_ctx`` (default: a ropelens
-    checkpoint's training length, else 256). ``seed``: the heads analysis's random tokens.
+    Oka et al. report that the high-norm frequency band forms early in pretraining; Gu et al. that
+    attention sinks emerge during training. Each checkpoint is loaded in turn and measured by the
+    chosen analyses on a small token budget: ``bands`` (band peak, width and prominence,
+    :func:`band_location`), ``sinks`` (share of sinking heads and mean attention to position 0,
+    :func:`attention_sinks`), ``massive`` (massive query dimensions and the largest ratio,
+    :func:`massive_values`) and ``heads`` (positional heads, :func:`head_taxonomy`); see the module
+    docstring for every metric.
+
+    Args:
+        checkpoints (str | os.PathLike | Sequence[str | os.PathLike]): Checkpoint directories (such
+            as ``ropelens.training.train`` saves, ``step-N/``), or one hub id with ``revisions``
+            (needs the network).
+        revisions (Sequence[str] | None): The hub revisions to measure (e.g. Pythia's ``step1000``),
+            with one hub id (default None).
+        steps (Sequence[int] | None): The training step of each checkpoint, where names do not state
+            them (default None: from the ``step-N`` name, the saved training info or the revision).
+        analyses (Sequence[str]): Which of :data:`ANALYSES` to run (default all four).
+        corpus: The text measured: any form :func:`ropelens.run.data.load_corpus` reads (default
+            None: the corpus a ropelens checkpoint was trained on, else "english").
+        n_tokens (int): Tokens per analysis and checkpoint, ≥ 2 (default 2048).
+        n_ctx (int | None): Tokens per window (default None: a ropelens checkpoint's training
+            length, else 256; at most ``n_tokens``).
+        device (str | torch.device | None): Where each checkpoint is loaded (default None: CUDA
+            where available, else the CPU).
+        seed (int): Seed of the heads analysis's random tokens (default 0).
+        progress (bool): Progress bars (default False).
+        verify (bool): Verify each checkpoint's RoPE reading against its own attention (default
+            True).
+        text_column (str): The column of a table or dataset corpus that holds the text (default
+            "text").
+
+    Returns:
+        Trajectory: One record per (checkpoint, metric, layer), the checkpoints, and the structures
+        whose emergence it can date.
+
+    Raises:
+        InputError: When an analysis is unknown or none is given, ``n_tokens`` is below 2, or the
+            checkpoints cannot be resolved (none given, ``revisions`` without one hub id, steps
+            missing or repeated).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from ropelens.analyses import trajectory
+        >>> from ropelens.testing import tiny_model_dir
+        >>> root = Path(tempfile.mkdtemp())
+        >>> dirs = [tiny_model_dir("llama", root / f"step-{s}", seed=s) for s in (0, 100)]
+        >>> traj = trajectory(dirs, analyses=["massive"], n_tokens=128, n_ctx=32)
+        >>> traj.analyses, [c.step for c in traj.checkpoints]
+        (('massive',), [0, 100])
+        >>> int((traj.to_frame()["layer"] == -1).sum())  # model-wide rows: 2 metrics × 2 steps
+        4
     """
     analyses = tuple(dict.fromkeys(analyses))
     unknown = [a for a in analyses if a not in ANALYSES]
