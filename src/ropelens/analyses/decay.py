@@ -122,7 +122,8 @@ def rope_gaussian_expectation(
 
     Returns:
         DecayCurve: ``kind="gaussian"`` (exact ``mean`` and ``std``, no ``count``) or
-        ``kind="gaussian_mc"`` (sample ``mean``, ``std`` and ``count``), each ``[max_distance + 1]``.
+        ``kind="gaussian_mc"`` (sample ``mean``, ``std`` and ``count``), each
+        ``[max_distance + 1]``.
 
     Raises:
         InputError: When ``inv_freq`` or ``max_distance`` is invalid (as in

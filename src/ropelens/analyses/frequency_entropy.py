@@ -412,8 +412,8 @@ class FrequencyEntropy(
     frequencies of ``n_pos`` positions (the window after its first ``skip``).
 
     Built by :func:`~ropelens.analyses.frequency_entropy`. The entropy is normalised by ln F (1 = a
-    flat spectrum); the shuffled order is the control, so :meth:`gap` > 0 marks a plane whose norm is
-    periodic beyond what its values alone give.
+    flat spectrum); the shuffled order is the control, so :meth:`gap` > 0 marks a plane whose norm
+    is periodic beyond what its values alone give.
 
     Attributes:
         layers (tuple[int, ...]): The measured layers, in the order of the ``layer`` axis.
