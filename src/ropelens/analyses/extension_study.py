@@ -566,8 +566,8 @@ def extension_study(
         start (int | None): The first doubling length; None for ``native / 4`` (at least 2).
         methods (Sequence[str]): Keys of :data:`METHODS` (default :data:`DEFAULT_METHODS`).
         n_windows (int): Windows of ``corpus`` per length (default 2).
-        corpus: A corpus name, path, ``Corpus`` or token tensor; None for the embedded English
-            text.
+        corpus: A corpus name, path or ``Corpus``; None for the embedded English text. A
+            ``[n_windows, n_ctx]`` token tensor is also taken, but used whole at every length.
         passkey_lengths (Sequence[int] | None): Passkey lengths; None for every loss length a
             passkey prompt fits; an empty list skips passkey retrieval.
         depths (Sequence[float]): Passkey depths in [0, 1] (default 0.1, 0.5, 0.9).
