@@ -525,6 +525,7 @@ class AttentionDecomposition(Result):
 
     @classmethod
     def load(cls, path: str | Path) -> AttentionDecomposition:
+        """Read a decomposition saved by :meth:`save` (safetensors)."""
         _, fields = cls._read(path)
         return cls(**fields)
 

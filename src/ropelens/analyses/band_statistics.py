@@ -1045,6 +1045,8 @@ class BandStatistics(
         return figure_of(BandStatistics, "heatmap")(self, metric, layer, coloraxis)
 
     def figure(self, layer: int | None = None) -> Any:
+        """|logit|, variance and margin shares per band: layer × band, or head × band for one
+        layer."""
         return figure_of(BandStatistics)(self, layer)
 
 

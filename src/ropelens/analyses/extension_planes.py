@@ -121,8 +121,9 @@ class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
         inv_freq_before (Tensor): ``[n_planes]`` float32 frequencies θ before (radians per token).
         inv_freq_after (Tensor): ``[n_planes]`` float32 frequencies θ' under the method at
             ``target_ctx`` tokens.
-        attention_scaling (float): The factor the method multiplies attention logits' q and k by
-            (YaRN's 0.1·ln(s) + 1; 1 for most methods).
+        attention_scaling (float): The factor the method multiplies cos and sin by, so the
+            rotated q and k (and the logits by its square): YaRN's 0.1·ln(s) + 1; 1 for most
+            methods.
         categories (tuple[str, ...]): Per plane, one of :data:`CATEGORIES`.
 
     Raises:
