@@ -521,7 +521,10 @@ class MeasuredExtrapolation(Result):
     Example:
         >>> from ropelens.analyses import measured_extrapolation
         >>> from ropelens.testing import tiny_model
-        >>> m = measured_extrapolation(tiny_model("llama"), [16, 32], n_windows=2, progress=False)
+        >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # your own documents
+        >>> m = measured_extrapolation(
+        ...     tiny_model("llama"), [16, 32], n_windows=2, corpus=texts, progress=False
+        ... )
         >>> df = m.to_frame()
         >>> list(df["length"]), list(df["beyond_train"]), list(df["n_windows"])
         ([16, 32], [False, False], [2, 2])
@@ -624,13 +627,14 @@ def measured_extrapolation(
     Example:
         >>> from ropelens.analyses import measured_extrapolation
         >>> from ropelens.testing import tiny_model
+        >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # or None: English
         >>> m = measured_extrapolation(
-        ...     tiny_model("llama"), [16, 32], n_windows=2, progress=False, n_boot=200
+        ...     tiny_model("llama"), [16, 32], n_windows=2, corpus=texts, progress=False, n_boot=200
         ... )
         >>> m.lengths, [len(w) for w in m.window_losses], m.estimates[0]["n_boot"]
         ((16, 32), [2, 2], 200)
-        >>> bool(1 < m.to_frame()["perplexity"][0] < 200)  # random weights: near vocab size 101
-        True
+        >>> m.provenance.corpus, bool(1 < m.to_frame()["perplexity"][0] < 200)  # random: ≈ 101
+        ('documents', True)
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     lens = _lengths(lengths)

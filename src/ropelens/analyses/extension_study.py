@@ -598,9 +598,10 @@ def extension_study(
     Example:
         >>> from ropelens.analyses import extension_study
         >>> from ropelens.testing import tiny_model
+        >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # or None: English
         >>> study = extension_study(
         ...     tiny_model("llama"), 64, native=32, lengths=[32, 64], methods=["none", "pi"],
-        ...     n_windows=1, passkey_lengths=[], attention=False, progress=False,
+        ...     corpus=texts, n_windows=1, passkey_lengths=[], attention=False, progress=False,
         ... )
         >>> study.native, study.target, study.lengths
         (32, 64, (32, 64))
@@ -1138,9 +1139,10 @@ class ExtensionStudy(Result, derived=("findings",)):
     Example:
         >>> from ropelens.analyses import extension_study
         >>> from ropelens.testing import tiny_model
+        >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # or None: English
         >>> study = extension_study(
         ...     tiny_model("llama"), 64, native=32, lengths=[32, 64], methods=["none", "pi"],
-        ...     n_windows=1, passkey_lengths=[], attention=False, progress=False,
+        ...     corpus=texts, n_windows=1, passkey_lengths=[], attention=False, progress=False,
         ... )
         >>> study.methods, study.variant("pi")
         (('none', 'pi'), Linear(factor=2.0))
