@@ -117,7 +117,23 @@ __all__ = [
 
 
 def result_classes() -> dict[str, type[_result_base.Result]]:
-    """Every result class by the kind its files carry (every analysis module is imported above)."""
+    """Every result class by the kind its files carry (every analysis module is imported above).
+
+    A saved result file names its kind in its ``type`` field; :func:`load_result` reads it back
+    through this table. Classes registered by your own analyses appear here once their module is
+    imported.
+
+    Returns:
+        dict[str, type[Result]]: Kind (the class name) → result class, for every registered result.
+
+    Example:
+        >>> from ropelens.analyses import FrequencyUsage, result_classes
+        >>> classes = result_classes()
+        >>> classes["FrequencyUsage"] is FrequencyUsage
+        True
+        >>> "HeadTaxonomy" in classes and "ExtensionStudy" in classes
+        True
+    """
     return _result_base.registered()
 
 

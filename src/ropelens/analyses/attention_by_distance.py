@@ -405,6 +405,39 @@ class AttentionByDistance(
     (beyond its sliding window) have count 0 and NaN means. Layers of different widths (Gemma 4)
     share one array padded to the most heads: the curves of a head a layer lacks are NaN
     (:meth:`present`), head averages and tables leave them out.
+
+    Built by :func:`~ropelens.analyses.attention_by_distance`, after HoPE (Chen et al., ACL 2025):
+    attention decays locally but is U-shaped globally, the rise at long distances coming from the
+    low-frequency bands. :meth:`describe` names a curve's shape with the numbers it rests on, and
+    :meth:`u_shape_cause` says which band makes the full logit rise again.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layers, in the order of the ``layer`` axis.
+        band_names (tuple[str, ...]): Band names, in the order of the ``band`` axis.
+        bands (Bands): The band definition the names were resolved from (default quartiles).
+        spec (RopeSpec): The model's RoPE reading.
+        edges (Tensor): ``[n_bins + 1]`` integer bin edges of the distance δ = m − n (log-spaced:
+            0, 1, 2, 4, 8, …).
+        n_sink (int): Keys below this position join every softmax but are left out of the
+            by-distance averages (default 1: BOS).
+        sums (dict[str, Tensor]): Streamed float64 sums: ``band_sum`` ``[layer, head, band,
+            bin]``; ``prob_sum`` ``[layer, head, bin]``; ``count`` and ``dist_sum``
+            ``[layer, bin]``; ``n_queries`` ``[layer]``.
+        provenance (Provenance): Model, corpus, token count and versions.
+
+    Example:
+        >>> import torch
+        >>> from ropelens.analyses import attention_by_distance
+        >>> from ropelens.testing import tiny_model
+        >>> tokens = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+        >>> abd = attention_by_distance(tiny_model("llama"), tokens, progress=False)
+        >>> abd.edges.tolist(), abd.bin_labels()
+        ([0, 1, 2, 4, 8, 16], ['0', '1', '2–3', '4–7', '8–15'])
+        >>> tuple(abd.band_logit().shape)  # [layer, head, band, bin]
+        (2, 4, 4, 5)
+        >>> shapes = ("flat", "decays", "grows", "U-shaped", "peaked", "oscillating")
+        >>> abd.describe(0, "logit").shape in shapes  # layer 0, heads averaged
+        True
     """
 
     layers: tuple[int, ...]
@@ -432,6 +465,7 @@ class AttentionByDistance(
 
     @property
     def n_bins(self) -> int:
+        """The number of distance bins."""
         return len(self.edges) - 1
 
     @property
@@ -440,6 +474,7 @@ class AttentionByDistance(
         return bin_centres(self.edges)
 
     def bin_labels(self) -> list[str]:
+        """Each bin's distances as text ("0", "1", "2–3", …)."""
         e = self.edges.tolist()
         return [_bin_label(a, b) for a, b in zip(e, e[1:])]
 

@@ -94,6 +94,40 @@ class AttentionDecomposition(Result):
 
     Saved as safetensors (captured q and k are too large for JSON), with the kind and format in its
     metadata.
+
+    Built by :func:`attention_decomposition`. RoPE rotates each plane on its own, so every logit
+    is exactly the sum of its plane terms; the band terms times the score scale add up to the
+    model's own pre-softmax scores (:meth:`logits`), and through the layer's softmax they rebuild
+    its pattern (:meth:`rebuilt_pattern`). :meth:`band_patterns` shows what each band attends to
+    alone (Barbero et al., 2025, "Round and Round We Go!").
+
+    Attributes:
+        tokens (Tensor): ``[batch, pos]`` the token ids decomposed.
+        spec (RopeSpec): The model's RoPE reading at this input's length.
+        bands (Bands): The bands the logits are split into (default: one band per plane).
+        acts (dict[int, LayerActs]): Per decomposed layer, the captured post-RoPE ``q_post``
+            ``[batch, pos, head, d_head]``, ``k_post`` ``[batch, pos, kv_head, d_head]`` and
+            ``pattern`` ``[batch, head, q, k]`` (on the CPU), with the layer's RoPE and valid
+            mask.
+        provenance (Provenance): Model, token count, bands, layers and the verification verdict.
+        token_text (tuple[tuple[str, ...], ...] | None): Each token as the tokenizer decodes it,
+            per batch row; None for a model without a tokenizer.
+
+    Example:
+        >>> import torch
+        >>> from ropelens import Bands
+        >>> from ropelens.analyses import attention_decomposition
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> dec = attention_decomposition(
+        ...     model, "The cat sat.", bands=Bands.quantiles(2), layers=[1], verify=False
+        ... )
+        >>> dec.layers, dec.band_names(1)
+        ([1], ['Q1 (highest)', 'Q2 (lowest)'])
+        >>> tuple(dec.band_logits(1).shape)  # [batch, head, band, q, k]
+        (1, 4, 2, 13, 13)
+        >>> bool(torch.allclose(dec.rebuilt_pattern(1), dec.pattern(1), atol=1e-5))
+        True
     """
 
     tokens: Int[Tensor, "batch pos"]
@@ -106,6 +140,7 @@ class AttentionDecomposition(Result):
 
     @property
     def layers(self) -> list[int]:
+        """The decomposed layers, in order."""
         return sorted(self.acts)
 
     def _acts(self, layer: int) -> LayerActs:
@@ -114,9 +149,11 @@ class AttentionDecomposition(Result):
         return self.acts[layer]
 
     def resolved(self, layer: int) -> ResolvedBands:
+        """The bands resolved on ``layer``'s planes (names, planes and dims of each)."""
         return self.bands.resolve(self.spec.layers[layer])
 
     def band_names(self, layer: int) -> list[str]:
+        """The names of the bands on ``layer``, highest frequency first."""
         return list(self.resolved(layer).names)
 
     def mask(self, layer: int) -> Bool[Tensor, "batch q k"]:
@@ -488,6 +525,7 @@ class AttentionDecomposition(Result):
 
     @classmethod
     def load(cls, path: str | Path) -> AttentionDecomposition:
+        """Read a decomposition saved by :meth:`save` (safetensors)."""
         _, fields = cls._read(path)
         return cls(**fields)
 
@@ -573,14 +611,47 @@ def attention_decomposition(
 ) -> AttentionDecomposition:
     """Capture post-RoPE q/k and patterns for ``tokens`` and decompose every logit into bands.
 
-    ``tokens``: a text, a list of texts or a ``[batch, pos]`` token tensor. Texts start with the
-    tokenizer's BOS (where it has one, as corpus windows do), are cut to the model's context with a
-    :class:`ropelens.errors.TruncatedInputWarning`, and ragged texts are padded on the right with
-    the padding masked: a batch gives each text the numbers it gives alone, and no statistic
-    counts a padded position.
+    RoPE rotates each plane independently, so q_mᵀR((n−m)θ)k_n = Σ_i (q_m^(i))ᵀR((n−m)θ_i)k_n^(i):
+    each band's term is exact, and the terms add up to the model's scores. The result keeps the
+    captured tensors in memory, so this is for a few inputs; for a corpus use
+    :func:`~ropelens.analyses.band_statistics`.
 
-    ``verify``: first check the reading against the model's own attention
-    (:mod:`ropelens.run.verify`); False runs anyway and the provenance says "unverified".
+    Texts start with the tokenizer's BOS (where it has one, as corpus windows do), are cut to the
+    model's context with a :class:`ropelens.errors.TruncatedInputWarning`, and ragged texts are
+    padded on the right with the padding masked: a batch gives each text the numbers it gives
+    alone, and no statistic counts a padded position.
+
+    Args:
+        model: A loaded model (``ropelens.load_model()``, a tiny test model, or an nnsight or
+            TransformerLens wrapper of a HF model).
+        tokens (Tensor | str | Sequence[str]): A text, a list of texts or a ``[batch, pos]``
+            integer token tensor.
+        bands (Bands | None): How to group planes; None for one band per plane
+            (``Bands.planes()``).
+        layers (Sequence[int] | None): Layers to decompose; None for every attention layer.
+        batch_size (int): Rows per forward pass (default 8).
+        verify (bool): First check the RoPE reading against the model's own attention
+            (:mod:`ropelens.run.verify`; default True); False runs anyway and the provenance says
+            "unverified".
+
+    Returns:
+        AttentionDecomposition: The captured q, k and patterns per layer, with methods for band
+        logits ``[batch, head, band, q, k]``, band-only patterns and figures.
+
+    Raises:
+        InputError: When ``tokens`` is an empty list, has no tokens, or is neither text nor a 2-D
+            integer tensor.
+
+    Example:
+        >>> from ropelens.analyses import attention_decomposition
+        >>> from ropelens.testing import tiny_model
+        >>> dec = attention_decomposition(tiny_model("llama"), "The cat sat on the mat.")
+        >>> dec.layers, tuple(dec.tokens.shape), len(dec.band_names(0))  # BOS + 23 characters
+        ([0, 1], (1, 24), 8)
+        >>> dec.provenance.config["verification"]["status"]
+        'passed'
+        >>> dec.token_text[0][:4]
+        ('<s>', 'T', 'h', 'e')
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     if isinstance(tokens, list | tuple) and not tokens:

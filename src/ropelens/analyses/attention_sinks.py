@@ -327,6 +327,38 @@ class AttentionSinks(
     Layers of different widths (Gemma 4's wider global heads) share one array per sum, padded to the
     most heads, KV heads and planes: every number past a layer's own reads NaN (:meth:`present`),
     tables leave those rows out, and findings and per-layer means skip them.
+
+    Built by :func:`~ropelens.analyses.attention_sinks`. A head *sinks* (Gu et al. 2024, "When
+    Attention Sink Emerges in Language Models") when its mean attention to position 0 over the
+    queries that see it exceeds ε = 0.3 (:meth:`sinking`); the sink logit (logit at key 0 minus the
+    mean over the query's other keys) splits exactly into one term per band (:meth:`sink_logit`).
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layers, in the order of the ``layer`` axis.
+        band_names (tuple[str, ...]): Band names, in the order of the ``band`` axis.
+        bands (Bands): The band definition the names were resolved from (default quartiles).
+        spec (RopeSpec): The model's RoPE reading.
+        epsilon (float): Gu et al.'s threshold on the attention to position 0 (default 0.3).
+        skip_queries (int): Queries at positions below this are not scored (default 4).
+        sums (dict[str, Tensor]): Streamed float64 sums: ``n_queries``, ``n_k0``, ``n_kother``
+            ``[layer]``; ``p0_sum``, ``p0_over``, ``sink_mass`` ``[layer, head]``; ``x0_sum``,
+            ``xo_sum`` ``[layer, head, band]``; ``k0_band``, ``kother_band``
+            ``[layer, kv_head, band]``; ``k0_plane``, ``kother_plane`` ``[layer, kv_head, plane]``.
+        provenance (Provenance): Model, corpus, token count and versions.
+
+    Example:
+        >>> import torch
+        >>> from ropelens.analyses import attention_sinks
+        >>> from ropelens.testing import tiny_model
+        >>> tokens = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+        >>> sinks = attention_sinks(tiny_model("llama"), tokens, progress=False)
+        >>> sinks.epsilon, tuple(sinks.mean_attention().shape)  # [layer, head]
+        (0.3, (2, 4))
+        >>> share = sinks.sink_logit_share()  # [layer, head, band], sums to 1 over bands
+        >>> bool(torch.allclose(share.sum(-1), torch.ones(2, 4, dtype=torch.float64)))
+        True
+        >>> list(sinks.heads_frame().columns[:4])
+        ['layer', 'head', 'kind', 'mean_attention']
     """
 
     layers: tuple[int, ...]

@@ -142,7 +142,38 @@ class BandLocation(
     Result, previous_kinds=("FrequencyBands",), merge_same=("which",), merge_sums=("usage",)
 ):
     """The high-norm band per layer and head, from measured per-plane norms, and optionally the loss
-    of making the planes below it NoPE against a random control."""
+    of making the planes below it NoPE against a random control.
+
+    Built by :func:`~ropelens.analyses.band_location` (Oka et al., ICLR 2026, "Frequency Bands in
+    RoPE"). The band is the contiguous run of planes around the peak norm that stays at least
+    half-way from the profile's median to the peak; :meth:`critical_plane` is the number of planes
+    that complete a turn within the training length (Liu et al.'s d_extra / 2).
+
+    Attributes:
+        usage (FrequencyUsage): The per-plane norms the band is read from (sink positions
+            excluded); ``layers``, ``spec`` and ``provenance`` are its own.
+        which (str): ``"q"`` (queries, the default) or ``"k"`` (keys).
+        intervention (BandIntervention | None): Losses with the planes below each layer's band
+            unrotated and with as many random planes unrotated (the control), with paired
+            bootstrap CIs; None when run with ``intervene=False``.
+
+    Raises:
+        InputError: When ``which`` is neither ``"q"`` nor ``"k"``.
+
+    Example:
+        >>> import torch
+        >>> from ropelens.analyses import band_location
+        >>> from ropelens.testing import tiny_model
+        >>> tokens = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+        >>> loc = band_location(tiny_model("llama"), tokens, intervene=False, progress=False)
+        >>> tuple(loc.profile().shape)  # [layer, plane], heads averaged
+        (2, 8)
+        >>> edges = loc.bands()
+        >>> bool((edges.lo <= edges.peak).all() and (edges.peak <= edges.hi).all())
+        True
+        >>> loc.critical_plane()  # planes with a wavelength within n_ctx = 256
+        [4, 4]
+    """
 
     usage: FrequencyUsage
     which: str = "q"
@@ -154,14 +185,17 @@ class BandLocation(
 
     @property
     def provenance(self) -> Provenance:
+        """The provenance of the measured norms."""
         return self.usage.provenance
 
     @property
     def layers(self) -> tuple[int, ...]:
+        """The measured layers."""
         return self.usage.layers
 
     @property
     def spec(self) -> RopeSpec:
+        """The model's RoPE reading."""
         return self.usage.spec
 
     def merge(self, other: BandLocation) -> BandLocation:

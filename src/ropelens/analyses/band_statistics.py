@@ -779,6 +779,38 @@ class BandStatistics(
     array: each fills its leading heads and planes, and every number past them reads NaN
     (:meth:`present` marks a layer's own heads); tables leave those rows out, and findings skip
     them.
+
+    Built by :func:`~ropelens.analyses.band_statistics`. The logit is exactly the sum of its band
+    terms, so each band's share of the mean |logit| (:meth:`abs_share`), of the within-query logit
+    variance (:meth:`var_share`) and of the attended key's margin (:meth:`margin_share`) sums to 1
+    over bands; :meth:`top1` says how often a band alone picks the key the model attends to most.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layers, in the order of the ``layer`` axis.
+        band_names (tuple[str, ...]): Band names, in the order of the ``band`` axis (highest
+            frequency first).
+        bands (Bands): The band definition the names were resolved from (default quartiles).
+        spec (RopeSpec): The model's RoPE reading.
+        sums (dict[str, Tensor]): Streamed float64 sums: ``abs_sum``, ``cov``, ``margin``,
+            ``top1`` and ``jsd`` ``[layer, head, band]``; ``var`` ``[layer, head]``; ``cs_term``
+            and ``cs_bound`` ``[layer, head, plane]``; counts ``n_entries``, ``n_rows`` and
+            ``n_queries`` ``[layer]``.
+        provenance (Provenance): Model, corpus, token count, options (``agreement``, ``jsd``) and
+            versions.
+
+    Example:
+        >>> import torch
+        >>> from ropelens.analyses import band_statistics
+        >>> from ropelens.testing import tiny_model
+        >>> tokens = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+        >>> st = band_statistics(tiny_model("llama"), tokens, progress=False)
+        >>> st.band_names
+        ('Q1 (highest)', 'Q2', 'Q3', 'Q4 (lowest)')
+        >>> share = st.var_share()  # [layer, head, band]
+        >>> tuple(share.shape), bool(torch.allclose(share.sum(-1), torch.ones(2, 4), atol=1e-4))
+        ((2, 4, 4), True)
+        >>> len(st.figure().data)  # |logit|, variance and margin shares
+        3
     """
 
     layers: tuple[int, ...]
@@ -1013,6 +1045,8 @@ class BandStatistics(
         return figure_of(BandStatistics, "heatmap")(self, metric, layer, coloraxis)
 
     def figure(self, layer: int | None = None) -> Any:
+        """|logit|, variance and margin shares per band: layer × band, or head × band for one
+        layer."""
         return figure_of(BandStatistics)(self, layer)
 
 

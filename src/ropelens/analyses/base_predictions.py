@@ -377,6 +377,27 @@ class BasePredictions(Result):
     whether B(m) = Σ cos(m·θ_i) ≥ 0 for all m < length at β itself (checked directly: feasibility
     is not monotone in the base). A sliding-window layer never sees a relative distance past its
     window, so its ``effective_length`` (and T_train) is capped at the window.
+
+    Built by :func:`base_predictions` (Liu et al., "Scaling Laws of RoPE-based Extrapolation",
+    arXiv 2310.05209; Men et al., "Base of RoPE Bounds Context Length", arXiv 2405.14591); check
+    it against the measured loss with :meth:`compare`.
+
+    Attributes:
+        rows (tuple[dict[str, Any], ...]): One dict per (layer kind, length) with the columns
+            above and ``kind``, ``layers``, ``rope_type``, ``base``, ``rotary_dim``, ``window``,
+            ``train_ctx``, ``length``.
+        lengths (tuple[int, ...]): The context lengths predicted for, in tokens.
+        provenance (Provenance): The model and the ``train_ctx``/``base`` options.
+
+    Example:
+        >>> from ropelens.analyses import base_predictions
+        >>> from ropelens.testing import tiny_model
+        >>> pred = base_predictions(tiny_model("llama"), [128, 512])  # base 1e4, d 16, T 256
+        >>> df = pred.to_frame()
+        >>> df[["length", "critical_dimension_train", "within_t_extra"]].values.tolist()
+        [[128, 8, True], [512, 8, True]]
+        >>> round(float(df["t_extra"][0]), 1)  # 2π·10000^(8/16)
+        628.3
     """
 
     rows: tuple[dict[str, Any], ...]
@@ -405,10 +426,39 @@ def base_predictions(
 ) -> BasePredictions:
     """Liu et al.'s and Men et al.'s predictions for each length, per rotary layer kind.
 
-    ``spec_or_model`` is a :class:`ropelens.RopeSpec` or a model (its spec is read). ``train_ctx``
-    defaults to the spec's context length and ``base`` to each layer kind's own (read from θ₁ when
-    the spec records none). The formulas assume plain RoPE, θ_i = base^(−2i/d); a scaled layer
-    (``rope_type`` not "default") is tabulated from its base all the same, and says so in its row.
+    Liu et al. (arXiv 2310.05209): the critical dimension d_extra = 2⌈(d/2)·log_β(T_train/2π)⌉
+    (rotary dims whose planes complete a turn in training), the extrapolation limit
+    T_extra = 2π·β^(d_extra/d) and the critical base for tuning at each length. Men et al. (arXiv
+    2405.14591): the smallest base with B(m) = Σ_i cos(m·θ_i) ≥ 0 for every m < length, and
+    whether the model's own base meets it. The formulas assume plain RoPE, θ_i = base^(−2i/d); a
+    scaled layer (``rope_type`` not "default") is tabulated from its base all the same, and says
+    so in its row.
+
+    Args:
+        spec_or_model: A :class:`ropelens.RopeSpec`, or a model whose spec is read.
+        lengths (Sequence[int]): Context lengths in tokens, each ≥ ``MIN_PREDICTION_LENGTH`` (7:
+            the formulas take log(T/2π)).
+        train_ctx (int | None): The trained context length; None for the spec's ``n_ctx``.
+        base (float | None): The RoPE base (> 1) for every layer kind; None for each kind's own
+            (read from θ₁ when the spec records none).
+
+    Returns:
+        BasePredictions: One row per (rotary layer kind, length); ``.to_frame()`` gives the table.
+
+    Raises:
+        InputError: When a length is shorter than ``MIN_PREDICTION_LENGTH`` or not a positive int,
+            ``lengths`` is empty, ``train_ctx`` is not a positive int above 2π, or ``base`` is not
+            a finite number > 1.
+
+    Example:
+        >>> from ropelens.analyses import base_predictions
+        >>> from ropelens.testing import tiny_model
+        >>> pred = base_predictions(tiny_model("llama"), [128, 512])
+        >>> df = pred.to_frame()
+        >>> list(df["kind"]), list(df["men_bound_holds"])  # base 1e4 is below Men's bound
+        (['full', 'full'], [False, False])
+        >>> [round(x) for x in df["men_lower_bound"]]
+        [2768, 56383]
     """
     lens = _lengths(lengths)
     short = sorted({L for L in lens if L < MIN_PREDICTION_LENGTH})
@@ -450,7 +500,37 @@ def base_predictions(
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MeasuredExtrapolation(Result):
-    """Mean next-token loss (and perplexity) of a model on real text at each context length."""
+    """Mean next-token loss (and perplexity) of a model on real text at each context length.
+
+    Built by :func:`measured_extrapolation`; the measurement that checks the RoPE base's
+    predictions (:class:`BasePredictions`, via ``BasePredictions.compare``). Each estimate carries
+    a percentile bootstrap CI over windows.
+
+    Attributes:
+        lengths (tuple[int, ...]): The context lengths measured, in tokens.
+        estimates (tuple[dict[str, Any], ...]): Per length, ``LossEstimate.to_dict()``: ``loss``
+            and ``perplexity`` (each ``mean``, ``lo``, ``hi``), ``n_windows``, ``n_boot``,
+            ``alpha``, ``seed``.
+        window_losses (tuple[tuple[float, ...], ...]): Per length, each window's mean loss (nats).
+        train_ctx (int): The trained context length (lengths past it are ``beyond_train``).
+        provenance (Provenance): Model, corpus, windows and options.
+
+    Raises:
+        InputError: When ``lengths``, ``estimates`` and ``window_losses`` differ in length.
+
+    Example:
+        >>> from ropelens.analyses import measured_extrapolation
+        >>> from ropelens.testing import tiny_model
+        >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # your own documents
+        >>> m = measured_extrapolation(
+        ...     tiny_model("llama"), [16, 32], n_windows=2, corpus=texts, progress=False
+        ... )
+        >>> df = m.to_frame()
+        >>> list(df["length"]), list(df["beyond_train"]), list(df["n_windows"])
+        ([16, 32], [False, False], [2, 2])
+        >>> bool((df["loss_lo"] <= df["loss"]).all() and (df["loss"] <= df["loss_hi"]).all())
+        True
+    """
 
     lengths: tuple[int, ...]
     estimates: tuple[dict[str, Any], ...]  # LossEstimate.to_dict() per length
@@ -516,13 +596,45 @@ def measured_extrapolation(
 ) -> MeasuredExtrapolation:
     """Mean next-token loss at each length over ``n_windows`` windows of real text.
 
-    Windows come from ``corpus`` (default: the embedded English text; ``text_column``: the text of a
-    table or dataset) through
-    :func:`ropelens.run.data.analysis_windows`; at every length window i starts at the same token,
-    so lengths differ only in how much context each prediction has. Each window starts with BOS.
-    The loss is averaged over all positions of a window, with a bootstrap CI over windows
-    (:func:`ropelens.run.evaluate.loss_estimate`). With ``fast`` a bridge is measured through the HF
-    model it wraps with sdpa attention (same weights, same loss, memory linear in the length).
+    Windows come from ``corpus`` through :func:`ropelens.run.data.analysis_windows`; at every
+    length window i starts at the same token, so lengths differ only in how much context each
+    prediction has. Each window starts with BOS. The loss is averaged over all positions of a
+    window, with a bootstrap CI over windows (:func:`ropelens.run.evaluate.loss_estimate`).
+
+    Args:
+        model: A loaded model (``ropelens.load_model()``, a tiny test model, or a wrapped HF model).
+        lengths (Sequence[int]): Context lengths in tokens, each ≥ 2.
+        n_windows (int): Windows per length (default 4).
+        corpus: A corpus name, path or :class:`ropelens.run.data.Corpus`; None for the embedded
+            English text. Not a token tensor: windows are cut per length.
+        batch_size (int): Windows per forward pass (default 1).
+        train_ctx (int | None): The trained context length; None for the spec's ``n_ctx``.
+        fast (bool): Measure a bridge through the HF model it wraps, with sdpa attention (same
+            weights, same loss, memory linear in the length); default True.
+        progress (bool): Show a progress bar.
+        text_column (str): The text column of a table or dataset corpus.
+        **bootstrap: Passed to :func:`ropelens.run.evaluate.bootstrap_ci`: ``n_boot`` (default
+            2000), ``seed`` (0) and ``alpha`` (0.05).
+
+    Returns:
+        MeasuredExtrapolation: Per length, the loss and perplexity with bootstrap CIs and each
+        window's loss.
+
+    Raises:
+        InputError: When ``corpus`` is a token tensor, a length is below 2 or not a positive int,
+            or ``n_windows`` or ``train_ctx`` is not a positive int.
+
+    Example:
+        >>> from ropelens.analyses import measured_extrapolation
+        >>> from ropelens.testing import tiny_model
+        >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # or None: English
+        >>> m = measured_extrapolation(
+        ...     tiny_model("llama"), [16, 32], n_windows=2, corpus=texts, progress=False, n_boot=200
+        ... )
+        >>> m.lengths, [len(w) for w in m.window_losses], m.estimates[0]["n_boot"]
+        ((16, 32), [2, 2], 200)
+        >>> m.provenance.corpus, bool(1 < m.to_frame()["perplexity"][0] < 200)  # random: ≈ 101
+        ('documents', True)
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     lens = _lengths(lengths)

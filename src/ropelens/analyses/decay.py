@@ -43,7 +43,33 @@ def _rope_args(inv_freq: Any, max_distance: int) -> tuple[Tensor, Tensor]:
 def rope_decay_constant(inv_freq: Float[Tensor, " n_planes"], max_distance: int) -> DecayCurve:
     """Logit of constant q = k = 1 at distance δ: Σ_i (1, 1)ᵀR(δθ_i)(1, 1) = Σ_i 2cos(δθ_i).
 
-    ``.normalised()`` divides by the δ = 0 value 2·n_planes = d_r, giving (1/d_r)·Σ_i 2cos(δθ_i).
+    This is the "long-term decay" of RoFormer (Su et al., 2021): it exists for these constant
+    vectors, not for random ones (see :func:`rope_gaussian_expectation`). ``.normalised()`` divides
+    by the δ = 0 value 2·n_planes = d_r, giving (1/d_r)·Σ_i 2cos(δθ_i).
+
+    Args:
+        inv_freq (Tensor): ``[n_planes]`` rotation frequencies θ_i in radians per token (e.g.
+            ``LayerRope.inv_freq``); finite and ≥ 0.
+        max_distance (int): Largest distance δ; the curve covers δ = 0 … max_distance.
+
+    Returns:
+        DecayCurve: ``kind="constant"``, exact (no ``std``/``count``), ``mean`` of shape
+        ``[max_distance + 1]``.
+
+    Raises:
+        InputError: When ``inv_freq`` is empty, non-finite or negative, or ``max_distance`` is not
+            an int ≥ 0.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.analyses import rope_decay_constant
+        >>> from ropelens.testing import tiny_model
+        >>> inv_freq = rope_spec(tiny_model("llama")).layers[0].inv_freq  # 8 planes
+        >>> curve = rope_decay_constant(inv_freq, 4)
+        >>> curve.mean.round(decimals=2).tolist()
+        [16.0, 14.97, 12.74, 11.09, 11.12]
+        >>> round(float(curve.normalised().mean[1]), 3)
+        0.936
     """
     theta, dist = _rope_args(inv_freq, max_distance)
     value = 2 * torch.cos(dist.double()[:, None] * theta).sum(dim=1)
@@ -78,10 +104,42 @@ def rope_gaussian_expectation(
 ) -> DecayCurve:
     """E[qᵀR(δθ)k] for q, k iid N(μ, σ²) per coordinate: Σ_i μ²·2cos(δθ_i), flat zero for μ = 0.
 
-    Without ``n_samples`` the curve is exact and ``std`` is the exact spread of one product,
-    √(d_r·σ²(2μ² + σ²)), the same at every δ because rotations keep norms. With ``n_samples`` it is
-    a seeded Monte Carlo estimate (sample mean, std and count, hence ``sem``) for checking the
-    closed form.
+    Random zero-mean vectors show no long-term decay (Barbero et al., 2025, "Round and Round We
+    Go!"); a decay needs a shared mean direction. Without ``n_samples`` the curve is exact and
+    ``std`` is the exact spread of one product, √(d_r·σ²(2μ² + σ²)), the same at every δ because
+    rotations keep norms. With ``n_samples`` it is a seeded Monte Carlo estimate (sample mean, std
+    and count, hence ``sem``) for checking the closed form.
+
+    Args:
+        inv_freq (Tensor): ``[n_planes]`` rotation frequencies θ_i in radians per token; finite
+            and ≥ 0.
+        max_distance (int): Largest distance δ; the curve covers δ = 0 … max_distance.
+        mean (float): Mean μ of every q and k coordinate (default 0: the flat case).
+        std (float): Standard deviation σ ≥ 0 of every coordinate (default 1).
+        n_samples (int | None): None (default) for the exact curve; an int ≥ 2 draws that many
+            (q, k) pairs instead.
+        seed (int): Seed of the Monte Carlo draw (ignored without ``n_samples``).
+
+    Returns:
+        DecayCurve: ``kind="gaussian"`` (exact ``mean`` and ``std``, no ``count``) or
+        ``kind="gaussian_mc"`` (sample ``mean``, ``std`` and ``count``), each
+        ``[max_distance + 1]``.
+
+    Raises:
+        InputError: When ``inv_freq`` or ``max_distance`` is invalid (as in
+            :func:`rope_decay_constant`), ``mean``/``std`` is not finite or ``std < 0``, or
+            ``n_samples`` is neither None nor an int ≥ 2.
+
+    Example:
+        >>> import torch
+        >>> from ropelens.analyses import rope_gaussian_expectation
+        >>> inv_freq = 10000.0 ** -(torch.arange(8) / 8)  # 8 planes, head_dim 16
+        >>> flat = rope_gaussian_expectation(inv_freq, 4)
+        >>> flat.mean.tolist(), flat.std.tolist()  # std = √(16·1·(0 + 1)) = 4
+        ([0.0, 0.0, 0.0, 0.0, 0.0], [4.0, 4.0, 4.0, 4.0, 4.0])
+        >>> mc = rope_gaussian_expectation(inv_freq, 4, n_samples=2000, seed=0)
+        >>> bool((mc.mean.abs() < 4 * mc.sem).all())  # the estimate agrees with zero
+        True
     """
     theta, dist = _rope_args(inv_freq, max_distance)
     if not (math.isfinite(mean) and math.isfinite(std) and std >= 0):
@@ -137,10 +195,46 @@ def rope_decay_by_distance(
 ) -> DecayCurve:
     """Mean, std and count of q_m·k_n over causal pairs n ≤ m with m − n = δ, for one head.
 
-    ``q`` and ``k`` are post-RoPE with keys matched to the query head, e.g. from ``capture_qk``:
+    Asks whether a real head shows RoPE's long-term decay (Su et al.; Barbero et al.). ``q`` and
+    ``k`` are post-RoPE with keys matched to the query head, e.g. from ``capture_qk``:
     ``acts["q_post"][:, :, h]``, ``acts["k_post"][:, :, h // acts.rope.group_size]``,
     ``valid=acts.valid`` (pairs touching padding are skipped). Values are raw dot products; times
     ``layer_rope.score_scale`` they are the pre-softmax logits (same verdict).
+
+    Args:
+        q (Tensor): ``[batch, pos, d_head]`` post-RoPE queries of one head.
+        k (Tensor): ``[batch, pos, d_head]`` post-RoPE keys of the KV head that head reads.
+        layer_rope (LayerRope): The layer's RoPE reading (its ``head_dim`` must match ``d_head``).
+        max_distance (int | None): Largest distance δ; None for pos − 1.
+        valid (Tensor | None): ``[batch, pos]`` bool, True on real tokens; None when every token
+            is real.
+        name (str | None): Curve name; default ``"layer {layer}"``.
+
+    Returns:
+        DecayCurve: ``kind="measured"`` with ``mean``, ``std`` and ``count`` (number of causal
+        pairs) at each δ = 0 … max_distance.
+
+    Raises:
+        InputError: When ``q``/``k`` are not 3-D, their ``d_head`` differs from the layer's
+            ``head_dim`` or from each other, ``valid`` has the wrong shape, some distance has no
+            valid pair, or the tensors hold NaN/inf.
+
+    Example:
+        >>> import torch
+        >>> from ropelens import capture_qk
+        >>> from ropelens.analyses import rope_decay_by_distance
+        >>> from ropelens.testing import tiny_model
+        >>> acts = capture_qk(tiny_model("llama"), torch.randint(4, 100, (2, 32)), layers=[0])[0]
+        >>> h = 1
+        >>> curve = rope_decay_by_distance(
+        ...     acts["q_post"][:, :, h],
+        ...     acts["k_post"][:, :, h // acts.rope.group_size],
+        ...     acts.rope,
+        ...     8,
+        ...     valid=acts.valid,
+        ... )
+        >>> curve.name, curve.count.tolist()  # 2 rows × (32 − δ) pairs
+        ('layer 0', [64, 62, 60, 58, 56, 54, 52, 50, 48])
     """
     for label, t in (("q", q), ("k", k)):
         if not isinstance(t, Tensor) or t.ndim != 3:

@@ -105,7 +105,44 @@ def plane_categories(
 # unversioned: files from before the result base carry neither type nor format
 @dataclass(frozen=True)
 class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
-    """One layer's planes before and after a context-extension method, highest frequency first."""
+    """One layer's planes before and after a context-extension method, highest frequency first.
+
+    Built by :func:`extension_planes`. Each plane is ``"kept"`` (unchanged, and it completed a turn
+    within the trained context L₀), ``"interpolated"`` (rescaled so every angle it meets at the
+    target length L was seen in training), ``"extrapolated"`` (it never turned within L₀ and now
+    reaches angles beyond the largest seen: out of distribution) or ``"unrotated"`` (θ = 0).
+
+    Attributes:
+        variant (dict[str, Any]): The method, as ``RopeVariant.to_dict()`` (its ``"variant"`` key
+            names it).
+        layer (int): The layer index.
+        original_ctx (int): The trained context length L₀, in tokens.
+        target_ctx (int): The context length L the method extends to, in tokens.
+        inv_freq_before (Tensor): ``[n_planes]`` float32 frequencies θ before (radians per token).
+        inv_freq_after (Tensor): ``[n_planes]`` float32 frequencies θ' under the method at
+            ``target_ctx`` tokens.
+        attention_scaling (float): The factor the method multiplies cos and sin by, so the
+            rotated q and k (and the logits by its square): YaRN's 0.1·ln(s) + 1; 1 for most
+            methods.
+        categories (tuple[str, ...]): Per plane, one of :data:`CATEGORIES`.
+
+    Raises:
+        InputError: When the frequencies and categories differ in length.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.analyses import extension_planes
+        >>> from ropelens.spec.variants import YaRN
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama")).layers[0]  # 8 planes, trained on 256 tokens
+        >>> planes = extension_planes(layer, YaRN(4.0, 256), 256, 1024)
+        >>> planes.label, planes.counts()
+        ('YaRN', {'kept': 1, 'interpolated': 7, 'extrapolated': 0, 'unrotated': 0})
+        >>> planes.scale.round(decimals=2).tolist()  # θ / θ': high frequencies kept, low ones ÷ 4
+        [1.0, 1.23, 1.6, 2.29, 4.0, 4.0, 4.0, 4.0]
+        >>> round(planes.attention_scaling, 4)  # 0.1·ln 4 + 1
+        1.1386
+    """
 
     variant: dict[str, Any]  # RopeVariant.to_dict()
     layer: int
@@ -126,14 +163,17 @@ class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
 
     @property
     def label(self) -> str:
+        """The method's name (e.g. "YaRN")."""
         return self.variant.get("variant", "?")
 
     @property
     def wavelength_before(self) -> Float[Tensor, " n_planes"]:
+        """Wavelength 2π/θ of each plane before, in tokens (inf for unrotated planes)."""
         return 2 * math.pi / self.inv_freq_before.double()
 
     @property
     def wavelength_after(self) -> Float[Tensor, " n_planes"]:
+        """Wavelength 2π/θ' of each plane under the method, in tokens."""
         return 2 * math.pi / self.inv_freq_after.double()
 
     @property
@@ -175,7 +215,35 @@ def extension_planes(
     "Before" is the layer's own frequencies; "after" is the variant's for an input of ``target_ctx``
     tokens (dynamic NTK and LongRoPE depend on it). The layer is given n_ctx = ``target_ctx``, which
     HF's LongRoPE uses for its default factor. LongRoPE's n̂ unscaled first positions are not a
-    frequency and do not show here.
+    frequency and do not show here. Each plane is put in a category (kept, interpolated,
+    extrapolated, unrotated; see the module docstring), equalities to a relative tolerance of
+    1e-6, so PI with factor L/L₀ interpolates exactly. Reads frequencies only: no model runs.
+
+    Args:
+        layer_rope (LayerRope): One layer's RoPE reading, e.g. ``ropelens.rope_spec(model)[i]``.
+        variant (RopeVariant): The extension method (from :mod:`ropelens.spec.variants`: ``Linear``
+            (PI), ``NTK``, ``DynamicNTK``, ``YaRN``, ``LongRoPE``, ...).
+        original_ctx (int): The trained context length L₀, in tokens.
+        target_ctx (int): The context length L to serve, in tokens.
+
+    Returns:
+        ExtensionPlanes: The frequencies before and after, the attention scaling and each plane's
+        category.
+
+    Raises:
+        TypeError: When ``layer_rope`` is not a :class:`LayerRope`.
+        InputError: When ``original_ctx`` or ``target_ctx`` is not a positive int.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.analyses import extension_planes
+        >>> from ropelens.spec.variants import NTK, Linear
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama")).layers[0]
+        >>> extension_planes(layer, Linear(4.0), 256, 1024).counts()  # PI: every plane ÷ 4
+        {'kept': 0, 'interpolated': 8, 'extrapolated': 0, 'unrotated': 0}
+        >>> extension_planes(layer, NTK(4.0), 256, 1024).categories[3:7]
+        ('interpolated', 'extrapolated', 'extrapolated', 'extrapolated')
     """
     if not isinstance(layer_rope, LayerRope):
         raise TypeError(
@@ -205,7 +273,42 @@ def extension_planes(
 # unversioned: files from before the result base carry neither type nor format
 @dataclass(frozen=True)
 class LongRopeSearch(Result, unversioned=True):
-    """Best LongRoPE factors found for ``target_len`` and how they compare with PI and YaRN."""
+    """Best LongRoPE factors found for ``target_len`` and how they compare with PI and YaRN.
+
+    Built by :func:`search_longrope_factors` (LongRoPE, Ding et al., arXiv 2402.13753). Saved with
+    :meth:`save`; :meth:`load` also reads a hand-written factors file (``target_len``,
+    ``original_ctx``, ``factors``, ``n_hat``), as ``ropelens extension-study --longrope`` takes.
+
+    Attributes:
+        target_len (int): The context length searched for, in tokens.
+        original_ctx (int): The trained context length L₀ (the factor is target_len / L₀).
+        factors (tuple[float, ...]): Rescale factor λ_i ≥ 1 per plane, highest frequency first,
+            non-decreasing.
+        n_hat (int): Leading positions left unscaled (LongRoPE's n̂).
+        perplexity (float): The best candidate's perplexity on the search windows.
+        initial_best (float): The best perplexity of the seeded initial population.
+        baselines (dict[str, float]): Perplexity of ``"PI"`` and ``"YaRN"`` at the same target, on
+            the same windows.
+        history (tuple[dict[str, Any], ...]): Per generation: ``generation``, ``best``, ``mean``
+            and ``n_evaluated`` (candidates measured so far).
+        settings (dict[str, Any]): The search's settings (target, population, seed, windows,
+            generations).
+        provenance (Provenance): Model, corpus and windows.
+
+    Example:
+        >>> from ropelens.analyses import search_longrope_factors
+        >>> from ropelens.testing import tiny_model
+        >>> found = search_longrope_factors(
+        ...     tiny_model("llama"), 32, original_ctx=16, population=2, generations=1,
+        ...     n_windows=1, progress=False,
+        ... )
+        >>> len(found.factors), sorted(found.gain())  # one factor per plane
+        (8, ['PI', 'YaRN'])
+        >>> found.variant.factor  # 32 / 16
+        2.0
+        >>> found.perplexity <= found.initial_best  # elitism: the best never gets worse
+        True
+    """
 
     target_len: int
     original_ctx: int
@@ -481,12 +584,50 @@ def search_longrope_factors(
 ) -> LongRopeSearch:
     """Evolutionary search of LongRoPE factors and n̂ minimising perplexity at ``target_len``.
 
+    LongRoPE (Ding et al., arXiv 2402.13753) rescales plane i by its own factor λ_i ≥ 1,
+    non-decreasing from the highest frequency, and leaves the first n̂ positions unscaled.
     Generation 0 is PI, YaRN-like and NTK factors plus random monotone perturbations; each
     generation keeps the better half (elitism, so the best never gets worse) and refills the rest
     with crossover + mutation children of it. Generation g draws from ``default_rng([seed, g])`` and
     the state (population, every perplexity so far) is written atomically to ``state_path`` after
-    each generation, so a rerun continues and ends where an uninterrupted run would. ``tokens``
-    (``[n, target_len]``) default to ``n_windows`` held-out windows of the embedded English text.
+    each generation, so a rerun continues and ends where an uninterrupted run would. One factor
+    vector serves every layer, so the model's layers must rotate alike.
+
+    Args:
+        model: A loaded model (``ropelens.load_model()``, a tiny test model, or a wrapped HF model).
+        target_len (int): The context length to extend to, in tokens (> ``original_ctx``).
+        population (int): Candidates per generation, ≥ 2 (default 8).
+        generations (int): Generations after the initial one (default 4; 0 scores only the
+            seeded population).
+        n_windows (int): Held-out windows of the embedded English text to score on, when
+            ``tokens`` is None.
+        seed (int): Seed of the initial population and of every generation.
+        original_ctx (int | None): The trained context length; None for the spec's ``n_ctx``.
+        tokens (Tensor | None): ``[n, target_len]`` token ids to score on instead.
+        progress (bool): Show a progress bar over generations.
+        state_path (str | Path | None): A JSON file to save the search to after each generation
+            and resume from; None for none.
+
+    Returns:
+        LongRopeSearch: The best factors and n̂, their perplexity, PI's and YaRN's on the same
+        windows, and the per-generation history.
+
+    Raises:
+        InputError: When ``population`` < 2, ``target_len`` ≤ ``original_ctx``, the layers rotate
+            differently, ``tokens`` has the wrong shape, or ``state_path`` holds a search with
+            other settings or more generations.
+
+    Example:
+        >>> from ropelens.analyses import search_longrope_factors
+        >>> from ropelens.testing import tiny_model
+        >>> found = search_longrope_factors(
+        ...     tiny_model("llama"), 32, original_ctx=16, population=2, generations=1,
+        ...     n_windows=1, progress=False,
+        ... )
+        >>> [row["generation"] for row in found.history], found.settings["generations"]
+        ([0, 1], 1)
+        >>> all(a <= b for a, b in zip(found.factors, found.factors[1:]))  # non-decreasing
+        True
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     population = check_positive_int(population, "population", " (candidates per generation, ≥ 2)")

@@ -548,19 +548,68 @@ def extension_study(
 ) -> ExtensionStudy:
     """Loss by length, passkey retrieval, per-plane effect and base predictions of each method.
 
-    ``to`` is the target context; ``native`` the trained one (default: the model's). ``lengths``
-    default to doubling from ``start`` (default ``native / 4``, at least 2) up to ``to``; every
-    method's loss at a length is measured on the same ``n_windows`` windows of ``corpus``
-    (default: the embedded English text; ``text_column``: the text of a table or dataset).
-    ``passkey_lengths`` default to the lengths at which a passkey prompt fits (an empty list skips
-    passkey). ``tolerance`` (nats) is what the findings
-    call keeping the loss. With ``out``, every cell is saved in ``out/cells`` as it finishes, and
-    cells already there (same settings) are read instead of measured. ``attention`` (default on)
-    adds, per method and length, the attention entropy, the divergence from the unmodified
-    model's attention (lengths within ``native``) and the heads' matrix entropy, on the loss
-    windows; the divergence holds the unmodified model's post-RoPE queries and keys of every
-    layer for the windows of one length at a time
-    (n_windows × length × layers × (heads + KV heads) × head_dim floats).
+    Runs the model unmodified and under each context-extension method (PI, NTK, dynamic NTK,
+    YaRN, Llama 3, LongRoPE, p-RoPE by default; Resonance-YaRN, CoPE and FoPE's zeroing when
+    asked), each set for ``to / native`` where it takes a factor. Every method's loss at a length
+    is measured on the same windows, so differences between methods are paired. With ``out``,
+    every cell is saved in ``out/cells`` as it finishes, and cells already there (same settings)
+    are read instead of measured, so a killed run resumes. The attention measurement (Zhong et al.,
+    COLING 2025: an extension method should leave the attention inside the trained context as it
+    was) holds the unmodified model's post-RoPE queries and keys of every layer for the windows of
+    one length at a time (n_windows × length × layers × (heads + KV heads) × head_dim floats).
+
+    Args:
+        model: A loaded model with a tokenizer (``ropelens.load_model()``, a tiny test model).
+        to (int): The target context length, in tokens (> ``native``).
+        native (int | None): The trained context length; None for the model's.
+        lengths (Sequence[int] | None): Loss lengths; None doubles from ``start`` up to ``to``.
+        start (int | None): The first doubling length; None for ``native / 4`` (at least 2).
+        methods (Sequence[str]): Keys of :data:`METHODS` (default :data:`DEFAULT_METHODS`).
+        n_windows (int): Windows of ``corpus`` per length (default 2).
+        corpus: A corpus name, path or ``Corpus``; None for the embedded English text. A
+            ``[n_windows, n_ctx]`` token tensor is also taken, but used whole at every length.
+        passkey_lengths (Sequence[int] | None): Passkey lengths; None for every loss length a
+            passkey prompt fits; an empty list skips passkey retrieval.
+        depths (Sequence[float]): Passkey depths in [0, 1] (default 0.1, 0.5, 0.9).
+        n_trials (int): Passkey trials per (length, depth).
+        seed (int): Seed of the passkeys.
+        p (float): The fraction of frequencies p-RoPE keeps (default 0.75).
+        longrope: LongRoPE's factors: a :class:`LongRopeSearch`, a path to its file, or None for
+            the default factors.
+        tolerance (float): The loss rise (nats) the findings still call keeping the loss
+            (default 0.1).
+        batch_size (int): Windows per forward pass.
+        out (str | Path | None): A folder to save (and resume) cells in; None keeps them in
+            memory.
+        progress (bool): Show progress bars.
+        verify (bool): Check the RoPE reading against the model's own attention first.
+        attention (bool): Also measure, per method and length, the attention entropy, the KL and
+            JS divergence from the unmodified model's attention (lengths within ``native``) and
+            the heads' matrix entropy, on the loss windows (default True).
+        text_column (str): The text column of a table or dataset corpus.
+
+    Returns:
+        ExtensionStudy: Every cell, the per-plane view, the base's predictions and findings.
+
+    Raises:
+        InputError: When the model has no tokenizer, ``to`` does not exceed ``native``, a method
+            is unknown, a number is out of range, or a given passkey prompt cannot fit.
+
+    Example:
+        >>> from ropelens.analyses import extension_study
+        >>> from ropelens.testing import tiny_model
+        >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # or None: English
+        >>> study = extension_study(
+        ...     tiny_model("llama"), 64, native=32, lengths=[32, 64], methods=["none", "pi"],
+        ...     corpus=texts, n_windows=1, passkey_lengths=[], attention=False, progress=False,
+        ... )
+        >>> study.native, study.target, study.lengths
+        (32, 64, (32, 64))
+        >>> frame = study.planes_frame()  # per plane at the target: PI interpolates every one
+        >>> sorted(set(frame[frame["method"] == "pi"]["category"]))
+        ['interpolated']
+        >>> study.findings()[0].text
+        'For 32 → 64 tokens ...'
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     if getattr(model, "tokenizer", None) is None:
@@ -1056,7 +1105,52 @@ def _measure(
 @dataclass(frozen=True)
 class ExtensionStudy(Result, derived=("findings",)):
     """Every method's loss by length, passkey grid and per-plane effect, and the base's
-    predictions."""
+    predictions.
+
+    Built by :func:`extension_study`: which context-extension method to use for a model. Each
+    (method, length) measurement is a *cell*; the tables (:meth:`loss_frame`,
+    :meth:`passkey_frame`, :meth:`attention_frame`, :meth:`planes_frame`,
+    :meth:`predictors_frame`) and :meth:`findings` (sentences written from the measured numbers,
+    with paired bootstrap CIs) read them.
+
+    Attributes:
+        native (int): The trained context length, in tokens.
+        target (int): The context length every method is set to extend to.
+        lengths (tuple[int, ...]): The lengths the loss was measured at.
+        passkey_lengths (tuple[int, ...]): The lengths passkey retrieval ran at (empty: skipped).
+        depths (tuple[float, ...]): Passkey depths, as fractions of the prompt (0 = start).
+        n_trials (int): Passkey trials per (length, depth).
+        tolerance (float): The loss rise (nats) the findings still call keeping the loss.
+        variants (dict[str, dict[str, Any] | None]): Method name (a key of :data:`METHODS`) →
+            ``RopeVariant.to_dict()``; None for ``"none"``, the unmodified model.
+        loss_cells (tuple[dict[str, Any], ...]): Per (method, length): ``method``, ``length``,
+            ``losses`` (each window's mean loss) and ``estimate`` (a ``LossEstimate`` dict).
+        passkey_cells (tuple[dict[str, Any], ...]): Per (method, length): ``method``, ``length``
+            and ``trials`` (``PasskeyTrial`` dicts).
+        planes (tuple[dict[str, Any], ...]): Per (layer kind, method): ``kind``, ``method``,
+            ``roles`` and the fields of its :class:`ExtensionPlanes` at the target.
+        predictions (dict[str, Any]): ``BasePredictions.to_dict()`` at the lengths, native and
+            target.
+        provenance (Provenance): Model, corpus, windows, settings and verification.
+        attention_cells (tuple[dict[str, Any], ...]): Per (method, length): ``method``,
+            ``length``, ``heads`` (one row per layer × head: entropy, KL, JS, matrix entropy) and
+            ``same_as``; empty when run with ``attention=False``.
+
+    Example:
+        >>> from ropelens.analyses import extension_study
+        >>> from ropelens.testing import tiny_model
+        >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # or None: English
+        >>> study = extension_study(
+        ...     tiny_model("llama"), 64, native=32, lengths=[32, 64], methods=["none", "pi"],
+        ...     corpus=texts, n_windows=1, passkey_lengths=[], attention=False, progress=False,
+        ... )
+        >>> study.methods, study.variant("pi")
+        (('none', 'pi'), Linear(factor=2.0))
+        >>> study.loss_frame()[["method", "length"]].values.tolist()
+        [['none', 32], ['none', 64], ['pi', 32], ['pi', 64]]
+        >>> study.in_distribution_limit("pi"), study.in_distribution_limit("none")  # tokens
+        (64.0, 32.0)
+    """
 
     native: int
     target: int
@@ -1080,6 +1174,7 @@ class ExtensionStudy(Result, derived=("findings",)):
 
     @property
     def methods(self) -> tuple[str, ...]:
+        """The methods measured, the unmodified model (``"none"``) first."""
         return tuple(self.variants)
 
     def variant(self, method: str) -> RopeVariant | None:
@@ -1228,11 +1323,14 @@ class ExtensionStudy(Result, derived=("findings",)):
         return pd.DataFrame(list(self.predictions["rows"]))
 
     def to_frame(self) -> pd.DataFrame:
+        """The loss table (:meth:`loss_frame`)."""
         return self.loss_frame()
 
     # ---------------------------------------------------------------- persistence
     # ---------------------------------------------------------------- views
     def findings(self):
+        """Sentences written from the measured numbers: the recommended method, each method's
+        loss, passkey recall, plane categories and the base's predictions."""
         return study_findings(self)
 
     def _repr_text(self) -> str:

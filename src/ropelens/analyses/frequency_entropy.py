@@ -410,6 +410,34 @@ class FrequencyEntropy(
     order (``h``) and in one fixed shuffled order of positions (``shuffled``), and the summed
     normalised spectrum per layer × plane (heads together) over the ``n_pos // 2`` non-zero
     frequencies of ``n_pos`` positions (the window after its first ``skip``).
+
+    Built by :func:`~ropelens.analyses.frequency_entropy`. The entropy is normalised by ln F (1 = a
+    flat spectrum); the shuffled order is the control, so :meth:`gap` > 0 marks a plane whose norm
+    is periodic beyond what its values alone give.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layers, in the order of the ``layer`` axis.
+        spec (RopeSpec): The model's RoPE reading; NoPE layers are split into the rotary layers'
+            planes.
+        skip (int): Leading positions of each window left out (the attention-sink position).
+        seed (int): Seed of the fixed shuffled order of positions (the control).
+        n_pos (int): Positions per window after ``skip``; the spectrum has ``n_pos // 2``
+            frequencies.
+        sums (dict[str, Tensor]): Streamed sums over windows: ``count``, ``h``, ``h_sq`` and
+            ``shuffled_count``, ``shuffled``, ``shuffled_sq``, each ``[layer, head, plane]``;
+            ``spectrum``, ``[layer, plane, n_pos // 2]``.
+        provenance (Provenance): Model, corpus, token count and versions.
+
+    Example:
+        >>> import torch
+        >>> from ropelens.analyses import frequency_entropy
+        >>> from ropelens.testing import tiny_model
+        >>> tokens = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+        >>> fe = frequency_entropy(tiny_model("llama"), tokens, progress=False)
+        >>> fe.n_pos, tuple(fe.entropy().shape), tuple(fe.spectrum().shape)
+        (15, (2, 4, 8), (2, 8, 7))
+        >>> sorted(fe.by_kind())
+        ['full']
     """
 
     layers: tuple[int, ...]

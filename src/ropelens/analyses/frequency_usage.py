@@ -174,6 +174,33 @@ class FrequencyUsage(
     Layers of different widths (Gemma 4's wider global heads, with more planes and other KV head
     counts) share one ``[layer, head, plane]`` array: each layer fills its leading heads and planes,
     :meth:`present` marks them, and every number read from the result is NaN elsewhere.
+
+    Built by :func:`~ropelens.analyses.frequency_usage`; the question it answers is which
+    frequencies a model's queries and keys use (Barbero et al., 2025, "Round and Round We Go!":
+    Gemma 7B puts most of its norm in the lowest frequencies).
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layers, in the order of the ``layer`` axis.
+        spec (RopeSpec): The model's RoPE reading (frequencies, pairing, heads per layer).
+        token (dict[tuple[str, str], Moments]): Per ``(which, scope)`` — ``which`` ``"q"`` or
+            ``"k"``, ``scope`` ``"all"`` or ``"no_sink"`` — count, sum and sum of squares of the
+            plane norm over tokens, ``[layer, head, plane]`` (KV heads for keys).
+        window (dict[tuple[str, str], Moments]): The same keys; moments over per-window means
+            (for confidence intervals).
+        n_sink (int): Leading positions of each window left out of scope ``"no_sink"``.
+        source (str): ``"pre"`` (norms before RoPE, the default) or ``"post"`` (after).
+        provenance (Provenance): Model, corpus, token count and versions.
+
+    Example:
+        >>> import torch
+        >>> from ropelens.analyses import frequency_usage
+        >>> from ropelens.testing import tiny_model
+        >>> tokens = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+        >>> usage = frequency_usage(tiny_model("llama"), tokens, progress=False)
+        >>> usage.layers, tuple(usage.q_norm.shape)  # [layer, head, plane]
+        ((0, 1), (2, 4, 8))
+        >>> len(usage.figure().data)  # queries and keys
+        2
     """
 
     layers: tuple[int, ...]
@@ -212,10 +239,12 @@ class FrequencyUsage(
 
     @property
     def q_norm(self) -> Float[Tensor, "layer head plane"]:
+        """Mean query plane norm over tokens, ``[layer, head, plane]``."""
         return self.norm("q")
 
     @property
     def k_norm(self) -> Float[Tensor, "layer kv_head plane"]:
+        """Mean key plane norm over tokens, ``[layer, kv_head, plane]``."""
         return self.norm("k")
 
     def std(self, which: Which = "q", scope: Scope = "all") -> Float[Tensor, "layer head plane"]:

@@ -246,6 +246,46 @@ class HeadTaxonomy(Result, unversioned=True):
     Layers of different widths (Gemma 4) share one ``[layer, head, ...]`` array per score, padded to
     the most heads: every score of a head a layer lacks is NaN (:meth:`present`), and the
     classification, the tables and τ's threshold leave those heads out.
+
+    Built by :func:`head_taxonomy`. A head is *positional* (:meth:`positional`) when one fixed
+    offset δ* = q − k wins on real text and on seeded random tokens and its *robust offset mass*
+    (the smaller of the two masses at δ*, :meth:`robust_mass`) is ≥ τ. Barbero et al. (2025,
+    "Round and Round We Go!") found such diagonal and previous-token heads in Gemma 7B by eye and
+    saw them use the highest frequencies; the band profiles here (``margin_share``,
+    ``position_share_*``) test that per head.
+
+    Attributes:
+        layers (tuple[int, ...]): The measured layers, in the order of the ``layer`` axis.
+        band_names (tuple[str, ...]): Band names, in the order of the ``band`` axis.
+        scores (dict[str, Tensor]): Per-head scores, all ``[layer, head, ...]``: ``mass_text`` and
+            ``mass_random`` ``[layer, head, offset]`` (attention mass at offsets
+            0..max_offset); ``sink_text``, ``sink_random`` (mass on position 0), ``top_plane`` and
+            ``top_plane_tightness`` ``[layer, head]``; ``position_share_text``,
+            ``position_share_random``, ``content_var_text``, ``content_var_random``,
+            ``margin_share``, ``var_share``, ``cs_term`` and ``cs_bound``
+            ``[layer, head, band]``.
+        tau (float): Threshold on the robust offset mass, in [0, 1]: Otsu's split of the heads'
+            robust masses, floored at ``TAU_FLOOR`` = 0.3, unless given.
+        provenance (Provenance): Model, corpus, token count, options (bands, max_offset, seed,
+            the Otsu value) and versions.
+
+    Raises:
+        InputError: When ``scores["mass_text"]`` does not have one row per layer or ``tau`` is
+            outside [0, 1].
+
+    Example:
+        >>> import torch
+        >>> from ropelens.analyses import head_taxonomy
+        >>> from ropelens.testing import tiny_model
+        >>> tokens = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+        >>> model = tiny_model("llama")
+        >>> tax = head_taxonomy(model, tokens, max_offset=2, layers=[1], progress=False)
+        >>> tax.max_offset, tuple(tax.scores["mass_text"].shape)  # [layer, head, offset]
+        (2, (1, 4, 3))
+        >>> [len(row) for row in tax.kinds()]  # one kind per head of each layer
+        [4]
+        >>> tax.with_tau(1.0).positional().any().item()  # no head holds all its attention
+        False
     """
 
     layers: tuple[int, ...]
@@ -269,6 +309,7 @@ class HeadTaxonomy(Result, unversioned=True):
 
     @property
     def max_offset(self) -> int:
+        """The largest offset scored (offsets run 0..max_offset)."""
         return self.scores["mass_text"].shape[-1] - 1
 
     def best_offset(self) -> Int[Tensor, "layer head"]:
@@ -293,6 +334,7 @@ class HeadTaxonomy(Result, unversioned=True):
         return robust.masked_fill(~self.present(), math.nan)
 
     def positional(self) -> Bool[Tensor, "layer head"]:
+        """Whether each head's robust offset mass reaches τ."""
         return self.robust_mass() >= self.tau
 
     def kinds(self) -> list[list[str]]:
@@ -426,15 +468,53 @@ def head_taxonomy(
 ) -> HeadTaxonomy:
     """Score every head on text windows and on seeded random tokens, and classify it.
 
-    ``corpus``: a corpus, its name, or an integer ``[n_windows, n_ctx]`` token tensor (default
-    english; ``text_column``: the text of a table or dataset corpus). ``tau``: override the Otsu
-    threshold. Score keys, all ``[layer, head, ...]``:
-    ``mass_{text,random}`` (offset), ``sink_{text,random}``, ``position_share_{text,random}`` and
-    ``content_var_{text,random}`` (band), ``margin_share``, ``var_share``, ``cs_term``, ``cs_bound``
-    (band, at the attended key), ``top_plane``, ``top_plane_tightness``. ``checkpoint`` (a
-    directory) saves both passes' progress to resume a killed run (``text/`` and ``random/`` in it).
-    ``verify``: check the reading against the model's own attention first (False: results say
-    unverified).
+    Each head's attention mass at the offsets 0..max_offset and on position 0 is measured twice:
+    on the corpus and on uniformly random tokens of the same shape (content removed). A head whose
+    best offset is the same on both and holds mass ≥ τ on both is positional (diagonal,
+    previous-token or offset-δ); one that puts ≥ τ on position 0 instead is a sink; the rest are
+    content heads. τ is Otsu's threshold on the robust offset mass, floored at ``TAU_FLOOR`` = 0.3.
+    Score keys, all ``[layer, head, ...]``: ``mass_{text,random}`` (offset),
+    ``sink_{text,random}``, ``position_share_{text,random}`` and ``content_var_{text,random}``
+    (band), ``margin_share``, ``var_share``, ``cs_term``, ``cs_bound`` (band, at the attended key),
+    ``top_plane``, ``top_plane_tightness``.
+
+    Args:
+        model: A loaded model (``ropelens.load_model()``, a tiny test model, or a wrapped HF model).
+        corpus: A corpus, its name, or an integer ``[n_windows, n_ctx]`` token tensor; None for
+            the default (english).
+        n_ctx (int): Tokens per window cut from a corpus (ignored for a token tensor).
+        n_windows (int): Windows cut from a corpus (ignored for a token tensor).
+        max_offset (int): Largest offset δ = q − k scored (default 16).
+        bands (Bands | None): Bands of the band profiles; None for ``Bands.default()``
+            (quartiles).
+        layers (Sequence[int] | None): Layers to measure; None for every attention layer.
+        seed (int): Seed of the random tokens.
+        batch_size (int): Windows per forward pass.
+        tau (float | None): A threshold in [0, 1] to use instead of Otsu's.
+        progress (bool): Show a progress bar.
+        checkpoint (str | PathLike | None): A directory that saves both passes' progress to resume
+            a killed run (``text/`` and ``random/`` in it); None for none.
+        checkpoint_every (int): Batches between checkpoints.
+        verify (bool): Check the RoPE reading against the model's own attention first (False:
+            results say unverified).
+        text_column (str): The text column of a table or dataset corpus.
+
+    Returns:
+        HeadTaxonomy: The per-head scores, τ and band profiles; ``kinds()`` names each head.
+
+    Example:
+        >>> import torch
+        >>> from ropelens.analyses import head_taxonomy
+        >>> from ropelens.testing import tiny_model
+        >>> tokens = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+        >>> model = tiny_model("llama")
+        >>> tax = head_taxonomy(model, tokens, max_offset=2, layers=[0], progress=False)
+        >>> tax.tau >= 0.3  # Otsu's threshold, floored at TAU_FLOOR
+        True
+        >>> set(tax.kinds()[0]) <= {"diagonal", "previous-token", "offset-2", "sink", "content"}
+        True
+        >>> tax.provenance.config["tau_method"]
+        'otsu(robust offset mass), floor 0.3'
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     bands = bands or Bands.default()
