@@ -134,7 +134,7 @@ def register_section(spec: SectionSpec, *, before: str | None = None) -> None:
     Example:
         >>> from ropelens.analyses import registry
         >>> from ropelens.report import Section, SectionSpec, register_section, sections
-        >>> saved = dict(registry.ANALYSES)  # to put the registry back after this example
+        >>> saved = {a.name: a for a in registry.analyses()}  # to put back after this example
         >>> notes = SectionSpec(
         ...     "notes", "Notes", lambda data: Section("notes", "Notes", "<p>A note.</p>")
         ... )
