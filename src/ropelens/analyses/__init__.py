@@ -139,5 +139,35 @@ def result_classes() -> dict[str, type[_result_base.Result]]:
 
 def load_result(path: str | os.PathLike[str]) -> _result_base.Result:
     """Read any result file ropelens writes, whichever analysis wrote it (dispatched on the file's
-    ``type``)."""
+    ``type``).
+
+    Every analysis module is imported first, so every result class is known: a JSON file that
+    ``result.save(path)`` wrote, an attention decomposition's safetensors file, or a report's
+    ``report.json`` (read as a :class:`ropelens.results.report_file.ReportSummary`).
+
+    Args:
+        path (str | os.PathLike): The file to read.
+
+    Returns:
+        The result, of the class that wrote it (e.g. :class:`ropelens.analyses.FrequencyUsage`),
+        with its provenance.
+
+    Raises:
+        InputError: When the file is neither a ropelens JSON result nor a safetensors file, or
+            names a result type that no analysis writes.
+
+    Example:
+        >>> import tempfile
+        >>> from ropelens import load_result
+        >>> from ropelens.analyses import frequency_usage
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> tokens = model.to_tokens(["The cat sat on the mat."] * 2)  # 2 windows of 24 tokens
+        >>> usage = frequency_usage(model, tokens, progress=False, verify=False)
+        >>> path = tempfile.mkdtemp() + "/usage.json"
+        >>> usage.save(path)
+        >>> again = load_result(path)
+        >>> type(again).__name__, again.provenance.model, again.provenance.n_tokens
+        ('FrequencyUsage', 'tiny-llama', 48)
+    """
     return _result_base.load_result(path)

@@ -197,7 +197,25 @@ def weights_fingerprint(model: Any, sample: int = 64) -> dict[str, str]:
 
 
 def cache_dir() -> Path:
-    """Where converted weights live: ``$ROPELENS_CACHE``, else the user cache directory."""
+    """Where converted weights live: ``$ROPELENS_CACHE``, else the user cache directory.
+
+    The embedded models are shipped as GGUF files and dequantised once into HF directories here
+    (one entry per source file, with a marker that checks it is whole); delete the directory to
+    reclaim the space, and ropelens converts again when next asked.
+
+    Returns:
+        Path: ``$ROPELENS_CACHE`` (``~`` expanded) where set, else the platform's user cache
+        directory for ropelens (``~/.cache/ropelens`` on Linux).
+
+    Example:
+        >>> import os
+        >>> from pathlib import Path
+        >>> from unittest import mock
+        >>> from ropelens import cache_dir
+        >>> with mock.patch.dict(os.environ, {"ROPELENS_CACHE": "~/ropelens-cache"}):
+        ...     print(cache_dir() == Path.home() / "ropelens-cache")
+        True
+    """
     env = os.environ.get("ROPELENS_CACHE")
     if env:
         return Path(env).expanduser()
@@ -623,6 +641,51 @@ def load_model(
     ``"step1000"``), passed to ``from_pretrained``; the model's name becomes
     ``"owner/name@revision"``. Embedded models and local paths have one version each, so a revision
     there is refused.
+
+    Args:
+        name_or_path (str | os.PathLike | None): An embedded name (``"smollm2-135m"``, the
+            default when None, or ``"gemma-3-270m"``), a ``.gguf`` file, an HF model directory, or
+            a hub id (needs the network).
+        device (str | torch.device | None): Where to put the model (``"cpu"``, ``"cuda"``,
+            ``"cuda:N"``, ``"mps"``); None picks CUDA where available, else the CPU.
+        dtype (str | torch.dtype): Floating dtype of the weights or its name; default float32.
+        device_map (str | dict | None): ``"auto"`` or a module → device dict, to split a large
+            model across devices through accelerate (instead of ``device``).
+        max_memory (dict | None): Per-device memory caps for ``device_map`` (``{0: "20GiB",
+            "cpu": "60GiB"}``); only with a ``device_map``.
+        bridge (bool): True (default) wraps the model in TransformerLens's ``TransformerBridge``;
+            False loads the plain HF model (:class:`ropelens.backends.hf.PlainModel`).
+        revision (str | None): Branch, tag or commit of a hub repository (hub ids only).
+
+    Returns:
+        The model in eval mode, with its tokenizer: a ``TransformerBridge``, or a
+        :class:`ropelens.backends.hf.PlainModel` where TransformerLens has no adapter for the
+        architecture or ``bridge=False``. ``model.cfg.model_name`` is the name its results record.
+
+    Raises:
+        InputError: On options that do not fit together or cannot apply (an unknown or missing
+            device, a non-floating dtype, ``device`` beside ``device_map``, ``max_memory``
+            without one, a revision of an embedded model or local path, an unreadable GGUF
+            file, a hub id the hub does not know).
+        FileNotFoundError: When a path is given that does not exist.
+        UnsupportedModelError: When TransformerLens's adapter cannot wrap the model as
+            configured.
+
+    Example:
+        >>> import tempfile
+        >>> from ropelens import load_model
+        >>> from ropelens.testing import tiny_model_dir
+        >>> path = tiny_model_dir("llama", tempfile.mkdtemp())  # an HF directory
+        >>> model = load_model(path)
+        >>> type(model).__name__, model.cfg.n_layers
+        ('TransformerBridge', 2)
+        >>> plain = load_model(path, bridge=False)  # the HF model, no TransformerLens hooks
+        >>> type(plain).__name__, plain.cfg.model_name == str(path)
+        ('PlainModel', True)
+        >>> load_model(path, revision="main")
+        Traceback (most recent call last):
+        ...
+        ropelens.errors.InputError: revision 'main' given for ..., which is a local path: ...
     """
     dtype = resolve_dtype(dtype)
     _check_load_options(revision, device, device_map, max_memory)

@@ -233,6 +233,63 @@ def build_report(
     ``"pdf"`` or ``"png"``; :func:`ropelens.plots.export.write_figures`), the summary figure
     first; None: none. ``corpus``: any form :func:`ropelens.run.data.load_corpus` reads,
     ``text_column`` the text of a table or dataset.
+
+    Everything is measured first (one streaming pass over the windows, then each section's own
+    measure step); the sections (:func:`sections`) then lay out what was measured and never run
+    the model. What ``ropelens report`` runs.
+
+    Args:
+        model: An embedded name, a path or hub id, or a model from :func:`ropelens.load_model`;
+            None: the default embedded model.
+        corpus: Any form :func:`ropelens.run.data.load_corpus` reads (a built-in name such as
+            ``"english"``, a file, a list of documents, a ``datasets`` dataset).
+        tokens (int): Corpus tokens to measure.
+        n_ctx (int): Tokens per window (every window starts with BOS).
+        out (str | os.PathLike): The output directory (created; replaced only on success).
+        bands (str | Bands | None): Bands of the band sections, a :class:`ropelens.Bands` or its
+            command-line form (``"quantiles:4"``); None: :meth:`ropelens.Bands.default`.
+        layers (Sequence[int] | None): Layers to measure; None: every rotary layer (a few with
+            ``quick``).
+        device (str | None): Where to load the model, when the report loads it.
+        quick (bool): 4 windows of at most 256 tokens over a few layers (a smoke test).
+        progress (bool): Show progress bars.
+        dtype: Floating dtype (or its name) to load the model in, when the report loads it.
+        band_tokens (int | None): Cap on the tokens the band statistics see; None: all.
+        batch_size (int): Windows per forward pass.
+        experiments (str | os.PathLike | None): The folder the experiment scripts wrote
+            (``results/``), whose tables for this model join the p-RoPE and context sections.
+        verify (bool): Check ropelens's reading against the model's own attention first (default
+            True); False measures anyway and says so in the first section.
+        figures (str | None): Also write every figure as ``"svg"``, ``"pdf"`` or ``"png"`` under
+            ``OUT/figures/``; None: none.
+        text_column (str): The column holding the text, for a table or dataset corpus.
+
+    Returns:
+        Path: ``out``, holding ``index.html`` (one self-contained page), ``report.json`` (the
+        numbers and findings, readable with :func:`ropelens.load_result`) and one CSV per table.
+
+    Raises:
+        InputError: On a bad input, before the model loads (a budget smaller than one window, a
+            layer out of range, a malformed band spec, an unknown figure format, a ``device`` or
+            ``dtype`` that disagrees with a loaded model, a corpus that cannot be read).
+        ExportUnavailableError: When ``figures`` asks for a static format this machine cannot
+            write.
+        NotADirectoryError: When ``out`` is a file.
+
+    Example:
+        A quick report of a tiny model (tens of seconds on a laptop's CPU):
+
+        >>> import tempfile
+        >>> from ropelens.report import build_report
+        >>> from ropelens.testing import tiny_model
+        >>> out = build_report(
+        ...     tiny_model("llama"), corpus=["The cat sat on the mat. " * 20], tokens=64,
+        ...     n_ctx=32, quick=True, out=tempfile.mkdtemp() + "/report", progress=False,
+        ... )
+        >>> (out / "index.html").exists(), (out / "report.json").exists()
+        (True, True)
+        >>> sorted(p.name for p in out.glob("*.csv"))[:3]
+        ['band_statistics.csv', 'distance_shapes.csv', 'energy.csv']
     """
     t_start = time.perf_counter()
     steps: dict[str, float] = {}

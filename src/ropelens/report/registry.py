@@ -29,7 +29,41 @@ __all__ = ["SHARED_STEPS", "Measured", "Section", "SectionSpec", "register_secti
 
 @dataclass(frozen=True)
 class SectionSpec:
-    """A section of the report: its anchor, title, and its render (and measure) steps."""
+    """A section of the report: its anchor, title, and its render (and measure) steps.
+
+    It is the ``section`` of an :class:`ropelens.analyses.registry.Analysis`, or given to the
+    report on its own with :func:`register_section`. With a measure step, ``measure(data)`` runs
+    before anything is laid out and ``render(data, result)`` lays out its result; without one,
+    ``render(data)`` lays out what the streaming pass measured (``data`` is the report's
+    ``ReportData``: the model's spec, layers, windows and results).
+
+    Attributes:
+        key (str): The section's anchor and key (see :class:`Section`), unique in the report.
+        title (str): The heading.
+        render (Callable[..., Section]): The layout step: ``(data, result) -> Section`` with a
+            measure step, else ``(data) -> Section``. It never runs the model.
+        measure (Callable[[Any], Any] | None): ``data -> result``, the section's own measurement
+            (kept in ``data.results[key]``); None for a section of the streaming pass alone.
+        needs (tuple[str, ...]): Shared measured steps (:data:`SHARED_STEPS`) the measure step
+            reads from ``data.results``.
+        summary (str): What the section shows, in one sentence.
+
+    Raises:
+        InputError: When ``render`` or ``measure`` is not a function, or ``needs`` names an
+            unknown shared step.
+
+    Example:
+        >>> from ropelens.report import Section, SectionSpec
+        >>> def render(data):
+        ...     return Section("notes", "Notes", f"<p>{len(data.layers)} layers measured</p>")
+        >>> spec = SectionSpec("notes", "Notes", render, summary="How many layers were measured.")
+        >>> spec.measure is None, spec.step
+        (True, 'notes')
+        >>> SectionSpec("notes", "Notes", "mymodule:render")
+        Traceback (most recent call last):
+        ...
+        ropelens.errors.InputError: section 'notes': render and measure must be functions ...
+    """
 
     key: str
     title: str
@@ -66,14 +100,50 @@ SHARED_STEPS: dict[str, Callable[[Any], Any]] = {
 
 
 def sections() -> list[SectionSpec]:
-    """The sections of the registered analyses, in the order the analyses were registered."""
+    """The sections of the registered analyses, in the order the analyses were registered.
+
+    The report lays them out in this order (``ropelens/catalog/__init__.py`` registers
+    ropelens's own); :func:`register_section` adds or replaces one.
+
+    Returns:
+        list[SectionSpec]: Every section, first laid out first.
+
+    Example:
+        >>> from ropelens.report import sections
+        >>> [s.key for s in sections()][:3]
+        ['rope-spec', 'frequency-usage', 'band-statistics']
+    """
     return parts("section")
 
 
 def register_section(spec: SectionSpec, *, before: str | None = None) -> None:
     """Give the report ``spec``: the section of the analysis that has this key is replaced (keeping
     its place); a new key becomes an analysis of its own, with no command, ahead of the section
-    ``before`` or last."""
+    ``before`` or last.
+
+    The registry is the process's: every report built afterwards in this process has the section.
+
+    Args:
+        spec (SectionSpec): The section.
+        before (str | None): Key of the section to lay the new one out ahead of; None: last. Not
+            used when ``spec.key`` replaces a section.
+
+    Raises:
+        InputError: When ``spec`` is not a :class:`SectionSpec`, or ``before`` names no section.
+
+    Example:
+        >>> from ropelens.analyses import registry
+        >>> from ropelens.report import Section, SectionSpec, register_section, sections
+        >>> saved = {a.name: a for a in registry.analyses()}  # to put back after this example
+        >>> notes = SectionSpec(
+        ...     "notes", "Notes", lambda data: Section("notes", "Notes", "<p>A note.</p>")
+        ... )
+        >>> register_section(notes, before="frequency-usage")
+        >>> [s.key for s in sections()][:3]
+        ['rope-spec', 'notes', 'frequency-usage']
+        >>> registry.ANALYSES.clear()
+        >>> registry.ANALYSES.update(saved)
+    """
     if not isinstance(spec, SectionSpec):
         raise InputError(f"register_section takes a SectionSpec, got {type(spec).__name__}")
     owner = next(

@@ -126,7 +126,53 @@ _WHERE_KNOWN = ("dtype", "device", "spans")  # written only where recorded
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where a result came from: enough to reproduce it."""
+    """Where a result came from: enough to reproduce it.
+
+    Every result carries one (``result.provenance``), saved with it and shown in the report. The
+    analyses fill it in; build one yourself only for a result of your own analysis. Merging two
+    partial results (several processes, resumed runs) merges their provenance (:meth:`merged`).
+
+    Attributes:
+        model (str): The model's name as loaded (``model.cfg.model_name``: an embedded name, a
+            path, a hub id, ``owner/name@revision``).
+        corpus (str | None): The corpus's name (``"english"``, a path, ``"tokens"`` for a ready
+            token tensor); None where no corpus was read.
+        corpus_sha256 (str | None): SHA-256 of the corpus file's bytes, where it was a file.
+        n_tokens (int | None): Tokens measured.
+        n_windows (int | None): Windows measured.
+        n_ctx (int | None): Tokens per window.
+        config (dict[str, Any]): The analysis's settings (layers, bands, batch size, ...) and the
+            verification of ropelens's reading against the model's own attention
+            (``config["verification"]``).
+        versions (dict[str, str]): Versions of Python and the packages the result depends on
+            (default: the installed ones).
+        commit (str | None): The git commit ropelens ran from, where it runs from a checkout.
+        created (str): When the result was made, ISO 8601 in UTC, to the second.
+        seconds (float | None): Wall-clock seconds the measurement took.
+        dtype (str | None): Floating dtype of the model's weights (``"bfloat16"``).
+        device (str | None): The device it ran on (``"cuda:0"``).
+        spans (dict[str, list[list[int]]] | None): Which tokens were measured: the fingerprint of
+            what the windows were cut from → sorted, disjoint ``[start, stop)`` token ranges
+            (:attr:`ropelens.run.measure.Windows.spans`).
+
+    Example:
+        >>> from ropelens import Provenance
+        >>> first = Provenance(
+        ...     model="tiny-llama", corpus="english", n_tokens=64, n_windows=4, n_ctx=16,
+        ...     spans={"english:abc": [[0, 64]]},
+        ... )
+        >>> second = Provenance(
+        ...     model="tiny-llama", corpus="english", n_tokens=32, n_windows=2, n_ctx=16,
+        ...     spans={"english:abc": [[64, 96]]},
+        ... )
+        >>> both = first.merged(second)
+        >>> both.n_tokens, both.n_windows, both.spans
+        (96, 6, {'english:abc': [[0, 96]]})
+        >>> sorted(first.versions)[:3]
+        ['numpy', 'pandas', 'plotly']
+        >>> Provenance.from_dict(first.to_dict()) == first
+        True
+    """
 
     model: str
     corpus: str | None = None
@@ -167,6 +213,7 @@ class Provenance:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Provenance:
+        """The provenance :meth:`to_dict` wrote."""
         return cls(**d)
 
     def merged(self, other: Provenance) -> Provenance:

@@ -370,6 +370,56 @@ def capture_qk(
 
     Keys are KV heads (query head h reads KV head ``h // rope.group_size``). ``spec`` (default: read
     from the model) says how the tensors are laid out (the probe passes the reading it checks).
+
+    Everything captured is kept in memory, so this suits a few texts; the corpus analyses stream
+    instead (:func:`ropelens.run.measure.measure`), with memory independent of the corpus's size.
+
+    Args:
+        model: A model from :func:`ropelens.load_model` (or an nnsight model wrapping one).
+        tokens (Tensor): ``[batch, pos]`` token ids (``model.to_tokens(...)``: BOS first).
+        layers (Sequence[int] | None): Layers to capture; None: every rotary layer.
+        which (Iterable[str]): Which tensors to keep: ``"q_pre"``/``"k_pre"`` (before the
+            rotation), ``"q_rot"``/``"k_rot"`` (the rotation's output), ``"q_post"``/``"k_post"``
+            (where they enter the score; the same as the rotated ones unless the layer changes
+            them after RoPE), ``"pattern"`` (the attention pattern), ``"selected"`` (the keys a
+            sparse-attention indexer kept).
+        batch_size (int): Rows of ``tokens`` per forward pass.
+        progress (bool): Show a progress bar.
+        fast (bool): Compute q and k from the layer's inputs without running the rest of
+            attention where the backend can (same numbers); False runs the full forward.
+        spec (RopeSpec | None): The reading that lays the tensors out; None reads it from the
+            model.
+        valid (Tensor | None): ``[batch, pos]`` bool, True on real tokens (which come first in
+            each row), for right-padded rows; None: every token is real.
+
+    Returns:
+        dict[int, LayerActs]: Layer index → its :class:`ropelens.backends.acts.LayerActs`:
+        ``tensors`` (also ``acts[name]``) each ``[batch, pos, head, d_head]`` (keys over KV
+        heads, rotary dims first), ``rope`` (the layer's :class:`LayerRope`) and ``valid``.
+
+    Raises:
+        InputError: When ``valid``'s shape is not ``tokens``'s, or ``which`` names an unknown
+            tensor.
+
+    Example:
+        The captured q and k give the model's pre-softmax scores, plane by plane:
+
+        >>> import torch
+        >>> from ropelens import capture_qk
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama-gqa")
+        >>> tokens = model.to_tokens("The cat sat on the mat.")  # [1, 24]
+        >>> acts = capture_qk(model, tokens, layers=[1], which=("q_post", "k_post"))
+        >>> layer = acts[1]
+        >>> tuple(layer["q_post"].shape), tuple(layer["k_post"].shape)  # 4 query, 2 KV heads
+        ((1, 24, 4, 16), (1, 24, 2, 16))
+        >>> q = layer["q_post"][0]
+        >>> k = layer["k_post"][0].repeat_interleave(layer.rope.group_size, dim=1)
+        >>> planes = layer.rope.split(q)[:, None] * layer.rope.split(k)[None]  # [q, k, h, plane, 2]
+        >>> per_plane = planes.sum(-1) * layer.rope.score_scale  # [q, k, head, plane]
+        >>> scores = torch.einsum("qhd,khd->qkh", q, k) * layer.rope.score_scale
+        >>> torch.allclose(per_plane.sum(-1), scores, atol=1e-6)
+        True
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     keep = _Keep(needs=frozenset(which))

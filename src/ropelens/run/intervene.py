@@ -108,6 +108,42 @@ def apply_rope_variant(
     module's, so ``hook_cos``/``hook_sin`` and everything after see the variant. The model's own
     rotary module, its buffers and its dynamic-update state are never touched; leaving the context
     (also on an exception) removes the hooks, so the model is exactly as before.
+
+    Args:
+        model: A model from :func:`ropelens.load_model` (or an nnsight model wrapping one).
+        variant (RopeVariant): What to rotate by instead, from :mod:`ropelens.spec.variants`
+            (``PRoPE(p)``: stop the lowest fraction 1 − p of planes, Barbero et al.; ``NoPE()``;
+            ``PlaneMask``; the context-extension methods: position interpolation, NTK, YaRN, ...).
+        layers (Sequence[int] | None): Layers to change; None: every rotary layer (of
+            ``layer_kind``).
+        layer_kind (str | None): Only layers of this kind (``"sliding"``, ``"full"``); None: any.
+
+    Yields:
+        RopeSpec: The spec the model has inside the block (the variant's frequencies in the
+        chosen layers; :func:`ropelens.rope_spec` reads the same there).
+
+    Raises:
+        TypeError: When ``variant`` is not a RoPE variant.
+        InputError: When ``layers`` or ``layer_kind`` choose no rotary layer, or the variant does
+            not fit a chosen layer.
+        NotRotaryError: When the model has no RoPE.
+
+    Example:
+        >>> import torch
+        >>> from ropelens import apply_rope_variant
+        >>> from ropelens.spec.variants import NoPE
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> tokens = model.to_tokens("The cat sat on the mat.")
+        >>> before = model(tokens)
+        >>> with apply_rope_variant(model, NoPE(), layers=[1]) as spec:
+        ...     print(spec[1].stopped_planes.tolist(), spec[0].stopped_planes.tolist())
+        ...     inside = model(tokens)
+        [0, 1, 2, 3, 4, 5, 6, 7] []
+        >>> torch.allclose(inside, before)  # layer 1 without rotation changes the logits
+        False
+        >>> torch.equal(model(tokens), before)  # and leaving restores the model bit for bit
+        True
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     removers: list[Callable[[], None]] = []
@@ -152,8 +188,44 @@ def with_rope_variant(
     in_place: bool = False,
 ):
     """A deep copy of ``model`` that always runs ``variant`` (for long runs); ``model`` is
-    untouched. ``in_place``: install the variant on ``model`` itself, for good, and return it
-    (what the command line's ``--variant`` does: no second copy of the weights)."""
+    untouched.
+
+    The same hooks as :func:`apply_rope_variant`, held for as long as the copy lives, so every
+    analysis run on the copy measures the model under the variant (and records it in its
+    provenance). ``in_place``: install the variant on ``model`` itself, for good, and return it
+    (what the command line's ``--variant`` does: no second copy of the weights).
+
+    Args:
+        model: A model from :func:`ropelens.load_model` (or an nnsight model wrapping one).
+        variant (RopeVariant): The variant to run, from :mod:`ropelens.spec.variants`.
+        layers (Sequence[int] | None): Layers to change; None: every rotary layer (of
+            ``layer_kind``).
+        layer_kind (str | None): Only layers of this kind (``"sliding"``, ``"full"``); None: any.
+        in_place (bool): Change ``model`` itself instead of a copy (default False).
+
+    Returns:
+        The copy (or, with ``in_place``, ``model``) running ``variant``; its
+        ``ropelens_rope_variant`` attribute records the variant and layers.
+
+    Raises:
+        TypeError: When ``variant`` is not a RoPE variant.
+        InputError: When ``layers`` or ``layer_kind`` choose no rotary layer, the variant does
+            not fit a chosen layer, or ``in_place`` is asked of a model already under an
+            intervention.
+
+    Example:
+        >>> from ropelens import rope_spec, with_rope_variant
+        >>> from ropelens.spec.variants import NoPE, PRoPE
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> half = with_rope_variant(model, PRoPE(0.5))  # the lowest half of the planes stopped
+        >>> rope_spec(half)[0].stopped_planes.tolist(), rope_spec(model)[0].stopped_planes.tolist()
+        ([4, 5, 6, 7], [])
+        >>> with_rope_variant(half, NoPE(), in_place=True)
+        Traceback (most recent call last):
+        ...
+        ropelens.errors.InputError: with_rope_variant(in_place=True): the model already runs ...
+    """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     _check_variant(variant)
     chosen = unmodified_spec(model).layer_indices(layers, layer_kind)  # fail before copying
@@ -212,6 +284,42 @@ def ablate_planes(
     ``heads`` are query heads. With grouped-query attention a KV head is zeroed only when all the
     query heads sharing it are ablated; zeroing the query planes alone already removes the planes'
     term from those heads' logits, and leaves the other heads exactly as they were.
+
+    Unlike a NoPE or ``PlaneMask`` variant, which keep a plane's content but stop rotating it, an
+    ablation removes the plane's contribution altogether: the knockout analyses
+    (:func:`ropelens.analyses.knockout`) measure what that costs. Leaving the block (also on an
+    exception) removes the hooks.
+
+    Args:
+        model: A model from :func:`ropelens.load_model` (or an nnsight model wrapping one).
+        planes (Sequence[int] | Tensor | int): Plane indices to zero (0 is the highest
+            frequency).
+        layers (Sequence[int] | None): Layers to ablate in; None: every rotary layer (of
+            ``layer_kind``).
+        heads (Sequence[int] | None): Query heads to ablate in; None: every head.
+        layer_kind (str | None): Only layers of this kind (``"sliding"``, ``"full"``); None: any.
+
+    Yields:
+        None: The model runs ablated inside the block; :func:`ropelens.rope_spec` there lists the
+        zeroed planes per query head (:attr:`LayerRope.ablated`).
+
+    Raises:
+        InputError: When a plane or head index is out of range in a chosen layer, or ``layers``
+            or ``layer_kind`` choose no rotary layer.
+
+    Example:
+        >>> import torch
+        >>> from ropelens import ablate_planes, capture_qk, rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> tokens = model.to_tokens("The cat sat on the mat.")
+        >>> with ablate_planes(model, [0], layers=[0], heads=[1]):
+        ...     print(rope_spec(model)[0].ablated)  # plane 0 of query head 1
+        ...     acts = capture_qk(model, tokens, layers=[0], which=("q_post",))
+        ((), (0,), (), ())
+        >>> plane0 = acts[0].rope.plane_norms(acts[0]["q_post"][0])[..., 0]  # [pos, head]
+        >>> [bool(n) for n in plane0.amax(0)]  # zero in head 1 only, at every position
+        [True, False, True, True]
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
     spec = unmodified_spec(model)

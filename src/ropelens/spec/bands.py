@@ -57,7 +57,51 @@ class ResolvedBands:
 
 @dataclass(frozen=True)
 class Bands:
-    """A recipe for grouping planes into bands; build with the classmethods."""
+    """A recipe for grouping planes into bands; build with the classmethods.
+
+    The same recipe resolves to concrete plane indices in each layer (:meth:`resolve`), whose
+    frequencies may differ (Gemma's local and global layers). Plane 0 is the highest frequency
+    (θ₀ = 1 for default RoPE), as in Barbero et al. Planes no band claims, and the non-rotary dims
+    of a partial-rotary head, fall in an automatic ``rest`` band, so band terms always sum to the
+    full logit. Constructors: :meth:`planes` (every plane its own band), :meth:`all`,
+    :meth:`quantiles`, :meth:`default` (four quantiles, fewer where a layer has fewer planes),
+    :meth:`by_wavelength`, :meth:`by_context`, :meth:`explicit`, and :meth:`parse` for the
+    command line's ``--bands``.
+
+    Attributes:
+        kind (str): ``"planes"``, ``"all"``, ``"quantiles"``, ``"wavelength"``, ``"context"`` or
+            ``"explicit"``.
+        params (tuple[tuple[str, Any], ...]): The recipe's parameters as (name, value) pairs
+            (``n`` and ``fit`` of quantiles, wavelength ``edges`` in tokens, ``n_ctx`` and
+            ``factor`` of the context split, the explicit ``groups``); () for planes and all.
+        require_cover (bool): Refuse (at :meth:`resolve`) a layer in which some plane is left to
+            the ``rest`` band; default False.
+
+    Raises:
+        InputError: From the constructors, on parameters that make no bands (a non-positive
+            count, wavelength edges that do not increase, an empty group, a spec that does not
+            parse); from :meth:`resolve`, on bands that do not fit a layer (plane indices out of
+            range, overlapping bands, more quantiles than planes, planes left uncovered under
+            ``require_cover``).
+
+    Example:
+        >>> from ropelens import Bands, rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 1e4
+        >>> bands = Bands.default()
+        >>> bands.describe()
+        'quantiles:<=4'
+        >>> resolved = bands.resolve(layer)
+        >>> resolved.names
+        ('Q1 (highest)', 'Q2', 'Q3', 'Q4 (lowest)')
+        >>> resolved.planes
+        ((0, 1), (2, 3), (4, 5), (6, 7))
+        >>> by_wl = Bands.parse("wavelength:10,100").resolve(layer)  # cut at 10 and 100 tokens
+        >>> by_wl.names, by_wl.planes
+        (('λ∈[0,10)', 'λ∈[10,100)', 'λ∈[100,inf)'), ((0,), (1, 2), (3, 4, 5, 6, 7)))
+        >>> Bands.explicit({"high": [0, 1]}).resolve(layer).names  # planes 2-7 left to rest
+        ('high', 'rest')
+    """
 
     kind: str
     params: tuple[tuple[str, Any], ...] = ()
@@ -199,6 +243,7 @@ class Bands:
 
     # ---------------------------------------------------------------- resolution
     def describe(self) -> str:
+        """The recipe as the command line writes it (``quantiles:<=4``, ``wavelength:10,100``)."""
         p = dict(self.params)
         if self.kind == "quantiles":
             return f"quantiles:{'<=' if p.get('fit') else ''}{p['n']}"
@@ -333,6 +378,7 @@ class Bands:
         raise InputError(f"unknown band kind {self.kind!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The recipe as a JSON-ready dict (what results save); :meth:`from_dict` reads it."""
         return {
             "kind": self.kind,
             "spec": self.describe(),
@@ -342,6 +388,7 @@ class Bands:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Bands:
+        """The recipe :meth:`to_dict` wrote."""
         return cls(
             d["kind"], tuple((k, _tupled(v)) for k, v in d["params"]), bool(d["require_cover"])
         )

@@ -825,9 +825,38 @@ def rope_spec(model, *, length: int | None = None) -> RopeSpec:
     tokens applies them (:attr:`RopeSpec.length`). A model whose frequencies hold for every length,
     or one under a RoPE variant (which sets its own frequencies), reads the same at any ``length``.
 
-    Example::
+    Args:
+        model: A model from :func:`ropelens.load_model` (a ``TransformerBridge`` or a plain HF
+            model), or an nnsight model wrapping one.
+        length (int | None): Read the frequencies a forward of this many tokens applies (dynamic
+            NTK, LongRoPE); None: a short input's, with :attr:`RopeSpec.valid_up_to` saying how
+            far they hold.
 
-        spec = rope_spec(model, length=8192)  # the frequencies an 8192-token input is rotated by
+    Returns:
+        RopeSpec: One :class:`LayerRope` per layer (frequencies highest first, pairing, widths,
+        score scale, masks), with the interventions in force.
+
+    Raises:
+        InputError: When ``length`` is not a positive integer.
+        NotRotaryError: When the model has no rotary position embeddings.
+        UnsupportedModelError: When the model applies RoPE in a way ropelens cannot read exactly.
+
+    Example:
+        >>> from ropelens import apply_rope_variant, rope_spec
+        >>> from ropelens.spec.variants import PRoPE
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("llama")
+        >>> spec = rope_spec(model)
+        >>> spec[0].n_planes, spec[0].base, spec[0].pairing
+        (8, 10000.0, 'half')
+        >>> spec.valid_up_to is None  # default RoPE: the same frequencies at every length
+        True
+        >>> rope_spec(model, length=8192).length is None  # so nothing to read per length
+        True
+        >>> with apply_rope_variant(model, PRoPE(0.75)):  # the model as it runs under p-RoPE
+        ...     inside = rope_spec(model)
+        >>> inside[0].stopped_planes.tolist(), inside.interventions[0]["intervention"]
+        ([6, 7], 'rope variant')
     """
     if length is not None:
         length = check_positive_int(length, "length", " (the input's length in tokens)")

@@ -189,6 +189,98 @@ class LayerRope:
     and ``q_post`` the query entering the score, ``query_temperature(m)·q_rot``, so the plane terms
     of ``q_post·k_post`` still sum to the model's score; a plane's term then depends on m as well as
     m − n.
+
+    Attributes:
+        layer (int): The layer's index in the model.
+        inv_freq (Tensor): ``[n_planes]`` frequency θ_i of each plane in radians per token,
+            highest first (θ₀ = 1 for default RoPE); 0 for a plane a variant stops.
+        head_dim (int): Dims per head.
+        rotary_dim (int): Dims the rotation turns (2 per plane): ``head_dim`` for full rotary,
+            fewer for partial rotary (GPT-J, GPT-NeoX), whose remaining dims are never rotated.
+        pairing (str): Which dims make a plane: ``"half"`` (dims i and i + rotary_dim/2, Llama's
+            ``rotate_half``) or ``"adjacent"`` (dims 2i and 2i+1, GPT-J).
+        n_heads (int): Query heads.
+        n_kv_heads (int): Key/value heads (fewer than ``n_heads`` under grouped-query attention).
+        score_scale (float): What multiplies q·k before the softmax: 1/√head_dim, or Gemma's
+            ``query_pre_attn_scalar``^-½.
+        rope_type (str): The config's ``rope_type`` (``"default"``, ``"linear"``, ``"dynamic"``,
+            ``"yarn"``, ``"longrope"``, ``"llama3"``, ...).
+        base (float | None): The RoPE base θ (10000 by default), where the config gives one.
+        rope_parameters (dict[str, Any]): The config's RoPE parameters for this layer, as read.
+        attention_scaling (float): What multiplies cos and sin (YaRN/LongRoPE's mscale); 1 if none.
+        kind (str): ``"full"``, ``"sliding"``, ``"chunked"``, ``"nope"`` (attention without
+            rotation: no planes; masks follow ``window``), or a layer without softmax attention
+            (``"linear"``, ``"conv"``, ``"mamba"``, ``"recurrent"``, ``"none"``: listed so the layer
+            numbers stay the model's, never measured).
+        window (int | None): Sliding window: a query at m sees keys n with m − window < n ≤ m.
+        chunk (int | None): Chunked attention (Llama 4): a query at m sees keys n ≤ m of its own
+            chunk, ⌊n/chunk⌋ = ⌊m/chunk⌋ (see "Chunked attention" above).
+        select_keys (int | None): Sparse attention (DeepSeek's DSA, Qwen4-Exp's QSA): the most
+            keys an indexer keeps per query (see "Key selection" above).
+        n_ctx (int | None): The trained context length, in tokens.
+        softcap (float | None): Attention-logit soft-capping c: scores become c·tanh(s/c) (Gemma 2).
+        sinks (tuple[float, ...] | None): Learned per-head sink logits that join the softmax
+            (gpt-oss), one per query head.
+        direction (int): +1 where position m turns each plane by +m·θ_i (Llama's rotate_half), −1
+            where by −m·θ_i (NanoChat).
+        norm_after_rope (bool): q and k are normalised per head, with a per-dim gain, after the
+            rotation (HunYuan dense, NanoChat; see "Norm after RoPE" above).
+        mixer (str | None): HF class of the layer's other token mixer: the one it has instead of
+            softmax attention (heads and widths are then 0), or one running beside its attention
+            (Falcon-H1's Mamba).
+        output_gate (bool): A sigmoid gate on the attention output (Qwen3-Next); it acts after
+            the softmax, so the logits and pattern ropelens measures are unchanged by it.
+        rotary_offset (int): Where the rotary dims start in the model's own head vectors
+            (multi-head latent attention; see above); 0 otherwise.
+        pre_interleaved (bool): The model's rotation reads adjacent pairs and writes them split in
+            halves (DeepSeek V3's ``rope_interleave``).
+        shared_rotary_key (bool): The key's rotary planes are one vector shared by all heads (MLA).
+        axes (tuple[int, ...]): Multimodal RoPE: the position axis of each plane, an index into
+            ``MROPE_AXES`` (time, height, width); () for 1-D RoPE. On text alone every plane turns
+            by the token's position, as in 1-D RoPE.
+        query_scale (str | None): A NoPE layer's position-dependent query factor, in words (see
+            "Query scale" above).
+        temperature (tuple[float, int] | None): (β, L₀): rotated queries are multiplied by
+            1 + β·ln(1 + ⌊m/L₀⌋) (see "Query temperature" above).
+        ablated (tuple[tuple[int, ...], ...]): Planes zeroed in the rotated queries by a plane
+            ablation in force (:func:`ropelens.ablate_planes`): ``ablated[h]`` lists query head
+            h's, whose logit terms are then 0; () where none is.
+
+    Raises:
+        InputError: When the fields contradict each other: ``inv_freq`` not 1-D or not
+            ``rotary_dim / 2`` long, ``rotary_dim`` (from ``rotary_offset``) past ``head_dim``,
+            ``n_heads`` not a multiple of ``n_kv_heads``, a NoPE or mixer layer with planes (or a
+            rotary one without), a ``direction`` other than ±1, one sink per head missing,
+            ``select_keys`` or ``chunk`` below 1 (or a chunk beside a window), a temperature on a
+            layer that does not rotate, ``axes`` not one per plane.
+
+    Example:
+        Read from a model (GPT-J pairs adjacent dims and rotates 8 of its 16):
+
+        >>> import torch
+        >>> from ropelens import LayerRope, rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> layer = rope_spec(tiny_model("gptj"))[0]
+        >>> layer.pairing, layer.n_planes, layer.rotary_dim, layer.head_dim
+        ('adjacent', 4, 8, 16)
+        >>> [round(w, 1) for w in layer.wavelength.tolist()]  # 2π/θ_i tokens per turn
+        [6.3, 62.8, 628.3, 6283.2]
+
+        Or built by hand: the rotated q·k depends on the positions only through m − n.
+
+        >>> layer = LayerRope(
+        ...     layer=0, inv_freq=torch.tensor([1.0, 0.1]), head_dim=4, rotary_dim=4,
+        ...     pairing="half", n_heads=1, n_kv_heads=1, score_scale=0.5,
+        ... )
+        >>> q = k = torch.tensor([[1.0, 0.0, 0.0, 0.0]])  # all in plane 0 (θ₀ = 1)
+        >>> def logit(m, n):
+        ...     q_m = layer.rotate(q, torch.tensor([m]))
+        ...     k_n = layer.rotate(k, torch.tensor([n]))
+        ...     return round(float(q_m @ k_n[0]), 4)
+        >>> logit(3, 1), logit(12, 10), round(float(torch.cos(torch.tensor(2.0))), 4)
+        (-0.4161, -0.4161, -0.4161)
+        >>> layer.planes_beyond(n_ctx=10).tolist()  # plane 1's wavelength, 62.8, exceeds 10
+        [1]
     """
 
     layer: int
@@ -314,6 +406,7 @@ class LayerRope:
 
     @property
     def n_planes(self) -> int:
+        """Planes the layer rotates, ``rotary_dim // 2`` (0 for NoPE and mixer layers)."""
         return self.rotary_dim // 2
 
     def query_temperature(self, positions: Tensor) -> Tensor | None:
@@ -362,6 +455,7 @@ class LayerRope:
 
     @property
     def plane_dims(self) -> Int[Tensor, "n_planes 2"]:
+        """``[n_planes, 2]``: the two head dims of each plane, as the pairing lays them out."""
         return plane_dims(self.rotary_dim, self.pairing)
 
     def split(self, x: Float[Tensor, "... head_dim"]) -> Float[Tensor, "... n_planes 2"]:
@@ -519,6 +613,7 @@ class LayerRope:
         return sorted({p for planes in self.ablated for p in planes})
 
     def to_dict(self) -> dict[str, Any]:
+        """The layer as a JSON-ready dict; :meth:`from_dict` reads it."""
         d = asdict(self)
         d["inv_freq"] = self.inv_freq.tolist()
         if not self.ablated:  # written only under an ablation, so other specs read as before
@@ -527,6 +622,7 @@ class LayerRope:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LayerRope:
+        """The layer :meth:`to_dict` wrote."""
         d = dict(d)
         d["inv_freq"] = torch.tensor(d["inv_freq"], dtype=torch.float32)
         if d.get("sinks") is not None:
@@ -553,7 +649,47 @@ class LayerRope:
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """The RoPE of every attention layer of a model, as the running model applies it."""
+    """The RoPE of every attention layer of a model, as the running model applies it.
+
+    Read with :func:`ropelens.rope_spec` (never from the config alone: from the HF modules, and
+    verified against the model's own attention before any measurement). One :class:`LayerRope` per
+    layer, in order, so ``spec[i]`` is layer i; :meth:`summary` groups the layers by kind and
+    :meth:`to_frame` lists every (layer, plane) with its frequency and wavelength.
+
+    Attributes:
+        model_name (str): The model's name as loaded (``model.cfg.model_name``).
+        architecture (str): The HF architecture (``"LlamaForCausalLM"``).
+        layers (tuple[LayerRope, ...]): Every layer, in order (``layers[i].layer == i``),
+            including NoPE layers and a hybrid's layers without softmax attention.
+        n_ctx (int): The model's trained context length, in tokens.
+        valid_up_to (int | None): Where the frequencies change with the input's length (dynamic
+            NTK, LongRoPE): the longest input, in tokens, they hold for; None where they hold for
+            every length.
+        length (int | None): The input length the frequencies were read at
+            (``rope_spec(model, length=n)``), where they depend on it.
+        interventions (tuple[dict[str, Any], ...]): The interventions in force when the spec was
+            read, outermost first, as JSON-ready records (``{"intervention": "rope variant" |
+            "plane ablation" | "replacement", ...}``): the layers then describe the model as it
+            runs under them (a variant's frequencies, ablated planes).
+
+    Raises:
+        InputError: When ``layers`` is empty or out of order.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> spec = rope_spec(tiny_model("gptj"))
+        >>> spec.model_name, spec.architecture, spec.n_layers, spec.n_ctx
+        ('tiny-gptj', 'GPTJForCausalLM', 2, 256)
+        >>> spec.kinds
+        {'full': [0, 1]}
+        >>> spec.summary()[["kind", "layers", "pairing", "rotary_dim", "n_planes"]]
+           kind layers   pairing  rotary_dim  n_planes
+        0  full    0-1  adjacent           8         4
+        >>> frame = spec.to_frame()  # one row per (layer, plane)
+        >>> len(frame), list(frame.columns)
+        (8, ['layer', 'kind', 'plane', 'inv_freq', 'wavelength', 'turns_within_ctx'])
+    """
 
     model_name: str
     architecture: str
@@ -579,13 +715,16 @@ class RopeSpec:
                 raise InputError(f"layers must be in order: position {i} holds layer {layer.layer}")
 
     def __len__(self) -> int:
+        """Layers in the model."""
         return len(self.layers)
 
     def __getitem__(self, layer: int) -> LayerRope:
+        """Layer ``layer``'s :class:`LayerRope`."""
         return self.layers[layer]
 
     @property
     def n_layers(self) -> int:
+        """Layers in the model (NoPE and mixer layers included)."""
         return len(self.layers)
 
     @property
@@ -861,6 +1000,7 @@ class RopeSpec:
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as a JSON-ready dict; :meth:`from_dict` reads it."""
         # the length fields only where the frequencies depend on the input's length, so that the
         # spec of a fixed-length model is written as it always was
         lengths = {"valid_up_to": self.valid_up_to, "length": self.length}
@@ -874,10 +1014,12 @@ class RopeSpec:
         }
 
     def to_json(self) -> str:
+        """The spec as indented JSON (:meth:`to_dict`'s, tensors as lists)."""
         return json.dumps(self.to_dict(), indent=2, default=_json_default)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RopeSpec:
+        """The spec :meth:`to_dict` wrote."""
         return cls(
             model_name=d["model_name"],
             architecture=d["architecture"],

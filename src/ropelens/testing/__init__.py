@@ -52,7 +52,23 @@ def _tokenizer_dir() -> str:
 
 
 def tiny_tokenizer():
-    """The character-level tokenizer the tiny models use (vocabulary of 101: 4 specials + ASCII)."""
+    """The character-level tokenizer the tiny models use (vocabulary of 101: 4 specials + ASCII).
+
+    One token per character: ids 0-3 are ``<unk>``, ``<s>`` (BOS), ``</s>`` (EOS) and ``<pad>``,
+    then the printable ASCII characters, newline and tab. It is built once per process and saved to
+    a temporary directory, which the tiny models reload it from.
+
+    Returns:
+        transformers.PreTrainedTokenizerFast: The tokenizer (BOS id 1, EOS id 2, pad id 3).
+
+    Example:
+        >>> from ropelens.testing import tiny_tokenizer
+        >>> tok = tiny_tokenizer()
+        >>> len(tok), tok.bos_token_id
+        (101, 1)
+        >>> tok("ab").input_ids
+        [69, 70]
+    """
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(_tokenizer_dir())
@@ -135,7 +151,31 @@ def _config(family: str, vocab: int, **overrides: Any):
 
 
 def tiny_hf_model(family: str = "llama", *, seed: int = 0, **config_overrides: Any):
-    """A random HF causal LM of ``family`` (eager attention, eval mode, float32)."""
+    """A random HF causal LM of ``family`` (eager attention, eval mode, float32).
+
+    The plain ``transformers`` model, without the TransformerLens bridge: what
+    :func:`tiny_model` wraps, and what tests of the plain-HF backend
+    (``load_model(..., bridge=False)``) start from. Its norm gains are spread
+    (:func:`spread_weights`) so that planes and heads differ.
+
+    Args:
+        family (str): ``"llama"``, ``"llama-gqa"``, ``"gemma3"``, ``"gptj"`` or ``"gpt2"`` (see
+            :func:`tiny_model` for what each is). Default ``"llama"``.
+        seed (int): Seed of the random weights; the global torch RNG is left as it was.
+        **config_overrides: Fields of the HF config to change (e.g. ``num_hidden_layers=4``).
+
+    Returns:
+        transformers.PreTrainedModel: The model, in eval mode, on the CPU.
+
+    Raises:
+        InputError: When ``family`` is not one of the families above.
+
+    Example:
+        >>> from ropelens.testing import tiny_hf_model
+        >>> hf = tiny_hf_model("llama-gqa", num_hidden_layers=3)
+        >>> type(hf).__name__, hf.config.num_hidden_layers, hf.config.num_key_value_heads
+        ('LlamaForCausalLM', 3, 2)
+    """
     from transformers import AutoModelForCausalLM
 
     cfg = _config(family, vocab=len(_SPECIALS) + 97, **config_overrides)
@@ -148,7 +188,25 @@ def tiny_hf_model(family: str = "llama", *, seed: int = 0, **config_overrides: A
 
 
 def spread_weights(model: torch.nn.Module, seed: int) -> None:
-    """Give norm weights random gains so per-plane statistics differ between planes and heads."""
+    """Give norm weights random gains so per-plane statistics differ between planes and heads.
+
+    A freshly initialised HF model has every norm weight 1, which makes many per-plane statistics
+    of a random model tie; each 1-D parameter with ``norm`` in its name is set in place to gains
+    drawn uniformly from [0.25, 1.75).
+
+    Args:
+        model (torch.nn.Module): The model whose norm weights to overwrite (in place).
+        seed (int): Seed of the gains (the generator is seeded with ``seed + 1``).
+
+    Example:
+        >>> import torch
+        >>> from ropelens.testing import spread_weights, tiny_hf_model
+        >>> hf = tiny_hf_model("llama")
+        >>> spread_weights(hf, seed=3)
+        >>> gains = hf.model.norm.weight
+        >>> bool(((gains >= 0.25) & (gains < 1.75)).all()), bool(torch.all(gains == 1))
+        (True, False)
+    """
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -161,10 +219,40 @@ def tiny_model(
 ):
     """A tiny random ``family`` model wrapped in the TransformerLens bridge.
 
-    Families: ``"llama"`` (MHA), ``"llama-gqa"`` (4 query heads over 2 KV heads), ``"gemma3"``
-    (3 sliding-window layers with window 8 and base 1e4, then one global layer with base 1e6,
-    GQA, query_pre_attn_scalar 32), ``"gptj"`` (adjacent-pair partial rotary, rotary_dim 8 of 16)
-    and ``"gpt2"`` (no RoPE). ``config_overrides`` go to the HF config.
+    No download and about a second to build: what ropelens's tests and examples run on. Every
+    family has head dimension 16, a 256-token context and the character-level
+    :func:`tiny_tokenizer`.
+
+    Args:
+        family (str): Which architecture (default ``"llama"``):
+
+            - ``"llama"``: 2 layers, 4 heads (MHA), half-split pairing, base 1e4;
+            - ``"llama-gqa"``: as ``"llama"`` with 4 query heads over 2 KV heads;
+            - ``"gemma3"``: 3 sliding-window layers with window 8 and base 1e4, then one global
+              layer with base 1e6, GQA, query_pre_attn_scalar 32;
+            - ``"gptj"``: adjacent-pair partial rotary, rotary_dim 8 of 16;
+            - ``"gpt2"``: no RoPE (for error paths and learned-PE geometry).
+        seed (int): Seed of the random weights; the global torch RNG is left as it was.
+        device (str | None): Where the model runs (default ``"cpu"``).
+        **config_overrides: Fields of the HF config to change (e.g. ``num_hidden_layers=4``).
+
+    Returns:
+        transformer_lens.model_bridge.TransformerBridge: The model, named ``tiny-FAMILY``.
+
+    Raises:
+        InputError: When ``family`` is not one of the families above.
+
+    Example:
+        >>> from ropelens import rope_spec
+        >>> from ropelens.testing import tiny_model
+        >>> model = tiny_model("gemma3")
+        >>> model.cfg.model_name
+        'tiny-gemma3'
+        >>> spec = rope_spec(model)
+        >>> spec.kinds
+        {'sliding': [0, 1, 2], 'full': [3]}
+        >>> [spec[i].base for i in (0, 3)], spec[0].window
+        ([10000.0, 1000000.0], 8)
     """
     hf = tiny_hf_model(family, seed=seed, **config_overrides)
     return wrap_hf_model(
@@ -179,7 +267,34 @@ def tiny_model(
 def tiny_model_dir(
     family: str, dest: str | Path, *, seed: int = 0, **config_overrides: Any
 ) -> Path:
-    """Save a tiny model and its tokenizer as an HF directory (for load_model(path) tests)."""
+    """Save a tiny model and its tokenizer as an HF directory (for load_model(path) tests).
+
+    The directory is what ``save_pretrained`` writes (``config.json``, ``model.safetensors``,
+    the tokenizer's files), so it stands in for a checkpoint downloaded from the hub.
+
+    Args:
+        family (str): Which tiny architecture (see :func:`tiny_model`).
+        dest (str | Path): The directory to write (created if missing).
+        seed (int): Seed of the random weights.
+        **config_overrides: Fields of the HF config to change (e.g. ``num_hidden_layers=4``).
+
+    Returns:
+        Path: ``dest``.
+
+    Raises:
+        InputError: When ``family`` is not a tiny family.
+
+    Example:
+        >>> import tempfile
+        >>> from ropelens import load_model
+        >>> from ropelens.testing import tiny_model_dir
+        >>> path = tiny_model_dir("gptj", tempfile.mkdtemp())
+        >>> (path / "config.json").exists()
+        True
+        >>> model = load_model(path)
+        >>> model.cfg.model_name == str(path)
+        True
+    """
     dest = Path(dest)
     tiny_hf_model(family, seed=seed, **config_overrides).save_pretrained(dest)
     tiny_tokenizer().save_pretrained(dest)
