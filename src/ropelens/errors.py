@@ -31,7 +31,7 @@ class InputError(ValueError):
         *args: The message, one string naming the problem and the fix (as for ``ValueError``).
         **kwargs: None are accepted (the signature ``ValueError`` inherits).
 
-    Example:
+    Examples:
         >>> from ropelens import Bands, InputError
         >>> try:
         ...     Bands.quantiles(0)
@@ -54,7 +54,7 @@ class NotRotaryError(InputError):
         *args: The message, naming the model's position embeddings and what to use instead.
         **kwargs: None are accepted (the signature ``ValueError`` inherits).
 
-    Example:
+    Examples:
         >>> from ropelens import NotRotaryError, rope_spec
         >>> from ropelens.testing import tiny_model
         >>> try:
@@ -77,7 +77,7 @@ class UnsupportedModelError(InputError):
         *args: The message: what the model does, why the measurement would be wrong, the fix.
         **kwargs: None are accepted (the signature ``ValueError`` inherits).
 
-    Example:
+    Examples:
         A chunked-attention layer (Llama 4) refuses windows longer than its chunk wherever an
         analysis assumes the causal mask:
 
@@ -105,7 +105,7 @@ class UsageError(InputError):
         *args: The message, ending with where to read the command's help.
         **kwargs: None are accepted (the signature ``ValueError`` inherits).
 
-    Example:
+    Examples:
         >>> from ropelens.cli.main import build_parser
         >>> from ropelens.errors import UsageError
         >>> try:
@@ -127,7 +127,7 @@ class ExportUnavailableError(InputError):
         *args: The message, naming what is missing and how to install it.
         **kwargs: None are accepted (the signature ``ValueError`` inherits).
 
-    Example:
+    Examples:
         It is an :class:`InputError`, so one ``except`` covers every refusal:
 
         >>> from ropelens.errors import ExportUnavailableError, InputError
@@ -148,7 +148,7 @@ class RopelensWarning(UserWarning):
         *args: The message, saying what was done to the input.
         **kwargs: None are accepted (the signature ``UserWarning`` inherits).
 
-    Example:
+    Examples:
         >>> import warnings
         >>> from ropelens.errors import RopelensWarning, TruncatedInputWarning
         >>> issubclass(TruncatedInputWarning, RopelensWarning)
@@ -174,7 +174,7 @@ class TruncatedInputWarning(RopelensWarning):
         *args: The message, naming each text cut, its length in tokens and the limit.
         **kwargs: None are accepted (the signature ``UserWarning`` inherits).
 
-    Example:
+    Examples:
         >>> import warnings
         >>> from ropelens.errors import TruncatedInputWarning
         >>> from ropelens.run.texts import text_tokens

@@ -126,7 +126,7 @@ def result_classes() -> dict[str, type[_result_base.Result]]:
     Returns:
         dict[str, type[Result]]: Kind (the class name) → result class, for every registered result.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import FrequencyUsage, result_classes
         >>> classes = result_classes()
         >>> classes["FrequencyUsage"] is FrequencyUsage
@@ -156,7 +156,7 @@ def load_result(path: str | os.PathLike[str]) -> _result_base.Result:
         InputError: When the file is neither a ropelens JSON result nor a safetensors file, or
             names a result type that no analysis writes.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from ropelens import load_result
         >>> from ropelens.analyses import frequency_usage

@@ -425,7 +425,7 @@ class AttentionByDistance(
             ``[layer, bin]``; ``n_queries`` ``[layer]``.
         provenance (Provenance): Model, corpus, token count and versions.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.analyses import attention_by_distance
         >>> from ropelens.testing import tiny_model
@@ -802,7 +802,7 @@ def attention_by_distance(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import attention_by_distance
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

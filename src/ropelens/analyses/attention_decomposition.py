@@ -113,7 +113,7 @@ class AttentionDecomposition(Result):
         token_text (tuple[tuple[str, ...], ...] | None): Each token as the tokenizer decodes it,
             per batch row; None for a model without a tokenizer.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens import Bands
         >>> from ropelens.analyses import attention_decomposition
@@ -642,7 +642,7 @@ def attention_decomposition(
         InputError: When ``tokens`` is an empty list, has no tokens, or is neither text nor a 2-D
             integer tensor.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import attention_decomposition
         >>> from ropelens.testing import tiny_model
         >>> dec = attention_decomposition(tiny_model("llama"), "The cat sat on the mat.")

@@ -346,7 +346,7 @@ class AttentionSinks(
             ``[layer, kv_head, band]``; ``k0_plane``, ``kother_plane`` ``[layer, kv_head, plane]``.
         provenance (Provenance): Model, corpus, token count and versions.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.analyses import attention_sinks
         >>> from ropelens.testing import tiny_model
@@ -675,7 +675,7 @@ def attention_sinks(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import attention_sinks
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

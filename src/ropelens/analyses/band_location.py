@@ -160,7 +160,7 @@ class BandLocation(
     Raises:
         InputError: When ``which`` is neither ``"q"`` nor ``"k"``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.analyses import band_location
         >>> from ropelens.testing import tiny_model
@@ -440,7 +440,7 @@ def band_location(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import band_location
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

@@ -798,7 +798,7 @@ class BandStatistics(
         provenance (Provenance): Model, corpus, token count, options (``agreement``, ``jsd``) and
             versions.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.analyses import band_statistics
         >>> from ropelens.testing import tiny_model
@@ -1110,7 +1110,7 @@ def band_statistics(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import band_statistics
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

@@ -389,7 +389,7 @@ class BasePredictions(Result):
         lengths (tuple[int, ...]): The context lengths predicted for, in tokens.
         provenance (Provenance): The model and the ``train_ctx``/``base`` options.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import base_predictions
         >>> from ropelens.testing import tiny_model
         >>> pred = base_predictions(tiny_model("llama"), [128, 512])  # base 1e4, d 16, T 256
@@ -450,7 +450,7 @@ def base_predictions(
             ``lengths`` is empty, ``train_ctx`` is not a positive int above 2π, or ``base`` is not
             a finite number > 1.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import base_predictions
         >>> from ropelens.testing import tiny_model
         >>> pred = base_predictions(tiny_model("llama"), [128, 512])
@@ -518,7 +518,7 @@ class MeasuredExtrapolation(Result):
     Raises:
         InputError: When ``lengths``, ``estimates`` and ``window_losses`` differ in length.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import measured_extrapolation
         >>> from ropelens.testing import tiny_model
         >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # your own documents
@@ -624,7 +624,7 @@ def measured_extrapolation(
         InputError: When ``corpus`` is a token tensor, a length is below 2 or not a positive int,
             or ``n_windows`` or ``train_ctx`` is not a positive int.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import measured_extrapolation
         >>> from ropelens.testing import tiny_model
         >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # or None: English

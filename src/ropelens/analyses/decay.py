@@ -60,7 +60,7 @@ def rope_decay_constant(inv_freq: Float[Tensor, " n_planes"], max_distance: int)
         InputError: When ``inv_freq`` is empty, non-finite or negative, or ``max_distance`` is not
             an int ≥ 0.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.analyses import rope_decay_constant
         >>> from ropelens.testing import tiny_model
@@ -130,7 +130,7 @@ def rope_gaussian_expectation(
             :func:`rope_decay_constant`), ``mean``/``std`` is not finite or ``std < 0``, or
             ``n_samples`` is neither None nor an int ≥ 2.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.analyses import rope_gaussian_expectation
         >>> inv_freq = 10000.0 ** -(torch.arange(8) / 8)  # 8 planes, head_dim 16
@@ -219,7 +219,7 @@ def rope_decay_by_distance(
             ``head_dim`` or from each other, ``valid`` has the wrong shape, some distance has no
             valid pair, or the tensors hold NaN/inf.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens import capture_qk
         >>> from ropelens.analyses import rope_decay_by_distance

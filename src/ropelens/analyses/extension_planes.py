@@ -129,7 +129,7 @@ class ExtensionPlanes(Result, previous_kinds=("PlaneView",), unversioned=True):
     Raises:
         InputError: When the frequencies and categories differ in length.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.analyses import extension_planes
         >>> from ropelens.spec.variants import YaRN
@@ -234,7 +234,7 @@ def extension_planes(
         TypeError: When ``layer_rope`` is not a :class:`LayerRope`.
         InputError: When ``original_ctx`` or ``target_ctx`` is not a positive int.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.analyses import extension_planes
         >>> from ropelens.spec.variants import NTK, Linear
@@ -295,7 +295,7 @@ class LongRopeSearch(Result, unversioned=True):
             generations).
         provenance (Provenance): Model, corpus and windows.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import search_longrope_factors
         >>> from ropelens.testing import tiny_model
         >>> found = search_longrope_factors(
@@ -617,7 +617,7 @@ def search_longrope_factors(
             differently, ``tokens`` has the wrong shape, or ``state_path`` holds a search with
             other settings or more generations.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import search_longrope_factors
         >>> from ropelens.testing import tiny_model
         >>> found = search_longrope_factors(

@@ -595,7 +595,7 @@ def extension_study(
         InputError: When the model has no tokenizer, ``to`` does not exceed ``native``, a method
             is unknown, a number is out of range, or a given passkey prompt cannot fit.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import extension_study
         >>> from ropelens.testing import tiny_model
         >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # or None: English
@@ -1136,7 +1136,7 @@ class ExtensionStudy(Result, derived=("findings",)):
             ``length``, ``heads`` (one row per layer × head: entropy, KL, JS, matrix entropy) and
             ``same_as``; empty when run with ``attention=False``.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import extension_study
         >>> from ropelens.testing import tiny_model
         >>> texts = ["The quick brown fox jumps over the lazy dog. " * 4]  # or None: English

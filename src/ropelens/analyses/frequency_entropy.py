@@ -428,7 +428,7 @@ class FrequencyEntropy(
             ``spectrum``, ``[layer, plane, n_pos // 2]``.
         provenance (Provenance): Model, corpus, token count and versions.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.analyses import frequency_entropy
         >>> from ropelens.testing import tiny_model
@@ -604,7 +604,7 @@ def frequency_entropy(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import frequency_entropy
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

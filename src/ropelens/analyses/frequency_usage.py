@@ -191,7 +191,7 @@ class FrequencyUsage(
         source (str): ``"pre"`` (norms before RoPE, the default) or ``"post"`` (after).
         provenance (Provenance): Model, corpus, token count and versions.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.analyses import frequency_usage
         >>> from ropelens.testing import tiny_model
@@ -469,7 +469,7 @@ def frequency_usage(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import frequency_usage
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

@@ -273,7 +273,7 @@ class HeadTaxonomy(Result, unversioned=True):
         InputError: When ``scores["mass_text"]`` does not have one row per layer or ``tau`` is
             outside [0, 1].
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.analyses import head_taxonomy
         >>> from ropelens.testing import tiny_model
@@ -502,7 +502,7 @@ def head_taxonomy(
     Returns:
         HeadTaxonomy: The per-head scores, τ and band profiles; ``kinds()`` names each head.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.analyses import head_taxonomy
         >>> from ropelens.testing import tiny_model

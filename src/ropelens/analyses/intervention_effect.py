@@ -74,7 +74,7 @@ class InterventionEffect(Result):
         provenance (Provenance): Model, corpus, windows, bands, interventions and the verification
             of both runs.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import intervention_effect
         >>> from ropelens.spec.variants import PRoPE
         >>> from ropelens.testing import tiny_model
@@ -279,7 +279,7 @@ def intervention_effect(
         InputError: When ``intervention`` is neither a RoPE variant nor a callable, or puts nothing
             in force on the model.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import intervention_effect
         >>> from ropelens.spec.variants import PRoPE
         >>> from ropelens.testing import tiny_model

@@ -480,7 +480,7 @@ class Knockout(Result, json_options={"indent": None}):
     Raises:
         InputError: When a row lacks a column or has one too many.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import knockout
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")
@@ -1061,7 +1061,7 @@ def knockout(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention, or the head sets span layers with different plane counts.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import knockout
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

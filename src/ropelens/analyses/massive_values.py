@@ -179,7 +179,7 @@ class MassiveValues(
             :meth:`with_factor` gives a copy at another one.
         provenance (Provenance): Model, corpus, tokens, settings and versions of the run.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import massive_values
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")
@@ -447,7 +447,7 @@ def massive_values(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import massive_values
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama-gqa")

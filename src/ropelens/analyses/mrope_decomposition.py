@@ -87,7 +87,7 @@ class MRopeDecomposition(AttentionDecomposition):
     Raises:
         InputError: When ``position_ids`` or ``modality`` does not match the tokens' shape.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import mrope_decomposition
         >>> from ropelens.testing.vl import vl_hf_model, vl_inputs
         >>> vl = vl_hf_model("qwen2_vl")  # a tiny random Qwen2-VL
@@ -359,7 +359,7 @@ def mrope_decomposition(
         UnsupportedModelError: When ``verify`` finds that the per-axis rotation or the rebuilt
             pattern does not match the model's.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import mrope_decomposition
         >>> from ropelens.testing.vl import vl_hf_model, vl_inputs
         >>> vl = vl_hf_model("qwen2_vl")  # a tiny random Qwen2-VL

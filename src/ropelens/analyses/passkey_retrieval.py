@@ -319,7 +319,7 @@ class PasskeyRetrieval(Result, previous_kinds=("PasskeyResult",)):
     Raises:
         InputError: When a trial lies outside the ``lengths`` × ``depths`` grid.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import passkey_retrieval
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")
@@ -496,7 +496,7 @@ def passkey_retrieval(
             too short for the bare prompt, ``variant`` is not a RoPE variant, the model has no
             tokenizer, or the longest prompt does not fit in memory.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import passkey_retrieval
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

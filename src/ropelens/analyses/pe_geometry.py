@@ -72,7 +72,7 @@ class PESimilarity(ByDistance, Result, json_options={"indent": None, "allow_nan"
         period_threshold (float): The strength a period had to reach: max(``min_strength``, the
             strength white noise of this curve length beats with probability 0.01).
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import pe_similarity, sinusoidal_pe
         >>> sim = pe_similarity(sinusoidal_pe(128, 2), name="one pair")
         >>> sim.n_pos, sim.d_model, tuple(sim.mean.shape)
@@ -193,7 +193,7 @@ def pe_similarity(
         InputError: When it is not a ``[n_pos, d]`` matrix with n_pos ≥ 2, a row holds NaN/inf or
             is all zero, ``max_distance`` is out of range, or the matrix does not fit in memory.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import pe_similarity, sinusoidal_pe
         >>> sim = pe_similarity(sinusoidal_pe(128, 2), max_distance=32)
         >>> tuple(sim.distance.shape), round(float(sim.mean[1]), 4)
@@ -301,7 +301,7 @@ def sinusoidal_pe(n_pos: int, d: int, base: float = 10000.0) -> Float[Tensor, "n
         InputError: When ``n_pos`` is not a positive int, ``d`` not a positive even int, or
             ``base`` not above 1.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import sinusoidal_pe
         >>> pe = sinusoidal_pe(512, 128)
         >>> tuple(pe.shape)
@@ -350,7 +350,7 @@ def learned_pe(model: Any) -> Float[Tensor, "n_pos d_model"]:
             names the RoPE geometry functions to use instead), or a table at none of the known
             paths.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import learned_pe
         >>> from ropelens.testing import tiny_model
         >>> tuple(learned_pe(tiny_model("gpt2")).shape)

@@ -345,7 +345,7 @@ class PositionalSymbolic(
     Raises:
         InputError: When ``margin`` is outside [0, 1] or the sums do not match ``layers``.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import positional_symbolic
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")
@@ -537,7 +537,7 @@ def positional_symbolic(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import positional_symbolic
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

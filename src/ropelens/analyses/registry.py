@@ -61,7 +61,7 @@ class Analysis:
             class, a figure is not a ``(class, name, function)`` triple, or ``command`` /
             ``section`` lacks ``add_to`` / ``render``.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import Analysis, pe_similarity, PESimilarity
         >>> a = Analysis(
         ...     "pe-similarity", function=pe_similarity, result=PESimilarity,
@@ -140,7 +140,7 @@ def register_analysis(a: Analysis, *, before: str | None = None) -> Analysis:
         InputError: When ``a`` is not an :class:`Analysis`, its command or section name is already
             another analysis's, or ``before`` names no registered analysis.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import Analysis, register_analysis
         >>> from ropelens.analyses.registry import ANALYSES, analyses
         >>> def plane_count(model):

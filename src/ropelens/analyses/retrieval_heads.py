@@ -248,7 +248,7 @@ class RetrievalHeads(Result):
     Raises:
         InputError: When ``recall`` does not hold exactly the three conditions.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import retrieval_heads
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")
@@ -400,7 +400,7 @@ def retrieval_heads(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention, or the ablated heads have different plane counts.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import retrieval_heads
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

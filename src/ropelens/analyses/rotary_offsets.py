@@ -330,7 +330,7 @@ class RotaryOffsets(
             ``<source>/<scope>/<stat>`` ``[layer, head, plane]``.
         provenance (Provenance): Model, corpus, tokens, settings and versions of the run.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import rotary_offsets
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")
@@ -594,7 +594,7 @@ def rotary_offsets(
         UnsupportedModelError: When ``verify`` finds that the RoPE reading does not reproduce the
             model's own attention.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import rotary_offsets
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("llama")

@@ -147,7 +147,7 @@ class Trajectory(Result, derived=("columns",)):
         InputError: When an analysis is unknown or the checkpoints' steps are not distinct and
             increasing.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from pathlib import Path
         >>> from ropelens.analyses import trajectory
@@ -482,7 +482,7 @@ def trajectory(
             checkpoints cannot be resolved (none given, ``revisions`` without one hub id, steps
             missing or repeated).
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from pathlib import Path
         >>> from ropelens.analyses import trajectory

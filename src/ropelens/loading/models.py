@@ -207,7 +207,7 @@ def cache_dir() -> Path:
         Path: ``$ROPELENS_CACHE`` (``~`` expanded) where set, else the platform's user cache
         directory for ropelens (``~/.cache/ropelens`` on Linux).
 
-    Example:
+    Examples:
         >>> import os
         >>> from pathlib import Path
         >>> from unittest import mock
@@ -671,7 +671,7 @@ def load_model(
         UnsupportedModelError: When TransformerLens's adapter cannot wrap the model as
             configured.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from ropelens import load_model
         >>> from ropelens.testing import tiny_model_dir

@@ -276,7 +276,7 @@ def build_report(
             write.
         NotADirectoryError: When ``out`` is a file.
 
-    Example:
+    Examples:
         A quick report of a tiny model (tens of seconds on a laptop's CPU):
 
         >>> import tempfile

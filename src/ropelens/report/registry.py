@@ -52,7 +52,7 @@ class SectionSpec:
         InputError: When ``render`` or ``measure`` is not a function, or ``needs`` names an
             unknown shared step.
 
-    Example:
+    Examples:
         >>> from ropelens.report import Section, SectionSpec
         >>> def render(data):
         ...     return Section("notes", "Notes", f"<p>{len(data.layers)} layers measured</p>")
@@ -108,7 +108,7 @@ def sections() -> list[SectionSpec]:
     Returns:
         list[SectionSpec]: Every section, first laid out first.
 
-    Example:
+    Examples:
         >>> from ropelens.report import sections
         >>> [s.key for s in sections()][:3]
         ['rope-spec', 'frequency-usage', 'band-statistics']
@@ -131,7 +131,7 @@ def register_section(spec: SectionSpec, *, before: str | None = None) -> None:
     Raises:
         InputError: When ``spec`` is not a :class:`SectionSpec`, or ``before`` names no section.
 
-    Example:
+    Examples:
         >>> from ropelens.analyses import registry
         >>> from ropelens.report import Section, SectionSpec, register_section, sections
         >>> saved = {a.name: a for a in registry.analyses()}  # to put back after this example

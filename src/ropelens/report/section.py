@@ -36,7 +36,7 @@ class Section:
         figures (list[Any]): The plotly figures its body lays out (written as files with the
             report's ``figures`` option).
 
-    Example:
+    Examples:
         >>> import pandas as pd
         >>> from ropelens.report import Section
         >>> section = Section(

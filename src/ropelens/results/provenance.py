@@ -155,7 +155,7 @@ class Provenance:
             what the windows were cut from → sorted, disjoint ``[start, stop)`` token ranges
             (:attr:`ropelens.run.measure.Windows.spans`).
 
-    Example:
+    Examples:
         >>> from ropelens import Provenance
         >>> first = Provenance(
         ...     model="tiny-llama", corpus="english", n_tokens=64, n_windows=4, n_ctx=16,

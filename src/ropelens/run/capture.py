@@ -401,7 +401,7 @@ def capture_qk(
         InputError: When ``valid``'s shape is not ``tokens``'s, or ``which`` names an unknown
             tensor.
 
-    Example:
+    Examples:
         The captured q and k give the model's pre-softmax scores, plane by plane:
 
         >>> import torch

@@ -128,7 +128,7 @@ def apply_rope_variant(
             not fit a chosen layer.
         NotRotaryError: When the model has no RoPE.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens import apply_rope_variant
         >>> from ropelens.spec.variants import NoPE
@@ -213,7 +213,7 @@ def with_rope_variant(
             not fit a chosen layer, or ``in_place`` is asked of a model already under an
             intervention.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec, with_rope_variant
         >>> from ropelens.spec.variants import NoPE, PRoPE
         >>> from ropelens.testing import tiny_model
@@ -307,7 +307,7 @@ def ablate_planes(
         InputError: When a plane or head index is out of range in a chosen layer, or ``layers``
             or ``layer_kind`` choose no rotary layer.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens import ablate_planes, capture_qk, rope_spec
         >>> from ropelens.testing import tiny_model

@@ -84,7 +84,7 @@ class Bands:
             range, overlapping bands, more quantiles than planes, planes left uncovered under
             ``require_cover``).
 
-    Example:
+    Examples:
         >>> from ropelens import Bands, rope_spec
         >>> from ropelens.testing import tiny_model
         >>> layer = rope_spec(tiny_model("llama"))[0]  # 8 planes, base 1e4

@@ -841,7 +841,7 @@ def rope_spec(model, *, length: int | None = None) -> RopeSpec:
         NotRotaryError: When the model has no rotary position embeddings.
         UnsupportedModelError: When the model applies RoPE in a way ropelens cannot read exactly.
 
-    Example:
+    Examples:
         >>> from ropelens import apply_rope_variant, rope_spec
         >>> from ropelens.spec.variants import PRoPE
         >>> from ropelens.testing import tiny_model

@@ -254,7 +254,7 @@ class LayerRope:
             ``select_keys`` or ``chunk`` below 1 (or a chunk beside a window), a temperature on a
             layer that does not rotate, ``axes`` not one per plane.
 
-    Example:
+    Examples:
         Read from a model (GPT-J pairs adjacent dims and rotates 8 of its 16):
 
         >>> import torch
@@ -675,7 +675,7 @@ class RopeSpec:
     Raises:
         InputError: When ``layers`` is empty or out of order.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> spec = rope_spec(tiny_model("gptj"))

@@ -61,7 +61,7 @@ def tiny_tokenizer():
     Returns:
         transformers.PreTrainedTokenizerFast: The tokenizer (BOS id 1, EOS id 2, pad id 3).
 
-    Example:
+    Examples:
         >>> from ropelens.testing import tiny_tokenizer
         >>> tok = tiny_tokenizer()
         >>> len(tok), tok.bos_token_id
@@ -170,7 +170,7 @@ def tiny_hf_model(family: str = "llama", *, seed: int = 0, **config_overrides: A
     Raises:
         InputError: When ``family`` is not one of the families above.
 
-    Example:
+    Examples:
         >>> from ropelens.testing import tiny_hf_model
         >>> hf = tiny_hf_model("llama-gqa", num_hidden_layers=3)
         >>> type(hf).__name__, hf.config.num_hidden_layers, hf.config.num_key_value_heads
@@ -198,7 +198,7 @@ def spread_weights(model: torch.nn.Module, seed: int) -> None:
         model (torch.nn.Module): The model whose norm weights to overwrite (in place).
         seed (int): Seed of the gains (the generator is seeded with ``seed + 1``).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from ropelens.testing import spread_weights, tiny_hf_model
         >>> hf = tiny_hf_model("llama")
@@ -242,7 +242,7 @@ def tiny_model(
     Raises:
         InputError: When ``family`` is not one of the families above.
 
-    Example:
+    Examples:
         >>> from ropelens import rope_spec
         >>> from ropelens.testing import tiny_model
         >>> model = tiny_model("gemma3")
@@ -284,7 +284,7 @@ def tiny_model_dir(
     Raises:
         InputError: When ``family`` is not a tiny family.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from ropelens import load_model
         >>> from ropelens.testing import tiny_model_dir
