@@ -30,7 +30,7 @@ import ropelens
 from ropelens.analyses import attention_decomposition
 from ropelens.backends import handle
 from ropelens.plots.export import write_figures
-from ropelens.plots.style import style_figure
+from ropelens.plots.style import hline_log, style_figure
 from ropelens.spec.bands import Bands
 from ropelens.spec.rope import RopeSpec, plane_dims
 
@@ -77,13 +77,8 @@ def wavelength_figure(records: list[dict[str, Any]]) -> go.Figure:
         marks[r["n_ctx"]] = f"{label} trained context {r['n_ctx']:,}"
         if r["window"]:
             marks[r["window"]] = f"{label} sliding window {r['window']:,}"
-    for y, text in sorted(marks.items()):
-        fig.add_hline(
-            y=y,
-            line={"dash": "dash", "width": 1, "color": "#555"},
-            annotation_text=text,
-            annotation_position="top left",
-        )
+    for i, (y, text) in enumerate(sorted(marks.items())):
+        hline_log(fig, y, text, "dash" if i % 2 == 0 else "dot")
     fig.update_yaxes(
         type="log", title_text="wavelength λ_i = 2π/θ_i (tokens)", exponentformat="power"
     )
@@ -112,7 +107,7 @@ def rotation_data(thetas: tuple[float, ...], positions: int = 8) -> dict[float, 
     return {t: [[math.cos(m * t), math.sin(m * t)] for m in range(positions)] for t in thetas}
 
 
-def pairing_figure(head_dim: int = 8, thetas: tuple[float, ...] = (1.0, 0.1)) -> go.Figure:
+def pairing_figure(head_dim: int = 8, thetas: tuple[float, ...] = (1.0, 0.08)) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=2,
@@ -153,7 +148,7 @@ def pairing_figure(head_dim: int = 8, thetas: tuple[float, ...] = (1.0, 0.1)) ->
                     line={"color": colour, "width": 1.5},
                     marker={"size": [0, 6], "color": colour},
                     text=["", f"m={m}" if t == thetas[0] or m in (0, 7) else ""],
-                    textposition="top center",
+                    textposition="top center" if t == thetas[0] else "middle right",
                     textfont={"size": 10, "color": colour},
                     name=f"θ = {t:g} rad/token (λ = {2 * math.pi / t:.3g} tokens)",
                     legendgroup=str(t),
@@ -230,8 +225,14 @@ def decomposition_data(model, text: str, layer: int, head: int | None = None) ->
     }
 
 
+def _label(token: str) -> str:
+    """A token as an axis label: visible when blank, never read as HTML."""
+    text = token.strip() or repr(token)
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def decomposition_figure(d: dict[str, Any]) -> go.Figure:
-    keys = [f"{i}:{t.strip() or repr(t)}" for i, t in enumerate(d["tokens"])]
+    keys = [f"{i}:{_label(t)}" for i, t in enumerate(d["tokens"])]
     fig = go.Figure()
     for b, (name, row) in enumerate(zip(d["bands"], d["terms"], strict=True)):
         fig.add_trace(
@@ -259,9 +260,9 @@ def decomposition_figure(d: dict[str, Any]) -> go.Figure:
     fig.update_layout(
         barmode="relative",
         title=(
-            f"{d['label']} layer {d['layer']} head {d['head']}: the score of the last query "
-            f"({d['query']}:{d['tokens'][-1].strip()}) with each key, by band "
-            f"(largest |sum − HF| = {err:.1e})"
+            f"{d['label']} layer {d['layer']} head {d['head']}: the last query's score with "
+            f"each key, by band<br><sup>the band terms sum to HF's own score (largest "
+            f"difference {err:.1e})</sup>"
         ),
         legend={"orientation": "h", "y": -0.35},
     )
