@@ -29,6 +29,7 @@ from pathlib import Path
 
 import ropelens
 import ropelens.analyses
+import ropelens.report
 from ropelens.analyses.registry import analyses
 from ropelens.cli.main import build_parser, main
 from ropelens.results.serialize import atomic_write_text
@@ -260,7 +261,7 @@ def python_name(name: str) -> str:
     if name in PYTHON:
         return PYTHON[name]
     fn = next(a.function for a in analyses() if a.command is not None and a.command.name == name)
-    for module in (ropelens, ropelens.analyses):
+    for module in (ropelens, ropelens.analyses, ropelens.report):
         if getattr(module, fn.__name__, None) is fn:
             return f"{module.__name__}.{fn.__name__}"
     return f"{fn.__module__}.{fn.__qualname__}"
@@ -273,10 +274,22 @@ def summary(name: str) -> str:
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(argv)
-    return rc, out.getvalue()
+    return rc, _clean(err.getvalue()) + _clean(out.getvalue())
+
+
+# a progress bar's line (tqdm writes them to stderr, redrawn with carriage returns)
+_PROGRESS = re.compile(r"\d+%\||\x1b\[")
+
+
+def _clean(text: str) -> str:
+    """Output as a reader sees it once the command is done: progress bars dropped, trailing
+    spaces stripped."""
+    lines = (line.rstrip() for line in re.split(r"\r?\n", text))
+    kept = [line for line in lines if not _PROGRESS.search(line) and "\r" not in line]
+    return "\n".join(kept).strip("\n") + "\n" if any(kept) else ""
 
 
 def _setup(line: str) -> None:
@@ -318,7 +331,7 @@ def _where(ex: Example) -> str:
             "Run on a tiny random Llama saved as an HF directory (2 layers, 4 heads, head dim 16, "
             "context 256, character tokenizer): on the embedded SmolLM2 this command takes well "
             "over a minute on a CPU. Its numbers show the output's form, not findings. The "
-            "directory comes from\n\n```bash\n" + TINY_SETUP + "\n```\n"
+            "directory comes from\n\n```bash\n" + TINY_SETUP + "\n```"
         )
     return "This command loads no model of its own."
 
@@ -333,7 +346,7 @@ def example_section(ex: Example, workdir: Path) -> str:
     seconds = time.perf_counter() - start
     if rc:
         raise RuntimeError(f"ropelens {shlex.join(ex.argv)} failed ({rc}):\n{text}")
-    text = re.sub(r"[ \t]+$", "", text.replace(str(workdir) + os.sep, ""), flags=re.M).strip()
+    text = text.replace(str(workdir) + os.sep, "").strip()
     setup = ""
     if ex.setup:
         setup = "First:\n\n```bash\n" + "\n".join(ex.setup) + "\n```\n\n"
@@ -390,7 +403,15 @@ def recorded_example(name: str) -> str | None:
     path = PAGES / f"{name}.md"
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     at = text.find(f"\n{EXAMPLE_HEADING}\n")
-    return text[at + 1 :] if at >= 0 else None
+    if at < 0:
+        return None
+    section = text[at + 1 :]
+    # a section recorded before progress bars were dropped: drop them from its output block
+    head, sep, rest = section.partition("```text\n")
+    if sep:
+        body, fence, tail = rest.partition("\n```\n")
+        section = head + sep + _clean(body).rstrip("\n") + fence + tail
+    return section.replace("```\n\n\n```", "```\n\n```")
 
 
 def main_(argv: list[str] | None = None) -> int:
