@@ -74,12 +74,11 @@ def test_help_block_is_the_current_help(name, monkeypatch):
 def test_page_shows_a_run_of_its_own_command(name):
     page = (COMMANDS / f"{name}.md").read_text(encoding="utf-8")
     example = page[page.index("\n## Example\n") :]
-    m = re.search(
-        r"```bash\nropelens (\S+)(.*)\n```\n\n(```text\n(.+?)\n```|It prints nothing)",
+    runs = re.findall(
+        r"```bash\nropelens (\S+)[^\n]*\n```\n\n(?:```text\n[\s\S]+?\n```|It prints nothing)",
         example,
-        re.S,
     )
-    assert m and m.group(1) == name, f"{name}.md shows no run of ropelens {name}"
+    assert runs == [name], f"{name}.md shows no run of ropelens {name} and its output"
     assert "Traceback" not in example and "ropelens: error" not in example
 
 
