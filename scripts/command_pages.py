@@ -63,10 +63,13 @@ class Example:
     argv: tuple[str, ...]
     model: str = REAL  # REAL, TINY or "" (the command loads no model)
     setup: tuple[str, ...] = ()  # shell lines the invocation needs, shown and run first
+    where: str = ""  # what the run is on, where the model field does not say
 
 
-def _ex(question: str, line: str, model: str = REAL, setup: tuple[str, ...] = ()) -> Example:
-    return Example(question, tuple(shlex.split(line)), model, setup)
+def _ex(
+    question: str, line: str, model: str = REAL, setup: tuple[str, ...] = (), where: str = ""
+) -> Example:
+    return Example(question, tuple(shlex.split(line)), model, setup, where)
 
 
 _WINDOWS = "--tokens 1024 --n-ctx 128 --quiet"
@@ -205,8 +208,8 @@ EXAMPLES: dict[str, Example] = {
     "knockout": _ex(
         "Does zeroing a head set's highest (or lowest) planes change loss, positional behaviour "
         "and retrieval more than random planes and random heads, with CIs and p-values?",
-        "knockout tiny-llama --heads 0.0,1.1 --doses 2,4 --metrics loss,probe --tokens 512 "
-        "--n-ctx 64 --random 2 --controls 2 --boot 200 --quiet",
+        "knockout tiny-llama --heads 0.0,1.1 --probe-heads 0.0,1.1 --doses 2,4 "
+        "--metrics loss,probe --tokens 512 --n-ctx 64 --random 2 --controls 2 --boot 200 --quiet",
         TINY,
     ),
     "trajectory": _ex(
@@ -216,12 +219,16 @@ EXAMPLES: dict[str, Example] = {
         "--quiet",
         "",
         (TRAJECTORY_SETUP,),
+        "Run on the checkpoints of a tiny Llama trained from scratch for four steps on the "
+        "character tokenizer, saved every two steps by `ropelens.training.train.train`.",
     ),
     "compare": _ex(
         "What changed between two saved reports (B − A), map by map?",
         "compare report-a report-b --out compare",
         "",
         ("ropelens report tiny-llama --quick --variant prope:0.5 --out report-b --quiet",),
+        "Run on two reports of the tiny random Llama directory of the [report](report.md) page: "
+        "`report-a`, written there, and `report-b`, the same model under p-RoPE with p = 0.5.",
     ),
 }
 
@@ -321,6 +328,8 @@ def _written(before: set[str], after: set[str]) -> str:
 
 
 def _where(ex: Example) -> str:
+    if ex.where:
+        return ex.where
     if ex.model == REAL:
         return "Run on the embedded SmolLM2-135M (the default model), on CPU, with small settings."
     if ex.model == TINY:
