@@ -392,7 +392,8 @@ def index() -> str:
         "Every analysis of ropelens is a command of the `ropelens` executable (and of `python -m "
         "ropelens`). Each page below shows its `--help`, one real run and its output, and the "
         "Python function that gives the same result. Every command that loads a model takes "
-        "`--device` and `--dtype`; `--json` prints machine-readable output instead of a table; "
+        "`--device` and `--dtype`; `--json`, where a command has it, prints machine-readable "
+        "output instead of a table; "
         "bad input ends in one `ropelens: error:` line naming the flag and the fix "
         "(exit code 2).\n",
         "| command | what it answers | Python function |",
