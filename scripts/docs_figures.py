@@ -8,7 +8,8 @@ Chromium through ropelens's own static export).
 - ``pairing.png``: which head dimensions form each plane under half (Llama) and adjacent (GPT-J)
   pairing, and one plane's query turning with position at a high and a low frequency;
 - ``decomposition.png``: one attention score of SmolLM2 split into its band terms, the terms'
-  sum beside the score HF's own attention code computes from the same input.
+  sum beside the score HF's own attention code computes from the same input;
+- ``positional.png``: the same for a previous-token head of SmolLM2.
 
 Each figure's numbers come from a function here (``wavelength_data``, ``pairing_data``,
 ``decomposition_data``) that ``tests/docs/test_pages.py`` checks against an independent
@@ -278,13 +279,21 @@ def main() -> int:
     records = wavelength_data(ropelens.rope_spec(smol), "SmolLM2-135M")
     records += wavelength_data(gemma, "Gemma-3-270M")
     dec = decomposition_data(smol, TEXT, layer=3)
-    err = max(abs(a - b) for a, b in zip(dec["sum"], dec["hf_score"], strict=True))
-    print(f"decomposition: layer {dec['layer']} head {dec['head']}, largest |sum - HF| {err:.2e}")
+    pos = decomposition_data(
+        smol, TEXT, layer=1
+    )  # the layer of SmolLM2's strongest positional head
+    for d in (dec, pos):
+        err = max(abs(a - b) for a, b in zip(d["sum"], d["hf_score"], strict=True))
+        print(
+            f"decomposition: layer {d['layer']} head {d['head']}, largest |sum - HF| {err:.2e}, "
+            f"attention to the previous token {d['attention'][-2]:.3f}"
+        )
     write_figures(
         [
             (wavelength_figure(records), OUT / "wavelengths.png"),
             (pairing_figure(), OUT / "pairing.png"),
             (decomposition_figure(dec), OUT / "decomposition.png"),
+            (decomposition_figure(pos), OUT / "positional.png"),
         ],
         width=1000,
     )
