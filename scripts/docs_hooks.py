@@ -180,10 +180,17 @@ def on_files(files: Files, config: Any, **kwargs: Any) -> Files:
     return files
 
 
+# reST roles and literal-block markers some docstrings use, as rendered: shown as plain code
+_REST_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj|const):(?=<code>)")
+_REST_LITERAL = re.compile(r"::(</p>)")
+
+
 def on_page_content(html_text: str, page: Any, config: Any, **kwargs: Any) -> str:
     """Put each notebook output in place of its placeholder paragraph; load plotly.js first on a
-    page that draws a figure."""
+    page that draws a figure. On an API page, drop the reST role names in front of code."""
     uri = page.file.src_uri
+    if uri.startswith("api/"):
+        return _REST_LITERAL.sub(r":\1", _REST_ROLE.sub("", html_text))
     outputs = _outputs.get(uri)
     if outputs is None:
         return html_text
@@ -221,7 +228,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, **kwargs: Any) -> st
         if not names:
             return m.group(0)
         blocks = [
-            f"::: {m.group(1)}.{name}.{name}\n    options:\n      show_root_full_path: false"
+            f"::: {m.group(1)}.{name}.{name}\n"
+            "    options:\n      show_root_full_path: false\n      heading_level: 3"
             for name in names
         ]
         return m.group(0) + "\n\n## Analysis functions\n\n" + "\n\n".join(blocks) + "\n"
