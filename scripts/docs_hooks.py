@@ -120,7 +120,10 @@ def _data_html(data: dict[str, Any], n: int) -> tuple[str, bool]:
         if mime in data:
             b64 = _text(data[mime]).replace("\n", "")
             base64.b64decode(b64, validate=True)  # a corrupt image fails the build
-            return f'<div class="nb-image"><img alt="figure" src="data:{mime};base64,{b64}"></div>', False
+            return (
+                f'<div class="nb-image"><img alt="figure" src="data:{mime};base64,{b64}"></div>',
+                False,
+            )
     if "text/plain" in data:
         return _pre(_text(data["text/plain"]), "nb-text"), False
     return "", False

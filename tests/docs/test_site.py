@@ -1,10 +1,10 @@
-"""The documentation site builds with warnings as errors, documents every public name, links only to
-pages and anchors that exist, loads nothing from outside, and draws its pages and notebook figures in
-headless Chromium with no console error.
+"""The documentation site builds with warnings as errors, documents every public name, links only
+to pages and anchors that exist, loads nothing from outside, and draws its pages and notebook
+figures in headless Chromium with no console error.
 
-The site is built once per session (``mkdocs build --strict``, as scripts/build_docs.sh does) into a
-temporary folder, and served from 127.0.0.1 for the browser tests (the search index is fetched, which
-a page opened from disk may not do).
+The site is built once per session (``mkdocs build --strict``, as scripts/build_docs.sh does) into
+a temporary folder, and served from 127.0.0.1 for the browser tests (the search index is fetched,
+which a page opened from disk may not do).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ RESOURCE_ATTRS = {"script": "src", "img": "src", "link": "href", "iframe": "src"
 
 
 def build(config: Path, out: Path) -> float:
-    """``mkdocs build --strict`` of ``config`` into ``out``; the seconds it took. Fails the test with
-    mkdocs's output when the build fails or warns."""
+    """``mkdocs build --strict`` of ``config`` into ``out``; the seconds it took. Fails the test
+    with mkdocs's output when the build fails or warns."""
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[docs]')")
     pytest.importorskip("mkdocstrings_handlers.python", reason="mkdocstrings[python] is missing")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT / "src")}
@@ -208,6 +208,23 @@ def test_plotly_js_is_the_installed_one(site):
     assert copies[0].read_bytes() == shipped.read_bytes()
 
 
+def test_citation_file_is_valid_cff_of_this_version():
+    """CITATION.cff has the keys CFF 1.2.0 requires, with the types it requires, and the version
+    the package reports; the citation page quotes the same version."""
+    yaml = pytest.importorskip("yaml")
+    from ropelens.results.provenance import ROPELENS_VERSION
+
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    assert cff["cff-version"] == "1.2.0"
+    assert isinstance(cff["message"], str) and cff["message"].strip()
+    assert isinstance(cff["title"], str) and cff["title"].strip()
+    assert cff["authors"] and all(a.get("name") or a.get("family-names") for a in cff["authors"])
+    assert cff["type"] in ("software", "dataset")
+    assert str(cff["version"]) == ROPELENS_VERSION
+    page = (ROOT / "docs" / "citation.md").read_text(encoding="utf-8")
+    assert f"version = {{{ROPELENS_VERSION}}}" in page
+
+
 # ---- in headless Chromium, served from 127.0.0.1 -------------------------------------------------
 
 
@@ -324,7 +341,10 @@ def _stored_notebook() -> Any:
         nbformat.v4.new_output("display_data", data={PLOTLY_MIME: fig.to_plotly_json()}),
         nbformat.v4.new_output(
             "execute_result",
-            data={"text/html": "<table class='frame'><tr><td>7</td></tr></table>", "text/plain": "7"},
+            data={
+                "text/html": "<table class='frame'><tr><td>7</td></tr></table>",
+                "text/plain": "7",
+            },
             execution_count=1,
         ),
         nbformat.v4.new_output(
@@ -332,7 +352,9 @@ def _stored_notebook() -> Any:
         ),
     ]
     nb.cells = [
-        nbformat.v4.new_markdown_cell("# A stored notebook\n\nBack to [the home page](../index.md)."),
+        nbformat.v4.new_markdown_cell(
+            "# A stored notebook\n\nBack to [the home page](../index.md)."
+        ),
         code,
     ]
     return nb
