@@ -17,6 +17,7 @@ import html
 import importlib
 import importlib.util
 import json
+import logging
 import re
 import shutil
 import sys
@@ -31,7 +32,17 @@ PLOTLY_JS = "assets/site/plotly.min.js"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 TUTORIALS = "tutorials"
 COMMANDS = "commands"
-FIRST_TUTORIAL = "quickstart"
+# the tutorials in the order a newcomer reads them; any other notebook follows, by file name
+TUTORIAL_ORDER = (
+    "quickstart",
+    "positional_vs_semantic",
+    "truncated_rope",
+    "context_extension",
+    "knockouts_and_statistics",
+    "your_model_and_data",
+    "many_processes",
+    "your_own_analysis",
+)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _NB_LINK = re.compile(r"(\]\((?!https?:)[^)\s#]+)\.ipynb([#)])")
 _PLACEHOLDER = "ropelens-nb-output-{}"
@@ -54,8 +65,10 @@ def _title(nb: Any, fallback: str) -> str:
 
 
 def _tutorial_key(path: Path) -> tuple[int, str]:
-    """Quickstart first, then by file name (a numeric prefix orders the rest)."""
-    return (0 if path.stem == FIRST_TUTORIAL else 1, path.name)
+    """The reading order of TUTORIAL_ORDER, then by file name."""
+    if path.stem in TUTORIAL_ORDER:
+        return (TUTORIAL_ORDER.index(path.stem), "")
+    return (len(TUTORIAL_ORDER), path.name)
 
 
 def _command_key(path: Path) -> tuple[int, str]:
@@ -183,6 +196,24 @@ def on_files(files: Files, config: Any, **kwargs: Any) -> Files:
     return files
 
 
+# math as pymdownx.arithmatex writes it in generic mode: \(inline\) in a span, \[display\] in a div
+_MATH = re.compile(r'<(span|div) class="arithmatex">\s*\\[(\[](.*?)\\[)\]]\s*</\1>', re.S)
+log = logging.getLogger("mkdocs.plugins.ropelens")
+
+
+def _mathml(m: re.Match[str]) -> str:
+    """One formula as MathML, which the browser draws itself: no script, nothing fetched."""
+    from latex2mathml.converter import convert
+
+    tag, latex = m.group(1), html.unescape(m.group(2)).strip()
+    try:
+        mathml = convert(latex, display="block" if tag == "div" else "inline")
+    except Exception as e:  # a formula latex2mathml cannot read: a warning fails --strict
+        log.warning("formula %r could not be converted to MathML: %s", latex, e)
+        return m.group(0)
+    return f'<{tag} class="arithmatex">{mathml}</{tag}>'
+
+
 # reST roles and literal-block markers some docstrings use, as rendered: shown as plain code
 _REST_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj|const):(?=<code>)")
 _REST_LITERAL = re.compile(r"::(</p>)")
@@ -190,8 +221,10 @@ _REST_LITERAL = re.compile(r"::(</p>)")
 
 def on_page_content(html_text: str, page: Any, config: Any, **kwargs: Any) -> str:
     """Put each notebook output in place of its placeholder paragraph; load plotly.js first on a
-    page that draws a figure. On an API page, drop the reST role names in front of code."""
+    page that draws a figure. On an API page, drop the reST role names in front of code. Formulas
+    become MathML."""
     uri = page.file.src_uri
+    html_text = _MATH.sub(_mathml, html_text)
     if uri.startswith("api/"):
         return _REST_LITERAL.sub(r":\1", _REST_ROLE.sub("", html_text))
     outputs = _outputs.get(uri)

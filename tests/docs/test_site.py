@@ -366,13 +366,16 @@ def small_site(tmp_path_factory) -> Path:
     nbformat = pytest.importorskip("nbformat")
     root = tmp_path_factory.mktemp("small")
     (root / "docs" / "tutorials").mkdir(parents=True)
-    (root / "docs" / "index.md").write_text("# Home\n", encoding="utf-8")
+    home = "# Home\n\nPlane $i$ turns by $\\theta_i = b^{-2i/d}$ per token, and $a < b$.\n\n"
+    home += "$$\n\\sum_i q_i^\\top R(\\theta_i (n - m)) k_i\n$$\n"
+    (root / "docs" / "index.md").write_text(home, encoding="utf-8")
     nbformat.write(_stored_notebook(), root / "docs" / "tutorials" / "stored.ipynb")
     config = {
         "site_name": "small",
         "theme": {"name": "material", "font": False},
         "hooks": [str(ROOT / "scripts" / "docs_hooks.py")],
         "nav": [{"Home": "index.md"}, {"Tutorials": "generated:tutorials"}],
+        "markdown_extensions": [{"pymdownx.arithmatex": {"generic": True}}],
     }
     (root / "mkdocs.yml").write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
     build(root / "mkdocs.yml", root / "site")
@@ -391,6 +394,17 @@ def test_notebook_page_keeps_its_outputs(small_site):
     assert 'href="../.."' in page or 'href="../../"' in page
     home = (small_site / "index.html").read_text(encoding="utf-8")
     assert "A stored notebook" in home
+
+
+def test_formulas_are_mathml(small_site):
+    """Inline and display formulas are written as MathML (no math script): the inline ones in
+    spans, the display one in a block, each symbol as its MathML element."""
+    page = (small_site / "index.html").read_text(encoding="utf-8")
+    assert page.count('<math xmlns="http://www.w3.org/1998/Math/MathML" display="inline"') == 3
+    assert page.count('display="block"') == 1
+    assert "&#x003B8;" in page  # θ
+    assert "\\(" not in page and "\\[" not in page
+    assert "mathjax" not in page.lower() and "katex" not in page.lower()
 
 
 @pytest.mark.browser
