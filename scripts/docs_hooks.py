@@ -75,9 +75,34 @@ def _command_key(path: Path) -> tuple[int, str]:
     return (0 if path.stem == "index" else 1, path.name)
 
 
+_UNRESOLVED = re.compile(r"Could not find cross-reference target '(.*)'$", re.S)
+_IDENTIFIER = re.compile(r"[A-Za-z_][\w.]*\Z")
+AUTOREFS_LOGGERS = (
+    "mkdocs.plugins.mkdocs_autorefs._internal.plugin",
+    "mkdocs.plugins.mkdocs_autorefs",
+)
+
+
+class _OnlyNamedTargets(logging.Filter):
+    """Keep autorefs' warning about an unresolved cross-reference only when the target is a
+    (dotted) name: ``shares[:, :, h]`` or ``x["n"][0]`` in a docstring is indexing that reads like
+    a reference link, and autorefs leaves its text as written."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        m = _UNRESOLVED.search(record.getMessage())
+        return m is None or bool(_IDENTIFIER.match(m.group(1)))
+
+
+_FILTER = _OnlyNamedTargets()
+
+
 def on_config(config: Any, **kwargs: Any) -> Any:
     """Fill the "Tutorials" and "How-to" sections of the nav from the files that exist; import
     ropelens from this checkout's src/ (as the reference reads it)."""
+    for name in AUTOREFS_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
     src = str(Path(config["config_file_path"]).parent / "src")
     if src not in sys.path:
         sys.path.insert(0, src)
@@ -179,19 +204,31 @@ def notebook_markdown(nb: Any) -> tuple[str, list[str], bool]:
     return "\n\n".join(parts) + "\n", outputs, needs_plotly
 
 
+def _with_download(markdown: str, name: str) -> str:
+    """The page's markdown with a line under its title that offers the notebook itself."""
+    note = (
+        f"*This page is the notebook `docs/{TUTORIALS}/{name}` with its stored outputs: "
+        f"[download it]({name}) to run it yourself.*\n"
+    )
+    if re.match(r"#\s", markdown):
+        return re.sub(r"^(#\s.*\n)", lambda m: m.group(1) + "\n" + note, markdown, count=1)
+    return note + "\n" + markdown
+
+
 def on_files(files: Files, config: Any, **kwargs: Any) -> Files:
-    """Replace each tutorial notebook by a generated markdown page of the same name."""
+    """Add a generated markdown page beside each tutorial notebook (which stays in the site, to be
+    downloaded)."""
     for file in list(files):
         uri = file.src_uri
         if not (uri.startswith(f"{TUTORIALS}/") and uri.endswith(".ipynb")):
             continue
         nb = nbformat.read(file.abs_src_path, as_version=4)
         markdown, outputs, needs_plotly = notebook_markdown(nb)
+        markdown = _with_download(markdown, uri.rsplit("/", 1)[-1])
         md_uri = uri[: -len(".ipynb")] + ".md"
         _outputs[md_uri] = outputs
         if needs_plotly:
             _needs_plotly.add(md_uri)
-        files.remove(file)
         files.append(File.generated(config, md_uri, content=markdown))
     return files
 

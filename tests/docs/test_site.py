@@ -392,6 +392,8 @@ def test_notebook_page_keeps_its_outputs(small_site):
     assert "ValueError</code>" not in page and "ValueError: no" in page and "\x1b" not in page
     assert "ropelens-nb-output" not in page  # every placeholder replaced
     assert 'href="../.."' in page or 'href="../../"' in page
+    assert 'href="../stored.ipynb"' in page  # the notebook itself, to download
+    assert (small_site / "tutorials" / "stored.ipynb").is_file()
     home = (small_site / "index.html").read_text(encoding="utf-8")
     assert "A stored notebook" in home
 
