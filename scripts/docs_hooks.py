@@ -171,17 +171,45 @@ def _pre(text: str, cls: str) -> str:
     return f'<pre class="{cls}"><code>{html.escape(_ANSI.sub("", text))}</code></pre>'
 
 
+def _terminal_text(text: str) -> str:
+    """What a terminal would show of ``text``: colour codes dropped, each line as its last
+    carriage return left it (a progress bar's final state)."""
+    lines = _ANSI.sub("", text).split("\n")
+    return "\n".join(line.rsplit("\r", 1)[-1] for line in lines)
+
+
 def _output_html(output: Any, n: int) -> tuple[str, bool]:
     """One stored output as HTML; whether it is a plotly figure."""
     kind = output.output_type
     if kind == "stream":
+        text = _terminal_text(_text(output.text))
+        if not text.strip():
+            return "", False
         cls = "nb-stderr" if output.name == "stderr" else "nb-stdout"
-        return _pre(_text(output.text), cls), False
+        return _pre(text.strip("\n"), cls), False
     if kind == "error":
         return _pre("\n".join(output.traceback), "nb-error"), False
     if kind in ("execute_result", "display_data"):
         return _data_html(output.data, n)
     return "", False
+
+
+def _merged_streams(outputs: list[Any]) -> list[Any]:
+    """Consecutive outputs of one stream (stdout or stderr) as one."""
+    merged: list[Any] = []
+    for output in outputs:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and output.output_type == "stream"
+            and last.output_type == "stream"
+            and last.name == output.name
+        ):
+            merged[-1] = {**last, "text": _text(last.text) + _text(output.text)}
+            merged[-1] = type(output)(merged[-1])
+        else:
+            merged.append(output)
+    return merged
 
 
 def notebook_markdown(nb: Any) -> tuple[str, list[str], bool]:
@@ -195,7 +223,7 @@ def notebook_markdown(nb: Any) -> tuple[str, list[str], bool]:
             parts.append(_NB_LINK.sub(r"\1.md\2", cell.source))
         elif cell.cell_type == "code" and cell.source.strip():
             parts.append(f"```python\n{cell.source.rstrip()}\n```")
-            for output in cell.get("outputs", []):
+            for output in _merged_streams(cell.get("outputs", [])):
                 block, is_plot = _output_html(output, len(outputs))
                 if block:
                     needs_plotly |= is_plot

@@ -338,6 +338,8 @@ def _stored_notebook() -> Any:
     code = nbformat.v4.new_code_cell("print(1 < 2)\nfig")
     code.outputs = [
         nbformat.v4.new_output("stream", name="stdout", text="True <ok>\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="\rloading:   0%|"),
+        nbformat.v4.new_output("stream", name="stderr", text="\rloading:  50%|\rloading: 100%|\n"),
         nbformat.v4.new_output("display_data", data={PLOTLY_MIME: fig.to_plotly_json()}),
         nbformat.v4.new_output(
             "execute_result",
@@ -388,6 +390,7 @@ def test_notebook_page_keeps_its_outputs(small_site):
     its first heading."""
     page = (small_site / "tutorials" / "stored" / "index.html").read_text(encoding="utf-8")
     assert "True &lt;ok&gt;" in page
+    assert page.count("loading:") == 1 and "loading: 100%|" in page  # a progress bar, last state
     assert "<table class='frame'><tr><td>7</td></tr></table>" in page
     assert "ValueError</code>" not in page and "ValueError: no" in page and "\x1b" not in page
     assert "ropelens-nb-output" not in page  # every placeholder replaced
