@@ -345,7 +345,7 @@ def test_home_page_loads_offline_and_searches(served, browser):
     page.screenshot(path=str(ARTIFACTS / "site-home.png"), full_page=False)
     page.click("input.md-search__input")
     page.keyboard.type("frequency")  # typed: the search answers key events
-    page.wait_for_selector(".md-search-result__item", timeout=30_000)
+    page.wait_for_selector(".md-search-result__item", timeout=120_000)
     found = page.locator(".md-search-result__item").count()
     page.close()
     assert errors == []
@@ -380,7 +380,7 @@ def test_tutorial_figures_are_drawn(site, served, browser):
     if stem is None:
         pytest.skip("no tutorial under docs/tutorials/ is stored with a plotly figure")
     page, errors, outside = _open(browser, f"{served}tutorials/{stem}/", served)
-    page.wait_for_selector(".plotly-graph-div .main-svg", timeout=60_000)
+    page.wait_for_selector(".plotly-graph-div .main-svg", timeout=120_000)
     n_figures = page.locator(".plotly-graph-div").count()
     drawn = page.locator(".plotly-graph-div .main-svg").count()
     page.close()
@@ -485,7 +485,7 @@ def test_notebook_plotly_figure_is_drawn(small_site, browser):
     origin = f"http://127.0.0.1:{server.server_address[1]}/"
     try:
         page, errors, outside = _open(browser, origin + "tutorials/stored/", origin)
-        page.wait_for_selector(".plotly-graph-div .main-svg", timeout=60_000)
+        page.wait_for_selector(".plotly-graph-div .main-svg", timeout=120_000)
         legend = page.locator(".plotly-graph-div .legendtext").all_text_contents()
         points = page.locator(".plotly-graph-div .scatterlayer .trace").count()
         page.close()
