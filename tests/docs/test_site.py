@@ -161,6 +161,18 @@ def test_every_public_name_is_in_the_reference(site):
     assert missing == [], "add them to the module's API page (docs/api/) or to its __all__"
 
 
+def test_examples_are_shown_as_python_sessions(site):
+    """A docstring's ``Example:`` is shown as a code block of ``>>>`` lines on every API page: not
+    as Markdown, where ``>>>`` would nest quotes and a printed ``<s>`` would strike out the rest of
+    the page."""
+    for page in API_PAGES.values():
+        text = (site / "api" / page / "index.html").read_text(encoding="utf-8")
+        assert "<blockquote>" not in text, page
+        assert "<s>" not in text and "<del>" not in text, page
+    analyses = (site / "api" / "analyses" / "index.html").read_text(encoding="utf-8")
+    assert analyses.count("&gt;&gt;&gt;") >= 10
+
+
 def _is_module(obj: Any) -> bool:
     return type(obj).__name__ == "module"
 
