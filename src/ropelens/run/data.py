@@ -234,7 +234,22 @@ def _clean_reference_text(text: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def english() -> Corpus:
-    """The CPython language reference as English text: one document per topic, sorted by key."""
+    """The CPython language reference as English text: one document per topic, sorted by key.
+
+    The text ships with Python itself (``pydoc_data.topics``), so it needs no download; it is the
+    default corpus of every corpus analysis (``"english"``). Cached: one corpus per process.
+
+    Returns:
+        Corpus: Named ``"english"``, one document per reference topic, its source naming the
+        Python version it came from.
+
+    Examples:
+        >>> corpus = english()
+        >>> corpus.name, corpus.source.startswith("CPython")
+        ('english', True)
+        >>> len(corpus.documents) > 50
+        True
+    """
     from pydoc_data.topics import topics
 
     docs = tuple(
@@ -271,6 +286,21 @@ def python_code(max_bytes: int | None = DEFAULT_CODE_BYTES) -> Corpus:
     Test directories, site-packages, pydoc_data and generated codec tables are skipped. Files are
     taken whole until ``max_bytes`` (UTF-8) would be passed; the next file is cut at a line end to
     fill the cap and the corpus stops there. ``max_bytes=None`` takes every file.
+
+    Args:
+        max_bytes (int | None): The cap on the corpus size in UTF-8 bytes (default
+            ``DEFAULT_CODE_BYTES``); None takes the whole standard library.
+
+    Returns:
+        Corpus: Named ``"python"``, one document per source file, at most ``max_bytes`` in all.
+
+    Raises:
+        InputError: If ``max_bytes`` is not a positive int or None.
+
+    Examples:
+        >>> corpus = python_code(20_000)
+        >>> sum(len(d.encode()) for d in corpus.documents) <= 20_000
+        True
     """
     if max_bytes is not None and not (_is_int(max_bytes) and max_bytes > 0):
         raise InputError(f"max_bytes must be a positive int or None, got {max_bytes!r}")
