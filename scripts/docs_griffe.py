@@ -1,9 +1,4 @@
-"""Griffe extensions for the API reference: examples read as examples, and a corpus analysis
-documents the signature it runs with.
-
-``Example:`` (the project's section title, as in Google's guide) is read as griffe's ``Examples:``
-section, so its ``>>>`` lines are shown as a Python session rather than as Markdown (where ``>>>``
-would nest quotes and a printed ``<s>`` would open an HTML tag).
+"""Griffe extension for the API reference: a corpus analysis documents the signature it runs with.
 
 ``@corpus_analysis`` (ropelens.run.measure) gives an analysis the shared run options (``n_ctx``,
 ``max_tokens``, ``layers``, ...) in place of its ``run: RunOptions`` parameter and sets the
@@ -16,13 +11,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import re
 from typing import Any
 
 import griffe
 
 DECORATOR = "corpus_analysis"
-_EXAMPLE = re.compile(r"^([ \t]*)Example:[ \t]*$", re.M)
 _KINDS = {
     inspect.Parameter.POSITIONAL_ONLY: griffe.ParameterKind.positional_only,
     inspect.Parameter.POSITIONAL_OR_KEYWORD: griffe.ParameterKind.positional_or_keyword,
@@ -60,11 +53,3 @@ class CorpusAnalysisSignature(griffe.Extension):
             for p in inspect.signature(runtime).parameters.values()
         ]
         func.parameters = griffe.Parameters(*params)
-
-
-class ExampleSection(griffe.Extension):
-    """Read a docstring's ``Example:`` section as ``Examples:``."""
-
-    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
-        if obj.docstring is not None and "Example:" in obj.docstring.value:
-            obj.docstring.value = _EXAMPLE.sub(r"\1Examples:", obj.docstring.value)

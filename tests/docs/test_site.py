@@ -162,7 +162,7 @@ def test_every_public_name_is_in_the_reference(site):
 
 
 def test_examples_are_shown_as_python_sessions(site):
-    """A docstring's ``Example:`` is shown as a code block of ``>>>`` lines on every API page: not
+    """A docstring's ``Examples:`` is shown as a code block of ``>>>`` lines on every API page: not
     as Markdown, where ``>>>`` would nest quotes and a printed ``<s>`` would strike out the rest of
     the page."""
     for page in API_PAGES.values():
