@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         experiments=args.experiments,
         verify=not args.no_verify,
         figures=args.figures,
+        progress=output.progress,
     )
 
     if not is_main():  # under torchrun rank 0 writes the report; the other ranks only measured

@@ -376,8 +376,10 @@ def test_cli_report_json(tiny_dir, tmp_path, capsys):
         "--json",
     ]
     assert main(argv) == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert Path(out["index"]).is_file() and [f["key"] for f in out["findings"]][0] == "energy"
+    assert "ropelens report:" not in captured.err  # no progress bar beside JSON
 
 
 def test_cli_usage_and_decompose(tiny_dir, capsys):
