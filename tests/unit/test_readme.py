@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import doctest
 import importlib
+import importlib.util
 import io
 import os
 import re
@@ -136,8 +137,7 @@ def test_the_table_of_analyses_names_every_command_and_existing_functions():
     assert listed == commands, f"missing {commands - listed}, unknown {listed - commands}"
     for row in rows:
         for name in re.findall(r"`([A-Za-z_][\w.]*)`", row[0]):
-            if name != "PRoPE":
-                assert _resolve(name) is not None
+            assert _resolve(name) is not None
         assert row[2], f"row {row[0]} {row[1]} says nothing"
     exported = {a.function.__name__ for a in analyses() if a.function is not None}
     named = {re.sub(r".*\.", "", n) for row in rows for n in re.findall(r"`([\w.]+)`", row[0])}
@@ -268,3 +268,30 @@ def test_the_command_line_example_runs_as_printed(smollm2, tmp_path):
     layer = spec.layers[0]
     assert tuple(usage.q_norm.shape) == (spec.n_layers, layer.n_heads, len(layer.inv_freq))
     assert (tmp_path / "mixer.html").stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------------ the figure
+
+
+@pytest.mark.browser
+def test_the_figure_script_screenshots_the_reports_frequency_usage_figure(tiny, tmp_path):
+    """scripts/readme_figure.py on a tiny model's report: the PNG is the figure's box, drawn."""
+    from ropelens.report import build_report
+    from tests.browser import CHROMIUM
+
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh --browser)")
+    pytest.importorskip("playwright.sync_api")
+    spec = importlib.util.spec_from_file_location(
+        "readme_figure", ROOT / "scripts/readme_figure.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    report = build_report(tiny("llama"), tokens=256, n_ctx=64, out=tmp_path / "r", progress=False)
+    index = script.ensure_report(report, None)  # the page is there: nothing is rebuilt
+    width, height = script.screenshot_figure(index, tmp_path / "usage.png")
+    png = (tmp_path / "usage.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert abs(int.from_bytes(png[16:20], "big") - width) <= 1
+    assert abs(int.from_bytes(png[20:24], "big") - height) <= 1
+    assert height > 200 and len(png) > 10_000
