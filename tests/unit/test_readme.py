@@ -203,10 +203,10 @@ def test_the_guide_pages_and_contributing_hold_what_the_readme_moved_there():
 # ------------------------------------------------------------------------------- the examples run
 
 
-def _run_python(code: str, scope: dict) -> str:
+def _run_python(code: str, scope: dict, source: str = "README.md") -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, source, "exec"), scope)
     return out.getvalue()
 
 
@@ -295,3 +295,33 @@ def test_the_figure_script_screenshots_the_reports_frequency_usage_figure(tiny, 
     assert abs(int.from_bytes(png[16:20], "big") - width) <= 1
     assert abs(int.from_bytes(png[20:24], "big") - height) <= 1
     assert height > 200 and len(png) > 10_000
+
+
+# ---------------------------------------------------------------------------- the guide's examples
+
+
+@pytest.mark.browser  # usage.save_figure exports through the installed Chromium
+def test_the_guide_python_examples_run_on_tiny_models(tiny, tmp_path, monkeypatch, capsys):
+    """Every Python block of docs/guide/*.md, with the embedded SmolLM2 and Gemma 3 replaced by tiny
+    random models of their families: layer 3 becomes layer 1 (a tiny model has two), 4,096 tokens
+    become 256."""
+    from tests.browser import CHROMIUM
+
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (scripts/setup.sh --browser)")
+    monkeypatch.chdir(tmp_path)
+    models = {None: tiny("llama"), "smollm2-135m": tiny("llama"), "gemma-3-270m": tiny("gemma3")}
+    monkeypatch.setattr(ropelens, "load_model", lambda name=None, **k: models[name])
+    blocks = [
+        (page.name, block)
+        for page in sorted((ROOT / "docs/guide").glob("*.md"))
+        for block in _fenced(page.read_text(encoding="utf-8"), "python")
+    ]
+    assert len(blocks) >= 2
+    for name, block in blocks:
+        code = block.replace("(3", "(1").replace("max_tokens=4096", "max_tokens=256")
+        _run_python(code, {"model": models[None], "ropelens": ropelens}, f"docs/guide/{name}")
+    capsys.readouterr()
+    assert ropelens.load_result("usage.json").q_norm.shape[0] == models[None].cfg.n_layers
+    assert (tmp_path / "usage.pdf").read_bytes()[:4] == b"%PDF"
+    assert (tmp_path / "mixer.html").stat().st_size > 10_000
