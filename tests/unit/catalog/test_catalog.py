@@ -217,9 +217,9 @@ def test_figures_register_with_their_analysis(registry):
 def test_the_contributing_page_declaration_makes_a_command_and_a_section(
     tiny, tiny_dir, tmp_path, monkeypatch, registry, capsys
 ):
-    """The contributing page's KeyNorm, declared as printed there: `ropelens key-norm` runs it (table and JSON)
-    and the report gains its section, whose numbers equal the analysis run directly on the same
-    windows."""
+    """The contributing page's KeyNorm, declared as printed there: `ropelens key-norm` runs it
+    (table and JSON) and the report gains its section, whose numbers equal the analysis run directly
+    on the same windows."""
     import json
     import re
 

@@ -297,8 +297,8 @@ def test_corpus_analyses_share_one_signature():
 
 
 def test_the_contributing_page_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
-    """The contributing page's own corpus analysis, as printed there: its numbers equal a direct capture, and a
-    killed run resumes from its checkpoint to the same numbers."""
+    """The contributing page's own corpus analysis, as printed there: its numbers equal a direct
+    capture, and a killed run resumes from its checkpoint to the same numbers."""
     import re
     from pathlib import Path
 
