@@ -2,10 +2,15 @@
 
 Runs ``ropelens report`` on the embedded SmolLM2 (its defaults: 32,768 tokens of the English
 corpus) unless ``--report`` names a report folder that already holds ``index.html``, opens the page
-offline in headless Chromium and saves the first figure of its "Frequency usage" section as a PNG:
+offline in headless Chromium and saves the layer × plane map of its "Frequency usage" section with
+the sink positions excluded (the section's second figure) as a PNG:
 
     .venv/bin/python scripts/readme_figure.py      # writes docs/assets/frequency_usage.png
     .venv/bin/python scripts/readme_figure.py --report ropelens-report --out /tmp/usage.png
+
+``--usage FILE.json`` skips the rest of the report: it draws a saved frequency-usage result (e.g.
+``ropelens frequency-usage --n-ctx 512 --tokens 4096 --save usage.json``) with the report's own
+figure code on a page of the report's own look, and screenshots that.
 
 Needs Chromium at /usr/bin/chromium and the playwright package (``scripts/setup.sh --browser``).
 """
@@ -23,6 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 CHROMIUM = Path("/usr/bin/chromium")
 SECTION = "frequency-usage"
+FIGURE = 1  # the section's layer × plane maps: 0 with every position, 1 with the sinks excluded
 LOCAL = ("file:", "data:", "blob:", "about:")
 WIDTH = 1280  # the page's width; the figure takes the section's width
 
@@ -37,9 +43,50 @@ def ensure_report(report: Path, model: str | None) -> Path:
     return index
 
 
-def screenshot_figure(index: Path, out: Path, section: str = SECTION) -> tuple[int, int]:
-    """Save the first figure of ``section`` in the page at ``index`` as a PNG at ``out``, opened
-    offline; returns the PNG's (width, height) in pixels.
+def usage_page(usage_json: Path, folder: Path) -> Path:
+    """A page holding the report's two layer × plane maps of a saved frequency-usage result, drawn
+    by the report's own code; returns its ``index.html``."""
+    import plotly.offline
+
+    from ropelens.analyses import FrequencyUsage
+    from ropelens.plots.frequency_usage import usage_figure
+    from ropelens.plots.style import category_layers, style_figure
+    from ropelens.report.html import figure_html, page
+
+    usage = FrequencyUsage.load(usage_json)
+    divs = []
+    for scope in ("all", "no_sink"):  # as the report's section draws them
+        fig = style_figure(
+            usage_figure(usage, scope), height=max(320, 11 * len(usage.layers) + 140)
+        )
+        category_layers(fig, len(usage.layers))
+        divs.append(figure_html(fig))
+    prov = usage.provenance
+    body = (
+        f'<section id="{SECTION}"><h2>Frequency usage</h2><p class="lead">{prov.n_tokens:,} '
+        f"tokens in {prov.n_windows} windows</p>{''.join(divs)}</section>"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    index = folder / "index.html"
+    index.write_text(
+        page(
+            title=f"ropelens report — {prov.model}",
+            subtitle="",
+            nav=[(SECTION, "Frequency usage", True)],
+            body=body,
+            footer="",
+            plotly_js=plotly.offline.get_plotlyjs(),
+        ),
+        encoding="utf-8",
+    )
+    return index
+
+
+def screenshot_figure(
+    index: Path, out: Path, section: str = SECTION, figure: int = FIGURE
+) -> tuple[int, int]:
+    """Save figure number ``figure`` of ``section`` in the page at ``index`` as a PNG at ``out``,
+    opened offline; returns the PNG's (width, height) in pixels.
 
     Raises RuntimeError when the page logs a console error, asks for anything not on disk, or has
     no drawn figure in that section.
@@ -65,13 +112,13 @@ def screenshot_figure(index: Path, out: Path, section: str = SECTION) -> tuple[i
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.route("**/*", only_local)
         page.goto(index.resolve().as_uri(), wait_until="load")
-        figure = page.locator(f"section#{section} .plotly-graph-div").first
-        figure.locator("svg.main-svg").first.wait_for(timeout=60_000)
-        figure.scroll_into_view_if_needed()
+        div = page.locator(f"section#{section} .plotly-graph-div").nth(figure)
+        div.locator("svg.main-svg").first.wait_for(timeout=60_000)
+        div.scroll_into_view_if_needed()
         page.wait_for_timeout(500)  # plotly's last layout pass
         out.parent.mkdir(parents=True, exist_ok=True)
-        figure.screenshot(path=str(out))
-        box = figure.bounding_box()
+        div.screenshot(path=str(out))
+        box = div.bounding_box()
         browser.close()
     if errors or external:
         raise RuntimeError(f"the page is not clean offline: errors {errors}, requests {external}")
@@ -82,9 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--report", type=Path, default=Path("ropelens-report"))
     parser.add_argument("--model", default=None, help="model for a new report (default: SmolLM2)")
+    parser.add_argument("--usage", type=Path, default=None, help="a saved frequency-usage JSON")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/assets/frequency_usage.png")
     args = parser.parse_args(argv)
-    index = ensure_report(args.report, args.model)
+    if args.usage is not None:
+        index = usage_page(args.usage, args.report)
+    else:
+        index = ensure_report(args.report, args.model)
     width, height = screenshot_figure(index, args.out)
     print(f"{args.out}: {width} x {height} px, from {index}")
     return 0
