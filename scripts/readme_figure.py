@@ -10,7 +10,11 @@ the sink positions excluded (the section's second figure) as a PNG:
 
 ``--usage FILE.json`` skips the rest of the report: it draws a saved frequency-usage result (e.g.
 ``ropelens frequency-usage --n-ctx 512 --tokens 4096 --save usage.json``) with the report's own
-figure code on a page of the report's own look, and screenshots that.
+figure code on a page of the report's own look, and screenshots that. The committed PNG was made
+so (a full report takes too long on a shared two-core machine):
+
+    .venv/bin/ropelens frequency-usage --n-ctx 512 --tokens 4096 --save usage.json
+    .venv/bin/python scripts/readme_figure.py --usage usage.json --report /tmp/usage-page
 
 Needs Chromium at /usr/bin/chromium and the playwright package (``scripts/setup.sh --browser``).
 """
