@@ -295,6 +295,13 @@ def test_the_figure_script_screenshots_the_reports_frequency_usage_figure(tiny, 
     assert abs(int.from_bytes(png[16:20], "big") - width) <= 1
     assert abs(int.from_bytes(png[20:24], "big") - height) <= 1
     assert height > 200 and len(png) > 10_000
+    # --usage: a saved result drawn by the same code on a page of its own, the same figure size
+    usage = ropelens.analyses.frequency_usage(
+        tiny("llama"), "english", n_ctx=64, max_tokens=128, progress=False
+    )
+    usage.save(tmp_path / "usage.json")
+    index = script.usage_page(tmp_path / "usage.json", tmp_path / "page")
+    assert script.screenshot_figure(index, tmp_path / "usage2.png") == (width, height)
 
 
 # ---------------------------------------------------------------------------- the guide's examples
