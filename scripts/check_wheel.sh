@@ -4,7 +4,7 @@
 #   Builds with `python -m build` (the wheel from the sdist) where the build venv has it, else with
 #   setuptools and `pip wheel`; checks both hold every file of src/ropelens (scripts/wheel_contents.py);
 #   installs the tested torch first, then the wheel with its own tested_versions.txt as constraints,
-#   as the README's "Install" says; then, from an empty folder: `ropelens --version` (pyproject's
+#   as docs/guide/install.md ("Install the wheel") says; then, from an empty folder: `ropelens --version` (pyproject's
 #   version, the tested stack), `rope-spec` on a tiny model directory and `frequency-usage` on a
 #   JSONL file with --text-column, whose numbers must equal the checkout's.
 #   ROPELENS_VENV=DIR: the venv that builds and runs the checkout (default .venv, as setup.sh's).

@@ -1,5 +1,5 @@
 """The wheel a user installs: scripts/wheel_contents.py's check of the sdist and wheel, the real
-build (marker ``wheel``), and the install instructions the README gives.
+build (marker ``wheel``), and the install instructions docs/guide/install.md gives.
 
 CI runs ``scripts/check_wheel.sh`` after the tests: it builds the sdist and wheel, runs the same
 check, installs the wheel into a fresh venv with the tested constraints and runs ropelens outside
@@ -148,10 +148,10 @@ def test_the_built_sdist_and_wheel_hold_every_package_file(tmp_path):
     assert shipped == (ROOT / "src/ropelens/tested_versions.txt").read_text()
 
 
-def test_the_readme_installs_the_tested_torch_then_the_wheel_with_the_constraints():
-    readme = (ROOT / "README.md").read_text()
-    assert "\n## Install\n" in readme, "the README has no Install section"
-    install = readme.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+def test_the_install_page_installs_the_tested_torch_then_the_wheel_with_the_constraints():
+    page = (ROOT / "docs/guide/install.md").read_text()
+    assert "\n## Install the wheel\n" in page, "docs/guide/install.md has no 'Install the wheel'"
+    install = page.split("\n## Install the wheel\n", 1)[1].split("\n## ", 1)[0]
     torch = provenance.tested_versions()["torch"]
     assert f"torch=={torch}" in install
     assert re.search(r"pip install \S*ropelens-\S*\.whl -c \S*tested_versions\.txt", install)

@@ -214,19 +214,19 @@ def test_figures_register_with_their_analysis(registry):
 # ---------------------------------------------------------------------------------------- old names
 
 
-def test_the_readme_declaration_makes_a_command_and_a_section(
+def test_the_contributing_page_declaration_makes_a_command_and_a_section(
     tiny, tiny_dir, tmp_path, monkeypatch, registry, capsys
 ):
-    """README's KeyNorm, declared as printed there: `ropelens key-norm` runs it (table and JSON)
-    and the report gains its section, whose numbers equal the analysis run directly on the same
-    windows."""
+    """The contributing page's KeyNorm, declared as printed there: `ropelens key-norm` runs it
+    (table and JSON) and the report gains its section, whose numbers equal the analysis run directly
+    on the same windows."""
     import json
     import re
 
     import pandas as pd
     import torch
 
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    readme = (Path(__file__).parents[3] / "docs/contributing.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
     analysis = next(b for b in blocks if "class KeyNorm" in b)
     declaration = next(b for b in blocks if "register_analysis(\n    Analysis(" in b)

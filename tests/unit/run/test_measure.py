@@ -296,13 +296,13 @@ def test_corpus_analyses_share_one_signature():
         corpus_analysis(window=3)
 
 
-def test_the_readme_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
-    """README's own corpus analysis, as printed there: its numbers equal a direct capture, and a
-    killed run resumes from its checkpoint to the same numbers."""
+def test_the_contributing_page_analysis_runs_and_resumes(tiny, tmp_path, monkeypatch):
+    """The contributing page's own corpus analysis, as printed there: its numbers equal a direct
+    capture, and a killed run resumes from its checkpoint to the same numbers."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    readme = (Path(__file__).parents[3] / "docs/contributing.md").read_text()
     code = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "class KeyNorm" in b)
     monkeypatch.chdir(tmp_path)
     model = tiny("llama")
