@@ -449,6 +449,14 @@ def _cut_windows(
         tokens, corpus_name, corpus_sha = analysis_windows(
             tokenizer, corpus, length, n_windows * length
         )
+        if isinstance(corpus, torch.Tensor):  # ready windows: each length reads their first tokens
+            if tokens.shape[1] < length:
+                raise InputError(
+                    f"the token tensor's windows hold {tokens.shape[1]} tokens, fewer than the "
+                    f"length {length}: pass windows of at least {max(lengths)} tokens, or lower "
+                    "to= / lengths="
+                )
+            tokens = tokens[:, :length]
         if tokens.shape[0] < n_windows:
             raise InputError(
                 f"the corpus holds {tokens.shape[0]} window(s) of {length} tokens, fewer than "
@@ -567,7 +575,8 @@ def extension_study(
         methods (Sequence[str]): Keys of :data:`METHODS` (default :data:`DEFAULT_METHODS`).
         n_windows (int): Windows of ``corpus`` per length (default 2).
         corpus: A corpus name, path or ``Corpus``; None for the embedded English text. A
-            ``[n_windows, n_ctx]`` token tensor is also taken, but used whole at every length.
+            ``[n_windows, n_ctx]`` token tensor is also taken: each length measures the first
+            ``length`` tokens of its rows, so ``n_ctx`` must reach the longest length.
         passkey_lengths (Sequence[int] | None): Passkey lengths; None for every loss length a
             passkey prompt fits; an empty list skips passkey retrieval.
         depths (Sequence[float]): Passkey depths in [0, 1] (default 0.1, 0.5, 0.9).

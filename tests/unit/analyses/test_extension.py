@@ -336,3 +336,11 @@ def test_lengths_short_of_the_target_still_give_the_target_findings(model, tmp_p
     assert fs["base_bound"].values["men_lower_bound"] == pytest.approx(base_lower_bound(16, TARGET))
     page = write_study(st, tmp_path)
     assert page.exists() and (tmp_path / "study.json").exists()
+
+
+def test_a_token_tensor_is_read_to_each_length():
+    tokens = torch.arange(2 * 64).reshape(2, 64)
+    cut = E._cut_windows(None, tokens, (32, 64), n_windows=2)
+    assert torch.equal(cut[32][0], tokens[:, :32]) and torch.equal(cut[64][0], tokens)
+    with pytest.raises(InputError, match="windows hold 64 tokens, fewer than the length 128"):
+        E._cut_windows(None, tokens, (32, 128), n_windows=2)
