@@ -46,7 +46,8 @@ def notebooks(names: list[str]) -> list[Path]:
     for name in names:
         path = Path(name) if name.endswith(".ipynb") else TUTORIALS / f"{name}.ipynb"
         if not path.is_file():
-            sys.exit(f"execute_tutorials: no notebook {path}; have {[p.stem for p in notebooks([])]}")
+            have = [p.stem for p in notebooks([])]
+            sys.exit(f"execute_tutorials: no notebook {path}; the notebooks are {have}")
         found.append(path.resolve())
     return found
 
