@@ -52,7 +52,7 @@ def notebooks(names: list[str]) -> list[Path]:
     return found
 
 
-def execute(path: Path, timeout: int = 900) -> tuple[nbformat.NotebookNode, float]:
+def execute(path: Path, timeout: int = 1800) -> tuple[nbformat.NotebookNode, float]:
     """Run ``path`` in a fresh kernel in a temporary directory; the notebook and its seconds."""
     os.environ.update(ENV)  # the kernel inherits this process's environment
     nb = nbformat.read(path, as_version=4)

@@ -93,7 +93,7 @@ def truncated_rope(nb) -> None:
     def delta(name: str) -> float:
         return _number(text, re.escape(name) + rf"\s+Δ loss {NUM}")
 
-    assert delta("NoPE") > delta("PRoPE(p=0.25)") > delta("PRoPE(p=0.75)")
+    assert delta("NoPE()") > delta("PRoPE(p=0.25)") > delta("PRoPE(p=0.75)")
     assert delta("PRoPE(p=0.875)") < 0.05  # stopping the slowest eighth costs ~nothing
     assert delta("PRoPEReversed(p=0.75)") > 5 * max(delta("PRoPE(p=0.75)"), 0.01)
     assert text.count("\n- ") >= 1  # the intervention's findings are printed
