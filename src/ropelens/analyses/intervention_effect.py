@@ -185,7 +185,7 @@ class InterventionEffect(Result):
                 + (
                     ": "
                     + ", ".join(
-                        f"L{r.layer}.H{r.head} {r.without} → {r['with']}"
+                        f"L{r['layer']}.H{r['head']} {r['without']} → {r['with']}"
                         for _, r in changed.head(6).iterrows()
                     )
                     + ("…" if len(changed) > 6 else "")

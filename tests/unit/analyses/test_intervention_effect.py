@@ -160,3 +160,15 @@ def test_head_counts_group_the_positional_kinds(effect):
     }
     bars = [t for t in made_up.figure().data if t.type == "bar"]
     assert sum(int(sum(t.x)) for t in bars) == 2 * 4 * len(effect.layers)
+
+
+def test_heads_that_change_kind_are_named_in_the_finding(effect):
+    without = [["previous-token", "content", "sink", "content"]] * len(effect.layers)
+    with_ = [["content", "content", "sink", "diagonal"]] + without[1:]
+    made_up = dataclasses.replace(effect, head_kinds=[without, with_])
+    text = made_up.findings()[-1].text
+    n_heads = 4 * len(effect.layers)
+    assert text.startswith(
+        f"Under {effect.under}, 2 of {n_heads} heads change kind: "
+        "L0.H0 previous-token → content, L0.H3 content → diagonal"
+    )
