@@ -325,8 +325,9 @@ def token_classes(tokenizer, tokens) -> tuple[torch.Tensor, torch.Tensor]:
 def loss_values(model, tokens, rows, row_tokens) -> list:
     """``[row][content loss, function loss]`` on one text window."""
     content, function = token_classes(model.tokenizer, tokens)
-    pos = torch.arange(tokens.numel() - 1)
-    nll, _ = row_scores(model, tokens, rows, row_tokens, pos, tokens[1:])
+    pos = torch.nonzero(content | function)[:, 0]  # only the scored positions are projected
+    nll, _ = row_scores(model, tokens, rows, row_tokens, pos, tokens[pos + 1])
+    content, function = content[pos], function[pos]
     return torch.stack([nll[:, content].mean(-1), nll[:, function].mean(-1)], -1).tolist()
 
 
