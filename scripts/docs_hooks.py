@@ -77,7 +77,6 @@ def _command_key(path: Path) -> tuple[int, str]:
 
 _UNRESOLVED = re.compile(r"Could not find cross-reference target '(.*)'$", re.S)
 _IDENTIFIER = re.compile(r"[A-Za-z_][\w.]*\Z")
-_VARIADIC = re.compile(r"Parameter '\*{1,2}\w+' does not appear in the function signature")
 DOC_LOGGERS = (
     "mkdocs.plugins.mkdocs_autorefs._internal.plugin",
     "mkdocs.plugins.mkdocs_autorefs",
@@ -86,22 +85,13 @@ DOC_LOGGERS = (
 
 
 class _OnlyRealProblems(logging.Filter):
-    """Drop two warnings that are not documentation errors, keep every other.
-
-    - autorefs' unresolved cross-reference whose target is not a (dotted) name: ``shares[:, :, h]``
-      or ``x["n"][0]`` in a docstring is indexing that reads like a reference link, and autorefs
-      leaves its text as written;
-    - griffe's "``*args`` / ``**kwargs`` does not appear in the signature" for a class that
-      inherits its constructor from a builtin (an exception class), which a static reader cannot
-      see.
-    """
+    """Drop autorefs' unresolved cross-reference whose target is not a (dotted) name, keep every
+    other warning: ``shares[:, :, h]`` or ``x["n"][0]`` in a docstring is indexing that reads like
+    a reference link, and autorefs leaves its text as written."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        m = _UNRESOLVED.search(message)
-        if m is not None:
-            return bool(_IDENTIFIER.match(m.group(1)))
-        return _VARIADIC.search(message) is None
+        m = _UNRESOLVED.search(record.getMessage())
+        return m is None or bool(_IDENTIFIER.match(m.group(1)))
 
 
 _FILTER = _OnlyRealProblems()

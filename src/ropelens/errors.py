@@ -27,10 +27,6 @@ class InputError(ValueError):
     ``except ValueError`` keeps working; the command line catches it once and prints its message
     as one line with exit code 2.
 
-    Args:
-        *args: The message, one string naming the problem and the fix (as for ``ValueError``).
-        **kwargs: None are accepted (the signature ``ValueError`` inherits).
-
     Examples:
         >>> from ropelens import Bands, InputError
         >>> try:
@@ -50,10 +46,6 @@ class NotRotaryError(InputError):
     embeddings (GPT-2, OPT, ...); the message points to
     :func:`ropelens.analyses.pe_similarity`, which measures those.
 
-    Args:
-        *args: The message, naming the model's position embeddings and what to use instead.
-        **kwargs: None are accepted (the signature ``ValueError`` inherits).
-
     Examples:
         >>> from ropelens import NotRotaryError, rope_spec
         >>> from ropelens.testing import tiny_model
@@ -72,10 +64,6 @@ class UnsupportedModelError(InputError):
     A measurement that would silently be wrong (a mask that depends on the input, a rotation no
     backend can reach) raises this; the message says what was seen and what does work (shorter
     windows, another analysis, another loading path).
-
-    Args:
-        *args: The message: what the model does, why the measurement would be wrong, the fix.
-        **kwargs: None are accepted (the signature ``ValueError`` inherits).
 
     Examples:
         A chunked-attention layer (Llama 4) refuses windows longer than its chunk wherever an
@@ -101,10 +89,6 @@ class UsageError(InputError):
     The ``ropelens`` command's parsers raise it instead of printing usage and exiting, so the
     command reports it like any other :class:`InputError` (one line, exit code 2).
 
-    Args:
-        *args: The message, ending with where to read the command's help.
-        **kwargs: None are accepted (the signature ``ValueError`` inherits).
-
     Examples:
         >>> from ropelens.cli.main import build_parser
         >>> from ropelens.errors import UsageError
@@ -123,10 +107,6 @@ class ExportUnavailableError(InputError):
     Writing HTML never needs either; only the static formats do
     (:func:`ropelens.plots.export.write_figures`, ``--figures`` of the report).
 
-    Args:
-        *args: The message, naming what is missing and how to install it.
-        **kwargs: None are accepted (the signature ``ValueError`` inherits).
-
     Examples:
         It is an :class:`InputError`, so one ``except`` covers every refusal:
 
@@ -143,10 +123,6 @@ class RopelensWarning(UserWarning):
     """Something ropelens did to the input that the caller should know of (it went on).
 
     The base of ropelens's warnings, so that one filter silences or escalates them all.
-
-    Args:
-        *args: The message, saying what was done to the input.
-        **kwargs: None are accepted (the signature ``UserWarning`` inherits).
 
     Examples:
         >>> import warnings
@@ -169,10 +145,6 @@ class TruncatedInputWarning(RopelensWarning):
     Said once per call, naming each text that was cut, its length and the limit
     (:func:`ropelens.run.texts.text_tokens`, which the single-text analyses such as
     :func:`ropelens.analyses.attention_decomposition` use).
-
-    Args:
-        *args: The message, naming each text cut, its length in tokens and the limit.
-        **kwargs: None are accepted (the signature ``UserWarning`` inherits).
 
     Examples:
         >>> import warnings

@@ -91,6 +91,8 @@ def sections(doc: str) -> dict[str, str]:
 def parameters(obj: object) -> list[str]:
     """The names a caller passes: the function's, or the class constructor's."""
     target = obj.__init__ if inspect.isclass(obj) else obj
+    if not inspect.isfunction(target):  # a builtin's constructor (an exception's): the message only
+        return []
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
