@@ -49,6 +49,7 @@ from ropelens.analyses.head_taxonomy import head_taxonomy, random_tokens
 from ropelens.analyses.knockout import knocked_out_rows, plane_order, probe_rows
 from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
 from ropelens.analyses.retrieval_heads import copy_case, retrieval_scores
+from ropelens.backends.hf import decoder_layers
 from ropelens.results.serialize import atomic_write_text, dump_json
 from ropelens.run import data
 from ropelens.run.evaluate import RunStore, percentile_ci
@@ -259,6 +260,17 @@ def condition_rows(spec, heads, direction: str, n_draws: int, seed: int):
     return labels, rows
 
 
+def distinct_rows(rows: list[dict]) -> tuple[list[dict], list[int]]:
+    """(each distinct row once, in first-seen order; the index of every row among them): random
+    head sets of layers with few heads repeat (Gemma's 5 retrieval heads have 64 possible sets),
+    and a repeated condition is computed once."""
+    keys = [tuple(sorted((hd, tuple(sorted(ps))) for hd, ps in row.items())) for row in rows]
+    first: dict[tuple, int] = {}
+    for k in keys:
+        first.setdefault(k, len(first))
+    return [dict(k) for k in first], [first[k] for k in keys]
+
+
 def chunks(rows: list, size: int):
     for i in range(0, len(rows), max(1, size)):
         yield rows[i : i + max(1, size)]
@@ -286,16 +298,50 @@ def logits_only_at(model, positions: torch.Tensor) -> Iterator[None]:
         object.__delattr__(head, "forward")
 
 
+@contextlib.contextmanager
+def shared_prefix(model, first_layer: int, n_rows: int) -> Iterator[None]:
+    """While the block runs, a one-row forward runs the decoder layers before ``first_layer`` once
+    and enters ``first_layer`` with its hidden states repeated ``n_rows`` times: rows whose
+    knockouts all lie in ``first_layer`` or later share everything before it (the same numbers as
+    ``n_rows`` rows from the start; masks and rotations of batch 1 broadcast)."""
+    layer = decoder_layers(hf_model_of(model))[first_layer]
+
+    def repeat(_module, args, kwargs):
+        if args:
+            args = (args[0].expand(n_rows, *args[0].shape[1:]), *args[1:])
+        else:
+            hidden = kwargs["hidden_states"]
+            kwargs["hidden_states"] = hidden.expand(n_rows, *hidden.shape[1:])
+        return args, kwargs
+
+    handle = layer.register_forward_pre_hook(repeat, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def first_knocked_layer(rows: list[dict]) -> int | None:
+    """The lowest layer any row knocks a plane out in (None: no row knocks anything out)."""
+    layers = [L for row in rows for (L, _), ps in row.items() if len(ps)]
+    return min(layers) if layers else None
+
+
 def row_scores(model, tokens, rows, row_tokens, positions, targets):
     """Next-token NLL and top-1 hit ``[row, position]`` at ``positions`` of ``tokens`` (one
     window) for ``targets``, under each row's knockout; rows chunked so logits stay within about
-    1 GB, and only the scores kept."""
+    1 GB, and only the scores kept. The layers below the first knocked-out one run once per chunk
+    (:func:`shared_prefix`)."""
     vocab = hf_model_of(model).get_input_embeddings().num_embeddings
     size = max(1, min(row_tokens // tokens.numel(), int(1e9 // (len(positions) * vocab * 4))))
     nll, hit = [], []
     for c in chunks(rows, size):
-        with knocked_out_rows(model, c), logits_only_at(model, positions), torch.no_grad():
-            logits = model(tokens[None].expand(len(c), -1), return_type="logits")
+        first = first_knocked_layer(c)
+        share = first is not None and first > 0  # else every layer differs between rows
+        prefix = shared_prefix(model, first, len(c)) if share else contextlib.nullcontext()
+        batch = tokens[None] if share else tokens[None].expand(len(c), -1)
+        with knocked_out_rows(model, c), logits_only_at(model, positions), prefix, torch.no_grad():
+            logits = model(batch, return_type="logits")
         logp = logits.float().log_softmax(-1)
         del logits
         target = targets[None, :, None].expand(len(c), -1, 1)
@@ -378,6 +424,7 @@ def knockout_step(model, name: str, set_name: str, hs: dict[str, Any], args, sto
         "n_draws": n_draws,
         "seed": args.seed,
     }
+    once, where = distinct_rows(rows)  # a control may draw the same condition twice
     todo = units(model, step, args)
     for w, unit in enumerate(todo):
         cfg = {**base, "window": w, "n_windows": len(todo), **_unit_cfg(step, args)}
@@ -385,11 +432,12 @@ def knockout_step(model, name: str, set_name: str, hs: dict[str, Any], args, sto
             continue
         t = time.perf_counter()
         if step == "positional":
-            values = probe_values(model, spec, unit, rows, heads, args.row_tokens)
+            distinct = probe_values(model, spec, unit, once, heads, args.row_tokens)
         elif step == "retrieval":
-            values = copy_values(model, unit, rows, args.row_tokens)
+            distinct = copy_values(model, unit, once, args.row_tokens)
         else:
-            values = loss_values(model, unit, rows, args.row_tokens)
+            distinct = loss_values(model, unit, once, args.row_tokens)
+        values = [distinct[i] for i in where]
         store.put(cfg, {"labels": labels, "values": values, "seconds": time.perf_counter() - t})
         print(
             f"{name} {set_name}: window {w + 1}/{len(todo)}, {len(rows)} rows in "

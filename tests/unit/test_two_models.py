@@ -82,3 +82,50 @@ def test_two_models_quick(tmp_path, capsys, experiment):
     mod.main([*ARGS, "--out", str(tmp_path)])
     assert "window 1/" not in capsys.readouterr().out
     assert json.loads((tmp_path / "runs.json").read_text())["runs"] == json.loads(before)["runs"]
+
+
+def test_shared_prefix_and_distinct_rows_keep_the_scores(experiment):
+    """Rows that knock out planes only from layer L on share the layers below L, and a repeated
+    row is computed once: the copy scores equal those of every row run from the embedding on."""
+    mod = experiment("two_models")
+    seen: list[tuple[int, int]] = []  # (layer, batch rows) of every decoder layer's input
+
+    def batch_of(i):
+        def hook(_module, args, kwargs):
+            seen.append((i, (args[0] if args else kwargs["hidden_states"]).shape[0]))
+
+        return hook
+
+    for name in ("tiny-gemma3", "tiny-llama"):
+        model, _ = mod._common.load(name)
+        spec = mod.rope_spec(model)
+        n_planes = spec[1].n_planes
+        top = spec.rotary_layers[-1]
+        rows = [{}, {(1, 0): (0, 1)}, {(top, 1): tuple(range(n_planes))}, {(1, 0): (0, 1)}]
+        assert mod.first_knocked_layer(rows) == 1 and mod.first_knocked_layer([{}]) is None
+        once, where = mod.distinct_rows(rows)
+        assert len(once) == 3 and where == [0, 1, 2, 1]
+        case = mod.units(model, "retrieval", mod.parse(ARGS))[0]
+        q = torch.tensor(case.queries)
+        shared = mod.row_scores(model, case.tokens, rows, 4096, q, case.tokens[q + 1])
+        plain = []
+        for row in rows:  # one row per forward, every layer computed for it
+            with mod.knocked_out_rows(model, [row]), torch.no_grad():
+                logp = model(case.tokens[None], return_type="logits")[0, q].double()
+            logp = logp.log_softmax(-1)
+            plain.append(-logp.gather(-1, case.tokens[q + 1][:, None])[:, 0])
+        plain = torch.stack(plain)
+        torch.testing.assert_close(shared[0], plain, rtol=1e-6, atol=1e-6)
+        assert (plain[2] - plain[0]).abs().max() > 1e-4  # the knockouts change the scores
+        # layer 0 ran one row, layers after 1 four (this hook on layer 1 runs before the repeat)
+        seen.clear()
+        layers = mod.decoder_layers(mod.hf_model_of(model))
+        hooks = [
+            m.register_forward_pre_hook(batch_of(i), with_kwargs=True) for i, m in enumerate(layers)
+        ]
+        try:
+            mod.row_scores(model, case.tokens, rows, 4096, q, case.tokens[q + 1])
+        finally:
+            for h in hooks:
+                h.remove()
+        assert seen[:2] == [(0, 1), (1, 1)] and all(b == 4 for i, b in seen if i >= 2)
