@@ -9,7 +9,8 @@ logit is), retrieval heads (copy score ≥ 0.1), then
   random head sets in the same layers given the same planes; Gemma's local (sliding-window) and
   global positional heads as separate sets;
 - *retrieval knockout*: the lowest frequencies zeroed in the retrieval heads, measured by the copy
-  loss and accuracy on passkey prompts, against the same two controls;
+  loss and accuracy on passkey prompts, against the same two controls; Gemma's local and global
+  retrieval heads also as sets of their own;
 - *semantic-band knockout*: the lowest frequencies zeroed in the heads (neither positional nor
   retrieval) whose lowest-band logit varies most with content, measured by the next-token loss on
   content tokens and on function tokens of text, against the same two controls;
@@ -185,28 +186,39 @@ def most_positional(found: dict[str, Any], k: int) -> list[tuple[int, int]]:
     return sorted((found["layers"][i // n], i % n) for i in order)
 
 
+def by_layer_kind(
+    step: str, heads: list[tuple[int, int]], kinds: dict[str, str], direction: str
+) -> dict[str, dict[str, Any]]:
+    """One step's head sets: all ``heads`` (named ``step``) and, in a model with layer kinds
+    (Gemma's local and global), the heads of each kind (``"<step> <kind>"``); where every head is
+    of one kind, only the set named by it."""
+    of_kind = sorted({kinds[str(L)] for L, _ in heads} - {"all"})
+    sets = {}
+    if heads and len(of_kind) != 1:
+        sets[step] = {"heads": heads, "step": step, "direction": direction}
+    for kind in of_kind:
+        chosen = [hd for hd in heads if kinds[str(hd[0])] == kind]
+        sets[f"{step} {kind}"] = {"heads": chosen, "step": step, "direction": direction}
+    return sets
+
+
 def head_sets(
     spec, found: dict[str, Any], semantic_heads: int, quick: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """The head sets each knockout zeroes: positional (Gemma: also its local and its global ones),
-    retrieval (score ≥ 0.1), semantic (the heads, neither positional nor retrieval, whose lowest
-    band's logit varies most with content). ``quick``: the most positional heads stand in where
-    none passes the threshold."""
+    """The head sets each knockout zeroes: positional, retrieval (score ≥ 0.1; Gemma: each also
+    split into its local and its global heads, :func:`by_layer_kind`), semantic (the heads,
+    neither positional nor retrieval, whose lowest band's logit varies most with content).
+    ``quick``: the most positional heads stand in where none passes the threshold."""
     pos = [tuple(hd) for hd in found["positional"]]
     if not pos and quick:
         pos = most_positional(found, 4)
     retr = sorted(
         tuple(int(x) for x in k.split(".")) for k, v in found["retrieval_score"].items() if v >= 0.1
     )
-    sets: dict[str, dict[str, Any]] = {}
-    kinds = sorted({found["kinds"][str(L)] for L, _ in pos} - {"all"})
-    if pos and len(kinds) != 1:
-        sets["positional"] = {"heads": pos, "step": "positional", "direction": "high"}
-    for kind in kinds:  # one kind only: the set is named by it, not twice
-        chosen = [hd for hd in pos if found["kinds"][str(hd[0])] == kind]
-        sets[f"positional {kind}"] = {"heads": chosen, "step": "positional", "direction": "high"}
-    if retr:
-        sets["retrieval"] = {"heads": retr, "step": "retrieval", "direction": "low"}
+    sets = {
+        **by_layer_kind("positional", pos, found["kinds"], "high"),
+        **by_layer_kind("retrieval", retr, found["kinds"], "low"),
+    }
     var = torch.tensor(found["content_var"])[..., -1]  # [layer, head]: the lowest band
     taken = set(pos) | set(retr)
     ranked = sorted(

@@ -129,3 +129,22 @@ def test_shared_prefix_and_distinct_rows_keep_the_scores(experiment):
             for h in hooks:
                 h.remove()
         assert seen[:2] == [(0, 1), (1, 1)] and all(b == 4 for i, b in seen if i >= 2)
+
+
+def test_head_sets_by_layer_kind(experiment):
+    """Heads of two layer kinds: the whole set and one set per kind; of one kind: only the set
+    named by it; a model without kinds: one set."""
+    mod = experiment("two_models")
+    kinds = {"0": "local", "1": "local", "2": "global"}
+    sets = mod.by_layer_kind("retrieval", [(0, 1), (2, 0), (2, 3)], kinds, "low")
+    assert {k: v["heads"] for k, v in sets.items()} == {
+        "retrieval": [(0, 1), (2, 0), (2, 3)],
+        "retrieval global": [(2, 0), (2, 3)],
+        "retrieval local": [(0, 1)],
+    }
+    assert all(v["step"] == "retrieval" and v["direction"] == "low" for v in sets.values())
+    assert list(mod.by_layer_kind("positional", [(0, 1), (1, 2)], kinds, "high")) == [
+        "positional local"
+    ]
+    assert list(mod.by_layer_kind("positional", [(0, 1)], {"0": "all"}, "high")) == ["positional"]
+    assert mod.by_layer_kind("retrieval", [], kinds, "low") == {}
