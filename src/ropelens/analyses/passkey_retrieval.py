@@ -190,12 +190,12 @@ def passkey_prompt(
     def n_tok(n: int) -> int:
         return len(_encode(tok, _layout(n, depth, passkey)[0], bos)[0])
 
-    if n_tok(1) > length:  # a prompt without filler tests no retrieval
+    if n_tok(0) > length:
         raise InputError(
-            f"length {length} is too short: the task line, the needle, the question and one "
-            f"sentence of filler take {n_tok(1)} tokens; ask for at least {n_tok(1)}"
+            f"length {length} is too short: the task line, the needle and the question alone take "
+            f"{n_tok(0)} tokens; ask for at least {n_tok(0) + 20}"
         )
-    lo, hi = 1, 2
+    lo, hi = 0, 1
     while n_tok(hi) <= length:  # lo fits, hi does not
         lo, hi = hi, 2 * hi
     while hi - lo > 1:
@@ -493,8 +493,8 @@ def passkey_retrieval(
 
     Raises:
         InputError: When ``lengths`` or ``depths`` is empty, repeated or out of range, a length is
-            too short for the prompt with one filler sentence, ``variant`` is not a RoPE variant,
-            the model has no tokenizer, or the longest prompt does not fit in memory.
+            too short for the bare prompt, ``variant`` is not a RoPE variant, the model has no
+            tokenizer, or the longest prompt does not fit in memory.
 
     Examples:
         >>> from ropelens.analyses import passkey_retrieval
