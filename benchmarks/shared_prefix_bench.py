@@ -58,13 +58,7 @@ def main() -> None:
     target = case.tokens[q + 1]
 
     def run(shared: bool) -> torch.Tensor:
-        first = mod.first_knocked_layer
-        if not shared:
-            mod.first_knocked_layer = lambda _rows: None  # every row from the embedding on
-        try:
-            return mod.row_scores(model, case.tokens, rows, 8192, q, target)[0]
-        finally:
-            mod.first_knocked_layer = first
+        return mod.row_scores(model, case.tokens, rows, 8192, q, target, share_prefix=shared)[0]
 
     torch.testing.assert_close(run(True), run(False), rtol=1e-6, atol=1e-6)  # also a warm-up
     plain, shared = [], []

@@ -339,17 +339,17 @@ def first_knocked_layer(rows: list[dict]) -> int | None:
     return min(layers) if layers else None
 
 
-def row_scores(model, tokens, rows, row_tokens, positions, targets):
+def row_scores(model, tokens, rows, row_tokens, positions, targets, *, share_prefix=True):
     """Next-token NLL and top-1 hit ``[row, position]`` at ``positions`` of ``tokens`` (one
     window) for ``targets``, under each row's knockout; rows chunked so logits stay within about
-    1 GB, and only the scores kept. The layers below the first knocked-out one run once per chunk
-    (:func:`shared_prefix`)."""
+    1 GB, and only the scores kept. With ``share_prefix`` the layers below the first knocked-out
+    one run once per chunk (:func:`shared_prefix`); without, every row from the embedding on."""
     vocab = hf_model_of(model).get_input_embeddings().num_embeddings
     size = max(1, min(row_tokens // tokens.numel(), int(1e9 // (len(positions) * vocab * 4))))
     nll, hit = [], []
     for c in chunks(rows, size):
         first = first_knocked_layer(c)
-        share = first is not None and first > 0  # else every layer differs between rows
+        share = share_prefix and first is not None and first > 0  # first 0: no layer shared
         prefix = shared_prefix(model, first, len(c)) if share else contextlib.nullcontext()
         batch = tokens[None] if share else tokens[None].expand(len(c), -1)
         with knocked_out_rows(model, c), logits_only_at(model, positions), prefix, torch.no_grad():
