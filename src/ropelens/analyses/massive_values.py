@@ -353,17 +353,21 @@ class MassiveValues(
         return df[df["massive"]].sort_values("ratio", ascending=False, ignore_index=True)
 
     def planes_frame(self) -> pd.DataFrame:
-        """One row per (which, plane): wavelength (first measured layer), how many (layer, head)
-        pairs hold a massive dimension there, and the plane's persistence across layers. Layers of
-        different widths (Gemma 4) get rows per width group, each over that group's layers
-        (``layers``)."""
+        """One row per (which, plane): wavelength (first measured layer), how many massive
+        dimensions the plane holds over layers and heads (``n_massive_dims``, which sums to
+        :meth:`mask`'s count), how many (layer, head) pairs hold at least one (``n_massive``: a
+        plane has two dimensions, so it can be fewer), and the plane's persistence across layers.
+        Layers of different widths (Gemma 4) get rows per width group, each over that group's
+        layers (``layers``)."""
         rows = []
         for group in self.spec.width_groups(self.layers).values():
             sub = self._subset(group)
             lr = self.spec.layers[group[0]]
             wl = lr.wavelength.tolist()
+            dims = lr.plane_dims  # [P, 2]
             for w in _WHICH:
-                pm = sub.plane_mask(w)
+                pm, m = sub.plane_mask(w), sub.mask(w)
+                per_plane = m[..., dims[:, 0]].sum((0, 1)) + m[..., dims[:, 1]].sum((0, 1))
                 pers, pers_head = sub.persistence(w), sub.persistence(w, per_head=True)
                 for p in range(lr.n_planes):
                     rows.append(
@@ -373,6 +377,7 @@ class MassiveValues(
                             "plane": p,
                             "inv_freq": float(lr.inv_freq[p]),
                             "wavelength": wl[p],
+                            "n_massive_dims": int(per_plane[p]),
                             "n_massive": int(pm[..., p].sum()),
                             "persistence": float(pers[p]),
                             "max_head_persistence": float(pers_head[:, p].max()),

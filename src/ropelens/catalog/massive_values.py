@@ -81,40 +81,39 @@ def render(data: ReportData, massive: Measured) -> Section:
     planes = mv.planes_frame()
     hit = planes[planes.n_massive > 0]
     ctx = data.spec.n_ctx
-    parts = []
+    parts, numbers = [], {"factor": mv.factor}
     for w in ("q", "k"):
-        m = mv.mask(w)
-        n, total = int(m.sum()), m.numel()
+        # every count is a sum over the massive_planes table, so the sentence and the CSV agree
         rows = hit[hit.which == w]
-        beyond = int(rows[rows.wavelength > ctx].n_massive.sum())
+        n_planes = int(rows.n_massive_dims.sum())
+        unrotated = int(mv.mask(w).sum()) - n_planes  # dimensions outside every rotary plane
+        total = int(mv.present(w).sum())
+        beyond = int(rows[rows.wavelength > ctx].n_massive_dims.sum())
+        numbers |= {f"n_massive_{w}": n_planes + unrotated, f"n_dims_{w}": total,
+                    f"n_beyond_{w}": beyond}  # fmt: skip
         top = rows.sort_values("persistence", ascending=False).head(1)
-        tail = (
-            (
+        tail = ""
+        if len(top):
+            numbers |= {
+                f"top_plane_{w}": int(top.plane.iloc[0]),
+                f"top_wavelength_{w}": float(top.wavelength.iloc[0]),
+                f"top_persistence_{w}": float(top.persistence.iloc[0]),
+            }
+            tail = (
                 f", most persistent plane {int(top.plane.iloc[0])} (wavelength "
                 f"{top.wavelength.iloc[0]:,.0f} tokens, massive in {top.persistence.iloc[0]:.0%} "
                 "of layers)"
             )
-            if len(top)
-            else ""
-        )
+        extra = f" and {unrotated:,} in unrotated dimensions" if unrotated else ""
         parts.append(
-            f"{w}: {n:,} of {total:,} dimensions massive, {beyond} of them in planes whose "
-            f"wavelength exceeds the trained context of {ctx:,}{tail}"
+            f"{w}: {n_planes + unrotated:,} of {total:,} dimensions massive, {beyond:,} of them in "
+            f"planes whose wavelength exceeds the trained context of {ctx:,}{extra}{tail}"
         )
     text = (
         f"Massive dimensions (L2 norm over tokens above {mv.factor:.2f}× the head's mean "
         "dimension norm) — " + "; ".join(parts) + "."
     )
-    finding = Finding(
-        "massive",
-        "massive-values",
-        text,
-        {
-            "factor": mv.factor,
-            "n_massive_q": int(mv.mask("q").sum()),
-            "n_massive_k": int(mv.mask("k").sum()),
-        },
-    )
+    finding = Finding("massive", "massive-values", text, numbers)
     body = (
         '<p class="lead">Jin et al. 2025: a few dimensions of the queries and keys carry far '
         "larger norms than "

@@ -161,6 +161,12 @@ def test_persistence_counts_layers(tiny):
     assert (
         row["n_massive"] == 2 and row["persistence"] == 1.0 and row["max_head_persistence"] == 0.5
     )
+    # both dimensions of one plane in one head: one (layer, head) pair, two massive dimensions
+    q[0, 1, 11] = 1e4
+    pf = mv.planes_frame()
+    row = pf[(pf["which"] == "q") & (pf["plane"] == 3)].iloc[0]
+    assert row["n_massive"] == 2 and row["n_massive_dims"] == 3
+    assert pf[pf["which"] == "q"]["n_massive_dims"].sum() == int(mv.mask("q").sum()) == 4
 
 
 def test_save_load_round_trip_and_outputs(tmp_path, tiny):
