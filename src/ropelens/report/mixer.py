@@ -12,9 +12,10 @@ from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.analyses.head_taxonomy import HeadTaxonomy
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc
+from ropelens.results.findings import count_of, head_name
 
-__all__ = ["MIXER_AFTER", "MIXER_KEY", "band_mixer_html", "measure_mixer", "mixer_page",
-           "mixer_section", "positional_heads"]  # fmt: skip
+__all__ = ["MIXER_AFTER", "MIXER_KEY", "band_mixer_html", "measure_mixer", "mixer_heads",
+           "mixer_layers", "mixer_page", "mixer_section", "positional_heads"]  # fmt: skip
 
 MIXER_AFTER = "head-taxonomy"  # the section the mixer follows
 MIXER_KEY = "band-mixer"  # its anchor
@@ -23,6 +24,7 @@ MIXER_HEIGHT_PX = 760
 # positional heads, over the first tokens of one window, keep it near a megabyte for SmolLM2
 MIXER_TOKENS = 128
 MIXER_MAX_LAYERS = 4
+MAX_NAMED = 8  # heads the introduction names at most
 
 
 def _taxonomy(data: ReportData) -> HeadTaxonomy | None:
@@ -43,23 +45,36 @@ def positional_heads(data: ReportData) -> list[tuple[int, int]]:
     return [(int(L), int(h)) for L, h in zip(pos["layer"], pos["head"], strict=True)]
 
 
-def measure_mixer(data: ReportData, *, verify: bool = True) -> None:
-    """Build the band mixer's page for the strongest positional heads into
-    ``data.results[MIXER_KEY]``: the first :data:`MIXER_TOKENS` tokens of the first window,
-    decomposed in the report's bands on the layers of those heads (at most
-    :data:`MIXER_MAX_LAYERS`). Nothing where no head is positional."""
-    heads = positional_heads(data)
+def mixer_layers(heads: list[tuple[int, int]]) -> list[int]:
+    """The layers the mixer holds for ``heads`` (strongest first): those of the strongest heads, at
+    most :data:`MIXER_MAX_LAYERS`, in order."""
     layers: list[int] = []
     for L, _ in heads:
         if L not in layers and len(layers) < MIXER_MAX_LAYERS:
             layers.append(L)
+    return sorted(layers)
+
+
+def mixer_heads(heads: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The positional ``heads`` the mixer holds (those in :func:`mixer_layers`), strongest first."""
+    held = set(mixer_layers(heads))
+    return [(L, h) for L, h in heads if L in held]
+
+
+def measure_mixer(data: ReportData, *, verify: bool = True) -> None:
+    """Build the band mixer's page for the strongest positional heads into
+    ``data.results[MIXER_KEY]``: the first :data:`MIXER_TOKENS` tokens of the first window,
+    decomposed in the report's bands on the layers of those heads (at most
+    :data:`MIXER_MAX_LAYERS`: :func:`mixer_layers`). Nothing where no head is positional."""
+    heads = positional_heads(data)
+    layers = mixer_layers(heads)
     if not layers:
         return
     dec = attention_decomposition(
         data.model,
         data.tokens[:1, :MIXER_TOKENS],
         bands=data.band_stats.bands,
-        layers=sorted(layers),
+        layers=layers,
         verify=verify,
     )
     page = dec.explore(
@@ -84,12 +99,27 @@ _FIT_FRAME = (
 
 
 def mixer_section(page: str, heads: list[tuple[int, int]]) -> str:
-    """The report's section holding the mixer ``page`` in a frame of its own."""
-    named = ", ".join(f"L{L}.H{h}" for L, h in heads[:8]) + (" …" if len(heads) > 8 else "")
+    """The report's section holding the mixer ``page`` in a frame of its own; its introduction
+    names the positional ``heads`` (strongest first) the mixer holds, and says how many it leaves
+    out."""
+    held = mixer_heads(heads)
+    named = ", ".join(head_name(L, h) for L, h in held[:MAX_NAMED])
+    if len(held) > MAX_NAMED:
+        named += f" and {len(held) - MAX_NAMED} more"
+    layers = mixer_layers(heads)
+    where = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(map(str, layers))}"
+    rest = len(heads) - len(held)
+    left = (
+        f"; {count_of(rest, len(heads), 'positional head')} sit in other layers, which it leaves "
+        "out"
+        if rest
+        else ""
+    )
     return (
         f'<section id="{MIXER_KEY}"><h2>Band mixer</h2>'
-        f'<p class="lead">Switch bands on and off and watch the positional heads ({esc(named)}) '
-        "lose or keep their pattern; recomputed in the page from the band logits.</p>"
+        f'<p class="lead">The mixer holds {esc(where)}, with the positional heads '
+        f"{esc(named)}{esc(left)}. Switch bands on and off and watch those heads lose or keep "
+        "their pattern; recomputed in the page from the band logits.</p>"
         f'<iframe class="mixer" title="band mixer" srcdoc="{esc(page)}" '
         f'style="width:100%;height:{MIXER_HEIGHT_PX}px;border:1px solid #e3e6ec" '
         'sandbox="allow-scripts"></iframe>'

@@ -304,6 +304,21 @@ def test_mixer_page_holds_the_layers_of_the_strongest_positional_heads(built, mo
     assert "<iframe" in block and "L" + str(layers[-1]) + ".H0" in block
 
 
+def test_mixer_introduction_names_only_the_heads_the_mixer_holds():
+    """Positional heads in more layers than the mixer holds: the introduction names the layers it
+    holds and their heads, and counts the rest as left out, naming none of them."""
+    heads = [(16, 0), (1, 2), (2, 1), (11, 1), (29, 1), (29, 4), (19, 3), (2, 0)]
+    assert mixer_module.MIXER_MAX_LAYERS == 4
+    assert mixer_module.mixer_layers(heads) == [1, 2, 11, 16]
+    block = mixer_module.mixer_section("<p>page</p>", heads)
+    lead = re.search(r'<p class="lead">(.*?)</p>', block).group(1)
+    named = re.findall(r"L(\d+)\.H(\d+)", lead)
+    assert [(int(L), int(h)) for L, h in named] == [(16, 0), (1, 2), (2, 1), (11, 1), (2, 0)]
+    assert "layers 1, 2, 11, 16" in lead and "3 of 8 positional heads sit in other layers" in lead
+    one = mixer_module.mixer_section("<p>page</p>", [(3, 0), (3, 1)])
+    assert "holds layer 3, with the positional heads L3.H0, L3.H1." in one
+
+
 def _fake_report(data) -> dict:
     return build_module._report_json(data, build_module.render_sections(data), {}, 0.0)
 
