@@ -952,12 +952,20 @@ class BandStatistics(
             f"{_agreement_text(x['top1'])})"
             for x in heads
         )
-        vals = {"band": band, "n_heads": n_heads, "n_majority": len(major), "heads": heads}
+        vals = {
+            "band": band,
+            "n_heads": n_heads,
+            "n_majority": len(major),
+            "n_shown": len(heads),
+            "heads": heads,
+        }
         if major:
             verb, their = ("gets", "its") if len(major) == 1 else ("get", "their")
+            # a list cut short says so, or a reader takes the heads named for all of them
+            cut = f" ({len(heads)} shown, largest first)" if len(heads) < len(major) else ""
             text = (
-                f"{len(major)} of {n_heads} heads {verb} more than half of {their} attended-key "
-                f"margin from band {band}: {shown}."
+                f"{len(major)} of {n_heads} heads{cut} {verb} more than half of {their} "
+                f"attended-key margin from band {band}: {shown}."
             )
         else:
             top = heads[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+import pandas as pd
+
 from ropelens.analyses.head_taxonomy import HeadTaxonomy, head_taxonomy
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
@@ -72,16 +74,37 @@ def measure(data: ReportData) -> Measured:
         n_ctx=n_ctx,
         n_windows=n_windows,
         layers=list(data.layers),
+        bands=data.band_stats.bands,  # the report's bands, so its margin shares can be shared
         progress=True,
     )
     return Measured(tx, n_ctx, n_windows)
 
 
-def render(_data: ReportData, heads: Measured) -> Section:
+def report_margins(data: ReportData, tx: HeadTaxonomy) -> tuple[pd.DataFrame, bool]:
+    """``tx``'s table with its ``margin_share[BAND]`` columns taken from the report's band
+    statistics (the sample band_statistics.csv and its findings quote), and whether they were; a
+    head's margin share then reads the same everywhere in the report. Band statistics in other
+    bands leave the taxonomy's own shares."""
+    df = tx.to_frame()
+    bs = data.band_stats
+    if tuple(bs.band_names) != tuple(tx.band_names) or list(bs.layers) != list(tx.layers):
+        return df, False
+    shares = (
+        bs.to_frame()
+        .pivot(index=["layer", "head"], columns="band", values="margin_share")
+        .rename(columns=lambda band: f"margin_share[{band}]")
+    )
+    cols = [f"margin_share[{band}]" for band in tx.band_names]
+    keyed = df.set_index(["layer", "head"])
+    keyed[cols] = shares.reindex(keyed.index)[cols].to_numpy()
+    return keyed.reset_index()[df.columns], True
+
+
+def render(data: ReportData, heads: Measured) -> Section:
     """Positional heads found by score on text and on seeded random tokens, with their band
     profile."""
     tx, n_ctx, n_windows = heads.value, heads.n_ctx, heads.n_windows
-    df = tx.to_frame()
+    df, shared = report_margins(data, tx)
     pos = df[df.positional].sort_values("robust_mass", ascending=False)
     high = tx.band_names[0]
     keep = [
@@ -133,13 +156,20 @@ def render(_data: ReportData, heads: Measured) -> Section:
         )
         numbers = {"n_positional": 0, "tau": tx.tau}
     finding = Finding("heads", "head-taxonomy", text, numbers | {"kinds": counts})
+    bs_tokens = data.band_stats.provenance.n_tokens
     body = (
         '<p class="lead">A head is positional when one fixed offset δ* = query − key holds at '
         "least τ of its "
         "attention on real text and on seeded random tokens (content removed); τ is Otsu's "
         "threshold on that "
-        f"mass over all heads, floored at 0.3. Scored on {n_windows} windows of {n_ctx} tokens. "
-        "Kinds: "
+        f"mass over all heads, floored at 0.3. Scored on {n_windows} windows of {n_ctx} tokens"
+        + (
+            f"; margin shares are the band statistics' ({bs_tokens:,} tokens), as in the "
+            "band-statistics section. "
+            if shared
+            else ", margin shares too. "
+        )
+        + "Kinds: "
         + esc(", ".join(f"{k} {v}" for k, v in counts.items()))
         + ".</p>"
         + figure_html(style_figure(heads_figure(tx), height=460))
