@@ -27,7 +27,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ropelens.errors import InputError
-from ropelens.results.curves import MARGIN, CurveShape, at_distance, describe_curve
+from ropelens.results.curves import MARGIN, RECOVERY, CurveShape, at_distance, describe_curve
 from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding, count_of, shape_predicate
 from ropelens.results.provenance import Provenance
@@ -637,7 +637,7 @@ class AttentionByDistance(
         bands that cause the U-shapes, then per layer its full-logit shape, its cause when U-shaped,
         and the attention probability's shape."""
         shapes = self.shapes(margin=margin)
-        out = [self._summary_finding(shapes)] if len(shapes) else []
+        out = [self._summary_finding(shapes, margin)] if len(shapes) else []
         for layer in self.layers:
             if int(torch.isfinite(self.curve(layer)).sum()) < 3:
                 continue
@@ -669,7 +669,7 @@ class AttentionByDistance(
             )
         return out
 
-    def _summary_finding(self, shapes: pd.DataFrame) -> Finding:
+    def _summary_finding(self, shapes: pd.DataFrame, margin: float = MARGIN) -> Finding:
         full = shapes[shapes.curve == "logit"]
         counts = full["shape"].value_counts().to_dict()
         n_ctx = int(self.edges[-1])
@@ -689,11 +689,22 @@ class AttentionByDistance(
                 f"; alone, bands are U-shaped in {len(band_u)} (layer, band) curves, most often "
                 f"{band_u.curve.value_counts().index[0]}"
             )
+        if len(u) or len(band_u):
+            # the criterion, so a reader knows what a U means here
+            text += (
+                f" (U-shaped: a fall, then a rise of at least {RECOVERY:.0%} of the fall and "
+                f"{margin:.0%} of the range)"
+            )
         return Finding(
             "distance",
             "attention-by-distance",
             text + ".",
-            {"full_logit_shapes": counts, "max_distance": n_ctx - 1},
+            {
+                "full_logit_shapes": counts,
+                "max_distance": n_ctx - 1,
+                "n_band_u": len(band_u),
+                "u_recovery": RECOVERY,
+            },
         )
 
     # ---------------------------------------------------------------- tables and persistence

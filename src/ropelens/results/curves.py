@@ -23,13 +23,16 @@ from ropelens.results.result import Result
 from ropelens.validate import check_number
 
 __all__ = [
-    "MARGIN", "ByDistance", "CurveShape", "DecayCurve", "DecayVerdict", "at_distance",
+    "MARGIN", "RECOVERY", "ByDistance", "CurveShape", "DecayCurve", "DecayVerdict", "at_distance",
     "check_curve", "decay_verdict", "describe_curve", "max_distance_arg", "vector",
 ]  # fmt: skip
 
 MARGIN = (
     0.1  # a rise or fall counts when it exceeds this fraction of the curve's range (and the noise)
 )
+# a U (or a peak) must come back at least this fraction of its first leg: a fall followed by a
+# small rise is a decay that levels off, not a U
+RECOVERY = 0.5
 Shape = Literal["flat", "decays", "grows", "U-shaped", "peaked", "oscillating"]
 MIN_SPEARMAN = 0.3  # |ρ| for a monotone trend; default RoPE constant curves give ρ ≈ −0.6 … −0.8
 
@@ -281,14 +284,18 @@ def describe_curve(
     scale: float | None = None,
     log: bool = False,
     atol: float = 1e-9,
+    recovery: float = RECOVERY,
 ) -> CurveShape:
     """The shape of a curve over distance, described as it is.
 
     - **flat**: its range is within ``margin`` × ``scale`` (default: its largest |value|), or below
       ``atol`` or the noise;
     - **decays** / **grows**: one leg (wiggles smaller than the threshold ignored);
-    - **U-shaped**: falls, then rises again by more than the threshold; its minimum is named;
-    - **peaked**: rises, then falls;
+    - **U-shaped**: falls, then rises again by more than the threshold and by at least
+      ``recovery`` × the fall (default :data:`RECOVERY`, half); its minimum is named;
+    - **peaked**: rises, then falls by at least ``recovery`` × the rise;
+    - a fall followed by a smaller rise than that reads **decays** (a rise, then a smaller fall,
+      **grows**), and the sentence gives the second leg as a share of the first;
     - **oscillating**: three or more legs; the sentence gives the number of turns, the swings
       (first, last, median) and the midline the curve oscillates around, from its start to its end,
       and the envelope (first and last maximum and minimum).
@@ -302,6 +309,9 @@ def describe_curve(
     """
     margin = check_number(
         margin, "margin", above=0, at_most=1, hint=" (a fraction of the curve's range)"
+    )
+    recovery = check_number(
+        recovery, "recovery", at_least=0, at_most=1, hint=" (a fraction of the first leg)"
     )
     raw, positions, noise_level = _curve_points(values, distances, noise, log)
     curve = _Curve.of(raw, positions, margin, noise_level, log)
@@ -319,7 +329,7 @@ def describe_curve(
     if n_legs <= 1:
         return _monotone_shape(curve, pivots, turns, swings)
     if n_legs == 2:
-        return _one_turn_shape(curve, pivots, turns, swings, rule)
+        return _one_turn_shape(curve, pivots, turns, swings, rule, recovery)
     return _oscillating_shape(curve, pivots, turns, swings)
 
 
@@ -449,20 +459,40 @@ def _one_turn_shape(
     turns: tuple[float, ...],
     swings: tuple[float, ...],
     rule: str,
+    recovery: float,
 ) -> CurveShape:
-    """Two legs: U-shaped (falls, then rises) or peaked (rises, then falls)."""
+    """Two legs: U-shaped (falls, then rises back at least ``recovery`` of the fall) or peaked
+    (rises, then falls back as much); a smaller second leg leaves the curve monotone."""
     start, turn, end = pivots
-    if curve.shape_values[turn] < curve.shape_values[start]:
+    back = swings[1] / swings[0]
+    falls = curve.shape_values[turn] < curve.shape_values[start]
+    if back < recovery:
+        shape: Shape = "decays" if falls else "grows"
+        first, second, extremum, needs = (
+            ("falls", "rises", "minimum", "a U-shape")
+            if falls
+            else ("rises", "falls", "maximum", "a peak")
+        )
+        text = (
+            f"monotone, {shape}: {first} from {curve.point(start)} to its {extremum} "
+            f"{curve.point(turn)}, then {second} back only {back:.0%} of the "
+            f"{'log-' if curve.log else ''}{'fall' if falls else 'rise'} to "
+            f"{curve.point(end)} ({needs} needs {recovery:.0%})"
+        )
+        return CurveShape(shape, text, turns=turns, swings=swings, **curve.numbers)
+    if falls:
         text = (
             f"U-shaped: falls from {curve.point(start)} to its minimum {curve.point(turn)}, "
-            f"then rises again to {curve.point(end)} (the rise is {swings[1] / swings[0]:.0%} "
-            f"of the fall and {swings[1] / curve.value_range:.0%} of the "
+            f"then rises again to {curve.point(end)} (the rise is {back:.0%} of the fall, "
+            f"at least the {recovery:.0%} a U-shape needs, and "
+            f"{swings[1] / curve.value_range:.0%} of the "
             f"{'log-' if curve.log else ''}range; {rule})"
         )
         return CurveShape("U-shaped", text, turns=turns, swings=swings, **curve.numbers)
     text = (
         f"peaked: rises from {curve.point(start)} to its maximum {curve.point(turn)}, then "
-        f"falls to {curve.point(end)} (the fall is {swings[1] / swings[0]:.0%} of the rise; {rule})"
+        f"falls to {curve.point(end)} (the fall is {back:.0%} of the rise, at least the "
+        f"{recovery:.0%} a peak needs; {rule})"
     )
     return CurveShape("peaked", text, turns=turns, swings=swings, **curve.numbers)
 

@@ -170,10 +170,22 @@ def test_describe_u_shape_and_peak_name_their_extremum():
     # a rise at the end below the margin is not a U; above it, it is
     small = np.concatenate([np.exp(-X[:400] / 50), np.exp(-8) + 0.05 * (X[400:] - 399) / 113])
     assert describe_curve(small, X).shape == "decays"
-    big = np.concatenate([np.exp(-X[:400] / 50), np.exp(-8) + 0.3 * (X[400:] - 399) / 113])
+    big = np.concatenate([np.exp(-X[:400] / 50), np.exp(-8) + 0.6 * (X[400:] - 399) / 113])
     assert describe_curve(big, X).shape == "U-shaped"
+    assert "the rise is 60% of the fall, at least the 50% a U-shape needs" in (
+        describe_curve(big, X).text
+    )
     # noise larger than the rise keeps it from counting
-    assert describe_curve(big, X, noise=0.2).shape == "decays"
+    assert describe_curve(big, X, noise=0.4).shape == "decays"
+    # a rise above the margin that wins back less than half the fall is a decay that levels off
+    part = np.concatenate([np.exp(-X[:400] / 50), np.exp(-8) + 0.15 * (X[400:] - 399) / 113])
+    levels = describe_curve(part, X)
+    assert levels.shape == "decays" and levels.min_at == 399.0
+    assert "rises back only 15% of the fall" in levels.text and "a U-shape needs 50%" in levels.text
+    assert describe_curve(part, X, recovery=0.1).shape == "U-shaped"
+    assert describe_curve(-part, X).shape == "grows" and "a peak needs 50%" in (
+        describe_curve(-part, X).text
+    )
 
 
 def test_describe_oscillation_gives_turns_and_envelope():
@@ -199,9 +211,10 @@ def test_describe_oscillation_gives_turns_and_envelope():
 
 
 def test_describe_log_scale_and_bad_input():
-    p = np.array([0.5, 0.05, 0.01, 0.012, 0.03, 0.04])
-    assert describe_curve(p, np.arange(6)).shape == "decays"  # linear: the rise is 6% of the range
-    u = describe_curve(p, np.arange(6), log=True)  # log: it quadruples
+    p = np.array([0.5, 0.05, 0.01, 0.012, 0.03, 0.2])
+    # linear: the rise is 39% of the fall
+    assert describe_curve(p, np.arange(6)).shape == "decays"
+    u = describe_curve(p, np.arange(6), log=True)  # log: ×20 back of ×50 down, 77% of the fall
     assert u.shape == "U-shaped" and u.min_value == 0.01
     assert describe_curve([1.0, 1.05, 1.02, 1.01], np.arange(4), log=True).shape == "flat"
     assert (
