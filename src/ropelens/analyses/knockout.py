@@ -617,7 +617,7 @@ def _inputs(
     model, corpus, n_ctx, n_windows, metrics, seed, prompt_len
 ) -> tuple[Tensor, Tensor, list[Any]]:
     if isinstance(corpus, Tensor):
-        text = corpus.long()
+        text = data.check_token_windows(corpus).long()
     else:
         text = data.windows(corpus, model.tokenizer, n_ctx, n_windows=n_windows)
     vocab = min(len(model.tokenizer), hf_model_of(model).get_input_embeddings().num_embeddings)

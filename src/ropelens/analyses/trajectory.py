@@ -478,9 +478,9 @@ def trajectory(
         whose emergence it can date.
 
     Raises:
-        InputError: When an analysis is unknown or none is given, ``n_tokens`` is below 2, or the
-            checkpoints cannot be resolved (none given, ``revisions`` without one hub id, steps
-            missing or repeated).
+        InputError: When an analysis is unknown or none is given, ``n_tokens`` is below 2 or below
+            a given ``n_ctx``, or the checkpoints cannot be resolved (none given, ``revisions``
+            without one hub id, steps missing or repeated).
 
     Examples:
         >>> import tempfile
@@ -506,8 +506,12 @@ def trajectory(
     cks = resolve_checkpoints(checkpoints, revisions=revisions, steps=steps)
     corpus = corpus if corpus is not None else (_setting(cks[0], "corpus") or "english")
     corpus = load_corpus(corpus, text_column=text_column)  # read once, for every checkpoint
-    n_ctx = int(n_ctx or _setting(cks[0], "seq_len") or 256)
-    n_ctx = min(n_ctx, n_tokens)
+    if n_ctx is not None and n_tokens < n_ctx:  # a length asked for is never shortened unasked
+        raise InputError(
+            f"n_tokens={n_tokens} is less than one window of n_ctx={n_ctx}: raise n_tokens or "
+            "lower n_ctx"
+        )
+    n_ctx = min(int(n_ctx or _setting(cks[0], "seq_len") or 256), n_tokens)
     kw = {"n_ctx": n_ctx, "max_tokens": n_tokens, "progress": progress, "verify": verify}
     records: list[tuple[int, str, str, str, int, float]] = []
     seconds: list[float] = []

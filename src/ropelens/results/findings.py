@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "Finding", "band_winners", "count_of", "fixed", "head_name", "percent", "shape_predicate",
-    "signed", "too_short", "withheld",
+    "Finding", "band_winners", "count_of", "counted_nothing", "fixed", "head_name",
+    "nothing_counted", "percent", "shape_predicate", "signed", "too_short", "withheld",
 ]  # fmt: skip
 
 # How a curve's shape reads after its subject, singular and plural ("the logit decays", "the
@@ -118,4 +118,30 @@ def withheld(key: str, section: str, what: str, n_ctx: int, minimum: int, why: s
         f"No finding on {what}: windows of {n_ctx:,} {noun} are too short to hold one; it needs "
         f"at least {minimum:,} tokens per window ({why}).",
         {"withheld": True, "n_ctx": int(n_ctx), "min_tokens": int(minimum), "reason": why},
+    )
+
+
+def counted_nothing(provenance: Any) -> bool:
+    """Whether a result's provenance records that it counted no token or no window (never for a
+    result that does not record its counts, such as one computed from a spec alone)."""
+    counts = (getattr(provenance, "n_tokens", None), getattr(provenance, "n_windows", None))
+    return any(c is not None and int(c) <= 0 for c in counts)
+
+
+def nothing_counted(section: str, provenance: Any) -> Finding:
+    """The findings of ``section`` withheld: its result counted no token, so every mean in it is a
+    mean of nothing (a zero, a NaN or a tie that would read as a measurement)."""
+    n_tokens, n_windows = provenance.n_tokens, provenance.n_windows
+    return Finding(
+        f"{section}-withheld",
+        section,
+        f"No finding: the result counted no token ({n_tokens or 0:,} tokens in "
+        f"{n_windows or 0:,} windows), so it has nothing to report; measure it again on a corpus "
+        "with text.",
+        {
+            "withheld": True,
+            "n_tokens": int(n_tokens or 0),
+            "n_windows": int(n_windows or 0),
+            "reason": "no token was counted",
+        },
     )

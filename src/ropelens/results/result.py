@@ -11,8 +11,10 @@ both on reading, and registers the class under its kind when the class is create
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -23,7 +25,7 @@ from ropelens.errors import InputError
 from ropelens.results.codec import encode, fields_from_dict, fields_to_dict
 from ropelens.results.display import plotly_bundle
 from ropelens.results.figures import figure_of, figure_writer
-from ropelens.results.findings import Finding
+from ropelens.results.findings import Finding, counted_nothing, nothing_counted
 from ropelens.results.report_file import ReportSummary, is_report
 from ropelens.results.serialize import dump_json
 
@@ -129,6 +131,8 @@ class Result:
         cls.PREVIOUS_KINDS = tuple(previous_kinds)
         for name in (kind, *cls.PREVIOUS_KINDS):
             _REGISTRY[name] = cls
+        if "findings" in cls.__dict__:
+            cls.findings = _unless_empty(cls.__dict__["findings"])  # type: ignore[method-assign]
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
@@ -271,6 +275,27 @@ class Result:
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
         """Jupyter shows the plotly figure (offline: no CDN script); plain text names the result."""
         return plotly_bundle(self.figure(), self._repr_text())
+
+
+def _unless_empty(findings: Any) -> Any:
+    """``findings`` guarded: a result that counted no token writes one withheld finding instead,
+    whatever its class would write from its sums of nothing."""
+
+    @functools.wraps(findings)
+    def guarded(self: Result, *args: Any, **kwargs: Any) -> list[Finding]:
+        prov = getattr(self, "provenance", None)
+        if prov is not None and counted_nothing(prov):
+            return [nothing_counted(_section_of(type(self)), prov)]
+        return findings(self, *args, **kwargs)
+
+    guarded.__ropelens_guarded__ = True  # type: ignore[attr-defined]
+    return findings if getattr(findings, "__ropelens_guarded__", False) else guarded
+
+
+def _section_of(cls: type) -> str:
+    """The section a result's findings belong to: its kind in kebab case (``FrequencyUsage`` →
+    ``frequency-usage``), as the analyses name their sections."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", cls.KIND).lower()  # type: ignore[attr-defined]
 
 
 def _add(a: Any, b: Any) -> Any:

@@ -46,6 +46,7 @@ __all__ = [
     "Corpus",
     "StreamedCorpus",
     "analysis_windows",
+    "check_token_windows",
     "english",
     "load_corpus",
     "python_code",
@@ -895,6 +896,46 @@ def windows(
     return out.contiguous()
 
 
+def check_token_windows(tokens: Any) -> Tensor:
+    """``tokens`` if it is a ready ``[n_windows, n_ctx]`` integer tensor with at least one window of
+    at least two tokens; else an InputError naming what is wrong (empty above all) and the fix.
+
+    Every corpus analysis reads its windows through here (:func:`analysis_windows`,
+    :class:`ropelens.run.measure.Windows`), so an empty input is refused before a model runs,
+    instead of giving sums of nothing that read as measurements.
+
+    Examples:
+        >>> import torch
+        >>> check_token_windows(torch.ones(2, 8, dtype=torch.long)).shape
+        torch.Size([2, 8])
+        >>> check_token_windows(torch.zeros(0, 32, dtype=torch.long))
+        Traceback (most recent call last):
+            ...
+        ropelens.errors.InputError: the token input holds no windows (shape (0, 32)): ...
+    """
+    if not isinstance(tokens, Tensor):
+        raise InputError(
+            f"token input must be an integer [n_windows, n_ctx] tensor, got {type(tokens).__name__}"
+        )
+    shape = tuple(tokens.shape)
+    if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
+        raise InputError(
+            f"token input must be an integer [n_windows, n_ctx] tensor, got {tokens.dtype} {shape}"
+        )
+    if shape[0] == 0:
+        raise InputError(
+            f"the token input holds no windows (shape {shape}): pass at least one window of "
+            "tokens, or a corpus to cut windows from"
+        )
+    if shape[1] < 2:
+        raise InputError(
+            f"the token input's windows hold {shape[1]} token{'' if shape[1] == 1 else 's'} "
+            f"(shape {shape}): a window needs at least two positions (BOS and one token); pass "
+            "longer windows"
+        )
+    return tokens
+
+
 def analysis_windows(
     tokenizer: Any,
     corpus: Any,
@@ -922,8 +963,8 @@ def analysis_windows(
         tensor).
 
     Raises:
-        InputError: If a tensor is not 2-D integer, or as :func:`load_corpus` and
-            :func:`windows` do.
+        InputError: If a tensor is not 2-D integer or is empty (no windows, or windows shorter
+            than two tokens), or as :func:`load_corpus` and :func:`windows` do.
 
     Examples:
         >>> from ropelens.testing import tiny_model
@@ -935,12 +976,7 @@ def analysis_windows(
         ('tokens', None)
     """
     if isinstance(corpus, Tensor):
-        if corpus.ndim != 2 or corpus.dtype not in (torch.int64, torch.int32):
-            raise InputError(
-                f"token input must be an integer [n_windows, n_ctx] tensor, got {corpus.dtype} "
-                f"{tuple(corpus.shape)}"
-            )
-        return corpus.long(), "tokens", None
+        return check_token_windows(corpus).long(), "tokens", None
     c = load_corpus(corpus, text_column=text_column)
     tokens = windows(c, tokenizer, n_ctx, max_tokens=max_tokens)  # a stream is read here
     return tokens, c.name, c.sha256

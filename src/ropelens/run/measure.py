@@ -27,7 +27,7 @@ from ropelens.backends import handle
 from ropelens.errors import InputError
 from ropelens.results.provenance import Provenance, placement
 from ropelens.run.capture import Reducer
-from ropelens.run.data import analysis_windows
+from ropelens.run.data import analysis_windows, check_token_windows
 from ropelens.run.distributed import RunInfo, run_windows
 from ropelens.run.verify import verification
 from ropelens.spec.reading import rope_spec
@@ -136,6 +136,7 @@ class Windows:
     origin: str | None = None
 
     def __post_init__(self) -> None:
+        check_token_windows(self.tokens)  # sums over no window would read as a measurement
         if self.origin is None:
             object.__setattr__(self, "origin", self._fingerprint())
 
