@@ -65,6 +65,7 @@ from ropelens.run.stats import matched_random_sets, permutation_p_value
 from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import hf_model_of, model_label, rope_spec
+from ropelens.spec.rotary_state import rotary_state_kept
 from ropelens.spec.surface import running_model
 from ropelens.validate import check_number
 
@@ -418,11 +419,9 @@ class KnockoutProbe:
         nll, acc = [], []
         with torch.no_grad():
             for case in self.cases:
-                logits = (
-                    model(case.tokens[None].to(device_of(model)), return_type="logits")[0]
-                    .float()
-                    .cpu()
-                )
+                with rotary_state_kept(model):  # each case as a fresh model runs it
+                    out = model(case.tokens[None].to(device_of(model)), return_type="logits")
+                logits = out[0].float().cpu()
                 q = torch.tensor(case.queries)
                 target = case.tokens[q + 1]
                 logp = logits[q].log_softmax(-1)

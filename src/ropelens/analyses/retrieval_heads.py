@@ -51,6 +51,7 @@ from ropelens.results.result import Result
 from ropelens.run.intervene import ablate_planes
 from ropelens.run.verify import verification
 from ropelens.spec.reading import model_label, rope_spec
+from ropelens.spec.rotary_state import rotary_state_kept
 from ropelens.spec.surface import running_model
 from ropelens.validate import check_number
 
@@ -138,7 +139,7 @@ def argmax_keys(
         raise UnsupportedModelError(f"{type(hf).__name__}: a decoder layer has no self_attn module")
     handles = [a.register_forward_hook(keep(i)) for i, a in enumerate(attns)]
     try:
-        with attention_implementation(hf, "eager"), torch.no_grad():
+        with attention_implementation(hf, "eager"), torch.no_grad(), rotary_state_kept(model):
             hf(input_ids=tokens.long().to(device_of(model))[None], use_cache=False)
     finally:
         for h in handles:

@@ -25,6 +25,7 @@ which backend it is.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -53,6 +54,7 @@ from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.spec.plan import active_plan
 from ropelens.spec.reading import hf_model_of, model_label, rope_spec
 from ropelens.spec.rope import RopeSpec
+from ropelens.spec.rotary_state import rotary_state_kept
 from ropelens.spec.surface import is_nnsight, nnsight_module, register_runner
 
 __all__ = [
@@ -184,11 +186,12 @@ class Backend:
     def loss_forward(self, path: str) -> Iterator[Callable[[Tensor], Tensor]]:
         """A block in which ``losses(batch)`` gives each window's mean next-token loss on forward
         ``path``."""
-        if path == "sdpa":
-            with on_sdpa(self.model) as hf:
-                yield lambda batch: hf_losses(hf, batch)
-            return
-        yield self._losses
+        with rotary_state_kept(self.model):
+            if path == "sdpa":
+                with on_sdpa(self.model) as hf:
+                    yield lambda batch: hf_losses(hf, batch)
+                return
+            yield self._losses
 
     def _losses(self, batch: Tensor) -> Tensor:
         return losses_of(self.model(input_ids=batch).logits, batch)
@@ -198,11 +201,12 @@ class Backend:
     ) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
         """The module a long forward runs (called as ``module(tokens)``) and a context to run it
         in."""
-        return self.model, contextlib.nullcontext
+        return self.model, functools.partial(rotary_state_kept, self.model)
 
     def last_logits(self, ids: Tensor) -> Tensor:
         """Logits after the last token of ``ids`` (``[1, pos]``), from one full forward."""
-        out = self.model(input_ids=ids)
+        with rotary_state_kept(self.model):
+            out = self.model(input_ids=ids)
         return getattr(out, "logits", out)[0, -1]
 
     @contextlib.contextmanager
@@ -213,11 +217,13 @@ class Backend:
         ``new`` the model has not seen yet (a key/value cache where ``cache`` and the path has one,
         prefilled ``chunk`` tokens at a time); yields ``(step, cached)``."""
         use_cache = cache and path != "hf"
-        if path == "sdpa":
-            with on_sdpa(self.model) as hf:
-                yield _hf_stepper(hf, use_cache, chunk), use_cache
-            return
-        yield self._stepper(use_cache, chunk), use_cache
+        # one block for every step: a key/value cache's steps run as one input growing
+        with rotary_state_kept(self.model):
+            if path == "sdpa":
+                with on_sdpa(self.model) as hf:
+                    yield _hf_stepper(hf, use_cache, chunk), use_cache
+                return
+            yield self._stepper(use_cache, chunk), use_cache
 
     def _stepper(self, cache: bool, chunk: int | None) -> Callable[[Tensor, Tensor], Tensor]:
         return lambda _new, seq: self.last_logits(seq)
@@ -321,16 +327,21 @@ class BridgeBackend(Backend):
     def fast_forward(
         self, fast: bool = True
     ) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
-        import functools
-
         if not fast or getattr(
             self.model, "_ropelens_interventions", 0
         ):  # bridge hooks in force: run it as it is
-            return self.model, contextlib.nullcontext
-        return self.hf, functools.partial(sdpa_attention, self.hf)
+            return self.model, functools.partial(rotary_state_kept, self.model)
+
+        @contextlib.contextmanager
+        def kept_on_sdpa() -> Iterator[None]:
+            with rotary_state_kept(self.model), sdpa_attention(self.hf):
+                yield
+
+        return self.hf, kept_on_sdpa
 
     def last_logits(self, ids: Tensor) -> Tensor:
-        return self.model(ids, logits_to_keep=1)[0, -1]
+        with rotary_state_kept(self.model):
+            return self.model(ids, logits_to_keep=1)[0, -1]
 
     def _stepper(self, cache: bool, chunk: int | None) -> Callable[[Tensor, Tensor], Tensor]:
         if not cache:

@@ -23,6 +23,7 @@ from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec
+from ropelens.spec.rotary_state import rotary_state_kept
 from ropelens.spec.surface import running_model
 
 __all__ = [
@@ -213,7 +214,9 @@ def stream(
             # refused, not measured wrong)
             padded = right_padded(valid)
             count.add(valid, padded)
-            run_batch(tokens, valid, padded)
+            # each batch from the rotary state a fresh model has, not the one the batch before left
+            with rotary_state_kept(model):
+                run_batch(tokens, valid, padded)
     return count.total()
 
 

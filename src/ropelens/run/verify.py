@@ -68,6 +68,7 @@ from ropelens.spec.observed import measure_rotation
 from ropelens.spec.plan import describe_intervention
 from ropelens.spec.reading import hf_model_of, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.spec.rotary_state import rotary_state_kept
 
 __all__ = [
     "UNVERIFIED",
@@ -218,9 +219,9 @@ def verify_model(
         object.__setattr__(model, _CACHE, cache)  # not a submodule attribute: nothing registered
     if not force and key in cache:
         return cache[key]
-    result = dataclasses.replace(
-        _Probe(model, spec, length).run(), interventions=spec.interventions
-    )
+    with rotary_state_kept(model):  # the probe's forwards leave the rotary modules as they were
+        probed = _Probe(model, spec, length).run()
+    result = dataclasses.replace(probed, interventions=spec.interventions)
     cache[key] = result
     return result
 

@@ -41,6 +41,8 @@ from ropelens.spec.forward_taps import (
 from ropelens.spec.observed import measure_query_factors, observe_rotations
 from ropelens.spec.plan import active_plan, spec_as_run
 from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.spec.rotary_state import rotary_modules as _rotary_modules
+from ropelens.spec.rotary_state import rotary_state_kept
 from ropelens.spec.surface import (
     bridge_refusal,
     declared_adjacent_pairs,
@@ -82,15 +84,6 @@ def hf_model_of(model):
 def _text_config(hf) -> Any:
     cfg = hf.config
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-
-
-def _rotary_modules(hf) -> list[torch.nn.Module]:
-    # a vision tower's rotary (Qwen2-VL's, on image patches) comes first in the module tree and is
-    # not the text's
-    names = [(m, type(m).__name__.lower()) for _, m in hf.named_modules()]
-    return [
-        m for m, name in names if "rotary" in name and "bridge" not in name and "vision" not in name
-    ]
 
 
 def _blocks(model):
@@ -870,6 +863,11 @@ def unmodified_spec(model, *, length: int | None = None) -> RopeSpec:
     if length is not None:
         length = check_positive_int(length, "length", " (the input's length in tokens)")
     model = running_model(model)  # an nnsight model: the HF model it wraps
+    with rotary_state_kept(model):  # a reading runs the rotary modules: the model is left as it was
+        return _unmodified_spec(model, length)
+
+
+def _unmodified_spec(model, length: int | None) -> RopeSpec:
     reading = _start_reading(model)
     limit = None if active_plan(model) else _length_limit(model)
     if limit is not None:  # the short reading: the rotary modules as a short input leaves them
@@ -1230,7 +1228,8 @@ def _length_limit(model) -> int | None:
 def length_dependent(model) -> bool:
     """Whether the model's rotary modules give other tables to the first positions of a long input
     than of a short one (dynamic NTK past the native context, LongRoPE's short and long factors)."""
-    return _length_limit(model) is not None
+    with rotary_state_kept(model):
+        return _length_limit(model) is not None
 
 
 def _read_at_length(model, spec: RopeSpec, length: int) -> RopeSpec:
