@@ -1,6 +1,7 @@
 """The package's import graph: one-way imports, no private names across modules, one public API.
 
-Built from the source with ``ast`` (every import, including the ones inside functions), so a cycle
+Built from the source with ``ast`` (every import, including the ones inside functions, and every
+module named to ``importlib.import_module`` or ``__import__``), so a cycle, an import up the layers
 or a reach into another module's private helper fails here, whatever order modules load in.
 """
 
@@ -23,12 +24,61 @@ def _module_name(path: Path, src: Path = SRC) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+_BY_STRING = ("import_module", "__import__")
+
+
+def _literal_prefix(node: ast.expr) -> str | None:
+    """The text a string argument starts with: all of a literal, the leading part of an f-string."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values:
+        first = node.values[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            return first.value
+    return None
+
+
+def string_imports(tree: ast.AST) -> list[str]:
+    """The ropelens modules one file imports by name (``importlib.import_module("ropelens.x")``,
+    ``__import__``, an f-string's leading part), which an import statement's graph would miss."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if called not in _BY_STRING:
+            continue
+        named = [node.args[0]] if node.args else []
+        named += [k.value for k in node.keywords if k.arg in ("name", "package")]
+        for arg in named:
+            text = _literal_prefix(arg)
+            if text is not None and text.split(".")[0] == "ropelens":
+                out.append(text)
+    return out
+
+
+def _module_named(text: str, modules: set[str]) -> str | None:
+    """The module a (possibly partial) dotted name imports: the longest one of ``modules`` it
+    starts with."""
+    parts = text.rstrip(".").split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in modules:
+            return ".".join(parts[:n])
+    return None
+
+
 def _imports(path: Path, modules: set[str], src: Path) -> list[tuple[str, str]]:
-    """(imported module, imported name or '') for every ropelens import in one file."""
+    """(imported module, imported name or '') for every ropelens import in one file, by statement
+    or by string."""
     name = _module_name(path, src)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
     tree = ast.parse(path.read_text())
+    for text in string_imports(tree):
+        target = _module_named(text, modules)
+        if target is not None:
+            out.append((target, ""))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -101,6 +151,17 @@ def test_no_import_cycles():
     assert cycles(graph) == []
 
 
+def test_no_module_is_imported_by_string():
+    """Every import of a ropelens module is a statement: one named in a string hides an edge of the
+    graph (a cycle, or a reach up the layers) from anyone reading the imports."""
+    found = {
+        _module_name(p): named
+        for p in SRC.rglob("*.py")
+        if (named := string_imports(ast.parse(p.read_text())))
+    }
+    assert found == {}
+
+
 def test_no_private_names_across_modules():
     _, private = import_graph()
     assert private == []
@@ -150,15 +211,31 @@ def test_leaf_modules_import_nothing_above_them(leaf):
 
 
 def test_checks_catch_what_they_look_for(tmp_path):
-    """The graph walk sees a planted cycle, a function-level import and a private import."""
+    """The graph walk sees a planted cycle, a function-level import, a private import, imports by
+    string (a cycle through one of them, too) and an import up the layers."""
     pkg = tmp_path / "ropelens"
-    pkg.mkdir()
+    (pkg / "errors").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
+    (pkg / "errors" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from ropelens.b import _helper\n")
     (pkg / "b.py").write_text("def f():\n    from ropelens import a\n")
+    (pkg / "c.py").write_text("import importlib\nimportlib.import_module('ropelens.d')\n")
+    (pkg / "d.py").write_text("def f(n):\n    __import__(f'ropelens.c.{n}')\n")
+    (pkg / "errors" / "by_name.py").write_text(
+        "import importlib\nimportlib.import_module('ropelens.catalog')\n"
+    )
+    (pkg / "errors" / "up.py").write_text("from ropelens import catalog\n")
+    (pkg / "catalog.py").write_text("")
     graph, private = import_graph(pkg)
-    assert cycles(graph) == [["ropelens.a", "ropelens.b"]]
+    assert cycles(graph) == [["ropelens.a", "ropelens.b"], ["ropelens.c", "ropelens.d"]]
     assert private == [("ropelens.a", "ropelens.b", "_helper")]
+    assert string_imports(ast.parse((pkg / "d.py").read_text())) == ["ropelens.c."]
+    assert string_imports(ast.parse("import importlib\nimportlib.import_module('torch')")) == []
+    low = {m: t for m, t in graph.items() if m.startswith("ropelens.errors")}
+    assert upward_imports(low) == {
+        ("ropelens.errors.up", "ropelens.catalog"),
+        ("ropelens.errors.by_name", "ropelens.catalog"),
+    }
 
 
 def test_public_api_exports_exist():
@@ -215,6 +292,20 @@ def test_import_ropelens_defines_names_and_does_nothing_else():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_a_result_draws_from_its_analyses_namespace_alone():
+    """A notebook that imports only ``ropelens.analyses`` draws a result: the package root, which
+    every import of ropelens runs first, has handed the figures the catalog's import."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "results" / "FrequencyUsage.json"
+    code = (
+        "import sys\n"
+        "from ropelens.analyses import FrequencyUsage\n"
+        "assert 'ropelens.catalog' not in sys.modules\n"
+        f"fig = FrequencyUsage.load({str(fixture)!r}).figure()\n"
+        "assert type(fig).__name__ == 'Figure' and 'ropelens.catalog' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_errors_are_value_errors():
     from ropelens import errors
 
@@ -223,7 +314,9 @@ def test_errors_are_value_errors():
     assert issubclass(errors.InputError, ValueError)
 
 
-# the layers, bottom to top: a module imports only from its own layer and those below
+# the layers, bottom to top: a module imports only from its own layer and those below; the package
+# root (``ropelens/__init__.py``) is above them all, re-exporting the core and handing the layers
+# below the catalog's import
 LAYERS = (
     "errors",
     "validate",
@@ -242,13 +335,16 @@ LAYERS = (
     "catalog",
     "__main__",
 )
-# imports running up the layers: none
-UPWARD: set[tuple[str, str]] = set()
 
 
 def _layer(module: str) -> int:
     parts = module.split(".")
-    return -1 if len(parts) == 1 else LAYERS.index(parts[1])
+    return len(LAYERS) if len(parts) == 1 else LAYERS.index(parts[1])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) for each import of a module in a layer above the importer's."""
+    return {(m, t) for m, targets in graph.items() for t in targets if _layer(t) > _layer(m)}
 
 
 def test_package_root_holds_a_handful_of_modules():
@@ -260,14 +356,10 @@ def test_package_root_holds_a_handful_of_modules():
 
 
 def test_no_import_runs_back_up_the_layers():
+    """Data flows one way, model to report: a lower layer reaches a higher one's code only through a
+    registry the higher one fills, never by importing it (by statement or by string)."""
     graph, _ = import_graph()
-    upward = {
-        (m, t)
-        for m, targets in graph.items()
-        for t in targets
-        if m != "ropelens" and _layer(t) > _layer(m)
-    }
-    assert upward == UPWARD
+    assert upward_imports(graph) == set()
 
 
 # the layers that hold numbers draw nothing: figures live in ropelens.plots

@@ -6,9 +6,11 @@ usage_figure)``, ``register_figure(FrequencyUsage, usage_heatmap, "heatmap")``);
 ``figure()`` (and any other drawing method it has) looks the function up here and calls it with the
 result first. Each analysis declares its figures (``Analysis(figures=draw(FrequencyUsage,
 figure=usage_figure, heatmap=usage_heatmap))``) and registering the analysis registers them.
-ropelens's own analyses are registered by ``ropelens.catalog``, which :func:`load_catalog` imports
-the first time a figure or the registry is asked for: ``import ropelens`` defines names and imports
-neither the catalog nor plotly.
+ropelens's own analyses are registered by ``ropelens.catalog``, the package's top layer. This layer
+never imports it: the package root hands it a loader (:func:`register_loader`), which
+:func:`load_catalog` calls the first time a figure, the writer or the registry is asked for. So
+``from ropelens.analyses import frequency_usage`` and then ``usage.figure()`` draws, while ``import
+ropelens`` defines names and imports neither the catalog nor plotly.
 
 Static export (PNG, SVG, PDF) lives in ``ropelens.plots.export``, above this layer: the catalog
 registers its writer here (:func:`register_writer`), and a result's ``save_figure`` finds it through
@@ -17,7 +19,6 @@ registers its writer here (:func:`register_writer`), and a result's ``save_figur
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -26,12 +27,14 @@ __all__ = [
     "figure_writer",
     "load_catalog",
     "register_figure",
+    "register_loader",
     "register_writer",
     "registered_figures",
 ]
 
 _FIGURES: dict[tuple[type, str], Callable[..., Any]] = {}
 _WRITER: list[Callable[..., Any]] = []  # the static-export writer, once registered
+_LOADERS: list[Callable[[], object]] = []  # what fills the registries, each called once
 
 
 def register_figure(cls: type, fn: Callable[..., Any], name: str = "figure") -> None:
@@ -44,15 +47,27 @@ def register_figure(cls: type, fn: Callable[..., Any], name: str = "figure") -> 
     _FIGURES[(cls, name)] = fn
 
 
-def load_catalog() -> None:
-    """Register ropelens's own analyses and their figures (once; the catalog is the package's top
-    layer).
+def register_loader(fn: Callable[[], object]) -> None:
+    """Call ``fn()`` once, the first time a figure, the writer or the analysis registry is asked
+    for (the package root registers the import of ``ropelens.catalog``)."""
+    if not callable(fn):
+        raise TypeError(f"register_loader takes a function, got {fn!r}")
+    _LOADERS.append(fn)
 
-    The catalog is imported by name, not by an import statement: it sits above every layer that asks
-    for it, and importing it registers 25 analyses and loads plotly, which ``import ropelens``
-    should not.
+
+def load_catalog() -> None:
+    """Register ropelens's own analyses and their figures: call the registered loaders, once each.
+
+    A loader is taken off the list before it runs, so that the registrations it makes, which ask
+    for the registry themselves, do not run it again; one that fails stays, to be tried again.
     """
-    importlib.import_module("ropelens.catalog")
+    while _LOADERS:
+        fn = _LOADERS.pop(0)
+        try:
+            fn()
+        except BaseException:
+            _LOADERS.insert(0, fn)
+            raise
 
 
 def figure_of(cls: type, name: str = "figure") -> Callable[..., Any]:
