@@ -20,7 +20,9 @@ from torch import Tensor
 from ropelens.backends.bridge_hooks import attn_hooks
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.spec.plan import model_tables, variant_tables
+from ropelens.spec.reading import hf_model_of
 from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.spec.rotary_state import frequency_dtype, rotary_modules
 from ropelens.spec.variants import RopeVariant
 
 __all__ = [
@@ -57,6 +59,7 @@ def _swap_tables_hook(
     scale: float,
     interleaved: bool,
     convention: dict[str, tuple[str, float, float]],
+    freq_dtype: torch.dtype | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Forward pre-hook: replace the (cos, sin) this attention layer receives with the variant's.
 
@@ -75,7 +78,7 @@ def _swap_tables_hook(
         if got is not None:
             convention["read"] = got
     layout, sign = convention.get("read", ("interleaved" if interleaved else "cat", 1.0, 0.0))[:2]
-    new = variant_tables(variant, layer, position_ids, tables[0], layout, sign, scale)
+    new = variant_tables(variant, layer, position_ids, tables[0], layout, sign, scale, freq_dtype)
     return args, {**kwargs, "position_embeddings": new}
 
 
@@ -135,6 +138,7 @@ def install_variant(
     hook handles."""
     attns = attention_with_tables(model, layers, "apply_rope_variant")
     interleaved = bool(getattr(model.cfg, "rotary_interleaved_cos_sin", False))
+    freq_dtype = frequency_dtype(rotary_modules(hf_model_of(model)))
     handles = []
     for i, attn in zip(layers, attns, strict=True):
         # The multiplier does not depend on the input, so it is computed once, not per forward.
@@ -145,6 +149,7 @@ def install_variant(
             scale=new_spec[i].attention_scaling,
             interleaved=interleaved,
             convention={},
+            freq_dtype=freq_dtype,
         )
         handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
     return handles

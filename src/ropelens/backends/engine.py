@@ -51,6 +51,7 @@ from ropelens.spec.forward_taps import (
 )
 from ropelens.spec.plan import ReplaceStep, VariantStep, group_key, model_tables, variant_tables
 from ropelens.spec.rope import LayerRope, RopeSpec
+from ropelens.spec.rotary_state import frequency_dtype
 
 __all__ = ["engine_problem", "rotation_forms", "rotation_plan"]
 
@@ -205,6 +206,7 @@ class _RotationTaps:
         self.indexer_layer: int | None = None  # the layer whose indexer is running
         self.indexer_rows: dict = {}  # table width -> {row bytes: its position}
         self.saved_layers: list = []  # (layer, indexer_layer) outside each indexer running
+        self.freq_dtype: torch.dtype | None = None  # what the rotary modules hold inv_freq in
 
     # hooks on the model's modules
 
@@ -259,6 +261,7 @@ class _RotationTaps:
     def register(self, hf: torch.nn.Module, attns: list) -> list:
         """Hook ``hf``'s rotary modules, ``attns`` and their indexers; return the handles."""
         rotaries = _rotary_modules(hf)
+        self.freq_dtype = frequency_dtype(rotaries)
         handles = [m.register_forward_pre_hook(self.rotary_pre, with_kwargs=True) for m in rotaries]
         handles += [m.register_forward_hook(self.rotary_post, with_kwargs=True) for m in rotaries]
         for layer, attention in enumerate(attns):
@@ -309,7 +312,7 @@ class _RotationTaps:
         if key not in self.variant_cache:
             layout, sign = _layout_and_sign(convention)
             self.variant_cache[key] = variant_tables(
-                self.variant_of[layer], lr, positions, cos, layout, sign
+                self.variant_of[layer], lr, positions, cos, layout, sign, freq_dtype=self.freq_dtype
             )
         return self.variant_cache[key]
 
@@ -369,7 +372,13 @@ class _RotationTaps:
         last_cos, last_sin, last_positions = self.rotary_outputs[-1]
         layout, sign = _layout_and_sign(model_tables(last_cos, last_sin, lr, last_positions))
         variant_cos, variant_sin = variant_tables(
-            self.variant_of[layer], lr, positions.to(cos.device), flat_cos, layout, sign
+            self.variant_of[layer],
+            lr,
+            positions.to(cos.device),
+            flat_cos,
+            layout,
+            sign,
+            freq_dtype=self.freq_dtype,
         )
         return variant_cos.reshape(cos.shape), variant_sin.reshape(sin.shape)
 
@@ -640,8 +649,9 @@ def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | No
             else None
         )
         # float32 tables of O(1) values: the model's own match the spec to ~1e-6; a wrong frequency
-        # is far off
-        if conv is None or conv[2] > 1e-4:
+        # is far off. A 16-bit model rounds its tables to its dtype (bf16: 4e-3 at 1)
+        tolerance = max(1e-4, torch.finfo(cos.dtype).eps) if cos.is_floating_point() else 1e-4
+        if conv is None or conv[2] > tolerance:
             return (
                 f"layer {L}'s rotation tables are not the spec's rotation (or its position ids "
                 "could not be seen), so a variant's tables could not stand in for them"

@@ -460,10 +460,19 @@ def _version(dist: str) -> str:
 
 
 def _to_floats(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """``model`` with its floating-point parameters and buffers in ``dtype``, and its complex ones
-    left as they are: ``Module.to(dtype)`` would cast a complex buffer to real and drop its
-    imaginary part (Llama 4's vision rotary keeps its frequencies as complex ``freqs_ci``)."""
-    return model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
+    """``model`` with its floating-point parameters in ``dtype``, its buffers as HF built them.
+
+    ``from_pretrained(dtype=...)`` keeps the rotary frequencies (``inv_freq``, which every HF rotary
+    module computes in float32) in float32 and rotates by them: casting them too would rotate by
+    frequencies rounded to 8 bits (SmolLM2's plane 1 at 8.986 tokens instead of 9.004), unlike the
+    checkpoint as HF runs it and unlike a device-map load. Complex parameters are left alone:
+    ``Module.to(dtype)`` would drop their imaginary part.
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+    return model
 
 
 def _hookless_attention(bridge) -> str | None:

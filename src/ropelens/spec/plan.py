@@ -270,6 +270,24 @@ def angles(variant: RopeVariant, layer: LayerRope, position_ids: Tensor) -> Tens
     return variant.angles(layer, position_ids)
 
 
+def _held_angles(
+    variant: RopeVariant, layer: LayerRope, position_ids: Tensor, freq_dtype: torch.dtype | None
+) -> Tensor:
+    """:func:`angles`, with the variant's frequencies rounded to ``freq_dtype`` first where the
+    model holds its own in 16 bits: HF turns each plane by its ``inv_freq`` buffer as held, so a
+    model cast whole to bfloat16 rotates by rounded frequencies, and an identity variant must too.
+    A variant with angles of its own (length-dependent) keeps them."""
+    if (
+        freq_dtype is None
+        or freq_dtype == torch.float32
+        or type(variant).angles is not RopeVariant.angles
+        or position_ids.ndim == 3
+    ):
+        return angles(variant, layer, position_ids)
+    inv = variant.inv_freq(layer).to(freq_dtype).float().to(position_ids.device)
+    return position_ids[..., None].float() * inv
+
+
 def variant_tables(
     variant: RopeVariant,
     layer: LayerRope,
@@ -278,13 +296,15 @@ def variant_tables(
     layout: str,
     sign: float,
     scale: float | None = None,
+    freq_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The variant's (cos, sin) for ``layer`` at ``position_ids``, in the layout, sign and dtype of
     the model's table ``like``, with the ops of HF's rotary forward (so an identity variant gives
-    the model's tables to the bit)."""
+    the model's tables to the bit). ``freq_dtype``: the dtype the model's rotary modules hold their
+    frequencies in (:func:`ropelens.spec.rotary_state.frequency_dtype`; None: float32)."""
     with torch.no_grad():
         ang = _lay(
-            angles(variant, layer, position_ids.to(like.device)),
+            _held_angles(variant, layer, position_ids.to(like.device), freq_dtype),
             like.shape[-1],
             layer.n_planes,
             layout,

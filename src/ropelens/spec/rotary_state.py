@@ -22,7 +22,7 @@ import torch
 
 from ropelens.spec.surface import running_model
 
-__all__ = ["rotary_modules", "rotary_state_kept"]
+__all__ = ["frequency_dtype", "rotary_modules", "rotary_state_kept"]
 
 # the attribute ropelens keeps its bridge-free view of the HF model under
 # (ropelens.backends.sdpa_capture.hf_view): its rotary modules hold state of their own
@@ -37,6 +37,16 @@ def rotary_modules(hf: torch.nn.Module) -> list[torch.nn.Module]:
     return [
         m for m, name in names if "rotary" in name and "bridge" not in name and "vision" not in name
     ]
+
+
+def frequency_dtype(modules: list[torch.nn.Module]) -> torch.dtype:
+    """The dtype ``modules`` (rotary modules) hold their frequencies in: float32 as HF builds and
+    loads them, 16 bits in a model cast whole with ``.to(dtype)``; float32 where none holds any."""
+    for module in modules:
+        for name, buffer in module.named_buffers(recurse=False):
+            if "inv_freq" in name and buffer.is_floating_point():
+                return buffer.dtype
+    return torch.float32
 
 
 def _hf_tree_and_view(model: Any) -> tuple[torch.nn.Module, torch.nn.Module | None]:
