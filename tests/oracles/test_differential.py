@@ -1,0 +1,294 @@
+"""Differential harness: every analysis against its plain-transformers reference, on drawn cases.
+
+Hypothesis draws a family of the matrix (both pairings, partial rotary, multi-head latent attention,
+sliding windows, soft-cap, learned sinks, GQA, local/global layers, NoPE layers), an intervention
+(none, a plane ablation in some heads, p-RoPE, both nested), a dtype, an input form (a token tensor
+or ragged texts), a layer subset and a band split, and compares ropelens with
+:mod:`tests.oracles.reference`, which runs HF's own eager attention and reads nothing from ropelens
+but the model's inputs. A failure shrinks to its smallest case and prints the seed to replay it.
+
+Tolerances are relative to the largest reference value of each quantity: float32 agrees to 1e-4;
+bfloat16 to 5e-2 (ropelens runs sdpa where the reference runs eager attention, and both round
+scores and probabilities to 8 bits of mantissa).
+
+``ROPELENS_ORACLE_EXAMPLES`` sets the number of drawn cases (default 30; the release profile runs
+many more).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import ropelens
+from ropelens.analyses import attention_decomposition, band_statistics, frequency_usage
+from ropelens.run.evaluate import window_losses
+from ropelens.spec.variants import PRoPE
+from tests.oracles import reference as R
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+EXAMPLES = int(os.environ.get("ROPELENS_ORACLE_EXAMPLES", "30"))
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
+
+
+@dataclass(frozen=True)
+class Case:
+    """What the matrix knows of a family: its plane layout in the rotated query."""
+
+    head_dim: int
+    n_rotary: int
+    pairing: str = "half"
+    rotary_last: bool = False  # multi-head latent attention: no-position dims first
+    prope: bool = False  # one inv_freq buffer, full rotary, default RoPE: p-RoPE has a reference
+
+    def layout(self) -> R.Layout:
+        offset = self.head_dim - self.n_rotary if self.rotary_last else 0
+        return R.Layout(self.head_dim, self.n_rotary, self.pairing, offset)
+
+
+MATRIX = {
+    "llama": Case(16, 16, prope=True),  # GQA, half pairs
+    "cohere": Case(16, 16, "adjacent", prope=True),  # adjacent pairs
+    "mistral": Case(16, 16),  # sliding window
+    "phi": Case(16, 6),  # partial rotary 0.4
+    "gpt_neox": Case(16, 4),  # partial rotary 0.25, MHA
+    "glm": Case(16, 8, "adjacent"),  # adjacent pairs, partial rotary 0.5
+    "gemma2": Case(16, 16),  # soft-cap, alternating windows
+    "gemma3_text": Case(16, 16),  # local/global layers, q/k norm
+    "gpt_oss": Case(16, 16),  # learned sinks, YaRN, windows
+    "deepseek_v3": Case(16, 8, rotary_last=True),  # multi-head latent attention
+    "smollm3": Case(16, 16),  # NoPE layers
+}
+
+TEXTS = (
+    "The cat sat on the mat.",
+    "A river runs through the old town, past the mill.",
+    "Seven.",
+    "She read the letter twice, then folded it away and looked out at the rain.",
+)
+
+
+@pytest.fixture(scope="module")
+def models(family_dir):
+    """``models(family, dtype)``: (ropelens model, HF eager reference, rotary layers), once each."""
+
+    @functools.cache
+    def make(family: str, dtype: torch.dtype):
+        path = family_dir(family)
+        model = ropelens.load_model(path, device="cpu", dtype=dtype)
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+        probe = torch.arange(4, 12)[None]
+        rotary = sorted(ropelens.capture_qk(model, probe, which=("q_post",)))
+        return model, hf.eval(), rotary
+
+    return make
+
+
+@st.composite
+def cases(draw):
+    family = draw(st.sampled_from(sorted(MATRIX)))
+    case = MATRIX[family]
+    n_planes = case.n_rotary // 2
+    intervention = draw(
+        st.sampled_from(["none", "ablate", "prope", "both"] if case.prope else ["none", "ablate"])
+    )
+    planes = draw(st.lists(st.integers(0, n_planes - 1), min_size=1, max_size=2, unique=True))
+    heads = draw(st.none() | st.lists(st.integers(0, 3), min_size=1, max_size=3, unique=True))
+    if case.rotary_last:  # one rotary key shared by every head: ablations cover all heads
+        heads = None
+    split = draw(st.integers(1, n_planes - 1)) if n_planes > 1 else 1
+    return {
+        "family": family,
+        "intervention": intervention,
+        "planes": sorted(planes),
+        "heads": None if heads is None else sorted(heads),
+        "dtype": draw(st.sampled_from([torch.float32, torch.bfloat16])),
+        "ragged": draw(st.booleans()),
+        "layer_pick": draw(st.integers(0, 2**8 - 1)),
+        "split": split,
+        "claim_all": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def _layers(rotary: list[int], pick: int) -> list[int]:
+    chosen = [L for i, L in enumerate(rotary) if pick >> i & 1]
+    return chosen or rotary[:1]
+
+
+def _bands(n_planes: int, split: int, claim_all: bool) -> tuple[ropelens.Bands, list[list[int]]]:
+    """Two explicit bands (highest planes, then the next ones), or all but the lowest plane, which
+    falls to ``rest`` with the unrotated dims."""
+    high = list(range(split))
+    low = list(range(split, n_planes if claim_all or n_planes - split < 2 else n_planes - 1))
+    groups = {"high": high, "low": low} if low else {"high": high}
+    return ropelens.Bands.explicit(groups), list(groups.values())
+
+
+@contextlib.contextmanager
+def _reference_prope(hf, p: float):
+    """HF's own p-RoPE frequencies (``rope_type="proportional"``) in the reference's rotary
+    module."""
+    rotary = hf.model.rotary_emb
+    config = copy.deepcopy(hf.config)
+    theta = config.rope_parameters["rope_theta"]
+    config.rope_parameters = {"rope_type": "proportional", "rope_theta": theta}
+    config.rope_parameters["partial_rotary_factor"] = p
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["proportional"](config, "cpu")
+    saved = rotary.inv_freq.clone()
+    rotary.inv_freq = inv_freq.to(saved.dtype)
+    try:
+        yield
+    finally:
+        rotary.inv_freq = saved
+
+
+def _close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float, where=None) -> None:
+    got, want = got.double(), want.double()
+    if where is not None:
+        got, want = got[where], want[where]
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    scale = max(float(want.abs().max()), 1e-6) if want.numel() else 1.0
+    err = float((got - want).abs().max()) / scale if want.numel() else 0.0
+    assert err <= tol, f"{name}: relative error {err:.3g} > {tol:g}"
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(draw=cases())
+def test_analyses_match_their_references(models, draw):
+    family, dtype = draw["family"], draw["dtype"]
+    case = MATRIX[family]
+    layout = case.layout()
+    model, hf, rotary = models(family, dtype)
+    tol = TOLERANCE[dtype]
+    layers = _layers(rotary, draw["layer_pick"])
+    bands, groups = _bands(case.n_rotary // 2, draw["split"], draw["claim_all"])
+    ablating = draw["intervention"] in ("ablate", "both")
+    heads = draw["heads"] if draw["heads"] is not None else list(range(4))
+    ablated = [d for p in draw["planes"] for d in layout.plane_dims()[p]]
+
+    def edit_query(layer, query):
+        if not ablating or layer not in layers:
+            return query
+        query = query.clone()
+        index = torch.tensor(heads)[:, None], torch.tensor(ablated)[None, :]
+        query[:, index[0], :, index[1]] = 0
+        return query
+
+    with contextlib.ExitStack() as stack:
+        if draw["intervention"] in ("prope", "both"):
+            stack.enter_context(ropelens.apply_rope_variant(model, PRoPE(0.5)))
+            stack.enter_context(_reference_prope(hf, 0.5))
+        if ablating:
+            stack.enter_context(
+                ropelens.ablate_planes(model, draw["planes"], layers=layers, heads=heads)
+            )
+        if draw["ragged"]:
+            dec = attention_decomposition(model, list(TEXTS[:3]), bands=bands, layers=layers)
+        else:
+            tokens = torch.randint(4, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+            tokens[:, 0] = 1
+            dec = attention_decomposition(model, tokens, bands=bands, layers=layers)
+        tokens = dec.tokens
+        valid = dec.mask(layers[0]).diagonal(dim1=1, dim2=2)  # a real query attends to itself
+        with R.recorded_attention(hf, edit_query=edit_query) as calls, torch.no_grad():
+            hf(input_ids=tokens, attention_mask=valid.long())
+        usage = None
+        if not draw["ragged"]:
+            usage = frequency_usage(model, tokens, layers=layers, source="post", progress=False)
+            stats = band_statistics(model, tokens, layers=layers, bands=bands, progress=False)
+            got_loss = float(window_losses(model, tokens, progress=False).mean())
+    if not draw["ragged"]:
+        with contextlib.ExitStack() as stack:
+            if draw["intervention"] in ("prope", "both"):
+                stack.enter_context(_reference_prope(hf, 0.5))
+            with R.recorded_attention(hf, edit_query=edit_query):
+                want_loss = R.loss(hf, tokens)
+        assert abs(got_loss - want_loss) <= tol * max(1.0, abs(want_loss)), (
+            f"loss {got_loss} != reference {want_loss}"
+        )
+
+    for slot, layer in enumerate(layers):
+        call = calls[layer]
+        entry = R.allowed(call) & valid[:, None, None, :] & valid[:, None, :, None]
+        terms, rest_term = R.plane_terms(call, layout)
+        # plane by plane: a wrong pairing moves energy between planes, which sums hide
+        _close(
+            f"L{layer} plane logits",
+            dec.plane_logits(layer),
+            terms,
+            tol,
+            entry[:, :, None].expand_as(terms),
+        )
+        band_logits = dec.band_logits(layer)  # [batch, head, band, q, k]
+        names = dec.band_names(layer)
+        for name, planes in zip(names, [*groups, None]):
+            want = terms[:, :, planes].sum(2) if planes is not None else None
+            if name == "rest":
+                claimed = {p for g in groups for p in g}
+                unclaimed = [p for p in range(terms.shape[2]) if p not in claimed]
+                want = terms[:, :, unclaimed].sum(2) + rest_term
+            got = band_logits[:, :, names.index(name)]
+            _close(f"L{layer} band {name} logits", got, want, tol, entry.expand_as(want))
+        _close(
+            f"L{layer} pattern",
+            dec.pattern(layer),
+            call.probs,
+            tol,
+            valid[:, None, :, None].expand_as(call.probs),
+        )
+        want_band = R.softmax_of(call, terms[:, :, groups[0]].sum(2))
+        _close(
+            f"L{layer} band-only pattern",
+            dec.band_pattern(layer, bands=["high"]),
+            want_band,
+            tol,
+            valid[:, None, :, None].expand_as(want_band),
+        )
+        if usage is None:
+            continue
+        query = call.query
+        scaling = float(getattr(hf.model.rotary_emb, "attention_scaling", 1.0))
+        want_norm = torch.stack(
+            [R.plane_norm_mean(query, pair) for pair in layout.plane_dims()], -1
+        )
+        _close(f"L{layer} q plane norms", usage.q_norm[slot], want_norm / scaling, tol)
+        _check_stats(stats, slot, call, terms, rest_term, groups, names, tol, layer)
+
+
+def _check_stats(stats, slot, call, terms, rest_term, groups, names, tol, layer) -> None:
+    """Band statistics against the reference: |logit| share, margin and top-1 agreement."""
+    allowed = R.allowed(call).expand(-1, terms.shape[1], -1, -1)
+    claimed = {p for g in groups for p in g}
+    unclaimed = [p for p in range(terms.shape[2]) if p not in claimed]
+    band_terms = [terms[:, :, g].sum(2) for g in groups]
+    if "rest" in names:
+        band_terms.append(terms[:, :, unclaimed].sum(2) + rest_term)
+    band_terms = torch.stack(band_terms, 2)  # [batch, head, band, q, k]
+    abs_sum = (band_terms.abs() * allowed[:, :, None]).sum((0, 3, 4))  # [head, band]
+    want_share = abs_sum / abs_sum.sum(-1, keepdim=True)
+    _close(f"L{layer} |logit| share", stats.abs_share()[slot], want_share, tol)
+    attended = call.probs.masked_fill(~allowed, -1).argmax(-1)  # [batch, head, q]
+    band_masked = band_terms.masked_fill(~allowed[:, :, None], -math.inf)
+    agree = (band_masked.argmax(-1) == attended[:, :, None]).double().mean((0, 3))
+    got_top1 = stats.top1()[slot]
+    measurable = torch.tensor([len(g) > 0 for g in groups] + [True] * ("rest" in names))
+    _close(f"L{layer} top-1 agreement", got_top1[:, measurable], agree[:, measurable], 0.05)
