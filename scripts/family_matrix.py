@@ -1,7 +1,7 @@
 """Print ropelens's model-family support table (docs/models.md) from the family matrix.
 
 Each family's tiny random model is checked against HF's eager attention exactly as the tests do
-(``ropelens.testing.families.check_family``); the table shows what each family needs, the layer
+(``tests.harness.families.check_family``); the table shows what each family needs, the layer
 kinds ropelens reads, and the largest error measured. Usage:
 
     .venv/bin/python scripts/family_matrix.py > docs/models.md
@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the checkout's package, and its test harness (tests/harness), which the wheel leaves out
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import transformers
+from tests.harness.families import check_family
 
 import ropelens
-from ropelens.testing.families import FAMILIES, check_family
+from ropelens.testing.families import FAMILIES
 
 
 def _e(x: float) -> str:

@@ -2,7 +2,7 @@
 docs/sweep.md.
 
 Each causal-LM model type whose modeling code applies rotary embeddings gets a tiny config built
-from its config class's defaults (``ropelens.testing.sweep.shrink_config``), a random model, and
+from its config class's defaults (``tests.harness.sweep.shrink_config``), a random model, and
 the family matrix's checks against HF's eager attention (``check_config``). A family added to
 transformers shows up here by re-running:
 
@@ -32,6 +32,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 ROOT = Path(__file__).resolve().parents[1]
+# the checkout's package, and its test harness (tests/harness), which the wheel leaves out
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 STATUSES = ("exact", "refused", "wrong", "crashed", "unverified", "no RoPE", "not built")
@@ -46,8 +48,7 @@ def worker(report: bool = False) -> int:
 
     warnings.filterwarnings("ignore")
     import torch
-
-    from ropelens.testing.sweep import sweep_one
+    from tests.harness.sweep import sweep_one
 
     torch.set_num_threads(1)  # one core: the machine is shared, and the models are tiny
     for line in sys.stdin:
@@ -146,10 +147,10 @@ def render(
         "ranks scaled "
         "together, partial rotary and soft-caps kept, q/k weights ×4 so attention is far from "
         "uniform "
-        "(`ropelens.testing.sweep.shrink_config`). The model is saved, loaded with "
+        "(`tests.harness.sweep.shrink_config`). The model is saved, loaded with "
         "`ropelens.load_model(path)`, "
         "and checked against HF's own eager attention exactly as the curated family matrix "
-        "([models.md](models.md)) does (`ropelens.testing.sweep.check_config`): the spec's "
+        "([models.md](models.md)) does (`tests.harness.sweep.check_config`): the spec's "
         "frequencies against "
         "HF's rotary buffers (GPT-J and CodeGen keep none: against the angle step of each plane "
         "between "
@@ -157,7 +158,7 @@ def render(
         "logits against HF's pre-softmax scores (relative), the rebuilt "
         "pattern against HF's attention probabilities, and on one token repeated the post-RoPE "
         "query against "
-        "the spec's rotation (relative). Past the logits (`ropelens.testing.sweep_checks`): "
+        "the spec's rotation (relative). Past the logits (`tests.harness.sweep_checks`): "
         "frequency usage, the "
         "mean norm of every plane of the post-RoPE q and k, against the plane norms of the q and "
         "k HF's "
@@ -168,7 +169,7 @@ def render(
         "counts, Cauchy–Schwarz), against a dense float64 reference built from the q, k, scale, "
         "mask, cap, "
         "sinks and probabilities HF's eager attention receives and returns "
-        "(`ropelens.testing.dense`; "
+        "(`tests.harness.dense`; "
         "relative to each sum's largest value; layers whose mask the model picks at run time, "
         "sparse "
         "attention's key selection and Llama 4's chunks, on the input cut into windows they keep "
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.worker:
         return worker(a.report)
-    from ropelens.testing.sweep import rope_model_types
+    from tests.harness.sweep import rope_model_types
 
     t0 = time.perf_counter()
     types = [t.model_type for t in rope_model_types()]

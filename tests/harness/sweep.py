@@ -2,13 +2,13 @@
 matrix.
 
 :func:`rope_model_types` lists the causal-LM model types whose modeling code applies rotary
-embeddings; :func:`ropelens.testing.shrink.shrink_config` turns a config class's defaults into a
+embeddings; :func:`tests.harness.shrink.shrink_config` turns a config class's defaults into a
 tiny config that keeps the structure (layer-type patterns, sliding windows cut to at most 8 so a
 24-token input is longer than any window, a few experts, the partial rotary factor, MLA ranks scaled
 together, NoPE layers, soft-caps) with small widths, a vocabulary of 101 and 2-4 layers holding
 every kind of layer, each sub-config of a composite config (DBRX's attention, Moshi's depth decoder,
 Mllama's vision tower) shrunk alike; :func:`check_config` measures ropelens on it against HF's eager
-attention exactly as :func:`ropelens.testing.families.check_family` does, and :func:`classify` gives
+attention exactly as :func:`tests.harness.families.check_family` does, and :func:`classify` gives
 one status per family: ``exact``, ``refused``, ``wrong`` (ropelens gave a number HF disagrees with:
 a bug), ``crashed`` (ropelens raised something other than a refusal: a bug), ``unverified``, ``no
 RoPE`` (HF's forward rotates nothing, e.g. Jamba's attention layers, and ropelens says so: not a
@@ -37,22 +37,15 @@ from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.errors import InputError, NotRotaryError, UnsupportedModelError
 from ropelens.loading.models import load_model
 from ropelens.run.capture import capture_qk
-from ropelens.run.verify import verify_model
+from ropelens.run.verify import rotation_error, rotation_from_pre, verify_model
 from ropelens.spec import reading
 from ropelens.spec.bands import Bands
 from ropelens.testing import spread_weights, tiny_tokenizer
-from ropelens.testing.dense import hf_layers
-from ropelens.testing.families import (
-    N_CHECK,
-    VOCAB,
-    hf_inv_freq,
-    hf_scores,
-    probs_by_layer,
-    rotation_error,
-    rotation_from_pre,
-)
-from ropelens.testing.shrink import NotBuilt, describe_config, one_line, shrink_config
-from ropelens.testing.sweep_checks import (
+from ropelens.testing.families import N_CHECK, VOCAB
+from tests.harness.dense import hf_layers
+from tests.harness.families import hf_inv_freq, hf_scores, probs_by_layer
+from tests.harness.shrink import NotBuilt, describe_config, one_line, shrink_config
+from tests.harness.sweep_checks import (
     SweepCheck,
     band_stats_error,
     hf_variant_error,
@@ -261,7 +254,7 @@ def _reference_run(
     Returns the reloaded model, its scores by layer, its attention probabilities and the rotations
     its forward applied. Raises :class:`NotBuilt` when HF cannot build, save, reload or run it.
     """
-    # transformers is imported where a model is built: importing ropelens.testing stays light
+    # transformers is imported where a model is built: importing the sweep stays light
     from transformers import AutoModelForCausalLM
 
     try:
@@ -358,11 +351,11 @@ def check_config(
 ) -> SweepCheck:
     """Save ``config``'s tiny model, load it with ``load_model(path)``, measure ropelens against HF.
 
-    The measurements are :func:`ropelens.testing.families.check_family`'s (rotary buffers, eager
+    The measurements are :func:`tests.harness.families.check_family`'s (rotary buffers, eager
     scores, probabilities, rotation of one token repeated), without a hand-written expected
     structure: every reference number is HF's own; then frequency usage and band statistics against
     dense references from HF's attention inputs, and a RoPE variant with its exact restore
-    (:mod:`ropelens.testing.sweep_checks`). An error that cannot be taken (HF's attention has no
+    (:mod:`tests.harness.sweep_checks`). An error that cannot be taken (HF's attention has no
     ``eager_attention_forward``, no rotary module with ``inv_freq``) stays NaN. Raises
     :class:`NotBuilt` when HF itself cannot build, save, reload or run the model.
     """

@@ -3,11 +3,11 @@ built from what HF's eager attention receives, and a RoPE variant with its exact
 
 - **Frequency usage**: :class:`~ropelens.analyses.frequency_usage.UsageReducer` on the post-RoPE q
   and k against the per-plane norms of the q and k HF's attention function receives
-  (:mod:`ropelens.testing.dense`), averaged over positions and divided by HF's own rotary
+  (:mod:`tests.harness.dense`), averaged over positions and divided by HF's own rotary
   ``attention_scaling`` (which multiplies its cos and sin), except where a norm after the rotation
   takes it out again, as ropelens reads.
 - **Band statistics**: :class:`~ropelens.analyses.band_statistics.BandStatsReducer` streamed over
-  the sweep's input against :func:`ropelens.testing.dense.dense_layer_sums` (float64, HF's mask,
+  the sweep's input against :func:`tests.harness.dense.dense_layer_sums` (float64, HF's mask,
   cap, sinks and attended key). Layers whose mask the model picks at run time (sparse attention's
   key selection, Llama 4's chunks) refuse band statistics on longer windows, so the input is cut
   into windows of at most that many tokens, where their mask is causal.
@@ -44,8 +44,8 @@ from ropelens.run.intervene import apply_rope_variant
 from ropelens.run.verify import rotation_error, rotation_from_pre
 from ropelens.spec.bands import Bands
 from ropelens.spec.variants import BaseChange, Linear, PRoPE
-from ropelens.testing.dense import HFLayer, dense_layer_sums, hf_layers, plane_norm_means
-from ropelens.testing.families import FamilyCheck
+from tests.harness.dense import HFLayer, dense_layer_sums, hf_layers, plane_norm_means
+from tests.harness.families import FamilyCheck
 
 __all__ = [
     "SweepCheck",

@@ -347,6 +347,12 @@ def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
     return {(m, t) for m, targets in graph.items() for t in targets if _layer(t) > _layer(m)}
 
 
+def test_the_package_ships_tiny_models_not_the_test_harness():
+    """``ropelens.testing`` is what a user's own tests build on; the family matrix's checks, the
+    sweep, its shrinking and the dense reference live in tests/harness, outside the wheel."""
+    assert sorted(p.stem for p in (SRC / "testing").glob("*.py")) == ["__init__", "families", "vl"]
+
+
 def test_package_root_holds_a_handful_of_modules():
     root = sorted(p.stem for p in SRC.glob("*.py"))
     assert root == ["__init__", "__main__", "devices", "errors", "validate"]

@@ -3,7 +3,7 @@
 The reducer sees only post-RoPE queries and keys: it rebuilds each layer's scores tile by tile
 (``tile`` queries at a time) and applies the causal mask, sliding window, soft-capping and sinks
 itself. Here every one of its sums is recomputed densely, plainly and independently of that code, by
-:mod:`ropelens.testing.dense` (which imports nothing of ropelens): from the queries, keys, score
+:mod:`tests.harness.dense` (which imports nothing of ropelens): from the queries, keys, score
 scale, mask, soft-cap and sinks HF's own ``eager_attention_forward`` receives and the probabilities
 it returns, in float64 over full ``[batch, head, q, k]`` tensors; plane pairs come from the family
 record here, not from the spec.
@@ -35,7 +35,8 @@ from ropelens.analyses.band_statistics import BandStatsReducer
 from ropelens.run.capture import stream
 from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
-from ropelens.testing.dense import (
+from ropelens.testing.families import FAMILIES, N_CHECK, VOCAB, family_hf_model
+from tests.harness.dense import (
     allowed_keys,
     band_logits,
     dense_reference,
@@ -43,7 +44,6 @@ from ropelens.testing.dense import (
     keys_per_head,
     pattern_of,
 )
-from ropelens.testing.families import FAMILIES, N_CHECK, VOCAB, family_hf_model
 
 # the package exports the function under the module's name: the module itself, for its constants
 band_statistics = importlib.import_module("ropelens.analyses.band_statistics")

@@ -32,8 +32,8 @@ from ropelens.loading.vision_language import (
 from ropelens.results.result import load_result
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import LayerRope
-from ropelens.testing.families import hf_scores, probs_by_layer
 from ropelens.testing.vl import VL_FAMILIES, expected_axes, vl_hf_model, vl_inputs
+from tests.harness.families import hf_scores, probs_by_layer
 
 GRIDS = ((1, 4, 6), (1, 2, 4))  # two images: 2×3 and 1×2 merged tokens, h ≠ w for most of them
 TOL = 1e-5

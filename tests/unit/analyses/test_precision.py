@@ -38,7 +38,7 @@ from ropelens.run.capture import LayerActs, capture_qk, stream
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec
 from ropelens.testing import tiny_model
-from ropelens.testing.dense import HFLayer, allowed_keys, band_logits, dense_layer_sums, pattern_of
+from tests.harness.dense import HFLayer, allowed_keys, band_logits, dense_layer_sums, pattern_of
 from tests.unit.run.test_reducer_placement import (
     BANDS,
     EPS,

@@ -22,7 +22,7 @@ from ropelens.run.capture import capture_qk
 from ropelens.run.intervene import ablate_planes, apply_rope_variant
 from ropelens.run.verify import verify_model
 from ropelens.spec.variants import Linear, YaRN
-from ropelens.testing.sweep import save_tiny
+from tests.harness.sweep import save_tiny
 
 # plain HF model; bridge rotating inside the HF module; MLA (complex product) on the plain model;
 # bridge with (cos, sin)

@@ -4,7 +4,7 @@ be taught.
 JetMoE's adapter has no per-head query hook and RecurrentGemma's wraps its attention whole:
 load_model falls back to the plain HF model, which taps the family's own rotation. Every number is
 checked against HF's eager attention on a tiny random model built from the family's config defaults
-(:func:`ropelens.testing.sweep.shrink_config`).
+(:func:`tests.harness.sweep.shrink_config`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ropelens.run.verify import verify_model
 from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
 from ropelens.testing.families import N_CHECK
-from ropelens.testing.sweep import TOL, check_config, classify, shrink_config
+from tests.harness.sweep import TOL, check_config, classify, shrink_config
 
 
 @pytest.fixture(scope="module")

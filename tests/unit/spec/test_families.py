@@ -25,18 +25,12 @@ from ropelens.backends.bridge_hooks import attn_hooks
 from ropelens.errors import UnsupportedModelError
 from ropelens.run.capture import batches, capture_qk, stream
 from ropelens.run.intervene import apply_rope_variant, spec_with_variant
-from ropelens.run.verify import rotation_from_pre
+from ropelens.run.verify import rotation_error, rotation_from_pre
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.variants import BaseChange, PRoPE
-from ropelens.testing.dense import dense_layer_sums, hf_layers
-from ropelens.testing.families import (
-    FAMILIES,
-    N_CHECK,
-    check_family,
-    family_model_dir,
-    probs_by_layer,
-    rotation_error,
-)
+from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir
+from tests.harness.dense import dense_layer_sums, hf_layers
+from tests.harness.families import check_family, probs_by_layer
 from tests.unit.analyses.test_band_tiles import _hand_planes, assert_sums_match
 
 # the module itself, to patch its constant (ropelens.analyses.band_statistics is the function)

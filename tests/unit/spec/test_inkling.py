@@ -13,7 +13,7 @@ from ropelens.errors import NotRotaryError, UnsupportedModelError
 from ropelens.spec import reading
 from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
-from ropelens.testing.sweep import shrink_config, sweep_one
+from tests.harness.sweep import shrink_config, sweep_one
 
 T = 20  # longer than the shrunk sliding window (8), so the window cuts rows
 

@@ -22,7 +22,8 @@ from ropelens.run.verify import verify_model
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import CHUNKED_WHY, rope_spec
 from ropelens.testing import spread_weights, tiny_tokenizer
-from ropelens.testing.families import FAMILIES, hf_scores, probs_by_layer
+from ropelens.testing.families import FAMILIES
+from tests.harness.families import hf_scores, probs_by_layer
 
 pytestmark = pytest.mark.skipif(
     not hasattr(transformers, "Llama4TextConfig"), reason="transformers has no Llama 4"

@@ -21,7 +21,8 @@ from ropelens.loading.models import wrap_hf_model
 from ropelens.run.verify import verify_model
 from ropelens.spec.reading import rope_spec
 from ropelens.testing import tiny_tokenizer
-from ropelens.testing.families import FAMILIES, N_CHECK, check_family
+from ropelens.testing.families import FAMILIES, N_CHECK
+from tests.harness.families import check_family
 
 MLA = ["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "minicpm3"]
 

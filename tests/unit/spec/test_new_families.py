@@ -3,7 +3,7 @@ line.
 
 Every family is loaded as a user would (``load_model(path)`` on a saved directory) and run with the
 probe on: it either passes and the numbers equal HF's own (rotary buffers, eager scores and
-probabilities, measured by :func:`ropelens.testing.families.check_family`), or every step raises
+probabilities, measured by :func:`tests.harness.families.check_family`), or every step raises
 :class:`UnsupportedModelError` naming the architecture and the reason. Never a number in between.
 """
 
@@ -22,13 +22,8 @@ from ropelens.errors import UnsupportedModelError
 from ropelens.run.verify import rotation_error, verify_model
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import LayerRope
-from ropelens.testing.families import (
-    FAMILIES,
-    N_CHECK,
-    check_family,
-    family_hf_model,
-    family_model_dir,
-)
+from ropelens.testing.families import FAMILIES, N_CHECK, family_hf_model, family_model_dir
+from tests.harness.families import check_family
 
 NEW = [
     "cohere2",

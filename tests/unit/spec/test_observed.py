@@ -123,7 +123,7 @@ def test_a_recurrent_section_is_refused_with_its_loop_count(tmp_path):
     """Dory (transformers ≥ 5.24) runs its middle layers n_recurrent_loops times per forward:
     refused, and why."""
     pytest.importorskip("transformers.models.dory")
-    from ropelens.testing.sweep import sweep_one
+    from tests.harness.sweep import sweep_one
 
     row = sweep_one("dory", workdir=tmp_path)
     assert row.status == "refused", row.detail
@@ -151,7 +151,7 @@ def test_an_adapter_whose_forward_fails_falls_back_to_the_hf_model(monkeypatch):
 def _ministral3(tmp_path, beta: float = 0.5, l0: int = 8):
     from transformers import AutoModelForCausalLM
 
-    from ropelens.testing.shrink import shrink_config
+    from tests.harness.shrink import shrink_config
 
     cfg = shrink_config("ministral3")
     cfg.rope_parameters["original_max_position_embeddings"] = l0  # the probe's 32 tokens pass it
@@ -167,7 +167,7 @@ def test_ministral3_query_temperature_is_read_and_exact_past_its_original_contex
     """Ministral 3 multiplies its rotated queries by 1 + β·ln(1 + ⌊m/L₀⌋): read as the layer's
     temperature, confirmed on the model's own forward past L₀, and every logit past L₀ is the
     model's own on both capture paths."""
-    from ropelens.testing.sweep import check_config, classify
+    from tests.harness.sweep import check_config, classify
 
     cfg = _ministral3(tmp_path)
     model = ropelens.load_model(str(tmp_path), device="cpu")

@@ -25,7 +25,7 @@ from ropelens.spec.bands import Bands
 from ropelens.spec.reading import rope_spec
 from ropelens.spec.rope import RopeSpec
 from ropelens.testing.families import N_CHECK
-from ropelens.testing.sweep import save_tiny
+from tests.harness.sweep import save_tiny
 
 # DeepSeek V3.2 (half-split indexer rotation, interleaved attention rotation), GLM-5 (interleaved
 # indexer), HunYuan V4 (layers reusing an earlier layer's selection: indexer_types "shared")

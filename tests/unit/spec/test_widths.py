@@ -23,8 +23,9 @@ from ropelens.errors import InputError
 from ropelens.report.build import build_report
 from ropelens.results.result import load_result
 from ropelens.run.capture import capture_qk
+from ropelens.run.verify import rotation_error
 from ropelens.spec.reading import rope_spec
-from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir, rotation_error
+from ropelens.testing.families import FAMILIES, N_CHECK, family_model_dir
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(

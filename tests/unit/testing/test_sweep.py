@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
-from ropelens.testing.sweep import (
+from tests.harness.sweep import (
     TOL,
     check_config,
     classify,
@@ -22,7 +22,7 @@ from ropelens.testing.sweep import (
     sweep_one,
     table_phase_steps,
 )
-from ropelens.testing.sweep_checks import NO_VARIANTS, SweepCheck, static_len, sums_error
+from tests.harness.sweep_checks import NO_VARIANTS, SweepCheck, static_len, sums_error
 
 
 def _defaults(model_type: str) -> dict:
@@ -384,7 +384,7 @@ def test_table_phase_steps_recover_the_frequencies():
 
 def test_a_rotating_model_called_not_rotary_is_refused_not_dropped(monkeypatch, tmp_path):
     """'no RoPE' needs HF's word too: a model whose forward rotates stays a refused RoPE family."""
-    import ropelens.testing.sweep
+    import ropelens.spec.reading
     from ropelens.errors import NotRotaryError
 
     def not_rotary(model, **reading_options):
@@ -569,7 +569,7 @@ def test_defaults_hf_cannot_build_are_named_as_such(model_type, why, tmp_path):
 def test_a_config_the_shrinking_broke_says_so(tmp_path):
     """HF's default Llama builds; a shrunk config missing a width it needs fails, and the reason
     blames the shrinking."""
-    from ropelens.testing.sweep import NotBuilt, check_config
+    from tests.harness.sweep import NotBuilt, check_config
 
     cfg = shrink_config("llama")
     vars(cfg)["intermediate_size"] = (
@@ -693,7 +693,7 @@ def test_dbrx_clipped_queries_are_read_after_the_clip(tmp_path):
     """With a clip that bites (±0.5: the tiny model's q, k, v reach ~2.4), HF rotates the clipped
     queries and keys, and ropelens's scores match HF's (the clip is before the rotation, where
     ropelens taps)."""
-    from ropelens.testing.sweep import _hf_model, check_config
+    from tests.harness.sweep import _hf_model, check_config
 
     cfg = shrink_config("dbrx")
     cfg.attn_config.clip_qkv = 0.5
@@ -716,7 +716,7 @@ def test_mllama_cross_attention_layers_are_listed_not_measured(tmp_path):
     only the rotary self-attention layers."""
     from ropelens.loading.models import load_model
     from ropelens.spec.reading import rope_spec
-    from ropelens.testing.sweep import save_tiny
+    from tests.harness.sweep import save_tiny
 
     d = _defaults("mllama")["text_config"]
     assert d["cross_attention_layers"][0] == 3
@@ -737,7 +737,7 @@ def test_a_window_the_mask_never_applies_is_not_read(tmp_path):
     Mistral's window is still read."""
     from ropelens.loading.models import load_model
     from ropelens.spec.reading import rope_spec
-    from ropelens.testing.sweep import save_tiny
+    from tests.harness.sweep import save_tiny
 
     assert shrink_config("moshi").sliding_window == 8
     spec = rope_spec(load_model(save_tiny("moshi", tmp_path / "moshi"), device="cpu"))
@@ -751,7 +751,7 @@ def test_byte_latent_stacks_are_refused_in_one_line(tmp_path):
     ropelens refuses it on loading, naming the stacks, instead of failing on a missing attribute."""
     from ropelens.errors import UnsupportedModelError
     from ropelens.loading.models import load_model
-    from ropelens.testing.sweep import save_tiny
+    from tests.harness.sweep import save_tiny
 
     path = save_tiny("blt", tmp_path / "blt")
     with pytest.raises(
