@@ -49,18 +49,24 @@ def frequency_dtype(modules: list[torch.nn.Module]) -> torch.dtype:
     return torch.float32
 
 
-def _hf_tree_and_view(model: Any) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+def _hf_tree_and_view(model: Any) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
+    """The HF model under ``model`` and ropelens's view of it; None for what is not a module (the
+    caller refuses it in its own words)."""
     model = running_model(model)
     hf = getattr(model, "original_model", None)
+    hf = hf if hf is not None else model
     view = getattr(model, "__dict__", {}).get(_HF_VIEW)
-    return (hf if hf is not None else model), view
+    return (
+        hf if isinstance(hf, torch.nn.Module) else None,
+        view if isinstance(view, torch.nn.Module) else None,
+    )
 
 
-def _sync_views(hf: torch.nn.Module, view: torch.nn.Module | None) -> None:
+def _sync_views(hf: torch.nn.Module | None, view: torch.nn.Module | None) -> None:
     """Give each rotary module of ``view`` the attributes of the model's module whose buffers it
     shares: a shallow copy keeps its own ``max_seq_len_cached`` beside the model's frequencies, and
     a copy made while an input had grown them would never grow them again."""
-    if view is None:
+    if hf is None or view is None:
         return
     twins = {id(m._buffers): m for m in rotary_modules(hf)}
     for copy in rotary_modules(view):
@@ -80,7 +86,7 @@ def _state(module: torch.nn.Module) -> tuple[dict, dict, dict]:
     values = {
         id(t): t.detach().clone()
         for t in [*buffers.values(), *attrs.values()]
-        if isinstance(t, torch.Tensor)
+        if isinstance(t, torch.Tensor) and not t.is_meta  # a meta tensor holds no values
     }
     return buffers, attrs, values
 
@@ -96,7 +102,7 @@ def _restore(module: torch.nn.Module, state: tuple[dict, dict, dict]) -> None:
         for t in [*buffers.values(), *attrs.values()]:
             # LongRoPE writes inv_freq in place: put the values back, leaving an unchanged tensor's
             # version alone (caches key on it)
-            if isinstance(t, torch.Tensor) and not torch.equal(t, values[id(t)]):
+            if id(t) in values and not torch.equal(t, values[id(t)]):
                 t.copy_(values[id(t)])
 
 
@@ -140,7 +146,7 @@ def rotary_state_kept(model: Any) -> Iterator[None]:
     Nested blocks are fine: each puts back what it found.
     """
     hf, view = _hf_tree_and_view(model)
-    states = [(m, _state(m)) for m in rotary_modules(hf)]
+    states = [] if hf is None else [(m, _state(m)) for m in rotary_modules(hf)]
     try:
         for m, _ in states:
             if _is_dynamic(m):
