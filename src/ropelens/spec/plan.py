@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,15 +130,23 @@ def _merge_ablated(
     return tuple(tuple(sorted(set(x) | set(y))) for x, y in zip(a, b, strict=True))
 
 
-def describe_step(step: Step, spec: RopeSpec) -> dict[str, Any]:
-    """A JSON-ready record of one intervention (:attr:`RopeSpec.interventions`)."""
+def describe_step(step: Step, spec: RopeSpec, shadowed: Iterable[int] = ()) -> dict[str, Any]:
+    """A JSON-ready record of one intervention (:attr:`RopeSpec.interventions`).
+
+    ``shadowed``: the layers of a variant step where a variant applied inside it runs instead (the
+    innermost wins); its ``layers`` are those where it runs, its ``shadowed_layers`` the others.
+    """
     if isinstance(step, VariantStep):
-        return {
+        hidden = set(shadowed) & set(step.layers)
+        record = {
             "intervention": "rope variant",
             "variant": step.variant.to_dict(),
             "name": step.variant.name,
-            "layers": sorted(step.layers),
+            "layers": sorted(set(step.layers) - hidden),
         }
+        if hidden:
+            record["shadowed_layers"] = sorted(hidden)
+        return record
     if isinstance(step, ReplaceStep):
         return {
             "intervention": "replacement",
@@ -166,7 +175,11 @@ def describe_intervention(record: dict[str, Any]) -> str:
     """One intervention record (:attr:`RopeSpec.interventions`, :func:`describe_step`) in words."""
     kind = record.get("intervention")
     if kind == "rope variant":
-        return f"{record['name']} in layers {layer_ranges(record['layers'])}"
+        shadowed = record.get("shadowed_layers") or []
+        where = f"in layers {layer_ranges(record['layers'])}" if record["layers"] else "in no layer"
+        if shadowed:
+            where += f" (shadowed by an inner variant in layers {layer_ranges(shadowed)})"
+        return f"{record['name']} {where}"
     if kind == "plane ablation":
         parts = [
             f"layer {z['layer']} heads {layer_ranges(z['heads'])} planes "
@@ -207,10 +220,23 @@ def spec_as_run(spec: RopeSpec, plan: tuple[Step, ...], length: int | None = Non
     return dataclasses.replace(
         spec,
         layers=tuple(layers[i] for i in range(spec.n_layers)),
-        interventions=tuple(describe_step(step, spec) for step in plan),
+        interventions=tuple(
+            describe_step(step, spec, _shadowed(plan, i)) for i, step in enumerate(plan)
+        ),
         valid_up_to=spec.valid_up_to if length is not None or not dynamic else min(dynamic),
         length=length if dynamic and length is not None else spec.length,
     )
+
+
+def _shadowed(plan: tuple[Step, ...], index: int) -> set[int]:
+    """The layers of variant step ``plan[index]`` that a later (inner) variant step also sets: there
+    the inner one runs."""
+    return {
+        layer
+        for step in plan[index + 1 :]
+        if isinstance(step, VariantStep)
+        for layer in step.layers
+    }
 
 
 # --------------------------------------------------------------------------------------------
