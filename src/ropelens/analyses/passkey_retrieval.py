@@ -408,8 +408,7 @@ class PasskeyRetrieval(Result, previous_kinds=("PasskeyResult",)):
                 "depths or trials"
             )
         prov = dataclasses.replace(
-            a.merged(b),
-            n_ctx=max(a.n_ctx or 0, b.n_ctx or 0) or None,
+            a.merged(b, n_ctx=max(a.n_ctx or 0, b.n_ctx or 0) or None),
             config={
                 **a.config,
                 "lengths": sorted({*self.lengths, *other.lengths}),

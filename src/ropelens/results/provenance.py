@@ -216,11 +216,16 @@ class Provenance:
         """The provenance :meth:`to_dict` wrote."""
         return cls(**d)
 
-    def merged(self, other: Provenance) -> Provenance:
+    def merged(self, other: Provenance, *, n_ctx: int | None | object = ...) -> Provenance:
         """Provenance of the merge of two partial results over the same model and config.
 
         Refused (InputError) where the two measured some of the same tokens, a result merged with
-        itself or with a run over overlapping windows: the merge would count them twice."""
+        itself or with a run over overlapping windows: the merge would count them twice; and where
+        they were measured differently (another model, window length, dtype or RoPE variant), so
+        that one record would misstate part of the merge, naming each field that differs and its
+        two values. A caller whose merge spans window lengths on purpose (passkey trials at several
+        lengths) passes the ``n_ctx`` the merge records."""
+        self.check_same_measurement(other, n_ctx=n_ctx is ...)
 
         def add(a, b):
             return None if a is None or b is None else a + b
@@ -232,7 +237,7 @@ class Provenance:
             corpus_sha256=self.corpus_sha256 if self.corpus_sha256 == other.corpus_sha256 else None,
             n_tokens=add(self.n_tokens, other.n_tokens),
             n_windows=add(self.n_windows, other.n_windows),
-            n_ctx=self.n_ctx,
+            n_ctx=self.n_ctx if n_ctx is ... else n_ctx,  # type: ignore[arg-type]
             config=self.config,
             versions=self.versions,
             commit=self.commit,
@@ -241,6 +246,41 @@ class Provenance:
             device=self.device if self.device == other.device else None,
             spans=spans,
         )
+
+    def check_same_measurement(self, other: Provenance, *, n_ctx: bool = True) -> None:
+        """Raise an InputError naming every field in which ``other`` was measured differently
+        (model, ``n_ctx`` unless ``n_ctx`` is False, dtype, RoPE variant) and both values; a field
+        one of them does not record (None) is not compared.
+
+        Examples:
+            >>> a = Provenance(model="tiny", n_ctx=32)
+            >>> try:
+            ...     a.check_same_measurement(Provenance(model="tiny", n_ctx=64))
+            ... except InputError as e:
+            ...     print(str(e)[:57])
+            cannot merge results measured differently: n_ctx 32 vs 64
+        """
+        mine = {"variant": self.interventions, **_measured(self)}
+        theirs = {"variant": other.interventions, **_measured(other)}
+        fields = [f for f in mine if n_ctx or f != "n_ctx"]
+        differ = [
+            f"{f} {mine[f]!r} vs {theirs[f]!r}"
+            if f != "n_ctx"
+            else f"n_ctx {mine[f]} vs {theirs[f]}"
+            for f in fields
+            if mine[f] is not None and theirs[f] is not None and mine[f] != theirs[f]
+        ]
+        if differ:
+            raise InputError(
+                f"cannot merge results measured differently: {'; '.join(differ)}; a merge adds "
+                "sums of one measurement, so measure the missing windows with the same model, "
+                "n_ctx, dtype and variant (or keep the results apart)"
+            )
+
+
+def _measured(p: Provenance) -> dict[str, Any]:
+    """The fields two merged results must share."""
+    return {"model": p.model, "n_ctx": p.n_ctx, "dtype": p.dtype}
 
 
 def placement(model: Any) -> dict[str, str | None]:
