@@ -39,7 +39,7 @@ from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run.data import analysis_windows, load_corpus
-from ropelens.run.evaluate import ci_end, loss_estimate
+from ropelens.run.evaluate import check_n_boot, ci_end, loss_estimate
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.surface import running_model
@@ -614,7 +614,8 @@ def measured_extrapolation(
         progress (bool): Show a progress bar.
         text_column (str): The text column of a table or dataset corpus.
         **bootstrap: Passed to :func:`ropelens.run.evaluate.bootstrap_ci`: ``n_boot`` (default
-            2000), ``seed`` (0) and ``alpha`` (0.05).
+            2000, at least :data:`ropelens.run.evaluate.MIN_BOOT`), ``seed`` (0) and ``alpha``
+            (0.05).
 
     Returns:
         MeasuredExtrapolation: Per length, the loss and perplexity with bootstrap CIs and each
@@ -639,6 +640,8 @@ def measured_extrapolation(
     model = running_model(model)  # an nnsight model: the HF model it wraps
     lens = _lengths(lengths)
     n_windows = check_positive_int(n_windows, "n_windows")
+    if "n_boot" in bootstrap:  # refused before any length is measured, not after the first
+        check_n_boot(bootstrap["n_boot"])
     spec = rope_spec(model)
     t_train = check_positive_int(spec.n_ctx if train_ctx is None else train_ctx, "train_ctx")
     if isinstance(corpus, Tensor):

@@ -36,6 +36,7 @@ down), (1 + #≥)/(1 + n).
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,10 +59,17 @@ from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run import data
-from ropelens.run.evaluate import interval_text, percentile_ci, window_losses
+from ropelens.run.evaluate import check_n_boot, interval_text, percentile_ci, window_losses
 from ropelens.run.intervene import ablate_planes, zeroed_entries
 from ropelens.run.measure import RunOptions, Windows, measure
-from ropelens.run.stats import matched_random_sets, permutation_p_value
+from ropelens.run.stats import (
+    control_verdict,
+    distinct_sets,
+    matched_random_sets,
+    matched_set_count,
+    p_floor,
+    permutation_p_value,
+)
 from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import hf_model_of, model_label, rope_spec
@@ -443,11 +451,23 @@ COLUMNS = (
     "hi",
     "p_random_planes",
     "p_random_heads",
+    "p_floor_random_planes",
+    "p_floor_random_heads",
+    "p_withheld",
     "n_windows",
     "n_draws",
+    "distinct_random_planes",
+    "distinct_random_heads",
     "n_heads",
     "base",
 )
+_ADDED = {  # columns added since the first files: what a row of an older file holds there
+    "p_floor_random_planes": ("p_random_planes", "n_random"),
+    "p_floor_random_heads": ("p_random_heads", "n_control"),
+    "p_withheld": None,
+    "distinct_random_planes": None,
+    "distinct_random_heads": None,
+}
 
 
 @dataclass(frozen=True)
@@ -464,9 +484,15 @@ class Knockout(Result, json_options={"indent": None}):
     ``"random"`` planes control or the ``"random heads (…)"`` control), ``dose`` (planes zeroed per
     head), ``metric``; ``estimate``/``lo``/``hi``, the mean paired effect and its CI (random
     controls: the effect averaged over their draws per window first); ``p_random_planes`` and
-    ``p_random_heads``, one-sided p-values in the direction of damage (NaN where no control ran);
-    ``n_windows``, ``n_draws``, ``n_heads``; and ``base``, the metric's mean on the unmodified
-    model.
+    ``p_random_heads``, one-sided p-values in the direction of damage (NaN where no control ran, or
+    where the control cannot differ from the set: ``p_withheld`` then says why);
+    ``p_floor_random_planes`` and ``p_floor_random_heads``, the smallest p each control's draws
+    allow, 1 / (1 + draws); ``p_withheld``, why a p-value is withheld (empty where none is): the
+    set is the whole pool its control draws from, so every draw is the set itself, or fewer
+    distinct control sets exist than were drawn; ``n_windows``, ``n_draws``;
+    ``distinct_random_planes`` and ``distinct_random_heads``, how many distinct sets the control's
+    draws hold (NaN where it did not run); ``n_heads``; and ``base``, the metric's mean on the
+    unmodified model.
 
     Attributes:
         rows (tuple[dict[str, Any], ...]): The rows, each with the columns above.
@@ -508,6 +534,26 @@ class Knockout(Result, json_options={"indent": None}):
             if set(r) != set(COLUMNS):
                 raise InputError(f"a Knockout row must have the columns {COLUMNS}, got {sorted(r)}")
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Knockout:
+        """The result :meth:`to_dict` wrote; a file from before the p-value floors and distinct
+        counts were recorded gets its floors from its draws and no distinct counts."""
+        config = (d.get("provenance") or {}).get("config", {})
+        rows = []
+        for row in d.get("rows", []):
+            row = dict(row)
+            for column, source in _ADDED.items():
+                if column in row:
+                    continue
+                if source is None:
+                    row[column] = "" if column == "p_withheld" else float("nan")
+                    continue
+                p, draws = source
+                ran = row.get(p) is not None and not math.isnan(row[p]) and draws in config
+                row[column] = p_floor(int(config[draws])) if ran else float("nan")
+            rows.append(row)
+        return super().from_dict({**d, "rows": rows})
+
     def to_frame(self) -> pd.DataFrame:
         """The rows as a table, one column per field of a row."""
         return pd.DataFrame(list(self.rows), columns=list(COLUMNS))
@@ -520,11 +566,8 @@ class Knockout(Result, json_options={"indent": None}):
         own = df[(df["dose"] > 0) & df["direction"].isin(["high", "low", "head"])]
         for (s, d, m), g in own.groupby(["head_set", "direction", "metric"], sort=False):
             r = g.loc[g["dose"].idxmax()]
-            ps = ", ".join(
-                f"{k} = {r[k]:.3g}"
-                for k in ("p_random_planes", "p_random_heads")
-                if not np.isnan(r[k])
-            )
+            ps = "; ".join(_p_text(r, control) for control in ("random_planes", "random_heads"))
+            ps = "; ".join(p for p in ps.split("; ") if p)
             text = (
                 f"Zeroing {int(r['dose'])} planes ({d}) in the {len(self.heads[s])} {s} heads "
                 f"changes {m} by {r['estimate']:+.4g} {interval_text(r['lo'], r['hi'])} from "
@@ -549,17 +592,53 @@ class Knockout(Result, json_options={"indent": None}):
         return f"Knockout({self.provenance.model}, head sets {list(self.heads)})"
 
 
+def _p_text(row: Any, control: str) -> str:
+    """A control's p-value as a finding states it: with the smallest p its draws allow, or
+    withheld with the reason; "" where the control did not run."""
+    p, floor, why = row[f"p_{control}"], row[f"p_floor_{control}"], _withheld_reason(row, control)
+    if why:
+        return f"p_{control} withheld: {why}"
+    if np.isnan(p):
+        return ""
+    return f"p_{control} = {p:.3g}, the smallest {floor:.3g} its draws allow"
+
+
+def _withheld_reason(row: Any, control: str) -> str:
+    """The reason ``row["p_withheld"]`` gives for ``control``'s p-value ("" where none)."""
+    prefix = f"p_{control} withheld: "
+    for part in str(row["p_withheld"] or "").split(" | "):
+        if part.startswith(prefix):
+            return part[len(prefix) :]
+    return ""
+
+
 # --------------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------------
-def _check_doses(doses: Any, n_planes: int) -> tuple[int, ...]:
+def _check_doses(doses: Any, n_planes: int, what: str = "doses") -> tuple[int, ...]:
+    """The doses as sorted whole plane counts with 0 added: one check for Python and ``--doses``
+    (a fractional dose is refused, never rounded to another)."""
     try:
-        ds = sorted({int(d) for d in doses} | {0})
-    except (TypeError, ValueError) as e:
-        raise InputError(f"doses must be plane counts such as [0, 2, 4, 8], got {doses!r}") from e
+        given = list(doses)
+    except TypeError as e:
+        raise InputError(f"{what} must be plane counts such as [0, 2, 4, 8], got {doses!r}") from e
+    bad = [
+        d
+        for d in given
+        if isinstance(d, bool)
+        or not isinstance(d, (int, float, np.integer, np.floating))
+        or not math.isfinite(d)
+        or int(d) != d
+    ]
+    if bad:
+        raise InputError(
+            f"{what} must be whole plane counts such as [0, 2, 4, 8], got {bad[0]!r} in {given}: "
+            "a dose is how many planes per head are zeroed"
+        )
+    ds = sorted({int(d) for d in given} | {0})
     if ds[0] < 0 or ds[-1] > n_planes:
         raise InputError(
-            f"doses must lie in 0..{n_planes} (the head set's planes per head), got {list(doses)}"
+            f"{what} must lie in 0..{n_planes} (the head set's planes per head), got {list(doses)}"
         )
     return tuple(ds)
 
@@ -579,8 +658,17 @@ def _row(
     n_draws=1,
     p_planes=float("nan"),
     p_heads=float("nan"),
+    planes: _Control | None = None,
+    heads: _Control | None = None,
+    tested: bool = False,
 ) -> dict[str, Any]:
+    """One row; ``tested``: the set's own, whose p-values (stated or withheld) the controls give."""
     est = percentile_ci(diffs, n_boot=n_boot, seed=seed, alpha=1 - level)
+    why = [
+        f"p_{name} withheld: {c.withheld}"
+        for name, c in (("random_planes", planes), ("random_heads", heads))
+        if tested and c is not None and c.withheld
+    ]
     return {
         "head_set": name,
         "direction": direction,
@@ -591,11 +679,41 @@ def _row(
         "hi": est.hi,
         "p_random_planes": float(p_planes),
         "p_random_heads": float(p_heads),
+        "p_floor_random_planes": _floor(planes) if tested else float("nan"),
+        "p_floor_random_heads": _floor(heads) if tested else float("nan"),
+        "p_withheld": " | ".join(why),
         "n_windows": int(diffs.numel()),
         "n_draws": int(n_draws),
+        "distinct_random_planes": _distinct(planes),
+        "distinct_random_heads": _distinct(heads),
         "n_heads": int(n_heads),
         "base": float(base.mean()),
     }
+
+
+@dataclass(frozen=True)
+class _Control:
+    """A random control at one dose: how many sets it drew, how many distinct, and why its p-value
+    is withheld ("" where the control can differ from the set and has as many sets as draws)."""
+
+    n_draws: int
+    n_distinct: int
+    withheld: str
+
+    @classmethod
+    def of(cls, drawn: Sequence[Any], n_possible: int, what: str) -> _Control:
+        n_distinct = distinct_sets(drawn)
+        return cls(
+            len(drawn), n_distinct, control_verdict(n_possible, len(drawn), n_distinct, what)
+        )
+
+
+def _floor(control: _Control | None) -> float:
+    return float("nan") if control is None or not control.n_draws else p_floor(control.n_draws)
+
+
+def _distinct(control: _Control | None) -> float:
+    return float("nan") if control is None or not control.n_draws else float(control.n_distinct)
 
 
 def _corpus_name(corpus: Any) -> str:
@@ -604,8 +722,8 @@ def _corpus_name(corpus: Any) -> str:
     return str(getattr(corpus, "name", None) or corpus or "english")
 
 
-def _p(observed: Tensor, draws: list[Tensor], metric: str) -> float:
-    if not draws:
+def _p(observed: Tensor, draws: list[Tensor], metric: str, control: _Control | None) -> float:
+    if not draws or control is None or control.withheld:
         return float("nan")
     return permutation_p_value(
         HARM[metric] * float(observed.mean()), [HARM[metric] * float(d.mean()) for d in draws]
@@ -654,9 +772,17 @@ class _Experiment:
             got = self.probe.measure(self.model, self.spec)
         return {m: got[m] - self.base[m] for m in self.base}
 
-    def random_draws(self, heads: Heads, k: int, n: int, seed: int) -> list[dict[str, Tensor]]:
+    def random_draws(
+        self, heads: Heads, k: int, n: int, seed: int
+    ) -> tuple[list[dict[str, Tensor]], _Control]:
+        """``n`` draws of k random planes per head: their effects, and the control they make."""
         rng = np.random.default_rng(seed)
-        return [self.run(_planes(self.spec, heads, "random", k, rng)) for _ in range(n)]
+        drawn = [_planes(self.spec, heads, "random", k, rng) for _ in range(n)]
+        n_possible = math.prod(math.comb(self.spec[layer].n_planes, k) for layer, _ in heads)
+        control = _Control.of(
+            [tuple(sorted(p.items())) for p in drawn], n_possible, "the random planes"
+        )
+        return [self.run(p) for p in drawn], control
 
     def rows(
         self,
@@ -665,7 +791,8 @@ class _Experiment:
         k: int,
         n_heads: int,
         draws: list[dict[str, Tensor]],
-        **p: float,
+        controls: Mapping[str, _Control | None] | None = None,
+        **p: dict[str, float],
     ) -> list[dict[str, Any]]:
         """One row per metric of the effect averaged over ``draws`` within each window."""
         return [
@@ -679,6 +806,8 @@ class _Experiment:
                 n_heads=n_heads,
                 n_draws=len(draws),
                 **{key: v[m] for key, v in p.items()},
+                **(controls or {}),
+                tested=bool(p),
                 **self.ci,
             )
             for m in self.base
@@ -690,11 +819,12 @@ class _Experiment:
         heads: Heads,
         direction: str,
         k: int,
-        random_planes: list[dict[str, Tensor]],
-        controls: list[Heads],
+        random_planes: tuple[list[dict[str, Tensor]], _Control | None],
+        controls: tuple[list[Heads], _Control | None],
     ) -> list[dict[str, Any]]:
         """The set's rows at dose ``k`` (p-values against ``random_planes`` and ``controls`` given
-        the same planes), then the random head sets' own rows."""
+        the same planes, withheld where a control cannot differ from the set), then the random head
+        sets' own rows."""
         if k == 0:  # nothing zeroed: the model itself, so the effect is 0 on every window
             return self.rows(
                 name, direction, 0, len(heads), [{m: v - v for m, v in self.base.items()}]
@@ -704,14 +834,18 @@ class _Experiment:
             L: ps for (L, _), ps in planes.items()
         }  # high, low and head: the same planes in every head of a layer
         eff = self.run(planes)
-        draws = [self.run({hd: of_layer[hd[0]] for hd in cs}) for cs in controls]
+        (plane_draws, by_planes), (head_sets_drawn, by_heads) = random_planes, controls
+        draws = [self.run({hd: of_layer[hd[0]] for hd in cs}) for cs in head_sets_drawn]
         p = {
-            "p_planes": {m: _p(eff[m], [d[m] for d in random_planes], m) for m in eff},
-            "p_heads": {m: _p(eff[m], [d[m] for d in draws], m) for m in eff},
+            "p_planes": {m: _p(eff[m], [d[m] for d in plane_draws], m, by_planes) for m in eff},
+            "p_heads": {m: _p(eff[m], [d[m] for d in draws], m, by_heads) for m in eff},
         }
-        out = self.rows(name, direction, k, len(heads), [eff], **p)
+        both = {"planes": by_planes, "heads": by_heads}
+        out = self.rows(name, direction, k, len(heads), [eff], both, **p)
         if draws:
-            out += self.rows(name, f"random heads ({direction})", k, len(heads), draws)
+            out += self.rows(
+                name, f"random heads ({direction})", k, len(heads), draws, {"heads": by_heads}
+            )
         return out
 
 
@@ -719,8 +853,9 @@ def _check_settings(
     n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics
 ):
     """The run's settings checked (an InputError naming the first bad one) and normalised."""
-    for x, what in ((n_ctx, "n_ctx"), (n_windows, "n_windows"), (n_boot, "n_boot")):
-        check_number(x, what, at_least=2 if what != "n_boot" else 1, integer=True)
+    for x, what in ((n_ctx, "n_ctx"), (n_windows, "n_windows")):
+        check_number(x, what, at_least=2, integer=True)
+    check_n_boot(n_boot)
     n_random = check_number(
         n_random, "n_random", at_least=0, integer=True, hint=" (random plane draws per dose)"
     )
@@ -836,7 +971,9 @@ class _Schedule:
             doses = sorted({0, n_planes // 8, n_planes // 4, n_planes // 2, n_planes})
         doses = _check_doses(doses, n_planes)
         control_at = (
-            doses[1:] if control_doses is None else _check_doses(control_doses, n_planes)[1:]
+            doses[1:]
+            if control_doses is None
+            else _check_doses(control_doses, n_planes, "control_doses")[1:]
         )
         return cls(
             doses=doses,
@@ -871,11 +1008,17 @@ def _set_rows(
 
     ``bar`` (a tqdm bar) advances once per condition measured."""
     seed = schedule.seed
-    controls = (
+    drawn = (
         matched_random_sets(heads, experiment.population, schedule.n_control, seed + set_index)
         if schedule.n_control
         else []
     )
+    n_possible = matched_set_count(heads, experiment.population)
+    controls = (
+        drawn,
+        _Control.of(drawn, n_possible, "the random head sets") if drawn else None,
+    )
+    none: tuple[list, None] = ([], None)
     random_at = {
         dose: experiment.random_draws(
             heads, dose, schedule.n_random, seed + 7919 * dose + 104729 * set_index
@@ -890,15 +1033,17 @@ def _set_rows(
                 heads,
                 direction,
                 dose,
-                random_at.get(dose, []),
-                controls if dose in schedule.control_at else [],
+                random_at.get(dose, none),
+                controls if dose in schedule.control_at else none,
             )
             bar.update()
-    for dose, draws in random_at.items():
-        rows += experiment.rows(name, "random", dose, len(heads), draws)
+    for dose, (draws, control) in random_at.items():
+        rows += experiment.rows(name, "random", dose, len(heads), draws, {"planes": control})
         bar.update()
     if schedule.whole_head_planes is not None:
-        rows += experiment.dose_rows(name, heads, "head", schedule.whole_head_planes, [], controls)
+        rows += experiment.dose_rows(
+            name, heads, "head", schedule.whole_head_planes, none, controls
+        )
         bar.update()
     return rows
 
@@ -1039,7 +1184,8 @@ def knockout(
         whole_head (bool): Also knock out whole heads, and their random-head control (default True).
         probe_heads (Sequence[tuple[int, int]] | None): The heads whose attention the probe reads
             (default None: the positional heads).
-        n_boot (int): Bootstrap resamples per CI (default 2000).
+        n_boot (int): Bootstrap resamples per CI, at least
+            :data:`ropelens.run.evaluate.MIN_BOOT` (100) (default 2000).
         level (float): Confidence level of the CIs (default 0.95).
         seed (int): Seed of the random draws, tokens and bootstrap (default 0).
         retrieval_threshold (float): Retrieval score from which a head is in the ``"retrieval"`` set
@@ -1081,6 +1227,9 @@ def knockout(
         n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics
     )
     sets = _check_model_and_sets(model, sets)
+    for given, what in ((doses, "doses"), (control_doses, "control_doses")):
+        if given is not None:  # whole plane counts, refused before any model runs
+            _check_doses(given, math.inf, what)
     if not isinstance(corpus, Tensor):
         corpus = data.load_corpus(corpus, text_column=text_column)
     spec = rope_spec(model)

@@ -14,6 +14,7 @@ from ropelens.cli.common import (
     ModelOptions,
     OutputOptions,
     check_windows_fit,
+    in_flag_terms,
     load_from_args,
     non_negative_int,
     number_list,
@@ -23,6 +24,7 @@ from ropelens.cli.common import (
 )
 from ropelens.errors import InputError
 from ropelens.plots.knockout import knockout_figure
+from ropelens.run.evaluate import MIN_BOOT, check_n_boot
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:
@@ -42,6 +44,15 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     if not out:
         raise InputError(f"--heads names no head, got {text!r}: e.g. --heads 3.1,5.0")
     return out
+
+
+def boot_count(text: str) -> int:
+    """``argparse`` type of ``--boot``: bootstrap resamples, at least :data:`MIN_BOOT` (the check
+    the library makes, in the flag's terms)."""
+    try:
+        return check_n_boot(positive_int(text))
+    except InputError as e:
+        raise argparse.ArgumentTypeError(in_flag_terms(str(e), {"n_boot": "--boot"})) from None
 
 
 def _names(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
@@ -142,10 +153,10 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-whole-head", action="store_true", help="skip the whole-head knockout")
     p.add_argument(
         "--boot",
-        type=positive_int,
+        type=boot_count,
         default=2000,
         metavar="N",
-        help="bootstrap resamples (default: 2000)",
+        help=f"bootstrap resamples, at least {MIN_BOOT} (default: 2000)",
     )
     p.add_argument(
         "--seed",
@@ -166,9 +177,10 @@ def _choices(args: argparse.Namespace) -> tuple:
     )
     directions = _names(args.directions, "--directions", ("high", "low"))
     metrics = _names(args.metrics, "--metrics", tuple(METRIC_GROUPS))
-    doses = number_list(args.doses, int, "--doses", example="0,2,4,8") if args.doses else None
+    # numbers, not integers: whether a dose is a whole plane count is the library's one check
+    doses = number_list(args.doses, float, "--doses", example="0,2,4,8") if args.doses else None
     control = (
-        number_list(args.control_doses, int, "--control-doses", example="8")
+        number_list(args.control_doses, float, "--control-doses", example="8")
         if args.control_doses
         else None
     )
@@ -236,7 +248,9 @@ def run(args: argparse.Namespace) -> int:
         )
     for name, heads in r.heads.items():
         print(f"{name} heads ({len(heads)}): {', '.join(f'{L}.{h}' for L, h in heads)}")
-    print(frame.drop(columns=["n_heads"]).to_string(index=False, float_format="%.4g"))
+    print(frame.drop(columns=["n_heads", "p_withheld"]).to_string(index=False, float_format="%.4g"))
+    for reason in dict.fromkeys(r for why in frame["p_withheld"] if why for r in why.split(" | ")):
+        print(reason)  # a p left blank above, and why
     return 0
 
 

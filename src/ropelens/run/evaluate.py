@@ -26,12 +26,14 @@ from ropelens.results.serialize import dump_json
 from ropelens.spec.surface import running_model
 
 __all__ = [
+    "MIN_BOOT",
     "MIN_WINDOWS_FOR_CI",
     "NO_INTERVAL",
     "Estimate",
     "LossEstimate",
     "RunStore",
     "bootstrap_ci",
+    "check_n_boot",
     "ci_end",
     "interval_text",
     "is_bridge",
@@ -178,6 +180,34 @@ def window_losses(
 # an interval over windows needs their spread: one window has none, so it gets no interval
 MIN_WINDOWS_FOR_CI = 2
 NO_INTERVAL = "n/a (one window gives no spread)"
+# the fewest bootstrap resamples a percentile interval is drawn from: a 95% interval's ends are the
+# 2.5% and 97.5% quantiles of the resampled means, and below 100 resamples each end rests on fewer
+# than 2.5 of them (n_boot=1 gives a zero-width "interval")
+MIN_BOOT = 100
+
+
+def check_n_boot(n_boot: Any) -> int:
+    """``n_boot`` as an int if it is at least :data:`MIN_BOOT` bootstrap resamples, else an
+    InputError that says so and how to fix it.
+
+    Every function that takes ``n_boot`` (and the command line's ``--boot``) checks it here: fewer
+    resamples cannot place the ends of a 95% interval.
+
+    Examples:
+        >>> check_n_boot(2000)
+        2000
+        >>> check_n_boot(1)
+        Traceback (most recent call last):
+            ...
+        ropelens.errors.InputError: n_boot must be an int >= 100 (bootstrap resamples), got 1: ...
+    """
+    if isinstance(n_boot, bool) or not isinstance(n_boot, numbers.Integral) or n_boot < MIN_BOOT:
+        raise InputError(
+            f"n_boot must be an int >= {MIN_BOOT} (bootstrap resamples), got {n_boot!r}: fewer "
+            f"resamples cannot place the ends of a 95% interval (1 gives one of zero width); pass "
+            f"n_boot={MIN_BOOT} or more (2000 is usual)"
+        )
+    return int(n_boot)
 
 
 def interval_text(lo: float | None, hi: float | None, fmt: str = ".4g") -> str:
@@ -363,7 +393,7 @@ def percentile_ci(
 
     Args:
         values (Tensor | Sequence[float]): ``[n]`` values, one per window.
-        n_boot (int): Bootstrap resamples (default 2000).
+        n_boot (int): Bootstrap resamples, at least :data:`MIN_BOOT` (100) (default 2000).
         seed (int): Seed of the resampling generator: the same inputs give the same interval.
         alpha (float): 1 − the confidence level, strictly between 0 and 1 (default 0.05).
 
@@ -371,8 +401,8 @@ def percentile_ci(
         Estimate: The mean with its interval.
 
     Raises:
-        InputError: If ``values`` is empty or holds non-finite values, or ``n_boot``, ``alpha``
-            or ``seed`` is invalid.
+        InputError: If ``values`` is empty or holds non-finite values, ``n_boot`` is below
+            :data:`MIN_BOOT`, or ``alpha`` or ``seed`` is invalid.
 
     Examples:
         >>> print(percentile_ci([2.0, 2.2, 1.9, 2.4, 2.1]))
@@ -381,8 +411,7 @@ def percentile_ci(
         2 n/a (one window gives no spread)
     """
     v = _as_values(values)
-    if not isinstance(n_boot, numbers.Integral) or isinstance(n_boot, bool) or n_boot < 1:
-        raise InputError(f"n_boot must be a positive int, got {n_boot!r} (2000 is usual)")
+    n_boot = check_n_boot(n_boot)
     if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not 0 < alpha < 1:
         raise InputError(
             f"alpha must be strictly between 0 and 1, got {alpha!r} (0.05 for a 95% CI)"
@@ -414,7 +443,7 @@ def bootstrap_ci(
 
     Args:
         values (Tensor | Sequence[float]): ``[n_windows]`` losses in nats.
-        n_boot (int): Bootstrap resamples (default 2000).
+        n_boot (int): Bootstrap resamples, at least :data:`MIN_BOOT` (100) (default 2000).
         seed (int): Seed of the resampling generator.
         alpha (float): 1 − the confidence level (default 0.05).
 
@@ -480,6 +509,8 @@ def loss_estimate(
         >>> est.n_windows, est.n_boot, est.loss.has_interval, losses.shape
         (4, 500, True, torch.Size([4]))
     """
+    if "n_boot" in bootstrap:  # refused before the forward passes, not after them
+        check_n_boot(bootstrap["n_boot"])
     model = running_model(model)  # an nnsight model: the HF model it wraps
     losses = window_losses(model, tokens, batch_size=batch_size, progress=progress, path=path)
     return bootstrap_ci(losses, **bootstrap), losses

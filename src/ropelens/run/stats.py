@@ -39,7 +39,11 @@ __all__ = [
     "MAX_EXACT",
     "PermutationTest",
     "clustered_permutation_test",
+    "control_verdict",
+    "distinct_sets",
     "matched_random_sets",
+    "matched_set_count",
+    "p_floor",
     "paired_bootstrap_ci",
     "permutation_p_value",
 ]
@@ -87,7 +91,8 @@ def paired_bootstrap_ci(
     Args:
         a (Tensor | Sequence[float]): ``[n]`` values under the intervention, one per window.
         b (Tensor | Sequence[float]): ``[n]`` baseline values on the same windows, same order.
-        n_boot (int): Bootstrap resamples (default 2000).
+        n_boot (int): Bootstrap resamples, at least
+            :data:`ropelens.run.evaluate.MIN_BOOT` (100) (default 2000).
         level (float): Confidence level, strictly between 0 and 1 (default 0.95).
         seed (int): Seed of the resampling generator: the same inputs give the same interval.
 
@@ -172,10 +177,17 @@ class PermutationTest:
     Attributes:
         observed (float): Mean of the values over the treated units.
         p_value (float): Exact #{null ≥ observed} / N when ``exact``, else the Monte Carlo
-            (1 + #{null ≥ observed}) / (1 + n_perm) (≤ for ``alternative="less"``).
+            (1 + #{null ≥ observed}) / (1 + n_perm) (≤ for ``alternative="less"``); NaN where
+            ``withheld`` says why.
         n_perm (int): Null draws, or the number of within-cluster assignments when exact.
         exact (bool): Whether every assignment was enumerated.
         alternative (str): ``"greater"`` or ``"less"``.
+        p_floor (float): The smallest p-value this null allows: 1 / N exact, 1 / (1 + n_perm)
+            drawn.
+        n_sets (int): How many distinct within-cluster assignments there are.
+        withheld (str): Why ``p_value`` is withheld (empty where it is not): the treated set is
+            every unit of its clusters, so the null cannot differ from it
+            (:func:`control_verdict`).
 
     Examples:
         >>> test = clustered_permutation_test(
@@ -184,7 +196,7 @@ class PermutationTest:
         >>> round(test.observed, 2), test.exact, test.n_perm
         (0.85, True, 9)
         >>> sorted(test.to_dict())
-        ['alternative', 'exact', 'n_perm', 'observed', 'p_value']
+        ['alternative', 'exact', 'n_perm', 'n_sets', 'observed', 'p_floor', 'p_value', 'withheld']
     """
 
     observed: float
@@ -192,15 +204,21 @@ class PermutationTest:
     n_perm: int  # null draws, or the number of assignments when exact
     exact: bool
     alternative: str
+    p_floor: float = math.nan  # the smallest p-value the null allows
+    n_sets: int = 0  # distinct within-cluster assignments there are
+    withheld: str = ""  # why p_value is NaN: a null that cannot differ from the treated set
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
         return {
             "observed": self.observed,
-            "p_value": self.p_value,
+            "p_value": None if math.isnan(self.p_value) else self.p_value,
             "n_perm": self.n_perm,
             "exact": self.exact,
             "alternative": self.alternative,
+            "p_floor": self.p_floor,
+            "n_sets": self.n_sets,
+            "withheld": self.withheld,
         }
 
 
@@ -239,8 +257,8 @@ def clustered_permutation_test(
 
     Null: the treatment labels are exchangeable within clusters (layers). ``n_perm=None`` enumerates
     every within-cluster assignment (at most :data:`MAX_EXACT`) and returns the exact p-value #{stat
-    ≥ observed} / N; an int draws ``n_perm`` assignments from a generator seeded with ``seed`` and
-    returns (1 + #{stat ≥ observed}) / (1 + n_perm).
+    ≥ observed} / N; an int below the number of assignments draws ``n_perm`` of them from a
+    generator seeded with ``seed`` and returns (1 + #{stat ≥ observed}) / (1 + n_perm).
 
     A layer is never compared with another layer, so depth effects (late layers matter more for
     the loss) cannot make a set look special. Clusters without a treated unit take no part.
@@ -255,8 +273,14 @@ def clustered_permutation_test(
         seed (int): Seed of the Monte Carlo generator.
         alternative (str): ``"greater"`` (default) or ``"less"``.
 
+    Where there are no more assignments than ``n_perm`` draws, every one is counted instead (the
+    exact test): draws would repeat them, claiming a floor 1 / (1 + n_perm) finer than the null can
+    resolve. A null that cannot differ from the treated set (it is every unit of its clusters, so
+    the only assignment is the set itself) withholds its p-value: NaN, with the reason in
+    ``withheld``, never a p of 1 from the set compared with itself.
+
     Returns:
-        PermutationTest: The observed mean, the p-value and how the null was made.
+        PermutationTest: The observed mean, the p-value, its floor and how the null was made.
 
     Raises:
         InputError: If the lengths differ, ``treated`` is not booleans or marks no unit,
@@ -270,8 +294,12 @@ def clustered_permutation_test(
         >>> test = clustered_permutation_test(values, layers, chosen)
         >>> test.n_perm, round(test.p_value, 4)  # 3 × 3 assignments; the chosen set is the top
         (9, 0.1111)
-        >>> clustered_permutation_test(values, layers, chosen, n_perm=999).p_value  # 105 / 1000
-        0.105
+        >>> drawn = clustered_permutation_test(values, layers, chosen, n_perm=999)
+        >>> drawn.exact, round(drawn.p_value, 4)  # 999 draws of 9 sets would repeat: all 9 counted
+        (True, 0.1111)
+        >>> every = [True, True, True, False, False, False]  # all of layer 0: it cannot differ
+        >>> clustered_permutation_test(values, layers, every).withheld[:48]
+        'the permutation null cannot differ from the test'
     """
     v = _vector(values, "values")
     t = np.asarray(treated.cpu() if isinstance(treated, Tensor) else treated)
@@ -280,8 +308,15 @@ def clustered_permutation_test(
         raise InputError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
     total = sum(k for _, k in groups)
     observed = float(v[torch.from_numpy(np.flatnonzero(t))].sum()) / total
-    if n_perm is None:
-        n_exact = math.prod(math.comb(len(idx), k) for idx, k in groups)
+    n_exact = math.prod(math.comb(len(idx), k) for idx, k in groups)
+    if n_perm is not None and (
+        isinstance(n_perm, bool) or not isinstance(n_perm, numbers.Integral) or n_perm < 1
+    ):
+        raise InputError(
+            f"n_perm must be a positive int or None (exact), got {n_perm!r} (9999 is usual)"
+        )
+    # fewer assignments than draws: the draws would repeat them, so every one is counted instead
+    if n_perm is None or n_exact <= n_perm:
         if n_exact > MAX_EXACT:
             raise InputError(
                 f"{n_exact:,} within-cluster assignments are too many to enumerate (limit "
@@ -298,16 +333,16 @@ def clustered_permutation_test(
         for s in sums[1:]:
             null = (null[:, None] + s[None, :]).flatten()
         null = null / total
+        why = control_verdict(n_exact, n_exact, n_exact, "the permutation null")
         return PermutationTest(
             observed,
-            _count_extreme(null, observed, alternative) / null.numel(),
+            math.nan if why else _count_extreme(null, observed, alternative) / null.numel(),
             int(null.numel()),
             True,
             alternative,
-        )
-    if isinstance(n_perm, bool) or not isinstance(n_perm, numbers.Integral) or n_perm < 1:
-        raise InputError(
-            f"n_perm must be a positive int or None (exact), got {n_perm!r} (9999 is usual)"
+            p_floor=1 / n_exact,
+            n_sets=n_exact,
+            withheld=why,
         )
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise InputError(f"seed must be an int, got {seed!r}")
@@ -319,7 +354,13 @@ def clustered_permutation_test(
         null += v[torch.from_numpy(idx)][pick].sum(dim=1)
     null = null / total
     return PermutationTest(
-        observed, permutation_p_value(observed, null, alternative), int(n_perm), False, alternative
+        observed,
+        permutation_p_value(observed, null, alternative),
+        int(n_perm),
+        False,
+        alternative,
+        p_floor=p_floor(int(n_perm)),
+        n_sets=n_exact,
     )
 
 
@@ -381,3 +422,87 @@ def matched_random_sets(
         ]
         out.append(tuple(sorted(drawn)))
     return out
+
+
+def p_floor(n_draws: int) -> float:
+    """The smallest p-value ``n_draws`` null draws allow, 1 / (1 + n_draws): a p-value at this
+    floor says only that no draw reached the observed set.
+
+    Examples:
+        >>> p_floor(9), p_floor(999)
+        (0.1, 0.001)
+    """
+    if isinstance(n_draws, bool) or not isinstance(n_draws, numbers.Integral) or n_draws < 0:
+        raise InputError(f"n_draws must be an int >= 0, got {n_draws!r}")
+    return 1 / (1 + int(n_draws))
+
+
+def matched_set_count(
+    treated: Sequence[tuple[int, int]], population: Mapping[int, Sequence[int]]
+) -> int:
+    """How many distinct sets :func:`matched_random_sets` can draw for ``treated``: the product over
+    clusters of C(units in the cluster, treated units in it). 1 means the only such set is
+    ``treated`` itself.
+
+    Examples:
+        >>> matched_set_count([(0, 1), (1, 2)], {0: range(4), 1: range(4)})  # 4 · 4
+        16
+        >>> matched_set_count([(0, 0), (0, 1)], {0: range(2)})  # every unit: the set itself
+        1
+    """
+    counts: dict[int, int] = {}
+    for c, _ in treated:
+        counts[c] = counts.get(c, 0) + 1
+    return math.prod(math.comb(len(population.get(c, ())), k) for c, k in counts.items())
+
+
+def distinct_sets(sets: Sequence[Any]) -> int:
+    """How many distinct sets (or other hashable draws) ``sets`` holds.
+
+    Examples:
+        >>> distinct_sets([((0, 1),), ((0, 1),), ((0, 2),)])
+        2
+    """
+    return len(set(sets))
+
+
+def control_verdict(n_possible: int, n_draws: int, n_distinct: int, control: str) -> str:
+    """Why a control's p-value must be withheld, or "" where it may be stated.
+
+    A control that cannot differ from the tested set (``n_possible`` is 1: the set is the whole
+    pool, so every draw is the set itself) gives p = 1 by construction; one with fewer distinct sets
+    than ``n_draws`` repeats its draws, so its floor 1 / (1 + n_draws) claims a resolution it lacks.
+    Either is named, with its count of distinct sets, instead of a p-value.
+
+    Args:
+        n_possible (int): How many distinct control sets exist (the tested set included).
+        n_draws (int): How many were drawn.
+        n_distinct (int): How many distinct ones the draws hold.
+        control (str): The control in words ("the random head sets").
+
+    Returns:
+        str: The reason, or "" where the control can differ and has as many sets as draws.
+
+    Examples:
+        >>> control_verdict(1, 9, 1, "the random head sets")[:58]
+        'the random head sets cannot differ from the tested set: it'
+        >>> control_verdict(4, 9, 4, "the random head sets")[:58]
+        'the random head sets cannot resolve a p-value from 9 draws'
+        >>> control_verdict(24, 9, 9, "the random head sets")
+        ''
+    """
+    if n_draws < 1:
+        return ""
+    sets = f"{n_distinct} distinct set{'' if n_distinct == 1 else 's'}"
+    if n_possible <= 1:
+        return (
+            f"{control} cannot differ from the tested set: it is the whole pool, so each of the "
+            f"{n_draws} draws is the set itself ({sets})"
+        )
+    if n_possible < n_draws:
+        return (
+            f"{control} cannot resolve a p-value from {n_draws} draws: only {n_possible} distinct "
+            f"sets exist, so the draws repeat ({sets} drawn); draw at most {n_possible}, or test "
+            "a set from a larger pool"
+        )
+    return ""

@@ -192,9 +192,9 @@ def test_intervals_hold_the_estimate_and_p_values_are_permutation_p_values(resul
     assert df[df["dose"] == 8]["p_random_planes"].isna().all()  # no control ran there
 
 
-def test_random_planes_that_are_all_planes_tie_the_set(tiny):
-    """8 random planes of 8 are the 8 highest: every draw ties the set, so p = (1 + 2) / (1 + 2) = 1
-    exactly."""
+def test_random_planes_that_are_all_planes_cannot_differ_from_the_set(tiny):
+    """8 random planes of 8 are the 8 highest: every draw is the set itself, so its p-value is
+    withheld (never a p of 1 from the set compared with itself) and the reason names it."""
     r = _run(
         tiny("llama-gqa"),
         metrics=("loss",),
@@ -203,7 +203,9 @@ def test_random_planes_that_are_all_planes_tie_the_set(tiny):
         n_control=0,
         whole_head=False,
     )
-    assert _rows(r, "high", 8, "loss")["p_random_planes"] == 1.0
+    row = _rows(r, "high", 8, "loss")
+    assert math.isnan(row["p_random_planes"]) and row["distinct_random_planes"] == 1
+    assert "random planes cannot differ from the tested set" in row["p_withheld"]
     assert _rows(r, "random", 8, "loss")["estimate"] == pytest.approx(
         _rows(r, "high", 8, "loss")["estimate"]
     )
@@ -315,7 +317,7 @@ def test_knockout_command(tiny_dir, tmp_path, capsys):
         "--controls",
         "1",
         "--boot",
-        "50",
+        "100",
         "--json",
         "--save",
         str(save),

@@ -187,7 +187,7 @@ BEFORE_THE_MODEL = [
     ),
     (
         ["knockout", "--doses", "0,x"],
-        "--doses must be a comma-separated list of integers, got '0,x'",
+        "--doses must be a comma-separated list of numbers, got '0,x'",
     ),
     (["knockout", "--random", "-1"], "argument --random: expected an integer ≥ 0, got -1"),
     (["knockout", "--save", "{tmp}"], "is a directory: pass a file path"),

@@ -420,7 +420,7 @@ def make_extension_study(tmp_dir):
 def make_knockout():
     result = knockout(
         six_layer_model(), {"set": [(1, 0), (3, 2)]}, doses=[0, 2], metrics=("loss",),
-        corpus=tokens(), n_random=1, n_control=1, n_boot=50, verify=False,
+        corpus=tokens(), n_random=1, n_control=1, n_boot=100, verify=False,
     )  # fmt: skip
     return [Case(result, {"dose": [0, 2, result.n_planes]})]  # whole heads: every plane zeroed
 

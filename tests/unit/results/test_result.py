@@ -138,7 +138,7 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
                 corpus=toks,
                 n_random=1,
                 n_control=1,
-                n_boot=50,
+                n_boot=100,
                 verify=False,
             ),
             extension_study(
