@@ -904,6 +904,16 @@ def check_token_windows(tokens: Any) -> Tensor:
     :class:`ropelens.run.measure.Windows`), so an empty input is refused before a model runs,
     instead of giving sums of nothing that read as measurements.
 
+    Args:
+        tokens (Any): The ready token windows.
+
+    Returns:
+        Tensor: ``tokens`` itself.
+
+    Raises:
+        InputError: If ``tokens`` is not a 2-D integer tensor, holds no window, or its windows
+            hold fewer than two tokens.
+
     Examples:
         >>> import torch
         >>> check_token_windows(torch.ones(2, 8, dtype=torch.long)).shape

@@ -193,6 +193,15 @@ def check_n_boot(n_boot: Any) -> int:
     Every function that takes ``n_boot`` (and the command line's ``--boot``) checks it here: fewer
     resamples cannot place the ends of a 95% interval.
 
+    Args:
+        n_boot (Any): Bootstrap resamples.
+
+    Returns:
+        int: ``n_boot`` as an int.
+
+    Raises:
+        InputError: If ``n_boot`` is not an int ≥ :data:`MIN_BOOT`.
+
     Examples:
         >>> check_n_boot(2000)
         2000

@@ -428,6 +428,15 @@ def p_floor(n_draws: int) -> float:
     """The smallest p-value ``n_draws`` null draws allow, 1 / (1 + n_draws): a p-value at this
     floor says only that no draw reached the observed set.
 
+    Args:
+        n_draws (int): Null draws (≥ 0).
+
+    Returns:
+        float: 1 / (1 + ``n_draws``).
+
+    Raises:
+        InputError: If ``n_draws`` is not an int ≥ 0.
+
     Examples:
         >>> p_floor(9), p_floor(999)
         (0.1, 0.001)
@@ -444,6 +453,14 @@ def matched_set_count(
     clusters of C(units in the cluster, treated units in it). 1 means the only such set is
     ``treated`` itself.
 
+    Args:
+        treated (Sequence[tuple[int, int]]): The chosen (cluster, unit) pairs.
+        population (Mapping[int, Sequence[int]]): Every unit of each cluster, treated ones
+            included.
+
+    Returns:
+        int: The number of distinct matched sets, ``treated`` among them.
+
     Examples:
         >>> matched_set_count([(0, 1), (1, 2)], {0: range(4), 1: range(4)})  # 4 · 4
         16
@@ -458,6 +475,12 @@ def matched_set_count(
 
 def distinct_sets(sets: Sequence[Any]) -> int:
     """How many distinct sets (or other hashable draws) ``sets`` holds.
+
+    Args:
+        sets (Sequence[Any]): The drawn sets, each hashable (a tuple of pairs).
+
+    Returns:
+        int: How many of them differ.
 
     Examples:
         >>> distinct_sets([((0, 1),), ((0, 1),), ((0, 2),)])
