@@ -1,5 +1,5 @@
 """Frequency usage: mean 2-norm of every RoPE plane of queries and keys (Barbero et al., Fig.
-3-4)."""
+3-4), and of the part of each head that RoPE leaves unrotated."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from ropelens.results.provenance import Provenance
 from ropelens.results.result import Result
 from ropelens.run.capture import LayerActs, Moments
 from ropelens.run.measure import RunOptions, corpus_analysis, measure
-from ropelens.spec.bands import Bands
+from ropelens.spec.bands import REST, Bands
 from ropelens.spec.rope import RopeSpec
 
 __all__ = ["FrequencyUsage", "UsageReducer", "frequency_usage"]
@@ -39,7 +39,8 @@ Scope = Literal["all", "no_sink"]
 
 
 class UsageReducer:
-    """Streams per-plane norms of q and k: over tokens, and over per-window means (for CIs)."""
+    """Streams per-plane norms of q and k, and the norm of each head's unrotated dims: over tokens,
+    and over per-window means (for CIs)."""
 
     def __init__(
         self, spec: RopeSpec, layers: Sequence[int], *, source: str = "pre", n_sink: int = 1
@@ -51,18 +52,24 @@ class UsageReducer:
         self.spec, self.layers, self.source, self.n_sink = spec, list(layers), source, n_sink
         self.needs = frozenset({f"q_{source}", f"k_{source}"})
         self.pos = {L: i for i, L in enumerate(self.layers)}
-        shape = {
-            w: _padded_shape(spec, self.layers, w) for w in "qk"
-        }  # layers of other widths padded (see FrequencyUsage)
-        self.tok = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
-        self.win = {(w, s): Moments.zeros(shape[w]) for w in "qk" for s in ("all", "no_sink")}
+        keys = [(w, s) for w in "qk" for s in ("all", "no_sink")]
+        # layers of other widths padded (see FrequencyUsage)
+        planes = {w: _padded_shape(spec, self.layers, w) for w in "qk"}
+        heads = {w: planes[w][:2] for w in "qk"}
+        self.tok = {(w, s): Moments.zeros(planes[w]) for w, s in keys}
+        self.win = {(w, s): Moments.zeros(planes[w]) for w, s in keys}
+        self.utok = {(w, s): Moments.zeros(heads[w]) for w, s in keys}
+        self.uwin = {(w, s): Moments.zeros(heads[w]) for w, s in keys}
         self._placed = False
+
+    def _sums(self) -> tuple[tuple[str, dict[tuple[str, str], Moments]], ...]:
+        return (("tok", self.tok), ("win", self.win), ("utok", self.utok), ("uwin", self.uwin))
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every running sum by name (the tensors themselves): they add across runs and
         processes."""
         out = {}
-        for kind, moments in (("tok", self.tok), ("win", self.win)):
+        for kind, moments in self._sums():
             for (w, scope), m in moments.items():
                 out.update(
                     {
@@ -79,60 +86,64 @@ class UsageReducer:
         if self._placed:  # placed once; layers elsewhere (device maps) send results here
             return
         self._placed = True
-        for moments in (self.tok, self.win):
+        for _, moments in self._sums():
             for key, m in moments.items():
                 moments[key] = m.to(device)
 
     def update(self, acts: LayerActs) -> None:
-        """Add one layer's per-plane norm sums and squares, over all positions and past the sink."""
-        layer_slot, rope, n_sink = self.pos[acts.layer], acts.rope, self.n_sink
+        """Add one layer's per-plane norm sums and squares, and those of the unrotated dims' norm,
+        over all positions and past the sink."""
+        layer_slot, rope = self.pos[acts.layer], acts.rope
         self._on(acts.valid.device)
         valid = acts.valid.float()
+        for which in "qk":
+            x = acts[f"{which}_{self.source}"].float()
+            norms = rope.plane_norms(x)
+            if self.source == "post" and rope.attention_scaling != 1.0 and not rope.norm_after_rope:
+                # cos/sin carry the scaling; undo it (a norm after RoPE did). The unrotated dims
+                # never meet cos/sin, so they keep their norm as it is.
+                norms = norms / rope.attention_scaling
+            # ropelens's head layout puts the rotary dims first (LayerRope.from_model), so the
+            # unrotated ones are the tail in every family, multi-head latent attention included
+            unrotated = torch.linalg.vector_norm(x[..., rope.rotary_dim :], 2, dim=-1)
+            self._fold(which, layer_slot, valid, norms, self.tok, self.win)
+            self._fold(which, layer_slot, valid, unrotated[..., None], self.utok, self.uwin)
+
+    def _fold(
+        self,
+        which: str,
+        layer_slot: int,
+        valid: Tensor,
+        norms: Tensor,
+        tok: dict[tuple[str, str], Moments],
+        win: dict[tuple[str, str], Moments],
+    ) -> None:
+        """Fold norms ``[batch, pos, head, part]`` into ``tok``/``win`` for both scopes (a trailing
+        part axis of 1 folds into ``[layer, head]`` sums)."""
+        n_sink = self.n_sink
         # real positions per window: all, and those among the first n_sink
         counts = {"all": valid.sum(1), "sink": valid[:, :n_sink].sum(1)}
-        for which in "qk":
-            norms = rope.plane_norms(acts[f"{which}_{self.source}"].float())
-            if self.source == "post" and rope.attention_scaling != 1.0 and not rope.norm_after_rope:
-                # cos/sin carry the scaling; undo it (a norm after RoPE did)
-                norms = norms / rope.attention_scaling
-            # padded positions count for nothing (no host sync to ask)
-            norms = norms * einops.rearrange(valid, "batch pos -> batch pos 1 1")
-            # per-window sums over positions in float32 (≤ a few thousand terms), accumulated
-            # across windows in float64: [batch, head, plane]
-            norm_sum = norms.sum(1).double()
-            norm_square_sum = (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double()
-            sink = norms[:, :n_sink]
-            sink_sum, sink_square_sum = sink.sum(1).double(), (sink * sink).sum(1).double()
-            per_scope = {
-                "all": (counts["all"], norm_sum, norm_square_sum),
-                "no_sink": (
-                    counts["all"] - counts["sink"],
-                    norm_sum - sink_sum,
-                    norm_square_sum - sink_square_sum,
-                ),
-            }
-            for scope, (count, total, square_total) in per_scope.items():
-                self._add(which, scope, layer_slot, count.double(), total, square_total)
-
-    def _add(self, w: str, scope: str, i: int, cnt: Tensor, tot: Tensor, sq: Tensor) -> None:
-        """Fold per-window sums ``[b,h,P]`` (``cnt`` tokens per window) into token and window
-        moments; a layer narrower than the widest fills its leading heads and planes, the padding
-        keeps count 0."""
-        tok = self.tok[(w, scope)]
-        here = tok.total.device
-        cnt, tot, sq = cnt.to(here), tot.to(here), sq.to(here)
-        at = (i, slice(0, tot.shape[1]), slice(0, tot.shape[2]))
-        tok.count[at] += cnt.sum()
-        tok.total[at] += tot.sum(0)
-        tok.total_sq[at] += sq.sum(0)
-        keep = (cnt > 0).to(
-            tot.dtype
-        )  # windows with tokens in scope (masking, not indexing: no host sync)
-        means = tot / cnt.clamp_min(1)[:, None, None] * keep[:, None, None]
-        win = self.win[(w, scope)]
-        win.count[at] += keep.sum()
-        win.total[at] += means.sum(0)
-        win.total_sq[at] += (means * means).sum(0)
+        # padded positions count for nothing (no host sync to ask)
+        norms = norms * einops.rearrange(valid, "batch pos -> batch pos 1 1")
+        # per-window sums over positions in float32 (≤ a few thousand terms), accumulated
+        # across windows in float64: [batch, head, part]
+        norm_sum = norms.sum(1).double()
+        norm_square_sum = (torch.linalg.vector_norm(norms, 2, dim=1) ** 2).double()
+        sink = norms[:, :n_sink]
+        sink_sum, sink_square_sum = sink.sum(1).double(), (sink * sink).sum(1).double()
+        per_scope = {
+            "all": (counts["all"], norm_sum, norm_square_sum),
+            "no_sink": (
+                counts["all"] - counts["sink"],
+                norm_sum - sink_sum,
+                norm_square_sum - sink_square_sum,
+            ),
+        }
+        for scope, (count, total, square_total) in per_scope.items():
+            tok_w, win_w = tok[(which, scope)], win[(which, scope)]
+            if tok_w.total.ndim == 2:  # [layer, head] sums: the part axis folds away
+                total, square_total = total[..., 0], square_total[..., 0]
+            _add(tok_w, win_w, layer_slot, count.double(), total, square_total)
 
     def result(self, provenance: Provenance) -> FrequencyUsage:
         """The streamed sums as a :class:`FrequencyUsage`."""
@@ -148,7 +159,28 @@ class UsageReducer:
             n_sink=self.n_sink,
             source=self.source,
             provenance=provenance,
+            unrotated_token=cpu(self.utok),
+            unrotated_window=cpu(self.uwin),
         )
+
+
+def _add(tok: Moments, win: Moments, i: int, cnt: Tensor, tot: Tensor, sq: Tensor) -> None:
+    """Fold per-window sums ``[b, h, ...]`` (``cnt`` tokens per window) into token and window
+    moments; a layer narrower than the widest fills its leading heads (and planes), the padding
+    keeps count 0."""
+    here = tok.total.device
+    cnt, tot, sq = cnt.to(here), tot.to(here), sq.to(here)
+    at = (i, *(slice(0, n) for n in tot.shape[1:]))
+    tok.count[at] += cnt.sum()
+    tok.total[at] += tot.sum(0)
+    tok.total_sq[at] += sq.sum(0)
+    # windows with tokens in scope (masking, not indexing: no host sync)
+    keep = (cnt > 0).to(tot.dtype)
+    per_window = (-1,) + (1,) * (tot.ndim - 1)
+    means = tot / cnt.clamp_min(1).reshape(per_window) * keep.reshape(per_window)
+    win.count[at] += keep.sum()
+    win.total[at] += means.sum(0)
+    win.total_sq[at] += (means * means).sum(0)
 
 
 def _padded_shape(spec: RopeSpec, layers: Sequence[int], which: str) -> tuple[int, int, int]:
@@ -163,13 +195,26 @@ class FrequencyUsage(
     Result,
     unversioned=True,
     merge_same=("layers", "n_sink", "source", "spec"),
-    merge_sums=("token", "window"),
+    merge_sums=("token", "window", "unrotated_token", "unrotated_window"),
 ):
-    """Per-plane norms of queries and keys, highest frequency first.
+    """Per-plane norms of queries and keys, highest frequency first, and the norm of the part of
+    each head that RoPE leaves unrotated.
 
     ``token`` moments are over tokens; ``window`` moments over per-window means (their spread
     gives the confidence interval). Each for scope ``"all"`` positions and ``"no_sink"`` (the
     first ``n_sink`` positions of every window, where attention sinks sit, excluded).
+
+    A partial-rotary head (Phi, GPT-NeoX, GLM; the no-position dims of multi-head latent attention)
+    has dims no plane holds: ``unrotated_token``/``unrotated_window`` hold the moments of their
+    norm, per head, and :meth:`band_share` counts their energy in the ``rest`` band, so band shares
+    are shares of the whole head. A layer without such dims has them exactly 0. A file written
+    before ropelens measured them reads as unknown there (NaN: every band share of a partial-rotary
+    layer is then NaN, since the whole is unknown); measure again to have them.
+
+    ``source`` says what was measured: ``"pre"``, the queries and keys entering the rotation
+    (Barbero et al.'s definition), or ``"post"``, those the attention scores (after the rotation,
+    and after any plane ablation). Under an intervention (:attr:`intervened`), only ``"post"`` is
+    what the attention uses: an ablated plane keeps its pre-rotation energy and has none after it.
 
     Layers of different widths (Gemma 4's wider global heads, with more planes and other KV head
     counts) share one ``[layer, head, plane]`` array: each layer fills its leading heads and planes,
@@ -188,8 +233,14 @@ class FrequencyUsage(
         window (dict[tuple[str, str], Moments]): The same keys; moments over per-window means
             (for confidence intervals).
         n_sink (int): Leading positions of each window left out of scope ``"no_sink"``.
-        source (str): ``"pre"`` (norms before RoPE, the default) or ``"post"`` (after).
+        source (str): ``"pre"`` (norms before RoPE, the default) or ``"post"`` (after: what the
+            attention scores).
         provenance (Provenance): Model, corpus, token count and versions.
+        unrotated_token (dict[tuple[str, str], Moments] | None): The same keys as ``token``;
+            count, sum and sum of squares of the norm of each head's unrotated dims over tokens,
+            ``[layer, head]`` (0 in a layer without such dims). None (a file written before they
+            were measured) reads as unknown: NaN in a layer that has such dims.
+        unrotated_window (dict[tuple[str, str], Moments] | None): The same, over per-window means.
 
     Examples:
         >>> import torch
@@ -201,6 +252,20 @@ class FrequencyUsage(
         ((0, 1), (2, 4, 8))
         >>> len(usage.figure().data)  # queries and keys
         2
+        >>> usage.measured_as
+        'queries and keys before the rotation'
+
+        A partial-rotary head's unrotated dims count in the ``rest`` band:
+
+        >>> from ropelens import Bands
+        >>> gptj = frequency_usage(tiny_model("gptj"), tokens, progress=False)  # 8 of 16 dims
+        >>> names, share = gptj.band_share(Bands.all(), "q")
+        >>> names
+        ['all', 'rest']
+        >>> torch.allclose(share[..., 1], gptj.unrotated_share("q"))
+        True
+        >>> bool((share[..., 1] > 0.2).all())
+        True
     """
 
     layers: tuple[int, ...]
@@ -210,12 +275,37 @@ class FrequencyUsage(
     n_sink: int
     source: str
     provenance: Provenance
+    unrotated_token: dict[tuple[str, str], Moments] | None = None
+    unrotated_window: dict[tuple[str, str], Moments] | None = None
 
     def __post_init__(self) -> None:
         for (w, s), mom in {**self.token, **self.window}.items():
             self._check_shape(
                 f"{w}/{s} moments", mom.total, _padded_shape(self.spec, self.layers, w)
             )
+        for name, planes in (("unrotated_token", self.token), ("unrotated_window", self.window)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self._unknown_unrotated(planes))
+            for (w, s), mom in getattr(self, name).items():
+                self._check_shape(
+                    f"{name} {w}/{s} moments",
+                    mom.total,
+                    _padded_shape(self.spec, self.layers, w)[:2],
+                )
+
+    def _unknown_unrotated(
+        self, planes: dict[tuple[str, str], Moments]
+    ) -> dict[tuple[str, str], Moments]:
+        """Unrotated moments for a file that lacks them: exactly 0 in a layer without unrotated
+        dims (there is nothing to measure), NaN (unknown) in one with them."""
+        width = torch.tensor([self.spec.layers[L].head_dim - self.spec.layers[L].rotary_dim
+                              for L in self.layers])  # fmt: skip
+        out = {}
+        for key, mom in planes.items():
+            count = mom.count[..., 0].clone()
+            fill = torch.where(width > 0, math.nan, 0.0).to(count.dtype)[:, None].expand_as(count)
+            out[key] = Moments(count, fill.clone(), fill.clone())
+        return out
 
     # ---------------------------------------------------------------- numbers
     def present(self, which: Which = "q") -> Tensor:
@@ -225,6 +315,36 @@ class FrequencyUsage(
 
     def _masked(self, x: Tensor, which: Which) -> Tensor:
         return x.masked_fill(~self.present(which), float("nan"))
+
+    @property
+    def has_unrotated(self) -> bool:
+        """Whether some measured layer has dims RoPE leaves unrotated (partial rotary, or the
+        no-position dims of multi-head latent attention)."""
+        return any(
+            self.spec.layers[L].rotary_dim < self.spec.layers[L].head_dim for L in self.layers
+        )
+
+    @property
+    def intervened(self) -> bool:
+        """Whether an intervention (a RoPE variant, a plane ablation, a replacement) was in force
+        when the usage was measured (:attr:`RopeSpec.interventions` of :attr:`spec`)."""
+        return bool(self.spec.interventions)
+
+    @property
+    def measured_as(self) -> str:
+        """What the norms are of, in words: before the rotation (``source="pre"``) or as the
+        attention scores them (``"post"``), and whether an intervention was in force."""
+        if self.source == "post":
+            text = "queries and keys as the attention scores them (after the rotation)"
+            return text + (", under the intervention in force" if self.intervened else "")
+        text = "queries and keys before the rotation"
+        if self.intervened:
+            # an ablation zeroes planes after the rotation: pre-rotation norms still hold them
+            text += (
+                ", with an intervention in force whose effect after the rotation (a plane "
+                "ablation) is not seen there; source 'post' measures what the attention scores"
+            )
+        return text
 
     @property
     def ragged(self) -> bool:
@@ -257,24 +377,69 @@ class FrequencyUsage(
         """Half-width of the normal CI of the mean norm, from the spread of per-window means."""
         return self._masked(self.window[(which, scope)].sem() * z, which).float()
 
+    def unrotated_norm(
+        self, which: Which = "q", scope: Scope = "all"
+    ) -> Float[Tensor, "layer head"]:
+        """Mean norm of each head's unrotated dims over tokens, ``[layer, head]``: 0 in a layer
+        whose head RoPE rotates whole, NaN past a layer's heads (and where unknown: see the
+        class)."""
+        return self._masked_heads(self.unrotated_token[(which, scope)].mean, which).float()  # type: ignore[index]
+
+    def unrotated_energy(
+        self, which: Which = "q", scope: Scope = "all"
+    ) -> Float[Tensor, "layer head"]:
+        """Mean squared norm (energy) of each head's unrotated dims over tokens, ``[layer,
+        head]``."""
+        mom = self.unrotated_token[(which, scope)]  # type: ignore[index]
+        return self._masked_heads(mom.total_sq / mom.count.clamp_min(1), which).float()
+
+    def unrotated_share(
+        self, which: Which = "q", scope: Scope = "all"
+    ) -> Float[Tensor, "layer head"]:
+        """The unrotated dims' share of each head's energy, ``[layer, head]`` (0 where RoPE
+        rotates the whole head)."""
+        return (self.unrotated_energy(which, scope) / self._head_energy(which, scope)).float()
+
+    def _masked_heads(self, x: Tensor, which: Which) -> Tensor:
+        return x.masked_fill(~self.present(which)[..., 0], float("nan"))
+
+    def _plane_energy(self, which: Which, scope: Scope) -> Tensor:
+        mom = self.token[(which, scope)]
+        return self._masked(mom.total_sq / mom.count.clamp_min(1), which)  # [L, H, P]
+
+    def _head_energy(self, which: Which, scope: Scope) -> Tensor:
+        """Mean squared norm of the whole head, planes and unrotated dims, ``[layer, head]``
+        (float64)."""
+        mom = self.unrotated_token[(which, scope)]  # type: ignore[index]
+        unrotated = self._masked_heads(mom.total_sq / mom.count.clamp_min(1), which)
+        # the planes a layer lacks are NaN; a layer's own ones sum (NaN where the head is absent)
+        planes = self._plane_energy(which, scope).nan_to_num(0.0).sum(-1)
+        return (planes + unrotated).clamp_min(1e-30)
+
     def band_share(
         self, bands: Bands, which: Which = "q", scope: Scope = "all"
     ) -> tuple[list[str], Tensor]:
-        """Share of squared norm (energy) per band, ``[layer, head, band]``; sums to 1 over bands.
+        """Share of the head's squared norm (energy) per band, ``[layer, head, band]``; sums to 1
+        over bands.
 
-        Exact from the streamed sums: E‖x_band‖² = Σ_{i∈band} E‖x^(i)‖². Bands are resolved per
-        layer; where layers of different widths resolve to different bands, the bands are all of
-        them, in order, and a band a layer lacks (like heads it lacks) is NaN there.
+        Exact from the streamed sums: E‖x_band‖² = Σ_{i∈band} E‖x^(i)‖², and the ``rest`` band
+        also holds the energy of the dims RoPE leaves unrotated (a partial-rotary head's tail), so
+        the shares are of the whole head. Bands are resolved per layer; where layers of different
+        widths resolve to different bands, the bands are all of them, in order, and a band a layer
+        lacks (like heads it lacks) is NaN there.
         """
         resolved = [bands.resolve(self.spec.layers[L]) for L in self.layers]
         names = list(dict.fromkeys(n for rb in resolved for n in rb.names))
-        mom = self.token[(which, scope)]
-        energy = self._masked(mom.total_sq / mom.count.clamp_min(1), which)  # [L, H, P]
+        energy = self._plane_energy(which, scope)
+        mom = self.unrotated_token[(which, scope)]  # type: ignore[index]
+        unrotated = mom.total_sq / mom.count.clamp_min(1)  # [L, H]
         per_band = torch.full((*energy.shape[:2], len(names)), float("nan"), dtype=energy.dtype)
         for i, rb in enumerate(resolved):
             for name, planes in zip(rb.names, rb.planes):
                 per_band[i, :, names.index(name)] = energy[i][:, list(planes)].sum(-1)
-        return names, (per_band / per_band.nansum(-1, keepdim=True).clamp_min(1e-30)).float()
+            if REST in rb.names:  # resolve() makes a rest band wherever there are unrotated dims
+                per_band[i, :, names.index(REST)] += unrotated[i]
+        return names, (per_band / self._head_energy(which, scope)[..., None]).float()
 
     def sink_ratios(self) -> dict[str, Tensor] | None:
         """Per layer: mean per-plane norm at the sink positions ÷ that at all other positions (q and
@@ -292,10 +457,11 @@ class FrequencyUsage(
 
     # ---------------------------------------------------------------- findings
     def findings(self, bands: Bands | None = None) -> list[Finding]:
-        """Which band holds the most energy (over ``bands``, default quartiles), and the layer whose
-        sink positions stand out most (when every layer saw one). Both compare positions past the
-        ``n_sink`` sink positions, so windows need at least ``n_sink + 1`` tokens; shorter ones
-        give the findings withheld, saying why."""
+        """Which band holds the most energy (over ``bands``, default quartiles; the ``rest`` band
+        holds a partial-rotary head's unrotated dims), and the layer whose sink positions stand out
+        most (when every layer saw one). Both compare positions past the ``n_sink`` sink positions,
+        so windows need at least ``n_sink + 1`` tokens; shorter ones give the findings withheld,
+        saying why. The energy finding says what was measured (:attr:`measured_as`)."""
         n_ctx, need = self.provenance.n_ctx, self.n_sink + 1
         if too_short(n_ctx, need):
             pos = "position" if self.n_sink == 1 else "positions"
@@ -312,7 +478,12 @@ class FrequencyUsage(
         return out if sink is None else [*out, sink]
 
     def _energy_finding(self, bands: Bands) -> Finding:
-        vals: dict[str, Any] = {"scope": "no_sink", "n_layers": len(self.layers)}
+        vals: dict[str, Any] = {
+            "scope": "no_sink",
+            "n_layers": len(self.layers),
+            "source": self.source,
+            "intervened": self.intervened,
+        }
         parts = []
         for which, noun in (("q", "Queries"), ("k", "keys")):
             names, share = self.band_share(bands, which, "no_sink")  # type: ignore[arg-type]
@@ -325,7 +496,10 @@ class FrequencyUsage(
                 f"{percent(vals[which]['mean_share'])} where it leads)"
             )
         return Finding(
-            "energy", "frequency-usage", "; ".join(parts) + " — sink positions excluded.", vals
+            "energy",
+            "frequency-usage",
+            "; ".join(parts) + f" — sink positions excluded; {self.measured_as}.",
+            vals,
         )
 
     def _sink_finding(self) -> Finding | None:
@@ -426,7 +600,16 @@ def frequency_usage(
     plane is averaged over tokens, per layer × head (keys: per KV head), for all positions and with
     the first ``n_sink`` positions of every window (where attention sinks sit) left out; per-window
     means give the confidence intervals. Which planes carry the norm is the question of Barbero et
-    al. (ICLR 2025, "Round and Round We Go! What makes Rotary Positional Encodings useful?").
+    al. (ICLR 2025, "Round and Round We Go! What makes Rotary Positional Encodings useful?"). The
+    dims RoPE leaves unrotated (partial rotary; the no-position dims of multi-head latent
+    attention) are measured too, as one part per head, and count in the ``rest`` band of
+    :meth:`FrequencyUsage.band_share`.
+
+    Run under an intervention (inside :func:`ropelens.ablate_planes` or
+    :func:`ropelens.apply_rope_variant`), ``source="post"`` gives what the attention scores (an
+    ablated plane has no energy there); ``"pre"`` gives the queries and keys entering the rotation,
+    where an ablated plane keeps its energy. The result records which
+    (:attr:`FrequencyUsage.source`, :attr:`FrequencyUsage.measured_as`).
 
     Streamed: memory does not grow with the corpus. Inside a ``torch.distributed`` process group
     each rank takes a share of the windows and every rank returns the whole corpus's result;
@@ -448,8 +631,9 @@ def frequency_usage(
         n_sink (int): Leading positions of each window left out of the ``"no_sink"`` scope (default
             1: BOS).
         source (str): ``"pre"`` (default): the queries and keys before rotation; ``"post"``: after
-            it (the same norms unless the model normalises after rotating; a rotary attention
-            scaling is divided out).
+            it, as the attention scores them (the same norms unless the model normalises after
+            rotating or an intervention zeroes planes after it; a rotary attention scaling is
+            divided out).
         batch_size (int): Windows per forward pass (default 4).
         progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
         checkpoint (str | os.PathLike | None): A directory to save progress to and resume a killed
@@ -460,8 +644,8 @@ def frequency_usage(
 
     Returns:
         FrequencyUsage: Per-plane norm moments ``[layer, head, plane]`` (keys ``[layer, kv_head,
-        plane]``) over tokens and over windows, for scopes ``"all"`` and ``"no_sink"``, with the
-        spec and the provenance.
+        plane]``) and those of the unrotated dims ``[layer, head]`` over tokens and over windows,
+        for scopes ``"all"`` and ``"no_sink"``, with the spec and the provenance.
 
     Raises:
         InputError: When ``layers`` selects no layer the model has, the corpus cannot be read, or

@@ -8,6 +8,11 @@ and returns a context, e.g. ``lambda m: ablate_planes(m, [0, 1], heads=[3])``), 
 windows. The heads under the intervention are classified with the unmodified model's threshold, so
 a head changes kind only where its attention changed. :meth:`InterventionEffect.figure` draws the
 three differences in one figure.
+
+Band energy is that of the queries as the attention scores them (frequency usage with
+``source="post"``): a plane an ablation zeroes has no energy under it, as it has no logit. The
+``rest`` band holds, with planes no band claims, the dims RoPE leaves unrotated (partial rotary,
+multi-head latent attention), which an ablation of planes leaves as they are.
 """
 
 from __future__ import annotations
@@ -62,8 +67,9 @@ class InterventionEffect(Result):
         interventions (list[dict]): What ran (:attr:`RopeSpec.interventions`), as records.
         layers (list[int]): The measured layer indices.
         band_names (list[str]): The bands, highest frequency first.
-        energy (Tensor): Share of the queries' squared norm per band (sink position left out), heads
-            averaged, ``[condition, layer, band]``.
+        energy (Tensor): Share of the queries' squared norm per band as the attention scores them
+            (after the rotation and the intervention; sink position left out), heads averaged,
+            ``[condition, layer, band]``; ``rest`` includes the dims RoPE leaves unrotated.
         logit_share (Tensor): Each band's share of the summed |band logit|, heads averaged, same
             shape.
         head_kinds (list[list[list[str]]]): Per condition, layer and head, its kind
@@ -157,7 +163,10 @@ class InterventionEffect(Result):
         """The largest change of band energy and of band |logit| share, and the heads that changed
         kind."""
         out = []
-        for what, noun in (("energy", "query energy"), ("logit_share", "|logit| share")):
+        for what, noun in (
+            ("energy", "query energy (as attention scores it)"),
+            ("logit_share", "|logit| share"),
+        ):
             d = self.change(what)
             if not d.numel() or not torch.isfinite(d).any():
                 continue
@@ -216,7 +225,8 @@ def _context(model, intervention: Any) -> Callable[[], contextlib.AbstractContex
 
 
 def _measure(model, windows: Tensor, bands: Bands, layers, kw: dict[str, Any], tau=None):
-    usage: FrequencyUsage = frequency_usage(model, windows, layers=layers, **kw)
+    # what the attention scores: before the rotation an ablated plane would keep its energy
+    usage: FrequencyUsage = frequency_usage(model, windows, layers=layers, source="post", **kw)
     stats: BandStatistics = band_statistics(model, windows, layers=layers, bands=bands, **kw)
     heads: HeadTaxonomy = head_taxonomy(
         model, windows, n_ctx=windows.shape[1], n_windows=windows.shape[0], bands=bands,
@@ -248,7 +258,9 @@ def intervention_effect(
     it is, and again under ``intervention``, on the same ``max_tokens`` tokens of ``corpus`` in
     windows of ``n_ctx``. The heads under the intervention are classified with the unmodified
     model's threshold, so a head changes kind only where its attention changed. Both runs are
-    verified against the model as it runs.
+    verified against the model as it runs. Band energy is measured on the queries the attention
+    scores (after the rotation and the intervention: an ablated plane has none), its ``rest`` band
+    including the dims RoPE leaves unrotated.
 
     Args:
         model: The model: what :func:`ropelens.load_model` or :func:`ropelens.testing.tiny_model`
@@ -289,6 +301,12 @@ def intervention_effect(
         ([1], ['Q1 (highest)', 'Q2', 'Q3', 'Q4 (lowest)'])
         >>> tuple(effect.energy.shape)  # [condition, layer, band]
         (2, 1, 4)
+        >>> from ropelens import ablate_planes
+        >>> ablated = intervention_effect(
+        ...     model, lambda m: ablate_planes(m, [0, 1]), n_ctx=32, max_tokens=64, layers=[1]
+        ... )
+        >>> float(ablated.energy[1, 0, 0])  # planes 0-1 (Q1) ablated: no energy the attention sees
+        0.0
         >>> intervention_effect(model, "p-rope")
         Traceback (most recent call last):
             ...
@@ -333,6 +351,7 @@ def intervention_effect(
             **placement(model),
             config={
                 "bands": bands.describe(),
+                "energy_source": "post",
                 "layers": list(usage0.layers),
                 "interventions": interventions,
                 "verification": {

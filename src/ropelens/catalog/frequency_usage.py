@@ -29,17 +29,25 @@ from ropelens.report.section import Section
 def options(p: argparse.ArgumentParser) -> None:
     """``ropelens frequency-usage [MODEL]``: frequency usage per layer and band."""
     CorpusCommand.add_to(p, tokens=32_768, n_ctx=512, save="FrequencyUsage JSON")
+    p.add_argument(
+        "--source",
+        choices=("pre", "post"),
+        default="pre",
+        help="measure the queries and keys entering the rotation (pre, the default) or as the "
+        "attention scores them (post: after the rotation and any plane ablation)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Per-plane norms of queries and keys over a corpus (energy per band, per layer)
 
     Mean 2-norm of every RoPE plane of the queries and keys over a corpus; prints each band's share
-    of the energy per layer (sink positions excluded).
+    of the energy per layer (sink positions excluded; the rest band holds the dims RoPE leaves
+    unrotated).
     """
     run = CorpusCommand.from_args(args)
     corpus, kw = run.prepare(frequency_usage)
-    u = frequency_usage(load_from_args(args), corpus, **kw)
+    u = frequency_usage(load_from_args(args), corpus, source=args.source, **kw)
     used = run.measured(u)
     run.output.save_result(u)
     bands = run.analysis.parsed_bands()
@@ -56,21 +64,29 @@ def run(args: argparse.Namespace) -> int:
                 "layers": list(u.layers),
                 "bands": list(names),
                 "scope": "no_sink",
+                "source": u.source,
+                "measured_as": u.measured_as,
                 "q_energy_share": q.tolist(),
                 "k_energy_share": k.tolist(),
                 "q_norm": u.norm("q", "no_sink").nanmean(1).tolist(),
                 "k_norm": u.norm("k", "no_sink").nanmean(1).tolist(),
+                "q_unrotated_norm": u.unrotated_norm("q", "no_sink").nanmean(1).tolist(),
+                "k_unrotated_norm": u.unrotated_norm("k", "no_sink").nanmean(1).tolist(),
             }
         )
     prov = u.provenance
     print(
         f"{prov.model}: {prov.n_tokens:,} tokens of {prov.corpus} in {prov.n_windows} windows of "
-        f"{prov.n_ctx}; share of energy per band, heads averaged, sink excluded"
+        f"{prov.n_ctx}; share of energy per band, heads averaged, sink excluded; "
+        f"{u.measured_as}"
     )
+    if "rest" in names:
+        print("rest: planes no band claims and the dims RoPE leaves unrotated")
     short = [
         n.split(" (")[0] for n in names
     ]  # "Q1 (highest)" → "Q1"; the order says which end is which
-    w = max(6, *(len(n) + 2 for n in short))
+    # two spaces at least between columns: a label as wide as its column ran into the next one
+    w = max(7, *(len(n) + 4 for n in short))
     print(
         "layer  "
         + "".join(f"{'q ' + n:>{w}}" for n in short)
@@ -142,7 +158,8 @@ def _energy_figure(data: ReportData) -> tuple[go.Figure, pd.DataFrame]:
     category_layers(fig, len(u.layers))
     fig.update_layout(
         coloraxis={"colorscale": "Viridis", "cmin": 0, "cmax": 1, "colorbar": {"title": "share"}},
-        title="Share of squared norm (energy) per band, heads averaged, sink positions excluded",
+        title="Share of squared norm (energy) per band, heads averaged, sink positions excluded"
+        + ("; rest holds the unrotated dims" if u.has_unrotated else ""),
     )
     cols = ["which", "scope", "layer", "head", "band", "energy_share"]
     return style_figure(fig, height=max(300, 12 * len(u.layers) + 140)), pd.concat(
@@ -207,7 +224,7 @@ def render(data: ReportData) -> Section:
     prov = u.provenance
     sink = "The first position" if u.n_sink == 1 else f"The first {u.n_sink} positions"
     intro = (
-        f'<p class="lead">Mean 2-norm of each rotary plane of the queries and keys before rotation '
+        f'<p class="lead">Mean 2-norm of each rotary plane of the {u.measured_as} '
         f"(Barbero et al.), over {prov.n_tokens:,} tokens in {prov.n_windows} windows of "
         f"{data.n_ctx}; "
         f"plane 0 is the highest frequency. {sink} of each window (BOS, where attention sinks "

@@ -48,15 +48,22 @@ def usage_heatmap(
     )
 
 
+def _unrotated_note(u: FrequencyUsage, which: Which, scope: Scope, layer: int | None) -> str:
+    share = u.unrotated_share(which, scope)
+    if layer in u.layers:  # a layer not measured is refused by the heatmap
+        share = share[u.layers.index(layer)]
+    # NaN: a file written before the unrotated dims were measured
+    shown = f"{float(share.nanmean()):.0%}" if bool(share.isfinite().any()) else "unknown"
+    return f" (unrotated dims, not drawn: {shown} of the energy)"
+
+
 def usage_figure(u: FrequencyUsage, scope: Scope = "all", layer: int | None = None) -> go.Figure:
     """q and k heatmaps side by side: layer × plane, or head × plane for ``layer``."""
     what = "layer" if layer is None else f"head (layer {layer})"
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=[f"queries: {what} × plane", f"keys: {what} × plane"],
-        horizontal_spacing=0.08,
-    )
+    titles = [f"{noun}: {what} × plane" for noun in ("queries", "keys")]
+    if u.has_unrotated:  # the planes drawn are not the whole head: say how much they leave out
+        titles = [t + _unrotated_note(u, w, scope, layer) for t, w in zip(titles, ("q", "k"))]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.08)
     for col, w in ((1, "q"), (2, "k")):
         fig.add_trace(
             usage_heatmap(u, w, scope, layer=layer, coloraxis="coloraxis"), row=1, col=col
@@ -67,7 +74,7 @@ def usage_figure(u: FrequencyUsage, scope: Scope = "all", layer: int | None = No
     fig.update_layout(
         coloraxis={"colorscale": "Viridis", "colorbar": {"title": "mean ‖·‖"}},
         title=f"Frequency usage — {u.provenance.model} "
-        f"({'all tokens' if scope == 'all' else 'sink positions excluded'})",
+        f"({'all tokens' if scope == 'all' else 'sink positions excluded'}; {u.measured_as})",
         height=420 if layer is None else 320,
         margin={"t": 70, "l": 60, "r": 20, "b": 50},
     )
