@@ -207,7 +207,7 @@ def test_class_statement_declares_the_file(monkeypatch):
     assert registered()["Probe"] is Probe and registered()["ProbeV2"] is Renamed
     assert (FrequencyUsage.MERGE_SAME, FrequencyUsage.MERGE_SUMS) == (
         ("layers", "n_sink", "source", "spec"),
-        ("token", "window"),
+        ("token", "window", "unrotated_token", "unrotated_window"),
     )
     with pytest.raises(
         TypeError,
