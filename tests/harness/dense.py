@@ -293,6 +293,8 @@ def dense_layer_sums(lay: HFLayer, dims: list[Tensor], planes: Tensor) -> dict[s
     ]  # [b,H,B,n] band logit at attended key
     others = ((X * okf).sum(-1) - xa) / (cnt - 1).clamp(min=1)
     band_max = X.masked_fill(~ok, float("-inf")).amax(-1)
+    # keys tied at a band's maximum share its pick
+    ties = (X.masked_fill(~ok, float("-inf")) == band_max[..., None]).sum(-1).clamp(min=1)
     band_pattern = pattern_of(lay, X, ok)
     model_pattern = _model_pattern(lay, Y, ok)[:, :, None]
 
@@ -310,7 +312,7 @@ def dense_layer_sums(lay: HFLayer, dims: list[Tensor], planes: Tensor) -> dict[s
         "abs_sum": (X.abs() * okf).sum((0, 3, 4)),
         "cov": ((dx * dy[:, :, None]).sum(-1) * two).sum((0, 3)),
         "margin": ((xa - others) * two).sum((0, 3)),
-        "top1": ((xa >= band_max).double() * one).sum((0, 3)),
+        "top1": ((xa >= band_max).double() / ties * one).sum((0, 3)),
         "jsd": (js(band_pattern, model_pattern) * one).sum((0, 3)),
         "var": ((dy**2).sum(-1) * two).sum((0, 2)),
         "n_entries": cnt.sum() * b,

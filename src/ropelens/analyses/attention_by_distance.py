@@ -702,8 +702,9 @@ class AttentionByDistance(
             {
                 "full_logit_shapes": counts,
                 "max_distance": n_ctx - 1,
-                "n_band_u": len(band_u),
-                "u_recovery": RECOVERY,
+                # the values a finding holds are those its text quotes
+                **({"n_band_u": len(band_u)} if len(band_u) else {}),
+                **({"u_recovery": RECOVERY} if len(u) or len(band_u) else {}),
             },
         )
 

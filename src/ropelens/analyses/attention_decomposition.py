@@ -407,7 +407,12 @@ class AttentionDecomposition(Result):
         bp = self.band_patterns(layer)
         real = self._acts(layer).valid  # [b,q]: a padded query is not counted
         jsd = _over_real(js_divergence(bp, pat), real)  # [h,B]
-        top1 = _over_real((bp.argmax(-1) == pat.argmax(-1)).double(), real)
+        # keys tied at the band's maximum share its pick (ties broken at random), as
+        # band_statistics counts them
+        tied = bp == bp.amax(-1, keepdim=True)
+        attended = pat.argmax(-1, keepdim=True).expand(*tied.shape[:-1], 1)
+        picks = tied.gather(-1, attended)[..., 0].double() / tied.sum(-1).double()
+        top1 = _over_real(picks, real)
         rows = []
         names = self.band_names(layer)
         empty = set(self.bands.empty_bands(self.spec.layers[layer]))

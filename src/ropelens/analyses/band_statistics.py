@@ -478,6 +478,7 @@ class _TileScan:
     attended_key: Tensor  # [batch, kv_head, group, query]
     attended_band_logits: Tensor  # [batch, kv_head, band, group, query]
     band_max: Tensor  # [batch, kv_head, band, group, query]: each band's own maximum
+    band_ties: Tensor  # [batch, kv_head, band, group, query]: keys at that maximum
     abs_logit_sum: Tensor  # [batch, kv_head, band, group, query]
     score_square_sum: Tensor  # [batch, kv_head, group, query]: Σ y² over the edge columns
     score_key_sum: Tensor  # [batch, kv_head, group * query, head_dim]: Σ y·k, edge columns
@@ -502,6 +503,7 @@ class _TileScan:
             attended_key=torch.zeros(per_query, dtype=torch.long, device=like.device),
             attended_band_logits=like.new_zeros(per_band),
             band_max=like.new_full(per_band, NEG_INF),
+            band_ties=like.new_zeros(per_band),
             abs_logit_sum=like.new_zeros(per_band),
             score_square_sum=like.new_zeros(per_query),
             score_key_sum=like.new_zeros(batch, n_kv_heads, group_size * n_tile_queries, head_dim),
@@ -537,7 +539,16 @@ class _TileScan:
             better[:, :, None], tile_band_logits, self.attended_band_logits
         )
         if agreement:
-            self.band_max = torch.maximum(self.band_max, band_logits.amax(-1))
+            # keys tied at a band's maximum share its pick: a band whose logits are all equal
+            # (no plane left in the head, or ablated) agrees by chance, not always
+            tile_max = band_logits.amax(-1)
+            tile_ties = (band_logits == tile_max[..., None]).sum(-1).to(self.band_ties.dtype)
+            self.band_ties = torch.where(
+                tile_max > self.band_max,
+                tile_ties,
+                torch.where(tile_max == self.band_max, self.band_ties + tile_ties, self.band_ties),
+            )
+            self.band_max = torch.maximum(self.band_max, tile_max)
 
 
 @dataclass
@@ -588,11 +599,14 @@ class _TileTotals:
         batch, n_kv_heads, group_size, n_tile_queries, head_dim = tile_queries.shape
         scored_rows = tile_scored[:, None, None, None].bool()
         self.band["abs"] += _sum_per_window(scan.abs_logit_sum, 4, wide)
-        if self.agreement:  # band-only top-1: the attended key attains the band's own maximum
-            agrees = (scan.attended_band_logits >= scan.band_max) & tile_seen[
+        if self.agreement:
+            # band-only top-1: the attended key attains the band's own maximum, shared among the
+            # keys tied there (ties broken at random)
+            attains = (scan.attended_band_logits >= scan.band_max) & tile_seen[
                 :, None, None, None
             ].bool()
-            self.band["top1"] += agrees.sum((0, 4)).to(wide)
+            agrees = attains.to(wide) / scan.band_ties.to(wide).clamp_min(1)
+            self.band["top1"] += agrees.sum((0, 4))
         score_square_sum = scan.score_square_sum
         # keys seen by the whole tile: Σ_k y·k_j = (Σ_k k kᵀ) q, so Σ_k x_b·y and Σ_k y² are
         # products with q
@@ -870,9 +884,10 @@ class BandStatistics(
         return torch.where(self.measurable()[:, None, :], x, torch.nan)
 
     def top1(self) -> Float[Tensor, "layer head band"]:
-        """Fraction of queries whose band-only argmax is the key the model attends to most (NaN
-        where the band holds no plane in the layer: its all-zero logits would tie every key, not
-        agree)."""
+        """Fraction of queries whose band-only argmax is the key the model attends to most, keys
+        tied at the band's maximum sharing the pick (a query whose band ties k keys, the attended
+        one among them, counts 1/k: an ablated band agrees by chance, not always); NaN where the
+        band holds no plane in the layer."""
         if not self.provenance.config.get("agreement", True):
             raise InputError(
                 "band-only agreement was not streamed: run band_statistics(..., agreement=True)"
