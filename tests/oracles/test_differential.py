@@ -30,7 +30,13 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 import ropelens
-from ropelens.analyses import attention_decomposition, band_statistics, frequency_usage
+from ropelens.analyses import (
+    attention_by_distance,
+    attention_decomposition,
+    attention_sinks,
+    band_statistics,
+    frequency_usage,
+)
 from ropelens.run.evaluate import window_losses
 from ropelens.spec.variants import PRoPE
 from tests.oracles import reference as R
@@ -269,6 +275,10 @@ def compare(models, draw) -> None:
         if not draw["ragged"]:
             usage = frequency_usage(model, tokens, layers=layers, source="post", progress=False)
             stats = band_statistics(model, tokens, layers=layers, bands=bands, progress=False)
+            sinks = attention_sinks(model, tokens, layers=layers, bands=bands, progress=False)
+            by_distance = attention_by_distance(
+                model, tokens, layers=layers, bands=bands, progress=False
+            )
             got_loss = float(window_losses(model, tokens, progress=False).mean())
     if not draw["ragged"]:
         with contextlib.ExitStack() as stack:
@@ -350,6 +360,8 @@ def compare(models, draw) -> None:
         assert share_names == names, f"band_share names {share_names} != {names}"
         _close(f"L{layer} q energy share", share[slot], energy / energy.sum(-1, keepdim=True), tol)
         _check_stats(stats, slot, call, terms, rest_term, groups, names, tol, layer)
+        _check_sinks(sinks, slot, call, terms, rest_term, groups, names, tol, layer, score_scale)
+        _check_distance(by_distance, slot, call, terms, rest_term, groups, names, tol, layer)
 
 
 def _check_stats(stats, slot, call, terms, rest_term, groups, names, tol, layer) -> None:
@@ -410,3 +422,80 @@ def _near_max(x: torch.Tensor, allowed: torch.Tensor, tol: float) -> torch.Tenso
     top = x.amax(-1, keepdim=True)
     eps = tol * x.masked_fill(~allowed, 0).abs().amax(-1, keepdim=True) + 1e-12
     return allowed & (x >= top - eps)
+
+
+def _check_sinks(sinks, slot, call, terms, rest_term, groups, names, tol, layer, score_scale):
+    """Attention sinks against the reference (Gu et al.): over the queries from position 4 on that
+    see position 0, the mean attention there, the share above ε = 0.3, and per band the logit at
+    key 0 minus the mean over the query's other keys."""
+    allowed = R.allowed(call)[:, 0]  # [batch, q, k]
+    n_q = allowed.shape[1]
+    used = allowed[:, :, 0] & (torch.arange(n_q) >= 4)[None] & (allowed.sum(-1) >= 2)
+    first = call.probs[..., 0]  # [batch, head, q]
+    weight = used[:, None].double()
+    n_used = weight.sum((0, 2))
+    mean_attention = (first * weight).sum((0, 2)) / n_used
+    _close(f"L{layer} sink attention", sinks.mean_attention()[slot], mean_attention, tol, None, 1.0)
+    # a query within rounding of ε may fall either side: count the sure ones and the possible ones
+    above, near = first > 0.3 + tol, (first - 0.3).abs() <= tol
+    low = (above * weight).sum((0, 2)) / n_used
+    high = ((above | near) * weight).sum((0, 2)) / n_used
+    got = sinks.query_share()[slot].double()
+    assert bool(((got >= low - 1e-6) & (got <= high + 1e-6)).all()), (
+        f"L{layer} sink query share {got.tolist()} outside [{low.tolist()}, {high.tolist()}]"
+    )
+    claimed = {p for g in groups for p in g}
+    unclaimed = [p for p in range(terms.shape[2]) if p not in claimed]
+    band_terms = [terms[:, :, g].sum(2) for g in groups]
+    if "rest" in names:
+        band_terms.append(terms[:, :, unclaimed].sum(2) + rest_term)
+    band_terms = torch.stack(band_terms, 2)  # [batch, head, band, q, k]
+    keys = allowed[:, None, None].double()
+    at_first = band_terms[..., 0]
+    others = ((band_terms * keys).sum(-1) - at_first) / (keys.sum(-1) - 1).clamp_min(1)
+    sink_logit = ((at_first - others) * weight[:, :, None]).sum((0, 3)) / n_used[:, None]
+    _close(
+        f"L{layer} sink logit by band", sinks.sink_logit()[slot], sink_logit, tol, None, score_scale
+    )
+
+
+def _check_distance(result, slot, call, terms, rest_term, groups, names, tol, layer):
+    """Attention by distance against the reference (HoPE): per bin of δ = q − k (keys from
+    position 1 on), the mean band logit and the mean attention probability over allowed pairs."""
+    allowed = R.allowed(call)[:, 0]  # [batch, q, k]
+    n = allowed.shape[1]
+    delta = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    pairs = allowed & (torch.arange(n) >= 1)[None, None, :]
+    claimed = {p for g in groups for p in g}
+    unclaimed = [p for p in range(terms.shape[2]) if p not in claimed]
+    band_terms = [terms[:, :, g].sum(2) for g in groups]
+    if "rest" in names:
+        band_terms.append(terms[:, :, unclaimed].sum(2) + rest_term)
+    band_terms = torch.stack(band_terms, 2)  # [batch, head, band, q, k]
+    edges = [int(e) for e in result.edges]
+    logits, probs = [], []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        in_bin = (pairs & (delta >= lo) & (delta < hi)).double()  # [batch, q, k]
+        count = in_bin.sum().clamp_min(1e-300) if in_bin.any() else torch.tensor(float("nan"))
+        logits.append((band_terms * in_bin[:, None, None]).sum((0, 3, 4)) / count)
+        probs.append((call.probs * in_bin[:, None]).sum((0, 2, 3)) / count)
+    want_logit = torch.stack(logits, -1)  # [head, band, bin]
+    want_prob = torch.stack(probs, -1)  # [head, bin]
+    scale = float(band_terms.abs().max())
+    seen = ~want_prob[0].isnan()
+    _close(
+        f"L{layer} band logit by distance",
+        result.band_logit()[slot][..., seen],
+        want_logit[..., seen],
+        tol,
+        None,
+        scale,
+    )
+    _close(
+        f"L{layer} probability by distance",
+        result.prob()[slot][..., seen],
+        want_prob[..., seen],
+        tol,
+        None,
+        1.0,
+    )
