@@ -5,7 +5,10 @@ sliding windows, soft-cap, learned sinks, GQA, local/global layers, NoPE layers)
 (none, a plane ablation in some heads, p-RoPE, both nested), a dtype, an input form (a token tensor
 or ragged texts), a layer subset and a band split, and compares ropelens with
 :mod:`tests.oracles.reference`, which runs HF's own eager attention and reads nothing from ropelens
-but the model's inputs. A failure shrinks to its smallest case and prints the seed to replay it.
+but the model's inputs: plane and band logits, the pattern and band-only patterns
+(attention decomposition), plane norms and energy shares of the whole head (frequency usage),
+|logit| shares and top-1 agreement (band statistics), attention to position 0 and the sink logit
+by band (attention sinks), band logits and probabilities by distance, and the loss. A failure shrinks to its smallest case and prints the seed to replay it.
 
 Tolerances are relative to the largest reference value of each quantity: float32 agrees to 1e-4;
 bfloat16 to 5e-2 (ropelens runs sdpa where the reference runs eager attention, and both round
