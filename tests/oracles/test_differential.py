@@ -198,7 +198,15 @@ def test_analyses_match_their_references(models, draw):
 
 
 GRID = [
-    (family, intervention, dtype, ragged)
+    pytest.param(
+        family,
+        intervention,
+        dtype,
+        ragged,
+        id="-".join(
+            [family, intervention, str(dtype).split(".")[-1], "ragged" if ragged else "tensor"]
+        ),
+    )
     for family in sorted(MATRIX)
     for intervention in ("none", "prope", "ablate")
     for dtype in (torch.float32, torch.bfloat16)
