@@ -60,7 +60,7 @@ def assert_provenance_is_real(prov):
 def test_inference_quick_runs_and_resumes(tiny, tmp_path, capsys, experiment):
     mod = experiment("truncated_rope_inference")
     path = mod.main(
-        ["--quick", "--lengths", "32", "--n-boot", "50", "--out", str(tmp_path)],
+        ["--quick", "--lengths", "32", "--n-boot", "100", "--out", str(tmp_path)],
         model=tiny("llama"),
     )
     result = json.loads(path.read_text())
@@ -76,7 +76,7 @@ def test_inference_quick_runs_and_resumes(tiny, tmp_path, capsys, experiment):
     assert (tmp_path / "perplexity_vs_p.html").stat().st_size > 0
     capsys.readouterr()
     mod.main(
-        ["--quick", "--lengths", "32", "--n-boot", "50", "--out", str(tmp_path)],
+        ["--quick", "--lengths", "32", "--n-boot", "100", "--out", str(tmp_path)],
         model=tiny("llama"),
     )
     assert "ppl" not in capsys.readouterr().out.split("model ")[0]  # nothing re-run
@@ -92,7 +92,7 @@ def test_inference_quick_by_name_gemma_kinds(tmp_path, experiment):
             "--lengths",
             "16",
             "--n-boot",
-            "20",
+            "100",
             "--layer-kind",
             "global",
             "--out",
@@ -224,7 +224,7 @@ def test_inference_identity_is_shared_across_layer_kinds(tmp_path, experiment):
             "--lengths",
             "16",
             "--n-boot",
-            "20",
+            "100",
             "--layer-kind",
             "all",
             "--out",
@@ -259,7 +259,7 @@ def test_summarize_writes_markdown_tables(tiny, tmp_path, experiment):
             "--lengths",
             "32",
             "--n-boot",
-            "20",
+            "100",
             "--out",
             str(results / "truncated_rope_inference"),
         ],
@@ -301,7 +301,7 @@ def test_context_extension_micro_runs_and_resumes(tmp_path, experiment):
         "--smollm",
         "none",
         "--n-boot",
-        "20",
+        "100",
         "--out",
         str(tmp_path),
     ]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ropelens.analyses import attention_sinks, band_statistics, frequency_usage
-from ropelens.report.cards import card_bars
+from ropelens.errors import InputError
 
 
 def _tokens(n_ctx: int, n: int = 4) -> torch.Tensor:
@@ -17,22 +17,13 @@ def _tokens(n_ctx: int, n: int = 4) -> torch.Tensor:
     return toks
 
 
-def test_usage_on_one_token_windows_withholds_its_findings(tiny):
-    """Windows of BOS alone hold no position past the sink: the sink-norm ratio would divide by
-    an empty mean (it read 2e29×), so both findings are withheld."""
-    r = frequency_usage(tiny("llama"), _tokens(1), progress=False)
-    fs = r.findings()
-    assert [f.key for f in fs] == ["energy", "sink"]
-    for f in fs:
-        assert f.values == {
-            "withheld": True,
-            "n_ctx": 1,
-            "min_tokens": 2,
-            "reason": f.values["reason"],
-        }
-        assert f.text.startswith("No finding on ") and "windows of 1 token are too short" in f.text
-        assert "at least 2 tokens per window" in f.text and "×" not in f.text
-        assert card_bars(f) == []
+def test_one_token_windows_are_refused(tiny):
+    """Windows of BOS alone hold no position past the sink and no pair of keys: every analysis
+    refuses them where windows are read, naming the fix, instead of withholding every finding."""
+    model = tiny("llama")
+    for analysis in (frequency_usage, attention_sinks, band_statistics):
+        with pytest.raises(InputError, match="at least two positions"):
+            analysis(model, _tokens(1), progress=False)
 
 
 def test_usage_on_two_token_windows_states_its_findings(tiny):
@@ -59,16 +50,11 @@ def test_sinks_withhold_what_short_windows_cannot_hold(tiny):
     assert set(fs) == {"sinks-0", "sinks-2"}
     assert fs["sinks-0"].values["min_tokens"] == 5 and "m ≥ 4" in fs["sinks-0"].text
     assert "withheld" not in fs["sinks-2"].values and math.isfinite(fs["sinks-2"].values["median"])
-    one = attention_sinks(model, _tokens(1), progress=False)
-    (only,) = one.findings()
-    assert only.key == "sinks-2" and only.values["min_tokens"] == 2
     long = attention_sinks(model, _tokens(8), progress=False)
     assert not any(f.values.get("withheld") for f in long.findings())
 
 
-def test_band_statistics_on_one_token_windows_withholds_its_findings(tiny):
-    (f,) = band_statistics(tiny("llama"), _tokens(1), progress=False).findings()
-    assert f.values["withheld"] and f.values["min_tokens"] == 2 and "two keys" in f.text
+def test_band_statistics_on_two_token_windows_states_its_findings(tiny):
     assert not any(
         x.values.get("withheld")
         for x in band_statistics(tiny("llama"), _tokens(2), progress=False).findings()

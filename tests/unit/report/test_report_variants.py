@@ -139,7 +139,7 @@ def test_report_shows_the_experiment_results(llama, tmp_path, experiment):
             "32",
             "48",
             "--n-boot",
-            "20",
+            "100",
             "--out",
             str(results / "truncated_rope_inference"),
         ],
