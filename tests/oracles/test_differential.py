@@ -319,12 +319,8 @@ def compare(models, draw) -> None:
         )
         band_logits = dec.band_logits(layer)  # [batch, head, band, q, k]
         names = dec.band_names(layer)
-        for name, planes in zip(names, [*groups, None]):
-            want = terms[:, :, planes].sum(2) if planes is not None else None
-            if name == "rest":
-                claimed = {p for g in groups for p in g}
-                unclaimed = [p for p in range(terms.shape[2]) if p not in claimed]
-                want = terms[:, :, unclaimed].sum(2) + rest_term
+        for name in names:
+            want = _band_terms(terms, rest_term, groups, names)[:, :, names.index(name)]
             got = band_logits[:, :, names.index(name)]
             _close(
                 f"L{layer} band {name} logits", got, want, tol, entry.expand_as(want), score_scale
@@ -376,15 +372,21 @@ def compare(models, draw) -> None:
         _check_distance(by_distance, slot, call, terms, rest_term, groups, names, tol, layer)
 
 
+def _band_terms(terms, rest_term, groups, names) -> torch.Tensor:
+    """Each band's score term ``[batch, head, band, q, k]``: its planes' terms summed, and for
+    ``rest`` the unclaimed planes' and the unrotated dims' terms."""
+    claimed = {p for g in groups for p in g}
+    unclaimed = [p for p in range(terms.shape[2]) if p not in claimed]
+    out = [terms[:, :, g].sum(2) for g in groups]
+    if "rest" in names:
+        out.append(terms[:, :, unclaimed].sum(2) + rest_term)
+    return torch.stack(out, 2)
+
+
 def _check_stats(stats, slot, call, terms, rest_term, groups, names, tol, layer) -> None:
     """Band statistics against the reference: |logit| share, margin and top-1 agreement."""
     allowed = R.allowed(call).expand(-1, terms.shape[1], -1, -1)
-    claimed = {p for g in groups for p in g}
-    unclaimed = [p for p in range(terms.shape[2]) if p not in claimed]
-    band_terms = [terms[:, :, g].sum(2) for g in groups]
-    if "rest" in names:
-        band_terms.append(terms[:, :, unclaimed].sum(2) + rest_term)
-    band_terms = torch.stack(band_terms, 2)  # [batch, head, band, q, k]
+    band_terms = _band_terms(terms, rest_term, groups, names)  # [batch, head, band, q, k]
     abs_sum = (band_terms.abs() * allowed[:, :, None]).sum((0, 3, 4))  # [head, band]
     want_share = abs_sum / abs_sum.sum(-1, keepdim=True)
     _close(f"L{layer} |logit| share", stats.abs_share()[slot], want_share, tol)
@@ -456,12 +458,7 @@ def _check_sinks(sinks, slot, call, terms, rest_term, groups, names, tol, layer,
     assert bool(((got >= low - 1e-6) & (got <= high + 1e-6)).all()), (
         f"L{layer} sink query share {got.tolist()} outside [{low.tolist()}, {high.tolist()}]"
     )
-    claimed = {p for g in groups for p in g}
-    unclaimed = [p for p in range(terms.shape[2]) if p not in claimed]
-    band_terms = [terms[:, :, g].sum(2) for g in groups]
-    if "rest" in names:
-        band_terms.append(terms[:, :, unclaimed].sum(2) + rest_term)
-    band_terms = torch.stack(band_terms, 2)  # [batch, head, band, q, k]
+    band_terms = _band_terms(terms, rest_term, groups, names)  # [batch, head, band, q, k]
     keys = allowed[:, None, None].double()
     at_first = band_terms[..., 0]
     others = ((band_terms * keys).sum(-1) - at_first) / (keys.sum(-1) - 1).clamp_min(1)
@@ -478,12 +475,7 @@ def _check_distance(result, slot, call, terms, rest_term, groups, names, tol, la
     n = allowed.shape[1]
     delta = torch.arange(n)[:, None] - torch.arange(n)[None, :]
     pairs = allowed & (torch.arange(n) >= 1)[None, None, :]
-    claimed = {p for g in groups for p in g}
-    unclaimed = [p for p in range(terms.shape[2]) if p not in claimed]
-    band_terms = [terms[:, :, g].sum(2) for g in groups]
-    if "rest" in names:
-        band_terms.append(terms[:, :, unclaimed].sum(2) + rest_term)
-    band_terms = torch.stack(band_terms, 2)  # [batch, head, band, q, k]
+    band_terms = _band_terms(terms, rest_term, groups, names)  # [batch, head, band, q, k]
     edges = [int(e) for e in result.edges]
     logits, probs = [], []
     for lo, hi in zip(edges[:-1], edges[1:]):
