@@ -283,9 +283,14 @@ def compare(models, draw) -> None:
         valid = dec.mask(layers[0]).diagonal(dim1=1, dim2=2)  # a real query attends to itself
         with R.recorded_attention(hf, edit_query=edit_query) as calls, torch.no_grad():
             hf(input_ids=tokens, attention_mask=valid.long())
-        usage = None
+        usage = usage_pre = None
         if not draw["ragged"]:
             usage = frequency_usage(model, tokens, layers=layers, source="post", progress=False)
+            # the default reads q before the rotation: the same plane norms wherever no plane is
+            # zeroed after it (a rotation keeps every plane's norm)
+            usage_pre = (
+                None if ablating else frequency_usage(model, tokens, layers=layers, progress=False)
+            )
             stats = band_statistics(model, tokens, layers=layers, bands=bands, progress=False)
             sinks = attention_sinks(model, tokens, layers=layers, bands=bands, progress=False)
             by_distance = attention_by_distance(
@@ -348,6 +353,13 @@ def compare(models, draw) -> None:
             [R.plane_norm_mean(query, pair) for pair in layout.plane_dims()], -1
         )
         _close(f"L{layer} q plane norms", usage.q_norm[slot], want_norm / scaling, tol)
+        if usage_pre is not None:
+            _close(
+                f"L{layer} q plane norms before the rotation",
+                usage_pre.q_norm[slot],
+                want_norm / scaling,
+                tol,
+            )
         # energy shares of the whole head: the unrotated dims and unclaimed planes are "rest"
         claimed = {p for g in groups for p in g}
         planes = layout.plane_dims()
