@@ -11,6 +11,7 @@ both on reading, and registers the class under its kind when the class is create
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -29,7 +30,7 @@ from ropelens.results.findings import Finding, counted_nothing, nothing_counted
 from ropelens.results.report_file import ReportSummary, is_report
 from ropelens.results.serialize import dump_json
 
-__all__ = ["Result", "load_result", "registered"]
+__all__ = ["Result", "check_related_fields", "load_result", "registered"]
 
 R = TypeVar("R", bound="Result")
 _REGISTRY: dict[str, type[Result]] = {}
@@ -146,8 +147,16 @@ class Result:
 
     @classmethod
     def from_dict(cls: type[R], d: dict[str, Any]) -> R:
-        """Inverse of :meth:`to_dict` (derived values are written again from the fields)."""
-        return fields_from_dict(cls, d, ignore=cls.DERIVED)
+        """Inverse of :meth:`to_dict` (derived values are written again from the fields).
+
+        Every field is checked against its declared type (:func:`~ropelens.results.codec.decode`)
+        and the fields against each other (:func:`check_related_fields`) before the result is
+        built: a damaged dict is an :class:`~ropelens.errors.InputError` naming the field."""
+        return fields_from_dict(cls, d, ignore=cls.DERIVED, check=cls._check_related)
+
+    @classmethod
+    def _check_related(cls, values: dict[str, Any], where: str) -> None:
+        check_related_fields(cls, values, where)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the result as JSON atomically (a temp file renamed into place)."""
@@ -181,7 +190,16 @@ class Result:
                 f"{path} has {cls.KIND} format {fmt!r}; this ropelens reads format {cls.FORMAT}: "
                 "write it again with this version"
             )
-        return cls.from_dict(d)
+        try:
+            return cls.from_dict(d)
+        except InputError as e:
+            raise InputError(f"{path}: {e}") from e
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+            # the fields passed their checks but the class could not be built from them
+            raise InputError(
+                f"{path}: its fields do not make a {cls.KIND} ({type(e).__name__}: "
+                f"{_one_line(e)}): pass a file this ropelens wrote, unedited"
+            ) from e
 
     # ---------------------------------------------------------------- merge
     def merge(self: R, other: R) -> R:
@@ -275,6 +293,63 @@ class Result:
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ARG002
         """Jupyter shows the plotly figure (offline: no CDN script); plain text names the result."""
         return plotly_bundle(self.figure(), self._repr_text())
+
+
+def check_related_fields(cls: type, values: dict[str, Any], where: str) -> None:
+    """Check how a result's fields relate, by the names ropelens's results share, before it is
+    built from a file.
+
+    ``layers`` holds distinct layer indices ≥ 0, below ``spec.n_layers`` where the result has a
+    ``spec``; every tensor of a summed field (``merge_sums``) has one row per measured layer
+    first where the result has ``layers``; ``provenance``'s token, window and context counts are
+    ≥ 0. The first fault is an :class:`InputError` naming ``where``'s field, what it holds and
+    what was expected.
+    """
+    layers = values.get("layers")
+    if isinstance(layers, tuple) and all(isinstance(L, int) for L in layers):
+        spec = values.get("spec")
+        n_layers = getattr(spec, "n_layers", None)
+        for i, layer in enumerate(layers):
+            if layer < 0 or (isinstance(n_layers, int) and layer >= n_layers):
+                within = f" of the {n_layers} the spec holds" if isinstance(n_layers, int) else ""
+                raise InputError(
+                    f"{where}.layers[{i}] is {layer}, expected a layer index ≥ 0{within}"
+                )
+        repeated = sorted({L for L in layers if layers.count(L) > 1})
+        if repeated:
+            raise InputError(f"{where}.layers names layer {repeated[0]} twice, expected each once")
+        for name in getattr(cls, "MERGE_SUMS", ()):
+            for label, tensor in _tensors_in(values.get(name), f"{where}.{name}"):
+                if tensor.ndim == 0 or tensor.shape[0] != len(layers):
+                    raise InputError(
+                        f"{label} has shape {tuple(tensor.shape)}, expected {len(layers)} rows "
+                        f"first, one per layer of {where}.layers"
+                    )
+    provenance = values.get("provenance")
+    for name in ("n_tokens", "n_windows", "n_ctx"):
+        count = getattr(provenance, name, None)
+        if isinstance(count, int) and count < 0:
+            raise InputError(f"{where}.provenance.{name} is {count}, expected a count ≥ 0")
+
+
+def _tensors_in(value: Any, where: str) -> list[tuple[str, Tensor]]:
+    """Each tensor in a summed field (a tensor, a dict of them, a value holding tensors such as
+    ``Moments``) with the name it has there."""
+    if isinstance(value, Tensor):
+        return [(where, value)]
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in _tensors_in(v, f"{where}[{k!r}]")]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [
+            pair
+            for f in dataclasses.fields(value)
+            for pair in _tensors_in(getattr(value, f.name), f"{where}.{f.name}")
+        ]
+    return []
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _unless_empty(findings: Any) -> Any:

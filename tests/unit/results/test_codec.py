@@ -94,7 +94,7 @@ def test_defaults_fill_missing_fields_and_strangers_are_named():
         fields_from_dict(Probe, {"counts": [1], "table": written["table"]})
     with pytest.raises(InputError, match="Probe has no field 'meens'"):
         fields_from_dict(Probe, {**written, "meens": []})
-    with pytest.raises(InputError, match="Trial.length should be int, got 'long'"):
+    with pytest.raises(InputError, match="Trial.length is the string 'long', expected an integer"):
         fields_from_dict(Trial, {"length": "long", "depth": 0.5})
 
 
