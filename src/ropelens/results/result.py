@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import re
+import typing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -23,7 +24,7 @@ from typing import Any, ClassVar, TypeVar
 from torch import Tensor
 
 from ropelens.errors import InputError
-from ropelens.results.codec import encode, fields_from_dict, fields_to_dict
+from ropelens.results.codec import encode, field_types, fields_from_dict, fields_to_dict
 from ropelens.results.display import plotly_bundle
 from ropelens.results.figures import figure_of, figure_writer
 from ropelens.results.findings import Finding, counted_nothing, nothing_counted
@@ -49,6 +50,40 @@ _DECLARED = (
 )
 # suffixes that name a format a JSON result is not written in
 _NOT_JSON = (".safetensors", ".csv", ".html", ".parquet", ".pt")
+
+
+# the file a result was read from, set on results :meth:`Result.load` built (none on one measured)
+_SOURCE = "_ropelens_file"
+# what a user does with a result: a failure on a file's content is refused naming the file
+_USES = ("figure", "to_frame", "findings")
+
+
+def _file_guarded(method: Any) -> Any:
+    """``method`` of a result, refusing in one line naming the file where it fails on the content
+    of a result read from a file (a table of sums with a key or a row edited away: what the
+    field types do not declare, and so :func:`check_related_fields` cannot see). On a result
+    measured in this process every error keeps its traceback."""
+    if getattr(method, "__ropelens_file_guarded__", False):
+        return method
+
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        source = getattr(self, _SOURCE, None)
+        if source is None:
+            return method(self, *args, **kwargs)
+        try:
+            return method(self, *args, **kwargs)
+        except InputError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError, ArithmeticError) as e:
+            raise InputError(
+                f"{source}: {type(self).__name__}.{method.__name__}() cannot use what the file "
+                f"holds ({type(e).__name__}: {_one_line(e)}): the file was edited or damaged; "
+                "measure and save the result again"
+            ) from e
+
+    guarded.__ropelens_file_guarded__ = True  # type: ignore[attr-defined]
+    return guarded
 
 
 class Result:
@@ -134,6 +169,9 @@ class Result:
             _REGISTRY[name] = cls
         if "findings" in cls.__dict__:
             cls.findings = _unless_empty(cls.__dict__["findings"])  # type: ignore[method-assign]
+        for name in _USES:
+            if name in cls.__dict__ and callable(cls.__dict__[name]):
+                setattr(cls, name, _file_guarded(cls.__dict__[name]))
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
@@ -191,7 +229,9 @@ class Result:
                 "write it again with this version"
             )
         try:
-            return cls.from_dict(d)
+            result = cls.from_dict(d)
+            object.__setattr__(result, _SOURCE, str(path))
+            return result
         except InputError as e:
             raise InputError(f"{path}: {e}") from e
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
@@ -202,6 +242,7 @@ class Result:
             ) from e
 
     # ---------------------------------------------------------------- merge
+    @_file_guarded
     def merge(self: R, other: R) -> R:
         """Exact merge of two partial results over the same settings: their sums add."""
         if not self.MERGE_SUMS:
@@ -213,7 +254,11 @@ class Result:
             )
         self._check_mergeable(other)
         sums = {name: _add(getattr(self, name), getattr(other, name)) for name in self.MERGE_SUMS}
-        return replace(self, **sums, provenance=self.provenance.merged(other.provenance))  # type: ignore[attr-defined,type-var]
+        merged = replace(self, **sums, provenance=self.provenance.merged(other.provenance))  # type: ignore[attr-defined,type-var]
+        source = getattr(self, _SOURCE, None) or getattr(other, _SOURCE, None)
+        if source is not None:  # what the file held is in the merge too
+            object.__setattr__(merged, _SOURCE, source)
+        return merged
 
     def _check_mergeable(self, other: Result) -> None:
         """Raise naming the first setting (or set of sums) the two results do not share."""
@@ -252,6 +297,7 @@ class Result:
         """The result as a tidy pandas table."""
         raise NotImplementedError(f"{type(self).__name__} must implement to_frame")
 
+    @_file_guarded
     def figure(self, *args: Any, **kwargs: Any) -> Any:
         """The result's plotly figure, drawn by the function :mod:`ropelens.plots` registered for
         its class."""
@@ -318,7 +364,7 @@ def check_related_fields(cls: type, values: dict[str, Any], where: str) -> None:
         repeated = sorted({L for L in layers if layers.count(L) > 1})
         if repeated:
             raise InputError(f"{where}.layers names layer {repeated[0]} twice, expected each once")
-        for name in getattr(cls, "MERGE_SUMS", ()):
+        for name in _per_layer_fields(cls):
             for label, tensor in _tensors_in(values.get(name), f"{where}.{name}"):
                 if tensor.ndim == 0 or tensor.shape[0] != len(layers):
                     raise InputError(
@@ -332,13 +378,31 @@ def check_related_fields(cls: type, values: dict[str, Any], where: str) -> None:
             raise InputError(f"{where}.provenance.{name} is {count}, expected a count ≥ 0")
 
 
+def _per_layer_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a result with ``layers`` whose tensors have one row per layer: its summed
+    fields, and its tables of tensors by name (``sums: dict[str, Tensor]``)."""
+    hints = field_types(cls)
+    tables = [
+        name
+        for name, hint in hints.items()
+        if typing.get_origin(hint) is dict and typing.get_args(hint)[1:] == (Tensor,)
+    ]
+    return tuple(dict.fromkeys((*getattr(cls, "MERGE_SUMS", ()), *tables)))
+
+
 def _tensors_in(value: Any, where: str) -> list[tuple[str, Tensor]]:
     """Each tensor in a summed field (a tensor, a dict of them, a value holding tensors such as
     ``Moments``) with the name it has there."""
     if isinstance(value, Tensor):
         return [(where, value)]
     if isinstance(value, dict):
-        return [pair for k, v in value.items() for pair in _tensors_in(v, f"{where}[{k!r}]")]
+        return [
+            pair
+            for k, v in value.items()
+            for pair in _tensors_in(
+                v, f"{where}[{'/'.join(map(str, k)) if isinstance(k, tuple) else k!r}]"
+            )
+        ]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [
             pair
