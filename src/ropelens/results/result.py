@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gzip
 import json
 import os
 import re
 import typing
+import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -29,9 +31,9 @@ from ropelens.results.display import plotly_bundle
 from ropelens.results.figures import figure_of, figure_writer
 from ropelens.results.findings import Finding, counted_nothing, nothing_counted
 from ropelens.results.report_file import ReportSummary, is_report
-from ropelens.results.serialize import dump_json
+from ropelens.results.serialize import GZIP_MAGIC, dump_json, read_json
 
-__all__ = ["Result", "check_related_fields", "load_result", "registered"]
+__all__ = ["Result", "check_related_fields", "check_result_path", "load_result", "registered"]
 
 R = TypeVar("R", bound="Result")
 _REGISTRY: dict[str, type[Result]] = {}
@@ -50,6 +52,8 @@ _DECLARED = (
 )
 # suffixes that name a format a JSON result is not written in
 _NOT_JSON = (".safetensors", ".csv", ".html", ".parquet", ".pt")
+# compressions a result is not written in (``.gz`` is: gzip)
+_NOT_GZIP = (".bz2", ".xz", ".lzma", ".zst", ".zip", ".lz4", ".7z", ".tgz", ".tar", ".br")
 
 
 # the file a result was read from, set on results :meth:`Result.load` built (none on one measured)
@@ -197,13 +201,9 @@ class Result:
         check_related_fields(cls, values, where)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the result as JSON atomically (a temp file renamed into place)."""
-        suffix = Path(path).suffix.lower()
-        if suffix in _NOT_JSON:
-            raise InputError(
-                f"{path}: a {self.KIND} result is written as JSON, not {suffix[1:]}: "
-                f"name the file {Path(path).with_suffix('.json').name}"
-            )
+        """Write the result as JSON atomically (a temp file renamed into place), gzip-compressed
+        where the name ends in ``.gz`` (``u.json.gz``; :meth:`load` reads either)."""
+        check_result_path(path, self.KIND)
         dump_json(
             path, {"type": self.KIND, "format": self.FORMAT, **self.to_dict()}, **self.JSON_OPTIONS
         )
@@ -416,6 +416,23 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+def check_result_path(path: str | os.PathLike[str], kind: str = "ropelens") -> Path:
+    """``path`` if a result can be saved there as its suffix says: JSON (``.json``), or JSON
+    compressed with gzip (``.json.gz``); another format's suffix (``.csv``, ``.xz``) is an
+    :class:`InputError` naming the file to pass instead."""
+    p = Path(path)
+    suffixes = [x.lower() for x in p.suffixes]
+    last = suffixes[-1] if suffixes else ""
+    inner = suffixes[-2] if last == ".gz" and len(suffixes) > 1 else ""
+    if last in _NOT_JSON or last in _NOT_GZIP or inner in _NOT_JSON:
+        stem = p.name[: len(p.name) - len(inner + last)]
+        raise InputError(
+            f"{path}: a {kind} result is written as JSON, not {(inner or last)[1:]}: name the "
+            f"file {stem}.json (or {stem}.json.gz, compressed with gzip)"
+        )
+    return p
+
+
 def _unless_empty(findings: Any) -> Any:
     """``findings`` guarded: a result that counted no token writes one withheld finding instead,
     whatever its class would write from its sums of nothing."""
@@ -453,8 +470,8 @@ def _comparable(v: Any) -> Any:
 
 def _read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
-        d = json.loads(Path(path).read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        d = read_json(path)
+    except (UnicodeDecodeError, json.JSONDecodeError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise InputError(
             f"{path} is not a ropelens JSON result ({e}): pass a file written by .save()"
         ) from e
@@ -480,7 +497,7 @@ def load_result(path: str | os.PathLike[str]) -> Result | ReportSummary:
     """
     with open(path, "rb") as f:
         head = f.read(64).lstrip()
-    if head[:1] not in (b"{", b"["):
+    if head[:1] not in (b"{", b"[") and head[:2] != GZIP_MAGIC:
         # safetensors files open with their header's length, not JSON; only attention decompositions
         # write them
         from safetensors import SafetensorError, safe_open

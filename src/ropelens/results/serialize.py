@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gzip
 import json
 import os
 import tempfile
@@ -19,10 +20,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file
+
 __all__ = [
+    "GZIP_MAGIC",
     "atomic_write",
     "atomic_write_text",
     "dump_json",
+    "read_json",
     "tensor_from_json",
     "tensor_to_json",
 ]
@@ -30,9 +35,16 @@ __all__ = [
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
-    """Open a temp file beside ``path``; rename it over ``path`` only if the block succeeds."""
+    """Open a temp file beside ``path``; rename it over ``path`` only if the block succeeds.
+
+    A write that fails (no space, a name too long, a folder that refuses it) raises an
+    ``OSError`` naming ``path``, the file the caller chose, never the temp file."""
     path = Path(path)
-    if path.exists() and path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError as e:  # a name too long to look up
+        raise _write_error(path, e) from e
+    if is_dir:
         raise IsADirectoryError(f"{path} is a directory: pass a file path")
     parent = path.parent
     try:
@@ -43,18 +55,36 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[A
         ) from e
     if not os.access(parent, os.W_OK):
         raise PermissionError(f"output directory {parent} is not writable: choose a writable path")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        # a short temp name: the caller's name may be as long as a name can be
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:32]}.", suffix=".tmp", dir=parent)
+    except OSError as e:
+        raise _write_error(path, e) from e
     try:
         with os.fdopen(fd, mode) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as e:
+                raise _write_error(path, e) from e
         os.chmod(tmp, _created_mode())  # mkstemp's 0600: give the mode open() would have given
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise _write_error(path, e) from e
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _write_error(path: Path, error: OSError) -> OSError:
+    """``error`` as raised writing ``path``, with ``path`` as the file named."""
+    reason = error.strerror or str(error)
+    named = type(error)(f"cannot write {path} ({reason}): choose another path")
+    named.errno = error.errno
+    return named
 
 
 def _created_mode() -> int:
@@ -78,8 +108,28 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def dump_json(
     path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1, allow_nan: bool = True
 ) -> None:
-    """Write JSON atomically (tensors and numpy arrays become lists)."""
-    atomic_write_text(path, json.dumps(obj, indent=indent, allow_nan=allow_nan, default=_default))
+    """Write JSON atomically (tensors and numpy arrays become lists), gzip-compressed where the
+    name ends in ``.gz`` (``u.json.gz``); :func:`read_json` reads either back."""
+    text = json.dumps(obj, indent=indent, allow_nan=allow_nan, default=_default)
+    if Path(path).suffix.lower() == ".gz":
+        # mtime 0: the same content makes the same bytes
+        with (
+            atomic_write(path, "wb") as f,
+            gzip.GzipFile(filename="", fileobj=f, mode="wb", mtime=0) as z,
+        ):
+            z.write(text.encode())
+        return
+    atomic_write_text(path, text)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON in ``path``, which :func:`dump_json` wrote: plain, or gzip-compressed (told by
+    its first bytes, whatever its name). Raises ``json.JSONDecodeError``,
+    ``UnicodeDecodeError`` or ``EOFError``/``gzip.BadGzipFile`` for a file that is neither."""
+    raw = Path(path).read_bytes()
+    if raw[:2] == GZIP_MAGIC:
+        raw = gzip.decompress(raw)
+    return json.loads(raw.decode("utf-8"))
 
 
 def _default(o: Any) -> Any:
