@@ -15,8 +15,11 @@ scripts/setup.sh --browser`` installs). ::
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import queue
+import re
+import struct
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -32,6 +35,8 @@ __all__ = [
     "DEFAULT_HEIGHT",
     "DEFAULT_WIDTH",
     "FIGURE_FORMATS",
+    "PNG_MAX_PIXELS",
+    "PNG_MAX_SIDE",
     "PNG_SCALE",
     "export_unavailable",
     "find_browser",
@@ -43,6 +48,11 @@ FIGURE_FORMATS = ("png", "svg", "pdf")
 # the page size of a figure that does not set its own (plotly's figures are as wide as their page)
 DEFAULT_WIDTH, DEFAULT_HEIGHT = 900, 500
 PNG_SCALE = 2  # PNG pixels per layout pixel: sharp in print; SVG and PDF are vector
+# the largest PNG the browser draws (Chromium's canvas: at most 65,535 pixels a side and
+# 16,384 × 16,384 in all); a larger one comes back as 3 bytes of nothing
+PNG_MAX_SIDE = 65_535
+PNG_MAX_PIXELS = 16_384 * 16_384
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _SETUP_HINT = "run `bash scripts/setup.sh --browser` (Debian's chromium)"
 
 
@@ -106,6 +116,96 @@ def _options(fig: go.Figure, fmt: str, width: int | None, height: int | None, sc
     }
 
 
+def _png_pixels(opts: dict[str, Any]) -> tuple[int, int]:
+    """(width, height) in pixels of the PNG kaleido draws with ``opts``."""
+    return round(opts["width"] * opts["scale"]), round(opts["height"] * opts["scale"])
+
+
+def _check_png_size(path: Path, opts: dict[str, Any]) -> None:
+    """Refuse a PNG larger than the browser draws (:data:`PNG_MAX_SIDE`, :data:`PNG_MAX_PIXELS`)
+    before it starts, naming the size asked for and the limits."""
+    width, height = _png_pixels(opts)
+    if max(width, height) > PNG_MAX_SIDE or width * height > PNG_MAX_PIXELS:
+        raise InputError(
+            f"{path}: a PNG of {width:,} × {height:,} pixels ({opts['width']:,} × "
+            f"{opts['height']:,} at scale {opts['scale']:g}) is larger than the exporter can "
+            f"draw: at most {PNG_MAX_SIDE:,} pixels a side and {PNG_MAX_PIXELS:,} in all "
+            "(16,384 × 16,384); lower width, height or scale, or write an SVG or PDF"
+        )
+
+
+def _check_rendered(path: Path, data: bytes, opts: dict[str, Any]) -> None:
+    """Refuse bytes that are not the file asked for: a PNG opens with the PNG signature and an
+    IHDR of the size asked for, an SVG with its ``<svg`` (or XML declaration), a PDF with
+    ``%PDF-`` and ends with ``%%EOF``."""
+    fmt = opts["format"]
+    head = data[:16]
+    if fmt == "png":
+        ok = data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) > 64
+        if ok:
+            got = struct.unpack(">II", data[16:24])
+            want = _png_pixels(opts)
+            ok = all(abs(g - w) <= 1 for g, w in zip(got, want))
+    elif fmt == "svg":
+        ok = data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith((b"<svg", b"<?xml"))
+    else:
+        ok = data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")
+    if not ok:
+        raise ExportUnavailableError(
+            f"{path}: the exporter returned {len(data):,} bytes that are not a {fmt.upper()} of "
+            f"the size asked for (they start {head!r}), so nothing was written; try a smaller "
+            "width, height or scale"
+        )
+
+
+def _figure_title(fig: go.Figure, path: Path) -> str:
+    """The figure's title as plain text (its HTML tags and entities removed), else the file's
+    name without its suffix."""
+    text = fig.layout.title.text if fig.layout.title is not None else None
+    plain = html.unescape(re.sub(r"<[^>]*>", " ", text or ""))
+    plain = " ".join(plain.split())
+    return plain or path.stem
+
+
+def _titled_pdf(data: bytes, title: str) -> bytes:
+    """The PDF ``data`` with its document title set to ``title``, by an incremental update (a new
+    document information object and cross-reference section appended, as the PDF format allows):
+    the browser titles every page it prints after its own page, "Kaleido-fier"."""
+    trailer_at = data.rfind(b"trailer")
+    start_at = data.rfind(b"startxref")
+    if trailer_at < 0 or start_at < trailer_at:
+        return data  # a cross-reference stream: left as the browser wrote it
+    trailer = data[trailer_at:start_at]
+    size = re.search(rb"/Size\s+(\d+)", trailer)
+    root = re.search(rb"/Root\s+(\d+\s+\d+\s+R)", trailer)
+    info = re.search(rb"/Info\s+(\d+)\s+(\d+)\s+R", trailer)
+    previous = re.search(rb"startxref\s+(\d+)", data[start_at:])
+    if size is None or root is None or previous is None:
+        return data
+    entries = b""
+    if info is not None:  # keep what the browser recorded besides the title
+        body = re.search(
+            rb"\n" + info.group(1) + rb"\s+" + info.group(2) + rb"\s+obj\s*<<(.*?)>>\s*endobj",
+            data,
+            re.S,
+        )
+        if body is not None:
+            entries = re.sub(rb"/Title\s*(\((?:\\.|[^\\)])*\)|<[0-9A-Fa-f]*>)", b"", body.group(1))
+    number = int(info.group(1)) if info is not None else int(size.group(1))
+    encoded = b"<FEFF" + title.encode("utf-16-be").hex().upper().encode() + b">"
+    obj_at = len(data) + 1
+    update = b"\n%d 0 obj\n<</Title %s\n%s>>\nendobj\n" % (number, encoded, entries.strip())
+    xref_at = obj_at + len(update) - 1
+    new_size = max(int(size.group(1)), number + 1)
+    update += (
+        b"xref\n0 1\n0000000000 65535 f \n%d 1\n%010d 00000 n \n" % (number, obj_at)
+        + b"trailer\n<</Size %d\n/Root %s\n/Info %d 0 R\n/Prev %d>>\n"
+        % (new_size, root.group(1), number, int(previous.group(1)))
+        + b"startxref\n%d\n%%%%EOF\n" % xref_at
+    )
+    return data + update
+
+
 def _as_figure(fig: Any) -> go.Figure:
     """A figure from a figure, its dict, or a trace (or list of traces) a drawing method returns."""
     if isinstance(fig, go.Figure):
@@ -167,19 +267,27 @@ def write_figures(
     suffix and :class:`~ropelens.errors.ExportUnavailableError` (naming the fix) where kaleido or a
     browser is missing.
     """
-    jobs, paths = [], []
+    jobs, paths, titles = [], [], []
     for fig, path in figures:
         path = Path(path)
         figure = _as_figure(fig)
-        jobs.append((figure.to_dict(), _options(figure, _format_of(path), width, height, scale)))
+        opts = _options(figure, _format_of(path), width, height, scale)
+        if opts["format"] == "png":
+            _check_png_size(path, opts)
+        jobs.append((figure.to_dict(), opts))
         paths.append(path)
+        titles.append(_figure_title(figure, path))
     if not jobs:
         return []
     why = export_unavailable()
     if why is not None:
         raise ExportUnavailableError(why)
     rendered = _run(jobs, str(find_browser()))
-    for path, data in zip(paths, rendered, strict=True):
+    for path, data, (_, opts) in zip(paths, rendered, jobs, strict=True):
+        _check_rendered(path, data, opts)  # every file checked before any is written
+    for path, data, (_, opts), title in zip(paths, rendered, jobs, titles, strict=True):
+        if opts["format"] == "pdf":
+            data = _titled_pdf(data, title)
         with atomic_write(path, "wb") as f:
             f.write(data)
     return paths
