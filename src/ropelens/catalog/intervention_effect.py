@@ -12,15 +12,15 @@ from ropelens.cli.common import (
     CorpusOptions,
     ModelOptions,
     OutputOptions,
+    check_figure_path,
     layer_list,
     load_from_args,
+    write_figure_file,
 )
 from ropelens.cli.variant_syntax import parse_variant, variant_help
 from ropelens.errors import InputError
 from ropelens.plots.intervention_effect import effect_figure
-from ropelens.results.serialize import atomic_write_text
 from ropelens.run.intervene import ablate_planes, apply_rope_variant
-from ropelens.validate import check_output_path
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -47,8 +47,9 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--figure",
         default=None,
-        metavar="FILE.html",
-        help="also write the figure as a self-contained HTML file",
+        metavar="FILE",
+        help="also write the figure: FILE.html a self-contained page; FILE.png, .pdf or .svg a "
+        "static image",
     )
     OutputOptions.add_to(p, save="InterventionEffect JSON")
 
@@ -77,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
     """
     intervention = _intervention(args)
     analysis = AnalysisOptions.from_args(args)  # a bad --bands fails here
-    figure_path = check_output_path(args.figure, "--figure") if args.figure else None
     output = OutputOptions.from_args(args)
     output.check()
+    figure_path = check_figure_path(args.figure, save=output.save) if args.figure else None
     corpus = CorpusOptions.from_args(args)
     effect = intervention_effect(
         load_from_args(args),
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         text_column=corpus.text_column,
     )
     if figure_path is not None:
-        atomic_write_text(figure_path, effect.figure().to_html(include_plotlyjs=True))
+        write_figure_file(effect.figure(), figure_path)
     return output.save_and_show(
         effect, effect.to_frame(), "bands", head={"interventions": effect.interventions}
     )

@@ -26,14 +26,17 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ropelens.cli.variant_syntax import parse_variant
-from ropelens.errors import InputError, UsageError
+from ropelens.errors import ExportUnavailableError, InputError, UsageError
 from ropelens.loading.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 from ropelens.loading.models import DTYPES as MODEL_DTYPES
+from ropelens.results.result import check_result_path
+from ropelens.results.serialize import atomic_write_text
 from ropelens.run.data import load_corpus
 from ropelens.run.distributed import is_main
 from ropelens.run.intervene import with_rope_variant
@@ -643,9 +646,13 @@ class OutputOptions(OptionGroup):
 
     def check(self) -> None:
         """``--save`` names a file in a writable directory (created only when the result is
-        saved)."""
+        saved), as JSON (``.json``, or ``.json.gz`` compressed)."""
         if self.save:
             check_output_path(self.save, "--save")
+            try:
+                check_result_path(self.save)
+            except InputError as e:
+                raise InputError(f"--save {e}") from e
 
     def save_result(self, result: Any) -> None:
         """``result.save(--save)`` on the main process, when ``--save`` is given."""
@@ -683,6 +690,52 @@ class OutputOptions(OptionGroup):
         """Print ``obj`` as strict JSON (:func:`emit`); 0, the command's exit code."""
         emit(obj, indent=indent)
         return 0
+
+
+FIGURE_SUFFIXES = (".html", ".png", ".pdf", ".svg")  # what --figure writes, told by its suffix
+
+
+def check_figure_path(path: str, flag: str = "--figure", *, save: str | None = None) -> Path:
+    """``path`` for ``flag``, checked before the run: a file in a writable directory, named
+    ``.html`` (a self-contained page) or ``.png``, ``.pdf``, ``.svg`` (static export, which must
+    work here), and not the file ``--save`` writes."""
+    p = check_output_path(path, flag)
+    suffix = p.suffix.lower()
+    if suffix not in FIGURE_SUFFIXES:
+        what = repr(suffix) if suffix else "a name without one"
+        raise InputError(
+            f"{flag} {path}: the suffix chooses the figure's format, and {what} is not one of "
+            f"{', '.join(FIGURE_SUFFIXES)}: name it {p.with_suffix('.html').name} (or .png, "
+            ".pdf, .svg)"
+        )
+    if save is not None and _same_file(p, Path(save)):
+        raise InputError(
+            f"--save and {flag} both name {path}: the one would overwrite the other; pass two "
+            f"files (e.g. --save {p.with_suffix('.json').name} {flag} {p.name})"
+        )
+    if suffix != ".html":
+        from ropelens.plots.export import export_unavailable
+
+        why = export_unavailable()
+        if why is not None:
+            raise ExportUnavailableError(f"{flag} {path}: {why}; or name it .html")
+    return p
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.expanduser().resolve() == b.expanduser().resolve()
+
+
+def write_figure_file(fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` as :func:`check_figure_path`'s ``path`` says: a self-contained HTML page
+    (plotly.js inside, works offline) or a PNG, PDF or SVG; atomically. The path written."""
+    path = Path(path)
+    if path.suffix.lower() == ".html":
+        atomic_write_text(path, fig.to_html(include_plotlyjs=True))
+        return path
+    from ropelens.plots.export import write_figure
+
+    return write_figure(fig, path)
 
 
 class _DeprecatedAlias(argparse.Action):

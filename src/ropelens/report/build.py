@@ -35,6 +35,7 @@ from ropelens.results.provenance import (
     untested_versions,
     versions,
 )
+from ropelens.results.report_file import is_report
 from ropelens.run import data
 from ropelens.run.data import StreamedCorpus, analysis_windows
 from ropelens.run.distributed import is_main, local
@@ -76,13 +77,19 @@ def _timed(steps: dict[str, float], name: str) -> Iterator[None]:
         steps[name] = round(time.perf_counter() - t0, 3)
 
 
-def check_output_dir(out: str | os.PathLike[str]) -> Path:
+def check_output_dir(out: str | os.PathLike[str], figures: str | None = None) -> Path:
     """Check that the output directory can be written, creating nothing: a probe folder is made in
     the directory (or, where it does not exist yet, in its nearest existing parent) and removed at
-    once. The directory itself is created only when the finished report is written."""
+    once. The directory itself is created only when the finished report is written.
+
+    In an existing directory the report replaces an earlier report's files (:func:`_write`) and
+    leaves other files as they are; a ``figures`` file there is refused where ``figures`` asks for
+    a ``figures/`` folder."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"output path {path} is a file: pass a directory for the report")
+    if path.is_dir():
+        _check_report_folder(path, figures)
     ancestor = path
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
@@ -99,6 +106,40 @@ def check_output_dir(out: str | os.PathLike[str]) -> Path:
             "directory"
         ) from e
     return path
+
+
+def _check_report_folder(path: Path, figures: str | None) -> None:
+    """Refuse an existing output folder the report cannot be written whole into: one with a
+    ``figures`` file where ``figures`` asks for a ``figures/`` folder."""
+    folder = path / FIGURES_DIR
+    if figures is not None and folder.exists() and not folder.is_dir():
+        raise InputError(
+            f"{folder} is a file, and figures={figures!r} writes the figures into a folder of that "
+            f"name: move or remove {folder}, or pass another output folder"
+        )
+
+
+def _earlier_report(path: Path) -> set[str] | None:
+    """The files an earlier report wrote into ``path`` (names relative to it), read from its
+    ``report.json``; None where ``path`` holds no report."""
+    try:
+        data = json.loads((path / "report.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or not is_report(data):
+        return None
+    names = {"index.html", "report.json"}
+    for section in data.get("sections") or []:
+        tables = section.get("tables") if isinstance(section, dict) else None
+        names.update(t for t in tables or [] if isinstance(t, str))
+    names.update(f for f in data.get("figures") or [] if isinstance(f, str))
+    # only plain names in the folder or its figures/: never a path out of it
+    return {n for n in names if _within_report(n)}
+
+
+def _within_report(name: str) -> bool:
+    parts = Path(name).parts
+    return (len(parts) == 1 or (len(parts) == 2 and parts[0] == FIGURES_DIR)) and ".." not in parts
 
 
 def _make_dir(path: Path) -> Path | None:
@@ -297,8 +338,8 @@ def build_report(
     device, dtype = _check_model(model, device, dtype)
     tokens, n_ctx, batch_size = _check_budget(tokens, n_ctx, batch_size, band_tokens, quick)
     bands = _check_bands(bands)
-    out_dir = check_output_dir(out)
     figures = check_figures(figures)
+    out_dir = check_output_dir(out, figures)
     exps = load_experiments(experiments)  # a bad folder fails before the model loads
     corpus_obj, corpus_info = resolve_corpus(corpus, text_column)
     with _timed(steps, "load_model"):
@@ -748,6 +789,7 @@ def _write(
     are removed again, so a failed report leaves nothing behind. A folder that existed before is
     never removed."""
     created = _make_dir(out_dir)
+    earlier = _earlier_report(out_dir) or set()
     tmp, done = None, False
     try:
         tmp = Path(tempfile.mkdtemp(prefix=".ropelens-report-", dir=out_dir))
@@ -770,7 +812,9 @@ def _write(
             (out_dir / FIGURES_DIR).mkdir(exist_ok=True)
         for name in [*names, "report.json", "index.html"]:
             os.replace(tmp / name, out_dir / name)
-        if figures is not None:
+        _remove_earlier_files(out_dir, earlier - set(names) - {"report.json", "index.html"})
+        if (out_dir / FIGURES_DIR).is_dir() and (figures is not None or earlier):
+            # an earlier report's figures/: what this report did not write goes
             _remove_stale_figures(out_dir / FIGURES_DIR, set(names))
         done = True
     finally:
@@ -780,8 +824,18 @@ def _write(
             shutil.rmtree(created, ignore_errors=True)
 
 
+def _remove_earlier_files(out_dir: Path, names: set[str]) -> None:
+    """Remove the files an earlier report wrote that this one did not (tables it no longer has,
+    its figures), so that the folder holds one report; files ropelens did not write stay."""
+    for name in names:
+        path = out_dir / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+
+
 def _remove_stale_figures(folder: Path, kept: set[str]) -> None:
-    """Remove the figure files an earlier report wrote to ``folder`` that this one did not."""
+    """Remove the figure files an earlier report wrote to ``folder`` that this one did not, and the
+    folder itself where that leaves it empty."""
     for path in folder.iterdir():
         numbered = path.name[:2].isdigit() and path.name[2:3] == "-"
         if (
@@ -790,3 +844,5 @@ def _remove_stale_figures(folder: Path, kept: set[str]) -> None:
             and f"{folder.name}/{path.name}" not in kept
         ):
             path.unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()

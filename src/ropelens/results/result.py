@@ -51,7 +51,7 @@ _DECLARED = (
     "DERIVED",
 )
 # suffixes that name a format a JSON result is not written in
-_NOT_JSON = (".safetensors", ".csv", ".html", ".parquet", ".pt")
+_NOT_JSON = (".safetensors", ".csv", ".html", ".parquet", ".pt", ".png", ".pdf", ".svg", ".jpg")
 # compressions a result is not written in (``.gz`` is: gzip)
 _NOT_GZIP = (".bz2", ".xz", ".lzma", ".zst", ".zip", ".lz4", ".7z", ".tgz", ".tar", ".br")
 
