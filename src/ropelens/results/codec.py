@@ -42,7 +42,15 @@ from torch import Tensor
 from ropelens.errors import InputError
 from ropelens.results.serialize import tensor_from_json, tensor_to_json
 
-__all__ = ["BASE64", "decode", "encode", "field_types", "fields_from_dict", "fields_to_dict"]
+__all__ = [
+    "BASE64",
+    "check_fields",
+    "decode",
+    "encode",
+    "field_types",
+    "fields_from_dict",
+    "fields_to_dict",
+]
 
 # field metadata: write this tensor as base64 float32 rather than as nested lists
 BASE64: Mapping[str, str] = types.MappingProxyType({"json": "base64"})
@@ -110,6 +118,23 @@ def fields_from_dict(
         return cls(**values)
     except InputError as e:
         raise InputError(f"{where}: {e}") from e
+
+
+def check_fields(cls: type, data: Any, *, where: str | None = None) -> None:
+    """Check the values ``data`` holds for dataclass ``cls``'s fields against their declared
+    types, as :func:`fields_from_dict` does, without building ``cls``: for a class that reads its
+    dict itself first (an older layout brought up to date), so that its reader meets no value of
+    the wrong type. Keys ``cls`` has no field for are left to that reader."""
+    where = where or cls.__name__
+    if not isinstance(data, Mapping):
+        raise InputError(f"{where} is {_found(data)}, expected a {cls.__name__} object")
+    hints = field_types(cls)
+    values = {
+        f.name: decode(data[f.name], hints[f.name], where=f"{where}.{f.name}")
+        for f in dataclasses.fields(cls)
+        if f.init and f.name in data
+    }
+    _check_same_sizes(cls, values, where)
 
 
 # ---------------------------------------------------------------------------------- writing

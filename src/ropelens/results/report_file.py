@@ -63,7 +63,14 @@ class ReportSummary:
                 f"report.json has format {data.get('format')!r}; this ropelens reads format "
                 f"{REPORT_FORMAT}: build the report again with this version"
             )
-        provenance = dict(data["provenance"])
+        provenance = data.get("provenance")
+        if not isinstance(provenance, dict):
+            found = "missing" if provenance is None else f"a {type(provenance).__name__}"
+            raise InputError(
+                f"ReportSummary.provenance is {found}, expected a Provenance object: pass the "
+                "report.json `ropelens report` wrote, unedited"
+            )
+        provenance = dict(provenance)
         extras = {
             "steps_seconds": provenance.pop("steps_seconds", {}),
             "untested_versions": provenance.pop("untested_versions", {}),

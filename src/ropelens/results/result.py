@@ -26,7 +26,13 @@ from typing import Any, ClassVar, TypeVar
 from torch import Tensor
 
 from ropelens.errors import InputError
-from ropelens.results.codec import encode, field_types, fields_from_dict, fields_to_dict
+from ropelens.results.codec import (
+    check_fields,
+    encode,
+    field_types,
+    fields_from_dict,
+    fields_to_dict,
+)
 from ropelens.results.display import plotly_bundle
 from ropelens.results.figures import figure_of, figure_writer
 from ropelens.results.findings import Finding, counted_nothing, nothing_counted
@@ -229,12 +235,14 @@ class Result:
                 "write it again with this version"
             )
         try:
+            if getattr(cls.from_dict, "__func__", None) is not Result.from_dict.__func__:
+                check_fields(cls, d)  # a reader of its own meets only values of the right type
             result = cls.from_dict(d)
             object.__setattr__(result, _SOURCE, str(path))
             return result
         except InputError as e:
             raise InputError(f"{path}: {e}") from e
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as e:
             # the fields passed their checks but the class could not be built from them
             raise InputError(
                 f"{path}: its fields do not make a {cls.KIND} ({type(e).__name__}: "
@@ -346,10 +354,11 @@ def check_related_fields(cls: type, values: dict[str, Any], where: str) -> None:
     built from a file.
 
     ``layers`` holds distinct layer indices ≥ 0, below ``spec.n_layers`` where the result has a
-    ``spec``; every tensor of a summed field (``merge_sums``) has one row per measured layer
-    first where the result has ``layers``; ``provenance``'s token, window and context counts are
-    ≥ 0. The first fault is an :class:`InputError` naming ``where``'s field, what it holds and
-    what was expected.
+    ``spec``; every tensor of a summed field (``merge_sums``) or of a table of tensors by name has
+    one row per measured layer first where the result has ``layers``; an integer field named as a
+    count (``n_sink``, ``n_pos``, ``skip_queries``) and ``provenance``'s token, window and context
+    counts are ≥ 0. The first fault is an :class:`InputError` naming ``where``'s field, what it
+    holds and what was expected.
     """
     layers = values.get("layers")
     if isinstance(layers, tuple) and all(isinstance(L, int) for L in layers):
@@ -371,6 +380,11 @@ def check_related_fields(cls: type, values: dict[str, Any], where: str) -> None:
                         f"{label} has shape {tuple(tensor.shape)}, expected {len(layers)} rows "
                         f"first, one per layer of {where}.layers"
                     )
+    hints = field_types(cls)
+    for name, value in values.items():
+        counted = name.startswith(("n_", "skip"))  # n_sink, n_pos, skip_queries: counts
+        if counted and hints.get(name) is int and isinstance(value, int) and value < 0:
+            raise InputError(f"{where}.{name} is {value}, expected a count ≥ 0")
     provenance = values.get("provenance")
     for name in ("n_tokens", "n_windows", "n_ctx"):
         count = getattr(provenance, name, None)
@@ -513,7 +527,10 @@ def load_result(path: str | os.PathLike[str]) -> Result | ReportSummary:
         return _class_of(kind, path).load(path)
     d = _read_json(path)
     if "type" not in d and is_report(d):
-        return ReportSummary.from_dict(d)
+        try:
+            return ReportSummary.from_dict(d)
+        except InputError as e:
+            raise InputError(f"{path}: {e}") from e
     return _class_of(d.get("type"), path)._from_file(d, path)
 
 

@@ -1,6 +1,7 @@
 """Result files damaged by hand, still valid JSON, end in one line naming the file, or load right.
 
-Real results of several analyses are measured on a tiny model and saved; hypothesis then damages
+Real results of several analyses are measured on a tiny model and saved (and every kind's file
+ropelens keeps as a fixture, a report's ``report.json`` among them); hypothesis then damages
 each file at a random place (deletes a key, changes a value's type, shortens or edits a list,
 writes a string where a number was, makes the provenance a string) and loads and uses it: loads it,
 draws its figure, writes its findings and table, merges it with a result of other windows. Nothing
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import ropelens
@@ -79,11 +81,11 @@ def _other_type(value: Any) -> list[Any]:
 
 
 @st.composite
-def damaged(draw, files: dict[str, tuple[dict[str, Any], Any]]) -> Damaged:
+def damaged(draw, files: dict[str, dict[str, Any]]) -> Damaged:
     """(analysis, its file damaged once, what was done): a path is walked down from the top,
     stopping at random, and the node there damaged."""
     name = draw(st.sampled_from(sorted(files)))
-    data = copy.deepcopy(files[name][0])
+    data = copy.deepcopy(files[name])
     if draw(st.integers(0, 9)) == 0:
         data["provenance"] = draw(st.sampled_from(["tiny-llama", "", "{}"]))
         return Damaged(name, data, "provenance made a string")
@@ -147,7 +149,7 @@ def _use(result: Any, other: Any) -> None:
 )
 @given(data=st.data())
 def test_damaged_file_ends_in_one_line_or_loads(saved, tmp_path, data):
-    damage = data.draw(damaged(saved))
+    damage = data.draw(damaged({name: content for name, (content, _) in saved.items()}))
     name, content, what = damage.name, damage.content, damage.what
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(content))
@@ -157,13 +159,16 @@ def test_damaged_file_ends_in_one_line_or_loads(saved, tmp_path, data):
         message = str(e)
         assert "\n" not in message, f"{what}: the refusal is not one line: {message!r}"
         assert message.startswith(f"{path}: "), f"{what}: the refusal names no file: {message}"
+        event("refused on loading")
         return
     except Exception as e:  # anything else is the failure this test finds
         raise AssertionError(f"{name}, {what}: loading raised {type(e).__name__}: {e}") from e
     try:
         _use(result, saved[name][1])
+        event("loaded and used")
     except InputError as e:  # harmless-looking damage that only using the result reveals
         assert "\n" not in str(e), f"{what}: the refusal is not one line: {e}"
+        event("refused on use")
     except Exception as e:
         raise AssertionError(f"{name}, {what}: using it raised {type(e).__name__}: {e}") from e
 
@@ -250,3 +255,60 @@ def test_an_intact_file_loads_as_it_was_saved(saved, tmp_path):
         again = tmp_path / f"{name}-again.json"
         result.save(again)
         assert json.loads(again.read_text()) == content, name
+
+
+# ---------------------------------------------------------------------------------- every kind
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "results"
+USES = ("figure", "findings", "to_frame")
+
+
+@pytest.fixture(scope="module")
+def fixtures() -> dict[str, tuple[dict[str, Any], tuple[str, ...]]]:
+    """Every JSON fixture (each result kind ropelens writes, and a report.json) with the uses that
+    work on it intact (a result with no figure drawn on its own is not asked for one)."""
+    out = {}
+    for path in sorted(FIXTURES.glob("*.json")):
+        if path.name == "numbers.json":
+            continue
+        result = ropelens.load_result(path)
+        works = []
+        for use in USES:
+            try:
+                getattr(result, use)()
+            except (NotImplementedError, AttributeError, TypeError):
+                continue
+            works.append(use)
+        out[path.stem] = (json.loads(path.read_text()), tuple(works))
+    return out
+
+
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(data=st.data())
+def test_every_kind_damaged_ends_in_one_line_or_loads(fixtures, tmp_path, data):
+    damage = data.draw(damaged({name: content for name, (content, _) in fixtures.items()}))
+    name, what = damage.name, damage.what
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(damage.content))
+    try:
+        result = ropelens.load_result(path)
+    except InputError as e:
+        assert "\n" not in str(e), f"{what}: the refusal is not one line: {e}"
+        assert str(path) in str(e), f"{name}, {what}: the refusal names no file: {e}"
+        event("refused on loading")
+        return
+    except Exception as e:  # anything else is the failure this test finds
+        raise AssertionError(f"{name}, {what}: loading raised {type(e).__name__}: {e}") from e
+    event("loaded")
+    for use in fixtures[name][1]:
+        try:
+            getattr(result, use)()
+        except InputError as e:
+            assert "\n" not in str(e), f"{what}: the refusal is not one line: {e}"
+            event(f"{use}() refused")
+        except Exception as e:
+            raise AssertionError(f"{name}, {what}: {use}() raised {type(e).__name__}: {e}") from e
