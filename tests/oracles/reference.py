@@ -16,9 +16,20 @@ The definitions, in the words of ropelens's documentation:
   unrotated dims): term_i = scale · (q^(i) · k^(i)) on the rotated q and k;
 - **band-only pattern**: the softmax over the allowed keys of the layer's score built from one
   band's terms alone (with the layer's soft-cap and sinks);
-- **ablation**: the planes' dims of the rotated query set to zero in the chosen heads, so their
-  term leaves those heads' logits;
-- **loss**: the mean next-token cross-entropy over the predicted positions.
+- **ablation**: the planes' dims of the rotated q and k set to zero, removing their term from the
+  attention logits: in the chosen query heads, and in a KV head only when every query head
+  sharing it is chosen;
+- **loss**: the mean next-token cross-entropy over the predicted positions;
+- **massive values** (Jin et al.): per layer, head and dimension, the L2 norm over tokens of the
+  pre-RoPE q and k; a dimension is massive when it exceeds ``factor`` × its head's mean dimension
+  norm;
+- **frequency entropy**: per layer, head and plane, the normalised Shannon entropy of the power
+  spectrum of the plane's query norm over positions (the window after its first ``skip``; mean
+  removed, the F = ⌊n/2⌋ non-zero frequencies, divided by ln F so 1 = flat), against the same
+  values in a shuffled order;
+- **rotary offsets** (Jonasson): per plane the q/k outlier ratio (mean plane norm over the median
+  of the head's other planes) and the circular mean angle between q and k at the key each query
+  attends to (the argmax of the model's own scores), sink and content keys apart.
 """
 
 from __future__ import annotations
@@ -26,9 +37,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -38,8 +51,14 @@ __all__ = [
     "Layout",
     "band_only_pattern",
     "energy_by_dims",
+    "attended_keys",
+    "dim_norms",
     "loss",
+    "massive_mask",
+    "plane_angles",
     "plane_terms",
+    "pre_rope",
+    "spectral_entropy",
     "recorded_attention",
     "scores",
 ]
@@ -80,14 +99,18 @@ class AttentionCall:
     softcap: float | None
     sinks: Tensor | None  # [head] learned sink logits
     probs: Tensor  # [batch, head, q, k]
+    # what HF's rotation received in this layer (None in a layer with no rotation), laid out as the
+    # rotation writes its output: the query's and key's rotated dims before it turned them (all
+    # dims, or only the rotary ones where the family splits them off first)
+    rotation_input: tuple[Tensor, Tensor] | None = None
 
 
 @contextlib.contextmanager
-def recorded_attention(hf, *, edit_query=None) -> Iterator[dict[int, AttentionCall]]:
+def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[int, AttentionCall]]:
     """Record every decoder layer's eager attention call (in float32 copies).
 
-    ``edit_query(layer, query) -> query``, when given, replaces the rotated query before the score
-    (the reference of a plane ablation).
+    ``edit_query(layer, query) -> query`` and ``edit_key(layer, key) -> key``, when given, replace
+    the rotated query and key before the score (the reference of a plane ablation).
     """
     if hf.config._attn_implementation != "eager":
         raise ValueError("the reference needs HF's eager attention (attn_implementation='eager')")
@@ -95,6 +118,23 @@ def recorded_attention(hf, *, edit_query=None) -> Iterator[dict[int, AttentionCa
     original = module.eager_attention_forward
     signature = inspect.signature(original)
     calls: dict[int, AttentionCall] = {}
+    rotations = {
+        name: getattr(module, name)
+        for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+        if hasattr(module, name)
+    }
+    pending: list[tuple[Tensor, Tensor]] = []  # the rotation's inputs, until its layer's attention
+
+    def rotation_recorder(rotate):
+        def recorded(q, k, cos, sin, *args, **kwargs):
+            # the rotation by angle 0 lays the inputs out as the rotation writes its output (a
+            # family that permutes dims inside its rotation permutes them here too)
+            with torch.no_grad():
+                still = rotate(q, k, torch.ones_like(cos), torch.zeros_like(sin), *args, **kwargs)
+            pending.append((still[0].detach().float(), still[1].detach().float()))
+            return rotate(q, k, cos, sin, *args, **kwargs)
+
+        return recorded
 
     def wrapped(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
@@ -103,7 +143,11 @@ def recorded_attention(hf, *, edit_query=None) -> Iterator[dict[int, AttentionCa
         layer = getattr(att, "layer_idx", None)
         if layer is not None and edit_query is not None:
             named["query"] = edit_query(layer, named["query"])
+        if layer is not None and edit_key is not None:
+            named["key"] = edit_key(layer, named["key"])
         out = original(*bound.args, **bound.kwargs)
+        rotation_input = pending.pop() if pending else None
+        pending.clear()
         if layer is not None:
             extra = named.get("kwargs", {})
             softcap = named.get("softcap", extra.get("softcap"))
@@ -117,14 +161,37 @@ def recorded_attention(hf, *, edit_query=None) -> Iterator[dict[int, AttentionCa
                 softcap=None if softcap is None else float(softcap),
                 sinks=None if sinks is None else sinks.detach().float(),
                 probs=out[1].detach().float(),
+                rotation_input=rotation_input,
             )
         return out
 
     module.eager_attention_forward = wrapped
+    for name, rotate in rotations.items():
+        setattr(module, name, rotation_recorder(rotate))
     try:
         yield calls
     finally:
         module.eager_attention_forward = original
+        for name, rotate in rotations.items():
+            setattr(module, name, rotate)
+
+
+def pre_rope(call: AttentionCall, layout: Layout) -> tuple[Tensor, Tensor]:
+    """The query ``[batch, head, pos, dim]`` and key ``[batch, kv_head, pos, dim]`` before the
+    rotation: the attention's inputs with the rotary dims as HF's rotation received them (a layer
+    with no rotation: the attention's inputs themselves)."""
+    if call.rotation_input is None:
+        return call.query, call.key
+    out = []
+    for rotated, received in zip((call.query, call.key), call.rotation_input):
+        if received.shape[-1] == rotated.shape[-1]:
+            out.append(received.expand_as(rotated).clone())
+            continue
+        whole = rotated.clone()
+        span = slice(layout.offset, layout.offset + layout.n_rotary)
+        whole[..., span] = received.expand_as(whole[..., span])
+        out.append(whole)
+    return out[0], out[1]
 
 
 def _repeat_kv(key: Tensor, n_heads: int) -> Tensor:
@@ -207,3 +274,70 @@ def loss(hf, input_ids: Tensor, attention_mask: Tensor | None = None) -> float:
         return float(ce.mean())
     keep = attention_mask[:, 1:].flatten().bool()
     return float(ce[keep].mean())
+
+
+def dim_norms(x: Tensor, valid: Tensor | None = None) -> Tensor:
+    """L2 norm over the (valid) tokens of every dimension, ``[head, dim]``: ``x`` is
+    ``[batch, head, pos, dim]``."""
+    sq = x.double().pow(2)
+    if valid is not None:
+        sq = sq * valid[:, None, :, None].double()
+    return sq.sum((0, 2)).sqrt()
+
+
+def massive_mask(norms: Tensor, factor: float) -> tuple[Tensor, Tensor]:
+    """Each dimension's norm over its head's mean dimension norm, and where it exceeds
+    ``factor``."""
+    ratio = norms / norms.mean(-1, keepdim=True)
+    return ratio, ratio > factor
+
+
+def spectral_entropy(signal: Tensor) -> tuple[Tensor, Tensor]:
+    """Normalised Shannon entropy of the power spectrum of ``signal`` along its last axis (numpy's
+    FFT, mean removed, the F = ⌊n/2⌋ non-zero frequencies, divided by ln F), and the spectrum
+    normalised to sum to 1; NaN where the signal is constant."""
+    x = signal.double().numpy()
+    n = x.shape[-1]
+    F = n // 2
+    power = np.abs(np.fft.rfft(x - x.mean(-1, keepdims=True), axis=-1)[..., 1 : F + 1]) ** 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = power / power.sum(-1, keepdims=True)
+        h = -np.where(p > 0, p * np.log(p), 0.0).sum(-1) / math.log(F)
+    h = np.where(np.isfinite(p).all(-1), h, np.nan)
+    return torch.from_numpy(h), torch.from_numpy(p)
+
+
+def attended_keys(call: AttentionCall) -> tuple[Tensor, Tensor]:
+    """The key each query attends most, ``[batch, head, q]`` (the argmax of the model's own score,
+    soft-capped, over the allowed keys; the earlier key on a tie), and the margin of that key's
+    score over the next allowed key's (``inf`` where only one key is allowed)."""
+    score = scores(call)
+    if call.softcap is not None:
+        score = torch.tanh(score / call.softcap) * call.softcap
+    score = score.masked_fill(~allowed(call), float("-inf"))
+    top = score.topk(min(2, score.shape[-1]), -1).values
+    margin = top[..., 0] - top[..., 1] if top.shape[-1] > 1 else torch.full_like(top[..., 0], 1e30)
+    margin = torch.where(torch.isfinite(margin), margin, torch.full_like(margin, float("inf")))
+    best = score.amax(-1, keepdim=True)
+    index = torch.arange(score.shape[-1]).expand_as(score)
+    first = torch.where(score == best, index, score.shape[-1]).amin(-1)
+    return first, margin
+
+
+def plane_angles(
+    query: Tensor, key: Tensor, attended: Tensor, layout: Layout
+) -> tuple[Tensor, Tensor, Tensor]:
+    """At each query's attended key, per plane ``[batch, head, q, plane]``: cos and sin of the
+    angle from q's 2-D component to k's (Δ = arg k − arg q), and the dot product q·k there."""
+    k = _repeat_kv(key, query.shape[1])
+    index = attended[..., None].expand(*attended.shape, k.shape[-1])
+    k_at = k.gather(2, index)  # [batch, head, q, dim]
+    cos, sin, dot = [], [], []
+    for a, b in layout.plane_dims():
+        qa, qb, ka, kb = query[..., a], query[..., b], k_at[..., a], k_at[..., b]
+        norm = torch.sqrt((qa * qa + qb * qb) * (ka * ka + kb * kb))
+        d, cross = qa * ka + qb * kb, qa * kb - qb * ka
+        cos.append(torch.where(norm > 0, d / norm, torch.nan))
+        sin.append(torch.where(norm > 0, cross / norm, torch.nan))
+        dot.append(d)
+    return torch.stack(cos, -1), torch.stack(sin, -1), torch.stack(dot, -1)

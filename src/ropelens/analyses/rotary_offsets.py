@@ -390,9 +390,11 @@ class RotaryOffsets(
         return self.q if which == "q" else self.k
 
     def outlier_ratio(self, which: Literal["q", "k"] = "q") -> Float[Tensor, "layer head plane"]:
-        """Mean plane norm over the median of the head's other planes' mean norms."""
+        """Mean plane norm over the median of the head's other planes' mean norms; NaN where that
+        median is 0 (planes zeroed by an ablation leave no scale to measure against)."""
         m = self._mom(which).mean
-        return (m / _median_of_others(m).clamp_min(1e-30)).float()
+        median = _median_of_others(m)
+        return (m / median.masked_fill(median <= 0, math.nan)).float()
 
     def by_head(self, x: Float[Tensor, "layer kv_head plane"]) -> Float[Tensor, "layer head plane"]:
         """A KV-head statistic as seen by each query head (query head h reads KV head h // group,
