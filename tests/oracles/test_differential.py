@@ -41,6 +41,7 @@ from ropelens.analyses import (
     band_statistics,
     frequency_entropy,
     frequency_usage,
+    head_taxonomy,
     massive_values,
     rotary_offsets,
 )
@@ -306,12 +307,23 @@ def compare(models, draw) -> None:
             massive = massive_values(model, tokens, layers=layers, progress=False)
             entropy = frequency_entropy(model, tokens, progress=False)  # NoPE layers too
             offsets = rotary_offsets(model, tokens, layers=layers, progress=False)
+            taxonomy = head_taxonomy(model, tokens, bands=bands, layers=layers, progress=False)
     if not draw["ragged"]:
         with contextlib.ExitStack() as stack:
             if draw["intervention"] in ("prope", "both"):
                 stack.enter_context(_reference_prope(hf, 0.5))
             with R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key):
                 want_loss = R.loss(hf, tokens)
+            # head taxonomy's second pass: uniform tokens over the vocabulary (seeded), BOS first
+            vocab = min(len(model.tokenizer), hf.get_input_embeddings().num_embeddings)
+            generator = torch.Generator().manual_seed(0)
+            random = torch.randint(0, vocab, tokens.shape, generator=generator)
+            random[:, 0] = model.tokenizer.bos_token_id
+            with (
+                R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key) as random_calls,
+                torch.no_grad(),
+            ):
+                hf(input_ids=random)
         assert abs(got_loss - want_loss) <= tol * max(1.0, abs(want_loss)), (
             f"loss {got_loss} != reference {want_loss}"
         )
@@ -398,6 +410,7 @@ def compare(models, draw) -> None:
         _check_stats(stats, slot, call, terms, rest_term, groups, names, tol, layer)
         _check_sinks(sinks, slot, call, terms, rest_term, groups, names, tol, layer, score_scale)
         _check_distance(by_distance, slot, call, terms, rest_term, groups, names, tol, layer)
+        _check_taxonomy(taxonomy, slot, call, random_calls[layer], layout, groups, names, tol)
         if pre_rope_comparable:
             _check_massive(massive, slot, call, case, tol, layer)
         _check_offsets(offsets, slot, call, layout, scaling, tol, layer, pre_rope_comparable)
@@ -745,3 +758,73 @@ def _check_offsets(result, slot, call, layout, scaling, tol, layer, with_pre=Tru
                     n_scope,
                     term_bound,
                 )
+
+
+def _offset_scores(call, layout, groups, names, max_offset):
+    """One pass of head taxonomy's scores in the reference, per head: the mean attention at each
+    offset δ = 0..max_offset over the pairs (query i + δ, key i ≥ 1), the mean attention on
+    position 0 over queries ≥ 1, and per band the share of its logit's variance over those pairs
+    that lies between offsets (η², offsets weighted by their pairs) and the variance within an
+    offset (content)."""
+    probs = call.probs  # [batch, head, q, k]
+    n = probs.shape[-1]
+    terms, rest_term = R.plane_terms(call, layout)
+    band_terms = _band_terms(terms, rest_term, groups, names).double()  # [batch, head, band, q, k]
+    allowed = R.allowed(call)[:, 0]  # [batch, q, k]
+    offsets = [
+        d for d in range(max_offset + 1) if d < n - 1 and bool(allowed.diagonal(-d, 1, 2).any())
+    ]
+    mass = torch.zeros(probs.shape[1], max_offset + 1, dtype=torch.float64)
+    means, variances, counts = [], [], []
+    for d in offsets:
+        keys = torch.arange(1, n - d)
+        at = probs[:, :, keys + d, keys].double()  # [batch, head, pair]
+        mass[:, d] = at.mean((0, 2))
+        x = band_terms[:, :, :, keys + d, keys]  # [batch, head, band, pair]
+        means.append(x.mean((0, 3)))
+        variances.append(x.var((0, 3), unbiased=False))
+        counts.append(x.shape[0] * x.shape[3])
+    weight = torch.tensor(counts, dtype=torch.float64) / sum(counts)
+    mean, within = torch.stack(means, -1), torch.stack(variances, -1)  # [head, band, offset]
+    content = (within * weight).sum(-1)
+    grand = (mean * weight).sum(-1, keepdim=True)
+    position = ((mean - grand) ** 2 * weight).sum(-1)
+    sink = probs[:, :, 1:, 0].double().mean((0, 2))
+    return mass, sink, position / (position + content), content
+
+
+def _check_taxonomy(result, slot, call, random_call, layout, groups, names, tol) -> None:
+    """Head taxonomy against the reference, on the text and on the random tokens: the attention at
+    each offset and on position 0, and each band's position share and content variance (a variance
+    scaled by the square of the largest band term); the robust offset mass read from them."""
+    max_offset = result.max_offset
+    for kind, c in (("text", call), ("random", random_call)):
+        mass, sink, share, content = _offset_scores(c, layout, groups, names, max_offset)
+        scores = result.scores
+        _close(
+            f"L{c.layer} taxonomy mass {kind}", scores[f"mass_{kind}"][slot], mass, tol, None, 1.0
+        )
+        _close(
+            f"L{c.layer} taxonomy sink {kind}", scores[f"sink_{kind}"][slot], sink, tol, None, 1.0
+        )
+        terms, rest_term = R.plane_terms(c, layout)
+        band_scale = float(_band_terms(terms, rest_term, groups, names).abs().max()) ** 2
+        _close(
+            f"L{c.layer} taxonomy content variance {kind}",
+            scores[f"content_var_{kind}"][slot],
+            content,
+            tol,
+            None,
+            band_scale,
+        )
+        # a share is ill-defined where its band barely varies: compared where the variance is
+        # beyond rounding
+        varies = share.isfinite() & (content > tol * band_scale)
+        _close(
+            f"L{c.layer} taxonomy position share {kind}",
+            scores[f"position_share_{kind}"][slot],
+            share,
+            tol,
+            varies,
+            1.0,
+        )
