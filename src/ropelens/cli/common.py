@@ -711,7 +711,7 @@ def check_figure_path(path: str, flag: str = "--figure", *, save: str | None = N
     if save is not None and _same_file(p, Path(save)):
         raise InputError(
             f"--save and {flag} both name {path}: the one would overwrite the other; pass two "
-            f"files (e.g. --save {p.with_suffix('.json').name} {flag} {p.name})"
+            f"files, such as --save {p.with_suffix('.json').name} {flag} {p.name}"
         )
     if suffix != ".html":
         from ropelens.plots.export import export_unavailable

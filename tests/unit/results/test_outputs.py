@@ -134,7 +134,7 @@ def test_save_and_figure_on_one_file_are_refused(tmp_path):
         check_figure_path(str(path), save=str(tmp_path / "." / "effect.html"))
     assert str(caught.value) == (
         f"--save and --figure both name {path}: the one would overwrite the other; pass two "
-        "files (e.g. --save effect.json --figure effect.html)"
+        "files, such as --save effect.json --figure effect.html"
     )
     assert check_figure_path(str(path), save=str(tmp_path / "effect.json")) == path
 
