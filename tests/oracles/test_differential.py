@@ -45,6 +45,7 @@ from ropelens.analyses import (
     massive_values,
     rotary_offsets,
 )
+from ropelens.analyses.knockout import knocked_out, probe_rows
 from ropelens.run.evaluate import window_losses
 from ropelens.spec.variants import PRoPE
 from tests.oracles import reference as R
@@ -828,3 +829,129 @@ def _check_taxonomy(result, slot, call, random_call, layout, groups, names, tol)
             varies,
             1.0,
         )
+
+
+def _knockout_rows(case: Case, layers: list[int], seed: int) -> list[dict]:
+    """Knockouts of the matrix, one per batch row: none; the two highest planes of query head 0;
+    every plane of heads 0 and 1 (a whole KV head under grouped-query attention); planes drawn at
+    random in head 3 of the last layer. A family whose heads share one rotary key is knocked out in
+    every head at once."""
+    n_planes = case.n_rotary // 2
+    first, last = layers[0], layers[-1]
+    drawn = torch.randperm(n_planes, generator=torch.Generator().manual_seed(seed))[:2]
+    drawn = tuple(sorted(int(p) for p in drawn))
+    heads = (lambda *hs: range(4)) if case.rotary_last else (lambda *hs: hs)
+    return [
+        {},
+        {(first, h): tuple(range(min(2, n_planes))) for h in heads(0)},
+        {(first, h): tuple(range(n_planes)) for h in heads(0, 1)},
+        {(last, h): drawn for h in heads(3)},
+    ]
+
+
+def _knockout_edits(case: Case, planes: dict):
+    """The reference's knockout: each (layer, head)'s planes zeroed in the rotated query, and in a
+    KV head the dims every query head reading it has zeroed."""
+    pairs = case.layout().plane_dims()
+
+    def dims(layer, head):
+        return [d for p in planes.get((layer, head), ()) for d in pairs[p]]
+
+    def edit_query(layer, query):
+        query = query.clone()
+        for h in range(query.shape[1]):
+            query[:, h, :, dims(layer, h)] = 0
+        return query
+
+    def edit_key(layer, key):
+        key = key.clone()
+        group = 4 // key.shape[1]
+        for kv in range(key.shape[1]):
+            shared = set(dims(layer, kv * group))
+            for g in range(1, group):
+                shared &= set(dims(layer, kv * group + g))
+            key[:, kv, :, sorted(shared)] = 0
+        return key
+
+    return edit_query, edit_key
+
+
+def check_knockout(models, family, dtype, prope, seed) -> None:
+    """Knockout against the reference: with one knockout per batch row (:func:`probe_rows`), the
+    attention of every head of the knocked-out layers at offsets 0 and 1 (queries and keys ≥ 1) as
+    HF's eager attention gives it with the same planes zeroed; and with a knockout in force
+    (:func:`knocked_out`), each window's loss."""
+    case = MATRIX[family]
+    model, hf, rotary = models(family, dtype)
+    tol = TOLERANCE[dtype]
+    layers = [rotary[0], rotary[-1]]
+    rows = _knockout_rows(case, layers, seed)
+    window = torch.randint(4, 100, (24,), generator=torch.Generator().manual_seed(seed))
+    window[0] = 1
+    probe_heads = [(L, h) for L in sorted(set(layers)) for h in range(4)]
+    with contextlib.ExitStack() as stack:
+        if prope:
+            stack.enter_context(ropelens.apply_rope_variant(model, PRoPE(0.5)))
+            stack.enter_context(_reference_prope(hf, 0.5))
+        got = probe_rows(model, window, rows, probe_heads)  # [row, probe head, offset]
+        tokens = window.reshape(2, 12).clone()
+        tokens[:, 0] = 1
+        with knocked_out(model, rows[2]):
+            got_loss = window_losses(model, tokens, progress=False)
+        want = torch.zeros(got.shape, dtype=torch.float64)
+        for b, planes in enumerate(rows):
+            edit_query, edit_key = _knockout_edits(case, planes)
+            with (
+                R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key) as calls,
+                torch.no_grad(),
+            ):
+                hf(input_ids=window[None])
+            for i, (L, h) in enumerate(probe_heads):
+                probs = calls[L].probs[0, h]  # [q, k]
+                for d in (0, 1):
+                    want[b, i, d] = probs[torch.arange(1 + d, 24), torch.arange(1, 24 - d)].mean()
+        _close("knockout mass [row, head, offset]", got, want, tol, None, 1.0)
+        edit_query, edit_key = _knockout_edits(case, rows[2])
+        with R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key):
+            want_loss = torch.tensor([R.loss(hf, row[None]) for row in tokens])
+    err = float((got_loss.double() - want_loss.double()).abs().max())
+    LARGEST["knockout loss"] = max(LARGEST.get("knockout loss", 0.0), err)
+    assert err <= tol * max(1.0, float(want_loss.abs().max())), (
+        f"knockout loss {got_loss.tolist()} != reference {want_loss.tolist()}"
+    )
+
+
+@settings(
+    max_examples=max(4, EXAMPLES // 4),
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    family=st.sampled_from(sorted(MATRIX)),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    prope=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_knockout_matches_its_reference(models, family, dtype, prope, seed):
+    check_knockout(models, family, dtype, prope and MATRIX[family].prope, seed)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("ROPELENS_ORACLE_GRID"),
+    reason="the whole grid is the release profile: ROPELENS_ORACLE_GRID=1",
+)
+@pytest.mark.parametrize(
+    ("family", "prope", "dtype"),
+    [
+        pytest.param(f, p, d, id=f"{f}-{'prope' if p else 'none'}-{str(d).split('.')[-1]}")
+        for f in sorted(MATRIX)
+        for p in (False, True)
+        for d in (torch.float32, torch.bfloat16)
+        if not p or MATRIX[f].prope
+    ],
+)
+def test_knockout_in_every_cell(models, family, prope, dtype):
+    check_knockout(models, family, dtype, prope, 0)
+    CELLS.append(f"knockout {family}/{'prope' if prope else 'none'}/{dtype}")
