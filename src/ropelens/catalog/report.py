@@ -20,6 +20,7 @@ from ropelens.report.build import (
     DEFAULT_BAND_TOKENS,
     build_report,
     check_figures,
+    check_output_dir,
     resolve_corpus,
 )
 from ropelens.report.experiments import load_experiments
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     corpus, _ = resolve_corpus(args.corpus, args.text_column)
 
     load_experiments(args.experiments)
-    check_figures(args.figures)  # export unavailable here: fail before the model loads
+    # export unavailable here, or a figures file where figures/ goes: fail before the model loads
+    check_output_dir(out, check_figures(args.figures))
     model = load_from_args(args)
     path = build_report(
         model,

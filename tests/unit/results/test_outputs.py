@@ -219,3 +219,18 @@ def test_a_figures_file_is_refused_before_the_model_loads(tmp_path):
         f"name: move or remove {out / 'figures'}, or pass another output folder"
     )
     assert _files(out) == {"figures"}
+
+
+def test_the_report_command_refuses_a_figures_file_before_the_model_loads(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "figures").write_text("not a folder")
+    if export_unavailable() is not None:
+        pytest.skip(export_unavailable())
+    assert main(["report", "no-such-model", "--out", str(out), "--figures", "svg"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"ropelens: error: {out / 'figures'} is a file, and figures='svg' writes the figures into "
+        f"a folder of that name: move or remove {out / 'figures'}, or pass another output "
+        "folder\n"
+    )
