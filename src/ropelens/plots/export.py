@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import math
 import os
 import queue
 import re
@@ -117,8 +118,9 @@ def _options(fig: go.Figure, fmt: str, width: int | None, height: int | None, sc
 
 
 def _png_pixels(opts: dict[str, Any]) -> tuple[int, int]:
-    """(width, height) in pixels of the PNG kaleido draws with ``opts``."""
-    return round(opts["width"] * opts["scale"]), round(opts["height"] * opts["scale"])
+    """(width, height) in pixels of the PNG kaleido draws with ``opts`` (the browser rounds
+    down: 333 × 1.5 is 499 pixels)."""
+    return math.floor(opts["width"] * opts["scale"]), math.floor(opts["height"] * opts["scale"])
 
 
 def _check_png_size(path: Path, opts: dict[str, Any]) -> None:

@@ -244,6 +244,10 @@ def _decode_class(data: Any, cls: type, where: str) -> Any:
         if not isinstance(data, str):
             raise InputError(f"{where} is {_found(data)}, expected a string")
         return data
+    if cls in (list, tuple) and not isinstance(data, list):
+        raise InputError(f"{where} is {_found(data)}, expected a list")
+    if cls is dict and not isinstance(data, Mapping):
+        raise InputError(f"{where} is {_found(data)}, expected an object")
     from_dict = getattr(cls, "from_dict", None)
     if from_dict is not None:
         return _from_own_dict(data, cls, from_dict, where)
@@ -272,7 +276,7 @@ def _from_own_dict(data: Any, cls: type, from_dict: Any, where: str) -> Any:
         return from_dict(data)
     except InputError as e:
         raise InputError(f"{where}: {e}") from e
-    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as e:
         raise InputError(
             f"{where} does not read as a {cls.__name__} ({type(e).__name__}: {e})"
         ) from e
