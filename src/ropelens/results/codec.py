@@ -22,6 +22,15 @@ any other dataclass                                  its fields, by these same r
 ``X | None``                                         ``null`` or ``X``
 ``int``, ``float``, ``str``, ``bool``, ``Any``       themselves
 ==================================================  ==============================================
+
+Reading checks each value against its type before anything is built from it: a tensor must be a
+rectangular array of numbers of its dtype (whole numbers for ``Int``, true/false for ``Bool``) with
+the number of axes its jaxtyping type names, and tensor fields that name the same axis
+(``" n_dist"``) must agree on its size; a fixed tuple has its length, a literal one of its values, a
+class that reads its own dict gets one whose fields have their types. Anything else is an
+:class:`~ropelens.errors.InputError` naming the field
+(``FrequencyUsage.spec.layers[3].inv_freq[2]``), what it holds and what was expected, so a result
+file edited by hand is refused in one line rather than failing in arithmetic later.
 """
 
 from __future__ import annotations
