@@ -347,12 +347,44 @@ def _decode_tensor(data: Any, hint: Any, where: str) -> Tensor:
     if isinstance(data, dict):
         tensor = _decode_base64(data, where)
     else:
-        shape = _array_shape(data, where, dtype)
-        tensor = torch.tensor(data, dtype=dtype)
-        if tuple(tensor.shape) != shape:  # an empty axis: torch reads [[]] as shape (1, 0)
-            tensor = tensor.reshape(shape)
+        tensor = _decode_array(data, where, dtype)
     _check_rank(tensor, hint, where)
     return tensor
+
+
+def _decode_array(data: Any, where: str, dtype: torch.dtype) -> Tensor:
+    """A tensor of ``dtype`` from nested lists, checked as :func:`_array_shape` says. torch reads
+    a rectangular array of numbers at C speed; only where it refuses one, or an integer array holds
+    a fraction, does the slower walk run, to name the first entry at fault."""
+    if dtype == torch.bool or not isinstance(data, list):
+        _array_shape(data, where, dtype)
+        return torch.tensor(data, dtype=dtype)
+    try:
+        wide = torch.tensor(data, dtype=torch.float64)
+        if not dtype.is_floating_point and not bool((wide == wide.round()).all()):
+            _array_shape(data, where, dtype)  # names the fraction (or the NaN)
+        tensor = wide.to(dtype) if dtype.is_floating_point else torch.tensor(data, dtype=dtype)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        if isinstance(e, InputError):
+            raise
+        _array_shape(data, where, dtype)  # raises, naming the entry at fault
+        raise InputError(
+            f"{where} does not read as a tensor of {str(dtype).removeprefix('torch.')} ({e})"
+        ) from e
+    shape = _array_shape_fast(data)
+    return tensor.reshape(shape) if tuple(tensor.shape) != shape else tensor
+
+
+def _array_shape_fast(data: Any) -> tuple[int, ...]:
+    """The shape of rectangular nested lists, read down their first items (torch reads ``[[]]`` as
+    shape (1, 0) and ``[]`` as (0,): both kept as written)."""
+    shape = []
+    while isinstance(data, list):
+        shape.append(len(data))
+        if not data:
+            break
+        data = data[0]
+    return tuple(shape)
 
 
 def _decode_base64(data: dict[str, Any], where: str) -> Tensor:
