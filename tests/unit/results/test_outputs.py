@@ -81,6 +81,15 @@ def test_a_write_that_fails_names_the_callers_path_not_a_temp_file(usage, tmp_pa
     assert [p.name for p in tmp_path.iterdir()] == [longest.name]
 
 
+@needs_browser
+def test_a_figure_that_cannot_be_written_names_the_callers_path(usage, tmp_path):
+    path = tmp_path / ("f" * 252 + ".svg")  # 256 characters
+    with pytest.raises(OSError) as caught:
+        usage.save_figure(path)
+    assert str(caught.value) == f"cannot write {path} (File name too long): choose another path"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_png_of_16000_pixels_a_side_is_refused_with_the_limit(usage, tmp_path):
     path = tmp_path / "usage.png"
     with pytest.raises(InputError) as caught:
