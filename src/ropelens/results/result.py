@@ -68,17 +68,22 @@ _SOURCE = "_ropelens_file"
 _USES = ("figure", "to_frame", "findings")
 
 
-def _file_guarded(method: Any) -> Any:
+def _file_guarded(method: Any, shown: str | None = None) -> Any:
     """``method`` of a result, refusing in one line naming the file where it fails on the content
     of a result read from a file (a table of sums with a key or a row edited away: what the
     field types do not declare, and so :func:`check_related_fields` cannot see). On a result
-    measured in this process every error keeps its traceback."""
+    measured in this process every error keeps its traceback. ``shown``: the method's name in
+    the message (default: its own)."""
     if getattr(method, "__ropelens_file_guarded__", False):
         return method
+    shown = shown or method.__name__
 
     @functools.wraps(method)
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        source = getattr(self, _SOURCE, None)
+        # this result's file, else that of a result passed in (the other side of a merge)
+        source = next(
+            (getattr(r, _SOURCE) for r in (self, *args) if getattr(r, _SOURCE, None)), None
+        )
         if source is None:
             return method(self, *args, **kwargs)
         try:
@@ -87,7 +92,7 @@ def _file_guarded(method: Any) -> Any:
             raise
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError, ArithmeticError) as e:
             raise InputError(
-                f"{source}: {type(self).__name__}.{method.__name__}() cannot use what the file "
+                f"{source}: {type(self).__name__}.{shown}() cannot use what the file "
                 f"holds ({type(e).__name__}: {_one_line(e)}): the file was edited or damaged; "
                 "measure and save the result again"
             ) from e
@@ -250,7 +255,6 @@ class Result:
             ) from e
 
     # ---------------------------------------------------------------- merge
-    @_file_guarded
     def merge(self: R, other: R) -> R:
         """Exact merge of two partial results over the same settings: their sums add."""
         if not self.MERGE_SUMS:
@@ -260,6 +264,10 @@ class Result:
                 f"can only merge {type(self).__name__} with {type(self).__name__}, got "
                 f"{type(other).__name__}"
             )
+        return self._merged(other)
+
+    def _merged(self: R, other: R) -> R:
+        """The merge of two results of one class (:meth:`merge`), checked mergeable first."""
         self._check_mergeable(other)
         sums = {name: _add(getattr(self, name), getattr(other, name)) for name in self.MERGE_SUMS}
         merged = replace(self, **sums, provenance=self.provenance.merged(other.provenance))  # type: ignore[attr-defined,type-var]
@@ -267,6 +275,8 @@ class Result:
         if source is not None:  # what the file held is in the merge too
             object.__setattr__(merged, _SOURCE, source)
         return merged
+
+    _merged = _file_guarded(_merged, "merge")
 
     def _check_mergeable(self, other: Result) -> None:
         """Raise naming the first setting (or set of sums) the two results do not share."""
@@ -311,6 +321,7 @@ class Result:
         its class."""
         return figure_of(type(self))(self, *args, **kwargs)
 
+    @_file_guarded
     def save_figure(
         self,
         path: str | os.PathLike[str],
