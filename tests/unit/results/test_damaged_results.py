@@ -139,6 +139,7 @@ def _use(result: Any, other: Any) -> None:
         merged = result.merge(other)
         merged.findings()
         merged.to_frame()
+        other.merge(result).figure()  # the damaged file on the other side
 
 
 @settings(
