@@ -216,7 +216,10 @@ class Result:
         where the name ends in ``.gz`` (``u.json.gz``; :meth:`load` reads either)."""
         check_result_path(path, self.KIND)
         dump_json(
-            path, {"type": self.KIND, "format": self.FORMAT, **self.to_dict()}, **self.JSON_OPTIONS
+            path,
+            {"type": self.KIND, "format": self.FORMAT, **self.to_dict()},
+            gzip_by_suffix=True,
+            **self.JSON_OPTIONS,
         )
 
     @classmethod

@@ -106,12 +106,18 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 def dump_json(
-    path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1, allow_nan: bool = True
+    path: str | os.PathLike[str],
+    obj: Any,
+    *,
+    indent: int | None = 1,
+    allow_nan: bool = True,
+    gzip_by_suffix: bool = False,
 ) -> None:
-    """Write JSON atomically (tensors and numpy arrays become lists), gzip-compressed where the
-    name ends in ``.gz`` (``u.json.gz``); :func:`read_json` reads either back."""
+    """Write JSON atomically (tensors and numpy arrays become lists); with ``gzip_by_suffix``,
+    gzip-compressed where the name ends in ``.gz`` (``u.json.gz``), for a reader that reads with
+    :func:`read_json`, which reads either back."""
     text = json.dumps(obj, indent=indent, allow_nan=allow_nan, default=_default)
-    if Path(path).suffix.lower() == ".gz":
+    if gzip_by_suffix and Path(path).suffix.lower() == ".gz":
         # mtime 0: the same content makes the same bytes
         with (
             atomic_write(path, "wb") as f,
