@@ -263,11 +263,15 @@ def write_figures(
     """Write each ``(figure, path)`` as its path's suffix says (``.png``, ``.svg``, ``.pdf``), all
     in one browser session; returns the paths written.
 
-    Each file is written atomically. ``width`` and ``height`` (layout pixels) default to the
-    figure's own, else :data:`DEFAULT_WIDTH` × :data:`DEFAULT_HEIGHT`; ``scale`` multiplies a PNG's
-    pixels (default :data:`PNG_SCALE`). Raises :class:`~ropelens.errors.InputError` for another
-    suffix and :class:`~ropelens.errors.ExportUnavailableError` (naming the fix) where kaleido or a
-    browser is missing.
+    Each file is written atomically, and only once every rendered file has been checked to be
+    what its suffix says (a PNG's signature and pixel size, an SVG's ``<svg``, a PDF's ``%PDF-``
+    and ``%%EOF``); a PDF's document title is the figure's title (else the file's name).
+    ``width`` and ``height`` (layout pixels) default to the figure's own, else
+    :data:`DEFAULT_WIDTH` × :data:`DEFAULT_HEIGHT`; ``scale`` multiplies a PNG's pixels (default
+    :data:`PNG_SCALE`). Raises :class:`~ropelens.errors.InputError` for another suffix or a PNG
+    larger than the browser draws (:data:`PNG_MAX_SIDE` a side, :data:`PNG_MAX_PIXELS` in all),
+    before the browser starts, and :class:`~ropelens.errors.ExportUnavailableError` (naming the
+    fix) where kaleido or a browser is missing or what it returned is not the file asked for.
     """
     jobs, paths, titles = [], [], []
     for fig, path in figures:
