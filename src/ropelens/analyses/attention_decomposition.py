@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import operator
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +22,20 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ropelens.errors import InputError
+from ropelens.devices import device_of, require_memory
+from ropelens.errors import InputError, RopelensWarning
 from ropelens.results.codec import decode, encode, field_types
 from ropelens.results.figures import figure_of
 from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.results.serialize import atomic_write
 from ropelens.run.capture import LayerActs, capture_qk
+from ropelens.run.memory import (
+    band_mixer_bytes,
+    band_terms_bytes,
+    decomposition_bytes,
+    trained_context,
+)
 from ropelens.run.texts import text_tokens
 from ropelens.run.verify import verification
 from ropelens.spec.bands import Bands, ResolvedBands
@@ -167,6 +175,7 @@ class AttentionDecomposition(Result):
         """Band terms of every logit; masked entries are −inf (so they sum like the model's
         scores)."""
         a = self._acts(layer)
+        self._require_terms_room(layer, self.resolved(layer).n_bands, "band")
         x = band_terms(a["q_post"], a["k_post"], a.rope, self.resolved(layer))
         if masked:
             x = x.masked_fill(~self.mask(layer)[:, None, None], float("-inf"))
@@ -249,9 +258,25 @@ class AttentionDecomposition(Result):
             f"first word, or indices 0..{len(names) - 1})"
         )
 
+    def _require_terms_room(self, layer: int, terms: int, what: str) -> None:
+        """Refuse, before they exist, ``terms`` terms of every logit ``[batch, head, terms, n, n]``
+        that the machine has not the room for (:mod:`ropelens.run.memory`)."""
+        a = self._acts(layer)
+        rows, n = int(self.tokens.shape[0]), int(self.tokens.shape[1])
+        need = band_terms_bytes(rows, a.rope.n_heads, terms, n, a["q_post"].dtype)
+        require_memory(
+            need,
+            f"the {terms} {what} terms of every logit of layer {layer} ([{rows}, "
+            f"{a.rope.n_heads}, {terms}, {n}, {n}])",
+            "decompose fewer tokens or texts, or fewer bands (bands=Bands.quantiles(4)); "
+            "band_pattern(layer, bands) needs one [batch, head, n, n] pattern only",
+            a["q_post"].device,
+        )
+
     def plane_logits(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
         """Per-plane terms (the single-plane decomposition), unmasked."""
         a = self._acts(layer)
+        self._require_terms_room(layer, len(Bands.planes().resolve(a.rope).names), "plane")
         return band_terms(a["q_post"], a["k_post"], a.rope, Bands.planes().resolve(a.rope))[
             :, :, : a.rope.n_planes
         ]
@@ -393,6 +418,7 @@ class AttentionDecomposition(Result):
     def cauchy_schwarz(self, layer: int) -> Float[Tensor, "batch head plane q k"]:
         """Per-plane bound ‖q^(i)‖‖k^(i)‖ (times score scale) on |plane term|."""
         a = self._acts(layer)
+        self._require_terms_room(layer, a.rope.n_planes, "plane")
         qn = a.rope.split(a["q_post"]).norm(dim=-1)  # [b,q,h,P]
         kn = a.rope.split(expand_kv(a["k_post"], a.rope)).norm(dim=-1)
         return torch.einsum("bqhp,bkhp->bhpqk", qn, kn) * a.rope.score_scale
@@ -489,7 +515,22 @@ class AttentionDecomposition(Result):
         same model, whose classes label the heads (positional, sink, other); ``batch``: which
         input row; ``layers``: which decomposed layers the page holds (default: all of them);
         ``open_on``: the (layer, head) the page opens on (default: head 0 of its first layer).
+
+        The page is built one layer at a time from float64 patterns of every band (see
+        :mod:`ropelens.run.memory`); one that the machine has not the room for is refused first.
         """
+        if layers is None or (
+            isinstance(layers, Sequence) and all(L in self.acts for L in layers)
+        ):  # what else the page is given, it refuses itself
+            n = int(self.tokens.shape[1])
+            chosen = self.layers if layers is None else list(layers)
+            require_memory(
+                band_mixer_bytes(self.spec, chosen, n, self.bands),
+                f"the band mixer page of {n:,} tokens (float64 [head, {n}, {n}] patterns of "
+                "every band, one layer at a time)",
+                "decompose fewer tokens (a shorter text); the page's memory grows with their "
+                "square",
+            )
         return figure_of(AttentionDecomposition, "explore")(
             self, taxonomy=taxonomy, batch=batch, layers=layers, title=title, open_on=open_on
         )
@@ -622,7 +663,13 @@ def attention_decomposition(
     :func:`~ropelens.analyses.band_statistics`.
 
     Texts start with the tokenizer's BOS (where it has one, as corpus windows do), are cut to the
-    model's context with a :class:`ropelens.errors.TruncatedInputWarning`, and ragged texts are
+    context the model was trained on (its config's ``max_position_embeddings``,
+    :func:`ropelens.run.memory.trained_context`) with a
+    :class:`ropelens.errors.TruncatedInputWarning`, as ``ropelens decompose`` and ``ropelens
+    explore`` cut ``--text``; a token tensor is used whole, with a
+    :class:`ropelens.errors.RopelensWarning` where it runs past that context. Every chosen layer's
+    ``[batch, head, n, n]`` pattern is kept: a decomposition the machine has not the memory for is
+    refused before the forward, naming the estimate (:mod:`ropelens.run.memory`). Ragged texts are
     padded on the right with the padding masked: a batch gives each text the numbers it gives
     alone, and no statistic counts a padded position.
 
@@ -645,7 +692,7 @@ def attention_decomposition(
 
     Raises:
         InputError: When ``tokens`` is an empty list, has no tokens, or is neither text nor a 2-D
-            integer tensor.
+            integer tensor, or when the patterns would not fit in the memory free.
 
     Examples:
         >>> from ropelens.analyses import attention_decomposition
@@ -662,8 +709,10 @@ def attention_decomposition(
     if isinstance(tokens, list | tuple) and not tokens:
         raise InputError("no texts to decompose (an empty list): pass a text or a list of texts")
     valid = None
+    trained = trained_context(model)
     if isinstance(tokens, str | list | tuple):
-        encoded = text_tokens(model, tokens)  # BOS policy, cut to the context (warned), padded
+        # BOS policy, cut to the trained context (warned), padded
+        encoded = text_tokens(model, tokens, limit=trained)
         tokens, valid = encoded.tokens, encoded.valid if encoded.padded else None
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
         raise InputError(
@@ -678,6 +727,15 @@ def attention_decomposition(
     # frequencies that change with the input's length, as a forward of this length applies them
     spec = rope_spec(model, length=int(tokens.shape[1]))
     chosen = spec.layer_indices(layers)
+    _require_decomposition_room(model, spec, chosen, tokens, batch_size)
+    if trained and tokens.shape[1] > trained:  # ready tokens are used whole: say what they pass
+        warnings.warn(
+            f"tokens are {tokens.shape[1]:,} positions, past the model's trained context of "
+            f"{trained:,}: positions from {trained:,} on were never trained on; decomposed all "
+            f"{tokens.shape[1]:,} (a text is cut to the trained context)",
+            RopelensWarning,
+            stacklevel=2,
+        )
     verified = verification(model, spec, verify=verify, length=spec.length)
     t0 = time.perf_counter()
     # a layer whose indexer drops keys on windows this long: its selection is captured with q and k
@@ -714,6 +772,28 @@ def attention_decomposition(
         provenance=prov,
         token_text=decoded_tokens(model, tokens),
     )
+
+
+def _require_decomposition_room(
+    model: Any, spec: RopeSpec, layers: Sequence[int], tokens: Tensor, batch_size: int
+) -> None:
+    """Refuse a decomposition whose kept patterns and forward the machine has not the room for,
+    before the forward (:func:`ropelens.run.memory.decomposition_bytes`)."""
+    rows, n = int(tokens.shape[0]), int(tokens.shape[1])
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    need = decomposition_bytes(spec, layers, rows, n, dtype, batch_size)
+    what = (
+        f"decomposing {rows} × {n:,} tokens in {len(layers)} layer(s) (each layer's "
+        f"[{rows}, head, {n}, {n}] attention pattern is kept)"
+    )
+    lower = (
+        f"pass fewer tokens (a shorter text; {n:,} now), fewer layers (layers=[...]; "
+        f"{len(layers)} now) or fewer texts"
+    )
+    device = device_of(model)
+    require_memory(need, what, lower, device)
+    if device.type != "cpu":  # the patterns come back to the host
+        require_memory(decomposition_bytes(spec, layers, rows, n, dtype, 0), what, lower, "cpu")
 
 
 def decoded_tokens(

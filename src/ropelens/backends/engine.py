@@ -34,6 +34,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,7 +43,7 @@ from torch import Tensor
 
 from ropelens.backends.sdpa_capture import sdpa_attention
 from ropelens.devices import device_of
-from ropelens.errors import UnsupportedModelError
+from ropelens.errors import InputError, RopelensWarning, UnsupportedModelError
 from ropelens.spec.forward_taps import (
     complex_positions_axis,
     rotation_functions,
@@ -52,8 +53,16 @@ from ropelens.spec.forward_taps import (
 from ropelens.spec.plan import ReplaceStep, VariantStep, group_key, model_tables, variant_tables
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.rotary_state import frequency_dtype
+from ropelens.spec.surface import register_runner
 
-__all__ = ["engine_problem", "rotation_forms", "rotation_plan"]
+__all__ = [
+    "check_model_state",
+    "compiled_original",
+    "engine_problem",
+    "model_state_problem",
+    "rotation_forms",
+    "rotation_plan",
+]
 
 
 def rotation_forms(mod) -> dict[str, tuple[Callable, str]]:
@@ -657,3 +666,97 @@ def engine_problem(hf: torch.nn.Module, spec: RopeSpec, attns: list) -> str | No
                 "could not be seen), so a variant's tables could not stand in for them"
             )
     return None
+
+
+# ------------------------------------------------------------------------- the model ropelens runs
+_COMPILED_NOTED = "_ropelens_compiled_noted"
+
+
+def compiled_original(model: Any) -> Any:
+    """The module a ``torch.compile``d model wraps (``OptimizedModule._orig_mod``), ``model``
+    itself for anything else: ropelens taps the eager forward (its hooks and swapped rotation
+    functions are invisible to, or broken by, the compiled graph), so it measures the original
+    module, which holds the same weights. Said once per compiled model with a
+    :class:`ropelens.errors.RopelensWarning`. A runner of :func:`ropelens.spec.surface
+    .running_model`, so every analysis sees the original."""
+    kind = type(model)
+    if kind.__name__ != "OptimizedModule" or not kind.__module__.startswith("torch._dynamo"):
+        return model
+    original = model.__dict__.get("_modules", {}).get("_orig_mod")
+    if original is None:
+        return model
+    if not model.__dict__.get(_COMPILED_NOTED):
+        object.__setattr__(model, _COMPILED_NOTED, True)
+        warnings.warn(
+            f"the model is compiled (torch.compile): ropelens measures the "
+            f"{type(original).__name__} it wraps (model._orig_mod), uncompiled, with the same "
+            "weights, since its captures and interventions tap the eager forward",
+            RopelensWarning,
+            stacklevel=3,
+        )
+    return original
+
+
+register_runner(compiled_original)
+
+
+def _modules_of(model: Any) -> list[tuple[str, torch.nn.Module]]:
+    """``model``'s named modules and those of the HF model a bridge or plain model holds."""
+    seen: dict[int, tuple[str, torch.nn.Module]] = {}
+    for root in (model, getattr(model, "original_model", None)):
+        if isinstance(root, torch.nn.Module):
+            for name, module in root.named_modules():
+                seen.setdefault(id(module), (name or type(root).__name__, module))
+    return list(seen.values())
+
+
+def _tensors_of(model: Any) -> list[tuple[str, Tensor]]:
+    """``model``'s named parameters and buffers (those of the HF model it holds included)."""
+    seen: dict[int, tuple[str, Tensor]] = {}
+    for root in (model, getattr(model, "original_model", None)):
+        if isinstance(root, torch.nn.Module):
+            for name, tensor in [*root.named_parameters(), *root.named_buffers()]:
+                seen.setdefault(id(tensor), (name, tensor))
+    return list(seen.values())
+
+
+def model_state_problem(model: Any) -> str | None:
+    """Why ``model``, as it stands, cannot be measured (None: it can): modules in training mode
+    (dropout makes every forward random, and verification would blame the architecture), or
+    weights on the meta device (shapes with no values: a model built under
+    ``init_empty_weights``, or a device map that never loaded them)."""
+    training = [name for name, module in _modules_of(model) if module.training]
+    if training:
+        dropout = sorted(
+            {
+                float(module.p)
+                for _, module in _modules_of(model)
+                if isinstance(module, torch.nn.Dropout) and module.training and module.p > 0
+            }
+        )
+        said = f" (dropout {', '.join(f'{p:g}' for p in dropout)} active)" if dropout else ""
+        return (
+            f"the model is in training mode{said}: {len(training)} modules, e.g. "
+            f"{training[0]!r}, are set by model.train(), so every forward may differ and nothing "
+            "measured would repeat: call model.eval() before measuring it"
+        )
+    tensors = _tensors_of(model)
+    meta = [name for name, t in tensors if t.device.type == "meta"]
+    if meta:
+        share = "all" if len(meta) == len(tensors) else f"{len(meta)} of {len(tensors)}"
+        return (
+            f"{share} of the model's weights and buffers are on the meta device (shapes with no "
+            f"values), e.g. {meta[0]!r}: the model was built without loading them "
+            "(init_empty_weights, or a device map that left them unloaded); load it whole, e.g. "
+            "ropelens.load_model(path) or from_pretrained(path) without a meta device"
+        )
+    return None
+
+
+def check_model_state(model: Any) -> None:
+    """Refuse, in one line, a model :func:`model_state_problem` finds unmeasurable. ropelens
+    leaves a model in training mode as it is (switching it to eval behind a training loop would
+    change that loop): the caller calls ``model.eval()``."""
+    problem = model_state_problem(model)
+    if problem is not None:
+        raise InputError(problem)

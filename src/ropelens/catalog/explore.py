@@ -11,6 +11,7 @@ import torch
 from ropelens.analyses import HeadTaxonomy, head_taxonomy, load_result
 from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.analyses.registry import Analysis
+from ropelens.backends.base import handle
 from ropelens.cli.common import (
     AnalysisOptions,
     Command,
@@ -21,9 +22,11 @@ from ropelens.cli.common import (
     note,
     relay,
 )
+from ropelens.devices import device_of, require_memory
 from ropelens.errors import InputError
 from ropelens.run.data import windows
-from ropelens.run.texts import encode
+from ropelens.run.memory import decomposition_bytes, explore_bytes, trained_context
+from ropelens.run.texts import cut_message, encode
 from ropelens.spec.bands import Bands
 from ropelens.validate import check_output_path
 
@@ -99,17 +102,51 @@ def _load_taxonomy(spec: str | None) -> HeadTaxonomy | str | None:
 
 
 def _tokens(model, text: str | None, args: argparse.Namespace):
-    """``[1, pos]`` tokens of the input, at most ``--n-ctx`` of them, and what they are."""
+    """``[1, pos]`` tokens of the input, at most ``--n-ctx`` of them and never past the context
+    the model was trained on (cut as :func:`attention_decomposition` cuts a text, said in its
+    words), and what they are."""
+    trained = trained_context(model)
+    limit = args.n_ctx if not trained else min(args.n_ctx, trained)
+    if trained and args.n_ctx > trained:
+        note(
+            f"--n-ctx {args.n_ctx:,} is past the model's trained context of {trained:,} "
+            f"(max_position_embeddings): the page shows at most {trained:,} tokens"
+        )
     if text is None:
         corpus = CorpusOptions.from_args(args).load()
-        toks = windows(corpus, model.tokenizer, args.n_ctx, n_windows=1)
-        return toks, f"the first {args.n_ctx} tokens of corpus {corpus.name!r}"
+        toks = windows(corpus, model.tokenizer, limit, n_windows=1)
+        return toks, f"the first {limit} tokens of corpus {corpus.name!r}"
     toks = torch.tensor([encode(model, text)])  # BOS first where the tokenizer has one
     n = int(toks.shape[1])
-    if n > args.n_ctx:
-        note(f"the text is {n:,} tokens: the page shows its first {args.n_ctx:,} (--n-ctx)")
-        return toks[:, : args.n_ctx], f"the first {args.n_ctx} of {n:,} tokens of the text"
+    if n > limit:
+        what = "--file" if getattr(args, "file", None) is not None else "--text"
+        if limit == args.n_ctx:
+            note(f"the text is {n:,} tokens: the page shows its first {limit:,} (--n-ctx)")
+        else:
+            note(cut_message(what, n, limit))
+        return toks[:, :limit], f"the first {limit} of {n:,} tokens of the text"
     return toks, f"{n} tokens of text"
+
+
+def _require_room(model, toks, analysis: AnalysisOptions, bands) -> None:
+    """Refuse, before the forward, a page whose patterns the machine has not the memory for
+    (:func:`ropelens.run.memory.explore_bytes`), naming the flags that lower it."""
+    spec = handle(model).spec
+    chosen = relay(spec.layer_indices, layers=analysis.layers)
+    n = int(toks.shape[1])
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    what = (
+        f"the band mixer of {n:,} tokens in {len(chosen)} layer(s) ([head, {n}, {n}] patterns "
+        "of every band)"
+    )
+    lower = (
+        f"lower --n-ctx ({n:,} tokens now; the memory grows with their square), or pass fewer "
+        f"--layers ({len(chosen)} now) or fewer --bands"
+    )
+    require_memory(explore_bytes(spec, chosen, n, bands, dtype), what, lower)  # the page: host
+    device = device_of(model)
+    if device.type != "cpu":  # the forward and its patterns, on the accelerator
+        require_memory(decomposition_bytes(spec, chosen, 1, n, dtype, 1), what, lower, device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_from_args(args)
     toks, what = _tokens(model, text, args)
     bands = analysis.parsed_bands() or DEFAULT_BANDS
+    _require_room(model, toks, analysis, bands)
     dec = relay(
         attention_decomposition,
         model,

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from ropelens.backends import backend_of
 from ropelens.backends.base import plain_of_nnsight
+from ropelens.backends.engine import compiled_original
 from ropelens.backends.hf import can_tap, plain_model
 from ropelens.devices import device_of  # re-exported: ropelens.loading.models.device_of
 from ropelens.errors import InputError, UnsupportedModelError
@@ -371,8 +372,10 @@ def wrap_hf_model(
 
     ``model`` may be an nnsight model (``nnsight.LanguageModel``): the HF model it wraps is wrapped
     (with its tokenizer where ``tokenizer`` is None). Every analysis also takes the nnsight model
-    itself, as the plain model of that HF model.
+    itself, as the plain model of that HF model. A ``torch.compile``d model is unwrapped to the
+    module it compiles, with a note (:func:`ropelens.backends.engine.compiled_original`).
     """
+    model = compiled_original(model)  # ropelens taps the eager forward of the same weights
     if is_nnsight(model):  # an nnsight model: the HF model it wraps (its weights loaded first)
         tokenizer = tokenizer if tokenizer is not None else plain_of_nnsight(model).tokenizer
         model = plain_of_nnsight(model).original_model

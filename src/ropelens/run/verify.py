@@ -59,6 +59,7 @@ from torch import Tensor
 
 from ropelens.backends import backend_of
 from ropelens.backends.base import fingerprint
+from ropelens.backends.engine import check_model_state
 from ropelens.backends.hf import mixed_weights, planned_forward
 from ropelens.backends.sdpa_capture import attention_implementation, hf_view
 from ropelens.devices import device_of
@@ -166,7 +167,13 @@ def verification(
     out.
 
     ``length``: probe at that many tokens instead of the default (a spec read at the analysed length
-    by ``rope_spec(model, length=n)``, whose frequencies hold for inputs of that length)."""
+    by ``rope_spec(model, length=n)``, whose frequencies hold for inputs of that length).
+
+    First, verified or not, the model's state is checked
+    (:func:`ropelens.backends.engine.check_model_state`): one in training mode is refused with
+    "call model.eval()", as is one whose weights are on the meta device, before the probe would
+    blame the architecture for either."""
+    check_model_state(model)
     if not verify or getattr(model, _SKIP, 0):
         return dataclasses.replace(UNVERIFIED, interventions=spec.interventions)
     return verify_model(model, spec, length=length)
