@@ -38,6 +38,7 @@ from ropelens.run.evaluate import Estimate, percentile_ci
 __all__ = [
     "MAX_EXACT",
     "PermutationTest",
+    "benjamini_hochberg",
     "clustered_permutation_test",
     "control_verdict",
     "distinct_sets",
@@ -529,3 +530,38 @@ def control_verdict(n_possible: int, n_draws: int, n_distinct: int, control: str
             "a set from a larger pool"
         )
     return ""
+
+
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
+    """Benjamini–Hochberg adjusted p-values (false discovery rate), in the order given; NaN entries
+    (withheld p-values) stay NaN and do not count among the tests.
+
+    The adjusted value of the i-th smallest of m p-values is min over j ≥ i of p_(j) · m / j,
+    capped at 1: a test is a discovery at FDR level q where its adjusted p is ≤ q.
+
+    Args:
+        p_values (Sequence[float]): Raw p-values in [0, 1], or NaN.
+
+    Returns:
+        list[float]: The adjusted p-values, same order and length.
+
+    Raises:
+        InputError: If a p-value is outside [0, 1].
+
+    Examples:
+        >>> benjamini_hochberg([0.01, 0.04, 0.03, float("nan")])  # m = 3 stated
+        [0.03, 0.04, 0.04, nan]
+    """
+    p = [float(x) for x in p_values]
+    bad = [x for x in p if not math.isnan(x) and not 0 <= x <= 1]
+    if bad:
+        raise InputError(f"p-values must lie in [0, 1], got {bad[0]!r}")
+    stated = sorted((x, i) for i, x in enumerate(p) if not math.isnan(x))
+    m = len(stated)
+    out = [math.nan] * len(p)
+    running = 1.0
+    for rank in range(m, 0, -1):
+        x, i = stated[rank - 1]
+        running = min(running, x * m / rank)
+        out[i] = running
+    return out

@@ -1,0 +1,207 @@
+"""The decision rule every claim shares: from an effect, its CI and its controls to a verdict.
+
+:func:`control_outcome` turns a control's draws into a :class:`~ropelens.claims.result.
+ControlOutcome` (p-value, floor, distinct sets, withheld reason) with the statistics of
+:mod:`ropelens.run.stats`; :func:`adjust_rows` adjusts every stated p across the claims run
+(Benjamini–Hochberg) and decides each row again; :func:`decide` is the rule:
+
+1. the model lacks what the claim is about → *not applicable* (the reason says what);
+2. no effect, or no CI (one window) → *inconclusive*;
+3. the effect's CI lies wholly on the wrong side of the threshold → *does not hold*;
+4. the CI includes the threshold → *inconclusive* (power: more windows);
+5. a control that can resolve its p-value (stated, floor ≤ alpha) with adjusted p > alpha → *does
+   not hold* (as many of its draws reach the claimed set);
+6. no control can resolve its p-value (every one withheld or with its floor above alpha) →
+   *inconclusive*: a claim whose controls cannot separate never holds;
+7. otherwise (the CI beyond the threshold, every resolving control beaten at adjusted p ≤ alpha, at
+   least one resolving) → *holds*. A claim declared without controls (descriptive, exact) holds on
+   its CI alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import replace
+
+import torch
+
+from ropelens.claims.result import (
+    DOES_NOT_HOLD,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_APPLICABLE,
+    ClaimRow,
+    ControlOutcome,
+)
+from ropelens.run.stats import (
+    benjamini_hochberg,
+    control_verdict,
+    distinct_sets,
+    p_floor,
+    permutation_p_value,
+)
+
+__all__ = ["adjust_rows", "control_outcome", "decide"]
+
+
+def control_outcome(
+    name: str,
+    observed: float,
+    draws: Sequence[float],
+    sets: Sequence[Hashable],
+    n_possible: int,
+    direction: str,
+) -> ControlOutcome:
+    """A control's outcome from its draws: the one-sided permutation p of ``observed`` against the
+    draws' effects in ``direction``, its floor, the distinct sets drawn and why the p is withheld.
+
+    Args:
+        name (str): The control in words.
+        observed (float): The claimed set's effect.
+        draws (Sequence[float]): Each draw's effect (same metric, same windows).
+        sets (Sequence[Hashable]): Each draw's set (to count distinct ones).
+        n_possible (int): How many distinct sets exist (the claimed one included); -1: too many to
+            count.
+        direction (str): ``"greater"`` or ``"less"``: the claim's predicted sign.
+
+    Returns:
+        ControlOutcome: With ``p_adjusted`` equal to ``p`` until :func:`adjust_rows` runs.
+
+    Examples:
+        >>> c = control_outcome("random planes", -0.5, [-0.1, -0.2, -0.15], [1, 2, 3], 100, "less")
+        >>> round(c.p, 2), c.p_floor, c.n_distinct, c.withheld
+        (0.25, 0.25, 3, '')
+    """
+    n = len(draws)
+    if n == 0:
+        return ControlOutcome(
+            name,
+            math.nan,
+            math.nan,
+            math.nan,
+            math.nan,
+            math.nan,
+            1.0,
+            0,
+            0,
+            n_possible,
+            "no control set could be drawn",
+        )
+    v = torch.tensor([float(x) for x in draws], dtype=torch.float64)
+    n_distinct = distinct_sets(list(sets))
+    why = control_verdict(n_possible if n_possible >= 0 else n + 1, n, n_distinct, name)
+    p = (
+        math.nan
+        if why or not math.isfinite(observed)
+        else permutation_p_value(observed, v, direction)
+    )
+    lo, hi = (
+        (float(v.quantile(0.025)), float(v.quantile(0.975))) if n >= 2 else (math.nan, math.nan)
+    )
+    return ControlOutcome(
+        name, float(v.mean()), lo, hi, p, p, p_floor(n), n, n_distinct, n_possible, why
+    )
+
+
+def decide(
+    direction: str,
+    threshold: float,
+    effect: float,
+    lo: float,
+    hi: float,
+    controls: Sequence[ControlOutcome],
+    alpha: float = 0.05,
+    not_applicable: str = "",
+    controlled: bool = True,
+) -> tuple[str, str]:
+    """The verdict and its reason (the rule in this module's docstring).
+
+    Args:
+        direction (str): ``"greater"`` or ``"less"``: the predicted side of ``threshold``.
+        threshold (float): What the effect is compared with.
+        effect (float): The claim's effect.
+        lo (float): Lower end of its CI.
+        hi (float): Upper end of its CI.
+        controls (Sequence[ControlOutcome]): The controls, ``p_adjusted`` filled in.
+        alpha (float): The level adjusted p-values are compared with.
+        not_applicable (str): Why the claim does not apply to this model ("" where it does).
+        controlled (bool): Whether the claim declares controls (False: descriptive or exact, its
+            CI decides alone).
+
+    Returns:
+        tuple[str, str]: ``(verdict, reason)``.
+
+    Examples:
+        >>> decide("less", 0.0, -0.5, -0.6, -0.4, [], controlled=False)
+        ('holds', 'the effect -0.5 [-0.6, -0.4] lies below 0 as claimed')
+        >>> decide("less", 0.0, -0.5, -0.6, 0.1, [], controlled=False)[0]
+        'inconclusive'
+    """
+    if not_applicable:
+        return NOT_APPLICABLE, not_applicable
+    if not math.isfinite(effect):
+        return INCONCLUSIVE, "the effect could not be measured on these windows"
+    shown = f"{effect:.4g} [{lo:.4g}, {hi:.4g}]"
+    side = "above" if direction == "greater" else "below"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return INCONCLUSIVE, f"the effect {effect:.4g} has no CI (one window): measure more windows"
+    beyond = lo > threshold if direction == "greater" else hi < threshold
+    wrong = hi < threshold if direction == "greater" else lo > threshold
+    if wrong:
+        return DOES_NOT_HOLD, f"the effect {shown} lies wholly on the other side of {threshold:.4g}"
+    if not beyond:
+        return INCONCLUSIVE, (
+            f"the effect {shown} includes {threshold:.4g}: too little power at these windows"
+        )
+    claimed = f"the effect {shown} lies {side} {threshold:.4g} as claimed"
+    if not controlled:
+        return HOLDS, claimed
+    resolving = [
+        c for c in controls if not c.withheld and math.isfinite(c.p) and c.p_floor <= alpha
+    ]
+    failed = [c for c in resolving if not c.p_adjusted <= alpha]
+    if failed:
+        c = failed[0]
+        reached = round(c.p * (1 + c.n_draws)) - 1
+        return DOES_NOT_HOLD, (
+            f"{claimed}, but {reached} of {c.n_draws} draws of {c.name} reach it (p = {c.p:.3g}, "
+            f"BH-adjusted {c.p_adjusted:.3g} > {alpha:g})"
+        )
+    if not resolving:
+        whys = [
+            c.withheld or f"{c.name}: floor {c.p_floor:.3g} > {alpha:g} with {c.n_draws} draws"
+            for c in controls
+        ]
+        return INCONCLUSIVE, (
+            f"{claimed}, but no control can separate it: {'; '.join(whys) or 'none was drawn'}"
+        )
+    beaten = ", ".join(f"{c.name} (p = {c.p:.3g}, BH {c.p_adjusted:.3g})" for c in resolving)
+    unresolved = [c.name for c in controls if c not in resolving]
+    rest = f"; {', '.join(unresolved)} cannot resolve a p-value" if unresolved else ""
+    return HOLDS, f"{claimed}, beyond {beaten}{rest}"
+
+
+def adjust_rows(rows: Sequence[ClaimRow], alpha: float = 0.05) -> tuple[ClaimRow, ...]:
+    """Every row with its controls' p-values adjusted by Benjamini–Hochberg across all the rows'
+    stated p-values, and its verdict decided again from them (a not-applicable row stays so)."""
+    flat = [c.p for r in rows for c in r.controls]
+    adjusted = iter(benjamini_hochberg(flat))
+    out = []
+    for r in rows:
+        controls = tuple(replace(c, p_adjusted=next(adjusted)) for c in r.controls)
+        if r.verdict == NOT_APPLICABLE:
+            out.append(replace(r, controls=controls))
+            continue
+        verdict, reason = decide(
+            r.direction,
+            r.threshold,
+            r.effect,
+            r.lo,
+            r.hi,
+            controls,
+            alpha,
+            controlled=bool(r.detail.get("controlled", bool(controls))),
+        )
+        out.append(replace(r, controls=controls, verdict=verdict, reason=reason))
+    return tuple(out)
