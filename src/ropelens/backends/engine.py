@@ -700,24 +700,43 @@ def compiled_original(model: Any) -> Any:
 register_runner(compiled_original)
 
 
-def _modules_of(model: Any) -> list[tuple[str, torch.nn.Module]]:
-    """``model``'s named modules and those of the HF model a bridge or plain model holds."""
-    seen: dict[int, tuple[str, torch.nn.Module]] = {}
-    for root in (model, getattr(model, "original_model", None)):
-        if isinstance(root, torch.nn.Module):
-            for name, module in root.named_modules():
-                seen.setdefault(id(module), (name or type(root).__name__, module))
+def _roots(model: Any) -> list[torch.nn.Module]:
+    """The HF model a bridge or plain model holds (its names are the checkpoint's), then
+    ``model``."""
+    roots = (getattr(model, "original_model", None), model)
+    return [root for root in roots if isinstance(root, torch.nn.Module)]
+
+
+def _modules_of(model: Any) -> list[torch.nn.Module]:
+    """``model``'s modules and those of the HF model a bridge or plain model holds."""
+    seen: dict[int, torch.nn.Module] = {}
+    for root in _roots(model):
+        for module in root.modules():
+            seen.setdefault(id(module), module)
     return list(seen.values())
 
 
 def _tensors_of(model: Any) -> list[tuple[str, Tensor]]:
-    """``model``'s named parameters and buffers (those of the HF model it holds included)."""
+    """``model``'s named parameters and buffers (those of the HF model it holds first)."""
     seen: dict[int, tuple[str, Tensor]] = {}
-    for root in (model, getattr(model, "original_model", None)):
-        if isinstance(root, torch.nn.Module):
-            for name, tensor in [*root.named_parameters(), *root.named_buffers()]:
-                seen.setdefault(id(tensor), (name, tensor))
+    for root in _roots(model):
+        for name, tensor in [*root.named_parameters(), *root.named_buffers()]:
+            seen.setdefault(id(tensor), (name, tensor))
     return list(seen.values())
+
+
+def _dropout_rates(model: Any, training: list[torch.nn.Module]) -> list[float]:
+    """The non-zero dropout rates a model in training mode applies: its Dropout modules' and its
+    config's (attention and hidden dropout, which HF applies functionally)."""
+    rates = {float(m.p) for m in training if isinstance(m, torch.nn.Dropout)}
+    roots = _roots(model)
+    config = getattr(roots[0], "config", None) if roots else None
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop"):
+        value = getattr(config, name, None)
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            rates.add(float(value))
+    rates.discard(0.0)
+    return sorted(rates)
 
 
 def model_state_problem(model: Any) -> str | None:
@@ -725,23 +744,18 @@ def model_state_problem(model: Any) -> str | None:
     (dropout makes every forward random, and verification would blame the architecture), or
     weights on the meta device (shapes with no values: a model built under
     ``init_empty_weights``, or a device map that never loaded them)."""
-    training = [name for name, module in _modules_of(model) if module.training]
+    training = [module for module in _modules_of(model) if module.training]
     if training:
-        dropout = sorted(
-            {
-                float(module.p)
-                for _, module in _modules_of(model)
-                if isinstance(module, torch.nn.Dropout) and module.training and module.p > 0
-            }
-        )
-        said = f" (dropout {', '.join(f'{p:g}' for p in dropout)} active)" if dropout else ""
+        rates = _dropout_rates(model, training)
+        said = f", dropout {', '.join(f'{p:g}' for p in rates)} active" if rates else ""
         return (
-            f"the model is in training mode{said}: {len(training)} modules, e.g. "
-            f"{training[0]!r}, are set by model.train(), so every forward may differ and nothing "
-            "measured would repeat: call model.eval() before measuring it"
+            f"the model is in training mode (model.train(): {len(training)} modules{said}), so its "
+            "forwards are not its inference and may differ from one run to the next: call "
+            "model.eval() before measuring it"
         )
     tensors = _tensors_of(model)
-    meta = [name for name, t in tensors if t.device.type == "meta"]
+    # a bridge's components hold the HF modules as _original_component: the checkpoint's names
+    meta = [name.replace("_original_component.", "") for name, t in tensors if t.is_meta]
     if meta:
         share = "all" if len(meta) == len(tensors) else f"{len(meta)} of {len(tensors)}"
         return (
