@@ -463,35 +463,36 @@ def _dim_text(dim: Any) -> str:
     return str(size) if isinstance(size, int) else str(getattr(dim, "name", "?"))
 
 
-def _named_sizes(hint: Any, tensor: Tensor) -> dict[str, int]:
-    """The size of each named axis of a tensor of jaxtyping type ``hint``."""
+def _named_sizes(hint: Any, tensor: Tensor) -> list[tuple[str, int, int]]:
+    """(name, axis index, size) of each named axis of a tensor of jaxtyping type ``hint``."""
     origin, args = _parts(hint)
     if origin in (typing.Union, types.UnionType):
-        return next((_named_sizes(a, tensor) for a in args if _is_tensor_type(a)), {})
+        return next((_named_sizes(a, tensor) for a in args if _is_tensor_type(a)), [])
     dims = getattr(hint, "dims", None)
     if not isinstance(dims, tuple) or any(_is_variadic(d) for d in dims):
-        return {}
-    return {
-        d.name: n
-        for d, n in zip(dims, tensor.shape)
+        return []
+    return [
+        (d.name, i, n)
+        for i, (d, n) in enumerate(zip(dims, tensor.shape))
         if isinstance(getattr(d, "name", None), str) and d.name not in ("_", "")
-    }
+    ]
 
 
 def _check_same_sizes(cls: type, values: Mapping[str, Any], where: str) -> None:
-    """Tensor fields of ``cls`` whose types name the same axis (``mean: Float[Tensor, " n_dist"]``,
-    ``count: Int[Tensor, " n_dist"]``) have one size on it."""
+    """Tensor axes of ``cls``'s fields whose types give them one name (``mean: Float[Tensor,
+    " n_dist"]`` and ``count: Int[Tensor, " n_dist"]``; both axes of ``Float[Tensor, "n_pos
+    n_pos"]``) have one size."""
     hints = field_types(cls)
-    seen: dict[str, tuple[str, int]] = {}
+    seen: dict[str, tuple[str, int, int]] = {}
     for name, value in values.items():
         if not isinstance(value, Tensor):
             continue
-        for axis, size in _named_sizes(hints[name], value).items():
-            first = seen.setdefault(axis, (name, size))
-            if first[1] != size:
+        for axis, index, size in _named_sizes(hints[name], value):
+            first = seen.setdefault(axis, (name, index, size))
+            if first[2] != size:
                 raise InputError(
-                    f"{where}.{name} has {size} along axis {axis!r}, expected {first[1]} as "
-                    f"{where}.{first[0]} has"
+                    f"{where}.{name} has {size} along axis {index} ({axis!r}), expected "
+                    f"{first[2]} as {where}.{first[0]} has along axis {first[1]}"
                 )
 
 

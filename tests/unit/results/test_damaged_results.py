@@ -31,6 +31,7 @@ from ropelens.analyses import (
     head_taxonomy,
 )
 from ropelens.errors import InputError
+from ropelens.results.serialize import tensor_to_json
 
 ANALYSES = {
     "FrequencyUsage": lambda model, tokens: frequency_usage(model, tokens, progress=False),
@@ -233,6 +234,28 @@ def test_the_damage_users_met_is_named(saved, tmp_path, name, damage, message):
         ropelens.load_result(path)
     assert str(caught.value).startswith(f"{path}: {message}")
     assert "\n" not in str(caught.value)
+
+
+def test_axes_a_type_names_alike_have_one_size(tmp_path):
+    """``similarity: Float32[Tensor, "n_pos n_pos"]`` is square and as long as the curve over
+    ``" n_dist"``'s fields is long: a file whose base64 similarity lost a column is refused."""
+    content = json.loads((FIXTURES / "PESimilarity.json").read_text())
+    n = content["similarity"]["shape"][0]
+    square = ropelens.load_result(FIXTURES / "PESimilarity.json").similarity
+    content["similarity"] = tensor_to_json(square[:, :-1])
+    path = tmp_path / "pe.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(InputError) as caught:
+        ropelens.load_result(path)
+    assert str(caught.value) == (
+        f"{path}: PESimilarity.similarity has {n - 1} along axis 1 ('n_pos'), expected {n} as "
+        "PESimilarity.similarity has along axis 0"
+    )
+    content = json.loads((FIXTURES / "PESimilarity.json").read_text())
+    content["count"] = content["count"][:-1]
+    path.write_text(json.dumps(content))
+    with pytest.raises(InputError, match=r"PESimilarity.count has \d+ along axis 0 \('n_dist'\)"):
+        ropelens.load_result(path)
 
 
 def test_a_key_edited_away_is_refused_naming_the_file_where_it_is_used(saved, tmp_path):
