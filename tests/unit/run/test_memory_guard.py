@@ -1,0 +1,228 @@
+"""Whole attention matrices: estimated before they are allocated and refused in one line where the
+machine has not the room; inputs past the trained context treated alike in Python and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+import torch
+
+import ropelens.devices
+from ropelens.analyses.attention_decomposition import attention_decomposition
+from ropelens.catalog import explore
+from ropelens.cli import main
+from ropelens.errors import InputError, RopelensWarning, TruncatedInputWarning
+from ropelens.loading.models import load_model
+from ropelens.plots.attention_decomposition import _patterns
+from ropelens.run.memory import (
+    band_mixer_bytes,
+    band_terms_bytes,
+    decomposition_bytes,
+    explore_bytes,
+    trained_context,
+)
+from ropelens.run.texts import cut_message
+from ropelens.spec.bands import Bands
+from ropelens.testing import tiny_model, tiny_model_dir
+
+LONG_CONTEXT = 131_072  # a tiny Llama trained (so its config says) on Llama 3.1's context
+
+
+def one_error(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith("ropelens: error:")]
+    assert captured.out == "" and "Traceback" not in captured.err, captured.err
+    assert len(lines) == 1, captured.err
+    return lines[0].removeprefix("ropelens: error: ")
+
+
+def peak_rss() -> int:
+    """The process's peak resident memory so far, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def tebibytes(n: float) -> str:
+    return f"{n / 1024**4:.3g} TB"
+
+
+def test_explore_of_100000_tokens_is_refused_within_a_second_without_growing(
+    tmp_path, capsys, monkeypatch
+):
+    model_dir = tmp_path / "long"
+    tiny_model_dir("llama", model_dir, max_position_embeddings=LONG_CONTEXT)
+    model = load_model(str(model_dir), device="cpu")
+    monkeypatch.setattr(explore, "load_from_args", lambda args: model)  # time the run, not the load
+    text = tmp_path / "long.txt"
+    text.write_text("x" * 99_999, encoding="utf-8")  # one token a character, BOS first: 100,000
+    out = tmp_path / "page.html"
+    before, t0 = peak_rss(), time.perf_counter()
+    argv = ["explore", str(model_dir), "--file", str(text), "--n-ctx", "100000", "--out", str(out)]
+    assert main(argv) == 2
+    seconds, grown = time.perf_counter() - t0, peak_rss() - before
+    message = one_error(capsys)
+    assert seconds < 1.0, seconds
+    assert grown < 64 * 2**20, grown  # tokens and their tensor, never a matrix of them
+    assert not out.exists()
+    # 2 layers × 4 heads × 100,000² kept in float32, and the page's float64 matrices of one layer:
+    # 2·(1 + 2·4 bands) + 3 = 21 of 4 heads each
+    n = 100_000
+    need = 2 * 4 * n * n * 4 + 21 * 4 * n * n * 8
+    assert f"needs about {tebibytes(need)}" in message
+    assert "free: lower --n-ctx (100,000 tokens now" in message and "--layers (2 now)" in message
+
+
+def test_the_estimates_count_the_tensors_the_analyses_hold(tiny):
+    """Each estimate equals the bytes of the tensors the analysis really builds, summed here from
+    those tensors (a short input, where nothing is refused)."""
+    model = tiny("llama")
+    bands = Bands.quantiles(4)
+    dec = attention_decomposition(model, "The cat sat on the mat.", bands=bands)
+    n = int(dec.tokens.shape[1])
+    kept = sum(dec.pattern(L).nbytes for L in dec.layers)
+    one_pattern = dec.pattern(0).nbytes
+    forward = 2 * one_pattern + n * n * dec.pattern(0).element_size()  # scores, softmax, mask
+    assert decomposition_bytes(dec.spec, dec.layers, 1, n, torch.float32, 8) == kept + forward
+    # the page: the exact and the stored patterns of every subset of dims, and three transients
+    rope, acts = dec.spec.layers[0], dec.acts[0]
+    q = acts["q_post"][0].float().transpose(0, 1)
+    k = acts["k_post"][0].float().transpose(0, 1)
+    rb = dec.resolved(0)
+    every = torch.arange(q.shape[-1])
+    subsets = [every, *rb.dims, *(every[~torch.isin(every, d)] for d in rb.dims)]
+    patterns = _patterns(rope, q, k, dec.mask(0)[0], subsets)
+    page = 2 * sum(p.nbytes for p in patterns) + 3 * patterns[0].nbytes
+    assert band_mixer_bytes(dec.spec, dec.layers, n, bands) == page
+    assert explore_bytes(dec.spec, dec.layers, n, bands, torch.float32) == kept + page
+    terms = dec.band_logits(0)
+    assert band_terms_bytes(1, 4, rb.n_bands, n, torch.float32) == 3 * terms.nbytes
+
+
+_PAGE_PEAK = textwrap.dedent(
+    """
+    import json, resource, sys, torch
+    from ropelens.plots.attention_decomposition import _storage
+    from ropelens.run.memory import band_mixer_bytes
+    from ropelens.spec.bands import Bands
+    from ropelens.spec.reading import rope_spec
+    from ropelens.testing import tiny_model
+    n = int(sys.argv[1])
+    spec = rope_spec(tiny_model("llama"))
+    rope, bands = spec.layers[0], Bands.quantiles(4)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4, n, 16, generator=g), torch.randn(4, n, 16, generator=g)
+    mask = rope.mask(n)
+    rb = bands.resolve(rope)
+    every = torch.arange(16)
+    subsets = [every, *rb.dims, *(every[~torch.isin(every, d)] for d in rb.dims)]
+    _storage(rope, q[:, :8], k[:, :8], mask[:8, :8], subsets)  # code paths warmed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    _storage(rope, q, k, mask, subsets)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    estimated = band_mixer_bytes(spec, [0], n, bands)
+    print(json.dumps({"measured": peak - before, "estimated": estimated}))
+    """
+)
+
+
+def test_the_page_estimate_is_within_a_tenth_of_the_measured_peak():
+    """The band mixer's largest part, measured in a fresh process: 1,200 tokens make each float64
+    [4, n, n] matrix 46 MB, above the C allocator's mmap threshold, so the peak RSS is the live
+    matrices (the estimate counts 21 of them; about 0.97 GB)."""
+    run = subprocess.run(
+        [sys.executable, "-c", _PAGE_PEAK, "1200"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+        check=True,
+    )
+    sizes = json.loads(run.stdout.strip().splitlines()[-1])
+    assert 0.9 < sizes["measured"] / sizes["estimated"] < 1.1, sizes
+
+
+@pytest.fixture
+def little_memory(monkeypatch):
+    """A machine with ``room`` bytes free, as /proc/meminfo would say."""
+
+    def set_room(room: int) -> None:
+        monkeypatch.setattr(ropelens.devices, "available_memory", lambda device=None: room)
+
+    return set_room
+
+
+def test_python_refuses_a_decomposition_before_its_forward(tiny, little_memory):
+    model = tiny("llama")
+    tokens = torch.randint(5, 90, (1, 2000))
+    little_memory(64 * 2**20)
+    before, t0 = peak_rss(), time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RopelensWarning)  # 2,000 positions: past the context
+        with pytest.raises(InputError) as refused:
+            attention_decomposition(model, tokens)
+    assert time.perf_counter() - t0 < 1.0 and peak_rss() - before < 64 * 2**20
+    message = str(refused.value)
+    # kept: 2 layers × [1, 4, 2000, 2000] float32; the forward: two of one layer's and the mask
+    need = (2 * 4 + 2 * 4 + 1) * 2000 * 2000 * 4
+    assert f"needs about {need / 2**20:.3g} MB and this machine has 64 MB free" in message
+    assert "layers=[...]; 2 now" in message and "2,000 now" in message
+
+
+def test_band_terms_and_the_page_are_refused_before_they_exist(tiny, little_memory):
+    model = tiny("llama")
+    dec = attention_decomposition(model, "The cat sat on the mat. " * 4)  # one band per plane
+    n = int(dec.tokens.shape[1])
+    little_memory(2**20)
+    with pytest.raises(InputError, match=r"the 8 band terms of every logit of layer 0") as refused:
+        dec.band_patterns(0)
+    need = 3 * 4 * 8 * n * n * 4
+    assert f"needs about {need / 2**20:.3g} MB" in str(refused.value)
+    with pytest.raises(InputError, match="plane terms"):
+        dec.plane_logits(1)
+    with pytest.raises(InputError, match="band mixer page"):
+        dec.explore()
+    assert dec.band_pattern(0, ["plane 0"]).shape == (1, 4, n, n)  # one pattern: not guarded
+
+
+def test_trained_context_is_the_configs(tiny):
+    assert trained_context(tiny("llama")) == 256
+    assert trained_context(tiny_model("llama", max_position_embeddings=LONG_CONTEXT)) == (
+        LONG_CONTEXT
+    )
+
+
+def test_a_text_past_the_trained_context_is_cut_alike_in_python_and_the_cli(
+    tiny_dir, tmp_path, capsys
+):
+    """Python and ``ropelens explore`` keep the same first 256 tokens of a 301-token text and say
+    so in the same words, even where --n-ctx asks for more."""
+    model_dir = str(tiny_dir("llama"))
+    text = "x" * 300
+    out = tmp_path / "page.html"
+    argv = ["explore", model_dir, "--text", text, "--n-ctx", "400", "--out", str(out), "--json"]
+    assert main([*argv, "--no-verify"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["n_tokens"] == 256
+    assert cut_message("--text", 301, 256) in " ".join(captured.err.split())
+    assert "--n-ctx 400 is past the model's trained context of 256" in captured.err
+    model = load_model(model_dir, device="cpu")
+    with pytest.warns(TruncatedInputWarning) as said:
+        dec = attention_decomposition(model, text, verify=False)
+    assert str(said[0].message) == cut_message("text", 301, 256)
+    assert dec.tokens.shape == (1, 256)
+
+
+def test_tokens_past_the_trained_context_are_used_whole_and_said(tiny):
+    model = tiny("llama")
+    tokens = torch.randint(5, 90, (1, 300))
+    with pytest.warns(RopelensWarning, match="past the model's trained context of 256") as said:
+        dec = attention_decomposition(model, tokens, layers=[0])
+    assert "decomposed all 300" in str(said[0].message)
+    assert dec.tokens.shape == (1, 300)
