@@ -13,7 +13,8 @@ ControlOutcome` (p-value, floor, distinct sets, withheld reason) with the statis
    not hold* (as many of its draws reach the claimed set);
 6. no control can resolve its p-value (every one withheld or with its floor above alpha) →
    *inconclusive*: a claim whose controls cannot separate never holds;
-7. otherwise (the CI beyond the threshold, every resolving control beaten at adjusted p ≤ alpha, at
+7. a second condition of the claim failed (``fails``) → *does not hold*;
+8. otherwise (the CI beyond the threshold, every resolving control beaten at adjusted p ≤ alpha, at
    least one resolving) → *holds*. A claim declared without controls (descriptive, exact) holds on
    its CI alone.
 """
@@ -114,6 +115,7 @@ def decide(
     alpha: float = 0.05,
     not_applicable: str = "",
     controlled: bool = True,
+    fails: str = "",
 ) -> tuple[str, str]:
     """The verdict and its reason (the rule in this module's docstring).
 
@@ -128,6 +130,8 @@ def decide(
         not_applicable (str): Why the claim does not apply to this model ("" where it does).
         controlled (bool): Whether the claim declares controls (False: descriptive or exact, its
             CI decides alone).
+        fails (str): A second condition of the claim that failed: a claim that would hold on its
+            statistic and controls does not hold, for this reason.
 
     Returns:
         tuple[str, str]: ``(verdict, reason)``.
@@ -156,7 +160,7 @@ def decide(
         )
     claimed = f"the effect {shown} lies {side} {threshold:.4g} as claimed"
     if not controlled:
-        return HOLDS, claimed
+        return (DOES_NOT_HOLD, f"{claimed}, but {fails}") if fails else (HOLDS, claimed)
     resolving = [
         c for c in controls if not c.withheld and math.isfinite(c.p) and c.p_floor <= alpha
     ]
@@ -176,6 +180,8 @@ def decide(
         return INCONCLUSIVE, (
             f"{claimed}, but no control can separate it: {'; '.join(whys) or 'none was drawn'}"
         )
+    if fails:
+        return DOES_NOT_HOLD, f"{claimed}, but {fails}"
     beaten = ", ".join(f"{c.name} (p = {c.p:.3g}, BH {c.p_adjusted:.3g})" for c in resolving)
     unresolved = [c.name for c in controls if c not in resolving]
     rest = f"; {', '.join(unresolved)} cannot resolve a p-value" if unresolved else ""
@@ -202,6 +208,7 @@ def adjust_rows(rows: Sequence[ClaimRow], alpha: float = 0.05) -> tuple[ClaimRow
             controls,
             alpha,
             controlled=bool(r.detail.get("controlled", bool(controls))),
+            fails=str(r.detail.get("fails", "")),
         )
         out.append(replace(r, controls=controls, verdict=verdict, reason=reason))
     return tuple(out)
