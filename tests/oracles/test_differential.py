@@ -46,6 +46,8 @@ from ropelens.analyses import (
     rotary_offsets,
 )
 from ropelens.analyses.knockout import knocked_out, probe_rows
+from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt, passkey_retrieval
+from ropelens.analyses.retrieval_heads import retrieval_scores
 from ropelens.run.evaluate import window_losses
 from ropelens.spec.variants import PRoPE
 from tests.oracles import reference as R
@@ -955,3 +957,143 @@ def test_knockout_matches_its_reference(models, family, dtype, prope, seed):
 def test_knockout_in_every_cell(models, family, prope, dtype):
     check_knockout(models, family, dtype, prope, 0)
     CELLS.append(f"knockout {family}/{'prope' if prope else 'none'}/{dtype}")
+
+
+def _reference_copy_scores(hf, tokenizer, prompt_ids: list[int], passkey: str, tol: float, edits):
+    """Retrieval scores in the reference (Wu et al.): the prompt followed by the answer
+    `` <passkey>``, one eager forward; for each answer token holding a digit, the query before it
+    and its sources, the positions of the same token in every occurrence of the answer inside the
+    prompt; a head's score is the fraction of those steps whose most attended key (the earliest on
+    a tie) is a source. Also, per head, the steps whose two best keys are within rounding."""
+    answer = list(tokenizer(" " + passkey, add_special_tokens=False)["input_ids"])
+    n, m = len(prompt_ids), len(answer)
+    starts = [o for o in range(n - m + 1) if prompt_ids[o : o + m] == answer]
+    steps = [
+        (n + i - 1, [o + i for o in starts])
+        for i, t in enumerate(answer)
+        if any(c.isdigit() for c in tokenizer.decode([t]))
+    ]
+    edit_query, edit_key = edits
+    with (
+        R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key) as calls,
+        torch.no_grad(),
+    ):
+        hf(input_ids=torch.tensor([prompt_ids + answer]))
+    hits = torch.zeros(len(calls), calls[0].probs.shape[1], dtype=torch.float64)
+    near = torch.zeros_like(hits)
+    for layer, call in calls.items():
+        for query, sources in steps:
+            row = call.probs[0, :, query]  # [head, key]
+            top = row.topk(2, -1).values
+            hits[layer] += torch.isin(row.argmax(-1), torch.tensor(sources)).double()
+            near[layer] += (top[:, 0] - top[:, 1] <= tol * top[:, 0]).double()
+    return hits / len(steps), near / len(steps), len(steps)
+
+
+def _reference_greedy(hf, tokenizer, prompt_ids: list[int], tol: float, max_new_tokens: int = 8):
+    """Greedy continuation in the reference (a full forward per step), stopping at EOS or once a
+    whole number has been written, and how many steps were decided beyond rounding (a step whose
+    two best logits are within rounding may go either way)."""
+    import re
+
+    out: list[int] = []
+    decided = None
+    for i in range(max_new_tokens):
+        with torch.no_grad():
+            logits = hf(input_ids=torch.tensor([prompt_ids + out])).logits[0, -1].float()
+        top = logits.topk(2).values
+        if decided is None and float(top[0] - top[1]) <= tol * float(logits.abs().max()):
+            decided = i
+        nxt = int(logits.argmax())
+        out.append(nxt)
+        if nxt == tokenizer.eos_token_id or i == max_new_tokens - 1:
+            break
+        if re.search(r"\d+\D", tokenizer.decode(out)):
+            break
+    return out, len(out) if decided is None else decided
+
+
+def check_retrieval(models, family, dtype, intervention, seed) -> None:
+    """Retrieval scores and passkey retrieval against the reference, on a 280-token passkey
+    prompt: each head's score (a head may differ by the steps whose best keys are within
+    rounding), and the greedy answer (equal up to the first step decided within rounding)."""
+    case = MATRIX[family]
+    model, hf, rotary = models(family, dtype)
+    tol = TOLERANCE[dtype]
+    tokenizer = model.tokenizer
+    n_planes = case.n_rotary // 2
+    heads = list(range(4)) if case.rotary_last else [0, 2]
+    ablated = [d for p in (0, n_planes - 1) for d in case.layout().plane_dims()[p]]
+    ablating = intervention == "ablate"
+    edit_query, edit_key = _ablation_edits(ablating, rotary, heads, ablated)
+    prompt = passkey_prompt(tokenizer, 280, 0.5, make_passkey(seed, 0))
+    with contextlib.ExitStack() as stack:
+        if intervention == "prope":
+            stack.enter_context(ropelens.apply_rope_variant(model, PRoPE(0.5)))
+            stack.enter_context(_reference_prope(hf, 0.5))
+        if ablating:
+            stack.enter_context(ropelens.ablate_planes(model, [0, n_planes - 1], heads=heads))
+        got, got_steps = retrieval_scores(
+            model, lengths=(280,), depths=(0.5,), n_trials=1, seed=seed
+        )
+        passkey = passkey_retrieval(
+            model, [280], [0.5], n_trials=1, seed=seed, progress=False
+        ).trials[0]
+        want, near, steps = _reference_copy_scores(
+            hf, tokenizer, prompt.tokens.tolist(), prompt.passkey, tol, (edit_query, edit_key)
+        )
+        with R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key):
+            ids, decided = _reference_greedy(hf, tokenizer, prompt.tokens.tolist(), tol)
+    assert got_steps == steps, f"retrieval copy steps {got_steps} != reference {steps}"
+    err = (got - want).abs() - near
+    LARGEST["retrieval score (beyond near-tied steps)"] = max(
+        LARGEST.get("retrieval score (beyond near-tied steps)", 0.0), float(err.max())
+    )
+    assert bool((err <= 1e-9).all()), (
+        f"retrieval scores {got.tolist()} != reference {want.tolist()} beyond near ties"
+    )
+    want_text = tokenizer.decode(ids[:decided])
+    whole = decided == len(ids)
+    agrees = passkey.response == want_text if whole else passkey.response.startswith(want_text)
+    LARGEST["passkey answers differing"] = LARGEST.get("passkey answers differing", 0.0) + (
+        not agrees
+    )
+    assert agrees, f"passkey answer {passkey.response!r} != reference {tokenizer.decode(ids)!r}"
+
+
+@settings(
+    max_examples=max(3, EXAMPLES // 6),
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    family=st.sampled_from(sorted(MATRIX)),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    intervention=st.sampled_from(["none", "prope", "ablate"]),
+    seed=st.integers(0, 2**10),
+)
+def test_retrieval_matches_its_reference(models, family, dtype, intervention, seed):
+    if intervention == "prope" and not MATRIX[family].prope:
+        intervention = "none"
+    check_retrieval(models, family, dtype, intervention, seed)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("ROPELENS_ORACLE_GRID"),
+    reason="the whole grid is the release profile: ROPELENS_ORACLE_GRID=1",
+)
+@pytest.mark.parametrize(
+    ("family", "intervention", "dtype"),
+    [
+        pytest.param(f, i, d, id=f"{f}-{i}-{str(d).split('.')[-1]}")
+        for f in sorted(MATRIX)
+        for i in ("none", "prope", "ablate")
+        for d in (torch.float32, torch.bfloat16)
+        if i != "prope" or MATRIX[f].prope
+    ],
+)
+def test_retrieval_in_every_cell(models, family, intervention, dtype):
+    check_retrieval(models, family, dtype, intervention, 0)
+    CELLS.append(f"retrieval {family}/{intervention}/{dtype}")

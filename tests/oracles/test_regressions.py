@@ -30,3 +30,39 @@ def test_outlier_ratio_is_undefined_where_the_other_planes_are_zero():
     # the other heads keep every plane: their ratio is each plane's norm over its others' median
     others = torch.cat([norm[1, 1:]]).sort().values[(8 - 2) // 2]
     assert math.isclose(float(ratio[1, 0]), float(norm[1, 0] / others), rel_tol=1e-5)
+
+
+def test_retrieval_argmax_sees_the_interventions_in_force():
+    """Retrieval scores read the model as it runs: with every plane of layer 0 ablated, a fully
+    rotary head's logits there are all 0, so every query attends uniformly and its most attended
+    key is the first (the earliest of a tie). The eager forward once ran without the ablation."""
+    from ropelens.analyses.retrieval_heads import argmax_keys
+
+    model = tiny_model("llama")
+    tokens = torch.randint(4, 100, (20,), generator=torch.Generator().manual_seed(1))
+    tokens[0] = 1
+    queries = [5, 11, 19]
+    before = argmax_keys(model, tokens, queries)
+    with ropelens.ablate_planes(model, list(range(8)), layers=[0]):
+        ablated = argmax_keys(model, tokens, queries)
+    assert bool((ablated[0] == 0).all()), ablated[0].tolist()
+    assert bool((before[0] != 0).any())  # the ablation is what made them 0
+
+
+def test_retrieval_argmax_finds_attention_not_named_self_attn(family_dir):
+    """GPT-NeoX's decoder layers hold their attention as ``attention``: the most attended keys are
+    HF's own eager attention's, where retrieval scores once refused the family."""
+    from transformers import AutoModelForCausalLM
+
+    from ropelens.analyses.retrieval_heads import argmax_keys
+
+    path = family_dir("gpt_neox")
+    model = ropelens.load_model(path, device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    tokens = torch.randint(4, 100, (16,), generator=torch.Generator().manual_seed(2))
+    tokens[0] = 1
+    queries = [3, 9, 15]
+    with torch.no_grad():
+        attentions = hf(input_ids=tokens[None], output_attentions=True).attentions
+    want = torch.stack([a[0][:, queries].argmax(-1) for a in attentions])
+    assert torch.equal(argmax_keys(model, tokens, queries), want)

@@ -42,7 +42,9 @@ from ropelens.analyses.passkey_retrieval import (
     passkey_prompt,
     passkey_retrieval,
 )
-from ropelens.backends.sdpa_capture import attention_implementation, hf_decoder_layers, hf_view
+from ropelens.backends.hf import attention_modules
+from ropelens.backends.sdpa import on_sdpa, sdpa_ready
+from ropelens.backends.sdpa_capture import attention_implementation, hf_view
 from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.findings import Finding, head_name
@@ -50,6 +52,7 @@ from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run.intervene import ablate_planes
 from ropelens.run.verify import verification
+from ropelens.spec.plan import active_plan
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rotary_state import rotary_state_kept
 from ropelens.spec.surface import running_model
@@ -115,13 +118,14 @@ def argmax_keys(
     model, tokens: Int[Tensor, " pos"], queries: Sequence[int]
 ) -> Int[Tensor, "layer head query"]:
     """The most attended key of every head at each of ``queries``, from one eager forward over
-    ``tokens``."""
+    ``tokens``, with every RoPE variant, plane ablation and massive-value replacement in force on
+    ``model`` applied where it rotates (as :func:`ropelens.run.evaluate.window_losses` runs it)."""
     hf = hf_view(model)
-    blocks = hf_decoder_layers(hf)
-    if blocks is None:
+    attns = attention_modules(hf)
+    if not attns or any(a is None for a in attns):
         raise UnsupportedModelError(
-            f"{type(hf).__name__} keeps its decoder layers elsewhere than model.layers: "
-            "retrieval scores need them"
+            f"{type(hf).__name__}: a decoder layer has no softmax self-attention module, and "
+            "retrieval scores read every layer's attention probabilities"
         )
     rows = torch.tensor(list(queries), dtype=torch.long)
     got: dict[int, Tensor] = {}
@@ -134,22 +138,41 @@ def argmax_keys(
 
         return hook
 
-    attns = [getattr(b, "self_attn", None) for b in blocks]
-    if any(a is None for a in attns):
-        raise UnsupportedModelError(f"{type(hf).__name__}: a decoder layer has no self_attn module")
     handles = [a.register_forward_hook(keep(i)) for i, a in enumerate(attns)]
     try:
-        with attention_implementation(hf, "eager"), torch.no_grad(), rotary_state_kept(model):
+        with (
+            _interventions_applied(model) as hf,
+            attention_implementation(hf, "eager"),
+            torch.no_grad(),
+            rotary_state_kept(model),
+        ):
             hf(input_ids=tokens.long().to(device_of(model))[None], use_cache=False)
     finally:
         for h in handles:
             h.remove()
-    if len(got) != len(blocks):
+    if len(got) != len(attns):
         raise UnsupportedModelError(
             f"{type(hf).__name__}: eager attention returned probabilities in "
-            f"{len(got)} of {len(blocks)} layers"
+            f"{len(got)} of {len(attns)} layers"
         )
-    return torch.stack([got[i] for i in range(len(blocks))])
+    return torch.stack([got[i] for i in range(len(attns))])
+
+
+@contextlib.contextmanager
+def _interventions_applied(model) -> Iterator[torch.nn.Module]:
+    """The HF model under ``model`` with the interventions in force on it applied in its forward,
+    tapped at the rotation (:func:`ropelens.backends.sdpa.on_sdpa`)."""
+    if not active_plan(model):
+        yield hf_view(model)
+        return
+    if not sdpa_ready(model):
+        raise UnsupportedModelError(
+            "retrieval scores read the HF model's eager attention, and the interventions in force "
+            "cannot run there (another hook is on the bridge, or the family rotates where "
+            "ropelens cannot tap it): measure them without the intervention"
+        )
+    with on_sdpa(model) as hf:
+        yield hf
 
 
 def copy_scores(
