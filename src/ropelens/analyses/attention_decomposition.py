@@ -33,7 +33,7 @@ from ropelens.run.capture import LayerActs, capture_qk
 from ropelens.run.memory import (
     band_mixer_bytes,
     band_terms_bytes,
-    decomposition_bytes,
+    require_decomposition_room,
     trained_context,
 )
 from ropelens.run.texts import text_tokens
@@ -727,7 +727,9 @@ def attention_decomposition(
     # frequencies that change with the input's length, as a forward of this length applies them
     spec = rope_spec(model, length=int(tokens.shape[1]))
     chosen = spec.layer_indices(layers)
-    _require_decomposition_room(model, spec, chosen, tokens, batch_size)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    rows, n = int(tokens.shape[0]), int(tokens.shape[1])
+    require_decomposition_room(spec, chosen, rows, n, dtype, batch_size, device_of(model))
     if trained and tokens.shape[1] > trained:  # ready tokens are used whole: say what they pass
         warnings.warn(
             f"tokens are {tokens.shape[1]:,} positions, past the model's trained context of "
@@ -772,28 +774,6 @@ def attention_decomposition(
         provenance=prov,
         token_text=decoded_tokens(model, tokens),
     )
-
-
-def _require_decomposition_room(
-    model: Any, spec: RopeSpec, layers: Sequence[int], tokens: Tensor, batch_size: int
-) -> None:
-    """Refuse a decomposition whose kept patterns and forward the machine has not the room for,
-    before the forward (:func:`ropelens.run.memory.decomposition_bytes`)."""
-    rows, n = int(tokens.shape[0]), int(tokens.shape[1])
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    need = decomposition_bytes(spec, layers, rows, n, dtype, batch_size)
-    what = (
-        f"decomposing {rows} × {n:,} tokens in {len(layers)} layer(s) (each layer's "
-        f"[{rows}, head, {n}, {n}] attention pattern is kept)"
-    )
-    lower = (
-        f"pass fewer tokens (a shorter text; {n:,} now), fewer layers (layers=[...]; "
-        f"{len(layers)} now) or fewer texts"
-    )
-    device = device_of(model)
-    require_memory(need, what, lower, device)
-    if device.type != "cpu":  # the patterns come back to the host
-        require_memory(decomposition_bytes(spec, layers, rows, n, dtype, 0), what, lower, "cpu")
 
 
 def decoded_tokens(

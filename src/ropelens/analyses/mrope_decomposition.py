@@ -25,12 +25,14 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ropelens.analyses.attention_decomposition import AttentionDecomposition, band_terms
+from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.loading.vision_language import TEXT, as_plain_vl, capture_mrope, mrope_tolerance
 from ropelens.results.figures import figure_of
 from ropelens.results.findings import Finding
 from ropelens.results.provenance import Provenance, placement
 from ropelens.run.capture import LayerActs
+from ropelens.run.memory import require_decomposition_room
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import model_label, rope_spec
 from ropelens.spec.rope import MROPE_AXES, LayerRope, describe_axes
@@ -384,6 +386,15 @@ def mrope_decomposition(
             f"layers {other} assign planes to axes differently from layer {chosen[0]}: decompose "
             "them separately (layers=...)"
         )
+    require_decomposition_room(  # every chosen layer's [batch, head, n, n] pattern is kept
+        spec,
+        chosen,
+        int(input_ids.shape[0]),
+        int(input_ids.shape[1]),
+        model.cfg.dtype,
+        int(input_ids.shape[0]),  # one forward of every row
+        device_of(model),
+    )
     t0 = time.perf_counter()
     cap = capture_mrope(
         model,

@@ -32,11 +32,12 @@ sizes are far below any machine's memory, so the guard refuses the same runs eit
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
+from ropelens.devices import require_memory
 from ropelens.spec.bands import Bands
 from ropelens.spec.reading import hf_model_of
 from ropelens.spec.rope import RopeSpec
@@ -46,6 +47,7 @@ __all__ = [
     "band_terms_bytes",
     "decomposition_bytes",
     "explore_bytes",
+    "require_decomposition_room",
     "trained_context",
 ]
 
@@ -79,6 +81,33 @@ def decomposition_bytes(
     kept = sum(heads) * rows * n * n * width
     in_forward = min(rows, batch_size) * (FORWARD_SCORE_COPIES * max(heads) + 1) * n * n * width
     return kept + in_forward
+
+
+def require_decomposition_room(
+    spec: RopeSpec,
+    layers: Sequence[int],
+    rows: int,
+    n: int,
+    dtype: torch.dtype,
+    batch_size: int,
+    device: torch.device,
+) -> None:
+    """Refuse, before the forward, a decomposition whose kept patterns and forward
+    (:func:`decomposition_bytes`) do not fit in the memory free: on ``device``, and on the host
+    too where the patterns come back to it from an accelerator."""
+    what = (
+        f"decomposing {rows} × {n:,} tokens in {len(layers)} layer(s) (each layer's "
+        f"[{rows}, head, {n}, {n}] attention pattern is kept)"
+    )
+    lower = (
+        f"pass fewer tokens (a shorter text; {n:,} now), fewer layers (layers=[...]; "
+        f"{len(layers)} now) or fewer texts"
+    )
+    require_memory(
+        decomposition_bytes(spec, layers, rows, n, dtype, batch_size), what, lower, device
+    )
+    if torch.device(device).type != "cpu":
+        require_memory(decomposition_bytes(spec, layers, rows, n, dtype, 0), what, lower, "cpu")
 
 
 def band_mixer_bytes(spec: RopeSpec, layers: Iterable[int], n: int, bands: Bands) -> int:

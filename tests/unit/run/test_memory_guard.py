@@ -226,3 +226,15 @@ def test_tokens_past_the_trained_context_are_used_whole_and_said(tiny):
         dec = attention_decomposition(model, tokens, layers=[0])
     assert "decomposed all 300" in str(said[0].message)
     assert dec.tokens.shape == (1, 300)
+
+
+def test_an_mrope_decomposition_is_refused_before_its_forward(little_memory):
+    from ropelens.analyses import mrope_decomposition
+    from ropelens.testing.vl import vl_hf_model, vl_inputs
+
+    vl = vl_hf_model("qwen2_vl")
+    inputs = vl_inputs(vl)
+    n = int(inputs["input_ids"].shape[1])
+    little_memory(1024)
+    with pytest.raises(InputError, match=rf"decomposing 1 × {n} tokens in 1 layer\(s\)"):
+        mrope_decomposition(vl, **inputs, layers=[0])
