@@ -66,3 +66,53 @@ def test_retrieval_argmax_finds_attention_not_named_self_attn(family_dir):
         attentions = hf(input_ids=tokens[None], output_attentions=True).attentions
     want = torch.stack([a[0][:, queries].argmax(-1) for a in attentions])
     assert torch.equal(argmax_keys(model, tokens, queries), want)
+
+
+class _DynamicRotaryEmbedding(torch.nn.Module):
+    """A dynamic-NTK rotary module with HF's forward signature (``x, position_ids``)."""
+
+    rope_type = "dynamic"
+
+    def __init__(self, fails: bool) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", torch.ones(4))
+        self.fails = fails
+        self.calls = 0
+
+    def forward(self, x, position_ids):
+        self.calls += 1
+        if self.fails:
+            raise RuntimeError("inv_freq is on another device")
+        return x, x
+
+
+class _OtherRotaryEmbedding(torch.nn.Module):
+    """A dynamic rotary module whose forward takes other arguments than HF's."""
+
+    rope_type = "dynamic"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", torch.ones(4))
+
+    def forward(self, seq_len, *, device, offset):
+        raise AssertionError("never called: the signature does not fit")
+
+
+def test_a_rotary_reset_that_fails_is_refused_by_name():
+    """Resetting a dynamic rotary module to a fresh model's frequencies runs its forward on one
+    position; an error there is refused in one line naming the module and the error (it was
+    swallowed, and the block ran with whatever frequencies an earlier input had left)."""
+    from ropelens.errors import UnsupportedModelError
+    from ropelens.spec.rotary_state import rotary_state_kept
+
+    model = torch.nn.Sequential(_DynamicRotaryEmbedding(fails=True))
+    refusal = r"_DynamicRotaryEmbedding could not be reset.*RuntimeError: inv_freq is on"
+    with pytest.raises(UnsupportedModelError, match=refusal), rotary_state_kept(model):
+        pass
+    working = torch.nn.Sequential(_DynamicRotaryEmbedding(fails=False))
+    with rotary_state_kept(working):
+        assert working[0].calls == 1  # reset once on entering
+    other = torch.nn.Sequential(_OtherRotaryEmbedding())
+    with rotary_state_kept(other):  # a forward of another signature is left as it is
+        pass

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ropelens.errors import UnsupportedModelError
 from ropelens.spec.surface import running_model
 
 __all__ = ["frequency_dtype", "rotary_modules", "rotary_state_kept"]
@@ -114,11 +115,16 @@ def _is_dynamic(module: torch.nn.Module) -> bool:
 
 def _reset(module: torch.nn.Module) -> None:
     """HF's dynamic NTK as a fresh model holds it: its forward on one position (within the native
-    context) puts back the original frequencies and cached length."""
+    context) puts back the original frequencies and cached length.
+
+    A module whose forward does not take HF's ``(x, position_ids[, layer_type])`` is left as it is;
+    one that takes them and fails is refused, naming the module and its error (running on would
+    rotate by whatever frequencies an earlier input left)."""
     try:
-        parameters = inspect.signature(module.forward).parameters
+        signature = inspect.signature(module.forward)
     except (TypeError, ValueError):
         return
+    parameters = signature.parameters
     buffer = next((b for b in module.buffers() if b.is_floating_point()), None)
     device = buffer.device if buffer is not None else torch.device("cpu")
     positions = torch.zeros(1, 1, dtype=torch.long, device=device)
@@ -129,13 +135,21 @@ def _reset(module: torch.nn.Module) -> None:
     )
     with torch.no_grad():
         for layer_type in layer_types:
+            args = (hidden, positions) if layer_type is None else (hidden, positions, layer_type)
             try:
-                if layer_type is None:
-                    module.forward(hidden, positions)
-                else:
-                    module.forward(hidden, positions, layer_type)
-            except Exception:  # a module HF's signature does not fit: left as it is
+                signature.bind(*args)
+            except TypeError:  # not HF's signature: nothing ropelens knows how to reset
                 return
+            try:
+                module.forward(*args)
+            except Exception as error:
+                where = "" if layer_type is None else f" (layer type {layer_type!r})"
+                raise UnsupportedModelError(
+                    f"{type(module).__name__}{where} could not be reset to a fresh model's dynamic "
+                    f"RoPE frequencies: its forward on one position raised "
+                    f"{type(error).__name__}: {error}; ropelens cannot start its runs from a "
+                    "fresh model's rotary state with this module"
+                ) from error
 
 
 @contextlib.contextmanager
