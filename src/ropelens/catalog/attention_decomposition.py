@@ -29,6 +29,7 @@ from ropelens.plots.attention_decomposition import (
     rotation_figure,
 )
 from ropelens.run.data import windows
+from ropelens.run.memory import trained_context
 from ropelens.run.texts import encode, text_tokens
 
 
@@ -55,7 +56,9 @@ def options(p: argparse.ArgumentParser) -> None:
 def _text_tokens(model, text: str):
     """``--text`` as ``[1, pos]`` tokens, BOS first (where the tokenizer has one, as corpus
     windows); past the model's context only its first n_ctx tokens, said as Python warns it."""
-    encoded = text_tokens(model, text, names=["--text"], warn=False)
+    encoded = text_tokens(
+        model, text, limit=trained_context(model), names=["--text"], warn=False
+    )  # the trained context, as attention_decomposition cuts a text
     for cut in encoded.cuts:
         note(cut)
     n = encoded.lengths[0]
