@@ -53,7 +53,7 @@ from ropelens.spec.forward_taps import (
 from ropelens.spec.plan import ReplaceStep, VariantStep, group_key, model_tables, variant_tables
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.rotary_state import frequency_dtype
-from ropelens.spec.surface import register_runner
+from ropelens.spec.surface import register_runner, running_model
 
 __all__ = [
     "check_model_state",
@@ -771,6 +771,6 @@ def check_model_state(model: Any) -> None:
     """Refuse, in one line, a model :func:`model_state_problem` finds unmeasurable. ropelens
     leaves a model in training mode as it is (switching it to eval behind a training loop would
     change that loop): the caller calls ``model.eval()``."""
-    problem = model_state_problem(model)
+    problem = model_state_problem(running_model(model))  # a wrapper: the model it runs
     if problem is not None:
         raise InputError(problem)

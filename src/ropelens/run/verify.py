@@ -218,6 +218,7 @@ def verify_model(
     """Run the probe (see module doc) unless this model and spec already passed it; raise
     :class:`UnsupportedModelError` naming the layer, the check and the size of the error on a
     mismatch."""
+    check_model_state(model)  # training mode or meta weights: said as such, not as a mismatch
     spec = spec if spec is not None else rope_spec(model)
     key = fingerprint(model, spec) + ("" if length is None else f"@{int(length)}")
     cache = getattr(model, _CACHE, None)

@@ -13,6 +13,7 @@ from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.backends.engine import compiled_original, model_state_problem
 from ropelens.errors import InputError, RopelensWarning
 from ropelens.loading.models import wrap_hf_model
+from ropelens.run.verify import verify_model
 from ropelens.testing import tiny_hf_model, tiny_model, tiny_tokenizer
 
 TEXT = "The cat sat on the mat."
@@ -38,10 +39,12 @@ def test_training_mode_is_refused_naming_eval_and_the_model_is_left_as_it_was(
     assert dropout_model.training  # ropelens switched nothing
 
 
-def test_training_mode_is_refused_by_corpus_analyses_too(dropout_model):
+def test_training_mode_is_refused_by_corpus_analyses_and_the_probe_too(dropout_model):
     dropout_model.train()
     with pytest.raises(InputError, match=r"call model\.eval\(\)"):
         frequency_usage(dropout_model, n_ctx=16, max_tokens=64, progress=False)
+    with pytest.raises(InputError, match=r"call model\.eval\(\)"):
+        verify_model(dropout_model, force=True)
 
 
 def test_after_eval_the_same_model_gives_the_numbers_of_a_fresh_one(dropout_model):
