@@ -86,12 +86,31 @@ class ClaimContext:
         return str(getattr(getattr(self.model, "cfg", None), "model_name", None) or "model")
 
     @functools.cached_property
+    def prompt_len(self) -> int:
+        """Tokens of a passkey prompt: the budget's, or the shortest of 1.25×, 1.5×, ... that holds
+        the task line, the needle and the question in this model's tokenizer (a character-level
+        tokenizer needs more)."""
+        from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
+
+        n = self.budget.prompt_len
+        for _ in range(16):
+            try:
+                passkey_prompt(self.model.tokenizer, n, 0.5, make_passkey(self.seed, 0))
+                return n
+            except InputError:
+                n = int(n * 1.25)
+        raise InputError(
+            f"no passkey prompt of up to {n} tokens fits this model's tokenizer: the claims that "
+            "copy a passkey cannot run on it"
+        )
+
+    @functools.cached_property
     def found(self) -> dict[str, Any]:
         """Positional heads, band content shares and retrieval scores
         (:func:`ropelens.claims.rows.find_heads`)."""
         b = self.budget
         return find_heads(
-            self.model, b.taxonomy_windows, b.taxonomy_ctx, b.prompt_len, self.seed, self.spec
+            self.model, b.taxonomy_windows, b.taxonomy_ctx, self.prompt_len, self.seed, self.spec
         )
 
     @functools.cached_property

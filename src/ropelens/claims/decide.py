@@ -9,8 +9,9 @@ ControlOutcome` (p-value, floor, distinct sets, withheld reason) with the statis
 2. no effect, or no CI (one window) → *inconclusive*;
 3. the effect's CI lies wholly on the wrong side of the threshold → *does not hold*;
 4. the CI includes the threshold → *inconclusive* (power: more windows);
-5. a control that can resolve its p-value (stated, floor ≤ alpha) with adjusted p > alpha → *does
-   not hold* (as many of its draws reach the claimed set);
+5. a control that can resolve its p-value (stated, floor ≤ alpha) with adjusted p > alpha and some
+   draw reaching the claimed set (p above its floor) → *does not hold*; with no draw reaching it
+   (p at its floor, above alpha only after the adjustment) → *inconclusive* (more draws);
 6. no control can resolve its p-value (every one withheld or with its floor above alpha) →
    *inconclusive*: a claim whose controls cannot separate never holds;
 7. a second condition of the claim failed (``fails``) → *does not hold*;
@@ -164,13 +165,20 @@ def decide(
     resolving = [
         c for c in controls if not c.withheld and math.isfinite(c.p) and c.p_floor <= alpha
     ]
-    failed = [c for c in resolving if not c.p_adjusted <= alpha]
+    failed = [c for c in resolving if not c.p_adjusted <= alpha and c.p > c.p_floor]
     if failed:
         c = failed[0]
         reached = round(c.p * (1 + c.n_draws)) - 1
         return DOES_NOT_HOLD, (
             f"{claimed}, but {reached} of {c.n_draws} draws of {c.name} reach it (p = {c.p:.3g}, "
             f"BH-adjusted {c.p_adjusted:.3g} > {alpha:g})"
+        )
+    weak = [c for c in resolving if not c.p_adjusted <= alpha]
+    if weak:
+        c = weak[0]
+        return INCONCLUSIVE, (
+            f"{claimed}; no draw of {c.name} reaches it, but its floor p = {c.p:.3g} ({c.n_draws} "
+            f"draws) is {c.p_adjusted:.3g} after the BH adjustment, above {alpha:g}: more draws"
         )
     if not resolving:
         whys = [

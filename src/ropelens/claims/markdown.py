@@ -4,7 +4,8 @@
 (verdict, effect with its 95% CI, p per control raw and Benjamini–Hochberg-adjusted, the smallest p
 the draws allow, distinct control sets, the paper's number beside the model's, windows, draws);
 :func:`claims_markdown` writes it as a Markdown table with each verdict's reason below it. The
-report's claims section shows the same table.
+report's claims section shows the same table. :func:`registry_markdown` writes every registered
+claim's protocol and source, the list the documentation's claims page holds.
 """
 
 from __future__ import annotations
@@ -14,10 +15,24 @@ from typing import Any
 
 import pandas as pd
 
+from ropelens.claims.context import BUDGET_SETTINGS
+from ropelens.claims.protocol import CLAIMS, Claim
 from ropelens.claims.result import ClaimRow, ClaimsResult, ControlOutcome
 from ropelens.run.evaluate import interval_text
+from ropelens.run.stats import p_floor
 
-__all__ = ["MISSING", "claims_markdown", "claims_table", "control_names", "p_text"]
+__all__ = [
+    "MISSING",
+    "PAGE_END",
+    "PAGE_START",
+    "budgets_markdown",
+    "claim_markdown",
+    "claims_markdown",
+    "claims_table",
+    "control_names",
+    "p_text",
+    "registry_markdown",
+]
 
 MISSING = "–"  # a number the claim does not have (no control of that kind, nothing measured)
 P_EXPLAINED = (
@@ -117,3 +132,59 @@ def claims_markdown(result: ClaimsResult, reasons: bool = True) -> str:
                 f"  - {c.name}: p withheld: {_cell(c.withheld)}" for c in row.controls if c.withheld
             ]
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------ the registry as a page
+PAGE_START = "<!-- generated from the claims registry: python scripts/claims_page.py -->"
+PAGE_END = "<!-- end of the generated list -->"
+
+
+def _controls_text(controls: tuple[str, ...]) -> str:
+    if not controls:
+        return "none: the claim is judged on its effect's CI alone (descriptive or exact)"
+    return "; ".join(controls)
+
+
+def claim_markdown(claim: Claim) -> str:
+    """One registered claim as a Markdown section: the claim, its source and the paper's number,
+    what is measured, the controls, and the statistic with its decision rule."""
+    side = "above" if claim.direction == "greater" else "below"
+    return "\n".join(
+        [
+            f"### `{claim.name}`",
+            "",
+            f"> {claim.claim}",
+            "",
+            f"- **Source:** {claim.source}",
+            f"- **The paper's number:** {claim.paper or 'none given'}",
+            f"- **Measured:** {claim.measured}",
+            f"- **Metric:** {claim.metric}; the claim predicts an effect {side} "
+            f"{claim.threshold:g}",
+            f"- **Controls:** {_controls_text(claim.controls)}",
+            f"- **Statistic and decision:** {claim.statistic}",
+            "",
+        ]
+    )
+
+
+def budgets_markdown() -> str:
+    """The budgets as a Markdown table: windows per claim, draws per control and the p floor they
+    allow."""
+    lines = [
+        "| budget | windows per claim | draws per control | p floor |",
+        "|---|---|---|---|",
+        *(
+            f"| `{b.name}` | {b.n_windows} | {b.n_draws} | {p_floor(b.n_draws):.2g} |"
+            for b in BUDGET_SETTINGS.values()
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def registry_markdown() -> str:
+    """The documentation's generated part: the budgets table, then every registered claim
+    (:data:`ropelens.claims.protocol.CLAIMS`, in registration order) with its protocol and
+    source, between :data:`PAGE_START` and :data:`PAGE_END`."""
+    parts = [PAGE_START, "", "## Budgets", "", budgets_markdown(), "## The claims", ""]
+    parts += [claim_markdown(c) for c in CLAIMS.values()]
+    return "\n".join([*parts, PAGE_END]) + "\n"

@@ -75,6 +75,9 @@ class Claim:
         threshold (float): What the statistic is compared with.
         measure (Callable): ``measure(context) -> Measurement`` on a
             :class:`ropelens.claims.context.ClaimContext`.
+        reads_weights (bool): Whether the verdict depends on the trained weights (False for a
+            claim about the configuration alone, such as the base bound: it holds on random
+            weights as on trained ones).
 
     Raises:
         InputError: When the name is empty, the direction is neither, or ``measure`` is not
@@ -92,6 +95,7 @@ class Claim:
     direction: str
     threshold: float
     measure: Callable[[Any], Measurement]
+    reads_weights: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or " " in self.name or "," in self.name:

@@ -1,0 +1,178 @@
+"""The knockout protocol the head-set claims share: one end of the spectrum zeroed in a head set,
+against random planes in the same heads, random heads in the same layers, random heads from any
+layer, and the other end of the spectrum in the same heads.
+
+The claimed set zeroes the main dose (a quarter of each head's planes) at ``end`` (``"high"``: the
+highest frequencies; ``"low"``: the lowest). Every condition is one batch row
+(:mod:`ropelens.claims.rows`); a condition drawn twice runs once. The effect of a condition on a
+window is its metric minus the unmodified model's; the claim's effect is the mean over windows with
+its paired bootstrap CI (:func:`ropelens.run.stats.paired_bootstrap_ci`); a control's p compares the
+claimed set's mean effect with each draw's (:func:`ropelens.claims.decide.control_outcome`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ropelens.analyses.knockout import plane_order
+from ropelens.claims.decide import control_outcome
+from ropelens.claims.protocol import Measurement
+from ropelens.claims.result import ControlOutcome
+from ropelens.claims.rows import distinct_rows
+from ropelens.run.stats import matched_random_sets, matched_set_count, paired_bootstrap_ci
+
+__all__ = ["PLANES", "SAME_LAYERS", "ANY_LAYER", "OTHER_END", "knockout_claim", "main_dose"]
+
+PLANES = "random planes, same heads"
+SAME_LAYERS = "random heads, same layers"
+ANY_LAYER = "random heads, any layer"
+OTHER_END = "other end of the spectrum"
+_CAP = 2**62  # set counts beyond this are written as -1 (too many to count)
+
+
+def main_dose(n_planes: int) -> int:
+    """A quarter of the planes per head (at least one)."""
+    return max(1, n_planes // 4)
+
+
+def _end(spec, layer: int, end: str, k: int) -> tuple[int, ...]:
+    return tuple(sorted(plane_order(spec[layer].inv_freq, end)[:k]))
+
+
+def _count(n: int) -> int:
+    return n if n <= _CAP else -1
+
+
+def condition_rows(
+    spec, heads: Sequence[tuple[int, int]], end: str, n_draws: int, seed: int
+) -> tuple[list[str], list[dict]]:
+    """(labels, rows): the unmodified model, the claimed set, the other end in the same heads,
+    then ``n_draws`` draws of each control: random planes in the same heads, random head sets with
+    as many heads per layer, random head sets from any rotary layer (each given its own layer's
+    planes at ``end``)."""
+    k = main_dose(spec[heads[0][0]].n_planes)
+    other = "low" if end == "high" else "high"
+    labels = ["model", "set", OTHER_END]
+    rows: list[dict] = [
+        {},
+        {hd: _end(spec, hd[0], end, k) for hd in heads},
+        {hd: _end(spec, hd[0], other, k) for hd in heads},
+    ]
+    rng = np.random.default_rng(seed)
+    for _ in range(n_draws):
+        labels.append(PLANES)
+        rows.append(
+            {
+                hd: tuple(sorted(rng.choice(spec[hd[0]].n_planes, k, replace=False).tolist()))
+                for hd in heads
+            }
+        )
+    population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
+    for cs in matched_random_sets(heads, population, n_draws, seed + 1):
+        labels.append(SAME_LAYERS)
+        rows.append({hd: _end(spec, hd[0], end, k) for hd in cs})
+    every = [(L, h) for L in spec.rotary_layers for h in range(spec[L].n_heads)]
+    for _ in range(n_draws):
+        pick = rng.choice(len(every), len(heads), replace=False)
+        labels.append(ANY_LAYER)
+        rows.append({every[i]: _end(spec, every[i][0], end, k) for i in sorted(pick.tolist())})
+    return labels, rows
+
+
+def knockout_claim(
+    context: Any,
+    heads: Sequence[tuple[int, int]],
+    end: str,
+    units: Sequence[Any],
+    values: Callable[[Any, list[dict]], list[float]],
+    direction: str,
+    describe: Callable[[float, float], str],
+) -> Measurement:
+    """Run the knockout of ``heads`` at ``end`` on every unit (window or prompt) and measure it.
+
+    Args:
+        context (ClaimContext): The model and budget.
+        heads (Sequence[tuple[int, int]]): The claimed (layer, head) set.
+        end (str): ``"high"`` or ``"low"``: which end of the spectrum the set zeroes.
+        units (Sequence): The windows or prompts.
+        values (Callable): ``values(unit, rows) -> [metric per row]`` on one unit.
+        direction (str): ``"less"`` (the knockout lowers the metric) or ``"greater"``.
+        describe (Callable): ``describe(baseline, knocked) -> str``: the model's number in the
+            paper's terms.
+
+    Returns:
+        Measurement: The set's effect with its CI, the four controls, the model's number, and in
+        ``detail`` the heads, the dose, the distinct conditions and the other end's paired CI.
+    """
+    spec, b = context.spec, context.budget
+    heads = [tuple(int(x) for x in hd) for hd in heads]
+    labels, rows = condition_rows(spec, heads, end, b.n_draws, context.seed + 17)
+    once, where = distinct_rows(rows)
+    per_unit = []
+    for unit in units:
+        got = values(unit, once)
+        per_unit.append([got[i] for i in where])
+    m = torch.tensor(per_unit, dtype=torch.float64)  # [unit, row]
+    diff = m - m[:, :1]
+    effect = paired_bootstrap_ci(m[:, 1], m[:, 0], n_boot=b.n_boot, seed=context.seed)
+    observed = float(diff[:, 1].mean())
+    lab = np.array(labels)
+    population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
+    n_every = sum(spec[L].n_heads for L in spec.rotary_layers)
+    k = main_dose(spec[heads[0][0]].n_planes)
+    possible = {
+        PLANES: _count(math.prod(math.comb(spec[L].n_planes, k) for L, _ in heads)),
+        SAME_LAYERS: _count(matched_set_count(heads, population)),
+        ANY_LAYER: _count(math.comb(n_every, len(heads))),
+    }
+    controls: list[ControlOutcome] = []
+    for name in (PLANES, SAME_LAYERS, ANY_LAYER):
+        idx = np.flatnonzero(lab == name)
+        draws = diff[:, idx].mean(0).tolist()
+        sets = [tuple(sorted(rows[i].items())) for i in idx]
+        controls.append(control_outcome(name, observed, draws, sets, possible[name], direction))
+    other = float(diff[:, 2].mean())
+    controls.append(
+        ControlOutcome(
+            OTHER_END,
+            other,
+            math.nan,
+            math.nan,
+            math.nan,
+            math.nan,
+            1.0,
+            1,
+            1,
+            1,
+            "one set: compared by its paired CI (detail), not by a p-value",
+        )
+    )
+    versus = paired_bootstrap_ci(m[:, 1], m[:, 2], n_boot=b.n_boot, seed=context.seed)
+    base = float(m[:, 0].mean())
+    return Measurement(
+        effect=observed,
+        lo=float(effect.lo),
+        hi=float(effect.hi),
+        baseline=base,
+        controls=controls,
+        model_number=describe(base, base + observed),
+        n_windows=len(units),
+        n_draws=b.n_draws,
+        detail={
+            "heads": [list(hd) for hd in heads],
+            "end": end,
+            "dose": k,
+            "n_rows": len(rows),
+            "n_distinct_rows": len(once),
+            "set_minus_other_end": {
+                "mean": float(versus.mean),
+                "lo": float(versus.lo),
+                "hi": float(versus.hi),
+            },
+        },
+    )
