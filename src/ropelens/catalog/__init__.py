@@ -26,6 +26,7 @@ from ropelens.catalog import (
     band_location,
     band_statistics,
     base_predictions,
+    claims,
     compare,
     explore,
     extension_planes,
@@ -78,6 +79,7 @@ register_analysis(passkey_retrieval.ANALYSIS)
 register_analysis(retrieval_heads.ANALYSIS)
 register_analysis(extension_study.ANALYSIS)
 register_analysis(knockout.ANALYSIS)
+register_analysis(claims.ANALYSIS)
 register_analysis(trajectory.ANALYSIS)
 register_analysis(compare.ANALYSIS)
 register_analysis(mrope_decomposition.ANALYSIS)
