@@ -1,0 +1,166 @@
+"""The claims' decision rule on made-up numbers, at each boundary: a claim whose controls cannot
+separate it is inconclusive, never holds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ropelens.claims import (
+    DOES_NOT_HOLD,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_APPLICABLE,
+    ControlOutcome,
+    adjust_rows,
+    control_outcome,
+    decide,
+)
+from ropelens.claims.result import ClaimRow
+from ropelens.run.stats import benjamini_hochberg
+
+
+def _control(p: float, n: int = 99, withheld: str = "", adjusted: float | None = None):
+    return ControlOutcome(
+        "random planes, same heads",
+        -0.1,
+        -0.2,
+        0.0,
+        p,
+        p if adjusted is None else adjusted,
+        1 / (1 + n),
+        n,
+        n,
+        10**6,
+        withheld,
+    )
+
+
+# a knockout that lowers its metric: effect −0.5 [−0.6, −0.4]
+LESS = ("less", 0.0, -0.5, -0.6, -0.4)
+
+
+def test_holds_when_the_ci_excludes_zero_and_every_resolving_control_is_beaten():
+    verdict, reason = decide(*LESS, [_control(0.01), _control(0.02)])
+    assert verdict == HOLDS
+    assert "beyond random planes" in reason
+
+
+def test_does_not_hold_when_a_control_reaches_the_set():
+    # 4 of 99 draws as harmful: p = 5/100 raw, adjusted above alpha
+    verdict, reason = decide(*LESS, [_control(0.01), _control(0.05, adjusted=0.06)])
+    assert verdict == DOES_NOT_HOLD
+    assert "4 of 99 draws" in reason
+
+
+def test_at_alpha_exactly_the_control_is_beaten():
+    assert decide(*LESS, [_control(0.05)])[0] == HOLDS
+    assert decide(*LESS, [_control(0.0500001, n=199)])[0] == DOES_NOT_HOLD
+
+
+def test_a_control_at_its_floor_above_alpha_only_after_adjustment_is_inconclusive():
+    # 19 draws: floor 0.05, no draw reaches the set, BH lifts it to 0.1
+    verdict, reason = decide(*LESS, [_control(0.05, n=19, adjusted=0.1)])
+    assert verdict == INCONCLUSIVE
+    assert "more draws" in reason
+
+
+def test_controls_that_cannot_separate_are_inconclusive_never_holds():
+    # floor 0.1 (9 draws) above alpha, and a control withheld as the whole pool
+    few = _control(0.1, n=9)
+    pool = _control(math.nan, withheld="random heads cannot differ from the tested set")
+    verdict, reason = decide(*LESS, [few, pool])
+    assert verdict == INCONCLUSIVE
+    assert "no control can separate" in reason and "cannot differ" in reason
+    assert decide(*LESS, [])[0] == INCONCLUSIVE  # controlled, but none drawn
+
+
+def test_a_withheld_control_beside_a_beaten_one_does_not_block_holds():
+    pool = _control(math.nan, withheld="only 64 distinct sets exist")
+    verdict, reason = decide(*LESS, [_control(0.01), pool])
+    assert verdict == HOLDS
+    assert "cannot resolve" in reason
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "verdict"),
+    [
+        (-0.6, -1e-9, HOLDS),  # just below 0
+        (-0.6, 0.0, INCONCLUSIVE),  # touches 0
+        (-0.6, 0.2, INCONCLUSIVE),  # across 0
+        (0.0, 0.2, INCONCLUSIVE),  # touches 0 from the wrong side
+        (1e-9, 0.2, DOES_NOT_HOLD),  # wholly on the wrong side
+    ],
+)
+def test_the_ci_against_the_threshold(lo, hi, verdict):
+    assert decide("less", 0.0, (lo + hi) / 2, lo, hi, [_control(0.01)])[0] == verdict
+
+
+def test_greater_direction_and_a_threshold():
+    assert decide("greater", 0.5, 0.7, 0.6, 0.8, [], controlled=False)[0] == HOLDS
+    assert decide("greater", 0.5, 0.45, 0.4, 0.49, [], controlled=False)[0] == DOES_NOT_HOLD
+    assert decide("greater", 0.5, 0.55, 0.49, 0.6, [], controlled=False)[0] == INCONCLUSIVE
+
+
+def test_not_applicable_missing_numbers_and_a_failed_second_condition():
+    assert decide(*LESS, [], not_applicable="no positional heads found") == (
+        NOT_APPLICABLE,
+        "no positional heads found",
+    )
+    assert decide("less", 0.0, math.nan, math.nan, math.nan, [])[0] == INCONCLUSIVE
+    assert decide("less", 0.0, -0.5, math.nan, math.nan, [], controlled=False)[0] == INCONCLUSIVE
+    verdict, reason = decide(*LESS, [], controlled=False, fails="NoPE costs only +0.01 nats")
+    assert verdict == DOES_NOT_HOLD and "NoPE" in reason
+
+
+def test_control_outcome_counts_draws_at_least_as_extreme():
+    # claimed −0.5; draws −0.6 and −0.5 reach it (≤ for "less"), −0.1 does not: p = (1 + 2) / 4
+    c = control_outcome("x", -0.5, [-0.6, -0.5, -0.1], [1, 2, 3], 1000, "less")
+    assert c.p == pytest.approx(0.75)
+    assert c.p_floor == pytest.approx(0.25)
+    assert c.effect == pytest.approx(-0.4)
+    up = control_outcome("x", 0.5, [0.6, 0.1, 0.2], [1, 2, 3], 1000, "greater")
+    assert up.p == pytest.approx(0.5)
+
+
+def test_control_outcome_withholds_p_where_the_pool_is_too_small():
+    # 3 draws of a pool with 2 sets: the draws repeat
+    c = control_outcome("random heads", -0.5, [-0.1, -0.2, -0.1], [1, 2, 1], 2, "less")
+    assert math.isnan(c.p) and c.n_distinct == 2 and "only 2 distinct sets" in c.withheld
+    whole = control_outcome("random heads", -0.5, [-0.5] * 4, [1] * 4, 1, "less")
+    assert math.isnan(whole.p) and "cannot differ" in whole.withheld
+
+
+def _row(name: str, p: float, n: int = 99) -> ClaimRow:
+    return ClaimRow(
+        name, "c", "s", "", "m", "metric", "less", 0.0, 1.0, -0.5, -0.6, -0.4, "",
+        (_control(p, n),), INCONCLUSIVE, "", 8, n, 1.0, {},
+    )  # fmt: skip
+
+
+def test_adjust_rows_applies_bh_across_claims_and_decides_again():
+    rows = adjust_rows([_row("a", 0.01), _row("b", 0.04), _row("c", 0.03)], alpha=0.05)
+    want = benjamini_hochberg([0.01, 0.04, 0.03])
+    assert [r.controls[0].p_adjusted for r in rows] == pytest.approx(want)
+    assert want == pytest.approx([0.03, 0.04, 0.04])  # by hand: 0.01·3/1, 0.04·3/3, 0.03·3/2
+    assert [r.verdict for r in rows] == [HOLDS, HOLDS, HOLDS]
+    # a fourth claim at 0.5 raises m: 0.04 · 4/3 > 0.05, and that draw count reached it
+    rows = adjust_rows([*rows, _row("d", 0.5)], alpha=0.05)
+    assert [r.verdict for r in rows] == [HOLDS, DOES_NOT_HOLD, DOES_NOT_HOLD, DOES_NOT_HOLD]
+
+
+def test_benjamini_hochberg_against_a_direct_computation():
+    p = [0.2, 0.001, math.nan, 0.03, 0.04, 0.5]
+    got = benjamini_hochberg(p)
+    stated = [x for x in p if not math.isnan(x)]
+    m = len(stated)
+    ranked = sorted(stated)
+    for x, g in zip(p, got):
+        if math.isnan(x):
+            assert math.isnan(g)
+            continue
+        want = min(min(1.0, ranked[j] * m / (j + 1)) for j in range(m) if ranked[j] >= x)
+        assert g == pytest.approx(want)
+    with pytest.raises(Exception, match=r"\[0, 1\]"):
+        benjamini_hochberg([1.5])
