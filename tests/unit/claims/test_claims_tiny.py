@@ -1,0 +1,155 @@
+"""Claims on tiny random-weight models: the negative control (no claim about trained weights holds
+on random ones), the result's file and merge, the knockout numbers against one forward per
+condition, and the command's refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ropelens.analyses.knockout import knocked_out
+from ropelens.claims import (
+    CLAIMS,
+    DOES_NOT_HOLD,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_APPLICABLE,
+    Claim,
+    ClaimContext,
+    ClaimsResult,
+    Measurement,
+    claims,
+    register_claim,
+)
+from ropelens.claims.context import budget
+from ropelens.claims.knockouts import ANY_LAYER, PLANES, SAME_LAYERS, knockout_claim
+from ropelens.errors import InputError
+
+FAMILIES = ("llama", "llama-gqa", "gemma3", "gptj")
+
+
+@pytest.fixture(scope="module")
+def quick_results(tiny):
+    return {f: claims(tiny(f), budget="quick", progress=False) for f in FAMILIES}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_claim_about_trained_weights_holds_on_random_weights(quick_results, family):
+    result = quick_results[family]
+    assert [r.name for r in result.rows] == list(CLAIMS)
+    for r in result.rows:
+        assert r.reason, r.name
+        if CLAIMS[r.name].reads_weights:
+            assert r.verdict in (DOES_NOT_HOLD, INCONCLUSIVE, NOT_APPLICABLE), (r.name, r.reason)
+    # the base bound reads the configuration alone; it is decided exactly, either way
+    base = result.row("base-bounds-context")
+    assert base.verdict in (HOLDS, DOES_NOT_HOLD) and base.lo == base.hi == base.effect
+
+
+def test_the_result_saves_loads_and_merges(quick_results, tmp_path):
+    result = quick_results["llama"]
+    path = tmp_path / "claims.json"
+    result.save(path)
+    back = ClaimsResult.load(path)
+    assert [(r.name, r.verdict, r.reason) for r in back.rows] == [
+        (r.name, r.verdict, r.reason) for r in result.rows
+    ]
+    frame = back.to_frame()
+    assert list(frame["claim"]) == list(CLAIMS)
+    first, second = list(CLAIMS)[:2], list(CLAIMS)[2:4]
+    a = ClaimsResult(
+        tuple(r for r in result.rows if r.name in first), "quick", 0.05, result.provenance
+    )
+    b = ClaimsResult(
+        tuple(r for r in result.rows if r.name in second), "quick", 0.05, result.provenance
+    )
+    merged = a.merge(b)
+    assert [r.name for r in merged.rows] == first + second
+    with pytest.raises(InputError, match="both results hold"):
+        a.merge(a)
+
+
+def test_knockout_numbers_match_one_forward_per_condition(tiny):
+    model = tiny("llama")
+    context = ClaimContext(model, budget("quick"))
+    heads = [(0, 1), (1, 2)]
+    windows = [
+        torch.randint(4, 60, (12,), generator=torch.Generator().manual_seed(s)) for s in (1, 2)
+    ]
+
+    def batched(window, rows):
+        from ropelens.claims.rows import row_scores
+
+        pos = torch.arange(window.numel() - 1)
+        nll, _ = row_scores(model, window, rows, 4096, pos, window[1:])
+        return nll.mean(-1).tolist()
+
+    m = knockout_claim(context, heads, "high", windows, batched, "greater", lambda a, b: "")
+
+    def alone(window, planes):  # one plain forward, the planes zeroed for the whole batch
+        with knocked_out(model, planes) if planes else torch.no_grad(), torch.no_grad():
+            logits = model(window[None], return_type="logits")[0, :-1].double()
+        return float((logits.logsumexp(-1) - logits.gather(-1, window[1:, None])[:, 0]).mean())
+
+    top = {hd: m.detail["dose"] for hd in heads}
+    from ropelens.claims.knockouts import _end
+
+    planes = {hd: _end(context.spec, hd[0], "high", k) for hd, k in top.items()}
+    effects = [alone(w, planes) - alone(w, {}) for w in windows]
+    assert m.effect == pytest.approx(sum(effects) / 2, abs=1e-5)
+    assert m.baseline == pytest.approx(sum(alone(w, {}) for w in windows) / 2, abs=1e-5)
+    names = [c.name for c in m.controls]
+    assert names[:3] == [PLANES, SAME_LAYERS, ANY_LAYER]
+    assert all(c.n_draws == 19 and c.p_floor == pytest.approx(0.05) for c in m.controls[:3])
+    # 4 heads in each of 2 layers, one treated in each: 16 same-layer sets exist, so 19 draws
+    # repeat and the p-value is withheld rather than claimed at a floor it cannot reach
+    same = m.controls[1]
+    assert same.n_possible == 16 and math.isnan(same.p) and "16 distinct" in same.withheld
+
+
+def test_a_users_claim_registers_and_runs(tiny):
+    mine = register_claim(
+        Claim(
+            "heads-are-even",
+            "The model has an even number of heads per layer.",
+            "arithmetic",
+            "",
+            "the spec's head count",
+            "heads mod 2",
+            (),
+            "exact",
+            "less",
+            0.5,
+            lambda c: Measurement(
+                effect=float(c.spec[0].n_heads % 2), lo=0.0, hi=0.0, detail={"controlled": False}
+            ),
+            reads_weights=False,
+        )
+    )
+    try:
+        result = claims(tiny("llama"), "heads-are-even", "quick", progress=False)
+        assert result.row(mine.name).verdict == HOLDS
+    finally:
+        del CLAIMS["heads-are-even"]
+
+
+def test_bad_input_is_one_line(tiny):
+    with pytest.raises(InputError, match="no claim 'nope'"):
+        claims(tiny("llama"), "nope", "quick")
+    with pytest.raises(InputError, match="budget must be one of quick, standard, thorough"):
+        claims(tiny("llama"), None, "fast")
+    with pytest.raises(InputError, match="alpha"):
+        claims(tiny("llama"), None, "quick", alpha=1.5)
+
+
+def test_the_command_refuses_bad_flags(capsys, tiny_dir):
+    from ropelens.cli import main
+
+    model = str(tiny_dir("llama"))
+    assert main(["claims", model, "--budget", "fast"]) != 0
+    err = capsys.readouterr().err
+    assert "--budget must be one of quick, standard, thorough, got 'fast'" in err
+    assert main(["claims", model, "--claims", "positional,x"]) != 0
+    assert "--claims 'positional,x': no claim 'positional'" in capsys.readouterr().err
