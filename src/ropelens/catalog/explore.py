@@ -11,7 +11,6 @@ import torch
 from ropelens.analyses import HeadTaxonomy, head_taxonomy, load_result
 from ropelens.analyses.attention_decomposition import attention_decomposition
 from ropelens.analyses.registry import Analysis
-from ropelens.backends.base import handle
 from ropelens.cli.common import (
     AnalysisOptions,
     Command,
@@ -28,6 +27,7 @@ from ropelens.run.data import windows
 from ropelens.run.memory import decomposition_bytes, explore_bytes, trained_context
 from ropelens.run.texts import cut_message, encode
 from ropelens.spec.bands import Bands
+from ropelens.spec.reading import rope_spec
 from ropelens.validate import check_output_path
 
 DEFAULT_BANDS = Bands.quantiles(4)  # four bands of planes, highest frequencies first
@@ -131,7 +131,7 @@ def _tokens(model, text: str | None, args: argparse.Namespace):
 def _require_room(model, toks, analysis: AnalysisOptions, bands) -> None:
     """Refuse, before the forward, a page whose patterns the machine has not the memory for
     (:func:`ropelens.run.memory.explore_bytes`), naming the flags that lower it."""
-    spec = handle(model).spec
+    spec = rope_spec(model)  # shapes alone: heads per layer, planes per band
     chosen = relay(spec.layer_indices, layers=analysis.layers)
     n = int(toks.shape[1])
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
