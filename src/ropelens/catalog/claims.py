@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 
-from ropelens.analyses.registry import Analysis
+from ropelens.analyses.registry import Analysis, draw
 from ropelens.claims import CLAIMS, ClaimsResult, claims
 from ropelens.claims.result import BUDGETS
 from ropelens.cli.common import Command, ModelOptions, OutputOptions, load_from_args
 from ropelens.errors import InputError
+from ropelens.plots.claims import claims_figure
 
 
 def options(p: argparse.ArgumentParser) -> None:
@@ -95,7 +96,7 @@ ANALYSIS = Analysis(
     "claims",
     claims,
     ClaimsResult,
-    (),
+    draw(ClaimsResult, figure=claims_figure),
     Command("claims", run, options),
     summary="The literature's RoPE claims as protocols with controls and honest verdicts.",
 )

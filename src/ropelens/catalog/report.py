@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ropelens.analyses.registry import Analysis
+from ropelens.claims.result import BUDGETS
 from ropelens.cli.common import (
     AnalysisOptions,
     Command,
@@ -67,6 +68,15 @@ def options(p: argparse.ArgumentParser) -> None:
         help="also write every figure of the page as a file beside it, "
         "OUT/figures/NN-SECTION.FORMAT (through kaleido and the installed chromium)",
     )
+    p.add_argument(
+        "--claims",
+        choices=BUDGETS,
+        default=None,
+        metavar="BUDGET",
+        help="also run the literature's RoPE claims on the model at this budget (quick, standard "
+        "or thorough; as ropelens claims --budget) into the section 'What the literature claims, "
+        "on this model' after the summary figure (default: no such section)",
+    )
     OutputOptions.add_to(p)
 
 
@@ -98,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         experiments=args.experiments,
         verify=not args.no_verify,
         figures=args.figures,
+        claims=args.claims,
         progress=output.progress,
     )
 

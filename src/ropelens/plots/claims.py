@@ -46,7 +46,8 @@ def x_axis_title(row: ClaimRow) -> str:
     """The x axis of a claim's panel: the metric, as a change from the unmodified model where the
     claim has one."""
     if math.isfinite(row.baseline):
-        return f"Δ {row.metric} (unmodified: {row.baseline:.3g})"
+        change = row.metric if row.metric.startswith("Δ") else f"Δ {row.metric}"
+        return f"{change} (unmodified: {row.baseline:.3g})"
     return row.metric
 
 

@@ -23,6 +23,12 @@ from ropelens.plots.export import FIGURE_FORMATS, export_unavailable, write_figu
 from ropelens.report import html as H
 from ropelens.report import registry as _sections
 from ropelens.report.cards import finding_card
+from ropelens.report.claims import (
+    CLAIMS_KEY,
+    check_claims_budget,
+    claims_section,
+    measure_claims,
+)
 from ropelens.report.collect import ReportData, collect, evenly_spaced
 from ropelens.report.experiments import load_experiments
 from ropelens.report.mixer import MIXER_AFTER, band_mixer_html, measure_mixer
@@ -256,6 +262,7 @@ def build_report(
     verify: bool = True,
     figures: str | None = None,
     text_column: str = "text",
+    claims: str | None = None,
 ) -> Path:
     """Measure a model and write ``OUT/index.html``, ``report.json`` and one CSV per table; returns
     OUT.
@@ -273,7 +280,10 @@ def build_report(
     figure of the page as a file beside it, ``OUT/figures/NN-SECTION.FORMAT`` (``"svg"``,
     ``"pdf"`` or ``"png"``; :func:`ropelens.plots.export.write_figures`), the summary figure
     first; None: none. ``corpus``: any form :func:`ropelens.run.data.load_corpus` reads,
-    ``text_column`` the text of a table or dataset.
+    ``text_column`` the text of a table or dataset. ``claims``: also run the literature's claims
+    (:func:`ropelens.claims.claims`) at that budget (``"quick"``, ``"standard"`` or
+    ``"thorough"``), laid out right after the summary figure as "What the literature claims, on
+    this model"; None: no such section.
 
     Everything is measured first (one streaming pass over the windows, then each section's own
     measure step); the sections (:func:`sections`) then lay out what was measured and never run
@@ -304,6 +314,9 @@ def build_report(
         figures (str | None): Also write every figure as ``"svg"``, ``"pdf"`` or ``"png"`` under
             ``OUT/figures/``; None: none.
         text_column (str): The column holding the text, for a table or dataset corpus.
+        claims (str | None): Run the literature's claims at this budget (``"quick"``,
+            ``"standard"``, ``"thorough"``) into a section right after the summary figure; None:
+            none.
 
     Returns:
         Path: ``out``, holding ``index.html`` (one self-contained page), ``report.json`` (the
@@ -311,8 +324,9 @@ def build_report(
 
     Raises:
         InputError: On a bad input, before the model loads (a budget smaller than one window, a
-            layer out of range, a malformed band spec, an unknown figure format, a ``device`` or
-            ``dtype`` that disagrees with a loaded model, a corpus that cannot be read).
+            layer out of range, a malformed band spec, an unknown figure format or claims
+            budget, a ``device`` or ``dtype`` that disagrees with a loaded model, a corpus that
+            cannot be read).
         ExportUnavailableError: When ``figures`` asks for a static format this machine cannot
             write.
         NotADirectoryError: When ``out`` is a file.
@@ -339,6 +353,7 @@ def build_report(
     tokens, n_ctx, batch_size = _check_budget(tokens, n_ctx, batch_size, band_tokens, quick)
     bands = _check_bands(bands)
     figures = check_figures(figures)
+    claims = check_claims_budget(claims)
     out_dir = check_output_dir(out, figures)
     exps = load_experiments(experiments)  # a bad folder fails before the model loads
     corpus_obj, corpus_info = resolve_corpus(corpus, text_column)
@@ -359,6 +374,7 @@ def build_report(
         "device": str(device_of(model)),
         "experiments": None if experiments is None else str(experiments),
         "verification": verified.to_dict(),
+        **({"claims": claims} if claims else {}),
         **({"n_ctx_note": window_note} if window_note else {}),
     }
     # every step measures unverified too when verification is off
@@ -374,9 +390,14 @@ def build_report(
             measure_sections(data, progress)
             with _timed(data.steps, "band_mixer"):
                 measure_mixer(data, verify=verify)
+            if claims is not None:
+                with _timed(data.steps, CLAIMS_KEY):
+                    data.results[CLAIMS_KEY] = measure_claims(model, claims, progress)
     steps.update({k: v for k, v in data.steps.items() if k not in steps})  # the measure steps'
     with _timed(steps, "render"):
         sections = render_sections(data, progress)
+        if CLAIMS_KEY in data.results:  # first: laid out right after the summary figure
+            sections.insert(0, claims_section(data.results[CLAIMS_KEY]))
     with _timed(steps, "write"):
         _write(out_dir, data, sections, steps, t_start, figures=figures)
     return out_dir
@@ -676,9 +697,15 @@ def _findings_html(data: ReportData, sections: list[Section]) -> str:
         "excluded), the heads found positional, the share of heads that sink on position 0, and "
         "the massive query and key dimensions.",
     )
+    claims = "".join(
+        f'<section id="{H.esc(s.key)}"><h2>{H.esc(s.title)}</h2>{s.body}</section>'
+        for s in sections
+        if s.key == CLAIMS_KEY
+    )  # the literature's claims on this model, right after the summary figure
     return (
         f'<section id="findings"><h2>Findings</h2><div class="summaryfig">{summary}</div>'
-        '<p class="lead">Generated from the numbers measured below (also in '
+        + claims
+        + '<p class="lead">Generated from the numbers measured below (also in '
         "<code>report.json</code>).</p>" + body + "</section>"
     )
 
@@ -750,6 +777,8 @@ def _render_page(data: ReportData, sections: list[Section], report: dict[str, An
 
     blocks = [_findings_html(data, sections)]
     for s in sections:
+        if s.key == CLAIMS_KEY:  # laid out in the findings, after the summary figure
+            continue
         tag = "" if s.available else '<span class="tag">not yet available</span>'
         blocks.append(
             f'<section id="{H.esc(s.key)}"><h2>{H.esc(s.title)}{tag}</h2>{s.body}</section>'

@@ -121,3 +121,10 @@ def test_renders_as_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert width > 0 and height > width  # one panel per claim, stacked
+
+
+def test_result_draws_itself_with_the_forest_plot():
+    result = made_up_result()
+    drawn, direct = result.figure(), claims_figure(result)
+    assert [t.x for t in drawn.data] == [t.x for t in direct.data]
+    assert drawn.layout.title.text == direct.layout.title.text
