@@ -17,7 +17,6 @@ import torch
 
 import ropelens.devices
 from ropelens.analyses.attention_decomposition import attention_decomposition
-from ropelens.catalog import explore
 from ropelens.cli import main
 from ropelens.errors import InputError, RopelensWarning, TruncatedInputWarning
 from ropelens.loading.models import load_model
@@ -36,14 +35,6 @@ from ropelens.testing import tiny_model, tiny_model_dir
 LONG_CONTEXT = 131_072  # a tiny Llama trained (so its config says) on Llama 3.1's context
 
 
-def one_error(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.startswith("ropelens: error:")]
-    assert captured.out == "" and "Traceback" not in captured.err, captured.err
-    assert len(lines) == 1, captured.err
-    return lines[0].removeprefix("ropelens: error: ")
-
-
 def peak_rss() -> int:
     """The process's peak resident memory so far, in bytes (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -53,24 +44,57 @@ def tebibytes(n: float) -> str:
     return f"{n / 1024**4:.3g} TB"
 
 
-def test_explore_of_100000_tokens_is_refused_within_a_second_without_growing(
-    tmp_path, capsys, monkeypatch
-):
+_EXPLORE_100K = textwrap.dedent(
+    """
+    import contextlib, io, json, resource, sys, time
+    from ropelens.catalog import explore
+    from ropelens.cli import main
+    from ropelens.loading.models import load_model
+    model_dir, text, out = sys.argv[1:]
+    model = load_model(model_dir, device="cpu")
+    explore.load_from_args = lambda args: model  # time the run, not the load
+
+    def rss():  # resident now, and the peak so far
+        with open("/proc/self/statm") as f:
+            now = int(f.read().split()[1]) * resource.getpagesize()
+        return now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    argv = ["explore", model_dir, "--file", text, "--n-ctx", "100000", "--out", out]
+    (now0, peak0), t0 = rss(), time.perf_counter()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(argv)
+    seconds = time.perf_counter() - t0
+    now1, peak1 = rss()
+    print(json.dumps({"rc": rc, "seconds": seconds, "err": err.getvalue(),
+                      "grown": now1 - now0, "peak_grown": peak1 - max(now0, peak0)}))
+    """
+)
+
+
+def test_explore_of_100000_tokens_is_refused_within_a_second_without_growing(tmp_path):
+    """In a fresh process, so that no earlier test's peak hides what this run takes."""
     model_dir = tmp_path / "long"
     tiny_model_dir("llama", model_dir, max_position_embeddings=LONG_CONTEXT)
-    model = load_model(str(model_dir), device="cpu")
-    monkeypatch.setattr(explore, "load_from_args", lambda args: model)  # time the run, not the load
     text = tmp_path / "long.txt"
     text.write_text("x" * 99_999, encoding="utf-8")  # one token a character, BOS first: 100,000
     out = tmp_path / "page.html"
-    before, t0 = peak_rss(), time.perf_counter()
-    argv = ["explore", str(model_dir), "--file", str(text), "--n-ctx", "100000", "--out", str(out)]
-    assert main(argv) == 2
-    seconds, grown = time.perf_counter() - t0, peak_rss() - before
-    message = one_error(capsys)
-    assert seconds < 1.0, seconds
-    assert grown < 64 * 2**20, grown  # tokens and their tensor, never a matrix of them
-    assert not out.exists()
+    run = subprocess.run(
+        [sys.executable, "-c", _EXPLORE_100K, str(model_dir), str(text), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+        check=True,
+    )
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["rc"] == 2 and not out.exists()
+    assert got["seconds"] < 1.0, got
+    # the tokens and their tensor, never a matrix of them
+    assert got["grown"] < 64 * 2**20 and got["peak_grown"] < 64 * 2**20, got
+    errors = [line for line in got["err"].splitlines() if line.startswith("ropelens: error:")]
+    assert len(errors) == 1 and "Traceback" not in got["err"], got["err"]
+    message = errors[0]
     # 2 layers × 4 heads × 100,000² kept in float32, and the page's float64 matrices of one layer:
     # 2·(1 + 2·4 bands) + 3 = 21 of 4 heads each
     n = 100_000
@@ -123,7 +147,8 @@ _PAGE_PEAK = textwrap.dedent(
     every = torch.arange(16)
     subsets = [every, *rb.dims, *(every[~torch.isin(every, d)] for d in rb.dims)]
     _storage(rope, q[:, :8], k[:, :8], mask[:8, :8], subsets)  # code paths warmed
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with open("/proc/self/statm") as f:  # resident pages now (an earlier peak may be higher)
+        before = int(f.read().split()[1]) * resource.getpagesize()
     _storage(rope, q, k, mask, subsets)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     estimated = band_mixer_bytes(spec, [0], n, bands)
