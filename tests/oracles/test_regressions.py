@@ -116,3 +116,22 @@ def test_a_rotary_reset_that_fails_is_refused_by_name():
     other = torch.nn.Sequential(_OtherRotaryEmbedding())
     with rotary_state_kept(other):  # a forward of another signature is left as it is
         pass
+
+
+def test_each_ablation_reads_its_own_spec():
+    """The model's reading is cached under the ids of the plan steps in force: one ablation after
+    another, a new step could take a freed step's id and be given the spec of the ablation before
+    (its zeroed planes), which failed the rotation check of the new one now and then in a long
+    run. Every ablation of many in a row reads as its own."""
+    import random
+
+    from ropelens.backends.base import handle
+
+    model = tiny_model("llama")
+    draw = random.Random(0)
+    for _ in range(400):
+        planes = sorted(draw.sample(range(8), draw.randint(1, 2)))
+        heads = sorted(draw.sample(range(4), draw.randint(1, 3)))
+        with ropelens.ablate_planes(model, planes, layers=[draw.choice([0, 1])], heads=heads):
+            cached = [lr.ablated for lr in handle(model).spec.layers]
+            assert cached == [lr.ablated for lr in ropelens.rope_spec(model).layers]

@@ -524,19 +524,26 @@ class ModelHandle:
         # its in-place version, and the rotation and attention functions the modeling module and its
         # modules call
         mod = importlib.import_module(type(self.hf).__module__)
+        steps = tuple(active_plan(self.model))
+        buffers = tuple(self.hf.buffers())
+        functions = tuple(
+            getattr(mod, n, None)
+            for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward")
+        )
+        forwards = tuple(m.__dict__.get("forward") for m in self.hf.modules())
         key = (
-            tuple(id(s) for s in active_plan(self.model)),
+            tuple(id(s) for s in steps),
             getattr(self.model, "_ropelens_interventions", 0),
-            tuple((id(b), b._version) for b in self.hf.buffers()),
-            tuple(
-                id(getattr(mod, n, None))
-                for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward")
-            ),
-            tuple(id(m.__dict__.get("forward")) for m in self.hf.modules()),
+            tuple((id(b), b._version) for b in buffers),
+            tuple(id(f) for f in functions),
+            tuple(id(f) for f in forwards),
         )
         cached = self.__dict__.get("_spec")
         if cached is None or cached[0] != key:
-            cached = (key, rope_spec(self.model))
+            # the objects the key names by id stay alive with it: a plan step, buffer or forward
+            # made after one is freed could otherwise take its id and be read as the old one (a
+            # new ablation given the spec of the one before)
+            cached = (key, rope_spec(self.model), (steps, buffers, functions, forwards))
             object.__setattr__(self, "_spec", cached)
         return cached[1]
 
