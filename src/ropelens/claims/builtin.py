@@ -15,9 +15,10 @@ from ropelens.analyses.retrieval_heads import copy_case
 from ropelens.claims.decide import control_outcome
 from ropelens.claims.knockouts import knockout_claim
 from ropelens.claims.protocol import Claim, Measurement, register_claim
+from ropelens.claims.result import ControlOutcome
 from ropelens.claims.rows import copy_values, loss_values, probe_values
 from ropelens.run.evaluate import percentile_ci
-from ropelens.run.stats import paired_bootstrap_ci
+from ropelens.run.stats import clustered_permutation_test, paired_bootstrap_ci
 from ropelens.spec.reading import hf_model_of
 
 __all__: list[str] = []
@@ -488,5 +489,282 @@ register_claim(
         0.0,
         _base_bound,
         reads_weights=False,
+    )
+)
+
+
+# ------------------------------------------------------------------------------------------------
+def _u_shape(c: Any) -> Measurement:
+    from ropelens.analyses.attention_by_distance import attention_by_distance
+
+    tokens = c.text_windows
+    abd = attention_by_distance(
+        c.model, tokens, n_ctx=tokens.shape[1], progress=False, verify=False
+    )
+    lowest = abd.band_names[-1]
+    causes = []
+    n_heads = abd.present().sum(1).tolist()
+    for li, layer in enumerate(abd.layers):
+        for head in range(n_heads[li]):
+            cause = abd.u_shape_cause(layer, head)
+            if cause is not None:
+                causes.append(cause["cause"] == lowest)
+    n_all = int(sum(n_heads))
+    if not causes:
+        return Measurement(
+            not_applicable=f"no head's logit is U-shaped by distance on {tokens.shape[0]} × "
+            f"{tokens.shape[1]} tokens"
+        )
+    x = torch.tensor(causes, dtype=torch.float64)
+    est = percentile_ci(x, n_boot=c.budget.n_boot)
+    return Measurement(
+        effect=float(est.mean),
+        lo=float(est.lo),
+        hi=float(est.hi),
+        model_number=f"{len(causes)} of {n_all} heads U-shaped; the lowest band causes the rise in "
+        f"{int(x.sum())}",
+        n_windows=int(tokens.shape[0]),
+        detail={"controlled": False, "n_u_shaped": len(causes), "n_heads": n_all},
+    )
+
+
+register_claim(
+    Claim(
+        "u-shape-low-frequency",
+        "Attention logits are U-shaped by distance, and the rise at long distance comes from the "
+        "low frequencies.",
+        "Chen et al. 2025, HoPE: A Novel Positional Encoding Without Long-Term Decay (ACL 2025)",
+        "Llama-family models: attention decays locally but rises again at long distance, the rise "
+        "from the low-frequency components",
+        "attention_by_distance on held-out text windows: per head, the mean logit by log-spaced "
+        "distance bin; for each U-shaped head, the band with the largest share of the rise",
+        "share of U-shaped heads whose rise comes from the lowest band",
+        (),
+        "the share with its 95% bootstrap CI over the U-shaped heads: holds when it lies above "
+        "0.5; not applicable where no head is U-shaped",
+        "greater",
+        0.5,
+        _u_shape,
+    )
+)
+
+
+# ------------------------------------------------------------------------------------------------
+def _oka_band(c: Any) -> Measurement:
+    from ropelens.analyses.band_location import band_location, control_planes
+    from ropelens.errors import UnsupportedModelError
+    from ropelens.run.evaluate import window_losses
+    from ropelens.run.intervene import apply_rope_variant
+    from ropelens.spec.variants import PlaneMask
+
+    tokens = c.text_windows
+    loc = band_location(c.model, tokens, n_ctx=tokens.shape[1], intervene=False, progress=False)
+    below = loc.below_band()
+    layers = list(loc.layers)
+    if not any(below):
+        return Measurement(
+            not_applicable="every layer's band reaches its lowest plane: no plane lies below it"
+        )
+    prominence = float(loc.bands().prominence.double().median())
+
+    def losses(planes: list[tuple[int, ...]] | None) -> torch.Tensor:
+        import contextlib
+
+        with contextlib.ExitStack() as stack:
+            for L, p in zip(layers, planes or [], strict=False):
+                if p:
+                    stack.enter_context(apply_rope_variant(c.model, PlaneMask(p), layers=[L]))
+            return window_losses(c.model, tokens, 4, progress=False).double()
+
+    try:
+        base = losses(None)
+        nope = losses(below)
+    except UnsupportedModelError as e:
+        return Measurement(not_applicable=f"planes cannot be unrotated here: {e}")
+    n_planes = c.spec[layers[0]].n_planes
+    counts = [len(p) for p in below]
+    draws, sets = [], []
+    for d in range(c.budget.n_draws):
+        planes = control_planes(n_planes, counts, c.seed + 1 + d)
+        draws.append(float((losses(planes) - base).mean()))
+        sets.append(tuple(planes))
+    cost = paired_bootstrap_ci(nope, base, n_boot=c.budget.n_boot, seed=c.seed)
+    observed = float(cost.mean)
+    n_possible = math.prod(math.comb(n_planes, k) for k in counts)
+    control = control_outcome(
+        "random planes, as many per layer", observed, draws, sets,
+        n_possible if n_possible < 2**62 else -1, "less",
+    )  # fmt: skip
+    fails = "" if prominence >= 1.5 else f"no band stands out (median prominence {prominence:.2f}×)"
+    return Measurement(
+        effect=observed,
+        lo=float(cost.lo),
+        hi=float(cost.hi),
+        baseline=float(base.mean()),
+        controls=[control],
+        model_number=f"{sum(counts)} planes below the bands unrotated: {observed:+.4f} nats; as "
+        f"many random planes: {control.effect:+.4f}; band prominence {prominence:.2f}×",
+        n_windows=int(tokens.shape[0]),
+        n_draws=c.budget.n_draws,
+        detail={"below": [list(p) for p in below], "prominence": prominence, "fails": fails},
+        fails=fails,
+    )
+
+
+register_claim(
+    Claim(
+        "band-below-is-nope",
+        "A high-norm band forms in q, and the planes below it can stop rotating at little cost.",
+        "Oka et al. 2026, Frequency Bands in RoPE (ICLR 2026)",
+        "their models: a band placed by base and training length; unrotating below it costs "
+        "little (SmolLM2 in ropelens's docs: −0.0000 nats vs +0.206 for random planes)",
+        "band_location on held-out text (band = planes ≥ half-way from the median norm to the "
+        "peak); the planes below each layer's band unrotated; next-token loss",
+        "Δ loss, planes below the band unrotated (nats)",
+        ("as many random planes per layer unrotated",),
+        "paired Δ loss with its 95% bootstrap CI below 0.05 nats, beating the random planes "
+        "(one-sided p, less harm); a band must stand out (median prominence ≥ 1.5×)",
+        "less",
+        0.05,
+        _oka_band,
+    )
+)
+
+
+# ------------------------------------------------------------------------------------------------
+def _late_dims(c: Any) -> Measurement:
+    every = [(L, h) for L in c.spec.rotary_layers for h in range(c.spec[L].n_heads)]
+    dose = max(1, c.spec[every[0][0]].n_planes // 16)
+    depths = np.linspace(0.05, 0.3, c.budget.n_windows).tolist()
+    tok = c.model.tokenizer
+    prompts = [
+        copy_case(tok, passkey_prompt(tok, c.prompt_len, d, make_passkey(c.seed + 3000, t)))
+        for t, d in enumerate(depths)
+    ]
+
+    def values(case: Any, rows: list[dict]) -> list[float]:
+        return [acc for _, acc in copy_values(c.model, case, rows, c.budget.row_tokens)]
+
+    m = knockout_claim(
+        c, every, "low", prompts, values, "less",
+        lambda a, b: f"copy accuracy at distance {a:.2f} → {b:.2f} ({dose} lowest planes per head)",
+        dose=dose,
+    )  # fmt: skip
+    if m.baseline == 0:
+        m.not_applicable = "the unmodified model never copies the far passkey (copy accuracy 0)"
+    versus = m.detail["set_minus_other_end"]
+    if not versus["hi"] < 0:
+        m.fails = (
+            f"the lowest planes cost no more than the highest (accuracy difference "
+            f"{versus['mean']:+.3g} [{versus['lo']:+.3g}, {versus['hi']:+.3g}])"
+        )
+    return m
+
+
+register_claim(
+    Claim(
+        "late-dims-retrieve-far",
+        "The late (low-frequency) dimensions matter more for retrieval over distance than the "
+        "early ones.",
+        "Chiang & Yogatama 2025, The Geometry of Tokens in Internal Representations of Large "
+        "Language Models / RoPE dimension utility (ACL Findings 2025)",
+        "masking the later dimensions hurts question answering over distant documents; the first "
+        "dimensions are of little use",
+        "passkey prompts with the passkey far back (depths 0.05–0.3); the lowest n/16 planes "
+        "zeroed in every head; copy accuracy",
+        "copy accuracy at distance",
+        ("random planes in every head", "the highest n/16 planes in every head (paired CI)"),
+        "paired accuracy change with its 95% bootstrap CI below 0, beating random planes; the "
+        "lowest planes must cost more than the highest (paired CI of the difference below 0)",
+        "less",
+        0.0,
+        _late_dims,
+    )
+)
+
+
+# ------------------------------------------------------------------------------------------------
+def _local_global(c: Any) -> Measurement:
+    if not c.has_layer_kinds():
+        return Measurement(not_applicable="the model has one kind of layer (no local and global)")
+    pos = _heads(c.found, "positional")
+    retr = _retrieval_heads(c.found)
+    if not pos or not retr:
+        return Measurement(
+            not_applicable=f"needs positional and retrieval heads; found {len(pos)} and {len(retr)}"
+        )
+    every = [(L, h) for L in c.spec.rotary_layers for h in range(c.spec[L].n_heads)]
+    is_local = {hd: c.spec[hd[0]].window is not None for hd in every}
+    local_share = sum(is_local.values()) / len(every)
+
+    def local_excess(p: list) -> float:
+        return sum(is_local[hd] for hd in p) / len(p) - local_share
+
+    def global_excess(r: list) -> float:
+        return sum(not is_local[hd] for hd in r) / len(r) - (1 - local_share)
+
+    observed = min(local_excess(pos), global_excess(retr))
+    controls = []
+    for name, found, in_kind in (
+        ("random heads for the positional set", pos, [float(is_local[hd]) for hd in every]),
+        ("random heads for the retrieval set", retr, [1.0 - is_local[hd] for hd in every]),
+    ):
+        # one cluster (every head): exact over all sets of the found size where they are few
+        test = clustered_permutation_test(
+            in_kind, [0] * len(every), [hd in found for hd in every], c.budget.n_draws, c.seed + 9
+        )
+        n_draws = test.n_perm
+        controls.append(
+            ControlOutcome(
+                name,
+                0.0,
+                math.nan,
+                math.nan,
+                test.p_value,
+                test.p_value,
+                test.p_floor,
+                n_draws,
+                test.n_sets if test.exact else n_draws,
+                test.n_sets if test.n_sets < 2**62 else -1,
+                test.withheld,
+            )  # fmt: skip
+        )
+    n_pl = sum(is_local[hd] for hd in pos)
+    n_rg = sum(not is_local[hd] for hd in retr)
+    return Measurement(
+        effect=observed,
+        lo=observed,
+        hi=observed,
+        controls=controls,
+        model_number=f"{n_pl} of {len(pos)} positional heads local, {n_rg} of {len(retr)} "
+        f"retrieval heads global (local layers hold {local_share:.0%} of the heads)",
+        n_windows=c.budget.taxonomy_windows,
+        n_draws=c.budget.n_draws,
+        detail={"positional": [list(h) for h in pos], "retrieval": [list(h) for h in retr]},
+    )
+
+
+register_claim(
+    Claim(
+        "local-position-global-copy",
+        "In a model with local and global layers, position is read in the local layers and "
+        "copying happens in the global ones.",
+        "Gemma Team 2025, Gemma 3 Technical Report (the design's rationale); open in the "
+        "literature",
+        "not measured in the report (the 5:1 local:global design assumes it)",
+        "head_taxonomy's positional heads and the retrieval heads (copy score ≥ 0.1), by layer "
+        "kind; statistic: the smaller of (positional heads' local share − local layers' head "
+        "share) and (retrieval heads' global share − global layers' head share)",
+        "excess local share of positional and global share of retrieval heads",
+        (
+            "random head sets as large as the positional set, from any layer",
+            "random head sets as large as the retrieval set, from any layer",
+        ),
+        "exact counts against the head shares (no CI: the sets are what was found); each half's "
+        "share against random head sets of its size (one-sided permutation p, exact where the "
+        "sets are few); holds when both excesses are above 0 and each beats its random sets",
+        "greater",
+        0.0,
+        _local_global,
     )
 )

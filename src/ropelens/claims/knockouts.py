@@ -49,13 +49,18 @@ def _count(n: int) -> int:
 
 
 def condition_rows(
-    spec, heads: Sequence[tuple[int, int]], end: str, n_draws: int, seed: int
+    spec,
+    heads: Sequence[tuple[int, int]],
+    end: str,
+    n_draws: int,
+    seed: int,
+    dose: int | None = None,
 ) -> tuple[list[str], list[dict]]:
     """(labels, rows): the unmodified model, the claimed set, the other end in the same heads,
     then ``n_draws`` draws of each control: random planes in the same heads, random head sets with
     as many heads per layer, random head sets from any rotary layer (each given its own layer's
-    planes at ``end``)."""
-    k = main_dose(spec[heads[0][0]].n_planes)
+    planes at ``end``); ``dose`` planes per head (default :func:`main_dose`)."""
+    k = dose or main_dose(spec[heads[0][0]].n_planes)
     other = "low" if end == "high" else "high"
     labels = ["model", "set", OTHER_END]
     rows: list[dict] = [
@@ -92,6 +97,7 @@ def knockout_claim(
     values: Callable[[Any, list[dict]], list[float]],
     direction: str,
     describe: Callable[[float, float], str],
+    dose: int | None = None,
 ) -> Measurement:
     """Run the knockout of ``heads`` at ``end`` on every unit (window or prompt) and measure it.
 
@@ -104,6 +110,7 @@ def knockout_claim(
         direction (str): ``"less"`` (the knockout lowers the metric) or ``"greater"``.
         describe (Callable): ``describe(baseline, knocked) -> str``: the model's number in the
             paper's terms.
+        dose (int | None): Planes per head (default :func:`main_dose`, a quarter).
 
     Returns:
         Measurement: The set's effect with its CI, the four controls, the model's number, and in
@@ -111,7 +118,8 @@ def knockout_claim(
     """
     spec, b = context.spec, context.budget
     heads = [tuple(int(x) for x in hd) for hd in heads]
-    labels, rows = condition_rows(spec, heads, end, b.n_draws, context.seed + 17)
+    k = dose or main_dose(spec[heads[0][0]].n_planes)
+    labels, rows = condition_rows(spec, heads, end, b.n_draws, context.seed + 17, k)
     once, where = distinct_rows(rows)
     per_unit = []
     for unit in units:
@@ -124,7 +132,6 @@ def knockout_claim(
     lab = np.array(labels)
     population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
     n_every = sum(spec[L].n_heads for L in spec.rotary_layers)
-    k = main_dose(spec[heads[0][0]].n_planes)
     possible = {
         PLANES: _count(math.prod(math.comb(spec[L].n_planes, k) for L, _ in heads)),
         SAME_LAYERS: _count(matched_set_count(heads, population)),

@@ -153,3 +153,27 @@ def test_the_command_refuses_bad_flags(capsys, tiny_dir):
     assert "--budget must be one of quick, standard, thorough, got 'fast'" in err
     assert main(["claims", model, "--claims", "positional,x"]) != 0
     assert "--claims 'positional,x': no claim 'positional'" in capsys.readouterr().err
+
+
+def test_local_global_p_values_against_the_exact_hypergeometric(tiny):
+    from dataclasses import replace
+
+    from ropelens.claims.builtin import _local_global
+
+    # tiny Gemma-3: 3 local layers and 1 global, 4 heads each (12 of 16 heads local)
+    context = ClaimContext(tiny("gemma3"), replace(budget("quick"), n_draws=1999))
+    context.__dict__["found"] = {
+        "positional": [[0, 1], [1, 2]],  # both local
+        "retrieval_score": {
+            f"{L}.{h}": float(L == 3 and h < 2) for L in range(4) for h in range(4)
+        },
+    }
+    m = _local_global(context)
+    pos, retr = m.controls
+    # 120 sets of 2 heads exist, fewer than the draws: every one is counted (exact). P(2 random
+    # heads both local) = C(12, 2) / C(16, 2); both global: C(4, 2) / C(16, 2)
+    assert pos.p == pytest.approx(math.comb(12, 2) / math.comb(16, 2))
+    assert retr.p == pytest.approx(math.comb(4, 2) / math.comb(16, 2))
+    assert pos.n_possible == retr.n_possible == 120 and pos.p_floor == pytest.approx(1 / 120)
+    assert m.effect == pytest.approx(min(1 - 0.75, 1 - 0.25))
+    assert "2 of 2 positional heads local, 2 of 2 retrieval heads global" in m.model_number
