@@ -665,8 +665,8 @@ def attention_decomposition(
     Texts start with the tokenizer's BOS (where it has one, as corpus windows do), are cut to the
     context the model was trained on (its config's ``max_position_embeddings``,
     :func:`ropelens.run.memory.trained_context`) with a
-    :class:`ropelens.errors.TruncatedInputWarning`, as ``ropelens decompose`` and ``ropelens
-    explore`` cut ``--text``; a token tensor is used whole, with a
+    :class:`ropelens.errors.TruncatedInputWarning`, as ``ropelens attention-decomposition``
+    and ``ropelens explore`` cut ``--text``; a token tensor is used whole, with a
     :class:`ropelens.errors.RopelensWarning` where it runs past that context. Every chosen layer's
     ``[batch, head, n, n]`` pattern is kept: a decomposition the machine has not the memory for is
     refused before the forward, naming the estimate (:mod:`ropelens.run.memory`). Ragged texts are
