@@ -19,7 +19,14 @@ from ropelens.claims.result import (
 )
 from ropelens.plots.style import style_figure
 
-__all__ = ["CLAIMED_SET", "CONTROL_COLORS", "VERDICT_COLORS", "claims_figure", "x_axis_title"]
+__all__ = [
+    "CLAIMED_SET",
+    "CONTROL_COLORS",
+    "VERDICT_COLORS",
+    "claims_figure",
+    "control_color",
+    "x_axis_title",
+]
 
 CLAIMED_SET = "claimed set"
 # one colour per verdict and one per control, none shared, so no two legend entries look alike
@@ -116,10 +123,18 @@ def _panel_title(row: ClaimRow) -> str:
     return f'<b>{row.name}</b> — <span style="color:{color}"><b>{row.verdict}</b></span>'
 
 
+def control_color(index: int) -> str:
+    """The colour of the ``index``-th control: the palette's, then hues a golden angle apart (never
+    a colour another control or a verdict has)."""
+    if index < len(CONTROL_COLORS):
+        return CONTROL_COLORS[index]
+    return f"hsl({(index * 137.508) % 360:.1f}, 60%, 40%)"
+
+
 def _control_colors(result: ClaimsResult) -> dict[str, str]:
     """A colour per control name, in the order the controls first appear."""
     names = dict.fromkeys(c.name for r in result.rows for c in r.controls)
-    return {name: CONTROL_COLORS[i % len(CONTROL_COLORS)] for i, name in enumerate(names)}
+    return {name: control_color(i) for i, name in enumerate(names)}
 
 
 def _panel_rows(row: ClaimRow) -> int:

@@ -15,6 +15,7 @@ from ropelens.plots.claims import (
     CLAIMED_SET,
     VERDICT_COLORS,
     claims_figure,
+    control_color,
     x_axis_title,
 )
 from ropelens.plots.export import export_unavailable, write_figure
@@ -128,3 +129,8 @@ def test_result_draws_itself_with_the_forest_plot():
     drawn, direct = result.figure(), claims_figure(result)
     assert [t.x for t in drawn.data] == [t.x for t in direct.data]
     assert drawn.layout.title.text == direct.layout.title.text
+
+
+def test_colours_stay_distinct_past_the_palette():
+    colors = [control_color(i) for i in range(40)] + list(VERDICT_COLORS.values())
+    assert len(set(colors)) == len(colors)
