@@ -109,8 +109,8 @@ def _tokens(model, text: str | None, args: argparse.Namespace):
     limit = args.n_ctx if not trained else min(args.n_ctx, trained)
     if trained and args.n_ctx > trained:
         note(
-            f"--n-ctx {args.n_ctx:,} is past the model's trained context of {trained:,} "
-            f"(max_position_embeddings): the page shows at most {trained:,} tokens"
+            f"--n-ctx {args.n_ctx:,} is past the model's trained context of {trained:,}: "
+            f"the page shows at most {trained:,} tokens"
         )
     if text is None:
         corpus = CorpusOptions.from_args(args).load()
