@@ -514,7 +514,8 @@ class AttentionDecomposition(Result):
         VS Code or Colab the object shows itself. ``taxonomy``: a :class:`HeadTaxonomy` of the
         same model, whose classes label the heads (positional, sink, other); ``batch``: which
         input row; ``layers``: which decomposed layers the page holds (default: all of them);
-        ``open_on``: the (layer, head) the page opens on (default: head 0 of its first layer).
+        ``open_on``: the (layer, head) the page opens on (default: with a ``taxonomy``, its
+        strongest positional head on the page; otherwise head 0 of its first layer).
 
         The page is built one layer at a time from float64 patterns of every band (see
         :mod:`ropelens.run.memory`); one that the machine has not the room for is refused first.

@@ -75,7 +75,7 @@ def measure(data: ReportData) -> Measured:
         n_windows=n_windows,
         layers=list(data.layers),
         bands=data.band_stats.bands,  # the report's bands, so its margin shares can be shared
-        progress=True,
+        progress=False,  # the report's own bar counts its sections
     )
     return Measured(tx, n_ctx, n_windows)
 

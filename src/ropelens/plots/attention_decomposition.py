@@ -37,6 +37,7 @@ __all__ = [
     "encode_array",
     "STORAGE",
     "storage_error",
+    "strongest_positional_head",
 ]
 
 
@@ -479,6 +480,8 @@ def band_mixer(
         raise InputError(f"batch {batch!r} is not a row of the input: pick 0..{n_batch - 1}")
     chosen = _page_layers(dec, layers)
     _check_open_on(dec, open_on, chosen)
+    if open_on is None and taxonomy is not None:
+        open_on = strongest_positional_head(taxonomy, chosen)
     title = title or f"{dec.provenance.model}: band mixer"
     n = _real_length(dec, batch)  # a padded row shows its text only
     ids = dec.tokens[batch, :n].tolist()
@@ -504,6 +507,19 @@ def band_mixer(
         precision={p["layer"]: p["dtype"] for p in payloads},
         half_error=errors,
     )
+
+
+def strongest_positional_head(
+    taxonomy: HeadTaxonomy, layers: Sequence[int]
+) -> tuple[int, int] | None:
+    """The positional head of ``layers`` with the largest robust offset mass in ``taxonomy``
+    (None where none of them is positional): where a page with head labels opens."""
+    df = taxonomy.to_frame()
+    pos = df[df["positional"] & df["layer"].isin(list(layers))]
+    if pos.empty:
+        return None
+    best = pos.loc[pos["robust_mass"].idxmax()]
+    return int(best["layer"]), int(best["head"])
 
 
 def _check_open_on(

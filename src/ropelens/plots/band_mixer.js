@@ -245,7 +245,8 @@
   const table = el("table", { id: "agreement" });
   side.appendChild(table);
   side.appendChild(el("p", { class: "note", text: "Share of queries whose most-attended key under the band " +
-    "alone is the model's own (its full pattern as captured); n/a where the band holds no dimension." }));
+    "alone is the model's own (its full pattern as captured; k keys tied at the top count 1/k each); " +
+    "n/a where the band holds no dimension." }));
 
   function buildHeads() {
     const L = layer();
@@ -463,16 +464,27 @@
   }
 
   // ------------------------------------------------------------------------ agreement table
+  // Share of queries whose most-attended key under pattern p is the model's own (top: its key per
+  // query). Keys tied at p's maximum share the pick: a query whose k tied keys include the model's
+  // counts 1/k, as ropelens's Python agreement and band statistics count it.
+  function topAgreement(p, top) {
+    let hit = 0;
+    for (let i = 0; i < N; i++) {
+      let max = -Infinity;
+      for (let j = 0; j < N; j++) if (p[i * N + j] > max) max = p[i * N + j];
+      if (p[i * N + top[i]] !== max) continue;
+      let tied = 0;
+      for (let j = 0; j < N; j++) if (p[i * N + j] === max) tied++;
+      hit += 1 / tied;
+    }
+    return hit / N;
+  }
   function agreement() {
     const L = layer();
     const model = L.model_top1[S.head];
     return L.bands.map((band, b) => {
       const p = S.alone[b];
-      if (!p) return { band: band.name, top1: null };
-      const t = argmaxRows(p);
-      let hit = 0;
-      for (let i = 0; i < N; i++) if (t[i] === model[i]) hit++;
-      return { band: band.name, top1: hit / N };
+      return { band: band.name, top1: p ? topAgreement(p, model) : null };
     });
   }
   function drawTable() {
@@ -509,14 +521,12 @@
     drawHeatmap();
     drawRow();
     drawTable();
-    const t = argmaxRows(S.drawn);
     const L = layer();
-    let same = 0;
-    for (let i = 0; i < N; i++) if (t[i] === L.model_top1[S.head][i]) same++;
+    const same = topAgreement(S.drawn, L.model_top1[S.head]);
     const on = L.bands.filter((_, b) => bandState(b) === "on").map((b) => b.name.split(" ")[0]);
     status.textContent = "Layer " + L.layer + ", " + headLabel(L, S.head) + ": " + S.planes.size + " of " +
       L.plane_dims.length + " planes on" + (on.length ? " (bands " + on.join(", ") + ")" : "") +
-      "; the drawn pattern's top key is the model's for " + (100 * same / N).toFixed(1) + "% of queries." +
+      "; the drawn pattern's top key is the model's for " + (100 * same).toFixed(1) + "% of queries." +
       (L.window ? " Sliding window: " + L.window + " keys." : "") + (L.softcap ? " Soft-cap " + L.softcap + "." : "") +
       (L.sinks ? " Learned sink logit " + L.sinks[S.head].toFixed(3) + "." : "") + " Grey cells: masked.";
   }
@@ -542,10 +552,18 @@
   selectAll();
   update(true);
   // inside a page's frame (the report), say how tall the mixer is so the frame can fit it
+  // (the height of what it draws, never the frame's: a height read from the viewport, such as
+  // scrollHeight, would grow the frame by each answer)
   if (window.parent !== window) {
-    const tell = () => window.parent.postMessage({ ropelensMixerHeight: document.documentElement.scrollHeight }, "*");
+    document.documentElement.classList.add("framed");
+    const page = document.querySelector("main");
+    let told = 0;
+    const tell = () => {
+      const h = Math.ceil(page.getBoundingClientRect().bottom + window.scrollY);
+      if (h !== told) { told = h; window.parent.postMessage({ ropelensMixerHeight: h }, "*"); }
+    };
     tell();
-    window.addEventListener("resize", tell);
+    new ResizeObserver(tell).observe(page);
   }
 
   // ------------------------------------------------------------------------- for tests, scripts

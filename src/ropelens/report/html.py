@@ -71,6 +71,7 @@ CSS = (
 }
 * { box-sizing:border-box; }
 html { scroll-behavior:smooth; }
+[id] { scroll-margin-top:calc(var(--nav-height, 96px) + 10px); }
 body {
   margin:0;
   color:var(--ink);
@@ -349,6 +350,15 @@ def kv_table(items: Sequence[tuple[str, str]]) -> str:
     return f'<div class="tablewrap"><table class="t kv"><tbody>{rows}</tbody></table></div>'
 
 
+# a jump from the navigation lands below it: the bar's height (it wraps on narrow windows) sets
+# where an anchor scrolls to
+_NAV_HEIGHT = (
+    "(() => { const nav = document.querySelector('nav.toc'); const set = () => "
+    "document.documentElement.style.setProperty('--nav-height', nav.offsetHeight + 'px'); set(); "
+    "new ResizeObserver(set).observe(nav); })();"
+)
+
+
 def page(
     *,
     title: str,
@@ -376,6 +386,7 @@ def page(
 <header class="top"><div class="wrap"><h1>{esc(title)}</h1>
 <div class="sub">{subtitle}</div></div></header>
 <nav class="toc"><div class="wrap">{links}</div></nav>
+<script>{_NAV_HEIGHT}</script>
 <main class="wrap">
 {body}
 </main>

@@ -16,6 +16,11 @@ SEQ = 40  # five times the tiny families' sliding windows of 8
 TOLERANCE = 1e-3  # the page stores q and k in 16 bits only where its probabilities stay this close
 
 pytestmark = pytest.mark.browser
+# the tiny Llama's layer-0 query projection (its rows: head 0's dims first)
+Q_PROJ = (
+    "model.layers.0._original_component.self_attn._original_component.q_proj"
+    "._original_component.weight"
+)
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +157,78 @@ def test_the_notebook_iframe_runs_the_page(family_model, browser, tmp_path):
     assert torch.allclose(got, dec.band_pattern(0, ["Q2"])[0, 0].double(), atol=TOLERANCE)
     assert errors == [] and external == []
     page.close()
+
+
+def test_agreement_shares_tied_keys_as_python_does(tiny, browser, tmp_path):
+    """A band whose query part is zero in one head gives every allowed key the same logit: the k
+    keys a query sees tie, and the page counts 1/k for that query, as ``agreement`` does."""
+    model = tiny("llama")
+    toks = tokens(3)
+    bands = Bands.quantiles(2)
+    first = attention_decomposition(model, toks, bands=bands, layers=[0])
+    zeroed = first.resolved(0).dims[0]  # head dims of band Q1
+    d_head = first.spec.layers[0].head_dim
+    q_proj = dict(model.named_parameters())[Q_PROJ]
+    saved = q_proj.detach().clone()
+    try:
+        with torch.no_grad():
+            q_proj[zeroed] = 0.0  # head 0's rows of Q1's dims
+        dec = attention_decomposition(model, toks, bands=bands, layers=[0])
+    finally:
+        with torch.no_grad():
+            q_proj.copy_(saved)
+    assert int(zeroed.max()) < d_head
+    # every causal query i sees i + 1 tied keys, the model's own among them
+    want = sum(1 / (i + 1) for i in range(SEQ)) / SEQ
+    frame = dec.agreement(0)
+    q1 = dec.band_names(0)[0]
+    python = frame[(frame["head"] == 0) & (frame["band"] == q1)]["top1"].item()
+    assert python == pytest.approx(want, abs=1e-12)
+    page, errors, external = open_page(browser, dec.explore().save(tmp_path / "tied.html"))
+    page.evaluate("() => ropelensExplorer.setHead(0)")
+    rows = {r["band"]: r["top1"] for r in page.evaluate("() => ropelensExplorer.agreement()")}
+    assert rows[q1] == pytest.approx(want, abs=1e-12)
+    assert rows[q1] > 1.5 / SEQ  # a first-key pick would count only the queries whose top key is 0
+    # the other band is untouched and untied: both sides still agree on it
+    q2 = dec.band_names(0)[1]
+    other = frame[(frame["head"] == 0) & (frame["band"] == q2)]["top1"].item()
+    assert rows[q2] == pytest.approx(other, abs=1.5 / SEQ)
+    assert errors == [] and external == []
+    page.close()
+
+
+def test_a_labelled_explorer_opens_on_the_strongest_positional_head(
+    tiny_dir, browser, tmp_path, capsys
+):
+    """``ropelens explore --taxonomy`` opens on the positional head of largest robust offset mass
+    (not layer 0, head 0); without a taxonomy it opens on head 0 of the first layer."""
+    import json
+
+    from ropelens.analyses import head_taxonomy
+    from ropelens.cli import main
+    from ropelens.loading.models import load_model
+
+    model_dir = str(tiny_dir("llama"))
+    model = load_model(model_dir, device="cpu")
+    tax = head_taxonomy(model, tokens(4)[:, :16], max_offset=2, tau=0.05, progress=False)
+    tax.save(tmp_path / "tax.json")
+    df = tax.to_frame()
+    positional = df[df["positional"]]
+    assert len(positional) >= 2
+    best = positional.sort_values("robust_mass", ascending=False).iloc[0]
+    want = {"layer": int(best["layer"]), "head": int(best["head"])}
+    assert want != {"layer": 0, "head": 0}
+    text = ["--text", "The cat sat on the mat, and then the cat sat on the mat again."]
+    for name, extra, opens_on in [
+        ("labelled", ["--taxonomy", str(tmp_path / "tax.json")], want),
+        ("plain", [], {"layer": 0, "head": 0}),
+    ]:
+        out = tmp_path / f"{name}.html"
+        assert main(["explore", model_dir, *text, *extra, "--out", str(out), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["out"] == str(out)
+        page, errors, external = open_page(browser, out)
+        state = page.evaluate("() => ropelensExplorer.state()")
+        assert {"layer": state["layer"], "head": state["head"]} == opens_on
+        assert page.input_value("#head") == str(opens_on["head"])
+        assert errors == [] and external == []
+        page.close()
