@@ -6,28 +6,30 @@ symbolic fits rebuild the scores in query tiles sized to the device (:func:`rope
 .query_tile`), so their memory is O(tile · n). Three things keep whole matrices, because what they
 return is the matrix itself:
 
-- :func:`ropelens.analyses.attention_decomposition` keeps every chosen layer's attention pattern
+- :func:`ropelens.analyses.attention_decomposition` (and
+  :func:`ropelens.analyses.mrope_decomposition`) keeps every chosen layer's attention pattern
   ``[batch, head, n, n]`` (the forward makes it with eager attention);
 - the band mixer (:meth:`AttentionDecomposition.explore`, ``ropelens explore``) judges how q and k
   can be stored from the float64 pattern of every band, of every band's complement and of all dims,
   once exact and once as stored: ``2 · (1 + 2 · bands) + 3`` float64 ``[head, n, n]`` matrices of
   one layer at a time;
 - the band and plane terms (:meth:`AttentionDecomposition.band_logits`, ``band_patterns``,
-  ``plane_logits``, ``logits``, ``rebuilt_pattern``) ``[batch, head, terms, n, n]``, up to three
-  copies of them.
+  ``plane_logits``, ``logits``, ``rebuilt_pattern``, ``cauchy_schwarz``)
+  ``[batch, head, terms, n, n]``, up to three copies of them.
 
 Each estimates its peak here, from the shapes and the dtype, and hands it to
 :func:`ropelens.devices.require_memory`, which refuses in one line naming the estimate, the memory
 free (``/proc/meminfo``'s MemAvailable on the CPU, ``torch.cuda.mem_get_info`` on CUDA) and the
 argument or flag that lowers it, before anything of that size exists.
 
-How close the estimates are (tiny Llama, 2 layers × 4 heads, four bands, float32, CPU; peak RSS
-over the model's own, from ``resource.getrusage``): the decomposition of 2,000 tokens measured
-218 MB against 272 MB estimated; the band mixer page of 1,600 tokens (decomposition and page)
-1.83 GB against 1.80 GB estimated (−1.4 %); the page's float64 matrices alone, 1,600 tokens, 21.1
-matrices measured against the 21 counted. Below about 1,000 tokens the measured peak runs up to
-2.5× the estimate, from the C allocator keeping freed matrices under its 32 MB mmap threshold; those
-sizes are far below any machine's memory, so the guard refuses the same runs either way.
+How close the estimates are (tiny Llama, 2 layers × 4 heads, four bands, float32, CPU; the peak
+RSS, ``resource.getrusage``, over the model's own): the decomposition of 2,000 tokens took 218 MB
+against 272 MB estimated (the estimate 25 % above); the band mixer of 1,600 tokens (decomposition
+and page) 1.83 GB against 1.80 GB (1.4 % below); the page's float64 matrices of 1,200 tokens
+0.99 GB against 0.97 GB (2 % below), which tests/unit/run/test_memory_guard.py measures on every
+run. Below about 1,000 tokens the measured peak runs up to 2.5× the estimate, from the C allocator
+keeping freed matrices under its 32 MB mmap threshold; those sizes are far below any machine's
+memory, so the guard refuses the same runs either way.
 """
 
 from __future__ import annotations
