@@ -45,15 +45,17 @@ from ropelens.analyses.passkey_retrieval import (
 from ropelens.backends.hf import attention_modules
 from ropelens.backends.sdpa import on_sdpa, sdpa_ready
 from ropelens.backends.sdpa_capture import attention_implementation, hf_view
-from ropelens.devices import device_of
+from ropelens.devices import device_of, require_memory
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.results.findings import Finding, head_name
 from ropelens.results.provenance import Provenance, placement
 from ropelens.results.result import Result
 from ropelens.run.intervene import ablate_planes
+from ropelens.run.memory import eager_forward_bytes
 from ropelens.run.verify import verification
 from ropelens.spec.plan import active_plan
 from ropelens.spec.reading import model_label, rope_spec
+from ropelens.spec.rope import RopeSpec
 from ropelens.spec.rotary_state import rotary_state_kept
 from ropelens.spec.surface import running_model
 from ropelens.validate import check_number
@@ -185,6 +187,22 @@ def copy_scores(
     for j, src in enumerate(sources):
         hits += torch.isin(argmax[..., j], torch.tensor(list(src), dtype=argmax.dtype)).long()
     return hits
+
+
+def _require_eager_room(model, spec: RopeSpec, lengths: Sequence[int]) -> None:
+    """Refuse, before the first forward, prompts whose eager attention (one layer's
+    ``[head, n, n]`` probabilities at a time) the device has not the memory for."""
+    longest = max((L for L in lengths if isinstance(L, int) and not isinstance(L, bool)), default=0)
+    if longest <= 0:
+        return  # no length to measure: passkey_prompt refuses them by name
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    require_memory(
+        eager_forward_bytes(spec, range(len(spec.layers)), 1, longest, dtype),
+        f"the eager forward of a {longest:,}-token prompt (retrieval scores read every layer's "
+        f"[head, {longest}, {longest}] attention probabilities)",
+        f"pass shorter prompt lengths (the longest is {longest:,} tokens now)",
+        device_of(model),
+    )
 
 
 def retrieval_scores(
@@ -451,6 +469,7 @@ def retrieval_heads(
     verified = verification(
         model, spec, verify=verify
     )  # the ablations zero the spec's planes: prove its reading first
+    _require_eager_room(model, spec, lengths)
     scores, steps = retrieval_scores(model, lengths, depths, n_trials, seed)
     # past the model's rotary heads: all of them, and the provenance says so
     heads = _top_heads(scores, spec.rotary_layers, top_k)

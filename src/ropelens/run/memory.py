@@ -17,6 +17,10 @@ return is the matrix itself:
   ``plane_logits``, ``logits``, ``rebuilt_pattern``, ``cauchy_schwarz``)
   ``[batch, head, terms, n, n]``, up to three copies of them.
 
+An eager forward makes one layer's ``[batch, head, n, n]`` scores at a time even where nothing is
+kept; :func:`ropelens.analyses.retrieval_heads`, which reads every layer's probabilities from one,
+estimates it too (:func:`eager_forward_bytes`).
+
 Each estimates its peak here, from the shapes and the dtype, and hands it to
 :func:`ropelens.devices.require_memory`, which refuses in one line naming the estimate, the memory
 free (``/proc/meminfo``'s MemAvailable on the CPU, ``torch.cuda.mem_get_info`` on CUDA) and the
@@ -48,6 +52,7 @@ __all__ = [
     "band_mixer_bytes",
     "band_terms_bytes",
     "decomposition_bytes",
+    "eager_forward_bytes",
     "explore_bytes",
     "require_decomposition_room",
     "trained_context",
@@ -78,11 +83,19 @@ def decomposition_bytes(
     """Peak bytes of :func:`ropelens.analyses.attention_decomposition` on ``rows`` inputs of ``n``
     tokens: every chosen layer's pattern ``[rows, head, n, n]`` kept, and one layer's eager
     scores for ``batch_size`` rows, with its ``[n, n]`` mask, during the forward."""
-    heads = _heads(spec, layers)
-    width = _width(dtype)
-    kept = sum(heads) * rows * n * n * width
-    in_forward = min(rows, batch_size) * (FORWARD_SCORE_COPIES * max(heads) + 1) * n * n * width
-    return kept + in_forward
+    layers = list(layers)
+    kept = sum(_heads(spec, layers)) * rows * n * n * _width(dtype)
+    return kept + eager_forward_bytes(spec, layers, min(rows, batch_size), n, dtype)
+
+
+def eager_forward_bytes(
+    spec: RopeSpec, layers: Iterable[int], rows: int, n: int, dtype: torch.dtype
+) -> int:
+    """Peak bytes of the score matrices of an eager forward of ``rows`` inputs of ``n`` tokens:
+    the layer with the most heads among ``layers``, its scores and their softmax, and the
+    ``[n, n]`` mask."""
+    heads = max(_heads(spec, layers), default=0)
+    return rows * (FORWARD_SCORE_COPIES * heads + 1) * n * n * _width(dtype)
 
 
 def require_decomposition_room(

@@ -263,3 +263,16 @@ def test_an_mrope_decomposition_is_refused_before_its_forward(little_memory):
     little_memory(1024)
     with pytest.raises(InputError, match=rf"decomposing 1 × {n} tokens in 1 layer\(s\)"):
         mrope_decomposition(vl, **inputs, layers=[0])
+
+
+def test_retrieval_heads_refuses_prompts_whose_eager_attention_does_not_fit(tiny, little_memory):
+    from ropelens.analyses import retrieval_heads
+
+    model = tiny("llama")
+    little_memory(2**20)
+    with pytest.raises(InputError) as refused:
+        retrieval_heads(model, lengths=[120, 250], depths=[0.5], n_trials=1, verify=False)
+    # one layer's scores and softmax, [1, 4, 250, 250] float32 each, and the [250, 250] mask
+    need = (2 * 4 + 1) * 250 * 250 * 4
+    assert f"needs about {need / 2**20:.3g} MB" in str(refused.value)
+    assert "shorter prompt lengths (the longest is 250 tokens now)" in str(refused.value)
