@@ -327,6 +327,7 @@ LAYERS = (
     "loading",
     "run",
     "analyses",
+    "claims",
     "plots",
     "report",
     "testing",

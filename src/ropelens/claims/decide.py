@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import torch
 
-from ropelens.claims.result import (
+from ropelens.claims.schema import (
     DOES_NOT_HOLD,
     HOLDS,
     INCONCLUSIVE,
