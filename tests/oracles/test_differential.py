@@ -42,6 +42,7 @@ from ropelens.analyses import (
     frequency_entropy,
     frequency_usage,
     head_taxonomy,
+    intervention_effect,
     massive_values,
     rotary_offsets,
 )
@@ -332,12 +333,12 @@ def compare(models, draw) -> None:
         )
 
     pre_rope_comparable = not (ablating and family in PRE_ROPE_READ_AFTER_ABLATION)
-    if not draw["ragged"] and not pre_rope_comparable:
-        LARGEST["pre-RoPE comparisons left out (q/k read after the ablation)"] = (
-            LARGEST.get("pre-RoPE comparisons left out (q/k read after the ablation)", 0.0) + 1
-        )
-    if not draw["ragged"] and pre_rope_comparable:
-        _check_entropy(entropy, calls, layout, tol)
+    if not draw["ragged"]:
+        if draw["intervention"] != "none":
+            _check_intervention_effect(
+                model, hf, draw, tokens, layers, bands, groups, layout, calls, tol
+            )
+        _check_entropy(entropy, calls, layout, tol, pre_rope_comparable)
     for slot, layer in enumerate(layers):
         call = calls[layer]
         entry = R.allowed(call) & valid[:, None, None, :] & valid[:, None, :, None]
@@ -632,11 +633,15 @@ def _check_massive(result, slot, call, case, tol, layer) -> None:
             )
 
 
-def _check_entropy(result, calls, layout, tol) -> None:
+def _check_entropy(result, calls, layout, tol, comparable=True) -> None:
     """Frequency entropy against the reference: per layer (NoPE layers split into the rotary
     layers' planes), head and plane, the normalised spectral entropy of the pre-RoPE query's plane
     norm over positions after the first ``skip``, in order and in the seeded shuffled order, and
     the mean normalised spectrum; means over the windows whose signal varies."""
+    if not comparable:
+        name = "pre-RoPE comparisons left out (q/k read after the ablation)"
+        LARGEST[name] = LARGEST.get(name, 0.0) + 1
+        return
     skip = result.skip
     perm = torch.randperm(result.n_pos, generator=torch.Generator().manual_seed(result.seed))
     for slot, layer in enumerate(result.layers):
@@ -1097,3 +1102,74 @@ def test_retrieval_matches_its_reference(models, family, dtype, intervention, se
 def test_retrieval_in_every_cell(models, family, intervention, dtype):
     check_retrieval(models, family, dtype, intervention, 0)
     CELLS.append(f"retrieval {family}/{intervention}/{dtype}")
+
+
+def _band_shares(call, layout, groups, names, scaling) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head and band ``[head, band]``: the share of the query's mean squared norm as the
+    attention scores it (positions from 1 on; the rotary dims without the rotation's gain), and
+    the share of the summed |band logit| over the allowed pairs."""
+    planes = layout.plane_dims()
+    claimed = {p for g in groups for p in g}
+    dims_of = [[d for p in g for d in planes[p]] for g in groups]
+    if "rest" in names:
+        unclaimed = [d for p in range(len(planes)) if p not in claimed for d in planes[p]]
+        dims_of.append(unclaimed + layout.unrotated_dims())
+    rotary = {d for pair in planes for d in pair}
+    after_sink = torch.ones(call.query.shape[0], call.query.shape[2], dtype=torch.bool)
+    after_sink[:, 0] = False
+    energy = torch.stack(
+        [
+            R.energy_by_dims(call.query, [d for d in dims if d in rotary], after_sink) / scaling**2
+            + R.energy_by_dims(call.query, [d for d in dims if d not in rotary], after_sink)
+            for dims in dims_of
+        ],
+        -1,
+    )
+    terms, rest_term = R.plane_terms(call, layout)
+    band_terms = _band_terms(terms, rest_term, groups, names)
+    allowed = R.allowed(call).expand(-1, terms.shape[1], -1, -1)
+    abs_sum = (band_terms.abs() * allowed[:, :, None]).sum((0, 3, 4))
+    return energy / energy.sum(-1, keepdim=True), abs_sum / abs_sum.sum(-1, keepdim=True)
+
+
+def _check_intervention_effect(model, hf, draw, tokens, layers, bands, groups, layout, calls, tol):
+    """Intervention effect against the reference: per layer and band, the heads' mean energy share
+    of the queries as the attention scores them and the heads' mean |logit| share, without the
+    intervention (HF's forward as it is) and with it (the recorded forward of the drawn case)."""
+
+    @contextlib.contextmanager
+    def intervention(m):
+        with contextlib.ExitStack() as stack:
+            if draw["intervention"] in ("prope", "both"):
+                stack.enter_context(ropelens.apply_rope_variant(m, PRoPE(0.5)))
+            if draw["intervention"] in ("ablate", "both"):
+                heads = draw["heads"] if draw["heads"] is not None else list(range(4))
+                stack.enter_context(
+                    ropelens.ablate_planes(m, draw["planes"], layers=layers, heads=heads)
+                )
+            yield
+
+    effect = intervention_effect(model, intervention, tokens, layers=layers, bands=bands)
+    with R.recorded_attention(hf) as unmodified, torch.no_grad():
+        hf(input_ids=tokens)
+    scaling = float(getattr(hf.base_model.rotary_emb, "attention_scaling", 1.0))
+    names = effect.band_names
+    for condition, recorded in enumerate((unmodified, calls)):
+        for slot, layer in enumerate(layers):
+            energy, logit = _band_shares(recorded[layer], layout, groups, names, scaling)
+            _close(
+                f"L{layer} intervention effect energy",
+                effect.energy[condition, slot],
+                energy.mean(0),
+                tol,
+                None,
+                1.0,
+            )
+            _close(
+                f"L{layer} intervention effect |logit| share",
+                effect.logit_share[condition, slot],
+                logit.mean(0),
+                tol,
+                None,
+                1.0,
+            )
