@@ -26,7 +26,7 @@ def options(p: argparse.ArgumentParser) -> None:
         "--budget",
         default="standard",
         metavar="BUDGET",
-        help="quick (minutes on a CPU, 19 draws, 4 windows), standard (49 draws, 8 windows) or "
+        help="quick (minutes on a CPU, 39 draws, 4 windows), standard (49 draws, 8 windows) or "
         "thorough (99 draws, 16 windows, p floor 0.01); default standard",
     )
     OutputOptions.add_to(p, save="ClaimsResult JSON")

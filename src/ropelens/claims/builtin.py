@@ -431,29 +431,53 @@ register_claim(
 
 
 # ------------------------------------------------------------------------------------------------
-def _base_bound(c: Any) -> Measurement:
-    from ropelens.analyses.base_predictions import base_lower_bound
+def _min_b(base: float, rotary_dim: int, context: int) -> tuple[float, int]:
+    """min over m < ``context`` of Men et al.'s B(m) = Σ_i cos(m θ_i), θ_i = base^(−2i/d), and the
+    m where it is reached (float64, every m, in chunks)."""
+    theta = base ** (-np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+    best, where = math.inf, 0
+    for a in range(0, context, 1 << 12):
+        m = np.arange(a, min(context, a + (1 << 12)), dtype=np.float64)
+        b = np.cos(m[:, None] * theta[None, :]).sum(axis=1)
+        i = int(b.argmin())
+        if b[i] < best:
+            best, where = float(b[i]), a + i
+    return best, where
 
-    rows, worst = [], math.inf
+
+def _base_bound(c: Any) -> Measurement:
+    from ropelens.analyses.base_predictions import base_lower_bound, bound_holds
+
+    rows = []
     for kind, layers in _layer_groups(c).items():
         lr = c.spec[layers[0]]
-        base = getattr(lr, "base", None)
         ctx = lr.window or c.spec.n_ctx
-        if base is None or not ctx or not lr.n_planes:
+        if lr.base is None or not ctx or not lr.rotary_dim:
             continue
-        bound = base_lower_bound(lr.rotary_dim, int(ctx))
-        ratio = math.log10(float(base) / bound)
-        worst = min(worst, ratio)
-        rows.append({"layers": kind, "base": float(base), "context": int(ctx), "bound": bound})
+        low, at = _min_b(float(lr.base), lr.rotary_dim, int(ctx))
+        rows.append(
+            {
+                "layers": kind,
+                "base": float(lr.base),
+                "rotary_dim": int(lr.rotary_dim),
+                "context": int(ctx),
+                "min_b": low,
+                "min_b_at": at,
+                "holds": bool(bound_holds(float(lr.base), lr.rotary_dim, int(ctx))),
+                "smallest_base": base_lower_bound(lr.rotary_dim, int(ctx)),
+            }
+        )
     if not rows:
         return Measurement(not_applicable="no layer with a single RoPE base and a known context")
+    worst = min(r["min_b"] for r in rows)
     return Measurement(
         effect=worst,
         lo=worst,
         hi=worst,
         model_number="; ".join(
-            f"{r['layers']}: base {r['base']:.3g} vs bound {r['bound']:.3g} at {r['context']:,} "
-            "tokens"
+            f"{r['layers']}: base {r['base']:.3g}, min B(m) {r['min_b']:+.3g} at m = "
+            f"{r['min_b_at']:,} < {r['context']:,} (smallest feasible base "
+            f"{r['smallest_base']:.3g})"
             for r in rows
         ),
         n_windows=0,
@@ -479,12 +503,13 @@ register_claim(
         "B(m) = Σ cos(m θ_i) stays ≥ 0 for every m below the context.",
         "Men et al. 2024, Base of RoPE Bounds Context Length (NeurIPS 2024)",
         "head dim 128: 4.3e3 at 1k, 8.4e4 at 8k, 6.4e5 at 32k tokens (their Table 2)",
-        "the exact smallest base (base_lower_bound, float64, every m) for each layer kind's "
-        "rotary dims and context (its window for sliding-window layers)",
-        "log10(base / bound), the smallest over layer kinds",
+        "B(m) = Σ cos(m θ_i) at the model's own base for every m below each layer kind's context "
+        "(its window for sliding-window layers), float64; the smallest feasible base beside it "
+        "(feasibility is not monotone in the base, so the base must be checked itself)",
+        "min over m and layer kinds of B(m)",
         (),
-        "exact, no statistics: holds when every layer kind's base reaches its bound (log ratio ≥ "
-        "0)",
+        "exact, no statistics: holds when B(m) > 0 at every m below the context in every layer "
+        "kind",
         "greater",
         0.0,
         _base_bound,

@@ -48,7 +48,7 @@ class Budget:
 
 
 BUDGET_SETTINGS = {
-    "quick": Budget("quick", 4, 19, 16, 64, 128, 2, 128, 4096),
+    "quick": Budget("quick", 4, 39, 16, 64, 128, 2, 128, 4096),
     "standard": Budget("standard", 8, 49, 16, 128, 256, 4, 256, 8192),
     "thorough": Budget("thorough", 16, 99, 16, 128, 256, 8, 256, 8192),
 }

@@ -83,8 +83,8 @@ def claims(
         model: The loaded model (:func:`ropelens.load_model`, :func:`ropelens.testing.tiny_model`).
         names (str | Sequence[str] | None): Claims to run (a comma-separated string or a list);
             None: every registered claim, in registration order.
-        budget (str): ``"quick"`` (minutes on a CPU: 4 windows, 19 draws per control, p floor
-            0.05), ``"standard"`` (8 windows, 49 draws) or ``"thorough"`` (16 windows, 99 draws,
+        budget (str): ``"quick"`` (minutes on a CPU: 4 windows, 39 draws per control, p floor
+            0.025), ``"standard"`` (8 windows, 49 draws) or ``"thorough"`` (16 windows, 99 draws,
             p floor 0.01).
         alpha (float): The level BH-adjusted p-values are compared with (default 0.05).
         seed (int): Seed of every draw.

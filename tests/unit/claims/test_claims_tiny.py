@@ -102,8 +102,8 @@ def test_knockout_numbers_match_one_forward_per_condition(tiny):
     assert m.baseline == pytest.approx(sum(alone(w, {}) for w in windows) / 2, abs=1e-5)
     names = [c.name for c in m.controls]
     assert names[:3] == [PLANES, SAME_LAYERS, ANY_LAYER]
-    assert all(c.n_draws == 19 and c.p_floor == pytest.approx(0.05) for c in m.controls[:3])
-    # 4 heads in each of 2 layers, one treated in each: 16 same-layer sets exist, so 19 draws
+    assert all(c.n_draws == 39 and c.p_floor == pytest.approx(0.025) for c in m.controls[:3])
+    # 4 heads in each of 2 layers, one treated in each: 16 same-layer sets exist, so 39 draws
     # repeat and the p-value is withheld rather than claimed at a floor it cannot reach
     same = m.controls[1]
     assert same.n_possible == 16 and math.isnan(same.p) and "16 distinct" in same.withheld
@@ -177,3 +177,23 @@ def test_local_global_p_values_against_the_exact_hypergeometric(tiny):
     assert pos.n_possible == retr.n_possible == 120 and pos.p_floor == pytest.approx(1 / 120)
     assert m.effect == pytest.approx(min(1 - 0.75, 1 - 0.25))
     assert "2 of 2 positional heads local, 2 of 2 retrieval heads global" in m.model_number
+
+
+def test_base_bound_against_b_of_m_at_every_position(tiny):
+    from ropelens.claims.builtin import _base_bound
+
+    def b_min(base: float, d: int, n: int) -> float:  # Men et al.'s B(m) = Σ_i cos(m θ_i), m < n
+        theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        return float(torch.cos(torch.arange(n, dtype=torch.float64)[:, None] * theta).sum(1).min())
+
+    for family in ("llama", "gemma3", "gptj"):
+        m = _base_bound(ClaimContext(tiny(family), budget("quick")))
+        for r in m.detail["layers"]:
+            assert r["min_b"] == pytest.approx(b_min(r["base"], r["rotary_dim"], r["context"]))
+            assert r["holds"] == (r["min_b"] >= 0)
+        assert m.effect == min(r["min_b"] for r in m.detail["layers"])
+    # tiny Llama: base 1e4 lies above the smallest feasible base (8.6e3) and still fails at its
+    # own 256 tokens, since feasibility is not monotone in the base
+    (llama,) = _base_bound(ClaimContext(tiny("llama"), budget("quick"))).detail["layers"]
+    assert llama["smallest_base"] < 1e4 and not llama["holds"]
+    assert b_min(llama["smallest_base"] * (1 + 1e-9), 16, 256) >= -1e-9
