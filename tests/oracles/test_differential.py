@@ -1173,3 +1173,80 @@ def _check_intervention_effect(model, hf, draw, tokens, layers, bands, groups, l
                 None,
                 1.0,
             )
+
+
+def _mrope_axes(text_config, n_planes: int) -> list[int]:
+    """Each plane's axis (0 t, 1 h, 2 w) by HF's M-RoPE: contiguous ``mrope_section`` blocks,
+    highest frequencies first, or with ``mrope_interleaved`` planes i ≡ 1 (mod 3) below
+    3·section[1] on height, i ≡ 2 below 3·section[2] on width, the rest on time."""
+    rope = text_config.rope_parameters
+    sections = list(rope["mrope_section"])
+    if not rope.get("mrope_interleaved", False):
+        return [a for a, s in enumerate(sections) for _ in range(s)][:n_planes]
+    axes = [0] * n_planes
+    for axis in (1, 2):
+        for i in range(axis, min(n_planes, 3 * sections[axis]), 3):
+            axes[i] = axis
+    return axes
+
+
+@functools.cache
+def _vl_model(family: str, dtype: torch.dtype):
+    from ropelens.testing.vl import vl_hf_model
+
+    return vl_hf_model(family).to(dtype)
+
+
+MROPE_GRID = [
+    pytest.param(f, d, g, id=f"{f}-{str(d).split('.')[-1]}-{len(g)}image")
+    for f in ("qwen2_vl", "qwen3_vl", "qwen3_5")
+    for d in (torch.float32, torch.bfloat16)
+    for g in (((1, 4, 6),), ((1, 2, 4), (1, 4, 2)))
+]
+
+
+@pytest.mark.parametrize(("family", "dtype", "grids"), MROPE_GRID)
+def test_mrope_decomposition_matches_its_reference(family, dtype, grids):
+    """M-RoPE decomposition against the reference: per layer, each axis's logit term (its planes'
+    terms summed; ``rest`` the unrotated dims) over the allowed pairs, the pattern, and each axis's
+    share of |logit| over all pairs, on images of one and two grids between text."""
+    from ropelens.analyses.mrope_decomposition import mrope_decomposition
+    from ropelens.testing.vl import vl_inputs
+
+    hf = _vl_model(family, dtype)
+    inputs = vl_inputs(hf, grids)
+    dec = mrope_decomposition(hf, **inputs)
+    image = hf.config.image_token_id
+    with R.recorded_attention(hf) as calls, torch.no_grad():
+        hf(**inputs, mm_token_type_ids=(inputs["input_ids"] == image).long())
+    text = hf.config.get_text_config()
+    head_dim = calls[dec.layers[0]].query.shape[-1]
+    n_rotary = int(head_dim * text.rope_parameters.get("partial_rotary_factor", 1.0))
+    layout = R.Layout(head_dim, n_rotary)
+    axes = _mrope_axes(text, n_rotary // 2)
+    tol = TOLERANCE[dtype]
+    for layer in dec.layers:
+        call = calls[layer]
+        terms, rest_term = R.plane_terms(call, layout)
+        by_axis = {
+            name: terms[:, :, [i for i, a in enumerate(axes) if a == k]].sum(2)
+            for k, name in enumerate("thw")
+        }
+        by_axis["rest"] = rest_term
+        names = dec.band_names(layer)
+        want = torch.stack([by_axis[n] for n in names], 2)  # [batch, head, axis, q, k]
+        entry = R.allowed(call)[:, :, None].expand_as(want)
+        score_scale = float(R.scores(call).masked_fill(~R.allowed(call), 0).abs().max())
+        got = dec.band_logits(layer, masked=False)
+        _close(f"L{layer} mrope axis logits", got, want, tol, entry, score_scale)
+        _close(f"L{layer} mrope pattern", dec.pattern(layer), call.probs, tol, None, 1.0)
+        abs_sum = torch.where(entry, want.abs(), 0.0).sum((0, 3, 4))  # [head, axis]
+        share = (abs_sum / abs_sum.sum(-1, keepdim=True)).double()
+        frame = dec.axis_shares()
+        rows = frame[(frame["layer"] == layer) & (frame["pair"] == "all")]
+        shares = {(r["head"], r["axis"]): r["abs_share"] for _, r in rows.iterrows()}
+        got_share = torch.tensor(
+            [[shares[(h, n)] for n in names] for h in range(share.shape[0])], dtype=torch.float64
+        )
+        _close(f"L{layer} mrope |logit| share", got_share, share, tol, None, 1.0)
+    CELLS.append(f"mrope {family}/{dtype}/{len(grids)} image(s)")
