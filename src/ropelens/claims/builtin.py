@@ -117,14 +117,22 @@ register_claim(
 
 
 # ------------------------------------------------------------------------------------------------
+def _plane_energy(usage: Any, which: str) -> torch.Tensor:
+    """``[layer, head, plane]`` mean ‖q^(i)‖² (or ‖k^(i)‖²) over tokens, before the rotation: the
+    running sum of squared plane norms over the token count (0 past a layer's own entries)."""
+    m = usage.token[(which, "all")]
+    energy = m.total_sq / m.count.clamp_min(1)
+    return torch.where(usage.present(which), energy, torch.zeros_like(energy))
+
+
 def _energy(c: Any) -> Measurement:
     from ropelens.analyses.frequency_usage import frequency_usage
 
     per_window, shares = [], []
     for w in c.text_windows:
         u = frequency_usage(c.model, w[None], n_ctx=w.numel(), progress=False, verify=False)
-        q = [(u.norm(x) ** 2 + u.std(x).nan_to_num(0.0) ** 2) for x in ("q", "k")]
-        share = torch.stack([_share_of_quarters(e.nan_to_num(0.0)).nanmean((0, 1)) for e in q])
+        q = [_plane_energy(u, x) for x in ("q", "k")]
+        share = torch.stack([_share_of_quarters(e).nanmean((0, 1)) for e in q])
         share = share.mean(0)  # [quarter], queries and keys averaged
         shares.append(share)
         per_window.append(float(share[-1] - share[:-1].max()))
@@ -148,7 +156,7 @@ register_claim(
         "Barbero et al. 2025 (ICLR 2025)",
         "Gemma 7B: the largest q and k norms sit in the lowest frequencies (their figure)",
         "frequency_usage on each held-out text window: per plane, mean squared norm of q and of k "
-        "before the rotation (mean² + variance), every layer and head; the share of each quarter",
+        "before the rotation, every layer and head; the share of each quarter",
         "lowest band's energy share minus the largest other quarter's",
         (),
         "the statistic's mean over windows with its 95% bootstrap CI; holds when the CI lies above "

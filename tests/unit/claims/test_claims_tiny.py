@@ -197,3 +197,49 @@ def test_base_bound_against_b_of_m_at_every_position(tiny):
     (llama,) = _base_bound(ClaimContext(tiny("llama"), budget("quick"))).detail["layers"]
     assert llama["smallest_base"] < 1e4 and not llama["holds"]
     assert b_min(llama["smallest_base"] * (1 + 1e-9), 16, 256) >= -1e-9
+
+
+def test_energy_shares_against_the_projections_themselves(tiny):
+    from dataclasses import replace
+
+    from ropelens.claims.builtin import _energy
+    from ropelens.spec.reading import hf_model_of
+
+    model = tiny("llama")  # no q/k norm: the pre-RoPE q and k are q_proj and k_proj's outputs
+    context = ClaimContext(model, replace(budget("quick"), n_windows=2))
+    hf = hf_model_of(model)
+    d = 16
+    caught: dict[str, list[torch.Tensor]] = {"q": [], "k": []}
+    hooks = [
+        getattr(layer.self_attn, f"{x}_proj").register_forward_hook(
+            lambda _m, _i, out, x=x: caught[x].append(out.detach().double())
+        )
+        for layer in hf.model.layers
+        for x in ("q", "k")
+    ]
+    shares = []
+    try:
+        for w in context.text_windows:
+            caught["q"].clear(), caught["k"].clear()
+            with torch.no_grad():
+                hf(w[None])
+            per_which = []
+            for x in ("q", "k"):
+                per_layer = []
+                for out in caught[x]:  # [1, pos, heads · d], half-split planes (i, i + d/2)
+                    v = out[0].reshape(out.shape[1], -1, d)
+                    plane = v[..., : d // 2] ** 2 + v[..., d // 2 :] ** 2  # [pos, head, plane]
+                    e = plane.mean(0)  # [head, plane]
+                    q4 = torch.stack([e[:, i * 2 : i * 2 + 2].sum(-1) for i in range(4)], -1)
+                    per_layer.append(q4 / q4.sum(-1, keepdim=True))
+                per_which.append(torch.stack(per_layer).mean((0, 1)))
+            s = torch.stack(per_which).mean(0)
+            shares.append(s)
+    finally:
+        for h in hooks:
+            h.remove()
+    want = torch.stack(shares).mean(0)
+    m = _energy(context)
+    assert torch.tensor(m.detail["quarter_share"]) == pytest.approx(want, abs=1e-5)
+    per_window = [float(s[-1] - s[:-1].max()) for s in shares]
+    assert m.effect == pytest.approx(sum(per_window) / 2, abs=1e-5)
