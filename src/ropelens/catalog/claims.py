@@ -7,6 +7,7 @@ import math
 
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.claims import CLAIMS, ClaimsResult, claims
+from ropelens.claims.knockouts import OTHER_END
 from ropelens.claims.result import BUDGETS
 from ropelens.cli.common import Command, ModelOptions, OutputOptions, load_from_args
 from ropelens.errors import InputError
@@ -46,9 +47,17 @@ def table(result: ClaimsResult) -> str:
             f"{r.seconds:.0f} s"
         )
         for c in r.controls:
+            versus = r.detail.get("set_minus_other_end")
+            if c.name == OTHER_END and versus:  # one set: its paired CI, not a p-value
+                lines.append(
+                    f"    {c.name:34} effect {c.effect:+.4g}; set − it {versus['mean']:+.4g} "
+                    f"[{versus['lo']:+.4g}, {versus['hi']:+.4g}]"
+                )
+                continue
+            why = f"; {c.withheld}" if c.withheld else ""
             lines.append(
                 f"    {c.name:34} p {_p(c.p):>6} (BH {_p(c.p_adjusted)}, floor {c.p_floor:.2g}, "
-                f"{c.n_distinct} distinct sets)"
+                f"{c.n_distinct} distinct sets{why})"
             )
         if r.model_number:
             lines.append(f"    model: {r.model_number}")

@@ -243,3 +243,20 @@ def test_energy_shares_against_the_projections_themselves(tiny):
     assert torch.tensor(m.detail["quarter_share"]) == pytest.approx(want, abs=1e-5)
     per_window = [float(s[-1] - s[:-1].max()) for s in shares]
     assert m.effect == pytest.approx(sum(per_window) / 2, abs=1e-5)
+
+
+def test_the_command_prints_and_emits_json(capsys, tiny_dir, tmp_path):
+    import json
+
+    from ropelens.cli import main
+
+    model = str(tiny_dir("llama"))
+    saved = tmp_path / "c.json"
+    args = ["claims", model, "--claims", "base-bounds-context,qk-energy-lowest-band"]
+    assert main([*args, "--budget", "quick", "--json", "--save", str(saved)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in out["rows"]] == ["base-bounds-context", "qk-energy-lowest-band"]
+    assert ClaimsResult.load(saved).row("base-bounds-context").verdict == out["rows"][0]["verdict"]
+    assert main([*args, "--budget", "quick"]) == 0
+    text = capsys.readouterr().out
+    assert "base-bounds-context" in text and "min B(m)" in text
