@@ -31,7 +31,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import ropelens
 from ropelens.analyses import (
@@ -49,6 +49,8 @@ from ropelens.analyses import (
 from ropelens.analyses.knockout import knocked_out, probe_rows
 from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt, passkey_retrieval
 from ropelens.analyses.retrieval_heads import retrieval_scores
+from ropelens.loading.models import wrap_hf_model
+from ropelens.run import data
 from ropelens.run.evaluate import window_losses
 from ropelens.spec.variants import PRoPE
 from tests.oracles import reference as R
@@ -94,6 +96,11 @@ MATRIX = {
 # the grid's report counts the cells left out.
 PRE_ROPE_READ_AFTER_ABLATION = {"gpt_neox"}
 
+# input forms: a token tensor, ragged texts (padded, the decomposition alone), a corpus file the
+# corpus analyses cut into windows themselves
+FORMS = ("tensor", "ragged", "file")
+LOADS = ("path", "device_map", "user")
+
 TEXTS = (
     "The cat sat on the mat.",
     "A river runs through the old town, past the mill.",
@@ -104,12 +111,23 @@ TEXTS = (
 
 @pytest.fixture(scope="module")
 def models(family_dir):
-    """``models(family, dtype)``: (ropelens model, HF eager reference, rotary layers), once each."""
+    """``models(family, dtype, load)``: (ropelens model, HF eager reference, rotary layers), once
+    each. ``load`` is how the model reached ropelens: ``"path"`` (``load_model(dir,
+    device="cpu")``), ``"device_map"`` (``load_model(dir, device_map="cpu")``, through accelerate)
+    or ``"user"`` (the user's own ``AutoModelForCausalLM.from_pretrained(dir)`` and tokenizer,
+    wrapped with ``wrap_hf_model``)."""
 
     @functools.cache
-    def make(family: str, dtype: torch.dtype):
+    def make(family: str, dtype: torch.dtype, load: str = "path"):
         path = family_dir(family)
-        model = ropelens.load_model(path, device="cpu", dtype=dtype)
+        if load == "device_map":
+            model = ropelens.load_model(path, device_map="cpu", dtype=dtype)
+        elif load == "user":
+            user = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = wrap_hf_model(user, tokenizer, device="cpu", dtype=dtype, label=str(path))
+        else:
+            model = ropelens.load_model(path, device="cpu", dtype=dtype)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
         probe = torch.arange(4, 12)[None]
         rotary = sorted(ropelens.capture_qk(model, probe, which=("q_post",)))
@@ -137,7 +155,8 @@ def cases(draw):
         "planes": sorted(planes),
         "heads": None if heads is None else sorted(heads),
         "dtype": draw(st.sampled_from([torch.float32, torch.bfloat16])),
-        "ragged": draw(st.booleans()),
+        "form": draw(st.sampled_from(FORMS)),
+        "load": draw(st.sampled_from(LOADS)),
         "layer_pick": draw(st.integers(0, 2**8 - 1)),
         "split": split,
         "claim_all": draw(st.booleans()),
@@ -216,15 +235,13 @@ GRID = [
         family,
         intervention,
         dtype,
-        ragged,
-        id="-".join(
-            [family, intervention, str(dtype).split(".")[-1], "ragged" if ragged else "tensor"]
-        ),
+        form,
+        id="-".join([family, intervention, str(dtype).split(".")[-1], form]),
     )
     for family in sorted(MATRIX)
     for intervention in ("none", "prope", "ablate")
     for dtype in (torch.float32, torch.bfloat16)
-    for ragged in (False, True)
+    for form in FORMS
     if intervention != "prope" or MATRIX[family].prope
 ]
 
@@ -233,23 +250,27 @@ GRID = [
     not os.environ.get("ROPELENS_ORACLE_GRID"),
     reason="the whole grid is the release profile: ROPELENS_ORACLE_GRID=1",
 )
-@pytest.mark.parametrize(("family", "intervention", "dtype", "ragged"), GRID)
-def test_every_cell_of_the_matrix(models, family, intervention, dtype, ragged):
+@pytest.mark.parametrize(("family", "intervention", "dtype", "form"), GRID)
+def test_every_cell_of_the_matrix(models, family, intervention, dtype, form):
+    """One cell of family × intervention × dtype × input form; the way the model was loaded turns
+    with the cells (each family meets every load across its cells)."""
     n_planes = MATRIX[family].n_rotary // 2
+    index = [p.values for p in GRID].index((family, intervention, dtype, form))
     draw = {
         "family": family,
         "intervention": intervention,
         "planes": [0, n_planes - 1],
         "heads": None if MATRIX[family].rotary_last else [0, 2],
         "dtype": dtype,
-        "ragged": ragged,
+        "form": form,
+        "load": LOADS[index % len(LOADS)],
         "layer_pick": 2**8 - 1,
         "split": max(1, n_planes // 2),
         "claim_all": False,
         "seed": 0,
     }
     compare(models, draw)
-    CELLS.append(f"{family}/{intervention}/{dtype}/{'ragged' if ragged else 'tensor'}")
+    CELLS.append(f"{family}/{intervention}/{dtype}/{form}/{draw['load']}")
     summary = os.environ.get("ROPELENS_ORACLE_REPORT")
     if summary:
         lines = [f"cells compared: {len(CELLS)}"]
@@ -258,13 +279,43 @@ def test_every_cell_of_the_matrix(models, family, intervention, dtype, ragged):
             out.write("\n".join(lines) + "\n")
 
 
+def _decomposition(model, form: str, bands, layers):
+    """The attention decomposition of the drawn input form, and what the corpus analyses take:
+    the token tensor itself, or the corpus file and how to cut it into windows (the same windows
+    the decomposition read)."""
+    if form == "ragged":
+        dec = attention_decomposition(model, list(TEXTS[:3]), bands=bands, layers=layers)
+        return dec, dec.tokens, {}
+    if form == "file":
+        source, windows = _corpus_file(), {"n_ctx": 24, "max_tokens": 48}
+        tokens = data.analysis_windows(model, source, **windows)[0]
+    else:
+        tokens = torch.randint(4, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+        tokens[:, 0] = 1
+        source, windows = tokens, {}
+    return attention_decomposition(model, tokens, bands=bands, layers=layers), source, windows
+
+
+@functools.cache
+def _corpus_file() -> str:
+    """A text file of the matrix's texts, several times over (the corpus-file input form)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ropelens-oracle-")
+    path = os.path.join(folder, "corpus.txt")
+    with open(path, "w") as out:
+        out.write("\n\n".join(TEXTS * 4) + "\n")
+    return path
+
+
 def compare(models, draw) -> None:
     """Run every analysis on the drawn case and compare it with the reference."""
     family, dtype = draw["family"], draw["dtype"]
     case = MATRIX[family]
     layout = case.layout()
-    model, hf, rotary = models(family, dtype)
+    model, hf, rotary = models(family, dtype, draw["load"])
     tol = TOLERANCE[dtype]
+    draw = {**draw, "ragged": draw["form"] == "ragged"}
     layers = _layers(rotary, draw["layer_pick"])
     bands, groups = _bands(case.n_rotary // 2, draw["split"], draw["claim_all"])
     ablating = draw["intervention"] in ("ablate", "both")
@@ -281,12 +332,7 @@ def compare(models, draw) -> None:
             stack.enter_context(
                 ropelens.ablate_planes(model, draw["planes"], layers=layers, heads=heads)
             )
-        if draw["ragged"]:
-            dec = attention_decomposition(model, list(TEXTS[:3]), bands=bands, layers=layers)
-        else:
-            tokens = torch.randint(4, 100, (2, 24), generator=torch.Generator().manual_seed(0))
-            tokens[:, 0] = 1
-            dec = attention_decomposition(model, tokens, bands=bands, layers=layers)
+        dec, source, windows = _decomposition(model, draw["form"], bands, layers)
         tokens = dec.tokens
         valid = dec.mask(layers[0]).diagonal(dim1=1, dim2=2)  # a real query attends to itself
         with (
@@ -296,22 +342,21 @@ def compare(models, draw) -> None:
             hf(input_ids=tokens, attention_mask=valid.long())
         usage = usage_pre = None
         if not draw["ragged"]:
-            usage = frequency_usage(model, tokens, layers=layers, source="post", progress=False)
+            run = {"layers": layers, "progress": False, **windows}
+            usage = frequency_usage(model, source, source="post", **run)
             # the default reads q before the rotation: the same plane norms wherever no plane is
             # zeroed after it (a rotation keeps every plane's norm)
-            usage_pre = (
-                None if ablating else frequency_usage(model, tokens, layers=layers, progress=False)
-            )
-            stats = band_statistics(model, tokens, layers=layers, bands=bands, progress=False)
-            sinks = attention_sinks(model, tokens, layers=layers, bands=bands, progress=False)
-            by_distance = attention_by_distance(
-                model, tokens, layers=layers, bands=bands, progress=False
-            )
+            usage_pre = None if ablating else frequency_usage(model, source, **run)
+            stats = band_statistics(model, source, bands=bands, **run)
+            sinks = attention_sinks(model, source, bands=bands, **run)
+            by_distance = attention_by_distance(model, source, bands=bands, **run)
             got_loss = float(window_losses(model, tokens, progress=False).mean())
-            massive = massive_values(model, tokens, layers=layers, progress=False)
-            entropy = frequency_entropy(model, tokens, progress=False)  # NoPE layers too
-            offsets = rotary_offsets(model, tokens, layers=layers, progress=False)
-            taxonomy = head_taxonomy(model, tokens, bands=bands, layers=layers, progress=False)
+            massive = massive_values(model, source, **run)
+            entropy = frequency_entropy(model, source, progress=False, **windows)  # NoPE too
+            offsets = rotary_offsets(model, source, **run)
+            taxonomy = head_taxonomy(
+                model, source, bands=bands, layers=layers, progress=False, n_ctx=24, n_windows=2
+            )
     if not draw["ragged"]:
         with contextlib.ExitStack() as stack:
             if draw["intervention"] in ("prope", "both"):
