@@ -29,7 +29,16 @@ The definitions, in the words of ropelens's documentation:
   values in a shuffled order;
 - **rotary offsets** (Jonasson): per plane the q/k outlier ratio (mean plane norm over the median
   of the head's other planes) and the circular mean angle between q and k at the key each query
-  attends to (the argmax of the model's own scores), sink and content keys apart.
+  attends to (the argmax of the model's own scores), sink and content keys apart;
+- **head taxonomy**: per head, the attention mass at each offset δ = q − k (keys from position 1)
+  and on position 0, on text and on uniform random tokens, and per band the share of its logit's
+  variance that lies between offsets (η²);
+- **knockout**: the planes of a head set zeroed in the rotated q and k, and the attention and loss
+  that follow;
+- **retrieval scores** (Wu et al.): the fraction of copy steps of the passkey answer whose most
+  attended key is the needle token being copied; **passkey retrieval**: the greedy answer;
+- **M-RoPE decomposition**: each logit split into one term per position axis (t, h, w) by the planes
+  each axis turns, and ``rest``.
 """
 
 from __future__ import annotations

@@ -2,21 +2,32 @@
 
 Hypothesis draws a family of the matrix (both pairings, partial rotary, multi-head latent attention,
 sliding windows, soft-cap, learned sinks, GQA, local/global layers, NoPE layers), an intervention
-(none, a plane ablation in some heads, p-RoPE, both nested), a dtype, an input form (a token tensor
-or ragged texts), a layer subset and a band split, and compares ropelens with
-:mod:`tests.oracles.reference`, which runs HF's own eager attention and reads nothing from ropelens
-but the model's inputs: plane and band logits, the pattern and band-only patterns
-(attention decomposition), plane norms and energy shares of the whole head (frequency usage),
-|logit| shares and top-1 agreement (band statistics), attention to position 0 and the sink logit
-by band (attention sinks), band logits and probabilities by distance, and the loss. A failure
-shrinks to its smallest case and prints the seed to replay it.
+(none, a plane ablation in some heads, p-RoPE, both nested), a dtype, an input form (a token tensor,
+ragged texts, or a corpus file the analyses cut into windows), how the model was loaded (from a
+path, with ``device_map="cpu"``, or the user's own ``from_pretrained`` model wrapped), a layer
+subset and a band split, and compares ropelens with :mod:`tests.oracles.reference`, which runs HF's
+own eager attention and reads nothing from ropelens but the model's inputs: plane and band logits,
+the pattern and band-only patterns (attention decomposition), plane norms and energy shares of the
+whole head (frequency usage), |logit| shares and top-1 agreement (band statistics), attention to
+position 0 and the sink logit by band (attention sinks), band logits and probabilities by distance,
+the loss, per-dimension norms and massive dimensions of the pre-RoPE q and k (massive values),
+spectral entropies (frequency entropy), plane norms, outlier ratios and q–k angles at the attended
+key (rotary offsets), attention by offset and band position shares on text and random tokens (head
+taxonomy), and band shares with and without the intervention (intervention effect). Knockout
+(per-row attention and the knocked-out loss), retrieval scores with passkey answers, and M-RoPE
+decomposition (the tiny vision-language models) have tests of their own. A failure shrinks to its
+smallest case and prints the seed to replay it.
 
-Tolerances are relative to the largest reference value of each quantity: float32 agrees to 1e-4;
-bfloat16 to 5e-2 (ropelens runs sdpa where the reference runs eager attention, and both round
-scores and probabilities to 8 bits of mantissa).
+Tolerances (``TOLERANCE``) are relative to the largest reference value of each quantity, or
+absolute for quantities in [0, 1] (probabilities, shares, entropies, resultant lengths): float32
+agrees to 1e-4; bfloat16 to 5e-2 (ropelens runs sdpa where the reference runs eager attention,
+and both round scores and probabilities to 8 bits of mantissa). Band logits scale by the whole
+score, variances by the square of the largest band term. What rounding can flip is bounded rather
+than compared: a massive dimension within rounding of the threshold, a query whose two best keys
+are within rounding (rotary offsets, retrieval scores), a greedy step whose two best logits are.
 
 ``ROPELENS_ORACLE_EXAMPLES`` sets the number of drawn cases (default 30; the release profile runs
-many more).
+the whole grid, ``ROPELENS_ORACLE_GRID=1``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ most attended key is the needle token being copied. ropelens measures this teach
 passkey harness (:mod:`ropelens.analyses.passkey_retrieval`): one forward over the prompt followed
 by the correct answer (`` 12345``), run on the HF model the bridge wraps
 (:func:`ropelens.backends.sdpa_capture.hf_view`) with eager attention, whose attention modules hand
-back their probabilities; a hook keeps only the rows of the queries that predict a passkey token.
+back their probabilities, and with every RoPE variant and plane ablation in force applied where it
+rotates (the scores are those of the model as it runs); a hook keeps only the rows of the queries that predict a passkey token.
 For the answer token at index i (one holding a digit) the query is the position before it and its
 sources are the positions of the same token in every occurrence of the answer's tokens inside the
 needle (the needle holds the passkey twice). A head's score is the fraction of those copy steps,
