@@ -13,7 +13,7 @@ from ropelens.analyses.head_taxonomy import random_tokens
 from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
 from ropelens.analyses.retrieval_heads import copy_case
 from ropelens.claims.decide import control_outcome
-from ropelens.claims.knockouts import knockout_claim
+from ropelens.claims.knockouts import PLANES, knockout_claim
 from ropelens.claims.protocol import Claim, Measurement, register_claim
 from ropelens.claims.result import ControlOutcome
 from ropelens.claims.rows import copy_values, loss_values, probe_values
@@ -683,6 +683,7 @@ def _late_dims(c: Any) -> Measurement:
         lambda a, b: f"copy accuracy at distance {a:.2f} → {b:.2f} ({dose} lowest planes per head)",
         dose=dose,
     )  # fmt: skip
+    m.detail["required_controls"] = [[PLANES]]  # every head is knocked out: no head control
     if m.baseline == 0:
         m.not_applicable = "the unmodified model never copies the far passkey (copy accuracy 0)"
     versus = m.detail["set_minus_other_end"]

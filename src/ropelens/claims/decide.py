@@ -12,8 +12,9 @@ ControlOutcome` (p-value, floor, distinct sets, withheld reason) with the statis
 5. a control that can resolve its p-value (stated, floor ≤ alpha) with adjusted p > alpha and some
    draw reaching the claimed set (p above its floor) → *does not hold*; with no draw reaching it
    (p at its floor, above alpha only after the adjustment) → *inconclusive* (more draws);
-6. no control can resolve its p-value (every one withheld or with its floor above alpha) →
-   *inconclusive*: a claim whose controls cannot separate never holds;
+6. a group of controls the claim requires (a knockout's plane controls, its head controls) has
+   none that can resolve its p-value, or no control at all can (every one withheld or with its
+   floor above alpha) → *inconclusive*: a claim whose controls cannot separate never holds;
 7. a second condition of the claim failed (``fails``) → *does not hold*;
 8. otherwise (the CI beyond the threshold, every resolving control beaten at adjusted p ≤ alpha, at
    least one resolving) → *holds*. A claim declared without controls (descriptive, exact) holds on
@@ -117,6 +118,7 @@ def decide(
     not_applicable: str = "",
     controlled: bool = True,
     fails: str = "",
+    required: Sequence[Sequence[str]] = (),
 ) -> tuple[str, str]:
     """The verdict and its reason (the rule in this module's docstring).
 
@@ -133,6 +135,9 @@ def decide(
             CI decides alone).
         fails (str): A second condition of the claim that failed: a claim that would hold on its
             statistic and controls does not hold, for this reason.
+        required (Sequence[Sequence[str]]): Groups of control names of which at least one each
+            must resolve its p-value (a knockout claim names its heads and its planes: a random
+            planes control and a random heads control must each be able to separate it).
 
     Returns:
         tuple[str, str]: ``(verdict, reason)``.
@@ -173,6 +178,14 @@ def decide(
             f"{claimed}, but {reached} of {c.n_draws} draws of {c.name} reach it (p = {c.p:.3g}, "
             f"BH-adjusted {c.p_adjusted:.3g} > {alpha:g})"
         )
+    for group in required:
+        if not any(c.name in group for c in resolving):
+            whys = [c.withheld or f"floor {c.p_floor:.3g} > {alpha:g}" for c in controls
+                    if c.name in group]  # fmt: skip
+            return INCONCLUSIVE, (
+                f"{claimed}, but none of {', '.join(group)} can separate it "
+                f"({'; '.join(whys) or 'not drawn'})"
+            )
     weak = [c for c in resolving if not c.p_adjusted <= alpha]
     if weak:
         c = weak[0]
@@ -217,6 +230,7 @@ def adjust_rows(rows: Sequence[ClaimRow], alpha: float = 0.05) -> tuple[ClaimRow
             alpha,
             controlled=bool(r.detail.get("controlled", bool(controls))),
             fails=str(r.detail.get("fails", "")),
+            required=r.detail.get("required_controls", ()),
         )
         out.append(replace(r, controls=controls, verdict=verdict, reason=reason))
     return tuple(out)

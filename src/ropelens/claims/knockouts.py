@@ -174,6 +174,7 @@ def knockout_claim(
             "heads": [list(hd) for hd in heads],
             "end": end,
             "dose": k,
+            "required_controls": [[PLANES], [SAME_LAYERS, ANY_LAYER]],
             "n_rows": len(rows),
             "n_distinct_rows": len(once),
             "set_minus_other_end": {

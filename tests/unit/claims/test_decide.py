@@ -4,6 +4,7 @@ separate it is inconclusive, never holds."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -164,3 +165,13 @@ def test_benjamini_hochberg_against_a_direct_computation():
         assert g == pytest.approx(want)
     with pytest.raises(Exception, match=r"\[0, 1\]"):
         benjamini_hochberg([1.5])
+
+
+def test_a_required_group_that_cannot_separate_makes_it_inconclusive():
+    planes = _control(0.01)
+    heads = replace(_control(math.nan), name="random heads, same layers", withheld="whole pool")
+    required = [["random planes, same heads"], ["random heads, same layers"]]
+    verdict, reason = decide(*LESS, [planes, heads], required=required)
+    assert verdict == INCONCLUSIVE and "none of random heads, same layers" in reason
+    resolving = replace(heads, p=0.01, p_adjusted=0.01, withheld="")
+    assert decide(*LESS, [planes, resolving], required=required)[0] == HOLDS
