@@ -1306,3 +1306,70 @@ def test_mrope_decomposition_matches_its_reference(family, dtype, grids):
         )
         _close(f"L{layer} mrope |logit| share", got_share, share, tol, None, 1.0)
     CELLS.append(f"mrope {family}/{dtype}/{len(grids)} image(s)")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "deepseek_v3", "smollm3"])
+def test_trajectory_matches_its_reference(family, family_dir, tmp_path):
+    """Trajectory against the reference, over two checkpoints (the family's model and one drawn
+    with another seed) on the corpus file: per checkpoint the massive query dimensions per layer
+    and the largest ratio (the pre-RoPE q's dimension norms over their head's mean, massive above
+    5×), and the mean attention to position 0 over every head and the share of heads above ε = 0.3
+    per layer (queries from position 4 on that see position 0). Counts are compared where no
+    value sits within rounding of its threshold."""
+    from ropelens.analyses.trajectory import trajectory
+    from ropelens.testing.families import family_model_dir
+
+    checkpoints = [family_dir(family), family_model_dir(family, tmp_path / "other", seed=1)]
+    got = trajectory(
+        [str(c) for c in checkpoints],
+        steps=[0, 1],
+        analyses=["massive", "sinks"],
+        corpus=_corpus_file(),
+        n_tokens=48,
+        n_ctx=24,
+        device="cpu",
+    ).to_frame()
+    layout = MATRIX[family].layout()
+    tol = TOLERANCE[torch.float32]
+    for step, path in enumerate(checkpoints):
+        model = ropelens.load_model(path, device="cpu")
+        tokens = data.analysis_windows(model, _corpus_file(), 24, 48)[0]
+        hf = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+        with R.recorded_attention(hf) as calls, torch.no_grad():
+            hf(input_ids=tokens)
+        rows = got[got["step"] == step]
+
+        def value(metric, layer=-1, rows=rows):
+            return rows[(rows["metric"] == metric) & (rows["layer"] == layer)]["value"]
+
+        ratios, sink_means = [], []
+        for layer in sorted(set(rows[rows["metric"] == "massive_dims"]["layer"]) - {-1}):
+            norms = R.dim_norms(R.pre_rope(calls[layer], layout)[0])
+            ratio, massive = R.massive_mask(norms, 5.0)
+            ratios.append(ratio)
+            if bool(((ratio - 5.0).abs() > tol * ratio.amax(-1, keepdim=True)).all()):
+                assert float(value("massive_dims", layer).iloc[0]) == float(massive.sum())
+        _close(
+            "trajectory massive max ratio",
+            torch.tensor([float(value("massive_max_ratio").iloc[0])]),
+            torch.tensor([float(torch.stack(ratios).max())]),
+            tol,
+        )
+        for layer in sorted(set(rows[rows["metric"] == "sink_head_share"]["layer"]) - {-1}):
+            call = calls[layer]
+            seen = R.allowed(call)[:, 0]  # [batch, q, k]
+            used = seen[:, :, 0] & (torch.arange(seen.shape[1]) >= 4) & (seen.sum(-1) >= 2)
+            weight = used[:, None].double()  # queries from 4 on that see position 0
+            first = (call.probs[..., 0] * weight).sum((0, 2)) / weight.sum((0, 2))  # [head]
+            sink_means.append(first)
+            if bool(((first - 0.3).abs() > tol).all()):
+                share = float((first > 0.3).double().mean())
+                assert math.isclose(float(value("sink_head_share", layer).iloc[0]), share)
+        _close(
+            "trajectory sink attention",
+            torch.tensor([float(value("sink_attention").iloc[0])]),
+            torch.tensor([float(torch.cat(sink_means).mean())]),
+            tol,
+            None,
+            1.0,
+        )
