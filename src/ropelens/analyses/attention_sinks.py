@@ -557,8 +557,8 @@ class AttentionSinks(
                 "sinks-0",
                 "attention-sinks",
                 _sink_count(n, total)
-                + f" sink on position 0 (mean attention over queries m ≥ {self.skip_queries} "
-                f"above ε = {self.epsilon:g}); "
+                + f" sink on position 0 (over the queries from position {self.skip_queries} on, "
+                f"a mean attention to it above {self.epsilon:g}); "
                 + _layer_range(share, self.layers)
                 + f"on average a head gives position 0 {percent(vals['mean_attention'])} of its "
                 "attention.",

@@ -18,7 +18,7 @@ from ropelens.cli.common import (
     positive_int,
 )
 from ropelens.plots.band_statistics import band_statistics_figure, band_statistics_heatmap
-from ropelens.plots.style import category_layers, style_figure
+from ropelens.plots.style import bands_in_words, category_layers, style_figure
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, table_html
 from ropelens.report.registry import SectionSpec
@@ -209,7 +209,7 @@ def render(data: ReportData) -> Section:
     )
     intro = (
         '<p class="lead">Every attention logit is an exact sum of one term per band '
-        f"({esc(st.bands.describe())}). "
+        f"({esc(bands_in_words(st.bands))}). "
         f"Over {prov.n_tokens:,} tokens{sampled}: each band's share of the mean |logit|, of the "
         "logit's variance "
         "across keys of a query, and of the <i>margin</i> of the key the model attends to most "

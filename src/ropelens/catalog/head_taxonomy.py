@@ -176,6 +176,7 @@ def render(data: ReportData, heads: Measured) -> Section:
         + table_html(
             table,
             text_cols=("kind",),
+            labels={"kind": "head kind"},
             summary="The positional heads, strongest first",
             csv="head_taxonomy",
         )

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from ropelens.analyses.registry import Analysis
 from ropelens.cli.common import Command, ModelOptions, OutputOptions, jsonable, load_from_args
 from ropelens.errors import UsageError
-from ropelens.plots.style import hline_log, style_figure
+from ropelens.plots.style import bands_in_words, hline_log, style_figure
 from ropelens.report.collect import ReportData
 from ropelens.report.html import esc, figure_html, number, table_html
 from ropelens.report.registry import SectionSpec
@@ -420,7 +420,7 @@ def render(data: ReportData) -> Section:
                 _wavelength_figure(data),
                 "Planes above a line never complete a turn within that many tokens. Hover for θ.",
             ),
-            f"<h3>Bands ({esc(data.band_stats.bands.describe())})</h3>",
+            f"<h3>Bands ({esc(bands_in_words(data.band_stats.bands))})</h3>",
             table_html(bt, text_cols=("kind", "band", "planes"), folded=False),
         ]
     )

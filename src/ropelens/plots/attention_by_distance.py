@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.attention_by_distance import AttentionByDistance
+from ropelens.plots.style import bands_in_words, readable_log_axes
 
 __all__ = ["distance_figure"]
 
@@ -130,8 +131,10 @@ def distance_figure(
     figure.update_yaxes(type="log", col=2)
     who = "heads averaged" if head is None else f"head {head}"
     figure.update_layout(
-        title=f"Attention by distance — {res.provenance.model} ({res.bands.describe()}, {who})",
+        title=(
+            f"Attention by distance — {res.provenance.model} ({bands_in_words(res.bands)}, {who})"
+        ),
         height=plots_px + MARGIN_PX,
         margin={"t": 90, "b": 60},
     )
-    return figure
+    return readable_log_axes(figure)

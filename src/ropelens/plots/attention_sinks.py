@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.attention_sinks import AttentionSinks
+from ropelens.plots.style import bands_in_words
 
 __all__ = ["sinks_figure"]
 
@@ -88,7 +89,7 @@ def sinks_figure(snk: AttentionSinks) -> go.Figure:
     fig.update_xaxes(title_text="band", row=2)
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=2)
     fig.update_layout(
-        title=f"Attention sinks — {snk.provenance.model} ({snk.bands.describe()})",
+        title=f"Attention sinks — {snk.provenance.model} ({bands_in_words(snk.bands)})",
         height=760,
         showlegend=False,
     )

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.band_statistics import BandStatistics
+from ropelens.plots.style import bands_in_words
 
 __all__ = ["band_statistics_figure", "band_statistics_heatmap"]
 
@@ -54,6 +55,6 @@ def band_statistics_figure(st: BandStatistics, layer: int | None = None) -> go.F
     fig.update_layout(
         coloraxis={"colorscale": "RdBu", "cmid": 0},
         height=460,
-        title=f"Band decomposition — {st.provenance.model} ({st.bands.describe()})",
+        title=f"Band decomposition — {st.provenance.model} ({bands_in_words(st.bands)})",
     )
     return fig

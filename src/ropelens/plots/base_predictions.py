@@ -7,6 +7,7 @@ import math
 import plotly.graph_objects as go
 
 from ropelens.analyses.base_predictions import BasePredictions, MeasuredExtrapolation
+from ropelens.plots.style import readable_log_axes
 
 __all__ = ["base_predictions_figure", "measured_extrapolation_figure"]
 
@@ -49,7 +50,7 @@ def base_predictions_figure(pred: BasePredictions) -> go.Figure:
         xaxis_title="context length (tokens)",
         yaxis_title="RoPE base",
     )
-    return fig
+    return readable_log_axes(fig)
 
 
 def measured_extrapolation_figure(
@@ -82,4 +83,4 @@ def measured_extrapolation_figure(
         xaxis_title="context length (tokens)",
         yaxis_title="perplexity",
     )
-    return fig
+    return readable_log_axes(fig)

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from ropelens.analyses.extension_planes import ExtensionPlanes, LongRopeSearch
 from ropelens.errors import InputError
+from ropelens.plots.style import readable_log_axes
 
 __all__ = ["compare_figure", "longrope_search_figure", "extension_planes_figure"]
 
@@ -99,4 +100,4 @@ def compare_figure(views: Sequence[ExtensionPlanes]) -> go.Figure:
         yaxis_title="wavelength 2π/θ (tokens)",
         yaxis_type="log",
     )
-    return fig
+    return readable_log_axes(fig)

@@ -6,8 +6,34 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ropelens.analyses.head_taxonomy import HeadTaxonomy
+from ropelens.results.findings import head_name
 
-__all__ = ["heads_figure", "heads_scatter"]
+__all__ = [
+    "HEADS_FIGURE_MAX_PX",
+    "KIND_COLOURS",
+    "heads_figure",
+    "heads_figure_height",
+    "heads_scatter",
+]
+
+HEADS_FIGURE_MAX_PX = 720  # a taller figure squashes the scatter beside the heatmap into a strip
+
+
+def heads_figure_height(n_rows: int) -> int:
+    """The figure's height for a heatmap of ``n_rows`` heads: 8 px a row between 460 and
+    :data:`HEADS_FIGURE_MAX_PX` (a model with hundreds of heads draws them thinner, and the
+    heatmap labels every few rows)."""
+    return min(HEADS_FIGURE_MAX_PX, max(460, 8 * n_rows))
+
+
+# a colour per kind of head, far apart: content heads grey, sinks brown, positional kinds bright
+KIND_COLOURS = {
+    "content": "#8c959f",
+    "sink": "#8c510a",
+    "diagonal": "#1f77b4",
+    "previous-token": "#d62728",
+    "offset-δ": "#2ca02c",
+}
 
 
 def heads_scatter(tax: HeadTaxonomy) -> list[go.Scatter]:
@@ -20,7 +46,8 @@ def heads_scatter(tax: HeadTaxonomy) -> list[go.Scatter]:
             y=g["mass_random"],
             mode="markers",
             name=kind,
-            text=[f"L{r.layer} H{r.head} δ*={r.best_offset}" for r in g.itertuples()],
+            marker={"color": KIND_COLOURS.get(kind, "#17becf")},
+            text=[f"{head_name(r.layer, r.head)} δ*={r.best_offset}" for r in g.itertuples()],
             hovertemplate="%{text}<br>text %{x:.3f}, random %{y:.3f}<extra></extra>",
         )
         for kind, g in df.groupby("family")
@@ -45,7 +72,7 @@ def heads_figure(tax: HeadTaxonomy) -> go.Figure:
     fig.add_hline(y=tax.tau, line_dash="dot", row=1, col=1)
     have = tax.present().flatten()
     z = tax.scores["margin_share"].flatten(0, 1)[have]
-    ylab = [f"{L}.{h}" for L in tax.layers for h in range(tax.scores["margin_share"].shape[1])]
+    ylab = [head_name(L, h) for L in tax.layers for h in range(tax.scores["margin_share"].shape[1])]
     ylab = [y for y, h in zip(ylab, have.tolist(), strict=True) if h]
     fig.add_trace(
         go.Heatmap(
@@ -65,7 +92,7 @@ def heads_figure(tax: HeadTaxonomy) -> go.Figure:
     fig.update_yaxes(title_text="random tokens", range=[0, 1.02], row=1, col=1)
     # The legend goes under the plots, so it never covers the heatmap's colorbar on the right.
     fig.update_layout(
-        height=max(460, 8 * len(ylab)),
+        height=heads_figure_height(len(ylab)),
         title=f"Head taxonomy — {tax.provenance.model} (τ = {tax.tau:.3f})",
         legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.12, "yanchor": "top"},
         margin={"b": 110},

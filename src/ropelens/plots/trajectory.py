@@ -9,6 +9,7 @@ from plotly.subplots import make_subplots
 
 from ropelens.analyses.trajectory import Trajectory
 from ropelens.errors import InputError
+from ropelens.plots.style import readable_log_axes
 
 __all__ = ["trajectory_figure"]
 
@@ -76,4 +77,4 @@ def trajectory_figure(
         showlegend=False,
         title=f"Structures over training — {traj.provenance.model}",
     )
-    return fig
+    return readable_log_axes(fig)

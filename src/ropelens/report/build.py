@@ -43,7 +43,7 @@ from ropelens.results.provenance import (
 )
 from ropelens.results.report_file import is_report
 from ropelens.run import data
-from ropelens.run.data import StreamedCorpus, analysis_windows
+from ropelens.run.data import CORPORA, StreamedCorpus, analysis_windows
 from ropelens.run.distributed import is_main, local
 from ropelens.run.verify import skip_verification, verification
 from ropelens.spec.bands import Bands
@@ -660,6 +660,14 @@ def _report_json(
     )
 
 
+def _corpus_words(name: str | None) -> str:
+    """What a built-in corpus is, said where the page first names it: `` (the CPython language
+    reference)`` for english; "" for a corpus of the user's own."""
+    if name not in CORPORA:
+        return ""
+    return f" ({CORPORA[name].split(',')[0].split(' (')[0]})"
+
+
 def _subtitle(data: ReportData, created: str) -> str:
     c = data.corpus
     sha = f" (sha256 {H.esc(c['sha256'][:12])}…)" if c.get("sha256") else ""
@@ -670,7 +678,7 @@ def _subtitle(data: ReportData, created: str) -> str:
     return (
         f"<b>{H.esc(data.label)}</b>"
         + (f" under <b>{H.esc(under)}</b>" if under else "")
-        + f" · corpus <b>{H.esc(c.get('name'))}</b>{sha} · "
+        + f" · corpus <b>{H.esc(c.get('name'))}</b>{H.esc(_corpus_words(c.get('name')))}{sha} · "
         f"{data.usage.provenance.n_tokens:,} tokens in {data.n_windows} windows of "
         f"{data.n_ctx}{band} · {H.esc(created)} · ropelens "
         f"{H.esc(versions().get('ropelens', '?'))}"

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ropelens.plots.style import FONT
+from ropelens.plots.style import FONT, readable_log_axes
 
 __all__ = [
     "COLUMN_LABELS", "collecting_figures", "column_label", "esc", "figure_html", "number", "page",
@@ -157,6 +157,9 @@ table.t th, table.t td {
   white-space:nowrap;
 }
 table.t th {
+  white-space:normal;
+  vertical-align:bottom;
+  min-width:5ch;
   font-weight:600;
   color:var(--muted);
   border-bottom:1.5px solid #c9ced8;
@@ -178,6 +181,7 @@ table.kv td { text-align:left; white-space:normal; }
 .placeholder b { color:var(--warn); }
 .placeholder .req { color:var(--muted); font-size:13px; }
 footer { color:var(--muted); font-size:12.5px; padding:18px 0 30px; }
+@media (max-width: 1000px) { table.t th, table.t td { padding:4px 6px; } }
 @media print { nav.toc { position:static; } }
 """.replace("FONT", FONT)
     .replace("MONO", MONO)
@@ -256,6 +260,9 @@ def collecting_figures() -> Iterator[list[go.Figure]]:
 def figure_html(fig: go.Figure, caption: str | None = None) -> str:
     """A figure as a div (plotly.js itself is embedded once, in the page head), its float data
     single precision."""
+    readable_log_axes(fig)
+    if fig.layout.title.text and fig.layout.title.xref is None:
+        fig.update_layout(title_xref="paper")  # a title starts where its plot does, not at x = 0
     _compact(fig)
     collected = _COLLECTED.get()
     if collected is not None:
@@ -293,9 +300,11 @@ def table_html(
     csv: str | None = None,
     summary: str | None = None,
     folded: bool = True,
+    labels: dict[str, str] | None = None,
 ) -> str:
     """A readable table: numbers right-aligned and compact, text columns left-aligned (long texts
-    wrap), columns named in words (:func:`column_label`). ``folded`` (the default) puts it in a
+    wrap), columns named in words (:func:`column_label`, or ``labels`` for this table's own, such
+    as ``{"kind": "head kind"}``). ``folded`` (the default) puts it in a
     ``<details>`` whose one-line summary says what it holds (``summary``, else its size and
     columns) and links ``csv`` (the table's CSV file beside the page, without ``.csv``); the rows
     show on demand and scroll inside their own box."""
@@ -305,9 +314,8 @@ def table_html(
     long = (
         {c for c in text if df[c].astype(str).str.len().max(skipna=True) > 40} if len(df) else set()
     )
-    head = "".join(
-        f'<th class="{_cell_class(c, text, set())}">{esc(column_label(c))}</th>' for c in cols
-    )
+    named = {c: (labels or {}).get(c, column_label(c)) for c in cols}
+    head = "".join(f'<th class="{_cell_class(c, text, set())}">{esc(named[c])}</th>' for c in cols)
     rows = []
     for rec in df.itertuples(index=False):
         cells = []

@@ -19,7 +19,12 @@ __all__ = ["SummaryRow", "summary_figure", "summary_rows"]
 
 ROW_PX = 112  # each small multiple's height
 GAP_PX = 16
-BAND_COLOURS = ("#3b5bdb", "#4dabf7", "#f59f00", "#e8590c", "#7048e8", "#12b886", "#c2255c")
+# one colour per legend entry of the whole figure: the energy row's bands take the first, the
+# massive row's q and k the next (never a band's colour again)
+BAND_COLOURS = (
+    "#3b5bdb", "#4dabf7", "#f59f00", "#e8590c", "#7048e8", "#12b886", "#c2255c", "#5c940d",
+    "#868e96", "#0b7285", "#e64980", "#8d6e63",
+)  # fmt: skip
 BAR_COLOUR = "#4c6ef5"
 
 
@@ -93,10 +98,12 @@ def summary_rows(data: ReportData) -> list[SummaryRow]:
     return rows
 
 
-def _add_row(fig: go.Figure, row: SummaryRow, index: int) -> None:
+def _add_row(fig: go.Figure, row: SummaryRow, index: int, first_colour: int) -> int:
+    """Draws ``row`` as the figure's row ``index``, its legend entries coloured from
+    ``BAND_COLOURS[first_colour]`` on; returns the next unused colour."""
     many = len(row.series) > 1
     for j, (name, layers, values) in enumerate(row.series):
-        colour = BAND_COLOURS[j % len(BAND_COLOURS)] if many else BAR_COLOUR
+        colour = BAND_COLOURS[(first_colour + j) % len(BAND_COLOURS)] if many else BAR_COLOUR
         fig.add_trace(
             go.Bar(
                 x=list(layers),
@@ -121,6 +128,7 @@ def _add_row(fig: go.Figure, row: SummaryRow, index: int) -> None:
         **({"range": [0, row.y_max]} if row.y_max else {}),
         **({"tickformat": ".0%"} if row.hover.startswith("%{y:.0%") else {}),
     )
+    return first_colour + len(row.series) if many else first_colour
 
 
 def summary_figure(data: ReportData) -> go.Figure:
@@ -133,8 +141,9 @@ def summary_figure(data: ReportData) -> go.Figure:
     fig = make_subplots(
         rows=n, cols=1, shared_xaxes=True, vertical_spacing=GAP_PX / plots_px if n > 1 else 0.0
     )
+    colour = 0
     for index, row in enumerate(rows, start=1):
-        _add_row(fig, row, index)
+        colour = _add_row(fig, row, index, colour)
     fig.update_layout(barmode="stack")  # band shares stack to 1, q and k dimensions to their sum
     fig.update_xaxes(title_text="layer", row=n, col=1)
     shown = sorted({L for row in rows for _, layers, _ in row.series for L in layers})

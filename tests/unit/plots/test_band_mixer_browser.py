@@ -230,5 +230,17 @@ def test_a_labelled_explorer_opens_on_the_strongest_positional_head(
         state = page.evaluate("() => ropelensExplorer.state()")
         assert {"layer": state["layer"], "head": state["head"]} == opens_on
         assert page.input_value("#head") == str(opens_on["head"])
+        # the head menu shows each label whole ("head 3 · positional (previous-token)")
+        overflow = page.evaluate(
+            """() => { const s = document.querySelector('#head');
+              const ctx = document.createElement('canvas').getContext('2d');
+              ctx.font = getComputedStyle(s).font;
+              const room = s.clientWidth - 28;  // the arrow and padding
+              return [...document.querySelectorAll('#layer option')].flatMap((_, li) => {
+                ropelensExplorer.setLayer(ropelensExplorer.layers()[li]);
+                return [...s.options].map(o => o.text).filter(t => ctx.measureText(t).width > room);
+              }); }"""
+        )
+        assert overflow == []
         assert errors == [] and external == []
         page.close()

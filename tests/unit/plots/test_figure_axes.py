@@ -541,12 +541,19 @@ def as_number(value: Any) -> float:
     return float(value)
 
 
+def head_pair(label: str) -> tuple[int, int]:
+    """A head's label, ``L3.H1`` (never a bare ``3.1``, which reads as a decimal), as (3, 1)."""
+    match = re.fullmatch(r"L(\d+)\.H(\d+)", label)
+    assert match, f"head label {label!r} is not of the form L3.H1"
+    return int(match.group(1)), int(match.group(2))
+
+
 def normalise(role: str, values: list[Any]) -> list[Any]:
     """Labels in the form the expectations use: numbers, band names, (layer, head) pairs."""
     if role == "band":
         return list(values)
     if role == "layer.head":
-        return [v if isinstance(v, tuple) else tuple(map(int, v.split("."))) for v in values]
+        return [v if isinstance(v, tuple) else head_pair(v) for v in values]
     return [as_number(v) for v in values]
 
 
