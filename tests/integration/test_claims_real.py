@@ -1,8 +1,8 @@
 """Claims on the real embedded models at the standard budget give the verdicts ropelens's measured
 results report (docs/results.md, "Both embedded models"): positional heads take their position
-from the highest band and retrieval heads copy through the lowest on both models; the lowest band
-is not singled out as a semantic channel beyond random planes and heads; p-RoPE 0.75 costs nothing
-and NoPE much; Gemma-3's positional heads are local and its retrieval heads global."""
+from the highest band and retrieval heads copy through the lowest, beyond random planes and random
+heads (on Gemma-3, random heads of the same layers cannot separate the sets); the lowest band is
+not singled out as a semantic channel; p-RoPE 0.75 costs nothing and NoPE much."""
 
 from __future__ import annotations
 
@@ -28,15 +28,21 @@ def gemma3_claims(gemma3):
 @pytest.mark.parametrize("which", ["smollm2_claims", "gemma3_claims"])
 def test_the_reported_verdicts(request, which):
     result = request.getfixturevalue(which)
-    assert result.row("positional-highest-band").verdict == HOLDS
-    assert result.row("retrieval-lowest-band").verdict == HOLDS
     assert result.row("prope-keeps-highest").verdict == HOLDS
     semantic = result.row("semantic-lowest-band")
     assert semantic.verdict in (DOES_NOT_HOLD, INCONCLUSIVE), semantic.reason
     assert semantic.effect > 0  # the direction holds; the singling out does not
     for name in ("positional-highest-band", "retrieval-lowest-band"):
         row = result.row(name)
-        assert row.controls[0].p == pytest.approx(row.controls[0].p_floor)  # no draw reaches it
+        planes, _, any_layer, _ = row.controls
+        assert planes.p == pytest.approx(planes.p_floor)  # no random-plane draw reaches the set
+        assert any_layer.p == pytest.approx(any_layer.p_floor)
+        if which == "smollm2_claims":
+            assert row.verdict == HOLDS, row.reason
+        else:
+            # Gemma's head sets fill most of their layers (3 of layer 5's 4 heads retrieve): the
+            # same-layer control draws from 64 sets, and its draws hold the set's own heads
+            assert row.verdict == HOLDS or "random heads, same layers" in row.reason
 
 
 def test_smollm2_numbers_beside_the_reported_ones(smollm2_claims):
@@ -48,4 +54,8 @@ def test_smollm2_numbers_beside_the_reported_ones(smollm2_claims):
 
 def test_gemma3_position_local_copy_global(gemma3_claims):
     row = gemma3_claims.row("local-position-global-copy")
-    assert row.verdict == HOLDS, row.reason
+    positional, retrieval = row.controls
+    # 4 of 5 retrieval heads global where 12 of 72 heads are: beyond random sets; 3 of 3
+    # positional heads local where 60 of 72 are: what random sets of 3 give in 58% of draws
+    assert retrieval.p <= 0.05 and positional.p > 0.3
+    assert row.verdict == DOES_NOT_HOLD, row.reason
