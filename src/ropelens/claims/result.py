@@ -7,18 +7,19 @@ result, the smallest p its draws allow and how many distinct control sets it dre
 paper's number. The schema below is stable: readers (tables, figures, the report) may rely on every
 field named here.
 
-Verdicts are one of :data:`VERDICTS`:
+Verdicts are one of :data:`VERDICTS` (the rule, step by step, is :func:`ropelens.claims.decide.
+decide`'s):
 
-- ``"holds"``: the effect's CI excludes 0 in the claim's direction and every control that can
-  resolve a p-value gives an adjusted p ≤ ``alpha`` (a descriptive claim without controls: its CI
-  lies beyond the claim's threshold);
-- ``"does not hold"``: the effect's CI lies on the wrong side of 0 (or of the threshold), or a
-  control that can resolve its p-value reaches or beats the claimed set (adjusted p > ``alpha``
-  while its floor is ≤ ``alpha``);
-- ``"inconclusive"``: the draws cannot decide (a control's floor is above ``alpha``, too few
-  distinct control sets, or a CI across 0): the reason says which;
+- ``"holds"``: the effect's CI lies beyond the claim's threshold in its direction and every control
+  that can resolve a p-value is beaten at BH-adjusted p ≤ ``alpha`` (a knockout needs a plane
+  control and a head control that can; a descriptive or exact claim has its CI alone);
+- ``"does not hold"``: the effect's CI lies wholly on the wrong side of the threshold, a control's
+  draws reach the claimed set (adjusted p > ``alpha``, p above its floor), or a second condition
+  of the claim fails;
+- ``"inconclusive"``: the numbers cannot decide (a CI across the threshold, a control's floor above
+  ``alpha``, too few distinct control sets): the reason says which;
 - ``"not applicable"``: the model lacks what the claim is about (no positional heads found, no
-  local layers, no unrotated part): the reason says what.
+  local layers, no massive values): the reason says what.
 """
 
 from __future__ import annotations
@@ -116,10 +117,13 @@ class ClaimsResult(Result, json_options={"indent": 1}):
             )
         rows = adjust_rows((*self.rows, *other.rows), self.alpha)
         seconds = [s for s in (self.provenance.seconds, other.provenance.seconds) if s is not None]
+        config = {**self.provenance.config, "claims": [r.name for r in rows]}
         return replace(
             self,
             rows=rows,
-            provenance=replace(self.provenance, seconds=sum(seconds) if seconds else None),
+            provenance=replace(
+                self.provenance, seconds=sum(seconds) if seconds else None, config=config
+            ),
         )
 
     # ---------------------------------------------------------------- views
