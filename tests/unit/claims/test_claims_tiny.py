@@ -25,7 +25,7 @@ from ropelens.claims import (
 )
 from ropelens.claims.context import budget
 from ropelens.claims.knockouts import ANY_LAYER, PLANES, SAME_LAYERS, knockout_claim
-from ropelens.errors import InputError
+from ropelens.errors import InputError, NotRotaryError
 
 FAMILIES = ("llama", "llama-gqa", "gemma3", "gptj")
 
@@ -142,6 +142,8 @@ def test_bad_input_is_one_line(tiny):
         claims(tiny("llama"), None, "fast")
     with pytest.raises(InputError, match="alpha"):
         claims(tiny("llama"), None, "quick", alpha=1.5)
+    with pytest.raises(NotRotaryError, match="not RoPE"):
+        claims(tiny("gpt2"), None, "quick")
 
 
 def test_the_command_refuses_bad_flags(capsys, tiny_dir):
