@@ -281,10 +281,22 @@ def test_every_cell_of_the_matrix(models, family, intervention, dtype, form):
         "seed": 0,
     }
     compare(models, draw)
-    CELLS.append(f"{family}/{intervention}/{dtype}/{form}/{draw['load']}")
+    _cell_done(f"{family}/{intervention}/{dtype}/{form}/{draw['load']}")
+
+
+def _cell_done(cell: str) -> None:
+    """Count a grid cell and rewrite the report (``ROPELENS_ORACLE_REPORT``): the cells compared,
+    per kind, and the largest error seen per quantity."""
+    CELLS.append(cell)
     summary = os.environ.get("ROPELENS_ORACLE_REPORT")
     if summary:
-        lines = [f"cells compared: {len(CELLS)}"]
+        kinds: dict[str, int] = {}
+        for done in CELLS:
+            kind = done.split(" ", 1)[0] if " " in done else "matrix"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        lines = [
+            f"cells compared: {len(CELLS)} ({', '.join(f'{k} {n}' for k, n in kinds.items())})"
+        ]
         lines += [f"{name}: {err:.3g}" for name, err in sorted(LARGEST.items())]
         with open(summary, "w") as out:
             out.write("\n".join(lines) + "\n")
@@ -1017,7 +1029,7 @@ def test_knockout_matches_its_reference(models, family, dtype, prope, seed):
 )
 def test_knockout_in_every_cell(models, family, prope, dtype):
     check_knockout(models, family, dtype, prope, 0)
-    CELLS.append(f"knockout {family}/{'prope' if prope else 'none'}/{dtype}")
+    _cell_done(f"knockout {family}/{'prope' if prope else 'none'}/{dtype}")
 
 
 def _reference_copy_scores(hf, tokenizer, prompt_ids: list[int], passkey: str, tol: float, edits):
@@ -1157,7 +1169,7 @@ def test_retrieval_matches_its_reference(models, family, dtype, intervention, se
 )
 def test_retrieval_in_every_cell(models, family, intervention, dtype):
     check_retrieval(models, family, dtype, intervention, 0)
-    CELLS.append(f"retrieval {family}/{intervention}/{dtype}")
+    _cell_done(f"retrieval {family}/{intervention}/{dtype}")
 
 
 def _band_shares(call, layout, groups, names, scaling) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1305,7 +1317,7 @@ def test_mrope_decomposition_matches_its_reference(family, dtype, grids):
             [[shares[(h, n)] for n in names] for h in range(share.shape[0])], dtype=torch.float64
         )
         _close(f"L{layer} mrope |logit| share", got_share, share, tol, None, 1.0)
-    CELLS.append(f"mrope {family}/{dtype}/{len(grids)} image(s)")
+    _cell_done(f"mrope {family}/{dtype}/{len(grids)}-image")
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "deepseek_v3", "smollm3"])
@@ -1373,3 +1385,4 @@ def test_trajectory_matches_its_reference(family, family_dir, tmp_path):
             None,
             1.0,
         )
+    _cell_done(f"trajectory {family}")
