@@ -16,6 +16,8 @@ __all__ = ["distance_figure"]
 ROW_PX = 250  # each row's plot height
 GAP_PX = 90  # between rows: the row above's tick labels, then this row's panel titles
 MARGIN_PX = 150  # the figure's title and the bottom axis title
+# the probability's own colour: its legend entry must not read as the full logit's (black)
+PROBABILITY_COLOUR = "#17becf"
 
 
 _PALETTE = (
@@ -96,7 +98,9 @@ def _layer_traces(
     full_logit_hover = "%{y:.4f}<extra>full logit</extra>"
     traces.append((curve("logit", "full logit", "logit", full_logit_line, full_logit_hover), 1))
     probability_hover = "p %{y:.4g}<extra></extra>"
-    traces.append((curve("prob", "probability", "prob", {"color": "black"}, probability_hover), 2))
+    traces.append(
+        (curve("prob", "probability", "prob", {"color": PROBABILITY_COLOUR}, probability_hover), 2)
+    )
     return traces
 
 

@@ -105,10 +105,14 @@ def _axis_span(fig: go.Figure, name: str, axis) -> tuple[float, float] | None:
 
 
 def readable_log_axes(fig: go.Figure) -> go.Figure:
-    """Every log axis of ``fig`` whose ticks the figure did not choose itself gets ticks that carry
-    their decade (:func:`log_ticks`, labelled by :func:`log_tick_label`); returns ``fig``."""
+    """Every log axis of ``fig`` gets ticks that carry their decade (:func:`log_ticks`, labelled by
+    :func:`log_tick_label`; ticks the figure chose itself keep their places and get those labels;
+    labels it wrote itself are left alone); returns ``fig``."""
     for axis in [*fig.select_xaxes(), *fig.select_yaxes()]:
-        if axis.type != "log" or axis.tickvals is not None or axis.tickmode == "array":
+        if axis.type != "log" or axis.ticktext is not None:
+            continue
+        if axis.tickvals is not None:  # ticks the figure chose: labelled as the others are
+            axis.update(ticktext=[log_tick_label(v) for v in axis.tickvals])
             continue
         span = _axis_span(fig, axis.plotly_name, axis)
         major, minor = log_ticks(*span) if span else ([], [])

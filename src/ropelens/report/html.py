@@ -248,13 +248,17 @@ _COLLECTED: contextvars.ContextVar[list[go.Figure] | None] = contextvars.Context
 @contextlib.contextmanager
 def collecting_figures() -> Iterator[list[go.Figure]]:
     """Within the block, every figure :func:`figure_html` lays out is also appended to the list
-    this yields, in page order (the report writes them as files with ``figures=``)."""
+    this yields, in page order (the report writes them as files with ``figures=``); a block within
+    another hands its figures on to the outer one's list too."""
     figures: list[go.Figure] = []
+    outer = _COLLECTED.get()
     token = _COLLECTED.set(figures)
     try:
         yield figures
     finally:
         _COLLECTED.reset(token)
+        if outer is not None:
+            outer.extend(figures)
 
 
 def figure_html(fig: go.Figure, caption: str | None = None) -> str:
