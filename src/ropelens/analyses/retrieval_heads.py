@@ -7,13 +7,13 @@ passkey harness (:mod:`ropelens.analyses.passkey_retrieval`): one forward over t
 by the correct answer (`` 12345``), run on the HF model the bridge wraps
 (:func:`ropelens.backends.sdpa_capture.hf_view`) with eager attention, whose attention modules hand
 back their probabilities, and with every RoPE variant and plane ablation in force applied where it
-rotates (the scores are those of the model as it runs); a hook keeps only the rows of the queries that predict a passkey token.
-For the answer token at index i (one holding a digit) the query is the position before it and its
-sources are the positions of the same token in every occurrence of the answer's tokens inside the
-needle (the needle holds the passkey twice). A head's score is the fraction of those copy steps,
-over all prompts, whose argmax key is a source. Wu et al. decode and count a step only when the
-generated token is the attended one; teacher forcing counts every step of the correct answer, the
-same steps where the model answers right.
+rotates (the scores are those of the model as it runs); a hook keeps only the rows of the queries
+that predict a passkey token. For the answer token at index i (one holding a digit) the query is
+the position before it and its sources are the positions of the same token in every occurrence of
+the answer's tokens inside the needle (the needle holds the passkey twice). A head's score is the
+fraction of those copy steps, over all prompts, whose argmax key is a source. Wu et al. decode and
+count a step only when the generated token is the attended one; teacher forcing counts every step
+of the correct answer, the same steps where the model answers right.
 
 *Ablation.* In the ``top_k`` highest-scoring heads the lowest-frequency quarter of the rotary planes
 (Bayram's 32 of 128 dims; smallest ``inv_freq``) is zeroed in q and k
