@@ -64,6 +64,7 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
     from ropelens.analyses.mrope_decomposition import mrope_decomposition
     from ropelens.analyses.positional_symbolic import positional_symbolic
     from ropelens.analyses.retrieval_heads import retrieval_heads
+    from ropelens.claims import claims
     from ropelens.spec.variants import PRoPE
     from ropelens.testing import tiny_model
     from ropelens.testing.vl import vl_hf_model, vl_inputs
@@ -152,6 +153,7 @@ def results(tiny, tmp_path_factory) -> dict[str, Result]:
                 **kw,
             ),
             rope_decay_constant(torch.tensor([1.0, 0.1]), 8),
+            claims(model, "base-bounds-context,qk-energy-lowest-band", "quick", progress=False),
             Trajectory(
                 records=tuple(
                     (s, f"step-{s}", st.analysis, st.metric, -1, float(v))
