@@ -529,8 +529,12 @@ register_claim(
 # ------------------------------------------------------------------------------------------------
 def _u_shape(c: Any) -> Measurement:
     from ropelens.analyses.attention_by_distance import attention_by_distance
+    from ropelens.run import data
 
-    tokens = c.text_windows
+    # the rise at long distance needs long windows: at least 256 tokens
+    _, val = data.english().split()
+    n_ctx = max(256, c.budget.text_ctx)
+    tokens = data.windows(val, c.model, n_ctx, n_windows=c.budget.n_windows)
     abd = attention_by_distance(
         c.model, tokens, n_ctx=tokens.shape[1], progress=False, verify=False
     )
@@ -569,8 +573,9 @@ register_claim(
         "Chen et al. 2025, HoPE: A Novel Positional Encoding Without Long-Term Decay (ACL 2025)",
         "Llama-family models: attention decays locally but rises again at long distance, the rise "
         "from the low-frequency components",
-        "attention_by_distance on held-out text windows: per head, the mean logit by log-spaced "
-        "distance bin; for each U-shaped head, the band with the largest share of the rise",
+        "attention_by_distance on held-out text windows of ≥ 256 tokens: per head, the mean logit "
+        "by log-spaced distance bin; for each U-shaped head, the band with the largest share of "
+        "the rise",
         "share of U-shaped heads whose rise comes from the lowest band",
         (),
         "the share with its 95% bootstrap CI over the U-shaped heads: holds when it lies above "

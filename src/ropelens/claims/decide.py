@@ -155,7 +155,9 @@ def decide(
     shown = f"{effect:.4g} [{lo:.4g}, {hi:.4g}]"
     side = "above" if direction == "greater" else "below"
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        return INCONCLUSIVE, f"the effect {effect:.4g} has no CI (one window): measure more windows"
+        return INCONCLUSIVE, (
+            f"the effect {effect:.4g} has no CI (it rests on one window or one unit): measure more"
+        )
     beyond = lo > threshold if direction == "greater" else hi < threshold
     wrong = hi < threshold if direction == "greater" else lo > threshold
     if wrong:
