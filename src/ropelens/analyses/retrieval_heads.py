@@ -43,8 +43,9 @@ from ropelens.analyses.passkey_retrieval import (
     passkey_prompt,
     passkey_retrieval,
 )
+from ropelens.backends import backend_of
 from ropelens.backends.hf import attention_modules
-from ropelens.backends.sdpa import on_sdpa, sdpa_ready
+from ropelens.backends.sdpa import on_sdpa
 from ropelens.backends.sdpa_capture import attention_implementation, hf_view
 from ropelens.devices import device_of, require_memory
 from ropelens.errors import InputError, UnsupportedModelError
@@ -168,7 +169,7 @@ def _interventions_applied(model) -> Iterator[torch.nn.Module]:
     if not active_plan(model):
         yield hf_view(model)
         return
-    if not sdpa_ready(model):
+    if backend_of(model).loss_path() != "sdpa":
         raise UnsupportedModelError(
             "retrieval scores read the HF model's eager attention, and the interventions in force "
             "cannot run there (another hook is on the bridge, or the family rotates where "
