@@ -43,8 +43,8 @@ def cut_message(what: str, n: int, limit: int, verb: str = "decomposed") -> str:
     """The words ropelens says, in Python and on the command line, when ``what`` (``n`` tokens)
     is cut to its first ``limit``."""
     return (
-        f"{what} is {n:,} tokens, longer than the model's context of {limit:,}: {verb} its first "
-        f"{limit:,}"
+        f"{what} is {n:,} tokens, longer than the model's trained context of {limit:,}: {verb} its "
+        f"first {limit:,}"
     )
 
 

@@ -94,8 +94,8 @@ def test_a_text_past_the_context_is_cut_with_one_warning_in_the_cli_words(tiny):
     said = [w for w in caught if issubclass(w.category, RopelensWarning)]
     assert len(said) == 1 and issubclass(said[0].category, TruncatedInputWarning)
     assert str(said[0].message) == (
-        f"text 0 is 301 tokens, longer than the model's context of {limit}: decomposed its "
-        f"first {limit}; text 2 is 401 tokens, longer than the model's context of {limit}: "
+        f"text 0 is 301 tokens, longer than the model's trained context of {limit}: decomposed its "
+        f"first {limit}; text 2 is 401 tokens, longer than the model's trained context of {limit}: "
         f"decomposed its first {limit}"
     )
     assert r.tokens.shape == (3, limit)
