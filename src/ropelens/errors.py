@@ -158,5 +158,5 @@ class TruncatedInputWarning(RopelensWarning):
         >>> caught[0].category is TruncatedInputWarning
         True
         >>> print(caught[0].message)
-        text is 24 tokens, longer than the model's context of 8: decomposed its first 8
+        text is 24 tokens, longer than the model's trained context of 8: decomposed its first 8
     """

@@ -529,7 +529,7 @@ def test_text_past_the_context_is_cut_with_one_note(tiny_dir, capsys):
     out = json.loads(captured.out)
     assert out["n_tokens"] == 256 and out["input"] == "text (first 256 of 301 tokens)"
     assert _notes(captured.err) == [
-        "ropelens: note: --text is 301 tokens, longer than the model's context of 256: "
+        "ropelens: note: --text is 301 tokens, longer than the model's trained context of 256: "
         "decomposed its first 256"
     ]
     assert (
