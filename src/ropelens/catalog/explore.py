@@ -27,7 +27,7 @@ from ropelens.run.data import windows
 from ropelens.run.memory import decomposition_bytes, explore_bytes, trained_context
 from ropelens.run.texts import cut_message, encode
 from ropelens.spec.bands import Bands
-from ropelens.spec.reading import rope_spec
+from ropelens.spec.reading import model_label, rope_spec
 from ropelens.validate import check_output_path
 
 DEFAULT_BANDS = Bands.quantiles(4)  # four bands of planes, highest frequencies first
@@ -101,6 +101,34 @@ def _load_taxonomy(spec: str | None) -> HeadTaxonomy | str | None:
     return result
 
 
+def _check_taxonomy_model(taxonomy: HeadTaxonomy, model, spec: str) -> None:
+    """Refuse the ``--taxonomy`` file ``spec`` where it was measured on another model than
+    ``model``: another name in its provenance, a layer the model lacks, or another number of heads
+    in a layer."""
+    measured_on, this_model = taxonomy.provenance.model, model_label(model)
+    fix = (
+        f"measure this model's own ('ropelens head-taxonomy {this_model} --save FILE.json') "
+        f"or pass --taxonomy {MEASURE}"
+    )
+    if measured_on != this_model:
+        raise InputError(
+            f"--taxonomy {spec} was measured on {measured_on}, this model is {this_model}: {fix}"
+        )
+    model_spec = rope_spec(model)
+    heads = taxonomy.present().sum(1).tolist()
+    for layer, n_heads in zip(taxonomy.layers, heads, strict=True):
+        if not 0 <= layer < model_spec.n_layers:
+            raise InputError(
+                f"--taxonomy {spec} (measured on {measured_on}) holds layer {layer}, this model "
+                f"({this_model}) has {model_spec.n_layers} layers: {fix}"
+            )
+        if n_heads != model_spec[layer].n_heads:
+            raise InputError(
+                f"--taxonomy {spec} (measured on {measured_on}) has {n_heads} heads in layer "
+                f"{layer}, this model ({this_model}) has {model_spec[layer].n_heads}: {fix}"
+            )
+
+
 def _tokens(model, text: str | None, args: argparse.Namespace):
     """``[1, pos]`` tokens of the input, at most ``--n-ctx`` of them and never past the context
     the model was trained on (cut as :func:`attention_decomposition` cuts a text, said in its
@@ -166,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
     if text is None:
         CorpusOptions.from_args(args).check()
     model = load_from_args(args)
+    if isinstance(taxonomy, HeadTaxonomy):
+        _check_taxonomy_model(taxonomy, model, args.taxonomy)
     toks, what = _tokens(model, text, args)
     bands = analysis.parsed_bands() or DEFAULT_BANDS
     _require_room(model, toks, analysis, bands)
