@@ -20,6 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ropelens.backends import backend_of
+from ropelens.backends.engine import check_model_state
 from ropelens.devices import device_of
 from ropelens.errors import InputError
 from ropelens.results.serialize import dump_json
@@ -101,7 +102,9 @@ def loss_path(model: Any, path: str = "auto") -> str:
         str: ``"sdpa"``, ``"bridge"`` or ``"hf"``.
 
     Raises:
-        InputError: If ``path`` is none of the three.
+        InputError: If ``path`` is none of the three, or the model cannot be measured as it stands
+            (:func:`ropelens.backends.engine.check_model_state`: in training mode, dropout makes
+            every loss random; weights on the meta device).
 
     Examples:
         >>> from ropelens.testing import tiny_model
@@ -111,6 +114,9 @@ def loss_path(model: Any, path: str = "auto") -> str:
     """
     if path not in ("auto", "sdpa", "bridge"):
         raise InputError(f"path must be 'auto', 'sdpa' or 'bridge', got {path!r}")
+    # every loss and decoding ropelens measures runs the forward this names: a model left in
+    # training mode is refused here, in one line, rather than measured through its dropout
+    check_model_state(model)
 
     return backend_of(model).loss_path(path)
 
@@ -141,7 +147,8 @@ def window_losses(
 
     Raises:
         InputError: If ``tokens`` is not a 2-D integer tensor of at least one window of two
-            tokens, ``batch_size`` is not a positive int, or ``path`` is invalid.
+            tokens, ``batch_size`` is not a positive int, ``path`` is invalid, or the model is in
+            training mode or has weights on the meta device (:func:`loss_path`).
 
     Examples:
         >>> import math
