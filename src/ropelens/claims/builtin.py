@@ -378,6 +378,67 @@ register_claim(
 
 
 # ------------------------------------------------------------------------------------------------
+def _u_shape(c: Any) -> Measurement:
+    from ropelens.analyses.attention_by_distance import attention_by_distance
+    from ropelens.run import data
+
+    # the rise at long distance needs long windows: at least 256 tokens
+    _, val = data.english().split()
+    n_ctx = max(256, c.budget.text_ctx)
+    tokens = data.windows(val, c.model, n_ctx, n_windows=c.budget.n_windows)
+    abd = attention_by_distance(
+        c.model, tokens, n_ctx=tokens.shape[1], progress=False, verify=False
+    )
+    lowest = abd.band_names[-1]
+    causes = []
+    n_heads = abd.present().sum(1).tolist()
+    for li, layer in enumerate(abd.layers):
+        for head in range(n_heads[li]):
+            cause = abd.u_shape_cause(layer, head)
+            if cause is not None:
+                causes.append(cause["cause"] == lowest)
+    n_all = int(sum(n_heads))
+    if not causes:
+        return Measurement(
+            not_applicable=f"no head's logit is U-shaped by distance on {tokens.shape[0]} × "
+            f"{tokens.shape[1]} tokens"
+        )
+    x = torch.tensor(causes, dtype=torch.float64)
+    est = percentile_ci(x, n_boot=c.budget.n_boot)
+    return Measurement(
+        effect=float(est.mean),
+        lo=float(est.lo),
+        hi=float(est.hi),
+        model_number=f"{len(causes)} of {n_all} heads U-shaped; the lowest band causes the rise in "
+        f"{int(x.sum())}",
+        n_windows=int(tokens.shape[0]),
+        detail={"controlled": False, "n_u_shaped": len(causes), "n_heads": n_all},
+    )
+
+
+register_claim(
+    Claim(
+        "u-shape-low-frequency",
+        "Attention logits are U-shaped by distance, and the rise at long distance comes from the "
+        "low frequencies.",
+        "Chen et al. 2025, HoPE: A Novel Positional Encoding Without Long-Term Decay (ACL 2025)",
+        "Llama-family models: attention decays locally but rises again at long distance, the rise "
+        "from the low-frequency components",
+        "attention_by_distance on held-out text windows of ≥ 256 tokens: per head, the mean logit "
+        "by log-spaced distance bin; for each U-shaped head, the band with the largest share of "
+        "the rise",
+        "share of U-shaped heads whose rise comes from the lowest band",
+        (),
+        "the share with its 95% bootstrap CI over the U-shaped heads: holds when it lies above "
+        "0.5; not applicable where no head is U-shaped",
+        "greater",
+        0.5,
+        _u_shape,
+    )
+)
+
+
+# ------------------------------------------------------------------------------------------------
 def _prope(c: Any) -> Measurement:
     from ropelens.run.evaluate import window_losses
     from ropelens.run.intervene import apply_rope_variant
@@ -522,67 +583,6 @@ register_claim(
         0.0,
         _base_bound,
         reads_weights=False,
-    )
-)
-
-
-# ------------------------------------------------------------------------------------------------
-def _u_shape(c: Any) -> Measurement:
-    from ropelens.analyses.attention_by_distance import attention_by_distance
-    from ropelens.run import data
-
-    # the rise at long distance needs long windows: at least 256 tokens
-    _, val = data.english().split()
-    n_ctx = max(256, c.budget.text_ctx)
-    tokens = data.windows(val, c.model, n_ctx, n_windows=c.budget.n_windows)
-    abd = attention_by_distance(
-        c.model, tokens, n_ctx=tokens.shape[1], progress=False, verify=False
-    )
-    lowest = abd.band_names[-1]
-    causes = []
-    n_heads = abd.present().sum(1).tolist()
-    for li, layer in enumerate(abd.layers):
-        for head in range(n_heads[li]):
-            cause = abd.u_shape_cause(layer, head)
-            if cause is not None:
-                causes.append(cause["cause"] == lowest)
-    n_all = int(sum(n_heads))
-    if not causes:
-        return Measurement(
-            not_applicable=f"no head's logit is U-shaped by distance on {tokens.shape[0]} × "
-            f"{tokens.shape[1]} tokens"
-        )
-    x = torch.tensor(causes, dtype=torch.float64)
-    est = percentile_ci(x, n_boot=c.budget.n_boot)
-    return Measurement(
-        effect=float(est.mean),
-        lo=float(est.lo),
-        hi=float(est.hi),
-        model_number=f"{len(causes)} of {n_all} heads U-shaped; the lowest band causes the rise in "
-        f"{int(x.sum())}",
-        n_windows=int(tokens.shape[0]),
-        detail={"controlled": False, "n_u_shaped": len(causes), "n_heads": n_all},
-    )
-
-
-register_claim(
-    Claim(
-        "u-shape-low-frequency",
-        "Attention logits are U-shaped by distance, and the rise at long distance comes from the "
-        "low frequencies.",
-        "Chen et al. 2025, HoPE: A Novel Positional Encoding Without Long-Term Decay (ACL 2025)",
-        "Llama-family models: attention decays locally but rises again at long distance, the rise "
-        "from the low-frequency components",
-        "attention_by_distance on held-out text windows of ≥ 256 tokens: per head, the mean logit "
-        "by log-spaced distance bin; for each U-shaped head, the band with the largest share of "
-        "the rise",
-        "share of U-shaped heads whose rise comes from the lowest band",
-        (),
-        "the share with its 95% bootstrap CI over the U-shaped heads: holds when it lies above "
-        "0.5; not applicable where no head is U-shaped",
-        "greater",
-        0.5,
-        _u_shape,
     )
 )
 
