@@ -397,7 +397,10 @@ class DistanceReducer(DeviceSums):
 # ============================================================================ the result
 @dataclass(frozen=True)
 class AttentionByDistance(
-    Result, merge_same=("layers", "band_names", "edges", "n_sink", "spec"), merge_sums=("sums",)
+    Result,
+    merge_same=("layers", "band_names", "edges", "n_sink", "spec"),
+    merge_sums=("sums",),
+    increasing=("edges",),
 ):
     """Mean band logit, full logit and attention probability per layer × head × distance bin.
 

@@ -55,6 +55,7 @@ _DECLARED = (
     "MERGE_HINT",
     "PREVIOUS_KINDS",
     "DERIVED",
+    "INCREASING",
 )
 # suffixes that name a format a JSON result is not written in
 _NOT_JSON = (".safetensors", ".csv", ".html", ".parquet", ".pt", ".png", ".pdf", ".svg", ".jpg")
@@ -125,9 +126,11 @@ class Result:
     the kinds the class's files carried under an earlier class name; such files load as this class.
     ``json_options`` are extra :func:`~ropelens.results.serialize.dump_json` arguments. ``derived``
     names attributes (a property, or a method taking no arguments) written after the fields for
-    readers of the file and never read back (``derived=("findings",)``). Kind, format and
-    ``unversioned`` belong to the class that declares them; the merge fields, the hint, the JSON
-    options and the derived names pass to subclasses.
+    readers of the file and never read back (``derived=("findings",)``). ``increasing`` names
+    fields whose values must increase strictly (``increasing=("edges",)``: bin edges), checked
+    when a file is read. Kind, format and ``unversioned`` belong to the class that declares them;
+    the merge fields, the hint, the JSON options, the derived and the increasing names pass to
+    subclasses.
     """
 
     KIND: ClassVar[str]
@@ -139,6 +142,7 @@ class Result:
     MERGE_HINT: ClassVar[str] = "measure both with the same settings"
     PREVIOUS_KINDS: ClassVar[tuple[str, ...]] = ()
     DERIVED: ClassVar[tuple[str, ...]] = ()
+    INCREASING: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(
         cls,
@@ -152,6 +156,7 @@ class Result:
         json_options: dict[str, Any] | None = None,
         previous_kinds: tuple[str, ...] = (),
         derived: tuple[str, ...] | None = None,
+        increasing: tuple[str, ...] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init_subclass__(**kwargs)
@@ -174,6 +179,7 @@ class Result:
             ("MERGE_HINT", merge_hint),
             ("JSON_OPTIONS", json_options),
             ("DERIVED", derived),
+            ("INCREASING", increasing),
         ):
             if value is not None:
                 setattr(
@@ -371,8 +377,8 @@ def check_related_fields(cls: type, values: dict[str, Any], where: str) -> None:
     ``spec``; every tensor of a summed field (``merge_sums``) or of a table of tensors by name has
     one row per measured layer first where the result has ``layers``; an integer field named as a
     count (``n_sink``, ``n_pos``, ``skip_queries``) and ``provenance``'s token, window and context
-    counts are ≥ 0. The first fault is an :class:`InputError` naming ``where``'s field, what it
-    holds and what was expected.
+    counts are ≥ 0; the fields the class declares ``increasing`` increase strictly. The first fault
+    is an :class:`InputError` naming ``where``'s field, what it holds and what was expected.
     """
     layers = values.get("layers")
     if isinstance(layers, tuple) and all(isinstance(L, int) for L in layers):
@@ -399,11 +405,30 @@ def check_related_fields(cls: type, values: dict[str, Any], where: str) -> None:
         counted = name.startswith(("n_", "skip"))  # n_sink, n_pos, skip_queries: counts
         if counted and hints.get(name) is int and isinstance(value, int) and value < 0:
             raise InputError(f"{where}.{name} is {value}, expected a count ≥ 0")
+    for name in getattr(cls, "INCREASING", ()):
+        _check_increasing(values.get(name), f"{where}.{name}")
     provenance = values.get("provenance")
     for name in ("n_tokens", "n_windows", "n_ctx"):
         count = getattr(provenance, name, None)
         if isinstance(count, int) and count < 0:
             raise InputError(f"{where}.provenance.{name} is {count}, expected a count ≥ 0")
+
+
+def _check_increasing(value: Any, where: str) -> None:
+    """Refuse a one-dimensional field (a tensor, tuple or list of numbers) whose values do not
+    increase strictly, naming the first step that does not."""
+    if isinstance(value, Tensor):
+        if value.ndim != 1:
+            raise InputError(f"{where} has shape {tuple(value.shape)}, expected one dimension")
+        value = value.tolist()
+    if not isinstance(value, (tuple, list)):
+        return  # None, or a type the field's own check refused already
+    for i in range(1, len(value)):
+        if not value[i] > value[i - 1]:
+            raise InputError(
+                f"{where}[{i}] is {value[i]} after {value[i - 1]}, expected values that increase "
+                "strictly"
+            )
 
 
 def _per_layer_fields(cls: type) -> tuple[str, ...]:
