@@ -85,6 +85,17 @@ class Parser(argparse.ArgumentParser):
         # argparse would print usage and exit; main reports one line instead.
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # `--heads ''` is a value the user typed and emptied, not an absent flag: refuse it here,
+        # before a command's `if args.heads` reads it as absent.
+        if action.option_strings and any(not s.strip() for s in arg_strings):
+            raise UsageError(
+                f"{'/'.join(action.option_strings)} was given an empty value "
+                f"{next(s for s in arg_strings if not s.strip())!r}: pass a value or leave the "
+                f"flag out (see '{self.prog} --help')"
+            )
+        return super()._get_values(action, arg_strings)
+
 
 def add_command(
     subparsers: argparse._SubParsersAction,
@@ -171,10 +182,12 @@ def layer_list(text: str) -> list[int]:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated layer indices such as 0,5,11, got {text!r}"
+            f"expected comma-separated indices such as 0,5,11, got {text!r}"
         ) from None
     if not out:
-        raise argparse.ArgumentTypeError("expected at least one layer index, e.g. --layers 0,5,11")
+        raise argparse.ArgumentTypeError(
+            f"expected at least one comma-separated index such as 0,5,11, got {text!r}"
+        )
     return list(
         dict.fromkeys(out)
     )  # 0,0 is layer 0 once (aliases such as -1 and n−1 meet in layer_indices)

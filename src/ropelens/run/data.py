@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import functools
 import glob
+import gzip
 import hashlib
+import io
 import json
 import numbers
 import os
 import platform
 import re
 import sysconfig
+import tempfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,27 +345,143 @@ def python_code(max_bytes: int | None = DEFAULT_CODE_BYTES) -> Corpus:
 # --------------------------------------------------------------------------------------------
 # user files
 # --------------------------------------------------------------------------------------------
-def _read_text_file(path: Path) -> str:
-    """Read one UTF-8 text file, refusing binary, undecodable and empty ones with the fix."""
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+_ICONV_FIX = "re-save it as UTF-8, e.g. `iconv -f latin1 -t utf-8 in.txt > out.txt`"
+
+
+def _inner_suffix(path: Path) -> str:
+    """The suffix that names a file's format: ``.jsonl`` for ``rows.jsonl.gz``."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSED_SUFFIXES:
+        return suffixes[-2] if len(suffixes) > 1 else ""
+    return path.suffix.lower()
+
+
+def _file_bytes(path: Path) -> bytes:
+    """The bytes of a file, a named pipe or ``/dev/stdin``; gzip (``.gz``) and zstd (``.zst``)
+    decompressed."""
+    if path.is_dir():
+        raise InputError(f"{path} is a folder where a file was expected: pass a file in it")
     data = path.read_bytes()
-    if b"\x00" in data:
+    suffix = path.suffix.lower()
+    if suffix == ".gz":
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise InputError(
+                f"{path} ends in .gz but is not gzip data ({e}): decompress it with the tool that "
+                "made it, or rename it to its real suffix"
+            ) from None
+    if suffix == ".zst":
+        try:
+            import zstandard
+        except ImportError:
+            raise InputError(
+                f"{path} is zstd-compressed and the zstandard package is not installed: "
+                f"`pip install zstandard`, or decompress it first with `zstd -d {path}`"
+            ) from None
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) as reader:
+                return reader.read()
+        except zstandard.ZstdError as e:
+            raise InputError(
+                f"{path} ends in .zst but is not zstd data ({e}): rename it to its real suffix"
+            ) from None
+    return data
+
+
+def decode_text(data: bytes, where: object) -> str:
+    """``data`` as UTF-8 text (a byte-order mark dropped, line ends ``\\n``), the one decoding
+    every file ropelens reads as text goes through; ``where`` names it in the refusal.
+
+    Raises:
+        InputError: If ``data`` holds NUL bytes (binary) or is not UTF-8: the message names the
+            file, the byte offset and the fix.
+
+    Examples:
+        >>> decode_text("caf\\u00e9\\r\\n".encode(), "note.txt")
+        'café\\n'
+        >>> decode_text("caf\\u00e9".encode("latin-1"), "note.txt")
+        Traceback (most recent call last):
+        ...
+        ropelens.errors.InputError: note.txt is not UTF-8 text (byte 0xe9 at offset 3): ...
+    """
+    if (nul := data.find(b"\x00")) >= 0:
         raise InputError(
-            f"{path} looks binary (it contains NUL bytes): pass plain UTF-8 text files (.txt or "
-            ".md)"
+            f"{where} looks binary (a NUL byte at offset {nul}): pass plain UTF-8 "
+            f"text (.txt or .md), JSON Lines, CSV or Parquet; gzip (.gz) or zstd (.zst) files are "
+            "decompressed when their name ends so"
         )
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise InputError(
-            f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
-            "re-save it as UTF-8, e.g. `iconv -f latin1 -t utf-8 in.txt > out.txt`"
-        ) from e
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+            f"{where} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
+            f"{_ICONV_FIX}"
+        ) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_text_file(path: PathLike) -> str:
+    """The text of one file (or pipe) by :func:`decode_text`, decompressed when it ends .gz or
+    .zst.
+
+    Raises:
+        InputError: If the file is a folder, binary, not UTF-8 or damaged compressed data.
+        FileNotFoundError: If it does not exist.
+    """
+    path = Path(path).expanduser()
+    return decode_text(_file_bytes(path), path)
+
+
+def _read_text_file(path: Path) -> str:
+    """Read one UTF-8 text file, refusing binary, undecodable and empty ones with the fix."""
+    text = read_text_file(path)
     if not text.strip():
         raise InputError(
             f"{path} is empty (no text besides whitespace): add text or leave the file out"
         )
     return text
+
+
+def _one_json_object(path: Path, text: str, text_column: str) -> list[str] | None:
+    """A ``.json`` file that is one object: its ``text_column`` as the one document (else a
+    refusal); None for a list or JSON Lines."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # several lines of objects: JSON Lines, read as such
+    if isinstance(record, dict) and isinstance(record.get(text_column), str):
+        return [record[text_column]] if record[text_column].strip() else []
+    keys = ", ".join(repr(k) for k in list(record)[:8]) or "none"
+    raise InputError(
+        f"{path} holds one JSON object (keys: {keys}) with no text field {text_column!r}: a corpus "
+        f'file is a list of records, [{{"{text_column}": "..."}}, ...], or JSON Lines, one such '
+        "object per line (--text-column names the field)"
+    )
+
+
+def _table_documents(path: Path, text_column: str) -> tuple[list[str], int]:
+    """The documents of one table file, compressed or piped, and how many rows were empty."""
+    suffix = _inner_suffix(path)
+    if suffix == ".parquet" and path.is_file() and path.suffix.lower() == suffix:
+        texts = read_table_file(path, text_column)
+        return texts.documents, texts.skipped
+    data = _file_bytes(path)
+    if suffix != ".parquet":
+        text = decode_text(data, path)
+        if suffix == ".json" and (one := _one_json_object(path, text, text_column)) is not None:
+            return one, 1 - len(one)
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / f"rows{suffix}"
+        copy.write_bytes(data)
+        try:
+            texts = read_table_file(copy, text_column)
+        except InputError as e:
+            raise InputError(str(e).replace(str(copy), str(path))) from None
+    return texts.documents, texts.skipped
 
 
 def _expand(paths: PathLike | Iterable[PathLike]) -> Iterator[Path]:
@@ -502,10 +622,10 @@ def _table_corpus(files: Sequence[Path], text_column: str, name: str | None) -> 
     docs: list[str] = []
     skipped = 0
     for f in files:
-        if f.suffix.lower() in TABLE_SUFFIXES:
-            texts = read_table_file(f, text_column)
-            docs.extend(texts.documents)
-            skipped += texts.skipped
+        if _inner_suffix(f) in TABLE_SUFFIXES:
+            documents, empty = _table_documents(f, text_column)
+            docs.extend(documents)
+            skipped += empty
         else:
             docs.append(_read_text_file(f))
     if not docs:
@@ -516,11 +636,19 @@ def _table_corpus(files: Sequence[Path], text_column: str, name: str | None) -> 
         )
     shown = ", ".join(str(f) for f in files[:5]) + (f", … ({len(files)} files)" * (len(files) > 5))
     note = f", {skipped} empty rows skipped" * bool(skipped)
-    tables = any(f.suffix.lower() in TABLE_SUFFIXES for f in files)
+    tables = any(_inner_suffix(f) in TABLE_SUFFIXES for f in files)
     column = f" (column {text_column!r}{note})" if tables else ""
     if name is None:
         name = files[0].name if len(files) == 1 else "text-files"
     return Corpus(name=name, documents=tuple(docs), source=f"files: {shown}{column}")
+
+
+def _holds_one_object(path: Path) -> bool:
+    """Whether a .json file is one JSON object (a dataset's metadata), not rows of text."""
+    try:
+        return isinstance(json.loads(_file_bytes(path)), dict)
+    except (InputError, ValueError):
+        return False
 
 
 def _folder_files(folder: Path) -> list[Path]:
@@ -529,7 +657,9 @@ def _folder_files(folder: Path) -> list[Path]:
         (f for f in folder.rglob("*") if f.is_file()),
         key=lambda f: f.relative_to(folder).as_posix(),
     )
-    tables = [f for f in files if f.suffix.lower() in TABLE_SUFFIXES]
+    tables = [f for f in files if _inner_suffix(f) in TABLE_SUFFIXES]
+    if any(_inner_suffix(f) != ".json" for f in tables):  # a .json beside them is metadata
+        tables = [f for f in tables if _inner_suffix(f) != ".json" or not _holds_one_object(f)]
     found = tables or [f for f in files if f.suffix.lower() in TEXT_SUFFIXES]
     if not found:
         raise InputError(
@@ -537,6 +667,14 @@ def _folder_files(folder: Path) -> list[Path]:
             "put documents there or pass the files themselves"
         )
     return found
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    """Whether ``save_to_disk`` wrote ``folder``: a DatasetDict's index, or a Dataset's
+    state.json beside its .arrow shards (a state.json among JSON Lines files is just a file)."""
+    if (folder / "dataset_dict.json").is_file():
+        return True
+    return (folder / "state.json").is_file() and any(folder.glob("*.arrow"))
 
 
 def _saved_dataset(folder: Path, text_column: str) -> Corpus:
@@ -605,7 +743,7 @@ def _document_list(items: Sequence[Any], text_column: str) -> Corpus:
 def _path_files(path: Path) -> list[Path]:
     if path.is_dir():
         return _folder_files(path)
-    if path.is_file():
+    if path.exists():  # a file, a named pipe or /dev/stdin
         return [path]
     raise FileNotFoundError(f"corpus file {path} does not exist: check the path")
 
@@ -613,17 +751,17 @@ def _path_files(path: Path) -> list[Path]:
 def _from_path(key: str, text_column: str) -> Corpus:
     path = Path(key).expanduser()
     if path.is_dir():
-        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        if _is_saved_dataset(path):
             return _saved_dataset(path, text_column)
         return _table_corpus(_folder_files(path), text_column, None)
-    if path.is_file():
+    if path.exists():  # a file, a named pipe or /dev/stdin
         return _table_corpus([path], text_column, None)
     if _GLOB_CHARS & set(key):
         found = sorted(
             (Path(f) for f in glob.glob(os.path.expanduser(key), recursive=True)),
             key=lambda f: f.as_posix(),
         )
-        found = [f for f in found if f.is_file() and f.suffix.lower() in _ALL_SUFFIXES]
+        found = [f for f in found if f.is_file() and _inner_suffix(f) in _ALL_SUFFIXES]
         if not found:
             raise InputError(
                 f"corpus pattern {key!r} matches no text or table file: check the pattern "
@@ -631,7 +769,7 @@ def _from_path(key: str, text_column: str) -> Corpus:
             )
         return _table_corpus(found, text_column, key)
     choices = ", ".join(repr(c) for c in CORPORA)
-    looks_like_path = path.suffix.lower() in _ALL_SUFFIXES or os.sep in key or "/" in key
+    looks_like_path = _inner_suffix(path) in _ALL_SUFFIXES or os.sep in key or "/" in key
     if looks_like_path or key.startswith((".", "~")):
         raise FileNotFoundError(
             f"corpus path {key!r} does not exist: check the path, or use a built-in corpus "

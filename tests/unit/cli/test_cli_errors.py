@@ -76,7 +76,7 @@ BEFORE_THE_MODEL = [
     ),
     (
         ["attention-by-distance", "--layers", "0,x"],
-        "expected comma-separated layer indices such as 0,5,11, got '0,x'",
+        "argument --layers: expected comma-separated indices such as 0,5,11, got '0,x'",
     ),
     (["attention-by-distance", "--bands", "quantiles:0"], "bad band spec 'quantiles:0'"),
     (

@@ -293,7 +293,7 @@ def test_cli_reads_a_jsonl_file_with_text_column(tmp_path, tiny_dir, capsys):
 
 def test_cli_refuses_an_empty_corpus(tiny_dir, capsys):
     assert main(["frequency-usage", str(tiny_dir("llama")), "--corpus", ""]) == 2
-    assert "the corpus name is empty" in capsys.readouterr().err
+    assert "--corpus was given an empty value ''" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["report", "extension-study", "trajectory", "attention-sinks"])
