@@ -90,9 +90,16 @@ def _value(text: str, f: dataclasses.Field, spec: str, name: str, flag: str):
     bad = next((t for t in tokens if not _parses(t, item)), None if tokens else text)
     if bad is not None:
         where = f"{bad!r} in {text!r}" if listed and bad != text else repr(text)
+        form = _form(name, _variant_classes()[name])
+        if not text.strip():
+            raise InputError(
+                f"{flag} {spec!r}: {f.name.upper()} is empty: values go in order ({form}) or by "
+                f"name as KEY=VALUE, e.g. {flag} {_example(name)}:{f.name}=VALUE; leave an "
+                "optional value out rather than empty"
+            )
         raise InputError(
             f"{flag} {spec!r}: bad {f.name.upper()} {where}: {f.name.upper()} must be {want}: "
-            f"write {_form(name, _variant_classes()[name])}, e.g. {flag} {_example(name)}"
+            f"write {form} or by name ({f.name}=VALUE), e.g. {flag} {_example(name)}"
         )
     if item is None:
         return text == "true"

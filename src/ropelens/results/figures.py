@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ropelens.errors import InputError
+
 __all__ = [
     "figure_of",
     "figure_writer",
@@ -78,6 +80,12 @@ def figure_of(cls: type, name: str = "figure") -> Callable[..., Any]:
         fn = _FIGURES.get((klass, name))
         if fn is not None:
             return fn
+    names = sorted({n for (klass, n) in _FIGURES if klass in cls.__mro__})
+    if names:  # a name the class does not draw: the names it does
+        raise InputError(
+            f"{cls.__name__} has no figure named {name!r}: choose one of "
+            f"{', '.join(map(repr, names))}"
+        )
     raise NotImplementedError(
         f"{cls.__name__} has no {name!r} figure registered: an analysis declares its figures "
         "(Analysis(figures=draw(ResultClass, figure=fn))) and registering it registers them, or "
