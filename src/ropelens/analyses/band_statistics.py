@@ -4,8 +4,10 @@ sum of the band terms)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,8 @@ KEY_TILE = {
     "cpu": 512
 }  # keys per tile: rows longer than this are carried across key tiles (online argmax)
 KEY_TILE_ACCELERATOR = 8192
+# "triton" asks for the fused key-scan kernel where it runs (CUDA with Triton) and covers the layer
+KERNEL_ENV = "ROPELENS_BAND_KERNEL"
 
 
 class BandStatsReducer(DeviceSums):
@@ -80,7 +84,16 @@ class BandStatsReducer(DeviceSums):
         agreement: bool = True,
         jsd: bool = False,
         tile: int | tuple[int, int] | None = None,
+        kernel: str | None = None,
     ) -> None:
+        kernel = kernel or os.environ.get(KERNEL_ENV, "torch")
+        if kernel not in ("torch", "triton"):
+            raise InputError(
+                f"kernel must be 'torch' or 'triton' (set by {KERNEL_ENV}); got {kernel!r}"
+            )
+        # "triton": the fused kernel where it runs and covers the layer (not measured yet, so
+        # asked for explicitly); the torch scan everywhere else. Which ran goes into provenance.
+        self.kernel, self.kernels_run = kernel, set()
         sizes = tile if isinstance(tile, tuple) else (tile,)
         if tile is not None and not (
             len(sizes) in (1, 2) and all(isinstance(t, int) and t >= 1 for t in sizes)
@@ -215,12 +228,30 @@ class BandStatsReducer(DeviceSums):
         # windows and tiles in float64 (the sums' dtype): a window's terms do not depend on the
         # batch it came in
         totals = _TileTotals.zeros(inputs, acts.rope, bands.n_bands, self.agreement)
+        if self._kernel_runs(acts.rope, device):
+            self.kernels_run.add("triton")
+            scan = _kernel_scan(inputs, acts, n_kv_heads=acts.rope.n_kv_heads)
+            totals.add_tile(inputs, counts, acts.rope, (0, n_positions), (0, 0), scan)
+            totals.add_to(sums, layer_slot, n_heads, acts.rope.n_planes)
+            return
+        self.kernels_run.add("torch")
         for query_start in range(0, n_positions, query_tile_size):
             query_end = min(n_positions, query_start + query_tile_size)
             self._add_query_tile(
                 inputs, counts, acts, has_padding, query_start, query_end, key_tile_size, totals
             )
         totals.add_to(sums, layer_slot, n_heads, acts.rope.n_planes)
+
+    def _kernel_runs(self, rope: LayerRope, device: torch.device) -> bool:
+        """Whether this layer's key scan runs in the Triton kernel: asked for, Triton runs on the
+        device, and the kernel covers the layer."""
+        if self.kernel != "triton":
+            return False
+        from ropelens.kernels import band_statistics_triton
+
+        return band_statistics_triton.available(device) and band_statistics_triton.covers(
+            rope, self.jsd
+        )
 
     def _layer_inputs(self, acts: LayerActs, bands: ResolvedBands) -> _LayerInputs:
         """The batch's scaled queries and keys, by head and by band, and the tiles' constants."""
@@ -398,6 +429,11 @@ class BandStatsReducer(DeviceSums):
     def result(self, provenance: Provenance) -> BandStatistics:
         """The streamed sums as :class:`BandStatistics` (on the CPU, float64)."""
         sums = {k: v.detach().to("cpu", torch.float64) for k, v in self.sums.items()}
+        if self.kernels_run:
+            provenance = dataclasses.replace(
+                provenance,
+                config={**provenance.config, "band_statistics_kernel": sorted(self.kernels_run)},
+            )
         return BandStatistics(
             tuple(self.layers), self.names, self.bands, self.spec, sums, provenance
         )
@@ -724,6 +760,40 @@ class _TileTotals:
                 self.plane[key], "kv_head group plane -> (kv_head group) plane"
             )
             sums[name][layer_slot, :n_heads, :n_planes] += per_head.to(sums_device, torch.float64)
+
+
+def _kernel_scan(inputs: _LayerInputs, acts: LayerActs, n_kv_heads: int) -> _TileScan:
+    """The whole layer's key scan from the Triton kernel, laid out as the torch scan's."""
+    from ropelens.kernels.band_statistics_triton import key_scan
+
+    rope = acts.rope
+    kernel_scan = key_scan(
+        inputs.head_queries_flat,
+        inputs.head_keys,
+        acts.valid,
+        inputs.membership,
+        window=rope.window,
+        softcap=rope.softcap,
+    )
+    batch, n_heads, n_positions = kernel_scan.attended_key.shape
+    per_query = (batch, n_kv_heads, n_heads // n_kv_heads, n_positions)
+    to_groups = "batch (kv_head group) band pos -> batch kv_head band group pos"
+
+    def per_band(tensor: Tensor) -> Tensor:
+        return einops.rearrange(tensor, to_groups, kv_head=n_kv_heads)
+
+    return _TileScan(
+        best_score=kernel_scan.score_square_sum.new_zeros(per_query),
+        attended_key=kernel_scan.attended_key.view(per_query),
+        attended_band_logits=per_band(kernel_scan.attended_band_logits),
+        band_max=per_band(kernel_scan.band_max),
+        band_ties=per_band(kernel_scan.band_ties),
+        abs_logit_sum=per_band(kernel_scan.abs_logit_sum),
+        score_square_sum=kernel_scan.score_square_sum.view(per_query),
+        score_key_sum=kernel_scan.score_key_sum.reshape(
+            batch, n_kv_heads, per_query[2] * n_positions, -1
+        ),
+    )
 
 
 def _window_sums(k: Float[Tensor, "b h pos d"], rope: LayerRope) -> Float[Tensor, "b h pos d"]:

@@ -1,0 +1,1 @@
+"""Fused device kernels for ropelens's streaming analyses (optional: they need Triton)."""
