@@ -135,3 +135,47 @@ def test_each_ablation_reads_its_own_spec():
         with ropelens.ablate_planes(model, planes, layers=[draw.choice([0, 1])], heads=heads):
             cached = [lr.ablated for lr in handle(model).spec.layers]
             assert cached == [lr.ablated for lr in ropelens.rope_spec(model).layers]
+
+
+def test_a_hook_or_forward_made_at_a_freed_ones_address_is_verified_again():
+    """The verification fingerprint named hooks and forwards by id: one removed and freed, the next
+    made could take its address and read as the one verified, a stale pass. Many hooks and forwards
+    made and dropped in a row, the addresses reused (checked here), each gives a fingerprint of its
+    own and a verification run anew."""
+    import types
+
+    from ropelens.backends.base import fingerprint, handle
+    from ropelens.run.verify import verify_model
+    from ropelens.spec.reading import hf_model_of
+
+    model = tiny_model("llama")
+    spec = handle(model).spec
+    bridge_attn = model.blocks[0].attn
+    hf_attn = next(m for m in hf_model_of(model).modules() if type(m).__name__ == "LlamaAttention")
+    plain = fingerprint(model, spec)
+    seen: dict[int, str] = {}  # a hook's or forward's id -> the fingerprint it gave
+    verified: dict[int, object] = {}
+    reused = 0
+    for i in range(60):
+        hook = eval(f"lambda module, args: None  # hook {i}")  # a new function each time
+        if i % 2:
+            installed = bridge_attn.register_forward_pre_hook(hook)
+            key, remove = id(hook), installed.remove
+        else:
+            forward = types.MethodType(type(hf_attn).forward, hf_attn)
+            hf_attn.__dict__["forward"] = forward  # as a forward patched on the instance
+            key, remove = id(forward), lambda: hf_attn.__dict__.pop("forward", None)
+        got = fingerprint(model, spec)
+        assert got != plain
+        result = verify_model(model, spec)
+        if key in seen:  # the address of a freed one: not read as it
+            reused += 1
+            assert got != seen[key]
+            assert result is not verified[key]
+        seen[key], verified[key] = got, result
+        remove()
+        del hook
+        if i % 2 == 0:
+            del forward
+        assert fingerprint(model, spec) == plain
+    assert reused > 0  # the addresses were reused, so the check above ran

@@ -29,6 +29,9 @@ import functools
 import hashlib
 import importlib
 import inspect
+import itertools
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +69,7 @@ __all__ = [
     "backend_of",
     "fingerprint",
     "handle",
+    "object_serial",
     "plain_of_nnsight",
 ]
 
@@ -577,34 +581,66 @@ def _modeling_module(model):
     return importlib.import_module(type(hf_model_of(model)).__module__)
 
 
+# serial numbers of the objects a fingerprint names (functions, forwards, hooks): id() -> (a weak
+# reference to the object, or the object itself where it takes none, and its serial)
+_SERIALS: dict[int, tuple[Any, int]] = {}
+_NEXT_SERIAL = itertools.count()
+_SERIALS_LOCK = threading.RLock()  # a callback can run, on a collection, inside the lock
+
+
+def _forget_serial(key: int, ref: weakref.ref) -> None:
+    """A weak reference's callback: its object is freed, so its entry goes (unless its id already
+    names a newer object)."""
+    with _SERIALS_LOCK:
+        if _SERIALS.get(key, (None,))[0] is ref:
+            del _SERIALS[key]
+
+
+def object_serial(obj: Any) -> int:
+    """A number naming ``obj`` for as long as it lives and never given to another object, unlike
+    ``id(obj)``: CPython hands a freed object's id to the next one made at its address, so a hook
+    removed and another installed could read as the same one. Objects that take no weak reference
+    (None, builtins) are held, and keep their number, for as long as the process runs."""
+    key = id(obj)
+    with _SERIALS_LOCK:
+        known = _SERIALS.get(key)
+        if known is not None:
+            held, serial = known
+            if (held() if isinstance(held, weakref.ref) else held) is obj:
+                return serial
+        serial = next(_NEXT_SERIAL)
+        try:
+            held = weakref.ref(obj, functools.partial(_forget_serial, key))
+        except TypeError:  # takes no weak reference: held (a builtin, None, a small constant)
+            held = obj
+        _SERIALS[key] = (held, serial)
+        return serial
+
+
 def fingerprint(model, spec: RopeSpec) -> str:
     """What the verification of ``model`` depends on: the spec, the code that rotates and scores,
-    the hooks."""
+    the hooks. Each function, forward and hook is named by :func:`object_serial`, never by its id:
+    one freed and another made at its address must not read as the one verified."""
     parts = [spec.to_json()]
     mod = _modeling_module(model)
     parts += [
-        f"{n}:{id(getattr(mod, n, None))}"
+        f"{n}:{object_serial(getattr(mod, n, None))}"
         for n in ("apply_rotary_pos_emb", "rotate_half", "eager_attention_forward", "repeat_kv")
     ]
     for m in hf_model_of(model).modules():
         name = type(m).__name__.lower()
         if ("attention" in name or "rotary" in name) and "bridge" not in name:
             parts.append(
-                f"{type(m).__qualname__}:{id(type(m).forward)}:{id(m.__dict__.get('forward'))}"
+                f"{type(m).__qualname__}:{object_serial(type(m).forward)}:"
+                f"{object_serial(m.__dict__.get('forward'))}"
             )
     for b in getattr(model, "blocks", ()):
         attn = getattr(b, "attn", None)
         if attn is not None:
-            parts.append(
-                str(
-                    [
-                        id(h)
-                        for h in (*attn._forward_pre_hooks.values(), *attn._forward_hooks.values())
-                    ]
-                )
-            )
+            hooks = (*attn._forward_pre_hooks.values(), *attn._forward_hooks.values())
+            parts.append(str([object_serial(h) for h in hooks]))
     for name, hp in getattr(model, "hook_dict", {}).items():
         if ".attn." in name and getattr(hp, "fwd_hooks", None):
-            parts.append(f"{name}:{[id(h) for h in hp.fwd_hooks]}")
+            parts.append(f"{name}:{[object_serial(h) for h in hp.fwd_hooks]}")
     parts.append(str(getattr(model, "_ropelens_interventions", 0)))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
