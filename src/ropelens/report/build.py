@@ -661,16 +661,18 @@ def _report_json(
 
 
 def _corpus_words(name: str | None) -> str:
-    """What a built-in corpus is, said where the page first names it: `` (the CPython language
-    reference)`` for english; "" for a corpus of the user's own."""
+    """What a built-in corpus is, said where the page first names it: ``CPython language
+    reference`` for english; "" for a corpus of the user's own."""
     if name not in CORPORA:
         return ""
-    return f" ({CORPORA[name].split(',')[0].split(' (')[0]})"
+    return CORPORA[name].split(",")[0].split(" (")[0]
 
 
 def _subtitle(data: ReportData, created: str) -> str:
     c = data.corpus
-    sha = f" (sha256 {H.esc(c['sha256'][:12])}…)" if c.get("sha256") else ""
+    said = [_corpus_words(c.get("name"))]
+    said += [f"sha256 {c['sha256'][:12]}…"] if c.get("sha256") else []
+    sha = f" ({H.esc('; '.join(w for w in said if w))})" if any(said) else ""
     bw = len(data.band_windows)
     band = "" if bw == data.n_windows else f" · band statistics on {bw} of them"
     commit = git_commit()
@@ -678,7 +680,7 @@ def _subtitle(data: ReportData, created: str) -> str:
     return (
         f"<b>{H.esc(data.label)}</b>"
         + (f" under <b>{H.esc(under)}</b>" if under else "")
-        + f" · corpus <b>{H.esc(c.get('name'))}</b>{H.esc(_corpus_words(c.get('name')))}{sha} · "
+        + f" · corpus <b>{H.esc(c.get('name'))}</b>{sha} · "
         f"{data.usage.provenance.n_tokens:,} tokens in {data.n_windows} windows of "
         f"{data.n_ctx}{band} · {H.esc(created)} · ropelens "
         f"{H.esc(versions().get('ropelens', '?'))}"
