@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the band statistics kernel needs Triton (pip install triton)")
 
-import ropelens  # noqa: E402
-from ropelens import Bands  # noqa: E402
-from ropelens.analyses.band_statistics import BandStatsReducer  # noqa: E402
-from ropelens.kernels import band_statistics_triton  # noqa: E402
-from ropelens.run.capture import stream  # noqa: E402
-from ropelens.spec.reading import rope_spec  # noqa: E402
-from ropelens.testing import tiny_tokenizer  # noqa: E402
-from ropelens.testing.families import N_CHECK, VOCAB, family_hf_model  # noqa: E402
+import ropelens
+from ropelens import Bands
+from ropelens.analyses.band_statistics import BandStatsReducer
+from ropelens.kernels import band_statistics_triton
+from ropelens.run.capture import stream
+from ropelens.spec.reading import rope_spec
+from ropelens.testing import tiny_tokenizer
+from ropelens.testing.families import N_CHECK, VOCAB, family_hf_model
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
