@@ -88,13 +88,22 @@ class Parser(argparse.ArgumentParser):
     def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
         # `--heads ''` is a value the user typed and emptied, not an absent flag: refuse it here,
         # before a command's `if args.heads` reads it as absent.
-        if action.option_strings and any(not s.strip() for s in arg_strings):
+        if action.option_strings and "" in arg_strings:
             raise UsageError(
-                f"{'/'.join(action.option_strings)} was given an empty value "
-                f"{next(s for s in arg_strings if not s.strip())!r}: pass a value or leave the "
-                f"flag out (see '{self.prog} --help')"
+                f"{'/'.join(action.option_strings)} was given an empty value '': pass a value or "
+                f"leave the flag out (see '{self.prog} --help')"
             )
         return super()._get_values(action, arg_strings)
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        # a type function shared by several flags writes `{flag}` where its example needs the flag
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as e:
+            if "{flag}" not in e.message:
+                raise
+            flag = "/".join(action.option_strings) or action.dest
+            raise argparse.ArgumentError(action, e.message.replace("{flag}", flag)) from None
 
 
 def add_command(
@@ -151,7 +160,7 @@ def _int_at_least(text: str, low: int, what: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
     if value < low:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
 
@@ -171,7 +180,7 @@ def window_length(text: str) -> int:
     value = positive_int(text)
     if value < 2:
         raise argparse.ArgumentTypeError(
-            f"a window needs at least 2 tokens (BOS and one more), got {value}"
+            f"a window needs at least 2 tokens (BOS and one more), got {text!r}"
         )
     return value
 
@@ -182,11 +191,11 @@ def layer_list(text: str) -> list[int]:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated indices such as 0,5,11, got {text!r}"
+            f"expected comma-separated indices such as 0,5,11, got {text!r}: e.g. {{flag}} 0,5,11"
         ) from None
     if not out:
         raise argparse.ArgumentTypeError(
-            f"expected at least one comma-separated index such as 0,5,11, got {text!r}"
+            f"expected at least one comma-separated index, got {text!r}: e.g. {{flag}} 0,5,11"
         )
     return list(
         dict.fromkeys(out)
@@ -205,7 +214,8 @@ def number_list(text: str, kind, what: str, *, example: str) -> list:
         ) from e
     if not out:
         raise InputError(
-            f"{what} is empty: pass a comma-separated list of {noun}, e.g. {what} {example}"
+            f"{what} is empty, got {text!r}: pass a comma-separated list of {noun}, e.g. {what} "
+            f"{example}"
         )
     return out
 

@@ -165,8 +165,8 @@ def test_band_examples_parse():
         ),
         (
             ["variant-frequencies", "--variant", "prope:x"],
-            "--variant 'prope:x': bad P 'x': P must be a number: write prope:P, e.g. --variant "
-            "prope:0.75",
+            "--variant 'prope:x': bad P 'x': P must be a number: write prope:P or by name "
+            "(p=VALUE), e.g. --variant prope:0.75",
         ),
         (
             ["variant-frequencies", "--variant", "yarn:abc:2048"],

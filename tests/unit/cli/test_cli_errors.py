@@ -64,7 +64,7 @@ BEFORE_THE_MODEL = [
     ),
     (
         ["attention-by-distance", "--n-ctx", "1"],
-        "argument --n-ctx: a window needs at least 2 tokens (BOS and one more), got 1",
+        "argument --n-ctx: a window needs at least 2 tokens (BOS and one more), got '1'",
     ),
     (
         ["attention-by-distance", "--tokens", "x"],
@@ -98,14 +98,14 @@ BEFORE_THE_MODEL = [
     ),
     (
         ["attention-by-distance", "--checkpoint-every", "0"],
-        "argument --checkpoint-every: expected a positive integer, got 0",
+        "argument --checkpoint-every: expected a positive integer, got '0'",
     ),
     (["attention-by-distance", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
     # offsets
-    (["rotary-offsets", "--n-ctx", "0"], "argument --n-ctx: expected a positive integer, got 0"),
+    (["rotary-offsets", "--n-ctx", "0"], "argument --n-ctx: expected a positive integer, got '0'"),
     (
         ["rotary-offsets", "--tokens", "-5"],
-        "argument --tokens: expected a positive integer, got -5",
+        "argument --tokens: expected a positive integer, got '-5'",
     ),
     (["rotary-offsets", "--save", "{file}/sub/o.json"], "{file} is a file, not a directory"),
     (
@@ -115,14 +115,14 @@ BEFORE_THE_MODEL = [
     # decompose-stats
     (
         ["band-statistics", "--batch-size", "0"],
-        "argument --batch-size: expected a positive integer, got 0",
+        "argument --batch-size: expected a positive integer, got '0'",
     ),
     (["band-statistics", "--save", "{tmp}"], "is a directory: pass a file path"),
     (["band-statistics", "--bands", "octaves"], "unknown band spec 'octaves'"),
     # predict-base
     (
         ["base-predictions", "--measure", "-1"],
-        "argument --measure: expected an integer ≥ 0, got -1",
+        "argument --measure: expected an integer ≥ 0, got '-1'",
     ),
     (
         ["base-predictions", "--measure", "x"],
@@ -138,7 +138,7 @@ BEFORE_THE_MODEL = [
     ),
     (
         ["base-predictions", "--lengths", ","],
-        "--lengths is empty: pass a comma-separated list of integers",
+        "--lengths is empty, got ',': pass a comma-separated list of integers",
     ),
     (["base-predictions", "--lengths", "1"], "--lengths needs token counts ≥ 2, got '1'"),
     (["base-predictions", "--save", "{file}/p.json"], "{file} is a file, not a directory"),
@@ -154,7 +154,7 @@ BEFORE_THE_MODEL = [
     ),
     (
         ["passkey-retrieval", "--trials", "0"],
-        "argument --trials: expected a positive integer, got 0",
+        "argument --trials: expected a positive integer, got '0'",
     ),
     (
         ["passkey-retrieval", "--lengths", "x"],
@@ -164,7 +164,7 @@ BEFORE_THE_MODEL = [
         ["passkey-retrieval", "--lengths", "1024,0"],
         "each of --lengths must be >= 2, got 0: pass prompt lengths in tokens",
     ),
-    (["passkey-retrieval", "--seed", "-1"], "argument --seed: expected an integer ≥ 0, got -1"),
+    (["passkey-retrieval", "--seed", "-1"], "argument --seed: expected an integer ≥ 0, got '-1'"),
     (["passkey-retrieval", "--variant", "prope:1.5"], "p must be >= 0 and <= 1, got 1.5"),
     (["passkey-retrieval", "--save", "{tmp}"], "is a directory: pass a file path"),
     # knockout
@@ -189,24 +189,24 @@ BEFORE_THE_MODEL = [
         ["knockout", "--doses", "0,x"],
         "--doses must be a comma-separated list of numbers, got '0,x'",
     ),
-    (["knockout", "--random", "-1"], "argument --random: expected an integer ≥ 0, got -1"),
+    (["knockout", "--random", "-1"], "argument --random: expected an integer ≥ 0, got '-1'"),
     (["knockout", "--save", "{tmp}"], "is a directory: pass a file path"),
     # heads, truncate, context, the other corpus commands, decompose
-    (["head-taxonomy", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
+    (["head-taxonomy", "--tokens", "0"], "argument --tokens: expected a positive integer, got '0'"),
     (["head-taxonomy", "--n-ctx", "1"], "argument --n-ctx: a window needs at least 2 tokens"),
     (["head-taxonomy", "--checkpoint", "{file}"], "--checkpoint {file} is a file"),
     (["head-taxonomy", "--save", "{file}/h.json"], "{file} is a file, not a directory"),
-    (["prope-sweep", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
+    (["prope-sweep", "--tokens", "0"], "argument --tokens: expected a positive integer, got '0'"),
     (["prope-sweep", "--n-ctx", "x"], "argument --n-ctx: expected a positive integer, got 'x'"),
     (["prope-sweep", "--p", "x"], "--p must be a comma-separated list of numbers, got 'x'"),
     (["prope-sweep", "--p", "1.5"], "p must be >= 0 and <= 1, got 1.5"),
     (
         ["extension-planes", "--to", "0"],
-        "argument --to: expected a positive integer, got 0",
+        "argument --to: expected a positive integer, got '0'",
     ),
     (
         ["extension-planes", "--to", "8192", "--native", "0"],
-        "argument --native: expected a positive integer, got 0",
+        "argument --native: expected a positive integer, got '0'",
     ),
     (
         ["extension-planes", "--to", "1024", "--native", "2048"],
@@ -217,7 +217,10 @@ BEFORE_THE_MODEL = [
         "--variants 'warp': unknown ['warp']",
     ),
     (["massive-values", "--factor", "0.5"], "--factor must exceed 1"),
-    (["frequency-usage", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
+    (
+        ["frequency-usage", "--tokens", "0"],
+        "argument --tokens: expected a positive integer, got '0'",
+    ),
     (["attention-decomposition", "--window", "-1"], "--window must be ≥ 0, got -1"),
     (["attention-decomposition", "--text", " "], "--text is empty"),
     (["variant-frequencies", "--variant", "prope:x"], "variant 'prope:x': bad P 'x'"),
@@ -239,7 +242,7 @@ BEFORE_THE_MODEL = [
     (["report", "--out", "{file}/r"], "--out {file}/r: {file} is a file, not a directory"),
     (
         ["report", "--band-tokens", "0"],
-        "argument --band-tokens: expected a positive integer, got 0",
+        "argument --band-tokens: expected a positive integer, got '0'",
     ),
     (
         ["report", "--experiments", "{tmp}/missing", "--out", "{new}"],
