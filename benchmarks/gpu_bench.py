@@ -12,6 +12,8 @@ as median time, tokens/s, ratio to the baseline and peak device memory.
     python benchmarks/gpu_bench.py --shapes 1b --settings 8x4096 --repeats 5
     # band statistics at other tile sizes too (2^26 and 2^30 band-logit entries per tile)
     python benchmarks/gpu_bench.py --shapes 1b --tile-elements 26,30
+    # with the fused Triton key scan beside the torch one (CUDA with Triton)
+    python benchmarks/gpu_bench.py --what sdpa,band_statistics,band_statistics_triton
     # a smoke run anywhere
     python benchmarks/gpu_bench.py --device cpu --shapes tiny --settings 2x256
 """
@@ -125,10 +127,11 @@ def run_once(
             for b in batches(toks, 1):
                 view.base_model(input_ids=b.to(device), use_cache=False)
     else:
+        kernel = "triton" if what == "band_statistics_triton" else "torch"
         reducers = (
             [UsageReducer(spec, layers)]
             if what == "frequency_usage"
-            else [BandStatsReducer(spec, layers, Bands.quantiles(4))]
+            else [BandStatsReducer(spec, layers, Bands.quantiles(4), kernel=kernel)]
         )
         with tiles:
             stream(model, batches(toks, 1), reducers, spec=spec, progress=False)
@@ -147,7 +150,13 @@ def main() -> None:
     p.add_argument("--shapes", default="1b,8b", help=f"comma-separated, from {', '.join(SHAPES)}")
     p.add_argument("--settings", default="8x4096,1x32768", help="comma-separated WINDOWSxTOKENS")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--what", default="sdpa,frequency_usage,band_statistics")
+    p.add_argument(
+        "--what",
+        default=None,
+        help="comma-separated: sdpa (the baseline, first), frequency_usage, band_statistics, "
+        "band_statistics_triton (the fused Triton key scan; needs CUDA and Triton); default all, "
+        "the Triton one only on CUDA",
+    )
     p.add_argument(
         "--tile-elements",
         default="",
@@ -155,6 +164,17 @@ def main() -> None:
     )
     args = p.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "gpu_bench needs CUDA (no CUDA device here): run it on a GPU machine, or pass "
+            "--device cpu --shapes tiny --settings 2x256 for a smoke run"
+        )
+    if args.what is None:
+        args.what = "sdpa,frequency_usage,band_statistics" + (
+            ",band_statistics_triton" if device.type == "cuda" else ""
+        )
+    if "band_statistics_triton" in args.what.split(",") and device.type != "cuda":
+        p.error(f"band_statistics_triton needs --device cuda (got --device {args.device})")
     whats = args.what.split(",")
     whats += [f"band_statistics@{n}" for n in args.tile_elements.split(",") if n]
     if whats[0] != "sdpa":
