@@ -155,3 +155,17 @@ def test_cli_refuses_a_bad_option_in_one_line(argv, capsys, monkeypatch):
     assert lines[0].startswith("ropelens: error: ")
     flag = next(a for a in argv if a.startswith("--"))
     assert flag in lines[0], lines[0]
+
+
+def test_a_figure_name_a_result_does_not_draw_lists_the_names_it_does():
+    from ropelens.analyses import FrequencyUsage
+    from ropelens.results.figures import figure_of, registered_figures
+
+    names = sorted(n for (cls, n) in registered_figures() if cls is FrequencyUsage)
+    with pytest.raises(InputError) as e:
+        figure_of(FrequencyUsage, "heatmapp")
+    assert str(e.value) == (
+        f"FrequencyUsage has no figure named 'heatmapp': choose one of "
+        f"{', '.join(map(repr, names))}"
+    )
+    assert "register" not in str(e.value)
