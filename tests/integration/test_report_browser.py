@@ -185,6 +185,12 @@ def test_report_mixer_redraws_its_positional_heads(quick_report, browser):
     without_fastest = mixer.evaluate("() => window.ropelensExplorer.pattern()")
     change = max(abs(a - b) for r1, r2 in zip(full, without_fastest) for a, b in zip(r1, r2))
     assert change > 0.1
+    mixer.evaluate(f"() => window.ropelensExplorer.setBands({json.dumps(names)})")
+    height = "() => document.querySelector('#band-mixer iframe').getBoundingClientRect().height"
+    page.wait_for_timeout(1_000)
+    settled = page.evaluate(height)
+    page.wait_for_timeout(20_000)  # the frame keeps its height: it grew by itself without end
+    assert page.evaluate(height) == settled
     page.locator("#band-mixer").scroll_into_view_if_needed()
     page.wait_for_timeout(500)
     page.screenshot(path=str(ARTIFACTS / "report-band-mixer.png"))
