@@ -121,7 +121,7 @@ if triton is not None:
         abs_sum = tl.zeros((BLOCK_Q, BANDS_PAD), tl.float32)
         square_sum = tl.zeros((BLOCK_Q,), tl.float32)
         key_sum = tl.zeros((BLOCK_Q, DIM_PAD), tl.float32)
-        first_key = 0
+        first_key = q_start * 0  # one integer type in both branches, as compiled Triton needs
         if window > 0:
             first_key = tl.maximum(q_start - window + 1, 0)
         first_key = (first_key // BLOCK_K) * BLOCK_K

@@ -91,7 +91,9 @@ def _membership(head_dim: int, pairing: str, rotary_dims: int, n_bands: int) -> 
 @given(
     n=st.sampled_from([1, 7, BLOCK - 1, BLOCK + 3, 2 * BLOCK + 5]),
     window=st.sampled_from([None, 3, BLOCK - 2, BLOCK + 5]),
-    softcap=st.sampled_from([None, 1.0, 50.0]),
+    # soft-caps the scores do not saturate in float32: where they do, the kernel's tanh and
+    # torch's round differently and may tie different keys at the capped maximum
+    softcap=st.sampled_from([None, 5.0, 50.0]),
     pairing=st.sampled_from(["half", "interleaved"]),
     partial=st.booleans(),
     group=st.sampled_from([1, 2]),
