@@ -47,7 +47,7 @@ ENTRIES = {
     "search_longrope_factors": lambda m, t: search_longrope_factors(
         m, 32, original_ctx=16, population=2, generations=0, n_windows=1, progress=False
     ),
-    # the corpus pass without its probe: the loss step still refuses
+    # without its probe: refused all the same (before its corpus pass or at its loss step)
     "band_location": lambda m, t: band_location(
         m, TEXTS, n_ctx=16, max_tokens=32, eval_windows=1, verify=False, progress=False
     ),
