@@ -151,6 +151,28 @@ def your_own_analysis(nb) -> None:
     assert [round(x, 4) for x in printed] == streamed  # the command gives the function's numbers
 
 
+def claims(nb) -> None:
+    text = _text(nb)
+    assert _figures(nb) == 1  # the forest plot
+    verdict = r"(holds|does not hold|inconclusive|not applicable)"
+    rows = dict(re.findall(rf"^([a-z0-9-]+) +{verdict}(?: |$)", text, flags=re.M))
+    n_claims = _number(text, r"(\d+) claims in \d+ s")
+    assert len(rows) == n_claims >= 8  # every registered claim has a verdict
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == n_claims + 1  # the header and one row per claim (delimiter: "|---")
+    assert all(f"- `{name}` (" in text for name in rows)  # each verdict's reason below the table
+    # SmolLM2's positional and retrieval heads lose what they do when their band is zeroed: the
+    # CI lies below 0, and the claim is never refuted (at the quick budget BH lifts the p floor
+    # above alpha, so it is inconclusive until more draws)
+    for name in ("positional-highest-band", "retrieval-lowest-band"):
+        line = re.search(rf"^{name} +(holds|inconclusive) +{NUM} \[{NUM}, {NUM}\]$", text, re.M)
+        assert line is not None, name
+        assert float(line[4]) < 0
+    assert "each a multiple of its floor 1/(1 + n): True" in text
+    assert "Benjamini-Hochberg recomputed by hand equals the table's: True" in text
+    assert "loaded back, same table: True" in text
+
+
 CLAIMS: dict[str, Callable] = {
     f.__name__: f
     for f in (
@@ -162,6 +184,7 @@ CLAIMS: dict[str, Callable] = {
         your_model_and_data,
         many_processes,
         your_own_analysis,
+        claims,
     )
 }
 
