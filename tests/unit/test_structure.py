@@ -324,6 +324,7 @@ LAYERS = (
     "results",
     "spec",
     "backends",
+    "kernels",
     "loading",
     "run",
     "analyses",

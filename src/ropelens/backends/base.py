@@ -29,9 +29,6 @@ import functools
 import hashlib
 import importlib
 import inspect
-import itertools
-import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +49,7 @@ from ropelens.backends.hf import PlainModel, capture, plain_model, planned_forwa
 from ropelens.backends.losses import hf_losses, losses_of
 from ropelens.backends.sdpa import engine_plan, engine_ready, on_sdpa, sdpa_ready
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
+from ropelens.backends.serials import object_serial
 from ropelens.devices import device_of
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.spec.plan import active_plan
@@ -69,7 +67,6 @@ __all__ = [
     "backend_of",
     "fingerprint",
     "handle",
-    "object_serial",
     "plain_of_nnsight",
 ]
 
@@ -590,42 +587,6 @@ def handle(model: Any) -> ModelHandle:
 
 def _modeling_module(model):
     return importlib.import_module(type(hf_model_of(model)).__module__)
-
-
-# serial numbers of the objects a fingerprint names (functions, forwards, hooks): id() -> (a weak
-# reference to the object, or the object itself where it takes none, and its serial)
-_SERIALS: dict[int, tuple[Any, int]] = {}
-_NEXT_SERIAL = itertools.count()
-_SERIALS_LOCK = threading.RLock()  # a callback can run, on a collection, inside the lock
-
-
-def _forget_serial(key: int, ref: weakref.ref) -> None:
-    """A weak reference's callback: its object is freed, so its entry goes (unless its id already
-    names a newer object)."""
-    with _SERIALS_LOCK:
-        if _SERIALS.get(key, (None,))[0] is ref:
-            del _SERIALS[key]
-
-
-def object_serial(obj: Any) -> int:
-    """A number naming ``obj`` for as long as it lives and never given to another object, unlike
-    ``id(obj)``: CPython hands a freed object's id to the next one made at its address, so a hook
-    removed and another installed could read as the same one. Objects that take no weak reference
-    (None, builtins) are held, and keep their number, for as long as the process runs."""
-    key = id(obj)
-    with _SERIALS_LOCK:
-        known = _SERIALS.get(key)
-        if known is not None:
-            held, serial = known
-            if (held() if isinstance(held, weakref.ref) else held) is obj:
-                return serial
-        serial = next(_NEXT_SERIAL)
-        try:
-            held = weakref.ref(obj, functools.partial(_forget_serial, key))
-        except TypeError:  # takes no weak reference: held (a builtin, None, a small constant)
-            held = obj
-        _SERIALS[key] = (held, serial)
-        return serial
 
 
 def fingerprint(model, spec: RopeSpec) -> str:

@@ -24,6 +24,7 @@ import torch
 from ropelens.backends.engine import engine_problem, rotation_forms, rotation_plan
 from ropelens.backends.hf import attention_modules, is_plain
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
+from ropelens.backends.serials import object_serial
 from ropelens.errors import UnsupportedModelError
 from ropelens.spec.plan import (
     PLAN_ATTR,
@@ -172,8 +173,8 @@ def engine_ready(model) -> str | None:
     modeling functions on a short forward (:func:`ropelens.backends.engine.engine_problem`)."""
     mod = importlib.import_module(type(hf_view(model)).__module__)
     key = (
-        tuple(id(f) for f, _ in rotation_forms(mod).values()),
-        id(getattr(mod, "rotate_half", None)),
+        tuple(object_serial(f) for f, _ in rotation_forms(mod).values()),
+        object_serial(getattr(mod, "rotate_half", None)),
     )
     cached = getattr(model, _READY, None)
     if cached is None or cached[0] != key:

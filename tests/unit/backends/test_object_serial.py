@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import gc
 
-from ropelens.backends import base
-from ropelens.backends.base import object_serial
+from ropelens.backends import serials
+from ropelens.backends.serials import object_serial
 
 
 def test_a_living_object_keeps_its_number_and_a_new_one_at_its_address_gets_another():
@@ -27,11 +27,11 @@ def test_a_living_object_keeps_its_number_and_a_new_one_at_its_address_gets_anot
 
 def test_a_freed_object_leaves_no_entry_and_one_without_weak_references_is_held():
     gc.collect()
-    before = len(base._SERIALS)
+    before = len(serials._SERIALS)
     for i in range(50):
         object_serial(eval(f"lambda: {i}"))
     gc.collect()
-    assert len(base._SERIALS) == before  # no entry outlives its object
+    assert len(serials._SERIALS) == before  # no entry outlives its object
     assert object_serial(None) == object_serial(None)
     assert object_serial(len) == object_serial(len)  # builtins take no weak reference
     assert object_serial(None) != object_serial(len)
