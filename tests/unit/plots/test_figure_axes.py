@@ -455,6 +455,22 @@ def make_mrope():
     return [Case(dec, {"head": list(range(n_heads))})]
 
 
+def make_claims():
+    """Made-up claims: each panel's x axis names its claim's metric (the axis roles this test
+    reads are layers, heads and positions, which a forest plot has none of)."""
+    from ropelens.plots.claims import x_axis_title
+    from tests.unit.claims.test_markdown import made_up_result
+
+    result = made_up_result()
+
+    def metric_axes(fig: go.Figure) -> None:
+        titles = {fig.layout[key].title.text for key in fig.layout if key.startswith("xaxis")}
+        titles.discard(None)
+        assert titles and titles <= {x_axis_title(row) for row in result.rows}, titles
+
+    return [Case(result, {}, check=metric_axes)]
+
+
 # (result class name, figure name) -> the cases that draw it; the tmp-dir makers take a folder
 MAKERS: dict[tuple[str, str], Callable[..., list[Case]]] = {
     ("FrequencyUsage", "figure"): make_usage,
@@ -488,6 +504,7 @@ MAKERS: dict[tuple[str, str], Callable[..., list[Case]]] = {
     ("Knockout", "figure"): make_knockout,
     ("InterventionEffect", "figure"): make_intervention_effect,
     ("Trajectory", "figure"): make_trajectory,
+    ("ClaimsResult", "figure"): make_claims,
     ("MRopeDecomposition", "figure"): make_mrope,
 }
 NEEDS_FOLDER = {make_extension_study}
