@@ -82,6 +82,7 @@ __all__ = [
     "HARM",
     "HEAD_SETS",
     "METRICS",
+    "MIN_WINDOWS",
     "Knockout",
     "KnockoutProbe",
     "head_sets",
@@ -93,6 +94,7 @@ __all__ = [
 ]
 
 HEAD_SETS = ("positional", "retrieval", "sinks", "others")
+MIN_WINDOWS = 2  # the fewest windows an effect and its bootstrap CI are measured over
 DIRECTIONS = ("high", "low", "random", "head", "random heads")
 METRIC_GROUPS = {
     "loss": ("loss",),
@@ -853,8 +855,8 @@ def _check_settings(
     n_ctx, n_windows, n_boot, n_random, n_control, seed, prompt_len, level, directions, metrics
 ):
     """The run's settings checked (an InputError naming the first bad one) and normalised."""
-    for x, what in ((n_ctx, "n_ctx"), (n_windows, "n_windows")):
-        check_number(x, what, at_least=2, integer=True)
+    check_number(n_ctx, "n_ctx", at_least=2, integer=True)
+    check_number(n_windows, "n_windows", at_least=MIN_WINDOWS, integer=True)
     check_n_boot(n_boot)
     n_random = check_number(
         n_random, "n_random", at_least=0, integer=True, hint=" (random plane draws per dose)"

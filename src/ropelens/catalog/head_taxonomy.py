@@ -42,15 +42,11 @@ def run(args: argparse.Namespace) -> int:
     """
     command = CorpusCommand.from_args(args)
     corpus, kw = command.prepare(head_taxonomy)
-    n_windows = kw.pop("max_tokens") // kw["n_ctx"]
-    tx = relay(
-        head_taxonomy,
-        load_from_args(args),
-        corpus,
-        n_windows=n_windows,
-        flags={"n_windows": "--tokens"},
-        **kw,
+    del kw["max_tokens"]  # head_taxonomy takes windows: --tokens // --n-ctx of them
+    n_windows = command.corpus.n_windows(
+        "head-taxonomy", default=command.corpus.tokens == command.tokens_default
     )
+    tx = relay(head_taxonomy, load_from_args(args), corpus, n_windows=n_windows, **kw)
     measured = command.measured(tx)
     output = command.output
     output.save_result(tx)

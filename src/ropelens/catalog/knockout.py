@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ropelens.analyses.knockout import HEAD_SETS, METRIC_GROUPS, Knockout, knockout
+from ropelens.analyses.knockout import HEAD_SETS, METRIC_GROUPS, MIN_WINDOWS, Knockout, knockout
 from ropelens.analyses.registry import Analysis, draw
 from ropelens.cli.common import (
     Command,
@@ -70,12 +70,12 @@ def _names(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
 # the command's defaults are the library's: as many tokens as knockout's default windows hold
 N_CTX = signature_default(knockout, "n_ctx")
 TOKENS = signature_default(knockout, "n_windows") * N_CTX
-# knockout's arguments as this command spells them
+# knockout's arguments as this command spells them (n_windows is --tokens // --n-ctx, checked in
+# those terms before the call)
 _FLAGS = {
     "probe_heads": "--probe-heads L.H,...",
     "metrics": "--metrics",
     "sets": "--sets",
-    "n_windows": "--tokens",
     "n_random": "--random",
     "n_control": "--controls",
     "n_boot": "--boot",
@@ -200,8 +200,10 @@ def run(args: argparse.Namespace) -> int:
     output = OutputOptions.from_args(args)
     output.check()
     corpus_options = CorpusOptions.from_args(args)
+    n_windows = corpus_options.n_windows(
+        "knockout", at_least=MIN_WINDOWS, default=corpus_options.tokens == TOKENS
+    )
     corpus = corpus_options.load()
-    n_windows = max(1, corpus_options.tokens // corpus_options.n_ctx)
     if corpus_options.tokens != TOKENS:  # the default is not the user's request
         check_windows_fit(
             corpus,

@@ -557,6 +557,22 @@ class CorpusOptions(OptionGroup):
         self.check()
         return load_corpus(self.corpus, text_column=self.text_column)
 
+    def n_windows(self, command: str, *, at_least: int = 1, default: bool = False) -> int:
+        """The windows of ``--n-ctx`` tokens that ``--tokens`` makes (``tokens // n_ctx``), refused
+        in the flags' terms, with the ``--tokens`` that would do, where ``command`` needs at least
+        ``at_least``; ``default``: ``--tokens`` is the command's default, not typed."""
+        made = self.tokens // self.n_ctx
+        if made < at_least:
+            said = "the default --tokens" if default else "--tokens"
+            shorter = self.tokens // at_least  # the longest window that makes enough of them
+            raise InputError(
+                f"{said} {self.tokens} with --n-ctx {self.n_ctx} makes {made} "
+                f"window{'' if made == 1 else 's'}; {command} needs at least {at_least}: pass "
+                f"--tokens {at_least * self.n_ctx} or more"
+                + (f", or --n-ctx {shorter} or less" if shorter >= 2 else "")
+            )
+        return made
+
 
 @dataclass
 class AnalysisOptions(OptionGroup):

@@ -297,6 +297,59 @@ def test_band_empty_in_some_layers_is_not_measurable_there(tiny, tiny_dir, capsy
     assert "|  n/a" in out and "1.000" not in out
 
 
+# -------------------------------------------------------------------------------------- knockout
+# knockout measures each effect over windows of --n-ctx cut from --tokens: it needs two
+KNOCKOUT_SMALL = ["--heads", "0.1", "--metrics", "loss", "--doses", "0,8", "--random", "2"]
+KNOCKOUT_SMALL += ["--controls", "2", "--boot", "100", "--no-whole-head", "--json", "--quiet"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--tokens", "32", "--n-ctx", "32"],
+            "--tokens 32 with --n-ctx 32 makes 1 window; knockout needs at least 2: pass --tokens "
+            "64 or more, or --n-ctx 16 or less",
+        ),
+        (
+            ["--tokens", "95", "--n-ctx", "64"],
+            "--tokens 95 with --n-ctx 64 makes 1 window; knockout needs at least 2: pass --tokens "
+            "128 or more, or --n-ctx 47 or less",
+        ),
+        (
+            ["--tokens", "16", "--n-ctx", "32"],
+            "--tokens 16 with --n-ctx 32 makes 0 windows; knockout needs at least 2: pass --tokens "
+            "64 or more, or --n-ctx 8 or less",
+        ),
+        (  # no shorter window holds two: a window is at least 2 tokens
+            ["--tokens", "3", "--n-ctx", "2"],
+            "--tokens 3 with --n-ctx 2 makes 1 window; knockout needs at least 2: pass --tokens 4 "
+            "or more",
+        ),
+        (  # the command's default --tokens (8 windows of 256) is not what the user typed
+            ["--n-ctx", "4096"],
+            "the default --tokens 2048 with --n-ctx 4096 makes 0 windows; knockout needs at least "
+            "2: pass --tokens 8192 or more, or --n-ctx 1024 or less",
+        ),
+    ],
+)
+def test_knockout_counts_the_windows_its_tokens_make(argv, message, tmp_path, monkeypatch, capsys):
+    """The window count is said in the flags the user typed, never as ``--tokens 1``."""
+    monkeypatch.chdir(tmp_path)
+    assert fails(["knockout", "no-such-model", *argv], tmp_path, capsys) == message
+
+
+@pytest.mark.parametrize(
+    "argv", [["--tokens", "64", "--n-ctx", "32"], ["--tokens", "32", "--n-ctx", "16"]]
+)
+def test_knockout_runs_on_the_windows_its_refusal_suggests(argv, tiny_dir, capsys):
+    """Both fixes the refusal of ``--tokens 32 --n-ctx 32`` names make two windows, and knockout
+    measures every row over them."""
+    assert main(["knockout", str(tiny_dir("llama")), *argv, *KNOCKOUT_SMALL]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and {row["n_windows"] for row in rows} == {2}
+
+
 # ---------------------------------------------------------------------------------------- extend
 @pytest.mark.parametrize(
     ("lengths", "message"),
