@@ -23,7 +23,7 @@ from ropelens.cli.common import (
 )
 from ropelens.devices import device_of, require_memory
 from ropelens.errors import InputError
-from ropelens.run.data import windows
+from ropelens.run.data import read_text_file, windows
 from ropelens.run.memory import decomposition_bytes, explore_bytes, trained_context
 from ropelens.run.texts import cut_message, encode
 from ropelens.spec.bands import Bands
@@ -73,13 +73,19 @@ def _read_text(args: argparse.Namespace) -> str | None:
         path = Path(args.file).expanduser()
         if not path.is_file():
             raise InputError(f"--file {args.file} is not a file: pass the path of a text file")
-        text = path.read_text(encoding="utf-8", errors="replace")
-        what = "--file"
-    else:
-        text, what = args.text, "--text"
-    if text is not None and not text.strip():
-        raise InputError(f"{what} is empty: pass some text, e.g. --text 'The cat sat on the mat.'")
-    return text
+        try:  # the one decoding every text file goes through: UTF-8, or refused with the fix
+            text = read_text_file(path)
+        except InputError as e:
+            raise InputError(f"--file {e}") from None
+        if not text.strip():
+            raise InputError(
+                f"--file {args.file} is empty (no text besides whitespace): pass a file with "
+                "text, or the text itself with --text"
+            )
+        return text
+    if args.text is not None and not args.text.strip():
+        raise InputError("--text is empty: pass some text, e.g. --text 'The cat sat on the mat.'")
+    return args.text
 
 
 def _load_taxonomy(spec: str | None) -> HeadTaxonomy | str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 
@@ -80,6 +81,27 @@ def test_default_input_is_the_corpus_and_files_are_cut_to_n_ctx(tiny_dir, tmp_pa
     assert len(page_data(out2)["tokens"]) == 32
 
 
+def test_a_file_is_read_as_the_corpus_reads_text(tiny_dir, tmp_path, capsys):
+    """--file decodes as every text file ropelens reads: UTF-8 (a byte-order mark dropped, CRLF
+    line ends as \\n), gzip decompressed by its name; its page is the page of the same --text."""
+    model_dir = str(tiny_dir("llama"))
+    text = "The café sat on the mat.\nThen the café sat again."
+    plain = tmp_path / "plain.txt"
+    plain.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8"))
+    packed = tmp_path / "packed.txt.gz"
+    packed.write_bytes(gzip.compress(text.encode("utf-8")))
+    pages = {}
+    for name, source in {"text": ["--text", text], "plain": ["--file", str(plain)]}.items():
+        out = tmp_path / f"{name}.html"
+        assert main(["explore", model_dir, *source, "--out", str(out), "--quiet"]) == 0
+        pages[name] = page_data(out)["tokens"]
+    out = tmp_path / "packed.html"
+    assert main(["explore", model_dir, "--file", str(packed), "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert pages["plain"] == pages["text"] == page_data(out)["tokens"]
+    assert "\ufffd" not in "".join(pages["text"])  # nothing was replaced in decoding
+
+
 def test_saved_taxonomy_labels_the_heads(tiny_dir, tmp_path, capsys):
     model_dir = str(tiny_dir("llama"))
     model = load_model(model_dir, device="cpu")
@@ -106,7 +128,17 @@ def test_saved_taxonomy_labels_the_heads(tiny_dir, tmp_path, capsys):
     [
         (["--out", "{tmp}/page.txt"], "--out {tmp}/page.txt: the page is HTML: name it page.html"),
         (["--file", "{tmp}/missing.txt"], "--file {tmp}/missing.txt is not a file"),
-        (["--text", "  "], "--text is empty: pass some text"),
+        (
+            ["--file", "{tmp}/latin1.txt"],
+            "--file {tmp}/latin1.txt is not UTF-8 text (byte 0xe9 at offset 3): re-save it as "
+            "UTF-8, e.g. `iconv -f latin1 -t utf-8 in.txt > out.txt`",
+        ),
+        (["--file", "{tmp}/blank.txt"], "--file {tmp}/blank.txt is empty (no text besides white"),
+        (
+            ["--text", "  "],
+            "--text is empty: pass some text, e.g. --text 'The cat sat on the mat.'",
+        ),
+        (["--text", ""], "--text was given an empty value '': pass a value or leave the flag out"),
         (["--taxonomy", "{tmp}/missing.json"], "--taxonomy {tmp}/missing.json is not a file"),
         (["--taxonomy", "{tmp}/other.json"], "other.json holds a None result, which ropelens"),
         (["--bands", "quantiles:0"], "--bands"),
@@ -118,6 +150,8 @@ def test_bad_input_fails_before_the_model_loads(argv, message, tmp_path, monkeyp
     (tmp_path / "other.json").write_text(
         json.dumps({"findings": [], "provenance": {}, "sections": {}})
     )
+    (tmp_path / "latin1.txt").write_bytes("café au lait".encode("latin-1"))  # é is byte 3
+    (tmp_path / "blank.txt").write_text(" \n\t\n")
     before = set(tmp_path.iterdir())
     fill = {"tmp": tmp_path}
     assert main(["explore", "no-such-model", *(a.format(**fill) for a in argv)]) == 2
