@@ -21,9 +21,31 @@ __all__ = [
     "check_number",
     "check_output_path",
     "check_positive_int",
+    "shown",
 ]
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<=": operator.le}
+SHOWN_CHARS = 80  # the longest repr an error quotes; a longer one is named by its type
+
+
+def shown(x: Any) -> str:
+    """``x`` as an error quotes the value it was given: its repr where that is one short line, a
+    long string's start, else its type (a model's repr runs to kilobytes).
+
+    Examples:
+        >>> shown(1.5), shown("half")
+        ('1.5', "'half'")
+        >>> shown("x" * 100) == repr("x" * SHOWN_CHARS) + "…"
+        True
+        >>> shown(list(range(100)))
+        'a list'
+    """
+    if isinstance(x, str) and len(x) > SHOWN_CHARS:
+        return repr(x[:SHOWN_CHARS]) + "…"
+    text = repr(x)
+    if len(text) <= SHOWN_CHARS and "\n" not in text:
+        return text
+    return f"a {type(x).__name__}"
 
 
 def check_number(
@@ -40,7 +62,7 @@ def check_number(
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(x, bool) or not isinstance(x, kind) or not math.isfinite(x):
         raise InputError(
-            f"{what} must be a finite {'integer' if integer else 'number'}, got {x!r}{hint}"
+            f"{what} must be a finite {'integer' if integer else 'number'}, got {shown(x)}{hint}"
         )
     bounds = [
         (op, b) for op, b in ((">", above), (">=", at_least), ("<=", at_most)) if b is not None
@@ -55,14 +77,14 @@ def check_positive_int(x: Any, what: str, hint: str = "") -> int:
     """``x`` as an int if it is a positive integer (not a bool), else an InputError naming
     ``what``."""
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x <= 0:
-        raise InputError(f"{what} must be a positive int, got {x!r}{hint}")
+        raise InputError(f"{what} must be a positive int, got {shown(x)}{hint}")
     return int(x)
 
 
 def check_flag(x: Any, what: str) -> bool:
     """``x`` if it is a bool, else an InputError naming ``what``."""
     if not isinstance(x, bool):
-        raise InputError(f"{what} must be True or False, got {x!r}")
+        raise InputError(f"{what} must be True or False, got {shown(x)}")
     return x
 
 
@@ -82,7 +104,7 @@ def check_indices(values: Any, what: str, n: int | None = None, owner: str = "")
         values = [values]
     for i in values:
         if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
-            raise InputError(f"{what} indices must be non-negative ints, got {i!r}")
+            raise InputError(f"{what} indices must be non-negative ints, got {shown(i)}")
     out = tuple(sorted({int(i) for i in values}))
     bad = [i for i in out if n is not None and i >= n]
     if bad:

@@ -40,7 +40,7 @@ from ropelens.run.intervene import apply_rope_variant
 from ropelens.spec.bands import Bands
 from ropelens.spec.plan import describe_intervention
 from ropelens.spec.reading import rope_spec
-from ropelens.spec.variants import RopeVariant
+from ropelens.spec.variants import RopeVariant, check_variant
 
 __all__ = ["CONDITIONS", "HEAD_GROUPS", "InterventionEffect", "head_group", "intervention_effect"]
 
@@ -215,6 +215,8 @@ class InterventionEffect(Result):
 def _context(model, intervention: Any) -> Callable[[], contextlib.AbstractContextManager]:
     if isinstance(intervention, RopeVariant):
         return lambda: apply_rope_variant(model, intervention)
+    if isinstance(intervention, type) and issubclass(intervention, RopeVariant):
+        check_variant(intervention)  # a variant class is callable, but not a context: refused
     if callable(intervention):
         return lambda: intervention(model)
     raise InputError(
@@ -290,6 +292,8 @@ def intervention_effect(
     Raises:
         InputError: When ``intervention`` is neither a RoPE variant nor a callable, or puts nothing
             in force on the model.
+        TypeError: When ``intervention`` is a variant class (``PRoPE``), not a variant
+            (``PRoPE(0.75)``).
 
     Examples:
         >>> from ropelens.analyses import intervention_effect

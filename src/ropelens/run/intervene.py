@@ -28,7 +28,7 @@ from ropelens.spec.plan import AblationStep, VariantStep, active_plan, layer_wit
 from ropelens.spec.reading import unmodified_spec
 from ropelens.spec.rope import LayerRope, RopeSpec
 from ropelens.spec.surface import running_model
-from ropelens.spec.variants import RopeVariant
+from ropelens.spec.variants import RopeVariant, check_variant
 from ropelens.validate import check_indices
 
 __all__ = [
@@ -51,15 +51,6 @@ _HELD = "_ropelens_variant_contexts"  # where a copy from with_rope_variant keep
 # --------------------------------------------------------------------------------------------
 # running a model under a variant
 # --------------------------------------------------------------------------------------------
-def _check_variant(variant: Any) -> RopeVariant:
-    if not isinstance(variant, RopeVariant):
-        raise TypeError(
-            "expected a RoPE variant such as ropelens.spec.variants.PRoPE(0.75), got "
-            f"{type(variant).__name__}"
-        )
-    return variant
-
-
 def spec_with_variant(
     spec: RopeSpec,
     variant: RopeVariant,
@@ -68,7 +59,7 @@ def spec_with_variant(
 ) -> RopeSpec:
     """The spec a model has under ``variant`` in the chosen layers (frequencies at the original
     length)."""
-    _check_variant(variant)
+    check_variant(variant)
     chosen = set(spec.layer_indices(layers, layer_kind))
     new = [layer_with_variant(lr, variant) if lr.layer in chosen else lr for lr in spec.layers]
     return dataclasses.replace(spec, layers=tuple(new))
@@ -87,7 +78,7 @@ def _install_variant(
 ) -> tuple[RopeSpec, list[Any], list[int], bool]:
     """Install the variant where the model's backend applies it; returns the resulting spec, the
     removers of any hooks, the layers and whether the engine applies it (no hooks then)."""
-    _check_variant(variant)
+    check_variant(variant)
     spec = unmodified_spec(model)  # NotRotaryError for models without RoPE
     chosen = spec.layer_indices(layers, layer_kind)
     new_spec = spec_with_variant(
@@ -123,7 +114,8 @@ def apply_rope_variant(
         chosen layers; :func:`ropelens.rope_spec` reads the same there).
 
     Raises:
-        TypeError: When ``variant`` is not a RoPE variant.
+        TypeError: When ``variant`` is not a RoPE variant (a class such as ``PRoPE``, not
+            instantiated, is named with how to instantiate it).
         InputError: When ``layers`` or ``layer_kind`` choose no rotary layer, or the variant does
             not fit a chosen layer.
         NotRotaryError: When the model has no RoPE.
@@ -208,7 +200,8 @@ def with_rope_variant(
         ``ropelens_rope_variant`` attribute records the variant and layers.
 
     Raises:
-        TypeError: When ``variant`` is not a RoPE variant.
+        TypeError: When ``variant`` is not a RoPE variant (a class such as ``PRoPE``, not
+            instantiated, is named with how to instantiate it).
         InputError: When ``layers`` or ``layer_kind`` choose no rotary layer, the variant does
             not fit a chosen layer, or ``in_place`` is asked of a model already under an
             intervention.
@@ -227,7 +220,7 @@ def with_rope_variant(
         ropelens.errors.InputError: with_rope_variant(in_place=True): the model already runs ...
     """
     model = running_model(model)  # an nnsight model: the HF model it wraps
-    _check_variant(variant)
+    check_variant(variant)
     chosen = unmodified_spec(model).layer_indices(layers, layer_kind)  # fail before copying
     if in_place and active_plan(model):
         raise InputError(

@@ -50,6 +50,7 @@ __all__ = [
     "Resonance",
     "CoPE",
     "FoPEZero",
+    "check_variant",
     "kept_planes",
     "variant_from_dict",
 ]
@@ -211,6 +212,13 @@ class RopeVariant:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, torch.nn.Module):  # the class called where its instance goes
+                example = _example(type(self))
+                raise InputError(
+                    f"{type(self).__name__} was given a model ({type(value).__name__}) as its "
+                    f"{f.name}: a variant is made from its parameters, e.g. {example}, and passed "
+                    f"beside the model, e.g. apply_rope_variant(model, {example})"
+                )
             if value is not None or f.default is not None:
                 object.__setattr__(self, f.name, _COERCE.get(f.name, _POSITIVE)(value, f.name))
         self._check()
@@ -274,6 +282,70 @@ class RopeVariant:
             "variant": type(self).__name__,
             **{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()},
         }
+
+
+# a value of each parameter some variant needs, for the example a refusal gives
+_EXAMPLE_VALUES = {
+    "p": "0.75",
+    "base": "500000.0",
+    "planes": "[0, 1]",
+    "factor": "4.0",
+    "original_max_position": "4096",
+    "short_factor": "(1.0,) * 32",
+    "long_factor": "(4.0,) * 32",
+}
+
+
+def _example(cls: type[RopeVariant]) -> str:
+    """``cls`` built from the parameters it needs, as Python: ``PRoPE(0.75)``, ``NoPE()``."""
+    needed = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    return f"{cls.__name__}({', '.join(_EXAMPLE_VALUES[name] for name in needed)})"
+
+
+def check_variant(variant: Any) -> RopeVariant:
+    """``variant`` if it is a RoPE variant, else a TypeError in one line: a variant class is named,
+    with how to instantiate it; anything else by its type (never its repr, which for a model runs
+    to kilobytes).
+
+    Args:
+        variant (Any): What was passed where a variant goes.
+
+    Returns:
+        RopeVariant: ``variant`` itself.
+
+    Raises:
+        TypeError: If ``variant`` is not an instance of a :class:`RopeVariant` subclass.
+
+    Examples:
+        >>> check_variant(PRoPE(0.75))
+        PRoPE(p=0.75)
+        >>> check_variant(PRoPE)
+        Traceback (most recent call last):
+        ...
+        TypeError: expected a RoPE variant, got the class PRoPE: instantiate it with its ...
+    """
+    if isinstance(variant, RopeVariant):
+        return variant
+    if isinstance(variant, type) and issubclass(variant, RopeVariant):
+        if variant.__name__ not in _REGISTRY or variant.__name__.startswith("_"):
+            raise TypeError(
+                f"expected a RoPE variant, got the base class {variant.__name__}: pass one of its "
+                "variants, instantiated, e.g. PRoPE(0.75)"
+            )
+        example = _example(variant)
+        with_what = "" if example.endswith("()") else " with its parameters"
+        raise TypeError(
+            f"expected a RoPE variant, got the class {variant.__name__}: instantiate it"
+            f"{with_what}, e.g. {example}"
+        )
+    raise TypeError(
+        "expected a RoPE variant such as ropelens.spec.variants.PRoPE(0.75), got "
+        f"{type(variant).__name__}"
+    )
 
 
 def variant_from_dict(d: dict[str, Any]) -> RopeVariant:
