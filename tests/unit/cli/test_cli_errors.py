@@ -237,6 +237,18 @@ BEFORE_THE_MODEL = [
         ["frequency-usage", "--device", "meta"],
         "device 'meta': meta tensors hold shapes but no values",
     ),
+    # claims (it does not split across processes: test_torchrun_refusal)
+    (
+        ["claims", "--budget", "huge"],
+        "--budget must be one of quick, standard, thorough, got 'huge' (e.g. --budget quick)",
+    ),
+    (
+        ["claims", "--claims", "nope"],
+        "--claims 'nope': no claim 'nope'; choose from positional-highest-band, ",
+    ),
+    (["claims", "--claims", ","], "--claims ',': no claim named; choose from "),
+    (["claims", "--save", "{tmp}"], "--save {tmp} is a directory: pass a file path"),
+    (["claims", "--save", "{file}/c.json"], "{file} is a file, not a directory"),
     # report
     (["report", "--out", "{file}"], "--out {file} is a file: pass a directory"),
     (["report", "--out", "{file}/r"], "--out {file}/r: {file} is a file, not a directory"),
@@ -422,6 +434,7 @@ def test_the_refusing_commands_are_these():
         "attention-decomposition",
         "band-location",
         "base-predictions",
+        "claims",
         "compare",
         "explore",
         "extension-planes",
