@@ -29,6 +29,7 @@ from pathlib import Path
 
 import ropelens
 import ropelens.analyses
+import ropelens.claims
 import ropelens.report
 from ropelens.analyses.registry import analyses
 from ropelens.cli.main import build_parser, main
@@ -212,6 +213,15 @@ EXAMPLES: dict[str, Example] = {
         "--metrics loss,probe --tokens 512 --n-ctx 64 --random 2 --controls 2 --boot 200 --quiet",
         TINY,
     ),
+    "claims": _ex(
+        "Do the RoPE literature's claims (positional heads use the highest band, retrieval heads "
+        "the lowest, sinks, massive values, p-RoPE, the base bound, ...) hold on this model, "
+        "against fair controls?",
+        "claims tiny-llama --budget quick --quiet",
+        TINY,
+        where="Run on the tiny random Llama: its random weights make no claim about trained "
+        "weights hold, which is what the verdicts and their reasons say.",
+    ),
     "trajectory": _ex(
         "When, over training, do the high-norm band, attention sinks, massive values and "
         "positional heads appear?",
@@ -268,7 +278,7 @@ def python_name(name: str) -> str:
     if name in PYTHON:
         return PYTHON[name]
     fn = next(a.function for a in analyses() if a.command is not None and a.command.name == name)
-    for module in (ropelens, ropelens.analyses, ropelens.report):
+    for module in (ropelens, ropelens.analyses, ropelens.claims, ropelens.report):
         if getattr(module, fn.__name__, None) is fn:
             return f"{module.__name__}.{fn.__name__}"
     return f"{fn.__module__}.{fn.__qualname__}"
