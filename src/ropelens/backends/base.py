@@ -300,17 +300,6 @@ class BridgeBackend(Backend):
     ) -> tuple[list[Callable[[], None]], bool]:
         if self.uses_engine(list(masks), "ablate_planes"):
             return [], True
-        # no hook after the rotation (GPT-NeoX): the bridge could only zero the planes before it,
-        # in the pre-RoPE q and k the analyses read, so the engine zeroes them at the rotation, as
-        # on every other family, wherever it reaches it
-        no_post = any(
-            attn_hooks(self.model, i).post(which) is None
-            for i, qk in masks.items()
-            for which, mask in zip("qk", qk, strict=True)
-            if mask is not None
-        )
-        if no_post and engine_ready(self.model) is None:
-            return [], True
 
         return install_ablation(self.model, masks), False
 
