@@ -447,7 +447,7 @@ def test_cli_usage_and_decompose(tiny_dir, capsys):
             ["report", "{llama}", "--out", "{tmp}/file/r"],
             "is a file, not a directory: pass a path in a writable directory",
         ),
-        (["report", "{llama}", "--layers", "0,x"], "comma-separated layer indices"),
+        (["report", "{llama}", "--layers", "0,x"], "--layers: expected comma-separated indices"),
         (
             ["report", "{llama}", "--bands", "octaves", "--out", "{tmp}/r"],
             "unknown band spec 'octaves'",
@@ -457,7 +457,10 @@ def test_cli_usage_and_decompose(tiny_dir, capsys):
             ["frequency-usage", "{llama}", "--tokens", "32", "--n-ctx", "64"],
             "fewer than one window",
         ),
-        (["attention-decomposition", "{llama}", "--text", ""], "--text is empty"),
+        (
+            ["attention-decomposition", "{llama}", "--text", ""],
+            "--text was given an empty value ''",
+        ),
         (["attention-decomposition", "{llama}", "--text", "   \n"], "--text is empty"),
         (
             ["attention-decomposition", "{llama}", "--text", "hi", "--layers", "7"],
