@@ -19,6 +19,7 @@ import torch
 
 from ropelens.analyses.knockout import knocked_out_rows, probe_rows
 from ropelens.backends.hf import decoder_layers
+from ropelens.devices import device_of
 from ropelens.spec.reading import hf_model_of
 
 __all__ = [
@@ -146,6 +147,8 @@ def row_scores(model, tokens, rows, row_tokens, positions, targets, *, share_pre
     one run once per chunk (:func:`shared_prefix`); without, every row from the embedding on."""
     vocab = hf_model_of(model).get_input_embeddings().num_embeddings
     size = max(1, min(row_tokens // tokens.numel(), int(1e9 // (len(positions) * vocab * 4))))
+    device = device_of(model)  # the prompt, positions and targets where the logits are
+    tokens, positions, targets = tokens.to(device), positions.to(device), targets.to(device)
     nll, hit = [], []
     for c in chunks(rows, size):
         first = first_knocked_layer(c)
