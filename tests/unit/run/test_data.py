@@ -309,10 +309,5 @@ def test_windows_errors(small, tok):
         data.windows(small, SimpleNamespace(tokenizer=None), 4)
 
 
-def test_tokenizing_the_english_corpus_is_fast(tok):
-    import time
-
-    start = time.perf_counter()
-    n = data.token_stream(data.english(), tok).numel()
-    assert n > 200_000
-    assert time.perf_counter() - start < 10  # batch call on the fast tokenizer: ~1 s on 2 cores
+def test_the_english_corpus_tokenizes_whole(tok):
+    assert data.token_stream(data.english(), tok).numel() > 200_000
