@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     output = OutputOptions.from_args(args)
     output.check()
     model = load_from_args(args)
-    result = claims(model, names, args.budget, progress=not output.json)
+    result = claims(model, names, args.budget, progress=not (output.json or output.quiet))
     output.save_result(result)
     if output.json:
         return output.emit(result.to_dict())

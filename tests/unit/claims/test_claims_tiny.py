@@ -260,5 +260,8 @@ def test_the_command_prints_and_emits_json(capsys, tiny_dir, tmp_path):
     assert [r["name"] for r in out["rows"]] == ["base-bounds-context", "qk-energy-lowest-band"]
     assert ClaimsResult.load(saved).row("base-bounds-context").verdict == out["rows"][0]["verdict"]
     assert main([*args, "--budget", "quick"]) == 0
-    text = capsys.readouterr().out
-    assert "base-bounds-context" in text and "min B(m)" in text
+    printed = capsys.readouterr()
+    assert "base-bounds-context" in printed.out and "min B(m)" in printed.out
+    assert "qk-energy-lowest-band: measured in" in printed.err  # a line per claim as it ends
+    assert main([*args, "--budget", "quick", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
