@@ -43,7 +43,7 @@ from ropelens.run.evaluate import loss_path
 from ropelens.run.intervene import apply_rope_variant
 from ropelens.run.texts import bos_token_id
 from ropelens.spec.surface import running_model
-from ropelens.spec.variants import DynamicNTK, LongRoPE, RopeVariant
+from ropelens.spec.variants import DynamicNTK, LongRoPE, RopeVariant, check_variant
 from ropelens.validate import check_number
 
 __all__ = [
@@ -515,11 +515,11 @@ def passkey_retrieval(
     depths = _check_list(depths, "depths", at_least=0, at_most=1)
     n_trials = check_number(n_trials, "n_trials", at_least=1, integer=True)
     seed = check_number(seed, "seed", integer=True)
-    if variant is not None and not isinstance(variant, RopeVariant):
-        raise InputError(
-            f"variant must be a ropelens.spec.variants RopeVariant (e.g. YaRN(2.0, 8192)) or None, "
-            f"got {type(variant).__name__}"
-        )
+    if variant is not None:
+        try:
+            check_variant(variant)
+        except TypeError as e:
+            raise InputError(f"variant: {e}; or None for the model as it is") from None
     if getattr(model, "tokenizer", None) is None:
         raise InputError(
             f"{type(model).__name__} has no .tokenizer: pass a model from ropelens.load_model"

@@ -36,7 +36,7 @@ from ropelens.results.serialize import dump_json
 from ropelens.run import data
 from ropelens.run.evaluate import LossEstimate, bootstrap_ci, window_losses
 from ropelens.spec.rope import LayerRope
-from ropelens.spec.variants import BaseChange, RopeVariant, variant_from_dict
+from ropelens.spec.variants import BaseChange, RopeVariant, check_variant, variant_from_dict
 from ropelens.testing import tiny_tokenizer
 from ropelens.training.checkpoints import CheckpointWriter, plain_rope_theta
 from ropelens.validate import check_positive_int
@@ -134,11 +134,7 @@ class TrainConfig:
             )
         if not isinstance(self.lr, numbers.Real) or not 0 < self.lr < 1:
             raise InputError(f"lr must be a number in (0, 1), got {self.lr!r} (e.g. 2e-3)")
-        if not isinstance(self.variant, RopeVariant):
-            raise TypeError(
-                "variant must be a ropelens.spec.variants object such as PRoPE(0.75), got "
-                f"{self.variant!r}"
-            )
+        check_variant(self.variant)
         if type(self.variant).__name__ not in _FREQ_VARIANTS:
             raise InputError(
                 f"{self.variant.name} is not one fixed frequency vector, so training cannot bake "

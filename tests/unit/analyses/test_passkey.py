@@ -20,7 +20,7 @@ from ropelens.analyses.passkey_retrieval import (
 )
 from ropelens.errors import InputError
 from ropelens.run.intervene import apply_rope_variant
-from ropelens.spec.variants import DynamicNTK, YaRN
+from ropelens.spec.variants import DynamicNTK, PRoPE, YaRN
 from ropelens.testing import tiny_tokenizer
 
 SENTENCES = [
@@ -186,8 +186,10 @@ def test_result_round_trip_merge_and_variant_provenance(tiny, tmp_path):
     )
     with pytest.raises(InputError, match="depths"):
         passkey_retrieval(model, [300], [0.5, 2.0], progress=False)
-    with pytest.raises(InputError, match="variant"):
+    with pytest.raises(InputError, match="variant: expected a RoPE variant .*, got str; or None"):
         passkey_retrieval(model, [300], variant="yarn", progress=False)
+    with pytest.raises(InputError, match="got the class PRoPE: instantiate it"):
+        passkey_retrieval(model, [300], variant=PRoPE, progress=False)
 
 
 # ----------------------------------------------------------------------------- a real model

@@ -106,8 +106,10 @@ def test_bad_input_errors():
         dataclasses.replace(MICRO, steps=0)
     with pytest.raises(ValueError, match="steps must be a positive int"):
         dataclasses.replace(MICRO, steps=-3)
-    with pytest.raises(TypeError, match="ropelens.spec.variants"):
+    with pytest.raises(TypeError, match="expected a RoPE variant .*, got float$"):
         dataclasses.replace(MICRO, variant=0.75)
+    with pytest.raises(TypeError, match="got the class PRoPE: instantiate it with its parameters"):
+        dataclasses.replace(MICRO, variant=PRoPE)
     with pytest.raises(ValueError, match="fixed frequency vector"):
         dataclasses.replace(MICRO, variant=YaRN(factor=4.0, original_max_position=32))
     with pytest.raises(ValueError, match="head_dim must be even"):
