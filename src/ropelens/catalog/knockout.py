@@ -24,6 +24,7 @@ from ropelens.cli.common import (
 )
 from ropelens.errors import InputError
 from ropelens.plots.knockout import knockout_figure
+from ropelens.results.findings import head_name
 from ropelens.run.evaluate import MIN_BOOT, check_n_boot
 
 
@@ -249,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     for name, heads in r.heads.items():
-        print(f"{name} heads ({len(heads)}): {', '.join(f'{L}.{h}' for L, h in heads)}")
+        print(f"{name} heads ({len(heads)}): {', '.join(head_name(L, h) for L, h in heads)}")
     print(frame.drop(columns=["n_heads", "p_withheld"]).to_string(index=False, float_format="%.4g"))
     for reason in dict.fromkeys(r for why in frame["p_withheld"] if why for r in why.split(" | ")):
         print(reason)  # a p left blank above, and why
