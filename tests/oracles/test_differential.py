@@ -101,12 +101,6 @@ MATRIX = {
     "smollm3": Case(16, 16, prope=True),  # NoPE layers
 }
 
-# Families whose pre-RoPE q/k ropelens reads after a plane ablation has zeroed them (the
-# TransformerLens bridge's GPT-NeoX attention): under an ablation, the analyses of the pre-RoPE q
-# and k (massive values, frequency entropy, the pre-RoPE offset angles) are not compared there, and
-# the grid's report counts the cells left out.
-PRE_ROPE_READ_AFTER_ABLATION = {"gpt_neox"}
-
 # input forms: a token tensor, ragged texts (padded, the decomposition alone), a corpus file the
 # corpus analyses cut into windows themselves
 FORMS = ("tensor", "ragged", "file")
@@ -400,13 +394,12 @@ def compare(models, draw) -> None:
             f"loss {got_loss} != reference {want_loss}"
         )
 
-    pre_rope_comparable = not (ablating and family in PRE_ROPE_READ_AFTER_ABLATION)
     if not draw["ragged"]:
         if draw["intervention"] != "none":
             _check_intervention_effect(
                 model, hf, draw, tokens, layers, bands, groups, layout, calls, tol
             )
-        _check_entropy(entropy, calls, layout, tol, pre_rope_comparable)
+        _check_entropy(entropy, calls, layout, tol)
     for slot, layer in enumerate(layers):
         call = calls[layer]
         entry = R.allowed(call) & valid[:, None, None, :] & valid[:, None, :, None]
@@ -483,9 +476,8 @@ def compare(models, draw) -> None:
         _check_sinks(sinks, slot, call, terms, rest_term, groups, names, tol, layer, score_scale)
         _check_distance(by_distance, slot, call, terms, rest_term, groups, names, tol, layer)
         _check_taxonomy(taxonomy, slot, call, random_calls[layer], layout, groups, names, tol)
-        if pre_rope_comparable:
-            _check_massive(massive, slot, call, case, tol, layer)
-        _check_offsets(offsets, slot, call, layout, scaling, tol, layer, pre_rope_comparable)
+        _check_massive(massive, slot, call, case, tol, layer)
+        _check_offsets(offsets, slot, call, layout, scaling, tol, layer)
 
 
 def _ablation_edits(ablating: bool, layers, heads, ablated):
@@ -701,15 +693,11 @@ def _check_massive(result, slot, call, case, tol, layer) -> None:
             )
 
 
-def _check_entropy(result, calls, layout, tol, comparable=True) -> None:
+def _check_entropy(result, calls, layout, tol) -> None:
     """Frequency entropy against the reference: per layer (NoPE layers split into the rotary
     layers' planes), head and plane, the normalised spectral entropy of the pre-RoPE query's plane
     norm over positions after the first ``skip``, in order and in the seeded shuffled order, and
     the mean normalised spectrum; means over the windows whose signal varies."""
-    if not comparable:
-        name = "pre-RoPE comparisons left out (q/k read after the ablation)"
-        LARGEST[name] = LARGEST.get(name, 0.0) + 1
-        return
     skip = result.skip
     perm = torch.randperm(result.n_pos, generator=torch.Generator().manual_seed(result.seed))
     for slot, layer in enumerate(result.layers):
@@ -742,7 +730,7 @@ def _lower_median_of_others(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _check_offsets(result, slot, call, layout, scaling, tol, layer, with_pre=True) -> None:
+def _check_offsets(result, slot, call, layout, scaling, tol, layer) -> None:
     """Rotary offsets against the reference (Jonasson): over the queries from position 1 on, the
     mean plane norms of q and k and their outlier ratio (NaN where the other planes' median is 0);
     at the key each query attends most, the mean resultant of the q→k angle per plane (post- and
@@ -803,9 +791,7 @@ def _check_offsets(result, slot, call, layout, scaling, tol, layer, with_pre=Tru
     )
     terms, _ = R.plane_terms(call, layout)  # [batch, head, plane, q, k]
     term_bound = float(terms.masked_fill(~R.allowed(call)[:, :, None], 0).abs().max())
-    sources = {"post": (call.query, call.key)}
-    if with_pre:
-        sources["pre"] = R.pre_rope(call, layout)
+    sources = {"post": (call.query, call.key), "pre": R.pre_rope(call, layout)}
     for source, (q, k) in sources.items():
         cos, sin, dot = R.plane_angles(q, k, attended, layout)  # [batch, head, q, plane]
         for scope, chosen in scopes.items():

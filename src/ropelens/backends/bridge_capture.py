@@ -8,6 +8,7 @@ come from the HF attention function, from a tap on it) and hands them to the red
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -15,6 +16,7 @@ from torch import Tensor
 
 from ropelens.backends.acts import NEEDS, LayerActs, Reducer
 from ropelens.backends.bridge_hooks import AttnHooks, attn_hooks, to_bphd
+from ropelens.backends.bridge_interventions import PRE_ROPE_ABLATION, PreRopeAblation
 from ropelens.errors import InputError, UnsupportedModelError
 from ropelens.spec.forward_taps import attention_tap
 from ropelens.spec.rope import LayerRope, RopeSpec
@@ -92,6 +94,7 @@ class Collector:
             L: attn_hooks(model, L, norm_after_rope=spec.layers[L].norm_after_rope) for L in layers
         }
         self.plans = {L: hook_plan(h, self.needs, spec.layers[L]) for L, h in self.hooks.items()}
+        self.hook_points = getattr(model, "hook_dict", {})
         self.attention = {
             id(model.blocks[L].attn.original_component): L
             for L, plan in self.plans.items()
@@ -112,11 +115,37 @@ class Collector:
         for L, plan in self.plans.items():
             by_hook: dict[str, list[str]] = {}
             for key, name in plan.items():
-                if name != ATTENTION:
+                if name != ATTENTION and (name, key) not in self._before_ablation(L):
                     by_hook.setdefault(name, []).append(key)
             for name, keys in by_hook.items():
                 out.append((name, self._hook_fn(L, tuple(keys))))
         return out
+
+    def _before_ablation(self, layer: int) -> dict[tuple[str, str], PreRopeAblation]:
+        """The pre-RoPE q and k of ``layer`` read at a hook point that a plane ablation zeroes
+        (a bridge with no hook after its rotation): (hook, key) → the ablation, which hands them
+        over before it zeroes."""
+        out = {}
+        for key, name in self.plans[layer].items():
+            state = getattr(self.hook_points.get(name), PRE_ROPE_ABLATION, None)
+            if key.endswith("_pre") and state is not None:
+                out[(name, key)] = state
+        return out
+
+    @contextlib.contextmanager
+    def ablation_observers(self):
+        """Read the pre-RoPE q and k a plane ablation zeroes before it zeroes them."""
+        added = []
+        for L in self.plans:
+            for (_, key), state in self._before_ablation(L).items():
+                fn = functools.partial(self._receive, L, (key,))
+                state.observers.append(fn)
+                added.append((state, fn))
+        try:
+            yield
+        finally:
+            for state, fn in added:
+                state.observers = [o for o in state.observers if o is not fn]
 
     def attention_tap(self) -> contextlib.AbstractContextManager:
         """Where a layer's score q/k come from the HF attention function (no bridge hook fires
@@ -249,5 +278,5 @@ def hooked_capture(model, spec: RopeSpec, layers: Sequence[int], reducers: Seque
         if col.pending:
             raise RuntimeError(f"hooks for layers {sorted(col.pending)} fired incompletely")
 
-    with model.hooks(fwd_hooks=col.fwd_hooks()), col.attention_tap():
+    with model.hooks(fwd_hooks=col.fwd_hooks()), col.attention_tap(), col.ablation_observers():
         yield run

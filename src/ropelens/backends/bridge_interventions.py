@@ -104,11 +104,13 @@ def _zero_hook(
     return torch.where(m, torch.zeros((), dtype=x.dtype, device=x.device), x)
 
 
-def add_lens_hook(hook_point: Any, fn: Callable[..., Any]) -> Callable[[], None]:
+def add_lens_hook(
+    hook_point: Any, fn: Callable[..., Any], *, prepend: bool = True
+) -> Callable[[], None]:
     """Add a TransformerLens hook that survives ``reset_hooks()``; returns its remover."""
-    # Permanent, so run_with_hooks/reset_hooks inside the context leave it; prepended, so user
-    # hooks on the same point see the ablated tensor.
-    handle = hook_point.add_hook(fn, is_permanent=True, prepend=True)
+    # Permanent, so run_with_hooks/reset_hooks inside the context leave it; prepended (by
+    # default), so user hooks on the same point see the changed tensor.
+    handle = hook_point.add_hook(fn, is_permanent=True, prepend=prepend)
 
     def remove() -> None:
         handle.hook.remove()
@@ -155,6 +157,53 @@ def install_variant(
     return handles
 
 
+PRE_ROPE_ABLATION = "ropelens_pre_rope_ablation"  # attribute of a hook point zeroed before RoPE
+
+
+class PreRopeAblation:
+    """The plane ablations of one pre-RoPE hook point, on a bridge whose attention fires no hook
+    after its rotation (GPT-NeoX, Phi-3): rotation maps a zero plane to zero, so zeroing the plane
+    before RoPE removes the same term from the scores. One hook applies every ablation in force
+    there, after the hooks that write the pre-RoPE tensor (a massive-value replacement), and first
+    hands that tensor to its observers: the pre-RoPE q or k an analysis reads is the model's own,
+    as on a family with a hook after the rotation, while the rotation sees the plane zeroed."""
+
+    def __init__(self, hook_point: Any, heads_first: bool) -> None:
+        self.hook_point, self.heads_first = hook_point, heads_first
+        self.masks: list[Tensor] = []
+        self.observers: list[Callable[[Tensor], None]] = []
+        self._remove_hook: Callable[[], None] | None = None
+
+    def __call__(self, x: Tensor, *, hook: Any) -> Tensor:
+        for observe in self.observers:
+            observe(x)
+        for mask in self.masks:
+            x = _zero_hook(x, hook=hook, mask=mask, heads_first=self.heads_first)
+        return x
+
+    @classmethod
+    def add(cls, hook_point: Any, mask: Tensor, heads_first: bool) -> Callable[[], None]:
+        """Zero ``mask`` at ``hook_point`` (the point's one ablation hook, made on first use);
+        returns the remover of this mask alone."""
+        state = getattr(hook_point, PRE_ROPE_ABLATION, None)
+        if state is None:
+            state = cls(hook_point, heads_first)
+            # appended: hooks already there (and replacements, which are prepended) run first
+            state._remove_hook = add_lens_hook(hook_point, state, prepend=False)
+            setattr(hook_point, PRE_ROPE_ABLATION, state)
+        state.masks.append(mask)
+
+        def remove() -> None:
+            state.masks = [m for m in state.masks if m is not mask]
+            if not state.masks and state._remove_hook is not None:
+                state._remove_hook()
+                state._remove_hook = None
+                if getattr(hook_point, PRE_ROPE_ABLATION, None) is state:
+                    delattr(hook_point, PRE_ROPE_ABLATION)
+
+        return remove
+
+
 def install_ablation(
     model, masks: dict[int, tuple[Tensor | None, Tensor | None]]
 ) -> list[Callable[[], None]]:
@@ -167,12 +216,13 @@ def install_ablation(
         for which, mask in zip("qk", qk, strict=True):
             if mask is None:
                 continue
-            # Rotation maps a zero plane to zero, so where no post-RoPE hook fires (Phi-3, GPT-NeoX)
-            # zeroing the plane before RoPE removes the same term.
-            name = names.post(which) or names.pre(which)
-            first = names.post(which) is None and names.pre_heads_first
-            fn = functools.partial(_zero_hook, mask=mask, heads_first=first)
-            removers.append(add_lens_hook(model.hook_dict[name], fn))
+            post = names.post(which)
+            if post is None:  # zeroed before the rotation, the pre-RoPE tensor still read whole
+                point = model.hook_dict[names.pre(which)]
+                removers.append(PreRopeAblation.add(point, mask, names.pre_heads_first))
+                continue
+            fn = functools.partial(_zero_hook, mask=mask, heads_first=False)
+            removers.append(add_lens_hook(model.hook_dict[post], fn))
     return removers
 
 
