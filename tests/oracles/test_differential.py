@@ -93,6 +93,7 @@ MATRIX = {
     "mistral": Case(16, 16, prope=True),  # sliding window
     "phi": Case(16, 6, prope=True),  # partial rotary 0.4
     "gpt_neox": Case(16, 4, prope=True),  # partial rotary 0.25, MHA
+    "phi3": Case(16, 8, prope=True),  # fused qkv, partial rotary 0.5, sliding window
     "glm": Case(16, 8, "adjacent", prope=True),  # adjacent pairs, partial rotary 0.5
     "gemma2": Case(16, 16, prope=True),  # soft-cap, alternating windows
     "gemma3_text": Case(16, 16, prope=True),  # local/global layers, q/k norm
