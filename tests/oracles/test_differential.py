@@ -100,6 +100,15 @@ MATRIX = {
     "gpt_oss": Case(16, 16),  # learned sinks, YaRN, windows
     "deepseek_v3": Case(16, 8, rotary_last=True, prope=True),  # multi-head latent attention
     "smollm3": Case(16, 16, prope=True),  # NoPE layers
+    "qwen3": Case(16, 16, prope=True),  # per-head q/k norm before RoPE
+    "olmo2": Case(16, 16, prope=True),  # q/k norm over the whole projection, before the split
+    "stablelm": Case(16, 4, prope=True),  # partial rotary 0.25
+    "qwen2": Case(16, 16, prope=True),  # sliding window on the upper layers
+    "mixtral": Case(16, 16, prope=True),  # sliding window, mixture of experts
+    "gemma": Case(16, 16, prope=True),  # GQA, scaled embeddings
+    "starcoder2": Case(16, 16, prope=True),  # one sliding window for every layer
+    "persimmon": Case(16, 8, prope=True),  # partial rotary 0.5, q/k layer norm
+    "ministral": Case(16, 16, prope=True),  # sliding and full layers, plain HF model
 }
 
 # input forms: a token tensor, ragged texts (padded, the decomposition alone), a corpus file the
