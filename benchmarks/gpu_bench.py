@@ -31,6 +31,7 @@ import torch
 from ropelens.analyses.band_statistics import BandStatsReducer
 from ropelens.analyses.frequency_usage import UsageReducer
 from ropelens.backends.sdpa_capture import hf_view, sdpa_attention
+from ropelens.kernels import band_statistics_triton
 from ropelens.loading.models import wrap_hf_model
 from ropelens.run import capture
 from ropelens.run.capture import batches, stream
@@ -191,6 +192,8 @@ def main() -> None:
             run_once(
                 model, spec, toks[:1, : min(n_ctx, 512)], "band_statistics", device
             )  # warm-up (kernels, probe)
+            if "band_statistics_triton" in whats:  # the tuner tries its blocks at this length
+                run_once(model, spec, toks[:1], "band_statistics_triton", device)
             rows: dict[str, list[tuple[float, float | None]]] = {w: [] for w in whats}
             for _ in range(args.repeats):
                 for w in whats:
@@ -213,6 +216,9 @@ def main() -> None:
                     f"  {w:<20} {t:8.3f} s  {n_win * n_ctx / t:10.0f} tok/s  {t / base:6.2f}x "
                     f"sdpa  peak {mem}"
                 )
+            if "band_statistics_triton" in whats:
+                best = band_statistics_triton._tuned_key_scan_kernel.best_config
+                print(f"  the tuner's blocks at {n_ctx} positions: {best}")
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

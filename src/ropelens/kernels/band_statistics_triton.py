@@ -30,8 +30,17 @@ except ImportError:  # the kernel is optional: band statistics run in torch with
 
 __all__ = ["KeyScan", "available", "covers", "key_scan"]
 
-BLOCK_QUERIES = 32
+BLOCK_QUERIES = 32  # the blocks under Triton's interpreter (CPU) and where none are tuned
 BLOCK_KEYS = 32
+# (query block, key block, warps) tried once per shape on CUDA; the fastest is kept
+TUNED_BLOCKS = (
+    (16, 32, 4),
+    (32, 32, 4),
+    (32, 64, 4),
+    (64, 32, 4),
+    (64, 64, 8),
+    (128, 32, 8),
+)
 
 
 def available(device: torch.device) -> bool:
@@ -198,6 +207,14 @@ if triton is not None:
         tl.store(band_ties_ptr + band_offsets, band_ties, mask=band_in)
         tl.store(abs_sum_ptr + band_offsets, abs_sum, mask=band_in)
 
+    # every output is stored whole by each launch, so the tuner's repeated launches are harmless
+    _tuned_key_scan_kernel = triton.autotune(
+        configs=[
+            triton.Config({"BLOCK_Q": q, "BLOCK_K": k}, num_warps=w) for q, k, w in TUNED_BLOCKS
+        ],
+        key=["n_positions", "head_dim", "window", "N_BANDS"],
+    )(_key_scan_kernel)
+
 
 def key_scan(
     queries: Tensor,
@@ -207,8 +224,11 @@ def key_scan(
     *,
     window: int | None,
     softcap: float | None,
+    blocks: tuple[int, int] | None = None,
 ) -> KeyScan:
-    """Run the kernel.
+    """Run the kernel: on CUDA with the blocks of :data:`TUNED_BLOCKS` fastest for the shape
+    (tried once per shape, every output rewritten whole each try), under the interpreter with
+    32 × 32 blocks; ``blocks`` (query block, key block; powers of two ≥ 16) fixes them.
 
     Args:
         queries: ``[batch, pos, head, head_dim]`` float32, already multiplied by the score scale.
@@ -217,9 +237,12 @@ def key_scan(
         membership: ``[head_dim, band]`` 0/1: the head dims of each band.
         window: sliding window (a query at m sees keys n with m − window < n ≤ m), or None.
         softcap: soft-capping c (the argmax is taken on c·tanh(s/c)), or None.
+        blocks: (query block, key block), or None.
     """
     if triton is None:
         raise RuntimeError("the band statistics kernel needs Triton: pip install 'ropelens[gpu]'")
+    if blocks is not None and not all(b >= 16 and b & (b - 1) == 0 for b in blocks):
+        raise ValueError(f"blocks must be powers of two of at least 16, got {blocks}")
     batch, n_positions, n_heads, head_dim = queries.shape
     n_kv_heads = keys.shape[1]
     n_bands = membership.shape[1]
@@ -233,8 +256,15 @@ def key_scan(
         score_square_sum=like.new_zeros(batch, n_heads, n_positions),
         score_key_sum=like.new_zeros(batch, n_heads, n_positions, head_dim),
     )
-    grid = (batch * n_heads, triton.cdiv(n_positions, BLOCK_QUERIES))
-    _key_scan_kernel[grid](
+    tuned = blocks is None and queries.device.type == "cuda"
+    kernel = _tuned_key_scan_kernel if tuned else _key_scan_kernel
+    block_q, block_k = blocks or (BLOCK_QUERIES, BLOCK_KEYS)
+    fixed = {} if tuned else {"BLOCK_Q": block_q, "BLOCK_K": block_k}
+
+    def grid(meta):
+        return (batch * n_heads, triton.cdiv(n_positions, meta["BLOCK_Q"]))
+
+    kernel[grid](
         queries.contiguous(),
         keys.contiguous(),
         valid.to(torch.int8).contiguous(),
@@ -255,7 +285,6 @@ def key_scan(
         N_BANDS=n_bands,
         BANDS_PAD=max(2, triton.next_power_of_2(n_bands)),
         DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_Q=BLOCK_QUERIES,
-        BLOCK_K=BLOCK_KEYS,
+        **fixed,
     )
     return outputs

@@ -99,10 +99,36 @@ def _membership(head_dim: int, pairing: str, rotary_dims: int, n_bands: int) -> 
     group=st.sampled_from([1, 2]),
     padded=st.booleans(),
     seed=st.integers(0, 2**16),
+    # the default blocks, and the tuner's other shapes: query blocks below, equal to and above
+    # the key blocks
+    blocks=st.sampled_from([None, (16, 32), (64, 32), (32, 64), (128, 32)]),
 )
-def test_kernel_key_scan_matches_dense(n, window, softcap, pairing, partial, group, padded, seed):
+def test_kernel_key_scan_matches_dense(
+    n, window, softcap, pairing, partial, group, padded, seed, blocks
+):
     """Every per-query output of the kernel equals the dense computation (float32 tolerance; the
-    attended key and tie counts exactly)."""
+    attended key and tie counts exactly), with block shapes the tuner may choose."""
+    _check_against_dense(n, window, softcap, pairing, partial, group, padded, seed, blocks)
+
+
+@pytest.mark.parametrize("blocks", [b[:2] for b in band_statistics_triton.TUNED_BLOCKS])
+@pytest.mark.parametrize("window", [None, 20])
+def test_kernel_key_scan_matches_dense_with_each_tuned_block(blocks, window):
+    """Each (query block, key block) the tuner tries on CUDA, on 75 positions (no block divides
+    them) with grouped-query heads, padding and a soft-cap."""
+    _check_against_dense(75, window, 50.0, "half", True, 2, True, 7, blocks)
+
+
+def test_kernel_refuses_blocks_that_are_not_powers_of_two():
+    x = torch.zeros(1, 4, 1, 16)
+    with pytest.raises(ValueError, match="blocks must be powers of two of at least 16, got"):
+        band_statistics_triton.key_scan(
+            x, x.transpose(1, 2), torch.ones(1, 4, dtype=torch.bool), torch.ones(16, 1),
+            window=None, softcap=None, blocks=(24, 32),
+        )  # fmt: skip
+
+
+def _check_against_dense(n, window, softcap, pairing, partial, group, padded, seed, blocks):
     generator = torch.Generator().manual_seed(seed)
     batch, n_kv_heads, head_dim = 2, 2, 16
     rotary_dims = 12 if partial else head_dim
@@ -113,7 +139,7 @@ def test_kernel_key_scan_matches_dense(n, window, softcap, pairing, partial, gro
     if padded and n > 1:
         valid[1, n // 2 :] = False
     got = band_statistics_triton.key_scan(
-        queries, keys, valid, membership, window=window, softcap=softcap
+        queries, keys, valid, membership, window=window, softcap=softcap, blocks=blocks
     )
     want = dense_key_scan(queries, keys, valid, membership, window, softcap)
     # queries with a key to attend to (a padded query attends to nothing valid)
