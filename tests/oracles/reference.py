@@ -129,7 +129,7 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
     calls: dict[int, AttentionCall] = {}
     rotations = {
         name: getattr(module, name)
-        for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+        for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
         if hasattr(module, name)
     }
     pending: list[tuple[Tensor, Tensor]] = []  # the rotation's inputs, until its layer's attention
@@ -142,6 +142,20 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
                 still = rotate(q, k, torch.ones_like(cos), torch.zeros_like(sin), *args, **kwargs)
             pending.append((still[0].detach().float(), still[1].detach().float()))
             return rotate(q, k, cos, sin, *args, **kwargs)
+
+        return recorded
+
+    # Llama 4 rotates q and k as [batch, pos, head, dim], before the heads move to axis 1
+    pos_first = module.__name__.endswith(".modeling_llama4")
+
+    def complex_rotation_recorder(rotate):
+        # the complex-product rotation (DeepSeek-V2, Llama 4): q and k times e^{iθ}, by 1 here
+        def recorded(q, k, freqs_cis, *args, **kwargs):
+            with torch.no_grad():
+                still = rotate(q, k, torch.ones_like(freqs_cis), *args, **kwargs)
+            still = [x.transpose(1, 2) if pos_first else x for x in still]
+            pending.append((still[0].detach().float(), still[1].detach().float()))
+            return rotate(q, k, freqs_cis, *args, **kwargs)
 
         return recorded
 
@@ -176,7 +190,8 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
 
     module.eager_attention_forward = wrapped
     for name, rotate in rotations.items():
-        setattr(module, name, rotation_recorder(rotate))
+        recorder = complex_rotation_recorder if name == "apply_rotary_emb" else rotation_recorder
+        setattr(module, name, recorder(rotate))
     try:
         yield calls
     finally:
