@@ -1108,6 +1108,9 @@ def _hf_tree(module: torch.nn.Module) -> torch.nn.Module:
     return view
 
 
+_ROTATION_MATCH = 2e-2  # relative error of a rotation that matches the model's own
+
+
 def _with_direction(
     lr: LayerRope, q: torch.Tensor, q_rot: torch.Tensor, pairing: bool = False
 ) -> LayerRope:
@@ -1128,10 +1131,11 @@ def _with_direction(
             dataclasses.replace(lr, pairing=other),
             dataclasses.replace(lr, pairing=other, direction=-lr.direction),
         ]
-    # float32 rotation of O(1) values: a match is ~1e-6, a wrong direction or pairing is O(1) off
-    if err(lr) <= 1e-3:
+    # a match is ~1e-6 in float32 and within the rounding of a 16-bit model's rotated q (bf16:
+    # 4e-3 relative), a wrong direction or pairing is O(1) off
+    if err(lr) <= _ROTATION_MATCH:
         return lr
-    return next((c for c in candidates if err(c) < 1e-3), lr)
+    return next((c for c in candidates if err(c) < _ROTATION_MATCH), lr)
 
 
 # ---------------------------------------------------------------------------- length-dependent RoPE
