@@ -110,6 +110,7 @@ MATRIX = {
     "persimmon": Case(16, 8, prope=True),  # partial rotary 0.5, q/k layer norm
     "ministral": Case(16, 16, prope=True),  # sliding and full layers, plain HF model
     "phimoe": Case(16, 16, prope=True),  # mixture of experts, plain HF model
+    "helium": Case(16, 16, "adjacent", prope=True),  # adjacent pairs, plain HF model
     "bamba": Case(16, 8, prope=True),  # Mamba-2 layers, partial rotary 0.5
     "falcon_h1": Case(16, 16, prope=True),  # a Mamba-2 mixer beside attention, key multiplier
     "granitemoehybrid": Case(16, 16, prope=True),  # Mamba-2 layers, attention multiplier
