@@ -71,7 +71,20 @@ def layer_train_ctx(rope: LayerRope, train_ctx: int) -> int:
 
 
 def _train_ctx(spec: RopeSpec, train_ctx: int | None) -> int:
-    t = spec.n_ctx if train_ctx is None else train_ctx
+    if train_ctx is None:
+        if spec.n_ctx and spec.n_ctx > 0:
+            return int(spec.n_ctx)
+        reaches = [lr.reach for lr in spec.layers if lr.inv_freq.numel()]
+        if reaches and all(reaches):
+            # every rotary layer attends within a window (RecurrentGemma): the longest distance it
+            # met in training is its window, whatever the context was
+            return int(max(reaches))
+        raise InputError(
+            f"{spec.architecture}'s config names no trained context length "
+            "(max_position_embeddings), which decides the partial-cycle planes: pass train_ctx, "
+            "the context length the model was trained on"
+        )
+    t = train_ctx
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t <= 0:
         raise InputError(
             f"train_ctx must be a positive int (the trained context length in tokens), got {t!r}"
@@ -575,8 +588,9 @@ def rotary_offsets(
             "text").
         n_sink (int): Key positions below this count as sinks (default 1: BOS).
         train_ctx (int | None): The training length L_train that decides which planes are
-            partial-cycle (default None: the model's context length; a sliding-window layer's window
-            where shorter).
+            partial-cycle (default None: the model's context length, or its widest window where
+            its config names none and every rotary layer is windowed; a sliding-window layer's
+            window where shorter).
         pre (bool): Also measure the pre-RoPE (content) angle (default True).
         batch_size (int): Windows per forward pass (default 4).
         progress (bool): Show a progress bar (default True; rank 0 only under torchrun).
