@@ -26,6 +26,11 @@ score, variances by the square of the largest band term. What rounding can flip 
 than compared: a massive dimension within rounding of the threshold, a query whose two best keys
 are within rounding (rotary offsets, retrieval scores), a greedy step whose two best logits are.
 
+The matrix holds every family of :data:`ropelens.testing.families.FAMILIES` the reference can
+compute (``NOT_IN_GRID`` names the others and what the reference lacks); ``REFUSED`` leaves out
+the cells ropelens refuses on a family with one clear error, and ``KNOWN_WRONG`` runs the cells
+where ropelens is known to differ from the reference as strict expected failures, with the reason.
+
 ``ROPELENS_ORACLE_EXAMPLES`` sets the number of drawn cases (default 30; the release profile runs
 the whole grid, ``ROPELENS_ORACLE_GRID=1``).
 """
@@ -111,6 +116,12 @@ MATRIX = {
     "ministral": Case(16, 16, prope=True),  # sliding and full layers, plain HF model
     "phimoe": Case(16, 16, prope=True),  # mixture of experts, plain HF model
     "helium": Case(16, 16, "adjacent", prope=True),  # adjacent pairs, plain HF model
+    "glm4_moe_lite": Case(16, 4, rotary_last=True, prope=True),  # MLA, 4 rotary dims after 12
+    "minicpm3": Case(16, 12, rotary_last=True, prope=True),  # MLA, 12 rotary dims after 4
+    "hunyuan_v1_dense": Case(16, 16, prope=True),  # q/k RMS norm with a gain after RoPE
+    "nanochat": Case(16, 16, prope=True),  # rotation the other way, q/k RMS norm after RoPE
+    "llama4": Case(16, 16, "adjacent", prope=True),  # chunked attention, L2 q/k norm after RoPE
+    "recurrent_gemma": Case(16, 8, prope=True),  # RG-LRU layers, local attention, partial 0.5
     "bamba": Case(16, 8, prope=True),  # Mamba-2 layers, partial rotary 0.5
     "falcon_h1": Case(16, 16, prope=True),  # a Mamba-2 mixer beside attention, key multiplier
     "granitemoehybrid": Case(16, 16, prope=True),  # Mamba-2 layers, attention multiplier
@@ -123,11 +134,24 @@ MATRIX = {
     "deepseek_v2": Case(16, 8, "adjacent", rotary_last=True, prope=True),  # MLA, complex product
 }
 
+# families of ropelens.testing.families the reference cannot compute, and what it lacks
+NOT_IN_GRID = {
+    "diffllama": "differential attention (two softmax maps subtracted), which ropelens refuses "
+    "and the reference's one softmax per layer does not model",
+    "falcon": "its attention is written inline (no eager_attention_forward to record)",
+    "gemma4_text": "one plane layout per family: its global layer's heads are twice as wide, "
+    "with a quarter of each half turning",
+}
+
 _NO_SOFTMAX = (
     "retrieval scores read every layer's attention; a layer without softmax attention has none"
 )
-# what ropelens refuses on a family with one clear error (an analysis or intervention it does not
-# run there, by design): those cells are left out of the grid
+_CHUNKED = (
+    "layers attend in chunks of 8 tokens, which band statistics and head scores do not model on "
+    "24-token windows (the ragged texts, the decomposition alone, stay in)"
+)
+# what ropelens refuses on a family with one clear error (an analysis, intervention, dtype or
+# input form it does not run there): those cells are left out of the grid
 REFUSED = {
     "bamba": {"retrieval": _NO_SOFTMAX},
     "granitemoehybrid": {
@@ -135,10 +159,42 @@ REFUSED = {
         "prope": "its decoder hands attention no position_ids, which a bridge's RoPE variant needs",
     },
     "lfm2": {"retrieval": _NO_SOFTMAX},
+    "llama4": {"tensor": _CHUNKED, "file": _CHUNKED, "knockout": _CHUNKED},
+    "minicpm3": {
+        "bfloat16": "the tiny model's sharp attention amplifies 16-bit rounding layer by layer "
+        "(HF's own bfloat16 probabilities differ from its float32 ones by 0.30 at layer 3): the "
+        "probe refuses it past 0.2"
+    },
     "olmo_hybrid": {"retrieval": _NO_SOFTMAX},
     "qwen3_5_text": {"retrieval": _NO_SOFTMAX},
     "qwen3_next": {"retrieval": _NO_SOFTMAX},
+    "recurrent_gemma": {"retrieval": _NO_SOFTMAX},
 }
+_NORMED_ABLATION = (
+    "ropelens zeroes the planes where the rotation leaves them, before the per-head norm, which "
+    "then rescales every other plane (their logits move by up to 0.3 of the largest score); the "
+    "reference zeroes them where q and k enter the score, removing their term alone"
+)
+# cells where ropelens's number differs from the reference's for a known reason: each runs, and
+# is expected to fail (strictly: a cell that starts to pass must leave this list)
+KNOWN_WRONG = {
+    "hunyuan_v1_dense": {
+        "ablate": _NORMED_ABLATION,
+        # in bfloat16 the knockout's attention agrees within rounding
+        "knockout float32": _NORMED_ABLATION,
+        # the rescaled planes change the greedy passkey answer (in bfloat16 too, within rounding)
+        "retrieval ablate float32": _NORMED_ABLATION,
+    },
+    "llama4": {"ablate": _NORMED_ABLATION},
+    "nanochat": {"ablate": _NORMED_ABLATION, "knockout float32": _NORMED_ABLATION},
+}
+
+
+def _runs(family: str, *what: str) -> bool:
+    """Whether ropelens runs ``what`` (analyses, interventions, a dtype's or form's names) on
+    the family and agrees with the reference there."""
+    left_out = {**REFUSED.get(family, {}), **KNOWN_WRONG.get(family, {})}
+    return not any(w in left_out for w in what)
 
 
 def _prope(family: str) -> bool:
@@ -146,7 +202,23 @@ def _prope(family: str) -> bool:
     return MATRIX[family].prope and "prope" not in REFUSED.get(family, {})
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).split(".")[-1]
+
+
+def _dtypes(family: str) -> list[torch.dtype]:
+    dtypes = (torch.float32, torch.bfloat16)
+    return [d for d in dtypes if _dtype_name(d) not in REFUSED.get(family, {})]
+
+
+def _expected_to_fail(family: str, what: str) -> list:
+    """A strict xfail mark where ``what`` is a known wrong cell of the family."""
+    reason = KNOWN_WRONG.get(family, {}).get(what)
+    return [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+
+
 RETRIEVAL_FAMILIES = sorted(f for f in MATRIX if "retrieval" not in REFUSED.get(f, {}))
+KNOCKOUT_FAMILIES = sorted(f for f in MATRIX if "knockout" not in REFUSED.get(f, {}))
 
 # input forms: a token tensor, ragged texts (padded, the decomposition alone), a corpus file the
 # corpus analyses cut into windows themselves
@@ -193,9 +265,10 @@ def cases(draw):
     family = draw(st.sampled_from(sorted(MATRIX)))
     case = MATRIX[family]
     n_planes = case.n_rotary // 2
+    interventions = ["none", "ablate", "prope", "both"] if _prope(family) else ["none", "ablate"]
     intervention = draw(
         st.sampled_from(
-            ["none", "ablate", "prope", "both"] if _prope(family) else ["none", "ablate"]
+            [i for i in interventions if i in ("none", "prope") or _runs(family, "ablate")]
         )
     )
     planes = draw(st.lists(st.integers(0, n_planes - 1), min_size=1, max_size=2, unique=True))
@@ -208,8 +281,8 @@ def cases(draw):
         "intervention": intervention,
         "planes": sorted(planes),
         "heads": None if heads is None else sorted(heads),
-        "dtype": draw(st.sampled_from([torch.float32, torch.bfloat16])),
-        "form": draw(st.sampled_from(FORMS)),
+        "dtype": draw(st.sampled_from(_dtypes(family))),
+        "form": draw(st.sampled_from([f for f in FORMS if _runs(family, f)])),
         "load": draw(st.sampled_from(LOADS)),
         "layer_pick": draw(st.integers(0, 2**8 - 1)),
         "split": split,
@@ -297,13 +370,14 @@ GRID = [
         intervention,
         dtype,
         form,
-        id="-".join([family, intervention, str(dtype).split(".")[-1], form]),
+        id="-".join([family, intervention, _dtype_name(dtype), form]),
+        marks=_expected_to_fail(family, intervention),
     )
     for family in sorted(MATRIX)
     for intervention in ("none", "prope", "ablate")
-    for dtype in (torch.float32, torch.bfloat16)
+    for dtype in _dtypes(family)
     for form in FORMS
-    if intervention != "prope" or _prope(family)
+    if (intervention != "prope" or _prope(family)) and _runs(family, form)
 ]
 
 
@@ -497,16 +571,21 @@ def compare(models, draw) -> None:
         if usage is None:
             continue
         query = call.query
-        scaling = float(getattr(hf.base_model.rotary_emb, "attention_scaling", 1.0))
+        scaling = _attention_scaling(hf)
         want_norm = torch.stack(
             [R.plane_norm_mean(query, pair) for pair in layout.plane_dims()], -1
         )
         _close(f"L{layer} q plane norms", usage.q_norm[slot], want_norm / scaling, tol)
         if usage_pre is not None:
+            # q as HF's rotation received it: the same plane norms as the rotated q over the
+            # rotation's gain, except where a norm after the rotation changes them (HunYuan)
+            want_pre = R.pre_rope(call, layout)[0]
             _close(
                 f"L{layer} q plane norms before the rotation",
                 usage_pre.q_norm[slot],
-                want_norm / scaling,
+                torch.stack(
+                    [R.plane_norm_mean(want_pre, pair) for pair in layout.plane_dims()], -1
+                ),
                 tol,
             )
         # energy shares of the whole head: the unrotated dims and unclaimed planes are "rest"
@@ -534,6 +613,15 @@ def compare(models, draw) -> None:
         _check_taxonomy(taxonomy, slot, call, random_calls[layer], layout, groups, names, tol)
         _check_massive(massive, slot, call, case, tol, layer)
         _check_offsets(offsets, slot, call, layout, scaling, tol, layer)
+
+
+def _attention_scaling(hf) -> float:
+    """The gain HF's rotary module multiplies cos and sin by (YaRN's attention factor), read from
+    the model's rotary module (RecurrentGemma keeps one in each attention layer)."""
+    rotary = getattr(hf.base_model, "rotary_emb", None)
+    if rotary is None:
+        rotary = next((m for m in hf.modules() if hasattr(m, "attention_scaling")), None)
+    return float(getattr(rotary, "attention_scaling", 1.0))
 
 
 def _ablation_edits(ablating: bool, layers, heads, ablated):
@@ -1047,12 +1135,13 @@ def check_knockout(models, family, dtype, prope, seed) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
-    family=st.sampled_from(sorted(MATRIX)),
+    family=st.sampled_from([f for f in KNOCKOUT_FAMILIES if _runs(f, "knockout float32")]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     prope=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_knockout_matches_its_reference(models, family, dtype, prope, seed):
+    dtype = dtype if dtype in _dtypes(family) else torch.float32
     check_knockout(models, family, dtype, prope and _prope(family), seed)
 
 
@@ -1063,10 +1152,16 @@ def test_knockout_matches_its_reference(models, family, dtype, prope, seed):
 @pytest.mark.parametrize(
     ("family", "prope", "dtype"),
     [
-        pytest.param(f, p, d, id=f"{f}-{'prope' if p else 'none'}-{str(d).split('.')[-1]}")
-        for f in sorted(MATRIX)
+        pytest.param(
+            f,
+            p,
+            d,
+            id=f"{f}-{'prope' if p else 'none'}-{_dtype_name(d)}",
+            marks=_expected_to_fail(f, f"knockout {_dtype_name(d)}"),
+        )
+        for f in KNOCKOUT_FAMILIES
         for p in (False, True)
-        for d in (torch.float32, torch.bfloat16)
+        for d in _dtypes(f)
         if not p or _prope(f)
     ],
 )
@@ -1191,8 +1286,9 @@ def check_retrieval(models, family, dtype, intervention, seed) -> None:
     seed=st.integers(0, 2**10),
 )
 def test_retrieval_matches_its_reference(models, family, dtype, intervention, seed):
-    if intervention == "prope" and not _prope(family):
+    if intervention == "prope" and not _prope(family) or not _runs(family, intervention):
         intervention = "none"
+    dtype = dtype if dtype in _dtypes(family) else torch.float32
     check_retrieval(models, family, dtype, intervention, seed)
 
 
@@ -1203,10 +1299,16 @@ def test_retrieval_matches_its_reference(models, family, dtype, intervention, se
 @pytest.mark.parametrize(
     ("family", "intervention", "dtype"),
     [
-        pytest.param(f, i, d, id=f"{f}-{i}-{str(d).split('.')[-1]}")
+        pytest.param(
+            f,
+            i,
+            d,
+            id=f"{f}-{i}-{_dtype_name(d)}",
+            marks=_expected_to_fail(f, f"retrieval {i} {_dtype_name(d)}"),
+        )
         for f in RETRIEVAL_FAMILIES
         for i in ("none", "prope", "ablate")
-        for d in (torch.float32, torch.bfloat16)
+        for d in _dtypes(f)
         if i != "prope" or _prope(f)
     ],
 )
@@ -1263,7 +1365,7 @@ def _check_intervention_effect(model, hf, draw, tokens, layers, bands, groups, l
     effect = intervention_effect(model, intervention, tokens, layers=layers, bands=bands)
     with R.recorded_attention(hf) as unmodified, torch.no_grad():
         hf(input_ids=tokens)
-    scaling = float(getattr(hf.base_model.rotary_emb, "attention_scaling", 1.0))
+    scaling = _attention_scaling(hf)
     names = effect.band_names
     for condition, recorded in enumerate((unmodified, calls)):
         for slot, layer in enumerate(layers):
