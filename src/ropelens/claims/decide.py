@@ -9,9 +9,11 @@ ControlOutcome` (p-value, floor, distinct sets, withheld reason) with the statis
 2. no effect, or no CI (one window) → *inconclusive*;
 3. the effect's CI lies wholly on the wrong side of the threshold → *does not hold*;
 4. the CI includes the threshold → *inconclusive* (power: more windows);
-5. a control that can resolve its p-value (stated, floor ≤ alpha) with adjusted p > alpha and some
-   draw reaching the claimed set (p above its floor) → *does not hold*; with no draw reaching it
-   (p at its floor, above alpha only after the adjustment) → *inconclusive* (more draws);
+5. a control that can resolve its p-value (stated, floor ≤ alpha) with adjusted p > alpha, whose
+   draws reach the claimed set so often that even the one-sided 95% Clopper–Pearson lower bound on
+   the share of random sets reaching it lies above alpha → *does not hold* (more draws would not
+   separate it); where that bound is alpha or below (a few draws reach it, or none and the
+   adjustment lifts the floor above alpha) → *inconclusive* (more draws could decide);
 6. a group of controls the claim requires (a knockout's plane controls, its head controls) has
    none that can resolve its p-value, or no control at all can (every one withheld or with its
    floor above alpha) → *inconclusive*: a claim whose controls cannot separate never holds;
@@ -43,6 +45,7 @@ from ropelens.run.stats import (
     distinct_sets,
     p_floor,
     permutation_p_value,
+    reaching_share_lower_bound,
 )
 
 __all__ = ["adjust_rows", "control_outcome", "decide"]
@@ -105,6 +108,15 @@ def control_outcome(
     return ControlOutcome(
         name, float(v.mean()), lo, hi, p, p, p_floor(n), n, n_distinct, n_possible, why
     )
+
+
+def _reached(control: ControlOutcome) -> int:
+    """How many of the control's draws reached the claimed set: p = (1 + reached) / (1 + n)."""
+    return max(0, round(control.p * (1 + control.n_draws)) - 1)
+
+
+def _reaching_bound(control: ControlOutcome) -> float:
+    return reaching_share_lower_bound(_reached(control), control.n_draws)
 
 
 def decide(
@@ -172,13 +184,14 @@ def decide(
     resolving = [
         c for c in controls if not c.withheld and math.isfinite(c.p) and c.p_floor <= alpha
     ]
-    failed = [c for c in resolving if not c.p_adjusted <= alpha and c.p > c.p_floor]
-    if failed:
-        c = failed[0]
-        reached = round(c.p * (1 + c.n_draws)) - 1
+    weak = [c for c in resolving if not c.p_adjusted <= alpha]
+    decisive = [c for c in weak if _reaching_bound(c) > alpha]
+    if decisive:
+        c = decisive[0]
         return DOES_NOT_HOLD, (
-            f"{claimed}, but {reached} of {c.n_draws} draws of {c.name} reach it (p = {c.p:.3g}, "
-            f"BH-adjusted {c.p_adjusted:.3g} > {alpha:g})"
+            f"{claimed}, but {_reached(c)} of {c.n_draws} draws of {c.name} reach it (p = "
+            f"{c.p:.3g}, BH-adjusted {c.p_adjusted:.3g} > {alpha:g}): at least "
+            f"{_reaching_bound(c):.3g} of such sets do (95% lower bound), above {alpha:g}"
         )
     for group in required:
         if not any(c.name in group for c in resolving):
@@ -188,12 +201,19 @@ def decide(
                 f"{claimed}, but none of {', '.join(group)} can separate it "
                 f"({'; '.join(whys) or 'not drawn'})"
             )
-    weak = [c for c in resolving if not c.p_adjusted <= alpha]
     if weak:
         c = weak[0]
+        if _reached(c) == 0:
+            return INCONCLUSIVE, (
+                f"{claimed}; no draw of {c.name} reaches it, but its floor p = {c.p:.3g} "
+                f"({c.n_draws} draws) is {c.p_adjusted:.3g} after the BH adjustment, above "
+                f"{alpha:g}: more draws"
+            )
         return INCONCLUSIVE, (
-            f"{claimed}; no draw of {c.name} reaches it, but its floor p = {c.p:.3g} ({c.n_draws} "
-            f"draws) is {c.p_adjusted:.3g} after the BH adjustment, above {alpha:g}: more draws"
+            f"{claimed}, but {_reached(c)} of {c.n_draws} draws of {c.name} reach it (p = "
+            f"{c.p:.3g}, BH-adjusted {c.p_adjusted:.3g} > {alpha:g}); as few as "
+            f"{_reaching_bound(c):.3g} of such sets may (95% lower bound), so more draws could "
+            "separate it"
         )
     if not resolving:
         whys = [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,12 @@ from ropelens.claims.decide import control_outcome
 from ropelens.claims.protocol import Measurement
 from ropelens.claims.result import ControlOutcome
 from ropelens.claims.rows import distinct_rows
-from ropelens.run.stats import matched_random_sets, matched_set_count, paired_bootstrap_ci
+from ropelens.run.stats import (
+    matched_random_sets,
+    matched_set_count,
+    matched_set_overlap,
+    paired_bootstrap_ci,
+)
 
 __all__ = ["PLANES", "SAME_LAYERS", "ANY_LAYER", "OTHER_END", "knockout_claim", "main_dose"]
 
@@ -33,6 +39,9 @@ SAME_LAYERS = "random heads, same layers"
 ANY_LAYER = "random heads, any layer"
 OTHER_END = "other end of the spectrum"
 _CAP = 2**62  # set counts beyond this are written as -1 (too many to count)
+# random heads of the same layers that hold at least this share of the claimed heads on average
+# are mostly the claimed set: their p is withheld (random heads from any layer still separate it)
+MOST_OF_THE_SET = 0.5
 
 
 def main_dose(n_planes: int) -> int:
@@ -89,6 +98,30 @@ def condition_rows(
     return labels, rows
 
 
+def _unless_mostly_the_set(
+    control: ControlOutcome,
+    heads: Sequence[tuple[int, int]],
+    population: dict[int, list[int]],
+) -> ControlOutcome:
+    """The same-layer random heads control, its p withheld where its draws hold on average
+    :data:`MOST_OF_THE_SET` or more of the claimed heads (a set that fills its layers, as
+    Gemma-3-270M's retrieval heads fill three of layer 5's four): such draws are mostly the set
+    itself, so reaching its effect says nothing against it."""
+    shared = matched_set_overlap(heads, population)
+    if control.withheld or shared < MOST_OF_THE_SET:
+        return control
+    in_layer: dict[int, int] = {}
+    for L, _ in heads:
+        in_layer[L] = in_layer.get(L, 0) + 1
+    fullest = max(in_layer, key=lambda L: in_layer[L] / len(population[L]))
+    why = (
+        f"{control.name} hold on average {shared:.0%} of the tested heads (the set fills "
+        f"{in_layer[fullest]} of layer {fullest}'s {len(population[fullest])} heads), so they "
+        f"cannot tell it from its layers; {ANY_LAYER} can"
+    )
+    return replace(control, p=math.nan, p_adjusted=math.nan, withheld=why)
+
+
 def knockout_claim(
     context: Any,
     heads: Sequence[tuple[int, int]],
@@ -143,6 +176,7 @@ def knockout_claim(
         draws = diff[:, idx].mean(0).tolist()
         sets = [tuple(sorted(rows[i].items())) for i in idx]
         controls.append(control_outcome(name, observed, draws, sets, possible[name], direction))
+    controls[1] = _unless_mostly_the_set(controls[1], heads, population)
     other = float(diff[:, 2].mean())
     controls.append(
         ControlOutcome(

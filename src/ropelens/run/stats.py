@@ -44,7 +44,9 @@ __all__ = [
     "distinct_sets",
     "matched_random_sets",
     "matched_set_count",
+    "matched_set_overlap",
     "p_floor",
+    "reaching_share_lower_bound",
     "paired_bootstrap_ci",
     "permutation_p_value",
 ]
@@ -472,6 +474,87 @@ def matched_set_count(
     for c, _ in treated:
         counts[c] = counts.get(c, 0) + 1
     return math.prod(math.comb(len(population.get(c, ())), k) for c, k in counts.items())
+
+
+def matched_set_overlap(
+    treated: Sequence[tuple[int, int]], population: Mapping[int, Sequence[int]]
+) -> float:
+    """The share of ``treated`` that a set :func:`matched_random_sets` draws holds on average:
+    drawing k of a cluster's n units holds k·k/n of its k treated ones in expectation
+    (hypergeometric), summed over clusters and divided by the treated count. A set that fills its
+    clusters shares most of itself with every draw, which then cannot tell it apart.
+
+    Args:
+        treated (Sequence[tuple[int, int]]): The chosen (cluster, unit) pairs.
+        population (Mapping[int, Sequence[int]]): Every unit of each cluster, treated ones
+            included.
+
+    Returns:
+        float: In (0, 1]; 1 where the only matched set is ``treated`` itself.
+
+    Examples:
+        >>> matched_set_overlap([(0, 1), (1, 2)], {0: range(4), 1: range(4)})  # 1/4 in each
+        0.25
+        >>> matched_set_overlap([(5, 0), (5, 1), (5, 2), (7, 0)], {5: range(4), 7: range(4)})
+        0.625
+    """
+    counts: dict[int, int] = {}
+    for c, _ in treated:
+        counts[c] = counts.get(c, 0) + 1
+    held = sum(k * k / len(population[c]) for c, k in counts.items())
+    return held / len(treated)
+
+
+def reaching_share_lower_bound(reached: int, n_draws: int, confidence: float = 0.95) -> float:
+    """One-sided Clopper–Pearson lower bound on the share of random sets that reach the tested
+    set, from ``reached`` of ``n_draws`` draws that did: the smallest share s at which ``reached``
+    or more of ``n_draws`` would be seen with probability ``1 − confidence``. Where it lies above
+    alpha, more draws would not bring the permutation p below alpha (with that confidence); where
+    it does not, they might.
+
+    Args:
+        reached (int): Draws at least as extreme as the tested set.
+        n_draws (int): Draws in all.
+        confidence (float): One-sided confidence of the bound.
+
+    Returns:
+        float: The bound, 0 where no draw reached the set.
+
+    Examples:
+        >>> round(reaching_share_lower_bound(1, 1), 4)  # s = 0.05
+        0.05
+        >>> round(reaching_share_lower_bound(2, 49), 4)  # 2 of 49 reach it: it may be 0.7%
+        0.0073
+        >>> round(reaching_share_lower_bound(13, 49), 3)  # 13 of 49: at least 16.5%
+        0.165
+    """
+    if reached <= 0:
+        return 0.0
+    reached, n = min(int(reached), int(n_draws)), int(n_draws)
+    target = 1.0 - confidence
+
+    def at_least(share: float) -> float:  # P(X ≥ reached) for X ~ Binomial(n, share)
+        if share <= 0.0:
+            return 0.0
+        if share >= 1.0:
+            return 1.0
+        below = 0.0
+        for i in range(reached):
+            log_term = (
+                math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                + i * math.log(share) + (n - i) * math.log1p(-share)
+            )  # fmt: skip
+            below += math.exp(log_term)
+        return 1.0 - below
+
+    lo, hi = 0.0, 1.0
+    for _ in range(80):  # the tail grows with the share: bisect to float precision
+        mid = (lo + hi) / 2
+        if at_least(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def distinct_sets(sets: Sequence[Any]) -> int:

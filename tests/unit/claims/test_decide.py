@@ -19,7 +19,7 @@ from ropelens.claims import (
     decide,
 )
 from ropelens.claims.result import ClaimRow
-from ropelens.run.stats import benjamini_hochberg
+from ropelens.run.stats import benjamini_hochberg, reaching_share_lower_bound
 
 
 def _control(p: float, n: int = 99, withheld: str = "", adjusted: float | None = None):
@@ -48,16 +48,43 @@ def test_holds_when_the_ci_excludes_zero_and_every_resolving_control_is_beaten()
     assert "beyond random planes" in reason
 
 
-def test_does_not_hold_when_a_control_reaches_the_set():
-    # 4 of 99 draws as harmful: p = 5/100 raw, adjusted above alpha
-    verdict, reason = decide(*LESS, [_control(0.01), _control(0.05, adjusted=0.06)])
+def test_does_not_hold_when_a_control_reaches_the_set_too_often_for_more_draws_to_help():
+    # 10 of 99 draws as harmful: p = 11/100; at least 5.6% of random sets do (95% lower bound)
+    verdict, reason = decide(*LESS, [_control(0.01), _control(0.11)])
     assert verdict == DOES_NOT_HOLD
-    assert "4 of 99 draws" in reason
+    assert "10 of 99 draws" in reason and "at least 0.0558 of such sets do" in reason
+
+
+def test_a_control_reached_by_a_few_draws_is_inconclusive():
+    # 9 of 99: the lower bound 4.8% is not above alpha, so more draws could still separate it;
+    # 4 of 99 (p = 5/100, adjusted above alpha) likewise
+    for p, reached, bound in ((0.10, 9, "0.0482"), (0.05, 4, "0.0139")):
+        verdict, reason = decide(*LESS, [_control(0.01), _control(p, adjusted=max(p, 0.06))])
+        assert verdict == INCONCLUSIVE, (p, reason)
+        assert f"{reached} of 99 draws" in reason and f"as few as {bound}" in reason
+
+
+@pytest.mark.parametrize(("n", "first_decisive"), [(39, 5), (49, 6), (99, 10)])
+def test_the_boundary_between_inconclusive_and_does_not_hold(n, first_decisive):
+    """At each budget's draw count: one draw fewer reaching the set than the first count whose
+    lower bound exceeds alpha is inconclusive."""
+    for reached, verdict in ((first_decisive - 1, INCONCLUSIVE), (first_decisive, DOES_NOT_HOLD)):
+        p = (1 + reached) / (1 + n)
+        assert decide(*LESS, [_control(p, n=n)])[0] == verdict, (n, reached)
+
+
+def test_the_lower_bound_against_the_binomial_tail():
+    """Clopper–Pearson: at the bound, seeing at least k of n has probability 0.05 exactly."""
+    for k, n in ((1, 49), (6, 49), (10, 99), (29, 49), (49, 49)):
+        s = reaching_share_lower_bound(k, n)
+        tail = sum(math.comb(n, i) * s**i * (1 - s) ** (n - i) for i in range(k, n + 1))
+        assert tail == pytest.approx(0.05, abs=1e-9), (k, n)
+    assert reaching_share_lower_bound(0, 49) == 0.0
 
 
 def test_at_alpha_exactly_the_control_is_beaten():
     assert decide(*LESS, [_control(0.05)])[0] == HOLDS
-    assert decide(*LESS, [_control(0.0500001, n=199)])[0] == DOES_NOT_HOLD
+    assert decide(*LESS, [_control(0.0500001, n=199)])[0] == INCONCLUSIVE  # 9 of 199 reach it
 
 
 def test_a_control_at_its_floor_above_alpha_only_after_adjustment_is_inconclusive():
@@ -146,9 +173,10 @@ def test_adjust_rows_applies_bh_across_claims_and_decides_again():
     assert [r.controls[0].p_adjusted for r in rows] == pytest.approx(want)
     assert want == pytest.approx([0.03, 0.04, 0.04])  # by hand: 0.01·3/1, 0.04·3/3, 0.03·3/2
     assert [r.verdict for r in rows] == [HOLDS, HOLDS, HOLDS]
-    # a fourth claim at 0.5 raises m: 0.04 · 4/3 > 0.05, and that draw count reached it
+    # a fourth claim at 0.5 raises m: 0.04 · 4/3 > 0.05, with only 2 and 3 of 99 draws reaching
+    # b and c (more draws could separate them); half the draws reach d
     rows = adjust_rows([*rows, _row("d", 0.5)], alpha=0.05)
-    assert [r.verdict for r in rows] == [HOLDS, DOES_NOT_HOLD, DOES_NOT_HOLD, DOES_NOT_HOLD]
+    assert [r.verdict for r in rows] == [HOLDS, INCONCLUSIVE, INCONCLUSIVE, DOES_NOT_HOLD]
 
 
 def test_benjamini_hochberg_against_a_direct_computation():
@@ -175,3 +203,31 @@ def test_a_required_group_that_cannot_separate_makes_it_inconclusive():
     assert verdict == INCONCLUSIVE and "none of random heads, same layers" in reason
     resolving = replace(heads, p=0.01, p_adjusted=0.01, withheld="")
     assert decide(*LESS, [planes, resolving], required=required)[0] == HOLDS
+
+
+def test_same_layer_heads_that_are_mostly_the_set_are_withheld():
+    """A set holding 3 of layer 5's 4 heads (and one head in each of layers 7 and 11): same-layer
+    draws hold 55% of it on average, so their p is withheld and random heads from any layer decide;
+    a set of one head per layer (25%) keeps its same-layer p."""
+    from ropelens.claims.knockouts import ANY_LAYER, SAME_LAYERS, _unless_mostly_the_set
+    from ropelens.run.stats import matched_set_overlap
+
+    population = {L: list(range(4)) for L in range(18)}
+    filling = [(5, 0), (5, 1), (5, 2), (7, 0), (11, 2)]
+    # by hand: (3·3/4 + 1·1/4 + 1·1/4) / 5
+    assert matched_set_overlap(filling, population) == pytest.approx((9 / 4 + 2 / 4) / 5)
+    same = replace(_control(0.28, n=49), name=SAME_LAYERS)
+    withheld = _unless_mostly_the_set(same, filling, population)
+    assert math.isnan(withheld.p) and math.isnan(withheld.p_adjusted)
+    assert withheld.withheld == (
+        f"{SAME_LAYERS} hold on average 55% of the tested heads (the set fills 3 of layer 5's 4 "
+        f"heads), so they cannot tell it from its layers; {ANY_LAYER} can"
+    )
+    spread = [(5, 0), (7, 0), (11, 2)]
+    assert _unless_mostly_the_set(same, spread, population) == same
+    # the verdict then rests on the other head control: beaten → holds
+    planes, anywhere = _control(0.02, n=49), replace(_control(0.02, n=49), name=ANY_LAYER)
+    verdict, _ = decide(
+        *LESS, [planes, withheld, anywhere], required=[[planes.name], [SAME_LAYERS, ANY_LAYER]]
+    )
+    assert verdict == HOLDS
