@@ -348,14 +348,23 @@ class BridgeBackend(Backend):
         if not cache:
             return super()._stepper(cache, chunk)
         kv: list[Any] = [None]
+        kept = [True]  # whether the bridge's cache holds every token it was given
 
-        def cached(new: Tensor, _seq: Tensor) -> Tensor:
+        def cached(new: Tensor, seq: Tensor) -> Tensor:
+            if not kept[0]:
+                return self.last_logits(seq)
             logits = None
             for s in range(0, new.shape[1], chunk or new.shape[1]):
                 part = new[:, s : s + (chunk or new.shape[1])]
                 logits, kv[0] = self.model(
                     part, return_type="logits_and_cache", past_key_values=kv[0], logits_to_keep=1
                 )
+            if _cache_length(kv[0]) != seq.shape[1]:
+                # a bridge whose attention stores no keys and values (TransformerLens's on
+                # transformers 5.24, which hands attention the cache under another name): the
+                # cached logits saw only their own chunk, so full forwards give them
+                kept[0] = False
+                return self.last_logits(seq)
             return logits[0, -1]
 
         return cached
@@ -396,6 +405,12 @@ class CallableBackend(Backend):
 
     def named(self, label: str, path: Path | None) -> Any:
         raise self._refuse()
+
+
+def _cache_length(cache: Any) -> int | None:
+    """Tokens an HF key/value cache holds (None where it is none)."""
+    length = getattr(cache, "get_seq_length", None)
+    return int(length()) if callable(length) else None
 
 
 def _hf_stepper(hf: Any, cache: bool, chunk: int | None) -> Callable[[Tensor, Tensor], Tensor]:
