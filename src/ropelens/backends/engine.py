@@ -110,7 +110,8 @@ def _compile(plan: tuple) -> tuple[dict, dict, dict]:
 def _fit(mask: Tensor, n_heads: int, width: int, lr: LayerRope, what: str) -> Tensor:
     """A ``[head, head_dim]`` mask (or ``[batch, head, head_dim]``: one per batch row) in ropelens's
     coordinates for a rotation that sees ``n_heads`` heads of ``width`` dims (the rotary slice comes
-    first in ropelens's head vectors; an MLA key's rotary part is one shared head)."""
+    first in ropelens's head vectors; an MLA key's rotary part is one shared head; a KV head's key
+    copied to every query head of its group takes the KV head's mask)."""
     if width != mask.shape[-1]:
         if width != lr.rotary_dim:
             raise UnsupportedModelError(
@@ -124,6 +125,10 @@ def _fit(mask: Tensor, n_heads: int, width: int, lr: LayerRope, what: str) -> Te
                 "rotary dims"
             )
         mask = mask[..., :width]
+    if n_heads > mask.shape[-2] > 0 and n_heads % mask.shape[-2] == 0:
+        # keys handed to the rotation once per query head (Falcon's fused qkv broadcasts each KV
+        # head to its group, in order): each copy takes its KV head's mask
+        return mask.repeat_interleave(n_heads // mask.shape[-2], dim=-2)
     if n_heads != mask.shape[-2]:
         if n_heads != 1 or not bool((mask == mask[..., :1, :]).all()):
             raise UnsupportedModelError(
