@@ -3,7 +3,8 @@
 Every number here is read from HF's own forward: the model runs with HF's eager attention, and the
 modeling module's ``eager_attention_forward`` is wrapped to record what it receives (the rotated
 query and key exactly as the score sees them, the mask, the scale, the soft-cap, the learned sinks)
-and what it returns (the attention probabilities). The per-plane split of a head uses the plane
+and what it returns (the attention probabilities); where the module writes its attention inline
+(Falcon), its rotation and its attention modules' hooks record the same. The per-plane split of a head uses the plane
 layout a family declares (:class:`Layout`): which dims rotate, and how they pair.
 
 The definitions, in the words of ropelens's documentation:
@@ -124,6 +125,10 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
     if hf.config._attn_implementation != "eager":
         raise ValueError("the reference needs HF's eager attention (attn_implementation='eager')")
     module = importlib.import_module(type(hf).__module__)
+    if not hasattr(module, "eager_attention_forward"):
+        with _recorded_inline_attention(hf, module, edit_query, edit_key) as calls:
+            yield calls
+        return
     original = module.eager_attention_forward
     signature = inspect.signature(original)
     calls: dict[int, AttentionCall] = {}
@@ -198,6 +203,65 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
         module.eager_attention_forward = original
         for name, rotate in rotations.items():
             setattr(module, name, rotate)
+
+
+@contextlib.contextmanager
+def _recorded_inline_attention(
+    hf, module, edit_query, edit_key
+) -> Iterator[dict[int, AttentionCall]]:
+    """Falcon writes its eager attention inside its attention module (the rotation, then
+    softmax(q·kᵀ/√d + mask)), returning the probabilities: the rotation is wrapped to record (and
+    edit) the rotated q and k, and each attention module's hooks record its mask and
+    probabilities. Its fused qkv hands every query head a copy of its KV head's key: the key is
+    recorded once per KV head."""
+    rotate = module.apply_rotary_pos_emb
+    attns = [m for m in hf.modules() if hasattr(m, "query_key_value") and hasattr(m, "layer_idx")]
+    calls: dict[int, AttentionCall] = {}
+    current: dict = {}
+
+    def rotation(q, k, cos, sin, *args, **kwargs):
+        attn = current["attn"]
+        layer, group = attn.layer_idx, q.shape[1] // attn.num_kv_heads
+        with torch.no_grad():
+            still = rotate(q, k, torch.ones_like(cos), torch.zeros_like(sin), *args, **kwargs)
+        q, k = rotate(q, k, cos, sin, *args, **kwargs)
+        key = k[:, ::group]
+        if edit_query is not None:
+            q = edit_query(layer, q)
+        if edit_key is not None:
+            key = edit_key(layer, key)
+            k = key.repeat_interleave(group, dim=1)
+        received = (still[0].detach().float(), still[1][:, ::group].detach().float())
+        current["rotated"] = (q.detach().float(), key.detach().float(), received)
+        return q, k
+
+    def before(attn, _args, kwargs):
+        current["attn"], current["mask"] = attn, kwargs.get("attention_mask")
+
+    def after(attn, _args, _kwargs, out):
+        query, key, received = current.pop("rotated")
+        mask = current.pop("mask")
+        calls[attn.layer_idx] = AttentionCall(
+            layer=attn.layer_idx,
+            query=query,
+            key=key,
+            mask=None if mask is None else mask.detach(),
+            scaling=1 / math.sqrt(attn.head_dim),
+            softcap=None,
+            sinks=None,
+            probs=out[1].detach().float(),
+            rotation_input=received,
+        )
+
+    handles = [a.register_forward_pre_hook(before, with_kwargs=True) for a in attns]
+    handles += [a.register_forward_hook(after, with_kwargs=True) for a in attns]
+    module.apply_rotary_pos_emb = rotation
+    try:
+        yield calls
+    finally:
+        module.apply_rotary_pos_emb = rotate
+        for handle in handles:
+            handle.remove()
 
 
 def pre_rope(call: AttentionCall, layout: Layout) -> tuple[Tensor, Tensor]:

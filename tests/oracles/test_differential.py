@@ -123,6 +123,7 @@ MATRIX = {
     "llama4": Case(16, 16, "adjacent", prope=True),  # chunked attention, L2 q/k norm after RoPE
     "recurrent_gemma": Case(16, 8, prope=True),  # RG-LRU layers, local attention, partial 0.5
     "granite": Case(16, 16, prope=True),  # attention multiplier as the score scale
+    "falcon": Case(16, 16, prope=True),  # grouped KV heads in a fused qkv
     "bamba": Case(16, 8, prope=True),  # Mamba-2 layers, partial rotary 0.5
     "falcon_h1": Case(16, 16, prope=True),  # a Mamba-2 mixer beside attention, key multiplier
     "granitemoehybrid": Case(16, 16, prope=True),  # Mamba-2 layers, attention multiplier
@@ -139,7 +140,6 @@ MATRIX = {
 NOT_IN_GRID = {
     "diffllama": "differential attention (two softmax maps subtracted), which ropelens refuses "
     "and the reference's one softmax per layer does not model",
-    "falcon": "its attention is written inline (no eager_attention_forward to record)",
     "gemma4_text": "one plane layout per family: its global layer's heads are twice as wide, "
     "with a quarter of each half turning",
 }
