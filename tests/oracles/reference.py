@@ -4,8 +4,9 @@ Every number here is read from HF's own forward: the model runs with HF's eager 
 modeling module's ``eager_attention_forward`` is wrapped to record what it receives (the rotated
 query and key exactly as the score sees them, the mask, the scale, the soft-cap, the learned sinks)
 and what it returns (the attention probabilities); where the module writes its attention inline
-(Falcon), its rotation and its attention modules' hooks record the same. The per-plane split of a head uses the plane
-layout a family declares (:class:`Layout`): which dims rotate, and how they pair.
+(Falcon), its rotation and its attention modules' hooks record the same. The per-plane split of a
+head uses the plane layout a family declares (:class:`Layout`): which dims rotate, and how they
+pair.
 
 The definitions, in the words of ropelens's documentation:
 
