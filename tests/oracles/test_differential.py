@@ -181,8 +181,9 @@ REFUSED = {
 }
 _NORMED_ABLATION = (
     "ropelens zeroes the planes where the rotation leaves them, before the per-head norm, which "
-    "then rescales every other plane (their logits move by up to 0.3 of the largest score); the "
-    "reference zeroes them where q and k enter the score, removing their term alone"
+    "then rescales every other plane (their logits move by up to 0.3 of the largest score), as "
+    "ablate_planes documents; the reference zeroes them where q and k enter the score, removing "
+    "their term alone, and has no edit at the rotation's output yet"
 )
 # cells where ropelens's number differs from the reference's for a known reason: each runs, and
 # is expected to fail (strictly: a cell that starts to pass must leave this list)

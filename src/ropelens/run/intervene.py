@@ -278,6 +278,13 @@ def ablate_planes(
     query heads sharing it are ablated; zeroing the query planes alone already removes the planes'
     term from those heads' logits, and leaves the other heads exactly as they were.
 
+    The planes are zeroed where the rotation leaves them. In a layer that normalises q and k after
+    RoPE (HunYuan dense, NanoChat, Llama 4: ``LayerRope.norm_after_rope``) the norm then sees them
+    zeroed and rescales the other planes, as the model would run with those planes absent from its
+    rotation's output; the logits of the other planes move too (by up to 0.3 of the largest score
+    on the tiny test models), so such an ablation is not the removal of one term from an unchanged
+    score.
+
     Unlike a NoPE or ``PlaneMask`` variant, which keep a plane's content but stop rotating it, an
     ablation removes the plane's contribution altogether: the knockout analyses
     (:func:`ropelens.analyses.knockout`) measure what that costs. Leaving the block (also on an
