@@ -88,11 +88,10 @@ class Parser(argparse.ArgumentParser):
     def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
         # `--heads ''` is a value the user typed and emptied, not an absent flag: refuse it here,
         # before a command's `if args.heads` reads it as absent.
-        blank = [a for a in arg_strings if not a.strip()] if action.option_strings else []
-        if blank:  # '' or only spaces: nothing a command could read
+        if action.option_strings and "" in arg_strings:
             raise UsageError(
-                f"{'/'.join(action.option_strings)} was given an empty value {blank[0]!r}: pass a "
-                f"value or leave the flag out (see '{self.prog} --help')"
+                f"{'/'.join(action.option_strings)} was given an empty value '': pass a value or "
+                f"leave the flag out (see '{self.prog} --help')"
             )
         return super()._get_values(action, arg_strings)
 

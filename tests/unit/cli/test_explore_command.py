@@ -135,8 +135,8 @@ def test_saved_taxonomy_labels_the_heads(tiny_dir, tmp_path, capsys):
         ),
         (["--file", "{tmp}/blank.txt"], "--file {tmp}/blank.txt is empty (no text besides white"),
         (
-            ["--text", " "],
-            "--text was given an empty value ' ': pass a value or leave the flag out",
+            ["--text", "  "],
+            "--text is empty: pass some text, e.g. --text 'The cat sat on the mat.'",
         ),
         (["--text", ""], "--text was given an empty value '': pass a value or leave the flag out"),
         (["--taxonomy", "{tmp}/missing.json"], "--taxonomy {tmp}/missing.json is not a file"),
