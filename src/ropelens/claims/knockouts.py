@@ -176,7 +176,10 @@ def knockout_claim(
         draws = diff[:, idx].mean(0).tolist()
         sets = [tuple(sorted(rows[i].items())) for i in idx]
         controls.append(control_outcome(name, observed, draws, sets, possible[name], direction))
-    controls[1] = _unless_mostly_the_set(controls[1], heads, population)
+    controls = [
+        _unless_mostly_the_set(c, heads, population) if c.name == SAME_LAYERS else c
+        for c in controls
+    ]
     other = float(diff[:, 2].mean())
     controls.append(
         ControlOutcome(
