@@ -13,7 +13,10 @@ ControlOutcome` (p-value, floor, distinct sets, withheld reason) with the statis
    draws reach the claimed set so often that even the one-sided 95% Clopper–Pearson lower bound on
    the share of random sets reaching it lies above alpha → *does not hold* (more draws would not
    separate it); where that bound is alpha or below (a few draws reach it, or none and the
-   adjustment lifts the floor above alpha) → *inconclusive* (more draws could decide);
+   adjustment lifts the floor above alpha) → *inconclusive* (more draws could decide). A control
+   whose pool was enumerated (every set measured once) uses the exact share instead of the bound;
+   below alpha it is *inconclusive* too, but no more draws can decide it: the model has too few
+   such sets;
 6. a group of controls the claim requires (a knockout's plane controls, its head controls) has
    none that can resolve its p-value, or no control at all can (every one withheld or with its
    floor above alpha) → *inconclusive*: a claim whose controls cannot separate never holds;
@@ -39,6 +42,7 @@ from ropelens.claims.schema import (
     ClaimRow,
     ControlOutcome,
 )
+from ropelens.errors import InputError
 from ropelens.run.stats import (
     benjamini_hochberg,
     control_verdict,
@@ -58,9 +62,14 @@ def control_outcome(
     sets: Sequence[Hashable],
     n_possible: int,
     direction: str,
+    exhaustive: bool = False,
 ) -> ControlOutcome:
     """A control's outcome from its draws: the one-sided permutation p of ``observed`` against the
     draws' effects in ``direction``, its floor, the distinct sets drawn and why the p is withheld.
+
+    Where ``exhaustive``, the draws are every set of the pool but the claimed one, each once: the
+    same formula, (1 + #reaching) / (1 + n), is then the exact share of the pool's sets at least as
+    extreme as the claimed one, the claimed one included.
 
     Args:
         name (str): The control in words.
@@ -70,6 +79,8 @@ def control_outcome(
         n_possible (int): How many distinct sets exist (the claimed one included); -1: too many to
             count.
         direction (str): ``"greater"`` or ``"less"``: the claim's predicted sign.
+        exhaustive (bool): Whether ``draws`` are the whole pool but the claimed set (``n_possible``
+            is then ``len(draws) + 1``).
 
     Returns:
         ControlOutcome: With ``p_adjusted`` equal to ``p`` until :func:`adjust_rows` runs.
@@ -78,8 +89,16 @@ def control_outcome(
         >>> c = control_outcome("random planes", -0.5, [-0.1, -0.2, -0.15], [1, 2, 3], 100, "less")
         >>> round(c.p, 2), c.p_floor, c.n_distinct, c.withheld
         (0.25, 0.25, 3, '')
+        >>> c = control_outcome("heads", -0.5, [-0.1, -0.6, -0.2], [1, 2, 3], 4, "less", True)
+        >>> c.p, c.exhaustive  # exact: 2 of the pool's 4 sets reach -0.5
+        (0.5, True)
     """
     n = len(draws)
+    if exhaustive and n_possible != n + 1:
+        raise InputError(
+            f"an exhaustive control holds every set of its pool but the claimed one: "
+            f"{n_possible} sets exist, {n} were given"
+        )
     if n == 0:
         return ControlOutcome(
             name,
@@ -106,7 +125,7 @@ def control_outcome(
         (float(v.quantile(0.025)), float(v.quantile(0.975))) if n >= 2 else (math.nan, math.nan)
     )
     return ControlOutcome(
-        name, float(v.mean()), lo, hi, p, p, p_floor(n), n, n_distinct, n_possible, why
+        name, float(v.mean()), lo, hi, p, p, p_floor(n), n, n_distinct, n_possible, why, exhaustive
     )
 
 
@@ -116,7 +135,31 @@ def _reached(control: ControlOutcome) -> int:
 
 
 def _reaching_bound(control: ControlOutcome) -> float:
+    """The share of the control's sets that reach the claimed set: exact where the pool was
+    enumerated, else the one-sided 95% Clopper–Pearson lower bound from the draws."""
+    if control.exhaustive:
+        return _reached(control) / control.n_draws
     return reaching_share_lower_bound(_reached(control), control.n_draws)
+
+
+def _draws_text(control: ControlOutcome) -> str:
+    """``"3 of 49 draws of NAME"``, or for an enumerated pool ``"3 of the 63 other sets of NAME
+    (every one measured)"``."""
+    if control.exhaustive:
+        return (
+            f"{_reached(control)} of the {control.n_draws} other sets of {control.name} (every "
+            "one measured)"
+        )
+    return f"{_reached(control)} of {control.n_draws} draws of {control.name}"
+
+
+def _floor_text(control: ControlOutcome, alpha: float) -> str:
+    if control.exhaustive:
+        return (
+            f"only {control.n_possible} sets exist, every one measured: floor "
+            f"{control.p_floor:.3g} > {alpha:g}"
+        )
+    return f"floor {control.p_floor:.3g} > {alpha:g} with {control.n_draws} draws"
 
 
 def decide(
@@ -188,14 +231,18 @@ def decide(
     decisive = [c for c in weak if _reaching_bound(c) > alpha]
     if decisive:
         c = decisive[0]
+        share = (
+            f"a share of {_reaching_bound(c):.3g} of such sets do (exact)"
+            if c.exhaustive
+            else f"at least {_reaching_bound(c):.3g} of such sets do (95% lower bound)"
+        )
         return DOES_NOT_HOLD, (
-            f"{claimed}, but {_reached(c)} of {c.n_draws} draws of {c.name} reach it (p = "
-            f"{c.p:.3g}, BH-adjusted {c.p_adjusted:.3g} > {alpha:g}): at least "
-            f"{_reaching_bound(c):.3g} of such sets do (95% lower bound), above {alpha:g}"
+            f"{claimed}, but {_draws_text(c)} reach it (p = {c.p:.3g}, BH-adjusted "
+            f"{c.p_adjusted:.3g} > {alpha:g}): {share}, above {alpha:g}"
         )
     for group in required:
         if not any(c.name in group for c in resolving):
-            whys = [c.withheld or f"floor {c.p_floor:.3g} > {alpha:g}" for c in controls
+            whys = [c.withheld or _floor_text(c, alpha) for c in controls
                     if c.name in group]  # fmt: skip
             return INCONCLUSIVE, (
                 f"{claimed}, but none of {', '.join(group)} can separate it "
@@ -203,6 +250,12 @@ def decide(
             )
     if weak:
         c = weak[0]
+        if c.exhaustive:
+            return INCONCLUSIVE, (
+                f"{claimed}; {_draws_text(c)} reach it (exact p = {c.p:.3g}, BH-adjusted "
+                f"{c.p_adjusted:.3g} > {alpha:g}), and with all {c.n_possible} sets measured no "
+                "more draws can separate it"
+            )
         if _reached(c) == 0:
             return INCONCLUSIVE, (
                 f"{claimed}; no draw of {c.name} reaches it, but its floor p = {c.p:.3g} "
@@ -216,10 +269,7 @@ def decide(
             "separate it"
         )
     if not resolving:
-        whys = [
-            c.withheld or f"{c.name}: floor {c.p_floor:.3g} > {alpha:g} with {c.n_draws} draws"
-            for c in controls
-        ]
+        whys = [c.withheld or f"{c.name}: {_floor_text(c, alpha)}" for c in controls]
         return INCONCLUSIVE, (
             f"{claimed}, but no control can separate it: {'; '.join(whys) or 'none was drawn'}"
         )

@@ -7,11 +7,14 @@ highest frequencies; ``"low"``: the lowest). Every condition is one batch row
 (:mod:`ropelens.claims.rows`); a condition drawn twice runs once. The effect of a condition on a
 window is its metric minus the unmodified model's; the claim's effect is the mean over windows with
 its paired bootstrap CI (:func:`ropelens.run.stats.paired_bootstrap_ci`); a control's p compares the
-claimed set's mean effect with each draw's (:func:`ropelens.claims.decide.control_outcome`).
+claimed set's mean effect with each draw's (:func:`ropelens.claims.decide.control_outcome`). A
+control whose pool of sets is small (at most :data:`ENUMERATE_UP_TO` times the draws) measures
+every set of the pool once instead, and its p is exact.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -26,13 +29,24 @@ from ropelens.claims.protocol import Measurement
 from ropelens.claims.result import ControlOutcome
 from ropelens.claims.rows import distinct_rows
 from ropelens.run.stats import (
+    every_matched_set,
     matched_random_sets,
     matched_set_count,
     matched_set_overlap,
     paired_bootstrap_ci,
 )
 
-__all__ = ["PLANES", "SAME_LAYERS", "ANY_LAYER", "OTHER_END", "knockout_claim", "main_dose"]
+__all__ = [
+    "ANY_LAYER",
+    "OTHER_END",
+    "PLANES",
+    "SAME_LAYERS",
+    "condition_rows",
+    "control_pools",
+    "enumerated",
+    "knockout_claim",
+    "main_dose",
+]
 
 PLANES = "random planes, same heads"
 SAME_LAYERS = "random heads, same layers"
@@ -42,6 +56,9 @@ _CAP = 2**62  # set counts beyond this are written as -1 (too many to count)
 # random heads of the same layers that hold at least this share of the claimed heads on average
 # are mostly the claimed set: their p is withheld (random heads from any layer still separate it)
 MOST_OF_THE_SET = 0.5
+# a control whose pool holds at most this many times the budget's draws (the claimed set aside) is
+# enumerated: every set measured once, its p exact, at no more than this many times the cost
+ENUMERATE_UP_TO = 2
 
 
 def main_dose(n_planes: int) -> int:
@@ -57,6 +74,39 @@ def _count(n: int) -> int:
     return n if n <= _CAP else -1
 
 
+def control_pools(spec, heads: Sequence[tuple[int, int]], k: int) -> dict[str, int]:
+    """How many distinct sets each control can draw for ``heads`` at ``k`` planes per head, the
+    claimed set included (-1: too many to count)."""
+    population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
+    n_every = sum(spec[L].n_heads for L in spec.rotary_layers)
+    return {
+        PLANES: _count(math.prod(math.comb(spec[L].n_planes, k) for L, _ in heads)),
+        SAME_LAYERS: _count(matched_set_count(heads, population)),
+        ANY_LAYER: _count(math.comb(n_every, len(heads))),
+    }
+
+
+def enumerated(pool: int, n_draws: int) -> bool:
+    """Whether a control of ``pool`` sets (the claimed one included) is enumerated rather than
+    drawn: where the other sets number at most :data:`ENUMERATE_UP_TO` times the draws, each is
+    measured once and the p-value is exact."""
+    return 0 < pool - 1 <= ENUMERATE_UP_TO * n_draws
+
+
+def _every_set(spec, heads, end: str, k: int, name: str) -> list[dict]:
+    """Every set of control ``name`` as condition rows, the claimed set among them."""
+    if name == PLANES:
+        per_head = [list(itertools.combinations(range(spec[L].n_planes), k)) for L, _ in heads]
+        return [dict(zip(heads, pick)) for pick in itertools.product(*per_head)]
+    if name == SAME_LAYERS:
+        population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
+        sets = every_matched_set(heads, population)
+    else:
+        every = [(L, h) for L in spec.rotary_layers for h in range(spec[L].n_heads)]
+        sets = list(itertools.combinations(every, len(heads)))
+    return [{hd: _end(spec, hd[0], end, k) for hd in cs} for cs in sets]
+
+
 def condition_rows(
     spec,
     heads: Sequence[tuple[int, int]],
@@ -66,35 +116,56 @@ def condition_rows(
     dose: int | None = None,
 ) -> tuple[list[str], list[dict]]:
     """(labels, rows): the unmodified model, the claimed set, the other end in the same heads,
-    then ``n_draws`` draws of each control: random planes in the same heads, random head sets with
-    as many heads per layer, random head sets from any rotary layer (each given its own layer's
-    planes at ``end``); ``dose`` planes per head (default :func:`main_dose`)."""
+    then each control: random planes in the same heads, random head sets with as many heads per
+    layer, random head sets from any rotary layer (each given its own layer's planes at ``end``);
+    ``dose`` planes per head (default :func:`main_dose`).
+
+    A control is ``n_draws`` random draws, or, where its pool is small enough
+    (:func:`enumerated`), every set of the pool but the claimed one, each once."""
     k = dose or main_dose(spec[heads[0][0]].n_planes)
     other = "low" if end == "high" else "high"
+    claimed = {hd: _end(spec, hd[0], end, k) for hd in heads}
     labels = ["model", "set", OTHER_END]
-    rows: list[dict] = [
-        {},
-        {hd: _end(spec, hd[0], end, k) for hd in heads},
-        {hd: _end(spec, hd[0], other, k) for hd in heads},
-    ]
+    rows: list[dict] = [{}, claimed, {hd: _end(spec, hd[0], other, k) for hd in heads}]
+    pools = control_pools(spec, heads, k)
+
+    def add(name: str, drawn: Callable[[], list[dict]]) -> None:
+        if enumerated(pools[name], n_draws):
+            sets = [r for r in _every_set(spec, heads, end, k, name) if r != claimed]
+        else:
+            sets = drawn()
+        labels.extend([name] * len(sets))
+        rows.extend(sets)
+
     rng = np.random.default_rng(seed)
-    for _ in range(n_draws):
-        labels.append(PLANES)
-        rows.append(
+    add(
+        PLANES,
+        lambda: [
             {
                 hd: tuple(sorted(rng.choice(spec[hd[0]].n_planes, k, replace=False).tolist()))
                 for hd in heads
             }
-        )
+            for _ in range(n_draws)
+        ],
+    )
     population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
-    for cs in matched_random_sets(heads, population, n_draws, seed + 1):
-        labels.append(SAME_LAYERS)
-        rows.append({hd: _end(spec, hd[0], end, k) for hd in cs})
+    add(
+        SAME_LAYERS,
+        lambda: [
+            {hd: _end(spec, hd[0], end, k) for hd in cs}
+            for cs in matched_random_sets(heads, population, n_draws, seed + 1)
+        ],
+    )
     every = [(L, h) for L in spec.rotary_layers for h in range(spec[L].n_heads)]
-    for _ in range(n_draws):
-        pick = rng.choice(len(every), len(heads), replace=False)
-        labels.append(ANY_LAYER)
-        rows.append({every[i]: _end(spec, every[i][0], end, k) for i in sorted(pick.tolist())})
+
+    def any_layer() -> list[dict]:
+        out = []
+        for _ in range(n_draws):
+            pick = sorted(rng.choice(len(every), len(heads), replace=False).tolist())
+            out.append({every[i]: _end(spec, every[i][0], end, k) for i in pick})
+        return out
+
+    add(ANY_LAYER, any_layer)
     return labels, rows
 
 
@@ -164,18 +235,16 @@ def knockout_claim(
     observed = float(diff[:, 1].mean())
     lab = np.array(labels)
     population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
-    n_every = sum(spec[L].n_heads for L in spec.rotary_layers)
-    possible = {
-        PLANES: _count(math.prod(math.comb(spec[L].n_planes, k) for L, _ in heads)),
-        SAME_LAYERS: _count(matched_set_count(heads, population)),
-        ANY_LAYER: _count(math.comb(n_every, len(heads))),
-    }
+    possible = control_pools(spec, heads, k)
     controls: list[ControlOutcome] = []
     for name in (PLANES, SAME_LAYERS, ANY_LAYER):
         idx = np.flatnonzero(lab == name)
         draws = diff[:, idx].mean(0).tolist()
         sets = [tuple(sorted(rows[i].items())) for i in idx]
-        controls.append(control_outcome(name, observed, draws, sets, possible[name], direction))
+        exact = enumerated(possible[name], b.n_draws)
+        controls.append(
+            control_outcome(name, observed, draws, sets, possible[name], direction, exact)
+        )
     controls = [
         _unless_mostly_the_set(c, heads, population) if c.name == SAME_LAYERS else c
         for c in controls

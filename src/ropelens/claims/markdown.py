@@ -39,7 +39,9 @@ P_EXPLAINED = (
     "p: one-sided permutation p-value against the control's draws, (1 + #draws at least as "
     "extreme) / (1 + n), raw / Benjamini–Hochberg-adjusted across every control of the claims "
     "run; p floor: the smallest p the draws allow, 1 / (1 + n); distinct sets: distinct control "
-    "sets among the draws. Effects: mean over windows with a 95% percentile bootstrap CI."
+    "sets among the draws, or 'all N' where the pool held few enough sets to measure every one "
+    "once (its p is then exact, the share of the N sets at least as extreme). Effects: mean over "
+    "windows with a 95% percentile bootstrap CI."
 )
 
 
@@ -78,7 +80,9 @@ def _row_cells(row: ClaimRow, names: list[str]) -> dict[str, str]:
     cells = {"claim": row.name, "verdict": row.verdict, "effect [95% CI]": effect_text(row)}
     cells |= {f"p vs {n} (raw / BH)": p_text(by_name.get(n)) for n in names}
     cells["p floor"] = _per_control(row, names, lambda c: f"{c.p_floor:.2g}")
-    cells["distinct sets"] = _per_control(row, names, lambda c: f"{c.n_distinct}")
+    cells["distinct sets"] = _per_control(
+        row, names, lambda c: f"all {c.n_possible}" if c.exhaustive else f"{c.n_distinct}"
+    )
     cells["paper"] = row.paper or MISSING
     cells["model"] = row.model_number or MISSING
     cells["windows"] = str(row.n_windows)

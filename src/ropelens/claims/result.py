@@ -160,7 +160,7 @@ class ClaimsResult(Result, json_options={"indent": 1}):
 
     def controls_frame(self) -> Any:
         """One row per (claim, control): the control's effect and null spread, p raw and adjusted,
-        floor, draws, distinct and possible sets, why withheld."""
+        floor, draws, distinct and possible sets, why withheld, whether the pool was enumerated."""
         import pandas as pd
 
         return pd.DataFrame(
@@ -200,4 +200,5 @@ _CONTROL_KEYS = (
     "n_distinct",
     "n_possible",
     "withheld",
+    "exhaustive",
 )

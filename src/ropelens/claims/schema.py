@@ -45,18 +45,24 @@ class ControlOutcome:
         p (float): One-sided permutation p-value, (1 + #{draws at least as extreme as the claimed
             set, in the claim's direction}) / (1 + n_draws)
             (:func:`ropelens.run.stats.permutation_p_value`); NaN where ``withheld`` says why.
+            Where ``exhaustive``, the draws are every other set of the pool, each once, and ``p``
+            is the exact share of the pool's sets (the claimed one included) at least as extreme.
         p_adjusted (float): ``p`` adjusted by Benjamini–Hochberg across every stated p of every
             control of every claim in the result (:func:`ropelens.run.stats.benjamini_hochberg`);
             NaN where ``p`` is.
         p_floor (float): The smallest p the draws allow, 1 / (1 + n_draws)
-            (:func:`ropelens.run.stats.p_floor`).
-        n_draws (int): Control sets drawn.
+            (:func:`ropelens.run.stats.p_floor`); where ``exhaustive``, 1 / (sets in the pool).
+        n_draws (int): Control sets drawn (where ``exhaustive``: the pool's sets but the claimed
+            one).
         n_distinct (int): Distinct sets among the draws (a control drawn twice is computed once).
         n_possible (int): Distinct sets that exist (the claimed set included); -1 where too many to
             count.
         withheld (str): Why ``p`` is withheld (:func:`ropelens.run.stats.control_verdict`: the
             control cannot differ from the claimed set, or has fewer sets than draws); empty where
             ``p`` is stated.
+        exhaustive (bool): Whether the pool was enumerated (every set measured once) rather than
+            drawn from: ``p`` is then exact, and the share of sets reaching the claimed one is
+            known rather than bounded.
     """
 
     name: str
@@ -70,6 +76,7 @@ class ControlOutcome:
     n_distinct: int
     n_possible: int
     withheld: str = ""
+    exhaustive: bool = False
 
 
 @dataclass(frozen=True)

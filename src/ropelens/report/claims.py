@@ -79,6 +79,8 @@ def claims_numbers(result: ClaimsResult) -> dict[str, Any]:
                         "p_adjusted": _finite(c.p_adjusted),
                         "p_floor": c.p_floor,
                         "n_distinct": c.n_distinct,
+                        "n_possible": c.n_possible,
+                        "exhaustive": c.exhaustive,
                     }
                     for c in r.controls
                 },

@@ -42,6 +42,7 @@ __all__ = [
     "clustered_permutation_test",
     "control_verdict",
     "distinct_sets",
+    "every_matched_set",
     "matched_random_sets",
     "matched_set_count",
     "matched_set_overlap",
@@ -425,6 +426,39 @@ def matched_random_sets(
         ]
         out.append(tuple(sorted(drawn)))
     return out
+
+
+def every_matched_set(
+    treated: Sequence[tuple[int, int]], population: Mapping[int, Sequence[int]]
+) -> list[tuple[tuple[int, int], ...]]:
+    """Every set :func:`matched_random_sets` can draw for ``treated``, each once, ``treated``
+    among them: the whole within-cluster permutation null, for pools small enough to enumerate
+    (:func:`matched_set_count` says how many).
+
+    Args:
+        treated (Sequence[tuple[int, int]]): The chosen (cluster, unit) pairs.
+        population (Mapping[int, Sequence[int]]): Every unit of each cluster, treated ones
+            included.
+
+    Returns:
+        list[tuple[tuple[int, int], ...]]: Each set as sorted (cluster, unit) pairs, in
+        lexicographic order.
+
+    Examples:
+        >>> every_matched_set([(0, 1), (1, 2)], {0: range(2), 1: range(2)})
+        [((0, 0), (1, 0)), ((0, 0), (1, 1)), ((0, 1), (1, 0)), ((0, 1), (1, 1))]
+    """
+    counts: dict[int, int] = {}
+    for c, _ in treated:
+        counts[c] = counts.get(c, 0) + 1
+    per_cluster = [
+        [
+            tuple((c, int(u)) for u in pick)
+            for pick in itertools.combinations(sorted(population[c]), k)
+        ]
+        for c, k in sorted(counts.items())
+    ]
+    return [tuple(sorted(itertools.chain(*parts))) for parts in itertools.product(*per_cluster)]
 
 
 def p_floor(n_draws: int) -> float:

@@ -4,6 +4,7 @@ condition, and the command's refusals."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -97,16 +98,30 @@ def test_knockout_numbers_match_one_forward_per_condition(tiny):
     from ropelens.claims.knockouts import _end
 
     planes = {hd: _end(context.spec, hd[0], "high", k) for hd, k in top.items()}
+
+    def planes_of(layer):
+        return _end(context.spec, layer, "high", m.detail["dose"])
+
     effects = [alone(w, planes) - alone(w, {}) for w in windows]
     assert m.effect == pytest.approx(sum(effects) / 2, abs=1e-5)
     assert m.baseline == pytest.approx(sum(alone(w, {}) for w in windows) / 2, abs=1e-5)
     names = [c.name for c in m.controls]
     assert names[:3] == [PLANES, SAME_LAYERS, ANY_LAYER]
-    assert all(c.n_draws == 39 and c.p_floor == pytest.approx(0.025) for c in m.controls[:3])
-    # 4 heads in each of 2 layers, one treated in each: 16 same-layer sets exist, so 39 draws
-    # repeat and the p-value is withheld rather than claimed at a floor it cannot reach
-    same = m.controls[1]
-    assert same.n_possible == 16 and math.isnan(same.p) and "16 distinct" in same.withheld
+    drawn, same, any_layer = m.controls[:3]
+    assert drawn.n_draws == 39 and drawn.p_floor == pytest.approx(0.025)
+    assert not drawn.exhaustive
+    # 4 heads in each of 2 layers, one tested in each: 16 same-layer sets exist, few enough to
+    # measure every one; the claimed set's exact p is the share of the 16 at least as extreme
+    assert same.exhaustive and same.n_possible == 16 and same.n_draws == 15
+    assert not same.withheld and same.p_floor == pytest.approx(1 / 16)
+    sets = [{(0, a): planes_of(0), (1, b): planes_of(1)} for a in range(4) for b in range(4)]
+    by_set = [sum(alone(w, s) - alone(w, {}) for w in windows) / 2 for s in sets]
+    others = by_set[:6] + by_set[7:]  # set 6 is the claimed one: heads 1 and 2
+    # the batched rows agree with one forward per set far closer than any two sets lie apart
+    assert abs(by_set[6] - m.effect) < min(abs(e - m.effect) for e in others) / 10
+    assert same.p == pytest.approx((1 + sum(e >= m.effect for e in others)) / 16)
+    # 8 heads, 2 tested: C(8, 2) = 28 sets from any layer, also measured whole
+    assert any_layer.exhaustive and any_layer.n_possible == 28 and any_layer.n_draws == 27
 
 
 def test_a_users_claim_registers_and_runs(tiny):
@@ -265,3 +280,25 @@ def test_the_command_prints_and_emits_json(capsys, tiny_dir, tmp_path):
     assert "qk-energy-lowest-band: measured in" in printed.err  # a line per claim as it ends
     assert main([*args, "--budget", "quick", "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_small_pools_are_enumerated_each_set_once_the_claimed_one_left_out(tiny):
+    from ropelens.claims.knockouts import condition_rows, control_pools
+
+    spec = ClaimContext(tiny("llama"), budget("quick")).spec
+    heads = [(0, 1)]
+    k = 2
+    pools = control_pools(spec, heads, k)
+    labels, rows = condition_rows(spec, heads, "high", 39, seed=5, dose=k)
+    claimed = rows[1]
+    n_planes = spec[0].n_planes
+    assert pools[PLANES] == math.comb(n_planes, k) <= 79  # few enough to enumerate
+    for name, pool in pools.items():
+        sets = [tuple(sorted(r.items())) for r, lab in zip(rows, labels) if lab == name]
+        assert len(sets) == len(set(sets)) == pool - 1, name
+        assert tuple(sorted(claimed.items())) not in sets, name
+    planes = [r[(0, 1)] for r, lab in zip(rows, labels) if lab == PLANES]
+    assert sorted(planes + [claimed[(0, 1)]]) == list(itertools.combinations(range(n_planes), k))
+    # a pool larger than twice the draws is drawn from, as many draws as the budget says
+    labels, _ = condition_rows(spec, heads, "high", 3, seed=5, dose=k)
+    assert labels.count(PLANES) == 3

@@ -7,6 +7,8 @@ import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ropelens.claims import (
     DOES_NOT_HOLD,
@@ -19,6 +21,7 @@ from ropelens.claims import (
     decide,
 )
 from ropelens.claims.result import ClaimRow
+from ropelens.errors import InputError
 from ropelens.run.stats import benjamini_hochberg, reaching_share_lower_bound
 
 
@@ -231,3 +234,50 @@ def test_same_layer_heads_that_are_mostly_the_set_are_withheld():
         *LESS, [planes, withheld, anywhere], required=[[planes.name], [SAME_LAYERS, ANY_LAYER]]
     )
     assert verdict == HOLDS
+
+
+def _pool(p: float, n_sets: int, adjusted: float | None = None) -> ControlOutcome:
+    """A control that measured every one of ``n_sets`` sets (the claimed one and n_sets − 1
+    others)."""
+    return replace(_control(p, n=n_sets - 1, adjusted=adjusted), n_possible=n_sets, exhaustive=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-1, 1, allow_nan=False, width=32), min_size=1, max_size=40),
+    st.floats(-1, 1, allow_nan=False, width=32),
+    st.sampled_from(["less", "greater"]),
+)
+def test_an_enumerated_pool_gives_the_exact_share_of_sets_as_extreme(others, observed, direction):
+    """Every set of the pool measured once: p is the share of the pool's sets (the claimed one
+    included) at least as extreme as the claimed one, counted by hand."""
+    c = control_outcome("x", observed, others, range(len(others)), len(others) + 1, direction, True)
+    pool = [observed, *others]
+    reach = sum((v <= observed) if direction == "less" else (v >= observed) for v in pool)
+    assert c.exhaustive and not c.withheld
+    assert c.p == pytest.approx(reach / len(pool))
+    assert c.p_floor == pytest.approx(1 / len(pool))
+
+
+def test_an_enumerated_pool_must_hold_every_other_set():
+    with pytest.raises(InputError, match="5 sets exist, 3 were given"):
+        control_outcome("x", -0.5, [-0.1, -0.2, -0.3], [1, 2, 3], 5, "less", True)
+
+
+def test_an_enumerated_pool_decides_on_its_exact_share():
+    # 63 other sets: 3 reach the claimed one, a share of 3/63 = 0.048 (the bound from 3 of 63
+    # random draws would be 0.013): inconclusive, and no more draws can decide it
+    verdict, reason = decide(*LESS, [_control(0.01), _pool(4 / 64, 64)])
+    assert verdict == INCONCLUSIVE
+    assert "3 of the 63 other sets" in reason and "no more draws can separate it" in reason
+    # 4 of 63: an exact share 0.063 above alpha, where 4 of 63 random draws (bound 0.022) would
+    # have left it open
+    verdict, reason = decide(*LESS, [_control(0.01), _pool(5 / 64, 64)])
+    assert verdict == DOES_NOT_HOLD
+    assert "4 of the 63 other sets" in reason and "0.0635 of such sets do (exact)" in reason
+    assert reaching_share_lower_bound(4, 63) < 0.05
+    # none of 63 reach it: exact p = 1/64 beats alpha
+    assert decide(*LESS, [_control(0.01), _pool(1 / 64, 64)])[0] == HOLDS
+    # a pool of 10: floor 0.1, nothing to resolve, and the reason says the pool is the limit
+    verdict, reason = decide(*LESS, [_pool(0.1, 10)])
+    assert verdict == INCONCLUSIVE and "only 10 sets exist, every one measured" in reason

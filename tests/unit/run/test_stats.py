@@ -9,12 +9,16 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ropelens.errors import InputError
 from ropelens.run.evaluate import bootstrap_ci, percentile_ci
 from ropelens.run.stats import (
     clustered_permutation_test,
+    every_matched_set,
     matched_random_sets,
+    matched_set_count,
     paired_bootstrap_ci,
     permutation_p_value,
 )
@@ -169,6 +173,26 @@ def test_matched_random_sets_keep_the_count_per_layer_and_are_seeded():
     assert len(set(sets)) > 1
     with pytest.raises(InputError, match="cluster 2 has 1 treated units but only 0"):
         matched_random_sets(treated, {0: range(6)}, 5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_every_matched_set_is_the_whole_pool_the_draws_come_from(data):
+    sizes = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))
+    population = {2 * c: range(n) for c, n in enumerate(sizes)}
+    treated = [
+        (c, u)
+        for c, n in population.items()
+        for u in data.draw(st.lists(st.integers(0, len(n) - 1), max_size=len(n), unique=True))
+    ]
+    if not treated:
+        return
+    every = every_matched_set(treated, population)
+    assert len(every) == len(set(every)) == matched_set_count(treated, population)
+    assert tuple(sorted(treated)) in every
+    count = [L for L, _ in treated]
+    assert all(sorted(L for L, _ in s) == sorted(count) for s in every)
+    assert set(matched_random_sets(treated, population, 200, seed=3)) <= set(every)
 
 
 def test_permutation_test_refuses_bad_input():
