@@ -20,7 +20,8 @@ The definitions, in the words of ropelens's documentation:
   band's terms alone (with the layer's soft-cap and sinks);
 - **ablation**: the planes' dims of the rotated q and k set to zero, removing their term from the
   attention logits: in the chosen query heads, and in a KV head only when every query head
-  sharing it is chosen;
+  sharing it is chosen; where a per-head norm follows the rotation (HunYuan dense, NanoChat, Llama
+  4), at the rotation's output, the norm then rescaling the other planes;
 - **loss**: the mean next-token cross-entropy over the predicted positions;
 - **massive values** (Jin et al.): per layer, head and dimension, the L2 norm over tokens of the
   pre-RoPE q and k; a dimension is massive when it exceeds ``factor`` × its head's mean dimension
@@ -35,8 +36,8 @@ The definitions, in the words of ropelens's documentation:
 - **head taxonomy**: per head, the attention mass at each offset δ = q − k (keys from position 1)
   and on position 0, on text and on uniform random tokens, and per band the share of its logit's
   variance that lies between offsets (η²);
-- **knockout**: the planes of a head set zeroed in the rotated q and k, and the attention and loss
-  that follow;
+- **knockout**: the planes of a head set zeroed in the rotated q and k (where an ablation zeroes
+  them), and the attention and loss that follow;
 - **retrieval scores** (Wu et al.): the fraction of copy steps of the passkey answer whose most
   attended key is the needle token being copied; **passkey retrieval**: the greedy answer;
 - **M-RoPE decomposition**: each logit split into one term per position axis (t, h, w) by the planes
@@ -116,20 +117,42 @@ class AttentionCall:
     rotation_input: tuple[Tensor, Tensor] | None = None
 
 
+EDIT_POINTS = ("score", "rotation")
+
+
 @contextlib.contextmanager
-def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[int, AttentionCall]]:
+def recorded_attention(
+    hf, *, edit_query=None, edit_key=None, edit_at: str = "score"
+) -> Iterator[dict[int, AttentionCall]]:
     """Record every decoder layer's eager attention call (in float32 copies).
 
     ``edit_query(layer, query) -> query`` and ``edit_key(layer, key) -> key``, when given, replace
-    the rotated query and key before the score (the reference of a plane ablation).
+    the rotated query ``[batch, head, pos, dim]`` and key ``[batch, kv_head, pos, dim]`` (the
+    reference of a plane ablation) where ``edit_at`` says:
+
+    - ``"score"``: as the score receives them;
+    - ``"rotation"``: as HF's own rotation function returns them, before whatever the layer does
+      to q and k after it (the per-head norm of HunYuan dense, NanoChat and Llama 4), in the same
+      layout (Llama 4's rotation, which writes ``[batch, pos, head, dim]``, hands the edits its
+      output with the heads moved to axis 1, and takes them back); where a family rotates only
+      the rotary dims split off first (multi-head latent attention), the edits see those alone.
+      The layer is the one of the attention module running the rotation (a forward pre-hook on
+      every module with a ``layer_idx`` whose class is an ``...Attention``).
+
+    Falcon, whose attention is written inline, edits at its rotation's output either way (nothing
+    follows the rotation before its score).
     """
     if hf.config._attn_implementation != "eager":
         raise ValueError("the reference needs HF's eager attention (attn_implementation='eager')")
+    if edit_at not in EDIT_POINTS:
+        raise ValueError(f"edit_at={edit_at!r}: choose one of {', '.join(EDIT_POINTS)}")
     module = importlib.import_module(type(hf).__module__)
     if not hasattr(module, "eager_attention_forward"):
         with _recorded_inline_attention(hf, module, edit_query, edit_key) as calls:
             yield calls
         return
+    at_score = edit_at == "score"
+    score_edit_query, score_edit_key = (edit_query, edit_key) if at_score else (None, None)
     original = module.eager_attention_forward
     signature = inspect.signature(original)
     calls: dict[int, AttentionCall] = {}
@@ -139,6 +162,12 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
         if hasattr(module, name)
     }
     pending: list[tuple[Tensor, Tensor]] = []  # the rotation's inputs, until its layer's attention
+    # Llama 4 rotates q and k as [batch, pos, head, dim], before the heads move to axis 1
+    pos_first = module.__name__.endswith(".modeling_llama4")
+    edits = contextlib.ExitStack()  # the hooks that tell a rotation its layer, for its edits
+    edited = edits.enter_context(
+        _rotation_edits(hf, module, edit_at == "rotation", edit_query, edit_key, pos_first)
+    )
 
     def rotation_recorder(rotate):
         def recorded(q, k, cos, sin, *args, **kwargs):
@@ -147,12 +176,9 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
             with torch.no_grad():
                 still = rotate(q, k, torch.ones_like(cos), torch.zeros_like(sin), *args, **kwargs)
             pending.append((still[0].detach().float(), still[1].detach().float()))
-            return rotate(q, k, cos, sin, *args, **kwargs)
+            return edited(rotate(q, k, cos, sin, *args, **kwargs))
 
         return recorded
-
-    # Llama 4 rotates q and k as [batch, pos, head, dim], before the heads move to axis 1
-    pos_first = module.__name__.endswith(".modeling_llama4")
 
     def complex_rotation_recorder(rotate):
         # the complex-product rotation (DeepSeek-V2, Llama 4): q and k times e^{iθ}, by 1 here
@@ -161,7 +187,7 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
                 still = rotate(q, k, torch.ones_like(freqs_cis), *args, **kwargs)
             still = [x.transpose(1, 2) if pos_first else x for x in still]
             pending.append((still[0].detach().float(), still[1].detach().float()))
-            return rotate(q, k, freqs_cis, *args, **kwargs)
+            return edited(rotate(q, k, freqs_cis, *args, **kwargs))
 
         return recorded
 
@@ -170,10 +196,10 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
         bound.apply_defaults()
         att, named = bound.arguments["module"], bound.arguments
         layer = getattr(att, "layer_idx", None)
-        if layer is not None and edit_query is not None:
-            named["query"] = edit_query(layer, named["query"])
-        if layer is not None and edit_key is not None:
-            named["key"] = edit_key(layer, named["key"])
+        if layer is not None and score_edit_query is not None:
+            named["query"] = score_edit_query(layer, named["query"])
+        if layer is not None and score_edit_key is not None:
+            named["key"] = score_edit_key(layer, named["key"])
         out = original(*bound.args, **bound.kwargs)
         rotation_input = pending.pop() if pending else None
         pending.clear()
@@ -194,16 +220,69 @@ def recorded_attention(hf, *, edit_query=None, edit_key=None) -> Iterator[dict[i
             )
         return out
 
-    module.eager_attention_forward = wrapped
-    for name, rotate in rotations.items():
-        recorder = complex_rotation_recorder if name == "apply_rotary_emb" else rotation_recorder
-        setattr(module, name, recorder(rotate))
     try:
+        module.eager_attention_forward = wrapped
+        for name, rotate in rotations.items():
+            recorder = (
+                complex_rotation_recorder if name == "apply_rotary_emb" else rotation_recorder
+            )
+            setattr(module, name, recorder(rotate))
         yield calls
     finally:
         module.eager_attention_forward = original
         for name, rotate in rotations.items():
             setattr(module, name, rotate)
+        edits.close()
+
+
+@contextlib.contextmanager
+def _rotation_edits(hf, module, at_rotation: bool, edit_query, edit_key, pos_first: bool):
+    """``edited(rotated) -> rotated``: HF's rotation's output (query, key) with the edits applied
+    in the layer of the attention module running the rotation, read from a forward pre-hook on
+    every module with a ``layer_idx`` whose class is an ``...Attention`` (the rotation's output as
+    it is where ``at_rotation`` is false or no edit is given). ``pos_first``: the rotation writes
+    ``[batch, pos, head, dim]`` (Llama 4), which the edits see with the heads on axis 1."""
+    if not at_rotation or (edit_query is None and edit_key is None):
+        yield lambda rotated: rotated
+        return
+    attentions = [
+        m
+        for m in hf.modules()
+        if type(m).__name__.endswith("Attention") and getattr(m, "layer_idx", None) is not None
+    ]
+    if not attentions:
+        raise ValueError(
+            f"{module.__name__}: no attention module with a layer_idx tells the rotation's layer: "
+            "edit at the score (edit_at='score')"
+        )
+    running: list[int] = []  # the layers of the attention modules whose forward is running
+
+    def edited(rotated: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        if not running:
+            raise RuntimeError(
+                f"{module.__name__}: HF's rotation ran outside an attention module, so its layer "
+                "is unknown: edit at the score (edit_at='score')"
+            )
+        query, key = [x.transpose(1, 2) if pos_first else x for x in rotated]
+        if edit_query is not None:
+            query = edit_query(running[-1], query)
+        if edit_key is not None:
+            key = edit_key(running[-1], key)
+        return tuple(x.transpose(1, 2) if pos_first else x for x in (query, key))
+
+    def enter(attention, _args) -> None:
+        running.append(attention.layer_idx)
+
+    def leave(_attention, _args, _out) -> None:  # returns None: the output stays as it is
+        running.pop()
+
+    handles = [a.register_forward_pre_hook(enter) for a in attentions]
+    handles += [a.register_forward_hook(leave) for a in attentions]
+    try:
+        yield edited
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @contextlib.contextmanager

@@ -86,6 +86,13 @@ class Case:
     pairing: str = "half"
     rotary_last: bool = False  # multi-head latent attention: no-position dims first
     prope: bool = False  # default RoPE frequencies: p-RoPE has a reference
+    # q and k pass a per-head norm between HF's rotation and the score: an ablation's reference
+    # zeroes the planes at the rotation's output, before the norm, as ablate_planes does there
+    norm_after_rope: bool = False
+
+    def edit_at(self) -> str:
+        """Where the reference edits q and k for an ablation or a knockout."""
+        return "rotation" if self.norm_after_rope else "score"
 
     def layout(self) -> R.Layout:
         offset = self.head_dim - self.n_rotary if self.rotary_last else 0
@@ -118,9 +125,15 @@ MATRIX = {
     "helium": Case(16, 16, "adjacent", prope=True),  # adjacent pairs, plain HF model
     "glm4_moe_lite": Case(16, 4, rotary_last=True, prope=True),  # MLA, 4 rotary dims after 12
     "minicpm3": Case(16, 12, rotary_last=True, prope=True),  # MLA, 12 rotary dims after 4
-    "hunyuan_v1_dense": Case(16, 16, prope=True),  # q/k RMS norm with a gain after RoPE
-    "nanochat": Case(16, 16, prope=True),  # rotation the other way, q/k RMS norm after RoPE
-    "llama4": Case(16, 16, "adjacent", prope=True),  # chunked attention, L2 q/k norm after RoPE
+    # HunYuanDenseV1Attention.forward: apply_rotary_pos_emb, then query_layernorm and
+    # key_layernorm (RMS norms with a gain over the head dim)
+    "hunyuan_v1_dense": Case(16, 16, prope=True, norm_after_rope=True),
+    # NanoChatAttention.forward: apply_rotary_pos_emb (rotate_half the other way), then q_norm and
+    # k_norm (RMS norms without a gain), "RoPE -> Norm (instead of usual Norm -> RoPE)"
+    "nanochat": Case(16, 16, prope=True, norm_after_rope=True),
+    # Llama4TextAttention.forward: apply_rotary_emb (a complex product on [batch, pos, head, dim]),
+    # then qk_norm (an L2 norm without a gain) in its rotary layers; chunked attention
+    "llama4": Case(16, 16, "adjacent", prope=True, norm_after_rope=True),
     "recurrent_gemma": Case(16, 8, prope=True),  # RG-LRU layers, local attention, partial 0.5
     "granite": Case(16, 16, prope=True),  # attention multiplier as the score scale
     "falcon": Case(16, 16, prope=True),  # grouped KV heads in a fused qkv
@@ -179,25 +192,9 @@ REFUSED = {
     "qwen3_next": {"retrieval": _NO_SOFTMAX},
     "recurrent_gemma": {"retrieval": _NO_SOFTMAX},
 }
-_NORMED_ABLATION = (
-    "ropelens zeroes the planes where the rotation leaves them, before the per-head norm, which "
-    "then rescales every other plane (their logits move by up to 0.3 of the largest score), as "
-    "ablate_planes documents; the reference zeroes them where q and k enter the score, removing "
-    "their term alone, and has no edit at the rotation's output yet"
-)
 # cells where ropelens's number differs from the reference's for a known reason: each runs, and
-# is expected to fail (strictly: a cell that starts to pass must leave this list)
-KNOWN_WRONG = {
-    "hunyuan_v1_dense": {
-        "ablate": _NORMED_ABLATION,
-        # in bfloat16 the knockout's attention agrees within rounding
-        "knockout float32": _NORMED_ABLATION,
-        # the rescaled planes change the greedy passkey answer (in bfloat16 too, within rounding)
-        "retrieval ablate float32": _NORMED_ABLATION,
-    },
-    "llama4": {"ablate": _NORMED_ABLATION},
-    "nanochat": {"ablate": _NORMED_ABLATION, "knockout float32": _NORMED_ABLATION},
-}
+# is expected to fail (strictly: a cell that starts to pass must leave this list); none at present
+KNOWN_WRONG: dict[str, dict[str, str]] = {}
 
 
 def _runs(family: str, *what: str) -> bool:
@@ -224,7 +221,8 @@ def _dtypes(family: str) -> list[torch.dtype]:
 def _expected_to_fail(family: str, what: str) -> list:
     """A strict xfail mark where ``what`` is a known wrong cell of the family."""
     reason = KNOWN_WRONG.get(family, {}).get(what)
-    return [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    # a crash is no known difference: only a failed comparison is expected
+    return [pytest.mark.xfail(reason=reason, strict=True, raises=AssertionError)] if reason else []
 
 
 RETRIEVAL_FAMILIES = sorted(f for f in MATRIX if "retrieval" not in REFUSED.get(f, {}))
@@ -493,7 +491,7 @@ def compare(models, draw) -> None:
     heads = draw["heads"] if draw["heads"] is not None else list(range(4))
     ablated = [d for p in draw["planes"] for d in layout.plane_dims()[p]]
 
-    edit_query, edit_key = _ablation_edits(ablating, layers, heads, ablated)
+    edits = _ablation_edits(case, ablating, layers, heads, ablated)
 
     with contextlib.ExitStack() as stack:
         if draw["intervention"] in ("prope", "both"):
@@ -507,7 +505,7 @@ def compare(models, draw) -> None:
         tokens = dec.tokens
         valid = dec.mask(layers[0]).diagonal(dim1=1, dim2=2)  # a real query attends to itself
         with (
-            R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key) as calls,
+            R.recorded_attention(hf, **edits) as calls,
             torch.no_grad(),
         ):
             hf(input_ids=tokens, attention_mask=valid.long())
@@ -532,7 +530,7 @@ def compare(models, draw) -> None:
         with contextlib.ExitStack() as stack:
             if draw["intervention"] in ("prope", "both"):
                 stack.enter_context(_reference_prope(hf, 0.5))
-            with R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key):
+            with R.recorded_attention(hf, **edits):
                 want_loss = R.loss(hf, tokens)
             # head taxonomy's second pass: uniform tokens over the vocabulary (seeded), BOS first
             vocab = min(len(model.tokenizer), hf.get_input_embeddings().num_embeddings)
@@ -540,7 +538,7 @@ def compare(models, draw) -> None:
             random = torch.randint(0, vocab, tokens.shape, generator=generator)
             random[:, 0] = model.tokenizer.bos_token_id
             with (
-                R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key) as random_calls,
+                R.recorded_attention(hf, **edits) as random_calls,
                 torch.no_grad(),
             ):
                 hf(input_ids=random)
@@ -648,10 +646,11 @@ def _attention_scaling(hf) -> float:
     return float(getattr(rotary, "attention_scaling", 1.0))
 
 
-def _ablation_edits(ablating: bool, layers, heads, ablated):
-    """The reference's plane ablation as edits of the rotated query and key: the planes' dims
-    zeroed in the chosen query heads, and in a KV head only when every query head sharing it is
-    chosen."""
+def _ablation_edits(case: Case, ablating: bool, layers, heads, ablated) -> dict:
+    """The reference's plane ablation as edits of the rotated query and key (the keywords of
+    :func:`R.recorded_attention`): the planes' dims zeroed in the chosen query heads, and in a KV
+    head only when every query head sharing it is chosen; at the rotation's output where a norm
+    follows it (``Case.norm_after_rope``), else where q and k enter the score."""
 
     def edit_query(layer, query):
         if not ablating or layer not in layers:
@@ -675,7 +674,7 @@ def _ablation_edits(ablating: bool, layers, heads, ablated):
         key[:, index[0], :, index[1]] = 0
         return key
 
-    return edit_query, edit_key
+    return {"edit_query": edit_query, "edit_key": edit_key, "edit_at": case.edit_at()}
 
 
 def _band_terms(terms, rest_term, groups, names) -> torch.Tensor:
@@ -1079,9 +1078,10 @@ def _knockout_rows(case: Case, layers: list[int], seed: int) -> list[dict]:
     ]
 
 
-def _knockout_edits(case: Case, planes: dict):
-    """The reference's knockout: each (layer, head)'s planes zeroed in the rotated query, and in a
-    KV head the dims every query head reading it has zeroed."""
+def _knockout_edits(case: Case, planes: dict) -> dict:
+    """The reference's knockout (the keywords of :func:`R.recorded_attention`): each (layer,
+    head)'s planes zeroed in the rotated query, and in a KV head the dims every query head reading
+    it has zeroed; at the rotation's output where a norm follows it, as in an ablation."""
     pairs = case.layout().plane_dims()
 
     def dims(layer, head):
@@ -1103,7 +1103,7 @@ def _knockout_edits(case: Case, planes: dict):
             key[:, kv, :, sorted(shared)] = 0
         return key
 
-    return edit_query, edit_key
+    return {"edit_query": edit_query, "edit_key": edit_key, "edit_at": case.edit_at()}
 
 
 def check_knockout(models, family, dtype, prope, seed) -> None:
@@ -1130,9 +1130,9 @@ def check_knockout(models, family, dtype, prope, seed) -> None:
             got_loss = window_losses(model, tokens, progress=False)
         want = torch.zeros(got.shape, dtype=torch.float64)
         for b, planes in enumerate(rows):
-            edit_query, edit_key = _knockout_edits(case, planes)
+            edits = _knockout_edits(case, planes)
             with (
-                R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key) as calls,
+                R.recorded_attention(hf, **edits) as calls,
                 torch.no_grad(),
             ):
                 hf(input_ids=window[None])
@@ -1141,8 +1141,8 @@ def check_knockout(models, family, dtype, prope, seed) -> None:
                 for d in (0, 1):
                     want[b, i, d] = probs[torch.arange(1 + d, 24), torch.arange(1, 24 - d)].mean()
         _close("knockout mass [row, head, offset]", got, want, tol, None, 1.0)
-        edit_query, edit_key = _knockout_edits(case, rows[2])
-        with R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key):
+        edits = _knockout_edits(case, rows[2])
+        with R.recorded_attention(hf, **edits):
             want_loss = torch.tensor([R.loss(hf, row[None]) for row in tokens])
     err = float((got_loss.double() - want_loss.double()).abs().max())
     LARGEST["knockout loss"] = max(LARGEST.get("knockout loss", 0.0), err)
@@ -1209,9 +1209,8 @@ def _reference_copy_scores(hf, tokenizer, prompt_ids: list[int], passkey: str, t
         for i, t in enumerate(answer)
         if any(c.isdigit() for c in tokenizer.decode([t]))
     ]
-    edit_query, edit_key = edits
     with (
-        R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key) as calls,
+        R.recorded_attention(hf, **edits) as calls,
         torch.no_grad(),
     ):
         hf(input_ids=torch.tensor([prompt_ids + answer]))
@@ -1261,7 +1260,7 @@ def check_retrieval(models, family, dtype, intervention, seed) -> None:
     heads = list(range(4)) if case.rotary_last else [0, 2]
     ablated = [d for p in (0, n_planes - 1) for d in case.layout().plane_dims()[p]]
     ablating = intervention == "ablate"
-    edit_query, edit_key = _ablation_edits(ablating, rotary, heads, ablated)
+    edits = _ablation_edits(case, ablating, rotary, heads, ablated)
     prompt = passkey_prompt(tokenizer, 280, 0.5, make_passkey(seed, 0))
     with contextlib.ExitStack() as stack:
         if intervention == "prope":
@@ -1276,9 +1275,9 @@ def check_retrieval(models, family, dtype, intervention, seed) -> None:
             model, [280], [0.5], n_trials=1, seed=seed, progress=False
         ).trials[0]
         want, near, steps = _reference_copy_scores(
-            hf, tokenizer, prompt.tokens.tolist(), prompt.passkey, tol, (edit_query, edit_key)
+            hf, tokenizer, prompt.tokens.tolist(), prompt.passkey, tol, edits
         )
-        with R.recorded_attention(hf, edit_query=edit_query, edit_key=edit_key):
+        with R.recorded_attention(hf, **edits):
             ids, decided = _reference_greedy(hf, tokenizer, prompt.tokens.tolist(), tol)
     assert got_steps == steps, f"retrieval copy steps {got_steps} != reference {steps}"
     err = (got - want).abs() - near
