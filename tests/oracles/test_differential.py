@@ -16,7 +16,10 @@ key (rotary offsets), attention by offset and band position shares on text and r
 taxonomy), and band shares with and without the intervention (intervention effect). Knockout
 (per-row attention and the knocked-out loss), retrieval scores with passkey answers, and M-RoPE
 decomposition (the tiny vision-language models) have tests of their own. A failure shrinks to its
-smallest case and prints the seed to replay it.
+smallest case and prints the seed to replay it. The reference's ablations and knockouts zero the
+planes where q and k enter the score, or, in a family that norms q and k after its rotation
+(``Case.norm_after_rope``: HunYuan dense, NanoChat, Llama 4), at the rotation's output, before the
+norm, where ropelens zeroes them (``test_rotation_edits`` checks that flag against HF's forward).
 
 Tolerances (``TOLERANCE``) are relative to the largest reference value of each quantity, or
 absolute for quantities in [0, 1] (probabilities, shares, entropies, resultant lengths): float32
