@@ -55,9 +55,14 @@ def table(result: ClaimsResult) -> str:
                 )
                 continue
             why = f"; {c.withheld}" if c.withheld else ""
+            sets = (
+                f"all {c.n_possible} sets measured, p exact"
+                if c.exhaustive
+                else f"{c.n_distinct} distinct sets"
+            )
             lines.append(
                 f"    {c.name:34} p {_p(c.p):>6} (BH {_p(c.p_adjusted)}, floor {c.p_floor:.2g}, "
-                f"{c.n_distinct} distinct sets{why})"
+                f"{sets}{why})"
             )
         if r.model_number:
             lines.append(f"    model: {r.model_number}")

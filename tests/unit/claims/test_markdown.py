@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
+from ropelens.catalog.claims import table
 from ropelens.claims.markdown import MISSING, claims_markdown, claims_table
 from ropelens.claims.result import (
     DOES_NOT_HOLD,
@@ -276,3 +278,20 @@ def test_table_frame_is_what_the_markdown_shows():
 def test_no_claims_is_one_sentence():
     empty = ClaimsResult(rows=(), budget="quick", alpha=0.05, provenance=Provenance(model="m"))
     assert claims_markdown(empty) == "No claims were run on m.\n"
+
+
+def test_an_enumerated_pool_is_written_as_all_of_its_sets():
+    whole = replace(
+        control("positional", HEADS, -0.0851, n_draws=63), n_possible=64, exhaustive=True
+    )
+    result = made_up_result()
+    first = result.rows[0]
+    controls = (first.controls[0], whole, first.controls[2])
+    mixed = replace(result, rows=(replace(first, controls=controls), *result.rows[1:]))
+    header, _, *rows = table_rows(claims_markdown(mixed))
+    cells = {r[0]: dict(zip(header, r, strict=True)) for r in rows}
+    assert cells["positional"]["distinct sets"] == "99 · all 64 · 99"
+    assert cells["positional"]["p floor"] == "0.01 · 0.016 · 0.01"
+    printed = table(mixed).splitlines()  # what ropelens claims prints
+    assert any(HEADS in line and "all 64 sets measured, p exact" in line for line in printed)
+    assert sum("99 distinct sets" in line for line in printed[:5]) == 2
