@@ -93,6 +93,14 @@ class Parser(argparse.ArgumentParser):
                 f"{'/'.join(action.option_strings)} was given an empty value '': pass a value or "
                 f"leave the flag out (see '{self.prog} --help')"
             )
+        # `--layers=--`: argparse drops a value of `--` (the end of options) and hands the type
+        # function nothing, so a one-value flag would read as an empty list
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            raise UsageError(
+                f"{'/'.join(action.option_strings)} was given '--', which marks the end of "
+                f"options, not a value: pass a value or leave the flag out (see '{self.prog} "
+                "--help')"
+            )
         return super()._get_values(action, arg_strings)
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> Any:

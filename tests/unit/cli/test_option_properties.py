@@ -112,6 +112,7 @@ PARSED_FLAGS = [
 @example(typed="1")
 @example(typed="x")
 @example(typed="1,,2")
+@example(typed="--")
 def test_parsed_flag_gives_its_value_or_one_line(command, flag, typed):
     parser = build_parser()
     try:
