@@ -13,7 +13,7 @@ from ropelens.analyses.head_taxonomy import random_tokens
 from ropelens.analyses.passkey_retrieval import make_passkey, passkey_prompt
 from ropelens.analyses.retrieval_heads import copy_case
 from ropelens.claims.decide import control_outcome
-from ropelens.claims.knockouts import PLANES, knockout_claim
+from ropelens.claims.knockouts import PLANES, every_head, knockout_claim
 from ropelens.claims.protocol import Claim, Measurement, register_claim
 from ropelens.claims.result import ControlOutcome
 from ropelens.claims.rows import copy_values, loss_values, probe_values
@@ -671,7 +671,7 @@ register_claim(
 
 # ------------------------------------------------------------------------------------------------
 def _late_dims(c: Any) -> Measurement:
-    every = [(L, h) for L in c.spec.rotary_layers for h in range(c.spec[L].n_heads)]
+    every = every_head(c.spec)
     dose = max(1, c.spec[every[0][0]].n_planes // 16)
     depths = np.linspace(0.05, 0.3, c.budget.n_windows).tolist()
     tok = c.model.tokenizer
@@ -732,7 +732,7 @@ def _local_global(c: Any) -> Measurement:
         return Measurement(
             not_applicable=f"needs positional and retrieval heads; found {len(pos)} and {len(retr)}"
         )
-    every = [(L, h) for L in c.spec.rotary_layers for h in range(c.spec[L].n_heads)]
+    every = every_head(c.spec)
     is_local = {hd: c.spec[hd[0]].window is not None for hd in every}
     local_share = sum(is_local.values()) / len(every)
 

@@ -44,6 +44,8 @@ __all__ = [
     "condition_rows",
     "control_pools",
     "enumerated",
+    "every_head",
+    "heads_by_layer",
     "knockout_claim",
     "main_dose",
 ]
@@ -59,6 +61,16 @@ MOST_OF_THE_SET = 0.5
 # a control whose pool holds at most this many times the budget's draws (the claimed set aside) is
 # enumerated: every set measured once, its p exact, at no more than this many times the cost
 ENUMERATE_UP_TO = 2
+
+
+def heads_by_layer(spec) -> dict[int, list[int]]:
+    """Every head of each rotary layer: the pool the head controls draw from."""
+    return {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
+
+
+def every_head(spec) -> list[tuple[int, int]]:
+    """Every (layer, head) of the rotary layers, in layer order."""
+    return [(L, h) for L, hs in heads_by_layer(spec).items() for h in hs]
 
 
 def main_dose(n_planes: int) -> int:
@@ -77,12 +89,10 @@ def _count(n: int) -> int:
 def control_pools(spec, heads: Sequence[tuple[int, int]], k: int) -> dict[str, int]:
     """How many distinct sets each control can draw for ``heads`` at ``k`` planes per head, the
     claimed set included (-1: too many to count)."""
-    population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
-    n_every = sum(spec[L].n_heads for L in spec.rotary_layers)
     return {
         PLANES: _count(math.prod(math.comb(spec[L].n_planes, k) for L, _ in heads)),
-        SAME_LAYERS: _count(matched_set_count(heads, population)),
-        ANY_LAYER: _count(math.comb(n_every, len(heads))),
+        SAME_LAYERS: _count(matched_set_count(heads, heads_by_layer(spec))),
+        ANY_LAYER: _count(math.comb(len(every_head(spec)), len(heads))),
     }
 
 
@@ -99,11 +109,9 @@ def _every_set(spec, heads, end: str, k: int, name: str) -> list[dict]:
         per_head = [list(itertools.combinations(range(spec[L].n_planes), k)) for L, _ in heads]
         return [dict(zip(heads, pick)) for pick in itertools.product(*per_head)]
     if name == SAME_LAYERS:
-        population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
-        sets = every_matched_set(heads, population)
+        sets = every_matched_set(heads, heads_by_layer(spec))
     else:
-        every = [(L, h) for L in spec.rotary_layers for h in range(spec[L].n_heads)]
-        sets = list(itertools.combinations(every, len(heads)))
+        sets = list(itertools.combinations(every_head(spec), len(heads)))
     return [{hd: _end(spec, hd[0], end, k) for hd in cs} for cs in sets]
 
 
@@ -148,15 +156,14 @@ def condition_rows(
             for _ in range(n_draws)
         ],
     )
-    population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
     add(
         SAME_LAYERS,
         lambda: [
             {hd: _end(spec, hd[0], end, k) for hd in cs}
-            for cs in matched_random_sets(heads, population, n_draws, seed + 1)
+            for cs in matched_random_sets(heads, heads_by_layer(spec), n_draws, seed + 1)
         ],
     )
-    every = [(L, h) for L in spec.rotary_layers for h in range(spec[L].n_heads)]
+    every = every_head(spec)
 
     def any_layer() -> list[dict]:
         out = []
@@ -234,7 +241,7 @@ def knockout_claim(
     effect = paired_bootstrap_ci(m[:, 1], m[:, 0], n_boot=b.n_boot, seed=context.seed)
     observed = float(diff[:, 1].mean())
     lab = np.array(labels)
-    population = {L: list(range(spec[L].n_heads)) for L in spec.rotary_layers}
+    population = heads_by_layer(spec)
     possible = control_pools(spec, heads, k)
     controls: list[ControlOutcome] = []
     for name in (PLANES, SAME_LAYERS, ANY_LAYER):

@@ -368,6 +368,14 @@ def clustered_permutation_test(
     )
 
 
+def _units_per_cluster(treated: Sequence[tuple[int, int]]) -> dict[int, int]:
+    """How many of ``treated``'s (cluster, unit) pairs each cluster holds, in first-seen order."""
+    counts: dict[int, int] = {}
+    for c, _ in treated:
+        counts[c] = counts.get(c, 0) + 1
+    return counts
+
+
 def matched_random_sets(
     treated: Sequence[tuple[int, int]],
     population: Mapping[int, Sequence[int]],
@@ -404,9 +412,7 @@ def matched_random_sets(
     """
     if isinstance(n_sets, bool) or not isinstance(n_sets, numbers.Integral) or n_sets < 1:
         raise InputError(f"n_sets must be a positive int, got {n_sets!r}")
-    counts: dict[int, int] = {}
-    for c, _ in treated:
-        counts[c] = counts.get(c, 0) + 1
+    counts = _units_per_cluster(treated)
     if not counts:
         raise InputError("treated is empty: pass at least one (layer, head)")
     for c, k in counts.items():
@@ -448,9 +454,7 @@ def every_matched_set(
         >>> every_matched_set([(0, 1), (1, 2)], {0: range(2), 1: range(2)})
         [((0, 0), (1, 0)), ((0, 0), (1, 1)), ((0, 1), (1, 0)), ((0, 1), (1, 1))]
     """
-    counts: dict[int, int] = {}
-    for c, _ in treated:
-        counts[c] = counts.get(c, 0) + 1
+    counts = _units_per_cluster(treated)
     per_cluster = [
         [
             tuple((c, int(u)) for u in pick)
@@ -504,9 +508,7 @@ def matched_set_count(
         >>> matched_set_count([(0, 0), (0, 1)], {0: range(2)})  # every unit: the set itself
         1
     """
-    counts: dict[int, int] = {}
-    for c, _ in treated:
-        counts[c] = counts.get(c, 0) + 1
+    counts = _units_per_cluster(treated)
     return math.prod(math.comb(len(population.get(c, ())), k) for c, k in counts.items())
 
 
@@ -532,9 +534,7 @@ def matched_set_overlap(
         >>> matched_set_overlap([(5, 0), (5, 1), (5, 2), (7, 0)], {5: range(4), 7: range(4)})
         0.625
     """
-    counts: dict[int, int] = {}
-    for c, _ in treated:
-        counts[c] = counts.get(c, 0) + 1
+    counts = _units_per_cluster(treated)
     held = sum(k * k / len(population[c]) for c, k in counts.items())
     return held / len(treated)
 
